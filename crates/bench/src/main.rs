@@ -1,0 +1,2 @@
+//! spattn-bench (skeleton).
+fn main() {}

@@ -1,0 +1,46 @@
+//! # spattn-formats
+//!
+//! The sparse formats of graph attention, in pure Rust with no GPU dependency: a user who only
+//! preprocesses graphs depends on this crate alone.
+//!
+//! - [`Csr`] and [`Coo`]: the attention mask (row `i` lists the nodes node `i` attends to),
+//!   validated constructors, transpose, symmetrize, self loops, [`DegreeStats`].
+//! - [`read_matrix_market`], [`read_edge_list`]: readers for MatrixMarket coordinate files (plain
+//!   or gzip'd) and SNAP-style edge lists, with errors that name the line.
+//! - [`rmat`]: the Graph500 R-MAT generator, deterministic from a seed.
+//! - [`Permutation`]: RT-GNN degree reordering, applied to a [`Csr`] and to feature rows.
+//! - [`MeBcrs`]: FlashSparse's 8-row windows of 8×1 vectors for tensor-core SpMM / SDDMM.
+//! - [`Bsb`]: Fused3S's 16-row windows of 16×8 bitmap blocks for fused tensor-core attention.
+//!
+//! ```
+//! use spattn_formats::{Csr, MeBcrs, Bsb};
+//! // A 5-node path graph, symmetrized, with self loops: the GAT benchmark convention.
+//! let a = Csr::from_edges(5, 5, &[(0, 1), (1, 2), (2, 3), (3, 4)])?.symmetrize_with_self_loops()?;
+//! assert_eq!(a.nnz(), 4 * 2 + 5);
+//! let stats = a.degree_stats();
+//! assert_eq!(stats.max, 3);
+//! let me = MeBcrs::from_csr(&a, 8)?;
+//! assert_eq!(me.to_csr()?, a); // exact round trip
+//! let bsb = Bsb::from_csr(&a)?;
+//! assert_eq!(bsb.to_csr()?, a);
+//! println!("ME-BCRS fill {:.2}, BSB fill {:.2}", me.fill_stats().fill(), bsb.fill_stats().fill());
+//! # Ok::<(), spattn_formats::Error>(())
+//! ```
+
+pub mod bsb;
+pub mod csr;
+pub mod error;
+pub mod io;
+pub mod mebcrs;
+pub mod permutation;
+pub mod rmat;
+pub mod stats;
+
+pub use bsb::Bsb;
+pub use csr::{Coo, Csr, MAX_DIM, MAX_NNZ};
+pub use error::{Error, Result};
+pub use io::{read_edge_list, read_matrix_market};
+pub use mebcrs::MeBcrs;
+pub use permutation::Permutation;
+pub use rmat::{rmat, RmatConfig};
+pub use stats::{DegreeStats, FillStats};

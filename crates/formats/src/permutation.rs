@@ -1,0 +1,4 @@
+//! Permutation (STUB: being written).
+/// A permutation.
+#[derive(Clone, Debug)]
+pub struct Permutation {}

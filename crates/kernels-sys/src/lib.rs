@@ -1,0 +1,1 @@
+//! spattn-kernels-sys (skeleton).

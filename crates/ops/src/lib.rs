@@ -1,0 +1,1 @@
+//! spattn-ops (skeleton).
