@@ -1,19 +1,686 @@
-//! BSB (STUB: being written).
-use crate::{Csr, FillStats, Result};
-/// BSB.
-#[derive(Clone, Debug)]
-pub struct Bsb {}
+//! BSB: Fused3S's binary sparse blocks, the format of fused tensor-core attention.
+//!
+//! # Layout
+//!
+//! Rows are grouped into **windows** of 16: window `w` holds rows `16w .. 16w + 16`; the last
+//! window is partial when `n_rows % 16 != 0` (its missing rows never have a bit set). The
+//! distinct columns of a window, sorted ascending, are grouped 8 at a time into 16×8 **blocks**;
+//! the last block of a window is padded up to 8 column slots with [`Bsb::PADDING`]. Each block
+//! has one `u128` **bitmap**: bit `r·8 + c` is set iff row `16w + r` has an edge to the column in
+//! slot `c` of the block.
+//!
+//! ```text
+//!  window 0 = rows 0..16, distinct columns 0 1 2 3 4 5 7 9 11   (9 columns -> 2 blocks)
+//!
+//!            block 0                              block 1
+//!  slot c:   0  1  2  3  4  5  6  7               0  1  2  3  4  5  6  7
+//!  column:   0  1  2  3  4  5  7  9               11 P  P  P  P  P  P  P     P = Bsb::PADDING
+//!  row 0     .  x  .  .  x  .  .  .   bits 1, 4   .  .  .  .  .  .  .  .
+//!  row 1     .  .  .  .  x  .  .  .   bit 12      .  .  .  .  .  .  .  .
+//!  ...                                            ...
+//!  row 9     .  .  .  .  .  x  .  .   bit 77      x  .  .  .  .  .  .  .   bit 72
+//!
+//!  window_offsets = [0, 2, ...]     blocks of window w: window_offsets[w]..window_offsets[w+1]
+//!  block_columns  = [0,1,2,3,4,5,7,9, 11,P,P,P,P,P,P,P, ...]   8 per block
+//!  bitmaps        = [bits {1,4,12,...,77}, bits {72}, ...]      1 per block
+//! ```
+//!
+//! - `window_offsets` (`u32`, `n_windows + 1` entries): prefix sum of the block counts.
+//! - `block_columns` (`u32`, 8 per block): the column of every slot, strictly increasing across
+//!   the blocks of a window. Padding slots hold [`Bsb::PADDING`] (`u32::MAX`, never a node: see
+//!   [`crate::MAX_DIM`]); they occur only at the end of the last block of a window, and a kernel
+//!   must not load a feature row for them.
+//! - `bitmaps` (`u128`, one per block): every real slot's column has at least one bit (so no
+//!   bitmap is 0), padding slots and rows past `n_rows` have none. For device upload,
+//!   [`Bsb::bitmap_words`] gives each bitmap as two little-endian `u64` words (word 0 = rows 0–7,
+//!   word 1 = rows 8–15) and [`Bsb::bitmap_words_u32`] as four `u32` words (word `k` = rows
+//!   `2k`, `2k + 1`).
+//! - `window_order`: window ids sorted by block count, largest first, ties by id, for
+//!   scheduling the heaviest windows first.
+//!
+//! # Slots, values and per-edge data
+//!
+//! A **slot** is one position of one block: slot `block · 128 + r · 8 + c`. Slot-major data (SDDMM
+//! scores in block layout) has `n_blocks · 128` entries; [`Bsb::edge_to_slot`] gives the slot of
+//! every CSR edge, and [`Bsb::gather_to_csr_order`] / [`Bsb::scatter_to_slots`] move data
+//! between the orders. Values, when the CSR matrix has them, are kept **per edge in CSR order**
+//! (`nnz` entries, [`Bsb::values`]): a per-slot copy would take 128 floats per block, most of
+//! them padding.
+
+use std::cmp::Reverse;
+use std::ops::Range;
+
+use rayon::prelude::*;
+
+use crate::csr::Csr;
+use crate::error::{Error, Result};
+use crate::mebcrs::{
+    check_dim, check_len, check_pointers, check_slot_index, chunk_by_work, for_each_bit,
+    offsets_from_counts, plan_chunks, split_by_lens, WindowMerger,
+};
+use crate::stats::FillStats;
+
+/// Rows per BSB window.
+const ROWS: usize = 16;
+/// Column slots per block.
+const COLS: usize = 8;
+/// Slots per block.
+const SLOTS: usize = ROWS * COLS;
+
+/// Fused3S's binary sparse blocks: 16-row windows, 16×8 blocks with one `u128` bitmap each.
+/// See the [module documentation](self) for the exact layout.
+///
+/// Invariants (checked by [`Bsb::try_new`], guaranteed by [`Bsb::from_csr`]): `window_offsets`
+/// has `n_windows + 1` entries, starts at 0, never decreases and ends at the block count;
+/// `block_columns` holds 8 entries per block, the real ones strictly increasing within a window
+/// and below `n_cols`, padding only as a suffix of a window's last block; every real slot has
+/// at least one bit, padding slots and rows past `n_rows` none; values, when present, hold one
+/// entry per edge in CSR order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Bsb {
+    n_rows: usize,
+    n_cols: usize,
+    max_blocks_per_window: usize,
+    window_offsets: Vec<u32>,
+    block_columns: Vec<u32>,
+    bitmaps: Vec<u128>,
+    window_order: Vec<u32>,
+    values: Option<Vec<f32>>,
+    /// CSR row offsets of the same pattern: where each row's edges start in CSR order.
+    edge_offsets: Vec<u32>,
+}
+
 impl Bsb {
-    /// Builds.
-    pub fn from_csr(_a: &Csr) -> Result<Self> {
-        todo!()
+    /// Rows per window: 16.
+    pub const WINDOW_ROWS: usize = ROWS;
+    /// Column slots per block: 8.
+    pub const BLOCK_COLS: usize = COLS;
+    /// Slots (bits) per block: 16 × 8 = 128.
+    pub const SLOTS_PER_BLOCK: usize = SLOTS;
+    /// The column id of a padding slot in [`Bsb::block_columns`]: `u32::MAX`, which is never a
+    /// node (dimensions are at most [`crate::MAX_DIM`]). A kernel must not load a row for it.
+    pub const PADDING: u32 = u32::MAX;
+
+    /// Converts a CSR matrix to BSB. Values, if the matrix has them, are kept per edge in CSR
+    /// order. Windows are built in parallel. Never fails on a valid [`Csr`]; the `Result` is for
+    /// symmetry with the other conversions.
+    ///
+    /// ```
+    /// use spattn_formats::{Bsb, Csr};
+    /// // Row 0 -> {2, 9}, row 1 -> {9}, row 17 -> {0}: two windows.
+    /// let a = Csr::from_edges(18, 10, &[(0, 2), (0, 9), (1, 9), (17, 0)])?;
+    /// let bsb = Bsb::from_csr(&a)?;
+    /// assert_eq!(bsb.window_offsets(), &[0, 1, 2]);
+    /// let p = Bsb::PADDING;
+    /// assert_eq!(&bsb.block_columns()[..8], &[2, 9, p, p, p, p, p, p]);
+    /// // Row r, slot c -> bit r·8 + c: (0, 2) is bit 0, (0, 9) bit 1, (1, 9) bit 9.
+    /// assert_eq!(bsb.bitmaps()[0], 1 << 0 | 1 << 1 | 1 << 9);
+    /// assert_eq!(bsb.bitmaps()[1], 1 << 8); // row 17 = row 1 of window 1, slot 0
+    /// assert_eq!(bsb.edge_to_slot()?, vec![0, 1, 9, 128 + 8]);
+    /// assert_eq!(bsb.to_csr()?, a);
+    /// # Ok::<(), spattn_formats::Error>(())
+    /// ```
+    pub fn from_csr(a: &Csr) -> Result<Self> {
+        let offsets = a.row_offsets();
+        let cols = a.col_indices();
+        let chunks = plan_chunks(offsets, ROWS);
+        let parts: Vec<ChunkPart> = chunks
+            .par_iter()
+            .map_init(WindowMerger::default, |merger, windows| {
+                build_chunk(windows.clone(), offsets, cols, merger)
+            })
+            .collect();
+
+        let n_windows = a.n_rows().div_ceil(ROWS);
+        let mut window_offsets = Vec::with_capacity(n_windows + 1);
+        window_offsets.push(0u32);
+        let mut n_blocks = 0usize;
+        for part in &parts {
+            for &count in &part.blocks_per_window {
+                n_blocks += count as usize;
+                // At most one block per edge, and at most u32::MAX edges: no overflow.
+                window_offsets.push(n_blocks as u32);
+            }
+        }
+        let mut block_columns = vec![0u32; n_blocks * COLS];
+        let mut bitmaps = vec![0u128; n_blocks];
+        let col_slices = split_by_lens(&mut block_columns, parts.iter().map(|p| p.columns.len()));
+        let map_slices = split_by_lens(&mut bitmaps, parts.iter().map(|p| p.bitmaps.len()));
+        parts
+            .par_iter()
+            .zip(col_slices)
+            .zip(map_slices)
+            .for_each(|((part, c), m)| {
+                c.copy_from_slice(&part.columns);
+                m.copy_from_slice(&part.bitmaps);
+            });
+        let (window_order, max_blocks) = order_windows(&window_offsets);
+        Ok(Self {
+            n_rows: a.n_rows(),
+            n_cols: a.n_cols(),
+            max_blocks_per_window: max_blocks,
+            window_offsets,
+            block_columns,
+            bitmaps,
+            window_order,
+            values: a.values().map(<[f32]>::to_vec),
+            edge_offsets: offsets.to_vec(),
+        })
     }
-    /// Back.
+
+    /// Builds a BSB matrix from its arrays (laid out as in the [module documentation](self)),
+    /// checking every invariant; `window_order` is computed. `values`, if given, are per edge in
+    /// CSR order.
+    ///
+    /// Errors: [`Error::DimensionTooLarge`] (`n_rows` or `n_cols` above [`crate::MAX_DIM`]),
+    /// [`Error::LengthMismatch`] (`window_offsets` not `n_windows + 1` long, `block_columns` not
+    /// 8 per bitmap, `values` not one per edge), [`Error::InvalidLayout`] naming the array and
+    /// index that break an invariant (offsets not starting at 0, decreasing or not ending at the
+    /// block count; a column out of bounds or not strictly increasing within its window; padding
+    /// before a real slot or outside a window's last block; a real slot with no bit, a bit on a
+    /// padding slot or on a row past the last row), [`Error::TooManyEntries`] if the bitmaps hold
+    /// more than `u32::MAX` edges.
+    ///
+    /// ```
+    /// use spattn_formats::Bsb;
+    /// let p = Bsb::PADDING;
+    /// // 2 × 4: row 0 -> {3}, row 1 -> {1, 3}.
+    /// let bsb = Bsb::try_new(2, 4, vec![0, 1], vec![1, 3, p, p, p, p, p, p], vec![0b11_0000_0010], None)?;
+    /// assert_eq!(bsb.to_csr()?.row(1), &[1, 3]);
+    /// # Ok::<(), spattn_formats::Error>(())
+    /// ```
+    pub fn try_new(
+        n_rows: usize,
+        n_cols: usize,
+        window_offsets: Vec<u32>,
+        block_columns: Vec<u32>,
+        bitmaps: Vec<u128>,
+        values: Option<Vec<f32>>,
+    ) -> Result<Self> {
+        check_dim("n_rows", n_rows)?;
+        check_dim("n_cols", n_cols)?;
+        let n_windows = n_rows.div_ceil(ROWS);
+        check_len("window_offsets", n_windows + 1, window_offsets.len())?;
+        let n_blocks = bitmaps.len();
+        check_len("block_columns", n_blocks * COLS, block_columns.len())?;
+        check_pointers("BSB", "window_offsets", &window_offsets, n_blocks)?;
+        let bad = (0..n_windows)
+            .into_par_iter()
+            .with_min_len(64)
+            .find_map_first(|w| {
+                check_window(w, n_rows, n_cols, &window_offsets, &block_columns, &bitmaps).err()
+            });
+        if let Some(err) = bad {
+            return Err(err);
+        }
+
+        // Edges per row (popcount of each row's byte of every bitmap), then the prefix sum.
+        let mut row_counts = vec![0u32; n_rows];
+        let chunks = chunk_by_work(n_windows, |w| window_offsets[w] as usize + w);
+        let count_slices = split_by_lens(
+            &mut row_counts,
+            chunks
+                .iter()
+                .map(|c| (c.end * ROWS).min(n_rows) - (c.start * ROWS).min(n_rows)),
+        );
+        chunks
+            .par_iter()
+            .zip(count_slices)
+            .for_each(|(windows, counts)| {
+                for w in windows.clone() {
+                    let base = (w - windows.start) * ROWS;
+                    let rows_here = counts.len().saturating_sub(base).min(ROWS);
+                    let range = window_offsets[w] as usize..window_offsets[w + 1] as usize;
+                    for &bm in &bitmaps[range] {
+                        for (r, count) in counts[base..base + rows_here].iter_mut().enumerate() {
+                            *count += ((bm >> (r * COLS)) as u8).count_ones();
+                        }
+                    }
+                }
+            });
+        let edge_offsets = offsets_from_counts(&row_counts)?;
+        if let Some(v) = &values {
+            check_len("values", edge_offsets[n_rows] as usize, v.len())?;
+        }
+        let (window_order, max_blocks) = order_windows(&window_offsets);
+        Ok(Self {
+            n_rows,
+            n_cols,
+            max_blocks_per_window: max_blocks,
+            window_offsets,
+            block_columns,
+            bitmaps,
+            window_order,
+            values,
+            edge_offsets,
+        })
+    }
+
+    /// Number of rows of the matrix.
+    pub fn n_rows(&self) -> usize {
+        self.n_rows
+    }
+    /// Number of columns of the matrix.
+    pub fn n_cols(&self) -> usize {
+        self.n_cols
+    }
+    /// Number of edges (stored entries of the CSR matrix).
+    pub fn nnz(&self) -> usize {
+        self.edge_offsets.last().map_or(0, |&e| e as usize)
+    }
+    /// Number of 16-row windows: `ceil(n_rows / 16)`.
+    pub fn n_windows(&self) -> usize {
+        self.window_offsets.len() - 1
+    }
+    /// Number of 16×8 blocks.
+    pub fn n_blocks(&self) -> usize {
+        self.bitmaps.len()
+    }
+    /// Length of a slot-major array (scores in block layout): `n_blocks · 128`.
+    pub fn n_slots(&self) -> usize {
+        self.n_blocks() * SLOTS
+    }
+    /// Window offsets (`n_windows + 1` entries): window `w` owns blocks
+    /// `window_offsets[w]..window_offsets[w + 1]`.
+    pub fn window_offsets(&self) -> &[u32] {
+        &self.window_offsets
+    }
+    /// The column of every slot, 8 per block (block `b`'s at `8b..8b + 8`); padding slots hold
+    /// [`Bsb::PADDING`].
+    pub fn block_columns(&self) -> &[u32] {
+        &self.block_columns
+    }
+    /// One bitmap per block: bit `r·8 + c` set iff row `16w + r` has an edge to slot `c`'s
+    /// column.
+    pub fn bitmaps(&self) -> &[u128] {
+        &self.bitmaps
+    }
+    /// The bitmaps as little-endian `u64` words, 2 per block: word `2b` holds bits 0–63 (rows
+    /// 0–7), word `2b + 1` bits 64–127 (rows 8–15). The byte image of a `u128` on a
+    /// little-endian device.
+    pub fn bitmap_words(&self) -> Vec<u64> {
+        self.bitmaps
+            .par_iter()
+            .with_min_len(1 << 12)
+            .flat_map_iter(|&b| [b as u64, (b >> 64) as u64])
+            .collect()
+    }
+    /// The bitmaps as little-endian `u32` words, 4 per block: word `4b + k` holds bits
+    /// `32k..32k + 32` (rows `2k` and `2k + 1`).
+    pub fn bitmap_words_u32(&self) -> Vec<u32> {
+        self.bitmaps
+            .par_iter()
+            .with_min_len(1 << 12)
+            .flat_map_iter(|&b| {
+                [
+                    b as u32,
+                    (b >> 32) as u32,
+                    (b >> 64) as u32,
+                    (b >> 96) as u32,
+                ]
+            })
+            .collect()
+    }
+    /// Window ids sorted by block count, largest first, ties by window id.
+    pub fn window_order(&self) -> &[u32] {
+        &self.window_order
+    }
+    /// Values per edge in CSR order (`nnz` entries), if the matrix has values.
+    pub fn values(&self) -> Option<&[f32]> {
+        self.values.as_deref()
+    }
+    /// CSR row offsets of the pattern (`n_rows + 1` entries): row `i`'s edges are CSR entries
+    /// `edge_offsets[i]..edge_offsets[i + 1]`.
+    pub fn edge_offsets(&self) -> &[u32] {
+        &self.edge_offsets
+    }
+    /// Block range of window `w`.
+    ///
+    /// # Panics
+    /// If `w >= n_windows`.
+    pub fn window_blocks(&self, w: usize) -> Range<usize> {
+        self.window_offsets[w] as usize..self.window_offsets[w + 1] as usize
+    }
+    /// Number of blocks of window `w`.
+    ///
+    /// # Panics
+    /// If `w >= n_windows`.
+    pub fn blocks_in_window(&self, w: usize) -> usize {
+        (self.window_offsets[w + 1] - self.window_offsets[w]) as usize
+    }
+
+    /// Converts back to CSR: exactly the matrix this was built from (same pattern, same values).
     pub fn to_csr(&self) -> Result<Csr> {
-        todo!()
+        let mut cols = vec![0u32; self.nnz()];
+        self.for_each_edge(&mut cols, |out, b, _, c| {
+            *out = self.block_columns[b * COLS + c];
+        });
+        Ok(Csr::from_parts_unchecked(
+            self.n_rows,
+            self.n_cols,
+            self.edge_offsets.clone(),
+            cols,
+            self.values.clone(),
+        ))
     }
-    /// Fill.
+
+    /// The slot (`block · 128 + r · 8 + c`) of every CSR edge, in CSR order.
+    ///
+    /// Errors: [`Error::DimensionTooLarge`] if a slot index does not fit in `u32`
+    /// (more than 2^25 blocks).
+    pub fn edge_to_slot(&self) -> Result<Vec<u32>> {
+        check_slot_index("BSB slot index", self.n_slots())?;
+        let mut map = vec![0u32; self.nnz()];
+        self.for_each_edge(&mut map, |out, b, r, c| {
+            *out = (b * SLOTS + r * COLS + c) as u32;
+        });
+        Ok(map)
+    }
+
+    /// Reads slot-major data (`n_slots` entries) back into CSR edge order.
+    ///
+    /// Errors: [`Error::LengthMismatch`] if `slot_data.len() != n_slots()`.
+    pub fn gather_to_csr_order<T: Copy + Send + Sync>(&self, slot_data: &[T]) -> Result<Vec<T>> {
+        check_len("slot data", self.n_slots(), slot_data.len())?;
+        let Some(&first) = slot_data.first() else {
+            return Ok(Vec::new());
+        };
+        let mut out = vec![first; self.nnz()];
+        self.for_each_edge(&mut out, |o, b, r, c| {
+            *o = slot_data[b * SLOTS + r * COLS + c];
+        });
+        Ok(out)
+    }
+
+    /// Writes per-edge data in CSR order (`nnz` entries) into the slot layout (`n_slots`
+    /// entries); slots with no edge (padding included) get `fill`.
+    ///
+    /// Errors: [`Error::LengthMismatch`] if `edge_data.len() != nnz()`.
+    pub fn scatter_to_slots<T: Copy + Send + Sync>(
+        &self,
+        edge_data: &[T],
+        fill: T,
+    ) -> Result<Vec<T>> {
+        check_len("edge data", self.nnz(), edge_data.len())?;
+        let mut out = vec![fill; self.n_slots()];
+        let chunks = plan_chunks(&self.edge_offsets, ROWS);
+        let slices = split_by_lens(
+            &mut out,
+            chunks.iter().map(|c| {
+                (self.window_offsets[c.end] - self.window_offsets[c.start]) as usize * SLOTS
+            }),
+        );
+        chunks.par_iter().zip(slices).for_each(|(windows, slots)| {
+            let base = self.window_offsets[windows.start] as usize * SLOTS;
+            for w in windows.clone() {
+                let mut cursor = self.row_cursors(w, 0);
+                for b in self.window_blocks(w) {
+                    self.for_each_bit_of(b, |r, c| {
+                        slots[b * SLOTS + r * COLS + c - base] = edge_data[cursor[r]];
+                        cursor[r] += 1;
+                    });
+                }
+            }
+        });
+        Ok(out)
+    }
+
+    /// Fill of the whole matrix: blocks, edges, and `slots = blocks × 128`.
     pub fn fill_stats(&self) -> FillStats {
-        todo!()
+        FillStats {
+            windows: self.n_windows(),
+            blocks: self.n_blocks(),
+            edges: self.nnz(),
+            slots: self.n_slots(),
+            max_blocks_per_window: self.max_blocks_per_window,
+        }
     }
+
+    /// Fill of window `w`: its edges over `blocks_in_window(w) × 128`; 0 for a window with no
+    /// edges.
+    ///
+    /// # Panics
+    /// If `w >= n_windows`.
+    pub fn window_fill(&self, w: usize) -> f64 {
+        let slots = self.blocks_in_window(w) * SLOTS;
+        if slots == 0 {
+            return 0.0;
+        }
+        let rows = self.window_rows(w);
+        let edges = self.edge_offsets[rows.end] - self.edge_offsets[rows.start];
+        edges as f64 / slots as f64
+    }
+
+    /// [`Bsb::window_fill`] of every window.
+    pub fn window_fills(&self) -> Vec<f64> {
+        (0..self.n_windows())
+            .into_par_iter()
+            .map(|w| self.window_fill(w))
+            .collect()
+    }
+
+    /// Rows of window `w`, clipped to `n_rows`.
+    fn window_rows(&self, w: usize) -> Range<usize> {
+        (w * ROWS).min(self.n_rows)..((w + 1) * ROWS).min(self.n_rows)
+    }
+
+    /// For each row of window `w`, the CSR index of its first edge minus `base`.
+    fn row_cursors(&self, w: usize, base: usize) -> [usize; ROWS] {
+        let mut cursor = [0usize; ROWS];
+        for (r, row) in self.window_rows(w).enumerate() {
+            cursor[r] = self.edge_offsets[row] as usize - base;
+        }
+        cursor
+    }
+
+    /// Calls `f(r, c)` for every set bit of block `b`'s bitmap, in bit order (row by row, and
+    /// by slot within a row).
+    #[inline]
+    fn for_each_bit_of(&self, b: usize, mut f: impl FnMut(usize, usize)) {
+        let bm = self.bitmaps[b];
+        let mut word = |w: u64, first_row: usize| {
+            let (lo, hi) = (w as u32, (w >> 32) as u32);
+            for_each_bit(lo, |bit| f(first_row + bit / COLS, bit % COLS));
+            for_each_bit(hi, |bit| f(first_row + 4 + bit / COLS, bit % COLS));
+        };
+        word(bm as u64, 0);
+        word((bm >> 64) as u64, 8);
+    }
+
+    /// Visits every edge with `f(&mut out[edge], block, r, c)`, where `out` is indexed in CSR
+    /// order; windows in parallel.
+    fn for_each_edge<T: Send>(
+        &self,
+        out: &mut [T],
+        f: impl Fn(&mut T, usize, usize, usize) + Sync,
+    ) {
+        let chunks = plan_chunks(&self.edge_offsets, ROWS);
+        let n = self.n_rows;
+        let edge_at = |w: usize| self.edge_offsets[(w * ROWS).min(n)] as usize;
+        let slices = split_by_lens(
+            out,
+            chunks.iter().map(|c| edge_at(c.end) - edge_at(c.start)),
+        );
+        chunks.par_iter().zip(slices).for_each(|(windows, edges)| {
+            let base = edge_at(windows.start);
+            for w in windows.clone() {
+                let mut cursor = self.row_cursors(w, base);
+                // Blocks in column order, bits in row-then-slot order: each row's edges are
+                // visited by ascending column, i.e. in CSR order.
+                for b in self.window_blocks(w) {
+                    self.for_each_bit_of(b, |r, c| {
+                        f(&mut edges[cursor[r]], b, r, c);
+                        cursor[r] += 1;
+                    });
+                }
+            }
+        });
+    }
+}
+
+/// What one chunk of windows produces in [`Bsb::from_csr`], concatenated afterwards.
+struct ChunkPart {
+    blocks_per_window: Vec<u32>,
+    columns: Vec<u32>,
+    bitmaps: Vec<u128>,
+}
+
+/// Builds the blocks of `windows`. `merger` is per-thread scratch reused across windows.
+fn build_chunk(
+    windows: Range<usize>,
+    offsets: &[u32],
+    cols: &[u32],
+    merger: &mut WindowMerger,
+) -> ChunkPart {
+    let n_rows = offsets.len() - 1;
+    let row_lo = (windows.start * ROWS).min(n_rows);
+    let row_hi = (windows.end * ROWS).min(n_rows);
+    // At most one block per edge; usually far fewer, so reserve for 2 edges per slot column.
+    let nnz = (offsets[row_hi] - offsets[row_lo]) as usize;
+    let mut part = ChunkPart {
+        blocks_per_window: Vec::with_capacity(windows.len()),
+        columns: Vec::with_capacity(nnz + COLS * windows.len()),
+        bitmaps: Vec::with_capacity(nnz / COLS + windows.len()),
+    };
+    for w in windows {
+        let rows = (w * ROWS).min(n_rows)..((w + 1) * ROWS).min(n_rows);
+        // The window's (column, row-in-window) keys, ordered by column, then row.
+        let keys = merger.merge(offsets, cols, rows, 4);
+        let first_block = part.bitmaps.len();
+        let mut last = u64::MAX;
+        // Slot of the current column within its block; starts "full" so the first column opens
+        // a block.
+        let mut c = COLS - 1;
+        for &k in keys {
+            let col = k >> 4;
+            if col != last {
+                c += 1;
+                if c == COLS {
+                    c = 0;
+                    part.bitmaps.push(0);
+                }
+                part.columns.push(col as u32);
+                last = col;
+            }
+            let b = part.bitmaps.len() - 1;
+            part.bitmaps[b] |= 1u128 << ((k & 15) as usize * COLS + c);
+        }
+        // Pad the last block of the window.
+        part.columns.resize(part.bitmaps.len() * COLS, Bsb::PADDING);
+        part.blocks_per_window
+            .push((part.bitmaps.len() - first_block) as u32);
+    }
+    part
+}
+
+/// Window order (by block count, largest first, ties by id) and the largest block count.
+fn order_windows(window_offsets: &[u32]) -> (Vec<u32>, usize) {
+    let n_windows = window_offsets.len() - 1;
+    let count = |w: u32| window_offsets[w as usize + 1] - window_offsets[w as usize];
+    // n_windows <= ceil(MAX_DIM / 16) fits in u32.
+    let mut order: Vec<u32> = (0..n_windows as u32).collect();
+    order.par_sort_unstable_by_key(|&w| (Reverse(count(w)), w));
+    let max = order.first().map_or(0, |&w| count(w) as usize);
+    (order, max)
+}
+
+/// Checks the blocks of window `w` (columns, padding, bitmaps).
+fn check_window(
+    w: usize,
+    n_rows: usize,
+    n_cols: usize,
+    window_offsets: &[u32],
+    block_columns: &[u32],
+    bitmaps: &[u128],
+) -> Result<()> {
+    let blocks = window_offsets[w] as usize..window_offsets[w + 1] as usize;
+    let rows_here = (n_rows - w * ROWS).min(ROWS);
+    let bad = |what: &'static str, index: usize, why: String| Error::InvalidLayout {
+        format: "BSB",
+        what,
+        index,
+        why,
+    };
+    let mut prev: Option<u32> = None;
+    for b in blocks.clone() {
+        let bm = bitmaps[b];
+        if rows_here < ROWS && bm >> (rows_here * COLS) != 0 {
+            return Err(bad(
+                "bitmaps",
+                b,
+                format!(
+                    "block {b} of window {w} has a bit on a row past the last row {}",
+                    n_rows - 1
+                ),
+            ));
+        }
+        for c in 0..COLS {
+            let slot = b * COLS + c;
+            let col = block_columns[slot];
+            // The bits of slot c, one per row.
+            let column_bits = (0..ROWS).any(|r| bm >> (r * COLS + c) & 1 != 0);
+            if col == Bsb::PADDING {
+                if column_bits {
+                    return Err(bad(
+                        "bitmaps",
+                        b,
+                        format!("block {b} of window {w} has a bit on padding slot {c}"),
+                    ));
+                }
+                if b + 1 != blocks.end {
+                    return Err(bad(
+                        "block_columns",
+                        slot,
+                        format!(
+                            "padding in block {b} of window {w}, which is not the window's \
+                             last block"
+                        ),
+                    ));
+                }
+                continue;
+            }
+            if c > 0 && block_columns[slot - 1] == Bsb::PADDING {
+                return Err(bad(
+                    "block_columns",
+                    slot,
+                    format!("column {col} follows a padding slot in block {b} of window {w}"),
+                ));
+            }
+            if col as usize >= n_cols {
+                return Err(bad(
+                    "block_columns",
+                    slot,
+                    format!("column {col} of window {w} is out of bounds for {n_cols} columns"),
+                ));
+            }
+            if let Some(p) = prev {
+                if p >= col {
+                    return Err(bad(
+                        "block_columns",
+                        slot,
+                        format!(
+                            "column {col} of window {w} follows column {p}: columns must be \
+                             strictly increasing within a window"
+                        ),
+                    ));
+                }
+            }
+            prev = Some(col);
+            if !column_bits {
+                return Err(bad(
+                    "bitmaps",
+                    b,
+                    format!("slot {c} (column {col}) of block {b} in window {w} has no edge"),
+                ));
+            }
+        }
+        if block_columns[b * COLS] == Bsb::PADDING {
+            return Err(bad(
+                "block_columns",
+                b * COLS,
+                format!("block {b} of window {w} is all padding"),
+            ));
+        }
+    }
+    Ok(())
 }

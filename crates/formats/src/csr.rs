@@ -615,7 +615,7 @@ impl Csr {
             .values
             .as_ref()
             .map(|_| Vec::with_capacity(self.nnz() + added as usize));
-        for i in 0..n {
+        for (i, &is_missing) in missing.iter().enumerate() {
             let range = self.row_range(i);
             let row = &self.col_indices[range.clone()];
             let pos = row.partition_point(|&c| c < i as u32);
@@ -623,7 +623,7 @@ impl Csr {
             if let (Some(vs), Some(src)) = (vals.as_mut(), self.values.as_ref()) {
                 vs.extend_from_slice(&src[range.start..range.start + pos]);
             }
-            if missing[i] == 1 {
+            if is_missing == 1 {
                 cols.push(i as u32);
                 if let Some(vs) = vals.as_mut() {
                     vs.push(1.0);

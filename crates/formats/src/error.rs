@@ -20,25 +20,25 @@ pub enum Error {
         actual: usize,
     },
     /// Row offsets must start at 0 and never decrease.
-    #[error("row offsets are not monotone: offset[{row}] = {prev} > offset[{next_row}] = {next}", next_row = row + 1)]
+    #[error("row offsets are not monotone: offset {row} is {prev} but offset {next_row} is {next}", next_row = row + 1)]
     NonMonotoneOffsets {
         /// The row whose start is past its end.
         row: usize,
-        /// offset[row].
+        /// `offset[row]`.
         prev: u64,
-        /// offset[row + 1].
+        /// `offset[row + 1]`.
         next: u64,
     },
     /// The first row offset must be 0.
     #[error("row offsets must start at 0, found {first}")]
     OffsetsDoNotStartAtZero {
-        /// offset[0].
+        /// `offset[0]`.
         first: u64,
     },
     /// The last row offset must equal the number of stored entries.
     #[error("last row offset is {last} but there are {nnz} column indices")]
     OffsetsDoNotEndAtNnz {
-        /// offset[n_rows].
+        /// `offset[n_rows]`.
         last: u64,
         /// Length of the column-index array.
         nnz: usize,
@@ -151,6 +151,18 @@ pub enum Error {
         /// The underlying error.
         #[source]
         source: std::io::Error,
+    },
+    /// The arrays of a blocked format (ME-BCRS, BSB) break one of its invariants.
+    #[error("invalid {format} layout at {what} index {index}: {why}")]
+    InvalidLayout {
+        /// The format ("ME-BCRS", "BSB").
+        format: &'static str,
+        /// The offending array.
+        what: &'static str,
+        /// Position in that array.
+        index: usize,
+        /// Which invariant fails.
+        why: String,
     },
     /// An I/O failure on a stream with no path.
     #[error("read error: {0}")]

@@ -7,7 +7,7 @@
 //!   validated constructors, transpose, symmetrize, self loops, [`DegreeStats`].
 //! - [`read_matrix_market`], [`read_edge_list`]: readers for MatrixMarket coordinate files (plain
 //!   or gzip'd) and SNAP-style edge lists, with errors that name the line.
-//! - [`rmat`]: the Graph500 R-MAT generator, deterministic from a seed.
+//! - [`rmat()`]: the Graph500 R-MAT generator, deterministic from a seed.
 //! - [`Permutation`]: RT-GNN degree reordering, applied to a [`Csr`] and to feature rows.
 //! - [`MeBcrs`]: FlashSparse's 8-row windows of 8×1 vectors for tensor-core SpMM / SDDMM.
 //! - [`Bsb`]: Fused3S's 16-row windows of 16×8 bitmap blocks for fused tensor-core attention.
@@ -39,8 +39,11 @@ pub mod stats;
 pub use bsb::Bsb;
 pub use csr::{Coo, Csr, MAX_DIM, MAX_NNZ};
 pub use error::{Error, Result};
-pub use io::{read_edge_list, read_matrix_market};
+pub use io::{
+    read_edge_list, read_edge_list_from, read_edge_list_with, read_matrix_market,
+    read_matrix_market_from, EdgeListOptions,
+};
 pub use mebcrs::MeBcrs;
 pub use permutation::Permutation;
-pub use rmat::{rmat, RmatConfig};
+pub use rmat::{rmat, rmat_edges, RmatConfig};
 pub use stats::{DegreeStats, FillStats};

@@ -42,7 +42,7 @@ impl Csr {
     /// let a = Csr::from_edges(4, 4, &[(0, 1), (0, 2), (0, 3), (2, 0)])?;
     /// let s = a.degree_stats();
     /// assert_eq!((s.max, s.empty_rows), (3, 2));
-    /// assert_eq!(s.histogram, vec![2, 1, 0, 1]); // two empty, one of length 1, one of 3
+    /// assert_eq!(s.histogram, vec![2, 1, 1]); // two empty, one of length 1, one of 3 (in 2..=3)
     /// # Ok::<(), spattn_formats::Error>(())
     /// ```
     pub fn degree_stats(&self) -> DegreeStats {
