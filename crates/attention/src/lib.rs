@@ -1,1 +1,42 @@
-//! spattn (skeleton).
+//! # spattn
+//!
+//! Sparse graph attention on NVIDIA GPUs, from Rust:
+//!
+//! ```text
+//! out = softmax_row( scale · (Q Kᵀ) masked by A ) · V
+//! ```
+//!
+//! with A the graph's adjacency (row `i` lists the nodes node `i` attends to) and Q, K, V of
+//! `nodes × heads × head_dim`, row-major. Build an [`AttentionPlan`] once per graph and
+//! configuration; it chooses an [`Algorithm`] (or takes the one you name), uploads what that
+//! algorithm needs, and then runs [`AttentionPlan::forward`] as often as asked. Where there is
+//! no GPU, [`AttentionPlan::new_cpu`] computes the same thing on the CPU.
+//!
+//! ```
+//! use spattn::{Algorithm, AttentionConfig, AttentionPlan};
+//! use spattn_formats::Csr;
+//! use spattn_ops::{DTypeKind, Gpu};
+//!
+//! // A 4-node ring, symmetrized with self loops (the GAT / graph-transformer convention).
+//! let a = Csr::from_edges(4, 4, &[(0, 1), (1, 2), (2, 3), (3, 0)])?.symmetrize_with_self_loops()?;
+//! let config = AttentionConfig::new(2, 8, DTypeKind::F32); // 2 heads of 8 features
+//! let plan = match Gpu::new(0) {
+//!     Ok(gpu) => AttentionPlan::new_gpu(&gpu, &a, config)?,
+//!     Err(_) => AttentionPlan::new_cpu(&a, config)?, // no GPU here: same results on the CPU
+//! };
+//! println!("{}: {}", plan.algorithm(), plan.choice());
+//! let x: Vec<f32> = (0..4 * 2 * 8).map(|i| (i as f32 * 0.37).sin()).collect();
+//! let out = plan.forward_host(&x, &x, &x)?;
+//! assert_eq!(out.len(), 4 * 2 * 8);
+//! assert!(out.iter().all(|v| v.is_finite()));
+//! # Ok::<(), spattn::Error>(())
+//! ```
+
+mod config;
+mod error;
+mod fused_csr;
+mod plan;
+
+pub use config::{Algorithm, AttentionConfig};
+pub use error::{Error, Result};
+pub use plan::AttentionPlan;

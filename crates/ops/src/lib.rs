@@ -1,1 +1,25 @@
-//! spattn-ops (skeleton).
+//! # spattn-ops
+//!
+//! The sparse ops of graph attention — SDDMM, edge softmax, SpMM — on the CPU and on NVIDIA
+//! GPUs, and the GPU runtime they run on.
+//!
+//! (Crate documentation with a CPU example: being written.)
+
+pub mod buffer;
+pub mod cpu;
+pub mod csr_ops;
+pub mod device_csr;
+pub mod dtype;
+pub mod error;
+pub mod gpu;
+pub mod launch;
+pub mod schedule;
+pub mod shape;
+
+pub use buffer::{DeviceElement, DeviceMatrix, DeviceVec};
+pub use csr_ops::CsrSchedule;
+pub use device_csr::DeviceCsr;
+pub use dtype::{DType, DTypeKind};
+pub use error::{Error, Result};
+pub use gpu::{Gpu, GpuTimer};
+pub use shape::Shape;

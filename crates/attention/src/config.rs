@@ -1,0 +1,165 @@
+//! What a plan computes: heads, head_dim, dtype, scale, and the algorithm.
+
+use std::fmt;
+use std::str::FromStr;
+
+use spattn_ops::DTypeKind;
+
+use crate::error::{Error, Result};
+
+/// How attention is computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Chosen per graph and shape from the format statistics (and, with
+    /// [`AttentionConfig::autotune`], by timing each candidate once when the plan is built).
+    Auto,
+    /// SDDMM → edge softmax → SpMM on CUDA cores over CSR (three kernels; scores in device
+    /// memory).
+    UnfusedCsr,
+    /// SDDMM → edge softmax → SpMM on tensor cores over ME-BCRS.
+    UnfusedTensorCore,
+    /// One kernel on CSR, CUDA cores, online softmax (DF-GNN style, without its 128-neighbour
+    /// limit).
+    FusedCsr,
+    /// One kernel on BSB bitmaps, tensor cores (Fused3S style).
+    FusedTensorCore,
+    /// Tensor-core and CUDA-core warps splitting the tiles of one kernel (RT-GNN style).
+    Hybrid,
+}
+
+impl Algorithm {
+    /// Every algorithm, `Auto` first.
+    pub const ALL: [Algorithm; 6] = [
+        Algorithm::Auto,
+        Algorithm::UnfusedCsr,
+        Algorithm::UnfusedTensorCore,
+        Algorithm::FusedCsr,
+        Algorithm::FusedTensorCore,
+        Algorithm::Hybrid,
+    ];
+
+    /// The name used on command lines and in results: `auto`, `unfused-csr`, `unfused-tc`,
+    /// `fused-csr`, `fused-tc`, `hybrid`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Algorithm::Auto => "auto",
+            Algorithm::UnfusedCsr => "unfused-csr",
+            Algorithm::UnfusedTensorCore => "unfused-tc",
+            Algorithm::FusedCsr => "fused-csr",
+            Algorithm::FusedTensorCore => "fused-tc",
+            Algorithm::Hybrid => "hybrid",
+        }
+    }
+
+    /// Whether this build implements the algorithm on the GPU.
+    pub const fn is_implemented(self) -> bool {
+        matches!(
+            self,
+            Algorithm::Auto | Algorithm::UnfusedCsr | Algorithm::FusedCsr
+        )
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = Error;
+    /// Parses a name of [`Algorithm::name`].
+    fn from_str(s: &str) -> Result<Self> {
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.name() == s)
+            .ok_or_else(|| Error::InvalidConfig {
+                what: "algorithm",
+                why: format!(
+                    "unknown algorithm {s:?}; expected one of {}",
+                    Algorithm::ALL.map(Algorithm::name).join(", ")
+                ),
+            })
+    }
+}
+
+/// The configuration of an [`AttentionPlan`](crate::AttentionPlan).
+///
+/// ```
+/// use spattn::{Algorithm, AttentionConfig};
+/// use spattn_ops::DTypeKind;
+/// let c = AttentionConfig::new(8, 64, DTypeKind::F16).with_algorithm(Algorithm::FusedCsr);
+/// assert_eq!(c.scale(), 0.125); // 1/√64 by default
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttentionConfig {
+    /// Number of heads (≥ 1).
+    pub heads: usize,
+    /// Features per head of Q, K and V (≥ 1).
+    pub head_dim: usize,
+    /// Element type of Q, K, V and the output (sums are always f32).
+    pub dtype: DTypeKind,
+    /// The score scale; `None` means 1/√head_dim.
+    pub scale: Option<f32>,
+    /// The algorithm ([`Algorithm::Auto`] by default).
+    pub algorithm: Algorithm,
+    /// With [`Algorithm::Auto`] on a GPU: time each candidate once when the plan is built and
+    /// keep the fastest (like cuDNN's benchmark mode). Off by default.
+    pub autotune: bool,
+}
+
+impl AttentionConfig {
+    /// `heads × head_dim` of `dtype`, automatic algorithm, scale 1/√head_dim.
+    pub fn new(heads: usize, head_dim: usize, dtype: DTypeKind) -> Self {
+        Self {
+            heads,
+            head_dim,
+            dtype,
+            scale: None,
+            algorithm: Algorithm::Auto,
+            autotune: false,
+        }
+    }
+    /// Sets the algorithm.
+    pub fn with_algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+    /// Sets the score scale.
+    pub fn with_scale(mut self, scale: f32) -> Self {
+        self.scale = Some(scale);
+        self
+    }
+    /// Turns plan-time autotuning on or off.
+    pub fn with_autotune(mut self, autotune: bool) -> Self {
+        self.autotune = autotune;
+        self
+    }
+    /// The scale in effect.
+    pub fn scale(&self) -> f32 {
+        self.scale
+            .unwrap_or_else(|| 1.0 / (self.head_dim.max(1) as f32).sqrt())
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.heads == 0 {
+            return Err(Error::InvalidConfig {
+                what: "heads",
+                why: "must be at least 1".into(),
+            });
+        }
+        if self.head_dim == 0 {
+            return Err(Error::InvalidConfig {
+                what: "head_dim",
+                why: "must be at least 1".into(),
+            });
+        }
+        if !self.scale().is_finite() {
+            return Err(Error::InvalidConfig {
+                what: "scale",
+                why: format!("{} is not finite", self.scale()),
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,72 @@
+//! The one error type of the `spattn` crate.
+
+use spattn_ops::{DTypeKind, Shape};
+
+/// Everything that can go wrong planning or running attention.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An operand has the wrong shape for the plan.
+    #[error("{what} has shape {actual}, expected {expected}")]
+    ShapeMismatch {
+        /// Which operand.
+        what: &'static str,
+        /// The shape the plan expects.
+        expected: Shape,
+        /// The shape given.
+        actual: Shape,
+    },
+    /// A host slice has the wrong length.
+    #[error("{what} has {actual} elements, expected {expected} ({shape})")]
+    LengthMismatch {
+        /// Which operand.
+        what: &'static str,
+        /// Elements expected.
+        expected: usize,
+        /// Elements given.
+        actual: usize,
+        /// The shape they should form.
+        shape: Shape,
+    },
+    /// The operands' element type is not the plan's.
+    #[error("the plan was built for {planned} but was run with {given}")]
+    DTypeMismatch {
+        /// The plan's dtype.
+        planned: DTypeKind,
+        /// The operands' dtype.
+        given: DTypeKind,
+    },
+    /// A configuration value out of range.
+    #[error("invalid {what}: {why}")]
+    InvalidConfig {
+        /// The field.
+        what: &'static str,
+        /// Why.
+        why: String,
+    },
+    /// The algorithm cannot run this configuration (the message says why and what can).
+    #[error("{algorithm} cannot run this configuration: {why}")]
+    Unsupported {
+        /// The algorithm asked for.
+        algorithm: crate::Algorithm,
+        /// Why, and what to use instead.
+        why: String,
+    },
+    /// The plan runs on the CPU (or the GPU) and was called with the other kind of operand.
+    #[error("this plan runs on the {plan}; call {use_instead}")]
+    WrongDevice {
+        /// Where the plan runs.
+        plan: &'static str,
+        /// The method to call instead.
+        use_instead: &'static str,
+    },
+    /// An error from the ops layer (driver, memory, launch).
+    #[error(transparent)]
+    Ops(#[from] spattn_ops::Error),
+    /// An error from the formats.
+    #[error(transparent)]
+    Format(#[from] spattn_formats::Error),
+}
+
+/// Result with the `spattn` [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,396 @@
+//! [`AttentionPlan`]: built once per graph and configuration, run many times.
+
+use std::sync::Mutex;
+
+use spattn_formats::Csr;
+use spattn_ops::cpu::{self, AttentionInputs};
+use spattn_ops::{csr_ops, DType, DTypeKind, DeviceCsr, DeviceMatrix, DeviceVec, Gpu, Shape};
+
+use crate::config::{Algorithm, AttentionConfig};
+use crate::error::{Error, Result};
+use crate::fused_csr::{self, FusedCsr};
+
+/// Sparse attention over one graph, planned once and run many times:
+/// `out = softmax_row(scale · Q Kᵀ masked by A) · V` with Q of `n_rows × heads × head_dim`, K
+/// and V of `n_cols × heads × head_dim`.
+///
+/// Building the plan validates the configuration, chooses the algorithm (for
+/// [`Algorithm::Auto`]), and uploads everything the algorithm needs; [`forward`](Self::forward)
+/// then only launches kernels. A plan built with [`new_cpu`](Self::new_cpu) runs the same
+/// computation on the CPU (rayon) where there is no GPU.
+///
+/// ```
+/// use spattn::{AttentionConfig, AttentionPlan};
+/// use spattn_formats::Csr;
+/// use spattn_ops::DTypeKind;
+///
+/// // Node 0 attends to 0 and 1; node 1 to itself.
+/// let a = Csr::from_edges(2, 2, &[(0, 0), (0, 1), (1, 1)])?;
+/// let plan = AttentionPlan::new_cpu(&a, AttentionConfig::new(1, 2, DTypeKind::F32))?;
+/// let q = [1.0f32, 0.0, 0.0, 1.0];
+/// let k = [1.0f32, 0.0, 0.0, 1.0];
+/// let v = [1.0f32, 2.0, 3.0, 4.0];
+/// let out = plan.forward_host(&q, &k, &v)?;
+/// assert_eq!(&out[2..], &[3.0, 4.0]); // a single neighbour gets all the weight
+/// # Ok::<(), spattn::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct AttentionPlan {
+    config: AttentionConfig,
+    algorithm: Algorithm,
+    choice: String,
+    shape_q: Shape,
+    shape_kv: Shape,
+    nnz: usize,
+    backend: Backend,
+}
+
+#[derive(Debug)]
+enum Backend {
+    Cpu(Box<Csr>),
+    Gpu(Box<GpuPlan>),
+}
+
+#[derive(Debug)]
+struct GpuPlan {
+    gpu: Gpu,
+    csr: DeviceCsr,
+    state: Mutex<GpuState>,
+}
+
+/// Per-algorithm device workspace (mutated by each forward; one forward at a time).
+#[derive(Debug)]
+enum GpuState {
+    Unfused { scores: DeviceVec<f32> },
+    FusedCsr(FusedCsr),
+}
+
+impl AttentionPlan {
+    /// Plans attention over `graph` on `gpu`: validates `config`, chooses the algorithm and
+    /// uploads the graph in the format it needs.
+    ///
+    /// Errors: [`Error::InvalidConfig`] (heads or head_dim 0, scale not finite),
+    /// [`Error::Unsupported`] (an algorithm asked for explicitly that cannot run this shape, or
+    /// one this build does not implement yet), [`Error::Ops`] (driver, memory).
+    pub fn new_gpu(gpu: &Gpu, graph: &Csr, config: AttentionConfig) -> Result<Self> {
+        config.validate()?;
+        let (algorithm, choice) = choose(graph, &config)?;
+        let csr = DeviceCsr::upload(gpu, graph)?;
+        let state = GpuState::new(gpu, &csr, &config, algorithm)?;
+        let mut plan = Self::assemble(graph, config, algorithm, choice);
+        plan.backend = Backend::Gpu(Box::new(GpuPlan {
+            gpu: gpu.clone(),
+            csr,
+            state: Mutex::new(state),
+        }));
+        if plan.config.algorithm == Algorithm::Auto && plan.config.autotune {
+            plan.autotune()?;
+        }
+        Ok(plan)
+    }
+
+    /// Plans attention over `graph` on the CPU: the f32 reference composition (SDDMM → edge
+    /// softmax → SpMM) on rayon threads, whatever the algorithm asked for.
+    pub fn new_cpu(graph: &Csr, config: AttentionConfig) -> Result<Self> {
+        config.validate()?;
+        let choice = format!(
+            "CPU: SDDMM -> edge softmax -> SpMM in f32 on {} rayon threads",
+            rayon_threads()
+        );
+        Ok(Self::assemble(graph, config, Algorithm::UnfusedCsr, choice))
+    }
+
+    fn assemble(
+        graph: &Csr,
+        config: AttentionConfig,
+        algorithm: Algorithm,
+        choice: String,
+    ) -> Self {
+        let shape_q = Shape {
+            rows: graph.n_rows(),
+            heads: config.heads,
+            head_dim: config.head_dim,
+        };
+        let shape_kv = Shape {
+            rows: graph.n_cols(),
+            ..shape_q
+        };
+        Self {
+            backend: Backend::Cpu(Box::new(graph.clone())),
+            config,
+            algorithm,
+            choice,
+            shape_q,
+            shape_kv,
+            nnz: graph.nnz(),
+        }
+    }
+
+    /// The algorithm the plan runs (the resolved choice for [`Algorithm::Auto`]).
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+    /// Why that algorithm was chosen.
+    pub fn choice(&self) -> &str {
+        &self.choice
+    }
+    /// The configuration the plan was built with.
+    pub fn config(&self) -> &AttentionConfig {
+        &self.config
+    }
+    /// Shape of Q and of the output: `n_rows × heads × head_dim`.
+    pub fn shape_q(&self) -> Shape {
+        self.shape_q
+    }
+    /// Shape of K and V: `n_cols × heads × head_dim`.
+    pub fn shape_kv(&self) -> Shape {
+        self.shape_kv
+    }
+    /// Number of edges of the graph.
+    pub fn nnz(&self) -> usize {
+        self.nnz
+    }
+    /// Whether the plan runs on a GPU.
+    pub fn is_gpu(&self) -> bool {
+        matches!(self.backend, Backend::Gpu(_))
+    }
+
+    /// Whether `algorithm` can run `config` on `gpu` in this build.
+    pub fn supports(gpu: &Gpu, algorithm: Algorithm, config: &AttentionConfig) -> bool {
+        let _ = gpu;
+        config.validate().is_ok()
+            && match algorithm {
+                Algorithm::Auto | Algorithm::UnfusedCsr => true,
+                Algorithm::FusedCsr => {
+                    fused_csr::layout(config.head_dim, config.dtype.size_bytes()).is_ok()
+                }
+                _ => false,
+            }
+    }
+
+    /// Runs the plan on device operands: `out = softmax(scale · Q Kᵀ masked by A) · V`.
+    ///
+    /// Every element of `out` is written (rows without edges get zeros). Errors:
+    /// [`Error::DTypeMismatch`], [`Error::ShapeMismatch`] naming the operand,
+    /// [`Error::WrongDevice`] for a CPU plan.
+    pub fn forward<T: DType>(
+        &self,
+        q: &DeviceMatrix<T>,
+        k: &DeviceMatrix<T>,
+        v: &DeviceMatrix<T>,
+        out: &mut DeviceMatrix<T>,
+    ) -> Result<()> {
+        let Backend::Gpu(g) = &self.backend else {
+            return Err(Error::WrongDevice {
+                plan: "CPU",
+                use_instead: "forward_host",
+            });
+        };
+        self.check_dtype::<T>()?;
+        self.check_shape("Q", q.shape(), self.shape_q)?;
+        self.check_shape("K", k.shape(), self.shape_kv)?;
+        self.check_shape("V", v.shape(), self.shape_kv)?;
+        self.check_shape("out", out.shape(), self.shape_q)?;
+        let scale = self.config.scale();
+        let mut state = g
+            .state
+            .lock()
+            // The workspace holds no invariant a panic could break: it is overwritten by each
+            // forward.
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match &mut *state {
+            GpuState::Unfused { scores } => {
+                csr_ops::sddmm(&g.gpu, &g.csr, q, k, scale, scores)?;
+                csr_ops::edge_softmax_in_place(&g.gpu, &g.csr, scores, self.config.heads, None)?;
+                csr_ops::spmm(&g.gpu, &g.csr, scores, v, out)?;
+            }
+            GpuState::FusedCsr(f) => f.forward(&g.gpu, &g.csr, q, k, v, scale, out)?,
+        }
+        Ok(())
+    }
+
+    /// Runs the plan on host slices and returns the output (`n_rows × heads × head_dim`).
+    ///
+    /// On a GPU plan this uploads, runs [`forward`](Self::forward) and downloads; on a CPU plan
+    /// it computes in f32 (f16 / bf16 inputs are widened, the output rounded back).
+    pub fn forward_host<T: DType>(&self, q: &[T], k: &[T], v: &[T]) -> Result<Vec<T>> {
+        self.check_dtype::<T>()?;
+        self.check_len("Q", q.len(), self.shape_q)?;
+        self.check_len("K", k.len(), self.shape_kv)?;
+        self.check_len("V", v.len(), self.shape_kv)?;
+        match &self.backend {
+            Backend::Gpu(g) => {
+                let dq = DeviceMatrix::from_host(&g.gpu, self.shape_q, q)?;
+                let dk = DeviceMatrix::from_host(&g.gpu, self.shape_kv, k)?;
+                let dv = DeviceMatrix::from_host(&g.gpu, self.shape_kv, v)?;
+                let mut out = DeviceMatrix::zeros(&g.gpu, self.shape_q)?;
+                self.forward(&dq, &dk, &dv, &mut out)?;
+                Ok(out.to_host()?)
+            }
+            Backend::Cpu(a) => {
+                let widen = |x: &[T]| x.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
+                let (q32, k32, v32) = (widen(q), widen(k), widen(v));
+                let inputs = AttentionInputs::new(
+                    &q32,
+                    self.shape_q,
+                    &k32,
+                    self.shape_kv,
+                    &v32,
+                    self.shape_kv,
+                );
+                let mut out = vec![0.0f32; self.shape_q.len()];
+                cpu::attention(a, &inputs, self.config.scale(), &mut out)?;
+                Ok(out.into_iter().map(T::from_f32).collect())
+            }
+        }
+    }
+
+    fn check_dtype<T: DType>(&self) -> Result<()> {
+        if T::KIND != self.config.dtype {
+            return Err(Error::DTypeMismatch {
+                planned: self.config.dtype,
+                given: T::KIND,
+            });
+        }
+        Ok(())
+    }
+
+    fn check_shape(&self, what: &'static str, actual: Shape, expected: Shape) -> Result<()> {
+        if actual != expected {
+            return Err(Error::ShapeMismatch {
+                what,
+                expected,
+                actual,
+            });
+        }
+        Ok(())
+    }
+
+    fn check_len(&self, what: &'static str, actual: usize, shape: Shape) -> Result<()> {
+        if actual != shape.len() {
+            return Err(Error::LengthMismatch {
+                what,
+                expected: shape.len(),
+                actual,
+                shape,
+            });
+        }
+        Ok(())
+    }
+
+    /// Times every implemented candidate once (after one warm-up) and keeps the fastest.
+    fn autotune(&mut self) -> Result<()> {
+        let Backend::Gpu(g) = &self.backend else {
+            return Ok(());
+        };
+        let candidates: Vec<Algorithm> = [Algorithm::UnfusedCsr, Algorithm::FusedCsr]
+            .into_iter()
+            .filter(|&a| Self::supports(&g.gpu, a, &self.config))
+            .collect();
+        let mut timings = Vec::new();
+        for &alg in &candidates {
+            let state = GpuState::new(&g.gpu, &g.csr, &self.config, alg)?;
+            *g.state
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = state;
+            let ms = match self.config.dtype {
+                DTypeKind::F32 => self.time_once::<f32>(&g.gpu)?,
+                DTypeKind::F16 => self.time_once::<half::f16>(&g.gpu)?,
+                DTypeKind::Bf16 => self.time_once::<half::bf16>(&g.gpu)?,
+            };
+            timings.push((alg, ms));
+        }
+        let Some(&(best, best_ms)) = timings.iter().min_by(|a, b| a.1.total_cmp(&b.1)) else {
+            return Ok(());
+        };
+        let state = GpuState::new(&g.gpu, &g.csr, &self.config, best)?;
+        *g.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = state;
+        self.algorithm = best;
+        self.choice = format!(
+            "autotuned: {} ({best_ms:.4} ms) of {}",
+            best,
+            timings
+                .iter()
+                .map(|(a, ms)| format!("{a} {ms:.4} ms"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        Ok(())
+    }
+
+    fn time_once<T: DType>(&self, gpu: &Gpu) -> Result<f32> {
+        let q = DeviceMatrix::<T>::zeros(gpu, self.shape_q)?;
+        let kv = DeviceMatrix::<T>::zeros(gpu, self.shape_kv)?;
+        let mut out = DeviceMatrix::<T>::zeros(gpu, self.shape_q)?;
+        self.forward(&q, &kv, &kv, &mut out)?;
+        let mut err = None;
+        let ms = gpu.time_ms(|| {
+            if let Err(e) = self.forward(&q, &kv, &kv, &mut out) {
+                err = Some(e);
+            }
+            Ok(())
+        })?;
+        match err {
+            Some(e) => Err(e),
+            None => Ok(ms),
+        }
+    }
+}
+
+impl GpuState {
+    fn new(gpu: &Gpu, csr: &DeviceCsr, config: &AttentionConfig, alg: Algorithm) -> Result<Self> {
+        Ok(match alg {
+            Algorithm::FusedCsr => GpuState::FusedCsr(match config.dtype {
+                DTypeKind::F32 => FusedCsr::new::<f32>(gpu, csr, config.heads, config.head_dim)?,
+                DTypeKind::F16 => {
+                    FusedCsr::new::<half::f16>(gpu, csr, config.heads, config.head_dim)?
+                }
+                DTypeKind::Bf16 => {
+                    FusedCsr::new::<half::bf16>(gpu, csr, config.heads, config.head_dim)?
+                }
+            }),
+            _ => GpuState::Unfused {
+                scores: DeviceVec::zeros(gpu, csr.nnz() * config.heads)?,
+            },
+        })
+    }
+}
+
+/// Resolves the algorithm for `graph` and `config`, with the reason.
+fn choose(graph: &Csr, config: &AttentionConfig) -> Result<(Algorithm, String)> {
+    let fused_ok = fused_csr::layout(config.head_dim, config.dtype.size_bytes());
+    match config.algorithm {
+        Algorithm::Auto => {
+            let stats = graph.degree_stats();
+            match fused_ok {
+                Ok(_) => Ok((
+                    Algorithm::FusedCsr,
+                    format!(
+                        "auto: fused-csr — one pass over each row's edges (mean degree {:.1}, \
+                         max {}); scores never reach device memory",
+                        stats.mean, stats.max
+                    ),
+                )),
+                Err(e) => Ok((
+                    Algorithm::UnfusedCsr,
+                    format!("auto: unfused-csr — fused-csr unavailable ({e})"),
+                )),
+            }
+        }
+        Algorithm::UnfusedCsr => Ok((Algorithm::UnfusedCsr, "requested".into())),
+        Algorithm::FusedCsr => {
+            fused_ok?;
+            Ok((Algorithm::FusedCsr, "requested".into()))
+        }
+        other => Err(Error::Unsupported {
+            algorithm: other,
+            why: "not implemented in this build yet; use unfused-csr, fused-csr or auto".into(),
+        }),
+    }
+}
+
+fn rayon_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}

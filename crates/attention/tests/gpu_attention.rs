@@ -1,0 +1,189 @@
+//! GPU tests of every implemented attention algorithm against the f64 CPU reference.
+//!
+//! `#[ignore]`d where there is no NVIDIA GPU; run with `cargo test -- --include-ignored` or
+//! from the GPU bundle. Inputs are drawn fresh (seed printed; replay with SPATTN_SEED), outputs
+//! poisoned with NaN before each forward.
+
+#[path = "../../ops/tests/common/mod.rs"]
+mod common;
+
+use common::*;
+use half::{bf16, f16};
+use rand::Rng;
+use rand_pcg::Pcg64;
+use spattn::{Algorithm, AttentionConfig, AttentionPlan};
+use spattn_formats::Csr;
+use spattn_ops::cpu::{attention_f64_from, rel_l2_error, AttentionInputs};
+use spattn_ops::{DType, DeviceMatrix, Gpu, Shape};
+
+const GPU_ALGORITHMS: [Algorithm; 3] =
+    [Algorithm::UnfusedCsr, Algorithm::FusedCsr, Algorithm::Auto];
+
+fn gpu() -> Gpu {
+    Gpu::new(0).expect("an NVIDIA GPU (this test is ignored elsewhere)")
+}
+
+/// Runs `alg` on `a` with inputs from `draw` and compares with the f64 reference.
+fn check<T: DType>(
+    gpu: &Gpu,
+    a: &Csr,
+    alg: Algorithm,
+    heads: usize,
+    head_dim: usize,
+    rng: &mut Pcg64,
+    amp: f64,
+) {
+    let config = AttentionConfig::new(heads, head_dim, T::KIND).with_algorithm(alg);
+    if !AttentionPlan::supports(gpu, alg, &config) {
+        return;
+    }
+    let plan = AttentionPlan::new_gpu(gpu, a, config).unwrap();
+    let sq = plan.shape_q();
+    let skv = plan.shape_kv();
+    let q: Vec<T> = random_vec(rng, sq.len(), amp);
+    let k: Vec<T> = random_vec(rng, skv.len(), 1.0);
+    let v: Vec<T> = random_vec(rng, skv.len(), 1.0);
+    let dq = DeviceMatrix::from_host(gpu, sq, &q).unwrap();
+    let dk = DeviceMatrix::from_host(gpu, skv, &k).unwrap();
+    let dv = DeviceMatrix::from_host(gpu, skv, &v).unwrap();
+    let mut out = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();
+    let (q64, k64, v64) = (to_f64(&q), to_f64(&k), to_f64(&v));
+    let inputs = AttentionInputs::new(&q64, sq, &k64, skv, &v64, skv);
+    let want = attention_f64_from(a, &inputs, plan.config().scale() as f64).unwrap();
+    for run in 0..2 {
+        out.fill_nan().unwrap();
+        plan.forward(&dq, &dk, &dv, &mut out).unwrap();
+        let got = out.to_host().unwrap();
+        let err = rel_l2_error(&to_f64(&got), &want);
+        assert!(
+            err <= tolerance::<T>(),
+            "{alg} (ran {}) {} n={} nnz={} heads={heads} head_dim={head_dim} amp={amp}: rel error {err:e} (run {run})",
+            plan.algorithm(),
+            T::NAME,
+            a.n_rows(),
+            a.nnz()
+        );
+        // Rows without edges are exactly zero.
+        for r in (0..a.n_rows()).filter(|&r| a.degree(r) == 0) {
+            let row = &got[r * sq.row_len()..(r + 1) * sq.row_len()];
+            assert!(
+                row.iter().all(|x| x.to_f64() == 0.0),
+                "{alg}: empty row {r} not zero"
+            );
+        }
+    }
+}
+
+fn check_all<T: DType>(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64) {
+    for alg in GPU_ALGORITHMS {
+        check::<T>(gpu, a, alg, heads, head_dim, rng, 1.0);
+    }
+}
+
+fn check_all_dtypes(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64) {
+    check_all::<f32>(gpu, a, heads, head_dim, rng);
+    check_all::<f16>(gpu, a, heads, head_dim, rng);
+    check_all::<bf16>(gpu, a, heads, head_dim, rng);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn shared_graphs() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("shared_graphs");
+    for name in ["cora", "pubmed", "ogbn-arxiv"] {
+        let a = shared_graph(name);
+        for (heads, head_dim) in [(1, 128), (8, 64), (4, 24)] {
+            check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn rmat_16() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("rmat_16");
+    let a = rmat_graph(16);
+    for (heads, head_dim) in [(1, 128), (8, 16)] {
+        check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn head_dims_heads_and_tiny_graphs() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("head_dims_heads_and_tiny_graphs");
+    let a = random_graph(&mut rng, 200, 5, 9);
+    for head_dim in [1, 3, 8, 24, 64, 96, 128, 256] {
+        for heads in [1, 4, 8] {
+            check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
+        }
+    }
+    for n in 1..=33 {
+        let a = random_graph(&mut rng, n, 3, 4);
+        check_all_dtypes(&gpu, &a, 2, 24, &mut rng);
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn hub_row_and_extreme_scores() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("hub_row_and_extreme_scores");
+    let a = hub_graph(&mut rng, 100_000, 777);
+    for (heads, head_dim) in [(1, 64), (4, 24)] {
+        check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
+    }
+    // Scores near ±1e4: Q scaled up so that scale·q·k reaches 1e4 (f32: no overflow, no NaN).
+    let b = random_graph(&mut rng, 500, 8, 5);
+    for alg in GPU_ALGORITHMS {
+        check::<f32>(&gpu, &b, alg, 2, 16, &mut rng, 2.5e3);
+    }
+    // All scores equal: Q = 0.
+    let plan = AttentionPlan::new_gpu(
+        &gpu,
+        &b,
+        AttentionConfig::new(1, 8, spattn_ops::DTypeKind::F32),
+    )
+    .unwrap();
+    let s = plan.shape_q();
+    let zeros = vec![0.0f32; s.len()];
+    let v: Vec<f32> = (0..s.len()).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let got = plan.forward_host(&zeros, &zeros, &v).unwrap();
+    let want = attention_f64_from(
+        &b,
+        &AttentionInputs::new(&zeros, s, &zeros, s, &v, s),
+        1.0 / 8f64.sqrt(),
+    )
+    .unwrap();
+    assert!(rel_l2_error(&got, &want) <= 1e-5);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn errors_are_typed() {
+    let gpu = gpu();
+    let a = Csr::from_edges(3, 3, &[(0, 1), (1, 2)]).unwrap();
+    let plan = AttentionPlan::new_gpu(
+        &gpu,
+        &a,
+        AttentionConfig::new(2, 4, spattn_ops::DTypeKind::F16),
+    )
+    .unwrap();
+    let good = DeviceMatrix::<f16>::zeros(&gpu, Shape::new(3, 2, 4).unwrap()).unwrap();
+    let bad = DeviceMatrix::<f16>::zeros(&gpu, Shape::new(3, 2, 5).unwrap()).unwrap();
+    let mut out = DeviceMatrix::<f16>::zeros(&gpu, Shape::new(3, 2, 4).unwrap()).unwrap();
+    let e = plan.forward(&good, &bad, &good, &mut out).unwrap_err();
+    assert!(
+        matches!(e, spattn::Error::ShapeMismatch { what: "K", .. }),
+        "{e}"
+    );
+    let f32_in = DeviceMatrix::<f32>::zeros(&gpu, Shape::new(3, 2, 4).unwrap()).unwrap();
+    let mut f32_out = DeviceMatrix::<f32>::zeros(&gpu, Shape::new(3, 2, 4).unwrap()).unwrap();
+    let e = plan
+        .forward(&f32_in, &f32_in, &f32_in, &mut f32_out)
+        .unwrap_err();
+    assert!(matches!(e, spattn::Error::DTypeMismatch { .. }), "{e}");
+}

@@ -1,0 +1,126 @@
+// Shared device helpers of every spattn kernel: integer types, dtype conversions, vector
+// loads/stores, group (sub-warp) reductions. One copy here; kernels include it.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define SPATTN_NONE 0xffffffffu
+// -inf without math.h (NVRTC has no INFINITY macro).
+#define SPATTN_NEG_INF __int_as_float(0xff800000)
+
+// ---- scalar conversions -------------------------------------------------------------------
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <class T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+
+// ---- vector loads and stores --------------------------------------------------------------
+// `VEC` consecutive elements of type T moved as one access of sizeof(T) * VEC bytes (2..16).
+// The caller guarantees alignment: the element offset is a multiple of VEC and buffers come
+// from cuMemAlloc (256-byte aligned).
+
+template <int BYTES> struct RawOf;
+template <> struct RawOf<2> { typedef unsigned short type; };
+template <> struct RawOf<4> { typedef unsigned int type; };
+template <> struct RawOf<8> { typedef uint2 type; };
+template <> struct RawOf<16> { typedef uint4 type; };
+
+template <class T, int VEC>
+__device__ __forceinline__ void load_vec(const T* __restrict__ p, float (&out)[VEC]) {
+    typedef typename RawOf<sizeof(T) * VEC>::type Raw;
+    Raw raw = __ldg(reinterpret_cast<const Raw*>(p));
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) out[i] = to_f32(e[i]);
+}
+
+// Plain (coherent) load: for data written earlier in the same kernel.
+template <class T, int VEC>
+__device__ __forceinline__ void load_vec_coherent(const T* p, float (&out)[VEC]) {
+    typedef typename RawOf<sizeof(T) * VEC>::type Raw;
+    Raw raw = *reinterpret_cast<const Raw*>(p);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) out[i] = to_f32(e[i]);
+}
+
+template <class T, int VEC>
+__device__ __forceinline__ void store_vec(T* p, const float (&in)[VEC]) {
+    typedef typename RawOf<sizeof(T) * VEC>::type Raw;
+    Raw raw;
+    T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) e[i] = from_f32<T>(in[i]);
+    *reinterpret_cast<Raw*>(p) = raw;
+}
+
+// ---- groups of lanes ------------------------------------------------------------------------
+// A group is `g` consecutive lanes of a warp, g a power of two in 1..32, aligned to g.
+
+__device__ __forceinline__ u32 lane_id() { return threadIdx.x & 31u; }
+
+// The shuffle mask of the calling lane's group.
+__device__ __forceinline__ u32 group_mask(u32 g) {
+    if (g >= 32u) return 0xffffffffu;
+    return ((1u << g) - 1u) << (lane_id() & ~(g - 1u));
+}
+
+__device__ __forceinline__ float group_sum(float v, u32 mask, u32 g) {
+    for (u32 o = g >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(mask, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float group_max(float v, u32 mask, u32 g) {
+    for (u32 o = g >> 1; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(mask, v, o));
+    return v;
+}
+
+// Whole-block reduction for blocks of a multiple of 32 threads (at most 1024). `scratch` holds
+// 32 floats of shared memory. Every thread gets the result. Contains __syncthreads: call it from
+// every thread of the block.
+__device__ __forceinline__ float block_reduce(float v, float* scratch, bool is_max) {
+    const u32 lane = lane_id(), warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    v = is_max ? group_max(v, 0xffffffffu, 32) : group_sum(v, 0xffffffffu, 32);
+    __syncthreads();  // scratch may still be read by a previous call
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float r = lane < warps ? scratch[lane] : (is_max ? SPATTN_NEG_INF : 0.0f);
+    r = is_max ? group_max(r, 0xffffffffu, 32) : group_sum(r, 0xffffffffu, 32);
+    return r;
+}
+
+// ---- numerics -------------------------------------------------------------------------------
+
+__device__ __forceinline__ float leaky_relu(float x, float slope) { return x >= 0.0f ? x : x * slope; }
+
+// ---- online softmax (FlashAttention-style running max / sum) ------------------------------
+// A partial softmax over some of a row's edges is (m, l, acc): the running max m (from -inf),
+// the sum l of exp(s - m), and acc = sum of exp(s - m) * v. Two partials of the same row merge
+// exactly by rescaling both to the larger max.
+
+// exp(m_old - m_new) for m_new >= m_old, with exp(-inf - x) = 0 and no NaN when both are -inf.
+__device__ __forceinline__ float online_rescale(float m_old, float m_new) {
+    return m_old == SPATTN_NEG_INF ? 0.0f : __expf(m_old - m_new);
+}
+
+// Merges partial (m2, l2) into (m, l); returns the factors (c1 for the old acc, c2 for acc2):
+// acc = acc * c1 + acc2 * c2.
+__device__ __forceinline__ void online_merge(float& m, float& l, float m2, float l2, float& c1,
+                                             float& c2) {
+    const float mn = fmaxf(m, m2);
+    c1 = online_rescale(m, mn);
+    c2 = online_rescale(m2, mn);
+    m = mn;
+    l = l * c1 + l2 * c2;
+}

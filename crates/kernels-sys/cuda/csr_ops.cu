@@ -1,0 +1,271 @@
+// CUDA-core ops on CSR: SDDMM (dot and GAT forms), edge softmax, SpMM.
+//
+// Layouts: dense operands rows x heads x head_dim, row-major (hd = heads * head_dim elements per
+// row); per-edge values (scores, probabilities) nnz x heads, f32, edges in CSR order. Inputs
+// of type T (float, __half, __nv_bfloat16); every sum is accumulated in f32.
+//
+// Vector width VEC: each lane moves VEC consecutive features at once. The host picks the
+// largest VEC in {8,4,2,1} with VEC * sizeof(T) <= 16 that divides head_dim, so a vector
+// never straddles two heads and every vector access is aligned.
+
+#include "common.cuh"
+
+// ---- SDDMM, dot form --------------------------------------------------------------------------
+// S[e,h] = scale * <Q[row(e),h,:], K[col(e),h,:]>. Edge-parallel (balanced on any degree
+// distribution): a group of g lanes takes one edge at a time (grid-stride), walks the heads, and
+// its lanes stride over head_dim in vectors. g = smallest power of two >= head_dim / VEC, <= 32.
+
+template <class T, int VEC>
+__device__ __forceinline__ void sddmm_csr(const u32* __restrict__ row_indices,
+                                          const u32* __restrict__ col_indices, u32 nnz,
+                                          const T* __restrict__ q, const T* __restrict__ k,
+                                          u32 heads, u32 head_dim, float scale, u32 g,
+                                          float* __restrict__ scores) {
+    const u32 mask = group_mask(g);
+    const u32 lane = lane_id() & (g - 1u);
+    const u64 hd = (u64)heads * head_dim;
+    const u64 group = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / g;
+    const u64 groups = ((u64)gridDim.x * blockDim.x) / g;
+    for (u64 e = group; e < nnz; e += groups) {
+        const T* qr = q + (u64)row_indices[e] * hd;
+        const T* kr = k + (u64)col_indices[e] * hd;
+        for (u32 h = 0; h < heads; ++h) {
+            float acc = 0.0f;
+            for (u32 d = lane * VEC; d < head_dim; d += g * VEC) {
+                float a[VEC], b[VEC];
+                load_vec<T, VEC>(qr + (u64)h * head_dim + d, a);
+                load_vec<T, VEC>(kr + (u64)h * head_dim + d, b);
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) acc = fmaf(a[i], b[i], acc);
+            }
+            acc = group_sum(acc, mask, g);
+            if (lane == 0) scores[e * heads + h] = acc * scale;
+        }
+    }
+}
+
+// ---- SDDMM, GAT form (u_add_v) -------------------------------------------------------------
+// S[e,h] = a_dst[row(e),h] + a_src[col(e),h]; one thread per (edge, head).
+
+template <class T>
+__device__ __forceinline__ void sddmm_gat_csr(const u32* __restrict__ row_indices,
+                                              const u32* __restrict__ col_indices, u32 nnz,
+                                              const T* __restrict__ a_dst,
+                                              const T* __restrict__ a_src, u32 heads,
+                                              float* __restrict__ scores) {
+    const u64 total = (u64)nnz * heads;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (u64)gridDim.x * blockDim.x) {
+        const u64 e = i / heads;
+        const u32 h = (u32)(i - e * heads);
+        scores[i] = to_f32(a_dst[(u64)row_indices[e] * heads + h]) +
+                    to_f32(a_src[(u64)col_indices[e] * heads + h]);
+    }
+}
+
+// ---- SpMM ---------------------------------------------------------------------------------
+// O[i,h,:] = sum over edges e of row i of P[e,h] * V[col(e),h,:].
+//
+// Work comes as units: unit u covers edges unit_starts[u] .. unit_starts[u+1] of row
+// unit_rows[u]. A row longer than the host's chunk is split into several units (hub rows are
+// spread over many groups); every row, empty ones included, has at least one unit, so every
+// output row is written. A unit of a split row has a slot (unit_slots[u] != NONE): it adds its
+// partial sum into scratch[slot] with f32 atomics, and spmm_csr_finalize writes those rows.
+//
+// A group of g lanes takes one unit and a tile of g * VEC features (blockIdx.y picks the tile);
+// each lane owns VEC accumulators.
+
+template <class T, int VEC>
+__device__ __forceinline__ void spmm_csr(const u32* __restrict__ unit_rows,
+                                         const u32* __restrict__ unit_starts,
+                                         const u32* __restrict__ unit_slots, u32 n_units,
+                                         const u32* __restrict__ col_indices,
+                                         const float* __restrict__ p, const T* __restrict__ v,
+                                         u32 heads, u32 head_dim, u32 g, T* __restrict__ out,
+                                         float* __restrict__ scratch) {
+    const u32 lane = lane_id() & (g - 1u);
+    const u64 hd = (u64)heads * head_dim;
+    const u64 col = ((u64)blockIdx.y * g + lane) * VEC;  // first feature of this lane
+    const bool active = col < hd;
+    const u32 head = active ? (u32)(col / head_dim) : 0u;
+    const u64 group = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / g;
+    const u64 groups = ((u64)gridDim.x * blockDim.x) / g;
+    for (u64 u = group; u < n_units; u += groups) {
+        float acc[VEC];
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) acc[i] = 0.0f;
+        const u32 start = unit_starts[u], end = unit_starts[u + 1];
+        if (active) {
+            u32 e = start;
+            // Four edges at a time: four independent gathers in flight per lane.
+            for (; e + 4 <= end; e += 4) {
+                u32 c[4];
+                float w[4], x[4][VEC];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    c[j] = __ldg(col_indices + e + j);
+                    w[j] = __ldg(p + (u64)(e + j) * heads + head);
+                }
+#pragma unroll
+                for (int j = 0; j < 4; ++j) load_vec<T, VEC>(v + (u64)c[j] * hd + col, x[j]);
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) acc[i] = fmaf(w[j], x[j][i], acc[i]);
+            }
+            for (; e < end; ++e) {
+                const u32 c = __ldg(col_indices + e);
+                const float w = __ldg(p + (u64)e * heads + head);
+                float x[VEC];
+                load_vec<T, VEC>(v + (u64)c * hd + col, x);
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) acc[i] = fmaf(w, x[i], acc[i]);
+            }
+            const u32 slot = unit_slots[u];
+            if (slot == SPATTN_NONE) {
+                store_vec<T, VEC>(out + (u64)unit_rows[u] * hd + col, acc);
+            } else {
+                float* s = scratch + (u64)slot * hd + col;
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) atomicAdd(s + i, acc[i]);
+            }
+        }
+    }
+}
+
+// Writes the rows that were split across units: out[split_rows[s]] = scratch[s].
+template <class T>
+__device__ __forceinline__ void spmm_csr_finalize(const u32* __restrict__ split_rows,
+                                                  u32 n_split, u32 hd,
+                                                  const float* __restrict__ scratch,
+                                                  T* __restrict__ out) {
+    const u64 total = (u64)n_split * hd;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (u64)gridDim.x * blockDim.x) {
+        const u64 s = i / hd;
+        out[(u64)split_rows[s] * hd + (i - s * hd)] = from_f32<T>(scratch[i]);
+    }
+}
+
+// ---- edge softmax -------------------------------------------------------------------------
+// P[e,h] = exp(x_e - max) / sum over the row's edges, x = S[e,h] or LeakyReLU(S[e,h]).
+// The running max starts at -inf; a row without edges has nothing to write. `out` may alias
+// `scores` (in place): each element is read before it is written by the same thread.
+
+// A group of g lanes per (row, head): rows of fewer than `long_threshold` edges.
+extern "C" __global__ void edge_softmax_csr_rows(const u32* __restrict__ row_offsets, u32 n_rows,
+                                                 u32 heads, const float* scores, int leaky,
+                                                 float slope, u32 g, u32 long_threshold,
+                                                 float* out) {
+    const u32 mask = group_mask(g);
+    const u32 lane = lane_id() & (g - 1u);
+    const u64 group = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / g;
+    const u64 groups = ((u64)gridDim.x * blockDim.x) / g;
+    const u64 total = (u64)n_rows * heads;
+    for (u64 rh = group; rh < total; rh += groups) {
+        const u64 row = rh / heads;
+        const u32 h = (u32)(rh - row * heads);
+        const u32 start = row_offsets[row], end = row_offsets[row + 1];
+        if (end - start >= long_threshold) continue;  // uniform across the group
+        float m = SPATTN_NEG_INF;
+        for (u32 e = start + lane; e < end; e += g) {
+            float x = scores[(u64)e * heads + h];
+            if (leaky) x = leaky_relu(x, slope);
+            m = fmaxf(m, x);
+        }
+        m = group_max(m, mask, g);
+        float sum = 0.0f;
+        for (u32 e = start + lane; e < end; e += g) {
+            float x = scores[(u64)e * heads + h];
+            if (leaky) x = leaky_relu(x, slope);
+            sum += __expf(x - m);
+        }
+        sum = group_sum(sum, mask, g);
+        const float inv = 1.0f / sum;
+        for (u32 e = start + lane; e < end; e += g) {
+            const u64 i = (u64)e * heads + h;
+            float x = scores[i];
+            if (leaky) x = leaky_relu(x, slope);
+            out[i] = __expf(x - m) * inv;
+        }
+    }
+}
+
+// One block per (long row, head): blockIdx.x indexes long_rows, blockIdx.y is the head.
+extern "C" __global__ void edge_softmax_csr_long_rows(const u32* __restrict__ row_offsets,
+                                                      const u32* __restrict__ long_rows,
+                                                      u32 heads, const float* scores, int leaky,
+                                                      float slope, float* out) {
+    __shared__ float scratch[32];
+    const u32 row = long_rows[blockIdx.x];
+    const u32 h = blockIdx.y;
+    const u32 start = row_offsets[row], end = row_offsets[row + 1];
+    float m = SPATTN_NEG_INF;
+    for (u32 e = start + threadIdx.x; e < end; e += blockDim.x) {
+        float x = scores[(u64)e * heads + h];
+        if (leaky) x = leaky_relu(x, slope);
+        m = fmaxf(m, x);
+    }
+    m = block_reduce(m, scratch, true);
+    float sum = 0.0f;
+    for (u32 e = start + threadIdx.x; e < end; e += blockDim.x) {
+        float x = scores[(u64)e * heads + h];
+        if (leaky) x = leaky_relu(x, slope);
+        sum += __expf(x - m);
+    }
+    sum = block_reduce(sum, scratch, false);
+    const float inv = 1.0f / sum;
+    for (u32 e = start + threadIdx.x; e < end; e += blockDim.x) {
+        const u64 i = (u64)e * heads + h;
+        float x = scores[i];
+        if (leaky) x = leaky_relu(x, slope);
+        out[i] = __expf(x - m) * inv;
+    }
+}
+
+// ---- extern "C" instantiations: {op}_csr_{dtype}[_v{VEC}] --------------------------------------
+
+#define SPATTN_SDDMM(NAME, T, VEC)                                                              \
+    extern "C" __global__ void NAME(const u32* row_indices, const u32* col_indices, u32 nnz,   \
+                                    const T* q, const T* k, u32 heads, u32 head_dim,           \
+                                    float scale, u32 g, float* scores) {                       \
+        sddmm_csr<T, VEC>(row_indices, col_indices, nnz, q, k, heads, head_dim, scale, g,      \
+                          scores);                                                             \
+    }
+
+#define SPATTN_SPMM(NAME, T, VEC)                                                               \
+    extern "C" __global__ void NAME(const u32* unit_rows, const u32* unit_starts,              \
+                                    const u32* unit_slots, u32 n_units, const u32* col_indices, \
+                                    const float* p, const T* v, u32 heads, u32 head_dim, u32 g, \
+                                    T* out, float* scratch) {                                  \
+        spmm_csr<T, VEC>(unit_rows, unit_starts, unit_slots, n_units, col_indices, p, v, heads, \
+                         head_dim, g, out, scratch);                                           \
+    }
+
+#define SPATTN_PER_DTYPE(SUFFIX, T)                                                             \
+    extern "C" __global__ void sddmm_gat_csr_##SUFFIX(const u32* row_indices,                  \
+                                                      const u32* col_indices, u32 nnz,         \
+                                                      const T* a_dst, const T* a_src,          \
+                                                      u32 heads, float* scores) {              \
+        sddmm_gat_csr<T>(row_indices, col_indices, nnz, a_dst, a_src, heads, scores);          \
+    }                                                                                          \
+    extern "C" __global__ void spmm_csr_finalize_##SUFFIX(const u32* split_rows, u32 n_split,  \
+                                                          u32 hd, const float* scratch,        \
+                                                          T* out) {                            \
+        spmm_csr_finalize<T>(split_rows, n_split, hd, scratch, out);                           \
+    }                                                                                          \
+    SPATTN_SDDMM(sddmm_csr_##SUFFIX##_v1, T, 1)                                                 \
+    SPATTN_SDDMM(sddmm_csr_##SUFFIX##_v2, T, 2)                                                 \
+    SPATTN_SDDMM(sddmm_csr_##SUFFIX##_v4, T, 4)                                                 \
+    SPATTN_SPMM(spmm_csr_##SUFFIX##_v1, T, 1)                                                   \
+    SPATTN_SPMM(spmm_csr_##SUFFIX##_v2, T, 2)                                                   \
+    SPATTN_SPMM(spmm_csr_##SUFFIX##_v4, T, 4)
+
+SPATTN_PER_DTYPE(f32, float)
+SPATTN_PER_DTYPE(f16, __half)
+SPATTN_PER_DTYPE(bf16, __nv_bfloat16)
+// 16-byte vectors of 16-bit types.
+SPATTN_SDDMM(sddmm_csr_f16_v8, __half, 8)
+SPATTN_SDDMM(sddmm_csr_bf16_v8, __nv_bfloat16, 8)
+SPATTN_SPMM(spmm_csr_f16_v8, __half, 8)
+SPATTN_SPMM(spmm_csr_bf16_v8, __nv_bfloat16, 8)

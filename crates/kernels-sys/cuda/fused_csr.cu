@@ -1,0 +1,218 @@
+// Fused attention on CSR, CUDA cores (DF-GNN style): out = softmax_row(scale * Q K^T masked by A) V
+// in one pass over each row's edges with an online softmax (running max, running sum, f32
+// accumulator); no scores ever reach device memory.
+//
+// Work comes as units (see csr_ops.cu): unit u covers edges unit_starts[u] .. unit_starts[u+1]
+// of row unit_rows[u]; rows longer than the host's chunk are split into several units. A group of
+// g lanes takes one (unit, head); each lane owns NV vectors of VEC features of the head
+// (feature (lane + j*g) * VEC for j < NV), with q in registers. Per tile of 4 edges: 4 K and 4 V
+// vectors in flight per lane, 4 group reductions interleaved, one rescale.
+//
+// A unit of an unsplit row writes its output row directly (zeros for a row without edges). A
+// unit of a split row writes its partial (m, l, acc) to slot unit_parts[u]; fused_csr_merge then
+// merges the partials of each split row exactly.
+
+#include "common.cuh"
+
+template <class T, int VEC, int NV>
+__device__ __forceinline__ void fused_csr(const u32* __restrict__ unit_rows,
+                                          const u32* __restrict__ unit_starts,
+                                          const u32* __restrict__ unit_parts, u32 n_units,
+                                          const u32* __restrict__ col_indices,
+                                          const T* __restrict__ q, const T* __restrict__ k,
+                                          const T* __restrict__ v, u32 heads, u32 head_dim,
+                                          float scale, u32 g, T* __restrict__ out,
+                                          float* __restrict__ part_ml,
+                                          float* __restrict__ part_acc) {
+    const u32 mask = group_mask(g);
+    const u32 lane = lane_id() & (g - 1u);
+    const u64 hd = (u64)heads * head_dim;
+    const u64 group = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / g;
+    const u64 groups = ((u64)gridDim.x * blockDim.x) / g;
+    const u64 total = (u64)n_units * heads;
+    for (u64 uh = group; uh < total; uh += groups) {
+        const u64 u = uh / heads;
+        const u32 h = (u32)(uh - u * heads);
+        const u32 row = unit_rows[u];
+        const u32 start = unit_starts[u], end = unit_starts[u + 1];
+        const u64 head_off = (u64)h * head_dim;
+
+        bool on[NV];
+        u32 feat[NV];
+        float qv[NV][VEC], acc[NV][VEC];
+#pragma unroll
+        for (int j = 0; j < NV; ++j) {
+            feat[j] = (lane + j * g) * VEC;
+            on[j] = feat[j] < head_dim;
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) {
+                acc[j][i] = 0.0f;
+                qv[j][i] = 0.0f;
+            }
+            if (on[j]) {
+                load_vec<T, VEC>(q + (u64)row * hd + head_off + feat[j], qv[j]);
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) qv[j][i] *= scale;
+            }
+        }
+        float m = SPATTN_NEG_INF, l = 0.0f;
+
+        u32 e = start;
+        for (; e + 4 <= end; e += 4) {
+            u32 c[4];
+#pragma unroll
+            for (int t = 0; t < 4; ++t) c[t] = __ldg(col_indices + e + t);
+            float s[4], x[4][NV][VEC];
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+                s[t] = 0.0f;
+#pragma unroll
+                for (int j = 0; j < NV; ++j) {
+                    if (on[j]) {
+                        float kv[VEC];
+                        load_vec<T, VEC>(k + (u64)c[t] * hd + head_off + feat[j], kv);
+                        load_vec<T, VEC>(v + (u64)c[t] * hd + head_off + feat[j], x[t][j]);
+#pragma unroll
+                        for (int i = 0; i < VEC; ++i) s[t] = fmaf(qv[j][i], kv[i], s[t]);
+                    } else {
+#pragma unroll
+                        for (int i = 0; i < VEC; ++i) x[t][j][i] = 0.0f;
+                    }
+                }
+            }
+            for (u32 o = g >> 1; o > 0; o >>= 1) {
+#pragma unroll
+                for (int t = 0; t < 4; ++t) s[t] += __shfl_xor_sync(mask, s[t], o);
+            }
+            const float mt = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
+            const float mn = fmaxf(m, mt);
+            const float corr = online_rescale(m, mn);
+            m = mn;
+            float p[4];
+#pragma unroll
+            for (int t = 0; t < 4; ++t) p[t] = __expf(s[t] - mn);
+            l = l * corr + ((p[0] + p[1]) + (p[2] + p[3]));
+#pragma unroll
+            for (int j = 0; j < NV; ++j)
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) {
+                    float a = acc[j][i] * corr;
+#pragma unroll
+                    for (int t = 0; t < 4; ++t) a = fmaf(p[t], x[t][j][i], a);
+                    acc[j][i] = a;
+                }
+        }
+        for (; e < end; ++e) {
+            const u32 c = __ldg(col_indices + e);
+            float s = 0.0f, x[NV][VEC];
+#pragma unroll
+            for (int j = 0; j < NV; ++j) {
+                if (on[j]) {
+                    float kv[VEC];
+                    load_vec<T, VEC>(k + (u64)c * hd + head_off + feat[j], kv);
+                    load_vec<T, VEC>(v + (u64)c * hd + head_off + feat[j], x[j]);
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) s = fmaf(qv[j][i], kv[i], s);
+                } else {
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) x[j][i] = 0.0f;
+                }
+            }
+            s = group_sum(s, mask, g);
+            const float mn = fmaxf(m, s);
+            const float corr = online_rescale(m, mn);
+            const float p = __expf(s - mn);
+            m = mn;
+            l = l * corr + p;
+#pragma unroll
+            for (int j = 0; j < NV; ++j)
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) acc[j][i] = fmaf(p, x[j][i], acc[j][i] * corr);
+        }
+
+        const u32 part = unit_parts[u];
+        if (part == SPATTN_NONE) {
+            // A row without edges has l = 0: write zeros.
+            const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+            for (int j = 0; j < NV; ++j) {
+                if (on[j]) {
+                    float o[VEC];
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) o[i] = acc[j][i] * inv;
+                    store_vec<T, VEC>(out + (u64)row * hd + head_off + feat[j], o);
+                }
+            }
+        } else {
+            const u64 slot = (u64)part * heads + h;
+            if (lane == 0) {
+                part_ml[2 * slot] = m;
+                part_ml[2 * slot + 1] = l;
+            }
+#pragma unroll
+            for (int j = 0; j < NV; ++j)
+                if (on[j])
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i)
+                        part_acc[slot * head_dim + feat[j] + i] = acc[j][i];
+        }
+    }
+}
+
+// Merges the partials of each split row: one thread per (split row, head, feature).
+// Partials of split row s are part_first[s] .. part_first[s+1].
+template <class T>
+__device__ __forceinline__ void fused_csr_merge(const u32* __restrict__ split_rows,
+                                                const u32* __restrict__ part_first, u32 n_split,
+                                                u32 heads, u32 head_dim,
+                                                const float* __restrict__ part_ml,
+                                                const float* __restrict__ part_acc,
+                                                T* __restrict__ out) {
+    const u64 hd = (u64)heads * head_dim;
+    const u64 total = (u64)n_split * hd;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (u64)gridDim.x * blockDim.x) {
+        const u64 s = i / hd;
+        const u64 rem = i - s * hd;
+        const u32 h = (u32)(rem / head_dim), d = (u32)(rem - (u64)h * head_dim);
+        float m = SPATTN_NEG_INF, l = 0.0f, a = 0.0f;
+        for (u32 p = part_first[s]; p < part_first[s + 1]; ++p) {
+            const u64 slot = (u64)p * heads + h;
+            float c1, c2;
+            online_merge(m, l, part_ml[2 * slot], part_ml[2 * slot + 1], c1, c2);
+            a = a * c1 + part_acc[slot * head_dim + d] * c2;
+        }
+        out[(u64)split_rows[s] * hd + rem] = from_f32<T>(l > 0.0f ? a / l : 0.0f);
+    }
+}
+
+#define SPATTN_FUSED(SUFFIX, T, VEC, NV)                                                        \
+    extern "C" __global__ void fused_csr_##SUFFIX##_v##VEC##_n##NV(                             \
+        const u32* unit_rows, const u32* unit_starts, const u32* unit_parts, u32 n_units,       \
+        const u32* col_indices, const T* q, const T* k, const T* v, u32 heads, u32 head_dim,    \
+        float scale, u32 g, T* out, float* part_ml, float* part_acc) {                          \
+        fused_csr<T, VEC, NV>(unit_rows, unit_starts, unit_parts, n_units, col_indices, q, k, v, \
+                              heads, head_dim, scale, g, out, part_ml, part_acc);               \
+    }
+
+#define SPATTN_FUSED_NV(SUFFIX, T, VEC)                                                         \
+    SPATTN_FUSED(SUFFIX, T, VEC, 1)                                                             \
+    SPATTN_FUSED(SUFFIX, T, VEC, 2)                                                             \
+    SPATTN_FUSED(SUFFIX, T, VEC, 4)
+
+#define SPATTN_FUSED_DTYPE(SUFFIX, T)                                                           \
+    extern "C" __global__ void fused_csr_merge_##SUFFIX(                                        \
+        const u32* split_rows, const u32* part_first, u32 n_split, u32 heads, u32 head_dim,     \
+        const float* part_ml, const float* part_acc, T* out) {                                  \
+        fused_csr_merge<T>(split_rows, part_first, n_split, heads, head_dim, part_ml, part_acc,  \
+                           out);                                                                \
+    }                                                                                           \
+    SPATTN_FUSED_NV(SUFFIX, T, 1)                                                               \
+    SPATTN_FUSED_NV(SUFFIX, T, 2)                                                               \
+    SPATTN_FUSED_NV(SUFFIX, T, 4)
+
+SPATTN_FUSED_DTYPE(f32, float)
+SPATTN_FUSED_DTYPE(f16, __half)
+SPATTN_FUSED_DTYPE(bf16, __nv_bfloat16)
+SPATTN_FUSED_NV(f16, __half, 8)
+SPATTN_FUSED_NV(bf16, __nv_bfloat16, 8)

@@ -1,0 +1,76 @@
+// Tensor-core wrappers shared by every tensor-core kernel (ME-BCRS ops, fused BSB attention,
+// hybrid): warp-level mma.sync on sm_80+, always accumulating in f32. Append new wrappers at
+// the end; keep one copy of each here.
+//
+// Fragment layouts (PTX ISA, "Matrix fragments for mma.m16n8k16" / ".m16n8k8"), with
+// g = lane / 4 (group) and t = lane % 4 (thread in group):
+//
+// m16n8k16, A (16 x 16, row-major) f16/bf16, 4 registers of 2 elements:
+//   a[0] = A[g    ][2t, 2t+1]      a[1] = A[g + 8][2t, 2t+1]
+//   a[2] = A[g    ][2t+8, 2t+9]    a[3] = A[g + 8][2t+8, 2t+9]
+// m16n8k16, B (16 x 8, "col": element (k, n)), 2 registers of 2 elements:
+//   b[0] = B[2t, 2t+1][g]          b[1] = B[2t+8, 2t+9][g]
+// C/D (16 x 8) f32, 4 registers:
+//   c[0], c[1] = C[g][2t, 2t+1]    c[2], c[3] = C[g + 8][2t, 2t+1]
+//
+// m16n8k8 tf32, A (16 x 8): a[0] = A[g][t], a[1] = A[g+8][t], a[2] = A[g][t+4], a[3] = A[g+8][t+4]
+//                B (8 x 8):  b[0] = B[t][g], b[1] = B[t+4][g]; C/D as above.
+#pragma once
+
+#include "common.cuh"
+
+// Two f32 rounded to f16 (round to nearest) packed low-first into one 32-bit register.
+__device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<u32*>(&h);
+}
+
+// Two f32 rounded to bf16 (round to nearest) packed low-first.
+__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<u32*>(&h);
+}
+
+// Packs two values of T (f16 or bf16) for an mma operand register.
+template <class T> __device__ __forceinline__ u32 pack2(float lo, float hi);
+template <> __device__ __forceinline__ u32 pack2<__half>(float lo, float hi) { return pack_f16x2(lo, hi); }
+template <> __device__ __forceinline__ u32 pack2<__nv_bfloat16>(float lo, float hi) {
+    return pack_bf16x2(lo, hi);
+}
+
+// f32 -> tf32 (round to nearest, ties away: cvt.rna), as the 32-bit operand register.
+__device__ __forceinline__ u32 to_tf32(float x) {
+    u32 r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
+// D = A * B + D, m16n8k16, f16 inputs, f32 accumulators.
+__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2],
+                                             __half) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// D = A * B + D, m16n8k16, bf16 inputs, f32 accumulators.
+__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2],
+                                             __nv_bfloat16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// D = A * B + D, m16n8k8, tf32 inputs (registers from to_tf32), f32 accumulators.
+__device__ __forceinline__ void mma_m16n8k8_tf32(float (&d)[4], const u32 (&a)[4],
+                                                 const u32 (&b)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}

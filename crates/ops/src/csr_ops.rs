@@ -1,0 +1,460 @@
+//! The CUDA-core ops on CSR: SDDMM (dot and GAT forms), edge softmax and SpMM, for f32, f16
+//! and bf16 features, every sum accumulated in f32.
+//!
+//! Layouts (as in [`crate::cpu`]): dense operands `rows × heads × head_dim` row-major
+//! ([`DeviceMatrix`]); per-edge values `nnz × heads` f32 in CSR edge order ([`DeviceVec<f32>`]).
+//!
+//! Load balance: SDDMM is edge-parallel (a group of lanes per edge), so its cost does not
+//! depend on the degree distribution. SpMM and edge softmax walk rows; their schedules
+//! ([`crate::schedule`]) are built once when the graph is uploaded ([`DeviceCsr::upload`]) and
+//! split hub rows across many groups or give them a whole block.
+//!
+//! ```no_run
+//! use spattn_formats::Csr;
+//! use spattn_ops::{csr_ops, DeviceCsr, DeviceMatrix, DeviceVec, Gpu, Shape};
+//! use half::f16;
+//!
+//! let gpu = Gpu::new(0)?;
+//! let a = Csr::from_edges(3, 3, &[(0, 1), (0, 2), (1, 0), (2, 2)])?;
+//! let a_dev = DeviceCsr::upload(&gpu, &a)?;
+//! let shape = Shape::new(3, 2, 64)?; // 3 nodes, 2 heads, head_dim 64
+//! let x: Vec<f16> = (0..shape.len()).map(|i| f16::from_f32((i % 7) as f32 / 7.0)).collect();
+//! let q = DeviceMatrix::from_host(&gpu, shape, &x)?;
+//! let mut scores = DeviceVec::<f32>::zeros(&gpu, a.nnz() * 2)?;
+//! csr_ops::sddmm(&gpu, &a_dev, &q, &q, 0.125, &mut scores)?;
+//! csr_ops::edge_softmax_in_place(&gpu, &a_dev, &mut scores, 2, None)?;
+//! let mut out = DeviceMatrix::<f16>::zeros(&gpu, shape)?;
+//! csr_ops::spmm(&gpu, &a_dev, &scores, &q, &mut out)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::sync::Mutex;
+
+use cudarc::driver::{DevicePtr, DevicePtrMut};
+use spattn_formats::Csr;
+use spattn_kernels_sys::CSR_OPS;
+
+use crate::buffer::{DeviceMatrix, DeviceVec};
+use crate::device_csr::DeviceCsr;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+use crate::launch::{blocks_for, check_same_gpu, launch, to_u32};
+use crate::launch::{LaunchConfig, PushKernelArg};
+use crate::schedule::{group_for, vector_width, RowUnits, SoftmaxSchedule};
+use crate::shape::Shape;
+
+/// Threads per block of the CSR kernels.
+const THREADS: u32 = 256;
+/// SpMM rows longer than this are split into units of this many edges.
+pub const SPMM_CHUNK: u32 = 512;
+
+/// The device side of the CSR schedules ([`RowUnits`], [`SoftmaxSchedule`]), built once per
+/// uploaded graph by [`DeviceCsr::upload`]. Fused kernels (in the `spattn` crate) walk the same
+/// units.
+#[derive(Debug)]
+pub struct CsrSchedule {
+    unit_rows: DeviceVec<u32>,
+    unit_starts: DeviceVec<u32>,
+    unit_slots: DeviceVec<u32>,
+    unit_parts: DeviceVec<u32>,
+    split_rows: DeviceVec<u32>,
+    part_first: DeviceVec<u32>,
+    long_rows: DeviceVec<u32>,
+    long_threshold: u32,
+    softmax_group: u32,
+    n_parts: usize,
+    /// f32 partial sums of split SpMM rows (`split_rows × heads × head_dim`), grown on demand.
+    scratch: Mutex<Option<DeviceVec<f32>>>,
+}
+
+impl CsrSchedule {
+    /// Computes the schedules of `csr` on the host and uploads them.
+    pub(crate) fn upload(gpu: &Gpu, csr: &Csr) -> Result<Self> {
+        let units = RowUnits::new(csr, SPMM_CHUNK);
+        let softmax = SoftmaxSchedule::new(csr, SoftmaxSchedule::DEFAULT_LONG_THRESHOLD);
+        Ok(Self {
+            unit_rows: DeviceVec::from_host_named(gpu, "SpMM unit rows", &units.rows)?,
+            unit_starts: DeviceVec::from_host_named(gpu, "SpMM unit starts", &units.starts)?,
+            unit_slots: DeviceVec::from_host_named(gpu, "SpMM unit slots", &units.slots)?,
+            unit_parts: DeviceVec::from_host_named(gpu, "unit partials", &units.parts)?,
+            split_rows: DeviceVec::from_host_named(gpu, "SpMM split rows", &units.split_rows)?,
+            part_first: DeviceVec::from_host_named(gpu, "split-row partials", &units.part_first)?,
+            long_rows: DeviceVec::from_host_named(gpu, "softmax long rows", &softmax.long_rows)?,
+            long_threshold: softmax.long_threshold,
+            softmax_group: softmax.group,
+            n_parts: units.part_first.last().copied().unwrap_or(0) as usize,
+            scratch: Mutex::new(None),
+        })
+    }
+
+    /// Number of work units (rows, with hub rows cut into chunks of [`SPMM_CHUNK`] edges).
+    pub fn n_units(&self) -> usize {
+        self.unit_rows.len()
+    }
+    /// Row of each unit.
+    pub fn unit_rows(&self) -> &DeviceVec<u32> {
+        &self.unit_rows
+    }
+    /// First edge of each unit, plus the total number of edges (`n_units + 1` entries).
+    pub fn unit_starts(&self) -> &DeviceVec<u32> {
+        &self.unit_starts
+    }
+    /// Partial index of each unit of a split row, or [`crate::schedule::NO_SLOT`].
+    pub fn unit_parts(&self) -> &DeviceVec<u32> {
+        &self.unit_parts
+    }
+    /// The split rows.
+    pub fn split_rows(&self) -> &DeviceVec<u32> {
+        &self.split_rows
+    }
+    /// Partials of split row `s`: `part_first[s]..part_first[s + 1]` (`split rows + 1` entries).
+    pub fn part_first(&self) -> &DeviceVec<u32> {
+        &self.part_first
+    }
+    /// Total number of partials (units of split rows).
+    pub fn n_parts(&self) -> usize {
+        self.n_parts
+    }
+
+    /// Bytes of device memory the schedules hold.
+    pub(crate) fn device_bytes(&self) -> usize {
+        let scratch = self
+            .scratch
+            .lock()
+            .map(|s| s.as_ref().map_or(0, DeviceVec::num_bytes))
+            .unwrap_or(0);
+        self.unit_rows.num_bytes()
+            + self.unit_starts.num_bytes()
+            + self.unit_slots.num_bytes()
+            + self.unit_parts.num_bytes()
+            + self.split_rows.num_bytes()
+            + self.part_first.num_bytes()
+            + self.long_rows.num_bytes()
+            + scratch
+    }
+}
+
+/// A grid of `groups` groups of `g` lanes (grid-stride kernels; at most 2^31 − 1 blocks).
+fn group_grid(groups: usize, g: u32, grid_y: u32) -> Result<LaunchConfig> {
+    let per_block = THREADS / g;
+    let blocks = blocks_for(groups, per_block)?;
+    Ok(LaunchConfig {
+        grid_dim: (blocks, grid_y, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+fn check_edges(what: &'static str, a: &DeviceCsr, heads: usize, len: usize) -> Result<()> {
+    let expected = a.nnz().checked_mul(heads).ok_or(Error::TooLarge {
+        what: "nnz x heads",
+        value: a.nnz() as u64,
+        limit: (usize::MAX / heads.max(1)) as u64,
+    })?;
+    if len != expected {
+        return Err(Error::LengthMismatch {
+            what,
+            expected,
+            actual: len,
+        });
+    }
+    Ok(())
+}
+
+fn expect_shape(what: &'static str, actual: Shape, rows: usize, like: Shape) -> Result<()> {
+    Shape::new(rows, like.heads, like.head_dim)?.expect_eq(what, actual)
+}
+
+/// SDDMM, dot form: `scores[e, h] = scale · ⟨Q[row(e), h, :], K[col(e), h, :]⟩` for every
+/// edge `e` of `a`.
+///
+/// Shapes: `q` is `a.n_rows() × heads × head_dim`, `k` is `a.n_cols() × heads × head_dim`,
+/// `scores` has `nnz × heads` elements. Every element of `scores` is written.
+pub fn sddmm<T: DType>(
+    gpu: &Gpu,
+    a: &DeviceCsr,
+    q: &DeviceMatrix<T>,
+    k: &DeviceMatrix<T>,
+    scale: f32,
+    scores: &mut DeviceVec<f32>,
+) -> Result<()> {
+    let shape = q.shape();
+    expect_shape("Q", shape, a.n_rows(), shape)?;
+    expect_shape("K", k.shape(), a.n_cols(), shape)?;
+    check_edges("scores", a, shape.heads, scores.len())?;
+    for (what, on) in [("A", a.gpu()), ("Q", q.gpu()), ("K", k.gpu())] {
+        check_same_gpu(gpu, what, on)?;
+    }
+    check_same_gpu(gpu, "scores", scores.gpu())?;
+    let vec = vector_width(shape.head_dim, std::mem::size_of::<T>());
+    let g = group_for((shape.head_dim / vec as usize) as u64, 1);
+    let name = csr_kernel(format!("sddmm_csr_{}_v{vec}", T::NAME))?;
+    let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
+    let nnz = to_u32("nnz", a.nnz())?;
+    let heads = to_u32("heads", shape.heads)?;
+    let head_dim = to_u32("head_dim", shape.head_dim)?;
+    let cfg = group_grid(a.nnz(), g, 1)?;
+    let mut args = gpu.launch_builder(&f);
+    args.arg(a.row_indices().slice())
+        .arg(a.col_indices().slice())
+        .arg(&nnz)
+        .arg(q.slice())
+        .arg(k.slice())
+        .arg(&heads)
+        .arg(&head_dim)
+        .arg(&scale)
+        .arg(&g)
+        .arg(scores.slice_mut());
+    // SAFETY: the kernel reads row_indices/col_indices[0..nnz) (both nnz long), Q rows
+    // row_indices[e] < n_rows and K rows col_indices[e] < n_cols (the CSR was validated on the
+    // host), each heads*head_dim elements (shapes checked above), and writes
+    // scores[0..nnz*heads) (length checked). Vector loads of `vec` elements stay inside a
+    // head because vec divides head_dim.
+    unsafe { launch(name, &mut args, cfg) }
+}
+
+/// SDDMM, GAT form (`u_add_v`): `scores[e, h] = a_dst[row(e), h] + a_src[col(e), h]`.
+///
+/// Shapes: `a_dst` is `a.n_rows() × heads × 1`, `a_src` is `a.n_cols() × heads × 1`.
+pub fn sddmm_gat<T: DType>(
+    gpu: &Gpu,
+    a: &DeviceCsr,
+    a_dst: &DeviceMatrix<T>,
+    a_src: &DeviceMatrix<T>,
+    scores: &mut DeviceVec<f32>,
+) -> Result<()> {
+    let heads = a_dst.shape().heads;
+    let one = Shape::new(a.n_rows(), heads, 1)?;
+    one.expect_eq("a_dst", a_dst.shape())?;
+    expect_shape("a_src", a_src.shape(), a.n_cols(), one)?;
+    check_edges("scores", a, heads, scores.len())?;
+    for (what, on) in [
+        ("A", a.gpu()),
+        ("a_dst", a_dst.gpu()),
+        ("a_src", a_src.gpu()),
+    ] {
+        check_same_gpu(gpu, what, on)?;
+    }
+    check_same_gpu(gpu, "scores", scores.gpu())?;
+    let name = csr_kernel(format!("sddmm_gat_csr_{}", T::NAME))?;
+    let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
+    let nnz = to_u32("nnz", a.nnz())?;
+    let heads_u = to_u32("heads", heads)?;
+    let cfg = group_grid(scores.len(), 1, 1)?;
+    let mut args = gpu.launch_builder(&f);
+    args.arg(a.row_indices().slice())
+        .arg(a.col_indices().slice())
+        .arg(&nnz)
+        .arg(a_dst.slice())
+        .arg(a_src.slice())
+        .arg(&heads_u)
+        .arg(scores.slice_mut());
+    // SAFETY: reads row/col indices [0..nnz), a_dst[row*heads + h] with row < n_rows and
+    // a_src[col*heads + h] with col < n_cols (shapes checked), writes scores[0..nnz*heads).
+    unsafe { launch(name, &mut args, cfg) }
+}
+
+/// Edge softmax: for every row and head, `out[e, h] = exp(x_e − max) / Σ exp(x − max)` over the
+/// row's edges, where `x = scores` or `LeakyReLU(scores, slope)` when `leaky_relu` is given.
+///
+/// Rows without edges have nothing to write. `scores` and `out` have `nnz × heads` elements.
+pub fn edge_softmax(
+    gpu: &Gpu,
+    a: &DeviceCsr,
+    scores: &DeviceVec<f32>,
+    heads: usize,
+    leaky_relu: Option<f32>,
+    out: &mut DeviceVec<f32>,
+) -> Result<()> {
+    check_edges("scores", a, heads, scores.len())?;
+    check_edges("probabilities", a, heads, out.len())?;
+    check_same_gpu(gpu, "scores", scores.gpu())?;
+    check_same_gpu(gpu, "probabilities", out.gpu())?;
+    let stream = gpu.stream().clone();
+    let (s_ptr, _s) = scores.slice().device_ptr(&stream);
+    let (o_ptr, _o) = out.slice_mut().device_ptr_mut(&stream);
+    softmax_launch(gpu, a, s_ptr, o_ptr, heads, leaky_relu)
+}
+
+/// [`edge_softmax`] in place: `scores` becomes the probabilities.
+pub fn edge_softmax_in_place(
+    gpu: &Gpu,
+    a: &DeviceCsr,
+    scores: &mut DeviceVec<f32>,
+    heads: usize,
+    leaky_relu: Option<f32>,
+) -> Result<()> {
+    check_edges("scores", a, heads, scores.len())?;
+    check_same_gpu(gpu, "scores", scores.gpu())?;
+    let stream = gpu.stream().clone();
+    let (ptr, _g) = scores.slice_mut().device_ptr_mut(&stream);
+    softmax_launch(gpu, a, ptr, ptr, heads, leaky_relu)
+}
+
+fn softmax_launch(
+    gpu: &Gpu,
+    a: &DeviceCsr,
+    scores: u64,
+    out: u64,
+    heads: usize,
+    leaky_relu: Option<f32>,
+) -> Result<()> {
+    check_same_gpu(gpu, "A", a.gpu())?;
+    let s = a.schedule();
+    let n_rows = to_u32("rows", a.n_rows())?;
+    let heads_u = to_u32("heads", heads)?;
+    let leaky = i32::from(leaky_relu.is_some());
+    let slope = leaky_relu.unwrap_or(0.0);
+    let g = s.softmax_group;
+    let rows_name = spattn_kernels_sys::EDGE_SOFTMAX_CSR_ROWS;
+    let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, rows_name)?;
+    let cfg = group_grid(a.n_rows() * heads, g, 1)?;
+    let mut args = gpu.launch_builder(&f);
+    args.arg(a.row_offsets().slice())
+        .arg(&n_rows)
+        .arg(&heads_u)
+        .arg(&scores)
+        .arg(&leaky)
+        .arg(&slope)
+        .arg(&g)
+        .arg(&s.long_threshold)
+        .arg(&out);
+    // SAFETY: reads row_offsets[0..=n_rows]; for rows shorter than long_threshold reads and
+    // writes elements e*heads + h of `scores` / `out` for e in the row's range (< nnz) and
+    // h < heads; both buffers hold nnz*heads f32 (checked by the callers) and stay borrowed
+    // (their pointer guards live in the caller) for the launch.
+    unsafe { launch(rows_name, &mut args, cfg) }?;
+
+    let n_long = s.long_rows.len();
+    if n_long > 0 {
+        let long_name = spattn_kernels_sys::EDGE_SOFTMAX_CSR_LONG_ROWS;
+        let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, long_name)?;
+        let cfg = LaunchConfig {
+            grid_dim: (to_u32("long rows", n_long)?, heads_u, 1),
+            block_dim: (512, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut args = gpu.launch_builder(&f);
+        args.arg(a.row_offsets().slice())
+            .arg(s.long_rows.slice())
+            .arg(&heads_u)
+            .arg(&scores)
+            .arg(&leaky)
+            .arg(&slope)
+            .arg(&out);
+        // SAFETY: block (i, h) reads long_rows[i] (i < n_long), that row's offsets, and
+        // reads/writes elements e*heads + h of scores/out for the row's edges (< nnz*heads).
+        unsafe { launch(long_name, &mut args, cfg) }?;
+    }
+    Ok(())
+}
+
+/// SpMM: `out[i, h, :] = Σ_{e ∈ row i} p[e, h] · V[col(e), h, :]`.
+///
+/// Shapes: `v` is `a.n_cols() × heads × head_dim`, `out` is `a.n_rows() × heads × head_dim`,
+/// `p` has `nnz × heads` f32 elements. Every element of `out` is written (rows without edges
+/// get zeros).
+pub fn spmm<T: DType>(
+    gpu: &Gpu,
+    a: &DeviceCsr,
+    p: &DeviceVec<f32>,
+    v: &DeviceMatrix<T>,
+    out: &mut DeviceMatrix<T>,
+) -> Result<()> {
+    let shape = v.shape();
+    expect_shape("V", shape, a.n_cols(), shape)?;
+    expect_shape("out", out.shape(), a.n_rows(), shape)?;
+    check_edges("probabilities", a, shape.heads, p.len())?;
+    for (what, on) in [("A", a.gpu()), ("V", v.gpu()), ("out", out.gpu())] {
+        check_same_gpu(gpu, what, on)?;
+    }
+    check_same_gpu(gpu, "probabilities", p.gpu())?;
+    let s = a.schedule();
+    let hd = shape.row_len();
+    let vec = vector_width(shape.head_dim, std::mem::size_of::<T>());
+    let g = group_for((hd / vec as usize) as u64, 1);
+    let tiles = to_u32("feature tiles", hd.div_ceil(g as usize * vec as usize))?;
+    let n_split = s.split_rows.len();
+
+    // Split rows accumulate in f32 scratch: zero it (growing it if this head shape needs more).
+    let mut scratch_guard = s
+        .scratch
+        .lock()
+        // Only ever replaced whole, so a panic elsewhere cannot leave it half-built.
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let need = n_split * hd;
+    if scratch_guard.as_ref().is_none_or(|b| b.len() < need) {
+        *scratch_guard = Some(DeviceVec::alloc(gpu, "SpMM split-row scratch", need, true)?);
+    }
+    let scratch = scratch_guard
+        .as_mut()
+        .expect("scratch was allocated just above"); // invariant: set in the branch above
+    if n_split > 0 {
+        scratch.fill(0.0)?;
+    }
+
+    let name = csr_kernel(format!("spmm_csr_{}_v{vec}", T::NAME))?;
+    let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
+    let n_units = to_u32("SpMM units", s.unit_rows.len())?;
+    let heads = to_u32("heads", shape.heads)?;
+    let head_dim = to_u32("head_dim", shape.head_dim)?;
+    if tiles > crate::launch::MAX_GRID_YZ {
+        return Err(Error::TooLarge {
+            what: "feature tiles (heads x head_dim / tile)",
+            value: tiles as u64,
+            limit: crate::launch::MAX_GRID_YZ as u64,
+        });
+    }
+    let cfg = group_grid(s.unit_rows.len(), g, tiles)?;
+    let mut args = gpu.launch_builder(&f);
+    args.arg(s.unit_rows.slice())
+        .arg(s.unit_starts.slice())
+        .arg(s.unit_slots.slice())
+        .arg(&n_units)
+        .arg(a.col_indices().slice())
+        .arg(p.slice())
+        .arg(v.slice())
+        .arg(&heads)
+        .arg(&head_dim)
+        .arg(&g)
+        .arg(out.slice_mut())
+        .arg(scratch.slice_mut());
+    // SAFETY: unit arrays have n_units (+1 for starts) entries; unit edge ranges lie in
+    // [0, nnz) so col_indices and p[e*heads + h] (nnz*heads, checked) are in bounds; V rows are
+    // column indices < n_cols; out rows are unit rows < n_rows; features col < heads*head_dim
+    // (lanes past it are inactive); scratch slots < n_split and scratch holds n_split*hd f32.
+    unsafe { launch(name, &mut args, cfg) }?;
+
+    if n_split > 0 {
+        let fin = csr_kernel(format!("spmm_csr_finalize_{}", T::NAME))?;
+        let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, fin)?;
+        let n_split_u = to_u32("split rows", n_split)?;
+        let hd_u = to_u32("heads x head_dim", hd)?;
+        let cfg = group_grid(need, 1, 1)?;
+        let mut args = gpu.launch_builder(&f);
+        args.arg(s.split_rows.slice())
+            .arg(&n_split_u)
+            .arg(&hd_u)
+            .arg(scratch.slice())
+            .arg(out.slice_mut());
+        // SAFETY: reads split_rows[0..n_split) (< n_rows) and scratch[0..n_split*hd), writes
+        // those rows of out (n_rows*hd elements).
+        unsafe { launch(fin, &mut args, cfg) }?;
+    }
+    Ok(())
+}
+
+/// The kernel `name` of the CSR module, as the `&'static str` the module lists (launch errors
+/// name it).
+fn csr_kernel(name: String) -> Result<&'static str> {
+    CSR_OPS
+        .kernels
+        .iter()
+        .copied()
+        .find(|k| *k == name)
+        .ok_or(Error::KernelNotFound {
+            module: CSR_OPS.name,
+            kernel: name,
+        })
+}

@@ -1,0 +1,125 @@
+//! The one error type of spattn-ops.
+
+use crate::shape::Shape;
+
+/// Everything that can go wrong in spattn-ops: no driver, no device, shapes that do not
+/// match, a failed launch.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// libcuda could not be found: no NVIDIA driver on this machine.
+    #[error("no CUDA driver: libcuda could not be loaded (no NVIDIA driver installed?)")]
+    NoCudaDriver,
+    /// The driver is there but reports no device (or not the one asked for).
+    #[error("no CUDA device with ordinal {ordinal} ({count} device(s) present)")]
+    NoDevice {
+        /// The ordinal asked for.
+        ordinal: usize,
+        /// Devices present.
+        count: usize,
+    },
+    /// The device is too old for the requested path.
+    #[error("{what} needs compute capability {need_major}.{need_minor} or newer; the device has {major}.{minor}")]
+    UnsupportedComputeCapability {
+        /// The path that needs it.
+        what: &'static str,
+        /// Device major.
+        major: i32,
+        /// Device minor.
+        minor: i32,
+        /// Required major.
+        need_major: i32,
+        /// Required minor.
+        need_minor: i32,
+    },
+    /// A device allocation failed for lack of memory.
+    #[error("out of GPU memory allocating {bytes} bytes for {what}")]
+    OutOfMemory {
+        /// What was being allocated.
+        what: &'static str,
+        /// Bytes requested.
+        bytes: usize,
+    },
+    /// Any other CUDA driver error.
+    #[error("CUDA driver error during {during}: {source}")]
+    Driver {
+        /// What was being done.
+        during: &'static str,
+        /// The driver's error.
+        #[source]
+        source: cudarc::driver::DriverError,
+    },
+    /// A dense operand has the wrong shape.
+    #[error("{what} has shape {actual}, expected {expected}")]
+    ShapeMismatch {
+        /// Which operand.
+        what: &'static str,
+        /// The shape it should have.
+        expected: Shape,
+        /// The shape it has.
+        actual: Shape,
+    },
+    /// A buffer has the wrong length.
+    #[error("{what} has length {actual}, expected {expected}")]
+    LengthMismatch {
+        /// Which buffer.
+        what: &'static str,
+        /// The length it should have.
+        expected: usize,
+        /// The length it has.
+        actual: usize,
+    },
+    /// An argument out of its valid range.
+    #[error("invalid {what}: {why}")]
+    InvalidArgument {
+        /// The argument.
+        what: &'static str,
+        /// Why.
+        why: String,
+    },
+    /// Operands live on different GPUs (contexts).
+    #[error("{what} was allocated on a different GPU context than the one running the op")]
+    WrongDevice {
+        /// Which operand.
+        what: &'static str,
+    },
+    /// A problem too large for the kernels' 32-bit launch arithmetic.
+    #[error("{what} = {value} exceeds the kernels' limit of {limit}")]
+    TooLarge {
+        /// Which quantity.
+        what: &'static str,
+        /// Its value.
+        value: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// An op needs the sparse matrix's per-edge values, and the matrix is a pattern only.
+    #[error("{op} needs a sparse matrix with values; this one is a pattern only")]
+    MissingValues {
+        /// The op that needs them.
+        op: &'static str,
+    },
+    /// The driver rejected a PTX module (e.g. its ISA is newer than the driver supports).
+    #[error("loading PTX module {module} failed: {source}")]
+    ModuleLoad {
+        /// The module's name.
+        module: &'static str,
+        /// The driver's error.
+        #[source]
+        source: cudarc::driver::DriverError,
+    },
+    /// A PTX module has no kernel of that name.
+    #[error("PTX module {module} has no kernel named {kernel:?}")]
+    KernelNotFound {
+        /// The module's name.
+        module: &'static str,
+        /// The kernel asked for.
+        kernel: String,
+    },
+    /// An error from the sparse formats.
+    #[error(transparent)]
+    Format(#[from] spattn_formats::Error),
+}
+
+/// Result with the ops [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,506 @@
+//! [`Gpu`]: the handle every GPU op takes — one CUDA context, one stream, one module cache —
+//! and [`GpuTimer`], CUDA-event timing on that stream.
+//!
+//! libcuda is loaded at run time (cudarc's `dynamic-loading`), so this module compiles and
+//! [`Gpu::new`] returns [`Error::NoCudaDriver`] on a machine without an NVIDIA driver instead
+//! of failing to link or panicking.
+//!
+//! # One stream, stream-ordered memory
+//!
+//! Everything a `Gpu` does — allocations, copies, memsets, launches, frees — is enqueued on its
+//! one non-blocking stream, so the stream's order alone keeps every buffer's uses apart. That is
+//! why the handle switches off cudarc's per-buffer event tracking (two events recorded and
+//! waited on for every buffer argument of every launch): it costs driver calls on each launch
+//! and buys nothing when there is one stream. The price is a rule: device memory of one `Gpu`
+//! must not be handed to another (two [`Gpu::new`] calls give two handles, two streams, even on
+//! the same device). Ops enforce it with [`crate::launch::check_same_gpu`]; clones of a `Gpu`
+//! share everything and may be mixed freely.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use cudarc::driver::sys::{self, CUresult};
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, DriverError,
+    LaunchArgs,
+};
+
+use spattn_kernels_sys::PtxModule;
+
+use crate::error::{Error, Result};
+use crate::launch::map_driver_error;
+
+/// A handle to one NVIDIA GPU: its CUDA context, the stream every op runs on, and the cache of
+/// loaded PTX modules.
+///
+/// Cheap to clone (one `Arc`), `Send + Sync`. Clones share the stream, so work from clones
+/// runs in submission order.
+///
+/// ```no_run
+/// use spattn_ops::{Error, Gpu};
+/// match Gpu::new(0) {
+///     Ok(gpu) => println!("{} (sm_{}{})", gpu.name(), gpu.compute_capability().0,
+///                         gpu.compute_capability().1),
+///     Err(Error::NoCudaDriver | Error::NoDevice { .. }) => println!("no GPU: CPU only"),
+///     Err(e) => return Err(e),
+/// }
+/// # Ok::<(), Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Gpu {
+    inner: Arc<GpuInner>,
+}
+
+struct GpuInner {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    ordinal: usize,
+    name: String,
+    compute_capability: (i32, i32),
+    sm_count: u32,
+    max_shared_memory_per_block: usize,
+    /// PTX modules loaded into `ctx`, by module name, with the functions taken from each.
+    modules: Mutex<HashMap<&'static str, LoadedModule>>,
+}
+
+struct LoadedModule {
+    module: Arc<CudaModule>,
+    functions: HashMap<String, CudaFunction>,
+}
+
+/// Loads libcuda (when present), initialises the driver and counts devices.
+///
+/// Never panics: cudarc panics when libcuda is absent or lacks a symbol, so presence is
+/// checked first and the driver calls run under `catch_unwind` (a libcuda so broken that a
+/// symbol is missing reads as no driver).
+fn probe() -> Result<usize> {
+    // SAFETY: `is_culib_present` only tries to `dlopen` libcuda under its usual names and
+    // closes what it opened; it has no preconditions. Loading libcuda runs the driver's
+    // initialisers, which is what any use of CUDA does.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(Error::NoCudaDriver);
+    }
+    let counted = std::panic::catch_unwind(|| -> Result<usize> {
+        match CudaContext::device_count() {
+            Ok(n) => Ok(usize::try_from(n).unwrap_or(0)),
+            // cuInit reports "no device" as an error; for us it is a count of zero.
+            Err(DriverError(CUresult::CUDA_ERROR_NO_DEVICE)) => Ok(0),
+            // The toolkit's stub libcuda (…/lib64/stubs) is not a driver.
+            Err(DriverError(CUresult::CUDA_ERROR_STUB_LIBRARY)) => Err(Error::NoCudaDriver),
+            Err(source) => Err(Error::Driver {
+                during: "initialising the CUDA driver",
+                source,
+            }),
+        }
+    });
+    counted.unwrap_or(Err(Error::NoCudaDriver))
+}
+
+impl Gpu {
+    /// Opens device `ordinal`: retains its primary context, creates the stream ops run on, and
+    /// reads the device's name, compute capability and SM count.
+    ///
+    /// Errors: [`Error::NoCudaDriver`] where libcuda cannot be loaded (checked first: this
+    /// never panics), [`Error::NoDevice`] where the driver reports no device or fewer than
+    /// `ordinal + 1`, [`Error::Driver`] for any other driver failure.
+    pub fn new(ordinal: usize) -> Result<Gpu> {
+        let count = probe()?;
+        if ordinal >= count {
+            return Err(Error::NoDevice { ordinal, count });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| match e.0 {
+            CUresult::CUDA_ERROR_INVALID_DEVICE | CUresult::CUDA_ERROR_NO_DEVICE => {
+                Error::NoDevice { ordinal, count }
+            }
+            _ => map_driver_error("creating the CUDA context", e),
+        })?;
+        // SAFETY: this `Arc<CudaContext>` is private to the new handle and nothing has been
+        // allocated through it yet, so every buffer it will ever hold is untracked. All of
+        // them are allocated, used and freed on the one stream created below (see the module
+        // documentation), and ops refuse buffers of another handle (`check_same_gpu`), so
+        // stream order provides all the synchronisation the events would.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| map_driver_error("creating the CUDA stream", e))?;
+        let name = ctx
+            .name()
+            .map_err(|e| map_driver_error("reading the device name", e))?;
+        let compute_capability = ctx
+            .compute_capability()
+            .map_err(|e| map_driver_error("reading the compute capability", e))?;
+        let attribute = |attr, during| -> Result<i32> {
+            ctx.attribute(attr).map_err(|e| map_driver_error(during, e))
+        };
+        let sm_count = attribute(
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            "reading the SM count",
+        )?;
+        let smem = attribute(
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            "reading the shared memory limit",
+        )?;
+        Ok(Gpu {
+            inner: Arc::new(GpuInner {
+                ctx,
+                stream,
+                ordinal,
+                name,
+                compute_capability,
+                sm_count: u32::try_from(sm_count).unwrap_or(0),
+                max_shared_memory_per_block: usize::try_from(smem).unwrap_or(0),
+                modules: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// Whether a CUDA driver is present and reports at least one device. Never panics.
+    pub fn is_available() -> bool {
+        matches!(probe(), Ok(n) if n > 0)
+    }
+
+    /// The number of CUDA devices: [`Error::NoCudaDriver`] without a driver, `Ok(0)` with a
+    /// driver and no device.
+    pub fn device_count() -> Result<usize> {
+        probe()
+    }
+
+    /// The device ordinal this handle was opened with.
+    pub fn ordinal(&self) -> usize {
+        self.inner.ordinal
+    }
+
+    /// The device's name, as the driver reports it (e.g. `"NVIDIA H100 80GB HBM3"`).
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Compute capability `(major, minor)`: `(8, 0)` for A100, `(9, 0)` for H100.
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.inner.compute_capability
+    }
+
+    /// Number of streaming multiprocessors (for sizing persistent grids).
+    pub fn sm_count(&self) -> u32 {
+        self.inner.sm_count
+    }
+
+    /// The most shared memory one block may use, in bytes, with the opt-in of
+    /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` (beyond 48 KiB a kernel must opt in).
+    pub fn max_shared_memory_per_block(&self) -> usize {
+        self.inner.max_shared_memory_per_block
+    }
+
+    /// Checks that the device has compute capability `major.minor` or newer; `what` names
+    /// the path that needs it (tensor-core paths need 8.0).
+    pub fn require_compute_capability(
+        &self,
+        what: &'static str,
+        major: i32,
+        minor: i32,
+    ) -> Result<()> {
+        let (have_major, have_minor) = self.inner.compute_capability;
+        if (have_major, have_minor) < (major, minor) {
+            return Err(Error::UnsupportedComputeCapability {
+                what,
+                major: have_major,
+                minor: have_minor,
+                need_major: major,
+                need_minor: minor,
+            });
+        }
+        Ok(())
+    }
+
+    /// The driver's CUDA version `(major, minor)`, e.g. `(12, 4)`: the newest PTX ISA it can
+    /// JIT follows from it.
+    pub fn driver_version(&self) -> Result<(i32, i32)> {
+        let mut version: std::ffi::c_int = 0;
+        // SAFETY: cuDriverGetVersion writes one int through the pointer, which points to a
+        // live local; the driver is loaded (this handle exists).
+        unsafe { sys::cuDriverGetVersion(&mut version) }
+            .result()
+            .map_err(|e| map_driver_error("reading the driver version", e))?;
+        Ok((version / 1000, (version % 1000) / 10))
+    }
+
+    /// Free and total device memory in bytes, `(free, total)`.
+    pub fn memory_info(&self) -> Result<(usize, usize)> {
+        self.inner
+            .ctx
+            .mem_get_info()
+            .map_err(|e| map_driver_error("reading device memory info", e))
+    }
+
+    /// The cudarc context (for calls this crate does not wrap).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.inner.ctx
+    }
+
+    /// The stream every op of this handle runs on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.inner.stream
+    }
+
+    /// Blocks until all work submitted to the stream has finished. Faults of earlier
+    /// asynchronous launches surface here.
+    pub fn synchronize(&self) -> Result<()> {
+        self.inner
+            .stream
+            .synchronize()
+            .map_err(|e| map_driver_error("synchronizing the stream", e))
+    }
+
+    /// Whether `other` is this handle or a clone of it (same context, same stream): the
+    /// condition for mixing their buffers in one op.
+    pub fn same_as(&self, other: &Gpu) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// Whether `slice` was allocated on this handle's stream (and so may be used by its ops).
+    pub fn owns<T>(&self, slice: &CudaSlice<T>) -> bool {
+        Arc::ptr_eq(slice.stream(), &self.inner.stream)
+    }
+
+    /// A kernel-launch builder on this handle's stream; launch it with
+    /// [`crate::launch::launch`].
+    pub fn launch_builder<'a>(&'a self, function: &'a CudaFunction) -> LaunchArgs<'a> {
+        self.inner.stream.launch_builder(function)
+    }
+
+    /// The function `kernel` of `module`, loading the module on first use (see
+    /// [`load_function`](Self::load_function)).
+    ///
+    /// A kernel the module does not list is [`Error::KernelNotFound`] without touching the
+    /// driver.
+    ///
+    /// ```no_run
+    /// # use spattn_ops::Gpu;
+    /// use spattn_kernels_sys::{CSR_OPS, SPMM_CSR_F32_V1};
+    /// let gpu = Gpu::new(0)?;
+    /// let spmm = gpu.function(&CSR_OPS, SPMM_CSR_F32_V1)?;
+    /// # Ok::<(), spattn_ops::Error>(())
+    /// ```
+    pub fn function(&self, module: &PtxModule, kernel: &str) -> Result<CudaFunction> {
+        if !module.kernels.contains(&kernel) {
+            return Err(Error::KernelNotFound {
+                module: module.name,
+                kernel: kernel.to_owned(),
+            });
+        }
+        self.load_function(module.name, module.ptx, kernel)
+    }
+
+    /// Loads `module` and looks up all its kernels now, so that later calls (e.g. the timed
+    /// ones of a benchmark) do not pay for the driver's JIT compilation.
+    pub fn preload(&self, module: &PtxModule) -> Result<()> {
+        for kernel in module.kernels {
+            self.load_function(module.name, module.ptx, kernel)?;
+        }
+        Ok(())
+    }
+
+    /// The function `kernel` of the PTX module `module_name`, loading the module on first use.
+    ///
+    /// Each module is loaded (JIT-compiled by the driver) once per handle and each function
+    /// looked up once; later calls are a map lookup under a mutex. Module names must be
+    /// unique: the first PTX loaded under a name is the one every later call gets.
+    ///
+    /// Errors: [`Error::ModuleLoad`] where the driver rejects the PTX (e.g. an ISA newer than
+    /// the driver), [`Error::KernelNotFound`] where the module has no such function.
+    pub fn load_function(
+        &self,
+        module_name: &'static str,
+        ptx: &str,
+        kernel: &str,
+    ) -> Result<CudaFunction> {
+        let mut modules = self
+            .inner
+            .modules
+            .lock()
+            // Entries are inserted whole, so a panic elsewhere cannot leave one half-built.
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(loaded) = modules.get(module_name) {
+            if let Some(function) = loaded.functions.get(kernel) {
+                return Ok(function.clone());
+            }
+        }
+        let loaded = match modules.entry(module_name) {
+            std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::hash_map::Entry::Vacant(entry) => {
+                let module = self.load_module(module_name, ptx)?;
+                entry.insert(LoadedModule {
+                    module,
+                    functions: HashMap::new(),
+                })
+            }
+        };
+        let not_found = || Error::KernelNotFound {
+            module: module_name,
+            kernel: kernel.to_owned(),
+        };
+        // cudarc builds a C string from the name and panics on an interior NUL.
+        if kernel.contains('\0') {
+            return Err(not_found());
+        }
+        let function = loaded.module.load_function(kernel).map_err(|e| match e.0 {
+            CUresult::CUDA_ERROR_NOT_FOUND => not_found(),
+            _ => map_driver_error("looking up a kernel", e),
+        })?;
+        loaded.functions.insert(kernel.to_owned(), function.clone());
+        Ok(function)
+    }
+
+    fn load_module(&self, module_name: &'static str, ptx: &str) -> Result<Arc<CudaModule>> {
+        // cudarc builds a C string from the PTX and panics on an interior NUL.
+        if ptx.contains('\0') {
+            return Err(Error::InvalidArgument {
+                what: "PTX",
+                why: format!("module {module_name} contains a NUL byte"),
+            });
+        }
+        self.inner
+            .ctx
+            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+            .map_err(|source| Error::ModuleLoad {
+                module: module_name,
+                source,
+            })
+    }
+
+    /// Whether the module `module_name` has been loaded by this handle.
+    pub fn is_module_loaded(&self, module_name: &str) -> bool {
+        self.inner
+            .modules
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains_key(module_name)
+    }
+
+    /// Names of the modules loaded so far, sorted.
+    pub fn loaded_modules(&self) -> Vec<&'static str> {
+        let mut names: Vec<_> = self
+            .inner
+            .modules
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys()
+            .copied()
+            .collect();
+        names.sort_unstable();
+        names
+    }
+
+    /// A timer on this handle's stream.
+    pub fn timer(&self) -> Result<GpuTimer> {
+        GpuTimer::new(self)
+    }
+
+    /// GPU time of the work `f` submits to the stream, in milliseconds, by CUDA events
+    /// recorded before and after it. Waits for that work to finish.
+    ///
+    /// Measures device time of what `f` enqueues, not host time: `f` should only submit work.
+    pub fn time_ms<F>(&self, f: F) -> Result<f32>
+    where
+        F: FnOnce() -> Result<()>,
+    {
+        let mut timer = self.timer()?;
+        timer.start()?;
+        f()?;
+        timer.stop()?;
+        timer.elapsed_ms()
+    }
+}
+
+impl fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (major, minor) = self.inner.compute_capability;
+        f.debug_struct("Gpu")
+            .field("ordinal", &self.inner.ordinal)
+            .field("name", &self.inner.name)
+            .field("compute_capability", &format_args!("{major}.{minor}"))
+            .field("sm_count", &self.inner.sm_count)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Times work on a [`Gpu`]'s stream with a pair of CUDA events; reusable.
+///
+/// ```no_run
+/// # use spattn_ops::Gpu;
+/// let gpu = Gpu::new(0)?;
+/// let mut timer = gpu.timer()?;
+/// timer.start()?;
+/// // … launch kernels on gpu …
+/// timer.stop()?;
+/// println!("{:.3} ms", timer.elapsed_ms()?);
+/// # Ok::<(), spattn_ops::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct GpuTimer {
+    gpu: Gpu,
+    start: CudaEvent,
+    stop: CudaEvent,
+    started: bool,
+    stopped: bool,
+}
+
+impl GpuTimer {
+    /// Two timing events on `gpu`'s context.
+    pub fn new(gpu: &Gpu) -> Result<Self> {
+        let ctx = gpu.context();
+        // `None` would create events with timing disabled.
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let event = || {
+            ctx.new_event(flags)
+                .map_err(|e| map_driver_error("creating a timing event", e))
+        };
+        Ok(GpuTimer {
+            gpu: gpu.clone(),
+            start: event()?,
+            stop: event()?,
+            started: false,
+            stopped: false,
+        })
+    }
+
+    /// Records the start event on the stream (after all work submitted so far).
+    pub fn start(&mut self) -> Result<()> {
+        self.start
+            .record(self.gpu.stream())
+            .map_err(|e| map_driver_error("recording the start event", e))?;
+        self.started = true;
+        self.stopped = false;
+        Ok(())
+    }
+
+    /// Records the stop event on the stream (after all work submitted so far).
+    pub fn stop(&mut self) -> Result<()> {
+        if !self.started {
+            return Err(Error::InvalidArgument {
+                what: "GpuTimer",
+                why: "stop() called before start()".into(),
+            });
+        }
+        self.stop
+            .record(self.gpu.stream())
+            .map_err(|e| map_driver_error("recording the stop event", e))?;
+        self.stopped = true;
+        Ok(())
+    }
+
+    /// Waits for the stop event and returns the GPU time between start and stop in
+    /// milliseconds (resolution about 0.5 µs).
+    pub fn elapsed_ms(&self) -> Result<f32> {
+        if !self.stopped {
+            return Err(Error::InvalidArgument {
+                what: "GpuTimer",
+                why: "elapsed_ms() needs start() and then stop()".into(),
+            });
+        }
+        self.start
+            .elapsed_ms(&self.stop)
+            .map_err(|e| map_driver_error("reading the event timer", e))
+    }
+}

@@ -1,0 +1,244 @@
+//! Launch plumbing shared by every op wrapper: checked narrowing of sizes to the `u32` the
+//! kernels take, grid sizing within CUDA's limits, the same-GPU check on operands, and a
+//! launch that reports failures with the kernel's name.
+//!
+//! A wrapper typically reads:
+//!
+//! ```ignore
+//! check_same_gpu(gpu, "Q", q)?;
+//! let n = to_u32("rows", q.shape().rows)?;
+//! let cfg = grid_1d(q.len(), 256)?;
+//! let f = gpu.load_function(MODULE.name, MODULE.ptx, "fill_f32")?;
+//! let mut args = gpu.launch_builder(&f);
+//! args.arg(out.slice_mut()).arg(&n);
+//! // SAFETY: fill_f32 writes out[0..n) and reads nothing else; out holds n elements.
+//! unsafe { launch("fill_f32", &mut args, cfg) }?;
+//! ```
+
+use cudarc::driver::DriverError;
+pub use cudarc::driver::{LaunchArgs, LaunchConfig, PushKernelArg};
+
+use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+
+/// Largest `grid.x`: 2³¹ − 1 blocks.
+pub const MAX_GRID_X: u32 = i32::MAX as u32;
+/// Largest `grid.y` and `grid.z`.
+pub const MAX_GRID_YZ: u32 = 65_535;
+/// Largest number of threads in one block.
+pub const MAX_THREADS_PER_BLOCK: u32 = 1024;
+/// Largest `block.z`.
+pub const MAX_BLOCK_Z: u32 = 64;
+
+/// Maps a driver error to [`Error::Driver`], naming what was being done (for a launch: the
+/// kernel's name).
+pub fn map_driver_error(during: &'static str, source: DriverError) -> Error {
+    Error::Driver { during, source }
+}
+
+/// `value` as the `u32` a kernel takes, or [`Error::TooLarge`] naming `what`.
+///
+/// ```
+/// use spattn_ops::launch::to_u32;
+/// assert_eq!(to_u32("nnz", 7)?, 7);
+/// assert!(to_u32("nnz", 1 << 40).is_err());
+/// # Ok::<(), spattn_ops::Error>(())
+/// ```
+pub fn to_u32(what: &'static str, value: usize) -> Result<u32> {
+    u32::try_from(value).map_err(|_| Error::TooLarge {
+        what,
+        value: value as u64,
+        limit: u64::from(u32::MAX),
+    })
+}
+
+/// Blocks needed for `items` work items at `per_block` items per block: `⌈items / per_block⌉`,
+/// at most [`MAX_GRID_X`]. Zero items need zero blocks (and [`launch`] then launches nothing).
+///
+/// ```
+/// use spattn_ops::launch::blocks_for;
+/// assert_eq!(blocks_for(1000, 256)?, 4);
+/// assert_eq!(blocks_for(0, 256)?, 0);
+/// # Ok::<(), spattn_ops::Error>(())
+/// ```
+pub fn blocks_for(items: usize, per_block: u32) -> Result<u32> {
+    if per_block == 0 {
+        return Err(Error::InvalidArgument {
+            what: "items per block",
+            why: "must be at least 1".into(),
+        });
+    }
+    let blocks = items.div_ceil(per_block as usize);
+    if blocks > MAX_GRID_X as usize {
+        return Err(Error::TooLarge {
+            what: "grid blocks (grid.x)",
+            value: blocks as u64,
+            limit: u64::from(MAX_GRID_X),
+        });
+    }
+    Ok(blocks as u32)
+}
+
+/// A one-dimensional launch with one thread per item: `threads_per_block` threads per block,
+/// as many blocks as `items` needs, no dynamic shared memory.
+pub fn grid_1d(items: usize, threads_per_block: u32) -> Result<LaunchConfig> {
+    check_block(threads_per_block, 1, 1)?;
+    Ok(LaunchConfig {
+        grid_dim: (blocks_for(items, threads_per_block)?, 1, 1),
+        block_dim: (threads_per_block, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+fn check_block(x: u32, y: u32, z: u32) -> Result<()> {
+    let threads = u64::from(x) * u64::from(y) * u64::from(z);
+    if threads == 0 || threads > u64::from(MAX_THREADS_PER_BLOCK) || z > MAX_BLOCK_Z {
+        return Err(Error::InvalidArgument {
+            what: "block shape",
+            why: format!(
+                "{x} x {y} x {z}: needs 1 to {MAX_THREADS_PER_BLOCK} threads and z <= {MAX_BLOCK_Z}"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Whether `cfg` has no blocks (a zero grid dimension): nothing to launch.
+pub fn is_empty_grid(cfg: &LaunchConfig) -> bool {
+    let (x, y, z) = cfg.grid_dim;
+    x == 0 || y == 0 || z == 0
+}
+
+/// Checks a launch configuration against CUDA's grid and block limits.
+///
+/// Limits that depend on the device or the kernel (shared memory, registers) are left to the
+/// driver, whose error [`launch`] reports with the kernel's name.
+pub fn check_launch_config(cfg: &LaunchConfig) -> Result<()> {
+    let (bx, by, bz) = cfg.block_dim;
+    check_block(bx, by, bz)?;
+    let (gx, gy, gz) = cfg.grid_dim;
+    if gx > MAX_GRID_X || gy > MAX_GRID_YZ || gz > MAX_GRID_YZ {
+        return Err(Error::InvalidArgument {
+            what: "grid shape",
+            why: format!(
+                "{gx} x {gy} x {gz}: the limits are {MAX_GRID_X} x {MAX_GRID_YZ} x {MAX_GRID_YZ}"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Launches the kernel `args` was built for, with `cfg`, and names `kernel` in any error.
+///
+/// A grid with no blocks launches nothing and returns `Ok` (an empty graph has no work; CUDA
+/// would reject the launch). The configuration is checked with [`check_launch_config`] first.
+/// The launch is asynchronous: faults inside the kernel surface at the next synchronising call
+/// (e.g. [`Gpu::synchronize`] or a download).
+///
+/// # Safety
+///
+/// As for cudarc's `LaunchArgs::launch`: the arguments pushed must match the kernel's
+/// parameters in number, order and type, every buffer passed must belong to the same [`Gpu`]
+/// as the builder's stream (check with [`check_same_gpu`]), and the kernel must read and write
+/// only within the buffers' lengths for the sizes passed — the caller's `// SAFETY:` comment
+/// should say which lengths the kernel touches.
+pub unsafe fn launch(
+    kernel: &'static str,
+    args: &mut LaunchArgs<'_>,
+    cfg: LaunchConfig,
+) -> Result<()> {
+    if is_empty_grid(&cfg) {
+        return Ok(());
+    }
+    check_launch_config(&cfg)?;
+    // SAFETY: forwarded to the caller (see `# Safety`).
+    unsafe { args.launch(cfg) }
+        .map(|_| ())
+        .map_err(|e| map_driver_error(kernel, e))
+}
+
+/// Device data that belongs to one [`Gpu`] handle.
+pub trait OnGpu {
+    /// The handle the data was allocated with.
+    fn gpu(&self) -> &Gpu;
+}
+
+impl OnGpu for Gpu {
+    fn gpu(&self) -> &Gpu {
+        self
+    }
+}
+
+/// Checks that `operand` belongs to `gpu` (the handle running the op, or a clone of it);
+/// otherwise [`Error::WrongDevice`] naming `what`.
+///
+/// Buffers of another handle — another device, or another `Gpu::new` on the same device —
+/// run on another stream, and the stream is what orders their uses (see [`crate::gpu`]).
+pub fn check_same_gpu(
+    gpu: &Gpu,
+    what: &'static str,
+    operand: &(impl OnGpu + ?Sized),
+) -> Result<()> {
+    if gpu.same_as(operand.gpu()) {
+        Ok(())
+    } else {
+        Err(Error::WrongDevice { what })
+    }
+}
+
+/// [`check_same_gpu`] for a raw cudarc slice: it must have been allocated on `gpu`'s stream.
+pub fn check_slice_on<T>(
+    gpu: &Gpu,
+    what: &'static str,
+    slice: &cudarc::driver::CudaSlice<T>,
+) -> Result<()> {
+    if gpu.owns(slice) {
+        Ok(())
+    } else {
+        Err(Error::WrongDevice { what })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_round_up_and_respect_the_grid_limit() {
+        assert_eq!(blocks_for(1, 256).unwrap(), 1);
+        assert_eq!(blocks_for(256, 256).unwrap(), 1);
+        assert_eq!(blocks_for(257, 256).unwrap(), 2);
+        assert_eq!(blocks_for(MAX_GRID_X as usize, 1).unwrap(), MAX_GRID_X);
+        assert!(matches!(
+            blocks_for(MAX_GRID_X as usize + 1, 1),
+            Err(Error::TooLarge { .. })
+        ));
+        assert!(matches!(
+            blocks_for(usize::MAX, 1024),
+            Err(Error::TooLarge { .. })
+        ));
+        assert!(matches!(
+            blocks_for(10, 0),
+            Err(Error::InvalidArgument { .. })
+        ));
+    }
+
+    #[test]
+    fn configs_are_checked() {
+        let cfg = grid_1d(1000, 128).unwrap();
+        assert_eq!(cfg.grid_dim, (8, 1, 1));
+        assert_eq!(cfg.block_dim, (128, 1, 1));
+        check_launch_config(&cfg).unwrap();
+        assert!(grid_1d(10, 0).is_err());
+        assert!(grid_1d(10, 2048).is_err());
+        assert!(is_empty_grid(&grid_1d(0, 128).unwrap()));
+        let mut bad = cfg;
+        bad.grid_dim = (1, 70_000, 1);
+        assert!(check_launch_config(&bad).is_err());
+        bad = cfg;
+        bad.block_dim = (32, 32, 2);
+        assert!(check_launch_config(&bad).is_err());
+        bad.block_dim = (1, 1, 65);
+        assert!(check_launch_config(&bad).is_err());
+    }
+}

@@ -1,0 +1,241 @@
+//! Host-side load-balancing schedules for the CSR kernels, computed once per graph.
+//!
+//! Power-law graphs have hub rows of 10^4–10^5 edges next to rows of one or two. A kernel that
+//! gives each row to one warp waits on the hub; these schedules split the work so that no row
+//! serializes the grid:
+//!
+//! - [`RowUnits`] (SpMM): rows longer than a chunk are cut into units of at most `chunk` edges,
+//!   each taken by its own group of lanes; the partial sums of a split row meet in an f32
+//!   scratch row (atomics), and a finalize pass writes it.
+//! - [`SoftmaxSchedule`] (edge softmax): rows of at least `long_threshold` edges get a whole
+//!   thread block per (row, head); the others a group of lanes sized to the mean degree.
+
+use spattn_formats::Csr;
+
+/// Marks a unit whose row is not split (it writes its output row directly).
+pub const NO_SLOT: u32 = u32::MAX;
+
+/// SpMM work units: unit `u` covers edges `starts[u]..starts[u + 1]` of row `rows[u]`.
+///
+/// Units are in row order and cover every edge once; every row, an empty one included, has at
+/// least one unit, so the kernel writes every output row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowUnits {
+    /// Row of each unit.
+    pub rows: Vec<u32>,
+    /// First edge of each unit, plus one final entry: the number of edges (`len = units + 1`).
+    pub starts: Vec<u32>,
+    /// Scratch slot of each unit of a split row, or [`NO_SLOT`].
+    pub slots: Vec<u32>,
+    /// The rows that are split, indexed by slot.
+    pub split_rows: Vec<u32>,
+    /// Partial-result index of each unit of a split row (one per unit, consecutive within a
+    /// row), or [`NO_SLOT`]: where a fused kernel leaves its (max, sum, accumulator) partial.
+    pub parts: Vec<u32>,
+    /// For each split row (slot `s`), its partials are `part_first[s]..part_first[s + 1]`
+    /// (`len = split rows + 1`).
+    pub part_first: Vec<u32>,
+    /// The chunk size used.
+    pub chunk: u32,
+}
+
+impl RowUnits {
+    /// Cuts every row of `a` into units of at most `chunk` edges (`chunk` ≥ 1).
+    ///
+    /// ```
+    /// use spattn_formats::Csr;
+    /// use spattn_ops::schedule::{RowUnits, NO_SLOT};
+    /// // Row 0 has 5 edges, row 1 none, row 2 one.
+    /// let a = Csr::from_edges(3, 5, &[(0, 0), (0, 1), (0, 2), (0, 3), (0, 4), (2, 1)])?;
+    /// let u = RowUnits::new(&a, 2);
+    /// assert_eq!(u.rows, vec![0, 0, 0, 1, 2]);
+    /// assert_eq!(u.starts, vec![0, 2, 4, 5, 5, 6]);
+    /// assert_eq!(u.slots, vec![0, 0, 0, NO_SLOT, NO_SLOT]);
+    /// assert_eq!(u.split_rows, vec![0]);
+    /// assert_eq!(u.parts, vec![0, 1, 2, NO_SLOT, NO_SLOT]);
+    /// assert_eq!(u.part_first, vec![0, 3]);
+    /// # Ok::<(), spattn_formats::Error>(())
+    /// ```
+    pub fn new(a: &Csr, chunk: u32) -> Self {
+        let chunk = chunk.max(1);
+        let offsets = a.row_offsets();
+        let n = a.n_rows();
+        let mut rows = Vec::with_capacity(n);
+        let mut starts = Vec::with_capacity(n + 1);
+        let mut slots = Vec::with_capacity(n);
+        let mut split_rows = Vec::new();
+        let mut parts = Vec::with_capacity(n);
+        let mut part_first = vec![0u32];
+        for r in 0..n {
+            let (s, e) = (offsets[r], offsets[r + 1]);
+            let len = e - s;
+            if len <= chunk {
+                rows.push(r as u32);
+                starts.push(s);
+                slots.push(NO_SLOT);
+                parts.push(NO_SLOT);
+            } else {
+                let slot = split_rows.len() as u32;
+                split_rows.push(r as u32);
+                let first_unit = rows.len() as u32;
+                let mut p = s;
+                while p < e {
+                    rows.push(r as u32);
+                    starts.push(p);
+                    slots.push(slot);
+                    parts.push(parts_so_far(&part_first) + (rows.len() as u32 - 1 - first_unit));
+                    p = p.saturating_add(chunk).min(e);
+                }
+                let units_of_row = rows.len() as u32 - first_unit;
+                part_first.push(parts_so_far(&part_first) + units_of_row);
+            }
+        }
+        starts.push(offsets[n]);
+        Self {
+            rows,
+            starts,
+            slots,
+            split_rows,
+            parts,
+            part_first,
+            chunk,
+        }
+    }
+
+    /// Number of units.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Whether there are no units (a matrix with no rows).
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+}
+
+/// The number of partials assigned so far (the last prefix-sum entry).
+fn parts_so_far(part_first: &[u32]) -> u32 {
+    part_first.last().copied().unwrap_or(0)
+}
+
+/// Edge-softmax schedule: which rows get a whole block, and the group size for the others.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SoftmaxSchedule {
+    /// Rows with at least `long_threshold` edges, each handled by a thread block per head.
+    pub long_rows: Vec<u32>,
+    /// Rows at or above this length go to the block kernel.
+    pub long_threshold: u32,
+    /// Lanes per (row, head) in the row kernel: a power of two in 4..=32.
+    pub group: u32,
+}
+
+impl SoftmaxSchedule {
+    /// The default threshold: a row this long keeps a 32-lane group busy for 32 iterations per
+    /// pass; longer rows are better spread over a block.
+    pub const DEFAULT_LONG_THRESHOLD: u32 = 1024;
+
+    /// Builds the schedule for `a`.
+    pub fn new(a: &Csr, long_threshold: u32) -> Self {
+        let long_threshold = long_threshold.max(1);
+        let long_rows = (0..a.n_rows())
+            .filter(|&r| a.degree(r) as u64 >= long_threshold as u64)
+            .map(|r| r as u32)
+            .collect();
+        let mean = if a.n_rows() == 0 {
+            0.0
+        } else {
+            a.nnz() as f64 / a.n_rows() as f64
+        };
+        Self {
+            long_rows,
+            long_threshold,
+            group: group_for(mean.ceil() as u64, 4),
+        }
+    }
+}
+
+/// The smallest power of two ≥ `items`, clamped to `min..=32`: the lane-group size for work
+/// of `items` parallel pieces.
+pub fn group_for(items: u64, min: u32) -> u32 {
+    let g = items.clamp(1, 32).next_power_of_two() as u32;
+    g.clamp(min.clamp(1, 32), 32)
+}
+
+/// The vector width for `head_dim` features of `elem_bytes` bytes: the largest of 8, 4, 2, 1
+/// that divides `head_dim` with at most 16 bytes per access.
+pub fn vector_width(head_dim: usize, elem_bytes: usize) -> u32 {
+    for v in [8usize, 4, 2] {
+        if v * elem_bytes <= 16 && head_dim % v == 0 {
+            return v as u32;
+        }
+    }
+    1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn units_cover_every_edge_once_and_every_row() {
+        let edges: Vec<(u32, u32)> = (0..1000u32)
+            .map(|i| (i % 7 * (i % 3), (i * 13) % 500))
+            .collect();
+        let a = Csr::from_edges(20, 500, &edges).unwrap();
+        for chunk in [1, 3, 64, 10_000] {
+            let u = RowUnits::new(&a, chunk);
+            assert_eq!(u.starts.len(), u.len() + 1);
+            assert_eq!(*u.starts.last().unwrap() as usize, a.nnz());
+            let mut seen_rows = vec![false; a.n_rows()];
+            for i in 0..u.len() {
+                let r = u.rows[i] as usize;
+                seen_rows[r] = true;
+                let range = a.row_range(r);
+                assert!(u.starts[i] as usize >= range.start);
+                assert!(
+                    u.starts[i + 1] as usize <= range.end || u.rows.get(i + 1) != Some(&(r as u32))
+                );
+                assert!(u.starts[i + 1] - u.starts[i] <= chunk);
+                let split = u.slots[i] != NO_SLOT;
+                assert_eq!(split, a.degree(r) > chunk as usize);
+                if split {
+                    let slot = u.slots[i] as usize;
+                    assert_eq!(u.split_rows[slot] as usize, r);
+                    let part = u.parts[i];
+                    assert!(u.part_first[slot] <= part && part < u.part_first[slot + 1]);
+                } else {
+                    assert_eq!(u.parts[i], NO_SLOT);
+                }
+            }
+            assert!(seen_rows.iter().all(|&s| s));
+            // Partials are numbered 0.. in unit order, each used once.
+            let used: Vec<u32> = u.parts.iter().copied().filter(|&p| p != NO_SLOT).collect();
+            assert_eq!(used, (0..used.len() as u32).collect::<Vec<_>>());
+            assert_eq!(*u.part_first.last().unwrap() as usize, used.len());
+            assert!(u.starts.windows(2).all(|w| w[0] <= w[1]));
+        }
+    }
+
+    #[test]
+    fn group_and_vector_width() {
+        assert_eq!(group_for(0, 4), 4);
+        assert_eq!(group_for(5, 4), 8);
+        assert_eq!(group_for(1000, 4), 32);
+        assert_eq!(group_for(3, 1), 4);
+        assert_eq!(vector_width(128, 2), 8);
+        assert_eq!(vector_width(128, 4), 4);
+        assert_eq!(vector_width(24, 2), 8);
+        assert_eq!(vector_width(6, 4), 2);
+        assert_eq!(vector_width(3, 2), 1);
+    }
+
+    #[test]
+    fn softmax_schedule_picks_long_rows() {
+        let mut edges: Vec<(u32, u32)> = (0..3000u32).map(|c| (1, c)).collect();
+        edges.push((0, 0));
+        let a = Csr::from_edges(3, 3000, &edges).unwrap();
+        let s = SoftmaxSchedule::new(&a, 1024);
+        assert_eq!(s.long_rows, vec![1]);
+        assert_eq!(s.group, 32);
+    }
+}

@@ -1,0 +1,293 @@
+//! GPU tests of the CUDA-core CSR ops against the f64 CPU reference.
+//!
+//! Every test is `#[ignore]`d on machines without an NVIDIA GPU; run them with
+//! `cargo test -- --include-ignored` or from the GPU bundle (`cargo xtask gpu-bundle`).
+//! Inputs are drawn fresh per run (the seed is printed; replay with SPATTN_SEED), outputs are
+//! poisoned with NaN before each launch, and errors are ‖out − ref‖ / ‖ref‖ in f64.
+
+mod common;
+
+use common::*;
+use half::{bf16, f16};
+use rand::Rng;
+use rand_pcg::Pcg64;
+use spattn_formats::Csr;
+use spattn_ops::cpu::{self, rel_l2_error};
+use spattn_ops::{csr_ops, DType, DeviceCsr, DeviceMatrix, DeviceVec, Gpu, Shape};
+
+/// Scores and probabilities are f32 whatever the feature type: f32-level accuracy.
+const F32_TOL: f64 = 1e-5;
+
+fn gpu() -> Gpu {
+    Gpu::new(0).expect("an NVIDIA GPU (this test is ignored elsewhere)")
+}
+
+/// Runs SDDMM (dot and GAT), edge softmax (plain and LeakyReLU) and SpMM of `a` on the GPU
+/// with fresh random inputs and compares each with the f64 CPU reference.
+fn check_ops<T: DType>(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64) {
+    let ctx = format!(
+        "{} n={} nnz={} heads={heads} head_dim={head_dim}",
+        T::NAME,
+        a.n_rows(),
+        a.nnz()
+    );
+    let dev_a = DeviceCsr::upload(gpu, a).unwrap();
+    let sq = Shape::new(a.n_rows(), heads, head_dim).unwrap();
+    let sk = Shape::new(a.n_cols(), heads, head_dim).unwrap();
+    let edges = a.nnz() * heads;
+    let scale = 1.0 / (head_dim as f64).sqrt();
+
+    // SDDMM, dot form.
+    let q: Vec<T> = random_vec(rng, sq.len(), 1.0);
+    let k: Vec<T> = random_vec(rng, sk.len(), 1.0);
+    let dq = DeviceMatrix::from_host(gpu, sq, &q).unwrap();
+    let dk = DeviceMatrix::from_host(gpu, sk, &k).unwrap();
+    let mut scores = DeviceVec::<f32>::zeros(gpu, edges).unwrap();
+    scores.fill_nan().unwrap();
+    csr_ops::sddmm(gpu, &dev_a, &dq, &dk, scale as f32, &mut scores).unwrap();
+    let got = scores.to_host().unwrap();
+    let mut want = vec![0.0f64; edges];
+    cpu::sddmm(a, &to_f64(&q), &to_f64(&k), sq, sk, scale, &mut want).unwrap();
+    let err = rel_l2_error(&got, &want);
+    assert!(err <= F32_TOL, "sddmm {ctx}: rel error {err:e}");
+
+    // SDDMM, GAT form.
+    let ad: Vec<T> = random_vec(rng, a.n_rows() * heads, 2.0);
+    let as_: Vec<T> = random_vec(rng, a.n_cols() * heads, 2.0);
+    let dad = DeviceMatrix::from_host(gpu, Shape::new(a.n_rows(), heads, 1).unwrap(), &ad).unwrap();
+    let das =
+        DeviceMatrix::from_host(gpu, Shape::new(a.n_cols(), heads, 1).unwrap(), &as_).unwrap();
+    let mut gat = DeviceVec::<f32>::zeros(gpu, edges).unwrap();
+    gat.fill_nan().unwrap();
+    csr_ops::sddmm_gat(gpu, &dev_a, &dad, &das, &mut gat).unwrap();
+    let mut want_gat = vec![0.0f64; edges];
+    cpu::sddmm_gat(a, &to_f64(&ad), &to_f64(&as_), heads, &mut want_gat).unwrap();
+    let err = rel_l2_error(&gat.to_host().unwrap(), &want_gat);
+    assert!(err <= F32_TOL, "sddmm_gat {ctx}: rel error {err:e}");
+
+    // Edge softmax on the GAT scores, with LeakyReLU(0.2), out of place.
+    let mut p = DeviceVec::<f32>::zeros(gpu, edges).unwrap();
+    p.fill_nan().unwrap();
+    csr_ops::edge_softmax(gpu, &dev_a, &gat, heads, Some(0.2), &mut p).unwrap();
+    let gat_host: Vec<f64> = gat.to_host().unwrap().iter().map(|&x| x as f64).collect();
+    let mut want_p = vec![0.0f64; edges];
+    cpu::edge_softmax(a, &gat_host, heads, Some(0.2), &mut want_p).unwrap();
+    let err = rel_l2_error(&p.to_host().unwrap(), &want_p);
+    assert!(
+        err <= F32_TOL,
+        "edge_softmax(leaky) {ctx}: rel error {err:e}"
+    );
+
+    // Edge softmax in place on the dot scores.
+    let dot_host: Vec<f64> = got.iter().map(|&x| x as f64).collect();
+    csr_ops::edge_softmax_in_place(gpu, &dev_a, &mut scores, heads, None).unwrap();
+    cpu::edge_softmax(a, &dot_host, heads, None, &mut want_p).unwrap();
+    let probs = scores.to_host().unwrap();
+    let err = rel_l2_error(&probs, &want_p);
+    assert!(err <= F32_TOL, "edge_softmax {ctx}: rel error {err:e}");
+
+    // SpMM with those probabilities.
+    let v: Vec<T> = random_vec(rng, sk.len(), 1.0);
+    let dv = DeviceMatrix::from_host(gpu, sk, &v).unwrap();
+    let mut out = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();
+    out.fill_nan().unwrap();
+    csr_ops::spmm(gpu, &dev_a, &scores, &dv, &mut out).unwrap();
+    let probs64: Vec<f64> = probs.iter().map(|&x| x as f64).collect();
+    let mut want_o = vec![0.0f64; sq.len()];
+    cpu::spmm(a, &probs64, &to_f64(&v), sk, &mut want_o).unwrap();
+    let err = rel_l2_error(&to_f64(&out.to_host().unwrap()), &want_o);
+    assert!(err <= tolerance::<T>(), "spmm {ctx}: rel error {err:e}");
+
+    // Twice more: the same output (no state left behind by the split-row scratch).
+    out.fill_nan().unwrap();
+    csr_ops::spmm(gpu, &dev_a, &scores, &dv, &mut out).unwrap();
+    let err2 = rel_l2_error(&to_f64(&out.to_host().unwrap()), &want_o);
+    assert!(
+        err2 <= tolerance::<T>(),
+        "spmm (second run) {ctx}: rel error {err2:e}"
+    );
+}
+
+fn check_all_dtypes(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64) {
+    check_ops::<f32>(gpu, a, heads, head_dim, rng);
+    check_ops::<f16>(gpu, a, heads, head_dim, rng);
+    check_ops::<bf16>(gpu, a, heads, head_dim, rng);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn ops_on_cora_pubmed_arxiv() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("ops_on_cora_pubmed_arxiv");
+    for name in ["cora", "pubmed", "ogbn-arxiv"] {
+        let a = shared_graph(name);
+        for (heads, head_dim) in [(1, 128), (8, 64), (2, 24)] {
+            check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn ops_on_rmat_16() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("ops_on_rmat_16");
+    let a = rmat_graph(16);
+    for (heads, head_dim) in [(1, 128), (8, 16), (1, 3)] {
+        check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn every_head_dim_and_head_count() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("every_head_dim_and_head_count");
+    let a = random_graph(&mut rng, 300, 6, 7);
+    for head_dim in [1, 3, 24, 64, 96, 128, 256] {
+        for heads in [1, 2, 8] {
+            check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn tiny_graphs_and_empty_rows() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("tiny_graphs_and_empty_rows");
+    for n in [1, 7, 17, 33] {
+        let a = random_graph(&mut rng, n, 3, 3);
+        for (heads, head_dim) in [(1, 1), (2, 3), (8, 64)] {
+            check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
+        }
+    }
+    // A graph with no edges at all: SpMM writes zeros everywhere.
+    let empty = Csr::empty(9, 9).unwrap();
+    check_all_dtypes(&gpu, &empty, 2, 8, &mut rng);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn hub_row_of_100k_edges() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("hub_row_of_100k_edges");
+    let a = hub_graph(&mut rng, 100_000, 12_345);
+    assert_eq!(a.degree(12_345), 100_000);
+    for (heads, head_dim) in [(1, 128), (2, 24)] {
+        check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn softmax_extremes() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("softmax_extremes");
+    let a = hub_graph(&mut rng, 5_000, 10);
+    let dev_a = DeviceCsr::upload(&gpu, &a).unwrap();
+    let heads = 2;
+    let edges = a.nnz() * heads;
+    let cases: Vec<(&str, Vec<f32>)> = vec![
+        ("all equal", vec![3.5; edges]),
+        (
+            "near +1e4",
+            (0..edges)
+                .map(|_| 1e4 + rng.random_range(-5.0..5.0))
+                .collect(),
+        ),
+        (
+            "near -1e4",
+            (0..edges)
+                .map(|_| -1e4 + rng.random_range(-5.0..5.0))
+                .collect(),
+        ),
+        (
+            "spread ±1e4",
+            (0..edges).map(|_| rng.random_range(-1e4..1e4)).collect(),
+        ),
+    ];
+    for (what, s) in cases {
+        let ds = DeviceVec::from_host(&gpu, &s).unwrap();
+        let mut p = DeviceVec::<f32>::zeros(&gpu, edges).unwrap();
+        p.fill_nan().unwrap();
+        csr_ops::edge_softmax(&gpu, &dev_a, &ds, heads, None, &mut p).unwrap();
+        let s64: Vec<f64> = s.iter().map(|&x| x as f64).collect();
+        let mut want = vec![0.0; edges];
+        cpu::edge_softmax(&a, &s64, heads, None, &mut want).unwrap();
+        let got = p.to_host().unwrap();
+        let err = rel_l2_error(&got, &want);
+        assert!(err <= F32_TOL, "softmax {what}: rel error {err:e}");
+        // Each non-empty row sums to one per head.
+        for r in 0..a.n_rows() {
+            for h in 0..heads {
+                let range = a.row_range(r);
+                if range.is_empty() {
+                    continue;
+                }
+                let sum: f64 = range.map(|e| got[e * heads + h] as f64).sum();
+                assert!(
+                    (sum - 1.0).abs() < 1e-4,
+                    "softmax {what}: row {r} head {h} sums to {sum}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn unfused_attention_matches_reference() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("unfused_attention_matches_reference");
+    let a = shared_graph("cora");
+    let dev_a = DeviceCsr::upload(&gpu, &a).unwrap();
+    let shape = Shape::new(a.n_rows(), 4, 32).unwrap();
+    let q: Vec<f16> = random_vec(&mut rng, shape.len(), 1.0);
+    let k: Vec<f16> = random_vec(&mut rng, shape.len(), 1.0);
+    let v: Vec<f16> = random_vec(&mut rng, shape.len(), 1.0);
+    let (dq, dk, dv) = (
+        DeviceMatrix::from_host(&gpu, shape, &q).unwrap(),
+        DeviceMatrix::from_host(&gpu, shape, &k).unwrap(),
+        DeviceMatrix::from_host(&gpu, shape, &v).unwrap(),
+    );
+    let scale = 1.0 / 32f64.sqrt();
+    let mut s = DeviceVec::<f32>::zeros(&gpu, a.nnz() * 4).unwrap();
+    let mut out = DeviceMatrix::<f16>::zeros(&gpu, shape).unwrap();
+    out.fill_nan().unwrap();
+    csr_ops::sddmm(&gpu, &dev_a, &dq, &dk, scale as f32, &mut s).unwrap();
+    csr_ops::edge_softmax_in_place(&gpu, &dev_a, &mut s, 4, None).unwrap();
+    csr_ops::spmm(&gpu, &dev_a, &s, &dv, &mut out).unwrap();
+    let inputs = cpu::AttentionInputs::new(&q, shape, &k, shape, &v, shape);
+    let want = cpu::attention_f64_from(&a, &inputs, scale).unwrap();
+    let err = rel_l2_error(&to_f64(&out.to_host().unwrap()), &want);
+    assert!(err <= 5e-3, "unfused attention f16: rel error {err:e}");
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn shape_errors_are_typed() {
+    let gpu = gpu();
+    let a = Csr::from_edges(4, 4, &[(0, 1), (1, 2)]).unwrap();
+    let dev_a = DeviceCsr::upload(&gpu, &a).unwrap();
+    let q = DeviceMatrix::<f32>::zeros(&gpu, Shape::new(4, 1, 8).unwrap()).unwrap();
+    let k_bad = DeviceMatrix::<f32>::zeros(&gpu, Shape::new(5, 1, 8).unwrap()).unwrap();
+    let mut s = DeviceVec::<f32>::zeros(&gpu, 2).unwrap();
+    let e = csr_ops::sddmm(&gpu, &dev_a, &q, &k_bad, 1.0, &mut s).unwrap_err();
+    assert!(
+        matches!(e, spattn_ops::Error::ShapeMismatch { what: "K", .. }),
+        "{e}"
+    );
+    let mut s_bad = DeviceVec::<f32>::zeros(&gpu, 3).unwrap();
+    let e = csr_ops::sddmm(&gpu, &dev_a, &q, &q, 1.0, &mut s_bad).unwrap_err();
+    assert!(
+        matches!(e, spattn_ops::Error::LengthMismatch { what: "scores", .. }),
+        "{e}"
+    );
+    let mut out_bad = DeviceMatrix::<f32>::zeros(&gpu, Shape::new(3, 1, 8).unwrap()).unwrap();
+    let e = csr_ops::spmm(&gpu, &dev_a, &s, &q, &mut out_bad).unwrap_err();
+    assert!(
+        matches!(e, spattn_ops::Error::ShapeMismatch { what: "out", .. }),
+        "{e}"
+    );
+}

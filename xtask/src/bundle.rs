@@ -1,0 +1,541 @@
+//! `cargo xtask gpu-bundle`: everything the GPU machine needs to run the tests, without Rust.
+//!
+//! Layout of the bundle (default target/gpu-bundle):
+//!
+//! ```text
+//! run.sh        runs every bin/ executable with --include-ignored --test-threads=1
+//! bin/          test executables, stripped, named <package>-<target> (<package>-lib for unit tests)
+//! bench/        criterion bench executables and the spattn-bench binaries, run by hand
+//! data/         graphs (*.mtx.gz); run.sh points SPATTN_DATA_DIR here
+//! peers/        crates/bench/peers/*.py, where they exist
+//! ```
+
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::ptx_hash::file_name;
+
+/// The most the bundle may weigh: the device tool carries at most 64 MiB with the work tree.
+const MAX_BYTES: u64 = 60 * 1024 * 1024;
+
+/// Graphs every bundle carries besides the `--graph` ones.
+const DEFAULT_GRAPHS: &[&str] = &["cora", "pubmed", "ogbn-arxiv"];
+
+/// The small graph that ships inside the repository (tests of spattn-formats read it).
+const BUNDLED_CORA: &str = "crates/formats/tests/data/cora.mtx.gz";
+
+/// Where the shared graphs are: the `shared/` folder beside the repository.
+const SHARED_GRAPHS: &str = "../shared/data/mtx";
+
+/// The peer scripts of the benchmarks (torch.sparse, PyG-style), where they exist.
+const PEERS: &str = "crates/bench/peers";
+
+/// The bench package, whose binaries go into bench/.
+const BENCH_PACKAGE: &str = "spattn-bench";
+
+/// The second line of every run.sh this command writes: how a folder is known as a bundle
+/// (and so may be emptied by the next run).
+const MARKER: &str = "# spattn GPU test bundle, made by `cargo xtask gpu-bundle`";
+
+/// Command-line options of `gpu-bundle`.
+#[derive(Debug, Default)]
+pub struct Options {
+    /// The bundle folder; `None` for target/gpu-bundle.
+    pub out: Option<PathBuf>,
+    /// Extra graph names from ../shared/data/mtx.
+    pub graphs: Vec<String>,
+}
+
+impl Options {
+    /// Parses `[--out DIR] [--graph NAME]...` (also `--out=DIR`, `--graph=NAME`).
+    pub fn parse(args: &[&str]) -> Result<Self, String> {
+        let mut options = Options::default();
+        let mut it = args.iter();
+        while let Some(&arg) = it.next() {
+            let (flag, inline) = match arg.split_once('=') {
+                Some((f, v)) if f.starts_with("--") => (f, Some(v)),
+                _ => (arg, None),
+            };
+            let mut value = || {
+                inline
+                    .or_else(|| it.next().copied())
+                    .filter(|v| !v.is_empty())
+                    .ok_or_else(|| format!("gpu-bundle: {flag} needs a value"))
+            };
+            match flag {
+                "--out" => options.out = Some(PathBuf::from(value()?)),
+                "--graph" => options.graphs.push(value()?.to_string()),
+                _ => {
+                    return Err(format!(
+                        "gpu-bundle: unknown argument `{arg}` (expected --out DIR, --graph NAME)"
+                    ))
+                }
+            }
+        }
+        Ok(options)
+    }
+}
+
+/// What `cargo metadata` says about the workspace.
+struct Workspace {
+    target_dir: PathBuf,
+    /// Package id → package name, for the workspace members.
+    names: BTreeMap<String, String>,
+    has_benches: bool,
+    has_bench_package: bool,
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
+/// Runs a cargo command, its diagnostics on our stderr, and returns its JSON messages.
+fn cargo_json(args: &[&str]) -> Result<Vec<Value>, String> {
+    let line = format!("cargo {}", args.join(" "));
+    eprintln!("gpu-bundle: {line}");
+    let out = cargo()
+        .args(args)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot run cargo: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("`{line}` failed ({})", out.status));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect())
+}
+
+fn metadata() -> Result<Workspace, String> {
+    let out = cargo()
+        .args(["metadata", "--no-deps", "--format-version", "1"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot run cargo: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("`cargo metadata` failed ({})", out.status));
+    }
+    let meta: Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("cannot parse `cargo metadata`: {e}"))?;
+    let target_dir = meta["target_directory"]
+        .as_str()
+        .map(PathBuf::from)
+        .ok_or("`cargo metadata` names no target directory")?;
+    let mut names = BTreeMap::new();
+    let mut has_benches = false;
+    let mut has_bench_package = false;
+    for package in meta["packages"].as_array().into_iter().flatten() {
+        let (Some(id), Some(name)) = (package["id"].as_str(), package["name"].as_str()) else {
+            continue;
+        };
+        names.insert(id.to_string(), name.to_string());
+        let targets = package["targets"].as_array().into_iter().flatten();
+        let kinds: Vec<&str> = targets
+            .flat_map(|t| t["kind"].as_array().into_iter().flatten())
+            .filter_map(Value::as_str)
+            .collect();
+        has_benches |= kinds.contains(&"bench");
+        has_bench_package |= name == BENCH_PACKAGE && kinds.contains(&"bin");
+    }
+    Ok(Workspace {
+        target_dir,
+        names,
+        has_benches,
+        has_bench_package,
+    })
+}
+
+/// One executable cargo built, with the name it gets in the bundle.
+struct Executable {
+    path: PathBuf,
+    name: String,
+}
+
+/// The executables among cargo's JSON messages that `keep` accepts (given the target kind and
+/// whether it was built as a test), named by `name_of(package, kind, target)`.
+fn executables(
+    messages: &[Value],
+    ws: &Workspace,
+    keep: impl Fn(&str, bool) -> bool,
+    name_of: impl Fn(&str, &str, &str) -> String,
+) -> Vec<Executable> {
+    let mut out = Vec::new();
+    for m in messages {
+        if m["reason"] != "compiler-artifact" {
+            continue;
+        }
+        let Some(path) = m["executable"].as_str() else {
+            continue;
+        };
+        let kind = m["target"]["kind"][0].as_str().unwrap_or("");
+        let is_test = m["profile"]["test"].as_bool().unwrap_or(false);
+        if !keep(kind, is_test) {
+            continue;
+        }
+        let id = m["package_id"].as_str().unwrap_or("");
+        let Some(package) = ws.names.get(id) else {
+            continue; // not a workspace member
+        };
+        let target = m["target"]["name"].as_str().unwrap_or("");
+        out.push(Executable {
+            path: PathBuf::from(path),
+            name: name_of(package, kind, target),
+        });
+    }
+    out
+}
+
+/// The bundle name of a test executable: `<package>-lib` for a library's unit tests,
+/// `<package>-bin-<target>` for a binary's, `<package>-<target>` for tests/ and benches/.
+fn test_name(package: &str, kind: &str, target: &str) -> String {
+    match kind {
+        "lib" | "rlib" | "dylib" | "cdylib" | "staticlib" | "proc-macro" => {
+            format!("{package}-lib")
+        }
+        "bin" => format!("{package}-bin-{target}"),
+        _ => format!("{package}-{target}"),
+    }
+}
+
+/// Empties `out` for a new bundle, refusing to touch a folder that is not one.
+fn prepare(out: &Path) -> Result<(), String> {
+    if out.exists() {
+        let is_bundle = fs::read_to_string(out.join("run.sh"))
+            .map(|s| s.lines().nth(1).is_some_and(|l| l.starts_with(MARKER)))
+            .unwrap_or(false);
+        let is_empty = fs::read_dir(out)
+            .map(|mut d| d.next().is_none())
+            .unwrap_or(false);
+        if !is_bundle && !is_empty {
+            return Err(format!(
+                "{} exists and is not a GPU bundle; choose another --out or remove it",
+                out.display()
+            ));
+        }
+        fs::remove_dir_all(out).map_err(|e| format!("cannot empty {}: {e}", out.display()))?;
+    }
+    for sub in ["bin", "bench", "data"] {
+        let dir = out.join(sub);
+        fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    Ok(())
+}
+
+/// Copies an executable without its debug info (`strip --strip-debug`, else `objcopy`, else a
+/// plain copy with a warning).
+fn copy_stripped(from: &Path, to: &Path) -> Result<(), String> {
+    let stripped = [
+        ("strip", vec!["--strip-debug", "-o"]),
+        ("objcopy", vec!["--strip-debug"]),
+    ]
+    .iter()
+    .any(|(tool, args)| {
+        let mut cmd = Command::new(tool);
+        cmd.args(args);
+        if *tool == "strip" {
+            cmd.arg(to).arg(from);
+        } else {
+            cmd.arg(from).arg(to);
+        }
+        cmd.stdin(Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success())
+    });
+    if !stripped {
+        eprintln!(
+            "warning: neither strip nor objcopy worked; {} keeps its debug info",
+            to.display()
+        );
+        fs::copy(from, to).map_err(|e| format!("cannot copy {}: {e}", from.display()))?;
+    }
+    Ok(())
+}
+
+/// Copies a data file, writable (the shared graphs are read-only, and the next bundle must be
+/// able to replace this one).
+fn copy_file(from: &Path, to: &Path) -> Result<(), String> {
+    fs::copy(from, to)
+        .map_err(|e| format!("cannot copy {} to {}: {e}", from.display(), to.display()))?;
+    let mut perms = fs::metadata(to)
+        .map_err(|e| format!("{}: {e}", to.display()))?
+        .permissions();
+    #[allow(clippy::permissions_set_readonly_false)]
+    perms.set_readonly(false);
+    fs::set_permissions(to, perms).map_err(|e| format!("{}: {e}", to.display()))
+}
+
+/// Where graph `name` comes from: the repository's own cora, else ../shared/data/mtx.
+fn graph_source(name: &str) -> PathBuf {
+    let stem = name.trim_end_matches(".gz").trim_end_matches(".mtx");
+    if stem == "cora" && Path::new(BUNDLED_CORA).is_file() {
+        return PathBuf::from(BUNDLED_CORA);
+    }
+    Path::new(SHARED_GRAPHS).join(format!("{stem}.mtx.gz"))
+}
+
+/// Total size of the files under `dir`.
+fn size_of(dir: &Path) -> u64 {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .filter_map(Result::ok)
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => size_of(&e.path()),
+            _ => e.metadata().map(|m| m.len()).unwrap_or(0),
+        })
+        .sum()
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+/// Places `exes` into `dir`, refusing two executables of one name.
+fn place(exes: &[Executable], dir: &Path) -> Result<(), String> {
+    let mut seen = BTreeMap::new();
+    for exe in exes {
+        if let Some(first) = seen.insert(exe.name.clone(), exe.path.clone()) {
+            if first != exe.path {
+                return Err(format!(
+                    "two executables would be named {}: {} and {}",
+                    exe.name,
+                    first.display(),
+                    exe.path.display()
+                ));
+            }
+            continue;
+        }
+        copy_stripped(&exe.path, &dir.join(&exe.name))?;
+    }
+    Ok(())
+}
+
+/// `cargo xtask gpu-bundle`.
+pub fn run(options: &Options) -> Result<(), String> {
+    let ws = metadata()?;
+    let out = options
+        .out
+        .clone()
+        .unwrap_or_else(|| ws.target_dir.join("gpu-bundle"));
+
+    // Build first, so a compile error leaves the previous bundle in place.
+    let tests = cargo_json(&[
+        "test",
+        "--workspace",
+        "--exclude",
+        "xtask",
+        "--release",
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+    ])?;
+    let tests = executables(&tests, &ws, |_, is_test| is_test, test_name);
+    let mut benches = Vec::new();
+    if ws.has_bench_package {
+        let messages = cargo_json(&[
+            "build",
+            "--release",
+            "--package",
+            BENCH_PACKAGE,
+            "--bins",
+            "--message-format=json-render-diagnostics",
+        ])?;
+        benches.extend(executables(
+            &messages,
+            &ws,
+            |kind, _| kind == "bin",
+            |_, _, target| target.to_string(),
+        ));
+    }
+    if ws.has_benches {
+        let messages = cargo_json(&[
+            "bench",
+            "--workspace",
+            "--exclude",
+            "xtask",
+            "--no-run",
+            "--bench",
+            "*",
+            "--message-format=json-render-diagnostics",
+        ])?;
+        benches.extend(executables(
+            &messages,
+            &ws,
+            |kind, _| kind == "bench",
+            test_name,
+        ));
+    }
+    if tests.is_empty() {
+        return Err("cargo built no test executable".to_string());
+    }
+
+    prepare(&out)?;
+    place(&tests, &out.join("bin"))?;
+    place(&benches, &out.join("bench"))?;
+
+    let mut graphs: Vec<String> = DEFAULT_GRAPHS.iter().map(|s| s.to_string()).collect();
+    graphs.extend(options.graphs.iter().cloned());
+    let mut copied = Vec::new();
+    for name in &graphs {
+        let from = graph_source(name);
+        let file = file_name(&from);
+        if copied.contains(&file) {
+            continue;
+        }
+        if !from.is_file() {
+            return Err(format!(
+                "graph `{name}` not found at {} (the shared graphs live in {SHARED_GRAPHS}, \
+                 beside the repository)",
+                from.display()
+            ));
+        }
+        copy_file(&from, &out.join("data").join(&file))?;
+        copied.push(file);
+    }
+
+    let mut peers = Vec::new();
+    if let Ok(entries) = fs::read_dir(PEERS) {
+        let mut scripts: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|e| e == "py"))
+            .collect();
+        scripts.sort();
+        if !scripts.is_empty() {
+            let dir = out.join("peers");
+            fs::create_dir_all(&dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            for script in scripts {
+                let file = file_name(&script);
+                copy_file(&script, &dir.join(&file))?;
+                peers.push(file);
+            }
+        }
+    }
+
+    write_run_sh(&out)?;
+
+    let size = size_of(&out);
+    eprintln!(
+        "gpu-bundle: {} ({} test executables, {} bench executables, {} graphs, {} peer scripts): {}",
+        out.display(),
+        tests.len(),
+        benches.len(),
+        copied.len(),
+        peers.len(),
+        mib(size)
+    );
+    if size > MAX_BYTES {
+        return Err(format!(
+            "the bundle is {}, over the limit of {}: drop --graph flags or shrink the executables",
+            mib(size),
+            mib(MAX_BYTES)
+        ));
+    }
+    eprintln!(
+        "gpu-bundle: run `bash {}/run.sh [FILTER]` on the GPU machine \
+         (SANITIZE=memcheck|racecheck for compute-sanitizer)",
+        out.display()
+    );
+    Ok(())
+}
+
+/// The commit the bundle was built from, where git can tell (read only).
+fn commit() -> String {
+    Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "unknown".to_string())
+}
+
+fn write_run_sh(out: &Path) -> Result<(), String> {
+    let script = RUN_SH
+        .replace("@MARKER@", MARKER)
+        .replace("@COMMIT@", &commit());
+    let path = out.join("run.sh");
+    fs::write(&path, script).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// run.sh; `@MARKER@` must stay on the second line (see [`MARKER`]).
+const RUN_SH: &str = r#"#!/usr/bin/env bash
+@MARKER@ (commit @COMMIT@).
+#
+#   bash run.sh [ARGS...]              run every test executable in bin/, GPU tests included
+#   SANITIZE=memcheck bash run.sh      the same under compute-sanitizer (memcheck or racecheck)
+#
+# Each executable runs as `EXE --include-ignored --test-threads=1 ARGS...` (ARGS: e.g. a test
+# name filter), from this folder, with SPATTN_DATA_DIR set to data/. Prints PASS or FAIL per
+# executable and `N passed, M failed`; exits non-zero if any failed. Benches are in bench/.
+set -u
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+export SPATTN_DATA_DIR="$here/data"
+export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
+
+wrap=()
+case "${SANITIZE:-}" in
+    "") ;;
+    memcheck | racecheck | initcheck | synccheck)
+        sanitizer="$(command -v compute-sanitizer || true)"
+        for dir in "${CUDA_HOME:-}" /usr/local/cuda; do
+            if [ -z "$sanitizer" ] && [ -n "$dir" ] && [ -x "$dir/bin/compute-sanitizer" ]; then
+                sanitizer="$dir/bin/compute-sanitizer"
+            fi
+        done
+        if [ -z "$sanitizer" ]; then
+            echo "run.sh: SANITIZE=$SANITIZE, but compute-sanitizer is neither on PATH nor in \$CUDA_HOME/bin or /usr/local/cuda/bin" >&2
+            exit 2
+        fi
+        wrap=("$sanitizer" --tool "$SANITIZE" --error-exitcode 1)
+        echo "run.sh: under $sanitizer --tool $SANITIZE"
+        ;;
+    *)
+        echo "run.sh: SANITIZE must be memcheck or racecheck (or initcheck, synccheck), not '$SANITIZE'" >&2
+        exit 2
+        ;;
+esac
+
+passed=0
+failed=0
+results=()
+for exe in "$here"/bin/*; do
+    [ -f "$exe" ] && [ -x "$exe" ] || continue
+    name="$(basename "$exe")"
+    echo "=== $name"
+    if (cd "$here" && ${wrap[@]+"${wrap[@]}"} "$exe" --include-ignored --test-threads=1 "$@"); then
+        passed=$((passed + 1))
+        results+=("PASS $name")
+        echo "PASS $name"
+    else
+        status=$?
+        failed=$((failed + 1))
+        results+=("FAIL $name (exit $status)")
+        echo "FAIL $name (exit $status)"
+    fi
+done
+
+echo
+echo "=== summary${SANITIZE:+ (compute-sanitizer --tool $SANITIZE)}"
+if [ "${#results[@]}" -gt 0 ]; then
+    printf '%s\n' "${results[@]}"
+fi
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
+"#;
