@@ -10,19 +10,27 @@
 //! slot `c` of the block.
 //!
 //! ```text
-//!  window 0 = rows 0..16, distinct columns 0 1 2 3 4 5 7 9 11   (9 columns -> 2 blocks)
+//!  The 10 × 12 example of the ME-BCRS docs: one (partial) window, 9 distinct columns, 2 blocks.
 //!
-//!            block 0                              block 1
-//!  slot c:   0  1  2  3  4  5  6  7               0  1  2  3  4  5  6  7
-//!  column:   0  1  2  3  4  5  7  9               11 P  P  P  P  P  P  P     P = Bsb::PADDING
-//!  row 0     .  x  .  .  x  .  .  .   bits 1, 4   .  .  .  .  .  .  .  .
-//!  row 1     .  .  .  .  x  .  .  .   bit 12      .  .  .  .  .  .  .  .
-//!  ...                                            ...
-//!  row 9     .  .  .  .  .  x  .  .   bit 77      x  .  .  .  .  .  .  .   bit 72
+//!               block 0                             block 1
+//!  slot c       0  1  2  3  4  5  6  7              0  1  2  3  4  5  6  7
+//!  column       0  1  2  3  4  5  7  9              11 P  P  P  P  P  P  P    P = Bsb::PADDING
+//!  row 0        .  x  .  .  x  .  .  .   bits 1, 4  .  .  .  .  .  .  .  .
+//!  row 1        .  .  .  .  x  .  .  .   12         .  .  .  .  .  .  .  .
+//!  row 2        .  .  .  .  .  .  .  .              .  .  .  .  .  .  .  .
+//!  row 3        x  .  .  .  .  .  .  x   24, 31     .  .  .  .  .  .  .  .
+//!  row 4        .  .  .  .  x  .  x  .   36, 38     .  .  .  .  .  .  .  .
+//!  row 5        .  .  .  .  .  .  .  .              .  .  .  .  .  .  .  .
+//!  row 6        .  .  x  .  .  .  .  .   50         .  .  .  .  .  .  .  .
+//!  row 7        .  .  .  .  .  .  x  .   62         .  .  .  .  .  .  .  .
+//!  row 8        .  .  .  x  .  x  .  .   67, 69     .  .  .  .  .  .  .  .
+//!  row 9        .  .  .  .  .  x  .  .   77         x  .  .  .  .  .  .  .   bit 72
+//!  rows 10..15  (past n_rows: never a bit)
 //!
-//!  window_offsets = [0, 2, ...]     blocks of window w: window_offsets[w]..window_offsets[w+1]
-//!  block_columns  = [0,1,2,3,4,5,7,9, 11,P,P,P,P,P,P,P, ...]   8 per block
-//!  bitmaps        = [bits {1,4,12,...,77}, bits {72}, ...]      1 per block
+//!  window_offsets = [0, 2]            window w owns blocks window_offsets[w]..[w + 1]
+//!  block_columns  = [0, 1, 2, 3, 4, 5, 7, 9,  11, P, P, P, P, P, P, P]
+//!  bitmaps        = [bits {1, 4, 12, 24, 31, 36, 38, 50, 62, 67, 69, 77}, bits {72}]
+//!  edge_to_slot   = [1, 4, 12, 24, 31, 36, 38, 50, 62, 67, 69, 77, 128 + 72]
 //! ```
 //!
 //! - `window_offsets` (`u32`, `n_windows + 1` entries): prefix sum of the block counts.

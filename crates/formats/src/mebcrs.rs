@@ -6,22 +6,28 @@
 //! Rows are grouped into **windows** of 8: window `w` holds rows `8w .. 8w + 8`; the last window
 //! is partial when `n_rows % 8 != 0` (its missing rows simply never have a mask bit set). Every
 //! distinct column of a window is one **vector**: an 8×1 column slice of the window. A window's
-//! vectors are stored in ascending column order, with no padding:
+//! vectors are stored in ascending column order, with no padding. The 10 × 12 example below
+//! (rows 2 and 5 empty, window 1 partial) is the one the tests check array by array:
 //!
 //! ```text
-//!  window 0 = rows 0..8      columns: 0 1 2 3 4 5 6 7 8 9        vectors of window 0
-//!      row 0                          . x . . x . . . . .        v0  v1  v2  v3  v4  v5
-//!      row 1                          . . . . x . . . . .        c0  c1  c2  c4  c7  c9
-//!      row 2                          . . . . . . . . . .        ┌─┐ ┌─┐ ┌─┐ ┌─┐ ┌─┐ ┌─┐
-//!      row 3                          x . . . . . . . . x    r0  │ │ │x│ │ │ │x│ │ │ │ │
-//!      row 4                          . . . . x . . x . .    r1  │ │ │ │ │ │ │x│ │ │ │ │
-//!      row 5                          . . . . . . . . . .    ..  │x│ │ │ │x│ │x│ │x│ │x│
-//!      row 6                          . . x . . . . . . .        └─┘ └─┘ └─┘ └─┘ └─┘ └─┘
-//!      row 7                          . . . . . . . x . .    mask 08  01  40  13  90  08
+//!  A (10 × 12)                        window 0: 6 vectors               window 1: 3 vectors
+//!          col 0 1 2 3 4 5 6 7 8 9 10 11    v0   v1   v2   v3   v4   v5      v6   v7   v8
+//!  row 0       . x . . x . . . . . .  .    c0   c1   c2   c4   c7   c9      c3   c5   c11
+//!  row 1       . . . . x . . . . . .  .  r0 .    x    .    x    .    .    r0 x    x    .
+//!  row 2       . . . . . . . . . . .  .  r1 .    .    .    x    .    .    r1 .    x    x
+//!  row 3       x . . . . . . . . x .  .  r2 .    .    .    .    .    .    r2..r7: rows 10..15
+//!  row 4       . . . . x . . x . . .  .  r3 x    .    .    .    .    x        do not exist
+//!  row 5       . . . . . . . . . . .  .  r4 .    .    .    x    x    .
+//!  row 6       . . x . . . . . . . .  .  r5 .    .    .    .    .    .
+//!  row 7       . . . . . . . x . . .  .  r6 .    .    x    .    .    .
+//!  row 8       . . . x . x . . . . .  .  r7 .    .    .    .    x    .
+//!  row 9       . . . . . x . . . . .  x
 //!
-//!  row_pointers   = [0, 6, ...]            vectors of window w: row_pointers[w]..row_pointers[w+1]
-//!  column_indices = [0, 1, 2, 4, 7, 9, ...] one per vector, ascending within a window
-//!  row_masks      = [0x08, 0x01, 0x40, 0x13, 0x90, 0x08, ...]  bit r ⇔ row 8w + r has the column
+//!  row_pointers   = [0, 6, 9]                 window w owns vectors row_pointers[w]..[w + 1]
+//!  column_indices = [0, 1, 2, 4, 7, 9,  3, 5, 11]
+//!  row_masks      = [0x08, 0x01, 0x40, 0x13, 0x90, 0x08,  0x01, 0x03, 0x02]
+//!  block_width 4:   window 0 = block [v0 v1 v2 v3] + partial block [v4 v5]; window 1 = [v6 v7 v8]
+//!  edge_to_slot   = [8, 24, 25, 3, 43, 28, 36, 22, 39, 48, 56, 57, 65]  (edge (3, 9): v5 · 8 + 3)
 //! ```
 //!
 //! - `row_pointers` (`u32`, `n_windows + 1` entries): prefix sum of the vector counts.
@@ -29,14 +35,16 @@
 //!   window, every one `< n_cols`. There are no padding columns.
 //! - `row_masks` (`u8`, one per vector): bit `r` is set iff row `8w + r` has an edge to the
 //!   vector's column. Never 0 (a vector exists because some row has the column), and never a bit
-//!   for a row `>= n_rows`. A kernel multiplies a gathered 8×1 vector by its mask, so a zero slot
-//!   is never mistaken for an edge.
+//!   for a row `>= n_rows`. Kernels take edge-ness from the mask, never from a value: a slot
+//!   whose bit is clear is masked (−∞ before softmax, 0 in SpMM) even if a score there is 0.
 //!
 //! # Tensor-core blocks
 //!
-//! Consecutive vectors of a window form one tensor-core **block** of `block_width` vectors
-//! (8 for f16/bf16, `m16n8k16` / `m16n8k8`; 4 for tf32, `m16n8k4` after swap-and-transpose):
-//! block `j` of window `w` is vectors `row_pointers[w] + j·bw .. min(.., row_pointers[w+1])`.
+//! Consecutive vectors of a window form one tensor-core **block** of `block_width` vectors:
+//! 8 for f16/bf16 (`mma.m16n8k8`), 4 for tf32 (`mma.m16n8k4`). After swap-and-transpose the
+//! window's 8 rows are the mma's `n = 8` side and the block's vectors its `k` side, so an 8×1
+//! vector is exactly one `k` index of the sparse operand and one row of the dense one.
+//! Block `j` of window `w` is vectors `row_pointers[w] + j·bw .. min(.., row_pointers[w+1])`.
 //! The last block of a window is **partial and not padded in memory**: a kernel loads
 //! `vectors_in_window(w) - j·bw` vectors and treats the rest of the block as zero.
 //! [`MeBcrs::blocks_in_window`] is `ceil(vectors / block_width)`.
