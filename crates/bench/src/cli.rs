@@ -1,0 +1,293 @@
+//! The command line: `spattn-bench [RUN OPTIONS]` and `spattn-bench report ...`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use spattn_ops::DTypeKind;
+
+/// `spattn-bench`: sparse graph attention benchmarks with statistics, HBM floors and peers.
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "spattn-bench",
+    version,
+    about = "Benchmarks spattn's sparse graph attention (ops and algorithms) on the GPU, or on \
+             the CPU where there is none",
+    long_about = None,
+    args_conflicts_with_subcommands = true,
+    disable_help_subcommand = true,
+    after_help = "With no graph option: the bundled cora and R-MAT scale 14, both symmetrized \
+                  with self loops; head_dim 64, 1 head, f16 on the GPU (f32 on the CPU).\n\
+                  `spattn-bench report --json RUN.json` turns the JSON of runs into BENCHMARKS.md."
+)]
+pub struct Cli {
+    /// A subcommand; without one, the benchmarks run.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Options of the benchmark run.
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug, Clone)]
+pub enum Command {
+    /// Generates BENCHMARKS.md and an SVG chart from the JSON of one or more device runs.
+    Report(ReportArgs),
+}
+
+/// Options of the benchmark run.
+#[derive(Args, Debug, Clone, Default)]
+pub struct RunArgs {
+    /// A graph: a MatrixMarket file (.mtx, .mtx.gz), a binary CSR file (.csr, as --dump-csr
+    /// writes), or the name of a graph in the data folder (e.g. `pubmed`). Repeatable.
+    #[arg(long = "graph", value_name = "FILE")]
+    pub graphs: Vec<String>,
+
+    /// An R-MAT graph of 2^SCALE nodes (Graph500 parameters, 16 edges per node). Repeatable.
+    #[arg(long = "rmat", value_name = "SCALE",
+          value_parser = clap::value_parser!(u32).range(1..=31))]
+    pub rmat: Vec<u32>,
+
+    /// Features per head; repeatable or a comma list [default: 64].
+    #[arg(long = "head-dim", value_name = "D", value_delimiter = ',',
+          value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub head_dim: Vec<u32>,
+
+    /// Attention heads; repeatable or a comma list [default: 1].
+    #[arg(long = "heads", value_name = "H", value_delimiter = ',',
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub heads: Vec<u32>,
+
+    /// Element type of Q, K, V, out: f16, bf16 or f32; repeatable or a comma list
+    /// [default: f16 on the GPU, f32 on the CPU].
+    #[arg(long = "dtype", value_name = "DTYPE", value_delimiter = ',')]
+    pub dtype: Vec<DTypeKind>,
+
+    /// Cases to run: a comma list of case names, or `all` (every case of the device).
+    #[arg(long = "algorithms", value_name = "LIST", default_value = "all")]
+    pub algorithms: String,
+
+    /// Writes every number of the run to FILE as JSON.
+    #[arg(long = "json", value_name = "FILE")]
+    pub json: Option<PathBuf>,
+
+    /// Peer timings (JSON of peers/torch_peers.py) to compare with; repeatable.
+    #[arg(long = "peers", value_name = "FILE")]
+    pub peers: Vec<PathBuf>,
+
+    /// Untimed runs before the timed ones.
+    #[arg(long = "warmup", value_name = "N", default_value_t = 5)]
+    pub warmup: u32,
+
+    /// Timed runs per case; the median is reported (at least 20 for published numbers).
+    #[arg(long = "reps", value_name = "N", default_value_t = 30,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub reps: u32,
+
+    /// Runs on the CPU even where a GPU is present.
+    #[arg(long = "cpu")]
+    pub cpu: bool,
+
+    /// The GPU to run on (CUDA device ordinal).
+    #[arg(long = "device", value_name = "ORDINAL", default_value_t = 0)]
+    pub device: usize,
+
+    /// Uses each graph as stored (no A + Aᵀ + I); R-MAT graphs stay directed, without self loops.
+    #[arg(long = "no-symmetrize")]
+    pub no_symmetrize: bool,
+
+    /// Writes each graph (as benchmarked) in the binary CSR format of peers/torch_peers.py:
+    /// to FILE for one graph, to FILE/NAME.csr for several (FILE is then a folder).
+    #[arg(long = "dump-csr", value_name = "FILE")]
+    pub dump_csr: Option<PathBuf>,
+
+    /// With --dump-csr: writes the graphs and stops (no benchmarks).
+    #[arg(long = "dump-only", requires = "dump_csr")]
+    pub dump_only: bool,
+
+    /// Skips the accuracy check against the f64 CPU reference (for huge graphs).
+    #[arg(long = "no-check")]
+    pub no_check: bool,
+
+    /// Folder of the graphs named by --graph (and of cora); else $SPATTN_DATA_DIR, the
+    /// repository's folders, and last the cora built into the binary.
+    #[arg(long = "data-dir", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// Seed of the random inputs (each graph and shape derives its own from it).
+    #[arg(long = "seed", value_name = "N", default_value_t = 1)]
+    pub seed: u64,
+
+    /// Seed of the R-MAT generator.
+    #[arg(long = "rmat-seed", value_name = "N", default_value_t = 1)]
+    pub rmat_seed: u64,
+}
+
+/// Options of `spattn-bench report`.
+#[derive(Args, Debug, Clone)]
+pub struct ReportArgs {
+    /// JSON of a run (`spattn-bench --json`); several files (e.g. one per graph) are merged.
+    #[arg(long = "json", value_name = "FILE", required = true, num_args = 1..)]
+    pub json: Vec<PathBuf>,
+
+    /// Peer JSON (peers/torch_peers.py) to add to the peers the runs recorded.
+    #[arg(long = "peers", value_name = "FILE")]
+    pub peers: Vec<PathBuf>,
+
+    /// The markdown file to write.
+    #[arg(long = "out", value_name = "FILE", default_value = "BENCHMARKS.md")]
+    pub out: PathBuf,
+
+    /// The SVG chart to write (speedups over torch_sparse_attention per graph).
+    #[arg(
+        long = "svg",
+        value_name = "FILE",
+        default_value = "docs/benchmarks.svg"
+    )]
+    pub svg: PathBuf,
+}
+
+/// What the command line asks for.
+#[derive(Debug)]
+pub enum Parsed {
+    /// Run the benchmarks.
+    Run(Box<RunArgs>),
+    /// Write a report.
+    Report(ReportArgs),
+    /// Print this text on stdout and exit successfully (help, version).
+    Print(String),
+}
+
+/// Parses the command line (`args` includes the program name).
+///
+/// # Errors
+/// A one-line message for bad arguments (clap's own message, its usage and tips left out).
+pub fn parse<I, T>(args: I) -> Result<Parsed, crate::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    match Cli::try_parse_from(args) {
+        Ok(cli) => Ok(match cli.command {
+            Some(Command::Report(report)) => Parsed::Report(report),
+            None => Parsed::Run(Box::new(cli.run)),
+        }),
+        Err(e) => {
+            use clap::error::ErrorKind;
+            match e.kind() {
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+                    Ok(Parsed::Print(e.render().to_string()))
+                }
+                _ => Err(crate::Error::new(format!(
+                    "{} (see --help)",
+                    first_line_of_clap_error(&e.render().to_string())
+                ))),
+            }
+        }
+    }
+}
+
+/// The message of a clap error on one line: its first paragraph (the lines before the first
+/// blank one, e.g. a list of missing arguments), without the `error: ` prefix, usage and tips.
+fn first_line_of_clap_error(text: &str) -> String {
+    let paragraph: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .skip_while(|l| l.is_empty())
+        .take_while(|l| !l.is_empty())
+        .collect();
+    let line = paragraph.join(" ");
+    let line = line.strip_prefix("error: ").unwrap_or(&line).to_string();
+    if line.is_empty() {
+        "invalid arguments".to_string()
+    } else {
+        line
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_args(args: &[&str]) -> RunArgs {
+        let argv = std::iter::once("spattn-bench").chain(args.iter().copied());
+        match parse(argv).expect("parses") {
+            Parsed::Run(r) => *r,
+            other => panic!("expected a run, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn lists_and_repeats() {
+        let r = run_args(&[
+            "--head-dim",
+            "64,128",
+            "--head-dim",
+            "32",
+            "--dtype",
+            "f16,bf16",
+            "--rmat",
+            "10",
+            "--rmat",
+            "12",
+            "--heads",
+            "2",
+        ]);
+        assert_eq!(r.head_dim, vec![64, 128, 32]);
+        assert_eq!(r.dtype, vec![DTypeKind::F16, DTypeKind::Bf16]);
+        assert_eq!(r.rmat, vec![10, 12]);
+        assert_eq!(r.heads, vec![2]);
+        assert_eq!((r.warmup, r.reps, r.algorithms.as_str()), (5, 30, "all"));
+    }
+
+    #[test]
+    fn report_subcommand() {
+        let argv = [
+            "spattn-bench",
+            "report",
+            "--json",
+            "a.json",
+            "b.json",
+            "--out",
+            "X.md",
+        ];
+        match parse(argv).expect("parses") {
+            Parsed::Report(r) => {
+                assert_eq!(r.json.len(), 2);
+                assert_eq!(r.out, PathBuf::from("X.md"));
+                assert_eq!(r.svg, PathBuf::from("docs/benchmarks.svg"));
+            }
+            other => panic!("expected a report, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn errors_are_one_line() {
+        for bad in [
+            vec!["--dtype", "f64"],
+            vec!["--frobnicate"],
+            vec!["--reps", "0"],
+            vec!["--rmat", "40"],
+            vec!["--head-dim", "x"],
+            vec!["--dump-only"],
+            vec!["--reps", "3", "report", "--json", "a"],
+        ] {
+            let argv = std::iter::once("spattn-bench").chain(bad.iter().copied());
+            let e = parse(argv).expect_err("must fail");
+            assert!(!e.to_string().contains('\n'), "{e}");
+            assert!(!e.to_string().starts_with("error:"), "{e}");
+        }
+    }
+
+    #[test]
+    fn help_is_printed() {
+        assert!(matches!(
+            parse(["spattn-bench", "--help"]),
+            Ok(Parsed::Print(_))
+        ));
+        assert!(matches!(
+            parse(["spattn-bench", "report", "--help"]),
+            Ok(Parsed::Print(_))
+        ));
+    }
+}

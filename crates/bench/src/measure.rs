@@ -1,0 +1,30 @@
+//! What one case measured on one configuration, whatever the backend.
+
+use crate::timing::Timings;
+
+/// The outcome of one case on one configuration.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Measured {
+    /// The timed runs, `None` when the case failed before they finished.
+    pub timings: Option<Timings>,
+    /// The relative L2 error against the f64 reference; `None` when not checked.
+    pub rel_error: Option<f64>,
+    /// What the algorithm choice said, for cases that choose.
+    pub choice: Option<String>,
+    /// The error that stopped the case.
+    pub error: Option<String>,
+    /// Why the case did not run (not supported for this shape or dtype, on this GPU, or in
+    /// this build); such a case has no record.
+    pub skipped: Option<String>,
+}
+
+/// The configuration every case of a (graph, heads, head_dim, dtype) shares.
+#[derive(Clone, Copy, Debug)]
+pub struct RunSettings {
+    /// Untimed runs first.
+    pub warmup: u32,
+    /// Timed runs.
+    pub reps: u32,
+    /// Whether to check against the f64 reference.
+    pub check: bool,
+}

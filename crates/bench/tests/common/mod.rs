@@ -1,0 +1,32 @@
+//! Helpers shared by the integration tests: running the built binary, temporary folders.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+/// Runs `spattn-bench` with `args`, with no GPU data folder from the environment.
+pub fn bench(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_spattn-bench"))
+        .args(args)
+        .env_remove("SPATTN_DATA_DIR")
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .expect("the spattn-bench binary runs")
+}
+
+/// A fresh temporary folder for one test.
+pub fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("spattn-bench-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+/// stdout and stderr as text.
+pub fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

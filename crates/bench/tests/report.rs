@@ -1,0 +1,260 @@
+//! `spattn-bench report` on a synthetic GPU run: the expected ratios in the markdown, an SVG.
+
+mod common;
+
+use common::{bench, temp_dir, text};
+use spattn_bench::record::*;
+
+fn graph(name: &str, nnz: u64) -> GraphRecord {
+    let fill = FillRecord {
+        windows: 10,
+        blocks: 20,
+        slots: 1280,
+        fill: 0.25,
+    };
+    GraphRecord {
+        name: name.into(),
+        source: format!("{name}.mtx.gz"),
+        n: 1000,
+        nnz,
+        symmetrized: true,
+        degree: DegreeRecord {
+            min: 1,
+            mean: nnz as f64 / 1000.0,
+            max: 50,
+            empty_rows: 0,
+        },
+        mebcrs: fill.clone(),
+        bsb: fill,
+        load_seconds: 0.1,
+    }
+}
+
+fn case(graph: &str, name: &str, kind: &str, ms: f64, vs_unfused: Option<f64>) -> CaseRecord {
+    CaseRecord {
+        graph: graph.into(),
+        case: name.into(),
+        kind: kind.into(),
+        heads: 1,
+        head_dim: 64,
+        dtype: "f16".into(),
+        seed: 7,
+        median_ms: Some(ms),
+        min_ms: Some(ms * 0.9),
+        max_ms: Some(ms * 1.1),
+        reps: 30,
+        floor_bytes: 1_000_000,
+        floor_ms: Some(0.001),
+        effective_gbs: Some(1.0 / ms),
+        pct_of_floor: Some(0.1 / ms),
+        speedup_vs_unfused: vs_unfused,
+        rel_error: Some(1e-4),
+        tolerance: 5e-3,
+        passed: Some(true),
+        peers: Vec::new(),
+        choice: None,
+        error: None,
+    }
+}
+
+fn peer(graph: &str, nnz: u64, name: &str, ms: f64, used: &str) -> PeerRecord {
+    PeerRecord {
+        graph: graph.into(),
+        n: 1000,
+        nnz,
+        heads: 1,
+        head_dim: 64,
+        dtype: "f16".into(),
+        peer: name.into(),
+        median_ms: ms,
+        dtype_used: Some(used.into()),
+        note: None,
+        gpu: Some("NVIDIA H100 80GB HBM3".into()),
+        torch: Some("2.11.0".into()),
+    }
+}
+
+fn run() -> RunRecord {
+    RunRecord {
+        schema: SCHEMA_VERSION,
+        tool: "spattn-bench 0.1.0".into(),
+        date: "2026-01-02T03:04:05Z".into(),
+        commit: "abc1234".into(),
+        command: "spattn-bench --graph cora --rmat 16 --json run.json".into(),
+        device: DeviceRecord {
+            kind: "gpu".into(),
+            name: "NVIDIA H100 80GB HBM3".into(),
+            reason: "GPU 0 opened".into(),
+            driver_version: Some("12.8".into()),
+            compute_capability: Some("9.0".into()),
+            sm_count: Some(132),
+            memory_bytes: Some(80 << 30),
+            copy_bandwidth_gbs: Some(3000.0),
+            copy_bytes: Some(1 << 30),
+            cpu_threads: 16,
+        },
+        settings: Settings {
+            warmup: 5,
+            reps: 30,
+            timing: "cuda-events".into(),
+            seed: 1,
+            rmat_seed: 1,
+            check: true,
+            symmetrize: true,
+        },
+        graphs: vec![graph("cora", 13264), graph("rmat-16", 2_000_000)],
+        cases: vec![
+            case("cora", "sddmm-csr", "op", 0.1, None),
+            case("cora", "unfused-csr", "algorithm", 0.5, Some(1.0)),
+            // An algorithm this binary does not know yet: compared by kind.
+            case("cora", "fused-csr", "algorithm", 0.25, Some(2.0)),
+            case("rmat-16", "unfused-csr", "algorithm", 1.0, Some(1.0)),
+            case("rmat-16", "fused-csr", "algorithm", 0.8, Some(1.25)),
+        ],
+        peers: vec![
+            peer("cora", 13264, "torch_sparse_attention", 1.0, "f16"),
+            peer("cora", 13264, "cusparse_sddmm", 0.3, "f32"),
+            peer("rmat-16", 2_000_000, "torch_sparse_attention", 4.0, "f16"),
+            // Another graph than ours (not symmetrized): never compared.
+            peer("rmat-16", 1_000_000, "pyg_attention", 9.0, "f16"),
+        ],
+    }
+}
+
+#[test]
+fn report_has_the_expected_ratios_and_a_chart() {
+    let dir = temp_dir("report");
+    let json = dir.join("run.json");
+    std::fs::write(&json, serde_json::to_string_pretty(&run()).unwrap()).unwrap();
+    // An extra peer file given to the report only.
+    let extra = dir.join("extra-peers.json");
+    let extra_peers = vec![peer("rmat-16", 2_000_000, "dense_sdpa", 2.0, "f16")];
+    std::fs::write(&extra, serde_json::to_string(&extra_peers).unwrap()).unwrap();
+    let md = dir.join("BENCHMARKS.md");
+    let svg = dir.join("docs/benchmarks.svg");
+    let out = bench(&[
+        "report",
+        "--json",
+        json.to_str().unwrap(),
+        "--peers",
+        extra.to_str().unwrap(),
+        "--out",
+        md.to_str().unwrap(),
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let md = std::fs::read_to_string(&md).unwrap();
+
+    // Header.
+    for want in [
+        "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 80 GiB)",
+        "| CUDA driver | 12.8 |",
+        "3,000 GB/s",
+        "`abc1234`",
+        "2026-01-02T03:04:05Z",
+        "`spattn-bench --graph cora --rmat 16 --json run.json`",
+        "torch 2.11.0",
+    ] {
+        assert!(md.contains(want), "missing {want:?} in\n{md}");
+    }
+    // Per-configuration rows: times, ratios (peer / ours), the † of an f32 fallback.
+    assert!(
+        md.contains(
+            "| 1 | 64 | f16 | unfused-csr | 0.5000 | 0.2% | 1.00× | 1.0e-4 ✓ | 1.000 (2.00×) | – |"
+        ),
+        "{md}"
+    );
+    assert!(
+        md.contains(
+            "| 1 | 64 | f16 | fused-csr | 0.2500 | 0.4% | 2.00× | 1.0e-4 ✓ | 1.000 (4.00×) | – |"
+        ),
+        "{md}"
+    );
+    assert!(
+        md.contains(
+            "| 1 | 64 | f16 | sddmm-csr | 0.1000 | 1.0% | – | 1.0e-4 ✓ | – | 0.3000† (3.00×) |"
+        ),
+        "{md}"
+    );
+    assert!(md.contains("| 1 | 64 | f16 | unfused-csr | 1.000 | 0.1% | 1.00× | 1.0e-4 ✓ | 4.000 (4.00×) | 2.000 (2.00×) |"), "{md}");
+    assert!(
+        !md.contains("pyg_attention"),
+        "a peer of another graph was compared:\n{md}"
+    );
+    // Geo-means: unfused vs torch √(2·4), fused √(4·5), sddmm 3.
+    // In order: algorithms (as they first appear) against each attention peer, then ops.
+    let summary = [
+        "| unfused-csr | torch_sparse_attention | 2.83× | 2 |",
+        "| fused-csr | torch_sparse_attention | 4.47× | 2 |",
+        "| unfused-csr | dense_sdpa | 2.00× | 1 |",
+        "| fused-csr | dense_sdpa | 2.50× | 1 |",
+        "| sddmm-csr | cusparse_sddmm | 3.00× | 1 |",
+    ]
+    .join("\n");
+    assert!(md.contains(&summary), "{md}");
+    assert!(md.contains("](docs/benchmarks.svg)"), "{md}");
+    assert!(
+        md.contains("## How to reproduce") && md.contains("cargo xtask gpu-bundle"),
+        "{md}"
+    );
+
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"),
+        "{svg}"
+    );
+    for want in [
+        "cora",
+        "rmat-16",
+        "unfused-csr",
+        "fused-csr",
+        "2.00×",
+        "4.00×",
+        "5.00×",
+    ] {
+        assert!(svg.contains(want), "missing {want:?} in the SVG");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn report_of_a_cpu_run_says_so() {
+    let dir = temp_dir("report-cpu");
+    let json = dir.join("run.json");
+    let out = bench(&[
+        "--cpu",
+        "--rmat",
+        "5",
+        "--reps",
+        "2",
+        "--warmup",
+        "0",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out).1);
+    let md = dir.join("B.md");
+    let svg = dir.join("b.svg");
+    let out = bench(&[
+        "report",
+        "--json",
+        json.to_str().unwrap(),
+        "--out",
+        md.to_str().unwrap(),
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out).1);
+    let md = std::fs::read_to_string(&md).unwrap();
+    assert!(
+        md.contains("not a GPU run") && md.contains("cpu-unfused"),
+        "{md}"
+    );
+    assert!(md.contains("](b.svg)"), "{md}");
+    assert!(std::fs::read_to_string(&svg)
+        .unwrap()
+        .contains("no torch_sparse_attention"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
