@@ -55,7 +55,11 @@ impl Algorithm {
     pub const fn is_implemented(self) -> bool {
         matches!(
             self,
-            Algorithm::Auto | Algorithm::UnfusedCsr | Algorithm::FusedCsr
+            Algorithm::Auto
+                | Algorithm::UnfusedCsr
+                | Algorithm::UnfusedTensorCore
+                | Algorithm::FusedCsr
+                | Algorithm::FusedTensorCore
         )
     }
 }

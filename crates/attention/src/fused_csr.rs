@@ -31,7 +31,15 @@ pub(crate) struct Layout {
 /// The lane layout for `head_dim` features of `elem_bytes`, or why the kernel cannot hold the
 /// head in registers.
 pub(crate) fn layout(head_dim: usize, elem_bytes: usize) -> Result<Layout> {
-    let vec = vector_width(head_dim, elem_bytes);
+    // Narrower vectors when that gives the group more lanes (up to 32): each (row, head) is a
+    // chain of dependent steps, so more lanes per step beats wider loads per lane (f16 at
+    // head_dim 128: 32 lanes of 4 features rather than 16 lanes of 8).
+    let widest = vector_width(head_dim, elem_bytes);
+    let vec = [widest, widest / 2, widest / 4]
+        .into_iter()
+        .filter(|&v| v >= 1 && head_dim % v as usize == 0)
+        .find(|&v| head_dim / v as usize >= 32)
+        .unwrap_or(widest);
     let vectors = head_dim.div_ceil(vec as usize);
     let group = group_for(vectors as u64, 1);
     let per_lane = vectors.div_ceil(group as usize);
@@ -197,14 +205,11 @@ mod tests {
             assert_eq!(d % l.vec as usize, 0);
             assert!([1, 2, 4].contains(&l.nv));
         }
-        assert_eq!(
-            layout(128, 2).unwrap(),
-            Layout {
-                vec: 8,
-                group: 16,
-                nv: 1
-            }
-        );
+        let l = |vec, group, nv| Layout { vec, group, nv };
+        assert_eq!(layout(128, 2).unwrap(), l(4, 32, 1));
+        assert_eq!(layout(64, 2).unwrap(), l(2, 32, 1));
+        assert_eq!(layout(256, 2).unwrap(), l(8, 32, 1));
+        assert_eq!(layout(24, 2).unwrap(), l(8, 4, 1));
         // Odd head_dim beyond 4 vectors of 1 per lane cannot be held in registers.
         assert!(matches!(layout(129, 2), Err(Error::Unsupported { .. })));
     }

@@ -35,6 +35,7 @@
 mod config;
 mod error;
 mod fused_csr;
+mod fused_tc;
 mod plan;
 
 pub use config::{Algorithm, AttentionConfig};

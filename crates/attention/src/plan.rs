@@ -4,11 +4,14 @@ use std::sync::Mutex;
 
 use spattn_formats::Csr;
 use spattn_ops::cpu::{self, AttentionInputs};
-use spattn_ops::{csr_ops, DType, DTypeKind, DeviceCsr, DeviceMatrix, DeviceVec, Gpu, Shape};
+use spattn_ops::{
+    csr_ops, tc_ops, DType, DTypeKind, DeviceCsr, DeviceMatrix, DeviceMeBcrs, DeviceVec, Gpu, Shape,
+};
 
 use crate::config::{Algorithm, AttentionConfig};
 use crate::error::{Error, Result};
 use crate::fused_csr::{self, FusedCsr};
+use crate::fused_tc::{self, FusedTensorCore};
 
 /// Sparse attention over one graph, planned once and run many times:
 /// `out = softmax_row(scale · Q Kᵀ masked by A) · V` with Q of `n_rows × heads × head_dim`, K
@@ -61,8 +64,16 @@ struct GpuPlan {
 /// Per-algorithm device workspace (mutated by each forward; one forward at a time).
 #[derive(Debug)]
 enum GpuState {
-    Unfused { scores: DeviceVec<f32> },
+    Unfused {
+        scores: DeviceVec<f32>,
+    },
+    /// ME-BCRS and the slot-layout scores (`n_slots × heads`) of the tensor-core ops.
+    UnfusedTensorCore {
+        mebcrs: Box<DeviceMeBcrs>,
+        scores: DeviceVec<f32>,
+    },
     FusedCsr(FusedCsr),
+    FusedTensorCore(Box<FusedTensorCore>),
 }
 
 impl AttentionPlan {
@@ -74,9 +85,9 @@ impl AttentionPlan {
     /// one this build does not implement yet), [`Error::Ops`] (driver, memory).
     pub fn new_gpu(gpu: &Gpu, graph: &Csr, config: AttentionConfig) -> Result<Self> {
         config.validate()?;
-        let (algorithm, choice) = choose(graph, &config)?;
+        let (algorithm, choice) = choose(graph, &config, gpu.compute_capability())?;
         let csr = DeviceCsr::upload(gpu, graph)?;
-        let state = GpuState::new(gpu, &csr, &config, algorithm)?;
+        let state = GpuState::new(gpu, graph, &csr, &config, algorithm)?;
         let mut plan = Self::assemble(graph, config, algorithm, choice);
         plan.backend = Backend::Gpu(Box::new(GpuPlan {
             gpu: gpu.clone(),
@@ -84,7 +95,7 @@ impl AttentionPlan {
             state: Mutex::new(state),
         }));
         if plan.config.algorithm == Algorithm::Auto && plan.config.autotune {
-            plan.autotune()?;
+            plan.autotune(graph)?;
         }
         Ok(plan)
     }
@@ -164,6 +175,11 @@ impl AttentionPlan {
                 Algorithm::FusedCsr => {
                     fused_csr::layout(config.head_dim, config.dtype.size_bytes()).is_ok()
                 }
+                Algorithm::FusedTensorCore => {
+                    gpu.compute_capability() >= (8, 0)
+                        && fused_tc::supports(config.head_dim, config.dtype).is_ok()
+                }
+                Algorithm::UnfusedTensorCore => gpu.compute_capability() >= (8, 0),
                 _ => false,
             }
     }
@@ -204,7 +220,13 @@ impl AttentionPlan {
                 csr_ops::edge_softmax_in_place(&g.gpu, &g.csr, scores, self.config.heads, None)?;
                 csr_ops::spmm(&g.gpu, &g.csr, scores, v, out)?;
             }
+            GpuState::UnfusedTensorCore { mebcrs, scores } => {
+                tc_ops::sddmm(&g.gpu, mebcrs, q, k, scale, scores)?;
+                tc_ops::edge_softmax_in_place(&g.gpu, mebcrs, scores, self.config.heads, None)?;
+                tc_ops::spmm(&g.gpu, mebcrs, scores, v, out)?;
+            }
             GpuState::FusedCsr(f) => f.forward(&g.gpu, &g.csr, q, k, v, scale, out)?,
+            GpuState::FusedTensorCore(f) => f.forward(&g.gpu, q, k, v, scale, out)?,
         }
         Ok(())
     }
@@ -278,18 +300,26 @@ impl AttentionPlan {
         Ok(())
     }
 
-    /// Times every implemented candidate once (after one warm-up) and keeps the fastest.
-    fn autotune(&mut self) -> Result<()> {
+    /// Times every candidate once (after one warm-up) and keeps the fastest. Candidates keep
+    /// the dtype's precision: for f32 the tensor-core algorithms (tf32) are left out.
+    fn autotune(&mut self, graph: &Csr) -> Result<()> {
         let Backend::Gpu(g) = &self.backend else {
             return Ok(());
         };
-        let candidates: Vec<Algorithm> = [Algorithm::UnfusedCsr, Algorithm::FusedCsr]
-            .into_iter()
-            .filter(|&a| Self::supports(&g.gpu, a, &self.config))
-            .collect();
+        let exact_f32 = self.config.dtype == DTypeKind::F32;
+        let candidates: Vec<Algorithm> = [
+            Algorithm::UnfusedCsr,
+            Algorithm::FusedCsr,
+            Algorithm::UnfusedTensorCore,
+            Algorithm::FusedTensorCore,
+        ]
+        .into_iter()
+        .filter(|&a| !(exact_f32 && uses_tensor_cores(a)))
+        .filter(|&a| Self::supports(&g.gpu, a, &self.config))
+        .collect();
         let mut timings = Vec::new();
         for &alg in &candidates {
-            let state = GpuState::new(&g.gpu, &g.csr, &self.config, alg)?;
+            let state = GpuState::new(&g.gpu, graph, &g.csr, &self.config, alg)?;
             *g.state
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = state;
@@ -303,7 +333,7 @@ impl AttentionPlan {
         let Some(&(best, best_ms)) = timings.iter().min_by(|a, b| a.1.total_cmp(&b.1)) else {
             return Ok(());
         };
-        let state = GpuState::new(&g.gpu, &g.csr, &self.config, best)?;
+        let state = GpuState::new(&g.gpu, graph, &g.csr, &self.config, best)?;
         *g.state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = state;
@@ -340,37 +370,92 @@ impl AttentionPlan {
 }
 
 impl GpuState {
-    fn new(gpu: &Gpu, csr: &DeviceCsr, config: &AttentionConfig, alg: Algorithm) -> Result<Self> {
+    fn new(
+        gpu: &Gpu,
+        graph: &Csr,
+        csr: &DeviceCsr,
+        config: &AttentionConfig,
+        alg: Algorithm,
+    ) -> Result<Self> {
+        let (h, d) = (config.heads, config.head_dim);
         Ok(match alg {
             Algorithm::FusedCsr => GpuState::FusedCsr(match config.dtype {
-                DTypeKind::F32 => FusedCsr::new::<f32>(gpu, csr, config.heads, config.head_dim)?,
-                DTypeKind::F16 => {
-                    FusedCsr::new::<half::f16>(gpu, csr, config.heads, config.head_dim)?
-                }
-                DTypeKind::Bf16 => {
-                    FusedCsr::new::<half::bf16>(gpu, csr, config.heads, config.head_dim)?
-                }
+                DTypeKind::F32 => FusedCsr::new::<f32>(gpu, csr, h, d)?,
+                DTypeKind::F16 => FusedCsr::new::<half::f16>(gpu, csr, h, d)?,
+                DTypeKind::Bf16 => FusedCsr::new::<half::bf16>(gpu, csr, h, d)?,
             }),
+            Algorithm::FusedTensorCore => GpuState::FusedTensorCore(Box::new(match config.dtype {
+                DTypeKind::F32 => FusedTensorCore::from_csr::<f32>(gpu, graph, h, d)?,
+                DTypeKind::F16 => FusedTensorCore::from_csr::<half::f16>(gpu, graph, h, d)?,
+                DTypeKind::Bf16 => FusedTensorCore::from_csr::<half::bf16>(gpu, graph, h, d)?,
+            })),
+            Algorithm::UnfusedTensorCore => {
+                gpu.require_compute_capability("unfused-tc", 8, 0)?;
+                let mebcrs = DeviceMeBcrs::from_csr(gpu, graph)?;
+                let scores = DeviceVec::zeros(gpu, mebcrs.n_slots() * h)?;
+                GpuState::UnfusedTensorCore {
+                    mebcrs: Box::new(mebcrs),
+                    scores,
+                }
+            }
             _ => GpuState::Unfused {
-                scores: DeviceVec::zeros(gpu, csr.nnz() * config.heads)?,
+                scores: DeviceVec::zeros(gpu, csr.nnz() * h)?,
             },
         })
     }
 }
 
-/// Resolves the algorithm for `graph` and `config`, with the reason.
-fn choose(graph: &Csr, config: &AttentionConfig) -> Result<(Algorithm, String)> {
-    let fused_ok = fused_csr::layout(config.head_dim, config.dtype.size_bytes());
+/// Whether `alg` computes on tensor cores (f32 operands then go through tf32).
+fn uses_tensor_cores(alg: Algorithm) -> bool {
+    matches!(
+        alg,
+        Algorithm::UnfusedTensorCore | Algorithm::FusedTensorCore | Algorithm::Hybrid
+    )
+}
+
+/// Resolves the algorithm for `graph` and `config` on a device of compute capability `cc`,
+/// with the reason.
+///
+/// `Auto`'s rule comes from measurement (H100, docs/perf-notes.md and BENCHMARKS.md): for f16
+/// and bf16, fused-tc was the fastest on every graph measured (cora to R-MAT 18, head_dim 64
+/// and 128); for f32, fused-csr was, among the algorithms that keep f32 exact (the tensor-core
+/// ones round operands to tf32, so `Auto` never picks them for f32 — ask for them by name).
+fn choose(graph: &Csr, config: &AttentionConfig, cc: (i32, i32)) -> Result<(Algorithm, String)> {
+    let fused_csr_ok = fused_csr::layout(config.head_dim, config.dtype.size_bytes());
+    let tensor_cores = cc >= (8, 0);
+    let fused_tc_ok = fused_tc::supports(config.head_dim, config.dtype);
+    let needs_tc = |alg: Algorithm| -> Result<()> {
+        if tensor_cores {
+            Ok(())
+        } else {
+            Err(Error::Unsupported {
+                algorithm: alg,
+                why: format!(
+                    "needs compute capability 8.0 or newer; the device has {}.{}",
+                    cc.0, cc.1
+                ),
+            })
+        }
+    };
     match config.algorithm {
         Algorithm::Auto => {
             let stats = graph.degree_stats();
-            match fused_ok {
+            let why = format!("mean degree {:.1}, max {}", stats.mean, stats.max);
+            if config.dtype != DTypeKind::F32 && tensor_cores && fused_tc_ok.is_ok() {
+                return Ok((
+                    Algorithm::FusedTensorCore,
+                    format!(
+                        "auto: fused-tc — {} on tensor cores, one kernel, K/V rows shared by the                          16 rows of a window ({why})",
+                        config.dtype
+                    ),
+                ));
+            }
+            match fused_csr_ok {
                 Ok(_) => Ok((
                     Algorithm::FusedCsr,
                     format!(
-                        "auto: fused-csr — one pass over each row's edges (mean degree {:.1}, \
-                         max {}); scores never reach device memory",
-                        stats.mean, stats.max
+                        "auto: fused-csr — exact {} on CUDA cores, one pass over each row's                          edges, scores never reach device memory ({why})",
+                        config.dtype
                     ),
                 )),
                 Err(e) => Ok((
@@ -381,12 +466,23 @@ fn choose(graph: &Csr, config: &AttentionConfig) -> Result<(Algorithm, String)> 
         }
         Algorithm::UnfusedCsr => Ok((Algorithm::UnfusedCsr, "requested".into())),
         Algorithm::FusedCsr => {
-            fused_ok?;
+            fused_csr_ok?;
             Ok((Algorithm::FusedCsr, "requested".into()))
         }
-        other => Err(Error::Unsupported {
-            algorithm: other,
-            why: "not implemented in this build yet; use unfused-csr, fused-csr or auto".into(),
+        Algorithm::UnfusedTensorCore => {
+            needs_tc(Algorithm::UnfusedTensorCore)?;
+            Ok((Algorithm::UnfusedTensorCore, "requested".into()))
+        }
+        Algorithm::FusedTensorCore => {
+            needs_tc(Algorithm::FusedTensorCore)?;
+            fused_tc_ok?;
+            Ok((Algorithm::FusedTensorCore, "requested".into()))
+        }
+        Algorithm::Hybrid => Err(Error::Unsupported {
+            algorithm: Algorithm::Hybrid,
+            why: "not implemented in this build yet; use auto, fused-tc, fused-csr, unfused-tc \
+                  or unfused-csr"
+                .into(),
         }),
     }
 }

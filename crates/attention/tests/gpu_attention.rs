@@ -16,8 +16,26 @@ use spattn_formats::Csr;
 use spattn_ops::cpu::{attention_f64_from, rel_l2_error, AttentionInputs};
 use spattn_ops::{DType, DeviceMatrix, Gpu, Shape};
 
-const GPU_ALGORITHMS: [Algorithm; 3] =
-    [Algorithm::UnfusedCsr, Algorithm::FusedCsr, Algorithm::Auto];
+const GPU_ALGORITHMS: [Algorithm; 5] = [
+    Algorithm::UnfusedCsr,
+    Algorithm::FusedCsr,
+    Algorithm::UnfusedTensorCore,
+    Algorithm::FusedTensorCore,
+    Algorithm::Auto,
+];
+
+/// DESIGN.md's tolerance for `T`, with f32 on tensor cores held to tf32's (1e-3).
+fn tol<T: DType>(ran: Algorithm) -> f64 {
+    let tensor_cores = matches!(
+        ran,
+        Algorithm::UnfusedTensorCore | Algorithm::FusedTensorCore | Algorithm::Hybrid
+    );
+    if T::NAME == "f32" && tensor_cores {
+        1e-3
+    } else {
+        tolerance::<T>()
+    }
+}
 
 fn gpu() -> Gpu {
     Gpu::new(0).expect("an NVIDIA GPU (this test is ignored elsewhere)")
@@ -56,7 +74,7 @@ fn check<T: DType>(
         let got = out.to_host().unwrap();
         let err = rel_l2_error(&to_f64(&got), &want);
         assert!(
-            err <= tolerance::<T>(),
+            err <= tol::<T>(plan.algorithm()),
             "{alg} (ran {}) {} n={} nnz={} heads={heads} head_dim={head_dim} amp={amp}: rel error {err:e} (run {run})",
             plan.algorithm(),
             T::NAME,
@@ -138,8 +156,17 @@ fn hub_row_and_extreme_scores() {
     }
     // Scores near ±1e4: Q scaled up so that scale·q·k reaches 1e4 (f32: no overflow, no NaN).
     let b = random_graph(&mut rng, 500, 8, 5);
-    for alg in GPU_ALGORITHMS {
+    // unfused-tc is left out for f32 here: its SDDMM rounds Q and K to tf32 (10-bit mantissa),
+    // so a score of 1e4 carries an absolute error of ~5 and the softmax is not within 1e-3 —
+    // the documented limit of tf32. fused-tc computes f32 scores with 3xTF32 and keeps them.
+    for alg in GPU_ALGORITHMS
+        .into_iter()
+        .filter(|&a| a != Algorithm::UnfusedTensorCore)
+    {
         check::<f32>(&gpu, &b, alg, 2, 16, &mut rng, 2.5e3);
+    }
+    for alg in GPU_ALGORITHMS {
+        check::<f16>(&gpu, &b, alg, 2, 16, &mut rng, 30.0);
     }
     // All scores equal: Q = 0.
     let plan = AttentionPlan::new_gpu(

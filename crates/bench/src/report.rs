@@ -428,7 +428,7 @@ fn results(w: &mut String, data: &ReportData<'_>) {
          bandwidth.\n\
          - **vs unfused-csr**: unfused-csr's time over ours (same graph, shape, dtype).\n\
          - **error**: ‖out − ref‖ / ‖ref‖ against the f64 CPU reference; ✓ within the tolerance \
-         (f32 1e-5, f16 5e-3, bf16 2e-2; f32 outputs of ops 1e-5), ✗ not.\n\
+         (f32 1e-5, tf32 1e-3 for f32 on tensor cores, f16 5e-3, bf16 2e-2; f32 outputs of ops 1e-5), ✗ not.\n\
          - **peers**: their median time, and in brackets peer time / ours (above 1: spattn is \
          faster). † the peer ran in another dtype (cuSPARSE falls back to f32 where it has no \
          half-precision path).\n"

@@ -74,3 +74,11 @@ __device__ __forceinline__ void mma_m16n8k8_tf32(float (&d)[4], const u32 (&a)[4
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+
+// ---- 2 x 2 transposes of 16-bit pairs (prmt) --------------------------------------------------
+// x = (x.lo, x.hi) and y = (y.lo, y.hi) are two rows of a 2 x 2 block of f16/bf16; these give
+// its columns: (x.lo, y.lo) and (x.hi, y.hi). Gathered rows become mma operand registers whose
+// two halves come from two different rows (swap-and-transpose SpMM: one register holds one
+// feature of two neighbouring vectors).
+__device__ __forceinline__ u32 pair_lo(u32 x, u32 y) { return __byte_perm(x, y, 0x5410); }
+__device__ __forceinline__ u32 pair_hi(u32 x, u32 y) { return __byte_perm(x, y, 0x7632); }

@@ -131,6 +131,78 @@ pub const SPMM_CSR_F16_V8: &str = "spmm_csr_f16_v8";
 /// Kernel `spmm_csr_bf16_v8` of [`CSR_OPS`].
 pub const SPMM_CSR_BF16_V8: &str = "spmm_csr_bf16_v8";
 
+/// The PTX module compiled from `cuda/fused_bsb.cu` (16 kernels).
+pub const FUSED_BSB: PtxModule = PtxModule {
+    name: "fused_bsb",
+    ptx: include_str!("../ptx/fused_bsb.ptx"),
+    kernels: &[
+        FUSED_BSB_F16_S32,
+        FUSED_BSB_F16_S32_SCALAR,
+        FUSED_BSB_F16_S64,
+        FUSED_BSB_F16_S64_SCALAR,
+        FUSED_BSB_F16_S128,
+        FUSED_BSB_F16_S128_SCALAR,
+        FUSED_BSB_BF16_S32,
+        FUSED_BSB_BF16_S32_SCALAR,
+        FUSED_BSB_BF16_S64,
+        FUSED_BSB_BF16_S64_SCALAR,
+        FUSED_BSB_BF16_S128,
+        FUSED_BSB_BF16_S128_SCALAR,
+        FUSED_BSB_F32_S32,
+        FUSED_BSB_F32_S32_SCALAR,
+        FUSED_BSB_F32_S64,
+        FUSED_BSB_F32_S64_SCALAR,
+    ],
+};
+
+/// Kernel `fused_bsb_f16_s32` of [`FUSED_BSB`].
+pub const FUSED_BSB_F16_S32: &str = "fused_bsb_f16_s32";
+
+/// Kernel `fused_bsb_f16_s32_scalar` of [`FUSED_BSB`].
+pub const FUSED_BSB_F16_S32_SCALAR: &str = "fused_bsb_f16_s32_scalar";
+
+/// Kernel `fused_bsb_f16_s64` of [`FUSED_BSB`].
+pub const FUSED_BSB_F16_S64: &str = "fused_bsb_f16_s64";
+
+/// Kernel `fused_bsb_f16_s64_scalar` of [`FUSED_BSB`].
+pub const FUSED_BSB_F16_S64_SCALAR: &str = "fused_bsb_f16_s64_scalar";
+
+/// Kernel `fused_bsb_f16_s128` of [`FUSED_BSB`].
+pub const FUSED_BSB_F16_S128: &str = "fused_bsb_f16_s128";
+
+/// Kernel `fused_bsb_f16_s128_scalar` of [`FUSED_BSB`].
+pub const FUSED_BSB_F16_S128_SCALAR: &str = "fused_bsb_f16_s128_scalar";
+
+/// Kernel `fused_bsb_bf16_s32` of [`FUSED_BSB`].
+pub const FUSED_BSB_BF16_S32: &str = "fused_bsb_bf16_s32";
+
+/// Kernel `fused_bsb_bf16_s32_scalar` of [`FUSED_BSB`].
+pub const FUSED_BSB_BF16_S32_SCALAR: &str = "fused_bsb_bf16_s32_scalar";
+
+/// Kernel `fused_bsb_bf16_s64` of [`FUSED_BSB`].
+pub const FUSED_BSB_BF16_S64: &str = "fused_bsb_bf16_s64";
+
+/// Kernel `fused_bsb_bf16_s64_scalar` of [`FUSED_BSB`].
+pub const FUSED_BSB_BF16_S64_SCALAR: &str = "fused_bsb_bf16_s64_scalar";
+
+/// Kernel `fused_bsb_bf16_s128` of [`FUSED_BSB`].
+pub const FUSED_BSB_BF16_S128: &str = "fused_bsb_bf16_s128";
+
+/// Kernel `fused_bsb_bf16_s128_scalar` of [`FUSED_BSB`].
+pub const FUSED_BSB_BF16_S128_SCALAR: &str = "fused_bsb_bf16_s128_scalar";
+
+/// Kernel `fused_bsb_f32_s32` of [`FUSED_BSB`].
+pub const FUSED_BSB_F32_S32: &str = "fused_bsb_f32_s32";
+
+/// Kernel `fused_bsb_f32_s32_scalar` of [`FUSED_BSB`].
+pub const FUSED_BSB_F32_S32_SCALAR: &str = "fused_bsb_f32_s32_scalar";
+
+/// Kernel `fused_bsb_f32_s64` of [`FUSED_BSB`].
+pub const FUSED_BSB_F32_S64: &str = "fused_bsb_f32_s64";
+
+/// Kernel `fused_bsb_f32_s64_scalar` of [`FUSED_BSB`].
+pub const FUSED_BSB_F32_S64_SCALAR: &str = "fused_bsb_f32_s64_scalar";
+
 /// The PTX module compiled from `cuda/fused_csr.cu` (36 kernels).
 pub const FUSED_CSR: PtxModule = PtxModule {
     name: "fused_csr",
@@ -283,8 +355,166 @@ pub const FUSED_CSR_BF16_V8_N2: &str = "fused_csr_bf16_v8_n2";
 /// Kernel `fused_csr_bf16_v8_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V8_N4: &str = "fused_csr_bf16_v8_n4";
 
+/// The PTX module compiled from `cuda/mebcrs_ops.cu` (37 kernels).
+pub const MEBCRS_OPS: PtxModule = PtxModule {
+    name: "mebcrs_ops",
+    ptx: include_str!("../ptx/mebcrs_ops.ptx"),
+    kernels: &[
+        EDGE_SOFTMAX_MEBCRS_WINDOWS,
+        EDGE_SOFTMAX_MEBCRS_LONG_WINDOWS,
+        CSR_TO_SLOTS_MEBCRS,
+        SLOTS_TO_CSR_MEBCRS,
+        SDDMM_MEBCRS_F16,
+        SDDMM_MEBCRS_F16_UNALIGNED,
+        SPMM_MEBCRS_F16_T1,
+        SPMM_MEBCRS_F16_T1_UNALIGNED,
+        SPMM_MEBCRS_F16_T2,
+        SPMM_MEBCRS_F16_T2_UNALIGNED,
+        SPMM_MEBCRS_F16_T4,
+        SPMM_MEBCRS_F16_T4_UNALIGNED,
+        SPMM_MEBCRS_F16_T8,
+        SPMM_MEBCRS_F16_T8_UNALIGNED,
+        SPMM_MEBCRS_FINALIZE_F16,
+        SDDMM_MEBCRS_BF16,
+        SDDMM_MEBCRS_BF16_UNALIGNED,
+        SPMM_MEBCRS_BF16_T1,
+        SPMM_MEBCRS_BF16_T1_UNALIGNED,
+        SPMM_MEBCRS_BF16_T2,
+        SPMM_MEBCRS_BF16_T2_UNALIGNED,
+        SPMM_MEBCRS_BF16_T4,
+        SPMM_MEBCRS_BF16_T4_UNALIGNED,
+        SPMM_MEBCRS_BF16_T8,
+        SPMM_MEBCRS_BF16_T8_UNALIGNED,
+        SPMM_MEBCRS_FINALIZE_BF16,
+        SDDMM_MEBCRS_TF32,
+        SDDMM_MEBCRS_TF32_UNALIGNED,
+        SPMM_MEBCRS_TF32_T1,
+        SPMM_MEBCRS_TF32_T1_UNALIGNED,
+        SPMM_MEBCRS_TF32_T2,
+        SPMM_MEBCRS_TF32_T2_UNALIGNED,
+        SPMM_MEBCRS_TF32_T4,
+        SPMM_MEBCRS_TF32_T4_UNALIGNED,
+        SPMM_MEBCRS_TF32_T8,
+        SPMM_MEBCRS_TF32_T8_UNALIGNED,
+        SPMM_MEBCRS_FINALIZE_TF32,
+    ],
+};
+
+/// Kernel `edge_softmax_mebcrs_windows` of [`MEBCRS_OPS`].
+pub const EDGE_SOFTMAX_MEBCRS_WINDOWS: &str = "edge_softmax_mebcrs_windows";
+
+/// Kernel `edge_softmax_mebcrs_long_windows` of [`MEBCRS_OPS`].
+pub const EDGE_SOFTMAX_MEBCRS_LONG_WINDOWS: &str = "edge_softmax_mebcrs_long_windows";
+
+/// Kernel `csr_to_slots_mebcrs` of [`MEBCRS_OPS`].
+pub const CSR_TO_SLOTS_MEBCRS: &str = "csr_to_slots_mebcrs";
+
+/// Kernel `slots_to_csr_mebcrs` of [`MEBCRS_OPS`].
+pub const SLOTS_TO_CSR_MEBCRS: &str = "slots_to_csr_mebcrs";
+
+/// Kernel `sddmm_mebcrs_f16` of [`MEBCRS_OPS`].
+pub const SDDMM_MEBCRS_F16: &str = "sddmm_mebcrs_f16";
+
+/// Kernel `sddmm_mebcrs_f16_unaligned` of [`MEBCRS_OPS`].
+pub const SDDMM_MEBCRS_F16_UNALIGNED: &str = "sddmm_mebcrs_f16_unaligned";
+
+/// Kernel `spmm_mebcrs_f16_t1` of [`MEBCRS_OPS`].
+pub const SPMM_MEBCRS_F16_T1: &str = "spmm_mebcrs_f16_t1";
+
+/// Kernel `spmm_mebcrs_f16_t1_unaligned` of [`MEBCRS_OPS`].
+pub const SPMM_MEBCRS_F16_T1_UNALIGNED: &str = "spmm_mebcrs_f16_t1_unaligned";
+
+/// Kernel `spmm_mebcrs_f16_t2` of [`MEBCRS_OPS`].
+pub const SPMM_MEBCRS_F16_T2: &str = "spmm_mebcrs_f16_t2";
+
+/// Kernel `spmm_mebcrs_f16_t2_unaligned` of [`MEBCRS_OPS`].
+pub const SPMM_MEBCRS_F16_T2_UNALIGNED: &str = "spmm_mebcrs_f16_t2_unaligned";
+
+/// Kernel `spmm_mebcrs_f16_t4` of [`MEBCRS_OPS`].
+pub const SPMM_MEBCRS_F16_T4: &str = "spmm_mebcrs_f16_t4";
+
+/// Kernel `spmm_mebcrs_f16_t4_unaligned` of [`MEBCRS_OPS`].
+pub const SPMM_MEBCRS_F16_T4_UNALIGNED: &str = "spmm_mebcrs_f16_t4_unaligned";
+
+/// Kernel `spmm_mebcrs_f16_t8` of [`MEBCRS_OPS`].
+pub const SPMM_MEBCRS_F16_T8: &str = "spmm_mebcrs_f16_t8";
+
+/// Kernel `spmm_mebcrs_f16_t8_unaligned` of [`MEBCRS_OPS`].
+pub const SPMM_MEBCRS_F16_T8_UNALIGNED: &str = "spmm_mebcrs_f16_t8_unaligned";
+
+/// Kernel `spmm_mebcrs_finalize_f16` of [`MEBCRS_OPS`].
+pub const SPMM_MEBCRS_FINALIZE_F16: &str = "spmm_mebcrs_finalize_f16";
+
+/// Kernel `sddmm_mebcrs_bf16` of [`MEBCRS_OPS`].
+pub const SDDMM_MEBCRS_BF16: &str = "sddmm_mebcrs_bf16";
+
+/// Kernel `sddmm_mebcrs_bf16_unaligned` of [`MEBCRS_OPS`].
+pub const SDDMM_MEBCRS_BF16_UNALIGNED: &str = "sddmm_mebcrs_bf16_unaligned";
+
+/// Kernel `spmm_mebcrs_bf16_t1` of [`MEBCRS_OPS`].
+pub const SPMM_MEBCRS_BF16_T1: &str = "spmm_mebcrs_bf16_t1";
+
+/// Kernel `spmm_mebcrs_bf16_t1_unaligned` of [`MEBCRS_OPS`].
+pub const SPMM_MEBCRS_BF16_T1_UNALIGNED: &str = "spmm_mebcrs_bf16_t1_unaligned";
+
+/// Kernel `spmm_mebcrs_bf16_t2` of [`MEBCRS_OPS`].
+pub const SPMM_MEBCRS_BF16_T2: &str = "spmm_mebcrs_bf16_t2";
+
+/// Kernel `spmm_mebcrs_bf16_t2_unaligned` of [`MEBCRS_OPS`].
+pub const SPMM_MEBCRS_BF16_T2_UNALIGNED: &str = "spmm_mebcrs_bf16_t2_unaligned";
+
+/// Kernel `spmm_mebcrs_bf16_t4` of [`MEBCRS_OPS`].
+pub const SPMM_MEBCRS_BF16_T4: &str = "spmm_mebcrs_bf16_t4";
+
+/// Kernel `spmm_mebcrs_bf16_t4_unaligned` of [`MEBCRS_OPS`].
+pub const SPMM_MEBCRS_BF16_T4_UNALIGNED: &str = "spmm_mebcrs_bf16_t4_unaligned";
+
+/// Kernel `spmm_mebcrs_bf16_t8` of [`MEBCRS_OPS`].
+pub const SPMM_MEBCRS_BF16_T8: &str = "spmm_mebcrs_bf16_t8";
+
+/// Kernel `spmm_mebcrs_bf16_t8_unaligned` of [`MEBCRS_OPS`].
+pub const SPMM_MEBCRS_BF16_T8_UNALIGNED: &str = "spmm_mebcrs_bf16_t8_unaligned";
+
+/// Kernel `spmm_mebcrs_finalize_bf16` of [`MEBCRS_OPS`].
+pub const SPMM_MEBCRS_FINALIZE_BF16: &str = "spmm_mebcrs_finalize_bf16";
+
+/// Kernel `sddmm_mebcrs_tf32` of [`MEBCRS_OPS`].
+pub const SDDMM_MEBCRS_TF32: &str = "sddmm_mebcrs_tf32";
+
+/// Kernel `sddmm_mebcrs_tf32_unaligned` of [`MEBCRS_OPS`].
+pub const SDDMM_MEBCRS_TF32_UNALIGNED: &str = "sddmm_mebcrs_tf32_unaligned";
+
+/// Kernel `spmm_mebcrs_tf32_t1` of [`MEBCRS_OPS`].
+pub const SPMM_MEBCRS_TF32_T1: &str = "spmm_mebcrs_tf32_t1";
+
+/// Kernel `spmm_mebcrs_tf32_t1_unaligned` of [`MEBCRS_OPS`].
+pub const SPMM_MEBCRS_TF32_T1_UNALIGNED: &str = "spmm_mebcrs_tf32_t1_unaligned";
+
+/// Kernel `spmm_mebcrs_tf32_t2` of [`MEBCRS_OPS`].
+pub const SPMM_MEBCRS_TF32_T2: &str = "spmm_mebcrs_tf32_t2";
+
+/// Kernel `spmm_mebcrs_tf32_t2_unaligned` of [`MEBCRS_OPS`].
+pub const SPMM_MEBCRS_TF32_T2_UNALIGNED: &str = "spmm_mebcrs_tf32_t2_unaligned";
+
+/// Kernel `spmm_mebcrs_tf32_t4` of [`MEBCRS_OPS`].
+pub const SPMM_MEBCRS_TF32_T4: &str = "spmm_mebcrs_tf32_t4";
+
+/// Kernel `spmm_mebcrs_tf32_t4_unaligned` of [`MEBCRS_OPS`].
+pub const SPMM_MEBCRS_TF32_T4_UNALIGNED: &str = "spmm_mebcrs_tf32_t4_unaligned";
+
+/// Kernel `spmm_mebcrs_tf32_t8` of [`MEBCRS_OPS`].
+pub const SPMM_MEBCRS_TF32_T8: &str = "spmm_mebcrs_tf32_t8";
+
+/// Kernel `spmm_mebcrs_tf32_t8_unaligned` of [`MEBCRS_OPS`].
+pub const SPMM_MEBCRS_TF32_T8_UNALIGNED: &str = "spmm_mebcrs_tf32_t8_unaligned";
+
+/// Kernel `spmm_mebcrs_finalize_tf32` of [`MEBCRS_OPS`].
+pub const SPMM_MEBCRS_FINALIZE_TF32: &str = "spmm_mebcrs_finalize_tf32";
+
 /// Every PTX module of this crate, sorted by name.
 pub const MODULES: &[PtxModule] = &[
     CSR_OPS,
+    FUSED_BSB,
     FUSED_CSR,
+    MEBCRS_OPS,
 ];

@@ -46,8 +46,12 @@ use crate::shape::Shape;
 
 /// Threads per block of the CSR kernels.
 const THREADS: u32 = 256;
-/// SpMM rows longer than this are split into units of this many edges.
-pub const SPMM_CHUNK: u32 = 512;
+/// Rows longer than this are split into units of this many edges (SpMM and the fused CSR
+/// kernel). A unit is walked by one group of lanes, four edges per dependent step, so the
+/// longest unit bounds the kernel's critical path: with 512, cora's 169-edge row alone took
+/// ~60 µs of a 65 µs fused kernel (docs/perf-notes.md); 64 keeps every path short, and the
+/// price — partials of split rows merged in f32 — is small.
+pub const UNIT_CHUNK: u32 = 64;
 
 /// The device side of the CSR schedules ([`RowUnits`], [`SoftmaxSchedule`]), built once per
 /// uploaded graph by [`DeviceCsr::upload`]. Fused kernels (in the `spattn` crate) walk the same
@@ -71,7 +75,7 @@ pub struct CsrSchedule {
 impl CsrSchedule {
     /// Computes the schedules of `csr` on the host and uploads them.
     pub(crate) fn upload(gpu: &Gpu, csr: &Csr) -> Result<Self> {
-        let units = RowUnits::new(csr, SPMM_CHUNK);
+        let units = RowUnits::new(csr, UNIT_CHUNK);
         let softmax = SoftmaxSchedule::new(csr, SoftmaxSchedule::DEFAULT_LONG_THRESHOLD);
         Ok(Self {
             unit_rows: DeviceVec::from_host_named(gpu, "SpMM unit rows", &units.rows)?,
@@ -88,7 +92,7 @@ impl CsrSchedule {
         })
     }
 
-    /// Number of work units (rows, with hub rows cut into chunks of [`SPMM_CHUNK`] edges).
+    /// Number of work units (rows, with hub rows cut into chunks of [`UNIT_CHUNK`] edges).
     pub fn n_units(&self) -> usize {
         self.unit_rows.len()
     }

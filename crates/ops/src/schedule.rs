@@ -130,9 +130,10 @@ pub struct SoftmaxSchedule {
 }
 
 impl SoftmaxSchedule {
-    /// The default threshold: a row this long keeps a 32-lane group busy for 32 iterations per
-    /// pass; longer rows are better spread over a block.
-    pub const DEFAULT_LONG_THRESHOLD: u32 = 1024;
+    /// The default threshold: a row this long keeps a 32-lane group busy for 8 dependent
+    /// iterations per pass (64 with the narrowest group); longer rows are better spread over a
+    /// block.
+    pub const DEFAULT_LONG_THRESHOLD: u32 = 256;
 
     /// Builds the schedule for `a`.
     pub fn new(a: &Csr, long_threshold: u32) -> Self {

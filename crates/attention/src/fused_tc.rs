@@ -1,0 +1,619 @@
+//! `FusedTensorCore`: one tensor-core kernel per forward over BSB, Fused3S style
+//! (kernel: `crates/kernels-sys/cuda/fused_bsb.cu`).
+//!
+//! Per 16-row window: S = Q Kᵀ of two 16×8 blocks at a time by `mma.sync` (f16/bf16, or f32 as
+//! 3xTF32), the blocks' bitmaps masking S to −∞, an online softmax (running max from −∞,
+//! running sum, f32 accumulator), and O += P V by `mma.sync` with P straight from S's
+//! registers (f16/bf16, or tf32 for f32). No score reaches device memory.
+//!
+//! Work is a list of units (a window's block range) in largest-first order; each (unit, head)
+//! is taken by a group of warps splitting the head's features into slices. Windows with more
+//! blocks than a chunk are cut into several units, each leaving an exact (max, sum, f32
+//! accumulator) partial per row; the last unit of a window to finish merges them in the same
+//! launch (an atomic counter per split window and head). No per-row buffer, so no degree limit.
+
+use spattn_formats::{Bsb, Csr};
+use spattn_kernels_sys::FUSED_BSB;
+use spattn_ops::launch::{blocks_for, check_same_gpu, launch, to_u32, LaunchConfig, PushKernelArg};
+use spattn_ops::{DType, DTypeKind, DeviceBsb, DeviceMatrix, DeviceVec, Gpu, Shape};
+
+use crate::error::{Error, Result};
+use crate::Algorithm;
+
+/// Largest number of warps sharing one (unit, head): CTAs stay within the kernels' launch
+/// bound of 256 threads.
+const MAX_GROUP_WARPS: usize = 8;
+/// Warps per CTA the launcher aims for (several groups per CTA when a group is small).
+const CTA_WARPS: usize = 4;
+/// Fewest blocks a unit of a split window gets by default (measured on H100: 32 beats 16 and
+/// 8 on pubmed, where splits pay less than their merge).
+const DEFAULT_MIN_CHUNK: usize = 32;
+/// Rows per BSB window (the kernel's tile height).
+const WINDOW_ROWS: usize = 16;
+/// Fewest blocks a unit of a split window can get.
+const MIN_CHUNK: usize = 4;
+/// Most units one window is cut into (the in-kernel merge reads every part).
+const MAX_PARTS: usize = 64;
+/// Floats of a group's merge scratch in shared memory (`BSB_MERGE_FLOATS` in the kernel).
+const MERGE_FLOATS: usize = 64;
+/// Marks a unit whose window is not split (`SPATTN_NONE` in the kernel).
+const NONE: u32 = u32::MAX;
+
+/// Feature slices compiled per warp (`fused_bsb_{dtype}_s{slice}`).
+fn slices(dtype: DTypeKind) -> &'static [usize] {
+    match dtype {
+        DTypeKind::F32 => &[32, 64],
+        DTypeKind::F16 | DTypeKind::Bf16 => &[32, 64, 128],
+    }
+}
+
+/// How the kernel covers one head: `group` warps of `slice` features each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Layout {
+    /// Features per warp (32, 64 or 128).
+    pub slice: usize,
+    /// Warps per (unit, head).
+    pub group: usize,
+    /// Whether rows allow 16-byte accesses (`head_dim × sizeof(T)` a multiple of 16).
+    pub vec: bool,
+}
+
+impl Layout {
+    /// Features of the head the group covers (`head_dim` rounded up to whole slices).
+    fn padded(&self) -> usize {
+        self.slice * self.group
+    }
+}
+
+/// The layout for `head_dim` features of `dtype`: `slice` if given (for tuning), else the one
+/// with the fewest warps per head, then the least padding. Measured on H100: a group of two
+/// warps exchanging partial scores through shared memory every step runs slower than one warp
+/// with the whole head, even one padded to twice the head.
+fn layout_with(head_dim: usize, dtype: DTypeKind, slice: Option<usize>) -> Result<Layout> {
+    let bytes = dtype.size_bytes();
+    let unsupported = |why: String| Error::Unsupported {
+        algorithm: Algorithm::FusedTensorCore,
+        why,
+    };
+    if head_dim == 0 {
+        return Err(unsupported("head_dim must be at least 1".into()));
+    }
+    let candidates = slices(dtype);
+    let fit = |s: usize| Layout {
+        slice: s,
+        group: head_dim.div_ceil(s),
+        vec: (head_dim * bytes) % 16 == 0,
+    };
+    let chosen = match slice {
+        Some(s) if candidates.contains(&s) => Some(fit(s)),
+        Some(s) => {
+            return Err(unsupported(format!(
+                "no kernel with {s} features per warp for {dtype} (compiled: {candidates:?})"
+            )))
+        }
+        None => candidates
+            .iter()
+            .map(|&s| fit(s))
+            .filter(|l| l.group <= MAX_GROUP_WARPS)
+            .min_by_key(|l| (l.group, l.padded())),
+    };
+    match chosen {
+        Some(l) if l.group <= MAX_GROUP_WARPS => Ok(l),
+        _ => {
+            let widest = candidates.iter().max().copied().unwrap_or(0);
+            Err(unsupported(format!(
+                "head_dim {head_dim} needs more than {MAX_GROUP_WARPS} warps of at most \
+                 {widest} features for {dtype} (head_dim ≤ {}); use fused-csr or unfused-csr",
+                MAX_GROUP_WARPS * widest
+            )))
+        }
+    }
+}
+
+/// Whether the fused tensor-core kernel can run heads of `head_dim` features of `dtype`; the
+/// error says why not and what to use instead.
+pub(crate) fn supports(head_dim: usize, dtype: DTypeKind) -> Result<()> {
+    layout_with(head_dim, dtype, None).map(|_| ())
+}
+
+/// Tuning knobs (defaults: [`layout_with`]'s layout, the chunk from the graph, 4 warps per
+/// CTA).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Options {
+    /// Features per warp.
+    pub slice: Option<usize>,
+    /// Most blocks per unit before a window is split.
+    pub chunk: Option<usize>,
+    /// Warps per CTA (at least one group).
+    pub cta_warps: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            slice: None,
+            chunk: None,
+            cta_warps: CTA_WARPS,
+        }
+    }
+}
+
+/// The units of work, largest first, and how split windows are merged.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Schedule {
+    /// 4 per unit: window, first block, end block, part (or [`NONE`]).
+    pub units: Vec<u32>,
+    /// Per unit: its split window's index, or [`NONE`].
+    pub unit_split: Vec<u32>,
+    /// Per split window `s`, its parts are `split_part_first[s]..split_part_first[s + 1]`.
+    pub split_part_first: Vec<u32>,
+}
+
+impl Schedule {
+    /// Cuts every window of `bsb` into units of at most `chunk` blocks (an even number, at
+    /// least [`MIN_CHUNK`], and at most [`MAX_PARTS`] units per window); windows without
+    /// blocks get one unit (which writes zeros). Units are sorted by size, largest first.
+    pub(crate) fn new(bsb: &Bsb, chunk: usize) -> Result<Self> {
+        let chunk = chunk.max(MIN_CHUNK).next_multiple_of(2);
+        // (blocks, window, first, end, split-or-NONE, part-or-NONE)
+        let mut units: Vec<(usize, u32, u32, u32, u32, u32)> = Vec::with_capacity(bsb.n_windows());
+        let mut split_part_first = vec![0u32];
+        let mut n_parts = 0usize;
+        for &w in bsb.window_order() {
+            let blocks = bsb.window_blocks(w as usize);
+            let nb = blocks.len();
+            let (start, end) = (
+                to_u32("BSB blocks", blocks.start)?,
+                to_u32("BSB blocks", blocks.end)?,
+            );
+            if nb <= chunk {
+                units.push((nb, w, start, end, NONE, NONE));
+                continue;
+            }
+            let parts = nb.div_ceil(chunk).min(MAX_PARTS);
+            let per = nb.div_ceil(parts).next_multiple_of(2);
+            let parts = nb.div_ceil(per);
+            let split = to_u32("split windows", split_part_first.len() - 1)?;
+            for i in 0..parts {
+                let first = blocks.start + i * per;
+                let last = (first + per).min(blocks.end);
+                units.push((
+                    last - first,
+                    w,
+                    to_u32("BSB blocks", first)?,
+                    to_u32("BSB blocks", last)?,
+                    split,
+                    to_u32("partials", n_parts + i)?,
+                ));
+            }
+            n_parts += parts;
+            split_part_first.push(to_u32("partials", n_parts)?);
+        }
+        // Largest first; stable, so equal sizes keep the window order.
+        units.sort_by_key(|u| std::cmp::Reverse(u.0));
+        let mut flat = Vec::with_capacity(units.len() * 4);
+        let mut unit_split = Vec::with_capacity(units.len());
+        for &(_, w, first, end, split, part) in &units {
+            flat.extend_from_slice(&[w, first, end, part]);
+            unit_split.push(split);
+        }
+        Ok(Self {
+            units: flat,
+            unit_split,
+            split_part_first,
+        })
+    }
+
+    /// Number of units.
+    pub(crate) fn n_units(&self) -> usize {
+        self.unit_split.len()
+    }
+
+    /// Number of split windows.
+    pub(crate) fn n_split(&self) -> usize {
+        self.split_part_first.len() - 1
+    }
+
+    /// Number of partials (units of split windows).
+    pub(crate) fn n_parts(&self) -> usize {
+        self.split_part_first.last().map_or(0, |&p| p as usize)
+    }
+}
+
+/// The chunk for `bsb` with `heads` heads on `sm_count` SMs: no unit holds more than about
+/// 1/(8 · SMs) of all the work, so the largest-first grid ends evenly.
+fn default_chunk(bsb: &Bsb, heads: usize, group: usize, sm_count: u32) -> usize {
+    let work = bsb.n_blocks() * heads * group;
+    let lanes = (sm_count.max(1) as usize) * 8;
+    work.div_ceil(lanes).max(DEFAULT_MIN_CHUNK)
+}
+
+/// The fused tensor-core algorithm for one plan: the BSB mask on the device, the schedule, and
+/// the workspace of split windows.
+#[derive(Debug)]
+pub(crate) struct FusedTensorCore {
+    bsb: DeviceBsb,
+    dtype: DTypeKind,
+    heads: usize,
+    head_dim: usize,
+    layout: Layout,
+    kernel: &'static str,
+    cta_warps: usize,
+    n_units: usize,
+    units: DeviceVec<u32>,
+    unit_split: DeviceVec<u32>,
+    split_part_first: DeviceVec<u32>,
+    /// (max, sum) per partial, head and window row.
+    part_ml: DeviceVec<f32>,
+    /// Accumulator per partial, head, window row and padded feature.
+    part_acc: DeviceVec<f32>,
+    /// Arrivals per split window and head; every launch leaves them at 0.
+    counters: DeviceVec<u32>,
+}
+
+impl FusedTensorCore {
+    /// Converts `a` to BSB and plans for `heads × head_dim` of `T` (see [`Self::new`]).
+    pub(crate) fn from_csr<T: DType>(
+        gpu: &Gpu,
+        a: &Csr,
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<Self> {
+        Self::new::<T>(gpu, &Bsb::from_csr(a)?, heads, head_dim)
+    }
+
+    /// Uploads `bsb`, builds the schedule and sizes the workspace for `heads × head_dim` of
+    /// `T`.
+    ///
+    /// Errors: [`Error::Unsupported`] for a head too wide or a device older than sm_80;
+    /// [`Error::Ops`] for sizes past the kernels' 32-bit indices, driver and memory failures.
+    pub(crate) fn new<T: DType>(
+        gpu: &Gpu,
+        bsb: &Bsb,
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<Self> {
+        Self::with_options::<T>(gpu, bsb, heads, head_dim, Options::default())
+    }
+
+    /// [`Self::new`] with explicit tuning options.
+    pub(crate) fn with_options<T: DType>(
+        gpu: &Gpu,
+        bsb: &Bsb,
+        heads: usize,
+        head_dim: usize,
+        options: Options,
+    ) -> Result<Self> {
+        let layout = layout_with(head_dim, T::KIND, options.slice)?;
+        if let Err(e) = gpu.require_compute_capability("fused-tc (mma.sync)", 8, 0) {
+            return Err(Error::Unsupported {
+                algorithm: Algorithm::FusedTensorCore,
+                why: format!("{e}; use fused-csr"),
+            });
+        }
+        if heads == 0 {
+            return Err(Error::InvalidConfig {
+                what: "heads",
+                why: "must be at least 1".into(),
+            });
+        }
+        let kernel = kernel_name(T::NAME, layout)?;
+        let chunk = options
+            .chunk
+            .unwrap_or_else(|| default_chunk(bsb, heads, layout.group, gpu.sm_count()));
+        let schedule = Schedule::new(bsb, chunk)?;
+        // The kernel indexes items and window rows in 32 bits.
+        to_u32("units × heads", schedule.n_units() * heads)?;
+        to_u32("heads × head_dim", heads * head_dim)?;
+        let rows = schedule.n_parts() * heads * WINDOW_ROWS;
+        Ok(Self {
+            bsb: DeviceBsb::upload(gpu, bsb)?,
+            dtype: T::KIND,
+            heads,
+            head_dim,
+            layout,
+            kernel,
+            cta_warps: options.cta_warps.max(1),
+            n_units: schedule.n_units(),
+            units: DeviceVec::from_host(gpu, &schedule.units)?,
+            unit_split: DeviceVec::from_host(gpu, &schedule.unit_split)?,
+            split_part_first: DeviceVec::from_host(gpu, &schedule.split_part_first)?,
+            part_ml: DeviceVec::zeros(gpu, rows * 2)?,
+            part_acc: DeviceVec::zeros(gpu, rows * layout.padded())?,
+            counters: DeviceVec::zeros(gpu, schedule.n_split() * heads)?,
+        })
+    }
+
+    /// `out = softmax(scale · Q Kᵀ ⊙ A) · V` in one kernel. Q and out are
+    /// `n_rows × heads × head_dim`, K and V `n_cols × heads × head_dim`.
+    ///
+    /// Errors: [`Error::DTypeMismatch`], [`Error::ShapeMismatch`] naming the operand,
+    /// [`Error::InvalidConfig`] for a scale whose log2-domain value is not finite,
+    /// [`Error::Ops`] for an operand of another GPU handle or a failed launch.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn forward<T: DType>(
+        &mut self,
+        gpu: &Gpu,
+        q: &DeviceMatrix<T>,
+        k: &DeviceMatrix<T>,
+        v: &DeviceMatrix<T>,
+        scale: f32,
+        out: &mut DeviceMatrix<T>,
+    ) -> Result<()> {
+        if T::KIND != self.dtype {
+            return Err(Error::DTypeMismatch {
+                planned: self.dtype,
+                given: T::KIND,
+            });
+        }
+        let shape_q = Shape {
+            rows: self.bsb.n_rows(),
+            heads: self.heads,
+            head_dim: self.head_dim,
+        };
+        let shape_kv = Shape {
+            rows: self.bsb.n_cols(),
+            ..shape_q
+        };
+        for (what, actual, expected) in [
+            ("Q", q.shape(), shape_q),
+            ("K", k.shape(), shape_kv),
+            ("V", v.shape(), shape_kv),
+            ("out", out.shape(), shape_q),
+        ] {
+            if actual != expected {
+                return Err(Error::ShapeMismatch {
+                    what,
+                    expected,
+                    actual,
+                });
+            }
+        }
+        check_same_gpu(gpu, "BSB mask", &self.bsb)?;
+        check_same_gpu(gpu, "Q", q)?;
+        check_same_gpu(gpu, "K", k)?;
+        check_same_gpu(gpu, "V", v)?;
+        check_same_gpu(gpu, "out", out)?;
+        let scale_log2 = scale * std::f32::consts::LOG2_E;
+        if !scale_log2.is_finite() {
+            return Err(Error::InvalidConfig {
+                what: "scale",
+                why: format!("{scale} is not finite in the kernel's log2 domain"),
+            });
+        }
+
+        let Layout { slice, group, .. } = self.layout;
+        let groups_per_cta = (self.cta_warps / group).max(1);
+        let threads = (groups_per_cta * group * 32) as u32;
+        let xs_floats = if group > 1 { 2 * group * 256 } else { 0 };
+        let smem = groups_per_cta * (xs_floats + MERGE_FLOATS) * std::mem::size_of::<f32>();
+        let n_items = self.n_units * self.heads;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks_for(n_items, groups_per_cta as u32)?, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        let n_items_u = to_u32("units × heads", n_items)?;
+        let heads = to_u32("heads", self.heads)?;
+        let head_dim = to_u32("head_dim", self.head_dim)?;
+        let fs = to_u32("warps per group", group)?;
+        let n_rows = to_u32("rows", self.bsb.n_rows())?;
+        let f = gpu.load_function(FUSED_BSB.name, FUSED_BSB.ptx, self.kernel)?;
+        let mut args = gpu.launch_builder(&f);
+        args.arg(self.units.slice())
+            .arg(self.unit_split.slice())
+            .arg(self.split_part_first.slice())
+            .arg(&n_items_u)
+            .arg(&heads)
+            .arg(&head_dim)
+            .arg(&fs)
+            .arg(&n_rows)
+            .arg(self.bsb.block_columns().slice())
+            .arg(self.bsb.bitmap_words().slice())
+            .arg(q.slice())
+            .arg(k.slice())
+            .arg(v.slice())
+            .arg(&scale_log2)
+            .arg(out.slice_mut())
+            .arg(self.part_ml.slice_mut())
+            .arg(self.part_acc.slice_mut())
+            .arg(self.counters.slice_mut());
+        debug_assert_eq!(slice * group, self.layout.padded());
+        // SAFETY: items < n_units × heads; each unit's 4 entries lie in `units` (4 × n_units),
+        // its split in `unit_split` (n_units) and `split_part_first` (n_split + 1). A unit's
+        // blocks lie in [0, n_blocks): block_columns holds 8 and bitmap_words 2 u64 per block.
+        // Q and out rows read and written are window rows < n_rows, K and V rows are real
+        // block columns < n_cols (padding slots are never loaded), each heads × head_dim long
+        // (shapes checked above), at features < head_dim (16-byte accesses only when
+        // head_dim × sizeof(T) is a multiple of 16, which `Layout::vec` selects). Partials
+        // (max, sum) and accumulators of part p < n_parts, head h, row r < 16 and feature
+        // < slice × group lie in part_ml (n_parts × heads × 16 × 2) and part_acc
+        // (n_parts × heads × 16 × slice × group); counters are per split window and head
+        // (n_split × heads). Shared memory: `smem` bytes, as the kernel lays it out for
+        // `groups_per_cta` groups of `group` warps.
+        unsafe { launch(self.kernel, &mut args, cfg) }?;
+        Ok(())
+    }
+}
+
+/// The kernel for `dtype` (a kernel-name suffix) and `layout`, as listed in the module.
+fn kernel_name(dtype: &str, layout: Layout) -> Result<&'static str> {
+    let suffix = if layout.vec { "" } else { "_scalar" };
+    let name = format!("fused_bsb_{dtype}_s{}{suffix}", layout.slice);
+    FUSED_BSB
+        .kernels
+        .iter()
+        .copied()
+        .find(|k| *k == name)
+        .ok_or_else(|| {
+            spattn_ops::Error::KernelNotFound {
+                module: FUSED_BSB.name,
+                kernel: name,
+            }
+            .into()
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_cover_the_head_with_least_padding() {
+        for dtype in DTypeKind::ALL {
+            for d in [1, 3, 8, 24, 64, 96, 100, 128, 200, 256, 512] {
+                let l = layout_with(d, dtype, None).unwrap();
+                assert!(
+                    l.padded() >= d && l.group <= MAX_GROUP_WARPS,
+                    "{dtype} d={d}"
+                );
+                let fewest = d.div_ceil(*slices(dtype).iter().max().unwrap());
+                assert_eq!(l.group, fewest, "{dtype} d={d}: {l:?}");
+                assert_eq!(l.vec, (d * dtype.size_bytes()) % 16 == 0);
+                kernel_name(dtype.name(), l).unwrap();
+            }
+        }
+        let l = layout_with(128, DTypeKind::F16, None).unwrap();
+        assert_eq!((l.slice, l.group, l.vec), (128, 1, true));
+        let l = layout_with(24, DTypeKind::Bf16, None).unwrap();
+        assert_eq!((l.slice, l.group), (32, 1));
+        let l = layout_with(96, DTypeKind::Bf16, None).unwrap();
+        assert_eq!((l.slice, l.group), (128, 1));
+        let l = layout_with(256, DTypeKind::F32, None).unwrap();
+        assert_eq!((l.slice, l.group), (64, 4));
+        assert!(supports(1024, DTypeKind::F16).is_ok());
+        assert!(matches!(
+            supports(1025, DTypeKind::F16),
+            Err(Error::Unsupported { .. })
+        ));
+        assert!(supports(512, DTypeKind::F32).is_ok());
+        assert!(supports(513, DTypeKind::F32).is_err());
+        assert!(supports(0, DTypeKind::F32).is_err());
+        assert!(layout_with(64, DTypeKind::F32, Some(128)).is_err());
+    }
+
+    #[test]
+    fn schedule_covers_every_block_once_largest_first() {
+        // Window 0: a hub row with 300 columns; window 1: empty; window 2: 3 rows of 5.
+        let mut edges: Vec<(u32, u32)> = (0..300).map(|c| (3, c)).collect();
+        for r in 32..35 {
+            edges.extend((0..5).map(|c| (r, c * 7)));
+        }
+        let a = Csr::from_edges(40, 300, &edges).unwrap();
+        let bsb = Bsb::from_csr(&a).unwrap();
+        assert_eq!(bsb.window_blocks(0).len(), 38);
+        let s = Schedule::new(&bsb, 16).unwrap();
+        // 38 blocks in units of 16: 3 parts; windows 1 and 2 whole.
+        assert_eq!(s.n_units(), 5);
+        assert_eq!(s.n_split(), 1);
+        assert_eq!(s.n_parts(), 3);
+        assert_eq!(s.split_part_first, vec![0, 3]);
+        let units: Vec<[u32; 4]> = s
+            .units
+            .chunks(4)
+            .map(|u| [u[0], u[1], u[2], u[3]])
+            .collect();
+        let sizes: Vec<u32> = units.iter().map(|u| u[2] - u[1]).collect();
+        assert!(sizes.windows(2).all(|w| w[0] >= w[1]), "{sizes:?}");
+        let mut covered = vec![0u32; bsb.n_blocks()];
+        for u in &units {
+            for b in u[1]..u[2] {
+                covered[b as usize] += 1;
+            }
+        }
+        assert!(covered.iter().all(|&c| c == 1));
+        // The empty window still has its unit (it writes zeros).
+        assert!(units.iter().any(|u| u[0] == 1 && u[1] == u[2]));
+        let parts: Vec<u32> = units
+            .iter()
+            .zip(&s.unit_split)
+            .filter(|(_, &sp)| sp != NONE)
+            .map(|(u, _)| u[3])
+            .collect();
+        assert_eq!(parts.len(), 3);
+        // A chunk of 2 blocks is raised to MIN_CHUNK; parts are capped at MAX_PARTS.
+        assert_eq!(
+            Schedule::new(&bsb, 2).unwrap(),
+            Schedule::new(&bsb, MIN_CHUNK).unwrap()
+        );
+        let wide: Vec<(u32, u32)> = (0..20_000).map(|c| (0, c)).collect();
+        let hub = Bsb::from_csr(&Csr::from_edges(1, 20_000, &wide).unwrap()).unwrap();
+        let s = Schedule::new(&hub, 16).unwrap();
+        assert!(s.n_parts() <= MAX_PARTS && s.n_parts() > 1);
+    }
+
+    /// Times the layouts and chunk sizes on the shared graphs (`SPATTN_DATA_DIR`); prints only.
+    #[test]
+    #[ignore = "needs an NVIDIA GPU"]
+    fn tune() {
+        use spattn_ops::Shape;
+        let gpu = Gpu::new(0).expect("an NVIDIA GPU");
+        let dir =
+            std::env::var("SPATTN_DATA_DIR").unwrap_or_else(|_| "../../../shared/data/mtx".into());
+        for name in ["pubmed", "ogbn-arxiv"] {
+            let a = spattn_formats::read_matrix_market(format!("{dir}/{name}.mtx.gz"))
+                .unwrap()
+                .symmetrize_with_self_loops()
+                .unwrap();
+            let bsb = Bsb::from_csr(&a).unwrap();
+            println!(
+                "tune {name}: n={} nnz={} blocks={} max blocks/window={}",
+                a.n_rows(),
+                a.nnz(),
+                bsb.n_blocks(),
+                bsb.fill_stats().max_blocks_per_window
+            );
+            for (heads, d) in [(1usize, 128usize), (8, 64)] {
+                let sq = Shape::new(a.n_rows(), heads, d).unwrap();
+                let host: Vec<half::f16> = (0..sq.len())
+                    .map(|i| half::f16::from_f32(((i * 7919) % 1000) as f32 / 500.0 - 1.0))
+                    .collect();
+                let q = DeviceMatrix::from_host(&gpu, sq, &host).unwrap();
+                let mut out = DeviceMatrix::<half::f16>::zeros(&gpu, sq).unwrap();
+                let variants = [64, 128].into_iter().flat_map(|slice| {
+                    [1, 4].into_iter().flat_map(move |cta_warps| {
+                        [None, Some(16), Some(64), Some(1 << 30)]
+                            .into_iter()
+                            .map(move |chunk| Options {
+                                slice: Some(slice),
+                                chunk,
+                                cta_warps,
+                            })
+                    })
+                });
+                for options in variants {
+                    let Ok(mut f) =
+                        FusedTensorCore::with_options::<half::f16>(&gpu, &bsb, heads, d, options)
+                    else {
+                        continue;
+                    };
+                    let mut run = |n: usize| {
+                        gpu.time_ms(|| {
+                            for _ in 0..n {
+                                f.forward(&gpu, &q, &q, &q, 0.1, &mut out).map_err(|e| {
+                                    spattn_ops::Error::InvalidArgument {
+                                        what: "forward",
+                                        why: e.to_string(),
+                                    }
+                                })?;
+                            }
+                            Ok(())
+                        })
+                        .unwrap()
+                    };
+                    run(3);
+                    let mut t: Vec<f32> = (0..25).map(|_| run(1)).collect();
+                    t.sort_by(f32::total_cmp);
+                    let batched = run(20) / 20.0;
+                    println!(
+                        "tune {name:>10} h={heads} d={d} {options:?} units={:>6}: \
+                         {:.4} ms median, {:.4} ms batched",
+                        f.n_units,
+                        t[t.len() / 2],
+                        batched
+                    );
+                }
+            }
+        }
+    }
+}

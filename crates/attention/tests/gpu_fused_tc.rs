@@ -1,0 +1,351 @@
+//! GPU tests of the fused tensor-core algorithm (`fused-tc`, BSB + mma.sync) against the f64
+//! CPU reference, and its timings beside fused-csr.
+//!
+//! `#[ignore]`d where there is no NVIDIA GPU; run with `cargo test -- --include-ignored` or
+//! from the GPU bundle. Inputs are drawn fresh (seed printed; replay with SPATTN_SEED), outputs
+//! poisoned with NaN before each forward, and every forward runs twice: the second run must
+//! repeat the first bit for bit (no race, split-window counters reset).
+//!
+//! Tolerances (DESIGN.md): f16 ≤ 5e-3, bf16 ≤ 2e-2, f32 through tf32 ≤ 1e-3.
+
+#[path = "../../ops/tests/common/mod.rs"]
+mod common;
+
+use common::*;
+use half::{bf16, f16};
+use rand::Rng;
+use rand_pcg::Pcg64;
+use spattn::{Algorithm, AttentionConfig, AttentionPlan};
+use spattn_formats::Csr;
+use spattn_ops::cpu::{attention_f64_from, rel_l2_error, AttentionInputs};
+use spattn_ops::{DType, DTypeKind, DeviceMatrix, Gpu, Shape};
+
+const ALG: Algorithm = Algorithm::FusedTensorCore;
+
+fn gpu() -> Gpu {
+    Gpu::new(0).expect("an NVIDIA GPU (this test is ignored elsewhere)")
+}
+
+/// The tolerance of the algorithm for `T`: f32 runs through tf32.
+fn tol<T: DType>() -> f64 {
+    match T::KIND {
+        DTypeKind::F32 => 1e-3,
+        _ => tolerance::<T>(),
+    }
+}
+
+/// Inputs of one case, in f64, exactly representable in `T`.
+struct Inputs {
+    q: Vec<f64>,
+    k: Vec<f64>,
+    v: Vec<f64>,
+    shape_q: Shape,
+    shape_kv: Shape,
+}
+
+impl Inputs {
+    /// Q uniform in ±`amp`, K and V in ±1, rounded to `T`.
+    fn draw<T: DType>(rng: &mut Pcg64, a: &Csr, heads: usize, head_dim: usize, amp: f64) -> Self {
+        let shape_q = Shape::new(a.n_rows(), heads, head_dim).unwrap();
+        let shape_kv = Shape::new(a.n_cols(), heads, head_dim).unwrap();
+        Self {
+            q: to_f64(&random_vec::<T>(rng, shape_q.len(), amp)),
+            k: to_f64(&random_vec::<T>(rng, shape_kv.len(), 1.0)),
+            v: to_f64(&random_vec::<T>(rng, shape_kv.len(), 1.0)),
+            shape_q,
+            shape_kv,
+        }
+    }
+
+    /// Values on the grid k/256, |k| ≤ 256 (Q: times `amp`, a power of two): exact in f16
+    /// and bf16 alike, so one f64 reference serves both.
+    fn draw_half(rng: &mut Pcg64, a: &Csr, heads: usize, head_dim: usize) -> Self {
+        let shape_q = Shape::new(a.n_rows(), heads, head_dim).unwrap();
+        let shape_kv = Shape::new(a.n_cols(), heads, head_dim).unwrap();
+        let mut grid = |len: usize| -> Vec<f64> {
+            (0..len)
+                .map(|_| f64::from(rng.random_range(-256i32..=256)) / 256.0)
+                .collect()
+        };
+        Self {
+            q: grid(shape_q.len()),
+            k: grid(shape_kv.len()),
+            v: grid(shape_kv.len()),
+            shape_q,
+            shape_kv,
+        }
+    }
+
+    fn reference(&self, a: &Csr, scale: f64) -> Vec<f64> {
+        let inputs = AttentionInputs::new(
+            &self.q,
+            self.shape_q,
+            &self.k,
+            self.shape_kv,
+            &self.v,
+            self.shape_kv,
+        );
+        attention_f64_from(a, &inputs, scale).unwrap()
+    }
+}
+
+/// Runs fused-tc on `inputs` (converted to `T`), twice, and checks against `want`.
+fn check_with<T: DType>(gpu: &Gpu, a: &Csr, inputs: &Inputs, want: &[f64], scale: Option<f32>) {
+    let (heads, head_dim) = (inputs.shape_q.heads, inputs.shape_q.head_dim);
+    let mut config = AttentionConfig::new(heads, head_dim, T::KIND).with_algorithm(ALG);
+    if let Some(s) = scale {
+        config = config.with_scale(s);
+    }
+    assert!(AttentionPlan::supports(gpu, ALG, &config));
+    let plan = AttentionPlan::new_gpu(gpu, a, config).unwrap();
+    assert_eq!(plan.algorithm(), ALG);
+    let cast = |x: &[f64]| x.iter().map(|&v| T::from_f64(v)).collect::<Vec<T>>();
+    let dq = DeviceMatrix::from_host(gpu, inputs.shape_q, &cast(&inputs.q)).unwrap();
+    let dk = DeviceMatrix::from_host(gpu, inputs.shape_kv, &cast(&inputs.k)).unwrap();
+    let dv = DeviceMatrix::from_host(gpu, inputs.shape_kv, &cast(&inputs.v)).unwrap();
+    let mut out = DeviceMatrix::<T>::zeros(gpu, inputs.shape_q).unwrap();
+    let what = format!(
+        "fused-tc {} n={} nnz={} heads={heads} head_dim={head_dim}",
+        T::NAME,
+        a.n_rows(),
+        a.nnz()
+    );
+    let mut first: Option<Vec<T>> = None;
+    for run in 0..2 {
+        out.fill_nan().unwrap();
+        plan.forward(&dq, &dk, &dv, &mut out).unwrap();
+        let got = out.to_host().unwrap();
+        let err = rel_l2_error(&to_f64(&got), want);
+        assert!(err <= tol::<T>(), "{what}: rel error {err:e} (run {run})");
+        let row_len = inputs.shape_q.row_len();
+        for r in (0..a.n_rows()).filter(|&r| a.degree(r) == 0) {
+            let row = &got[r * row_len..(r + 1) * row_len];
+            assert!(
+                row.iter().all(|x| x.to_f64() == 0.0),
+                "{what}: empty row {r} not zero"
+            );
+        }
+        match &first {
+            None => first = Some(got),
+            Some(f) => {
+                let same = f
+                    .iter()
+                    .zip(&got)
+                    .all(|(x, y)| x.to_f64().to_bits() == y.to_f64().to_bits());
+                assert!(same, "{what}: the second run differs from the first");
+            }
+        }
+    }
+}
+
+/// Every dtype on fresh inputs: f16 and bf16 on one grid-valued draw (one reference), f32 on
+/// its own full-precision draw.
+fn check_all(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64) {
+    let scale = 1.0 / (head_dim as f64).sqrt();
+    // The plan's default scale is 1/√head_dim in f32; the reference uses the same value.
+    let scale = f64::from(scale as f32);
+    let half = Inputs::draw_half(rng, a, heads, head_dim);
+    let want = half.reference(a, scale);
+    check_with::<f16>(gpu, a, &half, &want, None);
+    check_with::<bf16>(gpu, a, &half, &want, None);
+    let full = Inputs::draw::<f32>(rng, a, heads, head_dim, 1.0);
+    let want = full.reference(a, scale);
+    check_with::<f32>(gpu, a, &full, &want, None);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn shared_graphs() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("shared_graphs");
+    for name in ["cora", "pubmed", "ogbn-arxiv"] {
+        let a = shared_graph(name);
+        for (heads, head_dim) in [(1, 128), (8, 64), (4, 24)] {
+            check_all(&gpu, &a, heads, head_dim, &mut rng);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn rmat_16() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("rmat_16");
+    let a = rmat_graph(16);
+    for (heads, head_dim) in [(1, 128), (8, 16)] {
+        check_all(&gpu, &a, heads, head_dim, &mut rng);
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn head_dims_and_heads() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("head_dims_and_heads");
+    let a = random_graph(&mut rng, 200, 5, 9);
+    // 8 … 256 from the issue; 1, 3 and 100 take the element-wise (unaligned) path.
+    for head_dim in [1, 3, 8, 24, 64, 96, 100, 128, 256] {
+        for heads in [1, 4, 8] {
+            check_all(&gpu, &a, heads, head_dim, &mut rng);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn tiny_graphs() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("tiny_graphs");
+    for n in 1..=33 {
+        let a = random_graph(&mut rng, n, 3, 4);
+        check_all(&gpu, &a, 2, 24, &mut rng);
+        check_all(&gpu, &a, 1, 3, &mut rng);
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn hub_row() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("hub_row");
+    // Row 777 attends to all 10^5 nodes: its window is split and merged in the kernel.
+    let a = hub_graph(&mut rng, 100_000, 777);
+    for (heads, head_dim) in [(1, 64), (4, 24)] {
+        check_all(&gpu, &a, heads, head_dim, &mut rng);
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn split_window_wide_heads() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("split_window_wide_heads");
+    // Row 5 attends to all 3000 nodes: its window (375+ blocks) is cut into parts merged in the
+    // kernel; wide heads put several warps on each part (f16 256: 2 warps, f32 256: 4).
+    let a = hub_graph(&mut rng, 3000, 5);
+    for (heads, head_dim) in [(2, 256), (1, 100), (3, 8)] {
+        check_all(&gpu, &a, heads, head_dim, &mut rng);
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn dense_window() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("dense_window");
+    // Rows 0..16 all attend to columns 0..64 (8 full blocks); rows 16..40 a few random ones.
+    let mut edges: Vec<(u32, u32)> = (0..16).flat_map(|r| (0..64).map(move |c| (r, c))).collect();
+    for r in 16..40 {
+        for _ in 0..4 {
+            edges.push((r, rng.random_range(0..70)));
+        }
+    }
+    let a = Csr::from_edges(40, 70, &edges).unwrap();
+    for (heads, head_dim) in [(1, 64), (2, 128), (3, 24)] {
+        check_all(&gpu, &a, heads, head_dim, &mut rng);
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn extreme_and_equal_scores() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("extreme_and_equal_scores");
+    let a = random_graph(&mut rng, 500, 8, 5);
+    let (heads, head_dim) = (2, 16);
+    let scale = 0.25f32;
+    // Scores near ±1e4: Q scaled up (f32 through 3xTF32 scores; f16/bf16 with exact products).
+    for amp in [2.5e3, 1e4] {
+        let x = Inputs::draw::<f32>(&mut rng, &a, heads, head_dim, amp);
+        check_with::<f32>(&gpu, &a, &x, &x.reference(&a, 0.25), Some(scale));
+        let x = Inputs::draw::<f16>(&mut rng, &a, heads, head_dim, amp);
+        check_with::<f16>(&gpu, &a, &x, &x.reference(&a, 0.25), Some(scale));
+        let x = Inputs::draw::<bf16>(&mut rng, &a, heads, head_dim, amp);
+        check_with::<bf16>(&gpu, &a, &x, &x.reference(&a, 0.25), Some(scale));
+    }
+    // All scores equal: Q = 0, so every row is the mean of its neighbours' V.
+    let mut x = Inputs::draw_half(&mut rng, &a, heads, head_dim);
+    x.q.iter_mut().for_each(|q| *q = 0.0);
+    let want = x.reference(&a, 0.25);
+    check_with::<f32>(&gpu, &a, &x, &want, Some(scale));
+    check_with::<f16>(&gpu, &a, &x, &want, Some(scale));
+    check_with::<bf16>(&gpu, &a, &x, &want, Some(scale));
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn errors_are_typed() {
+    let gpu = gpu();
+    let a = Csr::from_edges(3, 3, &[(0, 1), (1, 2)]).unwrap();
+    let config = AttentionConfig::new(2, 4, DTypeKind::F16).with_algorithm(ALG);
+    let plan = AttentionPlan::new_gpu(&gpu, &a, config).unwrap();
+    let good = DeviceMatrix::<f16>::zeros(&gpu, Shape::new(3, 2, 4).unwrap()).unwrap();
+    let bad = DeviceMatrix::<f16>::zeros(&gpu, Shape::new(3, 2, 5).unwrap()).unwrap();
+    let mut out = DeviceMatrix::<f16>::zeros(&gpu, Shape::new(3, 2, 4).unwrap()).unwrap();
+    let e = plan.forward(&good, &bad, &good, &mut out).unwrap_err();
+    assert!(
+        matches!(e, spattn::Error::ShapeMismatch { what: "K", .. }),
+        "{e}"
+    );
+    // A head wider than the kernels cover is refused with the reason, not run.
+    let wide = AttentionConfig::new(1, 4096, DTypeKind::F16).with_algorithm(ALG);
+    assert!(!AttentionPlan::supports(&gpu, ALG, &wide));
+    let e = AttentionPlan::new_gpu(&gpu, &a, wide).unwrap_err();
+    assert!(matches!(e, spattn::Error::Unsupported { .. }), "{e}");
+}
+
+/// GPU time of `plan.forward` in milliseconds after warm-up: the median of `runs` single
+/// launches (CUDA events around each), and the mean of `runs` launches back to back between
+/// one pair of events (host launch gaps hidden).
+fn time_plan(gpu: &Gpu, plan: &AttentionPlan, runs: usize, rng: &mut Pcg64) -> (f64, f64) {
+    let sq = plan.shape_q();
+    let skv = plan.shape_kv();
+    let q = DeviceMatrix::from_host(gpu, sq, &random_vec::<f16>(rng, sq.len(), 1.0)).unwrap();
+    let k = DeviceMatrix::from_host(gpu, skv, &random_vec::<f16>(rng, skv.len(), 1.0)).unwrap();
+    let v = DeviceMatrix::from_host(gpu, skv, &random_vec::<f16>(rng, skv.len(), 1.0)).unwrap();
+    let mut out = DeviceMatrix::<f16>::zeros(gpu, sq).unwrap();
+    let mut time = |n: usize| {
+        f64::from(
+            gpu.time_ms(|| {
+                for _ in 0..n {
+                    plan.forward(&q, &k, &v, &mut out).map_err(|e| {
+                        spattn_ops::Error::InvalidArgument {
+                            what: "forward",
+                            why: e.to_string(),
+                        }
+                    })?;
+                }
+                Ok(())
+            })
+            .unwrap(),
+        )
+    };
+    time(5);
+    let mut single: Vec<f64> = (0..runs).map(|_| time(1)).collect();
+    single.sort_by(f64::total_cmp);
+    let batched = time(runs) / runs as f64;
+    (single[runs / 2], batched)
+}
+
+/// Prints fused-tc beside fused-csr (f16, head_dim 128, 1 head): timings only, no assertion.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn timings() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("timings");
+    println!("device: {}", gpu.name());
+    for name in ["pubmed", "ogbn-arxiv"] {
+        let a = shared_graph(name);
+        for alg in [Algorithm::FusedCsr, Algorithm::FusedTensorCore] {
+            let config = AttentionConfig::new(1, 128, DTypeKind::F16).with_algorithm(alg);
+            let plan = AttentionPlan::new_gpu(&gpu, &a, config).unwrap();
+            let (single, batched) = time_plan(&gpu, &plan, 50, &mut rng);
+            println!(
+                "timing {name:>10} n={:>6} nnz={:>7} f16 d=128 h=1 {alg:>9}: \
+                 {single:.4} ms (median of 50 launches), {batched:.4} ms (50 back to back)",
+                a.n_rows(),
+                a.nnz()
+            );
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! [`DeviceBsb`]: a [`Bsb`] attention mask uploaded once, for the fused tensor-core kernels.
+
+use spattn_formats::{Bsb, FillStats};
+
+use crate::buffer::DeviceVec;
+use crate::error::Result;
+use crate::gpu::Gpu;
+use crate::launch::{to_u32, OnGpu};
+
+/// A BSB mask in device memory: window offsets, the column of every block slot (padding slots
+/// hold [`Bsb::PADDING`]), the bitmaps as two little-endian `u64` words per block (the byte
+/// image of a `u128`: a kernel may read each as one 16-byte `uint4`), the window order
+/// (largest first), and the per-edge values where the matrix has them.
+///
+/// Uploaded once and reused by every launch; the host-side [`FillStats`] stay with it.
+///
+/// ```no_run
+/// use spattn_formats::{Bsb, Csr};
+/// use spattn_ops::{DeviceBsb, Gpu};
+/// let gpu = Gpu::new(0)?;
+/// let a = Csr::from_edges(18, 10, &[(0, 2), (0, 9), (1, 9), (17, 0)])?;
+/// let bsb = Bsb::from_csr(&a)?;
+/// let d = DeviceBsb::upload(&gpu, &bsb)?;
+/// assert_eq!((d.n_windows(), d.n_blocks(), d.nnz()), (2, 2, 4));
+/// assert_eq!(d.to_host()?, bsb);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct DeviceBsb {
+    n_rows: usize,
+    n_cols: usize,
+    nnz: usize,
+    fill: FillStats,
+    window_offsets: DeviceVec<u32>,
+    block_columns: DeviceVec<u32>,
+    bitmap_words: DeviceVec<u64>,
+    window_order: DeviceVec<u32>,
+    values: Option<DeviceVec<f32>>,
+}
+
+impl DeviceBsb {
+    /// Uploads `bsb` to `gpu`.
+    ///
+    /// Errors: [`crate::Error::TooLarge`] where the slots (`8 × blocks`) do not fit the
+    /// kernels' 32-bit indices; allocation and copy failures.
+    pub fn upload(gpu: &Gpu, bsb: &Bsb) -> Result<Self> {
+        to_u32("BSB block slots", bsb.block_columns().len())?;
+        Ok(DeviceBsb {
+            n_rows: bsb.n_rows(),
+            n_cols: bsb.n_cols(),
+            nnz: bsb.nnz(),
+            fill: bsb.fill_stats(),
+            window_offsets: DeviceVec::from_host_named(
+                gpu,
+                "BSB window offsets",
+                bsb.window_offsets(),
+            )?,
+            block_columns: DeviceVec::from_host_named(
+                gpu,
+                "BSB block columns",
+                bsb.block_columns(),
+            )?,
+            bitmap_words: DeviceVec::from_host_named(gpu, "BSB bitmaps", &bsb.bitmap_words())?,
+            window_order: DeviceVec::from_host_named(gpu, "BSB window order", bsb.window_order())?,
+            values: bsb
+                .values()
+                .map(|v| DeviceVec::from_host_named(gpu, "BSB values", v))
+                .transpose()?,
+        })
+    }
+
+    /// Downloads the matrix back into a [`Bsb`] (checked by [`Bsb::try_new`]).
+    pub fn to_host(&self) -> Result<Bsb> {
+        let words = self.bitmap_words.to_host()?;
+        let bitmaps = words
+            .chunks_exact(2)
+            .map(|w| u128::from(w[0]) | u128::from(w[1]) << 64)
+            .collect();
+        let values = self.values.as_ref().map(DeviceVec::to_host).transpose()?;
+        Ok(Bsb::try_new(
+            self.n_rows,
+            self.n_cols,
+            self.window_offsets.to_host()?,
+            self.block_columns.to_host()?,
+            bitmaps,
+            values,
+        )?)
+    }
+
+    /// Number of rows (query nodes).
+    pub fn n_rows(&self) -> usize {
+        self.n_rows
+    }
+
+    /// Number of columns (key nodes).
+    pub fn n_cols(&self) -> usize {
+        self.n_cols
+    }
+
+    /// Number of edges.
+    pub fn nnz(&self) -> usize {
+        self.nnz
+    }
+
+    /// Number of 16-row windows.
+    pub fn n_windows(&self) -> usize {
+        self.fill.windows
+    }
+
+    /// Number of 16×8 blocks.
+    pub fn n_blocks(&self) -> usize {
+        self.fill.blocks
+    }
+
+    /// Fill statistics of the matrix, computed on the host at upload.
+    pub fn fill_stats(&self) -> &FillStats {
+        &self.fill
+    }
+
+    /// Window offsets, `n_windows + 1` entries: window `w` owns blocks
+    /// `window_offsets[w]..window_offsets[w + 1]`.
+    pub fn window_offsets(&self) -> &DeviceVec<u32> {
+        &self.window_offsets
+    }
+
+    /// The column of every slot, 8 per block; padding slots hold [`Bsb::PADDING`].
+    pub fn block_columns(&self) -> &DeviceVec<u32> {
+        &self.block_columns
+    }
+
+    /// The bitmaps, 2 little-endian `u64` words per block (word `2b`: rows 0–7 of block `b`,
+    /// word `2b + 1`: rows 8–15), as [`Bsb::bitmap_words`].
+    pub fn bitmap_words(&self) -> &DeviceVec<u64> {
+        &self.bitmap_words
+    }
+
+    /// Window ids by block count, largest first (`n_windows` entries).
+    pub fn window_order(&self) -> &DeviceVec<u32> {
+        &self.window_order
+    }
+
+    /// Values per edge in CSR order (`nnz`), where the matrix has them.
+    pub fn values(&self) -> Option<&DeviceVec<f32>> {
+        self.values.as_ref()
+    }
+
+    /// The handle the matrix was uploaded with.
+    pub fn gpu(&self) -> &Gpu {
+        self.window_offsets.gpu()
+    }
+
+    /// Device memory the matrix occupies, in bytes.
+    pub fn device_bytes(&self) -> usize {
+        self.window_offsets.num_bytes()
+            + self.block_columns.num_bytes()
+            + self.bitmap_words.num_bytes()
+            + self.window_order.num_bytes()
+            + self.values.as_ref().map_or(0, DeviceVec::num_bytes)
+    }
+}
+
+impl OnGpu for DeviceBsb {
+    fn gpu(&self) -> &Gpu {
+        self.window_offsets.gpu()
+    }
+}

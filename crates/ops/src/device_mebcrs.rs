@@ -1,0 +1,438 @@
+//! [`DeviceMeBcrs`]: an [`MeBcrs`] attention mask uploaded once, for the tensor-core kernels
+//! ([`crate::tc_ops`]), with the load-balancing schedule they walk ([`WorkItems`]).
+//!
+//! # Device arrays
+//!
+//! The ME-BCRS arrays as the format defines them (see [`spattn_formats::mebcrs`]):
+//! `row_pointers` (`u32`, windows + 1), `column_indices` (`u32`, one per vector), `row_masks`
+//! (`u8`, one per vector: a kernel reads 16 masks of a k-step in one 16-byte transaction, so
+//! widening them would only cost bandwidth), and `edge_to_slot` (`u32`, one per CSR edge), which
+//! the layout conversions ([`crate::tc_ops::csr_to_slots`], [`crate::tc_ops::slots_to_csr`]) use.
+//!
+//! # Schedule
+//!
+//! Symmetrized power-law graphs have hub rows of 10^4–10^5 edges, so a few windows hold far more
+//! vectors than the rest. The kernels take **work items** (window, first vector, end vector) of
+//! at most [`WORK_CHUNK`] vectors, one warp each, so no window serializes the grid. SDDMM needs
+//! nothing more (its outputs are per slot). SpMM items of a split window write f32 partial rows
+//! to a scratch buffer, and a second pass sums each split window's partials in item order: no
+//! atomics, no memset, and the same bits on every run. Edge softmax gives windows of more than
+//! [`SOFTMAX_LONG_WINDOW`] vectors a whole thread block per head.
+
+use std::sync::Mutex;
+
+use spattn_formats::{Csr, FillStats, MeBcrs};
+
+use crate::buffer::DeviceVec;
+use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+use crate::launch::OnGpu;
+
+/// Vectors per work item: a window with more is cut into items of this many (the last one
+/// shorter). A multiple of 16, so every item but a window's last starts on a whole k-step.
+pub const WORK_CHUNK: u32 = 256;
+
+/// Edge softmax gives windows of more vectors than this a thread block per head (the others a
+/// warp, which takes 32 vectors a step).
+pub const SOFTMAX_LONG_WINDOW: u32 = 512;
+
+/// Marks an item whose window is not split (it writes its output rows directly).
+pub const NO_PARTIAL: u32 = u32::MAX;
+
+/// The work items of the tensor-core kernels, on the host: item `i` covers vectors
+/// `starts[i]..ends[i]` of window `windows[i]`.
+///
+/// Items are in window order and cover every vector once; every window, an empty one included,
+/// has at least one item, so SpMM writes every output row.
+///
+/// ```
+/// use spattn_ops::device_mebcrs::{WorkItems, NO_PARTIAL};
+/// // Window 0: 5 vectors, window 1: none, window 2: 1 vector.
+/// let items = WorkItems::new(&[0, 5, 5, 6], 2);
+/// assert_eq!(items.windows, vec![0, 0, 0, 1, 2]);
+/// assert_eq!(items.starts, vec![0, 2, 4, 5, 5]);
+/// assert_eq!(items.ends, vec![2, 4, 5, 5, 6]);
+/// assert_eq!(items.partials, vec![0, 1, 2, NO_PARTIAL, NO_PARTIAL]);
+/// assert_eq!(items.split_windows, vec![0]);
+/// assert_eq!(items.partial_first, vec![0, 3]);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkItems {
+    /// Window of each item.
+    pub windows: Vec<u32>,
+    /// First vector of each item.
+    pub starts: Vec<u32>,
+    /// One past the last vector of each item.
+    pub ends: Vec<u32>,
+    /// Partial index of each item of a split window (consecutive within the window), or
+    /// [`NO_PARTIAL`].
+    pub partials: Vec<u32>,
+    /// The windows cut into several items.
+    pub split_windows: Vec<u32>,
+    /// Partials of split window `s`: `partial_first[s]..partial_first[s + 1]`
+    /// (`split windows + 1` entries).
+    pub partial_first: Vec<u32>,
+}
+
+impl WorkItems {
+    /// Cuts the windows of `row_pointers` (an ME-BCRS window-pointer array) into items of at
+    /// most `chunk` vectors (`chunk` ≥ 1).
+    pub fn new(row_pointers: &[u32], chunk: u32) -> Self {
+        let chunk = chunk.max(1);
+        let n_windows = row_pointers.len().saturating_sub(1);
+        let mut items = WorkItems {
+            windows: Vec::with_capacity(n_windows),
+            starts: Vec::with_capacity(n_windows),
+            ends: Vec::with_capacity(n_windows),
+            partials: Vec::with_capacity(n_windows),
+            split_windows: Vec::new(),
+            partial_first: vec![0],
+        };
+        let mut n_partials = 0u32;
+        for w in 0..n_windows {
+            let (s, e) = (row_pointers[w], row_pointers[w + 1]);
+            let split = e - s > chunk;
+            if split {
+                items.split_windows.push(w as u32);
+            }
+            let mut p = s;
+            loop {
+                let end = p.saturating_add(chunk).min(e);
+                items.windows.push(w as u32);
+                items.starts.push(p);
+                items.ends.push(end);
+                if split {
+                    items.partials.push(n_partials);
+                    n_partials += 1;
+                } else {
+                    items.partials.push(NO_PARTIAL);
+                }
+                p = end;
+                if p >= e {
+                    break;
+                }
+            }
+            if split {
+                items.partial_first.push(n_partials);
+            }
+        }
+        items
+    }
+
+    /// Number of items.
+    pub fn len(&self) -> usize {
+        self.windows.len()
+    }
+
+    /// Whether there are no items (a matrix with no rows).
+    pub fn is_empty(&self) -> bool {
+        self.windows.is_empty()
+    }
+
+    /// Number of partials (items of split windows).
+    pub fn n_partials(&self) -> usize {
+        self.partial_first.last().copied().unwrap_or(0) as usize
+    }
+}
+
+/// The windows of more than `threshold` vectors: edge softmax gives each a thread block.
+///
+/// ```
+/// use spattn_ops::device_mebcrs::long_windows;
+/// assert_eq!(long_windows(&[0, 5, 5, 600, 610], 512), vec![2]);
+/// ```
+pub fn long_windows(row_pointers: &[u32], threshold: u32) -> Vec<u32> {
+    row_pointers
+        .windows(2)
+        .enumerate()
+        .filter(|(_, p)| p[1] - p[0] > threshold)
+        .map(|(w, _)| w as u32)
+        .collect()
+}
+
+/// The device side of the tensor-core schedule ([`WorkItems`], long softmax windows), built at
+/// upload.
+#[derive(Debug)]
+pub(crate) struct MeBcrsSchedule {
+    pub(crate) item_windows: DeviceVec<u32>,
+    pub(crate) item_starts: DeviceVec<u32>,
+    pub(crate) item_ends: DeviceVec<u32>,
+    pub(crate) item_partials: DeviceVec<u32>,
+    pub(crate) split_windows: DeviceVec<u32>,
+    pub(crate) partial_first: DeviceVec<u32>,
+    pub(crate) n_partials: usize,
+    pub(crate) long_windows: DeviceVec<u32>,
+    /// f32 partial rows of split SpMM windows (`n_partials × 8 × heads × head_dim`), grown on
+    /// demand; never needs zeroing (every partial element is written before it is read).
+    pub(crate) scratch: Mutex<Option<DeviceVec<f32>>>,
+}
+
+impl MeBcrsSchedule {
+    fn upload(gpu: &Gpu, row_pointers: &[u32]) -> Result<Self> {
+        let items = WorkItems::new(row_pointers, WORK_CHUNK);
+        let long = long_windows(row_pointers, SOFTMAX_LONG_WINDOW);
+        Ok(Self {
+            item_windows: DeviceVec::from_host_named(gpu, "ME-BCRS item windows", &items.windows)?,
+            item_starts: DeviceVec::from_host_named(gpu, "ME-BCRS item starts", &items.starts)?,
+            item_ends: DeviceVec::from_host_named(gpu, "ME-BCRS item ends", &items.ends)?,
+            item_partials: DeviceVec::from_host_named(
+                gpu,
+                "ME-BCRS item partials",
+                &items.partials,
+            )?,
+            split_windows: DeviceVec::from_host_named(
+                gpu,
+                "ME-BCRS split windows",
+                &items.split_windows,
+            )?,
+            partial_first: DeviceVec::from_host_named(
+                gpu,
+                "ME-BCRS partial offsets",
+                &items.partial_first,
+            )?,
+            n_partials: items.n_partials(),
+            long_windows: DeviceVec::from_host_named(gpu, "softmax long windows", &long)?,
+            scratch: Mutex::new(None),
+        })
+    }
+
+    fn device_bytes(&self) -> usize {
+        let scratch = self
+            .scratch
+            .lock()
+            .map(|s| s.as_ref().map_or(0, DeviceVec::num_bytes))
+            .unwrap_or(0);
+        self.item_windows.num_bytes()
+            + self.item_starts.num_bytes()
+            + self.item_ends.num_bytes()
+            + self.item_partials.num_bytes()
+            + self.split_windows.num_bytes()
+            + self.partial_first.num_bytes()
+            + self.long_windows.num_bytes()
+            + scratch
+    }
+}
+
+/// An ME-BCRS mask in device memory, for the tensor-core ops of [`crate::tc_ops`].
+///
+/// The layout does not depend on the block width, so one upload serves the f16, bf16 and tf32
+/// kernels. Per-slot values (scores, probabilities) that go with it are f32, **head-major**:
+/// `heads × n_slots`, element `h · n_slots + slot` (see [`crate::tc_ops`]).
+///
+/// ```no_run
+/// use spattn_formats::Csr;
+/// use spattn_ops::{DeviceMeBcrs, Gpu};
+/// let gpu = Gpu::new(0)?;
+/// let a = Csr::from_edges(9, 6, &[(0, 1), (0, 4), (3, 4), (8, 2)])?;
+/// let d = DeviceMeBcrs::from_csr(&gpu, &a)?;
+/// assert_eq!((d.n_windows(), d.n_vectors(), d.n_slots(), d.nnz()), (2, 3, 24, 4));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct DeviceMeBcrs {
+    n_rows: usize,
+    n_cols: usize,
+    nnz: usize,
+    n_windows: usize,
+    n_vectors: usize,
+    row_pointers: DeviceVec<u32>,
+    column_indices: DeviceVec<u32>,
+    row_masks: DeviceVec<u8>,
+    edge_to_slot: DeviceVec<u32>,
+    fill_stats: FillStats,
+    schedule: MeBcrsSchedule,
+}
+
+impl DeviceMeBcrs {
+    /// Uploads `me` to `gpu`: its arrays, the edge → slot map and the work schedule (computed
+    /// on the host).
+    ///
+    /// Errors: [`Error::Format`] if a slot index does not fit in `u32` (more than 2^29
+    /// vectors), [`Error::TooLarge`] if the number of work items does not, driver errors.
+    pub fn upload(gpu: &Gpu, me: &MeBcrs) -> Result<Self> {
+        let edge_to_slot = me.edge_to_slot()?;
+        let schedule = MeBcrsSchedule::upload(gpu, me.row_pointers())?;
+        crate::launch::to_u32("ME-BCRS work items", schedule.item_windows.len())?;
+        Ok(DeviceMeBcrs {
+            n_rows: me.n_rows(),
+            n_cols: me.n_cols(),
+            nnz: me.nnz(),
+            n_windows: me.n_windows(),
+            n_vectors: me.n_vectors(),
+            row_pointers: DeviceVec::from_host_named(
+                gpu,
+                "ME-BCRS row pointers",
+                me.row_pointers(),
+            )?,
+            column_indices: DeviceVec::from_host_named(
+                gpu,
+                "ME-BCRS column indices",
+                me.column_indices(),
+            )?,
+            row_masks: DeviceVec::from_host_named(gpu, "ME-BCRS row masks", me.row_masks())?,
+            edge_to_slot: DeviceVec::from_host_named(gpu, "ME-BCRS edge to slot", &edge_to_slot)?,
+            fill_stats: me.fill_stats(),
+            schedule,
+        })
+    }
+
+    /// Converts `csr` to ME-BCRS on the host (block width 8, the f16 one; the fill statistics
+    /// use it) and uploads it.
+    pub fn from_csr(gpu: &Gpu, csr: &Csr) -> Result<Self> {
+        Self::upload(gpu, &MeBcrs::from_csr(csr, MeBcrs::BLOCK_WIDTH_F16)?)
+    }
+
+    /// Number of rows (query nodes).
+    pub fn n_rows(&self) -> usize {
+        self.n_rows
+    }
+    /// Number of columns (key nodes).
+    pub fn n_cols(&self) -> usize {
+        self.n_cols
+    }
+    /// Number of edges.
+    pub fn nnz(&self) -> usize {
+        self.nnz
+    }
+    /// Number of 8-row windows.
+    pub fn n_windows(&self) -> usize {
+        self.n_windows
+    }
+    /// Number of vectors (8×1 column slices of a window).
+    pub fn n_vectors(&self) -> usize {
+        self.n_vectors
+    }
+    /// Number of slots (`8 · n_vectors`): per-slot arrays hold `heads × n_slots` values.
+    pub fn n_slots(&self) -> usize {
+        self.n_vectors * MeBcrs::WINDOW_ROWS
+    }
+    /// Window pointers (`n_windows + 1` entries).
+    pub fn row_pointers(&self) -> &DeviceVec<u32> {
+        &self.row_pointers
+    }
+    /// The column of every vector.
+    pub fn column_indices(&self) -> &DeviceVec<u32> {
+        &self.column_indices
+    }
+    /// The row mask of every vector (bit `r`: row `8w + r` has the column).
+    pub fn row_masks(&self) -> &DeviceVec<u8> {
+        &self.row_masks
+    }
+    /// The slot of every CSR edge, in CSR order (`nnz` entries).
+    pub fn edge_to_slot(&self) -> &DeviceVec<u32> {
+        &self.edge_to_slot
+    }
+    /// Fill of the tensor-core blocks (block width 8), computed at upload: how much of the
+    /// tensor cores' work is on real edges.
+    pub fn fill_stats(&self) -> &FillStats {
+        &self.fill_stats
+    }
+    /// Number of work items of the tensor-core kernels (see the [module documentation](self)).
+    pub fn n_work_items(&self) -> usize {
+        self.schedule.item_windows.len()
+    }
+    pub(crate) fn schedule(&self) -> &MeBcrsSchedule {
+        &self.schedule
+    }
+    /// The handle the matrix was uploaded with.
+    pub fn gpu(&self) -> &Gpu {
+        self.row_pointers.gpu()
+    }
+    /// Device memory the matrix occupies, in bytes (schedule and scratch included).
+    pub fn device_bytes(&self) -> usize {
+        self.row_pointers.num_bytes()
+            + self.column_indices.num_bytes()
+            + self.row_masks.num_bytes()
+            + self.edge_to_slot.num_bytes()
+            + self.schedule.device_bytes()
+    }
+}
+
+impl OnGpu for DeviceMeBcrs {
+    fn gpu(&self) -> &Gpu {
+        self.row_pointers.gpu()
+    }
+}
+
+/// Checks that `len` is `heads × n` (`n` slots or edges), naming `what`.
+pub(crate) fn check_per_edge(what: &'static str, n: usize, heads: usize, len: usize) -> Result<()> {
+    if heads == 0 {
+        return Err(Error::InvalidArgument {
+            what: "heads",
+            why: "must be at least 1".into(),
+        });
+    }
+    let expected = n.checked_mul(heads).ok_or(Error::TooLarge {
+        what,
+        value: n as u64,
+        limit: (usize::MAX / heads) as u64,
+    })?;
+    if len != expected {
+        return Err(Error::LengthMismatch {
+            what,
+            expected,
+            actual: len,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn items_cover_every_vector_once_and_every_window() {
+        let pointers = [0u32, 0, 3, 3, 700, 701, 1300];
+        for chunk in [1, 16, 256, 10_000] {
+            let it = WorkItems::new(&pointers, chunk);
+            let n_windows = pointers.len() - 1;
+            let mut next = vec![None; n_windows];
+            for i in 0..it.len() {
+                let w = it.windows[i] as usize;
+                let (s, e) = (it.starts[i], it.ends[i]);
+                assert!(s <= e && e - s <= chunk);
+                assert_eq!(s, next[w].unwrap_or(pointers[w]), "contiguous items");
+                next[w] = Some(e);
+                let split = pointers[w + 1] - pointers[w] > chunk;
+                assert_eq!(it.partials[i] != NO_PARTIAL, split);
+            }
+            for w in 0..n_windows {
+                assert_eq!(next[w], Some(pointers[w + 1]), "window {w} covered");
+            }
+            // Partials: consecutive per split window, in item order.
+            let mut p = 0;
+            for (s, &w) in it.split_windows.iter().enumerate() {
+                assert_eq!(it.partial_first[s], p);
+                let of_w: Vec<u32> = (0..it.len())
+                    .filter(|&i| it.windows[i] == w)
+                    .map(|i| it.partials[i])
+                    .collect();
+                assert_eq!(of_w, (p..p + of_w.len() as u32).collect::<Vec<_>>());
+                p += of_w.len() as u32;
+            }
+            assert_eq!(it.n_partials(), p as usize);
+        }
+    }
+
+    #[test]
+    fn no_windows_no_items() {
+        let it = WorkItems::new(&[0], 256);
+        assert!(it.is_empty());
+        assert_eq!(it.n_partials(), 0);
+        assert!(long_windows(&[0], 1).is_empty());
+    }
+
+    #[test]
+    fn per_edge_lengths() {
+        assert!(check_per_edge("x", 5, 2, 10).is_ok());
+        assert!(matches!(
+            check_per_edge("x", 5, 2, 9),
+            Err(Error::LengthMismatch { what: "x", .. })
+        ));
+        assert!(matches!(
+            check_per_edge("x", 5, 0, 0),
+            Err(Error::InvalidArgument { .. })
+        ));
+    }
+}

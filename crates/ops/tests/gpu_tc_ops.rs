@@ -1,0 +1,594 @@
+//! GPU tests of the tensor-core ops on ME-BCRS against the f64 CPU reference, of the per-call
+//! backend switch and of the layout conversions.
+//!
+//! Every test is `#[ignore]`d on machines without an NVIDIA GPU; run them with
+//! `cargo test -- --include-ignored` or from the GPU bundle. Inputs are drawn fresh per run (the
+//! seed is printed; replay with SPATTN_SEED), outputs are poisoned with NaN before each launch,
+//! and errors are ‖out − ref‖ / ‖ref‖ in f64. Per-slot values are head-major
+//! (`h · n_slots + slot`); the host helpers below move them to CSR order for the reference.
+
+mod common;
+
+use common::*;
+use half::{bf16, f16};
+use rand::Rng;
+use rand_pcg::Pcg64;
+use spattn_formats::{Csr, MeBcrs};
+use spattn_ops::cpu::{self, rel_l2_error};
+use spattn_ops::graph::{self, Backend, DeviceGraph, EdgeLayout, EdgeValues};
+use spattn_ops::{
+    csr_ops, tc_ops, DType, DTypeKind, DeviceCsr, DeviceMatrix, DeviceMeBcrs, DeviceVec, Gpu, Shape,
+};
+
+/// Scores and probabilities from exact inputs are f32 arithmetic: f32-level accuracy.
+const F32_TOL: f64 = 1e-5;
+
+fn gpu() -> Gpu {
+    Gpu::new(0).expect("an NVIDIA GPU (this test is ignored elsewhere)")
+}
+
+/// DESIGN.md's tolerance for a tensor-core op with operands of type `T` (f32 runs as tf32).
+fn tc_tolerance<T: DType>() -> f64 {
+    match T::KIND {
+        DTypeKind::F32 => 1e-3,
+        DTypeKind::F16 => 5e-3,
+        DTypeKind::Bf16 => 2e-2,
+    }
+}
+
+/// Head-major slot values (`heads × n_slots`) in CSR order (`nnz × heads`).
+fn slots_to_csr_host(me: &MeBcrs, slots: &[f32], heads: usize) -> Vec<f32> {
+    let n = me.n_slots();
+    assert_eq!(slots.len(), n * heads);
+    let mut out = vec![0.0f32; me.nnz() * heads];
+    for h in 0..heads {
+        let per = me.gather_to_csr_order(&slots[h * n..(h + 1) * n]).unwrap();
+        for (e, x) in per.into_iter().enumerate() {
+            out[e * heads + h] = x;
+        }
+    }
+    out
+}
+
+/// CSR-order values (`nnz × heads`) in head-major slots, padding slots set to `fill`.
+fn csr_to_slots_host(me: &MeBcrs, values: &[f32], heads: usize, fill: f32) -> Vec<f32> {
+    let mut out = Vec::with_capacity(me.n_slots() * heads);
+    for h in 0..heads {
+        let per: Vec<f32> = (0..me.nnz()).map(|e| values[e * heads + h]).collect();
+        out.extend(me.scatter_to_slots(&per, fill).unwrap());
+    }
+    out
+}
+
+/// Checks that every padding slot of every head holds exactly `expected` (by bits).
+fn check_padding(me: &MeBcrs, slots: &[f32], heads: usize, expected: f32, what: &str) {
+    let n = me.n_slots();
+    for h in 0..heads {
+        for (v, &mask) in me.row_masks().iter().enumerate() {
+            for r in 0..8 {
+                if mask & (1 << r) == 0 {
+                    let x = slots[h * n + v * 8 + r];
+                    assert_eq!(
+                        x.to_bits(),
+                        expected.to_bits(),
+                        "{what}: padding slot {} of head {h} holds {x}",
+                        v * 8 + r
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn f64s(x: &[f32]) -> Vec<f64> {
+    x.iter().map(|&v| v as f64).collect()
+}
+
+/// Runs SDDMM, edge softmax (plain in place, LeakyReLU out of place) and SpMM of `a` on tensor
+/// cores with fresh random inputs and compares each with the f64 CPU reference.
+fn check_ops<T: DType>(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64) {
+    let ctx = format!(
+        "{} n={}x{} nnz={} heads={heads} head_dim={head_dim}",
+        T::NAME,
+        a.n_rows(),
+        a.n_cols(),
+        a.nnz()
+    );
+    let me = MeBcrs::from_csr(a, MeBcrs::BLOCK_WIDTH_F16).unwrap();
+    let dev = DeviceMeBcrs::upload(gpu, &me).unwrap();
+    let sq = Shape::new(a.n_rows(), heads, head_dim).unwrap();
+    let sk = Shape::new(a.n_cols(), heads, head_dim).unwrap();
+    let n_slot_values = me.n_slots() * heads;
+    let edges = a.nnz() * heads;
+    let scale = 1.0 / (head_dim as f64).sqrt();
+    // Scores of exact f16/bf16 inputs are f32 sums of exact products; tf32 rounds the operands.
+    let sddmm_tol = if T::KIND == DTypeKind::F32 {
+        1e-3
+    } else {
+        F32_TOL
+    };
+
+    // SDDMM.
+    let q: Vec<T> = random_vec(rng, sq.len(), 1.0);
+    let k: Vec<T> = random_vec(rng, sk.len(), 1.0);
+    let dq = DeviceMatrix::from_host(gpu, sq, &q).unwrap();
+    let dk = DeviceMatrix::from_host(gpu, sk, &k).unwrap();
+    let mut scores = DeviceVec::<f32>::zeros(gpu, n_slot_values).unwrap();
+    scores.fill_nan().unwrap();
+    tc_ops::sddmm(gpu, &dev, &dq, &dk, scale as f32, &mut scores).unwrap();
+    let got_slots = scores.to_host().unwrap();
+    check_padding(&me, &got_slots, heads, f32::NEG_INFINITY, "sddmm");
+    let got = slots_to_csr_host(&me, &got_slots, heads);
+    let mut want = vec![0.0f64; edges];
+    cpu::sddmm(a, &to_f64(&q), &to_f64(&k), sq, sk, scale, &mut want).unwrap();
+    let err = rel_l2_error(&got, &want);
+    assert!(err <= sddmm_tol, "tc sddmm {ctx}: rel error {err:e}");
+
+    // Edge softmax with LeakyReLU(0.2), out of place, on the slot scores (padding = -inf).
+    let mut p = DeviceVec::<f32>::zeros(gpu, n_slot_values).unwrap();
+    p.fill_nan().unwrap();
+    tc_ops::edge_softmax(gpu, &dev, &scores, heads, Some(0.2), &mut p).unwrap();
+    let p_slots = p.to_host().unwrap();
+    check_padding(&me, &p_slots, heads, 0.0, "edge_softmax(leaky)");
+    let mut want_p = vec![0.0f64; edges];
+    cpu::edge_softmax(a, &f64s(&got), heads, Some(0.2), &mut want_p).unwrap();
+    let err = rel_l2_error(&slots_to_csr_host(&me, &p_slots, heads), &want_p);
+    assert!(
+        err <= F32_TOL,
+        "tc edge_softmax(leaky) {ctx}: rel error {err:e}"
+    );
+
+    // Edge softmax in place on the dot scores.
+    tc_ops::edge_softmax_in_place(gpu, &dev, &mut scores, heads, None).unwrap();
+    let probs_slots = scores.to_host().unwrap();
+    check_padding(&me, &probs_slots, heads, 0.0, "edge_softmax");
+    let probs = slots_to_csr_host(&me, &probs_slots, heads);
+    cpu::edge_softmax(a, &f64s(&got), heads, None, &mut want_p).unwrap();
+    let err = rel_l2_error(&probs, &want_p);
+    assert!(err <= F32_TOL, "tc edge_softmax {ctx}: rel error {err:e}");
+
+    // SpMM with those probabilities, straight from the softmax.
+    let v: Vec<T> = random_vec(rng, sk.len(), 1.0);
+    let dv = DeviceMatrix::from_host(gpu, sk, &v).unwrap();
+    let mut out = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();
+    out.fill_nan().unwrap();
+    tc_ops::spmm(gpu, &dev, &scores, &dv, &mut out).unwrap();
+    let first = out.to_host().unwrap();
+    let mut want_o = vec![0.0f64; sq.len()];
+    cpu::spmm(a, &f64s(&probs), &to_f64(&v), sk, &mut want_o).unwrap();
+    let err = rel_l2_error(&to_f64(&first), &want_o);
+    assert!(
+        err <= tc_tolerance::<T>(),
+        "tc spmm {ctx}: rel error {err:e}"
+    );
+
+    // Again, with NaN in every padding slot of P: ignored, and the same bits as before (split
+    // windows are summed in a fixed order; no state left in the scratch).
+    let poisoned = csr_to_slots_host(&me, &probs, heads, f32::NAN);
+    let dp = DeviceVec::from_host(gpu, &poisoned).unwrap();
+    out.fill_nan().unwrap();
+    tc_ops::spmm(gpu, &dev, &dp, &dv, &mut out).unwrap();
+    let second = out.to_host().unwrap();
+    let same = first
+        .iter()
+        .zip(&second)
+        .all(|(x, y)| bytemuck::bytes_of(x) == bytemuck::bytes_of(y));
+    assert!(
+        same,
+        "tc spmm {ctx}: second run (NaN padding) differs from the first"
+    );
+}
+
+fn check_all_dtypes(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64) {
+    check_ops::<f16>(gpu, a, heads, head_dim, rng);
+    check_ops::<bf16>(gpu, a, heads, head_dim, rng);
+    check_ops::<f32>(gpu, a, heads, head_dim, rng);
+}
+
+/// A random `n_rows × n_cols` pattern, about `avg` edges per row, every third row empty.
+fn rect_graph(rng: &mut Pcg64, n_rows: usize, n_cols: usize, avg: usize) -> Csr {
+    let mut edges = Vec::new();
+    for r in 0..n_rows {
+        if r % 3 == 2 {
+            continue;
+        }
+        for _ in 0..rng.random_range(1..=2 * avg) {
+            edges.push((r as u32, rng.random_range(0..n_cols as u32)));
+        }
+    }
+    Csr::from_edges(n_rows, n_cols, &edges).unwrap()
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn tc_ops_on_cora_pubmed_arxiv() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("tc_ops_on_cora_pubmed_arxiv");
+    for name in ["cora", "pubmed", "ogbn-arxiv"] {
+        let a = shared_graph(name);
+        for (heads, head_dim) in [(1, 128), (8, 64), (2, 24)] {
+            check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn tc_ops_on_rmat_16() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("tc_ops_on_rmat_16");
+    let a = rmat_graph(16);
+    for (heads, head_dim) in [(1, 128), (8, 16), (1, 3)] {
+        check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn tc_every_head_dim_and_head_count() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("tc_every_head_dim_and_head_count");
+    let a = random_graph(&mut rng, 300, 6, 7);
+    for head_dim in [1, 3, 24, 64, 96, 128, 256] {
+        for heads in [1, 2, 8] {
+            check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
+        }
+    }
+    // Tails of every kind: odd, even but not a multiple of 8, a multiple of 8 but not of 16,
+    // past one 128-feature slab.
+    for head_dim in [2, 6, 12, 40, 200] {
+        check_all_dtypes(&gpu, &a, 2, head_dim, &mut rng);
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn tc_tiny_graphs_empty_rows_rectangular() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("tc_tiny_graphs_empty_rows_rectangular");
+    for n in [1, 7, 17, 33] {
+        let a = random_graph(&mut rng, n, 3, 3);
+        for (heads, head_dim) in [(1, 1), (2, 3), (8, 64)] {
+            check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
+        }
+    }
+    // n_cols != n_rows, both ways, partial last windows.
+    for (rows, cols) in [(37, 50), (50, 13), (9, 1)] {
+        let a = rect_graph(&mut rng, rows, cols, 4);
+        for (heads, head_dim) in [(1, 16), (2, 24), (3, 5)] {
+            check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
+        }
+    }
+    // No edges at all (empty windows only): SpMM writes zeros everywhere.
+    let empty = Csr::empty(9, 9).unwrap();
+    check_all_dtypes(&gpu, &empty, 2, 8, &mut rng);
+    // No rows.
+    let none = Csr::empty(0, 4).unwrap();
+    check_all_dtypes(&gpu, &none, 1, 16, &mut rng);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn tc_hub_row_of_100k_edges() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("tc_hub_row_of_100k_edges");
+    let a = hub_graph(&mut rng, 100_000, 12_345);
+    assert_eq!(a.degree(12_345), 100_000);
+    for (heads, head_dim) in [(1, 128), (2, 24)] {
+        check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn tc_softmax_extremes() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("tc_softmax_extremes");
+    let a = hub_graph(&mut rng, 5_000, 10);
+    let me = MeBcrs::from_csr(&a, 8).unwrap();
+    let dev = DeviceMeBcrs::upload(&gpu, &me).unwrap();
+    let heads = 2;
+    let edges = a.nnz() * heads;
+    let cases: Vec<(&str, Vec<f32>)> = vec![
+        ("all equal", vec![3.5; edges]),
+        (
+            "near +1e4",
+            (0..edges)
+                .map(|_| 1e4 + rng.random_range(-5.0..5.0))
+                .collect(),
+        ),
+        (
+            "near -1e4",
+            (0..edges)
+                .map(|_| -1e4 + rng.random_range(-5.0..5.0))
+                .collect(),
+        ),
+        (
+            "spread ±1e4",
+            (0..edges).map(|_| rng.random_range(-1e4..1e4)).collect(),
+        ),
+    ];
+    for (what, s) in cases {
+        // Padding slots hold NaN: the softmax must not read them.
+        let slots = csr_to_slots_host(&me, &s, heads, f32::NAN);
+        let ds = DeviceVec::from_host(&gpu, &slots).unwrap();
+        let mut p = DeviceVec::<f32>::zeros(&gpu, slots.len()).unwrap();
+        p.fill_nan().unwrap();
+        tc_ops::edge_softmax(&gpu, &dev, &ds, heads, None, &mut p).unwrap();
+        let p_slots = p.to_host().unwrap();
+        check_padding(&me, &p_slots, heads, 0.0, what);
+        let got = slots_to_csr_host(&me, &p_slots, heads);
+        let mut want = vec![0.0; edges];
+        cpu::edge_softmax(&a, &f64s(&s), heads, None, &mut want).unwrap();
+        let err = rel_l2_error(&got, &want);
+        assert!(err <= F32_TOL, "tc softmax {what}: rel error {err:e}");
+        for r in 0..a.n_rows() {
+            let range = a.row_range(r);
+            if range.is_empty() {
+                continue;
+            }
+            for h in 0..heads {
+                let sum: f64 = range.clone().map(|e| got[e * heads + h] as f64).sum();
+                assert!(
+                    (sum - 1.0).abs() < 1e-4,
+                    "tc softmax {what}: row {r} head {h} sums to {sum}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn layout_conversions_round_trip() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("layout_conversions_round_trip");
+    for a in [
+        random_graph(&mut rng, 1000, 5, 4),
+        rect_graph(&mut rng, 33, 70, 6),
+        hub_graph(&mut rng, 20_000, 7),
+    ] {
+        let me = MeBcrs::from_csr(&a, 8).unwrap();
+        let dev = DeviceMeBcrs::upload(&gpu, &me).unwrap();
+        for heads in [1, 3] {
+            let vals: Vec<f32> = (0..a.nnz() * heads)
+                .map(|_| rng.random_range(-1.0..1.0))
+                .collect();
+            let dvals = DeviceVec::from_host(&gpu, &vals).unwrap();
+            let mut slots = DeviceVec::<f32>::zeros(&gpu, me.n_slots() * heads).unwrap();
+            slots.fill_nan().unwrap();
+            tc_ops::csr_to_slots(&gpu, &dev, &dvals, heads, -7.0, &mut slots).unwrap();
+            let got_slots = slots.to_host().unwrap();
+            assert_eq!(got_slots, csr_to_slots_host(&me, &vals, heads, -7.0));
+            let mut back = DeviceVec::<f32>::zeros(&gpu, vals.len()).unwrap();
+            back.fill_nan().unwrap();
+            tc_ops::slots_to_csr(&gpu, &dev, &slots, heads, &mut back).unwrap();
+            assert_eq!(back.to_host().unwrap(), vals, "CSR -> slots -> CSR");
+        }
+        // Through the tagged values of the backend switch.
+        let g = DeviceGraph::upload(&gpu, &a).unwrap();
+        let vals: Vec<f32> = (0..a.nnz() * 2)
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
+        let ev = EdgeValues::from_vec(
+            &g,
+            EdgeLayout::Csr,
+            2,
+            DeviceVec::from_host(&gpu, &vals).unwrap(),
+        )
+        .unwrap();
+        let s = ev.to_layout(&gpu, &g, EdgeLayout::Slots).unwrap();
+        assert_eq!(s.layout(), EdgeLayout::Slots);
+        assert_eq!(s.values().len(), me.n_slots() * 2);
+        let back = s.into_layout(&gpu, &g, EdgeLayout::Csr).unwrap();
+        assert_eq!(back.values().to_host().unwrap(), vals);
+    }
+}
+
+/// SDDMM → softmax → SpMM through `graph::` on one backend, or with the layouts crossing.
+fn run_chain<T: DType>(
+    gpu: &Gpu,
+    g: &DeviceGraph,
+    backends: [Backend; 3],
+    q: &DeviceMatrix<T>,
+    k: &DeviceMatrix<T>,
+    v: &DeviceMatrix<T>,
+    scale: f32,
+) -> (Vec<f32>, Vec<T>) {
+    let heads = q.shape().heads;
+    let mut s = EdgeValues::zeros(gpu, g, EdgeLayout::Csr, heads).unwrap();
+    s.values_mut().fill_nan().unwrap();
+    graph::sddmm(gpu, g, backends[0], q, k, scale, &mut s).unwrap();
+    assert_eq!(s.layout(), backends[0].layout());
+    graph::edge_softmax_in_place(gpu, g, backends[1], &mut s, None).unwrap();
+    assert_eq!(s.layout(), backends[1].layout());
+    let probs = s.to_layout(gpu, g, EdgeLayout::Csr).unwrap();
+    let mut out = DeviceMatrix::<T>::zeros(gpu, q.shape()).unwrap();
+    out.fill_nan().unwrap();
+    graph::spmm(gpu, g, backends[2], &s, v, &mut out).unwrap();
+    (probs.values().to_host().unwrap(), out.to_host().unwrap())
+}
+
+fn check_backends_agree<T: DType>(
+    gpu: &Gpu,
+    a: &Csr,
+    heads: usize,
+    head_dim: usize,
+    rng: &mut Pcg64,
+) {
+    let g = DeviceGraph::upload(gpu, a).unwrap();
+    assert!(g.supports(Backend::TensorCore));
+    let shape = Shape::new(a.n_rows(), heads, head_dim).unwrap();
+    let x = |rng: &mut Pcg64| {
+        let h: Vec<T> = random_vec(rng, shape.len(), 1.0);
+        (DeviceMatrix::from_host(gpu, shape, &h).unwrap(), h)
+    };
+    let ((q, qh), (k, kh), (v, vh)) = (x(rng), x(rng), x(rng));
+    let scale = 1.0 / (head_dim as f64).sqrt();
+    let (q64, k64, v64) = (to_f64(&qh), to_f64(&kh), to_f64(&vh));
+    let inputs = cpu::AttentionInputs::new(&q64, shape, &k64, shape, &v64, shape);
+    let want = cpu::attention_f64_from(a, &inputs, scale).unwrap();
+    let (cc_p, cc_out) = run_chain(gpu, &g, [Backend::CudaCore; 3], &q, &k, &v, scale as f32);
+    let (tc_p, tc_out) = run_chain(gpu, &g, [Backend::TensorCore; 3], &q, &k, &v, scale as f32);
+    use Backend::{CudaCore as C, TensorCore as T_};
+    let (mx_p, mx_out) = run_chain(gpu, &g, [C, T_, C], &q, &k, &v, scale as f32);
+    let (mx2_p, mx2_out) = run_chain(gpu, &g, [T_, C, T_], &q, &k, &v, scale as f32);
+    let cc_p64 = f64s(&cc_p);
+    let p_tol = if T::KIND == DTypeKind::F32 {
+        1e-3
+    } else {
+        F32_TOL
+    };
+    for (what, p) in [("tc", &tc_p), ("cc-tc-cc", &mx_p), ("tc-cc-tc", &mx2_p)] {
+        let err = rel_l2_error(p, &cc_p64);
+        assert!(
+            err <= p_tol,
+            "{} probabilities {what} vs cuda-core: {err:e}",
+            T::NAME
+        );
+    }
+    let tol = tc_tolerance::<T>().max(common::tolerance::<T>());
+    for (what, out) in [
+        ("cuda-core", &cc_out),
+        ("tensor-core", &tc_out),
+        ("cc-tc-cc", &mx_out),
+        ("tc-cc-tc", &mx2_out),
+    ] {
+        let err = rel_l2_error(&to_f64(out), &want);
+        assert!(
+            err <= tol,
+            "{} attention {what}: rel error {err:e}",
+            T::NAME
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn backend_switch_gives_the_same_answer() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("backend_switch_gives_the_same_answer");
+    let cora = shared_graph("cora");
+    let hub = hub_graph(&mut rng, 30_000, 99);
+    for a in [&cora, &hub] {
+        check_backends_agree::<f16>(&gpu, a, 4, 32, &mut rng);
+        check_backends_agree::<bf16>(&gpu, a, 1, 64, &mut rng);
+        check_backends_agree::<f32>(&gpu, a, 2, 24, &mut rng);
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn tc_shape_errors_are_typed() {
+    let gpu = gpu();
+    let a = Csr::from_edges(4, 4, &[(0, 1), (1, 2)]).unwrap();
+    let dev = DeviceMeBcrs::from_csr(&gpu, &a).unwrap();
+    let q = DeviceMatrix::<f16>::zeros(&gpu, Shape::new(4, 1, 8).unwrap()).unwrap();
+    let k_bad = DeviceMatrix::<f16>::zeros(&gpu, Shape::new(5, 1, 8).unwrap()).unwrap();
+    let mut s = DeviceVec::<f32>::zeros(&gpu, dev.n_slots()).unwrap();
+    let e = tc_ops::sddmm(&gpu, &dev, &q, &k_bad, 1.0, &mut s).unwrap_err();
+    assert!(
+        matches!(e, spattn_ops::Error::ShapeMismatch { what: "K", .. }),
+        "{e}"
+    );
+    // CSR-order length where slots are expected.
+    let mut s_bad = DeviceVec::<f32>::zeros(&gpu, a.nnz()).unwrap();
+    let e = tc_ops::sddmm(&gpu, &dev, &q, &q, 1.0, &mut s_bad).unwrap_err();
+    assert!(
+        matches!(e, spattn_ops::Error::LengthMismatch { what: "scores", .. }),
+        "{e}"
+    );
+    let e = tc_ops::edge_softmax_in_place(&gpu, &dev, &mut s_bad, 1, None).unwrap_err();
+    assert!(matches!(e, spattn_ops::Error::LengthMismatch { .. }), "{e}");
+    let mut out_bad = DeviceMatrix::<f16>::zeros(&gpu, Shape::new(3, 1, 8).unwrap()).unwrap();
+    let e = tc_ops::spmm(&gpu, &dev, &s, &q, &mut out_bad).unwrap_err();
+    assert!(
+        matches!(e, spattn_ops::Error::ShapeMismatch { what: "out", .. }),
+        "{e}"
+    );
+    let e = tc_ops::edge_softmax_in_place(&gpu, &dev, &mut s, 0, None).unwrap_err();
+    assert!(
+        matches!(e, spattn_ops::Error::InvalidArgument { .. }),
+        "{e}"
+    );
+    // A graph uploaded for the CUDA cores only refuses the tensor-core backend.
+    let g = DeviceGraph::upload_for(&gpu, &a, &[Backend::CudaCore]).unwrap();
+    let mut ev = EdgeValues::zeros(&gpu, &g, EdgeLayout::Csr, 1).unwrap();
+    let e = graph::sddmm(&gpu, &g, Backend::TensorCore, &q, &q, 1.0, &mut ev).unwrap_err();
+    assert!(
+        matches!(e, spattn_ops::Error::InvalidArgument { .. }),
+        "{e}"
+    );
+    // Another handle's buffers are refused.
+    let other = Gpu::new(0).unwrap();
+    let e = tc_ops::sddmm(&other, &dev, &q, &q, 1.0, &mut s).unwrap_err();
+    assert!(matches!(e, spattn_ops::Error::WrongDevice { .. }), "{e}");
+}
+
+/// Median GPU time of `f` over `runs` runs after 3 warm-up runs, in ms.
+fn median_ms(gpu: &Gpu, runs: usize, mut f: impl FnMut() -> spattn_ops::Result<()>) -> f32 {
+    for _ in 0..3 {
+        f().unwrap();
+    }
+    gpu.synchronize().unwrap();
+    let mut times: Vec<f32> = (0..runs).map(|_| gpu.time_ms(&mut f).unwrap()).collect();
+    times.sort_by(|a, b| a.total_cmp(b));
+    times[runs / 2]
+}
+
+fn time_case<T: DType>(gpu: &Gpu, name: &str, a: &Csr, heads: usize, head_dim: usize) {
+    let mut rng = fresh_rng("timing");
+    let csr = DeviceCsr::upload(gpu, a).unwrap();
+    let me = DeviceMeBcrs::from_csr(gpu, a).unwrap();
+    let shape = Shape::new(a.n_rows(), heads, head_dim).unwrap();
+    let x = |rng: &mut Pcg64| {
+        let h: Vec<T> = random_vec(rng, shape.len(), 1.0);
+        DeviceMatrix::from_host(gpu, shape, &h).unwrap()
+    };
+    let (q, k, v) = (x(&mut rng), x(&mut rng), x(&mut rng));
+    let mut out = DeviceMatrix::<T>::zeros(gpu, shape).unwrap();
+    let mut s_csr = DeviceVec::<f32>::zeros(gpu, a.nnz() * heads).unwrap();
+    let mut s_tc = DeviceVec::<f32>::zeros(gpu, me.n_slots() * heads).unwrap();
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    let runs = 21;
+    let sddmm_cc = median_ms(gpu, runs, || {
+        csr_ops::sddmm(gpu, &csr, &q, &k, scale, &mut s_csr)
+    });
+    let sddmm_tc = median_ms(gpu, runs, || {
+        tc_ops::sddmm(gpu, &me, &q, &k, scale, &mut s_tc)
+    });
+    let sm_cc = median_ms(gpu, runs, || {
+        csr_ops::edge_softmax_in_place(gpu, &csr, &mut s_csr, heads, None)
+    });
+    let sm_tc = median_ms(gpu, runs, || {
+        tc_ops::edge_softmax_in_place(gpu, &me, &mut s_tc, heads, None)
+    });
+    let spmm_cc = median_ms(gpu, runs, || csr_ops::spmm(gpu, &csr, &s_csr, &v, &mut out));
+    let spmm_tc = median_ms(gpu, runs, || tc_ops::spmm(gpu, &me, &s_tc, &v, &mut out));
+    let fill = me.fill_stats().fill();
+    println!(
+        "TIMING {name} {} heads={heads} head_dim={head_dim} nnz={} vectors={} fill={fill:.3} | \
+         sddmm csr {sddmm_cc:.4} ms tc {sddmm_tc:.4} ms ({:.2}x) | softmax csr {sm_cc:.4} tc \
+         {sm_tc:.4} | spmm csr {spmm_cc:.4} ms tc {spmm_tc:.4} ms ({:.2}x)",
+        T::NAME,
+        a.nnz(),
+        me.n_vectors(),
+        sddmm_cc / sddmm_tc,
+        spmm_cc / spmm_tc,
+    );
+}
+
+/// Prints CUDA-core vs tensor-core times on ogbn-arxiv (no assertion: speed lives in benches).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn timing_arxiv_cuda_core_vs_tensor_core() {
+    let gpu = gpu();
+    println!("TIMING device {}", gpu.name());
+    let a = shared_graph("ogbn-arxiv");
+    time_case::<f16>(&gpu, "ogbn-arxiv", &a, 1, 128);
+    time_case::<f16>(&gpu, "ogbn-arxiv", &a, 8, 64);
+    time_case::<bf16>(&gpu, "ogbn-arxiv", &a, 1, 128);
+    time_case::<f32>(&gpu, "ogbn-arxiv", &a, 1, 128);
+    let r = rmat_graph(16);
+    time_case::<f16>(&gpu, "rmat16", &r, 1, 128);
+}
