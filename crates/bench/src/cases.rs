@@ -53,6 +53,12 @@ pub enum Runner {
     SpmmCsr,
     /// The three CSR ops in sequence, one `nnz × heads` f32 buffer in between.
     UnfusedCsr,
+    /// `tc_ops::sddmm` (through `graph::sddmm`): Q, K → f32 scores in ME-BCRS slots.
+    SddmmTc,
+    /// `tc_ops::edge_softmax_in_place` on slot-layout f32 scores.
+    SoftmaxTc,
+    /// `tc_ops::spmm`: slot-layout f32 probabilities, V → out.
+    SpmmTc,
     /// An `AttentionPlan` built for this algorithm, run with `forward`.
     Plan(Algorithm),
     /// `cpu::attention` in f32.
@@ -160,6 +166,27 @@ pub const CASES: &[Case] = &[
         peers: &["cusparse_spmm"],
         about: "SpMM on CUDA cores: Σ_j P_ij V_j with f32 probabilities",
     },
+    tc_op_case(
+        "sddmm-tc",
+        Runner::SddmmTc,
+        Traffic::Sddmm,
+        &["cusparse_sddmm"],
+        "SDDMM on tensor cores (ME-BCRS, swap-and-transpose), f32 scores in slot layout",
+    ),
+    tc_op_case(
+        "softmax-tc",
+        Runner::SoftmaxTc,
+        Traffic::Softmax,
+        &[],
+        "row softmax over ME-BCRS slots (padding slots stay 0), in place",
+    ),
+    tc_op_case(
+        "spmm-tc",
+        Runner::SpmmTc,
+        Traffic::Spmm,
+        &["cusparse_spmm"],
+        "SpMM on tensor cores (ME-BCRS, Oᵀ = Vᵀ·Pᵀ), f32 accumulation",
+    ),
     Case {
         name: "unfused-csr",
         kind: CaseKind::Algorithm,
@@ -211,6 +238,27 @@ pub const CASES: &[Case] = &[
         about: "cpu::attention in f32 (rayon): SDDMM → softmax → SpMM",
     },
 ];
+
+/// A tensor-core op of spattn-ops on ME-BCRS as a case. Its floor counts the same dense bytes
+/// as the CSR op (the ideal; padding slots are overhead) and the CSR index arrays.
+const fn tc_op_case(
+    name: &'static str,
+    runner: Runner,
+    traffic: Traffic,
+    peers: &'static [&'static str],
+    about: &'static str,
+) -> Case {
+    Case {
+        name,
+        kind: CaseKind::Op,
+        backend: Backend::Gpu,
+        runner,
+        traffic,
+        indices: IndexReads::CSR,
+        peers,
+        about,
+    }
+}
 
 /// An algorithm of `AttentionPlan` as a case.
 const fn plan_case(name: &'static str, algorithm: Algorithm, about: &'static str) -> Case {
@@ -340,7 +388,11 @@ pub fn tolerance(case: &Case, dtype: DTypeKind) -> f64 {
     };
     let tensor_cores = matches!(
         case.runner,
-        Runner::Plan(Algorithm::UnfusedTensorCore | Algorithm::FusedTensorCore | Algorithm::Hybrid)
+        Runner::SddmmTc
+            | Runner::SpmmTc
+            | Runner::Plan(
+                Algorithm::UnfusedTensorCore | Algorithm::FusedTensorCore | Algorithm::Hybrid
+            )
     );
     match out {
         DTypeKind::F32 if tensor_cores => 1e-3,
@@ -390,6 +442,9 @@ mod tests {
                 "sddmm-csr",
                 "softmax-csr",
                 "spmm-csr",
+                "sddmm-tc",
+                "softmax-tc",
+                "spmm-tc",
                 "unfused-csr",
                 "unfused-tc",
                 "fused-csr",

@@ -11,6 +11,7 @@
 use spattn::{AttentionConfig, AttentionPlan};
 use spattn_formats::Csr;
 use spattn_ops::cpu;
+use spattn_ops::graph::{self, Backend as OpBackend, DeviceGraph, EdgeLayout, EdgeValues};
 use spattn_ops::{csr_ops, DType, DeviceCsr, DeviceMatrix, DeviceVec, Gpu, GpuTimer};
 
 use crate::cases::{Case, Runner};
@@ -135,6 +136,12 @@ pub struct GpuConfig<'a, T: DType> {
     /// Softmax of `op_scores` on the GPU, and its host copy when checking.
     op_probs: Option<(DeviceVec<f32>, Vec<f32>)>,
     spmm_ref: Option<Vec<f64>>,
+    /// The graph with its ME-BCRS upload, for the tensor-core op cases.
+    tc_graph: Option<DeviceGraph>,
+    /// `op_scores` in ME-BCRS slots (softmax-tc's input).
+    tc_scores: Option<EdgeValues>,
+    /// `op_probs` in ME-BCRS slots (spmm-tc's input).
+    tc_probs: Option<EdgeValues>,
 }
 
 impl<'a, T: DType> GpuConfig<'a, T> {
@@ -168,7 +175,51 @@ impl<'a, T: DType> GpuConfig<'a, T> {
             softmax_ref: None,
             op_probs: None,
             spmm_ref: None,
+            tc_graph: None,
+            tc_scores: None,
+            tc_probs: None,
         })
+    }
+
+    fn ensure_tc_graph(&mut self) -> Result<()> {
+        if self.tc_graph.is_none() {
+            let graph = DeviceGraph::upload_for(self.gpu, self.csr, &[OpBackend::TensorCore])?;
+            self.tc_graph = Some(graph);
+        }
+        Ok(())
+    }
+
+    /// `op_scores` (or, with `probs`, `op_probs`) copied into ME-BCRS slots.
+    fn ensure_tc_input(&mut self, probs: bool) -> Result<()> {
+        self.ensure_tc_graph()?;
+        if probs {
+            self.ensure_op_probs()?;
+        } else {
+            self.ensure_op_scores()?;
+        }
+        let slot = if probs {
+            &self.tc_probs
+        } else {
+            &self.tc_scores
+        };
+        if slot.is_some() {
+            return Ok(());
+        }
+        let graph = self.tc_graph.as_ref().expect("set just above");
+        let src = if probs {
+            &self.op_probs
+        } else {
+            &self.op_scores
+        };
+        let (values, _) = src.as_ref().expect("set just above");
+        let csr = EdgeValues::from_vec(graph, EdgeLayout::Csr, self.heads(), values.try_clone()?)?;
+        let slots = csr.into_layout(self.gpu, graph, EdgeLayout::Slots)?;
+        if probs {
+            self.tc_probs = Some(slots);
+        } else {
+            self.tc_scores = Some(slots);
+        }
+        Ok(())
     }
 
     fn heads(&self) -> usize {
@@ -324,6 +375,25 @@ pub fn prepare<'a, T: DType>(case: &Case, cfg: &'a mut GpuConfig<'_, T>) -> Resu
                 cfg.ensure_attention_ref()?;
             }
         }
+        Runner::SddmmTc | Runner::SoftmaxTc | Runner::SpmmTc => {
+            if cfg.gpu.compute_capability() < (8, 0) {
+                return Ok(Prepared::Unsupported(
+                    "tensor-core ops need compute capability 8.0".into(),
+                ));
+            }
+            match case.runner {
+                Runner::SddmmTc => cfg.ensure_tc_graph()?,
+                Runner::SoftmaxTc => cfg.ensure_tc_input(false)?,
+                _ => cfg.ensure_tc_input(true)?,
+            }
+            if check {
+                match case.runner {
+                    Runner::SddmmTc => cfg.ensure_sddmm_ref()?,
+                    Runner::SoftmaxTc => cfg.ensure_softmax_ref()?,
+                    _ => cfg.ensure_spmm_ref()?,
+                }
+            }
+        }
         Runner::Plan(algorithm) => {
             let s = cfg.host.shape_q;
             let config = AttentionConfig::new(s.heads, s.head_dim, T::KIND)
@@ -400,6 +470,34 @@ pub fn prepare<'a, T: DType>(case: &Case, cfg: &'a mut GpuConfig<'_, T>) -> Resu
             out: DeviceMatrix::zeros(gpu, cfg.host.shape_q)?,
             reference: cfg.attention_ref.as_deref(),
         }),
+        (Runner::SddmmTc | Runner::SoftmaxTc | Runner::SpmmTc, _) => {
+            let graph = cfg
+                .tc_graph
+                .as_ref()
+                .ok_or_else(|| Error::new("the ME-BCRS graph was not uploaded"))?;
+            let (input, reference) = match case.runner {
+                Runner::SddmmTc => (None, cfg.sddmm_ref.as_deref()),
+                Runner::SoftmaxTc => (cfg.tc_scores.as_ref(), cfg.softmax_ref.as_deref()),
+                _ => (cfg.tc_probs.as_ref(), cfg.spmm_ref.as_deref()),
+            };
+            let work = match input {
+                Some(x) => EdgeValues::from_vec(graph, x.layout(), heads, x.values().try_clone()?)?,
+                None => EdgeValues::zeros(gpu, graph, EdgeLayout::Slots, heads)?,
+            };
+            Box::new(TcOpCase {
+                gpu,
+                graph,
+                runner: case.runner,
+                q: &cfg.q,
+                k: &cfg.k,
+                v: &cfg.v,
+                scale: cfg.host.scale,
+                input,
+                work,
+                out: DeviceMatrix::zeros(gpu, cfg.host.shape_q)?,
+                reference,
+            })
+        }
         (Runner::Plan(_), Some(plan)) => Box::new(PlanCase {
             plan,
             q: &cfg.q,
@@ -418,6 +516,73 @@ pub fn prepare<'a, T: DType>(case: &Case, cfg: &'a mut GpuConfig<'_, T>) -> Resu
 fn compare<X: Copy + Into<f64> + Sync>(out: &[X], reference: Option<&[f64]>) -> Result<f64> {
     let reference = reference.ok_or_else(|| Error::new("no reference was computed"))?;
     Ok(cpu::rel_l2_error(out, reference))
+}
+
+/// sddmm-tc, softmax-tc or spmm-tc: the tensor-core op on ME-BCRS slots. Checks convert the
+/// slot-layout output back to CSR order (dropping padding slots) before comparing.
+struct TcOpCase<'a, T: DType> {
+    gpu: &'a Gpu,
+    graph: &'a DeviceGraph,
+    runner: Runner,
+    q: &'a DeviceMatrix<T>,
+    k: &'a DeviceMatrix<T>,
+    v: &'a DeviceMatrix<T>,
+    scale: f32,
+    /// The slot-layout scores (softmax) or probabilities (SpMM) the op starts from.
+    input: Option<&'a EdgeValues>,
+    /// SDDMM's output, or softmax's in-place buffer.
+    work: EdgeValues,
+    /// SpMM's output.
+    out: DeviceMatrix<T>,
+    reference: Option<&'a [f64]>,
+}
+
+impl<T: DType> Launch for TcOpCase<'_, T> {
+    fn launch(&mut self) -> Result<()> {
+        let tc = OpBackend::TensorCore;
+        match self.runner {
+            Runner::SddmmTc => graph::sddmm(
+                self.gpu,
+                self.graph,
+                tc,
+                self.q,
+                self.k,
+                self.scale,
+                &mut self.work,
+            )?,
+            Runner::SoftmaxTc => {
+                graph::edge_softmax_in_place(self.gpu, self.graph, tc, &mut self.work, None)?
+            }
+            _ => {
+                let p = self
+                    .input
+                    .ok_or_else(|| Error::new("spmm-tc has no probabilities"))?;
+                graph::spmm(self.gpu, self.graph, tc, p, self.v, &mut self.out)?
+            }
+        }
+        Ok(())
+    }
+    fn check(&mut self) -> Result<f64> {
+        match self.runner {
+            Runner::SpmmTc => {
+                self.out.fill_nan()?;
+                self.launch()?;
+                compare(&to_f64(&self.out.to_host()?), self.reference)
+            }
+            _ => {
+                match self.input {
+                    Some(x) => self
+                        .work
+                        .values_mut()
+                        .copy_from_host(&x.values().to_host()?)?,
+                    None => self.work.values_mut().fill_nan()?,
+                }
+                self.launch()?;
+                let csr = self.work.to_layout(self.gpu, self.graph, EdgeLayout::Csr)?;
+                compare(&csr.values().to_host()?, self.reference)
+            }
+        }
+    }
 }
 
 struct SddmmCase<'a, T: DType> {
