@@ -3,12 +3,18 @@
 //! Layout of the bundle (default target/gpu-bundle):
 //!
 //! ```text
-//! run.sh        runs every bin/ executable with --include-ignored --test-threads=1
-//! bin/          test executables, stripped, named <package>-<target> (<package>-lib for unit tests)
-//! bench/        criterion bench executables and the spattn-bench binaries, run by hand
-//! data/         graphs (*.mtx.gz); run.sh points SPATTN_DATA_DIR here
-//! peers/        crates/bench/peers/*.py, where they exist
+//! run.sh          unpacks bin.tar.* into a temporary folder and runs every test executable
+//!                 with --include-ignored --test-threads=1
+//! bin.tar.xz      test executables, stripped of debug info, named <package>-<target>
+//!                 (<package>-lib for unit tests)
+//! bench.tar.xz    bench/: criterion bench executables and the spattn-bench binaries
+//! data/           graphs (*.mtx.gz); run.sh points SPATTN_DATA_DIR here
+//! peers/          crates/bench/peers/*.py, where they exist
 //! ```
+//!
+//! The executables travel compressed: each one that links spattn-kernels-sys embeds all the
+//! PTX (megabytes of text), and `xz -9` keeps one copy of it across the archive, about 20 times
+//! smaller than the files themselves. Where xz is missing, gzip (about 4 times).
 
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -50,8 +56,9 @@ pub struct Options {
 }
 
 impl Options {
-    /// Parses `[--out DIR] [--graph NAME]...` (also `--out=DIR`, `--graph=NAME`).
-    pub fn parse(args: &[&str]) -> Result<Self, String> {
+    /// Parses `[--out DIR] [--graph NAME]...` (also `--out=DIR`, `--graph=NAME`); a relative
+    /// DIR is taken from `invoked_from`, the folder the command was started in.
+    pub fn parse(args: &[&str], invoked_from: &Path) -> Result<Self, String> {
         let mut options = Options::default();
         let mut it = args.iter();
         while let Some(&arg) = it.next() {
@@ -66,7 +73,7 @@ impl Options {
                     .ok_or_else(|| format!("gpu-bundle: {flag} needs a value"))
             };
             match flag {
-                "--out" => options.out = Some(PathBuf::from(value()?)),
+                "--out" => options.out = Some(invoked_from.join(value()?)),
                 "--graph" => options.graphs.push(value()?.to_string()),
                 _ => {
                     return Err(format!(
@@ -203,16 +210,19 @@ fn test_name(package: &str, kind: &str, target: &str) -> String {
     }
 }
 
+/// Whether `dir` holds a bundle (its run.sh carries [`MARKER`]) or nothing at all: the only
+/// folders this command empties.
+fn is_bundle_or_empty(dir: &Path) -> bool {
+    let is_bundle = fs::read_to_string(dir.join("run.sh"))
+        .map(|s| s.lines().nth(1).is_some_and(|l| l.starts_with(MARKER)))
+        .unwrap_or(false);
+    is_bundle || fs::read_dir(dir).is_ok_and(|mut d| d.next().is_none())
+}
+
 /// Empties `out` for a new bundle, refusing to touch a folder that is not one.
 fn prepare(out: &Path) -> Result<(), String> {
     if out.exists() {
-        let is_bundle = fs::read_to_string(out.join("run.sh"))
-            .map(|s| s.lines().nth(1).is_some_and(|l| l.starts_with(MARKER)))
-            .unwrap_or(false);
-        let is_empty = fs::read_dir(out)
-            .map(|mut d| d.next().is_none())
-            .unwrap_or(false);
-        if !is_bundle && !is_empty {
+        if !is_bundle_or_empty(out) {
             return Err(format!(
                 "{} exists and is not a GPU bundle; choose another --out or remove it",
                 out.display()
@@ -257,17 +267,18 @@ fn copy_stripped(from: &Path, to: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// Copies a data file, writable (the shared graphs are read-only, and the next bundle must be
-/// able to replace this one).
+/// Copies a data file as rw-r--r-- (the shared graphs are read-only, and the next bundle
+/// must be able to replace this one).
 fn copy_file(from: &Path, to: &Path) -> Result<(), String> {
     fs::copy(from, to)
         .map_err(|e| format!("cannot copy {} to {}: {e}", from.display(), to.display()))?;
-    let mut perms = fs::metadata(to)
-        .map_err(|e| format!("{}: {e}", to.display()))?
-        .permissions();
-    #[allow(clippy::permissions_set_readonly_false)]
-    perms.set_readonly(false);
-    fs::set_permissions(to, perms).map_err(|e| format!("{}: {e}", to.display()))
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(to, fs::Permissions::from_mode(0o644))
+            .map_err(|e| format!("{}: {e}", to.display()))?;
+    }
+    Ok(())
 }
 
 /// Where graph `name` comes from: the repository's own cora, else ../shared/data/mtx.
@@ -317,16 +328,47 @@ fn place(exes: &[Executable], dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// `cargo xtask gpu-bundle`.
-pub fn run(options: &Options) -> Result<(), String> {
-    let ws = metadata()?;
-    let out = options
-        .out
-        .clone()
-        .unwrap_or_else(|| ws.target_dir.join("gpu-bundle"));
+/// The graphs to bundle, as (source, file name in data/), checked to exist.
+fn graph_files(extra: &[String]) -> Result<Vec<(PathBuf, String)>, String> {
+    let names = DEFAULT_GRAPHS
+        .iter()
+        .map(|s| s.to_string())
+        .chain(extra.iter().cloned());
+    let mut files: Vec<(PathBuf, String)> = Vec::new();
+    for name in names {
+        let from = graph_source(&name);
+        let file = file_name(&from);
+        if files.iter().any(|(_, f)| *f == file) {
+            continue;
+        }
+        if !from.is_file() {
+            return Err(format!(
+                "graph `{name}` not found at {} (the shared graphs live in {SHARED_GRAPHS}, \
+                 beside the repository)",
+                from.display()
+            ));
+        }
+        files.push((from, file));
+    }
+    Ok(files)
+}
 
-    // Build first, so a compile error leaves the previous bundle in place.
-    let tests = cargo_json(&[
+/// The peer scripts (crates/bench/peers/*.py), sorted.
+fn peer_scripts() -> Vec<PathBuf> {
+    let Ok(entries) = fs::read_dir(PEERS) else {
+        return Vec::new();
+    };
+    let mut scripts: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "py"))
+        .collect();
+    scripts.sort();
+    scripts
+}
+
+/// Builds the test executables, the bench executables and the spattn-bench binaries.
+fn build(ws: &Workspace) -> Result<(Vec<Executable>, Vec<Executable>), String> {
+    let messages = cargo_json(&[
         "test",
         "--workspace",
         "--exclude",
@@ -335,7 +377,10 @@ pub fn run(options: &Options) -> Result<(), String> {
         "--no-run",
         "--message-format=json-render-diagnostics",
     ])?;
-    let tests = executables(&tests, &ws, |_, is_test| is_test, test_name);
+    let tests = executables(&messages, ws, |_, is_test| is_test, test_name);
+    if tests.is_empty() {
+        return Err("cargo built no test executable".to_string());
+    }
     let mut benches = Vec::new();
     if ws.has_bench_package {
         let messages = cargo_json(&[
@@ -348,7 +393,7 @@ pub fn run(options: &Options) -> Result<(), String> {
         ])?;
         benches.extend(executables(
             &messages,
-            &ws,
+            ws,
             |kind, _| kind == "bin",
             |_, _, target| target.to_string(),
         ));
@@ -366,67 +411,109 @@ pub fn run(options: &Options) -> Result<(), String> {
         ])?;
         benches.extend(executables(
             &messages,
-            &ws,
+            ws,
             |kind, _| kind == "bench",
             test_name,
         ));
     }
-    if tests.is_empty() {
-        return Err("cargo built no test executable".to_string());
+    Ok((tests, benches))
+}
+
+/// Packs `out/<folder>` into `out/<folder>.tar.xz` (gzip where xz is missing) and removes the
+/// folder. Returns the archive's file name.
+fn pack(out: &Path, folder: &str) -> Result<String, String> {
+    let mut tried = Vec::new();
+    for (ext, flag) in [("tar.xz", "-J"), ("tar.gz", "-z")] {
+        let name = format!("{folder}.{ext}");
+        let archive = out.join(&name);
+        let status = Command::new("tar")
+            .env("XZ_OPT", "-9")
+            .env("GZIP", "-9")
+            .arg("-C")
+            .arg(out)
+            .arg("-c")
+            .arg(flag)
+            .arg("-f")
+            .arg(&archive)
+            .arg(folder)
+            .stdin(Stdio::null())
+            .status();
+        match status {
+            Ok(s) if s.success() => {
+                let dir = out.join(folder);
+                fs::remove_dir_all(&dir)
+                    .map_err(|e| format!("cannot remove {}: {e}", dir.display()))?;
+                return Ok(name);
+            }
+            Ok(s) => tried.push(format!("tar {flag} ({s})")),
+            Err(e) => tried.push(format!("tar {flag} ({e})")),
+        }
+        let _ = fs::remove_file(&archive);
     }
+    Err(format!(
+        "cannot pack {}: {} failed; install tar with xz-utils or gzip",
+        out.join(folder).display(),
+        tried.join(", ")
+    ))
+}
+
+/// `cargo xtask gpu-bundle`.
+pub fn run(options: &Options) -> Result<(), String> {
+    let ws = metadata()?;
+    let out = options
+        .out
+        .clone()
+        .unwrap_or_else(|| ws.target_dir.join("gpu-bundle"));
+    // Everything that can be checked before a long build is checked first.
+    let graphs = graph_files(&options.graphs)?;
+    let peers = peer_scripts();
+    if out.exists() && !is_bundle_or_empty(&out) {
+        return Err(format!(
+            "{} exists and is not a GPU bundle; choose another --out or remove it",
+            out.display()
+        ));
+    }
+
+    // Build before emptying `out`, so a compile error leaves the previous bundle in place.
+    let (tests, benches) = build(&ws)?;
 
     prepare(&out)?;
+    // run.sh (which carries the marker) first: an interrupted run still leaves a folder the
+    // next run recognises as a bundle.
+    write_run_sh(&out)?;
     place(&tests, &out.join("bin"))?;
     place(&benches, &out.join("bench"))?;
-
-    let mut graphs: Vec<String> = DEFAULT_GRAPHS.iter().map(|s| s.to_string()).collect();
-    graphs.extend(options.graphs.iter().cloned());
-    let mut copied = Vec::new();
-    for name in &graphs {
-        let from = graph_source(name);
-        let file = file_name(&from);
-        if copied.contains(&file) {
-            continue;
-        }
-        if !from.is_file() {
-            return Err(format!(
-                "graph `{name}` not found at {} (the shared graphs live in {SHARED_GRAPHS}, \
-                 beside the repository)",
-                from.display()
-            ));
-        }
-        copy_file(&from, &out.join("data").join(&file))?;
-        copied.push(file);
+    let unpacked = size_of(&out.join("bin")) + size_of(&out.join("bench"));
+    eprintln!(
+        "gpu-bundle: packing {} of executables (xz -9 takes a minute)",
+        mib(unpacked)
+    );
+    let mut archives = vec![pack(&out, "bin")?];
+    if !benches.is_empty() {
+        archives.push(pack(&out, "bench")?);
+    } else {
+        let _ = fs::remove_dir(out.join("bench"));
     }
-
-    let mut peers = Vec::new();
-    if let Ok(entries) = fs::read_dir(PEERS) {
-        let mut scripts: Vec<PathBuf> = entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|e| e == "py"))
-            .collect();
-        scripts.sort();
-        if !scripts.is_empty() {
-            let dir = out.join("peers");
-            fs::create_dir_all(&dir)
-                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-            for script in scripts {
-                let file = file_name(&script);
-                copy_file(&script, &dir.join(&file))?;
-                peers.push(file);
-            }
+    for (from, file) in &graphs {
+        copy_file(from, &out.join("data").join(file))?;
+    }
+    if !peers.is_empty() {
+        let dir = out.join("peers");
+        fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        for script in &peers {
+            copy_file(script, &dir.join(file_name(script)))?;
         }
     }
-
-    write_run_sh(&out)?;
 
     let size = size_of(&out);
     eprintln!(
-        "gpu-bundle: {} ({} test executables, {} bench executables, {} graphs, {} peer scripts): {}",
+        "gpu-bundle: {} ({} test executables and {} bench executables in {}, {} graphs, {} peer \
+         scripts): {}",
         out.display(),
         tests.len(),
         benches.len(),
-        copied.len(),
+        archives.join(" and "),
+        graphs.len(),
         peers.len(),
         mib(size)
     );
@@ -438,9 +525,8 @@ pub fn run(options: &Options) -> Result<(), String> {
         ));
     }
     eprintln!(
-        "gpu-bundle: run `bash {}/run.sh [FILTER]` on the GPU machine \
-         (SANITIZE=memcheck|racecheck for compute-sanitizer)",
-        out.display()
+        "gpu-bundle: on the GPU machine run `bash run.sh [FILTER]` in the bundle \
+         (SANITIZE=memcheck|racecheck for compute-sanitizer)"
     );
     Ok(())
 }
@@ -478,16 +564,38 @@ fn write_run_sh(out: &Path) -> Result<(), String> {
 const RUN_SH: &str = r#"#!/usr/bin/env bash
 @MARKER@ (commit @COMMIT@).
 #
-#   bash run.sh [ARGS...]              run every test executable in bin/, GPU tests included
-#   SANITIZE=memcheck bash run.sh      the same under compute-sanitizer (memcheck or racecheck)
+#   bash run.sh [ARGS...]              run every test executable, GPU tests included
+#   SANITIZE=memcheck bash run.sh      the same under compute-sanitizer (memcheck or racecheck;
+#                                      SANITIZER_FLAGS=... adds compute-sanitizer options)
 #
-# Each executable runs as `EXE --include-ignored --test-threads=1 ARGS...` (ARGS: e.g. a test
-# name filter), from this folder, with SPATTN_DATA_DIR set to data/. Prints PASS or FAIL per
-# executable and `N passed, M failed`; exits non-zero if any failed. Benches are in bench/.
+# The test executables are in bin.tar.*, unpacked into a temporary folder for each run. Each
+# runs as `EXE --include-ignored --test-threads=1 ARGS...` (ARGS: e.g. a test name filter), from
+# this folder, with SPATTN_DATA_DIR set to data/. Prints PASS or FAIL per executable and
+# `N passed, M failed`; exits non-zero if any failed. Benches: `tar -xf bench.tar.*` here, then
+# run bench/spattn-bench or bench/<package>-<bench> --bench.
 set -u
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 export SPATTN_DATA_DIR="$here/data"
 export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
+
+archive=""
+for candidate in "$here"/bin.tar.xz "$here"/bin.tar.gz; do
+    if [ -f "$candidate" ]; then
+        archive="$candidate"
+        break
+    fi
+done
+if [ -z "$archive" ]; then
+    echo "run.sh: no bin.tar.xz or bin.tar.gz beside run.sh" >&2
+    exit 2
+fi
+work="$(mktemp -d "${TMPDIR:-/tmp}/spattn-bundle.XXXXXX")" || exit 2
+status_file="$work/status"
+trap 'rm -rf "$work"' EXIT
+if ! tar -C "$work" -xf "$archive"; then
+    echo "run.sh: cannot unpack $archive (needs tar, and xz for .tar.xz)" >&2
+    exit 2
+fi
 
 wrap=()
 case "${SANITIZE:-}" in
@@ -503,8 +611,15 @@ case "${SANITIZE:-}" in
             echo "run.sh: SANITIZE=$SANITIZE, but compute-sanitizer is neither on PATH nor in \$CUDA_HOME/bin or /usr/local/cuda/bin" >&2
             exit 2
         fi
-        wrap=("$sanitizer" --tool "$SANITIZE" --error-exitcode 1)
-        echo "run.sh: under $sanitizer --tool $SANITIZE"
+        # --require-cuda-init no: the CPU-only test executables never initialise CUDA, which is
+        #   no error. --report-api-errors no: error-path tests make failing driver calls on
+        #   purpose and check the result themselves; the sanitizer judges the kernels' memory
+        #   accesses and races. SANITIZER_FLAGS adds more (e.g. --report-api-errors explicit).
+        # --target-processes all: the test runs as a child of a small shell (see run_one).
+        # shellcheck disable=SC2206
+        wrap=("$sanitizer" --tool "$SANITIZE" --error-exitcode 1 --target-processes all
+            --require-cuda-init no --report-api-errors no ${SANITIZER_FLAGS:-})
+        echo "run.sh: under ${wrap[*]}"
         ;;
     *)
         echo "run.sh: SANITIZE must be memcheck or racecheck (or initcheck, synccheck), not '$SANITIZE'" >&2
@@ -512,22 +627,49 @@ case "${SANITIZE:-}" in
         ;;
 esac
 
+# Runs one executable (under the sanitizer, if any); on failure sets $reason and returns 1.
+# compute-sanitizer does not always pass the program's exit status on (with
+# --require-cuda-init no, a program that never touched CUDA "succeeds" whatever it returned), so
+# a small shell between the two writes the test's own status to a file.
+run_one() {
+    local exe="$1"
+    shift
+    reason=""
+    if [ "${#wrap[@]}" -eq 0 ]; then
+        (cd "$here" && "$exe" --include-ignored --test-threads=1 "$@")
+        local status=$?
+        [ "$status" -eq 0 ] || reason="exit $status"
+    else
+        echo 255 >"$status_file"
+        (cd "$here" && "${wrap[@]}" bash -c '"$@"; echo $? >"$0"' "$status_file" \
+            "$exe" --include-ignored --test-threads=1 "$@")
+        local sanitizer_status=$?
+        local test_status
+        test_status="$(cat "$status_file")"
+        if [ "$test_status" != 0 ]; then
+            reason="exit $test_status"
+        elif [ "$sanitizer_status" != 0 ]; then
+            reason="compute-sanitizer --tool $SANITIZE reported errors"
+        fi
+    fi
+    [ -z "$reason" ]
+}
+
 passed=0
 failed=0
 results=()
-for exe in "$here"/bin/*; do
+for exe in "$work"/bin/*; do
     [ -f "$exe" ] && [ -x "$exe" ] || continue
     name="$(basename "$exe")"
     echo "=== $name"
-    if (cd "$here" && ${wrap[@]+"${wrap[@]}"} "$exe" --include-ignored --test-threads=1 "$@"); then
+    if run_one "$exe" "$@"; then
         passed=$((passed + 1))
         results+=("PASS $name")
         echo "PASS $name"
     else
-        status=$?
         failed=$((failed + 1))
-        results+=("FAIL $name (exit $status)")
-        echo "FAIL $name (exit $status)"
+        results+=("FAIL $name ($reason)")
+        echo "FAIL $name ($reason)"
     fi
 done
 
@@ -539,3 +681,44 @@ fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
 "#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_parse_both_spellings_and_reject_the_rest() {
+        let from = Path::new("/work/here");
+        let o = Options::parse(&["--out", "b", "--graph=flickr", "--graph", "cora"], from).unwrap();
+        assert_eq!(o.out.as_deref(), Some(Path::new("/work/here/b")));
+        assert_eq!(o.graphs, ["flickr", "cora"]);
+        let o = Options::parse(&["--out=/abs"], from).unwrap();
+        assert_eq!(o.out.as_deref(), Some(Path::new("/abs")));
+        assert!(Options::parse(&["--out"], from).is_err());
+        assert!(Options::parse(&["--graph="], from).is_err());
+        assert!(Options::parse(&["--frobnicate"], from).is_err());
+    }
+
+    #[test]
+    fn executables_get_stable_names() {
+        assert_eq!(
+            test_name("spattn-ops", "lib", "spattn_ops"),
+            "spattn-ops-lib"
+        );
+        assert_eq!(
+            test_name("spattn-ops", "test", "gpu_csr_ops"),
+            "spattn-ops-gpu_csr_ops"
+        );
+        assert_eq!(
+            test_name("spattn-bench", "bin", "spattn-bench"),
+            "spattn-bench-bin-spattn-bench"
+        );
+    }
+
+    #[test]
+    fn run_sh_carries_the_marker_on_its_second_line() {
+        let script = RUN_SH.replace("@MARKER@", MARKER);
+        assert!(script.lines().nth(1).unwrap().starts_with(MARKER));
+        assert!(script.contains("--include-ignored --test-threads=1"));
+    }
+}

@@ -98,3 +98,34 @@ pub fn render(modules: &[Module]) -> Result<String, String> {
     out.push_str("];\n");
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn module(name: &str, kernels: &[&str]) -> Module {
+        Module {
+            name: name.to_string(),
+            kernels: kernels.iter().map(|k| k.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn lists_modules_and_kernels() {
+        let text = render(&[module("csr_ops", &["spmm_csr_f16"])]).unwrap();
+        assert!(text.contains("pub const CSR_OPS: PtxModule = PtxModule {"));
+        assert!(text.contains("include_str!(\"../ptx/csr_ops.ptx\")"));
+        assert!(text.contains("pub const SPMM_CSR_F16: &str = \"spmm_csr_f16\";"));
+        assert!(text.contains("pub const MODULES: &[PtxModule] = &[\n    CSR_OPS,\n];"));
+    }
+
+    #[test]
+    fn refuses_mangled_names_and_collisions() {
+        let mangled = render(&[module("a", &["_Z3fooPf"])]).unwrap_err();
+        assert!(mangled.contains("extern \"C\""), "{mangled}");
+        let twice = render(&[module("a", &["k_f32"]), module("b", &["k_f32"])]).unwrap_err();
+        assert!(twice.contains("K_F32"), "{twice}");
+        assert!(render(&[module("modules", &[])]).is_err());
+        assert!(render(&[module("bad-name", &[])]).is_err());
+    }
+}

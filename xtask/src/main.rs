@@ -39,6 +39,8 @@ fn project_root() -> PathBuf {
 }
 
 fn run(args: &[String]) -> Result<(), String> {
+    let invoked_from =
+        std::env::current_dir().map_err(|e| format!("cannot read the working directory: {e}"))?;
     let root = project_root();
     std::env::set_current_dir(&root)
         .map_err(|e| format!("cannot enter the workspace root {}: {e}", root.display()))?;
@@ -46,7 +48,7 @@ fn run(args: &[String]) -> Result<(), String> {
     match args.as_slice() {
         ["ptx"] => ptx::generate(),
         ["ptx", "--check"] => ptx::check(),
-        ["gpu-bundle", rest @ ..] => bundle::run(&bundle::Options::parse(rest)?),
+        ["gpu-bundle", rest @ ..] => bundle::run(&bundle::Options::parse(rest, &invoked_from)?),
         [] | ["help" | "--help" | "-h"] => {
             println!("{USAGE}");
             Ok(())

@@ -267,3 +267,22 @@ pub fn check() -> Result<(), String> {
         problems.len()
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_paths_become_portable() {
+        let root = std::env::current_dir().unwrap();
+        let ptx = format!(
+            ".version 8.4\n\t.file\t1 \"{}/crates/x.cu\"\n\t.file\t2 \"/opt/cuda/include/cuda_fp16.hpp\"\n\t.loc\t1 2 3\n",
+            root.display()
+        );
+        let out = portable_file_paths(&ptx, Path::new("/opt/cuda/include"));
+        assert_eq!(
+            out,
+            ".version 8.4\n\t.file\t1 \"crates/x.cu\"\n\t.file\t2 \"cuda-include/cuda_fp16.hpp\"\n\t.loc\t1 2 3\n"
+        );
+    }
+}
