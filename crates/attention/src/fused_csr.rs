@@ -6,7 +6,7 @@
 //! merge kernel combines them. There is no per-row buffer, so no degree limit.
 
 use spattn_kernels_sys::FUSED_CSR;
-use spattn_ops::launch::{blocks_for, launch, to_u32, LaunchConfig, PushKernelArg};
+use spattn_ops::launch::{blocks_for, kernel_named, launch, to_u32, LaunchConfig, PushKernelArg};
 use spattn_ops::schedule::{group_for, vector_width};
 use spattn_ops::{DType, DeviceCsr, DeviceMatrix, DeviceVec, Gpu};
 
@@ -104,7 +104,7 @@ impl FusedCsr {
         let shape = q.shape();
         let s = a.schedule();
         let Layout { vec, group, nv } = self.layout;
-        let name = kernel(format!("fused_csr_{}_v{vec}_n{nv}", T::NAME))?;
+        let name = kernel_named(&FUSED_CSR, format!("fused_csr_{}_v{vec}_n{nv}", T::NAME))?;
         let f = gpu.load_function(FUSED_CSR.name, FUSED_CSR.ptx, name)?;
         let n_units = to_u32("units", s.n_units())?;
         let heads = to_u32("heads", shape.heads)?;
@@ -140,7 +140,7 @@ impl FusedCsr {
 
         let n_split = s.split_rows().len();
         if n_split > 0 {
-            let merge = kernel(format!("fused_csr_merge_{}", T::NAME))?;
+            let merge = kernel_named(&FUSED_CSR, format!("fused_csr_merge_{}", T::NAME))?;
             let f = gpu.load_function(FUSED_CSR.name, FUSED_CSR.ptx, merge)?;
             let n_split_u = to_u32("split rows", n_split)?;
             let cfg = LaunchConfig {
@@ -164,21 +164,6 @@ impl FusedCsr {
         }
         Ok(())
     }
-}
-
-fn kernel(name: String) -> Result<&'static str> {
-    FUSED_CSR
-        .kernels
-        .iter()
-        .copied()
-        .find(|k| *k == name)
-        .ok_or_else(|| {
-            spattn_ops::Error::KernelNotFound {
-                module: FUSED_CSR.name,
-                kernel: name,
-            }
-            .into()
-        })
 }
 
 #[cfg(test)]

@@ -14,7 +14,9 @@
 
 use spattn_formats::{Bsb, Csr};
 use spattn_kernels_sys::FUSED_BSB;
-use spattn_ops::launch::{blocks_for, check_same_gpu, launch, to_u32, LaunchConfig, PushKernelArg};
+use spattn_ops::launch::{
+    blocks_for, check_same_gpu, kernel_named, launch, to_u32, LaunchConfig, PushKernelArg,
+};
 use spattn_ops::{DType, DTypeKind, DeviceBsb, DeviceMatrix, DeviceVec, Gpu, Shape};
 
 use crate::error::{Error, Result};
@@ -440,18 +442,7 @@ impl FusedTensorCore {
 fn kernel_name(dtype: &str, layout: Layout) -> Result<&'static str> {
     let suffix = if layout.vec { "" } else { "_scalar" };
     let name = format!("fused_bsb_{dtype}_s{}{suffix}", layout.slice);
-    FUSED_BSB
-        .kernels
-        .iter()
-        .copied()
-        .find(|k| *k == name)
-        .ok_or_else(|| {
-            spattn_ops::Error::KernelNotFound {
-                module: FUSED_BSB.name,
-                kernel: name,
-            }
-            .into()
-        })
+    Ok(kernel_named(&FUSED_BSB, name)?)
 }
 
 #[cfg(test)]

@@ -39,7 +39,7 @@ use crate::device_csr::DeviceCsr;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
-use crate::launch::{blocks_for, check_same_gpu, launch, to_u32};
+use crate::launch::{blocks_for, check_same_gpu, kernel_named, launch, to_u32};
 use crate::launch::{LaunchConfig, PushKernelArg};
 use crate::schedule::{group_for, vector_width, RowUnits, SoftmaxSchedule};
 use crate::shape::Shape;
@@ -166,10 +166,6 @@ fn check_edges(what: &'static str, a: &DeviceCsr, heads: usize, len: usize) -> R
     Ok(())
 }
 
-fn expect_shape(what: &'static str, actual: Shape, rows: usize, like: Shape) -> Result<()> {
-    Shape::new(rows, like.heads, like.head_dim)?.expect_eq(what, actual)
-}
-
 /// SDDMM, dot form: `scores[e, h] = scale · ⟨Q[row(e), h, :], K[col(e), h, :]⟩` for every
 /// edge `e` of `a`.
 ///
@@ -184,8 +180,8 @@ pub fn sddmm<T: DType>(
     scores: &mut DeviceVec<f32>,
 ) -> Result<()> {
     let shape = q.shape();
-    expect_shape("Q", shape, a.n_rows(), shape)?;
-    expect_shape("K", k.shape(), a.n_cols(), shape)?;
+    shape.expect_rows_like("Q", shape, a.n_rows())?;
+    shape.expect_rows_like("K", k.shape(), a.n_cols())?;
     check_edges("scores", a, shape.heads, scores.len())?;
     for (what, on) in [("A", a.gpu()), ("Q", q.gpu()), ("K", k.gpu())] {
         check_same_gpu(gpu, what, on)?;
@@ -193,7 +189,7 @@ pub fn sddmm<T: DType>(
     check_same_gpu(gpu, "scores", scores.gpu())?;
     let vec = vector_width(shape.head_dim, std::mem::size_of::<T>());
     let g = group_for((shape.head_dim / vec as usize) as u64, 1);
-    let name = csr_kernel(format!("sddmm_csr_{}_v{vec}", T::NAME))?;
+    let name = kernel_named(&CSR_OPS, format!("sddmm_csr_{}_v{vec}", T::NAME))?;
     let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
     let nnz = to_u32("nnz", a.nnz())?;
     let heads = to_u32("heads", shape.heads)?;
@@ -231,7 +227,7 @@ pub fn sddmm_gat<T: DType>(
     let heads = a_dst.shape().heads;
     let one = Shape::new(a.n_rows(), heads, 1)?;
     one.expect_eq("a_dst", a_dst.shape())?;
-    expect_shape("a_src", a_src.shape(), a.n_cols(), one)?;
+    one.expect_rows_like("a_src", a_src.shape(), a.n_cols())?;
     check_edges("scores", a, heads, scores.len())?;
     for (what, on) in [
         ("A", a.gpu()),
@@ -241,7 +237,7 @@ pub fn sddmm_gat<T: DType>(
         check_same_gpu(gpu, what, on)?;
     }
     check_same_gpu(gpu, "scores", scores.gpu())?;
-    let name = csr_kernel(format!("sddmm_gat_csr_{}", T::NAME))?;
+    let name = kernel_named(&CSR_OPS, format!("sddmm_gat_csr_{}", T::NAME))?;
     let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
     let nnz = to_u32("nnz", a.nnz())?;
     let heads_u = to_u32("heads", heads)?;
@@ -367,8 +363,8 @@ pub fn spmm<T: DType>(
     out: &mut DeviceMatrix<T>,
 ) -> Result<()> {
     let shape = v.shape();
-    expect_shape("V", shape, a.n_cols(), shape)?;
-    expect_shape("out", out.shape(), a.n_rows(), shape)?;
+    shape.expect_rows_like("V", shape, a.n_cols())?;
+    shape.expect_rows_like("out", out.shape(), a.n_rows())?;
     check_edges("probabilities", a, shape.heads, p.len())?;
     for (what, on) in [("A", a.gpu()), ("V", v.gpu()), ("out", out.gpu())] {
         check_same_gpu(gpu, what, on)?;
@@ -398,7 +394,7 @@ pub fn spmm<T: DType>(
         scratch.fill(0.0)?;
     }
 
-    let name = csr_kernel(format!("spmm_csr_{}_v{vec}", T::NAME))?;
+    let name = kernel_named(&CSR_OPS, format!("spmm_csr_{}_v{vec}", T::NAME))?;
     let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
     let n_units = to_u32("SpMM units", s.unit_rows.len())?;
     let heads = to_u32("heads", shape.heads)?;
@@ -431,7 +427,7 @@ pub fn spmm<T: DType>(
     unsafe { launch(name, &mut args, cfg) }?;
 
     if n_split > 0 {
-        let fin = csr_kernel(format!("spmm_csr_finalize_{}", T::NAME))?;
+        let fin = kernel_named(&CSR_OPS, format!("spmm_csr_finalize_{}", T::NAME))?;
         let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, fin)?;
         let n_split_u = to_u32("split rows", n_split)?;
         let hd_u = to_u32("heads x head_dim", hd)?;
@@ -447,18 +443,4 @@ pub fn spmm<T: DType>(
         unsafe { launch(fin, &mut args, cfg) }?;
     }
     Ok(())
-}
-
-/// The kernel `name` of the CSR module, as the `&'static str` the module lists (launch errors
-/// name it).
-fn csr_kernel(name: String) -> Result<&'static str> {
-    CSR_OPS
-        .kernels
-        .iter()
-        .copied()
-        .find(|k| *k == name)
-        .ok_or(Error::KernelNotFound {
-            module: CSR_OPS.name,
-            kernel: name,
-        })
 }

@@ -157,6 +157,21 @@ pub unsafe fn launch(
         .map_err(|e| map_driver_error(kernel, e))
 }
 
+/// The kernel `name` of `module`, as the `&'static str` the module lists (launch errors name
+/// it), or [`Error::KernelNotFound`]. Wrappers build the name from the dtype and variant they
+/// chose (`format!("spmm_csr_{}_v{vec}", T::NAME)`) and look it up here.
+pub fn kernel_named(module: &spattn_kernels_sys::PtxModule, name: String) -> Result<&'static str> {
+    module
+        .kernels
+        .iter()
+        .copied()
+        .find(|k| *k == name)
+        .ok_or(Error::KernelNotFound {
+            module: module.name,
+            kernel: name,
+        })
+}
+
 /// Device data that belongs to one [`Gpu`] handle.
 pub trait OnGpu {
     /// The handle the data was allocated with.

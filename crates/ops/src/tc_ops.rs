@@ -53,9 +53,8 @@ use crate::device_mebcrs::{check_per_edge, DeviceMeBcrs};
 use crate::dtype::{DType, DTypeKind};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
-use crate::launch::{blocks_for, check_same_gpu, launch, to_u32, MAX_GRID_YZ};
+use crate::launch::{blocks_for, check_same_gpu, kernel_named, launch, to_u32, MAX_GRID_YZ};
 use crate::launch::{LaunchConfig, PushKernelArg};
-use crate::shape::Shape;
 
 /// Warps per block of the SDDMM, SpMM and window-softmax kernels (each warp works alone).
 const WARPS: u32 = 4;
@@ -79,19 +78,6 @@ fn suffix<T: DType>() -> &'static str {
         DTypeKind::F16 => "f16",
         DTypeKind::Bf16 => "bf16",
     }
-}
-
-/// The kernel `name` of the ME-BCRS module, as the `&'static str` the module lists.
-fn kernel(name: String) -> Result<&'static str> {
-    MEBCRS_OPS
-        .kernels
-        .iter()
-        .copied()
-        .find(|k| *k == name)
-        .ok_or(Error::KernelNotFound {
-            module: MEBCRS_OPS.name,
-            kernel: name,
-        })
 }
 
 /// One warp per work item (`grid.x`), `grid_y` along y.
@@ -119,10 +105,6 @@ fn elementwise_grid(items: usize) -> Result<LaunchConfig> {
     })
 }
 
-fn expect_shape(what: &'static str, actual: Shape, rows: usize, like: Shape) -> Result<()> {
-    Shape::new(rows, like.heads, like.head_dim)?.expect_eq(what, actual)
-}
-
 /// SDDMM on tensor cores: `scores[h, slot(v, r)] = scale · ⟨Q[8w + r, h, :], K[col(v), h, :]⟩`
 /// for every slot of `a` that is an edge, −∞ at every padding slot.
 ///
@@ -142,8 +124,8 @@ pub fn sddmm<T: DType>(
     scores: &mut DeviceVec<f32>,
 ) -> Result<()> {
     let shape = q.shape();
-    expect_shape("Q", shape, a.n_rows(), shape)?;
-    expect_shape("K", k.shape(), a.n_cols(), shape)?;
+    shape.expect_rows_like("Q", shape, a.n_rows())?;
+    shape.expect_rows_like("K", k.shape(), a.n_cols())?;
     check_per_edge("scores", a.n_slots(), shape.heads, scores.len())?;
     for (what, on) in [("A", a.gpu()), ("Q", q.gpu()), ("K", k.gpu())] {
         check_same_gpu(gpu, what, on)?;
@@ -153,7 +135,10 @@ pub fn sddmm<T: DType>(
     // 16-byte gathers of 16 / size_of::<T>() features need head_dim to be a multiple of that.
     let aligned = shape.head_dim % (16 / std::mem::size_of::<T>()) == 0;
     let unaligned = if aligned { "" } else { "_unaligned" };
-    let name = kernel(format!("sddmm_mebcrs_{}{unaligned}", suffix::<T>()))?;
+    let name = kernel_named(
+        &MEBCRS_OPS,
+        format!("sddmm_mebcrs_{}{unaligned}", suffix::<T>()),
+    )?;
     let f = gpu.load_function(MEBCRS_OPS.name, MEBCRS_OPS.ptx, name)?;
     let s = a.schedule();
     let n_items = to_u32("ME-BCRS work items", s.item_windows.len())?;
@@ -321,8 +306,8 @@ pub fn spmm<T: DType>(
     out: &mut DeviceMatrix<T>,
 ) -> Result<()> {
     let shape = v.shape();
-    expect_shape("V", shape, a.n_cols(), shape)?;
-    expect_shape("out", out.shape(), a.n_rows(), shape)?;
+    shape.expect_rows_like("V", shape, a.n_cols())?;
+    shape.expect_rows_like("out", out.shape(), a.n_rows())?;
     check_per_edge("probabilities", a.n_slots(), shape.heads, p.len())?;
     for (what, on) in [("A", a.gpu()), ("V", v.gpu()), ("out", out.gpu())] {
         check_same_gpu(gpu, what, on)?;
@@ -336,7 +321,10 @@ pub fn spmm<T: DType>(
     let slabs = shape.head_dim.div_ceil(16 * ft);
     let aligned = shape.head_dim % (2 * ft) == 0;
     let unaligned = if aligned { "" } else { "_unaligned" };
-    let name = kernel(format!("spmm_mebcrs_{}_t{ft}{unaligned}", suffix::<T>()))?;
+    let name = kernel_named(
+        &MEBCRS_OPS,
+        format!("spmm_mebcrs_{}_t{ft}{unaligned}", suffix::<T>()),
+    )?;
     let f = gpu.load_function(MEBCRS_OPS.name, MEBCRS_OPS.ptx, name)?;
     let grid_y = shape.heads.saturating_mul(slabs);
     let cfg = warp_grid(
@@ -403,7 +391,10 @@ pub fn spmm<T: DType>(
 
     let n_split = s.split_windows.len();
     if n_split > 0 {
-        let fin = kernel(format!("spmm_mebcrs_finalize_{}", suffix::<T>()))?;
+        let fin = kernel_named(
+            &MEBCRS_OPS,
+            format!("spmm_mebcrs_finalize_{}", suffix::<T>()),
+        )?;
         let f = gpu.load_function(MEBCRS_OPS.name, MEBCRS_OPS.ptx, fin)?;
         let n_split_u = to_u32("split windows", n_split)?;
         let cfg = elementwise_grid(n_split * 8 * hd)?;
@@ -523,13 +514,15 @@ mod tests {
     fn every_kernel_exists() {
         for sfx in ["f16", "bf16", "tf32"] {
             for al in ["", "_unaligned"] {
-                assert!(kernel(format!("sddmm_mebcrs_{sfx}{al}")).is_ok());
+                assert!(kernel_named(&MEBCRS_OPS, format!("sddmm_mebcrs_{sfx}{al}")).is_ok());
                 for ft in [1, 2, 4, 8] {
-                    assert!(kernel(format!("spmm_mebcrs_{sfx}_t{ft}{al}")).is_ok());
+                    assert!(
+                        kernel_named(&MEBCRS_OPS, format!("spmm_mebcrs_{sfx}_t{ft}{al}")).is_ok()
+                    );
                 }
             }
-            assert!(kernel(format!("spmm_mebcrs_finalize_{sfx}")).is_ok());
+            assert!(kernel_named(&MEBCRS_OPS, format!("spmm_mebcrs_finalize_{sfx}")).is_ok());
         }
-        assert!(kernel("nope".into()).is_err());
+        assert!(kernel_named(&MEBCRS_OPS, "nope".into()).is_err());
     }
 }
