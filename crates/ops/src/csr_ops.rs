@@ -39,7 +39,7 @@ use crate::device_csr::DeviceCsr;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
-use crate::launch::{blocks_for, check_same_gpu, kernel_named, launch, to_u32};
+use crate::launch::{blocks_for, check_per_edge, check_same_gpu, kernel_named, launch, to_u32};
 use crate::launch::{LaunchConfig, PushKernelArg};
 use crate::schedule::{group_for, vector_width, RowUnits, SoftmaxSchedule};
 use crate::shape::Shape;
@@ -150,22 +150,6 @@ fn group_grid(groups: usize, g: u32, grid_y: u32) -> Result<LaunchConfig> {
     })
 }
 
-fn check_edges(what: &'static str, a: &DeviceCsr, heads: usize, len: usize) -> Result<()> {
-    let expected = a.nnz().checked_mul(heads).ok_or(Error::TooLarge {
-        what: "nnz x heads",
-        value: a.nnz() as u64,
-        limit: (usize::MAX / heads.max(1)) as u64,
-    })?;
-    if len != expected {
-        return Err(Error::LengthMismatch {
-            what,
-            expected,
-            actual: len,
-        });
-    }
-    Ok(())
-}
-
 /// SDDMM, dot form: `scores[e, h] = scale · ⟨Q[row(e), h, :], K[col(e), h, :]⟩` for every
 /// edge `e` of `a`.
 ///
@@ -182,7 +166,7 @@ pub fn sddmm<T: DType>(
     let shape = q.shape();
     shape.expect_rows_like("Q", shape, a.n_rows())?;
     shape.expect_rows_like("K", k.shape(), a.n_cols())?;
-    check_edges("scores", a, shape.heads, scores.len())?;
+    check_per_edge("scores", a.nnz(), shape.heads, scores.len())?;
     for (what, on) in [("A", a.gpu()), ("Q", q.gpu()), ("K", k.gpu())] {
         check_same_gpu(gpu, what, on)?;
     }
@@ -228,7 +212,7 @@ pub fn sddmm_gat<T: DType>(
     let one = Shape::new(a.n_rows(), heads, 1)?;
     one.expect_eq("a_dst", a_dst.shape())?;
     one.expect_rows_like("a_src", a_src.shape(), a.n_cols())?;
-    check_edges("scores", a, heads, scores.len())?;
+    check_per_edge("scores", a.nnz(), heads, scores.len())?;
     for (what, on) in [
         ("A", a.gpu()),
         ("a_dst", a_dst.gpu()),
@@ -267,8 +251,8 @@ pub fn edge_softmax(
     leaky_relu: Option<f32>,
     out: &mut DeviceVec<f32>,
 ) -> Result<()> {
-    check_edges("scores", a, heads, scores.len())?;
-    check_edges("probabilities", a, heads, out.len())?;
+    check_per_edge("scores", a.nnz(), heads, scores.len())?;
+    check_per_edge("probabilities", a.nnz(), heads, out.len())?;
     check_same_gpu(gpu, "scores", scores.gpu())?;
     check_same_gpu(gpu, "probabilities", out.gpu())?;
     let stream = gpu.stream().clone();
@@ -285,7 +269,7 @@ pub fn edge_softmax_in_place(
     heads: usize,
     leaky_relu: Option<f32>,
 ) -> Result<()> {
-    check_edges("scores", a, heads, scores.len())?;
+    check_per_edge("scores", a.nnz(), heads, scores.len())?;
     check_same_gpu(gpu, "scores", scores.gpu())?;
     let stream = gpu.stream().clone();
     let (ptr, _g) = scores.slice_mut().device_ptr_mut(&stream);
@@ -365,7 +349,7 @@ pub fn spmm<T: DType>(
     let shape = v.shape();
     shape.expect_rows_like("V", shape, a.n_cols())?;
     shape.expect_rows_like("out", out.shape(), a.n_rows())?;
-    check_edges("probabilities", a, shape.heads, p.len())?;
+    check_per_edge("probabilities", a.nnz(), shape.heads, p.len())?;
     for (what, on) in [("A", a.gpu()), ("V", v.gpu()), ("out", out.gpu())] {
         check_same_gpu(gpu, what, on)?;
     }

@@ -24,7 +24,7 @@ use std::sync::Mutex;
 use spattn_formats::{Csr, FillStats, MeBcrs};
 
 use crate::buffer::DeviceVec;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::gpu::Gpu;
 use crate::launch::OnGpu;
 
@@ -354,29 +354,6 @@ impl OnGpu for DeviceMeBcrs {
     }
 }
 
-/// Checks that `len` is `heads × n` (`n` slots or edges), naming `what`.
-pub(crate) fn check_per_edge(what: &'static str, n: usize, heads: usize, len: usize) -> Result<()> {
-    if heads == 0 {
-        return Err(Error::InvalidArgument {
-            what: "heads",
-            why: "must be at least 1".into(),
-        });
-    }
-    let expected = n.checked_mul(heads).ok_or(Error::TooLarge {
-        what,
-        value: n as u64,
-        limit: (usize::MAX / heads) as u64,
-    })?;
-    if len != expected {
-        return Err(Error::LengthMismatch {
-            what,
-            expected,
-            actual: len,
-        });
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -421,18 +398,5 @@ mod tests {
         assert!(it.is_empty());
         assert_eq!(it.n_partials(), 0);
         assert!(long_windows(&[0], 1).is_empty());
-    }
-
-    #[test]
-    fn per_edge_lengths() {
-        assert!(check_per_edge("x", 5, 2, 10).is_ok());
-        assert!(matches!(
-            check_per_edge("x", 5, 2, 9),
-            Err(Error::LengthMismatch { what: "x", .. })
-        ));
-        assert!(matches!(
-            check_per_edge("x", 5, 0, 0),
-            Err(Error::InvalidArgument { .. })
-        ));
     }
 }

@@ -36,11 +36,11 @@ use spattn_formats::Csr;
 
 use crate::buffer::{DeviceMatrix, DeviceVec};
 use crate::device_csr::DeviceCsr;
-use crate::device_mebcrs::{check_per_edge, DeviceMeBcrs};
+use crate::device_mebcrs::DeviceMeBcrs;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
-use crate::launch::{check_same_gpu, OnGpu};
+use crate::launch::{check_per_edge, check_same_gpu, OnGpu};
 use crate::{csr_ops, tc_ops};
 
 /// Which kernels run an op.

@@ -172,6 +172,29 @@ pub fn kernel_named(module: &spattn_kernels_sys::PtxModule, name: String) -> Res
         })
 }
 
+/// Checks that `len` is `heads × n` (`n` slots or edges), naming `what`.
+pub(crate) fn check_per_edge(what: &'static str, n: usize, heads: usize, len: usize) -> Result<()> {
+    if heads == 0 {
+        return Err(Error::InvalidArgument {
+            what: "heads",
+            why: "must be at least 1".into(),
+        });
+    }
+    let expected = n.checked_mul(heads).ok_or(Error::TooLarge {
+        what,
+        value: n as u64,
+        limit: (usize::MAX / heads) as u64,
+    })?;
+    if len != expected {
+        return Err(Error::LengthMismatch {
+            what,
+            expected,
+            actual: len,
+        });
+    }
+    Ok(())
+}
+
 /// Device data that belongs to one [`Gpu`] handle.
 pub trait OnGpu {
     /// The handle the data was allocated with.
@@ -255,5 +278,18 @@ mod tests {
         assert!(check_launch_config(&bad).is_err());
         bad.block_dim = (1, 1, 65);
         assert!(check_launch_config(&bad).is_err());
+    }
+
+    #[test]
+    fn per_edge_lengths() {
+        assert!(check_per_edge("x", 5, 2, 10).is_ok());
+        assert!(matches!(
+            check_per_edge("x", 5, 2, 9),
+            Err(Error::LengthMismatch { what: "x", .. })
+        ));
+        assert!(matches!(
+            check_per_edge("x", 5, 0, 0),
+            Err(Error::InvalidArgument { .. })
+        ));
     }
 }

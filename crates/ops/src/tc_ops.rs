@@ -49,11 +49,13 @@ use cudarc::driver::{DevicePtr, DevicePtrMut};
 use spattn_kernels_sys::MEBCRS_OPS;
 
 use crate::buffer::{DeviceMatrix, DeviceVec};
-use crate::device_mebcrs::{check_per_edge, DeviceMeBcrs};
+use crate::device_mebcrs::DeviceMeBcrs;
 use crate::dtype::{DType, DTypeKind};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
-use crate::launch::{blocks_for, check_same_gpu, kernel_named, launch, to_u32, MAX_GRID_YZ};
+use crate::launch::{
+    blocks_for, check_per_edge, check_same_gpu, kernel_named, launch, to_u32, MAX_GRID_YZ,
+};
 use crate::launch::{LaunchConfig, PushKernelArg};
 
 /// Warps per block of the SDDMM, SpMM and window-softmax kernels (each warp works alone).
