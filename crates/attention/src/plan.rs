@@ -445,7 +445,7 @@ fn choose(graph: &Csr, config: &AttentionConfig, cc: (i32, i32)) -> Result<(Algo
                 return Ok((
                     Algorithm::FusedTensorCore,
                     format!(
-                        "auto: fused-tc — {} on tensor cores, one kernel, K/V rows shared by the                          16 rows of a window ({why})",
+                        "auto: fused-tc — {} on tensor cores, one kernel, K/V rows shared by the 16 rows of a window ({why})",
                         config.dtype
                     ),
                 ));
@@ -454,7 +454,7 @@ fn choose(graph: &Csr, config: &AttentionConfig, cc: (i32, i32)) -> Result<(Algo
                 Ok(_) => Ok((
                     Algorithm::FusedCsr,
                     format!(
-                        "auto: fused-csr — exact {} on CUDA cores, one pass over each row's                          edges, scores never reach device memory ({why})",
+                        "auto: fused-csr — exact {} on CUDA cores, one pass over each row's edges, scores never reach device memory ({why})",
                         config.dtype
                     ),
                 )),

@@ -401,7 +401,7 @@ pub fn prepare<'a, T: DType>(case: &Case, cfg: &'a mut GpuConfig<'_, T>) -> Resu
                 .with_scale(cfg.host.scale);
             if !AttentionPlan::supports(cfg.gpu, algorithm, &config) {
                 return Ok(Prepared::Unsupported(format!(
-                    "AttentionPlan does not support {algorithm} for H={} D={} {} on this GPU                      in this build",
+                    "AttentionPlan does not support {algorithm} for H={} D={} {} on this GPU in this build",
                     s.heads,
                     s.head_dim,
                     T::KIND
