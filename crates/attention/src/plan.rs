@@ -57,14 +57,15 @@ enum Backend {
 #[derive(Debug)]
 struct GpuPlan {
     gpu: Gpu,
-    csr: DeviceCsr,
     state: Mutex<GpuState>,
 }
 
-/// Per-algorithm device workspace (mutated by each forward; one forward at a time).
+/// Per-algorithm device state: the graph in the format the algorithm reads (uploaded once, at
+/// plan time, and only that format) and its workspace (mutated by each forward; one at a time).
 #[derive(Debug)]
 enum GpuState {
     Unfused {
+        csr: Box<DeviceCsr>,
         scores: DeviceVec<f32>,
     },
     /// ME-BCRS and the slot-layout scores (`n_slots × heads`) of the tensor-core ops.
@@ -72,7 +73,10 @@ enum GpuState {
         mebcrs: Box<DeviceMeBcrs>,
         scores: DeviceVec<f32>,
     },
-    FusedCsr(FusedCsr),
+    FusedCsr {
+        csr: Box<DeviceCsr>,
+        fused: FusedCsr,
+    },
     FusedTensorCore(Box<FusedTensorCore>),
 }
 
@@ -86,12 +90,10 @@ impl AttentionPlan {
     pub fn new_gpu(gpu: &Gpu, graph: &Csr, config: AttentionConfig) -> Result<Self> {
         config.validate()?;
         let (algorithm, choice) = choose(graph, &config, gpu.compute_capability())?;
-        let csr = DeviceCsr::upload(gpu, graph)?;
-        let state = GpuState::new(gpu, graph, &csr, &config, algorithm)?;
+        let state = GpuState::new(gpu, graph, &config, algorithm)?;
         let mut plan = Self::assemble(graph, config, algorithm, choice);
         plan.backend = Backend::Gpu(Box::new(GpuPlan {
             gpu: gpu.clone(),
-            csr,
             state: Mutex::new(state),
         }));
         if plan.config.algorithm == Algorithm::Auto && plan.config.autotune {
@@ -215,17 +217,17 @@ impl AttentionPlan {
             // forward.
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         match &mut *state {
-            GpuState::Unfused { scores } => {
-                csr_ops::sddmm(&g.gpu, &g.csr, q, k, scale, scores)?;
-                csr_ops::edge_softmax_in_place(&g.gpu, &g.csr, scores, self.config.heads, None)?;
-                csr_ops::spmm(&g.gpu, &g.csr, scores, v, out)?;
+            GpuState::Unfused { csr, scores } => {
+                csr_ops::sddmm(&g.gpu, csr, q, k, scale, scores)?;
+                csr_ops::edge_softmax_in_place(&g.gpu, csr, scores, self.config.heads, None)?;
+                csr_ops::spmm(&g.gpu, csr, scores, v, out)?;
             }
             GpuState::UnfusedTensorCore { mebcrs, scores } => {
                 tc_ops::sddmm(&g.gpu, mebcrs, q, k, scale, scores)?;
                 tc_ops::edge_softmax_in_place(&g.gpu, mebcrs, scores, self.config.heads, None)?;
                 tc_ops::spmm(&g.gpu, mebcrs, scores, v, out)?;
             }
-            GpuState::FusedCsr(f) => f.forward(&g.gpu, &g.csr, q, k, v, scale, out)?,
+            GpuState::FusedCsr { csr, fused } => fused.forward(&g.gpu, csr, q, k, v, scale, out)?,
             GpuState::FusedTensorCore(f) => f.forward(&g.gpu, q, k, v, scale, out)?,
         }
         Ok(())
@@ -319,7 +321,7 @@ impl AttentionPlan {
         .collect();
         let mut timings = Vec::new();
         for &alg in &candidates {
-            let state = GpuState::new(&g.gpu, graph, &g.csr, &self.config, alg)?;
+            let state = GpuState::new(&g.gpu, graph, &self.config, alg)?;
             *g.state
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = state;
@@ -333,7 +335,7 @@ impl AttentionPlan {
         let Some(&(best, best_ms)) = timings.iter().min_by(|a, b| a.1.total_cmp(&b.1)) else {
             return Ok(());
         };
-        let state = GpuState::new(&g.gpu, graph, &g.csr, &self.config, best)?;
+        let state = GpuState::new(&g.gpu, graph, &self.config, best)?;
         *g.state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = state;
@@ -370,20 +372,21 @@ impl AttentionPlan {
 }
 
 impl GpuState {
-    fn new(
-        gpu: &Gpu,
-        graph: &Csr,
-        csr: &DeviceCsr,
-        config: &AttentionConfig,
-        alg: Algorithm,
-    ) -> Result<Self> {
+    fn new(gpu: &Gpu, graph: &Csr, config: &AttentionConfig, alg: Algorithm) -> Result<Self> {
         let (h, d) = (config.heads, config.head_dim);
         Ok(match alg {
-            Algorithm::FusedCsr => GpuState::FusedCsr(match config.dtype {
-                DTypeKind::F32 => FusedCsr::new::<f32>(gpu, csr, h, d)?,
-                DTypeKind::F16 => FusedCsr::new::<half::f16>(gpu, csr, h, d)?,
-                DTypeKind::Bf16 => FusedCsr::new::<half::bf16>(gpu, csr, h, d)?,
-            }),
+            Algorithm::FusedCsr => {
+                let csr = DeviceCsr::upload(gpu, graph)?;
+                let fused = match config.dtype {
+                    DTypeKind::F32 => FusedCsr::new::<f32>(gpu, &csr, h, d)?,
+                    DTypeKind::F16 => FusedCsr::new::<half::f16>(gpu, &csr, h, d)?,
+                    DTypeKind::Bf16 => FusedCsr::new::<half::bf16>(gpu, &csr, h, d)?,
+                };
+                GpuState::FusedCsr {
+                    csr: Box::new(csr),
+                    fused,
+                }
+            }
             Algorithm::FusedTensorCore => GpuState::FusedTensorCore(Box::new(match config.dtype {
                 DTypeKind::F32 => FusedTensorCore::from_csr::<f32>(gpu, graph, h, d)?,
                 DTypeKind::F16 => FusedTensorCore::from_csr::<half::f16>(gpu, graph, h, d)?,
@@ -399,7 +402,8 @@ impl GpuState {
                 }
             }
             _ => GpuState::Unfused {
-                scores: DeviceVec::zeros(gpu, csr.nnz() * h)?,
+                csr: Box::new(DeviceCsr::upload(gpu, graph)?),
+                scores: DeviceVec::zeros(gpu, graph.nnz() * h)?,
             },
         })
     }
