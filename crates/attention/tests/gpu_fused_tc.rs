@@ -4,7 +4,9 @@
 //! `#[ignore]`d where there is no NVIDIA GPU; run with `cargo test -- --include-ignored` or
 //! from the GPU bundle. Inputs are drawn fresh (seed printed; replay with SPATTN_SEED), outputs
 //! poisoned with NaN before each forward, and every forward runs twice: the second run must
-//! repeat the first bit for bit (no race, split-window counters reset).
+//! repeat the first bit for bit (no race, split-window counters reset). Every case runs with
+//! the rows in the graph's order, degree-ordered and locality-ordered (the plan's internal,
+//! zero-copy renumbering): all three must match the reference.
 //!
 //! Tolerances (DESIGN.md): f16 ≤ 5e-3, bf16 ≤ 2e-2, f32 through tf32 ≤ 1e-3.
 
@@ -15,7 +17,7 @@ use common::*;
 use half::{bf16, f16};
 use rand::Rng;
 use rand_pcg::Pcg64;
-use spattn::{Algorithm, AttentionConfig, AttentionPlan};
+use spattn::{Algorithm, AttentionConfig, AttentionPlan, Reorder};
 use spattn_formats::Csr;
 use spattn_ops::cpu::{attention_f64_from, rel_l2_error, AttentionInputs};
 use spattn_ops::{DType, DTypeKind, DeviceMatrix, Gpu, Shape};
@@ -89,23 +91,46 @@ impl Inputs {
     }
 }
 
-/// Runs fused-tc on `inputs` (converted to `T`), twice, and checks against `want`.
+/// Runs fused-tc on `inputs` (converted to `T`), twice under each row order, and checks
+/// against `want`.
 fn check_with<T: DType>(gpu: &Gpu, a: &Csr, inputs: &Inputs, want: &[f64], scale: Option<f32>) {
+    for reorder in [Reorder::None, Reorder::Degree, Reorder::Locality] {
+        check_order::<T>(gpu, a, inputs, want, scale, reorder);
+    }
+}
+
+fn check_order<T: DType>(
+    gpu: &Gpu,
+    a: &Csr,
+    inputs: &Inputs,
+    want: &[f64],
+    scale: Option<f32>,
+    reorder: Reorder,
+) {
     let (heads, head_dim) = (inputs.shape_q.heads, inputs.shape_q.head_dim);
-    let mut config = AttentionConfig::new(heads, head_dim, T::KIND).with_algorithm(ALG);
+    let mut config = AttentionConfig::new(heads, head_dim, T::KIND)
+        .with_algorithm(ALG)
+        .with_reorder(reorder);
     if let Some(s) = scale {
         config = config.with_scale(s);
     }
     assert!(AttentionPlan::supports(gpu, ALG, &config));
     let plan = AttentionPlan::new_gpu(gpu, a, config).unwrap();
     assert_eq!(plan.algorithm(), ALG);
+    if reorder != Reorder::None && a.n_rows() == a.n_cols() {
+        assert!(
+            plan.choice().contains(&format!("rows {reorder}-ordered")),
+            "{}",
+            plan.choice()
+        );
+    }
     let cast = |x: &[f64]| x.iter().map(|&v| T::from_f64(v)).collect::<Vec<T>>();
     let dq = DeviceMatrix::from_host(gpu, inputs.shape_q, &cast(&inputs.q)).unwrap();
     let dk = DeviceMatrix::from_host(gpu, inputs.shape_kv, &cast(&inputs.k)).unwrap();
     let dv = DeviceMatrix::from_host(gpu, inputs.shape_kv, &cast(&inputs.v)).unwrap();
     let mut out = DeviceMatrix::<T>::zeros(gpu, inputs.shape_q).unwrap();
     let what = format!(
-        "fused-tc {} n={} nnz={} heads={heads} head_dim={head_dim}",
+        "fused-tc {} rows {reorder} n={} nnz={} heads={heads} head_dim={head_dim}",
         T::NAME,
         a.n_rows(),
         a.nnz()
@@ -297,13 +322,18 @@ fn errors_are_typed() {
 /// GPU time of `plan.forward` in milliseconds after warm-up: the median of `runs` single
 /// launches (CUDA events around each), and the mean of `runs` launches back to back between
 /// one pair of events (host launch gaps hidden).
-fn time_plan(gpu: &Gpu, plan: &AttentionPlan, runs: usize, rng: &mut Pcg64) -> (f64, f64) {
+fn time_plan<T: DType>(
+    gpu: &Gpu,
+    plan: &AttentionPlan,
+    runs: usize,
+    rng: &mut Pcg64,
+) -> (f64, f64) {
     let sq = plan.shape_q();
     let skv = plan.shape_kv();
-    let q = DeviceMatrix::from_host(gpu, sq, &random_vec::<f16>(rng, sq.len(), 1.0)).unwrap();
-    let k = DeviceMatrix::from_host(gpu, skv, &random_vec::<f16>(rng, skv.len(), 1.0)).unwrap();
-    let v = DeviceMatrix::from_host(gpu, skv, &random_vec::<f16>(rng, skv.len(), 1.0)).unwrap();
-    let mut out = DeviceMatrix::<f16>::zeros(gpu, sq).unwrap();
+    let q = DeviceMatrix::from_host(gpu, sq, &random_vec::<T>(rng, sq.len(), 1.0)).unwrap();
+    let k = DeviceMatrix::from_host(gpu, skv, &random_vec::<T>(rng, skv.len(), 1.0)).unwrap();
+    let v = DeviceMatrix::from_host(gpu, skv, &random_vec::<T>(rng, skv.len(), 1.0)).unwrap();
+    let mut out = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();
     let mut time = |n: usize| {
         f64::from(
             gpu.time_ms(|| {
@@ -327,25 +357,75 @@ fn time_plan(gpu: &Gpu, plan: &AttentionPlan, runs: usize, rng: &mut Pcg64) -> (
     (single[runs / 2], batched)
 }
 
-/// Prints fused-tc beside fused-csr (f16, head_dim 128, 1 head): timings only, no assertion.
+/// Prints fused-tc with the rows in the graph's order and as `Reorder::Auto` chooses (f16 and
+/// f32, head_dim 64/128, heads 1/8), and fused-csr at f16 d=128 h=1: timings only, no
+/// assertion. Graphs: cora, pubmed, ogbn-arxiv, R-MAT 16 and 18 by default.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn timings() {
     let gpu = gpu();
     let mut rng = fresh_rng("timings");
     println!("device: {}", gpu.name());
-    for name in ["pubmed", "ogbn-arxiv"] {
-        let a = shared_graph(name);
-        for alg in [Algorithm::FusedCsr, Algorithm::FusedTensorCore] {
-            let config = AttentionConfig::new(1, 128, DTypeKind::F16).with_algorithm(alg);
-            let plan = AttentionPlan::new_gpu(&gpu, &a, config).unwrap();
-            let (single, batched) = time_plan(&gpu, &plan, 50, &mut rng);
-            println!(
-                "timing {name:>10} n={:>6} nnz={:>7} f16 d=128 h=1 {alg:>9}: \
-                 {single:.4} ms (median of 50 launches), {batched:.4} ms (50 back to back)",
-                a.n_rows(),
-                a.nnz()
-            );
+    // SPATTN_TIMING_GRAPHS: a comma list of shared graph names and rmatNN (default below);
+    // SPATTN_TIMING_QUICK: only f16, 1 head, head_dim 128 (the issue-5 bars' shape).
+    let list = std::env::var("SPATTN_TIMING_GRAPHS")
+        .unwrap_or_else(|_| "cora,pubmed,ogbn-arxiv,rmat16,rmat18".into());
+    let graphs: Vec<(String, Csr)> = list
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(|n| match n.strip_prefix("rmat") {
+            Some(scale) => (n.to_string(), rmat_graph(scale.parse().unwrap())),
+            None => (n.to_string(), shared_graph(n)),
+        })
+        .collect();
+    let quick = std::env::var("SPATTN_TIMING_QUICK").is_ok();
+    let dtypes: &[DTypeKind] = if quick {
+        &[DTypeKind::F16]
+    } else {
+        &[DTypeKind::F16, DTypeKind::F32]
+    };
+    let shapes: &[(usize, usize)] = if quick {
+        &[(1, 128)]
+    } else {
+        &[(1, 64), (1, 128), (8, 64), (8, 128)]
+    };
+    for (name, a) in &graphs {
+        for &dtype in dtypes {
+            for &(heads, d) in shapes {
+                let mut cell = Vec::new();
+                let mut cases = vec![
+                    (Algorithm::FusedTensorCore, Reorder::None),
+                    (Algorithm::FusedTensorCore, Reorder::Auto),
+                ];
+                if dtype == DTypeKind::F16 && heads == 1 && d == 128 {
+                    cases.push((Algorithm::FusedCsr, Reorder::None));
+                }
+                for (alg, reorder) in cases {
+                    let config = AttentionConfig::new(heads, d, dtype)
+                        .with_algorithm(alg)
+                        .with_reorder(reorder);
+                    let t0 = std::time::Instant::now();
+                    let plan = AttentionPlan::new_gpu(&gpu, a, config).unwrap();
+                    let plan_ms = t0.elapsed().as_secs_f64() * 1e3;
+                    let (single, batched) = match dtype {
+                        DTypeKind::F32 => time_plan::<f32>(&gpu, &plan, 30, &mut rng),
+                        _ => time_plan::<f16>(&gpu, &plan, 30, &mut rng),
+                    };
+                    cell.push(format!("{alg}/{reorder} {single:.4} ({batched:.4})"));
+                    if reorder == Reorder::Auto {
+                        println!(
+                            "plan {name} {dtype} h={heads} d={d}: {} [plan {plan_ms:.0} ms]",
+                            plan.choice()
+                        );
+                    }
+                }
+                println!(
+                    "timing {name:>10} n={:>7} nnz={:>8} {dtype} h={heads} d={d:>3}: {}",
+                    a.n_rows(),
+                    a.nnz(),
+                    cell.join(" | ")
+                );
+            }
         }
     }
 }

@@ -526,6 +526,89 @@ impl Bsb {
     }
 }
 
+/// What a BSB of a matrix would hold, counted without building it
+/// ([`Bsb::count_with_row_order`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WindowCount {
+    /// Number of 16-row windows.
+    pub windows: usize,
+    /// (window, distinct column) pairs: the K and V rows fused tensor-core attention gathers
+    /// per head (each window loads each of its columns' rows once).
+    pub columns: usize,
+    /// 16×8 blocks: `ceil(columns of the window / 8)` summed over the windows.
+    pub blocks: usize,
+    /// Edges.
+    pub edges: usize,
+}
+
+impl WindowCount {
+    /// Block fill: `edges / (blocks × 128)`, 0 without blocks.
+    pub fn fill(&self) -> f64 {
+        if self.blocks == 0 {
+            0.0
+        } else {
+            self.edges as f64 / (self.blocks * SLOTS) as f64
+        }
+    }
+}
+
+impl Bsb {
+    /// Counts the windows, (window, column) pairs and blocks of the BSB of `a` with its rows
+    /// taken in the order of `rows` (row `new` of the reordered matrix is row
+    /// `rows.old_of_new()[new]` of `a`; the identity when `None`), column ids unchanged —
+    /// what [`Bsb::from_csr`] of [`Permutation::permute_csr_rows`] would hold, without building
+    /// it. Renaming the columns too (as [`Permutation::permute_csr`] does) changes none of the
+    /// counts. Windows in parallel; cheap enough to compare node orders when a plan is built.
+    ///
+    /// # Errors
+    /// [`Error::LengthMismatch`] if `rows` does not have one entry per row of `a`.
+    ///
+    /// [`Permutation::permute_csr_rows`]: crate::Permutation::permute_csr_rows
+    /// [`Permutation::permute_csr`]: crate::Permutation::permute_csr
+    ///
+    /// ```
+    /// use spattn_formats::{Bsb, Csr};
+    /// let a = Csr::from_edges(18, 10, &[(0, 2), (0, 9), (1, 9), (17, 0)])?;
+    /// let c = Bsb::count_with_row_order(&a, None)?;
+    /// assert_eq!((c.windows, c.columns, c.blocks, c.edges), (2, 3, 2, 4));
+    /// assert_eq!(c.blocks, Bsb::from_csr(&a)?.n_blocks());
+    /// # Ok::<(), spattn_formats::Error>(())
+    /// ```
+    pub fn count_with_row_order(a: &Csr, rows: Option<&crate::Permutation>) -> Result<WindowCount> {
+        let n = a.n_rows();
+        if let Some(p) = rows {
+            check_len("row order (matrix rows)", n, p.len())?;
+        }
+        let order = rows.map(crate::Permutation::old_of_new);
+        let n_windows = n.div_ceil(ROWS);
+        let (columns, blocks) = (0..n_windows)
+            .into_par_iter()
+            .with_min_len(256)
+            .fold(
+                || (Vec::new(), 0usize, 0usize),
+                |(mut scratch, columns, blocks), w| {
+                    scratch.clear();
+                    for r in w * ROWS..((w + 1) * ROWS).min(n) {
+                        let old = order.map_or(r, |o| o[r] as usize);
+                        scratch.extend_from_slice(a.row(old));
+                    }
+                    scratch.sort_unstable();
+                    scratch.dedup();
+                    let c = scratch.len();
+                    (scratch, columns + c, blocks + c.div_ceil(COLS))
+                },
+            )
+            .map(|(_, c, b)| (c, b))
+            .reduce(|| (0, 0), |x, y| (x.0 + y.0, x.1 + y.1));
+        Ok(WindowCount {
+            windows: n_windows,
+            columns,
+            blocks,
+            edges: a.nnz(),
+        })
+    }
+}
+
 /// What one chunk of windows produces in [`Bsb::from_csr`], concatenated afterwards.
 struct ChunkPart {
     blocks_per_window: Vec<u32>,

@@ -12,7 +12,7 @@
 // unit of a split row writes its partial (m, l, acc) to slot unit_parts[u]; fused_csr_merge then
 // merges the partials of each split row exactly.
 
-#include "common.cuh"
+#include "attention_tiles.cuh"
 
 template <class T, int VEC, int NV>
 __device__ __forceinline__ void fused_csr(const u32* __restrict__ unit_rows,
@@ -56,79 +56,8 @@ __device__ __forceinline__ void fused_csr(const u32* __restrict__ unit_rows,
             }
         }
         float m = SPATTN_NEG_INF, l = 0.0f;
-
-        u32 e = start;
-        for (; e + 4 <= end; e += 4) {
-            u32 c[4];
-#pragma unroll
-            for (int t = 0; t < 4; ++t) c[t] = __ldg(col_indices + e + t);
-            float s[4], x[4][NV][VEC];
-#pragma unroll
-            for (int t = 0; t < 4; ++t) {
-                s[t] = 0.0f;
-#pragma unroll
-                for (int j = 0; j < NV; ++j) {
-                    if (on[j]) {
-                        float kv[VEC];
-                        load_vec<T, VEC>(k + (u64)c[t] * hd + head_off + feat[j], kv);
-                        load_vec<T, VEC>(v + (u64)c[t] * hd + head_off + feat[j], x[t][j]);
-#pragma unroll
-                        for (int i = 0; i < VEC; ++i) s[t] = fmaf(qv[j][i], kv[i], s[t]);
-                    } else {
-#pragma unroll
-                        for (int i = 0; i < VEC; ++i) x[t][j][i] = 0.0f;
-                    }
-                }
-            }
-            for (u32 o = g >> 1; o > 0; o >>= 1) {
-#pragma unroll
-                for (int t = 0; t < 4; ++t) s[t] += __shfl_xor_sync(mask, s[t], o);
-            }
-            const float mt = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
-            const float mn = fmaxf(m, mt);
-            const float corr = online_rescale(m, mn);
-            m = mn;
-            float p[4];
-#pragma unroll
-            for (int t = 0; t < 4; ++t) p[t] = __expf(s[t] - mn);
-            l = l * corr + ((p[0] + p[1]) + (p[2] + p[3]));
-#pragma unroll
-            for (int j = 0; j < NV; ++j)
-#pragma unroll
-                for (int i = 0; i < VEC; ++i) {
-                    float a = acc[j][i] * corr;
-#pragma unroll
-                    for (int t = 0; t < 4; ++t) a = fmaf(p[t], x[t][j][i], a);
-                    acc[j][i] = a;
-                }
-        }
-        for (; e < end; ++e) {
-            const u32 c = __ldg(col_indices + e);
-            float s = 0.0f, x[NV][VEC];
-#pragma unroll
-            for (int j = 0; j < NV; ++j) {
-                if (on[j]) {
-                    float kv[VEC];
-                    load_vec<T, VEC>(k + (u64)c * hd + head_off + feat[j], kv);
-                    load_vec<T, VEC>(v + (u64)c * hd + head_off + feat[j], x[j]);
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) s = fmaf(qv[j][i], kv[i], s);
-                } else {
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) x[j][i] = 0.0f;
-                }
-            }
-            s = group_sum(s, mask, g);
-            const float mn = fmaxf(m, s);
-            const float corr = online_rescale(m, mn);
-            const float p = __expf(s - mn);
-            m = mn;
-            l = l * corr + p;
-#pragma unroll
-            for (int j = 0; j < NV; ++j)
-#pragma unroll
-                for (int i = 0; i < VEC; ++i) acc[j][i] = fmaf(p, x[j][i], acc[j][i] * corr);
-        }
+        csr_edges_online<T, VEC, NV, false>(col_indices, start, end, k, v, hd, head_off, on, feat,
+                                            qv, mask, g, m, l, acc);
 
         const u32 part = unit_parts[u];
         if (part == SPATTN_NONE) {

@@ -1,0 +1,334 @@
+//! `Hybrid`: RT-GNN-style fused attention, tensor-core and CUDA-core warps of one kernel
+//! splitting each window's work (kernel: `crates/kernels-sys/cuda/hybrid.cu`, launched through
+//! [`spattn_ops::DeviceHybrid`]).
+//!
+//! Rows are renumbered ([`Reorder`], as for fused-tc: by default the order with the fewest
+//! K/V row gathers among the graph's own, degree and locality orders; invisible to the caller: K/V are gathered by original id, Q
+//! and the output go through the renumbered rows' original ids), each window's columns ordered
+//! by hits, and the 16×8 blocks at or above a fill threshold go to tensor-core warps, the rest
+//! of the edges to CUDA-core warps of the same CTA.
+//!
+//! # Cost model (calibrated at plan time)
+//!
+//! The plan times the kernel twice on the graph, once with every block on tensor cores
+//! (threshold 0) and once with every edge on CUDA cores (threshold > 1), both with
+//! [`CALIBRATION_SPLIT`] warps, and derives the cost of a pair of blocks on a tensor-core warp
+//! and of an edge on a CUDA-core warp. A work item (window, head) costs the slower of its two
+//! sides: `max(⌈pairs / T⌉ · c_pair, edges / C · c_edge)` for `T` tensor-core and `C` CUDA-core
+//! warps. The plan evaluates every threshold (popcount 0..=129 of 128) and every split of
+//! [`WARPS`] warps over all windows, keeps the cheapest prediction, times it, and keeps
+//! whichever of it and the two calibration runs was fastest.
+
+use spattn_formats::{Csr, HybridBlocks};
+use spattn_ops::hybrid_spmm::slice_for;
+use spattn_ops::{DType, DTypeKind, DeviceHybrid, DeviceMatrix, Gpu, Shape, WarpSplit};
+
+use crate::config::{HybridParams, Reorder};
+use crate::error::{Error, Result};
+use crate::fused_tc::RowOrder;
+use crate::Algorithm;
+
+/// Warps per CTA the model splits.
+pub const WARPS: usize = 4;
+/// The warp split of the calibration runs.
+pub const CALIBRATION_SPLIT: WarpSplit = WarpSplit { tc: 2, cd: 2 };
+/// Timed runs per calibration measurement (after one warm-up); the median is kept.
+const RUNS: usize = 3;
+
+/// What the hybrid plan chose, and why.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HybridInfo {
+    /// Fill threshold (popcount / 128) at or above which a block goes to tensor cores.
+    pub threshold: f64,
+    /// Tensor-core warps per CTA.
+    pub tc_warps: usize,
+    /// CUDA-core warps per CTA.
+    pub cd_warps: usize,
+    /// Fraction of the edges on tensor cores.
+    pub tc_edge_fraction: f64,
+    /// Fraction of the edges on CUDA cores.
+    pub cd_edge_fraction: f64,
+    /// Measured time of the all-tensor-core calibration run, ms (NaN if not calibrated).
+    pub all_tc_ms: f64,
+    /// Measured time of the all-CUDA-core calibration run, ms (NaN if not calibrated).
+    pub all_cd_ms: f64,
+    /// Measured time of the chosen configuration, ms (NaN if not calibrated).
+    pub chosen_ms: f64,
+    /// The model's prediction for the chosen configuration, ms (NaN if not calibrated).
+    pub predicted_ms: f64,
+}
+
+impl std::fmt::Display for HybridInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "hybrid threshold {:.4} ({} TC : {} CD warps), edges {:.1}% TC / {:.1}% CD; \
+             calibration all-TC {:.4} ms, all-CD {:.4} ms, chosen {:.4} ms (predicted {:.4})",
+            self.threshold,
+            self.tc_warps,
+            self.cd_warps,
+            100.0 * self.tc_edge_fraction,
+            100.0 * self.cd_edge_fraction,
+            self.all_tc_ms,
+            self.all_cd_ms,
+            self.chosen_ms,
+            self.predicted_ms
+        )
+    }
+}
+
+/// Whether the hybrid kernel can run heads of `head_dim` features of `dtype`.
+pub(crate) fn supports(head_dim: usize, dtype: DTypeKind) -> Result<()> {
+    slice_for(head_dim, dtype)
+        .map(|_| ())
+        .map_err(|why| Error::Unsupported {
+            algorithm: Algorithm::Hybrid,
+            why,
+        })
+}
+
+/// Per window: the popcounts of its blocks (non-increasing) and its edge count.
+struct WindowProfile {
+    pops: Vec<u32>,
+    edges: u64,
+}
+
+/// Predicted cost of every (popcount threshold, tensor-core warps) in units of the calibrated
+/// costs: `cost[p][t - 1]` for threshold `p / 128` and `t` tensor-core warps of [`WARPS`].
+fn predict(profiles: &[WindowProfile], c_pair: f64, c_edge: f64) -> Vec<[f64; WARPS - 1]> {
+    let mut cost = vec![[0.0f64; WARPS - 1]; 130];
+    for w in profiles {
+        // Walk the thresholds from high (nothing dense) to low, adding blocks as they qualify.
+        let mut k = 0usize;
+        let mut tc_edges = 0u64;
+        for p in (0..130u32).rev() {
+            while k < w.pops.len() && w.pops[k] >= p {
+                tc_edges += u64::from(w.pops[k]);
+                k += 1;
+            }
+            let pairs = k.div_ceil(2) as f64;
+            let cd_edges = (w.edges - tc_edges) as f64;
+            for (i, c) in cost[p as usize].iter_mut().enumerate() {
+                let t = (i + 1) as f64;
+                let tc = (pairs / t).ceil() * c_pair;
+                let cd = cd_edges / (WARPS as f64 - t) * c_edge;
+                *c += tc.max(cd);
+            }
+        }
+    }
+    cost
+}
+
+/// The hybrid algorithm of one plan.
+#[derive(Debug)]
+pub(crate) struct Hybrid {
+    device: DeviceHybrid,
+    warps: WarpSplit,
+    info: HybridInfo,
+}
+
+impl Hybrid {
+    /// Builds the tile structure of `graph`, calibrates the cost model on `gpu` (unless
+    /// `params` fixes the threshold and the split) and uploads the chosen split.
+    pub(crate) fn new<T: DType>(
+        gpu: &Gpu,
+        graph: &Csr,
+        heads: usize,
+        head_dim: usize,
+        scale: f32,
+        params: Option<HybridParams>,
+        reorder: Reorder,
+    ) -> Result<Self> {
+        supports(head_dim, T::KIND)?;
+        if let Err(e) = gpu.require_compute_capability("hybrid (mma.sync)", 8, 0) {
+            return Err(Error::Unsupported {
+                algorithm: Algorithm::Hybrid,
+                why: format!("{e}; use fused-csr"),
+            });
+        }
+        let order = RowOrder::new(graph, reorder)?;
+        let permutation = match order.permutation {
+            Some(p) => p,
+            None => spattn_formats::Permutation::identity(graph.n_rows())?,
+        };
+        let blocks = HybridBlocks::from_csr_with_order(graph, permutation)?;
+        let nnz = graph.nnz().max(1) as f64;
+        let info_of = |split: &spattn_formats::HybridSplit, w: WarpSplit| HybridInfo {
+            threshold: split.threshold(),
+            tc_warps: w.tc,
+            cd_warps: w.cd,
+            tc_edge_fraction: split.tc_edges() as f64 / nnz,
+            cd_edge_fraction: split.cd_edges() as f64 / nnz,
+            all_tc_ms: f64::NAN,
+            all_cd_ms: f64::NAN,
+            chosen_ms: f64::NAN,
+            predicted_ms: f64::NAN,
+        };
+        if let Some(p) = params {
+            let warps = WarpSplit::new(p.tc_warps, p.cd_warps)?;
+            let split = blocks.classify(p.threshold)?;
+            let device = DeviceHybrid::upload(gpu, &blocks, &split, heads)?;
+            return Ok(Self {
+                device,
+                warps,
+                info: info_of(&split, warps),
+            });
+        }
+
+        // Calibration: all blocks on tensor cores, then all edges on CUDA cores.
+        let shape_q = Shape::new(graph.n_rows(), heads, head_dim)?;
+        let shape_kv = Shape::new(graph.n_cols(), heads, head_dim)?;
+        let q = DeviceMatrix::<T>::zeros(gpu, shape_q)?;
+        let kv = DeviceMatrix::<T>::zeros(gpu, shape_kv)?;
+        let mut out = DeviceMatrix::<T>::zeros(gpu, shape_q)?;
+        let mut time = |d: &DeviceHybrid, w: WarpSplit| -> Result<f64> {
+            d.attention(gpu, &q, &kv, &kv, scale, w, &mut out)?;
+            let mut t = Vec::with_capacity(RUNS);
+            for _ in 0..RUNS {
+                t.push(f64::from(gpu.time_ms(|| {
+                    d.attention(gpu, &q, &kv, &kv, scale, w, &mut out)
+                })?));
+            }
+            t.sort_by(f64::total_cmp);
+            Ok(t[RUNS / 2])
+        };
+        let all_tc = blocks.classify(0.0)?;
+        let all_cd = blocks.classify(2.0)?;
+        let d_tc = DeviceHybrid::upload(gpu, &blocks, &all_tc, heads)?;
+        let t_tc = time(&d_tc, CALIBRATION_SPLIT)?;
+        drop(d_tc);
+        let d_cd = DeviceHybrid::upload(gpu, &blocks, &all_cd, heads)?;
+        let t_cd = time(&d_cd, CALIBRATION_SPLIT)?;
+
+        let profiles: Vec<WindowProfile> = (0..blocks.n_windows())
+            .map(|w| {
+                let pops: Vec<u32> = blocks.bitmaps()[blocks.window_blocks(w)]
+                    .iter()
+                    .map(|b| b.count_ones())
+                    .collect();
+                let edges = pops.iter().map(|&p| u64::from(p)).sum();
+                WindowProfile { pops, edges }
+            })
+            .collect();
+        // Work of the calibration runs in model units: the all-TC run is Σ ⌈pairs / 2⌉ pair
+        // steps per warp, the all-CD run Σ edges / 2 edges per warp.
+        let (ct, cc) = (CALIBRATION_SPLIT.tc as f64, CALIBRATION_SPLIT.cd as f64);
+        let tc_steps: f64 = profiles
+            .iter()
+            .map(|w| (w.pops.len().div_ceil(2) as f64 / ct).ceil())
+            .sum();
+        let cd_steps: f64 = profiles.iter().map(|w| w.edges as f64 / cc).sum();
+        let c_pair = t_tc / tc_steps.max(1.0);
+        let c_edge = t_cd / cd_steps.max(1.0);
+        let cost = predict(&profiles, c_pair, c_edge);
+        let (mut best_p, mut best_t, mut best) = (0usize, 1usize, f64::INFINITY);
+        for (p, row) in cost.iter().enumerate() {
+            for (i, &c) in row.iter().enumerate() {
+                if c < best {
+                    (best_p, best_t, best) = (p, i + 1, c);
+                }
+            }
+        }
+        // Popcount threshold p as a fill; 129 (above 1) sends every edge to CUDA cores.
+        let threshold = best_p as f64 / 128.0;
+        let warps = WarpSplit::new(best_t, WARPS - best_t)?;
+        let split = blocks.classify(threshold)?;
+        let device =
+            DeviceHybrid::upload_with_costs(gpu, &blocks, &split, heads, c_pair / 2.0, c_edge)?;
+        let t_chosen = time(&device, warps)?;
+        let mut info = info_of(&split, warps);
+        info.all_tc_ms = t_tc;
+        info.all_cd_ms = t_cd;
+        info.chosen_ms = t_chosen;
+        info.predicted_ms = best;
+        // Keep the measured best of the chosen split and the two calibration runs.
+        if t_chosen <= t_tc.min(t_cd) {
+            return Ok(Self {
+                device,
+                warps,
+                info,
+            });
+        }
+        drop(device);
+        let (split, device) = if t_tc <= t_cd {
+            (&all_tc, DeviceHybrid::upload(gpu, &blocks, &all_tc, heads)?)
+        } else {
+            (&all_cd, d_cd)
+        };
+        let mut fallback = info_of(split, CALIBRATION_SPLIT);
+        fallback.all_tc_ms = t_tc;
+        fallback.all_cd_ms = t_cd;
+        fallback.chosen_ms = t_tc.min(t_cd);
+        fallback.predicted_ms = best;
+        Ok(Self {
+            device,
+            warps: CALIBRATION_SPLIT,
+            info: fallback,
+        })
+    }
+
+    /// What the plan chose.
+    pub(crate) fn info(&self) -> HybridInfo {
+        self.info
+    }
+
+    /// `out = softmax(scale · Q Kᵀ ⊙ A) · V` in one kernel; shapes are checked by the plan.
+    pub(crate) fn forward<T: DType>(
+        &self,
+        gpu: &Gpu,
+        q: &DeviceMatrix<T>,
+        k: &DeviceMatrix<T>,
+        v: &DeviceMatrix<T>,
+        scale: f32,
+        out: &mut DeviceMatrix<T>,
+    ) -> Result<()> {
+        Ok(self
+            .device
+            .attention(gpu, q, k, v, scale, self.warps, out)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_prefers_the_cheaper_side() {
+        // One window of 4 full blocks (512 edges): tensor cores win when pairs are cheap.
+        let w = vec![WindowProfile {
+            pops: vec![128; 4],
+            edges: 512,
+        }];
+        let cost = predict(&w, 1.0, 1.0);
+        // p = 0: all TC; 2 pairs. With 1 TC warp: 2; 2: 1; 3: 1.
+        assert_eq!(cost[0], [2.0, 1.0, 1.0]);
+        // p = 129: all CD; 512 edges over 3, 2, 1 CD warps.
+        assert_eq!(cost[129], [512.0 / 3.0, 256.0, 512.0]);
+        // A window of sparse blocks: CUDA cores win whatever the pair cost is.
+        let sparse = vec![WindowProfile {
+            pops: vec![1; 40],
+            edges: 40,
+        }];
+        let cost = predict(&sparse, 50.0, 1.0);
+        let best = cost
+            .iter()
+            .enumerate()
+            .flat_map(|(p, r)| r.iter().map(move |&c| (p, c)))
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .unwrap();
+        assert!(best.0 > 1, "{best:?}");
+    }
+
+    #[test]
+    fn supported_heads() {
+        assert!(supports(128, DTypeKind::F16).is_ok());
+        assert!(supports(1, DTypeKind::Bf16).is_ok());
+        assert!(supports(64, DTypeKind::F32).is_ok());
+        assert!(matches!(
+            supports(129, DTypeKind::F16),
+            Err(Error::Unsupported { .. })
+        ));
+        assert!(supports(65, DTypeKind::F32).is_err());
+        assert!(supports(0, DTypeKind::F32).is_err());
+    }
+}

@@ -1,0 +1,426 @@
+//! GPU tests of the hybrid algorithm (tensor-core and CUDA-core warps in one kernel, over the
+//! degree-ordered tile structure) against the f64 CPU reference.
+//!
+//! `#[ignore]`d where there is no NVIDIA GPU. Inputs are drawn fresh (seed printed; replay with
+//! SPATTN_SEED), outputs poisoned with NaN before each forward, and every forward runs twice:
+//! the second run must repeat the first bit for bit (no race; the work queue and the split
+//! counters reset). Each case runs with the plan-time calibration and with fixed thresholds and
+//! warp splits: 0 (every block on tensor cores), 2 (every edge on CUDA cores) and in between;
+//! all must match the reference.
+//!
+//! Tolerances (DESIGN.md): f16 ≤ 5e-3, bf16 ≤ 2e-2, f32 through tf32 on the tensor-core side ≤
+//! 1e-3.
+
+#[path = "../../ops/tests/common/mod.rs"]
+mod common;
+
+use common::*;
+use half::{bf16, f16};
+use rand::Rng;
+use rand_pcg::Pcg64;
+use spattn::{Algorithm, AttentionConfig, AttentionPlan, HybridParams};
+use spattn_formats::Csr;
+use spattn_ops::cpu::{attention_f64_from, rel_l2_error, AttentionInputs};
+use spattn_ops::{DType, DTypeKind, DeviceMatrix, Gpu, Shape};
+
+const ALG: Algorithm = Algorithm::Hybrid;
+
+/// The fixed configurations every case also runs: (threshold, TC warps, CD warps).
+const FIXED: [(f64, usize, usize); 5] = [
+    (0.0, 2, 2),
+    (2.0, 1, 3),
+    (0.05, 1, 3),
+    (0.02, 3, 1),
+    (0.1, 4, 4),
+];
+
+fn gpu() -> Gpu {
+    Gpu::new(0).expect("an NVIDIA GPU (this test is ignored elsewhere)")
+}
+
+/// The tolerance of the algorithm for `T`: f32 runs through tf32.
+fn tol<T: DType>() -> f64 {
+    match T::KIND {
+        DTypeKind::F32 => 1e-3,
+        _ => tolerance::<T>(),
+    }
+}
+
+/// Inputs of one case, in f64, exactly representable in `T`.
+struct Inputs {
+    q: Vec<f64>,
+    k: Vec<f64>,
+    v: Vec<f64>,
+    shape_q: Shape,
+    shape_kv: Shape,
+}
+
+impl Inputs {
+    /// Q uniform in ±`amp`, K and V in ±1, rounded to `T`.
+    fn draw<T: DType>(rng: &mut Pcg64, a: &Csr, heads: usize, head_dim: usize, amp: f64) -> Self {
+        let shape_q = Shape::new(a.n_rows(), heads, head_dim).unwrap();
+        let shape_kv = Shape::new(a.n_cols(), heads, head_dim).unwrap();
+        Self {
+            q: to_f64(&random_vec::<T>(rng, shape_q.len(), amp)),
+            k: to_f64(&random_vec::<T>(rng, shape_kv.len(), 1.0)),
+            v: to_f64(&random_vec::<T>(rng, shape_kv.len(), 1.0)),
+            shape_q,
+            shape_kv,
+        }
+    }
+
+    /// Values on the grid k/256, |k| ≤ 256 (Q: times `amp`, a power of two): exact in f16
+    /// and bf16 alike, so one f64 reference serves both.
+    fn draw_half(rng: &mut Pcg64, a: &Csr, heads: usize, head_dim: usize) -> Self {
+        let shape_q = Shape::new(a.n_rows(), heads, head_dim).unwrap();
+        let shape_kv = Shape::new(a.n_cols(), heads, head_dim).unwrap();
+        let mut grid = |len: usize| -> Vec<f64> {
+            (0..len)
+                .map(|_| f64::from(rng.random_range(-256i32..=256)) / 256.0)
+                .collect()
+        };
+        Self {
+            q: grid(shape_q.len()),
+            k: grid(shape_kv.len()),
+            v: grid(shape_kv.len()),
+            shape_q,
+            shape_kv,
+        }
+    }
+
+    fn reference(&self, a: &Csr, scale: f64) -> Vec<f64> {
+        let inputs = AttentionInputs::new(
+            &self.q,
+            self.shape_q,
+            &self.k,
+            self.shape_kv,
+            &self.v,
+            self.shape_kv,
+        );
+        attention_f64_from(a, &inputs, scale).unwrap()
+    }
+}
+
+/// Runs the hybrid plan on `inputs` (converted to `T`), twice, and checks against `want`.
+fn check_with<T: DType>(
+    gpu: &Gpu,
+    a: &Csr,
+    inputs: &Inputs,
+    want: &[f64],
+    scale: Option<f32>,
+    params: Option<HybridParams>,
+) {
+    let (heads, head_dim) = (inputs.shape_q.heads, inputs.shape_q.head_dim);
+    let mut config = AttentionConfig::new(heads, head_dim, T::KIND).with_algorithm(ALG);
+    if let Some(s) = scale {
+        config = config.with_scale(s);
+    }
+    if let Some(p) = params {
+        config = config.with_hybrid(p);
+    }
+    assert!(AttentionPlan::supports(gpu, ALG, &config));
+    let plan = AttentionPlan::new_gpu(gpu, a, config).unwrap();
+    assert_eq!(plan.algorithm(), ALG);
+    let info = plan
+        .hybrid_info()
+        .expect("a hybrid plan reports its choice");
+    assert!(plan.choice().contains("threshold"), "{}", plan.choice());
+    assert!((info.tc_edge_fraction + info.cd_edge_fraction - 1.0).abs() < 1e-9 || a.nnz() == 0);
+    if let Some(p) = params {
+        assert_eq!(
+            (info.threshold, info.tc_warps, info.cd_warps),
+            (p.threshold, p.tc_warps, p.cd_warps)
+        );
+        if p.threshold == 0.0 && a.nnz() > 0 {
+            assert_eq!(info.cd_edge_fraction, 0.0);
+        }
+        if p.threshold > 1.0 && a.nnz() > 0 {
+            assert_eq!(info.tc_edge_fraction, 0.0);
+        }
+    }
+    let cast = |x: &[f64]| x.iter().map(|&v| T::from_f64(v)).collect::<Vec<T>>();
+    let dq = DeviceMatrix::from_host(gpu, inputs.shape_q, &cast(&inputs.q)).unwrap();
+    let dk = DeviceMatrix::from_host(gpu, inputs.shape_kv, &cast(&inputs.k)).unwrap();
+    let dv = DeviceMatrix::from_host(gpu, inputs.shape_kv, &cast(&inputs.v)).unwrap();
+    let mut out = DeviceMatrix::<T>::zeros(gpu, inputs.shape_q).unwrap();
+    let what = format!(
+        "hybrid {} n={} nnz={} heads={heads} head_dim={head_dim} params={params:?} ({})",
+        T::NAME,
+        a.n_rows(),
+        a.nnz(),
+        plan.choice()
+    );
+    let mut first: Option<Vec<T>> = None;
+    for run in 0..2 {
+        out.fill_nan().unwrap();
+        plan.forward(&dq, &dk, &dv, &mut out).unwrap();
+        let got = out.to_host().unwrap();
+        let err = rel_l2_error(&to_f64(&got), want);
+        assert!(err <= tol::<T>(), "{what}: rel error {err:e} (run {run})");
+        let row_len = inputs.shape_q.row_len();
+        for r in (0..a.n_rows()).filter(|&r| a.degree(r) == 0) {
+            let row = &got[r * row_len..(r + 1) * row_len];
+            assert!(
+                row.iter().all(|x| x.to_f64() == 0.0),
+                "{what}: empty row {r} not zero"
+            );
+        }
+        match &first {
+            None => first = Some(got),
+            Some(f) => {
+                let same = f
+                    .iter()
+                    .zip(&got)
+                    .all(|(x, y)| x.to_f64().to_bits() == y.to_f64().to_bits());
+                assert!(same, "{what}: the second run differs from the first");
+            }
+        }
+    }
+}
+
+/// Every dtype, calibrated and at every fixed configuration, on fresh inputs: f16 and bf16 on
+/// one grid-valued draw (one reference), f32 on its own full-precision draw (head_dim ≤ 64).
+fn check_all(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64) {
+    let scale = f64::from((1.0 / (head_dim as f64).sqrt()) as f32);
+    let half = Inputs::draw_half(rng, a, heads, head_dim);
+    let want = half.reference(a, scale);
+    let params =
+        std::iter::once(None).chain(FIXED.iter().map(|&(threshold, tc_warps, cd_warps)| {
+            Some(HybridParams {
+                threshold,
+                tc_warps,
+                cd_warps,
+            })
+        }));
+    for p in params.clone() {
+        check_with::<f16>(gpu, a, &half, &want, None, p);
+    }
+    check_with::<bf16>(gpu, a, &half, &want, None, None);
+    check_with::<bf16>(gpu, a, &half, &want, None, params.clone().nth(3).flatten());
+    if head_dim <= 64 {
+        let full = Inputs::draw::<f32>(rng, a, heads, head_dim, 1.0);
+        let want = full.reference(a, scale);
+        check_with::<f32>(gpu, a, &full, &want, None, None);
+        check_with::<f32>(gpu, a, &full, &want, None, params.clone().nth(1).flatten());
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn shared_graphs() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("shared_graphs");
+    for name in ["cora", "pubmed", "ogbn-arxiv"] {
+        let a = shared_graph(name);
+        for (heads, head_dim) in [(1, 128), (8, 64), (2, 24)] {
+            check_all(&gpu, &a, heads, head_dim, &mut rng);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn rmat_16() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("rmat_16");
+    let a = rmat_graph(16);
+    for (heads, head_dim) in [(1, 128), (8, 16)] {
+        check_all(&gpu, &a, heads, head_dim, &mut rng);
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn head_dims_and_heads() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("head_dims_and_heads");
+    let a = random_graph(&mut rng, 200, 5, 9);
+    // 1, 3 and 100 take the element-wise (unaligned) path.
+    for head_dim in [1, 3, 8, 24, 64, 96, 100, 128] {
+        for heads in [1, 2, 8] {
+            check_all(&gpu, &a, heads, head_dim, &mut rng);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn tiny_graphs() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("tiny_graphs");
+    for n in [1, 2, 7, 15, 16, 17, 31, 33] {
+        let a = random_graph(&mut rng, n, 3, 4);
+        check_all(&gpu, &a, 2, 24, &mut rng);
+        check_all(&gpu, &a, 1, 3, &mut rng);
+    }
+    let empty = Csr::from_edges(5, 5, &[]).unwrap();
+    check_all(&gpu, &empty, 2, 8, &mut rng);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn hub_row() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("hub_row");
+    // Row 777 attends to all 10^5 nodes: its window is split into parts merged in the kernel.
+    let a = hub_graph(&mut rng, 100_000, 777);
+    for (heads, head_dim) in [(1, 64), (8, 24)] {
+        check_all(&gpu, &a, heads, head_dim, &mut rng);
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn dense_and_sparse_windows() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("dense_and_sparse_windows");
+    // Rows 0..16 all attend to columns 0..64 (a window of 8 full blocks); rows 16..40 to a few
+    // random columns each (windows of sparse blocks); n = 40 is not a multiple of 16.
+    let mut edges: Vec<(u32, u32)> = (0..16).flat_map(|r| (0..64).map(move |c| (r, c))).collect();
+    for r in 16..40 {
+        for _ in 0..4 {
+            edges.push((r, rng.random_range(0..70)));
+        }
+    }
+    let a = Csr::from_edges(40, 70, &edges).unwrap();
+    for (heads, head_dim) in [(1, 64), (2, 128), (3, 24)] {
+        check_all(&gpu, &a, heads, head_dim, &mut rng);
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn extreme_and_equal_scores() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("extreme_and_equal_scores");
+    let a = random_graph(&mut rng, 500, 8, 5);
+    let (heads, head_dim) = (2, 16);
+    let scale = 0.25f32;
+    let mixed = Some(HybridParams {
+        threshold: 0.03,
+        tc_warps: 2,
+        cd_warps: 2,
+    });
+    for amp in [2.5e3, 1e4] {
+        let x = Inputs::draw::<f32>(&mut rng, &a, heads, head_dim, amp);
+        check_with::<f32>(&gpu, &a, &x, &x.reference(&a, 0.25), Some(scale), mixed);
+        let x = Inputs::draw::<f16>(&mut rng, &a, heads, head_dim, amp);
+        check_with::<f16>(&gpu, &a, &x, &x.reference(&a, 0.25), Some(scale), mixed);
+        let x = Inputs::draw::<bf16>(&mut rng, &a, heads, head_dim, amp);
+        check_with::<bf16>(&gpu, &a, &x, &x.reference(&a, 0.25), Some(scale), mixed);
+    }
+    let mut x = Inputs::draw_half(&mut rng, &a, heads, head_dim);
+    x.q.iter_mut().for_each(|q| *q = 0.0);
+    let want = x.reference(&a, 0.25);
+    check_with::<f16>(&gpu, &a, &x, &want, Some(scale), mixed);
+    check_with::<bf16>(&gpu, &a, &x, &want, Some(scale), None);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn errors_are_typed() {
+    let gpu = gpu();
+    let a = Csr::from_edges(3, 3, &[(0, 1), (1, 2)]).unwrap();
+    let wide = AttentionConfig::new(1, 129, DTypeKind::F16).with_algorithm(ALG);
+    assert!(!AttentionPlan::supports(&gpu, ALG, &wide));
+    let e = AttentionPlan::new_gpu(&gpu, &a, wide).unwrap_err();
+    assert!(matches!(e, spattn::Error::Unsupported { .. }), "{e}");
+    let bad = AttentionConfig::new(1, 8, DTypeKind::F16)
+        .with_algorithm(ALG)
+        .with_hybrid(HybridParams {
+            threshold: 0.1,
+            tc_warps: 0,
+            cd_warps: 4,
+        });
+    assert!(AttentionPlan::new_gpu(&gpu, &a, bad).is_err());
+    let config = AttentionConfig::new(2, 4, DTypeKind::F16).with_algorithm(ALG);
+    let plan = AttentionPlan::new_gpu(&gpu, &a, config).unwrap();
+    let good = DeviceMatrix::<f16>::zeros(&gpu, Shape::new(3, 2, 4).unwrap()).unwrap();
+    let badm = DeviceMatrix::<f16>::zeros(&gpu, Shape::new(3, 2, 5).unwrap()).unwrap();
+    let mut out = DeviceMatrix::<f16>::zeros(&gpu, Shape::new(3, 2, 4).unwrap()).unwrap();
+    let e = plan.forward(&good, &badm, &good, &mut out).unwrap_err();
+    assert!(
+        matches!(e, spattn::Error::ShapeMismatch { what: "K", .. }),
+        "{e}"
+    );
+}
+
+/// GPU time of `plan.forward`, ms: median of `runs` launches after warm-up.
+fn time_plan(gpu: &Gpu, plan: &AttentionPlan, runs: usize, rng: &mut Pcg64) -> f64 {
+    let sq = plan.shape_q();
+    let skv = plan.shape_kv();
+    let q = DeviceMatrix::from_host(gpu, sq, &random_vec::<f16>(rng, sq.len(), 1.0)).unwrap();
+    let k = DeviceMatrix::from_host(gpu, skv, &random_vec::<f16>(rng, skv.len(), 1.0)).unwrap();
+    let v = DeviceMatrix::from_host(gpu, skv, &random_vec::<f16>(rng, skv.len(), 1.0)).unwrap();
+    let mut out = DeviceMatrix::<f16>::zeros(gpu, sq).unwrap();
+    let mut time = || {
+        f64::from(
+            gpu.time_ms(|| {
+                plan.forward(&q, &k, &v, &mut out)
+                    .map_err(|e| spattn_ops::Error::InvalidArgument {
+                        what: "forward",
+                        why: e.to_string(),
+                    })
+            })
+            .unwrap(),
+        )
+    };
+    for _ in 0..3 {
+        time();
+    }
+    let mut t: Vec<f64> = (0..runs).map(|_| time()).collect();
+    t.sort_by(f64::total_cmp);
+    t[runs / 2]
+}
+
+/// hybrid beside fused-tc and fused-csr (f16), with the plan's chosen threshold and split:
+/// timings only, no assertion.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn timings() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("timings");
+    println!("device: {}", gpu.name());
+    let mut graphs: Vec<(String, Csr)> = ["cora", "citeseer", "pubmed", "ogbn-arxiv"]
+        .iter()
+        .map(|n| (n.to_string(), shared_graph(n)))
+        .collect();
+    for s in [16, 18] {
+        graphs.push((format!("rmat{s}"), rmat_graph(s)));
+    }
+    for (name, a) in &graphs {
+        for (heads, d) in [(1usize, 64usize), (1, 128), (8, 64), (8, 128)] {
+            let mut t = Vec::new();
+            let mut info = String::new();
+            for alg in [
+                Algorithm::FusedTensorCore,
+                Algorithm::FusedCsr,
+                Algorithm::Hybrid,
+            ] {
+                let config = AttentionConfig::new(heads, d, DTypeKind::F16).with_algorithm(alg);
+                let plan = AttentionPlan::new_gpu(&gpu, a, config).unwrap();
+                t.push(time_plan(&gpu, &plan, 20, &mut rng));
+                if let Some(i) = plan.hybrid_info() {
+                    info = format!(
+                        "threshold {:.4} {}:{} tc-edges {:.3} (all-tc {:.4} all-cd {:.4} pred {:.4})",
+                        i.threshold,
+                        i.tc_warps,
+                        i.cd_warps,
+                        i.tc_edge_fraction,
+                        i.all_tc_ms,
+                        i.all_cd_ms,
+                        i.predicted_ms
+                    );
+                }
+            }
+            println!(
+                "attn-timing {name:>10} h={heads} d={d:>3}: fused-tc {:.4} ms, fused-csr {:.4} ms, \
+                 hybrid {:.4} ms -> vs best pure {:.2}x | {info}",
+                t[0],
+                t[1],
+                t[2],
+                t[0].min(t[1]) / t[2]
+            );
+        }
+    }
+}

@@ -1,0 +1,585 @@
+// Device pieces shared by the fused attention kernels (fused_bsb.cu, fused_csr.cu, hybrid.cu):
+// the BSB tensor-core tile loop (mma SDDMM, bitmap mask, online softmax in the log2 domain, mma
+// P V), the exact merge of split-window partials, and the CUDA-core per-edge online-softmax loop.
+// One copy here; each kernel file instantiates what it needs. See fused_bsb.cu for the register
+// layouts of the tile loop and fused_csr.cu for the lane layout of the edge loop.
+#pragma once
+
+#include "common.cuh"
+#include "mma.cuh"
+
+#define BSB_WINDOW_ROWS 16u
+#define BSB_BLOCK_COLS 8u
+// Floats of one group's merge scratch (16 maxima, 16 inverse sums, a flag).
+#define BSB_MERGE_FLOATS 64u
+
+// 2^x (ex2.approx: relative error ~2^-22; 2^-inf = 0).
+__device__ __forceinline__ float bsb_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Barrier of the `threads` threads of one group (named barrier `id`, or the warp alone).
+__device__ __forceinline__ void bsb_group_sync(u32 id, u32 threads) {
+    if (threads == 32u) {
+        __syncwarp();
+    } else {
+        asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+    }
+}
+
+// N elements of T at row[f0 .. f0 + N) as raw 32-bit words; zero where !valid or feature >= d.
+// VEC: 16-byte (or N*sizeof(T)-byte) loads, which needs d*sizeof(T) % 16 == 0 (the host checks)
+// and f0 a multiple of the access; else one element at a time. `row` is only dereferenced when
+// valid.
+template <class T, int N, bool VEC>
+__device__ __forceinline__ void bsb_load(u32 (&w)[N * sizeof(T) / 4], const T* __restrict__ row,
+                                         u32 f0, u32 d, bool valid) {
+    if constexpr (VEC) {
+        constexpr int BYTES = N * (int)sizeof(T);
+        constexpr int CB = BYTES < 16 ? BYTES : 16;
+        constexpr int CE = CB / (int)sizeof(T), CW = CB / 4;
+        typedef typename RawOf<CB>::type Raw;
+#pragma unroll
+        for (int c = 0; c < N / CE; ++c) {
+            const u32 f = f0 + c * CE;
+            if (valid && f < d) {
+                Raw raw = __ldg(reinterpret_cast<const Raw*>(row + f));
+                const u32* rw = reinterpret_cast<const u32*>(&raw);
+#pragma unroll
+                for (int i = 0; i < CW; ++i) w[c * CW + i] = rw[i];
+            } else {
+#pragma unroll
+                for (int i = 0; i < CW; ++i) w[c * CW + i] = 0u;
+            }
+        }
+    } else {
+        typedef typename RawOf<sizeof(T)>::type R;
+        const R* r = reinterpret_cast<const R*>(row);
+#pragma unroll
+        for (int i = 0; i < N * (int)sizeof(T) / 4; ++i) w[i] = 0u;
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            const u32 f = f0 + i;
+            const u32 x = (valid && f < d) ? (u32)__ldg(r + f) : 0u;
+            if constexpr (sizeof(T) == 4) {
+                w[i] = x;
+            } else {
+                w[i / 2] |= x << (16 * (i & 1));
+            }
+        }
+    }
+}
+
+// Packs floats x[0 .. 4/sizeof(T)) into one 32-bit word of T.
+template <class T> __device__ __forceinline__ u32 bsb_word(const float* x) {
+    if constexpr (sizeof(T) == 4) {
+        return __float_as_uint(x[0]);
+    } else {
+        return pack2<T>(x[0], x[1]);
+    }
+}
+
+// Stores x[0 .. N) as T to row[f0 .. f0 + N), features >= d skipped (VEC as in bsb_load).
+template <class T, int N, bool VEC>
+__device__ __forceinline__ void bsb_store(T* __restrict__ row, u32 f0, u32 d, const float (&x)[N]) {
+    if constexpr (VEC) {
+        constexpr int BYTES = N * (int)sizeof(T);
+        constexpr int CB = BYTES < 16 ? BYTES : 16;
+        constexpr int CE = CB / (int)sizeof(T), CW = CB / 4;
+        constexpr int EW = 4 / (int)sizeof(T);  // elements per word
+        typedef typename RawOf<CB>::type Raw;
+#pragma unroll
+        for (int c = 0; c < N / CE; ++c) {
+            const u32 f = f0 + c * CE;
+            if (f < d) {
+                Raw raw;
+                u32* rw = reinterpret_cast<u32*>(&raw);
+#pragma unroll
+                for (int i = 0; i < CW; ++i) rw[i] = bsb_word<T>(&x[c * CE + i * EW]);
+                *reinterpret_cast<Raw*>(row + f) = raw;
+            }
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; ++i)
+            if (f0 + i < d) row[f0 + i] = from_f32<T>(x[i]);
+    }
+}
+
+// S += A B for one k-step of the SDDMM. f16/bf16: one m16n8k16. f32: 3xTF32 m16n8k8
+// (a_big b_big + a_big b_small + a_small b_big), so that scores keep f32 accuracy (scores of
+// 1e4 would otherwise carry errors of several units); `as` holds the small parts of A.
+template <class T>
+__device__ __forceinline__ void bsb_qk(float (&s)[4], const u32 (&a)[4], const u32 (&as)[4],
+                                       u32 k0, u32 k1) {
+    if constexpr (sizeof(T) == 4) {
+        const float f0 = __uint_as_float(k0), f1 = __uint_as_float(k1);
+        const u32 bb[2] = {to_tf32(f0), to_tf32(f1)};
+        const u32 bs[2] = {to_tf32(f0 - __uint_as_float(bb[0])),
+                           to_tf32(f1 - __uint_as_float(bb[1]))};
+        mma_m16n8k8_tf32(s, as, bb);
+        mma_m16n8k8_tf32(s, a, bs);
+        mma_m16n8k8_tf32(s, a, bb);
+    } else {
+        const u32 b[2] = {k0, k1};
+        mma_m16n8k16(s, a, b, T());
+    }
+}
+
+// Column slots and bitmap words of one step (two blocks; a missing second block is all
+// padding). Kept raw, as loaded, so that a prefetch never waits on its own load.
+struct BsbStep {
+    u32 ck[2];     // K: the column of slot g
+    u32 cv[2][2];  // V: the columns of slots 2t, 2t+1
+    u32 bm[2][2];  // the bitmap words holding rows g and g+8
+};
+
+// `bitmap_words` is the bitmaps as u32, 4 per block: word k holds rows 4k .. 4k+3 (8 bits
+// each). Row g is in word g / 4 (`upper` = g >= 4), row g+8 in word 2 + g / 4.
+__device__ __forceinline__ void bsb_load_step(BsbStep& st, const u32* __restrict__ cols,
+                                              const u32* __restrict__ bitmap_words, u32 b,
+                                              u32 end, u32 g, u32 t, u32 upper) {
+#pragma unroll
+    for (int bb = 0; bb < 2; ++bb) {
+        const u32 blk = b + bb;
+        if (blk < end) {
+            const u32* c = cols + (u64)blk * BSB_BLOCK_COLS;
+            st.ck[bb] = __ldg(c + g);
+            const uint2 cv = __ldg(reinterpret_cast<const uint2*>(c + 2 * t));
+            st.cv[bb][0] = cv.x;
+            st.cv[bb][1] = cv.y;
+            const u32* w = bitmap_words + (u64)blk * 4u + upper;
+            st.bm[bb][0] = __ldg(w);
+            st.bm[bb][1] = __ldg(w + 2);
+        } else {
+            st.ck[bb] = SPATTN_NONE;
+            st.cv[bb][0] = SPATTN_NONE;
+            st.cv[bb][1] = SPATTN_NONE;
+            st.bm[bb][0] = 0u;
+            st.bm[bb][1] = 0u;
+        }
+    }
+}
+
+
+// ---- the tensor-core tile loop ----------------------------------------------------------------
+// One warp's share of a window's 16x8 blocks: steps of two blocks (b, b + 1) at b = b_begin,
+// b_begin + stride, ... < b_end, over features [base, base + DS) of head `head_off / d`.
+// (fused_bsb: stride 2, every block of the unit; hybrid: T tensor-core warps with stride 2T.)
+// Q rows qr0 (window row g) and qr1 (row g + 8), or SPATTN_NONE for a row past the matrix.
+//
+// Attention (SPMM false): S = Q K^T by mma, masked by the bitmaps, online softmax in the log2
+// domain (scores times scale_log2, exp2), O += P V by mma. On return m[r] is the running max of
+// row g + 8r (-inf where the warp saw no edge of the row), l[r] its sum over the 4 lanes of the
+// row, o the f32 accumulator (layout in fused_bsb.cu). With fs > 1 warps per group the partial
+// scores are summed through `xs` (2 * fs * 256 floats) at named barrier `bar` of `gsize` threads.
+//
+// SpMM (SPMM true): P is the blocks' bitmap, times the slot weights when `weights` is given
+// (128 floats per block, block b's at (b + wbase) * 128, slot r * 8 + c; wbase wraps), and
+// O += P V; m and l are left at -inf and 0, and Q and K are not read.
+template <class T, int DS, bool VEC, bool PIPE, bool SPMM>
+__device__ __forceinline__ void bsb_tiles(
+    u32 qr0, u32 qr1, const T* __restrict__ q, const u32* __restrict__ block_columns,
+    const u32* __restrict__ bitmaps, const float* __restrict__ weights, u32 wbase, u32 b_begin,
+    u32 b_end, u32 stride, const T* __restrict__ k, const T* __restrict__ v, u64 hd, u64 head_off,
+    u32 d, u32 base, float scale_log2, u32 fs, u32 wig, u32 bar, u32 gsize, float* xs,
+    float (&m)[2], float (&l)[2], float (&o)[DS / 8][4]) {
+    constexpr bool F32 = sizeof(T) == 4;
+    constexpr int EPL = 16 / (int)sizeof(T);  // elements of one 16-byte load
+    constexpr int KCH = 4 * EPL;              // features of one group-wide load (2 k-steps)
+    constexpr int NKC = SPMM ? 1 : DS / KCH;  // 16-byte loads per lane per K row
+    constexpr int NKS = 2 * NKC;              // k-steps per block
+    constexpr int D8 = DS / 8;                // n-tiles of P V = features per lane per V row
+    constexpr int VW = D8 * (int)sizeof(T) / 4;
+    static_assert(DS % KCH == 0 && D8 >= 4, "slice too narrow");
+
+    const u32 lane = lane_id();
+    const u32 g = lane >> 2, t = lane & 3u;
+
+    // Q fragments of rows g, g+8 over this warp's features, per k-step.
+    u32 qf[NKS][4];
+    u32 qs[F32 ? NKS : 1][4];
+    if constexpr (!SPMM) {
+#pragma unroll
+        for (int c = 0; c < NKC; ++c) {
+            u32 r0[4], r1[4];
+            const u32 f = base + c * KCH + t * EPL;
+            bsb_load<T, EPL, VEC>(r0, q + (qr0 != SPATTN_NONE ? qr0 : 0u) * hd + head_off, f, d,
+                                  qr0 != SPATTN_NONE);
+            bsb_load<T, EPL, VEC>(r1, q + (qr1 != SPATTN_NONE ? qr1 : 0u) * hd + head_off, f, d,
+                                  qr1 != SPATTN_NONE);
+#pragma unroll
+            for (int ks = 0; ks < 2; ++ks) {
+                const u32 a[4] = {r0[2 * ks], r1[2 * ks], r0[2 * ks + 1], r1[2 * ks + 1]};
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    if constexpr (F32) {
+                        const float x = __uint_as_float(a[i]);
+                        const u32 big = to_tf32(x);
+                        qf[2 * c + ks][i] = big;
+                        qs[2 * c + ks][i] = to_tf32(x - __uint_as_float(big));
+                    } else {
+                        qf[2 * c + ks][i] = a[i];
+                    }
+                }
+            }
+        }
+    }
+    if constexpr (!F32) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) qs[0][i] = 0u;
+    }
+
+    m[0] = SPATTN_NEG_INF;
+    m[1] = SPATTN_NEG_INF;
+    l[0] = 0.0f;
+    l[1] = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < D8; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) o[nt][i] = 0.0f;
+
+    // Bit positions of this lane's entries in the words of rows g and g+8: 8*(g%4) + 2t, + 1.
+    const u32 shift = 8u * (g & 3u) + 2u * t;
+    const u32 upper = g >= 4u ? 1u : 0u;
+
+    // One step: blocks b, b+1. Software pipeline (PIPE): on entry `mc` holds the slots of this
+    // step and `kw_use` its K rows (both loaded during the previous step), `mn` the slots of
+    // the next step. The step issues its V rows, the next step's K rows (into `kw_fill`) and
+    // the slots of the step after (into `mc`, once read), then computes on data already
+    // present. Without PIPE a step loads its own K rows first (fewer registers).
+    u32 buf = 0;
+    auto load_k = [&](u32 (&kw)[2][NKC][4], const BsbStep& st) {
+        if constexpr (!SPMM) {
+#pragma unroll
+            for (int bb = 0; bb < 2; ++bb) {
+                const bool okk = st.ck[bb] != SPATTN_NONE;
+                const T* kr = k + (okk ? st.ck[bb] : 0u) * hd + head_off;
+#pragma unroll
+                for (int c = 0; c < NKC; ++c)
+                    bsb_load<T, EPL, VEC>(kw[bb][c], kr, base + c * KCH + t * EPL, d, okk);
+            }
+        }
+    };
+    auto step = [&](u32 b, u32 (&kw_use)[2][NKC][4], u32 (&kw_fill)[2][NKC][4], BsbStep& mc,
+                    const BsbStep& mn) {
+        // V rows of slots 2t, 2t+1 of both blocks (padding: zeros).
+        u32 vw[2][2][VW];
+#pragma unroll
+        for (int bb = 0; bb < 2; ++bb)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const bool okv = mc.cv[bb][e] != SPATTN_NONE;
+                const T* vr = v + (okv ? mc.cv[bb][e] : 0u) * hd + head_off;
+                bsb_load<T, D8, VEC>(vw[bb][e], vr, base + g * D8, d, okv);
+            }
+        const u32 bits[2][2] = {{mc.bm[0][0], mc.bm[0][1]}, {mc.bm[1][0], mc.bm[1][1]}};
+        if constexpr (PIPE) {
+            load_k(kw_fill, mn);
+        } else {
+            load_k(kw_use, mc);
+        }
+        bsb_load_step(mc, block_columns, bitmaps, b + 2u * stride, b_end, g, t, upper);
+
+        float p[2][4];
+        if constexpr (SPMM) {
+#pragma unroll
+            for (int bb = 0; bb < 2; ++bb) {
+                const u32 b0 = bits[bb][0] >> shift, b1 = bits[bb][1] >> shift;
+                float w[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+                if (weights != nullptr && b + bb < b_end) {
+                    const float* wb = weights + (u64)(b + bb + wbase) * 128u + 2u * t;
+                    const float2 w0 = __ldg(reinterpret_cast<const float2*>(wb + g * 8u));
+                    const float2 w1 = __ldg(reinterpret_cast<const float2*>(wb + (g + 8u) * 8u));
+                    w[0] = w0.x;
+                    w[1] = w0.y;
+                    w[2] = w1.x;
+                    w[3] = w1.y;
+                }
+                p[bb][0] = (b0 & 1u) ? w[0] : 0.0f;
+                p[bb][1] = (b0 & 2u) ? w[1] : 0.0f;
+                p[bb][2] = (b1 & 1u) ? w[2] : 0.0f;
+                p[bb][3] = (b1 & 2u) ? w[3] : 0.0f;
+            }
+        } else {
+            // S (partial over this warp's features): two accumulators per block when the chain
+            // is long, so that consecutive mma do not wait on each other.
+            constexpr int NACC = NKS >= 4 ? 2 : 1;
+            float s[2][4];
+#pragma unroll
+            for (int bb = 0; bb < 2; ++bb) {
+                float sa[NACC][4];
+#pragma unroll
+                for (int j = 0; j < NACC; ++j)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) sa[j][i] = 0.0f;
+#pragma unroll
+                for (int ks = 0; ks < NKS; ++ks)
+                    bsb_qk<T>(sa[ks % NACC], qf[ks], qs[F32 ? ks : 0],
+                              kw_use[bb][ks / 2][2 * (ks % 2)],
+                              kw_use[bb][ks / 2][2 * (ks % 2) + 1]);
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    s[bb][i] = NACC == 2 ? sa[0][i] + sa[NACC - 1][i] : sa[0][i];
+            }
+            // Sum of the group's partials, in warp order (identical in every warp).
+            if (fs > 1u) {
+                float* xb = xs + buf * fs * 256u;
+#pragma unroll
+                for (int j = 0; j < 8; ++j) xb[(wig * 8u + j) * 32u + lane] = s[j >> 2][j & 3];
+                bsb_group_sync(bar, gsize);
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    float acc = 0.0f;
+                    for (u32 w = 0; w < fs; ++w) acc += xb[(w * 8u + j) * 32u + lane];
+                    s[j >> 2][j & 3] = acc;
+                }
+                buf ^= 1u;
+            }
+
+            // Mask (bitmap bit clear -> -inf) and scale into the log2 domain.
+            float x[2][4];
+#pragma unroll
+            for (int bb = 0; bb < 2; ++bb) {
+                const u32 b0 = bits[bb][0] >> shift, b1 = bits[bb][1] >> shift;
+                x[bb][0] = (b0 & 1u) ? s[bb][0] * scale_log2 : SPATTN_NEG_INF;
+                x[bb][1] = (b0 & 2u) ? s[bb][1] * scale_log2 : SPATTN_NEG_INF;
+                x[bb][2] = (b1 & 1u) ? s[bb][2] * scale_log2 : SPATTN_NEG_INF;
+                x[bb][3] = (b1 & 2u) ? s[bb][3] * scale_log2 : SPATTN_NEG_INF;
+            }
+
+            // Online softmax of rows g (r = 0) and g+8 (r = 1); l stays per lane until the end.
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                float mx = fmaxf(fmaxf(x[0][2 * r], x[0][2 * r + 1]),
+                                 fmaxf(x[1][2 * r], x[1][2 * r + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float mnew = fmaxf(m[r], mx);
+                const float mu = mnew == SPATTN_NEG_INF ? 0.0f : mnew;
+                const float alpha = bsb_exp2(m[r] - mu);
+                m[r] = mnew;
+#pragma unroll
+                for (int bb = 0; bb < 2; ++bb) {
+                    p[bb][2 * r] = bsb_exp2(x[bb][2 * r] - mu);
+                    p[bb][2 * r + 1] = bsb_exp2(x[bb][2 * r + 1] - mu);
+                }
+                l[r] = l[r] * alpha +
+                       ((p[0][2 * r] + p[0][2 * r + 1]) + (p[1][2 * r] + p[1][2 * r + 1]));
+#pragma unroll
+                for (int nt = 0; nt < D8; ++nt) {
+                    o[nt][2 * r] *= alpha;
+                    o[nt][2 * r + 1] *= alpha;
+                }
+            }
+        }
+
+        // O += P V over this warp's features.
+        if constexpr (F32) {
+#pragma unroll
+            for (int bb = 0; bb < 2; ++bb) {
+                const u32 a[4] = {to_tf32(p[bb][0]), to_tf32(p[bb][2]), to_tf32(p[bb][1]),
+                                  to_tf32(p[bb][3])};
+#pragma unroll
+                for (int nt = 0; nt < D8; ++nt) {
+                    const u32 bv[2] = {to_tf32(__uint_as_float(vw[bb][0][nt])),
+                                       to_tf32(__uint_as_float(vw[bb][1][nt]))};
+                    mma_m16n8k8_tf32(o[nt], a, bv);
+                }
+            }
+        } else {
+            const u32 a[4] = {pack2<T>(p[0][0], p[0][1]), pack2<T>(p[0][2], p[0][3]),
+                              pack2<T>(p[1][0], p[1][1]), pack2<T>(p[1][2], p[1][3])};
+#pragma unroll
+            for (int nt = 0; nt < D8; ++nt) {
+                const u32 sel = (nt & 1) ? 0x7632u : 0x5410u;
+                const u32 bv[2] = {__byte_perm(vw[0][0][nt / 2], vw[0][1][nt / 2], sel),
+                                   __byte_perm(vw[1][0][nt / 2], vw[1][1][nt / 2], sel)};
+                mma_m16n8k16(o[nt], a, bv, T());
+            }
+        }
+    };
+
+    // Prologue: slots of steps 0 and 1, K rows of step 0. Then steps in ping-pong pairs, so
+    // that no register holding a load in flight is ever copied.
+    BsbStep ma, mb;
+    u32 kwa[2][NKC][4], kwb[2][NKC][4];
+    bsb_load_step(ma, block_columns, bitmaps, b_begin, b_end, g, t, upper);
+    bsb_load_step(mb, block_columns, bitmaps, b_begin + stride, b_end, g, t, upper);
+    if constexpr (PIPE) load_k(kwa, ma);
+    for (u32 b = b_begin;;) {
+        if (b >= b_end) break;
+        step(b, kwa, kwb, ma, mb);
+        b += stride;
+        if (b >= b_end) break;
+        step(b, kwb, kwa, mb, ma);
+        b += stride;
+    }
+
+    // Row sums over the 4 lanes of each group.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+}
+
+// ---- exact merge of a split window's partials -------------------------------------------------
+// The partials of one window and head (parts p_first .. p_end): part_ml holds (max, sum) per
+// (part, head, window row) in the log2 domain, part_acc the f32 accumulator per (part, head,
+// window row, feature < dp). Run by the `gsize` threads of one group (thread gt), synchronised
+// at named barrier `bar`; `mrg` is 2 * 16 floats of the group's shared memory. Writes the
+// rows_here output rows of the window: row r goes to out row row_ids[row0 + r] (row0 + r when
+// row_ids is null). NQ quads of 4 features per thread must cover 16 * dp / 4.
+template <class T, int NQ, bool VEC>
+__device__ __forceinline__ void bsb_merge_parts(const float* part_ml, const float* part_acc,
+                                                u32 p_first, u32 p_end, u32 heads, u32 h, u32 dp,
+                                                u32 gt, u32 gsize, u32 bar, float* mrg,
+                                                u32 rows_here, const u32* __restrict__ row_ids,
+                                                u32 row0, T* __restrict__ out, u64 hd,
+                                                u64 head_off, u32 d) {
+    // Per row (threads 0..15): the global max and 1 / total sum, one pass.
+    if (gt < BSB_WINDOW_ROWS) {
+        float mm = SPATTN_NEG_INF, ll = 0.0f;
+#pragma unroll 4
+        for (u32 pp = p_first; pp < p_end; ++pp) {
+            const u64 i = (((u64)pp * heads + h) * BSB_WINDOW_ROWS + gt) * 2u;
+            const float m2 = __ldcg(part_ml + i), l2 = __ldcg(part_ml + i + 1u);
+            const float mnew = fmaxf(mm, m2);
+            const float mu = mnew == SPATTN_NEG_INF ? 0.0f : mnew;
+            ll = ll * bsb_exp2(mm - mu) + l2 * bsb_exp2(m2 - mu);
+            mm = mnew;
+        }
+        mrg[gt] = mm == SPATTN_NEG_INF ? 0.0f : mm;
+        mrg[BSB_WINDOW_ROWS + gt] = ll > 0.0f ? 1.0f / ll : 0.0f;
+    }
+    bsb_group_sync(bar, gsize);
+    // Then every (row, 4 features): NQ quads per thread, all of a part's loads in flight at once.
+    const u32 quads_per_row = dp / 4u;
+    const u32 quads = BSB_WINDOW_ROWS * quads_per_row;
+    u32 qrow[NQ], qf4[NQ];
+    float4 acc[NQ];
+#pragma unroll
+    for (int j = 0; j < NQ; ++j) {
+        const u32 i = min(gt + j * gsize, quads - 1u);
+        qrow[j] = i / quads_per_row;
+        qf4[j] = (i - qrow[j] * quads_per_row) * 4u;
+        acc[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    for (u32 pp = p_first; pp < p_end; ++pp) {
+        const u64 r0 = ((u64)pp * heads + h) * BSB_WINDOW_ROWS;
+#pragma unroll
+        for (int j = 0; j < NQ; ++j) {
+            const u64 r = r0 + qrow[j];
+            const float c = bsb_exp2(__ldcg(part_ml + r * 2u) - mrg[qrow[j]]);
+            const float4 a = __ldcg(reinterpret_cast<const float4*>(part_acc + r * dp + qf4[j]));
+            acc[j].x += a.x * c;
+            acc[j].y += a.y * c;
+            acc[j].z += a.z * c;
+            acc[j].w += a.w * c;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NQ; ++j) {
+        if (qrow[j] >= rows_here || gt + j * gsize >= quads) continue;
+        const float inv = mrg[BSB_WINDOW_ROWS + qrow[j]];
+        const float y[4] = {acc[j].x * inv, acc[j].y * inv, acc[j].z * inv, acc[j].w * inv};
+        const u32 orow = row_ids != nullptr ? __ldg(row_ids + row0 + qrow[j]) : row0 + qrow[j];
+        bsb_store<T, 4, VEC>(out + (u64)orow * hd + head_off, qf4[j], d, y);
+    }
+}
+
+// ---- the CUDA-core edge loop ------------------------------------------------------------------
+// One group of g lanes (shuffle mask `mask`) walks edges start .. end of col_indices with an
+// online softmax, DF-GNN style: per tile of 4 edges, 4 K and 4 V vectors in flight per lane, 4
+// group reductions interleaved, one rescale. Lane features: NV vectors of VEC at feat[j]
+// (on[j]: feat[j] < head_dim), q pre-multiplied by the scale. LOG2: scores are in the log2
+// domain (q scaled by scale * log2 e) and exponentials are exp2 (hybrid, to merge with the
+// tensor-core tiles); otherwise natural exp (fused_csr). m, l, acc: the running partial, updated.
+template <class T, int VEC, int NV, bool LOG2>
+__device__ __forceinline__ void csr_edges_online(const u32* __restrict__ col_indices, u32 start,
+                                                 u32 end, const T* __restrict__ k,
+                                                 const T* __restrict__ v, u64 hd, u64 head_off,
+                                                 const bool (&on)[NV], const u32 (&feat)[NV],
+                                                 const float (&qv)[NV][VEC], u32 mask, u32 g,
+                                                 float& m, float& l, float (&acc)[NV][VEC]) {
+    auto ex = [](float x) { return LOG2 ? bsb_exp2(x) : __expf(x); };
+    auto rescale = [&](float m_old, float m_new) {
+        return LOG2 ? (m_old == SPATTN_NEG_INF ? 0.0f : bsb_exp2(m_old - m_new))
+                    : online_rescale(m_old, m_new);
+    };
+    u32 e = start;
+    for (; e + 4 <= end; e += 4) {
+        u32 c[4];
+#pragma unroll
+        for (int t = 0; t < 4; ++t) c[t] = __ldg(col_indices + e + t);
+        float s[4], x[4][NV][VEC];
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            s[t] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NV; ++j) {
+                if (on[j]) {
+                    float kv[VEC];
+                    load_vec<T, VEC>(k + (u64)c[t] * hd + head_off + feat[j], kv);
+                    load_vec<T, VEC>(v + (u64)c[t] * hd + head_off + feat[j], x[t][j]);
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) s[t] = fmaf(qv[j][i], kv[i], s[t]);
+                } else {
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) x[t][j][i] = 0.0f;
+                }
+            }
+        }
+        for (u32 o = g >> 1; o > 0; o >>= 1) {
+#pragma unroll
+            for (int t = 0; t < 4; ++t) s[t] += __shfl_xor_sync(mask, s[t], o);
+        }
+        const float mt = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
+        const float mn = fmaxf(m, mt);
+        const float corr = rescale(m, mn);
+        m = mn;
+        float p[4];
+#pragma unroll
+        for (int t = 0; t < 4; ++t) p[t] = ex(s[t] - mn);
+        l = l * corr + ((p[0] + p[1]) + (p[2] + p[3]));
+#pragma unroll
+        for (int j = 0; j < NV; ++j)
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) {
+                float a = acc[j][i] * corr;
+#pragma unroll
+                for (int t = 0; t < 4; ++t) a = fmaf(p[t], x[t][j][i], a);
+                acc[j][i] = a;
+            }
+    }
+    for (; e < end; ++e) {
+        const u32 c = __ldg(col_indices + e);
+        float s = 0.0f, x[NV][VEC];
+#pragma unroll
+        for (int j = 0; j < NV; ++j) {
+            if (on[j]) {
+                float kv[VEC];
+                load_vec<T, VEC>(k + (u64)c * hd + head_off + feat[j], kv);
+                load_vec<T, VEC>(v + (u64)c * hd + head_off + feat[j], x[j]);
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) s = fmaf(qv[j][i], kv[i], s);
+            } else {
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) x[j][i] = 0.0f;
+            }
+        }
+        s = group_sum(s, mask, g);
+        const float mn = fmaxf(m, s);
+        const float corr = rescale(m, mn);
+        const float p = ex(s - mn);
+        m = mn;
+        l = l * corr + p;
+#pragma unroll
+        for (int j = 0; j < NV; ++j)
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) acc[j][i] = fmaf(p, x[j][i], acc[j][i] * corr);
+    }
+}

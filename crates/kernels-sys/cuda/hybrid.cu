@@ -1,0 +1,286 @@
+// RT-GNN-style hybrid kernels: tensor-core and CUDA-core warps of one CTA splitting the work of
+// each window, for fused attention (fused_hybrid_*) and for SpMM (spmm_hybrid_*).
+//
+// Format (spattn_formats::HybridBlocks / HybridSplit): rows renumbered by degree into 16-row
+// windows; each window's columns (original node ids) ordered by how many of its rows they hit
+// and packed into 16x8 bitmap blocks; the blocks at or above a fill threshold (a prefix of the
+// window) are tensor-core tiles, the edges of the others CUDA-core edges listed per renumbered
+// row. Q and the output go through row_ids (renumbered row -> the caller's row); K and V are
+// gathered by original id, so the caller's arrays are used as they are.
+//
+// Work: persistent CTAs pull items (unit, head) from a queue (atomic counter; units are
+// sorted largest first on the host). A CTA has `tc_warps` tensor-core warps and the rest
+// CUDA-core warps. For one item:
+// - tensor-core warp i takes the unit's block pairs i, i + T, ... (the fused_bsb tile loop of
+//   attention_tiles.cuh: mma SDDMM, bitmap mask, online softmax, mma P V; SpMM: mma P V with
+//   the bitmap or the slot weights as P);
+// - CUDA-core warp c takes the c-th of C equal slices of the unit's CUDA-core edges and walks
+//   them row by row (the fused_csr edge loop, in the log2 domain; SpMM: weighted sums);
+// - every warp leaves one exact partial (max, sum, f32 accumulator) per window row in its own
+//   shared-memory slot, and after a barrier the CTA merges the slots of each row (online_merge
+//   in the log2 domain) and writes the output rows, or, for a unit of a split window, the
+//   window's partial to global memory; the last unit of a split window to finish merges them
+//   (bsb_merge_parts, as fused_bsb). SpMM partials are plain sums (max 0, and a sum of 1 on
+//   the window's first part only, so that the shared merge adds them unscaled).
+// Barriers are named (`bar.sync id, threads`): 1 after the queue pull, 2 after the partials,
+// 3 after the per-row maxima, 4 and 5 around a split window's hand-off.
+//
+// Shared memory (floats): 4 control words, 32 row stats, 32 merge scratch, then per warp
+// 16 x 2 (max, sum) and 16 x DS accumulators.
+
+#include "attention_tiles.cuh"
+
+#define HYB_HEAD_FLOATS 68u
+
+// Barrier of all the CTA's threads at named barrier `id` (1..15).
+__device__ __forceinline__ void hyb_sync(u32 id) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(blockDim.x) : "memory");
+}
+
+template <class T, int DS, bool VEC, bool SPMM>
+__device__ __forceinline__ void hybrid(
+    const uint4* __restrict__ units, const u32* __restrict__ split_part_first, u32 n_items,
+    u32 heads, u32 head_dim, u32 n_rows, u32 tc_warps, const u32* __restrict__ row_ids,
+    const u32* __restrict__ block_columns, const u32* __restrict__ bitmaps,
+    const float* __restrict__ tc_weights, const u32* __restrict__ cd_row_offsets,
+    const u32* __restrict__ cd_columns, const float* __restrict__ cd_weights,
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, float scale_log2,
+    T* __restrict__ out, float* __restrict__ part_ml, float* __restrict__ part_acc,
+    u32* __restrict__ counters, u32* __restrict__ queue) {
+    constexpr int D8 = DS / 8;
+    // CUDA-core lanes: a whole warp per row segment, CV features per access, NV accesses.
+    constexpr int MAXV = 16 / (int)sizeof(T);
+    constexpr int CV = VEC ? (DS / 32 < MAXV ? DS / 32 : MAXV) : 1;
+    constexpr int NV = DS / (32 * CV);
+    constexpr bool PIPE = DS == 128 && !SPMM;
+
+    extern __shared__ float hyb_smem[];
+    u32* ctl = reinterpret_cast<u32*>(hyb_smem);
+    float* stat = hyb_smem + 4;
+    float* mrg = hyb_smem + 36;
+    const u32 nwarps = blockDim.x >> 5;
+    float* slot_ml = hyb_smem + HYB_HEAD_FLOATS;
+    float* slot_acc = slot_ml + nwarps * BSB_WINDOW_ROWS * 2u;
+
+    const u32 tid = threadIdx.x, lane = lane_id(), warp = tid >> 5;
+    const u32 g = lane >> 2, t = lane & 3u;
+    const u64 hd = (u64)heads * head_dim;
+    const u32 cd_warps = nwarps - tc_warps;
+
+    for (;;) {
+        if (tid == 0u) ctl[0] = atomicAdd(queue, 1u);
+        hyb_sync(1);
+        const u32 item = ctl[0];
+        if (item >= n_items) break;
+        const u32 u = item / heads, h = item - u * heads;
+        const uint4 ua = __ldg(units + 2u * u), ub = __ldg(units + 2u * u + 1u);
+        const u32 window = ua.x, tc0 = ua.y, tc1 = ua.z, part = ua.w;
+        const u32 cd0 = ub.x, cd1 = ub.y, split = ub.z, wbase = ub.w;
+        const u64 head_off = (u64)h * head_dim;
+        const u32 wr0 = window * BSB_WINDOW_ROWS;
+        float* my_ml = slot_ml + warp * BSB_WINDOW_ROWS * 2u;
+        float* my_acc = slot_acc + warp * BSB_WINDOW_ROWS * DS;
+
+        if (warp < tc_warps) {
+            // Tensor-core warp: block pairs warp, warp + T, ... of the unit.
+            float m[2], l[2], o[D8][4];
+            u32 qr0 = SPATTN_NONE, qr1 = SPATTN_NONE;
+            if (!SPMM) {
+                if (wr0 + g < n_rows) qr0 = __ldg(row_ids + wr0 + g);
+                if (wr0 + g + 8u < n_rows) qr1 = __ldg(row_ids + wr0 + g + 8u);
+            }
+            bsb_tiles<T, DS, VEC, PIPE, SPMM>(qr0, qr1, q, block_columns, bitmaps, tc_weights,
+                                              wbase, tc0 + 2u * warp, tc1, 2u * tc_warps, k, v,
+                                              hd, head_off, head_dim, 0u, scale_log2, 1u, 0u, 0u,
+                                              32u, nullptr, m, l, o);
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const u32 wr = g + 8u * r;
+                if (t == 0u) {
+                    my_ml[wr * 2u] = SPMM ? 0.0f : m[r];
+                    my_ml[wr * 2u + 1u] = l[r];
+                }
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    float4* dst = reinterpret_cast<float4*>(my_acc + wr * DS + (2u * t + half) * D8);
+#pragma unroll
+                    for (int c = 0; c < D8 / 4; ++c)
+                        dst[c] = make_float4(o[4 * c][2 * r + half], o[4 * c + 1][2 * r + half],
+                                             o[4 * c + 2][2 * r + half], o[4 * c + 3][2 * r + half]);
+                }
+            }
+        } else {
+            // CUDA-core warp: slice c of the unit's edges, row by row.
+            const u32 c = warp - tc_warps;
+            const u64 ne = cd1 - cd0;
+            const u32 lo = cd0 + (u32)(ne * c / cd_warps), hi = cd0 + (u32)(ne * (c + 1u) / cd_warps);
+            bool on[NV];
+            u32 feat[NV];
+#pragma unroll
+            for (int j = 0; j < NV; ++j) {
+                feat[j] = (lane + j * 32u) * CV;
+                on[j] = feat[j] < head_dim;
+            }
+            for (u32 r = 0; r < BSB_WINDOW_ROWS; ++r) {
+                const u32 row = wr0 + r;
+                u32 s = lo, e = lo;
+                if (row < n_rows) {
+                    s = max(lo, __ldg(cd_row_offsets + row));
+                    e = min(hi, __ldg(cd_row_offsets + row + 1u));
+                }
+                float m = SPATTN_NEG_INF, l = 0.0f, acc[NV][CV];
+#pragma unroll
+                for (int j = 0; j < NV; ++j)
+#pragma unroll
+                    for (int i = 0; i < CV; ++i) acc[j][i] = 0.0f;
+                if (s < e) {
+                    if constexpr (SPMM) {
+                        m = 0.0f;
+                        for (u32 x = s; x < e; ++x) {
+                            const u32 col = __ldg(cd_columns + x);
+                            const float w = cd_weights != nullptr ? __ldg(cd_weights + x) : 1.0f;
+#pragma unroll
+                            for (int j = 0; j < NV; ++j) {
+                                if (on[j]) {
+                                    float xv[CV];
+                                    load_vec<T, CV>(v + (u64)col * hd + head_off + feat[j], xv);
+#pragma unroll
+                                    for (int i = 0; i < CV; ++i) acc[j][i] = fmaf(w, xv[i], acc[j][i]);
+                                }
+                            }
+                        }
+                    } else {
+                        const u32 qrow = __ldg(row_ids + row);
+                        float qv[NV][CV];
+#pragma unroll
+                        for (int j = 0; j < NV; ++j) {
+#pragma unroll
+                            for (int i = 0; i < CV; ++i) qv[j][i] = 0.0f;
+                            if (on[j]) {
+                                load_vec<T, CV>(q + (u64)qrow * hd + head_off + feat[j], qv[j]);
+#pragma unroll
+                                for (int i = 0; i < CV; ++i) qv[j][i] *= scale_log2;
+                            }
+                        }
+                        csr_edges_online<T, CV, NV, true>(cd_columns, s, e, k, v, hd, head_off, on,
+                                                          feat, qv, 0xffffffffu, 32u, m, l, acc);
+                    }
+#pragma unroll
+                    for (int j = 0; j < NV; ++j)
+                        if (on[j])
+#pragma unroll
+                            for (int i = 0; i < CV; ++i) my_acc[r * DS + feat[j] + i] = acc[j][i];
+                }
+                if (lane == 0u) {
+                    my_ml[r * 2u] = m;
+                    my_ml[r * 2u + 1u] = l;
+                }
+            }
+        }
+        hyb_sync(2);
+
+        // Per row: the max over the slots and the total sum (log2 domain).
+        if (tid < BSB_WINDOW_ROWS) {
+            float mm = SPATTN_NEG_INF, ll = 0.0f;
+            for (u32 s = 0; s < nwarps; ++s) {
+                const float m2 = slot_ml[(s * BSB_WINDOW_ROWS + tid) * 2u];
+                const float l2 = slot_ml[(s * BSB_WINDOW_ROWS + tid) * 2u + 1u];
+                float c1, c2;
+                if (m2 != SPATTN_NEG_INF) {
+                    const float mn = fmaxf(mm, m2);
+                    c1 = mm == SPATTN_NEG_INF ? 0.0f : bsb_exp2(mm - mn);
+                    c2 = bsb_exp2(m2 - mn);
+                    ll = ll * c1 + l2 * c2;
+                    mm = mn;
+                }
+            }
+            stat[tid * 2u] = mm;
+            stat[tid * 2u + 1u] = ll;
+            if (part != SPATTN_NONE) {
+                const u64 i = (((u64)part * heads + h) * BSB_WINDOW_ROWS + tid) * 2u;
+                part_ml[i] = SPMM ? 0.0f : mm;
+                part_ml[i + 1u] = SPMM ? (part == split_part_first[split] ? 1.0f : 0.0f) : ll;
+            }
+        }
+        hyb_sync(3);
+
+        // Per (row, feature): the merged accumulator, normalised (attention) and written.
+        for (u32 i = tid; i < BSB_WINDOW_ROWS * DS; i += blockDim.x) {
+            const u32 r = i / DS, f = i - r * DS;
+            if (f >= head_dim) continue;
+            const float mm = stat[r * 2u];
+            float a = 0.0f;
+            for (u32 s = 0; s < nwarps; ++s) {
+                const float m2 = slot_ml[(s * BSB_WINDOW_ROWS + r) * 2u];
+                if (m2 != SPATTN_NEG_INF)
+                    a += slot_acc[(s * BSB_WINDOW_ROWS + r) * DS + f] * (SPMM ? 1.0f : bsb_exp2(m2 - mm));
+            }
+            if (part == SPATTN_NONE) {
+                const u32 row = wr0 + r;
+                if (row < n_rows) {
+                    const float ll = stat[r * 2u + 1u];
+                    const float y = SPMM ? a : (ll > 0.0f ? a / ll : 0.0f);
+                    out[(u64)__ldg(row_ids + row) * hd + head_off + f] = from_f32<T>(y);
+                }
+            } else {
+                part_acc[(((u64)part * heads + h) * BSB_WINDOW_ROWS + r) * DS + f] = a;
+            }
+        }
+        if (part == SPATTN_NONE) continue;
+
+        // A unit of a split window: the last of its parts to arrive merges them.
+        __threadfence();
+        hyb_sync(4);
+        const u32 p_first = split_part_first[split], p_end = split_part_first[split + 1u];
+        u32* counter = counters + (u64)split * heads + h;
+        if (tid == 0u) ctl[1] = atomicAdd(counter, 1u) == p_end - p_first - 1u ? 1u : 0u;
+        hyb_sync(4);
+        if (ctl[1] != 0u) {
+            __threadfence();
+            const u32 rows_here = min(BSB_WINDOW_ROWS, n_rows - wr0);
+            bsb_merge_parts<T, DS / 16, VEC>(part_ml, part_acc, p_first, p_end, heads, h, DS, tid,
+                                             blockDim.x, 5u, mrg, rows_here, row_ids, wr0, out, hd,
+                                             head_off, head_dim);
+            if (tid == 0u) *counter = 0u;  // ready for the next launch
+        }
+    }
+    // The last CTA out resets the queue for the next launch (every CTA has pulled past the end).
+    if (tid == 0u && atomicAdd(queue + 1, 1u) == gridDim.x - 1u) {
+        queue[0] = 0u;
+        queue[1] = 0u;
+    }
+}
+
+#define SPATTN_HYBRID_PARAMS(T)                                                                 \
+    const uint4 *units, const u32 *split_part_first, u32 n_items, u32 heads, u32 head_dim,      \
+        u32 n_rows, u32 tc_warps, const u32 *row_ids, const u32 *block_columns,                 \
+        const u32 *bitmaps, const float *tc_weights, const u32 *cd_row_offsets,                 \
+        const u32 *cd_columns, const float *cd_weights, const T *q, const T *k, const T *v,     \
+        float scale_log2, T *out, float *part_ml, float *part_acc, u32 *counters, u32 *queue
+#define SPATTN_HYBRID_ARGS                                                                      \
+    units, split_part_first, n_items, heads, head_dim, n_rows, tc_warps, row_ids,               \
+        block_columns, bitmaps, tc_weights, cd_row_offsets, cd_columns, cd_weights, q, k, v,    \
+        scale_log2, out, part_ml, part_acc, counters, queue
+
+#define SPATTN_HYBRID(SUFFIX, T, DS, NAME, VEC)                                                 \
+    extern "C" __global__ void __launch_bounds__(256)                                           \
+        fused_hybrid_##SUFFIX##_s##DS##NAME(SPATTN_HYBRID_PARAMS(T)) {                          \
+        hybrid<T, DS, VEC, false>(SPATTN_HYBRID_ARGS);                                          \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(256)                                           \
+        spmm_hybrid_##SUFFIX##_s##DS##NAME(SPATTN_HYBRID_PARAMS(T)) {                           \
+        hybrid<T, DS, VEC, true>(SPATTN_HYBRID_ARGS);                                           \
+    }
+
+#define SPATTN_HYBRID_BOTH(SUFFIX, T, DS)                                                       \
+    SPATTN_HYBRID(SUFFIX, T, DS, , true)                                                        \
+    SPATTN_HYBRID(SUFFIX, T, DS, _scalar, false)
+
+SPATTN_HYBRID_BOTH(f16, __half, 32)
+SPATTN_HYBRID_BOTH(f16, __half, 64)
+SPATTN_HYBRID_BOTH(f16, __half, 128)
+SPATTN_HYBRID_BOTH(bf16, __nv_bfloat16, 32)
+SPATTN_HYBRID_BOTH(bf16, __nv_bfloat16, 64)
+SPATTN_HYBRID_BOTH(bf16, __nv_bfloat16, 128)
+SPATTN_HYBRID_BOTH(f32, float, 32)
+SPATTN_HYBRID_BOTH(f32, float, 64)

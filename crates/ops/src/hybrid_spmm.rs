@@ -1,0 +1,449 @@
+//! RT-GNN-style hybrid kernels on [`DeviceHybrid`]: tensor-core warps take each window's dense
+//! 16×8 blocks and CUDA-core warps of the same CTA its remaining edges, in one persistent kernel
+//! (`crates/kernels-sys/cuda/hybrid.cu`). This module holds the device upload of the tile
+//! structure ([`spattn_formats::HybridBlocks`] split at a threshold by
+//! [`spattn_formats::HybridSplit`]), the launch shared by the two kernels, and the hybrid SpMM
+//! ([`spmm`]); the fused attention on the same structure is `spattn`'s `Algorithm::Hybrid`,
+//! which calls [`DeviceHybrid::attention`].
+//!
+//! Rows are renumbered by degree inside the structure only: every operand stays in the caller's
+//! node order. K and V rows are gathered by original id; Q rows are loaded and output rows
+//! stored through the renumbered row's original id ([`spattn_formats::HybridBlocks::row_ids`]).
+//!
+//! SpMM computes `out[i, h, :] = Σ_j A[i, j] · V[j, h, :]` with `A[i, j]` the matrix's value
+//! (1 for a binary matrix), every sum in f32; f32 operands go through tf32 on the tensor-core
+//! side (relative error ~1e-3).
+//!
+//! ```no_run
+//! use spattn_formats::{Csr, HybridBlocks};
+//! use spattn_ops::{hybrid_spmm, DeviceHybrid, DeviceMatrix, Gpu, Shape};
+//! let gpu = Gpu::new(0)?;
+//! let a = Csr::from_edges(3, 3, &[(0, 1), (0, 2), (1, 0), (2, 2)])?;
+//! let blocks = HybridBlocks::from_csr(&a)?;
+//! let d = DeviceHybrid::upload(&gpu, &blocks, &blocks.classify(0.1)?, 2)?;
+//! let shape = Shape::new(3, 1, 64)?;
+//! let v = DeviceMatrix::<f32>::zeros(&gpu, shape)?;
+//! let mut out = DeviceMatrix::<f32>::zeros(&gpu, shape)?;
+//! hybrid_spmm::spmm(&gpu, &d, &v, &mut out)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::sync::Mutex;
+
+use cudarc::driver::sys::CUfunction_attribute;
+use spattn_formats::{HybridBlocks, HybridSplit};
+use spattn_kernels_sys::HYBRID;
+
+use crate::buffer::{DeviceMatrix, DeviceVec};
+use crate::dtype::{DType, DTypeKind};
+use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+use crate::launch::{
+    check_same_gpu, kernel_named, launch, map_driver_error, to_u32, LaunchConfig, OnGpu,
+    PushKernelArg,
+};
+
+/// Most warps per CTA (the kernels' launch bound is 256 threads).
+pub const MAX_WARPS: usize = 8;
+/// Rows per window.
+const WINDOW_ROWS: usize = 16;
+/// Shared-memory floats before the per-warp slots (`HYB_HEAD_FLOATS` in the kernel).
+const HEAD_FLOATS: usize = 68;
+/// Default block cost relative to one edge for the unit schedule (a pair of 16×8 blocks on a
+/// tensor-core warp against one edge on a CUDA-core warp); the plan replaces it with measured
+/// costs.
+pub const DEFAULT_BLOCK_COST: f64 = 8.0;
+
+/// Feature slices compiled per dtype (`*_hybrid_{dtype}_s{slice}`): one warp covers the head.
+fn slices(dtype: DTypeKind) -> &'static [usize] {
+    match dtype {
+        DTypeKind::F32 => &[32, 64],
+        DTypeKind::F16 | DTypeKind::Bf16 => &[32, 64, 128],
+    }
+}
+
+/// The slice (features per warp) for `head_dim` features of `dtype`, or why there is none:
+/// the hybrid kernels hold a whole head in one warp (head_dim ≤ 128 for f16/bf16, ≤ 64 for
+/// f32).
+pub fn slice_for(head_dim: usize, dtype: DTypeKind) -> std::result::Result<usize, String> {
+    if head_dim == 0 {
+        return Err("head_dim must be at least 1".into());
+    }
+    slices(dtype)
+        .iter()
+        .copied()
+        .find(|&s| s >= head_dim)
+        .ok_or_else(|| {
+            format!(
+                "head_dim {head_dim} is wider than one warp's slice for {dtype} (at most {}); \
+                 use fused-tc or fused-csr",
+                slices(dtype).last().copied().unwrap_or(0)
+            )
+        })
+}
+
+/// Warps per CTA and how many of them run tensor cores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WarpSplit {
+    /// Tensor-core warps (≥ 1).
+    pub tc: usize,
+    /// CUDA-core warps (≥ 1).
+    pub cd: usize,
+}
+
+impl WarpSplit {
+    /// Checks `1 ≤ tc`, `1 ≤ cd`, `tc + cd ≤` [`MAX_WARPS`].
+    pub fn new(tc: usize, cd: usize) -> Result<Self> {
+        if tc == 0 || cd == 0 || tc + cd > MAX_WARPS {
+            return Err(Error::InvalidArgument {
+                what: "hybrid warp split",
+                why: format!("{tc} tensor-core + {cd} CUDA-core warps: each at least 1, at most {MAX_WARPS} in all"),
+            });
+        }
+        Ok(Self { tc, cd })
+    }
+    /// Warps per CTA.
+    pub fn warps(&self) -> usize {
+        self.tc + self.cd
+    }
+}
+
+/// Counts of one split, for reporting.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HybridStats {
+    /// The fill threshold.
+    pub threshold: f64,
+    /// Tensor-core blocks.
+    pub tc_blocks: usize,
+    /// Edges on tensor cores.
+    pub tc_edges: usize,
+    /// Edges on CUDA cores.
+    pub cd_edges: usize,
+    /// Work units (before heads).
+    pub units: usize,
+}
+
+/// Split-window workspace, grown on demand.
+#[derive(Debug)]
+struct Workspace {
+    part_ml: DeviceVec<f32>,
+    part_acc: DeviceVec<f32>,
+    counters: DeviceVec<u32>,
+}
+
+/// A [`HybridBlocks`] structure split at one threshold, in device memory, with its unit
+/// schedule, for the hybrid kernels.
+#[derive(Debug)]
+pub struct DeviceHybrid {
+    n_rows: usize,
+    n_cols: usize,
+    stats: HybridStats,
+    n_units: usize,
+    n_split: usize,
+    n_parts: usize,
+    row_ids: DeviceVec<u32>,
+    block_columns: DeviceVec<u32>,
+    bitmap_words: DeviceVec<u32>,
+    tc_values: Option<DeviceVec<f32>>,
+    cd_row_offsets: DeviceVec<u32>,
+    cd_columns: DeviceVec<u32>,
+    cd_values: Option<DeviceVec<f32>>,
+    units: DeviceVec<u32>,
+    split_part_first: DeviceVec<u32>,
+    /// The work queue: next item, CTAs exited (the last CTA resets both).
+    queue: Mutex<DeviceVec<u32>>,
+    workspace: Mutex<Option<Workspace>>,
+}
+
+impl DeviceHybrid {
+    /// Uploads `blocks` split at `split`'s threshold, with units of at most a `1 / (8 · SMs)`
+    /// share of the work each (block cost [`DEFAULT_BLOCK_COST`] edges).
+    pub fn upload(
+        gpu: &Gpu,
+        blocks: &HybridBlocks,
+        split: &HybridSplit,
+        heads: usize,
+    ) -> Result<Self> {
+        Self::upload_with_costs(gpu, blocks, split, heads, DEFAULT_BLOCK_COST, 1.0)
+    }
+
+    /// [`Self::upload`] with the unit schedule built from measured costs: `block_cost` per
+    /// tensor-core block, `edge_cost` per CUDA-core edge (any unit, both positive).
+    pub fn upload_with_costs(
+        gpu: &Gpu,
+        blocks: &HybridBlocks,
+        split: &HybridSplit,
+        heads: usize,
+        block_cost: f64,
+        edge_cost: f64,
+    ) -> Result<Self> {
+        let total = split.tc_blocks() as f64 * block_cost + split.cd_edges() as f64 * edge_cost;
+        let lanes = f64::from(gpu.sm_count().max(1)) * 8.0 / heads.max(1) as f64;
+        // At least a few dozen edges' worth per unit: splits cost a merge.
+        let max_cost = (total / lanes).max(64.0 * edge_cost.max(block_cost / 16.0));
+        let units = split
+            .units(blocks, block_cost, edge_cost, max_cost)
+            .map_err(|e| Error::InvalidArgument {
+                what: "hybrid schedule",
+                why: e.to_string(),
+            })?;
+        to_u32("hybrid block slots", blocks.block_columns().len())?;
+        to_u32("hybrid units × heads", units.n_units() * heads.max(1))?;
+        let up_u32 = |what, x: &[u32]| DeviceVec::from_host_named(gpu, what, x);
+        let up_f32 = |what, x: Option<&[f32]>| {
+            x.map(|x| DeviceVec::from_host_named(gpu, what, x))
+                .transpose()
+        };
+        Ok(Self {
+            n_rows: blocks.n_rows(),
+            n_cols: blocks.n_cols(),
+            stats: HybridStats {
+                threshold: split.threshold(),
+                tc_blocks: split.tc_blocks(),
+                tc_edges: split.tc_edges(),
+                cd_edges: split.cd_edges(),
+                units: units.n_units(),
+            },
+            n_units: units.n_units(),
+            n_split: units.n_split(),
+            n_parts: units.n_parts(),
+            row_ids: up_u32("hybrid row ids", blocks.row_ids())?,
+            block_columns: up_u32("hybrid block columns", blocks.block_columns())?,
+            bitmap_words: up_u32("hybrid bitmaps", &blocks.bitmap_words_u32())?,
+            tc_values: up_f32("hybrid block values", split.tc_values())?,
+            cd_row_offsets: up_u32("hybrid edge offsets", split.cd_row_offsets())?,
+            cd_columns: up_u32("hybrid edge columns", split.cd_columns())?,
+            cd_values: up_f32("hybrid edge values", split.cd_values())?,
+            units: up_u32("hybrid units", &units.units)?,
+            split_part_first: up_u32("hybrid split parts", &units.split_part_first)?,
+            queue: Mutex::new(DeviceVec::alloc(gpu, "hybrid work queue", 2, true)?),
+            workspace: Mutex::new(None),
+        })
+    }
+
+    /// Number of rows.
+    pub fn n_rows(&self) -> usize {
+        self.n_rows
+    }
+    /// Number of columns.
+    pub fn n_cols(&self) -> usize {
+        self.n_cols
+    }
+    /// The split's counts.
+    pub fn stats(&self) -> HybridStats {
+        self.stats
+    }
+
+    /// Fused attention `out = softmax_row(scale · Q Kᵀ masked by A) · V` with `warps` of each
+    /// kind per CTA. Q and out are `n_rows × heads × head_dim`, K and V `n_cols × heads ×
+    /// head_dim`; every output element is written (rows without edges: zeros).
+    ///
+    /// Errors: [`Error::ShapeMismatch`] naming the operand, [`Error::InvalidArgument`] for a
+    /// head wider than the compiled slices or a scale not finite in the log2 domain,
+    /// [`Error::WrongDevice`], [`Error::UnsupportedComputeCapability`] below 8.0, launch
+    /// failures.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention<T: DType>(
+        &self,
+        gpu: &Gpu,
+        q: &DeviceMatrix<T>,
+        k: &DeviceMatrix<T>,
+        v: &DeviceMatrix<T>,
+        scale: f32,
+        warps: WarpSplit,
+        out: &mut DeviceMatrix<T>,
+    ) -> Result<()> {
+        let shape = q.shape();
+        shape.expect_rows_like("Q", shape, self.n_rows)?;
+        shape.expect_rows_like("K", k.shape(), self.n_cols)?;
+        shape.expect_rows_like("V", v.shape(), self.n_cols)?;
+        shape.expect_rows_like("out", out.shape(), self.n_rows)?;
+        check_same_gpu(gpu, "Q", q)?;
+        check_same_gpu(gpu, "K", k)?;
+        let scale_log2 = scale * std::f32::consts::LOG2_E;
+        if !scale_log2.is_finite() {
+            return Err(Error::InvalidArgument {
+                what: "scale",
+                why: format!("{scale} is not finite in the kernel's log2 domain"),
+            });
+        }
+        self.run("fused", gpu, Some((q, k)), v, scale_log2, warps, out)
+    }
+
+    /// The launch shared by attention (`qk` given) and SpMM.
+    #[allow(clippy::too_many_arguments)]
+    fn run<T: DType>(
+        &self,
+        op: &str,
+        gpu: &Gpu,
+        qk: Option<(&DeviceMatrix<T>, &DeviceMatrix<T>)>,
+        v: &DeviceMatrix<T>,
+        scale_log2: f32,
+        warps: WarpSplit,
+        out: &mut DeviceMatrix<T>,
+    ) -> Result<()> {
+        let shape = v.shape();
+        check_same_gpu(gpu, "hybrid structure", self)?;
+        check_same_gpu(gpu, "V", v)?;
+        check_same_gpu(gpu, "out", out)?;
+        gpu.require_compute_capability("hybrid kernels (mma.sync)", 8, 0)?;
+        let slice = slice_for(shape.head_dim, T::KIND).map_err(|why| Error::InvalidArgument {
+            what: "head_dim",
+            why,
+        })?;
+        let vec = (shape.head_dim * std::mem::size_of::<T>()) % 16 == 0;
+        let name = kernel_named(
+            &HYBRID,
+            format!(
+                "{op}_hybrid_{}_s{slice}{}",
+                T::NAME,
+                if vec { "" } else { "_scalar" }
+            ),
+        )?;
+        let heads = to_u32("heads", shape.heads)?;
+        let head_dim = to_u32("head_dim", shape.head_dim)?;
+        to_u32("heads × head_dim", shape.row_len())?;
+        let n_items = self
+            .n_units
+            .checked_mul(shape.heads)
+            .ok_or(Error::TooLarge {
+                what: "hybrid units × heads",
+                value: self.n_units as u64,
+                limit: u64::from(u32::MAX),
+            })?;
+        let n_items_u = to_u32("hybrid units × heads", n_items)?;
+        let n_rows = to_u32("rows", self.n_rows)?;
+        let tc_warps = to_u32("tensor-core warps", warps.tc)?;
+        let threads = (warps.warps() * 32) as u32;
+        let smem = (HEAD_FLOATS + warps.warps() * WINDOW_ROWS * (2 + slice)) * 4;
+
+        // Split-window partials for this head count.
+        let mut ws_guard = self
+            .workspace
+            .lock()
+            // Replaced whole only: a panic elsewhere cannot leave it half-built.
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let rows = self.n_parts * shape.heads * WINDOW_ROWS;
+        let need = (rows * 2, rows * slice, self.n_split * shape.heads);
+        if ws_guard.as_ref().is_none_or(|w| {
+            w.part_ml.len() < need.0 || w.part_acc.len() < need.1 || w.counters.len() < need.2
+        }) {
+            *ws_guard = Some(Workspace {
+                part_ml: DeviceVec::alloc(gpu, "hybrid partial (max, sum)", need.0, true)?,
+                part_acc: DeviceVec::alloc(gpu, "hybrid partial accumulators", need.1, true)?,
+                counters: DeviceVec::alloc(gpu, "hybrid split counters", need.2, true)?,
+            });
+        }
+        let Some(ws) = ws_guard.as_mut() else {
+            return Err(Error::InvalidArgument {
+                what: "hybrid workspace",
+                why: "not allocated".into(),
+            });
+        };
+        let mut queue = self
+            .queue
+            .lock()
+            // Two counters the kernel leaves at 0: nothing a panic could break.
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+
+        let f = gpu.load_function(HYBRID.name, HYBRID.ptx, name)?;
+        if smem > 48 * 1024 {
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .map_err(|e| map_driver_error("setting the hybrid kernel's shared memory", e))?;
+        }
+        let per_sm = f
+            .occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)
+            .map_err(|e| map_driver_error("hybrid kernel occupancy", e))?
+            .max(1);
+        let ctas = (gpu.sm_count().max(1) * per_sm).min(n_items_u.max(1));
+        let cfg = LaunchConfig {
+            grid_dim: (if n_items == 0 { 0 } else { ctas }, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        let (q, k) = qk.unwrap_or((v, v));
+        let mut args = gpu.launch_builder(&f);
+        args.arg(self.units.slice())
+            .arg(self.split_part_first.slice())
+            .arg(&n_items_u)
+            .arg(&heads)
+            .arg(&head_dim)
+            .arg(&n_rows)
+            .arg(&tc_warps)
+            .arg(self.row_ids.slice())
+            .arg(self.block_columns.slice())
+            .arg(self.bitmap_words.slice());
+        let null = 0u64;
+        match &self.tc_values {
+            Some(x) => args.arg(x.slice()),
+            None => args.arg(&null),
+        };
+        args.arg(self.cd_row_offsets.slice())
+            .arg(self.cd_columns.slice());
+        match &self.cd_values {
+            Some(x) => args.arg(x.slice()),
+            None => args.arg(&null),
+        };
+        args.arg(q.slice())
+            .arg(k.slice())
+            .arg(v.slice())
+            .arg(&scale_log2)
+            .arg(out.slice_mut())
+            .arg(ws.part_ml.slice_mut())
+            .arg(ws.part_acc.slice_mut())
+            .arg(ws.counters.slice_mut())
+            .arg(queue.slice_mut());
+        // SAFETY: items < n_units × heads; unit u's 8 words lie in `units` (8 × n_units) and
+        // its split in `split_part_first` (n_split + 1). Its blocks lie in [0, n_blocks)
+        // (block_columns: 8 words, bitmap_words: 4 words per block; tc_values, when passed,
+        // 128 floats per tensor-core block at the unit's value base, built with the same
+        // split), its CUDA-core edges in [0, cd_edges) of cd_columns / cd_values, and its rows
+        // are window rows < n_rows of row_ids and cd_row_offsets (n_rows + 1). Q and out rows
+        // are row_ids entries < n_rows, K and V rows real block columns or edge columns
+        // < n_cols (padding slots are never loaded), each heads × head_dim long (shapes
+        // checked), features < head_dim ≤ slice (16-byte accesses only when head_dim ×
+        // sizeof(T) is a multiple of 16). Partials of part p < n_parts, head h < heads, row
+        // < 16 and feature < slice lie in part_ml (n_parts × heads × 16 × 2) and part_acc
+        // (× slice); counters n_split × heads; queue 2 words. Shared memory: `smem` bytes as
+        // the kernel lays them out for `threads / 32` warps and this slice.
+        unsafe { launch(name, &mut args, cfg) }
+    }
+}
+
+impl OnGpu for DeviceHybrid {
+    fn gpu(&self) -> &Gpu {
+        self.row_ids.gpu()
+    }
+}
+
+/// Hybrid SpMM: `out[i, h, :] = Σ_j A[i, j] · V[j, h, :]` over the uploaded matrix (values, or
+/// 1 for a binary matrix), dense blocks on tensor cores and the remaining edges on CUDA cores
+/// in one kernel, with an even split of warps (see [`spmm_with`]). `v` is `n_cols × heads ×
+/// head_dim`, `out` `n_rows × heads × head_dim`; every element of `out` is written.
+///
+/// Errors: as [`DeviceHybrid::attention`].
+pub fn spmm<T: DType>(
+    gpu: &Gpu,
+    a: &DeviceHybrid,
+    v: &DeviceMatrix<T>,
+    out: &mut DeviceMatrix<T>,
+) -> Result<()> {
+    spmm_with(gpu, a, v, WarpSplit { tc: 2, cd: 2 }, out)
+}
+
+/// [`spmm`] with an explicit split of warps per CTA.
+pub fn spmm_with<T: DType>(
+    gpu: &Gpu,
+    a: &DeviceHybrid,
+    v: &DeviceMatrix<T>,
+    warps: WarpSplit,
+    out: &mut DeviceMatrix<T>,
+) -> Result<()> {
+    let shape = v.shape();
+    shape.expect_rows_like("V", shape, a.n_cols)?;
+    shape.expect_rows_like("out", out.shape(), a.n_rows)?;
+    a.run("spmm", gpu, None, v, 0.0, warps, out)
+}
