@@ -10,6 +10,11 @@ each (heads, head_dim, dtype) asked for, times with CUDA events (warm-up, median
                       pipeline of DGL's sparse graph transformer
   pyg_attention       gathers, torch_geometric.utils.softmax, scatter-add (TransformerConv)
   dense_sdpa          scaled_dot_product_attention with a boolean mask (n <= --dense-max-n)
+  torch_sparse_train  a training step of torch_sparse_attention: forward, then out.backward(dOut)
+                      through torch autograd (sampled_addmm, segment softmax, sparse.mm; grads of
+                      Q, K, V), per-head loop; falls back to f32 where the dtype has no kernel
+  pyg_train           a training step of pyg_attention (gathers, softmax, scatter-add) through
+                      autograd: the fallback composition that differentiates in every dtype
 
 cuSPARSE's SDDMM and SpMM take f32 only for CSR on many versions: when the asked dtype fails,
 the op is timed in f32 and the record says so ("dtype_used"). Writes a JSON list of records:
@@ -106,6 +111,79 @@ def time_ms(fn, warmup, reps):
     return times[len(times) // 2]
 
 
+TDT = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
+
+
+def segment_softmax(x, row, n):
+    """Row softmax of per-edge values x (nnz, or nnz x H) grouped by `row`, in f32."""
+    x = x.float()
+    shape = (n,) + tuple(x.shape[1:])
+    m = torch.full(shape, -math.inf, device=x.device).scatter_reduce(
+        0, row.view(-1, *([1] * (x.dim() - 1))).expand_as(x), x.detach(), "amax")
+    ex = torch.exp(x - m[row])
+    den = torch.zeros(shape, device=x.device).index_add(0, row, ex)
+    return ex / den[row]
+
+
+def train_torch_sparse(args, rec, dev, n, n_cols, nnz, crow, col, row, q, k, v, g, heads, d, dtype, scale):
+    """Forward + backward of sampled_addmm -> segment softmax -> sparse.mm through autograd."""
+    for dt_try in ([dtype, "f32"] if dtype != "f32" else ["f32"]):
+        try:
+            dt = TDT[dt_try]
+            qg, kg, vg = (x.to(dt).requires_grad_() for x in (q, k, v))
+            dout = torch.randn(n, heads, d, device=dev, generator=g).to(dt)
+            a = torch.sparse_csr_tensor(crow, col, torch.ones(nnz, device=dev, dtype=dt), size=(n, n_cols))
+
+            def step():
+                outs = []
+                for h in range(heads):
+                    s = torch.sparse.sampled_addmm(a, qg[:, h].contiguous(), kg[:, h].t().contiguous(),
+                                                   beta=0.0, alpha=scale)
+                    pv = segment_softmax(s.values(), row, n).to(dt)
+                    ph = torch.sparse_csr_tensor(crow, col, pv, size=(n, n_cols))
+                    outs.append(torch.sparse.mm(ph, vg[:, h].contiguous()))
+                out = torch.stack(outs, 1)
+                qg.grad = kg.grad = vg.grad = None
+                out.backward(dout)
+
+            step()
+            if qg.grad is None or kg.grad is None or vg.grad is None:
+                raise RuntimeError("autograd gave no gradient for Q, K or V")
+            rec("torch_sparse_train", heads, d, dtype, time_ms(step, args.warmup, args.reps), dt_try,
+                "autograd, per-head loop")
+            return
+        except (RuntimeError, NotImplementedError) as err:
+            print(f"[peers] torch_sparse_train in {dt_try} failed: {str(err).splitlines()[0]}", flush=True)
+            torch.cuda.synchronize()
+
+
+def train_pyg(args, rec, dev, n, row, col, q, k, v, g, heads, d, dtype, scale):
+    """Forward + backward of the PyG-style composition (TransformerConv's attention) through autograd."""
+    try:
+        dt = TDT[dtype]
+        qg, kg, vg = (x.to(dt).requires_grad_() for x in (q, k, v))
+        dout = torch.randn(n, heads, d, device=dev, generator=g).to(dt)
+        try:
+            from torch_geometric.utils import softmax as pyg_softmax
+            note = "torch_geometric.utils.softmax"
+        except ImportError:
+            pyg_softmax = None
+            note = "scatter softmax (torch_geometric missing)"
+
+        def step():
+            alpha = (qg[row] * kg[col]).sum(dim=-1) * scale
+            alpha = pyg_softmax(alpha, row, num_nodes=n) if pyg_softmax else segment_softmax(alpha, row, n).to(dt)
+            out = torch.zeros(n, heads, d, device=dev, dtype=dt).index_add(0, row, vg[col] * alpha.unsqueeze(-1))
+            qg.grad = kg.grad = vg.grad = None
+            out.backward(dout)
+
+        step()
+        rec("pyg_train", heads, d, dtype, time_ms(step, args.warmup, args.reps), dtype, note)
+    except Exception as err:  # noqa: BLE001 - report and go on
+        print(f"[peers] pyg_train failed: {err}", flush=True)
+        torch.cuda.synchronize()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("graph")
@@ -116,7 +194,8 @@ def main():
     ap.add_argument("--dtype", nargs="+", default=["f16"], help="f16, bf16, f32 (or a comma list)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ops", nargs="+",
-                    default=["cusparse_sddmm", "cusparse_spmm", "torch_sparse_attention", "pyg_attention", "dense_sdpa"])
+                    default=["cusparse_sddmm", "cusparse_spmm", "torch_sparse_attention", "pyg_attention", "dense_sdpa",
+                             "torch_sparse_train", "pyg_train"])
     ap.add_argument("--dense-max-n", type=int, default=20000)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--reps", type=int, default=30)
@@ -232,6 +311,10 @@ def main():
                         del mask
                     except Exception as err:  # noqa: BLE001
                         print(f"[peers] sdpa failed: {err}", flush=True)
+                if "torch_sparse_train" in args.ops:
+                    train_torch_sparse(args, rec, dev, n, n_cols, nnz, crow, col, row, q, k, v, g, heads, d, dtype, scale)
+                if "pyg_train" in args.ops:
+                    train_pyg(args, rec, dev, n, row, col, q, k, v, g, heads, d, dtype, scale)
                 torch.cuda.empty_cache()
 
     out_dir = os.path.dirname(args.json)

@@ -61,6 +61,9 @@ pub enum Runner {
     SpmmTc,
     /// An `AttentionPlan` built for this algorithm, run with `forward`.
     Plan(Algorithm),
+    /// A training step of the attention: an `AttentionPlan` (automatic algorithm) run with
+    /// `forward` then `backward_with` these per-edge kernels, timed together.
+    TrainStep(spattn::BackwardKernels),
     /// `cpu::attention` in f32.
     CpuUnfused,
 }
@@ -76,6 +79,8 @@ pub enum Traffic {
     Spmm,
     /// Reads Q, K, V; writes out.
     Attention,
+    /// Forward and backward: reads Q, K, V and dOut, writes out, dQ, dK, dV (each once).
+    TrainStep,
 }
 
 /// The index arrays a case's kernels read (each counted once in the floor).
@@ -227,6 +232,16 @@ pub const CASES: &[Case] = &[
         Algorithm::Auto,
         "what AttentionPlan chooses for the graph and shape",
     ),
+    train_step_case(
+        "train-step",
+        spattn::BackwardKernels::Fused,
+        "forward (auto) + backward with the fused row kernel: 2 SDDMM, 1 row kernel, 3 SpMM",
+    ),
+    train_step_case(
+        "train-step-unfused",
+        spattn::BackwardKernels::Unfused,
+        "forward (auto) + backward composed of spattn-ops building blocks",
+    ),
     Case {
         name: "cpu-unfused",
         kind: CaseKind::Algorithm,
@@ -271,6 +286,27 @@ const fn plan_case(name: &'static str, algorithm: Algorithm, about: &'static str
         // Whatever format the algorithm reads, the graph's information is its CSR.
         indices: IndexReads::CSR,
         peers: ATTENTION_PEERS,
+        about,
+    }
+}
+
+/// Peers of the training-step cases (peers/torch_peers.py names).
+pub const TRAIN_PEERS: &[&str] = &["torch_sparse_train", "pyg_train"];
+
+/// A forward + backward of `AttentionPlan` as a case.
+const fn train_step_case(
+    name: &'static str,
+    kernels: spattn::BackwardKernels,
+    about: &'static str,
+) -> Case {
+    Case {
+        name,
+        kind: CaseKind::Algorithm,
+        backend: Backend::Gpu,
+        runner: Runner::TrainStep(kernels),
+        traffic: Traffic::TrainStep,
+        indices: IndexReads::CSR,
+        peers: TRAIN_PEERS,
         about,
     }
 }
@@ -370,6 +406,7 @@ pub fn floor_bytes(case: &Case, p: &Problem) -> u64 {
         Traffic::Softmax => 2 * edges_f32,
         Traffic::Spmm => edges_f32 + rows(p.n_cols) + rows(p.n_rows),
         Traffic::Attention => rows(p.n_rows) + 2 * rows(p.n_cols) + rows(p.n_rows),
+        Traffic::TrainStep => 4 * rows(p.n_rows) + 4 * rows(p.n_cols),
     };
     let ix = case.indices;
     let indices = u64::from(ix.row_offsets) * (p.n_rows + 1) * 4
@@ -384,7 +421,7 @@ pub fn floor_bytes(case: &Case, p: &Problem) -> u64 {
 pub fn tolerance(case: &Case, dtype: DTypeKind) -> f64 {
     let out = match case.traffic {
         Traffic::Sddmm | Traffic::Softmax => DTypeKind::F32,
-        Traffic::Spmm | Traffic::Attention => dtype,
+        Traffic::Spmm | Traffic::Attention | Traffic::TrainStep => dtype,
     };
     let tensor_cores = matches!(
         case.runner,
@@ -450,7 +487,9 @@ mod tests {
                 "fused-csr",
                 "fused-tc",
                 "hybrid",
-                "auto"
+                "auto",
+                "train-step",
+                "train-step-unfused"
             ]
         );
         let cpu: Vec<_> = select("all", Backend::Cpu)

@@ -142,6 +142,8 @@ pub struct GpuConfig<'a, T: DType> {
     tc_scores: Option<EdgeValues>,
     /// `op_probs` in ME-BCRS slots (spmm-tc's input).
     tc_probs: Option<EdgeValues>,
+    /// dQ, dK, dV of the f64 backward with dOut = Q (the train-step cases' reference).
+    backward_ref: Option<[Vec<f64>; 3]>,
 }
 
 impl<'a, T: DType> GpuConfig<'a, T> {
@@ -178,6 +180,7 @@ impl<'a, T: DType> GpuConfig<'a, T> {
             tc_graph: None,
             tc_scores: None,
             tc_probs: None,
+            backward_ref: None,
         })
     }
 
@@ -328,6 +331,23 @@ impl<'a, T: DType> GpuConfig<'a, T> {
         Ok(())
     }
 
+    fn ensure_backward_ref(&mut self) -> Result<()> {
+        if self.backward_ref.is_some() {
+            return Ok(());
+        }
+        self.ensure_host_f64();
+        let [q, k, v] = self.host_f64.as_ref().expect("set just above");
+        let (s_q, s_kv) = (self.host.shape_q, self.host.shape_kv);
+        let inputs = cpu::AttentionInputs::new(q, s_q, k, s_kv, v, s_kv);
+        let scale = f64::from(self.host.scale);
+        let (r, _) = crate::progress::step("computing the f64 backward reference", || {
+            cpu::attention_backward_f64_from(self.csr, &inputs, scale, q)
+        });
+        let g = r?;
+        self.backward_ref = Some([g.dq, g.dk, g.dv]);
+        Ok(())
+    }
+
     fn ensure_spmm_ref(&mut self) -> Result<()> {
         if self.spmm_ref.is_some() {
             return Ok(());
@@ -411,6 +431,18 @@ pub fn prepare<'a, T: DType>(case: &Case, cfg: &'a mut GpuConfig<'_, T>) -> Resu
                 cfg.ensure_attention_ref()?;
             }
             let (built, _) = crate::progress::step(&format!("planning {algorithm}"), || {
+                AttentionPlan::new_gpu(cfg.gpu, cfg.csr, config)
+            });
+            plan = Some(built?);
+        }
+        Runner::TrainStep(_) => {
+            let s = cfg.host.shape_q;
+            let config =
+                AttentionConfig::new(s.heads, s.head_dim, T::KIND).with_scale(cfg.host.scale);
+            if check {
+                cfg.ensure_backward_ref()?;
+            }
+            let (built, _) = crate::progress::step("planning the train step", || {
                 AttentionPlan::new_gpu(cfg.gpu, cfg.csr, config)
             });
             plan = Some(built?);
@@ -506,7 +538,19 @@ pub fn prepare<'a, T: DType>(case: &Case, cfg: &'a mut GpuConfig<'_, T>) -> Resu
             out: DeviceMatrix::zeros(gpu, cfg.host.shape_q)?,
             reference: cfg.attention_ref.as_deref(),
         }),
-        (Runner::Plan(_), None) | (Runner::CpuUnfused, _) => {
+        (Runner::TrainStep(kernels), Some(plan)) => Box::new(TrainStepCase {
+            plan,
+            kernels,
+            q: &cfg.q,
+            k: &cfg.k,
+            v: &cfg.v,
+            out: DeviceMatrix::zeros(gpu, cfg.host.shape_q)?,
+            dq: DeviceMatrix::zeros(gpu, cfg.host.shape_q)?,
+            dk: DeviceMatrix::zeros(gpu, cfg.host.shape_kv)?,
+            dv: DeviceMatrix::zeros(gpu, cfg.host.shape_kv)?,
+            reference: cfg.backward_ref.as_ref(),
+        }),
+        (Runner::Plan(_) | Runner::TrainStep(_), None) | (Runner::CpuUnfused, _) => {
             return Err(Error::new(format!("{} cannot run on the GPU", case.name)));
         }
     };
@@ -723,6 +767,61 @@ impl<T: DType> Launch for PlanCase<'_, T> {
     }
     fn choice(&self) -> Option<String> {
         Some(format!("{}: {}", self.plan.algorithm(), self.plan.choice()))
+    }
+}
+
+/// train-step, train-step-unfused: `forward` then `backward_with` on the plan, dOut = Q. The
+/// check compares dQ, dK, dV with the f64 backward and reports the largest error.
+struct TrainStepCase<'a, T: DType> {
+    plan: AttentionPlan,
+    kernels: spattn::BackwardKernels,
+    q: &'a DeviceMatrix<T>,
+    k: &'a DeviceMatrix<T>,
+    v: &'a DeviceMatrix<T>,
+    out: DeviceMatrix<T>,
+    dq: DeviceMatrix<T>,
+    dk: DeviceMatrix<T>,
+    dv: DeviceMatrix<T>,
+    reference: Option<&'a [Vec<f64>; 3]>,
+}
+
+impl<T: DType> Launch for TrainStepCase<'_, T> {
+    fn launch(&mut self) -> Result<()> {
+        self.plan.forward(self.q, self.k, self.v, &mut self.out)?;
+        self.plan.backward_with(
+            self.kernels,
+            self.q,
+            self.k,
+            self.v,
+            &self.out,
+            self.q,
+            &mut self.dq,
+            &mut self.dk,
+            &mut self.dv,
+        )?;
+        Ok(())
+    }
+    fn check(&mut self) -> Result<f64> {
+        for m in [&mut self.out, &mut self.dq, &mut self.dk, &mut self.dv] {
+            m.fill_nan()?;
+        }
+        self.launch()?;
+        let reference = self
+            .reference
+            .ok_or_else(|| Error::new("no backward reference was computed"))?;
+        let mut worst = 0.0f64;
+        for (got, want) in [&self.dq, &self.dk, &self.dv].into_iter().zip(reference) {
+            worst = worst.max(compare(&to_f64(&got.to_host()?), Some(want))?);
+        }
+        Ok(worst)
+    }
+    fn choice(&self) -> Option<String> {
+        Some(format!(
+            "{}: {} + backward {:?}",
+            self.plan.algorithm(),
+            self.plan.choice(),
+            self.kernels
+        ))
     }
 }
 

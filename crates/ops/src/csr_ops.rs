@@ -64,9 +64,9 @@ pub struct CsrSchedule {
     unit_parts: DeviceVec<u32>,
     split_rows: DeviceVec<u32>,
     part_first: DeviceVec<u32>,
-    long_rows: DeviceVec<u32>,
-    long_threshold: u32,
-    softmax_group: u32,
+    pub(crate) long_rows: DeviceVec<u32>,
+    pub(crate) long_threshold: u32,
+    pub(crate) softmax_group: u32,
     n_parts: usize,
     /// f32 partial sums of split SpMM rows (`split_rows × heads × head_dim`), grown on demand.
     scratch: Mutex<Option<DeviceVec<f32>>>,
@@ -140,7 +140,7 @@ impl CsrSchedule {
 }
 
 /// A grid of `groups` groups of `g` lanes (grid-stride kernels; at most 2^31 − 1 blocks).
-fn group_grid(groups: usize, g: u32, grid_y: u32) -> Result<LaunchConfig> {
+pub(crate) fn group_grid(groups: usize, g: u32, grid_y: u32) -> Result<LaunchConfig> {
     let per_block = THREADS / g;
     let blocks = blocks_for(groups, per_block)?;
     Ok(LaunchConfig {

@@ -60,7 +60,7 @@ impl<'a, T> AttentionInputs<'a, T> {
     }
 
     /// Checks every operand against `a` (and `out_len` when given) as [`attention`] does.
-    fn validate(&self, a: &Csr, out_len: Option<usize>) -> Result<check::SddmmDims> {
+    pub(super) fn validate(&self, a: &Csr, out_len: Option<usize>) -> Result<check::SddmmDims> {
         let dims = check::sddmm(
             a,
             self.q.len(),

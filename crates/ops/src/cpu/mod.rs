@@ -18,6 +18,8 @@
 //! | [`spmm_weighted`] | aggregation by the mask's values | `O[i,h,:] = Σ_row A[e] · V[j,h,:]` |
 //! | [`attention`] | all three, unfused | `O = softmax_row(scale · Q Kᵀ ∘ A) · V` |
 //! | [`attention_f64_from`] | the f64 reference from f32 / f16 / bf16 data | |
+//! | [`attention_backward`], [`attention_backward_f64_from`] | dQ, dK, dV, dscale (module `backward`) | |
+//! | [`edge_softmax_backward`], [`transpose_edge_values`], [`edge_row_sum`] | backward building blocks | |
 //!
 //! # Layouts
 //!
@@ -94,6 +96,7 @@
 //! [`Error::MissingValues`]: crate::Error::MissingValues
 
 mod attention;
+mod backward;
 mod check;
 mod error_metric;
 mod real;
@@ -103,6 +106,10 @@ mod softmax;
 mod spmm;
 
 pub use attention::{attention, attention_f64_from, AttentionInputs};
+pub use backward::{
+    attention_backward, attention_backward_f64_from, edge_row_sum, edge_softmax_backward,
+    transpose_edge_values, AttentionGrads,
+};
 pub use error_metric::{rel_l2_error, upcast_f64};
 pub use real::Real;
 pub use sddmm::{sddmm, sddmm_gat};

@@ -1,0 +1,313 @@
+//! GPU tests of `AttentionPlan::backward` for every algorithm, dtype and head count, against
+//! the f64 CPU backward.
+//!
+//! `#[ignore]`d where there is no NVIDIA GPU. Inputs are drawn fresh (seed printed; replay with
+//! SPATTN_SEED), gradients poisoned with NaN before each backward.
+//!
+//! Tolerances: DESIGN.md's on the relative L2 error of each gradient (f32 1e-5, f16 5e-3,
+//! bf16 2e-2). The backward runs in f32 on CUDA cores for every algorithm (the tensor-core
+//! forwards included), so f32 is held to 1e-5 whatever the forward's algorithm; f16 / bf16
+//! gradients are the f32 result rounded once. dscale is a sum of `nnz × heads` signed terms:
+//! its error is bounded relative to the sum of their magnitudes.
+
+#[path = "../../ops/tests/common/mod.rs"]
+mod common;
+
+use common::*;
+use half::{bf16, f16};
+use rand_pcg::Pcg64;
+use spattn::{Algorithm, AttentionConfig, AttentionPlan, BackwardKernels};
+use spattn_formats::Csr;
+use spattn_ops::cpu::{attention_backward_f64_from, rel_l2_error, AttentionInputs};
+use spattn_ops::{DType, DeviceMatrix, Gpu, Shape};
+
+const GPU_ALGORITHMS: [Algorithm; 5] = [
+    Algorithm::UnfusedCsr,
+    Algorithm::FusedCsr,
+    Algorithm::UnfusedTensorCore,
+    Algorithm::FusedTensorCore,
+    Algorithm::Auto,
+];
+
+fn gpu() -> Gpu {
+    Gpu::new(0).expect("an NVIDIA GPU (this test is ignored elsewhere)")
+}
+
+/// Which gradients a case holds to the tolerance (near-one-hot softmaxes have dQ, dK ≈ 0).
+#[derive(Clone, Copy, PartialEq)]
+enum Grads {
+    All,
+    /// Only dV is compared relatively; dQ and dK must be finite and small.
+    OneHot,
+}
+
+/// Runs the backward of each of `algs` on `a` (both kernel sets) with one set of fresh inputs
+/// and compares every gradient with the f64 reference.
+#[allow(clippy::too_many_arguments)]
+fn check_backward<T: DType>(
+    gpu: &Gpu,
+    a: &Csr,
+    algs: &[Algorithm],
+    heads: usize,
+    head_dim: usize,
+    rng: &mut Pcg64,
+    amp: f64,
+    grads: Grads,
+) {
+    let config = AttentionConfig::new(heads, head_dim, T::KIND);
+    let sq = Shape::new(a.n_rows(), heads, head_dim).unwrap();
+    let skv = Shape::new(a.n_cols(), heads, head_dim).unwrap();
+    let q: Vec<T> = if amp == 0.0 {
+        vec![T::from_f64(0.0); sq.len()]
+    } else {
+        random_vec(rng, sq.len(), amp)
+    };
+    let k: Vec<T> = random_vec(rng, skv.len(), 1.0);
+    let v: Vec<T> = random_vec(rng, skv.len(), 1.0);
+    let d_out: Vec<T> = random_vec(rng, sq.len(), 1.0);
+    let (q64, k64, v64, d64) = (to_f64(&q), to_f64(&k), to_f64(&v), to_f64(&d_out));
+    let inputs = AttentionInputs::new(&q64, sq, &k64, skv, &v64, skv);
+    let want = attention_backward_f64_from(a, &inputs, f64::from(config.scale()), &d64).unwrap();
+    let up = |s, x: &[T]| DeviceMatrix::from_host(gpu, s, x).unwrap();
+    let (dq_in, dk_in, dv_in, dout) = (up(sq, &q), up(skv, &k), up(skv, &v), up(sq, &d_out));
+    let mut out = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();
+    let mut dq = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();
+    let mut dk = DeviceMatrix::<T>::zeros(gpu, skv).unwrap();
+    let mut dv = DeviceMatrix::<T>::zeros(gpu, skv).unwrap();
+    let tol = tolerance::<T>();
+    for &alg in algs {
+        let config = config.clone().with_algorithm(alg);
+        if !AttentionPlan::supports(gpu, alg, &config) {
+            continue;
+        }
+        let plan = AttentionPlan::new_gpu(gpu, a, config).unwrap();
+        plan.forward(&dq_in, &dk_in, &dv_in, &mut out).unwrap();
+        for kernels in [
+            BackwardKernels::Fused,
+            BackwardKernels::Unfused,
+            BackwardKernels::Fused,
+        ] {
+            for m in [&mut dq, &mut dk, &mut dv] {
+                m.fill_nan().unwrap();
+            }
+            let d_scale = plan
+                .backward_with(
+                    kernels, &dq_in, &dk_in, &dv_in, &out, &dout, &mut dq, &mut dk, &mut dv,
+                )
+                .unwrap();
+            let ctx = format!(
+                "{alg} {kernels:?} {} n={} nnz={} heads={heads} head_dim={head_dim} amp={amp}",
+                T::NAME,
+                a.n_rows(),
+                a.nnz()
+            );
+            let (gq, gk, gv) = (
+                to_f64(&dq.to_host().unwrap()),
+                to_f64(&dk.to_host().unwrap()),
+                to_f64(&dv.to_host().unwrap()),
+            );
+            let ev = rel_l2_error(&gv, &want.dv);
+            assert!(ev <= tol, "{ctx}: dV rel error {ev:e}");
+            match grads {
+                Grads::All => {
+                    for (g, w, name) in [(&gq, &want.dq, "dQ"), (&gk, &want.dk, "dK")] {
+                        let e = rel_l2_error(g, w);
+                        assert!(e <= tol, "{ctx}: {name} rel error {e:e}");
+                    }
+                    let err = (f64::from(d_scale) - want.d_scale).abs();
+                    assert!(
+                        err <= 1e-4 * want.d_scale.abs().max(1.0),
+                        "{ctx}: dscale {d_scale} vs {}",
+                        want.d_scale
+                    );
+                }
+                Grads::OneHot => {
+                    // Errors of the scores (f32 at |s| ~ 1e4: ~1e-3 absolute) move the
+                    // one-hot softmax's tiny gradients by as much: require them finite and
+                    // as small as the reference's scale allows.
+                    let norm = |x: &[f64]| x.iter().map(|v| v * v).sum::<f64>().sqrt();
+                    let bound = 1e-2 * (norm(&want.dv) + norm(&want.dq) + norm(&want.dk));
+                    for (g, w, name) in [(&gq, &want.dq, "dQ"), (&gk, &want.dk, "dK")] {
+                        assert!(g.iter().all(|x| x.is_finite()), "{ctx}: {name} not finite");
+                        let diff: Vec<f64> = g.iter().zip(w.iter()).map(|(a, b)| a - b).collect();
+                        assert!(norm(&diff) <= bound, "{ctx}: {name} off by {}", norm(&diff));
+                    }
+                    assert!(d_scale.is_finite(), "{ctx}: dscale not finite");
+                }
+            }
+            // Rows without edges have zero dQ; columns nobody attends to, zero dK and dV.
+            for r in (0..a.n_rows()).filter(|&r| a.degree(r) == 0) {
+                let row = &gq[r * sq.row_len()..(r + 1) * sq.row_len()];
+                assert!(
+                    row.iter().all(|&x| x == 0.0),
+                    "{ctx}: empty row {r}: dQ not zero"
+                );
+            }
+        }
+    }
+}
+
+fn check_all_dtypes(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64) {
+    check_backward::<f32>(
+        gpu,
+        a,
+        &GPU_ALGORITHMS,
+        heads,
+        head_dim,
+        rng,
+        1.0,
+        Grads::All,
+    );
+    check_backward::<f16>(
+        gpu,
+        a,
+        &GPU_ALGORITHMS,
+        heads,
+        head_dim,
+        rng,
+        1.0,
+        Grads::All,
+    );
+    check_backward::<bf16>(
+        gpu,
+        a,
+        &GPU_ALGORITHMS,
+        heads,
+        head_dim,
+        rng,
+        1.0,
+        Grads::All,
+    );
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn shared_graphs() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("shared_graphs");
+    // The backward is the same for every forward algorithm (tested on the other cases); here
+    // one plan per configuration keeps the f64 references of the large graphs affordable.
+    for name in ["cora", "pubmed", "ogbn-arxiv"] {
+        let a = shared_graph(name);
+        for (heads, head_dim) in [(1, 128), (8, 64), (4, 24)] {
+            let auto = [Algorithm::Auto];
+            check_backward::<f32>(&gpu, &a, &auto, heads, head_dim, &mut rng, 1.0, Grads::All);
+            check_backward::<f16>(&gpu, &a, &auto, heads, head_dim, &mut rng, 1.0, Grads::All);
+            check_backward::<bf16>(&gpu, &a, &auto, heads, head_dim, &mut rng, 1.0, Grads::All);
+            eprintln!("{name} heads={heads} head_dim={head_dim}: ok");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn head_dims_heads_and_tiny_graphs() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("head_dims_heads_and_tiny_graphs");
+    let a = random_graph(&mut rng, 200, 5, 9);
+    for head_dim in [1, 3, 24, 64, 128] {
+        for heads in [1, 4, 8] {
+            check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
+        }
+    }
+}
+
+/// Small enough for compute-sanitizer.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn tiny_graphs() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("tiny_graphs");
+    for n in [1, 7, 17, 33] {
+        let a = random_graph(&mut rng, n, 3, 4);
+        for heads in [1, 8] {
+            check_all_dtypes(&gpu, &a, heads, 24, &mut rng);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn hub_row_and_extreme_scores() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("hub_row_and_extreme_scores");
+    let a = hub_graph(&mut rng, 100_000, 777);
+    for (heads, head_dim) in [(1, 64), (4, 24)] {
+        check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
+    }
+    // Scores near ±1e4: a near-one-hot softmax.
+    let b = random_graph(&mut rng, 500, 8, 5);
+    check_backward::<f32>(
+        &gpu,
+        &b,
+        &GPU_ALGORITHMS,
+        2,
+        16,
+        &mut rng,
+        2.5e3,
+        Grads::OneHot,
+    );
+    check_backward::<f16>(
+        &gpu,
+        &b,
+        &GPU_ALGORITHMS,
+        2,
+        16,
+        &mut rng,
+        30.0,
+        Grads::OneHot,
+    );
+    // All scores equal (Q = 0): uniform probabilities.
+    check_backward::<f32>(&gpu, &b, &GPU_ALGORITHMS, 8, 8, &mut rng, 0.0, Grads::All);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn backward_host_and_errors() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("backward_host_and_errors");
+    let a = random_graph(&mut rng, 40, 4, 6);
+    let config = AttentionConfig::new(8, 8, spattn_ops::DTypeKind::F32);
+    let plan = AttentionPlan::new_gpu(&gpu, &a, config.clone()).unwrap();
+    let cpu_plan = AttentionPlan::new_cpu(&a, config).unwrap();
+    let s = plan.shape_q();
+    let x: Vec<f32> = random_vec(&mut rng, s.len(), 1.0);
+    let y: Vec<f32> = random_vec(&mut rng, s.len(), 1.0);
+    let z: Vec<f32> = random_vec(&mut rng, s.len(), 1.0);
+    let d: Vec<f32> = random_vec(&mut rng, s.len(), 1.0);
+    let out = plan.forward_host(&x, &y, &z).unwrap();
+    let g = plan.backward_host(&x, &y, &z, &out, &d).unwrap();
+    let c = cpu_plan.backward_host(&x, &y, &z, &out, &d).unwrap();
+    let want = attention_backward_f64_from(
+        &a,
+        &AttentionInputs::new(&x, s, &y, s, &z, s),
+        1.0 / 8f64.sqrt(),
+        &d,
+    )
+    .unwrap();
+    for (got, w) in [
+        (&g.dq, &want.dq),
+        (&g.dk, &want.dk),
+        (&g.dv, &want.dv),
+        (&c.dq, &want.dq),
+        (&c.dk, &want.dk),
+        (&c.dv, &want.dv),
+    ] {
+        assert!(rel_l2_error(got, w) <= 1e-5);
+    }
+    // Errors name the operand.
+    let m = |shape| DeviceMatrix::<f32>::zeros(&gpu, shape).unwrap();
+    let bad = m(Shape::new(40, 8, 7).unwrap());
+    let (q, mut dq, mut dk, mut dv) = (m(s), m(s), m(s), m(s));
+    let e = plan
+        .backward(&q, &q, &q, &q, &bad, &mut dq, &mut dk, &mut dv)
+        .unwrap_err();
+    assert!(
+        matches!(e, spattn::Error::ShapeMismatch { what: "d_out", .. }),
+        "{e}"
+    );
+    let e = cpu_plan
+        .backward(&q, &q, &q, &q, &q, &mut dq, &mut dk, &mut dv)
+        .unwrap_err();
+    assert!(matches!(e, spattn::Error::WrongDevice { .. }), "{e}");
+}

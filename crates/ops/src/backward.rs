@@ -1,0 +1,531 @@
+//! The backward ops of graph attention on the GPU (kernels: `crates/kernels-sys/cuda/backward.cu`):
+//! what the gradients of SDDMM → edge softmax → SpMM need beyond the forward ops of
+//! [`crate::csr_ops`].
+//!
+//! Per head, with `s = scale · ⟨q, k⟩` per edge, `P` its row softmax and `dOut` the gradient of
+//! `out = P · V`:
+//!
+//! | gradient | computed as | ops |
+//! |---|---|---|
+//! | `dP_e = ⟨dOut_row, V_col⟩` | SDDMM of dOut and V | [`csr_ops::sddmm`](crate::csr_ops::sddmm) (scale 1) |
+//! | `dS = P ⊙ (dP − rowsum(P ⊙ dP))` | softmax backward | [`edge_softmax_backward`] |
+//! | `dQ = scale · dS · K` | SpMM on A | [`edge_scale`], [`csr_ops::spmm`](crate::csr_ops::spmm) |
+//! | `dK = scale · dSᵀ · Q`, `dV = Pᵀ · dOut` | SpMM on Aᵀ | [`transpose_edge_values`], `spmm` on [`DeviceTranspose::csr`] |
+//! | `dscale = Σ dS ⊙ ⟨q, k⟩` | a dot product of edge values | [`edge_dot`] |
+//! | all of dS, Pᵀ, dSᵀ, dscale at once | one fused row kernel | [`attention_edge_backward`] |
+//!
+//! and, for layers with other score functions: [`edge_leaky_relu_backward`] (GAT),
+//! [`edge_row_sum`] (GAT's ∂a_dst, and ∂a_src as a row sum on Aᵀ), [`row_dot`]
+//! (`⟨dOut_i, Out_i⟩`, or AGNN's normalisation terms).
+//!
+//! Layouts are those of [`crate::csr_ops`]: per-edge values `nnz × heads` f32 (edge `e`, head
+//! `h` at `e · heads + h`) in the CSR order of A, or of Aᵀ after [`transpose_edge_values`].
+//!
+//! ```no_run
+//! use spattn_formats::Csr;
+//! use spattn_ops::{backward, csr_ops, DeviceCsr, DeviceVec, Gpu};
+//!
+//! let gpu = Gpu::new(0)?;
+//! let a = Csr::from_edges(3, 3, &[(0, 1), (0, 2), (1, 0), (2, 2)])?;
+//! let (a_dev, t) = (DeviceCsr::upload(&gpu, &a)?, backward::DeviceTranspose::upload(&gpu, &a)?);
+//! let heads = 2;
+//! let p = DeviceVec::from_host(&gpu, &[0.5f32, 0.5, 0.5, 0.5, 1.0, 1.0, 1.0, 1.0])?;
+//! let mut dp = DeviceVec::from_host(&gpu, &[1.0f32, 0.0, -1.0, 0.0, 2.0, 2.0, 3.0, 3.0])?;
+//! backward::edge_softmax_backward_in_place(&gpu, &a_dev, &p, &mut dp, heads)?; // dp is dS now
+//! let mut ds_t = DeviceVec::<f32>::zeros(&gpu, a.nnz() * heads)?;
+//! backward::transpose_edge_values(&gpu, &t, &dp, heads, &mut ds_t)?;
+//! assert_eq!(dp.to_host()?[..4], [0.5, 0.0, -0.5, 0.0]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use cudarc::driver::{DevicePtr, DevicePtrMut};
+use spattn_formats::Csr;
+use spattn_kernels_sys::BACKWARD;
+
+use crate::buffer::{DeviceMatrix, DeviceVec};
+use crate::csr_ops::group_grid;
+use crate::device_csr::DeviceCsr;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+use crate::launch::{check_per_edge, check_same_gpu, grid_1d, kernel_named, launch, to_u32};
+use crate::launch::{LaunchConfig, PushKernelArg};
+use crate::schedule::{group_for, vector_width};
+use crate::shape::Shape;
+
+/// Threads per block of the elementwise and reduction kernels.
+const THREADS: u32 = 256;
+/// Blocks of the kernels that add into one f64 (one atomic per block): enough to fill an H100
+/// several times over with grid-stride loops, few enough that the atomics cost nothing.
+const REDUCE_BLOCKS: usize = 1024;
+/// Threads of the one-block-per-long-row kernels (as the edge softmax's).
+const LONG_ROW_THREADS: u32 = 512;
+
+/// Aᵀ of a [`Csr`] mask in device memory, with the map that moves per-edge values from A's
+/// edge order to Aᵀ's: `map()[e]` is the position in Aᵀ of A's edge `e`.
+///
+/// Built on the host by [`Csr::transpose_with_map`] (whose map goes the other way; this one
+/// is its inverse) and uploaded once; Aᵀ carries its own SpMM schedules, so hub *columns* of A
+/// (hub rows of Aᵀ) are split like hub rows.
+#[derive(Debug)]
+pub struct DeviceTranspose {
+    csr: DeviceCsr,
+    map: DeviceVec<u32>,
+}
+
+impl DeviceTranspose {
+    /// Transposes `a` on the host and uploads Aᵀ (with its schedules) and the edge map.
+    pub fn upload(gpu: &Gpu, a: &Csr) -> Result<Self> {
+        let (at, from_a) = a.transpose_with_map();
+        let mut to_t = vec![0u32; from_a.len()];
+        for (t, &e) in from_a.iter().enumerate() {
+            // Positions fit u32: the number of edges does (Csr's invariant).
+            to_t[e as usize] = t as u32;
+        }
+        Ok(Self {
+            csr: DeviceCsr::upload(gpu, &at)?,
+            map: DeviceVec::from_host_named(gpu, "transpose edge map", &to_t)?,
+        })
+    }
+
+    /// Aᵀ: `a.n_cols()` rows, `a.n_rows()` columns, the same edges.
+    pub fn csr(&self) -> &DeviceCsr {
+        &self.csr
+    }
+
+    /// For each edge `e` of A (CSR order), its position in Aᵀ (`nnz` entries).
+    pub fn map(&self) -> &DeviceVec<u32> {
+        &self.map
+    }
+
+    /// Device memory held, in bytes.
+    pub fn device_bytes(&self) -> usize {
+        self.csr.device_bytes() + self.map.num_bytes()
+    }
+}
+
+fn function(gpu: &Gpu, name: &'static str) -> Result<cudarc::driver::CudaFunction> {
+    gpu.load_function(BACKWARD.name, BACKWARD.ptx, name)
+}
+
+/// Moves per-edge values from A's edge order to Aᵀ's:
+/// `dst[map[e] · heads + h] = src[e · heads + h]` ([`DeviceTranspose::map`]).
+///
+/// `src` and `dst` hold `nnz × heads` f32 and must be different buffers (Rust's borrows
+/// ensure it).
+pub fn transpose_edge_values(
+    gpu: &Gpu,
+    t: &DeviceTranspose,
+    src: &DeviceVec<f32>,
+    heads: usize,
+    dst: &mut DeviceVec<f32>,
+) -> Result<()> {
+    let nnz = t.csr.nnz();
+    check_per_edge("src", nnz, heads, src.len())?;
+    check_per_edge("dst", nnz, heads, dst.len())?;
+    check_same_gpu(gpu, "transpose", &t.csr)?;
+    check_same_gpu(gpu, "src", src)?;
+    check_same_gpu(gpu, "dst", dst)?;
+    let name = spattn_kernels_sys::TRANSPOSE_EDGE_VALUES_CSR_F32;
+    let f = function(gpu, name)?;
+    let (nnz_u, heads_u) = (to_u32("nnz", nnz)?, to_u32("heads", heads)?);
+    let cfg = grid_1d(src.len(), THREADS)?;
+    let mut args = gpu.launch_builder(&f);
+    args.arg(t.map.slice())
+        .arg(&nnz_u)
+        .arg(&heads_u)
+        .arg(src.slice())
+        .arg(dst.slice_mut());
+    // SAFETY: reads map[0..nnz) (nnz entries, each < nnz: a permutation built on the host)
+    // and src[0..nnz*heads); writes dst[map[e]*heads + h] < nnz*heads (lengths checked).
+    unsafe { launch(name, &mut args, cfg) }
+}
+
+/// Softmax backward over each row's edges: `ds = p ⊙ (dp − rowsum(p ⊙ dp))` per head, the
+/// gradient of the scores given the probabilities `p` (from
+/// [`edge_softmax`](crate::csr_ops::edge_softmax)) and their gradient `dp`.
+///
+/// All three are `nnz × heads` f32 in A's edge order. Rows without edges write nothing. For a
+/// softmax after a LeakyReLU (GAT), follow with [`edge_leaky_relu_backward`].
+pub fn edge_softmax_backward(
+    gpu: &Gpu,
+    a: &DeviceCsr,
+    p: &DeviceVec<f32>,
+    dp: &DeviceVec<f32>,
+    heads: usize,
+    ds: &mut DeviceVec<f32>,
+) -> Result<()> {
+    check_per_edge("ds", a.nnz(), heads, ds.len())?;
+    check_per_edge("dp", a.nnz(), heads, dp.len())?;
+    check_same_gpu(gpu, "dp", dp)?;
+    check_same_gpu(gpu, "ds", ds)?;
+    let stream = gpu.stream().clone();
+    let (dp_ptr, _g1) = dp.slice().device_ptr(&stream);
+    let (ds_ptr, _g2) = ds.slice_mut().device_ptr_mut(&stream);
+    softmax_backward_launch(gpu, a, p, dp_ptr, ds_ptr, heads)
+}
+
+/// [`edge_softmax_backward`] in place: `dp_ds` holds dP on entry and dS on return.
+pub fn edge_softmax_backward_in_place(
+    gpu: &Gpu,
+    a: &DeviceCsr,
+    p: &DeviceVec<f32>,
+    dp_ds: &mut DeviceVec<f32>,
+    heads: usize,
+) -> Result<()> {
+    check_per_edge("dp", a.nnz(), heads, dp_ds.len())?;
+    check_same_gpu(gpu, "dp", dp_ds)?;
+    let stream = gpu.stream().clone();
+    let (ptr, _g) = dp_ds.slice_mut().device_ptr_mut(&stream);
+    softmax_backward_launch(gpu, a, p, ptr, ptr, heads)
+}
+
+fn softmax_backward_launch(
+    gpu: &Gpu,
+    a: &DeviceCsr,
+    p: &DeviceVec<f32>,
+    dp: u64,
+    ds: u64,
+    heads: usize,
+) -> Result<()> {
+    check_per_edge("p", a.nnz(), heads, p.len())?;
+    check_same_gpu(gpu, "A", a)?;
+    check_same_gpu(gpu, "p", p)?;
+    let s = a.schedule();
+    let n_rows = to_u32("rows", a.n_rows())?;
+    let heads_u = to_u32("heads", heads)?;
+    let g = s.softmax_group;
+    let name = spattn_kernels_sys::EDGE_SOFTMAX_BACKWARD_CSR_ROWS;
+    let f = function(gpu, name)?;
+    let cfg = group_grid(a.n_rows() * heads, g, 1)?;
+    let mut args = gpu.launch_builder(&f);
+    args.arg(a.row_offsets().slice())
+        .arg(&n_rows)
+        .arg(&heads_u)
+        .arg(p.slice())
+        .arg(&dp)
+        .arg(&g)
+        .arg(&s.long_threshold)
+        .arg(&ds);
+    // SAFETY: reads row_offsets[0..=n_rows]; for each short row reads p/dp and writes ds at
+    // e*heads + h for the row's edges e < nnz and h < heads; all three hold nnz*heads f32
+    // (checked by the callers), and the dp/ds pointer guards live in the caller.
+    unsafe { launch(name, &mut args, cfg) }?;
+    let n_long = s.long_rows.len();
+    if n_long > 0 {
+        let name = spattn_kernels_sys::EDGE_SOFTMAX_BACKWARD_CSR_LONG_ROWS;
+        let f = function(gpu, name)?;
+        let cfg = long_rows_grid(n_long, heads)?;
+        let mut args = gpu.launch_builder(&f);
+        args.arg(a.row_offsets().slice())
+            .arg(s.long_rows.slice())
+            .arg(&heads_u)
+            .arg(p.slice())
+            .arg(&dp)
+            .arg(&ds);
+        // SAFETY: block (i, h) reads long_rows[i] (i < n_long) and that row's offsets, and
+        // reads p/dp and writes ds at e*heads + h for the row's edges (< nnz*heads).
+        unsafe { launch(name, &mut args, cfg) }?;
+    }
+    Ok(())
+}
+
+fn long_rows_grid(n_long: usize, heads: usize) -> Result<LaunchConfig> {
+    let heads_u = to_u32("heads", heads)?;
+    if heads_u > crate::launch::MAX_GRID_YZ {
+        return Err(Error::TooLarge {
+            what: "heads (grid.y of the long-row kernels)",
+            value: u64::from(heads_u),
+            limit: u64::from(crate::launch::MAX_GRID_YZ),
+        });
+    }
+    Ok(LaunchConfig {
+        grid_dim: (to_u32("long rows", n_long)?, heads_u, 1),
+        block_dim: (LONG_ROW_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// The fused per-edge backward of attention, from `raw = ⟨q, k⟩` and `dp = ⟨dOut, V⟩` (both
+/// `nnz × heads` f32 in A's edge order, e.g. [`csr_ops::sddmm`](crate::csr_ops::sddmm) with
+/// scale 1): per row and head, one kernel recomputes `P = softmax_row(scale · raw)` and
+/// `D = Σ_row P ⊙ dp`, and writes, per edge,
+///
+/// - `scale · dS` over `dp` (A's order: the weights of `dQ = scale · dS · K`),
+/// - `P` into `p_t` and `scale · dS` into `ds_t` at Aᵀ's positions (the weights of
+///   `dV = Pᵀ · dOut` and `dK = scale · dSᵀ · Q`: no separate transposes),
+///
+/// with `dS = P ⊙ (dp − D)`, and adds `Σ dS ⊙ raw` (the gradient of the scale) into
+/// `d_scale[0]` (f64; zero it first).
+///
+/// Rows without edges write nothing (their positions do not exist in any buffer).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_edge_backward(
+    gpu: &Gpu,
+    a: &DeviceCsr,
+    t: &DeviceTranspose,
+    heads: usize,
+    scale: f32,
+    raw: &DeviceVec<f32>,
+    dp: &mut DeviceVec<f32>,
+    p_t: &mut DeviceVec<f32>,
+    ds_t: &mut DeviceVec<f32>,
+    d_scale: &mut DeviceVec<f64>,
+) -> Result<()> {
+    let nnz = a.nnz();
+    if t.csr.nnz() != nnz || t.csr.n_rows() != a.n_cols() || t.csr.n_cols() != a.n_rows() {
+        return Err(Error::InvalidArgument {
+            what: "transpose",
+            why: format!(
+                "is {} x {} with {} edges; A is {} x {} with {nnz}",
+                t.csr.n_rows(),
+                t.csr.n_cols(),
+                t.csr.nnz(),
+                a.n_rows(),
+                a.n_cols()
+            ),
+        });
+    }
+    for (what, len) in [
+        ("raw", raw.len()),
+        ("dp", dp.len()),
+        ("p_t", p_t.len()),
+        ("ds_t", ds_t.len()),
+    ] {
+        check_per_edge(what, nnz, heads, len)?;
+    }
+    if d_scale.len() != 1 {
+        return Err(Error::LengthMismatch {
+            what: "d_scale",
+            expected: 1,
+            actual: d_scale.len(),
+        });
+    }
+    check_same_gpu(gpu, "A", a)?;
+    check_same_gpu(gpu, "transpose", &t.csr)?;
+    check_same_gpu(gpu, "raw", raw)?;
+    check_same_gpu(gpu, "dp", dp)?;
+    check_same_gpu(gpu, "p_t", p_t)?;
+    check_same_gpu(gpu, "ds_t", ds_t)?;
+    check_same_gpu(gpu, "d_scale", d_scale)?;
+    let s = a.schedule();
+    let n_rows = to_u32("rows", a.n_rows())?;
+    let heads_u = to_u32("heads", heads)?;
+    let g = s.softmax_group;
+    let name = spattn_kernels_sys::ATTENTION_BACKWARD_CSR_ROWS;
+    let f = function(gpu, name)?;
+    let mut cfg = group_grid(a.n_rows() * heads, g, 1)?;
+    cfg.grid_dim.0 = cfg.grid_dim.0.min(REDUCE_BLOCKS as u32);
+    let mut args = gpu.launch_builder(&f);
+    args.arg(a.row_offsets().slice())
+        .arg(&n_rows)
+        .arg(&heads_u)
+        .arg(&scale)
+        .arg(raw.slice())
+        .arg(dp.slice_mut())
+        .arg(t.map.slice())
+        .arg(p_t.slice_mut())
+        .arg(ds_t.slice_mut())
+        .arg(&g)
+        .arg(&s.long_threshold)
+        .arg(d_scale.slice_mut());
+    // SAFETY: reads row_offsets[0..=n_rows]; for the edges e < nnz of each short row, reads
+    // raw/dp and writes dp at e*heads + h, reads map[e] (< nnz: a permutation) and writes
+    // p_t/ds_t at map[e]*heads + h; every per-edge buffer holds nnz*heads f32 (checked), and
+    // thread 0 of each block adds into d_scale[0] (length 1, checked).
+    unsafe { launch(name, &mut args, cfg) }?;
+    let n_long = s.long_rows.len();
+    if n_long > 0 {
+        let name = spattn_kernels_sys::ATTENTION_BACKWARD_CSR_LONG_ROWS;
+        let f = function(gpu, name)?;
+        let cfg = long_rows_grid(n_long, heads)?;
+        let mut args = gpu.launch_builder(&f);
+        args.arg(a.row_offsets().slice())
+            .arg(s.long_rows.slice())
+            .arg(&heads_u)
+            .arg(&scale)
+            .arg(raw.slice())
+            .arg(dp.slice_mut())
+            .arg(t.map.slice())
+            .arg(p_t.slice_mut())
+            .arg(ds_t.slice_mut())
+            .arg(d_scale.slice_mut());
+        // SAFETY: as above for the row long_rows[i] (i < n_long) of block (i, h).
+        unsafe { launch(name, &mut args, cfg) }?;
+    }
+    Ok(())
+}
+
+/// The derivative of the LeakyReLU applied before a softmax (GAT):
+/// `grad[i] *= pre[i] ≥ 0 ? 1 : slope`, in place, where `pre` holds the scores *before* the
+/// activation (the branch taken at 0 is the forward's, which keeps `x ≥ 0`).
+pub fn edge_leaky_relu_backward(
+    gpu: &Gpu,
+    pre: &DeviceVec<f32>,
+    slope: f32,
+    grad: &mut DeviceVec<f32>,
+) -> Result<()> {
+    if pre.len() != grad.len() {
+        return Err(Error::LengthMismatch {
+            what: "grad",
+            expected: pre.len(),
+            actual: grad.len(),
+        });
+    }
+    check_same_gpu(gpu, "pre", pre)?;
+    check_same_gpu(gpu, "grad", grad)?;
+    let name = spattn_kernels_sys::EDGE_LEAKY_RELU_BACKWARD_F32;
+    let f = function(gpu, name)?;
+    let n = grad.len() as u64;
+    let cfg = grid_1d(grad.len(), THREADS)?;
+    let mut args = gpu.launch_builder(&f);
+    args.arg(pre.slice())
+        .arg(&n)
+        .arg(&slope)
+        .arg(grad.slice_mut());
+    // SAFETY: reads pre[0..n) and reads/writes grad[0..n); both hold n elements (checked).
+    unsafe { launch(name, &mut args, cfg) }
+}
+
+/// `x *= alpha`, in place (e.g. the `scale` of `dQ = scale · dS · K`).
+pub fn edge_scale(gpu: &Gpu, x: &mut DeviceVec<f32>, alpha: f32) -> Result<()> {
+    check_same_gpu(gpu, "x", x)?;
+    let name = spattn_kernels_sys::EDGE_SCALE_F32;
+    let f = function(gpu, name)?;
+    let n = x.len() as u64;
+    let cfg = grid_1d(x.len(), THREADS)?;
+    let mut args = gpu.launch_builder(&f);
+    args.arg(x.slice_mut()).arg(&n).arg(&alpha);
+    // SAFETY: reads and writes x[0..n); x holds n elements.
+    unsafe { launch(name, &mut args, cfg) }
+}
+
+/// `acc[0] += Σ_i x[i] · y[i]` (f32 products and per-block sums, f64 across blocks); `acc`
+/// holds one f64. Nothing is downloaded: read `acc` when needed.
+pub fn edge_dot(
+    gpu: &Gpu,
+    x: &DeviceVec<f32>,
+    y: &DeviceVec<f32>,
+    acc: &mut DeviceVec<f64>,
+) -> Result<()> {
+    if x.len() != y.len() {
+        return Err(Error::LengthMismatch {
+            what: "y",
+            expected: x.len(),
+            actual: y.len(),
+        });
+    }
+    if acc.len() != 1 {
+        return Err(Error::LengthMismatch {
+            what: "acc",
+            expected: 1,
+            actual: acc.len(),
+        });
+    }
+    check_same_gpu(gpu, "x", x)?;
+    check_same_gpu(gpu, "y", y)?;
+    check_same_gpu(gpu, "acc", acc)?;
+    let name = spattn_kernels_sys::EDGE_DOT_F32;
+    let f = function(gpu, name)?;
+    let n = x.len() as u64;
+    let mut cfg = grid_1d(x.len(), THREADS)?;
+    cfg.grid_dim.0 = cfg.grid_dim.0.min(REDUCE_BLOCKS as u32);
+    let mut args = gpu.launch_builder(&f);
+    args.arg(x.slice())
+        .arg(y.slice())
+        .arg(&n)
+        .arg(acc.slice_mut());
+    // SAFETY: reads x[0..n) and y[0..n) (both n long, checked); thread 0 of each block adds
+    // into acc[0] (length 1, checked).
+    unsafe { launch(name, &mut args, cfg) }
+}
+
+/// Per row and head, the sum of the row's per-edge values:
+/// `out[i, h, 0] = Σ_{e ∈ row i} values[e · heads + h]` (f32 sums, stored as `T`); rows
+/// without edges get 0. `out` is `a.n_rows() × heads × 1`.
+///
+/// On Aᵀ ([`DeviceTranspose::csr`], after [`transpose_edge_values`]) this gives the column
+/// sums of A's values: GAT's ∂a_src, where the row sums on A give ∂a_dst.
+pub fn edge_row_sum<T: DType>(
+    gpu: &Gpu,
+    a: &DeviceCsr,
+    values: &DeviceVec<f32>,
+    heads: usize,
+    out: &mut DeviceMatrix<T>,
+) -> Result<()> {
+    check_per_edge("values", a.nnz(), heads, values.len())?;
+    Shape::new(a.n_rows(), heads, 1)?.expect_eq("out", out.shape())?;
+    check_same_gpu(gpu, "A", a)?;
+    check_same_gpu(gpu, "values", values)?;
+    check_same_gpu(gpu, "out", out)?;
+    let s = a.schedule();
+    let n_rows = to_u32("rows", a.n_rows())?;
+    let heads_u = to_u32("heads", heads)?;
+    let g = s.softmax_group;
+    let name = kernel_named(&BACKWARD, format!("edge_row_sum_csr_rows_{}", T::NAME))?;
+    let f = function(gpu, name)?;
+    let cfg = group_grid(a.n_rows() * heads, g, 1)?;
+    let mut args = gpu.launch_builder(&f);
+    args.arg(a.row_offsets().slice())
+        .arg(&n_rows)
+        .arg(&heads_u)
+        .arg(values.slice())
+        .arg(&g)
+        .arg(&s.long_threshold)
+        .arg(out.slice_mut());
+    // SAFETY: reads row_offsets[0..=n_rows] and values[e*heads + h] for the edges of short
+    // rows (< nnz*heads, checked); writes out[row*heads + h] < n_rows*heads (shape checked).
+    unsafe { launch(name, &mut args, cfg) }?;
+    let n_long = s.long_rows.len();
+    if n_long > 0 {
+        let name = kernel_named(&BACKWARD, format!("edge_row_sum_csr_long_rows_{}", T::NAME))?;
+        let f = function(gpu, name)?;
+        let cfg = long_rows_grid(n_long, heads)?;
+        let mut args = gpu.launch_builder(&f);
+        args.arg(a.row_offsets().slice())
+            .arg(s.long_rows.slice())
+            .arg(&heads_u)
+            .arg(values.slice())
+            .arg(out.slice_mut());
+        // SAFETY: as above, for the row long_rows[i] (i < n_long) of block (i, h).
+        unsafe { launch(name, &mut args, cfg) }?;
+    }
+    Ok(())
+}
+
+/// Per row and head, the dot product of two dense matrices of one shape:
+/// `out[i · heads + h] = ⟨x[i, h, :], y[i, h, :]⟩`, summed in f32 (`D_i = ⟨dOut_i, Out_i⟩` of
+/// the softmax backward). `out` holds `rows × heads` f32.
+pub fn row_dot<T: DType>(
+    gpu: &Gpu,
+    x: &DeviceMatrix<T>,
+    y: &DeviceMatrix<T>,
+    out: &mut DeviceVec<f32>,
+) -> Result<()> {
+    let shape = x.shape();
+    shape.expect_eq("y", y.shape())?;
+    check_per_edge("out", shape.rows, shape.heads, out.len())?;
+    check_same_gpu(gpu, "x", x)?;
+    check_same_gpu(gpu, "y", y)?;
+    check_same_gpu(gpu, "out", out)?;
+    let vec = vector_width(shape.head_dim, std::mem::size_of::<T>());
+    let g = group_for((shape.head_dim / vec as usize) as u64, 1);
+    let name = kernel_named(&BACKWARD, format!("row_dot_dense_{}_v{vec}", T::NAME))?;
+    let f = function(gpu, name)?;
+    let rows = to_u32("rows", shape.rows)?;
+    let heads = to_u32("heads", shape.heads)?;
+    let head_dim = to_u32("head_dim", shape.head_dim)?;
+    let cfg = group_grid(shape.rows * shape.heads, g, 1)?;
+    let mut args = gpu.launch_builder(&f);
+    args.arg(&rows)
+        .arg(&heads)
+        .arg(&head_dim)
+        .arg(x.slice())
+        .arg(y.slice())
+        .arg(&g)
+        .arg(out.slice_mut());
+    // SAFETY: reads x and y at (row*heads + h)*head_dim + d for d < head_dim (both
+    // rows*heads*head_dim, shapes checked; vectors of `vec` stay inside a head since vec
+    // divides head_dim) and writes out[0..rows*heads) (length checked).
+    unsafe { launch(name, &mut args, cfg) }
+}

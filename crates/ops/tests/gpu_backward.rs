@@ -1,0 +1,315 @@
+//! GPU tests of the backward ops (`spattn_ops::backward`) against the f64 CPU reference.
+//!
+//! `#[ignore]`d where there is no NVIDIA GPU. Inputs are drawn fresh (seed printed; replay with
+//! SPATTN_SEED), outputs poisoned with NaN before each launch.
+
+mod common;
+
+use common::*;
+use half::{bf16, f16};
+use rand::Rng;
+use rand_pcg::Pcg64;
+use spattn_formats::Csr;
+use spattn_ops::backward::{self, DeviceTranspose};
+use spattn_ops::cpu::{self, rel_l2_error};
+use spattn_ops::{DType, DeviceCsr, DeviceMatrix, DeviceVec, Gpu, Shape};
+
+fn gpu() -> Gpu {
+    Gpu::new(0).expect("an NVIDIA GPU (this test is ignored elsewhere)")
+}
+
+fn f32s(rng: &mut Pcg64, len: usize, lo: f32, hi: f32) -> Vec<f32> {
+    (0..len).map(|_| rng.random_range(lo..hi)).collect()
+}
+
+fn up(x: &[f32]) -> Vec<f64> {
+    x.iter().map(|&v| f64::from(v)).collect()
+}
+
+fn nan_vec(gpu: &Gpu, len: usize) -> DeviceVec<f32> {
+    let mut v = DeviceVec::<f32>::zeros(gpu, len).unwrap();
+    v.fill_nan().unwrap();
+    v
+}
+
+/// The graphs of every test here: empty rows, hub rows past the long-row threshold (and a
+/// 10^5-edge hub), tiny n.
+/// Small enough for compute-sanitizer: a hub row past the long-row threshold included.
+fn small_graphs(rng: &mut Pcg64) -> Vec<Csr> {
+    let mut g = vec![random_graph(rng, 300, 6, 7), hub_graph(rng, 5000, 3)];
+    for n in [1, 7, 17, 33] {
+        g.push(random_graph(rng, n, 3, 4));
+    }
+    g
+}
+
+/// [`small_graphs`] and a 10^5-edge hub row.
+fn graphs(rng: &mut Pcg64) -> Vec<Csr> {
+    let mut g = small_graphs(rng);
+    g.push(hub_graph(rng, 100_000, 4321));
+    g
+}
+
+/// Row `i` of `a` empty ⇒ no positions to compare; everything else must match.
+fn check(what: &str, got: &[f32], want: &[f64], tol: f64) {
+    let err = rel_l2_error(got, want);
+    assert!(err <= tol, "{what}: rel error {err:e} > {tol:e}");
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn edge_backward_ops_small_graphs() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("edge_backward_ops_small_graphs");
+    for a in small_graphs(&mut rng) {
+        edge_backward_ops(&gpu, &mut rng, &a);
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn edge_backward_ops_hub_row() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("edge_backward_ops_hub_row");
+    let a = hub_graph(&mut rng, 100_000, 4321);
+    edge_backward_ops(&gpu, &mut rng, &a);
+}
+
+/// Softmax backward (both forms), transpose, the fused edge kernel, dot, scale and LeakyReLU
+/// backward on `a`, heads 1, 2, 8.
+fn edge_backward_ops(gpu: &Gpu, rng: &mut Pcg64, a: &Csr) {
+    let a_dev = DeviceCsr::upload(gpu, a).unwrap();
+    let t = DeviceTranspose::upload(gpu, a).unwrap();
+    let (at, from_a) = a.transpose_with_map();
+    assert_eq!(t.csr().to_host().unwrap(), at);
+    for heads in [1, 2, 8] {
+        let n = a.nnz() * heads;
+        let ctx = format!("n={} nnz={} heads={heads}", a.n_rows(), a.nnz());
+        // Probabilities of random scores, and a random dP.
+        let raw = f32s(rng, n, -3.0, 3.0);
+        let dp = f32s(rng, n, -1.0, 1.0);
+        let scale = 0.8f32;
+        let mut p64: Vec<f64> = raw
+            .iter()
+            .map(|&r| f64::from(scale) * f64::from(r))
+            .collect();
+        cpu::edge_softmax_in_place(a, &mut p64, heads, None).unwrap();
+        let mut ds64 = vec![0.0; n];
+        cpu::edge_softmax_backward(a, &p64, &up(&dp), heads, &mut ds64).unwrap();
+
+        // edge_softmax_backward, out of place and in place, on f32 probabilities.
+        let p32: Vec<f32> = p64.iter().map(|&x| x as f32).collect();
+        let mut want = vec![0.0; n];
+        cpu::edge_softmax_backward(a, &up(&p32), &up(&dp), heads, &mut want).unwrap();
+        let p_dev = DeviceVec::from_host(gpu, &p32).unwrap();
+        let dp_dev = DeviceVec::from_host(gpu, &dp).unwrap();
+        let mut ds_dev = nan_vec(gpu, n);
+        backward::edge_softmax_backward(gpu, &a_dev, &p_dev, &dp_dev, heads, &mut ds_dev).unwrap();
+        check(
+            &format!("softmax backward {ctx}"),
+            &ds_dev.to_host().unwrap(),
+            &want,
+            1e-5,
+        );
+        let mut in_place = dp_dev.try_clone().unwrap();
+        backward::edge_softmax_backward_in_place(gpu, &a_dev, &p_dev, &mut in_place, heads)
+            .unwrap();
+        check(
+            &format!("in place {ctx}"),
+            &in_place.to_host().unwrap(),
+            &want,
+            1e-5,
+        );
+
+        // transpose_edge_values against the host map.
+        let mut tr = nan_vec(gpu, n);
+        backward::transpose_edge_values(gpu, &t, &p_dev, heads, &mut tr).unwrap();
+        let mut tr_want = vec![0.0f32; n];
+        cpu::transpose_edge_values(&from_a, &p32, heads, &mut tr_want).unwrap();
+        assert_eq!(tr.to_host().unwrap(), tr_want, "transpose {ctx}");
+
+        // The fused kernel: scale·dS in A's order, P and scale·dS in Aᵀ's, dscale.
+        let raw_dev = DeviceVec::from_host(gpu, &raw).unwrap();
+        let mut dp_io = DeviceVec::from_host(gpu, &dp).unwrap();
+        let (mut p_t, mut ds_t) = (nan_vec(gpu, n), nan_vec(gpu, n));
+        let mut d_scale = DeviceVec::<f64>::zeros(gpu, 1).unwrap();
+        backward::attention_edge_backward(
+            gpu,
+            &a_dev,
+            &t,
+            heads,
+            scale,
+            &raw_dev,
+            &mut dp_io,
+            &mut p_t,
+            &mut ds_t,
+            &mut d_scale,
+        )
+        .unwrap();
+        let sds: Vec<f64> = ds64.iter().map(|&x| f64::from(scale) * x).collect();
+        check(
+            &format!("fused dS {ctx}"),
+            &dp_io.to_host().unwrap(),
+            &sds,
+            1e-5,
+        );
+        let mut pt_want = vec![0.0; n];
+        cpu::transpose_edge_values(&from_a, &p64, heads, &mut pt_want).unwrap();
+        check(
+            &format!("fused Pᵀ {ctx}"),
+            &p_t.to_host().unwrap(),
+            &pt_want,
+            1e-5,
+        );
+        let mut dst_want = vec![0.0; n];
+        cpu::transpose_edge_values(&from_a, &sds, heads, &mut dst_want).unwrap();
+        check(
+            &format!("fused dSᵀ {ctx}"),
+            &ds_t.to_host().unwrap(),
+            &dst_want,
+            1e-5,
+        );
+        let ds_want: f64 = ds64.iter().zip(&raw).map(|(d, &r)| d * f64::from(r)).sum();
+        let bound: f64 = ds64
+            .iter()
+            .zip(&raw)
+            .map(|(d, &r)| (d * f64::from(r)).abs())
+            .sum();
+        let got = d_scale.to_host().unwrap()[0];
+        assert!(
+            (got - ds_want).abs() <= 1e-5 * bound.max(1e-30),
+            "fused dscale {ctx}: {got} vs {ds_want} (Σ|terms| {bound})"
+        );
+
+        // edge_dot and edge_scale on the same data.
+        let mut acc = DeviceVec::<f64>::zeros(gpu, 1).unwrap();
+        backward::edge_dot(gpu, &dp_dev, &raw_dev, &mut acc).unwrap();
+        let dot: f64 = dp
+            .iter()
+            .zip(&raw)
+            .map(|(&x, &y)| f64::from(x) * f64::from(y))
+            .sum();
+        let bound: f64 = dp
+            .iter()
+            .zip(&raw)
+            .map(|(&x, &y)| f64::from(x * y).abs())
+            .sum();
+        assert!((acc.to_host().unwrap()[0] - dot).abs() <= 1e-5 * bound.max(1e-30));
+        let mut scaled = dp_dev.try_clone().unwrap();
+        backward::edge_scale(gpu, &mut scaled, -0.5).unwrap();
+        let want: Vec<f32> = dp.iter().map(|&x| x * -0.5).collect();
+        assert_eq!(scaled.to_host().unwrap(), want);
+
+        // LeakyReLU backward.
+        let mut grad = dp_dev.try_clone().unwrap();
+        backward::edge_leaky_relu_backward(gpu, &raw_dev, 0.2, &mut grad).unwrap();
+        let want: Vec<f32> = dp
+            .iter()
+            .zip(&raw)
+            .map(|(&g, &x)| if x >= 0.0 { g } else { g * 0.2 })
+            .collect();
+        assert_eq!(grad.to_host().unwrap(), want);
+    }
+}
+
+fn row_sums_and_dots<T: DType>(gpu: &Gpu, rng: &mut Pcg64, a: &Csr) {
+    let a_dev = DeviceCsr::upload(gpu, a).unwrap();
+    let t = DeviceTranspose::upload(gpu, a).unwrap();
+    for heads in [1, 2, 8] {
+        let n = a.nnz() * heads;
+        let values = f32s(rng, n, -1.0, 1.0);
+        let v_dev = DeviceVec::from_host(gpu, &values).unwrap();
+        let mut out =
+            DeviceMatrix::<T>::zeros(gpu, Shape::new(a.n_rows(), heads, 1).unwrap()).unwrap();
+        out.fill_nan().unwrap();
+        backward::edge_row_sum(gpu, &a_dev, &v_dev, heads, &mut out).unwrap();
+        let mut want = vec![0.0; a.n_rows() * heads];
+        cpu::edge_row_sum(a, &up(&values), heads, &mut want).unwrap();
+        let got = to_f64(&out.to_host().unwrap());
+        let err = rel_l2_error(&got, &want);
+        assert!(
+            err <= tolerance::<T>(),
+            "row sum {} heads={heads}: {err:e}",
+            T::NAME
+        );
+        // Column sums: row sums on Aᵀ after the transpose.
+        let mut vt = nan_vec(gpu, n);
+        backward::transpose_edge_values(gpu, &t, &v_dev, heads, &mut vt).unwrap();
+        let mut cols =
+            DeviceMatrix::<T>::zeros(gpu, Shape::new(a.n_cols(), heads, 1).unwrap()).unwrap();
+        cols.fill_nan().unwrap();
+        backward::edge_row_sum(gpu, t.csr(), &vt, heads, &mut cols).unwrap();
+        let (at, from_a) = a.transpose_with_map();
+        let mut vt_host = vec![0.0; n];
+        cpu::transpose_edge_values(&from_a, &up(&values), heads, &mut vt_host).unwrap();
+        let mut want = vec![0.0; a.n_cols() * heads];
+        cpu::edge_row_sum(&at, &vt_host, heads, &mut want).unwrap();
+        let err = rel_l2_error(&to_f64(&cols.to_host().unwrap()), &want);
+        assert!(
+            err <= tolerance::<T>(),
+            "column sum {} heads={heads}: {err:e}",
+            T::NAME
+        );
+    }
+    for (heads, head_dim) in [(1, 1), (2, 3), (8, 24), (1, 64), (4, 128)] {
+        let s = Shape::new(a.n_rows(), heads, head_dim).unwrap();
+        let x: Vec<T> = random_vec(rng, s.len(), 1.0);
+        let y: Vec<T> = random_vec(rng, s.len(), 1.0);
+        let xd = DeviceMatrix::from_host(gpu, s, &x).unwrap();
+        let yd = DeviceMatrix::from_host(gpu, s, &y).unwrap();
+        let mut out = nan_vec(gpu, s.rows * heads);
+        backward::row_dot(gpu, &xd, &yd, &mut out).unwrap();
+        let want: Vec<f64> = (0..s.rows * heads)
+            .map(|rh| {
+                (0..head_dim)
+                    .map(|d| x[rh * head_dim + d].to_f64() * y[rh * head_dim + d].to_f64())
+                    .sum()
+            })
+            .collect();
+        check(
+            &format!("row_dot {} h={heads} d={head_dim}", T::NAME),
+            &out.to_host().unwrap(),
+            &want,
+            1e-5,
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn row_sums_and_row_dots() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("row_sums_and_row_dots");
+    for a in graphs(&mut rng) {
+        row_sums_and_dots::<f32>(&gpu, &mut rng, &a);
+        row_sums_and_dots::<f16>(&gpu, &mut rng, &a);
+        row_sums_and_dots::<bf16>(&gpu, &mut rng, &a);
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn errors_name_the_operand() {
+    let gpu = gpu();
+    let a = Csr::from_edges(3, 3, &[(0, 1), (1, 2), (2, 2)]).unwrap();
+    let a_dev = DeviceCsr::upload(&gpu, &a).unwrap();
+    let t = DeviceTranspose::upload(&gpu, &a).unwrap();
+    let good = DeviceVec::<f32>::zeros(&gpu, 6).unwrap();
+    let mut bad = DeviceVec::<f32>::zeros(&gpu, 5).unwrap();
+    let e = backward::transpose_edge_values(&gpu, &t, &good, 2, &mut bad).unwrap_err();
+    assert!(
+        matches!(e, spattn_ops::Error::LengthMismatch { what: "dst", .. }),
+        "{e}"
+    );
+    let e = backward::edge_softmax_backward_in_place(&gpu, &a_dev, &good, &mut bad, 2).unwrap_err();
+    assert!(
+        matches!(e, spattn_ops::Error::LengthMismatch { what: "dp", .. }),
+        "{e}"
+    );
+    let mut out = DeviceMatrix::<f32>::zeros(&gpu, Shape::new(3, 2, 2).unwrap()).unwrap();
+    let e = backward::edge_row_sum(&gpu, &a_dev, &good, 2, &mut out).unwrap_err();
+    assert!(
+        matches!(e, spattn_ops::Error::ShapeMismatch { what: "out", .. }),
+        "{e}"
+    );
+}
