@@ -116,6 +116,28 @@ pub enum Error {
         /// The kernel asked for.
         kernel: String,
     },
+    /// A dense (two-dimensional) operand of a GEMM or layer op has the wrong dimensions.
+    #[error("{what} is {} x {}, expected {} x {}", actual.0, actual.1, expected.0, expected.1)]
+    DimsMismatch {
+        /// Which operand.
+        what: &'static str,
+        /// `(rows, cols)` it should have.
+        expected: (usize, usize),
+        /// `(rows, cols)` it has.
+        actual: (usize, usize),
+    },
+    /// libcublas could not be loaded (the dense GEMMs of [`crate::dense`] need it).
+    #[error("no cuBLAS: libcublas could not be loaded (install the CUDA toolkit's libcublas and put its folder on LD_LIBRARY_PATH)")]
+    NoCublas,
+    /// A cuBLAS call failed.
+    #[error("cuBLAS error during {during}: {source}")]
+    Cublas {
+        /// What was being done.
+        during: &'static str,
+        /// cuBLAS's status.
+        #[source]
+        source: cudarc::cublas::result::CublasError,
+    },
     /// An error from the sparse formats.
     #[error(transparent)]
     Format(#[from] spattn_formats::Error),

@@ -1,0 +1,282 @@
+// Elementwise and small-reduction kernels of the layers (GAT, AGNN, graph transformer) and of
+// their optimizers: bias add / gradient, per-head dot with an attention vector and its
+// gradient, activations, row L2 normalization, head mean, residual adds, SGD and Adam.
+// Dense operands are row-major; every sum is accumulated in f32. Kernel names:
+// {op}_dense_{dtype}. Sizes that can exceed 2^32 elements are u64 and walked grid-stride.
+#include "common.cuh"
+
+// Grid-stride loop over [0, n).
+#define SPATTN_GRID_STRIDE(i, n)                                                                \
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                         \
+         i += (u64)gridDim.x * blockDim.x)
+
+// y[i, c] += bias[c] for an n_rows x cols matrix.
+template <class T>
+__device__ void bias_add(T* y, const T* __restrict__ bias, u64 rows, u32 cols) {
+    SPATTN_GRID_STRIDE(i, rows * cols) {
+        y[i] = from_f32<T>(to_f32(y[i]) + to_f32(bias[i % cols]));
+    }
+}
+
+// out[h, d] += sum_i w[i, h] * x[i, h, d] (w = 1 where null): the gradient of a bias (heads = 1)
+// or of a GAT attention vector. Block (32, 8): x walks 32 consecutive columns (coalesced), y
+// and the grid's y walk rows; a shared-memory sum over y, then one atomicAdd per column and
+// block.
+template <class T>
+__device__ void weighted_col_sum(const T* __restrict__ x, const float* __restrict__ w, u32 rows,
+                                 u32 heads, u32 dim, float* out) {
+    __shared__ float part[8][33];
+    const u32 cols = heads * dim;
+    const u32 c = blockIdx.x * 32u + threadIdx.x;
+    float acc = 0.0f;
+    if (c < cols) {
+        const u32 h = c / dim;
+        for (u32 i = blockIdx.y * blockDim.y + threadIdx.y; i < rows; i += gridDim.y * blockDim.y) {
+            float v = to_f32(x[(u64)i * cols + c]);
+            if (w != nullptr) v *= w[(u64)i * heads + h];
+            acc += v;
+        }
+    }
+    part[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < cols) {
+        float s = 0.0f;
+        for (u32 r = 0; r < blockDim.y; ++r) s += part[r][threadIdx.x];
+        atomicAdd(out + c, s);
+    }
+}
+
+// out[i, h] = <x[i, h, :], att[h, :]>: one warp per (row, head).
+template <class T>
+__device__ void head_dot(const T* __restrict__ x, const T* __restrict__ att, u32 rows, u32 heads,
+                         u32 dim, T* out) {
+    const u32 lane = lane_id();
+    const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
+    for (u64 p = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; p < (u64)rows * heads;
+         p += warps) {
+        const u32 h = (u32)(p % heads);
+        float acc = 0.0f;
+        for (u32 d = lane; d < dim; d += 32u) acc += to_f32(x[p * dim + d]) * to_f32(att[(u64)h * dim + d]);
+        acc = group_sum(acc, 0xffffffffu, 32);
+        if (lane == 0) out[p] = from_f32<T>(acc);
+    }
+}
+
+// dx[i, h, d] += de[i, h] * att[h, d]: the gradient of head_dot with respect to x.
+template <class T>
+__device__ void head_outer_add(const float* __restrict__ de, const T* __restrict__ att, u32 rows,
+                               u32 heads, u32 dim, T* dx) {
+    SPATTN_GRID_STRIDE(i, (u64)rows * heads * dim) {
+        const u64 p = i / dim;
+        const u32 d = (u32)(i % dim), h = (u32)(p % heads);
+        dx[i] = from_f32<T>(to_f32(dx[i]) + de[p] * to_f32(att[(u64)h * dim + d]));
+    }
+}
+
+// Activations: kind 0 = ReLU, 1 = ELU (alpha 1). The backward takes the pre-activation x.
+__device__ __forceinline__ float act_fwd(int kind, float x) {
+    if (kind == 0) return x > 0.0f ? x : 0.0f;
+    return x > 0.0f ? x : expm1f(x);
+}
+__device__ __forceinline__ float act_grad(int kind, float x) {
+    if (kind == 0) return x > 0.0f ? 1.0f : 0.0f;
+    return x > 0.0f ? 1.0f : expf(x);
+}
+
+template <class T>
+__device__ void activation(int kind, const T* __restrict__ x, T* y, u64 n) {
+    SPATTN_GRID_STRIDE(i, n) { y[i] = from_f32<T>(act_fwd(kind, to_f32(x[i]))); }
+}
+
+template <class T>
+__device__ void activation_backward(int kind, const T* __restrict__ x, const T* __restrict__ dy,
+                                    T* dx, u64 n) {
+    SPATTN_GRID_STRIDE(i, n) { dx[i] = from_f32<T>(to_f32(dy[i]) * act_grad(kind, to_f32(x[i]))); }
+}
+
+// The clamp of F.normalize: x / max(||x||, eps).
+#define SPATTN_NORM_EPS 1e-12f
+
+// Row L2 normalization, one warp per row: xhat = x / max(||x||, eps), q = beta * xhat (beta a
+// device scalar, or 1 where null), inv_norm[i] = 1 / max(||x||, eps), stored negated when the
+// clamp was active (the backward then has no projection term).
+template <class T>
+__device__ void row_normalize(const T* __restrict__ x, u32 rows, u32 cols,
+                              const T* __restrict__ beta, T* xhat, T* q, float* inv_norm) {
+    const u32 lane = lane_id();
+    const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
+    const float b = beta != nullptr ? to_f32(beta[0]) : 1.0f;
+    for (u64 r = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows; r += warps) {
+        const T* xr = x + r * cols;
+        float ss = 0.0f;
+        for (u32 c = lane; c < cols; c += 32u) {
+            const float v = to_f32(xr[c]);
+            ss += v * v;
+        }
+        ss = group_sum(ss, 0xffffffffu, 32);
+        const float norm = sqrtf(ss);
+        const bool clamped = !(norm > SPATTN_NORM_EPS);
+        const float inv = 1.0f / (clamped ? SPATTN_NORM_EPS : norm);
+        for (u32 c = lane; c < cols; c += 32u) {
+            const float v = to_f32(xr[c]) * inv;
+            xhat[r * cols + c] = from_f32<T>(v);
+            if (q != nullptr) q[r * cols + c] = from_f32<T>(b * v);
+        }
+        if (lane == 0) inv_norm[r] = clamped ? -inv : inv;
+    }
+}
+
+// Backward of row_normalize with q = beta * xhat feeding a score and xhat a second one:
+// g = beta * dq + dk (dk may be null), dx += (g - xhat <xhat, g>) * inv_norm (no projection
+// where the clamp was active), dbeta += sum dq * xhat (one atomicAdd per block; dbeta may be
+// null). One warp per row; blocks of 256 threads.
+template <class T>
+__device__ void row_normalize_backward(const T* __restrict__ xhat, const float* __restrict__ inv_norm,
+                                       const T* __restrict__ dq, const T* __restrict__ dk,
+                                       const T* __restrict__ beta, u32 rows, u32 cols, T* dx,
+                                       float* dbeta) {
+    __shared__ float scratch[32];
+    const u32 lane = lane_id();
+    const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
+    const float b = beta != nullptr ? to_f32(beta[0]) : 1.0f;
+    float beta_acc = 0.0f;
+    for (u64 r = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows; r += warps) {
+        const u64 base = r * cols;
+        float dot = 0.0f, dqx = 0.0f;
+        for (u32 c = lane; c < cols; c += 32u) {
+            const float xh = to_f32(xhat[base + c]);
+            const float q = to_f32(dq[base + c]);
+            const float g = b * q + (dk != nullptr ? to_f32(dk[base + c]) : 0.0f);
+            dot += xh * g;
+            dqx += q * xh;
+        }
+        dot = group_sum(dot, 0xffffffffu, 32);
+        beta_acc += group_sum(dqx, 0xffffffffu, 32);
+        const float inv_signed = inv_norm[r];
+        const float inv = fabsf(inv_signed);
+        const float proj = inv_signed > 0.0f ? dot : 0.0f;
+        for (u32 c = lane; c < cols; c += 32u) {
+            const float xh = to_f32(xhat[base + c]);
+            const float g = b * to_f32(dq[base + c]) + (dk != nullptr ? to_f32(dk[base + c]) : 0.0f);
+            dx[base + c] = from_f32<T>(to_f32(dx[base + c]) + (g - xh * proj) * inv);
+        }
+    }
+    // Lane 0 of each warp holds the warp's sum (every lane does, after group_sum).
+    const float block_sum = block_reduce(lane == 0 ? beta_acc : 0.0f, scratch, false);
+    if (threadIdx.x == 0 && dbeta != nullptr) atomicAdd(dbeta, block_sum);
+}
+
+// y += alpha * x.
+template <class T>
+__device__ void axpy(const T* __restrict__ x, float alpha, T* y, u64 n) {
+    SPATTN_GRID_STRIDE(i, n) { y[i] = from_f32<T>(to_f32(y[i]) + alpha * to_f32(x[i])); }
+}
+
+// y[i, d] = mean_h x[i, h, d].
+template <class T>
+__device__ void head_mean(const T* __restrict__ x, u32 rows, u32 heads, u32 dim, T* y) {
+    SPATTN_GRID_STRIDE(i, (u64)rows * dim) {
+        const u64 r = i / dim;
+        const u32 d = (u32)(i % dim);
+        float s = 0.0f;
+        for (u32 h = 0; h < heads; ++h) s += to_f32(x[(r * heads + h) * dim + d]);
+        y[i] = from_f32<T>(s / (float)heads);
+    }
+}
+
+// dx[i, h, d] = scale * dy[i, d] (the gradient of head_mean with scale = 1 / heads).
+template <class T>
+__device__ void head_broadcast(const T* __restrict__ dy, u32 rows, u32 heads, u32 dim, float scale,
+                               T* dx) {
+    SPATTN_GRID_STRIDE(i, (u64)rows * heads * dim) {
+        const u64 r = i / ((u64)heads * dim);
+        const u32 d = (u32)(i % dim);
+        dx[i] = from_f32<T>(scale * to_f32(dy[r * dim + d]));
+    }
+}
+
+// Adam (decoupled weight decay, AdamW, when wd > 0): m, v in f32; the parameter is read and
+// written in T, the step computed in f32. bc1 = 1 - beta1^t, bc2 = 1 - beta2^t.
+template <class T>
+__device__ void adam(T* p, const float* __restrict__ g, float* m, float* v, u64 n, float lr,
+                     float b1, float b2, float eps, float bc1, float bc2, float wd) {
+    SPATTN_GRID_STRIDE(i, n) {
+        const float gi = g[i];
+        const float mi = b1 * m[i] + (1.0f - b1) * gi;
+        const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        float pi = to_f32(p[i]);
+        pi -= lr * wd * pi;
+        pi -= lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+        p[i] = from_f32<T>(pi);
+    }
+}
+
+// Plain SGD: p -= lr * (g + wd * p).
+template <class T>
+__device__ void sgd(T* p, const float* __restrict__ g, u64 n, float lr, float wd) {
+    SPATTN_GRID_STRIDE(i, n) {
+        const float pi = to_f32(p[i]);
+        p[i] = from_f32<T>(pi - lr * (g[i] + wd * pi));
+    }
+}
+
+// ---- extern "C" instantiations: {op}_dense_{dtype} ------------------------------------------
+
+#define SPATTN_LAYERS(S, T)                                                                     \
+    extern "C" __global__ void bias_add_dense_##S(T* y, const T* bias, u64 rows, u32 cols) {    \
+        bias_add<T>(y, bias, rows, cols);                                                       \
+    }                                                                                           \
+    extern "C" __global__ void weighted_col_sum_dense_##S(const T* x, const float* w, u32 rows,     \
+                                                          u32 heads, u32 dim, float* out) {     \
+        weighted_col_sum<T>(x, w, rows, heads, dim, out);                                       \
+    }                                                                                           \
+    extern "C" __global__ void head_dot_dense_##S(const T* x, const T* att, u32 rows, u32 heads, \
+                                                  u32 dim, T* out) {                            \
+        head_dot<T>(x, att, rows, heads, dim, out);                                             \
+    }                                                                                           \
+    extern "C" __global__ void head_outer_add_dense_##S(const float* de, const T* att, u32 rows,    \
+                                                        u32 heads, u32 dim, T* dx) {            \
+        head_outer_add<T>(de, att, rows, heads, dim, dx);                                       \
+    }                                                                                           \
+    extern "C" __global__ void activation_dense_##S(int kind, const T* x, T* y, u64 n) {        \
+        activation<T>(kind, x, y, n);                                                           \
+    }                                                                                           \
+    extern "C" __global__ void activation_backward_dense_##S(int kind, const T* x, const T* dy, \
+                                                             T* dx, u64 n) {                    \
+        activation_backward<T>(kind, x, dy, dx, n);                                             \
+    }                                                                                           \
+    extern "C" __global__ void row_normalize_dense_##S(const T* x, u32 rows, u32 cols,         \
+                                                       const T* beta, T* xhat, T* q,            \
+                                                       float* inv_norm) {                       \
+        row_normalize<T>(x, rows, cols, beta, xhat, q, inv_norm);                               \
+    }                                                                                           \
+    extern "C" __global__ void row_normalize_backward_dense_##S(                               \
+        const T* xhat, const float* inv_norm, const T* dq, const T* dk, const T* beta, u32 rows, \
+        u32 cols, T* dx, float* dbeta) {                                                        \
+        row_normalize_backward<T>(xhat, inv_norm, dq, dk, beta, rows, cols, dx, dbeta);         \
+    }                                                                                           \
+    extern "C" __global__ void axpy_dense_##S(const T* x, float alpha, T* y, u64 n) {           \
+        axpy<T>(x, alpha, y, n);                                                                \
+    }                                                                                           \
+    extern "C" __global__ void head_mean_dense_##S(const T* x, u32 rows, u32 heads, u32 dim,    \
+                                                   T* y) {                                      \
+        head_mean<T>(x, rows, heads, dim, y);                                                   \
+    }                                                                                           \
+    extern "C" __global__ void head_broadcast_dense_##S(const T* dy, u32 rows, u32 heads,       \
+                                                        u32 dim, float scale, T* dx) {          \
+        head_broadcast<T>(dy, rows, heads, dim, scale, dx);                                     \
+    }                                                                                           \
+    extern "C" __global__ void adam_dense_##S(T* p, const float* g, float* m, float* v, u64 n,  \
+                                              float lr, float b1, float b2, float eps,          \
+                                              float bc1, float bc2, float wd) {                 \
+        adam<T>(p, g, m, v, n, lr, b1, b2, eps, bc1, bc2, wd);                                  \
+    }                                                                                           \
+    extern "C" __global__ void sgd_dense_##S(T* p, const float* g, u64 n, float lr, float wd) { \
+        sgd<T>(p, g, n, lr, wd);                                                                \
+    }
+
+SPATTN_LAYERS(f32, float)
+SPATTN_LAYERS(f16, __half)
+SPATTN_LAYERS(bf16, __nv_bfloat16)

@@ -1,0 +1,589 @@
+//! The small dense kernels of the layers and their optimizers (`cuda/layers.cu`): bias add and
+//! bias gradient, the per-head dot of GAT's attention vectors and its gradient, activations,
+//! row L2 normalization (AGNN), head mean, `y += α·x`, SGD and Adam.
+//!
+//! Operands are row-major like everything in this crate; sums run in f32; parameter gradients
+//! are f32 buffers whatever the feature type (they are accumulated, with atomics, across rows).
+//! Every function checks lengths and devices first and launches nothing for empty inputs.
+
+use cudarc::driver::{CudaFunction, DevicePtr, DevicePtrMut};
+use spattn_kernels_sys::LAYERS;
+
+use crate::buffer::{DeviceMatrix, DeviceVec};
+use crate::dense::{DenseBuffer, Dims};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+use crate::launch::{
+    blocks_for, check_same_gpu, kernel_named, launch, to_u32, LaunchConfig, PushKernelArg,
+};
+use crate::shape::Shape;
+
+/// Threads per block of every kernel here.
+const THREADS: u32 = 256;
+/// Grid-stride kernels need no more blocks than this to fill any current GPU.
+const MAX_BLOCKS: u32 = 1 << 16;
+
+/// An activation of the layers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Activation {
+    /// max(x, 0).
+    Relu,
+    /// x for x > 0, eˣ − 1 otherwise (α = 1, as GAT uses).
+    Elu,
+}
+
+impl Activation {
+    fn code(self) -> i32 {
+        match self {
+            Activation::Relu => 0,
+            Activation::Elu => 1,
+        }
+    }
+
+    /// The activation of one value, in `f64` (the CPU layers' definition).
+    pub fn apply(self, x: f64) -> f64 {
+        match self {
+            Activation::Relu => x.max(0.0),
+            Activation::Elu => {
+                if x > 0.0 {
+                    x
+                } else {
+                    x.exp_m1()
+                }
+            }
+        }
+    }
+
+    /// Its derivative at the pre-activation `x`.
+    pub fn derivative(self, x: f64) -> f64 {
+        match (self, x > 0.0) {
+            (_, true) => 1.0,
+            (Activation::Relu, false) => 0.0,
+            (Activation::Elu, false) => x.exp(),
+        }
+    }
+}
+
+/// Adam's hyper-parameters (decoupled weight decay: AdamW when `weight_decay > 0`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamHyper {
+    /// Learning rate.
+    pub lr: f32,
+    /// First-moment decay (0.9).
+    pub beta1: f32,
+    /// Second-moment decay (0.999).
+    pub beta2: f32,
+    /// Denominator guard (1e-8).
+    pub eps: f32,
+    /// Decoupled weight decay (0 for plain Adam).
+    pub weight_decay: f32,
+}
+
+impl AdamHyper {
+    /// The usual defaults with learning rate `lr`.
+    pub fn new(lr: f32) -> Self {
+        Self {
+            lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+        }
+    }
+}
+
+fn function<T: DType>(gpu: &Gpu, op: &str) -> Result<(&'static str, CudaFunction)> {
+    let name = kernel_named(&LAYERS, format!("{op}_dense_{}", T::NAME))?;
+    Ok((name, gpu.load_function(LAYERS.name, LAYERS.ptx, name)?))
+}
+
+/// A grid-stride launch over `items` threads.
+fn stride_grid(items: usize) -> Result<LaunchConfig> {
+    Ok(LaunchConfig {
+        grid_dim: (blocks_for(items, THREADS)?.min(MAX_BLOCKS), 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// A grid-stride launch with one warp per item.
+fn warp_grid(items: usize) -> Result<LaunchConfig> {
+    stride_grid(items.checked_mul(32).ok_or(Error::TooLarge {
+        what: "warps",
+        value: items as u64,
+        limit: (usize::MAX / 32) as u64,
+    })?)
+}
+
+fn expect_len(what: &'static str, expected: usize, actual: usize) -> Result<()> {
+    if expected != actual {
+        return Err(Error::LengthMismatch {
+            what,
+            expected,
+            actual,
+        });
+    }
+    Ok(())
+}
+
+/// The device address of an optional buffer (0 = the kernel's null), with the guard that keeps
+/// the stream ordering alive for the launch.
+fn opt_ptr<T: DType>(gpu: &Gpu, what: &'static str, v: Option<&DeviceVec<T>>) -> Result<u64> {
+    match v {
+        None => Ok(0),
+        Some(v) => {
+            check_same_gpu(gpu, what, v)?;
+            let stream = gpu.stream().clone();
+            let (p, _guard) = v.slice().device_ptr(&stream);
+            Ok(p)
+        }
+    }
+}
+
+/// `y[i, c] += bias[c]` for a `dims.rows × dims.cols` matrix `y`.
+pub fn bias_add<T: DType>(
+    gpu: &Gpu,
+    y: &mut impl DenseBuffer<T>,
+    dims: Dims,
+    bias: &DeviceVec<T>,
+) -> Result<()> {
+    expect_len("y", dims.len()?, y.len())?;
+    expect_len("bias", dims.cols, bias.len())?;
+    check_same_gpu(gpu, "y", &*y)?;
+    check_same_gpu(gpu, "bias", bias)?;
+    let (name, f) = function::<T>(gpu, "bias_add")?;
+    let rows = dims.rows as u64;
+    let cols = to_u32("columns", dims.cols)?;
+    let cfg = stride_grid(y.len())?;
+    let mut args = gpu.launch_builder(&f);
+    args.arg(y.slice_mut())
+        .arg(bias.slice())
+        .arg(&rows)
+        .arg(&cols);
+    // SAFETY: reads and writes y[0..rows·cols) (length checked) and reads bias[0..cols).
+    unsafe { launch(name, &mut args, cfg) }
+}
+
+/// `db[c] += Σ_i dy[i, c]`: the gradient of a bias, accumulated into the f32 `db`.
+pub fn bias_grad<T: DType>(
+    gpu: &Gpu,
+    dy: &impl DenseBuffer<T>,
+    dims: Dims,
+    db: &mut DeviceVec<f32>,
+) -> Result<()> {
+    expect_len("dy", dims.len()?, dy.len())?;
+    expect_len("bias gradient", dims.cols, db.len())?;
+    col_sum(gpu, dy, None, dims.rows, 1, dims.cols, db)
+}
+
+/// `out[h, d] += Σ_i w[i, h] · x[i, h, d]` for `x` of `rows × heads × dim` and `w` of
+/// `rows × heads × 1` (f32): the gradient of a GAT attention vector (`w` the scores' gradient,
+/// kept in f32 because the sum over every node cancels heavily).
+pub fn head_weighted_sum<T: DType>(
+    gpu: &Gpu,
+    x: &DeviceMatrix<T>,
+    w: &DeviceMatrix<f32>,
+    out: &mut DeviceVec<f32>,
+) -> Result<()> {
+    let s = x.shape();
+    Shape::new(s.rows, s.heads, 1)?.expect_eq("weights", w.shape())?;
+    expect_len("attention gradient", s.row_len(), out.len())?;
+    col_sum(gpu, x, Some(w.as_vec()), s.rows, s.heads, s.head_dim, out)
+}
+
+fn col_sum<T: DType>(
+    gpu: &Gpu,
+    x: &impl DenseBuffer<T>,
+    w: Option<&DeviceVec<f32>>,
+    rows: usize,
+    heads: usize,
+    dim: usize,
+    out: &mut DeviceVec<f32>,
+) -> Result<()> {
+    check_same_gpu(gpu, "x", x)?;
+    check_same_gpu(gpu, "out", &*out)?;
+    let w_ptr = opt_ptr(gpu, "weights", w)?;
+    let (name, f) = function::<T>(gpu, "weighted_col_sum")?;
+    let cols = heads * dim;
+    let rows_u = to_u32("rows", rows)?;
+    let (heads_u, dim_u) = (to_u32("heads", heads)?, to_u32("dim", dim)?);
+    let row_blocks = blocks_for(rows, 8 * 16)?.clamp(1, crate::launch::MAX_GRID_YZ);
+    let cfg = LaunchConfig {
+        grid_dim: (
+            blocks_for(cols, 32)?,
+            if rows == 0 { 0 } else { row_blocks },
+            1,
+        ),
+        block_dim: (32, 8, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut args = gpu.launch_builder(&f);
+    args.arg(x.slice())
+        .arg(&w_ptr)
+        .arg(&rows_u)
+        .arg(&heads_u)
+        .arg(&dim_u)
+        .arg(out.slice_mut());
+    // SAFETY: reads x[0..rows·heads·dim) (callers checked x's length or shape), w[0..rows·heads)
+    // where given (shape checked), and adds into out[0..heads·dim) (length checked).
+    unsafe { launch(name, &mut args, cfg) }
+}
+
+/// `out[i, h] = ⟨x[i, h, :], att[h, :]⟩`: GAT's per-node score terms (`out` is
+/// `rows × heads × 1`, `att` holds `heads × dim`).
+pub fn head_dot<T: DType>(
+    gpu: &Gpu,
+    x: &DeviceMatrix<T>,
+    att: &DeviceVec<T>,
+    out: &mut DeviceMatrix<T>,
+) -> Result<()> {
+    let s = x.shape();
+    Shape::new(s.rows, s.heads, 1)?.expect_eq("out", out.shape())?;
+    expect_len("attention vector", s.row_len(), att.len())?;
+    for (what, on) in [("x", x.gpu()), ("attention vector", att.gpu())] {
+        check_same_gpu(gpu, what, on)?;
+    }
+    check_same_gpu(gpu, "out", &*out)?;
+    let (name, f) = function::<T>(gpu, "head_dot")?;
+    let (rows, heads, dim) = (
+        to_u32("rows", s.rows)?,
+        to_u32("heads", s.heads)?,
+        to_u32("dim", s.head_dim)?,
+    );
+    let mut args = gpu.launch_builder(&f);
+    args.arg(x.slice())
+        .arg(att.slice())
+        .arg(&rows)
+        .arg(&heads)
+        .arg(&dim)
+        .arg(out.slice_mut());
+    // SAFETY: reads x (rows·heads·dim, its shape), att (heads·dim, checked), writes
+    // out[0..rows·heads) (shape checked).
+    unsafe { launch(name, &mut args, warp_grid(s.rows * s.heads)?) }
+}
+
+/// `dx[i, h, d] += de[i, h] · att[h, d]`: the gradient of [`head_dot`] with respect to `x` (`de`
+/// in f32).
+pub fn head_outer_add<T: DType>(
+    gpu: &Gpu,
+    de: &DeviceMatrix<f32>,
+    att: &DeviceVec<T>,
+    dx: &mut DeviceMatrix<T>,
+) -> Result<()> {
+    let s = dx.shape();
+    Shape::new(s.rows, s.heads, 1)?.expect_eq("score gradient", de.shape())?;
+    expect_len("attention vector", s.row_len(), att.len())?;
+    for (what, on) in [
+        ("score gradient", de.gpu()),
+        ("attention vector", att.gpu()),
+    ] {
+        check_same_gpu(gpu, what, on)?;
+    }
+    check_same_gpu(gpu, "dx", &*dx)?;
+    let (name, f) = function::<T>(gpu, "head_outer_add")?;
+    let (rows, heads, dim) = (
+        to_u32("rows", s.rows)?,
+        to_u32("heads", s.heads)?,
+        to_u32("dim", s.head_dim)?,
+    );
+    let mut args = gpu.launch_builder(&f);
+    args.arg(de.slice())
+        .arg(att.slice())
+        .arg(&rows)
+        .arg(&heads)
+        .arg(&dim)
+        .arg(dx.slice_mut());
+    // SAFETY: reads de (rows·heads) and att (heads·dim), reads and writes dx (rows·heads·dim);
+    // all checked above.
+    unsafe { launch(name, &mut args, stride_grid(s.len())?) }
+}
+
+/// `y = act(x)` elementwise (`x` and `y` of equal length).
+pub fn activation<T: DType>(
+    gpu: &Gpu,
+    act: Activation,
+    x: &impl DenseBuffer<T>,
+    y: &mut impl DenseBuffer<T>,
+) -> Result<()> {
+    expect_len("y", x.len(), y.len())?;
+    check_same_gpu(gpu, "x", x)?;
+    check_same_gpu(gpu, "y", &*y)?;
+    let (name, f) = function::<T>(gpu, "activation")?;
+    let (kind, n) = (act.code(), x.len() as u64);
+    let mut args = gpu.launch_builder(&f);
+    args.arg(&kind).arg(x.slice()).arg(y.slice_mut()).arg(&n);
+    // SAFETY: reads x[0..n), writes y[0..n); both hold n elements.
+    unsafe { launch(name, &mut args, stride_grid(x.len())?) }
+}
+
+/// `dx = dy · act'(x)` elementwise, from the pre-activation `x`.
+pub fn activation_backward<T: DType>(
+    gpu: &Gpu,
+    act: Activation,
+    x: &impl DenseBuffer<T>,
+    dy: &impl DenseBuffer<T>,
+    dx: &mut impl DenseBuffer<T>,
+) -> Result<()> {
+    expect_len("dy", x.len(), dy.len())?;
+    expect_len("dx", x.len(), dx.len())?;
+    check_same_gpu(gpu, "x", x)?;
+    check_same_gpu(gpu, "dy", dy)?;
+    check_same_gpu(gpu, "dx", &*dx)?;
+    let (name, f) = function::<T>(gpu, "activation_backward")?;
+    let (kind, n) = (act.code(), x.len() as u64);
+    let mut args = gpu.launch_builder(&f);
+    args.arg(&kind)
+        .arg(x.slice())
+        .arg(dy.slice())
+        .arg(dx.slice_mut())
+        .arg(&n);
+    // SAFETY: reads x and dy, writes dx, each n elements (checked).
+    unsafe { launch(name, &mut args, stride_grid(x.len())?) }
+}
+
+/// Row L2 normalization (AGNN): `xhat = x / max(‖x‖, 1e-12)` per row of `x`
+/// (`rows × heads·head_dim`), and `q = β · xhat` where `q` is given (`beta` a one-element
+/// device scalar; 1 where `None`). `inv_norm` (`rows` f32) keeps `1 / max(‖x‖, 1e-12)` for the
+/// backward, negated where the clamp was active.
+pub fn row_normalize<T: DType>(
+    gpu: &Gpu,
+    x: &DeviceMatrix<T>,
+    beta: Option<&DeviceVec<T>>,
+    xhat: &mut DeviceMatrix<T>,
+    q: Option<&mut DeviceMatrix<T>>,
+    inv_norm: &mut DeviceVec<f32>,
+) -> Result<()> {
+    let s = x.shape();
+    s.expect_eq("xhat", xhat.shape())?;
+    if let Some(q) = &q {
+        s.expect_eq("q", q.shape())?;
+        check_same_gpu(gpu, "q", &**q)?;
+    }
+    if let Some(b) = beta {
+        expect_len("beta", 1, b.len())?;
+    }
+    expect_len("inverse norms", s.rows, inv_norm.len())?;
+    check_same_gpu(gpu, "x", x)?;
+    check_same_gpu(gpu, "xhat", &*xhat)?;
+    check_same_gpu(gpu, "inverse norms", &*inv_norm)?;
+    let beta_ptr = opt_ptr(gpu, "beta", beta)?;
+    let stream = gpu.stream().clone();
+    let (q_ptr, _q_guard) = match q {
+        Some(q) => {
+            let (p, g) = q.slice_mut().device_ptr_mut(&stream);
+            (p, Some(g))
+        }
+        None => (0, None),
+    };
+    let (name, f) = function::<T>(gpu, "row_normalize")?;
+    let (rows, cols) = (to_u32("rows", s.rows)?, to_u32("columns", s.row_len())?);
+    let mut args = gpu.launch_builder(&f);
+    args.arg(x.slice())
+        .arg(&rows)
+        .arg(&cols)
+        .arg(&beta_ptr)
+        .arg(xhat.slice_mut())
+        .arg(&q_ptr)
+        .arg(inv_norm.slice_mut());
+    // SAFETY: one warp per row reads x[r·cols..(r+1)·cols), writes the same range of xhat and
+    // (where given) q — all of x's shape — and inv_norm[r] (rows long); beta is one element.
+    unsafe { launch(name, &mut args, warp_grid(s.rows)?) }
+}
+
+/// Backward of [`row_normalize`] where `q = β·xhat` fed one input of a score and `xhat`
+/// another: with `g = β·dq + dk` (`dk` may be `None`), `dx += (g − xhat ⟨xhat, g⟩) · inv_norm`
+/// per row (no projection where the clamp was active) and `dbeta += Σ dq ⊙ xhat` (f32).
+#[allow(clippy::too_many_arguments)]
+pub fn row_normalize_backward<T: DType>(
+    gpu: &Gpu,
+    xhat: &DeviceMatrix<T>,
+    inv_norm: &DeviceVec<f32>,
+    dq: &DeviceMatrix<T>,
+    dk: Option<&DeviceMatrix<T>>,
+    beta: Option<&DeviceVec<T>>,
+    dx: &mut DeviceMatrix<T>,
+    dbeta: Option<&mut DeviceVec<f32>>,
+) -> Result<()> {
+    let s = xhat.shape();
+    s.expect_eq("dq", dq.shape())?;
+    s.expect_eq("dx", dx.shape())?;
+    if let Some(dk) = dk {
+        s.expect_eq("dk", dk.shape())?;
+    }
+    if let Some(b) = beta {
+        expect_len("beta", 1, b.len())?;
+    }
+    expect_len("inverse norms", s.rows, inv_norm.len())?;
+    check_same_gpu(gpu, "xhat", xhat)?;
+    check_same_gpu(gpu, "inverse norms", inv_norm)?;
+    check_same_gpu(gpu, "dq", dq)?;
+    check_same_gpu(gpu, "dx", &*dx)?;
+    let dk_ptr = opt_ptr(gpu, "dk", dk.map(DeviceMatrix::as_vec))?;
+    let beta_ptr = opt_ptr(gpu, "beta", beta)?;
+    let stream = gpu.stream().clone();
+    let (dbeta_ptr, _g) = match dbeta {
+        Some(d) => {
+            expect_len("beta gradient", 1, d.len())?;
+            check_same_gpu(gpu, "beta gradient", &*d)?;
+            let (p, g) = d.slice_mut().device_ptr_mut(&stream);
+            (p, Some(g))
+        }
+        None => (0, None),
+    };
+    let (name, f) = function::<T>(gpu, "row_normalize_backward")?;
+    let (rows, cols) = (to_u32("rows", s.rows)?, to_u32("columns", s.row_len())?);
+    let mut args = gpu.launch_builder(&f);
+    args.arg(xhat.slice())
+        .arg(inv_norm.slice())
+        .arg(dq.slice())
+        .arg(&dk_ptr)
+        .arg(&beta_ptr)
+        .arg(&rows)
+        .arg(&cols)
+        .arg(dx.slice_mut())
+        .arg(&dbeta_ptr);
+    // SAFETY: one warp per row reads row r of xhat, dq, dk (all of xhat's shape, checked) and
+    // inv_norm[r], reads and writes row r of dx; one atomicAdd per block into dbeta[0]; beta is
+    // one element.
+    unsafe { launch(name, &mut args, warp_grid(s.rows)?) }
+}
+
+/// `y += alpha · x` (residual connections, gradient sums).
+pub fn axpy<T: DType>(
+    gpu: &Gpu,
+    alpha: f32,
+    x: &impl DenseBuffer<T>,
+    y: &mut impl DenseBuffer<T>,
+) -> Result<()> {
+    expect_len("y", x.len(), y.len())?;
+    check_same_gpu(gpu, "x", x)?;
+    check_same_gpu(gpu, "y", &*y)?;
+    let (name, f) = function::<T>(gpu, "axpy")?;
+    let n = x.len() as u64;
+    let mut args = gpu.launch_builder(&f);
+    args.arg(x.slice()).arg(&alpha).arg(y.slice_mut()).arg(&n);
+    // SAFETY: reads x[0..n), reads and writes y[0..n); both n long.
+    unsafe { launch(name, &mut args, stride_grid(x.len())?) }
+}
+
+/// `y[i, 0, d] = mean_h x[i, h, d]` (GAT with heads averaged): `y` is `rows × 1 × head_dim`.
+pub fn head_mean<T: DType>(gpu: &Gpu, x: &DeviceMatrix<T>, y: &mut DeviceMatrix<T>) -> Result<()> {
+    let s = x.shape();
+    Shape::new(s.rows, 1, s.head_dim)?.expect_eq("y", y.shape())?;
+    check_same_gpu(gpu, "x", x)?;
+    check_same_gpu(gpu, "y", &*y)?;
+    let (name, f) = function::<T>(gpu, "head_mean")?;
+    let (rows, heads, dim) = (
+        to_u32("rows", s.rows)?,
+        to_u32("heads", s.heads)?,
+        to_u32("dim", s.head_dim)?,
+    );
+    let cfg = stride_grid(y.len())?;
+    let mut args = gpu.launch_builder(&f);
+    args.arg(x.slice())
+        .arg(&rows)
+        .arg(&heads)
+        .arg(&dim)
+        .arg(y.slice_mut());
+    // SAFETY: reads x (rows·heads·dim), writes y (rows·dim); shapes checked.
+    unsafe { launch(name, &mut args, cfg) }
+}
+
+/// The gradient of [`head_mean`]: `dx[i, h, d] = dy[i, 0, d] / heads` (overwrites `dx`).
+pub fn head_mean_backward<T: DType>(
+    gpu: &Gpu,
+    dy: &DeviceMatrix<T>,
+    dx: &mut DeviceMatrix<T>,
+) -> Result<()> {
+    let s = dx.shape();
+    Shape::new(s.rows, 1, s.head_dim)?.expect_eq("dy", dy.shape())?;
+    check_same_gpu(gpu, "dy", dy)?;
+    check_same_gpu(gpu, "dx", &*dx)?;
+    let (name, f) = function::<T>(gpu, "head_broadcast")?;
+    let (rows, heads, dim) = (
+        to_u32("rows", s.rows)?,
+        to_u32("heads", s.heads)?,
+        to_u32("dim", s.head_dim)?,
+    );
+    let scale = 1.0f32 / s.heads as f32;
+    let mut args = gpu.launch_builder(&f);
+    args.arg(dy.slice())
+        .arg(&rows)
+        .arg(&heads)
+        .arg(&dim)
+        .arg(&scale)
+        .arg(dx.slice_mut());
+    // SAFETY: reads dy (rows·dim), writes dx (rows·heads·dim); shapes checked.
+    unsafe { launch(name, &mut args, stride_grid(s.len())?) }
+}
+
+/// One Adam step on `param` with gradient `grad` and moments `m`, `v` (all of equal length;
+/// moments f32), at step `t ≥ 1` (for the bias corrections).
+pub fn adam_step<T: DType>(
+    gpu: &Gpu,
+    hyper: AdamHyper,
+    t: u32,
+    param: &mut DeviceVec<T>,
+    grad: &DeviceVec<f32>,
+    m: &mut DeviceVec<f32>,
+    v: &mut DeviceVec<f32>,
+) -> Result<()> {
+    let n = param.len();
+    expect_len("gradient", n, grad.len())?;
+    expect_len("first moment", n, m.len())?;
+    expect_len("second moment", n, v.len())?;
+    if t == 0 {
+        return Err(Error::InvalidArgument {
+            what: "Adam step",
+            why: "the step count starts at 1".into(),
+        });
+    }
+    check_same_gpu(gpu, "parameter", &*param)?;
+    check_same_gpu(gpu, "gradient", grad)?;
+    check_same_gpu(gpu, "first moment", &*m)?;
+    check_same_gpu(gpu, "second moment", &*v)?;
+    let (name, f) = function::<T>(gpu, "adam")?;
+    let bc1 = 1.0 - hyper.beta1.powi(t.min(i32::MAX as u32) as i32);
+    let bc2 = 1.0 - hyper.beta2.powi(t.min(i32::MAX as u32) as i32);
+    let n64 = n as u64;
+    let mut args = gpu.launch_builder(&f);
+    args.arg(param.slice_mut())
+        .arg(grad.slice())
+        .arg(m.slice_mut())
+        .arg(v.slice_mut())
+        .arg(&n64)
+        .arg(&hyper.lr)
+        .arg(&hyper.beta1)
+        .arg(&hyper.beta2)
+        .arg(&hyper.eps)
+        .arg(&bc1)
+        .arg(&bc2)
+        .arg(&hyper.weight_decay);
+    // SAFETY: reads and writes param, m, v and reads grad, each n elements (checked).
+    unsafe { launch(name, &mut args, stride_grid(n)?) }
+}
+
+/// One SGD step: `param -= lr · (grad + weight_decay · param)`.
+pub fn sgd_step<T: DType>(
+    gpu: &Gpu,
+    lr: f32,
+    weight_decay: f32,
+    param: &mut DeviceVec<T>,
+    grad: &DeviceVec<f32>,
+) -> Result<()> {
+    expect_len("gradient", param.len(), grad.len())?;
+    check_same_gpu(gpu, "parameter", &*param)?;
+    check_same_gpu(gpu, "gradient", grad)?;
+    let (name, f) = function::<T>(gpu, "sgd")?;
+    let n = param.len() as u64;
+    let cfg = stride_grid(param.len())?;
+    let mut args = gpu.launch_builder(&f);
+    args.arg(param.slice_mut())
+        .arg(grad.slice())
+        .arg(&n)
+        .arg(&lr)
+        .arg(&weight_decay);
+    // SAFETY: reads and writes param[0..n), reads grad[0..n); both n long.
+    unsafe { launch(name, &mut args, cfg) }
+}

@@ -1,0 +1,204 @@
+//! cuBLAS GEMM (every transpose, f32 / f16 / bf16 operands, output in the operands' type or
+//! f32) and the layer kernels of `elementwise` against the CPU in f64, on odd shapes, with
+//! outputs poisoned with NaN before each launch.
+
+use half::{bf16, f16};
+use rand::{Rng, SeedableRng};
+use rand_pcg::Pcg64;
+use spattn_ops::cpu;
+use spattn_ops::dense::{self, Blas, Dims, GemmElement};
+use spattn_ops::elementwise::{self, Activation};
+use spattn_ops::{DType, DeviceMatrix, DeviceVec, Gpu, Shape};
+
+fn setup() -> (Gpu, Blas) {
+    let gpu = Gpu::new(0).expect("a GPU");
+    let blas = Blas::new(&gpu).expect("libcublas");
+    (gpu, blas)
+}
+
+fn random<T: DType>(len: usize, rng: &mut Pcg64) -> (Vec<T>, Vec<f64>) {
+    let v: Vec<T> = (0..len)
+        .map(|_| T::from_f64(rng.random_range(-1.0..1.0)))
+        .collect();
+    let f = v.iter().map(|x| x.to_f64()).collect();
+    (v, f)
+}
+
+/// rel L2 of device data against the f64 reference (+∞ on any NaN).
+fn rel_l2_error<T: DType>(out: &[T], want: &[f64]) -> f64 {
+    let wide: Vec<f64> = out.iter().map(|x| x.to_f64()).collect();
+    cpu::rel_l2_error(&wide, want)
+}
+
+fn tol<T: DType>() -> f64 {
+    match T::NAME {
+        "f32" => 1e-5,
+        "f16" => 5e-3,
+        _ => 2e-2,
+    }
+}
+
+fn check_gemm<T: GemmElement, C: GemmElement>(gpu: &Gpu, blas: &Blas, rng: &mut Pcg64) {
+    for &(m, n, k) in &[
+        (1, 1, 1),
+        (7, 33, 129),
+        (129, 7, 33),
+        (33, 129, 1),
+        (1, 129, 7),
+    ] {
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            for beta in [0.0f32, 1.0] {
+                let a_dims = Dims::new(m, k).op(ta);
+                let b_dims = Dims::new(k, n).op(tb);
+                let (a, a64) = random::<T>(m * k, rng);
+                let (b, b64) = random::<T>(k * n, rng);
+                let (c0, mut want) = random::<C>(m * n, rng);
+                dense::host_gemm(
+                    1.5,
+                    (&a64, a_dims, ta),
+                    (&b64, b_dims, tb),
+                    f64::from(beta),
+                    (&mut want, Dims::new(m, n)),
+                )
+                .unwrap();
+                let da = DeviceVec::from_host(gpu, &a).unwrap();
+                let db = DeviceVec::from_host(gpu, &b).unwrap();
+                let mut dc = DeviceVec::from_host(gpu, &c0).unwrap();
+                if beta == 0.0 {
+                    dc.fill_nan().unwrap();
+                }
+                dense::gemm(
+                    blas,
+                    1.5,
+                    (&da, a_dims, ta),
+                    (&db, b_dims, tb),
+                    beta,
+                    (&mut dc, Dims::new(m, n)),
+                )
+                .unwrap();
+                let err = rel_l2_error(&dc.to_host().unwrap(), &want);
+                let bound = tol::<T>().max(tol::<C>());
+                assert!(
+                    err <= bound,
+                    "{} x {} x {} {}·{} ta {ta} tb {tb} beta {beta} -> {}: rel L2 {err:.2e}",
+                    m,
+                    n,
+                    k,
+                    T::NAME,
+                    T::NAME,
+                    C::NAME
+                );
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gemm_matches_the_cpu_on_odd_shapes() {
+    let (gpu, blas) = setup();
+    let mut rng = Pcg64::seed_from_u64(rand::random());
+    check_gemm::<f32, f32>(&gpu, &blas, &mut rng);
+    check_gemm::<f16, f16>(&gpu, &blas, &mut rng);
+    check_gemm::<f16, f32>(&gpu, &blas, &mut rng);
+    check_gemm::<bf16, bf16>(&gpu, &blas, &mut rng);
+    check_gemm::<bf16, f32>(&gpu, &blas, &mut rng);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gemm_rejects_bad_shapes() {
+    let (gpu, blas) = setup();
+    let a = DeviceVec::<f32>::zeros(&gpu, 6).unwrap();
+    let mut c = DeviceVec::<f32>::zeros(&gpu, 4).unwrap();
+    let err = dense::gemm(
+        &blas,
+        1.0,
+        (&a, Dims::new(2, 3), false),
+        (&a, Dims::new(2, 3), false),
+        0.0,
+        (&mut c, Dims::new(2, 2)),
+    )
+    .unwrap_err();
+    assert!(matches!(
+        err,
+        spattn_ops::Error::DimsMismatch { what: "op(B)", .. }
+    ));
+}
+
+fn check_kernels<T: DType>(gpu: &Gpu, rng: &mut Pcg64) {
+    for &(rows, heads, dim) in &[(1, 1, 1), (7, 2, 3), (33, 8, 17), (129, 1, 70)] {
+        let s = Shape::new(rows, heads, dim).unwrap();
+        let (x, x64) = random::<T>(s.len(), rng);
+        let dx = DeviceMatrix::from_host(gpu, s, &x).unwrap();
+        // Activations.
+        for act in [Activation::Relu, Activation::Elu] {
+            let mut y = DeviceMatrix::<T>::zeros(gpu, s).unwrap();
+            y.fill_nan().unwrap();
+            elementwise::activation(gpu, act, &dx, &mut y).unwrap();
+            let want: Vec<f64> = x64.iter().map(|&v| act.apply(v)).collect();
+            assert!(rel_l2_error(&y.to_host().unwrap(), &want) <= tol::<T>());
+            let (g, g64) = random::<T>(s.len(), rng);
+            let dg = DeviceMatrix::from_host(gpu, s, &g).unwrap();
+            y.fill_nan().unwrap();
+            elementwise::activation_backward(gpu, act, &dx, &dg, &mut y).unwrap();
+            let want: Vec<f64> = x64
+                .iter()
+                .zip(&g64)
+                .map(|(&v, &d)| d * act.derivative(v))
+                .collect();
+            assert!(rel_l2_error(&y.to_host().unwrap(), &want) <= tol::<T>());
+        }
+        // Per-head dot with an attention vector.
+        let (att, att64) = random::<T>(heads * dim, rng);
+        let datt = DeviceVec::from_host(gpu, &att).unwrap();
+        let mut e = DeviceMatrix::<T>::zeros(gpu, Shape::new(rows, heads, 1).unwrap()).unwrap();
+        e.fill_nan().unwrap();
+        elementwise::head_dot(gpu, &dx, &datt, &mut e).unwrap();
+        let want: Vec<f64> = (0..rows * heads)
+            .map(|p| {
+                (0..dim)
+                    .map(|d| x64[p * dim + d] * att64[(p % heads) * dim + d])
+                    .sum()
+            })
+            .collect();
+        assert!(rel_l2_error(&e.to_host().unwrap(), &want) <= tol::<T>());
+        // Row normalization.
+        let mut xhat = DeviceMatrix::<T>::zeros(gpu, s).unwrap();
+        let mut inv = DeviceVec::<f32>::zeros(gpu, rows).unwrap();
+        xhat.fill_nan().unwrap();
+        elementwise::row_normalize(gpu, &dx, None, &mut xhat, None, &mut inv).unwrap();
+        let rl = heads * dim;
+        let want: Vec<f64> = x64
+            .chunks(rl)
+            .flat_map(|r| {
+                let nrm = r.iter().map(|v| v * v).sum::<f64>().sqrt().max(1e-12);
+                r.iter().map(move |v| v / nrm).collect::<Vec<_>>()
+            })
+            .collect();
+        assert!(rel_l2_error(&xhat.to_host().unwrap(), &want) <= tol::<T>());
+        // Head mean.
+        let mut m = DeviceMatrix::<T>::zeros(gpu, Shape::new(rows, 1, dim).unwrap()).unwrap();
+        m.fill_nan().unwrap();
+        elementwise::head_mean(gpu, &dx, &mut m).unwrap();
+        let want: Vec<f64> = (0..rows * dim)
+            .map(|i| {
+                (0..heads)
+                    .map(|h| x64[((i / dim) * heads + h) * dim + i % dim])
+                    .sum::<f64>()
+                    / heads as f64
+            })
+            .collect();
+        assert!(rel_l2_error(&m.to_host().unwrap(), &want) <= tol::<T>());
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn layer_kernels_match_the_cpu() {
+    let (gpu, _) = setup();
+    let mut rng = Pcg64::seed_from_u64(rand::random());
+    check_kernels::<f32>(&gpu, &mut rng);
+    check_kernels::<f16>(&gpu, &mut rng);
+    check_kernels::<bf16>(&gpu, &mut rng);
+}
