@@ -32,12 +32,17 @@
 //! # Ok::<(), spattn::Error>(())
 //! ```
 
+mod backward;
 mod config;
 mod error;
 mod fused_csr;
 mod fused_tc;
+mod hybrid;
+pub mod layers;
 mod plan;
 
-pub use config::{Algorithm, AttentionConfig};
+pub use backward::{AttentionGradients, BackwardKernels};
+pub use config::{Algorithm, AttentionConfig, HybridParams, Reorder};
 pub use error::{Error, Result};
+pub use hybrid::HybridInfo;
 pub use plan::AttentionPlan;

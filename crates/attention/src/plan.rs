@@ -12,6 +12,7 @@ use crate::config::{Algorithm, AttentionConfig};
 use crate::error::{Error, Result};
 use crate::fused_csr::{self, FusedCsr};
 use crate::fused_tc::{self, FusedTensorCore};
+use crate::hybrid::{self, Hybrid, HybridInfo};
 
 /// Sparse attention over one graph, planned once and run many times:
 /// `out = softmax_row(scale · Q Kᵀ masked by A) · V` with Q of `n_rows × heads × head_dim`, K
@@ -58,6 +59,11 @@ enum Backend {
 struct GpuPlan {
     gpu: Gpu,
     state: Mutex<GpuState>,
+    /// The graph on the host, for the backward's lazy upload (see [`crate::backward`]).
+    graph: Box<Csr>,
+    /// The backward's device state, uploaded by the first backward (forward-only plans never
+    /// allocate it); independent of the forward algorithm.
+    backward: Mutex<Option<Box<crate::backward::BackwardState>>>,
 }
 
 /// Per-algorithm device state: the graph in the format the algorithm reads (uploaded once, at
@@ -78,6 +84,8 @@ enum GpuState {
         fused: FusedCsr,
     },
     FusedTensorCore(Box<FusedTensorCore>),
+    /// The hybrid tile structure (degree-ordered, split at the calibrated threshold).
+    Hybrid(Box<Hybrid>),
 }
 
 impl AttentionPlan {
@@ -89,12 +97,20 @@ impl AttentionPlan {
     /// one this build does not implement yet), [`Error::Ops`] (driver, memory).
     pub fn new_gpu(gpu: &Gpu, graph: &Csr, config: AttentionConfig) -> Result<Self> {
         config.validate()?;
-        let (algorithm, choice) = choose(graph, &config, gpu.compute_capability())?;
+        let (algorithm, mut choice) = choose(graph, &config, gpu.compute_capability())?;
         let state = GpuState::new(gpu, graph, &config, algorithm)?;
+        if let GpuState::Hybrid(h) = &state {
+            choice = format!("{choice}; {}", h.info());
+        }
+        if let GpuState::FusedTensorCore(f) = &state {
+            choice = format!("{choice}; {}", f.info());
+        }
         let mut plan = Self::assemble(graph, config, algorithm, choice);
         plan.backend = Backend::Gpu(Box::new(GpuPlan {
             gpu: gpu.clone(),
             state: Mutex::new(state),
+            graph: Box::new(graph.clone()),
+            backward: Mutex::new(None),
         }));
         if plan.config.algorithm == Algorithm::Auto && plan.config.autotune {
             plan.autotune(graph)?;
@@ -163,6 +179,21 @@ impl AttentionPlan {
     pub fn nnz(&self) -> usize {
         self.nnz
     }
+    /// For a plan running [`Algorithm::Hybrid`]: the threshold, warp split and edge fractions
+    /// it chose (also in [`choice`](Self::choice)); `None` for other algorithms.
+    pub fn hybrid_info(&self) -> Option<HybridInfo> {
+        let Backend::Gpu(g) = &self.backend else {
+            return None;
+        };
+        let state = g
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match &*state {
+            GpuState::Hybrid(h) => Some(h.info()),
+            _ => None,
+        }
+    }
     /// Whether the plan runs on a GPU.
     pub fn is_gpu(&self) -> bool {
         matches!(self.backend, Backend::Gpu(_))
@@ -182,7 +213,10 @@ impl AttentionPlan {
                         && fused_tc::supports(config.head_dim, config.dtype).is_ok()
                 }
                 Algorithm::UnfusedTensorCore => gpu.compute_capability() >= (8, 0),
-                _ => false,
+                Algorithm::Hybrid => {
+                    gpu.compute_capability() >= (8, 0)
+                        && hybrid::supports(config.head_dim, config.dtype).is_ok()
+                }
             }
     }
 
@@ -229,6 +263,7 @@ impl AttentionPlan {
             }
             GpuState::FusedCsr { csr, fused } => fused.forward(&g.gpu, csr, q, k, v, scale, out)?,
             GpuState::FusedTensorCore(f) => f.forward(&g.gpu, q, k, v, scale, out)?,
+            GpuState::Hybrid(h) => h.forward(&g.gpu, q, k, v, scale, out)?,
         }
         Ok(())
     }
@@ -266,6 +301,19 @@ impl AttentionPlan {
                 cpu::attention(a, &inputs, self.config.scale(), &mut out)?;
                 Ok(out.into_iter().map(T::from_f32).collect())
             }
+        }
+    }
+
+    /// Where the backward runs: on a GPU plan the handle, the host graph and the lazily built
+    /// backward state; on a CPU plan the graph.
+    pub(crate) fn backward_parts(&self) -> crate::backward::BackwardParts<'_> {
+        match &self.backend {
+            Backend::Gpu(g) => crate::backward::BackwardParts::Gpu {
+                gpu: &g.gpu,
+                graph: &g.graph,
+                state: &g.backward,
+            },
+            Backend::Cpu(a) => crate::backward::BackwardParts::Cpu(a),
         }
     }
 
@@ -314,6 +362,7 @@ impl AttentionPlan {
             Algorithm::FusedCsr,
             Algorithm::UnfusedTensorCore,
             Algorithm::FusedTensorCore,
+            Algorithm::Hybrid,
         ]
         .into_iter()
         .filter(|&a| !(exact_f32 && uses_tensor_cores(a)))
@@ -373,7 +422,7 @@ impl AttentionPlan {
 
 impl GpuState {
     fn new(gpu: &Gpu, graph: &Csr, config: &AttentionConfig, alg: Algorithm) -> Result<Self> {
-        let (h, d) = (config.heads, config.head_dim);
+        let (h, d, r) = (config.heads, config.head_dim, config.reorder);
         Ok(match alg {
             Algorithm::FusedCsr => {
                 let csr = DeviceCsr::upload(gpu, graph)?;
@@ -388,10 +437,18 @@ impl GpuState {
                 }
             }
             Algorithm::FusedTensorCore => GpuState::FusedTensorCore(Box::new(match config.dtype {
-                DTypeKind::F32 => FusedTensorCore::from_csr::<f32>(gpu, graph, h, d)?,
-                DTypeKind::F16 => FusedTensorCore::from_csr::<half::f16>(gpu, graph, h, d)?,
-                DTypeKind::Bf16 => FusedTensorCore::from_csr::<half::bf16>(gpu, graph, h, d)?,
+                DTypeKind::F32 => FusedTensorCore::from_csr::<f32>(gpu, graph, h, d, r)?,
+                DTypeKind::F16 => FusedTensorCore::from_csr::<half::f16>(gpu, graph, h, d, r)?,
+                DTypeKind::Bf16 => FusedTensorCore::from_csr::<half::bf16>(gpu, graph, h, d, r)?,
             })),
+            Algorithm::Hybrid => {
+                let (s, p) = (config.scale(), config.hybrid);
+                GpuState::Hybrid(Box::new(match config.dtype {
+                    DTypeKind::F32 => Hybrid::new::<f32>(gpu, graph, h, d, s, p, r)?,
+                    DTypeKind::F16 => Hybrid::new::<half::f16>(gpu, graph, h, d, s, p, r)?,
+                    DTypeKind::Bf16 => Hybrid::new::<half::bf16>(gpu, graph, h, d, s, p, r)?,
+                }))
+            }
             Algorithm::UnfusedTensorCore => {
                 gpu.require_compute_capability("unfused-tc", 8, 0)?;
                 let mebcrs = DeviceMeBcrs::from_csr(gpu, graph)?;
@@ -424,6 +481,22 @@ fn uses_tensor_cores(alg: Algorithm) -> bool {
 /// and bf16, fused-tc was the fastest on every graph measured (cora to R-MAT 18, head_dim 64
 /// and 128); for f32, fused-csr was, among the algorithms that keep f32 exact (the tensor-core
 /// ones round operands to tf32, so `Auto` never picks them for f32 — ask for them by name).
+/// Auto's exception for exact f32 on CUDA cores: with many heads of at most 64 features on a
+/// large graph of low mean degree, the unfused composition beats fused-csr. Fitted on the
+/// H100 runs of BENCHMARKS.md (commit 5fb8f65, f32, heads 8, D 64): unfused-csr was faster on
+/// deezer-RO (n 41,773, mean degree 7.0: 1.18×), pubmed (1.14×), PROTEINS_full (1.13×),
+/// flickr (1.07×) and ogbn-arxiv (1.02×), and slower on every graph this rule leaves to
+/// fused-csr (cora, citeseer, lastfm-asia: n < 16,384; facebook-page-page, ppi-graphsaint,
+/// R-MAT: mean degree ≥ 16; and at D 128 on PROTEINS_full by 1.32×).
+fn prefers_unfused_csr(graph: &Csr, config: &AttentionConfig) -> bool {
+    let mean_degree = graph.nnz() as f64 / graph.n_rows().max(1) as f64;
+    config.dtype == DTypeKind::F32
+        && config.heads >= 8
+        && config.head_dim <= 64
+        && graph.n_rows() >= 16_384
+        && mean_degree < 16.0
+}
+
 fn choose(graph: &Csr, config: &AttentionConfig, cc: (i32, i32)) -> Result<(Algorithm, String)> {
     let fused_csr_ok = fused_csr::layout(config.head_dim, config.dtype.size_bytes());
     let tensor_cores = cc >= (8, 0);
@@ -451,6 +524,17 @@ fn choose(graph: &Csr, config: &AttentionConfig, cc: (i32, i32)) -> Result<(Algo
                     format!(
                         "auto: fused-tc — {} on tensor cores, one kernel, K/V rows shared by the 16 rows of a window ({why})",
                         config.dtype
+                    ),
+                ));
+            }
+            if prefers_unfused_csr(graph, config) {
+                return Ok((
+                    Algorithm::UnfusedCsr,
+                    format!(
+                        "auto: unfused-csr — {} heads x {} features, many low-degree rows: the \
+                         edge-parallel SDDMM and the row-unit SpMM beat fused-csr's one group per \
+                         (row, head) here ({why})",
+                        config.heads, config.head_dim
                     ),
                 ));
             }
@@ -482,15 +566,78 @@ fn choose(graph: &Csr, config: &AttentionConfig, cc: (i32, i32)) -> Result<(Algo
             fused_tc_ok?;
             Ok((Algorithm::FusedTensorCore, "requested".into()))
         }
-        Algorithm::Hybrid => Err(Error::Unsupported {
-            algorithm: Algorithm::Hybrid,
-            why: "not implemented in this build yet; use auto, fused-tc, fused-csr, unfused-tc \
-                  or unfused-csr"
-                .into(),
-        }),
+        Algorithm::Hybrid => {
+            needs_tc(Algorithm::Hybrid)?;
+            hybrid::supports(config.head_dim, config.dtype)?;
+            Ok((Algorithm::Hybrid, "requested".into()))
+        }
     }
 }
 
 fn rayon_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A ring of `n` nodes with self loops: mean degree 3.
+    fn ring(n: u32) -> Csr {
+        let edges: Vec<(u32, u32)> = (0..n)
+            .flat_map(|i| [(i, i), (i, (i + 1) % n), ((i + 1) % n, i)])
+            .collect();
+        Csr::from_edges(n as usize, n as usize, &edges).expect("a valid ring")
+    }
+
+    fn auto(graph: &Csr, heads: usize, head_dim: usize, dtype: DTypeKind) -> Algorithm {
+        let config = AttentionConfig::new(heads, head_dim, dtype);
+        choose(graph, &config, (9, 0))
+            .expect("auto always chooses")
+            .0
+    }
+
+    #[test]
+    fn auto_picks_tensor_cores_for_half_precision_and_exact_kernels_for_f32() {
+        let small = ring(1000);
+        assert_eq!(
+            auto(&small, 1, 64, DTypeKind::F16),
+            Algorithm::FusedTensorCore
+        );
+        assert_eq!(
+            auto(&small, 8, 64, DTypeKind::Bf16),
+            Algorithm::FusedTensorCore
+        );
+        assert_eq!(auto(&small, 1, 64, DTypeKind::F32), Algorithm::FusedCsr);
+        assert_eq!(auto(&small, 8, 64, DTypeKind::F32), Algorithm::FusedCsr);
+        // Without tensor cores, half precision goes to the exact CUDA-core kernel.
+        let config = AttentionConfig::new(1, 64, DTypeKind::F16);
+        assert_eq!(
+            choose(&small, &config, (7, 5)).unwrap().0,
+            Algorithm::FusedCsr
+        );
+    }
+
+    #[test]
+    fn auto_prefers_unfused_csr_for_many_narrow_f32_heads_on_large_sparse_graphs() {
+        let large = ring(20_000);
+        assert_eq!(auto(&large, 8, 64, DTypeKind::F32), Algorithm::UnfusedCsr);
+        assert_eq!(auto(&large, 16, 32, DTypeKind::F32), Algorithm::UnfusedCsr);
+        // Each condition of the rule on its own keeps fused-csr.
+        assert_eq!(auto(&large, 8, 128, DTypeKind::F32), Algorithm::FusedCsr);
+        assert_eq!(auto(&large, 4, 64, DTypeKind::F32), Algorithm::FusedCsr);
+        assert_eq!(
+            auto(&ring(10_000), 8, 64, DTypeKind::F32),
+            Algorithm::FusedCsr
+        );
+        assert_eq!(
+            auto(&large, 8, 64, DTypeKind::F16),
+            Algorithm::FusedTensorCore
+        );
+        let config = AttentionConfig::new(8, 64, DTypeKind::F32);
+        assert!(choose(&large, &config, (9, 0))
+            .unwrap()
+            .1
+            .contains("unfused-csr"));
+    }
 }

@@ -8,9 +8,12 @@
 //! - [`read_matrix_market`], [`read_edge_list`]: readers for MatrixMarket coordinate files (plain
 //!   or gzip'd) and SNAP-style edge lists, with errors that name the line.
 //! - [`rmat()`]: the Graph500 R-MAT generator, deterministic from a seed.
-//! - [`Permutation`]: RT-GNN degree reordering, applied to a [`Csr`] and to feature rows.
+//! - [`Permutation`]: RT-GNN degree reordering and reverse Cuthill–McKee (a locality order),
+//!   applied to a [`Csr`] and to feature rows.
 //! - [`MeBcrs`]: FlashSparse's 8-row windows of 8×1 vectors for tensor-core SpMM / SDDMM.
 //! - [`Bsb`]: Fused3S's 16-row windows of 16×8 bitmap blocks for fused tensor-core attention.
+//! - [`HybridBlocks`]: degree-ordered 16×8 blocks split by fill between tensor-core tiles and
+//!   CUDA-core edges (RT-GNN-style hybrid kernels).
 //!
 //! ```
 //! use spattn_formats::{Csr, MeBcrs, Bsb};
@@ -30,15 +33,17 @@
 pub mod bsb;
 pub mod csr;
 pub mod error;
+pub mod hybrid;
 pub mod io;
 pub mod mebcrs;
 pub mod permutation;
 pub mod rmat;
 pub mod stats;
 
-pub use bsb::Bsb;
+pub use bsb::{Bsb, WindowCount};
 pub use csr::{Coo, Csr, MAX_DIM, MAX_NNZ};
 pub use error::{Error, Result};
+pub use hybrid::{HybridBlocks, HybridSplit, HybridUnits};
 pub use io::{
     read_edge_list, read_edge_list_from, read_edge_list_with, read_matrix_market,
     read_matrix_market_from, EdgeListOptions,

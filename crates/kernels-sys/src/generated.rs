@@ -3,6 +3,114 @@
 
 use crate::PtxModule;
 
+/// The PTX module compiled from `cuda/backward.cu` (25 kernels).
+pub const BACKWARD: PtxModule = PtxModule {
+    name: "backward",
+    ptx: include_str!("../ptx/backward.ptx"),
+    kernels: &[
+        EDGE_SOFTMAX_BACKWARD_CSR_ROWS,
+        EDGE_SOFTMAX_BACKWARD_CSR_LONG_ROWS,
+        ATTENTION_BACKWARD_CSR_ROWS,
+        ATTENTION_BACKWARD_CSR_LONG_ROWS,
+        TRANSPOSE_EDGE_VALUES_CSR_F32,
+        EDGE_LEAKY_RELU_BACKWARD_F32,
+        EDGE_SCALE_F32,
+        EDGE_DOT_F32,
+        EDGE_ROW_SUM_CSR_ROWS_F32,
+        EDGE_ROW_SUM_CSR_LONG_ROWS_F32,
+        ROW_DOT_DENSE_F32_V1,
+        ROW_DOT_DENSE_F32_V2,
+        ROW_DOT_DENSE_F32_V4,
+        EDGE_ROW_SUM_CSR_ROWS_F16,
+        EDGE_ROW_SUM_CSR_LONG_ROWS_F16,
+        ROW_DOT_DENSE_F16_V1,
+        ROW_DOT_DENSE_F16_V2,
+        ROW_DOT_DENSE_F16_V4,
+        EDGE_ROW_SUM_CSR_ROWS_BF16,
+        EDGE_ROW_SUM_CSR_LONG_ROWS_BF16,
+        ROW_DOT_DENSE_BF16_V1,
+        ROW_DOT_DENSE_BF16_V2,
+        ROW_DOT_DENSE_BF16_V4,
+        ROW_DOT_DENSE_F16_V8,
+        ROW_DOT_DENSE_BF16_V8,
+    ],
+};
+
+/// Kernel `edge_softmax_backward_csr_rows` of [`BACKWARD`].
+pub const EDGE_SOFTMAX_BACKWARD_CSR_ROWS: &str = "edge_softmax_backward_csr_rows";
+
+/// Kernel `edge_softmax_backward_csr_long_rows` of [`BACKWARD`].
+pub const EDGE_SOFTMAX_BACKWARD_CSR_LONG_ROWS: &str = "edge_softmax_backward_csr_long_rows";
+
+/// Kernel `attention_backward_csr_rows` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_CSR_ROWS: &str = "attention_backward_csr_rows";
+
+/// Kernel `attention_backward_csr_long_rows` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_CSR_LONG_ROWS: &str = "attention_backward_csr_long_rows";
+
+/// Kernel `transpose_edge_values_csr_f32` of [`BACKWARD`].
+pub const TRANSPOSE_EDGE_VALUES_CSR_F32: &str = "transpose_edge_values_csr_f32";
+
+/// Kernel `edge_leaky_relu_backward_f32` of [`BACKWARD`].
+pub const EDGE_LEAKY_RELU_BACKWARD_F32: &str = "edge_leaky_relu_backward_f32";
+
+/// Kernel `edge_scale_f32` of [`BACKWARD`].
+pub const EDGE_SCALE_F32: &str = "edge_scale_f32";
+
+/// Kernel `edge_dot_f32` of [`BACKWARD`].
+pub const EDGE_DOT_F32: &str = "edge_dot_f32";
+
+/// Kernel `edge_row_sum_csr_rows_f32` of [`BACKWARD`].
+pub const EDGE_ROW_SUM_CSR_ROWS_F32: &str = "edge_row_sum_csr_rows_f32";
+
+/// Kernel `edge_row_sum_csr_long_rows_f32` of [`BACKWARD`].
+pub const EDGE_ROW_SUM_CSR_LONG_ROWS_F32: &str = "edge_row_sum_csr_long_rows_f32";
+
+/// Kernel `row_dot_dense_f32_v1` of [`BACKWARD`].
+pub const ROW_DOT_DENSE_F32_V1: &str = "row_dot_dense_f32_v1";
+
+/// Kernel `row_dot_dense_f32_v2` of [`BACKWARD`].
+pub const ROW_DOT_DENSE_F32_V2: &str = "row_dot_dense_f32_v2";
+
+/// Kernel `row_dot_dense_f32_v4` of [`BACKWARD`].
+pub const ROW_DOT_DENSE_F32_V4: &str = "row_dot_dense_f32_v4";
+
+/// Kernel `edge_row_sum_csr_rows_f16` of [`BACKWARD`].
+pub const EDGE_ROW_SUM_CSR_ROWS_F16: &str = "edge_row_sum_csr_rows_f16";
+
+/// Kernel `edge_row_sum_csr_long_rows_f16` of [`BACKWARD`].
+pub const EDGE_ROW_SUM_CSR_LONG_ROWS_F16: &str = "edge_row_sum_csr_long_rows_f16";
+
+/// Kernel `row_dot_dense_f16_v1` of [`BACKWARD`].
+pub const ROW_DOT_DENSE_F16_V1: &str = "row_dot_dense_f16_v1";
+
+/// Kernel `row_dot_dense_f16_v2` of [`BACKWARD`].
+pub const ROW_DOT_DENSE_F16_V2: &str = "row_dot_dense_f16_v2";
+
+/// Kernel `row_dot_dense_f16_v4` of [`BACKWARD`].
+pub const ROW_DOT_DENSE_F16_V4: &str = "row_dot_dense_f16_v4";
+
+/// Kernel `edge_row_sum_csr_rows_bf16` of [`BACKWARD`].
+pub const EDGE_ROW_SUM_CSR_ROWS_BF16: &str = "edge_row_sum_csr_rows_bf16";
+
+/// Kernel `edge_row_sum_csr_long_rows_bf16` of [`BACKWARD`].
+pub const EDGE_ROW_SUM_CSR_LONG_ROWS_BF16: &str = "edge_row_sum_csr_long_rows_bf16";
+
+/// Kernel `row_dot_dense_bf16_v1` of [`BACKWARD`].
+pub const ROW_DOT_DENSE_BF16_V1: &str = "row_dot_dense_bf16_v1";
+
+/// Kernel `row_dot_dense_bf16_v2` of [`BACKWARD`].
+pub const ROW_DOT_DENSE_BF16_V2: &str = "row_dot_dense_bf16_v2";
+
+/// Kernel `row_dot_dense_bf16_v4` of [`BACKWARD`].
+pub const ROW_DOT_DENSE_BF16_V4: &str = "row_dot_dense_bf16_v4";
+
+/// Kernel `row_dot_dense_f16_v8` of [`BACKWARD`].
+pub const ROW_DOT_DENSE_F16_V8: &str = "row_dot_dense_f16_v8";
+
+/// Kernel `row_dot_dense_bf16_v8` of [`BACKWARD`].
+pub const ROW_DOT_DENSE_BF16_V8: &str = "row_dot_dense_bf16_v8";
+
 /// The PTX module compiled from `cuda/csr_ops.cu` (30 kernels).
 pub const CSR_OPS: PtxModule = PtxModule {
     name: "csr_ops",
@@ -355,6 +463,306 @@ pub const FUSED_CSR_BF16_V8_N2: &str = "fused_csr_bf16_v8_n2";
 /// Kernel `fused_csr_bf16_v8_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V8_N4: &str = "fused_csr_bf16_v8_n4";
 
+/// The PTX module compiled from `cuda/hybrid.cu` (32 kernels).
+pub const HYBRID: PtxModule = PtxModule {
+    name: "hybrid",
+    ptx: include_str!("../ptx/hybrid.ptx"),
+    kernels: &[
+        FUSED_HYBRID_F16_S32,
+        SPMM_HYBRID_F16_S32,
+        FUSED_HYBRID_F16_S32_SCALAR,
+        SPMM_HYBRID_F16_S32_SCALAR,
+        FUSED_HYBRID_F16_S64,
+        SPMM_HYBRID_F16_S64,
+        FUSED_HYBRID_F16_S64_SCALAR,
+        SPMM_HYBRID_F16_S64_SCALAR,
+        FUSED_HYBRID_F16_S128,
+        SPMM_HYBRID_F16_S128,
+        FUSED_HYBRID_F16_S128_SCALAR,
+        SPMM_HYBRID_F16_S128_SCALAR,
+        FUSED_HYBRID_BF16_S32,
+        SPMM_HYBRID_BF16_S32,
+        FUSED_HYBRID_BF16_S32_SCALAR,
+        SPMM_HYBRID_BF16_S32_SCALAR,
+        FUSED_HYBRID_BF16_S64,
+        SPMM_HYBRID_BF16_S64,
+        FUSED_HYBRID_BF16_S64_SCALAR,
+        SPMM_HYBRID_BF16_S64_SCALAR,
+        FUSED_HYBRID_BF16_S128,
+        SPMM_HYBRID_BF16_S128,
+        FUSED_HYBRID_BF16_S128_SCALAR,
+        SPMM_HYBRID_BF16_S128_SCALAR,
+        FUSED_HYBRID_F32_S32,
+        SPMM_HYBRID_F32_S32,
+        FUSED_HYBRID_F32_S32_SCALAR,
+        SPMM_HYBRID_F32_S32_SCALAR,
+        FUSED_HYBRID_F32_S64,
+        SPMM_HYBRID_F32_S64,
+        FUSED_HYBRID_F32_S64_SCALAR,
+        SPMM_HYBRID_F32_S64_SCALAR,
+    ],
+};
+
+/// Kernel `fused_hybrid_f16_s32` of [`HYBRID`].
+pub const FUSED_HYBRID_F16_S32: &str = "fused_hybrid_f16_s32";
+
+/// Kernel `spmm_hybrid_f16_s32` of [`HYBRID`].
+pub const SPMM_HYBRID_F16_S32: &str = "spmm_hybrid_f16_s32";
+
+/// Kernel `fused_hybrid_f16_s32_scalar` of [`HYBRID`].
+pub const FUSED_HYBRID_F16_S32_SCALAR: &str = "fused_hybrid_f16_s32_scalar";
+
+/// Kernel `spmm_hybrid_f16_s32_scalar` of [`HYBRID`].
+pub const SPMM_HYBRID_F16_S32_SCALAR: &str = "spmm_hybrid_f16_s32_scalar";
+
+/// Kernel `fused_hybrid_f16_s64` of [`HYBRID`].
+pub const FUSED_HYBRID_F16_S64: &str = "fused_hybrid_f16_s64";
+
+/// Kernel `spmm_hybrid_f16_s64` of [`HYBRID`].
+pub const SPMM_HYBRID_F16_S64: &str = "spmm_hybrid_f16_s64";
+
+/// Kernel `fused_hybrid_f16_s64_scalar` of [`HYBRID`].
+pub const FUSED_HYBRID_F16_S64_SCALAR: &str = "fused_hybrid_f16_s64_scalar";
+
+/// Kernel `spmm_hybrid_f16_s64_scalar` of [`HYBRID`].
+pub const SPMM_HYBRID_F16_S64_SCALAR: &str = "spmm_hybrid_f16_s64_scalar";
+
+/// Kernel `fused_hybrid_f16_s128` of [`HYBRID`].
+pub const FUSED_HYBRID_F16_S128: &str = "fused_hybrid_f16_s128";
+
+/// Kernel `spmm_hybrid_f16_s128` of [`HYBRID`].
+pub const SPMM_HYBRID_F16_S128: &str = "spmm_hybrid_f16_s128";
+
+/// Kernel `fused_hybrid_f16_s128_scalar` of [`HYBRID`].
+pub const FUSED_HYBRID_F16_S128_SCALAR: &str = "fused_hybrid_f16_s128_scalar";
+
+/// Kernel `spmm_hybrid_f16_s128_scalar` of [`HYBRID`].
+pub const SPMM_HYBRID_F16_S128_SCALAR: &str = "spmm_hybrid_f16_s128_scalar";
+
+/// Kernel `fused_hybrid_bf16_s32` of [`HYBRID`].
+pub const FUSED_HYBRID_BF16_S32: &str = "fused_hybrid_bf16_s32";
+
+/// Kernel `spmm_hybrid_bf16_s32` of [`HYBRID`].
+pub const SPMM_HYBRID_BF16_S32: &str = "spmm_hybrid_bf16_s32";
+
+/// Kernel `fused_hybrid_bf16_s32_scalar` of [`HYBRID`].
+pub const FUSED_HYBRID_BF16_S32_SCALAR: &str = "fused_hybrid_bf16_s32_scalar";
+
+/// Kernel `spmm_hybrid_bf16_s32_scalar` of [`HYBRID`].
+pub const SPMM_HYBRID_BF16_S32_SCALAR: &str = "spmm_hybrid_bf16_s32_scalar";
+
+/// Kernel `fused_hybrid_bf16_s64` of [`HYBRID`].
+pub const FUSED_HYBRID_BF16_S64: &str = "fused_hybrid_bf16_s64";
+
+/// Kernel `spmm_hybrid_bf16_s64` of [`HYBRID`].
+pub const SPMM_HYBRID_BF16_S64: &str = "spmm_hybrid_bf16_s64";
+
+/// Kernel `fused_hybrid_bf16_s64_scalar` of [`HYBRID`].
+pub const FUSED_HYBRID_BF16_S64_SCALAR: &str = "fused_hybrid_bf16_s64_scalar";
+
+/// Kernel `spmm_hybrid_bf16_s64_scalar` of [`HYBRID`].
+pub const SPMM_HYBRID_BF16_S64_SCALAR: &str = "spmm_hybrid_bf16_s64_scalar";
+
+/// Kernel `fused_hybrid_bf16_s128` of [`HYBRID`].
+pub const FUSED_HYBRID_BF16_S128: &str = "fused_hybrid_bf16_s128";
+
+/// Kernel `spmm_hybrid_bf16_s128` of [`HYBRID`].
+pub const SPMM_HYBRID_BF16_S128: &str = "spmm_hybrid_bf16_s128";
+
+/// Kernel `fused_hybrid_bf16_s128_scalar` of [`HYBRID`].
+pub const FUSED_HYBRID_BF16_S128_SCALAR: &str = "fused_hybrid_bf16_s128_scalar";
+
+/// Kernel `spmm_hybrid_bf16_s128_scalar` of [`HYBRID`].
+pub const SPMM_HYBRID_BF16_S128_SCALAR: &str = "spmm_hybrid_bf16_s128_scalar";
+
+/// Kernel `fused_hybrid_f32_s32` of [`HYBRID`].
+pub const FUSED_HYBRID_F32_S32: &str = "fused_hybrid_f32_s32";
+
+/// Kernel `spmm_hybrid_f32_s32` of [`HYBRID`].
+pub const SPMM_HYBRID_F32_S32: &str = "spmm_hybrid_f32_s32";
+
+/// Kernel `fused_hybrid_f32_s32_scalar` of [`HYBRID`].
+pub const FUSED_HYBRID_F32_S32_SCALAR: &str = "fused_hybrid_f32_s32_scalar";
+
+/// Kernel `spmm_hybrid_f32_s32_scalar` of [`HYBRID`].
+pub const SPMM_HYBRID_F32_S32_SCALAR: &str = "spmm_hybrid_f32_s32_scalar";
+
+/// Kernel `fused_hybrid_f32_s64` of [`HYBRID`].
+pub const FUSED_HYBRID_F32_S64: &str = "fused_hybrid_f32_s64";
+
+/// Kernel `spmm_hybrid_f32_s64` of [`HYBRID`].
+pub const SPMM_HYBRID_F32_S64: &str = "spmm_hybrid_f32_s64";
+
+/// Kernel `fused_hybrid_f32_s64_scalar` of [`HYBRID`].
+pub const FUSED_HYBRID_F32_S64_SCALAR: &str = "fused_hybrid_f32_s64_scalar";
+
+/// Kernel `spmm_hybrid_f32_s64_scalar` of [`HYBRID`].
+pub const SPMM_HYBRID_F32_S64_SCALAR: &str = "spmm_hybrid_f32_s64_scalar";
+
+/// The PTX module compiled from `cuda/layers.cu` (39 kernels).
+pub const LAYERS: PtxModule = PtxModule {
+    name: "layers",
+    ptx: include_str!("../ptx/layers.ptx"),
+    kernels: &[
+        BIAS_ADD_DENSE_F32,
+        WEIGHTED_COL_SUM_DENSE_F32,
+        HEAD_DOT_DENSE_F32,
+        HEAD_OUTER_ADD_DENSE_F32,
+        ACTIVATION_DENSE_F32,
+        ACTIVATION_BACKWARD_DENSE_F32,
+        ROW_NORMALIZE_DENSE_F32,
+        ROW_NORMALIZE_BACKWARD_DENSE_F32,
+        AXPY_DENSE_F32,
+        HEAD_MEAN_DENSE_F32,
+        HEAD_BROADCAST_DENSE_F32,
+        ADAM_DENSE_F32,
+        SGD_DENSE_F32,
+        BIAS_ADD_DENSE_F16,
+        WEIGHTED_COL_SUM_DENSE_F16,
+        HEAD_DOT_DENSE_F16,
+        HEAD_OUTER_ADD_DENSE_F16,
+        ACTIVATION_DENSE_F16,
+        ACTIVATION_BACKWARD_DENSE_F16,
+        ROW_NORMALIZE_DENSE_F16,
+        ROW_NORMALIZE_BACKWARD_DENSE_F16,
+        AXPY_DENSE_F16,
+        HEAD_MEAN_DENSE_F16,
+        HEAD_BROADCAST_DENSE_F16,
+        ADAM_DENSE_F16,
+        SGD_DENSE_F16,
+        BIAS_ADD_DENSE_BF16,
+        WEIGHTED_COL_SUM_DENSE_BF16,
+        HEAD_DOT_DENSE_BF16,
+        HEAD_OUTER_ADD_DENSE_BF16,
+        ACTIVATION_DENSE_BF16,
+        ACTIVATION_BACKWARD_DENSE_BF16,
+        ROW_NORMALIZE_DENSE_BF16,
+        ROW_NORMALIZE_BACKWARD_DENSE_BF16,
+        AXPY_DENSE_BF16,
+        HEAD_MEAN_DENSE_BF16,
+        HEAD_BROADCAST_DENSE_BF16,
+        ADAM_DENSE_BF16,
+        SGD_DENSE_BF16,
+    ],
+};
+
+/// Kernel `bias_add_dense_f32` of [`LAYERS`].
+pub const BIAS_ADD_DENSE_F32: &str = "bias_add_dense_f32";
+
+/// Kernel `weighted_col_sum_dense_f32` of [`LAYERS`].
+pub const WEIGHTED_COL_SUM_DENSE_F32: &str = "weighted_col_sum_dense_f32";
+
+/// Kernel `head_dot_dense_f32` of [`LAYERS`].
+pub const HEAD_DOT_DENSE_F32: &str = "head_dot_dense_f32";
+
+/// Kernel `head_outer_add_dense_f32` of [`LAYERS`].
+pub const HEAD_OUTER_ADD_DENSE_F32: &str = "head_outer_add_dense_f32";
+
+/// Kernel `activation_dense_f32` of [`LAYERS`].
+pub const ACTIVATION_DENSE_F32: &str = "activation_dense_f32";
+
+/// Kernel `activation_backward_dense_f32` of [`LAYERS`].
+pub const ACTIVATION_BACKWARD_DENSE_F32: &str = "activation_backward_dense_f32";
+
+/// Kernel `row_normalize_dense_f32` of [`LAYERS`].
+pub const ROW_NORMALIZE_DENSE_F32: &str = "row_normalize_dense_f32";
+
+/// Kernel `row_normalize_backward_dense_f32` of [`LAYERS`].
+pub const ROW_NORMALIZE_BACKWARD_DENSE_F32: &str = "row_normalize_backward_dense_f32";
+
+/// Kernel `axpy_dense_f32` of [`LAYERS`].
+pub const AXPY_DENSE_F32: &str = "axpy_dense_f32";
+
+/// Kernel `head_mean_dense_f32` of [`LAYERS`].
+pub const HEAD_MEAN_DENSE_F32: &str = "head_mean_dense_f32";
+
+/// Kernel `head_broadcast_dense_f32` of [`LAYERS`].
+pub const HEAD_BROADCAST_DENSE_F32: &str = "head_broadcast_dense_f32";
+
+/// Kernel `adam_dense_f32` of [`LAYERS`].
+pub const ADAM_DENSE_F32: &str = "adam_dense_f32";
+
+/// Kernel `sgd_dense_f32` of [`LAYERS`].
+pub const SGD_DENSE_F32: &str = "sgd_dense_f32";
+
+/// Kernel `bias_add_dense_f16` of [`LAYERS`].
+pub const BIAS_ADD_DENSE_F16: &str = "bias_add_dense_f16";
+
+/// Kernel `weighted_col_sum_dense_f16` of [`LAYERS`].
+pub const WEIGHTED_COL_SUM_DENSE_F16: &str = "weighted_col_sum_dense_f16";
+
+/// Kernel `head_dot_dense_f16` of [`LAYERS`].
+pub const HEAD_DOT_DENSE_F16: &str = "head_dot_dense_f16";
+
+/// Kernel `head_outer_add_dense_f16` of [`LAYERS`].
+pub const HEAD_OUTER_ADD_DENSE_F16: &str = "head_outer_add_dense_f16";
+
+/// Kernel `activation_dense_f16` of [`LAYERS`].
+pub const ACTIVATION_DENSE_F16: &str = "activation_dense_f16";
+
+/// Kernel `activation_backward_dense_f16` of [`LAYERS`].
+pub const ACTIVATION_BACKWARD_DENSE_F16: &str = "activation_backward_dense_f16";
+
+/// Kernel `row_normalize_dense_f16` of [`LAYERS`].
+pub const ROW_NORMALIZE_DENSE_F16: &str = "row_normalize_dense_f16";
+
+/// Kernel `row_normalize_backward_dense_f16` of [`LAYERS`].
+pub const ROW_NORMALIZE_BACKWARD_DENSE_F16: &str = "row_normalize_backward_dense_f16";
+
+/// Kernel `axpy_dense_f16` of [`LAYERS`].
+pub const AXPY_DENSE_F16: &str = "axpy_dense_f16";
+
+/// Kernel `head_mean_dense_f16` of [`LAYERS`].
+pub const HEAD_MEAN_DENSE_F16: &str = "head_mean_dense_f16";
+
+/// Kernel `head_broadcast_dense_f16` of [`LAYERS`].
+pub const HEAD_BROADCAST_DENSE_F16: &str = "head_broadcast_dense_f16";
+
+/// Kernel `adam_dense_f16` of [`LAYERS`].
+pub const ADAM_DENSE_F16: &str = "adam_dense_f16";
+
+/// Kernel `sgd_dense_f16` of [`LAYERS`].
+pub const SGD_DENSE_F16: &str = "sgd_dense_f16";
+
+/// Kernel `bias_add_dense_bf16` of [`LAYERS`].
+pub const BIAS_ADD_DENSE_BF16: &str = "bias_add_dense_bf16";
+
+/// Kernel `weighted_col_sum_dense_bf16` of [`LAYERS`].
+pub const WEIGHTED_COL_SUM_DENSE_BF16: &str = "weighted_col_sum_dense_bf16";
+
+/// Kernel `head_dot_dense_bf16` of [`LAYERS`].
+pub const HEAD_DOT_DENSE_BF16: &str = "head_dot_dense_bf16";
+
+/// Kernel `head_outer_add_dense_bf16` of [`LAYERS`].
+pub const HEAD_OUTER_ADD_DENSE_BF16: &str = "head_outer_add_dense_bf16";
+
+/// Kernel `activation_dense_bf16` of [`LAYERS`].
+pub const ACTIVATION_DENSE_BF16: &str = "activation_dense_bf16";
+
+/// Kernel `activation_backward_dense_bf16` of [`LAYERS`].
+pub const ACTIVATION_BACKWARD_DENSE_BF16: &str = "activation_backward_dense_bf16";
+
+/// Kernel `row_normalize_dense_bf16` of [`LAYERS`].
+pub const ROW_NORMALIZE_DENSE_BF16: &str = "row_normalize_dense_bf16";
+
+/// Kernel `row_normalize_backward_dense_bf16` of [`LAYERS`].
+pub const ROW_NORMALIZE_BACKWARD_DENSE_BF16: &str = "row_normalize_backward_dense_bf16";
+
+/// Kernel `axpy_dense_bf16` of [`LAYERS`].
+pub const AXPY_DENSE_BF16: &str = "axpy_dense_bf16";
+
+/// Kernel `head_mean_dense_bf16` of [`LAYERS`].
+pub const HEAD_MEAN_DENSE_BF16: &str = "head_mean_dense_bf16";
+
+/// Kernel `head_broadcast_dense_bf16` of [`LAYERS`].
+pub const HEAD_BROADCAST_DENSE_BF16: &str = "head_broadcast_dense_bf16";
+
+/// Kernel `adam_dense_bf16` of [`LAYERS`].
+pub const ADAM_DENSE_BF16: &str = "adam_dense_bf16";
+
+/// Kernel `sgd_dense_bf16` of [`LAYERS`].
+pub const SGD_DENSE_BF16: &str = "sgd_dense_bf16";
+
 /// The PTX module compiled from `cuda/mebcrs_ops.cu` (37 kernels).
 pub const MEBCRS_OPS: PtxModule = PtxModule {
     name: "mebcrs_ops",
@@ -513,8 +921,11 @@ pub const SPMM_MEBCRS_FINALIZE_TF32: &str = "spmm_mebcrs_finalize_tf32";
 
 /// Every PTX module of this crate, sorted by name.
 pub const MODULES: &[PtxModule] = &[
+    BACKWARD,
     CSR_OPS,
     FUSED_BSB,
     FUSED_CSR,
+    HYBRID,
+    LAYERS,
     MEBCRS_OPS,
 ];
