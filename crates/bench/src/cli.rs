@@ -145,6 +145,12 @@ pub struct ReportArgs {
         default_value = "docs/benchmarks.svg"
     )]
     pub svg: PathBuf,
+
+    /// Markdown appended verbatim after the generated tables: results of the benchmarks that
+    /// are not `spattn-bench` runs (e.g. docs/results/training.md, the training step and the
+    /// layers), kept with their own GPU, commit and command so a regeneration keeps them.
+    #[arg(long = "append", value_name = "FILE")]
+    pub append: Vec<PathBuf>,
 }
 
 /// What the command line asks for.

@@ -44,7 +44,13 @@ pub fn report(args: &ReportArgs) -> Result<Vec<PathBuf>> {
     write_file(&args.svg, &svg)?;
     let link = relative_to(&args.svg, &args.out);
     let inputs: Vec<String> = args.json.iter().map(|p| p.display().to_string()).collect();
-    let md = markdown(&data, Some(&link), &inputs);
+    let mut md = markdown(&data, Some(&link), &inputs);
+    for path in &args.append {
+        let text = std::fs::read_to_string(path).map_err(|e| io_error("read", path, e))?;
+        md.push('\n');
+        md.push_str(text.trim_end());
+        md.push('\n');
+    }
     write_file(&args.out, &md)?;
     Ok(vec![args.out.clone(), args.svg.clone()])
 }

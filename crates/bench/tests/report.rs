@@ -220,6 +220,50 @@ fn report_has_the_expected_ratios_and_a_chart() {
 }
 
 #[test]
+fn report_appends_the_given_markdown_after_the_tables() {
+    let dir = temp_dir("report-append");
+    let json = dir.join("run.json");
+    std::fs::write(&json, serde_json::to_string_pretty(&run()).unwrap()).unwrap();
+    let extra = dir.join("training.md");
+    std::fs::write(
+        &extra,
+        "## Training\n\n| layer | ms |\n|---|---:|\n| gat | 0.2 |\n\n",
+    )
+    .unwrap();
+    let md = dir.join("B.md");
+    let svg = dir.join("b.svg");
+    let args = [
+        "report",
+        "--json",
+        json.to_str().unwrap(),
+        "--out",
+        md.to_str().unwrap(),
+        "--svg",
+        svg.to_str().unwrap(),
+        "--append",
+        extra.to_str().unwrap(),
+    ];
+    let out = bench(&args);
+    assert!(out.status.success(), "{}", text(&out).1);
+    let md_text = std::fs::read_to_string(&md).unwrap();
+    let at = md_text.find("## Training").expect("the appended section");
+    assert!(
+        at > md_text.find("## How to reproduce").unwrap(),
+        "{md_text}"
+    );
+    assert!(md_text.ends_with("| gat | 0.2 |\n"), "{md_text}");
+
+    // A missing file is one clear error naming it.
+    let missing = dir.join("missing.md");
+    let mut bad = args;
+    bad[8] = missing.to_str().unwrap();
+    let out = bench(&bad);
+    assert!(!out.status.success());
+    assert!(text(&out).1.contains("missing.md"), "{}", text(&out).1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn report_of_a_cpu_run_says_so() {
     let dir = temp_dir("report-cpu");
     let json = dir.join("run.json");
