@@ -15,6 +15,7 @@ each (heads, head_dim, dtype) asked for, times with CUDA events (warm-up, median
                       Q, K, V), per-head loop; falls back to f32 where the dtype has no kernel
   pyg_train           a training step of pyg_attention (gathers, softmax, scatter-add) through
                       autograd: the fallback composition that differentiates in every dtype
+                      (the two *_train peers run only when --ops names them)
 
 cuSPARSE's SDDMM and SpMM take f32 only for CSR on many versions: when the asked dtype fails,
 the op is timed in f32 and the record says so ("dtype_used"). Writes a JSON list of records:
@@ -193,9 +194,11 @@ def main():
     ap.add_argument("--head-dim", nargs="+", default=["64"], help="e.g. 64 128, or 64,128")
     ap.add_argument("--dtype", nargs="+", default=["f16"], help="f16, bf16, f32 (or a comma list)")
     ap.add_argument("--seed", type=int, default=0)
+    # The training peers are opt-in (--ops torch_sparse_train pyg_train): torch's autograd
+    # through sparse.mm materialises a dense n x n gradient and, on R-MAT 16, died with SIGFPE,
+    # taking the forward peers' records of that graph with it.
     ap.add_argument("--ops", nargs="+",
-                    default=["cusparse_sddmm", "cusparse_spmm", "torch_sparse_attention", "pyg_attention", "dense_sdpa",
-                             "torch_sparse_train", "pyg_train"])
+                    default=["cusparse_sddmm", "cusparse_spmm", "torch_sparse_attention", "pyg_attention", "dense_sdpa"])
     ap.add_argument("--dense-max-n", type=int, default=20000)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--reps", type=int, default=30)
@@ -315,14 +318,22 @@ def main():
                     train_torch_sparse(args, rec, dev, n, n_cols, nnz, crow, col, row, q, k, v, g, heads, d, dtype, scale)
                 if "pyg_train" in args.ops:
                     train_pyg(args, rec, dev, n, row, col, q, k, v, g, heads, d, dtype, scale)
+                write_records(args.json, records)
                 torch.cuda.empty_cache()
 
-    out_dir = os.path.dirname(args.json)
+    write_records(args.json, records)
+    print(f"[peers] wrote {len(records)} records to {args.json}")
+
+
+def write_records(path, records):
+    """Writes the records so far (also after each configuration, so a crash keeps them)."""
+    out_dir = os.path.dirname(path)
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
-    with open(args.json, "w") as f:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
         json.dump(records, f, indent=1, allow_nan=False)
-    print(f"[peers] wrote {len(records)} records to {args.json}")
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":
