@@ -20,7 +20,7 @@ use rand::Rng;
 use rand_pcg::Pcg64;
 use spattn::{Algorithm, AttentionConfig, AttentionPlan, HybridParams};
 use spattn_formats::Csr;
-use spattn_ops::cpu::{attention_f64_from, rel_l2_error, AttentionInputs};
+use spattn_ops::cpu::rel_l2_error;
 use spattn_ops::{DType, DTypeKind, DeviceMatrix, Gpu, Shape};
 
 const ALG: Algorithm = Algorithm::Hybrid;
@@ -36,69 +36,6 @@ const FIXED: [(f64, usize, usize); 5] = [
 
 fn gpu() -> Gpu {
     Gpu::new(0).expect("an NVIDIA GPU (this test is ignored elsewhere)")
-}
-
-/// The tolerance of the algorithm for `T`: f32 runs through tf32.
-fn tol<T: DType>() -> f64 {
-    match T::KIND {
-        DTypeKind::F32 => 1e-3,
-        _ => tolerance::<T>(),
-    }
-}
-
-/// Inputs of one case, in f64, exactly representable in `T`.
-struct Inputs {
-    q: Vec<f64>,
-    k: Vec<f64>,
-    v: Vec<f64>,
-    shape_q: Shape,
-    shape_kv: Shape,
-}
-
-impl Inputs {
-    /// Q uniform in ±`amp`, K and V in ±1, rounded to `T`.
-    fn draw<T: DType>(rng: &mut Pcg64, a: &Csr, heads: usize, head_dim: usize, amp: f64) -> Self {
-        let shape_q = Shape::new(a.n_rows(), heads, head_dim).unwrap();
-        let shape_kv = Shape::new(a.n_cols(), heads, head_dim).unwrap();
-        Self {
-            q: to_f64(&random_vec::<T>(rng, shape_q.len(), amp)),
-            k: to_f64(&random_vec::<T>(rng, shape_kv.len(), 1.0)),
-            v: to_f64(&random_vec::<T>(rng, shape_kv.len(), 1.0)),
-            shape_q,
-            shape_kv,
-        }
-    }
-
-    /// Values on the grid k/256, |k| ≤ 256 (Q: times `amp`, a power of two): exact in f16
-    /// and bf16 alike, so one f64 reference serves both.
-    fn draw_half(rng: &mut Pcg64, a: &Csr, heads: usize, head_dim: usize) -> Self {
-        let shape_q = Shape::new(a.n_rows(), heads, head_dim).unwrap();
-        let shape_kv = Shape::new(a.n_cols(), heads, head_dim).unwrap();
-        let mut grid = |len: usize| -> Vec<f64> {
-            (0..len)
-                .map(|_| f64::from(rng.random_range(-256i32..=256)) / 256.0)
-                .collect()
-        };
-        Self {
-            q: grid(shape_q.len()),
-            k: grid(shape_kv.len()),
-            v: grid(shape_kv.len()),
-            shape_q,
-            shape_kv,
-        }
-    }
-
-    fn reference(&self, a: &Csr, scale: f64) -> Vec<f64> {
-        let inputs = AttentionInputs::new(
-            &self.q,
-            self.shape_q,
-            &self.k,
-            self.shape_kv,
-            &self.v,
-            self.shape_kv,
-        );
-        attention_f64_from(a, &inputs, scale).unwrap()
-    }
 }
 
 /// Runs the hybrid plan on `inputs` (converted to `T`), twice, and checks against `want`.
@@ -156,7 +93,10 @@ fn check_with<T: DType>(
         plan.forward(&dq, &dk, &dv, &mut out).unwrap();
         let got = out.to_host().unwrap();
         let err = rel_l2_error(&to_f64(&got), want);
-        assert!(err <= tol::<T>(), "{what}: rel error {err:e} (run {run})");
+        assert!(
+            err <= tol_tf32::<T>(),
+            "{what}: rel error {err:e} (run {run})"
+        );
         let row_len = inputs.shape_q.row_len();
         for r in (0..a.n_rows()).filter(|&r| a.degree(r) == 0) {
             let row = &got[r * row_len..(r + 1) * row_len];

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64;
 use spattn_formats::{read_matrix_market, rmat, Csr, RmatConfig};
-use spattn_ops::DType;
+use spattn_ops::cpu::{attention_f64_from, AttentionInputs};
+use spattn_ops::{DType, DTypeKind, Shape};
 
 /// Where the shared graphs are: `SPATTN_DATA_DIR` (the GPU bundle sets it), else
 /// `../shared/data/mtx` beside the repository.
@@ -107,5 +108,76 @@ pub fn tolerance<T: DType>() -> f64 {
         "f32" => 1e-5,
         "f16" => 5e-3,
         _ => 2e-2,
+    }
+}
+
+/// The tolerance of a tensor-core algorithm for `T`: f32 runs through tf32 (1e-3).
+pub fn tol_tf32<T: DType>() -> f64 {
+    match T::KIND {
+        DTypeKind::F32 => 1e-3,
+        _ => tolerance::<T>(),
+    }
+}
+
+/// Inputs of one attention case, in f64, exactly representable in `T` (the reference reads
+/// them as they are; the GPU side rounds them to `T`, losing nothing).
+pub struct Inputs {
+    pub q: Vec<f64>,
+    pub k: Vec<f64>,
+    pub v: Vec<f64>,
+    pub shape_q: Shape,
+    pub shape_kv: Shape,
+}
+
+impl Inputs {
+    /// Q uniform in ±`amp`, K and V in ±1, rounded to `T`.
+    pub fn draw<T: DType>(
+        rng: &mut Pcg64,
+        a: &Csr,
+        heads: usize,
+        head_dim: usize,
+        amp: f64,
+    ) -> Self {
+        let shape_q = Shape::new(a.n_rows(), heads, head_dim).unwrap();
+        let shape_kv = Shape::new(a.n_cols(), heads, head_dim).unwrap();
+        Self {
+            q: to_f64(&random_vec::<T>(rng, shape_q.len(), amp)),
+            k: to_f64(&random_vec::<T>(rng, shape_kv.len(), 1.0)),
+            v: to_f64(&random_vec::<T>(rng, shape_kv.len(), 1.0)),
+            shape_q,
+            shape_kv,
+        }
+    }
+
+    /// Values on the grid k/256, |k| ≤ 256 (Q: times `amp`, a power of two): exact in f16
+    /// and bf16 alike, so one f64 reference serves both.
+    pub fn draw_half(rng: &mut Pcg64, a: &Csr, heads: usize, head_dim: usize) -> Self {
+        let shape_q = Shape::new(a.n_rows(), heads, head_dim).unwrap();
+        let shape_kv = Shape::new(a.n_cols(), heads, head_dim).unwrap();
+        let mut grid = |len: usize| -> Vec<f64> {
+            (0..len)
+                .map(|_| f64::from(rng.random_range(-256i32..=256)) / 256.0)
+                .collect()
+        };
+        Self {
+            q: grid(shape_q.len()),
+            k: grid(shape_kv.len()),
+            v: grid(shape_kv.len()),
+            shape_q,
+            shape_kv,
+        }
+    }
+
+    /// The f64 CPU reference of these inputs.
+    pub fn reference(&self, a: &Csr, scale: f64) -> Vec<f64> {
+        let inputs = AttentionInputs::new(
+            &self.q,
+            self.shape_q,
+            &self.k,
+            self.shape_kv,
+            &self.v,
+            self.shape_kv,
+        );
+        attention_f64_from(a, &inputs, scale).unwrap()
     }
 }
