@@ -114,76 +114,18 @@ pub struct AttentionConfig {
     /// For [`Algorithm::Hybrid`]: a fixed threshold and warp split instead of the plan-time
     /// calibration (`None`, the default, calibrates).
     pub hybrid: Option<HybridParams>,
-    /// For the tensor-core algorithms that tile rows into 16-row windows (`fused-tc`,
-    /// `hybrid`): how the plan renumbers the rows internally ([`Reorder::Auto`] by default).
-    /// Invisible to the caller: inputs and outputs keep the graph's node order.
+    /// For the tensor-core algorithms, which tile rows into windows (16 rows for `fused-tc` and
+    /// `hybrid`, 8 for `unfused-tc`): how the plan renumbers the rows internally
+    /// ([`Reorder::Auto`] by default, chosen per window height). Invisible to the caller:
+    /// inputs and outputs keep the graph's node order.
     pub reorder: Reorder,
 }
 
-/// How a plan renumbers the graph's rows before tiling them into 16-row windows, so that a
-/// window's rows share more columns and the kernel gathers fewer K/V rows. The renumbering is
-/// internal and zero-copy: the kernel loads Q and stores the output through the plan's
-/// row-id array, and K/V are gathered at the caller's (original) column ids.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum Reorder {
-    /// The graph's own order.
-    None,
-    /// Longest rows first (RT-GNN's degree reordering).
-    Degree,
-    /// Reverse Cuthill–McKee after peeling the hubs (rows above 32× the mean degree first): a
-    /// breadth-first locality order. Square graphs only: a rectangular one keeps its order.
-    Locality,
-    /// Counts the (window, distinct column) pairs — the K/V row gathers — under each order
-    /// when the plan is built and keeps the order with the fewest (the graph's own unless
-    /// another saves at least 5%). Costs a reverse Cuthill–McKee (single-threaded,
-    /// O(nnz · log degree): ~0.25 s on ogbn-arxiv) and three counts at plan time.
-    #[default]
-    Auto,
-}
-
-impl Reorder {
-    /// Every choice, `Auto` last.
-    pub const ALL: [Reorder; 4] = [
-        Reorder::None,
-        Reorder::Degree,
-        Reorder::Locality,
-        Reorder::Auto,
-    ];
-
-    /// The name used on command lines and in plan reports: `none`, `degree`, `locality`,
-    /// `auto`.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Reorder::None => "none",
-            Reorder::Degree => "degree",
-            Reorder::Locality => "locality",
-            Reorder::Auto => "auto",
-        }
-    }
-}
-
-impl fmt::Display for Reorder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for Reorder {
-    type Err = Error;
-    /// Parses a name of [`Reorder::name`].
-    fn from_str(s: &str) -> Result<Self> {
-        Reorder::ALL
-            .into_iter()
-            .find(|r| r.name() == s)
-            .ok_or_else(|| Error::InvalidConfig {
-                what: "reorder",
-                why: format!(
-                    "unknown reordering {s:?}; expected one of {}",
-                    Reorder::ALL.map(Reorder::name).join(", ")
-                ),
-            })
-    }
-}
+/// How a plan renumbers the graph's rows before tiling them into windows (fused-tc, hybrid and
+/// unfused-tc), so that a window's rows share more columns and the kernels gather fewer K/V
+/// rows; invisible to the caller. Defined in the formats crate, which also chooses the order
+/// ([`spattn_formats::RowOrder`]).
+pub use spattn_formats::Reorder;
 
 /// Fixed parameters of the hybrid algorithm (see [`AttentionConfig::with_hybrid`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -231,7 +173,7 @@ impl AttentionConfig {
         self.hybrid = Some(params);
         self
     }
-    /// Sets how the plan renumbers rows internally (`fused-tc`, `hybrid`).
+    /// Sets how the plan renumbers rows internally (`fused-tc`, `hybrid`, `unfused-tc`).
     pub fn with_reorder(mut self, reorder: Reorder) -> Self {
         self.reorder = reorder;
         self

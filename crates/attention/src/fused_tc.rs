@@ -17,7 +17,7 @@
 //! graph with the original column ids (so K and V are gathered from the caller's arrays), and
 //! the kernel loads Q and stores out through the per-row original-id array.
 
-use spattn_formats::{Bsb, Csr, Permutation, WindowCount};
+use spattn_formats::{Bsb, Csr, RowOrder};
 use spattn_kernels_sys::FUSED_BSB;
 use spattn_ops::launch::{
     blocks_for, check_same_gpu, kernel_named, launch, to_u32, LaunchConfig, PushKernelArg,
@@ -45,86 +45,6 @@ const MAX_PARTS: usize = 64;
 const MERGE_FLOATS: usize = 64;
 /// Marks a unit whose window is not split (`SPATTN_NONE` in the kernel).
 const NONE: u32 = u32::MAX;
-/// [`Reorder::Locality`] peels rows above this many times the mean degree before its
-/// breadth-first search (measured on the shared graphs: 32 gathers the fewest rows on
-/// ogbn-arxiv and flickr, the same as plain RCM elsewhere within 3%).
-const HUB_FACTOR: f64 = 32.0;
-/// [`Reorder::Auto`] renumbers only when it saves at least this fraction of the gathers.
-const AUTO_MIN_SAVING: f64 = 0.05;
-
-/// A row order for the windowed tensor-core kernels, and what it was chosen from.
-#[derive(Clone, Debug)]
-pub(crate) struct RowOrder {
-    /// The order used; `None` keeps the graph's own.
-    pub permutation: Option<Permutation>,
-    /// The order's name ([`Reorder::None`], [`Reorder::Degree`] or [`Reorder::Locality`]).
-    pub used: Reorder,
-    /// (window, distinct column) pairs of the graph's own order and of the one used.
-    pub gathers_natural: usize,
-    /// See `gathers_natural`.
-    pub gathers: usize,
-}
-
-impl RowOrder {
-    /// The order `reorder` asks for on `a` (see [`Reorder`]). A rectangular graph is only
-    /// degree-ordered when asked; [`Reorder::Locality`] and [`Reorder::Auto`] keep its order.
-    ///
-    /// Errors: [`Error::Format`] from the formats crate (not expected on a valid graph).
-    pub(crate) fn new(a: &Csr, reorder: Reorder) -> Result<Self> {
-        let count = |p: Option<&Permutation>| -> Result<WindowCount> {
-            Ok(Bsb::count_with_row_order(a, p)?)
-        };
-        let natural = count(None)?.columns;
-        let of = |r: Reorder| -> Result<Option<Permutation>> {
-            Ok(match r {
-                Reorder::None | Reorder::Auto => None,
-                Reorder::Degree => Some(Permutation::by_degree_descending(a)),
-                Reorder::Locality => Some(Permutation::reverse_cuthill_mckee_peeling_hubs(
-                    a, HUB_FACTOR,
-                )?),
-            })
-        };
-        let (used, permutation, gathers) = match reorder {
-            Reorder::Auto if a.n_rows() == a.n_cols() => {
-                let mut best = (Reorder::None, None, natural);
-                for r in [Reorder::Degree, Reorder::Locality] {
-                    let p = of(r)?;
-                    let g = count(p.as_ref())?.columns;
-                    if (g as f64) < (1.0 - AUTO_MIN_SAVING) * natural as f64 && g < best.2 {
-                        best = (r, p, g);
-                    }
-                }
-                best
-            }
-            // A locality order follows the graph's edges from node to node: it needs a square
-            // graph. A rectangular one keeps its order (the report says so).
-            Reorder::Auto | Reorder::None => (Reorder::None, None, natural),
-            Reorder::Locality if a.n_rows() != a.n_cols() => (Reorder::None, None, natural),
-            r => {
-                let p = of(r)?;
-                let g = count(p.as_ref())?.columns;
-                (r, p, g)
-            }
-        };
-        Ok(Self {
-            permutation,
-            used,
-            gathers_natural: natural,
-            gathers,
-        })
-    }
-
-    /// One line for the plan's report: the order and its gathers against the graph's own.
-    pub(crate) fn info(&self) -> String {
-        format!(
-            "rows {}-ordered: {} K/V row gathers per head ({:.2}x fewer than the graph's order)",
-            self.used,
-            self.gathers,
-            self.gathers_natural as f64 / self.gathers.max(1) as f64
-        )
-    }
-}
-
 /// Feature slices compiled per warp (`fused_bsb_{dtype}_s{slice}`).
 fn slices(dtype: DTypeKind) -> &'static [usize] {
     match dtype {
@@ -351,7 +271,7 @@ impl FusedTensorCore {
         head_dim: usize,
         reorder: Reorder,
     ) -> Result<Self> {
-        let order = RowOrder::new(a, reorder)?;
+        let order = RowOrder::choose(a, reorder, WINDOW_ROWS)?;
         let Some(p) = &order.permutation else {
             let mut f = Self::new::<T>(gpu, &Bsb::from_csr(a)?, heads, head_dim)?;
             f.order_info = order.info();
@@ -669,27 +589,31 @@ mod tests {
             .unwrap()
             .symmetrize_with_self_loops()
             .unwrap();
-        let none = RowOrder::new(&a, Reorder::None).unwrap();
+        let none = RowOrder::choose(&a, Reorder::None, WINDOW_ROWS).unwrap();
         assert!(none.permutation.is_none());
         assert_eq!(none.gathers, none.gathers_natural);
-        let loc = RowOrder::new(&a, Reorder::Locality).unwrap();
+        let loc = RowOrder::choose(&a, Reorder::Locality, WINDOW_ROWS).unwrap();
         assert_eq!(loc.used, Reorder::Locality);
         assert!(loc.gathers < none.gathers, "{loc:?}");
-        let auto = RowOrder::new(&a, Reorder::Auto).unwrap();
+        let auto = RowOrder::choose(&a, Reorder::Auto, WINDOW_ROWS).unwrap();
         assert_ne!(auto.used, Reorder::None);
         assert!(auto.gathers <= loc.gathers);
         assert!(auto.info().contains("-ordered"), "{}", auto.info());
         // A rectangular graph: degree order when asked, its own order otherwise.
         let r = Csr::from_edges(3, 5, &[(0, 4), (2, 1), (2, 3)]).unwrap();
         assert_eq!(
-            RowOrder::new(&r, Reorder::Locality).unwrap().used,
+            RowOrder::choose(&r, Reorder::Locality, WINDOW_ROWS)
+                .unwrap()
+                .used,
             Reorder::None
         );
         assert_eq!(
-            RowOrder::new(&r, Reorder::Auto).unwrap().used,
+            RowOrder::choose(&r, Reorder::Auto, WINDOW_ROWS)
+                .unwrap()
+                .used,
             Reorder::None
         );
-        let d = RowOrder::new(&r, Reorder::Degree).unwrap();
+        let d = RowOrder::choose(&r, Reorder::Degree, WINDOW_ROWS).unwrap();
         assert_eq!(d.used, Reorder::Degree);
         assert_eq!(d.permutation.unwrap().old_of_new()[0], 2);
     }

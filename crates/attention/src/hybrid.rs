@@ -25,8 +25,8 @@ use spattn_ops::{DType, DTypeKind, DeviceHybrid, DeviceMatrix, Gpu, Shape, WarpS
 
 use crate::config::{HybridParams, Reorder};
 use crate::error::{Error, Result};
-use crate::fused_tc::RowOrder;
 use crate::Algorithm;
+use spattn_formats::RowOrder;
 
 /// Warps per CTA the model splits.
 pub const WARPS: usize = 4;
@@ -146,7 +146,7 @@ impl Hybrid {
                 why: format!("{e}; use fused-csr"),
             });
         }
-        let order = RowOrder::new(graph, reorder)?;
+        let order = RowOrder::choose(graph, reorder, 16)?;
         let permutation = match order.permutation {
             Some(p) => p,
             None => spattn_formats::Permutation::identity(graph.n_rows())?,

@@ -105,6 +105,16 @@ impl AttentionPlan {
         if let GpuState::FusedTensorCore(f) = &state {
             choice = format!("{choice}; {}", f.info());
         }
+        if let GpuState::UnfusedTensorCore { mebcrs, .. } = &state {
+            let o = mebcrs.row_order();
+            choice = format!(
+                "{choice}; rows {}-ordered: {} ME-BCRS vectors ({:.2}x fewer than the graph's \
+                 order)",
+                o.used,
+                o.vectors,
+                o.vectors_natural as f64 / o.vectors.max(1) as f64
+            );
+        }
         let mut plan = Self::assemble(graph, config, algorithm, choice);
         plan.backend = Backend::Gpu(Box::new(GpuPlan {
             gpu: gpu.clone(),
@@ -451,7 +461,7 @@ impl GpuState {
             }
             Algorithm::UnfusedTensorCore => {
                 gpu.require_compute_capability("unfused-tc", 8, 0)?;
-                let mebcrs = DeviceMeBcrs::from_csr(gpu, graph)?;
+                let mebcrs = DeviceMeBcrs::from_csr_reordered(gpu, graph, r)?;
                 let scores = DeviceVec::zeros(gpu, mebcrs.n_slots() * h)?;
                 GpuState::UnfusedTensorCore {
                     mebcrs: Box::new(mebcrs),

@@ -186,7 +186,14 @@ impl<'a, T: DType> GpuConfig<'a, T> {
 
     fn ensure_tc_graph(&mut self) -> Result<()> {
         if self.tc_graph.is_none() {
-            let graph = DeviceGraph::upload_for(self.gpu, self.csr, &[OpBackend::TensorCore])?;
+            // The tensor-core ops in the row order with the fewest vectors (Reorder::Auto, as
+            // the attention plans): the ops take and return the graph's own order either way.
+            let graph = DeviceGraph::upload_for_reordered(
+                self.gpu,
+                self.csr,
+                &[OpBackend::TensorCore],
+                spattn_formats::Reorder::Auto,
+            )?;
             self.tc_graph = Some(graph);
         }
         Ok(())

@@ -575,31 +575,7 @@ impl Bsb {
     /// # Ok::<(), spattn_formats::Error>(())
     /// ```
     pub fn count_with_row_order(a: &Csr, rows: Option<&crate::Permutation>) -> Result<WindowCount> {
-        let n = a.n_rows();
-        if let Some(p) = rows {
-            check_len("row order (matrix rows)", n, p.len())?;
-        }
-        let order = rows.map(crate::Permutation::old_of_new);
-        let n_windows = n.div_ceil(ROWS);
-        let (columns, blocks) = (0..n_windows)
-            .into_par_iter()
-            .with_min_len(256)
-            .fold(
-                || (Vec::new(), 0usize, 0usize),
-                |(mut scratch, columns, blocks), w| {
-                    scratch.clear();
-                    for r in w * ROWS..((w + 1) * ROWS).min(n) {
-                        let old = order.map_or(r, |o| o[r] as usize);
-                        scratch.extend_from_slice(a.row(old));
-                    }
-                    scratch.sort_unstable();
-                    scratch.dedup();
-                    let c = scratch.len();
-                    (scratch, columns + c, blocks + c.div_ceil(COLS))
-                },
-            )
-            .map(|(_, c, b)| (c, b))
-            .reduce(|| (0, 0), |x, y| (x.0 + y.0, x.1 + y.1));
+        let (n_windows, columns, blocks) = crate::reorder::count_windows(a, rows, ROWS, COLS)?;
         Ok(WindowCount {
             windows: n_windows,
             columns,

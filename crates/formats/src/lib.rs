@@ -9,7 +9,8 @@
 //!   or gzip'd) and SNAP-style edge lists, with errors that name the line.
 //! - [`rmat()`]: the Graph500 R-MAT generator, deterministic from a seed.
 //! - [`Permutation`]: RT-GNN degree reordering and reverse Cuthill–McKee (a locality order),
-//!   applied to a [`Csr`] and to feature rows.
+//!   applied to a [`Csr`] and to feature rows; [`RowOrder`] picks one for the windowed formats
+//!   by counting the K/V rows their windows gather ([`Reorder`]).
 //! - [`MeBcrs`]: FlashSparse's 8-row windows of 8×1 vectors for tensor-core SpMM / SDDMM.
 //! - [`Bsb`]: Fused3S's 16-row windows of 16×8 bitmap blocks for fused tensor-core attention.
 //! - [`HybridBlocks`]: degree-ordered 16×8 blocks split by fill between tensor-core tiles and
@@ -37,6 +38,7 @@ pub mod hybrid;
 pub mod io;
 pub mod mebcrs;
 pub mod permutation;
+pub mod reorder;
 pub mod rmat;
 pub mod stats;
 
@@ -50,5 +52,6 @@ pub use io::{
 };
 pub use mebcrs::MeBcrs;
 pub use permutation::Permutation;
+pub use reorder::{Reorder, RowOrder};
 pub use rmat::{rmat, rmat_edges, RmatConfig};
 pub use stats::{DegreeStats, FillStats};

@@ -18,6 +18,11 @@
 // spmm_mebcrs_finalize sums the partials of each split window in a fixed order (deterministic,
 // no atomics, no memset).
 //
+// Row ids. The rows may be renumbered on the host (a locality or degree order, so a window's rows
+// share more columns): window row 8w + r is then the caller's row row_ids[8w + r], through which
+// SDDMM loads Q and SpMM stores out; column ids (K, V) are always the caller's, and the edge ->
+// slot map is kept in the caller's CSR edge order. row_ids null: no renumbering.
+//
 // Swap-and-transpose. SpMM computes O^T (features x 8 rows) = V^T (features x vectors) .
 // P^T (vectors x 8 rows): the window's 8 rows are the mma's n = 8, a tile of 16 features its
 // m = 16, and the k dimension walks the window's vectors (16 per m16n8k16, 8 per tf32 m16n8k8).
@@ -115,6 +120,11 @@ __device__ __forceinline__ void pack_row(const float (&x)[N], u32 (&w)[N * sizeo
     }
 }
 
+// The caller's row of window row `row` (< n_rows).
+__device__ __forceinline__ u64 caller_row(const u32* __restrict__ row_ids, u64 row) {
+    return row_ids != nullptr ? (u64)__ldg(row_ids + row) : row;
+}
+
 // ---- SDDMM ------------------------------------------------------------------------------------
 // scores[h, slot(v, r)] = scale * <Q[8w + r, h, :], K[col(v), h, :]> for every vector v of the
 // item, -inf where row r has no edge to col(v). One warp per (item, head = blockIdx.y); the warp
@@ -131,7 +141,8 @@ __device__ __forceinline__ void sddmm_mebcrs(const u32* __restrict__ item_window
                                              const u32* __restrict__ item_end, u32 n_items,
                                              const u32* __restrict__ col_indices,
                                              const unsigned char* __restrict__ row_masks,
-                                             u32 n_rows, u64 n_slots, const T* __restrict__ q,
+                                             u32 n_rows, const u32* __restrict__ row_ids,
+                                             u64 n_slots, const T* __restrict__ q,
                                              const T* __restrict__ k, u32 heads, u32 head_dim,
                                              float scale, float* __restrict__ scores) {
     constexpr bool TF32 = sizeof(T) == 4;
@@ -145,7 +156,7 @@ __device__ __forceinline__ void sddmm_mebcrs(const u32* __restrict__ item_window
     const u32 w = item_window[item], vb = item_start[item], ve = item_end[item];
     const u64 q_row = (u64)w * 8u + g;
     const bool q_on = q_row < n_rows;
-    const T* qp = q + (q_on ? q_row : 0) * hd + (u64)h * head_dim;
+    const T* qp = q + (q_on ? caller_row(row_ids, q_row) : 0) * hd + (u64)h * head_dim;
     float* sh = scores + (u64)h * n_slots;
 
     for (u32 v0 = vb; v0 < ve; v0 += 16u) {
@@ -213,7 +224,7 @@ __device__ __forceinline__ void sddmm_mebcrs(const u32* __restrict__ item_window
 }
 
 // ---- SpMM -------------------------------------------------------------------------------------
-// out[8w + r, h, :] = sum over vectors v of the window with bit r of mask(v) of
+// out[row_ids[8w + r], h, :] = sum over vectors v of the window with bit r of mask(v) of
 // p[h, slot(v, r)] * V[col(v), h, :]. One warp per (item, slab = blockIdx.y): a slab is FT
 // tiles of 16 features of one head (h = blockIdx.y / slabs). Lane (g, t) owns NE = 2 FT
 // contiguous features, f = slab * 16 FT + NE g: mma row g of tile j is feature f + 2j, row g + 8
@@ -230,7 +241,8 @@ __device__ __forceinline__ void spmm_mebcrs(
     const u32* __restrict__ item_window, const u32* __restrict__ item_start,
     const u32* __restrict__ item_end, const u32* __restrict__ item_partial, u32 n_items,
     const u32* __restrict__ col_indices, const unsigned char* __restrict__ row_masks, u32 n_rows,
-    u64 n_slots, const float* __restrict__ p, const T* __restrict__ v, u32 heads, u32 head_dim,
+    const u32* __restrict__ row_ids, u64 n_slots, const float* __restrict__ p,
+    const T* __restrict__ v, u32 heads, u32 head_dim,
     u32 slabs, T* __restrict__ out, float* __restrict__ scratch) {
     constexpr bool TF32 = sizeof(T) == 4;
     constexpr u32 KV = TF32 ? 8u : 16u;          // vectors per mma (its k)
@@ -262,30 +274,23 @@ __device__ __forceinline__ void spmm_mebcrs(
 #pragma unroll
     for (int j = 0; j < FT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
-    // Column and mask of vector v0 + lane % KV, loaded one k-step ahead so that a step's
-    // gathers do not wait for its indices.
-    u32 next_col = 0u, next_mask = 0u;
-    if (vb + (lane % KV) < ve) {
-        next_col = __ldg(col_indices + vb + (lane % KV));
-        next_mask = __ldg(row_masks + vb + (lane % KV));
-    }
-    for (u32 v0 = vb; v0 < ve; v0 += KV) {
-        const u32 col = next_col, mask = next_mask;
-        const u32 ahead = v0 + KV + (lane % KV);
-        next_col = 0u;
-        next_mask = 0u;
-        if (ahead < ve) {
-            next_col = __ldg(col_indices + ahead);
-            next_mask = __ldg(row_masks + ahead);
+    // Column and mask of vector v0 + lane % KV (0 past the item's end).
+    auto indices = [&](u32 v0, u32& col, u32& mask) {
+        col = 0u;
+        mask = 0u;
+        if (v0 + (lane % KV) < ve) {
+            col = __ldg(col_indices + v0 + (lane % KV));
+            mask = __ldg(row_masks + v0 + (lane % KV));
         }
-        u32 rows[NV][NW];
-        float pv[NV];
+    };
+    // The k-step at v0: this lane's features of its NV vector rows (raw words) and its
+    // probabilities (B: row g of P^T's column = probability of (row g, vector v0 + vx); 0 at
+    // padding slots and past the item's end (mask 0), whatever p holds there).
+    auto gather = [&](u32 v0, u32 col, u32 mask, u32 (&rows)[NV][NW], float (&pv)[NV]) {
 #pragma unroll
         for (int x = 0; x < NV; ++x) {
             const u32 cx = __shfl_sync(SPATTN_FULL_MASK, col, vx[x]);
             const u32 mx = __shfl_sync(SPATTN_FULL_MASK, mask, vx[x]);
-            // B: row g of P^T's column = probability of (row g, vector v0 + vx); 0 at padding
-            // slots and past the item's end (mask 0), whatever p holds there.
             pv[x] = (mx >> g) & 1u ? __ldg(ph + (u64)(v0 + vx[x]) * 8u + g) : 0.0f;
             const T* src = v + (u64)cx * hd + head_off;
             if constexpr (ALIGNED) {
@@ -295,6 +300,9 @@ __device__ __forceinline__ void spmm_mebcrs(
                 else zero_words(rows[x]);
             }
         }
+    };
+    // acc += the k-step's V^T tile . P^T tile.
+    auto multiply = [&](const u32 (&rows)[NV][NW], const float (&pv)[NV]) {
         u32 b[2];
         if constexpr (TF32) {
             b[0] = to_tf32(pv[0]);
@@ -317,6 +325,18 @@ __device__ __forceinline__ void spmm_mebcrs(
                 mma_m16n8k16(acc[j], a, b, T());
             }
         }
+    };
+
+    // Column indices one k-step ahead, so that a step's gathers do not wait for them.
+    u32 next_col, next_mask;
+    indices(vb, next_col, next_mask);
+    for (u32 v0 = vb; v0 < ve; v0 += KV) {
+        const u32 col = next_col, mask = next_mask;
+        indices(v0 + KV, next_col, next_mask);
+        u32 rows[NV][NW];
+        float pv[NV];
+        gather(v0, col, mask, rows, pv);
+        multiply(rows, pv);
     }
 
     // acc[j][0], acc[j][2]: row 2t, features f + 2j, f + 2j + 1; acc[j][1], acc[j][3]: row 2t+1.
@@ -333,7 +353,7 @@ __device__ __forceinline__ void spmm_mebcrs(
             x[2 * j + 1] = acc[j][2 + half];
         }
         if (partial == SPATTN_NONE) {
-            T* dst = out + row * hd + head_off;
+            T* dst = out + caller_row(row_ids, row) * hd + head_off;
             if constexpr (ALIGNED) {
                 if (lane_on) {
                     u32 words[NW];
@@ -359,7 +379,8 @@ __device__ __forceinline__ void spmm_mebcrs(
 template <class T>
 __device__ __forceinline__ void spmm_mebcrs_finalize(const u32* __restrict__ split_windows,
                                                      const u32* __restrict__ partial_first,
-                                                     u32 n_split, u32 n_rows, u32 hd,
+                                                     u32 n_split, u32 n_rows,
+                                                     const u32* __restrict__ row_ids, u32 hd,
                                                      const float* __restrict__ scratch,
                                                      T* __restrict__ out) {
     const u64 per_window = 8ull * hd;
@@ -375,7 +396,7 @@ __device__ __forceinline__ void spmm_mebcrs_finalize(const u32* __restrict__ spl
         float sum = 0.0f;
         for (u32 pi = partial_first[s]; pi < partial_first[s + 1]; ++pi)
             sum += scratch[((u64)pi * 8u + r) * hd + f];
-        out[row * hd + f] = from_f32<T>(sum);
+        out[caller_row(row_ids, row) * hd + f] = from_f32<T>(sum);
     }
 }
 
@@ -563,23 +584,24 @@ extern "C" __global__ void slots_to_csr_mebcrs(const u32* __restrict__ edge_to_s
 #define SPATTN_SDDMM_ME(NAME, T, ALIGNED)                                                        \
     extern "C" __global__ void NAME(const u32* item_window, const u32* item_start,              \
                                     const u32* item_end, u32 n_items, const u32* col_indices,   \
-                                    const unsigned char* row_masks, u32 n_rows, u64 n_slots,    \
-                                    const T* q, const T* k, u32 heads, u32 head_dim,            \
-                                    float scale, float* scores) {                               \
+                                    const unsigned char* row_masks, u32 n_rows,                 \
+                                    const u32* row_ids, u64 n_slots, const T* q, const T* k,    \
+                                    u32 heads, u32 head_dim, float scale, float* scores) {      \
         sddmm_mebcrs<T, ALIGNED>(item_window, item_start, item_end, n_items, col_indices,       \
-                                 row_masks, n_rows, n_slots, q, k, heads, head_dim, scale,      \
-                                 scores);                                                       \
+                                 row_masks, n_rows, row_ids, n_slots, q, k, heads, head_dim,    \
+                                 scale, scores);                                                \
     }
 
-#define SPATTN_SPMM_ME(NAME, T, FT, ALIGNED)                                                     \
+#define SPATTN_SPMM_ME(NAME, T, FT, ALIGNED)                                                    \
     extern "C" __global__ void NAME(                                                             \
         const u32* item_window, const u32* item_start, const u32* item_end,                     \
         const u32* item_partial, u32 n_items, const u32* col_indices,                           \
-        const unsigned char* row_masks, u32 n_rows, u64 n_slots, const float* p, const T* v,    \
-        u32 heads, u32 head_dim, u32 slabs, T* out, float* scratch) {                           \
-        spmm_mebcrs<T, FT, ALIGNED>(item_window, item_start, item_end, item_partial, n_items,   \
-                                    col_indices, row_masks, n_rows, n_slots, p, v, heads,       \
-                                    head_dim, slabs, out, scratch);                             \
+        const unsigned char* row_masks, u32 n_rows, const u32* row_ids, u64 n_slots,            \
+        const float* p, const T* v, u32 heads, u32 head_dim, u32 slabs, T* out,                 \
+        float* scratch) {                                                                        \
+        spmm_mebcrs<T, FT, ALIGNED>(item_window, item_start, item_end, item_partial,      \
+                                          n_items, col_indices, row_masks, n_rows, row_ids,     \
+                                          n_slots, p, v, heads, head_dim, slabs, out, scratch); \
     }
 
 #define SPATTN_ME_PER_FT(SUFFIX, T, FT)                                                          \
@@ -594,10 +616,10 @@ extern "C" __global__ void slots_to_csr_mebcrs(const u32* __restrict__ edge_to_s
     SPATTN_ME_PER_FT(SUFFIX, T, 4)                                                               \
     SPATTN_ME_PER_FT(SUFFIX, T, 8)                                                               \
     extern "C" __global__ void spmm_mebcrs_finalize_##SUFFIX(                                    \
-        const u32* split_windows, const u32* partial_first, u32 n_split, u32 n_rows, u32 hd,    \
-        const float* scratch, T* out) {                                                          \
-        spmm_mebcrs_finalize<T>(split_windows, partial_first, n_split, n_rows, hd, scratch,     \
-                                out);                                                           \
+        const u32* split_windows, const u32* partial_first, u32 n_split, u32 n_rows,            \
+        const u32* row_ids, u32 hd, const float* scratch, T* out) {                              \
+        spmm_mebcrs_finalize<T>(split_windows, partial_first, n_split, n_rows, row_ids, hd,     \
+                                scratch, out);                                                  \
     }
 
 SPATTN_ME_PER_DTYPE(f16, __half)

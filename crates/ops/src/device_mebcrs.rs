@@ -21,7 +21,7 @@
 
 use std::sync::Mutex;
 
-use spattn_formats::{Csr, FillStats, MeBcrs};
+use spattn_formats::{Csr, FillStats, MeBcrs, Reorder, RowOrder};
 
 use crate::buffer::DeviceVec;
 use crate::error::Result;
@@ -239,18 +239,52 @@ pub struct DeviceMeBcrs {
     column_indices: DeviceVec<u32>,
     row_masks: DeviceVec<u8>,
     edge_to_slot: DeviceVec<u32>,
+    /// Per window row, the caller's row (Q loads, output stores) when the rows were
+    /// renumbered; `None` in the graph's own order.
+    row_ids: Option<DeviceVec<u32>>,
+    order: RowOrderReport,
     fill_stats: FillStats,
     schedule: MeBcrsSchedule,
 }
 
+/// Which row order a [`DeviceMeBcrs`] was built in, and the vectors (K/V row gathers per head)
+/// it saved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowOrderReport {
+    /// The order used ([`Reorder::None`] for the graph's own).
+    pub used: Reorder,
+    /// Vectors of the graph's own order.
+    pub vectors_natural: usize,
+    /// Vectors of the order used.
+    pub vectors: usize,
+}
+
 impl DeviceMeBcrs {
     /// Uploads `me` to `gpu`: its arrays, the edge → slot map and the work schedule (computed
-    /// on the host).
+    /// on the host). The rows are `me`'s own.
     ///
     /// Errors: [`Error::Format`] if a slot index does not fit in `u32` (more than 2^29
     /// vectors), [`Error::TooLarge`] if the number of work items does not, driver errors.
+    ///
+    /// [`Error::Format`]: crate::Error::Format
+    /// [`Error::TooLarge`]: crate::Error::TooLarge
     pub fn upload(gpu: &Gpu, me: &MeBcrs) -> Result<Self> {
         let edge_to_slot = me.edge_to_slot()?;
+        let order = RowOrderReport {
+            used: Reorder::None,
+            vectors_natural: me.n_vectors(),
+            vectors: me.n_vectors(),
+        };
+        Self::upload_parts(gpu, me, &edge_to_slot, None, order)
+    }
+
+    fn upload_parts(
+        gpu: &Gpu,
+        me: &MeBcrs,
+        edge_to_slot: &[u32],
+        row_ids: Option<&[u32]>,
+        order: RowOrderReport,
+    ) -> Result<Self> {
         let schedule = MeBcrsSchedule::upload(gpu, me.row_pointers())?;
         crate::launch::to_u32("ME-BCRS work items", schedule.item_windows.len())?;
         Ok(DeviceMeBcrs {
@@ -270,16 +304,56 @@ impl DeviceMeBcrs {
                 me.column_indices(),
             )?,
             row_masks: DeviceVec::from_host_named(gpu, "ME-BCRS row masks", me.row_masks())?,
-            edge_to_slot: DeviceVec::from_host_named(gpu, "ME-BCRS edge to slot", &edge_to_slot)?,
+            edge_to_slot: DeviceVec::from_host_named(gpu, "ME-BCRS edge to slot", edge_to_slot)?,
+            row_ids: row_ids
+                .map(|ids| DeviceVec::from_host_named(gpu, "ME-BCRS row ids", ids))
+                .transpose()?,
+            order,
             fill_stats: me.fill_stats(),
             schedule,
         })
     }
 
     /// Converts `csr` to ME-BCRS on the host (block width 8, the f16 one; the fill statistics
-    /// use it) and uploads it.
+    /// use it) and uploads it, in the graph's own row order.
     pub fn from_csr(gpu: &Gpu, csr: &Csr) -> Result<Self> {
         Self::upload(gpu, &MeBcrs::from_csr(csr, MeBcrs::BLOCK_WIDTH_F16)?)
+    }
+
+    /// [`Self::from_csr`] with the rows renumbered as `reorder` says ([`RowOrder::choose`] for
+    /// 8-row windows: [`Reorder::Auto`] keeps the order with the fewest vectors), so that a
+    /// window's rows share more columns: fewer vectors, fewer V/K rows gathered. Zero-copy and
+    /// invisible to the caller: the kernels load Q and store the output through a row-id
+    /// array, columns keep the caller's ids, and [`Self::edge_to_slot`] stays in `csr`'s edge
+    /// order, so every op takes and returns the same arrays as without reordering.
+    ///
+    /// ```no_run
+    /// use spattn_formats::{Csr, Reorder};
+    /// use spattn_ops::{DeviceMeBcrs, Gpu};
+    /// let gpu = Gpu::new(0)?;
+    /// let a = Csr::from_edges(9, 9, &[(0, 1), (0, 4), (3, 4), (8, 2)])?;
+    /// let d = DeviceMeBcrs::from_csr_reordered(&gpu, &a, Reorder::Degree)?;
+    /// assert_eq!(d.row_order().used, Reorder::Degree);
+    /// assert_eq!(d.nnz(), 4);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// Errors: as [`Self::upload`].
+    pub fn from_csr_reordered(gpu: &Gpu, csr: &Csr, reorder: Reorder) -> Result<Self> {
+        let order = RowOrder::choose(csr, reorder, MeBcrs::WINDOW_ROWS)?;
+        let Some(p) = &order.permutation else {
+            return Self::from_csr(gpu, csr);
+        };
+        let permuted = p.permute_csr_rows(csr)?;
+        let me = MeBcrs::from_csr(&permuted, MeBcrs::BLOCK_WIDTH_F16)?;
+        let slots_of_permuted = me.edge_to_slot()?;
+        let edge_to_slot = compose_edge_map(csr, &permuted, p.new_of_old(), &slots_of_permuted);
+        let report = RowOrderReport {
+            used: order.used,
+            vectors_natural: order.gathers_natural,
+            vectors: me.n_vectors(),
+        };
+        Self::upload_parts(gpu, &me, &edge_to_slot, Some(p.old_of_new()), report)
     }
 
     /// Number of rows (query nodes).
@@ -322,6 +396,15 @@ impl DeviceMeBcrs {
     pub fn edge_to_slot(&self) -> &DeviceVec<u32> {
         &self.edge_to_slot
     }
+    /// Per window row (`n_rows` entries), the caller's row, when the rows were renumbered
+    /// ([`Self::from_csr_reordered`]); `None` in the graph's own order.
+    pub fn row_ids(&self) -> Option<&DeviceVec<u32>> {
+        self.row_ids.as_ref()
+    }
+    /// The row order the matrix was built in.
+    pub fn row_order(&self) -> RowOrderReport {
+        self.order
+    }
     /// Fill of the tensor-core blocks (block width 8), computed at upload: how much of the
     /// tensor cores' work is on real edges.
     pub fn fill_stats(&self) -> &FillStats {
@@ -344,8 +427,28 @@ impl DeviceMeBcrs {
             + self.column_indices.num_bytes()
             + self.row_masks.num_bytes()
             + self.edge_to_slot.num_bytes()
+            + self.row_ids.as_ref().map_or(0, DeviceVec::num_bytes)
             + self.schedule.device_bytes()
     }
+}
+
+/// The slot of every edge of `a` in `a`'s edge order, given the slots of `permuted`'s edges
+/// (`permuted` = `a` with row `old` moved to `new_of_old[old]`, each row's edges in the same
+/// order).
+fn compose_edge_map(
+    a: &Csr,
+    permuted: &Csr,
+    new_of_old: &[u32],
+    slots_of_permuted: &[u32],
+) -> Vec<u32> {
+    let mut out = Vec::with_capacity(a.nnz());
+    let (from, to) = (a.row_offsets(), permuted.row_offsets());
+    for (old, &new) in new_of_old.iter().enumerate() {
+        let len = (from[old + 1] - from[old]) as usize;
+        let start = to[new as usize] as usize;
+        out.extend_from_slice(&slots_of_permuted[start..start + len]);
+    }
+    out
 }
 
 impl OnGpu for DeviceMeBcrs {
@@ -389,6 +492,50 @@ mod tests {
                 p += of_w.len() as u32;
             }
             assert_eq!(it.n_partials(), p as usize);
+        }
+    }
+
+    #[test]
+    fn composed_edge_map_follows_the_original_edge_order() {
+        let a = Csr::from_edges(
+            20,
+            20,
+            &[
+                (0, 3),
+                (0, 7),
+                (2, 1),
+                (5, 5),
+                (5, 9),
+                (5, 19),
+                (11, 0),
+                (19, 4),
+                (19, 18),
+            ],
+        )
+        .unwrap();
+        let p = spattn_formats::Permutation::by_degree_descending(&a);
+        let permuted = p.permute_csr_rows(&a).unwrap();
+        let me = MeBcrs::from_csr(&permuted, MeBcrs::BLOCK_WIDTH_F16).unwrap();
+        let map = compose_edge_map(&a, &permuted, p.new_of_old(), &me.edge_to_slot().unwrap());
+        assert_eq!(map.len(), a.nnz());
+        // Slot (vector v, row r) of edge (i, j): window row r of new row new_of_old[i], and
+        // vector v holds column j.
+        let cols = me.column_indices();
+        for i in 0..a.n_rows() {
+            let new = p.new_of_old()[i] as usize;
+            let edges = a.row_offsets()[i] as usize..a.row_offsets()[i + 1] as usize;
+            for (e, &slot) in edges.clone().zip(&map[edges]) {
+                let slot = slot as usize;
+                let (v, r) = (slot / MeBcrs::WINDOW_ROWS, slot % MeBcrs::WINDOW_ROWS);
+                assert_eq!(r, new % MeBcrs::WINDOW_ROWS, "edge {e}");
+                assert_eq!(cols[v], a.col_indices()[e], "edge {e}");
+                let w = new / MeBcrs::WINDOW_ROWS;
+                let ptr = me.row_pointers();
+                assert!(
+                    (ptr[w] as usize..ptr[w + 1] as usize).contains(&v),
+                    "edge {e}"
+                );
+            }
         }
     }
 

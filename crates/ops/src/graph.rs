@@ -32,7 +32,7 @@
 
 use std::fmt;
 
-use spattn_formats::Csr;
+use spattn_formats::{Csr, Reorder};
 
 use crate::buffer::{DeviceMatrix, DeviceVec};
 use crate::device_csr::DeviceCsr;
@@ -114,10 +114,22 @@ impl DeviceGraph {
     }
 
     /// Uploads `csr` for the listed backends only (CSR is always uploaded: the edge order of
-    /// [`EdgeLayout::Csr`] is defined by it).
+    /// [`EdgeLayout::Csr`] is defined by it). The ME-BCRS keeps the graph's row order.
     pub fn upload_for(gpu: &Gpu, csr: &Csr, backends: &[Backend]) -> Result<Self> {
+        Self::upload_for_reordered(gpu, csr, backends, Reorder::None)
+    }
+
+    /// [`Self::upload_for`] with the ME-BCRS rows renumbered as `reorder` says
+    /// ([`DeviceMeBcrs::from_csr_reordered`]): fewer vectors for the tensor-core ops, the same
+    /// arrays in and out (the edge order of [`EdgeLayout::Csr`] stays the graph's).
+    pub fn upload_for_reordered(
+        gpu: &Gpu,
+        csr: &Csr,
+        backends: &[Backend],
+        reorder: Reorder,
+    ) -> Result<Self> {
         let mebcrs = if backends.contains(&Backend::TensorCore) {
-            Some(DeviceMeBcrs::from_csr(gpu, csr)?)
+            Some(DeviceMeBcrs::from_csr_reordered(gpu, csr, reorder)?)
         } else {
             None
         };

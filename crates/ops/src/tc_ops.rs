@@ -157,8 +157,13 @@ pub fn sddmm<T: DType>(
         .arg(&n_items)
         .arg(a.column_indices().slice())
         .arg(a.row_masks().slice())
-        .arg(&n_rows)
-        .arg(&n_slots)
+        .arg(&n_rows);
+    let null = 0u64;
+    match a.row_ids() {
+        Some(ids) => args.arg(ids.slice()),
+        None => args.arg(&null),
+    };
+    args.arg(&n_slots)
         .arg(q.slice())
         .arg(k.slice())
         .arg(&heads)
@@ -168,7 +173,8 @@ pub fn sddmm<T: DType>(
     // SAFETY: warp i < n_items reads items[i] (each item array holds n_items entries) and the
     // vectors start..end of its item, which lie in [0, n_vectors) (the schedule was built from
     // the validated row pointers), so column_indices and row_masks (n_vectors each) are in
-    // bounds. It reads Q rows 8w + r only when < n_rows and K rows col(v) < n_cols (validated
+    // bounds. It reads Q rows only for window rows 8w + r < n_rows, through row_ids when given
+    // (n_rows entries, a permutation of 0..n_rows), and K rows col(v) < n_cols (validated
     // format), features < head_dim of head h < heads (shapes checked above); aligned 16-byte
     // gathers are used only when head_dim is a multiple of their width. It writes
     // scores[h * n_slots + slot] for slots of its vectors, < heads * n_slots = scores.len().
@@ -372,8 +378,13 @@ pub fn spmm<T: DType>(
         .arg(&n_items)
         .arg(a.column_indices().slice())
         .arg(a.row_masks().slice())
-        .arg(&n_rows)
-        .arg(&n_slots)
+        .arg(&n_rows);
+    let null = 0u64;
+    match a.row_ids() {
+        Some(ids) => args.arg(ids.slice()),
+        None => args.arg(&null),
+    };
+    args.arg(&n_slots)
         .arg(p.slice())
         .arg(v.slice())
         .arg(&heads)
@@ -386,7 +397,9 @@ pub fn spmm<T: DType>(
     // bit r of mask(v) is set (< heads * n_slots = p.len(), checked); V rows col(v) < n_cols,
     // features < head_dim of head h = blockIdx.y / slabs < heads (grid.y = heads * slabs);
     // aligned gathers only when head_dim is a multiple of their width. It writes out rows
-    // 8w + r < n_rows (features < head_dim of head h; out is n_rows x hd), or, for items of
+    // row_ids[8w + r] (8w + r without row_ids) for 8w + r < n_rows — row_ids holds n_rows
+    // entries, a permutation of 0..n_rows — (features < head_dim of head h; out is
+    // n_rows x hd), or, for items of
     // split windows, scratch rows (partial * 8 + r) with partial < n_partials: scratch holds
     // at least n_partials * 8 * hd f32.
     unsafe { launch(name, &mut args, cfg) }?;
@@ -404,13 +417,16 @@ pub fn spmm<T: DType>(
         args.arg(s.split_windows.slice())
             .arg(s.partial_first.slice())
             .arg(&n_split_u)
-            .arg(&n_rows)
-            .arg(&hd_u)
-            .arg(scratch.slice())
-            .arg(out.slice_mut());
+            .arg(&n_rows);
+        match a.row_ids() {
+            Some(ids) => args.arg(ids.slice()),
+            None => args.arg(&null),
+        };
+        args.arg(&hd_u).arg(scratch.slice()).arg(out.slice_mut());
         // SAFETY: reads split_windows[0..n_split), partial_first[0..=n_split] and scratch rows
         // (partial * 8 + r) for the partials of each split window (< n_partials, all written
-        // by the SpMM launch before it on the stream); writes out rows 8w + r < n_rows.
+        // by the SpMM launch before it on the stream); writes out rows row_ids[8w + r] (or
+        // 8w + r) for 8w + r < n_rows, as the SpMM launch.
         unsafe { launch(fin, &mut args, cfg) }?;
     }
     Ok(())

@@ -13,7 +13,7 @@ use common::*;
 use half::{bf16, f16};
 use rand::Rng;
 use rand_pcg::Pcg64;
-use spattn_formats::{Csr, MeBcrs};
+use spattn_formats::{Csr, MeBcrs, Reorder};
 use spattn_ops::cpu::{self, rel_l2_error};
 use spattn_ops::graph::{self, Backend, DeviceGraph, EdgeLayout, EdgeValues};
 use spattn_ops::{
@@ -36,44 +36,66 @@ fn tc_tolerance<T: DType>() -> f64 {
     }
 }
 
-/// Head-major slot values (`heads × n_slots`) in CSR order (`nnz × heads`).
-fn slots_to_csr_host(me: &MeBcrs, slots: &[f32], heads: usize) -> Vec<f32> {
-    let n = me.n_slots();
-    assert_eq!(slots.len(), n * heads);
-    let mut out = vec![0.0f32; me.nnz() * heads];
-    for h in 0..heads {
-        let per = me.gather_to_csr_order(&slots[h * n..(h + 1) * n]).unwrap();
-        for (e, x) in per.into_iter().enumerate() {
-            out[e * heads + h] = x;
+/// The slot layout of a device matrix, downloaded: the edge → slot map (in the graph's CSR edge
+/// order, whatever the row order of the matrix) and the per-vector row masks.
+struct Slots {
+    e2s: Vec<u32>,
+    masks: Vec<u8>,
+    n_slots: usize,
+}
+
+impl Slots {
+    fn of(dev: &DeviceMeBcrs) -> Self {
+        Slots {
+            e2s: dev.edge_to_slot().to_host().unwrap(),
+            masks: dev.row_masks().to_host().unwrap(),
+            n_slots: dev.n_slots(),
         }
     }
-    out
-}
 
-/// CSR-order values (`nnz × heads`) in head-major slots, padding slots set to `fill`.
-fn csr_to_slots_host(me: &MeBcrs, values: &[f32], heads: usize, fill: f32) -> Vec<f32> {
-    let mut out = Vec::with_capacity(me.n_slots() * heads);
-    for h in 0..heads {
-        let per: Vec<f32> = (0..me.nnz()).map(|e| values[e * heads + h]).collect();
-        out.extend(me.scatter_to_slots(&per, fill).unwrap());
+    /// Head-major slot values (`heads × n_slots`) in CSR order (`nnz × heads`).
+    fn gather(&self, slots: &[f32], heads: usize) -> Vec<f32> {
+        let n = self.n_slots;
+        assert_eq!(slots.len(), n * heads);
+        let mut out = vec![0.0f32; self.e2s.len() * heads];
+        for (e, &slot) in self.e2s.iter().enumerate() {
+            for h in 0..heads {
+                out[e * heads + h] = slots[h * n + slot as usize];
+            }
+        }
+        out
     }
-    out
-}
 
-/// Checks that every padding slot of every head holds exactly `expected` (by bits).
-fn check_padding(me: &MeBcrs, slots: &[f32], heads: usize, expected: f32, what: &str) {
-    let n = me.n_slots();
-    for h in 0..heads {
-        for (v, &mask) in me.row_masks().iter().enumerate() {
-            for r in 0..8 {
-                if mask & (1 << r) == 0 {
-                    let x = slots[h * n + v * 8 + r];
-                    assert_eq!(
-                        x.to_bits(),
-                        expected.to_bits(),
-                        "{what}: padding slot {} of head {h} holds {x}",
-                        v * 8 + r
-                    );
+    /// CSR-order values (`nnz × heads`) in head-major slots, padding slots set to `fill`.
+    fn scatter(&self, values: &[f32], heads: usize, fill: f32) -> Vec<f32> {
+        let n = self.n_slots;
+        let mut out = vec![fill; n * heads];
+        for (e, &slot) in self.e2s.iter().enumerate() {
+            for h in 0..heads {
+                out[h * n + slot as usize] = values[e * heads + h];
+            }
+        }
+        out
+    }
+
+    /// Checks that every padding slot of every head holds exactly `expected` (by bits), and
+    /// that the edge slots are exactly the mask bits.
+    fn check_padding(&self, slots: &[f32], heads: usize, expected: f32, what: &str) {
+        let n = self.n_slots;
+        let bits: usize = self.masks.iter().map(|m| m.count_ones() as usize).sum();
+        assert_eq!(bits, self.e2s.len(), "{what}: one mask bit per edge");
+        for h in 0..heads {
+            for (v, &mask) in self.masks.iter().enumerate() {
+                for r in 0..8 {
+                    if mask & (1 << r) == 0 {
+                        let x = slots[h * n + v * 8 + r];
+                        assert_eq!(
+                            x.to_bits(),
+                            expected.to_bits(),
+                            "{what}: padding slot {} of head {h} holds {x}",
+                            v * 8 + r
+                        );
+                    }
                 }
             }
         }
@@ -85,20 +107,38 @@ fn f64s(x: &[f32]) -> Vec<f64> {
 }
 
 /// Runs SDDMM, edge softmax (plain in place, LeakyReLU out of place) and SpMM of `a` on tensor
-/// cores with fresh random inputs and compares each with the f64 CPU reference.
-fn check_ops<T: DType>(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64) {
+/// cores, with the rows ordered as `reorder` says, with fresh random inputs and compares each
+/// with the f64 CPU reference (in the graph's own order).
+fn check_ops<T: DType>(
+    gpu: &Gpu,
+    a: &Csr,
+    reorder: Reorder,
+    heads: usize,
+    head_dim: usize,
+    rng: &mut Pcg64,
+) {
+    let dev = DeviceMeBcrs::from_csr_reordered(gpu, a, reorder).unwrap();
     let ctx = format!(
-        "{} n={}x{} nnz={} heads={heads} head_dim={head_dim}",
+        "{} n={}x{} nnz={} heads={heads} head_dim={head_dim} rows {:?}-ordered",
         T::NAME,
         a.n_rows(),
         a.n_cols(),
-        a.nnz()
+        a.nnz(),
+        dev.row_order().used,
     );
-    let me = MeBcrs::from_csr(a, MeBcrs::BLOCK_WIDTH_F16).unwrap();
-    let dev = DeviceMeBcrs::upload(gpu, &me).unwrap();
+    let me = Slots::of(&dev);
+    if dev.row_order().used == Reorder::None {
+        // The host format's map, unchanged on upload.
+        let host = MeBcrs::from_csr(a, MeBcrs::BLOCK_WIDTH_F16).unwrap();
+        assert_eq!(me.e2s, host.edge_to_slot().unwrap(), "{ctx}: edge -> slot");
+        assert!(dev.row_ids().is_none());
+    } else {
+        assert_eq!(dev.row_ids().map(|r| r.len()), Some(a.n_rows()));
+        assert_eq!(dev.row_order().vectors, dev.n_vectors());
+    }
     let sq = Shape::new(a.n_rows(), heads, head_dim).unwrap();
     let sk = Shape::new(a.n_cols(), heads, head_dim).unwrap();
-    let n_slot_values = me.n_slots() * heads;
+    let n_slot_values = me.n_slots * heads;
     let edges = a.nnz() * heads;
     let scale = 1.0 / (head_dim as f64).sqrt();
     // Scores of exact f16/bf16 inputs are f32 sums of exact products; tf32 rounds the operands.
@@ -117,11 +157,31 @@ fn check_ops<T: DType>(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &
     scores.fill_nan().unwrap();
     tc_ops::sddmm(gpu, &dev, &dq, &dk, scale as f32, &mut scores).unwrap();
     let got_slots = scores.to_host().unwrap();
-    check_padding(&me, &got_slots, heads, f32::NEG_INFINITY, "sddmm");
-    let got = slots_to_csr_host(&me, &got_slots, heads);
+    me.check_padding(&got_slots, heads, f32::NEG_INFINITY, "sddmm");
+    let got = me.gather(&got_slots, heads);
     let mut want = vec![0.0f64; edges];
     cpu::sddmm(a, &to_f64(&q), &to_f64(&k), sq, sk, scale, &mut want).unwrap();
-    let err = rel_l2_error(&got, &want);
+    let err = if T::KIND == DTypeKind::F32 {
+        // tf32 rounds each operand (relative 2^-11), so a score's error scales with the sum of
+        // |q_i k_i|, not with the score (which can cancel to near 0: a one-edge graph with
+        // three features is one such score). Measured against scale · Σ|q_i k_i|.
+        let abs = |x: &[T]| -> Vec<f64> { to_f64(x).iter().map(|v| v.abs()).collect() };
+        let mut magnitude = vec![0.0f64; edges];
+        cpu::sddmm(a, &abs(&q), &abs(&k), sq, sk, scale, &mut magnitude).unwrap();
+        let diff: f64 = got
+            .iter()
+            .zip(&want)
+            .map(|(g, w)| (*g as f64 - w).powi(2))
+            .sum();
+        let norm: f64 = magnitude.iter().map(|m| m * m).sum();
+        if norm == 0.0 {
+            diff.sqrt()
+        } else {
+            (diff / norm).sqrt()
+        }
+    } else {
+        rel_l2_error(&got, &want)
+    };
     assert!(err <= sddmm_tol, "tc sddmm {ctx}: rel error {err:e}");
 
     // Edge softmax with LeakyReLU(0.2), out of place, on the slot scores (padding = -inf).
@@ -129,10 +189,10 @@ fn check_ops<T: DType>(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &
     p.fill_nan().unwrap();
     tc_ops::edge_softmax(gpu, &dev, &scores, heads, Some(0.2), &mut p).unwrap();
     let p_slots = p.to_host().unwrap();
-    check_padding(&me, &p_slots, heads, 0.0, "edge_softmax(leaky)");
+    me.check_padding(&p_slots, heads, 0.0, "edge_softmax(leaky)");
     let mut want_p = vec![0.0f64; edges];
     cpu::edge_softmax(a, &f64s(&got), heads, Some(0.2), &mut want_p).unwrap();
-    let err = rel_l2_error(&slots_to_csr_host(&me, &p_slots, heads), &want_p);
+    let err = rel_l2_error(&me.gather(&p_slots, heads), &want_p);
     assert!(
         err <= F32_TOL,
         "tc edge_softmax(leaky) {ctx}: rel error {err:e}"
@@ -141,8 +201,8 @@ fn check_ops<T: DType>(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &
     // Edge softmax in place on the dot scores.
     tc_ops::edge_softmax_in_place(gpu, &dev, &mut scores, heads, None).unwrap();
     let probs_slots = scores.to_host().unwrap();
-    check_padding(&me, &probs_slots, heads, 0.0, "edge_softmax");
-    let probs = slots_to_csr_host(&me, &probs_slots, heads);
+    me.check_padding(&probs_slots, heads, 0.0, "edge_softmax");
+    let probs = me.gather(&probs_slots, heads);
     cpu::edge_softmax(a, &f64s(&got), heads, None, &mut want_p).unwrap();
     let err = rel_l2_error(&probs, &want_p);
     assert!(err <= F32_TOL, "tc edge_softmax {ctx}: rel error {err:e}");
@@ -164,7 +224,7 @@ fn check_ops<T: DType>(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &
 
     // Again, with NaN in every padding slot of P: ignored, and the same bits as before (split
     // windows are summed in a fixed order; no state left in the scratch).
-    let poisoned = csr_to_slots_host(&me, &probs, heads, f32::NAN);
+    let poisoned = me.scatter(&probs, heads, f32::NAN);
     let dp = DeviceVec::from_host(gpu, &poisoned).unwrap();
     out.fill_nan().unwrap();
     tc_ops::spmm(gpu, &dev, &dp, &dv, &mut out).unwrap();
@@ -179,10 +239,15 @@ fn check_ops<T: DType>(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &
     );
 }
 
+/// Every dtype in the graph's own order and renumbered (degree and locality orders for f16 and
+/// f32, locality for bf16; a rectangular graph keeps its order under locality).
 fn check_all_dtypes(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64) {
-    check_ops::<f16>(gpu, a, heads, head_dim, rng);
-    check_ops::<bf16>(gpu, a, heads, head_dim, rng);
-    check_ops::<f32>(gpu, a, heads, head_dim, rng);
+    for r in [Reorder::None, Reorder::Degree, Reorder::Locality] {
+        check_ops::<f16>(gpu, a, r, heads, head_dim, rng);
+        check_ops::<f32>(gpu, a, r, heads, head_dim, rng);
+    }
+    check_ops::<bf16>(gpu, a, Reorder::None, heads, head_dim, rng);
+    check_ops::<bf16>(gpu, a, Reorder::Locality, heads, head_dim, rng);
 }
 
 /// A random `n_rows × n_cols` pattern, about `avg` edges per row, every third row empty.
@@ -285,8 +350,8 @@ fn tc_softmax_extremes() {
     let gpu = gpu();
     let mut rng = fresh_rng("tc_softmax_extremes");
     let a = hub_graph(&mut rng, 5_000, 10);
-    let me = MeBcrs::from_csr(&a, 8).unwrap();
-    let dev = DeviceMeBcrs::upload(&gpu, &me).unwrap();
+    let dev = DeviceMeBcrs::from_csr(&gpu, &a).unwrap();
+    let me = Slots::of(&dev);
     let heads = 2;
     let edges = a.nnz() * heads;
     let cases: Vec<(&str, Vec<f32>)> = vec![
@@ -310,14 +375,14 @@ fn tc_softmax_extremes() {
     ];
     for (what, s) in cases {
         // Padding slots hold NaN: the softmax must not read them.
-        let slots = csr_to_slots_host(&me, &s, heads, f32::NAN);
+        let slots = me.scatter(&s, heads, f32::NAN);
         let ds = DeviceVec::from_host(&gpu, &slots).unwrap();
         let mut p = DeviceVec::<f32>::zeros(&gpu, slots.len()).unwrap();
         p.fill_nan().unwrap();
         tc_ops::edge_softmax(&gpu, &dev, &ds, heads, None, &mut p).unwrap();
         let p_slots = p.to_host().unwrap();
-        check_padding(&me, &p_slots, heads, 0.0, what);
-        let got = slots_to_csr_host(&me, &p_slots, heads);
+        me.check_padding(&p_slots, heads, 0.0, what);
+        let got = me.gather(&p_slots, heads);
         let mut want = vec![0.0; edges];
         cpu::edge_softmax(&a, &f64s(&s), heads, None, &mut want).unwrap();
         let err = rel_l2_error(&got, &want);
@@ -338,6 +403,27 @@ fn tc_softmax_extremes() {
     }
 }
 
+/// CSR → slots → CSR through the kernels of `dev` (the device's own edge → slot map; the
+/// map itself is checked against the CPU reference by `check_ops`).
+fn check_conversions(gpu: &Gpu, dev: &DeviceMeBcrs, a: &Csr, rng: &mut Pcg64) {
+    let me = Slots::of(dev);
+    for heads in [1, 3] {
+        let vals: Vec<f32> = (0..a.nnz() * heads)
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
+        let dvals = DeviceVec::from_host(gpu, &vals).unwrap();
+        let mut slots = DeviceVec::<f32>::zeros(gpu, me.n_slots * heads).unwrap();
+        slots.fill_nan().unwrap();
+        tc_ops::csr_to_slots(gpu, dev, &dvals, heads, -7.0, &mut slots).unwrap();
+        let got_slots = slots.to_host().unwrap();
+        assert_eq!(got_slots, me.scatter(&vals, heads, -7.0));
+        let mut back = DeviceVec::<f32>::zeros(gpu, vals.len()).unwrap();
+        back.fill_nan().unwrap();
+        tc_ops::slots_to_csr(gpu, dev, &slots, heads, &mut back).unwrap();
+        assert_eq!(back.to_host().unwrap(), vals, "CSR -> slots -> CSR");
+    }
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn layout_conversions_round_trip() {
@@ -348,23 +434,13 @@ fn layout_conversions_round_trip() {
         rect_graph(&mut rng, 33, 70, 6),
         hub_graph(&mut rng, 20_000, 7),
     ] {
-        let me = MeBcrs::from_csr(&a, 8).unwrap();
-        let dev = DeviceMeBcrs::upload(&gpu, &me).unwrap();
-        for heads in [1, 3] {
-            let vals: Vec<f32> = (0..a.nnz() * heads)
-                .map(|_| rng.random_range(-1.0..1.0))
-                .collect();
-            let dvals = DeviceVec::from_host(&gpu, &vals).unwrap();
-            let mut slots = DeviceVec::<f32>::zeros(&gpu, me.n_slots() * heads).unwrap();
-            slots.fill_nan().unwrap();
-            tc_ops::csr_to_slots(&gpu, &dev, &dvals, heads, -7.0, &mut slots).unwrap();
-            let got_slots = slots.to_host().unwrap();
-            assert_eq!(got_slots, csr_to_slots_host(&me, &vals, heads, -7.0));
-            let mut back = DeviceVec::<f32>::zeros(&gpu, vals.len()).unwrap();
-            back.fill_nan().unwrap();
-            tc_ops::slots_to_csr(&gpu, &dev, &slots, heads, &mut back).unwrap();
-            assert_eq!(back.to_host().unwrap(), vals, "CSR -> slots -> CSR");
-        }
+        let natural = DeviceMeBcrs::from_csr(&gpu, &a).unwrap();
+        // The device map is the host format's.
+        let host = MeBcrs::from_csr(&a, 8).unwrap();
+        assert_eq!(Slots::of(&natural).e2s, host.edge_to_slot().unwrap());
+        check_conversions(&gpu, &natural, &a, &mut rng);
+        let degree = DeviceMeBcrs::from_csr_reordered(&gpu, &a, Reorder::Degree).unwrap();
+        check_conversions(&gpu, &degree, &a, &mut rng);
         // Through the tagged values of the backend switch.
         let g = DeviceGraph::upload(&gpu, &a).unwrap();
         let vals: Vec<f32> = (0..a.nnz() * 2)
@@ -379,7 +455,7 @@ fn layout_conversions_round_trip() {
         .unwrap();
         let s = ev.to_layout(&gpu, &g, EdgeLayout::Slots).unwrap();
         assert_eq!(s.layout(), EdgeLayout::Slots);
-        assert_eq!(s.values().len(), me.n_slots() * 2);
+        assert_eq!(s.values().len(), host.n_slots() * 2);
         let back = s.into_layout(&gpu, &g, EdgeLayout::Csr).unwrap();
         assert_eq!(back.values().to_host().unwrap(), vals);
     }
@@ -564,17 +640,33 @@ fn time_case<T: DType>(gpu: &Gpu, name: &str, a: &Csr, heads: usize, head_dim: u
         tc_ops::edge_softmax_in_place(gpu, &me, &mut s_tc, heads, None)
     });
     let spmm_cc = median_ms(gpu, runs, || csr_ops::spmm(gpu, &csr, &s_csr, &v, &mut out));
-    let spmm_tc = median_ms(gpu, runs, || tc_ops::spmm(gpu, &me, &s_tc, &v, &mut out));
+    // The tensor-core SpMM in the graph's order and Auto's (the same CSR-order probabilities
+    // moved into each layout).
+    let mut spmm_tc = Vec::new();
+    let mut orders = Vec::new();
+    for reorder in [Reorder::None, Reorder::Auto] {
+        let m = DeviceMeBcrs::from_csr_reordered(gpu, a, reorder).unwrap();
+        let mut p = DeviceVec::<f32>::zeros(gpu, m.n_slots() * heads).unwrap();
+        tc_ops::csr_to_slots(gpu, &m, &s_csr, heads, 0.0, &mut p).unwrap();
+        spmm_tc.push(median_ms(gpu, runs, || {
+            tc_ops::spmm(gpu, &m, &p, &v, &mut out)
+        }));
+        orders.push(format!("{} {} vectors", m.row_order().used, m.n_vectors()));
+    }
     let fill = me.fill_stats().fill();
     println!(
         "TIMING {name} {} heads={heads} head_dim={head_dim} nnz={} vectors={} fill={fill:.3} | \
          sddmm csr {sddmm_cc:.4} ms tc {sddmm_tc:.4} ms ({:.2}x) | softmax csr {sm_cc:.4} tc \
-         {sm_tc:.4} | spmm csr {spmm_cc:.4} ms tc {spmm_tc:.4} ms ({:.2}x)",
+         {sm_tc:.4} | spmm csr {spmm_cc:.4} ms | tc natural {:.4} | tc auto ({}) {:.4} | \
+         natural: {}",
         T::NAME,
         a.nnz(),
         me.n_vectors(),
         sddmm_cc / sddmm_tc,
-        spmm_cc / spmm_tc,
+        spmm_tc[0],
+        orders[1],
+        spmm_tc[1],
+        orders[0],
     );
 }
 
@@ -591,4 +683,23 @@ fn timing_arxiv_cuda_core_vs_tensor_core() {
     time_case::<f32>(&gpu, "ogbn-arxiv", &a, 1, 128);
     let r = rmat_graph(16);
     time_case::<f16>(&gpu, "rmat16", &r, 1, 128);
+}
+
+/// The SpMM row orders (prints only) on the graphs of `SPATTN_TC_GRAPHS`
+/// (comma-separated shared-graph names, or `rmatN` for R-MAT scale N; cora and pubmed when
+/// unset).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn timing_spmm_orders() {
+    let gpu = gpu();
+    println!("TIMING device {}", gpu.name());
+    let names = std::env::var("SPATTN_TC_GRAPHS").unwrap_or_else(|_| "cora,pubmed".into());
+    for name in names.split(',').filter(|n| !n.is_empty()) {
+        let a = match name.strip_prefix("rmat") {
+            Some(scale) => rmat_graph(scale.parse().expect("rmatN")),
+            None => shared_graph(name),
+        };
+        time_case::<f16>(&gpu, name, &a, 1, 128);
+        time_case::<f16>(&gpu, name, &a, 8, 64);
+    }
 }
