@@ -21,6 +21,7 @@ use spattn_formats::{Bsb, Csr, RowOrder};
 use spattn_kernels_sys::FUSED_BSB;
 use spattn_ops::launch::{
     blocks_for, check_same_gpu, kernel_named, launch, to_u32, LaunchConfig, PushKernelArg,
+    PushOptionalArg,
 };
 use spattn_ops::{DType, DTypeKind, DeviceBsb, DeviceMatrix, DeviceVec, Gpu, Shape};
 
@@ -431,7 +432,6 @@ impl FusedTensorCore {
             check_same_gpu(gpu, "row ids", ids)?;
         }
         let f = gpu.load_function(FUSED_BSB.name, FUSED_BSB.ptx, self.kernel)?;
-        let null = 0u64;
         let mut args = gpu.launch_builder(&f);
         args.arg(self.units.slice())
             .arg(self.unit_split.slice())
@@ -440,12 +440,9 @@ impl FusedTensorCore {
             .arg(&heads)
             .arg(&head_dim)
             .arg(&fs)
-            .arg(&n_rows);
-        match &self.row_ids {
-            Some(ids) => args.arg(ids.slice()),
-            None => args.arg(&null),
-        };
-        args.arg(self.bsb.block_columns().slice())
+            .arg(&n_rows)
+            .arg_or_null(self.row_ids.as_ref())
+            .arg(self.bsb.block_columns().slice())
             .arg(self.bsb.bitmap_words().slice())
             .arg(q.slice())
             .arg(k.slice())

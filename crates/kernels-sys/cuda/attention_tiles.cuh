@@ -486,7 +486,7 @@ __device__ __forceinline__ void bsb_merge_parts(const float* part_ml, const floa
         if (qrow[j] >= rows_here || gt + j * gsize >= quads) continue;
         const float inv = mrg[BSB_WINDOW_ROWS + qrow[j]];
         const float y[4] = {acc[j].x * inv, acc[j].y * inv, acc[j].z * inv, acc[j].w * inv};
-        const u32 orow = row_ids != nullptr ? __ldg(row_ids + row0 + qrow[j]) : row0 + qrow[j];
+        const u32 orow = caller_row(row_ids, row0 + qrow[j]);
         bsb_store<T, 4, VEC>(out + (u64)orow * hd + head_off, qf4[j], d, y);
     }
 }

@@ -100,6 +100,14 @@ __device__ __forceinline__ float block_reduce(float v, float* scratch, bool is_m
     return r;
 }
 
+// ---- renumbered rows -------------------------------------------------------------------------
+// The tensor-core formats may tile rows in a renumbered order: kernels then load Q and store the
+// output through row_ids (renumbered row -> the caller's row). row_ids null: no renumbering.
+// `row` must be < the matrix's rows.
+__device__ __forceinline__ u32 caller_row(const u32* __restrict__ row_ids, u32 row) {
+    return row_ids != nullptr ? __ldg(row_ids + row) : row;
+}
+
 // ---- numerics -------------------------------------------------------------------------------
 
 __device__ __forceinline__ float leaky_relu(float x, float slope) { return x >= 0.0f ? x : x * slope; }

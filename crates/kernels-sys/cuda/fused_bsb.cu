@@ -68,10 +68,8 @@ __device__ __forceinline__ void fused_bsb(
     const u32 row0 = window * BSB_WINDOW_ROWS + g, row1 = row0 + 8u;
     // The caller's row (Q, out) of window rows g and g + 8: through row_ids when the plan
     // renumbered the rows, else the row itself; SPATTN_NONE past the matrix.
-    auto caller_row = [&](u32 row) {
-        return row >= n_rows ? SPATTN_NONE : row_ids != nullptr ? __ldg(row_ids + row) : row;
-    };
-    const u32 qrow[2] = {caller_row(row0), caller_row(row1)};
+    auto q_row = [&](u32 row) { return row >= n_rows ? SPATTN_NONE : caller_row(row_ids, row); };
+    const u32 qrow[2] = {q_row(row0), q_row(row1)};
 
     float m[2], l[2], o[D8][4];
     bsb_tiles<T, DS, VEC, PIPE, false>(qrow[0], qrow[1], q, block_columns,

@@ -120,11 +120,6 @@ __device__ __forceinline__ void pack_row(const float (&x)[N], u32 (&w)[N * sizeo
     }
 }
 
-// The caller's row of window row `row` (< n_rows).
-__device__ __forceinline__ u64 caller_row(const u32* __restrict__ row_ids, u64 row) {
-    return row_ids != nullptr ? (u64)__ldg(row_ids + row) : row;
-}
-
 // ---- SDDMM ------------------------------------------------------------------------------------
 // scores[h, slot(v, r)] = scale * <Q[8w + r, h, :], K[col(v), h, :]> for every vector v of the
 // item, -inf where row r has no edge to col(v). One warp per (item, head = blockIdx.y); the warp
@@ -156,7 +151,7 @@ __device__ __forceinline__ void sddmm_mebcrs(const u32* __restrict__ item_window
     const u32 w = item_window[item], vb = item_start[item], ve = item_end[item];
     const u64 q_row = (u64)w * 8u + g;
     const bool q_on = q_row < n_rows;
-    const T* qp = q + (q_on ? caller_row(row_ids, q_row) : 0) * hd + (u64)h * head_dim;
+    const T* qp = q + (q_on ? (u64)caller_row(row_ids, (u32)q_row) : 0) * hd + (u64)h * head_dim;
     float* sh = scores + (u64)h * n_slots;
 
     for (u32 v0 = vb; v0 < ve; v0 += 16u) {
@@ -353,7 +348,7 @@ __device__ __forceinline__ void spmm_mebcrs(
             x[2 * j + 1] = acc[j][2 + half];
         }
         if (partial == SPATTN_NONE) {
-            T* dst = out + caller_row(row_ids, row) * hd + head_off;
+            T* dst = out + (u64)caller_row(row_ids, (u32)row) * hd + head_off;
             if constexpr (ALIGNED) {
                 if (lane_on) {
                     u32 words[NW];
@@ -396,7 +391,7 @@ __device__ __forceinline__ void spmm_mebcrs_finalize(const u32* __restrict__ spl
         float sum = 0.0f;
         for (u32 pi = partial_first[s]; pi < partial_first[s + 1]; ++pi)
             sum += scratch[((u64)pi * 8u + r) * hd + f];
-        out[caller_row(row_ids, row) * hd + f] = from_f32<T>(sum);
+        out[(u64)caller_row(row_ids, (u32)row) * hd + f] = from_f32<T>(sum);
     }
 }
 

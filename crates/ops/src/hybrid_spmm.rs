@@ -40,7 +40,7 @@ use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::launch::{
     check_same_gpu, kernel_named, launch, map_driver_error, to_u32, LaunchConfig, OnGpu,
-    PushKernelArg,
+    PushKernelArg, PushOptionalArg,
 };
 
 /// Most warps per CTA (the kernels' launch bound is 256 threads).
@@ -375,19 +375,12 @@ impl DeviceHybrid {
             .arg(&tc_warps)
             .arg(self.row_ids.slice())
             .arg(self.block_columns.slice())
-            .arg(self.bitmap_words.slice());
-        let null = 0u64;
-        match &self.tc_values {
-            Some(x) => args.arg(x.slice()),
-            None => args.arg(&null),
-        };
-        args.arg(self.cd_row_offsets.slice())
-            .arg(self.cd_columns.slice());
-        match &self.cd_values {
-            Some(x) => args.arg(x.slice()),
-            None => args.arg(&null),
-        };
-        args.arg(q.slice())
+            .arg(self.bitmap_words.slice())
+            .arg_or_null(self.tc_values.as_ref())
+            .arg(self.cd_row_offsets.slice())
+            .arg(self.cd_columns.slice())
+            .arg_or_null(self.cd_values.as_ref())
+            .arg(q.slice())
             .arg(k.slice())
             .arg(v.slice())
             .arg(&scale_log2)

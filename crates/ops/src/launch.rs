@@ -18,8 +18,29 @@
 use cudarc::driver::DriverError;
 pub use cudarc::driver::{LaunchArgs, LaunchConfig, PushKernelArg};
 
+use crate::buffer::{DeviceElement, DeviceVec};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
+
+/// A null device pointer, pushed for an optional array that is absent.
+static NULL_DEVICE_PTR: u64 = 0;
+
+/// Pushes an optional device array onto a launch: its pointer, or a null pointer where it is
+/// `None`. The kernels test such an argument against `nullptr` (no row renumbering, no edge
+/// values, ...).
+pub trait PushOptionalArg<'a> {
+    /// Pushes `buffer`'s device pointer, or null.
+    fn arg_or_null<T: DeviceElement>(&mut self, buffer: Option<&'a DeviceVec<T>>) -> &mut Self;
+}
+
+impl<'a> PushOptionalArg<'a> for LaunchArgs<'a> {
+    fn arg_or_null<T: DeviceElement>(&mut self, buffer: Option<&'a DeviceVec<T>>) -> &mut Self {
+        match buffer {
+            Some(b) => self.arg(b.slice()),
+            None => self.arg(&NULL_DEVICE_PTR),
+        }
+    }
+}
 
 /// Largest `grid.x`: 2³¹ − 1 blocks.
 pub const MAX_GRID_X: u32 = i32::MAX as u32;

@@ -54,7 +54,8 @@ use crate::dtype::{DType, DTypeKind};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::launch::{
-    blocks_for, check_per_edge, check_same_gpu, kernel_named, launch, to_u32, MAX_GRID_YZ,
+    blocks_for, check_per_edge, check_same_gpu, kernel_named, launch, to_u32, PushOptionalArg,
+    MAX_GRID_YZ,
 };
 use crate::launch::{LaunchConfig, PushKernelArg};
 
@@ -157,13 +158,9 @@ pub fn sddmm<T: DType>(
         .arg(&n_items)
         .arg(a.column_indices().slice())
         .arg(a.row_masks().slice())
-        .arg(&n_rows);
-    let null = 0u64;
-    match a.row_ids() {
-        Some(ids) => args.arg(ids.slice()),
-        None => args.arg(&null),
-    };
-    args.arg(&n_slots)
+        .arg(&n_rows)
+        .arg_or_null(a.row_ids())
+        .arg(&n_slots)
         .arg(q.slice())
         .arg(k.slice())
         .arg(&heads)
@@ -378,13 +375,9 @@ pub fn spmm<T: DType>(
         .arg(&n_items)
         .arg(a.column_indices().slice())
         .arg(a.row_masks().slice())
-        .arg(&n_rows);
-    let null = 0u64;
-    match a.row_ids() {
-        Some(ids) => args.arg(ids.slice()),
-        None => args.arg(&null),
-    };
-    args.arg(&n_slots)
+        .arg(&n_rows)
+        .arg_or_null(a.row_ids())
+        .arg(&n_slots)
         .arg(p.slice())
         .arg(v.slice())
         .arg(&heads)
@@ -417,12 +410,11 @@ pub fn spmm<T: DType>(
         args.arg(s.split_windows.slice())
             .arg(s.partial_first.slice())
             .arg(&n_split_u)
-            .arg(&n_rows);
-        match a.row_ids() {
-            Some(ids) => args.arg(ids.slice()),
-            None => args.arg(&null),
-        };
-        args.arg(&hd_u).arg(scratch.slice()).arg(out.slice_mut());
+            .arg(&n_rows)
+            .arg_or_null(a.row_ids())
+            .arg(&hd_u)
+            .arg(scratch.slice())
+            .arg(out.slice_mut());
         // SAFETY: reads split_windows[0..n_split), partial_first[0..=n_split] and scratch rows
         // (partial * 8 + r) for the partials of each split window (< n_partials, all written
         // by the SpMM launch before it on the stream); writes out rows row_ids[8w + r] (or
