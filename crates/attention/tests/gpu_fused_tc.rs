@@ -19,7 +19,6 @@ use rand::Rng;
 use rand_pcg::Pcg64;
 use spattn::{Algorithm, AttentionConfig, AttentionPlan, Reorder};
 use spattn_formats::Csr;
-use spattn_ops::cpu::rel_l2_error;
 use spattn_ops::{DType, DTypeKind, DeviceMatrix, Gpu, Shape};
 
 const ALG: Algorithm = Algorithm::FusedTensorCore;
@@ -61,46 +60,21 @@ fn check_order<T: DType>(
             plan.choice()
         );
     }
-    let cast = |x: &[f64]| x.iter().map(|&v| T::from_f64(v)).collect::<Vec<T>>();
-    let dq = DeviceMatrix::from_host(gpu, inputs.shape_q, &cast(&inputs.q)).unwrap();
-    let dk = DeviceMatrix::from_host(gpu, inputs.shape_kv, &cast(&inputs.k)).unwrap();
-    let dv = DeviceMatrix::from_host(gpu, inputs.shape_kv, &cast(&inputs.v)).unwrap();
-    let mut out = DeviceMatrix::<T>::zeros(gpu, inputs.shape_q).unwrap();
     let what = format!(
         "fused-tc {} rows {reorder} n={} nnz={} heads={heads} head_dim={head_dim}",
         T::NAME,
         a.n_rows(),
         a.nnz()
     );
-    let mut first: Option<Vec<T>> = None;
-    for run in 0..2 {
-        out.fill_nan().unwrap();
-        plan.forward(&dq, &dk, &dv, &mut out).unwrap();
-        let got = out.to_host().unwrap();
-        let err = rel_l2_error(&to_f64(&got), want);
-        assert!(
-            err <= tol_tf32::<T>(),
-            "{what}: rel error {err:e} (run {run})"
-        );
-        let row_len = inputs.shape_q.row_len();
-        for r in (0..a.n_rows()).filter(|&r| a.degree(r) == 0) {
-            let row = &got[r * row_len..(r + 1) * row_len];
-            assert!(
-                row.iter().all(|x| x.to_f64() == 0.0),
-                "{what}: empty row {r} not zero"
-            );
-        }
-        match &first {
-            None => first = Some(got),
-            Some(f) => {
-                let same = f
-                    .iter()
-                    .zip(&got)
-                    .all(|(x, y)| x.to_f64().to_bits() == y.to_f64().to_bits());
-                assert!(same, "{what}: the second run differs from the first");
-            }
-        }
-    }
+    check_forward_twice::<T>(
+        gpu,
+        a,
+        inputs,
+        want,
+        tol_tf32::<T>(),
+        &what,
+        |q, k, v, out| plan.forward(q, k, v, out).unwrap(),
+    );
 }
 
 /// Every dtype on fresh inputs: f16 and bf16 on one grid-valued draw (one reference), f32 on

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64;
 use spattn_formats::{read_matrix_market, rmat, Csr, RmatConfig};
-use spattn_ops::cpu::{attention_f64_from, AttentionInputs};
-use spattn_ops::{DType, DTypeKind, Shape};
+use spattn_ops::cpu::{attention_f64_from, rel_l2_error, AttentionInputs};
+use spattn_ops::{DType, DTypeKind, DeviceMatrix, Shape};
 
 /// Where the shared graphs are: `SPATTN_DATA_DIR` (the GPU bundle sets it), else
 /// `../shared/data/mtx` beside the repository.
@@ -179,5 +179,51 @@ impl Inputs {
             self.shape_kv,
         );
         attention_f64_from(a, &inputs, scale).unwrap()
+    }
+}
+
+/// Uploads `inputs` as `T`, runs `forward(q, k, v, out)` twice with `out` poisoned with NaN
+/// before each run, and checks each result against `want` (relative error ≤ `tol`), that the
+/// rows of `a` without edges are exactly zero, and that the second run repeats the first bit
+/// for bit. `what` names the case in failures.
+pub fn check_forward_twice<T: DType>(
+    gpu: &spattn_ops::Gpu,
+    a: &Csr,
+    inputs: &Inputs,
+    want: &[f64],
+    tol: f64,
+    what: &str,
+    mut forward: impl FnMut(&DeviceMatrix<T>, &DeviceMatrix<T>, &DeviceMatrix<T>, &mut DeviceMatrix<T>),
+) {
+    let cast = |x: &[f64]| x.iter().map(|&v| T::from_f64(v)).collect::<Vec<T>>();
+    let dq = DeviceMatrix::from_host(gpu, inputs.shape_q, &cast(&inputs.q)).unwrap();
+    let dk = DeviceMatrix::from_host(gpu, inputs.shape_kv, &cast(&inputs.k)).unwrap();
+    let dv = DeviceMatrix::from_host(gpu, inputs.shape_kv, &cast(&inputs.v)).unwrap();
+    let mut out = DeviceMatrix::<T>::zeros(gpu, inputs.shape_q).unwrap();
+    let row_len = inputs.shape_q.row_len();
+    let mut first: Option<Vec<T>> = None;
+    for run in 0..2 {
+        out.fill_nan().unwrap();
+        forward(&dq, &dk, &dv, &mut out);
+        let got = out.to_host().unwrap();
+        let err = rel_l2_error(&to_f64(&got), want);
+        assert!(err <= tol, "{what}: rel error {err:e} (run {run})");
+        for r in (0..a.n_rows()).filter(|&r| a.degree(r) == 0) {
+            let row = &got[r * row_len..(r + 1) * row_len];
+            assert!(
+                row.iter().all(|x| x.to_f64() == 0.0),
+                "{what}: empty row {r} not zero"
+            );
+        }
+        match &first {
+            None => first = Some(got),
+            Some(f) => {
+                let same = f
+                    .iter()
+                    .zip(&got)
+                    .all(|(x, y)| x.to_f64().to_bits() == y.to_f64().to_bits());
+                assert!(same, "{what}: the second run differs from the first");
+            }
+        }
     }
 }
