@@ -231,14 +231,21 @@ __device__ __forceinline__ void sddmm_mebcrs(const u32* __restrict__ item_window
 // ALIGNED: head_dim % NE == 0 (a lane's features all in range or all out, aligned to NE
 // elements); otherwise element-wise with a bound check.
 
+// The parameters of every SpMM kernel (spmm_mebcrs, spmm_mebcrs_pipe and their entry points),
+// and the same names as an argument list.
+#define SPATTN_SPMM_PARAMS(T)                                                                    \
+    const u32 *__restrict__ item_window, const u32 *__restrict__ item_start,                    \
+        const u32 *__restrict__ item_end, const u32 *__restrict__ item_partial, u32 n_items,    \
+        const u32 *__restrict__ col_indices, const unsigned char *__restrict__ row_masks,       \
+        u32 n_rows, const u32 *__restrict__ row_ids, u64 n_slots, const float *__restrict__ p,  \
+        const T *__restrict__ v, u32 heads, u32 head_dim, u32 slabs, T *__restrict__ out,       \
+        float *__restrict__ scratch
+#define SPATTN_SPMM_ARGS                                                                         \
+    item_window, item_start, item_end, item_partial, n_items, col_indices, row_masks, n_rows,   \
+        row_ids, n_slots, p, v, heads, head_dim, slabs, out, scratch
+
 template <class T, int FT, bool ALIGNED>
-__device__ __forceinline__ void spmm_mebcrs(
-    const u32* __restrict__ item_window, const u32* __restrict__ item_start,
-    const u32* __restrict__ item_end, const u32* __restrict__ item_partial, u32 n_items,
-    const u32* __restrict__ col_indices, const unsigned char* __restrict__ row_masks, u32 n_rows,
-    const u32* __restrict__ row_ids, u64 n_slots, const float* __restrict__ p,
-    const T* __restrict__ v, u32 heads, u32 head_dim,
-    u32 slabs, T* __restrict__ out, float* __restrict__ scratch) {
+__device__ __forceinline__ void spmm_mebcrs(SPATTN_SPMM_PARAMS(T)) {
     constexpr bool TF32 = sizeof(T) == 4;
     constexpr u32 KV = TF32 ? 8u : 16u;          // vectors per mma (its k)
     constexpr int NV = TF32 ? 2 : 4;             // vector rows a lane gathers per k-step
@@ -366,6 +373,162 @@ __device__ __forceinline__ void spmm_mebcrs(
             for (int e = 0; e < NE; ++e)
                 if (f + (u32)e < head_dim) dst[e] = x[e];
         }
+    }
+}
+
+// ---- SpMM pipelined through shared memory (f16 / bf16, head_dim a multiple of 16) ------------
+// The sums of spmm_mebcrs, with the k-step's V rows and probabilities copied into shared memory
+// by cp.async, STAGES k-steps in flight per warp: registers hold the accumulators, not the
+// gathered rows, so a warp keeps up to (STAGES - 1) * 4 KiB of gathers in flight without
+// losing occupancy. Per warp and stage (spmm_pipe_stage_bytes, which the host mirrors):
+// - V tile: 16 vector rows x CH = 2 FT chunks of 16 bytes (the slab's 16 FT features of the
+//   vector's column), chunk c of row r stored at position c ^ (r & SW), so the 8 rows one
+//   ldmatrix reads fall in 8 different bank groups;
+// - the 16 vectors' 8 probabilities each (f32, as in p: 512 contiguous bytes);
+// - the 16 vectors' masks.
+// A operand: ldmatrix.trans of the V tile (rows = vectors = k, columns = features = m), B: the
+// probabilities of the lane's (vector, row) pairs, 0 where the mask bit is clear (so padding
+// slots, whatever they hold, never reach the mma). Vectors past the item's end are zero-filled
+// (cp.async src-size 0) and masked. Output rows are staged through shared memory for 16-byte
+// stores; items of split windows write f32 partials for spmm_mebcrs_finalize, as spmm_mebcrs.
+
+__host__ __device__ constexpr u32 spmm_pipe_stage_bytes(u32 ft) { return 512u * ft + 512u + 16u; }
+
+template <class T, int FT, int STAGES>
+__device__ __forceinline__ void spmm_mebcrs_pipe(SPATTN_SPMM_PARAMS(T)) {
+    static_assert(sizeof(T) == 2, "f16 / bf16 operands");
+    constexpr u32 CH = 2u * FT;                    // 16-byte chunks of a V row's slab
+    constexpr u32 SW = (CH < 8u ? CH : 8u) - 1u;   // swizzle mask
+    constexpr u32 ROWS_PER_OP = 32u / CH;          // V rows one warp-wide cp.async covers
+    constexpr u32 V_BYTES = 16u * CH * 16u, P_BYTES = 512u;
+    constexpr u32 STAGE = spmm_pipe_stage_bytes(FT);
+    static_assert(STAGE == V_BYTES + P_BYTES + 16u, "stage layout");
+    extern __shared__ uint4 spmm_pipe_smem[];
+
+    const u32 lane = lane_id(), g = lane >> 2, t = lane & 3u;
+    const u32 warp = threadIdx.x >> 5;
+    const u32 item = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (item >= n_items) return;  // uniform across the warp
+    unsigned char* base = reinterpret_cast<unsigned char*>(spmm_pipe_smem) + warp * STAGES * STAGE;
+    const u32 base_s = smem_addr(base);
+    const u32 h = blockIdx.y / slabs, slab = blockIdx.y - h * slabs;
+    const u64 hd = (u64)heads * head_dim;
+    const u64 slab_off = (u64)h * head_dim + (u64)slab * 16u * FT;
+    const u32 w = item_window[item], vb = item_start[item], ve = item_end[item];
+    const u32 steps = (ve - vb + 15u) / 16u;
+    const float* ph = p + (u64)h * n_slots;
+    const u32 cc = lane % CH, rr = lane / CH;  // this lane's chunk, and first row, of the copies
+
+    // Column and mask of vector v0 + lane % 16 (0 past the item's end).
+    auto indices = [&](u32 v0, u32& col, u32& mask) {
+        col = 0u;
+        mask = 0u;
+        const u32 vv = v0 + (lane & 15u);
+        if (vv < ve) {
+            col = __ldg(col_indices + vv);
+            mask = __ldg(row_masks + vv);
+        }
+    };
+    // Copies of k-step s (its vectors' columns and masks in col / mask) into stage s % STAGES.
+    auto issue = [&](u32 s, u32 col, u32 mask) {
+        const u32 st = s % STAGES, v0 = vb + 16u * s;
+        const u32 sv = base_s + st * STAGE;
+#pragma unroll
+        for (u32 i = 0; i < (u32)FT; ++i) {
+            const u32 r = rr + ROWS_PER_OP * i;
+            const u32 cr = __shfl_sync(SPATTN_FULL_MASK, col, r);
+            const u32 mr = __shfl_sync(SPATTN_FULL_MASK, mask, r);
+            cp_async_16(sv + r * (CH * 16u) + ((cc ^ (r & SW)) * 16u),
+                        v + (u64)cr * hd + slab_off + cc * 8u, mr != 0u);
+        }
+        const bool p_on = v0 + (lane >> 1) < ve;  // lane copies p of vector v0 + lane / 2
+        cp_async_16(sv + V_BYTES + 16u * lane, p_on ? ph + (u64)v0 * 8u + 4u * lane : ph, p_on);
+        if (lane < 16u) base[st * STAGE + V_BYTES + P_BYTES + lane] = (unsigned char)mask;
+    };
+
+    float acc[FT][4];
+#pragma unroll
+    for (int j = 0; j < FT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    // ldmatrix role: matrix q = lane / 8 (features half q & 1, vectors half q >> 1), row lane % 8.
+    const u32 q = lane >> 3, vr = ((q >> 1) << 3) + (lane & 7u);
+    auto compute = [&](u32 s) {
+        const u32 st = s % STAGES;
+        const unsigned char* sb = base + st * STAGE;
+        const float* ps = reinterpret_cast<const float*>(sb + V_BYTES);
+        const unsigned char* ms = sb + V_BYTES + P_BYTES;
+        const u32 k[4] = {2u * t, 2u * t + 1u, 2u * t + 8u, 2u * t + 9u};
+        float pv[4];
+#pragma unroll
+        for (int x = 0; x < 4; ++x) pv[x] = (ms[k[x]] >> g) & 1u ? ps[k[x] * 8u + g] : 0.0f;
+        const u32 b[2] = {pack2<T>(pv[0], pv[1]), pack2<T>(pv[2], pv[3])};
+        const u32 row_s = base_s + st * STAGE + vr * (CH * 16u);
+#pragma unroll
+        for (int j = 0; j < FT; ++j) {
+            const u32 c = 2u * (u32)j + (q & 1u);
+            u32 a[4];
+            ldmatrix_x4_trans(a, row_s + ((c ^ (vr & SW)) * 16u));
+            mma_m16n8k16(acc[j], a, b, T());
+        }
+    };
+
+    u32 next_col, next_mask;
+    indices(vb, next_col, next_mask);
+#pragma unroll
+    for (u32 s = 0; s < (u32)STAGES - 1u; ++s) {
+        if (s < steps) {
+            const u32 col = next_col, mask = next_mask;
+            indices(vb + 16u * (s + 1u), next_col, next_mask);
+            issue(s, col, mask);
+        }
+        cp_async_commit();
+    }
+    for (u32 s = 0; s < steps; ++s) {
+        const u32 sn = s + (u32)STAGES - 1u;
+        if (sn < steps) {
+            const u32 col = next_col, mask = next_mask;
+            indices(vb + 16u * (sn + 1u), next_col, next_mask);
+            issue(sn, col, mask);
+        }
+        cp_async_commit();
+        cp_async_wait<STAGES - 1>();  // step s has landed
+        __syncwarp();
+        compute(s);
+        __syncwarp();  // stage s % STAGES is free for a later issue
+    }
+    cp_async_wait<0>();
+    __syncwarp();
+
+    // acc[j][half], acc[j][2 + half]: features 16j + g and 16j + g + 8 of window row 2t + half.
+    const u32 partial = item_partial[item];
+    if (partial != SPATTN_NONE) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            float* dst = scratch + ((u64)partial * 8u + 2u * t + (u32)half) * hd + slab_off;
+#pragma unroll
+            for (int j = 0; j < FT; ++j) {
+                dst[16 * j + g] = acc[j][half];
+                dst[16 * j + g + 8] = acc[j][2 + half];
+            }
+        }
+        return;
+    }
+    T* os = reinterpret_cast<T*>(base);  // 8 rows x 16 FT features, in stage 0's V tile
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        T* orow = os + (2u * t + (u32)half) * (16u * FT);
+#pragma unroll
+        for (int j = 0; j < FT; ++j) {
+            orow[16 * j + g] = from_f32<T>(acc[j][half]);
+            orow[16 * j + g + 8] = from_f32<T>(acc[j][2 + half]);
+        }
+    }
+    __syncwarp();
+    for (u32 i = lane; i < 8u * CH; i += 32u) {
+        const u32 r = i / CH, c = i - r * CH;
+        const u32 row = w * 8u + r;
+        if (row < n_rows)
+            *reinterpret_cast<uint4*>(out + (u64)caller_row(row_ids, row) * hd + slab_off + c * 8u) =
+                reinterpret_cast<const uint4*>(base)[i];
     }
 }
 
@@ -574,7 +737,8 @@ extern "C" __global__ void slots_to_csr_mebcrs(const u32* __restrict__ edge_to_s
 
 // ---- extern "C" instantiations ------------------------------------------------------------------
 // sddmm_mebcrs_{dtype}[_unaligned], spmm_mebcrs_{dtype}_t{FT}[_unaligned],
-// spmm_mebcrs_finalize_{dtype}; dtype f16, bf16, or tf32 (f32 operands through tf32 mma).
+// spmm_mebcrs_finalize_{dtype}; dtype f16, bf16, or tf32 (f32 operands through tf32 mma);
+// spmm_mebcrs_{f16,bf16}_t8_pipe (the shared-memory pipelined SpMM).
 
 #define SPATTN_SDDMM_ME(NAME, T, ALIGNED)                                                        \
     extern "C" __global__ void NAME(const u32* item_window, const u32* item_start,              \
@@ -587,21 +751,19 @@ extern "C" __global__ void slots_to_csr_mebcrs(const u32* __restrict__ edge_to_s
                                  scale, scores);                                                \
     }
 
-#define SPATTN_SPMM_ME(NAME, T, FT, ALIGNED)                                                    \
-    extern "C" __global__ void NAME(                                                             \
-        const u32* item_window, const u32* item_start, const u32* item_end,                     \
-        const u32* item_partial, u32 n_items, const u32* col_indices,                           \
-        const unsigned char* row_masks, u32 n_rows, const u32* row_ids, u64 n_slots,            \
-        const float* p, const T* v, u32 heads, u32 head_dim, u32 slabs, T* out,                 \
-        float* scratch) {                                                                        \
-        spmm_mebcrs<T, FT, ALIGNED>(item_window, item_start, item_end, item_partial,      \
-                                          n_items, col_indices, row_masks, n_rows, row_ids,     \
-                                          n_slots, p, v, heads, head_dim, slabs, out, scratch); \
-    }
+// One SpMM entry point: the kernel signature, calling the device function given after T (a
+// template instantiation, hence variadic: its argument list has commas).
+#define SPATTN_SPMM_ENTRY(NAME, T, ...)                                                          \
+    extern "C" __global__ void NAME(SPATTN_SPMM_PARAMS(T)) { __VA_ARGS__(SPATTN_SPMM_ARGS); }
 
 #define SPATTN_ME_PER_FT(SUFFIX, T, FT)                                                          \
-    SPATTN_SPMM_ME(spmm_mebcrs_##SUFFIX##_t##FT, T, FT, true)                                    \
-    SPATTN_SPMM_ME(spmm_mebcrs_##SUFFIX##_t##FT##_unaligned, T, FT, false)
+    SPATTN_SPMM_ENTRY(spmm_mebcrs_##SUFFIX##_t##FT, T, spmm_mebcrs<T, FT, true>)                 \
+    SPATTN_SPMM_ENTRY(spmm_mebcrs_##SUFFIX##_t##FT##_unaligned, T, spmm_mebcrs<T, FT, false>)
+
+// The pipelined SpMM is instantiated where it measured faster: 128-feature slabs (FT = 8), three
+// stages (docs/perf-notes.md, "SpMM through shared memory").
+#define SPATTN_PIPE_PER_DTYPE(SUFFIX, T)                                                         \
+    SPATTN_SPMM_ENTRY(spmm_mebcrs_##SUFFIX##_t8_pipe, T, spmm_mebcrs_pipe<T, 8, 3>)
 
 #define SPATTN_ME_PER_DTYPE(SUFFIX, T)                                                           \
     SPATTN_SDDMM_ME(sddmm_mebcrs_##SUFFIX, T, true)                                              \
@@ -620,3 +782,5 @@ extern "C" __global__ void slots_to_csr_mebcrs(const u32* __restrict__ edge_to_s
 SPATTN_ME_PER_DTYPE(f16, __half)
 SPATTN_ME_PER_DTYPE(bf16, __nv_bfloat16)
 SPATTN_ME_PER_DTYPE(tf32, float)
+SPATTN_PIPE_PER_DTYPE(f16, __half)
+SPATTN_PIPE_PER_DTYPE(bf16, __nv_bfloat16)

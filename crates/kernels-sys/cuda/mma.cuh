@@ -82,3 +82,38 @@ __device__ __forceinline__ void mma_m16n8k8_tf32(float (&d)[4], const u32 (&a)[4
 // feature of two neighbouring vectors).
 __device__ __forceinline__ u32 pair_lo(u32 x, u32 y) { return __byte_perm(x, y, 0x5410); }
 __device__ __forceinline__ u32 pair_hi(u32 x, u32 y) { return __byte_perm(x, y, 0x7632); }
+
+// ---- asynchronous copies to shared memory and ldmatrix (sm_80+) -------------------------------
+
+// The shared-memory address of a generic pointer into shared memory.
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    return (u32)__cvta_generic_to_shared(p);
+}
+
+// 16 bytes global -> shared without registers (cp.async.cg: through L2 only). `fill` false
+// writes 16 zero bytes and reads nothing (src-size 0); src must still be a valid address.
+__device__ __forceinline__ void cp_async_16(u32 dst, const void* src, bool fill) {
+    const int n = fill ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n)
+                 : "memory");
+}
+
+// Closes the group of this thread's cp.async issued since the last commit.
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// Waits until at most N of this thread's committed cp.async groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Four 8 x 8 b16 matrices from shared memory, transposed: lanes 8q .. 8q+7 give the addresses
+// of the 8 rows (16 bytes each) of matrix q, and r[q] of lane (g, t) holds elements
+// (row 2t, column g) and (row 2t+1, column g) of matrix q, low half first.
+__device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}

@@ -763,7 +763,7 @@ pub const ADAM_DENSE_BF16: &str = "adam_dense_bf16";
 /// Kernel `sgd_dense_bf16` of [`LAYERS`].
 pub const SGD_DENSE_BF16: &str = "sgd_dense_bf16";
 
-/// The PTX module compiled from `cuda/mebcrs_ops.cu` (37 kernels).
+/// The PTX module compiled from `cuda/mebcrs_ops.cu` (39 kernels).
 pub const MEBCRS_OPS: PtxModule = PtxModule {
     name: "mebcrs_ops",
     ptx: include_str!("../ptx/mebcrs_ops.ptx"),
@@ -805,6 +805,8 @@ pub const MEBCRS_OPS: PtxModule = PtxModule {
         SPMM_MEBCRS_TF32_T8,
         SPMM_MEBCRS_TF32_T8_UNALIGNED,
         SPMM_MEBCRS_FINALIZE_TF32,
+        SPMM_MEBCRS_F16_T8_PIPE,
+        SPMM_MEBCRS_BF16_T8_PIPE,
     ],
 };
 
@@ -918,6 +920,12 @@ pub const SPMM_MEBCRS_TF32_T8_UNALIGNED: &str = "spmm_mebcrs_tf32_t8_unaligned";
 
 /// Kernel `spmm_mebcrs_finalize_tf32` of [`MEBCRS_OPS`].
 pub const SPMM_MEBCRS_FINALIZE_TF32: &str = "spmm_mebcrs_finalize_tf32";
+
+/// Kernel `spmm_mebcrs_f16_t8_pipe` of [`MEBCRS_OPS`].
+pub const SPMM_MEBCRS_F16_T8_PIPE: &str = "spmm_mebcrs_f16_t8_pipe";
+
+/// Kernel `spmm_mebcrs_bf16_t8_pipe` of [`MEBCRS_OPS`].
+pub const SPMM_MEBCRS_BF16_T8_PIPE: &str = "spmm_mebcrs_bf16_t8_pipe";
 
 /// Every PTX module of this crate, sorted by name.
 pub const MODULES: &[PtxModule] = &[

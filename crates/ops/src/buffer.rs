@@ -62,6 +62,25 @@ pub struct DeviceVec<T: DeviceElement> {
     len: usize,
 }
 
+/// The workspace buffer in `slot`, first replaced by a zeroed one of `len` elements if it is
+/// missing or shorter (grow on demand: a buffer is only ever replaced whole).
+pub(crate) fn grown<'a, T: DeviceElement>(
+    gpu: &Gpu,
+    slot: &'a mut Option<DeviceVec<T>>,
+    what: &'static str,
+    len: usize,
+) -> Result<&'a mut DeviceVec<T>> {
+    match slot {
+        Some(b) if b.len() >= len => {}
+        _ => *slot = Some(DeviceVec::alloc(gpu, what, len, true)?),
+    }
+    // Both arms above leave `slot` set.
+    slot.as_mut().ok_or(Error::InvalidArgument {
+        what,
+        why: "workspace not allocated".into(),
+    })
+}
+
 impl<T: DeviceElement> DeviceVec<T> {
     /// Allocates `len` elements; zeroed when `zeroed`, else left unset for the caller to
     /// overwrite before anything reads them.

@@ -34,7 +34,7 @@ use cudarc::driver::{DevicePtr, DevicePtrMut};
 use spattn_formats::Csr;
 use spattn_kernels_sys::CSR_OPS;
 
-use crate::buffer::{DeviceMatrix, DeviceVec};
+use crate::buffer::{grown, DeviceMatrix, DeviceVec};
 use crate::device_csr::DeviceCsr;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -368,12 +368,7 @@ pub fn spmm<T: DType>(
         // Only ever replaced whole, so a panic elsewhere cannot leave it half-built.
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let need = n_split * hd;
-    if scratch_guard.as_ref().is_none_or(|b| b.len() < need) {
-        *scratch_guard = Some(DeviceVec::alloc(gpu, "SpMM split-row scratch", need, true)?);
-    }
-    let scratch = scratch_guard
-        .as_mut()
-        .expect("scratch was allocated just above"); // invariant: set in the branch above
+    let scratch = grown(gpu, &mut scratch_guard, "SpMM split-row scratch", need)?;
     if n_split > 0 {
         scratch.fill(0.0)?;
     }

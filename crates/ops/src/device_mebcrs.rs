@@ -13,9 +13,10 @@
 //!
 //! Symmetrized power-law graphs have hub rows of 10^4–10^5 edges, so a few windows hold far more
 //! vectors than the rest. The kernels take **work items** (window, first vector, end vector) of
-//! at most [`WORK_CHUNK`] vectors, one warp each, so no window serializes the grid. SDDMM needs
-//! nothing more (its outputs are per slot). SpMM items of a split window write f32 partial rows
-//! to a scratch buffer, and a second pass sums each split window's partials in item order: no
+//! at most a chunk of vectors, one warp each, so no window serializes the grid. SDDMM needs
+//! nothing more (its outputs are per slot), so its items are short ([`sddmm_chunk`]: one or
+//! two k-steps). SpMM items of a split window (chunk [`WORK_CHUNK`]) write f32 partial rows to a
+//! scratch buffer, and a second pass sums each split window's partials in item order: no
 //! atomics, no memset, and the same bits on every run. Edge softmax gives windows of more than
 //! [`SOFTMAX_LONG_WINDOW`] vectors a whole thread block per head.
 
@@ -28,9 +29,41 @@ use crate::error::Result;
 use crate::gpu::Gpu;
 use crate::launch::OnGpu;
 
-/// Vectors per work item: a window with more is cut into items of this many (the last one
+/// Vectors per SpMM work item: a window with more is cut into items of this many (the last one
 /// shorter). A multiple of 16, so every item but a window's last starts on a whole k-step.
 pub const WORK_CHUNK: u32 = 256;
+
+/// Fewest vectors per SDDMM work item ([`sddmm_chunk`]'s lower bound): one k-step.
+pub const MIN_SDDMM_CHUNK: u32 = 16;
+
+/// Most vectors per SDDMM work item ([`sddmm_chunk`]'s upper bound): two k-steps.
+pub const MAX_SDDMM_CHUNK: u32 = 32;
+
+/// Warps per SM the SDDMM chunk rule assumes resident.
+const WARPS_PER_SM: usize = 16;
+
+/// Vectors per SDDMM work item for a mask of `n_vectors` vectors on a GPU of `sm_count` SMs:
+/// one k-step (16 vectors) when the mask is too small to give each resident warp 64 vectors,
+/// else two. SDDMM items are independent (no partials to merge), so short items cost only a
+/// re-read of the window's Q tile, and they bound the longest item — the kernel's critical
+/// path on small masks, the load balance of hub windows on large ones. Measured on H100
+/// against items of 256 vectors: 1.1–2.9× faster on the shared graphs (1.2× on ogbn-arxiv),
+/// 1.0–1.04× on R-MAT 16/18 (docs/perf-notes.md).
+///
+/// ```
+/// use spattn_ops::device_mebcrs::{sddmm_chunk, MAX_SDDMM_CHUNK, MIN_SDDMM_CHUNK};
+/// assert_eq!(sddmm_chunk(10_000, 132), MIN_SDDMM_CHUNK); // cora
+/// assert_eq!(sddmm_chunk(2_000_000, 132), MAX_SDDMM_CHUNK); // ogbn-arxiv
+/// assert_eq!(sddmm_chunk(0, 0), MIN_SDDMM_CHUNK);
+/// ```
+pub fn sddmm_chunk(n_vectors: usize, sm_count: u32) -> u32 {
+    let slots = (sm_count.max(1) as usize).saturating_mul(WARPS_PER_SM);
+    if n_vectors / slots >= 2 * MAX_SDDMM_CHUNK as usize {
+        MAX_SDDMM_CHUNK
+    } else {
+        MIN_SDDMM_CHUNK
+    }
+}
 
 /// Edge softmax gives windows of more vectors than this a thread block per head (the others a
 /// warp, which takes 32 vectors a step).
@@ -150,13 +183,42 @@ pub fn long_windows(row_pointers: &[u32], threshold: u32) -> Vec<u32> {
         .collect()
 }
 
-/// The device side of the tensor-core schedule ([`WorkItems`], long softmax windows), built at
-/// upload.
+/// Work items on the device: item `i` covers vectors `starts[i]..ends[i]` of window
+/// `windows[i]`.
+#[derive(Debug)]
+pub(crate) struct DeviceItems {
+    pub(crate) windows: DeviceVec<u32>,
+    pub(crate) starts: DeviceVec<u32>,
+    pub(crate) ends: DeviceVec<u32>,
+}
+
+impl DeviceItems {
+    fn upload(gpu: &Gpu, items: &WorkItems) -> Result<Self> {
+        Ok(Self {
+            windows: DeviceVec::from_host_named(gpu, "ME-BCRS item windows", &items.windows)?,
+            starts: DeviceVec::from_host_named(gpu, "ME-BCRS item starts", &items.starts)?,
+            ends: DeviceVec::from_host_named(gpu, "ME-BCRS item ends", &items.ends)?,
+        })
+    }
+
+    /// Number of items.
+    pub(crate) fn len(&self) -> usize {
+        self.windows.len()
+    }
+
+    fn num_bytes(&self) -> usize {
+        self.windows.num_bytes() + self.starts.num_bytes() + self.ends.num_bytes()
+    }
+}
+
+/// The device side of the tensor-core schedule (SDDMM and SpMM [`WorkItems`], long softmax
+/// windows), built at upload.
 #[derive(Debug)]
 pub(crate) struct MeBcrsSchedule {
-    pub(crate) item_windows: DeviceVec<u32>,
-    pub(crate) item_starts: DeviceVec<u32>,
-    pub(crate) item_ends: DeviceVec<u32>,
+    /// SDDMM items, of [`sddmm_chunk`] vectors at most.
+    pub(crate) sddmm_items: DeviceItems,
+    /// SpMM items, of [`WORK_CHUNK`] vectors at most.
+    pub(crate) spmm_items: DeviceItems,
     pub(crate) item_partials: DeviceVec<u32>,
     pub(crate) split_windows: DeviceVec<u32>,
     pub(crate) partial_first: DeviceVec<u32>,
@@ -169,12 +231,13 @@ pub(crate) struct MeBcrsSchedule {
 
 impl MeBcrsSchedule {
     fn upload(gpu: &Gpu, row_pointers: &[u32]) -> Result<Self> {
+        let n_vectors = row_pointers.last().copied().unwrap_or(0) as usize;
+        let sddmm = WorkItems::new(row_pointers, sddmm_chunk(n_vectors, gpu.sm_count()));
         let items = WorkItems::new(row_pointers, WORK_CHUNK);
         let long = long_windows(row_pointers, SOFTMAX_LONG_WINDOW);
         Ok(Self {
-            item_windows: DeviceVec::from_host_named(gpu, "ME-BCRS item windows", &items.windows)?,
-            item_starts: DeviceVec::from_host_named(gpu, "ME-BCRS item starts", &items.starts)?,
-            item_ends: DeviceVec::from_host_named(gpu, "ME-BCRS item ends", &items.ends)?,
+            sddmm_items: DeviceItems::upload(gpu, &sddmm)?,
+            spmm_items: DeviceItems::upload(gpu, &items)?,
             item_partials: DeviceVec::from_host_named(
                 gpu,
                 "ME-BCRS item partials",
@@ -202,9 +265,8 @@ impl MeBcrsSchedule {
             .lock()
             .map(|s| s.as_ref().map_or(0, DeviceVec::num_bytes))
             .unwrap_or(0);
-        self.item_windows.num_bytes()
-            + self.item_starts.num_bytes()
-            + self.item_ends.num_bytes()
+        self.sddmm_items.num_bytes()
+            + self.spmm_items.num_bytes()
             + self.item_partials.num_bytes()
             + self.split_windows.num_bytes()
             + self.partial_first.num_bytes()
@@ -286,7 +348,8 @@ impl DeviceMeBcrs {
         order: RowOrderReport,
     ) -> Result<Self> {
         let schedule = MeBcrsSchedule::upload(gpu, me.row_pointers())?;
-        crate::launch::to_u32("ME-BCRS work items", schedule.item_windows.len())?;
+        crate::launch::to_u32("ME-BCRS work items", schedule.sddmm_items.len())?;
+        crate::launch::to_u32("ME-BCRS work items", schedule.spmm_items.len())?;
         Ok(DeviceMeBcrs {
             n_rows: me.n_rows(),
             n_cols: me.n_cols(),
@@ -410,9 +473,13 @@ impl DeviceMeBcrs {
     pub fn fill_stats(&self) -> &FillStats {
         &self.fill_stats
     }
-    /// Number of work items of the tensor-core kernels (see the [module documentation](self)).
+    /// Number of work items of the tensor-core SpMM (see the [module documentation](self)).
     pub fn n_work_items(&self) -> usize {
-        self.schedule.item_windows.len()
+        self.schedule.spmm_items.len()
+    }
+    /// Number of work items of the tensor-core SDDMM (shorter than SpMM's on small masks).
+    pub fn n_sddmm_items(&self) -> usize {
+        self.schedule.sddmm_items.len()
     }
     pub(crate) fn schedule(&self) -> &MeBcrsSchedule {
         &self.schedule
@@ -537,6 +604,35 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn sddmm_chunk_is_one_or_two_k_steps_and_grows_with_the_mask() {
+        let mut last = 0;
+        for n in [
+            0,
+            1,
+            1_000,
+            50_000,
+            135_168,
+            300_000,
+            10_000_000,
+            usize::MAX,
+        ] {
+            for sms in [0, 1, 132, 1000, u32::MAX] {
+                let c = sddmm_chunk(n, sms);
+                assert!(
+                    c == MIN_SDDMM_CHUNK || c == MAX_SDDMM_CHUNK,
+                    "{n} vectors, {sms} SMs"
+                );
+            }
+            let c = sddmm_chunk(n, 132);
+            assert!(c >= last, "chunk shrank at {n} vectors");
+            last = c;
+        }
+        // 64 vectors per resident warp (132 SMs x 16 warps) is where it doubles.
+        assert_eq!(sddmm_chunk(132 * 16 * 64 - 1, 132), MIN_SDDMM_CHUNK);
+        assert_eq!(sddmm_chunk(132 * 16 * 64, 132), MAX_SDDMM_CHUNK);
     }
 
     #[test]

@@ -45,17 +45,18 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 use spattn_kernels_sys::MEBCRS_OPS;
 
-use crate::buffer::{DeviceMatrix, DeviceVec};
+use crate::buffer::{grown, DeviceMatrix, DeviceVec};
 use crate::device_mebcrs::DeviceMeBcrs;
 use crate::dtype::{DType, DTypeKind};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::launch::{
-    blocks_for, check_per_edge, check_same_gpu, kernel_named, launch, to_u32, PushOptionalArg,
-    MAX_GRID_YZ,
+    blocks_for, check_per_edge, check_same_gpu, kernel_named, launch, map_driver_error, to_u32,
+    PushOptionalArg, MAX_GRID_YZ,
 };
 use crate::launch::{LaunchConfig, PushKernelArg};
 
@@ -144,17 +145,17 @@ pub fn sddmm<T: DType>(
     )?;
     let f = gpu.load_function(MEBCRS_OPS.name, MEBCRS_OPS.ptx, name)?;
     let s = a.schedule();
-    let n_items = to_u32("ME-BCRS work items", s.item_windows.len())?;
+    let n_items = to_u32("ME-BCRS work items", s.sddmm_items.len())?;
     let n_rows = to_u32("rows", a.n_rows())?;
     let n_slots = a.n_slots() as u64;
     let heads = to_u32("heads", shape.heads)?;
     let head_dim = to_u32("head_dim", shape.head_dim)?;
     to_u32("heads x head_dim", shape.row_len())?;
-    let cfg = warp_grid(s.item_windows.len(), shape.heads, "heads (grid.y)")?;
+    let cfg = warp_grid(s.sddmm_items.len(), shape.heads, "heads (grid.y)")?;
     let mut args = gpu.launch_builder(&f);
-    args.arg(s.item_windows.slice())
-        .arg(s.item_starts.slice())
-        .arg(s.item_ends.slice())
+    args.arg(s.sddmm_items.windows.slice())
+        .arg(s.sddmm_items.starts.slice())
+        .arg(s.sddmm_items.ends.slice())
         .arg(&n_items)
         .arg(a.column_indices().slice())
         .arg(a.row_masks().slice())
@@ -295,6 +296,35 @@ fn spmm_tiles(head_dim: usize) -> usize {
     head_dim.div_ceil(16).next_power_of_two().min(8)
 }
 
+/// Stages (k-steps in flight per warp) of the pipelined SpMM kernel.
+const SPMM_PIPE_STAGES: usize = 3;
+
+/// Tiles of 16 features per warp of the pipelined SpMM kernel (its one instantiation).
+const SPMM_PIPE_TILES: usize = 8;
+
+/// Shared memory of one warp's stage of the pipelined SpMM (mirrors `spmm_pipe_stage_bytes` in
+/// mebcrs_ops.cu): the V tile (16 vectors × 16 · tiles features, 2 bytes each), the 16 vectors'
+/// probabilities (16 × 8 f32) and their masks (16 bytes).
+const fn spmm_pipe_stage_bytes(tiles: usize) -> usize {
+    512 * tiles + 512 + 16
+}
+
+/// Whether [`spmm`] takes the pipelined kernel for `a` at `head_dim` with operands `T`: f16 or
+/// bf16, `head_dim` a multiple of 128 (whole 128-feature slabs), and on average more than one
+/// k-step (16 vectors) per window, so that a warp has gathers to overlap. The V rows and
+/// probabilities of the next k-steps are copied into shared memory (`cp.async`) while the
+/// current one is multiplied, so registers hold only accumulators; measured 1.03–1.17× faster
+/// than the register kernel on the shared graphs and R-MAT 16/18 at 128 features, 0.84× on
+/// PROTEINS_full (one k-step per window), hence the rule (docs/perf-notes.md). Otherwise the
+/// register kernel runs. Both give the same sums in the same order up to the mma's internal
+/// accumulation order.
+pub fn spmm_pipelined<T: DType>(a: &DeviceMeBcrs, head_dim: usize) -> bool {
+    T::KIND != DTypeKind::F32
+        && head_dim % (16 * SPMM_PIPE_TILES) == 0
+        && spmm_tiles(head_dim) == SPMM_PIPE_TILES
+        && a.n_vectors() > 16 * a.n_windows()
+}
+
 /// SpMM on tensor cores: `out[i, h, :] = Σ_v p[h, slot(v, i % 8)] · V[col(v), h, :]` over the
 /// vectors `v` of row `i`'s window that hold an edge of row `i` (padding slots of `p` are
 /// ignored, whatever they hold).
@@ -326,17 +356,32 @@ pub fn spmm<T: DType>(
     let slabs = shape.head_dim.div_ceil(16 * ft);
     let aligned = shape.head_dim % (2 * ft) == 0;
     let unaligned = if aligned { "" } else { "_unaligned" };
-    let name = kernel_named(
-        &MEBCRS_OPS,
-        format!("spmm_mebcrs_{}_t{ft}{unaligned}", suffix::<T>()),
-    )?;
+    let pipe = spmm_pipelined::<T>(a, shape.head_dim);
+    let name = if pipe {
+        kernel_named(
+            &MEBCRS_OPS,
+            format!("spmm_mebcrs_{}_t8_pipe", suffix::<T>()),
+        )?
+    } else {
+        kernel_named(
+            &MEBCRS_OPS,
+            format!("spmm_mebcrs_{}_t{ft}{unaligned}", suffix::<T>()),
+        )?
+    };
     let f = gpu.load_function(MEBCRS_OPS.name, MEBCRS_OPS.ptx, name)?;
     let grid_y = shape.heads.saturating_mul(slabs);
-    let cfg = warp_grid(
-        s.item_windows.len(),
-        grid_y,
-        "heads x feature slabs (grid.y)",
-    )?;
+    let mut cfg = warp_grid(s.spmm_items.len(), grid_y, "heads x feature slabs (grid.y)")?;
+    if pipe {
+        let smem = WARPS as usize * SPMM_PIPE_STAGES * spmm_pipe_stage_bytes(SPMM_PIPE_TILES);
+        if smem > 48 * 1024 {
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .map_err(|e| map_driver_error("setting the SpMM kernel's shared memory", e))?;
+        }
+        cfg.shared_mem_bytes = smem as u32;
+    }
 
     // Partial rows of split windows: n_partials x 8 rows x hd, grown on demand (zeroed once
     // at allocation; every element a launch reads is written by it first).
@@ -350,27 +395,18 @@ pub fn spmm<T: DType>(
         value: s.n_partials as u64,
         limit: (usize::MAX / (8 * hd)) as u64,
     })?;
-    if scratch_guard.as_ref().is_none_or(|b| b.len() < need) {
-        *scratch_guard = Some(DeviceVec::alloc(gpu, "ME-BCRS SpMM partials", need, true)?);
-    }
-    let Some(scratch) = scratch_guard.as_mut() else {
-        // Unreachable: set just above.
-        return Err(Error::InvalidArgument {
-            what: "SpMM scratch",
-            why: "not allocated".into(),
-        });
-    };
+    let scratch = grown(gpu, &mut scratch_guard, "ME-BCRS SpMM partials", need)?;
 
-    let n_items = to_u32("ME-BCRS work items", s.item_windows.len())?;
+    let n_items = to_u32("ME-BCRS work items", s.spmm_items.len())?;
     let n_rows = to_u32("rows", a.n_rows())?;
     let n_slots = a.n_slots() as u64;
     let heads = to_u32("heads", shape.heads)?;
     let head_dim = to_u32("head_dim", shape.head_dim)?;
     let slabs_u = to_u32("feature slabs", slabs)?;
     let mut args = gpu.launch_builder(&f);
-    args.arg(s.item_windows.slice())
-        .arg(s.item_starts.slice())
-        .arg(s.item_ends.slice())
+    args.arg(s.spmm_items.windows.slice())
+        .arg(s.spmm_items.starts.slice())
+        .arg(s.spmm_items.ends.slice())
         .arg(s.item_partials.slice())
         .arg(&n_items)
         .arg(a.column_indices().slice())

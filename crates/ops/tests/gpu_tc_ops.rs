@@ -294,6 +294,11 @@ fn tc_every_head_dim_and_head_count() {
     let gpu = gpu();
     let mut rng = fresh_rng("tc_every_head_dim_and_head_count");
     let a = random_graph(&mut rng, 300, 6, 7);
+    // More than a k-step per window: SpMM takes the pipelined kernel for f16/bf16 at 128 and
+    // 256 features, the register kernel otherwise; both are checked below.
+    let dev = DeviceMeBcrs::from_csr(&gpu, &a).unwrap();
+    assert!(tc_ops::spmm_pipelined::<f16>(&dev, 128) && tc_ops::spmm_pipelined::<bf16>(&dev, 256));
+    assert!(!tc_ops::spmm_pipelined::<f32>(&dev, 128) && !tc_ops::spmm_pipelined::<f16>(&dev, 64));
     for head_dim in [1, 3, 24, 64, 96, 128, 256] {
         for heads in [1, 2, 8] {
             check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
@@ -313,10 +318,24 @@ fn tc_tiny_graphs_empty_rows_rectangular() {
     let mut rng = fresh_rng("tc_tiny_graphs_empty_rows_rectangular");
     for n in [1, 7, 17, 33] {
         let a = random_graph(&mut rng, n, 3, 3);
-        for (heads, head_dim) in [(1, 1), (2, 3), (8, 64)] {
+        for (heads, head_dim) in [(1, 1), (2, 3), (8, 64), (1, 128)] {
             check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
         }
     }
+    // A partial last window (45 = 5 x 8 + 5 rows) and empty rows through the pipelined SpMM
+    // (about 20 edges per row: more than a k-step per window), and through the register kernel
+    // on one row (a single vector).
+    let a = random_graph(&mut rng, 45, 10, 4);
+    assert!(tc_ops::spmm_pipelined::<f16>(
+        &DeviceMeBcrs::from_csr(&gpu, &a).unwrap(),
+        128
+    ));
+    check_all_dtypes(&gpu, &a, 2, 128, &mut rng);
+    let one = random_graph(&mut rng, 1, 3, 0);
+    assert!(!tc_ops::spmm_pipelined::<f16>(
+        &DeviceMeBcrs::from_csr(&gpu, &one).unwrap(),
+        128
+    ));
     // n_cols != n_rows, both ways, partial last windows.
     for (rows, cols) in [(37, 50), (50, 13), (9, 1)] {
         let a = rect_graph(&mut rng, rows, cols, 4);
