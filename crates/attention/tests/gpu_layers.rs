@@ -8,12 +8,15 @@
 //! dtype (the per-node dS row sums stay f32), and GAT's attention-vector gradients are sums over
 //! all nodes with cancellation — f32 1e-4, f16 5e-2, bf16 2e-1. A
 //! gradient that is zero in exact arithmetic is compared against a floor (see `rel_floor`).
-//! The measured errors are printed.
+//! The measured errors are printed, and each test's seed (replay with SPATTN_SEED).
+
+#[path = "../../ops/tests/common/mod.rs"]
+mod common;
 
 use std::sync::Arc;
 
 use half::{bf16, f16};
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use rand_pcg::Pcg64;
 use spattn::layers::{
     AgnnConv, DeviceGraph, GatConfig, GatConv, GpuContext, GraphTransformerLayer, Host, HostGraph,
@@ -288,7 +291,7 @@ fn all_gat<T: GemmElement>(c: &Ctx, rng: &mut Pcg64) {
 #[ignore = "needs an NVIDIA GPU"]
 fn gat_matches_the_f64_cpu_layer() {
     let c = ctx();
-    let mut rng = Pcg64::seed_from_u64(rand::random());
+    let mut rng = common::fresh_rng("gat_matches_the_f64_cpu_layer");
     all_gat::<f32>(&c, &mut rng);
     all_gat::<f16>(&c, &mut rng);
     all_gat::<bf16>(&c, &mut rng);
@@ -308,7 +311,7 @@ fn all_transformer<T: GemmElement>(c: &Ctx, rng: &mut Pcg64, algs: &[Algorithm])
 #[ignore = "needs an NVIDIA GPU"]
 fn transformer_matches_the_f64_cpu_layer() {
     let c = ctx();
-    let mut rng = Pcg64::seed_from_u64(rand::random());
+    let mut rng = common::fresh_rng("transformer_matches_the_f64_cpu_layer");
     let exact = [Algorithm::Auto, Algorithm::UnfusedCsr, Algorithm::FusedCsr];
     all_transformer::<f32>(&c, &mut rng, &exact);
     let half = [
@@ -325,7 +328,7 @@ fn transformer_matches_the_f64_cpu_layer() {
 #[ignore = "needs an NVIDIA GPU"]
 fn agnn_matches_the_f64_cpu_layer() {
     let c = ctx();
-    let mut rng = Pcg64::seed_from_u64(rand::random());
+    let mut rng = common::fresh_rng("agnn_matches_the_f64_cpu_layer");
     for a in graphs(&mut rng) {
         for dim in [1, 17, 64] {
             agnn_case::<f32>(&c, &a, dim, &mut rng);
