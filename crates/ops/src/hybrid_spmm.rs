@@ -30,7 +30,6 @@
 
 use std::sync::Mutex;
 
-use cudarc::driver::sys::CUfunction_attribute;
 use spattn_formats::{HybridBlocks, HybridSplit};
 use spattn_kernels_sys::HYBRID;
 
@@ -39,8 +38,8 @@ use crate::dtype::{DType, DTypeKind};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::launch::{
-    check_same_gpu, kernel_named, launch, map_driver_error, to_u32, LaunchConfig, OnGpu,
-    PushKernelArg, PushOptionalArg,
+    allow_dynamic_shared, check_same_gpu, kernel_named, launch, map_driver_error, to_u32,
+    LaunchConfig, OnGpu, PushKernelArg, PushOptionalArg,
 };
 
 /// Most warps per CTA (the kernels' launch bound is 256 threads).
@@ -347,13 +346,7 @@ impl DeviceHybrid {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
 
         let f = gpu.load_function(HYBRID.name, HYBRID.ptx, name)?;
-        if smem > 48 * 1024 {
-            f.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )
-            .map_err(|e| map_driver_error("setting the hybrid kernel's shared memory", e))?;
-        }
+        allow_dynamic_shared(&f, smem, "setting the hybrid kernel's shared memory")?;
         let per_sm = f
             .occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)
             .map_err(|e| map_driver_error("hybrid kernel occupancy", e))?

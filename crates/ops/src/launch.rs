@@ -57,6 +57,33 @@ pub fn map_driver_error(during: &'static str, source: DriverError) -> Error {
     Error::Driver { during, source }
 }
 
+/// Dynamic shared memory a block may use without opting in.
+pub const DEFAULT_DYNAMIC_SHARED_BYTES: usize = 48 * 1024;
+
+/// Lets launches of `f` use `bytes` of dynamic shared memory: beyond
+/// [`DEFAULT_DYNAMIC_SHARED_BYTES`] a kernel must opt in
+/// (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`); below it this does nothing. `what` names
+/// the kernel in the error.
+pub(crate) fn allow_dynamic_shared(
+    f: &cudarc::driver::CudaFunction,
+    bytes: usize,
+    what: &'static str,
+) -> Result<()> {
+    if bytes <= DEFAULT_DYNAMIC_SHARED_BYTES {
+        return Ok(());
+    }
+    let bytes = i32::try_from(bytes).map_err(|_| Error::TooLarge {
+        what: "dynamic shared memory (bytes)",
+        value: bytes as u64,
+        limit: i32::MAX as u64,
+    })?;
+    f.set_attribute(
+        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        bytes,
+    )
+    .map_err(|e| map_driver_error(what, e))
+}
+
 /// `value` as the `u32` a kernel takes, or [`Error::TooLarge`] naming `what`.
 ///
 /// ```

@@ -45,7 +45,6 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 use spattn_kernels_sys::MEBCRS_OPS;
 
@@ -55,7 +54,7 @@ use crate::dtype::{DType, DTypeKind};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::launch::{
-    blocks_for, check_per_edge, check_same_gpu, kernel_named, launch, map_driver_error, to_u32,
+    allow_dynamic_shared, blocks_for, check_per_edge, check_same_gpu, kernel_named, launch, to_u32,
     PushOptionalArg, MAX_GRID_YZ,
 };
 use crate::launch::{LaunchConfig, PushKernelArg};
@@ -319,9 +318,9 @@ const fn spmm_pipe_stage_bytes(tiles: usize) -> usize {
 /// register kernel runs. Both give the same sums in the same order up to the mma's internal
 /// accumulation order.
 pub fn spmm_pipelined<T: DType>(a: &DeviceMeBcrs, head_dim: usize) -> bool {
+    // A multiple of 128 is also where spmm_tiles picks 8 tiles (the kernel's one instantiation).
     T::KIND != DTypeKind::F32
         && head_dim % (16 * SPMM_PIPE_TILES) == 0
-        && spmm_tiles(head_dim) == SPMM_PIPE_TILES
         && a.n_vectors() > 16 * a.n_windows()
 }
 
@@ -373,13 +372,7 @@ pub fn spmm<T: DType>(
     let mut cfg = warp_grid(s.spmm_items.len(), grid_y, "heads x feature slabs (grid.y)")?;
     if pipe {
         let smem = WARPS as usize * SPMM_PIPE_STAGES * spmm_pipe_stage_bytes(SPMM_PIPE_TILES);
-        if smem > 48 * 1024 {
-            f.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )
-            .map_err(|e| map_driver_error("setting the SpMM kernel's shared memory", e))?;
-        }
+        allow_dynamic_shared(&f, smem, "setting the SpMM kernel's shared memory")?;
         cfg.shared_mem_bytes = smem as u32;
     }
 
