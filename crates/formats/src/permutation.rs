@@ -492,43 +492,45 @@ fn locality_order(a: &Csr, hub_factor: Option<f64>) -> Result<Permutation> {
     };
     let mut order: Vec<u32> = Vec::with_capacity(n);
     for &s in &starts {
-        if bfs.done[s as usize] {
-            continue;
-        }
-        // George–Liu: move the root to a lowest-degree node of the last level while that
-        // deepens the search.
-        let mut root = s;
-        let mut last = bfs.run(root);
-        let mut depth = bfs.level[bfs.queue[bfs.queue.len() - 1] as usize];
-        for _ in 0..PERIPHERAL_ROUNDS {
-            let degree = &bfs.degree;
-            let candidate = bfs.queue[last..]
-                .iter()
-                .copied()
-                .min_by_key(|&c| (degree[c as usize], c))
-                .unwrap_or(root);
-            bfs.clear();
-            let last_c = bfs.run(candidate);
-            let depth_c = bfs.level[bfs.queue[bfs.queue.len() - 1] as usize];
-            if depth_c > depth {
-                root = candidate;
-                last = last_c;
-                depth = depth_c;
-            } else {
-                break;
+        // In a directed graph the kept root's search may not reach `s` (nothing need point
+        // back to it): search again until `s` itself is numbered. Each pass numbers at least
+        // its root, and once nothing unnumbered is reachable from `s`, `s` is its own root.
+        while !bfs.done[s as usize] {
+            // George–Liu: move the root to a lowest-degree node of the last level while that
+            // deepens the search.
+            let mut root = s;
+            let mut last = bfs.run(root);
+            let mut depth = bfs.level[bfs.queue[bfs.queue.len() - 1] as usize];
+            for _ in 0..PERIPHERAL_ROUNDS {
+                let degree = &bfs.degree;
+                let candidate = bfs.queue[last..]
+                    .iter()
+                    .copied()
+                    .min_by_key(|&c| (degree[c as usize], c))
+                    .unwrap_or(root);
+                bfs.clear();
+                let last_c = bfs.run(candidate);
+                let depth_c = bfs.level[bfs.queue[bfs.queue.len() - 1] as usize];
+                if depth_c > depth {
+                    root = candidate;
+                    last = last_c;
+                    depth = depth_c;
+                } else {
+                    break;
+                }
             }
-        }
-        // The queue holds the search from the last root tried; redo it from `root` if that
-        // was not the one kept.
-        if bfs.queue[0] != root {
+            // The queue holds the search from the last root tried; redo it from `root` if that
+            // was not the one kept.
+            if bfs.queue[0] != root {
+                bfs.clear();
+                bfs.run(root);
+            }
+            for &v in &bfs.queue {
+                bfs.done[v as usize] = true;
+            }
+            order.extend_from_slice(&bfs.queue);
             bfs.clear();
-            bfs.run(root);
         }
-        for &v in &bfs.queue {
-            bfs.done[v as usize] = true;
-        }
-        order.extend_from_slice(&bfs.queue);
-        bfs.clear();
     }
     order.reverse();
     let mut old_of_new = hubs;

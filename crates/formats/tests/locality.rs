@@ -171,7 +171,71 @@ fn arb_graph() -> impl Strategy<Value = Csr> {
     })
 }
 
+/// Directed graphs: edges need not have their reverse, so a node may be reachable from nowhere.
+fn arb_directed_graph() -> impl Strategy<Value = Csr> {
+    (1usize..60).prop_flat_map(|n| {
+        proptest::collection::vec((0..n as u32, 0..n as u32), 0..(3 * n))
+            .prop_map(move |e| Csr::from_edges(n, n, &e).unwrap())
+    })
+}
+
+#[test]
+fn rcm_numbers_a_node_nothing_points_to() {
+    // Found by the fused-tc tests: the search from node 10 (only an edge 10 -> 1, nothing
+    // pointing back) moved its root to a deeper node whose search never reaches 10, and 10
+    // was left without a number.
+    let rows: [&[u32]; 23] = [
+        &[5, 11, 21],
+        &[6, 9, 11, 13, 16],
+        &[3, 15],
+        &[],
+        &[7, 11, 12, 17, 19, 22],
+        &[5, 17],
+        &[3, 9, 13, 21],
+        &[],
+        &[4, 5, 7, 9, 11, 13],
+        &[1, 2, 3, 4, 8, 17],
+        &[1],
+        &[],
+        &[5],
+        &[7],
+        &[1, 3, 16, 17],
+        &[],
+        &[8, 15],
+        &[0, 17, 18, 22],
+        &[2, 3, 17],
+        &[],
+        &[5, 20, 21],
+        &[0, 11, 18],
+        &[7, 8, 13],
+    ];
+    let edges: Vec<(u32, u32)> = rows
+        .iter()
+        .enumerate()
+        .flat_map(|(r, cs)| cs.iter().map(move |&c| (r as u32, c)))
+        .collect();
+    let a = Csr::from_edges(23, 23, &edges).unwrap();
+    assert_valid(&Permutation::reverse_cuthill_mckee(&a).unwrap(), 23);
+    for hub in [1.0, 32.0] {
+        assert_valid(
+            &Permutation::reverse_cuthill_mckee_peeling_hubs(&a, hub).unwrap(),
+            23,
+        );
+    }
+}
+
 proptest! {
+    #[test]
+    fn rcm_numbers_every_node_of_a_directed_graph(a in arb_directed_graph(), hub in 1.0f64..40.0) {
+        for p in [
+            Permutation::reverse_cuthill_mckee(&a).unwrap(),
+            Permutation::reverse_cuthill_mckee_peeling_hubs(&a, hub).unwrap(),
+        ] {
+            assert_valid(&p, a.n_rows());
+            prop_assert_eq!(p.old_of_new().len(), a.n_rows());
+        }
+    }
+
     #[test]
     fn rcm_is_a_permutation_that_round_trips(a in arb_graph(), hub in 1.0f64..8.0) {
         for p in [
