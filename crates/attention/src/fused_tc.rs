@@ -20,8 +20,8 @@
 use spattn_formats::{Bsb, Csr, RowOrder};
 use spattn_kernels_sys::FUSED_BSB;
 use spattn_ops::launch::{
-    blocks_for, check_same_gpu, kernel_named, launch, to_u32, LaunchConfig, PushKernelArg,
-    PushOptionalArg,
+    allow_dynamic_shared, blocks_for, check_same_gpu, kernel_named, launch, to_u32, LaunchConfig,
+    PushKernelArg, PushOptionalArg,
 };
 use spattn_ops::{DType, DTypeKind, DeviceBsb, DeviceMatrix, DeviceVec, Gpu, Shape};
 
@@ -33,6 +33,9 @@ use crate::{Algorithm, Reorder};
 const MAX_GROUP_WARPS: usize = 8;
 /// Warps per CTA the launcher aims for (several groups per CTA when a group is small).
 const CTA_WARPS: usize = 4;
+/// Warps per CTA of the pipelined kernel (measured on H100: 2 is 1–7% faster than 4 at 128
+/// features, where shared memory holds two 4-warp CTAs per SM, and equal to 1).
+const PIPE_CTA_WARPS: usize = 2;
 /// Fewest blocks a unit of a split window gets by default (measured on H100: 32 beats 16 and
 /// 8 on pubmed, where splits pay less than their merge).
 const DEFAULT_MIN_CHUNK: usize = 32;
@@ -46,6 +49,18 @@ const MAX_PARTS: usize = 64;
 const MERGE_FLOATS: usize = 64;
 /// Marks a unit whose window is not split (`SPATTN_NONE` in the kernel).
 const NONE: u32 = u32::MAX;
+/// Steps in flight per warp of the pipelined kernel (`BSB_PIPE_STAGES` in the kernel).
+const PIPE_STAGES: usize = 3;
+/// Head widths the pipelined kernel is compiled for (`fused_bsb_{f16,bf16}_d{D}_pipe`).
+const PIPE_HEAD_DIMS: [usize; 2] = [64, 128];
+
+/// Shared memory of one warp of the pipelined kernel: `PIPE_STAGES` stages of the K and V tiles
+/// (16 slots × `head_dim` 2-byte features each) and two 16-byte bitmaps, then the merge
+/// scratch (mirrors `bsb_pipe_stage_bytes` and `WARP_BYTES` in fused_bsb.cu).
+const fn pipe_warp_bytes(head_dim: usize) -> usize {
+    PIPE_STAGES * (2 * 16 * head_dim * 2 + 32) + MERGE_FLOATS * 4
+}
+
 /// Feature slices compiled per warp (`fused_bsb_{dtype}_s{slice}`).
 fn slices(dtype: DTypeKind) -> &'static [usize] {
     match dtype {
@@ -63,6 +78,9 @@ pub(crate) struct Layout {
     pub group: usize,
     /// Whether rows allow 16-byte accesses (`head_dim × sizeof(T)` a multiple of 16).
     pub vec: bool,
+    /// Whether the pipelined kernel runs (K and V tiles through shared memory; f16/bf16 heads
+    /// of exactly 64 or 128 features, one warp per head).
+    pub pipelined: bool,
 }
 
 impl Layout {
@@ -76,7 +94,16 @@ impl Layout {
 /// with the fewest warps per head, then the least padding. Measured on H100: a group of two
 /// warps exchanging partial scores through shared memory every step runs slower than one warp
 /// with the whole head, even one padded to twice the head.
-fn layout_with(head_dim: usize, dtype: DTypeKind, slice: Option<usize>) -> Result<Layout> {
+///
+/// f16/bf16 heads of exactly 64 or 128 features get the pipelined kernel unless `pipelined` is
+/// false or a slice is asked for (measured on H100: see docs/perf-notes.md, "Fused tensor-core
+/// attention through shared memory").
+fn layout_with(
+    head_dim: usize,
+    dtype: DTypeKind,
+    slice: Option<usize>,
+    pipelined: bool,
+) -> Result<Layout> {
     let bytes = dtype.size_bytes();
     let unsupported = |why: String| Error::Unsupported {
         algorithm: Algorithm::FusedTensorCore,
@@ -85,11 +112,21 @@ fn layout_with(head_dim: usize, dtype: DTypeKind, slice: Option<usize>) -> Resul
     if head_dim == 0 {
         return Err(unsupported("head_dim must be at least 1".into()));
     }
+    if pipelined && slice.is_none() && dtype != DTypeKind::F32 && PIPE_HEAD_DIMS.contains(&head_dim)
+    {
+        return Ok(Layout {
+            slice: head_dim,
+            group: 1,
+            vec: true,
+            pipelined: true,
+        });
+    }
     let candidates = slices(dtype);
     let fit = |s: usize| Layout {
         slice: s,
         group: head_dim.div_ceil(s),
         vec: (head_dim * bytes) % 16 == 0,
+        pipelined: false,
     };
     let chosen = match slice {
         Some(s) if candidates.contains(&s) => Some(fit(s)),
@@ -120,19 +157,22 @@ fn layout_with(head_dim: usize, dtype: DTypeKind, slice: Option<usize>) -> Resul
 /// Whether the fused tensor-core kernel can run heads of `head_dim` features of `dtype`; the
 /// error says why not and what to use instead.
 pub(crate) fn supports(head_dim: usize, dtype: DTypeKind) -> Result<()> {
-    layout_with(head_dim, dtype, None).map(|_| ())
+    layout_with(head_dim, dtype, None, true).map(|_| ())
 }
 
-/// Tuning knobs (defaults: [`layout_with`]'s layout, the chunk from the graph, 4 warps per
-/// CTA).
+/// Tuning knobs (defaults: [`layout_with`]'s layout, the chunk from the graph, the kernel's
+/// warps per CTA).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Options {
     /// Features per warp.
     pub slice: Option<usize>,
     /// Most blocks per unit before a window is split.
     pub chunk: Option<usize>,
-    /// Warps per CTA (at least one group).
-    pub cta_warps: usize,
+    /// Warps per CTA (at least one group); `None`: [`CTA_WARPS`], or [`PIPE_CTA_WARPS`] for the
+    /// pipelined kernel.
+    pub cta_warps: Option<usize>,
+    /// Whether the pipelined kernel may run where it applies (false: the register kernels).
+    pub pipelined: bool,
 }
 
 impl Default for Options {
@@ -140,7 +180,8 @@ impl Default for Options {
         Self {
             slice: None,
             chunk: None,
-            cta_warps: CTA_WARPS,
+            cta_warps: None,
+            pipelined: true,
         }
     }
 }
@@ -275,17 +316,17 @@ impl FusedTensorCore {
         let order = RowOrder::choose(a, reorder, WINDOW_ROWS)?;
         let Some(p) = &order.permutation else {
             let mut f = Self::new::<T>(gpu, &Bsb::from_csr(a)?, heads, head_dim)?;
-            f.order_info = order.info();
+            f.order_info = format!("{}; kernel {}", order.info(), f.kernel);
             return Ok(f);
         };
         let bsb = Bsb::from_csr(&p.permute_csr_rows(a)?)?;
         let mut f = Self::new::<T>(gpu, &bsb, heads, head_dim)?;
         f.row_ids = Some(DeviceVec::from_host(gpu, p.old_of_new())?);
-        f.order_info = order.info();
+        f.order_info = format!("{}; kernel {}", order.info(), f.kernel);
         Ok(f)
     }
 
-    /// The row order the plan uses, for its report.
+    /// The row order and the kernel the plan uses, for its report.
     pub(crate) fn info(&self) -> &str {
         &self.order_info
     }
@@ -312,7 +353,7 @@ impl FusedTensorCore {
         head_dim: usize,
         options: Options,
     ) -> Result<Self> {
-        let layout = layout_with(head_dim, T::KIND, options.slice)?;
+        let layout = layout_with(head_dim, T::KIND, options.slice, options.pipelined)?;
         if let Err(e) = gpu.require_compute_capability("fused-tc (mma.sync)", 8, 0) {
             return Err(Error::Unsupported {
                 algorithm: Algorithm::FusedTensorCore,
@@ -326,6 +367,23 @@ impl FusedTensorCore {
             });
         }
         let kernel = kernel_name(T::NAME, layout)?;
+        let cta_warps = options
+            .cta_warps
+            .unwrap_or(if layout.pipelined {
+                PIPE_CTA_WARPS
+            } else {
+                CTA_WARPS
+            })
+            .max(1);
+        if layout.pipelined {
+            // The opt-in past 48 KiB is a property of the function: set once, here.
+            let f = gpu.load_function(FUSED_BSB.name, FUSED_BSB.ptx, kernel)?;
+            allow_dynamic_shared(
+                &f,
+                cta_warps * pipe_warp_bytes(head_dim),
+                "setting the fused tensor-core kernel's shared memory",
+            )?;
+        }
         let chunk = options
             .chunk
             .unwrap_or_else(|| default_chunk(bsb, heads, layout.group, gpu.sm_count()));
@@ -337,13 +395,13 @@ impl FusedTensorCore {
         Ok(Self {
             bsb: DeviceBsb::upload(gpu, bsb)?,
             row_ids: None,
-            order_info: format!("rows {}-ordered", Reorder::None),
+            order_info: format!("rows {}-ordered; kernel {kernel}", Reorder::None),
             dtype: T::KIND,
             heads,
             head_dim,
             layout,
             kernel,
-            cta_warps: options.cta_warps.max(1),
+            cta_warps,
             n_units: schedule.n_units(),
             units: DeviceVec::from_host(gpu, &schedule.units)?,
             unit_split: DeviceVec::from_host(gpu, &schedule.unit_split)?,
@@ -412,11 +470,20 @@ impl FusedTensorCore {
             });
         }
 
-        let Layout { slice, group, .. } = self.layout;
+        let Layout {
+            slice,
+            group,
+            pipelined,
+            ..
+        } = self.layout;
         let groups_per_cta = (self.cta_warps / group).max(1);
         let threads = (groups_per_cta * group * 32) as u32;
         let xs_floats = if group > 1 { 2 * group * 256 } else { 0 };
-        let smem = groups_per_cta * (xs_floats + MERGE_FLOATS) * std::mem::size_of::<f32>();
+        let smem = if pipelined {
+            groups_per_cta * pipe_warp_bytes(self.head_dim)
+        } else {
+            groups_per_cta * (xs_floats + MERGE_FLOATS) * std::mem::size_of::<f32>()
+        };
         let n_items = self.n_units * self.heads;
         let cfg = LaunchConfig {
             grid_dim: (blocks_for(n_items, groups_per_cta as u32)?, 1, 1),
@@ -466,7 +533,9 @@ impl FusedTensorCore {
         // < slice × group lie in part_ml (n_parts × heads × 16 × 2) and part_acc
         // (n_parts × heads × 16 × slice × group); counters are per split window and head
         // (n_split × heads). Shared memory: `smem` bytes, as the kernel lays it out for
-        // `groups_per_cta` groups of `group` warps.
+        // `groups_per_cta` groups of `group` warps (pipelined: `pipe_warp_bytes(head_dim)` per
+        // warp, the kernel's stages and merge scratch; its cp.async copies read whole 16-byte
+        // chunks of K and V rows of head_dim = 64 or 128 2-byte features, inside the row).
         unsafe { launch(self.kernel, &mut args, cfg) }?;
         Ok(())
     }
@@ -474,6 +543,10 @@ impl FusedTensorCore {
 
 /// The kernel for `dtype` (a kernel-name suffix) and `layout`, as listed in the module.
 fn kernel_name(dtype: &str, layout: Layout) -> Result<&'static str> {
+    if layout.pipelined {
+        let name = format!("fused_bsb_{dtype}_d{}_pipe", layout.slice);
+        return Ok(kernel_named(&FUSED_BSB, name)?);
+    }
     let suffix = if layout.vec { "" } else { "_scalar" };
     let name = format!("fused_bsb_{dtype}_s{}{suffix}", layout.slice);
     Ok(kernel_named(&FUSED_BSB, name)?)
@@ -487,7 +560,7 @@ mod tests {
     fn layouts_cover_the_head_with_least_padding() {
         for dtype in DTypeKind::ALL {
             for d in [1, 3, 8, 24, 64, 96, 100, 128, 200, 256, 512] {
-                let l = layout_with(d, dtype, None).unwrap();
+                let l = layout_with(d, dtype, None, false).unwrap();
                 assert!(
                     l.padded() >= d && l.group <= MAX_GROUP_WARPS,
                     "{dtype} d={d}"
@@ -498,13 +571,39 @@ mod tests {
                 kernel_name(dtype.name(), l).unwrap();
             }
         }
-        let l = layout_with(128, DTypeKind::F16, None).unwrap();
-        assert_eq!((l.slice, l.group, l.vec), (128, 1, true));
-        let l = layout_with(24, DTypeKind::Bf16, None).unwrap();
+        let l = layout_with(128, DTypeKind::F16, None, false).unwrap();
+        assert_eq!(
+            (l.slice, l.group, l.vec, l.pipelined),
+            (128, 1, true, false)
+        );
+        for (d, dtype, pipelined) in [
+            (128, DTypeKind::F16, true),
+            (64, DTypeKind::Bf16, true),
+            (96, DTypeKind::F16, false),
+            (256, DTypeKind::F16, false),
+            (128, DTypeKind::F32, false),
+        ] {
+            let l = layout_with(d, dtype, None, true).unwrap();
+            assert_eq!(l.pipelined, pipelined, "{dtype} d={d}");
+            if pipelined {
+                assert_eq!((l.slice, l.group), (d, 1));
+            }
+            kernel_name(dtype.name(), l).unwrap();
+        }
+        // A slice asked for (tuning) runs the register kernel.
+        assert!(
+            !layout_with(128, DTypeKind::F16, Some(128), true)
+                .unwrap()
+                .pipelined
+        );
+        // Two CTAs of 4 warps with 128-feature stages fit an H100 SM's 228 KiB.
+        assert!(2 * CTA_WARPS * pipe_warp_bytes(128) <= 228 * 1024);
+        assert!(PIPE_CTA_WARPS * pipe_warp_bytes(128) > 48 * 1024);
+        let l = layout_with(24, DTypeKind::Bf16, None, false).unwrap();
         assert_eq!((l.slice, l.group), (32, 1));
-        let l = layout_with(96, DTypeKind::Bf16, None).unwrap();
+        let l = layout_with(96, DTypeKind::Bf16, None, false).unwrap();
         assert_eq!((l.slice, l.group), (128, 1));
-        let l = layout_with(256, DTypeKind::F32, None).unwrap();
+        let l = layout_with(256, DTypeKind::F32, None, false).unwrap();
         assert_eq!((l.slice, l.group), (64, 4));
         assert!(supports(1024, DTypeKind::F16).is_ok());
         assert!(matches!(
@@ -514,7 +613,7 @@ mod tests {
         assert!(supports(512, DTypeKind::F32).is_ok());
         assert!(supports(513, DTypeKind::F32).is_err());
         assert!(supports(0, DTypeKind::F32).is_err());
-        assert!(layout_with(64, DTypeKind::F32, Some(128)).is_err());
+        assert!(layout_with(64, DTypeKind::F32, Some(128), false).is_err());
     }
 
     #[test]
@@ -650,7 +749,8 @@ mod tests {
                             .map(move |chunk| Options {
                                 slice: Some(slice),
                                 chunk,
-                                cta_warps,
+                                cta_warps: Some(cta_warps),
+                                pipelined: false,
                             })
                     })
                 });

@@ -53,6 +53,14 @@ fn check_order<T: DType>(
     assert!(AttentionPlan::supports(gpu, ALG, &config));
     let plan = AttentionPlan::new_gpu(gpu, a, config).unwrap();
     assert_eq!(plan.algorithm(), ALG);
+    // f16/bf16 heads of exactly 64 or 128 features run the pipelined kernel.
+    let pipelined = T::KIND != DTypeKind::F32 && [64, 128].contains(&head_dim);
+    assert_eq!(
+        plan.choice().contains("_pipe"),
+        pipelined,
+        "{}",
+        plan.choice()
+    );
     if reorder != Reorder::None && a.n_rows() == a.n_cols() {
         assert!(
             plan.choice().contains(&format!("rows {reorder}-ordered")),
@@ -122,8 +130,9 @@ fn head_dims_and_heads() {
     let gpu = gpu();
     let mut rng = fresh_rng("head_dims_and_heads");
     let a = random_graph(&mut rng, 200, 5, 9);
-    // 8 … 256 from the issue; 1, 3 and 100 take the element-wise (unaligned) path.
-    for head_dim in [1, 3, 8, 24, 64, 96, 100, 128, 256] {
+    // 8 … 256 from the issue; 1, 3 and 100 take the element-wise (unaligned) path; 64 and 128
+    // the pipelined kernel in f16/bf16, 48 the register kernel's 64-feature slice.
+    for head_dim in [1, 3, 8, 24, 48, 64, 96, 100, 128, 256] {
         for heads in [1, 4, 8] {
             check_all(&gpu, &a, heads, head_dim, &mut rng);
         }
@@ -139,6 +148,7 @@ fn tiny_graphs() {
         let a = random_graph(&mut rng, n, 3, 4);
         check_all(&gpu, &a, 2, 24, &mut rng);
         check_all(&gpu, &a, 1, 3, &mut rng);
+        check_all(&gpu, &a, 1, 64, &mut rng);
     }
 }
 
@@ -191,24 +201,31 @@ fn extreme_and_equal_scores() {
     let gpu = gpu();
     let mut rng = fresh_rng("extreme_and_equal_scores");
     let a = random_graph(&mut rng, 500, 8, 5);
-    let (heads, head_dim) = (2, 16);
+    for head_dim in [16, 64] {
+        extreme_scores(&gpu, &a, head_dim, &mut rng);
+    }
+}
+
+/// Scores near ±1e4 and all scores equal, for every dtype, at `head_dim` (2 heads).
+fn extreme_scores(gpu: &Gpu, a: &Csr, head_dim: usize, rng: &mut Pcg64) {
+    let heads = 2;
     let scale = 0.25f32;
     // Scores near ±1e4: Q scaled up (f32 through 3xTF32 scores; f16/bf16 with exact products).
     for amp in [2.5e3, 1e4] {
-        let x = Inputs::draw::<f32>(&mut rng, &a, heads, head_dim, amp);
-        check_with::<f32>(&gpu, &a, &x, &x.reference(&a, 0.25), Some(scale));
-        let x = Inputs::draw::<f16>(&mut rng, &a, heads, head_dim, amp);
-        check_with::<f16>(&gpu, &a, &x, &x.reference(&a, 0.25), Some(scale));
-        let x = Inputs::draw::<bf16>(&mut rng, &a, heads, head_dim, amp);
-        check_with::<bf16>(&gpu, &a, &x, &x.reference(&a, 0.25), Some(scale));
+        let x = Inputs::draw::<f32>(rng, a, heads, head_dim, amp);
+        check_with::<f32>(gpu, a, &x, &x.reference(a, 0.25), Some(scale));
+        let x = Inputs::draw::<f16>(rng, a, heads, head_dim, amp);
+        check_with::<f16>(gpu, a, &x, &x.reference(a, 0.25), Some(scale));
+        let x = Inputs::draw::<bf16>(rng, a, heads, head_dim, amp);
+        check_with::<bf16>(gpu, a, &x, &x.reference(a, 0.25), Some(scale));
     }
     // All scores equal: Q = 0, so every row is the mean of its neighbours' V.
-    let mut x = Inputs::draw_half(&mut rng, &a, heads, head_dim);
+    let mut x = Inputs::draw_half(rng, a, heads, head_dim);
     x.q.iter_mut().for_each(|q| *q = 0.0);
-    let want = x.reference(&a, 0.25);
-    check_with::<f32>(&gpu, &a, &x, &want, Some(scale));
-    check_with::<f16>(&gpu, &a, &x, &want, Some(scale));
-    check_with::<bf16>(&gpu, &a, &x, &want, Some(scale));
+    let want = x.reference(a, 0.25);
+    check_with::<f32>(gpu, a, &x, &want, Some(scale));
+    check_with::<f16>(gpu, a, &x, &want, Some(scale));
+    check_with::<bf16>(gpu, a, &x, &want, Some(scale));
 }
 
 #[test]

@@ -164,6 +164,49 @@ __device__ __forceinline__ void bsb_load_step(BsbStep& st, const u32* __restrict
 }
 
 
+// One step (two blocks) of the online softmax of rows g (r = 0) and g + 8 (r = 1): the scores s
+// (S-accumulator layout, two blocks) are masked by the blocks' bitmap words (bits[bb][0] holds
+// row g, bits[bb][1] row g + 8; bit clear -> -inf), scaled into the log2 domain, and folded
+// into the running max m, the running per-lane sum l and the NT accumulator tiles o (rescaled
+// to the new max). p receives exp2(x - m), 0 where masked. l stays per lane: the caller sums
+// the 4 lanes of a row at the end.
+template <int NT>
+__device__ __forceinline__ void bsb_online_step(const float (&s)[2][4], const u32 (&bits)[2][2],
+                                                u32 shift, float scale_log2, float (&m)[2],
+                                                float (&l)[2], float (&p)[2][4],
+                                                float (&o)[NT][4]) {
+    float x[2][4];
+#pragma unroll
+    for (int bb = 0; bb < 2; ++bb) {
+        const u32 b0 = bits[bb][0] >> shift, b1 = bits[bb][1] >> shift;
+        x[bb][0] = (b0 & 1u) ? s[bb][0] * scale_log2 : SPATTN_NEG_INF;
+        x[bb][1] = (b0 & 2u) ? s[bb][1] * scale_log2 : SPATTN_NEG_INF;
+        x[bb][2] = (b1 & 1u) ? s[bb][2] * scale_log2 : SPATTN_NEG_INF;
+        x[bb][3] = (b1 & 2u) ? s[bb][3] * scale_log2 : SPATTN_NEG_INF;
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float mx = fmaxf(fmaxf(x[0][2 * r], x[0][2 * r + 1]), fmaxf(x[1][2 * r], x[1][2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mnew = fmaxf(m[r], mx);
+        const float mu = mnew == SPATTN_NEG_INF ? 0.0f : mnew;
+        const float alpha = bsb_exp2(m[r] - mu);
+        m[r] = mnew;
+#pragma unroll
+        for (int bb = 0; bb < 2; ++bb) {
+            p[bb][2 * r] = bsb_exp2(x[bb][2 * r] - mu);
+            p[bb][2 * r + 1] = bsb_exp2(x[bb][2 * r + 1] - mu);
+        }
+        l[r] = l[r] * alpha + ((p[0][2 * r] + p[0][2 * r + 1]) + (p[1][2 * r] + p[1][2 * r + 1]));
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            o[nt][2 * r] *= alpha;
+            o[nt][2 * r + 1] *= alpha;
+        }
+    }
+}
+
 // ---- the tensor-core tile loop ----------------------------------------------------------------
 // One warp's share of a window's 16x8 blocks: steps of two blocks (b, b + 1) at b = b_begin,
 // b_begin + stride, ... < b_end, over features [base, base + DS) of head `head_off / d`.
@@ -339,41 +382,7 @@ __device__ __forceinline__ void bsb_tiles(
                 buf ^= 1u;
             }
 
-            // Mask (bitmap bit clear -> -inf) and scale into the log2 domain.
-            float x[2][4];
-#pragma unroll
-            for (int bb = 0; bb < 2; ++bb) {
-                const u32 b0 = bits[bb][0] >> shift, b1 = bits[bb][1] >> shift;
-                x[bb][0] = (b0 & 1u) ? s[bb][0] * scale_log2 : SPATTN_NEG_INF;
-                x[bb][1] = (b0 & 2u) ? s[bb][1] * scale_log2 : SPATTN_NEG_INF;
-                x[bb][2] = (b1 & 1u) ? s[bb][2] * scale_log2 : SPATTN_NEG_INF;
-                x[bb][3] = (b1 & 2u) ? s[bb][3] * scale_log2 : SPATTN_NEG_INF;
-            }
-
-            // Online softmax of rows g (r = 0) and g+8 (r = 1); l stays per lane until the end.
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                float mx = fmaxf(fmaxf(x[0][2 * r], x[0][2 * r + 1]),
-                                 fmaxf(x[1][2 * r], x[1][2 * r + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float mnew = fmaxf(m[r], mx);
-                const float mu = mnew == SPATTN_NEG_INF ? 0.0f : mnew;
-                const float alpha = bsb_exp2(m[r] - mu);
-                m[r] = mnew;
-#pragma unroll
-                for (int bb = 0; bb < 2; ++bb) {
-                    p[bb][2 * r] = bsb_exp2(x[bb][2 * r] - mu);
-                    p[bb][2 * r + 1] = bsb_exp2(x[bb][2 * r + 1] - mu);
-                }
-                l[r] = l[r] * alpha +
-                       ((p[0][2 * r] + p[0][2 * r + 1]) + (p[1][2 * r] + p[1][2 * r + 1]));
-#pragma unroll
-                for (int nt = 0; nt < D8; ++nt) {
-                    o[nt][2 * r] *= alpha;
-                    o[nt][2 * r + 1] *= alpha;
-                }
-            }
+            bsb_online_step<D8>(s, bits, shift, scale_log2, m, l, p, o);
         }
 
         // O += P V over this warp's features.
@@ -489,6 +498,34 @@ __device__ __forceinline__ void bsb_merge_parts(const float* part_ml, const floa
         const u32 orow = caller_row(row_ids, row0 + qrow[j]);
         bsb_store<T, 4, VEC>(out + (u64)orow * hd + head_off, qf4[j], d, y);
     }
+}
+
+// The end of a unit of a split window, after it wrote its partials (part_ml, part_acc) for its
+// part: the group (`gsize` threads, thread gt, named barrier `bar`) counts its arrival on the
+// window's counter for head h, and the last part to arrive merges every part of the window
+// (bsb_merge_parts) into the output rows and resets the counter for the next launch. `mrg`
+// is the group's BSB_MERGE_FLOATS of shared memory.
+template <class T, int NQ, bool VEC>
+__device__ __forceinline__ void bsb_finish_split(
+    u32 split, const u32* __restrict__ split_part_first, u32* __restrict__ counters, u32 heads,
+    u32 h, u32 dp, u32 gt, u32 gsize, u32 bar, float* mrg, const float* part_ml,
+    const float* part_acc, u32 n_rows, u32 window, const u32* __restrict__ row_ids,
+    T* __restrict__ out, u64 hd, u64 head_off, u32 d) {
+    __threadfence();
+    bsb_group_sync(bar, gsize);
+    const u32 p_first = split_part_first[split], p_end = split_part_first[split + 1u];
+    u32* counter = counters + (u64)split * heads + h;
+    u32* flag = reinterpret_cast<u32*>(mrg + 2u * BSB_WINDOW_ROWS);
+    if (gt == 0u) *flag = atomicAdd(counter, 1u) == p_end - p_first - 1u ? 1u : 0u;
+    bsb_group_sync(bar, gsize);
+    if (*flag == 0u) return;
+    __threadfence();
+
+    const u32 rows_here = min(BSB_WINDOW_ROWS, n_rows - window * BSB_WINDOW_ROWS);
+    bsb_merge_parts<T, NQ, VEC>(part_ml, part_acc, p_first, p_end, heads, h, dp, gt, gsize, bar,
+                                mrg, rows_here, row_ids, window * BSB_WINDOW_ROWS, out, hd,
+                                head_off, d);
+    if (gt == 0u) *counter = 0u;  // ready for the next launch
 }
 
 // ---- the CUDA-core edge loop ------------------------------------------------------------------

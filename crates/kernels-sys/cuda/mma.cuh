@@ -117,3 +117,12 @@ __device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], u32 addr) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
 }
+
+// Four 8 x 8 b16 matrices from shared memory, as stored: lanes 8q .. 8q+7 give the addresses of
+// the 8 rows (16 bytes each) of matrix q, and r[q] of lane (g, t) holds elements (row g,
+// columns 2t, 2t+1) of matrix q, low half first.
+__device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}

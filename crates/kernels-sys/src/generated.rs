@@ -239,7 +239,7 @@ pub const SPMM_CSR_F16_V8: &str = "spmm_csr_f16_v8";
 /// Kernel `spmm_csr_bf16_v8` of [`CSR_OPS`].
 pub const SPMM_CSR_BF16_V8: &str = "spmm_csr_bf16_v8";
 
-/// The PTX module compiled from `cuda/fused_bsb.cu` (16 kernels).
+/// The PTX module compiled from `cuda/fused_bsb.cu` (20 kernels).
 pub const FUSED_BSB: PtxModule = PtxModule {
     name: "fused_bsb",
     ptx: include_str!("../ptx/fused_bsb.ptx"),
@@ -260,6 +260,10 @@ pub const FUSED_BSB: PtxModule = PtxModule {
         FUSED_BSB_F32_S32_SCALAR,
         FUSED_BSB_F32_S64,
         FUSED_BSB_F32_S64_SCALAR,
+        FUSED_BSB_F16_D64_PIPE,
+        FUSED_BSB_F16_D128_PIPE,
+        FUSED_BSB_BF16_D64_PIPE,
+        FUSED_BSB_BF16_D128_PIPE,
     ],
 };
 
@@ -310,6 +314,18 @@ pub const FUSED_BSB_F32_S64: &str = "fused_bsb_f32_s64";
 
 /// Kernel `fused_bsb_f32_s64_scalar` of [`FUSED_BSB`].
 pub const FUSED_BSB_F32_S64_SCALAR: &str = "fused_bsb_f32_s64_scalar";
+
+/// Kernel `fused_bsb_f16_d64_pipe` of [`FUSED_BSB`].
+pub const FUSED_BSB_F16_D64_PIPE: &str = "fused_bsb_f16_d64_pipe";
+
+/// Kernel `fused_bsb_f16_d128_pipe` of [`FUSED_BSB`].
+pub const FUSED_BSB_F16_D128_PIPE: &str = "fused_bsb_f16_d128_pipe";
+
+/// Kernel `fused_bsb_bf16_d64_pipe` of [`FUSED_BSB`].
+pub const FUSED_BSB_BF16_D64_PIPE: &str = "fused_bsb_bf16_d64_pipe";
+
+/// Kernel `fused_bsb_bf16_d128_pipe` of [`FUSED_BSB`].
+pub const FUSED_BSB_BF16_D128_PIPE: &str = "fused_bsb_bf16_d128_pipe";
 
 /// The PTX module compiled from `cuda/fused_csr.cu` (36 kernels).
 pub const FUSED_CSR: PtxModule = PtxModule {

@@ -64,7 +64,7 @@ pub const DEFAULT_DYNAMIC_SHARED_BYTES: usize = 48 * 1024;
 /// [`DEFAULT_DYNAMIC_SHARED_BYTES`] a kernel must opt in
 /// (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`); below it this does nothing. `what` names
 /// the kernel in the error.
-pub(crate) fn allow_dynamic_shared(
+pub fn allow_dynamic_shared(
     f: &cudarc::driver::CudaFunction,
     bytes: usize,
     what: &'static str,
