@@ -5,9 +5,11 @@
 //! Tolerances (rel L2): the forward's are DESIGN.md's (f32 1e-5, f16 5e-3, bf16 2e-2) times a
 //! small factor for the two chained GEMMs; the gradients' are looser — they chain a GEMM, the
 //! attention backward and a second GEMM, with the intermediates Wh and dWh stored in the layer's
-//! dtype (the per-node dS row sums stay f32), and GAT's attention-vector gradients are sums over
-//! all nodes with cancellation — f32 1e-4, f16 5e-2, bf16 2e-1. A
+//! dtype (the per-node dS row sums stay f32) — f32 1e-4, f16 5e-2, bf16 2e-1. A
 //! gradient that is zero in exact arithmetic is compared against a floor (see `rel_floor`).
+//! GAT's attention-vector gradients have no fixed relative tolerance: they are checked against
+//! the gradient of the values the GPU layer stored, within a bound on f32 arithmetic (see
+//! `check_gat_attention`).
 //! The measured errors are printed, and each test's seed (replay with SPATTN_SEED).
 
 #[path = "../../ops/tests/common/mod.rs"]
@@ -19,13 +21,13 @@ use half::{bf16, f16};
 use rand::Rng;
 use rand_pcg::Pcg64;
 use spattn::layers::{
-    AgnnConv, DeviceGraph, GatConfig, GatConv, GpuContext, GraphTransformerLayer, Host, HostGraph,
-    HostParam, TransformerConfig,
+    AgnnConv, Device, DeviceGraph, GatConfig, GatConv, GpuContext, GraphTransformerLayer, Host,
+    HostGraph, HostParam, TransformerConfig,
 };
 use spattn::Algorithm;
 use spattn_formats::{read_matrix_market, Csr};
 use spattn_ops::dense::GemmElement;
-use spattn_ops::{cpu, DType, DeviceMatrix, Gpu, Shape};
+use spattn_ops::{cpu, elementwise, DType, DeviceMatrix, DeviceVec, Gpu, Shape};
 
 fn cora() -> Csr {
     let path = concat!(
@@ -105,7 +107,8 @@ fn ctx() -> Ctx {
     }
 }
 
-/// Compares forward output, dx and the parameter gradients; prints the errors.
+/// Compares forward output, dx and the parameter gradients; prints the errors. The gradients
+/// named in `checked_elsewhere` still count towards the floor but are not compared here.
 #[allow(clippy::too_many_arguments)]
 fn compare<T: DType>(
     what: &str,
@@ -113,8 +116,9 @@ fn compare<T: DType>(
     y_ref: &[f64],
     dx: &DeviceMatrix<T>,
     dx_ref: &[f64],
-    grads: Vec<(String, Vec<f32>)>,
-    grads_ref: Vec<Vec<f64>>,
+    grads: &[(String, Vec<f32>)],
+    grads_ref: &[Vec<f64>],
+    checked_elsewhere: &[&str],
 ) {
     let (tf, tg) = tols::<T>();
     let ey = rel(&y.to_host().unwrap(), y_ref);
@@ -128,7 +132,10 @@ fn compare<T: DType>(
             .iter()
             .map(|r| r.iter().map(|v| v * v).sum::<f64>().sqrt())
             .fold(0.0, f64::max);
-    for ((name, g), r) in grads.iter().zip(&grads_ref) {
+    for ((name, g), r) in grads.iter().zip(grads_ref) {
+        if checked_elsewhere.contains(&name.as_str()) {
+            continue;
+        }
         let e = rel_floor(g, r, floor);
         assert!(
             e <= tg,
@@ -174,24 +181,44 @@ fn gat_case<T: GemmElement>(c: &Ctx, a: &Csr, heads: usize, concat: bool, rng: &
     let (y, gcache) = gpu_layer.forward(&gx).unwrap();
     let gdy = DeviceMatrix::from_host(c.ctx.gpu(), y.shape(), &to_t::<T>(&dy)).unwrap();
     let dx = gpu_layer.backward(&gcache, &gdy).unwrap();
-    let grads = gpu_layer
+    let grads: Vec<_> = gpu_layer
         .params_mut()
         .iter()
         .map(|p| (p.name.to_string(), p.grad.to_host().unwrap()))
         .collect();
-    let grads_ref = cpu_layer
+    let grads_ref: Vec<_> = cpu_layer
         .params_mut()
         .iter()
         .map(|p| p.grad.clone())
         .collect();
+    let what = format!("GAT n={n} heads={heads} concat={concat}");
     compare(
-        &format!("GAT n={n} heads={heads} concat={concat}"),
+        &what,
         &y,
         &y_ref,
         &dx,
         &dx_ref,
-        grads,
-        grads_ref,
+        &grads,
+        &grads_ref,
+        &["att_src", "att_dst"],
+    );
+    let got = |name: &str| -> Vec<f64> {
+        let (_, g) = grads
+            .iter()
+            .find(|(n, _)| n == name)
+            .expect("a GAT parameter");
+        g.iter().map(|&v| f64::from(v)).collect()
+    };
+    check_gat_attention(
+        &what,
+        c,
+        a,
+        &cpu_layer,
+        &gpu_layer,
+        &gx,
+        &x,
+        &dy,
+        [got("att_src"), got("att_dst")],
     );
 }
 
@@ -220,12 +247,12 @@ fn transformer_case<T: GemmElement>(
     let (y, gcache) = gpu_layer.forward(&gx).unwrap();
     let gdy = DeviceMatrix::from_host(c.ctx.gpu(), y.shape(), &to_t::<T>(&dy)).unwrap();
     let dx = gpu_layer.backward(&gcache, &gdy).unwrap();
-    let grads = gpu_layer
+    let grads: Vec<_> = gpu_layer
         .params_mut()
         .iter()
         .map(|p| (p.name.to_string(), p.grad.to_host().unwrap()))
         .collect();
-    let grads_ref = cpu_layer
+    let grads_ref: Vec<_> = cpu_layer
         .params_mut()
         .iter()
         .map(|p| p.grad.clone())
@@ -239,8 +266,9 @@ fn transformer_case<T: GemmElement>(
         &y_ref,
         &dx,
         &dx_ref,
-        grads,
-        grads_ref,
+        &grads,
+        &grads_ref,
+        &[],
     );
 }
 
@@ -268,8 +296,9 @@ fn agnn_case<T: GemmElement>(c: &Ctx, a: &Csr, dim: usize, rng: &mut Pcg64) {
         &y_ref,
         &dx,
         &dx_ref,
-        grads,
-        grads_ref,
+        &grads,
+        &grads_ref,
+        &[],
     );
 }
 
@@ -335,5 +364,448 @@ fn agnn_matches_the_f64_cpu_layer() {
             agnn_case::<f16>(&c, &a, dim, &mut rng);
             agnn_case::<bf16>(&c, &a, dim, &mut rng);
         }
+    }
+}
+
+// ---- GAT's attention-vector gradients ---------------------------------------------------------
+//
+// da_dst[h] = Σ_i de_dst[i,h]·Wh[i,h] with de_dst[i,h] = Σ_j dS_ij, dS_ij = λ_ij·P_ij·(dP_ij −
+// Σ_k P_ik·dP_ik) and λ_ij = LeakyReLU'(S_ij) (1, or the slope where S_ij < 0); da_src the same
+// over Aᵀ. Both are sums over every node whose terms cancel twice (within each softmax row and
+// across nodes), so their error relative to their own norm has no fixed bound. Worse, λ jumps at
+// S = 0: the GPU layer stores Wh and the logits e_dst, e_src (S_ij = e_dst[i] + e_src[j]) in the
+// layer's dtype, and a score within that rounding of zero takes the other branch than in exact
+// arithmetic, which changes dS_ij by (1 − slope)·|P_ij·(dP_ij − Σ_k P_ik·dP_ik)|. A single such
+// edge in cora moves da_dst by ~1e-2 relative in f16, and f16/bf16 runs have several (measured
+// on an H100 over 25 seeds: up to 0.17 relative in f16 and 0.32 in bf16, against ~3e-4 and
+// ~3e-3 where the branches agree), so no bound linear in the unit roundoff holds either. The
+// check therefore splits the error:
+//
+//   got − exact = (stored − exact) + (got − stored)
+//
+// `stored` is the f64 gradient recomputed from the very values the GPU layer stored (its Wh and
+// logits, recomputed with the layer's own public GEMM and head_dot on the same input), so it takes
+// the GPU's branches; `stored − exact` is the storage format's error (printed, not a kernel's
+// doing). The stored values are first checked componentwise to be correct roundings of the exact
+// ones. What the backward kernels add, `got − stored`, is f32 arithmetic on the same branches,
+// and is checked against its first-order componentwise bound (see `f32_error_bound`).
+
+/// Unit roundoff of f32.
+const U32: f64 = 1.0 / (1u64 << 24) as f64;
+
+/// The unit roundoff of `T`: f32 2^-24, f16 2^-11, bf16 2^-8.
+fn unit_roundoff<T: DType>() -> f64 {
+    match T::NAME {
+        "f32" => U32,
+        "f16" => 2f64.powi(-11),
+        _ => 2f64.powi(-8),
+    }
+}
+
+/// The absolute rounding error of `T` below its normal range (half the subnormal spacing).
+fn underflow_error<T: DType>() -> f64 {
+    match T::NAME {
+        "f32" => 2f64.powi(-150),
+        "f16" => 2f64.powi(-25),
+        _ => 2f64.powi(-134),
+    }
+}
+
+/// γ_m = m·u / (1 − m·u) for f32 (Higham, Accuracy and Stability of Numerical Algorithms, §3.1):
+/// the relative bound of an f32 sum or dot product of `m` terms, in any order.
+fn gamma32(m: usize) -> f64 {
+    let mu = m as f64 * U32;
+    mu / (1.0 - mu)
+}
+
+fn norm(v: &[f64]) -> f64 {
+    v.iter().map(|x| x * x).sum::<f64>().sqrt()
+}
+
+fn dist(a: &[f64], b: &[f64]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y) * (x - y))
+        .sum::<f64>()
+        .sqrt()
+}
+
+/// `out[i, h] = Σ_d f(x[i, h, d], att[h, d])` for `x` of `n × heads × dim`.
+fn head_dot_with(
+    x: &[f64],
+    att: &[f64],
+    heads: usize,
+    dim: usize,
+    f: impl Fn(f64, f64) -> f64,
+) -> Vec<f64> {
+    x.chunks(dim)
+        .enumerate()
+        .map(|(ih, row)| {
+            let a = &att[(ih % heads) * dim..][..dim];
+            row.iter().zip(a).map(|(&v, &w)| f(v, w)).sum()
+        })
+        .collect()
+}
+
+/// GAT's backward as far as the attention vectors' gradients, in f64 with plain loops over the
+/// CSR, from given Wh (`n × heads × dim`), logits e_dst / e_src (`n × heads`) and aggregation
+/// gradient dAgg (`n × heads × dim`). Keeps what [`f32_error_bound`](Self::f32_error_bound)
+/// reads. Edge values are `edge · heads + h`, as in the layer.
+struct GatAttention {
+    heads: usize,
+    dim: usize,
+    wh: Vec<f64>,
+    d_agg: Vec<f64>,
+    /// LeakyReLU(S) and LeakyReLU'(S) per edge and head.
+    l: Vec<f64>,
+    lambda: Vec<f64>,
+    /// The row max of `l`, per node and head.
+    m: Vec<f64>,
+    p: Vec<f64>,
+    dp: Vec<f64>,
+    /// Σ_k P_ik·dP_ik, per node and head.
+    r: Vec<f64>,
+    de_dst: Vec<f64>,
+    de_src: Vec<f64>,
+    d_att_src: Vec<f64>,
+    d_att_dst: Vec<f64>,
+}
+
+impl GatAttention {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        a: &Csr,
+        wh: Vec<f64>,
+        e_dst: &[f64],
+        e_src: &[f64],
+        d_agg: Vec<f64>,
+        heads: usize,
+        dim: usize,
+        slope: f64,
+    ) -> Self {
+        let n = a.n_rows();
+        let len = a.nnz() * heads;
+        let cols = a.col_indices();
+        let (mut l, mut lambda) = (vec![0.0; len], vec![0.0; len]);
+        let (mut p, mut dp) = (vec![0.0; len], vec![0.0; len]);
+        let (mut m, mut r) = (vec![0.0; n * heads], vec![0.0; n * heads]);
+        let (mut de_dst, mut de_src) = (vec![0.0; n * heads], vec![0.0; n * heads]);
+        for i in 0..n {
+            let edges = a.row_range(i);
+            if edges.is_empty() {
+                continue;
+            }
+            for h in 0..heads {
+                let ih = i * heads + h;
+                let mut max = f64::NEG_INFINITY;
+                for e in edges.clone() {
+                    let (k, j) = (e * heads + h, cols[e] as usize);
+                    let s = e_dst[ih] + e_src[j * heads + h];
+                    // The layer's convention (CPU and GPU): the slope where S < 0.
+                    lambda[k] = if s < 0.0 { slope } else { 1.0 };
+                    l[k] = lambda[k] * s;
+                    max = max.max(l[k]);
+                }
+                m[ih] = max;
+                let mut sum = 0.0;
+                for e in edges.clone() {
+                    let k = e * heads + h;
+                    p[k] = (l[k] - max).exp();
+                    sum += p[k];
+                }
+                let da = &d_agg[ih * dim..][..dim];
+                let mut ri = 0.0;
+                for e in edges.clone() {
+                    let (k, j) = (e * heads + h, cols[e] as usize);
+                    p[k] /= sum;
+                    let whj = &wh[(j * heads + h) * dim..][..dim];
+                    dp[k] = da.iter().zip(whj).map(|(x, y)| x * y).sum();
+                    ri += p[k] * dp[k];
+                }
+                r[ih] = ri;
+                for e in edges.clone() {
+                    let (k, j) = (e * heads + h, cols[e] as usize);
+                    let ds = lambda[k] * p[k] * (dp[k] - ri);
+                    de_dst[ih] += ds;
+                    de_src[j * heads + h] += ds;
+                }
+            }
+        }
+        let weighted_sum = |de: &[f64]| {
+            let mut out = vec![0.0; heads * dim];
+            for (ih, row) in wh.chunks(dim).enumerate() {
+                let o = &mut out[(ih % heads) * dim..][..dim];
+                for (o, &w) in o.iter_mut().zip(row) {
+                    *o += de[ih] * w;
+                }
+            }
+            out
+        };
+        let d_att_src = weighted_sum(&de_src);
+        let d_att_dst = weighted_sum(&de_dst);
+        Self {
+            heads,
+            dim,
+            wh,
+            d_agg,
+            l,
+            lambda,
+            m,
+            p,
+            dp,
+            r,
+            de_dst,
+            de_src,
+            d_att_src,
+            d_att_dst,
+        }
+    }
+
+    /// Componentwise first-order bounds `[src, dst]` on the error of the GPU backward's f32
+    /// arithmetic from these (stored) inputs on: every f32 operation's result carries a relative
+    /// error of at most u = 2^-24, a sum or dot product of `m` terms γ_m·Σ|terms| (`gamma32`).
+    /// With |·| of the exact intermediates and the row's max m_i:
+    ///
+    /// ```text
+    /// S, L = λS, L − m_i and exp(L − m_i) (__expf): argument errors u·A_ij,
+    ///     A_ij = |L_ij| + 2|L_ij − m_i| + 4
+    /// δP_ij  = P_ij·(u·A_ij + Σ_k P_ik·u·A_ik + γ_deg + 2u)   (softmax's first-order perturbation,
+    ///                                                          its row sum and division)
+    /// δdP_ij = γ_dim·Σ_d |dAgg_id|·|Wh_jd|
+    /// δR_i   = Σ_k (δP_ik·|dP_ik| + P_ik·δdP_ik) + γ_{deg+1}·Σ_k P_ik·|dP_ik|
+    /// δT_ij  = δP_ij·(|dP_ij| + |R_i|) + P_ij·(δdP_ij + δR_i) + u·P_ij·(|dP_ij| + |R_i|) + u·|T_ij|
+    /// δdS_ij = |λ_ij|·δT_ij + u·|dS_ij|                         (T = P·(dP − R), dS = λ·T)
+    /// δde_i  = Σ_j δdS_ij + γ_deg·Σ_j |dS_ij|                    (over A's row i, or Aᵀ's)
+    /// δda    = Σ_i (δde_i + γ_{n+9}·|de_i|)·|Wh_i|               (the weighted column sum: a
+    ///                                                            product, then at most n + 8 adds)
+    /// ```
+    fn f32_error_bound(&self, a: &Csr) -> [Vec<f64>; 2] {
+        let (heads, dim, u) = (self.heads, self.dim, U32);
+        let n = a.n_rows();
+        let cols = a.col_indices();
+        let (mut dde_dst, mut dde_src) = (vec![0.0; n * heads], vec![0.0; n * heads]);
+        // Σ |dS| over A's rows and over Aᵀ's rows (the in-edges), and Aᵀ's row lengths.
+        let (mut abs_dst, mut abs_src) = (vec![0.0; n * heads], vec![0.0; n * heads]);
+        let mut in_degree = vec![0usize; n];
+        let (mut d_p, mut d_dp) = (Vec::new(), Vec::new());
+        for i in 0..n {
+            let edges = a.row_range(i);
+            let deg = edges.len();
+            for h in 0..heads {
+                let ih = i * heads + h;
+                let arg =
+                    |k: usize| u * (self.l[k].abs() + 2.0 * (self.l[k] - self.m[ih]).abs() + 4.0);
+                let mean_arg: f64 = edges
+                    .clone()
+                    .map(|e| self.p[e * heads + h] * arg(e * heads + h))
+                    .sum();
+                let da = &self.d_agg[ih * dim..][..dim];
+                d_p.clear();
+                d_dp.clear();
+                let mut d_r = 0.0;
+                let mut abs_pdp = 0.0;
+                for e in edges.clone() {
+                    let (k, j) = (e * heads + h, cols[e] as usize);
+                    let whj = &self.wh[(j * heads + h) * dim..][..dim];
+                    let g: f64 = da.iter().zip(whj).map(|(x, y)| (x * y).abs()).sum();
+                    let dpk = self.p[k] * (arg(k) + mean_arg + gamma32(deg) + 2.0 * u);
+                    let ddpk = gamma32(dim) * g;
+                    d_r += dpk * self.dp[k].abs() + self.p[k] * ddpk;
+                    abs_pdp += self.p[k] * self.dp[k].abs();
+                    d_p.push(dpk);
+                    d_dp.push(ddpk);
+                }
+                d_r += gamma32(deg + 1) * abs_pdp;
+                let ri = self.r[ih];
+                for (t, e) in edges.clone().enumerate() {
+                    let (k, j) = (e * heads + h, cols[e] as usize);
+                    let spread = self.dp[k].abs() + ri.abs();
+                    let tk = self.p[k] * (self.dp[k] - ri);
+                    let ds = self.lambda[k] * tk;
+                    let d_t = d_p[t] * spread
+                        + self.p[k] * (d_dp[t] + d_r)
+                        + u * self.p[k] * spread
+                        + u * tk.abs();
+                    let d_ds = self.lambda[k].abs() * d_t + u * ds.abs();
+                    let jh = j * heads + h;
+                    dde_dst[ih] += d_ds;
+                    dde_src[jh] += d_ds;
+                    abs_dst[ih] += ds.abs();
+                    abs_src[jh] += ds.abs();
+                }
+            }
+            for &j in a.row(i) {
+                in_degree[j as usize] += 1;
+            }
+        }
+        for ih in 0..n * heads {
+            dde_dst[ih] += gamma32(a.degree(ih / heads)) * abs_dst[ih];
+            dde_src[ih] += gamma32(in_degree[ih / heads]) * abs_src[ih];
+        }
+        let bound = |de: &[f64], dde: &[f64]| {
+            let mut out = vec![0.0; heads * dim];
+            for (ih, row) in self.wh.chunks(dim).enumerate() {
+                let w = dde[ih] + gamma32(n + 9) * de[ih].abs();
+                let o = &mut out[(ih % heads) * dim..][..dim];
+                for (o, &v) in o.iter_mut().zip(row) {
+                    *o += w * v.abs();
+                }
+            }
+            out
+        };
+        [bound(&self.de_src, &dde_src), bound(&self.de_dst, &dde_dst)]
+    }
+}
+
+/// The factor on the first-order f32 bound: 2 covers the second-order terms (each δ above is
+/// ≪ 1 relative) and the few roundings not itemised (the slope's product, the transposition's
+/// copies are exact); the bound itself is a worst case over signs, so the measured errors sit
+/// orders of magnitude below it.
+const F32_BOUND_FACTOR: f64 = 2.0;
+
+/// Checks the GPU layer's att_src / att_dst gradients (`got`, in that order) as described above:
+/// the GPU's stored Wh and logits are correct roundings of the exact ones, and the gradients
+/// differ from the f64 gradients recomputed from those stored values by no more than
+/// `F32_BOUND_FACTOR` × the f32 bound (L2 over the `heads × dim` components). Prints the error
+/// against the exact gradient, the part of it the storage explains, and the rest against its
+/// bound.
+#[allow(clippy::too_many_arguments)]
+fn check_gat_attention<T: GemmElement>(
+    what: &str,
+    c: &Ctx,
+    a: &Csr,
+    cpu_layer: &GatConv<Host<f64>>,
+    gpu_layer: &GatConv<Device<T>>,
+    gx: &DeviceMatrix<T>,
+    x: &[f64],
+    dy: &[f64],
+    got: [Vec<f64>; 2],
+) {
+    let cfg = *cpu_layer.config();
+    let (n, heads, dim) = (a.n_rows(), cfg.heads, cfg.out_dim);
+    let slope = f64::from(cfg.negative_slope);
+    let (ut, eta) = (unit_roundoff::<T>(), underflow_error::<T>());
+    // dAgg: dy, or dy / heads broadcast to every head (the GPU rounds that product to T).
+    let (d_agg, d_agg_t): (Vec<f64>, Vec<f64>) = if cfg.concat {
+        (dy.to_vec(), dy.to_vec())
+    } else {
+        let scale = 1.0f32 / heads as f32;
+        dy.chunks(dim)
+            .flat_map(|row| std::iter::repeat_n(row, heads).flatten())
+            .map(|&v| {
+                let stored = T::from_f32(scale * v as f32).to_f64();
+                (v / heads as f64, stored)
+            })
+            .unzip()
+    };
+    let (att_src, att_dst) = (&cpu_layer.att_src.value, &cpu_layer.att_dst.value);
+
+    // Exact: the f64 layer's own Wh; the recomputation must reproduce the layer's gradients.
+    let wh = cpu_layer.lin.forward(x, n).unwrap();
+    let e_dst = head_dot_with(&wh, att_dst, heads, dim, |v, w| v * w);
+    let e_src = head_dot_with(&wh, att_src, heads, dim, |v, w| v * w);
+    let exact = GatAttention::new(a, wh.clone(), &e_dst, &e_src, d_agg, heads, dim, slope);
+    for (mine, layer) in [
+        (&exact.d_att_src, &cpu_layer.att_src.grad),
+        (&exact.d_att_dst, &cpu_layer.att_dst.grad),
+    ] {
+        let e = cpu::rel_l2_error(mine, layer);
+        assert!(
+            e <= 1e-12,
+            "{what}: the f64 recomputation is off by {e:.2e}"
+        );
+    }
+
+    // Stored: Wh and the logits as the GPU layer computes them (its GEMM and head_dot on the
+    // same input and parameters; both deterministic).
+    let gpu = c.ctx.gpu();
+    let mut wh_dev = gpu_layer.lin.forward(&c.ctx, gx).unwrap();
+    wh_dev.reshape(Shape::new(n, heads, dim).unwrap()).unwrap();
+    let logits = |att: &DeviceVec<T>| -> Vec<f64> {
+        let mut e = DeviceMatrix::<T>::zeros(gpu, Shape::new(n, heads, 1).unwrap()).unwrap();
+        elementwise::head_dot(gpu, &wh_dev, att, &mut e).unwrap();
+        e.to_host().unwrap().iter().map(|v| v.to_f64()).collect()
+    };
+    let e_dst_t = logits(&gpu_layer.att_dst.value);
+    let e_src_t = logits(&gpu_layer.att_src.value);
+    let wh_t: Vec<f64> = wh_dev
+        .to_host()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_f64())
+        .collect();
+    // Each stored value is an f32 dot product rounded to T: |stored − exact| ≤ u_T·|exact| +
+    // (1 + u_T)·γ·Σ|terms| + the underflow error, γ = γ_m for m terms (Wh: m = in_dim terms of
+    // x·W; the logits: m = dim terms of stored Wh · a). Parameters and x are exact in T already.
+    // For the GEMM γ is doubled: tensor cores may truncate rather than round their f32 sums (Fasi,
+    // Higham, Mikaitis, Pranesh, PeerJ CS 2021), up to 2u per addition.
+    let abs_wh = {
+        let w = &cpu_layer.lin.weight.value;
+        let cols = heads * dim;
+        let mut out = vec![0.0; n * cols];
+        for (xr, or) in x.chunks(cfg.in_dim).zip(out.chunks_mut(cols)) {
+            for (&xv, wr) in xr.iter().zip(w.chunks(cols)) {
+                for (o, &wv) in or.iter_mut().zip(wr) {
+                    *o += (xv * wv).abs();
+                }
+            }
+        }
+        out
+    };
+    let worst_ratio = |stored: &[f64], exact: &[f64], abs_terms: &[f64], gamma: f64| {
+        stored
+            .iter()
+            .zip(exact)
+            .zip(abs_terms)
+            .map(|((&s, &e), &t)| {
+                let allowed = ut * e.abs() + (1.0 + ut) * gamma * t + eta;
+                (s - e).abs() / allowed
+            })
+            .fold(0.0, f64::max)
+    };
+    let mut storage = worst_ratio(&wh_t, &wh, &abs_wh, 2.0 * gamma32(cfg.in_dim));
+    for (stored, att) in [(&e_dst_t, att_dst), (&e_src_t, att_src)] {
+        let exact_of_stored = head_dot_with(&wh_t, att, heads, dim, |v, w| v * w);
+        let abs_terms = head_dot_with(&wh_t, att, heads, dim, |v, w| (v * w).abs());
+        storage = storage.max(worst_ratio(
+            stored,
+            &exact_of_stored,
+            &abs_terms,
+            gamma32(dim),
+        ));
+    }
+    assert!(
+        storage <= 1.0,
+        "{what} {}: the stored Wh or logits are off by {storage:.2} × their rounding bound",
+        T::NAME
+    );
+    let stored = GatAttention::new(a, wh_t, &e_dst_t, &e_src_t, d_agg_t, heads, dim, slope);
+    let bounds = stored.f32_error_bound(a);
+
+    let sides = [
+        ("att_src", &exact.d_att_src, &stored.d_att_src),
+        ("att_dst", &exact.d_att_dst, &stored.d_att_dst),
+    ];
+    for (((name, want, want_stored), got), bound) in sides.into_iter().zip(&got).zip(&bounds) {
+        let scale = norm(want);
+        let (err, from_storage) = (dist(got, want) / scale, dist(want_stored, want) / scale);
+        let (rest, allowed) = (dist(got, want_stored), F32_BOUND_FACTOR * norm(bound));
+        println!(
+            "{what} {}: d{name} rel L2 {err:.2e} (storage of Wh and logits {from_storage:.2e}, \
+             stored values at {storage:.2} of their rounding bound), the rest {:.2e} ≤ {:.2e} \
+             (f32 bound; {:.1e} of it)",
+            T::NAME,
+            rest / scale,
+            allowed / scale,
+            rest / allowed,
+        );
+        assert!(
+            rest <= allowed,
+            "{what} {}: d{name} is {:.2e} (rel L2) from the gradient of the stored Wh and logits, \
+             over its f32 bound {:.2e}",
+            T::NAME,
+            rest / scale,
+            allowed / scale
+        );
     }
 }
