@@ -36,9 +36,12 @@ const CTA_WARPS: usize = 4;
 /// Warps per CTA of the pipelined kernel (measured on H100: 2 is 1–7% faster than 4 at 128
 /// features, where shared memory holds two 4-warp CTAs per SM, and equal to 1).
 const PIPE_CTA_WARPS: usize = 2;
-/// Fewest blocks a unit of a split window gets by default (measured on H100: 32 beats 16 and
-/// 8 on pubmed, where splits pay less than their merge).
-const DEFAULT_MIN_CHUNK: usize = 32;
+/// Fewest blocks a unit of a split window gets by default. Only graphs with fewer than
+/// 32 · 8 · SMs blocks per head see it (the chunk is otherwise about 1/(8 · SMs) of the work).
+/// Measured with the pipelined kernel on H200 (docs/perf-notes.md): 16 is 17% faster than 32
+/// on pubmed (the largest units are its tail) and within noise on cora; with the register
+/// kernel on H100, 32 had beaten 16 there.
+const DEFAULT_MIN_CHUNK: usize = 16;
 /// Rows per BSB window (the kernel's tile height).
 const WINDOW_ROWS: usize = 16;
 /// Fewest blocks a unit of a split window can get.
@@ -305,7 +308,7 @@ pub(crate) struct FusedTensorCore {
 
 impl FusedTensorCore {
     /// Renumbers the rows of `a` as `reorder` says, converts it to BSB (original column ids)
-    /// and plans for `heads × head_dim` of `T` (see [`Self::new`]).
+    /// and plans for `heads × head_dim` of `T` (see [`Self::with_options`]).
     pub(crate) fn from_csr<T: DType>(
         gpu: &Gpu,
         a: &Csr,
@@ -313,14 +316,27 @@ impl FusedTensorCore {
         head_dim: usize,
         reorder: Reorder,
     ) -> Result<Self> {
+        Self::from_csr_with::<T>(gpu, a, heads, head_dim, reorder, Options::default())
+    }
+
+    /// [`Self::from_csr`] with explicit tuning options.
+    pub(crate) fn from_csr_with<T: DType>(
+        gpu: &Gpu,
+        a: &Csr,
+        heads: usize,
+        head_dim: usize,
+        reorder: Reorder,
+        options: Options,
+    ) -> Result<Self> {
         let order = RowOrder::choose(a, reorder, WINDOW_ROWS)?;
         let Some(p) = &order.permutation else {
-            let mut f = Self::new::<T>(gpu, &Bsb::from_csr(a)?, heads, head_dim)?;
+            let bsb = Bsb::from_csr(a)?;
+            let mut f = Self::with_options::<T>(gpu, &bsb, heads, head_dim, options)?;
             f.order_info = format!("{}; kernel {}", order.info(), f.kernel);
             return Ok(f);
         };
         let bsb = Bsb::from_csr(&p.permute_csr_rows(a)?)?;
-        let mut f = Self::new::<T>(gpu, &bsb, heads, head_dim)?;
+        let mut f = Self::with_options::<T>(gpu, &bsb, heads, head_dim, options)?;
         f.row_ids = Some(DeviceVec::from_host(gpu, p.old_of_new())?);
         f.order_info = format!("{}; kernel {}", order.info(), f.kernel);
         Ok(f)
@@ -332,20 +348,10 @@ impl FusedTensorCore {
     }
 
     /// Uploads `bsb`, builds the schedule and sizes the workspace for `heads × head_dim` of
-    /// `T`.
+    /// `T`, with the layout, chunk and CTA size of `options` where given.
     ///
     /// Errors: [`Error::Unsupported`] for a head too wide or a device older than sm_80;
     /// [`Error::Ops`] for sizes past the kernels' 32-bit indices, driver and memory failures.
-    pub(crate) fn new<T: DType>(
-        gpu: &Gpu,
-        bsb: &Bsb,
-        heads: usize,
-        head_dim: usize,
-    ) -> Result<Self> {
-        Self::with_options::<T>(gpu, bsb, heads, head_dim, Options::default())
-    }
-
-    /// [`Self::new`] with explicit tuning options.
     pub(crate) fn with_options<T: DType>(
         gpu: &Gpu,
         bsb: &Bsb,
@@ -714,7 +720,13 @@ mod tests {
         assert_eq!(d.permutation.unwrap().old_of_new()[0], 2);
     }
 
-    /// Times the layouts and chunk sizes on the shared graphs (`SPATTN_DATA_DIR`); prints only.
+    /// Times the kernels, row orders, chunk sizes and CTA sizes (`SPATTN_DATA_DIR`;
+    /// `SPATTN_TUNE_GRAPHS` a comma list of graph names or `rmatSCALE`, default pubmed and
+    /// ogbn-arxiv; `SPATTN_TUNE_SHAPES` a comma list of HEADSxHEAD_DIM, default 1x128,1x64,8x64);
+    /// prints only. Q, K and V are separate random buffers (one buffer for all three would let
+    /// the kernel's evict-first Q loads evict K/V rows). "single" is the median of events
+    /// around one forward (launch latency included, as spattn-bench measures), "batched" the
+    /// mean of 20 back-to-back forwards.
     #[test]
     #[ignore = "needs an NVIDIA GPU"]
     fn tune() {
@@ -722,69 +734,109 @@ mod tests {
         let gpu = Gpu::new(0).expect("an NVIDIA GPU");
         let dir =
             std::env::var("SPATTN_DATA_DIR").unwrap_or_else(|_| "../../../shared/data/mtx".into());
-        for name in ["pubmed", "ogbn-arxiv"] {
-            let a = spattn_formats::read_matrix_market(format!("{dir}/{name}.mtx.gz"))
-                .unwrap()
-                .symmetrize_with_self_loops()
-                .unwrap();
-            let bsb = Bsb::from_csr(&a).unwrap();
-            println!(
-                "tune {name}: n={} nnz={} blocks={} max blocks/window={}",
-                a.n_rows(),
-                a.nnz(),
-                bsb.n_blocks(),
-                bsb.fill_stats().max_blocks_per_window
-            );
-            for (heads, d) in [(1usize, 128usize), (8, 64)] {
-                let sq = Shape::new(a.n_rows(), heads, d).unwrap();
-                let host: Vec<half::f16> = (0..sq.len())
-                    .map(|i| half::f16::from_f32(((i * 7919) % 1000) as f32 / 500.0 - 1.0))
-                    .collect();
-                let q = DeviceMatrix::from_host(&gpu, sq, &host).unwrap();
-                let mut out = DeviceMatrix::<half::f16>::zeros(&gpu, sq).unwrap();
-                let variants = [64, 128].into_iter().flat_map(|slice| {
-                    [1, 4].into_iter().flat_map(move |cta_warps| {
-                        [None, Some(16), Some(64), Some(1 << 30)]
-                            .into_iter()
-                            .map(move |chunk| Options {
-                                slice: Some(slice),
-                                chunk,
-                                cta_warps: Some(cta_warps),
-                                pipelined: false,
-                            })
+        let graphs =
+            std::env::var("SPATTN_TUNE_GRAPHS").unwrap_or_else(|_| "pubmed,ogbn-arxiv".into());
+        let shapes: Vec<(usize, usize)> = std::env::var("SPATTN_TUNE_SHAPES")
+            .unwrap_or_else(|_| "1x128,1x64,8x64".into())
+            .split(',')
+            .map(|hd| {
+                let (h, d) = hd.split_once('x').expect("HEADSxHEAD_DIM");
+                (h.parse().expect("heads"), d.parse().expect("head_dim"))
+            })
+            .collect();
+        for name in graphs.split(',') {
+            let a = match name.strip_prefix("rmat") {
+                Some(scale) => spattn_formats::rmat(&spattn_formats::RmatConfig::benchmark(
+                    scale.parse().expect("rmatSCALE"),
+                ))
+                .unwrap(),
+                None => spattn_formats::read_matrix_market(format!("{dir}/{name}.mtx.gz"))
+                    .unwrap()
+                    .symmetrize_with_self_loops()
+                    .unwrap(),
+            };
+            println!("tune {name}: n={} nnz={}", a.n_rows(), a.nnz());
+            // Each row order once: the BSB of the renumbered rows and the caller-row ids.
+            let orders: Vec<(Reorder, Bsb, Option<Vec<u32>>)> =
+                [Reorder::None, Reorder::Degree, Reorder::Locality]
+                    .into_iter()
+                    .map(|r| {
+                        let order = RowOrder::choose(&a, r, WINDOW_ROWS).unwrap();
+                        match &order.permutation {
+                            Some(p) => (
+                                r,
+                                Bsb::from_csr(&p.permute_csr_rows(&a).unwrap()).unwrap(),
+                                Some(p.old_of_new().to_vec()),
+                            ),
+                            None => (r, Bsb::from_csr(&a).unwrap(), None),
+                        }
                     })
-                });
-                for options in variants {
-                    let Ok(mut f) =
-                        FusedTensorCore::with_options::<half::f16>(&gpu, &bsb, heads, d, options)
-                    else {
-                        continue;
-                    };
-                    let mut run = |n: usize| {
-                        gpu.time_ms(|| {
-                            for _ in 0..n {
-                                f.forward(&gpu, &q, &q, &q, 0.1, &mut out).map_err(|e| {
-                                    spattn_ops::Error::InvalidArgument {
-                                        what: "forward",
-                                        why: e.to_string(),
-                                    }
-                                })?;
-                            }
-                            Ok(())
+                    .collect();
+            for &(heads, d) in &shapes {
+                let sq = Shape::new(a.n_rows(), heads, d).unwrap();
+                let draw = |seed: usize| -> DeviceMatrix<half::f16> {
+                    let host: Vec<half::f16> = (0..sq.len())
+                        .map(|i| {
+                            let x = (i * 7919 + seed * 104_729) % 1000;
+                            half::f16::from_f32(x as f32 / 500.0 - 1.0)
                         })
-                        .unwrap()
-                    };
-                    run(3);
-                    let mut t: Vec<f32> = (0..25).map(|_| run(1)).collect();
-                    t.sort_by(f32::total_cmp);
-                    let batched = run(20) / 20.0;
-                    println!(
-                        "tune {name:>10} h={heads} d={d} {options:?} units={:>6}: \
-                         {:.4} ms median, {:.4} ms batched",
-                        f.n_units,
-                        t[t.len() / 2],
-                        batched
-                    );
+                        .collect();
+                    DeviceMatrix::from_host(&gpu, sq, &host).unwrap()
+                };
+                let (q, k, v) = (draw(1), draw(2), draw(3));
+                let mut out = DeviceMatrix::<half::f16>::zeros(&gpu, sq).unwrap();
+                for (reorder, bsb, ids) in &orders {
+                    let mut variants = vec![Options {
+                        pipelined: false,
+                        ..Options::default()
+                    }];
+                    for cta_warps in [None, Some(1), Some(4)] {
+                        for chunk in [None, Some(8), Some(16), Some(32), Some(64)] {
+                            variants.push(Options {
+                                chunk,
+                                cta_warps,
+                                ..Options::default()
+                            });
+                        }
+                    }
+                    for options in variants {
+                        let Ok(mut f) = FusedTensorCore::with_options::<half::f16>(
+                            &gpu, bsb, heads, d, options,
+                        ) else {
+                            continue;
+                        };
+                        if let Some(ids) = ids {
+                            f.row_ids = Some(DeviceVec::from_host(&gpu, ids).unwrap());
+                        }
+                        let mut run = |n: usize| {
+                            gpu.time_ms(|| {
+                                for _ in 0..n {
+                                    f.forward(&gpu, &q, &k, &v, 0.1, &mut out).map_err(|e| {
+                                        spattn_ops::Error::InvalidArgument {
+                                            what: "forward",
+                                            why: e.to_string(),
+                                        }
+                                    })?;
+                                }
+                                Ok(())
+                            })
+                            .unwrap()
+                        };
+                        run(3);
+                        let mut t: Vec<f32> = (0..25).map(|_| run(1)).collect();
+                        t.sort_by(f32::total_cmp);
+                        let batched = run(20) / 20.0;
+                        println!(
+                            "tune {name:>10} h={heads} d={d} {reorder:>8} {:>22} chunk={:<8} \
+                             cta={:<8} units={:>6}: {:.4} ms single, {:.4} ms batched",
+                            f.kernel,
+                            format!("{:?}", options.chunk),
+                            format!("{:?}", options.cta_warps),
+                            f.n_units,
+                            t[t.len() / 2],
+                            batched
+                        );
+                    }
                 }
             }
         }
