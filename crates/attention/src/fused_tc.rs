@@ -316,30 +316,22 @@ impl FusedTensorCore {
         head_dim: usize,
         reorder: Reorder,
     ) -> Result<Self> {
-        Self::from_csr_with::<T>(gpu, a, heads, head_dim, reorder, Options::default())
+        let order = RowOrder::choose(a, reorder, WINDOW_ROWS)?;
+        let bsb = bsb_in_order(a, &order)?;
+        let mut f = Self::with_options::<T>(gpu, &bsb, heads, head_dim, Options::default())?;
+        f.set_row_order(gpu, &order)?;
+        Ok(f)
     }
 
-    /// [`Self::from_csr`] with explicit tuning options.
-    pub(crate) fn from_csr_with<T: DType>(
-        gpu: &Gpu,
-        a: &Csr,
-        heads: usize,
-        head_dim: usize,
-        reorder: Reorder,
-        options: Options,
-    ) -> Result<Self> {
-        let order = RowOrder::choose(a, reorder, WINDOW_ROWS)?;
-        let Some(p) = &order.permutation else {
-            let bsb = Bsb::from_csr(a)?;
-            let mut f = Self::with_options::<T>(gpu, &bsb, heads, head_dim, options)?;
-            f.order_info = format!("{}; kernel {}", order.info(), f.kernel);
-            return Ok(f);
+    /// Takes `order` as the order `self`'s BSB was built in ([`bsb_in_order`]): uploads its
+    /// caller-row ids (none for the graph's own order) and names it in the report line.
+    fn set_row_order(&mut self, gpu: &Gpu, order: &RowOrder) -> Result<()> {
+        self.row_ids = match order.row_ids() {
+            Some(ids) => Some(DeviceVec::from_host(gpu, ids)?),
+            None => None,
         };
-        let bsb = Bsb::from_csr(&p.permute_csr_rows(a)?)?;
-        let mut f = Self::with_options::<T>(gpu, &bsb, heads, head_dim, options)?;
-        f.row_ids = Some(DeviceVec::from_host(gpu, p.old_of_new())?);
-        f.order_info = format!("{}; kernel {}", order.info(), f.kernel);
-        Ok(f)
+        self.order_info = format!("{}; kernel {}", order.info(), self.kernel);
+        Ok(())
     }
 
     /// The row order and the kernel the plan uses, for its report.
@@ -545,6 +537,14 @@ impl FusedTensorCore {
         unsafe { launch(self.kernel, &mut args, cfg) }?;
         Ok(())
     }
+}
+
+/// The BSB of `a` with its rows renumbered as `order` says (original column ids).
+fn bsb_in_order(a: &Csr, order: &RowOrder) -> Result<Bsb> {
+    Ok(match &order.permutation {
+        Some(p) => Bsb::from_csr(&p.permute_csr_rows(a)?)?,
+        None => Bsb::from_csr(a)?,
+    })
 }
 
 /// The kernel for `dtype` (a kernel-name suffix) and `layout`, as listed in the module.
@@ -756,20 +756,14 @@ mod tests {
                     .unwrap(),
             };
             println!("tune {name}: n={} nnz={}", a.n_rows(), a.nnz());
-            // Each row order once: the BSB of the renumbered rows and the caller-row ids.
-            let orders: Vec<(Reorder, Bsb, Option<Vec<u32>>)> =
+            // Each row order and its BSB once, for every variant below.
+            let orders: Vec<(Reorder, RowOrder, Bsb)> =
                 [Reorder::None, Reorder::Degree, Reorder::Locality]
                     .into_iter()
                     .map(|r| {
                         let order = RowOrder::choose(&a, r, WINDOW_ROWS).unwrap();
-                        match &order.permutation {
-                            Some(p) => (
-                                r,
-                                Bsb::from_csr(&p.permute_csr_rows(&a).unwrap()).unwrap(),
-                                Some(p.old_of_new().to_vec()),
-                            ),
-                            None => (r, Bsb::from_csr(&a).unwrap(), None),
-                        }
+                        let bsb = bsb_in_order(&a, &order).unwrap();
+                        (r, order, bsb)
                     })
                     .collect();
             for &(heads, d) in &shapes {
@@ -785,7 +779,7 @@ mod tests {
                 };
                 let (q, k, v) = (draw(1), draw(2), draw(3));
                 let mut out = DeviceMatrix::<half::f16>::zeros(&gpu, sq).unwrap();
-                for (reorder, bsb, ids) in &orders {
+                for (reorder, order, bsb) in &orders {
                     let mut variants = vec![Options {
                         pipelined: false,
                         ..Options::default()
@@ -805,9 +799,7 @@ mod tests {
                         ) else {
                             continue;
                         };
-                        if let Some(ids) = ids {
-                            f.row_ids = Some(DeviceVec::from_host(&gpu, ids).unwrap());
-                        }
+                        f.set_row_order(&gpu, order).unwrap();
                         let mut run = |n: usize| {
                             gpu.time_ms(|| {
                                 for _ in 0..n {
