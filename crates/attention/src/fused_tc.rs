@@ -19,6 +19,7 @@
 
 use spattn_formats::{Bsb, Csr, RowOrder};
 use spattn_kernels_sys::FUSED_BSB;
+use spattn_ops::device_bsb::{bsb_pipe_warp_bytes, BSB_MERGE_FLOATS, BSB_PIPE_HEAD_DIMS};
 use spattn_ops::launch::{
     allow_dynamic_shared, blocks_for, check_same_gpu, kernel_named, launch, to_u32, LaunchConfig,
     PushKernelArg, PushOptionalArg,
@@ -49,20 +50,9 @@ const MIN_CHUNK: usize = 4;
 /// Most units one window is cut into (the in-kernel merge reads every part).
 const MAX_PARTS: usize = 64;
 /// Floats of a group's merge scratch in shared memory (`BSB_MERGE_FLOATS` in the kernel).
-const MERGE_FLOATS: usize = 64;
+const MERGE_FLOATS: usize = BSB_MERGE_FLOATS;
 /// Marks a unit whose window is not split (`SPATTN_NONE` in the kernel).
 const NONE: u32 = u32::MAX;
-/// Steps in flight per warp of the pipelined kernel (`BSB_PIPE_STAGES` in the kernel).
-const PIPE_STAGES: usize = 3;
-/// Head widths the pipelined kernel is compiled for (`fused_bsb_{f16,bf16}_d{D}_pipe`).
-const PIPE_HEAD_DIMS: [usize; 2] = [64, 128];
-
-/// Shared memory of one warp of the pipelined kernel: `PIPE_STAGES` stages of the K and V tiles
-/// (16 slots × `head_dim` 2-byte features each) and two 16-byte bitmaps, then the merge
-/// scratch (mirrors `bsb_pipe_stage_bytes` and `WARP_BYTES` in fused_bsb.cu).
-const fn pipe_warp_bytes(head_dim: usize) -> usize {
-    PIPE_STAGES * (2 * 16 * head_dim * 2 + 32) + MERGE_FLOATS * 4
-}
 
 /// Feature slices compiled per warp (`fused_bsb_{dtype}_s{slice}`).
 fn slices(dtype: DTypeKind) -> &'static [usize] {
@@ -115,7 +105,10 @@ fn layout_with(
     if head_dim == 0 {
         return Err(unsupported("head_dim must be at least 1".into()));
     }
-    if pipelined && slice.is_none() && dtype != DTypeKind::F32 && PIPE_HEAD_DIMS.contains(&head_dim)
+    if pipelined
+        && slice.is_none()
+        && dtype != DTypeKind::F32
+        && BSB_PIPE_HEAD_DIMS.contains(&head_dim)
     {
         return Ok(Layout {
             slice: head_dim,
@@ -378,7 +371,7 @@ impl FusedTensorCore {
             let f = gpu.load_function(FUSED_BSB.name, FUSED_BSB.ptx, kernel)?;
             allow_dynamic_shared(
                 &f,
-                cta_warps * pipe_warp_bytes(head_dim),
+                cta_warps * bsb_pipe_warp_bytes(head_dim),
                 "setting the fused tensor-core kernel's shared memory",
             )?;
         }
@@ -478,7 +471,7 @@ impl FusedTensorCore {
         let threads = (groups_per_cta * group * 32) as u32;
         let xs_floats = if group > 1 { 2 * group * 256 } else { 0 };
         let smem = if pipelined {
-            groups_per_cta * pipe_warp_bytes(self.head_dim)
+            groups_per_cta * bsb_pipe_warp_bytes(self.head_dim)
         } else {
             groups_per_cta * (xs_floats + MERGE_FLOATS) * std::mem::size_of::<f32>()
         };
@@ -531,7 +524,7 @@ impl FusedTensorCore {
         // < slice × group lie in part_ml (n_parts × heads × 16 × 2) and part_acc
         // (n_parts × heads × 16 × slice × group); counters are per split window and head
         // (n_split × heads). Shared memory: `smem` bytes, as the kernel lays it out for
-        // `groups_per_cta` groups of `group` warps (pipelined: `pipe_warp_bytes(head_dim)` per
+        // `groups_per_cta` groups of `group` warps (pipelined: `bsb_pipe_warp_bytes(head_dim)` per
         // warp, the kernel's stages and merge scratch; its cp.async copies read whole 16-byte
         // chunks of K and V rows of head_dim = 64 or 128 2-byte features, inside the row).
         unsafe { launch(self.kernel, &mut args, cfg) }?;
@@ -603,8 +596,8 @@ mod tests {
                 .pipelined
         );
         // Two CTAs of 4 warps with 128-feature stages fit an H100 SM's 228 KiB.
-        assert!(2 * CTA_WARPS * pipe_warp_bytes(128) <= 228 * 1024);
-        assert!(PIPE_CTA_WARPS * pipe_warp_bytes(128) > 48 * 1024);
+        assert!(2 * CTA_WARPS * bsb_pipe_warp_bytes(128) <= 228 * 1024);
+        assert!(PIPE_CTA_WARPS * bsb_pipe_warp_bytes(128) > 48 * 1024);
         let l = layout_with(24, DTypeKind::Bf16, None, false).unwrap();
         assert_eq!((l.slice, l.group), (32, 1));
         let l = layout_with(96, DTypeKind::Bf16, None, false).unwrap();

@@ -20,17 +20,28 @@ use rand::Rng;
 use rand_pcg::Pcg64;
 use spattn::{Algorithm, AttentionConfig, AttentionPlan, HybridParams};
 use spattn_formats::Csr;
-use spattn_ops::{DType, DTypeKind, DeviceMatrix, Gpu, Shape};
+use spattn_ops::{DType, DTypeKind, DeviceHybrid, DeviceMatrix, Gpu, Shape};
 
 const ALG: Algorithm = Algorithm::Hybrid;
 
-/// The fixed configurations every case also runs: (threshold, TC warps, CD warps).
+/// The fixed configurations every case also runs on the general kernel: (threshold, TC warps,
+/// CD warps).
 const FIXED: [(f64, usize, usize); 5] = [
     (0.0, 2, 2),
     (2.0, 1, 3),
     (0.05, 1, 3),
     (0.02, 3, 1),
     (0.1, 4, 4),
+];
+/// The same on the pipelined kernel (f16/bf16 at 64 or 128 features): 1..=3 tensor-core warps,
+/// at most one CUDA-core warp, none only when every edge is on tensor cores.
+const FIXED_PIPE: [(f64, usize, usize); 6] = [
+    (0.0, 2, 0),
+    (0.0, 1, 1),
+    (2.0, 1, 1),
+    (0.05, 1, 1),
+    (0.02, 2, 1),
+    (0.1, 3, 1),
 ];
 
 fn gpu() -> Gpu {
@@ -98,24 +109,31 @@ fn check_all(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64)
     let scale = f64::from((1.0 / (head_dim as f64).sqrt()) as f32);
     let half = Inputs::draw_half(rng, a, heads, head_dim);
     let want = half.reference(a, scale);
-    let params =
-        std::iter::once(None).chain(FIXED.iter().map(|&(threshold, tc_warps, cd_warps)| {
+    let fixed = |set: &'static [(f64, usize, usize)]| {
+        std::iter::once(None).chain(set.iter().map(|&(threshold, tc_warps, cd_warps)| {
             Some(HybridParams {
                 threshold,
                 tc_warps,
                 cd_warps,
             })
-        }));
-    for p in params.clone() {
+        }))
+    };
+    let half_set: &'static [(f64, usize, usize)] =
+        if DeviceHybrid::pipelined(DTypeKind::F16, head_dim) {
+            &FIXED_PIPE
+        } else {
+            &FIXED
+        };
+    for p in fixed(half_set) {
         check_with::<f16>(gpu, a, &half, &want, None, p);
     }
     check_with::<bf16>(gpu, a, &half, &want, None, None);
-    check_with::<bf16>(gpu, a, &half, &want, None, params.clone().nth(3).flatten());
+    check_with::<bf16>(gpu, a, &half, &want, None, fixed(half_set).nth(4).flatten());
     if head_dim <= 64 {
         let full = Inputs::draw::<f32>(rng, a, heads, head_dim, 1.0);
         let want = full.reference(a, scale);
         check_with::<f32>(gpu, a, &full, &want, None, None);
-        check_with::<f32>(gpu, a, &full, &want, None, params.clone().nth(1).flatten());
+        check_with::<f32>(gpu, a, &full, &want, None, fixed(&FIXED).nth(1).flatten());
     }
 }
 
@@ -188,18 +206,46 @@ fn hub_row() {
 fn dense_and_sparse_windows() {
     let gpu = gpu();
     let mut rng = fresh_rng("dense_and_sparse_windows");
-    // Rows 0..16 all attend to columns 0..64 (a window of 8 full blocks); rows 16..40 to a few
-    // random columns each (windows of sparse blocks); n = 40 is not a multiple of 16.
+    let a = dense_and_sparse_graph(&mut rng);
+    for (heads, head_dim) in [(1, 64), (2, 128), (3, 24)] {
+        check_all(&gpu, &a, heads, head_dim, &mut rng);
+    }
+}
+
+/// The pipelined kernel's hand-off alone, at every fixed split (no plan-time timing): the
+/// sanitizers' target (`racecheck` on the calibrated cases takes minutes).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn pipelined_hand_off() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("pipelined_hand_off");
+    let a = dense_and_sparse_graph(&mut rng);
+    for (heads, head_dim) in [(1, 64), (2, 128)] {
+        let half = Inputs::draw_half(&mut rng, &a, heads, head_dim);
+        let want = half.reference(&a, f64::from((1.0 / (head_dim as f64).sqrt()) as f32));
+        for &(threshold, tc_warps, cd_warps) in &FIXED_PIPE {
+            let p = Some(HybridParams {
+                threshold,
+                tc_warps,
+                cd_warps,
+            });
+            eprintln!("hand-off: {heads} x {head_dim}, {p:?}");
+            check_with::<f16>(&gpu, &a, &half, &want, None, p);
+            check_with::<bf16>(&gpu, &a, &half, &want, None, p);
+        }
+    }
+}
+
+/// Rows 0..16 all attend to columns 0..64 (a window of 8 full blocks); rows 16..40 to a few
+/// random columns each (windows of sparse blocks); n = 40 is not a multiple of 16.
+fn dense_and_sparse_graph(rng: &mut Pcg64) -> Csr {
     let mut edges: Vec<(u32, u32)> = (0..16).flat_map(|r| (0..64).map(move |c| (r, c))).collect();
     for r in 16..40 {
         for _ in 0..4 {
             edges.push((r, rng.random_range(0..70)));
         }
     }
-    let a = Csr::from_edges(40, 70, &edges).unwrap();
-    for (heads, head_dim) in [(1, 64), (2, 128), (3, 24)] {
-        check_all(&gpu, &a, heads, head_dim, &mut rng);
-    }
+    Csr::from_edges(40, 70, &edges).unwrap()
 }
 
 #[test]
@@ -247,6 +293,23 @@ fn errors_are_typed() {
             cd_warps: 4,
         });
     assert!(AttentionPlan::new_gpu(&gpu, &a, bad).is_err());
+    // The pipelined kernel (f16, 64 features): one CUDA-core warp at most, and none only when
+    // no edge is on CUDA cores.
+    for (threshold, tc_warps, cd_warps, needle) in [
+        (0.1, 2, 2, "at most 1 CUDA-core warp"),
+        (0.1, 4, 1, "1..=3"),
+        (0.5, 2, 0, "no CUDA-core warp, but 2 edges"),
+    ] {
+        let config = AttentionConfig::new(1, 64, DTypeKind::F16)
+            .with_algorithm(ALG)
+            .with_hybrid(HybridParams {
+                threshold,
+                tc_warps,
+                cd_warps,
+            });
+        let e = AttentionPlan::new_gpu(&gpu, &a, config).unwrap_err();
+        assert!(e.to_string().contains(needle), "{e}");
+    }
     let config = AttentionConfig::new(2, 4, DTypeKind::F16).with_algorithm(ALG);
     let plan = AttentionPlan::new_gpu(&gpu, &a, config).unwrap();
     let good = DeviceMatrix::<f16>::zeros(&gpu, Shape::new(3, 2, 4).unwrap()).unwrap();
@@ -316,14 +379,17 @@ fn timings() {
                 t.push(time_plan(&gpu, &plan, 20, &mut rng));
                 if let Some(i) = plan.hybrid_info() {
                     info = format!(
-                        "threshold {:.4} {}:{} tc-edges {:.3} (all-tc {:.4} all-cd {:.4} pred {:.4})",
+                        "threshold {:.4} {}:{} tc-edges {:.3} (all-tc {:.4} all-cd {:.4} \
+                         chosen {:.4} pred {:.4}, {} timed)",
                         i.threshold,
                         i.tc_warps,
                         i.cd_warps,
                         i.tc_edge_fraction,
                         i.all_tc_ms,
                         i.all_cd_ms,
-                        i.predicted_ms
+                        i.chosen_ms,
+                        i.predicted_ms,
+                        i.candidates
                     );
                 }
             }

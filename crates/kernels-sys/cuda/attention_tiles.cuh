@@ -528,6 +528,223 @@ __device__ __forceinline__ void bsb_finish_split(
     if (gt == 0u) *counter = 0u;  // ready for the next launch
 }
 
+// ---- the pipelined tensor-core tile loop: K and V tiles through shared memory -----------------
+// f16/bf16 heads of exactly D features (64 or 128), one warp per (unit, head) (fused_bsb_pipe in
+// fused_bsb.cu, and the tensor-core warps of hybrid.cu's pipelined kernel). The registers of
+// fused_bsb's 128-feature slice hold the K rows of the next step and the V rows of this one in
+// flight (255 registers under the CUDA 13 JIT: one or two warps per scheduler). Here cp.async
+// copies each step's 16 K rows, 16 V rows and two bitmaps into shared memory, STAGES steps
+// ahead, and the warp reads them with ldmatrix: registers hold only the Q fragments, the f32
+// accumulator and one step's scores.
+//
+// Per warp and stage (bsb_pipe_stage_bytes, mirrored by the host): the K tile (16 slots x D
+// features: slot r's 16-byte chunk c stored at chunk c ^ (r & 7) of its row, so that the 8 rows
+// one ldmatrix reads fall in 8 different bank groups), the V tile (same layout), and the 32
+// bytes of the two blocks' bitmaps. After the stages: the warp's BSB_MERGE_FLOATS of merge
+// scratch (bsb_pipe_warp_bytes in all).
+//
+// Fragments, natural feature order (g = lane / 4, t = lane % 4):
+// - Q (A of S = Q K^T, k-step ks): a[0] = Q[g][16ks + 2t, +1], a[1] = the same of row g + 8,
+//   a[2], a[3] the same at feature + 8. Loaded once, 4 bytes at a time.
+// - K (B, col): ldmatrix of the block's 8 slot rows, chunks 2ks and 2ks + 1.
+// - V (B of P V, k = 16 slots, n-tile nt = features 8nt .. 8nt + 7): ldmatrix.trans.
+// - O: o[nt][0], o[nt][1] = O[g][8nt + 2t, +1]; o[nt][2], o[nt][3] the same of row g + 8.
+
+// Steps in flight per warp (the host mirrors it).
+#define BSB_PIPE_STAGES 3
+__host__ __device__ constexpr u32 bsb_pipe_stage_bytes(u32 d) { return 2u * 16u * d * 2u + 32u; }
+__host__ __device__ constexpr u32 bsb_pipe_warp_bytes(u32 d) {
+    return BSB_PIPE_STAGES * bsb_pipe_stage_bytes(d) + BSB_MERGE_FLOATS * 4u;
+}
+
+// One warp's pass over blocks b_begin .. b_end of one window (steps of two blocks) for head
+// `head_off / D`: Q rows qrow[0] (window row g) and qrow[1] (row g + 8), SPATTN_NONE past the
+// matrix. `smem` is the warp's bsb_pipe_warp_bytes(D) of shared memory. On return every copy
+// has landed (the stages may be reused), m[r] is the running max of row g + 8r in the log2
+// domain (-inf where the warp saw no edge of the row), l[r] its sum (the same in the row's 4
+// lanes) and o the f32 accumulator (layout above).
+template <class T, int D>
+__device__ __forceinline__ void bsb_pipe_tiles(
+    unsigned char* smem, u32 b_begin, u32 b_end, const u32 (&qrow)[2], const T* __restrict__ q,
+    const u32* __restrict__ block_columns, const u32* __restrict__ bitmaps,
+    const T* __restrict__ k, const T* __restrict__ v, u64 hd, u64 head_off, float scale_log2,
+    float (&m)[2], float (&l)[2], float (&o)[D / 8][4]) {
+    static_assert(sizeof(T) == 2 && (D == 64 || D == 128), "f16 / bf16, 64 or 128 features");
+    constexpr int STAGES = BSB_PIPE_STAGES;
+    constexpr u32 CH = D / 8;               // 16-byte chunks of a row
+    constexpr u32 ROW = CH * 16u;           // bytes of a row
+    constexpr u32 TILE = 16u * ROW;         // bytes of the K (or V) tile of one step
+    constexpr u32 STAGE = bsb_pipe_stage_bytes(D);
+    constexpr u32 RPO = 32u / CH;           // rows one warp-wide copy covers
+    constexpr int NKS = D / 16;             // k-steps of S
+    constexpr int NT = D / 8;               // n-tiles of O
+    static_assert(STAGE == 2u * TILE + 32u, "stage layout");
+
+    const u32 lane = lane_id();
+    const u32 base_s = smem_addr(smem);
+    const u32 steps = (b_end - b_begin + 1u) / 2u;
+    const u32 g = lane >> 2, t = lane & 3u;
+
+    // Column of slot lane % 16 of step s (block b_begin + 2s + slot / 8); none past the unit.
+    auto cols_of = [&](u32 s) -> u32 {
+        const u32 blk = b_begin + 2u * s + ((lane >> 3) & 1u);
+        return (s < steps && blk < b_end) ? __ldg(block_columns + (u64)blk * 8u + (lane & 7u))
+                                          : SPATTN_NONE;
+    };
+    // The copies of step s (its columns in col, lane l < 16 holding slot l) into stage
+    // s % STAGES, then a commit (an empty group past the last step keeps the count uniform).
+    const u32 cc = lane % CH, rr = lane / CH;  // this lane's chunk, and first slot, of the copies
+    auto issue = [&](u32 s, u32 col) {
+        if (s < steps) {
+            const u32 sk = base_s + (s % STAGES) * STAGE;
+#pragma unroll
+            for (u32 i = 0; i < 16u / RPO; ++i) {
+                const u32 r = rr + RPO * i;
+                const u32 cr = __shfl_sync(0xffffffffu, col, r);
+                const bool ok = cr != SPATTN_NONE;
+                const u64 off = ok ? (u64)cr * hd + head_off + cc * 8u : 0u;
+                const u32 dst = r * ROW + ((cc ^ (r & 7u)) * 16u);
+                cp_async_16(sk + dst, k + off, ok);
+                cp_async_16(sk + TILE + dst, v + off, ok);
+            }
+            if (lane < 2u) {
+                const u32 blk = b_begin + 2u * s + lane;
+                const bool ok = blk < b_end;
+                cp_async_16(sk + 2u * TILE + 16u * lane, bitmaps + (ok ? (u64)blk * 4u : 0u), ok);
+            }
+        }
+        cp_async_commit();
+    };
+
+    // Q fragments (4-byte loads; zeros for rows past the matrix). Q is read once and out written
+    // once: both streaming (evict first), so that L2 keeps the K and V rows that windows share.
+    u32 qf[NKS][4];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const u32* qr = reinterpret_cast<const u32*>(
+            q + (qrow[r] != SPATTN_NONE ? (u64)qrow[r] * hd + head_off : 0u));
+#pragma unroll
+        for (int ks = 0; ks < NKS; ++ks)
+#pragma unroll
+            for (int half = 0; half < 2; ++half)
+                qf[ks][r + 2 * half] =
+                    qrow[r] != SPATTN_NONE ? __ldcs(qr + 8 * ks + 4 * half + t) : 0u;
+    }
+
+    // Prologue: steps 0 .. STAGES - 2 in flight, the columns of step STAGES - 1 loaded.
+    u32 col_next = cols_of(0u);
+#pragma unroll
+    for (u32 s = 0; s + 1u < (u32)STAGES; ++s) {
+        const u32 c = col_next;
+        col_next = cols_of(s + 1u);
+        issue(s, c);
+    }
+
+    m[0] = m[1] = SPATTN_NEG_INF;
+    l[0] = l[1] = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+    const u32 shift = 8u * (g & 3u) + 2u * t, upper = g >= 4u ? 1u : 0u;
+    // ldmatrix roles: matrix mq = lane / 8, its row lane % 8.
+    const u32 mq = lane >> 3, mr = lane & 7u;
+
+    for (u32 i = 0; i < steps; ++i) {
+        cp_async_wait<STAGES - 2>();
+        __syncwarp();  // step i's copies by every lane are visible; step i - 1 is read
+        {
+            const u32 c = col_next;
+            col_next = cols_of(i + STAGES);
+            issue(i + STAGES - 1u, c);
+        }
+        const u32 st = i % STAGES;
+        const u32 sk = base_s + st * STAGE, sv = sk + TILE;
+        const u32* bw = reinterpret_cast<const u32*>(smem + st * STAGE + 2u * TILE);
+
+        // S = Q K^T of the two blocks, two accumulators per block.
+        float s[2][4];
+#pragma unroll
+        for (int bb = 0; bb < 2; ++bb) {
+            float sa[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+            const u32 row = sk + (bb * 8u + mr) * ROW;
+#pragma unroll
+            for (int kk = 0; kk < NKS / 2; ++kk) {
+                u32 r[4];
+                ldmatrix_x4(r, row + (((4u * kk + mq) ^ mr) * 16u));
+                const u32 b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                mma_m16n8k16(sa[0], qf[2 * kk], b0, T());
+                mma_m16n8k16(sa[1], qf[2 * kk + 1], b1, T());
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) s[bb][j] = sa[0][j] + sa[1][j];
+        }
+        const u32 bits[2][2] = {{bw[upper], bw[2u + upper]}, {bw[4u + upper], bw[6u + upper]}};
+        float p[2][4];
+        bsb_online_step<NT>(s, bits, shift, scale_log2, m, l, p, o);
+
+        // O += P V: A = P of the 16 slots, B = V from the tile, transposed by ldmatrix.
+        const u32 a[4] = {pack2<T>(p[0][0], p[0][1]), pack2<T>(p[0][2], p[0][3]),
+                          pack2<T>(p[1][0], p[1][1]), pack2<T>(p[1][2], p[1][3])};
+        const u32 vrow = sv + (((mq & 1u) << 3) + mr) * ROW;
+#pragma unroll
+        for (int j = 0; j < NT / 2; ++j) {
+            u32 r[4];
+            ldmatrix_x4_trans(r, vrow + (((2u * j + (mq >> 1)) ^ mr) * 16u));
+            const u32 b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+            mma_m16n8k16(o[2 * j], a, b0, T());
+            mma_m16n8k16(o[2 * j + 1], a, b1, T());
+        }
+    }
+    cp_async_wait<0>();  // no copy may land in shared memory after this
+
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+}
+
+// The end of a pipelined warp's unit: a whole window (part SPATTN_NONE) normalises and writes
+// its rows qrow (zeros for a row without edges); a part of split window `split` leaves its
+// partial (m, l and the accumulator of rows g, g + 8) in part_ml / part_acc and the last part to
+// arrive merges them (bsb_finish_split, with the warp's merge scratch `mrg`).
+template <class T, int D>
+__device__ __forceinline__ void bsb_pipe_finish(
+    u32 part, u32 split, const u32* __restrict__ split_part_first, u32* __restrict__ counters,
+    u32 heads, u32 h, float* mrg, float* __restrict__ part_ml, float* __restrict__ part_acc,
+    u32 n_rows, u32 window, const u32* __restrict__ row_ids, T* __restrict__ out, u64 hd,
+    u64 head_off, const u32 (&qrow)[2], const float (&m)[2], const float (&l)[2],
+    const float (&o)[D / 8][4]) {
+    constexpr int NT = D / 8;
+    const u32 lane = lane_id(), g = lane >> 2, t = lane & 3u;
+    if (part == SPATTN_NONE) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            if (qrow[r] == SPATTN_NONE) continue;
+            const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+            u32* orow = reinterpret_cast<u32*>(out + (u64)qrow[r] * hd + head_off);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+                __stcs(orow + 4 * nt + t, pack2<T>(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv));
+        }
+        return;
+    }
+    const u64 slot = (u64)part * heads + h;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const u64 wr = slot * BSB_WINDOW_ROWS + g + 8u * r;
+        if (t == 0u) {
+            part_ml[wr * 2u] = m[r];
+            part_ml[wr * 2u + 1u] = l[r];
+        }
+        float2* arow = reinterpret_cast<float2*>(part_acc + wr * D);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) arow[4 * nt + t] = make_float2(o[nt][2 * r], o[nt][2 * r + 1]);
+    }
+    bsb_finish_split<T, NT, true>(split, split_part_first, counters, heads, h, D, lane, 32u, 0u,
+                                  mrg, part_ml, part_acc, n_rows, window, row_ids, out, hd,
+                                  head_off, D);
+}
+
 // ---- the CUDA-core edge loop ------------------------------------------------------------------
 // One group of g lanes (shuffle mask `mask`) walks edges start .. end of col_indices with an
 // online softmax, DF-GNN style: per tile of 4 edges, 4 K and 4 V vectors in flight per lane, 4

@@ -284,3 +284,216 @@ SPATTN_HYBRID_BOTH(bf16, __nv_bfloat16, 64)
 SPATTN_HYBRID_BOTH(bf16, __nv_bfloat16, 128)
 SPATTN_HYBRID_BOTH(f32, float, 32)
 SPATTN_HYBRID_BOTH(f32, float, 64)
+
+// ---- the pipelined hybrid kernel: one window per tensor-core warp ------------------------------
+// fused_hybrid_{f16,bf16}_d{64,128}_pipe: f16/bf16 heads of exactly 64 or 128 features. The
+// kernel above gives a whole CTA one window at a time, so on graphs whose windows hold a few
+// block pairs most of its tensor-core warps idle, and every item pays CTA-wide barriers. Here
+// a CTA has `tc_warps` (1..3) tensor-core warps, each owning its own item (unit, head) as in
+// fused_bsb_pipe, and at most one CUDA-core warp that serves the CTA's items in turn:
+// - tensor-core warp i runs its unit's blocks through the pipelined tile loop
+//   (bsb_pipe_tiles: cp.async K/V tiles in shared memory, mma SDDMM, bitmap mask, online
+//   softmax, mma P V), keeping the partial (max, sum, f32 accumulator) of rows g, g + 8;
+// - the CUDA-core warp takes the CUDA-core edges of item 0, 1, ... in order: four groups of 8
+//   lanes, group j walking window rows j, j + 4, j + 8, j + 12 with the fused-csr edge loop in
+//   the log2 domain (csr_edges_online), each lane holding 8-feature vectors of the head;
+// - hand-off, only for an item with CUDA-core edges, between just the two warps (named
+//   barrier 1 + i of 64 threads, twice): both meet once warp i's copies have landed (its
+//   stages are free) and the CUDA-core warp holds its partial; the CUDA-core warp writes its
+//   16 rows' (max, sum) and accumulators into warp i's stage memory; both meet again;
+//   warp i then merges the two partials of its rows exactly (both in the log2 domain) and ends
+//   the unit as fused_bsb_pipe does (output rows, or a split window's partial and the last
+//   part's merge). Both sides sync (no bar.arrive): warp i has to wait for the partial anyway,
+//   and the CUDA-core warp finds warp i already waiting the second time, so it costs nothing,
+//   and racecheck sees both orderings.
+// Without a CUDA-core warp (launched with tc_warps warps only) every edge must be on tensor
+// cores; the host checks it.
+//
+// CUDA-core partial in warp i's stage memory (floats): (max, sum) of row r at 2r, its
+// accumulator at 32 + r * (D + 8) (rows padded by 8 floats: the float2 reads of a half-warp,
+// rows g = 0..3 and t = 0..3, fall in 32 different banks).
+// At most 3 tensor-core warps: racecheck reported hazards between the hand-off's write and
+// read with 4 (and none with 1..3), which were not explained; the plan never uses 4.
+#define HYB_PIPE_MAX_TC 3u
+
+__host__ __device__ constexpr u32 hyb_pipe_row_floats(u32 d) { return d + 8u; }
+static_assert(4u * (32u + 16u * hyb_pipe_row_floats(64)) <= BSB_PIPE_STAGES * bsb_pipe_stage_bytes(64),
+              "CUDA-core partial fits the stages (64)");
+static_assert(4u * (32u + 16u * hyb_pipe_row_floats(128)) <= BSB_PIPE_STAGES * bsb_pipe_stage_bytes(128),
+              "CUDA-core partial fits the stages (128)");
+
+// Named barrier 1 + i of tensor-core warp i and the CUDA-core warp (64 threads). Immediate ids,
+// so that ptxas reserves barriers 0..3 rather than all 16 (a register id reserves every one).
+// The non-.aligned form (`barrier.sync`, counted per thread): the CUDA-core warp's lane groups
+// leave their rows' edge loops at different times, and bar.sync (= barrier.sync.aligned)
+// requires the whole warp to execute it together; with it, racecheck caught the tensor-core
+// warp reading the partial while late lanes were still writing it.
+__device__ __forceinline__ void hyb_pair_sync(u32 i) {
+    switch (i) {
+        case 0: asm volatile("barrier.sync 1, 64;" ::: "memory"); break;
+        case 1: asm volatile("barrier.sync 2, 64;" ::: "memory"); break;
+        default: asm volatile("barrier.sync 3, 64;" ::: "memory"); break;
+    }
+}
+
+// The CUDA-core warp of hybrid_pipe: lane group j = lane / 8 (4 groups), lane gl = lane % 8
+// holds the 8-feature vectors gl, gl + 8, ... of the head; its partial of item i goes into
+// tensor-core warp i's stages (smem0 + i * bsb_pipe_warp_bytes(D)).
+template <class T, int D>
+__device__ __forceinline__ void hybrid_pipe_cd(
+    const uint4* __restrict__ units, u32 n_items, u32 heads, u32 n_rows, u32 tc_warps,
+    const u32* __restrict__ row_ids, const u32* __restrict__ cd_row_offsets,
+    const u32* __restrict__ cd_columns, const T* __restrict__ q, const T* __restrict__ k,
+    const T* __restrict__ v, float scale_log2, unsigned char* smem0) {
+    constexpr u32 RF = hyb_pipe_row_floats(D);
+    const u32 lane = lane_id();
+    const u64 hd = (u64)heads * D;
+    constexpr int NV = D / 64;
+    const u32 j = lane >> 3, gl = lane & 7u;
+    const u32 mask = 0xffu << (8u * j);
+    bool on[NV];
+    u32 feat[NV];
+#pragma unroll
+    for (int x = 0; x < NV; ++x) {
+        feat[x] = (gl + 8u * x) * 8u;
+        on[x] = true;
+    }
+    for (u32 i = 0; i < tc_warps; ++i) {
+        const u32 item = blockIdx.x * tc_warps + i;
+        if (item >= n_items) break;
+        const u32 u = item / heads, h = item - u * heads;
+        const uint4 ua = __ldg(units + 2u * u), ub = __ldg(units + 2u * u + 1u);
+        const u32 cd0 = ub.x, cd1 = ub.y;
+        if (cd0 >= cd1) continue;  // warp i does not wait for this item
+        const u64 head_off = (u64)h * D;
+        const u32 wr0 = ua.x * BSB_WINDOW_ROWS;
+        float m[4], l[4], acc[4][NV][8];
+#pragma unroll
+        for (int rr = 0; rr < 4; ++rr) {
+            const u32 row = wr0 + j + 4u * rr;
+            m[rr] = SPATTN_NEG_INF;
+            l[rr] = 0.0f;
+#pragma unroll
+            for (int x = 0; x < NV; ++x)
+#pragma unroll
+                for (int e = 0; e < 8; ++e) acc[rr][x][e] = 0.0f;
+            if (row >= n_rows) continue;
+            const u32 s = max(cd0, __ldg(cd_row_offsets + row));
+            const u32 e = min(cd1, __ldg(cd_row_offsets + row + 1u));
+            if (s >= e) continue;
+            const T* qr = q + (u64)__ldg(row_ids + row) * hd + head_off;
+            float qv[NV][8];
+#pragma unroll
+            for (int x = 0; x < NV; ++x) {
+                load_vec<T, 8>(qr + feat[x], qv[x]);
+#pragma unroll
+                for (int c = 0; c < 8; ++c) qv[x][c] *= scale_log2;
+            }
+            csr_edges_online<T, 8, NV, true>(cd_columns, s, e, k, v, hd, head_off, on, feat, qv,
+                                             mask, 8u, m[rr], l[rr], acc[rr]);
+        }
+        // Warp i's stages are free once it arrives; write the partial and hand it over.
+        hyb_pair_sync(i);
+        float* cp = reinterpret_cast<float*>(smem0 + i * bsb_pipe_warp_bytes(D));
+#pragma unroll
+        for (int rr = 0; rr < 4; ++rr) {
+            const u32 wr = j + 4u * rr;
+            if (gl == 0u) {
+                cp[2u * wr] = m[rr];
+                cp[2u * wr + 1u] = l[rr];
+            }
+#pragma unroll
+            for (int x = 0; x < NV; ++x) {
+                float4* dst = reinterpret_cast<float4*>(cp + 32u + wr * RF + feat[x]);
+                dst[0] = make_float4(acc[rr][x][0], acc[rr][x][1], acc[rr][x][2], acc[rr][x][3]);
+                dst[1] = make_float4(acc[rr][x][4], acc[rr][x][5], acc[rr][x][6], acc[rr][x][7]);
+            }
+        }
+        hyb_pair_sync(i);
+    }
+}
+
+template <class T, int D>
+__device__ __forceinline__ void hybrid_pipe(
+    const uint4* __restrict__ units, const u32* __restrict__ split_part_first, u32 n_items,
+    u32 heads, u32 n_rows, u32 tc_warps, const u32* __restrict__ row_ids,
+    const u32* __restrict__ block_columns, const u32* __restrict__ bitmaps,
+    const u32* __restrict__ cd_row_offsets, const u32* __restrict__ cd_columns,
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, float scale_log2,
+    T* __restrict__ out, float* __restrict__ part_ml, float* __restrict__ part_acc,
+    u32* __restrict__ counters) {
+    constexpr int NT = D / 8;
+    constexpr u32 RF = hyb_pipe_row_floats(D);
+    extern __shared__ uint4 hyb_pipe_smem[];
+    unsigned char* smem0 = reinterpret_cast<unsigned char*>(hyb_pipe_smem);
+    const u32 lane = lane_id(), warp = threadIdx.x >> 5;
+    const bool has_cd = (blockDim.x >> 5) > tc_warps;
+    const u64 hd = (u64)heads * D;
+
+    // Every warp stays until the CTA's last hand-off is done (the final barrier below), so
+    // that a pair's named barrier never meets a warp that has already left.
+    if (warp < tc_warps) [&] {
+        const u32 item = blockIdx.x * tc_warps + warp;
+        if (item >= n_items) return;  // uniform across the warp; the CUDA-core warp skips it too
+        unsigned char* smem = smem0 + warp * bsb_pipe_warp_bytes(D);
+        const u32 u = item / heads, h = item - u * heads;
+        const uint4 ua = __ldg(units + 2u * u), ub = __ldg(units + 2u * u + 1u);
+        const u32 window = ua.x, part = ua.w;
+        const u64 head_off = (u64)h * D;
+        const u32 g = lane >> 2, t = lane & 3u;
+        const u32 row0 = window * BSB_WINDOW_ROWS + g;
+        const u32 qrow[2] = {row0 < n_rows ? caller_row(row_ids, row0) : SPATTN_NONE,
+                             row0 + 8u < n_rows ? caller_row(row_ids, row0 + 8u) : SPATTN_NONE};
+        float m[2], l[2], o[NT][4];
+        bsb_pipe_tiles<T, D>(smem, ua.y, ua.z, qrow, q, block_columns, bitmaps, k, v, hd,
+                             head_off, scale_log2, m, l, o);
+        if (has_cd && ub.x < ub.y) {
+            hyb_pair_sync(warp);  // stages free for the CUDA-core partial
+            hyb_pair_sync(warp);  // the partial is there
+            const float* cp = reinterpret_cast<const float*>(smem);
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const u32 wr = g + 8u * r;
+                const float m2 = cp[2u * wr], l2 = cp[2u * wr + 1u];
+                const float mn = fmaxf(m[r], m2);
+                if (mn == SPATTN_NEG_INF) continue;  // no edge of the row on either side
+                const float c1 = m[r] == SPATTN_NEG_INF ? 0.0f : bsb_exp2(m[r] - mn);
+                const float c2 = m2 == SPATTN_NEG_INF ? 0.0f : bsb_exp2(m2 - mn);
+                const float2* acc = reinterpret_cast<const float2*>(cp + 32u + wr * RF);
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    const float2 a = acc[4 * nt + t];
+                    o[nt][2 * r] = o[nt][2 * r] * c1 + a.x * c2;
+                    o[nt][2 * r + 1] = o[nt][2 * r + 1] * c1 + a.y * c2;
+                }
+                l[r] = l[r] * c1 + l2 * c2;
+                m[r] = mn;
+            }
+            __syncwarp();  // every lane has read the partial before the merge scratch is used
+        }
+        bsb_pipe_finish<T, D>(part, ub.z, split_part_first, counters, heads, h,
+                              reinterpret_cast<float*>(smem + BSB_PIPE_STAGES * bsb_pipe_stage_bytes(D)),
+                              part_ml, part_acc, n_rows, window, row_ids, out, hd, head_off, qrow,
+                              m, l, o);
+    }();
+    else hybrid_pipe_cd<T, D>(units, n_items, heads, n_rows, tc_warps, row_ids, cd_row_offsets,
+                              cd_columns, q, k, v, scale_log2, smem0);
+    if (has_cd) __syncthreads();
+}
+
+#define SPATTN_HYBRID_PIPE(SUFFIX, T, D)                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * (HYB_PIPE_MAX_TC + 1))                    \
+        fused_hybrid_##SUFFIX##_d##D##_pipe(SPATTN_HYBRID_PARAMS(T)) {                          \
+        (void)head_dim;                                                                         \
+        (void)tc_weights;                                                                       \
+        (void)cd_weights;                                                                       \
+        (void)queue;                                                                            \
+        hybrid_pipe<T, D>(units, split_part_first, n_items, heads, n_rows, tc_warps, row_ids,   \
+                          block_columns, bitmaps, cd_row_offsets, cd_columns, q, k, v,          \
+                          scale_log2, out, part_ml, part_acc, counters);                        \
+    }
+
+SPATTN_HYBRID_PIPE(f16, __half, 64)
+SPATTN_HYBRID_PIPE(f16, __half, 128)
+SPATTN_HYBRID_PIPE(bf16, __nv_bfloat16, 64)
+SPATTN_HYBRID_PIPE(bf16, __nv_bfloat16, 128)

@@ -7,6 +7,27 @@ use crate::error::Result;
 use crate::gpu::Gpu;
 use crate::launch::{to_u32, OnGpu};
 
+/// Steps (pairs of 16×8 blocks) in flight per warp of the pipelined tensor-core tile loop
+/// (`BSB_PIPE_STAGES` in `attention_tiles.cuh`), shared by the fused tensor-core and the hybrid
+/// kernels.
+pub const BSB_PIPE_STAGES: usize = 3;
+/// Head widths the pipelined tile loop is compiled for (f16 and bf16).
+pub const BSB_PIPE_HEAD_DIMS: [usize; 2] = [64, 128];
+/// Floats of one warp's merge scratch (`BSB_MERGE_FLOATS` in the kernels).
+pub const BSB_MERGE_FLOATS: usize = 64;
+
+/// Shared memory of one warp of the pipelined tile loop at `head_dim` features:
+/// [`BSB_PIPE_STAGES`] stages of the K and V tiles (16 slots × `head_dim` 2-byte features
+/// each) and two 16-byte bitmaps, then the merge scratch (mirrors `bsb_pipe_warp_bytes` in
+/// `attention_tiles.cuh`).
+///
+/// ```
+/// assert_eq!(spattn_ops::device_bsb::bsb_pipe_warp_bytes(128), 3 * (8192 + 32) + 256);
+/// ```
+pub const fn bsb_pipe_warp_bytes(head_dim: usize) -> usize {
+    BSB_PIPE_STAGES * (2 * 16 * head_dim * 2 + 32) + BSB_MERGE_FLOATS * 4
+}
+
 /// A BSB mask in device memory: window offsets, the column of every block slot (padding slots
 /// hold [`Bsb::PADDING`]), the bitmaps as two little-endian `u64` words per block (the byte
 /// image of a `u128`: a kernel may read each as one 16-byte `uint4`), the window order

@@ -34,6 +34,7 @@ use spattn_formats::{HybridBlocks, HybridSplit};
 use spattn_kernels_sys::HYBRID;
 
 use crate::buffer::{DeviceMatrix, DeviceVec};
+use crate::device_bsb::{bsb_pipe_warp_bytes, BSB_PIPE_HEAD_DIMS};
 use crate::dtype::{DType, DTypeKind};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
@@ -44,6 +45,10 @@ use crate::launch::{
 
 /// Most warps per CTA (the kernels' launch bound is 256 threads).
 pub const MAX_WARPS: usize = 8;
+/// Most tensor-core warps per CTA of the pipelined kernel (`HYB_PIPE_MAX_TC` in hybrid.cu; its
+/// named barriers 1..=3 pair each of them with the CUDA-core warp). With 4, racecheck reported
+/// hazards on the hand-off that were not explained (docs/perf-notes.md); the plan uses 1..=3.
+pub const MAX_PIPE_TC_WARPS: usize = 3;
 /// Rows per window.
 const WINDOW_ROWS: usize = 16;
 /// Shared-memory floats before the per-warp slots (`HYB_HEAD_FLOATS` in the kernel).
@@ -82,21 +87,38 @@ pub fn slice_for(head_dim: usize, dtype: DTypeKind) -> std::result::Result<usize
 }
 
 /// Warps per CTA and how many of them run tensor cores.
+///
+/// In the general kernel (f32, and f16/bf16 heads other than 64 or 128 features) the CTA's
+/// `tc` tensor-core warps and `cd` CUDA-core warps share one window at a time. In the
+/// pipelined kernel (f16/bf16 attention at exactly 64 or 128 features, see
+/// [`DeviceHybrid::pipelined`]) each of the `tc` tensor-core warps (at most
+/// [`MAX_PIPE_TC_WARPS`]) owns a window and the one CUDA-core warp (`cd` is 0 or 1) serves
+/// them in turn. `cd = 0` is only valid for a split that put every edge on tensor cores.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WarpSplit {
     /// Tensor-core warps (≥ 1).
     pub tc: usize,
-    /// CUDA-core warps (≥ 1).
+    /// CUDA-core warps (0 only when no edge is on CUDA cores).
     pub cd: usize,
 }
 
 impl WarpSplit {
-    /// Checks `1 ≤ tc`, `1 ≤ cd`, `tc + cd ≤` [`MAX_WARPS`].
+    /// Checks `1 ≤ tc` and `tc + cd ≤` [`MAX_WARPS`].
+    ///
+    /// ```
+    /// use spattn_ops::WarpSplit;
+    /// assert!(WarpSplit::new(2, 2).is_ok());
+    /// assert!(WarpSplit::new(3, 0).is_ok());
+    /// assert!(WarpSplit::new(0, 2).is_err());
+    /// ```
     pub fn new(tc: usize, cd: usize) -> Result<Self> {
-        if tc == 0 || cd == 0 || tc + cd > MAX_WARPS {
+        if tc == 0 || tc + cd > MAX_WARPS {
             return Err(Error::InvalidArgument {
                 what: "hybrid warp split",
-                why: format!("{tc} tensor-core + {cd} CUDA-core warps: each at least 1, at most {MAX_WARPS} in all"),
+                why: format!(
+                    "{tc} tensor-core + {cd} CUDA-core warps: at least 1 tensor-core warp, \
+                     at most {MAX_WARPS} in all"
+                ),
             });
         }
         Ok(Self { tc, cd })
@@ -233,6 +255,49 @@ impl DeviceHybrid {
         self.stats
     }
 
+    /// Whether [`DeviceHybrid::attention`] runs the pipelined kernel for heads of `head_dim`
+    /// features of `dtype`: f16 or bf16 at exactly 64 or 128 features (each tensor-core warp
+    /// owns a window and streams its K/V tiles through shared memory, as fused-tc's pipelined
+    /// kernel; at most one CUDA-core warp per CTA). SpMM always runs the general kernel.
+    ///
+    /// ```
+    /// use spattn_ops::{DTypeKind, DeviceHybrid};
+    /// assert!(DeviceHybrid::pipelined(DTypeKind::F16, 128));
+    /// assert!(!DeviceHybrid::pipelined(DTypeKind::F32, 64));
+    /// assert!(!DeviceHybrid::pipelined(DTypeKind::Bf16, 96));
+    /// ```
+    pub fn pipelined(dtype: DTypeKind, head_dim: usize) -> bool {
+        dtype != DTypeKind::F32 && BSB_PIPE_HEAD_DIMS.contains(&head_dim)
+    }
+
+    /// Checks `warps` against this split and the kernel that will run it (`pipelined`: see
+    /// [`Self::pipelined`]): [`Error::InvalidArgument`] for no CUDA-core warp while edges are
+    /// on CUDA cores, or, for the pipelined kernel, more than [`MAX_PIPE_TC_WARPS`]
+    /// tensor-core warps or more than one CUDA-core warp.
+    pub fn check_warps(&self, warps: WarpSplit, pipelined: bool) -> Result<()> {
+        let bad = |why: String| {
+            Err(Error::InvalidArgument {
+                what: "hybrid warp split",
+                why,
+            })
+        };
+        let w = WarpSplit::new(warps.tc, warps.cd)?;
+        if w.cd == 0 && self.stats.cd_edges > 0 {
+            return bad(format!(
+                "no CUDA-core warp, but {} edges are on CUDA cores at threshold {}",
+                self.stats.cd_edges, self.stats.threshold
+            ));
+        }
+        if pipelined && (w.tc > MAX_PIPE_TC_WARPS || w.cd > 1) {
+            return bad(format!(
+                "{} tensor-core + {} CUDA-core warps: the pipelined kernel takes 1..={} \
+                 tensor-core warps and at most 1 CUDA-core warp",
+                w.tc, w.cd, MAX_PIPE_TC_WARPS
+            ));
+        }
+        Ok(())
+    }
+
     /// Fused attention `out = softmax_row(scale · Q Kᵀ masked by A) · V` with `warps` of each
     /// kind per CTA. Q and out are `n_rows × heads × head_dim`, K and V `n_cols × heads ×
     /// head_dim`; every output element is written (rows without edges: zeros).
@@ -290,14 +355,20 @@ impl DeviceHybrid {
             what: "head_dim",
             why,
         })?;
+        let pipelined = qk.is_some() && Self::pipelined(T::KIND, shape.head_dim);
+        self.check_warps(warps, pipelined)?;
         let vec = (shape.head_dim * std::mem::size_of::<T>()) % 16 == 0;
         let name = kernel_named(
             &HYBRID,
-            format!(
-                "{op}_hybrid_{}_s{slice}{}",
-                T::NAME,
-                if vec { "" } else { "_scalar" }
-            ),
+            if pipelined {
+                format!("{op}_hybrid_{}_d{}_pipe", T::NAME, shape.head_dim)
+            } else {
+                format!(
+                    "{op}_hybrid_{}_s{slice}{}",
+                    T::NAME,
+                    if vec { "" } else { "_scalar" }
+                )
+            },
         )?;
         let heads = to_u32("heads", shape.heads)?;
         let head_dim = to_u32("head_dim", shape.head_dim)?;
@@ -314,7 +385,11 @@ impl DeviceHybrid {
         let n_rows = to_u32("rows", self.n_rows)?;
         let tc_warps = to_u32("tensor-core warps", warps.tc)?;
         let threads = (warps.warps() * 32) as u32;
-        let smem = (HEAD_FLOATS + warps.warps() * WINDOW_ROWS * (2 + slice)) * 4;
+        let smem = if pipelined {
+            warps.tc * bsb_pipe_warp_bytes(shape.head_dim)
+        } else {
+            (HEAD_FLOATS + warps.warps() * WINDOW_ROWS * (2 + slice)) * 4
+        };
 
         // Split-window partials for this head count.
         let mut ws_guard = self
@@ -351,7 +426,13 @@ impl DeviceHybrid {
             .occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)
             .map_err(|e| map_driver_error("hybrid kernel occupancy", e))?
             .max(1);
-        let ctas = (gpu.sm_count().max(1) * per_sm).min(n_items_u.max(1));
+        // The general kernel is persistent (a work queue); the pipelined one gives each
+        // tensor-core warp one item.
+        let ctas = if pipelined {
+            n_items_u.div_ceil(tc_warps)
+        } else {
+            (gpu.sm_count().max(1) * per_sm).min(n_items_u.max(1))
+        };
         let cfg = LaunchConfig {
             grid_dim: (if n_items == 0 { 0 } else { ctas }, 1, 1),
             block_dim: (threads, 1, 1),
@@ -394,7 +475,13 @@ impl DeviceHybrid {
         // sizeof(T) is a multiple of 16). Partials of part p < n_parts, head h < heads, row
         // < 16 and feature < slice lie in part_ml (n_parts × heads × 16 × 2) and part_acc
         // (× slice); counters n_split × heads; queue 2 words. Shared memory: `smem` bytes as
-        // the kernel lays them out for `threads / 32` warps and this slice.
+        // the kernel lays them out for `threads / 32` warps and this slice. Pipelined kernel:
+        // head_dim is exactly 64 or 128 (= slice) of f16/bf16, item = CTA × tc + tensor-core
+        // warp < n_items (ctas = ⌈n_items / tc⌉; the CUDA-core warp takes the same items),
+        // `smem` = tc warps × bsb_pipe_warp_bytes(head_dim), and the CUDA-core partial it
+        // writes into a warp's stages (4 × (32 + 16 × (head_dim + 8)) bytes) fits them
+        // (static_assert in hybrid.cu); cd = 0 only when there are no CUDA-core edges
+        // (check_warps).
         unsafe { launch(name, &mut args, cfg) }
     }
 }
