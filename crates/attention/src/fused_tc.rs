@@ -19,7 +19,7 @@
 
 use spattn_formats::{Bsb, Csr, RowOrder};
 use spattn_kernels_sys::FUSED_BSB;
-use spattn_ops::device_bsb::{bsb_pipe_warp_bytes, BSB_MERGE_FLOATS, BSB_PIPE_HEAD_DIMS};
+use spattn_ops::device_bsb::{bsb_pipe_supports, bsb_pipe_warp_bytes, BSB_MERGE_FLOATS};
 use spattn_ops::launch::{
     allow_dynamic_shared, blocks_for, check_same_gpu, kernel_named, launch, to_u32, LaunchConfig,
     PushKernelArg, PushOptionalArg,
@@ -105,11 +105,7 @@ fn layout_with(
     if head_dim == 0 {
         return Err(unsupported("head_dim must be at least 1".into()));
     }
-    if pipelined
-        && slice.is_none()
-        && dtype != DTypeKind::F32
-        && BSB_PIPE_HEAD_DIMS.contains(&head_dim)
-    {
+    if pipelined && slice.is_none() && bsb_pipe_supports(dtype, head_dim) {
         return Ok(Layout {
             slice: head_dim,
             group: 1,

@@ -557,6 +557,15 @@ __host__ __device__ constexpr u32 bsb_pipe_warp_bytes(u32 d) {
     return BSB_PIPE_STAGES * bsb_pipe_stage_bytes(d) + BSB_MERGE_FLOATS * 4u;
 }
 
+// The caller's rows (Q, out) of window rows g = lane / 4 and g + 8 of `window`: through row_ids
+// when the plan renumbered the rows, SPATTN_NONE past the matrix.
+__device__ __forceinline__ void bsb_pipe_qrows(const u32* __restrict__ row_ids, u32 window,
+                                               u32 n_rows, u32 (&qrow)[2]) {
+    const u32 row0 = window * BSB_WINDOW_ROWS + (lane_id() >> 2);
+    qrow[0] = row0 < n_rows ? caller_row(row_ids, row0) : SPATTN_NONE;
+    qrow[1] = row0 + 8u < n_rows ? caller_row(row_ids, row0 + 8u) : SPATTN_NONE;
+}
+
 // One warp's pass over blocks b_begin .. b_end of one window (steps of two blocks) for head
 // `head_off / D`: Q rows qrow[0] (window row g) and qrow[1] (row g + 8), SPATTN_NONE past the
 // matrix. `smem` is the warp's bsb_pipe_warp_bytes(D) of shared memory. On return every copy
@@ -706,11 +715,12 @@ __device__ __forceinline__ void bsb_pipe_tiles(
 // The end of a pipelined warp's unit: a whole window (part SPATTN_NONE) normalises and writes
 // its rows qrow (zeros for a row without edges); a part of split window `split` leaves its
 // partial (m, l and the accumulator of rows g, g + 8) in part_ml / part_acc and the last part to
-// arrive merges them (bsb_finish_split, with the warp's merge scratch `mrg`).
+// arrive merges them (bsb_finish_split, with the merge scratch after the stages of the warp's
+// shared memory `smem`).
 template <class T, int D>
 __device__ __forceinline__ void bsb_pipe_finish(
     u32 part, u32 split, const u32* __restrict__ split_part_first, u32* __restrict__ counters,
-    u32 heads, u32 h, float* mrg, float* __restrict__ part_ml, float* __restrict__ part_acc,
+    u32 heads, u32 h, unsigned char* smem, float* __restrict__ part_ml, float* __restrict__ part_acc,
     u32 n_rows, u32 window, const u32* __restrict__ row_ids, T* __restrict__ out, u64 hd,
     u64 head_off, const u32 (&qrow)[2], const float (&m)[2], const float (&l)[2],
     const float (&o)[D / 8][4]) {
@@ -740,6 +750,7 @@ __device__ __forceinline__ void bsb_pipe_finish(
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) arow[4 * nt + t] = make_float2(o[nt][2 * r], o[nt][2 * r + 1]);
     }
+    float* mrg = reinterpret_cast<float*>(smem + BSB_PIPE_STAGES * bsb_pipe_stage_bytes(D));
     bsb_finish_split<T, NT, true>(split, split_part_first, counters, heads, h, D, lane, 32u, 0u,
                                   mrg, part_ml, part_acc, n_rows, window, row_ids, out, hd,
                                   head_off, D);

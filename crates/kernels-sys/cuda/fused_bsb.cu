@@ -163,26 +163,24 @@ __device__ __forceinline__ void fused_bsb_pipe(
     const T* __restrict__ v, float scale_log2, T* __restrict__ out, float* __restrict__ part_ml,
     float* __restrict__ part_acc, u32* __restrict__ counters) {
     extern __shared__ uint4 bsb_pipe_smem[];
-    const u32 lane = lane_id(), warp = threadIdx.x >> 5;
+    const u32 warp = threadIdx.x >> 5;
     const u32 item = blockIdx.x * (blockDim.x >> 5) + warp;
     if (item >= n_items) return;  // uniform across the warp
-    unsigned char* smem = reinterpret_cast<unsigned char*>(bsb_pipe_smem) + warp * bsb_pipe_warp_bytes(D);
+    unsigned char* smem =
+        reinterpret_cast<unsigned char*>(bsb_pipe_smem) + warp * bsb_pipe_warp_bytes(D);
 
     const u32 u = item / heads, h = item - u * heads;
     const uint4 un = units[u];
     const u32 window = un.x, part = un.w;
     const u64 hd = (u64)heads * D, head_off = (u64)h * D;
-    const u32 row0 = window * BSB_WINDOW_ROWS + (lane >> 2);
-    const u32 qrow[2] = {row0 < n_rows ? caller_row(row_ids, row0) : SPATTN_NONE,
-                         row0 + 8u < n_rows ? caller_row(row_ids, row0 + 8u) : SPATTN_NONE};
+    u32 qrow[2];
+    bsb_pipe_qrows(row_ids, window, n_rows, qrow);
     float m[2], l[2], o[D / 8][4];
     bsb_pipe_tiles<T, D>(smem, un.y, un.z, qrow, q, block_columns, bitmaps, k, v, hd, head_off,
                          scale_log2, m, l, o);
     bsb_pipe_finish<T, D>(part, part == SPATTN_NONE ? 0u : unit_split[u], split_part_first,
-                          counters, heads, h,
-                          reinterpret_cast<float*>(smem + BSB_PIPE_STAGES * bsb_pipe_stage_bytes(D)),
-                          part_ml, part_acc, n_rows, window, row_ids, out, hd, head_off, qrow, m,
-                          l, o);
+                          counters, heads, h, smem, part_ml, part_acc, n_rows, window, row_ids,
+                          out, hd, head_off, qrow, m, l, o);
 }
 
 // Entry points fused_bsb_{f16,bf16}_d{64,128}_pipe: fused_bsb's parameters (head_dim must be D,

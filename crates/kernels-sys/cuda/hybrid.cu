@@ -441,9 +441,8 @@ __device__ __forceinline__ void hybrid_pipe(
         const u32 window = ua.x, part = ua.w;
         const u64 head_off = (u64)h * D;
         const u32 g = lane >> 2, t = lane & 3u;
-        const u32 row0 = window * BSB_WINDOW_ROWS + g;
-        const u32 qrow[2] = {row0 < n_rows ? caller_row(row_ids, row0) : SPATTN_NONE,
-                             row0 + 8u < n_rows ? caller_row(row_ids, row0 + 8u) : SPATTN_NONE};
+        u32 qrow[2];
+        bsb_pipe_qrows(row_ids, window, n_rows, qrow);
         float m[2], l[2], o[NT][4];
         bsb_pipe_tiles<T, D>(smem, ua.y, ua.z, qrow, q, block_columns, bitmaps, k, v, hd,
                              head_off, scale_log2, m, l, o);
@@ -469,12 +468,9 @@ __device__ __forceinline__ void hybrid_pipe(
                 l[r] = l[r] * c1 + l2 * c2;
                 m[r] = mn;
             }
-            __syncwarp();  // every lane has read the partial before the merge scratch is used
         }
-        bsb_pipe_finish<T, D>(part, ub.z, split_part_first, counters, heads, h,
-                              reinterpret_cast<float*>(smem + BSB_PIPE_STAGES * bsb_pipe_stage_bytes(D)),
-                              part_ml, part_acc, n_rows, window, row_ids, out, hd, head_off, qrow,
-                              m, l, o);
+        bsb_pipe_finish<T, D>(part, ub.z, split_part_first, counters, heads, h, smem, part_ml,
+                              part_acc, n_rows, window, row_ids, out, hd, head_off, qrow, m, l, o);
     }();
     else hybrid_pipe_cd<T, D>(units, n_items, heads, n_rows, tc_warps, row_ids, cd_row_offsets,
                               cd_columns, q, k, v, scale_log2, smem0);

@@ -16,6 +16,18 @@ pub const BSB_PIPE_HEAD_DIMS: [usize; 2] = [64, 128];
 /// Floats of one warp's merge scratch (`BSB_MERGE_FLOATS` in the kernels).
 pub const BSB_MERGE_FLOATS: usize = 64;
 
+/// Whether the pipelined tile loop is compiled for heads of `head_dim` features of `dtype`:
+/// f16 or bf16 at one of [`BSB_PIPE_HEAD_DIMS`].
+///
+/// ```
+/// use spattn_ops::{device_bsb::bsb_pipe_supports, DTypeKind};
+/// assert!(bsb_pipe_supports(DTypeKind::Bf16, 64));
+/// assert!(!bsb_pipe_supports(DTypeKind::F32, 128));
+/// ```
+pub fn bsb_pipe_supports(dtype: crate::DTypeKind, head_dim: usize) -> bool {
+    dtype != crate::DTypeKind::F32 && BSB_PIPE_HEAD_DIMS.contains(&head_dim)
+}
+
 /// Shared memory of one warp of the pipelined tile loop at `head_dim` features:
 /// [`BSB_PIPE_STAGES`] stages of the K and V tiles (16 slots × `head_dim` 2-byte features
 /// each) and two 16-byte bitmaps, then the merge scratch (mirrors `bsb_pipe_warp_bytes` in

@@ -34,7 +34,7 @@ use spattn_formats::{HybridBlocks, HybridSplit};
 use spattn_kernels_sys::HYBRID;
 
 use crate::buffer::{DeviceMatrix, DeviceVec};
-use crate::device_bsb::{bsb_pipe_warp_bytes, BSB_PIPE_HEAD_DIMS};
+use crate::device_bsb::{bsb_pipe_supports, bsb_pipe_warp_bytes};
 use crate::dtype::{DType, DTypeKind};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
@@ -267,7 +267,7 @@ impl DeviceHybrid {
     /// assert!(!DeviceHybrid::pipelined(DTypeKind::Bf16, 96));
     /// ```
     pub fn pipelined(dtype: DTypeKind, head_dim: usize) -> bool {
-        dtype != DTypeKind::F32 && BSB_PIPE_HEAD_DIMS.contains(&head_dim)
+        bsb_pipe_supports(dtype, head_dim)
     }
 
     /// Checks `warps` against this split and the kernel that will run it (`pipelined`: see
@@ -422,15 +422,15 @@ impl DeviceHybrid {
 
         let f = gpu.load_function(HYBRID.name, HYBRID.ptx, name)?;
         allow_dynamic_shared(&f, smem, "setting the hybrid kernel's shared memory")?;
-        let per_sm = f
-            .occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)
-            .map_err(|e| map_driver_error("hybrid kernel occupancy", e))?
-            .max(1);
-        // The general kernel is persistent (a work queue); the pipelined one gives each
-        // tensor-core warp one item.
+        // The general kernel is persistent (a work queue, as many CTAs as fit); the pipelined
+        // one gives each tensor-core warp one item.
         let ctas = if pipelined {
             n_items_u.div_ceil(tc_warps)
         } else {
+            let per_sm = f
+                .occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)
+                .map_err(|e| map_driver_error("hybrid kernel occupancy", e))?
+                .max(1);
             (gpu.sm_count().max(1) * per_sm).min(n_items_u.max(1))
         };
         let cfg = LaunchConfig {
