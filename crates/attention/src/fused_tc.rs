@@ -37,12 +37,8 @@ const CTA_WARPS: usize = 4;
 /// Warps per CTA of the pipelined kernel (measured on H100: 2 is 1–7% faster than 4 at 128
 /// features, where shared memory holds two 4-warp CTAs per SM, and equal to 1).
 const PIPE_CTA_WARPS: usize = 2;
-/// Fewest blocks a unit of a split window gets by default. Only graphs with fewer than
-/// 32 · 8 · SMs blocks per head see it (the chunk is otherwise about 1/(8 · SMs) of the work).
-/// Measured with the pipelined kernel on H200 (docs/perf-notes.md): 16 is 13–15% faster than
-/// 32 on pubmed (its largest units are the kernel's tail) and 2–9% slower on cora (its merges
-/// cost more than the steps they save); with the register kernel on H100, 32 had beaten 16.
-const DEFAULT_MIN_CHUNK: usize = 16;
+/// Fewest blocks a unit of a split window gets by default (shared with the hybrid schedule).
+const DEFAULT_MIN_CHUNK: usize = spattn_ops::device_bsb::BSB_MIN_UNIT_BLOCKS;
 /// Rows per BSB window (the kernel's tile height).
 const WINDOW_ROWS: usize = 16;
 /// Fewest blocks a unit of a split window can get.

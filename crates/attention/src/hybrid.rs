@@ -19,12 +19,14 @@
 //!
 //! # Choosing the threshold and the split (pipelined kernel: measured)
 //!
-//! The plan times candidates on the graph, cuDNN-benchmark style, and keeps the fastest: every
-//! block on tensor cores without a CUDA-core warp (2 tensor-core warps per CTA), every edge on
-//! CUDA cores (1 + 1 warps), and, for each of [`PIPE_CD_FRACTIONS`], the highest threshold that
-//! leaves at most that fraction of the edges to CUDA cores, with 1, 2 and 3 tensor-core warps
-//! per CUDA-core warp (the TC:CD ratio). The unit schedule's block and edge costs come from the
-//! two extreme runs. The chosen values and their times are in [`HybridInfo`].
+//! The plan times candidates on the graph, cuDNN-benchmark style, and keeps the fastest
+//! ([`spattn_ops::hybrid_plan::choose_split`], shared with the hybrid SpMM): every block on
+//! tensor cores without a CUDA-core warp (2 tensor-core warps per CTA), every edge on CUDA
+//! cores (1 + 1 warps), and, for each of [`spattn_ops::hybrid_plan::CD_FRACTIONS`], the highest
+//! threshold that leaves at most that fraction of the edges to CUDA cores, with 1, 2 and 3
+//! tensor-core warps per CUDA-core warp (the TC:CD ratio). The unit schedule's block and edge
+//! costs come from the two extreme runs. The chosen values and their times are in
+//! [`HybridInfo`].
 //!
 //! # Cost model (general kernel, calibrated at plan time)
 //!
@@ -38,6 +40,7 @@
 //! whichever of it and the two calibration runs was fastest.
 
 use spattn_formats::{Csr, HybridBlocks};
+use spattn_ops::hybrid_plan::{choose_split, median_ms, Candidates};
 use spattn_ops::hybrid_spmm::slice_for;
 use spattn_ops::{DType, DTypeKind, DeviceHybrid, DeviceMatrix, Gpu, Shape, WarpSplit};
 
@@ -50,17 +53,6 @@ use spattn_formats::RowOrder;
 pub const WARPS: usize = 4;
 /// The warp split of the calibration runs.
 pub const CALIBRATION_SPLIT: WarpSplit = WarpSplit { tc: 2, cd: 2 };
-/// Timed runs per calibration measurement (after one warm-up); the median is kept.
-const RUNS: usize = 3;
-/// Shares of the edges the pipelined kernel's plan tries on CUDA cores (besides none and all).
-pub const PIPE_CD_FRACTIONS: [f64; 3] = [0.05, 0.15, 0.3];
-/// Tensor-core warps per CUDA-core warp the pipelined kernel's plan tries.
-const PIPE_RATIOS: [usize; 3] = [1, 2, 3];
-/// The pipelined kernel's all-tensor-core candidate: 2 tensor-core warps, no CUDA-core warp
-/// (fused-tc's CTA shape).
-const PIPE_ALL_TC: WarpSplit = WarpSplit { tc: 2, cd: 0 };
-/// The pipelined kernel's all-CUDA-core candidate.
-const PIPE_ALL_CD: WarpSplit = WarpSplit { tc: 1, cd: 1 };
 
 /// What the hybrid plan chose, and why.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -150,33 +142,6 @@ fn predict(profiles: &[WindowProfile], c_pair: f64, c_edge: f64) -> Vec<[f64; WA
     cost
 }
 
-/// The thresholds the pipelined kernel's plan tries besides 0 and "all on CUDA cores": for each
-/// of [`PIPE_CD_FRACTIONS`], the highest popcount threshold `p / 128` whose blocks below it hold
-/// at most that fraction of the `nnz` edges, where that is some edges; distinct, increasing.
-fn pipe_thresholds(blocks: &HybridBlocks, nnz: usize) -> Vec<f64> {
-    let mut hist = [0u64; 129];
-    for b in blocks.bitmaps() {
-        hist[b.count_ones() as usize] += 1;
-    }
-    // below[p]: edges in blocks of popcount < p, for p in 0..=129.
-    let mut below = [0u64; 130];
-    for p in 1..130 {
-        below[p] = below[p - 1] + (p as u64 - 1) * hist[p - 1];
-    }
-    let mut out: Vec<f64> = Vec::new();
-    for f in PIPE_CD_FRACTIONS {
-        let limit = f * nnz as f64;
-        let Some(p) = (1..=128).rev().find(|&p| below[p] as f64 <= limit) else {
-            continue;
-        };
-        let t = p as f64 / 128.0;
-        if below[p] > 0 && !out.contains(&t) {
-            out.push(t);
-        }
-    }
-    out
-}
-
 /// The hybrid algorithm of one plan.
 #[derive(Debug)]
 pub(crate) struct Hybrid {
@@ -240,20 +205,14 @@ impl Hybrid {
         let shape_q = Shape::new(graph.n_rows(), heads, head_dim)?;
         let shape_kv = Shape::new(graph.n_cols(), heads, head_dim)?;
         let q = DeviceMatrix::<T>::zeros(gpu, shape_q)?;
-        let kv = DeviceMatrix::<T>::zeros(gpu, shape_kv)?;
+        // K and V in separate buffers: one buffer for both would halve the gathered bytes
+        // and time a kernel that runs faster than the caller's.
+        let k = DeviceMatrix::<T>::zeros(gpu, shape_kv)?;
+        let v = DeviceMatrix::<T>::zeros(gpu, shape_kv)?;
         let mut out = DeviceMatrix::<T>::zeros(gpu, shape_q)?;
-        let time = |d: &DeviceHybrid, w: WarpSplit, out: &mut DeviceMatrix<T>| -> Result<f64> {
-            d.attention(gpu, &q, &kv, &kv, scale, w, out)?;
-            let mut t = Vec::with_capacity(RUNS);
-            for _ in 0..RUNS {
-                t.push(f64::from(
-                    gpu.time_ms(|| d.attention(gpu, &q, &kv, &kv, scale, w, out))?,
-                ));
-            }
-            t.sort_by(f64::total_cmp);
-            Ok(t[RUNS / 2])
+        let mut time = |d: &DeviceHybrid, w: WarpSplit| -> spattn_ops::Result<f64> {
+            median_ms(gpu, || d.attention(gpu, &q, &k, &v, scale, w, &mut out))
         };
-        let mut time = |d: &DeviceHybrid, w: WarpSplit| time(d, w, &mut out);
         if pipelined {
             return Self::choose_pipelined(gpu, &blocks, heads, graph.nnz(), &mut time);
         }
@@ -341,60 +300,26 @@ impl Hybrid {
         blocks: &HybridBlocks,
         heads: usize,
         nnz: usize,
-        time: &mut dyn FnMut(&DeviceHybrid, WarpSplit) -> Result<f64>,
+        time: &mut dyn FnMut(&DeviceHybrid, WarpSplit) -> spattn_ops::Result<f64>,
     ) -> Result<Self> {
+        let c = choose_split(gpu, blocks, heads, nnz, Candidates::PIPELINED, time)?;
+        let split = c.device.stats();
         let nnz_f = nnz.max(1) as f64;
-        let all_tc = blocks.classify(0.0)?;
-        let all_cd = blocks.classify(2.0)?;
-        let d_tc = DeviceHybrid::upload(gpu, blocks, &all_tc, heads)?;
-        let t_tc = time(&d_tc, PIPE_ALL_TC)?;
-        let d_cd = DeviceHybrid::upload(gpu, blocks, &all_cd, heads)?;
-        let t_cd = time(&d_cd, PIPE_ALL_CD)?;
-        // Unit schedule costs from the two extremes: per block on a tensor-core warp, per edge
-        // on a CUDA-core warp (only their ratio and scale against the unit bound matter).
-        let block_cost = (t_tc / blocks.n_blocks().max(1) as f64).max(f64::MIN_POSITIVE);
-        let edge_cost = (t_cd / nnz_f).max(f64::MIN_POSITIVE);
-        let mut best = if t_tc <= t_cd {
-            (t_tc, 0.0, PIPE_ALL_TC, d_tc)
-        } else {
-            (t_cd, 2.0, PIPE_ALL_CD, d_cd)
-        };
-        let mut candidates = 2;
-        for threshold in pipe_thresholds(blocks, nnz) {
-            let split = blocks.classify(threshold)?;
-            let device =
-                DeviceHybrid::upload_with_costs(gpu, blocks, &split, heads, block_cost, edge_cost)?;
-            let mut kept = false;
-            for tc in PIPE_RATIOS {
-                let w = WarpSplit { tc, cd: 1 };
-                let t = time(&device, w)?;
-                candidates += 1;
-                if t < best.0 {
-                    (best.0, best.1, best.2) = (t, threshold, w);
-                    kept = true;
-                }
-            }
-            if kept {
-                best.3 = device;
-            }
-        }
-        let (chosen_ms, threshold, warps, device) = best;
-        let split = device.stats();
         let info = HybridInfo {
-            threshold,
-            tc_warps: warps.tc,
-            cd_warps: warps.cd,
+            threshold: c.threshold,
+            tc_warps: c.warps.tc,
+            cd_warps: c.warps.cd,
             tc_edge_fraction: split.tc_edges as f64 / nnz_f,
             cd_edge_fraction: split.cd_edges as f64 / nnz_f,
-            all_tc_ms: t_tc,
-            all_cd_ms: t_cd,
-            chosen_ms,
+            all_tc_ms: c.all_tc_ms,
+            all_cd_ms: c.all_cd_ms,
+            chosen_ms: c.chosen_ms,
             predicted_ms: f64::NAN,
-            candidates,
+            candidates: c.candidates,
         };
         Ok(Self {
-            device,
-            warps,
+            device: c.device,
+            warps: c.warps,
             info,
         })
     }
@@ -449,32 +374,6 @@ mod tests {
             .min_by(|a, b| a.1.total_cmp(&b.1))
             .unwrap();
         assert!(best.0 > 1, "{best:?}");
-    }
-
-    #[test]
-    fn pipe_thresholds_leave_the_asked_shares() {
-        // Window 0: rows 0..16 all hit columns 0..8 (one full block, 128 edges); rows 16..32
-        // (window 1) each hit 4 columns of their own (64 edges in 8 blocks of popcount 8).
-        let mut edges: Vec<(u32, u32)> =
-            (0..16).flat_map(|r| (0..8).map(move |c| (r, c))).collect();
-        edges.extend((16..32u32).flat_map(|r| (0..4).map(move |c| (r, 100 + 4 * r + c))));
-        let a = Csr::from_edges(32, 300, &edges).unwrap();
-        let blocks = HybridBlocks::from_csr(&a).unwrap();
-        let nnz = a.nnz();
-        assert_eq!(nnz, 192);
-        // 64 of 192 edges (1/3) are in popcount-8 blocks: above every asked share (≤ 0.3), so
-        // the highest threshold under each share leaves none on CUDA cores: no candidate.
-        assert!(pipe_thresholds(&blocks, nnz).is_empty());
-        // With 1000 extra edges in full blocks, 64 / 1192 = 5.4%: only 0.15 and 0.3 take the
-        // sparse blocks, both at the highest threshold below the full blocks (one candidate).
-        let mut more = edges.clone();
-        more.extend((32..160u32).flat_map(|r| (0..8).map(move |c| (r, 200 + 8 * (r / 16) + c))));
-        let b = Csr::from_edges(160, 300, &more).unwrap();
-        let blocks = HybridBlocks::from_csr(&b).unwrap();
-        let t = pipe_thresholds(&blocks, b.nnz());
-        assert_eq!(t, vec![128.0 / 128.0]);
-        let split = blocks.classify(t[0]).unwrap();
-        assert_eq!(split.cd_edges(), 64);
     }
 
     #[test]

@@ -549,12 +549,17 @@ __device__ __forceinline__ void bsb_finish_split(
 // - K (B, col): ldmatrix of the block's 8 slot rows, chunks 2ks and 2ks + 1.
 // - V (B of P V, k = 16 slots, n-tile nt = features 8nt .. 8nt + 7): ldmatrix.trans.
 // - O: o[nt][0], o[nt][1] = O[g][8nt + 2t, +1]; o[nt][2], o[nt][3] the same of row g + 8.
+//
+// SpMM (SPMM true, hybrid.cu's pipelined SpMM): no Q and no K tile; a stage holds the V tile
+// and the bitmaps only, and P is the bitmap (times the slot weights of a weighted matrix).
 
 // Steps in flight per warp (the host mirrors it).
 #define BSB_PIPE_STAGES 3
-__host__ __device__ constexpr u32 bsb_pipe_stage_bytes(u32 d) { return 2u * 16u * d * 2u + 32u; }
-__host__ __device__ constexpr u32 bsb_pipe_warp_bytes(u32 d) {
-    return BSB_PIPE_STAGES * bsb_pipe_stage_bytes(d) + BSB_MERGE_FLOATS * 4u;
+__host__ __device__ constexpr u32 bsb_pipe_stage_bytes(u32 d, bool spmm = false) {
+    return (spmm ? 1u : 2u) * 16u * d * 2u + 32u;
+}
+__host__ __device__ constexpr u32 bsb_pipe_warp_bytes(u32 d, bool spmm = false) {
+    return BSB_PIPE_STAGES * bsb_pipe_stage_bytes(d, spmm) + BSB_MERGE_FLOATS * 4u;
 }
 
 // The caller's rows (Q, out) of window rows g = lane / 4 and g + 8 of `window`: through row_ids
@@ -568,26 +573,32 @@ __device__ __forceinline__ void bsb_pipe_qrows(const u32* __restrict__ row_ids, 
 
 // One warp's pass over blocks b_begin .. b_end of one window (steps of two blocks) for head
 // `head_off / D`: Q rows qrow[0] (window row g) and qrow[1] (row g + 8), SPATTN_NONE past the
-// matrix. `smem` is the warp's bsb_pipe_warp_bytes(D) of shared memory. On return every copy
-// has landed (the stages may be reused), m[r] is the running max of row g + 8r in the log2
-// domain (-inf where the warp saw no edge of the row), l[r] its sum (the same in the row's 4
-// lanes) and o the f32 accumulator (layout above).
-template <class T, int D>
+// matrix. `smem` is the warp's bsb_pipe_warp_bytes(D, SPMM) of shared memory. On return every
+// copy has landed (the stages may be reused), m[r] is the running max of row g + 8r in the
+// log2 domain (-inf where the warp saw no edge of the row), l[r] its sum (the same in the
+// row's 4 lanes) and o the f32 accumulator (layout above).
+// SpMM: q, k and scale_log2 are not read; P is the bitmap, times `weights` when given (128
+// floats per block, block b's at (b + wbase) * 128, slot r * 8 + c; wbase wraps); m and l are
+// left at 0 (the caller sets the sums its merge needs).
+template <class T, int D, bool SPMM = false>
 __device__ __forceinline__ void bsb_pipe_tiles(
     unsigned char* smem, u32 b_begin, u32 b_end, const u32 (&qrow)[2], const T* __restrict__ q,
     const u32* __restrict__ block_columns, const u32* __restrict__ bitmaps,
     const T* __restrict__ k, const T* __restrict__ v, u64 hd, u64 head_off, float scale_log2,
-    float (&m)[2], float (&l)[2], float (&o)[D / 8][4]) {
+    const float* __restrict__ weights, u32 wbase, float (&m)[2], float (&l)[2],
+    float (&o)[D / 8][4]) {
     static_assert(sizeof(T) == 2 && (D == 64 || D == 128), "f16 / bf16, 64 or 128 features");
     constexpr int STAGES = BSB_PIPE_STAGES;
     constexpr u32 CH = D / 8;               // 16-byte chunks of a row
     constexpr u32 ROW = CH * 16u;           // bytes of a row
     constexpr u32 TILE = 16u * ROW;         // bytes of the K (or V) tile of one step
-    constexpr u32 STAGE = bsb_pipe_stage_bytes(D);
+    constexpr u32 STAGE = bsb_pipe_stage_bytes(D, SPMM);
+    constexpr u32 VOFF = SPMM ? 0u : TILE;  // the V tile's offset in a stage (K's is 0)
+    constexpr u32 BOFF = VOFF + TILE;       // the bitmaps' offset
     constexpr u32 RPO = 32u / CH;           // rows one warp-wide copy covers
     constexpr int NKS = D / 16;             // k-steps of S
     constexpr int NT = D / 8;               // n-tiles of O
-    static_assert(STAGE == 2u * TILE + 32u, "stage layout");
+    static_assert(STAGE == BOFF + 32u, "stage layout");
 
     const u32 lane = lane_id();
     const u32 base_s = smem_addr(smem);
@@ -613,13 +624,13 @@ __device__ __forceinline__ void bsb_pipe_tiles(
                 const bool ok = cr != SPATTN_NONE;
                 const u64 off = ok ? (u64)cr * hd + head_off + cc * 8u : 0u;
                 const u32 dst = r * ROW + ((cc ^ (r & 7u)) * 16u);
-                cp_async_16(sk + dst, k + off, ok);
-                cp_async_16(sk + TILE + dst, v + off, ok);
+                if (!SPMM) cp_async_16(sk + dst, k + off, ok);
+                cp_async_16(sk + VOFF + dst, v + off, ok);
             }
             if (lane < 2u) {
                 const u32 blk = b_begin + 2u * s + lane;
                 const bool ok = blk < b_end;
-                cp_async_16(sk + 2u * TILE + 16u * lane, bitmaps + (ok ? (u64)blk * 4u : 0u), ok);
+                cp_async_16(sk + BOFF + 16u * lane, bitmaps + (ok ? (u64)blk * 4u : 0u), ok);
             }
         }
         cp_async_commit();
@@ -629,7 +640,7 @@ __device__ __forceinline__ void bsb_pipe_tiles(
     // once: both streaming (evict first), so that L2 keeps the K and V rows that windows share.
     u32 qf[NKS][4];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < 2 && !SPMM; ++r) {
         const u32* qr = reinterpret_cast<const u32*>(
             q + (qrow[r] != SPATTN_NONE ? (u64)qrow[r] * hd + head_off : 0u));
 #pragma unroll
@@ -649,7 +660,7 @@ __device__ __forceinline__ void bsb_pipe_tiles(
         issue(s, c);
     }
 
-    m[0] = m[1] = SPATTN_NEG_INF;
+    m[0] = m[1] = SPMM ? 0.0f : SPATTN_NEG_INF;
     l[0] = l[1] = 0.0f;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
@@ -658,6 +669,25 @@ __device__ __forceinline__ void bsb_pipe_tiles(
     const u32 mq = lane >> 3, mr = lane & 7u;
 
     for (u32 i = 0; i < steps; ++i) {
+        // SpMM weights of this lane's entries (rows g, g + 8; slots 2t, 2t + 1), loaded before
+        // the wait so that their latency overlaps it.
+        float w[2][4] = {{1.0f, 1.0f, 1.0f, 1.0f}, {1.0f, 1.0f, 1.0f, 1.0f}};
+        if (SPMM && weights != nullptr) {
+#pragma unroll
+            for (int bb = 0; bb < 2; ++bb) {
+                const u32 blk = b_begin + 2u * i + bb;
+                const float* wb = weights + (u64)(blk + wbase) * 128u + 2u * t;
+                const bool ok = blk < b_end;
+                const float2 w0 = ok ? __ldg(reinterpret_cast<const float2*>(wb + g * 8u))
+                                     : make_float2(0.0f, 0.0f);
+                const float2 w1 = ok ? __ldg(reinterpret_cast<const float2*>(wb + (g + 8u) * 8u))
+                                     : make_float2(0.0f, 0.0f);
+                w[bb][0] = w0.x;
+                w[bb][1] = w0.y;
+                w[bb][2] = w1.x;
+                w[bb][3] = w1.y;
+            }
+        }
         cp_async_wait<STAGES - 2>();
         __syncwarp();  // step i's copies by every lane are visible; step i - 1 is read
         {
@@ -666,29 +696,39 @@ __device__ __forceinline__ void bsb_pipe_tiles(
             issue(i + STAGES - 1u, c);
         }
         const u32 st = i % STAGES;
-        const u32 sk = base_s + st * STAGE, sv = sk + TILE;
-        const u32* bw = reinterpret_cast<const u32*>(smem + st * STAGE + 2u * TILE);
-
-        // S = Q K^T of the two blocks, two accumulators per block.
-        float s[2][4];
-#pragma unroll
-        for (int bb = 0; bb < 2; ++bb) {
-            float sa[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-            const u32 row = sk + (bb * 8u + mr) * ROW;
-#pragma unroll
-            for (int kk = 0; kk < NKS / 2; ++kk) {
-                u32 r[4];
-                ldmatrix_x4(r, row + (((4u * kk + mq) ^ mr) * 16u));
-                const u32 b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-                mma_m16n8k16(sa[0], qf[2 * kk], b0, T());
-                mma_m16n8k16(sa[1], qf[2 * kk + 1], b1, T());
-            }
-#pragma unroll
-            for (int j = 0; j < 4; ++j) s[bb][j] = sa[0][j] + sa[1][j];
-        }
+        const u32 sk = base_s + st * STAGE, sv = sk + VOFF;
+        const u32* bw = reinterpret_cast<const u32*>(smem + st * STAGE + BOFF);
         const u32 bits[2][2] = {{bw[upper], bw[2u + upper]}, {bw[4u + upper], bw[6u + upper]}};
         float p[2][4];
-        bsb_online_step<NT>(s, bits, shift, scale_log2, m, l, p, o);
+        if constexpr (SPMM) {
+#pragma unroll
+            for (int bb = 0; bb < 2; ++bb) {
+                const u32 b0 = bits[bb][0] >> shift, b1 = bits[bb][1] >> shift;
+                p[bb][0] = (b0 & 1u) ? w[bb][0] : 0.0f;
+                p[bb][1] = (b0 & 2u) ? w[bb][1] : 0.0f;
+                p[bb][2] = (b1 & 1u) ? w[bb][2] : 0.0f;
+                p[bb][3] = (b1 & 2u) ? w[bb][3] : 0.0f;
+            }
+        } else {
+            // S = Q K^T of the two blocks, two accumulators per block.
+            float s[2][4];
+#pragma unroll
+            for (int bb = 0; bb < 2; ++bb) {
+                float sa[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+                const u32 row = sk + (bb * 8u + mr) * ROW;
+#pragma unroll
+                for (int kk = 0; kk < NKS / 2; ++kk) {
+                    u32 r[4];
+                    ldmatrix_x4(r, row + (((4u * kk + mq) ^ mr) * 16u));
+                    const u32 b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                    mma_m16n8k16(sa[0], qf[2 * kk], b0, T());
+                    mma_m16n8k16(sa[1], qf[2 * kk + 1], b1, T());
+                }
+#pragma unroll
+                for (int j = 0; j < 4; ++j) s[bb][j] = sa[0][j] + sa[1][j];
+            }
+            bsb_online_step<NT>(s, bits, shift, scale_log2, m, l, p, o);
+        }
 
         // O += P V: A = P of the 16 slots, B = V from the tile, transposed by ldmatrix.
         const u32 a[4] = {pack2<T>(p[0][0], p[0][1]), pack2<T>(p[0][2], p[0][3]),
@@ -706,7 +746,7 @@ __device__ __forceinline__ void bsb_pipe_tiles(
     cp_async_wait<0>();  // no copy may land in shared memory after this
 
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < 2 && !SPMM; ++r) {
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     }
@@ -716,8 +756,8 @@ __device__ __forceinline__ void bsb_pipe_tiles(
 // its rows qrow (zeros for a row without edges); a part of split window `split` leaves its
 // partial (m, l and the accumulator of rows g, g + 8) in part_ml / part_acc and the last part to
 // arrive merges them (bsb_finish_split, with the merge scratch after the stages of the warp's
-// shared memory `smem`).
-template <class T, int D>
+// shared memory `smem`). SpMM: the accumulator is the sum itself (m and l are not read).
+template <class T, int D, bool SPMM = false>
 __device__ __forceinline__ void bsb_pipe_finish(
     u32 part, u32 split, const u32* __restrict__ split_part_first, u32* __restrict__ counters,
     u32 heads, u32 h, unsigned char* smem, float* __restrict__ part_ml, float* __restrict__ part_acc,
@@ -730,7 +770,7 @@ __device__ __forceinline__ void bsb_pipe_finish(
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             if (qrow[r] == SPATTN_NONE) continue;
-            const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+            const float inv = SPMM ? 1.0f : (l[r] > 0.0f ? 1.0f / l[r] : 0.0f);
             u32* orow = reinterpret_cast<u32*>(out + (u64)qrow[r] * hd + head_off);
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt)
@@ -743,24 +783,70 @@ __device__ __forceinline__ void bsb_pipe_finish(
     for (int r = 0; r < 2; ++r) {
         const u64 wr = slot * BSB_WINDOW_ROWS + g + 8u * r;
         if (t == 0u) {
-            part_ml[wr * 2u] = m[r];
-            part_ml[wr * 2u + 1u] = l[r];
+            // SpMM: plain sums, merged unscaled (max 0) and divided by 1 (the first part's sum).
+            part_ml[wr * 2u] = SPMM ? 0.0f : m[r];
+            part_ml[wr * 2u + 1u] = SPMM ? (part == split_part_first[split] ? 1.0f : 0.0f) : l[r];
         }
         float2* arow = reinterpret_cast<float2*>(part_acc + wr * D);
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) arow[4 * nt + t] = make_float2(o[nt][2 * r], o[nt][2 * r + 1]);
     }
-    float* mrg = reinterpret_cast<float*>(smem + BSB_PIPE_STAGES * bsb_pipe_stage_bytes(D));
+    float* mrg = reinterpret_cast<float*>(smem + BSB_PIPE_STAGES * bsb_pipe_stage_bytes(D, SPMM));
     bsb_finish_split<T, NT, true>(split, split_part_first, counters, heads, h, D, lane, 32u, 0u,
                                   mrg, part_ml, part_acc, n_rows, window, row_ids, out, hd,
                                   head_off, D);
 }
 
-// ---- the CUDA-core edge loop ------------------------------------------------------------------
-// One group of g lanes (shuffle mask `mask`) walks edges start .. end of col_indices with an
-// online softmax, DF-GNN style: per tile of 4 edges, 4 K and 4 V vectors in flight per lane, 4
-// group reductions interleaved, one rescale. Lane features: NV vectors of VEC at feat[j]
-// (on[j]: feat[j] < head_dim), q pre-multiplied by the scale. LOG2: scores are in the log2
+// ---- the CUDA-core edge loops ------------------------------------------------------------------
+// SpMM: acc += w_e V[col_e] over edges start .. end of col_indices (w_e = weights[e], or 1 when
+// weights is null), lane features as below; 4 edges' V vectors in flight, summed in edge order.
+template <class T, int VEC, int NV>
+__device__ __forceinline__ void csr_edges_sum(const u32* __restrict__ col_indices,
+                                              const float* __restrict__ weights, u32 start,
+                                              u32 end, const T* __restrict__ v, u64 hd,
+                                              u64 head_off, const bool (&on)[NV],
+                                              const u32 (&feat)[NV], float (&acc)[NV][VEC]) {
+    u32 e = start;
+    for (; e + 4 <= end; e += 4) {
+        u32 c[4];
+        float w[4], x[4][NV][VEC];
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            c[t] = __ldg(col_indices + e + t);
+            w[t] = weights != nullptr ? __ldg(weights + e + t) : 1.0f;
+        }
+#pragma unroll
+        for (int t = 0; t < 4; ++t)
+#pragma unroll
+            for (int j = 0; j < NV; ++j)
+                if (on[j]) load_vec<T, VEC>(v + (u64)c[t] * hd + head_off + feat[j], x[t][j]);
+#pragma unroll
+        for (int t = 0; t < 4; ++t)
+#pragma unroll
+            for (int j = 0; j < NV; ++j)
+                if (on[j])
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) acc[j][i] = fmaf(w[t], x[t][j][i], acc[j][i]);
+    }
+    for (; e < end; ++e) {
+        const u32 c = __ldg(col_indices + e);
+        const float w = weights != nullptr ? __ldg(weights + e) : 1.0f;
+#pragma unroll
+        for (int j = 0; j < NV; ++j) {
+            if (on[j]) {
+                float x[VEC];
+                load_vec<T, VEC>(v + (u64)c * hd + head_off + feat[j], x);
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) acc[j][i] = fmaf(w, x[i], acc[j][i]);
+            }
+        }
+    }
+}
+
+// Attention: one group of g lanes (shuffle mask `mask`) walks edges start .. end of col_indices
+// with an online softmax, DF-GNN style: per tile of 4 edges, 4 K and 4 V vectors in flight per
+// lane, 4 group reductions interleaved, one rescale. Lane features: NV vectors of VEC at
+// feat[j] (on[j]: feat[j] < head_dim), q pre-multiplied by the scale. LOG2: scores are in the log2
 // domain (q scaled by scale * log2 e) and exponentials are exp2 (hybrid, to merge with the
 // tensor-core tiles); otherwise natural exp (fused_csr). m, l, acc: the running partial, updated.
 template <class T, int VEC, int NV, bool LOG2>

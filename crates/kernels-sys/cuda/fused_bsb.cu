@@ -177,7 +177,7 @@ __device__ __forceinline__ void fused_bsb_pipe(
     bsb_pipe_qrows(row_ids, window, n_rows, qrow);
     float m[2], l[2], o[D / 8][4];
     bsb_pipe_tiles<T, D>(smem, un.y, un.z, qrow, q, block_columns, bitmaps, k, v, hd, head_off,
-                         scale_log2, m, l, o);
+                         scale_log2, nullptr, 0u, m, l, o);
     bsb_pipe_finish<T, D>(part, part == SPATTN_NONE ? 0u : unit_split[u], split_part_first,
                           counters, heads, h, smem, part_ml, part_acc, n_rows, window, row_ids,
                           out, hd, head_off, qrow, m, l, o);

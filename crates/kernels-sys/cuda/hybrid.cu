@@ -136,19 +136,8 @@ __device__ __forceinline__ void hybrid(
                 if (s < e) {
                     if constexpr (SPMM) {
                         m = 0.0f;
-                        for (u32 x = s; x < e; ++x) {
-                            const u32 col = __ldg(cd_columns + x);
-                            const float w = cd_weights != nullptr ? __ldg(cd_weights + x) : 1.0f;
-#pragma unroll
-                            for (int j = 0; j < NV; ++j) {
-                                if (on[j]) {
-                                    float xv[CV];
-                                    load_vec<T, CV>(v + (u64)col * hd + head_off + feat[j], xv);
-#pragma unroll
-                                    for (int i = 0; i < CV; ++i) acc[j][i] = fmaf(w, xv[i], acc[j][i]);
-                                }
-                            }
-                        }
+                        csr_edges_sum<T, CV, NV>(cd_columns, cd_weights, s, e, v, hd, head_off, on,
+                                                 feat, acc);
                     } else {
                         const u32 qrow = __ldg(row_ids + row);
                         float qv[NV][CV];
@@ -297,54 +286,85 @@ SPATTN_HYBRID_BOTH(f32, float, 64)
 // - the CUDA-core warp takes the CUDA-core edges of item 0, 1, ... in order: four groups of 8
 //   lanes, group j walking window rows j, j + 4, j + 8, j + 12 with the fused-csr edge loop in
 //   the log2 domain (csr_edges_online), each lane holding 8-feature vectors of the head;
-// - hand-off, only for an item with CUDA-core edges, between just the two warps (named
-//   barrier 1 + i of 64 threads, twice): both meet once warp i's copies have landed (its
-//   stages are free) and the CUDA-core warp holds its partial; the CUDA-core warp writes its
-//   16 rows' (max, sum) and accumulators into warp i's stage memory; both meet again;
-//   warp i then merges the two partials of its rows exactly (both in the log2 domain) and ends
+// - hand-off, only for an item with CUDA-core edges, between just the two warps, on two
+//   shared-memory mbarriers of warp i (hyb_free[i], hyb_full[i], 32 arrivals each, one phase
+//   per launch): warp i's lanes arrive on hyb_free[i] once its copies have landed (its stages
+//   are free); the CUDA-core warp waits for that, writes its 16 rows' (max, sum) and
+//   accumulators into warp i's stage memory and its lanes arrive on hyb_full[i]; warp i waits
+//   for that, merges the two partials of its rows exactly (both in the log2 domain) and ends
 //   the unit as fused_bsb_pipe does (output rows, or a split window's partial and the last
-//   part's merge). Both sides sync (no bar.arrive): warp i has to wait for the partial anyway,
-//   and the CUDA-core warp finds warp i already waiting the second time, so it costs nothing,
-//   and racecheck sees both orderings.
+//   part's merge).
+//   Why not named barriers (bar.sync / barrier.sync 1 + i, 64), as the first version had:
+//   the CUDA-core warp reaches the hand-off with its lane groups diverged (rows of different
+//   lengths), and a hardware barrier counts a warp's arrival per warp, not per thread, so the
+//   first group to arrive could complete the pair's barrier on its own. racecheck showed it
+//   (the partial written into stages the tensor-core warp was still reading through
+//   ldmatrix), with bar.sync, with barrier.sync, and with __syncwarp() before them; the
+//   "unexplained" hazards at 4 tensor-core warps were the same race. An mbarrier counts each
+//   arriving thread.
 // Without a CUDA-core warp (launched with tc_warps warps only) every edge must be on tensor
 // cores; the host checks it.
+// spmm_hybrid_{f16,bf16}_d{64,128}_pipe is the same kernel for SpMM (SPMM true): the stages
+// hold only V tiles and bitmaps, P is the bitmap (or the slot weights), the CUDA-core lane
+// groups run weighted sums (csr_edges_sum), and every partial is a plain sum (max 0), so the
+// hand-off's merge and a split window's merge add them unscaled.
 //
 // CUDA-core partial in warp i's stage memory (floats): (max, sum) of row r at 2r, its
 // accumulator at 32 + r * (D + 8) (rows padded by 8 floats: the float2 reads of a half-warp,
 // rows g = 0..3 and t = 0..3, fall in 32 different banks).
-// At most 3 tensor-core warps: racecheck reported hazards between the hand-off's write and
-// read with 4 (and none with 1..3), which were not explained; the plan never uses 4.
+// At most 3 tensor-core warps (the plan's ratios; the launch bound follows).
 #define HYB_PIPE_MAX_TC 3u
+// Bytes of the hand-off's mbarriers after the tensor-core warps' shared memory (the host adds
+// them: HYB_PIPE_MBAR_BYTES in hybrid_spmm.rs).
+#define HYB_PIPE_MBAR_BYTES (2u * HYB_PIPE_MAX_TC * 8u)
 
 __host__ __device__ constexpr u32 hyb_pipe_row_floats(u32 d) { return d + 8u; }
-static_assert(4u * (32u + 16u * hyb_pipe_row_floats(64)) <= BSB_PIPE_STAGES * bsb_pipe_stage_bytes(64),
+static_assert(bsb_pipe_warp_bytes(64, true) % 8u == 0u && bsb_pipe_warp_bytes(128, true) % 8u == 0u &&
+                  bsb_pipe_warp_bytes(64) % 8u == 0u && bsb_pipe_warp_bytes(128) % 8u == 0u,
+              "the mbarriers after the warps' memory are 8-byte aligned");
+// (Checked for SpMM's stages, which are smaller: no K tile.)
+static_assert(4u * (32u + 16u * hyb_pipe_row_floats(64)) <=
+                  BSB_PIPE_STAGES * bsb_pipe_stage_bytes(64, true),
               "CUDA-core partial fits the stages (64)");
-static_assert(4u * (32u + 16u * hyb_pipe_row_floats(128)) <= BSB_PIPE_STAGES * bsb_pipe_stage_bytes(128),
+static_assert(4u * (32u + 16u * hyb_pipe_row_floats(128)) <=
+                  BSB_PIPE_STAGES * bsb_pipe_stage_bytes(128, true),
               "CUDA-core partial fits the stages (128)");
 
-// Named barrier 1 + i of tensor-core warp i and the CUDA-core warp (64 threads). Immediate ids,
-// so that ptxas reserves barriers 0..3 rather than all 16 (a register id reserves every one).
-// The non-.aligned form (`barrier.sync`, counted per thread): the CUDA-core warp's lane groups
-// leave their rows' edge loops at different times, and bar.sync (= barrier.sync.aligned)
-// requires the whole warp to execute it together; with it, racecheck caught the tensor-core
-// warp reading the partial while late lanes were still writing it.
-__device__ __forceinline__ void hyb_pair_sync(u32 i) {
-    switch (i) {
-        case 0: asm volatile("barrier.sync 1, 64;" ::: "memory"); break;
-        case 1: asm volatile("barrier.sync 2, 64;" ::: "memory"); break;
-        default: asm volatile("barrier.sync 3, 64;" ::: "memory"); break;
+// The hand-off's mbarriers (sm_80+): hyb_free[i] and hyb_full[i] of tensor-core warp i, each
+// completing its phase 0 when 32 threads have arrived. Initialised at the start of every launch.
+__device__ __forceinline__ void hyb_mbar_init(u64* bar, u32 count) {
+    asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+// One arrival of the calling thread (release: its earlier shared-memory accesses are visible to
+// a thread whose wait sees the phase complete).
+__device__ __forceinline__ void hyb_mbar_arrive(u64* bar) {
+    asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.shared.b64 st, [%0];\n\t}" ::"r"(
+                     smem_addr(bar))
+                 : "memory");
+}
+// Spins until phase 0 of `bar` has completed (acquire).
+__device__ __forceinline__ void hyb_mbar_wait(u64* bar) {
+    u32 done = 0u;
+    while (done == 0u) {
+        asm volatile(
+            "{\n\t.reg .pred p;\n\tmbarrier.test_wait.parity.shared.b64 p, [%1], 0;\n\t"
+            "selp.u32 %0, 1, 0, p;\n\t}"
+            : "=r"(done)
+            : "r"(smem_addr(bar))
+            : "memory");
     }
 }
 
 // The CUDA-core warp of hybrid_pipe: lane group j = lane / 8 (4 groups), lane gl = lane % 8
 // holds the 8-feature vectors gl, gl + 8, ... of the head; its partial of item i goes into
 // tensor-core warp i's stages (smem0 + i * bsb_pipe_warp_bytes(D)).
-template <class T, int D>
+template <class T, int D, bool SPMM>
 __device__ __forceinline__ void hybrid_pipe_cd(
     const uint4* __restrict__ units, u32 n_items, u32 heads, u32 n_rows, u32 tc_warps,
     const u32* __restrict__ row_ids, const u32* __restrict__ cd_row_offsets,
-    const u32* __restrict__ cd_columns, const T* __restrict__ q, const T* __restrict__ k,
-    const T* __restrict__ v, float scale_log2, unsigned char* smem0) {
+    const u32* __restrict__ cd_columns, const float* __restrict__ cd_weights,
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, float scale_log2,
+    unsigned char* smem0, u64* hyb_free, u64* hyb_full) {
     constexpr u32 RF = hyb_pipe_row_floats(D);
     const u32 lane = lane_id();
     const u64 hd = (u64)heads * D;
@@ -381,6 +401,12 @@ __device__ __forceinline__ void hybrid_pipe_cd(
             const u32 s = max(cd0, __ldg(cd_row_offsets + row));
             const u32 e = min(cd1, __ldg(cd_row_offsets + row + 1u));
             if (s >= e) continue;
+            if constexpr (SPMM) {
+                m[rr] = 0.0f;  // a plain sum: merged unscaled
+                csr_edges_sum<T, 8, NV>(cd_columns, cd_weights, s, e, v, hd, head_off, on, feat,
+                                        acc[rr]);
+                continue;
+            }
             const T* qr = q + (u64)__ldg(row_ids + row) * hd + head_off;
             float qv[NV][8];
 #pragma unroll
@@ -392,9 +418,9 @@ __device__ __forceinline__ void hybrid_pipe_cd(
             csr_edges_online<T, 8, NV, true>(cd_columns, s, e, k, v, hd, head_off, on, feat, qv,
                                              mask, 8u, m[rr], l[rr], acc[rr]);
         }
-        // Warp i's stages are free once it arrives; write the partial and hand it over.
-        hyb_pair_sync(i);
-        float* cp = reinterpret_cast<float*>(smem0 + i * bsb_pipe_warp_bytes(D));
+        // Warp i's stages are free once its lanes have arrived; write the partial, hand it over.
+        hyb_mbar_wait(hyb_free + i);
+        float* cp = reinterpret_cast<float*>(smem0 + i * bsb_pipe_warp_bytes(D, SPMM));
 #pragma unroll
         for (int rr = 0; rr < 4; ++rr) {
             const u32 wr = j + 4u * rr;
@@ -409,16 +435,17 @@ __device__ __forceinline__ void hybrid_pipe_cd(
                 dst[1] = make_float4(acc[rr][x][4], acc[rr][x][5], acc[rr][x][6], acc[rr][x][7]);
             }
         }
-        hyb_pair_sync(i);
+        hyb_mbar_arrive(hyb_full + i);
     }
 }
 
-template <class T, int D>
+template <class T, int D, bool SPMM>
 __device__ __forceinline__ void hybrid_pipe(
     const uint4* __restrict__ units, const u32* __restrict__ split_part_first, u32 n_items,
     u32 heads, u32 n_rows, u32 tc_warps, const u32* __restrict__ row_ids,
     const u32* __restrict__ block_columns, const u32* __restrict__ bitmaps,
-    const u32* __restrict__ cd_row_offsets, const u32* __restrict__ cd_columns,
+    const float* __restrict__ tc_weights, const u32* __restrict__ cd_row_offsets,
+    const u32* __restrict__ cd_columns, const float* __restrict__ cd_weights,
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, float scale_log2,
     T* __restrict__ out, float* __restrict__ part_ml, float* __restrict__ part_acc,
     u32* __restrict__ counters) {
@@ -429,13 +456,25 @@ __device__ __forceinline__ void hybrid_pipe(
     const u32 lane = lane_id(), warp = threadIdx.x >> 5;
     const bool has_cd = (blockDim.x >> 5) > tc_warps;
     const u64 hd = (u64)heads * D;
+    // The mbarriers sit after the tensor-core warps' memory (HYB_PIPE_MBAR_BYTES, counted by
+    // the host), not in static shared memory, which would move the dynamic base off its
+    // alignment (measured: the all-tensor-core kernel ran 1.4x slower with 48 static bytes).
+    u64* hyb_free = reinterpret_cast<u64*>(smem0 + tc_warps * bsb_pipe_warp_bytes(D, SPMM));
+    u64* hyb_full = hyb_free + HYB_PIPE_MAX_TC;
+    if (has_cd) {
+        if (threadIdx.x < HYB_PIPE_MAX_TC) {
+            hyb_mbar_init(hyb_free + threadIdx.x, 32u);
+            hyb_mbar_init(hyb_full + threadIdx.x, 32u);
+        }
+        __syncthreads();  // the mbarriers are initialised before any warp uses them
+    }
 
-    // Every warp stays until the CTA's last hand-off is done (the final barrier below), so
-    // that a pair's named barrier never meets a warp that has already left.
+    // A warp may leave once its own hand-off (if any) is done: each mbarrier phase needs only
+    // the two warps of its pair, and the CTA's shared memory lives until its last warp exits.
     if (warp < tc_warps) [&] {
         const u32 item = blockIdx.x * tc_warps + warp;
         if (item >= n_items) return;  // uniform across the warp; the CUDA-core warp skips it too
-        unsigned char* smem = smem0 + warp * bsb_pipe_warp_bytes(D);
+        unsigned char* smem = smem0 + warp * bsb_pipe_warp_bytes(D, SPMM);
         const u32 u = item / heads, h = item - u * heads;
         const uint4 ua = __ldg(units + 2u * u), ub = __ldg(units + 2u * u + 1u);
         const u32 window = ua.x, part = ua.w;
@@ -444,11 +483,11 @@ __device__ __forceinline__ void hybrid_pipe(
         u32 qrow[2];
         bsb_pipe_qrows(row_ids, window, n_rows, qrow);
         float m[2], l[2], o[NT][4];
-        bsb_pipe_tiles<T, D>(smem, ua.y, ua.z, qrow, q, block_columns, bitmaps, k, v, hd,
-                             head_off, scale_log2, m, l, o);
+        bsb_pipe_tiles<T, D, SPMM>(smem, ua.y, ua.z, qrow, q, block_columns, bitmaps, k, v, hd,
+                                   head_off, scale_log2, tc_weights, ub.w, m, l, o);
         if (has_cd && ub.x < ub.y) {
-            hyb_pair_sync(warp);  // stages free for the CUDA-core partial
-            hyb_pair_sync(warp);  // the partial is there
+            hyb_mbar_arrive(hyb_free + warp);  // stages free for the CUDA-core partial
+            hyb_mbar_wait(hyb_full + warp);     // the partial is there
             const float* cp = reinterpret_cast<const float*>(smem);
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
@@ -469,25 +508,27 @@ __device__ __forceinline__ void hybrid_pipe(
                 m[r] = mn;
             }
         }
-        bsb_pipe_finish<T, D>(part, ub.z, split_part_first, counters, heads, h, smem, part_ml,
+        bsb_pipe_finish<T, D, SPMM>(part, ub.z, split_part_first, counters, heads, h, smem, part_ml,
                               part_acc, n_rows, window, row_ids, out, hd, head_off, qrow, m, l, o);
     }();
-    else hybrid_pipe_cd<T, D>(units, n_items, heads, n_rows, tc_warps, row_ids, cd_row_offsets,
-                              cd_columns, q, k, v, scale_log2, smem0);
-    if (has_cd) __syncthreads();
+    else hybrid_pipe_cd<T, D, SPMM>(units, n_items, heads, n_rows, tc_warps, row_ids,
+                                    cd_row_offsets, cd_columns, cd_weights, q, k, v, scale_log2,
+                                    smem0, hyb_free, hyb_full);
 }
 
-#define SPATTN_HYBRID_PIPE(SUFFIX, T, D)                                                        \
+#define SPATTN_HYBRID_PIPE_OP(OP, SPMM, SUFFIX, T, D)                                           \
     extern "C" __global__ void __launch_bounds__(32 * (HYB_PIPE_MAX_TC + 1))                    \
-        fused_hybrid_##SUFFIX##_d##D##_pipe(SPATTN_HYBRID_PARAMS(T)) {                          \
+        OP##_hybrid_##SUFFIX##_d##D##_pipe(SPATTN_HYBRID_PARAMS(T)) {                           \
         (void)head_dim;                                                                         \
-        (void)tc_weights;                                                                       \
-        (void)cd_weights;                                                                       \
         (void)queue;                                                                            \
-        hybrid_pipe<T, D>(units, split_part_first, n_items, heads, n_rows, tc_warps, row_ids,   \
-                          block_columns, bitmaps, cd_row_offsets, cd_columns, q, k, v,          \
-                          scale_log2, out, part_ml, part_acc, counters);                        \
+        hybrid_pipe<T, D, SPMM>(units, split_part_first, n_items, heads, n_rows, tc_warps,      \
+                                row_ids, block_columns, bitmaps, tc_weights, cd_row_offsets,    \
+                                cd_columns, cd_weights, q, k, v, scale_log2, out, part_ml,      \
+                                part_acc, counters);                                            \
     }
+#define SPATTN_HYBRID_PIPE(SUFFIX, T, D)                                                        \
+    SPATTN_HYBRID_PIPE_OP(fused, false, SUFFIX, T, D)                                           \
+    SPATTN_HYBRID_PIPE_OP(spmm, true, SUFFIX, T, D)
 
 SPATTN_HYBRID_PIPE(f16, __half, 64)
 SPATTN_HYBRID_PIPE(f16, __half, 128)

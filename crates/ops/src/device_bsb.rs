@@ -13,6 +13,13 @@ use crate::launch::{to_u32, OnGpu};
 pub const BSB_PIPE_STAGES: usize = 3;
 /// Head widths the pipelined tile loop is compiled for (f16 and bf16).
 pub const BSB_PIPE_HEAD_DIMS: [usize; 2] = [64, 128];
+/// Fewest blocks a unit of a split window gets by default, in the fused tensor-core and the
+/// hybrid schedules. Only graphs with fewer than 32 · 8 · SMs blocks per head see it (the unit
+/// bound is otherwise about 1/(8 · SMs) of the work). Measured with the pipelined kernel on
+/// H200 (docs/perf-notes.md): 16 is 13–15% faster than 32 on pubmed (its largest units are the
+/// kernel's tail) and 2–9% slower on cora (its merges cost more than the steps they save);
+/// with the register kernel on H100, 32 had beaten 16.
+pub const BSB_MIN_UNIT_BLOCKS: usize = 16;
 /// Floats of one warp's merge scratch (`BSB_MERGE_FLOATS` in the kernels).
 pub const BSB_MERGE_FLOATS: usize = 64;
 
@@ -31,13 +38,23 @@ pub fn bsb_pipe_supports(dtype: crate::DTypeKind, head_dim: usize) -> bool {
 /// Shared memory of one warp of the pipelined tile loop at `head_dim` features:
 /// [`BSB_PIPE_STAGES`] stages of the K and V tiles (16 slots × `head_dim` 2-byte features
 /// each) and two 16-byte bitmaps, then the merge scratch (mirrors `bsb_pipe_warp_bytes` in
-/// `attention_tiles.cuh`).
+/// `attention_tiles.cuh`). The SpMM loop ([`bsb_pipe_spmm_warp_bytes`]) has no K tile.
 ///
 /// ```
 /// assert_eq!(spattn_ops::device_bsb::bsb_pipe_warp_bytes(128), 3 * (8192 + 32) + 256);
 /// ```
 pub const fn bsb_pipe_warp_bytes(head_dim: usize) -> usize {
     BSB_PIPE_STAGES * (2 * 16 * head_dim * 2 + 32) + BSB_MERGE_FLOATS * 4
+}
+
+/// [`bsb_pipe_warp_bytes`] for the SpMM tile loop (hybrid SpMM): stages of the V tile and the
+/// bitmaps only.
+///
+/// ```
+/// assert_eq!(spattn_ops::device_bsb::bsb_pipe_spmm_warp_bytes(128), 3 * (4096 + 32) + 256);
+/// ```
+pub const fn bsb_pipe_spmm_warp_bytes(head_dim: usize) -> usize {
+    BSB_PIPE_STAGES * (16 * head_dim * 2 + 32) + BSB_MERGE_FLOATS * 4
 }
 
 /// A BSB mask in device memory: window offsets, the column of every block slot (padding slots

@@ -34,7 +34,9 @@ use spattn_formats::{HybridBlocks, HybridSplit};
 use spattn_kernels_sys::HYBRID;
 
 use crate::buffer::{DeviceMatrix, DeviceVec};
-use crate::device_bsb::{bsb_pipe_supports, bsb_pipe_warp_bytes};
+use crate::device_bsb::{
+    bsb_pipe_spmm_warp_bytes, bsb_pipe_supports, bsb_pipe_warp_bytes, BSB_MIN_UNIT_BLOCKS,
+};
 use crate::dtype::{DType, DTypeKind};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
@@ -51,6 +53,9 @@ pub const MAX_WARPS: usize = 8;
 pub const MAX_PIPE_TC_WARPS: usize = 3;
 /// Rows per window.
 const WINDOW_ROWS: usize = 16;
+/// Shared memory of the pipelined kernel's hand-off mbarriers, after the tensor-core warps'
+/// (`HYB_PIPE_MBAR_BYTES` in hybrid.cu: two 8-byte mbarriers per possible tensor-core warp).
+const PIPE_MBAR_BYTES: usize = 2 * MAX_PIPE_TC_WARPS * 8;
 /// Shared-memory floats before the per-warp slots (`HYB_HEAD_FLOATS` in the kernel).
 const HEAD_FLOATS: usize = 68;
 /// Default block cost relative to one edge for the unit schedule (a pair of 16×8 blocks on a
@@ -178,7 +183,8 @@ pub struct DeviceHybrid {
 
 impl DeviceHybrid {
     /// Uploads `blocks` split at `split`'s threshold, with units of at most a `1 / (8 · SMs)`
-    /// share of the work each (block cost [`DEFAULT_BLOCK_COST`] edges).
+    /// share of the work each (block cost [`DEFAULT_BLOCK_COST`] edges), but no fewer than
+    /// [`BSB_MIN_UNIT_BLOCKS`] blocks' or 64 edges' worth.
     pub fn upload(
         gpu: &Gpu,
         blocks: &HybridBlocks,
@@ -200,8 +206,11 @@ impl DeviceHybrid {
     ) -> Result<Self> {
         let total = split.tc_blocks() as f64 * block_cost + split.cd_edges() as f64 * edge_cost;
         let lanes = f64::from(gpu.sm_count().max(1)) * 8.0 / heads.max(1) as f64;
-        // At least a few dozen edges' worth per unit: splits cost a merge.
-        let max_cost = (total / lanes).max(64.0 * edge_cost.max(block_cost / 16.0));
+        // Splits cost a merge: a unit holds at least fused-tc's fewest blocks per unit (the
+        // all-tensor-core split then cuts windows as fused-tc does) or a few dozen edges.
+        let max_cost = (total / lanes)
+            .max(BSB_MIN_UNIT_BLOCKS as f64 * block_cost)
+            .max(64.0 * edge_cost);
         let units = split
             .units(blocks, block_cost, edge_cost, max_cost)
             .map_err(|e| Error::InvalidArgument {
@@ -255,10 +264,10 @@ impl DeviceHybrid {
         self.stats
     }
 
-    /// Whether [`DeviceHybrid::attention`] runs the pipelined kernel for heads of `head_dim`
-    /// features of `dtype`: f16 or bf16 at exactly 64 or 128 features (each tensor-core warp
-    /// owns a window and streams its K/V tiles through shared memory, as fused-tc's pipelined
-    /// kernel; at most one CUDA-core warp per CTA). SpMM always runs the general kernel.
+    /// Whether [`DeviceHybrid::attention`] and [`spmm_with`] run the pipelined kernel for heads
+    /// of `head_dim` features of `dtype`: f16 or bf16 at exactly 64 or 128 features (each
+    /// tensor-core warp owns a window and streams its K/V tiles, SpMM its V tiles, through
+    /// shared memory, as fused-tc's pipelined kernel; at most one CUDA-core warp per CTA).
     ///
     /// ```
     /// use spattn_ops::{DTypeKind, DeviceHybrid};
@@ -296,6 +305,28 @@ impl DeviceHybrid {
             ));
         }
         Ok(())
+    }
+
+    /// A split of warps valid for this structure: 2 tensor-core warps, and a CUDA-core warp
+    /// when edges are on CUDA cores (two in the general kernel, `pipelined` false).
+    ///
+    /// ```no_run
+    /// # use spattn_formats::{Csr, HybridBlocks};
+    /// # use spattn_ops::{DeviceHybrid, Gpu, WarpSplit};
+    /// # let gpu = Gpu::new(0)?;
+    /// let a = Csr::from_edges(2, 2, &[(0, 0), (1, 1)])?;
+    /// let blocks = HybridBlocks::from_csr(&a)?;
+    /// let d = DeviceHybrid::upload(&gpu, &blocks, &blocks.classify(0.0)?, 1)?;
+    /// assert_eq!(d.default_warps(true), WarpSplit { tc: 2, cd: 0 });
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn default_warps(&self, pipelined: bool) -> WarpSplit {
+        let cd = match (self.stats.cd_edges, pipelined) {
+            (0, true) => 0,
+            (_, true) => 1,
+            (_, false) => 2,
+        };
+        WarpSplit { tc: 2, cd }
     }
 
     /// Fused attention `out = softmax_row(scale · Q Kᵀ masked by A) · V` with `warps` of each
@@ -355,7 +386,7 @@ impl DeviceHybrid {
             what: "head_dim",
             why,
         })?;
-        let pipelined = qk.is_some() && Self::pipelined(T::KIND, shape.head_dim);
+        let pipelined = Self::pipelined(T::KIND, shape.head_dim);
         self.check_warps(warps, pipelined)?;
         let vec = (shape.head_dim * std::mem::size_of::<T>()) % 16 == 0;
         let name = kernel_named(
@@ -385,8 +416,10 @@ impl DeviceHybrid {
         let n_rows = to_u32("rows", self.n_rows)?;
         let tc_warps = to_u32("tensor-core warps", warps.tc)?;
         let threads = (warps.warps() * 32) as u32;
-        let smem = if pipelined {
-            warps.tc * bsb_pipe_warp_bytes(shape.head_dim)
+        let smem = if pipelined && qk.is_some() {
+            warps.tc * bsb_pipe_warp_bytes(shape.head_dim) + PIPE_MBAR_BYTES
+        } else if pipelined {
+            warps.tc * bsb_pipe_spmm_warp_bytes(shape.head_dim) + PIPE_MBAR_BYTES
         } else {
             (HEAD_FLOATS + warps.warps() * WINDOW_ROWS * (2 + slice)) * 4
         };
@@ -478,9 +511,11 @@ impl DeviceHybrid {
         // the kernel lays them out for `threads / 32` warps and this slice. Pipelined kernel:
         // head_dim is exactly 64 or 128 (= slice) of f16/bf16, item = CTA × tc + tensor-core
         // warp < n_items (ctas = ⌈n_items / tc⌉; the CUDA-core warp takes the same items),
-        // `smem` = tc warps × bsb_pipe_warp_bytes(head_dim), and the CUDA-core partial it
-        // writes into a warp's stages (4 × (32 + 16 × (head_dim + 8)) bytes) fits them
-        // (static_assert in hybrid.cu); cd = 0 only when there are no CUDA-core edges
+        // `smem` = tc warps × bsb_pipe_warp_bytes(head_dim) (SpMM: the smaller
+        // bsb_pipe_spmm_warp_bytes, stages without the K tile) and the 6 mbarriers after them
+        // (PIPE_MBAR_BYTES, 8-byte aligned: warp bytes are multiples of 16), and the CUDA-core
+        // partial it writes into a warp's stages (4 × (32 + 16 × (head_dim + 8)) bytes) fits
+        // them (static_assert in hybrid.cu); cd = 0 only when there are no CUDA-core edges
         // (check_warps).
         unsafe { launch(name, &mut args, cfg) }
     }
@@ -494,8 +529,9 @@ impl OnGpu for DeviceHybrid {
 
 /// Hybrid SpMM: `out[i, h, :] = Σ_j A[i, j] · V[j, h, :]` over the uploaded matrix (values, or
 /// 1 for a binary matrix), dense blocks on tensor cores and the remaining edges on CUDA cores
-/// in one kernel, with an even split of warps (see [`spmm_with`]). `v` is `n_cols × heads ×
-/// head_dim`, `out` `n_rows × heads × head_dim`; every element of `out` is written.
+/// in one kernel, with a default split of warps ([`DeviceHybrid::default_warps`]; see
+/// [`spmm_with`]). `v` is `n_cols × heads × head_dim`, `out` `n_rows × heads × head_dim`; every
+/// element of `out` is written.
 ///
 /// Errors: as [`DeviceHybrid::attention`].
 pub fn spmm<T: DType>(
@@ -504,7 +540,8 @@ pub fn spmm<T: DType>(
     v: &DeviceMatrix<T>,
     out: &mut DeviceMatrix<T>,
 ) -> Result<()> {
-    spmm_with(gpu, a, v, WarpSplit { tc: 2, cd: 2 }, out)
+    let warps = a.default_warps(DeviceHybrid::pipelined(T::KIND, v.shape().head_dim));
+    spmm_with(gpu, a, v, warps, out)
 }
 
 /// [`spmm`] with an explicit split of warps per CTA.

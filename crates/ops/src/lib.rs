@@ -3,7 +3,49 @@
 //! The sparse ops of graph attention — SDDMM, edge softmax, SpMM — on the CPU and on NVIDIA
 //! GPUs, and the GPU runtime they run on.
 //!
-//! (Crate documentation with a CPU example: being written.)
+//! - [`cpu`]: the reference ops on host slices, generic over f32 / f64 (the tests' f64
+//!   references, and the CPU path of `spattn`'s plans).
+//! - [`Gpu`], [`DeviceVec`], [`DeviceMatrix`]: the runtime (cudarc, libcuda loaded at run time,
+//!   so everything builds without CUDA); the kernels' PTX comes from `spattn-kernels-sys`.
+//! - [`csr_ops`]: CUDA-core SDDMM, edge softmax and SpMM on CSR; [`tc_ops`]: tensor-core ones on
+//!   ME-BCRS ([`DeviceMeBcrs`]); [`DeviceGraph`] picks a backend per call.
+//! - [`hybrid_spmm`] and [`hybrid_plan`]: the RT-GNN-style hybrid (dense 16×8 blocks on tensor
+//!   cores, the other edges on CUDA cores of the same kernel), and [`HybridSpmm`], a hybrid
+//!   SpMM planned once by timing its candidates.
+//!
+//! Shapes are `rows × heads × head_dim`, row-major ([`Shape`]); per-edge values are
+//! `nnz × heads` in the CSR's edge order. Errors are one [`Error`] enum naming the operand.
+//!
+//! On the CPU, attention is SDDMM → edge softmax → SpMM:
+//!
+//! ```
+//! use spattn_formats::Csr;
+//! use spattn_ops::{cpu, Shape};
+//!
+//! // Node 0 attends to nodes 0 and 1, node 1 to node 1; one head of 2 features.
+//! let a = Csr::from_edges(2, 2, &[(0, 0), (0, 1), (1, 1)])?;
+//! let shape = Shape::new(2, 1, 2)?;
+//! let q = [1.0f64, 0.0, 0.0, 1.0];
+//! let k = [1.0f64, 0.0, 0.0, 1.0];
+//! let v = [1.0f64, 2.0, 3.0, 4.0];
+//! let mut scores = vec![0.0f64; a.nnz()];
+//! cpu::sddmm(&a, &q, &k, shape, shape, 1.0, &mut scores)?; // q_i · k_j per edge
+//! assert_eq!(scores, [1.0, 0.0, 1.0]);
+//! cpu::edge_softmax_in_place(&a, &mut scores, 1, None)?; // per row
+//! let mut out = vec![0.0f64; 4];
+//! cpu::spmm(&a, &scores, &v, shape, &mut out)?;
+//! // Row 1 has one neighbour: its output is V[1]. Row 0 mixes V[0] and V[1].
+//! assert_eq!(&out[2..], &[3.0, 4.0]);
+//! let w0 = 1.0f64.exp() / (1.0f64.exp() + 1.0);
+//! assert!((out[0] - (w0 * 1.0 + (1.0 - w0) * 3.0)).abs() < 1e-12);
+//!
+//! // The same in one call.
+//! let inputs = cpu::AttentionInputs::new(&q, shape, &k, shape, &v, shape);
+//! let mut fused = vec![0.0f64; 4];
+//! cpu::attention(&a, &inputs, 1.0, &mut fused)?;
+//! assert!(fused.iter().zip(&out).all(|(x, y)| (x - y).abs() < 1e-12));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 pub mod backward;
 pub mod buffer;
@@ -18,6 +60,7 @@ pub mod elementwise;
 pub mod error;
 pub mod gpu;
 pub mod graph;
+pub mod hybrid_plan;
 pub mod hybrid_spmm;
 pub mod launch;
 pub mod schedule;
@@ -34,5 +77,6 @@ pub use dtype::{DType, DTypeKind};
 pub use error::{Error, Result};
 pub use gpu::{Gpu, GpuTimer};
 pub use graph::{Backend, DeviceGraph, EdgeLayout, EdgeValues};
+pub use hybrid_plan::HybridSpmm;
 pub use hybrid_spmm::{DeviceHybrid, HybridStats, WarpSplit};
 pub use shape::Shape;

@@ -13,11 +13,11 @@ use common::*;
 use half::{bf16, f16};
 use rand::Rng;
 use rand_pcg::Pcg64;
-use spattn_formats::{Csr, HybridBlocks};
+use spattn_formats::{Csr, HybridBlocks, Reorder};
 use spattn_ops::hybrid_spmm::{spmm_with, WarpSplit};
 use spattn_ops::{
     csr_ops, tc_ops, DType, DTypeKind, DeviceCsr, DeviceHybrid, DeviceMatrix, DeviceMeBcrs,
-    DeviceVec, Gpu, Shape,
+    DeviceVec, Gpu, HybridSpmm, Shape,
 };
 
 fn gpu() -> Gpu {
@@ -47,15 +47,49 @@ fn reference(a: &Csr, v: &[f64], shape: Shape) -> Vec<f64> {
     out
 }
 
-fn check<T: DType>(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64) {
+/// Random V on the device, its f64 reference product, and an output buffer.
+fn inputs<T: DType>(
+    gpu: &Gpu,
+    a: &Csr,
+    heads: usize,
+    head_dim: usize,
+    rng: &mut Pcg64,
+) -> (DeviceMatrix<T>, Vec<f64>, DeviceMatrix<T>) {
     let shape_v = Shape::new(a.n_cols(), heads, head_dim).unwrap();
     let shape_o = Shape::new(a.n_rows(), heads, head_dim).unwrap();
     let v = random_vec::<T>(rng, shape_v.len(), 1.0);
     let want = reference(a, &to_f64(&v), shape_v);
     let dv = DeviceMatrix::from_host(gpu, shape_v, &v).unwrap();
-    let mut out = DeviceMatrix::<T>::zeros(gpu, shape_o).unwrap();
+    (dv, want, DeviceMatrix::<T>::zeros(gpu, shape_o).unwrap())
+}
+
+/// Asserts `got` is within the tolerance of `want` (or both are all zeros).
+fn assert_close<T: DType>(got: &[T], want: &[f64], what: &str) {
+    let err = spattn_ops::cpu::rel_l2_error(&to_f64(got), want);
+    assert!(
+        err <= tol::<T>()
+            || (want.iter().all(|&x| x == 0.0) && got.iter().all(|x| x.to_f64() == 0.0)),
+        "{what}: rel error {err:e}"
+    );
+}
+
+fn check<T: DType>(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64) {
+    let (dv, want, mut out) = inputs::<T>(gpu, a, heads, head_dim, rng);
     let blocks = HybridBlocks::from_csr(a).unwrap();
-    for (threshold, tc, cd) in [(0.0, 2, 2), (2.0, 1, 3), (0.05, 3, 1), (0.02, 4, 4)] {
+    // The pipelined kernel (f16/bf16 at 64 or 128 features) takes 1..=3 tensor-core warps and
+    // at most one CUDA-core warp; the general kernel up to 8 warps.
+    let splits: &[(f64, usize, usize)] = if DeviceHybrid::pipelined(T::KIND, head_dim) {
+        &[
+            (0.0, 2, 0),
+            (0.0, 1, 1),
+            (2.0, 1, 1),
+            (0.05, 3, 1),
+            (0.02, 2, 1),
+        ]
+    } else {
+        &[(0.0, 2, 2), (2.0, 1, 3), (0.05, 3, 1), (0.02, 4, 4)]
+    };
+    for &(threshold, tc, cd) in splits {
         let split = blocks.classify(threshold).unwrap();
         let d = DeviceHybrid::upload(gpu, &blocks, &split, heads).unwrap();
         let what = format!(
@@ -70,12 +104,7 @@ fn check<T: DType>(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut 
             out.fill_nan().unwrap();
             spmm_with(gpu, &d, &dv, WarpSplit::new(tc, cd).unwrap(), &mut out).unwrap();
             let got = out.to_host().unwrap();
-            let err = spattn_ops::cpu::rel_l2_error(&to_f64(&got), &want);
-            assert!(
-                err <= tol::<T>()
-                    || (want.iter().all(|&x| x == 0.0) && got.iter().all(|x| x.to_f64() == 0.0)),
-                "{what}: rel error {err:e}"
-            );
+            assert_close(&got, &want, &what);
             match &first {
                 None => first = Some(got),
                 Some(f) => assert!(
@@ -89,6 +118,26 @@ fn check<T: DType>(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut 
     }
 }
 
+/// [`HybridSpmm`]: the split its timing chose, in the locality / degree order it chose, against
+/// the reference.
+fn check_plan<T: DType>(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64) {
+    let (dv, want, mut out) = inputs::<T>(gpu, a, heads, head_dim, rng);
+    let plan = HybridSpmm::plan::<T>(gpu, a, heads, head_dim, Reorder::Auto).unwrap();
+    out.fill_nan().unwrap();
+    plan.run(gpu, &dv, &mut out).unwrap();
+    let what = format!(
+        "HybridSpmm {} n={} heads={heads} d={head_dim} ({})",
+        T::NAME,
+        a.n_rows(),
+        plan.info()
+    );
+    assert_close(&out.to_host().unwrap(), &want, &what);
+    // A V of the wrong shape is an error, not a launch.
+    let bad = DeviceMatrix::<T>::zeros(gpu, Shape::new(a.n_cols() + 1, heads, head_dim).unwrap())
+        .unwrap();
+    assert!(plan.run(gpu, &bad, &mut out).is_err());
+}
+
 fn check_all(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64) {
     let weighted = a
         .clone()
@@ -99,6 +148,7 @@ fn check_all(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64)
         ))
         .unwrap();
     for g in [a, &weighted] {
+        check_plan::<f16>(gpu, g, heads, head_dim, rng);
         check::<f16>(gpu, g, heads, head_dim, rng);
         check::<bf16>(gpu, g, heads, head_dim, rng);
         if head_dim <= 64 {
@@ -152,25 +202,35 @@ fn time(gpu: &Gpu, runs: usize, mut f: impl FnMut()) -> f64 {
     t[runs / 2]
 }
 
-/// spmm-hybrid (best of a threshold × split sweep, each printed) beside spmm-csr and spmm-tc
-/// on the same binary A (all probabilities 1), f16: timings only, no assertion.
+/// The SpMM three-way table of issue 6: spmm-hybrid ([`HybridSpmm`], rows in the order
+/// `Reorder::Auto` picks, threshold and split chosen by timing at plan time) beside spmm-csr
+/// (the graph's order) and spmm-tc (ME-BCRS in its own `Reorder::Auto` order) on the same binary
+/// A (all probabilities 1), f16: timings only, no assertion. `SPATTN_SPMM_GRAPHS` (comma list of
+/// shared graph names and rmatN) picks the graphs.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn timings() {
     let gpu = gpu();
     let mut rng = fresh_rng("spmm timings");
     println!("device: {}", gpu.name());
-    let mut graphs: Vec<(String, Csr)> = ["cora", "citeseer", "pubmed", "ogbn-arxiv"]
-        .iter()
-        .map(|n| (n.to_string(), shared_graph(n)))
+    let names = std::env::var("SPATTN_SPMM_GRAPHS")
+        .unwrap_or_else(|_| "cora,citeseer,pubmed,ogbn-arxiv,rmat16,rmat18".into());
+    let graphs: Vec<(String, Csr)> = names
+        .split(',')
+        .filter(|n| !n.is_empty())
+        .map(|n| match n.strip_prefix("rmat") {
+            Some(s) => (n.to_string(), rmat_graph(s.parse().unwrap())),
+            None => (n.to_string(), shared_graph(n)),
+        })
         .collect();
-    for s in [16, 18] {
-        graphs.push((format!("rmat{s}"), rmat_graph(s)));
-    }
+    println!(
+        "| graph | heads | D | spmm-csr ms | spmm-tc ms | hybrid ms | hybrid vs best pure | \
+         hybrid all-TC ms | threshold | TC:CD | CD edges |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|");
     for (name, a) in &graphs {
-        let blocks = HybridBlocks::from_csr(a).unwrap();
         let csr = DeviceCsr::upload(&gpu, a).unwrap();
-        let me = DeviceMeBcrs::from_csr(&gpu, a).unwrap();
+        let me = DeviceMeBcrs::from_csr_reordered(&gpu, a, Reorder::Auto).unwrap();
         for (heads, d) in [(1usize, 64usize), (1, 128), (8, 64), (8, 128)] {
             let sv = Shape::new(a.n_cols(), heads, d).unwrap();
             let so = Shape::new(a.n_rows(), heads, d).unwrap();
@@ -186,28 +246,21 @@ fn timings() {
             let t_tc = time(&gpu, 20, || {
                 tc_ops::spmm(&gpu, &me, &slots, &v, &mut out).unwrap()
             });
-            let mut best = (f64::INFINITY, 0.0, 0, 0, 0.0);
-            for threshold in [0.0, 0.02, 0.05, 0.1, 0.2, 0.4, 2.0] {
-                let split = blocks.classify(threshold).unwrap();
-                let dh = DeviceHybrid::upload(&gpu, &blocks, &split, heads).unwrap();
-                for (tc, cd) in [(1, 3), (2, 2), (3, 1), (4, 4)] {
-                    let w = WarpSplit::new(tc, cd).unwrap();
-                    let t = time(&gpu, 10, || spmm_with(&gpu, &dh, &v, w, &mut out).unwrap());
-                    if t < best.0 {
-                        best = (t, threshold, tc, cd, split.tc_fraction());
-                    }
-                }
-            }
+            let plan = HybridSpmm::plan::<f16>(&gpu, a, heads, d, Reorder::Auto).unwrap();
+            let t_h = time(&gpu, 20, || plan.run(&gpu, &v, &mut out).unwrap());
+            let c = plan.choice();
+            let s = c.device.stats();
             println!(
-                "spmm-timing {name:>10} h={heads} d={d:>3}: csr {t_csr:.4} ms, tc {t_tc:.4} ms, \
-                 hybrid {:.4} ms (threshold {} {}:{} tc-edges {:.3}) -> vs best pure {:.2}x",
-                best.0,
-                best.1,
-                best.2,
-                best.3,
-                best.4,
-                t_csr.min(t_tc) / best.0
+                "| {name} | {heads} | {d} | {t_csr:.4} | {t_tc:.4} | {t_h:.4} | {:.2}x | {:.4} | \
+                 {:.4} | {}:{} | {:.1}% |",
+                t_csr.min(t_tc) / t_h,
+                c.all_tc_ms,
+                c.threshold,
+                c.warps.tc,
+                c.warps.cd,
+                100.0 * s.cd_edges as f64 / (s.tc_edges + s.cd_edges).max(1) as f64
             );
+            println!("spmm-plan {name} h={heads} d={d}: {}", plan.info());
         }
     }
 }
