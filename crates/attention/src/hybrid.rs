@@ -14,8 +14,9 @@
 //! ([`DeviceHybrid::pipelined`]): each tensor-core warp owns a window as fused-tc's pipelined
 //! kernel does (K/V tiles through shared memory by `cp.async`), and one CUDA-core warp per CTA
 //! takes the sparse edges of the CTA's windows in turn, handing each window's partial to its
-//! tensor-core warp through that warp's shared memory between a pair of named barriers. Other
-//! shapes run the general kernel, where all warps of a CTA share one window at a time.
+//! tensor-core warp through that warp's shared memory, the two warps meeting on a pair of
+//! shared-memory mbarriers. Other shapes run the general kernel, where all warps of a CTA share
+//! one window at a time.
 //!
 //! # Choosing the threshold and the split (pipelined kernel: measured)
 //!

@@ -47,9 +47,8 @@ use crate::launch::{
 
 /// Most warps per CTA (the kernels' launch bound is 256 threads).
 pub const MAX_WARPS: usize = 8;
-/// Most tensor-core warps per CTA of the pipelined kernel (`HYB_PIPE_MAX_TC` in hybrid.cu; its
-/// named barriers 1..=3 pair each of them with the CUDA-core warp). With 4, racecheck reported
-/// hazards on the hand-off that were not explained (docs/perf-notes.md); the plan uses 1..=3.
+/// Most tensor-core warps per CTA of the pipelined kernel (`HYB_PIPE_MAX_TC` in hybrid.cu: two
+/// hand-off mbarriers each; the plan tries 1..=3).
 pub const MAX_PIPE_TC_WARPS: usize = 3;
 /// Rows per window.
 const WINDOW_ROWS: usize = 16;
