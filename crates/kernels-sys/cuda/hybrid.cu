@@ -315,7 +315,7 @@ SPATTN_HYBRID_BOTH(f32, float, 64)
 // At most 3 tensor-core warps (the plan's ratios; the launch bound follows).
 #define HYB_PIPE_MAX_TC 3u
 // Bytes of the hand-off's mbarriers after the tensor-core warps' shared memory (the host adds
-// them: HYB_PIPE_MBAR_BYTES in hybrid_spmm.rs).
+// them: PIPE_MBAR_BYTES in hybrid_spmm.rs).
 #define HYB_PIPE_MBAR_BYTES (2u * HYB_PIPE_MAX_TC * 8u)
 
 __host__ __device__ constexpr u32 hyb_pipe_row_floats(u32 d) { return d + 8u; }
@@ -357,7 +357,7 @@ __device__ __forceinline__ void hyb_mbar_wait(u64* bar) {
 
 // The CUDA-core warp of hybrid_pipe: lane group j = lane / 8 (4 groups), lane gl = lane % 8
 // holds the 8-feature vectors gl, gl + 8, ... of the head; its partial of item i goes into
-// tensor-core warp i's stages (smem0 + i * bsb_pipe_warp_bytes(D)).
+// tensor-core warp i's stages (smem0 + i * bsb_pipe_warp_bytes(D, SPMM)).
 template <class T, int D, bool SPMM>
 __device__ __forceinline__ void hybrid_pipe_cd(
     const uint4* __restrict__ units, u32 n_items, u32 heads, u32 n_rows, u32 tc_warps,

@@ -27,7 +27,7 @@
 use spattn_formats::{Csr, HybridBlocks, Permutation, Reorder, RowOrder};
 
 use crate::buffer::DeviceMatrix;
-use crate::dtype::DType;
+use crate::dtype::{DType, DTypeKind};
 use crate::error::Result;
 use crate::gpu::Gpu;
 use crate::hybrid_spmm::{slice_for, spmm_with, DeviceHybrid, WarpSplit};
@@ -222,6 +222,7 @@ fn formats_error(e: spattn_formats::Error) -> Error {
 pub struct HybridSpmm {
     choice: SplitChoice,
     order: RowOrder,
+    dtype: DTypeKind,
     heads: usize,
     head_dim: usize,
 }
@@ -268,21 +269,30 @@ impl HybridSpmm {
         Ok(Self {
             choice,
             order,
+            dtype: T::KIND,
             heads,
             head_dim,
         })
     }
 
-    /// `out = A · V` (shapes as planned).
+    /// `out = A · V` (dtype and shapes as planned).
     ///
-    /// Errors: [`Error::ShapeMismatch`] naming the operand when V or out does not have the
-    /// planned rows, heads and head_dim; [`Error::WrongDevice`]; launch failures.
+    /// Errors: [`Error::InvalidArgument`] when `T` is not the planned dtype (the warp split
+    /// was chosen for that dtype's kernel); [`Error::ShapeMismatch`] naming the operand when V
+    /// or out does not have the planned rows, heads and head_dim; [`Error::WrongDevice`];
+    /// launch failures.
     pub fn run<T: DType>(
         &self,
         gpu: &Gpu,
         v: &DeviceMatrix<T>,
         out: &mut DeviceMatrix<T>,
     ) -> Result<()> {
+        if T::KIND != self.dtype {
+            return Err(Error::InvalidArgument {
+                what: "hybrid SpMM dtype",
+                why: format!("planned for {}, run with {}", self.dtype, T::KIND),
+            });
+        }
         let planned = Shape::new(self.choice.device.n_cols(), self.heads, self.head_dim)?;
         planned.expect_rows_like("V", v.shape(), self.choice.device.n_cols())?;
         planned.expect_rows_like("out", out.shape(), self.choice.device.n_rows())?;

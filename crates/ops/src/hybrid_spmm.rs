@@ -94,7 +94,7 @@ pub fn slice_for(head_dim: usize, dtype: DTypeKind) -> std::result::Result<usize
 ///
 /// In the general kernel (f32, and f16/bf16 heads other than 64 or 128 features) the CTA's
 /// `tc` tensor-core warps and `cd` CUDA-core warps share one window at a time. In the
-/// pipelined kernel (f16/bf16 attention at exactly 64 or 128 features, see
+/// pipelined kernel (f16/bf16 attention and SpMM at exactly 64 or 128 features, see
 /// [`DeviceHybrid::pipelined`]) each of the `tc` tensor-core warps (at most
 /// [`MAX_PIPE_TC_WARPS`]) owns a window and the one CUDA-core warp (`cd` is 0 or 1) serves
 /// them in turn. `cd = 0` is only valid for a split that put every edge on tensor cores.

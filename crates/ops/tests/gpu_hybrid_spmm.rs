@@ -136,6 +136,13 @@ fn check_plan<T: DType>(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: 
     let bad = DeviceMatrix::<T>::zeros(gpu, Shape::new(a.n_cols() + 1, heads, head_dim).unwrap())
         .unwrap();
     assert!(plan.run(gpu, &bad, &mut out).is_err());
+    // So is a V of another dtype than planned.
+    let shape_o = Shape::new(a.n_rows(), heads, head_dim).unwrap();
+    let other = DeviceMatrix::<f32>::zeros(gpu, dv.shape()).unwrap();
+    let mut other_out = DeviceMatrix::<f32>::zeros(gpu, shape_o).unwrap();
+    if T::KIND != DTypeKind::F32 {
+        assert!(plan.run(gpu, &other, &mut other_out).is_err());
+    }
 }
 
 fn check_all(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64) {
