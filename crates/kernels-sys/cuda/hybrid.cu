@@ -278,7 +278,7 @@ SPATTN_HYBRID_BOTH(f32, float, 64)
 // fused_hybrid_{f16,bf16}_d{64,128}_pipe: f16/bf16 heads of exactly 64 or 128 features. The
 // kernel above gives a whole CTA one window at a time, so on graphs whose windows hold a few
 // block pairs most of its tensor-core warps idle, and every item pays CTA-wide barriers. Here
-// a CTA has `tc_warps` (1..3) tensor-core warps, each owning its own item (unit, head) as in
+// a CTA has `tc_warps` (1..4) tensor-core warps, each owning its own item (unit, head) as in
 // fused_bsb_pipe, and at most one CUDA-core warp that serves the CTA's items in turn:
 // - tensor-core warp i runs its unit's blocks through the pipelined tile loop
 //   (bsb_pipe_tiles: cp.async K/V tiles in shared memory, mma SDDMM, bitmap mask, online
@@ -312,8 +312,8 @@ SPATTN_HYBRID_BOTH(f32, float, 64)
 // CUDA-core partial in warp i's stage memory (floats): (max, sum) of row r at 2r, its
 // accumulator at 32 + r * (D + 8) (rows padded by 8 floats: the float2 reads of a half-warp,
 // rows g = 0..3 and t = 0..3, fall in 32 different banks).
-// At most 3 tensor-core warps (the plan's ratios; the launch bound follows).
-#define HYB_PIPE_MAX_TC 3u
+// At most 4 tensor-core warps (the launch bound follows; the plan tries 1..3).
+#define HYB_PIPE_MAX_TC 4u
 // Bytes of the hand-off's mbarriers after the tensor-core warps' shared memory (the host adds
 // them: PIPE_MBAR_BYTES in hybrid_spmm.rs).
 #define HYB_PIPE_MBAR_BYTES (2u * HYB_PIPE_MAX_TC * 8u)

@@ -49,7 +49,7 @@ use crate::launch::{
 pub const MAX_WARPS: usize = 8;
 /// Most tensor-core warps per CTA of the pipelined kernel (`HYB_PIPE_MAX_TC` in hybrid.cu: two
 /// hand-off mbarriers each; the plan tries 1..=3).
-pub const MAX_PIPE_TC_WARPS: usize = 3;
+pub const MAX_PIPE_TC_WARPS: usize = 4;
 /// Rows per window.
 const WINDOW_ROWS: usize = 16;
 /// Shared memory of the pipelined kernel's hand-off mbarriers, after the tensor-core warps'
