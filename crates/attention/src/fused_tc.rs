@@ -363,7 +363,7 @@ impl FusedTensorCore {
             let f = gpu.load_function(FUSED_BSB.name, FUSED_BSB.ptx, kernel)?;
             allow_dynamic_shared(
                 &f,
-                cta_warps * bsb_pipe_warp_bytes(head_dim),
+                cta_warps * bsb_pipe_warp_bytes(head_dim, false),
                 "setting the fused tensor-core kernel's shared memory",
             )?;
         }
@@ -463,7 +463,7 @@ impl FusedTensorCore {
         let threads = (groups_per_cta * group * 32) as u32;
         let xs_floats = if group > 1 { 2 * group * 256 } else { 0 };
         let smem = if pipelined {
-            groups_per_cta * bsb_pipe_warp_bytes(self.head_dim)
+            groups_per_cta * bsb_pipe_warp_bytes(self.head_dim, false)
         } else {
             groups_per_cta * (xs_floats + MERGE_FLOATS) * std::mem::size_of::<f32>()
         };
@@ -516,9 +516,10 @@ impl FusedTensorCore {
         // < slice × group lie in part_ml (n_parts × heads × 16 × 2) and part_acc
         // (n_parts × heads × 16 × slice × group); counters are per split window and head
         // (n_split × heads). Shared memory: `smem` bytes, as the kernel lays it out for
-        // `groups_per_cta` groups of `group` warps (pipelined: `bsb_pipe_warp_bytes(head_dim)` per
-        // warp, the kernel's stages and merge scratch; its cp.async copies read whole 16-byte
-        // chunks of K and V rows of head_dim = 64 or 128 2-byte features, inside the row).
+        // `groups_per_cta` groups of `group` warps (pipelined: `bsb_pipe_warp_bytes(head_dim,
+        // false)` per warp, the kernel's stages and merge scratch; its cp.async copies read
+        // whole 16-byte chunks of K and V rows of head_dim = 64 or 128 2-byte features, inside
+        // the row).
         unsafe { launch(self.kernel, &mut args, cfg) }?;
         Ok(())
     }
@@ -588,8 +589,8 @@ mod tests {
                 .pipelined
         );
         // Two CTAs of 4 warps with 128-feature stages fit an H100 SM's 228 KiB.
-        assert!(2 * CTA_WARPS * bsb_pipe_warp_bytes(128) <= 228 * 1024);
-        assert!(PIPE_CTA_WARPS * bsb_pipe_warp_bytes(128) > 48 * 1024);
+        assert!(2 * CTA_WARPS * bsb_pipe_warp_bytes(128, false) <= 228 * 1024);
+        assert!(PIPE_CTA_WARPS * bsb_pipe_warp_bytes(128, false) > 48 * 1024);
         let l = layout_with(24, DTypeKind::Bf16, None, false).unwrap();
         assert_eq!((l.slice, l.group), (32, 1));
         let l = layout_with(96, DTypeKind::Bf16, None, false).unwrap();

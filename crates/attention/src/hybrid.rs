@@ -171,11 +171,7 @@ impl Hybrid {
             });
         }
         let order = RowOrder::choose(graph, reorder, 16)?;
-        let permutation = match order.permutation {
-            Some(p) => p,
-            None => spattn_formats::Permutation::identity(graph.n_rows())?,
-        };
-        let blocks = HybridBlocks::from_csr_with_order(graph, permutation)?;
+        let blocks = HybridBlocks::from_csr_in_row_order(graph, &order)?;
         let nnz = graph.nnz().max(1) as f64;
         let info_of = |split: &spattn_formats::HybridSplit, w: WarpSplit| HybridInfo {
             threshold: split.threshold(),

@@ -44,6 +44,7 @@ use crate::csr::Csr;
 use crate::error::{Error, Result};
 use crate::mebcrs::{check_len, offsets_from_counts, plan_chunks, WindowMerger};
 use crate::permutation::Permutation;
+use crate::reorder::RowOrder;
 
 /// Rows per window.
 const ROWS: usize = 16;
@@ -139,6 +140,28 @@ impl HybridBlocks {
     /// window, columns ordered by hits within the window. Never fails on a valid [`Csr`].
     pub fn from_csr(a: &Csr) -> Result<Self> {
         Self::from_csr_with_order(a, Permutation::by_degree_descending(a))
+    }
+
+    /// As [`HybridBlocks::from_csr_with_order`] with the rows in `order` (the graph's own
+    /// order when it renumbers nothing), as [`RowOrder::choose`] picked it.
+    ///
+    /// ```
+    /// use spattn_formats::{Csr, HybridBlocks, Reorder, RowOrder};
+    /// let a = Csr::from_edges(3, 3, &[(0, 1), (1, 2), (2, 0)])?;
+    /// let order = RowOrder::choose(&a, Reorder::None, 16)?;
+    /// let blocks = HybridBlocks::from_csr_in_row_order(&a, &order)?;
+    /// assert_eq!(blocks.nnz(), 3);
+    /// # Ok::<(), spattn_formats::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`HybridBlocks::from_csr_with_order`].
+    pub fn from_csr_in_row_order(a: &Csr, order: &RowOrder) -> Result<Self> {
+        let permutation = match &order.permutation {
+            Some(p) => p.clone(),
+            None => Permutation::identity(a.n_rows())?,
+        };
+        Self::from_csr_with_order(a, permutation)
     }
 
     /// As [`HybridBlocks::from_csr`] with the rows in the order `permutation` gives (row

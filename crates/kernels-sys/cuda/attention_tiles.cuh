@@ -20,6 +20,46 @@ __device__ __forceinline__ float bsb_exp2(float x) {
     return y;
 }
 
+// online_merge (common.cuh) in the log2 domain (scores times log2 e, exp2): merges partial
+// (m2, l2) into (m, l) and returns the factors, acc = acc * c1 + acc2 * c2 (both 0 when
+// neither side saw an edge).
+__device__ __forceinline__ void online_merge_log2(float& m, float& l, float m2, float l2,
+                                                  float& c1, float& c2) {
+    const float mn = fmaxf(m, m2);
+    c1 = m == SPATTN_NEG_INF ? 0.0f : bsb_exp2(m - mn);
+    c2 = m2 == SPATTN_NEG_INF ? 0.0f : bsb_exp2(m2 - mn);
+    m = mn;
+    l = l * c1 + l2 * c2;
+}
+
+// SpMM's P entries of one lane for one 16x8 block: the lane's bits of rows g and g + 8 (the
+// block's two words shifted to the lane's slots 2t, 2t + 1) times its slot weights w (1 for a
+// binary matrix, see bsb_spmm_weights).
+__device__ __forceinline__ void bsb_spmm_p(u32 word0, u32 word1, const float (&w)[4],
+                                           float (&p)[4]) {
+    p[0] = (word0 & 1u) ? w[0] : 0.0f;
+    p[1] = (word0 & 2u) ? w[1] : 0.0f;
+    p[2] = (word1 & 1u) ? w[2] : 0.0f;
+    p[3] = (word1 & 2u) ? w[3] : 0.0f;
+}
+
+// The slot weights of lane (g, t) in block `blk` of a weighted matrix (128 floats per block,
+// block b's at (b + wbase) * 128, slot r * 8 + c; wbase wraps): slots 2t, 2t + 1 of rows g and
+// g + 8. All 1 when weights is null (binary) or the block is padding (!valid).
+__device__ __forceinline__ void bsb_spmm_weights(const float* __restrict__ weights, u32 blk,
+                                                 u32 wbase, bool valid, u32 g, u32 t,
+                                                 float (&w)[4]) {
+    w[0] = w[1] = w[2] = w[3] = 1.0f;
+    if (weights == nullptr || !valid) return;
+    const float* wb = weights + (u64)(blk + wbase) * 128u + 2u * t;
+    const float2 w0 = __ldg(reinterpret_cast<const float2*>(wb + g * 8u));
+    const float2 w1 = __ldg(reinterpret_cast<const float2*>(wb + (g + 8u) * 8u));
+    w[0] = w0.x;
+    w[1] = w0.y;
+    w[2] = w1.x;
+    w[3] = w1.y;
+}
+
 // Barrier of the `threads` threads of one group (named barrier `id`, or the warp alone).
 __device__ __forceinline__ void bsb_group_sync(u32 id, u32 threads) {
     if (threads == 32u) {
@@ -330,21 +370,9 @@ __device__ __forceinline__ void bsb_tiles(
         if constexpr (SPMM) {
 #pragma unroll
             for (int bb = 0; bb < 2; ++bb) {
-                const u32 b0 = bits[bb][0] >> shift, b1 = bits[bb][1] >> shift;
-                float w[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-                if (weights != nullptr && b + bb < b_end) {
-                    const float* wb = weights + (u64)(b + bb + wbase) * 128u + 2u * t;
-                    const float2 w0 = __ldg(reinterpret_cast<const float2*>(wb + g * 8u));
-                    const float2 w1 = __ldg(reinterpret_cast<const float2*>(wb + (g + 8u) * 8u));
-                    w[0] = w0.x;
-                    w[1] = w0.y;
-                    w[2] = w1.x;
-                    w[3] = w1.y;
-                }
-                p[bb][0] = (b0 & 1u) ? w[0] : 0.0f;
-                p[bb][1] = (b0 & 2u) ? w[1] : 0.0f;
-                p[bb][2] = (b1 & 1u) ? w[2] : 0.0f;
-                p[bb][3] = (b1 & 2u) ? w[3] : 0.0f;
+                float w[4];
+                bsb_spmm_weights(weights, b + bb, wbase, b + bb < b_end, g, t, w);
+                bsb_spmm_p(bits[bb][0] >> shift, bits[bb][1] >> shift, w, p[bb]);
             }
         } else {
             // S (partial over this warp's features): two accumulators per block when the chain
@@ -671,22 +699,11 @@ __device__ __forceinline__ void bsb_pipe_tiles(
     for (u32 i = 0; i < steps; ++i) {
         // SpMM weights of this lane's entries (rows g, g + 8; slots 2t, 2t + 1), loaded before
         // the wait so that their latency overlaps it.
-        float w[2][4] = {{1.0f, 1.0f, 1.0f, 1.0f}, {1.0f, 1.0f, 1.0f, 1.0f}};
-        if (SPMM && weights != nullptr) {
+        float w[2][4];
 #pragma unroll
-            for (int bb = 0; bb < 2; ++bb) {
-                const u32 blk = b_begin + 2u * i + bb;
-                const float* wb = weights + (u64)(blk + wbase) * 128u + 2u * t;
-                const bool ok = blk < b_end;
-                const float2 w0 = ok ? __ldg(reinterpret_cast<const float2*>(wb + g * 8u))
-                                     : make_float2(0.0f, 0.0f);
-                const float2 w1 = ok ? __ldg(reinterpret_cast<const float2*>(wb + (g + 8u) * 8u))
-                                     : make_float2(0.0f, 0.0f);
-                w[bb][0] = w0.x;
-                w[bb][1] = w0.y;
-                w[bb][2] = w1.x;
-                w[bb][3] = w1.y;
-            }
+        for (int bb = 0; bb < 2 && SPMM; ++bb) {
+            const u32 blk = b_begin + 2u * i + bb;
+            bsb_spmm_weights(weights, blk, wbase, blk < b_end, g, t, w[bb]);
         }
         cp_async_wait<STAGES - 2>();
         __syncwarp();  // step i's copies by every lane are visible; step i - 1 is read
@@ -702,13 +719,8 @@ __device__ __forceinline__ void bsb_pipe_tiles(
         float p[2][4];
         if constexpr (SPMM) {
 #pragma unroll
-            for (int bb = 0; bb < 2; ++bb) {
-                const u32 b0 = bits[bb][0] >> shift, b1 = bits[bb][1] >> shift;
-                p[bb][0] = (b0 & 1u) ? w[bb][0] : 0.0f;
-                p[bb][1] = (b0 & 2u) ? w[bb][1] : 0.0f;
-                p[bb][2] = (b1 & 1u) ? w[bb][2] : 0.0f;
-                p[bb][3] = (b1 & 2u) ? w[bb][3] : 0.0f;
-            }
+            for (int bb = 0; bb < 2; ++bb)
+                bsb_spmm_p(bits[bb][0] >> shift, bits[bb][1] >> shift, w[bb], p[bb]);
         } else {
             // S = Q K^T of the two blocks, two accumulators per block.
             float s[2][4];

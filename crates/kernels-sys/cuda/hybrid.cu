@@ -175,13 +175,7 @@ __device__ __forceinline__ void hybrid(
                 const float m2 = slot_ml[(s * BSB_WINDOW_ROWS + tid) * 2u];
                 const float l2 = slot_ml[(s * BSB_WINDOW_ROWS + tid) * 2u + 1u];
                 float c1, c2;
-                if (m2 != SPATTN_NEG_INF) {
-                    const float mn = fmaxf(mm, m2);
-                    c1 = mm == SPATTN_NEG_INF ? 0.0f : bsb_exp2(mm - mn);
-                    c2 = bsb_exp2(m2 - mn);
-                    ll = ll * c1 + l2 * c2;
-                    mm = mn;
-                }
+                if (m2 != SPATTN_NEG_INF) online_merge_log2(mm, ll, m2, l2, c1, c2);
             }
             stat[tid * 2u] = mm;
             stat[tid * 2u + 1u] = ll;
@@ -312,11 +306,11 @@ SPATTN_HYBRID_BOTH(f32, float, 64)
 // CUDA-core partial in warp i's stage memory (floats): (max, sum) of row r at 2r, its
 // accumulator at 32 + r * (D + 8) (rows padded by 8 floats: the float2 reads of a half-warp,
 // rows g = 0..3 and t = 0..3, fall in 32 different banks).
-// At most 4 tensor-core warps (the launch bound follows; the plan tries 1..3).
+// At most 4 tensor-core warps (the launch bound follows; the plan tries 1..3). After the
+// tensor-core warps' shared memory: the hand-off's mbarriers, hyb_free[HYB_PIPE_MAX_TC] then
+// hyb_full[HYB_PIPE_MAX_TC] (8 bytes each; the host adds them: PIPE_MBAR_BYTES in
+// hybrid_spmm.rs).
 #define HYB_PIPE_MAX_TC 4u
-// Bytes of the hand-off's mbarriers after the tensor-core warps' shared memory (the host adds
-// them: PIPE_MBAR_BYTES in hybrid_spmm.rs).
-#define HYB_PIPE_MBAR_BYTES (2u * HYB_PIPE_MAX_TC * 8u)
 
 __host__ __device__ constexpr u32 hyb_pipe_row_floats(u32 d) { return d + 8u; }
 static_assert(bsb_pipe_warp_bytes(64, true) % 8u == 0u && bsb_pipe_warp_bytes(128, true) % 8u == 0u &&
@@ -456,9 +450,9 @@ __device__ __forceinline__ void hybrid_pipe(
     const u32 lane = lane_id(), warp = threadIdx.x >> 5;
     const bool has_cd = (blockDim.x >> 5) > tc_warps;
     const u64 hd = (u64)heads * D;
-    // The mbarriers sit after the tensor-core warps' memory (HYB_PIPE_MBAR_BYTES, counted by
-    // the host), not in static shared memory, which would move the dynamic base off its
-    // alignment (measured: the all-tensor-core kernel ran 1.4x slower with 48 static bytes).
+    // The mbarriers sit after the tensor-core warps' memory (counted by the host), not in
+    // static shared memory, which would move the dynamic base off its alignment (measured: the
+    // all-tensor-core kernel ran 1.4x slower with 48 static bytes).
     u64* hyb_free = reinterpret_cast<u64*>(smem0 + tc_warps * bsb_pipe_warp_bytes(D, SPMM));
     u64* hyb_full = hyb_free + HYB_PIPE_MAX_TC;
     if (has_cd) {
@@ -493,10 +487,9 @@ __device__ __forceinline__ void hybrid_pipe(
             for (int r = 0; r < 2; ++r) {
                 const u32 wr = g + 8u * r;
                 const float m2 = cp[2u * wr], l2 = cp[2u * wr + 1u];
-                const float mn = fmaxf(m[r], m2);
-                if (mn == SPATTN_NEG_INF) continue;  // no edge of the row on either side
-                const float c1 = m[r] == SPATTN_NEG_INF ? 0.0f : bsb_exp2(m[r] - mn);
-                const float c2 = m2 == SPATTN_NEG_INF ? 0.0f : bsb_exp2(m2 - mn);
+                if (fmaxf(m[r], m2) == SPATTN_NEG_INF) continue;  // no edge on either side
+                float c1, c2;
+                online_merge_log2(m[r], l[r], m2, l2, c1, c2);
                 const float2* acc = reinterpret_cast<const float2*>(cp + 32u + wr * RF);
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
@@ -504,12 +497,11 @@ __device__ __forceinline__ void hybrid_pipe(
                     o[nt][2 * r] = o[nt][2 * r] * c1 + a.x * c2;
                     o[nt][2 * r + 1] = o[nt][2 * r + 1] * c1 + a.y * c2;
                 }
-                l[r] = l[r] * c1 + l2 * c2;
-                m[r] = mn;
             }
         }
-        bsb_pipe_finish<T, D, SPMM>(part, ub.z, split_part_first, counters, heads, h, smem, part_ml,
-                              part_acc, n_rows, window, row_ids, out, hd, head_off, qrow, m, l, o);
+        bsb_pipe_finish<T, D, SPMM>(part, ub.z, split_part_first, counters, heads, h, smem,
+                                    part_ml, part_acc, n_rows, window, row_ids, out, hd,
+                                    head_off, qrow, m, l, o);
     }();
     else hybrid_pipe_cd<T, D, SPMM>(units, n_items, heads, n_rows, tc_warps, row_ids,
                                     cd_row_offsets, cd_columns, cd_weights, q, k, v, scale_log2,

@@ -37,24 +37,17 @@ pub fn bsb_pipe_supports(dtype: crate::DTypeKind, head_dim: usize) -> bool {
 
 /// Shared memory of one warp of the pipelined tile loop at `head_dim` features:
 /// [`BSB_PIPE_STAGES`] stages of the K and V tiles (16 slots × `head_dim` 2-byte features
-/// each) and two 16-byte bitmaps, then the merge scratch (mirrors `bsb_pipe_warp_bytes` in
-/// `attention_tiles.cuh`). The SpMM loop ([`bsb_pipe_spmm_warp_bytes`]) has no K tile.
+/// each; `spmm`: the V tile only) and two 16-byte bitmaps, then the merge scratch (mirrors
+/// `bsb_pipe_warp_bytes` in `attention_tiles.cuh`).
 ///
 /// ```
-/// assert_eq!(spattn_ops::device_bsb::bsb_pipe_warp_bytes(128), 3 * (8192 + 32) + 256);
+/// use spattn_ops::device_bsb::bsb_pipe_warp_bytes;
+/// assert_eq!(bsb_pipe_warp_bytes(128, false), 3 * (8192 + 32) + 256);
+/// assert_eq!(bsb_pipe_warp_bytes(128, true), 3 * (4096 + 32) + 256);
 /// ```
-pub const fn bsb_pipe_warp_bytes(head_dim: usize) -> usize {
-    BSB_PIPE_STAGES * (2 * 16 * head_dim * 2 + 32) + BSB_MERGE_FLOATS * 4
-}
-
-/// [`bsb_pipe_warp_bytes`] for the SpMM tile loop (hybrid SpMM): stages of the V tile and the
-/// bitmaps only.
-///
-/// ```
-/// assert_eq!(spattn_ops::device_bsb::bsb_pipe_spmm_warp_bytes(128), 3 * (4096 + 32) + 256);
-/// ```
-pub const fn bsb_pipe_spmm_warp_bytes(head_dim: usize) -> usize {
-    BSB_PIPE_STAGES * (16 * head_dim * 2 + 32) + BSB_MERGE_FLOATS * 4
+pub const fn bsb_pipe_warp_bytes(head_dim: usize, spmm: bool) -> usize {
+    let tiles = if spmm { 1 } else { 2 };
+    BSB_PIPE_STAGES * (tiles * 16 * head_dim * 2 + 32) + BSB_MERGE_FLOATS * 4
 }
 
 /// A BSB mask in device memory: window offsets, the column of every block slot (padding slots

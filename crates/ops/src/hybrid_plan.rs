@@ -24,7 +24,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use spattn_formats::{Csr, HybridBlocks, Permutation, Reorder, RowOrder};
+use spattn_formats::{Csr, HybridBlocks, Reorder, RowOrder};
 
 use crate::buffer::DeviceMatrix;
 use crate::dtype::{DType, DTypeKind};
@@ -247,11 +247,7 @@ impl HybridSpmm {
         })?;
         gpu.require_compute_capability("hybrid kernels (mma.sync)", 8, 0)?;
         let order = RowOrder::choose(a, reorder, 16).map_err(formats_error)?;
-        let permutation = match &order.permutation {
-            Some(p) => p.clone(),
-            None => Permutation::identity(a.n_rows()).map_err(formats_error)?,
-        };
-        let blocks = HybridBlocks::from_csr_with_order(a, permutation).map_err(formats_error)?;
+        let blocks = HybridBlocks::from_csr_in_row_order(a, &order).map_err(formats_error)?;
         let v = DeviceMatrix::<T>::zeros(gpu, Shape::new(a.n_cols(), heads, head_dim)?)?;
         let mut out = DeviceMatrix::<T>::zeros(gpu, Shape::new(a.n_rows(), heads, head_dim)?)?;
         let pipelined = DeviceHybrid::pipelined(T::KIND, head_dim);

@@ -34,9 +34,7 @@ use spattn_formats::{HybridBlocks, HybridSplit};
 use spattn_kernels_sys::HYBRID;
 
 use crate::buffer::{DeviceMatrix, DeviceVec};
-use crate::device_bsb::{
-    bsb_pipe_spmm_warp_bytes, bsb_pipe_supports, bsb_pipe_warp_bytes, BSB_MIN_UNIT_BLOCKS,
-};
+use crate::device_bsb::{bsb_pipe_supports, bsb_pipe_warp_bytes, BSB_MIN_UNIT_BLOCKS};
 use crate::dtype::{DType, DTypeKind};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
@@ -53,7 +51,7 @@ pub const MAX_PIPE_TC_WARPS: usize = 4;
 /// Rows per window.
 const WINDOW_ROWS: usize = 16;
 /// Shared memory of the pipelined kernel's hand-off mbarriers, after the tensor-core warps'
-/// (`HYB_PIPE_MBAR_BYTES` in hybrid.cu: two 8-byte mbarriers per possible tensor-core warp).
+/// (hybrid.cu: two 8-byte mbarriers per possible tensor-core warp).
 const PIPE_MBAR_BYTES: usize = 2 * MAX_PIPE_TC_WARPS * 8;
 /// Shared-memory floats before the per-warp slots (`HYB_HEAD_FLOATS` in the kernel).
 const HEAD_FLOATS: usize = 68;
@@ -415,10 +413,8 @@ impl DeviceHybrid {
         let n_rows = to_u32("rows", self.n_rows)?;
         let tc_warps = to_u32("tensor-core warps", warps.tc)?;
         let threads = (warps.warps() * 32) as u32;
-        let smem = if pipelined && qk.is_some() {
-            warps.tc * bsb_pipe_warp_bytes(shape.head_dim) + PIPE_MBAR_BYTES
-        } else if pipelined {
-            warps.tc * bsb_pipe_spmm_warp_bytes(shape.head_dim) + PIPE_MBAR_BYTES
+        let smem = if pipelined {
+            warps.tc * bsb_pipe_warp_bytes(shape.head_dim, qk.is_none()) + PIPE_MBAR_BYTES
         } else {
             (HEAD_FLOATS + warps.warps() * WINDOW_ROWS * (2 + slice)) * 4
         };
@@ -510,8 +506,8 @@ impl DeviceHybrid {
         // the kernel lays them out for `threads / 32` warps and this slice. Pipelined kernel:
         // head_dim is exactly 64 or 128 (= slice) of f16/bf16, item = CTA × tc + tensor-core
         // warp < n_items (ctas = ⌈n_items / tc⌉; the CUDA-core warp takes the same items),
-        // `smem` = tc warps × bsb_pipe_warp_bytes(head_dim) (SpMM: the smaller
-        // bsb_pipe_spmm_warp_bytes, stages without the K tile) and the 6 mbarriers after them
+        // `smem` = tc warps × bsb_pipe_warp_bytes(head_dim, SpMM) (SpMM: stages without the K
+        // tile) and the 2 × MAX_PIPE_TC_WARPS mbarriers after them
         // (PIPE_MBAR_BYTES, 8-byte aligned: warp bytes are multiples of 16), and the CUDA-core
         // partial it writes into a warp's stages (4 × (32 + 16 × (head_dim + 8)) bytes) fits
         // them (static_assert in hybrid.cu); cd = 0 only when there are no CUDA-core edges
