@@ -743,15 +743,19 @@ mod tests {
             };
             println!("tune {name}: n={} nnz={}", a.n_rows(), a.nnz());
             // Each row order and its BSB once, for every variant below.
-            let orders: Vec<(Reorder, RowOrder, Bsb)> =
-                [Reorder::None, Reorder::Degree, Reorder::Locality]
-                    .into_iter()
-                    .map(|r| {
-                        let order = RowOrder::choose(&a, r, WINDOW_ROWS).unwrap();
-                        let bsb = bsb_in_order(&a, &order).unwrap();
-                        (r, order, bsb)
-                    })
-                    .collect();
+            let orders: Vec<(Reorder, RowOrder, Bsb)> = [
+                Reorder::None,
+                Reorder::Degree,
+                Reorder::Locality,
+                Reorder::Cluster,
+            ]
+            .into_iter()
+            .map(|r| {
+                let order = RowOrder::choose(&a, r, WINDOW_ROWS).unwrap();
+                let bsb = bsb_in_order(&a, &order).unwrap();
+                (r, order, bsb)
+            })
+            .collect();
             for &(heads, d) in &shapes {
                 let sq = Shape::new(a.n_rows(), heads, d).unwrap();
                 let draw = |seed: usize| -> DeviceMatrix<half::f16> {

@@ -30,7 +30,12 @@ fn gpu() -> Gpu {
 /// Runs fused-tc on `inputs` (converted to `T`), twice under each row order, and checks
 /// against `want`.
 fn check_with<T: DType>(gpu: &Gpu, a: &Csr, inputs: &Inputs, want: &[f64], scale: Option<f32>) {
-    for reorder in [Reorder::None, Reorder::Degree, Reorder::Locality] {
+    for reorder in [
+        Reorder::None,
+        Reorder::Degree,
+        Reorder::Locality,
+        Reorder::Cluster,
+    ] {
         check_order::<T>(gpu, a, inputs, want, scale, reorder);
     }
 }

@@ -8,9 +8,10 @@
 //! - [`read_matrix_market`], [`read_edge_list`]: readers for MatrixMarket coordinate files (plain
 //!   or gzip'd) and SNAP-style edge lists, with errors that name the line.
 //! - [`rmat()`]: the Graph500 R-MAT generator, deterministic from a seed.
-//! - [`Permutation`]: RT-GNN degree reordering and reverse Cuthill–McKee (a locality order),
-//!   applied to a [`Csr`] and to feature rows; [`RowOrder`] picks one for the windowed formats
-//!   by counting the K/V rows their windows gather ([`Reorder`]).
+//! - [`Permutation`]: RT-GNN degree reordering, reverse Cuthill–McKee (a locality order) and
+//!   greedy window packing ([`Permutation::window_clusters`]), applied to a [`Csr`] and to
+//!   feature rows; [`RowOrder`] picks one for the windowed formats by counting the K/V rows
+//!   their windows gather ([`Reorder`]).
 //! - [`MeBcrs`]: FlashSparse's 8-row windows of 8×1 vectors for tensor-core SpMM / SDDMM.
 //! - [`Bsb`]: Fused3S's 16-row windows of 16×8 bitmap blocks for fused tensor-core attention.
 //! - [`HybridBlocks`]: degree-ordered 16×8 blocks split by fill between tensor-core tiles and
@@ -32,6 +33,7 @@
 //! ```
 
 pub mod bsb;
+pub mod cluster;
 pub mod csr;
 pub mod error;
 pub mod hybrid;

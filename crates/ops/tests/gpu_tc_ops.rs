@@ -236,15 +236,22 @@ fn check_ops<T: DType>(
     );
 }
 
-/// Every dtype in the graph's own order and renumbered (degree and locality orders for f16 and
-/// f32, locality for bf16; a rectangular graph keeps its order under locality).
+/// Every dtype in the graph's own order and renumbered (degree, locality and cluster orders for
+/// f16 and f32, locality and cluster for bf16; a rectangular graph keeps its order under
+/// locality).
 fn check_all_dtypes(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64) {
-    for r in [Reorder::None, Reorder::Degree, Reorder::Locality] {
+    for r in [
+        Reorder::None,
+        Reorder::Degree,
+        Reorder::Locality,
+        Reorder::Cluster,
+    ] {
         check_ops::<f16>(gpu, a, r, heads, head_dim, rng);
         check_ops::<f32>(gpu, a, r, heads, head_dim, rng);
     }
-    check_ops::<bf16>(gpu, a, Reorder::None, heads, head_dim, rng);
-    check_ops::<bf16>(gpu, a, Reorder::Locality, heads, head_dim, rng);
+    for r in [Reorder::None, Reorder::Locality, Reorder::Cluster] {
+        check_ops::<bf16>(gpu, a, r, heads, head_dim, rng);
+    }
 }
 
 /// A random `n_rows × n_cols` pattern, about `avg` edges per row, every third row empty.
