@@ -21,8 +21,8 @@ use spattn_formats::{Bsb, Csr, RowOrder};
 use spattn_kernels_sys::FUSED_BSB;
 use spattn_ops::device_bsb::{bsb_pipe_supports, bsb_pipe_warp_bytes, BSB_MERGE_FLOATS};
 use spattn_ops::launch::{
-    allow_dynamic_shared, blocks_for, check_same_gpu, kernel_named, launch, to_u32, LaunchConfig,
-    PushKernelArg, PushOptionalArg,
+    blocks_for, check_same_gpu, kernel_named, launch, to_u32, LaunchConfig, PushKernelArg,
+    PushOptionalArg,
 };
 use spattn_ops::{DType, DTypeKind, DeviceBsb, DeviceMatrix, DeviceVec, Gpu, Shape};
 
@@ -360,9 +360,10 @@ impl FusedTensorCore {
             .max(1);
         if layout.pipelined {
             // The opt-in past 48 KiB is a property of the function: set once, here.
-            let f = gpu.load_function(FUSED_BSB.name, FUSED_BSB.ptx, kernel)?;
-            allow_dynamic_shared(
-                &f,
+            gpu.load_function_with_shared(
+                FUSED_BSB.name,
+                FUSED_BSB.ptx,
+                kernel,
                 cta_warps * bsb_pipe_warp_bytes(head_dim, false),
                 "setting the fused tensor-core kernel's shared memory",
             )?;

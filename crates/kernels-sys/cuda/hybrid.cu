@@ -433,7 +433,11 @@ __device__ __forceinline__ void hybrid_pipe_cd(
     }
 }
 
-template <class T, int D, bool SPMM>
+// HAS_CD = false compiles the CUDA-core warp, the hand-off and its mbarriers out: the
+// all-tensor-core split gets its own kernel (`*_pipe_tc`). Kept in one kernel with a runtime
+// flag, the merge code after the tile loop made the compiler recompute the swizzled ldmatrix
+// addresses every step (d128 loop 524 PTX operations against fused_bsb's 455; arxiv 6% slower).
+template <class T, int D, bool SPMM, bool HAS_CD>
 __device__ __forceinline__ void hybrid_pipe(
     const uint4* __restrict__ units, const u32* __restrict__ split_part_first, u32 n_items,
     u32 heads, u32 n_rows, u32 tc_warps, const u32* __restrict__ row_ids,
@@ -448,14 +452,14 @@ __device__ __forceinline__ void hybrid_pipe(
     extern __shared__ uint4 hyb_pipe_smem[];
     unsigned char* smem0 = reinterpret_cast<unsigned char*>(hyb_pipe_smem);
     const u32 lane = lane_id(), warp = threadIdx.x >> 5;
-    const bool has_cd = (blockDim.x >> 5) > tc_warps;
+    const bool has_cd = HAS_CD && (blockDim.x >> 5) > tc_warps;
     const u64 hd = (u64)heads * D;
     // The mbarriers sit after the tensor-core warps' memory (counted by the host), not in
     // static shared memory, which would move the dynamic base off its alignment (measured: the
     // all-tensor-core kernel ran 1.4x slower with 48 static bytes).
     u64* hyb_free = reinterpret_cast<u64*>(smem0 + tc_warps * bsb_pipe_warp_bytes(D, SPMM));
     u64* hyb_full = hyb_free + HYB_PIPE_MAX_TC;
-    if (has_cd) {
+    if (HAS_CD && has_cd) {
         if (threadIdx.x < HYB_PIPE_MAX_TC) {
             hyb_mbar_init(hyb_free + threadIdx.x, 32u);
             hyb_mbar_init(hyb_full + threadIdx.x, 32u);
@@ -479,7 +483,7 @@ __device__ __forceinline__ void hybrid_pipe(
         float m[2], l[2], o[NT][4];
         bsb_pipe_tiles<T, D, SPMM>(smem, ua.y, ua.z, qrow, q, block_columns, bitmaps, k, v, hd,
                                    head_off, scale_log2, tc_weights, ub.w, m, l, o);
-        if (has_cd && ub.x < ub.y) {
+        if constexpr (HAS_CD) if (has_cd && ub.x < ub.y) {
             hyb_mbar_arrive(hyb_free + warp);  // stages free for the CUDA-core partial
             hyb_mbar_wait(hyb_full + warp);     // the partial is there
             const float* cp = reinterpret_cast<const float*>(smem);
@@ -503,24 +507,29 @@ __device__ __forceinline__ void hybrid_pipe(
                                     part_ml, part_acc, n_rows, window, row_ids, out, hd,
                                     head_off, qrow, m, l, o);
     }();
-    else hybrid_pipe_cd<T, D, SPMM>(units, n_items, heads, n_rows, tc_warps, row_ids,
-                                    cd_row_offsets, cd_columns, cd_weights, q, k, v, scale_log2,
-                                    smem0, hyb_free, hyb_full);
+    else if constexpr (HAS_CD)
+        hybrid_pipe_cd<T, D, SPMM>(units, n_items, heads, n_rows, tc_warps, row_ids,
+                                   cd_row_offsets, cd_columns, cd_weights, q, k, v, scale_log2,
+                                   smem0, hyb_free, hyb_full);
 }
 
-#define SPATTN_HYBRID_PIPE_OP(OP, SPMM, SUFFIX, T, D)                                           \
-    extern "C" __global__ void __launch_bounds__(32 * (HYB_PIPE_MAX_TC + 1))                    \
-        OP##_hybrid_##SUFFIX##_d##D##_pipe(SPATTN_HYBRID_PARAMS(T)) {                           \
+// Each op and type twice: `_pipe` (tensor-core and CUDA-core warps) and `_pipe_tc` (tensor-core
+// warps only, the host's choice for a split without CUDA-core warps).
+#define SPATTN_HYBRID_PIPE_OP(OP, SPMM, SUFFIX, T, D, HAS_CD, TAIL, WARPS)                      \
+    extern "C" __global__ void __launch_bounds__(32 * (WARPS))                                  \
+        OP##_hybrid_##SUFFIX##_d##D##_pipe##TAIL(SPATTN_HYBRID_PARAMS(T)) {                     \
         (void)head_dim;                                                                         \
         (void)queue;                                                                            \
-        hybrid_pipe<T, D, SPMM>(units, split_part_first, n_items, heads, n_rows, tc_warps,      \
-                                row_ids, block_columns, bitmaps, tc_weights, cd_row_offsets,    \
-                                cd_columns, cd_weights, q, k, v, scale_log2, out, part_ml,      \
-                                part_acc, counters);                                            \
+        hybrid_pipe<T, D, SPMM, HAS_CD>(units, split_part_first, n_items, heads, n_rows,        \
+                                        tc_warps, row_ids, block_columns, bitmaps, tc_weights,  \
+                                        cd_row_offsets, cd_columns, cd_weights, q, k, v,        \
+                                        scale_log2, out, part_ml, part_acc, counters);          \
     }
 #define SPATTN_HYBRID_PIPE(SUFFIX, T, D)                                                        \
-    SPATTN_HYBRID_PIPE_OP(fused, false, SUFFIX, T, D)                                           \
-    SPATTN_HYBRID_PIPE_OP(spmm, true, SUFFIX, T, D)
+    SPATTN_HYBRID_PIPE_OP(fused, false, SUFFIX, T, D, true, , HYB_PIPE_MAX_TC + 1)              \
+    SPATTN_HYBRID_PIPE_OP(spmm, true, SUFFIX, T, D, true, , HYB_PIPE_MAX_TC + 1)                \
+    SPATTN_HYBRID_PIPE_OP(fused, false, SUFFIX, T, D, false, _tc, HYB_PIPE_MAX_TC)              \
+    SPATTN_HYBRID_PIPE_OP(spmm, true, SUFFIX, T, D, false, _tc, HYB_PIPE_MAX_TC)
 
 SPATTN_HYBRID_PIPE(f16, __half, 64)
 SPATTN_HYBRID_PIPE(f16, __half, 128)

@@ -479,7 +479,7 @@ pub const FUSED_CSR_BF16_V8_N2: &str = "fused_csr_bf16_v8_n2";
 /// Kernel `fused_csr_bf16_v8_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V8_N4: &str = "fused_csr_bf16_v8_n4";
 
-/// The PTX module compiled from `cuda/hybrid.cu` (40 kernels).
+/// The PTX module compiled from `cuda/hybrid.cu` (48 kernels).
 pub const HYBRID: PtxModule = PtxModule {
     name: "hybrid",
     ptx: include_str!("../ptx/hybrid.ptx"),
@@ -518,12 +518,20 @@ pub const HYBRID: PtxModule = PtxModule {
         SPMM_HYBRID_F32_S64_SCALAR,
         FUSED_HYBRID_F16_D64_PIPE,
         SPMM_HYBRID_F16_D64_PIPE,
+        FUSED_HYBRID_F16_D64_PIPE_TC,
+        SPMM_HYBRID_F16_D64_PIPE_TC,
         FUSED_HYBRID_F16_D128_PIPE,
         SPMM_HYBRID_F16_D128_PIPE,
+        FUSED_HYBRID_F16_D128_PIPE_TC,
+        SPMM_HYBRID_F16_D128_PIPE_TC,
         FUSED_HYBRID_BF16_D64_PIPE,
         SPMM_HYBRID_BF16_D64_PIPE,
+        FUSED_HYBRID_BF16_D64_PIPE_TC,
+        SPMM_HYBRID_BF16_D64_PIPE_TC,
         FUSED_HYBRID_BF16_D128_PIPE,
         SPMM_HYBRID_BF16_D128_PIPE,
+        FUSED_HYBRID_BF16_D128_PIPE_TC,
+        SPMM_HYBRID_BF16_D128_PIPE_TC,
     ],
 };
 
@@ -629,11 +637,23 @@ pub const FUSED_HYBRID_F16_D64_PIPE: &str = "fused_hybrid_f16_d64_pipe";
 /// Kernel `spmm_hybrid_f16_d64_pipe` of [`HYBRID`].
 pub const SPMM_HYBRID_F16_D64_PIPE: &str = "spmm_hybrid_f16_d64_pipe";
 
+/// Kernel `fused_hybrid_f16_d64_pipe_tc` of [`HYBRID`].
+pub const FUSED_HYBRID_F16_D64_PIPE_TC: &str = "fused_hybrid_f16_d64_pipe_tc";
+
+/// Kernel `spmm_hybrid_f16_d64_pipe_tc` of [`HYBRID`].
+pub const SPMM_HYBRID_F16_D64_PIPE_TC: &str = "spmm_hybrid_f16_d64_pipe_tc";
+
 /// Kernel `fused_hybrid_f16_d128_pipe` of [`HYBRID`].
 pub const FUSED_HYBRID_F16_D128_PIPE: &str = "fused_hybrid_f16_d128_pipe";
 
 /// Kernel `spmm_hybrid_f16_d128_pipe` of [`HYBRID`].
 pub const SPMM_HYBRID_F16_D128_PIPE: &str = "spmm_hybrid_f16_d128_pipe";
+
+/// Kernel `fused_hybrid_f16_d128_pipe_tc` of [`HYBRID`].
+pub const FUSED_HYBRID_F16_D128_PIPE_TC: &str = "fused_hybrid_f16_d128_pipe_tc";
+
+/// Kernel `spmm_hybrid_f16_d128_pipe_tc` of [`HYBRID`].
+pub const SPMM_HYBRID_F16_D128_PIPE_TC: &str = "spmm_hybrid_f16_d128_pipe_tc";
 
 /// Kernel `fused_hybrid_bf16_d64_pipe` of [`HYBRID`].
 pub const FUSED_HYBRID_BF16_D64_PIPE: &str = "fused_hybrid_bf16_d64_pipe";
@@ -641,11 +661,23 @@ pub const FUSED_HYBRID_BF16_D64_PIPE: &str = "fused_hybrid_bf16_d64_pipe";
 /// Kernel `spmm_hybrid_bf16_d64_pipe` of [`HYBRID`].
 pub const SPMM_HYBRID_BF16_D64_PIPE: &str = "spmm_hybrid_bf16_d64_pipe";
 
+/// Kernel `fused_hybrid_bf16_d64_pipe_tc` of [`HYBRID`].
+pub const FUSED_HYBRID_BF16_D64_PIPE_TC: &str = "fused_hybrid_bf16_d64_pipe_tc";
+
+/// Kernel `spmm_hybrid_bf16_d64_pipe_tc` of [`HYBRID`].
+pub const SPMM_HYBRID_BF16_D64_PIPE_TC: &str = "spmm_hybrid_bf16_d64_pipe_tc";
+
 /// Kernel `fused_hybrid_bf16_d128_pipe` of [`HYBRID`].
 pub const FUSED_HYBRID_BF16_D128_PIPE: &str = "fused_hybrid_bf16_d128_pipe";
 
 /// Kernel `spmm_hybrid_bf16_d128_pipe` of [`HYBRID`].
 pub const SPMM_HYBRID_BF16_D128_PIPE: &str = "spmm_hybrid_bf16_d128_pipe";
+
+/// Kernel `fused_hybrid_bf16_d128_pipe_tc` of [`HYBRID`].
+pub const FUSED_HYBRID_BF16_D128_PIPE_TC: &str = "fused_hybrid_bf16_d128_pipe_tc";
+
+/// Kernel `spmm_hybrid_bf16_d128_pipe_tc` of [`HYBRID`].
+pub const SPMM_HYBRID_BF16_D128_PIPE_TC: &str = "spmm_hybrid_bf16_d128_pipe_tc";
 
 /// The PTX module compiled from `cuda/layers.cu` (39 kernels).
 pub const LAYERS: PtxModule = PtxModule {

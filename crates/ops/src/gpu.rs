@@ -66,7 +66,14 @@ struct GpuInner {
 
 struct LoadedModule {
     module: Arc<CudaModule>,
-    functions: HashMap<String, CudaFunction>,
+    functions: HashMap<String, LoadedFunction>,
+}
+
+/// A looked-up kernel and the dynamic shared memory it has been allowed so far.
+struct LoadedFunction {
+    function: CudaFunction,
+    /// Bytes of the last opt-in ([`crate::launch::allow_dynamic_shared`]); 0 for none.
+    shared_allowed: usize,
 }
 
 /// Loads libcuda (when present), initialises the driver and counts devices.
@@ -315,16 +322,40 @@ impl Gpu {
         ptx: &str,
         kernel: &str,
     ) -> Result<CudaFunction> {
+        self.load_function_with_shared(module_name, ptx, kernel, 0, "looking up a kernel")
+    }
+
+    /// [`Gpu::load_function`], with the function allowed `shared_bytes` of dynamic shared
+    /// memory ([`crate::launch::allow_dynamic_shared`]: the opt-in past 48 KiB). The opt-in is
+    /// a driver call (~1 µs) and a property of the function, so it is made only when
+    /// `shared_bytes` exceeds every earlier request for this function: a launch path can call
+    /// this on every run without paying for it inside the timed launch. `what` names the
+    /// kernel in a driver error.
+    ///
+    /// Errors: as [`Gpu::load_function`]; [`Error::Driver`] where the driver refuses the size.
+    pub fn load_function_with_shared(
+        &self,
+        module_name: &'static str,
+        ptx: &str,
+        kernel: &str,
+        shared_bytes: usize,
+        what: &'static str,
+    ) -> Result<CudaFunction> {
         let mut modules = self
             .inner
             .modules
             .lock()
             // Entries are inserted whole, so a panic elsewhere cannot leave one half-built.
             .unwrap_or_else(PoisonError::into_inner);
-        if let Some(loaded) = modules.get(module_name) {
-            if let Some(function) = loaded.functions.get(kernel) {
-                return Ok(function.clone());
+        if let Some(loaded) = modules
+            .get_mut(module_name)
+            .and_then(|m| m.functions.get_mut(kernel))
+        {
+            if shared_bytes > loaded.shared_allowed {
+                crate::launch::allow_dynamic_shared(&loaded.function, shared_bytes, what)?;
+                loaded.shared_allowed = shared_bytes;
             }
+            return Ok(loaded.function.clone());
         }
         let loaded = match modules.entry(module_name) {
             std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
@@ -348,7 +379,14 @@ impl Gpu {
             CUresult::CUDA_ERROR_NOT_FOUND => not_found(),
             _ => map_driver_error("looking up a kernel", e),
         })?;
-        loaded.functions.insert(kernel.to_owned(), function.clone());
+        crate::launch::allow_dynamic_shared(&function, shared_bytes, what)?;
+        loaded.functions.insert(
+            kernel.to_owned(),
+            LoadedFunction {
+                function: function.clone(),
+                shared_allowed: shared_bytes,
+            },
+        );
         Ok(function)
     }
 

@@ -63,7 +63,9 @@ pub const DEFAULT_DYNAMIC_SHARED_BYTES: usize = 48 * 1024;
 /// Lets launches of `f` use `bytes` of dynamic shared memory: beyond
 /// [`DEFAULT_DYNAMIC_SHARED_BYTES`] a kernel must opt in
 /// (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`); below it this does nothing. `what` names
-/// the kernel in the error.
+/// the kernel in the error. Launch paths call it through [`crate::Gpu::load_function_with_shared`],
+/// which remembers the largest size set per function and skips the driver call after that (a
+/// smaller size set here directly would lower that limit under it).
 pub fn allow_dynamic_shared(
     f: &cudarc::driver::CudaFunction,
     bytes: usize,

@@ -54,8 +54,8 @@ use crate::dtype::{DType, DTypeKind};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::launch::{
-    allow_dynamic_shared, blocks_for, check_per_edge, check_same_gpu, kernel_named, launch, to_u32,
-    PushOptionalArg, MAX_GRID_YZ,
+    blocks_for, check_per_edge, check_same_gpu, kernel_named, launch, to_u32, PushOptionalArg,
+    MAX_GRID_YZ,
 };
 use crate::launch::{LaunchConfig, PushKernelArg};
 
@@ -367,14 +367,21 @@ pub fn spmm<T: DType>(
             format!("spmm_mebcrs_{}_t{ft}{unaligned}", suffix::<T>()),
         )?
     };
-    let f = gpu.load_function(MEBCRS_OPS.name, MEBCRS_OPS.ptx, name)?;
+    let smem = if pipe {
+        WARPS as usize * SPMM_PIPE_STAGES * spmm_pipe_stage_bytes(SPMM_PIPE_TILES)
+    } else {
+        0
+    };
+    let f = gpu.load_function_with_shared(
+        MEBCRS_OPS.name,
+        MEBCRS_OPS.ptx,
+        name,
+        smem,
+        "setting the SpMM kernel's shared memory",
+    )?;
     let grid_y = shape.heads.saturating_mul(slabs);
     let mut cfg = warp_grid(s.spmm_items.len(), grid_y, "heads x feature slabs (grid.y)")?;
-    if pipe {
-        let smem = WARPS as usize * SPMM_PIPE_STAGES * spmm_pipe_stage_bytes(SPMM_PIPE_TILES);
-        allow_dynamic_shared(&f, smem, "setting the SpMM kernel's shared memory")?;
-        cfg.shared_mem_bytes = smem as u32;
-    }
+    cfg.shared_mem_bytes = smem as u32;
 
     // Partial rows of split windows: n_partials x 8 rows x hd, grown on demand (zeroed once
     // at allocation; every element a launch reads is written by it first).
