@@ -452,6 +452,7 @@ __device__ __forceinline__ void hybrid_pipe(
     extern __shared__ uint4 hyb_pipe_smem[];
     unsigned char* smem0 = reinterpret_cast<unsigned char*>(hyb_pipe_smem);
     const u32 lane = lane_id(), warp = threadIdx.x >> 5;
+    // A compile-time false without CUDA-core warps: the hand-off code below folds away.
     const bool has_cd = HAS_CD && (blockDim.x >> 5) > tc_warps;
     const u64 hd = (u64)heads * D;
     // The mbarriers sit after the tensor-core warps' memory (counted by the host), not in
@@ -459,7 +460,7 @@ __device__ __forceinline__ void hybrid_pipe(
     // all-tensor-core kernel ran 1.4x slower with 48 static bytes).
     u64* hyb_free = reinterpret_cast<u64*>(smem0 + tc_warps * bsb_pipe_warp_bytes(D, SPMM));
     u64* hyb_full = hyb_free + HYB_PIPE_MAX_TC;
-    if (HAS_CD && has_cd) {
+    if (has_cd) {
         if (threadIdx.x < HYB_PIPE_MAX_TC) {
             hyb_mbar_init(hyb_free + threadIdx.x, 32u);
             hyb_mbar_init(hyb_full + threadIdx.x, 32u);
@@ -483,7 +484,7 @@ __device__ __forceinline__ void hybrid_pipe(
         float m[2], l[2], o[NT][4];
         bsb_pipe_tiles<T, D, SPMM>(smem, ua.y, ua.z, qrow, q, block_columns, bitmaps, k, v, hd,
                                    head_off, scale_log2, tc_weights, ub.w, m, l, o);
-        if constexpr (HAS_CD) if (has_cd && ub.x < ub.y) {
+        if (has_cd && ub.x < ub.y) {
             hyb_mbar_arrive(hyb_free + warp);  // stages free for the CUDA-core partial
             hyb_mbar_wait(hyb_full + warp);     // the partial is there
             const float* cp = reinterpret_cast<const float*>(smem);
