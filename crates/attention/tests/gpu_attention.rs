@@ -52,8 +52,9 @@ fn check_algs<T: DType>(
     head_dim: usize,
     rng: &mut Pcg64,
     amp: f64,
+    autotune: bool,
 ) {
-    let config = AttentionConfig::new(heads, head_dim, T::KIND);
+    let config = AttentionConfig::new(heads, head_dim, T::KIND).with_autotune(autotune);
     let sq = Shape::new(a.n_rows(), heads, head_dim).unwrap();
     let skv = Shape::new(a.n_cols(), heads, head_dim).unwrap();
     let q: Vec<T> = random_vec(rng, sq.len(), amp);
@@ -72,6 +73,11 @@ fn check_algs<T: DType>(
             continue;
         }
         let plan = AttentionPlan::new_gpu(gpu, a, config).unwrap();
+        if autotune && alg == Algorithm::Auto {
+            // The plan runs the candidate it reports as the fastest.
+            let head = format!("autotuned: {} (", plan.algorithm());
+            assert!(plan.choice().starts_with(&head), "{}", plan.choice());
+        }
         for run in 0..2 {
             out.fill_nan().unwrap();
             plan.forward(&dq, &dk, &dv, &mut out).unwrap();
@@ -98,7 +104,7 @@ fn check_algs<T: DType>(
 }
 
 fn check_all<T: DType>(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64) {
-    check_algs::<T>(gpu, a, &GPU_ALGORITHMS, heads, head_dim, rng, 1.0);
+    check_algs::<T>(gpu, a, &GPU_ALGORITHMS, heads, head_dim, rng, 1.0, false);
 }
 
 fn check_all_dtypes(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64) {
@@ -166,8 +172,8 @@ fn hub_row_and_extreme_scores() {
         .into_iter()
         .filter(|&a| a != Algorithm::UnfusedTensorCore)
         .collect();
-    check_algs::<f32>(&gpu, &b, &exact_f32, 2, 16, &mut rng, 2.5e3);
-    check_algs::<f16>(&gpu, &b, &GPU_ALGORITHMS, 2, 16, &mut rng, 30.0);
+    check_algs::<f32>(&gpu, &b, &exact_f32, 2, 16, &mut rng, 2.5e3, false);
+    check_algs::<f16>(&gpu, &b, &GPU_ALGORITHMS, 2, 16, &mut rng, 30.0, false);
     // All scores equal: Q = 0.
     let plan = AttentionPlan::new_gpu(
         &gpu,
@@ -186,6 +192,21 @@ fn hub_row_and_extreme_scores() {
     )
     .unwrap();
     assert!(rel_l2_error(&got, &want) <= 1e-5);
+}
+
+/// `Auto` with autotuning: the plan keeps (and runs) the candidate it reports as fastest, in
+/// every dtype, on the shared graphs' smallest and a mid-size one.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn autotune_runs_the_fastest_candidate() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("autotune");
+    for name in ["cora", "pubmed"] {
+        let a = shared_graph(name);
+        check_algs::<f32>(&gpu, &a, &[Algorithm::Auto], 2, 64, &mut rng, 1.0, true);
+        check_algs::<f16>(&gpu, &a, &[Algorithm::Auto], 1, 128, &mut rng, 1.0, true);
+        check_algs::<bf16>(&gpu, &a, &[Algorithm::Auto], 4, 24, &mut rng, 1.0, true);
+    }
 }
 
 #[test]
