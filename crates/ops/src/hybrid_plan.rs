@@ -30,7 +30,7 @@ use crate::buffer::DeviceMatrix;
 use crate::dtype::{DType, DTypeKind};
 use crate::error::Result;
 use crate::gpu::Gpu;
-use crate::hybrid_spmm::{slice_for, spmm_with, DeviceHybrid, WarpSplit};
+use crate::hybrid_spmm::{spmm_widths, spmm_with, DeviceHybrid, WarpSplit};
 use crate::shape::Shape;
 use crate::Error;
 
@@ -216,8 +216,9 @@ fn formats_error(e: spattn_formats::Error) -> Error {
 
 /// A hybrid SpMM `out[i, h, :] = Σ_j A[i, j] · V[j, h, :]` planned once for one matrix and
 /// shape: rows renumbered as a [`Reorder`] asks (zero-copy: V and out stay in the caller's
-/// order), the threshold and the warp split chosen by timing ([`choose_split`]) on scratch
-/// buffers of `heads × head_dim` features of `T`. Run it with [`HybridSpmm::run`].
+/// order), and, by timing on scratch buffers of `heads × head_dim` features of `T`, the
+/// feature width the kernel runs each row in (each of [`spmm_widths`]) and for it the
+/// threshold and the warp split ([`choose_split`]). Run it with [`HybridSpmm::run`].
 #[derive(Debug)]
 pub struct HybridSpmm {
     choice: SplitChoice,
@@ -225,15 +226,19 @@ pub struct HybridSpmm {
     dtype: DTypeKind,
     heads: usize,
     head_dim: usize,
+    width: usize,
+    widths_timed: usize,
 }
 
 impl HybridSpmm {
     /// Plans the hybrid SpMM of `a` (binary, or weighted by its values) for V of
     /// `a.n_cols() × heads × head_dim` and out of `a.n_rows() × heads × head_dim` of `T`.
     ///
-    /// Errors: [`Error::InvalidArgument`] for a head wider than the hybrid kernels take (see
-    /// [`slice_for`]), [`Error::UnsupportedComputeCapability`] below 8.0, allocation and launch
-    /// failures.
+    /// Every shape is taken: a row's `heads × head_dim` features run as pieces of a width one
+    /// warp holds (see [`spmm_widths`]).
+    ///
+    /// Errors: [`Error::InvalidArgument`] for zero heads or head_dim,
+    /// [`Error::UnsupportedComputeCapability`] below 8.0, allocation and launch failures.
     pub fn plan<T: DType>(
         gpu: &Gpu,
         a: &Csr,
@@ -241,33 +246,47 @@ impl HybridSpmm {
         head_dim: usize,
         reorder: Reorder,
     ) -> Result<Self> {
-        slice_for(head_dim, T::KIND).map_err(|why| Error::InvalidArgument {
-            what: "head_dim",
-            why,
-        })?;
-        gpu.require_compute_capability("hybrid kernels (mma.sync)", 8, 0)?;
-        let order = RowOrder::choose(a, reorder, 16).map_err(formats_error)?;
-        let blocks = HybridBlocks::from_csr_in_row_order(a, &order).map_err(formats_error)?;
         let v = DeviceMatrix::<T>::zeros(gpu, Shape::new(a.n_cols(), heads, head_dim)?)?;
         let mut out = DeviceMatrix::<T>::zeros(gpu, Shape::new(a.n_rows(), heads, head_dim)?)?;
-        let pipelined = DeviceHybrid::pipelined(T::KIND, head_dim);
-        let mut time = |d: &DeviceHybrid, w: WarpSplit| -> Result<f64> {
-            median_ms(gpu, || spmm_with(gpu, d, &v, w, &mut out))
+        gpu.require_compute_capability("hybrid kernels (mma.sync)", 8, 0)?;
+        let widths = spmm_widths(T::KIND, heads, head_dim);
+        let order = RowOrder::choose(a, reorder, 16).map_err(formats_error)?;
+        let blocks = HybridBlocks::from_csr_in_row_order(a, &order).map_err(formats_error)?;
+        let mut best: Option<(SplitChoice, usize)> = None;
+        for &width in &widths {
+            let pipelined = DeviceHybrid::pipelined(T::KIND, width);
+            let mut time = |d: &DeviceHybrid, w: WarpSplit| -> Result<f64> {
+                median_ms(gpu, || spmm_with(gpu, d, &v, w, width, &mut out))
+            };
+            let choice = choose_split(
+                gpu,
+                &blocks,
+                heads * head_dim / width,
+                a.nnz(),
+                Candidates::for_kernel(pipelined),
+                &mut time,
+            )?;
+            if best
+                .as_ref()
+                .is_none_or(|(b, _)| choice.chosen_ms < b.chosen_ms)
+            {
+                best = Some((choice, width));
+            }
+        }
+        let Some((choice, width)) = best else {
+            return Err(Error::InvalidArgument {
+                what: "hybrid SpMM shape",
+                why: format!("{heads} heads × {head_dim} features: no feature width"),
+            });
         };
-        let choice = choose_split(
-            gpu,
-            &blocks,
-            heads,
-            a.nnz(),
-            Candidates::for_kernel(pipelined),
-            &mut time,
-        )?;
         Ok(Self {
             choice,
             order,
             dtype: T::KIND,
             heads,
             head_dim,
+            width,
+            widths_timed: widths.len(),
         })
     }
 
@@ -292,7 +311,20 @@ impl HybridSpmm {
         let planned = Shape::new(self.choice.device.n_cols(), self.heads, self.head_dim)?;
         planned.expect_rows_like("V", v.shape(), self.choice.device.n_cols())?;
         planned.expect_rows_like("out", out.shape(), self.choice.device.n_rows())?;
-        spmm_with(gpu, &self.choice.device, v, self.choice.warps, out)
+        spmm_with(
+            gpu,
+            &self.choice.device,
+            v,
+            self.choice.warps,
+            self.width,
+            out,
+        )
+    }
+
+    /// The feature width the kernel runs each row's `heads × head_dim` features in (one of
+    /// [`spmm_widths`], the fastest measured).
+    pub fn width(&self) -> usize {
+        self.width
     }
 
     /// What the plan measured and chose.
@@ -307,9 +339,14 @@ impl HybridSpmm {
         let s = c.device.stats();
         let nnz = (s.tc_edges + s.cd_edges).max(1) as f64;
         format!(
-            "{}; hybrid threshold {:.4} ({} TC : {} CD warps), edges {:.1}% TC / {:.1}% CD; \
-             all-TC {:.4} ms, all-CD {:.4} ms, chosen {:.4} ms ({} timed)",
+            "{}; features as {} × {} ({} width{} timed); hybrid threshold {:.4} ({} TC : {} CD \
+             warps), edges {:.1}% TC / {:.1}% CD; all-TC {:.4} ms, all-CD {:.4} ms, chosen \
+             {:.4} ms ({} timed)",
             self.order.info(),
+            self.heads * self.head_dim / self.width,
+            self.width,
+            self.widths_timed,
+            if self.widths_timed == 1 { "" } else { "s" },
             c.threshold,
             c.warps.tc,
             c.warps.cd,

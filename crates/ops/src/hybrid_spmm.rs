@@ -42,6 +42,7 @@ use crate::launch::{
     check_same_gpu, kernel_named, launch, map_driver_error, to_u32, LaunchConfig, OnGpu,
     PushKernelArg, PushOptionalArg,
 };
+use crate::shape::Shape;
 
 /// Most warps per CTA (the kernels' launch bound is 256 threads).
 pub const MAX_WARPS: usize = 8;
@@ -86,6 +87,48 @@ pub fn slice_for(head_dim: usize, dtype: DTypeKind) -> std::result::Result<usize
                 slices(dtype).last().copied().unwrap_or(0)
             )
         })
+}
+
+/// The feature widths the hybrid SpMM can run `heads × head_dim` features of `dtype` in, best
+/// guess first.
+///
+/// A SpMM's weights are shared by every head (`out[i, h, :] = Σ_j A[i, j] · V[j, h, :]`), so
+/// each row's `F = heads × head_dim` features are independent columns, and the kernel may cut
+/// them into any `F / w` pieces of `w` features (each piece one kernel "head"). The
+/// candidates, in this order and without repeats: the pipelined kernel's widths (f16/bf16: 128
+/// and 64) or for f32 the general kernel's full slices (64, 32) that divide `F` (widest first:
+/// fewer index and bitmap reads per feature); the largest divisor of `F` that one warp's slice
+/// holds (1 divides every `F`, so no shape is refused: 200 f16 features run as 2 × 100); and
+/// `head_dim` itself when a slice holds it. Empty only for `F = 0`.
+///
+/// ```
+/// use spattn_ops::{hybrid_spmm::spmm_widths, DTypeKind};
+/// assert_eq!(spmm_widths(DTypeKind::F16, 8, 64), vec![128, 64]);
+/// assert_eq!(spmm_widths(DTypeKind::F16, 1, 256), vec![128, 64]);
+/// assert_eq!(spmm_widths(DTypeKind::F16, 2, 24), vec![48, 24]);
+/// assert_eq!(spmm_widths(DTypeKind::F32, 1, 128), vec![64, 32]);
+/// assert_eq!(spmm_widths(DTypeKind::F16, 1, 200), vec![100]);
+/// assert_eq!(spmm_widths(DTypeKind::F16, 3, 64), vec![64, 96]);
+/// ```
+pub fn spmm_widths(dtype: DTypeKind, heads: usize, head_dim: usize) -> Vec<usize> {
+    let f = heads.saturating_mul(head_dim);
+    if f == 0 {
+        return Vec::new();
+    }
+    let wide: &[usize] = match dtype {
+        DTypeKind::F32 => &[64, 32],
+        DTypeKind::F16 | DTypeKind::Bf16 => &[128, 64],
+    };
+    let mut out: Vec<usize> = wide.iter().copied().filter(|w| f % w == 0).collect();
+    let max = slices(dtype).last().copied().unwrap_or(32);
+    // 1 divides f: the search always finds one.
+    let largest = (1..=max.min(f)).rev().find(|w| f % w == 0).unwrap_or(1);
+    for w in [largest, head_dim] {
+        if !out.contains(&w) && slice_for(w, dtype).is_ok() {
+            out.push(w);
+        }
+    }
+    out
 }
 
 /// Warps per CTA and how many of them run tensor cores.
@@ -359,10 +402,20 @@ impl DeviceHybrid {
                 why: format!("{scale} is not finite in the kernel's log2 domain"),
             });
         }
-        self.run("fused", gpu, Some((q, k)), v, scale_log2, warps, out)
+        self.run(
+            "fused",
+            gpu,
+            Some((q, k)),
+            v,
+            scale_log2,
+            warps,
+            shape.head_dim,
+            out,
+        )
     }
 
-    /// The launch shared by attention (`qk` given) and SpMM.
+    /// The launch shared by attention (`qk` given; `width` = head_dim) and SpMM (the row's
+    /// `heads × head_dim` features cut into pieces of `width`, each a kernel head).
     #[allow(clippy::too_many_arguments)]
     fn run<T: DType>(
         &self,
@@ -372,9 +425,28 @@ impl DeviceHybrid {
         v: &DeviceMatrix<T>,
         scale_log2: f32,
         warps: WarpSplit,
+        width: usize,
         out: &mut DeviceMatrix<T>,
     ) -> Result<()> {
-        let shape = v.shape();
+        let row_len = v.shape().row_len();
+        if width == 0 || row_len % width != 0 || (qk.is_some() && width != v.shape().head_dim) {
+            return Err(Error::InvalidArgument {
+                what: "hybrid feature width",
+                why: format!(
+                    "{width} features per piece do not tile the {} × {} features of a row{}",
+                    v.shape().heads,
+                    v.shape().head_dim,
+                    if qk.is_some() {
+                        " head by head (attention)"
+                    } else {
+                        ""
+                    }
+                ),
+            });
+        }
+        // The kernel's view: `row_len / width` heads of `width` features (the caller's shape
+        // for attention).
+        let shape = Shape::new(v.shape().rows, row_len / width, width)?;
         check_same_gpu(gpu, "hybrid structure", self)?;
         check_same_gpu(gpu, "V", v)?;
         check_same_gpu(gpu, "out", out)?;
@@ -535,31 +607,80 @@ impl OnGpu for DeviceHybrid {
 
 /// Hybrid SpMM: `out[i, h, :] = Σ_j A[i, j] · V[j, h, :]` over the uploaded matrix (values, or
 /// 1 for a binary matrix), dense blocks on tensor cores and the remaining edges on CUDA cores
-/// in one kernel, with a default split of warps ([`DeviceHybrid::default_warps`]; see
-/// [`spmm_with`]). `v` is `n_cols × heads × head_dim`, `out` `n_rows × heads × head_dim`; every
-/// element of `out` is written.
+/// in one kernel, with the first of [`spmm_widths`] and a default split of warps for it
+/// ([`DeviceHybrid::default_warps`]; see [`spmm_with`]). `v` is `n_cols × heads × head_dim`,
+/// `out` `n_rows × heads × head_dim`; every element of `out` is written.
 ///
-/// Errors: as [`DeviceHybrid::attention`].
+/// Errors: as [`spmm_with`].
 pub fn spmm<T: DType>(
     gpu: &Gpu,
     a: &DeviceHybrid,
     v: &DeviceMatrix<T>,
     out: &mut DeviceMatrix<T>,
 ) -> Result<()> {
-    let warps = a.default_warps(DeviceHybrid::pipelined(T::KIND, v.shape().head_dim));
-    spmm_with(gpu, a, v, warps, out)
+    let shape = v.shape();
+    let Some(&width) = spmm_widths(T::KIND, shape.heads, shape.head_dim).first() else {
+        // No features: nothing to compute, but the shapes must still match.
+        shape.expect_rows_like("V", shape, a.n_cols)?;
+        return shape.expect_rows_like("out", out.shape(), a.n_rows);
+    };
+    let warps = a.default_warps(DeviceHybrid::pipelined(T::KIND, width));
+    spmm_with(gpu, a, v, warps, width, out)
 }
 
-/// [`spmm`] with an explicit split of warps per CTA.
+/// [`spmm`] with an explicit split of warps per CTA and feature width: the kernel runs each
+/// row's `heads × head_dim` features as pieces of `width` features (see [`spmm_widths`]; the
+/// pipelined kernel for f16/bf16 pieces of 64 or 128, which takes the warp splits of
+/// [`DeviceHybrid::check_warps`]).
+///
+/// Errors: [`Error::ShapeMismatch`] naming the operand; [`Error::InvalidArgument`] for a
+/// `width` that does not divide `heads × head_dim` or is wider than one warp's slice (see
+/// [`slice_for`]), or a warp split the kernel does not take; [`Error::WrongDevice`],
+/// [`Error::UnsupportedComputeCapability`] below 8.0, launch failures.
 pub fn spmm_with<T: DType>(
     gpu: &Gpu,
     a: &DeviceHybrid,
     v: &DeviceMatrix<T>,
     warps: WarpSplit,
+    width: usize,
     out: &mut DeviceMatrix<T>,
 ) -> Result<()> {
     let shape = v.shape();
     shape.expect_rows_like("V", shape, a.n_cols)?;
     shape.expect_rows_like("out", out.shape(), a.n_rows)?;
-    a.run("spmm", gpu, None, v, 0.0, warps, out)
+    if shape.row_len() == 0 {
+        return Ok(());
+    }
+    a.run("spmm", gpu, None, v, 0.0, warps, width, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_shape_has_widths_that_tile_its_features() {
+        for dtype in [DTypeKind::F32, DTypeKind::F16, DTypeKind::Bf16] {
+            let max = *slices(dtype).last().unwrap();
+            for heads in 1..=9 {
+                for head_dim in 1..=300 {
+                    let f = heads * head_dim;
+                    let w = spmm_widths(dtype, heads, head_dim);
+                    assert!(!w.is_empty(), "{dtype} {heads}x{head_dim}");
+                    for (i, &x) in w.iter().enumerate() {
+                        assert!(f % x == 0 && x <= max, "{dtype} {heads}x{head_dim}: {x}");
+                        assert!(!w[..i].contains(&x), "{dtype} {heads}x{head_dim}: repeat");
+                    }
+                    // The largest width a warp holds that divides f is always tried.
+                    let largest = (1..=max.min(f)).rev().find(|x| f % x == 0).unwrap();
+                    assert!(w.contains(&largest), "{dtype} {heads}x{head_dim}");
+                    // The pipelined widths come first when they divide f.
+                    if dtype != DTypeKind::F32 && f % 64 == 0 {
+                        assert!(DeviceHybrid::pipelined(dtype, w[0]));
+                    }
+                }
+            }
+        }
+        assert!(spmm_widths(DTypeKind::F16, 0, 64).is_empty());
+    }
 }

@@ -14,7 +14,7 @@ use half::{bf16, f16};
 use rand::Rng;
 use rand_pcg::Pcg64;
 use spattn_formats::{Csr, HybridBlocks, Reorder};
-use spattn_ops::hybrid_spmm::{spmm_with, WarpSplit};
+use spattn_ops::hybrid_spmm::{spmm_widths, spmm_with, WarpSplit};
 use spattn_ops::{
     csr_ops, tc_ops, DType, DTypeKind, DeviceCsr, DeviceHybrid, DeviceMatrix, DeviceMeBcrs,
     DeviceVec, Gpu, HybridSpmm, Shape,
@@ -73,12 +73,48 @@ fn assert_close<T: DType>(got: &[T], want: &[f64], what: &str) {
     );
 }
 
+/// Every feature width of [`spmm_widths`] with several thresholds and warp splits.
 fn check<T: DType>(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64) {
     let (dv, want, mut out) = inputs::<T>(gpu, a, heads, head_dim, rng);
     let blocks = HybridBlocks::from_csr(a).unwrap();
-    // The pipelined kernel (f16/bf16 at 64 or 128 features) takes 1..=3 tensor-core warps and
-    // at most one CUDA-core warp; the general kernel up to 8 warps.
-    let splits: &[(f64, usize, usize)] = if DeviceHybrid::pipelined(T::KIND, head_dim) {
+    let widths = spmm_widths(T::KIND, heads, head_dim);
+    assert!(!widths.is_empty(), "{heads} x {head_dim}: no width");
+    for width in widths {
+        check_width(
+            gpu,
+            a,
+            &blocks,
+            (heads, head_dim, width),
+            &dv,
+            &want,
+            &mut out,
+        );
+    }
+    // A width that does not tile the row's features is an error, not a launch.
+    let split = blocks.classify(0.0).unwrap();
+    let d = DeviceHybrid::upload(gpu, &blocks, &split, heads).unwrap();
+    let w = WarpSplit::new(2, 0).unwrap();
+    for bad in [0, heads * head_dim + 1] {
+        assert!(
+            spmm_with(gpu, &d, &dv, w, bad, &mut out).is_err(),
+            "width {bad}"
+        );
+    }
+}
+
+/// [`check`] at one feature width: the pipelined kernel (f16/bf16 pieces of 64 or 128
+/// features) takes 1..=3 tensor-core warps and at most one CUDA-core warp; the general kernel
+/// up to 8 warps.
+fn check_width<T: DType>(
+    gpu: &Gpu,
+    a: &Csr,
+    blocks: &HybridBlocks,
+    (heads, head_dim, width): (usize, usize, usize),
+    dv: &DeviceMatrix<T>,
+    want: &[f64],
+    out: &mut DeviceMatrix<T>,
+) {
+    let splits: &[(f64, usize, usize)] = if DeviceHybrid::pipelined(T::KIND, width) {
         &[
             (0.0, 2, 0),
             (0.0, 1, 1),
@@ -91,9 +127,10 @@ fn check<T: DType>(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut 
     };
     for &(threshold, tc, cd) in splits {
         let split = blocks.classify(threshold).unwrap();
-        let d = DeviceHybrid::upload(gpu, &blocks, &split, heads).unwrap();
+        let d = DeviceHybrid::upload(gpu, blocks, &split, heads * head_dim / width).unwrap();
         let what = format!(
-            "spmm-hybrid {} n={} nnz={} weighted={} heads={heads} d={head_dim} t={threshold} {tc}:{cd}",
+            "spmm-hybrid {} n={} nnz={} weighted={} heads={heads} d={head_dim} width={width} \
+             t={threshold} {tc}:{cd}",
             T::NAME,
             a.n_rows(),
             a.nnz(),
@@ -102,9 +139,9 @@ fn check<T: DType>(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut 
         let mut first: Option<Vec<T>> = None;
         for _ in 0..2 {
             out.fill_nan().unwrap();
-            spmm_with(gpu, &d, &dv, WarpSplit::new(tc, cd).unwrap(), &mut out).unwrap();
+            spmm_with(gpu, &d, dv, WarpSplit::new(tc, cd).unwrap(), width, out).unwrap();
             let got = out.to_host().unwrap();
-            assert_close(&got, &want, &what);
+            assert_close(&got, want, &what);
             match &first {
                 None => first = Some(got),
                 Some(f) => assert!(
@@ -158,9 +195,7 @@ fn check_all(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64)
         check_plan::<f16>(gpu, g, heads, head_dim, rng);
         check::<f16>(gpu, g, heads, head_dim, rng);
         check::<bf16>(gpu, g, heads, head_dim, rng);
-        if head_dim <= 64 {
-            check::<f32>(gpu, g, heads, head_dim, rng);
-        }
+        check::<f32>(gpu, g, heads, head_dim, rng);
     }
 }
 
@@ -174,7 +209,9 @@ fn graphs_and_shapes() {
         check_all(&gpu, &a, h, d, &mut rng);
     }
     let a = random_graph(&mut rng, 300, 6, 7);
-    for d in [1, 3, 8, 100, 128] {
+    // 2 × 100 and 2 × 131 features: pieces of 100 (f32: 50) and of 2 (262 has no other
+    // divisor a warp holds); 2 × 128: pieces of 128 or 64, a head wider than a warp for f32.
+    for d in [1, 3, 8, 100, 128, 131] {
         check_all(&gpu, &a, 2, d, &mut rng);
     }
     for n in [1, 7, 17, 33] {
@@ -187,6 +224,27 @@ fn graphs_and_shapes() {
     edges.extend((16..40).map(|r| (r, (r * 7) % 70)));
     let dense = Csr::from_edges(40, 70, &edges).unwrap();
     check_all(&gpu, &dense, 2, 64, &mut rng);
+}
+
+/// The pipelined kernels' splits and widths on one small graph (a dense window, sparse rows, a
+/// tail window), f16: small enough for compute-sanitizer racecheck, which runs out of host
+/// memory on [`graphs_and_shapes`].
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn pipelined_small() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("spmm pipelined_small");
+    let mut edges: Vec<(u32, u32)> = (0..16).flat_map(|r| (0..24).map(move |c| (r, c))).collect();
+    edges.extend((16..45).flat_map(|r| [(r, (r * 7) % 50), (r, (r * 3 + 1) % 50)]));
+    let a = Csr::from_edges(45, 50, &edges).unwrap();
+    let blocks = HybridBlocks::from_csr(&a).unwrap();
+    for (heads, d) in [(1, 64), (1, 128), (2, 64)] {
+        let (dv, want, mut out) = inputs::<f16>(&gpu, &a, heads, d, &mut rng);
+        for width in spmm_widths(DTypeKind::F16, heads, d) {
+            assert!(DeviceHybrid::pipelined(DTypeKind::F16, width));
+            check_width(&gpu, &a, &blocks, (heads, d, width), &dv, &want, &mut out);
+        }
+    }
 }
 
 /// Median of `runs` timed launches after warm-up, ms.
@@ -232,9 +290,9 @@ fn timings() {
         .collect();
     println!(
         "| graph | heads | D | spmm-csr ms | spmm-tc ms | hybrid ms | hybrid vs best pure | \
-         hybrid all-TC ms | threshold | TC:CD | CD edges |"
+         width | hybrid all-TC ms | threshold | TC:CD | CD edges |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|");
     for (name, a) in &graphs {
         let csr = DeviceCsr::upload(&gpu, a).unwrap();
         let me = DeviceMeBcrs::from_csr_reordered(&gpu, a, Reorder::Auto).unwrap();
@@ -258,9 +316,10 @@ fn timings() {
             let c = plan.choice();
             let s = c.device.stats();
             println!(
-                "| {name} | {heads} | {d} | {t_csr:.4} | {t_tc:.4} | {t_h:.4} | {:.2}x | {:.4} | \
-                 {:.4} | {}:{} | {:.1}% |",
+                "| {name} | {heads} | {d} | {t_csr:.4} | {t_tc:.4} | {t_h:.4} | {:.2}x | {} | \
+                 {:.4} | {:.4} | {}:{} | {:.1}% |",
                 t_csr.min(t_tc) / t_h,
+                plan.width(),
                 c.all_tc_ms,
                 c.threshold,
                 c.warps.tc,
