@@ -116,10 +116,10 @@ impl AttentionPlan {
     /// ∂L/∂K, ∂L/∂V into `dq`, `dk`, `dv` (every element) and returns ∂L/∂scale for the
     /// configured scale.
     ///
-    /// Works for every algorithm (all compute the same function; see [the module](self) for
-    /// how, and for the state the first call uploads). Exact to f32 arithmetic: the gradients
-    /// are rounded to `T` once, at the end. The returned scalar is downloaded, so the call
-    /// waits for the GPU.
+    /// Works for every algorithm (all compute the same function; see the `backward` module's
+    /// documentation for how, and for the state the first call uploads). Exact to f32
+    /// arithmetic: the gradients are rounded to `T` once, at the end. The returned scalar is
+    /// downloaded, so the call waits for the GPU.
     ///
     /// Errors: [`Error::WrongDevice`] on a CPU plan (use [`backward_host`](Self::backward_host)),
     /// [`Error::DTypeMismatch`], [`Error::ShapeMismatch`] naming the operand (`"Q"`, `"K"`,

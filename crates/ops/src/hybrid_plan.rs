@@ -196,7 +196,7 @@ pub fn choose_split(
     })
 }
 
-/// Median of [`RUNS`] timed calls of `f` after one warm-up, ms.
+/// Median of 3 timed calls of `f` after one warm-up, ms.
 pub fn median_ms(gpu: &Gpu, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     f()?;
     let mut t = Vec::with_capacity(RUNS);

@@ -189,7 +189,8 @@ pub fn edge_row_sum<F: Real>(a: &Csr, values: &[F], heads: usize, out: &mut [F])
 /// The exact gradients of [`attention`] at `inputs` and `scale`, given the forward's output
 /// `out` and the gradient `d_out` of the loss with respect to it (both `a.n_rows() × heads ×
 /// head_dim_v`, [`AttentionInputs::out_shape`]), computed in `F`:
-/// `D_i = ⟨dOut_i, Out_i⟩` per head, then the formulas of [the module](self).
+/// `D_i = ⟨dOut_i, Out_i⟩` per head, then the formulas of the `cpu::backward` module's
+/// documentation.
 ///
 /// Rows without edges contribute nothing (their dQ row is zero); so do columns no row attends
 /// to (their dK and dV rows are zero).
