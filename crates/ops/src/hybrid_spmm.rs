@@ -605,10 +605,40 @@ impl OnGpu for DeviceHybrid {
     }
 }
 
+/// Items (work units × pieces) below which [`default_width`] prefers 64-feature pieces to
+/// 128-feature ones, per SM. Measured on an H200 (docs/results/spmm-width-h200-7faae69, 16-row
+/// windows × pieces of 128): `HybridSpmm` timed 64 faster on every case up to ~2,700 items
+/// and on pubmed at 8 × 64 (~4,900), 128 faster on flickr at one head (~5,600) and above, with
+/// both orders between (R-MAT 16 at one head, ~4,100: 128; ppi at 8 × 64, ~3,700: either) and
+/// one exception above (R-MAT 16 at 8 × 128, ~33,000: 64 by 3%). 40 per SM (5,280 on 132 SMs)
+/// sits at the change.
+pub const WIDE_ITEMS_PER_SM: usize = 40;
+
+/// The width [`spmm`] runs without a plan: the first of `widths` (see [`spmm_widths`]), except
+/// that 64 replaces 128 when both are there and `units × F / 128` items would be fewer than
+/// [`WIDE_ITEMS_PER_SM`] per SM (`f` = heads × head_dim; more, narrower items fill a small
+/// graph's GPU). `None` for no widths.
+///
+/// ```
+/// use spattn_ops::hybrid_spmm::default_width;
+/// assert_eq!(default_width(&[128, 64], 128, 170, 132), Some(64));
+/// assert_eq!(default_width(&[128, 64], 128, 10_600, 132), Some(128));
+/// assert_eq!(default_width(&[100], 200, 10, 132), Some(100));
+/// ```
+pub fn default_width(widths: &[usize], f: usize, units: usize, sm_count: usize) -> Option<usize> {
+    let first = *widths.first()?;
+    let items = units.saturating_mul(f / first.max(1));
+    if first == 128 && widths.contains(&64) && items < WIDE_ITEMS_PER_SM * sm_count.max(1) {
+        return Some(64);
+    }
+    Some(first)
+}
+
 /// Hybrid SpMM: `out[i, h, :] = Σ_j A[i, j] · V[j, h, :]` over the uploaded matrix (values, or
 /// 1 for a binary matrix), dense blocks on tensor cores and the remaining edges on CUDA cores
-/// in one kernel, with the first of [`spmm_widths`] and a default split of warps for it
-/// ([`DeviceHybrid::default_warps`]; see [`spmm_with`]). `v` is `n_cols × heads × head_dim`,
+/// in one kernel, with the width of [`default_width`] and a default split of warps for it
+/// ([`DeviceHybrid::default_warps`]; see [`spmm_with`]; [`crate::HybridSpmm`] times the
+/// widths instead). `v` is `n_cols × heads × head_dim`,
 /// `out` `n_rows × heads × head_dim`; every element of `out` is written.
 ///
 /// Errors: as [`spmm_with`].
@@ -619,7 +649,10 @@ pub fn spmm<T: DType>(
     out: &mut DeviceMatrix<T>,
 ) -> Result<()> {
     let shape = v.shape();
-    let Some(&width) = spmm_widths(T::KIND, shape.heads, shape.head_dim).first() else {
+    let widths = spmm_widths(T::KIND, shape.heads, shape.head_dim);
+    let f = shape.row_len();
+    let sms = gpu.sm_count() as usize;
+    let Some(width) = default_width(&widths, f, a.n_units, sms) else {
         // No features: nothing to compute, but the shapes must still match.
         shape.expect_rows_like("V", shape, a.n_cols)?;
         return shape.expect_rows_like("out", out.shape(), a.n_rows);

@@ -14,7 +14,7 @@ use half::{bf16, f16};
 use rand::Rng;
 use rand_pcg::Pcg64;
 use spattn_formats::{Csr, HybridBlocks, Reorder};
-use spattn_ops::hybrid_spmm::{spmm_widths, spmm_with, WarpSplit};
+use spattn_ops::hybrid_spmm::{spmm, spmm_widths, spmm_with, WarpSplit};
 use spattn_ops::{
     csr_ops, tc_ops, DType, DTypeKind, DeviceCsr, DeviceHybrid, DeviceMatrix, DeviceMeBcrs,
     DeviceVec, Gpu, HybridSpmm, Shape,
@@ -89,6 +89,15 @@ fn check<T: DType>(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut 
             &want,
             &mut out,
         );
+    }
+    // `spmm` picks its own width and warps (default_width, default_warps).
+    for threshold in [0.0, 0.05] {
+        let split = blocks.classify(threshold).unwrap();
+        let d = DeviceHybrid::upload(gpu, &blocks, &split, heads).unwrap();
+        out.fill_nan().unwrap();
+        spmm(gpu, &d, &dv, &mut out).unwrap();
+        let what = format!("spmm-hybrid default {} heads={heads} d={head_dim}", T::NAME);
+        assert_close(&out.to_host().unwrap(), &want, &what);
     }
     // A width that does not tile the row's features is an error, not a launch.
     let split = blocks.classify(0.0).unwrap();
