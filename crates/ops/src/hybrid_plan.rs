@@ -227,7 +227,6 @@ pub struct HybridSpmm {
     heads: usize,
     head_dim: usize,
     width: usize,
-    widths_timed: usize,
 }
 
 impl HybridSpmm {
@@ -286,7 +285,6 @@ impl HybridSpmm {
             heads,
             head_dim,
             width,
-            widths_timed: widths.len(),
         })
     }
 
@@ -338,6 +336,7 @@ impl HybridSpmm {
         let c = &self.choice;
         let s = c.device.stats();
         let nnz = (s.tc_edges + s.cd_edges).max(1) as f64;
+        let widths_timed = spmm_widths(self.dtype, self.heads, self.head_dim).len();
         format!(
             "{}; features as {} × {} ({} width{} timed); hybrid threshold {:.4} ({} TC : {} CD \
              warps), edges {:.1}% TC / {:.1}% CD; all-TC {:.4} ms, all-CD {:.4} ms, chosen \
@@ -345,8 +344,8 @@ impl HybridSpmm {
             self.order.info(),
             self.heads * self.head_dim / self.width,
             self.width,
-            self.widths_timed,
-            if self.widths_timed == 1 { "" } else { "s" },
+            widths_timed,
+            if widths_timed == 1 { "" } else { "s" },
             c.threshold,
             c.warps.tc,
             c.warps.cd,

@@ -90,24 +90,23 @@ fn check<T: DType>(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut 
             &mut out,
         );
     }
-    // `spmm` picks its own width and warps (default_width, default_warps).
     for threshold in [0.0, 0.05] {
         let split = blocks.classify(threshold).unwrap();
         let d = DeviceHybrid::upload(gpu, &blocks, &split, heads).unwrap();
+        // `spmm` picks its own width and warps (default_width, default_warps).
         out.fill_nan().unwrap();
         spmm(gpu, &d, &dv, &mut out).unwrap();
         let what = format!("spmm-hybrid default {} heads={heads} d={head_dim}", T::NAME);
         assert_close(&out.to_host().unwrap(), &want, &what);
-    }
-    // A width that does not tile the row's features is an error, not a launch.
-    let split = blocks.classify(0.0).unwrap();
-    let d = DeviceHybrid::upload(gpu, &blocks, &split, heads).unwrap();
-    let w = WarpSplit::new(2, 0).unwrap();
-    for bad in [0, heads * head_dim + 1] {
-        assert!(
-            spmm_with(gpu, &d, &dv, w, bad, &mut out).is_err(),
-            "width {bad}"
-        );
+        // A width that does not tile the row's features is an error, not a launch (the width
+        // is checked before the warps; these suit the general kernel).
+        let w = d.default_warps(false);
+        for bad in [0, heads * head_dim + 1] {
+            assert!(
+                spmm_with(gpu, &d, &dv, w, bad, &mut out).is_err(),
+                "width {bad}"
+            );
+        }
     }
 }
 
