@@ -114,16 +114,19 @@ pub struct AttentionConfig {
     /// For [`Algorithm::Hybrid`]: a fixed threshold and warp split instead of the plan-time
     /// calibration (`None`, the default, calibrates).
     pub hybrid: Option<HybridParams>,
-    /// For the tensor-core algorithms, which tile rows into windows (16 rows for `fused-tc` and
-    /// `hybrid`, 8 for `unfused-tc`): how the plan renumbers the rows internally
-    /// ([`Reorder::Auto`] by default, chosen per window height). Invisible to the caller:
-    /// inputs and outputs keep the graph's node order.
+    /// How the plan renumbers the rows internally ([`Reorder::Auto`] by default). For the
+    /// tensor-core algorithms, which tile rows into windows (16 rows for `fused-tc` and
+    /// `hybrid`, 8 for `unfused-tc`), `Auto` is chosen per window height; for `fused-csr` it is
+    /// the order its units run in, and `Auto` takes the locality order only where it makes the
+    /// rows in flight share many more columns (large graphs stored in a scattered order, such
+    /// as ogbn-arxiv). Invisible to the caller: inputs and outputs keep the graph's node order.
     pub reorder: Reorder,
 }
 
 /// How a plan renumbers the graph's rows before tiling them into windows (fused-tc, hybrid and
 /// unfused-tc), so that a window's rows share more columns and the kernels gather fewer K/V
-/// rows; invisible to the caller. Defined in the formats crate, which also chooses the order
+/// rows, or before running them (fused-csr), so that the rows in flight share columns in L2;
+/// invisible to the caller. Defined in the formats crate, which also chooses the order
 /// ([`spattn_formats::RowOrder`]).
 pub use spattn_formats::Reorder;
 
@@ -173,7 +176,8 @@ impl AttentionConfig {
         self.hybrid = Some(params);
         self
     }
-    /// Sets how the plan renumbers rows internally (`fused-tc`, `hybrid`, `unfused-tc`).
+    /// Sets how the plan renumbers rows internally (`fused-csr`, `fused-tc`, `hybrid`,
+    /// `unfused-tc`).
     pub fn with_reorder(mut self, reorder: Reorder) -> Self {
         self.reorder = reorder;
         self

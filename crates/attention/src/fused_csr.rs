@@ -1,14 +1,21 @@
 //! `FusedCsr`: one CUDA-core kernel per forward over CSR with an online softmax
 //! (kernel: `crates/kernels-sys/cuda/fused_csr.cu`).
 //!
-//! Rows walk the same units as the CSR SpMM ([`spattn_ops::CsrSchedule`]): hub rows are cut
-//! into chunks, each chunk leaves an exact (max, sum, f32 accumulator) partial per head, and a
+//! Rows are cut into the same units as the CSR SpMM's ([`RowUnits`] of [`UNIT_CHUNK`] edges):
+//! hub rows are cut into chunks, each chunk leaves an exact (max, sum, f32 accumulator) partial per head, and a
 //! merge kernel combines them. There is no per-row buffer, so no degree limit.
+//!
+//! The units run in a row order of the plan's choosing ([`csr_order`]): they are cut from the
+//! mask with its rows renumbered (columns untouched) and name the caller's rows, so the rows in
+//! flight at one time are graph neighbours whose K/V gathers hit L2, and the kernel reads Q and
+//! writes the output in the caller's order. Invisible to the caller.
 
+use spattn_formats::{Csr, Reorder, RowOrder};
 use spattn_kernels_sys::FUSED_CSR;
+use spattn_ops::csr_ops::UNIT_CHUNK;
 use spattn_ops::launch::{blocks_for, kernel_named, launch, to_u32, LaunchConfig, PushKernelArg};
-use spattn_ops::schedule::{group_for, vector_width};
-use spattn_ops::{DType, DeviceCsr, DeviceMatrix, DeviceVec, Gpu};
+use spattn_ops::schedule::{group_for, vector_width, RowUnits};
+use spattn_ops::{DType, DeviceMatrix, DeviceVec, Gpu};
 
 use crate::error::{Error, Result};
 use crate::Algorithm;
@@ -61,10 +68,107 @@ pub(crate) fn layout(head_dim: usize, elem_bytes: usize) -> Result<Layout> {
     })
 }
 
-/// Device workspace of the fused kernel for one plan: the partials of split rows.
+/// Rows in flight at one time, roughly: 132 SMs × 32 resident groups of one (row, head). The
+/// order's worth is counted over spans of this many rows: the distinct columns (K/V rows) a
+/// span touches are what L2 must hold while its units run.
+pub(crate) const FLIGHT_ROWS: usize = 4096;
+
+/// [`Reorder::Auto`] runs the units in the locality order only when its spans of
+/// [`FLIGHT_ROWS`] rows touch at least this many times fewer distinct columns than the graph's
+/// order. Fitted on the H200 (docs/perf-notes.md, fused-csr's row order): the locality order
+/// was 1.06–1.25× faster on ogbn-arxiv (1.73× fewer), up to 1.14× on R-MAT 16/18 (1.47×) and
+/// facebook-page-page (1.37×), mixed at 1.14–1.28× (deezer-RO, pubmed, lastfm-asia, ppi:
+/// 0.95–1.08×) and 4–13% slower at ≤ 1.05× (cora, citeseer, PROTEINS_full, flickr).
+pub(crate) const AUTO_MIN_FLIGHT_SAVING: f64 = 1.3;
+
+/// Rows per window for the orders asked for by name (the window packing's height; the others
+/// only report their count with it).
+const NAMED_WINDOW_ROWS: usize = 16;
+
+/// The row order the fused CSR kernel runs `a`'s units in, for the plan's `reorder`: `Auto`
+/// takes the locality order (reverse Cuthill–McKee after peeling hubs; square graphs only)
+/// when it saves [`AUTO_MIN_FLIGHT_SAVING`]× the distinct columns per [`FLIGHT_ROWS`] rows, else
+/// keeps the graph's order; the others as [`RowOrder::choose`] applies them.
+pub(crate) fn csr_order(a: &Csr, reorder: Reorder) -> Result<RowOrder> {
+    if reorder != Reorder::Auto {
+        return Ok(RowOrder::choose(a, reorder, NAMED_WINDOW_ROWS)?);
+    }
+    let locality = RowOrder::choose(a, Reorder::Locality, FLIGHT_ROWS)?;
+    let saving = locality.gathers_natural as f64 / locality.gathers.max(1) as f64;
+    if locality.permutation.is_some() && saving >= AUTO_MIN_FLIGHT_SAVING {
+        Ok(locality)
+    } else {
+        Ok(RowOrder::choose(a, Reorder::None, FLIGHT_ROWS)?)
+    }
+}
+
+/// The report line of `order`: the order and its distinct columns per window against the
+/// graph's own order.
+fn order_info(order: &RowOrder) -> String {
+    format!(
+        "units in {} row order ({} distinct columns per {}-row span, {:.2}x fewer than the \
+         graph's order)",
+        order.used,
+        order.gathers,
+        order.window_rows,
+        order.gathers_natural as f64 / order.gathers.max(1) as f64
+    )
+}
+
+/// The work units of the fused kernel on device, in the plan's row order: the column indices of
+/// the row-renumbered mask, and [`RowUnits`] over it whose rows (and split rows) name the
+/// caller's rows, so that the kernel reads Q and writes the output in the caller's order with
+/// no lookup of its own.
+#[derive(Debug)]
+struct Units {
+    col_indices: DeviceVec<u32>,
+    rows: DeviceVec<u32>,
+    starts: DeviceVec<u32>,
+    parts: DeviceVec<u32>,
+    split_rows: DeviceVec<u32>,
+    part_first: DeviceVec<u32>,
+    n_parts: usize,
+}
+
+impl Units {
+    /// Cuts the rows of `graph`, taken in `order`, into units of at most [`UNIT_CHUNK`] edges.
+    fn upload(gpu: &Gpu, graph: &Csr, order: &RowOrder) -> Result<Self> {
+        let (mask, units) = match &order.permutation {
+            Some(p) => {
+                let mask = p.permute_csr_rows(graph)?;
+                let mut units = RowUnits::new(&mask, UNIT_CHUNK);
+                // Mask row r is the caller's row old_of_new[r] (a permutation of the rows, so
+                // every index is in range).
+                let old = p.old_of_new();
+                for r in units.rows.iter_mut().chain(units.split_rows.iter_mut()) {
+                    *r = old[*r as usize];
+                }
+                (Some(mask), units)
+            }
+            None => (None, RowUnits::new(graph, UNIT_CHUNK)),
+        };
+        let cols = mask.as_ref().unwrap_or(graph).col_indices();
+        let n_parts = units.part_first.last().copied().unwrap_or(0) as usize;
+        Ok(Self {
+            col_indices: DeviceVec::from_host(gpu, cols)?,
+            rows: DeviceVec::from_host(gpu, &units.rows)?,
+            starts: DeviceVec::from_host(gpu, &units.starts)?,
+            parts: DeviceVec::from_host(gpu, &units.parts)?,
+            split_rows: DeviceVec::from_host(gpu, &units.split_rows)?,
+            part_first: DeviceVec::from_host(gpu, &units.part_first)?,
+            n_parts,
+        })
+    }
+}
+
+/// The fused kernel's state for one plan: its work units (in the plan's row order) and the
+/// workspace for the partials of split rows.
 #[derive(Debug)]
 pub(crate) struct FusedCsr {
     layout: Layout,
+    units: Units,
+    /// The order's report line.
+    order_info: String,
     /// (max, sum) per partial and head.
     part_ml: DeviceVec<f32>,
     /// Accumulator per partial, head and feature.
@@ -72,29 +176,38 @@ pub(crate) struct FusedCsr {
 }
 
 impl FusedCsr {
-    /// Sizes the workspace for `a` and `heads × head_dim` of `T`.
+    /// Uploads `graph`'s units in the row order `reorder` asks for ([`csr_order`]) and sizes
+    /// the workspace for `heads × head_dim` of `T`.
     pub(crate) fn new<T: DType>(
         gpu: &Gpu,
-        a: &DeviceCsr,
+        graph: &Csr,
         heads: usize,
         head_dim: usize,
+        reorder: Reorder,
     ) -> Result<Self> {
         let layout = layout(head_dim, std::mem::size_of::<T>())?;
-        let parts = a.schedule().n_parts() * heads;
+        let order = csr_order(graph, reorder)?;
+        let units = Units::upload(gpu, graph, &order)?;
+        let parts = units.n_parts * heads;
         Ok(Self {
             layout,
+            units,
+            order_info: order_info(&order),
             part_ml: DeviceVec::zeros(gpu, parts * 2)?,
             part_acc: DeviceVec::zeros(gpu, parts * head_dim)?,
         })
     }
 
+    /// One line for the plan's report: the row order the units run in.
+    pub(crate) fn info(&self) -> &str {
+        &self.order_info
+    }
+
     /// `out = softmax(scale · Q Kᵀ ⊙ A) · V` in one kernel (plus a merge for split rows).
     /// Shapes are checked by the plan.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn forward<T: DType>(
         &mut self,
         gpu: &Gpu,
-        a: &DeviceCsr,
         q: &DeviceMatrix<T>,
         k: &DeviceMatrix<T>,
         v: &DeviceMatrix<T>,
@@ -102,25 +215,25 @@ impl FusedCsr {
         out: &mut DeviceMatrix<T>,
     ) -> Result<()> {
         let shape = q.shape();
-        let s = a.schedule();
+        let u = &self.units;
         let Layout { vec, group, nv } = self.layout;
         let name = kernel_named(&FUSED_CSR, format!("fused_csr_{}_v{vec}_n{nv}", T::NAME))?;
         let f = gpu.load_function(FUSED_CSR.name, FUSED_CSR.ptx, name)?;
-        let n_units = to_u32("units", s.n_units())?;
+        let n_units = to_u32("units", u.rows.len())?;
         let heads = to_u32("heads", shape.heads)?;
         let head_dim = to_u32("head_dim", shape.head_dim)?;
-        let groups = s.n_units() * shape.heads;
+        let groups = u.rows.len() * shape.heads;
         let cfg = LaunchConfig {
             grid_dim: (blocks_for(groups, THREADS / group)?, 1, 1),
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut args = gpu.launch_builder(&f);
-        args.arg(s.unit_rows().slice())
-            .arg(s.unit_starts().slice())
-            .arg(s.unit_parts().slice())
+        args.arg(u.rows.slice())
+            .arg(u.starts.slice())
+            .arg(u.parts.slice())
             .arg(&n_units)
-            .arg(a.col_indices().slice())
+            .arg(u.col_indices.slice())
             .arg(q.slice())
             .arg(k.slice())
             .arg(v.slice())
@@ -131,14 +244,15 @@ impl FusedCsr {
             .arg(out.slice_mut())
             .arg(self.part_ml.slice_mut())
             .arg(self.part_acc.slice_mut());
-        // SAFETY: unit arrays hold n_units (+1) entries and their edge ranges lie in [0, nnz);
-        // Q rows are unit rows < n_rows, K/V rows are column indices < n_cols, each
-        // heads*head_dim long (shapes checked by the plan); lanes touch features < head_dim
-        // only (vec divides head_dim); out rows < n_rows; partial slots < n_parts, and
+        // SAFETY: unit arrays hold n_units (+1) entries and their edge ranges lie in [0, nnz)
+        // of col_indices (RowUnits of the row-renumbered mask, nnz entries); unit rows are
+        // caller rows < n_rows (mapped through a permutation of the rows), K/V rows are column
+        // indices < n_cols, each heads*head_dim long (shapes checked by the plan); lanes touch
+        // features < head_dim only (vec divides head_dim); partial slots < n_parts, and
         // part_ml / part_acc hold n_parts*heads*2 / n_parts*heads*head_dim f32.
         unsafe { launch(name, &mut args, cfg) }?;
 
-        let n_split = s.split_rows().len();
+        let n_split = u.split_rows.len();
         if n_split > 0 {
             let merge = kernel_named(&FUSED_CSR, format!("fused_csr_merge_{}", T::NAME))?;
             let f = gpu.load_function(FUSED_CSR.name, FUSED_CSR.ptx, merge)?;
@@ -149,8 +263,8 @@ impl FusedCsr {
                 shared_mem_bytes: 0,
             };
             let mut args = gpu.launch_builder(&f);
-            args.arg(s.split_rows().slice())
-                .arg(s.part_first().slice())
+            args.arg(u.split_rows.slice())
+                .arg(u.part_first.slice())
                 .arg(&n_split_u)
                 .arg(&heads)
                 .arg(&head_dim)
@@ -158,8 +272,8 @@ impl FusedCsr {
                 .arg(self.part_acc.slice())
                 .arg(out.slice_mut());
             // SAFETY: reads split_rows[0..n_split), part_first[0..=n_split] (partials
-            // < n_parts, within part_ml / part_acc as above), writes rows split_rows[s] < n_rows
-            // of out.
+            // < n_parts, within part_ml / part_acc as above), writes caller rows
+            // split_rows[s] < n_rows of out.
             unsafe { launch(merge, &mut args, cfg) }?;
         }
         Ok(())
@@ -169,6 +283,44 @@ impl FusedCsr {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use spattn_formats::Permutation;
+
+    /// A ring of `n` nodes where each links to its `k` nearest on both sides (with self loops):
+    /// a graph whose own order is already a locality order.
+    fn banded(n: usize, k: usize) -> Csr {
+        let mut edges = Vec::new();
+        for r in 0..n {
+            for d in 0..=2 * k {
+                edges.push((r as u32, ((r + n + d - k) % n) as u32));
+            }
+        }
+        Csr::from_edges(n, n, &edges).unwrap()
+    }
+
+    #[test]
+    fn auto_order_renumbers_only_a_scrambled_graph() {
+        let n = 4 * FLIGHT_ROWS;
+        let band = banded(n, 3);
+        let kept = csr_order(&band, Reorder::Auto).unwrap();
+        assert_eq!(kept.used, Reorder::None);
+        assert!(kept.permutation.is_none());
+        // The same graph with its nodes scrambled: each span of rows touches columns all over.
+        let scramble: Vec<u32> = (0..n as u32).map(|i| (i * 7919) % n as u32).collect();
+        let p = Permutation::try_new(scramble).unwrap();
+        let scrambled = p.permute_csr(&band).unwrap();
+        let o = csr_order(&scrambled, Reorder::Auto).unwrap();
+        assert_eq!(o.used, Reorder::Locality);
+        assert!(o.gathers_natural as f64 >= AUTO_MIN_FLIGHT_SAVING * o.gathers as f64);
+        assert!(order_info(&o).starts_with("units in locality row order"));
+        // Named orders are applied as asked, rectangular graphs keep their order under Auto.
+        let d = csr_order(&scrambled, Reorder::Degree).unwrap();
+        assert_eq!(
+            (d.used, d.window_rows),
+            (Reorder::Degree, NAMED_WINDOW_ROWS)
+        );
+        let rect = Csr::from_edges(3, 5, &[(0, 4), (2, 1)]).unwrap();
+        assert_eq!(csr_order(&rect, Reorder::Auto).unwrap().used, Reorder::None);
+    }
 
     #[test]
     fn layouts_cover_the_head() {

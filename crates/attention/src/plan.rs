@@ -79,10 +79,8 @@ enum GpuState {
         mebcrs: Box<DeviceMeBcrs>,
         scores: DeviceVec<f32>,
     },
-    FusedCsr {
-        csr: Box<DeviceCsr>,
-        fused: FusedCsr,
-    },
+    /// The fused CSR kernel's mask (rows in its order) and workspace.
+    FusedCsr(Box<FusedCsr>),
     FusedTensorCore(Box<FusedTensorCore>),
     /// The hybrid tile structure (degree-ordered, split at the calibrated threshold).
     Hybrid(Box<Hybrid>),
@@ -103,6 +101,9 @@ impl AttentionPlan {
             choice = format!("{choice}; {}", h.info());
         }
         if let GpuState::FusedTensorCore(f) = &state {
+            choice = format!("{choice}; {}", f.info());
+        }
+        if let GpuState::FusedCsr(f) = &state {
             choice = format!("{choice}; {}", f.info());
         }
         if let GpuState::UnfusedTensorCore { mebcrs, .. } = &state {
@@ -271,7 +272,7 @@ impl AttentionPlan {
                 tc_ops::edge_softmax_in_place(&g.gpu, mebcrs, scores, self.config.heads, None)?;
                 tc_ops::spmm(&g.gpu, mebcrs, scores, v, out)?;
             }
-            GpuState::FusedCsr { csr, fused } => fused.forward(&g.gpu, csr, q, k, v, scale, out)?,
+            GpuState::FusedCsr(f) => f.forward(&g.gpu, q, k, v, scale, out)?,
             GpuState::FusedTensorCore(f) => f.forward(&g.gpu, q, k, v, scale, out)?,
             GpuState::Hybrid(h) => h.forward(&g.gpu, q, k, v, scale, out)?,
         }
@@ -446,18 +447,11 @@ impl GpuState {
     fn new(gpu: &Gpu, graph: &Csr, config: &AttentionConfig, alg: Algorithm) -> Result<Self> {
         let (h, d, r) = (config.heads, config.head_dim, config.reorder);
         Ok(match alg {
-            Algorithm::FusedCsr => {
-                let csr = DeviceCsr::upload(gpu, graph)?;
-                let fused = match config.dtype {
-                    DTypeKind::F32 => FusedCsr::new::<f32>(gpu, &csr, h, d)?,
-                    DTypeKind::F16 => FusedCsr::new::<half::f16>(gpu, &csr, h, d)?,
-                    DTypeKind::Bf16 => FusedCsr::new::<half::bf16>(gpu, &csr, h, d)?,
-                };
-                GpuState::FusedCsr {
-                    csr: Box::new(csr),
-                    fused,
-                }
-            }
+            Algorithm::FusedCsr => GpuState::FusedCsr(Box::new(match config.dtype {
+                DTypeKind::F32 => FusedCsr::new::<f32>(gpu, graph, h, d, r)?,
+                DTypeKind::F16 => FusedCsr::new::<half::f16>(gpu, graph, h, d, r)?,
+                DTypeKind::Bf16 => FusedCsr::new::<half::bf16>(gpu, graph, h, d, r)?,
+            })),
             Algorithm::FusedTensorCore => GpuState::FusedTensorCore(Box::new(match config.dtype {
                 DTypeKind::F32 => FusedTensorCore::from_csr::<f32>(gpu, graph, h, d, r)?,
                 DTypeKind::F16 => FusedTensorCore::from_csr::<half::f16>(gpu, graph, h, d, r)?,

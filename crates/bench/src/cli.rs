@@ -109,6 +109,12 @@ pub struct RunArgs {
     #[arg(long = "no-check")]
     pub no_check: bool,
 
+    /// How the attention plans renumber rows internally: auto, none, degree, locality or
+    /// cluster (AttentionConfig::with_reorder; inputs and outputs keep the graph's order).
+    #[arg(long = "reorder", value_name = "ORDER", default_value = "auto",
+          value_parser = parse_reorder)]
+    pub reorder: spattn_formats::Reorder,
+
     /// Folder of the graphs named by --graph (and of cora); else $SPATTN_DATA_DIR, the
     /// repository's folders, and last the cora built into the binary.
     #[arg(long = "data-dir", value_name = "DIR")]
@@ -121,6 +127,10 @@ pub struct RunArgs {
     /// Seed of the R-MAT generator.
     #[arg(long = "rmat-seed", value_name = "N", default_value_t = 1)]
     pub rmat_seed: u64,
+}
+
+fn parse_reorder(s: &str) -> Result<spattn_formats::Reorder, String> {
+    s.parse().map_err(|e: spattn_formats::Error| e.to_string())
 }
 
 /// Options of `spattn-bench report`.

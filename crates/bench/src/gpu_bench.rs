@@ -127,6 +127,8 @@ pub struct GpuConfig<'a, T: DType> {
     k: DeviceMatrix<T>,
     v: DeviceMatrix<T>,
     check: bool,
+    /// The row order the attention plans are asked for.
+    reorder: spattn_formats::Reorder,
     host_f64: Option<[Vec<f64>; 3]>,
     attention_ref: Option<Vec<f64>>,
     sddmm_ref: Option<Vec<f64>>,
@@ -170,6 +172,7 @@ impl<'a, T: DType> GpuConfig<'a, T> {
             k,
             v,
             check,
+            reorder: spattn_formats::Reorder::Auto,
             host_f64: None,
             attention_ref: None,
             sddmm_ref: None,
@@ -182,6 +185,12 @@ impl<'a, T: DType> GpuConfig<'a, T> {
             tc_probs: None,
             backward_ref: None,
         })
+    }
+
+    /// Sets the row order the attention plans are asked for (`--reorder`; `Auto` by default).
+    pub fn with_reorder(mut self, reorder: spattn_formats::Reorder) -> Self {
+        self.reorder = reorder;
+        self
     }
 
     fn ensure_tc_graph(&mut self) -> Result<()> {
@@ -425,7 +434,8 @@ pub fn prepare<'a, T: DType>(case: &Case, cfg: &'a mut GpuConfig<'_, T>) -> Resu
             let s = cfg.host.shape_q;
             let config = AttentionConfig::new(s.heads, s.head_dim, T::KIND)
                 .with_algorithm(algorithm)
-                .with_scale(cfg.host.scale);
+                .with_scale(cfg.host.scale)
+                .with_reorder(cfg.reorder);
             if !AttentionPlan::supports(cfg.gpu, algorithm, &config) {
                 return Ok(Prepared::Unsupported(format!(
                     "AttentionPlan does not support {algorithm} for H={} D={} {} on this GPU in this build",
@@ -444,8 +454,9 @@ pub fn prepare<'a, T: DType>(case: &Case, cfg: &'a mut GpuConfig<'_, T>) -> Resu
         }
         Runner::TrainStep(_) => {
             let s = cfg.host.shape_q;
-            let config =
-                AttentionConfig::new(s.heads, s.head_dim, T::KIND).with_scale(cfg.host.scale);
+            let config = AttentionConfig::new(s.heads, s.head_dim, T::KIND)
+                .with_scale(cfg.host.scale)
+                .with_reorder(cfg.reorder);
             if check {
                 cfg.ensure_backward_ref()?;
             }
@@ -903,7 +914,8 @@ pub fn run_config<T: DType>(
     cases: &[&Case],
     done: &mut dyn FnMut(&Case, Measured),
 ) -> Result<()> {
-    let mut cfg = GpuConfig::new(run.gpu, run.csr, run.dev, host, run.settings.check)?;
+    let mut cfg = GpuConfig::new(run.gpu, run.csr, run.dev, host, run.settings.check)?
+        .with_reorder(run.settings.reorder);
     for case in cases {
         let measured = match prepare(case, &mut cfg) {
             Ok(Prepared::Ready(mut launch)) => {

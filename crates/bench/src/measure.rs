@@ -27,4 +27,6 @@ pub struct RunSettings {
     pub reps: u32,
     /// Whether to check against the f64 reference.
     pub check: bool,
+    /// The row order attention plans are asked for (`--reorder`).
+    pub reorder: spattn_formats::Reorder,
 }

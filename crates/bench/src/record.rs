@@ -83,6 +83,14 @@ pub struct Settings {
     pub check: bool,
     /// Whether graphs were symmetrized with self loops.
     pub symmetrize: bool,
+    /// The row order the attention plans were asked for (`--reorder`; runs recorded before
+    /// the option existed used `auto`).
+    #[serde(default = "default_reorder")]
+    pub reorder: String,
+}
+
+fn default_reorder() -> String {
+    spattn_formats::Reorder::Auto.name().to_string()
 }
 
 /// A graph and its statistics.

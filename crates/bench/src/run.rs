@@ -181,6 +181,7 @@ pub fn run(args: &RunArgs, argv: &[String]) -> Result<Outcome> {
         warmup: args.warmup,
         reps: args.reps,
         check: !args.no_check,
+        reorder: args.reorder,
     };
     outln!(
         "cases: {}; {} warm-up runs, median of {} {}; {}",
@@ -516,6 +517,7 @@ fn empty_record(args: &RunArgs, argv: &[String], date: String, device: DeviceRec
             rmat_seed: args.rmat_seed,
             check: !args.no_check,
             symmetrize: !args.no_symmetrize,
+            reorder: args.reorder.name().to_string(),
         },
         device,
         graphs: Vec::new(),

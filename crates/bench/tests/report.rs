@@ -101,6 +101,7 @@ fn run() -> RunRecord {
             rmat_seed: 1,
             check: true,
             symmetrize: true,
+            reorder: "auto".into(),
         },
         graphs: vec![graph("cora", 13264), graph("rmat-16", 2_000_000)],
         cases: vec![
