@@ -2,7 +2,7 @@
 //! (kernel: `crates/kernels-sys/cuda/fused_csr.cu`).
 //!
 //! Rows are cut into the same units as the CSR SpMM's ([`RowUnits`] of [`UNIT_CHUNK`] edges):
-//! hub rows are cut into chunks, each chunk leaves an exact (max, sum, f32 accumulator) partial per head, and a
+//! each unit of a hub row leaves an exact (max, sum, f32 accumulator) partial per head, and a
 //! merge kernel combines them. There is no per-row buffer, so no degree limit.
 //!
 //! The units run in a row order of the plan's choosing ([`csr_order`]): they are cut from the
@@ -71,7 +71,7 @@ pub(crate) fn layout(head_dim: usize, elem_bytes: usize) -> Result<Layout> {
 /// Rows in flight at one time, roughly: 132 SMs × 32 resident groups of one (row, head). The
 /// order's worth is counted over spans of this many rows: the distinct columns (K/V rows) a
 /// span touches are what L2 must hold while its units run.
-pub(crate) const FLIGHT_ROWS: usize = 4096;
+const FLIGHT_ROWS: usize = 4096;
 
 /// [`Reorder::Auto`] runs the units in the locality order only when its spans of
 /// [`FLIGHT_ROWS`] rows touch at least this many times fewer distinct columns than the graph's
@@ -79,7 +79,7 @@ pub(crate) const FLIGHT_ROWS: usize = 4096;
 /// was 1.06–1.25× faster on ogbn-arxiv (1.73× fewer), up to 1.14× on R-MAT 16/18 (1.47×) and
 /// facebook-page-page (1.37×), mixed at 1.14–1.28× (deezer-RO, pubmed, lastfm-asia, ppi:
 /// 0.95–1.08×) and 4–13% slower at ≤ 1.05× (cora, citeseer, PROTEINS_full, flickr).
-pub(crate) const AUTO_MIN_FLIGHT_SAVING: f64 = 1.3;
+const AUTO_MIN_FLIGHT_SAVING: f64 = 1.3;
 
 /// Rows per window for the orders asked for by name (the window packing's height; the others
 /// only report their count with it).
@@ -94,12 +94,21 @@ pub(crate) fn csr_order(a: &Csr, reorder: Reorder) -> Result<RowOrder> {
         return Ok(RowOrder::choose(a, reorder, NAMED_WINDOW_ROWS)?);
     }
     let locality = RowOrder::choose(a, Reorder::Locality, FLIGHT_ROWS)?;
-    let saving = locality.gathers_natural as f64 / locality.gathers.max(1) as f64;
-    if locality.permutation.is_some() && saving >= AUTO_MIN_FLIGHT_SAVING {
-        Ok(locality)
-    } else {
-        Ok(RowOrder::choose(a, Reorder::None, FLIGHT_ROWS)?)
+    if locality.permutation.is_some() && saving(&locality) >= AUTO_MIN_FLIGHT_SAVING {
+        return Ok(locality);
     }
+    // The graph's own order, with the count the locality order was measured against.
+    Ok(RowOrder {
+        permutation: None,
+        used: Reorder::None,
+        gathers: locality.gathers_natural,
+        ..locality
+    })
+}
+
+/// How many times fewer distinct columns per window `order` touches than the graph's order.
+fn saving(order: &RowOrder) -> f64 {
+    order.gathers_natural as f64 / order.gathers.max(1) as f64
 }
 
 /// The report line of `order`: the order and its distinct columns per window against the
@@ -111,7 +120,7 @@ fn order_info(order: &RowOrder) -> String {
         order.used,
         order.gathers,
         order.window_rows,
-        order.gathers_natural as f64 / order.gathers.max(1) as f64
+        saving(order)
     )
 }
 

@@ -207,9 +207,9 @@ fn hub_row_and_extreme_scores() {
     assert!(rel_l2_error(&got, &want) <= 1e-5);
 }
 
-/// fused-csr runs its units in a row order of its own (the mask uploaded with renumbered rows,
-/// Q read and the output written through the row ids, split rows merged into caller rows):
-/// every order, on a graph with a hub row split across units, empty rows, and cora.
+/// fused-csr runs its units in a row order of its own (units cut from the row-renumbered mask,
+/// naming the caller's rows for Q, the output and the merge of split rows): every order, on a
+/// graph with a hub row split across units, empty rows, and cora.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn fused_csr_row_orders() {
