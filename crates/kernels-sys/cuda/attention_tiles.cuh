@@ -855,6 +855,29 @@ __device__ __forceinline__ void csr_edges_sum(const u32* __restrict__ col_indice
     }
 }
 
+// One lane's V vector of one edge as csr_edges_online holds it until the accumulate: the stored
+// bits for f16/bf16 (half the registers of floats; the loop's occupancy is register-bound) and
+// floats for f32 (same registers either way; the float form schedules better on small graphs).
+template <class T, int VEC> struct HeldV {
+    typename RawOf<sizeof(T) * VEC>::type raw;
+    __device__ __forceinline__ void load(const T* __restrict__ p) {
+        raw = __ldg(reinterpret_cast<const typename RawOf<sizeof(T) * VEC>::type*>(p));
+    }
+    __device__ __forceinline__ void zero() { raw = typename RawOf<sizeof(T) * VEC>::type(); }
+    __device__ __forceinline__ float at(int i) const {
+        return to_f32(reinterpret_cast<const T*>(&raw)[i]);
+    }
+};
+template <int VEC> struct HeldV<float, VEC> {
+    float x[VEC];
+    __device__ __forceinline__ void load(const float* __restrict__ p) { load_vec<float, VEC>(p, x); }
+    __device__ __forceinline__ void zero() {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) x[i] = 0.0f;
+    }
+    __device__ __forceinline__ float at(int i) const { return x[i]; }
+};
+
 // Attention: one group of g lanes (shuffle mask `mask`) walks edges start .. end of col_indices
 // with an online softmax, DF-GNN style: per tile of 4 edges, 4 K and 4 V vectors in flight per
 // lane, 4 group reductions interleaved, one rescale. Lane features: NV vectors of VEC at
@@ -878,21 +901,22 @@ __device__ __forceinline__ void csr_edges_online(const u32* __restrict__ col_ind
         u32 c[4];
 #pragma unroll
         for (int t = 0; t < 4; ++t) c[t] = __ldg(col_indices + e + t);
-        float s[4], x[4][NV][VEC];
+        float s[4];
+        HeldV<T, VEC> x[4][NV];
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
             s[t] = 0.0f;
 #pragma unroll
             for (int j = 0; j < NV; ++j) {
                 if (on[j]) {
+                    const u64 off = (u64)c[t] * hd + head_off + feat[j];
                     float kv[VEC];
-                    load_vec<T, VEC>(k + (u64)c[t] * hd + head_off + feat[j], kv);
-                    load_vec<T, VEC>(v + (u64)c[t] * hd + head_off + feat[j], x[t][j]);
+                    load_vec<T, VEC>(k + off, kv);
+                    x[t][j].load(v + off);
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) s[t] = fmaf(qv[j][i], kv[i], s[t]);
                 } else {
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) x[t][j][i] = 0.0f;
+                    x[t][j].zero();
                 }
             }
         }
@@ -914,7 +938,7 @@ __device__ __forceinline__ void csr_edges_online(const u32* __restrict__ col_ind
             for (int i = 0; i < VEC; ++i) {
                 float a = acc[j][i] * corr;
 #pragma unroll
-                for (int t = 0; t < 4; ++t) a = fmaf(p[t], x[t][j][i], a);
+                for (int t = 0; t < 4; ++t) a = fmaf(p[t], x[t][j].at(i), a);
                 acc[j][i] = a;
             }
     }
