@@ -120,12 +120,11 @@ __device__ __forceinline__ float attention_backward_row(const Team& t, u32 start
 
 #define SPATTN_FOR_EACH_SHORT_ROW(BODY)                                                        \
     const GroupTeam team = group_team(g);                                                      \
-    const u64 group = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / g;                        \
-    const u64 groups = ((u64)gridDim.x * blockDim.x) / g;                                      \
+    const u64 group = grid_group(g), groups = grid_groups(g);                                  \
     const u64 total = (u64)n_rows * heads;                                                     \
     for (u64 rh = group; rh < total; rh += groups) {                                           \
-        const u64 row = rh / heads;                                                            \
-        const u32 h = (u32)(rh - row * heads);                                                 \
+        u32 h;                                                                                 \
+        const u64 row = split_index(rh, heads, total, h);                                      \
         const u32 start = row_offsets[row], end = row_offsets[row + 1];                        \
         if (end - start >= long_threshold) continue; /* uniform across the group */            \
         BODY                                                                                   \
@@ -208,8 +207,7 @@ __device__ __forceinline__ void row_dot(u32 rows, u32 heads, u32 head_dim,
                                         float* __restrict__ out) {
     const u32 mask = group_mask(g);
     const u32 lane = lane_id() & (g - 1u);
-    const u64 group = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / g;
-    const u64 groups = ((u64)gridDim.x * blockDim.x) / g;
+    const u64 group = grid_group(g), groups = grid_groups(g);
     const u64 total = (u64)rows * heads;
     for (u64 rh = group; rh < total; rh += groups) {
         const u64 base = rh * head_dim;
@@ -236,8 +234,9 @@ extern "C" __global__ void transpose_edge_values_csr_f32(const u32* __restrict__
     const u64 total = (u64)nnz * heads;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (u64)gridDim.x * blockDim.x) {
-        const u64 e = i / heads;
-        dst[(u64)a_to_t[e] * heads + (i - e * heads)] = src[i];
+        u32 h;
+        const u64 e = split_index(i, heads, total, h);
+        dst[(u64)a_to_t[e] * heads + h] = src[i];
     }
 }
 

@@ -24,8 +24,7 @@ __device__ __forceinline__ void sddmm_csr(const u32* __restrict__ row_indices,
     const u32 mask = group_mask(g);
     const u32 lane = lane_id() & (g - 1u);
     const u64 hd = (u64)heads * head_dim;
-    const u64 group = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / g;
-    const u64 groups = ((u64)gridDim.x * blockDim.x) / g;
+    const u64 group = grid_group(g), groups = grid_groups(g);
     for (u64 e = group; e < nnz; e += groups) {
         const T* qr = q + (u64)row_indices[e] * hd;
         const T* kr = k + (u64)col_indices[e] * hd;
@@ -56,8 +55,8 @@ __device__ __forceinline__ void sddmm_gat_csr(const u32* __restrict__ row_indice
     const u64 total = (u64)nnz * heads;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (u64)gridDim.x * blockDim.x) {
-        const u64 e = i / heads;
-        const u32 h = (u32)(i - e * heads);
+        u32 h;
+        const u64 e = split_index(i, heads, total, h);
         scores[i] = to_f32(a_dst[(u64)row_indices[e] * heads + h]) +
                     to_f32(a_src[(u64)col_indices[e] * heads + h]);
     }
@@ -88,8 +87,7 @@ __device__ __forceinline__ void spmm_csr(const u32* __restrict__ unit_rows,
     const u64 col = ((u64)blockIdx.y * g + lane) * VEC;  // first feature of this lane
     const bool active = col < hd;
     const u32 head = active ? (u32)(col / head_dim) : 0u;
-    const u64 group = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / g;
-    const u64 groups = ((u64)gridDim.x * blockDim.x) / g;
+    const u64 group = grid_group(g), groups = grid_groups(g);
     for (u64 u = group; u < n_units; u += groups) {
         float acc[VEC];
 #pragma unroll
@@ -142,8 +140,9 @@ __device__ __forceinline__ void spmm_csr_finalize(const u32* __restrict__ split_
     const u64 total = (u64)n_split * hd;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (u64)gridDim.x * blockDim.x) {
-        const u64 s = i / hd;
-        out[(u64)split_rows[s] * hd + (i - s * hd)] = from_f32<T>(scratch[i]);
+        u32 f;
+        const u64 s = split_index(i, hd, total, f);
+        out[(u64)split_rows[s] * hd + f] = from_f32<T>(scratch[i]);
     }
 }
 
@@ -159,12 +158,11 @@ extern "C" __global__ void edge_softmax_csr_rows(const u32* __restrict__ row_off
                                                  float* out) {
     const u32 mask = group_mask(g);
     const u32 lane = lane_id() & (g - 1u);
-    const u64 group = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / g;
-    const u64 groups = ((u64)gridDim.x * blockDim.x) / g;
+    const u64 group = grid_group(g), groups = grid_groups(g);
     const u64 total = (u64)n_rows * heads;
     for (u64 rh = group; rh < total; rh += groups) {
-        const u64 row = rh / heads;
-        const u32 h = (u32)(rh - row * heads);
+        u32 h;
+        const u64 row = split_index(rh, heads, total, h);
         const u32 start = row_offsets[row], end = row_offsets[row + 1];
         if (end - start >= long_threshold) continue;  // uniform across the group
         float m = SPATTN_NEG_INF;

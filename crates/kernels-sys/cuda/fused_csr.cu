@@ -27,26 +27,11 @@ __device__ __forceinline__ void fused_csr(const u32* __restrict__ unit_rows,
     const u32 mask = group_mask(g);
     const u32 lane = lane_id() & (g - 1u);
     const u64 hd = (u64)heads * head_dim;
-    // g is a power of two: shifts, not 64-bit divisions (which cost ~70 instructions a group and
-    // registers the edge loop needs).
-    const u32 lg = (u32)(__ffs(g) - 1);
-    const u64 group = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> lg;
-    const u64 groups = ((u64)gridDim.x * blockDim.x) >> lg;
+    const u64 group = grid_group(g), groups = grid_groups(g);
     const u64 total = (u64)n_units * heads;
     for (u64 uh = group; uh < total; uh += groups) {
-        u64 u;
         u32 h;
-        if (heads == 1u) {
-            u = uh;
-            h = 0u;
-        } else if (total <= 0xffffffffull) {
-            const u32 a = (u32)uh, b = a / heads;
-            u = b;
-            h = a - b * heads;
-        } else {
-            u = uh / heads;
-            h = (u32)(uh - u * heads);
-        }
+        const u64 u = split_index(uh, heads, total, h);
         const u32 row = unit_rows[u];
         const u32 start = unit_starts[u], end = unit_starts[u + 1];
         const u64 head_off = (u64)h * head_dim;
@@ -117,7 +102,8 @@ __device__ __forceinline__ void fused_csr_merge(const u32* __restrict__ split_ro
          i += (u64)gridDim.x * blockDim.x) {
         const u64 s = i / hd;
         const u64 rem = i - s * hd;
-        const u32 h = (u32)(rem / head_dim), d = (u32)(rem - (u64)h * head_dim);
+        u32 d;
+        const u32 h = (u32)split_index(rem, head_dim, hd, d);
         float m = SPATTN_NEG_INF, l = 0.0f, a = 0.0f;
         for (u32 p = part_first[s]; p < part_first[s + 1]; ++p) {
             const u64 slot = (u64)p * heads + h;

@@ -716,8 +716,8 @@ extern "C" __global__ void csr_to_slots_mebcrs(const u32* __restrict__ edge_to_s
     const u64 total = (u64)nnz * heads;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (u64)gridDim.x * blockDim.x) {
-        const u64 e = i / heads;
-        const u64 h = i - e * heads;
+        u32 h;
+        const u64 e = split_index(i, heads, total, h);
         out[h * n_slots + edge_to_slot[e]] = in[i];
     }
 }
@@ -729,8 +729,8 @@ extern "C" __global__ void slots_to_csr_mebcrs(const u32* __restrict__ edge_to_s
     const u64 total = (u64)nnz * heads;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (u64)gridDim.x * blockDim.x) {
-        const u64 e = i / heads;
-        const u64 h = i - e * heads;
+        u32 h;
+        const u64 e = split_index(i, heads, total, h);
         out[i] = in[h * n_slots + edge_to_slot[e]];
     }
 }
