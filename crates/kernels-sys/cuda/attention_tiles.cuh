@@ -856,8 +856,9 @@ __device__ __forceinline__ void csr_edges_sum(const u32* __restrict__ col_indice
 }
 
 // One lane's V vector of one edge as csr_edges_online holds it until the accumulate: the stored
-// bits for f16/bf16 (half the registers of floats; the loop's occupancy is register-bound) and
-// floats for f32 (same registers either way; the float form schedules better on small graphs).
+// bits for f16/bf16 (half the registers of floats for VEC >= 2; the loop's occupancy is
+// register-bound) and floats for f32 (same registers either way; the float form schedules
+// better on small graphs).
 template <class T, int VEC> struct HeldV {
     typename RawOf<sizeof(T) * VEC>::type raw;
     __device__ __forceinline__ void load(const T* __restrict__ p) {
