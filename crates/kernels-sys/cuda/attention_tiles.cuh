@@ -860,11 +860,12 @@ __device__ __forceinline__ void csr_edges_sum(const u32* __restrict__ col_indice
 // register-bound) and floats for f32 (same registers either way; the float form schedules
 // better on small graphs).
 template <class T, int VEC> struct HeldV {
-    typename RawOf<sizeof(T) * VEC>::type raw;
+    typedef typename RawOf<sizeof(T) * VEC>::type Raw;
+    Raw raw;
     __device__ __forceinline__ void load(const T* __restrict__ p) {
-        raw = __ldg(reinterpret_cast<const typename RawOf<sizeof(T) * VEC>::type*>(p));
+        raw = __ldg(reinterpret_cast<const Raw*>(p));
     }
-    __device__ __forceinline__ void zero() { raw = typename RawOf<sizeof(T) * VEC>::type(); }
+    __device__ __forceinline__ void zero() { raw = Raw(); }
     __device__ __forceinline__ float at(int i) const {
         return to_f32(reinterpret_cast<const T*>(&raw)[i]);
     }

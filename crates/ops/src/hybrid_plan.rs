@@ -177,12 +177,13 @@ pub fn choose_split(
     // a CUDA-core warp (only their ratio and scale against the unit bound matter).
     let block_cost = (t_tc / blocks.n_blocks().max(1) as f64).max(f64::MIN_POSITIVE);
     let edge_cost = (t_cd / nnz.max(1) as f64).max(f64::MIN_POSITIVE);
-    let pure = t_tc.min(t_cd);
     let mut best = if t_tc <= t_cd {
         (t_tc, 0.0, warps.all_tc, d_tc)
     } else {
         (t_cd, 2.0, warps.all_cd, d_cd)
     };
+    // The faster pure run, which a mixed candidate must beat by the margin.
+    let pure = best.0;
     let mut candidates = 2;
     for threshold in candidate_thresholds(blocks, nnz) {
         let split = blocks.classify(threshold).map_err(formats_error)?;
