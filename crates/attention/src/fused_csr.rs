@@ -33,6 +33,9 @@ pub(crate) struct Layout {
     pub group: u32,
     /// Vectors per lane (1, 2 or 4).
     pub nv: u32,
+    /// Subgroups the group's lanes form, each walking its share of a unit's edges (1: the
+    /// whole group walks every edge).
+    pub split: u32,
 }
 
 /// The lane layout for `head_dim` features of `elem_bytes`, or why the kernel cannot hold the
@@ -65,7 +68,55 @@ pub(crate) fn layout(head_dim: usize, elem_bytes: usize) -> Result<Layout> {
         vec,
         group,
         nv: nv as u32,
+        split: 1,
     })
+}
+
+/// Most subgroups a group is split into ([`split_layout`]).
+const MAX_SPLIT: u32 = 4;
+
+/// The split lane layout for `head_dim` features of `elem_bytes`, where there is one: the
+/// widest vectors that still give a group of 32 lanes as up to [`MAX_SPLIT`] subgroups, each
+/// subgroup walking its share of a unit's edges (a shuffle level or two fewer per edge, wider
+/// loads), the subgroups' partials merged at the unit's end. `None` where a subgroup would need
+/// all 32 lanes (f32 from head_dim 128, f16 from 256): the plain layout is that one.
+pub(crate) fn split_layout(head_dim: usize, elem_bytes: usize) -> Option<Layout> {
+    let widest = vector_width(head_dim, elem_bytes);
+    let want = (32 / MAX_SPLIT) as usize;
+    let vec = [widest, widest / 2, widest / 4]
+        .into_iter()
+        .filter(|&v| v >= 1 && head_dim % v as usize == 0)
+        .find(|&v| head_dim / v as usize >= want)
+        .unwrap_or(widest);
+    let vectors = head_dim.div_ceil(vec as usize);
+    let sub = group_for(vectors as u64, 1);
+    let split = MAX_SPLIT.min(32 / sub);
+    // A subgroup of fewer than 32 lanes holds every vector once (vectors <= sub): one per lane.
+    (split > 1 && vectors <= sub as usize).then_some(Layout {
+        vec,
+        group: sub * split,
+        nv: 1,
+        split,
+    })
+}
+
+/// Mean degree from which f16/bf16 plans split their groups ([`split_layout`]) whatever the
+/// launch's size.
+const SPLIT_MIN_MEAN_DEGREE: f64 = 8.0;
+/// (unit, head) pairs per SM up to which f16/bf16 plans split their groups at any degree.
+const SPLIT_MAX_GROUPS_PER_SM: usize = 256;
+
+/// Whether a plan of `groups` (unit, head) pairs on a graph of `mean_degree`, `elem_bytes` per
+/// feature, runs the split layout. Fitted on the H200 (docs/perf-notes.md, "fused-csr: split
+/// groups"): f32 (head_dim 64) was as fast or faster on every graph; f16 gained where rows are
+/// long (mean degree >= 8: 1.01-1.48x) or the launch is a few waves whose longest rows set its
+/// time (cora, citeseer, pubmed at one head: 1.03-1.60x), and lost on many short rows
+/// (PROTEINS_full, pubmed and deezer-RO at 8 heads: 0.70-0.97x), where each subgroup gets one
+/// or two edges and the merge is overhead.
+fn wants_split(elem_bytes: usize, mean_degree: f64, groups: usize, sm_count: u32) -> bool {
+    elem_bytes >= 4
+        || mean_degree >= SPLIT_MIN_MEAN_DEGREE
+        || groups <= SPLIT_MAX_GROUPS_PER_SM * sm_count as usize
 }
 
 /// Rows in flight at one time, roughly: 132 SMs × 32 resident groups of one (row, head). The
@@ -104,6 +155,22 @@ pub(crate) fn csr_order(a: &Csr, reorder: Reorder) -> Result<RowOrder> {
         gathers: locality.gathers_natural,
         ..locality
     })
+}
+
+/// The report line of a lane layout.
+fn layout_info(l: &Layout) -> String {
+    if l.split > 1 {
+        format!(
+            "{}-lane groups split into {} subgroups of {} lanes ({} features a load) walking \
+             shares of each unit's edges",
+            l.group,
+            l.split,
+            l.group / l.split,
+            l.vec
+        )
+    } else {
+        format!("{}-lane groups ({} features a load)", l.group, l.vec)
+    }
 }
 
 /// How many times fewer distinct columns per window `order` touches than the graph's order.
@@ -194,14 +261,20 @@ impl FusedCsr {
         head_dim: usize,
         reorder: Reorder,
     ) -> Result<Self> {
-        let layout = layout(head_dim, std::mem::size_of::<T>())?;
+        let bytes = std::mem::size_of::<T>();
+        let plain = layout(head_dim, bytes)?;
         let order = csr_order(graph, reorder)?;
         let units = Units::upload(gpu, graph, &order)?;
         let parts = units.n_parts * heads;
+        let mean_degree = graph.nnz() as f64 / graph.n_rows().max(1) as f64;
+        let groups = units.rows.len() * heads;
+        let layout = split_layout(head_dim, bytes)
+            .filter(|_| wants_split(bytes, mean_degree, groups, gpu.sm_count()))
+            .unwrap_or(plain);
         Ok(Self {
             layout,
             units,
-            order_info: order_info(&order),
+            order_info: format!("{}; {}", order_info(&order), layout_info(&layout)),
             part_ml: DeviceVec::zeros(gpu, parts * 2)?,
             part_acc: DeviceVec::zeros(gpu, parts * head_dim)?,
         })
@@ -225,8 +298,17 @@ impl FusedCsr {
     ) -> Result<()> {
         let shape = q.shape();
         let u = &self.units;
-        let Layout { vec, group, nv } = self.layout;
-        let name = kernel_named(&FUSED_CSR, format!("fused_csr_{}_v{vec}_n{nv}", T::NAME))?;
+        let Layout {
+            vec,
+            group,
+            nv,
+            split,
+        } = self.layout;
+        let suffix = if split > 1 { "_s" } else { "" };
+        let name = kernel_named(
+            &FUSED_CSR,
+            format!("fused_csr_{}_v{vec}_n{nv}{suffix}", T::NAME),
+        )?;
         let f = gpu.load_function(FUSED_CSR.name, FUSED_CSR.ptx, name)?;
         let n_units = to_u32("units", u.rows.len())?;
         let heads = to_u32("heads", shape.heads)?;
@@ -250,6 +332,7 @@ impl FusedCsr {
             .arg(&head_dim)
             .arg(&scale)
             .arg(&group)
+            .arg(&split)
             .arg(out.slice_mut())
             .arg(self.part_ml.slice_mut())
             .arg(self.part_acc.slice_mut());
@@ -351,12 +434,71 @@ mod tests {
             assert_eq!(d % l.vec as usize, 0);
             assert!([1, 2, 4].contains(&l.nv));
         }
-        let l = |vec, group, nv| Layout { vec, group, nv };
+        let l = |vec, group, nv| Layout {
+            vec,
+            group,
+            nv,
+            split: 1,
+        };
         assert_eq!(layout(128, 2).unwrap(), l(4, 32, 1));
         assert_eq!(layout(64, 2).unwrap(), l(2, 32, 1));
         assert_eq!(layout(256, 2).unwrap(), l(8, 32, 1));
         assert_eq!(layout(24, 2).unwrap(), l(8, 4, 1));
         // Odd head_dim beyond 4 vectors of 1 per lane cannot be held in registers.
         assert!(matches!(layout(129, 2), Err(Error::Unsupported { .. })));
+    }
+
+    #[test]
+    fn split_layouts_cover_the_head_once_per_subgroup() {
+        for d in [1usize, 3, 8, 24, 32, 64, 96, 128, 256, 512, 1024] {
+            for bytes in [2usize, 4] {
+                let Some(l) = split_layout(d, bytes) else {
+                    // Only where a subgroup needs the whole warp, i.e. the plain layout.
+                    let plain = layout(d, bytes);
+                    assert!(plain.map_or(true, |p| p.group == 32 || d <= 8), "d={d}");
+                    continue;
+                };
+                let sub = (l.group / l.split) as usize;
+                assert!(
+                    l.split > 1 && l.split <= MAX_SPLIT && l.group <= 32,
+                    "d={d}"
+                );
+                assert_eq!(l.nv, 1);
+                assert_eq!(d % l.vec as usize, 0);
+                assert!(l.vec as usize * bytes <= 16);
+                // Each subgroup's lanes hold every feature once.
+                assert!(
+                    sub * l.vec as usize >= d && (sub / 2) * (l.vec as usize) < d,
+                    "d={d}"
+                );
+            }
+        }
+        let s = |vec, group, split| Layout {
+            vec,
+            group,
+            nv: 1,
+            split,
+        };
+        // f16 64: 4 subgroups of 8 lanes of 8; f16 128 and f32 64: 2 of 16 lanes of 8 / 4.
+        assert_eq!(split_layout(64, 2), Some(s(8, 32, 4)));
+        assert_eq!(split_layout(128, 2), Some(s(8, 32, 2)));
+        assert_eq!(split_layout(64, 4), Some(s(4, 32, 2)));
+        assert_eq!(split_layout(128, 4), None);
+        assert_eq!(split_layout(256, 2), None);
+    }
+
+    #[test]
+    fn split_rule() {
+        // f32: always; f16/bf16: long rows, or a launch of at most 256 groups per SM.
+        assert!(wants_split(4, 3.0, 10_000_000, 132));
+        assert!(wants_split(2, 8.0, 10_000_000, 132));
+        assert!(wants_split(2, 5.5, 19_717, 132));
+        assert!(!wants_split(2, 5.5, 157_736, 132));
+        assert!(!wants_split(2, 4.7, 43_466, 132));
+        assert!(layout_info(&split_layout(128, 2).unwrap()).contains("2 subgroups of 16 lanes"));
+        assert_eq!(
+            layout_info(&layout(128, 2).unwrap()),
+            "32-lane groups (4 features a load)"
+        );
     }
 }

@@ -880,13 +880,28 @@ template <int VEC> struct HeldV<float, VEC> {
     __device__ __forceinline__ float at(int i) const { return x[i]; }
 };
 
+// Folds a tile's TILE (a power of two) values pairwise, neighbours first: op(op(x0, x1),
+// op(x2, x3)) for 4 (the tile's sum and max in csr_edges_online).
+template <int TILE, class Op>
+__device__ __forceinline__ float tile_fold(const float (&x)[TILE], Op op) {
+    float y[TILE];
+#pragma unroll
+    for (int t = 0; t < TILE; ++t) y[t] = x[t];
+#pragma unroll
+    for (int w = TILE / 2; w > 0; w /= 2)
+#pragma unroll
+        for (int t = 0; t < w; ++t) y[t] = op(y[2 * t], y[2 * t + 1]);
+    return y[0];
+}
+
 // Attention: one group of g lanes (shuffle mask `mask`) walks edges start .. end of col_indices
-// with an online softmax, DF-GNN style: per tile of 4 edges, 4 K and 4 V vectors in flight per
-// lane, 4 group reductions interleaved, one rescale. Lane features: NV vectors of VEC at
-// feat[j] (on[j]: feat[j] < head_dim), q pre-multiplied by the scale. LOG2: scores are in the log2
-// domain (q scaled by scale * log2 e) and exponentials are exp2 (hybrid, to merge with the
-// tensor-core tiles); otherwise natural exp (fused_csr). m, l, acc: the running partial, updated.
-template <class T, int VEC, int NV, bool LOG2>
+// with an online softmax, DF-GNN style: per tile of TILE (a power of two) edges, TILE K and V
+// vectors in flight per lane, TILE group reductions interleaved, one rescale. Lane features: NV
+// vectors of VEC at feat[j] (on[j]: feat[j] < head_dim), q pre-multiplied by the scale. LOG2:
+// scores are in the log2 domain (q scaled by scale * log2 e) and exponentials are exp2 (hybrid,
+// to merge with the tensor-core tiles); otherwise natural exp (fused_csr). m, l, acc: the
+// running partial, updated.
+template <class T, int VEC, int NV, bool LOG2, int TILE = 4>
 __device__ __forceinline__ void csr_edges_online(const u32* __restrict__ col_indices, u32 start,
                                                  u32 end, const T* __restrict__ k,
                                                  const T* __restrict__ v, u64 hd, u64 head_off,
@@ -899,14 +914,14 @@ __device__ __forceinline__ void csr_edges_online(const u32* __restrict__ col_ind
                     : online_rescale(m_old, m_new);
     };
     u32 e = start;
-    for (; e + 4 <= end; e += 4) {
-        u32 c[4];
+    for (; e + TILE <= end; e += TILE) {
+        u32 c[TILE];
 #pragma unroll
-        for (int t = 0; t < 4; ++t) c[t] = __ldg(col_indices + e + t);
-        float s[4];
-        HeldV<T, VEC> x[4][NV];
+        for (int t = 0; t < TILE; ++t) c[t] = __ldg(col_indices + e + t);
+        float s[TILE];
+        HeldV<T, VEC> x[TILE][NV];
 #pragma unroll
-        for (int t = 0; t < 4; ++t) {
+        for (int t = 0; t < TILE; ++t) {
             s[t] = 0.0f;
 #pragma unroll
             for (int j = 0; j < NV; ++j) {
@@ -924,23 +939,23 @@ __device__ __forceinline__ void csr_edges_online(const u32* __restrict__ col_ind
         }
         for (u32 o = g >> 1; o > 0; o >>= 1) {
 #pragma unroll
-            for (int t = 0; t < 4; ++t) s[t] += __shfl_xor_sync(mask, s[t], o);
+            for (int t = 0; t < TILE; ++t) s[t] += __shfl_xor_sync(mask, s[t], o);
         }
-        const float mt = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
+        const float mt = tile_fold(s, [](float a, float b) { return fmaxf(a, b); });
         const float mn = fmaxf(m, mt);
         const float corr = rescale(m, mn);
         m = mn;
-        float p[4];
+        float p[TILE];
 #pragma unroll
-        for (int t = 0; t < 4; ++t) p[t] = ex(s[t] - mn);
-        l = l * corr + ((p[0] + p[1]) + (p[2] + p[3]));
+        for (int t = 0; t < TILE; ++t) p[t] = ex(s[t] - mn);
+        l = l * corr + tile_fold(p, [](float a, float b) { return a + b; });
 #pragma unroll
         for (int j = 0; j < NV; ++j)
 #pragma unroll
             for (int i = 0; i < VEC; ++i) {
                 float a = acc[j][i] * corr;
 #pragma unroll
-                for (int t = 0; t < 4; ++t) a = fmaf(p[t], x[t][j].at(i), a);
+                for (int t = 0; t < TILE; ++t) a = fmaf(p[t], x[t][j].at(i), a);
                 acc[j][i] = a;
             }
     }

@@ -8,24 +8,37 @@
 // (feature (lane + j*g) * VEC for j < NV), with q in registers. Per tile of 4 edges: 4 K and 4 V
 // vectors in flight per lane, 4 group reductions interleaved, one rescale.
 //
+// Split groups (`_s` kernels, es > 1): the g lanes form es subgroups of g / es lanes, each lane
+// owning one vector of the widest VEC the head allows; subgroup i walks the i-th of es equal
+// shares of the unit's edges in tiles of 2 (its own running max, sum and accumulator), and the
+// es partials are merged exactly by shuffles at the unit's end. Fewer shuffle levels and wider
+// loads per edge, and a hub row's chain of steps is es times shorter; the merge costs a few
+// shuffles per unit (the plan chooses, fused_csr.rs).
+//
 // A unit of an unsplit row writes its output row directly (zeros for a row without edges). A
 // unit of a split row writes its partial (m, l, acc) to slot unit_parts[u]; fused_csr_merge then
 // merges the partials of each split row exactly.
 
 #include "attention_tiles.cuh"
 
-template <class T, int VEC, int NV>
+template <class T, int VEC, int NV, int TILE, bool SPLIT>
 __device__ __forceinline__ void fused_csr(const u32* __restrict__ unit_rows,
                                           const u32* __restrict__ unit_starts,
                                           const u32* __restrict__ unit_parts, u32 n_units,
                                           const u32* __restrict__ col_indices,
                                           const T* __restrict__ q, const T* __restrict__ k,
                                           const T* __restrict__ v, u32 heads, u32 head_dim,
-                                          float scale, u32 g, T* __restrict__ out,
+                                          float scale, u32 g, u32 es, T* __restrict__ out,
                                           float* __restrict__ part_ml,
                                           float* __restrict__ part_acc) {
-    const u32 mask = group_mask(g);
-    const u32 lane = lane_id() & (g - 1u);
+    // The group's g lanes form es subgroups of gs lanes (es = 1 unless SPLIT); subgroup `sub`
+    // walks edges s0 .. s1, its share of the unit's, and the es partials are merged by shuffles
+    // at the end (an empty share leaves m = -inf, l = 0, acc = 0, which merges as nothing).
+    if (!SPLIT) es = 1u;
+    const u32 gs = g / es;
+    const u32 mask = group_mask(g), sub_mask = group_mask(gs);
+    const u32 glane = lane_id() & (g - 1u);
+    const u32 sub = glane / gs, lane = glane & (gs - 1u);
     const u64 hd = (u64)heads * head_dim;
     const u64 group = grid_group(g), groups = grid_groups(g);
     const u64 total = (u64)n_units * heads;
@@ -34,6 +47,9 @@ __device__ __forceinline__ void fused_csr(const u32* __restrict__ unit_rows,
         const u64 u = split_index(uh, heads, total, h);
         const u32 row = unit_rows[u];
         const u32 start = unit_starts[u], end = unit_starts[u + 1];
+        const u32 len = end - start;
+        const u32 s0 = start + (u32)(((u64)len * sub) / es);
+        const u32 s1 = start + (u32)(((u64)len * (sub + 1u)) / es);
         const u64 head_off = (u64)h * head_dim;
 
         bool on[NV];
@@ -41,7 +57,7 @@ __device__ __forceinline__ void fused_csr(const u32* __restrict__ unit_rows,
         float qv[NV][VEC], acc[NV][VEC];
 #pragma unroll
         for (int j = 0; j < NV; ++j) {
-            feat[j] = (lane + j * g) * VEC;
+            feat[j] = (lane + j * gs) * VEC;
             on[j] = feat[j] < head_dim;
 #pragma unroll
             for (int i = 0; i < VEC; ++i) {
@@ -55,8 +71,19 @@ __device__ __forceinline__ void fused_csr(const u32* __restrict__ unit_rows,
             }
         }
         float m = SPATTN_NEG_INF, l = 0.0f;
-        csr_edges_online<T, VEC, NV, false>(col_indices, start, end, k, v, hd, head_off, on, feat,
-                                            qv, mask, g, m, l, acc);
+        csr_edges_online<T, VEC, NV, false, TILE>(col_indices, s0, s1, k, v, hd, head_off, on,
+                                                  feat, qv, sub_mask, gs, m, l, acc);
+        for (u32 o = gs; SPLIT && o < g; o <<= 1) {
+            const float m2 = __shfl_xor_sync(mask, m, o), l2 = __shfl_xor_sync(mask, l, o);
+            float c1, c2;
+            online_merge(m, l, m2, l2, c1, c2);
+#pragma unroll
+            for (int j = 0; j < NV; ++j)
+#pragma unroll
+                for (int i = 0; i < VEC; ++i)
+                    acc[j][i] = acc[j][i] * c1 + __shfl_xor_sync(mask, acc[j][i], o) * c2;
+        }
+        if (SPLIT && sub != 0u) continue;
 
         const u32 part = unit_parts[u];
         if (part == SPATTN_NONE) {
@@ -115,16 +142,24 @@ __device__ __forceinline__ void fused_csr_merge(const u32* __restrict__ split_ro
     }
 }
 
-#define SPATTN_FUSED(SUFFIX, T, VEC, NV)                                                        \
-    extern "C" __global__ void fused_csr_##SUFFIX##_v##VEC##_n##NV(                             \
-        const u32* unit_rows, const u32* unit_starts, const u32* unit_parts, u32 n_units,       \
-        const u32* col_indices, const T* q, const T* k, const T* v, u32 heads, u32 head_dim,    \
-        float scale, u32 g, T* out, float* part_ml, float* part_acc) {                          \
-        fused_csr<T, VEC, NV>(unit_rows, unit_starts, unit_parts, n_units, col_indices, q, k, v, \
-                              heads, head_dim, scale, g, out, part_ml, part_acc);               \
+#define SPATTN_FUSED_T(NAME, T, VEC, NV, TILE, SPLIT)                                           \
+    extern "C" __global__ void NAME(const u32* unit_rows, const u32* unit_starts,               \
+                                    const u32* unit_parts, u32 n_units, const u32* col_indices, \
+                                    const T* q, const T* k, const T* v, u32 heads,              \
+                                    u32 head_dim, float scale, u32 g, u32 es, T* out,           \
+                                    float* part_ml, float* part_acc) {                          \
+        fused_csr<T, VEC, NV, TILE, SPLIT>(unit_rows, unit_starts, unit_parts, n_units,         \
+                                           col_indices, q, k, v, heads, head_dim, scale, g, es, \
+                                           out, part_ml, part_acc);                             \
     }
+#define SPATTN_FUSED(SUFFIX, T, VEC, NV)                                                        \
+    SPATTN_FUSED_T(fused_csr_##SUFFIX##_v##VEC##_n##NV, T, VEC, NV, 4, false)
+// Split groups hold one vector per lane (a subgroup of fewer than 32 lanes covers the head).
+#define SPATTN_FUSED_SPLIT(SUFFIX, T, VEC)                                                      \
+    SPATTN_FUSED_T(fused_csr_##SUFFIX##_v##VEC##_n1_s, T, VEC, 1, 2, true)
 
 #define SPATTN_FUSED_NV(SUFFIX, T, VEC)                                                         \
+    SPATTN_FUSED_SPLIT(SUFFIX, T, VEC)                                                          \
     SPATTN_FUSED(SUFFIX, T, VEC, 1)                                                             \
     SPATTN_FUSED(SUFFIX, T, VEC, 2)                                                             \
     SPATTN_FUSED(SUFFIX, T, VEC, 4)

@@ -327,44 +327,55 @@ pub const FUSED_BSB_BF16_D64_PIPE: &str = "fused_bsb_bf16_d64_pipe";
 /// Kernel `fused_bsb_bf16_d128_pipe` of [`FUSED_BSB`].
 pub const FUSED_BSB_BF16_D128_PIPE: &str = "fused_bsb_bf16_d128_pipe";
 
-/// The PTX module compiled from `cuda/fused_csr.cu` (36 kernels).
+/// The PTX module compiled from `cuda/fused_csr.cu` (47 kernels).
 pub const FUSED_CSR: PtxModule = PtxModule {
     name: "fused_csr",
     ptx: include_str!("../ptx/fused_csr.ptx"),
     kernels: &[
         FUSED_CSR_MERGE_F32,
+        FUSED_CSR_F32_V1_N1_S,
         FUSED_CSR_F32_V1_N1,
         FUSED_CSR_F32_V1_N2,
         FUSED_CSR_F32_V1_N4,
+        FUSED_CSR_F32_V2_N1_S,
         FUSED_CSR_F32_V2_N1,
         FUSED_CSR_F32_V2_N2,
         FUSED_CSR_F32_V2_N4,
+        FUSED_CSR_F32_V4_N1_S,
         FUSED_CSR_F32_V4_N1,
         FUSED_CSR_F32_V4_N2,
         FUSED_CSR_F32_V4_N4,
         FUSED_CSR_MERGE_F16,
+        FUSED_CSR_F16_V1_N1_S,
         FUSED_CSR_F16_V1_N1,
         FUSED_CSR_F16_V1_N2,
         FUSED_CSR_F16_V1_N4,
+        FUSED_CSR_F16_V2_N1_S,
         FUSED_CSR_F16_V2_N1,
         FUSED_CSR_F16_V2_N2,
         FUSED_CSR_F16_V2_N4,
+        FUSED_CSR_F16_V4_N1_S,
         FUSED_CSR_F16_V4_N1,
         FUSED_CSR_F16_V4_N2,
         FUSED_CSR_F16_V4_N4,
         FUSED_CSR_MERGE_BF16,
+        FUSED_CSR_BF16_V1_N1_S,
         FUSED_CSR_BF16_V1_N1,
         FUSED_CSR_BF16_V1_N2,
         FUSED_CSR_BF16_V1_N4,
+        FUSED_CSR_BF16_V2_N1_S,
         FUSED_CSR_BF16_V2_N1,
         FUSED_CSR_BF16_V2_N2,
         FUSED_CSR_BF16_V2_N4,
+        FUSED_CSR_BF16_V4_N1_S,
         FUSED_CSR_BF16_V4_N1,
         FUSED_CSR_BF16_V4_N2,
         FUSED_CSR_BF16_V4_N4,
+        FUSED_CSR_F16_V8_N1_S,
         FUSED_CSR_F16_V8_N1,
         FUSED_CSR_F16_V8_N2,
         FUSED_CSR_F16_V8_N4,
+        FUSED_CSR_BF16_V8_N1_S,
         FUSED_CSR_BF16_V8_N1,
         FUSED_CSR_BF16_V8_N2,
         FUSED_CSR_BF16_V8_N4,
@@ -373,6 +384,9 @@ pub const FUSED_CSR: PtxModule = PtxModule {
 
 /// Kernel `fused_csr_merge_f32` of [`FUSED_CSR`].
 pub const FUSED_CSR_MERGE_F32: &str = "fused_csr_merge_f32";
+
+/// Kernel `fused_csr_f32_v1_n1_s` of [`FUSED_CSR`].
+pub const FUSED_CSR_F32_V1_N1_S: &str = "fused_csr_f32_v1_n1_s";
 
 /// Kernel `fused_csr_f32_v1_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V1_N1: &str = "fused_csr_f32_v1_n1";
@@ -383,6 +397,9 @@ pub const FUSED_CSR_F32_V1_N2: &str = "fused_csr_f32_v1_n2";
 /// Kernel `fused_csr_f32_v1_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V1_N4: &str = "fused_csr_f32_v1_n4";
 
+/// Kernel `fused_csr_f32_v2_n1_s` of [`FUSED_CSR`].
+pub const FUSED_CSR_F32_V2_N1_S: &str = "fused_csr_f32_v2_n1_s";
+
 /// Kernel `fused_csr_f32_v2_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V2_N1: &str = "fused_csr_f32_v2_n1";
 
@@ -391,6 +408,9 @@ pub const FUSED_CSR_F32_V2_N2: &str = "fused_csr_f32_v2_n2";
 
 /// Kernel `fused_csr_f32_v2_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V2_N4: &str = "fused_csr_f32_v2_n4";
+
+/// Kernel `fused_csr_f32_v4_n1_s` of [`FUSED_CSR`].
+pub const FUSED_CSR_F32_V4_N1_S: &str = "fused_csr_f32_v4_n1_s";
 
 /// Kernel `fused_csr_f32_v4_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V4_N1: &str = "fused_csr_f32_v4_n1";
@@ -404,6 +424,9 @@ pub const FUSED_CSR_F32_V4_N4: &str = "fused_csr_f32_v4_n4";
 /// Kernel `fused_csr_merge_f16` of [`FUSED_CSR`].
 pub const FUSED_CSR_MERGE_F16: &str = "fused_csr_merge_f16";
 
+/// Kernel `fused_csr_f16_v1_n1_s` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V1_N1_S: &str = "fused_csr_f16_v1_n1_s";
+
 /// Kernel `fused_csr_f16_v1_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V1_N1: &str = "fused_csr_f16_v1_n1";
 
@@ -413,6 +436,9 @@ pub const FUSED_CSR_F16_V1_N2: &str = "fused_csr_f16_v1_n2";
 /// Kernel `fused_csr_f16_v1_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V1_N4: &str = "fused_csr_f16_v1_n4";
 
+/// Kernel `fused_csr_f16_v2_n1_s` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V2_N1_S: &str = "fused_csr_f16_v2_n1_s";
+
 /// Kernel `fused_csr_f16_v2_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V2_N1: &str = "fused_csr_f16_v2_n1";
 
@@ -421,6 +447,9 @@ pub const FUSED_CSR_F16_V2_N2: &str = "fused_csr_f16_v2_n2";
 
 /// Kernel `fused_csr_f16_v2_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V2_N4: &str = "fused_csr_f16_v2_n4";
+
+/// Kernel `fused_csr_f16_v4_n1_s` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V4_N1_S: &str = "fused_csr_f16_v4_n1_s";
 
 /// Kernel `fused_csr_f16_v4_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V4_N1: &str = "fused_csr_f16_v4_n1";
@@ -434,6 +463,9 @@ pub const FUSED_CSR_F16_V4_N4: &str = "fused_csr_f16_v4_n4";
 /// Kernel `fused_csr_merge_bf16` of [`FUSED_CSR`].
 pub const FUSED_CSR_MERGE_BF16: &str = "fused_csr_merge_bf16";
 
+/// Kernel `fused_csr_bf16_v1_n1_s` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V1_N1_S: &str = "fused_csr_bf16_v1_n1_s";
+
 /// Kernel `fused_csr_bf16_v1_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V1_N1: &str = "fused_csr_bf16_v1_n1";
 
@@ -442,6 +474,9 @@ pub const FUSED_CSR_BF16_V1_N2: &str = "fused_csr_bf16_v1_n2";
 
 /// Kernel `fused_csr_bf16_v1_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V1_N4: &str = "fused_csr_bf16_v1_n4";
+
+/// Kernel `fused_csr_bf16_v2_n1_s` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V2_N1_S: &str = "fused_csr_bf16_v2_n1_s";
 
 /// Kernel `fused_csr_bf16_v2_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V2_N1: &str = "fused_csr_bf16_v2_n1";
@@ -452,6 +487,9 @@ pub const FUSED_CSR_BF16_V2_N2: &str = "fused_csr_bf16_v2_n2";
 /// Kernel `fused_csr_bf16_v2_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V2_N4: &str = "fused_csr_bf16_v2_n4";
 
+/// Kernel `fused_csr_bf16_v4_n1_s` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V4_N1_S: &str = "fused_csr_bf16_v4_n1_s";
+
 /// Kernel `fused_csr_bf16_v4_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V4_N1: &str = "fused_csr_bf16_v4_n1";
 
@@ -461,6 +499,9 @@ pub const FUSED_CSR_BF16_V4_N2: &str = "fused_csr_bf16_v4_n2";
 /// Kernel `fused_csr_bf16_v4_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V4_N4: &str = "fused_csr_bf16_v4_n4";
 
+/// Kernel `fused_csr_f16_v8_n1_s` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V8_N1_S: &str = "fused_csr_f16_v8_n1_s";
+
 /// Kernel `fused_csr_f16_v8_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V8_N1: &str = "fused_csr_f16_v8_n1";
 
@@ -469,6 +510,9 @@ pub const FUSED_CSR_F16_V8_N2: &str = "fused_csr_f16_v8_n2";
 
 /// Kernel `fused_csr_f16_v8_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V8_N4: &str = "fused_csr_f16_v8_n4";
+
+/// Kernel `fused_csr_bf16_v8_n1_s` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V8_N1_S: &str = "fused_csr_bf16_v8_n1_s";
 
 /// Kernel `fused_csr_bf16_v8_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V8_N1: &str = "fused_csr_bf16_v8_n1";
