@@ -499,19 +499,19 @@ fn uses_tensor_cores(alg: Algorithm) -> bool {
 /// ones round operands to tf32, so `Auto` never picks them for f32 — ask for them by name).
 /// Auto's exception for exact f32 on CUDA cores: with many heads of at most 64 features on a
 /// large graph of low mean degree, the unfused composition beats fused-csr. First fitted on
-/// the H100 runs of BENCHMARKS.md (commit 5fb8f65, f32, heads 8, D 64), refitted on the H200
-/// after fused-csr's register cut (docs/perf-notes.md, "fused-csr: registers, not bytes"):
-/// unfused-csr is faster on pubmed (mean degree 5.5: 1.17×), deezer-RO (7.0: 1.15×),
-/// PROTEINS_full (4.7: 1.14×) and flickr (11.1: 1.02×), fused-csr on ogbn-arxiv (14.7: 1.16×)
-/// and on every graph this rule leaves to it (cora, lastfm-asia: n < 16,384; ppi-graphsaint,
-/// R-MAT 16: mean degree ≥ 12; all graphs at D 128).
+/// the H100 runs of BENCHMARKS.md (commit 5fb8f65, f32, heads 8, D 64), refitted twice on the
+/// H200 (docs/perf-notes.md): after fused-csr's register cut (mean degree < 12), and after its
+/// split groups ("fused-csr: split groups"; f32, heads 8, D 64): unfused-csr is still faster on
+/// PROTEINS_full (mean degree 4.7: 1.08×) and deezer-RO (7.0: 1.05×), ties on pubmed (5.5:
+/// 0.99×), and fused-csr is faster on flickr (11.1: 1.09×), ogbn-arxiv (14.7: 1.32×) and every
+/// graph this rule leaves to it (cora, lastfm-asia: n < 16,384; all graphs at D 128).
 fn prefers_unfused_csr(graph: &Csr, config: &AttentionConfig) -> bool {
     let mean_degree = graph.nnz() as f64 / graph.n_rows().max(1) as f64;
     config.dtype == DTypeKind::F32
         && config.heads >= 8
         && config.head_dim <= 64
         && graph.n_rows() >= 16_384
-        && mean_degree < 12.0
+        && mean_degree < 8.0
 }
 
 fn choose(graph: &Csr, config: &AttentionConfig, cc: (i32, i32)) -> Result<(Algorithm, String)> {
@@ -647,12 +647,15 @@ mod tests {
             auto(&ring(10_000), 8, 64, DTypeKind::F32),
             Algorithm::FusedCsr
         );
-        // Mean degree 14 (ogbn-arxiv's is 14.7): fused-csr.
-        let band: Vec<(u32, u32)> = (0..20_000u32)
-            .flat_map(|i| (0..14).map(move |d| (i, (i + d) % 20_000)))
-            .collect();
-        let band = Csr::from_edges(20_000, 20_000, &band).expect("a valid band");
-        assert_eq!(auto(&band, 8, 64, DTypeKind::F32), Algorithm::FusedCsr);
+        // Mean degree 7 (deezer-RO's is 7.0): unfused-csr; 9 (flickr's is 11.1): fused-csr.
+        let band = |k: u32| {
+            let edges: Vec<(u32, u32)> = (0..20_000u32)
+                .flat_map(|i| (0..k).map(move |d| (i, (i + d) % 20_000)))
+                .collect();
+            Csr::from_edges(20_000, 20_000, &edges).expect("a valid band")
+        };
+        assert_eq!(auto(&band(7), 8, 64, DTypeKind::F32), Algorithm::UnfusedCsr);
+        assert_eq!(auto(&band(9), 8, 64, DTypeKind::F32), Algorithm::FusedCsr);
         assert_eq!(
             auto(&large, 8, 64, DTypeKind::F16),
             Algorithm::FusedTensorCore
