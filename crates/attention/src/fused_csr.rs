@@ -75,46 +75,56 @@ pub(crate) fn layout(head_dim: usize, elem_bytes: usize) -> Result<Layout> {
 /// Most subgroups a group is split into ([`split_layout`]).
 const MAX_SPLIT: u32 = 4;
 
-/// The split lane layout for `head_dim` features of `elem_bytes`, where there is one: the
-/// widest vectors that still give a group of 32 lanes as up to [`MAX_SPLIT`] subgroups, each
-/// subgroup walking its share of a unit's edges (a shuffle level or two fewer per edge, wider
-/// loads), the subgroups' partials merged at the unit's end. `None` where a subgroup would need
-/// all 32 lanes (f32 from head_dim 128, f16 from 256): the plain layout is that one.
+/// The split lane layout for `head_dim` features of `elem_bytes`, where there is one. Only
+/// where the plain [`layout`] already gives each (unit, head) a whole warp (the measured
+/// regime: f16 head_dim 64 and 128, f32 64): the same 32 lanes then hold the widest vectors
+/// that leave subgroups of at least 32 / [`MAX_SPLIT`] lanes, one vector a lane, and form 2 or
+/// 4 subgroups, each walking its share of a unit's edges (a shuffle level or two fewer per edge,
+/// wider loads), the subgroups' partials merged at the unit's end. `None` where a subgroup
+/// would need all 32 lanes (f32 from head_dim 96, f16 from 256) or the plain group is smaller.
 pub(crate) fn split_layout(head_dim: usize, elem_bytes: usize) -> Option<Layout> {
+    if layout(head_dim, elem_bytes).ok()?.group != 32 {
+        return None;
+    }
     let widest = vector_width(head_dim, elem_bytes);
-    let want = (32 / MAX_SPLIT) as usize;
+    let min_sub = 32 / MAX_SPLIT;
     let vec = [widest, widest / 2, widest / 4]
         .into_iter()
         .filter(|&v| v >= 1 && head_dim % v as usize == 0)
-        .find(|&v| head_dim / v as usize >= want)
-        .unwrap_or(widest);
+        .find(|&v| group_for(head_dim.div_ceil(v as usize) as u64, 1) >= min_sub)?;
     let vectors = head_dim.div_ceil(vec as usize);
     let sub = group_for(vectors as u64, 1);
-    let split = MAX_SPLIT.min(32 / sub);
-    // A subgroup of fewer than 32 lanes holds every vector once (vectors <= sub): one per lane.
-    (split > 1 && vectors <= sub as usize).then_some(Layout {
+    // vectors <= sub < 32: each lane of a subgroup holds one vector.
+    (sub < 32 && vectors <= sub as usize).then_some(Layout {
         vec,
-        group: sub * split,
+        group: 32,
         nv: 1,
-        split,
+        split: 32 / sub,
     })
 }
 
-/// Mean degree from which f16/bf16 plans split their groups ([`split_layout`]) whatever the
-/// launch's size.
+/// Mean degree from which f16/bf16 plans (and f32 plans of more than 2 subgroups) split their
+/// groups ([`split_layout`]) whatever the launch's size.
 const SPLIT_MIN_MEAN_DEGREE: f64 = 8.0;
-/// (unit, head) pairs per SM up to which f16/bf16 plans split their groups at any degree.
+/// (unit, head) pairs per SM up to which those plans split their groups at any degree.
 const SPLIT_MAX_GROUPS_PER_SM: usize = 256;
 
 /// Whether a plan of `groups` (unit, head) pairs on a graph of `mean_degree`, `elem_bytes` per
-/// feature, runs the split layout. Fitted on the H200 (docs/perf-notes.md, "fused-csr: split
-/// groups"): f32 (head_dim 64) was as fast or faster on every graph; f16 gained where rows are
-/// long (mean degree >= 8: 1.01-1.48x) or the launch is a few waves whose longest rows set its
-/// time (cora, citeseer, pubmed at one head: 1.03-1.60x), and lost on many short rows
-/// (PROTEINS_full, pubmed and deezer-RO at 8 heads: 0.70-0.97x), where each subgroup gets one
-/// or two edges and the merge is overhead.
-fn wants_split(elem_bytes: usize, mean_degree: f64, groups: usize, sm_count: u32) -> bool {
-    elem_bytes >= 4
+/// feature, runs a split layout of `split` subgroups. Fitted on the H200 (docs/perf-notes.md,
+/// "fused-csr: split groups"): f32 in 2 subgroups (head_dim 64) was as fast or faster on every
+/// graph (0.99-1.26x); f16 gained where rows are long (mean degree >= 8: 0.95-1.48x, the 0.95x
+/// flickr at 8 heads of 64) or the launch is a few waves whose longest rows set its time (cora,
+/// citeseer, pubmed at one head: 1.03-1.60x), and lost on many short rows (PROTEINS_full,
+/// pubmed and deezer-RO at 8 heads: 0.70-0.97x), where each subgroup gets one or two edges and
+/// the merge is overhead. f32 in 4 subgroups (head_dim 32) was not measured and follows f16.
+fn wants_split(
+    elem_bytes: usize,
+    split: u32,
+    mean_degree: f64,
+    groups: usize,
+    sm_count: u32,
+) -> bool {
+    (elem_bytes >= 4 && split <= 2)
         || mean_degree >= SPLIT_MIN_MEAN_DEGREE
         || groups <= SPLIT_MAX_GROUPS_PER_SM * sm_count as usize
 }
@@ -243,7 +253,7 @@ impl Units {
 pub(crate) struct FusedCsr {
     layout: Layout,
     units: Units,
-    /// The order's report line.
+    /// The report line: the row order the units run in and the lane layout.
     order_info: String,
     /// (max, sum) per partial and head.
     part_ml: DeviceVec<f32>,
@@ -269,7 +279,7 @@ impl FusedCsr {
         let mean_degree = graph.nnz() as f64 / graph.n_rows().max(1) as f64;
         let groups = units.rows.len() * heads;
         let layout = split_layout(head_dim, bytes)
-            .filter(|_| wants_split(bytes, mean_degree, groups, gpu.sm_count()))
+            .filter(|l| wants_split(bytes, l.split, mean_degree, groups, gpu.sm_count()))
             .unwrap_or(plain);
         Ok(Self {
             layout,
@@ -280,7 +290,7 @@ impl FusedCsr {
         })
     }
 
-    /// One line for the plan's report: the row order the units run in.
+    /// One line for the plan's report: the row order the units run in and the lane layout.
     pub(crate) fn info(&self) -> &str {
         &self.order_info
     }
@@ -450,17 +460,16 @@ mod tests {
 
     #[test]
     fn split_layouts_cover_the_head_once_per_subgroup() {
-        for d in [1usize, 3, 8, 24, 32, 64, 96, 128, 256, 512, 1024] {
+        for d in [1usize, 3, 8, 24, 32, 48, 64, 96, 128, 256, 512, 1024] {
             for bytes in [2usize, 4] {
                 let Some(l) = split_layout(d, bytes) else {
-                    // Only where a subgroup needs the whole warp, i.e. the plain layout.
-                    let plain = layout(d, bytes);
-                    assert!(plain.map_or(true, |p| p.group == 32 || d <= 8), "d={d}");
                     continue;
                 };
+                // Only where the plain layout gives a (unit, head) the whole warp.
+                assert_eq!(layout(d, bytes).unwrap().group, 32, "d={d}");
                 let sub = (l.group / l.split) as usize;
                 assert!(
-                    l.split > 1 && l.split <= MAX_SPLIT && l.group <= 32,
+                    l.split > 1 && l.split <= MAX_SPLIT && l.group == 32,
                     "d={d}"
                 );
                 assert_eq!(l.nv, 1);
@@ -473,28 +482,32 @@ mod tests {
                 );
             }
         }
-        let s = |vec, group, split| Layout {
+        let s = |vec, split| Layout {
             vec,
-            group,
+            group: 32,
             nv: 1,
             split,
         };
         // f16 64: 4 subgroups of 8 lanes of 8; f16 128 and f32 64: 2 of 16 lanes of 8 / 4.
-        assert_eq!(split_layout(64, 2), Some(s(8, 32, 4)));
-        assert_eq!(split_layout(128, 2), Some(s(8, 32, 2)));
-        assert_eq!(split_layout(64, 4), Some(s(4, 32, 2)));
-        assert_eq!(split_layout(128, 4), None);
-        assert_eq!(split_layout(256, 2), None);
+        assert_eq!(split_layout(64, 2), Some(s(8, 4)));
+        assert_eq!(split_layout(128, 2), Some(s(8, 2)));
+        assert_eq!(split_layout(64, 4), Some(s(4, 2)));
+        assert_eq!(split_layout(32, 4), Some(s(4, 4)));
+        for (d, bytes) in [(128, 4), (96, 4), (256, 2), (32, 2), (16, 4), (24, 2)] {
+            assert_eq!(split_layout(d, bytes), None, "d={d} bytes={bytes}");
+        }
     }
 
     #[test]
     fn split_rule() {
-        // f32: always; f16/bf16: long rows, or a launch of at most 256 groups per SM.
-        assert!(wants_split(4, 3.0, 10_000_000, 132));
-        assert!(wants_split(2, 8.0, 10_000_000, 132));
-        assert!(wants_split(2, 5.5, 19_717, 132));
-        assert!(!wants_split(2, 5.5, 157_736, 132));
-        assert!(!wants_split(2, 4.7, 43_466, 132));
+        // f32 in 2 subgroups: always; f16/bf16 (and f32 in 4): long rows, or a launch of at
+        // most 256 groups per SM.
+        assert!(wants_split(4, 2, 3.0, 10_000_000, 132));
+        assert!(!wants_split(4, 4, 3.0, 10_000_000, 132));
+        assert!(wants_split(2, 2, 8.0, 10_000_000, 132));
+        assert!(wants_split(2, 4, 5.5, 19_717, 132));
+        assert!(!wants_split(2, 4, 5.5, 157_736, 132));
+        assert!(!wants_split(2, 2, 4.7, 43_466, 132));
         assert!(layout_info(&split_layout(128, 2).unwrap()).contains("2 subgroups of 16 lanes"));
         assert_eq!(
             layout_info(&layout(128, 2).unwrap()),

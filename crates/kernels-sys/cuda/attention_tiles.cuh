@@ -900,7 +900,8 @@ __device__ __forceinline__ float tile_fold(const float (&x)[TILE], Op op) {
 // vectors of VEC at feat[j] (on[j]: feat[j] < head_dim), q pre-multiplied by the scale. LOG2:
 // scores are in the log2 domain (q scaled by scale * log2 e) and exponentials are exp2 (hybrid,
 // to merge with the tensor-core tiles); otherwise natural exp (fused_csr). m, l, acc: the
-// running partial, updated.
+// running partial, updated. Every lane in `mask` passes the same start and end (other groups
+// of the warp may pass other ranges: their masks are disjoint).
 template <class T, int VEC, int NV, bool LOG2, int TILE = 4>
 __device__ __forceinline__ void csr_edges_online(const u32* __restrict__ col_indices, u32 start,
                                                  u32 end, const T* __restrict__ k,

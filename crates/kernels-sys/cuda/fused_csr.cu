@@ -4,16 +4,16 @@
 //
 // Work comes as units (see csr_ops.cu): unit u covers edges unit_starts[u] .. unit_starts[u+1]
 // of row unit_rows[u]; rows longer than the host's chunk are split into several units. A group of
-// g lanes takes one (unit, head); each lane owns NV vectors of VEC features of the head
-// (feature (lane + j*g) * VEC for j < NV), with q in registers. Per tile of 4 edges: 4 K and 4 V
-// vectors in flight per lane, 4 group reductions interleaved, one rescale.
+// g lanes takes one (unit, head). Plain kernels: each lane owns NV vectors of VEC features of the
+// head (feature (lane + j*g) * VEC for j < NV), with q in registers; per tile of 4 edges: 4 K and
+// 4 V vectors in flight per lane, 4 group reductions interleaved, one rescale.
 //
 // Split groups (`_s` kernels, es > 1): the g lanes form es subgroups of g / es lanes, each lane
-// owning one vector of the widest VEC the head allows; subgroup i walks the i-th of es equal
-// shares of the unit's edges in tiles of 2 (its own running max, sum and accumulator), and the
-// es partials are merged exactly by shuffles at the unit's end. Fewer shuffle levels and wider
-// loads per edge, and a hub row's chain of steps is es times shorter; the merge costs a few
-// shuffles per unit (the plan chooses, fused_csr.rs).
+// owning one vector (feature lane_in_subgroup * VEC, VEC as wide as the host's layout allows);
+// subgroup i walks the i-th of es equal shares of the unit's edges in tiles of 2 (its own
+// running max, sum and accumulator), and the es partials are merged exactly by shuffles at the
+// unit's end. Fewer shuffle levels and wider loads per edge, and a hub row's chain of steps is
+// es times shorter; the merge costs a few shuffles per unit (the plan chooses, fused_csr.rs).
 //
 // A unit of an unsplit row writes its output row directly (zeros for a row without edges). A
 // unit of a split row writes its partial (m, l, acc) to slot unit_parts[u]; fused_csr_merge then
@@ -31,14 +31,15 @@ __device__ __forceinline__ void fused_csr(const u32* __restrict__ unit_rows,
                                           float scale, u32 g, u32 es, T* __restrict__ out,
                                           float* __restrict__ part_ml,
                                           float* __restrict__ part_acc) {
-    // The group's g lanes form es subgroups of gs lanes (es = 1 unless SPLIT); subgroup `sub`
-    // walks edges s0 .. s1, its share of the unit's, and the es partials are merged by shuffles
-    // at the end (an empty share leaves m = -inf, l = 0, acc = 0, which merges as nothing).
-    if (!SPLIT) es = 1u;
-    const u32 gs = g / es;
+    // The group's g lanes form es subgroups of gs lanes (es = 1 unless SPLIT; the host passes
+    // es and g powers of two, es dividing g); subgroup `sub` walks edges s0 .. s1, its share of
+    // the unit's, and the es partials are merged by shuffles at the end (an empty share leaves
+    // m = -inf, l = 0, acc = 0, which merges as nothing). Shifts, not divisions.
+    const u32 es_log2 = SPLIT ? (u32)(__ffs(es) - 1) : 0u;
+    const u32 gs = g >> es_log2;
     const u32 mask = group_mask(g), sub_mask = group_mask(gs);
     const u32 glane = lane_id() & (g - 1u);
-    const u32 sub = glane / gs, lane = glane & (gs - 1u);
+    const u32 sub = glane >> (u32)(__ffs(gs) - 1), lane = glane & (gs - 1u);
     const u64 hd = (u64)heads * head_dim;
     const u64 group = grid_group(g), groups = grid_groups(g);
     const u64 total = (u64)n_units * heads;
@@ -48,8 +49,8 @@ __device__ __forceinline__ void fused_csr(const u32* __restrict__ unit_rows,
         const u32 row = unit_rows[u];
         const u32 start = unit_starts[u], end = unit_starts[u + 1];
         const u32 len = end - start;
-        const u32 s0 = start + (u32)(((u64)len * sub) / es);
-        const u32 s1 = start + (u32)(((u64)len * (sub + 1u)) / es);
+        const u32 s0 = start + (u32)(((u64)len * sub) >> es_log2);
+        const u32 s1 = start + (u32)(((u64)len * (sub + 1u)) >> es_log2);
         const u64 head_off = (u64)h * head_dim;
 
         bool on[NV];
