@@ -36,14 +36,17 @@ pub(crate) struct Layout {
     /// Subgroups the group's lanes form, each walking its share of a unit's edges (1: the
     /// whole group walks every edge).
     pub split: u32,
+    /// Tiles of 2 edges and one vector a lane (the `_t2` kernels, which also run split groups);
+    /// false: tiles of 4 (the plain kernels).
+    pub short_tiles: bool,
 }
 
 /// The lane layout for `head_dim` features of `elem_bytes`, or why the kernel cannot hold the
 /// head in registers.
 pub(crate) fn layout(head_dim: usize, elem_bytes: usize) -> Result<Layout> {
-    // Narrower vectors when that gives the group more lanes (up to 32): each (row, head) is a
-    // chain of dependent steps, so more lanes per step beats wider loads per lane (f16 at
-    // head_dim 128: 32 lanes of 4 features rather than 16 lanes of 8).
+    // The plain layout (tiles of 4 edges): narrower vectors when that gives the group more
+    // lanes, up to 32 (f16 at head_dim 128: 32 lanes of 4 features). Where a subgroup of fewer
+    // lanes holds the head in one vector a lane, the plan runs a short_layout instead.
     let widest = vector_width(head_dim, elem_bytes);
     let vec = [widest, widest / 2, widest / 4]
         .into_iter()
@@ -69,20 +72,28 @@ pub(crate) fn layout(head_dim: usize, elem_bytes: usize) -> Result<Layout> {
         group,
         nv: nv as u32,
         split: 1,
+        short_tiles: false,
     })
 }
 
-/// Most subgroups a group is split into ([`split_layout`]).
+/// Most subgroups a group is split into ([`short_layout`]).
 const MAX_SPLIT: u32 = 4;
 
-/// The split lane layout for `head_dim` features of `elem_bytes`, where there is one. Only
-/// where the plain [`layout`] already gives each (unit, head) a whole warp (the measured
-/// regime: f16 head_dim 64 and 128, f32 64): the same 32 lanes then hold the widest vectors
-/// that leave subgroups of at least 32 / [`MAX_SPLIT`] lanes, one vector a lane, and form 2 or
-/// 4 subgroups, each walking its share of a unit's edges (a shuffle level or two fewer per edge,
-/// wider loads), the subgroups' partials merged at the unit's end. `None` where a subgroup
-/// would need all 32 lanes (f32 from head_dim 96, f16 from 256) or the plain group is smaller.
-pub(crate) fn split_layout(head_dim: usize, elem_bytes: usize) -> Option<Layout> {
+/// The short-tile lane layouts for `head_dim` features of `elem_bytes`, where there are: only
+/// where the plain [`layout`] gives each (unit, head) a whole warp (f16 head_dim 64 to 128,
+/// f32 32 to 64; measured at f16 64 and 128 and f32 64). A subgroup of `sub` lanes (at least
+/// 32 / [`MAX_SPLIT`], fewer than 32) holds the head in the widest vectors, one a lane, and
+/// walks edges in tiles of 2:
+/// - `split`: the warp's 32 lanes as 32 / sub subgroups sharing one unit, each walking its
+///   share of the unit's edges, the partials merged at the unit's end (a hub unit's chain of
+///   steps is that many times shorter);
+/// - narrow: each subgroup a group of its own, 32 / sub units a warp (fewer instructions
+///   per edge than the plain layout's 32 lanes of narrow vectors: wider loads, a shuffle
+///   level or two fewer, no merge).
+///
+/// `None` where a subgroup would need all 32 lanes (f32 from head_dim 96, f16 from 256) or the
+/// plain group is smaller.
+pub(crate) fn short_layout(head_dim: usize, elem_bytes: usize, split: bool) -> Option<Layout> {
     if layout(head_dim, elem_bytes).ok()?.group != 32 {
         return None;
     }
@@ -97,36 +108,33 @@ pub(crate) fn split_layout(head_dim: usize, elem_bytes: usize) -> Option<Layout>
     // vectors <= sub < 32: each lane of a subgroup holds one vector.
     (sub < 32 && vectors <= sub as usize).then_some(Layout {
         vec,
-        group: 32,
+        group: if split { 32 } else { sub },
         nv: 1,
-        split: 32 / sub,
+        split: if split { 32 / sub } else { 1 },
+        short_tiles: true,
     })
 }
 
-/// Mean degree from which f16/bf16 plans (and f32 plans of more than 2 subgroups) split their
-/// groups ([`split_layout`]) whatever the launch's size.
-const SPLIT_MIN_MEAN_DEGREE: f64 = 8.0;
-/// (unit, head) pairs per SM up to which those plans split their groups at any degree.
+/// (unit, head) groups per SM up to which a plan splits its groups: a launch of a few waves
+/// whose longest units set its time.
 const SPLIT_MAX_GROUPS_PER_SM: usize = 256;
 
-/// Whether a plan of `groups` (unit, head) pairs on a graph of `mean_degree`, `elem_bytes` per
-/// feature, runs a split layout of `split` subgroups. Fitted on the H200 (docs/perf-notes.md,
-/// "fused-csr: split groups"): f32 in 2 subgroups (head_dim 64) was as fast or faster on every
-/// graph (0.99-1.26x); f16 gained where rows are long (mean degree >= 8: 0.95-1.48x, the 0.95x
-/// flickr at 8 heads of 64) or the launch is a few waves whose longest rows set its time (cora,
-/// citeseer, pubmed at one head: 1.03-1.60x), and lost on many short rows (PROTEINS_full,
-/// pubmed and deezer-RO at 8 heads: 0.70-0.97x), where each subgroup gets one or two edges and
-/// the merge is overhead. f32 in 4 subgroups (head_dim 32) was not measured and follows f16.
-fn wants_split(
+/// The lane layout a plan of `groups` (unit, head) pairs runs, `head_dim` features of
+/// `elem_bytes`: split groups for launches of at most [`SPLIT_MAX_GROUPS_PER_SM`] groups per
+/// SM, narrow groups above, the plain layout where neither exists. Fitted on the H200
+/// (docs/perf-notes.md, "fused-csr: split and narrow groups"; f16, D 64 and 128, against the
+/// plain layout): split groups won the one-head launches of cora, citeseer, lastfm-asia,
+/// pubmed, ppi-graphsaint and facebook-page-page (1.21-1.69x; narrow 0.80-1.20x there), narrow
+/// groups everything from ~45k groups (1.13-2.14x; split 0.78-1.29x).
+pub(crate) fn choose_layout(
+    head_dim: usize,
     elem_bytes: usize,
-    split: u32,
-    mean_degree: f64,
     groups: usize,
     sm_count: u32,
-) -> bool {
-    (elem_bytes >= 4 && split <= 2)
-        || mean_degree >= SPLIT_MIN_MEAN_DEGREE
-        || groups <= SPLIT_MAX_GROUPS_PER_SM * sm_count as usize
+) -> Result<Layout> {
+    let plain = layout(head_dim, elem_bytes)?;
+    let split = groups <= SPLIT_MAX_GROUPS_PER_SM * sm_count as usize;
+    Ok(short_layout(head_dim, elem_bytes, split).unwrap_or(plain))
 }
 
 /// Rows in flight at one time, roughly: 132 SMs × 32 resident groups of one (row, head). The
@@ -177,6 +185,13 @@ fn layout_info(l: &Layout) -> String {
             l.split,
             l.group / l.split,
             l.vec
+        )
+    } else if l.short_tiles {
+        format!(
+            "narrow {}-lane groups ({} features a load, {} units a warp)",
+            l.group,
+            l.vec,
+            32 / l.group
         )
     } else {
         format!("{}-lane groups ({} features a load)", l.group, l.vec)
@@ -271,16 +286,13 @@ impl FusedCsr {
         head_dim: usize,
         reorder: Reorder,
     ) -> Result<Self> {
-        let bytes = std::mem::size_of::<T>();
-        let plain = layout(head_dim, bytes)?;
+        // The plain layout first: the error for a head too wide for registers.
+        layout(head_dim, std::mem::size_of::<T>())?;
         let order = csr_order(graph, reorder)?;
         let units = Units::upload(gpu, graph, &order)?;
         let parts = units.n_parts * heads;
-        let mean_degree = graph.nnz() as f64 / graph.n_rows().max(1) as f64;
         let groups = units.rows.len() * heads;
-        let layout = split_layout(head_dim, bytes)
-            .filter(|l| wants_split(bytes, l.split, mean_degree, groups, gpu.sm_count()))
-            .unwrap_or(plain);
+        let layout = choose_layout(head_dim, std::mem::size_of::<T>(), groups, gpu.sm_count())?;
         Ok(Self {
             layout,
             units,
@@ -313,8 +325,9 @@ impl FusedCsr {
             group,
             nv,
             split,
+            short_tiles,
         } = self.layout;
-        let suffix = if split > 1 { "_s" } else { "" };
+        let suffix = if short_tiles { "_t2" } else { "" };
         let name = kernel_named(
             &FUSED_CSR,
             format!("fused_csr_{}_v{vec}_n{nv}{suffix}", T::NAME),
@@ -449,6 +462,7 @@ mod tests {
             group,
             nv,
             split: 1,
+            short_tiles: false,
         };
         assert_eq!(layout(128, 2).unwrap(), l(4, 32, 1));
         assert_eq!(layout(64, 2).unwrap(), l(2, 32, 1));
@@ -459,56 +473,69 @@ mod tests {
     }
 
     #[test]
-    fn split_layouts_cover_the_head_once_per_subgroup() {
+    fn short_layouts_cover_the_head_once_per_subgroup() {
         for d in [1usize, 3, 8, 24, 32, 48, 64, 96, 128, 256, 512, 1024] {
             for bytes in [2usize, 4] {
-                let Some(l) = split_layout(d, bytes) else {
-                    continue;
-                };
-                // Only where the plain layout gives a (unit, head) the whole warp.
-                assert_eq!(layout(d, bytes).unwrap().group, 32, "d={d}");
-                let sub = (l.group / l.split) as usize;
-                assert!(
-                    l.split > 1 && l.split <= MAX_SPLIT && l.group == 32,
-                    "d={d}"
-                );
-                assert_eq!(l.nv, 1);
-                assert_eq!(d % l.vec as usize, 0);
-                assert!(l.vec as usize * bytes <= 16);
-                // Each subgroup's lanes hold every feature once.
-                assert!(
-                    sub * l.vec as usize >= d && (sub / 2) * (l.vec as usize) < d,
-                    "d={d}"
-                );
+                for split in [true, false] {
+                    let Some(l) = short_layout(d, bytes, split) else {
+                        continue;
+                    };
+                    // Only where the plain layout gives a (unit, head) the whole warp.
+                    assert_eq!(layout(d, bytes).unwrap().group, 32, "d={d}");
+                    let sub = (l.group / l.split) as usize;
+                    assert!(l.short_tiles && l.nv == 1 && l.group <= 32, "d={d}");
+                    assert_eq!(l.split > 1, split);
+                    assert!(l.split <= MAX_SPLIT && (sub as u32) >= 32 / MAX_SPLIT);
+                    assert_eq!(d % l.vec as usize, 0);
+                    assert!(l.vec as usize * bytes <= 16);
+                    // Each subgroup's lanes hold every feature once.
+                    assert!(sub * l.vec as usize >= d && (sub / 2) * (l.vec as usize) < d);
+                }
             }
         }
-        let s = |vec, split| Layout {
+        let l = |vec, group, split| Layout {
             vec,
-            group: 32,
+            group,
             nv: 1,
             split,
+            short_tiles: true,
         };
         // f16 64: 4 subgroups of 8 lanes of 8; f16 128 and f32 64: 2 of 16 lanes of 8 / 4.
-        assert_eq!(split_layout(64, 2), Some(s(8, 4)));
-        assert_eq!(split_layout(128, 2), Some(s(8, 2)));
-        assert_eq!(split_layout(64, 4), Some(s(4, 2)));
-        assert_eq!(split_layout(32, 4), Some(s(4, 4)));
+        assert_eq!(short_layout(64, 2, true), Some(l(8, 32, 4)));
+        assert_eq!(short_layout(64, 2, false), Some(l(8, 8, 1)));
+        assert_eq!(short_layout(128, 2, true), Some(l(8, 32, 2)));
+        assert_eq!(short_layout(128, 2, false), Some(l(8, 16, 1)));
+        assert_eq!(short_layout(64, 4, true), Some(l(4, 32, 2)));
+        assert_eq!(short_layout(32, 4, false), Some(l(4, 8, 1)));
         for (d, bytes) in [(128, 4), (96, 4), (256, 2), (32, 2), (16, 4), (24, 2)] {
-            assert_eq!(split_layout(d, bytes), None, "d={d} bytes={bytes}");
+            assert_eq!(short_layout(d, bytes, true), None, "d={d} bytes={bytes}");
         }
     }
 
     #[test]
-    fn split_rule() {
-        // f32 in 2 subgroups: always; f16/bf16 (and f32 in 4): long rows, or a launch of at
-        // most 256 groups per SM.
-        assert!(wants_split(4, 2, 3.0, 10_000_000, 132));
-        assert!(!wants_split(4, 4, 3.0, 10_000_000, 132));
-        assert!(wants_split(2, 2, 8.0, 10_000_000, 132));
-        assert!(wants_split(2, 4, 5.5, 19_717, 132));
-        assert!(!wants_split(2, 4, 5.5, 157_736, 132));
-        assert!(!wants_split(2, 2, 4.7, 43_466, 132));
-        assert!(layout_info(&split_layout(128, 2).unwrap()).contains("2 subgroups of 16 lanes"));
+    fn layout_choice() {
+        // Split groups up to 256 (unit, head) groups per SM, narrow groups above, the plain
+        // layout where neither exists (f32 at head_dim 128).
+        let split = choose_layout(64, 2, 256 * 132, 132).unwrap();
+        assert_eq!((split.group, split.split), (32, 4));
+        let narrow = choose_layout(64, 2, 256 * 132 + 1, 132).unwrap();
+        assert_eq!(
+            (narrow.group, narrow.split, narrow.short_tiles),
+            (8, 1, true)
+        );
+        assert_eq!(
+            choose_layout(128, 4, 10, 132).unwrap(),
+            layout(128, 4).unwrap()
+        );
+        assert!(matches!(
+            choose_layout(129, 2, 10, 132),
+            Err(Error::Unsupported { .. })
+        ));
+        assert!(layout_info(&split).contains("4 subgroups of 8 lanes"));
+        assert_eq!(
+            layout_info(&narrow),
+            "narrow 8-lane groups (8 features a load, 4 units a warp)"
+        );
         assert_eq!(
             layout_info(&layout(128, 2).unwrap()),
             "32-lane groups (4 features a load)"

@@ -8,12 +8,14 @@
 // head (feature (lane + j*g) * VEC for j < NV), with q in registers; per tile of 4 edges: 4 K and
 // 4 V vectors in flight per lane, 4 group reductions interleaved, one rescale.
 //
-// Split groups (`_s` kernels, es > 1): the g lanes form es subgroups of g / es lanes, each lane
-// owning one vector (feature lane_in_subgroup * VEC, VEC as wide as the host's layout allows);
-// subgroup i walks the i-th of es equal shares of the unit's edges in tiles of 2 (its own
-// running max, sum and accumulator), and the es partials are merged exactly by shuffles at the
-// unit's end. Fewer shuffle levels and wider loads per edge, and a hub row's chain of steps is
-// es times shorter; the merge costs a few shuffles per unit (the plan chooses, fused_csr.rs).
+// Short-tile kernels (`_t2`): each lane owns one vector (feature lane_in_subgroup * VEC, VEC as
+// wide as the host's layout allows) and edges come in tiles of 2. The g lanes form es >= 1
+// subgroups of g / es lanes; subgroup i walks the i-th of es equal shares of the unit's edges
+// (its own running max, sum and accumulator), and the es partials are merged exactly by
+// shuffles at the unit's end. es = 1 ("narrow" groups of 8 or 16 lanes, several units a warp):
+// fewer instructions per edge than the plain kernels' 32 lanes of narrow vectors. es > 1
+// ("split" groups of 32 lanes): also a hub unit's chain of steps es times shorter, for launches
+// of a few waves, at a few shuffles per unit for the merge (the plan chooses, fused_csr.rs).
 //
 // A unit of an unsplit row writes its output row directly (zeros for a row without edges). A
 // unit of a split row writes its partial (m, l, acc) to slot unit_parts[u]; fused_csr_merge then
@@ -155,12 +157,13 @@ __device__ __forceinline__ void fused_csr_merge(const u32* __restrict__ split_ro
     }
 #define SPATTN_FUSED(SUFFIX, T, VEC, NV)                                                        \
     SPATTN_FUSED_T(fused_csr_##SUFFIX##_v##VEC##_n##NV, T, VEC, NV, 4, false)
-// Split groups hold one vector per lane (a subgroup of fewer than 32 lanes covers the head).
-#define SPATTN_FUSED_SPLIT(SUFFIX, T, VEC)                                                      \
-    SPATTN_FUSED_T(fused_csr_##SUFFIX##_v##VEC##_n1_s, T, VEC, 1, 2, true)
+// Short-tile kernels: one vector per lane (a group or subgroup of fewer than 32 lanes covers the
+// head), tiles of 2 edges, groups split into es >= 1 subgroups.
+#define SPATTN_FUSED_SHORT(SUFFIX, T, VEC)                                                      \
+    SPATTN_FUSED_T(fused_csr_##SUFFIX##_v##VEC##_n1_t2, T, VEC, 1, 2, true)
 
 #define SPATTN_FUSED_NV(SUFFIX, T, VEC)                                                         \
-    SPATTN_FUSED_SPLIT(SUFFIX, T, VEC)                                                          \
+    SPATTN_FUSED_SHORT(SUFFIX, T, VEC)                                                          \
     SPATTN_FUSED(SUFFIX, T, VEC, 1)                                                             \
     SPATTN_FUSED(SUFFIX, T, VEC, 2)                                                             \
     SPATTN_FUSED(SUFFIX, T, VEC, 4)

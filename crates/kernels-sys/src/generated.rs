@@ -333,49 +333,49 @@ pub const FUSED_CSR: PtxModule = PtxModule {
     ptx: include_str!("../ptx/fused_csr.ptx"),
     kernels: &[
         FUSED_CSR_MERGE_F32,
-        FUSED_CSR_F32_V1_N1_S,
+        FUSED_CSR_F32_V1_N1_T2,
         FUSED_CSR_F32_V1_N1,
         FUSED_CSR_F32_V1_N2,
         FUSED_CSR_F32_V1_N4,
-        FUSED_CSR_F32_V2_N1_S,
+        FUSED_CSR_F32_V2_N1_T2,
         FUSED_CSR_F32_V2_N1,
         FUSED_CSR_F32_V2_N2,
         FUSED_CSR_F32_V2_N4,
-        FUSED_CSR_F32_V4_N1_S,
+        FUSED_CSR_F32_V4_N1_T2,
         FUSED_CSR_F32_V4_N1,
         FUSED_CSR_F32_V4_N2,
         FUSED_CSR_F32_V4_N4,
         FUSED_CSR_MERGE_F16,
-        FUSED_CSR_F16_V1_N1_S,
+        FUSED_CSR_F16_V1_N1_T2,
         FUSED_CSR_F16_V1_N1,
         FUSED_CSR_F16_V1_N2,
         FUSED_CSR_F16_V1_N4,
-        FUSED_CSR_F16_V2_N1_S,
+        FUSED_CSR_F16_V2_N1_T2,
         FUSED_CSR_F16_V2_N1,
         FUSED_CSR_F16_V2_N2,
         FUSED_CSR_F16_V2_N4,
-        FUSED_CSR_F16_V4_N1_S,
+        FUSED_CSR_F16_V4_N1_T2,
         FUSED_CSR_F16_V4_N1,
         FUSED_CSR_F16_V4_N2,
         FUSED_CSR_F16_V4_N4,
         FUSED_CSR_MERGE_BF16,
-        FUSED_CSR_BF16_V1_N1_S,
+        FUSED_CSR_BF16_V1_N1_T2,
         FUSED_CSR_BF16_V1_N1,
         FUSED_CSR_BF16_V1_N2,
         FUSED_CSR_BF16_V1_N4,
-        FUSED_CSR_BF16_V2_N1_S,
+        FUSED_CSR_BF16_V2_N1_T2,
         FUSED_CSR_BF16_V2_N1,
         FUSED_CSR_BF16_V2_N2,
         FUSED_CSR_BF16_V2_N4,
-        FUSED_CSR_BF16_V4_N1_S,
+        FUSED_CSR_BF16_V4_N1_T2,
         FUSED_CSR_BF16_V4_N1,
         FUSED_CSR_BF16_V4_N2,
         FUSED_CSR_BF16_V4_N4,
-        FUSED_CSR_F16_V8_N1_S,
+        FUSED_CSR_F16_V8_N1_T2,
         FUSED_CSR_F16_V8_N1,
         FUSED_CSR_F16_V8_N2,
         FUSED_CSR_F16_V8_N4,
-        FUSED_CSR_BF16_V8_N1_S,
+        FUSED_CSR_BF16_V8_N1_T2,
         FUSED_CSR_BF16_V8_N1,
         FUSED_CSR_BF16_V8_N2,
         FUSED_CSR_BF16_V8_N4,
@@ -385,8 +385,8 @@ pub const FUSED_CSR: PtxModule = PtxModule {
 /// Kernel `fused_csr_merge_f32` of [`FUSED_CSR`].
 pub const FUSED_CSR_MERGE_F32: &str = "fused_csr_merge_f32";
 
-/// Kernel `fused_csr_f32_v1_n1_s` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V1_N1_S: &str = "fused_csr_f32_v1_n1_s";
+/// Kernel `fused_csr_f32_v1_n1_t2` of [`FUSED_CSR`].
+pub const FUSED_CSR_F32_V1_N1_T2: &str = "fused_csr_f32_v1_n1_t2";
 
 /// Kernel `fused_csr_f32_v1_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V1_N1: &str = "fused_csr_f32_v1_n1";
@@ -397,8 +397,8 @@ pub const FUSED_CSR_F32_V1_N2: &str = "fused_csr_f32_v1_n2";
 /// Kernel `fused_csr_f32_v1_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V1_N4: &str = "fused_csr_f32_v1_n4";
 
-/// Kernel `fused_csr_f32_v2_n1_s` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V2_N1_S: &str = "fused_csr_f32_v2_n1_s";
+/// Kernel `fused_csr_f32_v2_n1_t2` of [`FUSED_CSR`].
+pub const FUSED_CSR_F32_V2_N1_T2: &str = "fused_csr_f32_v2_n1_t2";
 
 /// Kernel `fused_csr_f32_v2_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V2_N1: &str = "fused_csr_f32_v2_n1";
@@ -409,8 +409,8 @@ pub const FUSED_CSR_F32_V2_N2: &str = "fused_csr_f32_v2_n2";
 /// Kernel `fused_csr_f32_v2_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V2_N4: &str = "fused_csr_f32_v2_n4";
 
-/// Kernel `fused_csr_f32_v4_n1_s` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V4_N1_S: &str = "fused_csr_f32_v4_n1_s";
+/// Kernel `fused_csr_f32_v4_n1_t2` of [`FUSED_CSR`].
+pub const FUSED_CSR_F32_V4_N1_T2: &str = "fused_csr_f32_v4_n1_t2";
 
 /// Kernel `fused_csr_f32_v4_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V4_N1: &str = "fused_csr_f32_v4_n1";
@@ -424,8 +424,8 @@ pub const FUSED_CSR_F32_V4_N4: &str = "fused_csr_f32_v4_n4";
 /// Kernel `fused_csr_merge_f16` of [`FUSED_CSR`].
 pub const FUSED_CSR_MERGE_F16: &str = "fused_csr_merge_f16";
 
-/// Kernel `fused_csr_f16_v1_n1_s` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V1_N1_S: &str = "fused_csr_f16_v1_n1_s";
+/// Kernel `fused_csr_f16_v1_n1_t2` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V1_N1_T2: &str = "fused_csr_f16_v1_n1_t2";
 
 /// Kernel `fused_csr_f16_v1_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V1_N1: &str = "fused_csr_f16_v1_n1";
@@ -436,8 +436,8 @@ pub const FUSED_CSR_F16_V1_N2: &str = "fused_csr_f16_v1_n2";
 /// Kernel `fused_csr_f16_v1_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V1_N4: &str = "fused_csr_f16_v1_n4";
 
-/// Kernel `fused_csr_f16_v2_n1_s` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V2_N1_S: &str = "fused_csr_f16_v2_n1_s";
+/// Kernel `fused_csr_f16_v2_n1_t2` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V2_N1_T2: &str = "fused_csr_f16_v2_n1_t2";
 
 /// Kernel `fused_csr_f16_v2_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V2_N1: &str = "fused_csr_f16_v2_n1";
@@ -448,8 +448,8 @@ pub const FUSED_CSR_F16_V2_N2: &str = "fused_csr_f16_v2_n2";
 /// Kernel `fused_csr_f16_v2_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V2_N4: &str = "fused_csr_f16_v2_n4";
 
-/// Kernel `fused_csr_f16_v4_n1_s` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V4_N1_S: &str = "fused_csr_f16_v4_n1_s";
+/// Kernel `fused_csr_f16_v4_n1_t2` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V4_N1_T2: &str = "fused_csr_f16_v4_n1_t2";
 
 /// Kernel `fused_csr_f16_v4_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V4_N1: &str = "fused_csr_f16_v4_n1";
@@ -463,8 +463,8 @@ pub const FUSED_CSR_F16_V4_N4: &str = "fused_csr_f16_v4_n4";
 /// Kernel `fused_csr_merge_bf16` of [`FUSED_CSR`].
 pub const FUSED_CSR_MERGE_BF16: &str = "fused_csr_merge_bf16";
 
-/// Kernel `fused_csr_bf16_v1_n1_s` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V1_N1_S: &str = "fused_csr_bf16_v1_n1_s";
+/// Kernel `fused_csr_bf16_v1_n1_t2` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V1_N1_T2: &str = "fused_csr_bf16_v1_n1_t2";
 
 /// Kernel `fused_csr_bf16_v1_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V1_N1: &str = "fused_csr_bf16_v1_n1";
@@ -475,8 +475,8 @@ pub const FUSED_CSR_BF16_V1_N2: &str = "fused_csr_bf16_v1_n2";
 /// Kernel `fused_csr_bf16_v1_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V1_N4: &str = "fused_csr_bf16_v1_n4";
 
-/// Kernel `fused_csr_bf16_v2_n1_s` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V2_N1_S: &str = "fused_csr_bf16_v2_n1_s";
+/// Kernel `fused_csr_bf16_v2_n1_t2` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V2_N1_T2: &str = "fused_csr_bf16_v2_n1_t2";
 
 /// Kernel `fused_csr_bf16_v2_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V2_N1: &str = "fused_csr_bf16_v2_n1";
@@ -487,8 +487,8 @@ pub const FUSED_CSR_BF16_V2_N2: &str = "fused_csr_bf16_v2_n2";
 /// Kernel `fused_csr_bf16_v2_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V2_N4: &str = "fused_csr_bf16_v2_n4";
 
-/// Kernel `fused_csr_bf16_v4_n1_s` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V4_N1_S: &str = "fused_csr_bf16_v4_n1_s";
+/// Kernel `fused_csr_bf16_v4_n1_t2` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V4_N1_T2: &str = "fused_csr_bf16_v4_n1_t2";
 
 /// Kernel `fused_csr_bf16_v4_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V4_N1: &str = "fused_csr_bf16_v4_n1";
@@ -499,8 +499,8 @@ pub const FUSED_CSR_BF16_V4_N2: &str = "fused_csr_bf16_v4_n2";
 /// Kernel `fused_csr_bf16_v4_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V4_N4: &str = "fused_csr_bf16_v4_n4";
 
-/// Kernel `fused_csr_f16_v8_n1_s` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V8_N1_S: &str = "fused_csr_f16_v8_n1_s";
+/// Kernel `fused_csr_f16_v8_n1_t2` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V8_N1_T2: &str = "fused_csr_f16_v8_n1_t2";
 
 /// Kernel `fused_csr_f16_v8_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V8_N1: &str = "fused_csr_f16_v8_n1";
@@ -511,8 +511,8 @@ pub const FUSED_CSR_F16_V8_N2: &str = "fused_csr_f16_v8_n2";
 /// Kernel `fused_csr_f16_v8_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V8_N4: &str = "fused_csr_f16_v8_n4";
 
-/// Kernel `fused_csr_bf16_v8_n1_s` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V8_N1_S: &str = "fused_csr_bf16_v8_n1_s";
+/// Kernel `fused_csr_bf16_v8_n1_t2` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V8_N1_T2: &str = "fused_csr_bf16_v8_n1_t2";
 
 /// Kernel `fused_csr_bf16_v8_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V8_N1: &str = "fused_csr_bf16_v8_n1";
