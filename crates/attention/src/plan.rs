@@ -497,23 +497,6 @@ fn uses_tensor_cores(alg: Algorithm) -> bool {
 /// and bf16, fused-tc was the fastest on every graph measured (cora to R-MAT 18, head_dim 64
 /// and 128); for f32, fused-csr was, among the algorithms that keep f32 exact (the tensor-core
 /// ones round operands to tf32, so `Auto` never picks them for f32 — ask for them by name).
-/// Auto's exception for exact f32 on CUDA cores: with many heads of at most 64 features on a
-/// large graph of low mean degree, the unfused composition beats fused-csr. First fitted on
-/// the H100 runs of BENCHMARKS.md (commit 5fb8f65, f32, heads 8, D 64), refitted twice on the
-/// H200 (docs/perf-notes.md): after fused-csr's register cut (mean degree < 12), and after its
-/// split groups ("fused-csr: split groups"; f32, heads 8, D 64): unfused-csr is still faster on
-/// PROTEINS_full (mean degree 4.7: 1.08×) and deezer-RO (7.0: 1.05×), ties on pubmed (5.5:
-/// 0.99×), and fused-csr is faster on flickr (11.1: 1.09×), ogbn-arxiv (14.7: 1.32×) and every
-/// graph this rule leaves to it (cora, lastfm-asia: n < 16,384; all graphs at D 128).
-fn prefers_unfused_csr(graph: &Csr, config: &AttentionConfig) -> bool {
-    let mean_degree = graph.nnz() as f64 / graph.n_rows().max(1) as f64;
-    config.dtype == DTypeKind::F32
-        && config.heads >= 8
-        && config.head_dim <= 64
-        && graph.n_rows() >= 16_384
-        && mean_degree < 8.0
-}
-
 fn choose(graph: &Csr, config: &AttentionConfig, cc: (i32, i32)) -> Result<(Algorithm, String)> {
     let fused_csr_ok = fused_csr::layout(config.head_dim, config.dtype.size_bytes());
     let tensor_cores = cc >= (8, 0);
@@ -541,17 +524,6 @@ fn choose(graph: &Csr, config: &AttentionConfig, cc: (i32, i32)) -> Result<(Algo
                     format!(
                         "auto: fused-tc — {} on tensor cores, one kernel, K/V rows shared by the 16 rows of a window ({why})",
                         config.dtype
-                    ),
-                ));
-            }
-            if prefers_unfused_csr(graph, config) {
-                return Ok((
-                    Algorithm::UnfusedCsr,
-                    format!(
-                        "auto: unfused-csr — {} heads x {} features, many low-degree rows: the \
-                         edge-parallel SDDMM and the row-unit SpMM beat fused-csr's one group per \
-                         (row, head) here ({why})",
-                        config.heads, config.head_dim
                     ),
                 ));
             }
@@ -636,26 +608,16 @@ mod tests {
     }
 
     #[test]
-    fn auto_prefers_unfused_csr_for_many_narrow_f32_heads_on_large_sparse_graphs() {
+    fn auto_runs_fused_csr_for_f32_and_fused_tc_for_f16() {
+        // f32 goes to fused-csr at every shape, also many narrow heads on a large low-degree
+        // graph (unfused-csr won there until fused-csr's narrow groups: docs/perf-notes.md).
         let large = ring(20_000);
-        assert_eq!(auto(&large, 8, 64, DTypeKind::F32), Algorithm::UnfusedCsr);
-        assert_eq!(auto(&large, 16, 32, DTypeKind::F32), Algorithm::UnfusedCsr);
-        // Each condition of the rule on its own keeps fused-csr.
-        assert_eq!(auto(&large, 8, 128, DTypeKind::F32), Algorithm::FusedCsr);
-        assert_eq!(auto(&large, 4, 64, DTypeKind::F32), Algorithm::FusedCsr);
-        assert_eq!(
-            auto(&ring(10_000), 8, 64, DTypeKind::F32),
-            Algorithm::FusedCsr
-        );
-        // Mean degree 7 (deezer-RO's is 7.0): unfused-csr; 9 (flickr's is 11.1): fused-csr.
-        let band = |k: u32| {
-            let edges: Vec<(u32, u32)> = (0..20_000u32)
-                .flat_map(|i| (0..k).map(move |d| (i, (i + d) % 20_000)))
-                .collect();
-            Csr::from_edges(20_000, 20_000, &edges).expect("a valid band")
-        };
-        assert_eq!(auto(&band(7), 8, 64, DTypeKind::F32), Algorithm::UnfusedCsr);
-        assert_eq!(auto(&band(9), 8, 64, DTypeKind::F32), Algorithm::FusedCsr);
+        for (heads, head_dim) in [(8, 64), (16, 32), (8, 128), (1, 64)] {
+            assert_eq!(
+                auto(&large, heads, head_dim, DTypeKind::F32),
+                Algorithm::FusedCsr
+            );
+        }
         assert_eq!(
             auto(&large, 8, 64, DTypeKind::F16),
             Algorithm::FusedTensorCore
@@ -664,6 +626,6 @@ mod tests {
         assert!(choose(&large, &config, (9, 0))
             .unwrap()
             .1
-            .contains("unfused-csr"));
+            .starts_with("auto: fused-csr"));
     }
 }
