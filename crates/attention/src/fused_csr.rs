@@ -41,18 +41,24 @@ pub(crate) struct Layout {
     pub short_tiles: bool,
 }
 
+/// The widest of `head_dim`'s vector width for `elem_bytes` and its half and quarter that
+/// divides `head_dim` into a number of vectors `ok` accepts.
+fn widest_vec_where(head_dim: usize, elem_bytes: usize, ok: impl Fn(usize) -> bool) -> Option<u32> {
+    let widest = vector_width(head_dim, elem_bytes);
+    [widest, widest / 2, widest / 4]
+        .into_iter()
+        .filter(|&v| v >= 1 && head_dim % v as usize == 0)
+        .find(|&v| ok(head_dim / v as usize))
+}
+
 /// The lane layout for `head_dim` features of `elem_bytes`, or why the kernel cannot hold the
 /// head in registers.
 pub(crate) fn layout(head_dim: usize, elem_bytes: usize) -> Result<Layout> {
     // The plain layout (tiles of 4 edges): narrower vectors when that gives the group more
     // lanes, up to 32 (f16 at head_dim 128: 32 lanes of 4 features). Where a subgroup of fewer
     // lanes holds the head in one vector a lane, the plan runs a short_layout instead.
-    let widest = vector_width(head_dim, elem_bytes);
-    let vec = [widest, widest / 2, widest / 4]
-        .into_iter()
-        .filter(|&v| v >= 1 && head_dim % v as usize == 0)
-        .find(|&v| head_dim / v as usize >= 32)
-        .unwrap_or(widest);
+    let vec = widest_vec_where(head_dim, elem_bytes, |vectors| vectors >= 32)
+        .unwrap_or_else(|| vector_width(head_dim, elem_bytes));
     let vectors = head_dim.div_ceil(vec as usize);
     let group = group_for(vectors as u64, 1);
     let per_lane = vectors.div_ceil(group as usize);
@@ -92,17 +98,19 @@ const MAX_SPLIT: u32 = 4;
 ///   level or two fewer, no merge).
 ///
 /// `None` where a subgroup would need all 32 lanes (f32 from head_dim 96, f16 from 256) or the
-/// plain group is smaller.
-pub(crate) fn short_layout(head_dim: usize, elem_bytes: usize, split: bool) -> Option<Layout> {
-    if layout(head_dim, elem_bytes).ok()?.group != 32 {
+/// plain group (`plain`, the [`layout`] of the same head) is smaller.
+pub(crate) fn short_layout(
+    plain: &Layout,
+    head_dim: usize,
+    elem_bytes: usize,
+    split: bool,
+) -> Option<Layout> {
+    if plain.group != 32 {
         return None;
     }
-    let widest = vector_width(head_dim, elem_bytes);
-    let min_sub = 32 / MAX_SPLIT;
-    let vec = [widest, widest / 2, widest / 4]
-        .into_iter()
-        .filter(|&v| v >= 1 && head_dim % v as usize == 0)
-        .find(|&v| group_for(head_dim.div_ceil(v as usize) as u64, 1) >= min_sub)?;
+    let vec = widest_vec_where(head_dim, elem_bytes, |vectors| {
+        group_for(vectors as u64, 1) >= 32 / MAX_SPLIT
+    })?;
     let vectors = head_dim.div_ceil(vec as usize);
     let sub = group_for(vectors as u64, 1);
     // vectors <= sub < 32: each lane of a subgroup holds one vector.
@@ -120,21 +128,21 @@ pub(crate) fn short_layout(head_dim: usize, elem_bytes: usize, split: bool) -> O
 const SPLIT_MAX_GROUPS_PER_SM: usize = 256;
 
 /// The lane layout a plan of `groups` (unit, head) pairs runs, `head_dim` features of
-/// `elem_bytes`: split groups for launches of at most [`SPLIT_MAX_GROUPS_PER_SM`] groups per
+/// `elem_bytes` whose plain [`layout`] is `plain`: split groups for launches of at most [`SPLIT_MAX_GROUPS_PER_SM`] groups per
 /// SM, narrow groups above, the plain layout where neither exists. Fitted on the H200
 /// (docs/perf-notes.md, "fused-csr: split and narrow groups"; f16, D 64 and 128, against the
 /// plain layout): split groups won the one-head launches of cora, citeseer, lastfm-asia,
 /// pubmed, ppi-graphsaint and facebook-page-page (1.21-1.69x; narrow 0.80-1.20x there), narrow
 /// groups everything from ~45k groups (1.13-2.14x; split 0.78-1.29x).
 pub(crate) fn choose_layout(
+    plain: Layout,
     head_dim: usize,
     elem_bytes: usize,
     groups: usize,
     sm_count: u32,
-) -> Result<Layout> {
-    let plain = layout(head_dim, elem_bytes)?;
+) -> Layout {
     let split = groups <= SPLIT_MAX_GROUPS_PER_SM * sm_count as usize;
-    Ok(short_layout(head_dim, elem_bytes, split).unwrap_or(plain))
+    short_layout(&plain, head_dim, elem_bytes, split).unwrap_or(plain)
 }
 
 /// Rows in flight at one time, roughly: 132 SMs × 32 resident groups of one (row, head). The
@@ -286,13 +294,14 @@ impl FusedCsr {
         head_dim: usize,
         reorder: Reorder,
     ) -> Result<Self> {
-        // The plain layout first: the error for a head too wide for registers.
-        layout(head_dim, std::mem::size_of::<T>())?;
+        // The plain layout before any upload: the error for a head too wide for registers.
+        let bytes = std::mem::size_of::<T>();
+        let plain = layout(head_dim, bytes)?;
         let order = csr_order(graph, reorder)?;
         let units = Units::upload(gpu, graph, &order)?;
         let parts = units.n_parts * heads;
         let groups = units.rows.len() * heads;
-        let layout = choose_layout(head_dim, std::mem::size_of::<T>(), groups, gpu.sm_count())?;
+        let layout = choose_layout(plain, head_dim, bytes, groups, gpu.sm_count());
         Ok(Self {
             layout,
             units,
@@ -476,12 +485,15 @@ mod tests {
     fn short_layouts_cover_the_head_once_per_subgroup() {
         for d in [1usize, 3, 8, 24, 32, 48, 64, 96, 128, 256, 512, 1024] {
             for bytes in [2usize, 4] {
+                let Ok(plain) = layout(d, bytes) else {
+                    continue;
+                };
                 for split in [true, false] {
-                    let Some(l) = short_layout(d, bytes, split) else {
+                    let Some(l) = short_layout(&plain, d, bytes, split) else {
                         continue;
                     };
                     // Only where the plain layout gives a (unit, head) the whole warp.
-                    assert_eq!(layout(d, bytes).unwrap().group, 32, "d={d}");
+                    assert_eq!(plain.group, 32, "d={d}");
                     let sub = (l.group / l.split) as usize;
                     assert!(l.short_tiles && l.nv == 1 && l.group <= 32, "d={d}");
                     assert_eq!(l.split > 1, split);
@@ -500,15 +512,16 @@ mod tests {
             split,
             short_tiles: true,
         };
+        let short = |d, bytes, split| short_layout(&layout(d, bytes).unwrap(), d, bytes, split);
         // f16 64: 4 subgroups of 8 lanes of 8; f16 128 and f32 64: 2 of 16 lanes of 8 / 4.
-        assert_eq!(short_layout(64, 2, true), Some(l(8, 32, 4)));
-        assert_eq!(short_layout(64, 2, false), Some(l(8, 8, 1)));
-        assert_eq!(short_layout(128, 2, true), Some(l(8, 32, 2)));
-        assert_eq!(short_layout(128, 2, false), Some(l(8, 16, 1)));
-        assert_eq!(short_layout(64, 4, true), Some(l(4, 32, 2)));
-        assert_eq!(short_layout(32, 4, false), Some(l(4, 8, 1)));
+        assert_eq!(short(64, 2, true), Some(l(8, 32, 4)));
+        assert_eq!(short(64, 2, false), Some(l(8, 8, 1)));
+        assert_eq!(short(128, 2, true), Some(l(8, 32, 2)));
+        assert_eq!(short(128, 2, false), Some(l(8, 16, 1)));
+        assert_eq!(short(64, 4, true), Some(l(4, 32, 2)));
+        assert_eq!(short(32, 4, false), Some(l(4, 8, 1)));
         for (d, bytes) in [(128, 4), (96, 4), (256, 2), (32, 2), (16, 4), (24, 2)] {
-            assert_eq!(short_layout(d, bytes, true), None, "d={d} bytes={bytes}");
+            assert_eq!(short(d, bytes, true), None, "d={d} bytes={bytes}");
         }
     }
 
@@ -516,21 +529,17 @@ mod tests {
     fn layout_choice() {
         // Split groups up to 256 (unit, head) groups per SM, narrow groups above, the plain
         // layout where neither exists (f32 at head_dim 128).
-        let split = choose_layout(64, 2, 256 * 132, 132).unwrap();
+        let choose =
+            |d, bytes, groups| choose_layout(layout(d, bytes).unwrap(), d, bytes, groups, 132);
+        let split = choose(64, 2, 256 * 132);
         assert_eq!((split.group, split.split), (32, 4));
-        let narrow = choose_layout(64, 2, 256 * 132 + 1, 132).unwrap();
+        let narrow = choose(64, 2, 256 * 132 + 1);
         assert_eq!(
             (narrow.group, narrow.split, narrow.short_tiles),
             (8, 1, true)
         );
-        assert_eq!(
-            choose_layout(128, 4, 10, 132).unwrap(),
-            layout(128, 4).unwrap()
-        );
-        assert!(matches!(
-            choose_layout(129, 2, 10, 132),
-            Err(Error::Unsupported { .. })
-        ));
+        assert_eq!(choose(128, 4, 10), layout(128, 4).unwrap());
+        assert!(matches!(layout(129, 2), Err(Error::Unsupported { .. })));
         assert!(layout_info(&split).contains("4 subgroups of 8 lanes"));
         assert_eq!(
             layout_info(&narrow),

@@ -7,8 +7,9 @@
 //! highest fill threshold that leaves at most that share of the edges to CUDA cores
 //! ([`candidate_thresholds`]), with 1, 2 and 3 tensor-core warps per CUDA-core warp (the
 //! pipelined kernel) or the splits of 4 warps (the general kernel). A mixed candidate is kept
-//! only when it beats the faster pure run by [`MIXED_MARGIN`] (timing noise on small graphs). The unit schedule of the
-//! mixed candidates is built from the costs the two extreme runs measured. `spattn`'s hybrid
+//! only when it beats the faster pure run by [`MIXED_MARGIN`] (timing noise on small graphs).
+//! The unit schedule of the mixed candidates is built from the costs the two extreme runs
+//! measured. `spattn`'s hybrid
 //! attention plan and [`HybridSpmm`] both use it.
 //!
 //! ```no_run
