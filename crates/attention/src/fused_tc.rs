@@ -49,6 +49,9 @@ const MAX_PARTS: usize = 64;
 const MERGE_FLOATS: usize = BSB_MERGE_FLOATS;
 /// Marks a unit whose window is not split (`SPATTN_NONE` in the kernel).
 const NONE: u32 = u32::MAX;
+/// Words of a unit's prologue record for the 128-feature pipelined kernel (`BSB_PIPE_PRE_WORDS` in
+/// attention_tiles.cuh): the columns of its first two steps, then its window's 16 caller rows.
+const PRE_WORDS: usize = 48;
 
 /// Feature slices compiled per warp (`fused_bsb_{dtype}_s{slice}`).
 fn slices(dtype: DTypeKind) -> &'static [usize] {
@@ -254,6 +257,38 @@ impl Schedule {
     pub(crate) fn n_parts(&self) -> usize {
         self.split_part_first.last().map_or(0, |&p| p as usize)
     }
+
+    /// The 128-feature pipelined kernel's prologue records, [`PRE_WORDS`] per unit, so that a
+    /// warp's first copies and Q loads wait for one load indexed by the unit alone: words
+    /// `16 s + l` hold
+    /// slot `l` of step `s` < 2 (block `first + 2 s + l / 8`, column `l % 8`; [`NONE`] past the
+    /// unit), words 32 + r the caller row of window row r (`row_ids[16 w + r]`, or the row
+    /// itself without renumbering; [`NONE`] past the matrix).
+    pub(crate) fn prologue(&self, bsb: &Bsb, row_ids: Option<&[u32]>) -> Vec<u32> {
+        let columns = bsb.block_columns();
+        let mut pre = Vec::with_capacity(self.n_units() * PRE_WORDS);
+        for u in self.units.chunks_exact(4) {
+            let (w, first, end) = (u[0] as usize, u[1] as usize, u[2] as usize);
+            for j in 0..32 {
+                let blk = first + 2 * (j / 16) + (j % 16) / 8;
+                pre.push(if blk < end {
+                    columns[blk * 8 + j % 8]
+                } else {
+                    NONE
+                });
+            }
+            for r in 0..WINDOW_ROWS {
+                let row = w * WINDOW_ROWS + r;
+                pre.push(match (row < bsb.n_rows(), row_ids) {
+                    (false, _) => NONE,
+                    (true, Some(ids)) => ids[row],
+                    // Rows fit u32: `with_options` checks n_rows before building the records.
+                    (true, None) => row as u32,
+                });
+            }
+        }
+        pre
+    }
 }
 
 /// The chunk for `bsb` with `heads` heads on `sm_count` SMs: no unit holds more than about
@@ -271,6 +306,9 @@ pub(crate) struct FusedTensorCore {
     bsb: DeviceBsb,
     /// Per window row, the caller's row (Q, out), when the rows were renumbered.
     row_ids: Option<DeviceVec<u32>>,
+    /// The 128-feature pipelined kernel's prologue records ([`Schedule::prologue`]); `None`
+    /// for the other kernels.
+    unit_pre: Option<DeviceVec<u32>>,
     /// The row order and its report line.
     order_info: String,
     dtype: DTypeKind,
@@ -303,20 +341,7 @@ impl FusedTensorCore {
     ) -> Result<Self> {
         let order = RowOrder::choose(a, reorder, WINDOW_ROWS)?;
         let bsb = bsb_in_order(a, &order)?;
-        let mut f = Self::with_options::<T>(gpu, &bsb, heads, head_dim, Options::default())?;
-        f.set_row_order(gpu, &order)?;
-        Ok(f)
-    }
-
-    /// Takes `order` as the order `self`'s BSB was built in ([`bsb_in_order`]): uploads its
-    /// caller-row ids (none for the graph's own order) and names it in the report line.
-    fn set_row_order(&mut self, gpu: &Gpu, order: &RowOrder) -> Result<()> {
-        self.row_ids = match order.row_ids() {
-            Some(ids) => Some(DeviceVec::from_host(gpu, ids)?),
-            None => None,
-        };
-        self.order_info = format!("{}; kernel {}", order.info(), self.kernel);
-        Ok(())
+        Self::with_options::<T>(gpu, &bsb, &order, heads, head_dim, Options::default())
     }
 
     /// The row order and the kernel the plan uses, for its report.
@@ -324,14 +349,16 @@ impl FusedTensorCore {
         &self.order_info
     }
 
-    /// Uploads `bsb`, builds the schedule and sizes the workspace for `heads × head_dim` of
-    /// `T`, with the layout, chunk and CTA size of `options` where given.
+    /// Uploads `bsb` (built in `order`, [`bsb_in_order`]) and `order`'s caller-row ids (none for
+    /// the graph's own order), builds the schedule and sizes the workspace for
+    /// `heads × head_dim` of `T`, with the layout, chunk and CTA size of `options` where given.
     ///
     /// Errors: [`Error::Unsupported`] for a head too wide or a device older than sm_80;
     /// [`Error::Ops`] for sizes past the kernels' 32-bit indices, driver and memory failures.
     pub(crate) fn with_options<T: DType>(
         gpu: &Gpu,
         bsb: &Bsb,
+        order: &RowOrder,
         heads: usize,
         head_dim: usize,
         options: Options,
@@ -376,10 +403,31 @@ impl FusedTensorCore {
         to_u32("units × heads", schedule.n_units() * heads)?;
         to_u32("heads × head_dim", heads * head_dim)?;
         let rows = schedule.n_parts() * heads * WINDOW_ROWS;
+        to_u32("rows", bsb.n_rows())?;
+        let row_ids = order.row_ids();
+        if row_ids.is_some_and(|ids| ids.len() != bsb.n_rows()) {
+            return Err(Error::InvalidConfig {
+                what: "row order",
+                why: format!(
+                    "{} caller rows for a BSB of {} rows",
+                    row_ids.map_or(0, <[u32]>::len),
+                    bsb.n_rows()
+                ),
+            });
+        }
+        // Only the 128-feature pipelined kernel reads them (fused_bsb.cu says why).
+        let unit_pre = if layout.pipelined && layout.slice == 128 {
+            Some(DeviceVec::from_host(gpu, &schedule.prologue(bsb, row_ids))?)
+        } else {
+            None
+        };
         Ok(Self {
             bsb: DeviceBsb::upload(gpu, bsb)?,
-            row_ids: None,
-            order_info: format!("rows {}-ordered; kernel {kernel}", Reorder::None),
+            row_ids: row_ids
+                .map(|ids| DeviceVec::from_host(gpu, ids))
+                .transpose()?,
+            unit_pre,
+            order_info: format!("{}; kernel {kernel}", order.info()),
             dtype: T::KIND,
             heads,
             head_dim,
@@ -482,6 +530,9 @@ impl FusedTensorCore {
         if let Some(ids) = &self.row_ids {
             check_same_gpu(gpu, "row ids", ids)?;
         }
+        if let Some(pre) = &self.unit_pre {
+            check_same_gpu(gpu, "unit records", pre)?;
+        }
         let f = gpu.load_function(FUSED_BSB.name, FUSED_BSB.ptx, self.kernel)?;
         let mut args = gpu.launch_builder(&f);
         args.arg(self.units.slice())
@@ -493,6 +544,7 @@ impl FusedTensorCore {
             .arg(&fs)
             .arg(&n_rows)
             .arg_or_null(self.row_ids.as_ref())
+            .arg_or_null(self.unit_pre.as_ref())
             .arg(self.bsb.block_columns().slice())
             .arg(self.bsb.bitmap_words().slice())
             .arg(q.slice())
@@ -506,7 +558,10 @@ impl FusedTensorCore {
         debug_assert_eq!(slice * group, self.layout.padded());
         // SAFETY: items < n_units × heads; row_ids, when given, holds one caller row < n_rows
         // per row of the (row-permuted) BSB (n_rows entries, a permutation's old_of_new), and
-        // only rows < n_rows are looked up; each unit's 4 entries lie in `units` (4 × n_units),
+        // only rows < n_rows are looked up; the 128-feature pipelined kernels read PRE_WORDS
+        // records of units < n_units from unit_pre (given exactly for those kernels), whose
+        // columns are block columns or NONE and whose rows are caller rows < n_rows or NONE
+        // (`Schedule::prologue`); each unit's 4 entries lie in `units` (4 × n_units),
         // its split in `unit_split` (n_units) and `split_part_first` (n_split + 1). A unit's
         // blocks lie in [0, n_blocks): block_columns holds 8 and bitmap_words 2 u64 per block.
         // Q and out rows read and written are window rows < n_rows, K and V rows are real
@@ -660,6 +715,51 @@ mod tests {
     }
 
     #[test]
+    fn prologue_records_hold_the_first_two_steps_and_the_caller_rows() {
+        // Window 0: row 3 with 20 columns (3 blocks); window 1 (rows 16..18 of 18): 1 block.
+        let mut edges: Vec<(u32, u32)> = (0..20).map(|c| (3, c * 2)).collect();
+        edges.extend([(16, 5), (17, 6)]);
+        let a = Csr::from_edges(18, 40, &edges).unwrap();
+        let bsb = Bsb::from_csr(&a).unwrap();
+        let s = Schedule::new(&bsb, 16).unwrap();
+        let ids: Vec<u32> = (0..18).rev().collect();
+        for row_ids in [None, Some(&ids[..])] {
+            let pre = s.prologue(&bsb, row_ids);
+            assert_eq!(pre.len(), s.n_units() * PRE_WORDS);
+            for (u, rec) in s.units.chunks(4).zip(pre.chunks(PRE_WORDS)) {
+                let (w, first, end) = (u[0] as usize, u[1] as usize, u[2] as usize);
+                for (j, &got) in rec[..32].iter().enumerate() {
+                    let blk = first + 2 * (j / 16) + (j % 16) / 8;
+                    let want = if blk < end {
+                        bsb.block_columns()[blk * 8 + j % 8]
+                    } else {
+                        NONE
+                    };
+                    assert_eq!(got, want, "unit {u:?} word {j}");
+                }
+                for r in 0..16 {
+                    let row = w * 16 + r;
+                    let want = match row_ids {
+                        _ if row >= 18 => NONE,
+                        Some(ids) => ids[row],
+                        None => row as u32,
+                    };
+                    assert_eq!(rec[32 + r], want, "window {w} row {r}");
+                }
+            }
+            // Window 0's unit: its first two steps cover blocks 0..3, all 16 slots of step 0.
+            let w0 = s.units.chunks(4).position(|u| u[0] == 0).unwrap();
+            let rec = &pre[w0 * PRE_WORDS..(w0 + 1) * PRE_WORDS];
+            assert!(rec[..16].iter().all(|&c| c != NONE));
+            // Window 1's unit: one block, so step 1 is all NONE, rows 18.. are NONE.
+            let w1 = s.units.chunks(4).position(|u| u[0] == 1).unwrap();
+            let rec = &pre[w1 * PRE_WORDS..(w1 + 1) * PRE_WORDS];
+            assert!(rec[16..32].iter().all(|&c| c == NONE));
+            assert!(rec[32 + 2..].iter().all(|&r| r == NONE));
+        }
+    }
+
+    #[test]
     fn row_order_follows_the_request_and_auto_counts_gathers() {
         // A 24 × 24 grid numbered column-major in pairs of rows scrambled: a locality order
         // gathers fewer rows than the scrambled one.
@@ -786,11 +886,10 @@ mod tests {
                     }
                     for options in variants {
                         let Ok(mut f) = FusedTensorCore::with_options::<half::f16>(
-                            &gpu, bsb, heads, d, options,
+                            &gpu, bsb, order, heads, d, options,
                         ) else {
                             continue;
                         };
-                        f.set_row_order(&gpu, order).unwrap();
                         let mut run = |n: usize| {
                             gpu.time_ms(|| {
                                 for _ in 0..n {

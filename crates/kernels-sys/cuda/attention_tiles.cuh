@@ -590,6 +590,13 @@ __host__ __device__ constexpr u32 bsb_pipe_warp_bytes(u32 d, bool spmm = false) 
     return BSB_PIPE_STAGES * bsb_pipe_stage_bytes(d, spmm) + BSB_MERGE_FLOATS * 4u;
 }
 
+// Words per unit of the fused kernel's prologue record (unit_pre; the host mirrors it,
+// `PRE_WORDS` in fused_tc.rs): the columns of the unit's first two steps (slot l of step s at
+// word 16s + l, SPATTN_NONE past the unit), then the caller rows of its window's 16 rows
+// (SPATTN_NONE past the matrix). Indexed by the unit alone, so that a warp's first copies and
+// Q loads wait for one load, not for the unit's descriptor and then the column ids / row ids.
+#define BSB_PIPE_PRE_WORDS 48u
+
 // The caller's rows (Q, out) of window rows g = lane / 4 and g + 8 of `window`: through row_ids
 // when the plan renumbered the rows, SPATTN_NONE past the matrix.
 __device__ __forceinline__ void bsb_pipe_qrows(const u32* __restrict__ row_ids, u32 window,
@@ -608,13 +615,15 @@ __device__ __forceinline__ void bsb_pipe_qrows(const u32* __restrict__ row_ids, 
 // SpMM: q, k and scale_log2 are not read; P is the bitmap, times `weights` when given (128
 // floats per block, block b's at (b + wbase) * 128, slot r * 8 + c; wbase wraps); m and l are
 // left at 0 (the caller sets the sums its merge needs).
-template <class T, int D, bool SPMM = false>
+// PRE: col01 holds, in lane j, word j of the unit's prologue record (the columns of steps 0 and
+// 1, BSB_PIPE_PRE_WORDS), so the first two steps' copies need no column-id load.
+template <class T, int D, bool SPMM = false, bool PRE = false>
 __device__ __forceinline__ void bsb_pipe_tiles(
     unsigned char* smem, u32 b_begin, u32 b_end, const u32 (&qrow)[2], const T* __restrict__ q,
     const u32* __restrict__ block_columns, const u32* __restrict__ bitmaps,
     const T* __restrict__ k, const T* __restrict__ v, u64 hd, u64 head_off, float scale_log2,
     const float* __restrict__ weights, u32 wbase, float (&m)[2], float (&l)[2],
-    float (&o)[D / 8][4]) {
+    float (&o)[D / 8][4], u32 col01 = 0u) {
     static_assert(sizeof(T) == 2 && (D == 64 || D == 128), "f16 / bf16, 64 or 128 features");
     constexpr int STAGES = BSB_PIPE_STAGES;
     constexpr u32 CH = D / 8;               // 16-byte chunks of a row
@@ -639,16 +648,16 @@ __device__ __forceinline__ void bsb_pipe_tiles(
         return (s < steps && blk < b_end) ? __ldg(block_columns + (u64)blk * 8u + (lane & 7u))
                                           : SPATTN_NONE;
     };
-    // The copies of step s (its columns in col, lane l < 16 holding slot l) into stage
+    // The copies of step s (its columns in col, lane src + l holding slot l) into stage
     // s % STAGES, then a commit (an empty group past the last step keeps the count uniform).
     const u32 cc = lane % CH, rr = lane / CH;  // this lane's chunk, and first slot, of the copies
-    auto issue = [&](u32 s, u32 col) {
+    auto issue = [&](u32 s, u32 col, u32 src) {
         if (s < steps) {
             const u32 sk = base_s + (s % STAGES) * STAGE;
 #pragma unroll
             for (u32 i = 0; i < 16u / RPO; ++i) {
                 const u32 r = rr + RPO * i;
-                const u32 cr = __shfl_sync(0xffffffffu, col, r);
+                const u32 cr = __shfl_sync(0xffffffffu, col, src + r);
                 const bool ok = cr != SPATTN_NONE;
                 const u64 off = ok ? (u64)cr * hd + head_off + cc * 8u : 0u;
                 const u32 dst = r * ROW + ((cc ^ (r & 7u)) * 16u);
@@ -680,12 +689,20 @@ __device__ __forceinline__ void bsb_pipe_tiles(
     }
 
     // Prologue: steps 0 .. STAGES - 2 in flight, the columns of step STAGES - 1 loaded.
-    u32 col_next = cols_of(0u);
+    u32 col_next;
+    if constexpr (PRE) {
+        static_assert(STAGES == 3, "the prologue record holds the first STAGES - 1 = 2 steps");
+        col_next = cols_of(2u);
+        issue(0u, col01, 0u);
+        issue(1u, col01, 16u);
+    } else {
+        col_next = cols_of(0u);
 #pragma unroll
-    for (u32 s = 0; s + 1u < (u32)STAGES; ++s) {
-        const u32 c = col_next;
-        col_next = cols_of(s + 1u);
-        issue(s, c);
+        for (u32 s = 0; s + 1u < (u32)STAGES; ++s) {
+            const u32 c = col_next;
+            col_next = cols_of(s + 1u);
+            issue(s, c, 0u);
+        }
     }
 
     m[0] = m[1] = SPMM ? 0.0f : SPATTN_NEG_INF;
@@ -710,7 +727,7 @@ __device__ __forceinline__ void bsb_pipe_tiles(
         {
             const u32 c = col_next;
             col_next = cols_of(i + STAGES);
-            issue(i + STAGES - 1u, c);
+            issue(i + STAGES - 1u, c, 0u);
         }
         const u32 st = i % STAGES;
         const u32 sk = base_s + st * STAGE, sv = sk + VOFF;

@@ -127,8 +127,10 @@ __device__ __forceinline__ void fused_bsb(
         fused_bsb_##SUFFIX##_s##DS##NAME(                                                      \
             const uint4* units, const u32* unit_split, const u32* split_part_first,            \
             u32 n_items, u32 heads, u32 head_dim, u32 fs, u32 n_rows, const u32* row_ids,      \
-            const u32* block_columns, const u32* bitmaps, const T* q, const T* k, const T* v,  \
-            float scale_log2, T* out, float* part_ml, float* part_acc, u32* counters) {        \
+            const u32* unit_pre, const u32* block_columns, const u32* bitmaps, const T* q,     \
+            const T* k, const T* v, float scale_log2, T* out, float* part_ml, float* part_acc, \
+            u32* counters) {                                                                   \
+        (void)unit_pre;                                                                        \
         fused_bsb<T, DS, VEC, PIPE>(units, unit_split, split_part_first, n_items, heads,       \
                                     head_dim, fs, n_rows, row_ids, block_columns, bitmaps, q,  \
                                     k, v, scale_log2, out, part_ml, part_acc, counters);       \
@@ -158,7 +160,8 @@ template <class T, int D>
 __device__ __forceinline__ void fused_bsb_pipe(
     const uint4* __restrict__ units, const u32* __restrict__ unit_split,
     const u32* __restrict__ split_part_first, u32 n_items, u32 heads, u32 n_rows,
-    const u32* __restrict__ row_ids, const u32* __restrict__ block_columns,
+    const u32* __restrict__ row_ids, const u32* __restrict__ unit_pre,
+    const u32* __restrict__ block_columns,
     const u32* __restrict__ bitmaps, const T* __restrict__ q, const T* __restrict__ k,
     const T* __restrict__ v, float scale_log2, T* __restrict__ out, float* __restrict__ part_ml,
     float* __restrict__ part_acc, u32* __restrict__ counters) {
@@ -170,32 +173,45 @@ __device__ __forceinline__ void fused_bsb_pipe(
         reinterpret_cast<unsigned char*>(bsb_pipe_smem) + warp * bsb_pipe_warp_bytes(D);
 
     const u32 u = item / heads, h = item - u * heads;
+    // D 128: the unit's descriptor and its prologue record, loaded together, so that the first
+    // copies and the Q loads depend on the record only. (D 64 measured 1-5% slower with it on
+    // the large graphs, H200: it loads the column and row ids after the descriptor.)
+    constexpr bool PRE = D == 128;
+    u32 col01 = 0u, qrow[2];
+    if constexpr (PRE) {
+        const u32* pre = unit_pre + (u64)u * BSB_PIPE_PRE_WORDS;
+        const u32 lane = lane_id();
+        col01 = __ldg(pre + lane);
+        qrow[0] = __ldg(pre + 32u + (lane >> 2));
+        qrow[1] = __ldg(pre + 40u + (lane >> 2));
+    }
     const uint4 un = units[u];
     const u32 window = un.x, part = un.w;
     const u64 hd = (u64)heads * D, head_off = (u64)h * D;
-    u32 qrow[2];
-    bsb_pipe_qrows(row_ids, window, n_rows, qrow);
+    if constexpr (!PRE) bsb_pipe_qrows(row_ids, window, n_rows, qrow);
     float m[2], l[2], o[D / 8][4];
-    bsb_pipe_tiles<T, D>(smem, un.y, un.z, qrow, q, block_columns, bitmaps, k, v, hd, head_off,
-                         scale_log2, nullptr, 0u, m, l, o);
+    bsb_pipe_tiles<T, D, false, PRE>(smem, un.y, un.z, qrow, q, block_columns, bitmaps, k, v, hd,
+                                     head_off, scale_log2, nullptr, 0u, m, l, o, col01);
     bsb_pipe_finish<T, D>(part, part == SPATTN_NONE ? 0u : unit_split[u], split_part_first,
                           counters, heads, h, smem, part_ml, part_acc, n_rows, window, row_ids,
                           out, hd, head_off, qrow, m, l, o);
 }
 
 // Entry points fused_bsb_{f16,bf16}_d{64,128}_pipe: fused_bsb's parameters (head_dim must be D,
-// fs 1).
+// fs 1), unit_pre the units' prologue records for D 128 (BSB_PIPE_PRE_WORDS words each, built by
+// the host from the schedule, the block columns and the row order; null for D 64 and the
+// register kernels, which do not read it).
 #define SPATTN_FUSED_BSB_PIPE(SUFFIX, T, D)                                                    \
     extern "C" __global__ void __launch_bounds__(128) fused_bsb_##SUFFIX##_d##D##_pipe(        \
         const uint4* units, const u32* unit_split, const u32* split_part_first, u32 n_items,   \
-        u32 heads, u32 head_dim, u32 fs, u32 n_rows, const u32* row_ids,                       \
+        u32 heads, u32 head_dim, u32 fs, u32 n_rows, const u32* row_ids, const u32* unit_pre,  \
         const u32* block_columns, const u32* bitmaps, const T* q, const T* k, const T* v,      \
         float scale_log2, T* out, float* part_ml, float* part_acc, u32* counters) {            \
         (void)head_dim;                                                                        \
         (void)fs;                                                                              \
         fused_bsb_pipe<T, D>(units, unit_split, split_part_first, n_items, heads, n_rows,      \
-                             row_ids, block_columns, bitmaps, q, k, v, scale_log2, out,        \
-                             part_ml, part_acc, counters);                                     \
+                             row_ids, unit_pre, block_columns, bitmaps, q, k, v, scale_log2,   \
+                             out, part_ml, part_acc, counters);                                \
     }
 
 SPATTN_FUSED_BSB_PIPE(f16, __half, 64)
