@@ -128,8 +128,9 @@ pub(crate) fn short_layout(
 const SPLIT_MAX_GROUPS_PER_SM: usize = 256;
 
 /// The lane layout a plan of `groups` (unit, head) pairs runs, `head_dim` features of
-/// `elem_bytes` whose plain [`layout`] is `plain`: split groups for launches of at most [`SPLIT_MAX_GROUPS_PER_SM`] groups per
-/// SM, narrow groups above, the plain layout where neither exists. Fitted on the H200
+/// `elem_bytes` whose plain [`layout`] is `plain`: split groups for launches of at most
+/// [`SPLIT_MAX_GROUPS_PER_SM`] groups per SM, narrow groups above, the plain layout where
+/// neither exists. Fitted on the H200
 /// (docs/perf-notes.md, "fused-csr: split and narrow groups"; f16, D 64 and 128, against the
 /// plain layout): split groups won the one-head launches of cora, citeseer, lastfm-asia,
 /// pubmed, ppi-graphsaint and facebook-page-page (1.21-1.69x; narrow 0.80-1.20x there), narrow

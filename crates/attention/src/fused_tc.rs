@@ -50,8 +50,9 @@ const MERGE_FLOATS: usize = BSB_MERGE_FLOATS;
 /// Marks a unit whose window is not split (`SPATTN_NONE` in the kernel).
 const NONE: u32 = u32::MAX;
 /// Words of a unit's prologue record for the 128-feature pipelined kernel (`BSB_PIPE_PRE_WORDS` in
-/// attention_tiles.cuh): the columns of its first two steps, then its window's 16 caller rows.
-const PRE_WORDS: usize = 48;
+/// attention_tiles.cuh, 48): the 16 slots' columns of its first two steps, then its window's
+/// caller rows.
+const PRE_WORDS: usize = 2 * 16 + WINDOW_ROWS;
 
 /// Feature slices compiled per warp (`fused_bsb_{dtype}_s{slice}`).
 fn slices(dtype: DTypeKind) -> &'static [usize] {

@@ -9,8 +9,7 @@
 //! pipelined kernel) or the splits of 4 warps (the general kernel). A mixed candidate is kept
 //! only when it beats the faster pure run by [`MIXED_MARGIN`] (timing noise on small graphs).
 //! The unit schedule of the mixed candidates is built from the costs the two extreme runs
-//! measured. `spattn`'s hybrid
-//! attention plan and [`HybridSpmm`] both use it.
+//! measured. `spattn`'s hybrid attention plan and [`HybridSpmm`] both use it.
 //!
 //! ```no_run
 //! use spattn_formats::{Csr, Reorder};
