@@ -6,6 +6,7 @@
 
 use rayon::prelude::*;
 
+use crate::alloc;
 use crate::error::{Error, Result};
 
 /// The largest number of stored entries (32-bit row offsets).
@@ -309,7 +310,7 @@ impl Csr {
         Ok(Self::from_parts_unchecked(
             n_rows,
             n_cols,
-            vec![0; n_rows + 1],
+            alloc::try_filled(n_rows + 1, 0, "row offsets")?,
             Vec::new(),
             None,
         ))
@@ -318,13 +319,11 @@ impl Csr {
     /// The `n × n` identity pattern (every node attends to itself only).
     pub fn identity(n: usize) -> Result<Self> {
         check_dim("n", n)?;
-        Ok(Self::from_parts_unchecked(
-            n,
-            n,
-            (0..=n as u32).collect(),
-            (0..n as u32).collect(),
-            None,
-        ))
+        let mut offsets = alloc::try_with_capacity(n + 1, "row offsets")?;
+        offsets.extend(0..=n as u32);
+        let mut cols = alloc::try_with_capacity(n, "column indices")?;
+        cols.extend(0..n as u32);
+        Ok(Self::from_parts_unchecked(n, n, offsets, cols, None))
     }
 
     /// Builds a CSR matrix from `(row, col)` edges in any order; sorts them and drops
@@ -379,18 +378,30 @@ impl Csr {
             });
         }
 
+        // The whole working set (offsets, cursors, per-row slices and lengths, the sorted
+        // entries) is checked first, so a size line that promises 2^32 rows fails here.
+        let nnz = rows.len();
+        let entry_bytes = 4 + if values.is_some() { 4 } else { 0 };
+        let working = (n_rows as u64 + 1)
+            .checked_mul(4 * 4 + std::mem::size_of::<&mut [u32]>() as u64)
+            .and_then(|b| b.checked_add((nnz as u64).checked_mul(entry_bytes)?));
+        alloc::check_host_bytes("the CSR's rows and entries", working)?;
+
         // Counting sort by row.
-        let mut offsets = vec![0u32; n_rows + 1];
+        let mut offsets = alloc::try_filled(n_rows + 1, 0u32, "row offsets")?;
         for &r in rows {
             offsets[r as usize + 1] += 1;
         }
         for i in 0..n_rows {
             offsets[i + 1] += offsets[i];
         }
-        let nnz = rows.len();
-        let mut next = offsets.clone();
-        let mut sorted_cols = vec![0u32; nnz];
-        let mut sorted_vals = values.map(|_| vec![0f32; nnz]);
+        let mut next = alloc::try_with_capacity(n_rows + 1, "row cursors")?;
+        next.extend_from_slice(&offsets);
+        let mut sorted_cols = alloc::try_filled(nnz, 0u32, "column indices")?;
+        let mut sorted_vals = match values {
+            Some(_) => Some(alloc::try_filled(nnz, 0f32, "values")?),
+            None => None,
+        };
         for (i, (&r, &c)) in rows.iter().zip(cols).enumerate() {
             let slot = &mut next[r as usize];
             sorted_cols[*slot as usize] = c;
@@ -423,7 +434,7 @@ impl Csr {
         };
 
         // Compact the rows that shrank.
-        let mut new_offsets = vec![0u32; n_rows + 1];
+        let mut new_offsets = alloc::try_filled(n_rows + 1, 0u32, "row offsets")?;
         for i in 0..n_rows {
             new_offsets[i + 1] = new_offsets[i] + new_lens[i];
         }
@@ -607,14 +618,15 @@ impl Csr {
             .map(|i| u32::from(self.row(i).binary_search(&(i as u32)).is_err()))
             .collect();
         let added: u64 = missing.iter().map(|&m| m as u64).sum();
-        check_nnz(self.nnz() + added as usize)?;
-        let mut offsets = Vec::with_capacity(n + 1);
+        let new_nnz = self.nnz() + added as usize;
+        check_nnz(new_nnz)?;
+        let mut offsets = alloc::try_with_capacity(n + 1, "row offsets")?;
         offsets.push(0u32);
-        let mut cols = Vec::with_capacity(self.nnz() + added as usize);
-        let mut vals = self
-            .values
-            .as_ref()
-            .map(|_| Vec::with_capacity(self.nnz() + added as usize));
+        let mut cols = alloc::try_with_capacity(new_nnz, "column indices")?;
+        let mut vals = match self.values {
+            Some(_) => Some(alloc::try_with_capacity(new_nnz, "values")?),
+            None => None,
+        };
         for (i, &is_missing) in missing.iter().enumerate() {
             let range = self.row_range(i);
             let row = &self.col_indices[range.clone()];
@@ -650,18 +662,21 @@ impl Csr {
         let nnz = self.nnz();
         check_nnz(2 * nnz)?;
         let row_idx = self.row_indices();
-        let mut rows = Vec::with_capacity(2 * nnz);
+        let mut rows = alloc::try_with_capacity(2 * nnz, "row indices")?;
         rows.extend_from_slice(&row_idx);
         rows.extend_from_slice(&self.col_indices);
-        let mut cols = Vec::with_capacity(2 * nnz);
+        let mut cols = alloc::try_with_capacity(2 * nnz, "column indices")?;
         cols.extend_from_slice(&self.col_indices);
         cols.extend_from_slice(&row_idx);
-        let vals = self.values.as_ref().map(|v| {
-            let mut out = Vec::with_capacity(2 * nnz);
-            out.extend_from_slice(v);
-            out.extend_from_slice(v);
-            out
-        });
+        let vals = match self.values.as_ref() {
+            Some(v) => {
+                let mut out = alloc::try_with_capacity(2 * nnz, "values")?;
+                out.extend_from_slice(v);
+                out.extend_from_slice(v);
+                Some(out)
+            }
+            None => None,
+        };
         Csr::from_unsorted(self.n_rows, self.n_cols, &rows, &cols, vals.as_deref())
     }
 

@@ -164,6 +164,17 @@ pub enum Error {
         /// Which invariant fails.
         why: String,
     },
+    /// A buffer sized from the input needs more host memory than is available (or than 64-bit
+    /// sizes can count).
+    #[error("cannot allocate {} for {what}{}", crate::alloc::describe_bytes(*bytes), available.map(|a| format!(": {} of host memory available", crate::alloc::describe_bytes(a))).unwrap_or_default())]
+    OutOfMemory {
+        /// The buffer.
+        what: &'static str,
+        /// Bytes it needs (`u64::MAX` where the count overflows).
+        bytes: u64,
+        /// Bytes available, where the system says.
+        available: Option<u64>,
+    },
     /// An I/O failure on a stream with no path.
     #[error("read error: {0}")]
     Read(#[from] std::io::Error),

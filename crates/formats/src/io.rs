@@ -106,6 +106,12 @@ fn quote(tok: &[u8]) -> String {
     }
 }
 
+/// `buf` without a leading UTF-8 byte-order mark (editors on Windows write one; it is not
+/// content).
+fn strip_bom(buf: &[u8]) -> &[u8] {
+    buf.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(buf)
+}
+
 /// Splits off the first line of `buf`: returns it (without its `\n`) and the rest (after the
 /// `\n`), or `None` when `buf` is empty.
 fn next_line(buf: &[u8]) -> Option<(&[u8], &[u8])> {
@@ -634,6 +640,7 @@ pub fn read_matrix_market_from<R: BufRead>(
 
 /// Parses a whole decompressed MatrixMarket file, in chunks of about `chunk_bytes`.
 fn parse_matrix_market(bytes: &[u8], path: Option<&Path>, chunk_bytes: usize) -> Result<Csr> {
+    let bytes = strip_bom(bytes);
     // Header: banner, comments, size line, read line by line.
     let (banner, mut rest) =
         next_line(bytes).ok_or_else(|| parse_error(path, 1, "empty file: missing banner"))?;
@@ -932,6 +939,7 @@ fn parse_edge_list(
 ) -> Result<Csr> {
     const COMMENTS: &[u8] = b"#%";
     const SEPS: Separators = Separators::WhitespaceOrComma;
+    let bytes = strip_bom(bytes);
     if let Some(n) = opts.n {
         if n as u64 > MAX_DIM {
             return Err(Error::DimensionTooLarge {

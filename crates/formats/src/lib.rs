@@ -32,6 +32,7 @@
 //! # Ok::<(), spattn_formats::Error>(())
 //! ```
 
+pub mod alloc;
 pub mod bsb;
 pub mod cluster;
 pub mod csr;

@@ -16,6 +16,7 @@ use rand::RngCore;
 use rand_pcg::Pcg64;
 use rayon::prelude::*;
 
+use crate::alloc;
 use crate::csr::{Csr, MAX_NNZ};
 use crate::error::{Error, Result};
 
@@ -106,6 +107,11 @@ impl RmatConfig {
         (self.a, self.b, self.c) = (a, b, c);
         self
     }
+    /// Sets the scale (`2^scale` nodes).
+    pub fn with_scale(mut self, scale: u32) -> Self {
+        self.scale = scale;
+        self
+    }
     /// Sets the seed.
     pub fn with_seed(mut self, seed: u64) -> Self {
         self.seed = seed;
@@ -135,6 +141,14 @@ impl RmatConfig {
     /// [`RmatConfig::validate`]).
     pub fn n_nodes(&self) -> usize {
         1usize.checked_shl(self.scale).unwrap_or(usize::MAX)
+    }
+    /// The most host memory [`rmat`] holds at once, in bytes: the drawn edges in both
+    /// directions (16 bytes an edge) and the CSR build's working set (32 bytes a node, 8 an
+    /// edge). `None` where that overflows 64 bits.
+    pub fn peak_host_bytes(&self) -> Option<u64> {
+        let (m, n) = (self.n_edges(), self.n_nodes() as u64);
+        m.checked_mul(16 + 8)
+            .and_then(|b| b.checked_add(n.checked_mul(32)?))
     }
     /// Number of directed edges drawn, `edge_factor · 2^scale`, before deduplication,
     /// symmetrization and self-loop handling (saturating for an invalid scale).
@@ -263,8 +277,8 @@ pub fn rmat_edges(config: &RmatConfig) -> Result<(Vec<u32>, Vec<u32>)> {
     let tab = threshold(config.a + config.b);
     let tabc = threshold(config.a + config.b + config.c);
 
-    let mut src = vec![0u32; m];
-    let mut dst = vec![0u32; m];
+    let mut src = alloc::try_filled(m, 0u32, "R-MAT edge sources")?;
+    let mut dst = alloc::try_filled(m, 0u32, "R-MAT edge destinations")?;
     src.par_chunks_mut(EDGES_PER_STREAM)
         .zip(dst.par_chunks_mut(EDGES_PER_STREAM))
         .enumerate()
@@ -337,6 +351,10 @@ fn random_labels(n: usize, seed: u64) -> Vec<u32> {
 /// # Ok::<(), spattn_formats::Error>(())
 /// ```
 pub fn rmat(config: &RmatConfig) -> Result<Csr> {
+    config.validate()?;
+    // The peak: the drawn edges in both directions (4 arrays of m u32) and the CSR build's
+    // working set (its rows: 32 bytes a row; its 2m sorted entries), checked before drawing.
+    alloc::check_host_bytes("the R-MAT graph's edges and CSR", config.peak_host_bytes())?;
     let (mut src, mut dst) = rmat_edges(config)?;
     let n = config.n_nodes();
     if !config.self_loops {
@@ -346,8 +364,10 @@ pub fn rmat(config: &RmatConfig) -> Result<Csr> {
         // One sort for A + Aᵀ: rows = src ++ dst, cols = dst ++ src.
         let m = src.len();
         let mut rows = src;
+        alloc::try_reserve(&mut rows, m, "R-MAT reverse edges")?;
         rows.extend_from_slice(&dst);
         let mut cols = dst;
+        alloc::try_reserve(&mut cols, m, "R-MAT reverse edges")?;
         cols.extend_from_slice(&rows[..m]);
         Csr::from_unsorted(n, n, &rows, &cols, None)?
     } else {

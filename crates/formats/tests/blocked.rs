@@ -2,7 +2,7 @@
 //! (ME-BCRS and BSB), on hand-made, random, R-MAT and real graphs.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use proptest::prelude::*;
 use spattn_formats::{rmat, Bsb, Csr, Error, MeBcrs, RmatConfig};
@@ -994,13 +994,9 @@ proptest! {
 // Real graphs and R-MAT.
 // ---------------------------------------------------------------------------------------------
 
-fn shared_mtx_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/mtx")
-}
-
 #[test]
 fn cora_round_trip() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/cora.mtx.gz");
+    let path = spattn_test_support::cora_path();
     let a = spattn_formats::read_matrix_market(&path).unwrap();
     assert_eq!((a.n_rows(), a.nnz()), (2708, 10556));
     check_both(&a, true);
@@ -1011,10 +1007,13 @@ fn cora_round_trip() {
 
 #[test]
 fn shared_graphs_round_trip() {
-    let dir = shared_mtx_dir();
+    let Some(dir) = spattn_test_support::shared_data_root().map(|r| r.join("mtx")) else {
+        eprintln!("note: ../shared/data not found, skipping the shared graphs");
+        return;
+    };
     let Ok(entries) = std::fs::read_dir(&dir) else {
         eprintln!(
-            "note: {} not found, skipping the shared graphs",
+            "note: {} unreadable, skipping the shared graphs",
             dir.display()
         );
         return;

@@ -715,12 +715,61 @@ fn edge_list_files_plain_and_gzip() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Hostile sizes and encodings
+// ---------------------------------------------------------------------------------------------
+
+/// Asserts an out-of-memory error naming a buffer and a byte count, not an abort.
+#[track_caller]
+fn assert_out_of_memory(result: Result<Csr, Error>) {
+    match result {
+        Err(e @ Error::OutOfMemory { .. }) => {
+            let msg = e.to_string();
+            assert!(msg.starts_with("cannot allocate "), "{msg}");
+            assert!(msg.contains(" bytes"), "{msg}");
+            assert!(!msg.contains('\n'), "{msg}");
+        }
+        other => panic!("expected an out-of-memory error, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_size_line_of_four_billion_rows_is_an_error_not_an_abort() {
+    // Two entries, but a size line that makes the row offsets alone 16 GiB (the working set of
+    // the CSR build is 8x that, more than any test machine has available).
+    let text = format!("{PATTERN_HEADER}4294967294 4294967294 2\n1 2\n3 4\n");
+    assert_out_of_memory(mm(&text));
+}
+
+#[test]
+fn an_edge_list_with_a_four_billion_index_is_an_error_not_an_abort() {
+    // The 17-byte input: the largest index makes n = 4294967294.
+    assert_out_of_memory(edges("0 1\n4294967293 1", EdgeListOptions::default()));
+    // One past the 32-bit limit is a parse error.
+    assert!(edges("0 4294967295\n", EdgeListOptions::default()).is_err());
+}
+
+#[test]
+fn a_utf8_byte_order_mark_is_skipped() {
+    let text = format!("\u{feff}{PATTERN_HEADER}2 2 1\n1 2\n");
+    let a = mm(&text).unwrap();
+    assert_eq!((a.n_rows(), a.nnz(), a.row(0)), (2, 1, &[1u32][..]));
+    let a = edges("\u{feff}# SNAP\n0 1\n", EdgeListOptions::default()).unwrap();
+    assert_eq!((a.n_rows(), a.nnz()), (2, 1));
+    // Gzip'd, too: the mark is inside the compressed text.
+    let dir = temp_dir("bom");
+    let path = dir.join("bom.mtx.gz");
+    std::fs::write(&path, gzip(text.as_bytes())).unwrap();
+    assert_eq!(read_matrix_market(&path).unwrap().nnz(), 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
 // Real graphs
 // ---------------------------------------------------------------------------------------------
 
 #[test]
 fn bundled_cora() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/cora.mtx.gz");
+    let path = spattn_test_support::cora_path();
     let a = read_matrix_market(&path).unwrap();
     assert_eq!((a.n_rows(), a.n_cols(), a.nnz()), (2708, 2708, 10556));
     assert_eq!(a.values(), None);
@@ -780,15 +829,11 @@ fn parse_graphs_json(text: &str) -> Vec<GraphStats> {
 
 #[test]
 fn shared_graphs_match_graphs_json() {
-    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data");
-    let json = data.join("graphs.json");
-    if !json.exists() {
-        println!(
-            "note: {} not found; skipping the shared-graph check",
-            json.display()
-        );
+    let Some(data) = spattn_test_support::shared_data_root() else {
+        println!("note: ../shared/data/graphs.json not found; skipping the shared-graph check");
         return;
-    }
+    };
+    let json = data.join("graphs.json");
     let graphs = parse_graphs_json(&std::fs::read_to_string(&json).unwrap());
     assert_eq!(graphs.len(), 10, "{graphs:?}");
     for g in &graphs {

@@ -514,7 +514,7 @@ fn permutation_length_errors() {
 
 #[test]
 fn degree_reordering_of_cora_groups_long_rows() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/cora.mtx.gz");
+    let path = spattn_test_support::cora_path();
     let a = spattn_formats::read_matrix_market(&path)
         .unwrap()
         .symmetrize_with_self_loops()

@@ -29,8 +29,11 @@ impl Shape {
                 why: "must be at least 1".into(),
             });
         }
-        rows.checked_mul(heads)
-            .and_then(|x| x.checked_mul(head_dim))
+        // heads × head_dim on its own too: with rows = 0 the full product cannot overflow,
+        // but row_len() must not either.
+        heads
+            .checked_mul(head_dim)
+            .and_then(|row| row.checked_mul(rows))
             .ok_or_else(|| Error::InvalidArgument {
                 what: "shape",
                 why: format!("{rows} x {heads} x {head_dim} overflows usize"),
@@ -85,5 +88,21 @@ impl Shape {
 impl std::fmt::Display for Shape {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} x {} x {}", self.rows, self.heads, self.head_dim)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overflowing_shapes_are_errors_not_panics() {
+        // heads × head_dim = 2^64 with no rows: the product with rows is 0, row_len is not.
+        let big = 1usize << 32;
+        let e = Shape::new(0, big, big).unwrap_err();
+        assert!(e.to_string().contains("overflows"), "{e}");
+        assert!(Shape::new(big, big, 1).is_err());
+        let s = Shape::new(0, 3, 5).unwrap();
+        assert_eq!((s.row_len(), s.len(), s.is_empty()), (15, 0, true));
     }
 }
