@@ -4,10 +4,6 @@
 //! from the GPU bundle. Inputs are drawn fresh (seed printed; replay with SPATTN_SEED), outputs
 //! poisoned with NaN before each forward.
 
-#[path = "../../ops/tests/common/mod.rs"]
-mod common;
-
-use common::*;
 use half::{bf16, f16};
 use rand::Rng;
 use rand_pcg::Pcg64;
@@ -15,6 +11,7 @@ use spattn::{Algorithm, AttentionConfig, AttentionPlan};
 use spattn_formats::{Csr, Reorder};
 use spattn_ops::cpu::{attention_f64_from, rel_l2_error, AttentionInputs};
 use spattn_ops::{DType, DTypeKind, DeviceMatrix, Gpu, Shape};
+use spattn_test_support::*;
 
 const GPU_ALGORITHMS: [Algorithm; 5] = [
     Algorithm::UnfusedCsr,
@@ -131,7 +128,7 @@ fn check_all_dtypes(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut
 fn shared_graphs() {
     let gpu = gpu();
     let mut rng = fresh_rng("shared_graphs");
-    for name in ["cora", "pubmed", "ogbn-arxiv"] {
+    for name in test_graphs(&["cora", "pubmed", "ogbn-arxiv"]) {
         let a = shared_graph(name);
         for (heads, head_dim) in [(1, 128), (8, 64), (4, 24)] {
             check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
@@ -242,7 +239,7 @@ fn fused_csr_row_orders() {
 fn autotune_runs_the_fastest_candidate() {
     let gpu = gpu();
     let mut rng = fresh_rng("autotune");
-    for name in ["cora", "pubmed"] {
+    for name in test_graphs(&["cora", "pubmed"]) {
         let a = shared_graph(name);
         check_algs::<f32>(&gpu, &a, &[Algorithm::Auto], 2, 64, &mut rng, 1.0, true);
         check_algs::<f16>(&gpu, &a, &[Algorithm::Auto], 1, 128, &mut rng, 1.0, true);

@@ -10,16 +10,13 @@
 //! gradients are the f32 result rounded once. dscale is a sum of `nnz × heads` signed terms:
 //! its error is bounded relative to the sum of their magnitudes.
 
-#[path = "../../ops/tests/common/mod.rs"]
-mod common;
-
-use common::*;
 use half::{bf16, f16};
 use rand_pcg::Pcg64;
 use spattn::{Algorithm, AttentionConfig, AttentionPlan, BackwardKernels};
 use spattn_formats::Csr;
 use spattn_ops::cpu::{attention_backward_f64_from, rel_l2_error, AttentionInputs};
 use spattn_ops::{DType, DeviceMatrix, Gpu, Shape};
+use spattn_test_support::*;
 
 const GPU_ALGORITHMS: [Algorithm; 5] = [
     Algorithm::UnfusedCsr,
@@ -187,7 +184,7 @@ fn shared_graphs() {
     let mut rng = fresh_rng("shared_graphs");
     // The backward is the same for every forward algorithm (tested on the other cases); here
     // one plan per configuration keeps the f64 references of the large graphs affordable.
-    for name in ["cora", "pubmed", "ogbn-arxiv"] {
+    for name in test_graphs(&["cora", "pubmed", "ogbn-arxiv"]) {
         let a = shared_graph(name);
         for (heads, head_dim) in [(1, 128), (8, 64), (4, 24)] {
             let auto = [Algorithm::Auto];

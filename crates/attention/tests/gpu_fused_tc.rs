@@ -10,16 +10,13 @@
 //!
 //! Tolerances (DESIGN.md): f16 ≤ 5e-3, bf16 ≤ 2e-2, f32 through tf32 ≤ 1e-3.
 
-#[path = "../../ops/tests/common/mod.rs"]
-mod common;
-
-use common::*;
 use half::{bf16, f16};
 use rand::Rng;
 use rand_pcg::Pcg64;
 use spattn::{Algorithm, AttentionConfig, AttentionPlan, Reorder};
 use spattn_formats::Csr;
 use spattn_ops::{DType, DTypeKind, DeviceMatrix, Gpu, Shape};
+use spattn_test_support::*;
 
 const ALG: Algorithm = Algorithm::FusedTensorCore;
 
@@ -110,7 +107,7 @@ fn check_all(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64)
 fn shared_graphs() {
     let gpu = gpu();
     let mut rng = fresh_rng("shared_graphs");
-    for name in ["cora", "pubmed", "ogbn-arxiv"] {
+    for name in test_graphs(&["cora", "pubmed", "ogbn-arxiv"]) {
         let a = shared_graph(name);
         for (heads, head_dim) in [(1, 128), (8, 64), (4, 24)] {
             check_all(&gpu, &a, heads, head_dim, &mut rng);

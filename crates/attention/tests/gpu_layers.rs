@@ -12,9 +12,6 @@
 //! `check_gat_attention`).
 //! The measured errors are printed, and each test's seed (replay with SPATTN_SEED).
 
-#[path = "../../ops/tests/common/mod.rs"]
-mod common;
-
 use std::sync::Arc;
 
 use half::{bf16, f16};
@@ -30,11 +27,7 @@ use spattn_ops::dense::GemmElement;
 use spattn_ops::{cpu, elementwise, DType, DeviceMatrix, DeviceVec, Gpu, Shape};
 
 fn cora() -> Csr {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../formats/tests/data/cora.mtx.gz"
-    );
-    read_matrix_market(path)
+    read_matrix_market(spattn_test_support::cora_path())
         .unwrap()
         .symmetrize_with_self_loops()
         .unwrap()
@@ -320,7 +313,7 @@ fn all_gat<T: GemmElement>(c: &Ctx, rng: &mut Pcg64) {
 #[ignore = "needs an NVIDIA GPU"]
 fn gat_matches_the_f64_cpu_layer() {
     let c = ctx();
-    let mut rng = common::fresh_rng("gat_matches_the_f64_cpu_layer");
+    let mut rng = spattn_test_support::fresh_rng("gat_matches_the_f64_cpu_layer");
     all_gat::<f32>(&c, &mut rng);
     all_gat::<f16>(&c, &mut rng);
     all_gat::<bf16>(&c, &mut rng);
@@ -340,7 +333,7 @@ fn all_transformer<T: GemmElement>(c: &Ctx, rng: &mut Pcg64, algs: &[Algorithm])
 #[ignore = "needs an NVIDIA GPU"]
 fn transformer_matches_the_f64_cpu_layer() {
     let c = ctx();
-    let mut rng = common::fresh_rng("transformer_matches_the_f64_cpu_layer");
+    let mut rng = spattn_test_support::fresh_rng("transformer_matches_the_f64_cpu_layer");
     let exact = [Algorithm::Auto, Algorithm::UnfusedCsr, Algorithm::FusedCsr];
     all_transformer::<f32>(&c, &mut rng, &exact);
     let half = [
@@ -357,7 +350,7 @@ fn transformer_matches_the_f64_cpu_layer() {
 #[ignore = "needs an NVIDIA GPU"]
 fn agnn_matches_the_f64_cpu_layer() {
     let c = ctx();
-    let mut rng = common::fresh_rng("agnn_matches_the_f64_cpu_layer");
+    let mut rng = spattn_test_support::fresh_rng("agnn_matches_the_f64_cpu_layer");
     for a in graphs(&mut rng) {
         for dim in [1, 17, 64] {
             agnn_case::<f32>(&c, &a, dim, &mut rng);

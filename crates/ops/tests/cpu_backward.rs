@@ -1,14 +1,12 @@
 //! CPU backward of sparse attention: gradients against central finite differences of the f64
 //! forward, the f32 backward against the f64 one, and the building blocks on their own.
 
-mod common;
-
-use common::*;
 use rand::Rng;
 use rand_pcg::Pcg64;
 use spattn_formats::Csr;
 use spattn_ops::cpu::{self, rel_l2_error, AttentionInputs};
 use spattn_ops::{Error, Shape};
+use spattn_test_support::*;
 
 /// The loss `L = Σ out ⊙ w` of the f64 forward.
 fn loss(a: &Csr, q: &[f64], k: &[f64], v: &[f64], s: (Shape, Shape), scale: f64, w: &[f64]) -> f64 {

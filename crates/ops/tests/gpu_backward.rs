@@ -3,9 +3,6 @@
 //! `#[ignore]`d where there is no NVIDIA GPU. Inputs are drawn fresh (seed printed; replay with
 //! SPATTN_SEED), outputs poisoned with NaN before each launch.
 
-mod common;
-
-use common::*;
 use half::{bf16, f16};
 use rand::Rng;
 use rand_pcg::Pcg64;
@@ -13,6 +10,7 @@ use spattn_formats::Csr;
 use spattn_ops::backward::{self, DeviceTranspose};
 use spattn_ops::cpu::{self, rel_l2_error};
 use spattn_ops::{DType, DeviceCsr, DeviceMatrix, DeviceVec, Gpu, Shape};
+use spattn_test_support::*;
 
 fn gpu() -> Gpu {
     Gpu::new(0).expect("an NVIDIA GPU (this test is ignored elsewhere)")

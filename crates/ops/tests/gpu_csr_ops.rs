@@ -5,15 +5,13 @@
 //! Inputs are drawn fresh per run (the seed is printed; replay with SPATTN_SEED), outputs are
 //! poisoned with NaN before each launch, and errors are ‖out − ref‖ / ‖ref‖ in f64.
 
-mod common;
-
-use common::*;
 use half::{bf16, f16};
 use rand::Rng;
 use rand_pcg::Pcg64;
 use spattn_formats::Csr;
 use spattn_ops::cpu::{self, rel_l2_error};
 use spattn_ops::{csr_ops, DType, DeviceCsr, DeviceMatrix, DeviceVec, Gpu, Shape};
+use spattn_test_support::*;
 
 /// Scores and probabilities are f32 whatever the feature type: f32-level accuracy.
 const F32_TOL: f64 = 1e-5;
@@ -119,7 +117,7 @@ fn check_all_dtypes(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut
 fn ops_on_cora_pubmed_arxiv() {
     let gpu = gpu();
     let mut rng = fresh_rng("ops_on_cora_pubmed_arxiv");
-    for name in ["cora", "pubmed", "ogbn-arxiv"] {
+    for name in test_graphs(&["cora", "pubmed", "ogbn-arxiv"]) {
         let a = shared_graph(name);
         for (heads, head_dim) in [(1, 128), (8, 64), (2, 24)] {
             check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);

@@ -7,9 +7,6 @@
 //! thresholds 0 (all tensor cores), 2 (all CUDA cores) and in between; several warp splits.
 //! Tolerances: f16 5e-3, bf16 2e-2, f32 1e-3 (tf32 on the tensor-core side).
 
-mod common;
-
-use common::*;
 use half::{bf16, f16};
 use rand::Rng;
 use rand_pcg::Pcg64;
@@ -19,6 +16,7 @@ use spattn_ops::{
     csr_ops, tc_ops, DType, DTypeKind, DeviceCsr, DeviceHybrid, DeviceMatrix, DeviceMeBcrs,
     DeviceVec, Gpu, HybridSpmm, Shape,
 };
+use spattn_test_support::*;
 
 fn gpu() -> Gpu {
     Gpu::new(0).expect("an NVIDIA GPU (this test is ignored elsewhere)")

@@ -7,9 +7,6 @@
 //! and errors are ‖out − ref‖ / ‖ref‖ in f64. Per-slot values are head-major
 //! (`h · n_slots + slot`); the host helpers below move them to CSR order for the reference.
 
-mod common;
-
-use common::*;
 use half::{bf16, f16};
 use rand::Rng;
 use rand_pcg::Pcg64;
@@ -19,6 +16,7 @@ use spattn_ops::graph::{self, Backend, DeviceGraph, EdgeLayout, EdgeValues};
 use spattn_ops::{
     csr_ops, tc_ops, DType, DTypeKind, DeviceCsr, DeviceMatrix, DeviceMeBcrs, DeviceVec, Gpu, Shape,
 };
+use spattn_test_support::*;
 
 /// Scores and probabilities from exact inputs are f32 arithmetic: f32-level accuracy.
 const F32_TOL: f64 = 1e-5;
@@ -273,7 +271,7 @@ fn rect_graph(rng: &mut Pcg64, n_rows: usize, n_cols: usize, avg: usize) -> Csr 
 fn tc_ops_on_cora_pubmed_arxiv() {
     let gpu = gpu();
     let mut rng = fresh_rng("tc_ops_on_cora_pubmed_arxiv");
-    for name in ["cora", "pubmed", "ogbn-arxiv"] {
+    for name in test_graphs(&["cora", "pubmed", "ogbn-arxiv"]) {
         let a = shared_graph(name);
         for (heads, head_dim) in [(1, 128), (8, 64), (2, 24)] {
             check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
@@ -546,7 +544,7 @@ fn check_backends_agree<T: DType>(
             T::NAME
         );
     }
-    let tol = tc_tolerance::<T>().max(common::tolerance::<T>());
+    let tol = tc_tolerance::<T>().max(spattn_test_support::tolerance::<T>());
     for (what, out) in [
         ("cuda-core", &cc_out),
         ("tensor-core", &tc_out),

@@ -1,5 +1,19 @@
-//! Shared support of the GPU tests: graphs, fresh random inputs, adversarial patterns.
-#![allow(dead_code)] // each test binary uses its own subset
+//! # spattn-test-support
+//!
+//! What the tests of every spattn crate share (a dev-dependency, never a dependency):
+//!
+//! - where the graphs are, in the repository, beside the repository, and in a GPU bundle copied
+//!   anywhere ([`data_dirs`], [`graph_path`], [`cora_path`]), and the quick mode of the
+//!   bundle's `run.sh --quick` ([`test_graphs`]);
+//! - fresh random inputs whose seed is printed and can be replayed ([`fresh_rng`],
+//!   [`Inputs`]), adversarial graphs ([`random_graph`], [`hub_graph`]);
+//! - the forward check every algorithm's GPU test runs ([`check_forward_twice`]).
+//!
+//! ```
+//! let cora = spattn_test_support::shared_graph("cora"); // symmetrized with self loops
+//! assert_eq!(cora.nnz(), 13264);
+//! ```
+#![allow(missing_docs)] // test support: the fields of `Inputs` say what they are by name
 
 use std::path::PathBuf;
 
@@ -9,27 +23,93 @@ use spattn_formats::{read_matrix_market, rmat, Csr, RmatConfig};
 use spattn_ops::cpu::{attention_f64_from, rel_l2_error, AttentionInputs};
 use spattn_ops::{DType, DTypeKind, DeviceMatrix, Shape};
 
-/// Where the shared graphs are: `SPATTN_DATA_DIR` (the GPU bundle sets it), else
-/// `../shared/data/mtx` beside the repository.
-pub fn data_dir() -> PathBuf {
-    std::env::var_os("SPATTN_DATA_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/mtx")
-        })
+/// The environment variable naming the folder of the graphs (the GPU bundle's run.sh sets it).
+pub const DATA_DIR_ENV: &str = "SPATTN_DATA_DIR";
+
+/// The environment variable of the quick mode (`run.sh --quick` sets it to 1): tests that
+/// loop over the shared graphs run on cora alone.
+pub const QUICK_ENV: &str = "SPATTN_QUICK";
+
+/// The folders graphs are looked for in, in order: `$SPATTN_DATA_DIR`; `data/` beside the
+/// test executable and beside its folder (a GPU bundle copied anywhere); the repository's
+/// `crates/formats/tests/data` and `../shared/data/mtx`, as of the build.
+pub fn data_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Some(dir) = std::env::var_os(DATA_DIR_ENV).filter(|d| !d.is_empty()) {
+        dirs.push(PathBuf::from(dir));
+    }
+    if let Some(exe_dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(PathBuf::from))
+    {
+        dirs.push(exe_dir.join("data"));
+        if let Some(up) = exe_dir.parent() {
+            dirs.push(up.join("data"));
+        }
+    }
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    dirs.push(manifest.join("../formats/tests/data"));
+    dirs.push(manifest.join("../../../shared/data/mtx"));
+    dirs
 }
 
-/// A graph of the shared set, symmetrized with self loops (the benchmark convention).
-/// cora is bundled in the repository; the others are read from [`data_dir`].
+/// `name.mtx.gz` in the first of [`data_dirs`] that has it.
+pub fn find_graph(name: &str) -> Option<PathBuf> {
+    data_dirs()
+        .into_iter()
+        .map(|d| d.join(format!("{name}.mtx.gz")))
+        .find(|p| p.is_file())
+}
+
+/// The path of graph `name`; panics with the folders searched and how to point at others.
+#[track_caller]
+pub fn graph_path(name: &str) -> PathBuf {
+    find_graph(name).unwrap_or_else(|| {
+        let dirs: Vec<String> = data_dirs()
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect();
+        panic!(
+            "{name}.mtx.gz not found in {}; set {DATA_DIR_ENV} to the folder that holds it",
+            dirs.join(", ")
+        )
+    })
+}
+
+/// The bundled cora (`crates/formats/tests/data/cora.mtx.gz`, or `data/` of a GPU bundle).
+pub fn cora_path() -> PathBuf {
+    graph_path("cora")
+}
+
+/// The folder of the shared graphs (`graphs.json` and `mtx/`) beside the repository, where
+/// it exists.
+pub fn shared_data_root() -> Option<PathBuf> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data");
+    root.join("graphs.json").is_file().then_some(root)
+}
+
+/// Whether the quick mode is on ([`QUICK_ENV`] = 1).
+pub fn quick() -> bool {
+    std::env::var(QUICK_ENV).is_ok_and(|v| v == "1")
+}
+
+/// The graphs a test loops over: `names`, or in the quick mode only those of them that are
+/// cheap (cora), saying on stderr which were left out.
+pub fn test_graphs<'a>(names: &[&'a str]) -> Vec<&'a str> {
+    if !quick() {
+        return names.to_vec();
+    }
+    let (kept, left): (Vec<&str>, Vec<&str>) = names.iter().partition(|n| **n == "cora");
+    if !left.is_empty() {
+        eprintln!("{QUICK_ENV}=1: {} left out", left.join(", "));
+    }
+    kept
+}
+
+/// A graph found by [`graph_path`], symmetrized with self loops (the benchmark convention).
+#[track_caller]
 pub fn shared_graph(name: &str) -> Csr {
-    let bundled = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../formats/tests/data")
-        .join(format!("{name}.mtx.gz"));
-    let path = if bundled.exists() {
-        bundled
-    } else {
-        data_dir().join(format!("{name}.mtx.gz"))
-    };
+    let path = graph_path(name);
     let a =
         read_matrix_market(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     a.symmetrize_with_self_loops().expect("square graph")
@@ -102,7 +182,8 @@ pub fn hub_graph(rng: &mut Pcg64, n: usize, hub: usize) -> Csr {
     Csr::from_edges(n, n, &edges).expect("valid edges")
 }
 
-/// The tolerance of DESIGN.md for an output of type `T`.
+/// The tolerance for an output of type `T` against the f64 reference (f32 1e-5, f16 5e-3,
+/// bf16 2e-2).
 pub fn tolerance<T: DType>() -> f64 {
     match T::NAME {
         "f32" => 1e-5,
