@@ -3,13 +3,14 @@
 //! Layout of the bundle (default target/gpu-bundle):
 //!
 //! ```text
-//! run.sh          unpacks bin.tar.* into a temporary folder and runs every test executable
-//!                 with --include-ignored --test-threads=1
+//! run.sh          unpacks bin.tar.* and bench.tar.* into a temporary folder and runs every
+//!                 test executable with --include-ignored --test-threads=1, from any folder
+//!                 (`--quick`: the shared-graph loops on cora alone)
 //! bin.tar.xz      test executables, stripped of debug info, named <package>-<target>
 //!                 (<package>-lib for unit tests)
 //! bench.tar.xz    bench/: criterion bench executables and the spattn-bench binaries
 //! data/           graphs (*.mtx.gz); run.sh points SPATTN_DATA_DIR here
-//! peers/          crates/bench/peers/*.py, where they exist
+//! peers/          crates/bench/peers/*.py and *.sh, and crates/bench/run_gpu_bench.sh
 //! ```
 //!
 //! The executables travel compressed: each one that links spattn-kernels-sys embeds all the
@@ -36,8 +37,12 @@ const BUNDLED_CORA: &str = "crates/formats/tests/data/cora.mtx.gz";
 /// Where the shared graphs are: the `shared/` folder beside the repository.
 const SHARED_GRAPHS: &str = "../shared/data/mtx";
 
-/// The peer scripts of the benchmarks (torch.sparse, PyG-style), where they exist.
+/// The peer scripts of the benchmarks (torch.sparse, PyG-style, fused kernels), where they
+/// exist.
 const PEERS: &str = "crates/bench/peers";
+
+/// The script that runs spattn-bench and the peers graph by graph (into peers/ too).
+const RUN_GPU_BENCH: &str = "crates/bench/run_gpu_bench.sh";
 
 /// The bench package, whose binaries go into bench/.
 const BENCH_PACKAGE: &str = "spattn-bench";
@@ -88,6 +93,8 @@ impl Options {
 
 /// What `cargo metadata` says about the workspace.
 struct Workspace {
+    /// The repository root: every path below is taken from it, wherever cargo was started.
+    root: PathBuf,
     target_dir: PathBuf,
     /// Package id → package name, for the workspace members.
     names: BTreeMap<String, String>,
@@ -134,6 +141,10 @@ fn metadata() -> Result<Workspace, String> {
         .as_str()
         .map(PathBuf::from)
         .ok_or("`cargo metadata` names no target directory")?;
+    let root = meta["workspace_root"]
+        .as_str()
+        .map(PathBuf::from)
+        .ok_or("`cargo metadata` names no workspace root")?;
     let mut names = BTreeMap::new();
     let mut has_benches = false;
     let mut has_bench_package = false;
@@ -151,6 +162,7 @@ fn metadata() -> Result<Workspace, String> {
         has_bench_package |= name == BENCH_PACKAGE && kinds.contains(&"bin");
     }
     Ok(Workspace {
+        root,
         target_dir,
         names,
         has_benches,
@@ -282,12 +294,13 @@ fn copy_file(from: &Path, to: &Path) -> Result<(), String> {
 }
 
 /// Where graph `name` comes from: the repository's own cora, else ../shared/data/mtx.
-fn graph_source(name: &str) -> PathBuf {
+fn graph_source(root: &Path, name: &str) -> PathBuf {
     let stem = name.trim_end_matches(".gz").trim_end_matches(".mtx");
-    if stem == "cora" && Path::new(BUNDLED_CORA).is_file() {
-        return PathBuf::from(BUNDLED_CORA);
+    let bundled = root.join(BUNDLED_CORA);
+    if stem == "cora" && bundled.is_file() {
+        return bundled;
     }
-    Path::new(SHARED_GRAPHS).join(format!("{stem}.mtx.gz"))
+    root.join(SHARED_GRAPHS).join(format!("{stem}.mtx.gz"))
 }
 
 /// Total size of the files under `dir`.
@@ -329,14 +342,14 @@ fn place(exes: &[Executable], dir: &Path) -> Result<(), String> {
 }
 
 /// The graphs to bundle, as (source, file name in data/), checked to exist.
-fn graph_files(extra: &[String]) -> Result<Vec<(PathBuf, String)>, String> {
+fn graph_files(root: &Path, extra: &[String]) -> Result<Vec<(PathBuf, String)>, String> {
     let names = DEFAULT_GRAPHS
         .iter()
         .map(|s| s.to_string())
         .chain(extra.iter().cloned());
     let mut files: Vec<(PathBuf, String)> = Vec::new();
     for name in names {
-        let from = graph_source(&name);
+        let from = graph_source(root, &name);
         let file = file_name(&from);
         if files.iter().any(|(_, f)| *f == file) {
             continue;
@@ -353,15 +366,18 @@ fn graph_files(extra: &[String]) -> Result<Vec<(PathBuf, String)>, String> {
     Ok(files)
 }
 
-/// The peer scripts (crates/bench/peers/*.py), sorted.
-fn peer_scripts() -> Vec<PathBuf> {
-    let Ok(entries) = fs::read_dir(PEERS) else {
-        return Vec::new();
-    };
-    let mut scripts: Vec<PathBuf> = entries
+/// The peer scripts (crates/bench/peers/*.py and *.sh) and run_gpu_bench.sh, sorted.
+fn peer_scripts(root: &Path) -> Vec<PathBuf> {
+    let mut scripts: Vec<PathBuf> = fs::read_dir(root.join(PEERS))
+        .into_iter()
+        .flatten()
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "py"))
+        .filter(|p| p.extension().is_some_and(|e| e == "py" || e == "sh"))
         .collect();
+    let runner = root.join(RUN_GPU_BENCH);
+    if runner.is_file() {
+        scripts.push(runner);
+    }
     scripts.sort();
     scripts
 }
@@ -465,8 +481,14 @@ pub fn run(options: &Options) -> Result<(), String> {
         .clone()
         .unwrap_or_else(|| ws.target_dir.join("gpu-bundle"));
     // Everything that can be checked before a long build is checked first.
-    let graphs = graph_files(&options.graphs)?;
-    let peers = peer_scripts();
+    let graphs = graph_files(&ws.root, &options.graphs)?;
+    let peers = peer_scripts(&ws.root);
+    if peers.is_empty() {
+        return Err(format!(
+            "no peer scripts in {}",
+            ws.root.join(PEERS).display()
+        ));
+    }
     if out.exists() && !is_bundle_or_empty(&out) {
         return Err(format!(
             "{} exists and is not a GPU bundle; choose another --out or remove it",
@@ -564,37 +586,52 @@ fn write_run_sh(out: &Path) -> Result<(), String> {
 const RUN_SH: &str = r#"#!/usr/bin/env bash
 @MARKER@ (commit @COMMIT@).
 #
-#   bash run.sh [ARGS...]              run every test executable, GPU tests included
+#   bash run.sh [--quick] [ARGS...]   run every test executable, GPU tests included
 #   SANITIZE=memcheck bash run.sh      the same under compute-sanitizer (memcheck or racecheck;
 #                                      SANITIZER_FLAGS=... adds compute-sanitizer options)
 #
-# The test executables are in bin.tar.*, unpacked into a temporary folder for each run. Each
-# runs as `EXE --include-ignored --test-threads=1 ARGS...` (ARGS: e.g. a test name filter), from
-# this folder, with SPATTN_DATA_DIR set to data/. Prints PASS or FAIL per executable and
-# `N passed, M failed`; exits non-zero if any failed. Benches: `tar -xf bench.tar.*` here, then
-# run bench/spattn-bench or bench/<package>-<bench> --bench.
+# Runs from any folder: the test executables (bin.tar.*) and spattn-bench (bench.tar.*) are
+# unpacked into a temporary folder for each run; every executable runs as
+# `EXE --include-ignored --test-threads=1 ARGS...` (ARGS: e.g. a test name filter) from this
+# folder, with SPATTN_DATA_DIR set to data/ and SPATTN_BENCH_BIN to the unpacked spattn-bench.
+# --quick sets SPATTN_QUICK=1: the tests that loop over the shared graphs run on cora alone.
+# Prints PASS or FAIL and the seconds per executable, then `N passed, M failed`; exits non-zero
+# if any failed. Benches: `tar -xf bench.tar.*` here, then run bench/spattn-bench or
+# bench/<package>-<bench> --bench.
 set -u
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 export SPATTN_DATA_DIR="$here/data"
 export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
+if [ "${1:-}" = "--quick" ]; then
+    export SPATTN_QUICK=1
+    shift
+fi
 
-archive=""
-for candidate in "$here"/bin.tar.xz "$here"/bin.tar.gz; do
-    if [ -f "$candidate" ]; then
-        archive="$candidate"
-        break
-    fi
-done
-if [ -z "$archive" ]; then
+find_archive() {
+    local candidate
+    for candidate in "$here/$1.tar.xz" "$here/$1.tar.gz"; do
+        if [ -f "$candidate" ]; then
+            echo "$candidate"
+            return 0
+        fi
+    done
+    return 1
+}
+archive="$(find_archive bin)" || {
     echo "run.sh: no bin.tar.xz or bin.tar.gz beside run.sh" >&2
     exit 2
-fi
+}
 work="$(mktemp -d "${TMPDIR:-/tmp}/spattn-bundle.XXXXXX")" || exit 2
 status_file="$work/status"
 trap 'rm -rf "$work"' EXIT
-if ! tar -C "$work" -xf "$archive"; then
-    echo "run.sh: cannot unpack $archive (needs tar, and xz for .tar.xz)" >&2
-    exit 2
+for a in "$archive" $(find_archive bench); do
+    if ! tar -C "$work" -xf "$a"; then
+        echo "run.sh: cannot unpack $a (needs tar, and xz for .tar.xz)" >&2
+        exit 2
+    fi
+done
+if [ -x "$work/bench/spattn-bench" ]; then
+    export SPATTN_BENCH_BIN="$work/bench/spattn-bench"
 fi
 
 wrap=()
@@ -658,27 +695,29 @@ run_one() {
 passed=0
 failed=0
 results=()
+total_start=$SECONDS
 for exe in "$work"/bin/*; do
     [ -f "$exe" ] && [ -x "$exe" ] || continue
     name="$(basename "$exe")"
     echo "=== $name"
+    start=$SECONDS
     if run_one "$exe" "$@"; then
         passed=$((passed + 1))
-        results+=("PASS $name")
-        echo "PASS $name"
+        line="PASS $name ($((SECONDS - start)) s)"
     else
         failed=$((failed + 1))
-        results+=("FAIL $name ($reason)")
-        echo "FAIL $name ($reason)"
+        line="FAIL $name ($reason, $((SECONDS - start)) s)"
     fi
+    results+=("$line")
+    echo "$line"
 done
 
 echo
-echo "=== summary${SANITIZE:+ (compute-sanitizer --tool $SANITIZE)}"
+echo "=== summary${SANITIZE:+ (compute-sanitizer --tool $SANITIZE)}${SPATTN_QUICK:+ (quick)}"
 if [ "${#results[@]}" -gt 0 ]; then
     printf '%s\n' "${results[@]}"
 fi
-echo "$passed passed, $failed failed"
+echo "$passed passed, $failed failed in $((SECONDS - total_start)) s"
 [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
 "#;
 

@@ -26,6 +26,7 @@ fn load(spec: GraphSpec) -> Graph {
         data_dirs: &dirs,
         symmetrize: true,
         rmat_seed: 1,
+        host_memory: None,
     };
     graphs::load(&spec, &options).unwrap_or_else(|e| panic!("loading {spec:?}: {e}"))
 }

@@ -17,7 +17,8 @@ use spattn_ops::DTypeKind;
     disable_help_subcommand = true,
     after_help = "With no graph option: the bundled cora and R-MAT scale 14, both symmetrized \
                   with self loops; head_dim 64, 1 head, f16 on the GPU (f32 on the CPU).\n\
-                  `spattn-bench report --json RUN.json` turns the JSON of runs into BENCHMARKS.md."
+                  `spattn-bench report --json RUN.json --out FILE.md` turns the JSON of runs into \
+                  a markdown report and an SVG chart."
 )]
 pub struct Cli {
     /// A subcommand; without one, the benchmarks run.
@@ -38,7 +39,8 @@ pub enum Command {
 /// Options of the benchmark run.
 #[derive(Args, Debug, Clone, Default)]
 pub struct RunArgs {
-    /// A graph: a MatrixMarket file (.mtx, .mtx.gz), a binary CSR file (.csr, as --dump-csr
+    /// A graph: a MatrixMarket file (.mtx, .mtx.gz), a SNAP-style edge list (`# comments`,
+    /// 0-based `src dst` lines; any other name), a binary CSR file (.csr, as --dump-csr
     /// writes), or the name of a graph in the data folder (e.g. `pubmed`). Repeatable.
     #[arg(long = "graph", value_name = "FILE")]
     pub graphs: Vec<String>,
@@ -120,6 +122,12 @@ pub struct RunArgs {
     #[arg(long = "data-dir", value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
 
+    /// The host memory the run may use, e.g. `8G`, `512M` or a byte count (suffixes K, M, G, T
+    /// in powers of 1024) [default: what the system reports available]. Graphs and shapes that
+    /// need more are refused up front, with the largest --head-dim or --rmat that fits.
+    #[arg(long = "host-memory", value_name = "BYTES", value_parser = parse_bytes)]
+    pub host_memory: Option<u64>,
+
     /// Seed of the random inputs (each graph and shape derives its own from it).
     #[arg(long = "seed", value_name = "N", default_value_t = 1)]
     pub seed: u64,
@@ -127,6 +135,30 @@ pub struct RunArgs {
     /// Seed of the R-MAT generator.
     #[arg(long = "rmat-seed", value_name = "N", default_value_t = 1)]
     pub rmat_seed: u64,
+}
+
+/// `8G`, `512M`, `64k`, `1000`: bytes, suffixes in powers of 1024.
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (digits, shift) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => return Err(format!("'{s}': the suffix must be K, M, G or T")),
+            };
+            (&t[..i], shift)
+        }
+        _ => (t, 0),
+    };
+    let n: u64 = digits
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}' is not a byte count such as 8G or 512M"))?;
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("'{s}' is more than 2^64 bytes"))
 }
 
 fn parse_reorder(s: &str) -> Result<spattn_formats::Reorder, String> {
@@ -144,23 +176,34 @@ pub struct ReportArgs {
     #[arg(long = "peers", value_name = "FILE")]
     pub peers: Vec<PathBuf>,
 
-    /// The markdown file to write.
-    #[arg(long = "out", value_name = "FILE", default_value = "BENCHMARKS.md")]
+    /// The markdown file to write (required: the report never picks a file on its own).
+    #[arg(long = "out", value_name = "FILE", required = true)]
     pub out: PathBuf,
 
-    /// The SVG chart to write (speedups over torch_sparse_attention per graph).
-    #[arg(
-        long = "svg",
-        value_name = "FILE",
-        default_value = "docs/benchmarks.svg"
-    )]
-    pub svg: PathBuf,
+    /// The SVG chart to write (speedups over torch_sparse_attention per graph) [default: the
+    /// --out file with the extension .svg].
+    #[arg(long = "svg", value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+
+    /// Overwrites --out and --svg even where they exist and were not generated from the same
+    /// inputs (a report refuses that by default).
+    #[arg(long = "force")]
+    pub force: bool,
 
     /// Markdown appended verbatim after the generated tables: results of the benchmarks that
     /// are not `spattn-bench` runs (e.g. docs/results/training.md, the training step and the
     /// layers), kept with their own GPU, commit and command so a regeneration keeps them.
     #[arg(long = "append", value_name = "FILE")]
     pub append: Vec<PathBuf>,
+}
+
+impl ReportArgs {
+    /// The chart's path: `--svg`, else `--out` with the extension `.svg`.
+    pub fn svg_path(&self) -> PathBuf {
+        self.svg
+            .clone()
+            .unwrap_or_else(|| self.out.with_extension("svg"))
+    }
 }
 
 /// What the command line asks for.
@@ -271,7 +314,8 @@ mod tests {
             Parsed::Report(r) => {
                 assert_eq!(r.json.len(), 2);
                 assert_eq!(r.out, PathBuf::from("X.md"));
-                assert_eq!(r.svg, PathBuf::from("docs/benchmarks.svg"));
+                assert_eq!(r.svg_path(), PathBuf::from("X.svg"));
+                assert!(!r.force);
             }
             other => panic!("expected a report, got {other:?}"),
         }
@@ -293,6 +337,16 @@ mod tests {
             assert!(!e.to_string().contains('\n'), "{e}");
             assert!(!e.to_string().starts_with("error:"), "{e}");
         }
+    }
+
+    #[test]
+    fn byte_counts() {
+        assert_eq!(parse_bytes("8G"), Ok(8 << 30));
+        assert_eq!(parse_bytes("512m"), Ok(512 << 20));
+        assert_eq!(parse_bytes("1000"), Ok(1000));
+        assert!(parse_bytes("8X").is_err());
+        assert!(parse_bytes("G").is_err());
+        assert!(parse_bytes("99999999999T").is_err());
     }
 
     #[test]

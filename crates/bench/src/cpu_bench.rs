@@ -13,6 +13,7 @@ use crate::cases::{Case, Runner};
 use crate::error::{Error, Result};
 use crate::inputs::{to_f64, HostInputs};
 use crate::measure::{Measured, RunSettings};
+use crate::progress::{step, Counter};
 use crate::record::DeviceRecord;
 use crate::timing::Timings;
 
@@ -66,22 +67,31 @@ fn run_case<T: DType>(
     let mut out = vec![0.0f32; s_q.len()];
     let run = |out: &mut [f32]| cpu::attention(csr, &inputs, host.scale, out);
     if settings.check {
-        run(&mut out)?;
-        let rounded: Vec<T> = out.iter().map(|&x| T::from_f32(x)).collect();
-        let (q64, k64, v64) = (to_f64(&host.q), to_f64(&host.k), to_f64(&host.v));
-        let up = cpu::AttentionInputs::new(&q64, s_q, &k64, s_kv, &v64, s_kv);
-        let mut reference = vec![0.0f64; s_q.len()];
-        cpu::attention(csr, &up, f64::from(host.scale), &mut reference)?;
-        m.rel_error = Some(cpu::rel_l2_error(&to_f64(&rounded), &reference));
+        let (checked, _) = step("computing the f64 reference", || -> Result<f64> {
+            run(&mut out)?;
+            let rounded: Vec<T> = out.iter().map(|&x| T::from_f32(x)).collect();
+            let (q64, k64, v64) = (to_f64(&host.q), to_f64(&host.k), to_f64(&host.v));
+            let up = cpu::AttentionInputs::new(&q64, s_q, &k64, s_kv, &v64, s_kv);
+            let mut reference = vec![0.0f64; s_q.len()];
+            cpu::attention(csr, &up, f64::from(host.scale), &mut reference)?;
+            Ok(cpu::rel_l2_error(&to_f64(&rounded), &reference))
+        });
+        m.rel_error = Some(checked?);
     }
+    let mut progress = Counter::new(
+        format!("{}: warm-up and timed runs", case.name),
+        u64::from(settings.warmup + settings.reps),
+    );
     for _ in 0..settings.warmup {
         run(&mut out)?;
+        progress.inc();
     }
     let mut times = Vec::with_capacity(settings.reps as usize);
     for _ in 0..settings.reps {
         let start = Instant::now();
         run(&mut out)?;
         times.push(start.elapsed().as_secs_f64() * 1e3);
+        progress.inc();
     }
     m.timings = Timings::of(&times);
     Ok(())

@@ -871,8 +871,13 @@ fn measure_into(
     if settings.check {
         m.rel_error = Some(case.check()?);
     }
+    let mut progress = crate::progress::Counter::new(
+        "warm-up and timed runs",
+        u64::from(settings.warmup + settings.reps),
+    );
     for _ in 0..settings.warmup {
         case.launch()?;
+        progress.inc();
     }
     gpu.synchronize()?;
     let mut times = Vec::with_capacity(settings.reps as usize);
@@ -881,6 +886,7 @@ fn measure_into(
         case.launch()?;
         timer.stop()?;
         times.push(f64::from(timer.elapsed_ms()?));
+        progress.inc();
     }
     m.timings = Timings::of(&times);
     if m.timings.is_none() {

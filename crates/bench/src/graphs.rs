@@ -1,7 +1,8 @@
 //! The graphs of a run: where they are found, how they are loaded or generated, their names
 //! and their statistics.
 //!
-//! A `--graph` argument is a file (MatrixMarket `.mtx` / `.mtx.gz`, or the binary `.csr` of
+//! A `--graph` argument is a file (MatrixMarket `.mtx` / `.mtx.gz`, a SNAP-style edge list
+//! with `# comments` and 0-based `src dst` lines, plain or gzip'd, or the binary `.csr` of
 //! [`crate::csr_file`]), or a bare name looked up in the data folders: `--data-dir`,
 //! `$SPATTN_DATA_DIR`, `data/` beside the binary's folder (the layout of `cargo xtask
 //! gpu-bundle`: `bench/spattn-bench`, `data/*.mtx.gz`), and the repository's own folders as
@@ -12,7 +13,7 @@ use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
 use spattn_formats::{
-    read_matrix_market, read_matrix_market_from, rmat, Bsb, Csr, MeBcrs, RmatConfig,
+    read_edge_list, read_matrix_market, read_matrix_market_from, rmat, Bsb, Csr, MeBcrs, RmatConfig,
 };
 
 use crate::csr_file;
@@ -109,7 +110,7 @@ pub fn graph_name(path: &Path) -> String {
         .unwrap_or_else(|| path.display().to_string());
     let mut name = file.as_str();
     name = name.strip_suffix(".gz").unwrap_or(name);
-    for ext in [".mtx", ".csr", ".txt"] {
+    for ext in [".mtx", ".csr", ".txt", ".edges", ".el", ".tsv"] {
         name = name.strip_suffix(ext).unwrap_or(name);
     }
     name.to_string()
@@ -144,6 +145,9 @@ pub struct LoadOptions<'a> {
     pub symmetrize: bool,
     /// Seed of R-MAT graphs.
     pub rmat_seed: u64,
+    /// The host memory a generated graph may take (`--host-memory`), else what the system
+    /// reports available.
+    pub host_memory: Option<u64>,
 }
 
 /// Resolves a `--graph` argument to a file.
@@ -174,7 +178,10 @@ pub fn resolve(arg: &str, dirs: &DataDirs) -> Result<PathBuf> {
     } else {
         String::new()
     };
-    Err(Error::new(format!("graph file {arg} not found{looked}")))
+    Err(Error::new(format!(
+        "graph file {arg} not found{looked}; pass --data-dir DIR or set {DATA_DIR_ENV}=DIR to \
+         the folder that holds it, or give the file's path"
+    )))
 }
 
 /// Loads or generates the graph of `spec`, symmetrized with self loops when asked, as a pattern.
@@ -201,6 +208,12 @@ pub fn load(spec: &GraphSpec, options: &LoadOptions<'_>) -> Result<Graph> {
                 RmatConfig::new(*scale)
             }
             .with_seed(options.rmat_seed);
+            let available = options
+                .host_memory
+                .or_else(spattn_formats::alloc::available_host_bytes);
+            if let Some(available) = available {
+                crate::memory::check_rmat(&config, available)?;
+            }
             let (csr, secs) = step(&format!("generating R-MAT scale {scale}"), || rmat(&config));
             let csr = csr.map_err(|e| Error::new(format!("R-MAT scale {scale}: {e}")))?;
             let source = format!("R-MAT scale {scale}, seed {}", options.rmat_seed);
@@ -252,13 +265,31 @@ fn read_file(path: &Path) -> Result<(String, String, Csr, f64)> {
     let (csr, secs) = if is_csr {
         step(&label, || csr_file::read_csr(path))
     } else {
-        let (r, secs) = step(&label, || read_matrix_market(path));
+        let (r, secs) = step(&label, || read_graph_text(path));
         (
-            r.map_err(|e| Error::new(format!("cannot read graph {e}"))),
+            r.map_err(|e| match e {
+                // These name the file themselves.
+                spattn_formats::Error::Parse { .. } | spattn_formats::Error::Io { .. } => {
+                    Error::new(format!("cannot read graph {e}"))
+                }
+                _ => Error::new(format!("cannot read graph {}: {e}", path.display())),
+            }),
             secs,
         )
     };
     Ok((name, path.display().to_string(), csr?, secs))
+}
+
+/// Reads a text graph: MatrixMarket where the name says `.mtx` (or the first line is a
+/// MatrixMarket banner), else a SNAP-style edge list (`# comments`, `src dst` lines, 0-based).
+fn read_graph_text(path: &Path) -> spattn_formats::Result<Csr> {
+    let file = path.file_name().map(|f| f.to_string_lossy().into_owned());
+    let is_mtx = file.is_some_and(|f| f.ends_with(".mtx") || f.ends_with(".mtx.gz"));
+    match read_matrix_market(path) {
+        // Not a MatrixMarket banner on line 1: by content, an edge list.
+        Err(spattn_formats::Error::Parse { line: 1, .. }) if !is_mtx => read_edge_list(path),
+        other => other,
+    }
 }
 
 /// The statistics of a graph: degrees, ME-BCRS fill (8-row windows, 8 vectors per block) and
@@ -345,6 +376,7 @@ mod tests {
             data_dirs: &dirs,
             symmetrize: true,
             rmat_seed: 1,
+            host_memory: None,
         };
         let g = load(&GraphSpec::Cora, &options).unwrap();
         assert_eq!(

@@ -33,8 +33,11 @@ pub fn config_seed(base: u64, graph: &str, heads: usize, head_dim: usize, dtype:
 
 /// `len` values uniform in [-1, 1], rounded to `T`, from `seed` and a `stream` number (one per
 /// matrix), in parallel.
-pub fn uniform<T: DType>(len: usize, seed: u64, stream: u64) -> Vec<T> {
-    let mut out = vec![T::default(); len];
+///
+/// # Errors
+/// Where the host cannot hold `len` values (fallible allocation, never an abort).
+pub fn uniform<T: DType>(len: usize, seed: u64, stream: u64) -> Result<Vec<T>> {
+    let mut out = spattn_formats::alloc::try_filled(len, T::default(), "random inputs")?;
     out.par_chunks_mut(CHUNK)
         .enumerate()
         .for_each(|(i, chunk)| {
@@ -44,7 +47,7 @@ pub fn uniform<T: DType>(len: usize, seed: u64, stream: u64) -> Vec<T> {
                 *x = T::from_f64(rng.random::<f64>() * 2.0 - 1.0);
             }
         });
-    out
+    Ok(out)
 }
 
 /// Widens host data to f64, in parallel.
@@ -78,7 +81,7 @@ impl<T: DType> HostInputs<T> {
     /// Draws Q, K, V for a graph of `n_rows × n_cols` from `seed`.
     ///
     /// # Errors
-    /// When the shapes overflow.
+    /// When the shapes overflow or the host cannot hold them.
     pub fn draw(
         n_rows: usize,
         n_cols: usize,
@@ -89,9 +92,9 @@ impl<T: DType> HostInputs<T> {
         let shape_q = Shape::new(n_rows, heads, head_dim)?;
         let shape_kv = Shape::new(n_cols, heads, head_dim)?;
         Ok(HostInputs {
-            q: uniform(shape_q.len(), seed, 0),
-            k: uniform(shape_kv.len(), seed, 1),
-            v: uniform(shape_kv.len(), seed, 2),
+            q: uniform(shape_q.len(), seed, 0)?,
+            k: uniform(shape_kv.len(), seed, 1)?,
+            v: uniform(shape_kv.len(), seed, 2)?,
             shape_q,
             shape_kv,
             seed,
@@ -106,15 +109,15 @@ mod tests {
 
     #[test]
     fn deterministic_and_in_range() {
-        let a: Vec<f32> = uniform(200_000, 7, 1);
-        let b: Vec<f32> = uniform(200_000, 7, 1);
-        let c: Vec<f32> = uniform(200_000, 7, 2);
+        let a: Vec<f32> = uniform(200_000, 7, 1).unwrap();
+        let b: Vec<f32> = uniform(200_000, 7, 1).unwrap();
+        let c: Vec<f32> = uniform(200_000, 7, 2).unwrap();
         assert_eq!(a, b);
         assert_ne!(a, c);
         assert!(a.iter().all(|x| (-1.0..=1.0).contains(x)));
         let mean = a.iter().map(|&x| f64::from(x)).sum::<f64>() / a.len() as f64;
         assert!(mean.abs() < 0.01, "{mean}");
-        let h: Vec<half::f16> = uniform(10, 7, 1);
+        let h: Vec<half::f16> = uniform(10, 7, 1).unwrap();
         assert!(h.iter().zip(&a).all(|(h, a)| (h.to_f32() - a).abs() < 1e-3));
     }
 

@@ -10,7 +10,7 @@
 //! spattn-bench [--graph FILE]... [--rmat SCALE]... [--head-dim D]... [--heads H]...
 //!              [--dtype f16|bf16|f32]... [--algorithms LIST] [--json FILE] [--peers FILE]...
 //!              [--warmup N] [--reps N] [--cpu] [--no-symmetrize] [--dump-csr FILE] [--no-check]
-//! spattn-bench report --json FILE... [--out BENCHMARKS.md] [--svg docs/benchmarks.svg]
+//! spattn-bench report --json FILE... --out FILE.md [--svg FILE.svg] [--force]
 //! ```
 //!
 //! The library holds the pieces the binary, the criterion benches (`benches/ops.rs`) and the
@@ -21,7 +21,7 @@
 //! - [`cases`]: the registry of cases (name, kind, runner, HBM floor, peers);
 //! - [`gpu_bench`] and [`cpu_bench`]: the runners (CUDA events / wall clock);
 //! - [`graphs`], [`csr_file`]: graphs, data folders, the binary CSR of `--dump-csr`;
-//! - [`inputs`], [`timing`], [`measure`], [`peers`], [`record`], [`table`], [`progress`].
+//! - [`inputs`], [`memory`], [`timing`], [`measure`], [`peers`], [`record`], [`table`], [`progress`].
 //!
 //! Nothing here is needed by users of the spattn libraries.
 
@@ -34,6 +34,7 @@ pub mod gpu_bench;
 pub mod graphs;
 pub mod inputs;
 pub mod measure;
+pub mod memory;
 pub mod peers;
 pub mod progress;
 pub mod record;

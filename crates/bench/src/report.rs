@@ -25,10 +25,15 @@ use crate::timing::geo_mean;
 /// The peer the chart compares with.
 pub const CHART_PEER: &str = "torch_sparse_attention";
 
+/// The comment every generated file carries, followed by the fingerprint of its inputs: a file
+/// is overwritten only where it carries the same one (or with `--force`).
+pub const MARKER: &str = "spattn-bench report inputs fnv1a64=";
+
 /// Writes the report `args` asks for; returns the paths written.
 ///
 /// # Errors
-/// Unreadable or malformed JSON, files that cannot be written.
+/// Unreadable or malformed JSON, files that cannot be written, and an existing output that was
+/// not generated from the same inputs (unless `--force`).
 pub fn report(args: &ReportArgs) -> Result<Vec<PathBuf>> {
     let runs = args
         .json
@@ -39,20 +44,59 @@ pub fn report(args: &ReportArgs) -> Result<Vec<PathBuf>> {
     for path in &args.peers {
         extra.extend(read_peers(path)?);
     }
+    let appended = args
+        .append
+        .iter()
+        .map(|p| std::fs::read_to_string(p).map_err(|e| io_error("read", p, e)))
+        .collect::<Result<Vec<_>>>()?;
+    let mark = marker(args.json.iter().chain(&args.peers).chain(&args.append))?;
+    let svg_path = args.svg_path();
+    for path in [&args.out, &svg_path] {
+        check_overwrite(path, &mark, args.force)?;
+    }
     let data = ReportData::new(&runs, extra);
-    let svg = chart_svg(&data)?;
-    write_file(&args.svg, &svg)?;
-    let link = relative_to(&args.svg, &args.out);
+    let svg = chart_svg(&data)? + &format!("\n<!-- {mark} -->\n");
+    let link = relative_to(&svg_path, &args.out);
     let inputs: Vec<String> = args.json.iter().map(|p| p.display().to_string()).collect();
     let mut md = markdown(&data, Some(&link), &inputs);
-    for path in &args.append {
-        let text = std::fs::read_to_string(path).map_err(|e| io_error("read", path, e))?;
+    for text in &appended {
         md.push('\n');
         md.push_str(text.trim_end());
         md.push('\n');
     }
+    md.push_str(&format!("\n<!-- {mark} -->\n"));
+    write_file(&svg_path, &svg)?;
     write_file(&args.out, &md)?;
-    Ok(vec![args.out.clone(), args.svg.clone()])
+    Ok(vec![args.out.clone(), svg_path])
+}
+
+/// The marker of a report made from `inputs`: [`MARKER`] and an FNV-1a hash of their bytes.
+fn marker<'a>(inputs: impl Iterator<Item = &'a PathBuf>) -> Result<String> {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for path in inputs {
+        let bytes = std::fs::read(path).map_err(|e| io_error("read", path, e))?;
+        // Each file's length first, so that moving bytes between files changes the hash.
+        for b in (bytes.len() as u64).to_le_bytes().iter().chain(&bytes) {
+            h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    Ok(format!("{MARKER}{h:016x}"))
+}
+
+/// Refuses to overwrite `path` unless it carries `mark` (the same inputs made it) or `force`.
+fn check_overwrite(path: &Path, mark: &str, force: bool) -> Result<()> {
+    if force || !path.exists() {
+        return Ok(());
+    }
+    let same = std::fs::read_to_string(path).is_ok_and(|text| text.contains(mark));
+    if same {
+        return Ok(());
+    }
+    Err(Error::new(format!(
+        "{} exists and was not generated from these inputs: not overwritten (pass --force to \
+         replace it, or --out / --svg another file)",
+        path.display()
+    )))
 }
 
 fn write_file(path: &Path, text: &str) -> Result<()> {
@@ -562,7 +606,8 @@ fn reproduce(w: &mut String, runs: &[RunRecord]) {
         "On a machine with Rust, build the GPU bundle (the `spattn-bench` binary, the peer \
          scripts and the graphs); on the GPU machine (an NVIDIA driver, and python3 with torch \
          and torch_geometric for the peers), run the script from the repository root; then \
-         generate this file from the JSON it wrote:\n"
+         generate this file from the JSON it wrote (`--force`: replace this file, which other \
+         runs made):\n"
     );
     let _ = writeln!(
         w,
@@ -570,7 +615,7 @@ fn reproduce(w: &mut String, runs: &[RunRecord]) {
          cargo xtask gpu-bundle\n\
          bash crates/bench/run_gpu_bench.sh --bundle target/gpu-bundle --out bench-results\n\
          cargo run --release -p spattn-bench -- report --json bench-results/spattn-*.json \\\n    \
-         --out BENCHMARKS.md --svg docs/benchmarks.svg\n\
+         --out BENCHMARKS.md --svg docs/benchmarks.svg --force\n\
          ```\n"
     );
     let _ = writeln!(w, "The runs of this report:\n\n```sh");

@@ -11,6 +11,7 @@ use crate::error::{io_error, Error, Result};
 use crate::graphs::{self, DataDirs, Graph, GraphSpec, LoadOptions};
 use crate::inputs::{config_seed, HostInputs};
 use crate::measure::{Measured, RunSettings};
+use crate::memory;
 use crate::outln;
 use crate::peers::{read_peers, Peers};
 use crate::progress::step;
@@ -101,6 +102,7 @@ pub fn run(args: &RunArgs, argv: &[String]) -> Result<Outcome> {
         data_dirs: &data_dirs,
         symmetrize: !args.no_symmetrize,
         rmat_seed: args.rmat_seed,
+        host_memory: args.host_memory,
     };
     if args.dump_only {
         let dumps = dumps.unwrap_or_default();
@@ -262,6 +264,13 @@ pub fn run(args: &RunArgs, argv: &[String]) -> Result<Outcome> {
                             head_dim as usize,
                             dtype,
                         );
+                        check_memory(
+                            &graph,
+                            (heads, head_dim, dtype),
+                            settings.check,
+                            args.host_memory,
+                            &gpu_graph,
+                        )?;
                         outln!();
                         outln!(
                             "  H={heads} D={head_dim} {dtype}: inputs uniform in [-1, 1], seed {seed:#018x}"
@@ -437,6 +446,40 @@ fn case_record(
         choice: m.choice.clone(),
         error: m.error.clone(),
     }
+}
+
+/// Checks that a configuration fits in host (and GPU) memory before anything is drawn, so a
+/// shape too large for the machine is a one-line error naming what would fit, not an abort.
+fn check_memory(
+    graph: &Graph,
+    (heads, head_dim, dtype): (u32, u32, DTypeKind),
+    check: bool,
+    host_memory: Option<u64>,
+    gpu_graph: &Option<(&Gpu, DeviceCsr)>,
+) -> Result<()> {
+    let size = memory::ConfigSize {
+        n_rows: graph.csr.n_rows() as u64,
+        n_cols: graph.csr.n_cols() as u64,
+        nnz: graph.csr.nnz() as u64,
+        heads: u64::from(heads),
+        head_dim: u64::from(head_dim),
+        dtype,
+        check,
+    };
+    let context = |e: Error| e.context(&graph.name);
+    let host = host_memory.or_else(spattn_formats::alloc::available_host_bytes);
+    let side = match gpu_graph {
+        Some(_) => memory::Side::GpuHost,
+        None => memory::Side::Cpu,
+    };
+    if let Some(available) = host {
+        memory::check(&size, side, available).map_err(context)?;
+    }
+    if let Some((gpu, _)) = gpu_graph {
+        let (free, _) = gpu.memory_info()?;
+        memory::check(&size, memory::Side::Device, free as u64).map_err(context)?;
+    }
+    Ok(())
 }
 
 /// The GPU side of one configuration.

@@ -83,8 +83,22 @@ fn unreadable_files_are_one_line() {
         ],
         "p.json",
     );
-    assert_one_line_error(&["report", "--json", "/no/such/run.json"], "run.json");
-    assert_one_line_error(&["report", "--json", not_peers.to_str().unwrap()], "p.json");
+    let out_md = dir.join("out.md");
+    let out_md = out_md.to_str().unwrap();
+    assert_one_line_error(
+        &["report", "--json", "/no/such/run.json", "--out", out_md],
+        "run.json",
+    );
+    assert_one_line_error(
+        &[
+            "report",
+            "--json",
+            not_peers.to_str().unwrap(),
+            "--out",
+            out_md,
+        ],
+        "p.json",
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -100,4 +114,97 @@ fn help_and_version_succeed() {
     let out = bench(&["--version"]);
     assert!(out.status.success());
     assert!(text(&out).0.contains(env!("CARGO_PKG_VERSION")));
+}
+
+/// Hostile sizes: each is a one-line error naming the bytes, with bounded memory, never an
+/// allocation abort (which prints "memory allocation of N bytes failed" and kills the process).
+#[test]
+fn hostile_sizes_are_one_line_errors() {
+    let dir = temp_dir("cli-hostile");
+    // A size line of 4,294,967,294 rows with 2 entries: the row offsets alone are 16 GiB.
+    let big = dir.join("big.mtx");
+    std::fs::write(
+        &big,
+        "%%MatrixMarket matrix coordinate pattern general\n4294967294 4294967294 2\n1 2\n3 4\n",
+    )
+    .unwrap();
+    assert_one_line_error(
+        &["--cpu", "--graph", big.to_str().unwrap()],
+        "cannot allocate",
+    );
+    // The 17-byte edge list whose largest index makes 4,294,967,294 nodes.
+    let edges = dir.join("e.txt");
+    std::fs::write(&edges, "0 1\n4294967293 1").unwrap();
+    assert_one_line_error(
+        &["--cpu", "--graph", edges.to_str().unwrap()],
+        "cannot allocate",
+    );
+    // R-MAT scale 27: 2^31 drawn edges, more than this machine (or any CI machine) holds.
+    assert_one_line_error(
+        &["--cpu", "--rmat", "27", "--host-memory", "16G"],
+        "at most --rmat ",
+    );
+    // --head-dim 65536 on the default graphs: refused before the inputs are drawn, naming the
+    // largest head_dim that fits (the cap makes the test independent of the machine).
+    assert_one_line_error(
+        &["--cpu", "--head-dim", "65536", "--host-memory", "2G"],
+        "at most --head-dim ",
+    );
+    // Many rows and few edges (the 10^8-row file of the report, scaled down with the cap):
+    // the graph loads, its inputs do not fit.
+    let tall = dir.join("tall.mtx");
+    std::fs::write(
+        &tall,
+        "%%MatrixMarket matrix coordinate pattern general\n1000000 1000000 2\n1 2\n3 4\n",
+    )
+    .unwrap();
+    assert_one_line_error(
+        &[
+            "--cpu",
+            "--no-symmetrize",
+            "--graph",
+            tall.to_str().unwrap(),
+            "--host-memory",
+            "100M",
+        ],
+        "of host memory",
+    );
+    assert_one_line_error(&["--cpu", "--host-memory", "8X"], "--host-memory");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A byte-order mark before the banner and SNAP-style edge lists are read.
+#[test]
+fn snap_edge_lists_and_byte_order_marks_are_read() {
+    let dir = temp_dir("cli-snap");
+    let snap = dir.join("wiki-Vote.txt");
+    std::fs::write(
+        &snap,
+        "# Directed graph: wiki-Vote\n# FromNodeId\tToNodeId\n0\t1\n1\t2\n2\t0\n",
+    )
+    .unwrap();
+    let bom = dir.join("bom.mtx");
+    std::fs::write(
+        &bom,
+        "\u{feff}%%MatrixMarket matrix coordinate pattern general\n3 3 2\n1 2\n2 3\n",
+    )
+    .unwrap();
+    for (path, name) in [(&snap, "wiki-Vote"), (&bom, "bom")] {
+        let out = bench(&[
+            "--cpu",
+            "--graph",
+            path.to_str().unwrap(),
+            "--reps",
+            "1",
+            "--warmup",
+            "0",
+        ]);
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{name}: {stderr}");
+        assert!(
+            stdout.contains(name) && stdout.contains("1 passed"),
+            "{stdout}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

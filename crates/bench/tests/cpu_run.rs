@@ -53,7 +53,9 @@ fn tiny_cpu_run_writes_json() {
 
 #[test]
 fn shapes_dtypes_and_named_graphs() {
-    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/../formats/tests/data");
+    let cora = spattn_test_support::cora_path();
+    let data_dir = cora.parent().expect("cora's folder");
+    let data = data_dir.to_str().expect("a UTF-8 path");
     let dir = temp_dir("cpu-shapes");
     let json = dir.join("run.json");
     let out = bench(&[

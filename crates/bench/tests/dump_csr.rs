@@ -56,10 +56,8 @@ fn one_graph_to_a_file() {
 fn several_graphs_to_a_folder_while_benchmarking() {
     let dir = temp_dir("dump-many");
     let target = dir.join("graphs");
-    let data = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../formats/tests/data/cora.mtx.gz"
-    );
+    let cora = spattn_test_support::cora_path();
+    let data = cora.to_str().expect("a UTF-8 path");
     let out = bench(&[
         "--cpu",
         "--graph",

@@ -202,10 +202,7 @@ fn report_has_the_expected_ratios_and_a_chart() {
     );
 
     let svg = std::fs::read_to_string(&svg).unwrap();
-    assert!(
-        svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"),
-        "{svg}"
-    );
+    assert!(svg.starts_with("<svg") && svg.contains("</svg>"), "{svg}");
     for want in [
         "cora",
         "rmat-16",
@@ -252,7 +249,7 @@ fn report_appends_the_given_markdown_after_the_tables() {
         at > md_text.find("## How to reproduce").unwrap(),
         "{md_text}"
     );
-    assert!(md_text.ends_with("| gat | 0.2 |\n"), "{md_text}");
+    assert!(md_text[at..].contains("| gat | 0.2 |\n"), "{md_text}");
 
     // A missing file is one clear error naming it.
     let missing = dir.join("missing.md");
@@ -301,5 +298,84 @@ fn report_of_a_cpu_run_says_so() {
     assert!(std::fs::read_to_string(&svg)
         .unwrap()
         .contains("no torch_sparse_attention"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn report_never_overwrites_a_file_it_did_not_generate_from_the_same_inputs() {
+    let dir = temp_dir("report-clobber");
+    let json = dir.join("run.json");
+    std::fs::write(&json, serde_json::to_string_pretty(&run()).unwrap()).unwrap();
+    let md = dir.join("BENCHMARKS.md");
+    let svg = dir.join("docs/benchmarks.svg");
+    let hand_written = "# Benchmarks\n\nTables of an earlier run, edited by hand.\n";
+    std::fs::write(&md, hand_written).unwrap();
+    let args = |force: bool| {
+        let mut a = vec![
+            "report".to_string(),
+            "--json".into(),
+            json.display().to_string(),
+            "--out".into(),
+            md.display().to_string(),
+            "--svg".into(),
+            svg.display().to_string(),
+        ];
+        if force {
+            a.push("--force".into());
+        }
+        a
+    };
+    let run_with = |force: bool| {
+        let a = args(force);
+        bench(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+
+    // Refused, with a one-line message naming the file; nothing written.
+    let out = run_with(false);
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(
+        stderr.contains("BENCHMARKS.md exists and was not generated from these inputs")
+            && stderr.contains("--force"),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read_to_string(&md).unwrap(), hand_written);
+    assert!(
+        !svg.exists(),
+        "the chart was written although the report was refused"
+    );
+
+    // --force replaces it and says what it wrote.
+    let out = run_with(true);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.contains(&format!("wrote {}", md.display()))
+            && stdout.contains(&format!("wrote {}", svg.display())),
+        "{stdout}"
+    );
+    let first = std::fs::read_to_string(&md).unwrap();
+    assert!(
+        first.contains("spattn-bench report inputs fnv1a64="),
+        "{first}"
+    );
+
+    // The same inputs again: regenerated without --force, identically.
+    let out = run_with(false);
+    assert!(out.status.success(), "{}", text(&out).1);
+    assert_eq!(std::fs::read_to_string(&md).unwrap(), first);
+
+    // Other inputs: refused again.
+    let mut other = run();
+    other.cases.truncate(1);
+    std::fs::write(&json, serde_json::to_string_pretty(&other).unwrap()).unwrap();
+    let out = run_with(false);
+    assert!(!out.status.success());
+    assert_eq!(std::fs::read_to_string(&md).unwrap(), first);
+
+    // --out is required: no report picks a file on its own.
+    let out = bench(&["report", "--json", json.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(text(&out).1.contains("--out"), "{}", text(&out).1);
     std::fs::remove_dir_all(&dir).unwrap();
 }

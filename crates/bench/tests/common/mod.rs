@@ -5,9 +5,27 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+/// The `spattn-bench` binary: `$SPATTN_BENCH_BIN` (the GPU bundle's run.sh sets it), the path
+/// cargo built it at, or `spattn-bench` / `bench/spattn-bench` beside this test executable.
+pub fn bench_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("SPATTN_BENCH_BIN").filter(|p| !p.is_empty()) {
+        return PathBuf::from(path);
+    }
+    let built = PathBuf::from(env!("CARGO_BIN_EXE_spattn-bench"));
+    if built.is_file() {
+        return built;
+    }
+    let exe = std::env::current_exe().expect("the test executable's path");
+    let dir = exe.parent().expect("the test executable's folder");
+    [dir.join("spattn-bench"), dir.join("../bench/spattn-bench")]
+        .into_iter()
+        .find(|p| p.is_file())
+        .unwrap_or(built)
+}
+
 /// Runs `spattn-bench` with `args`, with no GPU data folder from the environment.
 pub fn bench(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_spattn-bench"))
+    Command::new(bench_binary())
         .args(args)
         .env_remove("SPATTN_DATA_DIR")
         .env("RUST_BACKTRACE", "1")
