@@ -131,16 +131,7 @@ pub struct AttentionConfig {
 pub use spattn_formats::Reorder;
 
 /// Fixed parameters of the hybrid algorithm (see [`AttentionConfig::with_hybrid`]).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct HybridParams {
-    /// Fill threshold (edges / 128 of a 16×8 block) at or above which a block goes to tensor
-    /// cores: 0 sends every block there, anything above 1 every edge to CUDA cores.
-    pub threshold: f64,
-    /// Tensor-core warps per CTA (≥ 1).
-    pub tc_warps: usize,
-    /// CUDA-core warps per CTA (≥ 1; at most 8 warps in all).
-    pub cd_warps: usize,
-}
+pub use spattn_ops::fused::HybridParams;
 
 impl AttentionConfig {
     /// `heads × head_dim` of `dtype`, automatic algorithm, scale 1/√head_dim.

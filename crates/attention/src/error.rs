@@ -62,10 +62,24 @@ pub enum Error {
     },
     /// An error from the ops layer (driver, memory, launch).
     #[error(transparent)]
-    Ops(#[from] spattn_ops::Error),
+    Ops(spattn_ops::Error),
     /// An error from the formats.
     #[error(transparent)]
     Format(#[from] spattn_formats::Error),
+}
+
+impl From<spattn_ops::Error> for Error {
+    /// A kernel family's [`spattn_ops::Error::Unsupported`] becomes [`Error::Unsupported`]
+    /// naming the algorithm that runs it; everything else is [`Error::Ops`].
+    fn from(e: spattn_ops::Error) -> Self {
+        match e {
+            spattn_ops::Error::Unsupported { kernel, why } => match kernel.parse() {
+                Ok(algorithm) => Error::Unsupported { algorithm, why },
+                Err(_) => Error::Ops(spattn_ops::Error::Unsupported { kernel, why }),
+            },
+            other => Error::Ops(other),
+        }
+    }
 }
 
 /// Result with the `spattn` [`Error`].

@@ -35,14 +35,11 @@
 mod backward;
 mod config;
 mod error;
-mod fused_csr;
-mod fused_tc;
-mod hybrid;
 pub mod layers;
 mod plan;
 
 pub use backward::{AttentionGradients, BackwardKernels};
 pub use config::{Algorithm, AttentionConfig, HybridParams, Reorder};
 pub use error::{Error, Result};
-pub use hybrid::HybridInfo;
 pub use plan::AttentionPlan;
+pub use spattn_ops::fused::HybridInfo;

@@ -10,9 +10,7 @@ use spattn_ops::{
 
 use crate::config::{Algorithm, AttentionConfig};
 use crate::error::{Error, Result};
-use crate::fused_csr::{self, FusedCsr};
-use crate::fused_tc::{self, FusedTensorCore};
-use crate::hybrid::{self, Hybrid, HybridInfo};
+use spattn_ops::fused::{self, FusedCsr, FusedTensorCore, Hybrid, HybridInfo};
 
 /// Sparse attention over one graph, planned once and run many times:
 /// `out = softmax_row(scale · Q Kᵀ masked by A) · V` with Q of `n_rows × heads × head_dim`, K
@@ -217,16 +215,16 @@ impl AttentionPlan {
             && match algorithm {
                 Algorithm::Auto | Algorithm::UnfusedCsr => true,
                 Algorithm::FusedCsr => {
-                    fused_csr::layout(config.head_dim, config.dtype.size_bytes()).is_ok()
+                    fused::csr::supports(config.head_dim, config.dtype.size_bytes()).is_ok()
                 }
                 Algorithm::FusedTensorCore => {
                     gpu.compute_capability() >= (8, 0)
-                        && fused_tc::supports(config.head_dim, config.dtype).is_ok()
+                        && fused::tc::supports(config.head_dim, config.dtype).is_ok()
                 }
                 Algorithm::UnfusedTensorCore => gpu.compute_capability() >= (8, 0),
                 Algorithm::Hybrid => {
                     gpu.compute_capability() >= (8, 0)
-                        && hybrid::supports(config.head_dim, config.dtype).is_ok()
+                        && fused::hybrid::supports(config.head_dim, config.dtype).is_ok()
                 }
             }
     }
@@ -498,9 +496,9 @@ fn uses_tensor_cores(alg: Algorithm) -> bool {
 /// and 128); for f32, fused-csr was, among the algorithms that keep f32 exact (the tensor-core
 /// ones round operands to tf32, so `Auto` never picks them for f32 — ask for them by name).
 fn choose(graph: &Csr, config: &AttentionConfig, cc: (i32, i32)) -> Result<(Algorithm, String)> {
-    let fused_csr_ok = fused_csr::layout(config.head_dim, config.dtype.size_bytes());
+    let fused_csr_ok = fused::csr::supports(config.head_dim, config.dtype.size_bytes());
     let tensor_cores = cc >= (8, 0);
-    let fused_tc_ok = fused_tc::supports(config.head_dim, config.dtype);
+    let fused_tc_ok = fused::tc::supports(config.head_dim, config.dtype);
     let needs_tc = |alg: Algorithm| -> Result<()> {
         if tensor_cores {
             Ok(())
@@ -557,7 +555,7 @@ fn choose(graph: &Csr, config: &AttentionConfig, cc: (i32, i32)) -> Result<(Algo
         }
         Algorithm::Hybrid => {
             needs_tc(Algorithm::Hybrid)?;
-            hybrid::supports(config.head_dim, config.dtype)?;
+            fused::hybrid::supports(config.head_dim, config.dtype)?;
             Ok((Algorithm::Hybrid, "requested".into()))
         }
     }

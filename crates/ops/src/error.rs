@@ -83,6 +83,14 @@ pub enum Error {
         /// Which operand.
         what: &'static str,
     },
+    /// A kernel family cannot run this shape or device (the message says why and what can).
+    #[error("{kernel} cannot run this configuration: {why}")]
+    Unsupported {
+        /// The kernel family (`fused-csr`, `fused-tc`, `hybrid`).
+        kernel: &'static str,
+        /// Why, and what to use instead.
+        why: String,
+    },
     /// A problem too large for the kernels' 32-bit launch arithmetic.
     #[error("{what} = {value} exceeds the kernels' limit of {limit}")]
     TooLarge {

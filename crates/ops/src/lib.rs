@@ -58,6 +58,7 @@ pub mod device_mebcrs;
 pub mod dtype;
 pub mod elementwise;
 pub mod error;
+pub mod fused;
 pub mod gpu;
 pub mod graph;
 pub mod hybrid_plan;

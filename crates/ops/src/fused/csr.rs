@@ -10,15 +10,17 @@
 //! flight at one time are graph neighbours whose K/V gathers hit L2, and the kernel reads Q and
 //! writes the output in the caller's order. Invisible to the caller.
 
+use crate::csr_ops::UNIT_CHUNK;
+use crate::launch::{blocks_for, kernel_named, launch, to_u32, LaunchConfig, PushKernelArg};
+use crate::schedule::{group_for, vector_width, RowUnits};
+use crate::{DType, DeviceMatrix, DeviceVec, Gpu};
 use spattn_formats::{Csr, Reorder, RowOrder};
 use spattn_kernels_sys::FUSED_CSR;
-use spattn_ops::csr_ops::UNIT_CHUNK;
-use spattn_ops::launch::{blocks_for, kernel_named, launch, to_u32, LaunchConfig, PushKernelArg};
-use spattn_ops::schedule::{group_for, vector_width, RowUnits};
-use spattn_ops::{DType, DeviceMatrix, DeviceVec, Gpu};
 
 use crate::error::{Error, Result};
-use crate::Algorithm;
+
+/// The name in errors and reports.
+const KERNEL: &str = "fused-csr";
 
 const THREADS: u32 = 256;
 /// Accumulator vectors per lane compiled for (`fused_csr_*_n{1,2,4}`).
@@ -51,6 +53,12 @@ fn widest_vec_where(head_dim: usize, elem_bytes: usize, ok: impl Fn(usize) -> bo
         .find(|&v| ok(head_dim / v as usize))
 }
 
+/// Whether the fused CSR kernel can hold heads of `head_dim` features of `elem_bytes` in
+/// registers; the error says why not and what to use instead.
+pub fn supports(head_dim: usize, elem_bytes: usize) -> Result<()> {
+    layout(head_dim, elem_bytes).map(|_| ())
+}
+
 /// The lane layout for `head_dim` features of `elem_bytes`, or why the kernel cannot hold the
 /// head in registers.
 pub(crate) fn layout(head_dim: usize, elem_bytes: usize) -> Result<Layout> {
@@ -65,7 +73,7 @@ pub(crate) fn layout(head_dim: usize, elem_bytes: usize) -> Result<Layout> {
     let nv = per_lane.next_power_of_two();
     if nv > MAX_NV {
         return Err(Error::Unsupported {
-            algorithm: Algorithm::FusedCsr,
+            kernel: KERNEL,
             why: format!(
                 "head_dim {head_dim} needs {per_lane} accumulator vectors of {vec} per lane \
                  (at most {MAX_NV} are compiled: head_dim ≤ {}); use unfused-csr",
@@ -274,7 +282,7 @@ impl Units {
 /// The fused kernel's state for one plan: its work units (in the plan's row order) and the
 /// workspace for the partials of split rows.
 #[derive(Debug)]
-pub(crate) struct FusedCsr {
+pub struct FusedCsr {
     layout: Layout,
     units: Units,
     /// The report line: the row order the units run in and the lane layout.
@@ -288,7 +296,7 @@ pub(crate) struct FusedCsr {
 impl FusedCsr {
     /// Uploads `graph`'s units in the row order `reorder` asks for ([`csr_order`]) and sizes
     /// the workspace for `heads × head_dim` of `T`.
-    pub(crate) fn new<T: DType>(
+    pub fn new<T: DType>(
         gpu: &Gpu,
         graph: &Csr,
         heads: usize,
@@ -313,13 +321,13 @@ impl FusedCsr {
     }
 
     /// One line for the plan's report: the row order the units run in and the lane layout.
-    pub(crate) fn info(&self) -> &str {
+    pub fn info(&self) -> &str {
         &self.order_info
     }
 
     /// `out = softmax(scale · Q Kᵀ ⊙ A) · V` in one kernel (plus a merge for split rows).
     /// Shapes are checked by the plan.
-    pub(crate) fn forward<T: DType>(
+    pub fn forward<T: DType>(
         &mut self,
         gpu: &Gpu,
         q: &DeviceMatrix<T>,

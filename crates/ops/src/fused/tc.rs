@@ -17,17 +17,20 @@
 //! graph with the original column ids (so K and V are gathered from the caller's arrays), and
 //! the kernel loads Q and stores out through the per-row original-id array.
 
-use spattn_formats::{Bsb, Csr, RowOrder};
-use spattn_kernels_sys::FUSED_BSB;
-use spattn_ops::device_bsb::{bsb_pipe_supports, bsb_pipe_warp_bytes, BSB_MERGE_FLOATS};
-use spattn_ops::launch::{
+use crate::device_bsb::{bsb_pipe_supports, bsb_pipe_warp_bytes, BSB_MERGE_FLOATS};
+use crate::launch::{
     blocks_for, check_same_gpu, kernel_named, launch, to_u32, LaunchConfig, PushKernelArg,
     PushOptionalArg,
 };
-use spattn_ops::{DType, DTypeKind, DeviceBsb, DeviceMatrix, DeviceVec, Gpu, Shape};
+use crate::{DType, DTypeKind, DeviceBsb, DeviceMatrix, DeviceVec, Gpu, Shape};
+use spattn_formats::{Bsb, Csr, RowOrder};
+use spattn_kernels_sys::FUSED_BSB;
 
 use crate::error::{Error, Result};
-use crate::{Algorithm, Reorder};
+use spattn_formats::Reorder;
+
+/// The name in errors and reports.
+const KERNEL: &str = "fused-tc";
 
 /// Largest number of warps sharing one (unit, head): CTAs stay within the kernels' launch
 /// bound of 256 threads.
@@ -38,7 +41,7 @@ const CTA_WARPS: usize = 4;
 /// features, where shared memory holds two 4-warp CTAs per SM, and equal to 1).
 const PIPE_CTA_WARPS: usize = 2;
 /// Fewest blocks a unit of a split window gets by default (shared with the hybrid schedule).
-const DEFAULT_MIN_CHUNK: usize = spattn_ops::device_bsb::BSB_MIN_UNIT_BLOCKS;
+const DEFAULT_MIN_CHUNK: usize = crate::device_bsb::BSB_MIN_UNIT_BLOCKS;
 /// Rows per BSB window (the kernel's tile height).
 const WINDOW_ROWS: usize = 16;
 /// Fewest blocks a unit of a split window can get.
@@ -99,7 +102,7 @@ fn layout_with(
 ) -> Result<Layout> {
     let bytes = dtype.size_bytes();
     let unsupported = |why: String| Error::Unsupported {
-        algorithm: Algorithm::FusedTensorCore,
+        kernel: KERNEL,
         why,
     };
     if head_dim == 0 {
@@ -148,7 +151,7 @@ fn layout_with(
 
 /// Whether the fused tensor-core kernel can run heads of `head_dim` features of `dtype`; the
 /// error says why not and what to use instead.
-pub(crate) fn supports(head_dim: usize, dtype: DTypeKind) -> Result<()> {
+pub fn supports(head_dim: usize, dtype: DTypeKind) -> Result<()> {
     layout_with(head_dim, dtype, None, true).map(|_| ())
 }
 
@@ -303,7 +306,7 @@ fn default_chunk(bsb: &Bsb, heads: usize, group: usize, sm_count: u32) -> usize 
 /// The fused tensor-core algorithm for one plan: the BSB mask on the device, the schedule, and
 /// the workspace of split windows.
 #[derive(Debug)]
-pub(crate) struct FusedTensorCore {
+pub struct FusedTensorCore {
     bsb: DeviceBsb,
     /// Per window row, the caller's row (Q, out), when the rows were renumbered.
     row_ids: Option<DeviceVec<u32>>,
@@ -333,7 +336,7 @@ pub(crate) struct FusedTensorCore {
 impl FusedTensorCore {
     /// Renumbers the rows of `a` as `reorder` says, converts it to BSB (original column ids)
     /// and plans for `heads × head_dim` of `T` (see [`Self::with_options`]).
-    pub(crate) fn from_csr<T: DType>(
+    pub fn from_csr<T: DType>(
         gpu: &Gpu,
         a: &Csr,
         heads: usize,
@@ -346,7 +349,7 @@ impl FusedTensorCore {
     }
 
     /// The row order and the kernel the plan uses, for its report.
-    pub(crate) fn info(&self) -> &str {
+    pub fn info(&self) -> &str {
         &self.order_info
     }
 
@@ -355,7 +358,8 @@ impl FusedTensorCore {
     /// `heads × head_dim` of `T`, with the layout, chunk and CTA size of `options` where given.
     ///
     /// Errors: [`Error::Unsupported`] for a head too wide or a device older than sm_80;
-    /// [`Error::Ops`] for sizes past the kernels' 32-bit indices, driver and memory failures.
+    /// [`Error::TooLarge`] for sizes past the kernels' 32-bit indices, driver and memory
+    /// failures.
     pub(crate) fn with_options<T: DType>(
         gpu: &Gpu,
         bsb: &Bsb,
@@ -367,12 +371,12 @@ impl FusedTensorCore {
         let layout = layout_with(head_dim, T::KIND, options.slice, options.pipelined)?;
         if let Err(e) = gpu.require_compute_capability("fused-tc (mma.sync)", 8, 0) {
             return Err(Error::Unsupported {
-                algorithm: Algorithm::FusedTensorCore,
+                kernel: KERNEL,
                 why: format!("{e}; use fused-csr"),
             });
         }
         if heads == 0 {
-            return Err(Error::InvalidConfig {
+            return Err(Error::InvalidArgument {
                 what: "heads",
                 why: "must be at least 1".into(),
             });
@@ -407,7 +411,7 @@ impl FusedTensorCore {
         to_u32("rows", bsb.n_rows())?;
         let row_ids = order.row_ids();
         if row_ids.is_some_and(|ids| ids.len() != bsb.n_rows()) {
-            return Err(Error::InvalidConfig {
+            return Err(Error::InvalidArgument {
                 what: "row order",
                 why: format!(
                     "{} caller rows for a BSB of {} rows",
@@ -448,11 +452,11 @@ impl FusedTensorCore {
     /// `out = softmax(scale · Q Kᵀ ⊙ A) · V` in one kernel. Q and out are
     /// `n_rows × heads × head_dim`, K and V `n_cols × heads × head_dim`.
     ///
-    /// Errors: [`Error::DTypeMismatch`], [`Error::ShapeMismatch`] naming the operand,
-    /// [`Error::InvalidConfig`] for a scale whose log2-domain value is not finite,
-    /// [`Error::Ops`] for an operand of another GPU handle or a failed launch.
+    /// Errors: [`Error::InvalidArgument`] for another dtype than planned or a scale whose
+    /// log2-domain value is not finite, [`Error::ShapeMismatch`] naming the operand,
+    /// [`Error::WrongDevice`] for an operand of another GPU handle, a failed launch.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn forward<T: DType>(
+    pub fn forward<T: DType>(
         &mut self,
         gpu: &Gpu,
         q: &DeviceMatrix<T>,
@@ -462,9 +466,9 @@ impl FusedTensorCore {
         out: &mut DeviceMatrix<T>,
     ) -> Result<()> {
         if T::KIND != self.dtype {
-            return Err(Error::DTypeMismatch {
-                planned: self.dtype,
-                given: T::KIND,
+            return Err(Error::InvalidArgument {
+                what: "dtype",
+                why: format!("planned for {}, run with {}", self.dtype, T::KIND),
             });
         }
         let shape_q = Shape {
@@ -497,7 +501,7 @@ impl FusedTensorCore {
         check_same_gpu(gpu, "out", out)?;
         let scale_log2 = scale * std::f32::consts::LOG2_E;
         if !scale_log2.is_finite() {
-            return Err(Error::InvalidConfig {
+            return Err(Error::InvalidArgument {
                 what: "scale",
                 why: format!("{scale} is not finite in the kernel's log2 domain"),
             });
@@ -594,11 +598,11 @@ fn bsb_in_order(a: &Csr, order: &RowOrder) -> Result<Bsb> {
 fn kernel_name(dtype: &str, layout: Layout) -> Result<&'static str> {
     if layout.pipelined {
         let name = format!("fused_bsb_{dtype}_d{}_pipe", layout.slice);
-        return Ok(kernel_named(&FUSED_BSB, name)?);
+        return kernel_named(&FUSED_BSB, name);
     }
     let suffix = if layout.vec { "" } else { "_scalar" };
     let name = format!("fused_bsb_{dtype}_s{}{suffix}", layout.slice);
-    Ok(kernel_named(&FUSED_BSB, name)?)
+    kernel_named(&FUSED_BSB, name)
 }
 
 #[cfg(test)]
@@ -818,7 +822,7 @@ mod tests {
     #[test]
     #[ignore = "needs an NVIDIA GPU"]
     fn tune() {
-        use spattn_ops::Shape;
+        use crate::Shape;
         let gpu = Gpu::new(0).expect("an NVIDIA GPU");
         let dir =
             std::env::var("SPATTN_DATA_DIR").unwrap_or_else(|_| "../../../shared/data/mtx".into());
@@ -895,7 +899,7 @@ mod tests {
                             gpu.time_ms(|| {
                                 for _ in 0..n {
                                     f.forward(&gpu, &q, &k, &v, 0.1, &mut out).map_err(|e| {
-                                        spattn_ops::Error::InvalidArgument {
+                                        crate::Error::InvalidArgument {
                                             what: "forward",
                                             why: e.to_string(),
                                         }

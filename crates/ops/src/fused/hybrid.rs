@@ -1,6 +1,6 @@
 //! `Hybrid`: RT-GNN-style fused attention, tensor-core and CUDA-core warps of one kernel
 //! splitting each window's work (kernel: `crates/kernels-sys/cuda/hybrid.cu`, launched through
-//! [`spattn_ops::DeviceHybrid`]).
+//! [`crate::DeviceHybrid`]).
 //!
 //! Rows are renumbered ([`Reorder`], as for fused-tc: by default the order with the fewest
 //! K/V row gathers among the graph's own, degree and locality orders; invisible to the caller: K/V are gathered by original id, Q
@@ -21,9 +21,9 @@
 //! # Choosing the threshold and the split (pipelined kernel: measured)
 //!
 //! The plan times candidates on the graph, cuDNN-benchmark style, and keeps the fastest
-//! ([`spattn_ops::hybrid_plan::choose_split`], shared with the hybrid SpMM): every block on
+//! ([`crate::hybrid_plan::choose_split`], shared with the hybrid SpMM): every block on
 //! tensor cores without a CUDA-core warp (2 tensor-core warps per CTA), every edge on CUDA
-//! cores (1 + 1 warps), and, for each of [`spattn_ops::hybrid_plan::CD_FRACTIONS`], the highest
+//! cores (1 + 1 warps), and, for each of [`crate::hybrid_plan::CD_FRACTIONS`], the highest
 //! threshold that leaves at most that fraction of the edges to CUDA cores, with 1, 2 and 3
 //! tensor-core warps per CUDA-core warp (the TC:CD ratio). The unit schedule's block and edge
 //! costs come from the two extreme runs. The chosen values and their times are in
@@ -40,20 +40,34 @@
 //! [`WARPS`] warps over all windows, keeps the cheapest prediction, times it, and keeps
 //! whichever of it and the two calibration runs was fastest.
 
+use crate::hybrid_plan::{choose_split, median_ms, Candidates};
+use crate::hybrid_spmm::slice_for;
+use crate::{DType, DTypeKind, DeviceHybrid, DeviceMatrix, Gpu, Shape, WarpSplit};
 use spattn_formats::{Csr, HybridBlocks};
-use spattn_ops::hybrid_plan::{choose_split, median_ms, Candidates};
-use spattn_ops::hybrid_spmm::slice_for;
-use spattn_ops::{DType, DTypeKind, DeviceHybrid, DeviceMatrix, Gpu, Shape, WarpSplit};
 
-use crate::config::{HybridParams, Reorder};
 use crate::error::{Error, Result};
-use crate::Algorithm;
+use spattn_formats::Reorder;
 use spattn_formats::RowOrder;
 
 /// Warps per CTA the model splits.
 pub const WARPS: usize = 4;
 /// The warp split of the calibration runs.
 pub const CALIBRATION_SPLIT: WarpSplit = WarpSplit { tc: 2, cd: 2 };
+
+/// The name in errors and reports.
+const KERNEL: &str = "hybrid";
+
+/// Fixed parameters of the hybrid algorithm (instead of timing candidates at plan time).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HybridParams {
+    /// Fill threshold (edges / 128 of a 16×8 block) at or above which a block goes to tensor
+    /// cores: 0 sends every block there, anything above 1 every edge to CUDA cores.
+    pub threshold: f64,
+    /// Tensor-core warps per CTA (≥ 1).
+    pub tc_warps: usize,
+    /// CUDA-core warps per CTA (≥ 1; at most 8 warps in all).
+    pub cd_warps: usize,
+}
 
 /// What the hybrid plan chose, and why.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -102,11 +116,11 @@ impl std::fmt::Display for HybridInfo {
 }
 
 /// Whether the hybrid kernel can run heads of `head_dim` features of `dtype`.
-pub(crate) fn supports(head_dim: usize, dtype: DTypeKind) -> Result<()> {
+pub fn supports(head_dim: usize, dtype: DTypeKind) -> Result<()> {
     slice_for(head_dim, dtype)
         .map(|_| ())
         .map_err(|why| Error::Unsupported {
-            algorithm: Algorithm::Hybrid,
+            kernel: KERNEL,
             why,
         })
 }
@@ -145,7 +159,7 @@ fn predict(profiles: &[WindowProfile], c_pair: f64, c_edge: f64) -> Vec<[f64; WA
 
 /// The hybrid algorithm of one plan.
 #[derive(Debug)]
-pub(crate) struct Hybrid {
+pub struct Hybrid {
     device: DeviceHybrid,
     warps: WarpSplit,
     info: HybridInfo,
@@ -154,7 +168,7 @@ pub(crate) struct Hybrid {
 impl Hybrid {
     /// Builds the tile structure of `graph`, calibrates the cost model on `gpu` (unless
     /// `params` fixes the threshold and the split) and uploads the chosen split.
-    pub(crate) fn new<T: DType>(
+    pub fn new<T: DType>(
         gpu: &Gpu,
         graph: &Csr,
         heads: usize,
@@ -166,7 +180,7 @@ impl Hybrid {
         supports(head_dim, T::KIND)?;
         if let Err(e) = gpu.require_compute_capability("hybrid (mma.sync)", 8, 0) {
             return Err(Error::Unsupported {
-                algorithm: Algorithm::Hybrid,
+                kernel: KERNEL,
                 why: format!("{e}; use fused-csr"),
             });
         }
@@ -207,7 +221,7 @@ impl Hybrid {
         let k = DeviceMatrix::<T>::zeros(gpu, shape_kv)?;
         let v = DeviceMatrix::<T>::zeros(gpu, shape_kv)?;
         let mut out = DeviceMatrix::<T>::zeros(gpu, shape_q)?;
-        let mut time = |d: &DeviceHybrid, w: WarpSplit| -> spattn_ops::Result<f64> {
+        let mut time = |d: &DeviceHybrid, w: WarpSplit| -> crate::Result<f64> {
             median_ms(gpu, || d.attention(gpu, &q, &k, &v, scale, w, &mut out))
         };
         if pipelined {
@@ -297,7 +311,7 @@ impl Hybrid {
         blocks: &HybridBlocks,
         heads: usize,
         nnz: usize,
-        time: &mut dyn FnMut(&DeviceHybrid, WarpSplit) -> spattn_ops::Result<f64>,
+        time: &mut dyn FnMut(&DeviceHybrid, WarpSplit) -> crate::Result<f64>,
     ) -> Result<Self> {
         let c = choose_split(gpu, blocks, heads, nnz, Candidates::PIPELINED, time)?;
         let split = c.device.stats();
@@ -322,12 +336,12 @@ impl Hybrid {
     }
 
     /// What the plan chose.
-    pub(crate) fn info(&self) -> HybridInfo {
+    pub fn info(&self) -> HybridInfo {
         self.info
     }
 
     /// `out = softmax(scale · Q Kᵀ ⊙ A) · V` in one kernel; shapes are checked by the plan.
-    pub(crate) fn forward<T: DType>(
+    pub fn forward<T: DType>(
         &self,
         gpu: &Gpu,
         q: &DeviceMatrix<T>,
@@ -336,9 +350,7 @@ impl Hybrid {
         scale: f32,
         out: &mut DeviceMatrix<T>,
     ) -> Result<()> {
-        Ok(self
-            .device
-            .attention(gpu, q, k, v, scale, self.warps, out)?)
+        self.device.attention(gpu, q, k, v, scale, self.warps, out)
     }
 }
 
