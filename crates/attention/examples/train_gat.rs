@@ -15,8 +15,8 @@ use rand::{Rng, SeedableRng};
 use rand_distr_free::normal;
 use rand_pcg::Pcg64;
 use spattn::layers::{
-    Activation, Adam, Device, DeviceGraph, GatCache, GatConfig, GatConv, GpuContext, Host,
-    HostGraph, Linear,
+    Activation, Adam, Device, GatCache, GatConfig, GatConv, GpuContext, GpuGraph, Host, HostGraph,
+    Linear,
 };
 use spattn_formats::Csr;
 use spattn_ops::{DeviceMatrix, Gpu, Shape};
@@ -255,7 +255,7 @@ pub fn train_gpu(
     verbose: bool,
 ) -> Result<Outcome, spattn::Error> {
     let host_graph = HostGraph::new(&task.graph)?;
-    let graph = DeviceGraph::upload(ctx, &host_graph)?;
+    let graph = GpuGraph::upload(ctx, &host_graph)?;
     let gpu = ctx.gpu();
     let n = graph.n();
     let to_gpu = |l: HostLayer| -> Result<GpuLayer, spattn::Error> {

@@ -21,18 +21,19 @@
 //! f16 / bf16; `out` is checked for its shape only.
 //!
 //! Lazy state: a plan uploads nothing for the backward until the first call of
-//! [`AttentionPlan::backward`]; that call uploads the graph as CSR (with its schedules), its
-//! transpose Aᵀ (with its own schedules, so hub columns split like hub rows) and the map of
-//! edges between them, and allocates four `nnz × heads` f32 buffers. They stay in the plan
-//! for later calls; forward-only users pay nothing on the device (a GPU plan keeps a host copy
-//! of the graph for this upload).
+//! [`AttentionPlan::backward`]; that call asks the plan's shared
+//! [`spattn_ops::DeviceGraph`] for the CSR (with its schedules) and the transpose Aᵀ (with its
+//! own schedules, so hub columns split like hub rows) with the map of edges between them —
+//! uploaded once per graph, whatever the number of plans and layers over it — and allocates
+//! four `nnz × heads` f32 buffers. They stay in the plan for later calls; forward-only users
+//! pay nothing on the device.
 
 use std::sync::{Mutex, PoisonError};
 
 use spattn_formats::Csr;
-use spattn_ops::backward::{self as ops_backward, DeviceTranspose};
+use spattn_ops::backward as ops_backward;
 use spattn_ops::cpu::{self, AttentionInputs};
-use spattn_ops::{csr_ops, DType, DeviceCsr, DeviceMatrix, DeviceVec, Gpu, Shape};
+use spattn_ops::{csr_ops, DType, DeviceGraph, DeviceMatrix, DeviceVec, Gpu, Shape};
 
 use crate::error::{Error, Result};
 use crate::plan::AttentionPlan;
@@ -65,10 +66,10 @@ pub struct AttentionGradients<T> {
 
 /// Where a plan's backward runs (from `AttentionPlan::backward_parts`).
 pub(crate) enum BackwardParts<'a> {
-    /// A GPU plan: its handle, the host graph, and the lazily built state.
+    /// A GPU plan: its handle, the shared graph, and the lazily built state.
     Gpu {
         gpu: &'a Gpu,
-        graph: &'a Csr,
+        graph: &'a DeviceGraph,
         state: &'a Mutex<Option<Box<BackwardState>>>,
     },
     /// A CPU plan: the graph.
@@ -78,8 +79,6 @@ pub(crate) enum BackwardParts<'a> {
 /// Device state of the backward, built by the first call.
 #[derive(Debug)]
 pub(crate) struct BackwardState {
-    a: DeviceCsr,
-    t: DeviceTranspose,
     /// `⟨q, k⟩` per edge (fused), or P then `⟨q, k⟩` (unfused); A's order.
     raw: DeviceVec<f32>,
     /// dP, then `scale · dS`; A's order.
@@ -93,14 +92,16 @@ pub(crate) struct BackwardState {
 }
 
 impl BackwardState {
-    fn new(gpu: &Gpu, graph: &Csr, heads: usize) -> Result<Self> {
+    fn new(gpu: &Gpu, graph: &DeviceGraph, heads: usize) -> Result<Self> {
         let edges = graph.nnz().checked_mul(heads).ok_or(Error::InvalidConfig {
             what: "heads",
             why: format!("{} edges x {heads} heads overflows usize", graph.nnz()),
         })?;
+        // The uploads the backward reads, made now (once per graph) so a first backward fails
+        // here rather than half-way.
+        graph.csr()?;
+        graph.transpose()?;
         Ok(Self {
-            a: DeviceCsr::upload(gpu, graph)?,
-            t: DeviceTranspose::upload(gpu, graph)?,
             raw: DeviceVec::zeros(gpu, edges)?,
             dp: DeviceVec::zeros(gpu, edges)?,
             p_t: DeviceVec::zeros(gpu, edges)?,
@@ -187,14 +188,15 @@ impl AttentionPlan {
             why: "was not built".into(),
         })?;
         st.d_scale.fill(0.0)?;
+        let (a, t) = (graph.csr()?, graph.transpose()?);
         match kernels {
             BackwardKernels::Fused => {
-                csr_ops::sddmm(gpu, &st.a, q, k, 1.0, &mut st.raw)?;
-                csr_ops::sddmm(gpu, &st.a, d_out, v, 1.0, &mut st.dp)?;
+                csr_ops::sddmm(gpu, a, q, k, 1.0, &mut st.raw)?;
+                csr_ops::sddmm(gpu, a, d_out, v, 1.0, &mut st.dp)?;
                 ops_backward::attention_edge_backward(
                     gpu,
-                    &st.a,
-                    &st.t,
+                    a,
+                    t,
                     heads,
                     scale,
                     &st.raw,
@@ -205,22 +207,20 @@ impl AttentionPlan {
                 )?;
             }
             BackwardKernels::Unfused => {
-                csr_ops::sddmm(gpu, &st.a, q, k, scale, &mut st.raw)?;
-                csr_ops::edge_softmax_in_place(gpu, &st.a, &mut st.raw, heads, None)?;
-                csr_ops::sddmm(gpu, &st.a, d_out, v, 1.0, &mut st.dp)?;
-                ops_backward::edge_softmax_backward_in_place(
-                    gpu, &st.a, &st.raw, &mut st.dp, heads,
-                )?;
-                ops_backward::transpose_edge_values(gpu, &st.t, &st.raw, heads, &mut st.p_t)?;
-                csr_ops::sddmm(gpu, &st.a, q, k, 1.0, &mut st.raw)?;
+                csr_ops::sddmm(gpu, a, q, k, scale, &mut st.raw)?;
+                csr_ops::edge_softmax_in_place(gpu, a, &mut st.raw, heads, None)?;
+                csr_ops::sddmm(gpu, a, d_out, v, 1.0, &mut st.dp)?;
+                ops_backward::edge_softmax_backward_in_place(gpu, a, &st.raw, &mut st.dp, heads)?;
+                ops_backward::transpose_edge_values(gpu, t, &st.raw, heads, &mut st.p_t)?;
+                csr_ops::sddmm(gpu, a, q, k, 1.0, &mut st.raw)?;
                 ops_backward::edge_dot(gpu, &st.dp, &st.raw, &mut st.d_scale)?;
                 ops_backward::edge_scale(gpu, &mut st.dp, scale)?;
-                ops_backward::transpose_edge_values(gpu, &st.t, &st.dp, heads, &mut st.ds_t)?;
+                ops_backward::transpose_edge_values(gpu, t, &st.dp, heads, &mut st.ds_t)?;
             }
         }
-        csr_ops::spmm(gpu, &st.a, &st.dp, k, dq)?;
-        csr_ops::spmm(gpu, st.t.csr(), &st.ds_t, q, dk)?;
-        csr_ops::spmm(gpu, st.t.csr(), &st.p_t, d_out, dv)?;
+        csr_ops::spmm(gpu, a, &st.dp, k, dq)?;
+        csr_ops::spmm(gpu, t.csr(), &st.ds_t, q, dk)?;
+        csr_ops::spmm(gpu, t.csr(), &st.p_t, d_out, dv)?;
         let d_scale = st.d_scale.to_host()?;
         Ok(d_scale.first().copied().unwrap_or(0.0) as f32)
     }

@@ -1,16 +1,18 @@
 //! [`AttentionPlan`]: built once per graph and configuration, run many times.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use spattn_formats::Csr;
 use spattn_ops::cpu::{self, AttentionInputs};
 use spattn_ops::{
-    csr_ops, tc_ops, DType, DTypeKind, DeviceCsr, DeviceMatrix, DeviceMeBcrs, DeviceVec, Gpu, Shape,
+    csr_ops, tc_ops, DType, DTypeKind, DeviceGraph, DeviceMatrix, DeviceMeBcrs, DeviceVec, Gpu,
+    Shape,
 };
 
 use crate::config::{Algorithm, AttentionConfig};
 use crate::error::{Error, Result};
 use spattn_ops::fused::{self, FusedCsr, FusedTensorCore, Hybrid, HybridInfo};
+use spattn_ops::tune::{median_ms, Fastest};
 
 /// Sparse attention over one graph, planned once and run many times:
 /// `out = softmax_row(scale · Q Kᵀ masked by A) · V` with Q of `n_rows × heads × head_dim`, K
@@ -44,37 +46,51 @@ pub struct AttentionPlan {
     shape_q: Shape,
     shape_kv: Shape,
     nnz: usize,
-    backend: Backend,
+    runner: Runner,
 }
 
+/// Where a plan runs.
 #[derive(Debug)]
-enum Backend {
-    Cpu(Box<Csr>),
+enum Runner {
+    /// On the CPU, over the graph (shared with whoever built the plan).
+    Cpu(Arc<Csr>),
     Gpu(Box<GpuPlan>),
 }
 
 #[derive(Debug)]
 struct GpuPlan {
     gpu: Gpu,
+    /// The graph and its uploads, shared with the other plans and layers over it; the
+    /// backward's uploads (CSR, Aᵀ) are made by its first call.
+    graph: Arc<DeviceGraph>,
     state: Mutex<GpuState>,
-    /// The graph on the host, for the backward's lazy upload (see [`crate::backward`]).
-    graph: Box<Csr>,
-    /// The backward's device state, uploaded by the first backward (forward-only plans never
+    /// The backward's workspace, allocated by the first backward (forward-only plans never
     /// allocate it); independent of the forward algorithm.
     backward: Mutex<Option<Box<crate::backward::BackwardState>>>,
+}
+
+impl GpuPlan {
+    /// The forward state; the workspace holds no invariant a panic could break (each forward
+    /// overwrites it).
+    fn lock_state(&self) -> std::sync::MutexGuard<'_, GpuState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// Per-algorithm device state: the graph in the format the algorithm reads (uploaded once, at
 /// plan time, and only that format) and its workspace (mutated by each forward; one at a time).
 #[derive(Debug)]
 enum GpuState {
+    /// The scores (`nnz × heads`) of the CUDA-core ops, which read the graph's CSR upload.
     Unfused {
-        csr: Box<DeviceCsr>,
         scores: DeviceVec<f32>,
     },
-    /// ME-BCRS and the slot-layout scores (`n_slots × heads`) of the tensor-core ops.
+    /// ME-BCRS (shared through the graph's cache) and the slot-layout scores
+    /// (`n_slots × heads`) of the tensor-core ops.
     UnfusedTensorCore {
-        mebcrs: Box<DeviceMeBcrs>,
+        mebcrs: Arc<DeviceMeBcrs>,
         scores: DeviceVec<f32>,
     },
     /// The fused CSR kernel's mask (rows in its order) and workspace.
@@ -93,8 +109,19 @@ impl AttentionPlan {
     /// one this build does not implement yet), [`Error::Ops`] (driver, memory).
     pub fn new_gpu(gpu: &Gpu, graph: &Csr, config: AttentionConfig) -> Result<Self> {
         config.validate()?;
-        let (algorithm, mut choice) = choose(graph, &config, gpu.compute_capability())?;
-        let state = GpuState::new(gpu, graph, &config, algorithm)?;
+        Self::on_graph(&Arc::new(DeviceGraph::new(gpu, graph.clone())), config)
+    }
+
+    /// Plans attention over a graph already on the GPU, sharing its uploads (CSR, Aᵀ, ME-BCRS,
+    /// BSB) with every other plan and layer built over the same [`DeviceGraph`]: build one per
+    /// graph, plan as many configurations over it as needed.
+    ///
+    /// Errors: as [`new_gpu`](Self::new_gpu).
+    pub fn on_graph(graph: &Arc<DeviceGraph>, config: AttentionConfig) -> Result<Self> {
+        config.validate()?;
+        let gpu = graph.gpu();
+        let (algorithm, mut choice) = choose(graph.host(), &config, gpu.compute_capability())?;
+        let state = GpuState::new(graph, &config, algorithm)?;
         if let GpuState::Hybrid(h) = &state {
             choice = format!("{choice}; {}", h.info());
         }
@@ -114,15 +141,15 @@ impl AttentionPlan {
                 o.vectors_natural as f64 / o.vectors.max(1) as f64
             );
         }
-        let mut plan = Self::assemble(graph, config, algorithm, choice);
-        plan.backend = Backend::Gpu(Box::new(GpuPlan {
+        let runner = Runner::Gpu(Box::new(GpuPlan {
             gpu: gpu.clone(),
+            graph: graph.clone(),
             state: Mutex::new(state),
-            graph: Box::new(graph.clone()),
             backward: Mutex::new(None),
         }));
+        let mut plan = Self::assemble(graph.host(), config, algorithm, choice, runner);
         if plan.config.algorithm == Algorithm::Auto && plan.config.autotune {
-            plan.autotune(graph)?;
+            plan.autotune()?;
         }
         Ok(plan)
     }
@@ -130,12 +157,24 @@ impl AttentionPlan {
     /// Plans attention over `graph` on the CPU: the f32 reference composition (SDDMM → edge
     /// softmax → SpMM) on rayon threads, whatever the algorithm asked for.
     pub fn new_cpu(graph: &Csr, config: AttentionConfig) -> Result<Self> {
+        Self::new_cpu_shared(&Arc::new(graph.clone()), config)
+    }
+
+    /// [`new_cpu`](Self::new_cpu) over a shared graph (no copy).
+    pub fn new_cpu_shared(graph: &Arc<Csr>, config: AttentionConfig) -> Result<Self> {
         config.validate()?;
         let choice = format!(
             "CPU: SDDMM -> edge softmax -> SpMM in f32 on {} rayon threads",
             rayon_threads()
         );
-        Ok(Self::assemble(graph, config, Algorithm::UnfusedCsr, choice))
+        let runner = Runner::Cpu(graph.clone());
+        Ok(Self::assemble(
+            graph,
+            config,
+            Algorithm::UnfusedCsr,
+            choice,
+            runner,
+        ))
     }
 
     fn assemble(
@@ -143,6 +182,7 @@ impl AttentionPlan {
         config: AttentionConfig,
         algorithm: Algorithm,
         choice: String,
+        runner: Runner,
     ) -> Self {
         let shape_q = Shape {
             rows: graph.n_rows(),
@@ -154,7 +194,7 @@ impl AttentionPlan {
             ..shape_q
         };
         Self {
-            backend: Backend::Cpu(Box::new(graph.clone())),
+            runner,
             config,
             algorithm,
             choice,
@@ -191,21 +231,26 @@ impl AttentionPlan {
     /// For a plan running [`Algorithm::Hybrid`]: the threshold, warp split and edge fractions
     /// it chose (also in [`choice`](Self::choice)); `None` for other algorithms.
     pub fn hybrid_info(&self) -> Option<HybridInfo> {
-        let Backend::Gpu(g) = &self.backend else {
+        let Runner::Gpu(g) = &self.runner else {
             return None;
         };
-        let state = g
-            .state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match &*state {
+        match &*g.lock_state() {
             GpuState::Hybrid(h) => Some(h.info()),
             _ => None,
         }
     }
     /// Whether the plan runs on a GPU.
     pub fn is_gpu(&self) -> bool {
-        matches!(self.backend, Backend::Gpu(_))
+        matches!(self.runner, Runner::Gpu(_))
+    }
+
+    /// The graph on the GPU this plan runs over (shared with the plans and layers built on
+    /// it); `None` for a CPU plan.
+    pub fn device_graph(&self) -> Option<&Arc<DeviceGraph>> {
+        match &self.runner {
+            Runner::Gpu(g) => Some(&g.graph),
+            Runner::Cpu(_) => None,
+        }
     }
 
     /// Whether `algorithm` can run `config` on `gpu` in this build.
@@ -241,7 +286,7 @@ impl AttentionPlan {
         v: &DeviceMatrix<T>,
         out: &mut DeviceMatrix<T>,
     ) -> Result<()> {
-        let Backend::Gpu(g) = &self.backend else {
+        let Runner::Gpu(g) = &self.runner else {
             return Err(Error::WrongDevice {
                 plan: "CPU",
                 use_instead: "forward_host",
@@ -253,14 +298,10 @@ impl AttentionPlan {
         self.check_shape("V", v.shape(), self.shape_kv)?;
         self.check_shape("out", out.shape(), self.shape_q)?;
         let scale = self.config.scale();
-        let mut state = g
-            .state
-            .lock()
-            // The workspace holds no invariant a panic could break: it is overwritten by each
-            // forward.
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut state = g.lock_state();
         match &mut *state {
-            GpuState::Unfused { csr, scores } => {
+            GpuState::Unfused { scores } => {
+                let csr = g.graph.csr()?;
                 csr_ops::sddmm(&g.gpu, csr, q, k, scale, scores)?;
                 csr_ops::edge_softmax_in_place(&g.gpu, csr, scores, self.config.heads, None)?;
                 csr_ops::spmm(&g.gpu, csr, scores, v, out)?;
@@ -286,8 +327,8 @@ impl AttentionPlan {
         self.check_len("Q", q.len(), self.shape_q)?;
         self.check_len("K", k.len(), self.shape_kv)?;
         self.check_len("V", v.len(), self.shape_kv)?;
-        match &self.backend {
-            Backend::Gpu(g) => {
+        match &self.runner {
+            Runner::Gpu(g) => {
                 let dq = DeviceMatrix::from_host(&g.gpu, self.shape_q, q)?;
                 let dk = DeviceMatrix::from_host(&g.gpu, self.shape_kv, k)?;
                 let dv = DeviceMatrix::from_host(&g.gpu, self.shape_kv, v)?;
@@ -295,7 +336,7 @@ impl AttentionPlan {
                 self.forward(&dq, &dk, &dv, &mut out)?;
                 Ok(out.to_host()?)
             }
-            Backend::Cpu(a) => {
+            Runner::Cpu(a) => {
                 let widen = |x: &[T]| x.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
                 let (q32, k32, v32) = (widen(q), widen(k), widen(v));
                 let inputs = AttentionInputs::new(
@@ -313,16 +354,16 @@ impl AttentionPlan {
         }
     }
 
-    /// Where the backward runs: on a GPU plan the handle, the host graph and the lazily built
-    /// backward state; on a CPU plan the graph.
+    /// Where the backward runs: on a GPU plan the handle, the shared graph and the lazily
+    /// allocated backward workspace; on a CPU plan the graph.
     pub(crate) fn backward_parts(&self) -> crate::backward::BackwardParts<'_> {
-        match &self.backend {
-            Backend::Gpu(g) => crate::backward::BackwardParts::Gpu {
+        match &self.runner {
+            Runner::Gpu(g) => crate::backward::BackwardParts::Gpu {
                 gpu: &g.gpu,
                 graph: &g.graph,
                 state: &g.backward,
             },
-            Backend::Cpu(a) => crate::backward::BackwardParts::Cpu(a),
+            Runner::Cpu(a) => crate::backward::BackwardParts::Cpu(a),
         }
     }
 
@@ -359,10 +400,11 @@ impl AttentionPlan {
         Ok(())
     }
 
-    /// Times every candidate once (after one warm-up) and keeps the fastest. Candidates keep
-    /// the dtype's precision: for f32 the tensor-core algorithms (tf32) are left out.
-    fn autotune(&mut self, graph: &Csr) -> Result<()> {
-        let Backend::Gpu(g) = &self.backend else {
+    /// Times every candidate ([`spattn_ops::tune::median_ms`]: the median of three after a
+    /// warm-up) and keeps the fastest. Candidates keep the dtype's precision: for f32 the
+    /// tensor-core algorithms (tf32) are left out.
+    fn autotune(&mut self) -> Result<()> {
+        let Runner::Gpu(g) = &self.runner else {
             return Ok(());
         };
         let exact_f32 = self.config.dtype == DTypeKind::F32;
@@ -379,56 +421,49 @@ impl AttentionPlan {
         .collect();
         // The installed state is the fastest so far after every candidate, so the winner is
         // never built twice (a plan's formats and row order can take seconds on large graphs).
-        let mut timings = Vec::new();
-        let mut best: Option<(Algorithm, f32)> = None;
+        let mut fastest = Fastest::new();
         for &alg in &candidates {
-            let candidate = GpuState::new(&g.gpu, graph, &self.config, alg)?;
-            let previous = std::mem::replace(
-                &mut *g
-                    .state
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner),
-                candidate,
-            );
+            let candidate = GpuState::new(&g.graph, &self.config, alg)?;
+            let previous = std::mem::replace(&mut *g.lock_state(), candidate);
             let ms = match self.config.dtype {
-                DTypeKind::F32 => self.time_once::<f32>(&g.gpu)?,
-                DTypeKind::F16 => self.time_once::<half::f16>(&g.gpu)?,
-                DTypeKind::Bf16 => self.time_once::<half::bf16>(&g.gpu)?,
+                DTypeKind::F32 => self.time_forward::<f32>(&g.gpu)?,
+                DTypeKind::F16 => self.time_forward::<half::f16>(&g.gpu)?,
+                DTypeKind::Bf16 => self.time_forward::<half::bf16>(&g.gpu)?,
             };
-            timings.push((alg, ms));
-            match best {
+            if !fastest.offer(alg.name(), alg, ms, 0.0) {
                 // Not faster than the best so far: that one goes back in.
-                Some((_, best_ms)) if ms >= best_ms => {
-                    *g.state
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner) = previous;
-                }
-                _ => best = Some((alg, ms)),
+                *g.lock_state() = previous;
             }
         }
-        let Some((best, best_ms)) = best else {
+        let Some((&best, best_ms)) = fastest.best() else {
             return Ok(());
         };
         self.algorithm = best;
         self.choice = format!(
-            "autotuned: {} ({best_ms:.4} ms) of {}",
-            best,
-            timings
-                .iter()
-                .map(|(a, ms)| format!("{a} {ms:.4} ms"))
-                .collect::<Vec<_>>()
-                .join(", ")
+            "autotuned: {best} ({best_ms:.4} ms) of {}",
+            fastest.report()
         );
         Ok(())
     }
 
-    fn time_once<T: DType>(&self, gpu: &Gpu) -> Result<f32> {
-        let q = DeviceMatrix::<T>::zeros(gpu, self.shape_q)?;
-        let kv = DeviceMatrix::<T>::zeros(gpu, self.shape_kv)?;
+    /// The installed state's forward time on scratch inputs (random, not zeros: some kernels
+    /// run faster on zeros), ms.
+    fn time_forward<T: DType>(&self, gpu: &Gpu) -> Result<f64> {
+        let draw = |shape: Shape| -> Result<DeviceMatrix<T>> {
+            let host: Vec<T> = (0..shape.len())
+                .map(|i| {
+                    T::from_f32(
+                        ((i as u32).wrapping_mul(2_654_435_761) >> 8) as f32 / 16_777_216.0 - 0.5,
+                    )
+                })
+                .collect();
+            Ok(DeviceMatrix::from_host(gpu, shape, &host)?)
+        };
+        let q = draw(self.shape_q)?;
+        let kv = draw(self.shape_kv)?;
         let mut out = DeviceMatrix::<T>::zeros(gpu, self.shape_q)?;
-        self.forward(&q, &kv, &kv, &mut out)?;
         let mut err = None;
-        let ms = gpu.time_ms(|| {
+        let ms = median_ms(gpu, || {
             if let Err(e) = self.forward(&q, &kv, &kv, &mut out) {
                 err = Some(e);
             }
@@ -442,7 +477,8 @@ impl AttentionPlan {
 }
 
 impl GpuState {
-    fn new(gpu: &Gpu, graph: &Csr, config: &AttentionConfig, alg: Algorithm) -> Result<Self> {
+    fn new(dg: &DeviceGraph, config: &AttentionConfig, alg: Algorithm) -> Result<Self> {
+        let (gpu, graph) = (dg.gpu(), dg.host());
         let (h, d, r) = (config.heads, config.head_dim, config.reorder);
         Ok(match alg {
             Algorithm::FusedCsr => GpuState::FusedCsr(Box::new(match config.dtype {
@@ -451,9 +487,9 @@ impl GpuState {
                 DTypeKind::Bf16 => FusedCsr::new::<half::bf16>(gpu, graph, h, d, r)?,
             })),
             Algorithm::FusedTensorCore => GpuState::FusedTensorCore(Box::new(match config.dtype {
-                DTypeKind::F32 => FusedTensorCore::from_csr::<f32>(gpu, graph, h, d, r)?,
-                DTypeKind::F16 => FusedTensorCore::from_csr::<half::f16>(gpu, graph, h, d, r)?,
-                DTypeKind::Bf16 => FusedTensorCore::from_csr::<half::bf16>(gpu, graph, h, d, r)?,
+                DTypeKind::F32 => FusedTensorCore::new::<f32>(dg, h, d, r)?,
+                DTypeKind::F16 => FusedTensorCore::new::<half::f16>(dg, h, d, r)?,
+                DTypeKind::Bf16 => FusedTensorCore::new::<half::bf16>(dg, h, d, r)?,
             })),
             Algorithm::Hybrid => {
                 let (s, p) = (config.scale(), config.hybrid);
@@ -465,17 +501,16 @@ impl GpuState {
             }
             Algorithm::UnfusedTensorCore => {
                 gpu.require_compute_capability("unfused-tc", 8, 0)?;
-                let mebcrs = DeviceMeBcrs::from_csr_reordered(gpu, graph, r)?;
+                let mebcrs = dg.mebcrs_in(r)?;
                 let scores = DeviceVec::zeros(gpu, mebcrs.n_slots() * h)?;
-                GpuState::UnfusedTensorCore {
-                    mebcrs: Box::new(mebcrs),
-                    scores,
+                GpuState::UnfusedTensorCore { mebcrs, scores }
+            }
+            _ => {
+                dg.csr()?;
+                GpuState::Unfused {
+                    scores: DeviceVec::zeros(gpu, graph.nnz() * h)?,
                 }
             }
-            _ => GpuState::Unfused {
-                csr: Box::new(DeviceCsr::upload(gpu, graph)?),
-                scores: DeviceVec::zeros(gpu, graph.nnz() * h)?,
-            },
         })
     }
 }

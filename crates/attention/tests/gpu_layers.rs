@@ -18,7 +18,7 @@ use half::{bf16, f16};
 use rand::Rng;
 use rand_pcg::Pcg64;
 use spattn::layers::{
-    AgnnConv, Device, DeviceGraph, GatConfig, GatConv, GpuContext, GraphTransformerLayer, Host,
+    AgnnConv, Device, GatConfig, GatConv, GpuContext, GpuGraph, GraphTransformerLayer, Host,
     HostGraph, HostParam, TransformerConfig,
 };
 use spattn::Algorithm;
@@ -155,7 +155,7 @@ fn compare<T: DType>(
 
 fn gat_case<T: GemmElement>(c: &Ctx, a: &Csr, heads: usize, concat: bool, rng: &mut Pcg64) {
     let host = HostGraph::new(a).unwrap();
-    let dev = DeviceGraph::upload(&c.ctx, &host).unwrap();
+    let dev = GpuGraph::upload(&c.ctx, &host).unwrap();
     let (n, in_dim, out_dim) = (a.n_rows(), 24, 8);
     let cfg = GatConfig::new(in_dim, out_dim, heads).with_concat(concat);
     let mut cpu_layer = GatConv::<Host<f64>>::new(cfg, &host, rng.random()).unwrap();
@@ -223,7 +223,7 @@ fn transformer_case<T: GemmElement>(
     rng: &mut Pcg64,
 ) {
     let host = HostGraph::new(a).unwrap();
-    let dev = DeviceGraph::upload(&c.ctx, &host).unwrap();
+    let dev = GpuGraph::upload(&c.ctx, &host).unwrap();
     let (n, dim, head_dim) = (a.n_rows(), 32, 16);
     let cfg = TransformerConfig::new(dim, heads, head_dim, dim)
         .with_residual(true)
@@ -267,7 +267,7 @@ fn transformer_case<T: GemmElement>(
 
 fn agnn_case<T: GemmElement>(c: &Ctx, a: &Csr, dim: usize, rng: &mut Pcg64) {
     let host = HostGraph::new(a).unwrap();
-    let dev = DeviceGraph::upload(&c.ctx, &host).unwrap();
+    let dev = GpuGraph::upload(&c.ctx, &host).unwrap();
     let n = a.n_rows();
     let mut cpu_layer = AgnnConv::<Host<f64>>::new(dim, &host, Algorithm::Auto).unwrap();
     cpu_layer.beta.value[0] = T::from_f64(rng.random_range(0.5..3.0)).to_f64();

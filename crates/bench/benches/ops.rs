@@ -14,7 +14,7 @@ use spattn_bench::cases::{self, Backend, Problem};
 use spattn_bench::gpu_bench::{self, GpuConfig};
 use spattn_bench::graphs::{self, DataDirs, Graph, GraphSpec, LoadOptions};
 use spattn_bench::inputs::HostInputs;
-use spattn_ops::{cpu, DType, DTypeKind, DeviceCsr, Gpu};
+use spattn_ops::{cpu, DType, DTypeKind, DeviceGraph, Gpu};
 
 const HEADS: usize = 1;
 const HEAD_DIMS: [usize; 2] = [64, 128];
@@ -35,7 +35,7 @@ fn gpu_config<T: DType>(
     c: &mut Criterion,
     gpu: &Gpu,
     graph: &Graph,
-    dev: &DeviceCsr,
+    dev: &std::sync::Arc<DeviceGraph>,
     head_dim: usize,
 ) {
     let a = &graph.csr;
@@ -89,7 +89,7 @@ fn gpu_config<T: DType>(
 fn gpu_benches(c: &mut Criterion, gpu: &Gpu) {
     for spec in [GraphSpec::Cora, GraphSpec::Rmat(14)] {
         let graph = load(spec);
-        let dev = DeviceCsr::upload(gpu, &graph.csr).expect("uploading the graph");
+        let dev = gpu_bench::shared_graph(gpu, &graph.csr);
         for dtype in [DTypeKind::F16, DTypeKind::F32] {
             for head_dim in HEAD_DIMS {
                 match dtype {

@@ -11,7 +11,9 @@
 use spattn::{AttentionConfig, AttentionPlan};
 use spattn_formats::Csr;
 use spattn_ops::cpu;
-use spattn_ops::graph::{self, Backend as OpBackend, DeviceGraph, EdgeLayout, EdgeValues};
+use std::sync::Arc;
+
+use spattn_ops::graph::{self, DeviceGraph, EdgeLayout, EdgeValues, Engine};
 use spattn_ops::{csr_ops, DType, DeviceCsr, DeviceMatrix, DeviceVec, Gpu, GpuTimer};
 
 use crate::cases::{Case, Runner};
@@ -121,6 +123,8 @@ pub enum Prepared<'a> {
 pub struct GpuConfig<'a, T: DType> {
     gpu: &'a Gpu,
     csr: &'a Csr,
+    /// The graph on the GPU, shared by every case's plan (its uploads made once).
+    graph: &'a Arc<DeviceGraph>,
     dev: &'a DeviceCsr,
     host: HostInputs<T>,
     q: DeviceMatrix<T>,
@@ -138,8 +142,6 @@ pub struct GpuConfig<'a, T: DType> {
     /// Softmax of `op_scores` on the GPU, and its host copy when checking.
     op_probs: Option<(DeviceVec<f32>, Vec<f32>)>,
     spmm_ref: Option<Vec<f64>>,
-    /// The graph with its ME-BCRS upload, for the tensor-core op cases.
-    tc_graph: Option<DeviceGraph>,
     /// `op_scores` in ME-BCRS slots (softmax-tc's input).
     tc_scores: Option<EdgeValues>,
     /// `op_probs` in ME-BCRS slots (spmm-tc's input).
@@ -149,23 +151,25 @@ pub struct GpuConfig<'a, T: DType> {
 }
 
 impl<'a, T: DType> GpuConfig<'a, T> {
-    /// Uploads `host` for the graph `csr` (uploaded as `dev`).
+    /// Uploads `host` for `graph` (whose host CSR is `csr`).
     ///
     /// # Errors
     /// Allocation or copy failures.
     pub fn new(
         gpu: &'a Gpu,
         csr: &'a Csr,
-        dev: &'a DeviceCsr,
+        graph: &'a Arc<DeviceGraph>,
         host: HostInputs<T>,
         check: bool,
     ) -> Result<Self> {
+        let dev = graph.csr()?;
         let q = DeviceMatrix::from_host(gpu, host.shape_q, &host.q)?;
         let k = DeviceMatrix::from_host(gpu, host.shape_kv, &host.k)?;
         let v = DeviceMatrix::from_host(gpu, host.shape_kv, &host.v)?;
         Ok(GpuConfig {
             gpu,
             csr,
+            graph,
             dev,
             host,
             q,
@@ -180,7 +184,6 @@ impl<'a, T: DType> GpuConfig<'a, T> {
             softmax_ref: None,
             op_probs: None,
             spmm_ref: None,
-            tc_graph: None,
             tc_scores: None,
             tc_probs: None,
             backward_ref: None,
@@ -193,18 +196,10 @@ impl<'a, T: DType> GpuConfig<'a, T> {
         self
     }
 
+    /// The ME-BCRS of the tensor-core op cases, uploaded once (in the graph's op order, see
+    /// [`shared_graph`]).
     fn ensure_tc_graph(&mut self) -> Result<()> {
-        if self.tc_graph.is_none() {
-            // The tensor-core ops in the row order with the fewest vectors (Reorder::Auto, as
-            // the attention plans): the ops take and return the graph's own order either way.
-            let graph = DeviceGraph::upload_for_reordered(
-                self.gpu,
-                self.csr,
-                &[OpBackend::TensorCore],
-                spattn_formats::Reorder::Auto,
-            )?;
-            self.tc_graph = Some(graph);
-        }
+        self.graph.mebcrs()?;
         Ok(())
     }
 
@@ -224,7 +219,7 @@ impl<'a, T: DType> GpuConfig<'a, T> {
         if slot.is_some() {
             return Ok(());
         }
-        let graph = self.tc_graph.as_ref().expect("set just above");
+        let graph = self.graph;
         let src = if probs {
             &self.op_probs
         } else {
@@ -448,7 +443,7 @@ pub fn prepare<'a, T: DType>(case: &Case, cfg: &'a mut GpuConfig<'_, T>) -> Resu
                 cfg.ensure_attention_ref()?;
             }
             let (built, _) = crate::progress::step(&format!("planning {algorithm}"), || {
-                AttentionPlan::new_gpu(cfg.gpu, cfg.csr, config)
+                AttentionPlan::on_graph(cfg.graph, config)
             });
             plan = Some(built?);
         }
@@ -461,7 +456,7 @@ pub fn prepare<'a, T: DType>(case: &Case, cfg: &'a mut GpuConfig<'_, T>) -> Resu
                 cfg.ensure_backward_ref()?;
             }
             let (built, _) = crate::progress::step("planning the train step", || {
-                AttentionPlan::new_gpu(cfg.gpu, cfg.csr, config)
+                AttentionPlan::on_graph(cfg.graph, config)
             });
             plan = Some(built?);
         }
@@ -521,10 +516,7 @@ pub fn prepare<'a, T: DType>(case: &Case, cfg: &'a mut GpuConfig<'_, T>) -> Resu
             reference: cfg.attention_ref.as_deref(),
         }),
         (Runner::SddmmTc | Runner::SoftmaxTc | Runner::SpmmTc, _) => {
-            let graph = cfg
-                .tc_graph
-                .as_ref()
-                .ok_or_else(|| Error::new("the ME-BCRS graph was not uploaded"))?;
+            let graph: &DeviceGraph = cfg.graph;
             let (input, reference) = match case.runner {
                 Runner::SddmmTc => (None, cfg.sddmm_ref.as_deref()),
                 Runner::SoftmaxTc => (cfg.tc_scores.as_ref(), cfg.softmax_ref.as_deref()),
@@ -601,7 +593,7 @@ struct TcOpCase<'a, T: DType> {
 
 impl<T: DType> Launch for TcOpCase<'_, T> {
     fn launch(&mut self) -> Result<()> {
-        let tc = OpBackend::TensorCore;
+        let tc = Engine::TensorCore;
         match self.runner {
             Runner::SddmmTc => graph::sddmm(
                 self.gpu,
@@ -895,6 +887,13 @@ fn measure_into(
     Ok(())
 }
 
+/// `csr` on `gpu` as the benchmark cases share it: uploads made lazily and once, the per-call
+/// tensor-core ops on the ME-BCRS in the row order with the fewest vectors (as the attention
+/// plans'; the ops take and return the graph's own order either way).
+pub fn shared_graph(gpu: &Gpu, csr: &Csr) -> Arc<DeviceGraph> {
+    Arc::new(DeviceGraph::new(gpu, csr.clone()).with_op_reorder(spattn_formats::Reorder::Auto))
+}
+
 /// The GPU, the graph uploaded on it, and the settings of a run's configurations.
 pub struct GpuRun<'a> {
     /// The GPU.
@@ -903,8 +902,8 @@ pub struct GpuRun<'a> {
     pub timer: &'a mut GpuTimer,
     /// The graph on the host (for the references).
     pub csr: &'a Csr,
-    /// The graph on the GPU.
-    pub dev: &'a DeviceCsr,
+    /// The graph on the GPU (shared by the cases' plans).
+    pub graph: &'a Arc<DeviceGraph>,
     /// Warm-up, reps, check.
     pub settings: RunSettings,
 }
@@ -920,7 +919,7 @@ pub fn run_config<T: DType>(
     cases: &[&Case],
     done: &mut dyn FnMut(&Case, Measured),
 ) -> Result<()> {
-    let mut cfg = GpuConfig::new(run.gpu, run.csr, run.dev, host, run.settings.check)?
+    let mut cfg = GpuConfig::new(run.gpu, run.csr, run.graph, host, run.settings.check)?
         .with_reorder(run.settings.reorder);
     for case in cases {
         let measured = match prepare(case, &mut cfg) {

@@ -3,7 +3,9 @@
 use std::path::Path;
 
 use half::{bf16, f16};
-use spattn_ops::{DType, DTypeKind, DeviceCsr, Gpu};
+use std::sync::Arc;
+
+use spattn_ops::{DType, DTypeKind, DeviceGraph, Gpu};
 
 use crate::cases::{self, Backend, Case, CaseKind, Problem, BASELINE};
 use crate::cli::RunArgs;
@@ -241,7 +243,8 @@ pub fn run(args: &RunArgs, argv: &[String]) -> Result<Outcome> {
             let gpu_graph = match &device {
                 Device::Gpu(gpu) => {
                     let (dev, _) = step(&format!("uploading {}", graph.name), || {
-                        DeviceCsr::upload(gpu, &graph.csr)
+                        let shared = gpu_bench::shared_graph(gpu, &graph.csr);
+                        shared.csr().map(|_| ()).map(|()| shared)
                     });
                     Some((
                         gpu,
@@ -455,7 +458,7 @@ fn check_memory(
     (heads, head_dim, dtype): (u32, u32, DTypeKind),
     check: bool,
     host_memory: Option<u64>,
-    gpu_graph: &Option<(&Gpu, DeviceCsr)>,
+    gpu_graph: &Option<(&Gpu, Arc<DeviceGraph>)>,
 ) -> Result<()> {
     let size = memory::ConfigSize {
         n_rows: graph.csr.n_rows() as u64,
@@ -487,7 +490,7 @@ struct GpuJob<'a> {
     gpu: &'a Gpu,
     timer: &'a mut spattn_ops::GpuTimer,
     csr: &'a spattn_formats::Csr,
-    dev: &'a DeviceCsr,
+    dev: &'a Arc<DeviceGraph>,
     cases: &'a [&'static Case],
     settings: RunSettings,
 }
@@ -507,7 +510,7 @@ impl GpuJob<'_> {
                 gpu: self.gpu,
                 timer: self.timer,
                 csr: self.csr,
-                dev: self.dev,
+                graph: self.dev,
                 settings: self.settings,
             },
             host?,

@@ -51,13 +51,12 @@ const THREADS: u32 = 256;
 /// longest unit bounds the kernel's critical path: with 512, cora's 169-edge row alone took
 /// ~60 µs of a 65 µs fused kernel (docs/perf-notes.md); 64 keeps every path short, and the
 /// price — partials of split rows merged in f32 — is small.
-pub const UNIT_CHUNK: u32 = 64;
+pub(crate) const UNIT_CHUNK: u32 = 64;
 
 /// The device side of the CSR schedules ([`RowUnits`], [`SoftmaxSchedule`]), built once per
-/// uploaded graph by [`DeviceCsr::upload`]. Fused kernels (in the `spattn` crate) walk the same
-/// units.
+/// uploaded graph by [`DeviceCsr::upload`]. The fused CSR kernel walks the same units.
 #[derive(Debug)]
-pub struct CsrSchedule {
+pub(crate) struct CsrSchedule {
     unit_rows: DeviceVec<u32>,
     unit_starts: DeviceVec<u32>,
     unit_slots: DeviceVec<u32>,
@@ -67,7 +66,6 @@ pub struct CsrSchedule {
     pub(crate) long_rows: DeviceVec<u32>,
     pub(crate) long_threshold: u32,
     pub(crate) softmax_group: u32,
-    n_parts: usize,
     /// f32 partial sums of split SpMM rows (`split_rows × heads × head_dim`), grown on demand.
     scratch: Mutex<Option<DeviceVec<f32>>>,
 }
@@ -87,38 +85,8 @@ impl CsrSchedule {
             long_rows: DeviceVec::from_host_named(gpu, "softmax long rows", &softmax.long_rows)?,
             long_threshold: softmax.long_threshold,
             softmax_group: softmax.group,
-            n_parts: units.part_first.last().copied().unwrap_or(0) as usize,
             scratch: Mutex::new(None),
         })
-    }
-
-    /// Number of work units (rows, with hub rows cut into chunks of [`UNIT_CHUNK`] edges).
-    pub fn n_units(&self) -> usize {
-        self.unit_rows.len()
-    }
-    /// Row of each unit.
-    pub fn unit_rows(&self) -> &DeviceVec<u32> {
-        &self.unit_rows
-    }
-    /// First edge of each unit, plus the total number of edges (`n_units + 1` entries).
-    pub fn unit_starts(&self) -> &DeviceVec<u32> {
-        &self.unit_starts
-    }
-    /// Partial index of each unit of a split row, or [`crate::schedule::NO_SLOT`].
-    pub fn unit_parts(&self) -> &DeviceVec<u32> {
-        &self.unit_parts
-    }
-    /// The split rows.
-    pub fn split_rows(&self) -> &DeviceVec<u32> {
-        &self.split_rows
-    }
-    /// Partials of split row `s`: `part_first[s]..part_first[s + 1]` (`split rows + 1` entries).
-    pub fn part_first(&self) -> &DeviceVec<u32> {
-        &self.part_first
-    }
-    /// Total number of partials (units of split rows).
-    pub fn n_parts(&self) -> usize {
-        self.n_parts
     }
 
     /// Bytes of device memory the schedules hold.

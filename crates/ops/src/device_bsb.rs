@@ -1,6 +1,6 @@
 //! [`DeviceBsb`]: a [`Bsb`] attention mask uploaded once, for the fused tensor-core kernels.
 
-use spattn_formats::{Bsb, FillStats};
+use spattn_formats::{Bsb, Csr, FillStats, Reorder, RowOrder};
 
 use crate::buffer::DeviceVec;
 use crate::error::Result;
@@ -10,28 +10,22 @@ use crate::launch::{to_u32, OnGpu};
 /// Steps (pairs of 16×8 blocks) in flight per warp of the pipelined tensor-core tile loop
 /// (`BSB_PIPE_STAGES` in `attention_tiles.cuh`), shared by the fused tensor-core and the hybrid
 /// kernels.
-pub const BSB_PIPE_STAGES: usize = 3;
+pub(crate) const BSB_PIPE_STAGES: usize = 3;
 /// Head widths the pipelined tile loop is compiled for (f16 and bf16).
-pub const BSB_PIPE_HEAD_DIMS: [usize; 2] = [64, 128];
+pub(crate) const BSB_PIPE_HEAD_DIMS: [usize; 2] = [64, 128];
 /// Fewest blocks a unit of a split window gets by default, in the fused tensor-core and the
 /// hybrid schedules. Only graphs with fewer than 32 · 8 · SMs blocks per head see it (the unit
 /// bound is otherwise about 1/(8 · SMs) of the work). Measured with the pipelined kernel on
 /// H200 (docs/perf-notes.md): 16 is 13–15% faster than 32 on pubmed (its largest units are the
 /// kernel's tail) and 2–9% slower on cora (its merges cost more than the steps they save);
 /// with the register kernel on H100, 32 had beaten 16.
-pub const BSB_MIN_UNIT_BLOCKS: usize = 16;
+pub(crate) const BSB_MIN_UNIT_BLOCKS: usize = 16;
 /// Floats of one warp's merge scratch (`BSB_MERGE_FLOATS` in the kernels).
-pub const BSB_MERGE_FLOATS: usize = 64;
+pub(crate) const BSB_MERGE_FLOATS: usize = 64;
 
 /// Whether the pipelined tile loop is compiled for heads of `head_dim` features of `dtype`:
 /// f16 or bf16 at one of [`BSB_PIPE_HEAD_DIMS`].
-///
-/// ```
-/// use spattn_ops::{device_bsb::bsb_pipe_supports, DTypeKind};
-/// assert!(bsb_pipe_supports(DTypeKind::Bf16, 64));
-/// assert!(!bsb_pipe_supports(DTypeKind::F32, 128));
-/// ```
-pub fn bsb_pipe_supports(dtype: crate::DTypeKind, head_dim: usize) -> bool {
+pub(crate) fn bsb_pipe_supports(dtype: crate::DTypeKind, head_dim: usize) -> bool {
     dtype != crate::DTypeKind::F32 && BSB_PIPE_HEAD_DIMS.contains(&head_dim)
 }
 
@@ -39,15 +33,60 @@ pub fn bsb_pipe_supports(dtype: crate::DTypeKind, head_dim: usize) -> bool {
 /// [`BSB_PIPE_STAGES`] stages of the K and V tiles (16 slots × `head_dim` 2-byte features
 /// each; `spmm`: the V tile only) and two 16-byte bitmaps, then the merge scratch (mirrors
 /// `bsb_pipe_warp_bytes` in `attention_tiles.cuh`).
-///
-/// ```
-/// use spattn_ops::device_bsb::bsb_pipe_warp_bytes;
-/// assert_eq!(bsb_pipe_warp_bytes(128, false), 3 * (8192 + 32) + 256);
-/// assert_eq!(bsb_pipe_warp_bytes(128, true), 3 * (4096 + 32) + 256);
-/// ```
-pub const fn bsb_pipe_warp_bytes(head_dim: usize, spmm: bool) -> usize {
+pub(crate) const fn bsb_pipe_warp_bytes(head_dim: usize, spmm: bool) -> usize {
     let tiles = if spmm { 1 } else { 2 };
     BSB_PIPE_STAGES * (tiles * 16 * head_dim * 2 + 32) + BSB_MERGE_FLOATS * 4
+}
+
+/// Rows per BSB window.
+pub(crate) const BSB_WINDOW_ROWS: usize = 16;
+
+/// A BSB of a graph with its rows renumbered in a chosen order (K/V gathered by the original
+/// column ids, Q and the output through the caller row of each window row), as the fused
+/// tensor-core plans read it: the host copy their schedules are built from, the upload, and
+/// the order. Made once per graph and order by [`crate::DeviceGraph::bsb_in`].
+#[derive(Debug)]
+pub struct OrderedBsb {
+    /// The BSB of the row-renumbered graph.
+    pub(crate) host: Bsb,
+    /// Its upload.
+    pub(crate) device: DeviceBsb,
+    /// The row order it was built in.
+    pub(crate) order: RowOrder,
+    /// Per window row, the caller's row, when the rows were renumbered.
+    pub(crate) row_ids: Option<DeviceVec<u32>>,
+}
+
+impl OrderedBsb {
+    /// Chooses the row order `reorder` asks for ([`RowOrder::choose`] over 16-row windows),
+    /// builds the BSB of `a` in it and uploads both.
+    pub(crate) fn upload(gpu: &Gpu, a: &Csr, reorder: Reorder) -> Result<Self> {
+        let order = RowOrder::choose(a, reorder, BSB_WINDOW_ROWS)?;
+        let host = match &order.permutation {
+            Some(p) => Bsb::from_csr(&p.permute_csr_rows(a)?)?,
+            None => Bsb::from_csr(a)?,
+        };
+        let row_ids = order
+            .row_ids()
+            .map(|ids| DeviceVec::from_host_named(gpu, "BSB caller rows", ids))
+            .transpose()?;
+        Ok(Self {
+            device: DeviceBsb::upload(gpu, &host)?,
+            host,
+            order,
+            row_ids,
+        })
+    }
+
+    /// The row order and its K/V gathers, for a plan's report.
+    pub fn info(&self) -> String {
+        self.order.info()
+    }
+
+    /// Bytes of device memory it holds.
+    pub fn device_bytes(&self) -> usize {
+        self.device.device_bytes() + self.row_ids.as_ref().map_or(0, DeviceVec::num_bytes)
+    }
 }
 
 /// A BSB mask in device memory: window offsets, the column of every block slot (padding slots
@@ -160,26 +199,15 @@ impl DeviceBsb {
         &self.fill
     }
 
-    /// Window offsets, `n_windows + 1` entries: window `w` owns blocks
-    /// `window_offsets[w]..window_offsets[w + 1]`.
-    pub fn window_offsets(&self) -> &DeviceVec<u32> {
-        &self.window_offsets
-    }
-
     /// The column of every slot, 8 per block; padding slots hold [`Bsb::PADDING`].
-    pub fn block_columns(&self) -> &DeviceVec<u32> {
+    pub(crate) fn block_columns(&self) -> &DeviceVec<u32> {
         &self.block_columns
     }
 
     /// The bitmaps, 2 little-endian `u64` words per block (word `2b`: rows 0–7 of block `b`,
     /// word `2b + 1`: rows 8–15), as [`Bsb::bitmap_words`].
-    pub fn bitmap_words(&self) -> &DeviceVec<u64> {
+    pub(crate) fn bitmap_words(&self) -> &DeviceVec<u64> {
         &self.bitmap_words
-    }
-
-    /// Window ids by block count, largest first (`n_windows` entries).
-    pub fn window_order(&self) -> &DeviceVec<u32> {
-        &self.window_order
     }
 
     /// Values per edge in CSR order (`nnz`), where the matrix has them.

@@ -60,7 +60,7 @@ impl DeviceCsr {
     }
 
     /// The CUDA-core kernels' load-balancing schedules (built at upload).
-    pub fn schedule(&self) -> &CsrSchedule {
+    pub(crate) fn schedule(&self) -> &CsrSchedule {
         &self.schedule
     }
 

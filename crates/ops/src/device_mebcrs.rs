@@ -31,13 +31,13 @@ use crate::launch::OnGpu;
 
 /// Vectors per SpMM work item: a window with more is cut into items of this many (the last one
 /// shorter). A multiple of 16, so every item but a window's last starts on a whole k-step.
-pub const WORK_CHUNK: u32 = 256;
+pub(crate) const WORK_CHUNK: u32 = 256;
 
 /// Fewest vectors per SDDMM work item ([`sddmm_chunk`]'s lower bound): one k-step.
-pub const MIN_SDDMM_CHUNK: u32 = 16;
+pub(crate) const MIN_SDDMM_CHUNK: u32 = 16;
 
 /// Most vectors per SDDMM work item ([`sddmm_chunk`]'s upper bound): two k-steps.
-pub const MAX_SDDMM_CHUNK: u32 = 32;
+pub(crate) const MAX_SDDMM_CHUNK: u32 = 32;
 
 /// Warps per SM the SDDMM chunk rule assumes resident.
 const WARPS_PER_SM: usize = 16;
@@ -49,14 +49,7 @@ const WARPS_PER_SM: usize = 16;
 /// path on small masks, the load balance of hub windows on large ones. Measured on H100
 /// against items of 256 vectors: 1.1–2.9× faster on the shared graphs (1.2× on ogbn-arxiv),
 /// 1.0–1.04× on R-MAT 16/18 (docs/perf-notes.md).
-///
-/// ```
-/// use spattn_ops::device_mebcrs::{sddmm_chunk, MAX_SDDMM_CHUNK, MIN_SDDMM_CHUNK};
-/// assert_eq!(sddmm_chunk(10_000, 132), MIN_SDDMM_CHUNK); // cora
-/// assert_eq!(sddmm_chunk(2_000_000, 132), MAX_SDDMM_CHUNK); // ogbn-arxiv
-/// assert_eq!(sddmm_chunk(0, 0), MIN_SDDMM_CHUNK);
-/// ```
-pub fn sddmm_chunk(n_vectors: usize, sm_count: u32) -> u32 {
+pub(crate) fn sddmm_chunk(n_vectors: usize, sm_count: u32) -> u32 {
     let slots = (sm_count.max(1) as usize).saturating_mul(WARPS_PER_SM);
     if n_vectors / slots >= 2 * MAX_SDDMM_CHUNK as usize {
         MAX_SDDMM_CHUNK
@@ -67,30 +60,18 @@ pub fn sddmm_chunk(n_vectors: usize, sm_count: u32) -> u32 {
 
 /// Edge softmax gives windows of more vectors than this a thread block per head (the others a
 /// warp, which takes 32 vectors a step).
-pub const SOFTMAX_LONG_WINDOW: u32 = 512;
+pub(crate) const SOFTMAX_LONG_WINDOW: u32 = 512;
 
 /// Marks an item whose window is not split (it writes its output rows directly).
-pub const NO_PARTIAL: u32 = u32::MAX;
+pub(crate) const NO_PARTIAL: u32 = u32::MAX;
 
 /// The work items of the tensor-core kernels, on the host: item `i` covers vectors
 /// `starts[i]..ends[i]` of window `windows[i]`.
 ///
 /// Items are in window order and cover every vector once; every window, an empty one included,
 /// has at least one item, so SpMM writes every output row.
-///
-/// ```
-/// use spattn_ops::device_mebcrs::{WorkItems, NO_PARTIAL};
-/// // Window 0: 5 vectors, window 1: none, window 2: 1 vector.
-/// let items = WorkItems::new(&[0, 5, 5, 6], 2);
-/// assert_eq!(items.windows, vec![0, 0, 0, 1, 2]);
-/// assert_eq!(items.starts, vec![0, 2, 4, 5, 5]);
-/// assert_eq!(items.ends, vec![2, 4, 5, 5, 6]);
-/// assert_eq!(items.partials, vec![0, 1, 2, NO_PARTIAL, NO_PARTIAL]);
-/// assert_eq!(items.split_windows, vec![0]);
-/// assert_eq!(items.partial_first, vec![0, 3]);
-/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WorkItems {
+pub(crate) struct WorkItems {
     /// Window of each item.
     pub windows: Vec<u32>,
     /// First vector of each item.
@@ -152,29 +133,14 @@ impl WorkItems {
         items
     }
 
-    /// Number of items.
-    pub fn len(&self) -> usize {
-        self.windows.len()
-    }
-
-    /// Whether there are no items (a matrix with no rows).
-    pub fn is_empty(&self) -> bool {
-        self.windows.is_empty()
-    }
-
     /// Number of partials (items of split windows).
-    pub fn n_partials(&self) -> usize {
+    pub(crate) fn n_partials(&self) -> usize {
         self.partial_first.last().copied().unwrap_or(0) as usize
     }
 }
 
 /// The windows of more than `threshold` vectors: edge softmax gives each a thread block.
-///
-/// ```
-/// use spattn_ops::device_mebcrs::long_windows;
-/// assert_eq!(long_windows(&[0, 5, 5, 600, 610], 512), vec![2]);
-/// ```
-pub fn long_windows(row_pointers: &[u32], threshold: u32) -> Vec<u32> {
+pub(crate) fn long_windows(row_pointers: &[u32], threshold: u32) -> Vec<u32> {
     row_pointers
         .windows(2)
         .enumerate()
@@ -444,11 +410,11 @@ impl DeviceMeBcrs {
         self.n_vectors * MeBcrs::WINDOW_ROWS
     }
     /// Window pointers (`n_windows + 1` entries).
-    pub fn row_pointers(&self) -> &DeviceVec<u32> {
+    pub(crate) fn row_pointers(&self) -> &DeviceVec<u32> {
         &self.row_pointers
     }
     /// The column of every vector.
-    pub fn column_indices(&self) -> &DeviceVec<u32> {
+    pub(crate) fn column_indices(&self) -> &DeviceVec<u32> {
         &self.column_indices
     }
     /// The row mask of every vector (bit `r`: row `8w + r` has the column).
@@ -472,14 +438,6 @@ impl DeviceMeBcrs {
     /// tensor cores' work is on real edges.
     pub fn fill_stats(&self) -> &FillStats {
         &self.fill_stats
-    }
-    /// Number of work items of the tensor-core SpMM (see the [module documentation](self)).
-    pub fn n_work_items(&self) -> usize {
-        self.schedule.spmm_items.len()
-    }
-    /// Number of work items of the tensor-core SDDMM (shorter than SpMM's on small masks).
-    pub fn n_sddmm_items(&self) -> usize {
-        self.schedule.sddmm_items.len()
     }
     pub(crate) fn schedule(&self) -> &MeBcrsSchedule {
         &self.schedule
@@ -529,13 +487,43 @@ mod tests {
     use super::*;
 
     #[test]
+    fn sddmm_chunk_example() -> std::result::Result<(), Box<dyn std::error::Error>> {
+        use crate::device_mebcrs::{sddmm_chunk, MAX_SDDMM_CHUNK, MIN_SDDMM_CHUNK};
+        assert_eq!(sddmm_chunk(10_000, 132), MIN_SDDMM_CHUNK); // cora
+        assert_eq!(sddmm_chunk(2_000_000, 132), MAX_SDDMM_CHUNK); // ogbn-arxiv
+        assert_eq!(sddmm_chunk(0, 0), MIN_SDDMM_CHUNK);
+        Ok(())
+    }
+
+    #[test]
+    fn work_items_example() -> std::result::Result<(), Box<dyn std::error::Error>> {
+        use crate::device_mebcrs::{WorkItems, NO_PARTIAL};
+        // Window 0: 5 vectors, window 1: none, window 2: 1 vector.
+        let items = WorkItems::new(&[0, 5, 5, 6], 2);
+        assert_eq!(items.windows, vec![0, 0, 0, 1, 2]);
+        assert_eq!(items.starts, vec![0, 2, 4, 5, 5]);
+        assert_eq!(items.ends, vec![2, 4, 5, 5, 6]);
+        assert_eq!(items.partials, vec![0, 1, 2, NO_PARTIAL, NO_PARTIAL]);
+        assert_eq!(items.split_windows, vec![0]);
+        assert_eq!(items.partial_first, vec![0, 3]);
+        Ok(())
+    }
+
+    #[test]
+    fn long_windows_example() -> std::result::Result<(), Box<dyn std::error::Error>> {
+        use crate::device_mebcrs::long_windows;
+        assert_eq!(long_windows(&[0, 5, 5, 600, 610], 512), vec![2]);
+        Ok(())
+    }
+
+    #[test]
     fn items_cover_every_vector_once_and_every_window() {
         let pointers = [0u32, 0, 3, 3, 700, 701, 1300];
         for chunk in [1, 16, 256, 10_000] {
             let it = WorkItems::new(&pointers, chunk);
             let n_windows = pointers.len() - 1;
             let mut next = vec![None; n_windows];
-            for i in 0..it.len() {
+            for i in 0..it.windows.len() {
                 let w = it.windows[i] as usize;
                 let (s, e) = (it.starts[i], it.ends[i]);
                 assert!(s <= e && e - s <= chunk);
@@ -551,7 +539,7 @@ mod tests {
             let mut p = 0;
             for (s, &w) in it.split_windows.iter().enumerate() {
                 assert_eq!(it.partial_first[s], p);
-                let of_w: Vec<u32> = (0..it.len())
+                let of_w: Vec<u32> = (0..it.windows.len())
                     .filter(|&i| it.windows[i] == w)
                     .map(|i| it.partials[i])
                     .collect();
@@ -638,7 +626,7 @@ mod tests {
     #[test]
     fn no_windows_no_items() {
         let it = WorkItems::new(&[0], 256);
-        assert!(it.is_empty());
+        assert!(it.windows.is_empty());
         assert_eq!(it.n_partials(), 0);
         assert!(long_windows(&[0], 1).is_empty());
     }

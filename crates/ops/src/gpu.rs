@@ -22,8 +22,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use cudarc::driver::sys::{self, CUresult};
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, DriverError,
-    LaunchArgs,
+    CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, DriverError, LaunchArgs,
 };
 
 use spattn_kernels_sys::PtxModule;
@@ -261,18 +260,19 @@ impl Gpu {
 
     /// Whether `other` is this handle or a clone of it (same context, same stream): the
     /// condition for mixing their buffers in one op.
-    pub fn same_as(&self, other: &Gpu) -> bool {
+    pub(crate) fn same_as(&self, other: &Gpu) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
     /// Whether `slice` was allocated on this handle's stream (and so may be used by its ops).
-    pub fn owns<T>(&self, slice: &CudaSlice<T>) -> bool {
+    #[cfg(test)] // the runtime tests' window into the module cache
+    pub(crate) fn owns<T>(&self, slice: &cudarc::driver::CudaSlice<T>) -> bool {
         Arc::ptr_eq(slice.stream(), &self.inner.stream)
     }
 
     /// A kernel-launch builder on this handle's stream; launch it with
     /// [`crate::launch::launch`].
-    pub fn launch_builder<'a>(&'a self, function: &'a CudaFunction) -> LaunchArgs<'a> {
+    pub(crate) fn launch_builder<'a>(&'a self, function: &'a CudaFunction) -> LaunchArgs<'a> {
         self.inner.stream.launch_builder(function)
     }
 
@@ -301,7 +301,8 @@ impl Gpu {
 
     /// Loads `module` and looks up all its kernels now, so that later calls (e.g. the timed
     /// ones of a benchmark) do not pay for the driver's JIT compilation.
-    pub fn preload(&self, module: &PtxModule) -> Result<()> {
+    #[cfg(test)] // the runtime tests' window into the module cache
+    pub(crate) fn preload(&self, module: &PtxModule) -> Result<()> {
         for kernel in module.kernels {
             self.load_function(module.name, module.ptx, kernel)?;
         }
@@ -316,7 +317,7 @@ impl Gpu {
     ///
     /// Errors: [`Error::ModuleLoad`] where the driver rejects the PTX (e.g. an ISA newer than
     /// the driver), [`Error::KernelNotFound`] where the module has no such function.
-    pub fn load_function(
+    pub(crate) fn load_function(
         &self,
         module_name: &'static str,
         ptx: &str,
@@ -333,7 +334,7 @@ impl Gpu {
     /// kernel in a driver error.
     ///
     /// Errors: as [`Gpu::load_function`]; [`Error::Driver`] where the driver refuses the size.
-    pub fn load_function_with_shared(
+    pub(crate) fn load_function_with_shared(
         &self,
         module_name: &'static str,
         ptx: &str,
@@ -408,7 +409,8 @@ impl Gpu {
     }
 
     /// Whether the module `module_name` has been loaded by this handle.
-    pub fn is_module_loaded(&self, module_name: &str) -> bool {
+    #[cfg(test)] // the runtime tests' window into the module cache
+    pub(crate) fn is_module_loaded(&self, module_name: &str) -> bool {
         self.inner
             .modules
             .lock()
@@ -417,7 +419,8 @@ impl Gpu {
     }
 
     /// Names of the modules loaded so far, sorted.
-    pub fn loaded_modules(&self) -> Vec<&'static str> {
+    #[cfg(test)] // the runtime tests' window into the module cache
+    pub(crate) fn loaded_modules(&self) -> Vec<&'static str> {
         let mut names: Vec<_> = self
             .inner
             .modules

@@ -1,40 +1,45 @@
-//! Per-call choice between the CUDA-core ops on CSR ([`crate::csr_ops`]) and the tensor-core ops
-//! on ME-BCRS ([`crate::tc_ops`]), behind one set of signatures.
+//! [`DeviceGraph`]: one graph on one GPU, shared (`Arc`) by every plan, backward and layer
+//! built over it, holding the host CSR once and uploading each device format lazily, once: the
+//! CSR with its schedules, Aᵀ with the edge map (the backward's), ME-BCRS and BSB in each row
+//! order asked for.
 //!
-//! A [`DeviceGraph`] holds the graph in the formats its backends read; [`EdgeValues`] are
-//! per-edge f32 values (scores, probabilities) tagged with their layout: CSR edge order
-//! (`nnz × heads`) or ME-BCRS slots (`heads × n_slots`). Each op takes a [`Backend`]: outputs come
-//! in that backend's layout, inputs in another layout are converted first (one gather or
-//! scatter over the edges — cheap next to the op, but free only when the layouts already
-//! agree, so keep a chain of ops on one backend).
+//! It also runs the unfused ops on either [`Engine`] behind one set of signatures:
+//! [`EdgeValues`] are per-edge f32 values (scores, probabilities) tagged with their layout, CSR
+//! edge order (`nnz × heads`) or ME-BCRS slots (`heads × n_slots`). Outputs come in the
+//! engine's layout, inputs in the other layout are converted first (one gather or scatter over
+//! the edges — cheap next to the op, but free only when the layouts already agree, so keep a
+//! chain of ops on one engine).
 //!
 //! ```no_run
 //! use spattn_formats::Csr;
-//! use spattn_ops::graph::{self, Backend, DeviceGraph, EdgeValues};
+//! use spattn_ops::graph::{self, DeviceGraph, EdgeValues, Engine};
 //! use spattn_ops::{DeviceMatrix, Gpu, Shape};
 //! use half::f16;
 //!
 //! let gpu = Gpu::new(0)?;
 //! let a = Csr::from_edges(3, 3, &[(0, 1), (0, 2), (1, 0), (2, 2)])?;
-//! let g = DeviceGraph::upload(&gpu, &a)?;
+//! let g = DeviceGraph::new(&gpu, a); // nothing uploaded yet
 //! let shape = Shape::new(3, 2, 64)?;
 //! let x: Vec<f16> = (0..shape.len()).map(|i| f16::from_f32((i % 7) as f32 / 7.0)).collect();
 //! let q = DeviceMatrix::from_host(&gpu, shape, &x)?;
 //! let mut out = DeviceMatrix::<f16>::zeros(&gpu, shape)?;
-//! for backend in [Backend::CudaCore, Backend::TensorCore] {
-//!     let mut s = EdgeValues::zeros(&gpu, &g, backend.layout(), 2)?;
-//!     graph::sddmm(&gpu, &g, backend, &q, &q, 0.125, &mut s)?;
-//!     graph::edge_softmax_in_place(&gpu, &g, backend, &mut s, None)?;
-//!     graph::spmm(&gpu, &g, backend, &s, &q, &mut out)?;
+//! for engine in [Engine::CudaCore, Engine::TensorCore] {
+//!     let mut s = EdgeValues::zeros(&gpu, &g, engine.layout(), 2)?; // uploads what it reads
+//!     graph::sddmm(&gpu, &g, engine, &q, &q, 0.125, &mut s)?;
+//!     graph::edge_softmax_in_place(&gpu, &g, engine, &mut s, None)?;
+//!     graph::spmm(&gpu, &g, engine, &s, &q, &mut out)?;
 //! }
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use spattn_formats::{Csr, Reorder};
 
+use crate::backward::DeviceTranspose;
 use crate::buffer::{DeviceMatrix, DeviceVec};
+use crate::device_bsb::OrderedBsb;
 use crate::device_csr::DeviceCsr;
 use crate::device_mebcrs::DeviceMeBcrs;
 use crate::dtype::DType;
@@ -43,9 +48,9 @@ use crate::gpu::Gpu;
 use crate::launch::{check_per_edge, check_same_gpu, OnGpu};
 use crate::{csr_ops, tc_ops};
 
-/// Which kernels run an op.
+/// Which cores run an unfused op.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Backend {
+pub enum Engine {
     /// CUDA cores on CSR ([`crate::csr_ops`]): any GPU, exact f32 arithmetic on every dtype.
     CudaCore,
     /// Tensor cores on ME-BCRS ([`crate::tc_ops`]): compute capability 8.0+, f16/bf16 `mma`
@@ -53,28 +58,28 @@ pub enum Backend {
     TensorCore,
 }
 
-impl Backend {
-    /// Both backends.
-    pub const ALL: [Backend; 2] = [Backend::CudaCore, Backend::TensorCore];
+impl Engine {
+    /// Both engines.
+    pub const ALL: [Engine; 2] = [Engine::CudaCore, Engine::TensorCore];
 
-    /// The layout of the per-edge values the backend's ops read and write.
+    /// The layout of the per-edge values the engine's ops read and write.
     pub const fn layout(self) -> EdgeLayout {
         match self {
-            Backend::CudaCore => EdgeLayout::Csr,
-            Backend::TensorCore => EdgeLayout::Slots,
+            Engine::CudaCore => EdgeLayout::Csr,
+            Engine::TensorCore => EdgeLayout::Slots,
         }
     }
 
     /// A short name: `"cuda-core"` or `"tensor-core"`.
     pub const fn name(self) -> &'static str {
         match self {
-            Backend::CudaCore => "cuda-core",
-            Backend::TensorCore => "tensor-core",
+            Engine::CudaCore => "cuda-core",
+            Engine::TensorCore => "tensor-core",
         }
     }
 }
 
-impl fmt::Display for Backend {
+impl fmt::Display for Engine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
@@ -90,116 +95,195 @@ pub enum EdgeLayout {
     Slots,
 }
 
-/// A graph in device memory, in the formats of the backends it was uploaded for: always CSR,
-/// and ME-BCRS for [`Backend::TensorCore`].
-#[derive(Debug)]
+/// A graph on one GPU: the host CSR (one copy, shared) and its device formats, each uploaded
+/// by the first call that needs it and then kept. Share it with `Arc` between the plans, their
+/// backward and the layers built over one graph, so that nothing is uploaded twice.
+///
+/// The uploads are guarded for concurrent first use; every accessor returns the same upload
+/// afterwards. [`device_bytes`](Self::device_bytes) says what is held.
 pub struct DeviceGraph {
-    csr: DeviceCsr,
-    mebcrs: Option<DeviceMeBcrs>,
+    gpu: Gpu,
+    host: Arc<Csr>,
+    /// The row order of the ME-BCRS the per-call tensor-core ops read.
+    op_reorder: Reorder,
+    csr: OnceLock<DeviceCsr>,
+    transpose: OnceLock<DeviceTranspose>,
+    mebcrs: Mutex<Vec<(Reorder, Arc<DeviceMeBcrs>)>>,
+    bsb: Mutex<Vec<(Reorder, Arc<OrderedBsb>)>>,
+    /// Held while a lazily built upload is made (so two threads never make the same one).
+    building: Mutex<()>,
+}
+
+impl fmt::Debug for DeviceGraph {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceGraph")
+            .field("gpu", &self.gpu.name())
+            .field("n_rows", &self.host.n_rows())
+            .field("n_cols", &self.host.n_cols())
+            .field("nnz", &self.host.nnz())
+            .field("device_bytes", &self.device_bytes())
+            .finish()
+    }
+}
+
+/// Locks `m`, whatever a panic elsewhere left: the caches hold finished uploads only.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl DeviceGraph {
-    /// Uploads `csr` for every backend the device supports: CSR, and ME-BCRS where the compute
-    /// capability is 8.0 or newer (converted on the host once, here).
-    pub fn upload(gpu: &Gpu, csr: &Csr) -> Result<Self> {
-        let tc = gpu
-            .require_compute_capability("tensor-core ops", 8, 0)
-            .is_ok();
-        let backends: &[Backend] = if tc {
-            &Backend::ALL
-        } else {
-            &[Backend::CudaCore]
-        };
-        Self::upload_for(gpu, csr, backends)
-    }
-
-    /// Uploads `csr` for the listed backends only (CSR is always uploaded: the edge order of
-    /// [`EdgeLayout::Csr`] is defined by it). The ME-BCRS keeps the graph's row order.
-    pub fn upload_for(gpu: &Gpu, csr: &Csr, backends: &[Backend]) -> Result<Self> {
-        Self::upload_for_reordered(gpu, csr, backends, Reorder::None)
-    }
-
-    /// [`Self::upload_for`] with the ME-BCRS rows renumbered as `reorder` says
-    /// ([`DeviceMeBcrs::from_csr_reordered`]): fewer vectors for the tensor-core ops, the same
-    /// arrays in and out (the edge order of [`EdgeLayout::Csr`] stays the graph's).
-    pub fn upload_for_reordered(
-        gpu: &Gpu,
-        csr: &Csr,
-        backends: &[Backend],
-        reorder: Reorder,
-    ) -> Result<Self> {
-        let mebcrs = if backends.contains(&Backend::TensorCore) {
-            Some(DeviceMeBcrs::from_csr_reordered(gpu, csr, reorder)?)
-        } else {
-            None
-        };
-        Ok(DeviceGraph {
-            csr: DeviceCsr::upload(gpu, csr)?,
-            mebcrs,
-        })
-    }
-
-    /// A graph from uploads made elsewhere; `mebcrs`, when given, must hold the same matrix as
-    /// `csr` on the same handle (its dimensions and edge count are checked).
-    pub fn from_parts(csr: DeviceCsr, mebcrs: Option<DeviceMeBcrs>) -> Result<Self> {
-        if let Some(me) = &mebcrs {
-            check_same_gpu(csr.gpu(), "ME-BCRS", me)?;
-            let same =
-                (me.n_rows(), me.n_cols(), me.nnz()) == (csr.n_rows(), csr.n_cols(), csr.nnz());
-            if !same {
-                return Err(Error::InvalidArgument {
-                    what: "ME-BCRS",
-                    why: format!(
-                        "{} x {} with {} edges, but the CSR is {} x {} with {} edges",
-                        me.n_rows(),
-                        me.n_cols(),
-                        me.nnz(),
-                        csr.n_rows(),
-                        csr.n_cols(),
-                        csr.nnz()
-                    ),
-                });
-            }
-        }
-        Ok(DeviceGraph { csr, mebcrs })
-    }
-
-    /// The CSR upload (CUDA-core backend).
-    pub fn csr(&self) -> &DeviceCsr {
-        &self.csr
-    }
-
-    /// The ME-BCRS upload (tensor-core backend), or [`Error::InvalidArgument`] if the graph was
-    /// uploaded without it.
-    pub fn mebcrs(&self) -> Result<&DeviceMeBcrs> {
-        self.mebcrs.as_ref().ok_or_else(|| Error::InvalidArgument {
-            what: "backend",
-            why: "the graph was uploaded without ME-BCRS: the tensor-core backend needs \
-                  DeviceGraph::upload on a GPU of compute capability 8.0+, or upload_for with \
-                  Backend::TensorCore"
-                .into(),
-        })
-    }
-
-    /// Whether the graph holds the format `backend` reads.
-    pub fn supports(&self, backend: Backend) -> bool {
-        match backend {
-            Backend::CudaCore => true,
-            Backend::TensorCore => self.mebcrs.is_some(),
+    /// A graph on `gpu`; nothing is uploaded until an op, plan or layer needs it. Takes the
+    /// host CSR by value (or an `Arc` of it): no copy.
+    pub fn new(gpu: &Gpu, csr: impl Into<Arc<Csr>>) -> Self {
+        Self {
+            gpu: gpu.clone(),
+            host: csr.into(),
+            op_reorder: Reorder::None,
+            csr: OnceLock::new(),
+            transpose: OnceLock::new(),
+            mebcrs: Mutex::new(Vec::new()),
+            bsb: Mutex::new(Vec::new()),
+            building: Mutex::new(()),
         }
     }
 
+    /// Sets the row order of the ME-BCRS that the per-call tensor-core ops ([`sddmm`],
+    /// [`edge_softmax_in_place`], [`spmm`]) read (default [`Reorder::None`]; any order gives
+    /// the same results in the caller's order, see [`DeviceMeBcrs::from_csr_reordered`]).
+    pub fn with_op_reorder(mut self, reorder: Reorder) -> Self {
+        self.op_reorder = reorder;
+        self
+    }
+
+    /// The GPU.
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+    /// The host CSR.
+    pub fn host(&self) -> &Csr {
+        &self.host
+    }
+    /// The host CSR, shared.
+    pub fn host_shared(&self) -> &Arc<Csr> {
+        &self.host
+    }
     /// Number of rows (query nodes).
     pub fn n_rows(&self) -> usize {
-        self.csr.n_rows()
+        self.host.n_rows()
     }
     /// Number of columns (key nodes).
     pub fn n_cols(&self) -> usize {
-        self.csr.n_cols()
+        self.host.n_cols()
     }
     /// Number of edges.
     pub fn nnz(&self) -> usize {
-        self.csr.nnz()
+        self.host.nnz()
+    }
+
+    /// `cell`'s value, made by `make` on first use.
+    fn once<'a, T>(
+        &self,
+        cell: &'a OnceLock<T>,
+        make: impl FnOnce() -> Result<T>,
+    ) -> Result<&'a T> {
+        if let Some(v) = cell.get() {
+            return Ok(v);
+        }
+        let _building = lock(&self.building);
+        if cell.get().is_none() {
+            // Only this thread sets it: others wait on `building` above.
+            let _ = cell.set(make()?);
+        }
+        // Set just above, or by the thread that held `building` before us.
+        cell.get().ok_or_else(|| Error::InvalidArgument {
+            what: "graph upload",
+            why: "a lazily built upload was not kept".into(),
+        })
+    }
+
+    /// The entry of `cache` for `reorder`, made by `make` on first use.
+    fn cached<T>(
+        &self,
+        cache: &Mutex<Vec<(Reorder, Arc<T>)>>,
+        reorder: Reorder,
+        make: impl FnOnce() -> Result<T>,
+    ) -> Result<Arc<T>> {
+        let find = |c: &Vec<(Reorder, Arc<T>)>| {
+            c.iter()
+                .find(|(r, _)| *r == reorder)
+                .map(|(_, v)| v.clone())
+        };
+        if let Some(v) = find(&lock(cache)) {
+            return Ok(v);
+        }
+        let _building = lock(&self.building);
+        if let Some(v) = find(&lock(cache)) {
+            return Ok(v);
+        }
+        let v = Arc::new(make()?);
+        lock(cache).push((reorder, v.clone()));
+        Ok(v)
+    }
+
+    /// The CSR upload with its schedules (CUDA-core ops, the fused CSR kernel's K/V side, the
+    /// backward).
+    pub fn csr(&self) -> Result<&DeviceCsr> {
+        self.once(&self.csr, || DeviceCsr::upload(&self.gpu, &self.host))
+    }
+
+    /// Aᵀ with its schedules and the map of edges between A and Aᵀ (the backward's dK, dV).
+    pub fn transpose(&self) -> Result<&DeviceTranspose> {
+        self.once(&self.transpose, || {
+            DeviceTranspose::upload(&self.gpu, &self.host)
+        })
+    }
+
+    /// The ME-BCRS with its rows renumbered as `reorder` says
+    /// ([`DeviceMeBcrs::from_csr_reordered`]); needs compute capability 8.0.
+    pub fn mebcrs_in(&self, reorder: Reorder) -> Result<Arc<DeviceMeBcrs>> {
+        self.gpu
+            .require_compute_capability("tensor-core ops (mma.sync)", 8, 0)?;
+        self.cached(&self.mebcrs, reorder, || {
+            DeviceMeBcrs::from_csr_reordered(&self.gpu, &self.host, reorder)
+        })
+    }
+
+    /// The ME-BCRS the per-call tensor-core ops read (see [`with_op_reorder`](Self::with_op_reorder)).
+    pub fn mebcrs(&self) -> Result<Arc<DeviceMeBcrs>> {
+        self.mebcrs_in(self.op_reorder)
+    }
+
+    /// The BSB (16-row windows of 16×8 bitmap blocks) with its rows renumbered as `reorder`
+    /// says, the host copy its schedules are built from, and the caller row of each window row.
+    pub fn bsb_in(&self, reorder: Reorder) -> Result<Arc<OrderedBsb>> {
+        self.cached(&self.bsb, reorder, || {
+            OrderedBsb::upload(&self.gpu, &self.host, reorder)
+        })
+    }
+
+    /// Whether `engine` can run on this graph's GPU.
+    pub fn supports(&self, engine: Engine) -> bool {
+        match engine {
+            Engine::CudaCore => true,
+            Engine::TensorCore => self.gpu.compute_capability() >= (8, 0),
+        }
+    }
+
+    /// Bytes of device memory the uploads made so far hold.
+    pub fn device_bytes(&self) -> usize {
+        self.csr.get().map_or(0, DeviceCsr::device_bytes)
+            + self
+                .transpose
+                .get()
+                .map_or(0, DeviceTranspose::device_bytes)
+            + lock(&self.mebcrs)
+                .iter()
+                .map(|(_, m)| m.device_bytes())
+                .sum::<usize>()
+            + lock(&self.bsb)
+                .iter()
+                .map(|(_, b)| b.device_bytes())
+                .sum::<usize>()
     }
 
     /// Elements of `heads` values per edge in `layout`.
@@ -218,7 +302,7 @@ impl DeviceGraph {
 
 impl OnGpu for DeviceGraph {
     fn gpu(&self) -> &Gpu {
-        self.csr.gpu()
+        &self.gpu
     }
 }
 
@@ -302,13 +386,13 @@ impl EdgeValues {
             (EdgeLayout::Csr, EdgeLayout::Slots) => {
                 let me = graph.mebcrs()?;
                 let mut out = DeviceVec::zeros(gpu, me.n_slots() * self.heads)?;
-                tc_ops::csr_to_slots(gpu, me, &self.values, self.heads, 0.0, &mut out)?;
+                tc_ops::csr_to_slots(gpu, &me, &self.values, self.heads, 0.0, &mut out)?;
                 out
             }
             (EdgeLayout::Slots, EdgeLayout::Csr) => {
                 let me = graph.mebcrs()?;
                 let mut out = DeviceVec::zeros(gpu, me.nnz() * self.heads)?;
-                tc_ops::slots_to_csr(gpu, me, &self.values, self.heads, &mut out)?;
+                tc_ops::slots_to_csr(gpu, &me, &self.values, self.heads, &mut out)?;
                 out
             }
         };
@@ -339,50 +423,52 @@ fn check_heads(heads: usize) -> Result<()> {
     Ok(())
 }
 
-/// SDDMM on `backend` ([`csr_ops::sddmm`] or [`tc_ops::sddmm`]). `scores` is overwritten: it
-/// ends in `backend`'s layout with `q`'s number of heads (its buffer is replaced when it had
+/// SDDMM on `engine` ([`csr_ops::sddmm`] or [`tc_ops::sddmm`]). `scores` is overwritten: it
+/// ends in `engine`'s layout with `q`'s number of heads (its buffer is replaced when it had
 /// another layout or head count).
 pub fn sddmm<T: DType>(
     gpu: &Gpu,
     graph: &DeviceGraph,
-    backend: Backend,
+    engine: Engine,
     q: &DeviceMatrix<T>,
     k: &DeviceMatrix<T>,
     scale: f32,
     scores: &mut EdgeValues,
 ) -> Result<()> {
     let heads = q.shape().heads;
-    let layout = backend.layout();
+    let layout = engine.layout();
     if scores.layout != layout || scores.heads != heads {
         *scores = EdgeValues::zeros(gpu, graph, layout, heads)?;
     }
-    match backend {
-        Backend::CudaCore => csr_ops::sddmm(gpu, graph.csr(), q, k, scale, &mut scores.values),
-        Backend::TensorCore => tc_ops::sddmm(gpu, graph.mebcrs()?, q, k, scale, &mut scores.values),
+    match engine {
+        Engine::CudaCore => csr_ops::sddmm(gpu, graph.csr()?, q, k, scale, &mut scores.values),
+        Engine::TensorCore => {
+            tc_ops::sddmm(gpu, &*graph.mebcrs()?, q, k, scale, &mut scores.values)
+        }
     }
 }
 
-/// Edge softmax in place on `backend` (optionally after LeakyReLU(`slope`)); `scores` is first
-/// converted to `backend`'s layout if it is in the other one.
+/// Edge softmax in place on `engine` (optionally after LeakyReLU(`slope`)); `scores` is first
+/// converted to `engine`'s layout if it is in the other one.
 pub fn edge_softmax_in_place(
     gpu: &Gpu,
     graph: &DeviceGraph,
-    backend: Backend,
+    engine: Engine,
     scores: &mut EdgeValues,
     leaky_relu: Option<f32>,
 ) -> Result<()> {
-    let layout = backend.layout();
+    let layout = engine.layout();
     if scores.layout != layout {
         *scores = scores.to_layout(gpu, graph, layout)?;
     }
     let heads = scores.heads;
-    match backend {
-        Backend::CudaCore => {
-            csr_ops::edge_softmax_in_place(gpu, graph.csr(), &mut scores.values, heads, leaky_relu)
+    match engine {
+        Engine::CudaCore => {
+            csr_ops::edge_softmax_in_place(gpu, graph.csr()?, &mut scores.values, heads, leaky_relu)
         }
-        Backend::TensorCore => tc_ops::edge_softmax_in_place(
+        Engine::TensorCore => tc_ops::edge_softmax_in_place(
             gpu,
-            graph.mebcrs()?,
+            &*graph.mebcrs()?,
             &mut scores.values,
             heads,
             leaky_relu,
@@ -390,21 +476,21 @@ pub fn edge_softmax_in_place(
     }
 }
 
-/// SpMM on `backend`: `out = P · V` with `p` the per-edge probabilities (converted to a
-/// temporary in `backend`'s layout if they are in the other one).
+/// SpMM on `engine`: `out = P · V` with `p` the per-edge probabilities (converted to a
+/// temporary in `engine`'s layout if they are in the other one).
 pub fn spmm<T: DType>(
     gpu: &Gpu,
     graph: &DeviceGraph,
-    backend: Backend,
+    engine: Engine,
     p: &EdgeValues,
     v: &DeviceMatrix<T>,
     out: &mut DeviceMatrix<T>,
 ) -> Result<()> {
     let converted;
-    let p = if p.layout == backend.layout() {
+    let p = if p.layout == engine.layout() {
         p
     } else {
-        converted = p.to_layout(gpu, graph, backend.layout())?;
+        converted = p.to_layout(gpu, graph, engine.layout())?;
         &converted
     };
     if p.heads != v.shape().heads {
@@ -417,8 +503,8 @@ pub fn spmm<T: DType>(
             ),
         });
     }
-    match backend {
-        Backend::CudaCore => csr_ops::spmm(gpu, graph.csr(), &p.values, v, out),
-        Backend::TensorCore => tc_ops::spmm(gpu, graph.mebcrs()?, &p.values, v, out),
+    match engine {
+        Engine::CudaCore => csr_ops::spmm(gpu, graph.csr()?, &p.values, v, out),
+        Engine::TensorCore => tc_ops::spmm(gpu, &*graph.mebcrs()?, &p.values, v, out),
     }
 }

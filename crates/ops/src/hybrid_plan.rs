@@ -33,20 +33,15 @@ use crate::error::Result;
 use crate::gpu::Gpu;
 use crate::hybrid_spmm::{spmm_widths, spmm_with, DeviceHybrid, WarpSplit};
 use crate::shape::Shape;
+use crate::tune::{median_ms, Fastest};
 use crate::Error;
 
 /// Shares of the edges the search tries on CUDA cores (besides none and all).
 pub const CD_FRACTIONS: [f64; 3] = [0.05, 0.15, 0.3];
-/// Timed runs per candidate (after one warm-up); the median is kept.
-const RUNS: usize = 3;
-
 /// How much faster than the faster pure run (all tensor cores or all CUDA cores) a mixed
-/// candidate must time to be kept. The candidates are single launches timed as a median of
-/// three; on graphs whose launches take 12–20 µs (cora, citeseer) those medians move ±5%
-/// between calls on the H200, and a mixed split kept on such noise ran 9% slower than the
-/// all-tensor-core run when timed again (citeseer, 8 heads of 64; docs/perf-notes.md, the
-/// hybrid's split margin).
-pub const MIXED_MARGIN: f64 = 0.05;
+/// candidate must time to be kept: single-launch medians of small graphs move by about this
+/// much between calls (docs/kernels/hybrid.md).
+pub(crate) const MIXED_MARGIN: f64 = 0.05;
 
 /// Whether a mixed candidate timed `t` ms replaces the best so far (`best` ms), given the
 /// faster pure run `pure` ms: it must be faster than both, and faster than `pure` by
@@ -102,16 +97,6 @@ impl Candidates {
 /// The thresholds [`choose_split`] tries besides 0 and "all on CUDA cores": for each of
 /// [`CD_FRACTIONS`], the highest popcount threshold `p / 128` whose blocks below it hold at
 /// most that fraction of the `nnz` edges, where that is some edges; distinct, increasing.
-///
-/// ```
-/// use spattn_formats::{Csr, HybridBlocks};
-/// // 16 rows × 8 columns, all set: one full block, nothing a CUDA core could take.
-/// let edges: Vec<(u32, u32)> = (0..16).flat_map(|r| (0..8).map(move |c| (r, c))).collect();
-/// let a = Csr::from_edges(16, 8, &edges)?;
-/// let blocks = HybridBlocks::from_csr(&a)?;
-/// assert!(spattn_ops::hybrid_plan::candidate_thresholds(&blocks, a.nnz()).is_empty());
-/// # Ok::<(), spattn_formats::Error>(())
-/// ```
 pub fn candidate_thresholds(blocks: &HybridBlocks, nnz: usize) -> Vec<f64> {
     let mut hist = [0u64; 129];
     for b in blocks.bitmaps() {
@@ -214,17 +199,6 @@ pub fn choose_split(
     })
 }
 
-/// Median of 3 timed calls of `f` after one warm-up, ms.
-pub fn median_ms(gpu: &Gpu, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    f()?;
-    let mut t = Vec::with_capacity(RUNS);
-    for _ in 0..RUNS {
-        t.push(f64::from(gpu.time_ms(&mut f)?));
-    }
-    t.sort_by(f64::total_cmp);
-    Ok(t[RUNS / 2])
-}
-
 fn formats_error(e: spattn_formats::Error) -> Error {
     Error::InvalidArgument {
         what: "hybrid split",
@@ -269,7 +243,7 @@ impl HybridSpmm {
         let widths = spmm_widths(T::KIND, heads, head_dim);
         let order = RowOrder::choose(a, reorder, 16).map_err(formats_error)?;
         let blocks = HybridBlocks::from_csr_in_row_order(a, &order).map_err(formats_error)?;
-        let mut best: Option<(SplitChoice, usize)> = None;
+        let mut fastest = Fastest::new();
         for &width in &widths {
             let pipelined = DeviceHybrid::pipelined(T::KIND, width);
             let mut time = |d: &DeviceHybrid, w: WarpSplit| -> Result<f64> {
@@ -283,14 +257,10 @@ impl HybridSpmm {
                 Candidates::for_kernel(pipelined),
                 &mut time,
             )?;
-            if best
-                .as_ref()
-                .is_none_or(|(b, _)| choice.chosen_ms < b.chosen_ms)
-            {
-                best = Some((choice, width));
-            }
+            let ms = choice.chosen_ms;
+            fastest.offer(format!("width {width}"), (choice, width), ms, 0.0);
         }
-        let Some((choice, width)) = best else {
+        let Some(((choice, width), _)) = fastest.into_best() else {
             return Err(Error::InvalidArgument {
                 what: "hybrid SpMM shape",
                 why: format!("{heads} heads × {head_dim} features: no feature width"),
@@ -380,6 +350,17 @@ impl HybridSpmm {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn candidate_thresholds_example() -> std::result::Result<(), Box<dyn std::error::Error>> {
+        use spattn_formats::{Csr, HybridBlocks};
+        // 16 rows × 8 columns, all set: one full block, nothing a CUDA core could take.
+        let edges: Vec<(u32, u32)> = (0..16).flat_map(|r| (0..8).map(move |c| (r, c))).collect();
+        let a = Csr::from_edges(16, 8, &edges)?;
+        let blocks = HybridBlocks::from_csr(&a)?;
+        assert!(crate::hybrid_plan::candidate_thresholds(&blocks, a.nnz()).is_empty());
+        Ok(())
+    }
 
     #[test]
     fn a_mixed_split_must_beat_the_pure_runs_by_the_margin() {

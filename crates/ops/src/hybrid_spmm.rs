@@ -45,10 +45,10 @@ use crate::launch::{
 use crate::shape::Shape;
 
 /// Most warps per CTA (the kernels' launch bound is 256 threads).
-pub const MAX_WARPS: usize = 8;
+pub(crate) const MAX_WARPS: usize = 8;
 /// Most tensor-core warps per CTA of the pipelined kernel (`HYB_PIPE_MAX_TC` in hybrid.cu: two
 /// hand-off mbarriers each; the plan tries 1..=3).
-pub const MAX_PIPE_TC_WARPS: usize = 4;
+pub(crate) const MAX_PIPE_TC_WARPS: usize = 4;
 /// Rows per window.
 const WINDOW_ROWS: usize = 16;
 /// Shared memory of the pipelined kernel's hand-off mbarriers, after the tensor-core warps'
@@ -59,7 +59,7 @@ const HEAD_FLOATS: usize = 68;
 /// Default block cost relative to one edge for the unit schedule (a pair of 16×8 blocks on a
 /// tensor-core warp against one edge on a CUDA-core warp); the plan replaces it with measured
 /// costs.
-pub const DEFAULT_BLOCK_COST: f64 = 8.0;
+pub(crate) const DEFAULT_BLOCK_COST: f64 = 8.0;
 
 /// Feature slices compiled per dtype (`*_hybrid_{dtype}_s{slice}`): one warp covers the head.
 fn slices(dtype: DTypeKind) -> &'static [usize] {
@@ -72,7 +72,7 @@ fn slices(dtype: DTypeKind) -> &'static [usize] {
 /// The slice (features per warp) for `head_dim` features of `dtype`, or why there is none:
 /// the hybrid kernels hold a whole head in one warp (head_dim ≤ 128 for f16/bf16, ≤ 64 for
 /// f32).
-pub fn slice_for(head_dim: usize, dtype: DTypeKind) -> std::result::Result<usize, String> {
+pub(crate) fn slice_for(head_dim: usize, dtype: DTypeKind) -> std::result::Result<usize, String> {
     if head_dim == 0 {
         return Err("head_dim must be at least 1".into());
     }
@@ -236,7 +236,7 @@ impl DeviceHybrid {
 
     /// [`Self::upload`] with the unit schedule built from measured costs: `block_cost` per
     /// tensor-core block, `edge_cost` per CUDA-core edge (any unit, both positive).
-    pub fn upload_with_costs(
+    pub(crate) fn upload_with_costs(
         gpu: &Gpu,
         blocks: &HybridBlocks,
         split: &HybridSplit,
@@ -323,7 +323,7 @@ impl DeviceHybrid {
     /// [`Self::pipelined`]): [`Error::InvalidArgument`] for no CUDA-core warp while edges are
     /// on CUDA cores, or, for the pipelined kernel, more than [`MAX_PIPE_TC_WARPS`]
     /// tensor-core warps or more than one CUDA-core warp.
-    pub fn check_warps(&self, warps: WarpSplit, pipelined: bool) -> Result<()> {
+    pub(crate) fn check_warps(&self, warps: WarpSplit, pipelined: bool) -> Result<()> {
         let bad = |why: String| {
             Err(Error::InvalidArgument {
                 what: "hybrid warp split",
@@ -612,7 +612,7 @@ impl OnGpu for DeviceHybrid {
 /// both orders between (R-MAT 16 at one head, ~4,100: 128; ppi at 8 × 64, ~3,700: either) and
 /// one exception above (R-MAT 16 at 8 × 128, ~33,000: 64 by 3%). 40 per SM (5,280 on 132 SMs)
 /// sits at the change.
-pub const WIDE_ITEMS_PER_SM: usize = 40;
+pub(crate) const WIDE_ITEMS_PER_SM: usize = 40;
 
 /// The width [`spmm`] runs without a plan: the first of `widths` (see [`spmm_widths`]), except
 /// that 64 replaces 128 when both are there and `units × F / 128` items would be fewer than

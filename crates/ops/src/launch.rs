@@ -87,13 +87,6 @@ pub fn allow_dynamic_shared(
 }
 
 /// `value` as the `u32` a kernel takes, or [`Error::TooLarge`] naming `what`.
-///
-/// ```
-/// use spattn_ops::launch::to_u32;
-/// assert_eq!(to_u32("nnz", 7)?, 7);
-/// assert!(to_u32("nnz", 1 << 40).is_err());
-/// # Ok::<(), spattn_ops::Error>(())
-/// ```
 pub fn to_u32(what: &'static str, value: usize) -> Result<u32> {
     u32::try_from(value).map_err(|_| Error::TooLarge {
         what,
@@ -104,13 +97,6 @@ pub fn to_u32(what: &'static str, value: usize) -> Result<u32> {
 
 /// Blocks needed for `items` work items at `per_block` items per block: `⌈items / per_block⌉`,
 /// at most [`MAX_GRID_X`]. Zero items need zero blocks (and [`launch`] then launches nothing).
-///
-/// ```
-/// use spattn_ops::launch::blocks_for;
-/// assert_eq!(blocks_for(1000, 256)?, 4);
-/// assert_eq!(blocks_for(0, 256)?, 0);
-/// # Ok::<(), spattn_ops::Error>(())
-/// ```
 pub fn blocks_for(items: usize, per_block: u32) -> Result<u32> {
     if per_block == 0 {
         return Err(Error::InvalidArgument {
@@ -274,22 +260,25 @@ pub fn check_same_gpu(
     }
 }
 
-/// [`check_same_gpu`] for a raw cudarc slice: it must have been allocated on `gpu`'s stream.
-pub fn check_slice_on<T>(
-    gpu: &Gpu,
-    what: &'static str,
-    slice: &cudarc::driver::CudaSlice<T>,
-) -> Result<()> {
-    if gpu.owns(slice) {
-        Ok(())
-    } else {
-        Err(Error::WrongDevice { what })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn to_u32_example() -> std::result::Result<(), Box<dyn std::error::Error>> {
+        use crate::launch::to_u32;
+        assert_eq!(to_u32("nnz", 7)?, 7);
+        assert!(to_u32("nnz", 1 << 40).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn blocks_for_example() -> std::result::Result<(), Box<dyn std::error::Error>> {
+        use crate::launch::blocks_for;
+        assert_eq!(blocks_for(1000, 256)?, 4);
+        assert_eq!(blocks_for(0, 256)?, 0);
+        Ok(())
+    }
 
     #[test]
     fn blocks_round_up_and_respect_the_grid_limit() {

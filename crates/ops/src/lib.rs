@@ -61,23 +61,26 @@ pub mod error;
 pub mod fused;
 pub mod gpu;
 pub mod graph;
-pub mod hybrid_plan;
+pub(crate) mod hybrid_plan;
 pub mod hybrid_spmm;
-pub mod launch;
-pub mod schedule;
+pub(crate) mod launch;
+pub(crate) mod schedule;
 pub mod shape;
 pub mod tc_ops;
+pub mod tune;
+
+#[cfg(test)]
+mod runtime_tests;
 
 pub use backward::DeviceTranspose;
 pub use buffer::{DeviceElement, DeviceMatrix, DeviceVec};
-pub use csr_ops::CsrSchedule;
-pub use device_bsb::DeviceBsb;
+pub use device_bsb::{DeviceBsb, OrderedBsb};
 pub use device_csr::DeviceCsr;
 pub use device_mebcrs::DeviceMeBcrs;
 pub use dtype::{DType, DTypeKind};
 pub use error::{Error, Result};
 pub use gpu::{Gpu, GpuTimer};
-pub use graph::{Backend, DeviceGraph, EdgeLayout, EdgeValues};
+pub use graph::{DeviceGraph, EdgeLayout, EdgeValues, Engine};
 pub use hybrid_plan::HybridSpmm;
 pub use hybrid_spmm::{DeviceHybrid, HybridStats, WarpSplit};
 pub use shape::Shape;

@@ -41,21 +41,6 @@ pub struct RowUnits {
 
 impl RowUnits {
     /// Cuts every row of `a` into units of at most `chunk` edges (`chunk` ≥ 1).
-    ///
-    /// ```
-    /// use spattn_formats::Csr;
-    /// use spattn_ops::schedule::{RowUnits, NO_SLOT};
-    /// // Row 0 has 5 edges, row 1 none, row 2 one.
-    /// let a = Csr::from_edges(3, 5, &[(0, 0), (0, 1), (0, 2), (0, 3), (0, 4), (2, 1)])?;
-    /// let u = RowUnits::new(&a, 2);
-    /// assert_eq!(u.rows, vec![0, 0, 0, 1, 2]);
-    /// assert_eq!(u.starts, vec![0, 2, 4, 5, 5, 6]);
-    /// assert_eq!(u.slots, vec![0, 0, 0, NO_SLOT, NO_SLOT]);
-    /// assert_eq!(u.split_rows, vec![0]);
-    /// assert_eq!(u.parts, vec![0, 1, 2, NO_SLOT, NO_SLOT]);
-    /// assert_eq!(u.part_first, vec![0, 3]);
-    /// # Ok::<(), spattn_formats::Error>(())
-    /// ```
     pub fn new(a: &Csr, chunk: u32) -> Self {
         let chunk = chunk.max(1);
         let offsets = a.row_offsets();
@@ -100,16 +85,6 @@ impl RowUnits {
             part_first,
             chunk,
         }
-    }
-
-    /// Number of units.
-    pub fn len(&self) -> usize {
-        self.rows.len()
-    }
-
-    /// Whether there are no units (a matrix with no rows).
-    pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
     }
 }
 
@@ -178,6 +153,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn row_units_example() -> std::result::Result<(), Box<dyn std::error::Error>> {
+        use crate::schedule::{RowUnits, NO_SLOT};
+        use spattn_formats::Csr;
+        // Row 0 has 5 edges, row 1 none, row 2 one.
+        let a = Csr::from_edges(3, 5, &[(0, 0), (0, 1), (0, 2), (0, 3), (0, 4), (2, 1)])?;
+        let u = RowUnits::new(&a, 2);
+        assert_eq!(u.rows, vec![0, 0, 0, 1, 2]);
+        assert_eq!(u.starts, vec![0, 2, 4, 5, 5, 6]);
+        assert_eq!(u.slots, vec![0, 0, 0, NO_SLOT, NO_SLOT]);
+        assert_eq!(u.split_rows, vec![0]);
+        assert_eq!(u.parts, vec![0, 1, 2, NO_SLOT, NO_SLOT]);
+        assert_eq!(u.part_first, vec![0, 3]);
+        Ok(())
+    }
+
+    #[test]
     fn units_cover_every_edge_once_and_every_row() {
         let edges: Vec<(u32, u32)> = (0..1000u32)
             .map(|i| (i % 7 * (i % 3), (i * 13) % 500))
@@ -185,10 +176,10 @@ mod tests {
         let a = Csr::from_edges(20, 500, &edges).unwrap();
         for chunk in [1, 3, 64, 10_000] {
             let u = RowUnits::new(&a, chunk);
-            assert_eq!(u.starts.len(), u.len() + 1);
+            assert_eq!(u.starts.len(), u.rows.len() + 1);
             assert_eq!(*u.starts.last().unwrap() as usize, a.nnz());
             let mut seen_rows = vec![false; a.n_rows()];
-            for i in 0..u.len() {
+            for i in 0..u.rows.len() {
                 let r = u.rows[i] as usize;
                 seen_rows[r] = true;
                 let range = a.row_range(r);

@@ -12,7 +12,7 @@ use rand::Rng;
 use rand_pcg::Pcg64;
 use spattn_formats::{Csr, MeBcrs, Reorder};
 use spattn_ops::cpu::{self, rel_l2_error};
-use spattn_ops::graph::{self, Backend, DeviceGraph, EdgeLayout, EdgeValues};
+use spattn_ops::graph::{self, DeviceGraph, EdgeLayout, EdgeValues, Engine};
 use spattn_ops::{
     csr_ops, tc_ops, DType, DTypeKind, DeviceCsr, DeviceMatrix, DeviceMeBcrs, DeviceVec, Gpu, Shape,
 };
@@ -463,7 +463,7 @@ fn layout_conversions_round_trip() {
         let degree = DeviceMeBcrs::from_csr_reordered(&gpu, &a, Reorder::Degree).unwrap();
         check_conversions(&gpu, &degree, &a, &mut rng);
         // Through the tagged values of the backend switch.
-        let g = DeviceGraph::upload(&gpu, &a).unwrap();
+        let g = DeviceGraph::new(&gpu, a.clone());
         let vals: Vec<f32> = (0..a.nnz() * 2)
             .map(|_| rng.random_range(-1.0..1.0))
             .collect();
@@ -486,7 +486,7 @@ fn layout_conversions_round_trip() {
 fn run_chain<T: DType>(
     gpu: &Gpu,
     g: &DeviceGraph,
-    backends: [Backend; 3],
+    backends: [Engine; 3],
     q: &DeviceMatrix<T>,
     k: &DeviceMatrix<T>,
     v: &DeviceMatrix<T>,
@@ -513,8 +513,8 @@ fn check_backends_agree<T: DType>(
     head_dim: usize,
     rng: &mut Pcg64,
 ) {
-    let g = DeviceGraph::upload(gpu, a).unwrap();
-    assert!(g.supports(Backend::TensorCore));
+    let g = DeviceGraph::new(gpu, a.clone());
+    assert!(g.supports(Engine::TensorCore));
     let shape = Shape::new(a.n_rows(), heads, head_dim).unwrap();
     let x = |rng: &mut Pcg64| {
         let h: Vec<T> = random_vec(rng, shape.len(), 1.0);
@@ -525,9 +525,9 @@ fn check_backends_agree<T: DType>(
     let (q64, k64, v64) = (to_f64(&qh), to_f64(&kh), to_f64(&vh));
     let inputs = cpu::AttentionInputs::new(&q64, shape, &k64, shape, &v64, shape);
     let want = cpu::attention_f64_from(a, &inputs, scale).unwrap();
-    let (cc_p, cc_out) = run_chain(gpu, &g, [Backend::CudaCore; 3], &q, &k, &v, scale as f32);
-    let (tc_p, tc_out) = run_chain(gpu, &g, [Backend::TensorCore; 3], &q, &k, &v, scale as f32);
-    use Backend::{CudaCore as C, TensorCore as T_};
+    let (cc_p, cc_out) = run_chain(gpu, &g, [Engine::CudaCore; 3], &q, &k, &v, scale as f32);
+    let (tc_p, tc_out) = run_chain(gpu, &g, [Engine::TensorCore; 3], &q, &k, &v, scale as f32);
+    use Engine::{CudaCore as C, TensorCore as T_};
     let (mx_p, mx_out) = run_chain(gpu, &g, [C, T_, C], &q, &k, &v, scale as f32);
     let (mx2_p, mx2_out) = run_chain(gpu, &g, [T_, C, T_], &q, &k, &v, scale as f32);
     let cc_p64 = f64s(&cc_p);
@@ -608,14 +608,19 @@ fn tc_shape_errors_are_typed() {
         matches!(e, spattn_ops::Error::InvalidArgument { .. }),
         "{e}"
     );
-    // A graph uploaded for the CUDA cores only refuses the tensor-core backend.
-    let g = DeviceGraph::upload_for(&gpu, &a, &[Backend::CudaCore]).unwrap();
+    // The shared graph uploads each format on first use, once.
+    let g = DeviceGraph::new(&gpu, a.clone());
+    assert_eq!(g.device_bytes(), 0);
     let mut ev = EdgeValues::zeros(&gpu, &g, EdgeLayout::Csr, 1).unwrap();
-    let e = graph::sddmm(&gpu, &g, Backend::TensorCore, &q, &q, 1.0, &mut ev).unwrap_err();
-    assert!(
-        matches!(e, spattn_ops::Error::InvalidArgument { .. }),
-        "{e}"
-    );
+    graph::sddmm(&gpu, &g, Engine::TensorCore, &q, &q, 1.0, &mut ev).unwrap();
+    let held = g.device_bytes();
+    assert!(held > 0);
+    assert!(std::sync::Arc::ptr_eq(
+        &g.mebcrs().unwrap(),
+        &g.mebcrs().unwrap()
+    ));
+    graph::sddmm(&gpu, &g, Engine::TensorCore, &q, &q, 1.0, &mut ev).unwrap();
+    assert_eq!(g.device_bytes(), held);
     // Another handle's buffers are refused.
     let other = Gpu::new(0).unwrap();
     let e = tc_ops::sddmm(&other, &dev, &q, &q, 1.0, &mut s).unwrap_err();

@@ -15,7 +15,7 @@ use spattn_ops::elementwise;
 use spattn_ops::{DeviceMatrix, DeviceVec, Shape};
 
 use super::gat::check_input;
-use super::params::{Backend, Device, DeviceGraph, DeviceParam, Host, HostGraph, HostParam};
+use super::params::{Device, DeviceParam, GpuGraph, Host, HostGraph, HostParam, Placement};
 use crate::config::{Algorithm, AttentionConfig};
 use crate::error::{Error, Result};
 use crate::AttentionPlan;
@@ -24,7 +24,7 @@ use crate::AttentionPlan;
 const NORM_EPS: f64 = 1e-12;
 
 /// An AGNN layer on backend `B`, bound to one graph: features in = features out (`dim`).
-pub struct AgnnConv<B: Backend> {
+pub struct AgnnConv<B: Placement> {
     dim: usize,
     /// β (one element; 1 at initialisation, as in PyG).
     pub beta: B::Param,
@@ -34,7 +34,7 @@ pub struct AgnnConv<B: Backend> {
 }
 
 /// What [`AgnnConv`]'s forward keeps for its backward.
-pub struct AgnnCache<B: Backend> {
+pub struct AgnnCache<B: Placement> {
     x: B::Dense,
     xhat: B::Dense,
     q: B::Dense,
@@ -42,7 +42,7 @@ pub struct AgnnCache<B: Backend> {
     inv_norm: B::Edges,
 }
 
-impl<B: Backend> AgnnConv<B> {
+impl<B: Placement> AgnnConv<B> {
     /// Features per node.
     pub fn dim(&self) -> usize {
         self.dim
@@ -171,7 +171,7 @@ impl<F: Real> AgnnConv<Host<F>> {
 
     /// The same layer on the GPU in `T`, with its attention plan (1 head of `dim`, scale 1)
     /// built over `graph`.
-    pub fn to_device<T: GemmElement>(&self, graph: &DeviceGraph) -> Result<AgnnConv<Device<T>>> {
+    pub fn to_device<T: GemmElement>(&self, graph: &GpuGraph) -> Result<AgnnConv<Device<T>>> {
         let config = AttentionConfig::new(1, self.dim, T::KIND)
             .with_scale(1.0)
             .with_algorithm(self.algorithm);
@@ -179,7 +179,7 @@ impl<F: Real> AgnnConv<Host<F>> {
             dim: self.dim,
             beta: self.beta.to_device(graph.gpu())?,
             algorithm: self.algorithm,
-            plan: AttentionPlan::new_gpu(graph.gpu(), &graph.host().a, config)?,
+            plan: AttentionPlan::on_graph(graph.device(), config)?,
             graph: graph.clone(),
         })
     }

@@ -20,7 +20,7 @@ use spattn_ops::elementwise;
 use spattn_ops::{csr_ops, DeviceMatrix, DeviceVec, Shape};
 
 use super::params::{
-    flat, host, init_rng, Backend, Device, DeviceGraph, Host, HostGraph, HostParam, Linear,
+    flat, host, init_rng, Device, GpuGraph, Host, HostGraph, HostParam, Linear, Placement,
 };
 use crate::error::{Error, Result};
 
@@ -95,7 +95,7 @@ impl GatConfig {
 }
 
 /// A GAT layer on backend `B` ([`Host`] or [`Device`]), bound to one graph.
-pub struct GatConv<B: Backend> {
+pub struct GatConv<B: Placement> {
     config: GatConfig,
     /// `W` (`in_dim × heads·out_dim`, no bias).
     pub lin: Linear<B>,
@@ -109,14 +109,14 @@ pub struct GatConv<B: Backend> {
 }
 
 /// What [`GatConv`]'s forward keeps for its backward.
-pub struct GatCache<B: Backend> {
+pub struct GatCache<B: Placement> {
     x: B::Dense,
     wh: B::Dense,
     scores: B::Edges,
     p: B::Edges,
 }
 
-impl<B: Backend> GatConv<B> {
+impl<B: Placement> GatConv<B> {
     /// The configuration.
     pub fn config(&self) -> &GatConfig {
         &self.config
@@ -269,7 +269,7 @@ impl<F: Real> GatConv<Host<F>> {
 
     /// The same layer on the GPU in `T` (parameters rounded to `T`), bound to `graph` (the
     /// upload of this layer's graph).
-    pub fn to_device<T: GemmElement>(&self, graph: &DeviceGraph) -> Result<GatConv<Device<T>>> {
+    pub fn to_device<T: GemmElement>(&self, graph: &GpuGraph) -> Result<GatConv<Device<T>>> {
         let gpu = graph.gpu();
         Ok(GatConv {
             config: self.config,
@@ -298,14 +298,14 @@ impl<T: GemmElement> GatConv<Device<T>> {
         let mut e_dst = DeviceMatrix::zeros(gpu, per_node)?;
         elementwise::head_dot(gpu, &wh, &self.att_src.value, &mut e_src)?;
         elementwise::head_dot(gpu, &wh, &self.att_dst.value, &mut e_dst)?;
-        let edges = g.a().nnz() * h;
+        let edges = g.a()?.nnz() * h;
         let mut scores = DeviceVec::zeros(gpu, edges)?;
-        csr_ops::sddmm_gat(gpu, g.a(), &e_dst, &e_src, &mut scores)?;
+        csr_ops::sddmm_gat(gpu, g.a()?, &e_dst, &e_src, &mut scores)?;
         let mut p = DeviceVec::zeros(gpu, edges)?;
         let slope = Some(self.config.negative_slope);
-        csr_ops::edge_softmax(gpu, g.a(), &scores, h, slope, &mut p)?;
+        csr_ops::edge_softmax(gpu, g.a()?, &scores, h, slope, &mut p)?;
         let mut agg = DeviceMatrix::zeros(gpu, shape)?;
-        csr_ops::spmm(gpu, g.a(), &p, &wh, &mut agg)?;
+        csr_ops::spmm(gpu, g.a()?, &p, &wh, &mut agg)?;
         let out_dims = Dims::new(n, self.config.output_dim());
         let mut y = if self.config.concat {
             agg.reshape(flat(n, h * c)?)?;
@@ -354,7 +354,7 @@ impl<T: GemmElement> GatConv<Device<T>> {
             elementwise::head_mean_backward(gpu, &dy1, &mut d)?;
             d
         };
-        let (a, t) = (g.a(), g.t());
+        let (a, t) = (g.a()?, g.t()?);
         let edges = a.nnz() * h;
         let mut dp = DeviceVec::zeros(gpu, edges)?;
         csr_ops::sddmm(gpu, a, &d_agg, &cache.wh, 1.0, &mut dp)?;

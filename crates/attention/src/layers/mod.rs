@@ -22,7 +22,7 @@
 //! # Ok::<(), spattn::Error>(())
 //! ```
 //!
-//! The GPU twin of a host layer comes from `to_device::<T>(&device_graph)` (parameters rounded
+//! The GPU twin of a host layer comes from `to_device::<T>(&gpu_graph)` ([`GpuGraph`]) (parameters rounded
 //! to `T` = f32, f16 or bf16; gradients of parameters kept in f32); it runs the same API on
 //! [`DeviceMatrix`](spattn_ops::DeviceMatrix) activations. Dense projections go through cuBLAS
 //! ([`spattn_ops::dense`]), the sparse parts through [`AttentionPlan`](crate::AttentionPlan)
@@ -36,8 +36,8 @@ mod transformer;
 pub use agnn::{AgnnCache, AgnnConv};
 pub use gat::{GatCache, GatConfig, GatConv};
 pub use params::{
-    Adam, Backend, Device, DeviceGraph, DeviceParam, GpuContext, Host, HostGraph, HostParam,
-    Linear, Optimizable, Param, Sgd,
+    Adam, Device, DeviceParam, GpuContext, GpuGraph, Host, HostGraph, HostParam, Linear,
+    Optimizable, Param, Sgd,
 };
 pub use spattn_ops::elementwise::{Activation, AdamHyper};
 pub use transformer::{GraphTransformerLayer, TransformerCache, TransformerConfig};

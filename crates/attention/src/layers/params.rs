@@ -1,4 +1,4 @@
-//! What every layer shares: the two backends, parameters with their gradients, the graph a layer
+//! What every layer shares: the two placements (host, device), parameters with their gradients, the graph a layer
 //! is bound to, the dense projection [`Linear`], and the optimizers.
 
 use std::marker::PhantomData;
@@ -11,15 +11,15 @@ use spattn_ops::backward::DeviceTranspose;
 use spattn_ops::cpu::Real;
 use spattn_ops::dense::{self, Blas, Dims, GemmElement};
 use spattn_ops::elementwise::{self, AdamHyper};
-use spattn_ops::{DType, DeviceCsr, DeviceMatrix, DeviceVec, Gpu, Shape};
+use spattn_ops::{DType, DeviceCsr, DeviceGraph, DeviceMatrix, DeviceVec, Gpu, Shape};
 
 use crate::error::Result;
 use crate::AttentionPlan;
 
 /// Where a layer runs and in which element type: [`Host`] (CPU, `f32` or `f64`) or [`Device`]
 /// (GPU, `f32`, `f16` or `bf16`). The layers are generic over it so that one struct holds
-/// either kind of parameters; each backend has its own `forward` / `backward`.
-pub trait Backend {
+/// either kind of parameters; each placement has its own `forward` / `backward`.
+pub trait Placement {
     /// A parameter with its gradient.
     type Param;
     /// A dense `rows × features` activation.
@@ -32,15 +32,15 @@ pub trait Backend {
     type Plan;
 }
 
-/// The CPU backend in `F` (`f64`: the reference of the tests; `f32`: the fallback).
+/// The CPU placement in `F` (`f64`: the reference of the tests; `f32`: the fallback).
 #[derive(Debug)]
 pub struct Host<F>(PhantomData<F>);
 
-/// The GPU backend in `T` (parameters and activations in `T`, gradients of parameters in f32).
+/// The GPU placement in `T` (parameters and activations in `T`, gradients of parameters in f32).
 #[derive(Debug)]
 pub struct Device<T>(PhantomData<T>);
 
-impl<F: Real> Backend for Host<F> {
+impl<F: Real> Placement for Host<F> {
     type Param = HostParam<F>;
     type Dense = Vec<F>;
     type Edges = Vec<F>;
@@ -48,11 +48,11 @@ impl<F: Real> Backend for Host<F> {
     type Plan = ();
 }
 
-impl<T: DType> Backend for Device<T> {
+impl<T: DType> Placement for Device<T> {
     type Param = DeviceParam<T>;
     type Dense = DeviceMatrix<T>;
     type Edges = DeviceVec<f32>;
-    type Graph = DeviceGraph;
+    type Graph = GpuGraph;
     type Plan = AttentionPlan;
 }
 
@@ -185,8 +185,8 @@ impl GpuContext {
 /// A graph for the CPU layers: A, Aᵀ and the map from Aᵀ's entries to A's.
 #[derive(Debug)]
 pub struct HostGraph {
-    /// A (row `i` lists the nodes node `i` attends to).
-    pub a: Csr,
+    /// A (row `i` lists the nodes node `i` attends to), shared with the GPU graph made from it.
+    pub a: Arc<Csr>,
     /// Aᵀ.
     pub at: Csr,
     /// For each entry of Aᵀ, the index of the same entry in A.
@@ -208,7 +208,7 @@ impl HostGraph {
         }
         let (at, map) = a.transpose_with_map();
         Ok(Arc::new(Self {
-            a: a.clone(),
+            a: Arc::new(a.clone()),
             at,
             map,
         }))
@@ -219,31 +219,27 @@ impl HostGraph {
     }
 }
 
-/// A graph uploaded for the GPU layers (A with its schedules, Aᵀ with the edge map), with the
-/// context the layers run on. Cheap to clone (shared).
+/// The graph the GPU layers are bound to: the shared [`DeviceGraph`] (A and Aᵀ with the edge
+/// map uploaded once, and whatever format the layers' attention plans read, shared by every
+/// layer over the graph), the host graph it came from, and the context the layers run on.
+/// Cheap to clone (shared).
 #[derive(Clone, Debug)]
-pub struct DeviceGraph {
+pub struct GpuGraph {
     ctx: GpuContext,
-    inner: Arc<DeviceGraphInner>,
-}
-
-#[derive(Debug)]
-struct DeviceGraphInner {
     host: Arc<HostGraph>,
-    a: DeviceCsr,
-    t: DeviceTranspose,
+    device: Arc<DeviceGraph>,
 }
 
-impl DeviceGraph {
-    /// Uploads `graph` (A and Aᵀ) to the context's GPU.
+impl GpuGraph {
+    /// Binds `graph` to the context's GPU and uploads A and Aᵀ (the layers read both).
     pub fn upload(ctx: &GpuContext, graph: &Arc<HostGraph>) -> Result<Self> {
+        let device = Arc::new(DeviceGraph::new(ctx.gpu(), graph.a.clone()));
+        device.csr()?;
+        device.transpose()?;
         Ok(Self {
             ctx: ctx.clone(),
-            inner: Arc::new(DeviceGraphInner {
-                host: graph.clone(),
-                a: DeviceCsr::upload(ctx.gpu(), &graph.a)?,
-                t: DeviceTranspose::upload(ctx.gpu(), &graph.a)?,
-            }),
+            host: graph.clone(),
+            device,
         })
     }
     /// The context.
@@ -256,19 +252,23 @@ impl DeviceGraph {
     }
     /// The host graph it came from.
     pub fn host(&self) -> &Arc<HostGraph> {
-        &self.inner.host
+        &self.host
+    }
+    /// The shared device graph (for attention plans over the same uploads).
+    pub fn device(&self) -> &Arc<DeviceGraph> {
+        &self.device
     }
     /// A on the device.
-    pub fn a(&self) -> &DeviceCsr {
-        &self.inner.a
+    pub fn a(&self) -> Result<&DeviceCsr> {
+        Ok(self.device.csr()?)
     }
     /// Aᵀ and the edge map on the device.
-    pub fn t(&self) -> &DeviceTranspose {
-        &self.inner.t
+    pub fn t(&self) -> Result<&DeviceTranspose> {
+        Ok(self.device.transpose()?)
     }
     /// Number of nodes.
     pub fn n(&self) -> usize {
-        self.inner.host.n()
+        self.host.n()
     }
 }
 
@@ -284,7 +284,7 @@ pub(crate) fn flat(rows: usize, cols: usize) -> Result<Shape> {
 
 /// A dense projection `y = x·W (+ b)` with `W` of `in_dim × out_dim`: the Q/K/V/O projections
 /// of the graph transformer, GAT's `W`, and the layers of the MLP baseline.
-pub struct Linear<B: Backend> {
+pub struct Linear<B: Placement> {
     /// Input features.
     pub in_dim: usize,
     /// Output features.
@@ -295,7 +295,7 @@ pub struct Linear<B: Backend> {
     pub bias: Option<B::Param>,
 }
 
-impl<B: Backend> Linear<B> {
+impl<B: Placement> Linear<B> {
     /// The parameters (weight, then bias), for an optimizer.
     pub fn params_mut(&mut self) -> Vec<&mut B::Param> {
         let mut p = vec![&mut self.weight];

@@ -12,7 +12,7 @@ use spattn_ops::elementwise;
 use spattn_ops::{DeviceMatrix, Shape};
 
 use super::gat::check_input;
-use super::params::{flat, host, init_rng, Backend, Device, DeviceGraph, Host, HostGraph, Linear};
+use super::params::{flat, host, init_rng, Device, GpuGraph, Host, HostGraph, Linear, Placement};
 use crate::config::{Algorithm, AttentionConfig};
 use crate::error::{Error, Result};
 use crate::AttentionPlan;
@@ -91,7 +91,7 @@ impl TransformerConfig {
 }
 
 /// A graph-transformer attention layer on backend `B`, bound to one graph.
-pub struct GraphTransformerLayer<B: Backend> {
+pub struct GraphTransformerLayer<B: Placement> {
     config: TransformerConfig,
     /// Q projection.
     pub query: Linear<B>,
@@ -106,7 +106,7 @@ pub struct GraphTransformerLayer<B: Backend> {
 }
 
 /// What [`GraphTransformerLayer`]'s forward keeps for its backward.
-pub struct TransformerCache<B: Backend> {
+pub struct TransformerCache<B: Placement> {
     x: B::Dense,
     q: B::Dense,
     k: B::Dense,
@@ -114,7 +114,7 @@ pub struct TransformerCache<B: Backend> {
     attn: B::Dense,
 }
 
-impl<B: Backend> GraphTransformerLayer<B> {
+impl<B: Placement> GraphTransformerLayer<B> {
     /// The configuration.
     pub fn config(&self) -> &TransformerConfig {
         &self.config
@@ -238,7 +238,7 @@ impl<F: Real> GraphTransformerLayer<Host<F>> {
     /// built over `graph`.
     pub fn to_device<T: GemmElement>(
         &self,
-        graph: &DeviceGraph,
+        graph: &GpuGraph,
     ) -> Result<GraphTransformerLayer<Device<T>>> {
         let gpu = graph.gpu();
         let c = &self.config;
@@ -251,7 +251,7 @@ impl<F: Real> GraphTransformerLayer<Host<F>> {
             key: self.key.to_device(gpu)?,
             value: self.value.to_device(gpu)?,
             output: self.output.to_device(gpu)?,
-            plan: AttentionPlan::new_gpu(gpu, &graph.host().a, plan_config)?,
+            plan: AttentionPlan::on_graph(graph.device(), plan_config)?,
             graph: graph.clone(),
         })
     }

@@ -20,7 +20,7 @@ use clap::Parser;
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64;
 use spattn::layers::{
-    AgnnConv, DeviceGraph, GatConfig, GatConv, GpuContext, GraphTransformerLayer, Host, HostGraph,
+    AgnnConv, GatConfig, GatConv, GpuContext, GpuGraph, GraphTransformerLayer, Host, HostGraph,
     TransformerConfig,
 };
 use spattn::Algorithm;
@@ -118,7 +118,7 @@ fn bench_graph<T: GemmElement>(
 ) -> spattn::Result<()> {
     let gpu = ctx.gpu();
     let host = HostGraph::new(a)?;
-    let dev = DeviceGraph::upload(ctx, &host)?;
+    let dev = GpuGraph::upload(ctx, &host)?;
     let mut rng = Pcg64::seed_from_u64(1);
     let x = random::<T>(gpu, a.n_rows(), &mut rng)?;
     let dy = random::<T>(gpu, a.n_rows(), &mut rng)?;

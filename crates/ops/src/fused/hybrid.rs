@@ -40,8 +40,9 @@
 //! [`WARPS`] warps over all windows, keeps the cheapest prediction, times it, and keeps
 //! whichever of it and the two calibration runs was fastest.
 
-use crate::hybrid_plan::{choose_split, median_ms, Candidates};
+use crate::hybrid_plan::{choose_split, Candidates};
 use crate::hybrid_spmm::slice_for;
+use crate::tune::median_ms;
 use crate::{DType, DTypeKind, DeviceHybrid, DeviceMatrix, Gpu, Shape, WarpSplit};
 use spattn_formats::{Csr, HybridBlocks};
 

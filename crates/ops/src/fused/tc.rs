@@ -18,13 +18,15 @@
 //! the kernel loads Q and stores out through the per-row original-id array.
 
 use crate::device_bsb::{bsb_pipe_supports, bsb_pipe_warp_bytes, BSB_MERGE_FLOATS};
+use crate::device_bsb::{OrderedBsb, BSB_WINDOW_ROWS};
 use crate::launch::{
     blocks_for, check_same_gpu, kernel_named, launch, to_u32, LaunchConfig, PushKernelArg,
     PushOptionalArg,
 };
-use crate::{DType, DTypeKind, DeviceBsb, DeviceMatrix, DeviceVec, Gpu, Shape};
-use spattn_formats::{Bsb, Csr, RowOrder};
+use crate::{DType, DTypeKind, DeviceGraph, DeviceMatrix, DeviceVec, Gpu, Shape};
+use spattn_formats::Bsb;
 use spattn_kernels_sys::FUSED_BSB;
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use spattn_formats::Reorder;
@@ -43,7 +45,7 @@ const PIPE_CTA_WARPS: usize = 2;
 /// Fewest blocks a unit of a split window gets by default (shared with the hybrid schedule).
 const DEFAULT_MIN_CHUNK: usize = crate::device_bsb::BSB_MIN_UNIT_BLOCKS;
 /// Rows per BSB window (the kernel's tile height).
-const WINDOW_ROWS: usize = 16;
+const WINDOW_ROWS: usize = BSB_WINDOW_ROWS;
 /// Fewest blocks a unit of a split window can get.
 const MIN_CHUNK: usize = 4;
 /// Most units one window is cut into (the in-kernel merge reads every part).
@@ -307,9 +309,8 @@ fn default_chunk(bsb: &Bsb, heads: usize, group: usize, sm_count: u32) -> usize 
 /// the workspace of split windows.
 #[derive(Debug)]
 pub struct FusedTensorCore {
-    bsb: DeviceBsb,
-    /// Per window row, the caller's row (Q, out), when the rows were renumbered.
-    row_ids: Option<DeviceVec<u32>>,
+    /// The mask in the plan's row order, shared through the graph's cache.
+    ordered: Arc<OrderedBsb>,
     /// The 128-feature pipelined kernel's prologue records ([`Schedule::prologue`]); `None`
     /// for the other kernels.
     unit_pre: Option<DeviceVec<u32>>,
@@ -334,18 +335,23 @@ pub struct FusedTensorCore {
 }
 
 impl FusedTensorCore {
-    /// Renumbers the rows of `a` as `reorder` says, converts it to BSB (original column ids)
-    /// and plans for `heads × head_dim` of `T` (see [`Self::with_options`]).
-    pub fn from_csr<T: DType>(
-        gpu: &Gpu,
-        a: &Csr,
+    /// Plans for `heads × head_dim` of `T` over `graph`'s BSB with its rows renumbered as
+    /// `reorder` says (made once per graph and order, [`DeviceGraph::bsb_in`]).
+    ///
+    /// Errors: [`Error::Unsupported`] for a head too wide or a device older than sm_80;
+    /// [`Error::TooLarge`] for sizes past the kernels' 32-bit indices, driver and memory
+    /// failures.
+    pub fn new<T: DType>(
+        graph: &DeviceGraph,
         heads: usize,
         head_dim: usize,
         reorder: Reorder,
     ) -> Result<Self> {
-        let order = RowOrder::choose(a, reorder, WINDOW_ROWS)?;
-        let bsb = bsb_in_order(a, &order)?;
-        Self::with_options::<T>(gpu, &bsb, &order, heads, head_dim, Options::default())
+        // The head's layout and the device before the BSB is built.
+        layout_with(head_dim, T::KIND, None, true)?;
+        require_tensor_cores(graph.gpu())?;
+        let ordered = graph.bsb_in(reorder)?;
+        Self::with_options::<T>(graph.gpu(), ordered, heads, head_dim, Options::default())
     }
 
     /// The row order and the kernel the plan uses, for its report.
@@ -353,28 +359,19 @@ impl FusedTensorCore {
         &self.order_info
     }
 
-    /// Uploads `bsb` (built in `order`, [`bsb_in_order`]) and `order`'s caller-row ids (none for
-    /// the graph's own order), builds the schedule and sizes the workspace for
-    /// `heads × head_dim` of `T`, with the layout, chunk and CTA size of `options` where given.
-    ///
-    /// Errors: [`Error::Unsupported`] for a head too wide or a device older than sm_80;
-    /// [`Error::TooLarge`] for sizes past the kernels' 32-bit indices, driver and memory
-    /// failures.
+    /// Builds the schedule of `ordered` and sizes the workspace for `heads × head_dim` of `T`,
+    /// with the layout, chunk and CTA size of `options` where given.
     pub(crate) fn with_options<T: DType>(
         gpu: &Gpu,
-        bsb: &Bsb,
-        order: &RowOrder,
+        ordered: Arc<OrderedBsb>,
         heads: usize,
         head_dim: usize,
         options: Options,
     ) -> Result<Self> {
         let layout = layout_with(head_dim, T::KIND, options.slice, options.pipelined)?;
-        if let Err(e) = gpu.require_compute_capability("fused-tc (mma.sync)", 8, 0) {
-            return Err(Error::Unsupported {
-                kernel: KERNEL,
-                why: format!("{e}; use fused-csr"),
-            });
-        }
+        require_tensor_cores(gpu)?;
+        let bsb = &ordered.host;
+        let order = &ordered.order;
         if heads == 0 {
             return Err(Error::InvalidArgument {
                 what: "heads",
@@ -427,12 +424,9 @@ impl FusedTensorCore {
             None
         };
         Ok(Self {
-            bsb: DeviceBsb::upload(gpu, bsb)?,
-            row_ids: row_ids
-                .map(|ids| DeviceVec::from_host(gpu, ids))
-                .transpose()?,
-            unit_pre,
             order_info: format!("{}; kernel {kernel}", order.info()),
+            ordered,
+            unit_pre,
             dtype: T::KIND,
             heads,
             head_dim,
@@ -471,13 +465,14 @@ impl FusedTensorCore {
                 why: format!("planned for {}, run with {}", self.dtype, T::KIND),
             });
         }
+        let bsb = &self.ordered.device;
         let shape_q = Shape {
-            rows: self.bsb.n_rows(),
+            rows: bsb.n_rows(),
             heads: self.heads,
             head_dim: self.head_dim,
         };
         let shape_kv = Shape {
-            rows: self.bsb.n_cols(),
+            rows: bsb.n_cols(),
             ..shape_q
         };
         for (what, actual, expected) in [
@@ -494,7 +489,7 @@ impl FusedTensorCore {
                 });
             }
         }
-        check_same_gpu(gpu, "BSB mask", &self.bsb)?;
+        check_same_gpu(gpu, "BSB mask", bsb)?;
         check_same_gpu(gpu, "Q", q)?;
         check_same_gpu(gpu, "K", k)?;
         check_same_gpu(gpu, "V", v)?;
@@ -531,8 +526,8 @@ impl FusedTensorCore {
         let heads = to_u32("heads", self.heads)?;
         let head_dim = to_u32("head_dim", self.head_dim)?;
         let fs = to_u32("warps per group", group)?;
-        let n_rows = to_u32("rows", self.bsb.n_rows())?;
-        if let Some(ids) = &self.row_ids {
+        let n_rows = to_u32("rows", bsb.n_rows())?;
+        if let Some(ids) = &self.ordered.row_ids {
             check_same_gpu(gpu, "row ids", ids)?;
         }
         if let Some(pre) = &self.unit_pre {
@@ -548,10 +543,10 @@ impl FusedTensorCore {
             .arg(&head_dim)
             .arg(&fs)
             .arg(&n_rows)
-            .arg_or_null(self.row_ids.as_ref())
+            .arg_or_null(self.ordered.row_ids.as_ref())
             .arg_or_null(self.unit_pre.as_ref())
-            .arg(self.bsb.block_columns().slice())
-            .arg(self.bsb.bitmap_words().slice())
+            .arg(bsb.block_columns().slice())
+            .arg(bsb.bitmap_words().slice())
             .arg(q.slice())
             .arg(k.slice())
             .arg(v.slice())
@@ -586,12 +581,13 @@ impl FusedTensorCore {
     }
 }
 
-/// The BSB of `a` with its rows renumbered as `order` says (original column ids).
-fn bsb_in_order(a: &Csr, order: &RowOrder) -> Result<Bsb> {
-    Ok(match &order.permutation {
-        Some(p) => Bsb::from_csr(&p.permute_csr_rows(a)?)?,
-        None => Bsb::from_csr(a)?,
-    })
+/// [`Error::Unsupported`] on a device older than sm_80 (`mma.sync`).
+fn require_tensor_cores(gpu: &Gpu) -> Result<()> {
+    gpu.require_compute_capability("fused-tc (mma.sync)", 8, 0)
+        .map_err(|e| Error::Unsupported {
+            kernel: KERNEL,
+            why: format!("{e}; use fused-csr"),
+        })
 }
 
 /// The kernel for `dtype` (a kernel-name suffix) and `layout`, as listed in the module.
@@ -608,6 +604,7 @@ fn kernel_name(dtype: &str, layout: Layout) -> Result<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use spattn_formats::{Csr, RowOrder};
 
     #[test]
     fn layouts_cover_the_head_with_least_padding() {
@@ -849,18 +846,14 @@ mod tests {
             };
             println!("tune {name}: n={} nnz={}", a.n_rows(), a.nnz());
             // Each row order and its BSB once, for every variant below.
-            let orders: Vec<(Reorder, RowOrder, Bsb)> = [
+            let orders: Vec<(Reorder, Arc<OrderedBsb>)> = [
                 Reorder::None,
                 Reorder::Degree,
                 Reorder::Locality,
                 Reorder::Cluster,
             ]
             .into_iter()
-            .map(|r| {
-                let order = RowOrder::choose(&a, r, WINDOW_ROWS).unwrap();
-                let bsb = bsb_in_order(&a, &order).unwrap();
-                (r, order, bsb)
-            })
+            .map(|r| (r, Arc::new(OrderedBsb::upload(&gpu, &a, r).unwrap())))
             .collect();
             for &(heads, d) in &shapes {
                 let sq = Shape::new(a.n_rows(), heads, d).unwrap();
@@ -875,7 +868,7 @@ mod tests {
                 };
                 let (q, k, v) = (draw(1), draw(2), draw(3));
                 let mut out = DeviceMatrix::<half::f16>::zeros(&gpu, sq).unwrap();
-                for (reorder, order, bsb) in &orders {
+                for (reorder, ordered) in &orders {
                     let mut variants = vec![Options {
                         pipelined: false,
                         ..Options::default()
@@ -891,7 +884,11 @@ mod tests {
                     }
                     for options in variants {
                         let Ok(mut f) = FusedTensorCore::with_options::<half::f16>(
-                            &gpu, bsb, order, heads, d, options,
+                            &gpu,
+                            ordered.clone(),
+                            heads,
+                            d,
+                            options,
                         ) else {
                             continue;
                         };
