@@ -122,7 +122,7 @@ impl AttentionPlan {
     /// arithmetic: the gradients are rounded to `T` once, at the end. The returned scalar is
     /// downloaded, so the call waits for the GPU.
     ///
-    /// Errors: [`Error::WrongDevice`] on a CPU plan (use [`backward_host`](Self::backward_host)),
+    /// Errors: [`Error::WrongPlanKind`] on a CPU plan (use [`backward_host`](Self::backward_host)),
     /// [`Error::DTypeMismatch`], [`Error::ShapeMismatch`] naming the operand (`"Q"`, `"K"`,
     /// `"V"`, `"out"`, `"d_out"`, `"dQ"`, `"dK"`, `"dV"`), [`Error::Ops`] (driver, memory).
     #[allow(clippy::too_many_arguments)]
@@ -156,7 +156,7 @@ impl AttentionPlan {
         dv: &mut DeviceMatrix<T>,
     ) -> Result<f32> {
         let BackwardParts::Gpu { gpu, graph, state } = self.backward_parts() else {
-            return Err(Error::WrongDevice {
+            return Err(Error::WrongPlanKind {
                 plan: "CPU",
                 use_instead: "backward_host",
             });

@@ -54,7 +54,7 @@ pub enum Error {
     },
     /// The plan runs on the CPU (or the GPU) and was called with the other kind of operand.
     #[error("this plan runs on the {plan}; call {use_instead}")]
-    WrongDevice {
+    WrongPlanKind {
         /// Where the plan runs.
         plan: &'static str,
         /// The method to call instead.

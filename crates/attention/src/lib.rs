@@ -12,10 +12,12 @@
 //! algorithm needs, and then runs [`AttentionPlan::forward`] as often as asked. Where there is
 //! no GPU, [`AttentionPlan::new_cpu`] computes the same thing on the CPU.
 //!
+//! Everything a user needs is re-exported here (the graph types and readers of
+//! `spattn-formats`, the GPU handle, dtypes and device matrices of `spattn-ops`), so one crate
+//! is enough:
+//!
 //! ```
-//! use spattn::{Algorithm, AttentionConfig, AttentionPlan};
-//! use spattn_formats::Csr;
-//! use spattn_ops::{DTypeKind, Gpu};
+//! use spattn::{AttentionConfig, AttentionPlan, Csr, DTypeKind, Gpu};
 //!
 //! // A 4-node ring, symmetrized with self loops (the GAT / graph-transformer convention).
 //! let a = Csr::from_edges(4, 4, &[(0, 1), (1, 2), (2, 3), (3, 0)])?.symmetrize_with_self_loops()?;
@@ -43,3 +45,15 @@ pub use config::{Algorithm, AttentionConfig, HybridParams, Reorder};
 pub use error::{Error, Result};
 pub use plan::AttentionPlan;
 pub use spattn_ops::fused::HybridInfo;
+
+// What a user of the plans needs from the crates beneath.
+pub use spattn_formats::{
+    read_edge_list, read_matrix_market, rmat, Coo, Csr, EdgeListOptions, RmatConfig,
+};
+pub use spattn_ops::{DType, DTypeKind, DeviceGraph, DeviceMatrix, DeviceVec, Gpu, Shape};
+
+/// The formats crate (`spattn-formats`), for what the re-exports above leave out.
+pub use spattn_formats as formats;
+/// The ops crate (`spattn-ops`): the unfused ops, the fused kernels, cuBLAS, the CPU
+/// reference.
+pub use spattn_ops as ops;

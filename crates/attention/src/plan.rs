@@ -278,7 +278,7 @@ impl AttentionPlan {
     ///
     /// Every element of `out` is written (rows without edges get zeros). Errors:
     /// [`Error::DTypeMismatch`], [`Error::ShapeMismatch`] naming the operand,
-    /// [`Error::WrongDevice`] for a CPU plan.
+    /// [`Error::WrongPlanKind`] for a CPU plan.
     pub fn forward<T: DType>(
         &self,
         q: &DeviceMatrix<T>,
@@ -287,7 +287,7 @@ impl AttentionPlan {
         out: &mut DeviceMatrix<T>,
     ) -> Result<()> {
         let Runner::Gpu(g) = &self.runner else {
-            return Err(Error::WrongDevice {
+            return Err(Error::WrongPlanKind {
                 plan: "CPU",
                 use_instead: "forward_host",
             });

@@ -306,5 +306,5 @@ fn backward_host_and_errors() {
     let e = cpu_plan
         .backward(&q, &q, &q, &q, &q, &mut dq, &mut dk, &mut dv)
         .unwrap_err();
-    assert!(matches!(e, spattn::Error::WrongDevice { .. }), "{e}");
+    assert!(matches!(e, spattn::Error::WrongPlanKind { .. }), "{e}");
 }

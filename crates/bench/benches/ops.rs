@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use spattn_bench::cases::{self, Backend, Problem};
+use spattn_bench::cases::{self, Problem, Target};
 use spattn_bench::gpu_bench::{self, GpuConfig};
 use spattn_bench::graphs::{self, DataDirs, Graph, GraphSpec, LoadOptions};
 use spattn_bench::inputs::HostInputs;
@@ -56,7 +56,7 @@ fn gpu_config<T: DType>(
         head_dim: head_dim as u64,
         dtype: T::KIND,
     };
-    for case in cases::cases_for(Backend::Gpu) {
+    for case in cases::cases_for(Target::Gpu) {
         let mut launch = match gpu_bench::prepare(case, &mut cfg) {
             Ok(gpu_bench::Prepared::Ready(launch)) => launch,
             Ok(gpu_bench::Prepared::Unsupported(why)) => {

@@ -35,7 +35,7 @@ impl CaseKind {
 
 /// Where a case runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backend {
+pub enum Target {
     /// On the GPU, timed with CUDA events.
     Gpu,
     /// On the CPU, timed with the wall clock.
@@ -114,7 +114,7 @@ pub struct Case {
     /// Op or algorithm.
     pub kind: CaseKind,
     /// Where it runs.
-    pub backend: Backend,
+    pub target: Target,
     /// How it is run.
     pub runner: Runner,
     /// What it must move through memory.
@@ -135,7 +135,7 @@ pub const CASES: &[Case] = &[
     Case {
         name: "sddmm-csr",
         kind: CaseKind::Op,
-        backend: Backend::Gpu,
+        target: Target::Gpu,
         runner: Runner::SddmmCsr,
         traffic: Traffic::Sddmm,
         // Edge-parallel: each edge reads its row and column index.
@@ -150,7 +150,7 @@ pub const CASES: &[Case] = &[
     Case {
         name: "softmax-csr",
         kind: CaseKind::Op,
-        backend: Backend::Gpu,
+        target: Target::Gpu,
         runner: Runner::SoftmaxCsr,
         traffic: Traffic::Softmax,
         indices: IndexReads {
@@ -164,7 +164,7 @@ pub const CASES: &[Case] = &[
     Case {
         name: "spmm-csr",
         kind: CaseKind::Op,
-        backend: Backend::Gpu,
+        target: Target::Gpu,
         runner: Runner::SpmmCsr,
         traffic: Traffic::Spmm,
         indices: IndexReads::CSR,
@@ -195,7 +195,7 @@ pub const CASES: &[Case] = &[
     Case {
         name: "unfused-csr",
         kind: CaseKind::Algorithm,
-        backend: Backend::Gpu,
+        target: Target::Gpu,
         runner: Runner::UnfusedCsr,
         traffic: Traffic::Attention,
         // Its SDDMM reads the COO row indices too.
@@ -245,7 +245,7 @@ pub const CASES: &[Case] = &[
     Case {
         name: "cpu-unfused",
         kind: CaseKind::Algorithm,
-        backend: Backend::Cpu,
+        target: Target::Cpu,
         runner: Runner::CpuUnfused,
         traffic: Traffic::Attention,
         indices: IndexReads::CSR,
@@ -266,7 +266,7 @@ const fn tc_op_case(
     Case {
         name,
         kind: CaseKind::Op,
-        backend: Backend::Gpu,
+        target: Target::Gpu,
         runner,
         traffic,
         indices: IndexReads::CSR,
@@ -280,7 +280,7 @@ const fn plan_case(name: &'static str, algorithm: Algorithm, about: &'static str
     Case {
         name,
         kind: CaseKind::Algorithm,
-        backend: Backend::Gpu,
+        target: Target::Gpu,
         runner: Runner::Plan(algorithm),
         traffic: Traffic::Attention,
         // Whatever format the algorithm reads, the graph's information is its CSR.
@@ -302,7 +302,7 @@ const fn train_step_case(
     Case {
         name,
         kind: CaseKind::Algorithm,
-        backend: Backend::Gpu,
+        target: Target::Gpu,
         runner: Runner::TrainStep(kernels),
         traffic: Traffic::TrainStep,
         indices: IndexReads::CSR,
@@ -316,9 +316,9 @@ pub fn find(name: &str) -> Option<&'static Case> {
     CASES.iter().find(|c| c.name == name)
 }
 
-/// The cases of `backend`.
-pub fn cases_for(backend: Backend) -> impl Iterator<Item = &'static Case> {
-    CASES.iter().filter(move |c| c.backend == backend)
+/// The cases of `target`.
+pub fn cases_for(target: Target) -> impl Iterator<Item = &'static Case> {
+    CASES.iter().filter(move |c| c.target == target)
 }
 
 /// Checks the names of a `--algorithms` list (before anything is loaded): every name must be
@@ -347,23 +347,23 @@ pub fn check_names(list: &str) -> Result<()> {
     Ok(())
 }
 
-/// The cases of a `--algorithms` list on `backend`, in registry order without repeats.
+/// The cases of a `--algorithms` list on `target`, in registry order without repeats.
 ///
 /// # Errors
-/// As [`check_names`], and a case of the other backend (naming the cases of this one).
-pub fn select(list: &str, backend: Backend) -> Result<Vec<&'static Case>> {
+/// As [`check_names`], and a case of the other target (naming the cases of this one).
+pub fn select(list: &str, target: Target) -> Result<Vec<&'static Case>> {
     check_names(list)?;
     if list.trim() == "all" {
-        return Ok(cases_for(backend).collect());
+        return Ok(cases_for(target).collect());
     }
     let names: Vec<&str> = list.split(',').map(str::trim).collect();
-    let here: Vec<&str> = cases_for(backend).map(|c| c.name).collect();
+    let here: Vec<&str> = cases_for(target).map(|c| c.name).collect();
     for name in &names {
         if let Some(case) = find(name) {
-            if case.backend != backend {
-                let (needs, on) = match case.backend {
-                    Backend::Gpu => ("a GPU", "the CPU"),
-                    Backend::Cpu => ("the CPU (--cpu)", "a GPU"),
+            if case.target != target {
+                let (needs, on) = match case.target {
+                    Target::Gpu => ("a GPU", "the CPU"),
+                    Target::Cpu => ("the CPU (--cpu)", "a GPU"),
                 };
                 return Err(Error::new(format!(
                     "--algorithms: `{name}` needs {needs}, and this run is on {on}; \
@@ -468,7 +468,7 @@ mod tests {
 
     #[test]
     fn selection() {
-        let gpu: Vec<_> = select("all", Backend::Gpu)
+        let gpu: Vec<_> = select("all", Target::Gpu)
             .unwrap()
             .iter()
             .map(|c| c.name)
@@ -492,28 +492,28 @@ mod tests {
                 "train-step-unfused"
             ]
         );
-        let cpu: Vec<_> = select("all", Backend::Cpu)
+        let cpu: Vec<_> = select("all", Target::Cpu)
             .unwrap()
             .iter()
             .map(|c| c.name)
             .collect();
         assert_eq!(cpu, ["cpu-unfused"]);
-        let some = select("unfused-csr, sddmm-csr", Backend::Gpu).unwrap();
+        let some = select("unfused-csr, sddmm-csr", Target::Gpu).unwrap();
         assert_eq!(
             some.iter().map(|c| c.name).collect::<Vec<_>>(),
             ["sddmm-csr", "unfused-csr"]
         );
-        let e = select("fused-xyz", Backend::Gpu).unwrap_err().to_string();
+        let e = select("fused-xyz", Target::Gpu).unwrap_err().to_string();
         assert!(
             e.contains("fused-xyz") && e.contains("unfused-csr") && e.contains("all"),
             "{e}"
         );
-        let e = select("unfused-csr", Backend::Cpu).unwrap_err().to_string();
+        let e = select("unfused-csr", Target::Cpu).unwrap_err().to_string();
         assert!(
             e.contains("needs a GPU") && e.contains("cpu-unfused"),
             "{e}"
         );
-        assert!(select("sddmm-csr,", Backend::Gpu).is_err());
+        assert!(select("sddmm-csr,", Target::Gpu).is_err());
     }
 
     #[test]

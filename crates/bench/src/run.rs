@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use spattn_ops::{DType, DTypeKind, DeviceGraph, Gpu};
 
-use crate::cases::{self, Backend, Case, CaseKind, Problem, BASELINE};
+use crate::cases::{self, Case, CaseKind, Problem, Target, BASELINE};
 use crate::cli::RunArgs;
 use crate::error::{io_error, Error, Result};
 use crate::graphs::{self, DataDirs, Graph, GraphSpec, LoadOptions};
@@ -126,8 +126,8 @@ pub fn run(args: &RunArgs, argv: &[String]) -> Result<Outcome> {
 
     let device = open_device(args);
     let backend = match device {
-        Device::Gpu(_) => Backend::Gpu,
-        Device::Cpu(_) => Backend::Cpu,
+        Device::Gpu(_) => Target::Gpu,
+        Device::Cpu(_) => Target::Cpu,
     };
     let selected = cases::select(&args.algorithms, backend)?;
     let mut peer_records = Vec::new();

@@ -2,7 +2,7 @@
 //! checked against the f64 CPU reference. Ignored where there is no GPU; on a GPU machine run
 //! `cargo test -p spattn-bench -- --include-ignored` (or the bundle's run.sh).
 
-use spattn_bench::cases::{self, Backend, CaseKind};
+use spattn_bench::cases::{self, CaseKind, Target};
 use spattn_bench::cli::RunArgs;
 use spattn_bench::run::run;
 use spattn_ops::DTypeKind;
@@ -49,7 +49,7 @@ fn check_run(args: &RunArgs) {
     }
     // Every op and the baseline ran on every configuration (plans may skip a shape).
     let configs = 2 * 3 * 2 * 3;
-    for case in cases::cases_for(Backend::Gpu) {
+    for case in cases::cases_for(Target::Gpu) {
         let n = record.cases.iter().filter(|c| c.case == case.name).count();
         if case.kind == CaseKind::Op || case.name == cases::BASELINE {
             assert_eq!(n, configs, "{}", case.name);

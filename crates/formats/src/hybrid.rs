@@ -52,10 +52,6 @@ const ROWS: usize = 16;
 const COLS: usize = 8;
 /// Slots per block.
 const SLOTS: usize = ROWS * COLS;
-/// Most units one window is cut into (a kernel's merge reads every part).
-pub const MAX_PARTS: usize = 64;
-/// Marks a unit whose window is not split.
-pub const NOT_SPLIT: u32 = u32::MAX;
 
 /// The 16×8 blocks of every window of the degree-ordered graph, dense and sparse alike,
 /// before any threshold is applied. See the [module documentation](self).
@@ -90,33 +86,6 @@ pub struct HybridSplit {
     cd_row_offsets: Vec<u32>,
     cd_columns: Vec<u32>,
     cd_values: Option<Vec<f32>>,
-}
-
-/// Work units for a persistent kernel: unit `u` covers tensor-core blocks
-/// `tc_begin..tc_end` and CUDA-core edges `cd_begin..cd_end` of one window.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct HybridUnits {
-    /// 8 per unit: window, tc_begin, tc_end, part (or [`NOT_SPLIT`]), cd_begin, cd_end,
-    /// split window index (or [`NOT_SPLIT`]), and `tc_value_first[w] - window_offsets[w]`
-    /// (wrapping): block `b`'s values in [`HybridSplit::tc_values`] are block `b + that`.
-    pub units: Vec<u32>,
-    /// Per split window `s`, its parts are `split_part_first[s]..split_part_first[s + 1]`.
-    pub split_part_first: Vec<u32>,
-}
-
-impl HybridUnits {
-    /// Number of units.
-    pub fn n_units(&self) -> usize {
-        self.units.len() / 8
-    }
-    /// Number of split windows.
-    pub fn n_split(&self) -> usize {
-        self.split_part_first.len().saturating_sub(1)
-    }
-    /// Number of partials (units of split windows).
-    pub fn n_parts(&self) -> usize {
-        self.split_part_first.last().map_or(0, |&p| p as usize)
-    }
 }
 
 /// What one chunk of windows produces in [`HybridBlocks::from_csr`].
@@ -489,80 +458,6 @@ impl HybridSplit {
         let values = blocks.block_values.as_ref().map(|_| vals);
         Csr::try_new(blocks.n_rows, blocks.n_cols, offsets, cols, values)
     }
-
-    /// Work units for a persistent kernel, largest first: each window's cost is
-    /// `tc blocks · block_cost + cd edges · edge_cost`; a window costing more than `max_cost`
-    /// is cut into up to [`MAX_PARTS`] units, each with an even share of its tensor-core
-    /// blocks and of its CUDA-core edges. Windows without edges keep one (empty) unit, so a
-    /// kernel writes their zero rows.
-    ///
-    /// Errors: [`Error::InvalidParameter`] for costs that are not positive and finite.
-    pub fn units(
-        &self,
-        blocks: &HybridBlocks,
-        block_cost: f64,
-        edge_cost: f64,
-        max_cost: f64,
-    ) -> Result<HybridUnits> {
-        for (what, x) in [
-            ("hybrid block cost", block_cost),
-            ("hybrid edge cost", edge_cost),
-            ("hybrid unit cost", max_cost),
-        ] {
-            if !(x.is_finite() && x > 0.0) {
-                return Err(Error::InvalidParameter {
-                    what,
-                    why: format!("{x}: must be positive and finite"),
-                });
-            }
-        }
-        let n_windows = blocks.n_windows();
-        // (cost, [window, tc_begin, tc_end, part, cd_begin, cd_end, split, value base])
-        let mut units: Vec<(f64, [u32; 8])> = Vec::with_capacity(n_windows);
-        let mut split_part_first = vec![0u32];
-        let mut n_parts = 0u32;
-        for w in 0..n_windows {
-            let tc = blocks.window_offsets[w]..self.dense_end[w];
-            let rows = (w * ROWS).min(blocks.n_rows)..((w + 1) * ROWS).min(blocks.n_rows);
-            let cd = self.cd_row_offsets[rows.start]..self.cd_row_offsets[rows.end];
-            let (nb, ne) = ((tc.end - tc.start) as usize, (cd.end - cd.start) as usize);
-            let cost = nb as f64 * block_cost + ne as f64 * edge_cost;
-            let parts = ((cost / max_cost).ceil() as usize).clamp(1, MAX_PARTS);
-            // No more parts than there is work to share (a part of a pair of blocks or of one
-            // edge at least).
-            let parts = parts.min(nb.div_ceil(2) + ne).max(1);
-            let w32 = w as u32;
-            let wbase = self.tc_value_first[w].wrapping_sub(blocks.window_offsets[w]);
-            if parts == 1 {
-                units.push((
-                    cost,
-                    [
-                        w32, tc.start, tc.end, NOT_SPLIT, cd.start, cd.end, NOT_SPLIT, wbase,
-                    ],
-                ));
-                continue;
-            }
-            let split = (split_part_first.len() - 1) as u32;
-            let pairs = nb.div_ceil(2);
-            for p in 0..parts {
-                let b0 = (tc.start as usize + 2 * (pairs * p / parts)).min(tc.end as usize) as u32;
-                let b1 =
-                    (tc.start as usize + 2 * (pairs * (p + 1) / parts)).min(tc.end as usize) as u32;
-                let e0 = cd.start + (ne * p / parts) as u32;
-                let e1 = cd.start + (ne * (p + 1) / parts) as u32;
-                let c = f64::from(b1 - b0) * block_cost + f64::from(e1 - e0) * edge_cost;
-                units.push((c, [w32, b0, b1, n_parts + p as u32, e0, e1, split, wbase]));
-            }
-            n_parts += parts as u32;
-            split_part_first.push(n_parts);
-        }
-        // Largest first; stable, so equal costs keep the window order.
-        units.sort_by(|a, b| b.0.total_cmp(&a.0));
-        Ok(HybridUnits {
-            units: units.iter().flat_map(|u| u.1).collect(),
-            split_part_first,
-        })
-    }
 }
 
 /// Calls `f(bit)` for every set bit of `bm`, in increasing order.
@@ -702,36 +597,7 @@ mod tests {
                     );
                 }
             }
-            let u = s.units(&blocks, 3.0, 1.0, 40.0).unwrap();
-            check_units(&blocks, &s, &u);
         }
-    }
-
-    fn check_units(blocks: &HybridBlocks, s: &HybridSplit, u: &HybridUnits) {
-        let mut tc_seen = vec![0u32; blocks.n_blocks()];
-        let mut cd_seen = vec![0u32; s.cd_edges()];
-        let mut windows = vec![false; blocks.n_windows()];
-        for un in u.units.chunks(8) {
-            windows[un[0] as usize] = true;
-            for b in un[1]..un[2] {
-                tc_seen[b as usize] += 1;
-            }
-            for e in un[4]..un[5] {
-                cd_seen[e as usize] += 1;
-            }
-            assert_eq!(un[3] == NOT_SPLIT, un[6] == NOT_SPLIT);
-            if un[6] != NOT_SPLIT {
-                let sp = un[6] as usize;
-                assert!(u.split_part_first[sp] <= un[3] && un[3] < u.split_part_first[sp + 1]);
-            }
-        }
-        assert!(windows.iter().all(|&w| w));
-        for w in 0..blocks.n_windows() {
-            for b in blocks.window_blocks(w) {
-                assert_eq!(tc_seen[b], u32::from((b as u32) < s.dense_end()[w]));
-            }
-        }
-        assert!(cd_seen.iter().all(|&c| c == 1));
     }
 
     #[test]
@@ -768,21 +634,6 @@ mod tests {
         // Column 7 is hit by 5 rows: first slot.
         assert_eq!(blocks.block_columns()[0], 7);
         check_round_trip(&a);
-    }
-
-    #[test]
-    fn units_split_heavy_windows() {
-        let edges: Vec<(u32, u32)> = (0..16)
-            .flat_map(|r| (0..400).map(move |c| (r, c)))
-            .collect();
-        let a = graph(17, 400, &edges, false);
-        let blocks = HybridBlocks::from_csr(&a).unwrap();
-        let s = blocks.classify(0.5).unwrap();
-        let u = s.units(&blocks, 1.0, 1.0, 5.0).unwrap();
-        assert_eq!(u.n_split(), 1);
-        assert!(u.n_parts() > 1 && u.n_parts() <= MAX_PARTS);
-        check_units(&blocks, &s, &u);
-        assert!(s.units(&blocks, 0.0, 1.0, 1.0).is_err());
     }
 
     proptest! {

@@ -48,7 +48,7 @@ pub mod stats;
 pub use bsb::{Bsb, WindowCount};
 pub use csr::{Coo, Csr, MAX_DIM, MAX_NNZ};
 pub use error::{Error, Result};
-pub use hybrid::{HybridBlocks, HybridSplit, HybridUnits};
+pub use hybrid::{HybridBlocks, HybridSplit};
 pub use io::{
     read_edge_list, read_edge_list_from, read_edge_list_with, read_matrix_market,
     read_matrix_market_from, EdgeListOptions,

@@ -271,7 +271,7 @@ fn to_i32(what: &'static str, v: usize) -> Result<i32> {
 /// `A` and `B` share their element type `T`; `C` may be `T` or another type (f32 gradients of
 /// f16 layers). `beta = 1` accumulates into `C`. Errors: [`Error::LengthMismatch`] where a
 /// buffer's length is not its dimensions' product, [`Error::DimsMismatch`] where the inner
-/// dimensions or `C` do not match, [`Error::WrongDevice`], [`Error::TooLarge`] for dimensions
+/// dimensions or `C` do not match, [`Error::ForeignGpu`], [`Error::TooLarge`] for dimensions
 /// beyond cuBLAS's 32-bit ints.
 pub fn gemm<T, C, A, B, O>(
     blas: &Blas,

@@ -79,7 +79,7 @@ pub enum Error {
     },
     /// Operands live on different GPUs (contexts).
     #[error("{what} was allocated on a different GPU context than the one running the op")]
-    WrongDevice {
+    ForeignGpu {
         /// Which operand.
         what: &'static str,
     },

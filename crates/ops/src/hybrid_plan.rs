@@ -280,7 +280,7 @@ impl HybridSpmm {
     ///
     /// Errors: [`Error::InvalidArgument`] when `T` is not the planned dtype (the warp split
     /// was chosen for that dtype's kernel); [`Error::ShapeMismatch`] naming the operand when V
-    /// or out does not have the planned rows, heads and head_dim; [`Error::WrongDevice`];
+    /// or out does not have the planned rows, heads and head_dim; [`Error::ForeignGpu`];
     /// launch failures.
     pub fn run<T: DType>(
         &self,

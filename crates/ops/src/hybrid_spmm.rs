@@ -42,6 +42,7 @@ use crate::launch::{
     check_same_gpu, kernel_named, launch, map_driver_error, to_u32, LaunchConfig, OnGpu,
     PushKernelArg, PushOptionalArg,
 };
+use crate::schedule::HybridUnits;
 use crate::shape::Shape;
 
 /// Most warps per CTA (the kernels' launch bound is 256 threads).
@@ -251,12 +252,7 @@ impl DeviceHybrid {
         let max_cost = (total / lanes)
             .max(BSB_MIN_UNIT_BLOCKS as f64 * block_cost)
             .max(64.0 * edge_cost);
-        let units = split
-            .units(blocks, block_cost, edge_cost, max_cost)
-            .map_err(|e| Error::InvalidArgument {
-                what: "hybrid schedule",
-                why: e.to_string(),
-            })?;
+        let units = HybridUnits::new(blocks, split, block_cost, edge_cost, max_cost)?;
         to_u32("hybrid block slots", blocks.block_columns().len())?;
         to_u32("hybrid units × heads", units.n_units() * heads.max(1))?;
         let up_u32 = |what, x: &[u32]| DeviceVec::from_host_named(gpu, what, x);
@@ -375,7 +371,7 @@ impl DeviceHybrid {
     ///
     /// Errors: [`Error::ShapeMismatch`] naming the operand, [`Error::InvalidArgument`] for a
     /// head wider than the compiled slices or a scale not finite in the log2 domain,
-    /// [`Error::WrongDevice`], [`Error::UnsupportedComputeCapability`] below 8.0, launch
+    /// [`Error::ForeignGpu`], [`Error::UnsupportedComputeCapability`] below 8.0, launch
     /// failures.
     #[allow(clippy::too_many_arguments)]
     pub fn attention<T: DType>(
@@ -665,7 +661,7 @@ pub fn spmm<T: DType>(
 ///
 /// Errors: [`Error::ShapeMismatch`] naming the operand; [`Error::InvalidArgument`] for a
 /// `width` that does not divide `heads × head_dim` or is wider than one warp's slice (see
-/// [`slice_for`]), or a warp split the kernel does not take; [`Error::WrongDevice`],
+/// [`slice_for`]), or a warp split the kernel does not take; [`Error::ForeignGpu`],
 /// [`Error::UnsupportedComputeCapability`] below 8.0, launch failures.
 pub fn spmm_with<T: DType>(
     gpu: &Gpu,

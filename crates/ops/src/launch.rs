@@ -244,7 +244,7 @@ impl OnGpu for Gpu {
 }
 
 /// Checks that `operand` belongs to `gpu` (the handle running the op, or a clone of it);
-/// otherwise [`Error::WrongDevice`] naming `what`.
+/// otherwise [`Error::ForeignGpu`] naming `what`.
 ///
 /// Buffers of another handle — another device, or another `Gpu::new` on the same device —
 /// run on another stream, and the stream is what orders their uses (see [`crate::gpu`]).
@@ -256,7 +256,7 @@ pub fn check_same_gpu(
     if gpu.same_as(operand.gpu()) {
         Ok(())
     } else {
-        Err(Error::WrongDevice { what })
+        Err(Error::ForeignGpu { what })
     }
 }
 

@@ -560,9 +560,9 @@ fn timer_measures_positive_time() {
     }
     // An error inside the timed closure comes out as is.
     let err = gpu
-        .time_ms(|| Err(Error::WrongDevice { what: "x" }))
+        .time_ms(|| Err(Error::ForeignGpu { what: "x" }))
         .unwrap_err();
-    assert!(matches!(err, Error::WrongDevice { what: "x" }));
+    assert!(matches!(err, Error::ForeignGpu { what: "x" }));
 }
 
 #[test]
@@ -618,12 +618,12 @@ fn buffers_of_another_handle_are_refused() {
     check_same_gpu(&a.clone(), "Q", &m).unwrap();
     assert!(matches!(
         check_same_gpu(&b, "Q", &m),
-        Err(Error::WrongDevice { what: "Q" })
+        Err(Error::ForeignGpu { what: "Q" })
     ));
     assert!(a.owns(m.slice()) && !b.owns(m.slice()));
     let mut out = DeviceVec::<f32>::zeros(&a, 4).unwrap();
     assert!(matches!(
         launch_fill(&b, &mut out, 1.0),
-        Err(Error::WrongDevice { what: "out" })
+        Err(Error::ForeignGpu { what: "out" })
     ));
 }

@@ -9,8 +9,129 @@
 //!   scratch row (atomics), and a finalize pass writes it.
 //! - [`SoftmaxSchedule`] (edge softmax): rows of at least `long_threshold` edges get a whole
 //!   thread block per (row, head); the others a group of lanes sized to the mean degree.
+//! - [`HybridUnits`] (hybrid kernels): each 16-row window's tensor-core blocks and CUDA-core
+//!   edges, heavy windows cut into parts merged in-kernel, largest first.
+//!
+//! The fused tensor-core kernel's window schedule (`fused::tc`) cuts windows the same way and
+//! shares [`MAX_WINDOW_PARTS`].
 
-use spattn_formats::Csr;
+use spattn_formats::{Csr, HybridBlocks, HybridSplit};
+
+use crate::error::{Error, Result};
+
+/// Most units one window is cut into (a kernel's in-kernel merge reads every part).
+pub(crate) const MAX_WINDOW_PARTS: usize = 64;
+/// Marks a unit whose window is not split.
+pub(crate) const NOT_SPLIT: u32 = u32::MAX;
+/// Rows per hybrid window.
+const HYBRID_ROWS: usize = HybridBlocks::WINDOW_ROWS;
+
+/// Work units for a persistent hybrid kernel: unit `u` covers tensor-core blocks
+/// `tc_begin..tc_end` and CUDA-core edges `cd_begin..cd_end` of one window.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct HybridUnits {
+    /// 8 per unit: window, tc_begin, tc_end, part (or [`NOT_SPLIT`]), cd_begin, cd_end,
+    /// split window index (or [`NOT_SPLIT`]), and `tc_value_first[w] - window_offsets[w]`
+    /// (wrapping): block `b`'s values in [`HybridSplit::tc_values`] are block `b + that`.
+    pub units: Vec<u32>,
+    /// Per split window `s`, its parts are `split_part_first[s]..split_part_first[s + 1]`.
+    pub split_part_first: Vec<u32>,
+}
+
+impl HybridUnits {
+    /// Work units of `split` (a threshold's split of `blocks`), largest first: each window's
+    /// cost is `tc blocks · block_cost + cd edges · edge_cost`; a window costing more than
+    /// `max_cost` is cut into up to [`MAX_WINDOW_PARTS`] units, each with an even share of its
+    /// tensor-core blocks and of its CUDA-core edges. Windows without edges keep one (empty)
+    /// unit, so a kernel writes their zero rows.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for costs that are not positive and finite.
+    pub(crate) fn new(
+        blocks: &HybridBlocks,
+        split: &HybridSplit,
+        block_cost: f64,
+        edge_cost: f64,
+        max_cost: f64,
+    ) -> Result<Self> {
+        for (what, x) in [
+            ("hybrid block cost", block_cost),
+            ("hybrid edge cost", edge_cost),
+            ("hybrid unit cost", max_cost),
+        ] {
+            if !(x.is_finite() && x > 0.0) {
+                return Err(Error::InvalidArgument {
+                    what,
+                    why: format!("{x}: must be positive and finite"),
+                });
+            }
+        }
+        let (offsets, dense_end) = (blocks.window_offsets(), split.dense_end());
+        let (cd_rows, value_first) = (split.cd_row_offsets(), split.tc_value_first());
+        let n_rows = blocks.n_rows();
+        // (cost, [window, tc_begin, tc_end, part, cd_begin, cd_end, split, value base])
+        let mut units: Vec<(f64, [u32; 8])> = Vec::with_capacity(blocks.n_windows());
+        let mut split_part_first = vec![0u32];
+        let mut n_parts = 0u32;
+        for w in 0..blocks.n_windows() {
+            let tc = offsets[w]..dense_end[w];
+            let rows = (w * HYBRID_ROWS).min(n_rows)..((w + 1) * HYBRID_ROWS).min(n_rows);
+            let cd = cd_rows[rows.start]..cd_rows[rows.end];
+            let (nb, ne) = ((tc.end - tc.start) as usize, (cd.end - cd.start) as usize);
+            let cost = nb as f64 * block_cost + ne as f64 * edge_cost;
+            let parts = ((cost / max_cost).ceil() as usize).clamp(1, MAX_WINDOW_PARTS);
+            // No more parts than there is work to share (a part of a pair of blocks or of one
+            // edge at least).
+            let parts = parts.min(nb.div_ceil(2) + ne).max(1);
+            // Windows fit u32: the block offsets do (HybridBlocks' invariant).
+            let w32 = w as u32;
+            let wbase = value_first[w].wrapping_sub(offsets[w]);
+            if parts == 1 {
+                units.push((
+                    cost,
+                    [
+                        w32, tc.start, tc.end, NOT_SPLIT, cd.start, cd.end, NOT_SPLIT, wbase,
+                    ],
+                ));
+                continue;
+            }
+            let split_index = (split_part_first.len() - 1) as u32;
+            let pairs = nb.div_ceil(2);
+            for p in 0..parts {
+                let b0 = (tc.start as usize + 2 * (pairs * p / parts)).min(tc.end as usize) as u32;
+                let b1 =
+                    (tc.start as usize + 2 * (pairs * (p + 1) / parts)).min(tc.end as usize) as u32;
+                let e0 = cd.start + (ne * p / parts) as u32;
+                let e1 = cd.start + (ne * (p + 1) / parts) as u32;
+                let c = f64::from(b1 - b0) * block_cost + f64::from(e1 - e0) * edge_cost;
+                units.push((
+                    c,
+                    [w32, b0, b1, n_parts + p as u32, e0, e1, split_index, wbase],
+                ));
+            }
+            n_parts += parts as u32;
+            split_part_first.push(n_parts);
+        }
+        // Largest first; stable, so equal costs keep the window order.
+        units.sort_by(|a, b| b.0.total_cmp(&a.0));
+        Ok(Self {
+            units: units.iter().flat_map(|u| u.1).collect(),
+            split_part_first,
+        })
+    }
+
+    /// Number of units.
+    pub(crate) fn n_units(&self) -> usize {
+        self.units.len() / 8
+    }
+    /// Number of split windows.
+    pub(crate) fn n_split(&self) -> usize {
+        self.split_part_first.len().saturating_sub(1)
+    }
+    /// Number of partials (units of split windows).
+    pub(crate) fn n_parts(&self) -> usize {
+        self.split_part_first.last().map_or(0, |&p| p as usize)
+    }
+}
 
 /// Marks a unit whose row is not split (it writes its output row directly).
 pub const NO_SLOT: u32 = u32::MAX;
@@ -151,6 +272,63 @@ pub fn vector_width(head_dim: usize, elem_bytes: usize) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn check_hybrid_units(blocks: &HybridBlocks, s: &HybridSplit, u: &HybridUnits) {
+        let mut tc_seen = vec![0u32; blocks.n_blocks()];
+        let mut cd_seen = vec![0u32; s.cd_edges()];
+        let mut windows = vec![false; blocks.n_windows()];
+        for un in u.units.chunks(8) {
+            windows[un[0] as usize] = true;
+            for b in un[1]..un[2] {
+                tc_seen[b as usize] += 1;
+            }
+            for e in un[4]..un[5] {
+                cd_seen[e as usize] += 1;
+            }
+            assert_eq!(un[3] == NOT_SPLIT, un[6] == NOT_SPLIT);
+            if un[6] != NOT_SPLIT {
+                let sp = un[6] as usize;
+                assert!(u.split_part_first[sp] <= un[3] && un[3] < u.split_part_first[sp + 1]);
+            }
+        }
+        assert!(windows.iter().all(|&w| w));
+        for w in 0..blocks.n_windows() {
+            for b in blocks.window_blocks(w) {
+                assert_eq!(tc_seen[b], u32::from((b as u32) < s.dense_end()[w]));
+            }
+        }
+        assert!(cd_seen.iter().all(|&c| c == 1));
+    }
+
+    #[test]
+    fn hybrid_units_cover_every_block_and_edge_once() {
+        // Window 0 dense (16 rows × 400 columns) and split, window 1 one row; thresholds from
+        // all tensor cores to all CUDA cores.
+        let mut edges: Vec<(u32, u32)> = (0..16)
+            .flat_map(|r| (0..400).map(move |c| (r, c)))
+            .collect();
+        edges.extend((16..40).map(|r| (r, r % 7)));
+        let a = Csr::from_edges(40, 400, &edges).unwrap();
+        let blocks = HybridBlocks::from_csr(&a).unwrap();
+        for t in [0.0, 0.25, 0.5, 2.0] {
+            let s = blocks.classify(t).unwrap();
+            let u = HybridUnits::new(&blocks, &s, 1.0, 1.0, 5.0).unwrap();
+            check_hybrid_units(&blocks, &s, &u);
+            let coarse = HybridUnits::new(&blocks, &s, 3.0, 1.0, 40.0).unwrap();
+            check_hybrid_units(&blocks, &s, &coarse);
+        }
+        // One heavy window and one empty row: only the heavy window is split.
+        let heavy: Vec<(u32, u32)> = (0..16)
+            .flat_map(|r| (0..400).map(move |c| (r, c)))
+            .collect();
+        let blocks = HybridBlocks::from_csr(&Csr::from_edges(17, 400, &heavy).unwrap()).unwrap();
+        let s = blocks.classify(0.5).unwrap();
+        let u = HybridUnits::new(&blocks, &s, 1.0, 1.0, 5.0).unwrap();
+        check_hybrid_units(&blocks, &s, &u);
+        assert_eq!(u.n_split(), 1);
+        assert!(u.n_parts() > 1 && u.n_parts() <= MAX_WINDOW_PARTS);
+        assert!(HybridUnits::new(&blocks, &s, 0.0, 1.0, 1.0).is_err());
+    }
 
     #[test]
     fn row_units_example() -> std::result::Result<(), Box<dyn std::error::Error>> {

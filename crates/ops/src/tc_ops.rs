@@ -116,7 +116,7 @@ fn elementwise_grid(items: usize) -> Result<LaunchConfig> {
 /// [module documentation](self)). Every element of `scores` is written.
 ///
 /// Errors: [`Error::ShapeMismatch`] / [`Error::LengthMismatch`] naming the operand,
-/// [`Error::WrongDevice`], [`Error::UnsupportedComputeCapability`] below 8.0,
+/// [`Error::ForeignGpu`], [`Error::UnsupportedComputeCapability`] below 8.0,
 /// [`Error::TooLarge`] past the kernels' 32-bit sizes or 65 535 heads.
 pub fn sddmm<T: DType>(
     gpu: &Gpu,

@@ -624,7 +624,7 @@ fn tc_shape_errors_are_typed() {
     // Another handle's buffers are refused.
     let other = Gpu::new(0).unwrap();
     let e = tc_ops::sddmm(&other, &dev, &q, &q, 1.0, &mut s).unwrap_err();
-    assert!(matches!(e, spattn_ops::Error::WrongDevice { .. }), "{e}");
+    assert!(matches!(e, spattn_ops::Error::ForeignGpu { .. }), "{e}");
 }
 
 /// Median GPU time of `f` over `runs` runs after 3 warm-up runs, in ms.

@@ -49,7 +49,7 @@ const WINDOW_ROWS: usize = BSB_WINDOW_ROWS;
 /// Fewest blocks a unit of a split window can get.
 const MIN_CHUNK: usize = 4;
 /// Most units one window is cut into (the in-kernel merge reads every part).
-const MAX_PARTS: usize = 64;
+const MAX_PARTS: usize = crate::schedule::MAX_WINDOW_PARTS;
 /// Floats of a group's merge scratch in shared memory (`BSB_MERGE_FLOATS` in the kernel).
 const MERGE_FLOATS: usize = BSB_MERGE_FLOATS;
 /// Marks a unit whose window is not split (`SPATTN_NONE` in the kernel).
@@ -448,7 +448,7 @@ impl FusedTensorCore {
     ///
     /// Errors: [`Error::InvalidArgument`] for another dtype than planned or a scale whose
     /// log2-domain value is not finite, [`Error::ShapeMismatch`] naming the operand,
-    /// [`Error::WrongDevice`] for an operand of another GPU handle, a failed launch.
+    /// [`Error::ForeignGpu`] for an operand of another GPU handle, a failed launch.
     #[allow(clippy::too_many_arguments)]
     pub fn forward<T: DType>(
         &mut self,
