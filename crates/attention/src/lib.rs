@@ -47,6 +47,8 @@ pub use plan::AttentionPlan;
 pub use spattn_ops::fused::HybridInfo;
 
 // What a user of the plans needs from the crates beneath.
+/// The 16-bit element types of f16 and bf16 plans (the `half` crate's).
+pub use half::{bf16, f16};
 pub use spattn_formats::{
     read_edge_list, read_matrix_market, rmat, Coo, Csr, EdgeListOptions, RmatConfig,
 };
