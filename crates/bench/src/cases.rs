@@ -103,8 +103,20 @@ impl IndexReads {
     };
 }
 
-/// Peers of the attention algorithms (peers/torch_peers.py names).
-pub const ATTENTION_PEERS: &[&str] = &["torch_sparse_attention", "pyg_attention", "dense_sdpa"];
+/// Peers of the attention algorithms (the names of peers/torch_peers.py and peers/fused_peers.py).
+pub const ATTENTION_PEERS: &[&str] = &[
+    "torch_sparse_attention",
+    "pyg_attention",
+    "dense_sdpa",
+    "flex_attention",
+    "flex_attention_rcm",
+    "flashinfer_bsr",
+    "fused3s",
+    "fused3s_scaleqk",
+    "flashsparse",
+    "dfgnn_tiling",
+    "dfgnn_hyper",
+];
 
 /// One benchmark case.
 #[derive(Clone, Copy, Debug)]

@@ -185,8 +185,13 @@ pub struct ReportArgs {
     #[arg(long = "svg", value_name = "FILE")]
     pub svg: Option<PathBuf>,
 
-    /// Overwrites --out and --svg even where they exist and were not generated from the same
-    /// inputs (a report refuses that by default).
+    /// Also writes the full tables (every graph, shape, dtype, case and peer) to FILE; --out
+    /// is then one page that links to them. Without it, --out holds the full tables.
+    #[arg(long = "full", value_name = "FILE")]
+    pub full: Option<PathBuf>,
+
+    /// Overwrites --out, --full and --svg even where they exist and were not generated from
+    /// the same inputs (a report refuses that by default).
     #[arg(long = "force")]
     pub force: bool,
 
@@ -195,6 +200,10 @@ pub struct ReportArgs {
     /// layers), kept with their own GPU, commit and command so a regeneration keeps them.
     #[arg(long = "append", value_name = "FILE")]
     pub append: Vec<PathBuf>,
+
+    /// Markdown appended verbatim after the full tables (--full).
+    #[arg(long = "append-full", value_name = "FILE")]
+    pub append_full: Vec<PathBuf>,
 }
 
 impl ReportArgs {

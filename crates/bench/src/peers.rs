@@ -111,13 +111,33 @@ impl Peers {
             .iter()
             .filter_map(|peer| self.find(peer, graph, heads, head_dim, dtype))
             .filter(|r| r.nnz == nnz)
-            .map(|r| PeerComparison {
-                peer: r.peer.clone(),
-                median_ms: r.median_ms,
-                dtype_used: r.dtype_used.clone().unwrap_or_else(|| r.dtype.clone()),
-                ratio: our_ms.filter(|t| *t > 0.0).map(|t| r.median_ms / t),
-            })
+            .map(|r| r.compared_with(our_ms))
             .collect()
+    }
+}
+
+impl PeerRecord {
+    /// This record next to one of our cases timed `our_ms`: the ratio (peer / ours) where the
+    /// peer ran; its error, status and form either way.
+    pub fn compared_with(&self, our_ms: Option<f64>) -> PeerComparison {
+        let ratio = match (self.ran(), self.median_ms, our_ms) {
+            (true, Some(peer), Some(ours)) if ours > 0.0 => Some(peer / ours),
+            _ => None,
+        };
+        PeerComparison {
+            peer: self.peer.clone(),
+            median_ms: self.median_ms,
+            dtype_used: self
+                .dtype_used
+                .clone()
+                .unwrap_or_else(|| self.dtype.clone()),
+            ratio,
+            rel_err: self.rel_err,
+            ok: self.ok,
+            status: self.status.clone(),
+            reason: self.reason.clone(),
+            variant: self.variant.clone(),
+        }
     }
 }
 
@@ -134,11 +154,17 @@ mod tests {
             head_dim: 64,
             dtype: "f16".into(),
             peer: peer.into(),
-            median_ms: ms,
+            median_ms: Some(ms),
             dtype_used: None,
             note: None,
             gpu: None,
             torch: None,
+            status: "ok".into(),
+            reason: None,
+            variant: None,
+            rel_err: None,
+            tolerance: None,
+            ok: None,
         }
     }
 

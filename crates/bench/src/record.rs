@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Version of this layout; bumped when a field changes meaning.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// Everything one run measured.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -200,15 +200,34 @@ pub struct CaseRecord {
 pub struct PeerComparison {
     /// Peer name (`torch_sparse_attention`, `cusparse_spmm`, …).
     pub peer: String,
-    /// The peer's median time.
-    pub median_ms: f64,
+    /// The peer's median time (`null` where it could not run the case).
+    pub median_ms: Option<f64>,
     /// The element type the peer actually ran in (cuSPARSE may fall back to f32).
     pub dtype_used: String,
     /// Peer time / our time: above 1, spattn is faster.
     pub ratio: Option<f64>,
+    /// The peer's `‖out − ref‖ / ‖ref‖` against the f64 reference, where measured.
+    #[serde(default)]
+    pub rel_err: Option<f64>,
+    /// Whether that error is within the dtype's tolerance (`null`: not measured).
+    #[serde(default)]
+    pub ok: Option<bool>,
+    /// `ok`, `unsupported`, `oom` or `error` (see [`PeerRecord::status`]).
+    #[serde(default = "status_ok")]
+    pub status: String,
+    /// Why the peer could not run the case.
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// The form of the peer that was timed (the fastest its users can find).
+    #[serde(default)]
+    pub variant: Option<String>,
 }
 
-/// A record of peers/torch_peers.py.
+fn status_ok() -> String {
+    "ok".to_string()
+}
+
+/// A record of the peer scripts (`peers/torch_peers.py`, `peers/fused_peers.py`).
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct PeerRecord {
     /// Graph name.
@@ -225,8 +244,8 @@ pub struct PeerRecord {
     pub dtype: String,
     /// Peer name.
     pub peer: String,
-    /// Median time, ms.
-    pub median_ms: f64,
+    /// Median time, ms (`null` where the peer could not run the case).
+    pub median_ms: Option<f64>,
     /// The element type it ran in.
     #[serde(default)]
     pub dtype_used: Option<String>,
@@ -239,6 +258,33 @@ pub struct PeerRecord {
     /// torch version.
     #[serde(default)]
     pub torch: Option<String>,
+    /// `ok` (ran; its time and error are measured), `unsupported` (a shape, dtype or size the
+    /// peer cannot take, or would not fit), `oom` (ran out of GPU memory), `error` (failed or
+    /// crashed). Older records have none: `ok`.
+    #[serde(default = "status_ok")]
+    pub status: String,
+    /// Why it did not run, in one line.
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// The form that was timed (layout, dtype, kernel variant).
+    #[serde(default)]
+    pub variant: Option<String>,
+    /// `‖out − ref‖ / ‖ref‖` against the f64 reference.
+    #[serde(default)]
+    pub rel_err: Option<f64>,
+    /// The tolerance of the dtype asked for.
+    #[serde(default)]
+    pub tolerance: Option<f64>,
+    /// `rel_err ≤ tolerance` (false on NaN).
+    #[serde(default)]
+    pub ok: Option<bool>,
+}
+
+impl PeerRecord {
+    /// Whether the peer ran the case and has a time.
+    pub fn ran(&self) -> bool {
+        self.status == "ok" && self.median_ms.is_some()
+    }
 }
 
 /// `secs` since the Unix epoch as an RFC 3339 UTC date, `2025-01-31T12:00:00Z`.

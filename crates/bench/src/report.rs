@@ -22,8 +22,8 @@ use crate::run::read_json;
 use crate::table::{fmt_ms, fmt_ratio, thousands};
 use crate::timing::geo_mean;
 
-/// The peer the chart compares with.
-pub const CHART_PEER: &str = "torch_sparse_attention";
+/// Our case the chart compares with every peer.
+pub const CHART_CASE: &str = "auto";
 
 /// The comment every generated file carries, followed by the fingerprint of its inputs: a file
 /// is overwritten only where it carries the same one (or with `--force`).
@@ -44,30 +44,92 @@ pub fn report(args: &ReportArgs) -> Result<Vec<PathBuf>> {
     for path in &args.peers {
         extra.extend(read_peers(path)?);
     }
-    let appended = args
-        .append
-        .iter()
-        .map(|p| std::fs::read_to_string(p).map_err(|e| io_error("read", p, e)))
-        .collect::<Result<Vec<_>>>()?;
-    let mark = marker(args.json.iter().chain(&args.peers).chain(&args.append))?;
+    let read_all = |paths: &[PathBuf]| {
+        paths
+            .iter()
+            .map(|p| std::fs::read_to_string(p).map_err(|e| io_error("read", p, e)))
+            .collect::<Result<Vec<_>>>()
+    };
+    let appended = read_all(&args.append)?;
+    let appended_full = read_all(&args.append_full)?;
+    let mark = marker(
+        args.json
+            .iter()
+            .chain(&args.peers)
+            .chain(&args.append)
+            .chain(&args.append_full),
+    )?;
     let svg_path = args.svg_path();
-    for path in [&args.out, &svg_path] {
+    let full_path = args.full.clone();
+    for path in std::iter::once(&args.out)
+        .chain(std::iter::once(&svg_path))
+        .chain(full_path.iter())
+    {
         check_overwrite(path, &mark, args.force)?;
     }
     let data = ReportData::new(&runs, extra);
     let svg = chart_svg(&data)? + &format!("\n<!-- {mark} -->\n");
-    let link = relative_to(&svg_path, &args.out);
-    let inputs: Vec<String> = args.json.iter().map(|p| p.display().to_string()).collect();
-    let mut md = markdown(&data, Some(&link), &inputs);
-    for text in &appended {
-        md.push('\n');
-        md.push_str(text.trim_end());
-        md.push('\n');
-    }
-    md.push_str(&format!("\n<!-- {mark} -->\n"));
+    let inputs: Vec<String> = args.json.iter().map(|p| file_label(p)).collect();
+    let with_tail = |mut md: String, tails: &[String]| {
+        for text in tails {
+            md.push('\n');
+            md.push_str(text.trim_end());
+            md.push('\n');
+        }
+        md.push_str(&format!("\n<!-- {mark} -->\n"));
+        md
+    };
+    let mut written = vec![args.out.clone(), svg_path.clone()];
     write_file(&svg_path, &svg)?;
-    write_file(&args.out, &md)?;
-    Ok(vec![args.out.clone(), svg_path])
+    match &full_path {
+        Some(full) => {
+            let links = Links {
+                svg: Some(relative_to(&svg_path, &args.out)),
+                full: Some(relative_to(full, &args.out)),
+            };
+            let full_links = Links {
+                svg: Some(relative_to(&svg_path, full)),
+                full: None,
+            };
+            write_file(
+                full,
+                &with_tail(markdown(&data, &full_links, &inputs), &appended_full),
+            )?;
+            write_file(
+                &args.out,
+                &with_tail(page_markdown(&data, &links, &inputs), &appended),
+            )?;
+            written.push(full.clone());
+        }
+        None => {
+            let links = Links {
+                svg: Some(relative_to(&svg_path, &args.out)),
+                full: None,
+            };
+            let tails: Vec<String> = appended.into_iter().chain(appended_full).collect();
+            write_file(
+                &args.out,
+                &with_tail(markdown(&data, &links, &inputs), &tails),
+            )?;
+        }
+    }
+    Ok(written)
+}
+
+/// Where the generated files point to, relative to the file being written.
+#[derive(Clone, Debug, Default)]
+pub struct Links {
+    /// The chart.
+    pub svg: Option<String>,
+    /// The full tables (from the one-page report).
+    pub full: Option<String>,
+}
+
+/// A file name for the report's provenance line (folders are the machine's, not the result's).
+fn file_label(path: &Path) -> String {
+    path.file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string())
 }
 
 /// The marker of a report made from `inputs`: [`MARKER`] and an FNV-1a hash of their bytes.
@@ -194,7 +256,8 @@ impl<'a> ReportData<'a> {
             }
             let appearance = order.iter().position(|x| *x == c.case).unwrap_or(0);
             for p in comps {
-                if let Some(r) = p.ratio {
+                // Only where the peer ran within tolerance: a fast wrong answer is no win.
+                if let Versus::Faster(r) = versus(p) {
                     let key = (
                         usize::from(c.kind == "op"),
                         peer_rank(&p.peer),
@@ -219,42 +282,42 @@ impl<'a> ReportData<'a> {
             .collect()
     }
 
-    /// Per graph, per algorithm case: the geo-mean speedup over [`CHART_PEER`].
+    /// Per graph, per peer: `auto`'s geo-mean speedup over the peer (configurations where the
+    /// peer ran within tolerance).
     pub fn chart_series(&self) -> ChartData {
         let mut graphs: Vec<String> = Vec::new();
-        let mut cases: Vec<String> = Vec::new();
+        let mut peers: Vec<String> = Vec::new();
         let mut ratios: BTreeMap<(String, String), Vec<f64>> = BTreeMap::new();
-        for (c, comps) in &self.cases {
-            let Some(r) = comps
-                .iter()
-                .find(|p| p.peer == CHART_PEER)
-                .and_then(|p| p.ratio)
-            else {
-                continue;
-            };
-            if !graphs.contains(&c.graph) {
-                graphs.push(c.graph.clone());
+        for (c, comps) in self.cases.iter().filter(|(c, _)| c.case == CHART_CASE) {
+            for p in comps {
+                let Versus::Faster(r) = versus(p) else {
+                    continue;
+                };
+                if !graphs.contains(&c.graph) {
+                    graphs.push(c.graph.clone());
+                }
+                if !peers.contains(&p.peer) {
+                    peers.push(p.peer.clone());
+                }
+                ratios
+                    .entry((c.graph.clone(), p.peer.clone()))
+                    .or_default()
+                    .push(r);
             }
-            if !cases.contains(&c.case) {
-                cases.push(c.case.clone());
-            }
-            ratios
-                .entry((c.graph.clone(), c.case.clone()))
-                .or_default()
-                .push(r);
         }
-        let series = cases
+        peers.sort_by_key(|p| (peer_rank(p), p.clone()));
+        let series = peers
             .into_iter()
-            .map(|case| {
+            .map(|peer| {
                 let values = graphs
                     .iter()
                     .map(|g| {
                         ratios
-                            .get(&(g.clone(), case.clone()))
+                            .get(&(g.clone(), peer.clone()))
                             .and_then(|rs| geo_mean(rs.iter().copied()))
                     })
                     .collect();
-                ChartSeries { case, values }
+                ChartSeries { case: peer, values }
             })
             .collect();
         ChartData { graphs, series }
@@ -289,21 +352,16 @@ fn comparisons(peers: &Peers, c: &CaseRecord, nnz: Option<u64>, gpu: bool) -> Ve
             .find(name, &c.graph, c.heads, c.head_dim, &c.dtype)
             .filter(|r| nnz.is_none_or(|n| n == r.nnz));
         match found {
-            Some(r) => out.push(PeerComparison {
-                peer: r.peer.clone(),
-                median_ms: r.median_ms,
-                dtype_used: r.dtype_used.clone().unwrap_or_else(|| r.dtype.clone()),
-                ratio: c.median_ms.filter(|t| *t > 0.0).map(|t| r.median_ms / t),
-            }),
+            Some(r) => out.push(r.compared_with(c.median_ms)),
             None => out.extend(c.peers.iter().filter(|p| p.peer == name).cloned()),
         }
     }
     out
 }
 
-/// The markdown of the report; `svg` is the chart's link relative to the markdown file,
-/// `inputs` the JSON files it was made from.
-pub fn markdown(data: &ReportData<'_>, svg: Option<&str>, inputs: &[String]) -> String {
+/// The full report: every case of every graph with every peer; `links` relative to the
+/// markdown file, `inputs` the JSON files it was made from.
+pub fn markdown(data: &ReportData<'_>, links: &Links, inputs: &[String]) -> String {
     let mut md = String::new();
     let w = &mut md;
     let _ = writeln!(w, "# spattn benchmarks\n");
@@ -331,10 +389,329 @@ pub fn markdown(data: &ReportData<'_>, svg: Option<&str>, inputs: &[String]) -> 
         );
     }
     header(w, data.runs);
-    summary(w, data, svg);
+    summary(w, data, links.svg.as_deref());
+    auto_summary(w, data);
+    peer_limits(w, data);
     results(w, data);
     reproduce(w, data.runs);
     md
+}
+
+/// The one-page report: what was measured, `auto` against each peer per dtype, the key
+/// configurations, what the peers could not run, how to reproduce; the full tables linked.
+pub fn page_markdown(data: &ReportData<'_>, links: &Links, inputs: &[String]) -> String {
+    let mut md = String::new();
+    let w = &mut md;
+    let _ = writeln!(w, "# spattn benchmarks\n");
+    let _ = writeln!(
+        w,
+        "<!-- Generated by `spattn-bench report` from {}; regenerate it rather than editing it. -->\n",
+        inputs.join(", ")
+    );
+    let _ = writeln!(
+        w,
+        "Sparse graph attention `out = softmax(scale · QKᵀ masked by A) · V` (scale = 1/√head_dim) \
+         against the peers a user would pick today, measured in the same device calls on the \
+         same GPU, each peer in the fastest form found for it and with its accuracy against the \
+         same f64 reference as ours. `auto` is what a user gets: fused-tc for f16/bf16, \
+         fused-csr for f32.\n"
+    );
+    header(w, data.runs);
+    auto_summary(w, data);
+    if let Some(svg) = &links.svg {
+        let _ = writeln!(
+            w,
+            "![auto's speedup over each peer (peer time / spattn time), per graph]({svg})\n"
+        );
+    }
+    key_results(w, data);
+    peer_limits(w, data);
+    if let Some(full) = &links.full {
+        let _ = writeln!(
+            w,
+            "Every graph, shape, dtype and algorithm, with the ops and the HBM floor: \
+             [the full tables]({full}).\n"
+        );
+    }
+    reproduce(w, data.runs);
+    md
+}
+
+/// One `auto` case against one peer, as the summaries count it.
+enum Versus {
+    /// The peer ran within tolerance: peer time / ours.
+    Faster(f64),
+    /// The peer ran but its error exceeds the tolerance (its time is not a win).
+    Wrong,
+    /// The peer could not run the case (unsupported, out of memory, an error).
+    Limit,
+}
+
+fn versus(p: &PeerComparison) -> Versus {
+    match (p.status.as_str(), p.ok, p.ratio) {
+        ("ok", Some(false), _) => Versus::Wrong,
+        ("ok", _, Some(r)) => Versus::Faster(r),
+        _ => Versus::Limit,
+    }
+}
+
+/// The attention peers present in `data`, in registry order.
+fn attention_peers_present(data: &ReportData<'_>) -> Vec<String> {
+    let mut peers: Vec<String> = Vec::new();
+    for (c, comps) in &data.cases {
+        if c.kind != "algorithm" {
+            continue;
+        }
+        for p in comps {
+            if !peers.contains(&p.peer) {
+                peers.push(p.peer.clone());
+            }
+        }
+    }
+    peers.sort_by_key(|p| (peer_rank(p), p.clone()));
+    peers
+}
+
+/// `auto` against each attention peer, per dtype: geo-mean and smallest ratio over the cases
+/// the peer ran correctly, how many it got wrong or could not run, and the errors.
+fn auto_summary(w: &mut String, data: &ReportData<'_>) {
+    let peers = attention_peers_present(data);
+    let autos: Vec<&(&CaseRecord, Vec<PeerComparison>)> = data
+        .cases
+        .iter()
+        .filter(|(c, _)| c.case == "auto")
+        .collect();
+    if autos.is_empty() || peers.is_empty() {
+        return;
+    }
+    let _ = writeln!(w, "## `auto` against each peer\n");
+    let _ = writeln!(
+        w,
+        "Ratio = peer time / spattn time (above 1: spattn is faster), geometric mean and smallest \
+         over the configurations where the peer ran and its output is within the dtype's \
+         tolerance. ✗: the peer ran but its error exceeds the tolerance (its time is not \
+         counted as a win). limit: the peer cannot run the configuration (see below). Errors are \
+         ‖out − ref‖ / ‖ref‖ against the f64 reference, the largest over the configurations \
+         the peer ran.\n"
+    );
+    let _ = writeln!(
+        w,
+        "| peer | dtype | geo-mean | min | configs | ✗ | limit | peer max error | spattn max error |"
+    );
+    let _ = writeln!(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|");
+    let mut dtypes: Vec<&str> = autos.iter().map(|(c, _)| c.dtype.as_str()).collect();
+    dtypes.sort();
+    dtypes.dedup();
+    for peer in &peers {
+        for dtype in &dtypes {
+            let (mut ratios, mut wrong, mut limit) = (Vec::new(), 0, 0);
+            let (mut peer_err, mut our_err) = (None::<f64>, None::<f64>);
+            for (c, comps) in autos.iter().filter(|(c, _)| c.dtype == *dtype) {
+                let Some(p) = comps.iter().find(|p| &p.peer == peer) else {
+                    continue;
+                };
+                match versus(p) {
+                    Versus::Faster(r) => ratios.push(r),
+                    Versus::Wrong => wrong += 1,
+                    Versus::Limit => limit += 1,
+                }
+                if p.status == "ok" {
+                    peer_err = max_opt(peer_err, p.rel_err);
+                    our_err = max_opt(our_err, c.rel_error);
+                }
+            }
+            if ratios.is_empty() && wrong == 0 && limit == 0 {
+                continue;
+            }
+            let min = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+            let dash = || "–".to_string();
+            let _ = writeln!(
+                w,
+                "| {peer} | {dtype} | {} | {} | {} | {wrong} | {limit} | {} | {} |",
+                geo_mean(ratios.iter().copied())
+                    .map(fmt_ratio)
+                    .unwrap_or_else(dash),
+                if ratios.is_empty() {
+                    dash()
+                } else {
+                    fmt_ratio(min)
+                },
+                ratios.len(),
+                peer_err.map(|e| format!("{e:.1e}")).unwrap_or_else(dash),
+                our_err.map(|e| format!("{e:.1e}")).unwrap_or_else(dash),
+            );
+        }
+    }
+    let _ = writeln!(w);
+}
+
+fn max_opt(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.max(y)),
+        (x, None) => x,
+        (None, y) => y,
+    }
+}
+
+/// Graphs the one-page report shows configuration by configuration, where present.
+const KEY_GRAPHS: &[&str] = &["cora", "pubmed", "ogbn-arxiv", "rmat-18", "rmat-20"];
+/// (heads, head_dim) of the key configurations.
+const KEY_SHAPES: &[(u32, u32)] = &[(1, 128), (8, 64)];
+
+/// `auto` and every attention peer on the key graphs and shapes.
+fn key_results(w: &mut String, data: &ReportData<'_>) {
+    let peers = attention_peers_present(data);
+    let autos: Vec<&(&CaseRecord, Vec<PeerComparison>)> = data
+        .cases
+        .iter()
+        .filter(|(c, _)| c.case == "auto")
+        .collect();
+    // The key graphs and shapes where the runs have them, else every one they have.
+    let graphs_here = autos
+        .iter()
+        .any(|(c, _)| KEY_GRAPHS.contains(&c.graph.as_str()));
+    let shapes_here = autos
+        .iter()
+        .any(|(c, _)| KEY_SHAPES.contains(&(c.heads, c.head_dim)));
+    let rows: Vec<&(&CaseRecord, Vec<PeerComparison>)> = autos
+        .into_iter()
+        .filter(|(c, _)| {
+            (!graphs_here || KEY_GRAPHS.contains(&c.graph.as_str()))
+                && (!shapes_here || KEY_SHAPES.contains(&(c.heads, c.head_dim)))
+        })
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(w, "## Key configurations\n");
+    let _ = writeln!(
+        w,
+        "`auto`'s time (ms) and error; each peer's time, in brackets peer time / ours, and its \
+         error (✓ within tolerance, ✗ not); † the peer ran in another dtype; a limit names why \
+         the peer did not run.\n"
+    );
+    let _ = write!(w, "| graph | H | D | dtype | auto (ms) | error |");
+    for p in &peers {
+        let _ = write!(w, " {p} |");
+    }
+    let _ = write!(w, "\n|---|--:|--:|---|--:|--:|");
+    for _ in &peers {
+        let _ = write!(w, "--:|");
+    }
+    let _ = writeln!(w);
+    let mut sorted = rows;
+    sorted.sort_by_key(|(c, _)| {
+        (
+            KEY_GRAPHS.iter().position(|g| *g == c.graph),
+            c.dtype.clone(),
+            c.heads,
+            c.head_dim,
+        )
+    });
+    for (c, comps) in sorted {
+        let _ = write!(
+            w,
+            "| {} | {} | {} | {} | {} | {} |",
+            c.graph,
+            c.heads,
+            c.head_dim,
+            c.dtype,
+            c.median_ms.map(fmt_ms).unwrap_or_else(|| "–".into()),
+            our_error(c)
+        );
+        for p in &peers {
+            let _ = write!(w, " {} |", peer_cell(comps, p, &c.dtype, true));
+        }
+        let _ = writeln!(w);
+    }
+    let _ = writeln!(w);
+}
+
+/// Every configuration a peer could not run, grouped by peer and reason.
+fn peer_limits(w: &mut String, data: &ReportData<'_>) {
+    let mut limits: BTreeMap<(String, String, String), Vec<String>> = BTreeMap::new();
+    let mut seen = std::collections::HashSet::new();
+    for (c, comps) in &data.cases {
+        for p in comps.iter().filter(|p| p.status != "ok") {
+            // One entry per (peer, graph, shape, dtype), whichever of our cases it sits beside.
+            let key = (
+                p.peer.clone(),
+                c.graph.clone(),
+                c.heads,
+                c.head_dim,
+                c.dtype.clone(),
+            );
+            if !seen.insert(key) {
+                continue;
+            }
+            limits
+                .entry((
+                    p.peer.clone(),
+                    p.status.clone(),
+                    p.reason.clone().unwrap_or_else(|| "no reason given".into()),
+                ))
+                .or_default()
+                .push(format!(
+                    "{} H{} D{} {}",
+                    c.graph, c.heads, c.head_dim, c.dtype
+                ));
+        }
+    }
+    if limits.is_empty() {
+        return;
+    }
+    let _ = writeln!(w, "## What the peers could not run\n");
+    let _ = writeln!(w, "| peer | status | reason | configurations |");
+    let _ = writeln!(w, "|---|---|---|---|");
+    for ((peer, status, reason), cases) in &limits {
+        let shown: Vec<&str> = cases.iter().take(4).map(String::as_str).collect();
+        let more = if cases.len() > 4 {
+            format!(" and {} more", cases.len() - 4)
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            w,
+            "| {peer} | {status} | {} | {} ({}){more} |",
+            reason.replace('|', "\\|"),
+            cases.len(),
+            shown.join(", ")
+        );
+    }
+    let _ = writeln!(w);
+}
+
+/// Our error cell: `1.2e-4 ✓`, `✗`, or why there is none.
+fn our_error(c: &CaseRecord) -> String {
+    match (&c.error, c.rel_error, c.passed) {
+        (Some(e), _, _) => format!("error: {}", e.replace('|', "\\|")),
+        (None, Some(e), Some(true)) => format!("{e:.1e} ✓"),
+        (None, Some(e), Some(false)) => format!("{e:.1e} ✗"),
+        (None, None, Some(false)) => "not finite ✗".into(),
+        (None, Some(e), None) => format!("{e:.1e}"),
+        (None, None, _) => "not checked".into(),
+    }
+}
+
+/// A peer's cell beside one of our cases: `time† (ratio) error ✓/✗`, or its limit.
+fn peer_cell(comps: &[PeerComparison], peer: &str, dtype: &str, with_error: bool) -> String {
+    let Some(x) = comps.iter().find(|x| x.peer == peer) else {
+        return "–".into();
+    };
+    if x.status != "ok" {
+        return x.status.clone();
+    }
+    let Some(ms) = x.median_ms else {
+        return "–".into();
+    };
+    let dagger = if x.dtype_used != dtype { "†" } else { "" };
+    let ratio = x.ratio.map(fmt_ratio).unwrap_or_else(|| "–".into());
+    let error = match (with_error, x.rel_err, x.ok) {
+        (false, _, _) | (true, None, _) => String::new(),
+        (true, Some(e), Some(false)) => format!(" {e:.1e} ✗"),
+        (true, Some(e), _) => format!(" {e:.1e} ✓"),
+    };
+    format!("{}{dagger} ({ratio}){error}", fmt_ms(ms))
 }
 
 fn header(w: &mut String, runs: &[RunRecord]) {
@@ -479,9 +856,11 @@ fn results(w: &mut String, data: &ReportData<'_>) {
          - **vs unfused-csr**: unfused-csr's time over ours (same graph, shape, dtype).\n\
          - **error**: ‖out − ref‖ / ‖ref‖ against the f64 CPU reference; ✓ within the tolerance \
          (f32 1e-5, tf32 1e-3 for f32 on tensor cores, f16 5e-3, bf16 2e-2; f32 outputs of ops 1e-5), ✗ not.\n\
-         - **peers**: their median time, and in brackets peer time / ours (above 1: spattn is \
-         faster). † the peer ran in another dtype (cuSPARSE falls back to f32 where it has no \
-         half-precision path).\n"
+         - **peers**: their median time, in brackets peer time / ours (above 1: spattn is \
+         faster), and their error against the same f64 reference (✓ within the tolerance, ✗ \
+         not). † the peer ran in another dtype (cuSPARSE falls back to f32 where it has no \
+         half-precision path). `unsupported`, `oom`, `error`: the peer could not run the \
+         configuration (reasons under \"What the peers could not run\").\n"
     );
     let mut graph_names: Vec<&str> = data.graphs.iter().map(|g| g.name.as_str()).collect();
     for (c, _) in &data.cases {
@@ -538,14 +917,6 @@ fn results(w: &mut String, data: &ReportData<'_>) {
         let _ = writeln!(w);
         for (c, comps) in rows {
             let dash = || "–".to_string();
-            let error = match (&c.error, c.rel_error, c.passed) {
-                (Some(e), _, _) => format!("error: {}", e.replace('|', "\\|")),
-                (None, Some(e), Some(true)) => format!("{e:.1e} ✓"),
-                (None, Some(e), Some(false)) => format!("{e:.1e} ✗"),
-                (None, None, Some(false)) => "not finite ✗".into(),
-                (None, Some(e), None) => format!("{e:.1e}"),
-                (None, None, _) => "not checked".into(),
-            };
             let _ = write!(
                 w,
                 "| {} | {} | {} | {} | {} | {} | {} | {} |",
@@ -558,22 +929,10 @@ fn results(w: &mut String, data: &ReportData<'_>) {
                     .map(|p| format!("{p:.1}%"))
                     .unwrap_or_else(dash),
                 c.speedup_vs_unfused.map(fmt_ratio).unwrap_or_else(dash),
-                error
+                our_error(c)
             );
             for p in &peer_cols {
-                let cell = comps
-                    .iter()
-                    .find(|x| &x.peer == p)
-                    .map(|x| {
-                        let dagger = if x.dtype_used != c.dtype { "†" } else { "" };
-                        format!(
-                            "{}{dagger} ({})",
-                            fmt_ms(x.median_ms),
-                            x.ratio.map(fmt_ratio).unwrap_or_else(dash)
-                        )
-                    })
-                    .unwrap_or_else(dash);
-                let _ = write!(w, " {cell} |");
+                let _ = write!(w, " {} |", peer_cell(comps, p, &c.dtype, true));
             }
             let _ = writeln!(w);
         }
@@ -613,9 +972,12 @@ fn reproduce(w: &mut String, runs: &[RunRecord]) {
         w,
         "```sh\n\
          cargo xtask gpu-bundle\n\
-         bash crates/bench/run_gpu_bench.sh --bundle target/gpu-bundle --out bench-results\n\
-         cargo run --release -p spattn-bench -- report --json bench-results/spattn-*.json \\\n    \
-         --out BENCHMARKS.md --svg docs/benchmarks.svg --force\n\
+         # on the GPU machine, in the bundle (peers/build_peers.sh builds the fused peers from \
+         their sources, if present):\n\
+         tar -xf bench.tar.xz && bash peers/run_gpu_bench.sh --bundle . --out results\n\
+         # back here:\n\
+         cargo run --release -p spattn-bench -- report --json results/spattn-*.json \\\n    \
+         --out BENCHMARKS.md --full docs/benchmarks-full.md --svg docs/benchmarks.svg --force\n\
          ```\n"
     );
     let _ = writeln!(w, "The runs of this report:\n\n```sh");
@@ -626,21 +988,27 @@ fn reproduce(w: &mut String, runs: &[RunRecord]) {
 }
 
 /// Bar colours of the chart, one per algorithm.
-const COLORS: [RGBColor; 6] = [
+const COLORS: [RGBColor; 12] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),
     RGBColor(214, 39, 40),
     RGBColor(148, 103, 189),
     RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
+    RGBColor(57, 59, 121),
+    RGBColor(173, 73, 74),
 ];
 
 fn plot_err<E: std::fmt::Display>(e: E) -> Error {
     Error::new(format!("drawing the chart: {e}"))
 }
 
-/// The SVG chart: per graph, each algorithm's speedup over [`CHART_PEER`] (geo-mean over the
-/// graph's shapes and dtypes), with a line at 1×. Without such data, an SVG that says so.
+/// The SVG chart: per graph, `auto`'s speedup over each peer (geo-mean over the graph's shapes
+/// and dtypes), with a line at 1×. Without such data, an SVG that says so.
 ///
 /// # Errors
 /// Drawing failures.
@@ -657,7 +1025,7 @@ pub fn chart_svg(data: &ReportData<'_>) -> Result<String> {
             let style = TextStyle::from(("sans-serif", 18).into_font())
                 .pos(Pos::new(HPos::Center, VPos::Center));
             root.draw(&Text::new(
-                format!("no {CHART_PEER} peer timings in these runs"),
+                "no peer timings of auto in these runs".to_string(),
                 (width as i32 / 2, height as i32 / 2),
                 style,
             ))
@@ -687,7 +1055,7 @@ where
     let y_max = (top * 1.45).max(1.5);
     let mut chart = ChartBuilder::on(root)
         .caption(
-            "spattn speedup over torch.sparse attention (cuSPARSE SDDMM → softmax → SpMM)",
+            "spattn auto: speedup over each peer (peer time / spattn time)",
             ("sans-serif", 18),
         )
         .margin(16)
@@ -701,7 +1069,7 @@ where
         .light_line_style(WHITE)
         .x_labels(0)
         .x_label_formatter(&|_| String::new())
-        .y_desc("speedup (torch.sparse time / spattn time)")
+        .y_desc("speedup (peer time / spattn time)")
         .y_label_formatter(&|y| format!("{y:.1}×"))
         .draw()
         .map_err(plot_err)?;
@@ -743,7 +1111,7 @@ where
             BLACK.stroke_width(1),
         ))
         .map_err(plot_err)?
-        .label("1× = torch.sparse")
+        .label("1× = the peer")
         .legend(|(x, y)| PathElement::new([(x, y), (x + 12, y)], BLACK.stroke_width(1)));
     chart
         .configure_series_labels()

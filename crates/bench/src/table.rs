@@ -167,15 +167,19 @@ impl Columns {
             .peers
             .iter()
             .map(|p| {
+                if p.status != "ok" {
+                    return format!("{} {}", p.peer, p.status);
+                }
                 let used = if p.dtype_used != r.dtype {
                     format!(" [{}]", p.dtype_used)
                 } else {
                     String::new()
                 };
+                let wrong = if p.ok == Some(false) { " ✗" } else { "" };
                 format!(
-                    "{} {} ms{used} ({})",
+                    "{} {} ms{used} ({}){wrong}",
                     p.peer,
-                    fmt_ms(p.median_ms),
+                    opt(p.median_ms, &fmt_ms),
                     opt(p.ratio, &fmt_ratio)
                 )
             })

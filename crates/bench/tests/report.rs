@@ -66,11 +66,38 @@ fn peer(graph: &str, nnz: u64, name: &str, ms: f64, used: &str) -> PeerRecord {
         head_dim: 64,
         dtype: "f16".into(),
         peer: name.into(),
-        median_ms: ms,
+        median_ms: Some(ms),
         dtype_used: Some(used.into()),
         note: None,
         gpu: Some("NVIDIA H100 80GB HBM3".into()),
         torch: Some("2.11.0".into()),
+        status: "ok".into(),
+        reason: None,
+        variant: None,
+        rel_err: None,
+        tolerance: None,
+        ok: None,
+    }
+}
+
+/// A peer that ran with a measured error (`ok` against the f16 tolerance).
+fn checked_peer(graph: &str, nnz: u64, name: &str, ms: f64, err: f64) -> PeerRecord {
+    PeerRecord {
+        rel_err: Some(err),
+        tolerance: Some(5e-3),
+        ok: Some(err <= 5e-3),
+        ..peer(graph, nnz, name, ms, "f16")
+    }
+}
+
+/// A peer that could not run the configuration.
+fn limited_peer(graph: &str, nnz: u64, name: &str, status: &str, reason: &str) -> PeerRecord {
+    PeerRecord {
+        median_ms: None,
+        dtype_used: None,
+        status: status.into(),
+        reason: Some(reason.into()),
+        ..peer(graph, nnz, name, 0.0, "f16")
     }
 }
 
@@ -111,6 +138,8 @@ fn run() -> RunRecord {
             case("cora", "fused-csr", "algorithm", 0.25, Some(2.0)),
             case("rmat-16", "unfused-csr", "algorithm", 1.0, Some(1.0)),
             case("rmat-16", "fused-csr", "algorithm", 0.8, Some(1.25)),
+            case("cora", "auto", "algorithm", 0.2, Some(2.5)),
+            case("rmat-16", "auto", "algorithm", 0.5, Some(2.0)),
         ],
         peers: vec![
             peer("cora", 13264, "torch_sparse_attention", 1.0, "f16"),
@@ -118,6 +147,18 @@ fn run() -> RunRecord {
             peer("rmat-16", 2_000_000, "torch_sparse_attention", 4.0, "f16"),
             // Another graph than ours (not symmetrized): never compared.
             peer("rmat-16", 1_000_000, "pyg_attention", 9.0, "f16"),
+            // Fast but wrong: shown with its error, not counted as a win.
+            checked_peer("cora", 13264, "fused3s", 0.1, 0.5),
+            checked_peer("rmat-16", 2_000_000, "fused3s", 1.5, 1e-3),
+            // Limits are results too.
+            limited_peer("cora", 13264, "dfgnn_tiling", "unsupported", "f32 only"),
+            limited_peer(
+                "rmat-16",
+                2_000_000,
+                "dfgnn_tiling",
+                "unsupported",
+                "f32 only",
+            ),
         ],
     }
 }
@@ -163,38 +204,54 @@ fn report_has_the_expected_ratios_and_a_chart() {
     // Per-configuration rows: times, ratios (peer / ours), the † of an f32 fallback.
     assert!(
         md.contains(
-            "| 1 | 64 | f16 | unfused-csr | 0.5000 | 0.2% | 1.00× | 1.0e-4 ✓ | 1.000 (2.00×) | – |"
+            "| 1 | 64 | f16 | unfused-csr | 0.5000 | 0.2% | 1.00× | 1.0e-4 ✓ | 1.000 (2.00×) | 0.1000 (0.20×) 5.0e-1 ✗ | unsupported | – |"
         ),
         "{md}"
     );
     assert!(
         md.contains(
-            "| 1 | 64 | f16 | fused-csr | 0.2500 | 0.4% | 2.00× | 1.0e-4 ✓ | 1.000 (4.00×) | – |"
+            "| 1 | 64 | f16 | fused-csr | 0.2500 | 0.4% | 2.00× | 1.0e-4 ✓ | 1.000 (4.00×) | 0.1000 (0.40×) 5.0e-1 ✗ | unsupported | – |"
         ),
         "{md}"
     );
     assert!(
         md.contains(
-            "| 1 | 64 | f16 | sddmm-csr | 0.1000 | 1.0% | – | 1.0e-4 ✓ | – | 0.3000† (3.00×) |"
+            "| 1 | 64 | f16 | sddmm-csr | 0.1000 | 1.0% | – | 1.0e-4 ✓ | – | – | – | 0.3000† (3.00×) |"
         ),
         "{md}"
     );
-    assert!(md.contains("| 1 | 64 | f16 | unfused-csr | 1.000 | 0.1% | 1.00× | 1.0e-4 ✓ | 4.000 (4.00×) | 2.000 (2.00×) |"), "{md}");
+    assert!(md.contains("| 1 | 64 | f16 | unfused-csr | 1.000 | 0.1% | 1.00× | 1.0e-4 ✓ | 4.000 (4.00×) | 2.000 (2.00×) | 1.500 (1.50×) 1.0e-3 ✓ | unsupported |"), "{md}");
     assert!(
         !md.contains("pyg_attention"),
         "a peer of another graph was compared:\n{md}"
     );
-    // Geo-means: unfused vs torch √(2·4), fused √(4·5), sddmm 3.
+    // Geo-means: unfused vs torch √(2·4), fused √(4·5), auto √(5·8), sddmm 3; fused3s only
+    // where it was within tolerance (rmat-16).
     // In order: algorithms (as they first appear) against each attention peer, then ops.
     let summary = [
         "| unfused-csr | torch_sparse_attention | 2.83× | 2 |",
         "| fused-csr | torch_sparse_attention | 4.47× | 2 |",
+        "| auto | torch_sparse_attention | 6.32× | 2 |",
         "| unfused-csr | dense_sdpa | 2.00× | 1 |",
         "| fused-csr | dense_sdpa | 2.50× | 1 |",
+        "| auto | dense_sdpa | 4.00× | 1 |",
+        "| unfused-csr | fused3s | 1.50× | 1 |",
+        "| fused-csr | fused3s | 1.88× | 1 |",
+        "| auto | fused3s | 3.00× | 1 |",
         "| sddmm-csr | cusparse_sddmm | 3.00× | 1 |",
     ]
     .join("\n");
     assert!(md.contains(&summary), "{md}");
+    // auto against each peer: the wrong fused3s run is a ✗, not a win; dfgnn's limits counted.
+    for want in [
+        "| torch_sparse_attention | f16 | 6.32× | 5.00× | 2 | 0 | 0 | – | 1.0e-4 |",
+        "| fused3s | f16 | 3.00× | 3.00× | 1 | 1 | 0 | 5.0e-1 | 1.0e-4 |",
+        "| dfgnn_tiling | f16 | – | – | 0 | 0 | 2 | – | – |",
+        "| dfgnn_tiling | unsupported | f32 only | 2 (cora H1 D64 f16, rmat-16 H1 D64 f16) |",
+        "| 1 | 64 | f16 | auto | 0.2000 | 0.5% | 2.50× | 1.0e-4 ✓ | 1.000 (5.00×) | 0.1000 (0.50×) 5.0e-1 ✗ | unsupported | – |",
+    ] {
+        assert!(md.contains(want), "missing {want:?} in\n{md}");
+    }
     assert!(md.contains("](docs/benchmarks.svg)"), "{md}");
     assert!(
         md.contains("## How to reproduce") && md.contains("cargo xtask gpu-bundle"),
@@ -203,17 +260,22 @@ fn report_has_the_expected_ratios_and_a_chart() {
 
     let svg = std::fs::read_to_string(&svg).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("</svg>"), "{svg}");
+    // auto against each peer that ran within tolerance, per graph: torch 5× and 8×, dense 4×,
+    // fused3s 3× on rmat-16 only.
     for want in [
         "cora",
         "rmat-16",
-        "unfused-csr",
-        "fused-csr",
-        "2.00×",
-        "4.00×",
+        "torch_sparse_attention",
+        "dense_sdpa",
+        "fused3s",
         "5.00×",
+        "8.00×",
+        "4.00×",
+        "3.00×",
     ] {
         assert!(svg.contains(want), "missing {want:?} in the SVG");
     }
+    assert!(!svg.contains("0.50×"), "the wrong fused3s run was charted");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -297,7 +359,7 @@ fn report_of_a_cpu_run_says_so() {
     assert!(md.contains("](b.svg)"), "{md}");
     assert!(std::fs::read_to_string(&svg)
         .unwrap()
-        .contains("no torch_sparse_attention"));
+        .contains("no peer timings of auto"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -377,5 +439,60 @@ fn report_never_overwrites_a_file_it_did_not_generate_from_the_same_inputs() {
     let out = bench(&["report", "--json", json.to_str().unwrap()]);
     assert!(!out.status.success());
     assert!(text(&out).1.contains("--out"), "{}", text(&out).1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn report_with_full_tables_writes_one_page_and_links_them() {
+    let dir = temp_dir("report-full");
+    let json = dir.join("run.json");
+    std::fs::write(&json, serde_json::to_string_pretty(&run()).unwrap()).unwrap();
+    let (page, full, svg) = (
+        dir.join("BENCHMARKS.md"),
+        dir.join("docs/benchmarks-full.md"),
+        dir.join("docs/benchmarks.svg"),
+    );
+    let summary = dir.join("training.md");
+    std::fs::write(&summary, "## Training\n\nOne line.\n").unwrap();
+    let out = bench(&[
+        "report",
+        "--json",
+        json.to_str().unwrap(),
+        "--out",
+        page.to_str().unwrap(),
+        "--full",
+        full.to_str().unwrap(),
+        "--svg",
+        svg.to_str().unwrap(),
+        "--append",
+        summary.to_str().unwrap(),
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.contains(&format!("wrote {}", full.display())),
+        "{stdout}"
+    );
+    let page = std::fs::read_to_string(&page).unwrap();
+    let full = std::fs::read_to_string(&full).unwrap();
+    // The page: auto's summary, key configurations, limits, links; no per-graph tables.
+    for want in [
+        "## `auto` against each peer",
+        "## Key configurations",
+        "## What the peers could not run",
+        "](docs/benchmarks-full.md)",
+        "](docs/benchmarks.svg)",
+        "## Training",
+    ] {
+        assert!(page.contains(want), "missing {want:?} in the page\n{page}");
+    }
+    assert!(!page.contains("### cora"), "{page}");
+    // The full tables: every graph, the chart linked from its own folder.
+    assert!(
+        full.contains("### cora") && full.contains("### rmat-16"),
+        "{full}"
+    );
+    assert!(full.contains("](benchmarks.svg)"), "{full}");
+    assert!(!full.contains("## Training"), "{full}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
