@@ -17,13 +17,18 @@
 #   --data DIR          the graphs (default: BUNDLE/data)
 #   --python EXE        the python with torch and torch_geometric (default: python3)
 #   --peers-args "..."  extra arguments of torch_peers.py (e.g. "--dense-max-n 50000")
+#   --fused-build DIR   also time the fused peers (Fused3S, FlashSparse, DF-GNN) whose extension
+#                       modules were built from their public sources into DIR (fused_peers.py
+#                       --build-dir DIR; the builds are not part of this repository)
+#   --fused-args "..."  extra arguments of fused_peers.py
 #   --no-peers          spattn-bench only
 #   --no-report         no BENCHMARKS.md at the end
 #
 # For each graph and scale, in turn:
 #   1. spattn-bench --dump-csr OUT/graphs/NAME.csr --dump-only: the graph as benchmarked
 #      (symmetrized with self loops), so the peers time exactly the same graph;
-#   2. python3 torch_peers.py OUT/graphs/NAME.csr --name NAME ... --json OUT/peers-NAME.json;
+#   2. python3 torch_peers.py OUT/graphs/NAME.csr --name NAME ... --json OUT/peers-NAME.json
+#      (and, with --fused-build, fused_peers.py ... --json OUT/peers-fused-NAME.json);
 #   3. spattn-bench ... --peers OUT/peers-NAME.json --json OUT/spattn-NAME.json
 #      (the table also goes to OUT/spattn-NAME.txt);
 # then `spattn-bench report --json OUT/spattn-*.json --out OUT/BENCHMARKS.md --svg
@@ -48,6 +53,8 @@ peers_script=""
 data=""
 python="python3"
 peers_args=""
+fused_build=""
+fused_args=""
 peers=1
 report=1
 extra=()
@@ -71,10 +78,12 @@ while [ $# -gt 0 ]; do
         --data) data="${2:?--data needs a folder}"; shift 2 ;;
         --python) python="${2:?--python needs an executable}"; shift 2 ;;
         --peers-args) peers_args="${2?--peers-args needs a string}"; shift 2 ;;
+        --fused-build) fused_build="${2:?--fused-build needs a folder}"; shift 2 ;;
+        --fused-args) fused_args="${2?--fused-args needs a string}"; shift 2 ;;
         --no-peers) peers=0; shift ;;
         --no-report) report=0; shift ;;
         --) shift; extra=("$@"); break ;;
-        -h | --help) sed -n '2,36p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h | --help) sed -n '2,42p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown argument '$1' (see --help)" ;;
     esac
 done
@@ -142,6 +151,18 @@ bench_one() {
         else
             failed+=("$name (peers)")
         fi
+        if [ -n "$fused_build" ]; then
+            local fused_json="$out/peers-fused-$name.json"
+            log "$name: fused peers ($fused_build)"
+            # shellcheck disable=SC2086
+            if "$python" "$(dirname "$peers_script")/fused_peers.py" "$csr" --name "$name" \
+                --build-dir "$fused_build" --heads $heads --head-dim $head_dim --dtype $dtype \
+                $fused_args --json "$fused_json"; then
+                peer_flags+=(--peers "$fused_json")
+            else
+                failed+=("$name (fused peers)")
+            fi
+        fi
     fi
     log "$name: spattn-bench"
     if ! "$bin" "$@" "${shape_args[@]}" ${peer_flags[@]+"${peer_flags[@]}"} \
@@ -165,7 +186,8 @@ if [ "$report" -eq 1 ]; then
     runs=("$out"/spattn-*.json)
     if [ -f "${runs[0]}" ]; then
         log "report"
-        "$bin" report --json "${runs[@]}" --out "$out/BENCHMARKS.md" --svg "$out/docs/benchmarks.svg" \
+        "$bin" report --json "${runs[@]}" --out "$out/BENCHMARKS.md" \
+            --full "$out/docs/benchmarks-full.md" --svg "$out/docs/benchmarks.svg" --force \
             || failed+=("report")
     fi
 fi

@@ -1,0 +1,669 @@
+#!/usr/bin/env python3
+"""The fused sparse-attention kernels this field compares itself with, built from their public
+sources on the GPU machine (the builds, and the recipe that makes them, are not part of this
+repository: they are reference builds of third-party code), timed on the same graph
+with the same inputs, f64 reference, CUDA-event timing and records as torch_peers.py (whose
+helpers this imports; see its docstring for every record field, status and the tolerances).
+
+  fused3s_preprocess   Fused3S (HPCForge/Fused3S) F3S.preprocess_gpu: the graph into its BSB
+                       format (16 x 16 tensor-core blocks, bitmaps, row windows sorted by work),
+                       once per graph; the same time is written beside every case.
+  fused3s              F3S.f3s_1tb1rw_scheduled_permuteV, the paper's kernel (8 warps per block):
+                       f16 only, head_dim a multiple of 32, one head per call (heads in a loop).
+                       It has no scale, so Q is scaled (and rounded to f16) before the call.
+  fused3s_scaleqk      F3S.f3s_1tb1rw_scheduled_permuteV_scaleQK with scalingFactor = sqrt(d):
+                       the kernel divides the scores by it, in f32.
+  flashsparse_preprocess  FlashSparse (ParCIS/FlashSparse) FS_Block.blockProcess_sddmm_balance_gnn
+                       (CPU: 8-row windows, 16-column vectors, parts of 32 blocks) and the copies
+                       to the GPU, once per graph.
+  flashsparse          FS_SDDMM.forward_gen_fp16_gnn -> softmax -> FS_SpMM.forward_fp16_gnn for f16
+                       (forward_gen_tf32_gnn / forward_tf32_gnn for f32: dtype_used "tf32"); bf16
+                       unsupported. FlashSparse ships no softmax for this pipeline (its AGNN layer
+                       takes exp without the max and counts padded slots), so the softmax is ours
+                       in torch, f32, with max subtraction, over the real edges of its value array,
+                       inside the timed region (parts_ms gives the three stages apart). One head a
+                       call (heads in a loop).
+  dfgnn_tiling         DF-GNN (paoxiaode/DF-GNN) GTConvFuse_inference_tiling: f32, any number of
+                       heads in one call, head_dim in {32, 64, 128, 256, 512, 1024}. The scale goes
+                       in as the per-edge value `val` (the kernel multiplies each score by it).
+  dfgnn_hyper          GTConvFuse_inference_hyper (CSR + COO rows, 8 rows a block, the scores of a
+                       block's edges in shared memory): f32; unsupported where a block of 8 rows
+                       has more than 12288 edges (48 KiB: the kernel does not opt in to more).
+
+Timing: Fused3S synchronises inside each call and times its kernel with its own CUDA events:
+median_ms is the median of those (kernel only), median_ms_call the median of our CUDA events
+around the call (with its output allocation and host round trip). FlashSparse and DF-GNN launch
+asynchronously: CUDA events around the call.
+
+Each family (fused3s, flashsparse, dfgnn) runs in a child process: these kernels call exit() on
+a CUDA error and can leave a broken CUDA context. When a child dies, the case it was running gets
+"error" records with the exit status and its last line of output, and a new child goes on with
+the next case. A module that does not import gives "unsupported" records with the reason.
+
+  python3 fused_peers.py G.csr --name G --build-dir OUT --heads 1 8 --head-dim 64 128 \\
+      --dtype f16 f32 --json peers-fused-G.json
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_peers as tp  # noqa: E402
+
+FAMILIES = {
+    "fused3s": ["fused3s_preprocess", "fused3s", "fused3s_scaleqk"],
+    "flashsparse": ["flashsparse_preprocess", "flashsparse"],
+    "dfgnn": ["dfgnn_tiling", "dfgnn_hyper"],
+}
+REPO = {"fused3s": "Fused3S", "flashsparse": "FlashSparse", "dfgnn": "DF-GNN"}
+N_WARP_PER_BLOCK = 8  # Fused3S's own scripts run its 1tb1rw kernels with 8 warps per block.
+
+
+def need_cuda(g):
+    if not tp.is_cuda(g.device):
+        raise tp.Unsupported("needs a CUDA device")
+
+
+def sources(build_dir):
+    """{repository folder name: "github.com/owner/name@commit"} from the build's SOURCES.txt."""
+    out = {}
+    for path in (os.path.join(build_dir, "lib", "SOURCES.txt"), os.path.join(build_dir, "SOURCES.txt")):
+        if os.path.exists(path):
+            for line in open(path):
+                parts = line.split()
+                if len(parts) >= 3 and not line.startswith("#"):
+                    out[parts[0]] = f"{parts[1]}@{parts[2][:12]}"
+            break
+    return out
+
+
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+def time_self_reported(fn, warmup, reps):
+    """For a call that synchronises and returns its own kernel time (ms): (median of those, median
+    of CUDA events around the call, the last result)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    own, call = [], []
+    res = None
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        ms, res = fn()
+        e.record()
+        e.synchronize()
+        own.append(ms)
+        call.append(s.elapsed_time(e))
+    return median(own), median(call), res
+
+
+def wall_ms(fn, reps=1):
+    """Median wall-clock ms of fn() (synchronised), for one-off preprocessing; and its result."""
+    times, res = [], None
+    for _ in range(max(1, reps)):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        res = fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t) * 1e3)
+    return median(times), res
+
+
+def prep_record(rec, peer, case, ms, variant, note, source):
+    """A preprocessing time: status ok, no output (rel_err and ok null)."""
+    r = rec._base(peer, case.heads, case.d, case.dtype)
+    r.update(status="ok", median_ms=float(ms), dtype_used=None, variant=variant, rel_err=None,
+             tolerance=tp.TOLERANCE[case.dtype], ok=None, reason=None, note=note,
+             timing="wall clock around the call, synchronised (host + GPU)")
+    r.update(rec._tail())
+    if source:
+        r["source"] = source
+    rec.records.append(r)
+    if rec.sink:
+        rec.sink(r)
+    print(f"[fused] {peer:24s} H={case.heads} D={case.d} {case.dtype}: {ms:.3f} ms (preprocessing)", flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Fused3S
+# --------------------------------------------------------------------------------------------
+
+
+class Fused3S:
+    family = "fused3s"
+
+    def __init__(self, g, args, src):
+        need_cuda(g)
+        import F3S  # noqa: F401 - an import failure is reported by the caller
+        self.F3S, self.g, self.args, self.src = F3S, g, args, src
+        self.prep = None
+        self.prep_error = None
+        n = g.n
+        self.n16 = (n + 15) // 16 * 16
+        # preprocess_gpu exit()s when a row window has more tensor-core blocks than its shared
+        # memory holds ((2 * blocks + 1) * 4 bytes > 200 KiB): check first.
+        w = g.row // 16
+        key = torch.unique(w * g.n_cols + g.col)
+        cols_per_window = torch.bincount(key // g.n_cols, minlength=self.n16 // 16)
+        max_tcb = int(((cols_per_window + 15) // 16).max()) if g.nnz else 0
+        if (2 * max_tcb + 1) * 4 > 204800:
+            self.prep_error = (f"a row window has {max_tcb} 16 x 16 blocks: preprocess_gpu needs "
+                               f"{(2 * max_tcb + 1) * 4} B of shared memory > 204800 and exits")
+            return
+        crow32, col32 = g.crow.to(torch.int32), g.col.to(torch.int32)
+        nrw = self.n16 // 16
+
+        def pre():
+            return self.F3S.preprocess_gpu(
+                col32, crow32, n, 16, 16,
+                torch.zeros(nrw, dtype=torch.int32, device=g.device),
+                torch.zeros(g.nnz, dtype=torch.int32, device=g.device),
+                torch.zeros(g.nnz, dtype=torch.int32, device=g.device))
+
+        self.prep_ms, res = wall_ms(pre, reps=args.prep_reps)
+        rwo, srw, _, _, _, atox, bitmap, ntcb = res
+        self.prep = (rwo, srw, atox, bitmap)
+        self.ntcb = int(ntcb)
+
+    def run_case(self, rec, case):
+        g, args = self.g, self.args
+        extra_src = dict(source=self.src)
+        if self.prep is None and self.prep_error is None:
+            raise RuntimeError("no preprocessing")
+        if self.prep_error:
+            for peer in FAMILIES[self.family]:
+                rec.limit(peer, case.heads, case.d, case.dtype, "unsupported", self.prep_error, **extra_src)
+            return
+        prep_record(rec, "fused3s_preprocess", case, self.prep_ms,
+                    f"preprocess_gpu, 16 x 16 blocks: {self.ntcb} blocks",
+                    "measured once per graph (median of --prep-reps runs); independent of heads, head_dim, dtype",
+                    self.src)
+        rwo, srw, atox, bitmap = self.prep
+
+        def limits():
+            if case.dtype != "f16":
+                raise tp.Unsupported("f16 only (the kernels read Q, K, V as half)")
+            if case.d % 32:
+                raise tp.Unsupported(f"head_dim {case.d}: the kernel steps through Q.K in 32 columns")
+            if 96 * case.d + 3072 > 48 * 1024:
+                raise tp.Unsupported(f"head_dim {case.d}: its shared memory passes 48 KiB (no opt-in)")
+
+        def per_head(x, scale=None):
+            # (n16, d) contiguous f16 per head, rows padded with zeros to a multiple of 16: the
+            # kernel loads Q by 16-row windows (and would read past a shorter array).
+            out = []
+            for h in range(case.heads):
+                xh = x[:, h].float() if scale is not None else x[:, h]
+                if scale is not None:
+                    xh = (xh * scale).to(torch.float16)
+                pad = torch.zeros(self.n16, case.d, dtype=torch.float16, device=g.device)
+                pad[: g.n] = xh
+                out.append(pad)
+            return out
+
+        for peer in ("fused3s", "fused3s_scaleqk"):
+            def fn_record(peer=peer):
+                limits()
+                scaleqk = peer == "fused3s_scaleqk"
+                qh = per_head(case.q, None if scaleqk else case.scale)
+                kh, vh = per_head(case.k), per_head(case.v)
+                if scaleqk:
+                    kern = self.F3S.f3s_1tb1rw_scheduled_permuteV_scaleQK
+                    sf = math.sqrt(case.d)
+
+                    def one(h):
+                        return kern(rwo, srw, atox, bitmap, g.n, qh[h], kh[h], vh[h], sf, N_WARP_PER_BLOCK)
+                else:
+                    kern = self.F3S.f3s_1tb1rw_scheduled_permuteV
+
+                    def one(h):
+                        return kern(rwo, srw, atox, bitmap, g.n, qh[h], kh[h], vh[h], N_WARP_PER_BLOCK)
+
+                def call():
+                    tot, outs = 0.0, []
+                    for h in range(case.heads):
+                        t, o, _ = one(h)
+                        tot += float(t)
+                        outs.append(o)
+                    return tot, outs
+
+                _, outs = call()
+                out = torch.stack(outs, 1)
+                err = tp.rel_error(out, case.ref)
+                del out, outs
+                own, around, _ = time_self_reported(call, args.warmup, args.reps)
+                note = ["output f32", f"{N_WARP_PER_BLOCK} warps per block"]
+                if not scaleqk:
+                    note.append("no scale in the kernel: Q scaled by 1/sqrt(d) and rounded to f16 before the call")
+                else:
+                    note.append(f"scalingFactor sqrt(d) = {sf:.4f}: scores divided by it in f32")
+                note.append("Q, K, V rows padded with zeros to a multiple of 16 outside the timed region")
+                note.append("zero scores are dropped by the kernel (it tests S == 0 for masked slots)")
+                if case.heads > 1:
+                    note.append("one head per call, heads in a loop (times summed)")
+                return dict(median_ms=own, dtype_used="f16", rel_err=err,
+                            variant=("f3s_1tb1rw_scheduled_permuteV_scaleQK" if scaleqk
+                                     else "f3s_1tb1rw_scheduled_permuteV (Q pre-scaled)")
+                            + (", per-head loop" if case.heads > 1 else ""),
+                            note="; ".join(note), timing="the peer's own CUDA events around its kernel",
+                            extra=dict(median_ms_call=around, prep_ms=self.prep_ms, source=self.src))
+
+            tp.attempt(rec, peer, case, fn_record)
+
+
+# --------------------------------------------------------------------------------------------
+# FlashSparse
+# --------------------------------------------------------------------------------------------
+
+
+def flashsparse_positions(g, window, chunk, part_cols, n_pad):
+    """Where each CSR edge's value sits in FlashSparse's SDDMM output / SpMM input (one array for
+    the whole graph, windows one after the other, 8 values per column of a window):
+
+      windows of `window` rows; a window's columns are the sorted union of its rows' columns;
+      they are cut into parts of `part_cols` (32 blocks of 16: the load balancing of
+      blockProcess_sddmm_balance_gnn); within a part, chunks of `chunk` columns (8 for fp16 =
+      m16n8k8 A tiles, 4 for tf32 = m16n8k4), each chunk row-major window-row x chunk column,
+      the last chunk of a part as wide as what is left.
+
+    Returns (pos int64 per edge, total length, columns per window)."""
+    dev = g.device
+    nwin = n_pad // window
+    w = g.row // window
+    key = w * g.n_cols + g.col
+    ukey, inv = torch.unique(key, sorted=True, return_inverse=True)
+    vsize = torch.bincount(ukey // g.n_cols, minlength=nwin)
+    wstart = torch.zeros(nwin + 1, dtype=torch.int64, device=dev)
+    wstart[1:] = torch.cumsum(vsize, 0)
+    rank = inv - wstart[w]                       # column index within the window's union
+    part0 = (rank // part_cols) * part_cols      # first column of the edge's part
+    pw = torch.minimum(vsize[w] - part0, torch.full_like(part0, part_cols))
+    kk = rank - part0
+    c = kk // chunk
+    wc = torch.where((c + 1) * chunk <= pw, torch.full_like(c, chunk), pw % chunk)
+    nrow = g.row % window
+    pos = window * (wstart[w] + part0) + window * chunk * c + nrow * wc + kk % chunk
+    return pos, int(window * wstart[-1]), vsize
+
+
+class FlashSparse:
+    family = "flashsparse"
+    WINDOW, WIDE, PART = 8, 16, 32
+
+    def __init__(self, g, args, src):
+        need_cuda(g)
+        import FS_Block  # noqa: F401
+        import FS_SDDMM  # noqa: F401
+        import FS_SpMM  # noqa: F401
+        self.FS_Block, self.FS_SDDMM, self.FS_SpMM = FS_Block, FS_SDDMM, FS_SpMM
+        self.g, self.args, self.src = g, args, src
+        n = g.n
+        # Its loaders pad the rows to a multiple of 16 (blockProcess drops a last partial window).
+        self.n_pad = (n + 15) // 16 * 16
+        offs = np.concatenate([g.offs, np.full(self.n_pad - n, g.offs[-1])]).astype(np.int32)
+
+        def pre():
+            rp, ci, deg, twin, tatom = self.FS_Block.blockProcess_sddmm_balance_gnn(
+                torch.from_numpy(offs), torch.from_numpy(g.cols.astype(np.int32)), self.WINDOW, self.WIDE, self.PART)
+            return [x.to(g.device) for x in (rp, ci, deg, twin, tatom)]
+
+        self.prep_ms, (self.rp, self.ci, self.deg, self.twin, self.tatom) = wall_ms(pre)
+        vec = self.rp[1:] - self.rp[:-1]
+        max_vectors = int(vec.max()) if vec.numel() else 0
+        max_vectors = (max_vectors + self.WIDE - 1) // self.WIDE
+        self.max_part = (max_vectors + 3) // 4 * 4  # as its loaders compute `inputInfo.max`
+        t = time.perf_counter()
+        self.pos = {}
+        for chunk in (8, 4):
+            pos, total, _ = flashsparse_positions(g, self.WINDOW, chunk, self.PART * self.WIDE, self.n_pad)
+            self.pos[chunk] = pos
+        torch.cuda.synchronize()
+        self.map_ms = (time.perf_counter() - t) * 1e3
+        self.total = total
+        # Our map of the edges must agree with blockProcess's: its value mask (1 on edges, in
+        # 16-column blocks) has as many entries as our total and ones exactly on our edges.
+        mask_pos = self.demo_positions()
+        self.layout_ok = (int(self.deg.numel()) == total and int(self.rp[-1]) * self.WINDOW == total
+                          and bool((self.deg[mask_pos] == 1).all()) and int((self.deg != 0).sum()) == g.nnz)
+
+    def demo_positions(self):
+        """Edge positions in blockProcess's value mask (16-column blocks, row-major inside)."""
+        g = self.g
+        pos, _, _ = flashsparse_positions(g, self.WINDOW, self.WIDE, 1 << 62, self.n_pad)
+        return pos
+
+    def run_case(self, rec, case):
+        g, args = self.g, self.args
+        prep_record(rec, "flashsparse_preprocess", case, self.prep_ms,
+                    "FS_Block.blockProcess_sddmm_balance_gnn(window 8, wide 16, partSize 32) + copies to the GPU",
+                    f"measured once per graph; CPU (OpenMP); our edge -> value-slot map for the softmax took "
+                    f"{self.map_ms:.1f} ms more", self.src)
+
+        def fn_record():
+            if case.dtype == "bf16":
+                raise tp.Unsupported("no bf16 kernels (fp16 and tf32 only)")
+            if case.d % 16:
+                raise tp.Unsupported(f"head_dim {case.d}: its SDDMM steps 16 columns at a time (no remainder)")
+            if not self.layout_ok:
+                raise RuntimeError("FS_Block's value layout is not the one this script maps the edges into")
+            tf32 = case.dtype == "f32"
+            chunk = 4 if tf32 else 8
+            pos = self.pos[chunk]
+            if tf32:
+                sddmm, spmm, dt = self.FS_SDDMM.forward_gen_tf32_gnn, self.FS_SpMM.forward_tf32_gnn, torch.float32
+            else:
+                sddmm, spmm, dt = self.FS_SDDMM.forward_gen_fp16_gnn, self.FS_SpMM.forward_fp16_gnn, torch.float16
+            qh = [case.q[:, h].to(dt).contiguous() for h in range(case.heads)]
+            kh = [case.k[:, h].to(dt).contiguous() for h in range(case.heads)]
+            vh = [case.v[:, h].to(dt).contiguous() for h in range(case.heads)]
+            row = g.row
+            scale = case.scale
+
+            def s_stage(h):
+                return sddmm(case.d, self.rp, self.ci, self.deg, self.twin, qh[h], kh[h], self.max_part)[0]
+
+            def softmax_stage(att):
+                # Softmax over each row's real edges, scale applied here in f32 (the SDDMM has no
+                # scale), written back into the value array (padded slots stay 0).
+                x = att[pos].float() * scale
+                m = torch.full((g.n,), -math.inf, device=g.device).scatter_reduce(0, row, x, "amax")
+                ex = torch.exp(x - m[row])
+                den = torch.zeros(g.n, device=g.device).index_add_(0, row, ex)
+                p = torch.zeros_like(att)
+                p[pos] = (ex / den[row]).to(att.dtype)
+                return p
+
+            def m_stage(p, h):
+                return spmm(self.rp, self.ci, p, self.twin, self.tatom, vh[h], self.n_pad, case.d, g.n)[0]
+
+            def call():
+                return torch.stack([m_stage(softmax_stage(s_stage(h)), h) for h in range(case.heads)], 1)
+
+            out = call()
+            err = tp.rel_error(out, case.ref)
+            del out
+            # The SDDMM's own error, on the real edges (scaled as the softmax scales them): tells
+            # a wrong score layout apart from the softmax's and the SpMM's rounding.
+            sddmm_err = tp.score_error(g, case.q, case.k, case.scale,
+                                       [s_stage(h)[pos].float() * scale for h in range(case.heads)])
+            ms = tp.time_ms(call, args.warmup, args.reps)
+            att0 = s_stage(0)
+            p0 = softmax_stage(att0)
+            parts = dict(
+                sddmm=tp.time_ms(lambda: [s_stage(h) for h in range(case.heads)], args.warmup, args.reps),
+                softmax=tp.time_ms(lambda: [softmax_stage(att0) for _ in range(case.heads)], args.warmup, args.reps),
+                spmm=tp.time_ms(lambda: [m_stage(p0, h) for h in range(case.heads)], args.warmup, args.reps))
+            kind = "tf32" if tf32 else "fp16"
+            note = [f"softmax in torch (f32, max-subtracted, over the {g.nnz} real slots of {self.total}), timed inside",
+                    ("SDDMM and SpMM accumulate in f16 (mma .f16.f16.f16.f16)" if not tf32
+                     else "SDDMM and SpMM on tf32 tensor cores, f32 accumulation"),
+                    "scale applied in the softmax"]
+            if case.heads > 1:
+                note.append("one head per call, heads in a loop")
+            return dict(median_ms=ms, dtype_used="tf32" if tf32 else "f16", rel_err=err,
+                        variant=f"forward_gen_{kind}_gnn -> torch softmax -> forward_{kind}_gnn"
+                                + (", per-head loop" if case.heads > 1 else ""),
+                        note="; ".join(note),
+                        extra=dict(parts_ms={k: round(v, 5) for k, v in parts.items()},
+                                   stage_rel_err=dict(sddmm=sddmm_err if math.isfinite(sddmm_err) else None),
+                                   prep_ms=self.prep_ms, source=self.src))
+
+        tp.attempt(rec, "flashsparse", case, fn_record)
+
+
+# --------------------------------------------------------------------------------------------
+# DF-GNN
+# --------------------------------------------------------------------------------------------
+
+
+class DFGNN:
+    family = "dfgnn"
+    HYPER_ROWS = 8           # its hyper kernel: 8 warps a block, one row each
+    SMEM_FLOATS = 48 * 1024 // 4
+
+    def __init__(self, g, args, src):
+        need_cuda(g)
+        import dfgnn_fused_gtconv as ops  # the published DFGNN/operators/fused_gtconv.py
+        self.ops, self.g, self.args, self.src = ops, g, args, src
+        t = time.perf_counter()
+        self.crow32 = g.crow.to(torch.int32)
+        self.col32 = g.col.to(torch.int32)
+        self.rows32 = g.row.to(torch.int32)
+        # The edges of each 8-row block, which the hyper kernel keeps in dynamic shared memory.
+        starts = np.arange(0, g.n, self.HYPER_ROWS)
+        ends = np.minimum(starts + self.HYPER_ROWS, g.n)
+        self.hyper_smem = int((g.offs[ends] - g.offs[starts]).max()) if g.n else 0
+        torch.cuda.synchronize()
+        self.prep_ms = (time.perf_counter() - t) * 1e3
+
+    def run_case(self, rec, case):
+        g, args = self.g, self.args
+        for peer in ("dfgnn_tiling", "dfgnn_hyper"):
+            def fn_record(peer=peer):
+                if case.dtype != "f32":
+                    raise tp.Unsupported("f32 only (the kernels take float Q, K, V)")
+                if g.n * case.heads * case.d >= 2**31:
+                    raise tp.Unsupported("n * heads * head_dim >= 2^31: its int offsets overflow")
+                q, k, v = (x.contiguous() for x in (case.q, case.k, case.v))
+                # The kernel multiplies each score by its edge's value: the scale, exactly.
+                val = torch.full((g.nnz,), case.scale, dtype=torch.float32, device=g.device)
+                if peer == "dfgnn_tiling":
+                    if case.d % 32 or 32 % (case.d // 32) or case.d > 1024:
+                        raise tp.Unsupported(f"head_dim {case.d}: one warp per 32 features, and the warps must "
+                                             "divide its 32-edge tile (32, 64, 128, 256, 512, 1024)")
+                    smem = 128  # as Fused3S's comparison script passes it (max_neigh 128, unused by the kernel)
+
+                    def call():
+                        return self.ops.GTConvFuse_inference_tiling(self.crow32, self.col32, val, smem, q, k, v)
+
+                    variant = "GTConvFuse_inference_tiling (32-edge tiles, online softmax)"
+                else:
+                    smem = self.hyper_smem
+                    if smem > self.SMEM_FLOATS:
+                        raise tp.Unsupported(f"a block of 8 rows has {smem} edges: {smem * 4} B of dynamic shared "
+                                             "memory > 48 KiB, and the kernel does not opt in to more")
+
+                    def call():
+                        return self.ops.GTConvFuse_inference_hyper(self.crow32, self.col32, self.rows32, val, smem, q, k, v)
+
+                    variant = ("GTConvFuse_inference_hyper (" + ("vec4" if case.d % 128 == 0 else
+                               "small_f" if case.d <= 32 else "scalar") + f" kernel, smem {smem} floats)")
+                out = call()
+                torch.cuda.synchronize()
+                err = tp.rel_error(out, case.ref)
+                del out
+                ms = tp.time_ms(call, args.warmup, args.reps)
+                return dict(median_ms=ms, dtype_used="f32", rel_err=err, variant=variant,
+                            note="all heads in one call; scale passed as the edge values",
+                            extra=dict(prep_ms=self.prep_ms, source=self.src))
+
+            tp.attempt(rec, peer, case, fn_record)
+
+
+CLASSES = {"fused3s": Fused3S, "flashsparse": FlashSparse, "dfgnn": DFGNN}
+
+
+# --------------------------------------------------------------------------------------------
+# Driver: one child process per family, restarted past a case that killed it
+# --------------------------------------------------------------------------------------------
+
+
+def cases_of(args):
+    return [(dt, h, d) for dt in args.dtype for h in args.heads for d in args.head_dim]
+
+
+def child(args):
+    """Runs one family over the cases from --skip on, appending JSON lines to --child-out:
+    {"begin": i} before case i, {"record": ...} for each record."""
+    out = open(args.child_out, "a")
+
+    def emit(obj):
+        out.write(json.dumps(obj, allow_nan=False) + "\n")
+        out.flush()
+
+    family = args.child
+    g = tp.load_graph(args.graph, args.name, args.symmetrize, args.device)
+    src = sources(args.build_dir).get(REPO[family]) if args.build_dir else None
+    rec = tp.Recorder(g, args, g.device)
+    rec.sink = lambda r: emit({"record": r})
+    all_cases = cases_of(args)
+    try:
+        impl = CLASSES[family](g, args, src)
+        why = None
+    except Exception as err:  # noqa: BLE001 - an import or preprocessing failure is a result
+        impl, why = None, err
+    for i, (dtype, heads, d) in enumerate(all_cases):
+        if i < args.skip:
+            continue
+        emit({"begin": i})
+        case = tp.Case(g, heads, d, dtype, args.seed)
+        if impl is None:
+            if isinstance(why, tp.Unsupported):
+                status, reason = "unsupported", str(why)
+            elif isinstance(why, ImportError):
+                status, reason = "unsupported", f"import failed: {tp.one_line(why)}"
+            elif isinstance(why, torch.cuda.OutOfMemoryError):
+                status, reason = "oom", f"preprocessing: {tp.one_line(why)}"
+            else:
+                status, reason = "error", f"preprocessing failed: {tp.one_line(why)}"
+            for peer in FAMILIES[family]:
+                rec.limit(peer, heads, d, dtype, status, reason, source=src)
+        else:
+            impl.run_case(rec, case)
+        case.drop()
+        tp.free_memory()
+    out.close()
+
+
+def run_family(args, family, script):
+    """Runs `family` in child processes until every case has its records."""
+    all_cases = cases_of(args)
+    records = []
+    skip = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        while skip < len(all_cases):
+            path = os.path.join(tmp, f"{family}-{skip}.jsonl")
+            cmd = [sys.executable, script, "--child", family, "--child-out", path, "--skip", str(skip)] + args.passthrough
+            print(f"[fused] {family}: child process from case {skip}", flush=True)
+            proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, errors="replace")
+            tail = deque(maxlen=20)
+            for line in proc.stderr:
+                sys.stderr.write(line)
+                if line.strip():
+                    tail.append(line.rstrip())
+            rc = proc.wait()
+            begun, got = [], {}
+            if os.path.exists(path):
+                for line in open(path):
+                    try:
+                        obj = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue  # a line cut short by the crash
+                    if "begin" in obj:
+                        begun.append(obj["begin"])
+                    else:
+                        r = obj["record"]
+                        records.append(r)
+                        got.setdefault(begun[-1] if begun else -1, set()).add(r["peer"])
+            if rc == 0 and (not begun or begun[-1] == len(all_cases) - 1):
+                break
+            # The child died: the case it was in gets error records for its missing peers.
+            last = next((t for t in reversed(tail) if "Warning" not in t), "") if tail else ""
+            how = f"signal {-rc}" if rc < 0 else f"exit status {rc}"
+            reason = f"the process died ({how}) during this case" + (f": {last[:200]}" if last else "")
+            dead = begun[-1] if begun else skip
+            dtype, heads, d = all_cases[dead]
+            g_stub = dict(graph=args.name_resolved, n=args.n, n_cols=args.n_cols, nnz=args.nnz,
+                          symmetrized=args.symmetrize)
+            for peer in FAMILIES[family]:
+                if peer in got.get(dead, set()):
+                    continue
+                r = dict(g_stub, heads=heads, head_dim=d, dtype=dtype, peer=peer, status="error",
+                         median_ms=None, dtype_used=None, variant="", rel_err=None,
+                         tolerance=tp.TOLERANCE[dtype], ok=None, reason=reason, note="", timing=None,
+                         gpu=args.gpu, torch=torch.__version__, cuda=torch.version.cuda,
+                         warmup=args.warmup, reps=args.reps)
+                records.append(r)
+                print(f"[fused] {peer:24s} H={heads} D={d} {dtype}: error: {reason}", flush=True)
+            if not begun:
+                # It died before its first case (while importing or preprocessing): every case
+                # would die the same way.
+                for j in range(skip + 1, len(all_cases)):
+                    dtype, heads, d = all_cases[j]
+                    for peer in FAMILIES[family]:
+                        records.append(dict(g_stub, heads=heads, head_dim=d, dtype=dtype, peer=peer, status="error",
+                                            median_ms=None, dtype_used=None, variant="", rel_err=None,
+                                            tolerance=tp.TOLERANCE[dtype], ok=None,
+                                            reason=f"the process died ({how}) before its first case" +
+                                                   (f": {last[:200]}" if last else ""),
+                                            note="", timing=None, gpu=args.gpu, torch=torch.__version__,
+                                            cuda=torch.version.cuda, warmup=args.warmup, reps=args.reps))
+                break
+            skip = dead + 1
+    return records
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    tp.common_args(ap)
+    ap.add_argument("--build-dir", default=None,
+                    help="the folder the peers were built into (its lib/ is put on sys.path)")
+    ap.add_argument("--peers", nargs="+", default=list(FAMILIES), help=f"families: {' '.join(FAMILIES)}")
+    ap.add_argument("--prep-reps", type=int, default=3, help="runs of Fused3S's GPU preprocessing (median)")
+    ap.add_argument("--no-isolate", action="store_true", help="run the families in this process (debugging)")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--child-out", help=argparse.SUPPRESS)
+    ap.add_argument("--skip", type=int, default=0, help=argparse.SUPPRESS)
+    raw = sys.argv[1:]
+    args = tp.parse_common(ap, ap.parse_args())
+    args.peers = [x for v in args.peers for x in v.split(",") if x]
+    for p in args.peers:
+        if p not in FAMILIES:
+            ap.error(f"--peers: unknown family {p!r} (known: {' '.join(FAMILIES)})")
+    if args.build_dir:
+        bd = os.path.abspath(args.build_dir)
+        for p in (os.path.join(bd, "lib"), bd):
+            if os.path.isdir(p):
+                sys.path.insert(0, p)
+    if args.child:
+        child(args)
+        return
+
+    g = tp.load_graph(args.graph, args.name, args.symmetrize, args.device)
+    args.gpu = torch.cuda.get_device_name(g.device) if tp.is_cuda(g.device) else "cpu"
+    print(f"[fused] {g.name}: n={g.n} nnz={g.nnz} on {args.gpu}", flush=True)
+    args.name_resolved, args.n, args.n_cols, args.nnz = g.name, g.n, g.n_cols, g.nnz
+    # The children get the same command line (they answer through --child-out; --peers and
+    # --json are ignored there).
+    args.passthrough = list(raw)
+    records = []
+    for family in args.peers:
+        if args.no_isolate:
+            args.child, args.skip = family, 0
+            with tempfile.NamedTemporaryFile(suffix=".jsonl") as f:
+                args.child_out = f.name
+                child(args)
+                records += [json.loads(line)["record"] for line in open(f.name) if '"record"' in line]
+            args.child = None
+        else:
+            records += run_family(args, family, os.path.abspath(__file__))
+        tp.write_records(args.json, [r for r in records if not args.ok_only or r["median_ms"] is not None])
+    tp.write_records(args.json, [r for r in records if not args.ok_only or r["median_ms"] is not None])
+    print(f"[fused] wrote {len(records)} records to {args.json}")
+
+
+if __name__ == "__main__":
+    main()
