@@ -55,6 +55,7 @@ pub mod dense;
 pub mod device_bsb;
 pub mod device_csr;
 pub mod device_mebcrs;
+pub mod dropout;
 pub mod dtype;
 pub mod elementwise;
 pub mod error;

@@ -20,6 +20,7 @@
 //! | [`attention_f64_from`] | the f64 reference from f32 / f16 / bf16 data | |
 //! | [`attention_backward`], [`attention_backward_f64_from`] | dQ, dK, dV, dscale (module `backward`) | |
 //! | [`edge_softmax_backward`], [`transpose_edge_values`], [`edge_row_sum`] | backward building blocks | |
+//! | [`attention_extras`], [`attention_extras_backward`] | with a score bias, edge features, dropout, the weights out (module `extras`) | |
 //!
 //! # Layouts
 //!
@@ -99,6 +100,7 @@ mod attention;
 mod backward;
 mod check;
 mod error_metric;
+mod extras;
 mod real;
 mod rows;
 mod sddmm;
@@ -111,6 +113,10 @@ pub use backward::{
     transpose_edge_values, AttentionGrads,
 };
 pub use error_metric::{rel_l2_error, upcast_f64};
+pub use extras::{
+    attention_extras, attention_extras_backward, attention_extras_backward_f64_from,
+    attention_extras_f64_from, EdgeBias, Extras, ExtrasGrads,
+};
 pub use real::Real;
 pub use sddmm::{sddmm, sddmm_gat};
 pub use softmax::{edge_softmax, edge_softmax_in_place};
