@@ -67,8 +67,7 @@ __device__ __forceinline__ void store_vec(T* p, const float (&in)[VEC]) {
 
 // ---- grid-stride indices ------------------------------------------------------------------
 // A 64-bit `/` by a run-time value compiles to a ~70-instruction routine and can keep registers
-// live across the loop it indexes (fused-csr f32 v4: 62 -> 56 registers without its three;
-// SDDMM on CSR 1.10x faster; perf-notes).
+// live across the loop it indexes (docs/kernels/csr-ops.md and fused-csr.md).
 
 // This thread's group of g consecutive lanes (g a power of two, 1..32) in a 1-D grid, and the
 // number of groups in the grid: shifts, no division.

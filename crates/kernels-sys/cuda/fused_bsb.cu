@@ -136,9 +136,8 @@ __device__ __forceinline__ void fused_bsb(
                                     k, v, scale_log2, out, part_ml, part_acc, counters);       \
     }
 
-// The 128-feature slice is software-pipelined (measured a little faster on H100); the narrower
-// slices are not (the pipeline's registers cost them warps per SM: slower), nor are
-// element-wise rows (head_dim * sizeof(T) not a multiple of 16: their scalar loads would spill).
+// Only the 128-feature slice prefetches the next step's K rows (PIPE): narrower slices would pay
+// for its registers in warps per SM, and element-wise rows (`_scalar`) would spill.
 #define SPATTN_FUSED_BSB_BOTH(SUFFIX, T, DS)                                                   \
     SPATTN_FUSED_BSB(SUFFIX, T, DS, , true, DS == 128)                                         \
     SPATTN_FUSED_BSB(SUFFIX, T, DS, _scalar, false, false)
@@ -174,8 +173,8 @@ __device__ __forceinline__ void fused_bsb_pipe(
 
     const u32 u = item / heads, h = item - u * heads;
     // D 128: the unit's descriptor and its prologue record, loaded together, so that the first
-    // copies and the Q loads depend on the record only. (D 64 measured 1-5% slower with it on
-    // the large graphs, H200: it loads the column and row ids after the descriptor.)
+    // copies and the Q loads depend on the record only. (D 64, where the record measured
+    // slower, loads the column and row ids after the descriptor; docs/kernels/fused-tc.md.)
     constexpr bool PRE = D == 128;
     u32 col01 = 0u, qrow[2];
     if constexpr (PRE) {

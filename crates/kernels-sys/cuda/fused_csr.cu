@@ -158,15 +158,20 @@ __device__ __forceinline__ void fused_csr_merge(const u32* __restrict__ split_ro
 #define SPATTN_FUSED(SUFFIX, T, VEC, NV)                                                        \
     SPATTN_FUSED_T(fused_csr_##SUFFIX##_v##VEC##_n##NV, T, VEC, NV, 4, false)
 // Short-tile kernels: one vector per lane (a group or subgroup of fewer than 32 lanes covers the
-// head), tiles of 2 edges, groups split into es >= 1 subgroups.
+// head), tiles of 2 edges, groups split into es >= 1 subgroups. VEC 4 and 8 only: the host runs
+// them where the plain layout fills a warp yet at most 16 lanes hold the head one vector each,
+// which vectors of 1 or 2 features never allow (short_layout in ops/src/fused/csr.rs).
 #define SPATTN_FUSED_SHORT(SUFFIX, T, VEC)                                                      \
     SPATTN_FUSED_T(fused_csr_##SUFFIX##_v##VEC##_n1_t2, T, VEC, 1, 2, true)
 
-#define SPATTN_FUSED_NV(SUFFIX, T, VEC)                                                         \
-    SPATTN_FUSED_SHORT(SUFFIX, T, VEC)                                                          \
+#define SPATTN_FUSED_PLAIN(SUFFIX, T, VEC)                                                      \
     SPATTN_FUSED(SUFFIX, T, VEC, 1)                                                             \
     SPATTN_FUSED(SUFFIX, T, VEC, 2)                                                             \
     SPATTN_FUSED(SUFFIX, T, VEC, 4)
+
+#define SPATTN_FUSED_NV(SUFFIX, T, VEC)                                                         \
+    SPATTN_FUSED_SHORT(SUFFIX, T, VEC)                                                          \
+    SPATTN_FUSED_PLAIN(SUFFIX, T, VEC)
 
 #define SPATTN_FUSED_DTYPE(SUFFIX, T)                                                           \
     extern "C" __global__ void fused_csr_merge_##SUFFIX(                                        \
@@ -175,8 +180,8 @@ __device__ __forceinline__ void fused_csr_merge(const u32* __restrict__ split_ro
         fused_csr_merge<T>(split_rows, part_first, n_split, heads, head_dim, part_ml, part_acc,  \
                            out);                                                                \
     }                                                                                           \
-    SPATTN_FUSED_NV(SUFFIX, T, 1)                                                               \
-    SPATTN_FUSED_NV(SUFFIX, T, 2)                                                               \
+    SPATTN_FUSED_PLAIN(SUFFIX, T, 1)                                                            \
+    SPATTN_FUSED_PLAIN(SUFFIX, T, 2)                                                            \
     SPATTN_FUSED_NV(SUFFIX, T, 4)
 
 SPATTN_FUSED_DTYPE(f32, float)

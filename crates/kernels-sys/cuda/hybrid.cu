@@ -434,9 +434,9 @@ __device__ __forceinline__ void hybrid_pipe_cd(
 }
 
 // HAS_CD = false compiles the CUDA-core warp, the hand-off and its mbarriers out: the
-// all-tensor-core split gets its own kernel (`*_pipe_tc`). Kept in one kernel with a runtime
-// flag, the merge code after the tile loop made the compiler recompute the swizzled ldmatrix
-// addresses every step (d128 loop 524 PTX operations against fused_bsb's 455; arxiv 6% slower).
+// all-tensor-core split gets its own kernel (`*_pipe_tc`), because behind a runtime flag the
+// merge after the tile loop made the compiler recompute the swizzled ldmatrix addresses every
+// step (docs/kernels/hybrid.md).
 template <class T, int D, bool SPMM, bool HAS_CD>
 __device__ __forceinline__ void hybrid_pipe(
     const uint4* __restrict__ units, const u32* __restrict__ split_part_first, u32 n_items,
@@ -456,8 +456,8 @@ __device__ __forceinline__ void hybrid_pipe(
     const bool has_cd = HAS_CD && (blockDim.x >> 5) > tc_warps;
     const u64 hd = (u64)heads * D;
     // The mbarriers sit after the tensor-core warps' memory (counted by the host), not in
-    // static shared memory, which would move the dynamic base off its alignment (measured: the
-    // all-tensor-core kernel ran 1.4x slower with 48 static bytes).
+    // static shared memory ahead of it, which slowed even the all-tensor-core kernel
+    // (docs/kernels/hybrid.md).
     u64* hyb_free = reinterpret_cast<u64*>(smem0 + tc_warps * bsb_pipe_warp_bytes(D, SPMM));
     u64* hyb_full = hyb_free + HYB_PIPE_MAX_TC;
     if (has_cd) {

@@ -761,7 +761,7 @@ extern "C" __global__ void slots_to_csr_mebcrs(const u32* __restrict__ edge_to_s
     SPATTN_SPMM_ENTRY(spmm_mebcrs_##SUFFIX##_t##FT##_unaligned, T, spmm_mebcrs<T, FT, false>)
 
 // The pipelined SpMM is instantiated where it measured faster: 128-feature slabs (FT = 8), three
-// stages (docs/perf-notes.md, "SpMM through shared memory").
+// stages (docs/kernels/tc-ops.md).
 #define SPATTN_PIPE_PER_DTYPE(SUFFIX, T)                                                         \
     SPATTN_SPMM_ENTRY(spmm_mebcrs_##SUFFIX##_t8_pipe, T, spmm_mebcrs_pipe<T, 8, 3>)
 

@@ -327,17 +327,15 @@ pub const FUSED_BSB_BF16_D64_PIPE: &str = "fused_bsb_bf16_d64_pipe";
 /// Kernel `fused_bsb_bf16_d128_pipe` of [`FUSED_BSB`].
 pub const FUSED_BSB_BF16_D128_PIPE: &str = "fused_bsb_bf16_d128_pipe";
 
-/// The PTX module compiled from `cuda/fused_csr.cu` (47 kernels).
+/// The PTX module compiled from `cuda/fused_csr.cu` (41 kernels).
 pub const FUSED_CSR: PtxModule = PtxModule {
     name: "fused_csr",
     ptx: include_str!("../ptx/fused_csr.ptx"),
     kernels: &[
         FUSED_CSR_MERGE_F32,
-        FUSED_CSR_F32_V1_N1_T2,
         FUSED_CSR_F32_V1_N1,
         FUSED_CSR_F32_V1_N2,
         FUSED_CSR_F32_V1_N4,
-        FUSED_CSR_F32_V2_N1_T2,
         FUSED_CSR_F32_V2_N1,
         FUSED_CSR_F32_V2_N2,
         FUSED_CSR_F32_V2_N4,
@@ -346,11 +344,9 @@ pub const FUSED_CSR: PtxModule = PtxModule {
         FUSED_CSR_F32_V4_N2,
         FUSED_CSR_F32_V4_N4,
         FUSED_CSR_MERGE_F16,
-        FUSED_CSR_F16_V1_N1_T2,
         FUSED_CSR_F16_V1_N1,
         FUSED_CSR_F16_V1_N2,
         FUSED_CSR_F16_V1_N4,
-        FUSED_CSR_F16_V2_N1_T2,
         FUSED_CSR_F16_V2_N1,
         FUSED_CSR_F16_V2_N2,
         FUSED_CSR_F16_V2_N4,
@@ -359,11 +355,9 @@ pub const FUSED_CSR: PtxModule = PtxModule {
         FUSED_CSR_F16_V4_N2,
         FUSED_CSR_F16_V4_N4,
         FUSED_CSR_MERGE_BF16,
-        FUSED_CSR_BF16_V1_N1_T2,
         FUSED_CSR_BF16_V1_N1,
         FUSED_CSR_BF16_V1_N2,
         FUSED_CSR_BF16_V1_N4,
-        FUSED_CSR_BF16_V2_N1_T2,
         FUSED_CSR_BF16_V2_N1,
         FUSED_CSR_BF16_V2_N2,
         FUSED_CSR_BF16_V2_N4,
@@ -385,9 +379,6 @@ pub const FUSED_CSR: PtxModule = PtxModule {
 /// Kernel `fused_csr_merge_f32` of [`FUSED_CSR`].
 pub const FUSED_CSR_MERGE_F32: &str = "fused_csr_merge_f32";
 
-/// Kernel `fused_csr_f32_v1_n1_t2` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V1_N1_T2: &str = "fused_csr_f32_v1_n1_t2";
-
 /// Kernel `fused_csr_f32_v1_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V1_N1: &str = "fused_csr_f32_v1_n1";
 
@@ -396,9 +387,6 @@ pub const FUSED_CSR_F32_V1_N2: &str = "fused_csr_f32_v1_n2";
 
 /// Kernel `fused_csr_f32_v1_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V1_N4: &str = "fused_csr_f32_v1_n4";
-
-/// Kernel `fused_csr_f32_v2_n1_t2` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V2_N1_T2: &str = "fused_csr_f32_v2_n1_t2";
 
 /// Kernel `fused_csr_f32_v2_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V2_N1: &str = "fused_csr_f32_v2_n1";
@@ -424,9 +412,6 @@ pub const FUSED_CSR_F32_V4_N4: &str = "fused_csr_f32_v4_n4";
 /// Kernel `fused_csr_merge_f16` of [`FUSED_CSR`].
 pub const FUSED_CSR_MERGE_F16: &str = "fused_csr_merge_f16";
 
-/// Kernel `fused_csr_f16_v1_n1_t2` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V1_N1_T2: &str = "fused_csr_f16_v1_n1_t2";
-
 /// Kernel `fused_csr_f16_v1_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V1_N1: &str = "fused_csr_f16_v1_n1";
 
@@ -435,9 +420,6 @@ pub const FUSED_CSR_F16_V1_N2: &str = "fused_csr_f16_v1_n2";
 
 /// Kernel `fused_csr_f16_v1_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V1_N4: &str = "fused_csr_f16_v1_n4";
-
-/// Kernel `fused_csr_f16_v2_n1_t2` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V2_N1_T2: &str = "fused_csr_f16_v2_n1_t2";
 
 /// Kernel `fused_csr_f16_v2_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V2_N1: &str = "fused_csr_f16_v2_n1";
@@ -463,9 +445,6 @@ pub const FUSED_CSR_F16_V4_N4: &str = "fused_csr_f16_v4_n4";
 /// Kernel `fused_csr_merge_bf16` of [`FUSED_CSR`].
 pub const FUSED_CSR_MERGE_BF16: &str = "fused_csr_merge_bf16";
 
-/// Kernel `fused_csr_bf16_v1_n1_t2` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V1_N1_T2: &str = "fused_csr_bf16_v1_n1_t2";
-
 /// Kernel `fused_csr_bf16_v1_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V1_N1: &str = "fused_csr_bf16_v1_n1";
 
@@ -474,9 +453,6 @@ pub const FUSED_CSR_BF16_V1_N2: &str = "fused_csr_bf16_v1_n2";
 
 /// Kernel `fused_csr_bf16_v1_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V1_N4: &str = "fused_csr_bf16_v1_n4";
-
-/// Kernel `fused_csr_bf16_v2_n1_t2` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V2_N1_T2: &str = "fused_csr_bf16_v2_n1_t2";
 
 /// Kernel `fused_csr_bf16_v2_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V2_N1: &str = "fused_csr_bf16_v2_n1";

@@ -453,21 +453,9 @@ impl DeviceHybrid {
         })?;
         let pipelined = Self::pipelined(T::KIND, shape.head_dim);
         self.check_warps(warps, pipelined)?;
-        let vec = (shape.head_dim * std::mem::size_of::<T>()) % 16 == 0;
         let name = kernel_named(
             &HYBRID,
-            if pipelined {
-                // Without CUDA-core warps: the kernel compiled without their code (its tile loop
-                // is ~15% shorter; see hybrid.cu).
-                let tail = if warps.cd == 0 { "_tc" } else { "" };
-                format!("{op}_hybrid_{}_d{}_pipe{tail}", T::NAME, shape.head_dim)
-            } else {
-                format!(
-                    "{op}_hybrid_{}_s{slice}{}",
-                    T::NAME,
-                    if vec { "" } else { "_scalar" }
-                )
-            },
+            kernel_name(op, T::KIND, shape.head_dim, slice, pipelined, warps.cd),
         )?;
         let heads = to_u32("heads", shape.heads)?;
         let head_dim = to_u32("head_dim", shape.head_dim)?;
@@ -595,6 +583,30 @@ impl DeviceHybrid {
     }
 }
 
+/// The kernel [`DeviceHybrid::run`] launches for `op` (`"fused"` or `"spmm"`) on heads of
+/// `width` features of `dtype` in warp slices of `slice` features, with `cd_warps` CUDA-core
+/// warps: the pipelined kernel where `pipelined` (without CUDA-core warps its `_tc` twin,
+/// compiled without their code: a shorter tile loop; see hybrid.cu), else the general kernel
+/// of the slice (`_scalar` unless a row of `width` features is whole 16-byte vectors).
+fn kernel_name(
+    op: &str,
+    dtype: DTypeKind,
+    width: usize,
+    slice: usize,
+    pipelined: bool,
+    cd_warps: usize,
+) -> String {
+    let dt = dtype.name();
+    if pipelined {
+        let tail = if cd_warps == 0 { "_tc" } else { "" };
+        format!("{op}_hybrid_{dt}_d{width}_pipe{tail}")
+    } else {
+        let vec = (width * dtype.size_bytes()) % 16 == 0;
+        let tail = if vec { "" } else { "_scalar" };
+        format!("{op}_hybrid_{dt}_s{slice}{tail}")
+    }
+}
+
 impl OnGpu for DeviceHybrid {
     fn gpu(&self) -> &Gpu {
         self.row_ids.gpu()
@@ -602,12 +614,8 @@ impl OnGpu for DeviceHybrid {
 }
 
 /// Items (work units × pieces) below which [`default_width`] prefers 64-feature pieces to
-/// 128-feature ones, per SM. Measured on an H200 (docs/results/spmm-width-h200-7faae69, 16-row
-/// windows × pieces of 128): `HybridSpmm` timed 64 faster on every case up to ~2,700 items
-/// and on pubmed at 8 × 64 (~4,900), 128 faster on flickr at one head (~5,600) and above, with
-/// both orders between (R-MAT 16 at one head, ~4,100: 128; ppi at 8 × 64, ~3,700: either) and
-/// one exception above (R-MAT 16 at 8 × 128, ~33,000: 64 by 3%). 40 per SM (5,280 on 132 SMs)
-/// sits at the change.
+/// 128-feature ones, per SM: where the widths `HybridSpmm` timed fastest changed over
+/// (docs/kernels/hybrid.md).
 pub(crate) const WIDE_ITEMS_PER_SM: usize = 40;
 
 /// The width [`spmm`] runs without a plan: the first of `widths` (see [`spmm_widths`]), except
@@ -708,5 +716,31 @@ mod tests {
             }
         }
         assert!(spmm_widths(DTypeKind::F16, 0, 64).is_empty());
+    }
+
+    /// The module compiles exactly the kernels `run` can launch: every (op, dtype, width, warp
+    /// split) names a kernel of the module, and every kernel of the module is named by one.
+    #[test]
+    fn the_module_holds_exactly_the_kernels_the_host_launches() {
+        let mut launched = std::collections::BTreeSet::new();
+        for dtype in DTypeKind::ALL {
+            // Past the widest slice (128), which slice_for refuses.
+            for width in 1..=256 {
+                let Ok(slice) = slice_for(width, dtype) else {
+                    continue;
+                };
+                let pipelined = DeviceHybrid::pipelined(dtype, width);
+                for op in ["fused", "spmm"] {
+                    for cd in [0, 1, 2] {
+                        let name = kernel_name(op, dtype, width, slice, pipelined, cd);
+                        assert!(kernel_named(&HYBRID, name.clone()).is_ok(), "{name}");
+                        launched.insert(name);
+                    }
+                }
+            }
+        }
+        for kernel in HYBRID.kernels {
+            assert!(launched.contains(*kernel), "{kernel} is never launched");
+        }
     }
 }
