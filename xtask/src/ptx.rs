@@ -147,7 +147,7 @@ fn compile_one(
     // Named by its path from the workspace root: that is the name -lineinfo records.
     let program = format!("{}/{}", layout.cuda.display(), ptx_hash::file_name(cu));
     let (ptx, log) = nvrtc.compile(&bytes, &program, &nvrtc.options(&layout.cuda))?;
-    let ptx = portable_file_paths(&ptx, &nvrtc.include_dir);
+    let ptx = compact_loc(&portable_file_paths(&ptx, &nvrtc.include_dir));
     if !log.trim().is_empty() {
         eprintln!("{}", log.trim_end());
     }
@@ -166,6 +166,33 @@ fn compile_one(
         text.push('\n');
     }
     write_if_changed(&layout.ptx_of(&name), &text)
+}
+
+/// The `compact-loc` post-processing ([`ptx_hash::POST_PROCESSING`]): `.loc` lines keep file,
+/// line and column but drop their `, function_name …, inlined_at …` suffix (two fifths of the
+/// hybrid kernels' PTX, every helper being inlined), and NVRTC's `// begin inline asm` /
+/// `// end inline asm` comments go. Both are optional in the PTX ISA and change no
+/// instruction: sanitizer and profiler reports still name the source line.
+fn compact_loc(ptx: &str) -> String {
+    ptx.split_inclusive('\n')
+        .filter(|line| {
+            let t = line.trim();
+            t != "// begin inline asm" && t != "// end inline asm"
+        })
+        .map(|line| {
+            let t = line.trim_start();
+            match (t.starts_with(".loc"), line.find(", function_name")) {
+                (true, Some(cut)) => {
+                    let mut short = line[..cut].to_string();
+                    if line.ends_with('\n') {
+                        short.push('\n');
+                    }
+                    short
+                }
+                _ => line.to_string(),
+            }
+        })
+        .collect()
 }
 
 /// `-lineinfo` names source files in `.file` lines by absolute path (NVRTC prefixes the
@@ -271,6 +298,21 @@ pub fn check() -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn loc_lines_lose_their_inlining_suffix_and_asm_comments_go() {
+        let ptx = "\t.loc\t1 61 5, function_name $L__info_string0, inlined_at 1 262 1\n\
+                   \t// begin inline asm\n\
+                   \tmma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%f1}, {%r1}, {%r2}, {%f2};\n\
+                   \t// end inline asm\n\
+                   \t.loc\t1 262 1\n";
+        assert_eq!(
+            compact_loc(ptx),
+            "\t.loc\t1 61 5\n\
+             \tmma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%f1}, {%r1}, {%r2}, {%f2};\n\
+             \t.loc\t1 262 1\n"
+        );
+    }
 
     #[test]
     fn file_paths_become_portable() {

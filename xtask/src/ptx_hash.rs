@@ -30,9 +30,14 @@ pub const NVRTC_OPTIONS: &[&str] = &["--gpu-architecture=compute_80", "-std=c++1
 /// What every PTX stamp line starts with.
 pub const STAMP_PREFIX: &str = "// spattn-ptx ";
 
-/// [`NVRTC_OPTIONS`] as written into (and hashed with) each stamp.
+/// The post-processing `cargo xtask ptx` applies to NVRTC's output (stamped with the options,
+/// so PTX from another post-processing reads as stale): `compact-loc` drops the inlining
+/// suffix of `.loc` lines and NVRTC's inline-asm comments (line info stays file:line).
+pub const POST_PROCESSING: &str = "compact-loc";
+
+/// [`NVRTC_OPTIONS`] and [`POST_PROCESSING`] as written into (and hashed with) each stamp.
 pub fn options_string() -> String {
-    NVRTC_OPTIONS.join(" ")
+    format!("{} +{POST_PROCESSING}", NVRTC_OPTIONS.join(" "))
 }
 
 /// The kernel sources of a `cuda/` folder and the headers they share.
