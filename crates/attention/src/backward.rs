@@ -43,7 +43,7 @@ use crate::plan::AttentionPlan;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum BackwardKernels {
     /// One fused row kernel after two SDDMMs (the default: fewer passes over the edges; see
-    /// docs/perf-notes.md, "Backward (issue 8)").
+    /// docs/kernels/backward.md, "Tried and kept").
     #[default]
     Fused,
     /// The composition of the spattn-ops building blocks: SDDMM, edge softmax, SDDMM, softmax

@@ -1,8 +1,5 @@
 //! What a plan computes: heads, head_dim, dtype, scale, and the algorithm.
 
-use std::fmt;
-use std::str::FromStr;
-
 use spattn_ops::DTypeKind;
 
 use crate::error::{Error, Result};
@@ -65,28 +62,10 @@ impl Algorithm {
     }
 }
 
-impl fmt::Display for Algorithm {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for Algorithm {
-    type Err = Error;
-    /// Parses a name of [`Algorithm::name`].
-    fn from_str(s: &str) -> Result<Self> {
-        Algorithm::ALL
-            .into_iter()
-            .find(|a| a.name() == s)
-            .ok_or_else(|| Error::InvalidConfig {
-                what: "algorithm",
-                why: format!(
-                    "unknown algorithm {s:?}; expected one of {}",
-                    Algorithm::ALL.map(Algorithm::name).join(", ")
-                ),
-            })
-    }
-}
+spattn_formats::named_choice!(Algorithm, Error, "algorithm", |why| Error::InvalidConfig {
+    what: "algorithm",
+    why
+});
 
 /// The configuration of an [`AttentionPlan`](crate::AttentionPlan).
 ///

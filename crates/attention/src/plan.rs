@@ -526,10 +526,9 @@ fn uses_tensor_cores(alg: Algorithm) -> bool {
 /// Resolves the algorithm for `graph` and `config` on a device of compute capability `cc`,
 /// with the reason.
 ///
-/// `Auto`'s rule comes from measurement (H100, docs/perf-notes.md and BENCHMARKS.md): for f16
-/// and bf16, fused-tc was the fastest on every graph measured (cora to R-MAT 18, head_dim 64
-/// and 128); for f32, fused-csr was, among the algorithms that keep f32 exact (the tensor-core
-/// ones round operands to tf32, so `Auto` never picks them for f32 — ask for them by name).
+/// `Auto` takes the fastest measured algorithm for the dtype: fused-tc for f16 and bf16,
+/// fused-csr for f32, the fastest of those that keep f32 exact (the tensor-core ones round
+/// operands to tf32 — ask for them by name); docs/kernels/README.md, "Which kernel runs".
 fn choose(graph: &Csr, config: &AttentionConfig, cc: (i32, i32)) -> Result<(Algorithm, String)> {
     let fused_csr_ok = fused::csr::supports(config.head_dim, config.dtype.size_bytes());
     let tensor_cores = cc >= (8, 0);
@@ -643,7 +642,8 @@ mod tests {
     #[test]
     fn auto_runs_fused_csr_for_f32_and_fused_tc_for_f16() {
         // f32 goes to fused-csr at every shape, also many narrow heads on a large low-degree
-        // graph (unfused-csr won there until fused-csr's narrow groups: docs/perf-notes.md).
+        // graph (unfused-csr won there until fused-csr's narrow groups:
+        // docs/kernels/README.md, "Which kernel runs").
         let large = ring(20_000);
         for (heads, head_dim) in [(8, 64), (16, 32), (8, 128), (1, 64)] {
             assert_eq!(

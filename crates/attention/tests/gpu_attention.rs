@@ -21,7 +21,8 @@ const GPU_ALGORITHMS: [Algorithm; 5] = [
     Algorithm::Auto,
 ];
 
-/// DESIGN.md's tolerance for `T`, with f32 on tensor cores held to tf32's (1e-3).
+/// The tolerance for `T` (docs/kernels/README.md), with f32 on tensor cores held to tf32's
+/// (1e-3).
 fn tol<T: DType>(ran: Algorithm) -> f64 {
     let tensor_cores = matches!(
         ran,
@@ -32,10 +33,6 @@ fn tol<T: DType>(ran: Algorithm) -> f64 {
     } else {
         tolerance::<T>()
     }
-}
-
-fn gpu() -> Gpu {
-    Gpu::new(0).expect("an NVIDIA GPU (this test is ignored elsewhere)")
 }
 
 /// Runs each of `algs` on `a` with one set of fresh random inputs (Q scaled by `amp`) and
@@ -65,18 +62,8 @@ fn check_config<T: DType>(
     amp: f64,
 ) {
     let (heads, head_dim, autotune) = (config.heads, config.head_dim, config.autotune);
-    let sq = Shape::new(a.n_rows(), heads, head_dim).unwrap();
-    let skv = Shape::new(a.n_cols(), heads, head_dim).unwrap();
-    let q: Vec<T> = random_vec(rng, sq.len(), amp);
-    let k: Vec<T> = random_vec(rng, skv.len(), 1.0);
-    let v: Vec<T> = random_vec(rng, skv.len(), 1.0);
-    let dq = DeviceMatrix::from_host(gpu, sq, &q).unwrap();
-    let dk = DeviceMatrix::from_host(gpu, skv, &k).unwrap();
-    let dv = DeviceMatrix::from_host(gpu, skv, &v).unwrap();
-    let mut out = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();
-    let (q64, k64, v64) = (to_f64(&q), to_f64(&k), to_f64(&v));
-    let inputs = AttentionInputs::new(&q64, sq, &k64, skv, &v64, skv);
-    let want = attention_f64_from(a, &inputs, config.scale() as f64).unwrap();
+    let inputs = Inputs::draw::<T>(rng, a, heads, head_dim, amp);
+    let want = inputs.reference(a, config.scale() as f64);
     for &alg in algs {
         let config = config.clone().with_algorithm(alg);
         if !AttentionPlan::supports(gpu, alg, &config) {
@@ -88,28 +75,22 @@ fn check_config<T: DType>(
             let head = format!("autotuned: {} (", plan.algorithm());
             assert!(plan.choice().starts_with(&head), "{}", plan.choice());
         }
-        for run in 0..2 {
-            out.fill_nan().unwrap();
-            plan.forward(&dq, &dk, &dv, &mut out).unwrap();
-            let got = out.to_host().unwrap();
-            let err = rel_l2_error(&to_f64(&got), &want);
-            assert!(
-                err <= tol::<T>(plan.algorithm()),
-                "{alg} (ran {}) {} n={} nnz={} heads={heads} head_dim={head_dim} amp={amp}: rel error {err:e} (run {run})",
-                plan.algorithm(),
-                T::NAME,
-                a.n_rows(),
-                a.nnz()
-            );
-            // Rows without edges are exactly zero.
-            for r in (0..a.n_rows()).filter(|&r| a.degree(r) == 0) {
-                let row = &got[r * sq.row_len()..(r + 1) * sq.row_len()];
-                assert!(
-                    row.iter().all(|x| x.to_f64() == 0.0),
-                    "{alg}: empty row {r} not zero"
-                );
-            }
-        }
+        let what = format!(
+            "{alg} (ran {}) {} amp={amp}",
+            plan.algorithm(),
+            inputs.case::<T>(a)
+        );
+        // Not bit for bit: unfused-csr's SpMM sums split rows with f32 atomics.
+        check_forward::<T>(
+            gpu,
+            a,
+            &inputs,
+            &want,
+            tol::<T>(plan.algorithm()),
+            &what,
+            false,
+            |q, k, v, out| plan.forward(q, k, v, out).unwrap(),
+        );
     }
 }
 
@@ -117,64 +98,32 @@ fn check_all<T: DType>(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &
     check_algs::<T>(gpu, a, &GPU_ALGORITHMS, heads, head_dim, rng, 1.0, false);
 }
 
-fn check_all_dtypes(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64) {
+/// Every algorithm in every dtype at one case.
+fn check_case(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64) {
     check_all::<f32>(gpu, a, heads, head_dim, rng);
     check_all::<f16>(gpu, a, heads, head_dim, rng);
     check_all::<bf16>(gpu, a, heads, head_dim, rng);
 }
 
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn shared_graphs() {
-    let gpu = gpu();
-    let mut rng = fresh_rng("shared_graphs");
-    for name in test_graphs(&["cora", "pubmed", "ogbn-arxiv"]) {
-        let a = shared_graph(name);
-        for (heads, head_dim) in [(1, 128), (8, 64), (4, 24)] {
-            check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
-        }
+gpu_sweep_tests! {
+    check = check_case;
+    fn shared_graphs = shared_graphs(&[(1, 128), (8, 64), (4, 24)]);
+    fn rmat_16 = rmat_16(&[(1, 128), (8, 16)]);
+    fn head_dims_heads_and_tiny_graphs(sweep) {
+        sweep
+            .random(200, 5, 9, &grid(&[1, 3, 8, 24, 64, 96, 128, 256], &[1, 4, 8]))
+            .tiny(1..=33, 3, 4, &[(2, 24)]);
+    }
+    fn hub_row_and_extreme_scores(sweep) {
+        sweep.hub(100_000, 777, &[(1, 64), (4, 24)]);
+        extreme_and_equal_scores(&sweep.gpu, &mut sweep.rng);
     }
 }
 
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn rmat_16() {
-    let gpu = gpu();
-    let mut rng = fresh_rng("rmat_16");
-    let a = rmat_graph(16);
-    for (heads, head_dim) in [(1, 128), (8, 16)] {
-        check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
-    }
-}
-
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn head_dims_heads_and_tiny_graphs() {
-    let gpu = gpu();
-    let mut rng = fresh_rng("head_dims_heads_and_tiny_graphs");
-    let a = random_graph(&mut rng, 200, 5, 9);
-    for head_dim in [1, 3, 8, 24, 64, 96, 128, 256] {
-        for heads in [1, 4, 8] {
-            check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
-        }
-    }
-    for n in 1..=33 {
-        let a = random_graph(&mut rng, n, 3, 4);
-        check_all_dtypes(&gpu, &a, 2, 24, &mut rng);
-    }
-}
-
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn hub_row_and_extreme_scores() {
-    let gpu = gpu();
-    let mut rng = fresh_rng("hub_row_and_extreme_scores");
-    let a = hub_graph(&mut rng, 100_000, 777);
-    for (heads, head_dim) in [(1, 64), (4, 24)] {
-        check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
-    }
+/// Scores near ±1e4 (every algorithm that keeps f32 scores, and f16), and all scores equal.
+fn extreme_and_equal_scores(gpu: &Gpu, rng: &mut Pcg64) {
     // Scores near ±1e4: Q scaled up so that scale·q·k reaches 1e4 (f32: no overflow, no NaN).
-    let b = random_graph(&mut rng, 500, 8, 5);
+    let b = random_graph(rng, 500, 8, 5);
     // unfused-tc is left out for f32 here: its SDDMM rounds Q and K to tf32 (10-bit mantissa),
     // so a score of 1e4 carries an absolute error of ~5 and the softmax is not within 1e-3 —
     // the documented limit of tf32. fused-tc computes f32 scores with 3xTF32 and keeps them.
@@ -182,11 +131,11 @@ fn hub_row_and_extreme_scores() {
         .into_iter()
         .filter(|&a| a != Algorithm::UnfusedTensorCore)
         .collect();
-    check_algs::<f32>(&gpu, &b, &exact_f32, 2, 16, &mut rng, 2.5e3, false);
-    check_algs::<f16>(&gpu, &b, &GPU_ALGORITHMS, 2, 16, &mut rng, 30.0, false);
+    check_algs::<f32>(gpu, &b, &exact_f32, 2, 16, rng, 2.5e3, false);
+    check_algs::<f16>(gpu, &b, &GPU_ALGORITHMS, 2, 16, rng, 30.0, false);
     // All scores equal: Q = 0.
     let plan = AttentionPlan::new_gpu(
-        &gpu,
+        gpu,
         &b,
         AttentionConfig::new(1, 8, spattn_ops::DTypeKind::F32),
     )

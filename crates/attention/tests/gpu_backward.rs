@@ -4,8 +4,8 @@
 //! `#[ignore]`d where there is no NVIDIA GPU. Inputs are drawn fresh (seed printed; replay with
 //! SPATTN_SEED), gradients poisoned with NaN before each backward.
 //!
-//! Tolerances: DESIGN.md's on the relative L2 error of each gradient (f32 1e-5, f16 5e-3,
-//! bf16 2e-2). The backward runs in f32 on CUDA cores for every algorithm (the tensor-core
+//! Tolerances: docs/kernels/README.md's on the relative L2 error of each gradient (f32 1e-5,
+//! f16 5e-3, bf16 2e-2). The backward runs in f32 on CUDA cores for every algorithm (the tensor-core
 //! forwards included), so f32 is held to 1e-5 whatever the forward's algorithm; f16 / bf16
 //! gradients are the f32 result rounded once. dscale is a sum of `nnz × heads` signed terms:
 //! its error is bounded relative to the sum of their magnitudes.
@@ -25,10 +25,6 @@ const GPU_ALGORITHMS: [Algorithm; 5] = [
     Algorithm::FusedTensorCore,
     Algorithm::Auto,
 ];
-
-fn gpu() -> Gpu {
-    Gpu::new(0).expect("an NVIDIA GPU (this test is ignored elsewhere)")
-}
 
 /// Which gradients a case holds to the tolerance (near-one-hot softmaxes have dQ, dK ≈ 0).
 #[derive(Clone, Copy, PartialEq)]

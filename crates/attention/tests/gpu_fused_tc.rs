@@ -8,10 +8,9 @@
 //! the rows in the graph's order, degree-ordered and locality-ordered (the plan's internal,
 //! zero-copy renumbering): all three must match the reference.
 //!
-//! Tolerances (DESIGN.md): f16 ≤ 5e-3, bf16 ≤ 2e-2, f32 through tf32 ≤ 1e-3.
+//! Tolerances (docs/kernels/README.md): f16 ≤ 5e-3, bf16 ≤ 2e-2, f32 through tf32 ≤ 1e-3.
 
 use half::{bf16, f16};
-use rand::Rng;
 use rand_pcg::Pcg64;
 use spattn::{Algorithm, AttentionConfig, AttentionPlan, Reorder};
 use spattn_formats::Csr;
@@ -20,20 +19,20 @@ use spattn_test_support::*;
 
 const ALG: Algorithm = Algorithm::FusedTensorCore;
 
-fn gpu() -> Gpu {
-    Gpu::new(0).expect("an NVIDIA GPU (this test is ignored elsewhere)")
-}
+/// fused-tc on this GPU: runs on `inputs` (converted to `T`), twice under each row order, and
+/// checks against `want`.
+struct FusedTc<'g>(&'g Gpu);
 
-/// Runs fused-tc on `inputs` (converted to `T`), twice under each row order, and checks
-/// against `want`.
-fn check_with<T: DType>(gpu: &Gpu, a: &Csr, inputs: &Inputs, want: &[f64], scale: Option<f32>) {
-    for reorder in [
-        Reorder::None,
-        Reorder::Degree,
-        Reorder::Locality,
-        Reorder::Cluster,
-    ] {
-        check_order::<T>(gpu, a, inputs, want, scale, reorder);
+impl CheckDtype for FusedTc<'_> {
+    fn check<T: DType>(&mut self, a: &Csr, inputs: &Inputs, want: &[f64], scale: Option<f32>) {
+        for reorder in [
+            Reorder::None,
+            Reorder::Degree,
+            Reorder::Locality,
+            Reorder::Cluster,
+        ] {
+            check_order::<T>(self.0, a, inputs, want, scale, reorder);
+        }
     }
 }
 
@@ -70,130 +69,50 @@ fn check_order<T: DType>(
             plan.choice()
         );
     }
-    let what = format!(
-        "fused-tc {} rows {reorder} n={} nnz={} heads={heads} head_dim={head_dim}",
-        T::NAME,
-        a.n_rows(),
-        a.nnz()
-    );
-    check_forward_twice::<T>(
-        gpu,
-        a,
-        inputs,
-        want,
-        tol_tf32::<T>(),
-        &what,
-        |q, k, v, out| plan.forward(q, k, v, out).unwrap(),
-    );
+    let what = format!("fused-tc rows {reorder}");
+    check_forward_twice::<T>(gpu, a, inputs, want, &what, |q, k, v, out| {
+        plan.forward(q, k, v, out).unwrap()
+    });
 }
 
 /// Every dtype on fresh inputs: f16 and bf16 on one grid-valued draw (one reference), f32 on
-/// its own full-precision draw.
-fn check_all(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64) {
-    let scale = 1.0 / (head_dim as f64).sqrt();
-    // The plan's default scale is 1/√head_dim in f32; the reference uses the same value.
-    let scale = f64::from(scale as f32);
+/// its own full-precision draw; the plan's default scale.
+fn check_case(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64) {
+    let scale = default_scale(head_dim);
     let half = Inputs::draw_half(rng, a, heads, head_dim);
     let want = half.reference(a, scale);
-    check_with::<f16>(gpu, a, &half, &want, None);
-    check_with::<bf16>(gpu, a, &half, &want, None);
+    FusedTc(gpu).check::<f16>(a, &half, &want, None);
+    FusedTc(gpu).check::<bf16>(a, &half, &want, None);
     let full = Inputs::draw::<f32>(rng, a, heads, head_dim, 1.0);
     let want = full.reference(a, scale);
-    check_with::<f32>(gpu, a, &full, &want, None);
+    FusedTc(gpu).check::<f32>(a, &full, &want, None);
 }
 
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn shared_graphs() {
-    let gpu = gpu();
-    let mut rng = fresh_rng("shared_graphs");
-    for name in test_graphs(&["cora", "pubmed", "ogbn-arxiv"]) {
-        let a = shared_graph(name);
-        for (heads, head_dim) in [(1, 128), (8, 64), (4, 24)] {
-            check_all(&gpu, &a, heads, head_dim, &mut rng);
-        }
+gpu_sweep_tests! {
+    check = check_case;
+    fn shared_graphs = shared_graphs(&[(1, 128), (8, 64), (4, 24)]);
+    fn rmat_16 = rmat_16(&[(1, 128), (8, 16)]);
+    fn head_dims_and_heads(sweep) {
+        // 8 … 256 from the issue; 1, 3 and 100 take the element-wise (unaligned) path; 64 and
+        // 128 the pipelined kernel in f16/bf16, 48 the register kernel's 64-feature slice.
+        let head_dims = [1, 3, 8, 24, 48, 64, 96, 100, 128, 256];
+        sweep.random(200, 5, 9, &grid(&head_dims, &[1, 4, 8]));
     }
-}
-
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn rmat_16() {
-    let gpu = gpu();
-    let mut rng = fresh_rng("rmat_16");
-    let a = rmat_graph(16);
-    for (heads, head_dim) in [(1, 128), (8, 16)] {
-        check_all(&gpu, &a, heads, head_dim, &mut rng);
+    fn tiny_graphs = tiny(1..=33, 3, 4, &[(2, 24), (1, 3), (1, 64)]);
+    fn hub_row(sweep) {
+        // Row 777 attends to all 10^5 nodes: its window is split and merged in the kernel.
+        sweep.hub(100_000, 777, &[(1, 64), (4, 24)]);
     }
-}
-
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn head_dims_and_heads() {
-    let gpu = gpu();
-    let mut rng = fresh_rng("head_dims_and_heads");
-    let a = random_graph(&mut rng, 200, 5, 9);
-    // 8 … 256 from the issue; 1, 3 and 100 take the element-wise (unaligned) path; 64 and 128
-    // the pipelined kernel in f16/bf16, 48 the register kernel's 64-feature slice.
-    for head_dim in [1, 3, 8, 24, 48, 64, 96, 100, 128, 256] {
-        for heads in [1, 4, 8] {
-            check_all(&gpu, &a, heads, head_dim, &mut rng);
-        }
+    fn split_window_wide_heads(sweep) {
+        // Row 5 attends to all 3000 nodes: its window (375+ blocks) is cut into parts merged
+        // in the kernel; wide heads put several warps on each part (f16 256: 2 warps, f32
+        // 256: 4).
+        sweep.hub(3000, 5, &[(2, 256), (1, 100), (3, 8)]);
     }
-}
-
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn tiny_graphs() {
-    let gpu = gpu();
-    let mut rng = fresh_rng("tiny_graphs");
-    for n in 1..=33 {
-        let a = random_graph(&mut rng, n, 3, 4);
-        check_all(&gpu, &a, 2, 24, &mut rng);
-        check_all(&gpu, &a, 1, 3, &mut rng);
-        check_all(&gpu, &a, 1, 64, &mut rng);
-    }
-}
-
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn hub_row() {
-    let gpu = gpu();
-    let mut rng = fresh_rng("hub_row");
-    // Row 777 attends to all 10^5 nodes: its window is split and merged in the kernel.
-    let a = hub_graph(&mut rng, 100_000, 777);
-    for (heads, head_dim) in [(1, 64), (4, 24)] {
-        check_all(&gpu, &a, heads, head_dim, &mut rng);
-    }
-}
-
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn split_window_wide_heads() {
-    let gpu = gpu();
-    let mut rng = fresh_rng("split_window_wide_heads");
-    // Row 5 attends to all 3000 nodes: its window (375+ blocks) is cut into parts merged in the
-    // kernel; wide heads put several warps on each part (f16 256: 2 warps, f32 256: 4).
-    let a = hub_graph(&mut rng, 3000, 5);
-    for (heads, head_dim) in [(2, 256), (1, 100), (3, 8)] {
-        check_all(&gpu, &a, heads, head_dim, &mut rng);
-    }
-}
-
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn dense_window() {
-    let gpu = gpu();
-    let mut rng = fresh_rng("dense_window");
-    // Rows 0..16 all attend to columns 0..64 (8 full blocks); rows 16..40 a few random ones.
-    let mut edges: Vec<(u32, u32)> = (0..16).flat_map(|r| (0..64).map(move |c| (r, c))).collect();
-    for r in 16..40 {
-        for _ in 0..4 {
-            edges.push((r, rng.random_range(0..70)));
-        }
-    }
-    let a = Csr::from_edges(40, 70, &edges).unwrap();
-    for (heads, head_dim) in [(1, 64), (2, 128), (3, 24)] {
-        check_all(&gpu, &a, heads, head_dim, &mut rng);
+    fn dense_window(sweep) {
+        // Rows 0..16 all attend to columns 0..64 (8 full blocks); rows 16..40 a few random ones.
+        let a = dense_and_sparse_graph(&mut sweep.rng);
+        sweep.on(&a, &[(1, 64), (2, 128), (3, 24)]);
     }
 }
 
@@ -203,31 +122,10 @@ fn extreme_and_equal_scores() {
     let gpu = gpu();
     let mut rng = fresh_rng("extreme_and_equal_scores");
     let a = random_graph(&mut rng, 500, 8, 5);
+    // f32 keeps scores near ±1e4 through 3xTF32; f16/bf16 have exact products.
     for head_dim in [16, 64] {
-        extreme_scores(&gpu, &a, head_dim, &mut rng);
+        check_extreme_and_equal_scores(&mut FusedTc(&gpu), &a, 2, head_dim, 0.25, &mut rng);
     }
-}
-
-/// Scores near ±1e4 and all scores equal, for every dtype, at `head_dim` (2 heads).
-fn extreme_scores(gpu: &Gpu, a: &Csr, head_dim: usize, rng: &mut Pcg64) {
-    let heads = 2;
-    let scale = 0.25f32;
-    // Scores near ±1e4: Q scaled up (f32 through 3xTF32 scores; f16/bf16 with exact products).
-    for amp in [2.5e3, 1e4] {
-        let x = Inputs::draw::<f32>(rng, a, heads, head_dim, amp);
-        check_with::<f32>(gpu, a, &x, &x.reference(a, 0.25), Some(scale));
-        let x = Inputs::draw::<f16>(rng, a, heads, head_dim, amp);
-        check_with::<f16>(gpu, a, &x, &x.reference(a, 0.25), Some(scale));
-        let x = Inputs::draw::<bf16>(rng, a, heads, head_dim, amp);
-        check_with::<bf16>(gpu, a, &x, &x.reference(a, 0.25), Some(scale));
-    }
-    // All scores equal: Q = 0, so every row is the mean of its neighbours' V.
-    let mut x = Inputs::draw_half(rng, a, heads, head_dim);
-    x.q.iter_mut().for_each(|q| *q = 0.0);
-    let want = x.reference(a, 0.25);
-    check_with::<f32>(gpu, a, &x, &want, Some(scale));
-    check_with::<f16>(gpu, a, &x, &want, Some(scale));
-    check_with::<bf16>(gpu, a, &x, &want, Some(scale));
 }
 
 #[test]
@@ -301,16 +199,10 @@ fn timings() {
     println!("device: {}", gpu.name());
     // SPATTN_TIMING_GRAPHS: a comma list of shared graph names and rmatNN (default below);
     // SPATTN_TIMING_QUICK: only f16, 1 head, head_dim 128 (the issue-5 bars' shape).
-    let list = std::env::var("SPATTN_TIMING_GRAPHS")
-        .unwrap_or_else(|_| "cora,pubmed,ogbn-arxiv,rmat16,rmat18".into());
-    let graphs: Vec<(String, Csr)> = list
-        .split(',')
-        .filter(|s| !s.is_empty())
-        .map(|n| match n.strip_prefix("rmat") {
-            Some(scale) => (n.to_string(), rmat_graph(scale.parse().unwrap())),
-            None => (n.to_string(), shared_graph(n)),
-        })
-        .collect();
+    let graphs = timing_graphs(
+        "SPATTN_TIMING_GRAPHS",
+        "cora,pubmed,ogbn-arxiv,rmat16,rmat18",
+    );
     let quick = std::env::var("SPATTN_TIMING_QUICK").is_ok();
     let dtypes: &[DTypeKind] = if quick {
         &[DTypeKind::F16]
@@ -322,7 +214,7 @@ fn timings() {
     } else {
         &[(1, 64), (1, 128), (8, 64), (8, 128)]
     };
-    for (name, a) in &graphs {
+    for (name, a) in graphs {
         for &dtype in dtypes {
             for &(heads, d) in shapes {
                 let mut cell = Vec::new();
@@ -338,7 +230,7 @@ fn timings() {
                         .with_algorithm(alg)
                         .with_reorder(reorder);
                     let t0 = std::time::Instant::now();
-                    let plan = AttentionPlan::new_gpu(&gpu, a, config).unwrap();
+                    let plan = AttentionPlan::new_gpu(&gpu, &a, config).unwrap();
                     let plan_ms = t0.elapsed().as_secs_f64() * 1e3;
                     let (single, batched) = match dtype {
                         DTypeKind::F32 => time_plan::<f32>(&gpu, &plan, 30, &mut rng),

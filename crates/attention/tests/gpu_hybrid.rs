@@ -8,11 +8,10 @@
 //! warp splits: 0 (every block on tensor cores), 2 (every edge on CUDA cores) and in between;
 //! all must match the reference.
 //!
-//! Tolerances (DESIGN.md): f16 ≤ 5e-3, bf16 ≤ 2e-2, f32 through tf32 on the tensor-core side ≤
-//! 1e-3.
+//! Tolerances (docs/kernels/README.md): f16 ≤ 5e-3, bf16 ≤ 2e-2, f32 through tf32 on the
+//! tensor-core side ≤ 1e-3.
 
 use half::{bf16, f16};
-use rand::Rng;
 use rand_pcg::Pcg64;
 use spattn::{Algorithm, AttentionConfig, AttentionPlan, HybridParams};
 use spattn_formats::Csr;
@@ -41,10 +40,6 @@ const FIXED_PIPE: [(f64, usize, usize); 7] = [
     (0.1, 3, 1),
     (0.05, 4, 1),
 ];
-
-fn gpu() -> Gpu {
-    Gpu::new(0).expect("an NVIDIA GPU (this test is ignored elsewhere)")
-}
 
 /// Runs the hybrid plan on `inputs` (converted to `T`), twice, and checks against `want`.
 fn check_with<T: DType>(
@@ -83,28 +78,16 @@ fn check_with<T: DType>(
             assert_eq!(info.tc_edge_fraction, 0.0);
         }
     }
-    let what = format!(
-        "hybrid {} n={} nnz={} heads={heads} head_dim={head_dim} params={params:?} ({})",
-        T::NAME,
-        a.n_rows(),
-        a.nnz(),
-        plan.choice()
-    );
-    check_forward_twice::<T>(
-        gpu,
-        a,
-        inputs,
-        want,
-        tol_tf32::<T>(),
-        &what,
-        |q, k, v, out| plan.forward(q, k, v, out).unwrap(),
-    );
+    let what = format!("hybrid params={params:?} ({})", plan.choice());
+    check_forward_twice::<T>(gpu, a, inputs, want, &what, |q, k, v, out| {
+        plan.forward(q, k, v, out).unwrap()
+    });
 }
 
 /// Every dtype, calibrated and at every fixed configuration, on fresh inputs: f16 and bf16 on
 /// one grid-valued draw (one reference), f32 on its own full-precision draw (head_dim ≤ 64).
-fn check_all(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64) {
-    let scale = f64::from((1.0 / (head_dim as f64).sqrt()) as f32);
+fn check_case(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64) {
+    let scale = default_scale(head_dim);
     let half = Inputs::draw_half(rng, a, heads, head_dim);
     let want = half.reference(a, scale);
     let fixed = |set: &'static [(f64, usize, usize)]| {
@@ -135,78 +118,28 @@ fn check_all(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64)
     }
 }
 
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn shared_graphs() {
-    let gpu = gpu();
-    let mut rng = fresh_rng("shared_graphs");
-    for name in test_graphs(&["cora", "pubmed", "ogbn-arxiv"]) {
-        let a = shared_graph(name);
-        for (heads, head_dim) in [(1, 128), (8, 64), (2, 24)] {
-            check_all(&gpu, &a, heads, head_dim, &mut rng);
-        }
+gpu_sweep_tests! {
+    check = check_case;
+    fn shared_graphs = shared_graphs(&[(1, 128), (8, 64), (2, 24)]);
+    fn rmat_16 = rmat_16(&[(1, 128), (8, 16)]);
+    fn head_dims_and_heads(sweep) {
+        // 1, 3 and 100 take the element-wise (unaligned) path.
+        let head_dims = [1, 3, 8, 24, 64, 96, 100, 128];
+        sweep.random(200, 5, 9, &grid(&head_dims, &[1, 2, 8]));
     }
-}
-
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn rmat_16() {
-    let gpu = gpu();
-    let mut rng = fresh_rng("rmat_16");
-    let a = rmat_graph(16);
-    for (heads, head_dim) in [(1, 128), (8, 16)] {
-        check_all(&gpu, &a, heads, head_dim, &mut rng);
+    fn tiny_graphs(sweep) {
+        sweep
+            .tiny([1, 2, 7, 15, 16, 17, 31, 33], 3, 4, &[(2, 24), (1, 3)])
+            .on(&Csr::from_edges(5, 5, &[]).unwrap(), &[(2, 8)]);
     }
-}
-
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn head_dims_and_heads() {
-    let gpu = gpu();
-    let mut rng = fresh_rng("head_dims_and_heads");
-    let a = random_graph(&mut rng, 200, 5, 9);
-    // 1, 3 and 100 take the element-wise (unaligned) path.
-    for head_dim in [1, 3, 8, 24, 64, 96, 100, 128] {
-        for heads in [1, 2, 8] {
-            check_all(&gpu, &a, heads, head_dim, &mut rng);
-        }
+    fn hub_row(sweep) {
+        // Row 777 attends to all 10^5 nodes: its window is split into parts merged in the
+        // kernel.
+        sweep.hub(100_000, 777, &[(1, 64), (8, 24)]);
     }
-}
-
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn tiny_graphs() {
-    let gpu = gpu();
-    let mut rng = fresh_rng("tiny_graphs");
-    for n in [1, 2, 7, 15, 16, 17, 31, 33] {
-        let a = random_graph(&mut rng, n, 3, 4);
-        check_all(&gpu, &a, 2, 24, &mut rng);
-        check_all(&gpu, &a, 1, 3, &mut rng);
-    }
-    let empty = Csr::from_edges(5, 5, &[]).unwrap();
-    check_all(&gpu, &empty, 2, 8, &mut rng);
-}
-
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn hub_row() {
-    let gpu = gpu();
-    let mut rng = fresh_rng("hub_row");
-    // Row 777 attends to all 10^5 nodes: its window is split into parts merged in the kernel.
-    let a = hub_graph(&mut rng, 100_000, 777);
-    for (heads, head_dim) in [(1, 64), (8, 24)] {
-        check_all(&gpu, &a, heads, head_dim, &mut rng);
-    }
-}
-
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn dense_and_sparse_windows() {
-    let gpu = gpu();
-    let mut rng = fresh_rng("dense_and_sparse_windows");
-    let a = dense_and_sparse_graph(&mut rng);
-    for (heads, head_dim) in [(1, 64), (2, 128), (3, 24)] {
-        check_all(&gpu, &a, heads, head_dim, &mut rng);
+    fn dense_and_sparse_windows(sweep) {
+        let a = dense_and_sparse_graph(&mut sweep.rng);
+        sweep.on(&a, &[(1, 64), (2, 128), (3, 24)]);
     }
 }
 
@@ -220,7 +153,7 @@ fn pipelined_hand_off() {
     let a = dense_and_sparse_graph(&mut rng);
     for (heads, head_dim) in [(1, 64), (2, 128)] {
         let half = Inputs::draw_half(&mut rng, &a, heads, head_dim);
-        let want = half.reference(&a, f64::from((1.0 / (head_dim as f64).sqrt()) as f32));
+        let want = half.reference(&a, default_scale(head_dim));
         for &(threshold, tc_warps, cd_warps) in &FIXED_PIPE {
             let p = Some(HybridParams {
                 threshold,
@@ -234,16 +167,13 @@ fn pipelined_hand_off() {
     }
 }
 
-/// Rows 0..16 all attend to columns 0..64 (a window of 8 full blocks); rows 16..40 to a few
-/// random columns each (windows of sparse blocks); n = 40 is not a multiple of 16.
-fn dense_and_sparse_graph(rng: &mut Pcg64) -> Csr {
-    let mut edges: Vec<(u32, u32)> = (0..16).flat_map(|r| (0..64).map(move |c| (r, c))).collect();
-    for r in 16..40 {
-        for _ in 0..4 {
-            edges.push((r, rng.random_range(0..70)));
-        }
+/// The hybrid plan at fixed parameters (`None`: calibrated at plan time).
+struct Hybrid<'g>(&'g Gpu, Option<HybridParams>);
+
+impl CheckDtype for Hybrid<'_> {
+    fn check<T: DType>(&mut self, a: &Csr, inputs: &Inputs, want: &[f64], scale: Option<f32>) {
+        check_with::<T>(self.0, a, inputs, want, scale, self.1);
     }
-    Csr::from_edges(40, 70, &edges).unwrap()
 }
 
 #[test]
@@ -253,25 +183,17 @@ fn extreme_and_equal_scores() {
     let mut rng = fresh_rng("extreme_and_equal_scores");
     let a = random_graph(&mut rng, 500, 8, 5);
     let (heads, head_dim) = (2, 16);
-    let scale = 0.25f32;
     let mixed = Some(HybridParams {
         threshold: 0.03,
         tc_warps: 2,
         cd_warps: 2,
     });
-    for amp in [2.5e3, 1e4] {
-        let x = Inputs::draw::<f32>(&mut rng, &a, heads, head_dim, amp);
-        check_with::<f32>(&gpu, &a, &x, &x.reference(&a, 0.25), Some(scale), mixed);
-        let x = Inputs::draw::<f16>(&mut rng, &a, heads, head_dim, amp);
-        check_with::<f16>(&gpu, &a, &x, &x.reference(&a, 0.25), Some(scale), mixed);
-        let x = Inputs::draw::<bf16>(&mut rng, &a, heads, head_dim, amp);
-        check_with::<bf16>(&gpu, &a, &x, &x.reference(&a, 0.25), Some(scale), mixed);
-    }
-    let mut x = Inputs::draw_half(&mut rng, &a, heads, head_dim);
-    x.q.iter_mut().for_each(|q| *q = 0.0);
+    let mut hybrid = Hybrid(&gpu, mixed);
+    check_extreme_and_equal_scores(&mut hybrid, &a, heads, head_dim, 0.25, &mut rng);
+    // Equal scores with the plan-time calibration too.
+    let x = Inputs::equal_scores(&mut rng, &a, heads, head_dim);
     let want = x.reference(&a, 0.25);
-    check_with::<f16>(&gpu, &a, &x, &want, Some(scale), mixed);
-    check_with::<bf16>(&gpu, &a, &x, &want, Some(scale), None);
+    Hybrid(&gpu, None).check::<bf16>(&a, &x, &want, Some(0.25));
 }
 
 #[test]

@@ -62,6 +62,34 @@ fn coords(len: usize) -> Vec<usize> {
     }
 }
 
+/// Shifts every parameter value by a random amount in ±0.3 (non-zero biases, so that their
+/// gradients are exercised with the rest).
+fn perturb(params: Vec<&mut HostParam<f64>>, rng: &mut Pcg64) {
+    for p in params {
+        p.value
+            .iter_mut()
+            .for_each(|v| *v += rng.random_range(-0.3..0.3));
+    }
+}
+
+/// [`check_layer`] of a layer with `forward(x) -> (y, cache)`, `backward(cache, dy) -> dx` and
+/// `params_mut()`, under the loss `Σ r ⊙ y` (so `dy = r`). A macro: the layer types share no
+/// trait.
+macro_rules! check_layer {
+    ($layer:expr, $x:expr, $r:expr) => {
+        check_layer(
+            &mut $layer,
+            &$x,
+            |l, x| dot(&l.forward(x).unwrap().0, &$r),
+            |l, x| {
+                let (_, cache) = l.forward(x).unwrap();
+                l.backward(&cache, &$r).unwrap()
+            },
+            |l| l.params_mut(),
+        )
+    };
+}
+
 /// Checks every parameter and the input of a layer given as closures: `loss(layer, x)` runs
 /// the forward; `grads(layer, x)` runs forward + backward and returns dx (the parameter
 /// gradients are then in the layer); `params(layer)` lists them.
@@ -113,24 +141,10 @@ fn gat_gradients_match_finite_differences() {
             .with_bias(bias);
         let mut layer = GatConv::<Host<f64>>::new(cfg, &g, seed).unwrap();
         let mut rng = Pcg64::seed_from_u64(seed + 100);
-        // Non-zero biases so that their gradients are exercised with the rest.
-        for p in layer.params_mut() {
-            p.value
-                .iter_mut()
-                .for_each(|v| *v += rng.random_range(-0.3..0.3));
-        }
+        perturb(layer.params_mut(), &mut rng);
         let x = random(n * in_dim, &mut rng);
         let r = random(n * cfg.output_dim(), &mut rng);
-        check_layer(
-            &mut layer,
-            &x,
-            |l, x| dot(&l.forward(x).unwrap().0, &r),
-            |l, x| {
-                let (_, cache) = l.forward(x).unwrap();
-                l.backward(&cache, &r).unwrap()
-            },
-            |l| l.params_mut(),
-        );
+        check_layer!(layer, x, r);
     }
 }
 
@@ -142,23 +156,10 @@ fn transformer_gradients_match_finite_differences() {
         let cfg = TransformerConfig::new(dim, heads, head_dim, dim).with_residual(residual);
         let mut layer = GraphTransformerLayer::<Host<f64>>::new(cfg, &g, seed).unwrap();
         let mut rng = Pcg64::seed_from_u64(seed + 100);
-        for p in layer.params_mut() {
-            p.value
-                .iter_mut()
-                .for_each(|v| *v += rng.random_range(-0.3..0.3));
-        }
+        perturb(layer.params_mut(), &mut rng);
         let x = random(n * dim, &mut rng);
         let r = random(n * dim, &mut rng);
-        check_layer(
-            &mut layer,
-            &x,
-            |l, x| dot(&l.forward(x).unwrap().0, &r),
-            |l, x| {
-                let (_, cache) = l.forward(x).unwrap();
-                l.backward(&cache, &r).unwrap()
-            },
-            |l| l.params_mut(),
-        );
+        check_layer!(layer, x, r);
     }
 }
 
@@ -171,16 +172,7 @@ fn agnn_gradients_match_finite_differences() {
         let mut rng = Pcg64::seed_from_u64(seed + 100);
         let x = random(n * dim, &mut rng);
         let r = random(n * dim, &mut rng);
-        check_layer(
-            &mut layer,
-            &x,
-            |l, x| dot(&l.forward(x).unwrap().0, &r),
-            |l, x| {
-                let (_, cache) = l.forward(x).unwrap();
-                l.backward(&cache, &r).unwrap()
-            },
-            |l| l.params_mut(),
-        );
+        check_layer!(layer, x, r);
     }
 }
 

@@ -5,8 +5,7 @@
 //
 //   nvcc -arch=sm_90 -O3 -o l2bw crates/bench/ceilings/l2_bandwidth.cu && ./l2bw
 //
-// Measured on an H200 (2026-11-24, docs/results/h200.md): L2 8.2-8.3 TB/s at 32-48 MB,
-// HBM 4.41-4.44 TB/s, empty launch 5.2-6.1 us median (two machine starts; 3.9 us min).
+// The H200's ceilings: docs/kernels/README.md, "Where the measurements come from".
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>

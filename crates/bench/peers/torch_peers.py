@@ -877,7 +877,10 @@ def compiled_flex():
         for knob in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
             if hasattr(torch._dynamo.config, knob):
                 setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), 256))
-        _FLEX["fn"] = torch.compile(flex_attention, dynamic=False, fullgraph=True)
+        # dynamic=None (torch's default): the first shape compiles static, a second marks the
+        # changing sizes dynamic, so graphs and shapes after it reuse one kernel instead of a
+        # compile each (tens of seconds apiece).
+        _FLEX["fn"] = torch.compile(flex_attention, fullgraph=True)
     return _FLEX["fn"]
 
 

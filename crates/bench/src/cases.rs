@@ -427,9 +427,9 @@ pub fn floor_bytes(case: &Case, p: &Problem) -> u64 {
     dense + indices
 }
 
-/// The tolerance of DESIGN.md for an output of `dtype` against the f64 reference: f32 1e-5,
-/// tf32 1e-3 (f32 inputs of a tensor-core algorithm go through tf32), f16 5e-3, bf16 2e-2.
-/// Ops whose output is f32 (scores, probabilities) are held to f32's.
+/// The tolerance (docs/kernels/README.md) for an output of `dtype` against the f64 reference:
+/// f32 1e-5, tf32 1e-3 (f32 inputs of a tensor-core algorithm go through tf32), f16 5e-3, bf16
+/// 2e-2. Ops whose output is f32 (scores, probabilities) are held to f32's.
 pub fn tolerance(case: &Case, dtype: DTypeKind) -> f64 {
     let out = match case.traffic {
         Traffic::Sddmm | Traffic::Softmax => DTypeKind::F32,

@@ -196,8 +196,8 @@ pub struct ReportArgs {
     pub force: bool,
 
     /// Markdown appended verbatim after the generated tables: results of the benchmarks that
-    /// are not `spattn-bench` runs (e.g. docs/results/training.md, the training step and the
-    /// layers), kept with their own GPU, commit and command so a regeneration keeps them.
+    /// are not `spattn-bench` runs (e.g. the training step and the layers), kept with their own
+    /// GPU, commit and command so a regeneration keeps them.
     #[arg(long = "append", value_name = "FILE")]
     pub append: Vec<PathBuf>,
 

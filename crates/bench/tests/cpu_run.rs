@@ -2,26 +2,14 @@
 
 mod common;
 
-use common::{bench, temp_dir, text};
+use common::{cpu_run, temp_dir};
 use spattn_bench::record::RunRecord;
 
 #[test]
 fn tiny_cpu_run_writes_json() {
     let dir = temp_dir("cpu-run");
     let json = dir.join("out/run.json");
-    let out = bench(&[
-        "--cpu",
-        "--rmat",
-        "7",
-        "--reps",
-        "3",
-        "--warmup",
-        "1",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let stdout = cpu_run(&["--rmat", "7", "--json", json.to_str().unwrap()], 3, 1);
     assert!(stdout.contains("CPU: --cpu given"), "{stdout}");
     assert!(stdout.contains("graph rmat-7"), "{stdout}");
     assert!(
@@ -58,12 +46,8 @@ fn shapes_dtypes_and_named_graphs() {
     let data = data_dir.to_str().expect("a UTF-8 path");
     let dir = temp_dir("cpu-shapes");
     let json = dir.join("run.json");
-    let out = bench(&[
-        "--cpu",
-        "--graph",
-        "cora",
-        "--data-dir",
-        data,
+    let graph = ["--graph", "cora", "--data-dir", data];
+    let configs = [
         "--heads",
         "1,3",
         "--head-dim",
@@ -72,15 +56,9 @@ fn shapes_dtypes_and_named_graphs() {
         "f16",
         "--dtype",
         "bf16",
-        "--reps",
-        "2",
-        "--warmup",
-        "0",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    ];
+    let json_arg = ["--json", json.to_str().unwrap()];
+    cpu_run(&[&graph[..], &configs, &json_arg].concat(), 2, 0);
     let run: RunRecord = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(run.graphs[0].nnz, 13264); // symmetrized with self loops
     assert!(run.graphs[0].source.ends_with("cora.mtx.gz"));
@@ -109,19 +87,7 @@ fn shapes_dtypes_and_named_graphs() {
 
 #[test]
 fn no_check_and_no_symmetrize() {
-    let out = bench(&[
-        "--cpu",
-        "--rmat",
-        "6",
-        "--no-symmetrize",
-        "--no-check",
-        "--reps",
-        "2",
-        "--warmup",
-        "0",
-    ]);
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let stdout = cpu_run(&["--rmat", "6", "--no-symmetrize", "--no-check"], 2, 0);
     assert!(
         stdout.contains("as stored") && stdout.contains("not checked"),
         "{stdout}"

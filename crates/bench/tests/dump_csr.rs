@@ -5,7 +5,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{bench, temp_dir, text};
+use common::{bench_ok, cpu_run, temp_dir};
 use spattn_formats::{rmat, RmatConfig};
 
 /// (n_rows, n_cols, row_offsets, col_indices) of a `SPCSR001` file.
@@ -33,15 +33,13 @@ fn read_spcsr(path: &Path) -> (u64, u64, Vec<u32>, Vec<u32>) {
 fn one_graph_to_a_file() {
     let dir = temp_dir("dump-one");
     let file = dir.join("rmat-6.csr");
-    let out = bench(&[
+    bench_ok(&[
         "--rmat",
         "6",
         "--dump-csr",
         file.to_str().unwrap(),
         "--dump-only",
     ]);
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
     let expected = rmat(&RmatConfig::benchmark(6).with_seed(1)).unwrap();
     let (n_rows, n_cols, offsets, cols) = read_spcsr(&file);
     assert_eq!((n_rows, n_cols), (64, 64));
@@ -58,21 +56,12 @@ fn several_graphs_to_a_folder_while_benchmarking() {
     let target = dir.join("graphs");
     let cora = spattn_test_support::cora_path();
     let data = cora.to_str().expect("a UTF-8 path");
-    let out = bench(&[
-        "--cpu",
-        "--graph",
-        data,
-        "--rmat",
-        "5",
-        "--reps",
-        "1",
-        "--warmup",
-        "0",
-        "--dump-csr",
-        target.to_str().unwrap(),
-    ]);
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let dump = ["--dump-csr", target.to_str().unwrap()];
+    let stdout = cpu_run(
+        &[&["--graph", data, "--rmat", "5"][..], &dump].concat(),
+        1,
+        0,
+    );
     assert!(stdout.contains("cpu-unfused"), "{stdout}");
     let (n, _, offsets, cols) = read_spcsr(&target.join("cora.csr"));
     assert_eq!((n, cols.len()), (2708, 13264));
@@ -81,16 +70,7 @@ fn several_graphs_to_a_folder_while_benchmarking() {
     assert_eq!(n, 32);
     // And it reads back as a graph of its own.
     let csr = target.join("cora.csr");
-    let out = bench(&[
-        "--cpu",
-        "--graph",
-        csr.to_str().unwrap(),
-        "--reps",
-        "1",
-        "--warmup",
-        "0",
-    ]);
-    assert!(out.status.success(), "{}", text(&out).1);
-    assert!(text(&out).0.contains("graph cora"));
+    let stdout = cpu_run(&["--graph", csr.to_str().unwrap()], 1, 0);
+    assert!(stdout.contains("graph cora"));
     std::fs::remove_dir_all(&dir).unwrap();
 }

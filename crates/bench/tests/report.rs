@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{bench, temp_dir, text};
+use common::{bench, cpu_run, temp_dir, text};
 use spattn_bench::record::*;
 
 fn graph(name: &str, nnz: u64) -> GraphRecord {
@@ -327,18 +327,7 @@ fn report_appends_the_given_markdown_after_the_tables() {
 fn report_of_a_cpu_run_says_so() {
     let dir = temp_dir("report-cpu");
     let json = dir.join("run.json");
-    let out = bench(&[
-        "--cpu",
-        "--rmat",
-        "5",
-        "--reps",
-        "2",
-        "--warmup",
-        "0",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", text(&out).1);
+    cpu_run(&["--rmat", "5", "--json", json.to_str().unwrap()], 2, 0);
     let md = dir.join("B.md");
     let svg = dir.join("b.svg");
     let out = bench(&[

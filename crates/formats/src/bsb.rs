@@ -60,13 +60,13 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use crate::csr::Csr;
+use crate::csr::{check_shape, Csr};
 use crate::error::{Error, Result};
 use crate::mebcrs::{
-    check_dim, check_len, check_pointers, check_slot_index, chunk_by_work, for_each_bit,
-    offsets_from_counts, plan_chunks, split_by_lens, WindowMerger,
+    check_len, check_pointers, for_each_bit, plan_chunks, split_by_lens, WindowMerger,
 };
 use crate::stats::FillStats;
+use crate::window::{edge_offsets_of_items, slot_windows, SlotWindows};
 
 /// Rows per BSB window.
 const ROWS: usize = 16;
@@ -205,8 +205,7 @@ impl Bsb {
         bitmaps: Vec<u128>,
         values: Option<Vec<f32>>,
     ) -> Result<Self> {
-        check_dim("n_rows", n_rows)?;
-        check_dim("n_cols", n_cols)?;
+        check_shape(n_rows, n_cols)?;
         let n_windows = n_rows.div_ceil(ROWS);
         check_len("window_offsets", n_windows + 1, window_offsets.len())?;
         let n_blocks = bitmaps.len();
@@ -223,30 +222,11 @@ impl Bsb {
         }
 
         // Edges per row (popcount of each row's byte of every bitmap), then the prefix sum.
-        let mut row_counts = vec![0u32; n_rows];
-        let chunks = chunk_by_work(n_windows, |w| window_offsets[w] as usize + w);
-        let count_slices = split_by_lens(
-            &mut row_counts,
-            chunks
-                .iter()
-                .map(|c| (c.end * ROWS).min(n_rows) - (c.start * ROWS).min(n_rows)),
-        );
-        chunks
-            .par_iter()
-            .zip(count_slices)
-            .for_each(|(windows, counts)| {
-                for w in windows.clone() {
-                    let base = (w - windows.start) * ROWS;
-                    let rows_here = counts.len().saturating_sub(base).min(ROWS);
-                    let range = window_offsets[w] as usize..window_offsets[w + 1] as usize;
-                    for &bm in &bitmaps[range] {
-                        for (r, count) in counts[base..base + rows_here].iter_mut().enumerate() {
-                            *count += ((bm >> (r * COLS)) as u8).count_ones();
-                        }
-                    }
-                }
-            });
-        let edge_offsets = offsets_from_counts(&row_counts)?;
+        let edge_offsets = edge_offsets_of_items::<ROWS>(n_rows, &window_offsets, |b, counts| {
+            for (r, count) in counts.iter_mut().enumerate() {
+                *count += ((bitmaps[b] >> (r * COLS)) as u8).count_ones();
+            }
+        })?;
         if let Some(v) = &values {
             check_len("values", edge_offsets[n_rows] as usize, v.len())?;
         }
@@ -360,8 +340,9 @@ impl Bsb {
     /// Converts back to CSR: exactly the matrix this was built from (same pattern, same values).
     pub fn to_csr(&self) -> Result<Csr> {
         let mut cols = vec![0u32; self.nnz()];
-        self.for_each_edge(&mut cols, |out, b, _, c| {
-            *out = self.block_columns[b * COLS + c];
+        // Slot `b·128 + r·8 + c` holds the column of block `b`'s slot `c`.
+        self.for_each_edge(&mut cols, |out, slot| {
+            *out = self.block_columns[slot / SLOTS * COLS + slot % COLS];
         });
         Ok(Csr::from_parts_unchecked(
             self.n_rows,
@@ -370,67 +351,6 @@ impl Bsb {
             cols,
             self.values.clone(),
         ))
-    }
-
-    /// The slot (`block · 128 + r · 8 + c`) of every CSR edge, in CSR order.
-    ///
-    /// Errors: [`Error::DimensionTooLarge`] if a slot index does not fit in `u32`
-    /// (more than 2^25 blocks).
-    pub fn edge_to_slot(&self) -> Result<Vec<u32>> {
-        check_slot_index("BSB slot index", self.n_slots())?;
-        let mut map = vec![0u32; self.nnz()];
-        self.for_each_edge(&mut map, |out, b, r, c| {
-            *out = (b * SLOTS + r * COLS + c) as u32;
-        });
-        Ok(map)
-    }
-
-    /// Reads slot-major data (`n_slots` entries) back into CSR edge order.
-    ///
-    /// Errors: [`Error::LengthMismatch`] if `slot_data.len() != n_slots()`.
-    pub fn gather_to_csr_order<T: Copy + Send + Sync>(&self, slot_data: &[T]) -> Result<Vec<T>> {
-        check_len("slot data", self.n_slots(), slot_data.len())?;
-        let Some(&first) = slot_data.first() else {
-            return Ok(Vec::new());
-        };
-        let mut out = vec![first; self.nnz()];
-        self.for_each_edge(&mut out, |o, b, r, c| {
-            *o = slot_data[b * SLOTS + r * COLS + c];
-        });
-        Ok(out)
-    }
-
-    /// Writes per-edge data in CSR order (`nnz` entries) into the slot layout (`n_slots`
-    /// entries); slots with no edge (padding included) get `fill`.
-    ///
-    /// Errors: [`Error::LengthMismatch`] if `edge_data.len() != nnz()`.
-    pub fn scatter_to_slots<T: Copy + Send + Sync>(
-        &self,
-        edge_data: &[T],
-        fill: T,
-    ) -> Result<Vec<T>> {
-        check_len("edge data", self.nnz(), edge_data.len())?;
-        let mut out = vec![fill; self.n_slots()];
-        let chunks = plan_chunks(&self.edge_offsets, ROWS);
-        let slices = split_by_lens(
-            &mut out,
-            chunks.iter().map(|c| {
-                (self.window_offsets[c.end] - self.window_offsets[c.start]) as usize * SLOTS
-            }),
-        );
-        chunks.par_iter().zip(slices).for_each(|(windows, slots)| {
-            let base = self.window_offsets[windows.start] as usize * SLOTS;
-            for w in windows.clone() {
-                let mut cursor = self.row_cursors(w, 0);
-                for b in self.window_blocks(w) {
-                    self.for_each_bit_of(b, |r, c| {
-                        slots[b * SLOTS + r * COLS + c - base] = edge_data[cursor[r]];
-                        cursor[r] += 1;
-                    });
-                }
-            }
-        });
-        Ok(out)
     }
 
     /// Fill of the whole matrix: blocks, edges, and `slots = blocks × 128`.
@@ -450,35 +370,15 @@ impl Bsb {
     /// # Panics
     /// If `w >= n_windows`.
     pub fn window_fill(&self, w: usize) -> f64 {
-        let slots = self.blocks_in_window(w) * SLOTS;
-        if slots == 0 {
-            return 0.0;
+        self.edges_over(w, self.blocks_in_window(w) * SLOTS)
+    }
+
+    /// Calls `f(r, slot)` for every edge of window `w`: blocks in column order, bits in
+    /// row-then-slot order, so each row's edges by ascending column.
+    fn for_each_slot_in(&self, w: usize, mut f: impl FnMut(usize, usize)) {
+        for b in self.window_blocks(w) {
+            self.for_each_bit_of(b, |r, c| f(r, b * SLOTS + r * COLS + c));
         }
-        let rows = self.window_rows(w);
-        let edges = self.edge_offsets[rows.end] - self.edge_offsets[rows.start];
-        edges as f64 / slots as f64
-    }
-
-    /// [`Bsb::window_fill`] of every window.
-    pub fn window_fills(&self) -> Vec<f64> {
-        (0..self.n_windows())
-            .into_par_iter()
-            .map(|w| self.window_fill(w))
-            .collect()
-    }
-
-    /// Rows of window `w`, clipped to `n_rows`.
-    fn window_rows(&self, w: usize) -> Range<usize> {
-        (w * ROWS).min(self.n_rows)..((w + 1) * ROWS).min(self.n_rows)
-    }
-
-    /// For each row of window `w`, the CSR index of its first edge minus `base`.
-    fn row_cursors(&self, w: usize, base: usize) -> [usize; ROWS] {
-        let mut cursor = [0usize; ROWS];
-        for (r, row) in self.window_rows(w).enumerate() {
-            cursor[r] = self.edge_offsets[row] as usize - base;
-        }
-        cursor
     }
 
     /// Calls `f(r, c)` for every set bit of block `b`'s bitmap, in bit order (row by row, and
@@ -494,37 +394,16 @@ impl Bsb {
         word(bm as u64, 0);
         word((bm >> 64) as u64, 8);
     }
-
-    /// Visits every edge with `f(&mut out[edge], block, r, c)`, where `out` is indexed in CSR
-    /// order; windows in parallel.
-    fn for_each_edge<T: Send>(
-        &self,
-        out: &mut [T],
-        f: impl Fn(&mut T, usize, usize, usize) + Sync,
-    ) {
-        let chunks = plan_chunks(&self.edge_offsets, ROWS);
-        let n = self.n_rows;
-        let edge_at = |w: usize| self.edge_offsets[(w * ROWS).min(n)] as usize;
-        let slices = split_by_lens(
-            out,
-            chunks.iter().map(|c| edge_at(c.end) - edge_at(c.start)),
-        );
-        chunks.par_iter().zip(slices).for_each(|(windows, edges)| {
-            let base = edge_at(windows.start);
-            for w in windows.clone() {
-                let mut cursor = self.row_cursors(w, base);
-                // Blocks in column order, bits in row-then-slot order: each row's edges are
-                // visited by ascending column, i.e. in CSR order.
-                for b in self.window_blocks(w) {
-                    self.for_each_bit_of(b, |r, c| {
-                        f(&mut edges[cursor[r]], b, r, c);
-                        cursor[r] += 1;
-                    });
-                }
-            }
-        });
-    }
 }
+
+slot_windows!(Bsb {
+    rows: ROWS,
+    items: window_offsets,
+    slots_per_item: SLOTS,
+    index: "BSB slot index",
+    slot: "`block · 128 + r · 8 + c`",
+    limit: "2^25 blocks",
+});
 
 /// What a BSB of a matrix would hold, counted without building it
 /// ([`Bsb::count_with_row_order`]).

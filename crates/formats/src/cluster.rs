@@ -6,11 +6,9 @@
 //! window then still holds rows from two or three breadth-first levels that share little. The
 //! packing instead fills each window explicitly: it starts from the first row not yet placed
 //! (in a seed order, usually the locality order) and adds, one at a time, the unplaced row with
-//! the most columns already in the window per column it would add. Measured on the shared
-//! graphs (sym + I, 16-row windows, distinct (window, column) pairs against the locality
-//! order): ogbn-arxiv −26%, pubmed −28%, deezer-RO −31%, cora −37%, flickr −17%; on R-MAT
-//! graphs it is 15–20% *worse* than the locality order, which [`crate::Reorder::Auto`] then
-//! keeps.
+//! the most columns already in the window per column it would add. It gathers fewer rows than
+//! the locality order on the shared real graphs and more on R-MAT graphs, where
+//! [`crate::Reorder::Auto`] keeps the locality order (docs/kernels/reordering.md, "Measured").
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -21,8 +19,9 @@ use crate::permutation::Permutation;
 
 /// Columns held by more rows than this are not followed when the packing looks for rows to add
 /// to a window (they would make every row a candidate and cost O(rows) per window); the rows
-/// that share them are still found through their other columns. 512 found the fewest gathers on
-/// ogbn-arxiv and flickr (64: +2%, unbounded: +0.3% and 4× the time).
+/// that share them are still found through their other columns. 512: fewer gathers than a lower
+/// cap, about as few as none at a quarter of the time (docs/kernels/reordering.md, "Tried and
+/// rejected").
 pub const CLUSTER_COLUMN_CAP: usize = 512;
 
 /// The work [`Permutation::window_clusters`] does on `a`, in candidate updates: every stored

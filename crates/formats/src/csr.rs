@@ -8,6 +8,7 @@ use rayon::prelude::*;
 
 use crate::alloc;
 use crate::error::{Error, Result};
+use crate::mebcrs::check_len;
 
 /// The largest number of stored entries (32-bit row offsets).
 pub const MAX_NNZ: u64 = u32::MAX as u64;
@@ -15,7 +16,13 @@ pub const MAX_NNZ: u64 = u32::MAX as u64;
 /// marker for padding slots in the blocked formats).
 pub const MAX_DIM: u64 = u32::MAX as u64 - 1;
 
-fn check_dim(what: &'static str, value: usize) -> Result<()> {
+/// Both dimensions of an `n_rows × n_cols` matrix fit the 32-bit indices.
+pub(crate) fn check_shape(n_rows: usize, n_cols: usize) -> Result<()> {
+    check_dim("n_rows", n_rows)?;
+    check_dim("n_cols", n_cols)
+}
+
+pub(crate) fn check_dim(what: &'static str, value: usize) -> Result<()> {
     if value as u64 > MAX_DIM {
         return Err(Error::DimensionTooLarge {
             what,
@@ -37,16 +44,47 @@ fn check_nnz(nnz: usize) -> Result<()> {
 }
 
 fn check_values(values: Option<&[f32]>, nnz: usize) -> Result<()> {
-    if let Some(v) = values {
-        if v.len() != nnz {
-            return Err(Error::LengthMismatch {
-                what: "values",
-                expected: nnz,
-                actual: v.len(),
-            });
-        }
+    values.map_or(Ok(()), |v| check_len("values", nnz, v.len()))
+}
+
+/// The dimensions and lengths of parallel row / column (/ value) arrays.
+fn check_triplets(
+    n_rows: usize,
+    n_cols: usize,
+    rows: &[u32],
+    cols: &[u32],
+    values: Option<&[f32]>,
+) -> Result<()> {
+    check_shape(n_rows, n_cols)?;
+    check_len("column indices", rows.len(), cols.len())?;
+    check_values(values, rows.len())
+}
+
+/// Every entry of parallel row / column arrays lies in `n_rows × n_cols`; otherwise the first
+/// entry that does not, as [`Error::RowOutOfBounds`] or [`Error::ColumnOutOfBounds`].
+fn check_in_bounds(n_rows: usize, n_cols: usize, rows: &[u32], cols: &[u32]) -> Result<()> {
+    let bad = rows
+        .par_iter()
+        .zip(cols.par_iter())
+        .with_min_len(1 << 14)
+        .position_first(|(&r, &c)| r as usize >= n_rows || c as usize >= n_cols);
+    let Some(entry) = bad else {
+        return Ok(());
+    };
+    let (r, c) = (rows[entry], cols[entry]);
+    if r as usize >= n_rows {
+        return Err(Error::RowOutOfBounds {
+            entry,
+            row: r as u64,
+            n_rows,
+        });
     }
-    Ok(())
+    Err(Error::ColumnOutOfBounds {
+        row: r as usize,
+        entry,
+        col: c as u64,
+        n_cols,
+    })
 }
 
 /// A sparse pattern as a list of `(row, col)` entries in any order, duplicates allowed.
@@ -77,33 +115,8 @@ impl Coo {
         cols: Vec<u32>,
         values: Option<Vec<f32>>,
     ) -> Result<Self> {
-        check_dim("n_rows", n_rows)?;
-        check_dim("n_cols", n_cols)?;
-        if cols.len() != rows.len() {
-            return Err(Error::LengthMismatch {
-                what: "column indices",
-                expected: rows.len(),
-                actual: cols.len(),
-            });
-        }
-        check_values(values.as_deref(), rows.len())?;
-        for (entry, (&r, &c)) in rows.iter().zip(&cols).enumerate() {
-            if r as usize >= n_rows {
-                return Err(Error::RowOutOfBounds {
-                    entry,
-                    row: r as u64,
-                    n_rows,
-                });
-            }
-            if c as usize >= n_cols {
-                return Err(Error::ColumnOutOfBounds {
-                    row: r as usize,
-                    entry,
-                    col: c as u64,
-                    n_cols,
-                });
-            }
-        }
+        check_triplets(n_rows, n_cols, &rows, &cols, values.as_deref())?;
+        check_in_bounds(n_rows, n_cols, &rows, &cols)?;
         Ok(Self {
             n_rows,
             n_cols,
@@ -190,16 +203,9 @@ impl Csr {
         col_indices: Vec<u32>,
         values: Option<Vec<f32>>,
     ) -> Result<Self> {
-        check_dim("n_rows", n_rows)?;
-        check_dim("n_cols", n_cols)?;
+        check_shape(n_rows, n_cols)?;
         check_nnz(col_indices.len())?;
-        if row_offsets.len() != n_rows + 1 {
-            return Err(Error::LengthMismatch {
-                what: "row offsets",
-                expected: n_rows + 1,
-                actual: row_offsets.len(),
-            });
-        }
+        check_len("row offsets", n_rows + 1, row_offsets.len())?;
         check_values(values.as_deref(), col_indices.len())?;
         if row_offsets[0] != 0 {
             return Err(Error::OffsetsDoNotStartAtZero {
@@ -305,8 +311,7 @@ impl Csr {
 
     /// An `n_rows × n_cols` matrix with no entries.
     pub fn empty(n_rows: usize, n_cols: usize) -> Result<Self> {
-        check_dim("n_rows", n_rows)?;
-        check_dim("n_cols", n_cols)?;
+        check_shape(n_rows, n_cols)?;
         Ok(Self::from_parts_unchecked(
             n_rows,
             n_cols,
@@ -344,39 +349,10 @@ impl Csr {
         cols: &[u32],
         values: Option<&[f32]>,
     ) -> Result<Self> {
-        check_dim("n_rows", n_rows)?;
-        check_dim("n_cols", n_cols)?;
-        if cols.len() != rows.len() {
-            return Err(Error::LengthMismatch {
-                what: "column indices",
-                expected: rows.len(),
-                actual: cols.len(),
-            });
-        }
-        check_values(values, rows.len())?;
+        check_triplets(n_rows, n_cols, rows, cols, values)?;
         check_nnz(rows.len())?;
         // Bounds first, so that the counting sort below can index freely.
-        let bad = rows
-            .par_iter()
-            .zip(cols.par_iter())
-            .with_min_len(1 << 14)
-            .position_first(|(&r, &c)| r as usize >= n_rows || c as usize >= n_cols);
-        if let Some(entry) = bad {
-            let (r, c) = (rows[entry], cols[entry]);
-            if r as usize >= n_rows {
-                return Err(Error::RowOutOfBounds {
-                    entry,
-                    row: r as u64,
-                    n_rows,
-                });
-            }
-            return Err(Error::ColumnOutOfBounds {
-                row: r as usize,
-                entry,
-                col: c as u64,
-                n_cols,
-            });
-        }
+        check_in_bounds(n_rows, n_cols, rows, cols)?;
 
         // The whole working set (offsets, cursors, per-row slices and lengths, the sorted
         // entries) is checked first, so a size line that promises 2^32 rows fails here.

@@ -44,6 +44,33 @@ pub mod permutation;
 pub mod reorder;
 pub mod rmat;
 pub mod stats;
+mod window;
+
+/// `Display` (its name) and `FromStr` (one of `ALL`'s names, else the error `$err(why)`, `why`
+/// naming `$what` and the choices) of a closed set of named choices with `ALL` and
+/// `name(self)`: the row orders here, spattn's algorithms.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! named_choice {
+    ($t:ident, $err_ty:ty, $what:literal, $err:expr) => {
+        impl ::core::fmt::Display for $t {
+            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+
+        impl ::core::str::FromStr for $t {
+            type Err = $err_ty;
+            #[doc = concat!("Parses a name of [`", stringify!($t), "::name`].")]
+            fn from_str(s: &str) -> ::core::result::Result<Self, $err_ty> {
+                $t::ALL.into_iter().find(|c| c.name() == s).ok_or_else(|| {
+                    let names = $t::ALL.map($t::name).join(", ");
+                    $err(format!("unknown {} {s:?}; expected one of {names}", $what))
+                })
+            }
+        }
+    };
+}
 
 pub use bsb::{Bsb, WindowCount};
 pub use csr::{Coo, Csr, MAX_DIM, MAX_NNZ};

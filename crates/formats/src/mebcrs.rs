@@ -62,9 +62,10 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use crate::csr::{Csr, MAX_DIM, MAX_NNZ};
+use crate::csr::{check_shape, Csr, MAX_NNZ};
 use crate::error::{Error, Result};
 use crate::stats::FillStats;
+use crate::window::{edge_offsets_of_items, slot_windows, SlotWindows};
 
 /// Rows per ME-BCRS window (and per vector).
 const ROWS: usize = 8;
@@ -190,13 +191,13 @@ impl MeBcrs {
     /// [module documentation](self)), checking every invariant.
     ///
     /// Errors: [`Error::InvalidParameter`] (block width), [`Error::DimensionTooLarge`]
-    /// (`n_rows` or `n_cols` above [`MAX_DIM`]), [`Error::LengthMismatch`] (`row_pointers` not
-    /// `n_windows + 1` long, `row_masks` not one per column index, `values` not 8 per vector),
-    /// [`Error::InvalidLayout`] naming the array and index that break an invariant (pointers not
-    /// starting at 0, decreasing or not ending at the vector count; a column out of bounds or not
-    /// strictly increasing within its window; a zero mask or a mask bit past the last row; a
-    /// nonzero value at a slot whose mask bit is clear), [`Error::TooManyEntries`] if the masks
-    /// hold more than `u32::MAX` edges.
+    /// (`n_rows` or `n_cols` above [`MAX_DIM`](crate::MAX_DIM)), [`Error::LengthMismatch`]
+    /// (`row_pointers` not `n_windows + 1` long, `row_masks` not one per column index, `values`
+    /// not 8 per vector), [`Error::InvalidLayout`] naming the array and index that break an
+    /// invariant (pointers not starting at 0, decreasing or not ending at the vector count; a
+    /// column out of bounds or not strictly increasing within its window; a zero mask or a mask
+    /// bit past the last row; a nonzero value at a slot whose mask bit is clear),
+    /// [`Error::TooManyEntries`] if the masks hold more than `u32::MAX` edges.
     ///
     /// ```
     /// use spattn_formats::MeBcrs;
@@ -216,8 +217,7 @@ impl MeBcrs {
         values: Option<Vec<f32>>,
     ) -> Result<Self> {
         check_block_width(block_width)?;
-        check_dim("n_rows", n_rows)?;
-        check_dim("n_cols", n_cols)?;
+        check_shape(n_rows, n_cols)?;
         let n_windows = n_rows.div_ceil(ROWS);
         check_len("row_pointers", n_windows + 1, row_pointers.len())?;
         let n_vectors = column_indices.len();
@@ -248,27 +248,9 @@ impl MeBcrs {
         }
 
         // Edges per row, then their prefix sum: the CSR row offsets.
-        let mut row_counts = vec![0u32; n_rows];
-        let chunks = plan_chunks_by_vectors(&row_pointers);
-        let count_slices = split_by_lens(
-            &mut row_counts,
-            chunks
-                .iter()
-                .map(|c| (c.end * ROWS).min(n_rows) - (c.start * ROWS).min(n_rows)),
-        );
-        chunks
-            .par_iter()
-            .zip(count_slices)
-            .for_each(|(windows, counts)| {
-                for w in windows.clone() {
-                    let base = (w - windows.start) * ROWS;
-                    let range = row_pointers[w] as usize..row_pointers[w + 1] as usize;
-                    for &mask in &row_masks[range] {
-                        for_each_bit(mask as u32, |r| counts[base + r] += 1);
-                    }
-                }
-            });
-        let edge_offsets = offsets_from_counts(&row_counts)?;
+        let edge_offsets = edge_offsets_of_items::<ROWS>(n_rows, &row_pointers, |v, counts| {
+            for_each_bit(row_masks[v] as u32, |r| counts[r] += 1);
+        })?;
 
         let (mut n_blocks, mut max_blocks) = (0usize, 0usize);
         for p in row_pointers.windows(2) {
@@ -404,12 +386,11 @@ impl MeBcrs {
     /// Converts back to CSR: exactly the matrix this was built from (same pattern, same values).
     pub fn to_csr(&self) -> Result<Csr> {
         let mut cols = vec![0u32; self.nnz()];
-        self.for_each_edge(&mut cols, |out, v, _| *out = self.column_indices[v]);
-        let values = self.values.as_deref().map(|src| {
-            let mut vals = vec![0f32; self.nnz()];
-            self.for_each_edge(&mut vals, |out, v, r| *out = src[v * ROWS + r]);
-            vals
+        // Slot `vector · 8 + r` holds the vector's column.
+        self.for_each_edge(&mut cols, |out, slot| {
+            *out = self.column_indices[slot / ROWS]
         });
+        let values = self.values.as_deref().map(|src| self.gather_slots(src));
         Ok(Csr::from_parts_unchecked(
             self.n_rows,
             self.n_cols,
@@ -417,64 +398,6 @@ impl MeBcrs {
             cols,
             values,
         ))
-    }
-
-    /// The slot (`vector · 8 + row_in_window`) of every CSR edge, in CSR order.
-    ///
-    /// Errors: [`Error::DimensionTooLarge`] if a slot index does not fit in `u32`
-    /// (more than 2^29 vectors).
-    pub fn edge_to_slot(&self) -> Result<Vec<u32>> {
-        check_slot_index("ME-BCRS slot index", self.n_slots())?;
-        let mut map = vec![0u32; self.nnz()];
-        self.for_each_edge(&mut map, |out, v, r| *out = (v * ROWS + r) as u32);
-        Ok(map)
-    }
-
-    /// Reads slot-major data (`n_slots` entries, e.g. SDDMM scores written in the slot layout)
-    /// back into CSR edge order.
-    ///
-    /// Errors: [`Error::LengthMismatch`] if `slot_data.len() != n_slots()`.
-    pub fn gather_to_csr_order<T: Copy + Send + Sync>(&self, slot_data: &[T]) -> Result<Vec<T>> {
-        check_len("slot data", self.n_slots(), slot_data.len())?;
-        let Some(&first) = slot_data.first() else {
-            return Ok(Vec::new());
-        };
-        let mut out = vec![first; self.nnz()];
-        self.for_each_edge(&mut out, |o, v, r| *o = slot_data[v * ROWS + r]);
-        Ok(out)
-    }
-
-    /// Writes per-edge data in CSR order (`nnz` entries) into the slot layout (`n_slots`
-    /// entries); slots with no edge get `fill`.
-    ///
-    /// Errors: [`Error::LengthMismatch`] if `edge_data.len() != nnz()`.
-    pub fn scatter_to_slots<T: Copy + Send + Sync>(
-        &self,
-        edge_data: &[T],
-        fill: T,
-    ) -> Result<Vec<T>> {
-        check_len("edge data", self.nnz(), edge_data.len())?;
-        let mut out = vec![fill; self.n_slots()];
-        let chunks = plan_chunks(&self.edge_offsets, ROWS);
-        let slices = split_by_lens(
-            &mut out,
-            chunks
-                .iter()
-                .map(|c| (self.row_pointers[c.end] - self.row_pointers[c.start]) as usize * ROWS),
-        );
-        chunks.par_iter().zip(slices).for_each(|(windows, slots)| {
-            let base = self.row_pointers[windows.start] as usize * ROWS;
-            for w in windows.clone() {
-                let mut cursor = self.row_cursors(w, 0);
-                for v in self.window_vectors(w) {
-                    for_each_bit(self.row_masks[v] as u32, |r| {
-                        slots[v * ROWS + r - base] = edge_data[cursor[r]];
-                        cursor[r] += 1;
-                    });
-                }
-            }
-        });
-        Ok(out)
     }
 
     /// Fill of the whole matrix: blocks, edges, and `slots = blocks × 8 rows × block_width`
@@ -495,61 +418,26 @@ impl MeBcrs {
     /// # Panics
     /// If `w >= n_windows`.
     pub fn window_fill(&self, w: usize) -> f64 {
-        let slots = self.blocks_in_window(w) * ROWS * self.block_width;
-        if slots == 0 {
-            return 0.0;
+        self.edges_over(w, self.blocks_in_window(w) * ROWS * self.block_width)
+    }
+
+    /// Calls `f(r, slot)` for every edge of window `w`: vectors in column order, each mask's
+    /// bits by row, so each row's edges by ascending column.
+    fn for_each_slot_in(&self, w: usize, mut f: impl FnMut(usize, usize)) {
+        for v in self.window_vectors(w) {
+            for_each_bit(self.row_masks[v] as u32, |r| f(r, v * ROWS + r));
         }
-        let rows = self.window_rows(w);
-        let edges = self.edge_offsets[rows.end] - self.edge_offsets[rows.start];
-        edges as f64 / slots as f64
-    }
-
-    /// [`MeBcrs::window_fill`] of every window.
-    pub fn window_fills(&self) -> Vec<f64> {
-        (0..self.n_windows())
-            .into_par_iter()
-            .map(|w| self.window_fill(w))
-            .collect()
-    }
-
-    /// Rows of window `w`, clipped to `n_rows`.
-    fn window_rows(&self, w: usize) -> Range<usize> {
-        (w * ROWS).min(self.n_rows)..((w + 1) * ROWS).min(self.n_rows)
-    }
-
-    /// For each row of window `w`, the CSR index of its first edge minus `base`.
-    fn row_cursors(&self, w: usize, base: usize) -> [usize; ROWS] {
-        let mut cursor = [0usize; ROWS];
-        for (r, row) in self.window_rows(w).enumerate() {
-            cursor[r] = self.edge_offsets[row] as usize - base;
-        }
-        cursor
-    }
-
-    /// Visits every edge with `f(&mut out[edge], vector, row_in_window)`, where `out` is indexed
-    /// in CSR order; windows in parallel.
-    fn for_each_edge<T: Send>(&self, out: &mut [T], f: impl Fn(&mut T, usize, usize) + Sync) {
-        let chunks = plan_chunks(&self.edge_offsets, ROWS);
-        let n = self.n_rows;
-        let edge_at = |w: usize| self.edge_offsets[(w * ROWS).min(n)] as usize;
-        let slices = split_by_lens(
-            out,
-            chunks.iter().map(|c| edge_at(c.end) - edge_at(c.start)),
-        );
-        chunks.par_iter().zip(slices).for_each(|(windows, edges)| {
-            let base = edge_at(windows.start);
-            for w in windows.clone() {
-                let mut cursor = self.row_cursors(w, base);
-                for v in self.window_vectors(w) {
-                    for_each_bit(self.row_masks[v] as u32, |r| {
-                        f(&mut edges[cursor[r]], v, r);
-                        cursor[r] += 1;
-                    });
-                }
-            }
-        });
     }
 }
+
+slot_windows!(MeBcrs {
+    rows: ROWS,
+    items: row_pointers,
+    slots_per_item: ROWS,
+    index: "ME-BCRS slot index",
+    slot: "`vector · 8 + row_in_window`",
+    limit: "2^29 vectors",
+});
 
 /// What one chunk of windows produces in [`MeBcrs::from_csr`], concatenated afterwards.
 struct ChunkPart {
@@ -839,17 +727,6 @@ pub(crate) fn for_each_bit(mut mask: u32, mut f: impl FnMut(usize)) {
     }
 }
 
-pub(crate) fn check_dim(what: &'static str, value: usize) -> Result<()> {
-    if value as u64 > MAX_DIM {
-        return Err(Error::DimensionTooLarge {
-            what,
-            value: value as u64,
-            limit: MAX_DIM,
-        });
-    }
-    Ok(())
-}
-
 pub(crate) fn check_len(what: &'static str, expected: usize, actual: usize) -> Result<()> {
     if expected != actual {
         return Err(Error::LengthMismatch {
@@ -925,12 +802,6 @@ pub(crate) fn plan_chunks(edge_offsets: &[u32], window_rows: usize) -> Vec<Range
         edge_offsets[row] as usize + row
     };
     chunk_by_work(n_windows, work)
-}
-
-/// [`plan_chunks`] when only window pointers into per-window items are known.
-fn plan_chunks_by_vectors(pointers: &[u32]) -> Vec<Range<usize>> {
-    let n_windows = pointers.len().saturating_sub(1);
-    chunk_by_work(n_windows, |w| pointers[w] as usize + w)
 }
 
 /// Greedy chunking of `0..n` by a non-decreasing cumulative work function `work(end)`.

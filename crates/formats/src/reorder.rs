@@ -24,9 +24,6 @@
 //! # Ok::<(), spattn_formats::Error>(())
 //! ```
 
-use std::fmt;
-use std::str::FromStr;
-
 use rayon::prelude::*;
 
 use crate::cluster::cluster_work;
@@ -35,18 +32,17 @@ use crate::error::{Error, Result};
 use crate::permutation::Permutation;
 
 /// [`Reorder::Locality`] peels rows above this many times the mean degree before its
-/// breadth-first search (measured on the shared graphs: 32 gathers the fewest rows on
-/// ogbn-arxiv and flickr, the same as plain RCM elsewhere within 3%).
+/// breadth-first search: hubs would otherwise pull unrelated rows into the same levels
+/// (docs/kernels/reordering.md, "Tried and kept").
 pub const HUB_FACTOR: f64 = 32.0;
 
 /// [`Reorder::Auto`] renumbers only when it saves at least this fraction of the gathers.
 pub const AUTO_MIN_SAVING: f64 = 0.05;
 
 /// [`Reorder::Auto`] tries [`Reorder::Cluster`] only when its work
-/// ([`crate::cluster::cluster_work`]) is at most this: about 2.5 s on one core. ogbn-arxiv
-/// (1.2 × 10⁸) and R-MAT 16 (1.4 × 10⁸) are in; R-MAT 18 (3.9 × 10⁸) and above are not (and
-/// there the locality order gathers fewer rows anyway). Ask for [`Reorder::Cluster`] by name to
-/// pack a larger graph.
+/// ([`crate::cluster::cluster_work`]) is at most this, about 2.5 s on one core: ogbn-arxiv and
+/// R-MAT 16 are in, R-MAT 18 and above are not (docs/kernels/reordering.md, "Host-side
+/// choices"). Ask for [`Reorder::Cluster`] by name to pack a larger graph.
 pub const AUTO_CLUSTER_MAX_WORK: u64 = 250_000_000;
 
 /// How rows are renumbered before they are tiled into windows, so that a window's rows share
@@ -65,14 +61,15 @@ pub enum Reorder {
     Locality,
     /// Greedy window packing ([`Permutation::window_clusters`]) seeded with the locality order
     /// (the graph's own for a rectangular one): each window is filled with the rows that add
-    /// the fewest new columns to it. Gathers 17–37% fewer rows than [`Reorder::Locality`] on the
-    /// shared real graphs, more on R-MAT graphs. ~1.2 s single-threaded on ogbn-arxiv.
+    /// the fewest new columns to it. Gathers fewer rows than [`Reorder::Locality`] on the
+    /// shared real graphs, more on R-MAT graphs (docs/kernels/reordering.md, "Measured").
     Cluster,
     /// Counts the (window, distinct column) pairs — the K/V row gathers — under each order and
     /// keeps the order with the fewest (the graph's own unless another saves at least
     /// [`AUTO_MIN_SAVING`]). Costs a reverse Cuthill–McKee (single-threaded,
-    /// O(nnz · log degree): ~0.25 s on ogbn-arxiv), the window packing when its work is at most
-    /// [`AUTO_CLUSTER_MAX_WORK`] (~1.2 s on ogbn-arxiv) and four counts.
+    /// O(nnz · log degree)), the window packing when its work is at most
+    /// [`AUTO_CLUSTER_MAX_WORK`], and four counts (times: docs/kernels/reordering.md,
+    /// "Plan-time costs").
     #[default]
     Auto,
 }
@@ -100,28 +97,12 @@ impl Reorder {
     }
 }
 
-impl fmt::Display for Reorder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+crate::named_choice!(Reorder, Error, "reordering", |why| {
+    Error::InvalidParameter {
+        what: "reorder",
+        why,
     }
-}
-
-impl FromStr for Reorder {
-    type Err = Error;
-    /// Parses a name of [`Reorder::name`].
-    fn from_str(s: &str) -> Result<Self> {
-        Reorder::ALL
-            .into_iter()
-            .find(|r| r.name() == s)
-            .ok_or_else(|| Error::InvalidParameter {
-                what: "reorder",
-                why: format!(
-                    "unknown reordering {s:?}; expected one of {}",
-                    Reorder::ALL.map(Reorder::name).join(", ")
-                ),
-            })
-    }
-}
+});
 
 /// What the windows of `a` would hold with its rows taken in the order of `rows`
 /// (`rows.old_of_new()[new]` is the old row of new row `new`; the identity when `None`) and

@@ -638,6 +638,10 @@ fn slot_helpers_check_lengths() {
     assert!(bsb.gather_to_csr_order(&vec![1u8; 256]).is_ok());
 }
 
+/// A corruption of one array of a valid format, the index the error must name and a word of its
+/// message.
+type Corruption<T> = (fn(&mut Vec<T>), usize, &'static str);
+
 #[test]
 fn mebcrs_try_new_errors() {
     let me = MeBcrs::from_csr(&example(), 8).unwrap();
@@ -675,68 +679,47 @@ fn mebcrs_try_new_errors() {
         "values",
     );
     // Pointers.
-    assert_layout(
-        build(vec![1, 6, 9], ci.clone(), rm.clone(), None),
-        "row_pointers",
-        0,
-        "first",
-    );
-    assert_layout(
-        build(vec![0, 10, 9], ci.clone(), rm.clone(), None),
-        "row_pointers",
-        2,
-        "decrease",
-    );
-    assert_layout(
-        build(vec![0, 6, 8], ci.clone(), rm.clone(), None),
-        "row_pointers",
-        2,
-        "last",
-    );
+    for (pointers, at, says) in [
+        (vec![1, 6, 9], 0, "first"),
+        (vec![0, 10, 9], 2, "decrease"),
+        (vec![0, 6, 8], 2, "last"),
+    ] {
+        let r = build(pointers, ci.clone(), rm.clone(), None);
+        assert_layout(r, "row_pointers", at, says);
+    }
     // Columns.
-    let mut bad = ci.clone();
-    bad[7] = 12;
-    assert_layout(
-        build(rp.clone(), bad, rm.clone(), None),
-        "column_indices",
-        7,
-        "out of bounds",
-    );
-    let mut bad = ci.clone();
-    bad.swap(1, 2);
-    assert_layout(
-        build(rp.clone(), bad, rm.clone(), None),
-        "column_indices",
-        2,
-        "increasing",
-    );
-    let mut bad = ci.clone();
-    bad[4] = bad[3];
-    assert_layout(
-        build(rp.clone(), bad, rm.clone(), None),
-        "column_indices",
-        4,
-        "increasing",
-    );
+    let columns: [Corruption<u32>; 3] = [
+        (|c| c[7] = 12, 7, "out of bounds"),
+        (|c| c.swap(1, 2), 2, "increasing"),
+        (|c| c[4] = c[3], 4, "increasing"),
+    ];
+    for (corrupt, at, says) in columns {
+        let mut bad = ci.clone();
+        corrupt(&mut bad);
+        assert_layout(
+            build(rp.clone(), bad, rm.clone(), None),
+            "column_indices",
+            at,
+            says,
+        );
+    }
     // A window may start below the previous window's last column.
     assert_eq!(ci[5..7], [9, 3]);
-    // Masks.
-    let mut bad = rm.clone();
-    bad[5] = 0;
-    assert_layout(
-        build(rp.clone(), ci.clone(), bad, None),
-        "row_masks",
-        5,
-        "is 0",
-    );
-    let mut bad = rm.clone();
-    bad[8] |= 0x04; // row 10 does not exist
-    assert_layout(
-        build(rp.clone(), ci.clone(), bad, None),
-        "row_masks",
-        8,
-        "past the last row",
-    );
+    // Masks (row 10 does not exist).
+    let masks: [Corruption<u8>; 2] = [
+        (|m| m[5] = 0, 5, "is 0"),
+        (|m| m[8] |= 0x04, 8, "past the last row"),
+    ];
+    for (corrupt, at, says) in masks {
+        let mut bad = rm.clone();
+        corrupt(&mut bad);
+        assert_layout(
+            build(rp.clone(), ci.clone(), bad, None),
+            "row_masks",
+            at,
+            says,
+        );
+    }
     // Values at unmasked slots.
     let mut bad = vals.clone();
     bad[8] = 1.0; // vector 1, row 0: an edge
@@ -757,7 +740,6 @@ fn bsb_try_new_errors() {
     let wo = bsb.window_offsets().to_vec();
     let bc = bsb.block_columns().to_vec();
     let bm = bsb.bitmaps().to_vec();
-    let p = Bsb::PADDING;
     let build = |wo: Vec<u32>, bc: Vec<u32>, bm: Vec<u128>, v: Option<Vec<f32>>| {
         Bsb::try_new(10, 12, wo, bc, bm, v)
     };
@@ -801,85 +783,55 @@ fn bsb_try_new_errors() {
     let two = |wo: Vec<u32>| Bsb::try_new(20, 12, wo, bc.clone(), bm.clone(), None);
     assert_layout(two(vec![0, 3, 2]), "window_offsets", 2, "decrease");
 
-    // Columns: out of bounds, unsorted, duplicated.
-    let mut bad = bc.clone();
-    bad[8] = 12;
-    assert_layout(
-        build(wo.clone(), bad, bm.clone(), None),
-        "block_columns",
-        8,
-        "out of bounds",
-    );
-    let mut bad = bc.clone();
-    bad[8] = 9;
-    assert_layout(
-        build(wo.clone(), bad, bm.clone(), None),
-        "block_columns",
-        8,
-        "increasing",
-    );
-    let mut bad = bc.clone();
-    bad.swap(2, 3);
-    assert_layout(
-        build(wo.clone(), bad, bm.clone(), None),
-        "block_columns",
-        3,
-        "increasing",
-    );
-    // Padding: before a real slot, in a block that is not the window's last, a block of padding.
-    let mut bad = bc.clone();
-    bad.swap(8, 9);
-    assert_layout(
-        build(wo.clone(), bad, bm.clone(), None),
-        "bitmaps",
-        1,
-        "padding slot 0",
-    );
-    let mut bad = bc.clone();
-    bad[8..10].copy_from_slice(&[p, 11]);
-    let mut bad_bm = bm.clone();
-    bad_bm[1] = 1 << 73; // row 9, slot 1
-    assert_layout(
-        build(wo.clone(), bad, bad_bm, None),
-        "block_columns",
-        9,
-        "follows a padding",
-    );
-    let mut bad = bc.clone();
-    bad[7] = p;
-    let mut bad_bm = bm.clone();
-    bad_bm[0] &= !(1 << 31);
-    assert_layout(
-        build(wo.clone(), bad, bad_bm, None),
-        "block_columns",
-        7,
-        "not the window's last",
-    );
-    let mut bad = bc.clone();
-    bad[8] = p;
-    assert_layout(
-        build(wo.clone(), bad, vec![bm[0], 0], None),
-        "block_columns",
-        8,
-        "all padding",
-    );
-    // Bitmaps: a real slot with no bit, a bit on a row past the end.
-    let mut bad_bm = bm.clone();
-    bad_bm[1] = 0;
-    assert_layout(
-        build(wo.clone(), bc.clone(), bad_bm, None),
-        "bitmaps",
-        1,
-        "no edge",
-    );
-    let mut bad_bm = bm.clone();
-    bad_bm[1] |= 1 << (10 * 8); // row 10, slot 0
-    assert_layout(
-        build(wo.clone(), bc.clone(), bad_bm, None),
-        "bitmaps",
-        1,
-        "past the last row",
-    );
+    // Columns: out of bounds, unsorted, duplicated. Padding: before a real slot, in a block
+    // that is not the window's last, a block of padding. Bitmaps: a real slot with no bit, a
+    // bit on a row past the end.
+    type Corrupt = fn(&mut Vec<u32>, &mut Vec<u128>);
+    let cases: [(Corrupt, &str, usize, &str); 9] = [
+        (|c, _| c[8] = 12, "block_columns", 8, "out of bounds"),
+        (|c, _| c[8] = 9, "block_columns", 8, "increasing"),
+        (|c, _| c.swap(2, 3), "block_columns", 3, "increasing"),
+        (|c, _| c.swap(8, 9), "bitmaps", 1, "padding slot 0"),
+        (
+            |c, m| {
+                c[8..10].copy_from_slice(&[Bsb::PADDING, 11]);
+                m[1] = 1 << 73; // row 9, slot 1
+            },
+            "block_columns",
+            9,
+            "follows a padding",
+        ),
+        (
+            |c, m| {
+                c[7] = Bsb::PADDING;
+                m[0] &= !(1 << 31);
+            },
+            "block_columns",
+            7,
+            "not the window's last",
+        ),
+        (
+            |c, m| {
+                c[8] = Bsb::PADDING;
+                *m = vec![m[0], 0];
+            },
+            "block_columns",
+            8,
+            "all padding",
+        ),
+        (|_, m| m[1] = 0, "bitmaps", 1, "no edge"),
+        (
+            |_, m| m[1] |= 1 << (10 * 8),
+            "bitmaps",
+            1,
+            "past the last row",
+        ), // row 10, slot 0
+    ];
+    for (corrupt, what, at, says) in cases {
+        let (mut bad, mut bad_bm) = (bc.clone(), bm.clone());
+        corrupt(&mut bad, &mut bad_bm);
+        assert_layout(build(wo.clone(), bad, bad_bm, None), what, at, says);
+    }
 }
 
 #[test]

@@ -53,6 +53,15 @@ fn assert_parse_error(result: Result<Csr, Error>, line: usize, needle: &str) {
 }
 
 /// A fresh temporary directory for one test.
+/// [`assert_parse_error`] of the MatrixMarket text `prefix` + `text` for each case
+/// `(text, line, needle)`.
+#[track_caller]
+fn assert_mm_errors(prefix: &str, cases: &[(&str, usize, &str)]) {
+    for &(text, line, needle) in cases {
+        assert_parse_error(mm(&format!("{prefix}{text}")), line, needle);
+    }
+}
+
 fn temp_dir(test: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("spattn-formats-io-{}-{test}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -196,41 +205,44 @@ fn empty_file() {
 
 #[test]
 fn bad_banners() {
-    assert_parse_error(
-        mm("%MatrixMarket matrix coordinate pattern general\n1 1 0\n"),
-        1,
-        "bad banner",
+    let mm_banner = "%%MatrixMarket matrix coordinate";
+    assert_mm_errors(
+        "",
+        &[
+            (
+                "%MatrixMarket matrix coordinate pattern general\n1 1 0\n",
+                1,
+                "bad banner",
+            ),
+            ("1 1 0\n", 1, "bad banner"),
+            (
+                "%%MatrixMarket matrix coordinate pattern\n1 1 0\n",
+                1,
+                "expected 5 words",
+            ),
+            (
+                "%%MatrixMarket matrix coordinate pattern general extra\n1 1 0\n",
+                1,
+                "expected 5 words",
+            ),
+            (
+                "%%MatrixMarket tensor coordinate pattern general\n",
+                1,
+                "unknown object 'tensor'",
+            ),
+            (
+                "%%MatrixMarket matrix sparse pattern general\n",
+                1,
+                "unknown format 'sparse'",
+            ),
+        ],
     );
-    assert_parse_error(mm("1 1 0\n"), 1, "bad banner");
-    assert_parse_error(
-        mm("%%MatrixMarket matrix coordinate pattern\n1 1 0\n"),
-        1,
-        "expected 5 words",
-    );
-    assert_parse_error(
-        mm("%%MatrixMarket matrix coordinate pattern general extra\n1 1 0\n"),
-        1,
-        "expected 5 words",
-    );
-    assert_parse_error(
-        mm("%%MatrixMarket tensor coordinate pattern general\n"),
-        1,
-        "unknown object 'tensor'",
-    );
-    assert_parse_error(
-        mm("%%MatrixMarket matrix sparse pattern general\n"),
-        1,
-        "unknown format 'sparse'",
-    );
-    assert_parse_error(
-        mm("%%MatrixMarket matrix coordinate float general\n"),
-        1,
-        "unknown field 'float'",
-    );
-    assert_parse_error(
-        mm("%%MatrixMarket matrix coordinate real upper\n"),
-        1,
-        "unknown symmetry 'upper'",
+    assert_mm_errors(
+        mm_banner,
+        &[
+            (" float general\n", 1, "unknown field 'float'"),
+            (" real upper\n", 1, "unknown symmetry 'upper'"),
+        ],
     );
 }
 
@@ -261,47 +273,32 @@ fn unsupported_formats() {
 
 #[test]
 fn bad_size_lines() {
-    assert_parse_error(mm(PATTERN_HEADER), 2, "file ends before the size line");
-    assert_parse_error(
-        mm(&format!("{PATTERN_HEADER}% only comments\n\n")),
-        4,
-        "file ends before the size line",
-    );
-    assert_parse_error(mm(&format!("{PATTERN_HEADER}3 3\n")), 2, "found 2 fields");
-    assert_parse_error(
-        mm(&format!("{PATTERN_HEADER}3 3 1 1\n")),
-        2,
-        "found 4 fields",
-    );
-    assert_parse_error(
-        mm(&format!("{PATTERN_HEADER}%c\n3 x 1\n1 1\n")),
-        3,
-        "cols 'x' is not a non-negative integer",
-    );
-    assert_parse_error(
-        mm(&format!("{PATTERN_HEADER}-3 3 1\n")),
-        2,
-        "rows '-3' is not a non-negative integer",
-    );
-    assert_parse_error(
-        mm(&format!("{PATTERN_HEADER}3 3 1.0\n")),
-        2,
-        "entries '1.0' is not a non-negative integer",
-    );
-    assert_parse_error(
-        mm(&format!("{PATTERN_HEADER}5000000000 3 0\n")),
-        2,
-        "rows = 5000000000 exceeds the limit",
-    );
-    assert_parse_error(
-        mm(&format!("{PATTERN_HEADER}3 3 5000000000\n")),
-        2,
-        "5000000000 entries exceed the limit",
-    );
-    assert_parse_error(
-        mm(&format!("{PATTERN_HEADER}3 3 99999999999999999999999\n")),
-        2,
-        "not a non-negative integer",
+    assert_mm_errors(
+        PATTERN_HEADER,
+        &[
+            ("", 2, "file ends before the size line"),
+            ("% only comments\n\n", 4, "file ends before the size line"),
+            ("3 3\n", 2, "found 2 fields"),
+            ("3 3 1 1\n", 2, "found 4 fields"),
+            (
+                "%c\n3 x 1\n1 1\n",
+                3,
+                "cols 'x' is not a non-negative integer",
+            ),
+            ("-3 3 1\n", 2, "rows '-3' is not a non-negative integer"),
+            (
+                "3 3 1.0\n",
+                2,
+                "entries '1.0' is not a non-negative integer",
+            ),
+            ("5000000000 3 0\n", 2, "rows = 5000000000 exceeds the limit"),
+            ("3 3 5000000000\n", 2, "5000000000 entries exceed the limit"),
+            (
+                "3 3 99999999999999999999999\n",
+                2,
+                "not a non-negative integer",
+            ),
+        ],
     );
 }
 
@@ -317,32 +314,21 @@ fn symmetric_must_be_square() {
 #[test]
 fn bad_indices() {
     let h = format!("{PATTERN_HEADER}3 3 2\n1 1\n");
-    assert_parse_error(mm(&format!("{h}1.5 2\n")), 4, "row index '1.5'");
-    assert_parse_error(mm(&format!("{h}2 b\n")), 4, "column index 'b'");
-    assert_parse_error(mm(&format!("{h}-1 2\n")), 4, "row index '-1'");
-    assert_parse_error(mm(&format!("{h}0 2\n")), 4, "row index 0 is out of range");
-    assert_parse_error(
-        mm(&format!("{h}2 0\n")),
-        4,
-        "MatrixMarket indices are 1-based",
+    assert_mm_errors(
+        &h,
+        &[
+            ("1.5 2\n", 4, "row index '1.5'"),
+            ("2 b\n", 4, "column index 'b'"),
+            ("-1 2\n", 4, "row index '-1'"),
+            ("0 2\n", 4, "row index 0 is out of range"),
+            ("2 0\n", 4, "MatrixMarket indices are 1-based"),
+            ("4 1\n", 4, "row index 4 is out of range 1..=3"),
+            ("1 4\n", 4, "column index 4 is out of range 1..=3"),
+            ("99999999999999999999999 1\n", 4, "not a positive integer"),
+            ("2\n", 4, "missing column index"),
+            ("\u{e9} 1\n", 4, "row index '\u{e9}'"),
+        ],
     );
-    assert_parse_error(
-        mm(&format!("{h}4 1\n")),
-        4,
-        "row index 4 is out of range 1..=3",
-    );
-    assert_parse_error(
-        mm(&format!("{h}1 4\n")),
-        4,
-        "column index 4 is out of range 1..=3",
-    );
-    assert_parse_error(
-        mm(&format!("{h}99999999999999999999999 1\n")),
-        4,
-        "not a positive integer",
-    );
-    assert_parse_error(mm(&format!("{h}2\n")), 4, "missing column index");
-    assert_parse_error(mm(&format!("{h}\u{e9} 1\n")), 4, "row index '\u{e9}'");
     // Bytes that are not UTF-8 at all.
     let mut bytes = h.clone().into_bytes();
     bytes.extend_from_slice(b"\xff\xfe 1\n");
@@ -361,83 +347,64 @@ fn bad_indices() {
 #[test]
 fn bad_values() {
     let real = "%%MatrixMarket matrix coordinate real general\n2 2 2\n1 1 1.0\n";
-    assert_parse_error(
-        mm(&format!("{real}2 2\n")),
-        4,
-        "missing value (field is real)",
-    );
-    assert_parse_error(
-        mm(&format!("{real}2 2 abc\n")),
-        4,
-        "value 'abc' is not a number",
-    );
-    assert_parse_error(
-        mm(&format!("{real}2 2 1,5\n")),
-        4,
-        "value '1,5' is not a number",
-    );
-    assert_parse_error(
-        mm(&format!("{real}2 2 1e39\n")),
-        4,
-        "value '1e39' overflows f32",
-    );
-    assert_parse_error(
-        mm(&format!("{real}2 2 1.0 2.0\n")),
-        4,
-        "unexpected extra field '2.0'",
+    assert_mm_errors(
+        real,
+        &[
+            ("2 2\n", 4, "missing value (field is real)"),
+            ("2 2 abc\n", 4, "value 'abc' is not a number"),
+            ("2 2 1,5\n", 4, "value '1,5' is not a number"),
+            ("2 2 1e39\n", 4, "value '1e39' overflows f32"),
+            ("2 2 1.0 2.0\n", 4, "unexpected extra field '2.0'"),
+        ],
     );
     let int = "%%MatrixMarket matrix coordinate integer general\n2 2 2\n1 1 1\n";
-    assert_parse_error(
-        mm(&format!("{int}2 2\n")),
-        4,
-        "missing value (field is integer)",
-    );
-    assert_parse_error(
-        mm(&format!("{int}2 2 1.5\n")),
-        4,
-        "value '1.5' is not an integer",
+    assert_mm_errors(
+        int,
+        &[
+            ("2 2\n", 4, "missing value (field is integer)"),
+            ("2 2 1.5\n", 4, "value '1.5' is not an integer"),
+        ],
     );
     // A pattern entry has no value: a third field is an error, not silently dropped.
-    assert_parse_error(
-        mm(&format!("{PATTERN_HEADER}2 2 2\n1 1\n2 2 1\n")),
-        4,
-        "unexpected extra field '1' (an entry has 2 fields)",
+    assert_mm_errors(
+        PATTERN_HEADER,
+        &[(
+            "2 2 2\n1 1\n2 2 1\n",
+            4,
+            "unexpected extra field '1' (an entry has 2 fields)",
+        )],
     );
 }
 
 #[test]
 fn too_few_entries() {
-    // The file ends at line 5; the missing entry would be on line 6.
-    assert_parse_error(
-        mm(&format!("{PATTERN_HEADER}3 3 3\n1 1\n% c\n2 2\n")),
-        6,
-        "too few entries: the file ends after 2 of the 3 entries the size line (line 2) promises",
-    );
-    assert_parse_error(
-        mm(&format!("{PATTERN_HEADER}3 3 3\n1 1\n2 2")),
-        5,
-        "after 2 of the 3",
-    );
-    assert_parse_error(
-        mm(&format!("{PATTERN_HEADER}3 3 1\n")),
-        3,
-        "after 0 of the 1",
+    assert_mm_errors(
+        PATTERN_HEADER,
+        &[
+            // The file ends at line 5; the missing entry would be on line 6.
+            (
+                "3 3 3\n1 1\n% c\n2 2\n",
+                6,
+                "too few entries: the file ends after 2 of the 3 entries the size line (line 2) promises",
+            ),
+            ("3 3 3\n1 1\n2 2", 5, "after 2 of the 3"),
+            ("3 3 1\n", 3, "after 0 of the 1"),
+        ],
     );
 }
 
 #[test]
 fn too_many_entries() {
-    assert_parse_error(
-        mm(&format!(
-            "{PATTERN_HEADER}3 3 2\n1 1\n\n2 2\n% c\n3 3\n1 2\n"
-        )),
-        7,
-        "too many entries: the size line (line 2) promises 2",
-    );
-    assert_parse_error(
-        mm(&format!("{PATTERN_HEADER}3 3 0\n1 1\n")),
-        3,
-        "too many entries",
+    assert_mm_errors(
+        PATTERN_HEADER,
+        &[
+            (
+                "3 3 2\n1 1\n\n2 2\n% c\n3 3\n1 2\n",
+                7,
+                "too many entries: the size line (line 2) promises 2",
+            ),
+            ("3 3 0\n1 1\n", 3, "too many entries"),
+        ],
     );
 }
 
@@ -673,20 +640,24 @@ fn edge_list_options() {
 #[test]
 fn edge_list_errors() {
     let opts = EdgeListOptions::default();
-    assert_parse_error(edges("0 1\n7\n", opts), 2, "missing destination node");
-    assert_parse_error(edges("0 1\n\n-1 2\n", opts), 3, "source node '-1'");
-    assert_parse_error(edges("0 1\n2 x\n", opts), 2, "destination node 'x'");
-    assert_parse_error(edges("0 1.0\n", opts), 1, "destination node '1.0'");
-    assert_parse_error(
-        edges("0 4294967295\n", opts),
-        1,
-        "destination node 4294967295 exceeds the limit",
-    );
-    assert_parse_error(
-        edges("0 99999999999999999999999\n", opts),
-        1,
-        "is not a non-negative integer",
-    );
+    for (text, line, needle) in [
+        ("0 1\n7\n", 2, "missing destination node"),
+        ("0 1\n\n-1 2\n", 3, "source node '-1'"),
+        ("0 1\n2 x\n", 2, "destination node 'x'"),
+        ("0 1.0\n", 1, "destination node '1.0'"),
+        (
+            "0 4294967295\n",
+            1,
+            "destination node 4294967295 exceeds the limit",
+        ),
+        (
+            "0 99999999999999999999999\n",
+            1,
+            "is not a non-negative integer",
+        ),
+    ] {
+        assert_parse_error(edges(text, opts), line, needle);
+    }
     match edges("0 1\n", opts.with_n(usize::MAX)) {
         Err(Error::DimensionTooLarge { what: "n", .. }) => {}
         other => panic!("{other:?}"),

@@ -1,6 +1,6 @@
 //! The locality order (reverse Cuthill–McKee, with and without hub peeling), the row-only
 //! permutation and the BSB window count; plus `locality_table` (ignored: reads the shared
-//! graphs, prints the gathers table of docs/perf-notes.md).
+//! graphs, prints the gathers table of docs/kernels/reordering.md, "Measured").
 
 use proptest::prelude::*;
 use spattn_formats::{read_matrix_market, rmat, Bsb, Csr, Error, Permutation, RmatConfig};

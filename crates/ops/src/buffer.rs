@@ -13,6 +13,8 @@
 //! cudarc slice behind a buffer ([`DeviceVec::slice`]) may be longer than [`DeviceVec::len`].
 //! Kernels take their sizes as arguments and never read the spare element.
 
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
 use cudarc::driver::sys;
 use cudarc::driver::{CudaSlice, DevicePtrMut, DeviceRepr, DriverError, ValidAsZeroBits};
 
@@ -79,6 +81,27 @@ pub(crate) fn grown<'a, T: DeviceElement>(
         what,
         why: "workspace not allocated".into(),
     })
+}
+
+/// An f32 workspace of a schedule's launches ([`grown`] on demand, only ever replaced whole),
+/// shared by the launches on one uploaded graph.
+#[derive(Debug, Default)]
+pub(crate) struct Scratch(Mutex<Option<DeviceVec<f32>>>);
+
+impl Scratch {
+    /// The workspace, locked for one launch.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Option<DeviceVec<f32>>> {
+        // Only ever replaced whole, so a panic elsewhere cannot leave it half-built.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Bytes of device memory it holds (0 if a panic poisoned its lock).
+    pub(crate) fn num_bytes(&self) -> usize {
+        self.0
+            .lock()
+            .map(|s| s.as_ref().map_or(0, DeviceVec::num_bytes))
+            .unwrap_or(0)
+    }
 }
 
 impl<T: DeviceElement> DeviceVec<T> {

@@ -28,19 +28,18 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use std::sync::Mutex;
-
-use cudarc::driver::{DevicePtr, DevicePtrMut};
 use spattn_formats::Csr;
 use spattn_kernels_sys::CSR_OPS;
 
-use crate::buffer::{grown, DeviceMatrix, DeviceVec};
+use crate::buffer::{grown, DeviceMatrix, DeviceVec, Scratch};
 use crate::device_csr::DeviceCsr;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::launch::{blocks_for, check_per_edge, check_same_gpu, kernel_named, launch, to_u32};
-use crate::launch::{LaunchConfig, PushKernelArg};
+use crate::launch::{
+    check_operands, edge_softmax_fns, LaunchConfig, Op, PushKernelArg, SoftmaxArgs, SparseOperand,
+};
 use crate::schedule::{group_for, vector_width, RowUnits, SoftmaxSchedule};
 use crate::shape::Shape;
 
@@ -48,9 +47,8 @@ use crate::shape::Shape;
 const THREADS: u32 = 256;
 /// Rows longer than this are split into units of this many edges (SpMM and the fused CSR
 /// kernel). A unit is walked by one group of lanes, four edges per dependent step, so the
-/// longest unit bounds the kernel's critical path: with 512, cora's 169-edge row alone took
-/// ~60 µs of a 65 µs fused kernel (docs/perf-notes.md); 64 keeps every path short, and the
-/// price — partials of split rows merged in f32 — is small.
+/// longest unit bounds the kernel's critical path; 64 keeps every path short, for the small
+/// price of merging split rows' partials in f32 (docs/kernels/csr-ops.md, "Tried and kept").
 pub(crate) const UNIT_CHUNK: u32 = 64;
 
 /// The device side of the CSR schedules ([`RowUnits`], [`SoftmaxSchedule`]), built once per
@@ -67,7 +65,7 @@ pub(crate) struct CsrSchedule {
     pub(crate) long_threshold: u32,
     pub(crate) softmax_group: u32,
     /// f32 partial sums of split SpMM rows (`split_rows × heads × head_dim`), grown on demand.
-    scratch: Mutex<Option<DeviceVec<f32>>>,
+    scratch: Scratch,
 }
 
 impl CsrSchedule {
@@ -85,17 +83,12 @@ impl CsrSchedule {
             long_rows: DeviceVec::from_host_named(gpu, "softmax long rows", &softmax.long_rows)?,
             long_threshold: softmax.long_threshold,
             softmax_group: softmax.group,
-            scratch: Mutex::new(None),
+            scratch: Scratch::default(),
         })
     }
 
     /// Bytes of device memory the schedules hold.
     pub(crate) fn device_bytes(&self) -> usize {
-        let scratch = self
-            .scratch
-            .lock()
-            .map(|s| s.as_ref().map_or(0, DeviceVec::num_bytes))
-            .unwrap_or(0);
         self.unit_rows.num_bytes()
             + self.unit_starts.num_bytes()
             + self.unit_slots.num_bytes()
@@ -103,7 +96,18 @@ impl CsrSchedule {
             + self.split_rows.num_bytes()
             + self.part_first.num_bytes()
             + self.long_rows.num_bytes()
-            + scratch
+            + self.scratch.num_bytes()
+    }
+}
+
+impl SparseOperand for DeviceCsr {
+    fn dims(&self) -> (usize, usize) {
+        (self.n_rows(), self.n_cols())
+    }
+
+    /// One value an edge.
+    fn per_head(&self) -> usize {
+        self.nnz()
     }
 }
 
@@ -131,14 +135,7 @@ pub fn sddmm<T: DType>(
     scale: f32,
     scores: &mut DeviceVec<f32>,
 ) -> Result<()> {
-    let shape = q.shape();
-    shape.expect_rows_like("Q", shape, a.n_rows())?;
-    shape.expect_rows_like("K", k.shape(), a.n_cols())?;
-    check_per_edge("scores", a.nnz(), shape.heads, scores.len())?;
-    for (what, on) in [("A", a.gpu()), ("Q", q.gpu()), ("K", k.gpu())] {
-        check_same_gpu(gpu, what, on)?;
-    }
-    check_same_gpu(gpu, "scores", scores.gpu())?;
+    let shape = check_operands(gpu, a, Op::Sddmm, [q, k], scores)?;
     let vec = vector_width(shape.head_dim, std::mem::size_of::<T>());
     let g = group_for((shape.head_dim / vec as usize) as u64, 1);
     let name = kernel_named(&CSR_OPS, format!("sddmm_csr_{}_v{vec}", T::NAME))?;
@@ -207,57 +204,23 @@ pub fn sddmm_gat<T: DType>(
     unsafe { launch(name, &mut args, cfg) }
 }
 
-/// Edge softmax: for every row and head, `out[e, h] = exp(x_e − max) / Σ exp(x − max)` over the
-/// row's edges, where `x = scores` or `LeakyReLU(scores, slope)` when `leaky_relu` is given.
-///
-/// Rows without edges have nothing to write. `scores` and `out` have `nnz × heads` elements.
-pub fn edge_softmax(
-    gpu: &Gpu,
-    a: &DeviceCsr,
-    scores: &DeviceVec<f32>,
-    heads: usize,
-    leaky_relu: Option<f32>,
-    out: &mut DeviceVec<f32>,
-) -> Result<()> {
-    check_per_edge("scores", a.nnz(), heads, scores.len())?;
-    check_per_edge("probabilities", a.nnz(), heads, out.len())?;
-    check_same_gpu(gpu, "scores", scores.gpu())?;
-    check_same_gpu(gpu, "probabilities", out.gpu())?;
-    let stream = gpu.stream().clone();
-    let (s_ptr, _s) = scores.slice().device_ptr(&stream);
-    let (o_ptr, _o) = out.slice_mut().device_ptr_mut(&stream);
-    softmax_launch(gpu, a, s_ptr, o_ptr, heads, leaky_relu)
+edge_softmax_fns! {
+    DeviceCsr, |a| a.nnz();
+    /// Edge softmax: for every row and head, `out[e, h] = exp(x_e − max) / Σ exp(x − max)` over the
+    /// row's edges, where `x = scores` or `LeakyReLU(scores, slope)` when `leaky_relu` is given.
+    ///
+    /// Rows without edges have nothing to write. `scores` and `out` have `nnz × heads` elements.
+    out_of_place;
+    /// [`edge_softmax`] in place: `scores` becomes the probabilities.
+    in_place;
 }
 
-/// [`edge_softmax`] in place: `scores` becomes the probabilities.
-pub fn edge_softmax_in_place(
-    gpu: &Gpu,
-    a: &DeviceCsr,
-    scores: &mut DeviceVec<f32>,
-    heads: usize,
-    leaky_relu: Option<f32>,
-) -> Result<()> {
-    check_per_edge("scores", a.nnz(), heads, scores.len())?;
-    check_same_gpu(gpu, "scores", scores.gpu())?;
-    let stream = gpu.stream().clone();
-    let (ptr, _g) = scores.slice_mut().device_ptr_mut(&stream);
-    softmax_launch(gpu, a, ptr, ptr, heads, leaky_relu)
-}
-
-fn softmax_launch(
-    gpu: &Gpu,
-    a: &DeviceCsr,
-    scores: u64,
-    out: u64,
-    heads: usize,
-    leaky_relu: Option<f32>,
-) -> Result<()> {
+fn softmax_launch(gpu: &Gpu, a: &DeviceCsr, x: SoftmaxArgs) -> Result<()> {
     check_same_gpu(gpu, "A", a.gpu())?;
     let s = a.schedule();
     let n_rows = to_u32("rows", a.n_rows())?;
+    let heads = x.heads;
     let heads_u = to_u32("heads", heads)?;
-    let leaky = i32::from(leaky_relu.is_some());
-    let slope = leaky_relu.unwrap_or(0.0);
     let g = s.softmax_group;
     let rows_name = spattn_kernels_sys::EDGE_SOFTMAX_CSR_ROWS;
     let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, rows_name)?;
@@ -266,12 +229,12 @@ fn softmax_launch(
     args.arg(a.row_offsets().slice())
         .arg(&n_rows)
         .arg(&heads_u)
-        .arg(&scores)
-        .arg(&leaky)
-        .arg(&slope)
+        .arg(&x.scores)
+        .arg(&x.leaky)
+        .arg(&x.slope)
         .arg(&g)
         .arg(&s.long_threshold)
-        .arg(&out);
+        .arg(&x.out);
     // SAFETY: reads row_offsets[0..=n_rows]; for rows shorter than long_threshold reads and
     // writes elements e*heads + h of `scores` / `out` for e in the row's range (< nnz) and
     // h < heads; both buffers hold nnz*heads f32 (checked by the callers) and stay borrowed
@@ -291,10 +254,10 @@ fn softmax_launch(
         args.arg(a.row_offsets().slice())
             .arg(s.long_rows.slice())
             .arg(&heads_u)
-            .arg(&scores)
-            .arg(&leaky)
-            .arg(&slope)
-            .arg(&out);
+            .arg(&x.scores)
+            .arg(&x.leaky)
+            .arg(&x.slope)
+            .arg(&x.out);
         // SAFETY: block (i, h) reads long_rows[i] (i < n_long), that row's offsets, and
         // reads/writes elements e*heads + h of scores/out for the row's edges (< nnz*heads).
         unsafe { launch(long_name, &mut args, cfg) }?;
@@ -314,14 +277,7 @@ pub fn spmm<T: DType>(
     v: &DeviceMatrix<T>,
     out: &mut DeviceMatrix<T>,
 ) -> Result<()> {
-    let shape = v.shape();
-    shape.expect_rows_like("V", shape, a.n_cols())?;
-    shape.expect_rows_like("out", out.shape(), a.n_rows())?;
-    check_per_edge("probabilities", a.nnz(), shape.heads, p.len())?;
-    for (what, on) in [("A", a.gpu()), ("V", v.gpu()), ("out", out.gpu())] {
-        check_same_gpu(gpu, what, on)?;
-    }
-    check_same_gpu(gpu, "probabilities", p.gpu())?;
+    let shape = check_operands(gpu, a, Op::Spmm, [v, out], p)?;
     let s = a.schedule();
     let hd = shape.row_len();
     let vec = vector_width(shape.head_dim, std::mem::size_of::<T>());
@@ -330,11 +286,7 @@ pub fn spmm<T: DType>(
     let n_split = s.split_rows.len();
 
     // Split rows accumulate in f32 scratch: zero it (growing it if this head shape needs more).
-    let mut scratch_guard = s
-        .scratch
-        .lock()
-        // Only ever replaced whole, so a panic elsewhere cannot leave it half-built.
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut scratch_guard = s.scratch.lock();
     let need = n_split * hd;
     let scratch = grown(gpu, &mut scratch_guard, "SpMM split-row scratch", need)?;
     if n_split > 0 {

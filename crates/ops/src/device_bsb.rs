@@ -15,10 +15,9 @@ pub(crate) const BSB_PIPE_STAGES: usize = 3;
 pub(crate) const BSB_PIPE_HEAD_DIMS: [usize; 2] = [64, 128];
 /// Fewest blocks a unit of a split window gets by default, in the fused tensor-core and the
 /// hybrid schedules. Only graphs with fewer than 32 · 8 · SMs blocks per head see it (the unit
-/// bound is otherwise about 1/(8 · SMs) of the work). Measured with the pipelined kernel on
-/// H200 (docs/perf-notes.md): 16 is 13–15% faster than 32 on pubmed (its largest units are the
-/// kernel's tail) and 2–9% slower on cora (its merges cost more than the steps they save);
-/// with the register kernel on H100, 32 had beaten 16.
+/// bound is otherwise about 1/(8 · SMs) of the work). 16, not 32: mid-size graphs' largest units
+/// are the kernel's tail, though the smallest pay a little in merges (docs/kernels/fused-tc.md,
+/// "Tried and kept").
 pub(crate) const BSB_MIN_UNIT_BLOCKS: usize = 16;
 /// Floats of one warp's merge scratch (`BSB_MERGE_FLOATS` in the kernels).
 pub(crate) const BSB_MERGE_FLOATS: usize = 64;

@@ -20,11 +20,9 @@
 //! atomics, no memset, and the same bits on every run. Edge softmax gives windows of more than
 //! [`SOFTMAX_LONG_WINDOW`] vectors a whole thread block per head.
 
-use std::sync::Mutex;
-
 use spattn_formats::{Csr, FillStats, MeBcrs, Reorder, RowOrder};
 
-use crate::buffer::DeviceVec;
+use crate::buffer::{DeviceVec, Scratch};
 use crate::error::Result;
 use crate::gpu::Gpu;
 use crate::launch::OnGpu;
@@ -46,9 +44,8 @@ const WARPS_PER_SM: usize = 16;
 /// one k-step (16 vectors) when the mask is too small to give each resident warp 64 vectors,
 /// else two. SDDMM items are independent (no partials to merge), so short items cost only a
 /// re-read of the window's Q tile, and they bound the longest item — the kernel's critical
-/// path on small masks, the load balance of hub windows on large ones. Measured on H100
-/// against items of 256 vectors: 1.1–2.9× faster on the shared graphs (1.2× on ogbn-arxiv),
-/// 1.0–1.04× on R-MAT 16/18 (docs/perf-notes.md).
+/// path on small masks, the load balance of hub windows on large ones (docs/kernels/tc-ops.md,
+/// "Tried and kept").
 pub(crate) fn sddmm_chunk(n_vectors: usize, sm_count: u32) -> u32 {
     let slots = (sm_count.max(1) as usize).saturating_mul(WARPS_PER_SM);
     if n_vectors / slots >= 2 * MAX_SDDMM_CHUNK as usize {
@@ -192,7 +189,7 @@ pub(crate) struct MeBcrsSchedule {
     pub(crate) long_windows: DeviceVec<u32>,
     /// f32 partial rows of split SpMM windows (`n_partials × 8 × heads × head_dim`), grown on
     /// demand; never needs zeroing (every partial element is written before it is read).
-    pub(crate) scratch: Mutex<Option<DeviceVec<f32>>>,
+    pub(crate) scratch: Scratch,
 }
 
 impl MeBcrsSchedule {
@@ -221,23 +218,18 @@ impl MeBcrsSchedule {
             )?,
             n_partials: items.n_partials(),
             long_windows: DeviceVec::from_host_named(gpu, "softmax long windows", &long)?,
-            scratch: Mutex::new(None),
+            scratch: Scratch::default(),
         })
     }
 
     fn device_bytes(&self) -> usize {
-        let scratch = self
-            .scratch
-            .lock()
-            .map(|s| s.as_ref().map_or(0, DeviceVec::num_bytes))
-            .unwrap_or(0);
         self.sddmm_items.num_bytes()
             + self.spmm_items.num_bytes()
             + self.item_partials.num_bytes()
             + self.split_windows.num_bytes()
             + self.partial_first.num_bytes()
             + self.long_windows.num_bytes()
-            + scratch
+            + self.scratch.num_bytes()
     }
 }
 

@@ -168,45 +168,33 @@ impl DType for f32 {
     }
 }
 
-impl DType for half::f16 {
-    const NAME: &'static str = "f16";
-    const KIND: DTypeKind = DTypeKind::F16;
-    fn to_f64(self) -> f64 {
-        half::f16::to_f64(self)
-    }
-    fn to_f32(self) -> f32 {
-        half::f16::to_f32(self)
-    }
-    fn from_f64(value: f64) -> Self {
-        half::f16::from_f64(value)
-    }
-    fn from_f32(value: f32) -> Self {
-        half::f16::from_f32(value)
-    }
-    fn nan() -> Self {
-        half::f16::from_bits(0x7e00)
-    }
+/// The [`DType`] of a `half` type: `$name`, `$kind`, and its canonical quiet NaN's bits.
+macro_rules! half_dtype {
+    ($t:ident, $name:literal, $kind:ident, $nan:literal) => {
+        impl DType for half::$t {
+            const NAME: &'static str = $name;
+            const KIND: DTypeKind = DTypeKind::$kind;
+            fn to_f64(self) -> f64 {
+                half::$t::to_f64(self)
+            }
+            fn to_f32(self) -> f32 {
+                half::$t::to_f32(self)
+            }
+            fn from_f64(value: f64) -> Self {
+                half::$t::from_f64(value)
+            }
+            fn from_f32(value: f32) -> Self {
+                half::$t::from_f32(value)
+            }
+            fn nan() -> Self {
+                half::$t::from_bits($nan)
+            }
+        }
+    };
 }
 
-impl DType for half::bf16 {
-    const NAME: &'static str = "bf16";
-    const KIND: DTypeKind = DTypeKind::Bf16;
-    fn to_f64(self) -> f64 {
-        half::bf16::to_f64(self)
-    }
-    fn to_f32(self) -> f32 {
-        half::bf16::to_f32(self)
-    }
-    fn from_f64(value: f64) -> Self {
-        half::bf16::from_f64(value)
-    }
-    fn from_f32(value: f32) -> Self {
-        half::bf16::from_f32(value)
-    }
-    fn nan() -> Self {
-        half::bf16::from_bits(0x7fc0)
-    }
-}
+half_dtype!(f16, "f16", F16, 0x7e00);
+half_dtype!(bf16, "bf16", Bf16, 0x7fc0);
 
 #[cfg(test)]
 mod tests {

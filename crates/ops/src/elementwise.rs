@@ -238,29 +238,11 @@ pub fn head_dot<T: DType>(
     att: &DeviceVec<T>,
     out: &mut DeviceMatrix<T>,
 ) -> Result<()> {
-    let s = x.shape();
-    Shape::new(s.rows, s.heads, 1)?.expect_eq("out", out.shape())?;
-    expect_len("attention vector", s.row_len(), att.len())?;
-    for (what, on) in [("x", x.gpu()), ("attention vector", att.gpu())] {
-        check_same_gpu(gpu, what, on)?;
-    }
-    check_same_gpu(gpu, "out", &*out)?;
-    let (name, f) = function::<T>(gpu, "head_dot")?;
-    let (rows, heads, dim) = (
-        to_u32("rows", s.rows)?,
-        to_u32("heads", s.heads)?,
-        to_u32("dim", s.head_dim)?,
-    );
-    let mut args = gpu.launch_builder(&f);
-    args.arg(x.slice())
-        .arg(att.slice())
-        .arg(&rows)
-        .arg(&heads)
-        .arg(&dim)
-        .arg(out.slice_mut());
-    // SAFETY: reads x (rows·heads·dim, its shape), att (heads·dim, checked), writes
-    // out[0..rows·heads) (shape checked).
-    unsafe { launch(name, &mut args, warp_grid(s.rows * s.heads)?) }
+    let shapes = (x.shape(), out.shape());
+    let op = ("head_dot", "out");
+    head_kernel(gpu, op, shapes, ("x", x), att, ("out", out), |s| {
+        warp_grid(s.rows * s.heads)
+    })
 }
 
 /// `dx[i, h, d] += de[i, h] · att[h, d]`: the gradient of [`head_dot`] with respect to `x` (`de`
@@ -271,32 +253,60 @@ pub fn head_outer_add<T: DType>(
     att: &DeviceVec<T>,
     dx: &mut DeviceMatrix<T>,
 ) -> Result<()> {
-    let s = dx.shape();
-    Shape::new(s.rows, s.heads, 1)?.expect_eq("score gradient", de.shape())?;
-    expect_len("attention vector", s.row_len(), att.len())?;
-    for (what, on) in [
-        ("score gradient", de.gpu()),
-        ("attention vector", att.gpu()),
-    ] {
-        check_same_gpu(gpu, what, on)?;
-    }
-    check_same_gpu(gpu, "dx", &*dx)?;
-    let (name, f) = function::<T>(gpu, "head_outer_add")?;
-    let (rows, heads, dim) = (
+    let shapes = (dx.shape(), de.shape());
+    let de = ("score gradient", de);
+    let op = ("head_outer_add", "score gradient");
+    head_kernel(gpu, op, shapes, de, att, ("dx", dx), |s| {
+        stride_grid(s.len())
+    })
+}
+
+/// A shape's rows, heads and head_dim as the kernels take them.
+fn rows_heads_dim(s: Shape) -> Result<(u32, u32, u32)> {
+    Ok((
         to_u32("rows", s.rows)?,
         to_u32("heads", s.heads)?,
         to_u32("dim", s.head_dim)?,
-    );
+    ))
+}
+
+/// [`head_dot`] or [`head_outer_add`] (`op`: the kernel and the name of its scores operand):
+/// features of shape `s` (`rows × heads × dim`), an attention vector `att` (`heads × dim`) and
+/// per-node scores of shape `scores` (`rows × heads × 1`); `input` is read, `output` written,
+/// each named. Checks the shapes, then that `input`, `att` and `output` are on `gpu`, and
+/// launches `op(input, att, rows, heads, dim, output)` on `cfg(s)`.
+fn head_kernel<T: DType, I: DType>(
+    gpu: &Gpu,
+    (op, scores_name): (&str, &'static str),
+    (s, scores): (Shape, Shape),
+    (input_name, input): (&'static str, &DeviceMatrix<I>),
+    att: &DeviceVec<T>,
+    (output_name, output): (&'static str, &mut DeviceMatrix<T>),
+    cfg: impl FnOnce(Shape) -> Result<LaunchConfig>,
+) -> Result<()> {
+    Shape::new(s.rows, s.heads, 1)?.expect_eq(scores_name, scores)?;
+    expect_len("attention vector", s.row_len(), att.len())?;
+    for (what, on) in [
+        (input_name, input.gpu()),
+        ("attention vector", att.gpu()),
+        (output_name, output.gpu()),
+    ] {
+        check_same_gpu(gpu, what, on)?;
+    }
+    let (name, f) = function::<T>(gpu, op)?;
+    let (rows, heads, dim) = rows_heads_dim(s)?;
     let mut args = gpu.launch_builder(&f);
-    args.arg(de.slice())
+    args.arg(input.slice())
         .arg(att.slice())
         .arg(&rows)
         .arg(&heads)
         .arg(&dim)
-        .arg(dx.slice_mut());
-    // SAFETY: reads de (rows·heads) and att (heads·dim), reads and writes dx (rows·heads·dim);
-    // all checked above.
-    unsafe { launch(name, &mut args, stride_grid(s.len())?) }
+        .arg(output.slice_mut());
+    // SAFETY: head_dot reads x = input (rows·heads·dim, its shape s) and att (heads·dim,
+    // checked) and writes out = output[0..rows·heads) (shape checked); head_outer_add reads
+    // de = input (rows·heads, shape checked) and att, and reads and writes dx = output
+    // (rows·heads·dim, its shape s).
+    unsafe { launch(name, &mut args, cfg(s)?) }
 }
 
 /// `y = act(x)` elementwise (`x` and `y` of equal length).
@@ -474,11 +484,7 @@ pub fn head_mean<T: DType>(gpu: &Gpu, x: &DeviceMatrix<T>, y: &mut DeviceMatrix<
     check_same_gpu(gpu, "x", x)?;
     check_same_gpu(gpu, "y", &*y)?;
     let (name, f) = function::<T>(gpu, "head_mean")?;
-    let (rows, heads, dim) = (
-        to_u32("rows", s.rows)?,
-        to_u32("heads", s.heads)?,
-        to_u32("dim", s.head_dim)?,
-    );
+    let (rows, heads, dim) = rows_heads_dim(s)?;
     let cfg = stride_grid(y.len())?;
     let mut args = gpu.launch_builder(&f);
     args.arg(x.slice())
@@ -501,11 +507,7 @@ pub fn head_mean_backward<T: DType>(
     check_same_gpu(gpu, "dy", dy)?;
     check_same_gpu(gpu, "dx", &*dx)?;
     let (name, f) = function::<T>(gpu, "head_broadcast")?;
-    let (rows, heads, dim) = (
-        to_u32("rows", s.rows)?,
-        to_u32("heads", s.heads)?,
-        to_u32("dim", s.head_dim)?,
-    );
+    let (rows, heads, dim) = rows_heads_dim(s)?;
     let scale = 1.0f32 / s.heads as f32;
     let mut args = gpu.launch_builder(&f);
     args.arg(dy.slice())

@@ -15,12 +15,14 @@
 //! unsafe { launch("fill_f32", &mut args, cfg) }?;
 //! ```
 
-use cudarc::driver::DriverError;
+use cudarc::driver::{DevicePtr, DevicePtrMut, DriverError};
 pub use cudarc::driver::{LaunchArgs, LaunchConfig, PushKernelArg};
 
-use crate::buffer::{DeviceElement, DeviceVec};
+use crate::buffer::{DeviceElement, DeviceMatrix, DeviceVec};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
+use crate::shape::Shape;
 
 /// A null device pointer, pushed for an optional array that is absent.
 static NULL_DEVICE_PTR: u64 = 0;
@@ -259,6 +261,153 @@ pub fn check_same_gpu(
         Err(Error::ForeignGpu { what })
     }
 }
+
+/// A sparse matrix on the GPU as the op wrappers check their other operands against it.
+pub(crate) trait SparseOperand: OnGpu {
+    /// Rows and columns of the matrix.
+    fn dims(&self) -> (usize, usize);
+    /// Values a head of its per-edge arrays (edges, or slots of a blocked layout).
+    fn per_head(&self) -> usize;
+}
+
+/// The op whose operands [`check_operands`] checks.
+#[derive(Clone, Copy)]
+pub(crate) enum Op {
+    /// `x` = Q with A's rows, `y` = K with its columns, the values are the scores.
+    Sddmm,
+    /// `x` = V with A's columns, `y` = the output with its rows, the values are the
+    /// probabilities.
+    Spmm,
+}
+
+/// The operand checks of `op` on `a`: `x` fixes the shape and has its rows, `y` has the same
+/// heads and head_dim and its rows, `values` holds `a.per_head() × heads`; then every operand
+/// is on `gpu`, in that order. Returns `x`'s shape.
+pub(crate) fn check_operands<T: DType>(
+    gpu: &Gpu,
+    a: &impl SparseOperand,
+    op: Op,
+    [x, y]: [&DeviceMatrix<T>; 2],
+    values: &DeviceVec<f32>,
+) -> Result<Shape> {
+    let (rows, cols) = a.dims();
+    let ((x_name, x_rows), (y_name, y_rows), values_name) = match op {
+        Op::Sddmm => (("Q", rows), ("K", cols), "scores"),
+        Op::Spmm => (("V", cols), ("out", rows), "probabilities"),
+    };
+    let shape = x.shape();
+    shape.expect_rows_like(x_name, shape, x_rows)?;
+    shape.expect_rows_like(y_name, y.shape(), y_rows)?;
+    check_per_edge(values_name, a.per_head(), shape.heads, values.len())?;
+    for (what, on) in [("A", a.gpu()), (x_name, x.gpu()), (y_name, y.gpu())] {
+        check_same_gpu(gpu, what, on)?;
+    }
+    check_same_gpu(gpu, values_name, values.gpu())?;
+    Ok(shape)
+}
+
+/// One edge-softmax launch's operands as its kernels take them: the scores and output device
+/// pointers (the same in place), the heads, and LeakyReLU as a flag and a slope.
+pub(crate) struct SoftmaxArgs {
+    pub(crate) scores: u64,
+    pub(crate) out: u64,
+    pub(crate) heads: usize,
+    /// 1: LeakyReLU(scores, slope) before the softmax; 0: the scores as they are.
+    pub(crate) leaky: i32,
+    pub(crate) slope: f32,
+}
+
+impl SoftmaxArgs {
+    fn new(scores: u64, out: u64, heads: usize, leaky_relu: Option<f32>) -> Self {
+        Self {
+            scores,
+            out,
+            heads,
+            leaky: i32::from(leaky_relu.is_some()),
+            slope: leaky_relu.unwrap_or(0.0),
+        }
+    }
+}
+
+/// The operand checks and device pointers of an edge softmax out of place: `scores` and `out`
+/// hold `n × heads` values (`n`: edges or slots) on `gpu`; `launch` runs with both pointers
+/// valid (their buffers borrowed) until it returns.
+pub(crate) fn softmax_out_of_place(
+    gpu: &Gpu,
+    n: usize,
+    heads: usize,
+    leaky_relu: Option<f32>,
+    scores: &DeviceVec<f32>,
+    out: &mut DeviceVec<f32>,
+    launch: impl FnOnce(SoftmaxArgs) -> Result<()>,
+) -> Result<()> {
+    check_per_edge("scores", n, heads, scores.len())?;
+    check_per_edge("probabilities", n, heads, out.len())?;
+    check_same_gpu(gpu, "scores", scores.gpu())?;
+    check_same_gpu(gpu, "probabilities", out.gpu())?;
+    let stream = gpu.stream().clone();
+    let (s_ptr, _s) = scores.slice().device_ptr(&stream);
+    let (o_ptr, _o) = out.slice_mut().device_ptr_mut(&stream);
+    launch(SoftmaxArgs::new(s_ptr, o_ptr, heads, leaky_relu))
+}
+
+/// [`softmax_out_of_place`] in place: the output pointer is the scores'.
+pub(crate) fn softmax_in_place(
+    gpu: &Gpu,
+    n: usize,
+    heads: usize,
+    leaky_relu: Option<f32>,
+    scores: &mut DeviceVec<f32>,
+    launch: impl FnOnce(SoftmaxArgs) -> Result<()>,
+) -> Result<()> {
+    check_per_edge("scores", n, heads, scores.len())?;
+    check_same_gpu(gpu, "scores", scores.gpu())?;
+    let stream = gpu.stream().clone();
+    let (ptr, _g) = scores.slice_mut().device_ptr_mut(&stream);
+    launch(SoftmaxArgs::new(ptr, ptr, heads, leaky_relu))
+}
+
+/// The public `edge_softmax` and `edge_softmax_in_place` of an op family over device format
+/// `$format` whose score arrays hold `$n` values a head (`$a` names the format in `$n`), both
+/// through the module's `softmax_launch(gpu, a, SoftmaxArgs)`; each takes the doc comment
+/// written before its name.
+macro_rules! edge_softmax_fns {
+    (
+        $format:ty, |$a:ident| $n:expr;
+        $(#[$out_doc:meta])* out_of_place;
+        $(#[$in_doc:meta])* in_place;
+    ) => {
+        $(#[$out_doc])*
+        pub fn edge_softmax(
+            gpu: &Gpu,
+            a: &$format,
+            scores: &DeviceVec<f32>,
+            heads: usize,
+            leaky_relu: Option<f32>,
+            out: &mut DeviceVec<f32>,
+        ) -> Result<()> {
+            let $a = a;
+            $crate::launch::softmax_out_of_place(gpu, $n, heads, leaky_relu, scores, out, |x| {
+                softmax_launch(gpu, a, x)
+            })
+        }
+
+        $(#[$in_doc])*
+        pub fn edge_softmax_in_place(
+            gpu: &Gpu,
+            a: &$format,
+            scores: &mut DeviceVec<f32>,
+            heads: usize,
+            leaky_relu: Option<f32>,
+        ) -> Result<()> {
+            let $a = a;
+            $crate::launch::softmax_in_place(gpu, $n, heads, leaky_relu, scores, |x| {
+                softmax_launch(gpu, a, x)
+            })
+        }
+    };
+}
+pub(crate) use edge_softmax_fns;
 
 #[cfg(test)]
 mod tests {

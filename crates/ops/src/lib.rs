@@ -82,6 +82,8 @@ pub use dtype::{DType, DTypeKind};
 pub use error::{Error, Result};
 pub use gpu::{Gpu, GpuTimer};
 pub use graph::{DeviceGraph, EdgeLayout, EdgeValues, Engine};
+/// The half-precision element types ([`DType`]), so that a caller needs no `half` of its own.
+pub use half::{bf16, f16};
 pub use hybrid_plan::HybridSpmm;
 pub use hybrid_spmm::{DeviceHybrid, HybridStats, WarpSplit};
 pub use shape::Shape;

@@ -45,7 +45,6 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use cudarc::driver::{DevicePtr, DevicePtrMut};
 use spattn_kernels_sys::MEBCRS_OPS;
 
 use crate::buffer::{grown, DeviceMatrix, DeviceVec};
@@ -54,10 +53,13 @@ use crate::dtype::{DType, DTypeKind};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::launch::{
-    blocks_for, check_per_edge, check_same_gpu, kernel_named, launch, to_u32, PushOptionalArg,
-    MAX_GRID_YZ,
+    blocks_for, check_per_edge, check_same_gpu, grid_1d, kernel_named, launch, to_u32,
+    PushOptionalArg, MAX_GRID_YZ,
 };
-use crate::launch::{LaunchConfig, PushKernelArg};
+use crate::launch::{
+    check_operands, edge_softmax_fns, LaunchArgs, LaunchConfig, Op, PushKernelArg, SoftmaxArgs,
+    SparseOperand,
+};
 
 /// Warps per block of the SDDMM, SpMM and window-softmax kernels (each warp works alone).
 const WARPS: u32 = 4;
@@ -99,13 +101,40 @@ fn warp_grid(items: usize, grid_y: usize, what: &'static str) -> Result<LaunchCo
     })
 }
 
-/// A grid-stride launch over `items` elements.
-fn elementwise_grid(items: usize) -> Result<LaunchConfig> {
-    Ok(LaunchConfig {
-        grid_dim: (blocks_for(items, THREADS)?, 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    })
+/// The format arguments the SDDMM and SpMM kernels take after their work items: the vectors'
+/// columns and row masks, the row count, the row renumbering (null in the graph's order) and
+/// the slot count.
+struct FormatArgs {
+    n_rows: u32,
+    n_slots: u64,
+}
+
+impl FormatArgs {
+    fn of(a: &DeviceMeBcrs) -> Result<Self> {
+        Ok(Self {
+            n_rows: to_u32("rows", a.n_rows())?,
+            n_slots: a.n_slots() as u64,
+        })
+    }
+
+    fn push<'a>(&'a self, args: &mut LaunchArgs<'a>, a: &'a DeviceMeBcrs) {
+        args.arg(a.column_indices().slice())
+            .arg(a.row_masks().slice())
+            .arg(&self.n_rows)
+            .arg_or_null(a.row_ids())
+            .arg(&self.n_slots);
+    }
+}
+
+impl SparseOperand for DeviceMeBcrs {
+    fn dims(&self) -> (usize, usize) {
+        (self.n_rows(), self.n_cols())
+    }
+
+    /// One value a slot.
+    fn per_head(&self) -> usize {
+        self.n_slots()
+    }
 }
 
 /// SDDMM on tensor cores: `scores[h, slot(v, r)] = scale · ⟨Q[8w + r, h, :], K[col(v), h, :]⟩`
@@ -126,14 +155,7 @@ pub fn sddmm<T: DType>(
     scale: f32,
     scores: &mut DeviceVec<f32>,
 ) -> Result<()> {
-    let shape = q.shape();
-    shape.expect_rows_like("Q", shape, a.n_rows())?;
-    shape.expect_rows_like("K", k.shape(), a.n_cols())?;
-    check_per_edge("scores", a.n_slots(), shape.heads, scores.len())?;
-    for (what, on) in [("A", a.gpu()), ("Q", q.gpu()), ("K", k.gpu())] {
-        check_same_gpu(gpu, what, on)?;
-    }
-    check_same_gpu(gpu, "scores", scores.gpu())?;
+    let shape = check_operands(gpu, a, Op::Sddmm, [q, k], scores)?;
     require_tensor_cores(gpu)?;
     // 16-byte gathers of 16 / size_of::<T>() features need head_dim to be a multiple of that.
     let aligned = shape.head_dim % (16 / std::mem::size_of::<T>()) == 0;
@@ -145,8 +167,7 @@ pub fn sddmm<T: DType>(
     let f = gpu.load_function(MEBCRS_OPS.name, MEBCRS_OPS.ptx, name)?;
     let s = a.schedule();
     let n_items = to_u32("ME-BCRS work items", s.sddmm_items.len())?;
-    let n_rows = to_u32("rows", a.n_rows())?;
-    let n_slots = a.n_slots() as u64;
+    let format = FormatArgs::of(a)?;
     let heads = to_u32("heads", shape.heads)?;
     let head_dim = to_u32("head_dim", shape.head_dim)?;
     to_u32("heads x head_dim", shape.row_len())?;
@@ -155,13 +176,9 @@ pub fn sddmm<T: DType>(
     args.arg(s.sddmm_items.windows.slice())
         .arg(s.sddmm_items.starts.slice())
         .arg(s.sddmm_items.ends.slice())
-        .arg(&n_items)
-        .arg(a.column_indices().slice())
-        .arg(a.row_masks().slice())
-        .arg(&n_rows)
-        .arg_or_null(a.row_ids())
-        .arg(&n_slots)
-        .arg(q.slice())
+        .arg(&n_items);
+    format.push(&mut args, a);
+    args.arg(q.slice())
         .arg(k.slice())
         .arg(&heads)
         .arg(&head_dim)
@@ -178,75 +195,41 @@ pub fn sddmm<T: DType>(
     unsafe { launch(name, &mut args, cfg) }
 }
 
-/// Edge softmax over the slot layout: for every row and head,
-/// `out[h, slot] = exp(x − max) / Σ exp(x − max)` over the row's edge slots, where
-/// `x = scores` or `LeakyReLU(scores, slope)` when `leaky_relu` is given; 0 at padding slots.
-///
-/// `scores` and `out` have `heads × a.n_slots()` elements. Rows without edges have only padding
-/// slots (all written 0).
-pub fn edge_softmax(
-    gpu: &Gpu,
-    a: &DeviceMeBcrs,
-    scores: &DeviceVec<f32>,
-    heads: usize,
-    leaky_relu: Option<f32>,
-    out: &mut DeviceVec<f32>,
-) -> Result<()> {
-    check_per_edge("scores", a.n_slots(), heads, scores.len())?;
-    check_per_edge("probabilities", a.n_slots(), heads, out.len())?;
-    check_same_gpu(gpu, "scores", scores.gpu())?;
-    check_same_gpu(gpu, "probabilities", out.gpu())?;
-    let stream = gpu.stream().clone();
-    let (s_ptr, _s) = scores.slice().device_ptr(&stream);
-    let (o_ptr, _o) = out.slice_mut().device_ptr_mut(&stream);
-    softmax_launch(gpu, a, s_ptr, o_ptr, heads, leaky_relu)
+edge_softmax_fns! {
+    DeviceMeBcrs, |a| a.n_slots();
+    /// Edge softmax over the slot layout: for every row and head,
+    /// `out[h, slot] = exp(x − max) / Σ exp(x − max)` over the row's edge slots, where
+    /// `x = scores` or `LeakyReLU(scores, slope)` when `leaky_relu` is given; 0 at padding
+    /// slots.
+    ///
+    /// `scores` and `out` have `heads × a.n_slots()` elements. Rows without edges have only
+    /// padding slots (all written 0).
+    out_of_place;
+    /// [`edge_softmax`] in place: `scores` becomes the probabilities (what [`spmm`] reads).
+    in_place;
 }
 
-/// [`edge_softmax`] in place: `scores` becomes the probabilities (what [`spmm`] reads).
-pub fn edge_softmax_in_place(
-    gpu: &Gpu,
-    a: &DeviceMeBcrs,
-    scores: &mut DeviceVec<f32>,
-    heads: usize,
-    leaky_relu: Option<f32>,
-) -> Result<()> {
-    check_per_edge("scores", a.n_slots(), heads, scores.len())?;
-    check_same_gpu(gpu, "scores", scores.gpu())?;
-    let stream = gpu.stream().clone();
-    let (ptr, _g) = scores.slice_mut().device_ptr_mut(&stream);
-    softmax_launch(gpu, a, ptr, ptr, heads, leaky_relu)
-}
-
-fn softmax_launch(
-    gpu: &Gpu,
-    a: &DeviceMeBcrs,
-    scores: u64,
-    out: u64,
-    heads: usize,
-    leaky_relu: Option<f32>,
-) -> Result<()> {
+fn softmax_launch(gpu: &Gpu, a: &DeviceMeBcrs, x: SoftmaxArgs) -> Result<()> {
     check_same_gpu(gpu, "A", a.gpu())?;
     require_tensor_cores(gpu)?;
     let s = a.schedule();
     let n_windows = to_u32("windows", a.n_windows())?;
     let n_slots = a.n_slots() as u64;
     let long_threshold = crate::device_mebcrs::SOFTMAX_LONG_WINDOW;
-    let leaky = i32::from(leaky_relu.is_some());
-    let slope = leaky_relu.unwrap_or(0.0);
 
     let name = spattn_kernels_sys::EDGE_SOFTMAX_MEBCRS_WINDOWS;
     let f = gpu.load_function(MEBCRS_OPS.name, MEBCRS_OPS.ptx, name)?;
-    let cfg = warp_grid(a.n_windows(), heads, "heads (grid.y)")?;
+    let cfg = warp_grid(a.n_windows(), x.heads, "heads (grid.y)")?;
     let mut args = gpu.launch_builder(&f);
     args.arg(a.row_pointers().slice())
         .arg(&n_windows)
         .arg(a.row_masks().slice())
         .arg(&n_slots)
         .arg(&long_threshold)
-        .arg(&scores)
-        .arg(&leaky)
-        .arg(&slope)
-        .arg(&out);
+        .arg(&x.scores)
+        .arg(&x.leaky)
+        .arg(&x.slope)
+        .arg(&x.out);
     // SAFETY: warp w < n_windows reads row_pointers[w..=w+1] (n_windows + 1 entries) and, for
     // windows of at most long_threshold vectors, row_masks[v] for the window's vectors
     // (< n_vectors) and reads/writes elements h * n_slots + 8v .. + 8 (h < heads = grid.y)
@@ -269,10 +252,10 @@ fn softmax_launch(
             .arg(s.long_windows.slice())
             .arg(a.row_masks().slice())
             .arg(&n_slots)
-            .arg(&scores)
-            .arg(&leaky)
-            .arg(&slope)
-            .arg(&out);
+            .arg(&x.scores)
+            .arg(&x.leaky)
+            .arg(&x.slope)
+            .arg(&x.out);
         // SAFETY: block (i, h) reads long_windows[i] (i < n_long), that window's pointers and
         // masks, and reads/writes elements h * n_slots + 8v .. + 8 of scores/out for its
         // vectors (< heads * n_slots; 32-byte aligned: n_slots is a multiple of 8 and the
@@ -312,9 +295,8 @@ const fn spmm_pipe_stage_bytes(tiles: usize) -> usize {
 /// bf16, `head_dim` a multiple of 128 (whole 128-feature slabs), and on average more than one
 /// k-step (16 vectors) per window, so that a warp has gathers to overlap. The V rows and
 /// probabilities of the next k-steps are copied into shared memory (`cp.async`) while the
-/// current one is multiplied, so registers hold only accumulators; measured 1.03–1.17× faster
-/// than the register kernel on the shared graphs and R-MAT 16/18 at 128 features, 0.84× on
-/// PROTEINS_full (one k-step per window), hence the rule (docs/perf-notes.md). Otherwise the
+/// current one is multiplied, so registers hold only accumulators; with one k-step per window
+/// there is nothing to overlap (docs/kernels/tc-ops.md, "Tried and kept"). Otherwise the
 /// register kernel runs. Both give the same sums in the same order up to the mma's internal
 /// accumulation order.
 pub fn spmm_pipelined<T: DType>(a: &DeviceMeBcrs, head_dim: usize) -> bool {
@@ -339,14 +321,7 @@ pub fn spmm<T: DType>(
     v: &DeviceMatrix<T>,
     out: &mut DeviceMatrix<T>,
 ) -> Result<()> {
-    let shape = v.shape();
-    shape.expect_rows_like("V", shape, a.n_cols())?;
-    shape.expect_rows_like("out", out.shape(), a.n_rows())?;
-    check_per_edge("probabilities", a.n_slots(), shape.heads, p.len())?;
-    for (what, on) in [("A", a.gpu()), ("V", v.gpu()), ("out", out.gpu())] {
-        check_same_gpu(gpu, what, on)?;
-    }
-    check_same_gpu(gpu, "probabilities", p.gpu())?;
+    let shape = check_operands(gpu, a, Op::Spmm, [v, out], p)?;
     require_tensor_cores(gpu)?;
     let s = a.schedule();
     let hd = shape.row_len();
@@ -385,11 +360,7 @@ pub fn spmm<T: DType>(
 
     // Partial rows of split windows: n_partials x 8 rows x hd, grown on demand (zeroed once
     // at allocation; every element a launch reads is written by it first).
-    let mut scratch_guard = s
-        .scratch
-        .lock()
-        // Only ever replaced whole, so a panic elsewhere cannot leave it half-built.
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut scratch_guard = s.scratch.lock();
     let need = s.n_partials.checked_mul(8 * hd).ok_or(Error::TooLarge {
         what: "SpMM partial rows",
         value: s.n_partials as u64,
@@ -398,8 +369,7 @@ pub fn spmm<T: DType>(
     let scratch = grown(gpu, &mut scratch_guard, "ME-BCRS SpMM partials", need)?;
 
     let n_items = to_u32("ME-BCRS work items", s.spmm_items.len())?;
-    let n_rows = to_u32("rows", a.n_rows())?;
-    let n_slots = a.n_slots() as u64;
+    let format = FormatArgs::of(a)?;
     let heads = to_u32("heads", shape.heads)?;
     let head_dim = to_u32("head_dim", shape.head_dim)?;
     let slabs_u = to_u32("feature slabs", slabs)?;
@@ -408,13 +378,9 @@ pub fn spmm<T: DType>(
         .arg(s.spmm_items.starts.slice())
         .arg(s.spmm_items.ends.slice())
         .arg(s.item_partials.slice())
-        .arg(&n_items)
-        .arg(a.column_indices().slice())
-        .arg(a.row_masks().slice())
-        .arg(&n_rows)
-        .arg_or_null(a.row_ids())
-        .arg(&n_slots)
-        .arg(p.slice())
+        .arg(&n_items);
+    format.push(&mut args, a);
+    args.arg(p.slice())
         .arg(v.slice())
         .arg(&heads)
         .arg(&head_dim)
@@ -441,12 +407,12 @@ pub fn spmm<T: DType>(
         )?;
         let f = gpu.load_function(MEBCRS_OPS.name, MEBCRS_OPS.ptx, fin)?;
         let n_split_u = to_u32("split windows", n_split)?;
-        let cfg = elementwise_grid(n_split * 8 * hd)?;
+        let cfg = grid_1d(n_split * 8 * hd, THREADS)?;
         let mut args = gpu.launch_builder(&f);
         args.arg(s.split_windows.slice())
             .arg(s.partial_first.slice())
             .arg(&n_split_u)
-            .arg(&n_rows)
+            .arg(&format.n_rows)
             .arg_or_null(a.row_ids())
             .arg(&hd_u)
             .arg(scratch.slice())
@@ -480,22 +446,7 @@ pub fn csr_to_slots(
     require_tensor_cores(gpu)?;
     out.fill(fill)?;
     let name = spattn_kernels_sys::CSR_TO_SLOTS_MEBCRS;
-    let f = gpu.load_function(MEBCRS_OPS.name, MEBCRS_OPS.ptx, name)?;
-    let nnz = to_u32("nnz", a.nnz())?;
-    let heads_u = to_u32("heads", heads)?;
-    let n_slots = a.n_slots() as u64;
-    let cfg = elementwise_grid(values.len())?;
-    let mut args = gpu.launch_builder(&f);
-    args.arg(a.edge_to_slot().slice())
-        .arg(&nnz)
-        .arg(&heads_u)
-        .arg(&n_slots)
-        .arg(values.slice())
-        .arg(out.slice_mut());
-    // SAFETY: thread i < nnz * heads reads values[i] (nnz * heads, checked) and
-    // edge_to_slot[i / heads] (nnz entries), a slot < n_slots, and writes
-    // out[h * n_slots + slot] < heads * n_slots = out.len() (checked).
-    unsafe { launch(name, &mut args, cfg) }
+    move_through_slot_map(gpu, a, name, heads, values.len(), values, out)
 }
 
 /// Moves per-slot values (`slots`: `heads × n_slots`) into CSR edge order (`out`:
@@ -515,21 +466,38 @@ pub fn slots_to_csr(
     check_same_gpu(gpu, "CSR-order values", out.gpu())?;
     require_tensor_cores(gpu)?;
     let name = spattn_kernels_sys::SLOTS_TO_CSR_MEBCRS;
+    move_through_slot_map(gpu, a, name, heads, out.len(), slots, out)
+}
+
+/// Launches `name`, [`csr_to_slots`]'s or [`slots_to_csr`]'s kernel: one thread per
+/// CSR-order value (`csr_len = nnz × heads`) moves it between `input` and `out` through `a`'s
+/// edge → slot map. The callers checked both buffers' lengths and GPUs.
+fn move_through_slot_map(
+    gpu: &Gpu,
+    a: &DeviceMeBcrs,
+    name: &'static str,
+    heads: usize,
+    csr_len: usize,
+    input: &DeviceVec<f32>,
+    out: &mut DeviceVec<f32>,
+) -> Result<()> {
     let f = gpu.load_function(MEBCRS_OPS.name, MEBCRS_OPS.ptx, name)?;
     let nnz = to_u32("nnz", a.nnz())?;
     let heads_u = to_u32("heads", heads)?;
     let n_slots = a.n_slots() as u64;
-    let cfg = elementwise_grid(out.len())?;
+    let cfg = grid_1d(csr_len, THREADS)?;
     let mut args = gpu.launch_builder(&f);
     args.arg(a.edge_to_slot().slice())
         .arg(&nnz)
         .arg(&heads_u)
         .arg(&n_slots)
-        .arg(slots.slice())
+        .arg(input.slice())
         .arg(out.slice_mut());
     // SAFETY: thread i < nnz * heads reads edge_to_slot[i / heads] (nnz entries), a slot
-    // < n_slots, and slots[h * n_slots + slot] < heads * n_slots = slots.len(); writes out[i]
-    // (nnz * heads, checked).
+    // < n_slots. CSR_TO_SLOTS reads input[i] (nnz * heads, checked) and writes
+    // out[h * n_slots + slot] < heads * n_slots = out.len() (checked); SLOTS_TO_CSR reads
+    // input[h * n_slots + slot] < heads * n_slots = input.len() and writes out[i] (nnz * heads,
+    // checked).
     unsafe { launch(name, &mut args, cfg) }
 }
 

@@ -12,10 +12,6 @@ use spattn_ops::cpu::{self, rel_l2_error};
 use spattn_ops::{DType, DeviceCsr, DeviceMatrix, DeviceVec, Gpu, Shape};
 use spattn_test_support::*;
 
-fn gpu() -> Gpu {
-    Gpu::new(0).expect("an NVIDIA GPU (this test is ignored elsewhere)")
-}
-
 fn f32s(rng: &mut Pcg64, len: usize, lo: f32, hi: f32) -> Vec<f32> {
     (0..len).map(|_| rng.random_range(lo..hi)).collect()
 }

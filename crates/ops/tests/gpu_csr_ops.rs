@@ -6,7 +6,6 @@
 //! poisoned with NaN before each launch, and errors are ‖out − ref‖ / ‖ref‖ in f64.
 
 use half::{bf16, f16};
-use rand::Rng;
 use rand_pcg::Pcg64;
 use spattn_formats::Csr;
 use spattn_ops::cpu::{self, rel_l2_error};
@@ -15,10 +14,6 @@ use spattn_test_support::*;
 
 /// Scores and probabilities are f32 whatever the feature type: f32-level accuracy.
 const F32_TOL: f64 = 1e-5;
-
-fn gpu() -> Gpu {
-    Gpu::new(0).expect("an NVIDIA GPU (this test is ignored elsewhere)")
-}
 
 /// Runs SDDMM (dot and GAT), edge softmax (plain and LeakyReLU) and SpMM of `a` on the GPU
 /// with fresh random inputs and compares each with the f64 CPU reference.
@@ -106,75 +101,24 @@ fn check_ops<T: DType>(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &
     );
 }
 
-fn check_all_dtypes(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64) {
+/// [`check_ops`] in every dtype at one case.
+fn check_case(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64) {
     check_ops::<f32>(gpu, a, heads, head_dim, rng);
     check_ops::<f16>(gpu, a, heads, head_dim, rng);
     check_ops::<bf16>(gpu, a, heads, head_dim, rng);
 }
 
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn ops_on_cora_pubmed_arxiv() {
-    let gpu = gpu();
-    let mut rng = fresh_rng("ops_on_cora_pubmed_arxiv");
-    for name in test_graphs(&["cora", "pubmed", "ogbn-arxiv"]) {
-        let a = shared_graph(name);
-        for (heads, head_dim) in [(1, 128), (8, 64), (2, 24)] {
-            check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
-        }
+gpu_sweep_tests! {
+    check = check_case;
+    fn ops_on_cora_pubmed_arxiv = shared_graphs(&[(1, 128), (8, 64), (2, 24)]);
+    fn ops_on_rmat_16 = rmat_16(&[(1, 128), (8, 16), (1, 3)]);
+    fn every_head_dim_and_head_count = random(300, 6, 7, &grid(&[1, 3, 24, 64, 96, 128, 256], &[1, 2, 8]));
+    fn tiny_graphs_and_empty_rows(sweep) {
+        sweep.tiny([1, 7, 17, 33], 3, 3, &[(1, 1), (2, 3), (8, 64)]);
+        // A graph with no edges at all: SpMM writes zeros everywhere.
+        sweep.on(&Csr::empty(9, 9).unwrap(), &[(2, 8)]);
     }
-}
-
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn ops_on_rmat_16() {
-    let gpu = gpu();
-    let mut rng = fresh_rng("ops_on_rmat_16");
-    let a = rmat_graph(16);
-    for (heads, head_dim) in [(1, 128), (8, 16), (1, 3)] {
-        check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
-    }
-}
-
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn every_head_dim_and_head_count() {
-    let gpu = gpu();
-    let mut rng = fresh_rng("every_head_dim_and_head_count");
-    let a = random_graph(&mut rng, 300, 6, 7);
-    for head_dim in [1, 3, 24, 64, 96, 128, 256] {
-        for heads in [1, 2, 8] {
-            check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
-        }
-    }
-}
-
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn tiny_graphs_and_empty_rows() {
-    let gpu = gpu();
-    let mut rng = fresh_rng("tiny_graphs_and_empty_rows");
-    for n in [1, 7, 17, 33] {
-        let a = random_graph(&mut rng, n, 3, 3);
-        for (heads, head_dim) in [(1, 1), (2, 3), (8, 64)] {
-            check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
-        }
-    }
-    // A graph with no edges at all: SpMM writes zeros everywhere.
-    let empty = Csr::empty(9, 9).unwrap();
-    check_all_dtypes(&gpu, &empty, 2, 8, &mut rng);
-}
-
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn hub_row_of_100k_edges() {
-    let gpu = gpu();
-    let mut rng = fresh_rng("hub_row_of_100k_edges");
-    let a = hub_graph(&mut rng, 100_000, 12_345);
-    assert_eq!(a.degree(12_345), 100_000);
-    for (heads, head_dim) in [(1, 128), (2, 24)] {
-        check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
-    }
+    fn hub_row_of_100k_edges = hub(100_000, 12_345, &[(1, 128), (2, 24)]);
 }
 
 #[test]
@@ -186,25 +130,7 @@ fn softmax_extremes() {
     let dev_a = DeviceCsr::upload(&gpu, &a).unwrap();
     let heads = 2;
     let edges = a.nnz() * heads;
-    let cases: Vec<(&str, Vec<f32>)> = vec![
-        ("all equal", vec![3.5; edges]),
-        (
-            "near +1e4",
-            (0..edges)
-                .map(|_| 1e4 + rng.random_range(-5.0..5.0))
-                .collect(),
-        ),
-        (
-            "near -1e4",
-            (0..edges)
-                .map(|_| -1e4 + rng.random_range(-5.0..5.0))
-                .collect(),
-        ),
-        (
-            "spread ±1e4",
-            (0..edges).map(|_| rng.random_range(-1e4..1e4)).collect(),
-        ),
-    ];
+    let cases = softmax_extreme_scores(&mut rng, edges);
     for (what, s) in cases {
         let ds = DeviceVec::from_host(&gpu, &s).unwrap();
         let mut p = DeviceVec::<f32>::zeros(&gpu, edges).unwrap();
@@ -217,19 +143,7 @@ fn softmax_extremes() {
         let err = rel_l2_error(&got, &want);
         assert!(err <= F32_TOL, "softmax {what}: rel error {err:e}");
         // Each non-empty row sums to one per head.
-        for r in 0..a.n_rows() {
-            for h in 0..heads {
-                let range = a.row_range(r);
-                if range.is_empty() {
-                    continue;
-                }
-                let sum: f64 = range.map(|e| got[e * heads + h] as f64).sum();
-                assert!(
-                    (sum - 1.0).abs() < 1e-4,
-                    "softmax {what}: row {r} head {h} sums to {sum}"
-                );
-            }
-        }
+        assert_rows_sum_to_one(&a, &got, heads, &format!("softmax {what}"));
     }
 }
 

@@ -18,10 +18,6 @@ use spattn_ops::{
 };
 use spattn_test_support::*;
 
-fn gpu() -> Gpu {
-    Gpu::new(0).expect("an NVIDIA GPU (this test is ignored elsewhere)")
-}
-
 fn tol<T: DType>() -> f64 {
     match T::KIND {
         DTypeKind::F32 => 1e-3,
@@ -284,24 +280,18 @@ fn timings() {
     let gpu = gpu();
     let mut rng = fresh_rng("spmm timings");
     println!("device: {}", gpu.name());
-    let names = std::env::var("SPATTN_SPMM_GRAPHS")
-        .unwrap_or_else(|_| "cora,citeseer,pubmed,ogbn-arxiv,rmat16,rmat18".into());
-    let graphs: Vec<(String, Csr)> = names
-        .split(',')
-        .filter(|n| !n.is_empty())
-        .map(|n| match n.strip_prefix("rmat") {
-            Some(s) => (n.to_string(), rmat_graph(s.parse().unwrap())),
-            None => (n.to_string(), shared_graph(n)),
-        })
-        .collect();
+    let graphs = timing_graphs(
+        "SPATTN_SPMM_GRAPHS",
+        "cora,citeseer,pubmed,ogbn-arxiv,rmat16,rmat18",
+    );
     println!(
         "| graph | heads | D | spmm-csr ms | spmm-tc ms | hybrid ms | hybrid vs best pure | \
          width | hybrid all-TC ms | threshold | TC:CD | CD edges |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|");
-    for (name, a) in &graphs {
-        let csr = DeviceCsr::upload(&gpu, a).unwrap();
-        let me = DeviceMeBcrs::from_csr_reordered(&gpu, a, Reorder::Auto).unwrap();
+    for (name, a) in graphs {
+        let csr = DeviceCsr::upload(&gpu, &a).unwrap();
+        let me = DeviceMeBcrs::from_csr_reordered(&gpu, &a, Reorder::Auto).unwrap();
         for (heads, d) in [(1usize, 64usize), (1, 128), (8, 64), (8, 128)] {
             let sv = Shape::new(a.n_cols(), heads, d).unwrap();
             let so = Shape::new(a.n_rows(), heads, d).unwrap();
@@ -317,7 +307,7 @@ fn timings() {
             let t_tc = time(&gpu, 20, || {
                 tc_ops::spmm(&gpu, &me, &slots, &v, &mut out).unwrap()
             });
-            let plan = HybridSpmm::plan::<f16>(&gpu, a, heads, d, Reorder::Auto).unwrap();
+            let plan = HybridSpmm::plan::<f16>(&gpu, &a, heads, d, Reorder::Auto).unwrap();
             let t_h = time(&gpu, 20, || plan.run(&gpu, &v, &mut out).unwrap());
             let c = plan.choice();
             let s = c.device.stats();

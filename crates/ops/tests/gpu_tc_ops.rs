@@ -21,11 +21,7 @@ use spattn_test_support::*;
 /// Scores and probabilities from exact inputs are f32 arithmetic: f32-level accuracy.
 const F32_TOL: f64 = 1e-5;
 
-fn gpu() -> Gpu {
-    Gpu::new(0).expect("an NVIDIA GPU (this test is ignored elsewhere)")
-}
-
-/// DESIGN.md's tolerance for a tensor-core op with operands of type `T` (f32 runs as tf32).
+/// The tolerance (docs/kernels/README.md) for a tensor-core op with operands of type `T` (f32 runs as tf32).
 fn tc_tolerance<T: DType>() -> f64 {
     match T::KIND {
         DTypeKind::F32 => 1e-3,
@@ -234,10 +230,10 @@ fn check_ops<T: DType>(
     );
 }
 
-/// Every dtype in the graph's own order and renumbered (degree, locality and cluster orders for
-/// f16 and f32, locality and cluster for bf16; a rectangular graph keeps its order under
-/// locality).
-fn check_all_dtypes(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64) {
+/// [`check_ops`] in every dtype at one case, in the graph's own order and renumbered (degree,
+/// locality and cluster orders for f16 and f32, locality and cluster for bf16; a rectangular
+/// graph keeps its order under locality).
+fn check_case(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64) {
     for r in [
         Reorder::None,
         Reorder::Degree,
@@ -266,103 +262,49 @@ fn rect_graph(rng: &mut Pcg64, n_rows: usize, n_cols: usize, avg: usize) -> Csr 
     Csr::from_edges(n_rows, n_cols, &edges).unwrap()
 }
 
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn tc_ops_on_cora_pubmed_arxiv() {
-    let gpu = gpu();
-    let mut rng = fresh_rng("tc_ops_on_cora_pubmed_arxiv");
-    for name in test_graphs(&["cora", "pubmed", "ogbn-arxiv"]) {
-        let a = shared_graph(name);
-        for (heads, head_dim) in [(1, 128), (8, 64), (2, 24)] {
-            check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
-        }
-    }
+/// Whether the tensor-core SpMM of `a` (natural order) takes the pipelined kernel for f16 at
+/// `head_dim` features.
+fn f16_spmm_pipelined(gpu: &Gpu, a: &Csr, head_dim: usize) -> bool {
+    tc_ops::spmm_pipelined::<f16>(&DeviceMeBcrs::from_csr(gpu, a).unwrap(), head_dim)
 }
 
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn tc_ops_on_rmat_16() {
-    let gpu = gpu();
-    let mut rng = fresh_rng("tc_ops_on_rmat_16");
-    let a = rmat_graph(16);
-    for (heads, head_dim) in [(1, 128), (8, 16), (1, 3)] {
-        check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
+gpu_sweep_tests! {
+    check = check_case;
+    fn tc_ops_on_cora_pubmed_arxiv = shared_graphs(&[(1, 128), (8, 64), (2, 24)]);
+    fn tc_ops_on_rmat_16 = rmat_16(&[(1, 128), (8, 16), (1, 3)]);
+    fn tc_every_head_dim_and_head_count(sweep) {
+        let a = random_graph(&mut sweep.rng, 300, 6, 7);
+        // More than a k-step per window: SpMM takes the pipelined kernel for f16/bf16 at 128
+        // and 256 features, the register kernel otherwise; both are checked below.
+        let dev = DeviceMeBcrs::from_csr(&sweep.gpu, &a).unwrap();
+        assert!(tc_ops::spmm_pipelined::<f16>(&dev, 128) && tc_ops::spmm_pipelined::<bf16>(&dev, 256));
+        assert!(!tc_ops::spmm_pipelined::<f32>(&dev, 128) && !tc_ops::spmm_pipelined::<f16>(&dev, 64));
+        sweep.on(&a, &grid(&[1, 3, 24, 64, 96, 128, 256], &[1, 2, 8]));
+        // Tails of every kind: odd, even but not a multiple of 8, a multiple of 8 but not of
+        // 16, past one 128-feature slab.
+        sweep.on(&a, &grid(&[2, 6, 12, 40, 200], &[2]));
     }
-}
-
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn tc_every_head_dim_and_head_count() {
-    let gpu = gpu();
-    let mut rng = fresh_rng("tc_every_head_dim_and_head_count");
-    let a = random_graph(&mut rng, 300, 6, 7);
-    // More than a k-step per window: SpMM takes the pipelined kernel for f16/bf16 at 128 and
-    // 256 features, the register kernel otherwise; both are checked below.
-    let dev = DeviceMeBcrs::from_csr(&gpu, &a).unwrap();
-    assert!(tc_ops::spmm_pipelined::<f16>(&dev, 128) && tc_ops::spmm_pipelined::<bf16>(&dev, 256));
-    assert!(!tc_ops::spmm_pipelined::<f32>(&dev, 128) && !tc_ops::spmm_pipelined::<f16>(&dev, 64));
-    for head_dim in [1, 3, 24, 64, 96, 128, 256] {
-        for heads in [1, 2, 8] {
-            check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
+    fn tc_tiny_graphs_empty_rows_rectangular(sweep) {
+        sweep.tiny([1, 7, 17, 33], 3, 3, &[(1, 1), (2, 3), (8, 64), (1, 128)]);
+        // A partial last window (45 = 5 x 8 + 5 rows) and empty rows through the pipelined
+        // SpMM (about 20 edges per row: more than a k-step per window), and through the
+        // register kernel on one row (a single vector).
+        let a = random_graph(&mut sweep.rng, 45, 10, 4);
+        assert!(f16_spmm_pipelined(&sweep.gpu, &a, 128));
+        sweep.on(&a, &[(2, 128)]);
+        let one = random_graph(&mut sweep.rng, 1, 3, 0);
+        assert!(!f16_spmm_pipelined(&sweep.gpu, &one, 128));
+        // n_cols != n_rows, both ways, partial last windows.
+        for (rows, cols) in [(37, 50), (50, 13), (9, 1)] {
+            let a = rect_graph(&mut sweep.rng, rows, cols, 4);
+            sweep.on(&a, &[(1, 16), (2, 24), (3, 5)]);
         }
+        // No edges at all (empty windows only): SpMM writes zeros everywhere.
+        sweep.on(&Csr::empty(9, 9).unwrap(), &[(2, 8)]);
+        // No rows.
+        sweep.on(&Csr::empty(0, 4).unwrap(), &[(1, 16)]);
     }
-    // Tails of every kind: odd, even but not a multiple of 8, a multiple of 8 but not of 16,
-    // past one 128-feature slab.
-    for head_dim in [2, 6, 12, 40, 200] {
-        check_all_dtypes(&gpu, &a, 2, head_dim, &mut rng);
-    }
-}
-
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn tc_tiny_graphs_empty_rows_rectangular() {
-    let gpu = gpu();
-    let mut rng = fresh_rng("tc_tiny_graphs_empty_rows_rectangular");
-    for n in [1, 7, 17, 33] {
-        let a = random_graph(&mut rng, n, 3, 3);
-        for (heads, head_dim) in [(1, 1), (2, 3), (8, 64), (1, 128)] {
-            check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
-        }
-    }
-    // A partial last window (45 = 5 x 8 + 5 rows) and empty rows through the pipelined SpMM
-    // (about 20 edges per row: more than a k-step per window), and through the register kernel
-    // on one row (a single vector).
-    let a = random_graph(&mut rng, 45, 10, 4);
-    assert!(tc_ops::spmm_pipelined::<f16>(
-        &DeviceMeBcrs::from_csr(&gpu, &a).unwrap(),
-        128
-    ));
-    check_all_dtypes(&gpu, &a, 2, 128, &mut rng);
-    let one = random_graph(&mut rng, 1, 3, 0);
-    assert!(!tc_ops::spmm_pipelined::<f16>(
-        &DeviceMeBcrs::from_csr(&gpu, &one).unwrap(),
-        128
-    ));
-    // n_cols != n_rows, both ways, partial last windows.
-    for (rows, cols) in [(37, 50), (50, 13), (9, 1)] {
-        let a = rect_graph(&mut rng, rows, cols, 4);
-        for (heads, head_dim) in [(1, 16), (2, 24), (3, 5)] {
-            check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
-        }
-    }
-    // No edges at all (empty windows only): SpMM writes zeros everywhere.
-    let empty = Csr::empty(9, 9).unwrap();
-    check_all_dtypes(&gpu, &empty, 2, 8, &mut rng);
-    // No rows.
-    let none = Csr::empty(0, 4).unwrap();
-    check_all_dtypes(&gpu, &none, 1, 16, &mut rng);
-}
-
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn tc_hub_row_of_100k_edges() {
-    let gpu = gpu();
-    let mut rng = fresh_rng("tc_hub_row_of_100k_edges");
-    let a = hub_graph(&mut rng, 100_000, 12_345);
-    assert_eq!(a.degree(12_345), 100_000);
-    for (heads, head_dim) in [(1, 128), (2, 24)] {
-        check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
-    }
+    fn tc_hub_row_of_100k_edges = hub(100_000, 12_345, &[(1, 128), (2, 24)]);
 }
 
 #[test]
@@ -375,25 +317,7 @@ fn tc_softmax_extremes() {
     let me = Slots::of(&dev);
     let heads = 2;
     let edges = a.nnz() * heads;
-    let cases: Vec<(&str, Vec<f32>)> = vec![
-        ("all equal", vec![3.5; edges]),
-        (
-            "near +1e4",
-            (0..edges)
-                .map(|_| 1e4 + rng.random_range(-5.0..5.0))
-                .collect(),
-        ),
-        (
-            "near -1e4",
-            (0..edges)
-                .map(|_| -1e4 + rng.random_range(-5.0..5.0))
-                .collect(),
-        ),
-        (
-            "spread ±1e4",
-            (0..edges).map(|_| rng.random_range(-1e4..1e4)).collect(),
-        ),
-    ];
+    let cases = softmax_extreme_scores(&mut rng, edges);
     for (what, s) in cases {
         // Padding slots hold NaN: the softmax must not read them.
         let slots = me.scatter(&s, heads, f32::NAN);
@@ -408,19 +332,7 @@ fn tc_softmax_extremes() {
         cpu::edge_softmax(&a, &f64s(&s), heads, None, &mut want).unwrap();
         let err = rel_l2_error(&got, &want);
         assert!(err <= F32_TOL, "tc softmax {what}: rel error {err:e}");
-        for r in 0..a.n_rows() {
-            let range = a.row_range(r);
-            if range.is_empty() {
-                continue;
-            }
-            for h in 0..heads {
-                let sum: f64 = range.clone().map(|e| got[e * heads + h] as f64).sum();
-                assert!(
-                    (sum - 1.0).abs() < 1e-4,
-                    "tc softmax {what}: row {r} head {h} sums to {sum}"
-                );
-            }
-        }
+        assert_rows_sum_to_one(&a, &got, heads, &format!("tc softmax {what}"));
     }
 }
 
@@ -719,13 +631,8 @@ fn timing_arxiv_cuda_core_vs_tensor_core() {
 fn timing_spmm_orders() {
     let gpu = gpu();
     println!("TIMING device {}", gpu.name());
-    let names = std::env::var("SPATTN_TC_GRAPHS").unwrap_or_else(|_| "cora,pubmed".into());
-    for name in names.split(',').filter(|n| !n.is_empty()) {
-        let a = match name.strip_prefix("rmat") {
-            Some(scale) => rmat_graph(scale.parse().expect("rmatN")),
-            None => shared_graph(name),
-        };
-        time_case::<f16>(&gpu, name, &a, 1, 128);
-        time_case::<f16>(&gpu, name, &a, 8, 64);
+    for (name, a) in timing_graphs("SPATTN_TC_GRAPHS", "cora,pubmed") {
+        time_case::<f16>(&gpu, &name, &a, 1, 128);
+        time_case::<f16>(&gpu, &name, &a, 8, 64);
     }
 }

@@ -7,7 +7,13 @@
 //!   bundle's `run.sh --quick` ([`test_graphs`]);
 //! - fresh random inputs whose seed is printed and can be replayed ([`fresh_rng`],
 //!   [`Inputs`]), adversarial graphs ([`random_graph`], [`hub_graph`]);
-//! - the forward check every algorithm's GPU test runs ([`check_forward_twice`]).
+//! - one test body per algorithm and op family: the GPU sweeps each runs its own check through
+//!   ([`Sweep`], [`gpu_sweep_tests!`]: the shared graphs, R-MAT 16, random graphs over a grid
+//!   of heads × head_dim, tiny graphs, a hub row), the forward check every algorithm runs
+//!   ([`check_forward`], [`check_forward_twice`]), the extreme and equal scores every dtype
+//!   runs ([`check_extreme_and_equal_scores`]), the softmax extremes the op families share
+//!   ([`softmax_extreme_scores`], [`assert_rows_sum_to_one`]), and the graphs of the timing
+//!   tests ([`timing_graphs`]).
 //!
 //! ```
 //! let cora = spattn_test_support::shared_graph("cora"); // symmetrized with self loops
@@ -21,7 +27,7 @@ use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64;
 use spattn_formats::{read_matrix_market, rmat, Csr, RmatConfig};
 use spattn_ops::cpu::{attention_f64_from, rel_l2_error, AttentionInputs};
-use spattn_ops::{DType, DTypeKind, DeviceMatrix, Shape};
+use spattn_ops::{bf16, f16, DType, DTypeKind, DeviceMatrix, Gpu, Shape};
 
 /// The environment variable naming the folder of the graphs (the GPU bundle's run.sh sets it).
 pub const DATA_DIR_ENV: &str = "SPATTN_DATA_DIR";
@@ -113,6 +119,25 @@ pub fn shared_graph(name: &str) -> Csr {
     let a =
         read_matrix_market(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     a.symmetrize_with_self_loops().expect("square graph")
+}
+
+/// The graphs of a timing test: the comma list in the environment variable `var` (or
+/// `default` where it is unset) of shared graph names ([`shared_graph`]) and `rmatN` (R-MAT
+/// scale N, [`rmat_graph`]), each with its name, read one at a time.
+pub fn timing_graphs(var: &str, default: &str) -> impl Iterator<Item = (String, Csr)> {
+    let list = std::env::var(var).unwrap_or_else(|_| default.into());
+    let names: Vec<String> = list
+        .split(',')
+        .filter(|n| !n.is_empty())
+        .map(String::from)
+        .collect();
+    names.into_iter().map(|n| {
+        let a = match n.strip_prefix("rmat") {
+            Some(scale) => rmat_graph(scale.parse().expect("rmatN")),
+            None => shared_graph(&n),
+        };
+        (n, a)
+    })
 }
 
 /// R-MAT at `scale`, symmetrized with self loops.
@@ -249,6 +274,26 @@ impl Inputs {
         }
     }
 
+    /// [`Inputs::draw_half`] with Q = 0: every score equal, so every row is the mean of its
+    /// neighbours' V.
+    pub fn equal_scores(rng: &mut Pcg64, a: &Csr, heads: usize, head_dim: usize) -> Self {
+        let mut x = Self::draw_half(rng, a, heads, head_dim);
+        x.q.iter_mut().for_each(|q| *q = 0.0);
+        x
+    }
+
+    /// The case as failures name it: `T`, the size of `a`, heads and head_dim.
+    pub fn case<T: DType>(&self, a: &Csr) -> String {
+        format!(
+            "{} n={} nnz={} heads={} head_dim={}",
+            T::NAME,
+            a.n_rows(),
+            a.nnz(),
+            self.shape_q.heads,
+            self.shape_q.head_dim
+        )
+    }
+
     /// The f64 CPU reference of these inputs.
     pub fn reference(&self, a: &Csr, scale: f64) -> Vec<f64> {
         let inputs = AttentionInputs::new(
@@ -263,17 +308,36 @@ impl Inputs {
     }
 }
 
-/// Uploads `inputs` as `T`, runs `forward(q, k, v, out)` twice with `out` poisoned with NaN
-/// before each run, and checks each result against `want` (relative error ≤ `tol`), that the
-/// rows of `a` without edges are exactly zero, and that the second run repeats the first bit
-/// for bit. `what` names the case in failures.
+/// [`check_forward`] of a tensor-core algorithm that merges partials in a fixed order
+/// (fused-tc, the hybrid): within [`tol_tf32`], and the second run repeats the first bit for
+/// bit. `what` names the algorithm and its settings; failures add the case
+/// ([`Inputs::case`]).
 pub fn check_forward_twice<T: DType>(
-    gpu: &spattn_ops::Gpu,
+    gpu: &Gpu,
+    a: &Csr,
+    inputs: &Inputs,
+    want: &[f64],
+    what: &str,
+    forward: impl FnMut(&DeviceMatrix<T>, &DeviceMatrix<T>, &DeviceMatrix<T>, &mut DeviceMatrix<T>),
+) {
+    let what = format!("{what} {}", inputs.case::<T>(a));
+    check_forward(gpu, a, inputs, want, tol_tf32::<T>(), &what, true, forward);
+}
+
+/// Uploads `inputs` as `T`, runs `forward(q, k, v, out)` twice with `out` poisoned with NaN
+/// before each run, and checks each result against `want` (relative error ≤ `tol`) and that
+/// the rows of `a` without edges are exactly zero; with `bit_for_bit`, also that the second run
+/// repeats the first bit for bit (not for kernels that sum with f32 atomics). `what` names the
+/// case in failures.
+#[allow(clippy::too_many_arguments)]
+pub fn check_forward<T: DType>(
+    gpu: &Gpu,
     a: &Csr,
     inputs: &Inputs,
     want: &[f64],
     tol: f64,
     what: &str,
+    bit_for_bit: bool,
     mut forward: impl FnMut(&DeviceMatrix<T>, &DeviceMatrix<T>, &DeviceMatrix<T>, &mut DeviceMatrix<T>),
 ) {
     let cast = |x: &[f64]| x.iter().map(|&v| T::from_f64(v)).collect::<Vec<T>>();
@@ -298,6 +362,7 @@ pub fn check_forward_twice<T: DType>(
         }
         match &first {
             None => first = Some(got),
+            Some(_) if !bit_for_bit => {}
             Some(f) => {
                 let same = f
                     .iter()
@@ -305,6 +370,230 @@ pub fn check_forward_twice<T: DType>(
                     .all(|(x, y)| x.to_f64().to_bits() == y.to_f64().to_bits());
                 assert!(same, "{what}: the second run differs from the first");
             }
+        }
+    }
+}
+
+/// The plan's default scale, 1/√head_dim rounded to f32, as the reference takes it.
+pub fn default_scale(head_dim: usize) -> f64 {
+    f64::from((1.0 / (head_dim as f64).sqrt()) as f32)
+}
+
+/// A forward check of the algorithm under test at any dtype, for the cases every algorithm
+/// runs in f32, f16 and bf16 on the same inputs.
+pub trait CheckDtype {
+    /// Runs the algorithm on `inputs` rounded to `T` at `scale` (the plan's default where
+    /// `None`) and checks its output against `want`.
+    fn check<T: DType>(&mut self, a: &Csr, inputs: &Inputs, want: &[f64], scale: Option<f32>);
+}
+
+/// Scores near ±1e4 (Q scaled by 2.5e3 and by 1e4, K and V in ±1) in f32, f16 and bf16, each
+/// on its own draw; then all scores equal ([`Inputs::equal_scores`]) in all three on one draw;
+/// all at `scale`.
+pub fn check_extreme_and_equal_scores(
+    check: &mut impl CheckDtype,
+    a: &Csr,
+    heads: usize,
+    head_dim: usize,
+    scale: f32,
+    rng: &mut Pcg64,
+) {
+    let s = Some(scale);
+    for amp in [2.5e3, 1e4] {
+        let x = Inputs::draw::<f32>(rng, a, heads, head_dim, amp);
+        check.check::<f32>(a, &x, &x.reference(a, scale.into()), s);
+        let x = Inputs::draw::<f16>(rng, a, heads, head_dim, amp);
+        check.check::<f16>(a, &x, &x.reference(a, scale.into()), s);
+        let x = Inputs::draw::<bf16>(rng, a, heads, head_dim, amp);
+        check.check::<bf16>(a, &x, &x.reference(a, scale.into()), s);
+    }
+    let x = Inputs::equal_scores(rng, a, heads, head_dim);
+    let want = x.reference(a, scale.into());
+    check.check::<f32>(a, &x, &want, s);
+    check.check::<f16>(a, &x, &want, s);
+    check.check::<bf16>(a, &x, &want, s);
+}
+
+/// Rows 0..16 all attend to columns 0..64 (a window of 8 full blocks); rows 16..40 to 4
+/// random columns of 70 each (windows of sparse blocks); 40 rows is not a multiple of 16.
+pub fn dense_and_sparse_graph(rng: &mut Pcg64) -> Csr {
+    let mut edges: Vec<(u32, u32)> = (0..16).flat_map(|r| (0..64).map(move |c| (r, c))).collect();
+    for r in 16..40 {
+        for _ in 0..4 {
+            edges.push((r, rng.random_range(0..70)));
+        }
+    }
+    Csr::from_edges(40, 70, &edges).unwrap()
+}
+
+/// The GPU of the GPU tests (device 0); they are `#[ignore]`d where there is none.
+pub fn gpu() -> Gpu {
+    Gpu::new(0).expect("an NVIDIA GPU (this test is ignored elsewhere)")
+}
+
+/// Every `(heads, head_dim)` of `head_dims` × `heads`, head_dim-major.
+pub fn grid(head_dims: &[usize], heads: &[usize]) -> Vec<(usize, usize)> {
+    head_dims
+        .iter()
+        .flat_map(|&d| heads.iter().map(move |&h| (h, d)))
+        .collect()
+}
+
+/// One check run over graphs and `(heads, head_dim)` shapes on the GPU with the test's fresh
+/// random source: the GPU tests of every algorithm and op family run their own check through
+/// these sweeps (mostly by [`gpu_sweep_tests!`]), so their test bodies are written once, with
+/// each family's graphs and shapes as data.
+pub struct Sweep<F> {
+    /// The GPU the check runs on ([`gpu`]).
+    pub gpu: Gpu,
+    /// The test's random source ([`fresh_rng`]), for graphs and inputs drawn between sweeps.
+    pub rng: Pcg64,
+    check: F,
+}
+
+impl<F: FnMut(&Gpu, &Csr, usize, usize, &mut Pcg64)> Sweep<F> {
+    /// A sweep of test `test` (it names the printed seed) running `check(gpu, a, heads,
+    /// head_dim, rng)`.
+    pub fn new(test: &str, check: F) -> Self {
+        let gpu = gpu();
+        Self {
+            gpu,
+            rng: fresh_rng(test),
+            check,
+        }
+    }
+
+    /// `check` on `a` at each of `shapes`, in order.
+    pub fn on(&mut self, a: &Csr, shapes: &[(usize, usize)]) -> &mut Self {
+        for &(heads, head_dim) in shapes {
+            (self.check)(&self.gpu, a, heads, head_dim, &mut self.rng);
+        }
+        self
+    }
+
+    /// On cora, pubmed and ogbn-arxiv, symmetrized with self loops (cora alone in the quick
+    /// mode, [`test_graphs`]).
+    pub fn shared_graphs(&mut self, shapes: &[(usize, usize)]) -> &mut Self {
+        for name in test_graphs(&["cora", "pubmed", "ogbn-arxiv"]) {
+            self.on(&shared_graph(name), shapes);
+        }
+        self
+    }
+
+    /// On R-MAT scale 16 ([`rmat_graph`]).
+    pub fn rmat_16(&mut self, shapes: &[(usize, usize)]) -> &mut Self {
+        self.on(&rmat_graph(16), shapes)
+    }
+
+    /// On one [`random_graph`] of `n` nodes, about `avg` edges a row, every
+    /// `empty_every`-th row empty.
+    pub fn random(
+        &mut self,
+        n: usize,
+        avg: usize,
+        empty_every: usize,
+        shapes: &[(usize, usize)],
+    ) -> &mut Self {
+        let a = random_graph(&mut self.rng, n, avg, empty_every);
+        self.on(&a, shapes)
+    }
+
+    /// On a [`random_graph`] of each size in `ns` (tiny graphs: partial tiles and windows).
+    pub fn tiny(
+        &mut self,
+        ns: impl IntoIterator<Item = usize>,
+        avg: usize,
+        empty_every: usize,
+        shapes: &[(usize, usize)],
+    ) -> &mut Self {
+        for n in ns {
+            self.random(n, avg, empty_every, shapes);
+        }
+        self
+    }
+
+    /// On a [`hub_graph`] of `n` nodes whose row `hub` attends to all `n` (checked).
+    pub fn hub(&mut self, n: usize, hub: usize, shapes: &[(usize, usize)]) -> &mut Self {
+        let a = hub_graph(&mut self.rng, n, hub);
+        assert_eq!(a.degree(hub), n);
+        self.on(&a, shapes)
+    }
+}
+
+/// `#[ignore]`d GPU tests, each a [`Sweep`] of one check, named after the test (the name its
+/// seed is printed with):
+///
+/// ```ignore
+/// gpu_sweep_tests! {
+///     check = check_case; // fn(&Gpu, &Csr, heads, head_dim, &mut Pcg64)
+///     /// Doc comments and other attributes go on the test.
+///     fn shared_graphs = shared_graphs(&[(1, 128), (8, 64)]); // one sweep
+///     fn hub_row(sweep) {                                      // or a body with `sweep`
+///         sweep.hub(100_000, 777, &[(1, 64)]);
+///     }
+/// }
+/// ```
+#[macro_export]
+macro_rules! gpu_sweep_tests {
+    (check = $check:expr; $($tests:tt)*) => {
+        $crate::gpu_sweep_tests!(@tests $check; $($tests)*);
+    };
+    (@tests $check:expr;) => {};
+    (@tests $check:expr;
+        $(#[$meta:meta])* fn $name:ident = $sweep:ident($($arg:expr),* $(,)?); $($rest:tt)*
+    ) => {
+        $crate::gpu_sweep_tests!(@tests $check; $(#[$meta])* fn $name(sweep) {
+            sweep.$sweep($($arg),*);
+        } $($rest)*);
+    };
+    (@tests $check:expr;
+        $(#[$meta:meta])* fn $name:ident($sweep:ident) $body:block $($rest:tt)*
+    ) => {
+        $(#[$meta])*
+        #[test]
+        #[ignore = "needs an NVIDIA GPU"]
+        fn $name() {
+            let $sweep = &mut $crate::Sweep::new(stringify!($name), $check);
+            $body
+        }
+        $crate::gpu_sweep_tests!(@tests $check; $($rest)*);
+    };
+}
+
+/// Edge scores (`edges` values) that stress a softmax, each named: all equal, near +1e4, near
+/// −1e4, spread over ±1e4.
+pub fn softmax_extreme_scores(rng: &mut Pcg64, edges: usize) -> Vec<(&'static str, Vec<f32>)> {
+    let mut near = |centre: f32| -> Vec<f32> {
+        (0..edges)
+            .map(|_| centre + rng.random_range(-5.0..5.0))
+            .collect()
+    };
+    let (high, low) = (near(1e4), near(-1e4));
+    vec![
+        ("all equal", vec![3.5; edges]),
+        ("near +1e4", high),
+        ("near -1e4", low),
+        (
+            "spread ±1e4",
+            (0..edges).map(|_| rng.random_range(-1e4..1e4)).collect(),
+        ),
+    ]
+}
+
+/// Asserts that the probabilities `p` (CSR order, `nnz × heads`) of every non-empty row of `a`
+/// sum to one per head, within 1e-4.
+pub fn assert_rows_sum_to_one(a: &Csr, p: &[f32], heads: usize, what: &str) {
+    for r in 0..a.n_rows() {
+        let range = a.row_range(r);
+        if range.is_empty() {
+            continue;
+        }
+        for h in 0..heads {
+            let sum: f64 = range.clone().map(|e| f64::from(p[e * heads + h])).sum();
+            assert!(
+                (sum - 1.0).abs() < 1e-4,
+                "{what}: row {r} head {h} sums to {sum}"
+            );
         }
     }
 }

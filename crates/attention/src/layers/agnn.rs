@@ -15,7 +15,9 @@ use spattn_ops::elementwise;
 use spattn_ops::{DeviceMatrix, DeviceVec, Shape};
 
 use super::gat::check_input;
-use super::params::{Device, DeviceParam, GpuGraph, Host, HostGraph, HostParam, Placement};
+use super::params::{
+    attention_backward, Device, DeviceParam, GpuGraph, Host, HostGraph, HostParam, Placement,
+};
 use crate::config::{Algorithm, AttentionConfig};
 use crate::error::{Error, Result};
 use crate::AttentionPlan;
@@ -232,22 +234,10 @@ impl<T: GemmElement> AgnnConv<Device<T>> {
         let g = self.graph.clone();
         let gpu = g.gpu();
         check_input("dy", dy.shape(), g.n(), self.dim)?;
-        let s = self.plan.shape_q();
         let mut dy1 = dy.try_clone()?;
-        dy1.reshape(s)?;
-        let mut dq = DeviceMatrix::zeros(gpu, s)?;
-        let mut dk = DeviceMatrix::zeros(gpu, s)?;
-        let mut dx = DeviceMatrix::zeros(gpu, s)?;
-        self.plan.backward(
-            &cache.q,
-            &cache.xhat,
-            &cache.x,
-            &cache.out,
-            &dy1,
-            &mut dq,
-            &mut dk,
-            &mut dx,
-        )?;
+        dy1.reshape(self.plan.shape_q())?;
+        let qkv = [&cache.q, &cache.xhat, &cache.x];
+        let [dq, dk, mut dx] = attention_backward(&self.plan, gpu, qkv, &cache.out, &dy1)?;
         let DeviceParam { value, grad, .. } = &mut self.beta;
         elementwise::row_normalize_backward(
             gpu,

@@ -16,6 +16,23 @@ use spattn_ops::{DType, DeviceCsr, DeviceGraph, DeviceMatrix, DeviceVec, Gpu, Sh
 use crate::error::Result;
 use crate::AttentionPlan;
 
+/// The backward of a layer's attention `plan` on `gpu` into fresh zeroed dQ, dK and dV of the
+/// plan's shape: `[dq, dk, dv]` (the layers do not train the scale, so ∂L/∂scale is dropped).
+pub(crate) fn attention_backward<T: DType>(
+    plan: &AttentionPlan,
+    gpu: &Gpu,
+    [q, k, v]: [&DeviceMatrix<T>; 3],
+    out: &DeviceMatrix<T>,
+    d_out: &DeviceMatrix<T>,
+) -> Result<[DeviceMatrix<T>; 3]> {
+    let s = plan.shape_q();
+    let mut dq = DeviceMatrix::zeros(gpu, s)?;
+    let mut dk = DeviceMatrix::zeros(gpu, s)?;
+    let mut dv = DeviceMatrix::zeros(gpu, s)?;
+    plan.backward(q, k, v, out, d_out, &mut dq, &mut dk, &mut dv)?;
+    Ok([dq, dk, dv])
+}
+
 /// Where a layer runs and in which element type: [`Host`] (CPU, `f32` or `f64`) or [`Device`]
 /// (GPU, `f32`, `f16` or `bf16`). The layers are generic over it so that one struct holds
 /// either kind of parameters; each placement has its own `forward` / `backward`.

@@ -12,7 +12,9 @@ use spattn_ops::elementwise;
 use spattn_ops::{DeviceMatrix, Shape};
 
 use super::gat::check_input;
-use super::params::{flat, host, init_rng, Device, GpuGraph, Host, HostGraph, Linear, Placement};
+use super::params::{
+    attention_backward, flat, host, init_rng, Device, GpuGraph, Host, HostGraph, Linear, Placement,
+};
 use crate::config::{Algorithm, AttentionConfig};
 use crate::error::{Error, Result};
 use crate::AttentionPlan;
@@ -313,19 +315,8 @@ impl<T: GemmElement> GraphTransformerLayer<Device<T>> {
         let mut d_attn = DeviceMatrix::zeros(gpu, s)?;
         self.output
             .backward(ctx, &cache.attn, dy, Some((&mut d_attn, false)))?;
-        let mut dq = DeviceMatrix::zeros(gpu, s)?;
-        let mut dk = DeviceMatrix::zeros(gpu, s)?;
-        let mut dv = DeviceMatrix::zeros(gpu, s)?;
-        self.plan.backward(
-            &cache.q,
-            &cache.k,
-            &cache.v,
-            &cache.attn,
-            &d_attn,
-            &mut dq,
-            &mut dk,
-            &mut dv,
-        )?;
+        let qkv = [&cache.q, &cache.k, &cache.v];
+        let [dq, dk, dv] = attention_backward(&self.plan, gpu, qkv, &cache.attn, &d_attn)?;
         let mut dx = DeviceMatrix::zeros(gpu, cache.x.shape())?;
         self.query
             .backward(ctx, &cache.x, &dq, Some((&mut dx, false)))?;

@@ -48,3 +48,23 @@ pub fn text(out: &Output) -> (String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// Runs `spattn-bench` with `args` and asserts that it succeeds (its stdout and stderr in the
+/// message); returns its stdout.
+#[track_caller]
+pub fn bench_ok(args: &[&str]) -> String {
+    let out = bench(args);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    stdout
+}
+
+/// [`bench_ok`] of a quick CPU run: `--cpu`, then `args`, then `--reps reps --warmup warmup`.
+#[track_caller]
+pub fn cpu_run(args: &[&str], reps: u32, warmup: u32) -> String {
+    let (reps, warmup) = (reps.to_string(), warmup.to_string());
+    let mut all = vec!["--cpu"];
+    all.extend_from_slice(args);
+    all.extend(["--reps", &reps, "--warmup", &warmup]);
+    bench_ok(&all)
+}

@@ -158,16 +158,8 @@ pub fn transpose_edge_values<F: Real>(
 /// not `a.nnz() × heads`; `"out"`: not `a.n_rows() × heads`).
 pub fn edge_row_sum<F: Real>(a: &Csr, values: &[F], heads: usize, out: &mut [F]) -> Result<()> {
     check::heads(heads)?;
-    check::len(
-        "values",
-        check::per_head_len("values", a.nnz(), heads)?,
-        values.len(),
-    )?;
-    check::len(
-        "out",
-        check::per_head_len("out", a.n_rows(), heads)?,
-        out.len(),
-    )?;
+    check::per_head("values", a.nnz(), heads, values.len())?;
+    check::per_head("out", a.n_rows(), heads, out.len())?;
     let offsets = a.row_offsets();
     for_each_row_block(offsets, out, &|i| i * heads, &|rows, block| {
         let first = rows.start;

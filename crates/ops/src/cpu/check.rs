@@ -71,6 +71,11 @@ pub(super) fn per_head_len(what: &'static str, rows: usize, heads: usize) -> Res
         })
 }
 
+/// Buffer `what` holds `rows × heads` elements (the product checked for overflow first).
+pub(super) fn per_head(what: &'static str, rows: usize, heads: usize, actual: usize) -> Result<()> {
+    len(what, per_head_len(what, rows, heads)?, actual)
+}
+
 /// The scalar `what` is finite.
 pub(super) fn finite(what: &'static str, value: f64) -> Result<()> {
     if !value.is_finite() {

@@ -14,7 +14,8 @@ where
 }
 
 /// The relative L2 error `‖out − reference‖₂ / ‖reference‖₂`, in f64, as the tolerances of
-/// DESIGN.md ("Numerics") are stated: f32 ≤ 1e-5, tf32 ≤ 1e-3, f16 ≤ 5e-3, bf16 ≤ 2e-2.
+/// docs/kernels/README.md ("What every kernel guarantees") are stated: f32 ≤ 1e-5, tf32 ≤ 1e-3,
+/// f16 ≤ 5e-3, bf16 ≤ 2e-2.
 ///
 /// Made so that a broken output can never pass a `rel_l2_error(..) <= tol` check:
 /// - **+∞** when any element of `out` or of `reference` is NaN or ±∞ (NaN never passes), when

@@ -41,8 +41,8 @@
 //!   input makes an op panic, and nothing is written on error.
 //! - Rows run in parallel (rayon), in blocks balanced by edges, so hub rows and long runs of
 //!   empty rows both split well.
-//! - Numerics follow DESIGN.md: softmax is max-subtracted with the running max starting at
-//!   −∞; sums over a row's edges (the softmax normalizer, the SpMM aggregation) are
+//! - Numerics follow docs/kernels/README.md: softmax is max-subtracted with the running max
+//!   starting at −∞; sums over a row's edges (the softmax normalizer, the SpMM aggregation) are
 //!   compensated (Kahan), so their error does not grow with the degree; a row without edges
 //!   gets no probabilities and an all-zero output row; NaN is never hidden.
 //! - [`rel_l2_error`] is the comparison of every test: `‖out − ref‖₂ / ‖ref‖₂`, +∞ whenever

@@ -60,9 +60,27 @@ pub(super) fn sddmm_unchecked<F: Real>(
     out: &mut [F],
 ) {
     let (heads, d) = (dims.heads, dims.head_dim);
+    let row_len = heads * d;
+    for_each_edge_scores(a, heads, out, &|i, j, s| {
+        let q_row = &q[i * row_len..(i + 1) * row_len];
+        let k_row = &k[j * row_len..(j + 1) * row_len];
+        for (h, s) in s.iter_mut().enumerate() {
+            let span = h * d..(h + 1) * d;
+            *s = scale * dot(&q_row[span.clone()], &k_row[span]);
+        }
+    });
+}
+
+/// Calls `f(i, j, s)` for every edge `e = (i, j)` of `a`, with `s` its `heads` scores
+/// (`out[e · heads..(e + 1) · heads]`); blocks of rows in parallel.
+fn for_each_edge_scores<F: Real>(
+    a: &Csr,
+    heads: usize,
+    out: &mut [F],
+    f: &(impl Fn(usize, usize, &mut [F]) + Sync),
+) {
     let offsets = a.row_offsets();
     let cols = a.col_indices();
-    let row_len = heads * d;
     for_each_row_block(
         offsets,
         out,
@@ -70,15 +88,12 @@ pub(super) fn sddmm_unchecked<F: Real>(
         &|rows, block| {
             let base = offsets[rows.start] as usize;
             for i in rows {
-                let q_row = &q[i * row_len..(i + 1) * row_len];
                 for e in a.row_range(i) {
-                    let j = cols[e] as usize;
-                    let k_row = &k[j * row_len..(j + 1) * row_len];
-                    let s = &mut block[(e - base) * heads..(e - base + 1) * heads];
-                    for (h, s) in s.iter_mut().enumerate() {
-                        let span = h * d..(h + 1) * d;
-                        *s = scale * dot(&q_row[span.clone()], &k_row[span]);
-                    }
+                    f(
+                        i,
+                        cols[e] as usize,
+                        &mut block[(e - base) * heads..(e - base + 1) * heads],
+                    );
                 }
             }
         },
@@ -106,41 +121,15 @@ pub fn sddmm_gat<F: Real>(
     out: &mut [F],
 ) -> Result<()> {
     check::heads(heads)?;
-    check::len(
-        "a_dst",
-        check::per_head_len("a_dst", a.n_rows(), heads)?,
-        a_dst.len(),
-    )?;
-    check::len(
-        "a_src",
-        check::per_head_len("a_src", a.n_cols(), heads)?,
-        a_src.len(),
-    )?;
-    check::len(
-        "out",
-        check::per_head_len("out", a.nnz(), heads)?,
-        out.len(),
-    )?;
-    let offsets = a.row_offsets();
-    let cols = a.col_indices();
-    for_each_row_block(
-        offsets,
-        out,
-        &|i| offsets[i] as usize * heads,
-        &|rows, block| {
-            let base = offsets[rows.start] as usize;
-            for i in rows {
-                let dst = &a_dst[i * heads..(i + 1) * heads];
-                for e in a.row_range(i) {
-                    let j = cols[e] as usize;
-                    let src = &a_src[j * heads..(j + 1) * heads];
-                    let s = &mut block[(e - base) * heads..(e - base + 1) * heads];
-                    for ((s, &d), &r) in s.iter_mut().zip(dst).zip(src) {
-                        *s = d + r;
-                    }
-                }
-            }
-        },
-    );
+    check::per_head("a_dst", a.n_rows(), heads, a_dst.len())?;
+    check::per_head("a_src", a.n_cols(), heads, a_src.len())?;
+    check::per_head("out", a.nnz(), heads, out.len())?;
+    for_each_edge_scores(a, heads, out, &|i, j, s| {
+        let dst = &a_dst[i * heads..(i + 1) * heads];
+        let src = &a_src[j * heads..(j + 1) * heads];
+        for ((s, &d), &r) in s.iter_mut().zip(dst).zip(src) {
+            *s = d + r;
+        }
+    });
     Ok(())
 }

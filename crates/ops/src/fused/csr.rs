@@ -138,11 +138,9 @@ const SPLIT_MAX_GROUPS_PER_SM: usize = 256;
 /// The lane layout a plan of `groups` (unit, head) pairs runs, `head_dim` features of
 /// `elem_bytes` whose plain [`layout`] is `plain`: split groups for launches of at most
 /// [`SPLIT_MAX_GROUPS_PER_SM`] groups per SM, narrow groups above, the plain layout where
-/// neither exists. Fitted on the H200
-/// (docs/perf-notes.md, "fused-csr: split and narrow groups"; f16, D 64 and 128, against the
-/// plain layout): split groups won the one-head launches of cora, citeseer, lastfm-asia,
-/// pubmed, ppi-graphsaint and facebook-page-page (1.21-1.69x; narrow 0.80-1.20x there), narrow
-/// groups everything from ~45k groups (1.13-2.14x; split 0.78-1.29x).
+/// neither exists: in a launch of a few waves the longest units' chains set the time, which
+/// split groups shorten; in a larger one, resident groups hide the chains and narrow groups'
+/// fewer instructions per edge win (docs/kernels/fused-csr.md, "Tried and kept").
 pub(crate) fn choose_layout(
     plain: Layout,
     head_dim: usize,
@@ -161,10 +159,8 @@ const FLIGHT_ROWS: usize = 4096;
 
 /// [`Reorder::Auto`] runs the units in the locality order only when its spans of
 /// [`FLIGHT_ROWS`] rows touch at least this many times fewer distinct columns than the graph's
-/// order. Fitted on the H200 (docs/perf-notes.md, fused-csr's row order): the locality order
-/// was 1.06–1.25× faster on ogbn-arxiv (1.73× fewer), up to 1.14× on R-MAT 16/18 (1.47×) and
-/// facebook-page-page (1.37×), mixed at 1.14–1.28× (deezer-RO, pubmed, lastfm-asia, ppi:
-/// 0.95–1.08×) and 4–13% slower at ≤ 1.05× (cora, citeseer, PROTEINS_full, flickr).
+/// order: below it the order gains little and can cost more than it saves
+/// (docs/kernels/fused-csr.md, "Tried and kept").
 const AUTO_MIN_FLIGHT_SAVING: f64 = 1.3;
 
 /// Rows per window for the orders asked for by name (the window packing's height; the others

@@ -39,8 +39,8 @@ const KERNEL: &str = "fused-tc";
 const MAX_GROUP_WARPS: usize = 8;
 /// Warps per CTA the launcher aims for (several groups per CTA when a group is small).
 const CTA_WARPS: usize = 4;
-/// Warps per CTA of the pipelined kernel (measured on H100: 2 is 1–7% faster than 4 at 128
-/// features, where shared memory holds two 4-warp CTAs per SM, and equal to 1).
+/// Warps per CTA of the pipelined kernel: at 128 features shared memory holds only two 4-warp
+/// CTAs per SM, and 2-warp CTAs fill it more finely (docs/kernels/fused-tc.md, "Tried and kept").
 const PIPE_CTA_WARPS: usize = 2;
 /// Fewest blocks a unit of a split window gets by default (shared with the hybrid schedule).
 const DEFAULT_MIN_CHUNK: usize = crate::device_bsb::BSB_MIN_UNIT_BLOCKS;
@@ -89,13 +89,11 @@ impl Layout {
 }
 
 /// The layout for `head_dim` features of `dtype`: `slice` if given (for tuning), else the one
-/// with the fewest warps per head, then the least padding. Measured on H100: a group of two
-/// warps exchanging partial scores through shared memory every step runs slower than one warp
-/// with the whole head, even one padded to twice the head.
+/// with the fewest warps per head, then the least padding: warps exchanging partial scores
+/// every step cost more than one warp's padding (docs/kernels/fused-tc.md, "Host-side choices").
 ///
 /// f16/bf16 heads of exactly 64 or 128 features get the pipelined kernel unless `pipelined` is
-/// false or a slice is asked for (measured on H100: see docs/perf-notes.md, "Fused tensor-core
-/// attention through shared memory").
+/// false or a slice is asked for (docs/kernels/fused-tc.md, "Tried and kept").
 fn layout_with(
     head_dim: usize,
     dtype: DTypeKind,
