@@ -62,6 +62,17 @@ impl Algorithm {
     }
 }
 
+impl Algorithm {
+    /// Whether the algorithm runs with extras (a score bias, edge features, dropout, the
+    /// attention weights out) in this build.
+    pub const fn takes_extras(self) -> bool {
+        matches!(self, Algorithm::UnfusedCsr)
+    }
+
+    /// The algorithms that take extras, for messages.
+    pub const EXTRAS: &'static str = "unfused-csr";
+}
+
 spattn_formats::named_choice!(Algorithm, Error, "algorithm", |why| Error::InvalidConfig {
     what: "algorithm",
     why
@@ -100,6 +111,11 @@ pub struct AttentionConfig {
     /// rows in flight share many more columns (large graphs stored in a scattered order, such
     /// as ogbn-arxiv). Invisible to the caller: inputs and outputs keep the graph's node order.
     pub reorder: Reorder,
+    /// Whether the plan will run with extras (a score bias, edge features, dropout or the
+    /// attention weights out: [`AttentionPlan::forward_with`](crate::AttentionPlan::forward_with)):
+    /// [`Algorithm::Auto`] then chooses an algorithm that takes them, and an algorithm asked
+    /// for by name that does not is refused when the plan is built. Off by default.
+    pub edge_extras: bool,
 }
 
 /// How a plan renumbers the graph's rows before tiling them into windows (fused-tc, hybrid and
@@ -124,6 +140,7 @@ impl AttentionConfig {
             autotune: false,
             hybrid: None,
             reorder: Reorder::Auto,
+            edge_extras: false,
         }
     }
     /// Sets the algorithm.
@@ -151,6 +168,29 @@ impl AttentionConfig {
     pub fn with_reorder(mut self, reorder: Reorder) -> Self {
         self.reorder = reorder;
         self
+    }
+    /// Declares that the plan will run with extras (see [`AttentionConfig::edge_extras`]).
+    pub fn with_edge_extras(mut self, edge_extras: bool) -> Self {
+        self.edge_extras = edge_extras;
+        self
+    }
+    /// With [`edge_extras`](Self::edge_extras) on, checks that the algorithm asked for takes
+    /// extras ([`Algorithm::Auto`] always finds one).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] naming the algorithms that take extras.
+    pub fn validate_extras(&self) -> Result<()> {
+        if !self.edge_extras || self.algorithm == Algorithm::Auto || self.algorithm.takes_extras() {
+            return Ok(());
+        }
+        Err(Error::Unsupported {
+            algorithm: self.algorithm,
+            why: format!(
+                "runs without extras (score bias, edge features, dropout, weights out) in this \
+                 build; {} take them",
+                Algorithm::EXTRAS
+            ),
+        })
     }
     /// The scale in effect.
     pub fn scale(&self) -> f32 {

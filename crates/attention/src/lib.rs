@@ -37,13 +37,17 @@
 mod backward;
 mod config;
 mod error;
+mod extras;
 pub mod layers;
 mod plan;
 
 pub use backward::{AttentionGradients, BackwardKernels};
 pub use config::{Algorithm, AttentionConfig, HybridParams, Reorder};
 pub use error::{Error, Result};
+pub use extras::{Extras, ExtrasGrads, HostExtras};
 pub use plan::AttentionPlan;
+pub use spattn_ops::dropout::Dropout;
+pub use spattn_ops::edge_extras::DeviceBias;
 pub use spattn_ops::fused::HybridInfo;
 
 // What a user of the plans needs from the crates beneath.

@@ -67,6 +67,8 @@ struct GpuPlan {
     /// The backward's workspace, allocated by the first backward (forward-only plans never
     /// allocate it); independent of the forward algorithm.
     backward: Mutex<Option<Box<crate::backward::BackwardState>>>,
+    /// The extras' per-edge buffers, allocated by the first call with extras.
+    extras: Mutex<Option<Box<crate::extras::ExtrasState>>>,
 }
 
 impl GpuPlan {
@@ -146,6 +148,7 @@ impl AttentionPlan {
             graph: graph.clone(),
             state: Mutex::new(state),
             backward: Mutex::new(None),
+            extras: Mutex::new(None),
         }));
         let mut plan = Self::assemble(graph.host(), config, algorithm, choice, runner);
         if plan.config.algorithm == Algorithm::Auto && plan.config.autotune {
@@ -367,6 +370,55 @@ impl AttentionPlan {
         }
     }
 
+    /// A GPU plan's handle, graph and extras state; `None` for a CPU plan.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn gpu_extras_parts(
+        &self,
+    ) -> Option<(
+        &Gpu,
+        &DeviceGraph,
+        &Mutex<Option<Box<crate::extras::ExtrasState>>>,
+    )> {
+        match &self.runner {
+            Runner::Gpu(g) => Some((&g.gpu, &g.graph, &g.extras)),
+            Runner::Cpu(_) => None,
+        }
+    }
+
+    /// A CPU plan's graph; `None` for a GPU plan.
+    pub(crate) fn cpu_graph(&self) -> Option<&Csr> {
+        match &self.runner {
+            Runner::Cpu(a) => Some(a),
+            Runner::Gpu(_) => None,
+        }
+    }
+
+    /// Checks the dtype and the shapes of the forward's Q, K, V.
+    pub(crate) fn check_forward_operands<T: DType>(
+        &self,
+        q: &DeviceMatrix<T>,
+        k: &DeviceMatrix<T>,
+        v: &DeviceMatrix<T>,
+    ) -> Result<()> {
+        self.check_dtype::<T>()?;
+        self.check_shape("Q", q.shape(), self.shape_q)?;
+        self.check_shape("K", k.shape(), self.shape_kv)?;
+        self.check_shape("V", v.shape(), self.shape_kv)
+    }
+
+    /// Checks an output-shaped operand (`out`, `d_out`).
+    pub(crate) fn check_out(&self, what: &'static str, shape: Shape) -> Result<()> {
+        self.check_shape(what, shape, self.shape_q)
+    }
+
+    /// Checks the dtype and the lengths of host Q, K, V.
+    pub(crate) fn check_host_operands<T: DType>(&self, q: &[T], k: &[T], v: &[T]) -> Result<()> {
+        self.check_dtype::<T>()?;
+        self.check_len("Q", q.len(), self.shape_q)?;
+        self.check_len("K", k.len(), self.shape_kv)?;
+        self.check_len("V", v.len(), self.shape_kv)
+    }
+
     fn check_dtype<T: DType>(&self) -> Result<()> {
         if T::KIND != self.config.dtype {
             return Err(Error::DTypeMismatch {
@@ -546,6 +598,19 @@ fn choose(graph: &Csr, config: &AttentionConfig, cc: (i32, i32)) -> Result<(Algo
             })
         }
     };
+    if config.edge_extras {
+        config.validate_extras()?;
+        if config.algorithm == Algorithm::Auto {
+            return Ok((
+                Algorithm::UnfusedCsr,
+                format!(
+                    "auto: unfused-csr — the plan runs with extras (score bias, edge features, \
+                     dropout, weights out), which {} take in this build",
+                    Algorithm::EXTRAS
+                ),
+            ));
+        }
+    }
     match config.algorithm {
         Algorithm::Auto => {
             let stats = graph.degree_stats();

@@ -162,3 +162,36 @@ __device__ __forceinline__ void online_merge(float& m, float& l, float m2, float
     m = mn;
     l = l * c1 + l2 * c2;
 }
+
+// ---- dropout: Philox 4x32-10 -----------------------------------------------------------------
+// The mask of element i = edge * heads + head (the caller's CSR order) is philox4x32_10(counter
+// {i lo, i hi, offset lo, offset hi}, key {seed lo, seed hi}).x >= threshold, as
+// ops/src/dropout.rs defines it: every kernel and the CPU draw the same mask.
+
+__device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint2 k) {
+#pragma unroll
+    for (int r = 0; r < 10; ++r) {
+        if (r > 0) {
+            k.x += 0x9E3779B9u;
+            k.y += 0xBB67AE85u;
+        }
+        const u32 hi0 = __umulhi(0xD2511F53u, c.x), lo0 = 0xD2511F53u * c.x;
+        const u32 hi1 = __umulhi(0xCD9E8D57u, c.z), lo1 = 0xCD9E8D57u * c.z;
+        c = make_uint4(hi1 ^ c.y ^ k.x, lo1, hi0 ^ c.w ^ k.y, lo0);
+    }
+    return c;
+}
+
+// The dropout of one attention-weight element: (key0, key1) the seed's words, (off0, off1) the
+// offset's, `threshold` = floor(rate * 2^32) (0: nothing is dropped).
+struct Dropout {
+    u32 key0, key1, off0, off1, threshold;
+    float scale;  // 1 / (1 - rate)
+};
+
+__device__ __forceinline__ float dropout_factor(const Dropout& d, u64 i) {
+    if (d.threshold == 0u) return 1.0f;
+    const uint4 r = philox4x32_10(make_uint4((u32)i, (u32)(i >> 32), d.off0, d.off1),
+                                  make_uint2(d.key0, d.key1));
+    return r.x >= d.threshold ? d.scale : 0.0f;
+}

@@ -239,6 +239,70 @@ pub const SPMM_CSR_F16_V8: &str = "spmm_csr_f16_v8";
 /// Kernel `spmm_csr_bf16_v8` of [`CSR_OPS`].
 pub const SPMM_CSR_BF16_V8: &str = "spmm_csr_bf16_v8";
 
+/// The PTX module compiled from `cuda/edge_extras.cu` (14 kernels).
+pub const EDGE_EXTRAS: PtxModule = PtxModule {
+    name: "edge_extras",
+    ptx: include_str!("../ptx/edge_extras.ptx"),
+    kernels: &[
+        EDGE_DROPOUT,
+        EDGE_ADD,
+        EDGE_BIAS_ADD_F32,
+        EDGE_HEAD_SUM_F32,
+        EDGE_CAST_F32,
+        EDGE_ROW_COMBINE_F32,
+        EDGE_BIAS_ADD_F16,
+        EDGE_HEAD_SUM_F16,
+        EDGE_CAST_F16,
+        EDGE_ROW_COMBINE_F16,
+        EDGE_BIAS_ADD_BF16,
+        EDGE_HEAD_SUM_BF16,
+        EDGE_CAST_BF16,
+        EDGE_ROW_COMBINE_BF16,
+    ],
+};
+
+/// Kernel `edge_dropout` of [`EDGE_EXTRAS`].
+pub const EDGE_DROPOUT: &str = "edge_dropout";
+
+/// Kernel `edge_add` of [`EDGE_EXTRAS`].
+pub const EDGE_ADD: &str = "edge_add";
+
+/// Kernel `edge_bias_add_f32` of [`EDGE_EXTRAS`].
+pub const EDGE_BIAS_ADD_F32: &str = "edge_bias_add_f32";
+
+/// Kernel `edge_head_sum_f32` of [`EDGE_EXTRAS`].
+pub const EDGE_HEAD_SUM_F32: &str = "edge_head_sum_f32";
+
+/// Kernel `edge_cast_f32` of [`EDGE_EXTRAS`].
+pub const EDGE_CAST_F32: &str = "edge_cast_f32";
+
+/// Kernel `edge_row_combine_f32` of [`EDGE_EXTRAS`].
+pub const EDGE_ROW_COMBINE_F32: &str = "edge_row_combine_f32";
+
+/// Kernel `edge_bias_add_f16` of [`EDGE_EXTRAS`].
+pub const EDGE_BIAS_ADD_F16: &str = "edge_bias_add_f16";
+
+/// Kernel `edge_head_sum_f16` of [`EDGE_EXTRAS`].
+pub const EDGE_HEAD_SUM_F16: &str = "edge_head_sum_f16";
+
+/// Kernel `edge_cast_f16` of [`EDGE_EXTRAS`].
+pub const EDGE_CAST_F16: &str = "edge_cast_f16";
+
+/// Kernel `edge_row_combine_f16` of [`EDGE_EXTRAS`].
+pub const EDGE_ROW_COMBINE_F16: &str = "edge_row_combine_f16";
+
+/// Kernel `edge_bias_add_bf16` of [`EDGE_EXTRAS`].
+pub const EDGE_BIAS_ADD_BF16: &str = "edge_bias_add_bf16";
+
+/// Kernel `edge_head_sum_bf16` of [`EDGE_EXTRAS`].
+pub const EDGE_HEAD_SUM_BF16: &str = "edge_head_sum_bf16";
+
+/// Kernel `edge_cast_bf16` of [`EDGE_EXTRAS`].
+pub const EDGE_CAST_BF16: &str = "edge_cast_bf16";
+
+/// Kernel `edge_row_combine_bf16` of [`EDGE_EXTRAS`].
+pub const EDGE_ROW_COMBINE_BF16: &str = "edge_row_combine_bf16";
+
 /// The PTX module compiled from `cuda/fused_bsb.cu` (20 kernels).
 pub const FUSED_BSB: PtxModule = PtxModule {
     name: "fused_bsb",
@@ -1031,6 +1095,7 @@ pub const SPMM_MEBCRS_BF16_T8_PIPE: &str = "spmm_mebcrs_bf16_t8_pipe";
 pub const MODULES: &[PtxModule] = &[
     BACKWARD,
     CSR_OPS,
+    EDGE_EXTRAS,
     FUSED_BSB,
     FUSED_CSR,
     HYBRID,

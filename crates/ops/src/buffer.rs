@@ -225,6 +225,22 @@ impl<T: DeviceElement> DeviceVec<T> {
         Ok(copy)
     }
 
+    /// Overwrites the elements with `src`'s (a device-to-device copy on the stream), which
+    /// must be as long and on the same handle.
+    pub fn copy_from(&mut self, src: &DeviceVec<T>) -> Result<()> {
+        expect_len("source", self.len, src.len)?;
+        if !self.gpu.same_as(&src.gpu) {
+            return Err(Error::ForeignGpu { what: "source" });
+        }
+        if self.len == 0 {
+            return Ok(());
+        }
+        self.gpu
+            .stream()
+            .memcpy_dtod(&src.data, &mut self.data)
+            .map_err(|e| map_driver_error("copying device to device", e))
+    }
+
     /// Sets every element to `value`, asynchronously on the stream.
     ///
     /// A `cuMemsetD32/D16/D8Async` where `value`'s bytes are one repeated 4-, 2- or 1-byte word

@@ -15,14 +15,10 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::launch::{
-    blocks_for, check_same_gpu, kernel_named, launch, to_u32, LaunchConfig, PushKernelArg,
+    blocks_for, check_same_gpu, kernel_named, launch, stride_grid, to_u32, warp_grid, LaunchConfig,
+    PushKernelArg,
 };
 use crate::shape::Shape;
-
-/// Threads per block of every kernel here.
-const THREADS: u32 = 256;
-/// Grid-stride kernels need no more blocks than this to fill any current GPU.
-const MAX_BLOCKS: u32 = 1 << 16;
 
 /// An activation of the layers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -96,24 +92,6 @@ impl AdamHyper {
 fn function<T: DType>(gpu: &Gpu, op: &str) -> Result<(&'static str, CudaFunction)> {
     let name = kernel_named(&LAYERS, format!("{op}_dense_{}", T::NAME))?;
     Ok((name, gpu.load_function(LAYERS.name, LAYERS.ptx, name)?))
-}
-
-/// A grid-stride launch over `items` threads.
-fn stride_grid(items: usize) -> Result<LaunchConfig> {
-    Ok(LaunchConfig {
-        grid_dim: (blocks_for(items, THREADS)?.min(MAX_BLOCKS), 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    })
-}
-
-/// A grid-stride launch with one warp per item.
-fn warp_grid(items: usize) -> Result<LaunchConfig> {
-    stride_grid(items.checked_mul(32).ok_or(Error::TooLarge {
-        what: "warps",
-        value: items as u64,
-        limit: (usize::MAX / 32) as u64,
-    })?)
 }
 
 fn expect_len(what: &'static str, expected: usize, actual: usize) -> Result<()> {

@@ -107,6 +107,9 @@ pub struct DeviceGraph {
     /// The row order of the ME-BCRS the per-call tensor-core ops read.
     op_reorder: Reorder,
     csr: OnceLock<DeviceCsr>,
+    /// The edge CSR: A's rows with column `e` at edge `e` (per-edge operands as SDDMM/SpMM
+    /// operands, e.g. edge features).
+    edge_csr: OnceLock<DeviceCsr>,
     transpose: OnceLock<DeviceTranspose>,
     mebcrs: Mutex<Vec<(Reorder, Arc<DeviceMeBcrs>)>>,
     bsb: Mutex<Vec<(Reorder, Arc<OrderedBsb>)>>,
@@ -140,6 +143,7 @@ impl DeviceGraph {
             host: csr.into(),
             op_reorder: Reorder::None,
             csr: OnceLock::new(),
+            edge_csr: OnceLock::new(),
             transpose: OnceLock::new(),
             mebcrs: Mutex::new(Vec::new()),
             bsb: Mutex::new(Vec::new()),
@@ -229,6 +233,19 @@ impl DeviceGraph {
     /// backward).
     pub fn csr(&self) -> Result<&DeviceCsr> {
         self.once(&self.csr, || DeviceCsr::upload(&self.gpu, &self.host))
+    }
+
+    /// The edge CSR: A's rows, edge `e` at column `e` (`n_rows × nnz`), so that an `nnz`-row
+    /// operand indexed by edge (edge features) is an SDDMM or SpMM operand of the CSR ops.
+    pub fn edge_csr(&self) -> Result<&DeviceCsr> {
+        self.once(&self.edge_csr, || {
+            let host = &self.host;
+            let nnz = host.nnz();
+            // Edge ids fit u32: Csr's entries are counted in u32.
+            let cols: Vec<u32> = (0..nnz as u32).collect();
+            let csr = Csr::try_new(host.n_rows(), nnz, host.row_offsets().to_vec(), cols, None)?;
+            DeviceCsr::upload(&self.gpu, &csr)
+        })
     }
 
     /// Aᵀ with its schedules and the map of edges between A and Aᵀ (the backward's dK, dV).

@@ -128,6 +128,34 @@ pub fn grid_1d(items: usize, threads_per_block: u32) -> Result<LaunchConfig> {
     })
 }
 
+/// Threads per block of the grid-stride kernels ([`stride_grid`]).
+pub(crate) const STRIDE_THREADS: u32 = 256;
+/// Grid-stride kernels need no more blocks than this to fill any current GPU.
+const STRIDE_MAX_BLOCKS: u32 = 1 << 16;
+
+/// A grid-stride launch over `items` threads (blocks of [`STRIDE_THREADS`], at most 2¹⁶ of
+/// them: the kernel's loop covers the rest).
+pub(crate) fn stride_grid(items: usize) -> Result<LaunchConfig> {
+    Ok(LaunchConfig {
+        grid_dim: (
+            blocks_for(items, STRIDE_THREADS)?.min(STRIDE_MAX_BLOCKS),
+            1,
+            1,
+        ),
+        block_dim: (STRIDE_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// A grid-stride launch with one warp per item.
+pub(crate) fn warp_grid(items: usize) -> Result<LaunchConfig> {
+    stride_grid(items.checked_mul(32).ok_or(Error::TooLarge {
+        what: "warps",
+        value: items as u64,
+        limit: (usize::MAX / 32) as u64,
+    })?)
+}
+
 fn check_block(x: u32, y: u32, z: u32) -> Result<()> {
     let threads = u64::from(x) * u64::from(y) * u64::from(z);
     if threads == 0 || threads > u64::from(MAX_THREADS_PER_BLOCK) || z > MAX_BLOCK_Z {

@@ -57,6 +57,7 @@ pub mod device_csr;
 pub mod device_mebcrs;
 pub mod dropout;
 pub mod dtype;
+pub mod edge_extras;
 pub mod elementwise;
 pub mod error;
 pub mod fused;

@@ -1,0 +1,275 @@
+//! Plans with extras (a score bias, edge features, dropout, the weights out): the algorithm
+//! choice, errors, the CPU plan against the f64 reference, and (on a GPU) the unfused-csr path's
+//! forward and backward against the f64 reference, with the dropout mask the CPU draws.
+
+use half::{bf16, f16};
+use rand::Rng;
+use rand_pcg::Pcg64;
+use spattn::ops::cpu::{
+    self, attention_extras_backward_f64_from, attention_extras_f64_from, AttentionInputs, EdgeBias,
+    Extras as CpuExtras,
+};
+use spattn::{
+    Algorithm, AttentionConfig, AttentionPlan, Csr, DType, DTypeKind, DeviceBias, DeviceMatrix,
+    DeviceVec, Dropout, Error, Extras, ExtrasGrads, HostExtras, Shape,
+};
+use spattn_test_support::*;
+
+fn ring(n: u32) -> Csr {
+    let edges: Vec<(u32, u32)> = (0..n)
+        .flat_map(|i| [(i, i), (i, (i + 1) % n), ((i + 1) % n, i)])
+        .collect();
+    Csr::from_edges(n as usize, n as usize, &edges).unwrap()
+}
+
+#[test]
+fn auto_takes_an_algorithm_with_extras_and_the_others_say_which_do() {
+    let a = ring(50);
+    let config = AttentionConfig::new(2, 8, DTypeKind::F32).with_edge_extras(true);
+    let plan = AttentionPlan::new_cpu(&a, config.clone()).unwrap();
+    assert!(plan.algorithm().takes_extras());
+    // A CPU plan computes the reference composition whatever is asked; named algorithms that
+    // do not take extras are refused where they would run (the GPU: see gpu tests below).
+    let e = config
+        .with_algorithm(Algorithm::FusedTensorCore)
+        .validate_extras()
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Unsupported {
+                algorithm: Algorithm::FusedTensorCore,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("unfused-csr"), "{e}");
+}
+
+#[test]
+fn the_cpu_plan_matches_the_f64_reference_and_checks_its_operands() {
+    let mut rng = fresh_rng("cpu plan with extras");
+    let a = random_graph(&mut rng, 60, 5, 7);
+    let (heads, d) = (3, 4);
+    let s = Shape::new(a.n_rows(), heads, d).unwrap();
+    let x = |rng: &mut Pcg64, n: usize| -> Vec<f32> {
+        (0..n).map(|_| rng.random_range(-1.0..1.0)).collect()
+    };
+    let (q, k, v) = (
+        x(&mut rng, s.len()),
+        x(&mut rng, s.len()),
+        x(&mut rng, s.len()),
+    );
+    let bias = x(&mut rng, a.nnz() * heads);
+    let feats = x(&mut rng, a.nnz() * heads * d);
+    let dropout = Dropout::new(0.25, 11, 3).unwrap();
+    let config = AttentionConfig::new(heads, d, DTypeKind::F32).with_edge_extras(true);
+    let plan = AttentionPlan::new_cpu(&a, config).unwrap();
+    let extras = HostExtras {
+        bias: Some((&bias[..], false)),
+        edge_features: Some(&feats[..]),
+        dropout: Some(dropout),
+    };
+    let (out, w) = plan.forward_with_host(&q, &k, &v, &extras).unwrap();
+    let inputs = AttentionInputs::new(&q, s, &k, s, &v, s);
+    let want = attention_extras_f64_from(
+        &a,
+        &inputs,
+        f64::from(plan.config().scale()),
+        &CpuExtras {
+            bias: Some(EdgeBias::PerHead(&bias)),
+            edge_features: Some(&feats),
+            dropout: Some(dropout),
+        },
+    )
+    .unwrap();
+    assert!(cpu::rel_l2_error(&out, &want.0) < 1e-5);
+    assert!(cpu::rel_l2_error(&w, &want.1) < 1e-5);
+    // Wrong lengths are errors naming the operand.
+    let short = [0.0f32; 3];
+    let bad = HostExtras {
+        bias: Some((&short[..], false)),
+        ..HostExtras::default()
+    };
+    let e = plan.forward_with_host(&q, &k, &v, &bad).unwrap_err();
+    assert!(e.to_string().contains("bias (nnz × heads)"), "{e}");
+    let mut nan = vec![0.0f32; a.nnz()];
+    nan[2] = f32::NAN;
+    let bad = HostExtras {
+        bias: Some((&nan[..], true)),
+        ..HostExtras::default()
+    };
+    let e = plan.forward_with_host(&q, &k, &v, &bad).unwrap_err();
+    assert!(e.to_string().contains("NaN at element 2"), "{e}");
+}
+
+/// Runs unfused-csr with every extra on `a` in `T` and checks the output, the weights, and
+/// every gradient against the f64 reference (the dropout mask is the CPU's by construction).
+fn check_gpu_extras<T: DType>(a: &Csr, heads: usize, d: usize, shared: bool, rate: f32) {
+    let gpu = gpu();
+    let mut rng = fresh_rng("gpu extras");
+    let s = Shape::new(a.n_rows(), heads, d).unwrap();
+    let draw = |rng: &mut Pcg64, n: usize| -> Vec<T> { random_vec::<T>(rng, n, 1.0) };
+    let (q, k, v, g) = (
+        draw(&mut rng, s.len()),
+        draw(&mut rng, s.len()),
+        draw(&mut rng, s.len()),
+        draw(&mut rng, s.len()),
+    );
+    let bias = draw(&mut rng, a.nnz() * if shared { 1 } else { heads });
+    let feats = draw(&mut rng, a.nnz() * heads * d);
+    let dropout = (rate > 0.0).then(|| Dropout::new(rate, 2024, 9).unwrap());
+    let config = AttentionConfig::new(heads, d, T::KIND).with_edge_extras(true);
+    let plan = AttentionPlan::new_gpu(&gpu, a, config).unwrap();
+    assert_eq!(plan.algorithm(), Algorithm::UnfusedCsr);
+    let up = |x: &[T], s: Shape| DeviceMatrix::from_host(&gpu, s, x).unwrap();
+    let sf = Shape::new(a.nnz(), heads, d).unwrap();
+    let (dq, dk, dv, dg, df) = (up(&q, s), up(&k, s), up(&v, s), up(&g, s), up(&feats, sf));
+    let db = DeviceVec::from_host(&gpu, &bias).unwrap();
+    let extras = Extras {
+        bias: Some(if shared {
+            DeviceBias::Shared(&db)
+        } else {
+            DeviceBias::PerHead(&db)
+        }),
+        edge_features: Some(&df),
+        dropout,
+    };
+    let mut out = DeviceMatrix::<T>::zeros(&gpu, s).unwrap();
+    out.fill_nan().unwrap();
+    let mut w = DeviceVec::<f32>::zeros(&gpu, a.nnz() * heads).unwrap();
+    plan.forward_with(&dq, &dk, &dv, &extras, &mut out, Some(&mut w))
+        .unwrap();
+    let (q64, k64, v64, g64) = (to_f64(&q), to_f64(&k), to_f64(&v), to_f64(&g));
+    let (bias64, feats64) = (to_f64(&bias), to_f64(&feats));
+    let inputs = AttentionInputs::new(&q64, s, &k64, s, &v64, s);
+    let cpu_extras = CpuExtras {
+        bias: Some(if shared {
+            EdgeBias::Shared(&bias64[..])
+        } else {
+            EdgeBias::PerHead(&bias64[..])
+        }),
+        edge_features: Some(&feats64[..]),
+        dropout,
+    };
+    let scale = f64::from(plan.config().scale());
+    let (want, want_w) = attention_extras_f64_from(a, &inputs, scale, &cpu_extras).unwrap();
+    let what = format!("{} H{heads} D{d} shared {shared} rate {rate}", T::NAME);
+    let tol = tolerance::<T>();
+    let err = cpu::rel_l2_error(&to_f64(&out.to_host().unwrap()), &want);
+    assert!(err <= tol, "{what}: out error {err:e}");
+    let w_host = w.to_host().unwrap();
+    let err = cpu::rel_l2_error(&w_host, &want_w);
+    assert!(err <= tol, "{what}: weights error {err:e}");
+    // The same edges dropped on the GPU and the CPU.
+    for (i, (&x, &y)) in w_host.iter().zip(&want_w).enumerate() {
+        assert_eq!(
+            x == 0.0,
+            y == 0.0,
+            "{what}: element {i} dropped on one side only"
+        );
+    }
+    // Backward.
+    let (mut gq, mut gk, mut gv) = (
+        DeviceMatrix::<T>::zeros(&gpu, s).unwrap(),
+        DeviceMatrix::<T>::zeros(&gpu, s).unwrap(),
+        DeviceMatrix::<T>::zeros(&gpu, s).unwrap(),
+    );
+    let mut gb = DeviceVec::<T>::zeros(&gpu, bias.len()).unwrap();
+    let mut gf = DeviceMatrix::<T>::zeros(&gpu, sf).unwrap();
+    for m in [&mut gq, &mut gk, &mut gv, &mut gf] {
+        m.fill_nan().unwrap();
+    }
+    let d_scale = plan
+        .backward_with_extras(
+            &dq,
+            &dk,
+            &dv,
+            &extras,
+            &dg,
+            ExtrasGrads {
+                dq: &mut gq,
+                dk: &mut gk,
+                dv: &mut gv,
+                d_bias: Some(&mut gb),
+                d_edge_features: Some(&mut gf),
+            },
+        )
+        .unwrap();
+    let want = attention_extras_backward_f64_from(a, &inputs, scale, &cpu_extras, &g64).unwrap();
+    // Gradients sum more terms than the forward: f32's bound is the backward's (1e-4 for the
+    // f32 path's cancellations in dS), half precision keeps its own.
+    let gtol = tol.max(1e-4);
+    for (name, got, want) in [
+        ("dQ", to_f64(&gq.to_host().unwrap()), &want.dq),
+        ("dK", to_f64(&gk.to_host().unwrap()), &want.dk),
+        ("dV", to_f64(&gv.to_host().unwrap()), &want.dv),
+        (
+            "d_bias",
+            to_f64(&gb.to_host().unwrap()),
+            want.d_bias.as_ref().unwrap(),
+        ),
+        (
+            "d_edge_features",
+            to_f64(&gf.to_host().unwrap()),
+            want.d_edge_features.as_ref().unwrap(),
+        ),
+    ] {
+        let err = cpu::rel_l2_error(&got, want);
+        assert!(err <= gtol, "{what}: {name} error {err:e}");
+    }
+    let ds_err = (f64::from(d_scale) - want.d_scale).abs() / want.d_scale.abs().max(1e-6);
+    assert!(
+        ds_err <= gtol.max(1e-3),
+        "{what}: dscale {d_scale} vs {}",
+        want.d_scale
+    );
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gpu_unfused_csr_with_every_extra_matches_the_f64_reference() {
+    let mut rng = fresh_rng("gpu extras graphs");
+    let graphs = [
+        shared_graph("cora"),
+        random_graph(&mut rng, 300, 6, 7),
+        hub_graph(&mut rng, 20_000, 3),
+    ];
+    for a in &graphs {
+        for (heads, d, shared, rate) in
+            [(1, 1, false, 0.0), (3, 24, true, 0.1), (8, 64, false, 0.5)]
+        {
+            check_gpu_extras::<f32>(a, heads, d, shared, rate);
+            check_gpu_extras::<f16>(a, heads, d, shared, rate);
+            check_gpu_extras::<bf16>(a, heads, d, shared, rate);
+        }
+        check_gpu_extras::<f16>(a, 1, 128, false, 0.6);
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gpu_plans_without_extras_refuse_them_and_name_those_that_take_them() {
+    let gpu = gpu();
+    let a = ring(40);
+    let e = AttentionPlan::new_gpu(
+        &gpu,
+        &a,
+        AttentionConfig::new(1, 16, DTypeKind::F16)
+            .with_edge_extras(true)
+            .with_algorithm(Algorithm::FusedTensorCore),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("unfused-csr"), "{e}");
+    let plan =
+        AttentionPlan::new_gpu(&gpu, &a, AttentionConfig::new(1, 16, DTypeKind::F16)).unwrap();
+    let s = plan.shape_q();
+    let x = DeviceMatrix::<f16>::zeros(&gpu, s).unwrap();
+    let mut out = DeviceMatrix::<f16>::zeros(&gpu, s).unwrap();
+    let r = plan.forward_with(&x, &x, &x, &Extras::default(), &mut out, None);
+    if !plan.algorithm().takes_extras() {
+        let e = r.unwrap_err();
+        assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+    }
+}

@@ -1,0 +1,88 @@
+// Per-edge kernels of attention's extras on CSR (the unfused path and the backward): a score
+// bias added per edge (per head, or one value shared by the heads), dropout on per-edge values
+// (the Philox mask of common.cuh), the shared bias's gradient, casts, and the edge features'
+// gradient. Per-edge values are nnz x heads, edge-major, f32. Kernel names: edge_{op}[_dtype].
+#include "common.cuh"
+
+#define SPATTN_GRID_STRIDE(i, n)                                                                \
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                         \
+         i += (u64)gridDim.x * blockDim.x)
+
+// s[e * heads + h] += b[e] (shared) or b[e * heads + h].
+template <class T>
+__device__ void edge_bias_add(float* s, const T* __restrict__ b, u64 nnz, u32 heads, u32 shared) {
+    SPATTN_GRID_STRIDE(i, nnz * heads) {
+        s[i] += to_f32(b[shared ? i / heads : i]);
+    }
+}
+
+// out[e] = sum over h of x[e * heads + h], rounded to T (the gradient of a shared bias).
+template <class T>
+__device__ void edge_head_sum(const float* __restrict__ x, u64 nnz, u32 heads, T* out) {
+    SPATTN_GRID_STRIDE(e, nnz) {
+        float s = 0.0f;
+        for (u32 h = 0; h < heads; ++h) s += x[e * heads + h];
+        out[e] = from_f32<T>(s);
+    }
+}
+
+// out[i] = x[i] rounded to T.
+template <class T>
+__device__ void edge_cast(const float* __restrict__ x, u64 n, T* out) {
+    SPATTN_GRID_STRIDE(i, n) { out[i] = from_f32<T>(x[i]); }
+}
+
+// The edge features' gradient: per edge e = (i, j) of row i, head h and feature d,
+// out[e, h, d] = a[e, h] * x[i, h, d] + b[e, h] * y[i, h, d]. One warp per row.
+template <class T>
+__device__ void edge_row_combine(const u32* __restrict__ row_offsets, u32 n_rows, u32 heads,
+                                 u32 dim, const float* __restrict__ a, const T* __restrict__ x,
+                                 const float* __restrict__ b, const T* __restrict__ y, T* out) {
+    const u32 lane = lane_id();
+    const u64 hd = (u64)heads * dim;
+    const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
+    for (u64 i = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; i < n_rows; i += warps) {
+        for (u32 e = row_offsets[i]; e < row_offsets[i + 1]; ++e) {
+            for (u64 f = lane; f < hd; f += 32u) {
+                const u32 h = (u32)(f / dim);
+                const float v = a[(u64)e * heads + h] * to_f32(x[i * hd + f]) +
+                                b[(u64)e * heads + h] * to_f32(y[i * hd + f]);
+                out[(u64)e * hd + f] = from_f32<T>(v);
+            }
+        }
+    }
+}
+
+// x[i] *= the dropout factor of element i (0 or 1 / (1 - rate)).
+extern "C" __global__ void edge_dropout(float* x, u64 n, u32 key0, u32 key1, u32 off0, u32 off1,
+                                        u32 threshold, float scale) {
+    const Dropout d = {key0, key1, off0, off1, threshold, scale};
+    SPATTN_GRID_STRIDE(i, n) { x[i] *= dropout_factor(d, i); }
+}
+
+// y[i] += x[i].
+extern "C" __global__ void edge_add(const float* x, u64 n, float* y) {
+    SPATTN_GRID_STRIDE(i, n) { y[i] += x[i]; }
+}
+
+#define SPATTN_EDGE_EXTRAS(S, T)                                                                \
+    extern "C" __global__ void edge_bias_add_##S(float* s, const T* b, u64 nnz, u32 heads,      \
+                                                 u32 shared) {                                  \
+        edge_bias_add<T>(s, b, nnz, heads, shared);                                             \
+    }                                                                                           \
+    extern "C" __global__ void edge_head_sum_##S(const float* x, u64 nnz, u32 heads, T* out) {  \
+        edge_head_sum<T>(x, nnz, heads, out);                                                   \
+    }                                                                                           \
+    extern "C" __global__ void edge_cast_##S(const float* x, u64 n, T* out) {                   \
+        edge_cast<T>(x, n, out);                                                                \
+    }                                                                                           \
+    extern "C" __global__ void edge_row_combine_##S(const u32* row_offsets, u32 n_rows,         \
+                                                    u32 heads, u32 dim, const float* a,         \
+                                                    const T* x, const float* b, const T* y,     \
+                                                    T* out) {                                   \
+        edge_row_combine<T>(row_offsets, n_rows, heads, dim, a, x, b, y, out);                  \
+    }
+
+SPATTN_EDGE_EXTRAS(f32, float)
+SPATTN_EDGE_EXTRAS(f16, __half)
+SPATTN_EDGE_EXTRAS(bf16, __nv_bfloat16)

@@ -1,0 +1,236 @@
+//! Per-edge kernels of attention's extras (`cuda/edge_extras.cu`): a score bias added per edge,
+//! dropout on per-edge values, the gradient of a shared bias, casts of f32 per-edge values to
+//! the features' type, and the edge features' gradient. The unfused attention with extras and
+//! its backward are compositions of these with the CSR ops (`spattn::AttentionPlan`).
+//!
+//! Per-edge values are `nnz × heads` f32 in the CSR's edge order (see [`crate::csr_ops`]);
+//! a bias is `nnz × heads` or, shared by the heads, `nnz`, in the features' type.
+
+use spattn_kernels_sys::EDGE_EXTRAS;
+
+use crate::buffer::{DeviceMatrix, DeviceVec};
+use crate::device_csr::DeviceCsr;
+use crate::dropout::Dropout;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+use crate::launch::{
+    check_per_edge, check_same_gpu, kernel_named, launch, stride_grid, to_u32, warp_grid,
+    PushKernelArg,
+};
+use crate::shape::Shape;
+
+/// A per-edge score bias on the device, in the CSR order of its graph.
+#[derive(Clone, Copy, Debug)]
+pub enum DeviceBias<'a, T: DType> {
+    /// `nnz × heads`: edge `e`, head `h` at `e · heads + h`.
+    PerHead(&'a DeviceVec<T>),
+    /// `nnz`: one value per edge for every head.
+    Shared(&'a DeviceVec<T>),
+}
+
+impl<T: DType> DeviceBias<'_, T> {
+    /// The values.
+    pub fn values(&self) -> &DeviceVec<T> {
+        match self {
+            DeviceBias::PerHead(b) | DeviceBias::Shared(b) => b,
+        }
+    }
+    /// Whether one value serves every head.
+    pub fn is_shared(&self) -> bool {
+        matches!(self, DeviceBias::Shared(_))
+    }
+    /// Checks the length against `nnz` edges of `heads` heads, naming the layout expected.
+    pub fn check_len(&self, nnz: usize, heads: usize) -> Result<()> {
+        let (what, per_edge) = match self {
+            DeviceBias::PerHead(_) => ("bias (nnz × heads)", heads),
+            DeviceBias::Shared(_) => ("bias (nnz)", 1),
+        };
+        check_per_edge(what, nnz, per_edge, self.values().len())
+    }
+}
+
+fn function(gpu: &Gpu, name: String) -> Result<(&'static str, cudarc::driver::CudaFunction)> {
+    let name = kernel_named(&EDGE_EXTRAS, name)?;
+    Ok((
+        name,
+        gpu.load_function(EDGE_EXTRAS.name, EDGE_EXTRAS.ptx, name)?,
+    ))
+}
+
+/// `scores[e·heads + h] += bias` (the bias's value of edge `e`, head `h`).
+///
+/// # Errors
+/// A bias or scores length that is not `nnz × heads` (or `nnz` for a shared bias); buffers of
+/// another GPU.
+pub fn bias_add<T: DType>(
+    gpu: &Gpu,
+    scores: &mut DeviceVec<f32>,
+    bias: DeviceBias<'_, T>,
+    nnz: usize,
+    heads: usize,
+) -> Result<()> {
+    check_per_edge("scores", nnz, heads, scores.len())?;
+    bias.check_len(nnz, heads)?;
+    check_same_gpu(gpu, "scores", &*scores)?;
+    check_same_gpu(gpu, "bias", bias.values())?;
+    let (name, f) = function(gpu, format!("edge_bias_add_{}", T::NAME))?;
+    let (n, h, shared) = (
+        nnz as u64,
+        to_u32("heads", heads)?,
+        u32::from(bias.is_shared()),
+    );
+    let cfg = stride_grid(scores.len())?;
+    let mut args = gpu.launch_builder(&f);
+    args.arg(scores.slice_mut())
+        .arg(bias.values().slice())
+        .arg(&n)
+        .arg(&h)
+        .arg(&shared);
+    // SAFETY: reads and writes scores[0..nnz·heads), reads bias[0..nnz) (shared) or
+    // [0..nnz·heads); both lengths checked above.
+    unsafe { launch(name, &mut args, cfg) }
+}
+
+/// `values[i] *= ` the dropout factor of element `i` (0, or `1 / (1 − rate)`): elements are
+/// `edge · heads + head` in the caller's CSR order, so the mask is `dropout`'s everywhere.
+///
+/// # Errors
+/// A buffer of another GPU.
+pub fn apply_dropout(gpu: &Gpu, values: &mut DeviceVec<f32>, dropout: &Dropout) -> Result<()> {
+    check_same_gpu(gpu, "edge values", &*values)?;
+    if dropout.threshold() == 0 {
+        return Ok(());
+    }
+    let (name, f) = function(gpu, "edge_dropout".into())?;
+    let n = values.len() as u64;
+    let [k0, k1] = dropout.key();
+    let (o0, o1) = (dropout.offset() as u32, (dropout.offset() >> 32) as u32);
+    let (threshold, scale) = (dropout.threshold(), dropout.scale());
+    let cfg = stride_grid(values.len())?;
+    let mut args = gpu.launch_builder(&f);
+    args.arg(values.slice_mut())
+        .arg(&n)
+        .arg(&k0)
+        .arg(&k1)
+        .arg(&o0)
+        .arg(&o1)
+        .arg(&threshold)
+        .arg(&scale);
+    // SAFETY: reads and writes values[0..n), n its length.
+    unsafe { launch(name, &mut args, cfg) }
+}
+
+/// `y[i] += x[i]` on per-edge values.
+///
+/// # Errors
+/// Lengths that differ; buffers of another GPU.
+pub fn add(gpu: &Gpu, x: &DeviceVec<f32>, y: &mut DeviceVec<f32>) -> Result<()> {
+    if x.len() != y.len() {
+        return Err(Error::LengthMismatch {
+            what: "edge values",
+            expected: x.len(),
+            actual: y.len(),
+        });
+    }
+    check_same_gpu(gpu, "x", x)?;
+    check_same_gpu(gpu, "y", &*y)?;
+    let (name, f) = function(gpu, "edge_add".into())?;
+    let n = x.len() as u64;
+    let mut args = gpu.launch_builder(&f);
+    args.arg(x.slice()).arg(&n).arg(y.slice_mut());
+    // SAFETY: reads x[0..n), reads and writes y[0..n); both n long (checked).
+    unsafe { launch(name, &mut args, stride_grid(x.len())?) }
+}
+
+/// The gradient of `bias` from the per-edge score gradient `ds` (`nnz × heads` f32): `ds`
+/// itself (per head) or its sum over the heads (shared), rounded to `T`, into `out`.
+///
+/// # Errors
+/// Lengths that do not fit `nnz` and `heads`; buffers of another GPU.
+pub fn bias_grad<T: DType>(
+    gpu: &Gpu,
+    ds: &DeviceVec<f32>,
+    nnz: usize,
+    heads: usize,
+    shared: bool,
+    out: &mut DeviceVec<T>,
+) -> Result<()> {
+    check_per_edge("dS", nnz, heads, ds.len())?;
+    check_per_edge(
+        if shared {
+            "d_bias (nnz)"
+        } else {
+            "d_bias (nnz × heads)"
+        },
+        nnz,
+        if shared { 1 } else { heads },
+        out.len(),
+    )?;
+    check_same_gpu(gpu, "dS", ds)?;
+    check_same_gpu(gpu, "d_bias", &*out)?;
+    if shared {
+        let (name, f) = function(gpu, format!("edge_head_sum_{}", T::NAME))?;
+        let (n, h) = (nnz as u64, to_u32("heads", heads)?);
+        let mut args = gpu.launch_builder(&f);
+        args.arg(ds.slice()).arg(&n).arg(&h).arg(out.slice_mut());
+        // SAFETY: reads ds[0..nnz·heads), writes out[0..nnz); lengths checked above.
+        unsafe { launch(name, &mut args, stride_grid(nnz)?) }
+    } else {
+        let (name, f) = function(gpu, format!("edge_cast_{}", T::NAME))?;
+        let n = ds.len() as u64;
+        let mut args = gpu.launch_builder(&f);
+        args.arg(ds.slice()).arg(&n).arg(out.slice_mut());
+        // SAFETY: reads ds[0..n), writes out[0..n); equal lengths (checked above).
+        unsafe { launch(name, &mut args, stride_grid(ds.len())?) }
+    }
+}
+
+/// The edge features' gradient on `csr`'s edges: per edge `e = (i, j)`, head `h`, feature `d`,
+/// `out[e, h, d] = a[e, h] · x[i, h, d] + b[e, h] · y[i, h, d]` (with `a = scale · dS`,
+/// `x = Q`, `b` the attention weights, `y = dOut`: `dF = scale · dS · q_i + w · dOut_i`).
+///
+/// # Errors
+/// Shapes that do not fit the graph (`x`, `y`: `n_rows × heads × dim`; `out`:
+/// `nnz × heads × dim`), per-edge lengths, buffers of another GPU.
+pub fn edge_features_grad<T: DType>(
+    gpu: &Gpu,
+    csr: &DeviceCsr,
+    (a, x): (&DeviceVec<f32>, &DeviceMatrix<T>),
+    (b, y): (&DeviceVec<f32>, &DeviceMatrix<T>),
+    out: &mut DeviceMatrix<T>,
+) -> Result<()> {
+    let s = x.shape();
+    s.expect_rows_like("x", s, csr.n_rows())?;
+    s.expect_eq("y", y.shape())?;
+    Shape::new(csr.nnz(), s.heads, s.head_dim)?.expect_eq("d_edge_features", out.shape())?;
+    check_per_edge("a", csr.nnz(), s.heads, a.len())?;
+    check_per_edge("b", csr.nnz(), s.heads, b.len())?;
+    for (what, v) in [("a", a), ("b", b)] {
+        check_same_gpu(gpu, what, v)?;
+    }
+    check_same_gpu(gpu, "csr", csr)?;
+    check_same_gpu(gpu, "x", x)?;
+    check_same_gpu(gpu, "y", y)?;
+    check_same_gpu(gpu, "d_edge_features", &*out)?;
+    let (name, f) = function(gpu, format!("edge_row_combine_{}", T::NAME))?;
+    let (rows, heads, dim) = (
+        to_u32("rows", csr.n_rows())?,
+        to_u32("heads", s.heads)?,
+        to_u32("head_dim", s.head_dim)?,
+    );
+    let mut args = gpu.launch_builder(&f);
+    args.arg(csr.row_offsets().slice())
+        .arg(&rows)
+        .arg(&heads)
+        .arg(&dim)
+        .arg(a.slice())
+        .arg(x.slice())
+        .arg(b.slice())
+        .arg(y.slice())
+        .arg(out.slice_mut());
+    // SAFETY: walks rows < n_rows of row_offsets (n_rows + 1 entries) and their edges < nnz;
+    // reads a, b at e·heads + h < nnz·heads, x and y at row·heads·dim + f < n_rows·heads·dim,
+    // writes out at e·heads·dim + f < nnz·heads·dim (all shapes and lengths checked above).
+    unsafe { launch(name, &mut args, warp_grid(csr.n_rows())?) }
+}
