@@ -127,6 +127,8 @@ pub enum Model {
 /// A hidden width of 8 heads × 8 features.
 const HEADS: usize = 8;
 const HIDDEN: usize = 8;
+/// Dropout on the GAT layers' attention coefficients in training, as the GAT paper trains.
+const GAT_DROPOUT: f32 = 0.6;
 
 /// Per-epoch losses and the final test accuracy.
 pub struct Outcome {
@@ -158,7 +160,9 @@ impl HostLayer {
     ) -> Result<Self, spattn::Error> {
         Ok(match model {
             Model::Gat => HostLayer::Gat(Box::new(GatConv::new(
-                GatConfig::new(i, o, heads).with_concat(heads > 1),
+                GatConfig::new(i, o, heads)
+                    .with_concat(heads > 1)
+                    .with_dropout(GAT_DROPOUT),
                 graph,
                 seed,
             )?)),
@@ -169,6 +173,13 @@ impl HostLayer {
         match self {
             HostLayer::Gat(l) => l.forward(x).map(|(y, c)| (y, HostCache::Gat(Box::new(c)))),
             HostLayer::Dense(l) => Ok((l.forward(x, n)?, HostCache::Dense(x.to_vec()))),
+        }
+    }
+    /// The forward of evaluation: no dropout.
+    fn evaluate(&self, x: &[f32], n: usize) -> Result<Vec<f32>, spattn::Error> {
+        match self {
+            HostLayer::Gat(l) => Ok(l.forward_with_dropout(x, None)?.0),
+            HostLayer::Dense(l) => l.forward(x, n),
         }
     }
     fn backward(
@@ -210,7 +221,6 @@ pub fn train_host(
     let mut adam = Adam::new(lr);
     let elu = Activation::Elu;
     let mut losses = Vec::new();
-    let mut logits = Vec::new();
     for epoch in 0..epochs {
         let (h, c1) = l1.forward(&task.features, n)?;
         let a: Vec<f32> = h.iter().map(|&v| elu.apply(f64::from(v)) as f32).collect();
@@ -230,8 +240,11 @@ pub fn train_host(
             println!("{model:?} epoch {epoch:3}: loss {loss:.4}");
         }
         losses.push(loss);
-        logits = out;
     }
+    // Evaluation: the trained model without dropout.
+    let h = l1.evaluate(&task.features, n)?;
+    let a: Vec<f32> = h.iter().map(|&v| elu.apply(f64::from(v)) as f32).collect();
+    let logits = l2.evaluate(&a, n)?;
     Ok(Outcome {
         accuracy: test_accuracy(task, &logits),
         losses,
@@ -282,7 +295,7 @@ pub fn train_gpu(
     )?)?;
     let x = DeviceMatrix::from_host(gpu, Shape::new(n, 1, task.dim)?, &task.features)?;
     let mut adam = Adam::new(lr);
-    let (mut losses, mut logits) = (Vec::new(), Vec::new());
+    let mut losses = Vec::new();
     let elu = Activation::Elu;
     // Forward and backward of one layer; the input must outlive the backward (the dense
     // layers keep no copy), so both run here with it.
@@ -337,8 +350,18 @@ pub fn train_gpu(
             println!("{model:?} epoch {epoch:3}: loss {loss:.4}");
         }
         losses.push(loss);
-        logits = host_out;
     }
+    // Evaluation: the trained model without dropout.
+    let eval = |l: &GpuLayer, x: &DeviceMatrix<f32>| -> Result<DeviceMatrix<f32>, spattn::Error> {
+        match l {
+            GpuLayer::Gat(l) => Ok(l.forward_with_dropout(x, None)?.0),
+            GpuLayer::Dense(l) => l.forward(ctx, x),
+        }
+    };
+    let h = eval(&l1, &x)?;
+    let mut a = DeviceMatrix::zeros(gpu, h.shape())?;
+    spattn_ops::elementwise::activation(gpu, elu, &h, &mut a)?;
+    let logits = eval(&l2, &a)?.to_host()?;
     Ok(Outcome {
         accuracy: test_accuracy(task, &logits),
         losses,

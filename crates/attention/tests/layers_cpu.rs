@@ -149,6 +149,37 @@ fn gat_gradients_match_finite_differences() {
 }
 
 #[test]
+fn gat_with_dropout_gradients_match_finite_differences_under_a_fixed_mask() {
+    let g = graph(10, 21);
+    let cfg = GatConfig::new(4, 3, 3).with_dropout(0.6);
+    let mut layer = GatConv::<Host<f64>>::new(cfg, &g, 21).unwrap();
+    let mut rng = Pcg64::seed_from_u64(121);
+    perturb(layer.params_mut(), &mut rng);
+    let x = random(10 * 4, &mut rng);
+    let r = random(10 * cfg.output_dim(), &mut rng);
+    let d = spattn::Dropout::new(0.6, 77, 5).unwrap();
+    check_layer(
+        &mut layer,
+        &x,
+        |l, x| dot(&l.forward_with_dropout(x, Some(d)).unwrap().0, &r),
+        |l, x| {
+            let (_, cache) = l.forward_with_dropout(x, Some(d)).unwrap();
+            l.backward(&cache, &r).unwrap()
+        },
+        |l| l.params_mut(),
+    );
+    // Training draws a new mask each forward; evaluation none; the rate is checked.
+    let (a, _) = layer.forward(&x).unwrap();
+    let (b, _) = layer.forward(&x).unwrap();
+    assert_ne!(a, b, "two training forwards drew the same mask");
+    layer.set_training(false);
+    let (c, _) = layer.forward(&x).unwrap();
+    let (e, _) = layer.forward_with_dropout(&x, None).unwrap();
+    assert_eq!(c, e);
+    assert!(GatConv::<Host<f64>>::new(GatConfig::new(4, 3, 3).with_dropout(1.0), &g, 1).is_err());
+}
+
+#[test]
 fn transformer_gradients_match_finite_differences() {
     for (n, heads, head_dim, residual, seed) in [(8, 1, 3, false, 5), (10, 4, 2, true, 6)] {
         let g = graph(n, seed);
