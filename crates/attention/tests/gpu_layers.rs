@@ -267,6 +267,63 @@ fn transformer_case<T: GemmElement>(
     );
 }
 
+/// The transformer with a per-edge bias (per head, or shared) and a fixed dropout mask: the
+/// output, dx, every parameter's gradient and the bias's against the f64 CPU layer.
+fn transformer_extras_case<T: GemmElement>(c: &Ctx, a: &Csr, shared: bool, rng: &mut Pcg64) {
+    let host = HostGraph::new(a).unwrap();
+    let dev = GpuGraph::upload(&c.ctx, &host).unwrap();
+    let (n, dim, heads, head_dim) = (a.n_rows(), 32, 4, 16);
+    let cfg = TransformerConfig::new(dim, heads, head_dim, dim)
+        .with_residual(true)
+        .with_dropout(0.25)
+        .with_edge_bias(true);
+    let mut cpu_layer = GraphTransformerLayer::<Host<f64>>::new(cfg, &host, rng.random()).unwrap();
+    round_params::<T>(cpu_layer.params_mut(), rng);
+    let mut gpu_layer = cpu_layer.to_device::<T>(&dev).unwrap();
+    let x = draw::<T>(n * dim, rng);
+    let dy = draw::<T>(n * dim, rng);
+    let bias = draw::<T>(if shared { a.nnz() } else { a.nnz() * heads }, rng);
+    let drop = spattn::Dropout::new(0.25, rng.random(), 3).unwrap();
+    let (y_ref, cache) = cpu_layer
+        .forward_full(&x, Some((&bias, shared)), Some(drop))
+        .unwrap();
+    let (dx_ref, db_ref) = cpu_layer
+        .backward_with(&cache, &dy, Some((&bias, shared)))
+        .unwrap();
+    let gpu = c.ctx.gpu();
+    let gx = DeviceMatrix::from_host(gpu, Shape::new(n, 1, dim).unwrap(), &to_t(&x)).unwrap();
+    let gb = DeviceVec::from_host(gpu, &to_t::<T>(&bias)).unwrap();
+    let db = || {
+        if shared {
+            spattn::DeviceBias::Shared(&gb)
+        } else {
+            spattn::DeviceBias::PerHead(&gb)
+        }
+    };
+    let (y, gcache) = gpu_layer.forward_full(&gx, Some(db()), Some(drop)).unwrap();
+    let gdy = DeviceMatrix::from_host(gpu, y.shape(), &to_t(&dy)).unwrap();
+    let (dx, d_bias) = gpu_layer.backward_with(&gcache, &gdy, Some(db())).unwrap();
+    let what = format!("transformer+bias(shared={shared})+dropout n={n}");
+    compare(
+        &what,
+        &y,
+        &y_ref,
+        &dx,
+        &dx_ref,
+        &device_grads(gpu_layer.params_mut()),
+        &host_grads(cpu_layer.params_mut()),
+        &[],
+    );
+    let (_, tg) = tols::<T>();
+    let e = rel(&d_bias.unwrap().to_host().unwrap(), &db_ref.unwrap());
+    println!("{what} {}: d_bias {e:.2e}", T::NAME);
+    assert!(
+        e <= tg,
+        "{what} {}: d_bias rel L2 {e:.2e} > {tg:.0e}",
+        T::NAME
+    );
+}
+
 fn agnn_case<T: GemmElement>(c: &Ctx, a: &Csr, dim: usize, rng: &mut Pcg64) {
     let host = HostGraph::new(a).unwrap();
     let dev = GpuGraph::upload(&c.ctx, &host).unwrap();
@@ -340,6 +397,22 @@ fn transformer_matches_the_f64_cpu_layer() {
     ];
     all_transformer::<f16>(&c, &mut rng, &half);
     all_transformer::<bf16>(&c, &mut rng, &half);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn transformer_with_edge_bias_and_dropout_matches_the_f64_cpu_layer() {
+    let c = ctx();
+    let mut rng = spattn_test_support::fresh_rng(
+        "transformer_with_edge_bias_and_dropout_matches_the_f64_cpu_layer",
+    );
+    for a in graphs(&mut rng) {
+        for shared in [false, true] {
+            transformer_extras_case::<f32>(&c, &a, shared, &mut rng);
+            transformer_extras_case::<f16>(&c, &a, shared, &mut rng);
+            transformer_extras_case::<bf16>(&c, &a, shared, &mut rng);
+        }
+    }
 }
 
 #[test]

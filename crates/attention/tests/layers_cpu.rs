@@ -195,6 +195,65 @@ fn transformer_gradients_match_finite_differences() {
 }
 
 #[test]
+fn transformer_with_edge_bias_and_dropout_gradients_match_finite_differences() {
+    for (n, heads, shared, seed) in [(9, 2, false, 31), (10, 3, true, 32)] {
+        let g = graph(n, seed);
+        let dim = 5;
+        let cfg = TransformerConfig::new(dim, heads, 2, dim)
+            .with_residual(true)
+            .with_dropout(0.3)
+            .with_edge_bias(true);
+        let mut layer = GraphTransformerLayer::<Host<f64>>::new(cfg, &g, seed).unwrap();
+        let mut rng = Pcg64::seed_from_u64(seed + 100);
+        perturb(layer.params_mut(), &mut rng);
+        let x = random(n * dim, &mut rng);
+        let r = random(n * dim, &mut rng);
+        let nnz = g.a.nnz();
+        let bias = random(if shared { nnz } else { nnz * heads }, &mut rng);
+        let d = spattn::Dropout::new(0.3, 99, 2).unwrap();
+        let run = |l: &GraphTransformerLayer<Host<f64>>, x: &[f64], b: &[f64]| {
+            dot(
+                &l.forward_full(x, Some((b, shared)), Some(d)).unwrap().0,
+                &r,
+            )
+        };
+        check_layer(
+            &mut layer,
+            &x,
+            |l, x| run(l, x, &bias),
+            |l, x| {
+                let (_, cache) = l.forward_full(x, Some((&bias, shared)), Some(d)).unwrap();
+                l.backward_with(&cache, &r, Some((&bias, shared)))
+                    .unwrap()
+                    .0
+            },
+            |l| l.params_mut(),
+        );
+        let (_, cache) = layer
+            .forward_full(&x, Some((&bias, shared)), Some(d))
+            .unwrap();
+        let (_, d_bias) = layer
+            .backward_with(&cache, &r, Some((&bias, shared)))
+            .unwrap();
+        let d_bias = d_bias.expect("a bias was given, so its gradient comes back");
+        assert_eq!(d_bias.len(), bias.len());
+        let mut bp = bias.clone();
+        for i in coords(bias.len()) {
+            bp[i] = bias[i] + H;
+            let plus = run(&layer, &x, &bp);
+            bp[i] = bias[i] - H;
+            let minus = run(&layer, &x, &bp);
+            bp[i] = bias[i];
+            assert_close("d_bias", i, (plus - minus) / (2.0 * H), d_bias[i]);
+        }
+        // A bias of the wrong length is an error, not a panic.
+        assert!(layer
+            .forward_full(&x, Some((&bias[1..], shared)), Some(d))
+            .is_err());
+    }
+}
+
+#[test]
 fn agnn_gradients_match_finite_differences() {
     for (n, dim, beta, seed) in [(9, 4, 1.0, 7), (12, 7, -1.7, 8), (6, 1, 2.5, 9)] {
         let g = graph(n, seed);

@@ -16,14 +16,13 @@
 use spattn_ops::backward as gpu_backward;
 use spattn_ops::cpu::{self, Real};
 use spattn_ops::dense::{Dims, GemmElement};
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use spattn_ops::dropout::Dropout;
 use spattn_ops::elementwise;
 use spattn_ops::{csr_ops, edge_extras, DeviceMatrix, DeviceVec, Shape};
 
 use super::params::{
-    flat, host, init_rng, Device, GpuGraph, Host, HostGraph, HostParam, Linear, Placement,
+    flat, host, init_rng, Device, DropoutState, GpuGraph, Host, HostGraph, HostParam, Linear,
+    Placement,
 };
 use crate::error::{Error, Result};
 
@@ -138,40 +137,6 @@ pub struct GatCache<B: Placement> {
     dropout: Option<Dropout>,
 }
 
-/// A layer's dropout: whether it is training, the masks' seed, and the offset of the next
-/// mask (each training forward draws a new one, as torch's generator advances).
-#[derive(Debug)]
-pub(crate) struct DropoutState {
-    training: bool,
-    seed: u64,
-    next_offset: AtomicU64,
-}
-
-impl DropoutState {
-    pub(crate) fn new(seed: u64) -> Self {
-        Self {
-            training: true,
-            seed,
-            next_offset: AtomicU64::new(0),
-        }
-    }
-    pub(crate) fn copy(&self) -> Self {
-        Self {
-            training: self.training,
-            seed: self.seed,
-            next_offset: AtomicU64::new(self.next_offset.load(Ordering::Relaxed)),
-        }
-    }
-    /// The dropout of the next training forward at `rate`, or none (evaluation, rate 0).
-    pub(crate) fn next(&self, rate: f32) -> Result<Option<Dropout>> {
-        if !self.training || rate == 0.0 {
-            return Ok(None);
-        }
-        let offset = self.next_offset.fetch_add(1, Ordering::Relaxed);
-        Ok(Some(Dropout::new(rate, self.seed, offset)?))
-    }
-}
-
 impl<B: Placement> GatConv<B> {
     /// The configuration.
     pub fn config(&self) -> &GatConfig {
@@ -180,15 +145,11 @@ impl<B: Placement> GatConv<B> {
     /// Training mode (dropout on the attention coefficients, a new mask each forward) or
     /// evaluation (no dropout). Layers start in training mode, as torch modules do.
     pub fn set_training(&mut self, training: bool) {
-        self.dropout_state.training = training;
+        self.dropout_state.set_training(training);
     }
     /// Sets the seed of the dropout masks and restarts their offsets.
     pub fn set_dropout_seed(&mut self, seed: u64) {
-        self.dropout_state = DropoutState {
-            training: self.dropout_state.training,
-            seed,
-            next_offset: AtomicU64::new(0),
-        };
+        self.dropout_state.reseed(seed);
     }
     /// Every parameter (W, a_src, a_dst, bias), for an optimizer.
     pub fn params_mut(&mut self) -> Vec<&mut B::Param> {

@@ -2,6 +2,7 @@
 //! is bound to, the dense projection [`Linear`], and the optimizers.
 
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rand::{Rng, SeedableRng};
@@ -15,6 +16,7 @@ use spattn_ops::{DType, DeviceCsr, DeviceGraph, DeviceMatrix, DeviceVec, Gpu, Sh
 
 use crate::error::Result;
 use crate::AttentionPlan;
+use spattn_ops::dropout::Dropout;
 
 /// The backward of a layer's attention `plan` on `gpu` into fresh zeroed dQ, dK and dV of the
 /// plan's shape: `[dq, dk, dv]` (the layers do not train the scale, so ∂L/∂scale is dropped).
@@ -286,6 +288,49 @@ impl GpuGraph {
     /// Number of nodes.
     pub fn n(&self) -> usize {
         self.host.n()
+    }
+}
+
+/// A layer's dropout: whether it is training, the masks' seed, and the offset of the next
+/// mask (each training forward draws a new one, as torch's generator advances).
+#[derive(Debug)]
+pub(crate) struct DropoutState {
+    training: bool,
+    seed: u64,
+    next_offset: AtomicU64,
+}
+
+impl DropoutState {
+    pub(crate) fn new(seed: u64) -> Self {
+        Self {
+            training: true,
+            seed,
+            next_offset: AtomicU64::new(0),
+        }
+    }
+    /// A new seed; the offsets start again.
+    pub(crate) fn reseed(&mut self, seed: u64) {
+        self.seed = seed;
+        self.next_offset = AtomicU64::new(0);
+    }
+    /// Training mode on or off.
+    pub(crate) fn set_training(&mut self, training: bool) {
+        self.training = training;
+    }
+    pub(crate) fn copy(&self) -> Self {
+        Self {
+            training: self.training,
+            seed: self.seed,
+            next_offset: AtomicU64::new(self.next_offset.load(Ordering::Relaxed)),
+        }
+    }
+    /// The dropout of the next training forward at `rate`, or none (evaluation, rate 0).
+    pub(crate) fn next(&self, rate: f32) -> Result<Option<Dropout>> {
+        if !self.training || rate == 0.0 {
+            return Ok(None);
+        }
+        let offset = self.next_offset.fetch_add(1, Ordering::Relaxed);
+        Ok(Some(Dropout::new(rate, self.seed, offset)?))
     }
 }
 
