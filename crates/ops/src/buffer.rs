@@ -280,6 +280,25 @@ impl<T: DeviceElement> DeviceVec<T> {
     }
 }
 
+impl<T: DeviceElement> DeviceVec<T> {
+    /// A buffer over a cudarc slice of `gpu`'s stream holding at least `len` elements: the
+    /// views of [`crate::external`], which hand the slice back with [`into_slice`](Self::into_slice)
+    /// and leak it instead of freeing memory they do not own.
+    pub(crate) fn from_slice_parts(gpu: &Gpu, data: CudaSlice<T>, len: usize) -> Self {
+        debug_assert!(data.len() >= len.max(1));
+        DeviceVec {
+            gpu: gpu.clone(),
+            data,
+            len,
+        }
+    }
+
+    /// The cudarc slice behind the buffer, giving the buffer up.
+    pub(crate) fn into_slice(self) -> CudaSlice<T> {
+        self.data
+    }
+}
+
 impl<T: DeviceElement + DType> DeviceVec<T> {
     /// Sets every element to the canonical NaN of `T` (poisons an output before a launch, so
     /// an element the kernel fails to write cannot pass a test).

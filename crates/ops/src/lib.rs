@@ -60,6 +60,7 @@ pub mod dtype;
 pub mod edge_extras;
 pub mod elementwise;
 pub mod error;
+pub mod external;
 pub mod fused;
 pub mod gpu;
 pub mod graph;

@@ -1,0 +1,284 @@
+#!/usr/bin/env python3
+"""One full-graph training epoch (forward, backward, Adam step) of a 2-layer GAT and a 2-layer
+graph transformer on ogbn-arxiv, with PyG's layers and with spattn.nn's: CUDA-event timed
+(median of --repeat epochs after --warmup), and each one's peak memory. Prints a markdown
+table (and writes JSON with --json).
+
+    SPATTN_DATA_DIR=data python crates/python/bench/epoch.py
+    python crates/python/bench/epoch.py --graph data/ogbn-arxiv.mtx.gz --dtypes f32,bf16
+
+Setup (the same for both libraries): the graph is symmetrized (no self loops; GATConv adds
+them itself, each forward in PyG, once and cached in spattn), node features are random
+(N(0, 1), --features wide) and labels random (--classes); the loss is cross-entropy over
+every node; Adam (lr 0.01). Both models start from the same parameters (spattn.nn layers
+load PyG's state dict), and the first forward's outputs are compared to make sure both
+compute the same function.
+
+Peak memory: ``torch.cuda.max_memory_allocated()`` over one epoch (which includes the
+parameters, optimizer state, features and edge_index resident before it), plus, for spattn,
+the peak of its own device memory pool over the same epoch (graph uploads and plan
+workspaces, which PyTorch's allocator does not see: ``spattn.memory_stats()``). The total is
+an upper bound of what spattn held at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+def find_graph(path_arg):
+    if path_arg:
+        return Path(path_arg)
+    here = Path(__file__).resolve()
+    candidates = []
+    if os.environ.get("SPATTN_DATA_DIR"):
+        candidates.append(Path(os.environ["SPATTN_DATA_DIR"]) / "ogbn-arxiv.mtx.gz")
+    candidates += [
+        Path("data/ogbn-arxiv.mtx.gz"),
+        here.parents[3] / "data" / "ogbn-arxiv.mtx.gz",
+        here.parents[4] / "shared" / "data" / "mtx" / "ogbn-arxiv.mtx.gz",
+    ]
+    for c in candidates:
+        if c.is_file():
+            return c
+    sys.exit("ogbn-arxiv.mtx.gz not found: pass --graph or set SPATTN_DATA_DIR")
+
+
+class TwoLayer(torch.nn.Module):
+    """conv1 -> activation -> conv2, PyG's usual 2-layer node classifier."""
+
+    def __init__(self, conv1, conv2, act):
+        super().__init__()
+        self.conv1, self.conv2, self.act = conv1, conv2, act
+
+    def forward(self, x, edge_index):
+        return self.conv2(self.act(self.conv1(x, edge_index)), edge_index)
+
+
+def build(lib, model, args):
+    """The model of `lib` (torch_geometric.nn or spattn.nn)."""
+    H, C, Fin, K = args.heads, args.hidden, args.features, args.classes
+    if model == "gat":
+        return TwoLayer(lib.GATConv(Fin, C, heads=H), lib.GATConv(H * C, K, heads=1), F.elu)
+    if model == "transformer":
+        return TwoLayer(
+            lib.TransformerConv(Fin, C, heads=H), lib.TransformerConv(H * C, K, heads=1), F.relu
+        )
+    raise ValueError(model)
+
+
+def time_epochs(step, warmup, repeat, cuda):
+    for _ in range(warmup):
+        step()
+    if not cuda:  # --device cpu: a smoke test of the script, wall-clock timed
+        times = []
+        for _ in range(repeat):
+            t = time.perf_counter()
+            step()
+            times.append((time.perf_counter() - t) * 1e3)
+        return times
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
+
+
+def run_case(impl, model, dtype, edge_index, x, y, state, args, spattn):
+    if impl == "pyg":
+        import torch_geometric.nn as lib
+    else:
+        lib = spattn.nn
+    cuda = x.device.type == "cuda"
+    torch.manual_seed(0)
+    net = build(lib, model, args).to(x.device)
+    net.load_state_dict(state)
+    net = net.to(dtype)
+    xs = x.to(dtype)
+    ei = edge_index
+    opt = torch.optim.Adam(net.parameters(), lr=0.01)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        out = net(xs, ei)
+        loss = F.cross_entropy(out.float(), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    with torch.no_grad():
+        first = net(xs, ei).float()
+    times = time_epochs(step, args.warmup, args.repeat, cuda)
+    # Peak memory of one more epoch, from the resident state between epochs.
+    gc.collect()
+    resident = peak_torch = pool = 0
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        resident = torch.cuda.memory_allocated()
+        if impl == "spattn":
+            spattn.reset_peak_memory_stats(x.device)
+    step()
+    if cuda:
+        torch.cuda.synchronize()
+        peak_torch = torch.cuda.max_memory_allocated()
+        pool = spattn.memory_stats(x.device)["used_peak"] if impl == "spattn" else 0
+    result = {
+        "impl": impl,
+        "model": model,
+        "dtype": str(dtype).replace("torch.", ""),
+        "status": "ok",
+        "median_ms": statistics.median(times),
+        "min_ms": min(times),
+        "max_ms": max(times),
+        "times_ms": times,
+        "resident_bytes": resident,
+        "peak_torch_bytes": peak_torch,
+        "peak_spattn_pool_bytes": pool,
+        "peak_bytes": peak_torch + pool,
+    }
+    return result, first
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--graph", help="ogbn-arxiv.mtx.gz (default: SPATTN_DATA_DIR, data/, ../shared/data/mtx)")
+    ap.add_argument("--models", default="gat,transformer")
+    ap.add_argument("--dtypes", default="f32,f16,bf16", help="comma list of f32, f16, bf16")
+    ap.add_argument("--impls", default="pyg,spattn")
+    ap.add_argument("--features", type=int, default=128)
+    ap.add_argument("--hidden", type=int, default=32, help="channels per head of layer 1")
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--classes", type=int, default=40)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (a smoke test of the script)")
+    args = ap.parse_args()
+
+    import spattn
+
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("needs a CUDA GPU (or --device cpu for a smoke test)")
+    path = find_graph(args.graph)
+    t0 = time.perf_counter()
+    graph = spattn.Graph.read_matrix_market(path, symmetrize=True)
+    edge_index = graph.edge_index().to(device)
+    load_s = time.perf_counter() - t0
+    n = graph.num_nodes
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(n, args.features, generator=gen).to(device)
+    y = torch.randint(0, args.classes, (n,), generator=gen).to(device)
+
+    try:
+        import torch_geometric
+
+        pyg_version = torch_geometric.__version__
+    except ImportError:
+        pyg_version = None
+        if "pyg" in args.impls:
+            print("torch_geometric is not installed: PyG rows are skipped", file=sys.stderr)
+            args.impls = ",".join(i for i in args.impls.split(",") if i != "pyg")
+
+    gpu = torch.cuda.get_device_properties(device).name if device.type == "cuda" else "cpu"
+    header = {
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "torch_geometric": pyg_version,
+        "spattn": spattn.__version__,
+        "graph": str(path),
+        "nodes": n,
+        "edges_symmetrized": graph.num_edges,
+        "config": vars(args),
+    }
+    print(f"# Epoch benchmark: {path.name}, {n} nodes, {graph.num_edges} edges (symmetrized), "
+          f"read in {load_s:.1f} s")
+    print(f"GPU {gpu}; torch {torch.__version__}; torch_geometric {pyg_version}; "
+          f"spattn {spattn.__version__}")
+    print(f"2 layers: {args.features} -> {args.heads} heads x {args.hidden} -> {args.classes}; "
+          f"Adam; median of {args.repeat} epochs after {args.warmup} warm-up\n")
+
+    results = []
+    for model in args.models.split(","):
+        for dname in args.dtypes.split(","):
+            dtype = DTYPES[dname]
+            torch.manual_seed(0)
+            if pyg_version is not None:
+                import torch_geometric.nn as pyg_nn
+
+                state = build(pyg_nn, model, args).state_dict()
+            else:
+                state = build(spattn.nn, model, args).state_dict()
+            firsts = {}
+            for impl in args.impls.split(","):
+                try:
+                    r, first = run_case(impl, model, dtype, edge_index, x, y, state, args, spattn)
+                    firsts[impl] = first
+                except torch.cuda.OutOfMemoryError as e:
+                    r = {"impl": impl, "model": model, "dtype": dname, "status": "oom", "reason": str(e)[:200]}
+                except Exception as e:  # noqa: BLE001 - record and go on
+                    r = {"impl": impl, "model": model, "dtype": dname, "status": "error",
+                         "reason": f"{type(e).__name__}: {e}"[:300]}
+                results.append(r)
+                gc.collect()
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+            if "pyg" in firsts and "spattn" in firsts:
+                a, b = firsts["spattn"], firsts["pyg"]
+                diff = ((a - b).norm() / b.norm()).item()
+                for r in results[-2:]:
+                    r["first_forward_rel_diff"] = diff
+    print_table(results)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"header": header, "results": results}, indent=2))
+        print(f"\nwrote {args.json}")
+
+
+def mib(b):
+    return f"{b / 2**20:,.0f}"
+
+
+def print_table(results):
+    print("| model | dtype | library | epoch ms (median) | min–max | peak MiB | of which spattn pool | "
+          "speed-up vs PyG | memory vs PyG | first forward vs PyG |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    base = {(r["model"], r["dtype"]): r for r in results if r["impl"] == "pyg" and r["status"] == "ok"}
+    for r in results:
+        if r["status"] != "ok":
+            print(f"| {r['model']} | {r['dtype']} | {r['impl']} | {r['status']} | | | | | | {r.get('reason', '')} |")
+            continue
+        b = base.get((r["model"], r["dtype"]))
+        speed = f"{b['median_ms'] / r['median_ms']:.2f}x" if b and r["impl"] != "pyg" else ""
+        mem = (
+            f"{b['peak_bytes'] / r['peak_bytes']:.2f}x lower"
+            if b and r["impl"] != "pyg" and r["peak_bytes"] > 0
+            else ""
+        )
+        diff = f"{r['first_forward_rel_diff']:.1e}" if "first_forward_rel_diff" in r and r["impl"] != "pyg" else ""
+        print(
+            f"| {r['model']} | {r['dtype']} | {r['impl']} | {r['median_ms']:.2f} | "
+            f"{r['min_ms']:.2f}–{r['max_ms']:.2f} | {mib(r['peak_bytes'])} | "
+            f"{mib(r['peak_spattn_pool_bytes']) if r['impl'] == 'spattn' else ''} | {speed} | {mem} | {diff} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,378 @@
+"""The functional API: sparse attention and GAT attention, with autograd.
+
+On CUDA tensors the kernels read and write the tensors' memory in place (no copy, no host
+round trip) and are ordered with PyTorch's current CUDA stream: spattn's stream waits for an
+event recorded on the current stream before its first launch, and the current stream waits for
+an event recorded after spattn's last, so the call behaves exactly like an op enqueued on the
+current stream (and PyTorch's caching allocator may recycle the memory in that stream's order).
+On CPU tensors (and numpy arrays) the CPU reference ops run in float32 or float64.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+from .graph import Graph
+from ._tensors import (
+    address,
+    check_algorithm,
+    check_numpy,
+    check_scale,
+    check_torch,
+    device_index,
+    dtype_name,
+    is_ndarray,
+    is_tensor,
+    np,
+    require_torch,
+    stream_of,
+    torch,
+)
+
+_CUDA_DTYPES = ("f32", "f16", "bf16")
+
+
+def _check_graph(graph: Any) -> Graph:
+    if not isinstance(graph, Graph):
+        raise TypeError(f"graph: expected a spattn.Graph, got {type(graph).__name__}")
+    return graph
+
+
+def _qkv_shapes(graph: Graph, q: Any) -> Tuple[Tuple[int, int, int], Tuple[int, int, int]]:
+    shape = tuple(q.shape)
+    if len(shape) != 3:
+        raise ValueError(f"q: expected shape (num_nodes, heads, head_dim), got {shape}")
+    n, h, d = shape
+    if n != graph.num_nodes:
+        raise ValueError(
+            f"q: has {n} rows, but the graph has {graph.num_nodes} nodes (shape (n, heads, head_dim))"
+        )
+    return (n, h, d), (graph.num_cols, h, d)
+
+
+# ---- sparse attention --------------------------------------------------------------------
+
+
+def sparse_attention(
+    graph: Graph,
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    scale: Any = None,
+    algorithm: str = "auto",
+):
+    """``out = softmax_row(scale · Q Kᵀ masked by A) · V`` over ``graph``'s edges.
+
+    Args:
+        graph: a :class:`spattn.Graph` (row ``i``: the nodes node ``i`` attends to).
+        q: ``num_nodes × heads × head_dim``; k, v: ``num_cols × heads × head_dim``, the same
+            dtype and device, contiguous. torch tensors (CUDA: float32, float16, bfloat16;
+            CPU: also float64) or numpy arrays (float32, float64; CPU).
+        scale: the score scale; ``None`` means ``1/sqrt(head_dim)``. A 0-dim tensor (e.g. a
+            learnable temperature) multiplies ``q`` instead, so its gradient flows through
+            torch.
+        algorithm: ``"auto"`` or one of ``"unfused-csr"``, ``"unfused-tc"``, ``"fused-csr"``,
+            ``"fused-tc"``, ``"hybrid"`` (CUDA; the CPU runs its reference whatever is asked).
+
+    Returns ``num_nodes × heads × head_dim`` like ``q`` (a numpy array for numpy inputs).
+    Rows without edges get zeros. On torch tensors this is differentiable with respect to
+    ``q``, ``k`` and ``v`` through spattn's exact backward (once: no double backward).
+    """
+    _check_graph(graph)
+    check_algorithm(algorithm)
+    if is_ndarray(q):
+        scale = check_scale(scale)
+        out, _ = _numpy_forward(graph, q, k, v, scale, algorithm)
+        return out
+    require_torch("sparse_attention on tensors")
+    if not is_tensor(q):
+        raise TypeError(f"q: expected a torch.Tensor or numpy.ndarray, got {type(q).__name__}")
+    if is_tensor(scale):
+        if scale.numel() != 1:
+            raise ValueError(f"scale: a tensor scale must have one element, got shape {tuple(scale.shape)}")
+        q = (q * scale.to(device=q.device, dtype=q.dtype).reshape(())).contiguous()
+        scale = 1.0
+    scale = check_scale(scale)
+    sq, skv = _qkv_shapes(graph, q)
+    check_torch("q", q)
+    check_torch("k", k, like=q, shape=skv, shape_hint="num_cols, heads, head_dim like q")
+    check_torch("v", v, like=q, shape=skv, shape_hint="num_cols, heads, head_dim like q")
+    name = dtype_name(q.dtype)
+    if q.device.type == "cuda":
+        if name not in _CUDA_DTYPES:
+            raise TypeError(f"q: dtype {q.dtype} is not supported on CUDA (float32, float16, bfloat16)")
+        return _SparseAttention.apply(graph, q, k, v, scale, algorithm)
+    if name in ("f32", "f64"):
+        return _SparseAttention.apply(graph, q, k, v, scale, algorithm)
+    if name in ("f16", "bf16"):
+        # The CPU reference computes in float32: widen, and round the result back.
+        out = _SparseAttention.apply(graph, q.float(), k.float(), v.float(), scale, algorithm)
+        return out.to(q.dtype)
+    raise TypeError(f"q: dtype {q.dtype} is not supported (float32, float16, bfloat16, float64)")
+
+
+def sparse_attention_backward(
+    graph: Graph,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    d_out: Any,
+    *,
+    scale: Optional[float] = None,
+    algorithm: str = "auto",
+):
+    """The exact gradients of :func:`sparse_attention` without autograd: given the forward's
+    inputs, its output ``out`` and the loss gradient ``d_out`` (shaped like ``out``), returns
+    ``(dq, dk, dv, d_scale)`` with ``d_scale`` = ∂L/∂scale as a float. Same arguments as
+    :func:`sparse_attention` (a float ``scale`` only); torch tensors (CUDA: float32, float16,
+    bfloat16; CPU: float32, float64) or numpy arrays (float32, float64, float16).
+    """
+    _check_graph(graph)
+    check_algorithm(algorithm)
+    scale = check_scale(scale)
+    sq, skv = _qkv_shapes(graph, q)
+    if is_ndarray(q):
+        return _numpy_backward(graph, q, k, v, out, d_out, scale, algorithm)
+    require_torch("sparse_attention_backward on tensors")
+    check_torch("q", q)
+    check_torch("k", k, like=q, shape=skv)
+    check_torch("v", v, like=q, shape=skv)
+    check_torch("out", out, like=q, shape=sq)
+    check_torch("d_out", d_out, like=q, shape=sq)
+    name = dtype_name(q.dtype)
+    allowed = _CUDA_DTYPES if q.device.type == "cuda" else ("f32", "f64")
+    if name not in allowed:
+        raise TypeError(f"q: dtype {q.dtype} is not supported here ({', '.join(allowed)})")
+    with torch.no_grad():
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        d_scale = _native_backward(graph, q, k, v, out, d_out, dq, dk, dv, scale, algorithm)
+    return dq, dk, dv, d_scale
+
+
+def _native_forward(graph, q, k, v, out, scale, algorithm) -> None:
+    n, h, d = q.shape
+    graph._core.attention_forward(
+        device_index(q) if is_tensor(q) else -1,
+        dtype_name(q.dtype), h, d, scale, algorithm,
+        address(q), address(k), address(v), address(out),
+        stream_of(q) if is_tensor(q) else 0,
+    )
+
+
+def _native_backward(graph, q, k, v, out, d_out, dq, dk, dv, scale, algorithm) -> float:
+    n, h, d = q.shape
+    return graph._core.attention_backward(
+        device_index(q) if is_tensor(q) else -1,
+        dtype_name(q.dtype), h, d, scale, algorithm,
+        address(q), address(k), address(v), address(out), address(d_out),
+        address(dq), address(dk), address(dv),
+        stream_of(q) if is_tensor(q) else 0,
+    )
+
+
+def _empty_problem(graph: Graph, q: Any) -> bool:
+    return q.shape[0] == 0 or graph.num_cols == 0 or q.shape[1] == 0 or q.shape[2] == 0
+
+
+if torch is not None:
+    from torch.autograd.function import once_differentiable
+
+    class _SparseAttention(torch.autograd.Function):
+        """Autograd of sparse attention: forward and exact backward by spattn's kernels."""
+
+        @staticmethod
+        def forward(ctx, graph, q, k, v, scale, algorithm):
+            out = torch.empty_like(q, memory_format=torch.contiguous_format)
+            if _empty_problem(graph, q):
+                out.zero_()
+            else:
+                _native_forward(graph, q, k, v, out, scale, algorithm)
+            ctx.graph, ctx.scale, ctx.algorithm = graph, scale, algorithm
+            ctx.save_for_backward(q, k, v, out)
+            return out
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, d_out):
+            q, k, v, out = ctx.saved_tensors
+            d_out = d_out.to(dtype=q.dtype).contiguous()
+            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            if _empty_problem(ctx.graph, q):
+                dq.zero_(), dk.zero_(), dv.zero_()
+            else:
+                _native_backward(
+                    ctx.graph, q, k, v, out, d_out, dq, dk, dv, ctx.scale, ctx.algorithm
+                )
+            return None, dq, dk, dv, None, None
+
+    class _GatAttention(torch.autograd.Function):
+        """Autograd of GAT attention: forward and exact backward by spattn's kernels (the
+        scores are recomputed in the backward, not stored)."""
+
+        @staticmethod
+        def forward(ctx, graph, x, a_dst, a_src, slope):
+            n, h, c = graph.num_nodes, x.shape[1], x.shape[2]
+            out = torch.empty((n, h, c), dtype=x.dtype, device=x.device)
+            cuda = x.device.type == "cuda"
+            if graph.num_edges == 0 or out.numel() == 0:
+                out.zero_()
+            else:
+                ws = (
+                    torch.empty(graph.num_edges * h, dtype=torch.float32, device=x.device)
+                    if cuda
+                    else None
+                )
+                graph._core.gat_forward(
+                    device_index(x), dtype_name(x.dtype), h, c, slope,
+                    address(x), address(a_dst), address(a_src), address(out),
+                    address(ws) if ws is not None else 0, stream_of(x),
+                )
+            ctx.graph, ctx.slope = graph, slope
+            ctx.save_for_backward(x, a_dst, a_src)
+            return out
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, d_out):
+            x, a_dst, a_src = ctx.saved_tensors
+            graph = ctx.graph
+            h, c = x.shape[1], x.shape[2]
+            d_out = d_out.to(dtype=x.dtype).contiguous()
+            dx = torch.empty_like(x)
+            da_dst, da_src = torch.empty_like(a_dst), torch.empty_like(a_src)
+            if graph.num_edges == 0 or x.numel() == 0:
+                dx.zero_(), da_dst.zero_(), da_src.zero_()
+                return None, dx, da_dst, da_src, None
+            cuda = x.device.type == "cuda"
+            if cuda:
+                ws = [
+                    torch.empty(graph.num_edges * h, dtype=torch.float32, device=x.device)
+                    for _ in range(3)
+                ]
+                wsp = tuple(address(w) for w in ws)
+            else:
+                wsp = (0, 0, 0)
+            graph._core.gat_backward(
+                device_index(x), dtype_name(x.dtype), h, c, ctx.slope,
+                address(x), address(a_dst), address(a_src), address(d_out),
+                address(dx), address(da_dst), address(da_src), wsp, stream_of(x),
+            )
+            return None, dx, da_dst, da_src, None
+
+
+def gat_attention(
+    graph: Graph,
+    x: Any,
+    alpha_dst: Any,
+    alpha_src: Any,
+    negative_slope: float = 0.2,
+):
+    """GAT's attention: per edge ``j -> i`` and head ``h`` the score
+    ``e = LeakyReLU(alpha_dst[i, h] + alpha_src[j, h], negative_slope)``, a softmax over each
+    target's incoming edges, and ``out[i, h] = Σ_j softmax(e)[i, j, h] · x[j, h]``.
+
+    Args:
+        x: ``num_cols × heads × channels`` (the projected features ``W x``); CUDA: float32,
+            float16, bfloat16; CPU: also float64.
+        alpha_dst, alpha_src: ``num_nodes × heads`` and ``num_cols × heads`` (the per-node
+            terms ``⟨W x_i, a_dst⟩``, ``⟨W x_j, a_src⟩``). On CUDA they are used in float32
+            (cast if needed, differentiably) whatever ``x``'s dtype, so their gradients are
+            not rounded to half precision; on the CPU everything runs in float32 (float64 for
+            float64 inputs).
+
+    Returns ``num_nodes × heads × channels`` of ``x``'s dtype, differentiable with respect to
+    ``x``, ``alpha_dst`` and ``alpha_src`` through spattn's exact backward.
+    """
+    _check_graph(graph)
+    require_torch("gat_attention")
+    if not is_tensor(x):
+        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 3:
+        raise ValueError(f"x: expected shape (num_nodes, heads, channels), got {tuple(x.shape)}")
+    n, h, c = x.shape
+    if n != graph.num_cols:
+        raise ValueError(f"x: has {n} rows, but the graph has {graph.num_cols} nodes")
+    check_torch("x", x)
+    slope = float(negative_slope)
+    for name, a, rows in (("alpha_dst", alpha_dst, graph.num_nodes), ("alpha_src", alpha_src, n)):
+        if not is_tensor(a):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(a).__name__}")
+        if a.device != x.device:
+            raise ValueError(f"{name}: is on {a.device}, expected {x.device} like x")
+        if tuple(a.shape) != (rows, h):
+            raise ValueError(f"{name}: has shape {tuple(a.shape)}, expected {(rows, h)}")
+        if not a.is_floating_point():
+            raise TypeError(f"{name}: expected a floating-point tensor, got {a.dtype}")
+    name = dtype_name(x.dtype)
+    if x.device.type == "cuda":
+        if name not in _CUDA_DTYPES:
+            raise TypeError(f"x: dtype {x.dtype} is not supported on CUDA (float32, float16, bfloat16)")
+        a_dst = check_torch("alpha_dst", alpha_dst.float().contiguous())
+        a_src = check_torch("alpha_src", alpha_src.float().contiguous())
+        return _GatAttention.apply(graph, x, a_dst, a_src, slope)
+    if name is None:
+        raise TypeError(f"x: dtype {x.dtype} is not supported (float32, float16, bfloat16, float64)")
+    work = torch.float64 if name == "f64" else torch.float32
+    out = _GatAttention.apply(
+        graph,
+        x.to(work).contiguous(),
+        alpha_dst.to(work).contiguous(),
+        alpha_src.to(work).contiguous(),
+        slope,
+    )
+    return out.to(x.dtype)
+
+
+# ---- numpy (CPU, no autograd) ----------------------------------------------------------------
+
+
+def _numpy_dtype(q):
+    if q.dtype == np.float32 or q.dtype == np.float64:
+        return q.dtype, q.dtype
+    if q.dtype == np.float16:
+        return q.dtype, np.dtype(np.float32)
+    raise TypeError(f"q: dtype {q.dtype} is not supported (float32, float64, float16)")
+
+
+def _numpy_forward(graph, q, k, v, scale, algorithm):
+    sq, skv = _qkv_shapes(graph, q)
+    check_numpy("q", q)
+    dt, work = _numpy_dtype(q)
+    check_numpy("k", k, shape=skv, dtype=dt, shape_hint="num_cols, heads, head_dim like q")
+    check_numpy("v", v, shape=skv, dtype=dt, shape_hint="num_cols, heads, head_dim like q")
+    if work != dt:
+        q, k, v = (np.ascontiguousarray(a, dtype=work) for a in (q, k, v))
+    out = np.empty(sq, dtype=work)
+    if _empty_problem(graph, q):
+        out[...] = 0
+    else:
+        _native_forward(graph, q, k, v, out, scale, algorithm)
+    return out.astype(dt) if work != dt else out, (q, k, v, out)
+
+
+def _numpy_backward(graph, q, k, v, out, d_out, scale, algorithm):
+    sq, skv = _qkv_shapes(graph, q)
+    check_numpy("q", q)
+    dt, work = _numpy_dtype(q)
+    check_numpy("k", k, shape=skv, dtype=dt)
+    check_numpy("v", v, shape=skv, dtype=dt)
+    check_numpy("out", out, shape=sq, dtype=dt)
+    check_numpy("d_out", d_out, shape=sq, dtype=dt)
+    if work != dt:
+        q, k, v, out, d_out = (np.ascontiguousarray(a, dtype=work) for a in (q, k, v, out, d_out))
+    dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
+    if _empty_problem(graph, q):
+        dq[...] = 0
+        dk[...] = 0
+        dv[...] = 0
+        d_scale = 0.0
+    else:
+        d_scale = _native_backward(graph, q, k, v, out, d_out, dq, dk, dv, scale, algorithm)
+    if work != dt:
+        dq, dk, dv = dq.astype(dt), dk.astype(dt), dv.astype(dt)
+    return dq, dk, dv, d_scale
+
+
+__all__ = ["sparse_attention", "sparse_attention_backward", "gat_attention"]

@@ -1,0 +1,262 @@
+"""``spattn.Graph``: a graph and its plan-once state."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any, Dict, Optional
+
+from . import _native
+from ._tensors import (
+    ALGORITHMS,
+    check_algorithm,
+    check_scale,
+    dtype_name,
+    index_bytes,
+    int64_array,
+    require_torch,
+)
+
+
+class SpattnWarning(UserWarning):
+    """A result that may differ from what PyG computes (e.g. repeated edges merged)."""
+
+
+class Graph:
+    """A graph for sparse attention: row ``i`` lists the nodes node ``i`` attends to.
+
+    In PyG's terms (``flow="source_to_target"``) row ``i`` holds the *sources* ``j`` of the
+    edges ``j -> i`` into target ``i``, and each target's softmax runs over its incoming edges;
+    :meth:`from_edge_index` builds exactly that from an ``edge_index``.
+
+    A graph is built once and reused: it holds, per CUDA device, the graph's upload and the
+    attention plans over it (cached per heads, head_dim, dtype, algorithm and scale), so the
+    first call of a configuration pays for planning and later calls only launch kernels.
+    Plans may renumber rows internally; inputs and outputs always keep the graph's node order.
+
+    Args:
+        crow: row offsets, ``n + 1`` integers (torch tensor on any device, numpy array or
+            sequence).
+        col: column indices, ``crow[-1]`` integers in ``[0, n)``; a row may list its columns in
+            any order, but not one twice.
+        n: number of nodes (default ``len(crow) - 1``).
+    """
+
+    __slots__ = ("_core", "_derived", "__weakref__")
+
+    def __init__(self, crow: Any, col: Any, n: Optional[int] = None):
+        crow_b, crow_shape = index_bytes("crow", crow)
+        col_b, _ = index_bytes("col", col)
+        rows = crow_shape[0] - 1
+        if rows < 0:
+            raise ValueError("crow: needs at least one entry (n + 1 offsets)")
+        if n is None:
+            n = rows
+        n = _check_count("n", n)
+        if n != rows:
+            raise ValueError(f"crow: has {crow_shape[0]} offsets, but n = {n} nodes need {n + 1}")
+        self._core = _native.GraphCore.from_csr(crow_b, col_b, n, n)
+        self._derived: Dict[Any, "Graph"] = {}
+
+    @classmethod
+    def _from_core(cls, core) -> "Graph":
+        g = cls.__new__(cls)
+        g._core = core
+        g._derived = {}
+        return g
+
+    @classmethod
+    def from_edge_index(
+        cls,
+        edge_index: Any,
+        num_nodes: Optional[int] = None,
+        symmetrize: bool = False,
+        self_loops: bool = False,
+    ) -> "Graph":
+        """A graph from a PyG ``edge_index`` (``2 × E`` integers: row 0 the sources, row 1
+        the targets), a torch tensor on any device or a numpy array.
+
+        Args:
+            num_nodes: number of nodes (default ``edge_index.max() + 1``, 0 without edges).
+            symmetrize: also add every reverse edge (an undirected graph).
+            self_loops: add the missing self loops ``i -> i``.
+
+        Repeated edges are merged (a graph is a set of edges; PyG would count each copy):
+        :attr:`num_duplicates` says how many were dropped, and a :class:`SpattnWarning` is
+        issued when any were.
+        """
+        if not isinstance(edge_index, (list, tuple)) and hasattr(edge_index, "shape"):
+            shape = tuple(edge_index.shape)
+            if len(shape) != 2 or shape[0] != 2:
+                raise ValueError(f"edge_index: expected shape (2, E), got {shape}")
+            src, dst = edge_index[0], edge_index[1]
+        else:
+            try:
+                src, dst = edge_index
+            except (TypeError, ValueError):
+                raise ValueError("edge_index: expected two rows (sources, targets)") from None
+        src_b, src_shape = index_bytes("edge_index", src)
+        dst_b, _ = index_bytes("edge_index", dst)
+        if num_nodes is None:
+            num_nodes = _max_plus_one(src_b, dst_b)
+        num_nodes = _check_count("num_nodes", num_nodes)
+        core = _native.GraphCore.from_edges(
+            src_b, dst_b, num_nodes, bool(symmetrize), bool(self_loops)
+        )
+        if core.duplicates:
+            warnings.warn(
+                f"edge_index lists {core.duplicates} edge(s) more than once; spattn merges "
+                "repeated edges (PyG would count each copy in the softmax and the sum)",
+                SpattnWarning,
+                stacklevel=2,
+            )
+        return cls._from_core(core)
+
+    @classmethod
+    def read_matrix_market(
+        cls, path: "os.PathLike[str] | str", symmetrize: bool = False, self_loops: bool = False
+    ) -> "Graph":
+        """A graph read from a MatrixMarket file (``.mtx`` or ``.mtx.gz``; values ignored):
+        entry ``(i, j)`` is an edge of row ``i``."""
+        return cls._from_core(
+            _native.GraphCore.read_matrix_market(os.fspath(path), bool(symmetrize), bool(self_loops))
+        )
+
+    # -- derived graphs -------------------------------------------------------------------
+
+    def with_self_loops(self) -> "Graph":
+        """This graph with the missing self loops added (cached: the same object each time)."""
+        return self._derive(False, True)
+
+    def symmetrized(self, self_loops: bool = False) -> "Graph":
+        """This graph with every reverse edge added (and the self loops, if asked)."""
+        return self._derive(True, bool(self_loops))
+
+    def _derive(self, symmetrize: bool, self_loops: bool) -> "Graph":
+        key = (symmetrize, self_loops)
+        g = self._derived.get(key)
+        if g is None:
+            g = Graph._from_core(self._core.transformed(symmetrize, self_loops))
+            self._derived[key] = g
+        return g
+
+    # -- properties -----------------------------------------------------------------------
+
+    @property
+    def num_nodes(self) -> int:
+        """Number of nodes (rows)."""
+        return self._core.n_rows
+
+    @property
+    def num_cols(self) -> int:
+        """Number of columns (equal to :attr:`num_nodes` except for a rectangular file)."""
+        return self._core.n_cols
+
+    @property
+    def num_edges(self) -> int:
+        """Number of edges (after merging repeats and any symmetrization / self loops)."""
+        return self._core.nnz
+
+    @property
+    def num_duplicates(self) -> int:
+        """Repeated input edges that were merged when the graph was built."""
+        return self._core.duplicates
+
+    def crow(self):
+        """Row offsets (``num_nodes + 1``), a numpy int64 array."""
+        return int64_array(self._core.crow())
+
+    def col(self):
+        """Column indices, row by row and sorted, a numpy int64 array."""
+        return int64_array(self._core.col())
+
+    def edge_index(self, device: Any = None):
+        """The edges as a PyG ``edge_index`` (a ``2 × E`` torch int64 tensor: sources, then
+        targets), in the graph's CSR order."""
+        torch = require_torch("Graph.edge_index")
+        src = torch.frombuffer(bytearray(self._core.col()), dtype=torch.int64)
+        dst = torch.frombuffer(bytearray(self._core.row()), dtype=torch.int64)
+        return torch.stack([src, dst]).to(device) if device is not None else torch.stack([src, dst])
+
+    # -- planning -------------------------------------------------------------------------
+
+    def plan(
+        self,
+        heads: int,
+        head_dim: int,
+        dtype: Any = "float32",
+        device: Any = "cuda",
+        algorithm: str = "auto",
+        scale: Optional[float] = None,
+    ) -> Dict[str, str]:
+        """Builds (or finds) the plan of a configuration now, so the first call does not pay
+        for it, and says what it chose: ``{"algorithm": ..., "choice": ...}``.
+
+        ``device`` is ``"cpu"``, ``"cuda"``, ``"cuda:1"``, an int or a ``torch.device``."""
+        name = dtype_name(dtype)
+        if name is None:
+            raise TypeError(f"dtype: unsupported {dtype} (float32, float16, bfloat16, float64)")
+        check_algorithm(algorithm)
+        alg, choice = self._core.prepare(
+            _device_arg(device), name, _check_count("heads", heads),
+            _check_count("head_dim", head_dim), check_scale(scale), algorithm,
+        )
+        return {"algorithm": alg, "choice": choice}
+
+    def device_bytes(self, device: Any = "cuda") -> int:
+        """Device memory of this graph's uploads on ``device`` (CSR, transpose, blocked
+        formats), in bytes; plans' workspaces are not included
+        (see :func:`spattn.memory_stats`)."""
+        return self._core.device_bytes(_device_arg(device))
+
+    def __repr__(self) -> str:
+        return (
+            f"spattn.Graph(num_nodes={self.num_nodes}, num_edges={self.num_edges}"
+            + (f", num_cols={self.num_cols}" if self.num_cols != self.num_nodes else "")
+            + ")"
+        )
+
+
+def _check_count(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name}: expected an integer, got {type(value).__name__}")
+    value = int(value)
+    if value < 0:
+        raise ValueError(f"{name}: must be non-negative, got {value}")
+    return value
+
+
+def _max_plus_one(*raws: bytes) -> int:
+    best = -1
+    for raw in raws:
+        if raw:
+            values = int64_array(raw)
+            lo, hi = (int(values.min()), int(values.max())) if hasattr(values, "max") else (
+                min(values), max(values))
+            if lo < 0:
+                raise ValueError(f"edge_index: entry {lo} is negative")
+            best = max(best, hi)
+    return best + 1
+
+
+def _device_arg(device: Any) -> int:
+    """The native device argument (-1 for the CPU) of a device given as a string, int or
+    torch.device."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        return device
+    text = str(device)
+    if text == "cpu":
+        return -1
+    if text == "cuda":
+        try:
+            import torch
+
+            return torch.cuda.current_device() if torch.cuda.is_available() else 0
+        except ImportError:
+            return 0
+    if text.startswith("cuda:"):
+        return int(text[5:])
+    raise ValueError(f"device: {device!r} is not 'cpu', 'cuda' or 'cuda:N'")
+
+
+__all__ = ["Graph", "SpattnWarning", "ALGORITHMS"]

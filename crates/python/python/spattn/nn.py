@@ -1,0 +1,504 @@
+"""PyG-compatible layers over spattn's kernels: ``TransformerConv``, ``GATConv``, ``AGNNConv``.
+
+Each takes PyG 2.8's constructor arguments and ``forward(x, edge_index, ...)``, has PyG's
+parameter names and shapes (so ``layer.load_state_dict(pyg_layer.state_dict())`` works both
+ways) and computes the same function. The dense parts (projections, the per-node GAT terms,
+normalisation, bias, skip connections) are torch ops, differentiated by torch's autograd; the
+sparse part (scores over the edges, softmax, aggregation) is one spattn call with an exact
+backward (:func:`spattn.sparse_attention`, :func:`spattn.gat_attention`).
+
+``edge_index`` may also be a :class:`spattn.Graph` (row ``i``: the sources of the edges into
+``i``), which skips the conversion. An ``edge_index`` tensor is converted once and cached (keyed
+by the tensor object and its version counter, so an in-place change is seen), and the graph
+keeps its plans: the first forward on a graph pays for planning, later ones only launch.
+
+Differences from PyG (each is also in the class's documentation):
+
+- Attention dropout (``dropout > 0``), edge features (``edge_dim``, ``edge_attr``),
+  ``return_attention_weights``, bipartite inputs of two node sets of different sizes,
+  ``SparseTensor`` / ``torch.sparse`` adjacencies, lazy ``in_channels=-1`` and
+  ``MessagePassing`` options other than the defaults (``aggr="add"``,
+  ``flow="source_to_target"``, ``decomposed_layers=1``) raise ``NotImplementedError`` naming
+  the argument.
+- Repeated edges in ``edge_index`` are merged (PyG counts each copy); a
+  :class:`spattn.SpattnWarning` says when that happens.
+- Parameters are initialised from the same distributions as PyG's, not with the same random
+  draws: load a state dict to get identical layers.
+- Double backward (gradients of gradients) is not supported.
+- The layers are ``torch.nn.Module`` subclasses, not ``MessagePassing`` subclasses: PyG tools that
+  introspect ``MessagePassing`` (explainers, ``to_hetero``, propagate hooks, TorchScript via
+  ``jittable``) do not apply; ``torch.compile`` breaks the graph at the spattn call; CUDA
+  graph capture is not supported (spattn launches on its own stream).
+- Numerics: on CUDA, f16 / bf16 attention sums in f32 and rounds once; GATConv computes its
+  per-node terms ``a^T W x`` in f32 for half-precision inputs (PyG: in the input dtype); on the
+  CPU, f16 / bf16 inputs are computed in f32 and rounded back. LeakyReLU's derivative at
+  exactly 0 is 1 (PyG: the slope).
+- ``edge_index`` may be on any device (it is read once into spattn's graph); ``fill_value``
+  of GATConv is accepted and unused (it only matters with edge features).
+- ``algorithm=`` (keyword only) picks spattn's algorithm (``"auto"`` by default).
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections import OrderedDict
+from typing import Any, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn import Parameter
+
+from .functional import gat_attention, sparse_attention
+from .graph import Graph
+from ._tensors import check_algorithm
+
+__all__ = ["TransformerConv", "GATConv", "AGNNConv", "graph_for"]
+
+# ---- edge_index -> Graph, cached --------------------------------------------------------------
+
+_CACHE_SIZE = 16
+_cache: "OrderedDict[Any, Tuple[weakref.ref, Graph]]" = OrderedDict()
+
+
+def graph_for(edge_index: Any, num_nodes: int, self_loops: bool = False) -> Graph:
+    """The :class:`spattn.Graph` of a PyG ``edge_index`` over ``num_nodes`` nodes (with self
+    loops added if asked), built once per tensor and cached (up to 16 graphs; a tensor
+    modified in place, or another tensor, gets a new graph). A ``Graph`` is returned as is
+    (or its :meth:`~spattn.Graph.with_self_loops`)."""
+    if isinstance(edge_index, Graph):
+        if edge_index.num_nodes != num_nodes or edge_index.num_cols != num_nodes:
+            raise ValueError(
+                f"edge_index: the graph has {edge_index.num_nodes} nodes, x has {num_nodes}"
+            )
+        return edge_index.with_self_loops() if self_loops else edge_index
+    if not isinstance(edge_index, Tensor):
+        raise TypeError(
+            f"edge_index: expected a torch.Tensor of shape (2, E) or a spattn.Graph, "
+            f"got {type(edge_index).__name__}"
+        )
+    if edge_index.layout != torch.strided:
+        raise NotImplementedError(
+            f"edge_index: sparse adjacencies ({edge_index.layout}) are not supported; "
+            "pass a (2, E) edge_index or a spattn.Graph"
+        )
+    try:
+        version = edge_index._version
+    except RuntimeError:  # an inference-mode tensor tracks no version: build, do not cache
+        return Graph.from_edge_index(edge_index, num_nodes=num_nodes, self_loops=self_loops)
+    key = (
+        id(edge_index),
+        version,
+        edge_index.data_ptr(),
+        tuple(edge_index.shape),
+        tuple(edge_index.stride()),
+        str(edge_index.device),
+        int(num_nodes),
+        bool(self_loops),
+    )
+    hit = _cache.get(key)
+    if hit is not None and hit[0]() is edge_index:
+        _cache.move_to_end(key)
+        return hit[1]
+    graph = Graph.from_edge_index(edge_index, num_nodes=num_nodes, self_loops=self_loops)
+    _cache[key] = (weakref.ref(edge_index), graph)
+    while len(_cache) > _CACHE_SIZE:
+        _cache.popitem(last=False)
+    return graph
+
+
+def _unsupported_kwargs(layer: str, kwargs: dict, node_dim: int = 0) -> None:
+    """MessagePassing options: only PyG's defaults for these layers are implemented."""
+    defaults = {
+        "aggr": "add",
+        "flow": "source_to_target",
+        "decomposed_layers": 1,
+        "node_dim": node_dim,
+    }
+    for name, value in kwargs.items():
+        if name not in defaults or value != defaults[name]:
+            raise NotImplementedError(
+                f"{layer}: argument {name}={value!r} is not supported by spattn.nn "
+                f"(supported MessagePassing options: {', '.join(f'{k}={v!r}' for k, v in defaults.items())})"
+            )
+
+
+def _check_channels(layer: str, name: str, value: Any) -> None:
+    if isinstance(value, int) and value < 0:
+        raise NotImplementedError(
+            f"{layer}: {name}={value} (lazy initialisation) is not supported; give the size"
+        )
+
+
+def _glorot(t: Tensor) -> None:
+    """PyG's ``glorot``: uniform in ±sqrt(6 / (size(-2) + size(-1)))."""
+    a = math.sqrt(6.0 / (t.size(-2) + t.size(-1)))
+    with torch.no_grad():
+        t.uniform_(-a, a)
+
+
+def _split_x(layer: str, x: Any) -> Tuple[Tensor, Tensor]:
+    """``x`` or ``(x_src, x_dst)`` as two tensors over one node set."""
+    if isinstance(x, Tensor):
+        return x, x
+    if isinstance(x, (tuple, list)) and len(x) == 2:
+        x_src, x_dst = x
+        if x_dst is None:
+            raise NotImplementedError(f"{layer}: x = (x_src, None) is not supported")
+        if x_src.size(0) != x_dst.size(0):
+            raise NotImplementedError(
+                f"{layer}: bipartite inputs with {x_src.size(0)} source and {x_dst.size(0)} "
+                "target nodes are not supported (one node set only)"
+            )
+        return x_src, x_dst
+    raise TypeError(f"{layer}: x must be a tensor or a pair of tensors, got {type(x).__name__}")
+
+
+def _check_x(layer: str, x: Tensor, channels: int, name: str = "x") -> None:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{layer}: {name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 2:
+        raise ValueError(f"{layer}: {name} must be (num_nodes, {channels}), got {tuple(x.shape)}")
+    if x.size(1) != channels:
+        raise ValueError(
+            f"{layer}: {name} has {x.size(1)} features, the layer was built for {channels}"
+        )
+
+
+def _no_attention_weights(layer: str, value: Any) -> None:
+    if value is not None:
+        raise NotImplementedError(f"{layer}: return_attention_weights is not supported")
+
+
+# ---- TransformerConv -----------------------------------------------------------------------
+
+
+class TransformerConv(torch.nn.Module):
+    r"""PyG's ``TransformerConv`` (Shi et al., graph transformer) on spattn's kernels:
+
+    .. math::
+        x'_i = W_1 x_i + \sum_{j \in N(i)} \alpha_{ij} W_2 x_j,\quad
+        \alpha_{ij} = \mathrm{softmax}_j\left(\frac{(W_3 x_i)^\top (W_4 x_j)}{\sqrt{C}}\right)
+
+    per head, heads concatenated (``concat=True``) or averaged, with the optional gated skip
+    connection (``beta=True``). Same arguments, parameters (``lin_key``, ``lin_query``,
+    ``lin_value``, ``lin_skip``, ``lin_beta``) and defaults as PyG 2.8; ``forward(x,
+    edge_index)``. Like PyG, no self loops are added.
+
+    Not supported (``NotImplementedError``): ``dropout > 0``, ``edge_dim`` / ``edge_attr``,
+    ``return_attention_weights``, two node sets of different sizes, lazy ``in_channels=-1``.
+    Extra keyword: ``algorithm`` (spattn's algorithm, ``"auto"``).
+    """
+
+    def __init__(
+        self,
+        in_channels: Any,
+        out_channels: int,
+        heads: int = 1,
+        concat: bool = True,
+        beta: bool = False,
+        dropout: float = 0.0,
+        edge_dim: Optional[int] = None,
+        bias: bool = True,
+        root_weight: bool = True,
+        *,
+        algorithm: str = "auto",
+        **kwargs: Any,
+    ):
+        super().__init__()
+        name = "TransformerConv"
+        _unsupported_kwargs(name, kwargs)
+        if dropout:
+            raise NotImplementedError(
+                f"{name}: dropout={dropout} (attention dropout) is not supported yet; use dropout=0"
+            )
+        if edge_dim is not None:
+            raise NotImplementedError(f"{name}: edge_dim={edge_dim} (edge features) is not supported")
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.heads = heads
+        self.beta = beta and root_weight
+        self.root_weight = root_weight
+        self.concat = concat
+        self.dropout = dropout
+        self.edge_dim = edge_dim
+        self.algorithm = check_algorithm(algorithm)
+        if isinstance(in_channels, int):
+            in_channels = (in_channels, in_channels)
+        for c in in_channels:
+            _check_channels(name, "in_channels", c)
+        self.lin_key = torch.nn.Linear(in_channels[0], heads * out_channels, bias=bias)
+        self.lin_query = torch.nn.Linear(in_channels[1], heads * out_channels, bias=bias)
+        self.lin_value = torch.nn.Linear(in_channels[0], heads * out_channels, bias=bias)
+        self.register_parameter("lin_edge", None)
+        skip = heads * out_channels if concat else out_channels
+        self.lin_skip = torch.nn.Linear(in_channels[1], skip, bias=bias)
+        if self.beta:
+            self.lin_beta = torch.nn.Linear(3 * skip, 1, bias=False)
+        else:
+            self.register_parameter("lin_beta", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """torch's Linear initialisation, PyG's Linear default."""
+        self.lin_key.reset_parameters()
+        self.lin_query.reset_parameters()
+        self.lin_value.reset_parameters()
+        self.lin_skip.reset_parameters()
+        if self.lin_beta is not None:
+            self.lin_beta.reset_parameters()
+
+    def forward(
+        self,
+        x: Any,
+        edge_index: Any,
+        edge_attr: Optional[Tensor] = None,
+        return_attention_weights: Optional[bool] = None,
+    ) -> Tensor:
+        name = "TransformerConv"
+        if edge_attr is not None:
+            raise NotImplementedError(f"{name}: edge_attr is not supported")
+        _no_attention_weights(name, return_attention_weights)
+        x_src, x_dst = _split_x(name, x)
+        cin = self.in_channels if isinstance(self.in_channels, tuple) else (self.in_channels,) * 2
+        _check_x(name, x_src, cin[0], "x" if x_src is x_dst else "x_src")
+        if x_dst is not x_src:
+            _check_x(name, x_dst, cin[1], "x_dst")
+        H, C = self.heads, self.out_channels
+        graph = graph_for(edge_index, x_dst.size(0), self_loops=False)
+        query = self.lin_query(x_dst).view(-1, H, C)
+        key = self.lin_key(x_src).view(-1, H, C)
+        value = self.lin_value(x_src).view(-1, H, C)
+        out = sparse_attention(
+            graph, query, key, value, scale=1.0 / math.sqrt(C), algorithm=self.algorithm
+        )
+        out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
+        if self.root_weight:
+            x_r = self.lin_skip(x_dst)
+            if self.lin_beta is not None:
+                b = self.lin_beta(torch.cat([out, x_r, out - x_r], dim=-1)).sigmoid()
+                out = b * x_r + (1 - b) * out
+            else:
+                out = out + x_r
+        return out
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
+
+
+# ---- GATConv ---------------------------------------------------------------------------------
+
+
+class GATConv(torch.nn.Module):
+    r"""PyG's ``GATConv`` (Veličković et al.) on spattn's kernels:
+
+    .. math::
+        x'_i = \sum_{j \in N(i) \cup \{i\}} \alpha_{ij} W x_j,\quad
+        \alpha_{ij} = \mathrm{softmax}_j\,\mathrm{LeakyReLU}(a_{dst}^\top W x_i +
+        a_{src}^\top W x_j)
+
+    per head, heads concatenated or averaged, then the optional residual and bias. Same
+    arguments, parameters (``lin`` or ``lin_src``/``lin_dst``, ``att_src``, ``att_dst``,
+    ``res``, ``bias``) and defaults as PyG 2.8; ``forward(x, edge_index)``. With
+    ``add_self_loops=True`` (the default) every node gets exactly one self loop, as PyG's
+    remove-then-add does.
+
+    The per-node terms ``a^T W x`` are computed by torch in float32 (also for half-precision
+    ``x``), so their gradients (those of ``att_src``, ``att_dst``) are not rounded to half
+    precision.
+
+    Not supported (``NotImplementedError``): ``dropout > 0``, ``edge_dim`` / ``edge_attr``,
+    ``return_attention_weights``, ``size`` other than ``None`` or ``(N, N)``, two node sets of
+    different sizes, lazy ``in_channels=-1``. Extra keyword: ``algorithm`` (only ``"auto"``:
+    GAT runs the CUDA-core CSR kernels).
+    """
+
+    def __init__(
+        self,
+        in_channels: Any,
+        out_channels: int,
+        heads: int = 1,
+        concat: bool = True,
+        negative_slope: float = 0.2,
+        dropout: float = 0.0,
+        add_self_loops: bool = True,
+        edge_dim: Optional[int] = None,
+        fill_value: Any = "mean",
+        bias: bool = True,
+        residual: bool = False,
+        *,
+        algorithm: str = "auto",
+        **kwargs: Any,
+    ):
+        super().__init__()
+        name = "GATConv"
+        _unsupported_kwargs(name, kwargs)
+        if dropout:
+            raise NotImplementedError(
+                f"{name}: dropout={dropout} (attention dropout) is not supported yet; use dropout=0"
+            )
+        if edge_dim is not None:
+            raise NotImplementedError(f"{name}: edge_dim={edge_dim} (edge features) is not supported")
+        if check_algorithm(algorithm) != "auto":
+            raise NotImplementedError(
+                f"{name}: algorithm={algorithm!r}: GAT attention runs the CSR kernels only (use 'auto')"
+            )
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.heads = heads
+        self.concat = concat
+        self.negative_slope = negative_slope
+        self.dropout = dropout
+        self.add_self_loops = add_self_loops
+        self.edge_dim = edge_dim
+        self.fill_value = fill_value
+        self.residual = residual
+        self.algorithm = algorithm
+        self.lin = self.lin_src = self.lin_dst = None
+        if isinstance(in_channels, int):
+            _check_channels(name, "in_channels", in_channels)
+            self.lin = torch.nn.Linear(in_channels, heads * out_channels, bias=False)
+        else:
+            for c in in_channels:
+                _check_channels(name, "in_channels", c)
+            self.lin_src = torch.nn.Linear(in_channels[0], heads * out_channels, bias=False)
+            self.lin_dst = torch.nn.Linear(in_channels[1], heads * out_channels, bias=False)
+        self.att_src = Parameter(torch.empty(1, heads, out_channels))
+        self.att_dst = Parameter(torch.empty(1, heads, out_channels))
+        self.register_parameter("att_edge", None)
+        self.lin_edge = None
+        total = out_channels * (heads if concat else 1)
+        if residual:
+            res_in = in_channels if isinstance(in_channels, int) else in_channels[1]
+            self.res = torch.nn.Linear(res_in, total, bias=False)
+        else:
+            self.register_parameter("res", None)
+        if bias:
+            self.bias = Parameter(torch.empty(total))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """PyG's initialisation: glorot weights and attention vectors, zero bias."""
+        for lin in (self.lin, self.lin_src, self.lin_dst, self.res):
+            if lin is not None:
+                _glorot(lin.weight)
+        _glorot(self.att_src)
+        _glorot(self.att_dst)
+        if self.bias is not None:
+            with torch.no_grad():
+                self.bias.zero_()
+
+    def forward(
+        self,
+        x: Any,
+        edge_index: Any,
+        edge_attr: Optional[Tensor] = None,
+        size: Optional[Tuple[int, int]] = None,
+        return_attention_weights: Optional[bool] = None,
+    ) -> Tensor:
+        name = "GATConv"
+        if edge_attr is not None:
+            raise NotImplementedError(f"{name}: edge_attr is not supported")
+        _no_attention_weights(name, return_attention_weights)
+        x_src, x_dst = _split_x(name, x)
+        n = x_dst.size(0)
+        if size is not None and tuple(size) != (n, n):
+            raise NotImplementedError(f"{name}: size={tuple(size)} (only (N, N) with N = {n})")
+        H, C = self.heads, self.out_channels
+        if self.lin is not None:
+            _check_x(name, x_src, self.in_channels, "x")
+            h_src = self.lin(x_src).view(-1, H, C)
+            h_dst = h_src if x_dst is x_src else self.lin(x_dst).view(-1, H, C)
+        else:
+            _check_x(name, x_src, self.in_channels[0], "x_src" if x_dst is not x_src else "x")
+            _check_x(name, x_dst, self.in_channels[1], "x_dst" if x_dst is not x_src else "x")
+            h_src = self.lin_src(x_src).view(-1, H, C)
+            h_dst = self.lin_dst(x_dst).view(-1, H, C)
+        res = self.res(x_dst) if self.res is not None else None
+        graph = graph_for(edge_index, n, self_loops=self.add_self_loops)
+        alpha_src = _head_dot(h_src, self.att_src)
+        alpha_dst = _head_dot(h_dst, self.att_dst)
+        out = gat_attention(graph, h_src, alpha_dst, alpha_src, self.negative_slope)
+        out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
+        if res is not None:
+            out = out + res
+        if self.bias is not None:
+            out = out + self.bias
+        return out
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
+
+
+def _head_dot(h: Tensor, att: Tensor) -> Tensor:
+    """``(h * att).sum(-1)`` per node and head, in float32 at least (float64 stays float64)."""
+    work = torch.float64 if h.dtype == torch.float64 else torch.float32
+    return (h.to(work) * att.to(work)).sum(dim=-1)
+
+
+# ---- AGNNConv --------------------------------------------------------------------------------
+
+
+class AGNNConv(torch.nn.Module):
+    r"""PyG's ``AGNNConv`` (Thekumparampil et al.) on spattn's kernels:
+
+    .. math::
+        x'_i = \sum_{j \in N(i) \cup \{i\}} \alpha_{ij} x_j,\quad
+        \alpha_{ij} = \mathrm{softmax}_j\left(\beta \cos(x_i, x_j)\right)
+
+    computed as sparse attention with ``q = β · x̂``, ``k = x̂``, ``v = x`` and scale 1 (``x̂``
+    the L2-normalised rows, by torch), so β may change every step without re-planning and its
+    gradient flows through torch. Same arguments (``requires_grad``, ``add_self_loops``) and
+    parameter (``beta``) as PyG 2.8; ``forward(x, edge_index)``.
+
+    Extra keyword: ``algorithm`` (spattn's algorithm, ``"auto"``).
+    """
+
+    def __init__(
+        self,
+        requires_grad: bool = True,
+        add_self_loops: bool = True,
+        *,
+        algorithm: str = "auto",
+        **kwargs: Any,
+    ):
+        super().__init__()
+        _unsupported_kwargs("AGNNConv", kwargs, node_dim=-2)
+        self.requires_grad = requires_grad
+        self.add_self_loops = add_self_loops
+        self.algorithm = check_algorithm(algorithm)
+        if requires_grad:
+            self.beta = Parameter(torch.empty(1))
+        else:
+            self.register_buffer("beta", torch.ones(1))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """β = 1, as PyG."""
+        if self.requires_grad:
+            with torch.no_grad():
+                self.beta.fill_(1)
+
+    def forward(self, x: Tensor, edge_index: Any) -> Tensor:
+        name = "AGNNConv"
+        if not isinstance(x, Tensor) or x.dim() != 2:
+            raise ValueError(f"{name}: x must be a (num_nodes, channels) tensor")
+        n, c = x.shape
+        graph = graph_for(edge_index, n, self_loops=self.add_self_loops)
+        x_norm = F.normalize(x, p=2.0, dim=-1)
+        q = (self.beta.to(x_norm.dtype) * x_norm).contiguous()
+        out = sparse_attention(
+            graph,
+            q.view(n, 1, c),
+            x_norm.contiguous().view(n, 1, c),
+            x.contiguous().view(n, 1, c),
+            scale=1.0,
+            algorithm=self.algorithm,
+        )
+        return out.view(n, c)
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}()"

@@ -1,0 +1,190 @@
+//! One spattn [`Gpu`] handle per CUDA device for the whole process, with the bridge that orders
+//! its stream with the caller's ([`StreamBridge`]), and the device-level functions of the
+//! module (device count, the memory pool's statistics).
+//!
+//! One handle per device, not one per graph: buffers of two handles cannot be mixed
+//! ([`spattn::ops::gpu`]), and every graph and plan of the process shares the handle's stream,
+//! module cache and memory pool.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use cudarc::driver::sys;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use spattn::ops::external::StreamBridge;
+use spattn::Gpu;
+
+use crate::errors::{ops_to_py, SpattnError};
+
+/// A device's handle and stream bridge.
+#[derive(Debug)]
+pub(crate) struct Device {
+    /// The handle every graph and plan on this device uses.
+    pub(crate) gpu: Gpu,
+    /// Orders the handle's stream with the caller's (PyTorch's current stream).
+    pub(crate) bridge: StreamBridge,
+}
+
+/// The process's handles, by device ordinal.
+fn registry() -> &'static Mutex<HashMap<usize, Arc<Device>>> {
+    static DEVICES: OnceLock<Mutex<HashMap<usize, Arc<Device>>>> = OnceLock::new();
+    DEVICES.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// The handle of CUDA device `ordinal`, opened on first use.
+pub(crate) fn device(ordinal: usize) -> spattn::ops::Result<Arc<Device>> {
+    // Entries are inserted whole, so a panic elsewhere cannot leave the map half-built.
+    let mut map = registry().lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(d) = map.get(&ordinal) {
+        return Ok(d.clone());
+    }
+    let gpu = Gpu::new(ordinal)?;
+    let bridge = StreamBridge::new(&gpu)?;
+    let d = Arc::new(Device { gpu, bridge });
+    map.insert(ordinal, d.clone());
+    Ok(d)
+}
+
+/// Restores the calling thread's current CUDA context when dropped.
+///
+/// spattn binds its device's primary context to the thread for its driver calls; the CUDA
+/// runtime (PyTorch) reads the current device from that same binding. Every entry point that
+/// touches a device saves the binding first and puts it back on the way out, so that a call
+/// for `cuda:1` does not leave `cuda:1` current for PyTorch's next op.
+pub(crate) struct ContextGuard {
+    prev: sys::CUcontext,
+}
+
+impl ContextGuard {
+    /// Saves the current binding; `None` where there is no CUDA driver (nothing to restore,
+    /// and no driver call may be made).
+    pub(crate) fn save() -> Option<Self> {
+        static DRIVER: OnceLock<bool> = OnceLock::new();
+        if !*DRIVER.get_or_init(|| Gpu::device_count().is_ok()) {
+            return None;
+        }
+        let mut prev: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: the driver is loaded and initialised (the probe above succeeded); writes one
+        // handle through a pointer to a live local.
+        let status = unsafe { sys::cuCtxGetCurrent(&mut prev) };
+        (status == sys::CUresult::CUDA_SUCCESS).then_some(Self { prev })
+    }
+}
+
+impl Drop for ContextGuard {
+    fn drop(&mut self) {
+        // SAFETY: `prev` was the thread's binding (a live context, or null for none) when the
+        // guard was made, and spattn never destroys a context (primary contexts are retained
+        // for the process's lifetime by its handles).
+        let _ = unsafe { sys::cuCtxSetCurrent(self.prev) };
+    }
+}
+
+/// The ordinal of a device argument: a CUDA device index (≥ 0).
+pub(crate) fn ordinal(device: i64) -> PyResult<usize> {
+    usize::try_from(device).map_err(|_| {
+        pyo3::exceptions::PyValueError::new_err(format!(
+            "device: {device} is not a CUDA device index"
+        ))
+    })
+}
+
+/// The number of CUDA devices the driver reports; 0 where there is no driver. Never raises.
+#[pyfunction]
+pub(crate) fn cuda_device_count() -> usize {
+    Gpu::device_count().unwrap_or(0)
+}
+
+/// A dict describing CUDA device `device` as spattn sees it: `name`, `compute_capability`,
+/// `sm_count`, `driver_version`.
+#[pyfunction]
+pub(crate) fn device_info<'py>(py: Python<'py>, device: i64) -> PyResult<Bound<'py, PyDict>> {
+    let _restore = ContextGuard::save();
+    let d = self::device(ordinal(device)?).map_err(ops_to_py)?;
+    let info = PyDict::new(py);
+    info.set_item("name", d.gpu.name())?;
+    info.set_item("compute_capability", d.gpu.compute_capability())?;
+    info.set_item("sm_count", d.gpu.sm_count())?;
+    info.set_item("driver_version", d.gpu.driver_version().map_err(ops_to_py)?)?;
+    Ok(info)
+}
+
+/// The memory pool spattn allocates from on `d`'s device (the device's current pool: spattn's
+/// allocations are stream-ordered, `cuMemAllocAsync`; PyTorch's default caching allocator does
+/// not use it).
+fn pool(d: &Device) -> PyResult<sys::CUmemoryPool> {
+    d.gpu
+        .context()
+        .bind_to_thread()
+        .map_err(|e| SpattnError::new_err(format!("binding the CUDA context: {e}")))?;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: writes one pool handle through a pointer to a live local; the device handle
+    // comes from the live context.
+    unsafe { sys::cuDeviceGetMemPool(&mut pool, d.gpu.context().cu_device()) }
+        .result()
+        .map_err(|e| SpattnError::new_err(format!("querying the memory pool: {e}")))?;
+    Ok(pool)
+}
+
+fn pool_attribute(pool: sys::CUmemoryPool, attr: sys::CUmemPool_attribute) -> PyResult<u64> {
+    let mut value: u64 = 0;
+    // SAFETY: the four usage attributes are `cuuint64_t`: one u64 written through a pointer
+    // to a live local; `pool` is the device's live pool.
+    unsafe { sys::cuMemPoolGetAttribute(pool, attr, (&mut value as *mut u64).cast()) }
+        .result()
+        .map_err(|e| SpattnError::new_err(format!("reading the memory pool: {e}")))?;
+    Ok(value)
+}
+
+/// Device memory spattn holds on `device`, in bytes: a dict with `used` and `used_peak`
+/// (memory handed out by the pool spattn allocates from: graph uploads, plans' workspaces),
+/// and `reserved`, `reserved_peak` (what the pool holds from the driver). PyTorch's
+/// `torch.cuda.max_memory_allocated` does not see these (its caching allocator does not use the
+/// pool); the peak is reset by `reset_memory_pool_peak`.
+#[pyfunction]
+pub(crate) fn memory_pool_stats<'py>(py: Python<'py>, device: i64) -> PyResult<Bound<'py, PyDict>> {
+    let _restore = ContextGuard::save();
+    let d = self::device(ordinal(device)?).map_err(ops_to_py)?;
+    let p = pool(&d)?;
+    use sys::CUmemPool_attribute as A;
+    let stats = PyDict::new(py);
+    stats.set_item(
+        "used",
+        pool_attribute(p, A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+    )?;
+    stats.set_item(
+        "used_peak",
+        pool_attribute(p, A::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
+    )?;
+    stats.set_item(
+        "reserved",
+        pool_attribute(p, A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+    )?;
+    stats.set_item(
+        "reserved_peak",
+        pool_attribute(p, A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
+    )?;
+    Ok(stats)
+}
+
+/// Resets the peaks of `memory_pool_stats` to the current values.
+#[pyfunction]
+pub(crate) fn reset_memory_pool_peak(device: i64) -> PyResult<()> {
+    let _restore = ContextGuard::save();
+    let d = self::device(ordinal(device)?).map_err(ops_to_py)?;
+    let p = pool(&d)?;
+    use sys::CUmemPool_attribute as A;
+    for attr in [
+        A::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+        A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
+    ] {
+        let mut zero: u64 = 0;
+        // SAFETY: the high-water attributes take a `cuuint64_t` 0 (reset to the current
+        // value), read through a pointer to a live local.
+        unsafe { sys::cuMemPoolSetAttribute(p, attr, (&mut zero as *mut u64).cast()) }
+            .result()
+            .map_err(|e| SpattnError::new_err(format!("resetting the memory pool peak: {e}")))?;
+    }
+    Ok(())
+}

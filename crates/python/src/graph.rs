@@ -1,0 +1,944 @@
+//! [`GraphCore`]: one graph and its plan-once state, and the attention and GAT calls over it.
+//!
+//! # The calls' contract with the Python package
+//!
+//! Every tensor argument is an address (`data_ptr()`), with the layout implied by the call:
+//! Q and the output `n_rows × heads × head_dim`, K and V `n_cols × heads × head_dim`,
+//! row-major and contiguous, of the dtype named; GAT's per-node scores `rows × heads` f32 on
+//! CUDA (the dtype named on the CPU); workspaces `nnz × heads` f32. The package
+//! (`spattn/_tensors.py`) checks device, dtype, shape and contiguity of every tensor before
+//! passing its address, keeps every tensor referenced for the whole call, and allocates every
+//! output and workspace fresh, so outputs never alias inputs. What the addresses themselves
+//! can be checked for is checked here (non-null, aligned, and on CUDA: device memory of the
+//! right device, inside one allocation).
+//!
+//! On CUDA, `stream` is the caller's current stream (`torch.cuda.current_stream(device)
+//! .cuda_stream`): spattn's stream waits for it before the first launch, and it waits for
+//! spattn's stream after the last ([`spattn::ops::external::StreamBridge`]), so to PyTorch the
+//! call behaves as an op on its current stream, and its caching allocator may recycle the
+//! tensors' memory in its own stream order.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use spattn::ops::cpu::{self, AttentionInputs, Real};
+use spattn::ops::external::{ExternalMatrix, ExternalVec};
+use spattn::ops::{backward as gpu_backward, csr_ops};
+use spattn::{
+    bf16, f16, Algorithm, AttentionConfig, AttentionPlan, Csr, DType, DTypeKind, DeviceGraph, Shape,
+};
+
+use crate::device::{self, Device};
+use crate::errors::{formats_to_py, ops_to_py, to_py, value_error};
+use crate::host::{self, DTypeName, HostDType};
+
+/// What a plan is cached by, per graph and device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct PlanKey {
+    heads: usize,
+    head_dim: usize,
+    dtype: DTypeKind,
+    algorithm: Algorithm,
+    /// The scale's f32 bits; `None` for the default 1/√head_dim.
+    scale: Option<u32>,
+}
+
+/// A graph's state on one CUDA device: the shared upload and the plans over it.
+#[derive(Debug)]
+struct OnDevice {
+    device: Arc<Device>,
+    graph: Arc<DeviceGraph>,
+    plans: Mutex<HashMap<PlanKey, Arc<AttentionPlan>>>,
+}
+
+/// One graph (row `i` lists the nodes node `i` attends to) and its plan-once state: per CUDA
+/// device the shared [`DeviceGraph`] and the [`AttentionPlan`]s built over it (cached per
+/// heads, head_dim, dtype, algorithm and scale), on the CPU the transpose and edge map of the
+/// GAT backward. Immutable: derived graphs are new objects.
+#[pyclass(module = "spattn._native", frozen)]
+#[derive(Debug)]
+pub struct GraphCore {
+    csr: Arc<Csr>,
+    /// Edges of the input that repeated an earlier one (merged: a graph is a set of edges).
+    duplicates: usize,
+    /// Aᵀ and, for each of its entries, the index of the same entry in A (CPU GAT backward).
+    transpose: OnceLock<(Csr, Vec<u32>)>,
+    devices: Mutex<HashMap<usize, Arc<OnDevice>>>,
+}
+
+impl GraphCore {
+    fn new(csr: Csr, duplicates: usize) -> Self {
+        Self {
+            csr: Arc::new(csr),
+            duplicates,
+            transpose: OnceLock::new(),
+            devices: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The graph's state on CUDA device `ordinal` (the upload is lazy: nothing is copied until
+    /// a plan or op asks for it).
+    fn on_device(&self, ordinal: usize) -> spattn::Result<Arc<OnDevice>> {
+        // Entries are inserted whole: a panic elsewhere cannot leave the map half-built.
+        let mut map = self.devices.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(d) = map.get(&ordinal) {
+            return Ok(d.clone());
+        }
+        let device = device::device(ordinal)?;
+        let graph = Arc::new(DeviceGraph::new(&device.gpu, self.csr.clone()));
+        let d = Arc::new(OnDevice {
+            device,
+            graph,
+            plans: Mutex::new(HashMap::new()),
+        });
+        map.insert(ordinal, d.clone());
+        Ok(d)
+    }
+
+    /// The plan of `key` on `d`, built on first use (under the lock, so concurrent callers
+    /// build it once).
+    fn plan(d: &OnDevice, key: PlanKey) -> spattn::Result<Arc<AttentionPlan>> {
+        let mut plans = d.plans.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(p) = plans.get(&key) {
+            return Ok(p.clone());
+        }
+        let mut config =
+            AttentionConfig::new(key.heads, key.head_dim, key.dtype).with_algorithm(key.algorithm);
+        if let Some(bits) = key.scale {
+            config = config.with_scale(f32::from_bits(bits));
+        }
+        let plan = Arc::new(AttentionPlan::on_graph(&d.graph, config)?);
+        plans.insert(key, plan.clone());
+        Ok(plan)
+    }
+
+    fn transpose(&self) -> &(Csr, Vec<u32>) {
+        self.transpose.get_or_init(|| self.csr.transpose_with_map())
+    }
+
+    fn shapes(&self, heads: usize, head_dim: usize) -> PyResult<(Shape, Shape)> {
+        let q = Shape::new(self.csr.n_rows(), heads, head_dim).map_err(ops_to_py)?;
+        let kv = Shape::new(self.csr.n_cols(), heads, head_dim).map_err(ops_to_py)?;
+        Ok((q, kv))
+    }
+}
+
+impl Drop for GraphCore {
+    /// Frees the graph's device uploads and plans with the caller's CUDA context restored
+    /// afterwards (freeing binds spattn's context to the thread).
+    fn drop(&mut self) {
+        let _restore = device::ContextGuard::save();
+        self.devices
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+}
+
+/// Parses `bytes` of native-endian int64 (numpy / torch `int64`) into u32 indices below
+/// `limit` (inclusive when `inclusive`), naming `what` and the entry in errors.
+fn indices(what: &str, bytes: &[u8], limit: usize, inclusive: bool) -> PyResult<Vec<u32>> {
+    if bytes.len() % 8 != 0 {
+        return Err(value_error(
+            what,
+            format!("{} bytes are not a whole number of int64", bytes.len()),
+        ));
+    }
+    let mut out = Vec::with_capacity(bytes.len() / 8);
+    for (k, chunk) in bytes.chunks_exact(8).enumerate() {
+        let mut raw = [0u8; 8];
+        raw.copy_from_slice(chunk);
+        let v = i64::from_ne_bytes(raw);
+        let ok = v >= 0
+            && (v as u64) <= u64::from(u32::MAX)
+            && if inclusive {
+                (v as u64) <= limit as u64
+            } else {
+                (v as u64) < limit as u64
+            };
+        if !ok {
+            let bound = if inclusive { "]" } else { ")" };
+            return Err(value_error(
+                what,
+                format!("entry {k} is {v}, out of range [0, {limit}{bound}"),
+            ));
+        }
+        out.push(v as u32);
+    }
+    Ok(out)
+}
+
+/// Checks CSR offsets: `n_rows + 1` of them, from 0, non-decreasing, ending at `nnz`.
+fn check_offsets(crow: &[u32], n_rows: usize, nnz: usize) -> PyResult<()> {
+    if n_rows.checked_add(1) != Some(crow.len()) {
+        return Err(value_error(
+            "crow",
+            format!("has {} offsets; {n_rows} rows need one more", crow.len()),
+        ));
+    }
+    if crow[0] != 0 {
+        return Err(value_error("crow", format!("starts at {}, not 0", crow[0])));
+    }
+    if let Some(i) = crow.windows(2).position(|w| w[0] > w[1]) {
+        return Err(value_error(
+            "crow",
+            format!("decreases at row {i} ({} > {})", crow[i], crow[i + 1]),
+        ));
+    }
+    if crow[n_rows] as usize != nnz {
+        return Err(value_error(
+            "crow",
+            format!("ends at {}, but col has {nnz} entries", crow[n_rows]),
+        ));
+    }
+    Ok(())
+}
+
+/// The scale in effect: the one given, or 1/√head_dim computed as the plans do (in f32 for the
+/// f32 path, in f64 for the f64 one).
+fn scale_of<F: Real>(scale: Option<f64>, head_dim: usize) -> F {
+    match scale {
+        Some(s) => F::from_f64(s),
+        None if F::NAME == "f64" => F::from_f64(1.0 / (head_dim.max(1) as f64).sqrt()),
+        None => F::from_f32(AttentionConfig::new(1, head_dim, DTypeKind::F32).scale()),
+    }
+}
+
+/// A scale argument as the plans take it (f32, finite).
+fn plan_scale(scale: Option<f64>) -> PyResult<Option<u32>> {
+    match scale {
+        None => Ok(None),
+        Some(s) if (s as f32).is_finite() => Ok(Some((s as f32).to_bits())),
+        Some(s) => Err(value_error("scale", format!("{s} is not a finite float32"))),
+    }
+}
+
+fn parse_algorithm(algorithm: &str) -> PyResult<Algorithm> {
+    algorithm.parse().map_err(to_py)
+}
+
+#[pymethods]
+#[allow(clippy::too_many_arguments)]
+impl GraphCore {
+    /// A graph from CSR arrays: `crow` (`n_rows + 1` int64 offsets) and `col` (int64 column
+    /// indices below `n_cols`), as native-endian bytes. Rows may list their columns in any
+    /// order; a column listed twice in a row is an error.
+    #[staticmethod]
+    fn from_csr(
+        py: Python<'_>,
+        crow: &[u8],
+        col: &[u8],
+        n_rows: usize,
+        n_cols: usize,
+    ) -> PyResult<Self> {
+        let col = indices("col", col, n_cols, false)?;
+        let crow = indices("crow", crow, col.len(), true)?;
+        check_offsets(&crow, n_rows, col.len())?;
+        py.detach(
+            || match Csr::try_new(n_rows, n_cols, crow.clone(), col.clone(), None) {
+                Ok(csr) => Ok(Self::new(csr, 0)),
+                Err(spattn::formats::Error::UnsortedRow { .. }) => {
+                    // Rows may list their columns in any order: sort them.
+                    let rows: Vec<u32> = crow
+                        .windows(2)
+                        .enumerate()
+                        .flat_map(|(i, w)| std::iter::repeat_n(i as u32, (w[1] - w[0]) as usize))
+                        .collect();
+                    let csr = Csr::from_unsorted(n_rows, n_cols, &rows, &col, None)
+                        .map_err(|e| formats_to_py("col", e))?;
+                    if csr.nnz() != col.len() {
+                        return Err(value_error(
+                            "col",
+                            format!(
+                            "{} entries repeat a column of their row; a graph is a set of edges",
+                            col.len() - csr.nnz()
+                        ),
+                        ));
+                    }
+                    Ok(Self::new(csr, 0))
+                }
+                Err(e) => Err(formats_to_py("col", e)),
+            },
+        )
+    }
+
+    /// A `num_nodes × num_nodes` graph from PyG-style edges `src[k] → dst[k]` (int64
+    /// native-endian bytes): row `dst` of the graph lists `src` (messages flow from source to
+    /// target, and each target's softmax runs over its incoming edges). Repeated edges are
+    /// merged (counted in `duplicates`); `symmetrize` adds every reverse edge, `self_loops`
+    /// the missing `(i, i)`.
+    #[staticmethod]
+    #[pyo3(signature = (src, dst, num_nodes, symmetrize=false, self_loops=false))]
+    fn from_edges(
+        py: Python<'_>,
+        src: &[u8],
+        dst: &[u8],
+        num_nodes: usize,
+        symmetrize: bool,
+        self_loops: bool,
+    ) -> PyResult<Self> {
+        let cols = indices("edge_index[0] (sources)", src, num_nodes, false)?;
+        let rows = indices("edge_index[1] (targets)", dst, num_nodes, false)?;
+        if rows.len() != cols.len() {
+            return Err(value_error(
+                "edge_index",
+                format!("{} sources but {} targets", cols.len(), rows.len()),
+            ));
+        }
+        py.detach(|| {
+            let csr = Csr::from_unsorted(num_nodes, num_nodes, &rows, &cols, None)
+                .map_err(|e| formats_to_py("edge_index", e))?;
+            let duplicates = rows.len() - csr.nnz();
+            Self::transform(csr, symmetrize, self_loops).map(|c| Self::new(c, duplicates))
+        })
+    }
+
+    /// A graph read from a MatrixMarket file (`.mtx` or `.mtx.gz`; its values are ignored),
+    /// optionally symmetrized and with self loops.
+    #[staticmethod]
+    #[pyo3(signature = (path, symmetrize=false, self_loops=false))]
+    fn read_matrix_market(
+        py: Python<'_>,
+        path: std::path::PathBuf,
+        symmetrize: bool,
+        self_loops: bool,
+    ) -> PyResult<Self> {
+        py.detach(|| {
+            let csr = spattn::read_matrix_market(&path)
+                .map_err(|e| formats_to_py("path", e))?
+                .into_pattern();
+            Self::transform(csr, symmetrize, self_loops).map(|c| Self::new(c, 0))
+        })
+    }
+
+    /// This graph with every reverse edge added (`symmetrize`) and/or the missing self loops
+    /// (`self_loops`): a new graph (its own plans).
+    #[pyo3(signature = (symmetrize=false, self_loops=false))]
+    fn transformed(&self, py: Python<'_>, symmetrize: bool, self_loops: bool) -> PyResult<Self> {
+        py.detach(|| {
+            Self::transform((*self.csr).clone(), symmetrize, self_loops)
+                .map(|c| Self::new(c, self.duplicates))
+        })
+    }
+
+    /// Rows (targets).
+    #[getter]
+    fn n_rows(&self) -> usize {
+        self.csr.n_rows()
+    }
+
+    /// Columns (sources).
+    #[getter]
+    fn n_cols(&self) -> usize {
+        self.csr.n_cols()
+    }
+
+    /// Edges.
+    #[getter]
+    fn nnz(&self) -> usize {
+        self.csr.nnz()
+    }
+
+    /// Repeated input edges merged when the graph was built from an edge list.
+    #[getter]
+    fn duplicates(&self) -> usize {
+        self.duplicates
+    }
+
+    /// The row offsets as native-endian int64 bytes (`n_rows + 1`).
+    fn crow<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        int64_bytes(py, self.csr.row_offsets())
+    }
+
+    /// The column indices as native-endian int64 bytes (`nnz`), row by row, sorted.
+    fn col<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        int64_bytes(py, self.csr.col_indices())
+    }
+
+    /// The row of every edge as native-endian int64 bytes (`nnz`), in CSR order.
+    fn row<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        int64_bytes(py, &self.csr.row_indices())
+    }
+
+    /// Builds (or finds) the plan of this configuration on CUDA device `device` and returns
+    /// the algorithm it runs and why it was chosen; on the CPU (`device < 0`) says so.
+    fn prepare(
+        &self,
+        py: Python<'_>,
+        device: i64,
+        dtype: &str,
+        heads: usize,
+        head_dim: usize,
+        scale: Option<f64>,
+        algorithm: &str,
+    ) -> PyResult<(String, String)> {
+        let dt = DTypeName::parse(dtype)?;
+        let algorithm = parse_algorithm(algorithm)?;
+        if device < 0 {
+            let t = dt.host()?;
+            return Ok((
+                "cpu".into(),
+                format!(
+                    "CPU: SDDMM -> edge softmax -> SpMM in {} on rayon threads",
+                    if t == HostDType::F64 { "f64" } else { "f32" }
+                ),
+            ));
+        }
+        let key = PlanKey {
+            heads,
+            head_dim,
+            dtype: dt.device()?,
+            algorithm,
+            scale: plan_scale(scale)?,
+        };
+        let ordinal = device::ordinal(device)?;
+        py.detach(|| -> spattn::Result<(String, String)> {
+            let _restore = device::ContextGuard::save();
+            let d = self.on_device(ordinal)?;
+            let plan = Self::plan(&d, key)?;
+            Ok((plan.algorithm().name().to_owned(), plan.choice().to_owned()))
+        })
+        .map_err(to_py)
+    }
+
+    /// Device memory of this graph's uploads on CUDA device `device`, in bytes (0 before the
+    /// first call there).
+    fn device_bytes(&self, device: i64) -> PyResult<usize> {
+        let ordinal = device::ordinal(device)?;
+        let map = self.devices.lock().unwrap_or_else(PoisonError::into_inner);
+        Ok(map.get(&ordinal).map_or(0, |d| d.graph.device_bytes()))
+    }
+
+    /// `out = softmax_row(scale · Q Kᵀ masked by A) · V` on CUDA device `device` (through the
+    /// cached plan) or on the CPU (`device < 0`; f32 or f64). See the module documentation for
+    /// the arguments' contract.
+    fn attention_forward(
+        &self,
+        py: Python<'_>,
+        device: i64,
+        dtype: &str,
+        heads: usize,
+        head_dim: usize,
+        scale: Option<f64>,
+        algorithm: &str,
+        q: u64,
+        k: u64,
+        v: u64,
+        out: u64,
+        stream: u64,
+    ) -> PyResult<()> {
+        let dt = DTypeName::parse(dtype)?;
+        let algorithm = parse_algorithm(algorithm)?;
+        let (sq, skv) = self.shapes(heads, head_dim)?;
+        if device < 0 {
+            let run = |t: HostDType| -> PyResult<()> {
+                match t {
+                    HostDType::F32 => self.cpu_forward::<f32>(sq, skv, scale, [q, k, v, out]),
+                    HostDType::F64 => self.cpu_forward::<f64>(sq, skv, scale, [q, k, v, out]),
+                }
+            };
+            let t = dt.host()?;
+            return py.detach(|| run(t));
+        }
+        let key = PlanKey {
+            heads,
+            head_dim,
+            dtype: dt.device()?,
+            algorithm,
+            scale: plan_scale(scale)?,
+        };
+        let ordinal = device::ordinal(device)?;
+        py.detach(|| -> spattn::Result<()> {
+            let _restore = device::ContextGuard::save();
+            let d = self.on_device(ordinal)?;
+            let plan = Self::plan(&d, key)?;
+            let ptrs = [q, k, v, out];
+            match key.dtype {
+                DTypeKind::F32 => gpu_forward::<f32>(&d, &plan, ptrs, stream),
+                DTypeKind::F16 => gpu_forward::<f16>(&d, &plan, ptrs, stream),
+                DTypeKind::Bf16 => gpu_forward::<bf16>(&d, &plan, ptrs, stream),
+            }
+        })
+        .map_err(to_py)
+    }
+
+    /// The exact gradients of [`attention_forward`](Self::attention_forward): writes dQ, dK,
+    /// dV and returns ∂L/∂scale. `out` is the forward's output, `d_out` its gradient.
+    fn attention_backward(
+        &self,
+        py: Python<'_>,
+        device: i64,
+        dtype: &str,
+        heads: usize,
+        head_dim: usize,
+        scale: Option<f64>,
+        algorithm: &str,
+        q: u64,
+        k: u64,
+        v: u64,
+        out: u64,
+        d_out: u64,
+        dq: u64,
+        dk: u64,
+        dv: u64,
+        stream: u64,
+    ) -> PyResult<f64> {
+        let dt = DTypeName::parse(dtype)?;
+        let algorithm = parse_algorithm(algorithm)?;
+        let (sq, skv) = self.shapes(heads, head_dim)?;
+        let ptrs = [q, k, v, out, d_out, dq, dk, dv];
+        if device < 0 {
+            let t = dt.host()?;
+            return py.detach(|| match t {
+                HostDType::F32 => self.cpu_backward::<f32>(sq, skv, scale, ptrs),
+                HostDType::F64 => self.cpu_backward::<f64>(sq, skv, scale, ptrs),
+            });
+        }
+        let key = PlanKey {
+            heads,
+            head_dim,
+            dtype: dt.device()?,
+            algorithm,
+            scale: plan_scale(scale)?,
+        };
+        let ordinal = device::ordinal(device)?;
+        py.detach(|| -> spattn::Result<f64> {
+            let _restore = device::ContextGuard::save();
+            let d = self.on_device(ordinal)?;
+            let plan = Self::plan(&d, key)?;
+            match key.dtype {
+                DTypeKind::F32 => gpu_backward_call::<f32>(&d, &plan, ptrs, stream),
+                DTypeKind::F16 => gpu_backward_call::<f16>(&d, &plan, ptrs, stream),
+                DTypeKind::Bf16 => gpu_backward_call::<bf16>(&d, &plan, ptrs, stream),
+            }
+        })
+        .map_err(to_py)
+    }
+
+    /// GAT attention: scores `s[e, h] = LeakyReLU(a_dst[row(e), h] + a_src[col(e), h])`,
+    /// `P = softmax_row(s)`, `out[i, h, :] = Σ_e P[e, h] · x[col(e), h, :]`. `x` and `out` are
+    /// `n × heads × dim` of `dtype`; `a_dst`, `a_src` are `n × heads` f32 on CUDA (of `dtype`
+    /// on the CPU); `workspace` holds `nnz × heads` f32 on CUDA (unused on the CPU, pass 0).
+    fn gat_forward(
+        &self,
+        py: Python<'_>,
+        device: i64,
+        dtype: &str,
+        heads: usize,
+        dim: usize,
+        negative_slope: f64,
+        x: u64,
+        a_dst: u64,
+        a_src: u64,
+        out: u64,
+        workspace: u64,
+        stream: u64,
+    ) -> PyResult<()> {
+        let dt = DTypeName::parse(dtype)?;
+        let slope = check_slope(negative_slope)?;
+        let (sq, skv) = self.shapes(heads, dim)?;
+        if device < 0 {
+            let t = dt.host()?;
+            return py.detach(|| match t {
+                HostDType::F32 => {
+                    self.cpu_gat_forward::<f32>(sq, skv, slope, [x, a_dst, a_src, out])
+                }
+                HostDType::F64 => {
+                    self.cpu_gat_forward::<f64>(sq, skv, slope, [x, a_dst, a_src, out])
+                }
+            });
+        }
+        let kind = dt.device()?;
+        let ordinal = device::ordinal(device)?;
+        let ptrs = [x, a_dst, a_src, out, workspace];
+        py.detach(|| -> spattn::Result<()> {
+            let _restore = device::ContextGuard::save();
+            let d = self.on_device(ordinal)?;
+            match kind {
+                DTypeKind::F32 => gat_forward_gpu::<f32>(&d, sq, skv, slope as f32, ptrs, stream),
+                DTypeKind::F16 => gat_forward_gpu::<f16>(&d, sq, skv, slope as f32, ptrs, stream),
+                DTypeKind::Bf16 => gat_forward_gpu::<bf16>(&d, sq, skv, slope as f32, ptrs, stream),
+            }
+        })
+        .map_err(to_py)
+    }
+
+    /// The exact gradients of [`gat_forward`](Self::gat_forward) given `d_out`: writes `dx`
+    /// (the aggregation's part of ∂L/∂x: the scores' part flows through `da_dst`, `da_src`),
+    /// `da_dst` and `da_src` (f32 on CUDA). `workspaces` are three `nnz × heads` f32 buffers
+    /// on CUDA (unused on the CPU).
+    fn gat_backward(
+        &self,
+        py: Python<'_>,
+        device: i64,
+        dtype: &str,
+        heads: usize,
+        dim: usize,
+        negative_slope: f64,
+        x: u64,
+        a_dst: u64,
+        a_src: u64,
+        d_out: u64,
+        dx: u64,
+        da_dst: u64,
+        da_src: u64,
+        workspaces: (u64, u64, u64),
+        stream: u64,
+    ) -> PyResult<()> {
+        let dt = DTypeName::parse(dtype)?;
+        let slope = check_slope(negative_slope)?;
+        let (sq, skv) = self.shapes(heads, dim)?;
+        let ptrs = [x, a_dst, a_src, d_out, dx, da_dst, da_src];
+        if device < 0 {
+            let t = dt.host()?;
+            return py.detach(|| match t {
+                HostDType::F32 => self.cpu_gat_backward::<f32>(sq, skv, slope, ptrs),
+                HostDType::F64 => self.cpu_gat_backward::<f64>(sq, skv, slope, ptrs),
+            });
+        }
+        let kind = dt.device()?;
+        let ordinal = device::ordinal(device)?;
+        let ws = [workspaces.0, workspaces.1, workspaces.2];
+        let slope = slope as f32;
+        py.detach(|| -> spattn::Result<()> {
+            let _restore = device::ContextGuard::save();
+            let d = self.on_device(ordinal)?;
+            match kind {
+                DTypeKind::F32 => gat_backward_gpu::<f32>(&d, sq, skv, slope, ptrs, ws, stream),
+                DTypeKind::F16 => gat_backward_gpu::<f16>(&d, sq, skv, slope, ptrs, ws, stream),
+                DTypeKind::Bf16 => gat_backward_gpu::<bf16>(&d, sq, skv, slope, ptrs, ws, stream),
+            }
+        })
+        .map_err(to_py)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "GraphCore(n_rows={}, n_cols={}, nnz={})",
+            self.csr.n_rows(),
+            self.csr.n_cols(),
+            self.csr.nnz()
+        )
+    }
+}
+
+fn int64_bytes<'py>(py: Python<'py>, values: &[u32]) -> Bound<'py, PyBytes> {
+    let bytes: Vec<u8> = values
+        .iter()
+        .flat_map(|&v| i64::from(v).to_ne_bytes())
+        .collect();
+    PyBytes::new(py, &bytes)
+}
+
+/// The LeakyReLU slope: finite as an f32 (the GPU kernels take an f32; the CPU path computes
+/// in its own type from the f64).
+fn check_slope(negative_slope: f64) -> PyResult<f64> {
+    if (negative_slope as f32).is_finite() {
+        Ok(negative_slope)
+    } else {
+        Err(value_error(
+            "negative_slope",
+            format!("{negative_slope} is not a finite float32"),
+        ))
+    }
+}
+
+impl GraphCore {
+    /// `csr` with every reverse edge added and/or the missing self loops.
+    fn transform(csr: Csr, symmetrize: bool, self_loops: bool) -> PyResult<Csr> {
+        let csr = if symmetrize {
+            csr.symmetrize()
+                .map_err(|e| formats_to_py("symmetrize", e))?
+        } else {
+            csr
+        };
+        if self_loops {
+            csr.with_self_loops()
+                .map_err(|e| formats_to_py("self_loops", e))
+        } else {
+            Ok(csr)
+        }
+    }
+
+    fn cpu_forward<F: Real>(
+        &self,
+        sq: Shape,
+        skv: Shape,
+        scale: Option<f64>,
+        [q, k, v, out]: [u64; 4],
+    ) -> PyResult<()> {
+        // SAFETY: the package's contract (module documentation): contiguous host tensors of F
+        // with these element counts, alive for the call; `out` fresh, so unaliased.
+        let (q, k, v, out) = unsafe {
+            (
+                host::slice::<F>("q", q, sq.len())?,
+                host::slice::<F>("k", k, skv.len())?,
+                host::slice::<F>("v", v, skv.len())?,
+                host::slice_mut::<F>("out", out, sq.len())?,
+            )
+        };
+        let inputs = AttentionInputs::new(q, sq, k, skv, v, skv);
+        cpu::attention(&self.csr, &inputs, scale_of::<F>(scale, sq.head_dim), out)
+            .map_err(ops_to_py)
+    }
+
+    fn cpu_backward<F: Real>(
+        &self,
+        sq: Shape,
+        skv: Shape,
+        scale: Option<f64>,
+        [q, k, v, out, d_out, dq, dk, dv]: [u64; 8],
+    ) -> PyResult<f64> {
+        // SAFETY: as in `cpu_forward`; dq, dk, dv are fresh outputs.
+        let (q, k, v, out, d_out) = unsafe {
+            (
+                host::slice::<F>("q", q, sq.len())?,
+                host::slice::<F>("k", k, skv.len())?,
+                host::slice::<F>("v", v, skv.len())?,
+                host::slice::<F>("out", out, sq.len())?,
+                host::slice::<F>("d_out", d_out, sq.len())?,
+            )
+        };
+        let inputs = AttentionInputs::new(q, sq, k, skv, v, skv);
+        let g = cpu::attention_backward(
+            &self.csr,
+            &inputs,
+            scale_of::<F>(scale, sq.head_dim),
+            out,
+            d_out,
+        )
+        .map_err(ops_to_py)?;
+        // SAFETY: as above: fresh outputs of these lengths.
+        let (dq, dk, dv) = unsafe {
+            (
+                host::slice_mut::<F>("dq", dq, sq.len())?,
+                host::slice_mut::<F>("dk", dk, skv.len())?,
+                host::slice_mut::<F>("dv", dv, skv.len())?,
+            )
+        };
+        dq.copy_from_slice(&g.dq);
+        dk.copy_from_slice(&g.dk);
+        dv.copy_from_slice(&g.dv);
+        Ok(g.d_scale.to_f64())
+    }
+
+    fn cpu_gat_forward<F: Real>(
+        &self,
+        sq: Shape,
+        skv: Shape,
+        slope: f64,
+        [x, a_dst, a_src, out]: [u64; 4],
+    ) -> PyResult<()> {
+        let h = sq.heads;
+        let a = &*self.csr;
+        // SAFETY: the package's contract: x (`n_cols × heads × dim`), a_dst (`n_rows ×
+        // heads`), a_src (`n_cols × heads`) of F, alive; `out` fresh.
+        let (x, a_dst, a_src, out) = unsafe {
+            (
+                host::slice::<F>("x", x, skv.len())?,
+                host::slice::<F>("alpha_dst", a_dst, sq.rows * h)?,
+                host::slice::<F>("alpha_src", a_src, skv.rows * h)?,
+                host::slice_mut::<F>("out", out, sq.len())?,
+            )
+        };
+        let mut p = vec![F::ZERO; a.nnz() * h];
+        cpu::sddmm_gat(a, a_dst, a_src, h, &mut p).map_err(ops_to_py)?;
+        cpu::edge_softmax_in_place(a, &mut p, h, Some(F::from_f64(slope))).map_err(ops_to_py)?;
+        cpu::spmm(a, &p, x, skv, out).map_err(ops_to_py)
+    }
+
+    fn cpu_gat_backward<F: Real>(
+        &self,
+        sq: Shape,
+        skv: Shape,
+        slope: f64,
+        [x, a_dst, a_src, d_out, dx, da_dst, da_src]: [u64; 7],
+    ) -> PyResult<()> {
+        let h = sq.heads;
+        let a = &*self.csr;
+        // SAFETY: as in `cpu_gat_forward`; dx, da_dst, da_src are fresh outputs.
+        let (x, a_dst, a_src, d_out, dx, da_dst, da_src) = unsafe {
+            (
+                host::slice::<F>("x", x, skv.len())?,
+                host::slice::<F>("alpha_dst", a_dst, sq.rows * h)?,
+                host::slice::<F>("alpha_src", a_src, skv.rows * h)?,
+                host::slice::<F>("d_out", d_out, sq.len())?,
+                host::slice_mut::<F>("dx", dx, skv.len())?,
+                host::slice_mut::<F>("d_alpha_dst", da_dst, sq.rows * h)?,
+                host::slice_mut::<F>("d_alpha_src", da_src, skv.rows * h)?,
+            )
+        };
+        let (at, map) = self.transpose();
+        let edges = a.nnz() * h;
+        let slope = F::from_f64(slope);
+        let mut s = vec![F::ZERO; edges];
+        cpu::sddmm_gat(a, a_dst, a_src, h, &mut s).map_err(ops_to_py)?;
+        let mut p = vec![F::ZERO; edges];
+        cpu::edge_softmax(a, &s, h, Some(slope), &mut p).map_err(ops_to_py)?;
+        let mut dp = vec![F::ZERO; edges];
+        cpu::sddmm(a, d_out, x, sq, skv, F::ONE, &mut dp).map_err(ops_to_py)?;
+        let mut ds = vec![F::ZERO; edges];
+        cpu::edge_softmax_backward(a, &p, &dp, h, &mut ds).map_err(ops_to_py)?;
+        // LeakyReLU' at the pre-activation score (the GPU kernel's branch: 1 at s ≥ 0).
+        for (d, &pre) in ds.iter_mut().zip(&s) {
+            if pre < F::ZERO {
+                *d = *d * slope;
+            }
+        }
+        cpu::edge_row_sum(a, &ds, h, da_dst).map_err(ops_to_py)?;
+        // dp and s are free again: Aᵀ's order of dS, then of P.
+        cpu::transpose_edge_values(map, &ds, h, &mut dp).map_err(ops_to_py)?;
+        cpu::edge_row_sum(at, &dp, h, da_src).map_err(ops_to_py)?;
+        cpu::transpose_edge_values(map, &p, h, &mut s).map_err(ops_to_py)?;
+        cpu::spmm(at, &s, d_out, sq, dx).map_err(ops_to_py)
+    }
+}
+
+/// The forward of `plan` on CUDA tensors at `[q, k, v, out]`, ordered with `stream`.
+fn gpu_forward<T: DType>(
+    d: &OnDevice,
+    plan: &AttentionPlan,
+    [q, k, v, out]: [u64; 4],
+    stream: u64,
+) -> spattn::Result<()> {
+    let gpu = &d.device.gpu;
+    let (sq, skv) = (plan.shape_q(), plan.shape_kv());
+    // SAFETY: (views and bridge) the package passes `data_ptr()`s of contiguous CUDA tensors
+    // of T on this device with exactly these element counts (`check_device_pointer` re-checks
+    // what the driver can); the tensors stay referenced by the caller for the call, and their
+    // memory is recycled by PyTorch's caching allocator only in the order of `stream`, which
+    // `run` makes wait for every launch below. `out` is a fresh tensor: no other reader or
+    // writer. The kernels read Q (n_rows·heads·head_dim), K and V (n_cols·heads·head_dim) and
+    // write out (n_rows·heads·head_dim): the views' lengths, which `forward` checks against
+    // the plan's shapes. The views are dropped at the end of this function, never moved out
+    // of. `stream` is the current stream of this device's primary context (the caller's
+    // `torch.cuda.current_stream(device).cuda_stream`).
+    unsafe {
+        let q = ExternalMatrix::<T>::new(gpu, "q", q, sq)?;
+        let k = ExternalMatrix::<T>::new(gpu, "k", k, skv)?;
+        let v = ExternalMatrix::<T>::new(gpu, "v", v, skv)?;
+        let mut out = ExternalMatrix::<T>::new(gpu, "out", out, sq)?;
+        d.device
+            .bridge
+            .run(stream, || plan.forward(&q, &k, &v, &mut out))
+    }
+}
+
+/// The backward of `plan` on CUDA tensors at `[q, k, v, out, d_out, dq, dk, dv]`, ordered
+/// with `stream`; returns ∂L/∂scale (downloaded: the call waits for spattn's stream).
+fn gpu_backward_call<T: DType>(
+    d: &OnDevice,
+    plan: &AttentionPlan,
+    [q, k, v, out, d_out, dq, dk, dv]: [u64; 8],
+    stream: u64,
+) -> spattn::Result<f64> {
+    let gpu = &d.device.gpu;
+    let (sq, skv) = (plan.shape_q(), plan.shape_kv());
+    // SAFETY: as in `gpu_forward`; the kernels read Q, out, d_out (n_rows rows) and K, V
+    // (n_cols rows) and write dQ (n_rows rows), dK and dV (n_cols rows), each of heads·head_dim
+    // elements: the views' lengths, checked by `backward` against the plan's shapes. dQ, dK,
+    // dV are fresh tensors.
+    unsafe {
+        let q = ExternalMatrix::<T>::new(gpu, "q", q, sq)?;
+        let k = ExternalMatrix::<T>::new(gpu, "k", k, skv)?;
+        let v = ExternalMatrix::<T>::new(gpu, "v", v, skv)?;
+        let out = ExternalMatrix::<T>::new(gpu, "out", out, sq)?;
+        let d_out = ExternalMatrix::<T>::new(gpu, "d_out", d_out, sq)?;
+        let mut dq = ExternalMatrix::<T>::new(gpu, "dq", dq, sq)?;
+        let mut dk = ExternalMatrix::<T>::new(gpu, "dk", dk, skv)?;
+        let mut dv = ExternalMatrix::<T>::new(gpu, "dv", dv, skv)?;
+        d.device.bridge.run(stream, || {
+            plan.backward(&q, &k, &v, &out, &d_out, &mut dq, &mut dk, &mut dv)
+                .map(f64::from)
+        })
+    }
+}
+
+/// The GAT forward on CUDA tensors at `[x, a_dst, a_src, out, workspace]`, ordered with
+/// `stream`.
+fn gat_forward_gpu<T: DType>(
+    d: &OnDevice,
+    sq: Shape,
+    skv: Shape,
+    slope: f32,
+    [x, a_dst, a_src, out, ws]: [u64; 5],
+    stream: u64,
+) -> spattn::Result<()> {
+    let gpu = &d.device.gpu;
+    let h = sq.heads;
+    let per_dst = Shape::new(sq.rows, h, 1)?;
+    let per_src = Shape::new(skv.rows, h, 1)?;
+    let edges = d.graph.nnz() * h;
+    // SAFETY: as in `gpu_forward`, for x (n_cols × heads × dim of T), a_dst (n_rows × heads
+    // f32), a_src (n_cols × heads f32), out (n_rows × heads × dim of T, fresh) and the
+    // workspace (nnz × heads f32, fresh). The kernels read a_dst / a_src at [row · heads + h]
+    // / [col · heads + h] (rows < n_rows, cols < n_cols: the validated CSR), write and read
+    // the workspace at [e · heads + h], e < nnz, read x's rows < n_cols and write out's rows
+    // < n_rows: within the views, whose shapes each op checks.
+    unsafe {
+        let x = ExternalMatrix::<T>::new(gpu, "x", x, skv)?;
+        let a_dst = ExternalMatrix::<f32>::new(gpu, "alpha_dst", a_dst, per_dst)?;
+        let a_src = ExternalMatrix::<f32>::new(gpu, "alpha_src", a_src, per_src)?;
+        let mut out = ExternalMatrix::<T>::new(gpu, "out", out, sq)?;
+        let mut p = ExternalVec::<f32>::new(gpu, "workspace", ws, edges)?;
+        d.device.bridge.run(stream, || -> spattn::Result<()> {
+            let a = d.graph.csr()?;
+            csr_ops::sddmm_gat(gpu, a, &a_dst, &a_src, &mut p)?;
+            csr_ops::edge_softmax_in_place(gpu, a, &mut p, h, Some(slope))?;
+            csr_ops::spmm(gpu, a, &p, &x, &mut out)?;
+            Ok(())
+        })
+    }
+}
+
+/// The GAT backward on CUDA tensors at `[x, a_dst, a_src, d_out, dx, da_dst, da_src]` with
+/// three workspaces, ordered with `stream`. The scores and probabilities are recomputed (two
+/// passes over the edges), not kept from the forward.
+fn gat_backward_gpu<T: DType>(
+    d: &OnDevice,
+    sq: Shape,
+    skv: Shape,
+    slope: f32,
+    [x, a_dst, a_src, d_out, dx, da_dst, da_src]: [u64; 7],
+    [w0, w1, w2]: [u64; 3],
+    stream: u64,
+) -> spattn::Result<()> {
+    let gpu = &d.device.gpu;
+    let h = sq.heads;
+    let per_dst = Shape::new(sq.rows, h, 1)?;
+    let per_src = Shape::new(skv.rows, h, 1)?;
+    let edges = d.graph.nnz() * h;
+    // SAFETY: as in `gat_forward_gpu`; d_out is n_rows × heads × dim of T; dx (n_cols rows of
+    // T), da_dst (n_rows × heads f32), da_src (n_cols × heads f32) and the three workspaces
+    // (nnz × heads f32) are fresh. The transposed ops index Aᵀ's rows (< n_cols) and its edge
+    // map (a permutation of the nnz edges), within the same views.
+    unsafe {
+        let x = ExternalMatrix::<T>::new(gpu, "x", x, skv)?;
+        let a_dst = ExternalMatrix::<f32>::new(gpu, "alpha_dst", a_dst, per_dst)?;
+        let a_src = ExternalMatrix::<f32>::new(gpu, "alpha_src", a_src, per_src)?;
+        let d_out = ExternalMatrix::<T>::new(gpu, "d_out", d_out, sq)?;
+        let mut dx = ExternalMatrix::<T>::new(gpu, "dx", dx, skv)?;
+        let mut da_dst = ExternalMatrix::<f32>::new(gpu, "d_alpha_dst", da_dst, per_dst)?;
+        let mut da_src = ExternalMatrix::<f32>::new(gpu, "d_alpha_src", da_src, per_src)?;
+        let mut s = ExternalVec::<f32>::new(gpu, "workspace", w0, edges)?;
+        let mut p = ExternalVec::<f32>::new(gpu, "workspace", w1, edges)?;
+        let mut dp = ExternalVec::<f32>::new(gpu, "workspace", w2, edges)?;
+        d.device.bridge.run(stream, || -> spattn::Result<()> {
+            let (a, t) = (d.graph.csr()?, d.graph.transpose()?);
+            csr_ops::sddmm_gat(gpu, a, &a_dst, &a_src, &mut s)?;
+            csr_ops::edge_softmax(gpu, a, &s, h, Some(slope), &mut p)?;
+            csr_ops::sddmm(gpu, a, &d_out, &x, 1.0, &mut dp)?;
+            gpu_backward::edge_softmax_backward_in_place(gpu, a, &p, &mut dp, h)?;
+            gpu_backward::edge_leaky_relu_backward(gpu, &s, slope, &mut dp)?;
+            gpu_backward::edge_row_sum(gpu, a, &dp, h, &mut da_dst)?;
+            // s is free again: dS in Aᵀ's order; then dp: P in Aᵀ's order.
+            gpu_backward::transpose_edge_values(gpu, t, &dp, h, &mut s)?;
+            gpu_backward::edge_row_sum(gpu, t.csr(), &s, h, &mut da_src)?;
+            gpu_backward::transpose_edge_values(gpu, t, &p, h, &mut dp)?;
+            csr_ops::spmm(gpu, t.csr(), &dp, &d_out, &mut dx)?;
+            Ok(())
+        })
+    }
+}

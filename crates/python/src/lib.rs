@@ -1,0 +1,39 @@
+//! `spattn._native`: the compiled half of the `spattn` Python package.
+//!
+//! The Python package (`python/spattn/`) is what users import: it validates every tensor
+//! (device, dtype, shape, contiguity), allocates outputs and workspaces with PyTorch (or
+//! numpy), wraps the calls in `torch.autograd.Function`s and builds the PyG-style layers. This
+//! module does the rest, over raw data pointers the package has validated:
+//!
+//! - [`graph::GraphCore`]: one graph (a [`spattn::Csr`], square or not) with its plan-once state:
+//!   per CUDA device a shared [`spattn::DeviceGraph`] and the attention plans built over it,
+//!   cached per (heads, head_dim, dtype, algorithm, scale); on the CPU the transpose the GAT
+//!   backward needs.
+//! - Attention forward and exact backward ([`spattn::AttentionPlan`]) and the GAT attention
+//!   (`LeakyReLU(a_dst[i] + a_src[j])` scores, softmax, aggregation) forward and exact backward
+//!   (the CSR ops of `spattn::ops`), on CUDA tensors in place (zero-copy views,
+//!   [`spattn::ops::external`]) ordered with the caller's CUDA stream by events
+//!   ([`spattn::ops::external::StreamBridge`]), or on CPU memory with the f32 / f64 reference
+//!   ops.
+//!
+//! Errors become Python exceptions naming the operand ([`errors`]).
+
+mod device;
+mod errors;
+mod graph;
+mod host;
+
+use pyo3::prelude::*;
+
+/// The Python module `spattn._native`.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("SpattnError", m.py().get_type::<errors::SpattnError>())?;
+    m.add_class::<graph::GraphCore>()?;
+    m.add_function(wrap_pyfunction!(device::cuda_device_count, m)?)?;
+    m.add_function(wrap_pyfunction!(device::device_info, m)?)?;
+    m.add_function(wrap_pyfunction!(device::memory_pool_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(device::reset_memory_pool_peak, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,219 @@
+"""GPU tests (skipped without CUDA): spattn's CUDA path against the float64 references, the
+ordering with PyTorch's current stream, device-side argument errors, and the spattn.nn layers
+against PyG (torch_geometric 2.8) on cora, pubmed and ogbn-arxiv: outputs and every gradient
+within the dtype's tolerance.
+
+Graphs come from SPATTN_DATA_DIR (or ../shared/data/mtx beside the repository):
+cora.mtx.gz, pubmed.mtx.gz, ogbn-arxiv.mtx.gz; a missing one skips its tests.
+
+    SPATTN_DATA_DIR=data python -m pytest -v -s tests/test_gpu.py
+
+The tolerance of a quantity is the dtype's (relative L2 against PyG in float64 on the same
+rounded inputs and parameters: float32 1e-5, float16 5e-3, bfloat16 2e-2), or twice PyG's own
+error in that dtype where PyG itself is further off; every comparison prints both errors.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import spattn  # noqa: E402
+from conftest import data_file, dense_mask, ref_attention, ref_attention_backward, rel_l2  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() or spattn.cuda_device_count() == 0,
+    reason="needs an NVIDIA GPU (torch.cuda and spattn both see one)",
+)
+
+TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+GRAPHS = ["cora", "pubmed", "ogbn-arxiv"]
+
+
+@functools.lru_cache(maxsize=None)
+def load(name: str):
+    path = data_file(f"{name}.mtx.gz")
+    if path is None:
+        return None
+    g = spattn.Graph.read_matrix_market(path, symmetrize=True)
+    return g, g.edge_index().cuda()
+
+
+def graph_or_skip(name):
+    loaded = load(name)
+    if loaded is None:
+        pytest.skip(f"{name}.mtx.gz not found (set SPATTN_DATA_DIR)")
+    return loaded
+
+
+def rel(a, b) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    d = (a - b).norm().item()
+    n = b.norm().item()
+    return d / n if n > 0 else d
+
+
+# ---- the functional API on CUDA ------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def cora_case(dtype):
+    """Inputs rounded to `dtype` and the f64 dense references of out, dQ, dK, dV on cora
+    (with self loops), computed once per dtype."""
+    g, _ = load("cora")
+    g = g.with_self_loops()
+    n, h, d = g.num_nodes, 4, 32
+    gen = torch.Generator().manual_seed(3)
+    q, k, v, d_out = (torch.randn(n, h, d, generator=gen).to(dtype) for _ in range(4))
+    mask = dense_mask(g)
+    args = [t.double().numpy() for t in (q, k, v)]
+    want, _ = ref_attention(mask, *args, 1 / np.sqrt(d))
+    grads = ref_attention_backward(mask, *args, d_out.double().numpy(), 1 / np.sqrt(d))[:3]
+    return g, (q, k, v, d_out), want, grads
+
+
+@pytest.mark.parametrize("algorithm", spattn.ALGORITHMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f16", "bf16"])
+def test_sparse_attention_forward_backward_on_cora(algorithm, dtype):
+    graph_or_skip("cora")
+    g, (q, k, v, d_out), want, (dq, dk, dv) = cora_case(dtype)
+    qc, kc, vc = (t.cuda().requires_grad_() for t in (q, k, v))
+    try:
+        out = spattn.sparse_attention(g, qc, kc, vc, algorithm=algorithm)
+    except NotImplementedError as e:
+        pytest.skip(f"{algorithm} cannot run {dtype}: {e}")
+    out.backward(d_out.cuda())
+    tol = TOL[dtype]
+    if dtype == torch.float32 and algorithm in ("unfused-tc", "fused-tc", "hybrid"):
+        tol = 5e-3  # tensor cores take f32 operands as tf32 (ask for them by name only)
+    assert rel_l2(out.detach().double().cpu().numpy(), want) <= tol
+    # The backward is the exact CUDA-core one whatever the forward's algorithm.
+    for got, ref in ((qc.grad, dq), (kc.grad, dk), (vc.grad, dv)):
+        assert rel_l2(got.double().cpu().numpy(), ref) <= TOL[dtype]
+
+
+def test_plan_reports_algorithm_and_memory_stats():
+    g, _ = graph_or_skip("cora")
+    info = g.plan(8, 64, dtype=torch.float16, device="cuda")
+    assert info["algorithm"] in spattn.ALGORITHMS and info["choice"]
+    assert g.device_bytes("cuda") > 0
+    stats = spattn.memory_stats()
+    assert stats["used"] >= 0 and stats["used_peak"] >= stats["used"]
+    spattn.reset_peak_memory_stats()
+    assert spattn.device_info()["compute_capability"][0] >= 7
+
+
+def test_ordered_with_the_current_stream():
+    g, _ = graph_or_skip("pubmed")
+    n, h, d = g.num_nodes, 8, 64
+    gen = torch.Generator().manual_seed(5)
+    src = torch.randn(n, h, d, generator=gen).cuda()
+    k = torch.randn(n, h, d, generator=gen).cuda()
+    want = spattn.sparse_attention(g, src, k, k)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        q = torch.zeros_like(src)
+        torch.cuda._sleep(200_000_000)  # keep the side stream busy, then write q
+        q.copy_(src)
+        out = spattn.sparse_attention(g, q, k, k)  # must wait for the copy
+        seen = out.clone()  # must wait for spattn
+    torch.cuda.synchronize()
+    assert torch.equal(seen, want)
+
+
+def test_device_errors_name_the_argument():
+    g = spattn.Graph.from_edge_index(torch.tensor([[0, 1, 2], [1, 2, 0]]))
+    q = torch.randn(3, 2, 8, device="cuda")
+    with pytest.raises(ValueError, match="k: is on cpu"):
+        spattn.sparse_attention(g, q, q.cpu(), q)
+    with pytest.raises(TypeError, match="float64"):
+        spattn.sparse_attention(g, q.double(), q.double(), q.double())
+    flat = torch.randn(3 * 2 * 8 + 1, device="cuda")
+    misaligned = flat[1:].view(3, 2, 8)  # contiguous, 4 bytes past an allocation's start
+    with pytest.raises(ValueError, match="q.*aligned"):
+        spattn.sparse_attention(g, misaligned, q, q)
+    with pytest.raises(ValueError, match="algorithm"):
+        spattn.sparse_attention(g, q, q, q, algorithm="fast")
+
+
+# ---- the layers against PyG ------------------------------------------------------------------
+
+pyg_nn = None
+
+
+def pyg():
+    global pyg_nn
+    if pyg_nn is None:
+        pyg_nn = pytest.importorskip("torch_geometric.nn")
+    return pyg_nn
+
+
+LAYERS = {
+    "gat": (lambda m, f: m.GATConv(f, 16, heads=4), 32),
+    "gat-mean-residual": (lambda m, f: m.GATConv(f, 16, heads=2, concat=False, residual=True), 32),
+    "transformer": (lambda m, f: m.TransformerConv(f, 16, heads=4), 32),
+    "transformer-beta": (lambda m, f: m.TransformerConv(f, 32, heads=2, concat=False, beta=True), 32),
+    "agnn": (lambda m, f: m.AGNNConv(), 32),
+}
+
+
+def run_layer(layer, x, edge_index, w):
+    xa = x.clone().requires_grad_()
+    out = layer(xa, edge_index)
+    (out * w.to(out.dtype)).sum().backward()
+    grads = {name: p.grad for name, p in layer.named_parameters() if p.grad is not None}
+    return out.detach(), xa.grad, grads
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("kind", list(LAYERS))
+@pytest.mark.parametrize("graph", GRAPHS)
+def test_layer_matches_pyg(graph, kind, dtype):
+    m = pyg()
+    g, edge_index = graph_or_skip(graph)
+    make, fin = LAYERS[kind]
+    torch.manual_seed(11)
+    theirs = make(m, fin).cuda()
+    if kind == "agnn":
+        with torch.no_grad():
+            theirs.beta.fill_(1.5)
+    # Parameters and inputs rounded to `dtype` once; everyone computes from those values.
+    state = {k: v.to(dtype) for k, v in theirs.state_dict().items()}
+    x = torch.randn(g.num_nodes, fin, device="cuda").to(dtype)
+
+    ref = make(m, fin).cuda().double()
+    ref.load_state_dict({k: v.double() for k, v in state.items()})
+    w = torch.randn(g.num_nodes, 1, device="cuda").to(dtype)
+    out_ref, gx_ref, g_ref = run_layer(ref, x.double(), edge_index, w.double())
+
+    ours = make(spattn.nn, fin).cuda().to(dtype)
+    ours.load_state_dict(state)
+    out, gx, grads = run_layer(ours, x, edge_index, w)
+    assert out.dtype == dtype
+
+    try:  # PyG in the same dtype: how far the dtype itself takes a correct implementation
+        same = make(m, fin).cuda().to(dtype)
+        same.load_state_dict(state)
+        p_out, p_gx, p_grads = run_layer(same, x, edge_index, w)
+    except Exception as e:  # noqa: BLE001 - PyG may not run a dtype; then the dtype's tolerance
+        print(f"  PyG in {dtype} failed: {e}")
+        p_out, p_gx, p_grads = None, None, {}
+
+    checks = [("out", out, out_ref, p_out), ("dx", gx, gx_ref, p_gx)]
+    checks += [(f"d{k}", grads.get(k), v, p_grads.get(k)) for k, v in g_ref.items()]
+    failures = []
+    for name, got, want, pyg_same in checks:
+        assert got is not None, f"{name}: no gradient"
+        err = rel(got, want)
+        pyg_err = rel(pyg_same, want) if pyg_same is not None else float("nan")
+        allowed = max(TOL[dtype], 2 * pyg_err) if pyg_err == pyg_err else TOL[dtype]
+        print(f"  {graph} {kind} {str(dtype)[6:]} {name}: spattn {err:.2e}  PyG-same-dtype {pyg_err:.2e}  allowed {allowed:.1e}")
+        if not err <= allowed:
+            failures.append(f"{name}: {err:.3e} > {allowed:.1e}")
+    assert not failures, "; ".join(failures)

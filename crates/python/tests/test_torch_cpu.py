@@ -1,0 +1,246 @@
+"""CPU tests with torch: autograd (gradcheck in float64), the spattn.nn layers against PyG's
+formulas (plain torch, tests/pyg_reference.py; against torch_geometric itself where it is
+installed), and errors naming the argument. Skipped where torch is not installed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import spattn  # noqa: E402
+import spattn.nn  # noqa: E402
+import pyg_reference as ref  # noqa: E402
+from conftest import BUNDLED_CORA, dense_mask, ref_attention, rel_l2  # noqa: E402
+
+try:
+    import torch_geometric.nn as pyg_nn  # noqa: E402
+except ImportError:
+    pyg_nn = None
+
+
+def random_edge_index(gen, n=24, e=90):
+    src = torch.randint(0, n, (e,), generator=gen)
+    dst = torch.randint(0, n, (e,), generator=gen)
+    ei = torch.unique(torch.stack([src, dst]), dim=1)  # no repeated edges
+    keep = ei[1] != 5  # node 5 has no incoming edge
+    return ei[:, keep]
+
+
+@pytest.fixture
+def gen():
+    return torch.Generator().manual_seed(7)
+
+
+def test_sparse_attention_gradcheck_f64(gen):
+    ei = random_edge_index(gen)
+    g = spattn.Graph.from_edge_index(ei, num_nodes=24)
+    q, k, v = (torch.randn(24, 2, 3, dtype=torch.float64, generator=gen, requires_grad=True) for _ in range(3))
+    assert torch.autograd.gradcheck(lambda q, k, v: spattn.sparse_attention(g, q, k, v, scale=0.8), (q, k, v))
+    # A learnable scale (0-dim tensor) gets its gradient through torch.
+    s = torch.tensor(0.6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda q, s: spattn.sparse_attention(g, q, k, v, scale=s), (q, s))
+
+
+def test_sparse_attention_matches_dense_reference_and_dtypes(gen):
+    g = spattn.Graph.read_matrix_market(BUNDLED_CORA, symmetrize=True, self_loops=True)
+    n = g.num_nodes
+    q, k, v = (torch.randn(n, 4, 8, generator=gen) for _ in range(3))
+    want, _ = ref_attention(dense_mask(g), q.numpy(), k.numpy(), v.numpy(), 1 / np.sqrt(8))
+    for dtype, tol in ((torch.float32, 1e-5), (torch.float64, 1e-5), (torch.bfloat16, 2e-2), (torch.float16, 5e-3)):
+        out = spattn.sparse_attention(g, q.to(dtype), k.to(dtype), v.to(dtype))
+        assert out.dtype == dtype
+        assert rel_l2(out.double().numpy(), want) <= tol, dtype
+
+
+def test_gat_attention_gradcheck_f64(gen):
+    ei = random_edge_index(gen)
+    g = spattn.Graph.from_edge_index(ei, num_nodes=24)
+    x = torch.randn(24, 2, 3, dtype=torch.float64, generator=gen, requires_grad=True)
+    a_dst = torch.randn(24, 2, dtype=torch.float64, generator=gen, requires_grad=True)
+    a_src = torch.randn(24, 2, dtype=torch.float64, generator=gen, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda x, d, s: spattn.gat_attention(g, x, d, s, negative_slope=0.2), (x, a_dst, a_src)
+    )
+
+
+def compare_layer(make, reference, x, edge_index, tol):
+    """Output and every gradient (input and parameters) of a spattn.nn layer against the
+    reference on the same parameters, in float64."""
+    torch.manual_seed(0)
+    layer = make().double()
+    w = torch.randn(1, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    xa = x.clone().requires_grad_()
+    out = layer(xa, edge_index)
+    weights = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    (out * weights * w).sum().backward()
+    grads = {name: None if p.grad is None else p.grad.clone() for name, p in layer.named_parameters()}
+    gx = xa.grad.clone()
+    layer.zero_grad()
+    xb = x.clone().requires_grad_()
+    want = reference(layer, xb, edge_index)
+    (want * weights * w).sum().backward()
+    assert rel_l2(out.detach().numpy(), want.detach().numpy()) <= tol
+    assert rel_l2(gx.numpy(), xb.grad.numpy()) <= tol
+    for name, p in layer.named_parameters():
+        if p.grad is None:  # unused, as in PyG (lin_skip without root_weight)
+            assert grads[name] is None, name
+            continue
+        # (a gradient that is zero in exact arithmetic, like lin_key.bias's, is noise)
+        diff = (grads[name] - p.grad).norm().item()
+        assert diff <= tol * p.grad.norm().item() + 1e-13, name
+    return out.detach()
+
+
+@pytest.mark.parametrize("concat,residual,heads", [(True, False, 3), (False, True, 2)])
+def test_gatconv_matches_pyg_formula(gen, concat, residual, heads):
+    ei = random_edge_index(gen)
+    x = torch.randn(24, 5, dtype=torch.float64, generator=gen)
+    compare_layer(
+        lambda: spattn.nn.GATConv(5, 4, heads=heads, concat=concat, residual=residual),
+        ref.gat, x, ei, 1e-10,
+    )
+
+
+@pytest.mark.parametrize("concat,beta,root_weight", [(True, False, True), (False, True, True), (True, False, False)])
+def test_transformerconv_matches_pyg_formula(gen, concat, beta, root_weight):
+    ei = random_edge_index(gen)
+    x = torch.randn(24, 5, dtype=torch.float64, generator=gen)
+    compare_layer(
+        lambda: spattn.nn.TransformerConv(5, 4, heads=2, concat=concat, beta=beta, root_weight=root_weight),
+        ref.transformer, x, ei, 1e-10,
+    )
+
+
+def test_agnnconv_matches_pyg_formula(gen):
+    ei = random_edge_index(gen)
+    x = torch.randn(24, 6, dtype=torch.float64, generator=gen)
+
+    def make():
+        layer = spattn.nn.AGNNConv()
+        with torch.no_grad():
+            layer.beta.fill_(1.7)
+        return layer
+    compare_layer(make, ref.agnn, x, ei, 1e-10)
+    layer = spattn.nn.AGNNConv(requires_grad=False)
+    assert "beta" in dict(layer.named_buffers())
+
+
+def test_layers_float32_and_half_inputs_on_cpu(gen):
+    ei = random_edge_index(gen)
+    x = torch.randn(24, 5, generator=gen)
+    gat = spattn.nn.GATConv(5, 4, heads=2)
+    out = gat(x, ei)
+    assert out.dtype == torch.float32 and out.shape == (24, 8)
+    out.sum().backward()
+    assert gat.att_src.grad is not None
+    # Half precision runs through the float32 reference on the CPU.
+    tf = spattn.nn.TransformerConv(5, 4, heads=2).to(torch.bfloat16)
+    y = tf(x.to(torch.bfloat16), ei)
+    assert y.dtype == torch.bfloat16
+
+
+def test_graph_cache_and_graph_input(gen):
+    ei = random_edge_index(gen)
+    g1 = spattn.nn.graph_for(ei, 24, self_loops=True)
+    assert spattn.nn.graph_for(ei, 24, self_loops=True) is g1
+    ei2 = ei.clone()
+    assert spattn.nn.graph_for(ei2, 24, self_loops=True) is not g1
+    ei2[0, 0] = (ei2[0, 0] + 1) % 24  # an in-place change is a new version: a new graph
+    assert spattn.nn.graph_for(ei2, 24) is not spattn.nn.graph_for(ei, 24)
+    # A spattn.Graph is taken as is (with self loops added where the layer adds them).
+    g = spattn.Graph.from_edge_index(ei, num_nodes=24)
+    x = torch.randn(24, 5, generator=gen)
+    layer = spattn.nn.GATConv(5, 3)
+    torch.testing.assert_close(layer(x, g), layer(x, ei))
+
+
+def test_state_dict_names_match_pyg():
+    gat = spattn.nn.GATConv(5, 4, heads=2, residual=True)
+    assert set(gat.state_dict()) == {"lin.weight", "att_src", "att_dst", "res.weight", "bias"}
+    tf = spattn.nn.TransformerConv(5, 4, heads=2, beta=True)
+    assert set(tf.state_dict()) == {
+        f"{m}.{p}" for m in ("lin_key", "lin_query", "lin_value", "lin_skip") for p in ("weight", "bias")
+    } | {"lin_beta.weight"}
+    assert set(spattn.nn.AGNNConv().state_dict()) == {"beta"}
+
+
+@pytest.mark.skipif(pyg_nn is None, reason="torch_geometric is not installed")
+def test_against_torch_geometric_on_cpu(gen):
+    ei = random_edge_index(gen)
+    x = torch.randn(24, 5, dtype=torch.float64, generator=gen)
+    for ours, theirs in (
+        (spattn.nn.GATConv(5, 4, heads=3), pyg_nn.GATConv(5, 4, heads=3)),
+        (spattn.nn.TransformerConv(5, 4, heads=2, beta=True), pyg_nn.TransformerConv(5, 4, heads=2, beta=True)),
+        (spattn.nn.AGNNConv(), pyg_nn.AGNNConv()),
+    ):
+        ours, theirs = ours.double(), theirs.double()
+        ours.load_state_dict(theirs.state_dict())
+        torch.testing.assert_close(ours(x, ei), theirs(x, ei), rtol=1e-10, atol=1e-12)
+
+
+def test_unsupported_arguments_raise_naming_them():
+    with pytest.raises(NotImplementedError, match="dropout"):
+        spattn.nn.GATConv(4, 4, dropout=0.6)
+    with pytest.raises(NotImplementedError, match="edge_dim"):
+        spattn.nn.TransformerConv(4, 4, edge_dim=3)
+    with pytest.raises(NotImplementedError, match="aggr"):
+        spattn.nn.GATConv(4, 4, aggr="mean")
+    with pytest.raises(NotImplementedError, match="in_channels"):
+        spattn.nn.GATConv(-1, 4)
+    layer = spattn.nn.GATConv(4, 4)
+    x = torch.randn(3, 4)
+    ei = torch.tensor([[0, 1], [1, 2]])
+    with pytest.raises(NotImplementedError, match="return_attention_weights"):
+        layer(x, ei, return_attention_weights=True)
+    with pytest.raises(NotImplementedError, match="edge_attr"):
+        layer(x, ei, edge_attr=torch.randn(2, 3))
+    with pytest.raises(NotImplementedError, match="bipartite"):
+        layer((x, torch.randn(2, 4)), ei)
+    with pytest.raises(NotImplementedError, match="sparse"):
+        layer(x, ei.to_sparse())
+
+
+def test_bad_tensors_raise_naming_the_argument():
+    g = spattn.Graph.from_edge_index(torch.tensor([[0, 1, 2], [1, 2, 0]]))
+    q = torch.randn(3, 2, 4)
+    with pytest.raises(ValueError, match="k: has shape"):
+        spattn.sparse_attention(g, q, q[:, :1], q)
+    with pytest.raises(TypeError, match="v: has dtype"):
+        spattn.sparse_attention(g, q, q, q.double())
+    with pytest.raises(ValueError, match="k: is not contiguous"):
+        spattn.sparse_attention(g, q, q.transpose(1, 2).contiguous().transpose(1, 2), q)
+    with pytest.raises(ValueError, match="q: has 2 rows"):
+        spattn.sparse_attention(g, q[:2], q[:2], q[:2])
+    with pytest.raises(TypeError, match="v: expected a torch.Tensor"):
+        spattn.sparse_attention(g, q, q, q.numpy())
+    with pytest.raises(ValueError, match="edge_index"):
+        spattn.Graph.from_edge_index(torch.tensor([[0, 9], [1, 2]]), num_nodes=3)
+    with pytest.raises(TypeError, match="q: dtype"):
+        spattn.sparse_attention(g, q.int(), q.int(), q.int())
+    with pytest.raises(ValueError, match="x has 2 features"):
+        spattn.nn.GATConv(4, 4)(torch.randn(3, 2), torch.tensor([[0], [1]]))
+    with pytest.raises(ValueError, match="alpha_dst"):
+        spattn.gat_attention(g, q, torch.randn(3, 3), torch.randn(3, 2))
+
+
+def test_double_backward_is_refused(gen):
+    g = spattn.Graph.from_edge_index(torch.tensor([[0, 1, 2], [1, 2, 0]]))
+    q = torch.randn(3, 1, 2, dtype=torch.float64, requires_grad=True)
+    out = spattn.sparse_attention(g, q, q, q)
+    (gq,) = torch.autograd.grad(out.sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError):
+        gq.sum().backward()
+
+
+def test_inference_mode_and_no_grad(gen):
+    ei = random_edge_index(gen)
+    x = torch.randn(24, 5, generator=gen)
+    layer = spattn.nn.GATConv(5, 4, heads=2)
+    want = layer(x, ei).detach()
+    with torch.inference_mode():
+        got = layer(x, ei.clone())  # an inference tensor: no version counter, not cached
+    torch.testing.assert_close(got, want)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x, ei), want)
