@@ -9,7 +9,18 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=SPATTN_COMMIT");
     let manifest = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| ".".into());
-    let git_dir = Path::new(&manifest).join("../../.git");
+    let dot_git = Path::new(&manifest).join("../../.git");
+    // A worktree's `.git` is a file naming its git dir (HEAD there; branches in the common dir).
+    let git_dir = match std::fs::read_to_string(&dot_git) {
+        Ok(text) => match text.trim().strip_prefix("gitdir: ") {
+            Some(dir) => Path::new(&manifest).join("../..").join(dir),
+            None => dot_git.clone(),
+        },
+        Err(_) => dot_git.clone(),
+    };
+    let common_dir = std::fs::read_to_string(git_dir.join("commondir"))
+        .map(|c| git_dir.join(c.trim()))
+        .unwrap_or_else(|_| git_dir.clone());
     // Rebuild when HEAD moves: HEAD itself, the branch it points to, packed refs. Only files
     // that exist are named (cargo reruns every build for a missing one).
     let head = git_dir.join("HEAD");
@@ -17,13 +28,15 @@ fn main() {
         println!("cargo:rerun-if-changed={}", head.display());
         if let Ok(text) = std::fs::read_to_string(&head) {
             if let Some(reference) = text.trim().strip_prefix("ref: ") {
-                let branch = git_dir.join(reference);
-                if branch.is_file() {
-                    println!("cargo:rerun-if-changed={}", branch.display());
+                for base in [&git_dir, &common_dir] {
+                    let branch = base.join(reference);
+                    if branch.is_file() {
+                        println!("cargo:rerun-if-changed={}", branch.display());
+                    }
                 }
             }
         }
-        let packed = git_dir.join("packed-refs");
+        let packed = common_dir.join("packed-refs");
         if packed.is_file() {
             println!("cargo:rerun-if-changed={}", packed.display());
         }
