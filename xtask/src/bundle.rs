@@ -594,7 +594,8 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 # unpacked into a temporary folder for each run; every executable runs as
 # `EXE --include-ignored --test-threads=1 ARGS...` (ARGS: e.g. a test name filter) from this
 # folder, with SPATTN_DATA_DIR set to data/ and SPATTN_BENCH_BIN to the unpacked spattn-bench.
-# --quick sets SPATTN_QUICK=1: the tests that loop over the shared graphs run on cora alone.
+# --quick sets SPATTN_QUICK=1: the tests that loop over the shared graphs, and the timing
+# tests, run on cora alone.
 # Prints PASS or FAIL and the seconds per executable, then `N passed, M failed`; exits non-zero
 # if any failed. Benches: `tar -xf bench.tar.*` here, then run bench/spattn-bench or
 # bench/<package>-<bench> --bench.

@@ -278,13 +278,11 @@ fn timings() {
     let gpu = gpu();
     let mut rng = fresh_rng("timings");
     println!("device: {}", gpu.name());
-    let mut graphs: Vec<(String, Csr)> = ["cora", "citeseer", "pubmed", "ogbn-arxiv"]
-        .iter()
-        .map(|n| (n.to_string(), shared_graph(n)))
-        .collect();
-    for s in [16, 18] {
-        graphs.push((format!("rmat{s}"), rmat_graph(s)));
-    }
+    let graphs: Vec<(String, Csr)> = spattn_test_support::timing_graphs(
+        "SPATTN_TIMING_GRAPHS",
+        "cora,citeseer,pubmed,ogbn-arxiv,rmat16,rmat18",
+    )
+    .collect();
     for (name, a) in &graphs {
         for (heads, d) in [(1usize, 64usize), (1, 128), (8, 64), (8, 128)] {
             let mut t = Vec::new();

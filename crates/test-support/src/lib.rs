@@ -123,9 +123,17 @@ pub fn shared_graph(name: &str) -> Csr {
 
 /// The graphs of a timing test: the comma list in the environment variable `var` (or
 /// `default` where it is unset) of shared graph names ([`shared_graph`]) and `rmatN` (R-MAT
-/// scale N, [`rmat_graph`]), each with its name, read one at a time.
+/// scale N, [`rmat_graph`]), each with its name, read one at a time. In the quick mode the
+/// default is cora alone (the R-MAT plans dominate a bundle run otherwise).
 pub fn timing_graphs(var: &str, default: &str) -> impl Iterator<Item = (String, Csr)> {
-    let list = std::env::var(var).unwrap_or_else(|_| default.into());
+    let list = std::env::var(var).unwrap_or_else(|_| {
+        if quick() {
+            eprintln!("{QUICK_ENV}=1: timings on cora only ({var} names others)");
+            "cora".into()
+        } else {
+            default.into()
+        }
+    });
     let names: Vec<String> = list
         .split(',')
         .filter(|n| !n.is_empty())
