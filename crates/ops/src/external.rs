@@ -190,29 +190,37 @@ impl<T: DeviceElement> ExternalVec<T> {
     }
 }
 
-impl<T: DeviceElement> Deref for ExternalVec<T> {
-    type Target = DeviceVec<T>;
-    fn deref(&self) -> &DeviceVec<T> {
-        &self.inner
-    }
-}
-
-impl<T: DeviceElement> DerefMut for ExternalVec<T> {
-    fn deref_mut(&mut self) -> &mut DeviceVec<T> {
-        &mut self.inner
-    }
-}
-
-impl<T: DeviceElement> Drop for ExternalVec<T> {
-    fn drop(&mut self) {
-        // SAFETY: `inner` is taken once, here, and never touched again.
-        let vec = unsafe { ManuallyDrop::take(&mut self.inner) };
-        if self.borrowed {
-            // The memory is the owner's: give the pointer back without freeing it.
-            let _ = vec.into_slice().leak();
+/// A view's `Deref`/`DerefMut` to the buffer it wraps, and its `Drop`, which hands borrowed
+/// memory back to its owner (the cudarc slice is leaked, not freed).
+macro_rules! external_view {
+    ($view:ident, $bound:ident, $inner:ident, |$buf:ident| $into_slice:expr) => {
+        impl<T: $bound> Deref for $view<T> {
+            type Target = $inner<T>;
+            fn deref(&self) -> &$inner<T> {
+                &self.inner
+            }
         }
-    }
+
+        impl<T: $bound> DerefMut for $view<T> {
+            fn deref_mut(&mut self) -> &mut $inner<T> {
+                &mut self.inner
+            }
+        }
+
+        impl<T: $bound> Drop for $view<T> {
+            fn drop(&mut self) {
+                // SAFETY: `inner` is taken once, here, and never touched again.
+                let $buf = unsafe { ManuallyDrop::take(&mut self.inner) };
+                if self.borrowed {
+                    let _ = $into_slice.leak();
+                }
+            }
+        }
+    };
 }
+
+external_view!(ExternalVec, DeviceElement, DeviceVec, |buf| buf
+    .into_slice());
 
 /// A `rows × heads × head_dim` view of device memory owned by someone else, usable wherever a
 /// [`DeviceMatrix`] of its [`Gpu`] is (it dereferences to one). Dropping the view leaves the
@@ -253,29 +261,9 @@ impl<T: DType> ExternalMatrix<T> {
     }
 }
 
-impl<T: DType> Deref for ExternalMatrix<T> {
-    type Target = DeviceMatrix<T>;
-    fn deref(&self) -> &DeviceMatrix<T> {
-        &self.inner
-    }
-}
-
-impl<T: DType> DerefMut for ExternalMatrix<T> {
-    fn deref_mut(&mut self) -> &mut DeviceMatrix<T> {
-        &mut self.inner
-    }
-}
-
-impl<T: DType> Drop for ExternalMatrix<T> {
-    fn drop(&mut self) {
-        // SAFETY: `inner` is taken once, here, and never touched again.
-        let matrix = unsafe { ManuallyDrop::take(&mut self.inner) };
-        if self.borrowed {
-            // The memory is the owner's: give the pointer back without freeing it.
-            let _ = matrix.into_vec().into_slice().leak();
-        }
-    }
-}
+external_view!(ExternalMatrix, DType, DeviceMatrix, |buf| buf
+    .into_vec()
+    .into_slice());
 
 /// Orders a [`Gpu`]'s stream with an external CUDA stream (e.g. PyTorch's current stream) by
 /// a pair of events; see the module documentation.

@@ -114,6 +114,25 @@ impl GraphCore {
         Ok(plan)
     }
 
+    /// Runs `f` on the cached plan of `key` on CUDA device `device`, without the GIL, putting
+    /// the thread's current CUDA context back afterwards.
+    fn with_plan<R: Send>(
+        &self,
+        py: Python<'_>,
+        device: i64,
+        key: PlanKey,
+        f: impl FnOnce(&OnDevice, &AttentionPlan) -> spattn::Result<R> + Send,
+    ) -> PyResult<R> {
+        let ordinal = device::ordinal(device)?;
+        py.detach(|| -> spattn::Result<R> {
+            let _restore = device::ContextGuard::save();
+            let d = self.on_device(ordinal)?;
+            let plan = Self::plan(&d, key)?;
+            f(&d, &plan)
+        })
+        .map_err(to_py)
+    }
+
     fn transpose(&self) -> &(Csr, Vec<u32>) {
         self.transpose.get_or_init(|| self.csr.transpose_with_map())
     }
@@ -207,6 +226,35 @@ fn scale_of<F: Real>(scale: Option<f64>, head_dim: usize) -> F {
 }
 
 /// A scale argument as the plans take it (f32, finite).
+/// Calls the generic `f::<T>(args)` for the device dtype `dtype` (f32, f16 or bf16).
+macro_rules! by_dtype {
+    ($dtype:expr, $f:ident($($arg:expr),*)) => {
+        match $dtype {
+            DTypeKind::F32 => $f::<f32>($($arg),*),
+            DTypeKind::F16 => $f::<f16>($($arg),*),
+            DTypeKind::Bf16 => $f::<bf16>($($arg),*),
+        }
+    };
+}
+
+impl PlanKey {
+    fn new(
+        heads: usize,
+        head_dim: usize,
+        dtype: DTypeName,
+        algorithm: Algorithm,
+        scale: Option<f64>,
+    ) -> PyResult<Self> {
+        Ok(Self {
+            heads,
+            head_dim,
+            dtype: dtype.device()?,
+            algorithm,
+            scale: plan_scale(scale)?,
+        })
+    }
+}
+
 fn plan_scale(scale: Option<f64>) -> PyResult<Option<u32>> {
     match scale {
         None => Ok(None),
@@ -386,21 +434,10 @@ impl GraphCore {
                 ),
             ));
         }
-        let key = PlanKey {
-            heads,
-            head_dim,
-            dtype: dt.device()?,
-            algorithm,
-            scale: plan_scale(scale)?,
-        };
-        let ordinal = device::ordinal(device)?;
-        py.detach(|| -> spattn::Result<(String, String)> {
-            let _restore = device::ContextGuard::save();
-            let d = self.on_device(ordinal)?;
-            let plan = Self::plan(&d, key)?;
+        let key = PlanKey::new(heads, head_dim, dt, algorithm, scale)?;
+        self.with_plan(py, device, key, |_, plan| {
             Ok((plan.algorithm().name().to_owned(), plan.choice().to_owned()))
         })
-        .map_err(to_py)
     }
 
     /// Device memory of this graph's uploads on CUDA device `device`, in bytes (0 before the
@@ -411,110 +448,57 @@ impl GraphCore {
         Ok(map.get(&ordinal).map_or(0, |d| d.graph.device_bytes()))
     }
 
-    /// `out = softmax_row(scale · Q Kᵀ masked by A) · V` on CUDA device `device` (through the
-    /// cached plan) or on the CPU (`device < 0`; f32 or f64). See the module documentation for
-    /// the arguments' contract.
-    fn attention_forward(
+    /// Attention on CUDA device `device` (through the cached plan) or on the CPU (`device <
+    /// 0`; f32 or f64); `problem` is (device, dtype, heads, head_dim). With `backward` false:
+    /// `out = softmax_row(scale · Q Kᵀ masked by A) · V`, `ptrs` the addresses of Q, K, V and
+    /// out; returns 0. With `backward`: the exact gradients, `ptrs` the addresses of Q, K, V,
+    /// out (the forward's output), d_out (its gradient), dQ, dK and dV; returns ∂L/∂scale. See
+    /// the module documentation for the arguments' contract.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
         &self,
         py: Python<'_>,
-        device: i64,
-        dtype: &str,
-        heads: usize,
-        head_dim: usize,
+        problem: (i64, String, usize, usize),
         scale: Option<f64>,
         algorithm: &str,
-        q: u64,
-        k: u64,
-        v: u64,
-        out: u64,
-        stream: u64,
-    ) -> PyResult<()> {
-        let dt = DTypeName::parse(dtype)?;
-        let algorithm = parse_algorithm(algorithm)?;
-        let (sq, skv) = self.shapes(heads, head_dim)?;
-        if device < 0 {
-            let run = |t: HostDType| -> PyResult<()> {
-                match t {
-                    HostDType::F32 => self.cpu_forward::<f32>(sq, skv, scale, [q, k, v, out]),
-                    HostDType::F64 => self.cpu_forward::<f64>(sq, skv, scale, [q, k, v, out]),
-                }
-            };
-            let t = dt.host()?;
-            return py.detach(|| run(t));
-        }
-        let key = PlanKey {
-            heads,
-            head_dim,
-            dtype: dt.device()?,
-            algorithm,
-            scale: plan_scale(scale)?,
-        };
-        let ordinal = device::ordinal(device)?;
-        py.detach(|| -> spattn::Result<()> {
-            let _restore = device::ContextGuard::save();
-            let d = self.on_device(ordinal)?;
-            let plan = Self::plan(&d, key)?;
-            let ptrs = [q, k, v, out];
-            match key.dtype {
-                DTypeKind::F32 => gpu_forward::<f32>(&d, &plan, ptrs, stream),
-                DTypeKind::F16 => gpu_forward::<f16>(&d, &plan, ptrs, stream),
-                DTypeKind::Bf16 => gpu_forward::<bf16>(&d, &plan, ptrs, stream),
-            }
-        })
-        .map_err(to_py)
-    }
-
-    /// The exact gradients of [`attention_forward`](Self::attention_forward): writes dQ, dK,
-    /// dV and returns ∂L/∂scale. `out` is the forward's output, `d_out` its gradient.
-    fn attention_backward(
-        &self,
-        py: Python<'_>,
-        device: i64,
-        dtype: &str,
-        heads: usize,
-        head_dim: usize,
-        scale: Option<f64>,
-        algorithm: &str,
-        q: u64,
-        k: u64,
-        v: u64,
-        out: u64,
-        d_out: u64,
-        dq: u64,
-        dk: u64,
-        dv: u64,
+        backward: bool,
+        ptrs: Vec<u64>,
         stream: u64,
     ) -> PyResult<f64> {
-        let dt = DTypeName::parse(dtype)?;
+        let (device, dtype, heads, head_dim) = problem;
+        let dt = DTypeName::parse(&dtype)?;
         let algorithm = parse_algorithm(algorithm)?;
         let (sq, skv) = self.shapes(heads, head_dim)?;
-        let ptrs = [q, k, v, out, d_out, dq, dk, dv];
+        let expected = if backward { 8 } else { 4 };
+        if ptrs.len() != expected {
+            return Err(value_error(
+                "ptrs",
+                format!("{} addresses, expected {expected}", ptrs.len()),
+            ));
+        }
+        let fwd = |p: &[u64]| [p[0], p[1], p[2], p[3]];
+        let bwd = |p: &[u64]| [p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]];
         if device < 0 {
             let t = dt.host()?;
-            return py.detach(|| match t {
-                HostDType::F32 => self.cpu_backward::<f32>(sq, skv, scale, ptrs),
-                HostDType::F64 => self.cpu_backward::<f64>(sq, skv, scale, ptrs),
+            return py.detach(|| match (t, backward) {
+                (HostDType::F32, false) => self
+                    .cpu_forward::<f32>(sq, skv, scale, fwd(&ptrs))
+                    .map(|()| 0.0),
+                (HostDType::F64, false) => self
+                    .cpu_forward::<f64>(sq, skv, scale, fwd(&ptrs))
+                    .map(|()| 0.0),
+                (HostDType::F32, true) => self.cpu_backward::<f32>(sq, skv, scale, bwd(&ptrs)),
+                (HostDType::F64, true) => self.cpu_backward::<f64>(sq, skv, scale, bwd(&ptrs)),
             });
         }
-        let key = PlanKey {
-            heads,
-            head_dim,
-            dtype: dt.device()?,
-            algorithm,
-            scale: plan_scale(scale)?,
-        };
-        let ordinal = device::ordinal(device)?;
-        py.detach(|| -> spattn::Result<f64> {
-            let _restore = device::ContextGuard::save();
-            let d = self.on_device(ordinal)?;
-            let plan = Self::plan(&d, key)?;
-            match key.dtype {
-                DTypeKind::F32 => gpu_backward_call::<f32>(&d, &plan, ptrs, stream),
-                DTypeKind::F16 => gpu_backward_call::<f16>(&d, &plan, ptrs, stream),
-                DTypeKind::Bf16 => gpu_backward_call::<bf16>(&d, &plan, ptrs, stream),
+        let key = PlanKey::new(heads, head_dim, dt, algorithm, scale)?;
+        self.with_plan(py, device, key, |d, plan| {
+            if backward {
+                by_dtype!(key.dtype, gpu_backward_call(d, plan, bwd(&ptrs), stream))
+            } else {
+                by_dtype!(key.dtype, gpu_forward(d, plan, fwd(&ptrs), stream)).map(|()| 0.0)
             }
         })
-        .map_err(to_py)
     }
 
     /// GAT attention: scores `s[e, h] = LeakyReLU(a_dst[row(e), h] + a_src[col(e), h])`,
@@ -856,6 +840,39 @@ fn gpu_backward_call<T: DType>(
     }
 }
 
+/// x, alpha_dst, alpha_src viewed in place, and the per-edge workspace length.
+type GatViews<T> = (
+    ExternalMatrix<T>,
+    ExternalMatrix<f32>,
+    ExternalMatrix<f32>,
+    usize,
+);
+
+/// GAT's inputs viewed in place: x (n_cols × heads × dim of T), alpha_dst (n_rows × heads
+/// f32), alpha_src (n_cols × heads f32); and the per-edge workspace length, nnz × heads.
+///
+/// # Safety
+/// [`ExternalMatrix::new`]'s contract for the three addresses (see `gat_forward_gpu`).
+unsafe fn gat_views<T: DType>(
+    d: &OnDevice,
+    sq: Shape,
+    skv: Shape,
+    [x, a_dst, a_src]: [u64; 3],
+) -> spattn::Result<GatViews<T>> {
+    let gpu = &d.device.gpu;
+    let h = sq.heads;
+    let (per_dst, per_src) = (Shape::new(sq.rows, h, 1)?, Shape::new(skv.rows, h, 1)?);
+    // SAFETY: the caller's contract, for exactly these shapes.
+    unsafe {
+        Ok((
+            ExternalMatrix::new(gpu, "x", x, skv)?,
+            ExternalMatrix::new(gpu, "alpha_dst", a_dst, per_dst)?,
+            ExternalMatrix::new(gpu, "alpha_src", a_src, per_src)?,
+            d.graph.nnz() * h,
+        ))
+    }
+}
+
 /// The GAT forward on CUDA tensors at `[x, a_dst, a_src, out, workspace]`, ordered with
 /// `stream`.
 fn gat_forward_gpu<T: DType>(
@@ -868,9 +885,6 @@ fn gat_forward_gpu<T: DType>(
 ) -> spattn::Result<()> {
     let gpu = &d.device.gpu;
     let h = sq.heads;
-    let per_dst = Shape::new(sq.rows, h, 1)?;
-    let per_src = Shape::new(skv.rows, h, 1)?;
-    let edges = d.graph.nnz() * h;
     // SAFETY: as in `gpu_forward`, for x (n_cols × heads × dim of T), a_dst (n_rows × heads
     // f32), a_src (n_cols × heads f32), out (n_rows × heads × dim of T, fresh) and the
     // workspace (nnz × heads f32, fresh). The kernels read a_dst / a_src at [row · heads + h]
@@ -878,9 +892,7 @@ fn gat_forward_gpu<T: DType>(
     // the workspace at [e · heads + h], e < nnz, read x's rows < n_cols and write out's rows
     // < n_rows: within the views, whose shapes each op checks.
     unsafe {
-        let x = ExternalMatrix::<T>::new(gpu, "x", x, skv)?;
-        let a_dst = ExternalMatrix::<f32>::new(gpu, "alpha_dst", a_dst, per_dst)?;
-        let a_src = ExternalMatrix::<f32>::new(gpu, "alpha_src", a_src, per_src)?;
+        let (x, a_dst, a_src, edges) = gat_views::<T>(d, sq, skv, [x, a_dst, a_src])?;
         let mut out = ExternalMatrix::<T>::new(gpu, "out", out, sq)?;
         let mut p = ExternalVec::<f32>::new(gpu, "workspace", ws, edges)?;
         d.device.bridge.run(stream, || -> spattn::Result<()> {
@@ -907,21 +919,16 @@ fn gat_backward_gpu<T: DType>(
 ) -> spattn::Result<()> {
     let gpu = &d.device.gpu;
     let h = sq.heads;
-    let per_dst = Shape::new(sq.rows, h, 1)?;
-    let per_src = Shape::new(skv.rows, h, 1)?;
-    let edges = d.graph.nnz() * h;
     // SAFETY: as in `gat_forward_gpu`; d_out is n_rows × heads × dim of T; dx (n_cols rows of
     // T), da_dst (n_rows × heads f32), da_src (n_cols × heads f32) and the three workspaces
     // (nnz × heads f32) are fresh. The transposed ops index Aᵀ's rows (< n_cols) and its edge
     // map (a permutation of the nnz edges), within the same views.
     unsafe {
-        let x = ExternalMatrix::<T>::new(gpu, "x", x, skv)?;
-        let a_dst = ExternalMatrix::<f32>::new(gpu, "alpha_dst", a_dst, per_dst)?;
-        let a_src = ExternalMatrix::<f32>::new(gpu, "alpha_src", a_src, per_src)?;
+        let (x, a_dst, a_src, edges) = gat_views::<T>(d, sq, skv, [x, a_dst, a_src])?;
         let d_out = ExternalMatrix::<T>::new(gpu, "d_out", d_out, sq)?;
         let mut dx = ExternalMatrix::<T>::new(gpu, "dx", dx, skv)?;
-        let mut da_dst = ExternalMatrix::<f32>::new(gpu, "d_alpha_dst", da_dst, per_dst)?;
-        let mut da_src = ExternalMatrix::<f32>::new(gpu, "d_alpha_src", da_src, per_src)?;
+        let mut da_dst = ExternalMatrix::<f32>::new(gpu, "d_alpha_dst", da_dst, a_dst.shape())?;
+        let mut da_src = ExternalMatrix::<f32>::new(gpu, "d_alpha_src", da_src, a_src.shape())?;
         let mut s = ExternalVec::<f32>::new(gpu, "workspace", w0, edges)?;
         let mut p = ExternalVec::<f32>::new(gpu, "workspace", w1, edges)?;
         let mut dp = ExternalVec::<f32>::new(gpu, "workspace", w2, edges)?;

@@ -153,21 +153,19 @@ def sparse_attention_backward(
 
 def _native_forward(graph, q, k, v, out, scale, algorithm) -> None:
     n, h, d = q.shape
-    graph._core.attention_forward(
-        device_index(q) if is_tensor(q) else -1,
-        dtype_name(q.dtype), h, d, scale, algorithm,
-        address(q), address(k), address(v), address(out),
+    graph._core.attention(
+        (device_index(q) if is_tensor(q) else -1, dtype_name(q.dtype), h, d), scale, algorithm,
+        False, [address(q), address(k), address(v), address(out)],
         stream_of(q) if is_tensor(q) else 0,
     )
 
 
 def _native_backward(graph, q, k, v, out, d_out, dq, dk, dv, scale, algorithm) -> float:
     n, h, d = q.shape
-    return graph._core.attention_backward(
-        device_index(q) if is_tensor(q) else -1,
-        dtype_name(q.dtype), h, d, scale, algorithm,
-        address(q), address(k), address(v), address(out), address(d_out),
-        address(dq), address(dk), address(dv),
+    return graph._core.attention(
+        (device_index(q) if is_tensor(q) else -1, dtype_name(q.dtype), h, d), scale, algorithm,
+        True, [address(q), address(k), address(v), address(out), address(d_out),
+         address(dq), address(dk), address(dv)],
         stream_of(q) if is_tensor(q) else 0,
     )
 

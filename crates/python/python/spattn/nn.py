@@ -108,6 +108,16 @@ def graph_for(edge_index: Any, num_nodes: int, self_loops: bool = False) -> Grap
     return graph
 
 
+def _unsupported_attention_extras(name: str, dropout: float, edge_dim: Optional[int]) -> None:
+    """Attention dropout and edge features are not in the package yet: say so, naming them."""
+    if dropout:
+        raise NotImplementedError(
+            f"{name}: dropout={dropout} (attention dropout) is not supported yet; use dropout=0"
+        )
+    if edge_dim is not None:
+        raise NotImplementedError(f"{name}: edge_dim={edge_dim} (edge features) is not supported")
+
+
 def _unsupported_kwargs(layer: str, kwargs: dict, node_dim: int = 0) -> None:
     """MessagePassing options: only PyG's defaults for these layers are implemented."""
     defaults = {
@@ -209,12 +219,7 @@ class TransformerConv(torch.nn.Module):
         super().__init__()
         name = "TransformerConv"
         _unsupported_kwargs(name, kwargs)
-        if dropout:
-            raise NotImplementedError(
-                f"{name}: dropout={dropout} (attention dropout) is not supported yet; use dropout=0"
-            )
-        if edge_dim is not None:
-            raise NotImplementedError(f"{name}: edge_dim={edge_dim} (edge features) is not supported")
+        _unsupported_attention_extras(name, dropout, edge_dim)
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.heads = heads
@@ -334,12 +339,7 @@ class GATConv(torch.nn.Module):
         super().__init__()
         name = "GATConv"
         _unsupported_kwargs(name, kwargs)
-        if dropout:
-            raise NotImplementedError(
-                f"{name}: dropout={dropout} (attention dropout) is not supported yet; use dropout=0"
-            )
-        if edge_dim is not None:
-            raise NotImplementedError(f"{name}: edge_dim={edge_dim} (edge features) is not supported")
+        _unsupported_attention_extras(name, dropout, edge_dim)
         if check_algorithm(algorithm) != "auto":
             raise NotImplementedError(
                 f"{name}: algorithm={algorithm!r}: GAT attention runs the CSR kernels only (use 'auto')"
