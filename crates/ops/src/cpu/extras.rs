@@ -438,18 +438,8 @@ where
         upcast_f64(inputs.v),
     );
     let up = AttentionInputs::new(&q, inputs.shape_q, &k, inputs.shape_k, &v, inputs.shape_v);
-    let (bias, feats) = upcast_extras(extras);
-    let ex = Extras {
-        bias: bias.as_ref().map(|(per_head, b)| {
-            if *per_head {
-                EdgeBias::PerHead(b.as_slice())
-            } else {
-                EdgeBias::Shared(b.as_slice())
-            }
-        }),
-        edge_features: feats.as_deref(),
-        dropout: extras.dropout,
-    };
+    let owned = UpcastExtras::new(extras);
+    let ex = owned.view();
     let heads = inputs.shape_q.heads;
     let mut out = vec![0.0; up.out_shape().len()];
     let mut w = vec![0.0; a.nnz() * heads];
@@ -479,29 +469,42 @@ where
         upcast_f64(d_out),
     );
     let up = AttentionInputs::new(&q, inputs.shape_q, &k, inputs.shape_k, &v, inputs.shape_v);
-    let (bias, feats) = upcast_extras(extras);
-    let ex = Extras {
-        bias: bias.as_ref().map(|(per_head, b)| {
-            if *per_head {
-                EdgeBias::PerHead(b.as_slice())
-            } else {
-                EdgeBias::Shared(b.as_slice())
-            }
-        }),
-        edge_features: feats.as_deref(),
-        dropout: extras.dropout,
-    };
+    let owned = UpcastExtras::new(extras);
+    let ex = owned.view();
     attention_extras_backward(a, &up, scale, &ex, &d)
 }
 
-/// The bias (with whether it is per head) and edge features of `extras`, in f64.
-#[allow(clippy::type_complexity)]
-fn upcast_extras<T: Copy + Into<f64> + Sync>(
-    extras: &Extras<'_, T>,
-) -> (Option<(bool, Vec<f64>)>, Option<Vec<f64>>) {
-    let bias = extras.bias.map(|b| match b {
-        EdgeBias::PerHead(x) => (true, upcast_f64(x)),
-        EdgeBias::Shared(x) => (false, upcast_f64(x)),
-    });
-    (bias, extras.edge_features.map(upcast_f64))
+/// `extras` upcast to f64 and owned, so the f64 references can borrow it as an [`Extras`].
+struct UpcastExtras {
+    /// The bias, and whether it is per head.
+    bias: Option<(bool, Vec<f64>)>,
+    edge_features: Option<Vec<f64>>,
+    dropout: Option<Dropout>,
+}
+
+impl UpcastExtras {
+    fn new<T: Copy + Into<f64> + Sync>(extras: &Extras<'_, T>) -> Self {
+        Self {
+            bias: extras.bias.map(|b| match b {
+                EdgeBias::PerHead(x) => (true, upcast_f64(x)),
+                EdgeBias::Shared(x) => (false, upcast_f64(x)),
+            }),
+            edge_features: extras.edge_features.map(upcast_f64),
+            dropout: extras.dropout,
+        }
+    }
+
+    fn view(&self) -> Extras<'_, f64> {
+        Extras {
+            bias: self.bias.as_ref().map(|(per_head, b)| {
+                if *per_head {
+                    EdgeBias::PerHead(b.as_slice())
+                } else {
+                    EdgeBias::Shared(b.as_slice())
+                }
+            }),
+            edge_features: self.edge_features.as_deref(),
+            dropout: self.dropout,
+        }
+    }
 }
