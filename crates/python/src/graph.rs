@@ -25,13 +25,15 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use spattn::ops::cpu::{self, AttentionInputs, Real};
 use spattn::ops::external::{ExternalMatrix, ExternalVec};
-use spattn::ops::{backward as gpu_backward, csr_ops};
+use spattn::ops::{backward as gpu_backward, csr_ops, edge_extras};
 use spattn::{
-    bf16, f16, Algorithm, AttentionConfig, AttentionPlan, Csr, DType, DTypeKind, DeviceGraph, Shape,
+    bf16, f16, Algorithm, AttentionConfig, AttentionPlan, Csr, DType, DTypeKind, DeviceGraph,
+    Dropout, Shape,
 };
 
 use crate::device::{self, Device};
 use crate::errors::{formats_to_py, ops_to_py, to_py, value_error};
+use crate::extras::{self, ExtrasArgs};
 use crate::host::{self, DTypeName, HostDType};
 
 /// What a plan is cached by, per graph and device.
@@ -43,12 +45,14 @@ struct PlanKey {
     algorithm: Algorithm,
     /// The scale's f32 bits; `None` for the default 1/√head_dim.
     scale: Option<u32>,
+    /// Whether the calls pass a bias or dropout (then `Auto` picks an algorithm that takes them).
+    extras: bool,
 }
 
 /// A graph's state on one CUDA device: the shared upload and the plans over it.
 #[derive(Debug)]
-struct OnDevice {
-    device: Arc<Device>,
+pub(crate) struct OnDevice {
+    pub(crate) device: Arc<Device>,
     graph: Arc<DeviceGraph>,
     plans: Mutex<HashMap<PlanKey, Arc<AttentionPlan>>>,
 }
@@ -108,6 +112,9 @@ impl GraphCore {
             AttentionConfig::new(key.heads, key.head_dim, key.dtype).with_algorithm(key.algorithm);
         if let Some(bits) = key.scale {
             config = config.with_scale(f32::from_bits(bits));
+        }
+        if key.extras {
+            config = config.with_edge_extras(true);
         }
         let plan = Arc::new(AttentionPlan::on_graph(&d.graph, config)?);
         plans.insert(key, plan.clone());
@@ -228,11 +235,11 @@ fn scale_of<F: Real>(scale: Option<f64>, head_dim: usize) -> F {
 /// A scale argument as the plans take it (f32, finite).
 /// Calls the generic `f::<T>(args)` for the device dtype `dtype` (f32, f16 or bf16).
 macro_rules! by_dtype {
-    ($dtype:expr, $f:ident($($arg:expr),*)) => {
+    ($dtype:expr, $($f:ident)::+($($arg:expr),*)) => {
         match $dtype {
-            DTypeKind::F32 => $f::<f32>($($arg),*),
-            DTypeKind::F16 => $f::<f16>($($arg),*),
-            DTypeKind::Bf16 => $f::<bf16>($($arg),*),
+            DTypeKind::F32 => $($f)::+::<f32>($($arg),*),
+            DTypeKind::F16 => $($f)::+::<f16>($($arg),*),
+            DTypeKind::Bf16 => $($f)::+::<bf16>($($arg),*),
         }
     };
 }
@@ -244,6 +251,7 @@ impl PlanKey {
         dtype: DTypeName,
         algorithm: Algorithm,
         scale: Option<f64>,
+        extras: bool,
     ) -> PyResult<Self> {
         Ok(Self {
             heads,
@@ -251,6 +259,7 @@ impl PlanKey {
             dtype: dtype.device()?,
             algorithm,
             scale: plan_scale(scale)?,
+            extras,
         })
     }
 }
@@ -412,6 +421,9 @@ impl GraphCore {
 
     /// Builds (or finds) the plan of this configuration on CUDA device `device` and returns
     /// the algorithm it runs and why it was chosen; on the CPU (`device < 0`) says so.
+    /// `extras`: the plan of calls with a bias or dropout.
+    #[pyo3(signature = (device, dtype, heads, head_dim, scale, algorithm, extras = false))]
+    #[allow(clippy::too_many_arguments)]
     fn prepare(
         &self,
         py: Python<'_>,
@@ -421,6 +433,7 @@ impl GraphCore {
         head_dim: usize,
         scale: Option<f64>,
         algorithm: &str,
+        extras: bool,
     ) -> PyResult<(String, String)> {
         let dt = DTypeName::parse(dtype)?;
         let algorithm = parse_algorithm(algorithm)?;
@@ -434,7 +447,7 @@ impl GraphCore {
                 ),
             ));
         }
-        let key = PlanKey::new(heads, head_dim, dt, algorithm, scale)?;
+        let key = PlanKey::new(heads, head_dim, dt, algorithm, scale, extras)?;
         self.with_plan(py, device, key, |_, plan| {
             Ok((plan.algorithm().name().to_owned(), plan.choice().to_owned()))
         })
@@ -491,7 +504,7 @@ impl GraphCore {
                 (HostDType::F64, true) => self.cpu_backward::<f64>(sq, skv, scale, bwd(&ptrs)),
             });
         }
-        let key = PlanKey::new(heads, head_dim, dt, algorithm, scale)?;
+        let key = PlanKey::new(heads, head_dim, dt, algorithm, scale, false)?;
         self.with_plan(py, device, key, |d, plan| {
             if backward {
                 by_dtype!(key.dtype, gpu_backward_call(d, plan, bwd(&ptrs), stream))
@@ -501,10 +514,82 @@ impl GraphCore {
         })
     }
 
+    /// Attention with a per-edge score bias and/or dropout on the probabilities (see the
+    /// `extras` module): `bias` is `"none"`, `"shared"` (`nnz` values) or `"per_head"` (`nnz ×
+    /// heads`), `dropout` `(rate, seed, offset)` or `None`. Forward `ptrs`: `[q, k, v, out,
+    /// bias, weights]` (bias 0 without one, weights 0 when not wanted); backward: `[q, k, v,
+    /// d_out, bias, dq, dk, dv, d_bias]`, returning ∂L/∂scale (0.0 for the forward).
+    #[allow(clippy::too_many_arguments)]
+    fn attention_extras(
+        &self,
+        py: Python<'_>,
+        problem: (i64, String, usize, usize),
+        scale: Option<f64>,
+        algorithm: &str,
+        backward: bool,
+        bias: &str,
+        dropout: Option<(f64, u64, u64)>,
+        ptrs: Vec<u64>,
+        stream: u64,
+    ) -> PyResult<f64> {
+        let (device, dtype, heads, head_dim) = problem;
+        let dt = DTypeName::parse(&dtype)?;
+        let algorithm = parse_algorithm(algorithm)?;
+        let args = ExtrasArgs::parse(bias, dropout)?;
+        let shapes = self.shapes(heads, head_dim)?;
+        let expected = if backward { 9 } else { 6 };
+        if ptrs.len() != expected {
+            return Err(value_error(
+                "ptrs",
+                format!("{} addresses, expected {expected}", ptrs.len()),
+            ));
+        }
+        let fwd = |p: &[u64]| [p[0], p[1], p[2], p[3], p[4], p[5]];
+        let bwd = |p: &[u64]| [p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8]];
+        if device < 0 {
+            let (csr, d) = (&*self.csr, shapes.0.head_dim);
+            return py.detach(|| match (dt.host()?, backward) {
+                (HostDType::F32, false) => {
+                    let s = scale_of::<f32>(scale, d);
+                    extras::cpu_forward(csr, shapes, s, args, fwd(&ptrs)).map(|()| 0.0)
+                }
+                (HostDType::F64, false) => {
+                    let s = scale_of::<f64>(scale, d);
+                    extras::cpu_forward(csr, shapes, s, args, fwd(&ptrs)).map(|()| 0.0)
+                }
+                (HostDType::F32, true) => {
+                    extras::cpu_backward(csr, shapes, scale_of::<f32>(scale, d), args, bwd(&ptrs))
+                }
+                (HostDType::F64, true) => {
+                    extras::cpu_backward(csr, shapes, scale_of::<f64>(scale, d), args, bwd(&ptrs))
+                }
+            });
+        }
+        let key = PlanKey::new(heads, head_dim, dt, algorithm, scale, true)?;
+        self.with_plan(py, device, key, |d, plan| {
+            if backward {
+                by_dtype!(
+                    key.dtype,
+                    extras::gpu_backward(d, plan, args, bwd(&ptrs), stream)
+                )
+            } else {
+                by_dtype!(
+                    key.dtype,
+                    extras::gpu_forward(d, plan, args, fwd(&ptrs), stream)
+                )
+                .map(|()| 0.0)
+            }
+        })
+    }
+
     /// GAT attention: scores `s[e, h] = LeakyReLU(a_dst[row(e), h] + a_src[col(e), h])`,
     /// `P = softmax_row(s)`, `out[i, h, :] = Σ_e P[e, h] · x[col(e), h, :]`. `x` and `out` are
     /// `n × heads × dim` of `dtype`; `a_dst`, `a_src` are `n × heads` f32 on CUDA (of `dtype`
     /// on the CPU); `workspace` holds `nnz × heads` f32 on CUDA (unused on the CPU, pass 0).
+    /// `dropout`: `(rate, seed, offset)` drops probabilities as `sparse_attention`'s does.
+    #[pyo3(signature = (device, dtype, heads, dim, negative_slope, x, a_dst, a_src, out,
+                        workspace, stream, dropout = None))]
+    #[allow(clippy::too_many_arguments)]
     fn gat_forward(
         &self,
         py: Python<'_>,
@@ -519,19 +604,18 @@ impl GraphCore {
         out: u64,
         workspace: u64,
         stream: u64,
+        dropout: Option<(f64, u64, u64)>,
     ) -> PyResult<()> {
         let dt = DTypeName::parse(dtype)?;
         let slope = check_slope(negative_slope)?;
+        let drop = ExtrasArgs::parse("none", dropout)?.dropout;
         let (sq, skv) = self.shapes(heads, dim)?;
         if device < 0 {
             let t = dt.host()?;
+            let ptrs = [x, a_dst, a_src, out];
             return py.detach(|| match t {
-                HostDType::F32 => {
-                    self.cpu_gat_forward::<f32>(sq, skv, slope, [x, a_dst, a_src, out])
-                }
-                HostDType::F64 => {
-                    self.cpu_gat_forward::<f64>(sq, skv, slope, [x, a_dst, a_src, out])
-                }
+                HostDType::F32 => self.cpu_gat_forward::<f32>(sq, skv, slope, drop, ptrs),
+                HostDType::F64 => self.cpu_gat_forward::<f64>(sq, skv, slope, drop, ptrs),
             });
         }
         let kind = dt.device()?;
@@ -540,11 +624,11 @@ impl GraphCore {
         py.detach(|| -> spattn::Result<()> {
             let _restore = device::ContextGuard::save();
             let d = self.on_device(ordinal)?;
-            match kind {
-                DTypeKind::F32 => gat_forward_gpu::<f32>(&d, sq, skv, slope as f32, ptrs, stream),
-                DTypeKind::F16 => gat_forward_gpu::<f16>(&d, sq, skv, slope as f32, ptrs, stream),
-                DTypeKind::Bf16 => gat_forward_gpu::<bf16>(&d, sq, skv, slope as f32, ptrs, stream),
-            }
+            let slope = slope as f32;
+            by_dtype!(
+                kind,
+                gat_forward_gpu(&d, sq, skv, (slope, drop), ptrs, stream)
+            )
         })
         .map_err(to_py)
     }
@@ -552,7 +636,10 @@ impl GraphCore {
     /// The exact gradients of [`gat_forward`](Self::gat_forward) given `d_out`: writes `dx`
     /// (the aggregation's part of ∂L/∂x: the scores' part flows through `da_dst`, `da_src`),
     /// `da_dst` and `da_src` (f32 on CUDA). `workspaces` are three `nnz × heads` f32 buffers
-    /// on CUDA (unused on the CPU).
+    /// on CUDA (unused on the CPU). `dropout`: the forward's.
+    #[pyo3(signature = (device, dtype, heads, dim, negative_slope, x, a_dst, a_src, d_out, dx,
+                        da_dst, da_src, workspaces, stream, dropout = None))]
+    #[allow(clippy::too_many_arguments)]
     fn gat_backward(
         &self,
         py: Python<'_>,
@@ -570,16 +657,18 @@ impl GraphCore {
         da_src: u64,
         workspaces: (u64, u64, u64),
         stream: u64,
+        dropout: Option<(f64, u64, u64)>,
     ) -> PyResult<()> {
         let dt = DTypeName::parse(dtype)?;
         let slope = check_slope(negative_slope)?;
+        let drop = ExtrasArgs::parse("none", dropout)?.dropout;
         let (sq, skv) = self.shapes(heads, dim)?;
         let ptrs = [x, a_dst, a_src, d_out, dx, da_dst, da_src];
         if device < 0 {
             let t = dt.host()?;
             return py.detach(|| match t {
-                HostDType::F32 => self.cpu_gat_backward::<f32>(sq, skv, slope, ptrs),
-                HostDType::F64 => self.cpu_gat_backward::<f64>(sq, skv, slope, ptrs),
+                HostDType::F32 => self.cpu_gat_backward::<f32>(sq, skv, slope, drop, ptrs),
+                HostDType::F64 => self.cpu_gat_backward::<f64>(sq, skv, slope, drop, ptrs),
             });
         }
         let kind = dt.device()?;
@@ -589,11 +678,10 @@ impl GraphCore {
         py.detach(|| -> spattn::Result<()> {
             let _restore = device::ContextGuard::save();
             let d = self.on_device(ordinal)?;
-            match kind {
-                DTypeKind::F32 => gat_backward_gpu::<f32>(&d, sq, skv, slope, ptrs, ws, stream),
-                DTypeKind::F16 => gat_backward_gpu::<f16>(&d, sq, skv, slope, ptrs, ws, stream),
-                DTypeKind::Bf16 => gat_backward_gpu::<bf16>(&d, sq, skv, slope, ptrs, ws, stream),
-            }
+            by_dtype!(
+                kind,
+                gat_backward_gpu(&d, sq, skv, (slope, drop), ptrs, ws, stream)
+            )
         })
         .map_err(to_py)
     }
@@ -713,6 +801,7 @@ impl GraphCore {
         sq: Shape,
         skv: Shape,
         slope: f64,
+        dropout: Option<Dropout>,
         [x, a_dst, a_src, out]: [u64; 4],
     ) -> PyResult<()> {
         let h = sq.heads;
@@ -730,6 +819,9 @@ impl GraphCore {
         let mut p = vec![F::ZERO; a.nnz() * h];
         cpu::sddmm_gat(a, a_dst, a_src, h, &mut p).map_err(ops_to_py)?;
         cpu::edge_softmax_in_place(a, &mut p, h, Some(F::from_f64(slope))).map_err(ops_to_py)?;
+        if let Some(d) = &dropout {
+            cpu::apply_dropout(&mut p, d, h);
+        }
         cpu::spmm(a, &p, x, skv, out).map_err(ops_to_py)
     }
 
@@ -738,6 +830,7 @@ impl GraphCore {
         sq: Shape,
         skv: Shape,
         slope: f64,
+        dropout: Option<Dropout>,
         [x, a_dst, a_src, d_out, dx, da_dst, da_src]: [u64; 7],
     ) -> PyResult<()> {
         let h = sq.heads;
@@ -763,6 +856,10 @@ impl GraphCore {
         cpu::edge_softmax(a, &s, h, Some(slope), &mut p).map_err(ops_to_py)?;
         let mut dp = vec![F::ZERO; edges];
         cpu::sddmm(a, d_out, x, sq, skv, F::ONE, &mut dp).map_err(ops_to_py)?;
+        // Under dropout: dP = dW ⊙ mask / (1 − rate), and the aggregation used W = P's dropped.
+        if let Some(d) = &dropout {
+            cpu::apply_dropout(&mut dp, d, h);
+        }
         let mut ds = vec![F::ZERO; edges];
         cpu::edge_softmax_backward(a, &p, &dp, h, &mut ds).map_err(ops_to_py)?;
         // LeakyReLU' at the pre-activation score (the GPU kernel's branch: 1 at s ≥ 0).
@@ -775,6 +872,9 @@ impl GraphCore {
         // dp and s are free again: Aᵀ's order of dS, then of P.
         cpu::transpose_edge_values(map, &ds, h, &mut dp).map_err(ops_to_py)?;
         cpu::edge_row_sum(at, &dp, h, da_src).map_err(ops_to_py)?;
+        if let Some(d) = &dropout {
+            cpu::apply_dropout(&mut p, d, h);
+        }
         cpu::transpose_edge_values(map, &p, h, &mut s).map_err(ops_to_py)?;
         cpu::spmm(at, &s, d_out, sq, dx).map_err(ops_to_py)
     }
@@ -800,9 +900,7 @@ fn gpu_forward<T: DType>(
     // of. `stream` is the current stream of this device's primary context (the caller's
     // `torch.cuda.current_stream(device).cuda_stream`).
     unsafe {
-        let q = ExternalMatrix::<T>::new(gpu, "q", q, sq)?;
-        let k = ExternalMatrix::<T>::new(gpu, "k", k, skv)?;
-        let v = ExternalMatrix::<T>::new(gpu, "v", v, skv)?;
+        let (q, k, v) = extras::qkv_views::<T>(d, sq, skv, [q, k, v])?;
         let mut out = ExternalMatrix::<T>::new(gpu, "out", out, sq)?;
         d.device
             .bridge
@@ -825,9 +923,7 @@ fn gpu_backward_call<T: DType>(
     // elements: the views' lengths, checked by `backward` against the plan's shapes. dQ, dK,
     // dV are fresh tensors.
     unsafe {
-        let q = ExternalMatrix::<T>::new(gpu, "q", q, sq)?;
-        let k = ExternalMatrix::<T>::new(gpu, "k", k, skv)?;
-        let v = ExternalMatrix::<T>::new(gpu, "v", v, skv)?;
+        let (q, k, v) = extras::qkv_views::<T>(d, sq, skv, [q, k, v])?;
         let out = ExternalMatrix::<T>::new(gpu, "out", out, sq)?;
         let d_out = ExternalMatrix::<T>::new(gpu, "d_out", d_out, sq)?;
         let mut dq = ExternalMatrix::<T>::new(gpu, "dq", dq, sq)?;
@@ -879,7 +975,7 @@ fn gat_forward_gpu<T: DType>(
     d: &OnDevice,
     sq: Shape,
     skv: Shape,
-    slope: f32,
+    (slope, dropout): (f32, Option<Dropout>),
     [x, a_dst, a_src, out, ws]: [u64; 5],
     stream: u64,
 ) -> spattn::Result<()> {
@@ -899,6 +995,9 @@ fn gat_forward_gpu<T: DType>(
             let a = d.graph.csr()?;
             csr_ops::sddmm_gat(gpu, a, &a_dst, &a_src, &mut p)?;
             csr_ops::edge_softmax_in_place(gpu, a, &mut p, h, Some(slope))?;
+            if let Some(dr) = &dropout {
+                edge_extras::apply_dropout(gpu, &mut p, dr)?;
+            }
             csr_ops::spmm(gpu, a, &p, &x, &mut out)?;
             Ok(())
         })
@@ -912,7 +1011,7 @@ fn gat_backward_gpu<T: DType>(
     d: &OnDevice,
     sq: Shape,
     skv: Shape,
-    slope: f32,
+    (slope, dropout): (f32, Option<Dropout>),
     [x, a_dst, a_src, d_out, dx, da_dst, da_src]: [u64; 7],
     [w0, w1, w2]: [u64; 3],
     stream: u64,
@@ -937,12 +1036,19 @@ fn gat_backward_gpu<T: DType>(
             csr_ops::sddmm_gat(gpu, a, &a_dst, &a_src, &mut s)?;
             csr_ops::edge_softmax(gpu, a, &s, h, Some(slope), &mut p)?;
             csr_ops::sddmm(gpu, a, &d_out, &x, 1.0, &mut dp)?;
+            // Under dropout: dP = dW ⊙ mask / (1 − rate), and the aggregation used P's dropped.
+            if let Some(dr) = &dropout {
+                edge_extras::apply_dropout(gpu, &mut dp, dr)?;
+            }
             gpu_backward::edge_softmax_backward_in_place(gpu, a, &p, &mut dp, h)?;
             gpu_backward::edge_leaky_relu_backward(gpu, &s, slope, &mut dp)?;
             gpu_backward::edge_row_sum(gpu, a, &dp, h, &mut da_dst)?;
             // s is free again: dS in Aᵀ's order; then dp: P in Aᵀ's order.
             gpu_backward::transpose_edge_values(gpu, t, &dp, h, &mut s)?;
             gpu_backward::edge_row_sum(gpu, t.csr(), &s, h, &mut da_src)?;
+            if let Some(dr) = &dropout {
+                edge_extras::apply_dropout(gpu, &mut p, dr)?;
+            }
             gpu_backward::transpose_edge_values(gpu, t, &p, h, &mut dp)?;
             csr_ops::spmm(gpu, t.csr(), &dp, &d_out, &mut dx)?;
             Ok(())

@@ -20,6 +20,7 @@
 
 mod device;
 mod errors;
+mod extras;
 mod graph;
 mod host;
 

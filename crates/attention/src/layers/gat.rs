@@ -331,17 +331,11 @@ impl<F: Real> GatConv<Host<F>> {
 
 /// `values` (per edge and head, CSR order) times the dropout's factors; a copy either way.
 fn dropped<F: Real>(values: &[F], dropout: Option<&Dropout>, heads: usize) -> Vec<F> {
-    match dropout {
-        None => values.to_vec(),
-        Some(d) => values
-            .iter()
-            .enumerate()
-            .map(|(i, &x)| {
-                let (e, h) = (i / heads, i % heads);
-                x * F::from_f64(d.factor(e as u64, h as u64, heads as u64))
-            })
-            .collect(),
+    let mut out = values.to_vec();
+    if let Some(d) = dropout {
+        cpu::apply_dropout(&mut out, d, heads);
     }
+    out
 }
 
 impl<T: GemmElement> GatConv<Device<T>> {

@@ -227,6 +227,16 @@ fn row_state<F: Real>(
     RowState { dots, p, w }
 }
 
+/// `values` (per edge and head, `edge · heads + head` in CSR order) times `dropout`'s factors:
+/// 0 where dropped, `1 / (1 − rate)` where kept (the mask every kernel draws).
+pub fn apply_dropout<F: Real>(values: &mut [F], dropout: &Dropout, heads: usize) {
+    let heads = heads.max(1);
+    values.par_iter_mut().enumerate().for_each(|(i, x)| {
+        let (e, h) = (i / heads, i % heads);
+        *x = *x * F::from_f64(dropout.factor(e as u64, h as u64, heads as u64));
+    });
+}
+
 /// Attention with `extras` (see the module documentation) into `out`
 /// (`a.n_rows() × heads × head_dim_v`), and the attention weights `w` (`nnz × heads`, CSR order)
 /// into `weights` where given.

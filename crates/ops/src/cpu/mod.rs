@@ -114,7 +114,7 @@ pub use backward::{
 };
 pub use error_metric::{rel_l2_error, upcast_f64};
 pub use extras::{
-    attention_extras, attention_extras_backward, attention_extras_backward_f64_from,
+    apply_dropout, attention_extras, attention_extras_backward, attention_extras_backward_f64_from,
     attention_extras_f64_from, EdgeBias, Extras, ExtrasGrads,
 };
 pub use real::Real;

@@ -60,9 +60,14 @@ def sparse_attention(
     v: Any,
     *,
     scale: Any = None,
+    bias: Any = None,
+    dropout: float = 0.0,
+    dropout_seed: Optional[int] = None,
+    return_attention_weights: bool = False,
     algorithm: str = "auto",
 ):
-    """``out = softmax_row(scale · Q Kᵀ masked by A) · V`` over ``graph``'s edges.
+    """``out = softmax_row(scale · Q Kᵀ masked by A + bias) · V`` over ``graph``'s edges, with
+    dropout on the probabilities where asked.
 
     Args:
         graph: a :class:`spattn.Graph` (row ``i``: the nodes node ``i`` attends to).
@@ -72,15 +77,48 @@ def sparse_attention(
         scale: the score scale; ``None`` means ``1/sqrt(head_dim)``. A 0-dim tensor (e.g. a
             learnable temperature) multiplies ``q`` instead, so its gradient flows through
             torch.
+        bias: an additive score bias per edge (Graphormer's spatial / edge encodings, a
+            graph transformer's edge bias): a tensor of ``num_edges`` values (shared by the
+            heads) or ``num_edges × heads``, in the order of :meth:`Graph.edge_index` (the
+            graph's CSR order), on ``q``'s device (cast to ``q``'s dtype). ``-inf`` masks an
+            edge; a NaN is an error on the CPU and makes its row NaN on CUDA. Differentiable.
+        dropout: the rate of dropout on the attention probabilities, in ``[0, 1)``: a kept
+            weight is scaled by ``1 / (1 - dropout)``. Applied whenever it is non-zero (as
+            ``torch.nn.functional.dropout(training=True)``; layers pass 0 in eval mode). The
+            mask comes from Philox 4×32-10 keyed by ``dropout_seed`` (drawn from torch's
+            default generator when ``None``, so ``torch.manual_seed`` reproduces it): the
+            same seed gives the same mask on every algorithm, on CUDA and on the CPU, and the
+            backward regenerates it instead of storing it. A seed without dropout is ignored.
+        return_attention_weights: also return the weights ``num_edges × heads`` (after
+            dropout, in :meth:`Graph.edge_index` order; float32 on CUDA, ``q``'s dtype on the
+            CPU), as PyG's ``return_attention_weights=True``. Not differentiable.
         algorithm: ``"auto"`` or one of ``"unfused-csr"``, ``"unfused-tc"``, ``"fused-csr"``,
             ``"fused-tc"``, ``"hybrid"`` (CUDA; the CPU runs its reference whatever is asked).
+            With a bias or dropout, ``auto`` picks an algorithm that takes them
+            (``unfused-csr`` today); naming another is an error that says which do.
 
-    Returns ``num_nodes × heads × head_dim`` like ``q`` (a numpy array for numpy inputs).
-    Rows without edges get zeros. On torch tensors this is differentiable with respect to
-    ``q``, ``k`` and ``v`` through spattn's exact backward (once: no double backward).
+    Returns ``num_nodes × heads × head_dim`` like ``q`` (a numpy array for numpy inputs), and
+    the weights with ``return_attention_weights``. Rows without edges get zeros. On torch
+    tensors this is differentiable with respect to ``q``, ``k``, ``v`` and ``bias`` through
+    spattn's exact backward (once: no double backward). ``bias``, ``dropout`` and the weights
+    need torch tensors.
+
+    Example (CPU)::
+
+        g = spattn.Graph.from_edge_index(torch.tensor([[0, 1, 2, 0], [1, 2, 0, 0]]))
+        q = torch.randn(3, 2, 8, requires_grad=True)
+        bias = torch.zeros(g.num_edges, 2, requires_grad=True)
+        out, w = spattn.sparse_attention(g, q, q, q, bias=bias, dropout=0.1,
+                                         dropout_seed=7, return_attention_weights=True)
+        out.sum().backward()  # q.grad and bias.grad
     """
     _check_graph(graph)
     check_algorithm(algorithm)
+    extras = bias is not None or dropout != 0.0 or return_attention_weights
+    if extras:
+        return _sparse_attention_extras(
+            graph, q, k, v, scale, bias, dropout, dropout_seed, return_attention_weights, algorithm
+        )
     if is_ndarray(q):
         scale = check_scale(scale)
         out, _ = _numpy_forward(graph, q, k, v, scale, algorithm)
@@ -88,16 +126,7 @@ def sparse_attention(
     require_torch("sparse_attention on tensors")
     if not is_tensor(q):
         raise TypeError(f"q: expected a torch.Tensor or numpy.ndarray, got {type(q).__name__}")
-    if is_tensor(scale):
-        if scale.numel() != 1:
-            raise ValueError(f"scale: a tensor scale must have one element, got shape {tuple(scale.shape)}")
-        q = (q * scale.to(device=q.device, dtype=q.dtype).reshape(())).contiguous()
-        scale = 1.0
-    scale = check_scale(scale)
-    sq, skv = _qkv_shapes(graph, q)
-    check_torch("q", q)
-    check_torch("k", k, like=q, shape=skv, shape_hint="num_cols, heads, head_dim like q")
-    check_torch("v", v, like=q, shape=skv, shape_hint="num_cols, heads, head_dim like q")
+    q, scale = _torch_operands(graph, q, k, v, scale)
     name = dtype_name(q.dtype)
     if q.device.type == "cuda":
         if name not in _CUDA_DTYPES:
@@ -149,6 +178,103 @@ def sparse_attention_backward(
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         d_scale = _native_backward(graph, q, k, v, out, d_out, dq, dk, dv, scale, algorithm)
     return dq, dk, dv, d_scale
+
+
+def _torch_operands(graph: Graph, q: Any, k: Any, v: Any, scale: Any) -> Tuple[Any, float]:
+    """Checks q, k, v (torch tensors); a 0-dim tensor scale is folded into q (so its gradient
+    flows through torch). Returns q and the float scale the kernels take."""
+    if is_tensor(scale):
+        if scale.numel() != 1:
+            raise ValueError(f"scale: a tensor scale must have one element, got shape {tuple(scale.shape)}")
+        q = (q * scale.to(device=q.device, dtype=q.dtype).reshape(())).contiguous()
+        scale = 1.0
+    scale = check_scale(scale)
+    _, skv = _qkv_shapes(graph, q)
+    check_torch("q", q)
+    check_torch("k", k, like=q, shape=skv, shape_hint="num_cols, heads, head_dim like q")
+    check_torch("v", v, like=q, shape=skv, shape_hint="num_cols, heads, head_dim like q")
+    return q, scale
+
+
+def _check_dropout(dropout: Any, seed: Optional[int]) -> Optional[Tuple[float, int, int]]:
+    """(rate, seed, offset) for the native call, or None without dropout."""
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
+        raise TypeError(f"dropout: expected a float in [0, 1), got {type(dropout).__name__}")
+    rate = float(dropout)
+    if not 0.0 <= rate < 1.0:
+        raise ValueError(f"dropout: the rate must be in [0, 1), got {rate}")
+    if rate == 0.0:
+        return None  # a seed without dropout draws nothing
+    if seed is None:
+        # torch's default generator: torch.manual_seed reproduces the mask.
+        seed = int(torch.randint(0, 2**62, (1,)).item())
+    if isinstance(seed, bool) or not hasattr(seed, "__index__") or not 0 <= int(seed) < 2**64:
+        raise ValueError(f"dropout_seed: expected an integer in [0, 2**64), got {seed!r}")
+    return rate, int(seed), 0
+
+
+def _check_bias(bias: Any, graph: Graph, q: Any) -> Tuple[Any, str]:
+    """The bias as the kernels take it (contiguous, q's dtype and device) and its layout."""
+    if bias is None:
+        return None, "none"
+    if not is_tensor(bias):
+        raise TypeError(f"bias: expected a torch.Tensor, got {type(bias).__name__}")
+    heads = q.shape[1]
+    e = graph.num_edges
+    if tuple(bias.shape) == (e,):
+        kind = "shared"
+    elif tuple(bias.shape) == (e, heads):
+        kind = "per_head"
+    else:
+        raise ValueError(
+            f"bias: has shape {tuple(bias.shape)}, expected ({e},) shared by the heads or "
+            f"({e}, {heads}) per head (num_edges = {e}, in Graph.edge_index order)"
+        )
+    if bias.device != q.device:
+        raise ValueError(f"bias: is on {bias.device}, expected {q.device} like q")
+    if not bias.is_floating_point():
+        raise TypeError(f"bias: expected a floating-point tensor, got {bias.dtype}")
+    return bias.to(q.dtype).contiguous(), kind
+
+
+def _sparse_attention_extras(graph, q, k, v, scale, bias, dropout, seed, want_weights, algorithm):
+    if not is_tensor(q):
+        raise TypeError(
+            "bias, dropout and return_attention_weights need torch tensors "
+            f"(q is a {type(q).__name__})"
+        )
+    drop = _check_dropout(dropout, seed)
+    q, scale = _torch_operands(graph, q, k, v, scale)
+    bias, kind = _check_bias(bias, graph, q)
+    name = dtype_name(q.dtype)
+    if q.device.type == "cuda":
+        if name not in _CUDA_DTYPES:
+            raise TypeError(f"q: dtype {q.dtype} is not supported on CUDA (float32, float16, bfloat16)")
+        out, w = _SparseAttentionExtras.apply(
+            graph, q, k, v, bias, scale, algorithm, kind, drop, want_weights
+        )
+    elif name in ("f32", "f64"):
+        out, w = _SparseAttentionExtras.apply(
+            graph, q, k, v, bias, scale, algorithm, kind, drop, want_weights
+        )
+    elif name in ("f16", "bf16"):
+        # The CPU reference computes in float32: widen, and round the results back.
+        out, w = _SparseAttentionExtras.apply(
+            graph, q.float(), k.float(), v.float(), None if bias is None else bias.float(),
+            scale, algorithm, kind, drop, want_weights,
+        )
+        out, w = out.to(q.dtype), w.to(q.dtype)
+    else:
+        raise TypeError(f"q: dtype {q.dtype} is not supported (float32, float16, bfloat16, float64)")
+    return (out, w.view(graph.num_edges, q.shape[1])) if want_weights else out
+
+
+def _native_extras(graph, q, scale, algorithm, backward, kind, drop, ptrs) -> float:
+    n, h, d = q.shape
+    return graph._core.attention_extras(
+        (device_index(q), dtype_name(q.dtype), h, d), scale, algorithm, backward, kind, drop,
+        ptrs, stream_of(q),
+    )
 
 
 def _native_forward(graph, q, k, v, out, scale, algorithm) -> None:
@@ -205,12 +331,58 @@ if torch is not None:
                 )
             return None, dq, dk, dv, None, None
 
+    class _SparseAttentionExtras(torch.autograd.Function):
+        """Autograd of sparse attention with a bias and/or dropout: the forward returns the
+        output and the attention weights (empty unless asked for; not differentiable); the
+        backward regenerates the dropout mask from the seed."""
+
+        @staticmethod
+        def forward(ctx, graph, q, k, v, bias, scale, algorithm, kind, drop, want_weights):
+            out = torch.empty_like(q, memory_format=torch.contiguous_format)
+            w_dtype = torch.float32 if q.device.type == "cuda" else q.dtype
+            w_len = graph.num_edges * q.shape[1] if want_weights else 0
+            w = torch.empty(w_len, dtype=w_dtype, device=q.device)
+            if _empty_problem(graph, q):
+                out.zero_(), w.zero_()
+            else:
+                _native_extras(
+                    graph, q, scale, algorithm, False, kind, drop,
+                    [address(q), address(k), address(v), address(out),
+                     address(bias) if bias is not None else 0,
+                     address(w) if want_weights else 0],
+                )
+            ctx.graph, ctx.scale, ctx.algorithm, ctx.kind, ctx.drop = graph, scale, algorithm, kind, drop
+            ctx.save_for_backward(q, k, v, bias)
+            ctx.mark_non_differentiable(w)
+            return out, w
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, d_out, _d_weights):
+            q, k, v, bias = ctx.saved_tensors
+            d_out = d_out.to(dtype=q.dtype).contiguous()
+            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            d_bias = torch.empty_like(bias) if bias is not None else None
+            if _empty_problem(ctx.graph, q):
+                for t in (dq, dk, dv, d_bias):
+                    if t is not None:
+                        t.zero_()
+            else:
+                _native_extras(
+                    ctx.graph, q, ctx.scale, ctx.algorithm, True, ctx.kind, ctx.drop,
+                    [address(q), address(k), address(v), address(d_out),
+                     address(bias) if bias is not None else 0,
+                     address(dq), address(dk), address(dv),
+                     address(d_bias) if d_bias is not None else 0],
+                )
+            return None, dq, dk, dv, d_bias, None, None, None, None, None
+
     class _GatAttention(torch.autograd.Function):
         """Autograd of GAT attention: forward and exact backward by spattn's kernels (the
         scores are recomputed in the backward, not stored)."""
 
         @staticmethod
-        def forward(ctx, graph, x, a_dst, a_src, slope):
+        def forward(ctx, graph, x, a_dst, a_src, slope, drop):
             n, h, c = graph.num_nodes, x.shape[1], x.shape[2]
             out = torch.empty((n, h, c), dtype=x.dtype, device=x.device)
             cuda = x.device.type == "cuda"
@@ -225,9 +397,9 @@ if torch is not None:
                 graph._core.gat_forward(
                     device_index(x), dtype_name(x.dtype), h, c, slope,
                     address(x), address(a_dst), address(a_src), address(out),
-                    address(ws) if ws is not None else 0, stream_of(x),
+                    address(ws) if ws is not None else 0, stream_of(x), drop,
                 )
-            ctx.graph, ctx.slope = graph, slope
+            ctx.graph, ctx.slope, ctx.drop = graph, slope, drop
             ctx.save_for_backward(x, a_dst, a_src)
             return out
 
@@ -242,7 +414,7 @@ if torch is not None:
             da_dst, da_src = torch.empty_like(a_dst), torch.empty_like(a_src)
             if graph.num_edges == 0 or x.numel() == 0:
                 dx.zero_(), da_dst.zero_(), da_src.zero_()
-                return None, dx, da_dst, da_src, None
+                return None, dx, da_dst, da_src, None, None
             cuda = x.device.type == "cuda"
             if cuda:
                 ws = [
@@ -255,9 +427,9 @@ if torch is not None:
             graph._core.gat_backward(
                 device_index(x), dtype_name(x.dtype), h, c, ctx.slope,
                 address(x), address(a_dst), address(a_src), address(d_out),
-                address(dx), address(da_dst), address(da_src), wsp, stream_of(x),
+                address(dx), address(da_dst), address(da_src), wsp, stream_of(x), ctx.drop,
             )
-            return None, dx, da_dst, da_src, None
+            return None, dx, da_dst, da_src, None, None
 
 
 def gat_attention(
@@ -266,6 +438,9 @@ def gat_attention(
     alpha_dst: Any,
     alpha_src: Any,
     negative_slope: float = 0.2,
+    *,
+    dropout: float = 0.0,
+    dropout_seed: Optional[int] = None,
 ):
     """GAT's attention: per edge ``j -> i`` and head ``h`` the score
     ``e = LeakyReLU(alpha_dst[i, h] + alpha_src[j, h], negative_slope)``, a softmax over each
@@ -279,6 +454,9 @@ def gat_attention(
             (cast if needed, differentiably) whatever ``x``'s dtype, so their gradients are
             not rounded to half precision; on the CPU everything runs in float32 (float64 for
             float64 inputs).
+
+        dropout, dropout_seed: dropout on the attention coefficients, as
+            :func:`sparse_attention`'s (the GAT paper uses 0.6 in training).
 
     Returns ``num_nodes × heads × channels`` of ``x``'s dtype, differentiable with respect to
     ``x``, ``alpha_dst`` and ``alpha_src`` through spattn's exact backward.
@@ -294,6 +472,7 @@ def gat_attention(
         raise ValueError(f"x: has {n} rows, but the graph has {graph.num_cols} nodes")
     check_torch("x", x)
     slope = float(negative_slope)
+    drop = _check_dropout(dropout, dropout_seed)
     for name, a, rows in (("alpha_dst", alpha_dst, graph.num_nodes), ("alpha_src", alpha_src, n)):
         if not is_tensor(a):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(a).__name__}")
@@ -309,7 +488,7 @@ def gat_attention(
             raise TypeError(f"x: dtype {x.dtype} is not supported on CUDA (float32, float16, bfloat16)")
         a_dst = check_torch("alpha_dst", alpha_dst.float().contiguous())
         a_src = check_torch("alpha_src", alpha_src.float().contiguous())
-        return _GatAttention.apply(graph, x, a_dst, a_src, slope)
+        return _GatAttention.apply(graph, x, a_dst, a_src, slope, drop)
     if name is None:
         raise TypeError(f"x: dtype {x.dtype} is not supported (float32, float16, bfloat16, float64)")
     work = torch.float64 if name == "f64" else torch.float32
@@ -319,6 +498,7 @@ def gat_attention(
         alpha_dst.to(work).contiguous(),
         alpha_src.to(work).contiguous(),
         slope,
+        drop,
     )
     return out.to(x.dtype)
 

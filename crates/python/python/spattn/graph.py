@@ -188,18 +188,21 @@ class Graph:
         device: Any = "cuda",
         algorithm: str = "auto",
         scale: Optional[float] = None,
+        extras: bool = False,
     ) -> Dict[str, str]:
         """Builds (or finds) the plan of a configuration now, so the first call does not pay
         for it, and says what it chose: ``{"algorithm": ..., "choice": ...}``.
 
-        ``device`` is ``"cpu"``, ``"cuda"``, ``"cuda:1"``, an int or a ``torch.device``."""
+        ``device`` is ``"cpu"``, ``"cuda"``, ``"cuda:1"``, an int or a ``torch.device``.
+        ``extras=True``: the plan of calls with a ``bias`` or ``dropout`` (which ``auto``
+        serves with an algorithm that takes them)."""
         name = dtype_name(dtype)
         if name is None:
             raise TypeError(f"dtype: unsupported {dtype} (float32, float16, bfloat16, float64)")
         check_algorithm(algorithm)
         alg, choice = self._core.prepare(
             _device_arg(device), name, _check_count("heads", heads),
-            _check_count("head_dim", head_dim), check_scale(scale), algorithm,
+            _check_count("head_dim", head_dim), check_scale(scale), algorithm, bool(extras),
         )
         return {"algorithm": alg, "choice": choice}
 

@@ -108,12 +108,8 @@ def graph_for(edge_index: Any, num_nodes: int, self_loops: bool = False) -> Grap
     return graph
 
 
-def _unsupported_attention_extras(name: str, dropout: float, edge_dim: Optional[int]) -> None:
-    """Attention dropout and edge features are not in the package yet: say so, naming them."""
-    if dropout:
-        raise NotImplementedError(
-            f"{name}: dropout={dropout} (attention dropout) is not supported yet; use dropout=0"
-        )
+def _unsupported_edge_features(name: str, edge_dim: Optional[int]) -> None:
+    """Edge features are not in the package yet: say so, naming them."""
     if edge_dim is not None:
         raise NotImplementedError(f"{name}: edge_dim={edge_dim} (edge features) is not supported")
 
@@ -176,6 +172,11 @@ def _check_x(layer: str, x: Tensor, channels: int, name: str = "x") -> None:
         )
 
 
+def _check_rate(layer: str, dropout: Any) -> None:
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise ValueError(f"{layer}: dropout={dropout!r}: expected a rate in [0, 1)")
+
+
 def _no_attention_weights(layer: str, value: Any) -> None:
     if value is not None:
         raise NotImplementedError(f"{layer}: return_attention_weights is not supported")
@@ -196,9 +197,16 @@ class TransformerConv(torch.nn.Module):
     ``lin_value``, ``lin_skip``, ``lin_beta``) and defaults as PyG 2.8; ``forward(x,
     edge_index)``. Like PyG, no self loops are added.
 
-    Not supported (``NotImplementedError``): ``dropout > 0``, ``edge_dim`` / ``edge_attr``,
-    ``return_attention_weights``, two node sets of different sizes, lazy ``in_channels=-1``.
-    Extra keyword: ``algorithm`` (spattn's algorithm, ``"auto"``).
+    ``dropout`` drops attention weights in training mode as PyG's does, with spattn's mask
+    (Philox, seeded from torch's default generator: ``torch.manual_seed`` reproduces it, PyG's
+    masks differ); it makes ``auto`` run the ``unfused-csr`` kernels.
+    ``return_attention_weights=True`` returns ``(out, (edge_index, alpha))`` as PyG does, but
+    with the edges in the graph's CSR order (sorted by target, then source; repeated edges
+    merged) rather than the input's, and ``alpha`` after dropout (PyG's is before).
+
+    Not supported (``NotImplementedError``): ``edge_dim`` / ``edge_attr``, two node sets of
+    different sizes, lazy ``in_channels=-1``. Extra keyword: ``algorithm`` (spattn's
+    algorithm, ``"auto"``).
     """
 
     def __init__(
@@ -219,7 +227,8 @@ class TransformerConv(torch.nn.Module):
         super().__init__()
         name = "TransformerConv"
         _unsupported_kwargs(name, kwargs)
-        _unsupported_attention_extras(name, dropout, edge_dim)
+        _unsupported_edge_features(name, edge_dim)
+        _check_rate(name, dropout)
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.heads = heads
@@ -264,7 +273,6 @@ class TransformerConv(torch.nn.Module):
         name = "TransformerConv"
         if edge_attr is not None:
             raise NotImplementedError(f"{name}: edge_attr is not supported")
-        _no_attention_weights(name, return_attention_weights)
         x_src, x_dst = _split_x(name, x)
         cin = self.in_channels if isinstance(self.in_channels, tuple) else (self.in_channels,) * 2
         _check_x(name, x_src, cin[0], "x" if x_src is x_dst else "x_src")
@@ -275,9 +283,13 @@ class TransformerConv(torch.nn.Module):
         query = self.lin_query(x_dst).view(-1, H, C)
         key = self.lin_key(x_src).view(-1, H, C)
         value = self.lin_value(x_src).view(-1, H, C)
-        out = sparse_attention(
-            graph, query, key, value, scale=1.0 / math.sqrt(C), algorithm=self.algorithm
+        rate = self.dropout if self.training else 0.0
+        want = bool(return_attention_weights)
+        res = sparse_attention(
+            graph, query, key, value, scale=1.0 / math.sqrt(C), dropout=rate,
+            return_attention_weights=want, algorithm=self.algorithm,
         )
+        out, alpha = res if want else (res, None)
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if self.root_weight:
             x_r = self.lin_skip(x_dst)
@@ -286,6 +298,8 @@ class TransformerConv(torch.nn.Module):
                 out = b * x_r + (1 - b) * out
             else:
                 out = out + x_r
+        if want:
+            return out, (graph.edge_index(device=out.device), alpha)
         return out
 
     def __repr__(self) -> str:
@@ -313,7 +327,10 @@ class GATConv(torch.nn.Module):
     ``x``), so their gradients (those of ``att_src``, ``att_dst``) are not rounded to half
     precision.
 
-    Not supported (``NotImplementedError``): ``dropout > 0``, ``edge_dim`` / ``edge_attr``,
+    ``dropout`` drops attention coefficients in training mode as PyG's does, with spattn's
+    mask (Philox, seeded from torch's default generator; PyG's masks differ).
+
+    Not supported (``NotImplementedError``): ``edge_dim`` / ``edge_attr``,
     ``return_attention_weights``, ``size`` other than ``None`` or ``(N, N)``, two node sets of
     different sizes, lazy ``in_channels=-1``. Extra keyword: ``algorithm`` (only ``"auto"``:
     GAT runs the CUDA-core CSR kernels).
@@ -339,7 +356,8 @@ class GATConv(torch.nn.Module):
         super().__init__()
         name = "GATConv"
         _unsupported_kwargs(name, kwargs)
-        _unsupported_attention_extras(name, dropout, edge_dim)
+        _unsupported_edge_features(name, edge_dim)
+        _check_rate(name, dropout)
         if check_algorithm(algorithm) != "auto":
             raise NotImplementedError(
                 f"{name}: algorithm={algorithm!r}: GAT attention runs the CSR kernels only (use 'auto')"
@@ -421,7 +439,8 @@ class GATConv(torch.nn.Module):
         graph = graph_for(edge_index, n, self_loops=self.add_self_loops)
         alpha_src = _head_dot(h_src, self.att_src)
         alpha_dst = _head_dot(h_dst, self.att_dst)
-        out = gat_attention(graph, h_src, alpha_dst, alpha_src, self.negative_slope)
+        rate = self.dropout if self.training else 0.0
+        out = gat_attention(graph, h_src, alpha_dst, alpha_src, self.negative_slope, dropout=rate)
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if res is not None:
             out = out + res

@@ -1,0 +1,361 @@
+"""Attention with a per-edge bias, dropout and the attention weights out
+(``sparse_attention(bias=, dropout=, return_attention_weights=)``): against a dense float64
+reference whose dropout mask is an independent numpy Philox 4×32-10 (the documented mask),
+gradients by gradcheck, the layers' dropout, and errors naming the argument. The CUDA tests
+(skipped without a GPU) check every dtype against the same reference and the CPU's mask.
+Skipped where torch is not installed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import spattn  # noqa: E402
+import spattn.nn  # noqa: E402
+from conftest import BUNDLED_CORA, dense_mask  # noqa: E402
+
+CUDA = torch.cuda.is_available() and spattn.cuda_device_count() > 0
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs an NVIDIA GPU")
+
+
+# ---- the documented dropout mask, independently ------------------------------------------------
+
+
+def philox_first_word(counter_lo, counter_hi, offset, seed):
+    """The first output word of Philox 4×32-10 for counters [lo, hi, offset lo, offset hi] under
+    key [seed lo, seed hi] (numpy, vectorised over the counters)."""
+    m = np.uint64(0xFFFFFFFF)
+    c0 = counter_lo.astype(np.uint64)
+    c1 = counter_hi.astype(np.uint64)
+    c2 = np.full_like(c0, offset & 0xFFFFFFFF)
+    c3 = np.full_like(c0, offset >> 32)
+    k0, k1 = seed & 0xFFFFFFFF, seed >> 32
+    for r in range(10):
+        if r:
+            k0, k1 = (k0 + 0x9E3779B9) & 0xFFFFFFFF, (k1 + 0xBB67AE85) & 0xFFFFFFFF
+        p0 = np.uint64(0xD2511F53) * c0
+        p1 = np.uint64(0xCD9E8D57) * c2
+        c0, c1, c2, c3 = (
+            (p1 >> np.uint64(32)) ^ c1 ^ np.uint64(k0),
+            p1 & m,
+            (p0 >> np.uint64(32)) ^ c3 ^ np.uint64(k1),
+            p0 & m,
+        )
+    return c0
+
+
+def dropout_factor(num_edges, heads, rate, seed, offset=0):
+    """``num_edges × heads`` factors: 0 dropped, 1/(1 - rate) kept (rate as float32)."""
+    rate = float(np.float32(rate))
+    i = np.arange(num_edges * heads, dtype=np.uint64)
+    word = philox_first_word(i & np.uint64(0xFFFFFFFF), i >> np.uint64(32), offset, seed)
+    keep = word >= np.uint64(int(np.floor(rate * 2.0**32)))
+    return np.where(keep, 1.0 / (1.0 - rate), 0.0).reshape(num_edges, heads)
+
+
+def reference(graph, q, k, v, scale, bias=None, factor=None):
+    """Dense float64: out and the weights (num_edges × heads, CSR order)."""
+    q, k, v = (np.asarray(t.detach().double().cpu()) for t in (q, k, v))
+    n, h, _ = q.shape
+    crow, col = graph.crow(), graph.col()
+    rows = np.repeat(np.arange(n), np.diff(crow))
+    s = np.einsum("ehd,ehd->eh", q[rows], k[col]) * scale
+    if bias is not None:
+        b = np.asarray(bias.detach().double().cpu())
+        s = s + (b[:, None] if b.ndim == 1 else b)
+    p = np.zeros_like(s)
+    for i in range(n):
+        lo, hi = crow[i], crow[i + 1]
+        if hi > lo:
+            m = s[lo:hi].max(axis=0)
+            m = np.where(np.isfinite(m), m, 0.0)
+            e = np.exp(s[lo:hi] - m)
+            z = e.sum(axis=0)
+            p[lo:hi] = np.divide(e, z, out=np.zeros_like(e), where=z > 0)
+    w = p if factor is None else p * factor
+    out = np.zeros_like(q)
+    np.add.at(out, rows, w[:, :, None] * v[col])
+    return out, w
+
+
+def rel(a, b) -> float:
+    a = np.asarray(a.detach().double().cpu()) if torch.is_tensor(a) else np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    n = np.linalg.norm(b.ravel())
+    d = np.linalg.norm((a - b).ravel())
+    return float(d / n) if n > 0 else float(d)
+
+
+def random_graph(gen, n=30, e=140):
+    src = torch.randint(0, n, (e,), generator=gen)
+    dst = torch.randint(0, n, (e,), generator=gen)
+    ei = torch.unique(torch.stack([src, dst]), dim=1)
+    return spattn.Graph.from_edge_index(ei[:, ei[1] != 4], num_nodes=n)  # row 4 has no edges
+
+
+@pytest.fixture
+def gen():
+    return torch.Generator().manual_seed(5)
+
+
+# ---- CPU -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["shared", "per_head"])
+@pytest.mark.parametrize("rate", [0.0, 0.3])
+def test_cpu_matches_reference(gen, layout, rate):
+    g = random_graph(gen)
+    h, d = 3, 5
+    q, k, v = (torch.randn(g.num_nodes, h, d, dtype=torch.float64, generator=gen) for _ in range(3))
+    shape = (g.num_edges,) if layout == "shared" else (g.num_edges, h)
+    bias = torch.randn(*shape, dtype=torch.float64, generator=gen)
+    out, w = spattn.sparse_attention(
+        g, q, k, v, scale=0.7, bias=bias, dropout=rate, dropout_seed=11,
+        return_attention_weights=True,
+    )
+    factor = dropout_factor(g.num_edges, h, rate, 11) if rate else None
+    want, want_w = reference(g, q, k, v, 0.7, bias, factor)
+    assert rel(out, want) < 1e-12
+    assert rel(w, want_w) < 1e-12
+    assert w.shape == (g.num_edges, h)
+
+
+def test_cpu_dropout_mask_is_the_documented_one(gen):
+    g = random_graph(gen, n=60, e=900)
+    h = 4
+    q = torch.randn(g.num_nodes, h, 8, generator=gen)
+    _, w = spattn.sparse_attention(g, q, q, q, dropout=0.5, dropout_seed=2**40 + 3,
+                                   return_attention_weights=True)
+    dropped = (w == 0).numpy()
+    want = dropout_factor(g.num_edges, h, 0.5, 2**40 + 3) == 0
+    assert (dropped == want).all()
+    assert 0.4 < dropped.mean() < 0.6
+    # A seed from torch's generator: torch.manual_seed reproduces the mask.
+    torch.manual_seed(3)
+    _, w1 = spattn.sparse_attention(g, q, q, q, dropout=0.5, return_attention_weights=True)
+    torch.manual_seed(3)
+    _, w2 = spattn.sparse_attention(g, q, q, q, dropout=0.5, return_attention_weights=True)
+    _, w3 = spattn.sparse_attention(g, q, q, q, dropout=0.5, return_attention_weights=True)
+    assert torch.equal(w1, w2)
+    assert not torch.equal(w1, w3)
+
+
+@pytest.mark.parametrize("layout", ["shared", "per_head"])
+def test_cpu_gradcheck_with_bias_and_dropout(gen, layout):
+    g = random_graph(gen, n=12, e=40)
+    h = 2
+    q, k, v = (torch.randn(12, h, 3, dtype=torch.float64, generator=gen, requires_grad=True)
+               for _ in range(3))
+    shape = (g.num_edges,) if layout == "shared" else (g.num_edges, h)
+    bias = torch.randn(*shape, dtype=torch.float64, generator=gen, requires_grad=True)
+
+    def f(q, k, v, bias):
+        return spattn.sparse_attention(g, q, k, v, scale=0.9, bias=bias, dropout=0.25,
+                                       dropout_seed=99)
+
+    assert torch.autograd.gradcheck(f, (q, k, v, bias))
+
+
+def test_cpu_minus_infinity_masks_an_edge(gen):
+    g = random_graph(gen)
+    q = torch.randn(g.num_nodes, 1, 4, generator=gen)
+    bias = torch.zeros(g.num_edges)
+    bias[0] = float("-inf")
+    out, w = spattn.sparse_attention(g, q, q, q, bias=bias, return_attention_weights=True)
+    assert w[0, 0] == 0
+    want, _ = reference(g, q, q, q, 0.5, bias)
+    assert rel(out, want) < 1e-6
+
+
+def test_cpu_half_precision_widens(gen):
+    g = random_graph(gen)
+    q = torch.randn(g.num_nodes, 2, 8, generator=gen).to(torch.bfloat16)
+    bias = torch.randn(g.num_edges, 2, generator=gen).to(torch.bfloat16)
+    out, w = spattn.sparse_attention(g, q, q, q, bias=bias, return_attention_weights=True)
+    assert out.dtype == torch.bfloat16 and w.dtype == torch.bfloat16
+    want, _ = reference(g, q, q, q, 8**-0.5, bias)
+    assert rel(out, want) < 2e-2
+
+
+def test_errors_name_the_argument(gen):
+    g = random_graph(gen)
+    q = torch.randn(g.num_nodes, 2, 4, generator=gen)
+    with pytest.raises(ValueError, match=r"bias: has shape \(3,\)"):
+        spattn.sparse_attention(g, q, q, q, bias=torch.zeros(3))
+    with pytest.raises(TypeError, match="bias: expected a torch.Tensor"):
+        spattn.sparse_attention(g, q, q, q, bias=np.zeros(g.num_edges))
+    with pytest.raises(TypeError, match="bias: expected a floating-point"):
+        spattn.sparse_attention(g, q, q, q, bias=torch.zeros(g.num_edges, dtype=torch.int64))
+    for bad in (1.0, -0.1, float("nan")):
+        with pytest.raises(ValueError, match="dropout: the rate must be in"):
+            spattn.sparse_attention(g, q, q, q, dropout=bad)
+    with pytest.raises(TypeError, match="dropout: expected a float"):
+        spattn.sparse_attention(g, q, q, q, dropout="0.1")
+    with pytest.raises(ValueError, match="dropout_seed: expected an integer"):
+        spattn.sparse_attention(g, q, q, q, dropout=0.1, dropout_seed=-1)
+    with pytest.raises(TypeError, match="need torch tensors"):
+        spattn.sparse_attention(g, q.numpy(), q.numpy(), q.numpy(), dropout=0.1)
+    nan_bias = torch.zeros(g.num_edges)
+    nan_bias[3] = float("nan")
+    with pytest.raises(Exception, match="bias"):
+        spattn.sparse_attention(g, q, q, q, bias=nan_bias)
+
+
+def test_transformer_conv_dropout_and_weights(gen):
+    torch.manual_seed(0)
+    ei = torch.unique(torch.randint(0, 20, (2, 80), generator=gen), dim=1)
+    x = torch.randn(20, 8, generator=gen)
+    layer = spattn.nn.TransformerConv(8, 4, heads=2, dropout=0.5)
+    layer.eval()
+    out_eval, (ei_out, alpha) = layer(x, ei, return_attention_weights=True)
+    assert alpha.shape == (ei_out.shape[1], 2)
+    g = spattn.nn.graph_for(ei, 20)
+    row_sums = torch.zeros(20, 2).index_add_(0, ei_out[1], alpha)
+    has_edges = torch.from_numpy(np.diff(g.crow()) > 0)
+    assert torch.allclose(row_sums[has_edges], torch.ones(2), atol=1e-5)  # eval: no dropout
+    assert torch.allclose(out_eval, layer(x, ei), atol=1e-6)
+    layer.train()
+    out_train, (_, alpha_train) = layer(x, ei, return_attention_weights=True)
+    assert (alpha_train == 0).any()
+    assert not torch.allclose(out_train, out_eval)
+    out_train.sum().backward()
+    assert layer.lin_query.weight.grad is not None
+    with pytest.raises(ValueError, match="dropout"):
+        spattn.nn.TransformerConv(8, 4, dropout=1.5)
+
+
+def gat_reference(graph, x, a_dst, a_src, slope, factor):
+    """Dense float64 GAT attention with the dropout factors (num_edges × heads) applied."""
+    x, a_dst, a_src = (np.asarray(t.detach().double().cpu()) for t in (x, a_dst, a_src))
+    n, h = graph.num_nodes, x.shape[1]
+    crow, col = graph.crow(), graph.col()
+    rows = np.repeat(np.arange(n), np.diff(crow))
+    e = a_dst[rows] + a_src[col]
+    e = np.where(e >= 0, e, slope * e)
+    p = np.zeros_like(e)
+    for i in range(n):
+        lo, hi = crow[i], crow[i + 1]
+        if hi > lo:
+            z = np.exp(e[lo:hi] - e[lo:hi].max(axis=0))
+            p[lo:hi] = z / z.sum(axis=0)
+    out = np.zeros((n, h, x.shape[2]))
+    np.add.at(out, rows, (p * factor)[:, :, None] * x[col])
+    return out
+
+
+def test_cpu_gat_dropout_matches_reference_and_gradcheck(gen):
+    g = random_graph(gen, n=14, e=50)
+    h = 2
+    x = torch.randn(14, h, 3, dtype=torch.float64, generator=gen, requires_grad=True)
+    a_dst, a_src = (torch.randn(14, h, dtype=torch.float64, generator=gen, requires_grad=True)
+                    for _ in range(2))
+    out = spattn.gat_attention(g, x, a_dst, a_src, 0.2, dropout=0.4, dropout_seed=21)
+    want = gat_reference(g, x, a_dst, a_src, 0.2, dropout_factor(g.num_edges, h, 0.4, 21))
+    assert rel(out, want) < 1e-12
+
+    def f(x, a_dst, a_src):
+        return spattn.gat_attention(g, x, a_dst, a_src, 0.2, dropout=0.4, dropout_seed=21)
+
+    assert torch.autograd.gradcheck(f, (x, a_dst, a_src))
+
+
+def test_gat_conv_dropout_in_training_only(gen):
+    ei = torch.unique(torch.randint(0, 20, (2, 80), generator=gen), dim=1)
+    x = torch.randn(20, 8, generator=gen)
+    layer = spattn.nn.GATConv(8, 4, heads=2, dropout=0.6)
+    layer.eval()
+    out_eval = layer(x, ei)
+    assert torch.equal(out_eval, layer(x, ei))
+    layer.train()
+    torch.manual_seed(1)
+    out_a = layer(x, ei)
+    torch.manual_seed(1)
+    out_b = layer(x, ei)
+    assert torch.equal(out_a, out_b)  # torch.manual_seed reproduces the mask
+    assert not torch.allclose(out_a, out_eval)
+    out_a.sum().backward()
+    assert layer.att_src.grad is not None and layer.att_src.grad.abs().sum() > 0
+
+
+# ---- CUDA ----------------------------------------------------------------------------------
+
+TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}
+
+
+def cora():
+    g = spattn.Graph.read_matrix_market(BUNDLED_CORA, symmetrize=True).with_self_loops()
+    return g
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16],
+                         ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("layout", ["shared", "per_head"])
+def test_cuda_matches_reference_and_cpu_mask(dtype, layout):
+    g = cora()
+    h, d = 4, 32
+    gen = torch.Generator().manual_seed(9)
+    q, k, v, dy = (torch.randn(g.num_nodes, h, d, generator=gen).to(dtype) for _ in range(4))
+    shape = (g.num_edges,) if layout == "shared" else (g.num_edges, h)
+    bias = torch.randn(*shape, generator=gen).to(dtype)
+    rate, seed = 0.2, 1234
+    qc, kc, vc, bc = (t.cuda().requires_grad_() for t in (q, k, v, bias))
+    out, w = spattn.sparse_attention(g, qc, kc, vc, bias=bc, dropout=rate, dropout_seed=seed,
+                                     return_attention_weights=True)
+    assert out.dtype == dtype and w.dtype == torch.float32
+    factor = dropout_factor(g.num_edges, h, rate, seed)
+    want, want_w = reference(g, q, k, v, d**-0.5, bias, factor)
+    assert rel(out, want) < TOL[dtype]
+    assert rel(w, want_w) < max(TOL[dtype], 1e-6)
+    assert ((w.cpu() == 0).numpy() == (factor == 0)).all()  # the CPU's mask, exactly
+    # Gradients against the CPU path in float64 on the same rounded inputs.
+    out.backward(dy.cuda())
+    q64, k64, v64, b64 = (t.double().requires_grad_() for t in (q, k, v, bias))
+    o64 = spattn.sparse_attention(g, q64, k64, v64, bias=b64, dropout=rate, dropout_seed=seed)
+    o64.backward(dy.double())
+    for name, got, want_g in (("dq", qc.grad, q64.grad), ("dk", kc.grad, k64.grad),
+                              ("dv", vc.grad, v64.grad), ("dbias", bc.grad, b64.grad)):
+        err = rel(got, want_g.numpy())
+        print(f"  {layout} {str(dtype)[6:]} {name}: {err:.2e}")
+        assert err < 4 * TOL[dtype], name
+
+
+@needs_cuda
+def test_cuda_algorithm_without_extras_says_which_take_them():
+    g = cora()
+    q = torch.randn(g.num_nodes, 1, 16, device="cuda", dtype=torch.float16)
+    with pytest.raises(Exception, match="unfused-csr"):
+        spattn.sparse_attention(g, q, q, q, dropout=0.1, algorithm="fused-tc")
+    plan = g.plan(1, 16, dtype="float16", extras=True)
+    assert plan["algorithm"] == "unfused-csr"
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16],
+                         ids=["f32", "f16", "bf16"])
+def test_cuda_gat_dropout_matches_the_cpu(dtype):
+    g = cora()
+    h, c = 4, 16
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(g.num_nodes, h, c, generator=gen).to(dtype)
+    a_dst, a_src = (torch.randn(g.num_nodes, h, generator=gen) for _ in range(2))
+    dy = torch.randn(g.num_nodes, h, c, generator=gen).to(dtype)
+    xc, dc, sc = (t.cuda().requires_grad_() for t in (x, a_dst, a_src))
+    out = spattn.gat_attention(g, xc, dc, sc, 0.2, dropout=0.6, dropout_seed=77)
+    out.backward(dy.cuda())
+    x64, d64, s64 = (t.double().requires_grad_() for t in (x, a_dst, a_src))
+    o64 = spattn.gat_attention(g, x64, d64, s64, 0.2, dropout=0.6, dropout_seed=77)
+    o64.backward(dy.double())
+    assert rel(out, o64.detach().numpy()) < TOL[dtype]
+    # The mask and where the backward applies it are the same in every dtype: the gradients
+    # are checked in float32 (da_dst, da_src are row sums that cancel, ill-conditioned in half
+    # precision; test_gpu.py bounds those by their condition number).
+    grads = [("dx", xc.grad, x64.grad)]
+    if dtype == torch.float32:
+        grads += [("da_dst", dc.grad, d64.grad), ("da_src", sc.grad, s64.grad)]
+    for name, got, want in grads:
+        err = rel(got, want.numpy())
+        print(f"  gat dropout {str(dtype)[6:]} {name}: {err:.2e}")
+        assert err < (1e-4 if dtype == torch.float32 else 4 * TOL[dtype]), name
