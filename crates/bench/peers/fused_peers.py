@@ -269,34 +269,87 @@ class Fused3S:
 # --------------------------------------------------------------------------------------------
 
 
-def flashsparse_positions(g, window, chunk, part_cols, n_pad):
-    """Where each CSR edge's value sits in FlashSparse's SDDMM output / SpMM input (one array for
-    the whole graph, windows one after the other, 8 values per column of a window):
+def _fs_window_ranks(row, col, n_cols, n_pad, window):
+    """Per edge: its window and its column's rank in the window's ascending column union (as
+    blockProcess_sddmm_balance_gnn builds it); per window: the union's size and first index."""
+    dev = row.device
+    nwin = n_pad // window
+    w = row // window
+    ukey, inv = torch.unique(w * n_cols + col, sorted=True, return_inverse=True)
+    vsize = torch.bincount(ukey // n_cols, minlength=nwin)
+    wstart = torch.zeros(nwin + 1, dtype=torch.int64, device=dev)
+    wstart[1:] = torch.cumsum(vsize, 0)
+    return w, inv - wstart[w], vsize, wstart
+
+
+def flashsparse_positions(row, col, n_cols, n_pad, chunk, window=8, part_cols=32 * 16):
+    """Where each edge's value sits in FlashSparse's gnn value array (one array for the whole
+    graph, windows one after the other, 8 values per column of a window), as its SpMM reads it
+    and its SDDMM means to write it:
 
       windows of `window` rows; a window's columns are the sorted union of its rows' columns;
       they are cut into parts of `part_cols` (32 blocks of 16: the load balancing of
       blockProcess_sddmm_balance_gnn); within a part, chunks of `chunk` columns (8 for fp16 =
-      m16n8k8 A tiles, 4 for tf32 = m16n8k4), each chunk row-major window-row x chunk column,
-      the last chunk of a part as wide as what is left.
+      m16n8k16 tiles, 4 for tf32 = m16n8k8), each chunk row-major window-row x chunk column,
+      the last chunk of a part as wide as what is left. `chunk` 16 with an unbounded part is
+      blockProcess's value mask.
 
     Returns (pos int64 per edge, total length, columns per window)."""
-    dev = g.device
-    nwin = n_pad // window
-    w = g.row // window
-    key = w * g.n_cols + g.col
-    ukey, inv = torch.unique(key, sorted=True, return_inverse=True)
-    vsize = torch.bincount(ukey // g.n_cols, minlength=nwin)
-    wstart = torch.zeros(nwin + 1, dtype=torch.int64, device=dev)
-    wstart[1:] = torch.cumsum(vsize, 0)
-    rank = inv - wstart[w]                       # column index within the window's union
-    part0 = (rank // part_cols) * part_cols      # first column of the edge's part
-    pw = torch.minimum(vsize[w] - part0, torch.full_like(part0, part_cols))
-    kk = rank - part0
+    w, rank, vsize, wstart = _fs_window_ranks(row, col, n_cols, n_pad, window)
+    p0 = (rank // part_cols) * part_cols
+    pw = torch.clamp(vsize[w] - p0, max=part_cols)  # columns of the edge's part
+    kk = rank - p0
     c = kk // chunk
-    wc = torch.where((c + 1) * chunk <= pw, torch.full_like(c, chunk), pw % chunk)
-    nrow = g.row % window
-    pos = window * (wstart[w] + part0) + window * chunk * c + nrow * wc + kk % chunk
+    wc = torch.clamp(pw - c * chunk, max=chunk)  # width of the edge's chunk
+    pos = window * (wstart[w] + p0) + window * chunk * c + (row % window) * wc + kk % chunk
     return pos, int(window * wstart[-1]), vsize
+
+
+def flashsparse_store_positions(row, col, n_cols, n_pad, tf32, window=8, part_cols=32 * 16):
+    """Where FS_SDDMM.forward_gen_{fp16,tf32}_gnn actually stores each score: the intended slot,
+    except in a part's last 16-column block when it has 9 to 15 columns, columns 8 and up. There
+    its output tile (SDDMM/sddmm_utils/output_tile.h) advances the store pointer a second time,
+    so row n's score lands 16·⌊n/2⌋ (fp16) or 8·⌊n/2⌋ + (j − 8), 32 + 8·⌊n/2⌋ + (j − 12) (tf32)
+    slots further: on another edge's slot, or past the array."""
+    pos, total, vsize = flashsparse_positions(row, col, n_cols, n_pad, 4 if tf32 else 8, window, part_cols)
+    w, rank, _, _ = _fs_window_ranks(row, col, n_cols, n_pad, window)
+    p0 = (rank // part_cols) * part_cols
+    kk = rank - p0
+    left = torch.clamp(vsize[w] - p0, max=part_cols) - 16 * (kk // 16)  # columns from this block on
+    j = kk % 16
+    half = (row % window) // 2
+    bad = (left < 16) & (j >= 8)
+    shift = torch.where(j < 12, 8 * half + (j - 8), 32 + 8 * half + (j - 12)) if tf32 else 16 * half
+    return torch.where(bad, pos + shift, pos)
+
+
+def flashsparse_pad_windows(offs, cols, n_cols, n_pad, window=8, wide=16, min_residue=9):
+    """The harness's way around that store: every window whose column union leaves 9 to 15
+    columns in its last 16-column block gets dummy columns n_cols, n_cols + 1, … on its first
+    row up to the next multiple of 16. They sort after the real columns (whose ranks, blocks,
+    parts and the SDDMM's work stay the same); K and V get 16 zero rows for them; their scores
+    are never read and their probabilities are 0. Returns (offs, cols) of the padded CSR as
+    int32, the index of each real edge in it, and the number of dummies."""
+    offs = np.asarray(offs, dtype=np.int64)
+    cols = np.asarray(cols, dtype=np.int64)
+    n_rows = len(offs) - 1
+    nwin = n_pad // window
+    row = np.repeat(np.arange(n_rows, dtype=np.int64), np.diff(offs))
+    vsize = np.bincount(np.unique((row // window) * n_cols + cols) // n_cols, minlength=nwin)[:nwin]
+    r = vsize % wide
+    extra = np.zeros(n_rows, dtype=np.int64)
+    extra[np.arange(nwin) * window] = np.where(r >= min_residue, wide - r, 0)
+    offs2 = np.zeros(n_rows + 1, dtype=np.int64)
+    offs2[1:] = np.cumsum(np.diff(offs) + extra)
+    real = offs2[row] + (np.arange(len(cols), dtype=np.int64) - offs[row])
+    cols2 = np.empty(int(offs2[-1]), dtype=np.int64)
+    cols2[real] = cols
+    dummy = np.ones(len(cols2), dtype=bool)
+    dummy[real] = False
+    dpos = np.flatnonzero(dummy)
+    first = np.repeat(offs2[:-1] + np.diff(offs), extra)  # where each row's dummies begin
+    cols2[dpos] = n_cols + (dpos - first)
+    return offs2.astype(np.int32), cols2.astype(np.int32), real, int(extra.sum())
 
 
 class FlashSparse:
@@ -313,92 +366,123 @@ class FlashSparse:
         n = g.n
         # Its loaders pad the rows to a multiple of 16 (blockProcess drops a last partial window).
         self.n_pad = (n + 15) // 16 * 16
-        offs = np.concatenate([g.offs, np.full(self.n_pad - n, g.offs[-1])]).astype(np.int32)
+        offs = np.concatenate([g.offs, np.full(self.n_pad - n, g.offs[-1])])
+        dev = g.device
+        self.prep_ms, self.maps = {}, {}
+        # "published": the graph as it is; "padded": around the SDDMM's store (see
+        # flashsparse_pad_windows), the form timed.
+        for form in ("published", "padded"):
+            if form == "padded":
+                offs2, cols2, real, n_dummy = flashsparse_pad_windows(offs, g.cols, g.n_cols, self.n_pad)
+            else:
+                offs2, cols2 = offs.astype(np.int32), g.cols.astype(np.int32)
+                real, n_dummy = np.arange(g.nnz), 0
 
-        def pre():
-            rp, ci, deg, twin, tatom = self.FS_Block.blockProcess_sddmm_balance_gnn(
-                torch.from_numpy(offs), torch.from_numpy(g.cols.astype(np.int32)), self.WINDOW, self.WIDE, self.PART)
-            return [x.to(g.device) for x in (rp, ci, deg, twin, tatom)]
+            def pre(offs2=offs2, cols2=cols2):
+                out = self.FS_Block.blockProcess_sddmm_balance_gnn(
+                    torch.from_numpy(offs2), torch.from_numpy(cols2), self.WINDOW, self.WIDE, self.PART)
+                return [x.to(dev) for x in out]
 
-        self.prep_ms, (self.rp, self.ci, self.deg, self.twin, self.tatom) = wall_ms(pre)
-        vec = self.rp[1:] - self.rp[:-1]
-        max_vectors = int(vec.max()) if vec.numel() else 0
-        max_vectors = (max_vectors + self.WIDE - 1) // self.WIDE
-        self.max_part = (max_vectors + 3) // 4 * 4  # as its loaders compute `inputInfo.max`
-        t = time.perf_counter()
-        self.pos = {}
-        for chunk in (8, 4):
-            pos, total, _ = flashsparse_positions(g, self.WINDOW, chunk, self.PART * self.WIDE, self.n_pad)
-            self.pos[chunk] = pos
+            self.prep_ms[form], (rp, ci, deg, twin, tatom) = wall_ms(pre)
+            vec = rp[1:] - rp[:-1]
+            max_vectors = int(vec.max()) if vec.numel() else 0
+            max_vectors = (max_vectors + self.WIDE - 1) // self.WIDE
+            max_part = (max_vectors + 3) // 4 * 4  # as its loaders compute `inputInfo.max`
+            row2 = torch.repeat_interleave(torch.arange(self.n_pad, device=dev),
+                                           torch.from_numpy(np.diff(offs2).astype(np.int64)).to(dev))
+            col2 = torch.from_numpy(cols2.astype(np.int64)).to(dev)
+            realt = torch.from_numpy(real).to(dev)
+            nc = g.n_cols + (self.WIDE if n_dummy else 0)
+            pos, stored = {}, {}
+            for chunk in (8, 4):
+                p, total, _ = flashsparse_positions(row2, col2, nc, self.n_pad, chunk)
+                st = flashsparse_store_positions(row2, col2, nc, self.n_pad, chunk == 4)
+                pos[chunk], stored[chunk] = p[realt], st[realt]
+            # Our map must agree with blockProcess's: its value mask (1 on edges, in 16-column
+            # blocks) has as many entries as our total and ones exactly on our edges.
+            mask_pos, _, _ = flashsparse_positions(row2, col2, nc, self.n_pad, self.WIDE, part_cols=1 << 62)
+            layout_ok = (int(deg.numel()) == total and int(rp[-1]) * self.WINDOW == total
+                         and bool((deg[mask_pos] == 1).all())
+                         and int((deg != 0).sum()) == g.nnz + n_dummy)
+            self.maps[form] = dict(rp=rp, ci=ci, deg=deg, twin=twin, tatom=tatom, max_part=max_part,
+                                   pos=pos, total=total, layout_ok=layout_ok, n_dummy=n_dummy,
+                                   k_extra=self.WIDE if n_dummy else 0,
+                                   misplaced={c: int((stored[c] != pos[c]).sum()) for c in (8, 4)})
         torch.cuda.synchronize()
-        self.map_ms = (time.perf_counter() - t) * 1e3
-        self.total = total
-        # Our map of the edges must agree with blockProcess's: its value mask (1 on edges, in
-        # 16-column blocks) has as many entries as our total and ones exactly on our edges.
-        mask_pos = self.demo_positions()
-        self.layout_ok = (int(self.deg.numel()) == total and int(self.rp[-1]) * self.WINDOW == total
-                          and bool((self.deg[mask_pos] == 1).all()) and int((self.deg != 0).sum()) == g.nnz)
-
-    def demo_positions(self):
-        """Edge positions in blockProcess's value mask (16-column blocks, row-major inside)."""
-        g = self.g
-        pos, _, _ = flashsparse_positions(g, self.WINDOW, self.WIDE, 1 << 62, self.n_pad)
-        return pos
 
     def run_case(self, rec, case):
         g, args = self.g, self.args
-        prep_record(rec, "flashsparse_preprocess", case, self.prep_ms,
+        pad = self.maps["padded"]
+        prep_record(rec, "flashsparse_preprocess", case, self.prep_ms["padded"],
                     "FS_Block.blockProcess_sddmm_balance_gnn(window 8, wide 16, partSize 32) + copies to the GPU",
-                    f"measured once per graph; CPU (OpenMP); our edge -> value-slot map for the softmax took "
-                    f"{self.map_ms:.1f} ms more", self.src)
+                    f"measured once per graph; CPU (OpenMP); on the graph with {pad['n_dummy']} dummy columns "
+                    f"(see the flashsparse record); {self.prep_ms['published']:.1f} ms on the graph as it is",
+                    self.src)
 
-        def fn_record():
-            if case.dtype == "bf16":
-                raise tp.Unsupported("no bf16 kernels (fp16 and tf32 only)")
-            if case.d % 16:
-                raise tp.Unsupported(f"head_dim {case.d}: its SDDMM steps 16 columns at a time (no remainder)")
-            if not self.layout_ok:
+        def pipeline(form, dt, tf32):
+            """The SDDMM -> softmax -> SpMM of one form of the graph, and its SDDMM stage."""
+            m = self.maps[form]
+            if not m["layout_ok"]:
                 raise RuntimeError("FS_Block's value layout is not the one this script maps the edges into")
-            tf32 = case.dtype == "f32"
-            chunk = 4 if tf32 else 8
-            pos = self.pos[chunk]
+            pos = m["pos"][4 if tf32 else 8]
             if tf32:
-                sddmm, spmm, dt = self.FS_SDDMM.forward_gen_tf32_gnn, self.FS_SpMM.forward_tf32_gnn, torch.float32
+                sddmm, spmm = self.FS_SDDMM.forward_gen_tf32_gnn, self.FS_SpMM.forward_tf32_gnn
             else:
-                sddmm, spmm, dt = self.FS_SDDMM.forward_gen_fp16_gnn, self.FS_SpMM.forward_fp16_gnn, torch.float16
+                sddmm, spmm = self.FS_SDDMM.forward_gen_fp16_gnn, self.FS_SpMM.forward_fp16_gnn
+
+            def rows(x):  # K and V with zero rows for the dummy columns
+                x = x.to(dt).contiguous()
+                return torch.cat([x, x.new_zeros(m["k_extra"], x.shape[1])]) if m["k_extra"] else x
+
             qh = [case.q[:, h].to(dt).contiguous() for h in range(case.heads)]
-            kh = [case.k[:, h].to(dt).contiguous() for h in range(case.heads)]
-            vh = [case.v[:, h].to(dt).contiguous() for h in range(case.heads)]
-            row = g.row
-            scale = case.scale
+            kh = [rows(case.k[:, h]) for h in range(case.heads)]
+            vh = [rows(case.v[:, h]) for h in range(case.heads)]
+            row, scale = g.row, case.scale
 
             def s_stage(h):
-                return sddmm(case.d, self.rp, self.ci, self.deg, self.twin, qh[h], kh[h], self.max_part)[0]
+                return sddmm(case.d, m["rp"], m["ci"], m["deg"], m["twin"], qh[h], kh[h], m["max_part"])[0]
 
             def softmax_stage(att):
                 # Softmax over each row's real edges, scale applied here in f32 (the SDDMM has no
-                # scale), written back into the value array (padded slots stay 0).
+                # scale), written back into the value array (other slots stay 0).
                 x = att[pos].float() * scale
-                m = torch.full((g.n,), -math.inf, device=g.device).scatter_reduce(0, row, x, "amax")
-                ex = torch.exp(x - m[row])
+                mx = torch.full((g.n,), -math.inf, device=g.device).scatter_reduce(0, row, x, "amax")
+                ex = torch.exp(x - mx[row])
                 den = torch.zeros(g.n, device=g.device).index_add_(0, row, ex)
                 p = torch.zeros_like(att)
                 p[pos] = (ex / den[row]).to(att.dtype)
                 return p
 
             def m_stage(p, h):
-                return spmm(self.rp, self.ci, p, self.twin, self.tatom, vh[h], self.n_pad, case.d, g.n)[0]
+                return spmm(m["rp"], m["ci"], p, m["twin"], m["tatom"], vh[h], self.n_pad, case.d, g.n)[0]
 
             def call():
                 return torch.stack([m_stage(softmax_stage(s_stage(h)), h) for h in range(case.heads)], 1)
 
+            def sddmm_err():  # the scores' own error on the real edges, scaled as the softmax does
+                e = tp.score_error(g, case.q, case.k, scale,
+                                   [s_stage(h)[pos].float() * scale for h in range(case.heads)])
+                return e if math.isfinite(e) else None
+
+            return call, s_stage, softmax_stage, m_stage, sddmm_err
+
+        def fn_record():
+            if case.dtype == "bf16":
+                raise tp.Unsupported("no bf16 kernels (fp16 and tf32 only)")
+            if case.d % 16:
+                raise tp.Unsupported(f"head_dim {case.d}: its SDDMM steps 16 columns at a time (no remainder)")
+            tf32 = case.dtype == "f32"
+            dt = torch.float32 if tf32 else torch.float16
+            # As published: its scores are misplaced where a part ends in 9..15 columns.
+            pub_call, _, _, _, pub_sddmm_err = pipeline("published", dt, tf32)
+            out = pub_call()
+            pub_err = tp.rel_error(out, case.ref)
+            del out
+            pub_sddmm = pub_sddmm_err()
+            call, s_stage, softmax_stage, m_stage, sddmm_err = pipeline("padded", dt, tf32)
             out = call()
             err = tp.rel_error(out, case.ref)
             del out
-            # The SDDMM's own error, on the real edges (scaled as the softmax scales them): tells
-            # a wrong score layout apart from the softmax's and the SpMM's rounding.
-            sddmm_err = tp.score_error(g, case.q, case.k, case.scale,
-                                       [s_stage(h)[pos].float() * scale for h in range(case.heads)])
             ms = tp.time_ms(call, args.warmup, args.reps)
             att0 = s_stage(0)
             p0 = softmax_stage(att0)
@@ -407,18 +491,27 @@ class FlashSparse:
                 softmax=tp.time_ms(lambda: [softmax_stage(att0) for _ in range(case.heads)], args.warmup, args.reps),
                 spmm=tp.time_ms(lambda: [m_stage(p0, h) for h in range(case.heads)], args.warmup, args.reps))
             kind = "tf32" if tf32 else "fp16"
-            note = [f"softmax in torch (f32, max-subtracted, over the {g.nnz} real slots of {self.total}), timed inside",
+            pub = self.maps["published"]
+            note = [f"{pad['n_dummy']} dummy columns pad the windows whose last 16-column block has 9-15 "
+                    f"columns: FlashSparse's gnn SDDMM misplaces {pub['misplaced'][4 if tf32 else 8]} of the "
+                    f"{g.nnz} scores there (output_tile.h stores them 16 slots per row pair too far); "
+                    f"as published its output error is {pub_err:.2e}",
+                    f"softmax in torch (f32, max-subtracted, over the {g.nnz} real slots of {pad['total']}), "
+                    "timed inside",
                     ("SDDMM and SpMM accumulate in f16 (mma .f16.f16.f16.f16)" if not tf32
-                     else "SDDMM and SpMM on tf32 tensor cores, f32 accumulation"),
+                     else "SDDMM and SpMM on tf32 tensor cores (f32 bits truncated), f32 accumulation"),
                     "scale applied in the softmax"]
             if case.heads > 1:
                 note.append("one head per call, heads in a loop")
             return dict(median_ms=ms, dtype_used="tf32" if tf32 else "f16", rel_err=err,
-                        variant=f"forward_gen_{kind}_gnn -> torch softmax -> forward_{kind}_gnn"
+                        variant=f"forward_gen_{kind}_gnn -> torch softmax -> forward_{kind}_gnn, windows padded"
                                 + (", per-head loop" if case.heads > 1 else ""),
                         note="; ".join(note),
                         extra=dict(parts_ms={k: round(v, 5) for k, v in parts.items()},
-                                   stage_rel_err=dict(sddmm=sddmm_err if math.isfinite(sddmm_err) else None),
+                                   stage_rel_err=dict(sddmm=sddmm_err()),
+                                   published=dict(rel_err=pub_err, sddmm_rel_err=pub_sddmm,
+                                                  misplaced=pub["misplaced"][4 if tf32 else 8]),
+                                   dummy_columns=pad["n_dummy"],
                                    prep_ms=self.prep_ms, source=self.src))
 
         tp.attempt(rec, "flashsparse", case, fn_record)
