@@ -9,18 +9,24 @@ torch = pytest.importorskip("torch")
 from conftest import REPO  # noqa: E402
 
 
-def readme_example() -> str:
+def readme_examples() -> list:
     path = REPO / "README.md"
     if not path.is_file():
         pytest.skip("README.md is not beside these tests (a copy of the tests alone)")
     text = path.read_text(encoding="utf-8")
     section = text[text.index("## Python") :]
-    start = section.index("```python\n") + len("```python\n")
-    return section[start : section.index("```", start)]
+    section = section[: section.find("\n## ", 1) if "\n## " in section[1:] else len(section)]
+    blocks, at = [], 0
+    while (start := section.find("```python\n", at)) >= 0:
+        start += len("```python\n")
+        end = section.index("```", start)
+        blocks.append(section[start:end])
+        at = end + 3
+    return blocks
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_readme_example_runs(device):
+def test_readme_examples_run(device):
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     gen = torch.Generator().manual_seed(0)
@@ -29,7 +35,13 @@ def test_readme_example_runs(device):
     edge_index = torch.unique(edge_index, dim=1).to(device)
     x = torch.randn(n, 16, generator=gen).to(device)
     y = torch.randint(0, 40, (n,), generator=gen).to(device)
+    blocks = readme_examples()
+    assert len(blocks) >= 2, "the Python section's examples (the PyG model, the extras)"
     scope = {"x": x, "edge_index": edge_index, "y": y}
-    exec(compile(readme_example(), "README.md", "exec"), scope)
+    exec(compile(blocks[0], "README.md", "exec"), scope)
     model = scope["model"]
     assert all(p.grad is not None for p in model.parameters())
+    scope = {"torch": torch, "edge_index": edge_index}
+    exec(compile(blocks[1], "README.md", "exec"), scope)
+    g, alpha, bias = scope["g"], scope["alpha"], scope["bias"]
+    assert alpha.shape == (g.num_edges, 4) and bias.grad.shape == (g.num_edges, 4)
