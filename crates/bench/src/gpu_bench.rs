@@ -19,7 +19,7 @@ use spattn_ops::{csr_ops, DType, DeviceCsr, DeviceMatrix, DeviceVec, Gpu, GpuTim
 use crate::cases::{Case, Runner};
 use crate::error::{Error, Result};
 use crate::inputs::{to_f64, HostInputs};
-use crate::measure::{Measured, RunSettings};
+use crate::measure::{Measured, PlanBuild, RunSettings};
 use crate::record::DeviceRecord;
 use crate::timing::Timings;
 
@@ -108,6 +108,25 @@ pub trait Launch {
     fn choice(&self) -> Option<String> {
         None
     }
+    /// What building the case's plan cost (plans), if anything.
+    fn plan_build(&self) -> Option<PlanBuild> {
+        None
+    }
+}
+
+/// Builds a plan on `graph`, timing it (a spinner labelled `label` on a terminal).
+fn build_plan(
+    graph: &Arc<DeviceGraph>,
+    config: AttentionConfig,
+    label: &str,
+) -> Result<(AttentionPlan, PlanBuild)> {
+    let (built, secs) = crate::progress::step(label, || AttentionPlan::on_graph(graph, config));
+    let plan = built?;
+    let build = PlanBuild {
+        ms: secs * 1e3,
+        graph_device_bytes: graph.device_bytes() as u64,
+    };
+    Ok((plan, build))
 }
 
 /// A case ready to launch, or why it does not run.
@@ -442,10 +461,11 @@ pub fn prepare<'a, T: DType>(case: &Case, cfg: &'a mut GpuConfig<'_, T>) -> Resu
             if check {
                 cfg.ensure_attention_ref()?;
             }
-            let (built, _) = crate::progress::step(&format!("planning {algorithm}"), || {
-                AttentionPlan::on_graph(cfg.graph, config)
-            });
-            plan = Some(built?);
+            plan = Some(build_plan(
+                cfg.graph,
+                config,
+                &format!("planning {algorithm}"),
+            )?);
         }
         Runner::TrainStep(_) => {
             let s = cfg.host.shape_q;
@@ -455,10 +475,7 @@ pub fn prepare<'a, T: DType>(case: &Case, cfg: &'a mut GpuConfig<'_, T>) -> Resu
             if check {
                 cfg.ensure_backward_ref()?;
             }
-            let (built, _) = crate::progress::step("planning the train step", || {
-                AttentionPlan::on_graph(cfg.graph, config)
-            });
-            plan = Some(built?);
+            plan = Some(build_plan(cfg.graph, config, "planning the train step")?);
         }
         Runner::CpuUnfused => {
             return Err(Error::new(format!("{} is a CPU case", case.name)));
@@ -540,16 +557,18 @@ pub fn prepare<'a, T: DType>(case: &Case, cfg: &'a mut GpuConfig<'_, T>) -> Resu
                 reference,
             })
         }
-        (Runner::Plan(_), Some(plan)) => Box::new(PlanCase {
+        (Runner::Plan(_), Some((plan, build))) => Box::new(PlanCase {
             plan,
+            build,
             q: &cfg.q,
             k: &cfg.k,
             v: &cfg.v,
             out: DeviceMatrix::zeros(gpu, cfg.host.shape_q)?,
             reference: cfg.attention_ref.as_deref(),
         }),
-        (Runner::TrainStep(kernels), Some(plan)) => Box::new(TrainStepCase {
+        (Runner::TrainStep(kernels), Some((plan, build))) => Box::new(TrainStepCase {
             plan,
+            build,
             kernels,
             q: &cfg.q,
             k: &cfg.k,
@@ -759,6 +778,7 @@ impl<T: DType> Launch for UnfusedCase<'_, T> {
 
 struct PlanCase<'a, T: DType> {
     plan: AttentionPlan,
+    build: PlanBuild,
     q: &'a DeviceMatrix<T>,
     k: &'a DeviceMatrix<T>,
     v: &'a DeviceMatrix<T>,
@@ -778,12 +798,16 @@ impl<T: DType> Launch for PlanCase<'_, T> {
     fn choice(&self) -> Option<String> {
         Some(format!("{}: {}", self.plan.algorithm(), self.plan.choice()))
     }
+    fn plan_build(&self) -> Option<PlanBuild> {
+        Some(self.build)
+    }
 }
 
 /// train-step, train-step-unfused: `forward` then `backward_with` on the plan, dOut = Q. The
 /// check compares dQ, dK, dV with the f64 backward and reports the largest error.
 struct TrainStepCase<'a, T: DType> {
     plan: AttentionPlan,
+    build: PlanBuild,
     kernels: spattn::BackwardKernels,
     q: &'a DeviceMatrix<T>,
     k: &'a DeviceMatrix<T>,
@@ -833,6 +857,9 @@ impl<T: DType> Launch for TrainStepCase<'_, T> {
             self.kernels
         ))
     }
+    fn plan_build(&self) -> Option<PlanBuild> {
+        Some(self.build)
+    }
 }
 
 /// Checks, warms up and times `case`: the check run (when asked), `warmup` runs, then `reps`
@@ -845,6 +872,7 @@ pub fn measure(
 ) -> Measured {
     let mut m = Measured {
         choice: case.choice(),
+        plan: case.plan_build(),
         ..Measured::default()
     };
     if let Err(e) = measure_into(gpu, timer, case, settings, &mut m) {

@@ -11,11 +11,23 @@ pub struct Measured {
     pub rel_error: Option<f64>,
     /// What the algorithm choice said, for cases that choose.
     pub choice: Option<String>,
+    /// How long the case's plan took to build, for cases that plan.
+    pub plan: Option<PlanBuild>,
     /// The error that stopped the case.
     pub error: Option<String>,
     /// Why the case did not run (not supported for this shape or dtype, on this GPU, or in
     /// this build); such a case has no record.
     pub skipped: Option<String>,
+}
+
+/// What building a case's plan cost.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PlanBuild {
+    /// Wall time of `AttentionPlan::on_graph`, ms: formats built and uploaded on first use of
+    /// the graph (later plans of the same graph reuse them), reordering, autotuning.
+    pub ms: f64,
+    /// Device bytes of the graph's uploads (CSR, transpose, blocked formats) once it was built.
+    pub graph_device_bytes: u64,
 }
 
 /// The configuration every case of a (graph, heads, head_dim, dtype) shares.

@@ -190,6 +190,13 @@ pub struct CaseRecord {
     /// What the algorithm choice said (plans that choose, e.g. `auto`).
     #[serde(default)]
     pub choice: Option<String>,
+    /// How long the case's plan took to build, ms (`on_graph`: formats on the graph's first
+    /// plan, reordering, autotuning); `null` for cases without a plan.
+    #[serde(default)]
+    pub plan_ms: Option<f64>,
+    /// The graph's device uploads once the plan was built, bytes (`null` without a plan).
+    #[serde(default)]
+    pub graph_device_bytes: Option<u64>,
     /// The error that stopped this case, if one did.
     #[serde(default)]
     pub error: Option<String>,

@@ -17,7 +17,7 @@ use crate::cases::{self, ATTENTION_PEERS};
 use crate::cli::ReportArgs;
 use crate::error::{io_error, Error, Result};
 use crate::peers::{read_peers, Peers};
-use crate::record::{CaseRecord, GraphRecord, PeerComparison, RunRecord};
+use crate::record::{CaseRecord, GraphRecord, PeerComparison, PeerRecord, RunRecord};
 use crate::run::read_json;
 use crate::table::{fmt_ms, fmt_ratio, thousands};
 use crate::timing::geo_mean;
@@ -216,6 +216,8 @@ pub struct ReportData<'a> {
     pub graphs: Vec<&'a GraphRecord>,
     /// Every case with its comparisons.
     pub cases: Vec<(&'a CaseRecord, Vec<PeerComparison>)>,
+    /// The peers' preprocessing records (`*_preprocess`: Fused3S's `preprocess_gpu`, …).
+    pub preprocess: Vec<PeerRecord>,
 }
 
 impl<'a> ReportData<'a> {
@@ -229,6 +231,11 @@ impl<'a> ReportData<'a> {
         }
         let mut records: Vec<_> = runs.iter().flat_map(|r| r.peers.iter().cloned()).collect();
         records.extend(extra);
+        let preprocess = records
+            .iter()
+            .filter(|r| r.peer.ends_with("_preprocess"))
+            .cloned()
+            .collect();
         let peers = Peers::new(records);
         let cases = runs
             .iter()
@@ -242,6 +249,7 @@ impl<'a> ReportData<'a> {
             runs,
             graphs,
             cases,
+            preprocess,
         }
     }
 
@@ -409,6 +417,7 @@ pub fn markdown(data: &ReportData<'_>, links: &Links, inputs: &[String]) -> Stri
     summary(w, data, links.svg.as_deref());
     auto_summary(w, data);
     peer_limits(w, data);
+    plan_times(w, data);
     results(w, data);
     reproduce(w, data.runs);
     md
@@ -636,6 +645,85 @@ fn key_results(w: &mut String, data: &ReportData<'_>) {
 }
 
 /// Every configuration a peer could not run, grouped by peer and reason.
+/// How long plans took to build, per graph and algorithm (fastest and slowest over the
+/// configurations: a graph's first plan also builds and uploads its formats), the graph's
+/// device uploads after them, and the peers' preprocessing on the same graph.
+fn plan_times(w: &mut String, data: &ReportData<'_>) {
+    // (graph, case) -> (fastest, slowest, configurations, largest graph upload)
+    let mut rows: BTreeMap<(String, String), (f64, f64, usize, u64)> = BTreeMap::new();
+    for (c, _) in &data.cases {
+        if let Some(ms) = c.plan_ms {
+            let e =
+                rows.entry((c.graph.clone(), c.case.clone()))
+                    .or_insert((f64::INFINITY, 0.0, 0, 0));
+            e.0 = e.0.min(ms);
+            e.1 = e.1.max(ms);
+            e.2 += 1;
+            e.3 = e.3.max(c.graph_device_bytes.unwrap_or(0));
+        }
+    }
+    if rows.is_empty() {
+        return;
+    }
+    let mut prep: BTreeMap<&str, BTreeMap<&str, f64>> = BTreeMap::new();
+    for r in &data.preprocess {
+        if let Some(ms) = r.median_ms {
+            let best = prep
+                .entry(&r.graph)
+                .or_default()
+                .entry(&r.peer)
+                .or_insert(ms);
+            *best = best.min(ms);
+        }
+    }
+    let _ = writeln!(
+        w,
+        "## Plan time
+"
+    );
+    let _ = writeln!(
+        w,
+        "`AttentionPlan::on_graph` wall time per graph and algorithm, fastest and slowest over \
+         the configurations (the graph's first plan also builds and uploads its formats; later \
+         plans reuse them), the graph's device uploads afterwards, and the peers' \
+         preprocessing of the same graph (fastest over its records).\n"
+    );
+    let _ = writeln!(
+        w,
+        "| graph | algorithm | plan (ms) | configurations | graph uploads (MiB) | peers' preprocessing (ms) |"
+    );
+    let _ = writeln!(w, "|---|---|--:|--:|--:|---|");
+    let mut last_graph = "";
+    for ((graph, case), (lo, hi, n, bytes)) in &rows {
+        let peers = if graph.as_str() != last_graph {
+            prep.get(graph.as_str())
+                .map(|m| {
+                    m.iter()
+                        .map(|(p, ms)| {
+                            format!("{}: {}", p.trim_end_matches("_preprocess"), fmt_ms(*ms))
+                        })
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                })
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        last_graph = graph;
+        let range = if (hi - lo).abs() < 1e-9 {
+            fmt_ms(*lo)
+        } else {
+            format!("{}–{}", fmt_ms(*lo), fmt_ms(*hi))
+        };
+        let _ = writeln!(
+            w,
+            "| {graph} | {case} | {range} | {n} | {:.1} | {peers} |",
+            *bytes as f64 / (1u64 << 20) as f64
+        );
+    }
+    let _ = writeln!(w);
+}
+
 fn peer_limits(w: &mut String, data: &ReportData<'_>) {
     let mut limits: BTreeMap<(String, String, String), Vec<String>> = BTreeMap::new();
     let mut seen = std::collections::HashSet::new();

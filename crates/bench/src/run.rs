@@ -447,6 +447,8 @@ fn case_record(
             })
             .unwrap_or_default(),
         choice: m.choice.clone(),
+        plan_ms: m.plan.map(|b| b.ms),
+        graph_device_bytes: m.plan.map(|b| b.graph_device_bytes),
         error: m.error.clone(),
     }
 }

@@ -204,6 +204,9 @@ impl Columns {
         if let Some(choice) = r.choice.as_deref().filter(|c| !c.ends_with(": requested")) {
             line += &format!("\n    choice: {choice}");
         }
+        if let Some(ms) = r.plan_ms {
+            line += &format!("\n    plan: {} ms to build", fmt_ms(ms));
+        }
         if let Some(e) = &r.error {
             line += &format!("\n    error: {e}");
         }

@@ -53,6 +53,8 @@ fn case(graph: &str, name: &str, kind: &str, ms: f64, vs_unfused: Option<f64>) -
         passed: Some(true),
         peers: Vec::new(),
         choice: None,
+        plan_ms: None,
+        graph_device_bytes: None,
         error: None,
     }
 }
@@ -483,5 +485,61 @@ fn report_with_full_tables_writes_one_page_and_links_them() {
     );
     assert!(full.contains("](benchmarks.svg)"), "{full}");
     assert!(!full.contains("## Training"), "{full}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn report_lists_plan_times_beside_the_peers_preprocessing() {
+    let dir = temp_dir("report-plan-time");
+    let mut r = run();
+    for (c, ms) in r
+        .cases
+        .iter_mut()
+        .zip([0.0, 12.5, 3.25, 40.0, 7.0, 2.0, 9.0])
+    {
+        if c.kind == "algorithm" {
+            c.plan_ms = Some(ms);
+            c.graph_device_bytes = Some(3 << 20);
+        }
+    }
+    // A second configuration of cora's auto, planned faster (formats already uploaded).
+    let mut again = r.cases[5].clone();
+    again.heads = 8;
+    again.plan_ms = Some(0.5);
+    r.cases.push(again);
+    r.peers
+        .push(peer("cora", 13264, "fused3s_preprocess", 4.5, "f16"));
+    let json = dir.join("run.json");
+    std::fs::write(&json, serde_json::to_string_pretty(&r).unwrap()).unwrap();
+    let md = dir.join("B.md");
+    let svg = dir.join("b.svg");
+    let out = bench(&[
+        "report",
+        "--json",
+        json.to_str().unwrap(),
+        "--out",
+        md.to_str().unwrap(),
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out).1);
+    let md_text = std::fs::read_to_string(&md).unwrap();
+    let at = md_text.find("## Plan time").expect("a plan-time section");
+    let section = &md_text[at..];
+    let section = &section[..section[1..].find("\n## ").map_or(section.len(), |e| e + 1)];
+    // Fastest–slowest over cora's two auto plans, their count, the uploads, and Fused3S's
+    // preprocessing on the graph's first row.
+    assert!(
+        section.contains("| cora | auto | 0.5000–2.000 | 2 | 3.0 | fused3s: 4.500 |"),
+        "{section}"
+    );
+    assert!(
+        section
+            .lines()
+            .any(|l| l.starts_with("| rmat-16 | fused-csr | ") && l.contains("| 1 |")),
+        "{section}"
+    );
+    // Cases without a plan (ops) have no row.
+    assert!(!section.contains("sddmm-csr"), "{section}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
