@@ -137,6 +137,40 @@ def prep_record(rec, peer, case, ms, variant, note, source):
     print(f"[fused] {peer:24s} H={case.heads} D={case.d} {case.dtype}: {ms:.3f} ms (preprocessing)", flush=True)
 
 
+def bsb_edges(rwo, atox, bitmap, chunk=1 << 15):
+    """(rows, cols) of every set bit of Fused3S's block format: 16 x 16 blocks, 4 uint64 a block,
+    sub-block (col // 8) * 2 + row // 8, bit 63 - ((row % 8) * 8 + col % 8) (its utils.cu
+    update_bitmap, read back the same way by its kernels); row = window * 16 + local row, column
+    from sparseAToXidx."""
+    dev = atox.device
+    rwo = rwo.long()
+    ntcb = int(rwo[-1])
+    win = torch.repeat_interleave(torch.arange(len(rwo) - 1, device=dev), rwo[1:] - rwo[:-1])
+    bm = bitmap.view(torch.int64).reshape(ntcb, 4)
+    atox = atox.long()
+    shifts = torch.arange(64, device=dev, dtype=torch.int64)
+    rows, cols = [], []
+    for t0 in range(0, ntcb, chunk):
+        t, sub, bit = (((bm[t0:t0 + chunk, :, None] >> shifts) & 1).bool()).nonzero(as_tuple=True)
+        t = t + t0
+        lid = 63 - bit
+        rows.append(win[t] * 16 + (sub % 2) * 8 + lid // 8)
+        cols.append(atox[t * 16 + (sub // 2) * 8 + lid % 8])
+    if not rows:
+        e = torch.zeros(0, dtype=torch.int64, device=dev)
+        return e, e
+    return torch.cat(rows), torch.cat(cols)
+
+
+def bsb_mismatch(g, rwo, atox, bitmap):
+    """(edges of g missing from Fused3S's bitmap, bits that are not edges of g)."""
+    r, c = bsb_edges(rwo, atox, bitmap)
+    have = r * g.n_cols + c
+    want = g.row * g.n_cols + g.col
+    both = torch.isin(want, have)
+    return int((~both).sum()), int(have.numel() - int(both.sum()))
+
+
 # --------------------------------------------------------------------------------------------
 # Fused3S
 # --------------------------------------------------------------------------------------------
@@ -164,19 +198,31 @@ class Fused3S:
                                f"{(2 * max_tcb + 1) * 4} B of shared memory > 204800 and exits")
             return
         crow32, col32 = g.crow.to(torch.int32), g.col.to(torch.int32)
+        row32 = g.row.to(torch.int32)
         nrw = self.n16 // 16
 
         def pre():
+            # edgeToRow must already hold each edge's row: preprocess_gpu's fill_edgeToRow
+            # (Fused3S src/utils.cu:348) steps through a row's edges by gridDim.x = ceil(n/32)
+            # instead of blockDim.x = 32, so for n > 1024 it never writes the in-row positions
+            # p with p % ceil(n/32) >= 32 and leaves them as passed in. Zeros put those edges in
+            # the first row of their 16-row window (rows of degree > 32 lose edges, rows
+            # 16k gain them). It only ever writes the right value, so the rows make it exact.
             return self.F3S.preprocess_gpu(
                 col32, crow32, n, 16, 16,
                 torch.zeros(nrw, dtype=torch.int32, device=g.device),
                 torch.zeros(g.nnz, dtype=torch.int32, device=g.device),
-                torch.zeros(g.nnz, dtype=torch.int32, device=g.device))
+                row32.clone())
 
         self.prep_ms, res = wall_ms(pre, reps=args.prep_reps)
         rwo, srw, _, _, _, atox, bitmap, ntcb = res
-        self.prep = (rwo, srw, atox, bitmap)
         self.ntcb = int(ntcb)
+        missing, extra = bsb_mismatch(g, rwo, atox, bitmap)
+        if missing or extra:
+            self.prep_error = (f"preprocess_gpu's block bitmap is not the graph: {missing} edges "
+                               f"missing, {extra} extra")
+            return
+        self.prep = (rwo, srw, atox, bitmap)
 
     def run_case(self, rec, case):
         g, args = self.g, self.args
