@@ -60,6 +60,30 @@ pub enum Error {
         /// The method to call instead.
         use_instead: &'static str,
     },
+    /// A rank outside the world (or the partition).
+    #[error("rank {rank} is out of range: the world has {world} ranks")]
+    RankOutOfRange {
+        /// The rank given.
+        rank: usize,
+        /// Ranks in the world.
+        world: usize,
+    },
+    /// A count that must match the world's size does not.
+    #[error("{what}: {actual}, but the world has {expected} ranks")]
+    WorldMismatch {
+        /// What was counted.
+        what: &'static str,
+        /// The world's size.
+        expected: usize,
+        /// The count given.
+        actual: usize,
+    },
+    /// The exchange between ranks failed.
+    #[error("exchange between ranks: {why}")]
+    Exchange {
+        /// What happened.
+        why: String,
+    },
     /// An error from the ops layer (driver, memory, launch).
     #[error(transparent)]
     Ops(spattn_ops::Error),

@@ -39,6 +39,7 @@ mod config;
 mod error;
 mod extras;
 pub mod layers;
+pub mod partition;
 mod plan;
 
 pub use backward::{AttentionGradients, BackwardKernels};

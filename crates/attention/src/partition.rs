@@ -1,0 +1,593 @@
+//! Row-partitioned attention: P ranks, each owning a contiguous block of rows balanced by
+//! edges (its Q, output and CSR rows) and a contiguous block of K/V rows, fetch the K/V rows
+//! their edges touch (the halo) from their owners and run attention on their rows alone. A
+//! row's softmax needs only that row's edges, so the forward needs no reduction across ranks;
+//! the backward sends the halo rows' dK and dV partials back to their owners, which sum them.
+//!
+//! The exchange between ranks sits behind [`Exchange`]: [`LocalExchange`] runs the P ranks as
+//! threads of one process (tests, and graphs split for memory on one machine); an NCCL
+//! implementation for one process per GPU is the next step (the collective here is one
+//! all-to-all of variable-sized blocks, which NCCL's grouped send/recv provides). This module
+//! computes on the CPU (f32 or f64); the per-rank GPU plans come with the NCCL exchange.
+//!
+//! ```
+//! use spattn::partition::{run_local, Partition, RankPlan};
+//! use spattn::Csr;
+//!
+//! let a = Csr::from_edges(4, 4, &[(0, 1), (1, 2), (2, 3), (3, 0), (3, 1)])?;
+//! let part = Partition::balanced(&a, 2)?;
+//! let (heads, dim) = (1, 2);
+//! let x: Vec<f64> = (0..4 * heads * dim).map(|i| i as f64 * 0.1).collect();
+//! let outs = run_local(2, |ex| -> spattn::Result<Vec<f64>> {
+//!     let plan = RankPlan::new(&a, &part, ex)?;
+//!     let own = |m: &[f64], r: std::ops::Range<usize>| m[r.start * 2..r.end * 2].to_vec();
+//!     let (q, kv) = (own(&x, plan.rows()), own(&x, plan.kv_rows()));
+//!     plan.forward(ex, &q, &kv, &kv, heads, dim, 0.5)
+//! })?;
+//! let whole: Vec<f64> = outs.concat();
+//! assert_eq!(whole.len(), 8);
+//! # Ok::<(), spattn::Error>(())
+//! ```
+
+use std::any::Any;
+use std::ops::Range;
+use std::sync::{Arc, Barrier, Mutex, PoisonError};
+
+use spattn_ops::cpu::{self, AttentionInputs, Real};
+use spattn_ops::Shape;
+
+use crate::error::{Error, Result};
+use crate::Csr;
+
+/// Contiguous blocks of `0..n`: block `r` is `bounds[r]..bounds[r + 1]` (possibly empty).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Blocks {
+    bounds: Vec<usize>,
+}
+
+impl Blocks {
+    /// `n` items in `parts` blocks whose sizes differ by at most one.
+    pub fn even(n: usize, parts: usize) -> Result<Self> {
+        check_parts(parts)?;
+        Ok(Self {
+            bounds: (0..=parts).map(|r| r * n / parts).collect(),
+        })
+    }
+
+    /// The blocks of the given boundaries: `bounds[0] == 0`, non-decreasing, `parts + 1` long.
+    pub fn from_bounds(bounds: Vec<usize>) -> Result<Self> {
+        if bounds.len() < 2 || bounds[0] != 0 {
+            return Err(Error::InvalidConfig {
+                what: "partition bounds",
+                why: format!(
+                    "expected 0 first and at least two entries, got {} entries starting at {:?}",
+                    bounds.len(),
+                    bounds.first()
+                ),
+            });
+        }
+        if let Some(i) = bounds.windows(2).position(|w| w[1] < w[0]) {
+            return Err(Error::InvalidConfig {
+                what: "partition bounds",
+                why: format!(
+                    "entry {} ({}) is below entry {i} ({})",
+                    i + 1,
+                    bounds[i + 1],
+                    bounds[i]
+                ),
+            });
+        }
+        Ok(Self { bounds })
+    }
+
+    /// Number of blocks.
+    pub fn parts(&self) -> usize {
+        self.bounds.len() - 1
+    }
+
+    /// Items covered (`0..len`).
+    pub fn len(&self) -> usize {
+        self.bounds[self.bounds.len() - 1]
+    }
+
+    /// Whether there are no items.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Block `r`.
+    pub fn block(&self, r: usize) -> Result<Range<usize>> {
+        if r >= self.parts() {
+            return Err(Error::RankOutOfRange {
+                rank: r,
+                world: self.parts(),
+            });
+        }
+        Ok(self.bounds[r]..self.bounds[r + 1])
+    }
+
+    /// The block holding item `i` (`i < len`); among empty blocks at the same boundary, the
+    /// non-empty one.
+    pub fn owner(&self, i: usize) -> usize {
+        self.bounds.partition_point(|&b| b <= i) - 1
+    }
+}
+
+/// How a graph's rows (Q, output, CSR rows) and K/V rows are split over ranks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Partition {
+    /// Row blocks, balanced by edges.
+    pub rows: Blocks,
+    /// K/V row blocks: the row blocks on a square graph (a node's Q and K/V live together),
+    /// an even split of the columns otherwise.
+    pub kv: Blocks,
+}
+
+impl Partition {
+    /// `parts` blocks of rows with about `nnz / parts` edges each (row boundaries where the
+    /// running edge count crosses each share; rows without edges count as one edge so that
+    /// empty regions are spread too).
+    ///
+    /// Errors: [`Error::InvalidConfig`] for 0 parts.
+    pub fn balanced(a: &Csr, parts: usize) -> Result<Self> {
+        check_parts(parts)?;
+        let n = a.n_rows();
+        let offsets = a.row_offsets();
+        // Weight of rows 0..i: edges plus one per empty row, a prefix sum.
+        let mut prefix = Vec::with_capacity(n + 1);
+        prefix.push(0u64);
+        for i in 0..n {
+            let len = u64::from(offsets[i + 1] - offsets[i]);
+            prefix.push(prefix[i] + len.max(1));
+        }
+        let total = prefix[n];
+        let mut bounds = Vec::with_capacity(parts + 1);
+        bounds.push(0);
+        for r in 1..parts {
+            let share = total * r as u64 / parts as u64;
+            let at = prefix.partition_point(|&w| w < share).min(n);
+            bounds.push(at.max(bounds[r - 1]));
+        }
+        bounds.push(n);
+        let rows = Blocks::from_bounds(bounds)?;
+        let kv = if a.n_rows() == a.n_cols() {
+            rows.clone()
+        } else {
+            Blocks::even(a.n_cols(), parts)?
+        };
+        Ok(Self { rows, kv })
+    }
+
+    /// Number of ranks.
+    pub fn parts(&self) -> usize {
+        self.rows.parts()
+    }
+}
+
+fn check_parts(parts: usize) -> Result<()> {
+    if parts == 0 {
+        return Err(Error::InvalidConfig {
+            what: "partition",
+            why: "0 parts: a partition needs at least one rank".into(),
+        });
+    }
+    Ok(())
+}
+
+/// The collective a partitioned plan needs: an all-to-all of variable-sized blocks among the
+/// ranks of one world. Every rank of the world calls it the same number of times, in the same
+/// order (as NCCL collectives).
+pub trait Exchange {
+    /// This rank.
+    fn rank(&self) -> usize;
+    /// Ranks in the world.
+    fn world(&self) -> usize;
+    /// Sends `send[d]` to rank `d` (`send.len() == world`) and returns what each rank sent to
+    /// this one, indexed by sender.
+    fn all_to_all<T: Send + 'static>(&self, send: Vec<Vec<T>>) -> Result<Vec<Vec<T>>>;
+}
+
+/// The mailbox the threads of one local world share.
+struct Mailbox {
+    barrier: Barrier,
+    /// Per sender, its blocks by receiver (type-erased `Vec<Vec<T>>`), for the current round.
+    slots: Mutex<Vec<Option<Box<dyn Any + Send>>>>,
+}
+
+/// The exchange of P ranks running as threads of this process (see [`run_local`]): blocks move
+/// through shared memory, no copies beyond the hand-over.
+#[derive(Clone)]
+pub struct LocalExchange {
+    rank: usize,
+    world: usize,
+    mailbox: Arc<Mailbox>,
+}
+
+impl std::fmt::Debug for LocalExchange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalExchange")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LocalExchange {
+    /// The `world` handles of one local world, rank 0 first; each must be driven by its own
+    /// thread (the collectives wait for every rank).
+    pub fn world_of(world: usize) -> Result<Vec<LocalExchange>> {
+        check_parts(world)?;
+        let mailbox = Arc::new(Mailbox {
+            barrier: Barrier::new(world),
+            slots: Mutex::new((0..world).map(|_| None).collect()),
+        });
+        Ok((0..world)
+            .map(|rank| LocalExchange {
+                rank,
+                world,
+                mailbox: mailbox.clone(),
+            })
+            .collect())
+    }
+}
+
+impl Exchange for LocalExchange {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world(&self) -> usize {
+        self.world
+    }
+
+    fn all_to_all<T: Send + 'static>(&self, send: Vec<Vec<T>>) -> Result<Vec<Vec<T>>> {
+        if send.len() != self.world {
+            return Err(Error::WorldMismatch {
+                what: "all_to_all blocks",
+                expected: self.world,
+                actual: send.len(),
+            });
+        }
+        let lock = || {
+            self.mailbox
+                .slots
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+        };
+        lock()[self.rank] = Some(Box::new(send));
+        self.mailbox.barrier.wait();
+        let mut recv = Vec::with_capacity(self.world);
+        {
+            let mut slots = lock();
+            for s in 0..self.world {
+                let blocks = slots[s]
+                    .as_mut()
+                    .and_then(|b| b.downcast_mut::<Vec<Vec<T>>>())
+                    .ok_or_else(|| Error::Exchange {
+                        why: format!(
+                            "rank {s} sent another element type in the same round (ranks must \
+                             call the same collectives in the same order)"
+                        ),
+                    })?;
+                recv.push(std::mem::take(&mut blocks[self.rank]));
+            }
+        }
+        // Everyone has taken its blocks before the slots are reused.
+        self.mailbox.barrier.wait();
+        lock()[self.rank] = None;
+        self.mailbox.barrier.wait();
+        Ok(recv)
+    }
+}
+
+/// Runs `f` on `world` ranks of a local world, one thread each, and returns their results in
+/// rank order (the first error of any rank otherwise).
+pub fn run_local<R: Send>(
+    world: usize,
+    f: impl Fn(&LocalExchange) -> Result<R> + Sync,
+) -> Result<Vec<R>> {
+    let handles = LocalExchange::world_of(world)?;
+    let results: Vec<Result<R>> = std::thread::scope(|s| {
+        let joins: Vec<_> = handles.iter().map(|ex| s.spawn(|| f(ex))).collect();
+        joins
+            .into_iter()
+            .map(|j| {
+                j.join().unwrap_or_else(|_| {
+                    Err(Error::Exchange {
+                        why: "a rank's thread panicked".into(),
+                    })
+                })
+            })
+            .collect()
+    });
+    results.into_iter().collect()
+}
+
+/// One rank's part of a partitioned plan: its rows, the halo of K/V rows its edges touch, its
+/// rows' edges renumbered into the halo, and who sends it what.
+#[derive(Clone, Debug)]
+pub struct RankPlan {
+    rank: usize,
+    rows: Range<usize>,
+    kv_rows: Range<usize>,
+    /// Global K/V row ids of the halo, sorted (segment `s` holds rank `s`'s rows).
+    halo: Vec<u32>,
+    /// Halo rows per sender, in rank order.
+    recv_counts: Vec<usize>,
+    /// For each receiver, the K/V rows (local to this rank's block) it needs, in its order.
+    send_rows: Vec<Vec<u32>>,
+    local: Csr,
+}
+
+/// What one rank holds and moves, for reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RankStats {
+    /// Its rows.
+    pub rows: usize,
+    /// Its rows' edges.
+    pub edges: usize,
+    /// K/V rows its edges touch.
+    pub halo_rows: usize,
+    /// Of those, rows other ranks own (what the forward receives).
+    pub remote_rows: usize,
+    /// K/V rows it sends to other ranks per forward.
+    pub sent_rows: usize,
+}
+
+impl RankPlan {
+    /// This rank's plan of `a` under `part`: exchanges the halo requests with the other ranks
+    /// (a collective: every rank of the world calls it).
+    ///
+    /// Errors: [`Error::WorldMismatch`] when the partition has another number of ranks than
+    /// the world, [`Error::InvalidConfig`] when its blocks do not cover `a`.
+    pub fn new(a: &Csr, part: &Partition, ex: &impl Exchange) -> Result<Self> {
+        let (rank, world) = (ex.rank(), ex.world());
+        if part.parts() != world {
+            return Err(Error::WorldMismatch {
+                what: "partition ranks",
+                expected: world,
+                actual: part.parts(),
+            });
+        }
+        if part.rows.len() != a.n_rows() || part.kv.len() != a.n_cols() {
+            return Err(Error::InvalidConfig {
+                what: "partition",
+                why: format!(
+                    "covers {} rows and {} K/V rows, the graph has {} and {}",
+                    part.rows.len(),
+                    part.kv.len(),
+                    a.n_rows(),
+                    a.n_cols()
+                ),
+            });
+        }
+        let rows = part.rows.block(rank)?;
+        let kv_rows = part.kv.block(rank)?;
+        let offsets = a.row_offsets();
+        let (e0, e1) = (offsets[rows.start] as usize, offsets[rows.end] as usize);
+        let cols = &a.col_indices()[e0..e1];
+        let mut halo: Vec<u32> = cols.to_vec();
+        halo.sort_unstable();
+        halo.dedup();
+        let local_cols: Vec<u32> = cols
+            .iter()
+            // Every column is in the halo, which was built from these columns.
+            .map(|c| halo.binary_search(c).map(|i| i as u32).unwrap_or(u32::MAX))
+            .collect();
+        let local_offsets: Vec<u32> = offsets[rows.start..=rows.end]
+            .iter()
+            .map(|&o| o - offsets[rows.start])
+            .collect();
+        let local = Csr::try_new(rows.len(), halo.len(), local_offsets, local_cols, None)?;
+        // Requests: the halo's rows owned by each rank (contiguous: the halo is sorted and the
+        // K/V blocks are contiguous), as global ids.
+        let mut requests: Vec<Vec<u32>> = vec![Vec::new(); world];
+        for &c in &halo {
+            requests[part.kv.owner(c as usize)].push(c);
+        }
+        let recv_counts = requests.iter().map(Vec::len).collect();
+        let asked = ex.all_to_all(requests)?;
+        let send_rows = asked
+            .into_iter()
+            .map(|ids| ids.into_iter().map(|c| c - kv_rows.start as u32).collect())
+            .collect();
+        Ok(Self {
+            rank,
+            rows,
+            kv_rows,
+            halo,
+            recv_counts,
+            send_rows,
+            local,
+        })
+    }
+
+    /// Its rows (of Q, the output, dQ).
+    pub fn rows(&self) -> Range<usize> {
+        self.rows.clone()
+    }
+
+    /// Its K/V rows (of K, V, dK, dV).
+    pub fn kv_rows(&self) -> Range<usize> {
+        self.kv_rows.clone()
+    }
+
+    /// The K/V rows its edges touch, sorted.
+    pub fn halo(&self) -> &[u32] {
+        &self.halo
+    }
+
+    /// What it holds and moves.
+    pub fn stats(&self) -> RankStats {
+        let own = self.kv_rows.clone();
+        RankStats {
+            rows: self.rows.len(),
+            edges: self.local.nnz(),
+            halo_rows: self.halo.len(),
+            remote_rows: self
+                .halo
+                .iter()
+                .filter(|&&c| !own.contains(&(c as usize)))
+                .count(),
+            sent_rows: self
+                .send_rows
+                .iter()
+                .enumerate()
+                .filter(|&(d, _)| d != self.rank)
+                .map(|(_, r)| r.len())
+                .sum(),
+        }
+    }
+
+    /// Gathers the halo of `own` (this rank's K/V rows, `row_len` values each) from every rank.
+    fn gather<F: Real, E: Exchange>(&self, ex: &E, own: &[F], row_len: usize) -> Result<Vec<F>> {
+        let send = self
+            .send_rows
+            .iter()
+            .map(|rows| {
+                let mut block = Vec::with_capacity(rows.len() * row_len);
+                for &r in rows {
+                    let r = r as usize * row_len;
+                    block.extend_from_slice(&own[r..r + row_len]);
+                }
+                block
+            })
+            .collect();
+        let recv = ex.all_to_all(send)?;
+        for (s, (block, &n)) in recv.iter().zip(&self.recv_counts).enumerate() {
+            if block.len() != n * row_len {
+                return Err(Error::Exchange {
+                    why: format!(
+                        "rank {s} sent {} values, expected {} rows of {row_len}",
+                        block.len(),
+                        n
+                    ),
+                });
+            }
+        }
+        Ok(recv.concat())
+    }
+
+    /// Sends the halo rows of `halo_values` back to their owners and returns this rank's K/V
+    /// rows with every rank's contributions summed (in rank order: deterministic).
+    fn scatter_add<F: Real, E: Exchange>(
+        &self,
+        ex: &E,
+        halo_values: &[F],
+        row_len: usize,
+    ) -> Result<Vec<F>> {
+        let mut send = Vec::with_capacity(self.recv_counts.len());
+        let mut at = 0;
+        for &n in &self.recv_counts {
+            send.push(halo_values[at * row_len..(at + n) * row_len].to_vec());
+            at += n;
+        }
+        let recv = ex.all_to_all(send)?;
+        let mut own = vec![F::ZERO; self.kv_rows.len() * row_len];
+        for (s, (block, rows)) in recv.iter().zip(&self.send_rows).enumerate() {
+            if block.len() != rows.len() * row_len {
+                return Err(Error::Exchange {
+                    why: format!(
+                        "rank {s} sent {} gradient values, expected {} rows of {row_len}",
+                        block.len(),
+                        rows.len()
+                    ),
+                });
+            }
+            for (i, &r) in rows.iter().enumerate() {
+                let dst = &mut own[r as usize * row_len..(r as usize + 1) * row_len];
+                for (d, &x) in dst.iter_mut().zip(&block[i * row_len..(i + 1) * row_len]) {
+                    *d = *d + x;
+                }
+            }
+        }
+        Ok(own)
+    }
+
+    fn shapes(&self, heads: usize, head_dim: usize) -> Result<(Shape, Shape, Shape)> {
+        Ok((
+            Shape::new(self.rows.len(), heads, head_dim)?,
+            Shape::new(self.kv_rows.len(), heads, head_dim)?,
+            Shape::new(self.halo.len(), heads, head_dim)?,
+        ))
+    }
+
+    fn check_own<F>(&self, what: &'static str, x: &[F], shape: Shape) -> Result<()> {
+        if x.len() != shape.len() {
+            return Err(Error::LengthMismatch {
+                what,
+                expected: shape.len(),
+                actual: x.len(),
+                shape,
+            });
+        }
+        Ok(())
+    }
+
+    /// This rank's rows of `softmax_row(scale · Q Kᵀ masked by A) · V` from its own rows of Q
+    /// (`rows() × heads × head_dim`) and of K and V (`kv_rows() × heads × head_dim`). A
+    /// collective.
+    ///
+    /// Errors: [`Error::LengthMismatch`] naming an operand of the wrong length, the CPU
+    /// reference's, and the exchange's.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward<F: Real, E: Exchange>(
+        &self,
+        ex: &E,
+        q: &[F],
+        k: &[F],
+        v: &[F],
+        heads: usize,
+        head_dim: usize,
+        scale: F,
+    ) -> Result<Vec<F>> {
+        let (sq, skv, sh) = self.shapes(heads, head_dim)?;
+        self.check_own("q (this rank's rows)", q, sq)?;
+        self.check_own("k (this rank's K/V rows)", k, skv)?;
+        self.check_own("v (this rank's K/V rows)", v, skv)?;
+        let row_len = heads * head_dim;
+        let (kh, vh) = (self.gather(ex, k, row_len)?, self.gather(ex, v, row_len)?);
+        let mut out = vec![F::ZERO; sq.len()];
+        let inputs = AttentionInputs::new(q, sq, &kh, sh, &vh, sh);
+        cpu::attention(&self.local, &inputs, scale, &mut out)?;
+        Ok(out)
+    }
+
+    /// The gradients of [`forward`](Self::forward) given this rank's `out` and `d_out`:
+    /// dQ for its rows, dK and dV for its K/V rows (every rank's contributions summed), and
+    /// ∂L/∂scale summed over the world (the same on every rank). A collective.
+    ///
+    /// Errors: as [`forward`](Self::forward).
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward<F: Real, E: Exchange>(
+        &self,
+        ex: &E,
+        (q, k, v): (&[F], &[F], &[F]),
+        out: &[F],
+        d_out: &[F],
+        heads: usize,
+        head_dim: usize,
+        scale: F,
+    ) -> Result<cpu::AttentionGrads<F>> {
+        let (sq, skv, sh) = self.shapes(heads, head_dim)?;
+        self.check_own("q (this rank's rows)", q, sq)?;
+        self.check_own("k (this rank's K/V rows)", k, skv)?;
+        self.check_own("v (this rank's K/V rows)", v, skv)?;
+        self.check_own("out (this rank's rows)", out, sq)?;
+        self.check_own("d_out (this rank's rows)", d_out, sq)?;
+        let row_len = heads * head_dim;
+        let (kh, vh) = (self.gather(ex, k, row_len)?, self.gather(ex, v, row_len)?);
+        let inputs = AttentionInputs::new(q, sq, &kh, sh, &vh, sh);
+        let g = cpu::attention_backward(&self.local, &inputs, scale, out, d_out)?;
+        let dk = self.scatter_add(ex, &g.dk, row_len)?;
+        let dv = self.scatter_add(ex, &g.dv, row_len)?;
+        let all = ex.all_to_all(vec![vec![g.d_scale]; ex.world()])?;
+        let d_scale = all.iter().flatten().fold(F::ZERO, |s, &x| s + x);
+        Ok(cpu::AttentionGrads {
+            dq: g.dq,
+            dk,
+            dv,
+            d_scale,
+        })
+    }
+}

@@ -1,0 +1,284 @@
+//! Row-partitioned attention over the local exchange: P = 1, 2, 3 and 8 ranks give the single
+//! plan's output and gradients (f64 and f32) on cora, R-MAT, a hub row, a rectangular graph,
+//! ranks without rows and a halo that is every node; bad input is a typed error.
+
+use std::ops::Range;
+
+use rand::Rng;
+use spattn::ops::cpu::{self, AttentionInputs, Real};
+use spattn::partition::{run_local, Blocks, Exchange, LocalExchange, Partition, RankPlan};
+use spattn::{Csr, Error, Shape};
+use spattn_test_support::{fresh_rng, hub_graph, random_graph, rmat_graph, shared_graph};
+
+/// Inputs of one problem: Q (rows), K and V (columns), dOut (rows).
+struct Problem<F> {
+    q: Vec<F>,
+    k: Vec<F>,
+    v: Vec<F>,
+    d_out: Vec<F>,
+    heads: usize,
+    dim: usize,
+}
+
+fn draw<F: Real>(a: &Csr, heads: usize, dim: usize, seed: &str) -> Problem<F> {
+    let mut rng = fresh_rng(seed);
+    let mut vals = |n: usize| -> Vec<F> {
+        (0..n * heads * dim)
+            .map(|_| F::from_f64(rng.random_range(-1.0..1.0)))
+            .collect()
+    };
+    Problem {
+        q: vals(a.n_rows()),
+        k: vals(a.n_cols()),
+        v: vals(a.n_cols()),
+        d_out: vals(a.n_rows()),
+        heads,
+        dim,
+    }
+}
+
+fn rel(got: &[f64], want: &[f64]) -> f64 {
+    cpu::rel_l2_error(got, want)
+}
+
+fn up<F: Real>(x: &[F]) -> Vec<f64> {
+    x.iter().map(|v| v.to_f64()).collect()
+}
+
+fn slice<F: Copy>(x: &[F], r: Range<usize>, row_len: usize) -> Vec<F> {
+    x[r.start * row_len..r.end * row_len].to_vec()
+}
+
+/// Runs the partitioned forward and backward on `parts` ranks and compares them with the
+/// single CPU reference; returns the ranks' stats.
+fn check<F: Real>(
+    a: &Csr,
+    parts: usize,
+    p: &Problem<F>,
+    tol: f64,
+) -> Vec<spattn::partition::RankStats> {
+    let (heads, dim) = (p.heads, p.dim);
+    let row_len = heads * dim;
+    let scale = F::from_f64(0.37);
+    let (sq, skv) = (
+        Shape::new(a.n_rows(), heads, dim).unwrap(),
+        Shape::new(a.n_cols(), heads, dim).unwrap(),
+    );
+    let inputs = AttentionInputs::new(&p.q, sq, &p.k, skv, &p.v, skv);
+    let mut want = vec![F::ZERO; sq.len()];
+    cpu::attention(a, &inputs, scale, &mut want).unwrap();
+    let want_g = cpu::attention_backward(a, &inputs, scale, &want, &p.d_out).unwrap();
+
+    let part = Partition::balanced(a, parts).unwrap();
+    let results = run_local(parts, |ex| {
+        let plan = RankPlan::new(a, &part, ex)?;
+        let (rows, kv) = (plan.rows(), plan.kv_rows());
+        let q = slice(&p.q, rows.clone(), row_len);
+        let k = slice(&p.k, kv.clone(), row_len);
+        let v = slice(&p.v, kv, row_len);
+        let out = plan.forward(ex, &q, &k, &v, heads, dim, scale)?;
+        let d_out = slice(&p.d_out, rows, row_len);
+        let g = plan.backward(ex, (&q, &k, &v), &out, &d_out, heads, dim, scale)?;
+        Ok((out, g, plan.stats()))
+    })
+    .unwrap();
+    let out: Vec<F> = results.iter().flat_map(|r| r.0.iter().copied()).collect();
+    let dq: Vec<F> = results
+        .iter()
+        .flat_map(|r| r.1.dq.iter().copied())
+        .collect();
+    let dk: Vec<F> = results
+        .iter()
+        .flat_map(|r| r.1.dk.iter().copied())
+        .collect();
+    let dv: Vec<F> = results
+        .iter()
+        .flat_map(|r| r.1.dv.iter().copied())
+        .collect();
+    let what = format!(
+        "{}x{} nnz {} on {parts} ranks",
+        a.n_rows(),
+        a.n_cols(),
+        a.nnz()
+    );
+    for (name, got, want) in [
+        ("out", &out, &want),
+        ("dq", &dq, &want_g.dq),
+        ("dk", &dk, &want_g.dk),
+        ("dv", &dv, &want_g.dv),
+    ] {
+        assert_eq!(got.len(), want.len(), "{what}: {name} length");
+        let e = rel(&up(got), &up(want));
+        assert!(e <= tol, "{what}: {name} off by {e:.2e} > {tol:.0e}");
+    }
+    for (r, res) in results.iter().enumerate() {
+        let d = (res.1.d_scale.to_f64() - want_g.d_scale.to_f64()).abs();
+        let scale_of = want_g.d_scale.to_f64().abs().max(1.0);
+        assert!(
+            d <= tol * scale_of * 10.0,
+            "{what}: rank {r}'s d_scale off by {d:.2e}"
+        );
+    }
+    let stats: Vec<_> = results.iter().map(|r| r.2).collect();
+    assert_eq!(stats.iter().map(|s| s.rows).sum::<usize>(), a.n_rows());
+    assert_eq!(stats.iter().map(|s| s.edges).sum::<usize>(), a.nnz());
+    // What the ranks receive from others is what the others send.
+    assert_eq!(
+        stats.iter().map(|s| s.remote_rows).sum::<usize>(),
+        stats.iter().map(|s| s.sent_rows).sum::<usize>(),
+        "{what}"
+    );
+    stats
+}
+
+fn graphs() -> Vec<(&'static str, Csr)> {
+    let mut rng = fresh_rng("partition graphs");
+    vec![
+        ("cora", shared_graph("cora")),
+        ("rmat-10", rmat_graph(10)),
+        ("hub", hub_graph(&mut rng, 3000, 17)),
+        ("random with empty rows", random_graph(&mut rng, 500, 6, 7)),
+    ]
+}
+
+#[test]
+fn every_world_size_gives_the_single_plan_result_in_f64_and_f32() {
+    for (name, a) in graphs() {
+        let p64 = draw::<f64>(&a, 2, 8, name);
+        let p32 = draw::<f32>(&a, 3, 5, name);
+        for parts in [1, 2, 3, 8] {
+            check(&a, parts, &p64, 1e-12);
+            check(&a, parts, &p32, 1e-5);
+        }
+    }
+}
+
+#[test]
+fn balanced_partition_splits_edges_evenly() {
+    let a = rmat_graph(12);
+    let part = Partition::balanced(&a, 4).unwrap();
+    let offsets = a.row_offsets();
+    let share = a.nnz() as f64 / 4.0;
+    let max_row = (0..a.n_rows())
+        .map(|i| (offsets[i + 1] - offsets[i]) as f64)
+        .fold(0.0, f64::max);
+    for r in 0..4 {
+        let rows = part.rows.block(r).unwrap();
+        let edges = (offsets[rows.end] - offsets[rows.start]) as f64;
+        // Within one row (plus the empty rows counted as one edge each) of an equal share.
+        assert!(
+            (edges - share).abs() <= max_row + a.n_rows() as f64 / 4.0,
+            "rank {r}: {edges} edges, share {share}"
+        );
+    }
+    assert_eq!(
+        part.kv, part.rows,
+        "square graph: K/V rows live with their node"
+    );
+}
+
+#[test]
+fn ranks_without_rows_and_a_halo_of_every_node() {
+    // 5 rows on 8 ranks: at least three ranks own nothing.
+    let a = Csr::from_edges(5, 5, &[(0, 1), (1, 2), (2, 0), (3, 4), (4, 3), (4, 4)]).unwrap();
+    let stats = check(&a, 8, &draw::<f64>(&a, 1, 4, "tiny"), 1e-12);
+    assert!(
+        stats.iter().filter(|s| s.rows == 0).count() >= 3,
+        "{stats:?}"
+    );
+
+    // A complete graph: every rank's halo is every node.
+    let n = 24;
+    let edges: Vec<(u32, u32)> = (0..n).flat_map(|i| (0..n).map(move |j| (i, j))).collect();
+    let a = Csr::from_edges(n as usize, n as usize, &edges).unwrap();
+    let stats = check(&a, 3, &draw::<f64>(&a, 2, 3, "complete"), 1e-12);
+    for s in &stats {
+        assert_eq!(s.halo_rows, n as usize);
+        assert_eq!(s.remote_rows, n as usize - s.rows);
+    }
+}
+
+#[test]
+fn rectangular_graphs_split_the_columns_evenly() {
+    let mut rng = fresh_rng("rectangular");
+    let edges: Vec<(u32, u32)> = (0..300)
+        .map(|_| (rng.random_range(0..40), rng.random_range(0..90)))
+        .collect();
+    let a = Csr::from_edges(40, 90, &edges).unwrap();
+    let part = Partition::balanced(&a, 3).unwrap();
+    assert_eq!(part.kv, Blocks::even(90, 3).unwrap());
+    check(&a, 3, &draw::<f64>(&a, 2, 4, "rectangular"), 1e-12);
+}
+
+#[test]
+fn bad_input_is_a_typed_error() {
+    let a = Csr::from_edges(6, 6, &[(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 0)]).unwrap();
+    assert!(matches!(
+        Partition::balanced(&a, 0),
+        Err(Error::InvalidConfig { .. })
+    ));
+    assert!(matches!(
+        Blocks::from_bounds(vec![0, 4, 2, 6]),
+        Err(Error::InvalidConfig { .. })
+    ));
+    assert!(matches!(
+        Blocks::even(6, 2).unwrap().block(2),
+        Err(Error::RankOutOfRange { rank: 2, world: 2 })
+    ));
+    // A partition of 2 ranks in a world of 3.
+    let part = Partition::balanced(&a, 2).unwrap();
+    let errs = run_local(3, |ex| Ok(RankPlan::new(&a, &part, ex).err())).unwrap();
+    for e in errs {
+        let e = e.expect("a world-size error");
+        assert!(
+            matches!(
+                e,
+                Error::WorldMismatch {
+                    expected: 3,
+                    actual: 2,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("3 ranks"), "{e}");
+    }
+    // A partition of another graph.
+    let other = Csr::from_edges(7, 7, &[(0, 1)]).unwrap();
+    let part7 = Partition::balanced(&other, 2).unwrap();
+    let errs = run_local(2, |ex| Ok(RankPlan::new(&a, &part7, ex).err())).unwrap();
+    assert!(errs
+        .iter()
+        .all(|e| matches!(e, Some(Error::InvalidConfig { .. }))));
+    // Operands of the wrong length name themselves.
+    let part = Partition::balanced(&a, 2).unwrap();
+    let errs = run_local(2, |ex| {
+        let plan = RankPlan::new(&a, &part, ex)?;
+        let n = plan.rows().len() * 4;
+        let kv = plan.kv_rows().len() * 4;
+        Ok(plan
+            .forward(
+                ex,
+                &vec![0.0f64; n + 1],
+                &vec![0.0; kv],
+                &vec![0.0; kv],
+                1,
+                4,
+                1.0,
+            )
+            .err())
+    })
+    .unwrap();
+    for e in errs {
+        let e = e.expect("a length error");
+        assert!(e.to_string().contains("q (this rank's rows)"), "{e}");
+    }
+    // The exchange checks its own arguments.
+    let errs = run_local(2, |ex: &LocalExchange| {
+        Ok(ex.all_to_all(vec![vec![1u8]]).err())
+    })
+    .unwrap();
+    for e in errs {
+        assert!(matches!(e, Some(Error::WorldMismatch { .. })));
+    }
+}
