@@ -5,10 +5,13 @@
 //! the backward sends the halo rows' dK and dV partials back to their owners, which sum them.
 //!
 //! The exchange between ranks sits behind [`Exchange`]: [`LocalExchange`] runs the P ranks as
-//! threads of one process (tests, and graphs split for memory on one machine); an NCCL
-//! implementation for one process per GPU is the next step (the collective here is one
-//! all-to-all of variable-sized blocks, which NCCL's grouped send/recv provides). This module
-//! computes on the CPU (f32 or f64); the per-rank GPU plans come with the NCCL exchange.
+//! threads of one process (tests, and graphs split for memory on one machine); [`TcpExchange`]
+//! runs one process per rank, on one host or several, with rank and world from the environment
+//! torchrun sets ([`TcpExchange::from_env`]) and a rendezvous on `MASTER_ADDR:MASTER_PORT`. An
+//! NCCL implementation for one process per GPU is the next step (the collective here is one
+//! all-to-all of variable-sized blocks, which NCCL's grouped send/recv provides; the same
+//! rendezvous can carry its unique id). This module computes on the CPU (f32 or f64); the
+//! per-rank GPU plans come with the NCCL exchange.
 //!
 //! ```
 //! use spattn::partition::{run_local, Partition, RankPlan};
@@ -33,11 +36,16 @@ use std::any::Any;
 use std::ops::Range;
 use std::sync::{Arc, Barrier, Mutex, PoisonError};
 
+/// Plain numbers the exchanges move as bytes (`f32`, `f64`, `u32`, …).
+pub use bytemuck::Pod;
 use spattn_ops::cpu::{self, AttentionInputs, Real};
 use spattn_ops::Shape;
 
 use crate::error::{Error, Result};
 use crate::Csr;
+
+mod tcp;
+pub use tcp::TcpExchange;
 
 /// Contiguous blocks of `0..n`: block `r` is `bounds[r]..bounds[r + 1]` (possibly empty).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -184,7 +192,7 @@ pub trait Exchange {
     fn world(&self) -> usize;
     /// Sends `send[d]` to rank `d` (`send.len() == world`) and returns what each rank sent to
     /// this one, indexed by sender.
-    fn all_to_all<T: Send + 'static>(&self, send: Vec<Vec<T>>) -> Result<Vec<Vec<T>>>;
+    fn all_to_all<T: Pod + Send>(&self, send: Vec<Vec<T>>) -> Result<Vec<Vec<T>>>;
 }
 
 /// The mailbox the threads of one local world share.
@@ -240,7 +248,7 @@ impl Exchange for LocalExchange {
         self.world
     }
 
-    fn all_to_all<T: Send + 'static>(&self, send: Vec<Vec<T>>) -> Result<Vec<Vec<T>>> {
+    fn all_to_all<T: Pod + Send>(&self, send: Vec<Vec<T>>) -> Result<Vec<Vec<T>>> {
         if send.len() != self.world {
             return Err(Error::WorldMismatch {
                 what: "all_to_all blocks",
@@ -440,7 +448,12 @@ impl RankPlan {
     }
 
     /// Gathers the halo of `own` (this rank's K/V rows, `row_len` values each) from every rank.
-    fn gather<F: Real, E: Exchange>(&self, ex: &E, own: &[F], row_len: usize) -> Result<Vec<F>> {
+    fn gather<F: Real + Pod, E: Exchange>(
+        &self,
+        ex: &E,
+        own: &[F],
+        row_len: usize,
+    ) -> Result<Vec<F>> {
         let send = self
             .send_rows
             .iter()
@@ -470,7 +483,7 @@ impl RankPlan {
 
     /// Sends the halo rows of `halo_values` back to their owners and returns this rank's K/V
     /// rows with every rank's contributions summed (in rank order: deterministic).
-    fn scatter_add<F: Real, E: Exchange>(
+    fn scatter_add<F: Real + Pod, E: Exchange>(
         &self,
         ex: &E,
         halo_values: &[F],
@@ -531,7 +544,7 @@ impl RankPlan {
     /// Errors: [`Error::LengthMismatch`] naming an operand of the wrong length, the CPU
     /// reference's, and the exchange's.
     #[allow(clippy::too_many_arguments)]
-    pub fn forward<F: Real, E: Exchange>(
+    pub fn forward<F: Real + Pod, E: Exchange>(
         &self,
         ex: &E,
         q: &[F],
@@ -559,7 +572,7 @@ impl RankPlan {
     ///
     /// Errors: as [`forward`](Self::forward).
     #[allow(clippy::too_many_arguments)]
-    pub fn backward<F: Real, E: Exchange>(
+    pub fn backward<F: Real + Pod, E: Exchange>(
         &self,
         ex: &E,
         (q, k, v): (&[F], &[F], &[F]),

@@ -6,7 +6,11 @@ use std::ops::Range;
 
 use rand::Rng;
 use spattn::ops::cpu::{self, AttentionInputs, Real};
-use spattn::partition::{run_local, Blocks, Exchange, LocalExchange, Partition, RankPlan};
+use std::time::Duration;
+
+use spattn::partition::{
+    run_local, Blocks, Exchange, LocalExchange, Partition, Pod, RankPlan, TcpExchange,
+};
 use spattn::{Csr, Error, Shape};
 use spattn_test_support::{fresh_rng, hub_graph, random_graph, rmat_graph, shared_graph};
 
@@ -51,7 +55,7 @@ fn slice<F: Copy>(x: &[F], r: Range<usize>, row_len: usize) -> Vec<F> {
 
 /// Runs the partitioned forward and backward on `parts` ranks and compares them with the
 /// single CPU reference; returns the ranks' stats.
-fn check<F: Real>(
+fn check<F: Real + Pod>(
     a: &Csr,
     parts: usize,
     p: &Problem<F>,
@@ -281,4 +285,166 @@ fn bad_input_is_a_typed_error() {
     for e in errs {
         assert!(matches!(e, Some(Error::WorldMismatch { .. })));
     }
+}
+
+/// A port on 127.0.0.1 that was free a moment ago.
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// Runs `f` on `world` ranks over TCP on this host, one thread each (as separate processes
+/// would), and returns their results in rank order.
+fn run_tcp<R: Send>(
+    world: usize,
+    f: impl Fn(&TcpExchange) -> spattn::Result<R> + Sync,
+) -> spattn::Result<Vec<R>> {
+    let master = format!("127.0.0.1:{}", free_port());
+    std::thread::scope(|s| {
+        let joins: Vec<_> = (0..world)
+            .map(|rank| {
+                let (f, master) = (&f, master.clone());
+                s.spawn(move || {
+                    let ex = TcpExchange::connect(rank, world, &master, Duration::from_secs(30))?;
+                    f(&ex)
+                })
+            })
+            .collect();
+        joins.into_iter().map(|j| j.join().unwrap()).collect()
+    })
+}
+
+/// One rank's forward and backward (2 heads of 8): its output, dK and ∂L/∂scale.
+fn rank_step<E: Exchange>(
+    a: &Csr,
+    part: &Partition,
+    p: &Problem<f64>,
+    ex: &E,
+) -> spattn::Result<(Vec<f64>, Vec<f64>, f64)> {
+    let plan = RankPlan::new(a, part, ex)?;
+    let (rows, kv) = (plan.rows(), plan.kv_rows());
+    let (q, k, v) = (
+        slice(&p.q, rows.clone(), 16),
+        slice(&p.k, kv.clone(), 16),
+        slice(&p.v, kv, 16),
+    );
+    let out = plan.forward(ex, &q, &k, &v, 2, 8, 0.3)?;
+    let d_out = slice(&p.d_out, rows, 16);
+    let g = plan.backward(ex, (&q, &k, &v), &out, &d_out, 2, 8, 0.3)?;
+    Ok((out, g.dk, g.d_scale))
+}
+
+#[test]
+fn tcp_ranks_compute_what_the_local_world_does() {
+    let a = shared_graph("cora");
+    let p = draw::<f64>(&a, 2, 8, "tcp");
+    for world in [1, 2, 3] {
+        let part = Partition::balanced(&a, world).unwrap();
+        let local = run_local(world, |ex| rank_step(&a, &part, &p, ex)).unwrap();
+        let tcp = run_tcp(world, |ex| rank_step(&a, &part, &p, ex)).unwrap();
+        // The same blocks in the same order: bit for bit.
+        for (r, (l, t)) in local.iter().zip(&tcp).enumerate() {
+            assert_eq!(l.0, t.0, "world {world} rank {r}: out");
+            assert_eq!(l.1, t.1, "world {world} rank {r}: dk");
+            assert_eq!(l.2, t.2, "world {world} rank {r}: d_scale");
+        }
+    }
+}
+
+#[test]
+fn tcp_blocks_of_every_size_arrive_whole() {
+    // 4 ranks each send rank-and-destination-stamped blocks of different sizes, one of 3 MB.
+    let got = run_tcp(4, |ex| {
+        let me = ex.rank();
+        let send: Vec<Vec<u32>> = (0..4)
+            .map(|d| {
+                let n = if me == 1 && d == 2 {
+                    750_000
+                } else {
+                    me * 10 + d
+                };
+                (0..n as u32)
+                    .map(|i| i ^ ((me * 4 + d) as u32) << 24)
+                    .collect()
+            })
+            .collect();
+        ex.all_to_all(send)
+    })
+    .unwrap();
+    for (me, recv) in got.iter().enumerate() {
+        for (s, block) in recv.iter().enumerate() {
+            let n = if s == 1 && me == 2 {
+                750_000
+            } else {
+                s * 10 + me
+            };
+            let want: Vec<u32> = (0..n as u32)
+                .map(|i| i ^ ((s * 4 + me) as u32) << 24)
+                .collect();
+            assert_eq!(block, &want, "rank {me} from {s}");
+        }
+    }
+}
+
+#[test]
+fn tcp_rendezvous_errors_name_what_they_waited_on() {
+    // Nobody listens on the master's port: the timeout names the address.
+    let master = format!("127.0.0.1:{}", free_port());
+    let e = TcpExchange::connect(1, 2, &master, Duration::from_millis(300)).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("timed out") && msg.contains(&master), "{msg}");
+    assert!(matches!(
+        TcpExchange::connect(2, 2, &master, Duration::from_millis(10)),
+        Err(Error::RankOutOfRange { rank: 2, world: 2 })
+    ));
+    assert!(matches!(
+        TcpExchange::connect(0, 2, "not an address", Duration::from_millis(10)),
+        Err(Error::InvalidConfig { .. })
+    ));
+    // The environment torchrun sets: a missing or malformed variable is named.
+    let vars = |table: &'static [(&'static str, &'static str)]| {
+        move |name: &str| {
+            table
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        }
+    };
+    let e = TcpExchange::from_vars(vars(&[("WORLD_SIZE", "2")])).unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidConfig { what: "RANK", .. }),
+        "{e}"
+    );
+    let e = TcpExchange::from_vars(vars(&[("RANK", "x"), ("WORLD_SIZE", "2")])).unwrap_err();
+    assert!(
+        e.to_string().contains("RANK") && e.to_string().contains("\"x\""),
+        "{e}"
+    );
+    let e = TcpExchange::from_vars(vars(&[
+        ("RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "1"),
+        ("SPATTN_RENDEZVOUS_TIMEOUT", "-3"),
+    ]))
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::InvalidConfig {
+                what: "SPATTN_RENDEZVOUS_TIMEOUT",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // A world of one needs nobody.
+    let solo = TcpExchange::from_vars(vars(&[
+        ("RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "1"),
+    ]))
+    .unwrap();
+    assert_eq!(solo.all_to_all(vec![vec![7u8]]).unwrap(), vec![vec![7u8]]);
 }
