@@ -164,6 +164,8 @@ pub struct RowOrder {
     pub gathers_natural: usize,
     /// (window, distinct column) pairs of the order used.
     pub gathers: usize,
+    /// What `Auto` did not try, and why (window packing past its work bound), for the report.
+    pub skipped: Option<String>,
 }
 
 impl RowOrder {
@@ -180,6 +182,7 @@ impl RowOrder {
         let natural = count(None)?;
         let square = a.n_rows() == a.n_cols();
         let locality = || Permutation::reverse_cuthill_mckee_peeling_hubs(a, HUB_FACTOR);
+        let mut skipped = None;
         let (used, permutation, gathers) = match reorder {
             Reorder::Auto if square => {
                 let mut best = (Reorder::None, None, natural);
@@ -192,9 +195,14 @@ impl RowOrder {
                 };
                 consider(Reorder::Degree, Permutation::by_degree_descending(a))?;
                 let seeds = locality()?;
-                if cluster_work(a) <= AUTO_CLUSTER_MAX_WORK {
+                let work = cluster_work(a);
+                if work <= AUTO_CLUSTER_MAX_WORK {
                     let packed = Permutation::window_clusters(a, window_rows, Some(&seeds))?;
                     consider(Reorder::Cluster, packed)?;
+                } else {
+                    skipped = Some(format!(
+                        "window packing skipped (its work {work} > bound {AUTO_CLUSTER_MAX_WORK})"
+                    ));
                 }
                 consider(Reorder::Locality, seeds)?;
                 best
@@ -222,6 +230,7 @@ impl RowOrder {
             window_rows,
             gathers_natural: natural,
             gathers,
+            skipped,
         })
     }
 
@@ -232,18 +241,54 @@ impl RowOrder {
 
     /// One line for a plan's report: the order and its gathers against the graph's own.
     pub fn info(&self) -> String {
-        format!(
+        let mut line = format!(
             "rows {}-ordered: {} K/V row gathers per head ({:.2}x fewer than the graph's order)",
             self.used,
             self.gathers,
             self.gathers_natural as f64 / self.gathers.max(1) as f64
-        )
+        );
+        if let Some(s) = &self.skipped {
+            line += "; ";
+            line += s;
+        }
+        line
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn auto_says_when_its_work_bound_skips_window_packing() {
+        let small = crate::rmat(
+            &crate::RmatConfig::new(12)
+                .with_symmetrize(true)
+                .with_seed(1),
+        )
+        .unwrap();
+        let o = RowOrder::choose(&small, Reorder::Auto, 16).unwrap();
+        assert!(cluster_work(&small) <= AUTO_CLUSTER_MAX_WORK);
+        assert!(
+            o.skipped.is_none() && !o.info().contains("skipped"),
+            "{}",
+            o.info()
+        );
+        let big = crate::rmat(
+            &crate::RmatConfig::new(18)
+                .with_symmetrize(true)
+                .with_seed(1),
+        )
+        .unwrap();
+        assert!(cluster_work(&big) > AUTO_CLUSTER_MAX_WORK);
+        let o = RowOrder::choose(&big, Reorder::Auto, 16).unwrap();
+        assert_ne!(o.used, Reorder::Cluster);
+        let info = o.info();
+        assert!(
+            info.contains("window packing skipped") && info.contains("bound"),
+            "{info}"
+        );
+    }
 
     #[test]
     fn names_round_trip_and_unknown_names_are_errors() {
