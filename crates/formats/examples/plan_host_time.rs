@@ -5,12 +5,13 @@
 //! tensor-core ops). Uploads and the GPU autotuning are not included (they need a GPU).
 //!
 //!     cargo run --release -p spattn-formats --example plan_host_time -- 16 18 20
+//!     cargo run --release -p spattn-formats --example plan_host_time -- data/ogbn-arxiv.mtx.gz
 //!
 //! Prints one row per scale: milliseconds per step and nanoseconds per edge (flat = linear).
 
 use std::time::Instant;
 
-use spattn_formats::{rmat, Bsb, MeBcrs, Reorder, RmatConfig, RowOrder};
+use spattn_formats::{read_matrix_market, rmat, Bsb, MeBcrs, Reorder, RmatConfig, RowOrder};
 
 fn timed<T>(f: impl FnOnce() -> T) -> (T, f64) {
     let t = Instant::now();
@@ -19,29 +20,27 @@ fn timed<T>(f: impl FnOnce() -> T) -> (T, f64) {
 }
 
 fn main() -> Result<(), spattn_formats::Error> {
-    let scales: Vec<u32> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
-    let scales = if scales.is_empty() {
-        vec![14, 16, 18]
-    } else {
-        scales
-    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut graphs: Vec<String> = args.clone();
+    if graphs.is_empty() {
+        graphs = vec!["14".into(), "16".into(), "18".into()];
+    }
     println!(
         "# host plan steps, {} rayon threads; ms (ns per edge)",
         rayon_threads()
     );
-    println!("| scale | nnz | R-MAT + sym | transpose | Auto order (16 rows) | BSB | ME-BCRS | order chosen |");
+    println!("| graph | nnz | build + sym | transpose | Auto order (16 rows) | BSB | ME-BCRS | order chosen |");
     println!("|--:|--:|--:|--:|--:|--:|--:|---|");
-    for scale in scales {
-        let (a, t_gen) = timed(|| {
-            rmat(
-                &RmatConfig::new(scale)
+    for scale in graphs {
+        // An R-MAT scale, or a MatrixMarket file (symmetrized, with self loops, as the bench).
+        let (a, t_gen) = timed(|| match scale.parse::<u32>() {
+            Ok(s) => rmat(
+                &RmatConfig::new(s)
                     .with_symmetrize(true)
                     .with_self_loops(true)
                     .with_seed(42),
-            )
+            ),
+            Err(_) => read_matrix_market(&scale).and_then(|g| g.symmetrize_with_self_loops()),
         });
         let a = a?;
         let nnz = a.nnz() as f64;
