@@ -514,11 +514,13 @@ impl GraphCore {
         })
     }
 
-    /// Attention with a per-edge score bias and/or dropout on the probabilities (see the
-    /// `extras` module): `bias` is `"none"`, `"shared"` (`nnz` values) or `"per_head"` (`nnz ×
-    /// heads`), `dropout` `(rate, seed, offset)` or `None`. Forward `ptrs`: `[q, k, v, out,
-    /// bias, weights]` (bias 0 without one, weights 0 when not wanted); backward: `[q, k, v,
-    /// d_out, bias, dq, dk, dv, d_bias]`, returning ∂L/∂scale (0.0 for the forward).
+    /// Attention with a per-edge score bias, dropout on the probabilities and/or edge features
+    /// added to keys and values (see the `extras` module): `bias` is `"none"`, `"shared"`
+    /// (`nnz` values) or `"per_head"` (`nnz × heads`), `dropout` `(rate, seed, offset)` or
+    /// `None`, `edge_features` whether features (`nnz × heads × head_dim`) are given. Forward
+    /// `ptrs`: `[q, k, v, out, bias, weights, features]` (0 for what is not given or wanted);
+    /// backward: `[q, k, v, d_out, bias, dq, dk, dv, d_bias, features, d_features]`, returning
+    /// ∂L/∂scale (0.0 for the forward).
     #[allow(clippy::too_many_arguments)]
     fn attention_extras(
         &self,
@@ -529,23 +531,25 @@ impl GraphCore {
         backward: bool,
         bias: &str,
         dropout: Option<(f64, u64, u64)>,
+        edge_features: bool,
         ptrs: Vec<u64>,
         stream: u64,
     ) -> PyResult<f64> {
         let (device, dtype, heads, head_dim) = problem;
         let dt = DTypeName::parse(&dtype)?;
         let algorithm = parse_algorithm(algorithm)?;
-        let args = ExtrasArgs::parse(bias, dropout)?;
+        let mut args = ExtrasArgs::parse(bias, dropout)?;
+        args.edge_features = edge_features;
         let shapes = self.shapes(heads, head_dim)?;
-        let expected = if backward { 9 } else { 6 };
+        let expected = if backward { 11 } else { 7 };
         if ptrs.len() != expected {
             return Err(value_error(
                 "ptrs",
                 format!("{} addresses, expected {expected}", ptrs.len()),
             ));
         }
-        let fwd = |p: &[u64]| [p[0], p[1], p[2], p[3], p[4], p[5]];
-        let bwd = |p: &[u64]| [p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8]];
+        let fwd = |p: &[u64]| -> [u64; 7] { std::array::from_fn(|i| p[i]) };
+        let bwd = |p: &[u64]| -> [u64; 11] { std::array::from_fn(|i| p[i]) };
         if device < 0 {
             let (csr, d) = (&*self.csr, shapes.0.head_dim);
             return py.detach(|| match (dt.host()?, backward) {

@@ -55,13 +55,18 @@ def dropout_factor(num_edges, heads, rate, seed, offset=0):
     return np.where(keep, 1.0 / (1.0 - rate), 0.0).reshape(num_edges, heads)
 
 
-def reference(graph, q, k, v, scale, bias=None, factor=None):
-    """Dense float64: out and the weights (num_edges × heads, CSR order)."""
+def reference(graph, q, k, v, scale, bias=None, factor=None, features=None):
+    """Dense float64: out and the weights (num_edges × heads, CSR order); `features`
+    (num_edges × heads × head_dim) are added to each edge's key and value."""
     q, k, v = (np.asarray(t.detach().double().cpu()) for t in (q, k, v))
     n, h, _ = q.shape
     crow, col = graph.crow(), graph.col()
     rows = np.repeat(np.arange(n), np.diff(crow))
-    s = np.einsum("ehd,ehd->eh", q[rows], k[col]) * scale
+    ke, ve = k[col], v[col]
+    if features is not None:
+        f = np.asarray(features.detach().double().cpu())
+        ke, ve = ke + f, ve + f
+    s = np.einsum("ehd,ehd->eh", q[rows], ke) * scale
     if bias is not None:
         b = np.asarray(bias.detach().double().cpu())
         s = s + (b[:, None] if b.ndim == 1 else b)
@@ -76,7 +81,7 @@ def reference(graph, q, k, v, scale, bias=None, factor=None):
             p[lo:hi] = np.divide(e, z, out=np.zeros_like(e), where=z > 0)
     w = p if factor is None else p * factor
     out = np.zeros_like(q)
-    np.add.at(out, rows, w[:, :, None] * v[col])
+    np.add.at(out, rows, w[:, :, None] * ve)
     return out, w
 
 
@@ -120,6 +125,41 @@ def test_cpu_matches_reference(gen, layout, rate):
     assert rel(out, want) < 1e-12
     assert rel(w, want_w) < 1e-12
     assert w.shape == (g.num_edges, h)
+
+
+def test_cpu_edge_features_match_reference_and_gradcheck(gen):
+    g = random_graph(gen, n=12, e=40)
+    h, d = 2, 3
+    q, k, v = (torch.randn(12, h, d, dtype=torch.float64, generator=gen, requires_grad=True)
+               for _ in range(3))
+    f = torch.randn(g.num_edges, h, d, dtype=torch.float64, generator=gen, requires_grad=True)
+    b = torch.randn(g.num_edges, dtype=torch.float64, generator=gen, requires_grad=True)
+    out = spattn.sparse_attention(g, q, k, v, scale=0.8, bias=b, edge_features=f,
+                                  dropout=0.2, dropout_seed=5)
+    want, _ = reference(g, q, k, v, 0.8, b, dropout_factor(g.num_edges, h, 0.2, 5), f)
+    assert rel(out, want) < 1e-12
+
+    def fn(q, k, v, f, b):
+        return spattn.sparse_attention(g, q, k, v, scale=0.8, bias=b, edge_features=f,
+                                       dropout=0.2, dropout_seed=5)
+
+    assert torch.autograd.gradcheck(fn, (q, k, v, f, b))
+    with pytest.raises(ValueError, match=r"edge_features: has shape"):
+        spattn.sparse_attention(g, q, k, v, edge_features=f[:-1])
+
+
+def test_graph_edge_positions_map_input_order_to_csr_order(gen):
+    ei = torch.unique(torch.randint(0, 30, (2, 120), generator=gen), dim=1)
+    ei = ei[:, torch.randperm(ei.shape[1], generator=gen)]
+    g = spattn.Graph.from_edge_index(ei, num_nodes=30)
+    pos = g.edge_positions(ei)
+    assert torch.equal(g.edge_index()[:, pos], ei)
+    have = set(zip(ei[0].tolist(), ei[1].tolist()))
+    src, dst = next((s, d) for s in range(30) for d in range(30) if (s, d) not in have)
+    with pytest.raises(ValueError, match=rf"edge 1 \({src} -> {dst}\) is not in the graph"):
+        g.edge_positions(torch.tensor([[int(ei[0, 0]), src], [int(ei[1, 0]), dst]]))
+    with pytest.raises(ValueError, match="not in the graph"):
+        g.edge_positions(torch.tensor([[0], [30]]))  # a node past the graph
 
 
 def test_cpu_dropout_mask_is_the_documented_one(gen):

@@ -180,11 +180,34 @@ def test_against_torch_geometric_on_cpu(gen):
         torch.testing.assert_close(ours(x, ei), theirs(x, ei), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.skipif(pyg_nn is None, reason="torch_geometric is not installed")
+@pytest.mark.parametrize("concat", [True, False])
+def test_transformer_conv_edge_dim_matches_torch_geometric(gen, concat):
+    ei = random_edge_index(gen)
+    ei = ei[:, torch.randperm(ei.shape[1], generator=gen)]  # edge_attr in no particular order
+    x = torch.randn(24, 5, dtype=torch.float64, generator=gen, requires_grad=True)
+    edge_attr = torch.randn(ei.shape[1], 3, dtype=torch.float64, generator=gen, requires_grad=True)
+    theirs = pyg_nn.TransformerConv(5, 4, heads=2, concat=concat, edge_dim=3).double()
+    ours = spattn.nn.TransformerConv(5, 4, heads=2, concat=concat, edge_dim=3).double()
+    assert set(ours.state_dict()) == set(theirs.state_dict())
+    ours.load_state_dict(theirs.state_dict())
+    w = torch.randn(24, 8 if concat else 4, dtype=torch.float64, generator=gen)
+    grads = []
+    for layer in (ours, theirs):
+        out = layer(x, ei, edge_attr)
+        gx, ge, gw = torch.autograd.grad((out * w).sum(), (x, edge_attr, layer.lin_edge.weight))
+        grads.append((out.detach(), gx, ge, gw))
+    for name, a, b in zip(("out", "dx", "dedge_attr", "dlin_edge"), grads[0], grads[1]):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)
+    with pytest.raises(ValueError, match="edge_attr is required"):
+        ours(x, ei)
+
+
 def test_unsupported_arguments_raise_naming_them():
     with pytest.raises(ValueError, match="dropout"):
         spattn.nn.GATConv(4, 4, dropout=1.0)
     with pytest.raises(NotImplementedError, match="edge_dim"):
-        spattn.nn.TransformerConv(4, 4, edge_dim=3)
+        spattn.nn.GATConv(4, 4, edge_dim=3)
     with pytest.raises(NotImplementedError, match="aggr"):
         spattn.nn.GATConv(4, 4, aggr="mean")
     with pytest.raises(NotImplementedError, match="in_channels"):

@@ -61,13 +61,14 @@ def sparse_attention(
     *,
     scale: Any = None,
     bias: Any = None,
+    edge_features: Any = None,
     dropout: float = 0.0,
     dropout_seed: Optional[int] = None,
     return_attention_weights: bool = False,
     algorithm: str = "auto",
 ):
     """``out = softmax_row(scale · Q Kᵀ masked by A + bias) · V`` over ``graph``'s edges, with
-    dropout on the probabilities where asked.
+    edge features added to keys and values and dropout on the probabilities where asked.
 
     Args:
         graph: a :class:`spattn.Graph` (row ``i``: the nodes node ``i`` attends to).
@@ -82,6 +83,10 @@ def sparse_attention(
             heads) or ``num_edges × heads``, in the order of :meth:`Graph.edge_index` (the
             graph's CSR order), on ``q``'s device (cast to ``q``'s dtype). ``-inf`` masks an
             edge; a NaN is an error on the CPU and makes its row NaN on CUDA. Differentiable.
+        edge_features: ``num_edges × heads × head_dim`` added to each edge's key and value
+            (``k_j + e_ij``, ``v_j + e_ij``: PyG's ``TransformerConv(edge_dim=...)`` with the
+            features already projected), in :meth:`Graph.edge_index` order, on ``q``'s device
+            (cast to its dtype). Differentiable.
         dropout: the rate of dropout on the attention probabilities, in ``[0, 1)``: a kept
             weight is scaled by ``1 / (1 - dropout)``. Applied whenever it is non-zero (as
             ``torch.nn.functional.dropout(training=True)``; layers pass 0 in eval mode). The
@@ -100,8 +105,8 @@ def sparse_attention(
     Returns ``num_nodes × heads × head_dim`` like ``q`` (a numpy array for numpy inputs), and
     the weights with ``return_attention_weights``. Rows without edges get zeros. On torch
     tensors this is differentiable with respect to ``q``, ``k``, ``v`` and ``bias`` through
-    spattn's exact backward (once: no double backward). ``bias``, ``dropout`` and the weights
-    need torch tensors.
+    spattn's exact backward (once: no double backward). ``bias``, ``edge_features``,
+    ``dropout`` and the weights need torch tensors.
 
     Example (CPU)::
 
@@ -114,10 +119,12 @@ def sparse_attention(
     """
     _check_graph(graph)
     check_algorithm(algorithm)
-    extras = bias is not None or dropout != 0.0 or return_attention_weights
+    extras = (bias is not None or edge_features is not None or dropout != 0.0
+              or return_attention_weights)
     if extras:
         return _sparse_attention_extras(
-            graph, q, k, v, scale, bias, dropout, dropout_seed, return_attention_weights, algorithm
+            graph, q, k, v, scale, bias, edge_features, dropout, dropout_seed,
+            return_attention_weights, algorithm,
         )
     if is_ndarray(q):
         scale = check_scale(scale)
@@ -237,30 +244,52 @@ def _check_bias(bias: Any, graph: Graph, q: Any) -> Tuple[Any, str]:
     return bias.to(q.dtype).contiguous(), kind
 
 
-def _sparse_attention_extras(graph, q, k, v, scale, bias, dropout, seed, want_weights, algorithm):
+def _check_edge_features(features: Any, graph: Graph, q: Any) -> Any:
+    """The edge features as the kernels take them (contiguous, q's dtype and device)."""
+    if features is None:
+        return None
+    if not is_tensor(features):
+        raise TypeError(f"edge_features: expected a torch.Tensor, got {type(features).__name__}")
+    want = (graph.num_edges, q.shape[1], q.shape[2])
+    if tuple(features.shape) != want:
+        raise ValueError(
+            f"edge_features: has shape {tuple(features.shape)}, expected {want} "
+            "(num_edges, heads, head_dim), in Graph.edge_index order"
+        )
+    if features.device != q.device:
+        raise ValueError(f"edge_features: is on {features.device}, expected {q.device} like q")
+    if not features.is_floating_point():
+        raise TypeError(f"edge_features: expected a floating-point tensor, got {features.dtype}")
+    return features.to(q.dtype).contiguous()
+
+
+def _sparse_attention_extras(graph, q, k, v, scale, bias, features, dropout, seed, want_weights,
+                             algorithm):
     if not is_tensor(q):
         raise TypeError(
-            "bias, dropout and return_attention_weights need torch tensors "
+            "bias, edge_features, dropout and return_attention_weights need torch tensors "
             f"(q is a {type(q).__name__})"
         )
     drop = _check_dropout(dropout, seed)
     q, scale = _torch_operands(graph, q, k, v, scale)
     bias, kind = _check_bias(bias, graph, q)
+    features = _check_edge_features(features, graph, q)
     name = dtype_name(q.dtype)
     if q.device.type == "cuda":
         if name not in _CUDA_DTYPES:
             raise TypeError(f"q: dtype {q.dtype} is not supported on CUDA (float32, float16, bfloat16)")
         out, w = _SparseAttentionExtras.apply(
-            graph, q, k, v, bias, scale, algorithm, kind, drop, want_weights
+            graph, q, k, v, bias, features, scale, algorithm, kind, drop, want_weights
         )
     elif name in ("f32", "f64"):
         out, w = _SparseAttentionExtras.apply(
-            graph, q, k, v, bias, scale, algorithm, kind, drop, want_weights
+            graph, q, k, v, bias, features, scale, algorithm, kind, drop, want_weights
         )
     elif name in ("f16", "bf16"):
         # The CPU reference computes in float32: widen, and round the results back.
+        widen = lambda t: None if t is None else t.float()  # noqa: E731
         out, w = _SparseAttentionExtras.apply(
-            graph, q.float(), k.float(), v.float(), None if bias is None else bias.float(),
+            graph, q.float(), k.float(), v.float(), widen(bias), widen(features),
             scale, algorithm, kind, drop, want_weights,
         )
         out, w = out.to(q.dtype), w.to(q.dtype)
@@ -269,12 +298,16 @@ def _sparse_attention_extras(graph, q, k, v, scale, bias, dropout, seed, want_we
     return (out, w.view(graph.num_edges, q.shape[1])) if want_weights else out
 
 
-def _native_extras(graph, q, scale, algorithm, backward, kind, drop, ptrs) -> float:
+def _native_extras(graph, q, scale, algorithm, backward, kind, drop, features, ptrs) -> float:
     n, h, d = q.shape
     return graph._core.attention_extras(
         (device_index(q), dtype_name(q.dtype), h, d), scale, algorithm, backward, kind, drop,
-        ptrs, stream_of(q),
+        features, ptrs, stream_of(q),
     )
+
+
+def _address_or_0(t) -> int:
+    return address(t) if t is not None else 0
 
 
 def _native_forward(graph, q, k, v, out, scale, algorithm) -> None:
@@ -332,12 +365,12 @@ if torch is not None:
             return None, dq, dk, dv, None, None
 
     class _SparseAttentionExtras(torch.autograd.Function):
-        """Autograd of sparse attention with a bias and/or dropout: the forward returns the
-        output and the attention weights (empty unless asked for; not differentiable); the
-        backward regenerates the dropout mask from the seed."""
+        """Autograd of sparse attention with a bias, edge features and/or dropout: the forward
+        returns the output and the attention weights (empty unless asked for; not
+        differentiable); the backward regenerates the dropout mask from the seed."""
 
         @staticmethod
-        def forward(ctx, graph, q, k, v, bias, scale, algorithm, kind, drop, want_weights):
+        def forward(ctx, graph, q, k, v, bias, features, scale, algorithm, kind, drop, want_weights):
             out = torch.empty_like(q, memory_format=torch.contiguous_format)
             w_dtype = torch.float32 if q.device.type == "cuda" else q.dtype
             w_len = graph.num_edges * q.shape[1] if want_weights else 0
@@ -346,36 +379,36 @@ if torch is not None:
                 out.zero_(), w.zero_()
             else:
                 _native_extras(
-                    graph, q, scale, algorithm, False, kind, drop,
-                    [address(q), address(k), address(v), address(out),
-                     address(bias) if bias is not None else 0,
-                     address(w) if want_weights else 0],
+                    graph, q, scale, algorithm, False, kind, drop, features is not None,
+                    [address(q), address(k), address(v), address(out), _address_or_0(bias),
+                     address(w) if want_weights else 0, _address_or_0(features)],
                 )
             ctx.graph, ctx.scale, ctx.algorithm, ctx.kind, ctx.drop = graph, scale, algorithm, kind, drop
-            ctx.save_for_backward(q, k, v, bias)
+            ctx.save_for_backward(q, k, v, bias, features)
             ctx.mark_non_differentiable(w)
             return out, w
 
         @staticmethod
         @once_differentiable
         def backward(ctx, d_out, _d_weights):
-            q, k, v, bias = ctx.saved_tensors
+            q, k, v, bias, features = ctx.saved_tensors
             d_out = d_out.to(dtype=q.dtype).contiguous()
             dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
             d_bias = torch.empty_like(bias) if bias is not None else None
+            d_feat = torch.empty_like(features) if features is not None else None
             if _empty_problem(ctx.graph, q):
-                for t in (dq, dk, dv, d_bias):
+                for t in (dq, dk, dv, d_bias, d_feat):
                     if t is not None:
                         t.zero_()
             else:
                 _native_extras(
                     ctx.graph, q, ctx.scale, ctx.algorithm, True, ctx.kind, ctx.drop,
-                    [address(q), address(k), address(v), address(d_out),
-                     address(bias) if bias is not None else 0,
-                     address(dq), address(dk), address(dv),
-                     address(d_bias) if d_bias is not None else 0],
+                    features is not None,
+                    [address(q), address(k), address(v), address(d_out), _address_or_0(bias),
+                     address(dq), address(dk), address(dv), _address_or_0(d_bias),
+                     _address_or_0(features), _address_or_0(d_feat)],
                 )
-            return None, dq, dk, dv, d_bias, None, None, None, None, None
+            return None, dq, dk, dv, d_bias, d_feat, None, None, None, None, None
 
     class _GatAttention(torch.autograd.Function):
         """Autograd of GAT attention: forward and exact backward by spattn's kernels (the

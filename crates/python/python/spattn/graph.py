@@ -178,6 +178,34 @@ class Graph:
         dst = torch.frombuffer(bytearray(self._core.row()), dtype=torch.int64)
         return torch.stack([src, dst]).to(device) if device is not None else torch.stack([src, dst])
 
+    def edge_positions(self, edge_index: Any):
+        """Where each edge of a PyG ``edge_index`` (``2 × E``: sources, then targets) sits in
+        this graph's CSR order (the order of :meth:`edge_index`, of ``bias=``,
+        ``edge_features=`` and the attention weights): an int64 tensor of ``E`` positions on
+        ``edge_index``'s device. Per-edge data in the input's order goes to the graph's by
+        ``data_csr = data.new_zeros(...).index_copy(0, positions, data)``.
+
+        Raises ``ValueError`` naming the first edge that is not in the graph."""
+        torch = require_torch("Graph.edge_positions")
+        if not torch.is_tensor(edge_index) or edge_index.dim() != 2 or edge_index.shape[0] != 2:
+            raise ValueError("edge_index: expected a (2, E) integer tensor")
+        dev = edge_index.device
+        n_cols = max(self.num_cols, 1)
+        ours = self.edge_index(device=dev)
+        keys = ours[1] * n_cols + ours[0]  # ascending: rows sorted, columns sorted in a row
+        src, dst = edge_index[0].long(), edge_index[1].long()
+        want = dst * n_cols + src
+        pos = torch.searchsorted(keys, want).clamp_(max=max(keys.numel() - 1, 0))
+        bad = (keys.numel() == 0) | (src < 0) | (dst < 0) | (src >= self.num_cols) | (dst >= self.num_nodes)
+        if keys.numel():
+            bad = bad | (keys[pos] != want)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0])
+            raise ValueError(
+                f"edge_index: edge {i} ({int(src[i])} -> {int(dst[i])}) is not in the graph"
+            )
+        return pos
+
     # -- planning -------------------------------------------------------------------------
 
     def plan(

@@ -172,6 +172,25 @@ def _check_x(layer: str, x: Tensor, channels: int, name: str = "x") -> None:
         )
 
 
+def _edges_in_csr_order(layer: str, graph: Graph, edge_index: Any, data: Tensor) -> Tensor:
+    """Per-edge `data` in `edge_index`'s order, moved to `graph`'s CSR order (a
+    :class:`spattn.Graph` passed as `edge_index` takes data in its own order already)."""
+    if isinstance(edge_index, Graph):
+        return data
+    if graph.num_duplicates:
+        raise ValueError(
+            f"{layer}: edge_index repeats {graph.num_duplicates} edge(s); spattn merges repeated "
+            "edges, so their edge_attr rows cannot be told apart (remove the repeats, e.g. "
+            "torch_geometric.utils.coalesce)"
+        )
+    if data.shape[0] != edge_index.shape[1]:
+        raise ValueError(
+            f"{layer}: edge_attr has {data.shape[0]} rows, edge_index has {edge_index.shape[1]} edges"
+        )
+    pos = graph.edge_positions(edge_index)
+    return data.new_zeros((graph.num_edges,) + tuple(data.shape[1:])).index_copy(0, pos, data)
+
+
 def _check_rate(layer: str, dropout: Any) -> None:
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
         raise ValueError(f"{layer}: dropout={dropout!r}: expected a rate in [0, 1)")
@@ -204,9 +223,11 @@ class TransformerConv(torch.nn.Module):
     with the edges in the graph's CSR order (sorted by target, then source; repeated edges
     merged) rather than the input's, and ``alpha`` after dropout (PyG's is before).
 
-    Not supported (``NotImplementedError``): ``edge_dim`` / ``edge_attr``, two node sets of
-    different sizes, lazy ``in_channels=-1``. Extra keyword: ``algorithm`` (spattn's
-    algorithm, ``"auto"``).
+    ``edge_dim`` adds ``lin_edge(edge_attr)`` to each edge's key and value, as PyG does
+    (``edge_attr`` in ``edge_index``'s order; ``edge_index`` must not repeat an edge).
+
+    Not supported (``NotImplementedError``): two node sets of different sizes, lazy
+    ``in_channels=-1``. Extra keyword: ``algorithm`` (spattn's algorithm, ``"auto"``).
     """
 
     def __init__(
@@ -227,8 +248,9 @@ class TransformerConv(torch.nn.Module):
         super().__init__()
         name = "TransformerConv"
         _unsupported_kwargs(name, kwargs)
-        _unsupported_edge_features(name, edge_dim)
         _check_rate(name, dropout)
+        if edge_dim is not None:
+            _check_channels(name, "edge_dim", edge_dim)
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.heads = heads
@@ -245,7 +267,10 @@ class TransformerConv(torch.nn.Module):
         self.lin_key = torch.nn.Linear(in_channels[0], heads * out_channels, bias=bias)
         self.lin_query = torch.nn.Linear(in_channels[1], heads * out_channels, bias=bias)
         self.lin_value = torch.nn.Linear(in_channels[0], heads * out_channels, bias=bias)
-        self.register_parameter("lin_edge", None)
+        if edge_dim is not None:
+            self.lin_edge = torch.nn.Linear(edge_dim, heads * out_channels, bias=False)
+        else:
+            self.register_parameter("lin_edge", None)
         skip = heads * out_channels if concat else out_channels
         self.lin_skip = torch.nn.Linear(in_channels[1], skip, bias=bias)
         if self.beta:
@@ -259,6 +284,8 @@ class TransformerConv(torch.nn.Module):
         self.lin_key.reset_parameters()
         self.lin_query.reset_parameters()
         self.lin_value.reset_parameters()
+        if self.lin_edge is not None:
+            self.lin_edge.reset_parameters()
         self.lin_skip.reset_parameters()
         if self.lin_beta is not None:
             self.lin_beta.reset_parameters()
@@ -271,8 +298,11 @@ class TransformerConv(torch.nn.Module):
         return_attention_weights: Optional[bool] = None,
     ) -> Tensor:
         name = "TransformerConv"
-        if edge_attr is not None:
-            raise NotImplementedError(f"{name}: edge_attr is not supported")
+        if (edge_attr is None) != (self.lin_edge is None):
+            raise ValueError(
+                f"{name}: edge_attr is required with edge_dim and taken only with it "
+                f"(edge_dim={self.edge_dim}, edge_attr {'missing' if edge_attr is None else 'given'})"
+            )
         x_src, x_dst = _split_x(name, x)
         cin = self.in_channels if isinstance(self.in_channels, tuple) else (self.in_channels,) * 2
         _check_x(name, x_src, cin[0], "x" if x_src is x_dst else "x_src")
@@ -285,9 +315,12 @@ class TransformerConv(torch.nn.Module):
         value = self.lin_value(x_src).view(-1, H, C)
         rate = self.dropout if self.training else 0.0
         want = bool(return_attention_weights)
+        features = None
+        if self.lin_edge is not None:
+            features = _edges_in_csr_order(name, graph, edge_index, self.lin_edge(edge_attr).view(-1, H, C))
         res = sparse_attention(
-            graph, query, key, value, scale=1.0 / math.sqrt(C), dropout=rate,
-            return_attention_weights=want, algorithm=self.algorithm,
+            graph, query, key, value, scale=1.0 / math.sqrt(C), edge_features=features,
+            dropout=rate, return_attention_weights=want, algorithm=self.algorithm,
         )
         out, alpha = res if want else (res, None)
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
