@@ -27,8 +27,8 @@ use spattn::ops::cpu::{self, AttentionInputs, Real};
 use spattn::ops::external::{ExternalMatrix, ExternalVec};
 use spattn::ops::{backward as gpu_backward, csr_ops, edge_extras};
 use spattn::{
-    bf16, f16, Algorithm, AttentionConfig, AttentionPlan, Csr, DType, DTypeKind, DeviceGraph,
-    Dropout, Shape,
+    bf16, f16, Algorithm, AttentionConfig, AttentionPlan, Csr, DType, DTypeKind, DeviceBias,
+    DeviceGraph, Dropout, Shape,
 };
 
 use crate::device::{self, Device};
@@ -590,9 +590,11 @@ impl GraphCore {
     /// `P = softmax_row(s)`, `out[i, h, :] = Σ_e P[e, h] · x[col(e), h, :]`. `x` and `out` are
     /// `n × heads × dim` of `dtype`; `a_dst`, `a_src` are `n × heads` f32 on CUDA (of `dtype`
     /// on the CPU); `workspace` holds `nnz × heads` f32 on CUDA (unused on the CPU, pass 0).
-    /// `dropout`: `(rate, seed, offset)` drops probabilities as `sparse_attention`'s does.
+    /// `dropout`: `(rate, seed, offset)` drops probabilities as `sparse_attention`'s does;
+    /// `bias`: the address of `nnz × heads` values (f32 on CUDA, of `dtype` on the CPU) added to
+    /// the scores before the LeakyReLU (GAT's edge features), 0 for none.
     #[pyo3(signature = (device, dtype, heads, dim, negative_slope, x, a_dst, a_src, out,
-                        workspace, stream, dropout = None))]
+                        workspace, stream, dropout = None, bias = 0))]
     #[allow(clippy::too_many_arguments)]
     fn gat_forward(
         &self,
@@ -609,6 +611,7 @@ impl GraphCore {
         workspace: u64,
         stream: u64,
         dropout: Option<(f64, u64, u64)>,
+        bias: u64,
     ) -> PyResult<()> {
         let dt = DTypeName::parse(dtype)?;
         let slope = check_slope(negative_slope)?;
@@ -616,7 +619,7 @@ impl GraphCore {
         let (sq, skv) = self.shapes(heads, dim)?;
         if device < 0 {
             let t = dt.host()?;
-            let ptrs = [x, a_dst, a_src, out];
+            let ptrs = [x, a_dst, a_src, out, bias];
             return py.detach(|| match t {
                 HostDType::F32 => self.cpu_gat_forward::<f32>(sq, skv, slope, drop, ptrs),
                 HostDType::F64 => self.cpu_gat_forward::<f64>(sq, skv, slope, drop, ptrs),
@@ -624,7 +627,7 @@ impl GraphCore {
         }
         let kind = dt.device()?;
         let ordinal = device::ordinal(device)?;
-        let ptrs = [x, a_dst, a_src, out, workspace];
+        let ptrs = [x, a_dst, a_src, out, workspace, bias];
         py.detach(|| -> spattn::Result<()> {
             let _restore = device::ContextGuard::save();
             let d = self.on_device(ordinal)?;
@@ -640,9 +643,10 @@ impl GraphCore {
     /// The exact gradients of [`gat_forward`](Self::gat_forward) given `d_out`: writes `dx`
     /// (the aggregation's part of ∂L/∂x: the scores' part flows through `da_dst`, `da_src`),
     /// `da_dst` and `da_src` (f32 on CUDA). `workspaces` are three `nnz × heads` f32 buffers
-    /// on CUDA (unused on the CPU). `dropout`: the forward's.
+    /// on CUDA (unused on the CPU). `dropout`: the forward's; `bias` and `d_bias`: the
+    /// forward's score bias and where its gradient goes (`nnz × heads`; both 0 for none).
     #[pyo3(signature = (device, dtype, heads, dim, negative_slope, x, a_dst, a_src, d_out, dx,
-                        da_dst, da_src, workspaces, stream, dropout = None))]
+                        da_dst, da_src, workspaces, stream, dropout = None, bias = 0, d_bias = 0))]
     #[allow(clippy::too_many_arguments)]
     fn gat_backward(
         &self,
@@ -662,12 +666,20 @@ impl GraphCore {
         workspaces: (u64, u64, u64),
         stream: u64,
         dropout: Option<(f64, u64, u64)>,
+        bias: u64,
+        d_bias: u64,
     ) -> PyResult<()> {
         let dt = DTypeName::parse(dtype)?;
         let slope = check_slope(negative_slope)?;
         let drop = ExtrasArgs::parse("none", dropout)?.dropout;
+        if (bias == 0) != (d_bias == 0) {
+            return Err(value_error(
+                "d_bias",
+                "given exactly when the forward had a bias",
+            ));
+        }
         let (sq, skv) = self.shapes(heads, dim)?;
-        let ptrs = [x, a_dst, a_src, d_out, dx, da_dst, da_src];
+        let ptrs = [x, a_dst, a_src, d_out, dx, da_dst, da_src, bias, d_bias];
         if device < 0 {
             let t = dt.host()?;
             return py.detach(|| match t {
@@ -706,6 +718,13 @@ fn int64_bytes<'py>(py: Python<'py>, values: &[u32]) -> Bound<'py, PyBytes> {
         .flat_map(|&v| i64::from(v).to_ne_bytes())
         .collect();
     PyBytes::new(py, &bytes)
+}
+
+/// `scores += bias` edge by edge (no bias: nothing).
+fn add_bias<F: Real>(scores: &mut [F], bias: &[F]) {
+    for (s, &b) in scores.iter_mut().zip(bias) {
+        *s = *s + b;
+    }
 }
 
 /// The LeakyReLU slope: finite as an f32 (the GPU kernels take an f32; the CPU path computes
@@ -806,10 +825,13 @@ impl GraphCore {
         skv: Shape,
         slope: f64,
         dropout: Option<Dropout>,
-        [x, a_dst, a_src, out]: [u64; 4],
+        [x, a_dst, a_src, out, bias]: [u64; 5],
     ) -> PyResult<()> {
         let h = sq.heads;
         let a = &*self.csr;
+        let edges = a.nnz() * h;
+        // SAFETY: the package's contract: `nnz × heads` values of F where given.
+        let bias = unsafe { host::slice::<F>("bias", bias, if bias == 0 { 0 } else { edges })? };
         // SAFETY: the package's contract: x (`n_cols × heads × dim`), a_dst (`n_rows ×
         // heads`), a_src (`n_cols × heads`) of F, alive; `out` fresh.
         let (x, a_dst, a_src, out) = unsafe {
@@ -820,8 +842,9 @@ impl GraphCore {
                 host::slice_mut::<F>("out", out, sq.len())?,
             )
         };
-        let mut p = vec![F::ZERO; a.nnz() * h];
+        let mut p = vec![F::ZERO; edges];
         cpu::sddmm_gat(a, a_dst, a_src, h, &mut p).map_err(ops_to_py)?;
+        add_bias(&mut p, bias);
         cpu::edge_softmax_in_place(a, &mut p, h, Some(F::from_f64(slope))).map_err(ops_to_py)?;
         if let Some(d) = &dropout {
             cpu::apply_dropout(&mut p, d, h);
@@ -835,7 +858,7 @@ impl GraphCore {
         skv: Shape,
         slope: f64,
         dropout: Option<Dropout>,
-        [x, a_dst, a_src, d_out, dx, da_dst, da_src]: [u64; 7],
+        [x, a_dst, a_src, d_out, dx, da_dst, da_src, bias, d_bias]: [u64; 9],
     ) -> PyResult<()> {
         let h = sq.heads;
         let a = &*self.csr;
@@ -853,9 +876,18 @@ impl GraphCore {
         };
         let (at, map) = self.transpose();
         let edges = a.nnz() * h;
+        let blen = if bias == 0 { 0 } else { edges };
+        // SAFETY: as above: the forward's bias and a fresh d_bias, `nnz × heads` where given.
+        let (bias, d_bias) = unsafe {
+            (
+                host::slice::<F>("bias", bias, blen)?,
+                host::slice_mut::<F>("d_bias", d_bias, blen)?,
+            )
+        };
         let slope = F::from_f64(slope);
         let mut s = vec![F::ZERO; edges];
         cpu::sddmm_gat(a, a_dst, a_src, h, &mut s).map_err(ops_to_py)?;
+        add_bias(&mut s, bias);
         let mut p = vec![F::ZERO; edges];
         cpu::edge_softmax(a, &s, h, Some(slope), &mut p).map_err(ops_to_py)?;
         let mut dp = vec![F::ZERO; edges];
@@ -872,6 +904,8 @@ impl GraphCore {
                 *d = *d * slope;
             }
         }
+        // dS after the LeakyReLU's slope is the bias's gradient, edge by edge.
+        d_bias.copy_from_slice(&ds[..blen]);
         cpu::edge_row_sum(a, &ds, h, da_dst).map_err(ops_to_py)?;
         // dp and s are free again: Aᵀ's order of dS, then of P.
         cpu::transpose_edge_values(map, &ds, h, &mut dp).map_err(ops_to_py)?;
@@ -980,14 +1014,15 @@ fn gat_forward_gpu<T: DType>(
     sq: Shape,
     skv: Shape,
     (slope, dropout): (f32, Option<Dropout>),
-    [x, a_dst, a_src, out, ws]: [u64; 5],
+    [x, a_dst, a_src, out, ws, bias]: [u64; 6],
     stream: u64,
 ) -> spattn::Result<()> {
     let gpu = &d.device.gpu;
     let h = sq.heads;
     // SAFETY: as in `gpu_forward`, for x (n_cols × heads × dim of T), a_dst (n_rows × heads
     // f32), a_src (n_cols × heads f32), out (n_rows × heads × dim of T, fresh) and the
-    // workspace (nnz × heads f32, fresh). The kernels read a_dst / a_src at [row · heads + h]
+    // workspace (nnz × heads f32, fresh) and the bias (nnz × heads f32 where given, read at
+    // [e · heads + h]). The kernels read a_dst / a_src at [row · heads + h]
     // / [col · heads + h] (rows < n_rows, cols < n_cols: the validated CSR), write and read
     // the workspace at [e · heads + h], e < nnz, read x's rows < n_cols and write out's rows
     // < n_rows: within the views, whose shapes each op checks.
@@ -995,9 +1030,13 @@ fn gat_forward_gpu<T: DType>(
         let (x, a_dst, a_src, edges) = gat_views::<T>(d, sq, skv, [x, a_dst, a_src])?;
         let mut out = ExternalMatrix::<T>::new(gpu, "out", out, sq)?;
         let mut p = ExternalVec::<f32>::new(gpu, "workspace", ws, edges)?;
+        let bias = ExternalVec::<f32>::new(gpu, "bias", bias, if bias == 0 { 0 } else { edges })?;
         d.device.bridge.run(stream, || -> spattn::Result<()> {
             let a = d.graph.csr()?;
             csr_ops::sddmm_gat(gpu, a, &a_dst, &a_src, &mut p)?;
+            if !bias.is_empty() {
+                edge_extras::bias_add(gpu, &mut p, DeviceBias::PerHead(&bias), d.graph.nnz(), h)?;
+            }
             csr_ops::edge_softmax_in_place(gpu, a, &mut p, h, Some(slope))?;
             if let Some(dr) = &dropout {
                 edge_extras::apply_dropout(gpu, &mut p, dr)?;
@@ -1016,15 +1055,15 @@ fn gat_backward_gpu<T: DType>(
     sq: Shape,
     skv: Shape,
     (slope, dropout): (f32, Option<Dropout>),
-    [x, a_dst, a_src, d_out, dx, da_dst, da_src]: [u64; 7],
+    [x, a_dst, a_src, d_out, dx, da_dst, da_src, bias, d_bias]: [u64; 9],
     [w0, w1, w2]: [u64; 3],
     stream: u64,
 ) -> spattn::Result<()> {
     let gpu = &d.device.gpu;
     let h = sq.heads;
     // SAFETY: as in `gat_forward_gpu`; d_out is n_rows × heads × dim of T; dx (n_cols rows of
-    // T), da_dst (n_rows × heads f32), da_src (n_cols × heads f32) and the three workspaces
-    // (nnz × heads f32) are fresh. The transposed ops index Aᵀ's rows (< n_cols) and its edge
+    // T), da_dst (n_rows × heads f32), da_src (n_cols × heads f32), the three workspaces and
+    // d_bias (nnz × heads f32, where the forward had a bias) are fresh. The transposed ops index Aᵀ's rows (< n_cols) and its edge
     // map (a permutation of the nnz edges), within the same views.
     unsafe {
         let (x, a_dst, a_src, edges) = gat_views::<T>(d, sq, skv, [x, a_dst, a_src])?;
@@ -1035,9 +1074,15 @@ fn gat_backward_gpu<T: DType>(
         let mut s = ExternalVec::<f32>::new(gpu, "workspace", w0, edges)?;
         let mut p = ExternalVec::<f32>::new(gpu, "workspace", w1, edges)?;
         let mut dp = ExternalVec::<f32>::new(gpu, "workspace", w2, edges)?;
+        let blen = if bias == 0 { 0 } else { edges };
+        let bias = ExternalVec::<f32>::new(gpu, "bias", bias, blen)?;
+        let mut d_bias = ExternalVec::<f32>::new(gpu, "d_bias", d_bias, blen)?;
         d.device.bridge.run(stream, || -> spattn::Result<()> {
             let (a, t) = (d.graph.csr()?, d.graph.transpose()?);
             csr_ops::sddmm_gat(gpu, a, &a_dst, &a_src, &mut s)?;
+            if blen > 0 {
+                edge_extras::bias_add(gpu, &mut s, DeviceBias::PerHead(&bias), d.graph.nnz(), h)?;
+            }
             csr_ops::edge_softmax(gpu, a, &s, h, Some(slope), &mut p)?;
             csr_ops::sddmm(gpu, a, &d_out, &x, 1.0, &mut dp)?;
             // Under dropout: dP = dW ⊙ mask / (1 − rate), and the aggregation used P's dropped.
@@ -1046,6 +1091,9 @@ fn gat_backward_gpu<T: DType>(
             }
             gpu_backward::edge_softmax_backward_in_place(gpu, a, &p, &mut dp, h)?;
             gpu_backward::edge_leaky_relu_backward(gpu, &s, slope, &mut dp)?;
+            if blen > 0 {
+                d_bias.copy_from(&dp)?;
+            }
             gpu_backward::edge_row_sum(gpu, a, &dp, h, &mut da_dst)?;
             // s is free again: dS in Aᵀ's order; then dp: P in Aᵀ's order.
             gpu_backward::transpose_edge_values(gpu, t, &dp, h, &mut s)?;

@@ -422,3 +422,25 @@ def test_cuda_edge_features_match_the_cpu(dtype):
         err = rel(got, want.numpy())
         print(f"  edge features {str(dtype)[6:]} {name}: {err:.2e}")
         assert err < 4 * TOL[dtype], name
+
+
+@needs_cuda
+def test_cuda_gat_bias_matches_the_cpu():
+    g = cora()
+    h, c = 4, 8
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(g.num_nodes, h, c, generator=gen)
+    a_dst, a_src = (torch.randn(g.num_nodes, h, generator=gen) for _ in range(2))
+    bias = torch.randn(g.num_edges, h, generator=gen)
+    dy = torch.randn(g.num_nodes, h, c, generator=gen)
+    cuda = [t.cuda().requires_grad_() for t in (x, a_dst, a_src, bias)]
+    out = spattn.gat_attention(g, *cuda[:3], 0.2, bias=cuda[3], dropout=0.3, dropout_seed=4)
+    out.backward(dy.cuda())
+    cpu = [t.double().requires_grad_() for t in (x, a_dst, a_src, bias)]
+    o64 = spattn.gat_attention(g, *cpu[:3], 0.2, bias=cpu[3], dropout=0.3, dropout_seed=4)
+    o64.backward(dy.double())
+    assert rel(out, o64.detach().numpy()) < 1e-5
+    for name, got, want in zip(("dx", "da_dst", "da_src", "dbias"), cuda, cpu):
+        err = rel(got.grad, want.grad.numpy())
+        print(f"  gat bias {name}: {err:.2e}")
+        assert err < 1e-4, name

@@ -181,6 +181,30 @@ def test_against_torch_geometric_on_cpu(gen):
 
 
 @pytest.mark.skipif(pyg_nn is None, reason="torch_geometric is not installed")
+@pytest.mark.parametrize("fill_value", ["mean", "add", "max", 0.5])
+def test_gat_conv_edge_dim_matches_torch_geometric(gen, fill_value):
+    ei = random_edge_index(gen)
+    ei = torch.cat([ei, torch.tensor([[3, 7], [3, 7]])], dim=1)  # two self loops to replace
+    ei = torch.unique(ei, dim=1)
+    ei = ei[:, torch.randperm(ei.shape[1], generator=gen)]
+    x = torch.randn(24, 5, dtype=torch.float64, generator=gen, requires_grad=True)
+    edge_attr = torch.randn(ei.shape[1], 3, dtype=torch.float64, generator=gen, requires_grad=True)
+    theirs = pyg_nn.GATConv(5, 4, heads=2, edge_dim=3, fill_value=fill_value).double()
+    ours = spattn.nn.GATConv(5, 4, heads=2, edge_dim=3, fill_value=fill_value).double()
+    assert set(ours.state_dict()) == set(theirs.state_dict())
+    ours.load_state_dict(theirs.state_dict())
+    w = torch.randn(24, 8, dtype=torch.float64, generator=gen)
+    grads = []
+    for layer in (ours, theirs):
+        out = layer(x, ei, edge_attr)
+        gx, ge, gl, ga = torch.autograd.grad(
+            (out * w).sum(), (x, edge_attr, layer.lin_edge.weight, layer.att_edge))
+        grads.append((out.detach(), gx, ge, gl, ga))
+    for name, a, b in zip(("out", "dx", "dedge_attr", "dlin_edge", "datt_edge"), grads[0], grads[1]):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)
+
+
+@pytest.mark.skipif(pyg_nn is None, reason="torch_geometric is not installed")
 @pytest.mark.parametrize("concat", [True, False])
 def test_transformer_conv_edge_dim_matches_torch_geometric(gen, concat):
     ei = random_edge_index(gen)
@@ -206,8 +230,8 @@ def test_transformer_conv_edge_dim_matches_torch_geometric(gen, concat):
 def test_unsupported_arguments_raise_naming_them():
     with pytest.raises(ValueError, match="dropout"):
         spattn.nn.GATConv(4, 4, dropout=1.0)
-    with pytest.raises(NotImplementedError, match="edge_dim"):
-        spattn.nn.GATConv(4, 4, edge_dim=3)
+    with pytest.raises(NotImplementedError, match="fill_value"):
+        spattn.nn.GATConv(4, 4, edge_dim=3, fill_value="median")
     with pytest.raises(NotImplementedError, match="aggr"):
         spattn.nn.GATConv(4, 4, aggr="mean")
     with pytest.raises(NotImplementedError, match="in_channels"):
@@ -217,7 +241,7 @@ def test_unsupported_arguments_raise_naming_them():
     ei = torch.tensor([[0, 1], [1, 2]])
     with pytest.raises(NotImplementedError, match="return_attention_weights"):
         layer(x, ei, return_attention_weights=True)
-    with pytest.raises(NotImplementedError, match="edge_attr"):
+    with pytest.raises(ValueError, match="edge_attr given, but the layer has no edge_dim"):
         layer(x, ei, edge_attr=torch.randn(2, 3))
     with pytest.raises(NotImplementedError, match="bipartite"):
         layer((x, torch.randn(2, 4)), ei)

@@ -248,19 +248,23 @@ def _check_edge_features(features: Any, graph: Graph, q: Any) -> Any:
     """The edge features as the kernels take them (contiguous, q's dtype and device)."""
     if features is None:
         return None
-    if not is_tensor(features):
-        raise TypeError(f"edge_features: expected a torch.Tensor, got {type(features).__name__}")
     want = (graph.num_edges, q.shape[1], q.shape[2])
-    if tuple(features.shape) != want:
-        raise ValueError(
-            f"edge_features: has shape {tuple(features.shape)}, expected {want} "
-            "(num_edges, heads, head_dim), in Graph.edge_index order"
-        )
-    if features.device != q.device:
-        raise ValueError(f"edge_features: is on {features.device}, expected {q.device} like q")
-    if not features.is_floating_point():
-        raise TypeError(f"edge_features: expected a floating-point tensor, got {features.dtype}")
+    _check_per_edge("edge_features", features, want, "(num_edges, heads, head_dim)", q, "q")
     return features.to(q.dtype).contiguous()
+
+
+def _check_per_edge(name: str, t: Any, shape: tuple, layout: str, like: Any, like_name: str) -> None:
+    """A per-edge tensor: a floating-point torch tensor of `shape` on `like`'s device."""
+    if not is_tensor(t):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if tuple(t.shape) != shape:
+        raise ValueError(
+            f"{name}: has shape {tuple(t.shape)}, expected {shape} {layout}, in Graph.edge_index order"
+        )
+    if t.device != like.device:
+        raise ValueError(f"{name}: is on {t.device}, expected {like.device} like {like_name}")
+    if not t.is_floating_point():
+        raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
 
 
 def _sparse_attention_extras(graph, q, k, v, scale, bias, features, dropout, seed, want_weights,
@@ -415,7 +419,7 @@ if torch is not None:
         scores are recomputed in the backward, not stored)."""
 
         @staticmethod
-        def forward(ctx, graph, x, a_dst, a_src, slope, drop):
+        def forward(ctx, graph, x, a_dst, a_src, bias, slope, drop):
             n, h, c = graph.num_nodes, x.shape[1], x.shape[2]
             out = torch.empty((n, h, c), dtype=x.dtype, device=x.device)
             cuda = x.device.type == "cuda"
@@ -430,24 +434,27 @@ if torch is not None:
                 graph._core.gat_forward(
                     device_index(x), dtype_name(x.dtype), h, c, slope,
                     address(x), address(a_dst), address(a_src), address(out),
-                    address(ws) if ws is not None else 0, stream_of(x), drop,
+                    address(ws) if ws is not None else 0, stream_of(x), drop, _address_or_0(bias),
                 )
             ctx.graph, ctx.slope, ctx.drop = graph, slope, drop
-            ctx.save_for_backward(x, a_dst, a_src)
+            ctx.save_for_backward(x, a_dst, a_src, bias)
             return out
 
         @staticmethod
         @once_differentiable
         def backward(ctx, d_out):
-            x, a_dst, a_src = ctx.saved_tensors
+            x, a_dst, a_src, bias = ctx.saved_tensors
             graph = ctx.graph
             h, c = x.shape[1], x.shape[2]
             d_out = d_out.to(dtype=x.dtype).contiguous()
             dx = torch.empty_like(x)
             da_dst, da_src = torch.empty_like(a_dst), torch.empty_like(a_src)
+            d_bias = torch.empty_like(bias) if bias is not None else None
             if graph.num_edges == 0 or x.numel() == 0:
-                dx.zero_(), da_dst.zero_(), da_src.zero_()
-                return None, dx, da_dst, da_src, None, None
+                for t in (dx, da_dst, da_src, d_bias):
+                    if t is not None:
+                        t.zero_()
+                return None, dx, da_dst, da_src, d_bias, None, None
             cuda = x.device.type == "cuda"
             if cuda:
                 ws = [
@@ -461,8 +468,9 @@ if torch is not None:
                 device_index(x), dtype_name(x.dtype), h, c, ctx.slope,
                 address(x), address(a_dst), address(a_src), address(d_out),
                 address(dx), address(da_dst), address(da_src), wsp, stream_of(x), ctx.drop,
+                _address_or_0(bias), _address_or_0(d_bias),
             )
-            return None, dx, da_dst, da_src, None, None
+            return None, dx, da_dst, da_src, d_bias, None, None
 
 
 def gat_attention(
@@ -472,11 +480,12 @@ def gat_attention(
     alpha_src: Any,
     negative_slope: float = 0.2,
     *,
+    bias: Any = None,
     dropout: float = 0.0,
     dropout_seed: Optional[int] = None,
 ):
     """GAT's attention: per edge ``j -> i`` and head ``h`` the score
-    ``e = LeakyReLU(alpha_dst[i, h] + alpha_src[j, h], negative_slope)``, a softmax over each
+    ``e = LeakyReLU(alpha_dst[i, h] + alpha_src[j, h] + bias[e, h], negative_slope)``, a softmax over each
     target's incoming edges, and ``out[i, h] = Σ_j softmax(e)[i, j, h] · x[j, h]``.
 
     Args:
@@ -488,6 +497,9 @@ def gat_attention(
             not rounded to half precision; on the CPU everything runs in float32 (float64 for
             float64 inputs).
 
+        bias: ``num_edges × heads`` added to the scores before the LeakyReLU (GAT's edge
+            term ``⟨W_e e_ij, a_edge⟩``), in :meth:`Graph.edge_index` order; used in float32 on
+            CUDA like the per-node terms. Differentiable.
         dropout, dropout_seed: dropout on the attention coefficients, as
             :func:`sparse_attention`'s (the GAT paper uses 0.6 in training).
 
@@ -506,6 +518,8 @@ def gat_attention(
     check_torch("x", x)
     slope = float(negative_slope)
     drop = _check_dropout(dropout, dropout_seed)
+    if bias is not None:
+        _check_per_edge("bias", bias, (graph.num_edges, h), "(num_edges, heads)", x, "x")
     for name, a, rows in (("alpha_dst", alpha_dst, graph.num_nodes), ("alpha_src", alpha_src, n)):
         if not is_tensor(a):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(a).__name__}")
@@ -521,7 +535,8 @@ def gat_attention(
             raise TypeError(f"x: dtype {x.dtype} is not supported on CUDA (float32, float16, bfloat16)")
         a_dst = check_torch("alpha_dst", alpha_dst.float().contiguous())
         a_src = check_torch("alpha_src", alpha_src.float().contiguous())
-        return _GatAttention.apply(graph, x, a_dst, a_src, slope, drop)
+        b = None if bias is None else check_torch("bias", bias.float().contiguous())
+        return _GatAttention.apply(graph, x, a_dst, a_src, b, slope, drop)
     if name is None:
         raise TypeError(f"x: dtype {x.dtype} is not supported (float32, float16, bfloat16, float64)")
     work = torch.float64 if name == "f64" else torch.float32
@@ -530,6 +545,7 @@ def gat_attention(
         x.to(work).contiguous(),
         alpha_dst.to(work).contiguous(),
         alpha_src.to(work).contiguous(),
+        None if bias is None else bias.to(work).contiguous(),
         slope,
         drop,
     )

@@ -108,12 +108,6 @@ def graph_for(edge_index: Any, num_nodes: int, self_loops: bool = False) -> Grap
     return graph
 
 
-def _unsupported_edge_features(name: str, edge_dim: Optional[int]) -> None:
-    """Edge features are not in the package yet: say so, naming them."""
-    if edge_dim is not None:
-        raise NotImplementedError(f"{name}: edge_dim={edge_dim} (edge features) is not supported")
-
-
 def _unsupported_kwargs(layer: str, kwargs: dict, node_dim: int = 0) -> None:
     """MessagePassing options: only PyG's defaults for these layers are implemented."""
     defaults = {
@@ -363,8 +357,11 @@ class GATConv(torch.nn.Module):
     ``dropout`` drops attention coefficients in training mode as PyG's does, with spattn's
     mask (Philox, seeded from torch's default generator; PyG's masks differ).
 
-    Not supported (``NotImplementedError``): ``edge_dim`` / ``edge_attr``,
-    ``return_attention_weights``, ``size`` other than ``None`` or ``(N, N)``, two node sets of
+    ``edge_dim`` adds ``⟨lin_edge(e_ij), att_edge⟩`` to each edge's score, with the self
+    loops' attributes from ``fill_value`` as PyG's ``add_self_loops`` (``edge_attr`` in
+    ``edge_index``'s order; ``edge_index`` must not repeat an edge).
+
+    Not supported (``NotImplementedError``): ``return_attention_weights``, ``size`` other than ``None`` or ``(N, N)``, two node sets of
     different sizes, lazy ``in_channels=-1``. Extra keyword: ``algorithm`` (only ``"auto"``:
     GAT runs the CUDA-core CSR kernels).
     """
@@ -389,8 +386,10 @@ class GATConv(torch.nn.Module):
         super().__init__()
         name = "GATConv"
         _unsupported_kwargs(name, kwargs)
-        _unsupported_edge_features(name, edge_dim)
         _check_rate(name, dropout)
+        if edge_dim is not None:
+            _check_channels(name, "edge_dim", edge_dim)
+        _fill_reduce(name, fill_value)
         if check_algorithm(algorithm) != "auto":
             raise NotImplementedError(
                 f"{name}: algorithm={algorithm!r}: GAT attention runs the CSR kernels only (use 'auto')"
@@ -417,8 +416,12 @@ class GATConv(torch.nn.Module):
             self.lin_dst = torch.nn.Linear(in_channels[1], heads * out_channels, bias=False)
         self.att_src = Parameter(torch.empty(1, heads, out_channels))
         self.att_dst = Parameter(torch.empty(1, heads, out_channels))
-        self.register_parameter("att_edge", None)
-        self.lin_edge = None
+        if edge_dim is not None:
+            self.lin_edge = torch.nn.Linear(edge_dim, heads * out_channels, bias=False)
+            self.att_edge = Parameter(torch.empty(1, heads, out_channels))
+        else:
+            self.lin_edge = None
+            self.register_parameter("att_edge", None)
         total = out_channels * (heads if concat else 1)
         if residual:
             res_in = in_channels if isinstance(in_channels, int) else in_channels[1]
@@ -438,6 +441,9 @@ class GATConv(torch.nn.Module):
                 _glorot(lin.weight)
         _glorot(self.att_src)
         _glorot(self.att_dst)
+        if self.lin_edge is not None:
+            _glorot(self.lin_edge.weight)
+            _glorot(self.att_edge)
         if self.bias is not None:
             with torch.no_grad():
                 self.bias.zero_()
@@ -451,8 +457,8 @@ class GATConv(torch.nn.Module):
         return_attention_weights: Optional[bool] = None,
     ) -> Tensor:
         name = "GATConv"
-        if edge_attr is not None:
-            raise NotImplementedError(f"{name}: edge_attr is not supported")
+        if edge_attr is not None and self.lin_edge is None:
+            raise ValueError(f"{name}: edge_attr given, but the layer has no edge_dim")
         _no_attention_weights(name, return_attention_weights)
         x_src, x_dst = _split_x(name, x)
         n = x_dst.size(0)
@@ -473,7 +479,11 @@ class GATConv(torch.nn.Module):
         alpha_src = _head_dot(h_src, self.att_src)
         alpha_dst = _head_dot(h_dst, self.att_dst)
         rate = self.dropout if self.training else 0.0
-        out = gat_attention(graph, h_src, alpha_dst, alpha_src, self.negative_slope, dropout=rate)
+        bias = None
+        if edge_attr is not None:
+            bias = self._edge_scores(name, graph, edge_index, edge_attr, n)
+        out = gat_attention(graph, h_src, alpha_dst, alpha_src, self.negative_slope, bias=bias,
+                            dropout=rate)
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if res is not None:
             out = out + res
@@ -481,8 +491,56 @@ class GATConv(torch.nn.Module):
             out = out + self.bias
         return out
 
+    def _edge_scores(self, name: str, graph: Graph, edge_index: Any, edge_attr: Tensor, n: int) -> Tensor:
+        """⟨lin_edge(e_ij), att_edge⟩ per edge and head in the graph's CSR order; with self
+        loops, PyG's: the input's self loops dropped, one per node added with ``fill_value``."""
+        if isinstance(edge_index, Graph):
+            raise NotImplementedError(
+                f"{name}: edge_attr with a spattn.Graph (pass the edge_index tensor, in whose "
+                "order edge_attr is)"
+            )
+        ea = edge_attr.view(-1, 1) if edge_attr.dim() == 1 else edge_attr
+        if ea.shape[0] != edge_index.shape[1]:
+            raise ValueError(
+                f"{name}: edge_attr has {ea.shape[0]} rows, edge_index has {edge_index.shape[1]} edges"
+            )
+        ei = edge_index
+        if self.add_self_loops:
+            keep = ei[0] != ei[1]
+            ei, ea = ei[:, keep], ea[keep]
+            loops = torch.arange(n, device=ei.device)
+            loop_attr = _fill_loops(self.fill_value, ea, ei[1], n)
+            ei = torch.cat([ei, torch.stack([loops, loops])], dim=1)
+            ea = torch.cat([ea, loop_attr.to(ea.dtype)], dim=0)
+        H, C = self.heads, self.out_channels
+        e = self.lin_edge(ea).view(-1, H, C)
+        scores = (e * self.att_edge).sum(dim=-1)
+        return _edges_in_csr_order(name, graph, ei, scores)
+
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
+
+
+_FILL_REDUCE = {"add": "sum", "sum": "sum", "mean": "mean", "max": "amax", "min": "amin", "mul": "prod"}
+
+
+def _fill_reduce(layer: str, fill_value: Any) -> None:
+    if isinstance(fill_value, str) and fill_value not in _FILL_REDUCE:
+        raise NotImplementedError(
+            f"{layer}: fill_value={fill_value!r} (supported: a number, a tensor, "
+            f"{', '.join(repr(k) for k in _FILL_REDUCE)})"
+        )
+
+
+def _fill_loops(fill_value: Any, edge_attr: Tensor, target: Tensor, n: int) -> Tensor:
+    """The self loops' edge attributes, as PyG's ``add_self_loops(fill_value=...)``: a
+    reduction of each node's incoming edges' attributes (0 without any), or a constant."""
+    if isinstance(fill_value, str):
+        out = edge_attr.new_zeros((n,) + tuple(edge_attr.shape[1:]))
+        idx = target.view(-1, *([1] * (edge_attr.dim() - 1))).expand_as(edge_attr)
+        return out.scatter_reduce(0, idx, edge_attr, reduce=_FILL_REDUCE[fill_value], include_self=False)
+    value = torch.as_tensor(fill_value, dtype=edge_attr.dtype, device=edge_attr.device)
+    return value.expand((n,) + tuple(edge_attr.shape[1:])).clone()
 
 
 def _head_dot(h: Tensor, att: Tensor) -> Tensor:
