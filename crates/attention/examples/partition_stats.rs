@@ -1,0 +1,73 @@
+//! What a row-partitioned plan moves: for R-MAT graphs (or a MatrixMarket file) split over P
+//! ranks, each rank's rows, edges, halo and the K/V rows it receives, and the bytes a forward
+//! exchanges at a given row width, against the bytes of the rank's own Q, K, V and output. No
+//! attention is computed (the ranks are threads of a `LocalExchange`, planning only).
+//!
+//!     cargo run --release -p spattn --example partition_stats -- 20 2,4,8 [head_dim×heads bytes]
+//!     cargo run --release -p spattn --example partition_stats -- data/ogbn-arxiv.mtx.gz 2,4,8
+//!
+//! The third argument is a row's bytes (default 256: 128 f16 features).
+
+use spattn::partition::{run_local, Partition, RankPlan};
+use spattn::{read_matrix_market, rmat, RmatConfig};
+
+fn main() -> spattn::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let graph = args.first().map_or("18", String::as_str);
+    let parts: Vec<usize> = args
+        .get(1)
+        .map_or("2,4,8", String::as_str)
+        .split(',')
+        .filter_map(|p| p.trim().parse().ok())
+        .collect();
+    let row_bytes: u64 = args.get(2).and_then(|b| b.parse().ok()).unwrap_or(256);
+    let a = match graph.parse::<u32>() {
+        Ok(scale) => rmat(
+            &RmatConfig::new(scale)
+                .with_symmetrize(true)
+                .with_self_loops(true)
+                .with_seed(42),
+        )?,
+        Err(_) => read_matrix_market(graph)?.symmetrize_with_self_loops()?,
+    };
+    println!(
+        "# {graph}: n {}, nnz {}; rows of {row_bytes} bytes; per forward, each rank receives the \
+         remote halo of K and V",
+        a.n_rows(),
+        a.nnz()
+    );
+    println!("| P | rank | rows | edges | halo rows | remote rows | received (MiB) | own Q+K+V+out (MiB) | received / own |");
+    println!("|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    for p in parts {
+        let part = Partition::balanced(&a, p)?;
+        let stats = run_local(p, |ex| Ok(RankPlan::new(&a, &part, ex)?.stats()))?;
+        let (mut worst, mut total) = (0.0f64, 0u64);
+        for (r, s) in stats.iter().enumerate() {
+            let received = 2 * s.remote_rows as u64 * row_bytes; // K and V
+            let own = 4 * s.rows as u64 * row_bytes; // Q, K, V, out (square graph)
+            total += received;
+            let ratio = received as f64 / own.max(1) as f64;
+            worst = worst.max(ratio);
+            println!(
+                "| {p} | {r} | {} | {} | {} | {} | {:.1} | {:.1} | {:.2} |",
+                s.rows,
+                s.edges,
+                s.halo_rows,
+                s.remote_rows,
+                mib(received),
+                mib(own),
+                ratio
+            );
+        }
+        println!(
+            "| {p} | all | {} | {} | | | {:.1} | {:.1} | worst {:.2} |",
+            a.n_rows(),
+            a.nnz(),
+            mib(total),
+            mib(4 * a.n_rows() as u64 * row_bytes),
+            worst
+        );
+    }
+    Ok(())
+}
