@@ -3,11 +3,15 @@
 //! exchanges at a given row width, against the bytes of the rank's own Q, K, V and output. No
 //! attention is computed (the ranks are threads of a `LocalExchange`, planning only).
 //!
-//!     cargo run --release -p spattn --example partition_stats -- 20 2,4,8 [head_dim×heads bytes]
+//!     cargo run --release -p spattn --example partition_stats -- 20 2,4,8 [ROW_BYTES] [rcm]
 //!     cargo run --release -p spattn --example partition_stats -- data/ogbn-arxiv.mtx.gz 2,4,8
 //!
-//! The third argument is a row's bytes (default 256: 128 f16 features).
+//! The third argument is a row's bytes (default 256: 128 f16 features); `rcm` renumbers the
+//! nodes by reverse Cuthill–McKee (hubs peeled) before splitting, as a caller would relabel its
+//! nodes, to see what locality buys.
 
+use spattn::formats::reorder::HUB_FACTOR;
+use spattn::formats::Permutation;
 use spattn::partition::{run_local, Partition, RankPlan};
 use spattn::{read_matrix_market, rmat, RmatConfig};
 
@@ -21,6 +25,7 @@ fn main() -> spattn::Result<()> {
         .filter_map(|p| p.trim().parse().ok())
         .collect();
     let row_bytes: u64 = args.get(2).and_then(|b| b.parse().ok()).unwrap_or(256);
+    let rcm = args.get(3).is_some_and(|a| a == "rcm");
     let a = match graph.parse::<u32>() {
         Ok(scale) => rmat(
             &RmatConfig::new(scale)
@@ -30,9 +35,16 @@ fn main() -> spattn::Result<()> {
         )?,
         Err(_) => read_matrix_market(graph)?.symmetrize_with_self_loops()?,
     };
+    let a = if rcm {
+        let order = Permutation::reverse_cuthill_mckee_peeling_hubs(&a, HUB_FACTOR)?;
+        order.permute_csr(&a)?
+    } else {
+        a
+    };
     println!(
-        "# {graph}: n {}, nnz {}; rows of {row_bytes} bytes; per forward, each rank receives the \
-         remote halo of K and V",
+        "# {graph}{}: n {}, nnz {}; rows of {row_bytes} bytes; per forward, each rank receives \
+         the remote halo of K and V",
+        if rcm { " renumbered by RCM" } else { "" },
         a.n_rows(),
         a.nnz()
     );
