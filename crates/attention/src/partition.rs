@@ -34,7 +34,7 @@
 
 use std::any::Any;
 use std::ops::Range;
-use std::sync::{Arc, Barrier, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 /// Plain numbers the exchanges move as bytes (`f32`, `f64`, `u32`, …).
 pub use bytemuck::Pod;
@@ -114,10 +114,10 @@ impl Blocks {
         Ok(self.bounds[r]..self.bounds[r + 1])
     }
 
-    /// The block holding item `i` (`i < len`); among empty blocks at the same boundary, the
-    /// non-empty one.
-    pub fn owner(&self, i: usize) -> usize {
-        self.bounds.partition_point(|&b| b <= i) - 1
+    /// The block holding item `i` (among empty blocks at the same boundary, the non-empty
+    /// one); `None` for `i >= len`.
+    pub fn owner(&self, i: usize) -> Option<usize> {
+        (i < self.len()).then(|| self.bounds.partition_point(|&b| b <= i) - 1)
     }
 }
 
@@ -195,15 +195,63 @@ pub trait Exchange {
     fn all_to_all<T: Pod + Send>(&self, send: Vec<Vec<T>>) -> Result<Vec<Vec<T>>>;
 }
 
-/// The mailbox the threads of one local world share.
+/// The mailbox the threads of one local world share: a barrier that a failing rank can abort
+/// (so the others get an error instead of waiting for it forever), and the blocks in transit.
 struct Mailbox {
-    barrier: Barrier,
+    state: Mutex<MailState>,
+    turn: Condvar,
+}
+
+struct MailState {
+    world: usize,
+    /// Ranks at the barrier of the current generation.
+    arrived: usize,
+    generation: u64,
+    /// Why the world stopped (a rank returned an error), once it has.
+    aborted: Option<String>,
     /// Per sender, its blocks by receiver (type-erased `Vec<Vec<T>>`), for the current round.
-    slots: Mutex<Vec<Option<Box<dyn Any + Send>>>>,
+    slots: Vec<Option<Box<dyn Any + Send>>>,
+}
+
+impl Mailbox {
+    fn lock(&self) -> std::sync::MutexGuard<'_, MailState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits until every rank has arrived, or the world is aborted (an error naming why).
+    fn barrier(&self) -> Result<()> {
+        let mut st = self.lock();
+        if let Some(why) = &st.aborted {
+            return Err(Error::Exchange { why: why.clone() });
+        }
+        st.arrived += 1;
+        if st.arrived == st.world {
+            st.arrived = 0;
+            st.generation += 1;
+            self.turn.notify_all();
+            return Ok(());
+        }
+        let generation = st.generation;
+        while st.generation == generation && st.aborted.is_none() {
+            st = self.turn.wait(st).unwrap_or_else(PoisonError::into_inner);
+        }
+        match (&st.aborted, st.generation == generation) {
+            (Some(why), true) => Err(Error::Exchange { why: why.clone() }),
+            _ => Ok(()),
+        }
+    }
+
+    fn abort(&self, why: String) {
+        let mut st = self.lock();
+        st.aborted.get_or_insert(why);
+        self.turn.notify_all();
+    }
 }
 
 /// The exchange of P ranks running as threads of this process (see [`run_local`]): blocks move
-/// through shared memory, no copies beyond the hand-over.
+/// through shared memory, no copies beyond the hand-over. A rank whose work fails aborts the
+/// world ([`LocalExchange::abort`], which `run_local` calls): the others' collectives then
+/// return an error instead of waiting for it.
 #[derive(Clone)]
 pub struct LocalExchange {
     rank: usize,
@@ -226,8 +274,14 @@ impl LocalExchange {
     pub fn world_of(world: usize) -> Result<Vec<LocalExchange>> {
         check_parts(world)?;
         let mailbox = Arc::new(Mailbox {
-            barrier: Barrier::new(world),
-            slots: Mutex::new((0..world).map(|_| None).collect()),
+            state: Mutex::new(MailState {
+                world,
+                arrived: 0,
+                generation: 0,
+                aborted: None,
+                slots: (0..world).map(|_| None).collect(),
+            }),
+            turn: Condvar::new(),
         });
         Ok((0..world)
             .map(|rank| LocalExchange {
@@ -236,6 +290,11 @@ impl LocalExchange {
                 mailbox: mailbox.clone(),
             })
             .collect())
+    }
+
+    /// Stops the world: every rank's current and later collectives return an error with `why`.
+    pub fn abort(&self, why: impl Into<String>) {
+        self.mailbox.abort(why.into());
     }
 }
 
@@ -256,19 +315,13 @@ impl Exchange for LocalExchange {
                 actual: send.len(),
             });
         }
-        let lock = || {
-            self.mailbox
-                .slots
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-        };
-        lock()[self.rank] = Some(Box::new(send));
-        self.mailbox.barrier.wait();
+        self.mailbox.lock().slots[self.rank] = Some(Box::new(send));
+        self.mailbox.barrier()?;
         let mut recv = Vec::with_capacity(self.world);
         {
-            let mut slots = lock();
+            let mut st = self.mailbox.lock();
             for s in 0..self.world {
-                let blocks = slots[s]
+                let blocks = st.slots[s]
                     .as_mut()
                     .and_then(|b| b.downcast_mut::<Vec<Vec<T>>>())
                     .ok_or_else(|| Error::Exchange {
@@ -281,9 +334,9 @@ impl Exchange for LocalExchange {
             }
         }
         // Everyone has taken its blocks before the slots are reused.
-        self.mailbox.barrier.wait();
-        lock()[self.rank] = None;
-        self.mailbox.barrier.wait();
+        self.mailbox.barrier()?;
+        self.mailbox.lock().slots[self.rank] = None;
+        self.mailbox.barrier()?;
         Ok(recv)
     }
 }
@@ -295,8 +348,29 @@ pub fn run_local<R: Send>(
     f: impl Fn(&LocalExchange) -> Result<R> + Sync,
 ) -> Result<Vec<R>> {
     let handles = LocalExchange::world_of(world)?;
+    // The first rank to fail: its error is the one returned (the others' only say it stopped).
+    let first_failed = std::sync::atomic::AtomicUsize::new(usize::MAX);
     let results: Vec<Result<R>> = std::thread::scope(|s| {
-        let joins: Vec<_> = handles.iter().map(|ex| s.spawn(|| f(ex))).collect();
+        let joins: Vec<_> = handles
+            .iter()
+            .map(|ex| {
+                let first_failed = &first_failed;
+                let f = &f;
+                s.spawn(move || {
+                    let r = f(ex);
+                    if let Err(e) = &r {
+                        let _ = first_failed.compare_exchange(
+                            usize::MAX,
+                            ex.rank(),
+                            std::sync::atomic::Ordering::SeqCst,
+                            std::sync::atomic::Ordering::SeqCst,
+                        );
+                        ex.abort(format!("rank {} stopped: {e}", ex.rank()));
+                    }
+                    r
+                })
+            })
+            .collect();
         joins
             .into_iter()
             .map(|j| {
@@ -308,6 +382,12 @@ pub fn run_local<R: Send>(
             })
             .collect()
     });
+    let first = first_failed.load(std::sync::atomic::Ordering::SeqCst);
+    let mut results = results;
+    if first < results.len() {
+        // That rank returned an error: it is the one that set `first_failed`.
+        results.swap_remove(first)?;
+    }
     results.into_iter().collect()
 }
 
@@ -391,7 +471,15 @@ impl RankPlan {
         // K/V blocks are contiguous), as global ids.
         let mut requests: Vec<Vec<u32>> = vec![Vec::new(); world];
         for &c in &halo {
-            requests[part.kv.owner(c as usize)].push(c);
+            // Columns of a valid CSR are below n_cols, which the K/V blocks cover (checked).
+            let owner = part
+                .kv
+                .owner(c as usize)
+                .ok_or_else(|| Error::InvalidConfig {
+                    what: "partition",
+                    why: format!("column {c} is past the K/V blocks"),
+                })?;
+            requests[owner].push(c);
         }
         let recv_counts = requests.iter().map(Vec::len).collect();
         let asked = ex.all_to_all(requests)?;

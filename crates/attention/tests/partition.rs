@@ -448,3 +448,33 @@ fn tcp_rendezvous_errors_name_what_they_waited_on() {
     .unwrap();
     assert_eq!(solo.all_to_all(vec![vec![7u8]]).unwrap(), vec![vec![7u8]]);
 }
+
+#[test]
+fn a_failing_rank_stops_the_local_world_instead_of_hanging_it() {
+    // Rank 1 fails before its first collective; ranks 0 and 2 are inside theirs.
+    let e = run_local(3, |ex| {
+        if ex.rank() == 1 {
+            return Err(Error::InvalidConfig {
+                what: "test",
+                why: "rank 1 gives up".into(),
+            });
+        }
+        ex.all_to_all(vec![vec![1u32]; 3])?;
+        ex.all_to_all(vec![vec![2u32]; 3])?;
+        Ok(())
+    })
+    .unwrap_err();
+    assert!(e.to_string().contains("rank 1 gives up"), "{e}");
+    // A rank with operands of the wrong length while the others are right.
+    let a = shared_graph("cora");
+    let part = Partition::balanced(&a, 2).unwrap();
+    let e = run_local(2, |ex| {
+        let plan = RankPlan::new(&a, &part, ex)?;
+        let extra = usize::from(ex.rank() == 1);
+        let q = vec![0.0f32; plan.rows().len() * 4 + extra];
+        let kv = vec![0.0f32; plan.kv_rows().len() * 4];
+        plan.forward(ex, &q, &kv, &kv, 1, 4, 1.0)
+    })
+    .unwrap_err();
+    assert!(e.to_string().contains("q (this rank's rows)"), "{e}");
+}
