@@ -29,8 +29,8 @@ fn main() -> Result<(), spattn_formats::Error> {
         "# host plan steps, {} rayon threads; ms (ns per edge)",
         rayon_threads()
     );
-    println!("| graph | nnz | build + sym | transpose | Auto order (16 rows) | BSB | ME-BCRS | order chosen |");
-    println!("|--:|--:|--:|--:|--:|--:|--:|---|");
+    println!("| graph | nnz | build + sym | transpose | Auto order (16 rows) | BSB | ME-BCRS | order chosen | K/V gathers (graph's order) |");
+    println!("|--:|--:|--:|--:|--:|--:|--:|---|--:|");
     for scale in graphs {
         // An R-MAT scale, or a MatrixMarket file (symmetrized, with self loops, as the bench).
         let (a, t_gen) = timed(|| match scale.parse::<u32>() {
@@ -56,14 +56,16 @@ fn main() -> Result<(), spattn_formats::Error> {
         let (me, t_me) = timed(|| MeBcrs::from_csr(&a, 8));
         me?;
         println!(
-            "| {scale} | {} | {} | {} | {} | {} | {} | {:?} |",
+            "| {scale} | {} | {} | {} | {} | {} | {} | {:?} | {} ({}) |",
             a.nnz(),
             per(t_gen),
             per(t_tr),
             per(t_order),
             per(t_bsb),
             per(t_me),
-            order.used
+            order.used,
+            order.gathers,
+            order.gathers_natural
         );
     }
     Ok(())
