@@ -235,6 +235,7 @@ fn gpu_unfused_csr_with_every_extra_matches_the_f64_reference() {
         shared_graph("cora"),
         random_graph(&mut rng, 300, 6, 7),
         hub_graph(&mut rng, 20_000, 3),
+        rmat_graph(10),
     ];
     for a in &graphs {
         for (heads, d, shared, rate) in
