@@ -229,6 +229,50 @@ fn gat_case<T: GemmElement>(c: &Ctx, a: &Csr, heads: usize, concat: bool, rng: &
     );
 }
 
+/// GAT with edge features, f32: output, dx and the parameters against the f64 layer; the
+/// attention vectors (sums that cancel) at 1e-4.
+fn gat_edges_case(c: &Ctx, a: &Csr, heads: usize, rng: &mut Pcg64) {
+    let host = HostGraph::new(a).unwrap();
+    let dev = GpuGraph::upload(&c.ctx, &host).unwrap();
+    let (n, in_dim, out_dim, edge_dim) = (a.n_rows(), 24, 8, 5);
+    let cfg = GatConfig::new(in_dim, out_dim, heads).with_edge_dim(edge_dim);
+    let mut cpu_layer = GatConv::<Host<f64>>::new(cfg, &host, rng.random()).unwrap();
+    round_params::<f32>(cpu_layer.params_mut(), rng);
+    let mut gpu_layer = cpu_layer.to_device::<f32>(&dev).unwrap();
+    let x = draw::<f32>(n * in_dim, rng);
+    let f = draw::<f32>(a.nnz() * edge_dim, rng);
+    let dy = draw::<f32>(n * cfg.output_dim(), rng);
+    let (y_ref, cache) = cpu_layer.forward_with_edges(&x, &f).unwrap();
+    let dx_ref = cpu_layer.backward(&cache, &dy).unwrap();
+    let gpu = c.ctx.gpu();
+    let gx =
+        DeviceMatrix::from_host(gpu, Shape::new(n, 1, in_dim).unwrap(), &to_t::<f32>(&x)).unwrap();
+    let gf = DeviceMatrix::from_host(
+        gpu,
+        Shape::new(a.nnz(), 1, edge_dim).unwrap(),
+        &to_t::<f32>(&f),
+    )
+    .unwrap();
+    let (y, gcache) = gpu_layer.forward_with_edges(&gx, &gf).unwrap();
+    let gdy = DeviceMatrix::from_host(gpu, y.shape(), &to_t::<f32>(&dy)).unwrap();
+    let dx = gpu_layer.backward(&gcache, &gdy).unwrap();
+    let (grads, grads_ref) = (
+        device_grads(gpu_layer.params_mut()),
+        host_grads(cpu_layer.params_mut()),
+    );
+    let what = format!("GAT with edge features n={n} heads={heads}");
+    let vectors = ["att_src", "att_dst", "att_edge"];
+    compare(
+        &what, &y, &y_ref, &dx, &dx_ref, &grads, &grads_ref, &vectors,
+    );
+    for ((name, g), r) in grads.iter().zip(&grads_ref) {
+        if vectors.contains(&name.as_str()) {
+            let e = rel(g, r);
+            assert!(e <= 1e-4, "{what}: d{name} rel L2 {e:.2e}");
+        }
+    }
+}
+
 fn transformer_case<T: GemmElement>(
     c: &Ctx,
     a: &Csr,
@@ -370,6 +414,19 @@ fn gat_matches_the_f64_cpu_layer() {
     all_gat::<f32>(&c, &mut rng);
     all_gat::<f16>(&c, &mut rng);
     all_gat::<bf16>(&c, &mut rng);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gat_with_edge_features_matches_the_f64_cpu_layer() {
+    let c = ctx();
+    let mut rng =
+        spattn_test_support::fresh_rng("gat_with_edge_features_matches_the_f64_cpu_layer");
+    for a in graphs(&mut rng) {
+        for heads in [1, 4] {
+            gat_edges_case(&c, &a, heads, &mut rng);
+        }
+    }
 }
 
 fn all_transformer<T: GemmElement>(c: &Ctx, rng: &mut Pcg64, algs: &[Algorithm]) {

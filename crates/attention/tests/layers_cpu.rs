@@ -180,6 +180,59 @@ fn gat_with_dropout_gradients_match_finite_differences_under_a_fixed_mask() {
 }
 
 #[test]
+fn gat_with_edge_features_gradients_match_finite_differences() {
+    for (n, heads, concat, edge_dim, seed) in [(9, 2, true, 3, 41), (10, 1, false, 1, 42)] {
+        let g = graph(n, seed);
+        let cfg = GatConfig::new(4, 3, heads)
+            .with_concat(concat)
+            .with_edge_dim(edge_dim);
+        let mut layer = GatConv::<Host<f64>>::new(cfg, &g, seed).unwrap();
+        assert_eq!(
+            layer.params_mut().len(),
+            6,
+            "W, a_src, a_dst, bias, W_e, a_edge"
+        );
+        let mut rng = Pcg64::seed_from_u64(seed + 100);
+        perturb(layer.params_mut(), &mut rng);
+        let x = random(n * 4, &mut rng);
+        let r = random(n * cfg.output_dim(), &mut rng);
+        let f = random(g.a.nnz() * edge_dim, &mut rng);
+        check_layer(
+            &mut layer,
+            &x,
+            |l, x| dot(&l.forward_with_edges(x, &f).unwrap().0, &r),
+            |l, x| {
+                let (_, cache) = l.forward_with_edges(x, &f).unwrap();
+                l.backward(&cache, &r).unwrap()
+            },
+            |l| l.params_mut(),
+        );
+        // The edge term changes the output; features are required, of the right length.
+        let zero = vec![0.0; f.len()];
+        let with = layer.forward_with_edges(&x, &f).unwrap().0;
+        let without = layer.forward_with_edges(&x, &zero).unwrap().0;
+        assert_ne!(with, without);
+        let e = layer.forward(&x).err().expect("edge features are required");
+        assert!(e.to_string().contains("forward_with_edges"), "{e}");
+        let e = layer
+            .forward_with_edges(&x, &f[1..])
+            .err()
+            .expect("a length error");
+        assert!(e.to_string().contains("edge features"), "{e}");
+    }
+    let plain = GatConv::<Host<f64>>::new(GatConfig::new(4, 3, 1), &graph(6, 1), 1).unwrap();
+    let e = plain
+        .forward_with_edges(&[0.0; 24], &[0.0; 6])
+        .err()
+        .expect("a layer without edge_dim refuses edge features");
+    assert!(e.to_string().contains("no edge_dim"), "{e}");
+    assert!(
+        GatConv::<Host<f64>>::new(GatConfig::new(4, 3, 1).with_edge_dim(0), &graph(6, 1), 1)
+            .is_err()
+    );
+}
+
+#[test]
 fn transformer_gradients_match_finite_differences() {
     for (n, heads, head_dim, residual, seed) in [(8, 1, 3, false, 5), (10, 4, 2, true, 6)] {
         let g = graph(n, seed);
