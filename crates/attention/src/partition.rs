@@ -7,7 +7,8 @@
 //! The exchange between ranks sits behind [`Exchange`]: [`LocalExchange`] runs the P ranks as
 //! threads of one process (tests, and graphs split for memory on one machine); [`TcpExchange`]
 //! runs one process per rank, on one host or several, with rank and world from the environment
-//! torchrun sets ([`TcpExchange::from_env`]) and a rendezvous on `MASTER_ADDR:MASTER_PORT`. An
+//! torchrun sets ([`TcpExchange::from_env`]) and a rendezvous at `MASTER_ADDR` (on
+//! `MASTER_PORT + 1`, torchrun's store holding `MASTER_PORT`). An
 //! NCCL implementation for one process per GPU is the next step (the collective here is one
 //! all-to-all of variable-sized blocks, which NCCL's grouped send/recv provides; the same
 //! rendezvous can carry its unique id). This module computes on the CPU (f32 or f64); the
@@ -209,6 +210,8 @@ struct MailState {
     generation: u64,
     /// Why the world stopped (a rank returned an error), once it has.
     aborted: Option<String>,
+    /// Ranks whose work has returned: a collective can no longer complete.
+    departed: usize,
     /// Per sender, its blocks by receiver (type-erased `Vec<Vec<T>>`), for the current round.
     slots: Vec<Option<Box<dyn Any + Send>>>,
 }
@@ -223,6 +226,11 @@ impl Mailbox {
         let mut st = self.lock();
         if let Some(why) = &st.aborted {
             return Err(Error::Exchange { why: why.clone() });
+        }
+        if st.departed > 0 {
+            return Err(Error::Exchange {
+                why: "a rank returned before calling this collective".into(),
+            });
         }
         st.arrived += 1;
         if st.arrived == st.world {
@@ -245,6 +253,18 @@ impl Mailbox {
         let mut st = self.lock();
         st.aborted.get_or_insert(why);
         self.turn.notify_all();
+    }
+
+    /// A rank's work has returned: ranks waiting in a collective it will never join fail.
+    fn depart(&self, rank: usize) {
+        let mut st = self.lock();
+        st.departed += 1;
+        if st.arrived > 0 {
+            st.aborted.get_or_insert(format!(
+                "rank {rank} returned while other ranks were in a collective"
+            ));
+            self.turn.notify_all();
+        }
     }
 }
 
@@ -279,6 +299,7 @@ impl LocalExchange {
                 arrived: 0,
                 generation: 0,
                 aborted: None,
+                departed: 0,
                 slots: (0..world).map(|_| None).collect(),
             }),
             turn: Condvar::new(),
@@ -357,6 +378,9 @@ pub fn run_local<R: Send>(
                 let first_failed = &first_failed;
                 let f = &f;
                 s.spawn(move || {
+                    // A panicking rank leaves the world too (the guard's drop), so the
+                    // others' collectives fail instead of waiting for it.
+                    let _guard = Departs(ex);
                     let r = f(ex);
                     if let Err(e) = &r {
                         let _ = first_failed.compare_exchange(
@@ -389,6 +413,18 @@ pub fn run_local<R: Send>(
         results.swap_remove(first)?;
     }
     results.into_iter().collect()
+}
+
+/// Marks its rank as departed when dropped (returned or unwinding).
+struct Departs<'a>(&'a LocalExchange);
+
+impl Drop for Departs<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.abort(format!("rank {} panicked", self.0.rank));
+        }
+        self.0.mailbox.depart(self.0.rank);
+    }
 }
 
 /// One rank's part of a partitioned plan: its rows, the halo of K/V rows its edges touch, its
@@ -483,10 +519,22 @@ impl RankPlan {
         }
         let recv_counts = requests.iter().map(Vec::len).collect();
         let asked = ex.all_to_all(requests)?;
-        let send_rows = asked
-            .into_iter()
-            .map(|ids| ids.into_iter().map(|c| c - kv_rows.start as u32).collect())
-            .collect();
+        let mut send_rows = Vec::with_capacity(world);
+        for (s, ids) in asked.into_iter().enumerate() {
+            let mut rows = Vec::with_capacity(ids.len());
+            for c in ids {
+                if !kv_rows.contains(&(c as usize)) {
+                    return Err(Error::Exchange {
+                        why: format!(
+                            "rank {s} asked rank {rank} for K/V row {c}, which it does not own \
+                             ({kv_rows:?}): do the ranks share one graph and partition?"
+                        ),
+                    });
+                }
+                rows.push(c - kv_rows.start as u32);
+            }
+            send_rows.push(rows);
+        }
         Ok(Self {
             rank,
             rows,

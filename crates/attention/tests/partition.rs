@@ -478,3 +478,89 @@ fn a_failing_rank_stops_the_local_world_instead_of_hanging_it() {
     .unwrap_err();
     assert!(e.to_string().contains("q (this rank's rows)"), "{e}");
 }
+
+#[test]
+fn panicking_or_early_returning_ranks_and_mismatched_partitions_are_errors_not_hangs() {
+    // A rank that panics.
+    let e = run_local(3, |ex| {
+        if ex.rank() == 2 {
+            panic!("rank 2 trips");
+        }
+        ex.all_to_all(vec![vec![0u8]; 3])?;
+        Ok(())
+    })
+    .unwrap_err();
+    assert!(e.to_string().contains("panicked"), "{e}");
+    // A rank that returns Ok before the others' collective.
+    let e = run_local(3, |ex| {
+        if ex.rank() == 0 {
+            return Ok(());
+        }
+        ex.all_to_all(vec![vec![0u8]; 3])?;
+        Ok(())
+    })
+    .unwrap_err();
+    assert!(e.to_string().contains("returned"), "{e}");
+    // Ranks that split the graph differently: rank 1 is asked for rows it does not own.
+    let a = shared_graph("cora");
+    let n = a.n_rows();
+    let split = |at: usize| Partition {
+        rows: Blocks::from_bounds(vec![0, at, n]).unwrap(),
+        kv: Blocks::from_bounds(vec![0, at, n]).unwrap(),
+    };
+    // Rank 0 thinks rank 1 owns n/3.., rank 1 that it owns 2n/3.. only.
+    let parts = [split(n / 3), split(2 * n / 3)];
+    let e = run_local(2, |ex| RankPlan::new(&a, &parts[ex.rank()], ex).map(|_| ())).unwrap_err();
+    assert!(e.to_string().contains("does not own"), "{e}");
+}
+
+#[test]
+fn tcp_worlds_past_eight_ranks_and_failures_mid_collective() {
+    // Nine ranks (the rendezvous table grows with the world).
+    let got = run_tcp(9, |ex| {
+        ex.all_to_all((0..9).map(|d| vec![ex.rank() as u32 * 10 + d]).collect())
+    })
+    .unwrap();
+    for (me, recv) in got.iter().enumerate() {
+        for (s, block) in recv.iter().enumerate() {
+            assert_eq!(block, &vec![s as u32 * 10 + me as u32]);
+        }
+    }
+    // Rank 1 gives up while the others exchange 8 MB blocks: they get errors, not a hang.
+    let results: Vec<spattn::Result<()>> = {
+        let master = format!("127.0.0.1:{}", free_port());
+        std::thread::scope(|s| {
+            let joins: Vec<_> = (0..4)
+                .map(|rank| {
+                    let master = master.clone();
+                    s.spawn(move || -> spattn::Result<()> {
+                        let ex = TcpExchange::connect(rank, 4, &master, Duration::from_secs(30))?;
+                        if rank == 1 {
+                            return Err(Error::Exchange {
+                                why: "rank 1 gives up".into(),
+                            });
+                        }
+                        ex.all_to_all(vec![vec![1.0f32; 2_000_000]; 4])?;
+                        Ok(())
+                    })
+                })
+                .collect();
+            joins.into_iter().map(|j| j.join().unwrap()).collect()
+        })
+    };
+    for (rank, r) in results.iter().enumerate() {
+        assert!(
+            r.is_err(),
+            "rank {rank} finished a collective rank 1 never joined"
+        );
+    }
+    // Ranks out of step (one skips a collective): an error, not each other's data.
+    let results = run_tcp(2, |ex| {
+        if ex.rank() == 0 {
+            ex.all_to_all(vec![vec![1.5f32]; 2])?;
+        }
+        ex.all_to_all(vec![vec![7u32]; 2]).map(|_| ())
+    });
+    let e = results.unwrap_err();
+    assert!(e.to_string().contains("collective"), "{e}");
+}

@@ -5,11 +5,15 @@
 //! own (any free port), connects to rank 0 and says `(rank, world, port)`; once all have, rank
 //! 0 sends everyone the table of `(address, port)` and its connection becomes the link to rank
 //! 0. Then rank j connects to every rank i with 0 < i < j and says its rank. Frames are
-//! little-endian: a u64 byte length, then the bytes.
+//! little-endian: a u64 byte length, then the bytes; a collective's frames start with its number
+//! and the element size, so ranks out of step get an error, not each other's data. A failed
+//! collective shuts every link down (peers blocked on this rank get an error too) and the
+//! exchange refuses later ones.
 
 use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::Mutex;
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytemuck::Pod;
@@ -26,22 +30,33 @@ pub struct TcpExchange {
     /// one to read the same connection, so a rank's sender and receiver never wait on each
     /// other.
     links: Vec<Option<Link>>,
+    /// One collective at a time (frames of two would interleave).
+    collective: Mutex<()>,
+    /// The number of the next collective, sent in every frame: ranks out of step are an error.
+    seq: AtomicU64,
+    /// Why the exchange stopped working (a failed collective shuts every link down).
+    broken: Mutex<Option<String>>,
 }
 
 #[derive(Debug)]
 struct Link {
     write: Mutex<TcpStream>,
     read: Mutex<TcpStream>,
+    /// A third handle, never locked: shutting it down unblocks the other two.
+    control: TcpStream,
 }
 
 impl Link {
     fn new(s: TcpStream, rank: usize) -> Result<Self> {
-        let read = s
-            .try_clone()
-            .map_err(|e| io_err(format!("the link to rank {rank}"), e))?;
+        let clone = || {
+            s.try_clone()
+                .map_err(|e| io_err(format!("the link to rank {rank}"), e))
+        };
+        let (read, control) = (clone()?, clone()?);
         Ok(Self {
             write: Mutex::new(s),
             read: Mutex::new(read),
+            control,
         })
     }
 }
@@ -56,6 +71,41 @@ fn write_frame(s: &mut TcpStream, bytes: &[u8]) -> std::io::Result<()> {
     s.write_all(&(bytes.len() as u64).to_le_bytes())?;
     s.write_all(bytes)?;
     s.flush()
+}
+
+/// The element type's tag in a collective's frames: FNV-1a of its name and its size (the same
+/// in every process of one program).
+fn type_tag<T>() -> u64 {
+    let name = std::any::type_name::<T>().bytes();
+    let h = name.fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    h ^ std::mem::size_of::<T>() as u64
+}
+
+/// A collective's frame: the collective's number and the element type's tag, then the bytes.
+fn write_data(s: &mut TcpStream, seq: u64, tag: u64, bytes: &[u8]) -> std::io::Result<()> {
+    s.write_all(&words(&[seq, tag]))?;
+    write_frame(s, bytes)
+}
+
+/// Reads a collective's frame, checking that the sender is at the same collective with the same
+/// element type.
+fn read_data(s: &mut TcpStream, seq: u64, tag: u64) -> std::io::Result<Vec<u8>> {
+    let mut head = [0u8; 16];
+    s.read_exact(&mut head)?;
+    let head = unwords(&head);
+    if head[..] != [seq, tag] {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "the sender is at collective {} (element tag {:#x}), this rank at collective \
+                 {seq} (tag {tag:#x}): ranks must call the same collectives in the same order",
+                head[0], head[1]
+            ),
+        ));
+    }
+    read_frame(s, u64::MAX)
 }
 
 fn read_frame(s: &mut TcpStream, limit: u64) -> std::io::Result<Vec<u8>> {
@@ -113,6 +163,17 @@ fn connect_until(addr: SocketAddr, deadline: Instant, waited_for: &str) -> Resul
     }
 }
 
+/// Bounds reads on `s` by `deadline` (a connection that says nothing cannot stall the
+/// rendezvous).
+fn until(s: &TcpStream, deadline: Instant) -> Result<()> {
+    s.set_read_timeout(Some(
+        deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1)),
+    ))
+    .map_err(|e| io_err("rendezvous".into(), e))
+}
+
 /// Accepts one connection before `deadline`.
 fn accept_until(l: &TcpListener, deadline: Instant, what: &str) -> Result<TcpStream> {
     l.set_nonblocking(true)
@@ -160,17 +221,32 @@ impl TcpExchange {
             })?;
         let deadline = Instant::now() + timeout;
         let mut links: Vec<Option<Link>> = (0..world).map(|_| None).collect();
+        let done = |links| Self {
+            rank,
+            world,
+            links,
+            collective: Mutex::new(()),
+            seq: AtomicU64::new(0),
+            broken: Mutex::new(None),
+        };
         if world == 1 {
-            return Ok(Self { rank, world, links });
+            return Ok(done(links));
         }
-        let limit = 16 * world as u64 + 64;
+        // The largest rendezvous frame: rank 0's table, 3 words per rank.
+        let limit = 24 * world as u64 + 64;
         if rank == 0 {
-            let l =
-                TcpListener::bind(addr).map_err(|e| io_err(format!("listening on {addr}"), e))?;
+            let l = TcpListener::bind(SocketAddr::new(unspecified(addr.ip()), addr.port()))
+                .map_err(|e| {
+                    io_err(
+                        format!("listening on port {} (all interfaces)", addr.port()),
+                        e,
+                    )
+                })?;
             let mut table = vec![0u64; 3 * world];
             let mut streams: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
             for _ in 1..world {
                 let mut s = accept_until(&l, deadline, "waiting for the other ranks")?;
+                until(&s, deadline)?;
                 let hello = unwords(
                     &read_frame(&mut s, limit).map_err(|e| io_err("rendezvous".into(), e))?,
                 );
@@ -198,6 +274,8 @@ impl TcpExchange {
                 table[3 * r] = hi;
                 table[3 * r + 1] = lo;
                 table[3 * r + 2] = port;
+                s.set_read_timeout(None)
+                    .map_err(|e| io_err("rendezvous".into(), e))?;
                 streams[r] = Some(s);
             }
             let bytes = words(&table);
@@ -235,6 +313,14 @@ impl TcpExchange {
             })?);
             s.set_read_timeout(None)
                 .map_err(|e| io_err(format!("rendezvous with {addr}"), e))?;
+            if table.len() != 3 * world {
+                return Err(Error::Exchange {
+                    why: format!(
+                        "rendezvous with {addr}: a table of {} words for a world of {world}",
+                        table.len()
+                    ),
+                });
+            }
             links[0] = Some(Link::new(s, 0)?);
             // Connect to the ranks below, then accept the ranks above.
             for (i, link) in links.iter_mut().enumerate().take(rank).skip(1) {
@@ -247,7 +333,10 @@ impl TcpExchange {
             }
             for _ in rank + 1..world {
                 let mut c = accept_until(&own, deadline, "waiting for the ranks above this one")?;
+                until(&c, deadline)?;
                 let from = unwords(&read_frame(&mut c, 64).map_err(|e| io_err("mesh".into(), e))?);
+                c.set_read_timeout(None)
+                    .map_err(|e| io_err("mesh".into(), e))?;
                 match from[..] {
                     [j] if (j as usize) > rank
                         && (j as usize) < world
@@ -263,12 +352,13 @@ impl TcpExchange {
                 }
             }
         }
-        Ok(Self { rank, world, links })
+        Ok(done(links))
     }
 
     /// Joins the world described by the environment torchrun sets: `RANK`, `WORLD_SIZE`,
-    /// `MASTER_ADDR`, `MASTER_PORT`; the rendezvous waits `SPATTN_RENDEZVOUS_TIMEOUT` seconds
-    /// (default 300).
+    /// `MASTER_ADDR`; rank 0 listens on `SPATTN_MASTER_PORT`, by default `MASTER_PORT + 1`
+    /// (torchrun's own store holds `MASTER_PORT`); the rendezvous waits
+    /// `SPATTN_RENDEZVOUS_TIMEOUT` seconds (default 300).
     ///
     /// Errors: as [`from_vars`](Self::from_vars).
     pub fn from_env() -> Result<Self> {
@@ -295,7 +385,11 @@ impl TcpExchange {
             })
         };
         let (rank, world) = (num("RANK")?, num("WORLD_SIZE")?);
-        let master = format!("{}:{}", var("MASTER_ADDR")?, num("MASTER_PORT")?);
+        let port = match get("SPATTN_MASTER_PORT") {
+            Some(_) => num("SPATTN_MASTER_PORT")?,
+            None => num("MASTER_PORT")? + 1,
+        };
+        let master = format!("{}:{port}", var("MASTER_ADDR")?);
         let timeout = match get("SPATTN_RENDEZVOUS_TIMEOUT") {
             Some(v) => v
                 .trim()
@@ -351,10 +445,43 @@ impl Exchange for TcpExchange {
                 actual: send.len(),
             });
         }
+        let _one = self
+            .collective
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(why) = self
+            .broken
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+        {
+            return Err(Error::Exchange { why });
+        }
+        let seq = self.seq.fetch_add(1, Ordering::SeqCst);
+        let result = self.exchange(seq, &mut send);
+        if let Err(e) = &result {
+            // Unblock every peer waiting on this rank, and refuse later collectives.
+            for link in self.links.iter().flatten() {
+                let _ = link.control.shutdown(Shutdown::Both);
+            }
+            self.broken
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get_or_insert_with(|| format!("a collective failed earlier: {e}"));
+        }
+        result
+    }
+}
+
+impl TcpExchange {
+    /// One all-to-all, collective number `seq`.
+    fn exchange<T: Pod + Send>(&self, seq: u64, send: &mut [Vec<T>]) -> Result<Vec<Vec<T>>> {
         let own = std::mem::take(&mut send[self.rank]);
         let elem = std::mem::size_of::<T>().max(1);
+        let tag = type_tag::<T>();
         // Writers run beside the reader, so two ranks sending each other large blocks never
-        // both block in write.
+        // both block in write; a failure shuts the links down (see `all_to_all`), which
+        // unblocks any writer still waiting.
         std::thread::scope(|s| -> Result<Vec<Vec<T>>> {
             let writers: Vec<_> = send
                 .iter()
@@ -367,46 +494,63 @@ impl Exchange for TcpExchange {
                         let link = link.ok_or_else(|| Error::Exchange {
                             why: format!("no link to rank {d}"),
                         })?;
-                        let mut stream = link
-                            .write
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner);
-                        write_frame(&mut stream, bytes)
-                            .map_err(|e| io_err(format!("sending to rank {d}"), e))
+                        let mut stream = link.write.lock().unwrap_or_else(PoisonError::into_inner);
+                        let r = write_data(&mut stream, seq, tag, bytes)
+                            .map_err(|e| io_err(format!("sending to rank {d}"), e));
+                        if r.is_err() {
+                            let _ = link.control.shutdown(Shutdown::Both);
+                        }
+                        r
                     })
                 })
                 .collect();
-            let mut recv = Vec::with_capacity(self.world);
-            for src in 0..self.world {
-                if src == self.rank {
-                    recv.push(Vec::new());
-                    continue;
+            let received = (|| -> Result<Vec<Vec<T>>> {
+                let mut recv = Vec::with_capacity(self.world);
+                for src in 0..self.world {
+                    if src == self.rank {
+                        recv.push(Vec::new());
+                        continue;
+                    }
+                    let link = self.links[src].as_ref().ok_or_else(|| Error::Exchange {
+                        why: format!("no link to rank {src}"),
+                    })?;
+                    let mut stream = link.read.lock().unwrap_or_else(PoisonError::into_inner);
+                    let bytes = read_data(&mut stream, seq, tag)
+                        .map_err(|e| io_err(format!("receiving from rank {src}"), e))?;
+                    if bytes.len() % elem != 0 {
+                        return Err(Error::Exchange {
+                            why: format!(
+                                "rank {src} sent {} bytes, not whole elements of {elem}",
+                                bytes.len()
+                            ),
+                        });
+                    }
+                    let mut block: Vec<T> = vec![T::zeroed(); bytes.len() / elem];
+                    bytemuck::cast_slice_mut::<T, u8>(&mut block).copy_from_slice(&bytes);
+                    recv.push(block);
                 }
-                let link = self.links[src].as_ref().ok_or_else(|| Error::Exchange {
-                    why: format!("no link to rank {src}"),
-                })?;
-                let mut stream = link
-                    .read
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                let bytes = read_frame(&mut stream, u64::MAX)
-                    .map_err(|e| io_err(format!("receiving from rank {src}"), e))?;
-                if bytes.len() % elem != 0 {
-                    return Err(Error::Exchange {
-                        why: format!(
-                            "rank {src} sent {} bytes, not whole elements of {elem}",
-                            bytes.len()
-                        ),
-                    });
+                Ok(recv)
+            })();
+            if received.is_err() {
+                // Writers to peers that stopped reading would wait forever: cut the links.
+                for link in self.links.iter().flatten() {
+                    let _ = link.control.shutdown(Shutdown::Both);
                 }
-                let mut block: Vec<T> = vec![T::zeroed(); bytes.len() / elem];
-                bytemuck::cast_slice_mut::<T, u8>(&mut block).copy_from_slice(&bytes);
-                recv.push(block);
             }
+            let mut first_err = None;
             for w in writers {
-                w.join().map_err(|_| Error::Exchange {
-                    why: "a sending thread panicked".into(),
-                })??;
+                let r = w.join().unwrap_or_else(|_| {
+                    Err(Error::Exchange {
+                        why: "a sending thread panicked".into(),
+                    })
+                });
+                if let Err(e) = r {
+                    first_err.get_or_insert(e);
+                }
+            }
+            let mut recv = received?;
+            if let Some(e) = first_err {
+                return Err(e);
             }
             recv[self.rank] = own;
             Ok(recv)
