@@ -243,7 +243,7 @@ fn gat_edges_case(c: &Ctx, a: &Csr, heads: usize, rng: &mut Pcg64) {
     let f = draw::<f32>(a.nnz() * edge_dim, rng);
     let dy = draw::<f32>(n * cfg.output_dim(), rng);
     let (y_ref, cache) = cpu_layer.forward_with_edges(&x, &f).unwrap();
-    let dx_ref = cpu_layer.backward(&cache, &dy).unwrap();
+    let (dx_ref, df_ref) = cpu_layer.backward_with_edges(&cache, &dy).unwrap();
     let gpu = c.ctx.gpu();
     let gx =
         DeviceMatrix::from_host(gpu, Shape::new(n, 1, in_dim).unwrap(), &to_t::<f32>(&x)).unwrap();
@@ -255,12 +255,14 @@ fn gat_edges_case(c: &Ctx, a: &Csr, heads: usize, rng: &mut Pcg64) {
     .unwrap();
     let (y, gcache) = gpu_layer.forward_with_edges(&gx, &gf).unwrap();
     let gdy = DeviceMatrix::from_host(gpu, y.shape(), &to_t::<f32>(&dy)).unwrap();
-    let dx = gpu_layer.backward(&gcache, &gdy).unwrap();
+    let (dx, df) = gpu_layer.backward_with_edges(&gcache, &gdy).unwrap();
     let (grads, grads_ref) = (
         device_grads(gpu_layer.params_mut()),
         host_grads(cpu_layer.params_mut()),
     );
     let what = format!("GAT with edge features n={n} heads={heads}");
+    let e = rel(&df.unwrap().to_host().unwrap(), &df_ref.unwrap());
+    assert!(e <= 1e-4, "{what}: d_edge_attr rel L2 {e:.2e}");
     let vectors = ["att_src", "att_dst", "att_edge"];
     compare(
         &what, &y, &y_ref, &dx, &dx_ref, &grads, &grads_ref, &vectors,

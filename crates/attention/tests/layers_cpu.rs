@@ -207,6 +207,19 @@ fn gat_with_edge_features_gradients_match_finite_differences() {
             },
             |l| l.params_mut(),
         );
+        // The edge features' own gradient, for features computed upstream.
+        let (_, cache) = layer.forward_with_edges(&x, &f).unwrap();
+        let (_, df) = layer.backward_with_edges(&cache, &r).unwrap();
+        let df = df.expect("the forward had edge features");
+        let mut fp = f.clone();
+        for i in coords(f.len()) {
+            fp[i] = f[i] + H;
+            let plus = dot(&layer.forward_with_edges(&x, &fp).unwrap().0, &r);
+            fp[i] = f[i] - H;
+            let minus = dot(&layer.forward_with_edges(&x, &fp).unwrap().0, &r);
+            fp[i] = f[i];
+            assert_close("d_edge_attr", i, (plus - minus) / (2.0 * H), df[i]);
+        }
         // The edge term changes the output; features are required, of the right length.
         let zero = vec![0.0; f.len()];
         let with = layer.forward_with_edges(&x, &f).unwrap().0;

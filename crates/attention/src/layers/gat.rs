@@ -337,6 +337,16 @@ impl<F: Real> GatConv<Host<F>> {
 
     /// The backward pass: accumulates every parameter's gradient and returns `dx`.
     pub fn backward(&mut self, cache: &GatCache<Host<F>>, dy: &[F]) -> Result<Vec<F>> {
+        Ok(self.backward_with_edges(cache, dy)?.0)
+    }
+
+    /// [`backward`](Self::backward), and the edge features' gradient (`nnz × edge_dim`, for
+    /// edge features computed upstream) where the forward had them.
+    pub fn backward_with_edges(
+        &mut self,
+        cache: &GatCache<Host<F>>,
+        dy: &[F],
+    ) -> Result<(Vec<F>, Option<Vec<F>>)> {
         let g = self.graph.clone();
         let (n, h, c) = (g.n(), self.config.heads, self.config.out_dim);
         let out = flat(n, self.config.output_dim())?;
@@ -379,10 +389,13 @@ impl<F: Real> GatConv<Host<F>> {
                 *d = *d * slope;
             }
         }
+        let mut d_edges = None;
         if let (Some((lin, att)), Some((f, e))) = (&mut self.edge, &cache.edge) {
             let mut de = vec![F::ZERO; e.len()];
             host::head_dot_backward(e, &att.value, &ds, h, c, &mut de, &mut att.grad);
-            lin.backward(f, g.a.nnz(), &de, None)?;
+            let mut df = vec![F::ZERO; f.len()];
+            lin.backward(f, g.a.nnz(), &de, Some((&mut df, false)))?;
+            d_edges = Some(df);
         }
         let mut de_dst = vec![F::ZERO; n * h];
         cpu::edge_row_sum(&g.a, &ds, h, &mut de_dst)?;
@@ -401,7 +414,7 @@ impl<F: Real> GatConv<Host<F>> {
         let mut dx = vec![F::ZERO; n * self.config.in_dim];
         self.lin
             .backward(&cache.x, n, &dwh, Some((&mut dx, false)))?;
-        Ok(dx)
+        Ok((dx, d_edges))
     }
 
     /// The same layer on the GPU in `T` (parameters rounded to `T`), bound to `graph` (the
@@ -546,6 +559,16 @@ impl<T: GemmElement> GatConv<Device<T>> {
         cache: &GatCache<Device<T>>,
         dy: &DeviceMatrix<T>,
     ) -> Result<DeviceMatrix<T>> {
+        Ok(self.backward_with_edges(cache, dy)?.0)
+    }
+
+    /// [`backward`](Self::backward), and the edge features' gradient (shaped like the
+    /// forward's `edge_attr`) where the forward had them.
+    pub fn backward_with_edges(
+        &mut self,
+        cache: &GatCache<Device<T>>,
+        dy: &DeviceMatrix<T>,
+    ) -> Result<(DeviceMatrix<T>, Option<DeviceMatrix<T>>)> {
         let g = self.graph.clone();
         let (ctx, gpu) = (g.ctx(), g.gpu());
         let (n, h, c) = (g.n(), self.config.heads, self.config.out_dim);
@@ -581,12 +604,15 @@ impl<T: GemmElement> GatConv<Device<T>> {
             self.config.negative_slope,
             &mut ds,
         )?;
+        let mut d_edges = None;
         if let (Some((lin, att)), Some((f, e))) = (&mut self.edge, &cache.edge) {
             let ds_m = DeviceMatrix::from_vec(ds.try_clone()?, Shape::new(a.nnz(), h, 1)?)?;
             let mut de = DeviceMatrix::zeros(gpu, e.shape())?;
             elementwise::head_outer_add(gpu, &ds_m, &att.value, &mut de)?;
             elementwise::head_weighted_sum(gpu, e, &ds_m, &mut att.grad)?;
-            lin.backward(ctx, f, &de, None)?;
+            let mut df = DeviceMatrix::zeros(gpu, f.shape())?;
+            lin.backward(ctx, f, &de, Some((&mut df, false)))?;
+            d_edges = Some(df);
         }
         let per_node = Shape::new(n, h, 1)?;
         // f32: these per-node sums feed the attention vectors' gradients, sums over every node
@@ -614,7 +640,7 @@ impl<T: GemmElement> GatConv<Device<T>> {
         let mut dx = DeviceMatrix::zeros(gpu, cache.x.shape())?;
         self.lin
             .backward(ctx, &cache.x, &dwh, Some((&mut dx, false)))?;
-        Ok(dx)
+        Ok((dx, d_edges))
     }
 }
 
