@@ -185,6 +185,7 @@ class Fused3S:
         self.F3S, self.g, self.args, self.src = F3S, g, args, src
         self.prep = None
         self.prep_error = None
+        self.prep_status = "unsupported"
         n = g.n
         self.n16 = (n + 15) // 16 * 16
         # preprocess_gpu exit()s when a row window has more tensor-core blocks than its shared
@@ -219,6 +220,7 @@ class Fused3S:
         self.ntcb = int(ntcb)
         missing, extra = bsb_mismatch(g, rwo, atox, bitmap)
         if missing or extra:
+            self.prep_status = "error"  # a wrong preprocessing, not a shape it cannot take
             self.prep_error = (f"preprocess_gpu's block bitmap is not the graph: {missing} edges "
                                f"missing, {extra} extra")
             return
@@ -231,7 +233,7 @@ class Fused3S:
             raise RuntimeError("no preprocessing")
         if self.prep_error:
             for peer in FAMILIES[self.family]:
-                rec.limit(peer, case.heads, case.d, case.dtype, "unsupported", self.prep_error, **extra_src)
+                rec.limit(peer, case.heads, case.d, case.dtype, self.prep_status, self.prep_error, **extra_src)
             return
         prep_record(rec, "fused3s_preprocess", case, self.prep_ms,
                     f"preprocess_gpu, 16 x 16 blocks: {self.ntcb} blocks",
@@ -450,10 +452,13 @@ class FlashSparse:
             layout_ok = (int(deg.numel()) == total and int(rp[-1]) * self.WINDOW == total
                          and bool((deg[mask_pos] == 1).all())
                          and int((deg != 0).sum()) == g.nnz + n_dummy)
+            misplaced = {c: int((stored[c] != pos[c]).sum()) for c in (8, 4)}
+            if form == "padded" and any(misplaced.values()):
+                layout_ok = False  # the padding did not keep the SDDMM off its store bug
             self.maps[form] = dict(rp=rp, ci=ci, deg=deg, twin=twin, tatom=tatom, max_part=max_part,
                                    pos=pos, total=total, layout_ok=layout_ok, n_dummy=n_dummy,
                                    k_extra=self.WIDE if n_dummy else 0,
-                                   misplaced={c: int((stored[c] != pos[c]).sum()) for c in (8, 4)})
+                                   misplaced=misplaced)
         torch.cuda.synchronize()
 
     def run_case(self, rec, case):

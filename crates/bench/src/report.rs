@@ -644,7 +644,6 @@ fn key_results(w: &mut String, data: &ReportData<'_>) {
     let _ = writeln!(w);
 }
 
-/// Every configuration a peer could not run, grouped by peer and reason.
 /// How long plans took to build, per graph and algorithm (fastest and slowest over the
 /// configurations: a graph's first plan also builds and uploads its formats), the graph's
 /// device uploads after them, and the peers' preprocessing on the same graph.
@@ -724,6 +723,7 @@ fn plan_times(w: &mut String, data: &ReportData<'_>) {
     let _ = writeln!(w);
 }
 
+/// Every configuration a peer could not run, grouped by peer and reason.
 fn peer_limits(w: &mut String, data: &ReportData<'_>) {
     let mut limits: BTreeMap<(String, String, String), Vec<String>> = BTreeMap::new();
     let mut seen = std::collections::HashSet::new();

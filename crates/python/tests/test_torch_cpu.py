@@ -241,8 +241,8 @@ def test_unsupported_arguments_raise_naming_them():
     ei = torch.tensor([[0, 1], [1, 2]])
     with pytest.raises(NotImplementedError, match="return_attention_weights"):
         layer(x, ei, return_attention_weights=True)
-    with pytest.raises(ValueError, match="edge_attr given, but the layer has no edge_dim"):
-        layer(x, ei, edge_attr=torch.randn(2, 3))
+    with pytest.warns(spattn.SpattnWarning, match="edge_attr is ignored"):
+        torch.testing.assert_close(layer(x, ei, edge_attr=torch.randn(2, 3)), layer(x, ei))
     with pytest.raises(NotImplementedError, match="bipartite"):
         layer((x, torch.randn(2, 4)), ei)
     with pytest.raises(NotImplementedError, match="sparse"):

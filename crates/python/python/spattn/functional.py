@@ -504,7 +504,7 @@ def gat_attention(
             :func:`sparse_attention`'s (the GAT paper uses 0.6 in training).
 
     Returns ``num_nodes × heads × channels`` of ``x``'s dtype, differentiable with respect to
-    ``x``, ``alpha_dst`` and ``alpha_src`` through spattn's exact backward.
+    ``x``, ``alpha_dst``, ``alpha_src`` and ``bias`` through spattn's exact backward.
     """
     _check_graph(graph)
     require_torch("gat_attention")

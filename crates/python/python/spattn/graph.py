@@ -185,7 +185,10 @@ class Graph:
         ``edge_index``'s device. Per-edge data in the input's order goes to the graph's by
         ``data_csr = data.new_zeros(...).index_copy(0, positions, data)``.
 
-        Raises ``ValueError`` naming the first edge that is not in the graph."""
+        An edge given more than once maps to its one position every time (a graph merges
+        repeated edges), so ``index_copy`` would keep one of their rows: remove the repeats
+        first where the data differ. Raises ``ValueError`` naming the first edge that is not in
+        the graph."""
         torch = require_torch("Graph.edge_positions")
         if not torch.is_tensor(edge_index) or edge_index.dim() != 2 or edge_index.shape[0] != 2:
             raise ValueError("edge_index: expected a (2, E) integer tensor")

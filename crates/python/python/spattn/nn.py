@@ -41,6 +41,7 @@ Differences from PyG (each is also in the class's documentation):
 from __future__ import annotations
 
 import math
+import warnings
 import weakref
 from collections import OrderedDict
 from typing import Any, Optional, Tuple
@@ -51,7 +52,7 @@ from torch import Tensor
 from torch.nn import Parameter
 
 from .functional import gat_attention, sparse_attention
-from .graph import Graph
+from .graph import Graph, SpattnWarning
 from ._tensors import check_algorithm
 
 __all__ = ["TransformerConv", "GATConv", "AGNNConv", "graph_for"]
@@ -458,7 +459,10 @@ class GATConv(torch.nn.Module):
     ) -> Tensor:
         name = "GATConv"
         if edge_attr is not None and self.lin_edge is None:
-            raise ValueError(f"{name}: edge_attr given, but the layer has no edge_dim")
+            # PyG's GATConv ignores edge_attr without edge_dim; say so once, and do the same.
+            warnings.warn(f"{name}: edge_attr is ignored (the layer has no edge_dim), as PyG does",
+                          SpattnWarning, stacklevel=2)
+            edge_attr = None
         _no_attention_weights(name, return_attention_weights)
         x_src, x_dst = _split_x(name, x)
         n = x_dst.size(0)
