@@ -104,16 +104,22 @@ impl Scratch {
     }
 }
 
+/// The bytes of `len` elements of `T`, or [`Error::TooLarge`] naming `what` where that
+/// overflows.
+pub(crate) fn byte_len<T>(what: &'static str, len: usize) -> Result<usize> {
+    let size = std::mem::size_of::<T>().max(1);
+    len.checked_mul(size).ok_or(Error::TooLarge {
+        what,
+        value: len as u64,
+        limit: (usize::MAX / size) as u64,
+    })
+}
+
 impl<T: DeviceElement> DeviceVec<T> {
     /// Allocates `len` elements; zeroed when `zeroed`, else left unset for the caller to
     /// overwrite before anything reads them.
     pub(crate) fn alloc(gpu: &Gpu, what: &'static str, len: usize, zeroed: bool) -> Result<Self> {
-        let size = std::mem::size_of::<T>().max(1);
-        let bytes = len.checked_mul(size).ok_or(Error::TooLarge {
-            what,
-            value: len as u64,
-            limit: (usize::MAX / size) as u64,
-        })?;
+        let bytes = byte_len::<T>(what, len)?;
         let stream = gpu.stream();
         let slots = len.max(1);
         let data = if zeroed || len == 0 {

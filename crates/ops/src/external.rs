@@ -145,12 +145,7 @@ unsafe fn borrow_vec<T: DeviceElement>(
         // tensors: an empty view owns a placeholder element that the kernels never read.
         return Ok((DeviceVec::zeros(gpu, 0)?, false));
     }
-    let size = std::mem::size_of::<T>().max(1);
-    let bytes = len.checked_mul(size).ok_or(Error::TooLarge {
-        what,
-        value: len as u64,
-        limit: (usize::MAX / size) as u64,
-    })?;
+    let bytes = crate::buffer::byte_len::<T>(what, len)?;
     check_device_pointer(gpu, what, ptr, bytes)?;
     // SAFETY: `ptr` addresses `len` elements of `T` inside one allocation of this device
     // (checked above as far as the driver can tell, and promised by the caller); any bit

@@ -1007,8 +1007,25 @@ unsafe fn gat_views<T: DType>(
     }
 }
 
-/// The GAT forward on CUDA tensors at `[x, a_dst, a_src, out, workspace]`, ordered with
-/// `stream`.
+/// GAT's pre-activation scores `a_dst[row] + a_src[col] (+ bias)` per edge and head into
+/// `scores`, on the graph's CSR (the forward's and, recomputed, the backward's).
+fn gat_scores(
+    d: &OnDevice,
+    (a_dst, a_src): (&ExternalMatrix<f32>, &ExternalMatrix<f32>),
+    bias: &ExternalVec<f32>,
+    scores: &mut ExternalVec<f32>,
+) -> spattn::Result<()> {
+    let (gpu, a) = (&d.device.gpu, d.graph.csr()?);
+    csr_ops::sddmm_gat(gpu, a, a_dst, a_src, scores)?;
+    if !bias.is_empty() {
+        let heads = a_dst.shape().heads;
+        edge_extras::bias_add(gpu, scores, DeviceBias::PerHead(bias), d.graph.nnz(), heads)?;
+    }
+    Ok(())
+}
+
+/// The GAT forward on CUDA tensors at `[x, a_dst, a_src, out, workspace, bias]` (bias 0 for
+/// none), ordered with `stream`.
 fn gat_forward_gpu<T: DType>(
     d: &OnDevice,
     sq: Shape,
@@ -1033,10 +1050,7 @@ fn gat_forward_gpu<T: DType>(
         let bias = ExternalVec::<f32>::new(gpu, "bias", bias, if bias == 0 { 0 } else { edges })?;
         d.device.bridge.run(stream, || -> spattn::Result<()> {
             let a = d.graph.csr()?;
-            csr_ops::sddmm_gat(gpu, a, &a_dst, &a_src, &mut p)?;
-            if !bias.is_empty() {
-                edge_extras::bias_add(gpu, &mut p, DeviceBias::PerHead(&bias), d.graph.nnz(), h)?;
-            }
+            gat_scores(d, (&a_dst, &a_src), &bias, &mut p)?;
             csr_ops::edge_softmax_in_place(gpu, a, &mut p, h, Some(slope))?;
             if let Some(dr) = &dropout {
                 edge_extras::apply_dropout(gpu, &mut p, dr)?;
@@ -1047,8 +1061,8 @@ fn gat_forward_gpu<T: DType>(
     }
 }
 
-/// The GAT backward on CUDA tensors at `[x, a_dst, a_src, d_out, dx, da_dst, da_src]` with
-/// three workspaces, ordered with `stream`. The scores and probabilities are recomputed (two
+/// The GAT backward on CUDA tensors at `[x, a_dst, a_src, d_out, dx, da_dst, da_src, bias,
+/// d_bias]` (the bias's 0 for none) with three workspaces, ordered with `stream`. The scores and probabilities are recomputed (two
 /// passes over the edges), not kept from the forward.
 fn gat_backward_gpu<T: DType>(
     d: &OnDevice,
@@ -1063,8 +1077,9 @@ fn gat_backward_gpu<T: DType>(
     let h = sq.heads;
     // SAFETY: as in `gat_forward_gpu`; d_out is n_rows × heads × dim of T; dx (n_cols rows of
     // T), da_dst (n_rows × heads f32), da_src (n_cols × heads f32), the three workspaces and
-    // d_bias (nnz × heads f32, where the forward had a bias) are fresh. The transposed ops index Aᵀ's rows (< n_cols) and its edge
-    // map (a permutation of the nnz edges), within the same views.
+    // d_bias (nnz × heads f32, where the forward had a bias) are fresh. The transposed ops
+    // index Aᵀ's rows (< n_cols) and its edge map (a permutation of the nnz edges), within the
+    // same views.
     unsafe {
         let (x, a_dst, a_src, edges) = gat_views::<T>(d, sq, skv, [x, a_dst, a_src])?;
         let d_out = ExternalMatrix::<T>::new(gpu, "d_out", d_out, sq)?;
@@ -1079,10 +1094,7 @@ fn gat_backward_gpu<T: DType>(
         let mut d_bias = ExternalVec::<f32>::new(gpu, "d_bias", d_bias, blen)?;
         d.device.bridge.run(stream, || -> spattn::Result<()> {
             let (a, t) = (d.graph.csr()?, d.graph.transpose()?);
-            csr_ops::sddmm_gat(gpu, a, &a_dst, &a_src, &mut s)?;
-            if blen > 0 {
-                edge_extras::bias_add(gpu, &mut s, DeviceBias::PerHead(&bias), d.graph.nnz(), h)?;
-            }
+            gat_scores(d, (&a_dst, &a_src), &bias, &mut s)?;
             csr_ops::edge_softmax(gpu, a, &s, h, Some(slope), &mut p)?;
             csr_ops::sddmm(gpu, a, &d_out, &x, 1.0, &mut dp)?;
             // Under dropout: dP = dW ⊙ mask / (1 − rate), and the aggregation used P's dropped.

@@ -434,7 +434,7 @@ if torch is not None:
                 graph._core.gat_forward(
                     device_index(x), dtype_name(x.dtype), h, c, slope,
                     address(x), address(a_dst), address(a_src), address(out),
-                    address(ws) if ws is not None else 0, stream_of(x), drop, _address_or_0(bias),
+                    _address_or_0(ws), stream_of(x), drop, _address_or_0(bias),
                 )
             ctx.graph, ctx.slope, ctx.drop = graph, slope, drop
             ctx.save_for_backward(x, a_dst, a_src, bias)

@@ -186,6 +186,15 @@ def _edges_in_csr_order(layer: str, graph: Graph, edge_index: Any, data: Tensor)
     return data.new_zeros((graph.num_edges,) + tuple(data.shape[1:])).index_copy(0, pos, data)
 
 
+def _check_attention_args(layer: str, kwargs: dict, dropout: Any, edge_dim: Optional[int]) -> None:
+    """The constructor arguments TransformerConv and GATConv share: PyG's MessagePassing
+    options, the dropout rate, the edge features' width."""
+    _unsupported_kwargs(layer, kwargs)
+    _check_rate(layer, dropout)
+    if edge_dim is not None:
+        _check_channels(layer, "edge_dim", edge_dim)
+
+
 def _check_rate(layer: str, dropout: Any) -> None:
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
         raise ValueError(f"{layer}: dropout={dropout!r}: expected a rate in [0, 1)")
@@ -242,10 +251,7 @@ class TransformerConv(torch.nn.Module):
     ):
         super().__init__()
         name = "TransformerConv"
-        _unsupported_kwargs(name, kwargs)
-        _check_rate(name, dropout)
-        if edge_dim is not None:
-            _check_channels(name, "edge_dim", edge_dim)
+        _check_attention_args(name, kwargs, dropout, edge_dim)
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.heads = heads
@@ -386,10 +392,7 @@ class GATConv(torch.nn.Module):
     ):
         super().__init__()
         name = "GATConv"
-        _unsupported_kwargs(name, kwargs)
-        _check_rate(name, dropout)
-        if edge_dim is not None:
-            _check_channels(name, "edge_dim", edge_dim)
+        _check_attention_args(name, kwargs, dropout, edge_dim)
         _fill_reduce(name, fill_value)
         if check_algorithm(algorithm) != "auto":
             raise NotImplementedError(
