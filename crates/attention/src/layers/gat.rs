@@ -606,10 +606,12 @@ impl<T: GemmElement> GatConv<Device<T>> {
         )?;
         let mut d_edges = None;
         if let (Some((lin, att)), Some((f, e))) = (&mut self.edge, &cache.edge) {
-            let ds_m = DeviceMatrix::from_vec(ds.try_clone()?, Shape::new(a.nnz(), h, 1)?)?;
+            // dS viewed as nnz × heads × 1 (moved in and back out: no copy).
+            let ds_m = DeviceMatrix::from_vec(ds, Shape::new(a.nnz(), h, 1)?)?;
             let mut de = DeviceMatrix::zeros(gpu, e.shape())?;
             elementwise::head_outer_add(gpu, &ds_m, &att.value, &mut de)?;
             elementwise::head_weighted_sum(gpu, e, &ds_m, &mut att.grad)?;
+            ds = ds_m.into_vec();
             let mut df = DeviceMatrix::zeros(gpu, f.shape())?;
             lin.backward(ctx, f, &de, Some((&mut df, false)))?;
             d_edges = Some(df);
