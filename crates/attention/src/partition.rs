@@ -673,9 +673,34 @@ impl RankPlan {
         Ok(())
     }
 
+    /// Fetches this rank's halo of K and V (`halo().len()` rows each) from their owners, given
+    /// its own K/V rows (`kv_rows() × heads × head_dim`). A collective; a training step gathers
+    /// once and passes the halo to [`forward_on`](Self::forward_on) and
+    /// [`backward`](Self::backward).
+    ///
+    /// Errors: [`Error::LengthMismatch`] naming an operand of the wrong length, the exchange's.
+    pub fn gather_halo<F: Real + Pod, E: Exchange>(
+        &self,
+        ex: &E,
+        k: &[F],
+        v: &[F],
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<Halo<F>> {
+        let (_, skv, sh) = self.shapes(heads, head_dim)?;
+        self.check_own("k (this rank's K/V rows)", k, skv)?;
+        self.check_own("v (this rank's K/V rows)", v, skv)?;
+        let row_len = heads * head_dim;
+        Ok(Halo {
+            k: self.gather(ex, k, row_len)?,
+            v: self.gather(ex, v, row_len)?,
+            shape: sh,
+        })
+    }
+
     /// This rank's rows of `softmax_row(scale · Q Kᵀ masked by A) · V` from its own rows of Q
     /// (`rows() × heads × head_dim`) and of K and V (`kv_rows() × heads × head_dim`). A
-    /// collective.
+    /// collective ([`gather_halo`](Self::gather_halo), then [`forward_on`](Self::forward_on)).
     ///
     /// Errors: [`Error::LengthMismatch`] naming an operand of the wrong length, the CPU
     /// reference's, and the exchange's.
@@ -690,43 +715,44 @@ impl RankPlan {
         head_dim: usize,
         scale: F,
     ) -> Result<Vec<F>> {
-        let (sq, skv, sh) = self.shapes(heads, head_dim)?;
+        let (sq, _, _) = self.shapes(heads, head_dim)?;
+        // Q's length first: a wrong Q fails before the collective, on this rank alone.
         self.check_own("q (this rank's rows)", q, sq)?;
-        self.check_own("k (this rank's K/V rows)", k, skv)?;
-        self.check_own("v (this rank's K/V rows)", v, skv)?;
-        let row_len = heads * head_dim;
-        let (kh, vh) = (self.gather(ex, k, row_len)?, self.gather(ex, v, row_len)?);
+        let halo = self.gather_halo(ex, k, v, heads, head_dim)?;
+        self.forward_on(&halo, q, scale)
+    }
+
+    /// The forward on a gathered halo (no exchange).
+    ///
+    /// Errors: as [`forward`](Self::forward).
+    pub fn forward_on<F: Real + Pod>(&self, halo: &Halo<F>, q: &[F], scale: F) -> Result<Vec<F>> {
+        let sq = self.halo_q_shape(halo)?;
+        self.check_own("q (this rank's rows)", q, sq)?;
         let mut out = vec![F::ZERO; sq.len()];
-        let inputs = AttentionInputs::new(q, sq, &kh, sh, &vh, sh);
+        let inputs = AttentionInputs::new(q, sq, &halo.k, halo.shape, &halo.v, halo.shape);
         cpu::attention(&self.local, &inputs, scale, &mut out)?;
         Ok(out)
     }
 
-    /// The gradients of [`forward`](Self::forward) given this rank's `out` and `d_out`:
-    /// dQ for its rows, dK and dV for its K/V rows (every rank's contributions summed), and
-    /// ∂L/∂scale summed over the world (the same on every rank). A collective.
+    /// The gradients of the forward on `halo` given this rank's `q`, `out` and `d_out`: dQ for
+    /// its rows, dK and dV for its K/V rows (every rank's contributions summed), and ∂L/∂scale
+    /// summed over the world (the same on every rank). A collective (the partials go back to
+    /// their owners; the halo is not fetched again).
     ///
     /// Errors: as [`forward`](Self::forward).
-    #[allow(clippy::too_many_arguments)]
     pub fn backward<F: Real + Pod, E: Exchange>(
         &self,
         ex: &E,
-        (q, k, v): (&[F], &[F], &[F]),
-        out: &[F],
-        d_out: &[F],
-        heads: usize,
-        head_dim: usize,
+        halo: &Halo<F>,
+        (q, out, d_out): (&[F], &[F], &[F]),
         scale: F,
     ) -> Result<cpu::AttentionGrads<F>> {
-        let (sq, skv, sh) = self.shapes(heads, head_dim)?;
+        let sq = self.halo_q_shape(halo)?;
         self.check_own("q (this rank's rows)", q, sq)?;
-        self.check_own("k (this rank's K/V rows)", k, skv)?;
-        self.check_own("v (this rank's K/V rows)", v, skv)?;
         self.check_own("out (this rank's rows)", out, sq)?;
         self.check_own("d_out (this rank's rows)", d_out, sq)?;
-        let row_len = heads * head_dim;
-        let (kh, vh) = (self.gather(ex, k, row_len)?, self.gather(ex, v, row_len)?);
-        let inputs = AttentionInputs::new(q, sq, &kh, sh, &vh, sh);
+        let row_len = sq.row_len();
+        let inputs = AttentionInputs::new(q, sq, &halo.k, halo.shape, &halo.v, halo.shape);
         let g = cpu::attention_backward(&self.local, &inputs, scale, out, d_out)?;
         let dk = self.scatter_add(ex, &g.dk, row_len)?;
         let dv = self.scatter_add(ex, &g.dv, row_len)?;
@@ -739,4 +765,28 @@ impl RankPlan {
             d_scale,
         })
     }
+
+    /// The shape of this rank's Q rows for a halo's heads and head_dim, checking the halo is
+    /// this rank's.
+    fn halo_q_shape<F>(&self, halo: &Halo<F>) -> Result<Shape> {
+        let (sq, _, sh) = self.shapes(halo.shape.heads, halo.shape.head_dim)?;
+        if sh != halo.shape {
+            return Err(Error::ShapeMismatch {
+                what: "halo (of another rank's plan)",
+                expected: sh,
+                actual: halo.shape,
+            });
+        }
+        Ok(sq)
+    }
+}
+
+/// A rank's halo of K and V rows (`RankPlan::halo` order), fetched once by
+/// [`RankPlan::gather_halo`] for a forward and its backward.
+#[derive(Clone, Debug)]
+pub struct Halo<F> {
+    k: Vec<F>,
+    v: Vec<F>,
+    /// `halo rows × heads × head_dim`.
+    shape: Shape,
 }

@@ -81,8 +81,14 @@ fn check<F: Real + Pod>(
         let k = slice(&p.k, kv.clone(), row_len);
         let v = slice(&p.v, kv, row_len);
         let out = plan.forward(ex, &q, &k, &v, heads, dim, scale)?;
+        // A training step gathers the halo once for the forward and the backward.
+        let halo = plan.gather_halo(ex, &k, &v, heads, dim)?;
+        assert!(
+            plan.forward_on(&halo, &q, scale)? == out,
+            "forward_on differs from forward"
+        );
         let d_out = slice(&p.d_out, rows, row_len);
-        let g = plan.backward(ex, (&q, &k, &v), &out, &d_out, heads, dim, scale)?;
+        let g = plan.backward(ex, &halo, (&q, &out, &d_out), scale)?;
         Ok((out, g, plan.stats()))
     })
     .unwrap();
@@ -328,9 +334,10 @@ fn rank_step<E: Exchange>(
         slice(&p.k, kv.clone(), 16),
         slice(&p.v, kv, 16),
     );
-    let out = plan.forward(ex, &q, &k, &v, 2, 8, 0.3)?;
+    let halo = plan.gather_halo(ex, &k, &v, 2, 8)?;
+    let out = plan.forward_on(&halo, &q, 0.3)?;
     let d_out = slice(&p.d_out, rows, 16);
-    let g = plan.backward(ex, (&q, &k, &v), &out, &d_out, 2, 8, 0.3)?;
+    let g = plan.backward(ex, &halo, (&q, &out, &d_out), 0.3)?;
     Ok((out, g.dk, g.d_scale))
 }
 
