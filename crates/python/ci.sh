@@ -12,6 +12,8 @@ cd "$(dirname "$0")/../.."
 ROOT=target/python-ci
 python=${PYTHON:-python3}
 start=$SECONDS
+# torch's wheels (with their CUDA libraries, ~4 GB installed) must not be cached a second time.
+export PIP_NO_CACHE_DIR=1
 
 echo "-- building the wheel"
 rm -rf "$ROOT/wheels"
@@ -22,6 +24,7 @@ rm -rf "$ROOT/wheels"
     -m crates/python/Cargo.toml --out "$ROOT/wheels"
 wheel=$(ls "$ROOT"/wheels/spattn-*-cp39-abi3-manylinux_2_28_x86_64.whl)
 echo "-- built $wheel ($((SECONDS - start)) s)"
+rm -rf "$ROOT/build"  # maturin and zig are not needed past this point; torch needs the disk
 
 echo "-- installing it in a fresh environment; numpy tests without torch"
 "$python" -m venv --clear "$ROOT/test"
@@ -38,6 +41,7 @@ if timeout "${SPATTN_TORCH_INSTALL_TIMEOUT:-900}" $pip install torch "torch_geom
     (cd crates/python && "$py" -m pytest -q -p no:cacheprovider tests)
 else
     echo "!! torch could not be installed: the torch and PyG tests cannot run" >&2
+    df -h . >&2
     exit 1
 fi
 echo "-- Python package checks took $((SECONDS - start)) s"
