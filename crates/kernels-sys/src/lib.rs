@@ -2,7 +2,8 @@
 //!
 //! The CUDA C++ kernels of spattn, compiled ahead of time to PTX and embedded as strings. This
 //! crate has no host logic and no CUDA dependency: it builds with plain cargo anywhere, and
-//! spattn-ops loads the modules once per `Gpu` (the driver JIT-compiles the PTX for the device).
+//! spattn-ops loads each kernel on first use, from its module's text without the other kernels
+//! (the driver JIT-compiles the PTX for the device, so a plan pays for the kernels it launches).
 //!
 //! - `cuda/*.cu`: one PTX module each; kernels are `extern "C" __global__`, named
 //!   `{op}_{format}_{dtype}` (e.g. `spmm_csr_f16`). Shared device code is in `cuda/*.cuh`.

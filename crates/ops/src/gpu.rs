@@ -59,12 +59,15 @@ struct GpuInner {
     compute_capability: (i32, i32),
     sm_count: u32,
     max_shared_memory_per_block: usize,
-    /// PTX modules loaded into `ctx`, by module name, with the functions taken from each.
+    /// The kernels loaded into `ctx`, by module name and kernel name.
     modules: Mutex<HashMap<&'static str, LoadedModule>>,
 }
 
+/// What a handle has loaded of one PTX module: each kernel from its own piece of the module
+/// ([`crate::ptx_split`]), or every kernel from the whole module where it cannot be cut.
 struct LoadedModule {
-    module: Arc<CudaModule>,
+    /// The whole module, where it was loaded whole.
+    whole: Option<Arc<CudaModule>>,
     functions: HashMap<String, LoadedFunction>,
 }
 
@@ -309,11 +312,13 @@ impl Gpu {
         Ok(())
     }
 
-    /// The function `kernel` of the PTX module `module_name`, loading the module on first use.
+    /// The function `kernel` of the PTX module `module_name`, loading it on first use.
     ///
-    /// Each module is loaded (JIT-compiled by the driver) once per handle and each function
-    /// looked up once; later calls are a map lookup under a mutex. Module names must be
-    /// unique: the first PTX loaded under a name is the one every later call gets.
+    /// Each kernel is loaded (JIT-compiled by the driver) from its own piece of the module, the
+    /// module's text without its other entries ([`crate::ptx_split`]): a plan pays for the
+    /// kernels it launches, not for the dozens beside them. Each function is loaded once per
+    /// handle; later calls are a map lookup under a mutex. Module names must be unique: every
+    /// call naming a module must pass the same PTX.
     ///
     /// Errors: [`Error::ModuleLoad`] where the driver rejects the PTX (e.g. an ISA newer than
     /// the driver), [`Error::KernelNotFound`] where the module has no such function.
@@ -358,16 +363,6 @@ impl Gpu {
             }
             return Ok(loaded.function.clone());
         }
-        let loaded = match modules.entry(module_name) {
-            std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
-            std::collections::hash_map::Entry::Vacant(entry) => {
-                let module = self.load_module(module_name, ptx)?;
-                entry.insert(LoadedModule {
-                    module,
-                    functions: HashMap::new(),
-                })
-            }
-        };
         let not_found = || Error::KernelNotFound {
             module: module_name,
             kernel: kernel.to_owned(),
@@ -376,11 +371,29 @@ impl Gpu {
         if kernel.contains('\0') {
             return Err(not_found());
         }
-        let function = loaded.module.load_function(kernel).map_err(|e| match e.0 {
+        let whole = modules.get(module_name).and_then(|m| m.whole.clone());
+        let (module, loaded_whole) = match whole {
+            Some(module) => (module, None),
+            None => {
+                let piece = crate::ptx_split::kernel_ptx(ptx, kernel).ok_or_else(not_found)?;
+                let module = self.load_module(module_name, &piece)?;
+                // A borrowed piece is the whole module: every later kernel is looked up in it.
+                let whole = matches!(piece, std::borrow::Cow::Borrowed(_)).then(|| module.clone());
+                (module, whole)
+            }
+        };
+        let function = module.load_function(kernel).map_err(|e| match e.0 {
             CUresult::CUDA_ERROR_NOT_FOUND => not_found(),
             _ => map_driver_error("looking up a kernel", e),
         })?;
         crate::launch::allow_dynamic_shared(&function, shared_bytes, what)?;
+        let loaded = modules.entry(module_name).or_insert_with(|| LoadedModule {
+            whole: None,
+            functions: HashMap::new(),
+        });
+        if loaded_whole.is_some() {
+            loaded.whole = loaded_whole;
+        }
         loaded.functions.insert(
             kernel.to_owned(),
             LoadedFunction {
@@ -416,6 +429,22 @@ impl Gpu {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .contains_key(module_name)
+    }
+
+    /// Names of the kernels of `module_name` loaded so far, sorted.
+    #[cfg(test)] // the runtime tests' window into the module cache
+    pub(crate) fn loaded_kernels(&self, module_name: &str) -> Vec<String> {
+        let modules = self
+            .inner
+            .modules
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut names: Vec<String> = modules
+            .get(module_name)
+            .map(|m| m.functions.keys().cloned().collect())
+            .unwrap_or_default();
+        names.sort_unstable();
+        names
     }
 
     /// Names of the modules loaded so far, sorted.

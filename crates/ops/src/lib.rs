@@ -67,6 +67,7 @@ pub mod graph;
 pub(crate) mod hybrid_plan;
 pub mod hybrid_spmm;
 pub(crate) mod launch;
+pub(crate) mod ptx_split;
 pub(crate) mod schedule;
 pub mod shape;
 pub mod tc_ops;

@@ -353,14 +353,20 @@ fn module_cache_loads_each_module_once() {
         .load_function(TEST_MODULE, TEST_PTX, "runtime_test_noop")
         .unwrap();
     assert_eq!(first.cu_function(), again.cu_function(), "function cached");
-    // A second kernel of the same module: found in the loaded module, not loaded again.
-    gpu.load_function(
-        TEST_MODULE,
-        "this PTX must not be loaded",
-        "runtime_test_fill_f32",
-    )
-    .unwrap();
+    assert_eq!(gpu.loaded_kernels(TEST_MODULE), vec!["runtime_test_noop"]);
+    // A second kernel of the same module: loaded from its own piece of the module.
+    gpu.load_function(TEST_MODULE, TEST_PTX, "runtime_test_fill_f32")
+        .unwrap();
     assert_eq!(gpu.loaded_modules(), vec![TEST_MODULE]);
+    assert_eq!(
+        gpu.loaded_kernels(TEST_MODULE),
+        vec!["runtime_test_fill_f32", "runtime_test_noop"]
+    );
+    // A kernel the module's text lacks never reaches the driver.
+    assert!(matches!(
+        gpu.load_function(TEST_MODULE, TEST_PTX, "runtime_test_missing"),
+        Err(Error::KernelNotFound { .. })
+    ));
 
     // Many threads at once: still one module, the same function everywhere.
     let handles: Vec<_> = (0..8)
