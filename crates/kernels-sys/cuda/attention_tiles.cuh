@@ -911,6 +911,31 @@ __device__ __forceinline__ float tile_fold(const float (&x)[TILE], Op op) {
     return y[0];
 }
 
+// What csr_edges_online adds to an edge beyond q.k and v: nothing (NoEdgeExtras, the plain
+// kernels), or attention's extras (EdgeExtras, fused_csr's `_x` kernels): a score bias added
+// after the group's dot product, edge features added to K and V, and the dropout factor on the
+// probability that weighs V (not on the running sum: the output is acc / l, the weights after
+// dropout). Per-edge data is in the caller's CSR order: caller edge = kernel edge + shift.
+struct NoEdgeExtras {
+    static constexpr bool ON = false;
+};
+
+template <class T> struct EdgeExtras {
+    static constexpr bool ON = true;
+    const T* __restrict__ bias;   // null, or nnz x bias_heads (bias_heads 1: shared by the heads)
+    const T* __restrict__ feats;  // null, or nnz x heads x head_dim
+    u32 bias_heads, head, heads, shift;
+    Dropout drop;                 // threshold 0: none
+    __device__ __forceinline__ u64 edge(u32 e) const { return (u64)(u32)(e + shift); }
+    __device__ __forceinline__ float bias_of(u32 e) const {
+        if (bias == nullptr) return 0.0f;
+        return to_f32(bias[edge(e) * bias_heads + (bias_heads == 1u ? 0u : head)]);
+    }
+    __device__ __forceinline__ float keep(u32 e) const {
+        return dropout_factor(drop, edge(e) * heads + head);
+    }
+};
+
 // Attention: one group of g lanes (shuffle mask `mask`) walks edges start .. end of col_indices
 // with an online softmax, DF-GNN style: per tile of TILE (a power of two) edges, TILE K and V
 // vectors in flight per lane, TILE group reductions interleaved, one rescale. Lane features: NV
@@ -918,14 +943,20 @@ __device__ __forceinline__ float tile_fold(const float (&x)[TILE], Op op) {
 // scores are in the log2 domain (q scaled by scale * log2 e) and exponentials are exp2 (hybrid,
 // to merge with the tensor-core tiles); otherwise natural exp (fused_csr). m, l, acc: the
 // running partial, updated. Every lane in `mask` passes the same start and end (other groups
-// of the warp may pass other ranges: their masks are disjoint).
-template <class T, int VEC, int NV, bool LOG2, int TILE = 4>
+// of the warp may pass other ranges: their masks are disjoint). `xt`: the extras (above); with
+// them a score may be -inf (a masked edge), so exponentials are taken against 0 while the
+// running max is still -inf.
+template <class T, int VEC, int NV, bool LOG2, int TILE = 4, class X = NoEdgeExtras>
 __device__ __forceinline__ void csr_edges_online(const u32* __restrict__ col_indices, u32 start,
                                                  u32 end, const T* __restrict__ k,
                                                  const T* __restrict__ v, u64 hd, u64 head_off,
                                                  const bool (&on)[NV], const u32 (&feat)[NV],
                                                  const float (&qv)[NV][VEC], u32 mask, u32 g,
-                                                 float& m, float& l, float (&acc)[NV][VEC]) {
+                                                 float& m, float& l, float (&acc)[NV][VEC],
+                                                 X xt = X()) {
+    static_assert(!(LOG2 && X::ON), "extras add natural-log biases: not in the log2 domain");
+    // Feature vectors held beside V's (one dummy slot without extras).
+    constexpr int FT = X::ON ? TILE : 1, FNV = X::ON ? NV : 1;
     auto ex = [](float x) { return LOG2 ? bsb_exp2(x) : __expf(x); };
     auto rescale = [&](float m_old, float m_new) {
         return LOG2 ? (m_old == SPATTN_NEG_INF ? 0.0f : bsb_exp2(m_old - m_new))
@@ -938,6 +969,8 @@ __device__ __forceinline__ void csr_edges_online(const u32* __restrict__ col_ind
         for (int t = 0; t < TILE; ++t) c[t] = __ldg(col_indices + e + t);
         float s[TILE];
         HeldV<T, VEC> x[TILE][NV];
+        HeldV<T, VEC> f[FT][FNV];
+        (void)f;
 #pragma unroll
         for (int t = 0; t < TILE; ++t) {
             s[t] = 0.0f;
@@ -948,10 +981,20 @@ __device__ __forceinline__ void csr_edges_online(const u32* __restrict__ col_ind
                     float kv[VEC];
                     load_vec<T, VEC>(k + off, kv);
                     x[t][j].load(v + off);
+                    if constexpr (X::ON) {
+                        if (xt.feats != nullptr) {
+                            f[t][j].load(xt.feats + xt.edge(e + t) * hd + head_off + feat[j]);
+#pragma unroll
+                            for (int i = 0; i < VEC; ++i) kv[i] += f[t][j].at(i);
+                        } else {
+                            f[t][j].zero();
+                        }
+                    }
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) s[t] = fmaf(qv[j][i], kv[i], s[t]);
                 } else {
                     x[t][j].zero();
+                    if constexpr (X::ON) f[t][j].zero();
                 }
             }
         }
@@ -959,21 +1002,37 @@ __device__ __forceinline__ void csr_edges_online(const u32* __restrict__ col_ind
 #pragma unroll
             for (int t = 0; t < TILE; ++t) s[t] += __shfl_xor_sync(mask, s[t], o);
         }
+        if constexpr (X::ON) {
+#pragma unroll
+            for (int t = 0; t < TILE; ++t) s[t] += xt.bias_of(e + t);
+        }
         const float mt = tile_fold(s, [](float a, float b) { return fmaxf(a, b); });
         const float mn = fmaxf(m, mt);
         const float corr = rescale(m, mn);
         m = mn;
+        float mr = mn;
+        if constexpr (X::ON) mr = mn == SPATTN_NEG_INF ? 0.0f : mn;
         float p[TILE];
 #pragma unroll
-        for (int t = 0; t < TILE; ++t) p[t] = ex(s[t] - mn);
+        for (int t = 0; t < TILE; ++t) p[t] = ex(s[t] - mr);
         l = l * corr + tile_fold(p, [](float a, float b) { return a + b; });
+        if constexpr (X::ON) {
+#pragma unroll
+            for (int t = 0; t < TILE; ++t) p[t] *= xt.keep(e + t);
+        }
 #pragma unroll
         for (int j = 0; j < NV; ++j)
 #pragma unroll
             for (int i = 0; i < VEC; ++i) {
                 float a = acc[j][i] * corr;
 #pragma unroll
-                for (int t = 0; t < TILE; ++t) a = fmaf(p[t], x[t][j].at(i), a);
+                for (int t = 0; t < TILE; ++t) {
+                    if constexpr (X::ON) {
+                        a = fmaf(p[t], x[t][j].at(i) + f[t][j].at(i), a);
+                    } else {
+                        a = fmaf(p[t], x[t][j].at(i), a);
+                    }
+                }
                 acc[j][i] = a;
             }
     }
@@ -986,6 +1045,17 @@ __device__ __forceinline__ void csr_edges_online(const u32* __restrict__ col_ind
                 float kv[VEC];
                 load_vec<T, VEC>(k + (u64)c * hd + head_off + feat[j], kv);
                 load_vec<T, VEC>(v + (u64)c * hd + head_off + feat[j], x[j]);
+                if constexpr (X::ON) {
+                    if (xt.feats != nullptr) {
+                        float fv[VEC];
+                        load_vec<T, VEC>(xt.feats + xt.edge(e) * hd + head_off + feat[j], fv);
+#pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            kv[i] += fv[i];
+                            x[j][i] += fv[i];
+                        }
+                    }
+                }
 #pragma unroll
                 for (int i = 0; i < VEC; ++i) s = fmaf(qv[j][i], kv[i], s);
             } else {
@@ -994,11 +1064,15 @@ __device__ __forceinline__ void csr_edges_online(const u32* __restrict__ col_ind
             }
         }
         s = group_sum(s, mask, g);
+        if constexpr (X::ON) s += xt.bias_of(e);
         const float mn = fmaxf(m, s);
         const float corr = rescale(m, mn);
-        const float p = ex(s - mn);
+        float mr = mn;
+        if constexpr (X::ON) mr = mn == SPATTN_NEG_INF ? 0.0f : mn;
+        float p = ex(s - mr);
         m = mn;
         l = l * corr + p;
+        if constexpr (X::ON) p *= xt.keep(e);
 #pragma unroll
         for (int j = 0; j < NV; ++j)
 #pragma unroll

@@ -20,10 +20,26 @@
 // A unit of an unsplit row writes its output row directly (zeros for a row without edges). A
 // unit of a split row writes its partial (m, l, acc) to slot unit_parts[u]; fused_csr_merge then
 // merges the partials of each split row exactly.
+//
+// Each kernel has an `_x` twin that also takes attention's extras (csr_edges_online's
+// EdgeExtras): a score bias, edge features on K and V and dropout, in the caller's CSR order.
+// Dropout scales only what weighs V, so acc / l is the output and the partials merge as they
+// are; a row whose every edge is masked (-inf bias) has l = 0 and writes zeros.
 
 #include "attention_tiles.cuh"
 
-template <class T, int VEC, int NV, int TILE, bool SPLIT>
+// The extras of the `_x` kernels (see EdgeExtras): bias (null, or nnz x bias_heads), edge
+// features (null, or nnz x heads x head_dim), dropout, all in the caller's CSR order; unit u's
+// edges are the caller's edges e + unit_shift[u] (null: the same).
+template <class T> struct ExtrasArgs {
+    const T* bias;
+    u32 bias_heads;
+    const T* feats;
+    const u32* unit_shift;
+    Dropout drop;
+};
+
+template <class T, int VEC, int NV, int TILE, bool SPLIT, bool EXTRAS>
 __device__ __forceinline__ void fused_csr(const u32* __restrict__ unit_rows,
                                           const u32* __restrict__ unit_starts,
                                           const u32* __restrict__ unit_parts, u32 n_units,
@@ -32,7 +48,8 @@ __device__ __forceinline__ void fused_csr(const u32* __restrict__ unit_rows,
                                           const T* __restrict__ v, u32 heads, u32 head_dim,
                                           float scale, u32 g, u32 es, T* __restrict__ out,
                                           float* __restrict__ part_ml,
-                                          float* __restrict__ part_acc) {
+                                          float* __restrict__ part_acc,
+                                          const ExtrasArgs<T>* xa) {
     // The group's g lanes form es subgroups of gs lanes (es = 1 unless SPLIT; the host passes
     // es and g powers of two, es dividing g); subgroup `sub` walks edges s0 .. s1, its share of
     // the unit's, and the es partials are merged by shuffles at the end (an empty share leaves
@@ -74,8 +91,15 @@ __device__ __forceinline__ void fused_csr(const u32* __restrict__ unit_rows,
             }
         }
         float m = SPATTN_NEG_INF, l = 0.0f;
-        csr_edges_online<T, VEC, NV, false, TILE>(col_indices, s0, s1, k, v, hd, head_off, on,
-                                                  feat, qv, sub_mask, gs, m, l, acc);
+        if constexpr (EXTRAS) {
+            const EdgeExtras<T> xt = {xa->bias,         xa->feats, xa->bias_heads, h, heads,
+                                      xa->unit_shift != nullptr ? xa->unit_shift[u] : 0u, xa->drop};
+            csr_edges_online<T, VEC, NV, false, TILE>(col_indices, s0, s1, k, v, hd, head_off, on,
+                                                      feat, qv, sub_mask, gs, m, l, acc, xt);
+        } else {
+            csr_edges_online<T, VEC, NV, false, TILE>(col_indices, s0, s1, k, v, hd, head_off, on,
+                                                      feat, qv, sub_mask, gs, m, l, acc);
+        }
         for (u32 o = gs; SPLIT && o < g; o <<= 1) {
             const float m2 = __shfl_xor_sync(mask, m, o), l2 = __shfl_xor_sync(mask, l, o);
             float c1, c2;
@@ -151,9 +175,21 @@ __device__ __forceinline__ void fused_csr_merge(const u32* __restrict__ split_ro
                                     const T* q, const T* k, const T* v, u32 heads,              \
                                     u32 head_dim, float scale, u32 g, u32 es, T* out,           \
                                     float* part_ml, float* part_acc) {                          \
-        fused_csr<T, VEC, NV, TILE, SPLIT>(unit_rows, unit_starts, unit_parts, n_units,         \
-                                           col_indices, q, k, v, heads, head_dim, scale, g, es, \
-                                           out, part_ml, part_acc);                             \
+        fused_csr<T, VEC, NV, TILE, SPLIT, false>(unit_rows, unit_starts, unit_parts, n_units,  \
+                                                  col_indices, q, k, v, heads, head_dim, scale, \
+                                                  g, es, out, part_ml, part_acc, nullptr);      \
+    }                                                                                           \
+    extern "C" __global__ void NAME##_x(                                                        \
+        const u32* unit_rows, const u32* unit_starts, const u32* unit_parts, u32 n_units,       \
+        const u32* col_indices, const T* q, const T* k, const T* v, u32 heads, u32 head_dim,    \
+        float scale, u32 g, u32 es, T* out, float* part_ml, float* part_acc, const T* bias,     \
+        u32 bias_heads, const T* feats, const u32* unit_shift, u32 key0, u32 key1, u32 off0,    \
+        u32 off1, u32 threshold, float drop_scale) {                                            \
+        const ExtrasArgs<T> xa = {bias,       bias_heads, feats, unit_shift,                    \
+                                  {key0, key1, off0, off1, threshold, drop_scale}};             \
+        fused_csr<T, VEC, NV, TILE, SPLIT, true>(unit_rows, unit_starts, unit_parts, n_units,   \
+                                                 col_indices, q, k, v, heads, head_dim, scale,  \
+                                                 g, es, out, part_ml, part_acc, &xa);           \
     }
 #define SPATTN_FUSED(SUFFIX, T, VEC, NV)                                                        \
     SPATTN_FUSED_T(fused_csr_##SUFFIX##_v##VEC##_n##NV, T, VEC, NV, 4, false)

@@ -391,52 +391,90 @@ pub const FUSED_BSB_BF16_D64_PIPE: &str = "fused_bsb_bf16_d64_pipe";
 /// Kernel `fused_bsb_bf16_d128_pipe` of [`FUSED_BSB`].
 pub const FUSED_BSB_BF16_D128_PIPE: &str = "fused_bsb_bf16_d128_pipe";
 
-/// The PTX module compiled from `cuda/fused_csr.cu` (41 kernels).
+/// The PTX module compiled from `cuda/fused_csr.cu` (79 kernels).
 pub const FUSED_CSR: PtxModule = PtxModule {
     name: "fused_csr",
     ptx: include_str!("../ptx/fused_csr.ptx"),
     kernels: &[
         FUSED_CSR_MERGE_F32,
         FUSED_CSR_F32_V1_N1,
+        FUSED_CSR_F32_V1_N1_X,
         FUSED_CSR_F32_V1_N2,
+        FUSED_CSR_F32_V1_N2_X,
         FUSED_CSR_F32_V1_N4,
+        FUSED_CSR_F32_V1_N4_X,
         FUSED_CSR_F32_V2_N1,
+        FUSED_CSR_F32_V2_N1_X,
         FUSED_CSR_F32_V2_N2,
+        FUSED_CSR_F32_V2_N2_X,
         FUSED_CSR_F32_V2_N4,
+        FUSED_CSR_F32_V2_N4_X,
         FUSED_CSR_F32_V4_N1_T2,
+        FUSED_CSR_F32_V4_N1_T2_X,
         FUSED_CSR_F32_V4_N1,
+        FUSED_CSR_F32_V4_N1_X,
         FUSED_CSR_F32_V4_N2,
+        FUSED_CSR_F32_V4_N2_X,
         FUSED_CSR_F32_V4_N4,
+        FUSED_CSR_F32_V4_N4_X,
         FUSED_CSR_MERGE_F16,
         FUSED_CSR_F16_V1_N1,
+        FUSED_CSR_F16_V1_N1_X,
         FUSED_CSR_F16_V1_N2,
+        FUSED_CSR_F16_V1_N2_X,
         FUSED_CSR_F16_V1_N4,
+        FUSED_CSR_F16_V1_N4_X,
         FUSED_CSR_F16_V2_N1,
+        FUSED_CSR_F16_V2_N1_X,
         FUSED_CSR_F16_V2_N2,
+        FUSED_CSR_F16_V2_N2_X,
         FUSED_CSR_F16_V2_N4,
+        FUSED_CSR_F16_V2_N4_X,
         FUSED_CSR_F16_V4_N1_T2,
+        FUSED_CSR_F16_V4_N1_T2_X,
         FUSED_CSR_F16_V4_N1,
+        FUSED_CSR_F16_V4_N1_X,
         FUSED_CSR_F16_V4_N2,
+        FUSED_CSR_F16_V4_N2_X,
         FUSED_CSR_F16_V4_N4,
+        FUSED_CSR_F16_V4_N4_X,
         FUSED_CSR_MERGE_BF16,
         FUSED_CSR_BF16_V1_N1,
+        FUSED_CSR_BF16_V1_N1_X,
         FUSED_CSR_BF16_V1_N2,
+        FUSED_CSR_BF16_V1_N2_X,
         FUSED_CSR_BF16_V1_N4,
+        FUSED_CSR_BF16_V1_N4_X,
         FUSED_CSR_BF16_V2_N1,
+        FUSED_CSR_BF16_V2_N1_X,
         FUSED_CSR_BF16_V2_N2,
+        FUSED_CSR_BF16_V2_N2_X,
         FUSED_CSR_BF16_V2_N4,
+        FUSED_CSR_BF16_V2_N4_X,
         FUSED_CSR_BF16_V4_N1_T2,
+        FUSED_CSR_BF16_V4_N1_T2_X,
         FUSED_CSR_BF16_V4_N1,
+        FUSED_CSR_BF16_V4_N1_X,
         FUSED_CSR_BF16_V4_N2,
+        FUSED_CSR_BF16_V4_N2_X,
         FUSED_CSR_BF16_V4_N4,
+        FUSED_CSR_BF16_V4_N4_X,
         FUSED_CSR_F16_V8_N1_T2,
+        FUSED_CSR_F16_V8_N1_T2_X,
         FUSED_CSR_F16_V8_N1,
+        FUSED_CSR_F16_V8_N1_X,
         FUSED_CSR_F16_V8_N2,
+        FUSED_CSR_F16_V8_N2_X,
         FUSED_CSR_F16_V8_N4,
+        FUSED_CSR_F16_V8_N4_X,
         FUSED_CSR_BF16_V8_N1_T2,
+        FUSED_CSR_BF16_V8_N1_T2_X,
         FUSED_CSR_BF16_V8_N1,
+        FUSED_CSR_BF16_V8_N1_X,
         FUSED_CSR_BF16_V8_N2,
+        FUSED_CSR_BF16_V8_N2_X,
         FUSED_CSR_BF16_V8_N4,
+        FUSED_CSR_BF16_V8_N4_X,
     ],
 };
 
@@ -446,32 +484,62 @@ pub const FUSED_CSR_MERGE_F32: &str = "fused_csr_merge_f32";
 /// Kernel `fused_csr_f32_v1_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V1_N1: &str = "fused_csr_f32_v1_n1";
 
+/// Kernel `fused_csr_f32_v1_n1_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_F32_V1_N1_X: &str = "fused_csr_f32_v1_n1_x";
+
 /// Kernel `fused_csr_f32_v1_n2` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V1_N2: &str = "fused_csr_f32_v1_n2";
+
+/// Kernel `fused_csr_f32_v1_n2_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_F32_V1_N2_X: &str = "fused_csr_f32_v1_n2_x";
 
 /// Kernel `fused_csr_f32_v1_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V1_N4: &str = "fused_csr_f32_v1_n4";
 
+/// Kernel `fused_csr_f32_v1_n4_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_F32_V1_N4_X: &str = "fused_csr_f32_v1_n4_x";
+
 /// Kernel `fused_csr_f32_v2_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V2_N1: &str = "fused_csr_f32_v2_n1";
+
+/// Kernel `fused_csr_f32_v2_n1_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_F32_V2_N1_X: &str = "fused_csr_f32_v2_n1_x";
 
 /// Kernel `fused_csr_f32_v2_n2` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V2_N2: &str = "fused_csr_f32_v2_n2";
 
+/// Kernel `fused_csr_f32_v2_n2_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_F32_V2_N2_X: &str = "fused_csr_f32_v2_n2_x";
+
 /// Kernel `fused_csr_f32_v2_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V2_N4: &str = "fused_csr_f32_v2_n4";
+
+/// Kernel `fused_csr_f32_v2_n4_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_F32_V2_N4_X: &str = "fused_csr_f32_v2_n4_x";
 
 /// Kernel `fused_csr_f32_v4_n1_t2` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V4_N1_T2: &str = "fused_csr_f32_v4_n1_t2";
 
+/// Kernel `fused_csr_f32_v4_n1_t2_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_F32_V4_N1_T2_X: &str = "fused_csr_f32_v4_n1_t2_x";
+
 /// Kernel `fused_csr_f32_v4_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V4_N1: &str = "fused_csr_f32_v4_n1";
+
+/// Kernel `fused_csr_f32_v4_n1_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_F32_V4_N1_X: &str = "fused_csr_f32_v4_n1_x";
 
 /// Kernel `fused_csr_f32_v4_n2` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V4_N2: &str = "fused_csr_f32_v4_n2";
 
+/// Kernel `fused_csr_f32_v4_n2_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_F32_V4_N2_X: &str = "fused_csr_f32_v4_n2_x";
+
 /// Kernel `fused_csr_f32_v4_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V4_N4: &str = "fused_csr_f32_v4_n4";
+
+/// Kernel `fused_csr_f32_v4_n4_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_F32_V4_N4_X: &str = "fused_csr_f32_v4_n4_x";
 
 /// Kernel `fused_csr_merge_f16` of [`FUSED_CSR`].
 pub const FUSED_CSR_MERGE_F16: &str = "fused_csr_merge_f16";
@@ -479,32 +547,62 @@ pub const FUSED_CSR_MERGE_F16: &str = "fused_csr_merge_f16";
 /// Kernel `fused_csr_f16_v1_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V1_N1: &str = "fused_csr_f16_v1_n1";
 
+/// Kernel `fused_csr_f16_v1_n1_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V1_N1_X: &str = "fused_csr_f16_v1_n1_x";
+
 /// Kernel `fused_csr_f16_v1_n2` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V1_N2: &str = "fused_csr_f16_v1_n2";
+
+/// Kernel `fused_csr_f16_v1_n2_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V1_N2_X: &str = "fused_csr_f16_v1_n2_x";
 
 /// Kernel `fused_csr_f16_v1_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V1_N4: &str = "fused_csr_f16_v1_n4";
 
+/// Kernel `fused_csr_f16_v1_n4_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V1_N4_X: &str = "fused_csr_f16_v1_n4_x";
+
 /// Kernel `fused_csr_f16_v2_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V2_N1: &str = "fused_csr_f16_v2_n1";
+
+/// Kernel `fused_csr_f16_v2_n1_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V2_N1_X: &str = "fused_csr_f16_v2_n1_x";
 
 /// Kernel `fused_csr_f16_v2_n2` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V2_N2: &str = "fused_csr_f16_v2_n2";
 
+/// Kernel `fused_csr_f16_v2_n2_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V2_N2_X: &str = "fused_csr_f16_v2_n2_x";
+
 /// Kernel `fused_csr_f16_v2_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V2_N4: &str = "fused_csr_f16_v2_n4";
+
+/// Kernel `fused_csr_f16_v2_n4_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V2_N4_X: &str = "fused_csr_f16_v2_n4_x";
 
 /// Kernel `fused_csr_f16_v4_n1_t2` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V4_N1_T2: &str = "fused_csr_f16_v4_n1_t2";
 
+/// Kernel `fused_csr_f16_v4_n1_t2_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V4_N1_T2_X: &str = "fused_csr_f16_v4_n1_t2_x";
+
 /// Kernel `fused_csr_f16_v4_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V4_N1: &str = "fused_csr_f16_v4_n1";
+
+/// Kernel `fused_csr_f16_v4_n1_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V4_N1_X: &str = "fused_csr_f16_v4_n1_x";
 
 /// Kernel `fused_csr_f16_v4_n2` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V4_N2: &str = "fused_csr_f16_v4_n2";
 
+/// Kernel `fused_csr_f16_v4_n2_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V4_N2_X: &str = "fused_csr_f16_v4_n2_x";
+
 /// Kernel `fused_csr_f16_v4_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V4_N4: &str = "fused_csr_f16_v4_n4";
+
+/// Kernel `fused_csr_f16_v4_n4_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V4_N4_X: &str = "fused_csr_f16_v4_n4_x";
 
 /// Kernel `fused_csr_merge_bf16` of [`FUSED_CSR`].
 pub const FUSED_CSR_MERGE_BF16: &str = "fused_csr_merge_bf16";
@@ -512,56 +610,110 @@ pub const FUSED_CSR_MERGE_BF16: &str = "fused_csr_merge_bf16";
 /// Kernel `fused_csr_bf16_v1_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V1_N1: &str = "fused_csr_bf16_v1_n1";
 
+/// Kernel `fused_csr_bf16_v1_n1_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V1_N1_X: &str = "fused_csr_bf16_v1_n1_x";
+
 /// Kernel `fused_csr_bf16_v1_n2` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V1_N2: &str = "fused_csr_bf16_v1_n2";
+
+/// Kernel `fused_csr_bf16_v1_n2_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V1_N2_X: &str = "fused_csr_bf16_v1_n2_x";
 
 /// Kernel `fused_csr_bf16_v1_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V1_N4: &str = "fused_csr_bf16_v1_n4";
 
+/// Kernel `fused_csr_bf16_v1_n4_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V1_N4_X: &str = "fused_csr_bf16_v1_n4_x";
+
 /// Kernel `fused_csr_bf16_v2_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V2_N1: &str = "fused_csr_bf16_v2_n1";
+
+/// Kernel `fused_csr_bf16_v2_n1_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V2_N1_X: &str = "fused_csr_bf16_v2_n1_x";
 
 /// Kernel `fused_csr_bf16_v2_n2` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V2_N2: &str = "fused_csr_bf16_v2_n2";
 
+/// Kernel `fused_csr_bf16_v2_n2_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V2_N2_X: &str = "fused_csr_bf16_v2_n2_x";
+
 /// Kernel `fused_csr_bf16_v2_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V2_N4: &str = "fused_csr_bf16_v2_n4";
+
+/// Kernel `fused_csr_bf16_v2_n4_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V2_N4_X: &str = "fused_csr_bf16_v2_n4_x";
 
 /// Kernel `fused_csr_bf16_v4_n1_t2` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V4_N1_T2: &str = "fused_csr_bf16_v4_n1_t2";
 
+/// Kernel `fused_csr_bf16_v4_n1_t2_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V4_N1_T2_X: &str = "fused_csr_bf16_v4_n1_t2_x";
+
 /// Kernel `fused_csr_bf16_v4_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V4_N1: &str = "fused_csr_bf16_v4_n1";
+
+/// Kernel `fused_csr_bf16_v4_n1_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V4_N1_X: &str = "fused_csr_bf16_v4_n1_x";
 
 /// Kernel `fused_csr_bf16_v4_n2` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V4_N2: &str = "fused_csr_bf16_v4_n2";
 
+/// Kernel `fused_csr_bf16_v4_n2_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V4_N2_X: &str = "fused_csr_bf16_v4_n2_x";
+
 /// Kernel `fused_csr_bf16_v4_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V4_N4: &str = "fused_csr_bf16_v4_n4";
+
+/// Kernel `fused_csr_bf16_v4_n4_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V4_N4_X: &str = "fused_csr_bf16_v4_n4_x";
 
 /// Kernel `fused_csr_f16_v8_n1_t2` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V8_N1_T2: &str = "fused_csr_f16_v8_n1_t2";
 
+/// Kernel `fused_csr_f16_v8_n1_t2_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V8_N1_T2_X: &str = "fused_csr_f16_v8_n1_t2_x";
+
 /// Kernel `fused_csr_f16_v8_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V8_N1: &str = "fused_csr_f16_v8_n1";
+
+/// Kernel `fused_csr_f16_v8_n1_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V8_N1_X: &str = "fused_csr_f16_v8_n1_x";
 
 /// Kernel `fused_csr_f16_v8_n2` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V8_N2: &str = "fused_csr_f16_v8_n2";
 
+/// Kernel `fused_csr_f16_v8_n2_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V8_N2_X: &str = "fused_csr_f16_v8_n2_x";
+
 /// Kernel `fused_csr_f16_v8_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V8_N4: &str = "fused_csr_f16_v8_n4";
+
+/// Kernel `fused_csr_f16_v8_n4_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V8_N4_X: &str = "fused_csr_f16_v8_n4_x";
 
 /// Kernel `fused_csr_bf16_v8_n1_t2` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V8_N1_T2: &str = "fused_csr_bf16_v8_n1_t2";
 
+/// Kernel `fused_csr_bf16_v8_n1_t2_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V8_N1_T2_X: &str = "fused_csr_bf16_v8_n1_t2_x";
+
 /// Kernel `fused_csr_bf16_v8_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V8_N1: &str = "fused_csr_bf16_v8_n1";
+
+/// Kernel `fused_csr_bf16_v8_n1_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V8_N1_X: &str = "fused_csr_bf16_v8_n1_x";
 
 /// Kernel `fused_csr_bf16_v8_n2` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V8_N2: &str = "fused_csr_bf16_v8_n2";
 
+/// Kernel `fused_csr_bf16_v8_n2_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V8_N2_X: &str = "fused_csr_bf16_v8_n2_x";
+
 /// Kernel `fused_csr_bf16_v8_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V8_N4: &str = "fused_csr_bf16_v8_n4";
+
+/// Kernel `fused_csr_bf16_v8_n4_x` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V8_N4_X: &str = "fused_csr_bf16_v8_n4_x";
 
 /// The PTX module compiled from `cuda/hybrid.cu` (48 kernels).
 pub const HYBRID: PtxModule = PtxModule {

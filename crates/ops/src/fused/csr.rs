@@ -9,9 +9,19 @@
 //! mask with its rows renumbered (columns untouched) and name the caller's rows, so the rows in
 //! flight at one time are graph neighbours whose K/V gathers hit L2, and the kernel reads Q and
 //! writes the output in the caller's order. Invisible to the caller.
+//!
+//! [`FusedCsr::forward_with_extras`] also takes attention's extras ([`CsrExtras`]: a score bias,
+//! edge features on K and V, dropout; see `spattn::extras`) in the same kernel: each unit maps
+//! its edges to the caller's CSR order by one shift, since renumbering rows keeps a row's edges
+//! together.
 
 use crate::csr_ops::UNIT_CHUNK;
-use crate::launch::{blocks_for, kernel_named, launch, to_u32, LaunchConfig, PushKernelArg};
+use crate::dropout::Dropout;
+use crate::edge_extras::DeviceBias;
+use crate::launch::{
+    blocks_for, check_same_gpu, kernel_named, launch, to_u32, LaunchConfig, PushKernelArg,
+    PushOptionalArg,
+};
 use crate::schedule::{group_for, vector_width, RowUnits};
 use crate::{DType, DeviceMatrix, DeviceVec, Gpu};
 use spattn_formats::{Csr, Reorder, RowOrder};
@@ -229,6 +239,60 @@ fn order_info(order: &RowOrder) -> String {
     )
 }
 
+/// Attention's extras as [`FusedCsr::forward_with_extras`] takes them, in the caller's CSR
+/// order (all optional; see `spattn::extras`).
+#[derive(Clone, Copy, Debug)]
+pub struct CsrExtras<'a, T: DType> {
+    /// Added to each edge's score.
+    pub bias: Option<DeviceBias<'a, T>>,
+    /// `nnz × heads × head_dim`, added to each edge's key and value.
+    pub edge_features: Option<&'a DeviceMatrix<T>>,
+    /// Dropout on the probabilities (the weights of V).
+    pub dropout: Option<Dropout>,
+}
+
+impl<T: DType> Default for CsrExtras<'_, T> {
+    fn default() -> Self {
+        Self {
+            bias: None,
+            edge_features: None,
+            dropout: None,
+        }
+    }
+}
+
+/// The scalar arguments of the `_x` kernels.
+struct KernelExtras {
+    bias_heads: u32,
+    key: [u32; 2],
+    offset: [u32; 2],
+    threshold: u32,
+    scale: f32,
+}
+
+impl KernelExtras {
+    fn new<T: DType>(e: &CsrExtras<'_, T>, heads: u32) -> Self {
+        let shared = e.bias.as_ref().is_some_and(DeviceBias::is_shared);
+        let (key, offset, threshold, scale) = match &e.dropout {
+            // Threshold 0 keeps every edge: the kernel skips the generator.
+            Some(d) => (
+                d.key(),
+                [d.offset() as u32, (d.offset() >> 32) as u32],
+                d.threshold(),
+                d.scale(),
+            ),
+            None => ([0; 2], [0; 2], 0, 1.0),
+        };
+        Self {
+            bias_heads: if shared { 1 } else { heads },
+            key,
+            offset,
+            threshold,
+            scale,
+        }
+    }
+}
+
 /// The work units of the fused kernel on device, in the plan's row order: the column indices of
 /// the row-renumbered mask, and [`RowUnits`] over it whose rows (and split rows) name the
 /// caller's rows, so that the kernel reads Q and writes the output in the caller's order with
@@ -242,24 +306,37 @@ struct Units {
     split_rows: DeviceVec<u32>,
     part_first: DeviceVec<u32>,
     n_parts: usize,
+    /// Per unit, caller edge − mask edge (mod 2³²): the extras' per-edge data is in the
+    /// caller's order. None where the rows are in the caller's order (a shift of 0).
+    shift: Option<DeviceVec<u32>>,
 }
 
 impl Units {
     /// Cuts the rows of `graph`, taken in `order`, into units of at most [`UNIT_CHUNK`] edges.
     fn upload(gpu: &Gpu, graph: &Csr, order: &RowOrder) -> Result<Self> {
-        let (mask, units) = match &order.permutation {
+        let (mask, units, shift) = match &order.permutation {
             Some(p) => {
                 let mask = p.permute_csr_rows(graph)?;
                 let mut units = RowUnits::new(&mask, UNIT_CHUNK);
                 // Mask row r is the caller's row old_of_new[r] (a permutation of the rows, so
-                // every index is in range).
+                // every index is in range); its edges start at mask offset r and at the caller's
+                // offset of that row, so one shift maps each of a unit's edges.
                 let old = p.old_of_new();
+                let (mask_offsets, offsets) = (mask.row_offsets(), graph.row_offsets());
+                let shift: Vec<u32> = units
+                    .rows
+                    .iter()
+                    .map(|&r| {
+                        let r = r as usize;
+                        offsets[old[r] as usize].wrapping_sub(mask_offsets[r])
+                    })
+                    .collect();
                 for r in units.rows.iter_mut().chain(units.split_rows.iter_mut()) {
                     *r = old[*r as usize];
                 }
-                (Some(mask), units)
+                (Some(mask), units, Some(shift))
             }
-            None => (None, RowUnits::new(graph, UNIT_CHUNK)),
+            None => (None, RowUnits::new(graph, UNIT_CHUNK), None),
         };
         let cols = mask.as_ref().unwrap_or(graph).col_indices();
         let n_parts = units.part_first.last().copied().unwrap_or(0) as usize;
@@ -271,6 +348,7 @@ impl Units {
             split_rows: DeviceVec::from_host(gpu, &units.split_rows)?,
             part_first: DeviceVec::from_host(gpu, &units.part_first)?,
             n_parts,
+            shift: shift.map(|s| DeviceVec::from_host(gpu, &s)).transpose()?,
         })
     }
 }
@@ -332,6 +410,56 @@ impl FusedCsr {
         scale: f32,
         out: &mut DeviceMatrix<T>,
     ) -> Result<()> {
+        self.run(gpu, q, k, v, scale, None, out)
+    }
+
+    /// [`forward`](Self::forward) with attention's extras, in the same kernel: per row `i`,
+    /// edge `e = (i, j)` of the caller's CSR, `s_e = scale·⟨q_i, k_j + f_e⟩ + b_e`,
+    /// `out_i = Σ softmax(s)_e · m_e/(1 − rate) · (v_j + f_e)` (see `spattn::extras`). Q, K, V
+    /// shapes are checked by the plan; the extras' lengths here.
+    ///
+    /// # Errors
+    /// A bias that is not `nnz × heads` (or `nnz`, shared), edge features that are not
+    /// `nnz × heads × head_dim`, buffers of another GPU; launch errors.
+    pub fn forward_with_extras<T: DType>(
+        &mut self,
+        gpu: &Gpu,
+        (q, k, v): (&DeviceMatrix<T>, &DeviceMatrix<T>, &DeviceMatrix<T>),
+        scale: f32,
+        extras: &CsrExtras<'_, T>,
+        out: &mut DeviceMatrix<T>,
+    ) -> Result<()> {
+        let shape = q.shape();
+        let nnz = self.units.col_indices.len();
+        if let Some(b) = &extras.bias {
+            b.check_len(nnz, shape.heads)?;
+            check_same_gpu(gpu, "bias", b.values())?;
+        }
+        if let Some(f) = extras.edge_features {
+            let expected = crate::Shape::new(nnz, shape.heads, shape.head_dim)?;
+            if f.shape() != expected {
+                return Err(Error::ShapeMismatch {
+                    what: "edge features (nnz × heads × head_dim)",
+                    expected,
+                    actual: f.shape(),
+                });
+            }
+            check_same_gpu(gpu, "edge features", f)?;
+        }
+        self.run(gpu, q, k, v, scale, Some(extras), out)
+    }
+
+    #[allow(clippy::too_many_arguments)] // the operands of one launch
+    fn run<T: DType>(
+        &mut self,
+        gpu: &Gpu,
+        q: &DeviceMatrix<T>,
+        k: &DeviceMatrix<T>,
+        v: &DeviceMatrix<T>,
+        scale: f32,
+        extras: Option<&CsrExtras<'_, T>>,
+        out: &mut DeviceMatrix<T>,
+    ) -> Result<()> {
         let shape = q.shape();
         let u = &self.units;
         let Layout {
@@ -342,9 +470,10 @@ impl FusedCsr {
             short_tiles,
         } = self.layout;
         let suffix = if short_tiles { "_t2" } else { "" };
+        let x = if extras.is_some() { "_x" } else { "" };
         let name = kernel_named(
             &FUSED_CSR,
-            format!("fused_csr_{}_v{vec}_n{nv}{suffix}", T::NAME),
+            format!("fused_csr_{}_v{vec}_n{nv}{suffix}{x}", T::NAME),
         )?;
         let f = gpu.load_function(FUSED_CSR.name, FUSED_CSR.ptx, name)?;
         let n_units = to_u32("units", u.rows.len())?;
@@ -373,12 +502,29 @@ impl FusedCsr {
             .arg(out.slice_mut())
             .arg(self.part_ml.slice_mut())
             .arg(self.part_acc.slice_mut());
+        // The extras' arguments (null pointers: absent), alive until the launch below.
+        let ex = extras.map(|e| KernelExtras::new(e, heads));
+        if let (Some(ex), Some(e)) = (&ex, extras) {
+            args.arg_or_null(e.bias.as_ref().map(DeviceBias::values))
+                .arg(&ex.bias_heads)
+                .arg_or_null(e.edge_features.map(DeviceMatrix::as_vec))
+                .arg_or_null(u.shift.as_ref())
+                .arg(&ex.key[0])
+                .arg(&ex.key[1])
+                .arg(&ex.offset[0])
+                .arg(&ex.offset[1])
+                .arg(&ex.threshold)
+                .arg(&ex.scale);
+        }
         // SAFETY: unit arrays hold n_units (+1) entries and their edge ranges lie in [0, nnz)
         // of col_indices (RowUnits of the row-renumbered mask, nnz entries); unit rows are
         // caller rows < n_rows (mapped through a permutation of the rows), K/V rows are column
         // indices < n_cols, each heads*head_dim long (shapes checked by the plan); lanes touch
         // features < head_dim only (vec divides head_dim); partial slots < n_parts, and
-        // part_ml / part_acc hold n_parts*heads*2 / n_parts*heads*head_dim f32.
+        // part_ml / part_acc hold n_parts*heads*2 / n_parts*heads*head_dim f32. Extras: a
+        // unit's edges shifted by unit_shift[u] (n_units entries) are the same row's edges in
+        // the caller's CSR, so < nnz; the bias holds nnz*bias_heads and the features
+        // nnz*heads*head_dim (checked by forward_with_extras).
         unsafe { launch(name, &mut args, cfg) }?;
 
         let n_split = u.split_rows.len();

@@ -15,6 +15,6 @@ pub mod csr;
 pub mod hybrid;
 pub mod tc;
 
-pub use csr::FusedCsr;
+pub use csr::{CsrExtras, FusedCsr};
 pub use hybrid::{Hybrid, HybridInfo, HybridParams};
 pub use tc::FusedTensorCore;
