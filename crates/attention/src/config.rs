@@ -66,11 +66,11 @@ impl Algorithm {
     /// Whether the algorithm runs with extras (a score bias, edge features, dropout, the
     /// attention weights out) in this build.
     pub const fn takes_extras(self) -> bool {
-        matches!(self, Algorithm::UnfusedCsr)
+        matches!(self, Algorithm::UnfusedCsr | Algorithm::FusedCsr)
     }
 
     /// The algorithms that take extras, for messages.
-    pub const EXTRAS: &'static str = "unfused-csr";
+    pub const EXTRAS: &'static str = "unfused-csr and fused-csr";
 }
 
 spattn_formats::named_choice!(Algorithm, Error, "algorithm", |why| Error::InvalidConfig {

@@ -42,6 +42,7 @@ use spattn_ops::backward as ops_backward;
 use spattn_ops::cpu::{self, AttentionInputs, EdgeBias, Extras as CpuExtras};
 use spattn_ops::dropout::Dropout;
 use spattn_ops::edge_extras::{self, DeviceBias};
+use spattn_ops::fused::CsrExtras;
 use spattn_ops::{csr_ops, elementwise, DType, DeviceGraph, DeviceMatrix, DeviceVec, Gpu, Shape};
 
 use crate::config::Algorithm;
@@ -203,6 +204,8 @@ impl AttentionPlan {
 
     /// Attention with `extras` into `out`, and the attention weights (`nnz × heads` f32 in the
     /// graph's CSR order, after dropout) into `weights` where given. See the `extras` module.
+    /// A fused-csr plan runs it in one fused kernel where the weights are not asked for; with
+    /// them, and on unfused-csr, it composes SDDMM, the per-edge extras, softmax and SpMM.
     ///
     /// Errors: [`Error::Unsupported`] for an algorithm that does not take extras (naming those
     /// that do), [`Error::WrongPlanKind`] on a CPU plan, [`Error::DTypeMismatch`],
@@ -227,6 +230,17 @@ impl AttentionPlan {
                     expected: edges,
                     actual: w.len(),
                 }));
+            }
+        }
+        // Fused-csr runs the extras in its kernel unless the weights must come out.
+        if weights.is_none() {
+            let fused = CsrExtras {
+                bias: extras.bias,
+                edge_features: extras.edge_features,
+                dropout: extras.dropout,
+            };
+            if let Some(done) = self.fused_csr_with_extras((q, k, v), &fused, out) {
+                return done;
             }
         }
         let mut guard = state.lock().unwrap_or_else(PoisonError::into_inner);

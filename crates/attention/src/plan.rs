@@ -385,6 +385,29 @@ impl AttentionPlan {
         }
     }
 
+    /// Runs the fused CSR kernel with `extras` where this plan's algorithm is fused-csr;
+    /// `None` for any other (the caller composes the unfused ops instead). Operands are
+    /// checked by the caller.
+    pub(crate) fn fused_csr_with_extras<T: DType>(
+        &self,
+        (q, k, v): (&DeviceMatrix<T>, &DeviceMatrix<T>, &DeviceMatrix<T>),
+        extras: &fused::CsrExtras<'_, T>,
+        out: &mut DeviceMatrix<T>,
+    ) -> Option<Result<()>> {
+        let Runner::Gpu(g) = &self.runner else {
+            return None;
+        };
+        let mut state = g.lock_state();
+        let GpuState::FusedCsr(f) = &mut *state else {
+            return None;
+        };
+        let scale = self.config.scale();
+        Some(
+            f.forward_with_extras(&g.gpu, (q, k, v), scale, extras, out)
+                .map_err(Error::from),
+        )
+    }
+
     /// A CPU plan's graph; `None` for a GPU plan.
     pub(crate) fn cpu_graph(&self) -> Option<&Csr> {
         match &self.runner {

@@ -1,6 +1,7 @@
 //! Plans with extras (a score bias, edge features, dropout, the weights out): the algorithm
 //! choice, errors, the CPU plan against the f64 reference, and (on a GPU) the unfused-csr path's
-//! forward and backward against the f64 reference, with the dropout mask the CPU draws.
+//! and fused-csr's forward and backward against the f64 reference, with the dropout mask the
+//! CPU draws.
 
 use half::{bf16, f16};
 use rand::Rng;
@@ -11,7 +12,7 @@ use spattn::ops::cpu::{
 };
 use spattn::{
     Algorithm, AttentionConfig, AttentionPlan, Csr, DType, DTypeKind, DeviceBias, DeviceMatrix,
-    DeviceVec, Dropout, Error, Extras, ExtrasGrads, HostExtras, Shape,
+    DeviceVec, Dropout, Error, Extras, ExtrasGrads, HostExtras, Reorder, Shape,
 };
 use spattn_test_support::*;
 
@@ -104,9 +105,18 @@ fn the_cpu_plan_matches_the_f64_reference_and_checks_its_operands() {
     assert!(e.to_string().contains("NaN at element 2"), "{e}");
 }
 
-/// Runs unfused-csr with every extra on `a` in `T` and checks the output, the weights, and
-/// every gradient against the f64 reference (the dropout mask is the CPU's by construction).
-fn check_gpu_extras<T: DType>(a: &Csr, heads: usize, d: usize, shared: bool, rate: f32) {
+/// Runs `alg` (Auto: the plan's choice, unfused-csr) with every extra on `a` in `T` and checks
+/// the output with the weights out (the unfused composition) and without (fused-csr's kernel),
+/// the weights, and every gradient against the f64 reference (the dropout mask is the CPU's by
+/// construction).
+fn check_gpu_extras<T: DType>(
+    a: &Csr,
+    (alg, reorder): (Algorithm, Reorder),
+    heads: usize,
+    d: usize,
+    shared: bool,
+    rate: f32,
+) {
     let gpu = gpu();
     let mut rng = fresh_rng("gpu extras");
     let s = Shape::new(a.n_rows(), heads, d).unwrap();
@@ -120,9 +130,17 @@ fn check_gpu_extras<T: DType>(a: &Csr, heads: usize, d: usize, shared: bool, rat
     let bias = draw(&mut rng, a.nnz() * if shared { 1 } else { heads });
     let feats = draw(&mut rng, a.nnz() * heads * d);
     let dropout = (rate > 0.0).then(|| Dropout::new(rate, 2024, 9).unwrap());
-    let config = AttentionConfig::new(heads, d, T::KIND).with_edge_extras(true);
+    let config = AttentionConfig::new(heads, d, T::KIND)
+        .with_edge_extras(true)
+        .with_algorithm(alg)
+        .with_reorder(reorder);
     let plan = AttentionPlan::new_gpu(&gpu, a, config).unwrap();
-    assert_eq!(plan.algorithm(), Algorithm::UnfusedCsr);
+    let expected = if alg == Algorithm::Auto {
+        Algorithm::UnfusedCsr
+    } else {
+        alg
+    };
+    assert_eq!(plan.algorithm(), expected);
     let up = |x: &[T], s: Shape| DeviceMatrix::from_host(&gpu, s, x).unwrap();
     let sf = Shape::new(a.nnz(), heads, d).unwrap();
     let (dq, dk, dv, dg, df) = (up(&q, s), up(&k, s), up(&v, s), up(&g, s), up(&feats, sf));
@@ -155,10 +173,19 @@ fn check_gpu_extras<T: DType>(a: &Csr, heads: usize, d: usize, shared: bool, rat
     };
     let scale = f64::from(plan.config().scale());
     let (want, want_w) = attention_extras_f64_from(a, &inputs, scale, &cpu_extras).unwrap();
-    let what = format!("{} H{heads} D{d} shared {shared} rate {rate}", T::NAME);
+    let what = format!(
+        "{alg}/{reorder} {} H{heads} D{d} shared {shared} rate {rate}",
+        T::NAME
+    );
     let tol = tolerance::<T>();
     let err = cpu::rel_l2_error(&to_f64(&out.to_host().unwrap()), &want);
     assert!(err <= tol, "{what}: out error {err:e}");
+    // Without the weights out: fused-csr's kernel (the same composition for unfused-csr).
+    out.fill_nan().unwrap();
+    plan.forward_with(&dq, &dk, &dv, &extras, &mut out, None)
+        .unwrap();
+    let err = cpu::rel_l2_error(&to_f64(&out.to_host().unwrap()), &want);
+    assert!(err <= tol, "{what}: out error without weights {err:e}");
     let w_host = w.to_host().unwrap();
     let err = cpu::rel_l2_error(&w_host, &want_w);
     assert!(err <= tol, "{what}: weights error {err:e}");
@@ -238,14 +265,128 @@ fn gpu_unfused_csr_with_every_extra_matches_the_f64_reference() {
         rmat_graph(10),
     ];
     for a in &graphs {
+        let auto = (Algorithm::Auto, Reorder::Auto);
         for (heads, d, shared, rate) in
             [(1, 1, false, 0.0), (3, 24, true, 0.1), (8, 64, false, 0.5)]
         {
-            check_gpu_extras::<f32>(a, heads, d, shared, rate);
-            check_gpu_extras::<f16>(a, heads, d, shared, rate);
-            check_gpu_extras::<bf16>(a, heads, d, shared, rate);
+            check_gpu_extras::<f32>(a, auto, heads, d, shared, rate);
+            check_gpu_extras::<f16>(a, auto, heads, d, shared, rate);
+            check_gpu_extras::<bf16>(a, auto, heads, d, shared, rate);
         }
-        check_gpu_extras::<f16>(a, 1, 128, false, 0.6);
+        check_gpu_extras::<f16>(a, auto, 1, 128, false, 0.6);
+    }
+}
+
+/// fused-csr with every extra, with the rows in the graph's order and renumbered (the kernel
+/// maps each unit's edges back to the caller's order), on hub rows split across units, in every
+/// dtype and in its plain, short-tile and split layouts (head_dim 1 to 128).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gpu_fused_csr_with_every_extra_matches_the_f64_reference() {
+    let mut rng = fresh_rng("gpu fused extras graphs");
+    let graphs = [
+        shared_graph("cora"),
+        random_graph(&mut rng, 300, 6, 7),
+        hub_graph(&mut rng, 20_000, 3),
+        rmat_graph(10),
+    ];
+    for a in &graphs {
+        for reorder in [Reorder::None, Reorder::Degree] {
+            let fused = (Algorithm::FusedCsr, reorder);
+            for (heads, d, shared, rate) in [
+                (1, 1, false, 0.0),
+                (3, 24, true, 0.1),
+                (8, 64, false, 0.5),
+                (2, 128, true, 0.3),
+            ] {
+                check_gpu_extras::<f32>(a, fused, heads, d, shared, rate);
+                check_gpu_extras::<f16>(a, fused, heads, d, shared, rate);
+                check_gpu_extras::<bf16>(a, fused, heads, d, shared, rate);
+            }
+        }
+    }
+}
+
+/// fused-csr's kernel with each extra alone (the absent ones are null pointers and a zero
+/// dropout threshold in the kernel) and with a bias of −∞ masking edges, and every edge of some
+/// rows (which then output zeros, as the CPU reference does).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gpu_fused_csr_takes_each_extra_alone_and_masked_rows() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("gpu fused extras alone");
+    let a = hub_graph(&mut rng, 5_000, 3);
+    let (heads, d) = (2, 32);
+    let s = Shape::new(a.n_rows(), heads, d).unwrap();
+    let sf = Shape::new(a.nnz(), heads, d).unwrap();
+    let draw = |rng: &mut Pcg64, n: usize| -> Vec<f16> { random_vec::<f16>(rng, n, 1.0) };
+    let (q, k, v) = (
+        draw(&mut rng, s.len()),
+        draw(&mut rng, s.len()),
+        draw(&mut rng, s.len()),
+    );
+    let mut bias = draw(&mut rng, a.nnz() * heads);
+    let offsets = a.row_offsets();
+    for (row, w) in offsets.windows(2).enumerate() {
+        for e in w[0] as usize..w[1] as usize {
+            // Every edge of every 7th row, and one edge in 5 elsewhere.
+            if row % 7 == 0 || e % 5 == 0 {
+                bias[e * heads] = f16::NEG_INFINITY;
+            }
+        }
+    }
+    let feats = draw(&mut rng, sf.len());
+    let up = |x: &[f16], s: Shape| DeviceMatrix::from_host(&gpu, s, x).unwrap();
+    let (dq, dk, dv, df) = (up(&q, s), up(&k, s), up(&v, s), up(&feats, sf));
+    let db = DeviceVec::from_host(&gpu, &bias).unwrap();
+    let (q64, k64, v64) = (to_f64(&q), to_f64(&k), to_f64(&v));
+    let (bias64, feats64) = (to_f64(&bias), to_f64(&feats));
+    let inputs = AttentionInputs::new(&q64, s, &k64, s, &v64, s);
+    let dropout = Dropout::new(0.25, 77, 1 << 33).unwrap();
+    for reorder in [Reorder::None, Reorder::Degree] {
+        let config = AttentionConfig::new(heads, d, DTypeKind::F16)
+            .with_edge_extras(true)
+            .with_algorithm(Algorithm::FusedCsr)
+            .with_reorder(reorder);
+        let plan = AttentionPlan::new_gpu(&gpu, &a, config).unwrap();
+        let scale = f64::from(plan.config().scale());
+        for (name, use_bias, use_feats, use_dropout) in [
+            ("masking bias", true, false, false),
+            ("edge features", false, true, false),
+            ("dropout", false, false, true),
+        ] {
+            let extras = Extras {
+                bias: use_bias.then_some(DeviceBias::PerHead(&db)),
+                edge_features: use_feats.then_some(&df),
+                dropout: use_dropout.then_some(dropout),
+            };
+            let cpu_extras = CpuExtras {
+                bias: use_bias.then_some(EdgeBias::PerHead(&bias64[..])),
+                edge_features: use_feats.then_some(&feats64[..]),
+                dropout: use_dropout.then_some(dropout),
+            };
+            let mut out = DeviceMatrix::<f16>::zeros(&gpu, s).unwrap();
+            out.fill_nan().unwrap();
+            plan.forward_with(&dq, &dk, &dv, &extras, &mut out, None)
+                .unwrap();
+            let got = to_f64(&out.to_host().unwrap());
+            let (want, _) = attention_extras_f64_from(&a, &inputs, scale, &cpu_extras).unwrap();
+            let err = cpu::rel_l2_error(&got, &want);
+            assert!(
+                err <= tolerance::<f16>(),
+                "{reorder} {name}: out error {err:e}"
+            );
+            if use_bias {
+                // Head 0 of every 7th row is fully masked: zeros, not NaN.
+                for row in (0..a.n_rows()).step_by(7) {
+                    let at = row * heads * d;
+                    assert!(
+                        got[at..at + d].iter().all(|&x| x == 0.0),
+                        "{reorder}: masked row {row} is not zero"
+                    );
+                }
+            }
+        }
     }
 }
 
