@@ -308,34 +308,46 @@ fn gpu_fused_csr_with_every_extra_matches_the_f64_reference() {
 }
 
 /// fused-csr's kernel with each extra alone (the absent ones are null pointers and a zero
-/// dropout threshold in the kernel) and with a bias of −∞ masking edges, and every edge of some
-/// rows (which then output zeros, as the CPU reference does).
+/// dropout threshold in the kernel) and with a bias of −∞ masking edges: every edge of some rows
+/// (which then output zeros, as the CPU reference does), a whole 64-edge unit of the busiest
+/// row and, in head 1, that row entirely (the merges of split rows and of split groups then
+/// see partials with a −∞ max and a zero sum). head_dim 32 runs the plain layout, 64 the split
+/// one on cora.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn gpu_fused_csr_takes_each_extra_alone_and_masked_rows() {
-    let gpu = gpu();
     let mut rng = fresh_rng("gpu fused extras alone");
-    let a = hub_graph(&mut rng, 5_000, 3);
-    let (heads, d) = (2, 32);
+    let hub = hub_graph(&mut rng, 5_000, 3);
+    for (a, d) in [(&hub, 32), (&shared_graph("cora"), 64)] {
+        check_fused_masks(a, d, &mut rng);
+    }
+}
+
+fn check_fused_masks(a: &Csr, d: usize, rng: &mut Pcg64) {
+    let gpu = gpu();
+    let heads = 2;
     let s = Shape::new(a.n_rows(), heads, d).unwrap();
     let sf = Shape::new(a.nnz(), heads, d).unwrap();
     let draw = |rng: &mut Pcg64, n: usize| -> Vec<f16> { random_vec::<f16>(rng, n, 1.0) };
-    let (q, k, v) = (
-        draw(&mut rng, s.len()),
-        draw(&mut rng, s.len()),
-        draw(&mut rng, s.len()),
-    );
-    let mut bias = draw(&mut rng, a.nnz() * heads);
+    let (q, k, v) = (draw(rng, s.len()), draw(rng, s.len()), draw(rng, s.len()));
+    let mut bias = draw(rng, a.nnz() * heads);
     let offsets = a.row_offsets();
+    let busiest = (0..a.n_rows())
+        .max_by_key(|&r| offsets[r + 1] - offsets[r])
+        .unwrap();
     for (row, w) in offsets.windows(2).enumerate() {
-        for e in w[0] as usize..w[1] as usize {
-            // Every edge of every 7th row, and one edge in 5 elsewhere.
-            if row % 7 == 0 || e % 5 == 0 {
+        for (i, e) in (w[0] as usize..w[1] as usize).enumerate() {
+            // Head 0: every edge of every 7th row, one edge in 5 elsewhere, and edges 64..128
+            // (one whole unit) of the busiest row. Head 1: every edge of the busiest row.
+            if row % 7 == 0 || e % 5 == 0 || (row == busiest && (64..128).contains(&i)) {
                 bias[e * heads] = f16::NEG_INFINITY;
+            }
+            if row == busiest {
+                bias[e * heads + 1] = f16::NEG_INFINITY;
             }
         }
     }
-    let feats = draw(&mut rng, sf.len());
+    let feats = draw(rng, sf.len());
     let up = |x: &[f16], s: Shape| DeviceMatrix::from_host(&gpu, s, x).unwrap();
     let (dq, dk, dv, df) = (up(&q, s), up(&k, s), up(&v, s), up(&feats, sf));
     let db = DeviceVec::from_host(&gpu, &bias).unwrap();
@@ -348,7 +360,7 @@ fn gpu_fused_csr_takes_each_extra_alone_and_masked_rows() {
             .with_edge_extras(true)
             .with_algorithm(Algorithm::FusedCsr)
             .with_reorder(reorder);
-        let plan = AttentionPlan::new_gpu(&gpu, &a, config).unwrap();
+        let plan = AttentionPlan::new_gpu(&gpu, a, config).unwrap();
         let scale = f64::from(plan.config().scale());
         for (name, use_bias, use_feats, use_dropout) in [
             ("masking bias", true, false, false),
@@ -370,19 +382,23 @@ fn gpu_fused_csr_takes_each_extra_alone_and_masked_rows() {
             plan.forward_with(&dq, &dk, &dv, &extras, &mut out, None)
                 .unwrap();
             let got = to_f64(&out.to_host().unwrap());
-            let (want, _) = attention_extras_f64_from(&a, &inputs, scale, &cpu_extras).unwrap();
+            let (want, _) = attention_extras_f64_from(a, &inputs, scale, &cpu_extras).unwrap();
             let err = cpu::rel_l2_error(&got, &want);
             assert!(
                 err <= tolerance::<f16>(),
-                "{reorder} {name}: out error {err:e}"
+                "D{d} {reorder} {name}: out error {err:e}"
             );
             if use_bias {
-                // Head 0 of every 7th row is fully masked: zeros, not NaN.
-                for row in (0..a.n_rows()).step_by(7) {
-                    let at = row * heads * d;
+                // Fully masked (row, head)s: zeros, not NaN.
+                let masked = (0..a.n_rows())
+                    .step_by(7)
+                    .map(|r| (r, 0))
+                    .chain([(busiest, 1)]);
+                for (row, h) in masked {
+                    let at = (row * heads + h) * d;
                     assert!(
                         got[at..at + d].iter().all(|&x| x == 0.0),
-                        "{reorder}: masked row {row} is not zero"
+                        "D{d} {reorder}: masked row {row} head {h} is not zero"
                     );
                 }
             }
