@@ -5,7 +5,7 @@
 //! ```text
 //! run.sh          unpacks bin.tar.* and bench.tar.* into a temporary folder and runs every
 //!                 test executable with --include-ignored --test-threads=1, from any folder
-//!                 (`--quick`: the shared-graph loops on cora alone)
+//!                 (`--quick`: the shared-graph loops on cora alone, R-MAT 12 for 16)
 //! bin.tar.xz      test executables, stripped of debug info, named <package>-<target>
 //!                 (<package>-lib for unit tests)
 //! bench.tar.xz    bench/: criterion bench executables and the spattn-bench binaries
@@ -594,8 +594,8 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 # unpacked into a temporary folder for each run; every executable runs as
 # `EXE --include-ignored --test-threads=1 ARGS...` (ARGS: e.g. a test name filter) from this
 # folder, with SPATTN_DATA_DIR set to data/ and SPATTN_BENCH_BIN to the unpacked spattn-bench.
-# --quick sets SPATTN_QUICK=1: the tests that loop over the shared graphs, and the timing
-# tests, run on cora alone.
+# --quick sets SPATTN_QUICK=1: the tests that loop over the shared graphs run on cora alone,
+# the R-MAT 16 sweeps on R-MAT 12.
 # Prints PASS or FAIL and the seconds per executable, then `N passed, M failed`; exits non-zero
 # if any failed. Benches: `tar -xf bench.tar.*` here, then run bench/spattn-bench or
 # bench/<package>-<bench> --bench.

@@ -477,7 +477,8 @@ impl AttentionPlan {
 
     /// Times every candidate ([`spattn_ops::tune::median_ms`]: the median of three after a
     /// warm-up) and keeps the fastest. Candidates keep the dtype's precision: for f32 the
-    /// tensor-core algorithms (tf32) are left out.
+    /// tensor-core algorithms (tf32) are left out; for a plan made with edge extras, those
+    /// that do not take them.
     fn autotune(&mut self) -> Result<()> {
         let Runner::Gpu(g) = &self.runner else {
             return Ok(());
@@ -492,6 +493,8 @@ impl AttentionPlan {
         ]
         .into_iter()
         .filter(|&a| !(exact_f32 && uses_tensor_cores(a)))
+        // A plan made for extras keeps to the algorithms that take them.
+        .filter(|&a| !self.config.edge_extras || a.takes_extras())
         .filter(|&a| Self::supports(&g.gpu, a, &self.config))
         .collect();
         // The installed state is the fastest so far after every candidate, so the winner is

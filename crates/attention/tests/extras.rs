@@ -406,6 +406,26 @@ fn check_fused_masks(a: &Csr, d: usize, rng: &mut Pcg64) {
     }
 }
 
+/// An autotuned Auto plan made for extras times only the algorithms that take them.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gpu_autotuned_plans_for_extras_keep_to_the_algorithms_that_take_them() {
+    let gpu = gpu();
+    let a = shared_graph("cora");
+    for dtype in [DTypeKind::F16, DTypeKind::F32] {
+        let config = AttentionConfig::new(1, 64, dtype)
+            .with_edge_extras(true)
+            .with_autotune(true);
+        let plan = AttentionPlan::new_gpu(&gpu, &a, config).unwrap();
+        assert!(
+            plan.algorithm().takes_extras(),
+            "{dtype}: autotune chose {} ({})",
+            plan.algorithm(),
+            plan.choice()
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn gpu_plans_without_extras_refuse_them_and_name_those_that_take_them() {

@@ -10,7 +10,6 @@
 //! the locality order on the shared real graphs and more on R-MAT graphs, where
 //! [`crate::Reorder::Auto`] keeps the locality order (docs/kernels/reordering.md, "Measured").
 
-use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use crate::csr::Csr;
@@ -99,9 +98,20 @@ impl Permutation {
         let mut placed = vec![false; n];
         let mut overlap = vec![0u32; n];
         let mut touched: Vec<usize> = Vec::new();
-        // (score, overlap, lowest id first); stale entries (an overlap that has grown since, or
-        // a row placed since) are skipped when popped.
-        let mut heap: BinaryHeap<(u64, u32, Reverse<usize>)> = BinaryHeap::new();
+        // Rows whose overlap grew since the last pick: each is pushed once per pick, with its
+        // overlap then (one push per row and pick instead of one per increment; the entries
+        // that can win are the same).
+        let mut dirty: Vec<u32> = Vec::new();
+        let mut is_dirty = vec![false; n];
+        // Keys: (score, overlap, lowest id first) packed into a u128 (r < n ≤ u32::MAX, so
+        // !r in 32 bits orders ids low-first). Stale entries (an overlap that has grown since,
+        // or a row placed since) are skipped when popped.
+        let key = |x: usize, o: u32| -> u128 {
+            (u128::from(score(o, a.degree(x))) << 64)
+                | (u128::from(o) << 32)
+                | u128::from(!(x as u32))
+        };
+        let mut heap: BinaryHeap<u128> = BinaryHeap::new();
         // in_window[c] == w: column c is already in window w.
         let mut in_window = vec![usize::MAX; a.n_cols()];
         let mut old_of_new: Vec<u32> = Vec::with_capacity(n);
@@ -110,8 +120,16 @@ impl Permutation {
         while old_of_new.len() < n {
             let end = (old_of_new.len() + window_rows).min(n);
             while old_of_new.len() < end {
+                for x in dirty.drain(..) {
+                    let x = x as usize;
+                    is_dirty[x] = false;
+                    if !placed[x] {
+                        heap.push(key(x, overlap[x]));
+                    }
+                }
                 let mut pick = None;
-                while let Some((_, o, Reverse(x))) = heap.pop() {
+                while let Some(k) = heap.pop() {
+                    let (o, x) = ((k >> 32) as u32, !(k as u32) as usize);
                     if !placed[x] && overlap[x] == o {
                         pick = Some(x);
                         break;
@@ -142,20 +160,26 @@ impl Permutation {
                         continue;
                     }
                     for &x in rows {
-                        let x = x as usize;
-                        if placed[x] {
+                        let xi = x as usize;
+                        if placed[xi] {
                             continue;
                         }
-                        if overlap[x] == 0 {
-                            touched.push(x);
+                        if overlap[xi] == 0 {
+                            touched.push(xi);
                         }
-                        overlap[x] += 1;
-                        heap.push((score(overlap[x], a.degree(x)), overlap[x], Reverse(x)));
+                        overlap[xi] += 1;
+                        if !is_dirty[xi] {
+                            is_dirty[xi] = true;
+                            dirty.push(x);
+                        }
                     }
                 }
             }
             for x in touched.drain(..) {
                 overlap[x] = 0;
+            }
+            for x in dirty.drain(..) {
+                is_dirty[x as usize] = false;
             }
             heap.clear();
             window += 1;
@@ -168,6 +192,83 @@ impl Permutation {
 mod tests {
     use super::*;
     use crate::reorder::count_windows;
+
+    /// The packing as its doc states it, without the heap: each pick scans every unplaced row
+    /// and counts its distinct window columns held by at most the cap's rows.
+    fn naive_clusters(a: &Csr, window_rows: usize, seeds: Option<&Permutation>) -> Vec<u32> {
+        let n = a.n_rows();
+        let holders = a.transpose();
+        let followed = |c: u32| holders.row(c as usize).len() <= CLUSTER_COLUMN_CAP;
+        let mut placed = vec![false; n];
+        let mut order = Vec::new();
+        let mut seed = 0;
+        while order.len() < n {
+            let mut window_cols = std::collections::HashSet::new();
+            let end = (order.len() + window_rows).min(n);
+            while order.len() < end {
+                let best = (0..n)
+                    .filter(|&x| !placed[x])
+                    .filter_map(|x| {
+                        let o = a
+                            .row(x)
+                            .iter()
+                            .filter(|&&c| followed(c) && window_cols.contains(&c))
+                            .count() as u32;
+                        (o > 0).then(|| ((score(o, a.degree(x)), o, std::cmp::Reverse(x)), x))
+                    })
+                    .max()
+                    .map(|(_, x)| x);
+                let r = best.unwrap_or_else(|| {
+                    let at = |i: usize| seeds.map_or(i, |s| s.old_of_new()[i] as usize);
+                    while placed[at(seed)] {
+                        seed += 1;
+                    }
+                    at(seed)
+                });
+                placed[r] = true;
+                order.push(r as u32);
+                window_cols.extend(a.row(r).iter().copied());
+            }
+        }
+        order
+    }
+
+    #[test]
+    fn the_packing_is_the_greedy_its_doc_states() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |m: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % m
+        };
+        for (n, avg, hub) in [
+            (40usize, 3u64, false),
+            (200, 6, false),
+            (CLUSTER_COLUMN_CAP + 100, 4, true),
+        ] {
+            let mut edges = Vec::new();
+            for r in 0..n as u32 {
+                for _ in 0..next(2 * avg) {
+                    edges.push((r, next(n as u64) as u32));
+                }
+            }
+            if hub {
+                // A column held by more rows than the cap: never followed.
+                edges.extend((0..n as u32).map(|r| (r, 0)));
+            }
+            let a = Csr::from_edges(n, n, &edges).unwrap();
+            let seeds = Permutation::by_degree_descending(&a);
+            for (rows, s) in [(4, None), (16, Some(&seeds)), (7, Some(&seeds))] {
+                let got = Permutation::window_clusters(&a, rows, s).unwrap();
+                assert_eq!(
+                    got.old_of_new(),
+                    naive_clusters(&a, rows, s),
+                    "n {n} rows {rows}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn packs_rows_that_share_columns_and_is_a_permutation() {

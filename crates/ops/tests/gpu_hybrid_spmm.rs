@@ -1,6 +1,6 @@
 //! GPU tests of the hybrid SpMM (`hybrid_spmm::spmm`: dense blocks on tensor cores, the
-//! remaining edges on CUDA cores, one kernel) against an f64 CPU reference, and its timings
-//! beside the CSR and ME-BCRS SpMM.
+//! remaining edges on CUDA cores, one kernel) against an f64 CPU reference (its timings beside
+//! the CSR and ME-BCRS SpMM: `benches/probes.rs`).
 //!
 //! `#[ignore]`d where there is no NVIDIA GPU. Fresh inputs (seed printed), outputs poisoned
 //! with NaN before each launch, every launch twice (bit-identical). Binary and weighted A;
@@ -12,10 +12,7 @@ use rand::Rng;
 use rand_pcg::Pcg64;
 use spattn_formats::{Csr, HybridBlocks, Reorder};
 use spattn_ops::hybrid_spmm::{spmm, spmm_widths, spmm_with, WarpSplit};
-use spattn_ops::{
-    csr_ops, tc_ops, DType, DTypeKind, DeviceCsr, DeviceHybrid, DeviceMatrix, DeviceMeBcrs,
-    DeviceVec, Gpu, HybridSpmm, Shape,
-};
+use spattn_ops::{DType, DTypeKind, DeviceHybrid, DeviceMatrix, Gpu, HybridSpmm, Shape};
 use spattn_test_support::*;
 
 fn tol<T: DType>() -> f64 {
@@ -245,84 +242,6 @@ fn pipelined_small() {
         for width in spmm_widths(DTypeKind::F16, heads, d) {
             assert!(DeviceHybrid::pipelined(DTypeKind::F16, width));
             check_width(&gpu, &a, &blocks, (heads, d, width), &dv, &want, &mut out);
-        }
-    }
-}
-
-/// Median of `runs` timed launches after warm-up, ms.
-fn time(gpu: &Gpu, runs: usize, mut f: impl FnMut()) -> f64 {
-    for _ in 0..3 {
-        f();
-    }
-    let mut t: Vec<f64> = (0..runs)
-        .map(|_| {
-            f64::from(
-                gpu.time_ms(|| {
-                    f();
-                    Ok(())
-                })
-                .unwrap(),
-            )
-        })
-        .collect();
-    t.sort_by(f64::total_cmp);
-    t[runs / 2]
-}
-
-/// The SpMM three-way table of issue 6: spmm-hybrid ([`HybridSpmm`], rows in the order
-/// `Reorder::Auto` picks, threshold and split chosen by timing at plan time) beside spmm-csr
-/// (the graph's order) and spmm-tc (ME-BCRS in its own `Reorder::Auto` order) on the same binary
-/// A (all probabilities 1), f16: timings only, no assertion. `SPATTN_SPMM_GRAPHS` (comma list of
-/// shared graph names and rmatN) picks the graphs.
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn timings() {
-    let gpu = gpu();
-    let mut rng = fresh_rng("spmm timings");
-    println!("device: {}", gpu.name());
-    let graphs = timing_graphs(
-        "SPATTN_SPMM_GRAPHS",
-        "cora,citeseer,pubmed,ogbn-arxiv,rmat16,rmat18",
-    );
-    println!(
-        "| graph | heads | D | spmm-csr ms | spmm-tc ms | hybrid ms | hybrid vs best pure | \
-         width | hybrid all-TC ms | threshold | TC:CD | CD edges |"
-    );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|");
-    for (name, a) in graphs {
-        let csr = DeviceCsr::upload(&gpu, &a).unwrap();
-        let me = DeviceMeBcrs::from_csr_reordered(&gpu, &a, Reorder::Auto).unwrap();
-        for (heads, d) in [(1usize, 64usize), (1, 128), (8, 64), (8, 128)] {
-            let sv = Shape::new(a.n_cols(), heads, d).unwrap();
-            let so = Shape::new(a.n_rows(), heads, d).unwrap();
-            let v = DeviceMatrix::from_host(&gpu, sv, &random_vec::<f16>(&mut rng, sv.len(), 1.0))
-                .unwrap();
-            let mut out = DeviceMatrix::<f16>::zeros(&gpu, so).unwrap();
-            let ones = DeviceVec::from_host(&gpu, &vec![1.0f32; a.nnz() * heads]).unwrap();
-            let t_csr = time(&gpu, 20, || {
-                csr_ops::spmm(&gpu, &csr, &ones, &v, &mut out).unwrap()
-            });
-            let mut slots = DeviceVec::<f32>::zeros(&gpu, me.n_slots() * heads).unwrap();
-            tc_ops::csr_to_slots(&gpu, &me, &ones, heads, 0.0, &mut slots).unwrap();
-            let t_tc = time(&gpu, 20, || {
-                tc_ops::spmm(&gpu, &me, &slots, &v, &mut out).unwrap()
-            });
-            let plan = HybridSpmm::plan::<f16>(&gpu, &a, heads, d, Reorder::Auto).unwrap();
-            let t_h = time(&gpu, 20, || plan.run(&gpu, &v, &mut out).unwrap());
-            let c = plan.choice();
-            let s = c.device.stats();
-            println!(
-                "| {name} | {heads} | {d} | {t_csr:.4} | {t_tc:.4} | {t_h:.4} | {:.2}x | {} | \
-                 {:.4} | {:.4} | {}:{} | {:.1}% |",
-                t_csr.min(t_tc) / t_h,
-                plan.width(),
-                c.all_tc_ms,
-                c.threshold,
-                c.warps.tc,
-                c.warps.cd,
-                100.0 * s.cd_edges as f64 / (s.tc_edges + s.cd_edges).max(1) as f64
-            );
-            println!("spmm-plan {name} h={heads} d={d}: {}", plan.info());
         }
     }
 }

@@ -13,9 +13,7 @@ use rand_pcg::Pcg64;
 use spattn_formats::{Csr, MeBcrs, Reorder};
 use spattn_ops::cpu::{self, rel_l2_error};
 use spattn_ops::graph::{self, DeviceGraph, EdgeLayout, EdgeValues, Engine};
-use spattn_ops::{
-    csr_ops, tc_ops, DType, DTypeKind, DeviceCsr, DeviceMatrix, DeviceMeBcrs, DeviceVec, Gpu, Shape,
-};
+use spattn_ops::{tc_ops, DType, DTypeKind, DeviceMatrix, DeviceMeBcrs, DeviceVec, Gpu, Shape};
 use spattn_test_support::*;
 
 /// Scores and probabilities from exact inputs are f32 arithmetic: f32-level accuracy.
@@ -537,102 +535,4 @@ fn tc_shape_errors_are_typed() {
     let other = Gpu::new(0).unwrap();
     let e = tc_ops::sddmm(&other, &dev, &q, &q, 1.0, &mut s).unwrap_err();
     assert!(matches!(e, spattn_ops::Error::ForeignGpu { .. }), "{e}");
-}
-
-/// Median GPU time of `f` over `runs` runs after 3 warm-up runs, in ms.
-fn median_ms(gpu: &Gpu, runs: usize, mut f: impl FnMut() -> spattn_ops::Result<()>) -> f32 {
-    for _ in 0..3 {
-        f().unwrap();
-    }
-    gpu.synchronize().unwrap();
-    let mut times: Vec<f32> = (0..runs).map(|_| gpu.time_ms(&mut f).unwrap()).collect();
-    times.sort_by(|a, b| a.total_cmp(b));
-    times[runs / 2]
-}
-
-fn time_case<T: DType>(gpu: &Gpu, name: &str, a: &Csr, heads: usize, head_dim: usize) {
-    let mut rng = fresh_rng("timing");
-    let csr = DeviceCsr::upload(gpu, a).unwrap();
-    let me = DeviceMeBcrs::from_csr(gpu, a).unwrap();
-    let shape = Shape::new(a.n_rows(), heads, head_dim).unwrap();
-    let x = |rng: &mut Pcg64| {
-        let h: Vec<T> = random_vec(rng, shape.len(), 1.0);
-        DeviceMatrix::from_host(gpu, shape, &h).unwrap()
-    };
-    let (q, k, v) = (x(&mut rng), x(&mut rng), x(&mut rng));
-    let mut out = DeviceMatrix::<T>::zeros(gpu, shape).unwrap();
-    let mut s_csr = DeviceVec::<f32>::zeros(gpu, a.nnz() * heads).unwrap();
-    let mut s_tc = DeviceVec::<f32>::zeros(gpu, me.n_slots() * heads).unwrap();
-    let scale = 1.0 / (head_dim as f32).sqrt();
-    let runs = 21;
-    let sddmm_cc = median_ms(gpu, runs, || {
-        csr_ops::sddmm(gpu, &csr, &q, &k, scale, &mut s_csr)
-    });
-    let sddmm_tc = median_ms(gpu, runs, || {
-        tc_ops::sddmm(gpu, &me, &q, &k, scale, &mut s_tc)
-    });
-    let sm_cc = median_ms(gpu, runs, || {
-        csr_ops::edge_softmax_in_place(gpu, &csr, &mut s_csr, heads, None)
-    });
-    let sm_tc = median_ms(gpu, runs, || {
-        tc_ops::edge_softmax_in_place(gpu, &me, &mut s_tc, heads, None)
-    });
-    let spmm_cc = median_ms(gpu, runs, || csr_ops::spmm(gpu, &csr, &s_csr, &v, &mut out));
-    // The tensor-core SpMM in the graph's order and Auto's (the same CSR-order probabilities
-    // moved into each layout).
-    let mut spmm_tc = Vec::new();
-    let mut orders = Vec::new();
-    for reorder in [Reorder::None, Reorder::Auto] {
-        let m = DeviceMeBcrs::from_csr_reordered(gpu, a, reorder).unwrap();
-        let mut p = DeviceVec::<f32>::zeros(gpu, m.n_slots() * heads).unwrap();
-        tc_ops::csr_to_slots(gpu, &m, &s_csr, heads, 0.0, &mut p).unwrap();
-        spmm_tc.push(median_ms(gpu, runs, || {
-            tc_ops::spmm(gpu, &m, &p, &v, &mut out)
-        }));
-        orders.push(format!("{} {} vectors", m.row_order().used, m.n_vectors()));
-    }
-    let fill = me.fill_stats().fill();
-    println!(
-        "TIMING {name} {} heads={heads} head_dim={head_dim} nnz={} vectors={} fill={fill:.3} | \
-         sddmm csr {sddmm_cc:.4} ms tc {sddmm_tc:.4} ms ({:.2}x) | softmax csr {sm_cc:.4} tc \
-         {sm_tc:.4} | spmm csr {spmm_cc:.4} ms | tc natural {:.4} | tc auto ({}) {:.4} | \
-         natural: {}",
-        T::NAME,
-        a.nnz(),
-        me.n_vectors(),
-        sddmm_cc / sddmm_tc,
-        spmm_tc[0],
-        orders[1],
-        spmm_tc[1],
-        orders[0],
-    );
-}
-
-/// Prints CUDA-core vs tensor-core times on ogbn-arxiv (no assertion: speed lives in benches).
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn timing_arxiv_cuda_core_vs_tensor_core() {
-    let gpu = gpu();
-    println!("TIMING device {}", gpu.name());
-    let a = shared_graph("ogbn-arxiv");
-    time_case::<f16>(&gpu, "ogbn-arxiv", &a, 1, 128);
-    time_case::<f16>(&gpu, "ogbn-arxiv", &a, 8, 64);
-    time_case::<bf16>(&gpu, "ogbn-arxiv", &a, 1, 128);
-    time_case::<f32>(&gpu, "ogbn-arxiv", &a, 1, 128);
-    let r = rmat_graph(16);
-    time_case::<f16>(&gpu, "rmat16", &r, 1, 128);
-}
-
-/// The SpMM row orders (prints only) on the graphs of `SPATTN_TC_GRAPHS`
-/// (comma-separated shared-graph names, or `rmatN` for R-MAT scale N; cora and pubmed when
-/// unset).
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn timing_spmm_orders() {
-    let gpu = gpu();
-    println!("TIMING device {}", gpu.name());
-    for (name, a) in timing_graphs("SPATTN_TC_GRAPHS", "cora,pubmed") {
-        time_case::<f16>(&gpu, &name, &a, 1, 128);
-        time_case::<f16>(&gpu, &name, &a, 8, 64);
-    }
 }

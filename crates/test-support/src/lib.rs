@@ -13,7 +13,7 @@
 //!   ([`check_forward`], [`check_forward_twice`]), the extreme and equal scores every dtype
 //!   runs ([`check_extreme_and_equal_scores`]), the softmax extremes the op families share
 //!   ([`softmax_extreme_scores`], [`assert_rows_sum_to_one`]), and the graphs of the timing
-//!   tests ([`timing_graphs`]).
+//!   probes (`benches/probes.rs` of spattn and spattn-ops: [`timing_graphs`]).
 //!
 //! ```
 //! let cora = spattn_test_support::shared_graph("cora"); // symmetrized with self loops
@@ -121,7 +121,7 @@ pub fn shared_graph(name: &str) -> Csr {
     a.symmetrize_with_self_loops().expect("square graph")
 }
 
-/// The graphs of a timing test: the comma list in the environment variable `var` (or
+/// The graphs of a timing probe: the comma list in the environment variable `var` (or
 /// `default` where it is unset) of shared graph names ([`shared_graph`]) and `rmatN` (R-MAT
 /// scale N, [`rmat_graph`]), each with its name, read one at a time. In the quick mode the
 /// default is cora alone (the R-MAT plans dominate a bundle run otherwise).
@@ -434,6 +434,31 @@ pub fn dense_and_sparse_graph(rng: &mut Pcg64) -> Csr {
     Csr::from_edges(40, 70, &edges).unwrap()
 }
 
+/// A timing probe: prints times on the GPU it is given.
+pub type Probe = fn(&Gpu);
+
+/// The `main` of a timing probe (`benches/probes.rs`): runs each `(name, probe)` whose name
+/// contains one of the command line's words (all of them without words; `cargo bench`'s own
+/// `--` flags are ignored) on GPU 0, or says that there is no GPU and times nothing.
+pub fn run_probes(probes: &[(&str, Probe)]) {
+    let wanted: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let gpu = match Gpu::new(0) {
+        Ok(gpu) => gpu,
+        Err(e) => {
+            println!("probes: no GPU ({e}); nothing timed");
+            return;
+        }
+    };
+    for (name, probe) in probes {
+        if wanted.is_empty() || wanted.iter().any(|w| name.contains(w.as_str())) {
+            probe(&gpu);
+        }
+    }
+}
+
 /// The GPU of the GPU tests (device 0); they are `#[ignore]`d where there is none.
 pub fn gpu() -> Gpu {
     Gpu::new(0).expect("an NVIDIA GPU (this test is ignored elsewhere)")
@@ -488,9 +513,16 @@ impl<F: FnMut(&Gpu, &Csr, usize, usize, &mut Pcg64)> Sweep<F> {
         self
     }
 
-    /// On R-MAT scale 16 ([`rmat_graph`]).
+    /// On R-MAT scale 16 ([`rmat_graph`]); scale 12 in the quick mode (said on stderr), whose
+    /// skew exercises the same paths in a sixteenth of the time.
     pub fn rmat_16(&mut self, shapes: &[(usize, usize)]) -> &mut Self {
-        self.on(&rmat_graph(16), shapes)
+        let scale = if quick() {
+            eprintln!("{QUICK_ENV}=1: R-MAT 12 instead of 16");
+            12
+        } else {
+            16
+        };
+        self.on(&rmat_graph(scale), shapes)
     }
 
     /// On one [`random_graph`] of `n` nodes, about `avg` edges a row, every

@@ -1,0 +1,175 @@
+//! Timing probes of the fused attention algorithms on a GPU, printed for the per-kernel notes
+//! (docs/kernels): `fused_tc`, fused-tc with the rows in the graph's order and as
+//! `Reorder::Auto` renumbers them, beside fused-csr; `hybrid`, hybrid beside fused-tc and
+//! fused-csr with the plan's calibrated threshold and split. They print and assert nothing: the
+//! published speed claims come from spattn-bench's runs (BENCHMARKS.md), and correctness from
+//! the GPU tests.
+//!
+//! `cargo bench -p spattn --bench probes [-- fused_tc|hybrid]`; SPATTN_TIMING_GRAPHS (a comma
+//! list of shared graph names and rmatNN) picks the graphs, SPATTN_TIMING_QUICK=1 only f16, one
+//! head of 128 for `fused_tc`. Without a GPU it says so and times nothing.
+
+use half::f16;
+use rand_pcg::Pcg64;
+use spattn::{Algorithm, AttentionConfig, AttentionPlan, Reorder};
+use spattn_formats::Csr;
+use spattn_ops::{DType, DTypeKind, DeviceMatrix, Gpu};
+use spattn_test_support::*;
+
+fn main() {
+    run_probes(&[("fused_tc", fused_tc), ("hybrid", hybrid)]);
+}
+
+/// GPU time of `plan.forward` in milliseconds after warm-up: the median of `runs` single
+/// launches (CUDA events around each), and the mean of `runs` launches back to back between
+/// one pair of events (host launch gaps hidden).
+fn time_plan<T: DType>(
+    gpu: &Gpu,
+    plan: &AttentionPlan,
+    runs: usize,
+    rng: &mut Pcg64,
+) -> (f64, f64) {
+    let sq = plan.shape_q();
+    let skv = plan.shape_kv();
+    let q = DeviceMatrix::from_host(gpu, sq, &random_vec::<T>(rng, sq.len(), 1.0)).unwrap();
+    let k = DeviceMatrix::from_host(gpu, skv, &random_vec::<T>(rng, skv.len(), 1.0)).unwrap();
+    let v = DeviceMatrix::from_host(gpu, skv, &random_vec::<T>(rng, skv.len(), 1.0)).unwrap();
+    let mut out = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();
+    let mut time = |n: usize| {
+        f64::from(
+            gpu.time_ms(|| {
+                for _ in 0..n {
+                    plan.forward(&q, &k, &v, &mut out).map_err(|e| {
+                        spattn_ops::Error::InvalidArgument {
+                            what: "forward",
+                            why: e.to_string(),
+                        }
+                    })?;
+                }
+                Ok(())
+            })
+            .unwrap(),
+        )
+    };
+    time(5);
+    let mut single: Vec<f64> = (0..runs).map(|_| time(1)).collect();
+    single.sort_by(f64::total_cmp);
+    let batched = time(runs) / runs as f64;
+    (single[runs / 2], batched)
+}
+
+/// Prints fused-tc with the rows in the graph's order and as `Reorder::Auto` chooses (f16 and
+/// f32, head_dim 64/128, heads 1/8), and fused-csr at f16 d=128 h=1: timings only, no
+/// assertion. Graphs: cora, pubmed, ogbn-arxiv, R-MAT 16 and 18 by default.
+fn fused_tc(gpu: &Gpu) {
+    let gpu = gpu.clone();
+    let mut rng = fresh_rng("timings");
+    println!("device: {}", gpu.name());
+    // SPATTN_TIMING_GRAPHS: a comma list of shared graph names and rmatNN (default below);
+    // SPATTN_TIMING_QUICK: only f16, 1 head, head_dim 128 (the issue-5 bars' shape).
+    let graphs = timing_graphs(
+        "SPATTN_TIMING_GRAPHS",
+        "cora,pubmed,ogbn-arxiv,rmat16,rmat18",
+    );
+    let quick = std::env::var("SPATTN_TIMING_QUICK").is_ok();
+    let dtypes: &[DTypeKind] = if quick {
+        &[DTypeKind::F16]
+    } else {
+        &[DTypeKind::F16, DTypeKind::F32]
+    };
+    let shapes: &[(usize, usize)] = if quick {
+        &[(1, 128)]
+    } else {
+        &[(1, 64), (1, 128), (8, 64), (8, 128)]
+    };
+    for (name, a) in graphs {
+        for &dtype in dtypes {
+            for &(heads, d) in shapes {
+                let mut cell = Vec::new();
+                let mut cases = vec![
+                    (Algorithm::FusedTensorCore, Reorder::None),
+                    (Algorithm::FusedTensorCore, Reorder::Auto),
+                ];
+                if dtype == DTypeKind::F16 && heads == 1 && d == 128 {
+                    cases.push((Algorithm::FusedCsr, Reorder::None));
+                }
+                for (alg, reorder) in cases {
+                    let config = AttentionConfig::new(heads, d, dtype)
+                        .with_algorithm(alg)
+                        .with_reorder(reorder);
+                    let t0 = std::time::Instant::now();
+                    let plan = AttentionPlan::new_gpu(&gpu, &a, config).unwrap();
+                    let plan_ms = t0.elapsed().as_secs_f64() * 1e3;
+                    let (single, batched) = match dtype {
+                        DTypeKind::F32 => time_plan::<f32>(&gpu, &plan, 30, &mut rng),
+                        _ => time_plan::<f16>(&gpu, &plan, 30, &mut rng),
+                    };
+                    cell.push(format!("{alg}/{reorder} {single:.4} ({batched:.4})"));
+                    if reorder == Reorder::Auto {
+                        println!(
+                            "plan {name} {dtype} h={heads} d={d}: {} [plan {plan_ms:.0} ms]",
+                            plan.choice()
+                        );
+                    }
+                }
+                println!(
+                    "timing {name:>10} n={:>7} nnz={:>8} {dtype} h={heads} d={d:>3}: {}",
+                    a.n_rows(),
+                    a.nnz(),
+                    cell.join(" | ")
+                );
+            }
+        }
+    }
+}
+
+/// hybrid beside fused-tc and fused-csr (f16), with the plan's chosen threshold and split:
+/// timings only, no assertion.
+fn hybrid(gpu: &Gpu) {
+    let gpu = gpu.clone();
+    let mut rng = fresh_rng("timings");
+    println!("device: {}", gpu.name());
+    let graphs: Vec<(String, Csr)> = spattn_test_support::timing_graphs(
+        "SPATTN_TIMING_GRAPHS",
+        "cora,citeseer,pubmed,ogbn-arxiv,rmat16,rmat18",
+    )
+    .collect();
+    for (name, a) in &graphs {
+        for (heads, d) in [(1usize, 64usize), (1, 128), (8, 64), (8, 128)] {
+            let mut t = Vec::new();
+            let mut info = String::new();
+            for alg in [
+                Algorithm::FusedTensorCore,
+                Algorithm::FusedCsr,
+                Algorithm::Hybrid,
+            ] {
+                let config = AttentionConfig::new(heads, d, DTypeKind::F16).with_algorithm(alg);
+                let plan = AttentionPlan::new_gpu(&gpu, a, config).unwrap();
+                t.push(time_plan::<f16>(&gpu, &plan, 20, &mut rng).0);
+                if let Some(i) = plan.hybrid_info() {
+                    info = format!(
+                        "threshold {:.4} {}:{} tc-edges {:.3} (all-tc {:.4} all-cd {:.4} \
+                         chosen {:.4} pred {:.4}, {} timed)",
+                        i.threshold,
+                        i.tc_warps,
+                        i.cd_warps,
+                        i.tc_edge_fraction,
+                        i.all_tc_ms,
+                        i.all_cd_ms,
+                        i.chosen_ms,
+                        i.predicted_ms,
+                        i.candidates
+                    );
+                }
+            }
+            println!(
+                "attn-timing {name:>10} h={heads} d={d:>3}: fused-tc {:.4} ms, fused-csr {:.4} ms, \
+                 hybrid {:.4} ms -> vs best pure {:.2}x | {info}",
+                t[0],
+                t[1],
+                t[2],
+                t[0].min(t[1]) / t[2]
+            );
+        }
+    }
+}
