@@ -63,14 +63,25 @@ impl Algorithm {
 }
 
 impl Algorithm {
-    /// Whether the algorithm runs with extras (a score bias, edge features, dropout, the
-    /// attention weights out) in this build.
+    /// Whether the algorithm runs with extras (a score bias, dropout, the attention weights
+    /// out; edge features where [`takes_edge_features`](Self::takes_edge_features)) in this
+    /// build.
     pub const fn takes_extras(self) -> bool {
+        matches!(
+            self,
+            Algorithm::UnfusedCsr | Algorithm::FusedCsr | Algorithm::FusedTensorCore
+        )
+    }
+
+    /// Whether the algorithm also takes edge features (the CUDA-core ones: they read a third
+    /// row stream per edge).
+    pub const fn takes_edge_features(self) -> bool {
         matches!(self, Algorithm::UnfusedCsr | Algorithm::FusedCsr)
     }
 
     /// The algorithms that take extras, for messages.
-    pub const EXTRAS: &'static str = "unfused-csr and fused-csr";
+    pub const EXTRAS: &'static str =
+        "unfused-csr, fused-csr and fused-tc (edge features: unfused-csr and fused-csr)";
 }
 
 spattn_formats::named_choice!(Algorithm, Error, "algorithm", |why| Error::InvalidConfig {

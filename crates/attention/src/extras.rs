@@ -154,6 +154,14 @@ impl AttentionPlan {
                 ),
             });
         }
+        if extras.edge_features.is_some() && !self.algorithm().takes_edge_features() {
+            return Err(Error::Unsupported {
+                algorithm: self.algorithm(),
+                why: "takes a score bias and dropout but not edge features; unfused-csr and \
+                      fused-csr take them"
+                    .into(),
+            });
+        }
         self.check_forward_operands(q, k, v)?;
         let (nnz, heads) = (self.nnz(), self.config().heads);
         if let Some(b) = &extras.bias {
@@ -204,8 +212,9 @@ impl AttentionPlan {
 
     /// Attention with `extras` into `out`, and the attention weights (`nnz × heads` f32 in the
     /// graph's CSR order, after dropout) into `weights` where given. See the `extras` module.
-    /// A fused-csr plan runs it in one fused kernel where the weights are not asked for; with
-    /// them, and on unfused-csr, it composes SDDMM, the per-edge extras, softmax and SpMM.
+    /// A fused-csr or fused-tc plan runs it in one fused kernel where the weights are not asked
+    /// for; with them, and on unfused-csr, it composes SDDMM, the per-edge extras, softmax and
+    /// SpMM. fused-tc takes no edge features.
     ///
     /// Errors: [`Error::Unsupported`] for an algorithm that does not take extras (naming those
     /// that do), [`Error::WrongPlanKind`] on a CPU plan, [`Error::DTypeMismatch`],
@@ -232,14 +241,15 @@ impl AttentionPlan {
                 }));
             }
         }
-        // Fused-csr runs the extras in its kernel unless the weights must come out.
+        // Fused-csr and fused-tc run the extras in their kernel unless the weights must come
+        // out.
         if weights.is_none() {
             let fused = CsrExtras {
                 bias: extras.bias,
                 edge_features: extras.edge_features,
                 dropout: extras.dropout,
             };
-            if let Some(done) = self.fused_csr_with_extras((q, k, v), &fused, out) {
+            if let Some(done) = self.fused_with_extras((q, k, v), &fused, out) {
                 return done;
             }
         }

@@ -385,10 +385,10 @@ impl AttentionPlan {
         }
     }
 
-    /// Runs the fused CSR kernel with `extras` where this plan's algorithm is fused-csr;
+    /// Runs the plan's fused kernel with `extras` where its algorithm is fused-csr or fused-tc;
     /// `None` for any other (the caller composes the unfused ops instead). Operands are
     /// checked by the caller.
-    pub(crate) fn fused_csr_with_extras<T: DType>(
+    pub(crate) fn fused_with_extras<T: DType>(
         &self,
         (q, k, v): (&DeviceMatrix<T>, &DeviceMatrix<T>, &DeviceMatrix<T>),
         extras: &fused::CsrExtras<'_, T>,
@@ -397,15 +397,16 @@ impl AttentionPlan {
         let Runner::Gpu(g) = &self.runner else {
             return None;
         };
-        let mut state = g.lock_state();
-        let GpuState::FusedCsr(f) = &mut *state else {
-            return None;
-        };
         let scale = self.config.scale();
-        Some(
-            f.forward_with_extras(&g.gpu, (q, k, v), scale, extras, out)
-                .map_err(Error::from),
-        )
+        let mut state = g.lock_state();
+        let done = match &mut *state {
+            GpuState::FusedCsr(f) => f.forward_with_extras(&g.gpu, (q, k, v), scale, extras, out),
+            GpuState::FusedTensorCore(f) => {
+                f.forward_with_extras(&g.gpu, g.graph.host(), (q, k, v), scale, extras, out)
+            }
+            _ => return None,
+        };
+        Some(done.map_err(Error::from))
     }
 
     /// A CPU plan's graph; `None` for a GPU plan.

@@ -32,14 +32,14 @@ fn auto_takes_an_algorithm_with_extras_and_the_others_say_which_do() {
     // A CPU plan computes the reference composition whatever is asked; named algorithms that
     // do not take extras are refused where they would run (the GPU: see gpu tests below).
     let e = config
-        .with_algorithm(Algorithm::FusedTensorCore)
+        .with_algorithm(Algorithm::Hybrid)
         .validate_extras()
         .unwrap_err();
     assert!(
         matches!(
             e,
             Error::Unsupported {
-                algorithm: Algorithm::FusedTensorCore,
+                algorithm: Algorithm::Hybrid,
                 ..
             }
         ),
@@ -128,6 +128,8 @@ fn check_gpu_extras<T: DType>(
         draw(&mut rng, s.len()),
     );
     let bias = draw(&mut rng, a.nnz() * if shared { 1 } else { heads });
+    // Edge features where the algorithm takes them (fused-tc takes a bias and dropout only).
+    let with_feats = alg == Algorithm::Auto || alg.takes_edge_features();
     let feats = draw(&mut rng, a.nnz() * heads * d);
     let dropout = (rate > 0.0).then(|| Dropout::new(rate, 2024, 9).unwrap());
     let config = AttentionConfig::new(heads, d, T::KIND)
@@ -151,7 +153,7 @@ fn check_gpu_extras<T: DType>(
         } else {
             DeviceBias::PerHead(&db)
         }),
-        edge_features: Some(&df),
+        edge_features: with_feats.then_some(&df),
         dropout,
     };
     let mut out = DeviceMatrix::<T>::zeros(&gpu, s).unwrap();
@@ -168,7 +170,7 @@ fn check_gpu_extras<T: DType>(
         } else {
             EdgeBias::PerHead(&bias64[..])
         }),
-        edge_features: Some(&feats64[..]),
+        edge_features: with_feats.then_some(&feats64[..]),
         dropout,
     };
     let scale = f64::from(plan.config().scale());
@@ -177,15 +179,25 @@ fn check_gpu_extras<T: DType>(
         "{alg}/{reorder} {} H{heads} D{d} shared {shared} rate {rate}",
         T::NAME
     );
+    // The composition with the weights out keeps f32's bound; the fused tensor-core kernel
+    // runs f32 through tf32.
     let tol = tolerance::<T>();
+    let fused_tol = if alg == Algorithm::FusedTensorCore {
+        tol_tf32::<T>()
+    } else {
+        tol
+    };
     let err = cpu::rel_l2_error(&to_f64(&out.to_host().unwrap()), &want);
     assert!(err <= tol, "{what}: out error {err:e}");
-    // Without the weights out: fused-csr's kernel (the same composition for unfused-csr).
+    // Without the weights out: the fused kernel (the same composition for unfused-csr).
     out.fill_nan().unwrap();
     plan.forward_with(&dq, &dk, &dv, &extras, &mut out, None)
         .unwrap();
     let err = cpu::rel_l2_error(&to_f64(&out.to_host().unwrap()), &want);
-    assert!(err <= tol, "{what}: out error without weights {err:e}");
+    assert!(
+        err <= fused_tol,
+        "{what}: out error without weights {err:e}"
+    );
     let w_host = w.to_host().unwrap();
     let err = cpu::rel_l2_error(&w_host, &want_w);
     assert!(err <= tol, "{what}: weights error {err:e}");
@@ -220,7 +232,7 @@ fn check_gpu_extras<T: DType>(
                 dk: &mut gk,
                 dv: &mut gv,
                 d_bias: Some(&mut gb),
-                d_edge_features: Some(&mut gf),
+                d_edge_features: with_feats.then_some(&mut gf),
             },
         )
         .unwrap();
@@ -240,9 +252,12 @@ fn check_gpu_extras<T: DType>(
         (
             "d_edge_features",
             to_f64(&gf.to_host().unwrap()),
-            want.d_edge_features.as_ref().unwrap(),
+            want.d_edge_features.as_ref().unwrap_or(&Vec::new()),
         ),
     ] {
+        if name == "d_edge_features" && !with_feats {
+            continue;
+        }
         let err = cpu::rel_l2_error(&got, want);
         assert!(err <= gtol, "{what}: {name} error {err:e}");
     }
@@ -307,23 +322,81 @@ fn gpu_fused_csr_with_every_extra_matches_the_f64_reference() {
     }
 }
 
-/// fused-csr's kernel with each extra alone (the absent ones are null pointers and a zero
-/// dropout threshold in the kernel) and with a bias of −∞ masking edges: every edge of some rows
-/// (which then output zeros, as the CPU reference does), a whole 64-edge unit of the busiest
-/// row and, in head 1, that row entirely (the merges of split rows and of split groups then
-/// see partials with a −∞ max and a zero sum). head_dim 32 runs the plain layout, 64 the split
-/// one on cora.
+/// fused-tc with a bias and dropout: with the rows in the graph's order and renumbered (the
+/// kernel maps each block's bits to the caller's edges), hub windows split across units, every
+/// dtype (f32 through tf32) and its register and pipelined kernels (head_dim 32 to 128); edge
+/// features are refused, naming the algorithms that take them.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
-fn gpu_fused_csr_takes_each_extra_alone_and_masked_rows() {
+fn gpu_fused_tc_with_bias_and_dropout_matches_the_f64_reference() {
+    let mut rng = fresh_rng("gpu fused-tc extras graphs");
+    let graphs = [
+        shared_graph("cora"),
+        random_graph(&mut rng, 300, 6, 7),
+        hub_graph(&mut rng, 20_000, 3),
+        rmat_graph(10),
+    ];
+    for a in &graphs {
+        for reorder in [Reorder::None, Reorder::Degree] {
+            let tc = (Algorithm::FusedTensorCore, reorder);
+            for (heads, d, shared, rate) in [
+                (1, 32, false, 0.0),
+                (3, 24, true, 0.1),
+                (8, 64, false, 0.5),
+                (2, 128, true, 0.3),
+            ] {
+                check_gpu_extras::<f16>(a, tc, heads, d, shared, rate);
+                check_gpu_extras::<bf16>(a, tc, heads, d, shared, rate);
+                if d <= 64 {
+                    check_gpu_extras::<f32>(a, tc, heads, d, shared, rate);
+                }
+            }
+        }
+    }
+    // Edge features: a typed refusal naming the algorithms that take them.
+    let gpu = gpu();
+    let a = ring(40);
+    let config = AttentionConfig::new(1, 16, DTypeKind::F16)
+        .with_edge_extras(true)
+        .with_algorithm(Algorithm::FusedTensorCore);
+    let plan = AttentionPlan::new_gpu(&gpu, &a, config).unwrap();
+    let s = plan.shape_q();
+    let x = DeviceMatrix::<f16>::zeros(&gpu, s).unwrap();
+    let f = DeviceMatrix::<f16>::zeros(&gpu, Shape::new(a.nnz(), 1, 16).unwrap()).unwrap();
+    let mut out = DeviceMatrix::<f16>::zeros(&gpu, s).unwrap();
+    let extras = Extras {
+        edge_features: Some(&f),
+        ..Extras::default()
+    };
+    let e = plan
+        .forward_with(&x, &x, &x, &extras, &mut out, None)
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::Unsupported { .. }) && e.to_string().contains("fused-csr"),
+        "{e}"
+    );
+}
+
+/// fused-csr's and fused-tc's kernels with each extra alone (the absent ones are null pointers
+/// and a zero dropout threshold in the kernel; fused-tc takes no features) and with a bias of
+/// −∞ masking edges: every edge of some rows
+/// (which then output zeros, as the CPU reference does), a whole 64-edge unit of the busiest
+/// row and, in head 1, that row entirely (the merges of split rows and of split groups then
+/// see partials with a −∞ max and a zero sum). head_dim 32 runs fused-csr's plain layout, 64
+/// its split one on cora; fused-tc splits the hub windows across units.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gpu_fused_kernels_take_each_extra_alone_and_masked_rows() {
     let mut rng = fresh_rng("gpu fused extras alone");
     let hub = hub_graph(&mut rng, 5_000, 3);
-    for (a, d) in [(&hub, 32), (&shared_graph("cora"), 64)] {
-        check_fused_masks(a, d, &mut rng);
+    for alg in [Algorithm::FusedCsr, Algorithm::FusedTensorCore] {
+        for (a, d) in [(&hub, 32), (&shared_graph("cora"), 64)] {
+            check_fused_masks(alg, a, d, &mut rng);
+        }
     }
 }
 
-fn check_fused_masks(a: &Csr, d: usize, rng: &mut Pcg64) {
+fn check_fused_masks(alg: Algorithm, a: &Csr, d: usize, rng: &mut Pcg64) {
     let gpu = gpu();
     let heads = 2;
     let s = Shape::new(a.n_rows(), heads, d).unwrap();
@@ -358,7 +431,7 @@ fn check_fused_masks(a: &Csr, d: usize, rng: &mut Pcg64) {
     for reorder in [Reorder::None, Reorder::Degree] {
         let config = AttentionConfig::new(heads, d, DTypeKind::F16)
             .with_edge_extras(true)
-            .with_algorithm(Algorithm::FusedCsr)
+            .with_algorithm(alg)
             .with_reorder(reorder);
         let plan = AttentionPlan::new_gpu(&gpu, a, config).unwrap();
         let scale = f64::from(plan.config().scale());
@@ -367,6 +440,9 @@ fn check_fused_masks(a: &Csr, d: usize, rng: &mut Pcg64) {
             ("edge features", false, true, false),
             ("dropout", false, false, true),
         ] {
+            if use_feats && !alg.takes_edge_features() {
+                continue;
+            }
             let extras = Extras {
                 bias: use_bias.then_some(DeviceBias::PerHead(&db)),
                 edge_features: use_feats.then_some(&df),
@@ -386,7 +462,7 @@ fn check_fused_masks(a: &Csr, d: usize, rng: &mut Pcg64) {
             let err = cpu::rel_l2_error(&got, &want);
             assert!(
                 err <= tolerance::<f16>(),
-                "D{d} {reorder} {name}: out error {err:e}"
+                "{alg} D{d} {reorder} {name}: out error {err:e}"
             );
             if use_bias {
                 // Fully masked (row, head)s: zeros, not NaN.
@@ -398,7 +474,7 @@ fn check_fused_masks(a: &Csr, d: usize, rng: &mut Pcg64) {
                     let at = (row * heads + h) * d;
                     assert!(
                         got[at..at + d].iter().all(|&x| x == 0.0),
-                        "D{d} {reorder}: masked row {row} head {h} is not zero"
+                        "{alg} D{d} {reorder}: masked row {row} head {h} is not zero"
                     );
                 }
             }
@@ -436,7 +512,7 @@ fn gpu_plans_without_extras_refuse_them_and_name_those_that_take_them() {
         &a,
         AttentionConfig::new(1, 16, DTypeKind::F16)
             .with_edge_extras(true)
-            .with_algorithm(Algorithm::FusedTensorCore),
+            .with_algorithm(Algorithm::Hybrid),
     )
     .unwrap_err();
     assert!(e.to_string().contains("unfused-csr"), "{e}");

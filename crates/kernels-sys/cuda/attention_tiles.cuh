@@ -204,25 +204,88 @@ __device__ __forceinline__ void bsb_load_step(BsbStep& st, const u32* __restrict
 }
 
 
+// What bsb_online_step adds to the lane's entries beyond the masked scores: nothing
+// (NoBsbExtras, the plain kernels), or a score bias and dropout (BsbExtras, fused_bsb's `_x`
+// kernels). BsbExtras::find maps the lane's four entries of a block (rows g, g + 8; slots 2t,
+// 2t + 1) to the caller's CSR edges: a block's edges are numbered in bit order (row-major), from
+// block_edge_start[blk], and edge_ids gives each one's caller edge; SPATTN_NONE where the bit is
+// clear. The bias enters in the log2 domain (times log2 e); the dropout factor multiplies the
+// probability that weighs V, not the running sum.
+struct NoBsbExtras {
+    static constexpr bool ON = false;
+};
+
+template <class T> struct BsbExtras {
+    static constexpr bool ON = true;
+    const T* __restrict__ bias;  // null, or nnz x bias_heads (1: shared by the heads)
+    u32 bias_heads, head, heads;
+    const u32* __restrict__ block_edge_start;
+    const u32* __restrict__ edge_ids;
+    Dropout drop;
+    u32 e[2][4];  // the step's entries: block bb, entry 2r + c
+
+    // Block bb of the step is blk, its bitmap words w (row g in word `upper`, row g + 8 in word
+    // 2 + upper, this lane's bits at shift and shift + 1).
+    __device__ __forceinline__ void find(int bb, u32 blk, const u32 (&w)[4], u32 upper,
+                                         u32 shift) {
+        const u32 base = __ldg(block_edge_start + blk);
+        const u32 p0 = __popc(w[0]), p1 = __popc(w[1]), p2 = __popc(w[2]);
+        const u32 before[2] = {upper ? p0 : 0u, p0 + p1 + (upper ? p2 : 0u)};
+        const u32 word[2] = {w[upper], w[2u + upper]};
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const u32 bit = shift + (u32)c;
+                e[bb][2 * r + c] =
+                    ((word[r] >> bit) & 1u)
+                        ? __ldg(edge_ids + base + before[r] + __popc(word[r] & ((1u << bit) - 1u)))
+                        : SPATTN_NONE;
+            }
+    }
+    // Block bb of the step lies past the unit.
+    __device__ __forceinline__ void none(int bb) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) e[bb][j] = SPATTN_NONE;
+    }
+    __device__ __forceinline__ float bias_log2(int bb, int j) const {
+        const u32 x = e[bb][j];
+        if (bias == nullptr || x == SPATTN_NONE) return 0.0f;
+        return to_f32(bias[(u64)x * bias_heads + (bias_heads == 1u ? 0u : head)]) *
+               1.4426950408889634f;
+    }
+    __device__ __forceinline__ float keep(int bb, int j) const {
+        const u32 x = e[bb][j];
+        return x == SPATTN_NONE ? 1.0f : dropout_factor(drop, (u64)x * heads + head);
+    }
+};
+
 // One step (two blocks) of the online softmax of rows g (r = 0) and g + 8 (r = 1): the scores s
 // (S-accumulator layout, two blocks) are masked by the blocks' bitmap words (bits[bb][0] holds
 // row g, bits[bb][1] row g + 8; bit clear -> -inf), scaled into the log2 domain, and folded
 // into the running max m, the running per-lane sum l and the NT accumulator tiles o (rescaled
 // to the new max). p receives exp2(x - m), 0 where masked. l stays per lane: the caller sums
 // the 4 lanes of a row at the end.
-template <int NT>
+template <int NT, class X = NoBsbExtras>
 __device__ __forceinline__ void bsb_online_step(const float (&s)[2][4], const u32 (&bits)[2][2],
                                                 u32 shift, float scale_log2, float (&m)[2],
                                                 float (&l)[2], float (&p)[2][4],
-                                                float (&o)[NT][4]) {
+                                                float (&o)[NT][4], X xt = X()) {
     float x[2][4];
 #pragma unroll
     for (int bb = 0; bb < 2; ++bb) {
         const u32 b0 = bits[bb][0] >> shift, b1 = bits[bb][1] >> shift;
-        x[bb][0] = (b0 & 1u) ? s[bb][0] * scale_log2 : SPATTN_NEG_INF;
-        x[bb][1] = (b0 & 2u) ? s[bb][1] * scale_log2 : SPATTN_NEG_INF;
-        x[bb][2] = (b1 & 1u) ? s[bb][2] * scale_log2 : SPATTN_NEG_INF;
-        x[bb][3] = (b1 & 2u) ? s[bb][3] * scale_log2 : SPATTN_NEG_INF;
+        if constexpr (X::ON) {
+            x[bb][0] = (b0 & 1u) ? fmaf(s[bb][0], scale_log2, xt.bias_log2(bb, 0)) : SPATTN_NEG_INF;
+            x[bb][1] = (b0 & 2u) ? fmaf(s[bb][1], scale_log2, xt.bias_log2(bb, 1)) : SPATTN_NEG_INF;
+            x[bb][2] = (b1 & 1u) ? fmaf(s[bb][2], scale_log2, xt.bias_log2(bb, 2)) : SPATTN_NEG_INF;
+            x[bb][3] = (b1 & 2u) ? fmaf(s[bb][3], scale_log2, xt.bias_log2(bb, 3)) : SPATTN_NEG_INF;
+        } else {
+            x[bb][0] = (b0 & 1u) ? s[bb][0] * scale_log2 : SPATTN_NEG_INF;
+            x[bb][1] = (b0 & 2u) ? s[bb][1] * scale_log2 : SPATTN_NEG_INF;
+            x[bb][2] = (b1 & 1u) ? s[bb][2] * scale_log2 : SPATTN_NEG_INF;
+            x[bb][3] = (b1 & 2u) ? s[bb][3] * scale_log2 : SPATTN_NEG_INF;
+        }
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -239,6 +302,13 @@ __device__ __forceinline__ void bsb_online_step(const float (&s)[2][4], const u3
             p[bb][2 * r + 1] = bsb_exp2(x[bb][2 * r + 1] - mu);
         }
         l[r] = l[r] * alpha + ((p[0][2 * r] + p[0][2 * r + 1]) + (p[1][2 * r] + p[1][2 * r + 1]));
+        if constexpr (X::ON) {
+#pragma unroll
+            for (int bb = 0; bb < 2; ++bb) {
+                p[bb][2 * r] *= xt.keep(bb, 2 * r);
+                p[bb][2 * r + 1] *= xt.keep(bb, 2 * r + 1);
+            }
+        }
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
             o[nt][2 * r] *= alpha;
@@ -262,13 +332,13 @@ __device__ __forceinline__ void bsb_online_step(const float (&s)[2][4], const u3
 // SpMM (SPMM true): P is the blocks' bitmap, times the slot weights when `weights` is given
 // (128 floats per block, block b's at (b + wbase) * 128, slot r * 8 + c; wbase wraps), and
 // O += P V; m and l are left at -inf and 0, and Q and K are not read.
-template <class T, int DS, bool VEC, bool PIPE, bool SPMM>
+template <class T, int DS, bool VEC, bool PIPE, bool SPMM, class X = NoBsbExtras>
 __device__ __forceinline__ void bsb_tiles(
     u32 qr0, u32 qr1, const T* __restrict__ q, const u32* __restrict__ block_columns,
     const u32* __restrict__ bitmaps, const float* __restrict__ weights, u32 wbase, u32 b_begin,
     u32 b_end, u32 stride, const T* __restrict__ k, const T* __restrict__ v, u64 hd, u64 head_off,
     u32 d, u32 base, float scale_log2, u32 fs, u32 wig, u32 bar, u32 gsize, float* xs,
-    float (&m)[2], float (&l)[2], float (&o)[DS / 8][4]) {
+    float (&m)[2], float (&l)[2], float (&o)[DS / 8][4], X xt = X()) {
     constexpr bool F32 = sizeof(T) == 4;
     constexpr int EPL = 16 / (int)sizeof(T);  // elements of one 16-byte load
     constexpr int KCH = 4 * EPL;              // features of one group-wide load (2 k-steps)
@@ -410,7 +480,23 @@ __device__ __forceinline__ void bsb_tiles(
                 buf ^= 1u;
             }
 
-            bsb_online_step<D8>(s, bits, shift, scale_log2, m, l, p, o);
+            if constexpr (X::ON) {
+                // The step's blocks are b and b + 1 (bsb_load_step's), whatever the stride.
+#pragma unroll
+                for (int bb = 0; bb < 2; ++bb) {
+                    const u32 blk = b + bb;
+                    if (blk < b_end) {
+                        const uint4 w4 = __ldg(reinterpret_cast<const uint4*>(bitmaps) + blk);
+                        const u32 w[4] = {w4.x, w4.y, w4.z, w4.w};
+                        xt.find(bb, blk, w, upper, shift);
+                    } else {
+                        xt.none(bb);
+                    }
+                }
+                bsb_online_step<D8>(s, bits, shift, scale_log2, m, l, p, o, xt);
+            } else {
+                bsb_online_step<D8>(s, bits, shift, scale_log2, m, l, p, o);
+            }
         }
 
         // O += P V over this warp's features.
@@ -617,13 +703,13 @@ __device__ __forceinline__ void bsb_pipe_qrows(const u32* __restrict__ row_ids, 
 // left at 0 (the caller sets the sums its merge needs).
 // PRE: col01 holds, in lane j, word j of the unit's prologue record (the columns of steps 0 and
 // 1, BSB_PIPE_PRE_WORDS), so the first two steps' copies need no column-id load.
-template <class T, int D, bool SPMM = false, bool PRE = false>
+template <class T, int D, bool SPMM = false, bool PRE = false, class X = NoBsbExtras>
 __device__ __forceinline__ void bsb_pipe_tiles(
     unsigned char* smem, u32 b_begin, u32 b_end, const u32 (&qrow)[2], const T* __restrict__ q,
     const u32* __restrict__ block_columns, const u32* __restrict__ bitmaps,
     const T* __restrict__ k, const T* __restrict__ v, u64 hd, u64 head_off, float scale_log2,
     const float* __restrict__ weights, u32 wbase, float (&m)[2], float (&l)[2],
-    float (&o)[D / 8][4], u32 col01 = 0u) {
+    float (&o)[D / 8][4], u32 col01 = 0u, X xt = X()) {
     static_assert(sizeof(T) == 2 && (D == 64 || D == 128), "f16 / bf16, 64 or 128 features");
     constexpr int STAGES = BSB_PIPE_STAGES;
     constexpr u32 CH = D / 8;               // 16-byte chunks of a row
@@ -756,7 +842,23 @@ __device__ __forceinline__ void bsb_pipe_tiles(
 #pragma unroll
                 for (int j = 0; j < 4; ++j) s[bb][j] = sa[0][j] + sa[1][j];
             }
-            bsb_online_step<NT>(s, bits, shift, scale_log2, m, l, p, o);
+            if constexpr (X::ON) {
+                // The step's blocks and their bitmaps (in the stage, 4 words each).
+#pragma unroll
+                for (int bb = 0; bb < 2; ++bb) {
+                    const u32 blk = b_begin + 2u * i + bb;
+                    if (blk < b_end) {
+                        const u32 w[4] = {bw[4 * bb], bw[4 * bb + 1], bw[4 * bb + 2],
+                                          bw[4 * bb + 3]};
+                        xt.find(bb, blk, w, upper, shift);
+                    } else {
+                        xt.none(bb);
+                    }
+                }
+                bsb_online_step<NT>(s, bits, shift, scale_log2, m, l, p, o, xt);
+            } else {
+                bsb_online_step<NT>(s, bits, shift, scale_log2, m, l, p, o);
+            }
         }
 
         // O += P V: A = P of the 16 slots, B = V from the tile, transposed by ldmatrix.

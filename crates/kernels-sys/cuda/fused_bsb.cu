@@ -38,14 +38,43 @@
 
 #include "attention_tiles.cuh"
 
-template <class T, int DS, bool VEC, bool PIPE>
+// Every kernel has an `_x` twin that also takes a score bias and dropout in the caller's CSR
+// order (BsbExtras, attention_tiles.cuh): the bias joins each score in the log2 domain before
+// the running max, and the dropout factor weighs P V but not the running sum, so the split
+// windows' partials merge as they are.
+
+// The extras of the `_x` kernels (BsbExtras in attention_tiles.cuh): a bias (null, or nnz x
+// bias_heads) and dropout in the caller's CSR order, reached through each block's first edge
+// (block_edge_start) and the edges' caller ids (edge_ids, in block and bit order).
+template <class T> struct BsbExtrasArgs {
+    const T* bias;
+    u32 bias_heads;
+    const u32* block_edge_start;
+    const u32* edge_ids;
+    Dropout drop;
+};
+
+template <class T>
+__device__ __forceinline__ BsbExtras<T> bsb_extras(const BsbExtrasArgs<T>* xa, u32 h, u32 heads) {
+    BsbExtras<T> xt;
+    xt.bias = xa->bias;
+    xt.bias_heads = xa->bias_heads;
+    xt.head = h;
+    xt.heads = heads;
+    xt.block_edge_start = xa->block_edge_start;
+    xt.edge_ids = xa->edge_ids;
+    xt.drop = xa->drop;
+    return xt;
+}
+
+template <class T, int DS, bool VEC, bool PIPE, bool EXTRAS>
 __device__ __forceinline__ void fused_bsb(
     const uint4* __restrict__ units, const u32* __restrict__ unit_split,
     const u32* __restrict__ split_part_first, u32 n_items, u32 heads, u32 head_dim, u32 fs,
     u32 n_rows, const u32* __restrict__ row_ids, const u32* __restrict__ block_columns,
     const u32* __restrict__ bitmaps, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, float scale_log2,
     T* __restrict__ out, float* __restrict__ part_ml, float* __restrict__ part_acc,
-    u32* __restrict__ counters) {
+    u32* __restrict__ counters, const BsbExtrasArgs<T>* xa) {
     constexpr int D8 = DS / 8;  // n-tiles of P V = features per lane per V row
 
     extern __shared__ float bsb_smem[];
@@ -72,10 +101,17 @@ __device__ __forceinline__ void fused_bsb(
     const u32 qrow[2] = {q_row(row0), q_row(row1)};
 
     float m[2], l[2], o[D8][4];
-    bsb_tiles<T, DS, VEC, PIPE, false>(qrow[0], qrow[1], q, block_columns,
-                                       bitmaps, nullptr, 0u, b_begin, b_end, 2u, k, v, hd,
-                                       head_off, d, base, scale_log2, fs, wig, bar, gsize, xs, m,
-                                       l, o);
+    if constexpr (EXTRAS) {
+        bsb_tiles<T, DS, VEC, PIPE, false>(qrow[0], qrow[1], q, block_columns, bitmaps, nullptr,
+                                           0u, b_begin, b_end, 2u, k, v, hd, head_off, d, base,
+                                           scale_log2, fs, wig, bar, gsize, xs, m, l, o,
+                                           bsb_extras(xa, h, heads));
+    } else {
+        bsb_tiles<T, DS, VEC, PIPE, false>(qrow[0], qrow[1], q, block_columns,
+                                           bitmaps, nullptr, 0u, b_begin, b_end, 2u, k, v, hd,
+                                           head_off, d, base, scale_log2, fs, wig, bar, gsize, xs, m,
+                                           l, o);
+    }
 
     if (part == SPATTN_NONE) {
         // The whole window: normalise and write (a row without edges has l = 0: zeros).
@@ -122,18 +158,36 @@ __device__ __forceinline__ void fused_bsb(
                                  hd, head_off, d);
 }
 
+// The parameters every fused_bsb kernel takes, and those its `_x` twin takes after them.
+#define SPATTN_BSB_PARAMS(T)                                                                   \
+    const uint4 *units, const u32 *unit_split, const u32 *split_part_first, u32 n_items,       \
+        u32 heads, u32 head_dim, u32 fs, u32 n_rows, const u32 *row_ids, const u32 *unit_pre,  \
+        const u32 *block_columns, const u32 *bitmaps, const T *q, const T *k, const T *v,      \
+        float scale_log2, T *out, float *part_ml, float *part_acc, u32 *counters
+#define SPATTN_BSB_X_PARAMS(T)                                                                 \
+    const T *bias, u32 bias_heads, const u32 *block_edge_start, const u32 *edge_ids, u32 key0, \
+        u32 key1, u32 off0, u32 off1, u32 threshold, float drop_scale
+#define SPATTN_BSB_X_ARGS(T)                                                                   \
+    const BsbExtrasArgs<T> xa = {bias, bias_heads, block_edge_start, edge_ids,                 \
+                                 {key0, key1, off0, off1, threshold, drop_scale}}
+
 #define SPATTN_FUSED_BSB(SUFFIX, T, DS, NAME, VEC, PIPE)                                       \
     extern "C" __global__ void __launch_bounds__(256)                                          \
-        fused_bsb_##SUFFIX##_s##DS##NAME(                                                      \
-            const uint4* units, const u32* unit_split, const u32* split_part_first,            \
-            u32 n_items, u32 heads, u32 head_dim, u32 fs, u32 n_rows, const u32* row_ids,      \
-            const u32* unit_pre, const u32* block_columns, const u32* bitmaps, const T* q,     \
-            const T* k, const T* v, float scale_log2, T* out, float* part_ml, float* part_acc, \
-            u32* counters) {                                                                   \
+        fused_bsb_##SUFFIX##_s##DS##NAME(SPATTN_BSB_PARAMS(T)) {                               \
         (void)unit_pre;                                                                        \
-        fused_bsb<T, DS, VEC, PIPE>(units, unit_split, split_part_first, n_items, heads,       \
-                                    head_dim, fs, n_rows, row_ids, block_columns, bitmaps, q,  \
-                                    k, v, scale_log2, out, part_ml, part_acc, counters);       \
+        fused_bsb<T, DS, VEC, PIPE, false>(units, unit_split, split_part_first, n_items,       \
+                                           heads, head_dim, fs, n_rows, row_ids,               \
+                                           block_columns, bitmaps, q, k, v, scale_log2, out,   \
+                                           part_ml, part_acc, counters, nullptr);              \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(256) fused_bsb_##SUFFIX##_s##DS##NAME##_x(    \
+        SPATTN_BSB_PARAMS(T), SPATTN_BSB_X_PARAMS(T)) {                                        \
+        (void)unit_pre;                                                                        \
+        SPATTN_BSB_X_ARGS(T);                                                                  \
+        fused_bsb<T, DS, VEC, PIPE, true>(units, unit_split, split_part_first, n_items, heads, \
+                                          head_dim, fs, n_rows, row_ids, block_columns,        \
+                                          bitmaps, q, k, v, scale_log2, out, part_ml,          \
+                                          part_acc, counters, &xa);                            \
     }
 
 // Only the 128-feature slice prefetches the next step's K rows (PIPE): narrower slices would pay
@@ -155,7 +209,7 @@ SPATTN_FUSED_BSB_BOTH(f32, float, 64)
 // One warp per (unit, head), f16/bf16 heads of exactly 64 or 128 features: the tile loop is
 // bsb_pipe_tiles (attention_tiles.cuh, with the shared-memory layout and fragments), the end of
 // the unit bsb_pipe_finish.
-template <class T, int D>
+template <class T, int D, bool EXTRAS>
 __device__ __forceinline__ void fused_bsb_pipe(
     const uint4* __restrict__ units, const u32* __restrict__ unit_split,
     const u32* __restrict__ split_part_first, u32 n_items, u32 heads, u32 n_rows,
@@ -163,7 +217,7 @@ __device__ __forceinline__ void fused_bsb_pipe(
     const u32* __restrict__ block_columns,
     const u32* __restrict__ bitmaps, const T* __restrict__ q, const T* __restrict__ k,
     const T* __restrict__ v, float scale_log2, T* __restrict__ out, float* __restrict__ part_ml,
-    float* __restrict__ part_acc, u32* __restrict__ counters) {
+    float* __restrict__ part_acc, u32* __restrict__ counters, const BsbExtrasArgs<T>* xa) {
     extern __shared__ uint4 bsb_pipe_smem[];
     const u32 warp = threadIdx.x >> 5;
     const u32 item = blockIdx.x * (blockDim.x >> 5) + warp;
@@ -189,8 +243,14 @@ __device__ __forceinline__ void fused_bsb_pipe(
     const u64 hd = (u64)heads * D, head_off = (u64)h * D;
     if constexpr (!PRE) bsb_pipe_qrows(row_ids, window, n_rows, qrow);
     float m[2], l[2], o[D / 8][4];
-    bsb_pipe_tiles<T, D, false, PRE>(smem, un.y, un.z, qrow, q, block_columns, bitmaps, k, v, hd,
-                                     head_off, scale_log2, nullptr, 0u, m, l, o, col01);
+    if constexpr (EXTRAS) {
+        bsb_pipe_tiles<T, D, false, PRE>(smem, un.y, un.z, qrow, q, block_columns, bitmaps, k, v,
+                                         hd, head_off, scale_log2, nullptr, 0u, m, l, o, col01,
+                                         bsb_extras(xa, h, heads));
+    } else {
+        bsb_pipe_tiles<T, D, false, PRE>(smem, un.y, un.z, qrow, q, block_columns, bitmaps, k, v, hd,
+                                         head_off, scale_log2, nullptr, 0u, m, l, o, col01);
+    }
     bsb_pipe_finish<T, D>(part, part == SPATTN_NONE ? 0u : unit_split[u], split_part_first,
                           counters, heads, h, smem, part_ml, part_acc, n_rows, window, row_ids,
                           out, hd, head_off, qrow, m, l, o);
@@ -201,16 +261,22 @@ __device__ __forceinline__ void fused_bsb_pipe(
 // the host from the schedule, the block columns and the row order; null for D 64 and the
 // register kernels, which do not read it).
 #define SPATTN_FUSED_BSB_PIPE(SUFFIX, T, D)                                                    \
-    extern "C" __global__ void __launch_bounds__(128) fused_bsb_##SUFFIX##_d##D##_pipe(        \
-        const uint4* units, const u32* unit_split, const u32* split_part_first, u32 n_items,   \
-        u32 heads, u32 head_dim, u32 fs, u32 n_rows, const u32* row_ids, const u32* unit_pre,  \
-        const u32* block_columns, const u32* bitmaps, const T* q, const T* k, const T* v,      \
-        float scale_log2, T* out, float* part_ml, float* part_acc, u32* counters) {            \
+    extern "C" __global__ void __launch_bounds__(128)                                          \
+        fused_bsb_##SUFFIX##_d##D##_pipe(SPATTN_BSB_PARAMS(T)) {                               \
         (void)head_dim;                                                                        \
         (void)fs;                                                                              \
-        fused_bsb_pipe<T, D>(units, unit_split, split_part_first, n_items, heads, n_rows,      \
-                             row_ids, unit_pre, block_columns, bitmaps, q, k, v, scale_log2,   \
-                             out, part_ml, part_acc, counters);                                \
+        fused_bsb_pipe<T, D, false>(units, unit_split, split_part_first, n_items, heads,       \
+                                    n_rows, row_ids, unit_pre, block_columns, bitmaps, q, k,   \
+                                    v, scale_log2, out, part_ml, part_acc, counters, nullptr); \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(128) fused_bsb_##SUFFIX##_d##D##_pipe_x(      \
+        SPATTN_BSB_PARAMS(T), SPATTN_BSB_X_PARAMS(T)) {                                        \
+        (void)head_dim;                                                                        \
+        (void)fs;                                                                              \
+        SPATTN_BSB_X_ARGS(T);                                                                  \
+        fused_bsb_pipe<T, D, true>(units, unit_split, split_part_first, n_items, heads,        \
+                                   n_rows, row_ids, unit_pre, block_columns, bitmaps, q, k, v, \
+                                   scale_log2, out, part_ml, part_acc, counters, &xa);         \
     }
 
 SPATTN_FUSED_BSB_PIPE(f16, __half, 64)

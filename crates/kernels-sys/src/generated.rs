@@ -303,93 +303,173 @@ pub const EDGE_CAST_BF16: &str = "edge_cast_bf16";
 /// Kernel `edge_row_combine_bf16` of [`EDGE_EXTRAS`].
 pub const EDGE_ROW_COMBINE_BF16: &str = "edge_row_combine_bf16";
 
-/// The PTX module compiled from `cuda/fused_bsb.cu` (20 kernels).
+/// The PTX module compiled from `cuda/fused_bsb.cu` (40 kernels).
 pub const FUSED_BSB: PtxModule = PtxModule {
     name: "fused_bsb",
     ptx: include_str!("../ptx/fused_bsb.ptx"),
     kernels: &[
         FUSED_BSB_F16_S32,
+        FUSED_BSB_F16_S32_X,
         FUSED_BSB_F16_S32_SCALAR,
+        FUSED_BSB_F16_S32_SCALAR_X,
         FUSED_BSB_F16_S64,
+        FUSED_BSB_F16_S64_X,
         FUSED_BSB_F16_S64_SCALAR,
+        FUSED_BSB_F16_S64_SCALAR_X,
         FUSED_BSB_F16_S128,
+        FUSED_BSB_F16_S128_X,
         FUSED_BSB_F16_S128_SCALAR,
+        FUSED_BSB_F16_S128_SCALAR_X,
         FUSED_BSB_BF16_S32,
+        FUSED_BSB_BF16_S32_X,
         FUSED_BSB_BF16_S32_SCALAR,
+        FUSED_BSB_BF16_S32_SCALAR_X,
         FUSED_BSB_BF16_S64,
+        FUSED_BSB_BF16_S64_X,
         FUSED_BSB_BF16_S64_SCALAR,
+        FUSED_BSB_BF16_S64_SCALAR_X,
         FUSED_BSB_BF16_S128,
+        FUSED_BSB_BF16_S128_X,
         FUSED_BSB_BF16_S128_SCALAR,
+        FUSED_BSB_BF16_S128_SCALAR_X,
         FUSED_BSB_F32_S32,
+        FUSED_BSB_F32_S32_X,
         FUSED_BSB_F32_S32_SCALAR,
+        FUSED_BSB_F32_S32_SCALAR_X,
         FUSED_BSB_F32_S64,
+        FUSED_BSB_F32_S64_X,
         FUSED_BSB_F32_S64_SCALAR,
+        FUSED_BSB_F32_S64_SCALAR_X,
         FUSED_BSB_F16_D64_PIPE,
+        FUSED_BSB_F16_D64_PIPE_X,
         FUSED_BSB_F16_D128_PIPE,
+        FUSED_BSB_F16_D128_PIPE_X,
         FUSED_BSB_BF16_D64_PIPE,
+        FUSED_BSB_BF16_D64_PIPE_X,
         FUSED_BSB_BF16_D128_PIPE,
+        FUSED_BSB_BF16_D128_PIPE_X,
     ],
 };
 
 /// Kernel `fused_bsb_f16_s32` of [`FUSED_BSB`].
 pub const FUSED_BSB_F16_S32: &str = "fused_bsb_f16_s32";
 
+/// Kernel `fused_bsb_f16_s32_x` of [`FUSED_BSB`].
+pub const FUSED_BSB_F16_S32_X: &str = "fused_bsb_f16_s32_x";
+
 /// Kernel `fused_bsb_f16_s32_scalar` of [`FUSED_BSB`].
 pub const FUSED_BSB_F16_S32_SCALAR: &str = "fused_bsb_f16_s32_scalar";
+
+/// Kernel `fused_bsb_f16_s32_scalar_x` of [`FUSED_BSB`].
+pub const FUSED_BSB_F16_S32_SCALAR_X: &str = "fused_bsb_f16_s32_scalar_x";
 
 /// Kernel `fused_bsb_f16_s64` of [`FUSED_BSB`].
 pub const FUSED_BSB_F16_S64: &str = "fused_bsb_f16_s64";
 
+/// Kernel `fused_bsb_f16_s64_x` of [`FUSED_BSB`].
+pub const FUSED_BSB_F16_S64_X: &str = "fused_bsb_f16_s64_x";
+
 /// Kernel `fused_bsb_f16_s64_scalar` of [`FUSED_BSB`].
 pub const FUSED_BSB_F16_S64_SCALAR: &str = "fused_bsb_f16_s64_scalar";
+
+/// Kernel `fused_bsb_f16_s64_scalar_x` of [`FUSED_BSB`].
+pub const FUSED_BSB_F16_S64_SCALAR_X: &str = "fused_bsb_f16_s64_scalar_x";
 
 /// Kernel `fused_bsb_f16_s128` of [`FUSED_BSB`].
 pub const FUSED_BSB_F16_S128: &str = "fused_bsb_f16_s128";
 
+/// Kernel `fused_bsb_f16_s128_x` of [`FUSED_BSB`].
+pub const FUSED_BSB_F16_S128_X: &str = "fused_bsb_f16_s128_x";
+
 /// Kernel `fused_bsb_f16_s128_scalar` of [`FUSED_BSB`].
 pub const FUSED_BSB_F16_S128_SCALAR: &str = "fused_bsb_f16_s128_scalar";
+
+/// Kernel `fused_bsb_f16_s128_scalar_x` of [`FUSED_BSB`].
+pub const FUSED_BSB_F16_S128_SCALAR_X: &str = "fused_bsb_f16_s128_scalar_x";
 
 /// Kernel `fused_bsb_bf16_s32` of [`FUSED_BSB`].
 pub const FUSED_BSB_BF16_S32: &str = "fused_bsb_bf16_s32";
 
+/// Kernel `fused_bsb_bf16_s32_x` of [`FUSED_BSB`].
+pub const FUSED_BSB_BF16_S32_X: &str = "fused_bsb_bf16_s32_x";
+
 /// Kernel `fused_bsb_bf16_s32_scalar` of [`FUSED_BSB`].
 pub const FUSED_BSB_BF16_S32_SCALAR: &str = "fused_bsb_bf16_s32_scalar";
+
+/// Kernel `fused_bsb_bf16_s32_scalar_x` of [`FUSED_BSB`].
+pub const FUSED_BSB_BF16_S32_SCALAR_X: &str = "fused_bsb_bf16_s32_scalar_x";
 
 /// Kernel `fused_bsb_bf16_s64` of [`FUSED_BSB`].
 pub const FUSED_BSB_BF16_S64: &str = "fused_bsb_bf16_s64";
 
+/// Kernel `fused_bsb_bf16_s64_x` of [`FUSED_BSB`].
+pub const FUSED_BSB_BF16_S64_X: &str = "fused_bsb_bf16_s64_x";
+
 /// Kernel `fused_bsb_bf16_s64_scalar` of [`FUSED_BSB`].
 pub const FUSED_BSB_BF16_S64_SCALAR: &str = "fused_bsb_bf16_s64_scalar";
+
+/// Kernel `fused_bsb_bf16_s64_scalar_x` of [`FUSED_BSB`].
+pub const FUSED_BSB_BF16_S64_SCALAR_X: &str = "fused_bsb_bf16_s64_scalar_x";
 
 /// Kernel `fused_bsb_bf16_s128` of [`FUSED_BSB`].
 pub const FUSED_BSB_BF16_S128: &str = "fused_bsb_bf16_s128";
 
+/// Kernel `fused_bsb_bf16_s128_x` of [`FUSED_BSB`].
+pub const FUSED_BSB_BF16_S128_X: &str = "fused_bsb_bf16_s128_x";
+
 /// Kernel `fused_bsb_bf16_s128_scalar` of [`FUSED_BSB`].
 pub const FUSED_BSB_BF16_S128_SCALAR: &str = "fused_bsb_bf16_s128_scalar";
+
+/// Kernel `fused_bsb_bf16_s128_scalar_x` of [`FUSED_BSB`].
+pub const FUSED_BSB_BF16_S128_SCALAR_X: &str = "fused_bsb_bf16_s128_scalar_x";
 
 /// Kernel `fused_bsb_f32_s32` of [`FUSED_BSB`].
 pub const FUSED_BSB_F32_S32: &str = "fused_bsb_f32_s32";
 
+/// Kernel `fused_bsb_f32_s32_x` of [`FUSED_BSB`].
+pub const FUSED_BSB_F32_S32_X: &str = "fused_bsb_f32_s32_x";
+
 /// Kernel `fused_bsb_f32_s32_scalar` of [`FUSED_BSB`].
 pub const FUSED_BSB_F32_S32_SCALAR: &str = "fused_bsb_f32_s32_scalar";
+
+/// Kernel `fused_bsb_f32_s32_scalar_x` of [`FUSED_BSB`].
+pub const FUSED_BSB_F32_S32_SCALAR_X: &str = "fused_bsb_f32_s32_scalar_x";
 
 /// Kernel `fused_bsb_f32_s64` of [`FUSED_BSB`].
 pub const FUSED_BSB_F32_S64: &str = "fused_bsb_f32_s64";
 
+/// Kernel `fused_bsb_f32_s64_x` of [`FUSED_BSB`].
+pub const FUSED_BSB_F32_S64_X: &str = "fused_bsb_f32_s64_x";
+
 /// Kernel `fused_bsb_f32_s64_scalar` of [`FUSED_BSB`].
 pub const FUSED_BSB_F32_S64_SCALAR: &str = "fused_bsb_f32_s64_scalar";
+
+/// Kernel `fused_bsb_f32_s64_scalar_x` of [`FUSED_BSB`].
+pub const FUSED_BSB_F32_S64_SCALAR_X: &str = "fused_bsb_f32_s64_scalar_x";
 
 /// Kernel `fused_bsb_f16_d64_pipe` of [`FUSED_BSB`].
 pub const FUSED_BSB_F16_D64_PIPE: &str = "fused_bsb_f16_d64_pipe";
 
+/// Kernel `fused_bsb_f16_d64_pipe_x` of [`FUSED_BSB`].
+pub const FUSED_BSB_F16_D64_PIPE_X: &str = "fused_bsb_f16_d64_pipe_x";
+
 /// Kernel `fused_bsb_f16_d128_pipe` of [`FUSED_BSB`].
 pub const FUSED_BSB_F16_D128_PIPE: &str = "fused_bsb_f16_d128_pipe";
+
+/// Kernel `fused_bsb_f16_d128_pipe_x` of [`FUSED_BSB`].
+pub const FUSED_BSB_F16_D128_PIPE_X: &str = "fused_bsb_f16_d128_pipe_x";
 
 /// Kernel `fused_bsb_bf16_d64_pipe` of [`FUSED_BSB`].
 pub const FUSED_BSB_BF16_D64_PIPE: &str = "fused_bsb_bf16_d64_pipe";
 
+/// Kernel `fused_bsb_bf16_d64_pipe_x` of [`FUSED_BSB`].
+pub const FUSED_BSB_BF16_D64_PIPE_X: &str = "fused_bsb_bf16_d64_pipe_x";
+
 /// Kernel `fused_bsb_bf16_d128_pipe` of [`FUSED_BSB`].
 pub const FUSED_BSB_BF16_D128_PIPE: &str = "fused_bsb_bf16_d128_pipe";
+
+/// Kernel `fused_bsb_bf16_d128_pipe_x` of [`FUSED_BSB`].
+pub const FUSED_BSB_BF16_D128_PIPE_X: &str = "fused_bsb_bf16_d128_pipe_x";
 
 /// The PTX module compiled from `cuda/fused_csr.cu` (79 kernels).
 pub const FUSED_CSR: PtxModule = PtxModule {

@@ -77,6 +77,16 @@ impl OrderedBsb {
         })
     }
 
+    /// Where the extras of `a`'s edges (the graph this was built from, in the caller's CSR
+    /// order) are for the fused kernel's `_x` twins: per block, the index of its first edge in
+    /// block-and-bit order (a block's bits row-major), and per edge in that order its index in
+    /// `a`'s CSR. A window's edges are its rows' edges, so windows are mapped in parallel.
+    ///
+    /// Errors: [`crate::Error::InvalidArgument`] where `a` is not the graph of this BSB.
+    pub(crate) fn edge_map(&self, a: &Csr) -> Result<(Vec<u32>, Vec<u32>)> {
+        bsb_edge_map(a, &self.host, self.order.row_ids())
+    }
+
     /// The row order and its K/V gathers, for a plan's report.
     pub fn info(&self) -> String {
         self.order.info()
@@ -86,6 +96,83 @@ impl OrderedBsb {
     pub fn device_bytes(&self) -> usize {
         self.device.device_bytes() + self.row_ids.as_ref().map_or(0, DeviceVec::num_bytes)
     }
+}
+
+/// [`OrderedBsb::edge_map`] of `bsb`, the BSB of `a` with its rows renumbered by `row_ids`
+/// (per new row its row of `a`; `None`: `a`'s order).
+fn bsb_edge_map(a: &Csr, bsb: &Bsb, row_ids: Option<&[u32]>) -> Result<(Vec<u32>, Vec<u32>)> {
+    use rayon::prelude::*;
+    let mismatch = |why: String| crate::Error::InvalidArgument {
+        what: "graph of the BSB",
+        why,
+    };
+    if bsb.n_rows() != a.n_rows()
+        || bsb.nnz() != a.nnz()
+        || row_ids.is_some_and(|r| r.len() != a.n_rows())
+    {
+        return Err(mismatch(format!(
+            "the BSB has {} rows and {} edges, the graph {} and {}",
+            bsb.n_rows(),
+            bsb.nnz(),
+            a.n_rows(),
+            a.nnz()
+        )));
+    }
+    let rows = Bsb::WINDOW_ROWS;
+    let offsets = a.row_offsets();
+    let cols = a.col_indices();
+    let caller = |r: usize| row_ids.map_or(r, |ids| ids[r] as usize);
+    let block_columns = bsb.block_columns();
+    let per_window: Vec<(Vec<u32>, Vec<u32>)> = (0..bsb.n_windows())
+        .into_par_iter()
+        .map(|w| {
+            let first = w * rows;
+            let rows_here = rows.min(a.n_rows() - first);
+            // Each row's cursor into its caller row's edges (columns ascending, as the BSB's
+            // slots of the row are across the window's blocks).
+            let mut at: Vec<usize> = (0..rows_here)
+                .map(|r| offsets[caller(first + r)] as usize)
+                .collect();
+            let end: Vec<usize> = (0..rows_here)
+                .map(|r| offsets[caller(first + r) + 1] as usize)
+                .collect();
+            let mut starts = Vec::with_capacity(bsb.blocks_in_window(w));
+            let mut ids = Vec::new();
+            for b in bsb.window_blocks(w) {
+                starts.push(ids.len() as u32);
+                let slots = &block_columns[b * Bsb::BLOCK_COLS..(b + 1) * Bsb::BLOCK_COLS];
+                let last = slots.iter().copied().filter(|&c| c != Bsb::PADDING).max();
+                let Some(last) = last else { continue };
+                for r in 0..rows_here {
+                    while at[r] < end[r] && cols[at[r]] <= last {
+                        // Edge indices are below nnz ≤ MAX_NNZ < 2³².
+                        ids.push(at[r] as u32);
+                        at[r] += 1;
+                    }
+                }
+            }
+            let complete = at == end;
+            (starts, if complete { ids } else { Vec::new() })
+        })
+        .collect();
+    let mut starts = Vec::with_capacity(bsb.n_blocks());
+    let mut ids = Vec::with_capacity(a.nnz());
+    for (w, (s, i)) in per_window.into_iter().enumerate() {
+        let first_edge = ids.len() as u32;
+        let expected: usize = bsb
+            .window_blocks(w)
+            .map(|b| bsb.bitmaps()[b].count_ones() as usize)
+            .sum();
+        if i.len() != expected {
+            return Err(mismatch(format!(
+                "window {w} holds {expected} edges in its bitmaps, the graph's rows {}",
+                i.len()
+            )));
+        }
+        starts.extend(s.into_iter().map(|x| x + first_edge));
+        ids.extend(i);
+    }
+    Ok((starts, ids))
 }
 
 /// A BSB mask in device memory: window offsets, the column of every block slot (padding slots
@@ -232,5 +319,67 @@ impl DeviceBsb {
 impl OnGpu for DeviceBsb {
     fn gpu(&self) -> &Gpu {
         self.window_offsets.gpu()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spattn_formats::Permutation;
+
+    /// Every set bit of every block, in block-and-bit order, maps to the caller's edge of its
+    /// (caller row, block column), with the rows in the graph's order and renumbered.
+    #[test]
+    fn edge_map_names_each_bit_s_caller_edge() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |m: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % m
+        };
+        for (n, avg) in [(1usize, 1u64), (37, 3), (300, 9)] {
+            let mut edges = Vec::new();
+            for r in 0..n as u32 {
+                for _ in 0..next(2 * avg) {
+                    edges.push((r, next(n as u64) as u32));
+                }
+            }
+            // A dense row spans several blocks.
+            edges.extend((0..n as u32).map(|c| ((n / 2) as u32, c)));
+            let a = Csr::from_edges(n, n, &edges).unwrap();
+            for p in [None, Some(Permutation::by_degree_descending(&a))] {
+                let bsb = match &p {
+                    Some(p) => Bsb::from_csr(&p.permute_csr_rows(&a).unwrap()).unwrap(),
+                    None => Bsb::from_csr(&a).unwrap(),
+                };
+                let ids = p.as_ref().map(Permutation::old_of_new);
+                let (starts, map) = bsb_edge_map(&a, &bsb, ids).unwrap();
+                assert_eq!((starts.len(), map.len()), (bsb.n_blocks(), a.nnz()));
+                let mut k = 0usize;
+                for w in 0..bsb.n_windows() {
+                    for b in bsb.window_blocks(w) {
+                        assert_eq!(starts[b] as usize, k);
+                        let bits = bsb.bitmaps()[b];
+                        for bit in (0..128).filter(|&i| bits >> i & 1 == 1) {
+                            let (r, c) = (bit / 8, bit % 8);
+                            let row = w * 16 + r;
+                            let caller = ids.map_or(row, |x| x[row] as usize);
+                            let e = map[k] as usize;
+                            let o = a.row_offsets();
+                            assert!((o[caller] as usize..o[caller + 1] as usize).contains(&e));
+                            assert_eq!(a.col_indices()[e], bsb.block_columns()[b * 8 + c]);
+                            k += 1;
+                        }
+                    }
+                }
+                assert_eq!(k, a.nnz());
+            }
+        }
+        // Another graph is refused, naming the sizes.
+        let a = Csr::from_edges(3, 3, &[(0, 1), (2, 2)]).unwrap();
+        let b = Bsb::from_csr(&Csr::from_edges(3, 3, &[(0, 1)]).unwrap()).unwrap();
+        let e = bsb_edge_map(&a, &b, None).unwrap_err();
+        assert!(e.to_string().contains("1 edges"), "{e}");
     }
 }

@@ -367,7 +367,7 @@ def test_cuda_algorithm_without_extras_says_which_take_them():
     g = cora()
     q = torch.randn(g.num_nodes, 1, 16, device="cuda", dtype=torch.float16)
     with pytest.raises(Exception, match="unfused-csr"):
-        spattn.sparse_attention(g, q, q, q, dropout=0.1, algorithm="fused-tc")
+        spattn.sparse_attention(g, q, q, q, dropout=0.1, algorithm="hybrid")
     plan = g.plan(1, 16, dtype="float16", extras=True)
     assert plan["algorithm"] == "unfused-csr"
 

@@ -261,38 +261,6 @@ impl<T: DType> Default for CsrExtras<'_, T> {
     }
 }
 
-/// The scalar arguments of the `_x` kernels.
-struct KernelExtras {
-    bias_heads: u32,
-    key: [u32; 2],
-    offset: [u32; 2],
-    threshold: u32,
-    scale: f32,
-}
-
-impl KernelExtras {
-    fn new<T: DType>(e: &CsrExtras<'_, T>, heads: u32) -> Self {
-        let shared = e.bias.as_ref().is_some_and(DeviceBias::is_shared);
-        let (key, offset, threshold, scale) = match &e.dropout {
-            // Threshold 0 keeps every edge: the kernel skips the generator.
-            Some(d) => (
-                d.key(),
-                [d.offset() as u32, (d.offset() >> 32) as u32],
-                d.threshold(),
-                d.scale(),
-            ),
-            None => ([0; 2], [0; 2], 0, 1.0),
-        };
-        Self {
-            bias_heads: if shared { 1 } else { heads },
-            key,
-            offset,
-            threshold,
-            scale,
-        }
-    }
-}
-
 /// The work units of the fused kernel on device, in the plan's row order: the column indices of
 /// the row-renumbered mask, and [`RowUnits`] over it whose rows (and split rows) name the
 /// caller's rows, so that the kernel reads Q and writes the output in the caller's order with
@@ -503,7 +471,7 @@ impl FusedCsr {
             .arg(self.part_ml.slice_mut())
             .arg(self.part_acc.slice_mut());
         // The extras' arguments (null pointers: absent), alive until the launch below.
-        let ex = extras.map(|e| KernelExtras::new(e, heads));
+        let ex = extras.map(|e| super::KernelExtras::new(e, heads));
         if let (Some(ex), Some(e)) = (&ex, extras) {
             args.arg_or_null(e.bias.as_ref().map(DeviceBias::values))
                 .arg(&ex.bias_heads)

@@ -18,3 +18,38 @@ pub mod tc;
 pub use csr::{CsrExtras, FusedCsr};
 pub use hybrid::{Hybrid, HybridInfo, HybridParams};
 pub use tc::FusedTensorCore;
+
+use crate::edge_extras::DeviceBias;
+use crate::DType;
+
+/// The scalar arguments of the `_x` kernels.
+pub(crate) struct KernelExtras {
+    pub(crate) bias_heads: u32,
+    pub(crate) key: [u32; 2],
+    pub(crate) offset: [u32; 2],
+    pub(crate) threshold: u32,
+    pub(crate) scale: f32,
+}
+
+impl KernelExtras {
+    pub(crate) fn new<T: DType>(e: &CsrExtras<'_, T>, heads: u32) -> Self {
+        let shared = e.bias.as_ref().is_some_and(DeviceBias::is_shared);
+        let (key, offset, threshold, scale) = match &e.dropout {
+            // Threshold 0 keeps every edge: the kernel skips the generator.
+            Some(d) => (
+                d.key(),
+                [d.offset() as u32, (d.offset() >> 32) as u32],
+                d.threshold(),
+                d.scale(),
+            ),
+            None => ([0; 2], [0; 2], 0, 1.0),
+        };
+        Self {
+            bias_heads: if shared { 1 } else { heads },
+            key,
+            offset,
+            threshold,
+            scale,
+        }
+    }
+}

@@ -16,15 +16,21 @@
 //! counting K/V row gathers at plan time), zero-copy: the BSB is built from the row-permuted
 //! graph with the original column ids (so K and V are gathered from the caller's arrays), and
 //! the kernel loads Q and stores out through the per-row original-id array.
+//!
+//! [`FusedTensorCore::forward_with_extras`] adds a score bias and dropout in the caller's CSR
+//! order (the `_x` kernels): each block's edges are numbered in bit order from the block's first
+//! edge, and a per-edge array names each one's caller edge ([`OrderedBsb::edge_map`]).
 
+use super::CsrExtras;
 use crate::device_bsb::{bsb_pipe_supports, bsb_pipe_warp_bytes, BSB_MERGE_FLOATS};
 use crate::device_bsb::{OrderedBsb, BSB_WINDOW_ROWS};
+use crate::edge_extras::DeviceBias;
 use crate::launch::{
     blocks_for, check_same_gpu, kernel_named, launch, to_u32, LaunchConfig, PushKernelArg,
     PushOptionalArg,
 };
 use crate::{DType, DTypeKind, DeviceGraph, DeviceMatrix, DeviceVec, Gpu, Shape};
-use spattn_formats::Bsb;
+use spattn_formats::{Bsb, Csr};
 use spattn_kernels_sys::FUSED_BSB;
 use std::sync::Arc;
 
@@ -330,6 +336,9 @@ pub struct FusedTensorCore {
     part_acc: DeviceVec<f32>,
     /// Arrivals per split window and head; every launch leaves them at 0.
     counters: DeviceVec<u32>,
+    /// Per block its first edge, and per edge in block-and-bit order its caller CSR edge
+    /// ([`OrderedBsb::edge_map`]): built by the first forward with extras.
+    edge_map: Option<(DeviceVec<u32>, DeviceVec<u32>)>,
 }
 
 impl FusedTensorCore {
@@ -438,6 +447,7 @@ impl FusedTensorCore {
             part_ml: DeviceVec::zeros(gpu, rows * 2)?,
             part_acc: DeviceVec::zeros(gpu, rows * layout.padded())?,
             counters: DeviceVec::zeros(gpu, schedule.n_split() * heads)?,
+            edge_map: None,
         })
     }
 
@@ -455,6 +465,56 @@ impl FusedTensorCore {
         k: &DeviceMatrix<T>,
         v: &DeviceMatrix<T>,
         scale: f32,
+        out: &mut DeviceMatrix<T>,
+    ) -> Result<()> {
+        self.run(gpu, (q, k, v), scale, None, out)
+    }
+
+    /// [`forward`](Self::forward) with a score bias and dropout (see `spattn::extras`) in the
+    /// same kernel, given in the CSR order of `graph`, the graph this plan was built from. The
+    /// first call maps the BSB's edges to `graph`'s (host work linear in the edges, and 4 bytes
+    /// per edge and per block on the device, kept).
+    ///
+    /// Errors: as [`forward`](Self::forward); [`Error::Unsupported`] for edge features (the
+    /// CUDA-core algorithms take them); a bias that is not `nnz × heads` (or `nnz`, shared);
+    /// [`Error::InvalidArgument`] where `graph` is not the plan's.
+    pub fn forward_with_extras<T: DType>(
+        &mut self,
+        gpu: &Gpu,
+        graph: &Csr,
+        (q, k, v): (&DeviceMatrix<T>, &DeviceMatrix<T>, &DeviceMatrix<T>),
+        scale: f32,
+        extras: &CsrExtras<'_, T>,
+        out: &mut DeviceMatrix<T>,
+    ) -> Result<()> {
+        if extras.edge_features.is_some() {
+            return Err(Error::Unsupported {
+                kernel: KERNEL,
+                why: "takes a score bias and dropout but not edge features (unfused-csr and \
+                      fused-csr take them)"
+                    .into(),
+            });
+        }
+        if let Some(b) = &extras.bias {
+            b.check_len(graph.nnz(), self.heads)?;
+            check_same_gpu(gpu, "bias", b.values())?;
+        }
+        if self.edge_map.is_none() {
+            let (starts, ids) = self.ordered.edge_map(graph)?;
+            self.edge_map = Some((
+                DeviceVec::from_host_named(gpu, "BSB block edge starts", &starts)?,
+                DeviceVec::from_host_named(gpu, "BSB edge ids", &ids)?,
+            ));
+        }
+        self.run(gpu, (q, k, v), scale, Some(extras), out)
+    }
+
+    fn run<T: DType>(
+        &mut self,
+        gpu: &Gpu,
+        (q, k, v): (&DeviceMatrix<T>, &DeviceMatrix<T>, &DeviceMatrix<T>),
+        scale: f32,
+        extras: Option<&CsrExtras<'_, T>>,
         out: &mut DeviceMatrix<T>,
     ) -> Result<()> {
         if T::KIND != self.dtype {
@@ -531,7 +591,11 @@ impl FusedTensorCore {
         if let Some(pre) = &self.unit_pre {
             check_same_gpu(gpu, "unit records", pre)?;
         }
-        let f = gpu.load_function(FUSED_BSB.name, FUSED_BSB.ptx, self.kernel)?;
+        let kernel = match extras {
+            Some(_) => kernel_named(&FUSED_BSB, format!("{}_x", self.kernel))?,
+            None => self.kernel,
+        };
+        let f = gpu.load_function(FUSED_BSB.name, FUSED_BSB.ptx, kernel)?;
         let mut args = gpu.launch_builder(&f);
         args.arg(self.units.slice())
             .arg(self.unit_split.slice())
@@ -553,6 +617,24 @@ impl FusedTensorCore {
             .arg(self.part_ml.slice_mut())
             .arg(self.part_acc.slice_mut())
             .arg(self.counters.slice_mut());
+        let ex = extras.map(|e| super::KernelExtras::new(e, heads));
+        if let (Some(ex), Some(e), Some((starts, ids))) = (&ex, extras, &self.edge_map) {
+            args.arg_or_null(e.bias.as_ref().map(DeviceBias::values))
+                .arg(&ex.bias_heads)
+                .arg(starts.slice())
+                .arg(ids.slice())
+                .arg(&ex.key[0])
+                .arg(&ex.key[1])
+                .arg(&ex.offset[0])
+                .arg(&ex.offset[1])
+                .arg(&ex.threshold)
+                .arg(&ex.scale);
+        } else if extras.is_some() {
+            return Err(Error::InvalidArgument {
+                what: "extras",
+                why: "the BSB edge map was not built".into(),
+            });
+        }
         debug_assert_eq!(slice * group, self.layout.padded());
         // SAFETY: items < n_units × heads; row_ids, when given, holds one caller row < n_rows
         // per row of the (row-permuted) BSB (n_rows entries, a permutation's old_of_new), and
@@ -573,8 +655,10 @@ impl FusedTensorCore {
         // `groups_per_cta` groups of `group` warps (pipelined: `bsb_pipe_warp_bytes(head_dim,
         // false)` per warp, the kernel's stages and merge scratch; its cp.async copies read
         // whole 16-byte chunks of K and V rows of head_dim = 64 or 128 2-byte features, inside
-        // the row).
-        unsafe { launch(self.kernel, &mut args, cfg) }?;
+        // the row). Extras: block_edge_start holds n_blocks entries and edge_ids nnz, each a
+        // caller edge < nnz (OrderedBsb::edge_map of this plan's graph, checked against its
+        // sizes), a block's bits numbered from its start; the bias holds nnz × bias_heads.
+        unsafe { launch(kernel, &mut args, cfg) }?;
         Ok(())
     }
 }

@@ -100,8 +100,8 @@ def sparse_attention(
         algorithm: ``"auto"`` or one of ``"unfused-csr"``, ``"unfused-tc"``, ``"fused-csr"``,
             ``"fused-tc"``, ``"hybrid"`` (CUDA; the CPU runs its reference whatever is asked).
             With a bias or dropout, ``auto`` picks an algorithm that takes them
-            (``unfused-csr``; ``fused-csr`` takes them too); naming another is an error that says
-            which do.
+            (``unfused-csr``; ``fused-csr`` takes them too, ``fused-tc`` a bias and dropout
+            but no edge features); naming another is an error that says which do.
 
     Returns ``num_nodes × heads × head_dim`` like ``q`` (a numpy array for numpy inputs), and
     the weights with ``return_attention_weights``. Rows without edges get zeros. On torch
