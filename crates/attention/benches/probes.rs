@@ -1,23 +1,32 @@
 //! Timing probes of the fused attention algorithms on a GPU, printed for the per-kernel notes
 //! (docs/kernels): `fused_tc`, fused-tc with the rows in the graph's order and as
 //! `Reorder::Auto` renumbers them, beside fused-csr; `hybrid`, hybrid beside fused-tc and
-//! fused-csr with the plan's calibrated threshold and split. They print and assert nothing: the
+//! fused-csr with the plan's calibrated threshold and split; `extras`, each algorithm that takes
+//! extras with a bias, dropout and both against itself without (issue 28's ratios: heads 8,
+//! head_dim 64, f16; a markdown table and one `extras-json` line per case). They print and assert nothing: the
 //! published speed claims come from spattn-bench's runs (BENCHMARKS.md), and correctness from
 //! the GPU tests.
 //!
-//! `cargo bench -p spattn --bench probes [-- fused_tc|hybrid]`; SPATTN_TIMING_GRAPHS (a comma
+//! `cargo bench -p spattn --bench probes [-- fused_tc|hybrid|extras]`; SPATTN_TIMING_GRAPHS (a comma
 //! list of shared graph names and rmatNN) picks the graphs, SPATTN_TIMING_QUICK=1 only f16, one
 //! head of 128 for `fused_tc`. Without a GPU it says so and times nothing.
 
 use half::f16;
 use rand_pcg::Pcg64;
-use spattn::{Algorithm, AttentionConfig, AttentionPlan, Reorder};
+use spattn::{
+    Algorithm, AttentionConfig, AttentionPlan, DeviceBias, DeviceVec, Dropout, Extras, ExtrasGrads,
+    Reorder,
+};
 use spattn_formats::Csr;
 use spattn_ops::{DType, DTypeKind, DeviceMatrix, Gpu};
 use spattn_test_support::*;
 
 fn main() {
-    run_probes(&[("fused_tc", fused_tc), ("hybrid", hybrid)]);
+    run_probes(&[
+        ("fused_tc", fused_tc),
+        ("hybrid", hybrid),
+        ("extras", extras),
+    ]);
 }
 
 /// GPU time of `plan.forward` in milliseconds after warm-up: the median of `runs` single
@@ -169,6 +178,141 @@ fn hybrid(gpu: &Gpu) {
                 t[1],
                 t[2],
                 t[0].min(t[1]) / t[2]
+            );
+        }
+    }
+}
+
+/// Median GPU time of `f` over `runs` calls after 3 warm-up calls, ms.
+fn median_ms(gpu: &Gpu, runs: usize, mut f: impl FnMut() -> spattn::Result<()>) -> f64 {
+    let mut time = || {
+        let mut failed = None;
+        let ms = gpu
+            .time_ms(|| {
+                if let Err(e) = f() {
+                    failed = Some(e);
+                }
+                Ok(())
+            })
+            .unwrap();
+        if let Some(e) = failed {
+            panic!("extras probe: {e}");
+        }
+        f64::from(ms)
+    };
+    for _ in 0..3 {
+        time();
+    }
+    let mut t: Vec<f64> = (0..runs).map(|_| time()).collect();
+    t.sort_by(f64::total_cmp);
+    t[runs / 2]
+}
+
+/// Issue 28's ratios: for each algorithm that takes extras, its forward with a per-head bias,
+/// with dropout (rate 0.1), with both, and forward + backward with both, each against the same
+/// plan without extras (forward: `AttentionPlan::forward`; backward: `backward` from the
+/// forward's output). Graphs: SPATTN_TIMING_GRAPHS (default ogbn-arxiv and R-MAT 18); heads 8,
+/// head_dim 64, f16.
+fn extras(gpu: &Gpu) {
+    let gpu = gpu.clone();
+    let mut rng = fresh_rng("extras timings");
+    println!("device: {}", gpu.name());
+    let (heads, d) = (8usize, 64usize);
+    println!(
+        "| graph | algorithm | fwd ms | +bias | +dropout | +both | fwd+bwd ms | +both | \
+         bias × | dropout × | both × | fwd+bwd both × |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (name, a) in timing_graphs("SPATTN_TIMING_GRAPHS", "ogbn-arxiv,rmat18") {
+        let bias =
+            DeviceVec::from_host(&gpu, &random_vec::<f16>(&mut rng, a.nnz() * heads, 1.0)).unwrap();
+        for alg in [
+            Algorithm::FusedTensorCore,
+            Algorithm::FusedCsr,
+            Algorithm::UnfusedCsr,
+        ] {
+            let config = AttentionConfig::new(heads, d, DTypeKind::F16)
+                .with_algorithm(alg)
+                .with_edge_extras(true);
+            let plan = match AttentionPlan::new_gpu(&gpu, &a, config) {
+                Ok(p) => p,
+                Err(e) => {
+                    println!("| {name} | {alg} | {e} |");
+                    continue;
+                }
+            };
+            let (sq, skv) = (plan.shape_q(), plan.shape_kv());
+            let up = |s: spattn_ops::Shape, rng: &mut Pcg64| {
+                DeviceMatrix::from_host(&gpu, s, &random_vec::<f16>(rng, s.len(), 1.0)).unwrap()
+            };
+            let (q, k, v, g) = (
+                up(sq, &mut rng),
+                up(skv, &mut rng),
+                up(skv, &mut rng),
+                up(sq, &mut rng),
+            );
+            let mut out = DeviceMatrix::<f16>::zeros(&gpu, sq).unwrap();
+            let (mut dq, mut dk, mut dv) = (
+                DeviceMatrix::<f16>::zeros(&gpu, sq).unwrap(),
+                DeviceMatrix::<f16>::zeros(&gpu, skv).unwrap(),
+                DeviceMatrix::<f16>::zeros(&gpu, skv).unwrap(),
+            );
+            let mut db = DeviceVec::<f16>::zeros(&gpu, bias.len()).unwrap();
+            let drop = Dropout::new(0.1, 7, 0).unwrap();
+            let with = |b: bool, dr: bool| Extras {
+                bias: b.then_some(DeviceBias::PerHead(&bias)),
+                edge_features: None,
+                dropout: dr.then_some(drop),
+            };
+            let runs = 20;
+            let plain = median_ms(&gpu, runs, || plan.forward(&q, &k, &v, &mut out));
+            let mut fwd = |b: bool, dr: bool| {
+                let ex = with(b, dr);
+                median_ms(&gpu, runs, || {
+                    plan.forward_with(&q, &k, &v, &ex, &mut out, None)
+                })
+            };
+            let (tb, td, tbd) = (fwd(true, false), fwd(false, true), fwd(true, true));
+            let mut y = DeviceMatrix::<f16>::zeros(&gpu, sq).unwrap();
+            plan.forward(&q, &k, &v, &mut y).unwrap();
+            let plain_fb = median_ms(&gpu, runs, || {
+                plan.forward(&q, &k, &v, &mut out)?;
+                plan.backward(&q, &k, &v, &y, &g, &mut dq, &mut dk, &mut dv)
+                    .map(|_| ())
+            });
+            let both = with(true, true);
+            let both_fb = median_ms(&gpu, runs, || {
+                plan.forward_with(&q, &k, &v, &both, &mut out, None)?;
+                plan.backward_with_extras(
+                    &q,
+                    &k,
+                    &v,
+                    &both,
+                    &g,
+                    ExtrasGrads {
+                        dq: &mut dq,
+                        dk: &mut dk,
+                        dv: &mut dv,
+                        d_bias: Some(&mut db),
+                        d_edge_features: None,
+                    },
+                )
+                .map(|_| ())
+            });
+            println!(
+                "| {name} | {alg} | {plain:.4} | {tb:.4} | {td:.4} | {tbd:.4} | {plain_fb:.4} | \
+                 {both_fb:.4} | {:.3} | {:.3} | {:.3} | {:.3} |",
+                tb / plain,
+                td / plain,
+                tbd / plain,
+                both_fb / plain_fb
+            );
+            println!(
+                "extras-json {{\"graph\":\"{name}\",\"nnz\":{},\"algorithm\":\"{alg}\",\"heads\":{heads},\
+                 \"head_dim\":{d},\"dtype\":\"f16\",\"fwd_ms\":{plain},\"bias_ms\":{tb},\
+                 \"dropout_ms\":{td},\"both_ms\":{tbd},\"fwd_bwd_ms\":{plain_fb},\
+                 \"both_fwd_bwd_ms\":{both_fb}}}",
+                a.nnz()
             );
         }
     }
