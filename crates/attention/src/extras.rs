@@ -154,7 +154,12 @@ impl AttentionPlan {
                 ),
             });
         }
-        if extras.edge_features.is_some() && !self.algorithm().takes_edge_features() {
+        // A plan that chose fused-tc itself (Auto) runs edge features through the composition;
+        // one asked for fused-tc refuses them.
+        if extras.edge_features.is_some()
+            && !self.algorithm().takes_edge_features()
+            && self.config().algorithm != Algorithm::Auto
+        {
             return Err(Error::Unsupported {
                 algorithm: self.algorithm(),
                 why: "takes a score bias and dropout but not edge features; unfused-csr and \

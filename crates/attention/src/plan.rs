@@ -401,7 +401,8 @@ impl AttentionPlan {
         let mut state = g.lock_state();
         let done = match &mut *state {
             GpuState::FusedCsr(f) => f.forward_with_extras(&g.gpu, (q, k, v), scale, extras, out),
-            GpuState::FusedTensorCore(f) => {
+            // Edge features: the composition runs them (an autotuned plan may be fused-tc).
+            GpuState::FusedTensorCore(f) if extras.edge_features.is_none() => {
                 f.forward_with_extras(&g.gpu, g.graph.host(), (q, k, v), scale, extras, out)
             }
             _ => return None,

@@ -339,15 +339,23 @@ fn gpu_fused_tc_with_bias_and_dropout_matches_the_f64_reference() {
     for a in &graphs {
         for reorder in [Reorder::None, Reorder::Degree] {
             let tc = (Algorithm::FusedTensorCore, reorder);
+            // The kernels each shape runs (fused::tc::layout_with): d 24 and 32 the 32-feature
+            // register kernel (f32 too), f32 d 64 the 64-feature one, f16/bf16 d 64 and 128
+            // the pipelined one, d 96 the 128-feature register kernel with prefetch, d 256 two
+            // warps of 128 features per (unit, head) (f32 d 128: two of 64), d 20 the
+            // element-wise (`_scalar`) kernels.
             for (heads, d, shared, rate) in [
                 (1, 32, false, 0.0),
                 (3, 24, true, 0.1),
                 (8, 64, false, 0.5),
                 (2, 128, true, 0.3),
+                (1, 96, false, 0.2),
+                (1, 256, true, 0.1),
+                (2, 20, false, 0.4),
             ] {
                 check_gpu_extras::<f16>(a, tc, heads, d, shared, rate);
                 check_gpu_extras::<bf16>(a, tc, heads, d, shared, rate);
-                if d <= 64 {
+                if d <= 128 {
                     check_gpu_extras::<f32>(a, tc, heads, d, shared, rate);
                 }
             }

@@ -595,7 +595,18 @@ impl FusedTensorCore {
             Some(_) => kernel_named(&FUSED_BSB, format!("{}_x", self.kernel))?,
             None => self.kernel,
         };
-        let f = gpu.load_function(FUSED_BSB.name, FUSED_BSB.ptx, kernel)?;
+        // The pipelined kernels' stages may pass 48 KiB: the opt-in is per function (made once).
+        let f = if pipelined {
+            gpu.load_function_with_shared(
+                FUSED_BSB.name,
+                FUSED_BSB.ptx,
+                kernel,
+                smem,
+                "setting the fused tensor-core kernel's shared memory",
+            )?
+        } else {
+            gpu.load_function(FUSED_BSB.name, FUSED_BSB.ptx, kernel)?
+        };
         let mut args = gpu.launch_builder(&f);
         args.arg(self.units.slice())
             .arg(self.unit_split.slice())
