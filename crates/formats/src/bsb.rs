@@ -294,7 +294,7 @@ impl Bsb {
             .collect()
     }
     /// The bitmaps as little-endian `u32` words, 4 per block: word `4b + k` holds bits
-    /// `32k..32k + 32` (rows `2k` and `2k + 1`).
+    /// `32k..32k + 32` (rows `4k` to `4k + 3`, 8 bits each).
     pub fn bitmap_words_u32(&self) -> Vec<u32> {
         self.bitmaps
             .par_iter()
