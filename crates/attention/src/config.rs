@@ -63,25 +63,20 @@ impl Algorithm {
 }
 
 impl Algorithm {
-    /// Whether the algorithm runs with extras (a score bias, dropout, the attention weights
-    /// out; edge features where [`takes_edge_features`](Self::takes_edge_features)) in this
-    /// build.
-    pub const fn takes_extras(self) -> bool {
+    /// Whether the algorithm takes edge features among attention's extras (`spattn::extras`;
+    /// every algorithm takes a score bias, dropout and the weights out): the CUDA-core ones
+    /// (they read a third row stream per edge), and unfused-tc, whose extras run the CUDA-core
+    /// composition (the tensor-core ops' slot layout carries no per-edge data); fused-tc and
+    /// hybrid take a bias and dropout in their kernels, not edge features.
+    pub const fn takes_edge_features(self) -> bool {
         matches!(
             self,
-            Algorithm::UnfusedCsr | Algorithm::FusedCsr | Algorithm::FusedTensorCore
+            Algorithm::UnfusedCsr | Algorithm::FusedCsr | Algorithm::UnfusedTensorCore
         )
     }
 
-    /// Whether the algorithm also takes edge features (the CUDA-core ones: they read a third
-    /// row stream per edge).
-    pub const fn takes_edge_features(self) -> bool {
-        matches!(self, Algorithm::UnfusedCsr | Algorithm::FusedCsr)
-    }
-
-    /// The algorithms that take extras, for messages.
-    pub const EXTRAS: &'static str =
-        "unfused-csr, fused-csr and fused-tc (edge features: unfused-csr and fused-csr)";
+    /// The algorithms that take edge features, for messages.
+    pub const EXTRAS: &'static str = "unfused-csr, fused-csr and unfused-tc";
 }
 
 spattn_formats::named_choice!(Algorithm, Error, "algorithm", |why| Error::InvalidConfig {
@@ -184,24 +179,6 @@ impl AttentionConfig {
     pub fn with_edge_extras(mut self, edge_extras: bool) -> Self {
         self.edge_extras = edge_extras;
         self
-    }
-    /// With [`edge_extras`](Self::edge_extras) on, checks that the algorithm asked for takes
-    /// extras ([`Algorithm::Auto`] always finds one).
-    ///
-    /// # Errors
-    /// [`Error::Unsupported`] naming the algorithms that take extras.
-    pub fn validate_extras(&self) -> Result<()> {
-        if !self.edge_extras || self.algorithm == Algorithm::Auto || self.algorithm.takes_extras() {
-            return Ok(());
-        }
-        Err(Error::Unsupported {
-            algorithm: self.algorithm,
-            why: format!(
-                "runs without extras (score bias, edge features, dropout, weights out) in this \
-                 build; {} take them",
-                Algorithm::EXTRAS
-            ),
-        })
     }
     /// The scale in effect.
     pub fn scale(&self) -> f32 {

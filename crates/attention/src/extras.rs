@@ -17,9 +17,11 @@
 //! NaN bias makes its row's output NaN, as a NaN input would — check the bias where it comes
 //! from untrusted data). Edge features are `nnz × heads × head_dim`.
 //!
-//! Which algorithms take extras: [`Algorithm::takes_extras`]. Plan with
+//! Every algorithm takes a bias, dropout and the weights out; edge features:
+//! [`Algorithm::takes_edge_features`]. fused-csr, fused-tc and hybrid run them in their fused
+//! kernel (without the weights out), the others through the unfused composition. Plan with
 //! [`AttentionConfig::with_edge_extras`](crate::AttentionConfig::with_edge_extras) so that
-//! `Auto` chooses one of them.
+//! `Auto` plans for them.
 //!
 //! ```
 //! use spattn::{AttentionConfig, AttentionPlan, Csr, DTypeKind, HostExtras};
@@ -144,16 +146,6 @@ impl AttentionPlan {
                 use_instead: "forward_with_host / backward_with_host",
             });
         };
-        if !self.algorithm().takes_extras() {
-            return Err(Error::Unsupported {
-                algorithm: self.algorithm(),
-                why: format!(
-                    "runs without extras in this build; {} take them (plan with \
-                     AttentionConfig::with_edge_extras(true), and Auto chooses one)",
-                    Algorithm::EXTRAS
-                ),
-            });
-        }
         // A plan that chose fused-tc itself (Auto) runs edge features through the composition;
         // one asked for fused-tc refuses them.
         if extras.edge_features.is_some()
@@ -162,9 +154,10 @@ impl AttentionPlan {
         {
             return Err(Error::Unsupported {
                 algorithm: self.algorithm(),
-                why: "takes a score bias and dropout but not edge features; unfused-csr and \
-                      fused-csr take them"
-                    .into(),
+                why: format!(
+                    "takes a score bias and dropout but not edge features; {} take them",
+                    Algorithm::EXTRAS
+                ),
             });
         }
         self.check_forward_operands(q, k, v)?;
@@ -386,12 +379,6 @@ impl AttentionPlan {
                     edge_features: f32s.as_deref(),
                     dropout: extras.dropout,
                 };
-                if !self.algorithm().takes_extras() {
-                    return Err(Error::Unsupported {
-                        algorithm: self.algorithm(),
-                        why: format!("runs without extras; {} take them", Algorithm::EXTRAS),
-                    });
-                }
                 let (sq, skv) = (self.shape_q(), self.shape_kv());
                 let inputs = AttentionInputs::new(&q32, sq, &k32, skv, &v32, skv);
                 let mut out = vec![0.0f32; sq.len()];

@@ -385,7 +385,8 @@ impl AttentionPlan {
         }
     }
 
-    /// Runs the plan's fused kernel with `extras` where its algorithm is fused-csr or fused-tc;
+    /// Runs the plan's fused kernel with `extras` where its algorithm is fused-csr, fused-tc or
+    /// hybrid;
     /// `None` for any other (the caller composes the unfused ops instead). Operands are
     /// checked by the caller.
     pub(crate) fn fused_with_extras<T: DType>(
@@ -404,6 +405,9 @@ impl AttentionPlan {
             // Edge features: the composition runs them (an autotuned plan may be fused-tc).
             GpuState::FusedTensorCore(f) if extras.edge_features.is_none() => {
                 f.forward_with_extras(&g.gpu, g.graph.host(), (q, k, v), scale, extras, out)
+            }
+            GpuState::Hybrid(h) if extras.edge_features.is_none() => {
+                h.forward_with_extras(&g.gpu, g.graph.host(), (q, k, v), scale, extras, out)
             }
             _ => return None,
         };
@@ -479,8 +483,7 @@ impl AttentionPlan {
 
     /// Times every candidate ([`spattn_ops::tune::median_ms`]: the median of three after a
     /// warm-up) and keeps the fastest. Candidates keep the dtype's precision: for f32 the
-    /// tensor-core algorithms (tf32) are left out; for a plan made with edge extras, those
-    /// that do not take them.
+    /// tensor-core algorithms (tf32) are left out.
     fn autotune(&mut self) -> Result<()> {
         let Runner::Gpu(g) = &self.runner else {
             return Ok(());
@@ -495,8 +498,6 @@ impl AttentionPlan {
         ]
         .into_iter()
         .filter(|&a| !(exact_f32 && uses_tensor_cores(a)))
-        // A plan made for extras keeps to the algorithms that take them.
-        .filter(|&a| !self.config.edge_extras || a.takes_extras())
         .filter(|&a| Self::supports(&g.gpu, a, &self.config))
         .collect();
         // The installed state is the fastest so far after every candidate, so the winner is
@@ -626,18 +627,13 @@ fn choose(graph: &Csr, config: &AttentionConfig, cc: (i32, i32)) -> Result<(Algo
             })
         }
     };
-    if config.edge_extras {
-        config.validate_extras()?;
-        if config.algorithm == Algorithm::Auto {
-            return Ok((
-                Algorithm::UnfusedCsr,
-                format!(
-                    "auto: unfused-csr — the plan runs with extras (score bias, edge features, \
-                     dropout, weights out), which {} take in this build",
-                    Algorithm::EXTRAS
-                ),
-            ));
-        }
+    if config.edge_extras && config.algorithm == Algorithm::Auto {
+        return Ok((
+            Algorithm::UnfusedCsr,
+            "auto: unfused-csr — planned for extras (score bias, edge features, dropout, \
+             weights out), which its composition runs whatever they are"
+                .to_string(),
+        ));
     }
     match config.algorithm {
         Algorithm::Auto => {

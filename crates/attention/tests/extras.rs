@@ -24,28 +24,26 @@ fn ring(n: u32) -> Csr {
 }
 
 #[test]
-fn auto_takes_an_algorithm_with_extras_and_the_others_say_which_do() {
+fn auto_plans_for_extras_and_the_tensor_core_kernels_take_no_edge_features() {
     let a = ring(50);
     let config = AttentionConfig::new(2, 8, DTypeKind::F32).with_edge_extras(true);
-    let plan = AttentionPlan::new_cpu(&a, config.clone()).unwrap();
-    assert!(plan.algorithm().takes_extras());
-    // A CPU plan computes the reference composition whatever is asked; named algorithms that
-    // do not take extras are refused where they would run (the GPU: see gpu tests below).
-    let e = config
-        .with_algorithm(Algorithm::Hybrid)
-        .validate_extras()
-        .unwrap_err();
-    assert!(
-        matches!(
-            e,
-            Error::Unsupported {
-                algorithm: Algorithm::Hybrid,
-                ..
-            }
-        ),
-        "{e}"
-    );
-    assert!(e.to_string().contains("unfused-csr"), "{e}");
+    let plan = AttentionPlan::new_cpu(&a, config).unwrap();
+    assert_eq!(plan.algorithm(), Algorithm::UnfusedCsr);
+    // Every algorithm takes a bias and dropout; edge features only the CUDA-core ones and
+    // unfused-tc's composition (the GPU tests below check the refusals and the results).
+    for (alg, features) in [
+        (Algorithm::UnfusedCsr, true),
+        (Algorithm::FusedCsr, true),
+        (Algorithm::UnfusedTensorCore, true),
+        (Algorithm::FusedTensorCore, false),
+        (Algorithm::Hybrid, false),
+    ] {
+        assert_eq!(alg.takes_edge_features(), features, "{alg}");
+        let named = Algorithm::EXTRAS
+            .split([',', ' '])
+            .any(|word| word == alg.name());
+        assert_eq!(named, features, "{alg}");
+    }
 }
 
 #[test]
@@ -179,10 +177,10 @@ fn check_gpu_extras<T: DType>(
         "{alg}/{reorder} {} H{heads} D{d} shared {shared} rate {rate}",
         T::NAME
     );
-    // The composition with the weights out keeps f32's bound; the fused tensor-core kernel
-    // runs f32 through tf32.
+    // The composition with the weights out keeps f32's bound; the fused tensor-core kernels
+    // run f32 through tf32.
     let tol = tolerance::<T>();
-    let fused_tol = if alg == Algorithm::FusedTensorCore {
+    let fused_tol = if matches!(alg, Algorithm::FusedTensorCore | Algorithm::Hybrid) {
         tol_tf32::<T>()
     } else {
         tol
@@ -361,28 +359,39 @@ fn gpu_fused_tc_with_bias_and_dropout_matches_the_f64_reference() {
             }
         }
     }
-    // Edge features: a typed refusal naming the algorithms that take them.
-    let gpu = gpu();
-    let a = ring(40);
-    let config = AttentionConfig::new(1, 16, DTypeKind::F16)
-        .with_edge_extras(true)
-        .with_algorithm(Algorithm::FusedTensorCore);
-    let plan = AttentionPlan::new_gpu(&gpu, &a, config).unwrap();
-    let s = plan.shape_q();
-    let x = DeviceMatrix::<f16>::zeros(&gpu, s).unwrap();
-    let f = DeviceMatrix::<f16>::zeros(&gpu, Shape::new(a.nnz(), 1, 16).unwrap()).unwrap();
-    let mut out = DeviceMatrix::<f16>::zeros(&gpu, s).unwrap();
-    let extras = Extras {
-        edge_features: Some(&f),
-        ..Extras::default()
-    };
-    let e = plan
-        .forward_with(&x, &x, &x, &extras, &mut out, None)
-        .unwrap_err();
-    assert!(
-        matches!(e, Error::Unsupported { .. }) && e.to_string().contains("fused-csr"),
-        "{e}"
-    );
+}
+
+/// hybrid with a bias and dropout (its tensor-core warps through the bitmap ranks, its CUDA-core
+/// warps through per-edge caller ids, in the log2 domain), in its register and pipelined
+/// kernels, every dtype; and unfused-tc, whose extras run the CUDA-core composition.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gpu_hybrid_and_unfused_tc_with_extras_match_the_f64_reference() {
+    let mut rng = fresh_rng("gpu hybrid extras graphs");
+    let graphs = [
+        shared_graph("cora"),
+        random_graph(&mut rng, 300, 6, 7),
+        hub_graph(&mut rng, 20_000, 3),
+        rmat_graph(10),
+    ];
+    for a in &graphs {
+        for alg in [Algorithm::Hybrid, Algorithm::UnfusedTensorCore] {
+            let case = (alg, Reorder::Auto);
+            for (heads, d, shared, rate) in [
+                (1, 32, false, 0.0),
+                (3, 24, true, 0.1),
+                (8, 64, false, 0.5),
+                (2, 128, true, 0.3),
+                (2, 20, false, 0.4),
+            ] {
+                check_gpu_extras::<f16>(a, case, heads, d, shared, rate);
+                check_gpu_extras::<bf16>(a, case, heads, d, shared, rate);
+                if d <= 64 {
+                    check_gpu_extras::<f32>(a, case, heads, d, shared, rate);
+                }
+            }
+        }
+    }
 }
 
 /// fused-csr's and fused-tc's kernels with each extra alone (the absent ones are null pointers
@@ -397,7 +406,11 @@ fn gpu_fused_tc_with_bias_and_dropout_matches_the_f64_reference() {
 fn gpu_fused_kernels_take_each_extra_alone_and_masked_rows() {
     let mut rng = fresh_rng("gpu fused extras alone");
     let hub = hub_graph(&mut rng, 5_000, 3);
-    for alg in [Algorithm::FusedCsr, Algorithm::FusedTensorCore] {
+    for alg in [
+        Algorithm::FusedCsr,
+        Algorithm::FusedTensorCore,
+        Algorithm::Hybrid,
+    ] {
         for (a, d) in [(&hub, 32), (&shared_graph("cora"), 64)] {
             check_fused_masks(alg, a, d, &mut rng);
         }
@@ -490,48 +503,77 @@ fn check_fused_masks(alg: Algorithm, a: &Csr, d: usize, rng: &mut Pcg64) {
     }
 }
 
-/// An autotuned Auto plan made for extras times only the algorithms that take them.
+/// An autotuned Auto plan made for extras may settle on any algorithm: it runs every extra,
+/// edge features included (through the composition where its kernel takes none), and matches
+/// the CPU plan.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
-fn gpu_autotuned_plans_for_extras_keep_to_the_algorithms_that_take_them() {
+fn gpu_autotuned_plans_for_extras_run_every_extra() {
     let gpu = gpu();
+    let mut rng = fresh_rng("autotuned extras");
     let a = shared_graph("cora");
-    for dtype in [DTypeKind::F16, DTypeKind::F32] {
-        let config = AttentionConfig::new(1, 64, dtype)
-            .with_edge_extras(true)
-            .with_autotune(true);
-        let plan = AttentionPlan::new_gpu(&gpu, &a, config).unwrap();
-        assert!(
-            plan.algorithm().takes_extras(),
-            "{dtype}: autotune chose {} ({})",
-            plan.algorithm(),
-            plan.choice()
-        );
-    }
+    let (heads, d) = (2, 64);
+    let s = Shape::new(a.n_rows(), heads, d).unwrap();
+    let draw = |rng: &mut Pcg64, n: usize| -> Vec<f16> { random_vec::<f16>(rng, n, 1.0) };
+    let (q, k, v) = (
+        draw(&mut rng, s.len()),
+        draw(&mut rng, s.len()),
+        draw(&mut rng, s.len()),
+    );
+    let bias = draw(&mut rng, a.nnz() * heads);
+    let feats = draw(&mut rng, a.nnz() * heads * d);
+    let extras = HostExtras {
+        bias: Some((&bias[..], false)),
+        edge_features: Some(&feats[..]),
+        dropout: Some(Dropout::new(0.2, 5, 0).unwrap()),
+    };
+    let config = AttentionConfig::new(heads, d, DTypeKind::F16).with_edge_extras(true);
+    let cpu = AttentionPlan::new_cpu(&a, config.clone()).unwrap();
+    let (want, _) = cpu.forward_with_host(&q, &k, &v, &extras).unwrap();
+    let plan = AttentionPlan::new_gpu(&gpu, &a, config.with_autotune(true)).unwrap();
+    let (got, _) = plan.forward_with_host(&q, &k, &v, &extras).unwrap();
+    let err = cpu::rel_l2_error(&to_f64(&got), &to_f64(&want));
+    assert!(
+        err <= tolerance::<f16>(),
+        "autotuned to {} ({}): error {err:e}",
+        plan.algorithm(),
+        plan.choice()
+    );
 }
 
+/// fused-tc and hybrid asked for by name refuse edge features, naming the algorithms that take
+/// them; unfused-tc runs them through the composition.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
-fn gpu_plans_without_extras_refuse_them_and_name_those_that_take_them() {
+fn gpu_tensor_core_kernels_refuse_edge_features_by_name() {
     let gpu = gpu();
     let a = ring(40);
-    let e = AttentionPlan::new_gpu(
-        &gpu,
-        &a,
-        AttentionConfig::new(1, 16, DTypeKind::F16)
-            .with_edge_extras(true)
-            .with_algorithm(Algorithm::Hybrid),
-    )
-    .unwrap_err();
-    assert!(e.to_string().contains("unfused-csr"), "{e}");
-    let plan =
-        AttentionPlan::new_gpu(&gpu, &a, AttentionConfig::new(1, 16, DTypeKind::F16)).unwrap();
-    let s = plan.shape_q();
+    let s = Shape::new(a.n_rows(), 1, 16).unwrap();
     let x = DeviceMatrix::<f16>::zeros(&gpu, s).unwrap();
-    let mut out = DeviceMatrix::<f16>::zeros(&gpu, s).unwrap();
-    let r = plan.forward_with(&x, &x, &x, &Extras::default(), &mut out, None);
-    if !plan.algorithm().takes_extras() {
-        let e = r.unwrap_err();
-        assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+    let f = DeviceMatrix::<f16>::zeros(&gpu, Shape::new(a.nnz(), 1, 16).unwrap()).unwrap();
+    let extras = Extras {
+        edge_features: Some(&f),
+        ..Extras::default()
+    };
+    for alg in [
+        Algorithm::FusedTensorCore,
+        Algorithm::Hybrid,
+        Algorithm::UnfusedTensorCore,
+    ] {
+        let config = AttentionConfig::new(1, 16, DTypeKind::F16)
+            .with_edge_extras(true)
+            .with_algorithm(alg);
+        let plan = AttentionPlan::new_gpu(&gpu, &a, config).unwrap();
+        let mut out = DeviceMatrix::<f16>::zeros(&gpu, s).unwrap();
+        let r = plan.forward_with(&x, &x, &x, &extras, &mut out, None);
+        if alg.takes_edge_features() {
+            r.unwrap();
+        } else {
+            let e = r.unwrap_err();
+            assert!(
+                matches!(e, Error::Unsupported { .. }) && e.to_string().contains("fused-csr"),
+                "{alg}: {e}"
+            );
+        }
     }
 }

@@ -260,6 +260,23 @@ template <class T> struct BsbExtras {
     }
 };
 
+// BsbExtras of head h (of `heads`) from the `_x` kernels' arguments.
+template <class T>
+__device__ __forceinline__ BsbExtras<T> make_bsb_extras(const T* bias, u32 bias_heads,
+                                                        const u32* block_edge_start,
+                                                        const u32* edge_ids, Dropout drop, u32 h,
+                                                        u32 heads) {
+    BsbExtras<T> xt;
+    xt.bias = bias;
+    xt.bias_heads = bias_heads;
+    xt.head = h;
+    xt.heads = heads;
+    xt.block_edge_start = block_edge_start;
+    xt.edge_ids = edge_ids;
+    xt.drop = drop;
+    return xt;
+}
+
 // One step (two blocks) of the online softmax of rows g (r = 0) and g + 8 (r = 1): the scores s
 // (S-accumulator layout, two blocks) are masked by the blocks' bitmap words (bits[bb][0] holds
 // row g, bits[bb][1] row g + 8; bit clear -> -inf), scaled into the log2 domain, and folded
@@ -1014,10 +1031,12 @@ __device__ __forceinline__ float tile_fold(const float (&x)[TILE], Op op) {
 }
 
 // What csr_edges_online adds to an edge beyond q.k and v: nothing (NoEdgeExtras, the plain
-// kernels), or attention's extras (EdgeExtras, fused_csr's `_x` kernels): a score bias added
+// kernels), or attention's extras (EdgeExtras, the `_x` kernels of fused_csr and hybrid's
+// CUDA-core warps, the latter in the log2 domain): a score bias added
 // after the group's dot product, edge features added to K and V, and the dropout factor on the
 // probability that weighs V (not on the running sum: the output is acc / l, the weights after
-// dropout). Per-edge data is in the caller's CSR order: caller edge = kernel edge + shift.
+// dropout). Per-edge data is in the caller's CSR order: caller edge = kernel edge + shift, or
+// ids[kernel edge].
 struct NoEdgeExtras {
     static constexpr bool ON = false;
 };
@@ -1026,12 +1045,16 @@ template <class T> struct EdgeExtras {
     static constexpr bool ON = true;
     const T* __restrict__ bias;   // null, or nnz x bias_heads (bias_heads 1: shared by the heads)
     const T* __restrict__ feats;  // null, or nnz x heads x head_dim
+    const u32* __restrict__ ids;  // null: caller edge = e + shift; else ids[e] (hybrid's edges)
     u32 bias_heads, head, heads, shift;
+    float bias_scale;             // 1, or log2 e where scores are in the log2 domain
     Dropout drop;                 // threshold 0: none
-    __device__ __forceinline__ u64 edge(u32 e) const { return (u64)(u32)(e + shift); }
+    __device__ __forceinline__ u64 edge(u32 e) const {
+        return ids != nullptr ? (u64)__ldg(ids + e) : (u64)(u32)(e + shift);
+    }
     __device__ __forceinline__ float bias_of(u32 e) const {
         if (bias == nullptr) return 0.0f;
-        return to_f32(bias[edge(e) * bias_heads + (bias_heads == 1u ? 0u : head)]);
+        return to_f32(bias[edge(e) * bias_heads + (bias_heads == 1u ? 0u : head)]) * bias_scale;
     }
     __device__ __forceinline__ float keep(u32 e) const {
         return dropout_factor(drop, edge(e) * heads + head);
@@ -1056,7 +1079,6 @@ __device__ __forceinline__ void csr_edges_online(const u32* __restrict__ col_ind
                                                  const float (&qv)[NV][VEC], u32 mask, u32 g,
                                                  float& m, float& l, float (&acc)[NV][VEC],
                                                  X xt = X()) {
-    static_assert(!(LOG2 && X::ON), "extras add natural-log biases: not in the log2 domain");
     // Feature vectors held beside V's (one dummy slot without extras).
     constexpr int FT = X::ON ? TILE : 1, FNV = X::ON ? NV : 1;
     auto ex = [](float x) { return LOG2 ? bsb_exp2(x) : __expf(x); };

@@ -56,15 +56,8 @@ template <class T> struct BsbExtrasArgs {
 
 template <class T>
 __device__ __forceinline__ BsbExtras<T> bsb_extras(const BsbExtrasArgs<T>* xa, u32 h, u32 heads) {
-    BsbExtras<T> xt;
-    xt.bias = xa->bias;
-    xt.bias_heads = xa->bias_heads;
-    xt.head = h;
-    xt.heads = heads;
-    xt.block_edge_start = xa->block_edge_start;
-    xt.edge_ids = xa->edge_ids;
-    xt.drop = xa->drop;
-    return xt;
+    return make_bsb_extras(xa->bias, xa->bias_heads, xa->block_edge_start, xa->edge_ids, xa->drop,
+                           h, heads);
 }
 
 template <class T, int DS, bool VEC, bool PIPE, bool EXTRAS>

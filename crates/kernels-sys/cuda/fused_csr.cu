@@ -92,8 +92,15 @@ __device__ __forceinline__ void fused_csr(const u32* __restrict__ unit_rows,
         }
         float m = SPATTN_NEG_INF, l = 0.0f;
         if constexpr (EXTRAS) {
-            const EdgeExtras<T> xt = {xa->bias,         xa->feats, xa->bias_heads, h, heads,
-                                      xa->unit_shift != nullptr ? xa->unit_shift[u] : 0u, xa->drop};
+            const EdgeExtras<T> xt = {xa->bias,
+                                      xa->feats,
+                                      nullptr,
+                                      xa->bias_heads,
+                                      h,
+                                      heads,
+                                      xa->unit_shift != nullptr ? xa->unit_shift[u] : 0u,
+                                      1.0f,
+                                      xa->drop};
             csr_edges_online<T, VEC, NV, false, TILE>(col_indices, s0, s1, k, v, hd, head_off, on,
                                                       feat, qv, sub_mask, gs, m, l, acc, xt);
         } else {

@@ -27,8 +27,32 @@
 //
 // Shared memory (floats): 4 control words, 32 row stats, 32 merge scratch, then per warp
 // 16 x 2 (max, sum) and 16 x DS accumulators.
+//
+// Attention kernels have `_x` twins taking a score bias and dropout in the caller's CSR order
+// (no edge features): the tensor-core warps through BsbExtras (the blocks' bits numbered from
+// block_edge_start, edge_ids naming each one's caller edge), the CUDA-core warps through
+// EdgeExtras in the log2 domain (cd_edge_ids naming each CUDA-core edge's caller edge).
 
 #include "attention_tiles.cuh"
+
+// The `_x` kernels' extras (HybridExtrasArgs): see above.
+template <class T> struct HybridExtrasArgs {
+    const T* bias;
+    u32 bias_heads;
+    const u32* block_edge_start;
+    const u32* edge_ids;
+    const u32* cd_edge_ids;
+    Dropout drop;
+};
+
+// The CUDA-core warps' EdgeExtras of head h.
+template <class T>
+__device__ __forceinline__ EdgeExtras<T> hyb_cd_extras(const HybridExtrasArgs<T>* xa, u32 h,
+                                                       u32 heads) {
+    const EdgeExtras<T> xt = {xa->bias, nullptr, xa->cd_edge_ids, xa->bias_heads, h, heads, 0u,
+                              1.4426950408889634f, xa->drop};
+    return xt;
+}
 
 #define HYB_HEAD_FLOATS 68u
 
@@ -37,7 +61,7 @@ __device__ __forceinline__ void hyb_sync(u32 id) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(blockDim.x) : "memory");
 }
 
-template <class T, int DS, bool VEC, bool SPMM>
+template <class T, int DS, bool VEC, bool SPMM, bool EXTRAS = false>
 __device__ __forceinline__ void hybrid(
     const uint4* __restrict__ units, const u32* __restrict__ split_part_first, u32 n_items,
     u32 heads, u32 head_dim, u32 n_rows, u32 tc_warps, const u32* __restrict__ row_ids,
@@ -46,7 +70,8 @@ __device__ __forceinline__ void hybrid(
     const u32* __restrict__ cd_columns, const float* __restrict__ cd_weights,
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, float scale_log2,
     T* __restrict__ out, float* __restrict__ part_ml, float* __restrict__ part_acc,
-    u32* __restrict__ counters, u32* __restrict__ queue) {
+    u32* __restrict__ counters, u32* __restrict__ queue,
+    const HybridExtrasArgs<T>* xa = nullptr) {
     constexpr int D8 = DS / 8;
     // CUDA-core lanes: a whole warp per row segment, CV features per access, NV accesses.
     constexpr int MAXV = 16 / (int)sizeof(T);
@@ -89,10 +114,19 @@ __device__ __forceinline__ void hybrid(
                 if (wr0 + g < n_rows) qr0 = __ldg(row_ids + wr0 + g);
                 if (wr0 + g + 8u < n_rows) qr1 = __ldg(row_ids + wr0 + g + 8u);
             }
-            bsb_tiles<T, DS, VEC, PIPE, SPMM>(qr0, qr1, q, block_columns, bitmaps, tc_weights,
-                                              wbase, tc0 + 2u * warp, tc1, 2u * tc_warps, k, v,
-                                              hd, head_off, head_dim, 0u, scale_log2, 1u, 0u, 0u,
-                                              32u, nullptr, m, l, o);
+            if constexpr (EXTRAS) {
+                bsb_tiles<T, DS, VEC, PIPE, SPMM>(
+                    qr0, qr1, q, block_columns, bitmaps, tc_weights, wbase, tc0 + 2u * warp, tc1,
+                    2u * tc_warps, k, v, hd, head_off, head_dim, 0u, scale_log2, 1u, 0u, 0u, 32u,
+                    nullptr, m, l, o,
+                    make_bsb_extras(xa->bias, xa->bias_heads, xa->block_edge_start, xa->edge_ids,
+                                    xa->drop, h, heads));
+            } else {
+                bsb_tiles<T, DS, VEC, PIPE, SPMM>(qr0, qr1, q, block_columns, bitmaps, tc_weights,
+                                                  wbase, tc0 + 2u * warp, tc1, 2u * tc_warps, k, v,
+                                                  hd, head_off, head_dim, 0u, scale_log2, 1u, 0u, 0u,
+                                                  32u, nullptr, m, l, o);
+            }
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 const u32 wr = g + 8u * r;
@@ -151,8 +185,14 @@ __device__ __forceinline__ void hybrid(
                                 for (int i = 0; i < CV; ++i) qv[j][i] *= scale_log2;
                             }
                         }
-                        csr_edges_online<T, CV, NV, true>(cd_columns, s, e, k, v, hd, head_off, on,
-                                                          feat, qv, 0xffffffffu, 32u, m, l, acc);
+                        if constexpr (EXTRAS) {
+                            csr_edges_online<T, CV, NV, true>(cd_columns, s, e, k, v, hd, head_off,
+                                                              on, feat, qv, 0xffffffffu, 32u, m, l,
+                                                              acc, hyb_cd_extras(xa, h, heads));
+                        } else {
+                            csr_edges_online<T, CV, NV, true>(cd_columns, s, e, k, v, hd, head_off, on,
+                                                              feat, qv, 0xffffffffu, 32u, m, l, acc);
+                        }
                     }
 #pragma unroll
                     for (int j = 0; j < NV; ++j)
@@ -245,10 +285,25 @@ __device__ __forceinline__ void hybrid(
         block_columns, bitmaps, tc_weights, cd_row_offsets, cd_columns, cd_weights, q, k, v,    \
         scale_log2, out, part_ml, part_acc, counters, queue
 
+// The `_x` kernels' parameters after the others, and their HybridExtrasArgs.
+#define SPATTN_HYBRID_X_PARAMS(T)                                                               \
+    const T *bias, u32 bias_heads, const u32 *block_edge_start, const u32 *edge_ids,            \
+        const u32 *cd_edge_ids, u32 key0, u32 key1, u32 off0, u32 off1, u32 threshold,          \
+        float drop_scale
+#define SPATTN_HYBRID_X_ARGS(T)                                                                 \
+    const HybridExtrasArgs<T> xa = {bias,        bias_heads,                                    \
+                                    block_edge_start, edge_ids,                                 \
+                                    cd_edge_ids, {key0, key1, off0, off1, threshold, drop_scale}}
+
 #define SPATTN_HYBRID(SUFFIX, T, DS, NAME, VEC)                                                 \
     extern "C" __global__ void __launch_bounds__(256)                                           \
         fused_hybrid_##SUFFIX##_s##DS##NAME(SPATTN_HYBRID_PARAMS(T)) {                          \
         hybrid<T, DS, VEC, false>(SPATTN_HYBRID_ARGS);                                          \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(256) fused_hybrid_##SUFFIX##_s##DS##NAME##_x(  \
+        SPATTN_HYBRID_PARAMS(T), SPATTN_HYBRID_X_PARAMS(T)) {                                   \
+        SPATTN_HYBRID_X_ARGS(T);                                                                \
+        hybrid<T, DS, VEC, false, true>(SPATTN_HYBRID_ARGS, &xa);                               \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(256)                                           \
         spmm_hybrid_##SUFFIX##_s##DS##NAME(SPATTN_HYBRID_PARAMS(T)) {                           \
@@ -352,13 +407,14 @@ __device__ __forceinline__ void hyb_mbar_wait(u64* bar) {
 // The CUDA-core warp of hybrid_pipe: lane group j = lane / 8 (4 groups), lane gl = lane % 8
 // holds the 8-feature vectors gl, gl + 8, ... of the head; its partial of item i goes into
 // tensor-core warp i's stages (smem0 + i * bsb_pipe_warp_bytes(D, SPMM)).
-template <class T, int D, bool SPMM>
+template <class T, int D, bool SPMM, bool EXTRAS = false>
 __device__ __forceinline__ void hybrid_pipe_cd(
     const uint4* __restrict__ units, u32 n_items, u32 heads, u32 n_rows, u32 tc_warps,
     const u32* __restrict__ row_ids, const u32* __restrict__ cd_row_offsets,
     const u32* __restrict__ cd_columns, const float* __restrict__ cd_weights,
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, float scale_log2,
-    unsigned char* smem0, u64* hyb_free, u64* hyb_full) {
+    unsigned char* smem0, u64* hyb_free, u64* hyb_full,
+    const HybridExtrasArgs<T>* xa = nullptr) {
     constexpr u32 RF = hyb_pipe_row_floats(D);
     const u32 lane = lane_id();
     const u64 hd = (u64)heads * D;
@@ -409,8 +465,14 @@ __device__ __forceinline__ void hybrid_pipe_cd(
 #pragma unroll
                 for (int c = 0; c < 8; ++c) qv[x][c] *= scale_log2;
             }
-            csr_edges_online<T, 8, NV, true>(cd_columns, s, e, k, v, hd, head_off, on, feat, qv,
-                                             mask, 8u, m[rr], l[rr], acc[rr]);
+            if constexpr (EXTRAS) {
+                csr_edges_online<T, 8, NV, true>(cd_columns, s, e, k, v, hd, head_off, on, feat,
+                                                 qv, mask, 8u, m[rr], l[rr], acc[rr],
+                                                 hyb_cd_extras(xa, h, heads));
+            } else {
+                csr_edges_online<T, 8, NV, true>(cd_columns, s, e, k, v, hd, head_off, on, feat, qv,
+                                                 mask, 8u, m[rr], l[rr], acc[rr]);
+            }
         }
         // Warp i's stages are free once its lanes have arrived; write the partial, hand it over.
         hyb_mbar_wait(hyb_free + i);
@@ -437,7 +499,7 @@ __device__ __forceinline__ void hybrid_pipe_cd(
 // all-tensor-core split gets its own kernel (`*_pipe_tc`), because behind a runtime flag the
 // merge after the tile loop made the compiler recompute the swizzled ldmatrix addresses every
 // step (docs/kernels/hybrid.md).
-template <class T, int D, bool SPMM, bool HAS_CD>
+template <class T, int D, bool SPMM, bool HAS_CD, bool EXTRAS = false>
 __device__ __forceinline__ void hybrid_pipe(
     const uint4* __restrict__ units, const u32* __restrict__ split_part_first, u32 n_items,
     u32 heads, u32 n_rows, u32 tc_warps, const u32* __restrict__ row_ids,
@@ -446,7 +508,7 @@ __device__ __forceinline__ void hybrid_pipe(
     const u32* __restrict__ cd_columns, const float* __restrict__ cd_weights,
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, float scale_log2,
     T* __restrict__ out, float* __restrict__ part_ml, float* __restrict__ part_acc,
-    u32* __restrict__ counters) {
+    u32* __restrict__ counters, const HybridExtrasArgs<T>* xa = nullptr) {
     constexpr int NT = D / 8;
     constexpr u32 RF = hyb_pipe_row_floats(D);
     extern __shared__ uint4 hyb_pipe_smem[];
@@ -482,8 +544,16 @@ __device__ __forceinline__ void hybrid_pipe(
         u32 qrow[2];
         bsb_pipe_qrows(row_ids, window, n_rows, qrow);
         float m[2], l[2], o[NT][4];
-        bsb_pipe_tiles<T, D, SPMM>(smem, ua.y, ua.z, qrow, q, block_columns, bitmaps, k, v, hd,
-                                   head_off, scale_log2, tc_weights, ub.w, m, l, o);
+        if constexpr (EXTRAS) {
+            bsb_pipe_tiles<T, D, SPMM>(smem, ua.y, ua.z, qrow, q, block_columns, bitmaps, k, v,
+                                       hd, head_off, scale_log2, tc_weights, ub.w, m, l, o, 0u,
+                                       make_bsb_extras(xa->bias, xa->bias_heads,
+                                                       xa->block_edge_start, xa->edge_ids,
+                                                       xa->drop, h, heads));
+        } else {
+            bsb_pipe_tiles<T, D, SPMM>(smem, ua.y, ua.z, qrow, q, block_columns, bitmaps, k, v, hd,
+                                       head_off, scale_log2, tc_weights, ub.w, m, l, o);
+        }
         if (has_cd && ub.x < ub.y) {
             hyb_mbar_arrive(hyb_free + warp);  // stages free for the CUDA-core partial
             hyb_mbar_wait(hyb_full + warp);     // the partial is there
@@ -509,9 +579,9 @@ __device__ __forceinline__ void hybrid_pipe(
                                     head_off, qrow, m, l, o);
     }();
     else if constexpr (HAS_CD)
-        hybrid_pipe_cd<T, D, SPMM>(units, n_items, heads, n_rows, tc_warps, row_ids,
-                                   cd_row_offsets, cd_columns, cd_weights, q, k, v, scale_log2,
-                                   smem0, hyb_free, hyb_full);
+        hybrid_pipe_cd<T, D, SPMM, EXTRAS>(units, n_items, heads, n_rows, tc_warps, row_ids,
+                                           cd_row_offsets, cd_columns, cd_weights, q, k, v,
+                                           scale_log2, smem0, hyb_free, hyb_full, xa);
 }
 
 // Each op and type twice: `_pipe` (tensor-core and CUDA-core warps) and `_pipe_tc` (tensor-core
@@ -526,7 +596,23 @@ __device__ __forceinline__ void hybrid_pipe(
                                         cd_row_offsets, cd_columns, cd_weights, q, k, v,        \
                                         scale_log2, out, part_ml, part_acc, counters);          \
     }
+// The attention twins with extras: `_pipe_x` and `_pipe_tc_x`.
+#define SPATTN_HYBRID_PIPE_X(SUFFIX, T, D, HAS_CD, TAIL, WARPS)                                 \
+    extern "C" __global__ void __launch_bounds__(32 * (WARPS))                                  \
+        fused_hybrid_##SUFFIX##_d##D##_pipe##TAIL##_x(SPATTN_HYBRID_PARAMS(T),                   \
+                                                      SPATTN_HYBRID_X_PARAMS(T)) {              \
+        (void)head_dim;                                                                         \
+        (void)queue;                                                                            \
+        SPATTN_HYBRID_X_ARGS(T);                                                                \
+        hybrid_pipe<T, D, false, HAS_CD, true>(units, split_part_first, n_items, heads, n_rows, \
+                                               tc_warps, row_ids, block_columns, bitmaps,       \
+                                               tc_weights, cd_row_offsets, cd_columns,          \
+                                               cd_weights, q, k, v, scale_log2, out, part_ml,   \
+                                               part_acc, counters, &xa);                        \
+    }
 #define SPATTN_HYBRID_PIPE(SUFFIX, T, D)                                                        \
+    SPATTN_HYBRID_PIPE_X(SUFFIX, T, D, true, , HYB_PIPE_MAX_TC + 1)                             \
+    SPATTN_HYBRID_PIPE_X(SUFFIX, T, D, false, _tc, HYB_PIPE_MAX_TC)                             \
     SPATTN_HYBRID_PIPE_OP(fused, false, SUFFIX, T, D, true, , HYB_PIPE_MAX_TC + 1)              \
     SPATTN_HYBRID_PIPE_OP(spmm, true, SUFFIX, T, D, true, , HYB_PIPE_MAX_TC + 1)                \
     SPATTN_HYBRID_PIPE_OP(fused, false, SUFFIX, T, D, false, _tc, HYB_PIPE_MAX_TC)              \

@@ -795,55 +795,79 @@ pub const FUSED_CSR_BF16_V8_N4: &str = "fused_csr_bf16_v8_n4";
 /// Kernel `fused_csr_bf16_v8_n4_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V8_N4_X: &str = "fused_csr_bf16_v8_n4_x";
 
-/// The PTX module compiled from `cuda/hybrid.cu` (48 kernels).
+/// The PTX module compiled from `cuda/hybrid.cu` (72 kernels).
 pub const HYBRID: PtxModule = PtxModule {
     name: "hybrid",
     ptx: include_str!("../ptx/hybrid.ptx"),
     kernels: &[
         FUSED_HYBRID_F16_S32,
+        FUSED_HYBRID_F16_S32_X,
         SPMM_HYBRID_F16_S32,
         FUSED_HYBRID_F16_S32_SCALAR,
+        FUSED_HYBRID_F16_S32_SCALAR_X,
         SPMM_HYBRID_F16_S32_SCALAR,
         FUSED_HYBRID_F16_S64,
+        FUSED_HYBRID_F16_S64_X,
         SPMM_HYBRID_F16_S64,
         FUSED_HYBRID_F16_S64_SCALAR,
+        FUSED_HYBRID_F16_S64_SCALAR_X,
         SPMM_HYBRID_F16_S64_SCALAR,
         FUSED_HYBRID_F16_S128,
+        FUSED_HYBRID_F16_S128_X,
         SPMM_HYBRID_F16_S128,
         FUSED_HYBRID_F16_S128_SCALAR,
+        FUSED_HYBRID_F16_S128_SCALAR_X,
         SPMM_HYBRID_F16_S128_SCALAR,
         FUSED_HYBRID_BF16_S32,
+        FUSED_HYBRID_BF16_S32_X,
         SPMM_HYBRID_BF16_S32,
         FUSED_HYBRID_BF16_S32_SCALAR,
+        FUSED_HYBRID_BF16_S32_SCALAR_X,
         SPMM_HYBRID_BF16_S32_SCALAR,
         FUSED_HYBRID_BF16_S64,
+        FUSED_HYBRID_BF16_S64_X,
         SPMM_HYBRID_BF16_S64,
         FUSED_HYBRID_BF16_S64_SCALAR,
+        FUSED_HYBRID_BF16_S64_SCALAR_X,
         SPMM_HYBRID_BF16_S64_SCALAR,
         FUSED_HYBRID_BF16_S128,
+        FUSED_HYBRID_BF16_S128_X,
         SPMM_HYBRID_BF16_S128,
         FUSED_HYBRID_BF16_S128_SCALAR,
+        FUSED_HYBRID_BF16_S128_SCALAR_X,
         SPMM_HYBRID_BF16_S128_SCALAR,
         FUSED_HYBRID_F32_S32,
+        FUSED_HYBRID_F32_S32_X,
         SPMM_HYBRID_F32_S32,
         FUSED_HYBRID_F32_S32_SCALAR,
+        FUSED_HYBRID_F32_S32_SCALAR_X,
         SPMM_HYBRID_F32_S32_SCALAR,
         FUSED_HYBRID_F32_S64,
+        FUSED_HYBRID_F32_S64_X,
         SPMM_HYBRID_F32_S64,
         FUSED_HYBRID_F32_S64_SCALAR,
+        FUSED_HYBRID_F32_S64_SCALAR_X,
         SPMM_HYBRID_F32_S64_SCALAR,
+        FUSED_HYBRID_F16_D64_PIPE_X,
+        FUSED_HYBRID_F16_D64_PIPE_TC_X,
         FUSED_HYBRID_F16_D64_PIPE,
         SPMM_HYBRID_F16_D64_PIPE,
         FUSED_HYBRID_F16_D64_PIPE_TC,
         SPMM_HYBRID_F16_D64_PIPE_TC,
+        FUSED_HYBRID_F16_D128_PIPE_X,
+        FUSED_HYBRID_F16_D128_PIPE_TC_X,
         FUSED_HYBRID_F16_D128_PIPE,
         SPMM_HYBRID_F16_D128_PIPE,
         FUSED_HYBRID_F16_D128_PIPE_TC,
         SPMM_HYBRID_F16_D128_PIPE_TC,
+        FUSED_HYBRID_BF16_D64_PIPE_X,
+        FUSED_HYBRID_BF16_D64_PIPE_TC_X,
         FUSED_HYBRID_BF16_D64_PIPE,
         SPMM_HYBRID_BF16_D64_PIPE,
         FUSED_HYBRID_BF16_D64_PIPE_TC,
         SPMM_HYBRID_BF16_D64_PIPE_TC,
+        FUSED_HYBRID_BF16_D128_PIPE_X,
+        FUSED_HYBRID_BF16_D128_PIPE_TC_X,
         FUSED_HYBRID_BF16_D128_PIPE,
         SPMM_HYBRID_BF16_D128_PIPE,
         FUSED_HYBRID_BF16_D128_PIPE_TC,
@@ -854,11 +878,17 @@ pub const HYBRID: PtxModule = PtxModule {
 /// Kernel `fused_hybrid_f16_s32` of [`HYBRID`].
 pub const FUSED_HYBRID_F16_S32: &str = "fused_hybrid_f16_s32";
 
+/// Kernel `fused_hybrid_f16_s32_x` of [`HYBRID`].
+pub const FUSED_HYBRID_F16_S32_X: &str = "fused_hybrid_f16_s32_x";
+
 /// Kernel `spmm_hybrid_f16_s32` of [`HYBRID`].
 pub const SPMM_HYBRID_F16_S32: &str = "spmm_hybrid_f16_s32";
 
 /// Kernel `fused_hybrid_f16_s32_scalar` of [`HYBRID`].
 pub const FUSED_HYBRID_F16_S32_SCALAR: &str = "fused_hybrid_f16_s32_scalar";
+
+/// Kernel `fused_hybrid_f16_s32_scalar_x` of [`HYBRID`].
+pub const FUSED_HYBRID_F16_S32_SCALAR_X: &str = "fused_hybrid_f16_s32_scalar_x";
 
 /// Kernel `spmm_hybrid_f16_s32_scalar` of [`HYBRID`].
 pub const SPMM_HYBRID_F16_S32_SCALAR: &str = "spmm_hybrid_f16_s32_scalar";
@@ -866,11 +896,17 @@ pub const SPMM_HYBRID_F16_S32_SCALAR: &str = "spmm_hybrid_f16_s32_scalar";
 /// Kernel `fused_hybrid_f16_s64` of [`HYBRID`].
 pub const FUSED_HYBRID_F16_S64: &str = "fused_hybrid_f16_s64";
 
+/// Kernel `fused_hybrid_f16_s64_x` of [`HYBRID`].
+pub const FUSED_HYBRID_F16_S64_X: &str = "fused_hybrid_f16_s64_x";
+
 /// Kernel `spmm_hybrid_f16_s64` of [`HYBRID`].
 pub const SPMM_HYBRID_F16_S64: &str = "spmm_hybrid_f16_s64";
 
 /// Kernel `fused_hybrid_f16_s64_scalar` of [`HYBRID`].
 pub const FUSED_HYBRID_F16_S64_SCALAR: &str = "fused_hybrid_f16_s64_scalar";
+
+/// Kernel `fused_hybrid_f16_s64_scalar_x` of [`HYBRID`].
+pub const FUSED_HYBRID_F16_S64_SCALAR_X: &str = "fused_hybrid_f16_s64_scalar_x";
 
 /// Kernel `spmm_hybrid_f16_s64_scalar` of [`HYBRID`].
 pub const SPMM_HYBRID_F16_S64_SCALAR: &str = "spmm_hybrid_f16_s64_scalar";
@@ -878,11 +914,17 @@ pub const SPMM_HYBRID_F16_S64_SCALAR: &str = "spmm_hybrid_f16_s64_scalar";
 /// Kernel `fused_hybrid_f16_s128` of [`HYBRID`].
 pub const FUSED_HYBRID_F16_S128: &str = "fused_hybrid_f16_s128";
 
+/// Kernel `fused_hybrid_f16_s128_x` of [`HYBRID`].
+pub const FUSED_HYBRID_F16_S128_X: &str = "fused_hybrid_f16_s128_x";
+
 /// Kernel `spmm_hybrid_f16_s128` of [`HYBRID`].
 pub const SPMM_HYBRID_F16_S128: &str = "spmm_hybrid_f16_s128";
 
 /// Kernel `fused_hybrid_f16_s128_scalar` of [`HYBRID`].
 pub const FUSED_HYBRID_F16_S128_SCALAR: &str = "fused_hybrid_f16_s128_scalar";
+
+/// Kernel `fused_hybrid_f16_s128_scalar_x` of [`HYBRID`].
+pub const FUSED_HYBRID_F16_S128_SCALAR_X: &str = "fused_hybrid_f16_s128_scalar_x";
 
 /// Kernel `spmm_hybrid_f16_s128_scalar` of [`HYBRID`].
 pub const SPMM_HYBRID_F16_S128_SCALAR: &str = "spmm_hybrid_f16_s128_scalar";
@@ -890,11 +932,17 @@ pub const SPMM_HYBRID_F16_S128_SCALAR: &str = "spmm_hybrid_f16_s128_scalar";
 /// Kernel `fused_hybrid_bf16_s32` of [`HYBRID`].
 pub const FUSED_HYBRID_BF16_S32: &str = "fused_hybrid_bf16_s32";
 
+/// Kernel `fused_hybrid_bf16_s32_x` of [`HYBRID`].
+pub const FUSED_HYBRID_BF16_S32_X: &str = "fused_hybrid_bf16_s32_x";
+
 /// Kernel `spmm_hybrid_bf16_s32` of [`HYBRID`].
 pub const SPMM_HYBRID_BF16_S32: &str = "spmm_hybrid_bf16_s32";
 
 /// Kernel `fused_hybrid_bf16_s32_scalar` of [`HYBRID`].
 pub const FUSED_HYBRID_BF16_S32_SCALAR: &str = "fused_hybrid_bf16_s32_scalar";
+
+/// Kernel `fused_hybrid_bf16_s32_scalar_x` of [`HYBRID`].
+pub const FUSED_HYBRID_BF16_S32_SCALAR_X: &str = "fused_hybrid_bf16_s32_scalar_x";
 
 /// Kernel `spmm_hybrid_bf16_s32_scalar` of [`HYBRID`].
 pub const SPMM_HYBRID_BF16_S32_SCALAR: &str = "spmm_hybrid_bf16_s32_scalar";
@@ -902,11 +950,17 @@ pub const SPMM_HYBRID_BF16_S32_SCALAR: &str = "spmm_hybrid_bf16_s32_scalar";
 /// Kernel `fused_hybrid_bf16_s64` of [`HYBRID`].
 pub const FUSED_HYBRID_BF16_S64: &str = "fused_hybrid_bf16_s64";
 
+/// Kernel `fused_hybrid_bf16_s64_x` of [`HYBRID`].
+pub const FUSED_HYBRID_BF16_S64_X: &str = "fused_hybrid_bf16_s64_x";
+
 /// Kernel `spmm_hybrid_bf16_s64` of [`HYBRID`].
 pub const SPMM_HYBRID_BF16_S64: &str = "spmm_hybrid_bf16_s64";
 
 /// Kernel `fused_hybrid_bf16_s64_scalar` of [`HYBRID`].
 pub const FUSED_HYBRID_BF16_S64_SCALAR: &str = "fused_hybrid_bf16_s64_scalar";
+
+/// Kernel `fused_hybrid_bf16_s64_scalar_x` of [`HYBRID`].
+pub const FUSED_HYBRID_BF16_S64_SCALAR_X: &str = "fused_hybrid_bf16_s64_scalar_x";
 
 /// Kernel `spmm_hybrid_bf16_s64_scalar` of [`HYBRID`].
 pub const SPMM_HYBRID_BF16_S64_SCALAR: &str = "spmm_hybrid_bf16_s64_scalar";
@@ -914,11 +968,17 @@ pub const SPMM_HYBRID_BF16_S64_SCALAR: &str = "spmm_hybrid_bf16_s64_scalar";
 /// Kernel `fused_hybrid_bf16_s128` of [`HYBRID`].
 pub const FUSED_HYBRID_BF16_S128: &str = "fused_hybrid_bf16_s128";
 
+/// Kernel `fused_hybrid_bf16_s128_x` of [`HYBRID`].
+pub const FUSED_HYBRID_BF16_S128_X: &str = "fused_hybrid_bf16_s128_x";
+
 /// Kernel `spmm_hybrid_bf16_s128` of [`HYBRID`].
 pub const SPMM_HYBRID_BF16_S128: &str = "spmm_hybrid_bf16_s128";
 
 /// Kernel `fused_hybrid_bf16_s128_scalar` of [`HYBRID`].
 pub const FUSED_HYBRID_BF16_S128_SCALAR: &str = "fused_hybrid_bf16_s128_scalar";
+
+/// Kernel `fused_hybrid_bf16_s128_scalar_x` of [`HYBRID`].
+pub const FUSED_HYBRID_BF16_S128_SCALAR_X: &str = "fused_hybrid_bf16_s128_scalar_x";
 
 /// Kernel `spmm_hybrid_bf16_s128_scalar` of [`HYBRID`].
 pub const SPMM_HYBRID_BF16_S128_SCALAR: &str = "spmm_hybrid_bf16_s128_scalar";
@@ -926,11 +986,17 @@ pub const SPMM_HYBRID_BF16_S128_SCALAR: &str = "spmm_hybrid_bf16_s128_scalar";
 /// Kernel `fused_hybrid_f32_s32` of [`HYBRID`].
 pub const FUSED_HYBRID_F32_S32: &str = "fused_hybrid_f32_s32";
 
+/// Kernel `fused_hybrid_f32_s32_x` of [`HYBRID`].
+pub const FUSED_HYBRID_F32_S32_X: &str = "fused_hybrid_f32_s32_x";
+
 /// Kernel `spmm_hybrid_f32_s32` of [`HYBRID`].
 pub const SPMM_HYBRID_F32_S32: &str = "spmm_hybrid_f32_s32";
 
 /// Kernel `fused_hybrid_f32_s32_scalar` of [`HYBRID`].
 pub const FUSED_HYBRID_F32_S32_SCALAR: &str = "fused_hybrid_f32_s32_scalar";
+
+/// Kernel `fused_hybrid_f32_s32_scalar_x` of [`HYBRID`].
+pub const FUSED_HYBRID_F32_S32_SCALAR_X: &str = "fused_hybrid_f32_s32_scalar_x";
 
 /// Kernel `spmm_hybrid_f32_s32_scalar` of [`HYBRID`].
 pub const SPMM_HYBRID_F32_S32_SCALAR: &str = "spmm_hybrid_f32_s32_scalar";
@@ -938,14 +1004,26 @@ pub const SPMM_HYBRID_F32_S32_SCALAR: &str = "spmm_hybrid_f32_s32_scalar";
 /// Kernel `fused_hybrid_f32_s64` of [`HYBRID`].
 pub const FUSED_HYBRID_F32_S64: &str = "fused_hybrid_f32_s64";
 
+/// Kernel `fused_hybrid_f32_s64_x` of [`HYBRID`].
+pub const FUSED_HYBRID_F32_S64_X: &str = "fused_hybrid_f32_s64_x";
+
 /// Kernel `spmm_hybrid_f32_s64` of [`HYBRID`].
 pub const SPMM_HYBRID_F32_S64: &str = "spmm_hybrid_f32_s64";
 
 /// Kernel `fused_hybrid_f32_s64_scalar` of [`HYBRID`].
 pub const FUSED_HYBRID_F32_S64_SCALAR: &str = "fused_hybrid_f32_s64_scalar";
 
+/// Kernel `fused_hybrid_f32_s64_scalar_x` of [`HYBRID`].
+pub const FUSED_HYBRID_F32_S64_SCALAR_X: &str = "fused_hybrid_f32_s64_scalar_x";
+
 /// Kernel `spmm_hybrid_f32_s64_scalar` of [`HYBRID`].
 pub const SPMM_HYBRID_F32_S64_SCALAR: &str = "spmm_hybrid_f32_s64_scalar";
+
+/// Kernel `fused_hybrid_f16_d64_pipe_x` of [`HYBRID`].
+pub const FUSED_HYBRID_F16_D64_PIPE_X: &str = "fused_hybrid_f16_d64_pipe_x";
+
+/// Kernel `fused_hybrid_f16_d64_pipe_tc_x` of [`HYBRID`].
+pub const FUSED_HYBRID_F16_D64_PIPE_TC_X: &str = "fused_hybrid_f16_d64_pipe_tc_x";
 
 /// Kernel `fused_hybrid_f16_d64_pipe` of [`HYBRID`].
 pub const FUSED_HYBRID_F16_D64_PIPE: &str = "fused_hybrid_f16_d64_pipe";
@@ -959,6 +1037,12 @@ pub const FUSED_HYBRID_F16_D64_PIPE_TC: &str = "fused_hybrid_f16_d64_pipe_tc";
 /// Kernel `spmm_hybrid_f16_d64_pipe_tc` of [`HYBRID`].
 pub const SPMM_HYBRID_F16_D64_PIPE_TC: &str = "spmm_hybrid_f16_d64_pipe_tc";
 
+/// Kernel `fused_hybrid_f16_d128_pipe_x` of [`HYBRID`].
+pub const FUSED_HYBRID_F16_D128_PIPE_X: &str = "fused_hybrid_f16_d128_pipe_x";
+
+/// Kernel `fused_hybrid_f16_d128_pipe_tc_x` of [`HYBRID`].
+pub const FUSED_HYBRID_F16_D128_PIPE_TC_X: &str = "fused_hybrid_f16_d128_pipe_tc_x";
+
 /// Kernel `fused_hybrid_f16_d128_pipe` of [`HYBRID`].
 pub const FUSED_HYBRID_F16_D128_PIPE: &str = "fused_hybrid_f16_d128_pipe";
 
@@ -971,6 +1055,12 @@ pub const FUSED_HYBRID_F16_D128_PIPE_TC: &str = "fused_hybrid_f16_d128_pipe_tc";
 /// Kernel `spmm_hybrid_f16_d128_pipe_tc` of [`HYBRID`].
 pub const SPMM_HYBRID_F16_D128_PIPE_TC: &str = "spmm_hybrid_f16_d128_pipe_tc";
 
+/// Kernel `fused_hybrid_bf16_d64_pipe_x` of [`HYBRID`].
+pub const FUSED_HYBRID_BF16_D64_PIPE_X: &str = "fused_hybrid_bf16_d64_pipe_x";
+
+/// Kernel `fused_hybrid_bf16_d64_pipe_tc_x` of [`HYBRID`].
+pub const FUSED_HYBRID_BF16_D64_PIPE_TC_X: &str = "fused_hybrid_bf16_d64_pipe_tc_x";
+
 /// Kernel `fused_hybrid_bf16_d64_pipe` of [`HYBRID`].
 pub const FUSED_HYBRID_BF16_D64_PIPE: &str = "fused_hybrid_bf16_d64_pipe";
 
@@ -982,6 +1072,12 @@ pub const FUSED_HYBRID_BF16_D64_PIPE_TC: &str = "fused_hybrid_bf16_d64_pipe_tc";
 
 /// Kernel `spmm_hybrid_bf16_d64_pipe_tc` of [`HYBRID`].
 pub const SPMM_HYBRID_BF16_D64_PIPE_TC: &str = "spmm_hybrid_bf16_d64_pipe_tc";
+
+/// Kernel `fused_hybrid_bf16_d128_pipe_x` of [`HYBRID`].
+pub const FUSED_HYBRID_BF16_D128_PIPE_X: &str = "fused_hybrid_bf16_d128_pipe_x";
+
+/// Kernel `fused_hybrid_bf16_d128_pipe_tc_x` of [`HYBRID`].
+pub const FUSED_HYBRID_BF16_D128_PIPE_TC_X: &str = "fused_hybrid_bf16_d128_pipe_tc_x";
 
 /// Kernel `fused_hybrid_bf16_d128_pipe` of [`HYBRID`].
 pub const FUSED_HYBRID_BF16_D128_PIPE: &str = "fused_hybrid_bf16_d128_pipe";

@@ -30,13 +30,15 @@
 
 use std::sync::Mutex;
 
-use spattn_formats::{HybridBlocks, HybridSplit};
+use spattn_formats::{Csr, HybridBlocks, HybridSplit};
 use spattn_kernels_sys::HYBRID;
 
 use crate::buffer::{DeviceMatrix, DeviceVec};
 use crate::device_bsb::{bsb_pipe_supports, bsb_pipe_warp_bytes, BSB_MIN_UNIT_BLOCKS};
 use crate::dtype::{DType, DTypeKind};
+use crate::edge_extras::DeviceBias;
 use crate::error::{Error, Result};
+use crate::fused::CsrExtras;
 use crate::gpu::Gpu;
 use crate::launch::{
     check_same_gpu, kernel_named, launch, map_driver_error, to_u32, LaunchConfig, OnGpu,
@@ -220,6 +222,20 @@ pub struct DeviceHybrid {
     /// The work queue: next item, CTAs exited (the last CTA resets both).
     queue: Mutex<DeviceVec<u32>>,
     workspace: Mutex<Option<Workspace>>,
+    /// Block ranges of the windows (host), for the extras' edge map.
+    window_offsets: Vec<u32>,
+    /// The attention extras' edge map, built by the first call with extras.
+    edge_map: Mutex<Option<HybridEdgeMap>>,
+}
+
+/// Where the caller's per-edge extras are for the `_x` kernels: per block its first edge in
+/// block-and-bit order (every block, bits row-major), per such edge its caller CSR edge, and
+/// per CUDA-core edge its caller CSR edge.
+#[derive(Debug)]
+struct HybridEdgeMap {
+    block_edge_start: DeviceVec<u32>,
+    edge_ids: DeviceVec<u32>,
+    cd_edge_ids: DeviceVec<u32>,
 }
 
 impl DeviceHybrid {
@@ -284,6 +300,8 @@ impl DeviceHybrid {
             split_part_first: up_u32("hybrid split parts", &units.split_part_first)?,
             queue: Mutex::new(DeviceVec::alloc(gpu, "hybrid work queue", 2, true)?),
             workspace: Mutex::new(None),
+            window_offsets: blocks.window_offsets().to_vec(),
+            edge_map: Mutex::new(None),
         })
     }
 
@@ -406,6 +424,94 @@ impl DeviceHybrid {
             scale_log2,
             warps,
             shape.head_dim,
+            None,
+            out,
+        )
+    }
+
+    /// [`attention`](Self::attention) with a score bias and dropout (see `spattn::extras`) in
+    /// the same kernel, given in the CSR order of `graph`, the graph this structure was built
+    /// from. The first call maps the structure's edges to `graph`'s (host work over the edges
+    /// and 4 bytes per edge, per CUDA-core edge and per block on the device, kept).
+    ///
+    /// Errors: as [`attention`](Self::attention); [`Error::Unsupported`] for edge features; a
+    /// bias that is not `nnz × heads` (or `nnz`, shared); [`Error::InvalidArgument`] where
+    /// `graph` is not this structure's.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_with_extras<T: DType>(
+        &self,
+        gpu: &Gpu,
+        graph: &Csr,
+        (q, k, v): (&DeviceMatrix<T>, &DeviceMatrix<T>, &DeviceMatrix<T>),
+        scale: f32,
+        warps: WarpSplit,
+        extras: &CsrExtras<'_, T>,
+        out: &mut DeviceMatrix<T>,
+    ) -> Result<()> {
+        if extras.edge_features.is_some() {
+            return Err(Error::Unsupported {
+                kernel: "hybrid",
+                why: "takes a score bias and dropout but not edge features (unfused-csr and \
+                      fused-csr take them)"
+                    .into(),
+            });
+        }
+        let shape = q.shape();
+        if let Some(b) = &extras.bias {
+            b.check_len(graph.nnz(), shape.heads)?;
+            check_same_gpu(gpu, "bias", b.values())?;
+        }
+        shape.expect_rows_like("Q", shape, self.n_rows)?;
+        shape.expect_rows_like("K", k.shape(), self.n_cols)?;
+        shape.expect_rows_like("V", v.shape(), self.n_cols)?;
+        shape.expect_rows_like("out", out.shape(), self.n_rows)?;
+        check_same_gpu(gpu, "Q", q)?;
+        check_same_gpu(gpu, "K", k)?;
+        let scale_log2 = scale * std::f32::consts::LOG2_E;
+        if !scale_log2.is_finite() {
+            return Err(Error::InvalidArgument {
+                what: "scale",
+                why: format!("{scale} is not finite in the kernel's log2 domain"),
+            });
+        }
+        let mut map = self
+            .edge_map
+            .lock()
+            // Replaced whole only.
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if map.is_none() {
+            let (starts, ids, cd_ids) = hybrid_edge_map(
+                graph,
+                &self.window_offsets,
+                &self.row_ids.to_host()?,
+                &self.block_columns.to_host()?,
+                &self.bitmap_words.to_host()?,
+                &self.cd_row_offsets.to_host()?,
+                &self.cd_columns.to_host()?,
+            )?;
+            *map = Some(HybridEdgeMap {
+                block_edge_start: DeviceVec::from_host_named(
+                    gpu,
+                    "hybrid block edge starts",
+                    &starts,
+                )?,
+                edge_ids: DeviceVec::from_host_named(gpu, "hybrid edge ids", &ids)?,
+                cd_edge_ids: DeviceVec::from_host_named(gpu, "hybrid CUDA-core edge ids", &cd_ids)?,
+            });
+        }
+        let map = map.as_ref().ok_or(Error::InvalidArgument {
+            what: "hybrid edge map",
+            why: "not built".into(),
+        })?;
+        self.run(
+            "fused",
+            gpu,
+            Some((q, k)),
+            v,
+            scale_log2,
+            warps,
+            shape.head_dim,
+            Some((extras, map)),
             out,
         )
     }
@@ -422,6 +528,7 @@ impl DeviceHybrid {
         scale_log2: f32,
         warps: WarpSplit,
         width: usize,
+        extras: Option<(&CsrExtras<'_, T>, &HybridEdgeMap)>,
         out: &mut DeviceMatrix<T>,
     ) -> Result<()> {
         let row_len = v.shape().row_len();
@@ -453,9 +560,10 @@ impl DeviceHybrid {
         })?;
         let pipelined = Self::pipelined(T::KIND, shape.head_dim);
         self.check_warps(warps, pipelined)?;
+        let x = if extras.is_some() { "_x" } else { "" };
         let name = kernel_named(
             &HYBRID,
-            kernel_name(op, T::KIND, shape.head_dim, slice, pipelined, warps.cd),
+            kernel_name(op, T::KIND, shape.head_dim, slice, pipelined, warps.cd) + x,
         )?;
         let heads = to_u32("heads", shape.heads)?;
         let head_dim = to_u32("head_dim", shape.head_dim)?;
@@ -557,6 +665,20 @@ impl DeviceHybrid {
             .arg(ws.part_acc.slice_mut())
             .arg(ws.counters.slice_mut())
             .arg(queue.slice_mut());
+        let ex = extras.map(|(e, _)| crate::fused::KernelExtras::new(e, heads));
+        if let (Some(ex), Some((e, map))) = (&ex, extras) {
+            args.arg_or_null(e.bias.as_ref().map(DeviceBias::values))
+                .arg(&ex.bias_heads)
+                .arg(map.block_edge_start.slice())
+                .arg(map.edge_ids.slice())
+                .arg(map.cd_edge_ids.slice())
+                .arg(&ex.key[0])
+                .arg(&ex.key[1])
+                .arg(&ex.offset[0])
+                .arg(&ex.offset[1])
+                .arg(&ex.threshold)
+                .arg(&ex.scale);
+        }
         // SAFETY: items < n_units × heads; unit u's 8 words lie in `units` (8 × n_units) and
         // its split in `split_part_first` (n_split + 1). Its blocks lie in [0, n_blocks)
         // (block_columns: 8 words, bitmap_words: 4 words per block; tc_values, when passed,
@@ -578,9 +700,105 @@ impl DeviceHybrid {
         // the `_tc` kernel, which has no CUDA-core warp and no mbarriers), and the CUDA-core
         // partial it writes into a warp's stages (4 × (32 + 16 × (head_dim + 8)) bytes) fits
         // them (static_assert in hybrid.cu); cd = 0 only when there are no CUDA-core edges
-        // (check_warps).
+        // (check_warps). Extras (`_x` kernels): block_edge_start holds n_blocks entries,
+        // edge_ids one per bit of every block and cd_edge_ids one per CUDA-core edge, each a
+        // caller edge < nnz (hybrid_edge_map of this structure's graph, which checks every
+        // lookup); the bias holds nnz × bias_heads.
         unsafe { launch(name, &mut args, cfg) }
     }
+}
+
+/// The edge maps of [`HybridEdgeMap`] for the structure given by its host arrays (rows
+/// renumbered: `row_ids` per row its row of `graph`; blocks of window `w` are
+/// `window_offsets[w]..window_offsets[w + 1]`, 8 columns and 4 bitmap words each; the CUDA-core
+/// edges of row `r` are `cd_row_offsets[r]..cd_row_offsets[r + 1]` of `cd_columns`). Each
+/// (row, column) is found in `graph`'s row by binary search.
+fn hybrid_edge_map(
+    graph: &Csr,
+    window_offsets: &[u32],
+    row_ids: &[u32],
+    block_columns: &[u32],
+    bitmap_words: &[u32],
+    cd_row_offsets: &[u32],
+    cd_columns: &[u32],
+) -> Result<(Vec<u32>, Vec<u32>, Vec<u32>)> {
+    use rayon::prelude::*;
+    let mismatch = |why: String| Error::InvalidArgument {
+        what: "graph of the hybrid structure",
+        why,
+    };
+    let n = graph.n_rows();
+    if row_ids.len() != n || cd_row_offsets.len() != n + 1 {
+        return Err(mismatch(format!(
+            "the structure has {} rows, the graph {n}",
+            row_ids.len()
+        )));
+    }
+    let offsets = graph.row_offsets();
+    // The caller edge of (renumbered row r, column c).
+    let find = |r: usize, c: u32| -> Result<u32> {
+        let row = *row_ids
+            .get(r)
+            .ok_or_else(|| mismatch(format!("row {r} is past the graph")))?
+            as usize;
+        if row >= n {
+            return Err(mismatch(format!(
+                "row id {row} is past the graph's {n} rows"
+            )));
+        }
+        let (s, e) = (offsets[row] as usize, offsets[row + 1] as usize);
+        let cols = &graph.col_indices()[s..e];
+        match cols.binary_search(&c) {
+            // Edge indices are below nnz ≤ MAX_NNZ < 2³².
+            Ok(i) => Ok((s + i) as u32),
+            Err(_) => Err(mismatch(format!("row {row} has no edge to column {c}"))),
+        }
+    };
+    let windows = window_offsets.len().saturating_sub(1);
+    let per_window: Vec<Result<(Vec<u32>, Vec<u32>)>> = (0..windows)
+        .into_par_iter()
+        .map(|w| {
+            let mut starts = Vec::new();
+            let mut ids = Vec::new();
+            for b in window_offsets[w] as usize..window_offsets[w + 1] as usize {
+                starts.push(ids.len() as u32);
+                for word in 0..4 {
+                    let bits = bitmap_words[4 * b + word];
+                    for i in (0..32).filter(|i| bits >> i & 1 == 1) {
+                        let bit = 32 * word + i;
+                        let (r, c) = (bit / 8, bit % 8);
+                        ids.push(find(w * WINDOW_ROWS + r, block_columns[8 * b + c])?);
+                    }
+                }
+            }
+            Ok((starts, ids))
+        })
+        .collect();
+    let mut starts = Vec::with_capacity(block_columns.len() / 8);
+    let mut ids = Vec::with_capacity(graph.nnz());
+    for w in per_window {
+        let (s, i) = w?;
+        let base = ids.len() as u32;
+        starts.extend(s.into_iter().map(|x| x + base));
+        ids.extend(i);
+    }
+    if ids.len() != graph.nnz() {
+        return Err(mismatch(format!(
+            "the structure's blocks hold {} edges, the graph {}",
+            ids.len(),
+            graph.nnz()
+        )));
+    }
+    let cd_ids = cd_columns
+        .par_iter()
+        .enumerate()
+        .map(|(i, &c)| {
+            // The row whose range holds edge i.
+            let r = cd_row_offsets.partition_point(|&o| o as usize <= i) - 1;
+            find(r, c)
+        })
+        .collect::<Result<Vec<u32>>>()?;
+    Ok((starts, ids, cd_ids))
 }
 
 /// The kernel [`DeviceHybrid::run`] launches for `op` (`"fused"` or `"spmm"`) on heads of
@@ -685,7 +903,7 @@ pub fn spmm_with<T: DType>(
     if shape.row_len() == 0 {
         return Ok(());
     }
-    a.run("spmm", gpu, None, v, 0.0, warps, width, out)
+    a.run("spmm", gpu, None, v, 0.0, warps, width, None, out)
 }
 
 #[cfg(test)]
@@ -742,5 +960,91 @@ mod tests {
         for kernel in HYBRID.kernels {
             assert!(launched.contains(*kernel), "{kernel} is never launched");
         }
+    }
+}
+
+#[cfg(test)]
+mod edge_map_tests {
+    use super::*;
+    use spattn_formats::{Reorder, RowOrder};
+
+    /// Every bit of every block and every CUDA-core edge names the caller edge of its (caller
+    /// row, column); together the bits name each caller edge once.
+    #[test]
+    fn hybrid_edge_map_names_each_edge_s_caller_edge() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |m: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % m
+        };
+        let n = 200usize;
+        let mut edges = Vec::new();
+        for r in 0..n as u32 {
+            for _ in 0..next(12) {
+                edges.push((r, next(n as u64) as u32));
+            }
+        }
+        edges.extend((0..n as u32).map(|c| (7, c)));
+        let a = Csr::from_edges(n, n, &edges).unwrap();
+        let order = RowOrder::choose(&a, Reorder::Degree, WINDOW_ROWS).unwrap();
+        let blocks = HybridBlocks::from_csr_in_row_order(&a, &order).unwrap();
+        for threshold in [0.0, 0.3, 2.0] {
+            let split = blocks.classify(threshold).unwrap();
+            let words = blocks.bitmap_words_u32();
+            let (starts, ids, cd_ids) = hybrid_edge_map(
+                &a,
+                blocks.window_offsets(),
+                blocks.row_ids(),
+                blocks.block_columns(),
+                &words,
+                split.cd_row_offsets(),
+                split.cd_columns(),
+            )
+            .unwrap();
+            let edge = |e: u32| {
+                let e = e as usize;
+                let row = a.row_offsets().partition_point(|&o| o as usize <= e) - 1;
+                (row as u32, a.col_indices()[e])
+            };
+            let mut seen = vec![false; a.nnz()];
+            for w in 0..blocks.n_windows() {
+                for b in blocks.window_blocks(w) {
+                    let mut k = starts[b] as usize;
+                    for bit in (0..128).filter(|&i| blocks.bitmaps()[b] >> i & 1 == 1) {
+                        let row = blocks.row_ids()[w * 16 + bit / 8];
+                        assert_eq!(edge(ids[k]), (row, blocks.block_columns()[8 * b + bit % 8]));
+                        assert!(!seen[ids[k] as usize]);
+                        seen[ids[k] as usize] = true;
+                        k += 1;
+                    }
+                }
+            }
+            assert!(seen.iter().all(|&x| x));
+            for r in 0..n {
+                let o = split.cd_row_offsets();
+                for i in o[r] as usize..o[r + 1] as usize {
+                    assert_eq!(
+                        edge(cd_ids[i]),
+                        (blocks.row_ids()[r], split.cd_columns()[i])
+                    );
+                }
+            }
+        }
+        // Another graph: refused with what differs.
+        let b = Csr::from_edges(n, n, &[(0, 1)]).unwrap();
+        let split = blocks.classify(0.3).unwrap();
+        let e = hybrid_edge_map(
+            &b,
+            blocks.window_offsets(),
+            blocks.row_ids(),
+            blocks.block_columns(),
+            &blocks.bitmap_words_u32(),
+            split.cd_row_offsets(),
+            split.cd_columns(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("has no edge"), "{e}");
     }
 }

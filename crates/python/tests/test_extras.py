@@ -363,11 +363,13 @@ def test_cuda_matches_reference_and_cpu_mask(dtype, layout):
 
 
 @needs_cuda
-def test_cuda_algorithm_without_extras_says_which_take_them():
+def test_cuda_tensor_core_kernels_refuse_edge_features_and_say_which_take_them():
     g = cora()
     q = torch.randn(g.num_nodes, 1, 16, device="cuda", dtype=torch.float16)
-    with pytest.raises(Exception, match="unfused-csr"):
-        spattn.sparse_attention(g, q, q, q, dropout=0.1, algorithm="hybrid")
+    f = torch.randn(g.num_edges, 1, 16, device="cuda", dtype=torch.float16)
+    for algorithm in ("fused-tc", "hybrid"):
+        with pytest.raises(Exception, match="fused-csr"):
+            spattn.sparse_attention(g, q, q, q, edge_features=f, algorithm=algorithm)
     plan = g.plan(1, 16, dtype="float16", extras=True)
     assert plan["algorithm"] == "unfused-csr"
 

@@ -353,6 +353,24 @@ impl Hybrid {
     ) -> Result<()> {
         self.device.attention(gpu, q, k, v, scale, self.warps, out)
     }
+
+    /// [`forward`](Self::forward) with a score bias and dropout in the caller's CSR order of
+    /// `graph`, the graph this plan was built from (see
+    /// [`DeviceHybrid::attention_with_extras`]).
+    ///
+    /// Errors: as that method.
+    pub fn forward_with_extras<T: DType>(
+        &self,
+        gpu: &Gpu,
+        graph: &Csr,
+        qkv: (&DeviceMatrix<T>, &DeviceMatrix<T>, &DeviceMatrix<T>),
+        scale: f32,
+        extras: &super::CsrExtras<'_, T>,
+        out: &mut DeviceMatrix<T>,
+    ) -> Result<()> {
+        self.device
+            .attention_with_extras(gpu, graph, qkv, scale, self.warps, extras, out)
+    }
 }
 
 #[cfg(test)]

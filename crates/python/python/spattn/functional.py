@@ -99,9 +99,10 @@ def sparse_attention(
             CPU), as PyG's ``return_attention_weights=True``. Not differentiable.
         algorithm: ``"auto"`` or one of ``"unfused-csr"``, ``"unfused-tc"``, ``"fused-csr"``,
             ``"fused-tc"``, ``"hybrid"`` (CUDA; the CPU runs its reference whatever is asked).
-            With a bias or dropout, ``auto`` picks an algorithm that takes them
-            (``unfused-csr``; ``fused-csr`` takes them too, ``fused-tc`` a bias and dropout
-            but no edge features); naming another is an error that says which do.
+            With a bias, edge features or dropout, ``auto`` picks ``unfused-csr``; every
+            algorithm takes a bias and dropout, and edge features ``unfused-csr``,
+            ``fused-csr`` and ``unfused-tc`` (``fused-tc`` and ``hybrid`` refuse them,
+            saying which take them).
 
     Returns ``num_nodes × heads × head_dim`` like ``q`` (a numpy array for numpy inputs), and
     the weights with ``return_attention_weights``. Rows without edges get zeros. On torch
