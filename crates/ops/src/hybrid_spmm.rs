@@ -1011,13 +1011,12 @@ mod edge_map_tests {
             let mut seen = vec![false; a.nnz()];
             for w in 0..blocks.n_windows() {
                 for b in blocks.window_blocks(w) {
-                    let mut k = starts[b] as usize;
-                    for bit in (0..128).filter(|&i| blocks.bitmaps()[b] >> i & 1 == 1) {
+                    let bits = (0..128).filter(|&i| blocks.bitmaps()[b] >> i & 1 == 1);
+                    for (k, bit) in (starts[b] as usize..).zip(bits) {
                         let row = blocks.row_ids()[w * 16 + bit / 8];
                         assert_eq!(edge(ids[k]), (row, blocks.block_columns()[8 * b + bit % 8]));
                         assert!(!seen[ids[k] as usize]);
                         seen[ids[k] as usize] = true;
-                        k += 1;
                     }
                 }
             }
