@@ -1021,14 +1021,10 @@ mod edge_map_tests {
                 }
             }
             assert!(seen.iter().all(|&x| x));
-            for r in 0..n {
-                let o = split.cd_row_offsets();
-                for i in o[r] as usize..o[r + 1] as usize {
-                    assert_eq!(
-                        edge(cd_ids[i]),
-                        (blocks.row_ids()[r], split.cd_columns()[i])
-                    );
-                }
+            let o = split.cd_row_offsets();
+            for (i, (&e, &c)) in cd_ids.iter().zip(split.cd_columns()).enumerate() {
+                let r = o.partition_point(|&x| x as usize <= i) - 1;
+                assert_eq!(edge(e), (blocks.row_ids()[r], c));
             }
         }
         // Another graph: refused with what differs.
