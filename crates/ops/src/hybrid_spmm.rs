@@ -1022,9 +1022,12 @@ mod edge_map_tests {
             }
             assert!(seen.iter().all(|&x| x));
             let o = split.cd_row_offsets();
-            for (i, (&e, &c)) in cd_ids.iter().zip(split.cd_columns()).enumerate() {
-                let r = o.partition_point(|&x| x as usize <= i) - 1;
-                assert_eq!(edge(e), (blocks.row_ids()[r], c));
+            for (r, w) in o.windows(2).enumerate() {
+                let range = w[0] as usize..w[1] as usize;
+                let columns = &split.cd_columns()[range.clone()];
+                for (&e, &c) in cd_ids[range].iter().zip(columns) {
+                    assert_eq!(edge(e), (blocks.row_ids()[r], c));
+                }
             }
         }
         // Another graph: refused with what differs.
