@@ -130,8 +130,9 @@ impl ExtrasState {
 }
 
 impl AttentionPlan {
-    /// Checks that the plan's algorithm takes extras, the dtype and the shapes of Q, K, V and
-    /// the extras; returns the GPU, the graph and the extras' state.
+    /// Checks that the plan takes these extras (edge features: not on fused-tc or hybrid asked
+    /// for by name), the dtype and the shapes of Q, K, V and the extras; returns the GPU, the
+    /// graph and the extras' state.
     #[allow(clippy::type_complexity)]
     fn extras_parts<T: DType>(
         &self,
@@ -210,12 +211,13 @@ impl AttentionPlan {
 
     /// Attention with `extras` into `out`, and the attention weights (`nnz × heads` f32 in the
     /// graph's CSR order, after dropout) into `weights` where given. See the `extras` module.
-    /// A fused-csr or fused-tc plan runs it in one fused kernel where the weights are not asked
-    /// for; with them, and on unfused-csr, it composes SDDMM, the per-edge extras, softmax and
-    /// SpMM. fused-tc takes no edge features.
+    /// A fused-csr, fused-tc or hybrid plan runs it in one fused kernel where the weights are
+    /// not asked for; with them, and on unfused-csr and unfused-tc, it composes SDDMM, the
+    /// per-edge extras, softmax and SpMM. fused-tc and hybrid take no edge features.
     ///
-    /// Errors: [`Error::Unsupported`] for an algorithm that does not take extras (naming those
-    /// that do), [`Error::WrongPlanKind`] on a CPU plan, [`Error::DTypeMismatch`],
+    /// Errors: [`Error::Unsupported`] for edge features on fused-tc or hybrid asked for by name
+    /// (naming the algorithms that take them), [`Error::WrongPlanKind`] on a CPU plan,
+    /// [`Error::DTypeMismatch`],
     /// [`Error::ShapeMismatch`] / [`Error::Ops`] naming a bias, edge features or weights buffer
     /// of the wrong length.
     pub fn forward_with<T: DType>(

@@ -12,8 +12,11 @@ use spattn::ops::cpu::{
 };
 use spattn::{
     Algorithm, AttentionConfig, AttentionPlan, Csr, DType, DTypeKind, DeviceBias, DeviceMatrix,
-    DeviceVec, Dropout, Error, Extras, ExtrasGrads, HostExtras, Reorder, Shape,
+    DeviceVec, Dropout, Error, Extras, ExtrasGrads, HostExtras, HybridParams, Reorder, Shape,
 };
+
+/// A GPU case: the algorithm, the row order, and a fixed hybrid split where given.
+type Case = (Algorithm, Reorder, Option<HybridParams>);
 use spattn_test_support::*;
 
 fn ring(n: u32) -> Csr {
@@ -109,7 +112,7 @@ fn the_cpu_plan_matches_the_f64_reference_and_checks_its_operands() {
 /// construction).
 fn check_gpu_extras<T: DType>(
     a: &Csr,
-    (alg, reorder): (Algorithm, Reorder),
+    (alg, reorder, hybrid): Case,
     heads: usize,
     d: usize,
     shared: bool,
@@ -134,6 +137,10 @@ fn check_gpu_extras<T: DType>(
         .with_edge_extras(true)
         .with_algorithm(alg)
         .with_reorder(reorder);
+    let config = match hybrid {
+        Some(p) => config.with_hybrid(p),
+        None => config,
+    };
     let plan = AttentionPlan::new_gpu(&gpu, a, config).unwrap();
     let expected = if alg == Algorithm::Auto {
         Algorithm::UnfusedCsr
@@ -174,7 +181,7 @@ fn check_gpu_extras<T: DType>(
     let scale = f64::from(plan.config().scale());
     let (want, want_w) = attention_extras_f64_from(a, &inputs, scale, &cpu_extras).unwrap();
     let what = format!(
-        "{alg}/{reorder} {} H{heads} D{d} shared {shared} rate {rate}",
+        "{alg}/{reorder} {hybrid:?} {} H{heads} D{d} shared {shared} rate {rate}",
         T::NAME
     );
     // The composition with the weights out keeps f32's bound; the fused tensor-core kernels
@@ -278,7 +285,7 @@ fn gpu_unfused_csr_with_every_extra_matches_the_f64_reference() {
         rmat_graph(10),
     ];
     for a in &graphs {
-        let auto = (Algorithm::Auto, Reorder::Auto);
+        let auto = (Algorithm::Auto, Reorder::Auto, None);
         for (heads, d, shared, rate) in
             [(1, 1, false, 0.0), (3, 24, true, 0.1), (8, 64, false, 0.5)]
         {
@@ -305,7 +312,7 @@ fn gpu_fused_csr_with_every_extra_matches_the_f64_reference() {
     ];
     for a in &graphs {
         for reorder in [Reorder::None, Reorder::Degree] {
-            let fused = (Algorithm::FusedCsr, reorder);
+            let fused = (Algorithm::FusedCsr, reorder, None);
             for (heads, d, shared, rate) in [
                 (1, 1, false, 0.0),
                 (3, 24, true, 0.1),
@@ -336,7 +343,7 @@ fn gpu_fused_tc_with_bias_and_dropout_matches_the_f64_reference() {
     ];
     for a in &graphs {
         for reorder in [Reorder::None, Reorder::Degree] {
-            let tc = (Algorithm::FusedTensorCore, reorder);
+            let tc = (Algorithm::FusedTensorCore, reorder, None);
             // The kernels each shape runs (fused::tc::layout_with): d 24 and 32 the 32-feature
             // register kernel (f32 too), f32 d 64 the 64-feature one, f16/bf16 d 64 and 128
             // the pipelined one, d 96 the 128-feature register kernel with prefetch, d 256 two
@@ -362,8 +369,11 @@ fn gpu_fused_tc_with_bias_and_dropout_matches_the_f64_reference() {
 }
 
 /// hybrid with a bias and dropout (its tensor-core warps through the bitmap ranks, its CUDA-core
-/// warps through per-edge caller ids, in the log2 domain), in its register and pipelined
-/// kernels, every dtype; and unfused-tc, whose extras run the CUDA-core composition.
+/// warps through per-edge caller ids, in the log2 domain), with the plan's split and with fixed
+/// splits that put every block on tensor cores, every edge on CUDA cores, and rows on both
+/// sides, on its general kernel (every slice: d 24/32, 48, 96, f32) and its pipelined one
+/// (f16/bf16 at 64 and 128, with and without a CUDA-core warp); and unfused-tc, whose extras
+/// run the CUDA-core composition.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn gpu_hybrid_and_unfused_tc_with_extras_match_the_f64_reference() {
@@ -374,9 +384,16 @@ fn gpu_hybrid_and_unfused_tc_with_extras_match_the_f64_reference() {
         hub_graph(&mut rng, 20_000, 3),
         rmat_graph(10),
     ];
+    let fixed = |threshold, tc_warps, cd_warps| {
+        Some(HybridParams {
+            threshold,
+            tc_warps,
+            cd_warps,
+        })
+    };
     for a in &graphs {
         for alg in [Algorithm::Hybrid, Algorithm::UnfusedTensorCore] {
-            let case = (alg, Reorder::Auto);
+            let case = (alg, Reorder::Auto, None);
             for (heads, d, shared, rate) in [
                 (1, 32, false, 0.0),
                 (3, 24, true, 0.1),
@@ -390,6 +407,24 @@ fn gpu_hybrid_and_unfused_tc_with_extras_match_the_f64_reference() {
                     check_gpu_extras::<f32>(a, case, heads, d, shared, rate);
                 }
             }
+        }
+        // Fixed splits (threshold, tensor-core warps, CUDA-core warps): all blocks on tensor
+        // cores, all edges on CUDA cores, and in between.
+        let h = Algorithm::Hybrid;
+        for p in [fixed(0.0, 2, 2), fixed(2.0, 1, 3), fixed(0.05, 1, 3)] {
+            for (heads, d) in [(3, 24), (2, 48), (1, 96)] {
+                check_gpu_extras::<f16>(a, (h, Reorder::Auto, p), heads, d, true, 0.2);
+            }
+            check_gpu_extras::<f32>(a, (h, Reorder::Auto, p), 2, 32, false, 0.2);
+        }
+        for p in [
+            fixed(0.0, 2, 0),
+            fixed(2.0, 1, 1),
+            fixed(0.05, 1, 1),
+            fixed(0.02, 3, 1),
+        ] {
+            check_gpu_extras::<f16>(a, (h, Reorder::Auto, p), 8, 64, false, 0.3);
+            check_gpu_extras::<bf16>(a, (h, Reorder::Auto, p), 2, 128, true, 0.3);
         }
     }
 }
@@ -454,6 +489,17 @@ fn check_fused_masks(alg: Algorithm, a: &Csr, d: usize, rng: &mut Pcg64) {
             .with_edge_extras(true)
             .with_algorithm(alg)
             .with_reorder(reorder);
+        // hybrid: a fixed split with rows on both sides (the pipelined kernel at d 64 takes at
+        // most one CUDA-core warp).
+        let config = if alg == Algorithm::Hybrid {
+            config.with_hybrid(HybridParams {
+                threshold: 0.05,
+                tc_warps: 1,
+                cd_warps: if d == 64 { 1 } else { 3 },
+            })
+        } else {
+            config
+        };
         let plan = AttentionPlan::new_gpu(&gpu, a, config).unwrap();
         let scale = f64::from(plan.config().scale());
         for (name, use_bias, use_feats, use_dropout) in [
@@ -531,14 +577,38 @@ fn gpu_autotuned_plans_for_extras_run_every_extra() {
     let cpu = AttentionPlan::new_cpu(&a, config.clone()).unwrap();
     let (want, _) = cpu.forward_with_host(&q, &k, &v, &extras).unwrap();
     let plan = AttentionPlan::new_gpu(&gpu, &a, config.with_autotune(true)).unwrap();
+    let what = format!("autotuned to {} ({})", plan.algorithm(), plan.choice());
+    // With the weights out: the composition.
     let (got, _) = plan.forward_with_host(&q, &k, &v, &extras).unwrap();
     let err = cpu::rel_l2_error(&to_f64(&got), &to_f64(&want));
-    assert!(
-        err <= tolerance::<f16>(),
-        "autotuned to {} ({}): error {err:e}",
-        plan.algorithm(),
-        plan.choice()
-    );
+    assert!(err <= tolerance::<f16>(), "{what}: error {err:e}");
+    // Without: the chosen algorithm's fused kernel where it has one (features through the
+    // composition where it takes none), and with the bias and dropout alone.
+    let up = |x: &[f16], s: Shape| DeviceMatrix::from_host(&gpu, s, x).unwrap();
+    let sf = Shape::new(a.nnz(), heads, d).unwrap();
+    let (dq, dk, dv, df) = (up(&q, s), up(&k, s), up(&v, s), up(&feats, sf));
+    let db = DeviceVec::from_host(&gpu, &bias).unwrap();
+    let no_feats = HostExtras {
+        edge_features: None,
+        ..extras
+    };
+    let (want_nf, _) = cpu.forward_with_host(&q, &k, &v, &no_feats).unwrap();
+    for (with_feats, want) in [(true, &want), (false, &want_nf)] {
+        let ex = Extras {
+            bias: Some(DeviceBias::PerHead(&db)),
+            edge_features: with_feats.then_some(&df),
+            dropout: extras.dropout,
+        };
+        let mut out = DeviceMatrix::<f16>::zeros(&gpu, s).unwrap();
+        out.fill_nan().unwrap();
+        plan.forward_with(&dq, &dk, &dv, &ex, &mut out, None)
+            .unwrap();
+        let err = cpu::rel_l2_error(&to_f64(&out.to_host().unwrap()), &to_f64(want));
+        assert!(
+            err <= tolerance::<f16>(),
+            "{what}, features {with_feats}: error {err:e}"
+        );
+    }
 }
 
 /// fused-tc and hybrid asked for by name refuse edge features, naming the algorithms that take

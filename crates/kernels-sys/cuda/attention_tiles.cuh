@@ -212,11 +212,11 @@ __device__ __forceinline__ void bsb_load_step(BsbStep& st, const u32* __restrict
 // clear. The bias enters in the log2 domain (times log2 e); the dropout factor multiplies the
 // probability that weighs V, not the running sum.
 struct NoBsbExtras {
-    static constexpr bool ON = false;
+    enum : bool { ON = false };  // an enumerator: no object for NVRTC to emit
 };
 
 template <class T> struct BsbExtras {
-    static constexpr bool ON = true;
+    enum : bool { ON = true };
     const T* __restrict__ bias;  // null, or nnz x bias_heads (1: shared by the heads)
     u32 bias_heads, head, heads;
     const u32* __restrict__ block_edge_start;
@@ -1038,11 +1038,11 @@ __device__ __forceinline__ float tile_fold(const float (&x)[TILE], Op op) {
 // dropout). Per-edge data is in the caller's CSR order: caller edge = kernel edge + shift, or
 // ids[kernel edge].
 struct NoEdgeExtras {
-    static constexpr bool ON = false;
+    enum : bool { ON = false };  // an enumerator: no object for NVRTC to emit
 };
 
 template <class T> struct EdgeExtras {
-    static constexpr bool ON = true;
+    enum : bool { ON = true };
     const T* __restrict__ bias;   // null, or nnz x bias_heads (bias_heads 1: shared by the heads)
     const T* __restrict__ feats;  // null, or nnz x heads x head_dim
     const u32* __restrict__ ids;  // null: caller edge = e + shift; else ids[e] (hybrid's edges)

@@ -451,14 +451,28 @@ impl DeviceHybrid {
         if extras.edge_features.is_some() {
             return Err(Error::Unsupported {
                 kernel: "hybrid",
-                why: "takes a score bias and dropout but not edge features (unfused-csr and \
-                      fused-csr take them)"
+                why: "takes a score bias and dropout but not edge features (unfused-csr, \
+                      fused-csr and unfused-tc take them)"
                     .into(),
             });
         }
         let shape = q.shape();
+        check_same_gpu(gpu, "hybrid structure", self)?;
+        // The structure's graph: its rows and edges (the cached map indexes the bias by them).
+        let nnz = self.stats.tc_edges + self.stats.cd_edges;
+        if graph.n_rows() != self.n_rows || graph.nnz() != nnz {
+            return Err(Error::InvalidArgument {
+                what: "graph of the hybrid structure",
+                why: format!(
+                    "the structure has {} rows and {nnz} edges, the graph {} and {}",
+                    self.n_rows,
+                    graph.n_rows(),
+                    graph.nnz()
+                ),
+            });
+        }
         if let Some(b) = &extras.bias {
-            b.check_len(graph.nnz(), shape.heads)?;
+            b.check_len(nnz, shape.heads)?;
             check_same_gpu(gpu, "bias", b.values())?;
         }
         shape.expect_rows_like("Q", shape, self.n_rows)?;
@@ -937,7 +951,8 @@ mod tests {
     }
 
     /// The module compiles exactly the kernels `run` can launch: every (op, dtype, width, warp
-    /// split) names a kernel of the module, and every kernel of the module is named by one.
+    /// split, and for attention with or without extras) names a kernel of the module, and every
+    /// kernel of the module is named by one.
     #[test]
     fn the_module_holds_exactly_the_kernels_the_host_launches() {
         let mut launched = std::collections::BTreeSet::new();
@@ -952,6 +967,12 @@ mod tests {
                     for cd in [0, 1, 2] {
                         let name = kernel_name(op, dtype, width, slice, pipelined, cd);
                         assert!(kernel_named(&HYBRID, name.clone()).is_ok(), "{name}");
+                        // Attention's twin with extras (attention_with_extras).
+                        if op == "fused" {
+                            let x = name.clone() + "_x";
+                            assert!(kernel_named(&HYBRID, x.clone()).is_ok(), "{x}");
+                            launched.insert(x);
+                        }
                         launched.insert(name);
                     }
                 }

@@ -45,7 +45,7 @@ pub struct TransformerConfig {
     /// Dropout on the attention weights in training, in `[0, 1)`; 0 by default.
     pub dropout: f32,
     /// Whether forwards take a per-edge score bias ([`GraphTransformerLayer::forward_with`]):
-    /// the GPU plan is then one that takes extras.
+    /// the GPU plan is then planned for extras.
     pub edge_bias: bool,
 }
 

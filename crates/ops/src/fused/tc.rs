@@ -490,9 +490,24 @@ impl FusedTensorCore {
         if extras.edge_features.is_some() {
             return Err(Error::Unsupported {
                 kernel: KERNEL,
-                why: "takes a score bias and dropout but not edge features (unfused-csr and \
-                      fused-csr take them)"
+                why: "takes a score bias and dropout but not edge features (unfused-csr, \
+                      fused-csr and unfused-tc take them)"
                     .into(),
+            });
+        }
+        check_same_gpu(gpu, "BSB mask", &self.ordered.device)?;
+        // The plan's graph: its rows and edges (the cached map indexes the bias by them).
+        let bsb = &self.ordered.host;
+        if graph.n_rows() != bsb.n_rows() || graph.nnz() != bsb.nnz() {
+            return Err(Error::InvalidArgument {
+                what: "graph of the BSB",
+                why: format!(
+                    "the BSB has {} rows and {} edges, the graph {} and {}",
+                    bsb.n_rows(),
+                    bsb.nnz(),
+                    graph.n_rows(),
+                    graph.nnz()
+                ),
             });
         }
         if let Some(b) = &extras.bias {
