@@ -385,6 +385,14 @@ impl AttentionPlan {
         }
     }
 
+    /// The GPU a GPU plan runs on; `None` for a CPU plan.
+    pub fn gpu(&self) -> Option<&Gpu> {
+        match &self.runner {
+            Runner::Gpu(g) => Some(&g.gpu),
+            Runner::Cpu(_) => None,
+        }
+    }
+
     /// A CPU plan's graph; `None` for a GPU plan.
     pub(crate) fn cpu_graph(&self) -> Option<&Csr> {
         match &self.runner {
