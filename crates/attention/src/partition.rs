@@ -11,8 +11,10 @@
 //! `MASTER_PORT + 1`, torchrun's store holding `MASTER_PORT`). An
 //! NCCL implementation for one process per GPU is the next step (the collective here is one
 //! all-to-all of variable-sized blocks, which NCCL's grouped send/recv provides; the same
-//! rendezvous can carry its unique id). This module computes on the CPU (f32 or f64); the
-//! per-rank GPU plans come with the NCCL exchange.
+//! rendezvous can carry its unique id). Each rank computes on the CPU ([`RankPlan::forward`],
+//! f32 or f64) or on its GPU ([`RankPlan::gpu_plan`] and [`RankPlan::forward_gpu`]: a normal
+//! [`AttentionPlan`] of the rank's rows against its halo, any algorithm and dtype; the halo
+//! travels through host memory over the exchange until the NCCL exchange moves it GPU to GPU).
 //!
 //! ```
 //! use spattn::partition::{run_local, Partition, RankPlan};
@@ -40,10 +42,10 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 /// Plain numbers the exchanges move as bytes (`f32`, `f64`, `u32`, …).
 pub use bytemuck::Pod;
 use spattn_ops::cpu::{self, AttentionInputs, Real};
-use spattn_ops::Shape;
+use spattn_ops::{DType, DeviceMatrix, Gpu, Shape};
 
 use crate::error::{Error, Result};
-use crate::Csr;
+use crate::{AttentionConfig, AttentionPlan, Csr};
 
 mod tcp;
 pub use tcp::TcpExchange;
@@ -584,7 +586,7 @@ impl RankPlan {
     }
 
     /// Gathers the halo of `own` (this rank's K/V rows, `row_len` values each) from every rank.
-    fn gather<F: Real + Pod, E: Exchange>(
+    fn gather<F: Pod + Send, E: Exchange>(
         &self,
         ex: &E,
         own: &[F],
@@ -766,6 +768,137 @@ impl RankPlan {
         })
     }
 
+    /// This rank's rows' edges with their columns renumbered into its halo
+    /// (`rows().len() × halo().len()`): the graph of its local attention.
+    pub fn local_graph(&self) -> &Csr {
+        &self.local
+    }
+
+    /// A GPU plan of this rank's local attention ([`local_graph`](Self::local_graph)) with
+    /// `config`, for [`forward_gpu`](Self::forward_gpu) and
+    /// [`backward_gpu`](Self::backward_gpu): any algorithm and dtype a plan takes.
+    ///
+    /// Errors: as [`AttentionPlan::new_gpu`].
+    pub fn gpu_plan(&self, gpu: &Gpu, config: AttentionConfig) -> Result<AttentionPlan> {
+        AttentionPlan::new_gpu(gpu, &self.local, config)
+    }
+
+    /// [`gather_halo`](Self::gather_halo) on the GPU: this rank's own K and V rows
+    /// (`kv_rows() × heads × head_dim` on `gpu`) out to the exchange, the halo back onto `gpu`.
+    /// A collective.
+    ///
+    /// Errors: [`Error::ShapeMismatch`] naming K or V, the exchange's, the GPU's.
+    pub fn gather_halo_gpu<T: DType, E: Exchange>(
+        &self,
+        ex: &E,
+        gpu: &Gpu,
+        k: &DeviceMatrix<T>,
+        v: &DeviceMatrix<T>,
+    ) -> Result<GpuHalo<T>> {
+        let (heads, head_dim) = (k.shape().heads, k.shape().head_dim);
+        let (_, skv, sh) = self.shapes(heads, head_dim)?;
+        for (what, m) in [
+            ("k (this rank's K/V rows)", k),
+            ("v (this rank's K/V rows)", v),
+        ] {
+            if m.shape() != skv {
+                return Err(Error::ShapeMismatch {
+                    what,
+                    expected: skv,
+                    actual: m.shape(),
+                });
+            }
+        }
+        let row_len = skv.row_len();
+        let hk = self.gather(ex, &k.to_host()?, row_len)?;
+        let hv = self.gather(ex, &v.to_host()?, row_len)?;
+        Ok(GpuHalo {
+            k: DeviceMatrix::from_host(gpu, sh, &hk)?,
+            v: DeviceMatrix::from_host(gpu, sh, &hv)?,
+        })
+    }
+
+    /// This rank's rows of the attention output on its GPU, from its own rows of Q, K and V on
+    /// the device (shapes as [`forward`](Self::forward)'s): gathers the halo
+    /// ([`gather_halo_gpu`](Self::gather_halo_gpu)), then runs `plan`
+    /// ([`gpu_plan`](Self::gpu_plan)) on it. A collective. Returns the halo for the backward.
+    ///
+    /// Errors: as [`gather_halo_gpu`](Self::gather_halo_gpu) and [`AttentionPlan::forward`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_gpu<T: DType, E: Exchange>(
+        &self,
+        ex: &E,
+        plan: &AttentionPlan,
+        q: &DeviceMatrix<T>,
+        k: &DeviceMatrix<T>,
+        v: &DeviceMatrix<T>,
+        out: &mut DeviceMatrix<T>,
+    ) -> Result<GpuHalo<T>> {
+        let Some(gpu) = plan.gpu() else {
+            return Err(Error::WrongPlanKind {
+                plan: "CPU",
+                use_instead: "RankPlan::forward",
+            });
+        };
+        let halo = self.gather_halo_gpu(ex, gpu, k, v)?;
+        plan.forward(q, &halo.k, &halo.v, out)?;
+        Ok(halo)
+    }
+
+    /// The gradients of [`forward_gpu`](Self::forward_gpu) on its `halo`, given this rank's
+    /// `q`, `out` and `d_out` on the device: dQ for its rows, dK and dV for its K/V rows (every
+    /// rank's contributions summed in f32, in rank order, then rounded to `T`), and ∂L/∂scale
+    /// summed over the world. A collective.
+    ///
+    /// Errors: as [`backward`](Self::backward) and [`AttentionPlan::backward`].
+    pub fn backward_gpu<T: DType, E: Exchange>(
+        &self,
+        ex: &E,
+        plan: &AttentionPlan,
+        halo: &GpuHalo<T>,
+        (q, out, d_out): (&DeviceMatrix<T>, &DeviceMatrix<T>, &DeviceMatrix<T>),
+        (dq, dk, dv): (
+            &mut DeviceMatrix<T>,
+            &mut DeviceMatrix<T>,
+            &mut DeviceMatrix<T>,
+        ),
+    ) -> Result<f32> {
+        let Some(gpu) = plan.gpu() else {
+            return Err(Error::WrongPlanKind {
+                plan: "CPU",
+                use_instead: "RankPlan::backward",
+            });
+        };
+        let sh = halo.k.shape();
+        let (_, skv, _) = self.shapes(sh.heads, sh.head_dim)?;
+        for (what, m) in [
+            ("dk (this rank's K/V rows)", &*dk),
+            ("dv (this rank's K/V rows)", &*dv),
+        ] {
+            if m.shape() != skv {
+                return Err(Error::ShapeMismatch {
+                    what,
+                    expected: skv,
+                    actual: m.shape(),
+                });
+            }
+        }
+        let mut hdk = DeviceMatrix::<T>::zeros(gpu, sh)?;
+        let mut hdv = DeviceMatrix::<T>::zeros(gpu, sh)?;
+        let d_scale = plan.backward(q, &halo.k, &halo.v, out, d_out, dq, &mut hdk, &mut hdv)?;
+        let row_len = sh.row_len();
+        let widen = |m: &DeviceMatrix<T>| -> Result<Vec<f32>> {
+            Ok(m.to_host()?.iter().map(|x| x.to_f32()).collect())
+        };
+        let narrow = |x: Vec<f32>| -> Vec<T> { x.into_iter().map(T::from_f32).collect() };
+        let own_dk = self.scatter_add(ex, &widen(&hdk)?, row_len)?;
+        let own_dv = self.scatter_add(ex, &widen(&hdv)?, row_len)?;
+        dk.copy_from_host(&narrow(own_dk))?;
+        dv.copy_from_host(&narrow(own_dv))?;
+        let all = ex.all_to_all(vec![vec![d_scale]; ex.world()])?;
+        Ok(all.iter().flatten().sum())
+    }
+
     /// The shape of this rank's Q rows for a halo's heads and head_dim, checking the halo is
     /// this rank's.
     fn halo_q_shape<F>(&self, halo: &Halo<F>) -> Result<Shape> {
@@ -778,6 +911,26 @@ impl RankPlan {
             });
         }
         Ok(sq)
+    }
+}
+
+/// A rank's halo of K and V rows on its GPU (`RankPlan::halo` order), fetched by
+/// [`RankPlan::forward_gpu`] (or [`RankPlan::gather_halo_gpu`]) for the forward and its
+/// backward.
+#[derive(Debug)]
+pub struct GpuHalo<T: DType> {
+    k: DeviceMatrix<T>,
+    v: DeviceMatrix<T>,
+}
+
+impl<T: DType> GpuHalo<T> {
+    /// The halo's K rows (`halo().len() × heads × head_dim`).
+    pub fn k(&self) -> &DeviceMatrix<T> {
+        &self.k
+    }
+    /// The halo's V rows.
+    pub fn v(&self) -> &DeviceMatrix<T> {
+        &self.v
     }
 }
 

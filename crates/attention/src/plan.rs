@@ -386,8 +386,7 @@ impl AttentionPlan {
     }
 
     /// Runs the plan's fused kernel with `extras` where its algorithm is fused-csr, fused-tc or
-    /// hybrid;
-    /// `None` for any other (the caller composes the unfused ops instead). Operands are
+    /// hybrid; `None` for any other (the caller composes the unfused ops instead). Operands are
     /// checked by the caller.
     pub(crate) fn fused_with_extras<T: DType>(
         &self,
@@ -412,6 +411,14 @@ impl AttentionPlan {
             _ => return None,
         };
         Some(done.map_err(Error::from))
+    }
+
+    /// The GPU a GPU plan runs on; `None` for a CPU plan.
+    pub fn gpu(&self) -> Option<&Gpu> {
+        match &self.runner {
+            Runner::Gpu(g) => Some(&g.gpu),
+            Runner::Cpu(_) => None,
+        }
     }
 
     /// A CPU plan's graph; `None` for a GPU plan.

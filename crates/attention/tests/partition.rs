@@ -589,3 +589,126 @@ fn tcp_worlds_past_eight_ranks_and_failures_mid_collective() {
         "{results:?}"
     );
 }
+
+/// One rank's output, dQ, dK, dV and ∂L/∂scale.
+type RankResult<T> = (Vec<T>, Vec<T>, Vec<T>, Vec<T>, f32);
+
+/// The partitioned plan on one GPU: `parts` ranks (threads of the local exchange sharing the
+/// device) each run a GPU plan of `alg` on their rows against their halo; the gathered output
+/// and gradients equal the f64 reference within `T`'s tolerance (the backward's dK/dV partials
+/// summed in f32 across ranks).
+fn check_gpu<T: spattn::DType>(
+    a: &Csr,
+    parts: usize,
+    alg: spattn::Algorithm,
+    heads: usize,
+    dim: usize,
+) {
+    use spattn::{AttentionConfig, DeviceMatrix};
+    let gpu = spattn_test_support::gpu();
+    let p = draw::<f64>(a, heads, dim, "partition gpu");
+    // The inputs in T, and the reference on those rounded values.
+    let round = |x: &[f64]| -> Vec<T> { x.iter().map(|&v| T::from_f64(v)).collect() };
+    let (q, k, v, d_out) = (round(&p.q), round(&p.k), round(&p.v), round(&p.d_out));
+    let wide = |x: &[T]| -> Vec<f64> { x.iter().map(|v| v.to_f64()).collect() };
+    let (sq, skv) = (
+        Shape::new(a.n_rows(), heads, dim).unwrap(),
+        Shape::new(a.n_cols(), heads, dim).unwrap(),
+    );
+    let config = AttentionConfig::new(heads, dim, T::KIND).with_algorithm(alg);
+    let scale = f64::from(config.scale());
+    let (q64, k64, v64, g64) = (wide(&q), wide(&k), wide(&v), wide(&d_out));
+    let inputs = AttentionInputs::new(&q64, sq, &k64, skv, &v64, skv);
+    let mut want = vec![0.0f64; sq.len()];
+    cpu::attention(a, &inputs, scale, &mut want).unwrap();
+    let want_g = cpu::attention_backward(a, &inputs, scale, &want, &g64).unwrap();
+
+    let row_len = heads * dim;
+    let part = Partition::balanced(a, parts).unwrap();
+    let results = run_local(parts, |ex| {
+        let plan = RankPlan::new(a, &part, ex)?;
+        let local = plan.gpu_plan(&gpu, config.clone())?;
+        let (rows, kv) = (plan.rows(), plan.kv_rows());
+        let up = |x: &[T], r: Range<usize>| {
+            let s = Shape::new(r.len(), heads, dim)?;
+            Ok::<_, spattn::Error>(DeviceMatrix::from_host(&gpu, s, &slice(x, r, row_len))?)
+        };
+        let (dq_, dk_, dv_) = (
+            up(&q, rows.clone())?,
+            up(&k, kv.clone())?,
+            up(&v, kv.clone())?,
+        );
+        let dg = up(&d_out, rows.clone())?;
+        let mut out = DeviceMatrix::<T>::zeros(&gpu, dq_.shape())?;
+        let halo = plan.forward_gpu(ex, &local, &dq_, &dk_, &dv_, &mut out)?;
+        let (mut gq, mut gk, mut gv) = (
+            DeviceMatrix::<T>::zeros(&gpu, dq_.shape())?,
+            DeviceMatrix::<T>::zeros(&gpu, dk_.shape())?,
+            DeviceMatrix::<T>::zeros(&gpu, dv_.shape())?,
+        );
+        let d_scale = plan.backward_gpu(
+            ex,
+            &local,
+            &halo,
+            (&dq_, &out, &dg),
+            (&mut gq, &mut gk, &mut gv),
+        )?;
+        Ok((
+            out.to_host()?,
+            gq.to_host()?,
+            gk.to_host()?,
+            gv.to_host()?,
+            d_scale,
+        ))
+    })
+    .unwrap();
+    let cat = |f: fn(&RankResult<T>) -> &Vec<T>| -> Vec<f64> {
+        results.iter().flat_map(|r| wide(f(r))).collect()
+    };
+    let tol = spattn_test_support::tol_tf32::<T>().max(if T::KIND == spattn::DTypeKind::F32 {
+        1e-4
+    } else {
+        0.0
+    });
+    let what = format!(
+        "{alg} {} on {parts} ranks, H{heads} D{dim}, nnz {}",
+        T::NAME,
+        a.nnz()
+    );
+    for (name, got, want) in [
+        ("out", cat(|r| &r.0), &want),
+        ("dq", cat(|r| &r.1), &want_g.dq),
+        ("dk", cat(|r| &r.2), &want_g.dk),
+        ("dv", cat(|r| &r.3), &want_g.dv),
+    ] {
+        let e = rel(&got, want);
+        assert!(e <= tol, "{what}: {name} off by {e:.2e} > {tol:.0e}");
+    }
+    for (r, res) in results.iter().enumerate() {
+        let d = (f64::from(res.4) - want_g.d_scale).abs();
+        assert!(
+            d <= tol * want_g.d_scale.abs().max(1.0) * 10.0,
+            "{what}: rank {r}'s d_scale off by {d:.2e}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gpu_partitioned_plans_equal_the_reference() {
+    use half::f16;
+    use spattn::Algorithm;
+    let mut rng = fresh_rng("partition gpu graphs");
+    let graphs = [
+        shared_graph("cora"),
+        rmat_graph(12),
+        hub_graph(&mut rng, 5_000, 3),
+    ];
+    for a in &graphs {
+        for parts in [1, 2, 3] {
+            check_gpu::<f32>(a, parts, Algorithm::UnfusedCsr, 2, 16);
+            check_gpu::<f32>(a, parts, Algorithm::FusedCsr, 1, 64);
+            check_gpu::<f16>(a, parts, Algorithm::Auto, 8, 64);
+        }
+    }
+}
