@@ -248,6 +248,22 @@ template <class T> struct BsbExtras {
 #pragma unroll
         for (int j = 0; j < 4; ++j) e[bb][j] = SPATTN_NONE;
     }
+    // The step's blocks blk0 and blk0 + 1 (at or past `end`: past the unit), their bitmap
+    // words from words(bb, blk, w).
+    template <class W>
+    __device__ __forceinline__ void find_step(u32 blk0, u32 end, u32 upper, u32 shift, W words) {
+#pragma unroll
+        for (int bb = 0; bb < 2; ++bb) {
+            const u32 blk = blk0 + bb;
+            if (blk < end) {
+                u32 w[4];
+                words(bb, blk, w);
+                find(bb, blk, w, upper, shift);
+            } else {
+                none(bb);
+            }
+        }
+    }
     __device__ __forceinline__ float bias_log2(int bb, int j) const {
         const u32 x = e[bb][j];
         if (bias == nullptr || x == SPATTN_NONE) return 0.0f;
@@ -499,17 +515,13 @@ __device__ __forceinline__ void bsb_tiles(
 
             if constexpr (X::ON) {
                 // The step's blocks are b and b + 1 (bsb_load_step's), whatever the stride.
-#pragma unroll
-                for (int bb = 0; bb < 2; ++bb) {
-                    const u32 blk = b + bb;
-                    if (blk < b_end) {
-                        const uint4 w4 = __ldg(reinterpret_cast<const uint4*>(bitmaps) + blk);
-                        const u32 w[4] = {w4.x, w4.y, w4.z, w4.w};
-                        xt.find(bb, blk, w, upper, shift);
-                    } else {
-                        xt.none(bb);
-                    }
-                }
+                xt.find_step(b, b_end, upper, shift, [&](int, u32 blk, u32(&w)[4]) {
+                    const uint4 w4 = __ldg(reinterpret_cast<const uint4*>(bitmaps) + blk);
+                    w[0] = w4.x;
+                    w[1] = w4.y;
+                    w[2] = w4.z;
+                    w[3] = w4.w;
+                });
                 bsb_online_step<D8>(s, bits, shift, scale_log2, m, l, p, o, xt);
             } else {
                 bsb_online_step<D8>(s, bits, shift, scale_log2, m, l, p, o);
@@ -861,17 +873,10 @@ __device__ __forceinline__ void bsb_pipe_tiles(
             }
             if constexpr (X::ON) {
                 // The step's blocks and their bitmaps (in the stage, 4 words each).
+                xt.find_step(b_begin + 2u * i, b_end, upper, shift, [&](int bb, u32, u32(&w)[4]) {
 #pragma unroll
-                for (int bb = 0; bb < 2; ++bb) {
-                    const u32 blk = b_begin + 2u * i + bb;
-                    if (blk < b_end) {
-                        const u32 w[4] = {bw[4 * bb], bw[4 * bb + 1], bw[4 * bb + 2],
-                                          bw[4 * bb + 3]};
-                        xt.find(bb, blk, w, upper, shift);
-                    } else {
-                        xt.none(bb);
-                    }
-                }
+                    for (int x = 0; x < 4; ++x) w[x] = bw[4 * bb + x];
+                });
                 bsb_online_step<NT>(s, bits, shift, scale_log2, m, l, p, o, xt);
             } else {
                 bsb_online_step<NT>(s, bits, shift, scale_log2, m, l, p, o);

@@ -402,6 +402,29 @@ impl DeviceHybrid {
         warps: WarpSplit,
         out: &mut DeviceMatrix<T>,
     ) -> Result<()> {
+        let scale_log2 = self.check_attention(gpu, (q, k, v), scale, out)?;
+        self.run(
+            "fused",
+            gpu,
+            Some((q, k)),
+            v,
+            scale_log2,
+            warps,
+            q.shape().head_dim,
+            None,
+            out,
+        )
+    }
+
+    /// Attention's operand checks (shapes against this structure, Q and K on `gpu`; `run`
+    /// checks the rest); returns the scale in the kernels' log2 domain.
+    fn check_attention<T: DType>(
+        &self,
+        gpu: &Gpu,
+        (q, k, v): (&DeviceMatrix<T>, &DeviceMatrix<T>, &DeviceMatrix<T>),
+        scale: f32,
+        out: &DeviceMatrix<T>,
+    ) -> Result<f32> {
         let shape = q.shape();
         shape.expect_rows_like("Q", shape, self.n_rows)?;
         shape.expect_rows_like("K", k.shape(), self.n_cols)?;
@@ -416,17 +439,7 @@ impl DeviceHybrid {
                 why: format!("{scale} is not finite in the kernel's log2 domain"),
             });
         }
-        self.run(
-            "fused",
-            gpu,
-            Some((q, k)),
-            v,
-            scale_log2,
-            warps,
-            shape.head_dim,
-            None,
-            out,
-        )
+        Ok(scale_log2)
     }
 
     /// [`attention`](Self::attention) with a score bias and dropout (see `spattn::extras`) in
@@ -448,14 +461,6 @@ impl DeviceHybrid {
         extras: &CsrExtras<'_, T>,
         out: &mut DeviceMatrix<T>,
     ) -> Result<()> {
-        if extras.edge_features.is_some() {
-            return Err(Error::Unsupported {
-                kernel: "hybrid",
-                why: "takes a score bias and dropout but not edge features (unfused-csr, \
-                      fused-csr and unfused-tc take them)"
-                    .into(),
-            });
-        }
         let shape = q.shape();
         check_same_gpu(gpu, "hybrid structure", self)?;
         // The structure's graph: its rows and edges (the cached map indexes the bias by them).
@@ -471,23 +476,8 @@ impl DeviceHybrid {
                 ),
             });
         }
-        if let Some(b) = &extras.bias {
-            b.check_len(nnz, shape.heads)?;
-            check_same_gpu(gpu, "bias", b.values())?;
-        }
-        shape.expect_rows_like("Q", shape, self.n_rows)?;
-        shape.expect_rows_like("K", k.shape(), self.n_cols)?;
-        shape.expect_rows_like("V", v.shape(), self.n_cols)?;
-        shape.expect_rows_like("out", out.shape(), self.n_rows)?;
-        check_same_gpu(gpu, "Q", q)?;
-        check_same_gpu(gpu, "K", k)?;
-        let scale_log2 = scale * std::f32::consts::LOG2_E;
-        if !scale_log2.is_finite() {
-            return Err(Error::InvalidArgument {
-                what: "scale",
-                why: format!("{scale} is not finite in the kernel's log2 domain"),
-            });
-        }
+        extras.check(gpu, "hybrid", nnz, shape, false)?;
+        let scale_log2 = self.check_attention(gpu, (q, k, v), scale, out)?;
         let mut map = self
             .edge_map
             .lock()
@@ -685,13 +675,8 @@ impl DeviceHybrid {
                 .arg(&ex.bias_heads)
                 .arg(map.block_edge_start.slice())
                 .arg(map.edge_ids.slice())
-                .arg(map.cd_edge_ids.slice())
-                .arg(&ex.key[0])
-                .arg(&ex.key[1])
-                .arg(&ex.offset[0])
-                .arg(&ex.offset[1])
-                .arg(&ex.threshold)
-                .arg(&ex.scale);
+                .arg(map.cd_edge_ids.slice());
+            ex.push_dropout(&mut args);
         }
         // SAFETY: items < n_units × heads; unit u's 8 words lie in `units` (8 × n_units) and
         // its split in `split_part_first` (n_split + 1). Its blocks lie in [0, n_blocks)

@@ -19,8 +19,7 @@ use crate::csr_ops::UNIT_CHUNK;
 use crate::dropout::Dropout;
 use crate::edge_extras::DeviceBias;
 use crate::launch::{
-    blocks_for, check_same_gpu, kernel_named, launch, to_u32, LaunchConfig, PushKernelArg,
-    PushOptionalArg,
+    blocks_for, kernel_named, launch, to_u32, LaunchConfig, PushKernelArg, PushOptionalArg,
 };
 use crate::schedule::{group_for, vector_width, RowUnits};
 use crate::{DType, DeviceMatrix, DeviceVec, Gpu};
@@ -397,23 +396,7 @@ impl FusedCsr {
         extras: &CsrExtras<'_, T>,
         out: &mut DeviceMatrix<T>,
     ) -> Result<()> {
-        let shape = q.shape();
-        let nnz = self.units.col_indices.len();
-        if let Some(b) = &extras.bias {
-            b.check_len(nnz, shape.heads)?;
-            check_same_gpu(gpu, "bias", b.values())?;
-        }
-        if let Some(f) = extras.edge_features {
-            let expected = crate::Shape::new(nnz, shape.heads, shape.head_dim)?;
-            if f.shape() != expected {
-                return Err(Error::ShapeMismatch {
-                    what: "edge features (nnz × heads × head_dim)",
-                    expected,
-                    actual: f.shape(),
-                });
-            }
-            check_same_gpu(gpu, "edge features", f)?;
-        }
+        extras.check(gpu, KERNEL, self.units.col_indices.len(), q.shape(), true)?;
         self.run(gpu, q, k, v, scale, Some(extras), out)
     }
 
@@ -476,13 +459,8 @@ impl FusedCsr {
             args.arg_or_null(e.bias.as_ref().map(DeviceBias::values))
                 .arg(&ex.bias_heads)
                 .arg_or_null(e.edge_features.map(DeviceMatrix::as_vec))
-                .arg_or_null(u.shift.as_ref())
-                .arg(&ex.key[0])
-                .arg(&ex.key[1])
-                .arg(&ex.offset[0])
-                .arg(&ex.offset[1])
-                .arg(&ex.threshold)
-                .arg(&ex.scale);
+                .arg_or_null(u.shift.as_ref());
+            ex.push_dropout(&mut args);
         }
         // SAFETY: unit arrays hold n_units (+1) entries and their edge ranges lie in [0, nnz)
         // of col_indices (RowUnits of the row-renumbered mask, nnz entries); unit rows are

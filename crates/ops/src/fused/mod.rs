@@ -20,7 +20,49 @@ pub use hybrid::{Hybrid, HybridInfo, HybridParams};
 pub use tc::FusedTensorCore;
 
 use crate::edge_extras::DeviceBias;
-use crate::DType;
+use crate::error::{Error, Result};
+use crate::launch::check_same_gpu;
+use crate::{DType, Gpu, Shape};
+
+impl<T: DType> CsrExtras<'_, T> {
+    /// Checks the extras of one call of `kernel` against a graph of `nnz` edges and `heads ×
+    /// head_dim` of `shape` on `gpu`: the bias's length and GPU, and edge features where the
+    /// kernel takes them (`features`; else [`Error::Unsupported`] naming those that do) of
+    /// `nnz × heads × head_dim`.
+    pub(crate) fn check(
+        &self,
+        gpu: &Gpu,
+        kernel: &'static str,
+        nnz: usize,
+        shape: Shape,
+        features: bool,
+    ) -> Result<()> {
+        if let Some(b) = &self.bias {
+            b.check_len(nnz, shape.heads)?;
+            check_same_gpu(gpu, "bias", b.values())?;
+        }
+        if let Some(f) = self.edge_features {
+            if !features {
+                return Err(Error::Unsupported {
+                    kernel,
+                    why: "takes a score bias and dropout but not edge features (unfused-csr, \
+                          fused-csr and unfused-tc take them)"
+                        .into(),
+                });
+            }
+            let expected = Shape::new(nnz, shape.heads, shape.head_dim)?;
+            if f.shape() != expected {
+                return Err(Error::ShapeMismatch {
+                    what: "edge features (nnz × heads × head_dim)",
+                    expected,
+                    actual: f.shape(),
+                });
+            }
+            check_same_gpu(gpu, "edge features", f)?;
+        }
+        Ok(())
+    }
+}
 
 /// The scalar arguments of the `_x` kernels.
 pub(crate) struct KernelExtras {
@@ -51,5 +93,17 @@ impl KernelExtras {
             threshold,
             scale,
         }
+    }
+
+    /// Pushes the dropout's words (key, offset, threshold, scale), the `_x` kernels' last
+    /// arguments.
+    pub(crate) fn push_dropout<'a>(&'a self, args: &mut cudarc::driver::LaunchArgs<'a>) {
+        use crate::launch::PushKernelArg;
+        args.arg(&self.key[0])
+            .arg(&self.key[1])
+            .arg(&self.offset[0])
+            .arg(&self.offset[1])
+            .arg(&self.threshold)
+            .arg(&self.scale);
     }
 }

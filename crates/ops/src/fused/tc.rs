@@ -487,14 +487,6 @@ impl FusedTensorCore {
         extras: &CsrExtras<'_, T>,
         out: &mut DeviceMatrix<T>,
     ) -> Result<()> {
-        if extras.edge_features.is_some() {
-            return Err(Error::Unsupported {
-                kernel: KERNEL,
-                why: "takes a score bias and dropout but not edge features (unfused-csr, \
-                      fused-csr and unfused-tc take them)"
-                    .into(),
-            });
-        }
         check_same_gpu(gpu, "BSB mask", &self.ordered.device)?;
         // The plan's graph: its rows and edges (the cached map indexes the bias by them).
         let bsb = &self.ordered.host;
@@ -510,10 +502,7 @@ impl FusedTensorCore {
                 ),
             });
         }
-        if let Some(b) = &extras.bias {
-            b.check_len(graph.nnz(), self.heads)?;
-            check_same_gpu(gpu, "bias", b.values())?;
-        }
+        extras.check(gpu, KERNEL, graph.nnz(), q.shape(), false)?;
         if self.edge_map.is_none() {
             let (starts, ids) = self.ordered.edge_map(graph)?;
             self.edge_map = Some((
@@ -648,13 +637,8 @@ impl FusedTensorCore {
             args.arg_or_null(e.bias.as_ref().map(DeviceBias::values))
                 .arg(&ex.bias_heads)
                 .arg(starts.slice())
-                .arg(ids.slice())
-                .arg(&ex.key[0])
-                .arg(&ex.key[1])
-                .arg(&ex.offset[0])
-                .arg(&ex.offset[1])
-                .arg(&ex.threshold)
-                .arg(&ex.scale);
+                .arg(ids.slice());
+            ex.push_dropout(&mut args);
         } else if extras.is_some() {
             return Err(Error::InvalidArgument {
                 what: "extras",
