@@ -68,7 +68,17 @@ struct GpuInner {
 struct LoadedModule {
     /// The whole module, where it was loaded whole.
     whole: Option<Arc<CudaModule>>,
+    /// Where its entries are (made by its first kernel's load).
+    index: Option<crate::ptx_split::Index>,
     functions: HashMap<String, LoadedFunction>,
+}
+
+impl LoadedModule {
+    /// Whether any of its code is loaded (an index alone, or a failed load, is not).
+    #[cfg(test)] // the runtime tests' window into the module cache
+    fn has_code(&self) -> bool {
+        self.whole.is_some() || !self.functions.is_empty()
+    }
 }
 
 /// A looked-up kernel and the dynamic shared memory it has been allowed so far.
@@ -371,11 +381,22 @@ impl Gpu {
         if kernel.contains('\0') {
             return Err(not_found());
         }
-        let whole = modules.get(module_name).and_then(|m| m.whole.clone());
-        let (module, loaded_whole) = match whole {
+        let loaded = modules.entry(module_name).or_insert_with(|| LoadedModule {
+            whole: None,
+            index: None,
+            functions: HashMap::new(),
+        });
+        let (module, loaded_whole) = match loaded.whole.clone() {
             Some(module) => (module, None),
             None => {
-                let piece = crate::ptx_split::kernel_ptx(ptx, kernel).ok_or_else(not_found)?;
+                if !loaded.index.as_ref().is_some_and(|i| i.is_of(ptx)) {
+                    loaded.index = Some(crate::ptx_split::Index::of(ptx));
+                }
+                let piece = match &loaded.index {
+                    Some(index) => index.piece(ptx, kernel),
+                    None => crate::ptx_split::Index::of(ptx).piece(ptx, kernel),
+                }
+                .ok_or_else(not_found)?;
                 let module = self.load_module(module_name, &piece)?;
                 // A borrowed piece is the whole module: every later kernel is looked up in it.
                 let whole = matches!(piece, std::borrow::Cow::Borrowed(_)).then(|| module.clone());
@@ -387,10 +408,6 @@ impl Gpu {
             _ => map_driver_error("looking up a kernel", e),
         })?;
         crate::launch::allow_dynamic_shared(&function, shared_bytes, what)?;
-        let loaded = modules.entry(module_name).or_insert_with(|| LoadedModule {
-            whole: None,
-            functions: HashMap::new(),
-        });
         if loaded_whole.is_some() {
             loaded.whole = loaded_whole;
         }
@@ -428,7 +445,8 @@ impl Gpu {
             .modules
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .contains_key(module_name)
+            .get(module_name)
+            .is_some_and(LoadedModule::has_code)
     }
 
     /// Names of the kernels of `module_name` loaded so far, sorted.
@@ -455,8 +473,9 @@ impl Gpu {
             .modules
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .keys()
-            .copied()
+            .iter()
+            .filter(|(_, m)| m.has_code())
+            .map(|(&name, _)| name)
             .collect();
         names.sort_unstable();
         names

@@ -77,34 +77,71 @@ fn entries(module: &str) -> Option<Vec<Entry<'_>>> {
     (depth == 0 && open.is_none()).then_some(out)
 }
 
-/// The PTX the driver needs for `kernel` of `module`: the module without its other entries, the
-/// whole module where it cannot be cut (see the module's doc) or has no entries, or `None` where
-/// no entry of `module` is named `kernel`.
-pub(crate) fn kernel_ptx<'a>(module: &'a str, kernel: &str) -> Option<Cow<'a, str>> {
-    // Text without entries is not cut: the driver says what is wrong with it.
-    let entries = match entries(module) {
-        Some(entries) if !entries.is_empty() => entries,
-        _ => return Some(Cow::Borrowed(module)),
-    };
-    if !entries.iter().any(|e| e.name == kernel) {
-        return None;
+/// Where a module's entries are: found by one scan of its text (tens of milliseconds for the
+/// largest modules) and reused for each of its kernels.
+#[derive(Debug, Default)]
+pub(crate) struct Index {
+    /// The text it was made of (address and length), so that another text is not cut by it.
+    text: (usize, usize),
+    /// Each entry's name and byte range; `None` where the module is loaded whole (state at
+    /// module scope, braces that do not balance, or no entries at all).
+    entries: Option<Vec<(String, usize, usize)>>,
+}
+
+impl Index {
+    /// The index of `module`'s text.
+    pub(crate) fn of(module: &str) -> Self {
+        Self {
+            text: (module.as_ptr() as usize, module.len()),
+            entries: entries(module).filter(|e| !e.is_empty()).map(|found| {
+                found
+                    .into_iter()
+                    .map(|e| (e.name.to_owned(), e.start, e.end))
+                    .collect()
+            }),
+        }
     }
-    if entries.len() == 1 {
-        return Some(Cow::Borrowed(module));
+
+    /// Whether this is the index of `module` (the same text in the same place).
+    pub(crate) fn is_of(&self, module: &str) -> bool {
+        self.text == (module.as_ptr() as usize, module.len())
     }
-    let removed: usize = entries
-        .iter()
-        .filter(|e| e.name != kernel)
-        .map(|e| e.end - e.start)
-        .sum();
-    let mut piece = String::with_capacity(module.len() - removed);
-    let mut at = 0;
-    for e in entries.iter().filter(|e| e.name != kernel) {
-        piece.push_str(&module[at..e.start]);
-        at = e.end;
+
+    /// The PTX the driver needs for `kernel` of `module` (the text this index was made of;
+    /// another text is indexed afresh):
+    /// the module without its other entries, the whole module where it cannot be cut (see the
+    /// module's doc) or has no entries, or `None` where no entry of `module` is named `kernel`.
+    pub(crate) fn piece<'a>(&self, module: &'a str, kernel: &str) -> Option<Cow<'a, str>> {
+        if !self.is_of(module) {
+            return Self::of(module).piece(module, kernel);
+        }
+        // Text without entries is not cut: the driver says what is wrong with it.
+        let Some(entries) = &self.entries else {
+            return Some(Cow::Borrowed(module));
+        };
+        if !entries.iter().any(|e| e.0 == kernel) {
+            return None;
+        }
+        if entries.len() == 1 {
+            return Some(Cow::Borrowed(module));
+        }
+        let others = || entries.iter().filter(|e| e.0 != kernel);
+        let removed: usize = others().map(|e| e.2 - e.1).sum();
+        let mut piece = String::with_capacity(module.len() - removed);
+        let mut at = 0;
+        for (_, start, end) in others() {
+            piece.push_str(&module[at..*start]);
+            at = *end;
+        }
+        piece.push_str(&module[at..]);
+        Some(Cow::Owned(piece))
     }
-    piece.push_str(&module[at..]);
-    Some(Cow::Owned(piece))
+}
+
+/// [`Index::piece`] of a module indexed for this one call.
+#[cfg(test)]
+fn kernel_ptx<'a>(module: &'a str, kernel: &str) -> Option<Cow<'a, str>> {
+    Index::of(module).piece(module, kernel)
 }
 
 #[cfg(test)]
@@ -146,6 +183,22 @@ mod tests {
                 .iter()
                 .map(|e| e.end - e.start)
                 .sum::<usize>()
+    }
+
+    #[test]
+    fn one_index_serves_every_kernel_and_another_text_is_indexed_afresh() {
+        let index = Index::of(TWO);
+        assert!(index.is_of(TWO));
+        for k in ["a", "b"] {
+            assert_eq!(index.piece(TWO, k), kernel_ptx(TWO, k));
+        }
+        // The same text elsewhere (or any other text) is not cut by this index.
+        let copy = TWO.to_string();
+        assert!(!index.is_of(&copy));
+        assert_eq!(index.piece(&copy, "b"), kernel_ptx(TWO, "b"));
+        let other = TWO.replace("entry b(", "entry bb(");
+        assert!(index.piece(&other, "bb").is_some());
+        assert!(index.piece(&other, "b").is_none());
     }
 
     #[test]
