@@ -787,7 +787,7 @@ impl RankPlan {
     /// (`kv_rows() × heads × head_dim` on `gpu`) out to the exchange, the halo back onto `gpu`.
     /// A collective.
     ///
-    /// Errors: [`Error::ShapeMismatch`] naming K or V, the exchange's, the GPU's.
+    /// Errors: a shape mismatch naming K or V ([`Error::Ops`]), the exchange's, the GPU's.
     pub fn gather_halo_gpu<T: DType, E: Exchange>(
         &self,
         ex: &E,
@@ -797,18 +797,8 @@ impl RankPlan {
     ) -> Result<GpuHalo<T>> {
         let (heads, head_dim) = (k.shape().heads, k.shape().head_dim);
         let (_, skv, sh) = self.shapes(heads, head_dim)?;
-        for (what, m) in [
-            ("k (this rank's K/V rows)", k),
-            ("v (this rank's K/V rows)", v),
-        ] {
-            if m.shape() != skv {
-                return Err(Error::ShapeMismatch {
-                    what,
-                    expected: skv,
-                    actual: m.shape(),
-                });
-            }
-        }
+        skv.expect_eq("k (this rank's K/V rows)", k.shape())?;
+        skv.expect_eq("v (this rank's K/V rows)", v.shape())?;
         let row_len = skv.row_len();
         let hk = self.gather(ex, &k.to_host()?, row_len)?;
         let hv = self.gather(ex, &v.to_host()?, row_len)?;
@@ -871,18 +861,8 @@ impl RankPlan {
         };
         let sh = halo.k.shape();
         let (_, skv, _) = self.shapes(sh.heads, sh.head_dim)?;
-        for (what, m) in [
-            ("dk (this rank's K/V rows)", &*dk),
-            ("dv (this rank's K/V rows)", &*dv),
-        ] {
-            if m.shape() != skv {
-                return Err(Error::ShapeMismatch {
-                    what,
-                    expected: skv,
-                    actual: m.shape(),
-                });
-            }
-        }
+        skv.expect_eq("dk (this rank's K/V rows)", dk.shape())?;
+        skv.expect_eq("dv (this rank's K/V rows)", dv.shape())?;
         let mut hdk = DeviceMatrix::<T>::zeros(gpu, sh)?;
         let mut hdv = DeviceMatrix::<T>::zeros(gpu, sh)?;
         let d_scale = plan.backward(q, &halo.k, &halo.v, out, d_out, dq, &mut hdk, &mut hdv)?;

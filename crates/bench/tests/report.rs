@@ -165,6 +165,23 @@ fn run() -> RunRecord {
     }
 }
 
+/// `report` of `json` into `dir`/B.md with its chart `dir`/b.svg; the page's text.
+fn report_page(dir: &std::path::Path, json: &std::path::Path) -> String {
+    let md = dir.join("B.md");
+    let svg = dir.join("b.svg");
+    let out = bench(&[
+        "report",
+        "--json",
+        json.to_str().unwrap(),
+        "--out",
+        md.to_str().unwrap(),
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out).1);
+    std::fs::read_to_string(&md).unwrap()
+}
+
 #[test]
 fn report_has_the_expected_ratios_and_a_chart() {
     let dir = temp_dir("report");
@@ -330,25 +347,13 @@ fn report_of_a_cpu_run_says_so() {
     let dir = temp_dir("report-cpu");
     let json = dir.join("run.json");
     cpu_run(&["--rmat", "5", "--json", json.to_str().unwrap()], 2, 0);
-    let md = dir.join("B.md");
-    let svg = dir.join("b.svg");
-    let out = bench(&[
-        "report",
-        "--json",
-        json.to_str().unwrap(),
-        "--out",
-        md.to_str().unwrap(),
-        "--svg",
-        svg.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", text(&out).1);
-    let md = std::fs::read_to_string(&md).unwrap();
+    let md = report_page(&dir, &json);
     assert!(
         md.contains("not a GPU run") && md.contains("cpu-unfused"),
         "{md}"
     );
     assert!(md.contains("](b.svg)"), "{md}");
-    assert!(std::fs::read_to_string(&svg)
+    assert!(std::fs::read_to_string(dir.join("b.svg"))
         .unwrap()
         .contains("no peer timings of auto"));
     std::fs::remove_dir_all(&dir).unwrap();
@@ -511,19 +516,7 @@ fn report_lists_plan_times_beside_the_peers_preprocessing() {
         .push(peer("cora", 13264, "fused3s_preprocess", 4.5, "f16"));
     let json = dir.join("run.json");
     std::fs::write(&json, serde_json::to_string_pretty(&r).unwrap()).unwrap();
-    let md = dir.join("B.md");
-    let svg = dir.join("b.svg");
-    let out = bench(&[
-        "report",
-        "--json",
-        json.to_str().unwrap(),
-        "--out",
-        md.to_str().unwrap(),
-        "--svg",
-        svg.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", text(&out).1);
-    let md_text = std::fs::read_to_string(&md).unwrap();
+    let md_text = report_page(&dir, &json);
     let at = md_text.find("## Plan time").expect("a plan-time section");
     let section = &md_text[at..];
     let section = &section[..section[1..].find("\n## ").map_or(section.len(), |e| e + 1)];

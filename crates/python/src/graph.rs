@@ -482,15 +482,8 @@ impl GraphCore {
         let dt = DTypeName::parse(&dtype)?;
         let algorithm = parse_algorithm(algorithm)?;
         let (sq, skv) = self.shapes(heads, head_dim)?;
-        let expected = if backward { 8 } else { 4 };
-        if ptrs.len() != expected {
-            return Err(value_error(
-                "ptrs",
-                format!("{} addresses, expected {expected}", ptrs.len()),
-            ));
-        }
-        let fwd = |p: &[u64]| [p[0], p[1], p[2], p[3]];
-        let bwd = |p: &[u64]| [p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]];
+        check_addresses(&ptrs, if backward { 8 } else { 4 })?;
+        let (fwd, bwd) = (first::<4>, first::<8>);
         if device < 0 {
             let t = dt.host()?;
             return py.detach(|| match (t, backward) {
@@ -541,15 +534,8 @@ impl GraphCore {
         let mut args = ExtrasArgs::parse(bias, dropout)?;
         args.edge_features = edge_features;
         let shapes = self.shapes(heads, head_dim)?;
-        let expected = if backward { 11 } else { 7 };
-        if ptrs.len() != expected {
-            return Err(value_error(
-                "ptrs",
-                format!("{} addresses, expected {expected}", ptrs.len()),
-            ));
-        }
-        let fwd = |p: &[u64]| -> [u64; 7] { std::array::from_fn(|i| p[i]) };
-        let bwd = |p: &[u64]| -> [u64; 11] { std::array::from_fn(|i| p[i]) };
+        check_addresses(&ptrs, if backward { 11 } else { 7 })?;
+        let (fwd, bwd) = (first::<7>, first::<11>);
         if device < 0 {
             let (csr, d) = (&*self.csr, shapes.0.head_dim);
             return py.detach(|| match (dt.host()?, backward) {
@@ -1118,4 +1104,20 @@ fn gat_backward_gpu<T: DType>(
             Ok(())
         })
     }
+}
+
+/// Refuses `ptrs` (naming the argument) unless it holds exactly `expected` addresses.
+fn check_addresses(ptrs: &[u64], expected: usize) -> PyResult<()> {
+    if ptrs.len() != expected {
+        return Err(value_error(
+            "ptrs",
+            format!("{} addresses, expected {expected}", ptrs.len()),
+        ));
+    }
+    Ok(())
+}
+
+/// The first `N` addresses of `p` (checked by [`check_addresses`] to hold at least `N`).
+fn first<const N: usize>(p: &[u64]) -> [u64; N] {
+    std::array::from_fn(|i| p[i])
 }
