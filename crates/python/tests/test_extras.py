@@ -266,6 +266,24 @@ def test_transformer_conv_dropout_and_weights(gen):
         spattn.nn.TransformerConv(8, 4, dropout=1.5)
 
 
+def test_transformer_conv_edge_features_follow_the_edge_index(gen):
+    ei = torch.unique(torch.randint(0, 20, (2, 80), generator=gen), dim=1)
+    x = torch.randn(20, 8, generator=gen)
+    ea = torch.randn(ei.shape[1], 3, generator=gen)
+    layer = spattn.nn.TransformerConv(8, 4, heads=2, edge_dim=3).eval()
+    first = layer(x, ei, ea)
+    g = spattn.nn.graph_for(ei, 20)
+    pos = spattn.nn._edge_positions_cached(g, ei)
+    assert spattn.nn._edge_positions_cached(g, ei) is pos  # kept for the same tensor
+    assert torch.equal(pos, g.edge_positions(ei))
+    assert torch.equal(layer(x, ei, ea), first)
+    # The same edges in another order, in place: the positions follow the tensor.
+    perm = torch.randperm(ei.shape[1], generator=gen)
+    ei.copy_(ei[:, perm].clone())
+    assert torch.allclose(layer(x, ei, ea[perm]), first, atol=1e-6)
+    assert not torch.allclose(layer(x, ei, ea), first, atol=1e-3)
+
+
 def gat_reference(graph, x, a_dst, a_src, slope, factor):
     """Dense float64 GAT attention with the dropout factors (num_edges × heads) applied."""
     x, a_dst, a_src = (np.asarray(t.detach().double().cpu()) for t in (x, a_dst, a_src))

@@ -56,7 +56,7 @@ class Graph:
         if n != rows:
             raise ValueError(f"crow: has {crow_shape[0]} offsets, but n = {n} nodes need {n + 1}")
         self._core = _native.GraphCore.from_csr(crow_b, col_b, n, n)
-        self._derived: Dict[Any, "Graph"] = {}
+        self._derived: Dict[Any, Any] = {}  # derived graphs, and nn's cached edge positions
 
     @classmethod
     def _from_core(cls, core) -> "Graph":
