@@ -118,6 +118,14 @@ fn check_gpu_extras<T: DType>(
     shared: bool,
     rate: f32,
 ) {
+    let what = format!(
+        "{alg}/{reorder} {hybrid:?} {} H{heads} D{d} shared {shared} rate {rate} n {}",
+        T::NAME,
+        a.n_rows()
+    );
+    // Progress on stderr (shown with --nocapture): where a slow or stuck GPU run is.
+    let started = std::time::Instant::now();
+    eprintln!("{what}: planning");
     let gpu = gpu();
     let mut rng = fresh_rng("gpu extras");
     let s = Shape::new(a.n_rows(), heads, d).unwrap();
@@ -142,6 +150,10 @@ fn check_gpu_extras<T: DType>(
         None => config,
     };
     let plan = AttentionPlan::new_gpu(&gpu, a, config).unwrap();
+    eprintln!(
+        "{what}: planned in {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
     let expected = if alg == Algorithm::Auto {
         Algorithm::UnfusedCsr
     } else {
@@ -180,10 +192,6 @@ fn check_gpu_extras<T: DType>(
     };
     let scale = f64::from(plan.config().scale());
     let (want, want_w) = attention_extras_f64_from(a, &inputs, scale, &cpu_extras).unwrap();
-    let what = format!(
-        "{alg}/{reorder} {hybrid:?} {} H{heads} D{d} shared {shared} rate {rate}",
-        T::NAME
-    );
     // The composition with the weights out keeps f32's bound; the fused tensor-core kernels
     // run f32 through tf32.
     let tol = tolerance::<T>();
@@ -241,6 +249,10 @@ fn check_gpu_extras<T: DType>(
             },
         )
         .unwrap();
+    eprintln!(
+        "{what}: backward ran at {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
     let want = attention_extras_backward_f64_from(a, &inputs, scale, &cpu_extras, &g64).unwrap();
     // Gradients sum more terms than the forward: f32's bound is the backward's (1e-4 for the
     // f32 path's cancellations in dS), half precision keeps its own.
@@ -271,6 +283,10 @@ fn check_gpu_extras<T: DType>(
         ds_err <= gtol.max(1e-3),
         "{what}: dscale {d_scale} vs {}",
         want.d_scale
+    );
+    eprintln!(
+        "{what}: checked in {:.2} s",
+        started.elapsed().as_secs_f64()
     );
 }
 

@@ -205,23 +205,24 @@ __device__ __forceinline__ void bsb_load_step(BsbStep& st, const u32* __restrict
 
 
 // What bsb_online_step adds to the lane's entries beyond the masked scores: nothing
-// (NoBsbExtras, the plain kernels), or a score bias and dropout (BsbExtras, fused_bsb's `_x`
-// kernels). BsbExtras::find maps the lane's four entries of a block (rows g, g + 8; slots 2t,
-// 2t + 1) to the caller's CSR edges: a block's edges are numbered in bit order (row-major), from
-// block_edge_start[blk], and edge_ids gives each one's caller edge; SPATTN_NONE where the bit is
-// clear. The bias enters in the log2 domain (times log2 e); the dropout factor multiplies the
-// probability that weighs V, not the running sum.
+// (NoBsbExtras, the plain kernels), or a score bias and dropout (BsbExtras, the `_x` kernels of
+// fused_bsb and of hybrid's tensor-core warps). A block's edges are numbered in bit order
+// (row-major) from block_edge_start[blk]; BsbExtras::find gives the lane's four entries of a
+// block (rows g, g + 8; slots 2t, 2t + 1) their numbers, SPATTN_NONE where the bit is clear.
+// The extras arrive in that order, gathered from the caller's CSR order before the launch
+// (bsb_extras_gather in fused_bsb.cu): the bias times log2 e as floats, and the dropout's keep
+// bits, so the tile loop makes one independent load per entry instead of a Philox draw under
+// a branch most lanes skip.
 struct NoBsbExtras {
     enum : bool { ON = false };  // an enumerator: no object for NVRTC to emit
 };
 
-template <class T> struct BsbExtras {
+struct BsbExtras {
     enum : bool { ON = true };
-    const T* __restrict__ bias;  // null, or nnz x bias_heads (1: shared by the heads)
-    u32 bias_heads, head, heads;
+    const float* __restrict__ bias;  // null, or this head's row: per edge, bias x log2 e
+    const u32* __restrict__ keep;    // null (no dropout), or this head's keep bits
+    float drop_scale;                // 1 / (1 - rate)
     const u32* __restrict__ block_edge_start;
-    const u32* __restrict__ edge_ids;
-    Dropout drop;
     u32 e[2][4];  // the step's entries: block bb, entry 2r + c
 
     // Block bb of the step is blk, its bitmap words w (row g in word `upper`, row g + 8 in word
@@ -237,10 +238,9 @@ template <class T> struct BsbExtras {
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
                 const u32 bit = shift + (u32)c;
-                e[bb][2 * r + c] =
-                    ((word[r] >> bit) & 1u)
-                        ? __ldg(edge_ids + base + before[r] + __popc(word[r] & ((1u << bit) - 1u)))
-                        : SPATTN_NONE;
+                e[bb][2 * r + c] = ((word[r] >> bit) & 1u)
+                                       ? base + before[r] + __popc(word[r] & ((1u << bit) - 1u))
+                                       : SPATTN_NONE;
             }
     }
     // Block bb of the step lies past the unit.
@@ -266,31 +266,61 @@ template <class T> struct BsbExtras {
     }
     __device__ __forceinline__ float bias_log2(int bb, int j) const {
         const u32 x = e[bb][j];
-        if (bias == nullptr || x == SPATTN_NONE) return 0.0f;
-        return to_f32(bias[(u64)x * bias_heads + (bias_heads == 1u ? 0u : head)]) *
-               1.4426950408889634f;
+        return bias == nullptr || x == SPATTN_NONE ? 0.0f : __ldg(bias + x);
     }
-    __device__ __forceinline__ float keep(int bb, int j) const {
+    __device__ __forceinline__ float keep_factor(int bb, int j) const {
         const u32 x = e[bb][j];
-        return x == SPATTN_NONE ? 1.0f : dropout_factor(drop, (u64)x * heads + head);
+        if (keep == nullptr || x == SPATTN_NONE) return 1.0f;
+        return ((__ldg(keep + (x >> 5)) >> (x & 31u)) & 1u) ? drop_scale : 0.0f;
     }
 };
 
-// BsbExtras of head h (of `heads`) from the `_x` kernels' arguments.
-template <class T>
-__device__ __forceinline__ BsbExtras<T> make_bsb_extras(const T* bias, u32 bias_heads,
-                                                        const u32* block_edge_start,
-                                                        const u32* edge_ids, Dropout drop, u32 h,
-                                                        u32 heads) {
-    BsbExtras<T> xt;
-    xt.bias = bias;
-    xt.bias_heads = bias_heads;
-    xt.head = h;
-    xt.heads = heads;
-    xt.block_edge_start = block_edge_start;
-    xt.edge_ids = edge_ids;
-    xt.drop = drop;
+// The `_x` kernels' tensor-core extras (their last parameters, SPATTN_BSB_X_PARAMS): the
+// gathered bias (null, or bias_rows rows of n_edges floats: 1 shared by the heads, else one per
+// head), each block's first edge, and the keep bits (null, or one row of ceil(n_edges / 32)
+// words per head) with the dropout's scale.
+struct BsbExtrasArgs {
+    const float* bias;
+    u32 bias_rows;
+    const u32* block_edge_start;
+    const u32* keep;
+    u32 n_edges;
+    float drop_scale;
+};
+#define SPATTN_BSB_X_PARAMS                                                                    \
+    const float *x_bias, u32 x_bias_rows, const u32 *block_edge_start, const u32 *x_keep,      \
+        u32 x_edges, float x_drop_scale
+#define SPATTN_BSB_X_ARGS                                                                      \
+    { x_bias, x_bias_rows, block_edge_start, x_keep, x_edges, x_drop_scale }
+
+// BsbExtras of head h.
+__device__ __forceinline__ BsbExtras make_bsb_extras(const BsbExtrasArgs& a, u32 h) {
+    BsbExtras xt;
+    xt.bias = a.bias == nullptr ? nullptr : a.bias + (u64)(a.bias_rows == 1u ? 0u : h) * a.n_edges;
+    xt.keep = a.keep == nullptr ? nullptr : a.keep + (u64)h * ((a.n_edges + 31u) / 32u);
+    xt.drop_scale = a.drop_scale;
+    xt.block_edge_start = a.block_edge_start;
     return xt;
+}
+
+// The gather before a `_x` launch: per kernel edge p < n (block-and-bit order) and head
+// blockIdx.y, its caller edge ids[p]'s bias times log2 e into bias_out (bias_rows x n: rows
+// past bias_rows are left alone) and its dropout keep bit into keep_out (heads x ceil(n / 32)
+// words; the same draw as dropout_factor). 256 threads a block, whole warps a word.
+template <class T>
+__device__ __forceinline__ void bsb_extras_gather(const u32* __restrict__ ids, u32 n, u32 heads,
+                                                  const T* __restrict__ bias, u32 bias_heads,
+                                                  Dropout drop, float* __restrict__ bias_out,
+                                                  u32* __restrict__ keep_out) {
+    const u32 p = blockIdx.x * blockDim.x + threadIdx.x, h = blockIdx.y;
+    const u64 x = p < n ? (u64)__ldg(ids + p) : 0u;
+    if (bias_out != nullptr && h < bias_heads && p < n)
+        bias_out[(u64)h * n + p] = to_f32(bias[x * bias_heads + h]) * 1.4426950408889634f;
+    if (keep_out != nullptr) {
+        const bool kept = p < n && dropout_factor(drop, x * heads + h) != 0.0f;
+        const u32 bits = __ballot_sync(0xffffffffu, kept);
+        if (lane_id() == 0u && p < n) keep_out[(u64)h * ((n + 31u) / 32u) + (p >> 5)] = bits;
+    }
 }
 
 // One step (two blocks) of the online softmax of rows g (r = 0) and g + 8 (r = 1): the scores s
@@ -338,8 +368,8 @@ __device__ __forceinline__ void bsb_online_step(const float (&s)[2][4], const u3
         if constexpr (X::ON) {
 #pragma unroll
             for (int bb = 0; bb < 2; ++bb) {
-                p[bb][2 * r] *= xt.keep(bb, 2 * r);
-                p[bb][2 * r + 1] *= xt.keep(bb, 2 * r + 1);
+                p[bb][2 * r] *= xt.keep_factor(bb, 2 * r);
+                p[bb][2 * r + 1] *= xt.keep_factor(bb, 2 * r + 1);
             }
         }
 #pragma unroll

@@ -38,27 +38,11 @@
 
 #include "attention_tiles.cuh"
 
-// Every kernel has an `_x` twin that also takes a score bias and dropout in the caller's CSR
-// order (BsbExtras, attention_tiles.cuh): the bias joins each score in the log2 domain before
-// the running max, and the dropout factor weighs P V but not the running sum, so the split
-// windows' partials merge as they are.
-
-// The extras of the `_x` kernels (BsbExtras in attention_tiles.cuh): a bias (null, or nnz x
-// bias_heads) and dropout in the caller's CSR order, reached through each block's first edge
-// (block_edge_start) and the edges' caller ids (edge_ids, in block and bit order).
-template <class T> struct BsbExtrasArgs {
-    const T* bias;
-    u32 bias_heads;
-    const u32* block_edge_start;
-    const u32* edge_ids;
-    Dropout drop;
-};
-
-template <class T>
-__device__ __forceinline__ BsbExtras<T> bsb_extras(const BsbExtrasArgs<T>* xa, u32 h, u32 heads) {
-    return make_bsb_extras(xa->bias, xa->bias_heads, xa->block_edge_start, xa->edge_ids, xa->drop,
-                           h, heads);
-}
+// Every kernel has an `_x` twin that also takes a score bias and dropout (BsbExtras,
+// attention_tiles.cuh), gathered into block-and-bit order by bsb_extras_gather_* (below) from
+// the caller's CSR order: the bias joins each score in the log2 domain before the running max,
+// and the dropout factor weighs P V but not the running sum, so the split windows' partials
+// merge as they are.
 
 template <class T, int DS, bool VEC, bool PIPE, bool EXTRAS>
 __device__ __forceinline__ void fused_bsb(
@@ -67,7 +51,7 @@ __device__ __forceinline__ void fused_bsb(
     u32 n_rows, const u32* __restrict__ row_ids, const u32* __restrict__ block_columns,
     const u32* __restrict__ bitmaps, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, float scale_log2,
     T* __restrict__ out, float* __restrict__ part_ml, float* __restrict__ part_acc,
-    u32* __restrict__ counters, const BsbExtrasArgs<T>* xa) {
+    u32* __restrict__ counters, const BsbExtrasArgs* xa) {
     constexpr int D8 = DS / 8;  // n-tiles of P V = features per lane per V row
 
     extern __shared__ float bsb_smem[];
@@ -98,7 +82,7 @@ __device__ __forceinline__ void fused_bsb(
         bsb_tiles<T, DS, VEC, PIPE, false>(qrow[0], qrow[1], q, block_columns, bitmaps, nullptr,
                                            0u, b_begin, b_end, 2u, k, v, hd, head_off, d, base,
                                            scale_log2, fs, wig, bar, gsize, xs, m, l, o,
-                                           bsb_extras(xa, h, heads));
+                                           make_bsb_extras(*xa, h));
     } else {
         bsb_tiles<T, DS, VEC, PIPE, false>(qrow[0], qrow[1], q, block_columns,
                                            bitmaps, nullptr, 0u, b_begin, b_end, 2u, k, v, hd,
@@ -151,18 +135,12 @@ __device__ __forceinline__ void fused_bsb(
                                  hd, head_off, d);
 }
 
-// The parameters every fused_bsb kernel takes, and those its `_x` twin takes after them.
+// The parameters every fused_bsb kernel takes (its `_x` twin: SPATTN_BSB_X_PARAMS after them).
 #define SPATTN_BSB_PARAMS(T)                                                                   \
     const uint4 *units, const u32 *unit_split, const u32 *split_part_first, u32 n_items,       \
         u32 heads, u32 head_dim, u32 fs, u32 n_rows, const u32 *row_ids, const u32 *unit_pre,  \
         const u32 *block_columns, const u32 *bitmaps, const T *q, const T *k, const T *v,      \
         float scale_log2, T *out, float *part_ml, float *part_acc, u32 *counters
-#define SPATTN_BSB_X_PARAMS(T)                                                                 \
-    const T *bias, u32 bias_heads, const u32 *block_edge_start, const u32 *edge_ids, u32 key0, \
-        u32 key1, u32 off0, u32 off1, u32 threshold, float drop_scale
-#define SPATTN_BSB_X_ARGS(T)                                                                   \
-    const BsbExtrasArgs<T> xa = {bias, bias_heads, block_edge_start, edge_ids,                 \
-                                 {key0, key1, off0, off1, threshold, drop_scale}}
 
 #define SPATTN_FUSED_BSB(SUFFIX, T, DS, NAME, VEC, PIPE)                                       \
     extern "C" __global__ void __launch_bounds__(256)                                          \
@@ -174,9 +152,9 @@ __device__ __forceinline__ void fused_bsb(
                                            part_ml, part_acc, counters, nullptr);              \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(256) fused_bsb_##SUFFIX##_s##DS##NAME##_x(    \
-        SPATTN_BSB_PARAMS(T), SPATTN_BSB_X_PARAMS(T)) {                                        \
+        SPATTN_BSB_PARAMS(T), SPATTN_BSB_X_PARAMS) {                                           \
         (void)unit_pre;                                                                        \
-        SPATTN_BSB_X_ARGS(T);                                                                  \
+        const BsbExtrasArgs xa = SPATTN_BSB_X_ARGS;                                            \
         fused_bsb<T, DS, VEC, PIPE, true>(units, unit_split, split_part_first, n_items, heads, \
                                           head_dim, fs, n_rows, row_ids, block_columns,        \
                                           bitmaps, q, k, v, scale_log2, out, part_ml,          \
@@ -210,7 +188,7 @@ __device__ __forceinline__ void fused_bsb_pipe(
     const u32* __restrict__ block_columns,
     const u32* __restrict__ bitmaps, const T* __restrict__ q, const T* __restrict__ k,
     const T* __restrict__ v, float scale_log2, T* __restrict__ out, float* __restrict__ part_ml,
-    float* __restrict__ part_acc, u32* __restrict__ counters, const BsbExtrasArgs<T>* xa) {
+    float* __restrict__ part_acc, u32* __restrict__ counters, const BsbExtrasArgs* xa) {
     extern __shared__ uint4 bsb_pipe_smem[];
     const u32 warp = threadIdx.x >> 5;
     const u32 item = blockIdx.x * (blockDim.x >> 5) + warp;
@@ -239,7 +217,7 @@ __device__ __forceinline__ void fused_bsb_pipe(
     if constexpr (EXTRAS) {
         bsb_pipe_tiles<T, D, false, PRE>(smem, un.y, un.z, qrow, q, block_columns, bitmaps, k, v,
                                          hd, head_off, scale_log2, nullptr, 0u, m, l, o, col01,
-                                         bsb_extras(xa, h, heads));
+                                         make_bsb_extras(*xa, h));
     } else {
         bsb_pipe_tiles<T, D, false, PRE>(smem, un.y, un.z, qrow, q, block_columns, bitmaps, k, v, hd,
                                          head_off, scale_log2, nullptr, 0u, m, l, o, col01);
@@ -263,10 +241,10 @@ __device__ __forceinline__ void fused_bsb_pipe(
                                     v, scale_log2, out, part_ml, part_acc, counters, nullptr); \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(128) fused_bsb_##SUFFIX##_d##D##_pipe_x(      \
-        SPATTN_BSB_PARAMS(T), SPATTN_BSB_X_PARAMS(T)) {                                        \
+        SPATTN_BSB_PARAMS(T), SPATTN_BSB_X_PARAMS) {                                           \
         (void)head_dim;                                                                        \
         (void)fs;                                                                              \
-        SPATTN_BSB_X_ARGS(T);                                                                  \
+        const BsbExtrasArgs xa = SPATTN_BSB_X_ARGS;                                            \
         fused_bsb_pipe<T, D, true>(units, unit_split, split_part_first, n_items, heads,        \
                                    n_rows, row_ids, unit_pre, block_columns, bitmaps, q, k, v, \
                                    scale_log2, out, part_ml, part_acc, counters, &xa);         \
@@ -276,3 +254,17 @@ SPATTN_FUSED_BSB_PIPE(f16, __half, 64)
 SPATTN_FUSED_BSB_PIPE(f16, __half, 128)
 SPATTN_FUSED_BSB_PIPE(bf16, __nv_bfloat16, 64)
 SPATTN_FUSED_BSB_PIPE(bf16, __nv_bfloat16, 128)
+
+// Entry points bsb_extras_gather_{f32,f16,bf16}: bsb_extras_gather (attention_tiles.cuh) for the
+// `_x` kernels of this module and of hybrid's tensor-core warps; grid (ceil(n / 256), heads).
+#define SPATTN_BSB_EXTRAS_GATHER(SUFFIX, T)                                                    \
+    extern "C" __global__ void __launch_bounds__(256) bsb_extras_gather_##SUFFIX(              \
+        const u32* ids, u32 n, u32 heads, const T* bias, u32 bias_heads, u32 key0, u32 key1,   \
+        u32 off0, u32 off1, u32 threshold, float drop_scale, float* bias_out, u32* keep_out) { \
+        bsb_extras_gather<T>(ids, n, heads, bias, bias_heads,                                  \
+                             {key0, key1, off0, off1, threshold, drop_scale}, bias_out,        \
+                             keep_out);                                                        \
+    }
+SPATTN_BSB_EXTRAS_GATHER(f32, float)
+SPATTN_BSB_EXTRAS_GATHER(f16, __half)
+SPATTN_BSB_EXTRAS_GATHER(bf16, __nv_bfloat16)

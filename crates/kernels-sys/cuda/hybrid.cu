@@ -29,20 +29,22 @@
 // 16 x 2 (max, sum) and 16 x DS accumulators.
 //
 // Attention kernels have `_x` twins taking a score bias and dropout in the caller's CSR order
-// (no edge features): the tensor-core warps through BsbExtras (the blocks' bits numbered from
-// block_edge_start, edge_ids naming each one's caller edge), the CUDA-core warps through
-// EdgeExtras in the log2 domain (cd_edge_ids naming each CUDA-core edge's caller edge).
+// (no edge features): the tensor-core warps through BsbExtras (bias and keep bits gathered
+// into block-and-bit order by fused_bsb's bsb_extras_gather_* before the launch), the CUDA-core
+// warps through EdgeExtras in the log2 domain (cd_edge_ids naming each CUDA-core edge's caller
+// edge).
 
 #include "attention_tiles.cuh"
 
-// The `_x` kernels' extras (HybridExtrasArgs): see above.
+// The `_x` kernels' extras: the CUDA-core warps' (bias in the caller's CSR order, cd_edge_ids
+// naming each CUDA-core edge's caller edge, dropout) and the tensor-core warps' (BsbExtrasArgs,
+// gathered into block-and-bit order before the launch).
 template <class T> struct HybridExtrasArgs {
     const T* bias;
     u32 bias_heads;
-    const u32* block_edge_start;
-    const u32* edge_ids;
     const u32* cd_edge_ids;
     Dropout drop;
+    BsbExtrasArgs tc;
 };
 
 // The CUDA-core warps' EdgeExtras of head h.
@@ -119,8 +121,7 @@ __device__ __forceinline__ void hybrid(
                     qr0, qr1, q, block_columns, bitmaps, tc_weights, wbase, tc0 + 2u * warp, tc1,
                     2u * tc_warps, k, v, hd, head_off, head_dim, 0u, scale_log2, 1u, 0u, 0u, 32u,
                     nullptr, m, l, o,
-                    make_bsb_extras(xa->bias, xa->bias_heads, xa->block_edge_start, xa->edge_ids,
-                                    xa->drop, h, heads));
+                    make_bsb_extras(xa->tc, h));
             } else {
                 bsb_tiles<T, DS, VEC, PIPE, SPMM>(qr0, qr1, q, block_columns, bitmaps, tc_weights,
                                                   wbase, tc0 + 2u * warp, tc1, 2u * tc_warps, k, v,
@@ -287,13 +288,12 @@ __device__ __forceinline__ void hybrid(
 
 // The `_x` kernels' parameters after the others, and their HybridExtrasArgs.
 #define SPATTN_HYBRID_X_PARAMS(T)                                                               \
-    const T *bias, u32 bias_heads, const u32 *block_edge_start, const u32 *edge_ids,            \
-        const u32 *cd_edge_ids, u32 key0, u32 key1, u32 off0, u32 off1, u32 threshold,          \
-        float drop_scale
+    const T *bias, u32 bias_heads, const u32 *cd_edge_ids, u32 key0, u32 key1, u32 off0,        \
+        u32 off1, u32 threshold, float drop_scale, SPATTN_BSB_X_PARAMS
 #define SPATTN_HYBRID_X_ARGS(T)                                                                 \
     const HybridExtrasArgs<T> xa = {bias,        bias_heads,                                    \
-                                    block_edge_start, edge_ids,                                 \
-                                    cd_edge_ids, {key0, key1, off0, off1, threshold, drop_scale}}
+                                    cd_edge_ids, {key0, key1, off0, off1, threshold, drop_scale}, \
+                                    SPATTN_BSB_X_ARGS}
 
 #define SPATTN_HYBRID(SUFFIX, T, DS, NAME, VEC)                                                 \
     extern "C" __global__ void __launch_bounds__(256)                                           \
@@ -547,9 +547,7 @@ __device__ __forceinline__ void hybrid_pipe(
         if constexpr (EXTRAS) {
             bsb_pipe_tiles<T, D, SPMM>(smem, ua.y, ua.z, qrow, q, block_columns, bitmaps, k, v,
                                        hd, head_off, scale_log2, tc_weights, ub.w, m, l, o, 0u,
-                                       make_bsb_extras(xa->bias, xa->bias_heads,
-                                                       xa->block_edge_start, xa->edge_ids,
-                                                       xa->drop, h, heads));
+                                       make_bsb_extras(xa->tc, h));
         } else {
             bsb_pipe_tiles<T, D, SPMM>(smem, ua.y, ua.z, qrow, q, block_columns, bitmaps, k, v, hd,
                                        head_off, scale_log2, tc_weights, ub.w, m, l, o);
@@ -599,7 +597,7 @@ __device__ __forceinline__ void hybrid_pipe(
 // The attention twins with extras: `_pipe_x` and `_pipe_tc_x`.
 #define SPATTN_HYBRID_PIPE_X(SUFFIX, T, D, HAS_CD, TAIL, WARPS)                                 \
     extern "C" __global__ void __launch_bounds__(32 * (WARPS))                                  \
-        fused_hybrid_##SUFFIX##_d##D##_pipe##TAIL##_x(SPATTN_HYBRID_PARAMS(T),                   \
+        fused_hybrid_##SUFFIX##_d##D##_pipe##TAIL##_x(SPATTN_HYBRID_PARAMS(T),                  \
                                                       SPATTN_HYBRID_X_PARAMS(T)) {              \
         (void)head_dim;                                                                         \
         (void)queue;                                                                            \

@@ -303,7 +303,7 @@ pub const EDGE_CAST_BF16: &str = "edge_cast_bf16";
 /// Kernel `edge_row_combine_bf16` of [`EDGE_EXTRAS`].
 pub const EDGE_ROW_COMBINE_BF16: &str = "edge_row_combine_bf16";
 
-/// The PTX module compiled from `cuda/fused_bsb.cu` (40 kernels).
+/// The PTX module compiled from `cuda/fused_bsb.cu` (43 kernels).
 pub const FUSED_BSB: PtxModule = PtxModule {
     name: "fused_bsb",
     ptx: include_str!("../ptx/fused_bsb.ptx"),
@@ -348,6 +348,9 @@ pub const FUSED_BSB: PtxModule = PtxModule {
         FUSED_BSB_BF16_D64_PIPE_X,
         FUSED_BSB_BF16_D128_PIPE,
         FUSED_BSB_BF16_D128_PIPE_X,
+        BSB_EXTRAS_GATHER_F32,
+        BSB_EXTRAS_GATHER_F16,
+        BSB_EXTRAS_GATHER_BF16,
     ],
 };
 
@@ -470,6 +473,15 @@ pub const FUSED_BSB_BF16_D128_PIPE: &str = "fused_bsb_bf16_d128_pipe";
 
 /// Kernel `fused_bsb_bf16_d128_pipe_x` of [`FUSED_BSB`].
 pub const FUSED_BSB_BF16_D128_PIPE_X: &str = "fused_bsb_bf16_d128_pipe_x";
+
+/// Kernel `bsb_extras_gather_f32` of [`FUSED_BSB`].
+pub const BSB_EXTRAS_GATHER_F32: &str = "bsb_extras_gather_f32";
+
+/// Kernel `bsb_extras_gather_f16` of [`FUSED_BSB`].
+pub const BSB_EXTRAS_GATHER_F16: &str = "bsb_extras_gather_f16";
+
+/// Kernel `bsb_extras_gather_bf16` of [`FUSED_BSB`].
+pub const BSB_EXTRAS_GATHER_BF16: &str = "bsb_extras_gather_bf16";
 
 /// The PTX module compiled from `cuda/fused_csr.cu` (79 kernels).
 pub const FUSED_CSR: PtxModule = PtxModule {

@@ -2,10 +2,19 @@
 
 use spattn_formats::{Bsb, Csr, FillStats, Reorder, RowOrder};
 
+use cudarc::driver::LaunchArgs;
+use spattn_kernels_sys::FUSED_BSB;
+
 use crate::buffer::DeviceVec;
-use crate::error::Result;
+use crate::edge_extras::DeviceBias;
+use crate::error::{Error, Result};
+use crate::fused::{CsrExtras, KernelExtras};
 use crate::gpu::Gpu;
-use crate::launch::{to_u32, OnGpu};
+use crate::launch::{
+    blocks_for, kernel_named, launch, to_u32, LaunchConfig, OnGpu, PushKernelArg, PushOptionalArg,
+    MAX_GRID_YZ,
+};
+use crate::DType;
 
 /// Steps (pairs of 16×8 blocks) in flight per warp of the pipelined tensor-core tile loop
 /// (`BSB_PIPE_STAGES` in `attention_tiles.cuh`), shared by the fused tensor-core and the hybrid
@@ -95,6 +104,122 @@ impl OrderedBsb {
     /// Bytes of device memory it holds.
     pub fn device_bytes(&self) -> usize {
         self.device.device_bytes() + self.row_ids.as_ref().map_or(0, DeviceVec::num_bytes)
+    }
+}
+
+/// The tensor-core `_x` kernels' extras in their edge order (per block its first edge, bits
+/// row-major), gathered from the caller's CSR order before each launch by `bsb_extras_gather_*`:
+/// the bias times log2 e of each kernel edge (one row per head, or one shared row) and the
+/// dropout's keep bits (one row of 32 edges a word per head). The kernels then make one
+/// independent load per edge instead of a dependent id lookup and a Philox draw under a branch.
+/// Kept between calls; grown when a call needs more.
+#[derive(Debug, Default)]
+pub(crate) struct BsbExtrasStage {
+    bias: Option<DeviceVec<f32>>,
+    keep: Option<DeviceVec<u32>>,
+}
+
+/// What one gather left for a `_x` launch: its `SPATTN_BSB_X_PARAMS` but the block starts.
+pub(crate) struct GatheredBsbExtras<'a> {
+    bias: Option<&'a DeviceVec<f32>>,
+    bias_rows: u32,
+    keep: Option<&'a DeviceVec<u32>>,
+    n_edges: u32,
+    drop_scale: f32,
+}
+
+impl BsbExtrasStage {
+    /// Gathers `extras` for a kernel whose edges are the caller's edges `ids` (per kernel edge
+    /// its caller CSR edge < the bias's edges), `heads` heads.
+    pub(crate) fn gather<T: DType>(
+        &mut self,
+        gpu: &Gpu,
+        ids: &DeviceVec<u32>,
+        heads: usize,
+        extras: &CsrExtras<'_, T>,
+    ) -> Result<GatheredBsbExtras<'_>> {
+        let n = ids.len();
+        let n_edges = to_u32("tensor-core edges", n)?;
+        let heads_u = to_u32("heads", heads)?;
+        if heads_u > MAX_GRID_YZ {
+            return Err(Error::TooLarge {
+                what: "heads of the extras gather (grid.y)",
+                value: u64::from(heads_u),
+                limit: u64::from(MAX_GRID_YZ),
+            });
+        }
+        let ex = KernelExtras::new(extras, heads_u);
+        let bias_rows = match &extras.bias {
+            None => 0,
+            Some(_) => ex.bias_heads,
+        };
+        // Threshold 0 keeps every edge: no bits to draw. Without edges the kernel reads none.
+        let dropout = ex.threshold != 0 && n > 0;
+        let bias_rows = if n > 0 { bias_rows } else { 0 };
+        let overflow = || Error::TooLarge {
+            what: "gathered extras (edges × heads)",
+            value: n as u64,
+            limit: u64::from(u32::MAX),
+        };
+        let bias_len = n.checked_mul(bias_rows as usize).ok_or_else(overflow)?;
+        let keep_len = n.div_ceil(32).checked_mul(heads).ok_or_else(overflow)?;
+        if bias_rows > 0 && self.bias.as_ref().is_none_or(|b| b.len() < bias_len) {
+            self.bias = None;
+            self.bias = Some(DeviceVec::alloc(gpu, "gathered bias", bias_len, true)?);
+        }
+        if dropout && self.keep.as_ref().is_none_or(|k| k.len() < keep_len) {
+            self.keep = None;
+            self.keep = Some(DeviceVec::alloc(gpu, "dropout keep bits", keep_len, true)?);
+        }
+        let bias_out = if bias_rows > 0 {
+            self.bias.as_ref()
+        } else {
+            None
+        };
+        let keep_out = if dropout { self.keep.as_ref() } else { None };
+        if bias_out.is_some() || keep_out.is_some() {
+            let name = kernel_named(&FUSED_BSB, format!("bsb_extras_gather_{}", T::NAME))?;
+            let f = gpu.load_function(FUSED_BSB.name, FUSED_BSB.ptx, name)?;
+            let mut args = gpu.launch_builder(&f);
+            args.arg(ids.slice())
+                .arg(&n_edges)
+                .arg(&heads_u)
+                .arg_or_null(extras.bias.as_ref().map(DeviceBias::values))
+                .arg(&ex.bias_heads);
+            ex.push_dropout(&mut args);
+            args.arg_or_null(bias_out).arg_or_null(keep_out);
+            let cfg = LaunchConfig {
+                grid_dim: (blocks_for(n, 256)?, heads_u, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: thread (p, h) with p < n reads ids[p] (n entries) and the bias at
+            // ids[p] × bias_heads + h for h < bias_heads (the caller checked the bias holds
+            // nnz × bias_heads and that ids name caller edges < nnz), and writes bias_out[h × n
+            // + p] (bias_rows × n floats allocated above) and, lane 0 of each warp, keep_out[h ×
+            // ⌈n / 32⌉ + p / 32] (heads × ⌈n / 32⌉ words); 256-thread blocks are whole warps.
+            unsafe { launch(name, &mut args, cfg) }?;
+        }
+        Ok(GatheredBsbExtras {
+            bias: bias_out,
+            bias_rows,
+            keep: keep_out,
+            n_edges,
+            drop_scale: ex.scale,
+        })
+    }
+}
+
+impl<'a> GatheredBsbExtras<'a> {
+    /// Pushes `SPATTN_BSB_X_PARAMS`: the gathered bias, its rows, each block's first edge
+    /// (`block_edge_start`), the keep bits, the edges and the dropout's scale.
+    pub(crate) fn push(&'a self, args: &mut LaunchArgs<'a>, block_edge_start: &'a DeviceVec<u32>) {
+        args.arg_or_null(self.bias)
+            .arg(&self.bias_rows)
+            .arg(block_edge_start.slice())
+            .arg_or_null(self.keep)
+            .arg(&self.n_edges)
+            .arg(&self.drop_scale);
     }
 }
 

@@ -34,7 +34,9 @@ use spattn_formats::{Csr, HybridBlocks, HybridSplit};
 use spattn_kernels_sys::HYBRID;
 
 use crate::buffer::{DeviceMatrix, DeviceVec};
-use crate::device_bsb::{bsb_pipe_supports, bsb_pipe_warp_bytes, BSB_MIN_UNIT_BLOCKS};
+use crate::device_bsb::{
+    bsb_pipe_supports, bsb_pipe_warp_bytes, BsbExtrasStage, BSB_MIN_UNIT_BLOCKS,
+};
 use crate::dtype::{DType, DTypeKind};
 use crate::edge_extras::DeviceBias;
 use crate::error::{Error, Result};
@@ -236,6 +238,8 @@ struct HybridEdgeMap {
     block_edge_start: DeviceVec<u32>,
     edge_ids: DeviceVec<u32>,
     cd_edge_ids: DeviceVec<u32>,
+    /// The tensor-core warps' extras of each call in their edge order.
+    stage: BsbExtrasStage,
 }
 
 impl DeviceHybrid {
@@ -501,9 +505,10 @@ impl DeviceHybrid {
                 )?,
                 edge_ids: DeviceVec::from_host_named(gpu, "hybrid edge ids", &ids)?,
                 cd_edge_ids: DeviceVec::from_host_named(gpu, "hybrid CUDA-core edge ids", &cd_ids)?,
+                stage: BsbExtrasStage::default(),
             });
         }
-        let map = map.as_ref().ok_or(Error::InvalidArgument {
+        let map = map.as_mut().ok_or(Error::InvalidArgument {
             what: "hybrid edge map",
             why: "not built".into(),
         })?;
@@ -532,7 +537,7 @@ impl DeviceHybrid {
         scale_log2: f32,
         warps: WarpSplit,
         width: usize,
-        extras: Option<(&CsrExtras<'_, T>, &HybridEdgeMap)>,
+        extras: Option<(&CsrExtras<'_, T>, &mut HybridEdgeMap)>,
         out: &mut DeviceMatrix<T>,
     ) -> Result<()> {
         let row_len = v.shape().row_len();
@@ -669,14 +674,28 @@ impl DeviceHybrid {
             .arg(ws.part_acc.slice_mut())
             .arg(ws.counters.slice_mut())
             .arg(queue.slice_mut());
-        let ex = extras.map(|(e, _)| crate::fused::KernelExtras::new(e, heads));
+        let ex = extras
+            .as_ref()
+            .map(|(e, _)| crate::fused::KernelExtras::new(e, heads));
+        let mut tc_extras = None;
         if let (Some(ex), Some((e, map))) = (&ex, extras) {
+            let HybridEdgeMap {
+                block_edge_start,
+                edge_ids,
+                cd_edge_ids,
+                stage,
+            } = map;
             args.arg_or_null(e.bias.as_ref().map(DeviceBias::values))
                 .arg(&ex.bias_heads)
-                .arg(map.block_edge_start.slice())
-                .arg(map.edge_ids.slice())
-                .arg(map.cd_edge_ids.slice());
+                .arg(cd_edge_ids.slice());
             ex.push_dropout(&mut args);
+            tc_extras = Some((
+                stage.gather(gpu, edge_ids, shape.heads, e)?,
+                &*block_edge_start,
+            ));
+        }
+        if let Some((g, starts)) = &tc_extras {
+            g.push(&mut args, starts);
         }
         // SAFETY: items < n_units × heads; unit u's 8 words lie in `units` (8 × n_units) and
         // its split in `split_part_first` (n_split + 1). Its blocks lie in [0, n_blocks)
@@ -699,10 +718,12 @@ impl DeviceHybrid {
         // the `_tc` kernel, which has no CUDA-core warp and no mbarriers), and the CUDA-core
         // partial it writes into a warp's stages (4 × (32 + 16 × (head_dim + 8)) bytes) fits
         // them (static_assert in hybrid.cu); cd = 0 only when there are no CUDA-core edges
-        // (check_warps). Extras (`_x` kernels): block_edge_start holds n_blocks entries,
-        // edge_ids one per bit of every block and cd_edge_ids one per CUDA-core edge, each a
-        // caller edge < nnz (hybrid_edge_map of this structure's graph, which checks every
-        // lookup); the bias holds nnz × bias_heads.
+        // (check_warps). Extras (`_x` kernels): cd_edge_ids holds one caller edge < nnz per
+        // CUDA-core edge (hybrid_edge_map of this structure's graph, which checks every lookup)
+        // and the bias nnz × bias_heads; block_edge_start holds n_blocks entries, a block's
+        // bits numbered from its start below the tensor-core edges, whose gathered bias holds
+        // bias_rows × tc_edges floats and keep bits heads × ⌈tc_edges / 32⌉ words
+        // (BsbExtrasStage::gather).
         unsafe { launch(name, &mut args, cfg) }
     }
 }

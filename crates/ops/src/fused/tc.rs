@@ -23,8 +23,7 @@
 
 use super::CsrExtras;
 use crate::device_bsb::{bsb_pipe_supports, bsb_pipe_warp_bytes, BSB_MERGE_FLOATS};
-use crate::device_bsb::{OrderedBsb, BSB_WINDOW_ROWS};
-use crate::edge_extras::DeviceBias;
+use crate::device_bsb::{BsbExtrasStage, OrderedBsb, BSB_WINDOW_ROWS};
 use crate::launch::{
     blocks_for, check_same_gpu, kernel_named, launch, to_u32, LaunchConfig, PushKernelArg,
     PushOptionalArg,
@@ -339,6 +338,8 @@ pub struct FusedTensorCore {
     /// Per block its first edge, and per edge in block-and-bit order its caller CSR edge
     /// ([`OrderedBsb::edge_map`]): built by the first forward with extras.
     edge_map: Option<(DeviceVec<u32>, DeviceVec<u32>)>,
+    /// The extras of each call in the kernel's edge order.
+    stage: BsbExtrasStage,
 }
 
 impl FusedTensorCore {
@@ -448,6 +449,7 @@ impl FusedTensorCore {
             part_acc: DeviceVec::zeros(gpu, rows * layout.padded())?,
             counters: DeviceVec::zeros(gpu, schedule.n_split() * heads)?,
             edge_map: None,
+            stage: BsbExtrasStage::default(),
         })
     }
 
@@ -632,18 +634,18 @@ impl FusedTensorCore {
             .arg(self.part_ml.slice_mut())
             .arg(self.part_acc.slice_mut())
             .arg(self.counters.slice_mut());
-        let ex = extras.map(|e| super::KernelExtras::new(e, heads));
-        if let (Some(ex), Some(e), Some((starts, ids))) = (&ex, extras, &self.edge_map) {
-            args.arg_or_null(e.bias.as_ref().map(DeviceBias::values))
-                .arg(&ex.bias_heads)
-                .arg(starts.slice())
-                .arg(ids.slice());
-            ex.push_dropout(&mut args);
-        } else if extras.is_some() {
-            return Err(Error::InvalidArgument {
-                what: "extras",
-                why: "the BSB edge map was not built".into(),
-            });
+        let gathered = match (extras, &self.edge_map) {
+            (Some(e), Some((_, ids))) => Some(self.stage.gather(gpu, ids, self.heads, e)?),
+            (Some(_), None) => {
+                return Err(Error::InvalidArgument {
+                    what: "extras",
+                    why: "the BSB edge map was not built".into(),
+                })
+            }
+            (None, _) => None,
+        };
+        if let (Some(g), Some((starts, _))) = (&gathered, &self.edge_map) {
+            g.push(&mut args, starts);
         }
         debug_assert_eq!(slice * group, self.layout.padded());
         // SAFETY: items < n_units × heads; row_ids, when given, holds one caller row < n_rows
@@ -665,9 +667,10 @@ impl FusedTensorCore {
         // `groups_per_cta` groups of `group` warps (pipelined: `bsb_pipe_warp_bytes(head_dim,
         // false)` per warp, the kernel's stages and merge scratch; its cp.async copies read
         // whole 16-byte chunks of K and V rows of head_dim = 64 or 128 2-byte features, inside
-        // the row). Extras: block_edge_start holds n_blocks entries and edge_ids nnz, each a
-        // caller edge < nnz (OrderedBsb::edge_map of this plan's graph, checked against its
-        // sizes), a block's bits numbered from its start; the bias holds nnz × bias_heads.
+        // the row). Extras: block_edge_start holds n_blocks entries, a block's bits numbered
+        // from its start below nnz (OrderedBsb::edge_map of this plan's graph, checked against
+        // its sizes); the gathered bias holds bias_rows × nnz floats and the keep bits heads ×
+        // ⌈nnz / 32⌉ words (BsbExtrasStage::gather).
         unsafe { launch(kernel, &mut args, cfg) }?;
         Ok(())
     }
