@@ -210,9 +210,9 @@ __device__ __forceinline__ void bsb_load_step(BsbStep& st, const u32* __restrict
 // (row-major) from block_edge_start[blk]; BsbExtras::find gives the lane's four entries of a
 // block (rows g, g + 8; slots 2t, 2t + 1) their numbers, SPATTN_NONE where the bit is clear.
 // The extras arrive in that order, gathered from the caller's CSR order before the launch
-// (bsb_extras_gather in fused_bsb.cu): the bias times log2 e as floats, and the dropout's keep
-// bits, so the tile loop makes one independent load per entry instead of a Philox draw under
-// a branch most lanes skip.
+// (bsb_extras_gather, below; its entry points in fused_bsb.cu): the bias times log2 e as floats,
+// and the dropout's keep bits, so the tile loop makes one independent load per entry instead of
+// a Philox draw under a branch most lanes skip.
 struct NoBsbExtras {
     enum : bool { ON = false };  // an enumerator: no object for NVRTC to emit
 };

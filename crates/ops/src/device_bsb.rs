@@ -130,7 +130,12 @@ pub(crate) struct GatheredBsbExtras<'a> {
 
 impl BsbExtrasStage {
     /// Gathers `extras` for a kernel whose edges are the caller's edges `ids` (per kernel edge
-    /// its caller CSR edge < the bias's edges), `heads` heads.
+    /// its caller CSR edge), `heads` heads. The gathered arrays are written by a kernel on
+    /// `gpu`'s stream, which orders them before the `_x` launch that reads them.
+    ///
+    /// Preconditions (the callers check them: `CsrExtras::check` and the edge-map builders):
+    /// every id is below the graph's edges, the bias holds edges × (1 or `heads`) values, and
+    /// `ids` and the bias live on `gpu`.
     pub(crate) fn gather<T: DType>(
         &mut self,
         gpu: &Gpu,
@@ -139,6 +144,8 @@ impl BsbExtrasStage {
         extras: &CsrExtras<'_, T>,
     ) -> Result<GatheredBsbExtras<'_>> {
         let n = ids.len();
+        // The kernels round the keep words up in u32: n + 31 must fit.
+        to_u32("tensor-core edges (rounded up to 32)", n.saturating_add(31))?;
         let n_edges = to_u32("tensor-core edges", n)?;
         let heads_u = to_u32("heads", heads)?;
         if heads_u > MAX_GRID_YZ {
@@ -156,13 +163,25 @@ impl BsbExtrasStage {
         // Threshold 0 keeps every edge: no bits to draw. Without edges the kernel reads none.
         let dropout = ex.threshold != 0 && n > 0;
         let bias_rows = if n > 0 { bias_rows } else { 0 };
-        let overflow = || Error::TooLarge {
-            what: "gathered extras (edges × heads)",
-            value: n as u64,
-            limit: u64::from(u32::MAX),
+        // n < 2³² and rows < 2¹⁶: the products fit u64, and usize where memory could hold them.
+        let len = |what: &'static str, items: u64, rows: u64| -> Result<usize> {
+            let value = items * rows;
+            usize::try_from(value).map_err(|_| Error::TooLarge {
+                what,
+                value,
+                limit: usize::MAX as u64,
+            })
         };
-        let bias_len = n.checked_mul(bias_rows as usize).ok_or_else(overflow)?;
-        let keep_len = n.div_ceil(32).checked_mul(heads).ok_or_else(overflow)?;
+        let bias_len = len(
+            "gathered bias (edges × rows)",
+            n as u64,
+            u64::from(bias_rows),
+        )?;
+        let keep_len = len(
+            "dropout keep words (⌈edges / 32⌉ × heads)",
+            n.div_ceil(32) as u64,
+            u64::from(heads_u),
+        )?;
         if bias_rows > 0 && self.bias.as_ref().is_none_or(|b| b.len() < bias_len) {
             self.bias = None;
             self.bias = Some(DeviceVec::alloc(gpu, "gathered bias", bias_len, true)?);
@@ -187,6 +206,8 @@ impl BsbExtrasStage {
                 .arg_or_null(extras.bias.as_ref().map(DeviceBias::values))
                 .arg(&ex.bias_heads);
             ex.push_dropout(&mut args);
+            // Written by the kernel, pushed through shared borrows: the returned struct hands
+            // the same buffers to the `_x` launch, after this one on the stream.
             args.arg_or_null(bias_out).arg_or_null(keep_out);
             let cfg = LaunchConfig {
                 grid_dim: (blocks_for(n, 256)?, heads_u, 1),
@@ -506,5 +527,54 @@ mod tests {
         let b = Bsb::from_csr(&Csr::from_edges(3, 3, &[(0, 1)]).unwrap()).unwrap();
         let e = bsb_edge_map(&a, &b, None).unwrap_err();
         assert!(e.to_string().contains("1 edges"), "{e}");
+    }
+
+    /// The gather writes, per kernel edge p and head h, the bias of caller edge ids[p] times
+    /// log2 e (one row when shared) and the keep bit of the CPU's dropout mask.
+    #[test]
+    #[ignore = "needs an NVIDIA GPU"]
+    fn gpu_gather_matches_the_caller_order_bias_and_the_cpu_mask() {
+        use crate::dropout::Dropout;
+        let gpu = Gpu::new(0).expect("an NVIDIA GPU (this test is ignored elsewhere)");
+        let (nnz, heads) = (1000usize, 3usize);
+        // A permutation of the edges (7919 is prime to 1000), as a kernel's edge order is.
+        let ids: Vec<u32> = (0..nnz as u32).map(|p| p * 7919 % nnz as u32).collect();
+        let per_head: Vec<f32> = (0..nnz * heads).map(|i| (i as f32 * 0.37).sin()).collect();
+        let shared: Vec<f32> = per_head[..nnz].to_vec();
+        let dropout = Dropout::new(0.3, 11, 5).unwrap();
+        let d_ids = DeviceVec::from_host(&gpu, &ids).unwrap();
+        let (d_per_head, d_shared) = (
+            DeviceVec::from_host(&gpu, &per_head).unwrap(),
+            DeviceVec::from_host(&gpu, &shared).unwrap(),
+        );
+        let mut stage = BsbExtrasStage::default();
+        for (bias, host, rows) in [
+            (DeviceBias::PerHead(&d_per_head), &per_head, heads),
+            (DeviceBias::Shared(&d_shared), &shared, 1),
+        ] {
+            let extras = CsrExtras {
+                bias: Some(bias),
+                edge_features: None,
+                dropout: Some(dropout),
+            };
+            let g = stage.gather(&gpu, &d_ids, heads, &extras).unwrap();
+            assert_eq!((g.bias_rows as usize, g.n_edges as usize), (rows, nnz));
+            let got = g.bias.unwrap().to_host().unwrap();
+            for h in 0..rows {
+                for (p, &x) in ids.iter().enumerate() {
+                    let want = host[x as usize * rows + h] * std::f32::consts::LOG2_E;
+                    assert_eq!(got[h * nnz + p], want, "bias of edge {p}, head {h}");
+                }
+            }
+            let keep = g.keep.unwrap().to_host().unwrap();
+            let words = nnz.div_ceil(32);
+            for h in 0..heads {
+                for (p, &x) in ids.iter().enumerate() {
+                    let bit = keep[h * words + p / 32] >> (p % 32) & 1 == 1;
+                    let want = dropout.keeps(u64::from(x), h as u64, heads as u64);
+                    assert_eq!(bit, want, "keep bit of edge {p}, head {h}");
+                }
+            }
+        }
     }
 }

@@ -231,8 +231,9 @@ pub struct DeviceHybrid {
 }
 
 /// Where the caller's per-edge extras are for the `_x` kernels: per block its first edge in
-/// block-and-bit order (every block, bits row-major), per such edge its caller CSR edge, and
-/// per CUDA-core edge its caller CSR edge.
+/// block-and-bit order (every block, bits row-major), per such edge its caller CSR edge, per
+/// CUDA-core edge its caller CSR edge, and the tensor-core edges' extras gathered in their
+/// order by the last call.
 #[derive(Debug)]
 struct HybridEdgeMap {
     block_edge_start: DeviceVec<u32>,
@@ -449,7 +450,9 @@ impl DeviceHybrid {
     /// [`attention`](Self::attention) with a score bias and dropout (see `spattn::extras`) in
     /// the same kernel, given in the CSR order of `graph`, the graph this structure was built
     /// from. The first call maps the structure's edges to `graph`'s (host work over the edges
-    /// and 4 bytes per edge, per CUDA-core edge and per block on the device, kept).
+    /// and 4 bytes per edge, per CUDA-core edge and per block on the device, kept); each call
+    /// gathers the tensor-core edges' extras into their order (4 bytes per edge and bias row,
+    /// 1 bit per edge and head, kept).
     ///
     /// Errors: as [`attention`](Self::attention); [`Error::Unsupported`] for edge features; a
     /// bias that is not `nnz × heads` (or `nnz`, shared); [`Error::InvalidArgument`] where

@@ -19,7 +19,9 @@
 //!
 //! [`FusedTensorCore::forward_with_extras`] adds a score bias and dropout in the caller's CSR
 //! order (the `_x` kernels): each block's edges are numbered in bit order from the block's first
-//! edge, and a per-edge array names each one's caller edge ([`OrderedBsb::edge_map`]).
+//! edge; a per-edge array names each one's caller edge ([`OrderedBsb::edge_map`]), through which
+//! the bias and the dropout's keep bits are gathered into that numbering before each launch
+//! (`BsbExtrasStage`), where the kernel reads them.
 
 use super::CsrExtras;
 use crate::device_bsb::{bsb_pipe_supports, bsb_pipe_warp_bytes, BSB_MERGE_FLOATS};
@@ -475,7 +477,8 @@ impl FusedTensorCore {
     /// [`forward`](Self::forward) with a score bias and dropout (see `spattn::extras`) in the
     /// same kernel, given in the CSR order of `graph`, the graph this plan was built from. The
     /// first call maps the BSB's edges to `graph`'s (host work linear in the edges, and 4 bytes
-    /// per edge and per block on the device, kept).
+    /// per edge and per block on the device, kept); each call gathers the extras into the
+    /// kernel's edge order (4 bytes per edge and bias row, 1 bit per edge and head, kept).
     ///
     /// Errors: as [`forward`](Self::forward); [`Error::Unsupported`] for edge features (the
     /// CUDA-core algorithms take them); a bias that is not `nnz × heads` (or `nnz`, shared);
