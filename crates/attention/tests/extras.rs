@@ -12,7 +12,7 @@ use spattn::ops::cpu::{
 };
 use spattn::{
     Algorithm, AttentionConfig, AttentionPlan, Csr, DType, DTypeKind, DeviceBias, DeviceMatrix,
-    DeviceVec, Dropout, Error, Extras, ExtrasGrads, HostExtras, HybridParams, Reorder, Shape,
+    DeviceVec, Dropout, Error, Extras, ExtrasGrads, Gpu, HostExtras, HybridParams, Reorder, Shape,
 };
 
 /// A GPU case: the algorithm, the row order, and a fixed hybrid split where given.
@@ -111,6 +111,7 @@ fn the_cpu_plan_matches_the_f64_reference_and_checks_its_operands() {
 /// the weights, and every gradient against the f64 reference (the dropout mask is the CPU's by
 /// construction).
 fn check_gpu_extras<T: DType>(
+    gpu: &Gpu,
     a: &Csr,
     (alg, reorder, hybrid): Case,
     heads: usize,
@@ -126,7 +127,7 @@ fn check_gpu_extras<T: DType>(
     // Progress on stderr (shown with --nocapture): where a slow or stuck GPU run is.
     let started = std::time::Instant::now();
     eprintln!("{what}: planning");
-    let gpu = gpu();
+    let gpu = gpu.clone();
     let mut rng = fresh_rng("gpu extras");
     let s = Shape::new(a.n_rows(), heads, d).unwrap();
     let draw = |rng: &mut Pcg64, n: usize| -> Vec<T> { random_vec::<T>(rng, n, 1.0) };
@@ -293,6 +294,8 @@ fn check_gpu_extras<T: DType>(
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn gpu_unfused_csr_with_every_extra_matches_the_f64_reference() {
+    // One GPU handle for every case: its modules load once.
+    let gpu = gpu();
     let mut rng = fresh_rng("gpu extras graphs");
     let graphs = [
         shared_graph("cora"),
@@ -305,11 +308,11 @@ fn gpu_unfused_csr_with_every_extra_matches_the_f64_reference() {
         for (heads, d, shared, rate) in
             [(1, 1, false, 0.0), (3, 24, true, 0.1), (8, 64, false, 0.5)]
         {
-            check_gpu_extras::<f32>(a, auto, heads, d, shared, rate);
-            check_gpu_extras::<f16>(a, auto, heads, d, shared, rate);
-            check_gpu_extras::<bf16>(a, auto, heads, d, shared, rate);
+            check_gpu_extras::<f32>(&gpu, a, auto, heads, d, shared, rate);
+            check_gpu_extras::<f16>(&gpu, a, auto, heads, d, shared, rate);
+            check_gpu_extras::<bf16>(&gpu, a, auto, heads, d, shared, rate);
         }
-        check_gpu_extras::<f16>(a, auto, 1, 128, false, 0.6);
+        check_gpu_extras::<f16>(&gpu, a, auto, 1, 128, false, 0.6);
     }
 }
 
@@ -319,6 +322,8 @@ fn gpu_unfused_csr_with_every_extra_matches_the_f64_reference() {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn gpu_fused_csr_with_every_extra_matches_the_f64_reference() {
+    // One GPU handle for every case: its modules load once.
+    let gpu = gpu();
     let mut rng = fresh_rng("gpu fused extras graphs");
     let graphs = [
         shared_graph("cora"),
@@ -335,9 +340,9 @@ fn gpu_fused_csr_with_every_extra_matches_the_f64_reference() {
                 (8, 64, false, 0.5),
                 (2, 128, true, 0.3),
             ] {
-                check_gpu_extras::<f32>(a, fused, heads, d, shared, rate);
-                check_gpu_extras::<f16>(a, fused, heads, d, shared, rate);
-                check_gpu_extras::<bf16>(a, fused, heads, d, shared, rate);
+                check_gpu_extras::<f32>(&gpu, a, fused, heads, d, shared, rate);
+                check_gpu_extras::<f16>(&gpu, a, fused, heads, d, shared, rate);
+                check_gpu_extras::<bf16>(&gpu, a, fused, heads, d, shared, rate);
             }
         }
     }
@@ -350,6 +355,8 @@ fn gpu_fused_csr_with_every_extra_matches_the_f64_reference() {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn gpu_fused_tc_with_bias_and_dropout_matches_the_f64_reference() {
+    // One GPU handle for every case: its modules load once.
+    let gpu = gpu();
     let mut rng = fresh_rng("gpu fused-tc extras graphs");
     let graphs = [
         shared_graph("cora"),
@@ -374,10 +381,10 @@ fn gpu_fused_tc_with_bias_and_dropout_matches_the_f64_reference() {
                 (1, 256, true, 0.1),
                 (2, 20, false, 0.4),
             ] {
-                check_gpu_extras::<f16>(a, tc, heads, d, shared, rate);
-                check_gpu_extras::<bf16>(a, tc, heads, d, shared, rate);
+                check_gpu_extras::<f16>(&gpu, a, tc, heads, d, shared, rate);
+                check_gpu_extras::<bf16>(&gpu, a, tc, heads, d, shared, rate);
                 if d <= 128 {
-                    check_gpu_extras::<f32>(a, tc, heads, d, shared, rate);
+                    check_gpu_extras::<f32>(&gpu, a, tc, heads, d, shared, rate);
                 }
             }
         }
@@ -393,6 +400,8 @@ fn gpu_fused_tc_with_bias_and_dropout_matches_the_f64_reference() {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn gpu_hybrid_and_unfused_tc_with_extras_match_the_f64_reference() {
+    // One GPU handle for every case: its modules load once.
+    let gpu = gpu();
     let mut rng = fresh_rng("gpu hybrid extras graphs");
     let graphs = [
         shared_graph("cora"),
@@ -417,10 +426,10 @@ fn gpu_hybrid_and_unfused_tc_with_extras_match_the_f64_reference() {
                 (2, 128, true, 0.3),
                 (2, 20, false, 0.4),
             ] {
-                check_gpu_extras::<f16>(a, case, heads, d, shared, rate);
-                check_gpu_extras::<bf16>(a, case, heads, d, shared, rate);
+                check_gpu_extras::<f16>(&gpu, a, case, heads, d, shared, rate);
+                check_gpu_extras::<bf16>(&gpu, a, case, heads, d, shared, rate);
                 if d <= 64 {
-                    check_gpu_extras::<f32>(a, case, heads, d, shared, rate);
+                    check_gpu_extras::<f32>(&gpu, a, case, heads, d, shared, rate);
                 }
             }
         }
@@ -429,9 +438,9 @@ fn gpu_hybrid_and_unfused_tc_with_extras_match_the_f64_reference() {
         let h = Algorithm::Hybrid;
         for p in [fixed(0.0, 2, 2), fixed(2.0, 1, 3), fixed(0.05, 1, 3)] {
             for (heads, d) in [(3, 24), (2, 48), (1, 96)] {
-                check_gpu_extras::<f16>(a, (h, Reorder::Auto, p), heads, d, true, 0.2);
+                check_gpu_extras::<f16>(&gpu, a, (h, Reorder::Auto, p), heads, d, true, 0.2);
             }
-            check_gpu_extras::<f32>(a, (h, Reorder::Auto, p), 2, 32, false, 0.2);
+            check_gpu_extras::<f32>(&gpu, a, (h, Reorder::Auto, p), 2, 32, false, 0.2);
         }
         for p in [
             fixed(0.0, 2, 0),
@@ -439,8 +448,8 @@ fn gpu_hybrid_and_unfused_tc_with_extras_match_the_f64_reference() {
             fixed(0.05, 1, 1),
             fixed(0.02, 3, 1),
         ] {
-            check_gpu_extras::<f16>(a, (h, Reorder::Auto, p), 8, 64, false, 0.3);
-            check_gpu_extras::<bf16>(a, (h, Reorder::Auto, p), 2, 128, true, 0.3);
+            check_gpu_extras::<f16>(&gpu, a, (h, Reorder::Auto, p), 8, 64, false, 0.3);
+            check_gpu_extras::<bf16>(&gpu, a, (h, Reorder::Auto, p), 2, 128, true, 0.3);
         }
     }
 }
@@ -455,6 +464,8 @@ fn gpu_hybrid_and_unfused_tc_with_extras_match_the_f64_reference() {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn gpu_fused_kernels_take_each_extra_alone_and_masked_rows() {
+    // One GPU handle for every case: its modules load once.
+    let gpu = gpu();
     let mut rng = fresh_rng("gpu fused extras alone");
     let hub = hub_graph(&mut rng, 5_000, 3);
     for alg in [
@@ -463,13 +474,13 @@ fn gpu_fused_kernels_take_each_extra_alone_and_masked_rows() {
         Algorithm::Hybrid,
     ] {
         for (a, d) in [(&hub, 32), (&shared_graph("cora"), 64)] {
-            check_fused_masks(alg, a, d, &mut rng);
+            check_fused_masks(&gpu, alg, a, d, &mut rng);
         }
     }
 }
 
-fn check_fused_masks(alg: Algorithm, a: &Csr, d: usize, rng: &mut Pcg64) {
-    let gpu = gpu();
+fn check_fused_masks(gpu: &Gpu, alg: Algorithm, a: &Csr, d: usize, rng: &mut Pcg64) {
+    let gpu = gpu.clone();
     let heads = 2;
     let s = Shape::new(a.n_rows(), heads, d).unwrap();
     let sf = Shape::new(a.nnz(), heads, d).unwrap();
