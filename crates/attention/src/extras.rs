@@ -44,33 +44,15 @@ use spattn_ops::backward as ops_backward;
 use spattn_ops::cpu::{self, AttentionInputs, EdgeBias, Extras as CpuExtras};
 use spattn_ops::dropout::Dropout;
 use spattn_ops::edge_extras::{self, DeviceBias};
-use spattn_ops::fused::CsrExtras;
 use spattn_ops::{csr_ops, elementwise, DType, DeviceGraph, DeviceMatrix, DeviceVec, Gpu, Shape};
 
 use crate::config::Algorithm;
 use crate::error::{Error, Result};
 use crate::plan::AttentionPlan;
 
-/// What a GPU plan's attention takes beyond Q, K, V (all optional).
-#[derive(Clone, Copy, Debug)]
-pub struct Extras<'a, T: DType> {
-    /// Added to each edge's score.
-    pub bias: Option<DeviceBias<'a, T>>,
-    /// `nnz × heads × head_dim`, added to each edge's key and value.
-    pub edge_features: Option<&'a DeviceMatrix<T>>,
-    /// Dropout on the probabilities.
-    pub dropout: Option<Dropout>,
-}
-
-impl<T: DType> Default for Extras<'_, T> {
-    fn default() -> Self {
-        Self {
-            bias: None,
-            edge_features: None,
-            dropout: None,
-        }
-    }
-}
+/// What a GPU plan's attention takes beyond Q, K, V (all optional): the fused kernels' own
+/// extras type, which every algorithm takes.
+pub use spattn_ops::fused::CsrExtras as Extras;
 
 /// The host twin of [`Extras`] (for CPU plans and [`AttentionPlan::forward_with_host`]): the
 /// bias with whether it is shared by the heads, edge features, dropout.
@@ -244,12 +226,7 @@ impl AttentionPlan {
         // Fused-csr and fused-tc run the extras in their kernel unless the weights must come
         // out.
         if weights.is_none() {
-            let fused = CsrExtras {
-                bias: extras.bias,
-                edge_features: extras.edge_features,
-                dropout: extras.dropout,
-            };
-            if let Some(done) = self.fused_with_extras((q, k, v), &fused, out) {
+            if let Some(done) = self.fused_with_extras((q, k, v), extras, out) {
                 return done;
             }
         }

@@ -238,8 +238,8 @@ fn order_info(order: &RowOrder) -> String {
     )
 }
 
-/// Attention's extras as [`FusedCsr::forward_with_extras`] takes them, in the caller's CSR
-/// order (all optional; see `spattn::extras`).
+/// Attention's extras in the caller's CSR order (all optional; see `spattn::extras`, which
+/// names this type `Extras`), as every fused kernel and the unfused composition take them.
 #[derive(Clone, Copy, Debug)]
 pub struct CsrExtras<'a, T: DType> {
     /// Added to each edge's score.
