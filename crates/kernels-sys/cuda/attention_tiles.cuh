@@ -303,6 +303,17 @@ __device__ __forceinline__ BsbExtras make_bsb_extras(const BsbExtrasArgs& a, u32
     return xt;
 }
 
+// The tile loops' extras argument: head h's BsbExtras from `a` in a `_x` kernel (ON), none
+// otherwise (`a` is not read), so that one call serves both twins.
+template <bool ON>
+__device__ __forceinline__ auto bsb_extras_or_none(const BsbExtrasArgs* a, u32 h) {
+    if constexpr (ON) {
+        return make_bsb_extras(*a, h);
+    } else {
+        return NoBsbExtras();
+    }
+}
+
 // The gather before a `_x` launch: per kernel edge p < n (block-and-bit order) and head
 // blockIdx.y, its caller edge ids[p]'s bias times log2 e into bias_out (bias_rows x n: rows
 // past bias_rows are left alone) and its dropout keep bit into keep_out (heads x ceil(n / 32)

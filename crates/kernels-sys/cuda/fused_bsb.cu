@@ -78,17 +78,10 @@ __device__ __forceinline__ void fused_bsb(
     const u32 qrow[2] = {q_row(row0), q_row(row1)};
 
     float m[2], l[2], o[D8][4];
-    if constexpr (EXTRAS) {
-        bsb_tiles<T, DS, VEC, PIPE, false>(qrow[0], qrow[1], q, block_columns, bitmaps, nullptr,
-                                           0u, b_begin, b_end, 2u, k, v, hd, head_off, d, base,
-                                           scale_log2, fs, wig, bar, gsize, xs, m, l, o,
-                                           make_bsb_extras(*xa, h));
-    } else {
-        bsb_tiles<T, DS, VEC, PIPE, false>(qrow[0], qrow[1], q, block_columns,
-                                           bitmaps, nullptr, 0u, b_begin, b_end, 2u, k, v, hd,
-                                           head_off, d, base, scale_log2, fs, wig, bar, gsize, xs, m,
-                                           l, o);
-    }
+    bsb_tiles<T, DS, VEC, PIPE, false>(qrow[0], qrow[1], q, block_columns, bitmaps, nullptr, 0u,
+                                       b_begin, b_end, 2u, k, v, hd, head_off, d, base,
+                                       scale_log2, fs, wig, bar, gsize, xs, m, l, o,
+                                       bsb_extras_or_none<EXTRAS>(xa, h));
 
     if (part == SPATTN_NONE) {
         // The whole window: normalise and write (a row without edges has l = 0: zeros).
@@ -214,14 +207,9 @@ __device__ __forceinline__ void fused_bsb_pipe(
     const u64 hd = (u64)heads * D, head_off = (u64)h * D;
     if constexpr (!PRE) bsb_pipe_qrows(row_ids, window, n_rows, qrow);
     float m[2], l[2], o[D / 8][4];
-    if constexpr (EXTRAS) {
-        bsb_pipe_tiles<T, D, false, PRE>(smem, un.y, un.z, qrow, q, block_columns, bitmaps, k, v,
-                                         hd, head_off, scale_log2, nullptr, 0u, m, l, o, col01,
-                                         make_bsb_extras(*xa, h));
-    } else {
-        bsb_pipe_tiles<T, D, false, PRE>(smem, un.y, un.z, qrow, q, block_columns, bitmaps, k, v, hd,
-                                         head_off, scale_log2, nullptr, 0u, m, l, o, col01);
-    }
+    bsb_pipe_tiles<T, D, false, PRE>(smem, un.y, un.z, qrow, q, block_columns, bitmaps, k, v, hd,
+                                     head_off, scale_log2, nullptr, 0u, m, l, o, col01,
+                                     bsb_extras_or_none<EXTRAS>(xa, h));
     bsb_pipe_finish<T, D>(part, part == SPATTN_NONE ? 0u : unit_split[u], split_part_first,
                           counters, heads, h, smem, part_ml, part_acc, n_rows, window, row_ids,
                           out, hd, head_off, qrow, m, l, o);

@@ -47,13 +47,23 @@ template <class T> struct HybridExtrasArgs {
     BsbExtrasArgs tc;
 };
 
-// The CUDA-core warps' EdgeExtras of head h.
-template <class T>
-__device__ __forceinline__ EdgeExtras<T> hyb_cd_extras(const HybridExtrasArgs<T>* xa, u32 h,
-                                                       u32 heads) {
-    const EdgeExtras<T> xt = {xa->bias, nullptr, xa->cd_edge_ids, xa->bias_heads, h, heads, 0u,
-                              1.4426950408889634f, xa->drop};
-    return xt;
+// The CUDA-core warps' EdgeExtras of head h in a `_x` kernel (ON), none otherwise (`xa` is
+// not read).
+template <bool ON, class T>
+__device__ __forceinline__ auto hyb_cd_extras(const HybridExtrasArgs<T>* xa, u32 h, u32 heads) {
+    if constexpr (ON) {
+        const EdgeExtras<T> xt = {xa->bias, nullptr, xa->cd_edge_ids, xa->bias_heads, h, heads,
+                                  0u,       1.4426950408889634f, xa->drop};
+        return xt;
+    } else {
+        return NoEdgeExtras();
+    }
+}
+
+// The tensor-core warps' extras of head h (see bsb_extras_or_none).
+template <bool ON, class T>
+__device__ __forceinline__ auto hyb_tc_extras(const HybridExtrasArgs<T>* xa, u32 h) {
+    return bsb_extras_or_none<ON>(ON ? &xa->tc : nullptr, h);
 }
 
 #define HYB_HEAD_FLOATS 68u
@@ -116,18 +126,11 @@ __device__ __forceinline__ void hybrid(
                 if (wr0 + g < n_rows) qr0 = __ldg(row_ids + wr0 + g);
                 if (wr0 + g + 8u < n_rows) qr1 = __ldg(row_ids + wr0 + g + 8u);
             }
-            if constexpr (EXTRAS) {
-                bsb_tiles<T, DS, VEC, PIPE, SPMM>(
-                    qr0, qr1, q, block_columns, bitmaps, tc_weights, wbase, tc0 + 2u * warp, tc1,
-                    2u * tc_warps, k, v, hd, head_off, head_dim, 0u, scale_log2, 1u, 0u, 0u, 32u,
-                    nullptr, m, l, o,
-                    make_bsb_extras(xa->tc, h));
-            } else {
-                bsb_tiles<T, DS, VEC, PIPE, SPMM>(qr0, qr1, q, block_columns, bitmaps, tc_weights,
-                                                  wbase, tc0 + 2u * warp, tc1, 2u * tc_warps, k, v,
-                                                  hd, head_off, head_dim, 0u, scale_log2, 1u, 0u, 0u,
-                                                  32u, nullptr, m, l, o);
-            }
+            bsb_tiles<T, DS, VEC, PIPE, SPMM>(qr0, qr1, q, block_columns, bitmaps, tc_weights,
+                                              wbase, tc0 + 2u * warp, tc1, 2u * tc_warps, k, v,
+                                              hd, head_off, head_dim, 0u, scale_log2, 1u, 0u, 0u,
+                                              32u, nullptr, m, l, o,
+                                              hyb_tc_extras<EXTRAS>(xa, h));
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 const u32 wr = g + 8u * r;
@@ -186,14 +189,9 @@ __device__ __forceinline__ void hybrid(
                                 for (int i = 0; i < CV; ++i) qv[j][i] *= scale_log2;
                             }
                         }
-                        if constexpr (EXTRAS) {
-                            csr_edges_online<T, CV, NV, true>(cd_columns, s, e, k, v, hd, head_off,
-                                                              on, feat, qv, 0xffffffffu, 32u, m, l,
-                                                              acc, hyb_cd_extras(xa, h, heads));
-                        } else {
-                            csr_edges_online<T, CV, NV, true>(cd_columns, s, e, k, v, hd, head_off, on,
-                                                              feat, qv, 0xffffffffu, 32u, m, l, acc);
-                        }
+                        csr_edges_online<T, CV, NV, true>(cd_columns, s, e, k, v, hd, head_off, on,
+                                                          feat, qv, 0xffffffffu, 32u, m, l, acc,
+                                                          hyb_cd_extras<EXTRAS>(xa, h, heads));
                     }
 #pragma unroll
                     for (int j = 0; j < NV; ++j)
@@ -465,14 +463,9 @@ __device__ __forceinline__ void hybrid_pipe_cd(
 #pragma unroll
                 for (int c = 0; c < 8; ++c) qv[x][c] *= scale_log2;
             }
-            if constexpr (EXTRAS) {
-                csr_edges_online<T, 8, NV, true>(cd_columns, s, e, k, v, hd, head_off, on, feat,
-                                                 qv, mask, 8u, m[rr], l[rr], acc[rr],
-                                                 hyb_cd_extras(xa, h, heads));
-            } else {
-                csr_edges_online<T, 8, NV, true>(cd_columns, s, e, k, v, hd, head_off, on, feat, qv,
-                                                 mask, 8u, m[rr], l[rr], acc[rr]);
-            }
+            csr_edges_online<T, 8, NV, true>(cd_columns, s, e, k, v, hd, head_off, on, feat, qv,
+                                             mask, 8u, m[rr], l[rr], acc[rr],
+                                             hyb_cd_extras<EXTRAS>(xa, h, heads));
         }
         // Warp i's stages are free once its lanes have arrived; write the partial, hand it over.
         hyb_mbar_wait(hyb_free + i);
@@ -544,14 +537,9 @@ __device__ __forceinline__ void hybrid_pipe(
         u32 qrow[2];
         bsb_pipe_qrows(row_ids, window, n_rows, qrow);
         float m[2], l[2], o[NT][4];
-        if constexpr (EXTRAS) {
-            bsb_pipe_tiles<T, D, SPMM>(smem, ua.y, ua.z, qrow, q, block_columns, bitmaps, k, v,
-                                       hd, head_off, scale_log2, tc_weights, ub.w, m, l, o, 0u,
-                                       make_bsb_extras(xa->tc, h));
-        } else {
-            bsb_pipe_tiles<T, D, SPMM>(smem, ua.y, ua.z, qrow, q, block_columns, bitmaps, k, v, hd,
-                                       head_off, scale_log2, tc_weights, ub.w, m, l, o);
-        }
+        bsb_pipe_tiles<T, D, SPMM>(smem, ua.y, ua.z, qrow, q, block_columns, bitmaps, k, v, hd,
+                                   head_off, scale_log2, tc_weights, ub.w, m, l, o, 0u,
+                                   hyb_tc_extras<EXTRAS>(xa, h));
         if (has_cd && ub.x < ub.y) {
             hyb_mbar_arrive(hyb_free + warp);  // stages free for the CUDA-core partial
             hyb_mbar_wait(hyb_full + warp);     // the partial is there
