@@ -63,6 +63,17 @@ _CACHE_SIZE = 16
 _cache: "OrderedDict[Any, Tuple[weakref.ref, Graph]]" = OrderedDict()
 
 
+def _tensor_key(t: Tensor) -> Optional[tuple]:
+    """What identifies a tensor's current contents for the caches here (its object, in-place
+    version, storage, shape, strides and device), or None for an inference-mode tensor, which
+    tracks no version."""
+    try:
+        version = t._version
+    except RuntimeError:
+        return None
+    return (id(t), version, t.data_ptr(), tuple(t.shape), tuple(t.stride()), str(t.device))
+
+
 def graph_for(edge_index: Any, num_nodes: int, self_loops: bool = False) -> Graph:
     """The :class:`spattn.Graph` of a PyG ``edge_index`` over ``num_nodes`` nodes (with self
     loops added if asked), built once per tensor and cached (up to 16 graphs; a tensor
@@ -84,20 +95,10 @@ def graph_for(edge_index: Any, num_nodes: int, self_loops: bool = False) -> Grap
             f"edge_index: sparse adjacencies ({edge_index.layout}) are not supported; "
             "pass a (2, E) edge_index or a spattn.Graph"
         )
-    try:
-        version = edge_index._version
-    except RuntimeError:  # an inference-mode tensor tracks no version: build, do not cache
+    tensor = _tensor_key(edge_index)
+    if tensor is None:  # an inference-mode tensor tracks no version: build, do not cache
         return Graph.from_edge_index(edge_index, num_nodes=num_nodes, self_loops=self_loops)
-    key = (
-        id(edge_index),
-        version,
-        edge_index.data_ptr(),
-        tuple(edge_index.shape),
-        tuple(edge_index.stride()),
-        str(edge_index.device),
-        int(num_nodes),
-        bool(self_loops),
-    )
+    key = tensor + (int(num_nodes), bool(self_loops))
     hit = _cache.get(key)
     if hit is not None and hit[0]() is edge_index:
         _cache.move_to_end(key)
@@ -191,16 +192,8 @@ def _edge_positions_cached(graph: Graph, edge_index: Tensor) -> Tensor:
     a layer's every call would otherwise rebuild the graph's edge list on the host and search
     it (tens of milliseconds on 10^6 edges). A tensor modified in place, or another tensor,
     gets new positions (the key of :func:`graph_for`'s cache)."""
-    try:
-        key = (
-            id(edge_index),
-            edge_index._version,
-            edge_index.data_ptr(),
-            tuple(edge_index.shape),
-            tuple(edge_index.stride()),
-            str(edge_index.device),
-        )
-    except RuntimeError:  # an inference-mode tensor tracks no version: do not cache
+    key = _tensor_key(edge_index)
+    if key is None:  # an inference-mode tensor tracks no version: do not cache
         return graph.edge_positions(edge_index)
     hit = graph._derived.get(_POSITIONS)
     if hit is not None and hit[0] == key and hit[1]() is edge_index:
