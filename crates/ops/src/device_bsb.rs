@@ -244,6 +244,29 @@ impl<'a> GatheredBsbExtras<'a> {
     }
 }
 
+/// Checks that `graph` is the graph a structure of `(rows, edges)` was built from (the extras'
+/// edge maps index per-edge data by its rows and edges); `what` names the operand and the
+/// structure in the error.
+///
+/// Errors: [`Error::InvalidArgument`] naming both sizes.
+pub(crate) fn check_structure_graph(
+    (what, structure): (&'static str, &str),
+    (rows, edges): (usize, usize),
+    graph: &Csr,
+) -> Result<()> {
+    if graph.n_rows() == rows && graph.nnz() == edges {
+        return Ok(());
+    }
+    Err(Error::InvalidArgument {
+        what,
+        why: format!(
+            "the {structure} has {rows} rows and {edges} edges, the graph {} and {}",
+            graph.n_rows(),
+            graph.nnz()
+        ),
+    })
+}
+
 /// [`OrderedBsb::edge_map`] of `bsb`, the BSB of `a` with its rows renumbered by `row_ids`
 /// (per new row its row of `a`; `None`: `a`'s order).
 fn bsb_edge_map(a: &Csr, bsb: &Bsb, row_ids: Option<&[u32]>) -> Result<(Vec<u32>, Vec<u32>)> {
@@ -252,16 +275,12 @@ fn bsb_edge_map(a: &Csr, bsb: &Bsb, row_ids: Option<&[u32]>) -> Result<(Vec<u32>
         what: "graph of the BSB",
         why,
     };
-    if bsb.n_rows() != a.n_rows()
-        || bsb.nnz() != a.nnz()
-        || row_ids.is_some_and(|r| r.len() != a.n_rows())
-    {
+    check_structure_graph(("graph of the BSB", "BSB"), (bsb.n_rows(), bsb.nnz()), a)?;
+    if row_ids.is_some_and(|r| r.len() != a.n_rows()) {
         return Err(mismatch(format!(
-            "the BSB has {} rows and {} edges, the graph {} and {}",
-            bsb.n_rows(),
-            bsb.nnz(),
-            a.n_rows(),
-            a.nnz()
+            "the row order has {} rows, the graph {}",
+            row_ids.map_or(0, <[u32]>::len),
+            a.n_rows()
         )));
     }
     let rows = Bsb::WINDOW_ROWS;

@@ -35,7 +35,8 @@ use spattn_kernels_sys::HYBRID;
 
 use crate::buffer::{DeviceMatrix, DeviceVec};
 use crate::device_bsb::{
-    bsb_pipe_supports, bsb_pipe_warp_bytes, BsbExtrasStage, BSB_MIN_UNIT_BLOCKS,
+    bsb_pipe_supports, bsb_pipe_warp_bytes, check_structure_graph, BsbExtrasStage,
+    BSB_MIN_UNIT_BLOCKS,
 };
 use crate::dtype::{DType, DTypeKind};
 use crate::edge_extras::DeviceBias;
@@ -470,19 +471,10 @@ impl DeviceHybrid {
     ) -> Result<()> {
         let shape = q.shape();
         check_same_gpu(gpu, "hybrid structure", self)?;
-        // The structure's graph: its rows and edges (the cached map indexes the bias by them).
+        // The structure's graph: the cached map indexes the bias by its rows and edges.
         let nnz = self.stats.tc_edges + self.stats.cd_edges;
-        if graph.n_rows() != self.n_rows || graph.nnz() != nnz {
-            return Err(Error::InvalidArgument {
-                what: "graph of the hybrid structure",
-                why: format!(
-                    "the structure has {} rows and {nnz} edges, the graph {} and {}",
-                    self.n_rows,
-                    graph.n_rows(),
-                    graph.nnz()
-                ),
-            });
-        }
+        let what = ("graph of the hybrid structure", "structure");
+        check_structure_graph(what, (self.n_rows, nnz), graph)?;
         extras.check(gpu, "hybrid", nnz, shape, false)?;
         let scale_log2 = self.check_attention(gpu, (q, k, v), scale, out)?;
         let mut map = self

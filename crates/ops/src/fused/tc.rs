@@ -25,7 +25,7 @@
 
 use super::CsrExtras;
 use crate::device_bsb::{bsb_pipe_supports, bsb_pipe_warp_bytes, BSB_MERGE_FLOATS};
-use crate::device_bsb::{BsbExtrasStage, OrderedBsb, BSB_WINDOW_ROWS};
+use crate::device_bsb::{check_structure_graph, BsbExtrasStage, OrderedBsb, BSB_WINDOW_ROWS};
 use crate::launch::{
     blocks_for, check_same_gpu, kernel_named, launch, to_u32, LaunchConfig, PushKernelArg,
     PushOptionalArg,
@@ -493,20 +493,13 @@ impl FusedTensorCore {
         out: &mut DeviceMatrix<T>,
     ) -> Result<()> {
         check_same_gpu(gpu, "BSB mask", &self.ordered.device)?;
-        // The plan's graph: its rows and edges (the cached map indexes the bias by them).
+        // The plan's graph: the cached map indexes the bias by its rows and edges.
         let bsb = &self.ordered.host;
-        if graph.n_rows() != bsb.n_rows() || graph.nnz() != bsb.nnz() {
-            return Err(Error::InvalidArgument {
-                what: "graph of the BSB",
-                why: format!(
-                    "the BSB has {} rows and {} edges, the graph {} and {}",
-                    bsb.n_rows(),
-                    bsb.nnz(),
-                    graph.n_rows(),
-                    graph.nnz()
-                ),
-            });
-        }
+        check_structure_graph(
+            ("graph of the BSB", "BSB"),
+            (bsb.n_rows(), bsb.nnz()),
+            graph,
+        )?;
         extras.check(gpu, KERNEL, graph.nnz(), q.shape(), false)?;
         if self.edge_map.is_none() {
             let (starts, ids) = self.ordered.edge_map(graph)?;
