@@ -5,14 +5,15 @@
 #  2. installs it with numpy and pytest in a fresh virtual environment (target/python-ci/test)
 #     and runs the numpy tests, without torch: the package must work without it;
 #  3. installs torch (PyPI's wheel; CPU use) and torch_geometric 2.8 there and runs every test
-#     (the CPU ones run, the GPU ones skip). Failing to install torch within
-#     SPATTN_TORCH_INSTALL_TIMEOUT seconds (default 900) fails the CI: its tests are checks.
+#     (the CPU ones run, the GPU ones skip), one package at a time to bound the disk it needs.
+#     Failing to install torch within SPATTN_TORCH_INSTALL_TIMEOUT seconds (default 900) fails
+#     the CI: its tests are checks.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=target/python-ci
 python=${PYTHON:-python3}
 start=$SECONDS
-# torch's wheels (with their CUDA libraries, ~4 GB installed) must not be cached a second time.
+# torch's wheels (with their CUDA libraries, ~5.5 GB installed) must not be cached a second time.
 export PIP_NO_CACHE_DIR=1
 
 echo "-- building the wheel"
@@ -35,8 +36,30 @@ py="$PWD/$ROOT/test/bin/python"
 (cd crates/python && "$py" -m pytest -q -p no:cacheprovider tests/test_numpy.py)
 
 echo "-- installing torch and torch_geometric ($((SECONDS - start)) s so far)"
+df -h . | tail -1 | awk '{print "-- disk: " $4 " free of " $2}'
 t0=$SECONDS
-if timeout "${SPATTN_TORCH_INSTALL_TIMEOUT:-900}" $pip install torch "torch_geometric==2.8.*"; then
+# One package per pip call, pinned to what pip resolves for the pair: a single call downloads
+# every wheel (~3 GB) before installing any (~5.5 GB), and CI's shared disk has once had less
+# than the sum free; one at a time, the peak is what is installed plus the largest wheel.
+deadline=$((SECONDS + ${SPATTN_TORCH_INSTALL_TIMEOUT:-900}))
+tpip() {
+    local left=$((deadline - SECONDS))
+    ((left > 0)) && timeout "$left" $pip "$@"
+}
+install_torch() {
+    local report="$ROOT/torch-report.json" pins pin
+    tpip install --dry-run --report "$report" torch "torch_geometric==2.8.*" || return 1
+    pins=$("$py" -c 'import json, sys
+for i in json.load(open(sys.argv[1]))["install"]:
+    print(i["metadata"]["name"] + "==" + i["metadata"]["version"])' "$report") || return 1
+    rm -f "$report"
+    for pin in $pins; do
+        tpip install --no-deps "$pin" || return 1
+    done
+    # The pins came from one resolution: this installs nothing and checks that they agree.
+    tpip install torch "torch_geometric==2.8.*" && "$ROOT/test/bin/pip" check
+}
+if install_torch; then
     echo "-- torch installed in $((SECONDS - t0)) s; every test (GPU tests skip without CUDA)"
     (cd crates/python && "$py" -m pytest -q -p no:cacheprovider tests)
 else
