@@ -389,7 +389,7 @@ def test_cuda_tensor_core_kernels_refuse_edge_features_and_say_which_take_them()
         with pytest.raises(Exception, match="fused-csr"):
             spattn.sparse_attention(g, q, q, q, edge_features=f, algorithm=algorithm)
     plan = g.plan(1, 16, dtype="float16", extras=True)
-    assert plan["algorithm"] == "unfused-csr"
+    assert plan["algorithm"] == "fused-csr"
 
 
 @needs_cuda

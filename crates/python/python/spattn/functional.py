@@ -99,7 +99,7 @@ def sparse_attention(
             CPU), as PyG's ``return_attention_weights=True``. Not differentiable.
         algorithm: ``"auto"`` or one of ``"unfused-csr"``, ``"unfused-tc"``, ``"fused-csr"``,
             ``"fused-tc"``, ``"hybrid"`` (CUDA; the CPU runs its reference whatever is asked).
-            With a bias, edge features or dropout, ``auto`` picks ``unfused-csr``; every
+            With a bias, edge features or dropout, ``auto`` picks ``fused-csr``; every
             algorithm takes a bias and dropout, and edge features ``unfused-csr``,
             ``fused-csr`` and ``unfused-tc`` (``fused-tc`` and ``hybrid`` refuse them,
             saying which take them).

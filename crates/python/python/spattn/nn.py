@@ -243,7 +243,7 @@ class TransformerConv(torch.nn.Module):
 
     ``dropout`` drops attention weights in training mode as PyG's does, with spattn's mask
     (Philox, seeded from torch's default generator: ``torch.manual_seed`` reproduces it, PyG's
-    masks differ); it makes ``auto`` run the ``unfused-csr`` kernels.
+    masks differ); it makes ``auto`` run the ``fused-csr`` kernel.
     ``return_attention_weights=True`` returns ``(out, (edge_index, alpha))`` as PyG does, but
     with the edges in the graph's CSR order (sorted by target, then source; repeated edges
     merged) rather than the input's, and ``alpha`` after dropout (PyG's is before).
