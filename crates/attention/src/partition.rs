@@ -4,17 +4,19 @@
 //! row's softmax needs only that row's edges, so the forward needs no reduction across ranks;
 //! the backward sends the halo rows' dK and dV partials back to their owners, which sum them.
 //!
-//! The exchange between ranks sits behind [`Exchange`]: [`LocalExchange`] runs the P ranks as
-//! threads of one process (tests, and graphs split for memory on one machine); [`TcpExchange`]
-//! runs one process per rank, on one host or several, with rank and world from the environment
-//! torchrun sets ([`TcpExchange::from_env`]) and a rendezvous at `MASTER_ADDR` (on
-//! `MASTER_PORT + 1`, torchrun's store holding `MASTER_PORT`). An
-//! NCCL implementation for one process per GPU is the next step (the collective here is one
-//! all-to-all of variable-sized blocks, which NCCL's grouped send/recv provides; the same
-//! rendezvous can carry its unique id). Each rank computes on the CPU ([`RankPlan::forward`],
-//! f32 or f64) or on its GPU ([`RankPlan::gpu_plan`] and [`RankPlan::forward_gpu`]: a normal
-//! [`AttentionPlan`] of the rank's rows against its halo, any algorithm and dtype; the halo
-//! travels through host memory over the exchange until the NCCL exchange moves it GPU to GPU).
+//! The exchange between ranks sits behind [`Exchange`], whose one collective is an all-to-all
+//! of variable-sized blocks: [`LocalExchange`] runs the P ranks as threads of one process
+//! (tests, and graphs split for memory on one machine); [`TcpExchange`] runs one process per
+//! rank, on one host or several, with rank and world from the environment torchrun sets
+//! ([`TcpExchange::from_env`]) and a rendezvous at `MASTER_ADDR` (on `MASTER_PORT + 1`,
+//! torchrun's store holding `MASTER_PORT`); [`NcclExchange`] moves device blocks GPU to GPU
+//! with NCCL's grouped send/recv, one process per GPU ([`NcclExchange::from_env`], its unique id
+//! sent over the TCP rendezvous) or one thread per GPU of this host ([`run_nccl`]). Each rank
+//! computes on the CPU ([`RankPlan::forward`], f32 or f64) or on its GPU
+//! ([`RankPlan::gpu_plan`] and [`RankPlan::forward_gpu`]: a normal [`AttentionPlan`] of the
+//! rank's rows against its halo, any algorithm and dtype; the rows asked for are packed on the
+//! device and the gradients' partials summed there; the local and TCP exchanges carry the
+//! blocks through host memory).
 //!
 //! ```
 //! use spattn::partition::{run_local, Partition, RankPlan};
@@ -42,12 +44,15 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 /// Plain numbers the exchanges move as bytes (`f32`, `f64`, `u32`, …).
 pub use bytemuck::Pod;
 use spattn_ops::cpu::{self, AttentionInputs, Real};
-use spattn_ops::{DType, DeviceMatrix, Gpu, Shape};
+use spattn_ops::rows::{self, RowIndex};
+use spattn_ops::{edge_extras, DType, DeviceElement, DeviceMatrix, DeviceVec, Gpu, Shape};
 
 use crate::error::{Error, Result};
 use crate::{AttentionConfig, AttentionPlan, Csr};
 
+mod nccl;
 mod tcp;
+pub use nccl::{run_nccl, NcclExchange};
 pub use tcp::TcpExchange;
 
 /// Contiguous blocks of `0..n`: block `r` is `bounds[r]..bounds[r + 1]` (possibly empty).
@@ -196,6 +201,49 @@ pub trait Exchange {
     /// Sends `send[d]` to rank `d` (`send.len() == world`) and returns what each rank sent to
     /// this one, indexed by sender.
     fn all_to_all<T: Pod + Send>(&self, send: Vec<Vec<T>>) -> Result<Vec<Vec<T>>>;
+
+    /// [`all_to_all`](Self::all_to_all) of device memory on `gpu`: block `d` of `send`
+    /// (`send_counts[d]` elements, blocks in rank order) goes to rank `d`, and rank `s`'s block
+    /// for this rank lands in block `s` of `recv` (`recv_counts[s]` elements). The receiver
+    /// knows the sizes (rank `s`'s `send_counts[r]` is rank `r`'s `recv_counts[s]`). This
+    /// default goes through host memory; [`NcclExchange`] moves the blocks GPU to GPU.
+    ///
+    /// Errors: counts that are not one per rank or do not add up to the buffers' lengths, a
+    /// block of another size than announced, the GPU's and the exchange's.
+    fn all_to_all_device<T: DeviceElement>(
+        &self,
+        _gpu: &Gpu,
+        send: &DeviceVec<T>,
+        send_counts: &[usize],
+        recv: &mut DeviceVec<T>,
+        recv_counts: &[usize],
+    ) -> Result<()> {
+        let world = self.world();
+        spattn_ops::nccl::check_blocks(
+            world,
+            (send_counts, send.len()),
+            (recv_counts, recv.len()),
+        )?;
+        let host = send.to_host()?;
+        let mut blocks = Vec::with_capacity(world);
+        let mut at = 0;
+        for &c in send_counts {
+            blocks.push(host[at..at + c].to_vec());
+            at += c;
+        }
+        let got = self.all_to_all(blocks)?;
+        for (s, (block, &c)) in got.iter().zip(recv_counts).enumerate() {
+            if block.len() != c {
+                return Err(Error::Exchange {
+                    why: format!("rank {s} sent {} elements, expected {c}", block.len()),
+                });
+            }
+        }
+        if !recv.is_empty() {
+            recv.copy_from_host(&got.concat())?;
+        }
+        Ok(())
+    }
 }
 
 /// The mailbox the threads of one local world share: a barrier that a failing rank can abort
@@ -397,16 +445,7 @@ pub fn run_local<R: Send>(
                 })
             })
             .collect();
-        joins
-            .into_iter()
-            .map(|j| {
-                j.join().unwrap_or_else(|_| {
-                    Err(Error::Exchange {
-                        why: "a rank's thread panicked".into(),
-                    })
-                })
-            })
-            .collect()
+        join_ranks(joins)
     });
     let first = first_failed.load(std::sync::atomic::Ordering::SeqCst);
     let mut results = results;
@@ -415,6 +454,20 @@ pub fn run_local<R: Send>(
         results.swap_remove(first)?;
     }
     results.into_iter().collect()
+}
+
+/// The ranks' results in rank order; a rank whose thread panicked gives an error.
+fn join_ranks<R>(joins: Vec<std::thread::ScopedJoinHandle<'_, Result<R>>>) -> Vec<Result<R>> {
+    joins
+        .into_iter()
+        .map(|j| {
+            j.join().unwrap_or_else(|_| {
+                Err(Error::Exchange {
+                    why: "a rank's thread panicked".into(),
+                })
+            })
+        })
+        .collect()
 }
 
 /// Marks its rank as departed when dropped (returned or unwinding).
@@ -800,12 +853,33 @@ impl RankPlan {
         skv.expect_eq("k (this rank's K/V rows)", k.shape())?;
         skv.expect_eq("v (this rank's K/V rows)", v.shape())?;
         let row_len = skv.row_len();
-        let hk = self.gather(ex, &k.to_host()?, row_len)?;
-        let hv = self.gather(ex, &v.to_host()?, row_len)?;
+        let index = self.send_index(gpu)?;
+        let (send_counts, recv_counts) = self.block_counts(row_len);
+        let mut packed = DeviceVec::<T>::zeros(gpu, index.len() * row_len)?;
+        let mut fetch = |own: &DeviceMatrix<T>| -> Result<DeviceMatrix<T>> {
+            rows::gather_rows(gpu, own.as_vec(), row_len, &index, &mut packed)?;
+            let mut halo = DeviceMatrix::<T>::zeros(gpu, sh)?;
+            ex.all_to_all_device(gpu, &packed, &send_counts, halo.as_vec_mut(), &recv_counts)?;
+            Ok(halo)
+        };
         Ok(GpuHalo {
-            k: DeviceMatrix::from_host(gpu, sh, &hk)?,
-            v: DeviceMatrix::from_host(gpu, sh, &hv)?,
+            k: fetch(k)?,
+            v: fetch(v)?,
         })
+    }
+
+    /// The K/V rows each rank asks of this one, on `gpu` (segment `d`: rank `d`'s).
+    fn send_index(&self, gpu: &Gpu) -> Result<RowIndex> {
+        Ok(RowIndex::new(gpu, &self.send_rows, self.kv_rows.len())?)
+    }
+
+    /// Elements per block of a halo exchange of rows of `row_len`: (sent to each rank,
+    /// received from each rank).
+    fn block_counts(&self, row_len: usize) -> (Vec<usize>, Vec<usize>) {
+        (
+            self.send_rows.iter().map(|r| r.len() * row_len).collect(),
+            self.recv_counts.iter().map(|&n| n * row_len).collect(),
+        )
     }
 
     /// This rank's rows of the attention output on its GPU, from its own rows of Q, K and V on
@@ -867,14 +941,23 @@ impl RankPlan {
         let mut hdv = DeviceMatrix::<T>::zeros(gpu, sh)?;
         let d_scale = plan.backward(q, &halo.k, &halo.v, out, d_out, dq, &mut hdk, &mut hdv)?;
         let row_len = sh.row_len();
-        let widen = |m: &DeviceMatrix<T>| -> Result<Vec<f32>> {
-            Ok(m.to_host()?.iter().map(|x| x.to_f32()).collect())
-        };
-        let narrow = |x: Vec<f32>| -> Vec<T> { x.into_iter().map(T::from_f32).collect() };
-        let own_dk = self.scatter_add(ex, &widen(&hdk)?, row_len)?;
-        let own_dv = self.scatter_add(ex, &widen(&hdv)?, row_len)?;
-        dk.copy_from_host(&narrow(own_dk))?;
-        dv.copy_from_host(&narrow(own_dv))?;
+        let index = self.send_index(gpu)?;
+        // The partials travel the halo's way back: this rank's halo segments to their owners.
+        let (back_recv, back_send) = self.block_counts(row_len);
+        let mut partials = DeviceVec::<T>::zeros(gpu, index.len() * row_len)?;
+        let mut acc = DeviceVec::<f32>::zeros(gpu, self.kv_rows.len() * row_len)?;
+        for (halo_grad, own) in [(&hdk, dk), (&hdv, dv)] {
+            ex.all_to_all_device(
+                gpu,
+                halo_grad.as_vec(),
+                &back_send,
+                &mut partials,
+                &back_recv,
+            )?;
+            acc.fill(0.0)?;
+            rows::scatter_add_rows(gpu, &partials, row_len, &index, &mut acc)?;
+            edge_extras::cast(gpu, &acc, own.as_vec_mut())?;
+        }
         let all = ex.all_to_all(vec![vec![d_scale]; ex.world()])?;
         Ok(all.iter().flatten().sum())
     }

@@ -9,7 +9,7 @@ use spattn::ops::cpu::{self, AttentionInputs, Real};
 use std::time::Duration;
 
 use spattn::partition::{
-    run_local, Blocks, Exchange, LocalExchange, Partition, Pod, RankPlan, TcpExchange,
+    run_local, run_nccl, Blocks, Exchange, LocalExchange, Partition, Pod, RankPlan, TcpExchange,
 };
 use spattn::{Csr, Error, Shape};
 use spattn_test_support::{fresh_rng, hub_graph, random_graph, rmat_graph, shared_graph};
@@ -597,6 +597,58 @@ type RankResult<T> = (Vec<T>, Vec<T>, Vec<T>, Vec<T>, f32);
 /// device) each run a GPU plan of `alg` on their rows against their halo; the gathered output
 /// and gradients equal the f64 reference within `T`'s tolerance (the backward's dK/dV partials
 /// summed in f32 across ranks).
+/// How the ranks of a GPU check run: threads of one GPU over the local exchange (`parts`
+/// ranks), or one thread per GPU of `gpus` over NCCL.
+enum Ranks<'a> {
+    Local(usize),
+    Nccl(&'a [spattn::Gpu]),
+}
+
+/// One rank of a GPU check: forward and backward of its rows on `gpu`, through `ex`.
+#[allow(clippy::too_many_arguments)]
+fn gpu_rank<T: spattn::DType, E: Exchange>(
+    ex: &E,
+    gpu: &spattn::Gpu,
+    a: &Csr,
+    part: &Partition,
+    config: &spattn::AttentionConfig,
+    (q, k, v, d_out): (&[T], &[T], &[T], &[T]),
+) -> spattn::Result<RankResult<T>> {
+    use spattn::DeviceMatrix;
+    let (heads, dim) = (config.heads, config.head_dim);
+    let row_len = heads * dim;
+    let plan = RankPlan::new(a, part, ex)?;
+    let local = plan.gpu_plan(gpu, config.clone())?;
+    let (rows, kv) = (plan.rows(), plan.kv_rows());
+    let up = |x: &[T], r: Range<usize>| {
+        let s = Shape::new(r.len(), heads, dim)?;
+        Ok::<_, spattn::Error>(DeviceMatrix::from_host(gpu, s, &slice(x, r, row_len))?)
+    };
+    let (dq_, dk_, dv_) = (up(q, rows.clone())?, up(k, kv.clone())?, up(v, kv.clone())?);
+    let dg = up(d_out, rows.clone())?;
+    let mut out = DeviceMatrix::<T>::zeros(gpu, dq_.shape())?;
+    let halo = plan.forward_gpu(ex, &local, &dq_, &dk_, &dv_, &mut out)?;
+    let (mut gq, mut gk, mut gv) = (
+        DeviceMatrix::<T>::zeros(gpu, dq_.shape())?,
+        DeviceMatrix::<T>::zeros(gpu, dk_.shape())?,
+        DeviceMatrix::<T>::zeros(gpu, dv_.shape())?,
+    );
+    let d_scale = plan.backward_gpu(
+        ex,
+        &local,
+        &halo,
+        (&dq_, &out, &dg),
+        (&mut gq, &mut gk, &mut gv),
+    )?;
+    Ok((
+        out.to_host()?,
+        gq.to_host()?,
+        gk.to_host()?,
+        gv.to_host()?,
+        d_scale,
+    ))
+}
+
 fn check_gpu<T: spattn::DType>(
     a: &Csr,
     parts: usize,
@@ -604,8 +656,17 @@ fn check_gpu<T: spattn::DType>(
     heads: usize,
     dim: usize,
 ) {
-    use spattn::{AttentionConfig, DeviceMatrix};
-    let gpu = spattn_test_support::gpu();
+    check_gpu_ranks::<T>(a, Ranks::Local(parts), alg, heads, dim);
+}
+
+fn check_gpu_ranks<T: spattn::DType>(
+    a: &Csr,
+    ranks: Ranks<'_>,
+    alg: spattn::Algorithm,
+    heads: usize,
+    dim: usize,
+) {
+    use spattn::AttentionConfig;
     let p = draw::<f64>(a, heads, dim, "partition gpu");
     // The inputs in T, and the reference on those rounded values.
     let round = |x: &[f64]| -> Vec<T> { x.iter().map(|&v| T::from_f64(v)).collect() };
@@ -623,45 +684,20 @@ fn check_gpu<T: spattn::DType>(
     cpu::attention(a, &inputs, scale, &mut want).unwrap();
     let want_g = cpu::attention_backward(a, &inputs, scale, &want, &g64).unwrap();
 
-    let row_len = heads * dim;
-    let part = Partition::balanced(a, parts).unwrap();
-    let results = run_local(parts, |ex| {
-        let plan = RankPlan::new(a, &part, ex)?;
-        let local = plan.gpu_plan(&gpu, config.clone())?;
-        let (rows, kv) = (plan.rows(), plan.kv_rows());
-        let up = |x: &[T], r: Range<usize>| {
-            let s = Shape::new(r.len(), heads, dim)?;
-            Ok::<_, spattn::Error>(DeviceMatrix::from_host(&gpu, s, &slice(x, r, row_len))?)
-        };
-        let (dq_, dk_, dv_) = (
-            up(&q, rows.clone())?,
-            up(&k, kv.clone())?,
-            up(&v, kv.clone())?,
-        );
-        let dg = up(&d_out, rows.clone())?;
-        let mut out = DeviceMatrix::<T>::zeros(&gpu, dq_.shape())?;
-        let halo = plan.forward_gpu(ex, &local, &dq_, &dk_, &dv_, &mut out)?;
-        let (mut gq, mut gk, mut gv) = (
-            DeviceMatrix::<T>::zeros(&gpu, dq_.shape())?,
-            DeviceMatrix::<T>::zeros(&gpu, dk_.shape())?,
-            DeviceMatrix::<T>::zeros(&gpu, dv_.shape())?,
-        );
-        let d_scale = plan.backward_gpu(
-            ex,
-            &local,
-            &halo,
-            (&dq_, &out, &dg),
-            (&mut gq, &mut gk, &mut gv),
-        )?;
-        Ok((
-            out.to_host()?,
-            gq.to_host()?,
-            gk.to_host()?,
-            gv.to_host()?,
-            d_scale,
-        ))
-    })
-    .unwrap();
+    let inputs = (&q[..], &k[..], &v[..], &d_out[..]);
+    let (parts, results) = match ranks {
+        Ranks::Local(parts) => {
+            let gpu = spattn_test_support::gpu();
+            let part = Partition::balanced(a, parts).unwrap();
+            let results = run_local(parts, |ex| gpu_rank(ex, &gpu, a, &part, &config, inputs));
+            (parts, results.unwrap())
+        }
+        Ranks::Nccl(gpus) => {
+            let part = Partition::balanced(a, gpus.len()).unwrap();
+            let results = run_nccl(gpus, |ex| gpu_rank(ex, ex.gpu(), a, &part, &config, inputs));
+            (gpus.len(), results.unwrap())
+        }
+    };
     let cat = |f: fn(&RankResult<T>) -> &Vec<T>| -> Vec<f64> {
         results.iter().flat_map(|r| wide(f(r))).collect()
     };
@@ -711,4 +747,32 @@ fn gpu_partitioned_plans_equal_the_reference() {
             check_gpu::<f16>(a, parts, Algorithm::Auto, 8, 64);
         }
     }
+}
+
+/// The partitioned plan with one rank per GPU of this machine over NCCL (one rank where there
+/// is one GPU: the plumbing, its own block copied on the device). Needs libnccl: where it
+/// cannot be loaded the test fails with the error that says how to provide it.
+#[test]
+#[ignore = "needs an NVIDIA GPU and libnccl"]
+fn gpu_partitioned_plans_over_nccl_equal_the_reference() {
+    use half::bf16;
+    use spattn::{Algorithm, Gpu};
+    spattn::ops::nccl::NcclComm::available().unwrap();
+    let count = Gpu::device_count().unwrap();
+    let gpus: Vec<Gpu> = (0..count).map(|i| Gpu::new(i).unwrap()).collect();
+    eprintln!("NCCL over {count} GPU(s)");
+    let mut rng = fresh_rng("partition nccl graphs");
+    let graphs = [
+        shared_graph("cora"),
+        rmat_graph(12),
+        hub_graph(&mut rng, 5_000, 3),
+    ];
+    for a in &graphs {
+        check_gpu_ranks::<f32>(a, Ranks::Nccl(&gpus), Algorithm::FusedCsr, 2, 16);
+        check_gpu_ranks::<bf16>(a, Ranks::Nccl(&gpus), Algorithm::Auto, 8, 64);
+    }
+    // The GPUs given twice are refused by name, before NCCL is asked.
+    let twice = [gpus[0].clone(), gpus[0].clone()];
+    let err = run_nccl(&twice, |_| Ok(())).unwrap_err().to_string();
+    assert!(err.contains("given twice"), "{err}");
 }

@@ -90,6 +90,18 @@ pub struct RunArgs {
     #[arg(long = "cpu")]
     pub cpu: bool,
 
+    /// Scaling instead of the case table: the partitioned plan on 1, 2, 4, … N GPUs of this
+    /// host, one rank per GPU, NCCL between them (libnccl must load), forward timed with the
+    /// halo exchange; --algorithms names the local plans' algorithm (default auto), --head-dim
+    /// defaults to 128.
+    #[arg(long = "gpus", value_name = "N", conflicts_with_all = ["cpu", "peers", "dump_csr"])]
+    pub gpus: Option<usize>,
+
+    /// With --gpus: weak scaling, R-MAT scale S + log2 P on P GPUs (instead of the graphs).
+    #[arg(long = "weak-rmat", value_name = "S", requires = "gpus",
+          value_parser = clap::value_parser!(u32).range(1..=31))]
+    pub weak_rmat: Option<u32>,
+
     /// The GPU to run on (CUDA device ordinal).
     #[arg(long = "device", value_name = "ORDINAL", default_value_t = 0)]
     pub device: usize,

@@ -40,6 +40,7 @@ pub mod progress;
 pub mod record;
 pub mod report;
 pub mod run;
+pub mod scaling;
 pub mod table;
 pub mod timing;
 

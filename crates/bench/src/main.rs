@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use spattn_bench::cli::{self, Parsed};
-use spattn_bench::{outln, report, run};
+use spattn_bench::{outln, report, run, scaling};
 
 fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args_os()
@@ -33,19 +33,33 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Parsed::Run(args) => match run::run(&args, &argv) {
-            Ok(outcome) if outcome.success() => ExitCode::SUCCESS,
-            Ok(outcome) => {
-                eprintln!(
-                    "spattn-bench: {} case run(s) failed the accuracy check, {} stopped with an error",
-                    outcome.failed, outcome.errors
-                );
-                ExitCode::FAILURE
-            }
-            Err(e) => {
-                eprintln!("spattn-bench: {e}");
-                ExitCode::FAILURE
-            }
+        Parsed::Run(args) => match args.gpus {
+            Some(n) => match scaling::run(&args, &argv, n) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("spattn-bench: {e}");
+                    ExitCode::FAILURE
+                }
+            },
+            None => run_cases(&args, &argv),
         },
+    }
+}
+
+/// The case table (no --gpus).
+fn run_cases(args: &cli::RunArgs, argv: &[String]) -> ExitCode {
+    match run::run(args, argv) {
+        Ok(outcome) if outcome.success() => ExitCode::SUCCESS,
+        Ok(outcome) => {
+            eprintln!(
+                "spattn-bench: {} case run(s) failed the accuracy check, {} stopped with an error",
+                outcome.failed, outcome.errors
+            );
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("spattn-bench: {e}");
+            ExitCode::FAILURE
+        }
     }
 }

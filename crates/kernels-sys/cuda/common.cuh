@@ -12,6 +12,11 @@ typedef unsigned long long u64;
 // -inf without math.h (NVRTC has no INFINITY macro).
 #define SPATTN_NEG_INF __int_as_float(0xff800000)
 
+// Grid-stride loop over [0, n) (u64: sizes past 2^32 elements).
+#define SPATTN_GRID_STRIDE(i, n)                                                                \
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                         \
+         i += (u64)gridDim.x * blockDim.x)
+
 // ---- scalar conversions -------------------------------------------------------------------
 
 __device__ __forceinline__ float to_f32(float x) { return x; }

@@ -4,10 +4,6 @@
 // gradient. Per-edge values are nnz x heads, edge-major, f32. Kernel names: edge_{op}[_dtype].
 #include "common.cuh"
 
-#define SPATTN_GRID_STRIDE(i, n)                                                                \
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                         \
-         i += (u64)gridDim.x * blockDim.x)
-
 // s[e * heads + h] += b[e] (shared) or b[e * heads + h].
 template <class T>
 __device__ void edge_bias_add(float* s, const T* __restrict__ b, u64 nnz, u32 heads, u32 shared) {

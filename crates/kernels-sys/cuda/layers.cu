@@ -5,11 +5,6 @@
 // {op}_dense_{dtype}. Sizes that can exceed 2^32 elements are u64 and walked grid-stride.
 #include "common.cuh"
 
-// Grid-stride loop over [0, n).
-#define SPATTN_GRID_STRIDE(i, n)                                                                \
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                         \
-         i += (u64)gridDim.x * blockDim.x)
-
 // y[i, c] += bias[c] for an n_rows x cols matrix.
 template <class T>
 __device__ void bias_add(T* y, const T* __restrict__ bias, u64 rows, u32 cols) {

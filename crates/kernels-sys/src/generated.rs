@@ -1431,6 +1431,38 @@ pub const SPMM_MEBCRS_F16_T8_PIPE: &str = "spmm_mebcrs_f16_t8_pipe";
 /// Kernel `spmm_mebcrs_bf16_t8_pipe` of [`MEBCRS_OPS`].
 pub const SPMM_MEBCRS_BF16_T8_PIPE: &str = "spmm_mebcrs_bf16_t8_pipe";
 
+/// The PTX module compiled from `cuda/rows.cu` (6 kernels).
+pub const ROWS: PtxModule = PtxModule {
+    name: "rows",
+    ptx: include_str!("../ptx/rows.ptx"),
+    kernels: &[
+        GATHER_ROWS_F32,
+        SCATTER_ADD_ROWS_F32,
+        GATHER_ROWS_F16,
+        SCATTER_ADD_ROWS_F16,
+        GATHER_ROWS_BF16,
+        SCATTER_ADD_ROWS_BF16,
+    ],
+};
+
+/// Kernel `gather_rows_f32` of [`ROWS`].
+pub const GATHER_ROWS_F32: &str = "gather_rows_f32";
+
+/// Kernel `scatter_add_rows_f32` of [`ROWS`].
+pub const SCATTER_ADD_ROWS_F32: &str = "scatter_add_rows_f32";
+
+/// Kernel `gather_rows_f16` of [`ROWS`].
+pub const GATHER_ROWS_F16: &str = "gather_rows_f16";
+
+/// Kernel `scatter_add_rows_f16` of [`ROWS`].
+pub const SCATTER_ADD_ROWS_F16: &str = "scatter_add_rows_f16";
+
+/// Kernel `gather_rows_bf16` of [`ROWS`].
+pub const GATHER_ROWS_BF16: &str = "gather_rows_bf16";
+
+/// Kernel `scatter_add_rows_bf16` of [`ROWS`].
+pub const SCATTER_ADD_ROWS_BF16: &str = "scatter_add_rows_bf16";
+
 /// Every PTX module of this crate, sorted by name.
 pub const MODULES: &[PtxModule] = &[
     BACKWARD,
@@ -1441,4 +1473,5 @@ pub const MODULES: &[PtxModule] = &[
     HYBRID,
     LAYERS,
     MEBCRS_OPS,
+    ROWS,
 ];

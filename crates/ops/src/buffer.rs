@@ -44,7 +44,7 @@ fn alloc_error(what: &'static str, bytes: usize) -> impl FnOnce(DriverError) -> 
     }
 }
 
-fn expect_len(what: &'static str, expected: usize, actual: usize) -> Result<()> {
+pub(crate) fn expect_len(what: &'static str, expected: usize, actual: usize) -> Result<()> {
     if expected != actual {
         return Err(Error::LengthMismatch {
             what,
@@ -406,6 +406,11 @@ impl<T: DType> DeviceMatrix<T> {
     /// The elements as a vector.
     pub fn as_vec(&self) -> &DeviceVec<T> {
         &self.data
+    }
+
+    /// The elements as a vector, mutably (its length, and so the shape, cannot change).
+    pub fn as_vec_mut(&mut self) -> &mut DeviceVec<T> {
+        &mut self.data
     }
 
     /// The same elements under another shape with as many elements.

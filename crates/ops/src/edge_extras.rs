@@ -177,13 +177,33 @@ pub fn bias_grad<T: DType>(
         // SAFETY: reads ds[0..nnz·heads), writes out[0..nnz); lengths checked above.
         unsafe { launch(name, &mut args, stride_grid(nnz)?) }
     } else {
-        let (name, f) = function(gpu, format!("edge_cast_{}", T::NAME))?;
-        let n = ds.len() as u64;
-        let mut args = gpu.launch_builder(&f);
-        args.arg(ds.slice()).arg(&n).arg(out.slice_mut());
-        // SAFETY: reads ds[0..n), writes out[0..n); equal lengths (checked above).
-        unsafe { launch(name, &mut args, stride_grid(ds.len())?) }
+        cast(gpu, ds, out)
     }
+}
+
+/// `out[i] = x[i]` rounded to `T`.
+///
+/// # Errors
+/// Lengths that differ; buffers of another GPU.
+pub fn cast<T: DType>(gpu: &Gpu, x: &DeviceVec<f32>, out: &mut DeviceVec<T>) -> Result<()> {
+    if x.len() != out.len() {
+        return Err(Error::LengthMismatch {
+            what: "cast output",
+            expected: x.len(),
+            actual: out.len(),
+        });
+    }
+    check_same_gpu(gpu, "cast input", x)?;
+    check_same_gpu(gpu, "cast output", &*out)?;
+    if x.is_empty() {
+        return Ok(());
+    }
+    let (name, f) = function(gpu, format!("edge_cast_{}", T::NAME))?;
+    let n = x.len() as u64;
+    let mut args = gpu.launch_builder(&f);
+    args.arg(x.slice()).arg(&n).arg(out.slice_mut());
+    // SAFETY: reads x[0..n), writes out[0..n); equal lengths (checked above).
+    unsafe { launch(name, &mut args, stride_grid(x.len())?) }
 }
 
 /// The edge features' gradient on `csr`'s edges: per edge `e = (i, j)`, head `h`, feature `d`,

@@ -40,6 +40,20 @@ pub enum Error {
         /// Bytes requested.
         bytes: usize,
     },
+    /// libnccl cannot be loaded (or lacks a symbol): the message says how to make it found.
+    #[error("NCCL is not available: {why}")]
+    NcclUnavailable {
+        /// Why, and what to do.
+        why: String,
+    },
+    /// An NCCL call failed.
+    #[error("NCCL error while {during}: {code}")]
+    Nccl {
+        /// What was being done.
+        during: &'static str,
+        /// NCCL's status and description.
+        code: String,
+    },
     /// Any other CUDA driver error.
     #[error("CUDA driver error during {during}: {source}")]
     Driver {

@@ -1,0 +1,242 @@
+//! Rows moved by index on the device (`rows.cu`), for the halo exchange of partitioned plans:
+//! a rank packs the K/V rows each other rank asks for into one contiguous block per receiver
+//! ([`gather_rows`]), and sums the gradient rows sent back to it into its own rows
+//! ([`scatter_add_rows`], in f32, segment after segment: deterministic). The indices live in a
+//! [`RowIndex`], checked once against the rows they address when it is built.
+//!
+//! ```no_run
+//! use spattn_ops::rows::{gather_rows, RowIndex};
+//! use spattn_ops::{DeviceVec, Gpu};
+//!
+//! let gpu = Gpu::new(0)?;
+//! // Four rows of two values; receiver 0 wants rows 3 and 1, receiver 1 row 0.
+//! let src = DeviceVec::from_host(&gpu, &[0.0f32, 0.1, 1.0, 1.1, 2.0, 2.1, 3.0, 3.1])?;
+//! let index = RowIndex::new(&gpu, &[vec![3, 1], vec![0]], 4)?;
+//! let mut packed = DeviceVec::<f32>::zeros(&gpu, index.len() * 2)?;
+//! gather_rows(&gpu, &src, 2, &index, &mut packed)?;
+//! assert_eq!(packed.to_host()?, [3.0, 3.1, 1.0, 1.1, 0.0, 0.1]);
+//! # Ok::<(), spattn_ops::Error>(())
+//! ```
+
+use std::ops::Range;
+
+use spattn_kernels_sys::ROWS;
+
+use crate::buffer::{expect_len, DeviceVec};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+use crate::launch::{check_same_gpu, kernel_named, launch, stride_grid, to_u32, PushKernelArg};
+
+/// Row indices on the device in segments (one per peer rank), each below a bound (the rows of
+/// the matrix they address) and, within a segment, distinct.
+#[derive(Debug)]
+pub struct RowIndex {
+    idx: DeviceVec<u32>,
+    /// Segment `s` is `idx[offsets[s]..offsets[s + 1]]`.
+    offsets: Vec<usize>,
+    bound: usize,
+}
+
+impl RowIndex {
+    /// Uploads `segments` (concatenated), checking every index is below `bound` and that no
+    /// segment repeats one.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the segment and the index; the GPU's.
+    pub fn new(gpu: &Gpu, segments: &[Vec<u32>], bound: usize) -> Result<Self> {
+        let (all, offsets) = concat_checked(segments, bound)?;
+        Ok(Self {
+            idx: DeviceVec::from_host(gpu, &all)?,
+            offsets,
+            bound,
+        })
+    }
+
+    /// Indices in all segments.
+    pub fn len(&self) -> usize {
+        self.offsets[self.offsets.len() - 1]
+    }
+
+    /// Whether there are no indices.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Number of segments.
+    pub fn segments(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
+    /// The positions of segment `s` among all indices.
+    pub fn segment(&self, s: usize) -> Range<usize> {
+        self.offsets[s]..self.offsets[s + 1]
+    }
+
+    /// The rows the indices address (each index is below it).
+    pub fn bound(&self) -> usize {
+        self.bound
+    }
+}
+
+/// The segments concatenated and their offsets, once every index is checked below `bound` and
+/// unique within its segment.
+fn concat_checked(segments: &[Vec<u32>], bound: usize) -> Result<(Vec<u32>, Vec<usize>)> {
+    let mut offsets = Vec::with_capacity(segments.len() + 1);
+    offsets.push(0);
+    // The segment that last held each row (segments are numbered from 1 here).
+    let mut seen = vec![0usize; bound];
+    let mut all = Vec::with_capacity(segments.iter().map(Vec::len).sum());
+    for (s, seg) in segments.iter().enumerate() {
+        for &i in seg {
+            let Some(last) = seen.get_mut(i as usize) else {
+                return Err(Error::InvalidArgument {
+                    what: "row index",
+                    why: format!("segment {s} holds row {i}, past the {bound} rows"),
+                });
+            };
+            if *last == s + 1 {
+                return Err(Error::InvalidArgument {
+                    what: "row index",
+                    why: format!("segment {s} holds row {i} twice"),
+                });
+            }
+            *last = s + 1;
+        }
+        all.extend_from_slice(seg);
+        offsets.push(all.len());
+    }
+    Ok((all, offsets))
+}
+
+fn rows_len(rows: usize, row_len: usize) -> Result<usize> {
+    rows.checked_mul(row_len).ok_or(Error::TooLarge {
+        what: "rows × row length",
+        value: u64::MAX,
+        limit: usize::MAX as u64,
+    })
+}
+
+/// `dst` = the rows of `src` (`index.bound()` rows of `row_len`) at `index`, segment after
+/// segment (`index.len()` rows).
+///
+/// # Errors
+/// Lengths that do not fit the index and `row_len`; buffers of another GPU.
+pub fn gather_rows<T: DType>(
+    gpu: &Gpu,
+    src: &DeviceVec<T>,
+    row_len: usize,
+    index: &RowIndex,
+    dst: &mut DeviceVec<T>,
+) -> Result<()> {
+    expect_len(
+        "gather source (bound × row length)",
+        rows_len(index.bound, row_len)?,
+        src.len(),
+    )?;
+    expect_len(
+        "gather destination (indices × row length)",
+        rows_len(index.len(), row_len)?,
+        dst.len(),
+    )?;
+    check_same_gpu(gpu, "gather source", src)?;
+    check_same_gpu(gpu, "gather destination", &*dst)?;
+    check_same_gpu(gpu, "row index", &index.idx)?;
+    if dst.is_empty() {
+        return Ok(());
+    }
+    let name = kernel_named(&ROWS, format!("gather_rows_{}", T::NAME))?;
+    let f = gpu.load_function(ROWS.name, ROWS.ptx, name)?;
+    let (n, w) = (index.len() as u64, to_u32("row length", row_len)?);
+    let cfg = stride_grid(dst.len())?;
+    let mut args = gpu.launch_builder(&f);
+    args.arg(src.slice())
+        .arg(index.idx.slice())
+        .arg(&n)
+        .arg(&w)
+        .arg(dst.slice_mut());
+    // SAFETY: reads idx[0..n) and src rows idx[r] < bound (checked by RowIndex::new), i.e.
+    // src[0..bound·row_len) = its length; writes dst[0..n·row_len) = its length (checked).
+    unsafe { launch(name, &mut args, cfg) }
+}
+
+/// `acc[index[i], :] += src[i, :]` in f32, for `src`'s `index.len()` rows of `row_len` (the
+/// segments concatenated) into `acc`'s `index.bound()` rows: one launch per segment, in order,
+/// so every element's sum runs in segment order (deterministic).
+///
+/// # Errors
+/// Lengths that do not fit the index and `row_len`; buffers of another GPU.
+pub fn scatter_add_rows<T: DType>(
+    gpu: &Gpu,
+    src: &DeviceVec<T>,
+    row_len: usize,
+    index: &RowIndex,
+    acc: &mut DeviceVec<f32>,
+) -> Result<()> {
+    expect_len(
+        "scatter-add source (indices × row length)",
+        rows_len(index.len(), row_len)?,
+        src.len(),
+    )?;
+    expect_len(
+        "scatter-add accumulator (bound × row length)",
+        rows_len(index.bound, row_len)?,
+        acc.len(),
+    )?;
+    check_same_gpu(gpu, "scatter-add source", src)?;
+    check_same_gpu(gpu, "scatter-add accumulator", &*acc)?;
+    check_same_gpu(gpu, "row index", &index.idx)?;
+    let name = kernel_named(&ROWS, format!("scatter_add_rows_{}", T::NAME))?;
+    let f = gpu.load_function(ROWS.name, ROWS.ptx, name)?;
+    let w = to_u32("row length", row_len)?;
+    for s in 0..index.segments() {
+        let seg = index.segment(s);
+        if seg.is_empty() || row_len == 0 {
+            continue;
+        }
+        let n = seg.len() as u64;
+        let src_seg = src.slice().slice(seg.start * row_len..seg.end * row_len);
+        let idx_seg = index.idx.slice().slice(seg.clone());
+        let mut args = gpu.launch_builder(&f);
+        args.arg(&src_seg)
+            .arg(&idx_seg)
+            .arg(&n)
+            .arg(&w)
+            .arg(acc.slice_mut());
+        // SAFETY: reads the segment's n indices and its n rows of src (views of exactly that
+        // range); writes acc rows idx[r] < bound (RowIndex::new), within acc's bound·row_len
+        // (checked). A segment's indices are distinct (RowIndex::new): no two threads of the
+        // launch add to one element.
+        unsafe { launch(name, &mut args, stride_grid(seg.len() * row_len)?) }?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_are_concatenated_with_their_offsets() {
+        let (all, offsets) = concat_checked(&[vec![3, 1], vec![], vec![1, 0, 2]], 4).unwrap();
+        assert_eq!(all, [3, 1, 1, 0, 2]);
+        assert_eq!(offsets, [0, 2, 2, 5]);
+        // A row may appear in several segments (several ranks ask for it).
+        let (all, offsets) = concat_checked(&[vec![0], vec![0]], 1).unwrap();
+        assert_eq!((all, offsets), (vec![0, 0], vec![0, 1, 2]));
+        assert_eq!(concat_checked(&[], 0).unwrap(), (vec![], vec![0]));
+    }
+
+    #[test]
+    fn rows_past_the_bound_and_repeats_within_a_segment_are_refused_by_name() {
+        let err = concat_checked(&[vec![0], vec![1, 4]], 4)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("segment 1 holds row 4, past the 4 rows"),
+            "{err}"
+        );
+        let err = concat_checked(&[vec![2, 0, 2]], 3).unwrap_err().to_string();
+        assert!(err.contains("segment 0 holds row 2 twice"), "{err}");
+    }
+}
