@@ -496,6 +496,8 @@ pub struct RankPlan {
     /// For each receiver, the K/V rows (local to this rank's block) it needs, in its order.
     send_rows: Vec<Vec<u32>>,
     local: Csr,
+    /// `send_rows` on the GPU the rank runs on, built by its first device exchange.
+    send_index: Arc<Mutex<Option<Arc<RowIndex>>>>,
 }
 
 /// What one rank holds and moves, for reports.
@@ -598,6 +600,7 @@ impl RankPlan {
             recv_counts,
             send_rows,
             local,
+            send_index: Arc::default(),
         })
     }
 
@@ -868,9 +871,19 @@ impl RankPlan {
         })
     }
 
-    /// The K/V rows each rank asks of this one, on `gpu` (segment `d`: rank `d`'s).
-    fn send_index(&self, gpu: &Gpu) -> Result<RowIndex> {
-        Ok(RowIndex::new(gpu, &self.send_rows, self.kv_rows.len())?)
+    /// The K/V rows each rank asks of this one, on `gpu` (segment `d`: rank `d`'s); uploaded
+    /// once per GPU.
+    fn send_index(&self, gpu: &Gpu) -> Result<Arc<RowIndex>> {
+        let mut slot = self
+            .send_index
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(index) = slot.as_ref().filter(|i| i.is_on(gpu)) {
+            return Ok(index.clone());
+        }
+        let index = Arc::new(RowIndex::new(gpu, &self.send_rows, self.kv_rows.len())?);
+        *slot = Some(index.clone());
+        Ok(index)
     }
 
     /// Elements per block of a halo exchange of rows of `row_len`: (sent to each rank,

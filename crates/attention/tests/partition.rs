@@ -593,10 +593,6 @@ fn tcp_worlds_past_eight_ranks_and_failures_mid_collective() {
 /// One rank's output, dQ, dK, dV and ∂L/∂scale.
 type RankResult<T> = (Vec<T>, Vec<T>, Vec<T>, Vec<T>, f32);
 
-/// The partitioned plan on one GPU: `parts` ranks (threads of the local exchange sharing the
-/// device) each run a GPU plan of `alg` on their rows against their halo; the gathered output
-/// and gradients equal the f64 reference within `T`'s tolerance (the backward's dK/dV partials
-/// summed in f32 across ranks).
 /// How the ranks of a GPU check run: threads of one GPU over the local exchange (`parts`
 /// ranks), or one thread per GPU of `gpus` over NCCL.
 enum Ranks<'a> {
@@ -605,7 +601,6 @@ enum Ranks<'a> {
 }
 
 /// One rank of a GPU check: forward and backward of its rows on `gpu`, through `ex`.
-#[allow(clippy::too_many_arguments)]
 fn gpu_rank<T: spattn::DType, E: Exchange>(
     ex: &E,
     gpu: &spattn::Gpu,
@@ -649,6 +644,10 @@ fn gpu_rank<T: spattn::DType, E: Exchange>(
     ))
 }
 
+/// The partitioned plan on one GPU: `parts` ranks (threads of the local exchange sharing the
+/// device) each run a GPU plan of `alg` on their rows against their halo; the gathered output
+/// and gradients equal the f64 reference within `T`'s tolerance (the backward's dK/dV partials
+/// summed in f32 across ranks).
 fn check_gpu<T: spattn::DType>(
     a: &Csr,
     parts: usize,
@@ -759,6 +758,7 @@ fn gpu_partitioned_plans_over_nccl_equal_the_reference() {
     use spattn::{Algorithm, Gpu};
     spattn::ops::nccl::NcclComm::available().unwrap();
     let count = Gpu::device_count().unwrap();
+    assert!(count > 0, "no GPU");
     let gpus: Vec<Gpu> = (0..count).map(|i| Gpu::new(i).unwrap()).collect();
     eprintln!("NCCL over {count} GPU(s)");
     let mut rng = fresh_rng("partition nccl graphs");

@@ -1,7 +1,7 @@
 //! `spattn-bench --gpus N`: the partitioned plan on 1, 2, 4, … N GPUs of this host, one rank
 //! per GPU, the halo moved by NCCL ([`spattn::partition::run_nccl`]). Strong scaling: the same
-//! graph on every rank count; weak scaling (`--weak-rmat S`): R-MAT `S + log2 P` on P GPUs, so
-//! each GPU keeps about the same edges.
+//! graph on every rank count; weak scaling (`--weak-rmat S`): R-MAT `S + log2 P` on P GPUs (P a
+//! power of two), so each GPU keeps about the same edges.
 //!
 //! Per rank count it prints and records (`--json`): the forward time (the slowest rank's median
 //! of `--reps` wall-clock runs, each between two barriers, the halo exchange included), the
@@ -60,7 +60,8 @@ pub struct ScalingRun {
     pub head_dim: usize,
     /// `f32`, `f16` or `bf16`.
     pub dtype: String,
-    /// The algorithm every rank's local plan ran (its own choice under `auto`).
+    /// The algorithm the ranks' local plans ran (`mixed` where `auto` chose differently on
+    /// some; each rank's is in `per_rank`).
     pub algorithm: String,
     /// Ranks (GPUs).
     pub ranks: usize,
@@ -93,6 +94,8 @@ pub struct RankRecord {
     pub sent_bytes: u64,
     /// Its median forward, ms.
     pub forward_ms: f64,
+    /// The algorithm its local plan ran.
+    pub algorithm: String,
     /// Device memory in use after the runs (the whole GPU's, as the driver reports it).
     pub device_used_bytes: u64,
 }
@@ -276,8 +279,15 @@ pub fn run(args: &RunArgs, argv: &[String], n: usize) -> Result<()> {
     let mut jobs: Vec<(usize, GraphSpec)> = Vec::new();
     match weak {
         Some(base) => {
-            for &p in &ladder {
-                jobs.push((p, GraphSpec::Rmat(base + p.ilog2())));
+            // Powers of two only: R-MAT doubles its nodes and edges per scale.
+            for &p in ladder.iter().filter(|p| p.is_power_of_two()) {
+                let scale = base + p.ilog2();
+                if scale > 31 {
+                    return Err(Error::new(format!(
+                        "--weak-rmat {base} on {p} GPUs asks for R-MAT {scale}; at most 31"
+                    )));
+                }
+                jobs.push((p, GraphSpec::Rmat(scale)));
             }
         }
         None => {
@@ -338,7 +348,11 @@ pub fn run(args: &RunArgs, argv: &[String], n: usize) -> Result<()> {
                         heads,
                         head_dim: dim,
                         dtype: dtype.name().to_string(),
-                        algorithm: results[0].algorithm.clone(),
+                        algorithm: if results.iter().all(|r| r.algorithm == results[0].algorithm) {
+                            results[0].algorithm.clone()
+                        } else {
+                            "mixed".into()
+                        },
                         ranks: p,
                         forward_ms,
                         efficiency,
@@ -354,6 +368,7 @@ pub fn run(args: &RunArgs, argv: &[String], n: usize) -> Result<()> {
                                 received_bytes: r.stats.remote_rows as u64 * row_bytes,
                                 sent_bytes: r.stats.sent_rows as u64 * row_bytes,
                                 forward_ms: r.forward_ms,
+                                algorithm: r.algorithm.clone(),
                                 device_used_bytes: r.device_used,
                             })
                             .collect(),

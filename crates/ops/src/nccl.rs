@@ -365,14 +365,67 @@ impl NcclComm {
 
 impl Drop for NcclComm {
     fn drop(&mut self) {
-        // Errors cannot be reported from drop; a failing destroy leaks the communicator.
+        // Abort, not destroy (as torch.distributed does): ncclCommDestroy waits for every rank
+        // of the host, so a rank returning an error would hang there instead of reporting it.
+        // Work this rank needs has completed by then (its results were read back).
         let comm = self.comm;
-        let _ = self.gpu.synchronize();
-        // SAFETY: `comm` was created by ncclCommInitRank and is destroyed once, here.
-        let _ = guarded("destroying a communicator", || unsafe {
-            sys::ncclCommDestroy(comm)
+        // SAFETY: `comm` was created by ncclCommInitRank and is freed once, here; nothing uses
+        // it after (the communicator is being dropped). Errors cannot be reported from drop.
+        let _ = guarded("aborting a communicator", || unsafe {
+            sys::ncclCommAbort(comm)
         });
     }
+}
+
+/// Lets the kernels of every GPU of `gpus` read and write the memory pools of the others
+/// where the devices can reach each other (`cuMemPoolSetAccess` on each default pool). Ranks of
+/// one process move data by direct pointers to each other's buffers, which come from the pools
+/// (stream-ordered allocation) and are private to their device until this is done.
+///
+/// # Errors
+/// The driver's.
+pub fn share_pools(gpus: &[Gpu]) -> Result<()> {
+    use cudarc::driver::sys as cu;
+    let device = |g: &Gpu| -> Result<cu::CUdevice> {
+        let mut d: cu::CUdevice = 0;
+        // SAFETY: `d` is a valid out-pointer; the ordinal is that of an opened device.
+        unsafe { cu::cuDeviceGet(&mut d, g.ordinal() as i32) }
+            .result()
+            .map_err(|e| map_driver_error("looking up a device", e))?;
+        Ok(d)
+    };
+    for owner in gpus {
+        let od = device(owner)?;
+        let mut pool: cu::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: `pool` is a valid out-pointer for the device's default pool.
+        unsafe { cu::cuDeviceGetDefaultMemPool(&mut pool, od) }
+            .result()
+            .map_err(|e| map_driver_error("getting a device's memory pool", e))?;
+        for peer in gpus.iter().filter(|p| p.ordinal() != owner.ordinal()) {
+            let pd = device(peer)?;
+            let mut can = 0;
+            // SAFETY: `can` is a valid out-pointer; both devices exist.
+            unsafe { cu::cuDeviceCanAccessPeer(&mut can, pd, od) }
+                .result()
+                .map_err(|e| map_driver_error("asking for peer access", e))?;
+            if can == 0 {
+                // NCCL then moves data through its own buffers.
+                continue;
+            }
+            let desc = cu::CUmemAccessDesc {
+                location: cu::CUmemLocation {
+                    type_: cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                    id: peer.ordinal() as i32,
+                },
+                flags: cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            };
+            // SAFETY: one valid access descriptor for an existing pool.
+            unsafe { cu::cuMemPoolSetAccess(pool, &desc, 1) }
+                .result()
+                .map_err(|e| map_driver_error("sharing a memory pool with a peer", e))?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -77,6 +77,11 @@ impl RowIndex {
     pub fn bound(&self) -> usize {
         self.bound
     }
+
+    /// Whether the indices live on `gpu` (this handle or a clone of it).
+    pub fn is_on(&self, gpu: &Gpu) -> bool {
+        self.idx.gpu().same_as(gpu)
+    }
 }
 
 /// The segments concatenated and their offsets, once every index is checked below `bound` and

@@ -14,8 +14,9 @@ use crate::error::{Error, Result};
 /// One rank's exchange over NCCL, on its GPU. Host blocks ([`Exchange::all_to_all`]: the
 /// plan's requests, ∂L/∂scale) go through the GPU too; device blocks
 /// ([`Exchange::all_to_all_device`]) go straight from GPU to GPU. Every rank must make the
-/// same collective calls in the same order; a rank that fails inside one leaves the others
-/// waiting in NCCL, as with torch.distributed's NCCL backend.
+/// same collective calls in the same order; a rank that stops between collectives leaves the
+/// others waiting in NCCL, as with torch.distributed's NCCL backend. Dropping it aborts the
+/// communicator (no wait for the other ranks), so a failing rank reports its error.
 #[derive(Debug)]
 pub struct NcclExchange {
     comm: NcclComm,
@@ -70,11 +71,13 @@ impl NcclExchange {
 
     /// One process per GPU, as torchrun starts them: `RANK`, `WORLD_SIZE`, `MASTER_ADDR` and
     /// `MASTER_PORT` as [`TcpExchange::from_env`] reads them (which carries the NCCL id); the
-    /// GPU is `LOCAL_RANK` (0 where unset).
+    /// GPU is `LOCAL_RANK`, or where it is unset `RANK` modulo the GPUs of this host. Build the
+    /// rank's buffers and plans on [`gpu`](Self::gpu).
     ///
     /// Errors: as [`TcpExchange::from_env`] and [`over`](Self::over); a `LOCAL_RANK` that is not
     /// a number or not a device.
     pub fn from_env() -> Result<Self> {
+        let tcp = TcpExchange::from_env()?;
         let local = match std::env::var("LOCAL_RANK") {
             Ok(v) => v
                 .trim()
@@ -83,10 +86,9 @@ impl NcclExchange {
                     what: "LOCAL_RANK",
                     why: format!("{v:?} is not a non-negative integer"),
                 })?,
-            Err(_) => 0,
+            Err(_) => tcp.rank() % Gpu::device_count()?.max(1),
         };
         let gpu = Gpu::new(local)?;
-        let tcp = TcpExchange::from_env()?;
         Self::over(&tcp, &gpu)
     }
 
@@ -174,7 +176,11 @@ impl Exchange for NcclExchange {
 }
 
 /// Runs `f` on one rank per GPU of `gpus` (one thread each, NCCL between them) and returns
-/// their results in rank order, the first error otherwise. The GPUs must be distinct devices.
+/// their results in rank order, the first error otherwise. The GPUs must be distinct devices,
+/// and the ranks' buffers and plans made on `ex.gpu()` (the handle the communicator holds). A
+/// rank whose `f` fails between collectives leaves the others waiting in the next one (NCCL's
+/// blocking communicators, as in torch.distributed without its watchdog): make the checks that
+/// can fail before the first collective.
 ///
 /// Errors: no GPUs, the same device twice ([`Error::InvalidConfig`]); NCCL's; `f`'s.
 pub fn run_nccl<R: Send>(
@@ -194,6 +200,8 @@ pub fn run_nccl<R: Send>(
         });
     }
     let id = NcclId::new()?;
+    // Ranks of one process send by direct pointers into each other's pool memory.
+    spattn_ops::nccl::share_pools(gpus)?;
     let world = gpus.len();
     let results: Vec<Result<R>> = std::thread::scope(|s| {
         let joins: Vec<_> = gpus
