@@ -10,8 +10,6 @@
 //! the locality order on the shared real graphs and more on R-MAT graphs, where
 //! [`crate::Reorder::Auto`] keeps the locality order (docs/kernels/reordering.md, "Measured").
 
-use std::collections::BinaryHeap;
-
 use crate::csr::Csr;
 use crate::error::{Error, Result};
 use crate::permutation::Permutation;
@@ -46,6 +44,71 @@ pub fn cluster_work(a: &Csr) -> u64 {
 fn score(overlap: u32, degree: usize) -> u64 {
     let added = (degree as u64).saturating_sub(overlap as u64);
     ((overlap as u64) << 20) / (added + 1)
+}
+
+/// The candidates of a window that can still be picked: the best `room` rows by key, `room`
+/// being the picks left. A row outside them cannot become the best before the window closes
+/// (`room` rows with larger keys, which only grow, stand before it, and each pick takes one)
+/// unless its own key grows, and then it is offered again; so the best of these is the best of
+/// all. Up to `window_rows` keys, scanned: no heap of every offer.
+struct Best {
+    keys: Vec<u128>,
+    room: usize,
+    /// The smallest key when `keys` holds `room` of them (an offer at or below it is refused
+    /// at once), else 0.
+    floor: u128,
+}
+
+impl Best {
+    fn new(capacity: usize) -> Self {
+        Self {
+            keys: Vec::with_capacity(capacity),
+            room: 0,
+            floor: 0,
+        }
+    }
+
+    fn reset(&mut self, room: usize) {
+        self.keys.clear();
+        self.room = room;
+        self.floor = 0;
+    }
+
+    /// A row's key (its row in the low 32 bits, inverted), new or grown.
+    fn offer(&mut self, k: u128) {
+        // Full and not above the floor: the row is not among the keys either (its key there
+        // would be at least the floor, and keys only grow).
+        if self.room == 0 || (self.keys.len() == self.room && k <= self.floor) {
+            return;
+        }
+        let row = k as u32;
+        if let Some(e) = self.keys.iter_mut().find(|e| **e as u32 == row) {
+            *e = k;
+        } else if self.keys.len() < self.room {
+            self.keys.push(k);
+        } else if let Some(lowest) = self.keys.iter_mut().min() {
+            *lowest = k;
+        }
+        self.refloor();
+    }
+
+    /// Takes the best row, if any; in any case one pick of the window is used.
+    fn take_max(&mut self) -> Option<usize> {
+        let at = (0..self.keys.len()).max_by_key(|&i| self.keys[i]);
+        let k = at.map(|i| self.keys.swap_remove(i));
+        // With a key taken, at most room − 1 remain; without, a seed takes the pick.
+        self.room = self.room.saturating_sub(1);
+        self.refloor();
+        k.map(|k| !(k as u32) as usize)
+    }
+
+    fn refloor(&mut self) {
+        self.floor = if self.keys.len() == self.room {
+            self.keys.iter().copied().min().unwrap_or(0)
+        } else {
+            0
+        };
+    }
 }
 
 impl Permutation {
@@ -93,25 +156,29 @@ impl Permutation {
             crate::mebcrs::check_len("seed order (matrix rows)", n, s.len())?;
         }
         let seed_at = |i: usize| seeds.map_or(i, |s| s.old_of_new()[i] as usize);
-        // Row lists of each column: the rows that share it.
+        // Row lists of each column: the rows that share it. Placed rows are dropped from a list
+        // as its column is visited (`live_end`), so each entry is skipped at most once; the
+        // picks do not depend on the lists' order (the heap's keys are unique).
         let holders = a.transpose();
+        let starts = holders.row_offsets();
+        let mut held: Vec<u32> = holders.col_indices().to_vec();
+        let mut live_end: Vec<u32> = starts[1..].to_vec();
         let mut placed = vec![false; n];
         let mut overlap = vec![0u32; n];
         let mut touched: Vec<usize> = Vec::new();
-        // Rows whose overlap grew since the last pick: each is pushed once per pick, with its
-        // overlap then (one push per row and pick instead of one per increment; the entries
-        // that can win are the same).
+        // Rows whose overlap grew since the last pick: each is offered once per pick, with its
+        // overlap then (one offer per row and pick instead of one per increment; the rows that
+        // can win are the same).
         let mut dirty: Vec<u32> = Vec::new();
         let mut is_dirty = vec![false; n];
         // Keys: (score, overlap, lowest id first) packed into a u128 (r < n ≤ u32::MAX, so
-        // !r in 32 bits orders ids low-first). Stale entries (an overlap that has grown since,
-        // or a row placed since) are skipped when popped.
+        // !r in 32 bits orders ids low-first): unique, and a row's only grows in a window.
         let key = |x: usize, o: u32| -> u128 {
             (u128::from(score(o, a.degree(x))) << 64)
                 | (u128::from(o) << 32)
                 | u128::from(!(x as u32))
         };
-        let mut heap: BinaryHeap<u128> = BinaryHeap::new();
+        let mut best = Best::new(window_rows.min(n));
         // in_window[c] == w: column c is already in window w.
         let mut in_window = vec![usize::MAX; a.n_cols()];
         let mut old_of_new: Vec<u32> = Vec::with_capacity(n);
@@ -119,23 +186,16 @@ impl Permutation {
         let mut window = 0usize;
         while old_of_new.len() < n {
             let end = (old_of_new.len() + window_rows).min(n);
+            best.reset(end - old_of_new.len());
             while old_of_new.len() < end {
                 for x in dirty.drain(..) {
                     let x = x as usize;
                     is_dirty[x] = false;
                     if !placed[x] {
-                        heap.push(key(x, overlap[x]));
+                        best.offer(key(x, overlap[x]));
                     }
                 }
-                let mut pick = None;
-                while let Some(k) = heap.pop() {
-                    let (o, x) = ((k >> 32) as u32, !(k as u32) as usize);
-                    if !placed[x] && overlap[x] == o {
-                        pick = Some(x);
-                        break;
-                    }
-                }
-                let r = match pick {
+                let r = match best.take_max() {
                     Some(r) => r,
                     None => {
                         // Fewer than n rows are placed, and every seed before `next_seed` is,
@@ -155,15 +215,20 @@ impl Permutation {
                         continue;
                     }
                     in_window[c] = window;
-                    let rows = holders.row(c);
-                    if rows.len() > CLUSTER_COLUMN_CAP {
+                    // The cap counts every holder, placed or not (as the work bound does).
+                    let (s, e) = (starts[c] as usize, live_end[c] as usize);
+                    if (starts[c + 1] - starts[c]) as usize > CLUSTER_COLUMN_CAP {
                         continue;
                     }
-                    for &x in rows {
+                    let mut w = s;
+                    for i in s..e {
+                        let x = held[i];
                         let xi = x as usize;
                         if placed[xi] {
                             continue;
                         }
+                        held[w] = x;
+                        w += 1;
                         if overlap[xi] == 0 {
                             touched.push(xi);
                         }
@@ -173,6 +238,8 @@ impl Permutation {
                             dirty.push(x);
                         }
                     }
+                    // w ≤ e ≤ nnz, which fits u32 (a Csr's offsets are u32).
+                    live_end[c] = w as u32;
                 }
             }
             for x in touched.drain(..) {
@@ -181,7 +248,6 @@ impl Permutation {
             for x in dirty.drain(..) {
                 is_dirty[x as usize] = false;
             }
-            heap.clear();
             window += 1;
         }
         Permutation::from_old_of_new(old_of_new)

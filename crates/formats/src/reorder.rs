@@ -166,6 +166,8 @@ pub struct RowOrder {
     pub gathers: usize,
     /// What `Auto` did not try, and why (window packing past its work bound), for the report.
     pub skipped: Option<String>,
+    /// Wall time of [`choose`](Self::choose): the orders tried and their counts, ms.
+    pub choose_ms: f64,
 }
 
 impl RowOrder {
@@ -176,42 +178,72 @@ impl RowOrder {
     /// # Errors
     /// [`Error::InvalidParameter`] if `window_rows` is 0.
     pub fn choose(a: &Csr, reorder: Reorder, window_rows: usize) -> Result<Self> {
+        let started = std::time::Instant::now();
         let count = |p: Option<&Permutation>| -> Result<usize> {
             Ok(count_windows(a, p, window_rows, 1)?.1)
         };
-        let natural = count(None)?;
         let square = a.n_rows() == a.n_cols();
         let locality = || Permutation::reverse_cuthill_mckee_peeling_hubs(a, HUB_FACTOR);
         let mut skipped = None;
-        let (used, permutation, gathers) = match reorder {
+        let (natural, (used, permutation, gathers)) = match reorder {
             Reorder::Auto if square => {
-                let mut best = (Reorder::None, None, natural);
-                let mut consider = |r: Reorder, p: Permutation| -> Result<()> {
-                    let g = count(Some(&p))?;
-                    if (g as f64) < (1.0 - AUTO_MIN_SAVING) * natural as f64 && g < best.2 {
-                        best = (r, Some(p), g);
-                    }
-                    Ok(())
-                };
-                consider(Reorder::Degree, Permutation::by_degree_descending(a))?;
-                let seeds = locality()?;
                 let work = cluster_work(a);
-                if work <= AUTO_CLUSTER_MAX_WORK {
-                    let packed = Permutation::window_clusters(a, window_rows, Some(&seeds))?;
-                    consider(Reorder::Cluster, packed)?;
-                } else {
+                let pack = work <= AUTO_CLUSTER_MAX_WORK;
+                if !pack {
                     skipped = Some(format!(
                         "window packing skipped (its work {work} > bound {AUTO_CLUSTER_MAX_WORK})"
                     ));
                 }
-                consider(Reorder::Locality, seeds)?;
-                best
+                // The locality order and the packing seeded by it (the long, sequential part)
+                // beside the graph's and the degree order's counts.
+                type Counted = Result<(Permutation, usize)>;
+                let counted = |p: Permutation| -> Counted { count(Some(&p)).map(|g| (p, g)) };
+                let ((natural, degree), (seeds, packed)) = rayon::join(
+                    || {
+                        rayon::join(
+                            || count(None),
+                            || counted(Permutation::by_degree_descending(a)),
+                        )
+                    },
+                    || -> (Counted, Option<Counted>) {
+                        let seeds = match locality() {
+                            Ok(s) => s,
+                            Err(e) => return (Err(e), None),
+                        };
+                        let packed = pack.then(|| {
+                            counted(Permutation::window_clusters(a, window_rows, Some(&seeds))?)
+                        });
+                        (counted(seeds), packed)
+                    },
+                );
+                let natural = natural?;
+                // In this order on ties: degree, packing, locality.
+                let mut best = (Reorder::None, None, natural);
+                let candidates = [
+                    Some((Reorder::Degree, degree)),
+                    packed.map(|p| (Reorder::Cluster, p)),
+                    Some((Reorder::Locality, seeds)),
+                ];
+                for (r, c) in candidates.into_iter().flatten() {
+                    let (p, g) = c?;
+                    if (g as f64) < (1.0 - AUTO_MIN_SAVING) * natural as f64 && g < best.2 {
+                        best = (r, Some(p), g);
+                    }
+                }
+                (natural, best)
             }
             // A locality order follows the graph's edges from node to node: it needs a square
             // graph. A rectangular one keeps its order (the report says so).
-            Reorder::Auto | Reorder::None => (Reorder::None, None, natural),
-            Reorder::Locality if !square => (Reorder::None, None, natural),
+            Reorder::Auto | Reorder::None => {
+                let natural = count(None)?;
+                (natural, (Reorder::None, None, natural))
+            }
+            Reorder::Locality if !square => {
+                let natural = count(None)?;
+                (natural, (Reorder::None, None, natural))
+            }
             r => {
+                let natural = count(None)?;
                 let p = match r {
                     Reorder::Degree => Permutation::by_degree_descending(a),
                     Reorder::Cluster => {
@@ -221,7 +253,7 @@ impl RowOrder {
                     _ => locality()?,
                 };
                 let g = count(Some(&p))?;
-                (r, Some(p), g)
+                (natural, (r, Some(p), g))
             }
         };
         Ok(Self {
@@ -231,6 +263,7 @@ impl RowOrder {
             gathers_natural: natural,
             gathers,
             skipped,
+            choose_ms: started.elapsed().as_secs_f64() * 1e3,
         })
     }
 
@@ -242,10 +275,12 @@ impl RowOrder {
     /// One line for a plan's report: the order and its gathers against the graph's own.
     pub fn info(&self) -> String {
         let mut line = format!(
-            "rows {}-ordered: {} K/V row gathers per head ({:.2}x fewer than the graph's order)",
+            "rows {}-ordered: {} K/V row gathers per head ({:.2}x fewer than the graph's order; \
+             chosen in {:.0} ms)",
             self.used,
             self.gathers,
-            self.gathers_natural as f64 / self.gathers.max(1) as f64
+            self.gathers_natural as f64 / self.gathers.max(1) as f64,
+            self.choose_ms
         );
         if let Some(s) = &self.skipped {
             line += "; ";
