@@ -120,11 +120,14 @@ fn build_plan(
     config: AttentionConfig,
     label: &str,
 ) -> Result<(AttentionPlan, PlanBuild)> {
-    let (built, secs) = crate::progress::step(label, || AttentionPlan::on_graph(graph, config));
+    let ((built, secs), host_peak_bytes) = crate::memory::host_peak(|| {
+        crate::progress::step(label, || AttentionPlan::on_graph(graph, config))
+    });
     let plan = built?;
     let build = PlanBuild {
         ms: secs * 1e3,
         graph_device_bytes: graph.device_bytes() as u64,
+        host_peak_bytes,
     };
     Ok((plan, build))
 }

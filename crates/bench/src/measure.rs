@@ -28,6 +28,9 @@ pub struct PlanBuild {
     pub ms: f64,
     /// Device bytes of the graph's uploads (CSR, transpose, blocked formats) once it was built.
     pub graph_device_bytes: u64,
+    /// The process's resident memory at its peak during the build, above where it started,
+    /// bytes (`None` where the system cannot tell: Linux's `/proc/self` VmHWM, reset first).
+    pub host_peak_bytes: Option<u64>,
 }
 
 /// The configuration every case of a (graph, heads, head_dim, dtype) shares.

@@ -174,6 +174,27 @@ pub fn check_rmat(config: &RmatConfig, available: u64) -> Result<()> {
     )))
 }
 
+/// Runs `f` and returns, beside its result, how far the process's resident memory rose above
+/// where it started while `f` ran (bytes): Linux's peak resident size (VmHWM), reset first
+/// through `/proc/self/clear_refs`. `None` where either is unavailable (another system, a
+/// kernel that refuses the reset). Other threads' allocations count too.
+pub fn host_peak<T>(f: impl FnOnce() -> T) -> (T, Option<u64>) {
+    let reset = std::fs::write("/proc/self/clear_refs", "5").is_ok();
+    let before = reset.then(|| status_kib("VmRSS")).flatten();
+    let out = f();
+    let peak = before.and_then(|b| Some(status_kib("VmHWM")?.saturating_sub(b) * 1024));
+    (out, peak)
+}
+
+/// A `kB` line of /proc/self/status.
+fn status_kib(field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/status").ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,6 +208,25 @@ mod tests {
             head_dim,
             dtype: DTypeKind::F32,
             check: true,
+        }
+    }
+
+    #[test]
+    fn the_peak_of_a_large_allocation_is_seen() {
+        let (sum, peak) = host_peak(|| {
+            // 256 MiB touched, then freed before the measurement ends.
+            let v = vec![1u8; 256 << 20];
+            v.iter().step_by(4096).map(|&x| u64::from(x)).sum::<u64>()
+        });
+        assert_eq!(sum, (256 << 20) / 4096);
+        if let Some(p) = peak {
+            assert!(p >= 200 << 20, "peak {p} bytes for a 256 MiB buffer");
+        } else {
+            // Only where /proc/self cannot tell.
+            assert!(
+                std::fs::read_to_string("/proc/self/status").is_err()
+                    || std::fs::write("/proc/self/clear_refs", "5").is_err()
+            );
         }
     }
 

@@ -197,6 +197,10 @@ pub struct CaseRecord {
     /// The graph's device uploads once the plan was built, bytes (`null` without a plan).
     #[serde(default)]
     pub graph_device_bytes: Option<u64>,
+    /// The host memory the plan's build took at its peak, above the process's resident memory
+    /// before it, bytes (`null` without a plan, or where the system cannot tell).
+    #[serde(default)]
+    pub plan_host_peak_bytes: Option<u64>,
     /// The error that stopped this case, if one did.
     #[serde(default)]
     pub error: Option<String>,

@@ -648,19 +648,28 @@ fn key_results(w: &mut String, data: &ReportData<'_>) {
 /// configurations: a graph's first plan also builds and uploads its formats), the graph's
 /// device uploads after them, and the peers' preprocessing on the same graph.
 fn plan_times(w: &mut String, data: &ReportData<'_>) {
-    // (graph, case) -> (fastest, slowest, configurations, largest graph upload)
-    let mut rows: BTreeMap<(String, String), (f64, f64, usize, u64)> = BTreeMap::new();
+    // (graph, case) -> (fastest, slowest, configurations, largest graph upload, largest host
+    // peak)
+    type Row = (f64, f64, usize, u64, Option<u64>);
+    let mut rows: BTreeMap<(String, String), Row> = BTreeMap::new();
     for (c, _) in &data.cases {
         if let Some(ms) = c.plan_ms {
-            let e =
-                rows.entry((c.graph.clone(), c.case.clone()))
-                    .or_insert((f64::INFINITY, 0.0, 0, 0));
+            let e = rows.entry((c.graph.clone(), c.case.clone())).or_insert((
+                f64::INFINITY,
+                0.0,
+                0,
+                0,
+                None,
+            ));
             e.0 = e.0.min(ms);
             e.1 = e.1.max(ms);
             e.2 += 1;
             e.3 = e.3.max(c.graph_device_bytes.unwrap_or(0));
+            e.4 = e.4.max(c.plan_host_peak_bytes);
         }
     }
+    // Runs that recorded the host peak get its column (older JSON has none).
+    let peaks = rows.values().any(|r| r.4.is_some());
     if rows.is_empty() {
         return;
     }
@@ -687,13 +696,18 @@ fn plan_times(w: &mut String, data: &ReportData<'_>) {
          plans reuse them), the graph's device uploads afterwards, and the peers' \
          preprocessing of the same graph (fastest over its records).\n"
     );
+    let (peak_head, peak_rule) = if peaks {
+        (" plan host peak (MiB) |", "--:|")
+    } else {
+        ("", "")
+    };
     let _ = writeln!(
         w,
-        "| graph | algorithm | plan (ms) | configurations | graph uploads (MiB) | peers' preprocessing (ms) |"
+        "| graph | algorithm | plan (ms) | configurations | graph uploads (MiB) |{peak_head} peers' preprocessing (ms) |"
     );
-    let _ = writeln!(w, "|---|---|--:|--:|--:|---|");
+    let _ = writeln!(w, "|---|---|--:|--:|--:|{peak_rule}---|");
     let mut last_graph = "";
-    for ((graph, case), (lo, hi, n, bytes)) in &rows {
+    for ((graph, case), (lo, hi, n, bytes, peak)) in &rows {
         let peers = if graph.as_str() != last_graph {
             prep.get(graph.as_str())
                 .map(|m| {
@@ -714,10 +728,16 @@ fn plan_times(w: &mut String, data: &ReportData<'_>) {
         } else {
             format!("{}–{}", fmt_ms(*lo), fmt_ms(*hi))
         };
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        let peak_cell = match (peaks, peak) {
+            (false, _) => String::new(),
+            (true, Some(p)) => format!(" {:.1} |", mib(*p)),
+            (true, None) => " — |".into(),
+        };
         let _ = writeln!(
             w,
-            "| {graph} | {case} | {range} | {n} | {:.1} | {peers} |",
-            *bytes as f64 / (1u64 << 20) as f64
+            "| {graph} | {case} | {range} | {n} | {:.1} |{peak_cell} {peers} |",
+            mib(*bytes)
         );
     }
     let _ = writeln!(w);

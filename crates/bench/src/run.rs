@@ -449,6 +449,7 @@ fn case_record(
         choice: m.choice.clone(),
         plan_ms: m.plan.map(|b| b.ms),
         graph_device_bytes: m.plan.map(|b| b.graph_device_bytes),
+        plan_host_peak_bytes: m.plan.and_then(|b| b.host_peak_bytes),
         error: m.error.clone(),
     }
 }

@@ -55,6 +55,7 @@ fn case(graph: &str, name: &str, kind: &str, ms: f64, vs_unfused: Option<f64>) -
         choice: None,
         plan_ms: None,
         graph_device_bytes: None,
+        plan_host_peak_bytes: None,
         error: None,
     }
 }
@@ -525,6 +526,23 @@ fn report_lists_plan_times_beside_the_peers_preprocessing() {
     assert!(
         section.contains("| cora | auto | 0.5000–2.000 | 2 | 3.0 | fused3s: 4.500 |"),
         "{section}"
+    );
+    // With the plans' host peak recorded, its column (the largest over the configurations).
+    let mut peaked = r.clone();
+    for c in peaked.cases.iter_mut().filter(|c| c.plan_ms.is_some()) {
+        c.plan_host_peak_bytes = Some(if c.heads == 8 { 5 << 20 } else { 2 << 20 });
+    }
+    let dir2 = temp_dir("report-plan-peak");
+    let json2 = dir2.join("run.json");
+    std::fs::write(&json2, serde_json::to_string_pretty(&peaked).unwrap()).unwrap();
+    let md2 = report_page(&dir2, &json2);
+    assert!(
+        md2.contains("| graph | algorithm | plan (ms) | configurations | graph uploads (MiB) | plan host peak (MiB) |"),
+        "{md2}"
+    );
+    assert!(
+        md2.contains("| cora | auto | 0.5000–2.000 | 2 | 3.0 | 5.0 | fused3s: 4.500 |"),
+        "{md2}"
     );
     assert!(
         section
