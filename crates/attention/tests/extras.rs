@@ -49,6 +49,52 @@ fn auto_plans_for_extras_and_the_tensor_core_kernels_take_no_edge_features() {
     }
 }
 
+/// The identity the GPU tests measure d_scale's error with: d_scale = Σ_i q_i · dQ_i / scale,
+/// whatever the extras (a bias does not reach dQ; features enter k' = k + e on both sides;
+/// dropout is in dS).
+#[test]
+fn the_references_d_scale_is_q_dot_dq_over_scale_with_every_extra() {
+    let mut rng = fresh_rng("d_scale identity");
+    let a = random_graph(&mut rng, 50, 4, 6);
+    let (heads, d) = (2, 3);
+    let s = Shape::new(a.n_rows(), heads, d).unwrap();
+    let x = |rng: &mut Pcg64, n: usize| -> Vec<f64> {
+        (0..n).map(|_| rng.random_range(-1.0..1.0)).collect()
+    };
+    let (q, k, v, g) = (
+        x(&mut rng, s.len()),
+        x(&mut rng, s.len()),
+        x(&mut rng, s.len()),
+        x(&mut rng, s.len()),
+    );
+    let bias = x(&mut rng, a.nnz() * heads);
+    let feats = x(&mut rng, a.nnz() * heads * d);
+    let inputs = AttentionInputs::new(&q, s, &k, s, &v, s);
+    for (with_bias, with_feats, rate) in
+        [(false, false, 0.0), (true, true, 0.3), (true, false, 0.5)]
+    {
+        let extras = CpuExtras {
+            bias: with_bias.then(|| EdgeBias::PerHead(&bias[..])),
+            edge_features: with_feats.then_some(&feats[..]),
+            dropout: (rate > 0.0).then(|| Dropout::new(rate, 7, 1).unwrap()),
+        };
+        let scale = 0.7;
+        let want = attention_extras_backward_f64_from(&a, &inputs, scale, &extras, &g).unwrap();
+        let identity = q.iter().zip(&want.dq).map(|(q, g)| q * g).sum::<f64>() / scale;
+        let terms = q
+            .iter()
+            .zip(&want.dq)
+            .map(|(q, g)| (q * g).abs())
+            .sum::<f64>()
+            / scale;
+        assert!(
+            (identity - want.d_scale).abs() <= 1e-12 * terms,
+            "bias {with_bias} features {with_feats} rate {rate}: {} vs {identity}",
+            want.d_scale
+        );
+    }
+}
+
 #[test]
 fn the_cpu_plan_matches_the_f64_reference_and_checks_its_operands() {
     let mut rng = fresh_rng("cpu plan with extras");
@@ -279,10 +325,24 @@ fn check_gpu_extras<T: DType>(
         let err = cpu::rel_l2_error(&got, want);
         assert!(err <= gtol, "{what}: {name} error {err:e}");
     }
-    let ds_err = (f64::from(d_scale) - want.d_scale).abs() / want.d_scale.abs().max(1e-6);
+    // d_scale = Σ_e dS_e (q_i · k'_j) = Σ_i q_i · dQ_i / scale: a sum whose terms cancel, so its
+    // error is measured against the terms' magnitude, not against d_scale itself.
+    let terms: f64 = q64
+        .iter()
+        .zip(&want.dq)
+        .map(|(q, g)| (q * g).abs())
+        .sum::<f64>()
+        / scale;
+    let identity = q64.iter().zip(&want.dq).map(|(q, g)| q * g).sum::<f64>() / scale;
+    assert!(
+        (identity - want.d_scale).abs() <= 1e-9 * terms.max(1e-30),
+        "{what}: the reference's d_scale {} is not Σ q·dQ / scale = {identity}",
+        want.d_scale
+    );
+    let ds_err = (f64::from(d_scale) - want.d_scale).abs() / terms.max(1e-30);
     assert!(
         ds_err <= gtol.max(1e-3),
-        "{what}: dscale {d_scale} vs {}",
+        "{what}: dscale {d_scale} vs {} (error {ds_err:e} of the terms' {terms:e})",
         want.d_scale
     );
     eprintln!(
