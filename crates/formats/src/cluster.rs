@@ -158,7 +158,7 @@ impl Permutation {
         let seed_at = |i: usize| seeds.map_or(i, |s| s.old_of_new()[i] as usize);
         // Row lists of each column: the rows that share it. Placed rows are dropped from a list
         // as its column is visited (`live_end`), so each entry is skipped at most once; the
-        // picks do not depend on the lists' order (the heap's keys are unique).
+        // picks do not depend on the lists' order (the keys are unique).
         let holders = a.transpose();
         let starts = holders.row_offsets();
         let mut held: Vec<u32> = holders.col_indices().to_vec();
