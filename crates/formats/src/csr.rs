@@ -4,6 +4,8 @@
 //! row offsets are `u32` too, so a matrix holds at most `u32::MAX` entries and a larger one is
 //! refused with [`Error::TooManyEntries`] rather than wrapped around.
 
+use std::sync::atomic::{AtomicU32, Ordering};
+
 use rayon::prelude::*;
 
 use crate::alloc;
@@ -31,6 +33,16 @@ pub(crate) fn check_dim(what: &'static str, value: usize) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// Tasks of a transpose of `nnz` entries: one below 2^20 entries (the threads' start-up costs
+/// more), else one per rayon thread (each walks every row once).
+fn transpose_parts(nnz: usize) -> usize {
+    if nnz < 1 << 20 {
+        1
+    } else {
+        rayon::current_num_threads().max(1)
+    }
 }
 
 fn check_nnz(nnz: usize) -> Result<()> {
@@ -549,25 +561,63 @@ impl Csr {
     pub fn transpose_with_map(&self) -> (Csr, Vec<u32>) {
         let nnz = self.nnz();
         let mut offsets = vec![0u32; self.n_cols + 1];
-        for &c in &self.col_indices {
-            offsets[c as usize + 1] += 1;
+        let parts = transpose_parts(nnz);
+        if parts == 1 {
+            for &c in &self.col_indices {
+                offsets[c as usize + 1] += 1;
+            }
+        } else {
+            let counts: Vec<AtomicU32> = (0..self.n_cols).map(|_| AtomicU32::new(0)).collect();
+            self.col_indices.par_iter().for_each(|&c| {
+                counts[c as usize].fetch_add(1, Ordering::Relaxed);
+            });
+            for (o, c) in offsets[1..].iter_mut().zip(counts) {
+                *o = c.into_inner();
+            }
         }
         for i in 0..self.n_cols {
             offsets[i + 1] += offsets[i];
         }
-        let mut next = offsets.clone();
         let mut cols = vec![0u32; nnz];
         let mut map = vec![0u32; nnz];
-        // Rows visited in increasing order give sorted columns in the transpose.
-        for r in 0..self.n_rows {
-            for e in self.row_range(r) {
-                let c = self.col_indices[e] as usize;
-                let slot = next[c] as usize;
-                cols[slot] = r as u32;
-                map[slot] = e as u32;
-                next[c] += 1;
+        // Column ranges of about nnz / parts entries, each filled by one task that walks every
+        // row in order: its columns come out sorted by row, as the sequential scatter's.
+        let mut bounds = vec![0usize];
+        for k in 1..parts {
+            let target = (nnz as u64 * k as u64 / parts as u64) as u32;
+            let c = offsets.partition_point(|&o| o < target).min(self.n_cols);
+            if c > *bounds.last().unwrap_or(&0) {
+                bounds.push(c);
             }
         }
+        bounds.push(self.n_cols);
+        let mut tasks = Vec::with_capacity(bounds.len() - 1);
+        let (mut rest_cols, mut rest_map) = (&mut cols[..], &mut map[..]);
+        for w in bounds.windows(2) {
+            let len = (offsets[w[1]] - offsets[w[0]]) as usize;
+            let (c_part, c_rest) = rest_cols.split_at_mut(len);
+            let (m_part, m_rest) = rest_map.split_at_mut(len);
+            tasks.push((w[0]..w[1], c_part, m_part));
+            (rest_cols, rest_map) = (c_rest, m_rest);
+        }
+        tasks
+            .into_par_iter()
+            .for_each(|(range, out_cols, out_map)| {
+                let base = offsets[range.start];
+                let mut next: Vec<u32> = offsets[range.clone()].iter().map(|&o| o - base).collect();
+                for r in 0..self.n_rows {
+                    let row = self.row_range(r);
+                    let here = &self.col_indices[row.clone()];
+                    let lo = here.partition_point(|&c| (c as usize) < range.start);
+                    let hi = lo + here[lo..].partition_point(|&c| (c as usize) < range.end);
+                    for (e, &c) in (row.start + lo..).zip(&here[lo..hi]) {
+                        let slot = &mut next[c as usize - range.start];
+                        out_cols[*slot as usize] = r as u32;
+                        out_map[*slot as usize] = e as u32;
+                        *slot += 1;
+                    }
+                }
+            });
         let values = self
             .values
             .as_ref()

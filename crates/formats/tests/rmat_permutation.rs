@@ -535,3 +535,64 @@ fn degree_reordering_of_cora_groups_long_rows() {
     assert_eq!(&y[..3], &x[hub * 3..hub * 3 + 3]);
     assert_eq!(p.unpermute_rows(&y, 3).unwrap(), x);
 }
+
+/// The transpose the definition gives: entry (r, c) of A at (c, r), rows of Aᵀ in row order of
+/// A, and the map to A's entry.
+fn transpose_by_definition(a: &Csr) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
+    let mut by_col: Vec<Vec<(u32, u32)>> = vec![Vec::new(); a.n_cols()];
+    for r in 0..a.n_rows() {
+        for e in a.row_range(r) {
+            by_col[a.col_indices()[e] as usize].push((r as u32, e as u32));
+        }
+    }
+    let mut offsets = vec![0u32];
+    let (mut cols, mut map) = (Vec::new(), Vec::new());
+    for list in by_col {
+        for (r, e) in list {
+            cols.push(r);
+            map.push(e);
+        }
+        offsets.push(cols.len() as u32);
+    }
+    (offsets, cols, map)
+}
+
+#[test]
+fn the_parallel_transpose_is_the_definition_on_every_thread_count() {
+    // Past 2^20 entries the transpose runs one column range per thread; directed R-MAT has
+    // hub columns, empty columns and a rectangular variant below.
+    let a = rmat(&RmatConfig::new(17).with_seed(3)).unwrap();
+    assert!(
+        a.nnz() > 1 << 20,
+        "{} entries: the parallel path is not reached",
+        a.nnz()
+    );
+    let (offsets, cols, map) = transpose_by_definition(&a);
+    for threads in [1, 2, 3, 8] {
+        let (t, m) = in_pool(threads, || a.transpose_with_map());
+        assert_eq!(t.row_offsets(), &offsets[..], "{threads} threads");
+        assert_eq!(t.col_indices(), &cols[..], "{threads} threads");
+        assert_eq!(m, map, "{threads} threads");
+    }
+    // Rectangular: the rows of A past a column count.
+    let wide = Csr::from_unsorted(
+        a.n_rows(),
+        a.n_cols() + 1000,
+        &(0..a.nnz() as u32)
+            .map(|e| e % a.n_rows() as u32)
+            .collect::<Vec<_>>(),
+        &(0..a.nnz() as u32)
+            .map(|e| (e * 7) % (a.n_cols() as u32 + 1000))
+            .collect::<Vec<_>>(),
+        None,
+    )
+    .unwrap();
+    let (offsets, cols, map) = transpose_by_definition(&wide);
+    let (t, m) = in_pool(4, || wide.transpose_with_map());
+    assert_eq!((t.n_rows(), t.n_cols()), (wide.n_cols(), wide.n_rows()));
+    assert_eq!(
+        (t.row_offsets(), t.col_indices()),
+        (&offsets[..], &cols[..])
+    );
+    assert_eq!(m, map);
+}
