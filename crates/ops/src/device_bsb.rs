@@ -63,6 +63,8 @@ pub struct OrderedBsb {
     pub(crate) order: RowOrder,
     /// Per window row, the caller's row, when the rows were renumbered.
     pub(crate) row_ids: Option<DeviceVec<u32>>,
+    /// Wall time of the BSB's build and of its upload, ms (the order's is in `order`).
+    build_ms: (f64, f64),
 }
 
 impl OrderedBsb {
@@ -70,19 +72,25 @@ impl OrderedBsb {
     /// builds the BSB of `a` in it and uploads both.
     pub(crate) fn upload(gpu: &Gpu, a: &Csr, reorder: Reorder) -> Result<Self> {
         let order = RowOrder::choose(a, reorder, BSB_WINDOW_ROWS)?;
+        let t = std::time::Instant::now();
         let host = match &order.permutation {
             Some(p) => Bsb::from_csr(&p.permute_csr_rows(a)?)?,
             None => Bsb::from_csr(a)?,
         };
+        let built = t.elapsed().as_secs_f64() * 1e3;
+        let t = std::time::Instant::now();
         let row_ids = order
             .row_ids()
             .map(|ids| DeviceVec::from_host_named(gpu, "BSB caller rows", ids))
             .transpose()?;
+        let device = DeviceBsb::upload(gpu, &host)?;
+        let uploaded = t.elapsed().as_secs_f64() * 1e3;
         Ok(Self {
-            device: DeviceBsb::upload(gpu, &host)?,
+            device,
             host,
             order,
             row_ids,
+            build_ms: (built, uploaded),
         })
     }
 
@@ -96,9 +104,15 @@ impl OrderedBsb {
         bsb_edge_map(a, &self.host, self.order.row_ids())
     }
 
-    /// The row order and its K/V gathers, for a plan's report.
+    /// The row order and its K/V gathers, and how long the order, the BSB's build and its
+    /// upload took, for a plan's report.
     pub fn info(&self) -> String {
-        self.order.info()
+        format!(
+            "{}; BSB built in {:.0} ms, uploaded in {:.0} ms",
+            self.order.info(),
+            self.build_ms.0,
+            self.build_ms.1
+        )
     }
 
     /// Bytes of device memory it holds.

@@ -434,7 +434,7 @@ impl FusedTensorCore {
             None
         };
         Ok(Self {
-            order_info: format!("{}; kernel {kernel}", order.info()),
+            order_info: format!("{}; kernel {kernel}", ordered.info()),
             ordered,
             unit_pre,
             dtype: T::KIND,
