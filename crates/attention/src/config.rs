@@ -119,8 +119,11 @@ pub struct AttentionConfig {
     pub reorder: Reorder,
     /// Whether the plan will run with extras (a score bias, edge features, dropout or the
     /// attention weights out: [`AttentionPlan::forward_with`](crate::AttentionPlan::forward_with)):
-    /// [`Algorithm::Auto`] then chooses an algorithm that takes them, and an algorithm asked
-    /// for by name that does not is refused when the plan is built. Off by default.
+    /// [`Algorithm::Auto`] then chooses fused-csr, which takes every extra in its kernel
+    /// (unfused-csr where fused-csr cannot hold the head). Every algorithm takes a bias, dropout
+    /// and the weights out; one asked for by name that takes no edge features (fused-tc,
+    /// hybrid) refuses them, with an error naming those that do, when called with them. Off by
+    /// default.
     pub edge_extras: bool,
 }
 

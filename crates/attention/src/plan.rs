@@ -616,7 +616,9 @@ fn uses_tensor_cores(alg: Algorithm) -> bool {
 ///
 /// `Auto` takes the fastest measured algorithm for the dtype: fused-tc for f16 and bf16,
 /// fused-csr for f32, the fastest of those that keep f32 exact (the tensor-core ones round
-/// operands to tf32 — ask for them by name); docs/kernels/README.md, "Which kernel runs".
+/// operands to tf32 — ask for them by name); docs/kernels/README.md, "Which kernel runs". A
+/// plan made for extras gets fused-csr, which runs every extra in its kernel (unfused-csr where
+/// fused-csr cannot hold the head).
 fn choose(graph: &Csr, config: &AttentionConfig, cc: (i32, i32)) -> Result<(Algorithm, String)> {
     let fused_csr_ok = fused::csr::supports(config.head_dim, config.dtype.size_bytes());
     let tensor_cores = cc >= (8, 0);

@@ -152,7 +152,7 @@ fn the_cpu_plan_matches_the_f64_reference_and_checks_its_operands() {
     assert!(e.to_string().contains("NaN at element 2"), "{e}");
 }
 
-/// Runs `alg` (Auto: the plan's choice, unfused-csr) with every extra on `a` in `T` and checks
+/// Runs `alg` (Auto: the plan's choice, fused-csr) with every extra on `a` in `T` and checks
 /// the output with the weights out (the unfused composition) and without (fused-csr's kernel),
 /// the weights, and every gradient against the f64 reference (the dropout mask is the CPU's by
 /// construction).

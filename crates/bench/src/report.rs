@@ -693,8 +693,14 @@ fn plan_times(w: &mut String, data: &ReportData<'_>) {
         w,
         "`AttentionPlan::on_graph` wall time per graph and algorithm, fastest and slowest over \
          the configurations (the graph's first plan also builds and uploads its formats; later \
-         plans reuse them), the graph's device uploads afterwards, and the peers' \
-         preprocessing of the same graph (fastest over its records).\n"
+         plans reuse them), the graph's device uploads afterwards, {}and the peers' \
+         preprocessing of the same graph (fastest over its records).\n",
+        if peaks {
+            "the largest rise of the process's resident memory during a build above where it \
+             started (every thread's; a graph's first plan builds its formats), "
+        } else {
+            ""
+        }
     );
     let (peak_head, peak_rule) = if peaks {
         (" plan host peak (MiB) |", "--:|")

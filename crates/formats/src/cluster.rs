@@ -24,7 +24,7 @@ pub const CLUSTER_COLUMN_CAP: usize = 512;
 /// The work [`Permutation::window_clusters`] does on `a`, in candidate updates: every stored
 /// entry `(r, c)` whose column `c` is held by at most [`CLUSTER_COLUMN_CAP`] rows counts the
 /// rows holding `c`. Each entry is visited once (when its row joins a window), so this bounds
-/// the packing's heap pushes exactly; about 10⁸ a second on one core. O(nnz + n_cols).
+/// the packing's candidate updates (and its offers) exactly. O(nnz + n_cols).
 pub fn cluster_work(a: &Csr) -> u64 {
     let mut holders = vec![0u32; a.n_cols()];
     for &c in a.col_indices() {
@@ -40,7 +40,7 @@ pub fn cluster_work(a: &Csr) -> u64 {
 
 /// Priority of adding a row with `overlap` of its `degree` columns already in the window: the
 /// overlap per column it would add, in fixed point (ties: the larger overlap, then the lower
-/// row id — see the heap key).
+/// row id — see the candidates' key).
 fn score(overlap: u32, degree: usize) -> u64 {
     let added = (degree as u64).saturating_sub(overlap as u64);
     ((overlap as u64) << 20) / (added + 1)
@@ -50,7 +50,9 @@ fn score(overlap: u32, degree: usize) -> u64 {
 /// being the picks left. A row outside them cannot become the best before the window closes
 /// (`room` rows with larger keys, which only grow, stand before it, and each pick takes one)
 /// unless its own key grows, and then it is offered again; so the best of these is the best of
-/// all. Up to `window_rows` keys, scanned: no heap of every offer.
+/// all. Once full it stays full for the window (a pick removes one key and one pick of room; a
+/// seed is taken only when there is no key), so a seed never displaces a candidate. Up to
+/// `window_rows` keys, scanned on an accepted offer: no heap of every offer.
 struct Best {
     keys: Vec<u128>,
     room: usize,
@@ -120,8 +122,9 @@ impl Permutation {
     /// when no unplaced row shares a column with the window it takes the next seed. Rows keep
     /// their columns; works for rectangular matrices too. Deterministic.
     ///
-    /// Single-threaded, O([`cluster_work`] · log) time (~1.2 s on ogbn-arxiv, 2.5 M entries),
-    /// O(n + nnz) memory (it builds the transpose).
+    /// Single-threaded, O([`cluster_work`] · `window_rows`) time at worst (each accepted offer
+    /// scans the window's candidates; ~0.5 s on ogbn-arxiv, 2.5 M entries, 16-row windows), O(n +
+    /// nnz) memory (it builds the transpose).
     ///
     /// # Errors
     /// [`Error::InvalidParameter`] for `window_rows` of 0; [`Error::LengthMismatch`] if `seeds`
@@ -259,7 +262,7 @@ mod tests {
     use super::*;
     use crate::reorder::count_windows;
 
-    /// The packing as its doc states it, without the heap: each pick scans every unplaced row
+    /// The packing as its doc states it, without the candidate set: each pick scans every unplaced row
     /// and counts its distinct window columns held by at most the cap's rows.
     fn naive_clusters(a: &Csr, window_rows: usize, seeds: Option<&Permutation>) -> Vec<u32> {
         let n = a.n_rows();

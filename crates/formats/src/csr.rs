@@ -35,13 +35,15 @@ pub(crate) fn check_dim(what: &'static str, value: usize) -> Result<()> {
     Ok(())
 }
 
-/// Tasks of a transpose of `nnz` entries: one below 2^20 entries (the threads' start-up costs
-/// more), else one per rayon thread (each walks every row once).
-fn transpose_parts(nnz: usize) -> usize {
+/// Tasks of a transpose of `nnz` entries over `n_rows` rows: one below 2^20 entries (the
+/// threads' start-up costs more), else one per rayon thread, but no more than the mean degree
+/// (each task walks every row once, so their walks stay within the entries' count).
+fn transpose_parts(nnz: usize, n_rows: usize) -> usize {
     if nnz < 1 << 20 {
         1
     } else {
-        rayon::current_num_threads().max(1)
+        let by_degree = nnz / n_rows.max(1 << 18);
+        rayon::current_num_threads().min(by_degree).max(1)
     }
 }
 
@@ -561,7 +563,7 @@ impl Csr {
     pub fn transpose_with_map(&self) -> (Csr, Vec<u32>) {
         let nnz = self.nnz();
         let mut offsets = vec![0u32; self.n_cols + 1];
-        let parts = transpose_parts(nnz);
+        let parts = transpose_parts(nnz, self.n_rows);
         if parts == 1 {
             for &c in &self.col_indices {
                 offsets[c as usize + 1] += 1;
@@ -590,7 +592,10 @@ impl Csr {
                 bounds.push(c);
             }
         }
-        bounds.push(self.n_cols);
+        // The last range ends at n_cols (one range at least, even an empty one).
+        if bounds.len() == 1 || *bounds.last().unwrap_or(&0) < self.n_cols {
+            bounds.push(self.n_cols);
+        }
         let mut tasks = Vec::with_capacity(bounds.len() - 1);
         let (mut rest_cols, mut rest_map) = (&mut cols[..], &mut map[..]);
         for w in bounds.windows(2) {

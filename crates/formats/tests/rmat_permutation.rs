@@ -587,6 +587,7 @@ fn the_parallel_transpose_is_the_definition_on_every_thread_count() {
         None,
     )
     .unwrap();
+    assert!(wide.nnz() > 1 << 20);
     let (offsets, cols, map) = transpose_by_definition(&wide);
     let (t, m) = in_pool(4, || wide.transpose_with_map());
     assert_eq!((t.n_rows(), t.n_cols()), (wide.n_cols(), wide.n_rows()));
@@ -595,4 +596,29 @@ fn the_parallel_transpose_is_the_definition_on_every_thread_count() {
         (&offsets[..], &cols[..])
     );
     assert_eq!(m, map);
+    // Hub columns holding more than a task's share (ranges collapse onto them) and the last
+    // columns holding a large part (the last range may be empty).
+    let n: u32 = 1 << 18;
+    let (mut rows, mut cols) = (Vec::new(), Vec::new());
+    let mut state = 12345u64;
+    for r in 0..n {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        for c in [0, 1, n - 2, n - 1, (state >> 40) as u32 % n] {
+            rows.push(r);
+            cols.push(c);
+        }
+    }
+    let hub = Csr::from_unsorted(n as usize, n as usize, &rows, &cols, None).unwrap();
+    assert!(hub.nnz() > 1 << 20, "{} entries", hub.nnz());
+    let (offsets, cols_t, map) = transpose_by_definition(&hub);
+    for threads in [2, 8, 64] {
+        let (t, m) = in_pool(threads, || hub.transpose_with_map());
+        assert_eq!(
+            (t.row_offsets(), t.col_indices()),
+            (&offsets[..], &cols_t[..])
+        );
+        assert_eq!(m, map);
+    }
 }
