@@ -417,10 +417,12 @@ struct Bfs<'a> {
 }
 
 impl Bfs<'_> {
-    /// Searches from `root` (neighbours by ascending degree, ties by id), leaving the visit
-    /// order in `queue` and the levels in `level`; returns the start of the last level in
-    /// `queue`.
-    fn run(&mut self, root: u32) -> usize {
+    /// Searches from `root`, leaving the visit order in `queue` and the levels in `level`;
+    /// returns the start of the last level in `queue`. With `sorted`, each node's neighbours
+    /// are queued by ascending degree, ties by id (the numbering); without, in row order (the
+    /// pseudo-peripheral probes, which read only the levels: a node's level, and so the last
+    /// level's set and the depth, do not depend on the order).
+    fn run(&mut self, root: u32, sorted: bool) -> usize {
         self.queue.clear();
         self.queue.push(root);
         self.level[root as usize] = 0;
@@ -440,9 +442,11 @@ impl Bfs<'_> {
                     self.scratch.push(c);
                 }
             }
-            let degree = &self.degree;
-            self.scratch
-                .sort_unstable_by_key(|&c| (degree[c as usize], c));
+            if sorted {
+                let degree = &self.degree;
+                self.scratch
+                    .sort_unstable_by_key(|&c| (degree[c as usize], c));
+            }
             self.queue.extend_from_slice(&self.scratch);
         }
         last_level_start
@@ -499,7 +503,7 @@ fn locality_order(a: &Csr, hub_factor: Option<f64>) -> Result<Permutation> {
             // George–Liu: move the root to a lowest-degree node of the last level while that
             // deepens the search.
             let mut root = s;
-            let mut last = bfs.run(root);
+            let mut last = bfs.run(root, false);
             let mut depth = bfs.level[bfs.queue[bfs.queue.len() - 1] as usize];
             for _ in 0..PERIPHERAL_ROUNDS {
                 let degree = &bfs.degree;
@@ -509,7 +513,7 @@ fn locality_order(a: &Csr, hub_factor: Option<f64>) -> Result<Permutation> {
                     .min_by_key(|&c| (degree[c as usize], c))
                     .unwrap_or(root);
                 bfs.clear();
-                let last_c = bfs.run(candidate);
+                let last_c = bfs.run(candidate, false);
                 let depth_c = bfs.level[bfs.queue[bfs.queue.len() - 1] as usize];
                 if depth_c > depth {
                     root = candidate;
@@ -519,12 +523,9 @@ fn locality_order(a: &Csr, hub_factor: Option<f64>) -> Result<Permutation> {
                     break;
                 }
             }
-            // The queue holds the search from the last root tried; redo it from `root` if that
-            // was not the one kept.
-            if bfs.queue[0] != root {
-                bfs.clear();
-                bfs.run(root);
-            }
+            // The numbering: the search from the root kept, neighbours sorted.
+            bfs.clear();
+            bfs.run(root, true);
             for &v in &bfs.queue {
                 bfs.done[v as usize] = true;
             }
