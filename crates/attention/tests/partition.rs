@@ -745,7 +745,17 @@ fn gpu_partitioned_plans_equal_the_reference() {
             check_gpu::<f32>(a, parts, Algorithm::FusedCsr, 1, 64);
             check_gpu::<f16>(a, parts, Algorithm::Auto, 8, 64);
         }
+        check_gpu::<f32>(a, 8, Algorithm::FusedCsr, 2, 16);
     }
+    // Ranks without rows (empty blocks, empty local plans) and a halo of every node.
+    let tiny = Csr::from_edges(5, 5, &[(0, 1), (1, 2), (2, 0), (3, 4), (4, 3), (4, 4)]).unwrap();
+    check_gpu::<f32>(&tiny, 8, Algorithm::FusedCsr, 1, 4);
+    check_gpu::<f16>(&tiny, 8, Algorithm::Auto, 2, 16);
+    let n = 40u32;
+    let edges: Vec<(u32, u32)> = (0..n).flat_map(|i| (0..n).map(move |j| (i, j))).collect();
+    let complete = Csr::from_edges(n as usize, n as usize, &edges).unwrap();
+    check_gpu::<f32>(&complete, 3, Algorithm::UnfusedCsr, 2, 16);
+    check_gpu::<f16>(&complete, 3, Algorithm::Auto, 1, 64);
 }
 
 /// The partitioned plan with one rank per GPU of this machine over NCCL (one rank where there
