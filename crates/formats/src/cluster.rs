@@ -162,9 +162,7 @@ impl Permutation {
         // Row lists of each column: the rows that share it. Placed rows are dropped from a list
         // as its column is visited (`live_end`), so each entry is skipped at most once; the
         // picks do not depend on the lists' order (the keys are unique).
-        let holders = a.transpose();
-        let starts = holders.row_offsets();
-        let mut held: Vec<u32> = holders.col_indices().to_vec();
+        let (_, _, starts, mut held, _) = a.transpose().into_parts();
         let mut live_end: Vec<u32> = starts[1..].to_vec();
         let mut placed = vec![false; n];
         let mut overlap = vec![0u32; n];
