@@ -60,6 +60,16 @@ pub fn graph_specs(args: &RunArgs) -> Vec<GraphSpec> {
     specs
 }
 
+/// How `args` asks for graphs to be loaded from `data_dirs`.
+pub fn load_options<'a>(args: &RunArgs, data_dirs: &'a DataDirs) -> LoadOptions<'a> {
+    LoadOptions {
+        data_dirs,
+        symmetrize: !args.no_symmetrize,
+        rmat_seed: args.rmat_seed,
+        host_memory: args.host_memory,
+    }
+}
+
 /// The GPU, or why there is none.
 enum Device {
     Gpu(Gpu),
@@ -100,12 +110,7 @@ pub fn run(args: &RunArgs, argv: &[String]) -> Result<Outcome> {
         Some(target) => Some(graphs::dump_paths(target, &names)?),
         None => None,
     };
-    let load_options = LoadOptions {
-        data_dirs: &data_dirs,
-        symmetrize: !args.no_symmetrize,
-        rmat_seed: args.rmat_seed,
-        host_memory: args.host_memory,
-    };
+    let load_options = load_options(args, &data_dirs);
     if args.dump_only {
         let dumps = dumps.unwrap_or_default();
         for (spec, path) in specs.iter().zip(&dumps) {

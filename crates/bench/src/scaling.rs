@@ -18,7 +18,8 @@ use spattn::{AttentionConfig, Csr, DType, DTypeKind, DeviceMatrix, Gpu, Shape};
 
 use crate::cli::RunArgs;
 use crate::error::{Error, Result};
-use crate::graphs::{self, GraphSpec, LoadOptions};
+use crate::graphs::{self, GraphSpec};
+use crate::inputs::{config_seed, mix64};
 use crate::{outln, record};
 
 /// Version of the scaling JSON.
@@ -111,14 +112,10 @@ pub fn rank_ladder(n: usize) -> Vec<usize> {
     v
 }
 
-/// Uniform values in [-1, 1) of element `i` under `seed` (splitmix64): every rank draws its
-/// own rows without the whole matrix on any host.
+/// Uniform values in [-1, 1) of element `i` under `seed`: a hash of the element, so every rank
+/// draws its own rows without the whole matrix on any host.
 fn value(seed: u64, i: u64) -> f32 {
-    let mut z = seed.wrapping_add(i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
-    ((z >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    ((mix64(seed ^ mix64(i)) >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
 }
 
 /// The rows `rows` of an `n × row_len` input matrix `which` (0: Q, 1: K, 2: V).
@@ -223,12 +220,7 @@ pub fn run(args: &RunArgs, argv: &[String], n: usize) -> Result<()> {
     let ladder = rank_ladder(n);
     let weak = args.weak_rmat;
     let data_dirs = graphs::DataDirs::new(args.data_dir.as_deref());
-    let load_options = LoadOptions {
-        data_dirs: &data_dirs,
-        symmetrize: !args.no_symmetrize,
-        rmat_seed: args.rmat_seed,
-        host_memory: args.host_memory,
-    };
+    let load_options = crate::run::load_options(args, &data_dirs);
     let dtypes = if args.dtype.is_empty() {
         vec![DTypeKind::F16]
     } else {
@@ -246,14 +238,9 @@ pub fn run(args: &RunArgs, argv: &[String], n: usize) -> Result<()> {
     };
     let algorithm = match args.algorithms.as_str() {
         "all" | "auto" => spattn::Algorithm::Auto,
-        name => spattn::Algorithm::ALL
-            .into_iter()
-            .find(|a| a.name() == name)
-            .ok_or_else(|| {
-                Error::new(format!(
-                    "--algorithms with --gpus takes one algorithm name, not {name:?}"
-                ))
-            })?,
+        name => name.parse::<spattn::Algorithm>().map_err(|e| {
+            Error::new(format!("--algorithms with --gpus takes one algorithm: {e}"))
+        })?,
     };
     let mut rec = ScalingRecord {
         schema: SCALING_SCHEMA_VERSION,
@@ -313,7 +300,7 @@ pub fn run(args: &RunArgs, argv: &[String], n: usize) -> Result<()> {
                 for &dim in &dims {
                     let (heads, dim) = (heads as usize, dim as usize);
                     let config = AttentionConfig::new(heads, dim, dtype).with_algorithm(algorithm);
-                    let seed = args.seed ^ (graph.csr.nnz() as u64).rotate_left(17);
+                    let seed = config_seed(args.seed, &graph.name, heads, dim, dtype);
                     let body = |ex: &NcclExchange| match dtype {
                         DTypeKind::F32 => {
                             rank_run::<f32>(ex, &graph.csr, &part, &config, seed, warmup, reps)
