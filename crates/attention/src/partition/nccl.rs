@@ -24,7 +24,9 @@ pub struct NcclExchange {
 
 impl NcclExchange {
     /// Rank `rank` of `world` on `gpu`, joining the ranks that hold `id` (blocks until every
-    /// rank has joined).
+    /// rank has joined). Several ranks of one process (threads of the caller's own, not
+    /// [`run_nccl`]'s) first call [`spattn_ops::nccl::share_pools`] on their GPUs: NCCL moves
+    /// their blocks by direct pointers into each other's pool memory.
     ///
     /// Errors: a rank outside the world ([`Error::RankOutOfRange`]); NCCL unavailable or
     /// failing ([`Error::Ops`]).
