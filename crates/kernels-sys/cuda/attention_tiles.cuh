@@ -223,14 +223,19 @@ struct BsbExtras {
     const u32* __restrict__ keep;    // null (no dropout), or this head's keep bits
     float drop_scale;                // 1 / (1 - rate)
     const u32* __restrict__ block_edge_start;
-    u32 e[2][4];  // the step's entries: block bb, entry 2r + c
+    u32 e[2][4];     // the step's entries: block bb, entry 2r + c
+    u32 base[2];     // block bb's first edge
+    u32 count[2];    // block bb's edges (0 past the unit)
+    float bv[2][4];  // fetched: the entries' bias (log2 domain), 0 where there is none
+    float kf[2][4];  // fetched: the entries' dropout factors
 
     // Block bb of the step is blk, its bitmap words w (row g in word `upper`, row g + 8 in word
     // 2 + upper, this lane's bits at shift and shift + 1).
     __device__ __forceinline__ void find(int bb, u32 blk, const u32 (&w)[4], u32 upper,
                                          u32 shift) {
-        const u32 base = __ldg(block_edge_start + blk);
+        base[bb] = __ldg(block_edge_start + blk);
         const u32 p0 = __popc(w[0]), p1 = __popc(w[1]), p2 = __popc(w[2]);
+        count[bb] = p0 + p1 + p2 + __popc(w[3]);
         const u32 before[2] = {upper ? p0 : 0u, p0 + p1 + (upper ? p2 : 0u)};
         const u32 word[2] = {w[upper], w[2u + upper]};
 #pragma unroll
@@ -239,17 +244,19 @@ struct BsbExtras {
             for (int c = 0; c < 2; ++c) {
                 const u32 bit = shift + (u32)c;
                 e[bb][2 * r + c] = ((word[r] >> bit) & 1u)
-                                       ? base + before[r] + __popc(word[r] & ((1u << bit) - 1u))
+                                       ? base[bb] + before[r] + __popc(word[r] & ((1u << bit) - 1u))
                                        : SPATTN_NONE;
             }
     }
     // Block bb of the step lies past the unit.
     __device__ __forceinline__ void none(int bb) {
+        base[bb] = 0u;
+        count[bb] = 0u;
 #pragma unroll
         for (int j = 0; j < 4; ++j) e[bb][j] = SPATTN_NONE;
     }
     // The step's blocks blk0 and blk0 + 1 (at or past `end`: past the unit), their bitmap
-    // words from words(bb, blk, w).
+    // words from words(bb, blk, w); then their extras fetched (fetch).
     template <class W>
     __device__ __forceinline__ void find_step(u32 blk0, u32 end, u32 upper, u32 shift, W words) {
 #pragma unroll
@@ -263,16 +270,52 @@ struct BsbExtras {
                 none(bb);
             }
         }
+#pragma unroll
+        for (int bb = 0; bb < 2; ++bb) fetch(bb);
     }
-    __device__ __forceinline__ float bias_log2(int bb, int j) const {
-        const u32 x = e[bb][j];
-        return bias == nullptr || x == SPATTN_NONE ? 0.0f : __ldg(bias + x);
+    // Block bb's bias and keep bits, by the whole warp (every lane calls it for the same
+    // block): a block's edges are consecutive, so lanes j < count load edge base + j's bias
+    // (32 at a time) and the ceil(count / 32) + 1 words at most that hold its keep bits, and each
+    // entry takes its value from the lane that loaded it. One coalesced load per block instead
+    // of one scattered load per entry.
+    __device__ __forceinline__ void fetch(int bb) {
+        const u32 lane = lane_id(), b = base[bb], n = count[bb];
+        if (bias != nullptr) {
+            float got[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (u32 c = 0; c < n; c += 32u) {  // warp-uniform: n is the block's
+                const float mine = c + lane < n ? __ldg(bias + b + c + lane) : 0.0f;
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const u32 r = e[bb][j] - b;  // the entry's rank in its block (huge if none)
+                    const float v = __shfl_sync(0xffffffffu, mine, r & 31u);
+                    if (r - c < 32u) got[j] = v;
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) bv[bb][j] = got[j];
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) bv[bb][j] = 0.0f;
+        }
+        if (keep != nullptr) {
+            const u32 w0 = b >> 5;
+            const u32 words = n == 0u ? 0u : ((b + n - 1u) >> 5) - w0 + 1u;  // at most 5
+            const u32 mine = lane < words ? __ldg(keep + w0 + lane) : 0u;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const u32 x = e[bb][j];
+                const u32 src = x == SPATTN_NONE ? 0u : (x >> 5) - w0;
+                const u32 word = __shfl_sync(0xffffffffu, mine, src);
+                kf[bb][j] = ((word >> (x & 31u)) & 1u) ? drop_scale : 0.0f;
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) kf[bb][j] = 1.0f;
+        }
     }
-    __device__ __forceinline__ float keep_factor(int bb, int j) const {
-        const u32 x = e[bb][j];
-        if (keep == nullptr || x == SPATTN_NONE) return 1.0f;
-        return ((__ldg(keep + (x >> 5)) >> (x & 31u)) & 1u) ? drop_scale : 0.0f;
-    }
+    __device__ __forceinline__ float bias_log2(int bb, int j) const { return bv[bb][j]; }
+    // A masked entry's factor does not matter (its probability is 0).
+    __device__ __forceinline__ float keep_factor(int bb, int j) const { return kf[bb][j]; }
 };
 
 // The `_x` kernels' tensor-core extras (their last parameters, SPATTN_BSB_X_PARAMS): the
@@ -889,6 +932,14 @@ __device__ __forceinline__ void bsb_pipe_tiles(
         const u32 sk = base_s + st * STAGE, sv = sk + VOFF;
         const u32* bw = reinterpret_cast<const u32*>(smem + st * STAGE + BOFF);
         const u32 bits[2][2] = {{bw[upper], bw[2u + upper]}, {bw[4u + upper], bw[6u + upper]}};
+        if constexpr (X::ON) {
+            // The step's blocks and their bitmaps (in the stage, 4 words each), their extras
+            // loaded before S so that the loads overlap its mma.
+            xt.find_step(b_begin + 2u * i, b_end, upper, shift, [&](int bb, u32, u32(&w)[4]) {
+#pragma unroll
+                for (int x = 0; x < 4; ++x) w[x] = bw[4 * bb + x];
+            });
+        }
         float p[2][4];
         if constexpr (SPMM) {
 #pragma unroll
@@ -913,11 +964,6 @@ __device__ __forceinline__ void bsb_pipe_tiles(
                 for (int j = 0; j < 4; ++j) s[bb][j] = sa[0][j] + sa[1][j];
             }
             if constexpr (X::ON) {
-                // The step's blocks and their bitmaps (in the stage, 4 words each).
-                xt.find_step(b_begin + 2u * i, b_end, upper, shift, [&](int bb, u32, u32(&w)[4]) {
-#pragma unroll
-                    for (int x = 0; x < 4; ++x) w[x] = bw[4 * bb + x];
-                });
                 bsb_online_step<NT>(s, bits, shift, scale_log2, m, l, p, o, xt);
             } else {
                 bsb_online_step<NT>(s, bits, shift, scale_log2, m, l, p, o);
