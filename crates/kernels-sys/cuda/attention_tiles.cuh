@@ -1130,11 +1130,14 @@ __device__ __forceinline__ float tile_fold(const float (&x)[TILE], Op op) {
 // dropout). Per-edge data is in the caller's CSR order: caller edge = kernel edge + shift, or
 // ids[kernel edge].
 struct NoEdgeExtras {
-    enum : bool { ON = false };  // an enumerator: no object for NVRTC to emit
+    enum : bool { ON = false, FEATS = false };  // enumerators: no object for NVRTC to emit
 };
 
-template <class T> struct EdgeExtras {
-    enum : bool { ON = true };
+// FEATS: whether this instantiation reads edge features (feats may still be null); without,
+// the tile holds no feature vectors, which keeps the bias / dropout kernels' registers near
+// the plain ones'.
+template <class T, bool HAS_FEATS = true> struct EdgeExtras {
+    enum : bool { ON = true, FEATS = HAS_FEATS };
     const T* __restrict__ bias;   // null, or nnz x bias_heads (bias_heads 1: shared by the heads)
     const T* __restrict__ feats;  // null, or nnz x heads x head_dim
     const u32* __restrict__ ids;  // null: caller edge = e + shift; else ids[e] (hybrid's edges)
@@ -1172,7 +1175,7 @@ __device__ __forceinline__ void csr_edges_online(const u32* __restrict__ col_ind
                                                  float& m, float& l, float (&acc)[NV][VEC],
                                                  X xt = X()) {
     // Feature vectors held beside V's (one dummy slot without extras).
-    constexpr int FT = X::ON ? TILE : 1, FNV = X::ON ? NV : 1;
+    constexpr int FT = X::FEATS ? TILE : 1, FNV = X::FEATS ? NV : 1;
     auto ex = [](float x) { return LOG2 ? bsb_exp2(x) : __expf(x); };
     auto rescale = [&](float m_old, float m_new) {
         return LOG2 ? (m_old == SPATTN_NEG_INF ? 0.0f : bsb_exp2(m_old - m_new))
@@ -1197,7 +1200,7 @@ __device__ __forceinline__ void csr_edges_online(const u32* __restrict__ col_ind
                     float kv[VEC];
                     load_vec<T, VEC>(k + off, kv);
                     x[t][j].load(v + off);
-                    if constexpr (X::ON) {
+                    if constexpr (X::FEATS) {
                         if (xt.feats != nullptr) {
                             f[t][j].load(xt.feats + xt.edge(e + t) * hd + head_off + feat[j]);
 #pragma unroll
@@ -1210,7 +1213,7 @@ __device__ __forceinline__ void csr_edges_online(const u32* __restrict__ col_ind
                     for (int i = 0; i < VEC; ++i) s[t] = fmaf(qv[j][i], kv[i], s[t]);
                 } else {
                     x[t][j].zero();
-                    if constexpr (X::ON) f[t][j].zero();
+                    if constexpr (X::FEATS) f[t][j].zero();
                 }
             }
         }
@@ -1243,7 +1246,7 @@ __device__ __forceinline__ void csr_edges_online(const u32* __restrict__ col_ind
                 float a = acc[j][i] * corr;
 #pragma unroll
                 for (int t = 0; t < TILE; ++t) {
-                    if constexpr (X::ON) {
+                    if constexpr (X::FEATS) {
                         a = fmaf(p[t], x[t][j].at(i) + f[t][j].at(i), a);
                     } else {
                         a = fmaf(p[t], x[t][j].at(i), a);
@@ -1261,7 +1264,7 @@ __device__ __forceinline__ void csr_edges_online(const u32* __restrict__ col_ind
                 float kv[VEC];
                 load_vec<T, VEC>(k + (u64)c * hd + head_off + feat[j], kv);
                 load_vec<T, VEC>(v + (u64)c * hd + head_off + feat[j], x[j]);
-                if constexpr (X::ON) {
+                if constexpr (X::FEATS) {
                     if (xt.feats != nullptr) {
                         float fv[VEC];
                         load_vec<T, VEC>(xt.feats + xt.edge(e) * hd + head_off + feat[j], fv);

@@ -21,8 +21,8 @@
 // unit of a split row writes its partial (m, l, acc) to slot unit_parts[u]; fused_csr_merge then
 // merges the partials of each split row exactly.
 //
-// Each kernel has an `_x` twin that also takes attention's extras (csr_edges_online's
-// EdgeExtras): a score bias, edge features on K and V and dropout, in the caller's CSR order.
+// Each kernel has two twins that also take attention's extras (csr_edges_online's EdgeExtras)
+// in the caller's CSR order: `_x` a score bias and dropout, `_xf` edge features on K and V too.
 // Dropout scales only what weighs V, so acc / l is the output and the partials merge as they
 // are; a row whose every edge is masked (-inf bias) has l = 0 and writes zeros.
 
@@ -39,7 +39,7 @@ template <class T> struct ExtrasArgs {
     Dropout drop;
 };
 
-template <class T, int VEC, int NV, int TILE, bool SPLIT, bool EXTRAS>
+template <class T, int VEC, int NV, int TILE, bool SPLIT, bool EXTRAS, bool FEATS = false>
 __device__ __forceinline__ void fused_csr(const u32* __restrict__ unit_rows,
                                           const u32* __restrict__ unit_starts,
                                           const u32* __restrict__ unit_parts, u32 n_units,
@@ -92,7 +92,7 @@ __device__ __forceinline__ void fused_csr(const u32* __restrict__ unit_rows,
         }
         float m = SPATTN_NEG_INF, l = 0.0f;
         if constexpr (EXTRAS) {
-            const EdgeExtras<T> xt = {xa->bias,
+            const EdgeExtras<T, FEATS> xt = {xa->bias,
                                       xa->feats,
                                       nullptr,
                                       xa->bias_heads,
@@ -176,6 +176,22 @@ __device__ __forceinline__ void fused_csr_merge(const u32* __restrict__ split_ro
     }
 }
 
+// The `_x` twins: `_x` takes a bias and dropout, `_xf` edge features too (FEATS: the tile then
+// holds the features beside V, which costs registers the others need not pay).
+#define SPATTN_FUSED_X(NAME, T, VEC, NV, TILE, SPLIT, FEATS)                                    \
+    extern "C" __global__ void NAME(                                                            \
+        const u32* unit_rows, const u32* unit_starts, const u32* unit_parts, u32 n_units,       \
+        const u32* col_indices, const T* q, const T* k, const T* v, u32 heads, u32 head_dim,    \
+        float scale, u32 g, u32 es, T* out, float* part_ml, float* part_acc, const T* bias,     \
+        u32 bias_heads, const T* feats, const u32* unit_shift, u32 key0, u32 key1, u32 off0,    \
+        u32 off1, u32 threshold, float drop_scale) {                                            \
+        const ExtrasArgs<T> xa = {bias,       bias_heads, feats, unit_shift,                    \
+                                  {key0, key1, off0, off1, threshold, drop_scale}};             \
+        fused_csr<T, VEC, NV, TILE, SPLIT, true, FEATS>(unit_rows, unit_starts, unit_parts,     \
+                                                        n_units, col_indices, q, k, v, heads,   \
+                                                        head_dim, scale, g, es, out, part_ml,   \
+                                                        part_acc, &xa);                         \
+    }
 #define SPATTN_FUSED_T(NAME, T, VEC, NV, TILE, SPLIT)                                           \
     extern "C" __global__ void NAME(const u32* unit_rows, const u32* unit_starts,               \
                                     const u32* unit_parts, u32 n_units, const u32* col_indices, \
@@ -186,18 +202,8 @@ __device__ __forceinline__ void fused_csr_merge(const u32* __restrict__ split_ro
                                                   col_indices, q, k, v, heads, head_dim, scale, \
                                                   g, es, out, part_ml, part_acc, nullptr);      \
     }                                                                                           \
-    extern "C" __global__ void NAME##_x(                                                        \
-        const u32* unit_rows, const u32* unit_starts, const u32* unit_parts, u32 n_units,       \
-        const u32* col_indices, const T* q, const T* k, const T* v, u32 heads, u32 head_dim,    \
-        float scale, u32 g, u32 es, T* out, float* part_ml, float* part_acc, const T* bias,     \
-        u32 bias_heads, const T* feats, const u32* unit_shift, u32 key0, u32 key1, u32 off0,    \
-        u32 off1, u32 threshold, float drop_scale) {                                            \
-        const ExtrasArgs<T> xa = {bias,       bias_heads, feats, unit_shift,                    \
-                                  {key0, key1, off0, off1, threshold, drop_scale}};             \
-        fused_csr<T, VEC, NV, TILE, SPLIT, true>(unit_rows, unit_starts, unit_parts, n_units,   \
-                                                 col_indices, q, k, v, heads, head_dim, scale,  \
-                                                 g, es, out, part_ml, part_acc, &xa);           \
-    }
+    SPATTN_FUSED_X(NAME##_x, T, VEC, NV, TILE, SPLIT, false)                                     \
+    SPATTN_FUSED_X(NAME##_xf, T, VEC, NV, TILE, SPLIT, true)
 #define SPATTN_FUSED(SUFFIX, T, VEC, NV)                                                        \
     SPATTN_FUSED_T(fused_csr_##SUFFIX##_v##VEC##_n##NV, T, VEC, NV, 4, false)
 // Short-tile kernels: one vector per lane (a group or subgroup of fewer than 32 lanes covers the

@@ -47,13 +47,14 @@ template <class T> struct HybridExtrasArgs {
     BsbExtrasArgs tc;
 };
 
-// The CUDA-core warps' EdgeExtras of head h in a `_x` kernel (ON), none otherwise (`xa` is
-// not read).
+// The CUDA-core warps' EdgeExtras of head h in a `_x` kernel (ON; no edge features), none
+// otherwise (`xa` is not read).
 template <bool ON, class T>
 __device__ __forceinline__ auto hyb_cd_extras(const HybridExtrasArgs<T>* xa, u32 h, u32 heads) {
     if constexpr (ON) {
-        const EdgeExtras<T> xt = {xa->bias, nullptr, xa->cd_edge_ids, xa->bias_heads, h, heads,
-                                  0u,       1.4426950408889634f, xa->drop};
+        const EdgeExtras<T, false> xt = {xa->bias,  nullptr, xa->cd_edge_ids, xa->bias_heads,
+                                         h,         heads,   0u,  1.4426950408889634f,
+                                         xa->drop};
         return xt;
     } else {
         return NoEdgeExtras();

@@ -483,7 +483,7 @@ pub const BSB_EXTRAS_GATHER_F16: &str = "bsb_extras_gather_f16";
 /// Kernel `bsb_extras_gather_bf16` of [`FUSED_BSB`].
 pub const BSB_EXTRAS_GATHER_BF16: &str = "bsb_extras_gather_bf16";
 
-/// The PTX module compiled from `cuda/fused_csr.cu` (79 kernels).
+/// The PTX module compiled from `cuda/fused_csr.cu` (117 kernels).
 pub const FUSED_CSR: PtxModule = PtxModule {
     name: "fused_csr",
     ptx: include_str!("../ptx/fused_csr.ptx"),
@@ -491,82 +491,120 @@ pub const FUSED_CSR: PtxModule = PtxModule {
         FUSED_CSR_MERGE_F32,
         FUSED_CSR_F32_V1_N1,
         FUSED_CSR_F32_V1_N1_X,
+        FUSED_CSR_F32_V1_N1_XF,
         FUSED_CSR_F32_V1_N2,
         FUSED_CSR_F32_V1_N2_X,
+        FUSED_CSR_F32_V1_N2_XF,
         FUSED_CSR_F32_V1_N4,
         FUSED_CSR_F32_V1_N4_X,
+        FUSED_CSR_F32_V1_N4_XF,
         FUSED_CSR_F32_V2_N1,
         FUSED_CSR_F32_V2_N1_X,
+        FUSED_CSR_F32_V2_N1_XF,
         FUSED_CSR_F32_V2_N2,
         FUSED_CSR_F32_V2_N2_X,
+        FUSED_CSR_F32_V2_N2_XF,
         FUSED_CSR_F32_V2_N4,
         FUSED_CSR_F32_V2_N4_X,
+        FUSED_CSR_F32_V2_N4_XF,
         FUSED_CSR_F32_V4_N1_T2,
         FUSED_CSR_F32_V4_N1_T2_X,
+        FUSED_CSR_F32_V4_N1_T2_XF,
         FUSED_CSR_F32_V4_N1,
         FUSED_CSR_F32_V4_N1_X,
+        FUSED_CSR_F32_V4_N1_XF,
         FUSED_CSR_F32_V4_N2,
         FUSED_CSR_F32_V4_N2_X,
+        FUSED_CSR_F32_V4_N2_XF,
         FUSED_CSR_F32_V4_N4,
         FUSED_CSR_F32_V4_N4_X,
+        FUSED_CSR_F32_V4_N4_XF,
         FUSED_CSR_MERGE_F16,
         FUSED_CSR_F16_V1_N1,
         FUSED_CSR_F16_V1_N1_X,
+        FUSED_CSR_F16_V1_N1_XF,
         FUSED_CSR_F16_V1_N2,
         FUSED_CSR_F16_V1_N2_X,
+        FUSED_CSR_F16_V1_N2_XF,
         FUSED_CSR_F16_V1_N4,
         FUSED_CSR_F16_V1_N4_X,
+        FUSED_CSR_F16_V1_N4_XF,
         FUSED_CSR_F16_V2_N1,
         FUSED_CSR_F16_V2_N1_X,
+        FUSED_CSR_F16_V2_N1_XF,
         FUSED_CSR_F16_V2_N2,
         FUSED_CSR_F16_V2_N2_X,
+        FUSED_CSR_F16_V2_N2_XF,
         FUSED_CSR_F16_V2_N4,
         FUSED_CSR_F16_V2_N4_X,
+        FUSED_CSR_F16_V2_N4_XF,
         FUSED_CSR_F16_V4_N1_T2,
         FUSED_CSR_F16_V4_N1_T2_X,
+        FUSED_CSR_F16_V4_N1_T2_XF,
         FUSED_CSR_F16_V4_N1,
         FUSED_CSR_F16_V4_N1_X,
+        FUSED_CSR_F16_V4_N1_XF,
         FUSED_CSR_F16_V4_N2,
         FUSED_CSR_F16_V4_N2_X,
+        FUSED_CSR_F16_V4_N2_XF,
         FUSED_CSR_F16_V4_N4,
         FUSED_CSR_F16_V4_N4_X,
+        FUSED_CSR_F16_V4_N4_XF,
         FUSED_CSR_MERGE_BF16,
         FUSED_CSR_BF16_V1_N1,
         FUSED_CSR_BF16_V1_N1_X,
+        FUSED_CSR_BF16_V1_N1_XF,
         FUSED_CSR_BF16_V1_N2,
         FUSED_CSR_BF16_V1_N2_X,
+        FUSED_CSR_BF16_V1_N2_XF,
         FUSED_CSR_BF16_V1_N4,
         FUSED_CSR_BF16_V1_N4_X,
+        FUSED_CSR_BF16_V1_N4_XF,
         FUSED_CSR_BF16_V2_N1,
         FUSED_CSR_BF16_V2_N1_X,
+        FUSED_CSR_BF16_V2_N1_XF,
         FUSED_CSR_BF16_V2_N2,
         FUSED_CSR_BF16_V2_N2_X,
+        FUSED_CSR_BF16_V2_N2_XF,
         FUSED_CSR_BF16_V2_N4,
         FUSED_CSR_BF16_V2_N4_X,
+        FUSED_CSR_BF16_V2_N4_XF,
         FUSED_CSR_BF16_V4_N1_T2,
         FUSED_CSR_BF16_V4_N1_T2_X,
+        FUSED_CSR_BF16_V4_N1_T2_XF,
         FUSED_CSR_BF16_V4_N1,
         FUSED_CSR_BF16_V4_N1_X,
+        FUSED_CSR_BF16_V4_N1_XF,
         FUSED_CSR_BF16_V4_N2,
         FUSED_CSR_BF16_V4_N2_X,
+        FUSED_CSR_BF16_V4_N2_XF,
         FUSED_CSR_BF16_V4_N4,
         FUSED_CSR_BF16_V4_N4_X,
+        FUSED_CSR_BF16_V4_N4_XF,
         FUSED_CSR_F16_V8_N1_T2,
         FUSED_CSR_F16_V8_N1_T2_X,
+        FUSED_CSR_F16_V8_N1_T2_XF,
         FUSED_CSR_F16_V8_N1,
         FUSED_CSR_F16_V8_N1_X,
+        FUSED_CSR_F16_V8_N1_XF,
         FUSED_CSR_F16_V8_N2,
         FUSED_CSR_F16_V8_N2_X,
+        FUSED_CSR_F16_V8_N2_XF,
         FUSED_CSR_F16_V8_N4,
         FUSED_CSR_F16_V8_N4_X,
+        FUSED_CSR_F16_V8_N4_XF,
         FUSED_CSR_BF16_V8_N1_T2,
         FUSED_CSR_BF16_V8_N1_T2_X,
+        FUSED_CSR_BF16_V8_N1_T2_XF,
         FUSED_CSR_BF16_V8_N1,
         FUSED_CSR_BF16_V8_N1_X,
+        FUSED_CSR_BF16_V8_N1_XF,
         FUSED_CSR_BF16_V8_N2,
         FUSED_CSR_BF16_V8_N2_X,
+        FUSED_CSR_BF16_V8_N2_XF,
         FUSED_CSR_BF16_V8_N4,
         FUSED_CSR_BF16_V8_N4_X,
+        FUSED_CSR_BF16_V8_N4_XF,
     ],
 };
 
@@ -579,11 +617,17 @@ pub const FUSED_CSR_F32_V1_N1: &str = "fused_csr_f32_v1_n1";
 /// Kernel `fused_csr_f32_v1_n1_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V1_N1_X: &str = "fused_csr_f32_v1_n1_x";
 
+/// Kernel `fused_csr_f32_v1_n1_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_F32_V1_N1_XF: &str = "fused_csr_f32_v1_n1_xf";
+
 /// Kernel `fused_csr_f32_v1_n2` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V1_N2: &str = "fused_csr_f32_v1_n2";
 
 /// Kernel `fused_csr_f32_v1_n2_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V1_N2_X: &str = "fused_csr_f32_v1_n2_x";
+
+/// Kernel `fused_csr_f32_v1_n2_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_F32_V1_N2_XF: &str = "fused_csr_f32_v1_n2_xf";
 
 /// Kernel `fused_csr_f32_v1_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V1_N4: &str = "fused_csr_f32_v1_n4";
@@ -591,11 +635,17 @@ pub const FUSED_CSR_F32_V1_N4: &str = "fused_csr_f32_v1_n4";
 /// Kernel `fused_csr_f32_v1_n4_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V1_N4_X: &str = "fused_csr_f32_v1_n4_x";
 
+/// Kernel `fused_csr_f32_v1_n4_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_F32_V1_N4_XF: &str = "fused_csr_f32_v1_n4_xf";
+
 /// Kernel `fused_csr_f32_v2_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V2_N1: &str = "fused_csr_f32_v2_n1";
 
 /// Kernel `fused_csr_f32_v2_n1_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V2_N1_X: &str = "fused_csr_f32_v2_n1_x";
+
+/// Kernel `fused_csr_f32_v2_n1_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_F32_V2_N1_XF: &str = "fused_csr_f32_v2_n1_xf";
 
 /// Kernel `fused_csr_f32_v2_n2` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V2_N2: &str = "fused_csr_f32_v2_n2";
@@ -603,11 +653,17 @@ pub const FUSED_CSR_F32_V2_N2: &str = "fused_csr_f32_v2_n2";
 /// Kernel `fused_csr_f32_v2_n2_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V2_N2_X: &str = "fused_csr_f32_v2_n2_x";
 
+/// Kernel `fused_csr_f32_v2_n2_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_F32_V2_N2_XF: &str = "fused_csr_f32_v2_n2_xf";
+
 /// Kernel `fused_csr_f32_v2_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V2_N4: &str = "fused_csr_f32_v2_n4";
 
 /// Kernel `fused_csr_f32_v2_n4_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V2_N4_X: &str = "fused_csr_f32_v2_n4_x";
+
+/// Kernel `fused_csr_f32_v2_n4_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_F32_V2_N4_XF: &str = "fused_csr_f32_v2_n4_xf";
 
 /// Kernel `fused_csr_f32_v4_n1_t2` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V4_N1_T2: &str = "fused_csr_f32_v4_n1_t2";
@@ -615,11 +671,17 @@ pub const FUSED_CSR_F32_V4_N1_T2: &str = "fused_csr_f32_v4_n1_t2";
 /// Kernel `fused_csr_f32_v4_n1_t2_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V4_N1_T2_X: &str = "fused_csr_f32_v4_n1_t2_x";
 
+/// Kernel `fused_csr_f32_v4_n1_t2_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_F32_V4_N1_T2_XF: &str = "fused_csr_f32_v4_n1_t2_xf";
+
 /// Kernel `fused_csr_f32_v4_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V4_N1: &str = "fused_csr_f32_v4_n1";
 
 /// Kernel `fused_csr_f32_v4_n1_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V4_N1_X: &str = "fused_csr_f32_v4_n1_x";
+
+/// Kernel `fused_csr_f32_v4_n1_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_F32_V4_N1_XF: &str = "fused_csr_f32_v4_n1_xf";
 
 /// Kernel `fused_csr_f32_v4_n2` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V4_N2: &str = "fused_csr_f32_v4_n2";
@@ -627,11 +689,17 @@ pub const FUSED_CSR_F32_V4_N2: &str = "fused_csr_f32_v4_n2";
 /// Kernel `fused_csr_f32_v4_n2_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V4_N2_X: &str = "fused_csr_f32_v4_n2_x";
 
+/// Kernel `fused_csr_f32_v4_n2_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_F32_V4_N2_XF: &str = "fused_csr_f32_v4_n2_xf";
+
 /// Kernel `fused_csr_f32_v4_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V4_N4: &str = "fused_csr_f32_v4_n4";
 
 /// Kernel `fused_csr_f32_v4_n4_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_F32_V4_N4_X: &str = "fused_csr_f32_v4_n4_x";
+
+/// Kernel `fused_csr_f32_v4_n4_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_F32_V4_N4_XF: &str = "fused_csr_f32_v4_n4_xf";
 
 /// Kernel `fused_csr_merge_f16` of [`FUSED_CSR`].
 pub const FUSED_CSR_MERGE_F16: &str = "fused_csr_merge_f16";
@@ -642,11 +710,17 @@ pub const FUSED_CSR_F16_V1_N1: &str = "fused_csr_f16_v1_n1";
 /// Kernel `fused_csr_f16_v1_n1_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V1_N1_X: &str = "fused_csr_f16_v1_n1_x";
 
+/// Kernel `fused_csr_f16_v1_n1_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V1_N1_XF: &str = "fused_csr_f16_v1_n1_xf";
+
 /// Kernel `fused_csr_f16_v1_n2` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V1_N2: &str = "fused_csr_f16_v1_n2";
 
 /// Kernel `fused_csr_f16_v1_n2_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V1_N2_X: &str = "fused_csr_f16_v1_n2_x";
+
+/// Kernel `fused_csr_f16_v1_n2_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V1_N2_XF: &str = "fused_csr_f16_v1_n2_xf";
 
 /// Kernel `fused_csr_f16_v1_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V1_N4: &str = "fused_csr_f16_v1_n4";
@@ -654,11 +728,17 @@ pub const FUSED_CSR_F16_V1_N4: &str = "fused_csr_f16_v1_n4";
 /// Kernel `fused_csr_f16_v1_n4_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V1_N4_X: &str = "fused_csr_f16_v1_n4_x";
 
+/// Kernel `fused_csr_f16_v1_n4_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V1_N4_XF: &str = "fused_csr_f16_v1_n4_xf";
+
 /// Kernel `fused_csr_f16_v2_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V2_N1: &str = "fused_csr_f16_v2_n1";
 
 /// Kernel `fused_csr_f16_v2_n1_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V2_N1_X: &str = "fused_csr_f16_v2_n1_x";
+
+/// Kernel `fused_csr_f16_v2_n1_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V2_N1_XF: &str = "fused_csr_f16_v2_n1_xf";
 
 /// Kernel `fused_csr_f16_v2_n2` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V2_N2: &str = "fused_csr_f16_v2_n2";
@@ -666,11 +746,17 @@ pub const FUSED_CSR_F16_V2_N2: &str = "fused_csr_f16_v2_n2";
 /// Kernel `fused_csr_f16_v2_n2_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V2_N2_X: &str = "fused_csr_f16_v2_n2_x";
 
+/// Kernel `fused_csr_f16_v2_n2_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V2_N2_XF: &str = "fused_csr_f16_v2_n2_xf";
+
 /// Kernel `fused_csr_f16_v2_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V2_N4: &str = "fused_csr_f16_v2_n4";
 
 /// Kernel `fused_csr_f16_v2_n4_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V2_N4_X: &str = "fused_csr_f16_v2_n4_x";
+
+/// Kernel `fused_csr_f16_v2_n4_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V2_N4_XF: &str = "fused_csr_f16_v2_n4_xf";
 
 /// Kernel `fused_csr_f16_v4_n1_t2` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V4_N1_T2: &str = "fused_csr_f16_v4_n1_t2";
@@ -678,11 +764,17 @@ pub const FUSED_CSR_F16_V4_N1_T2: &str = "fused_csr_f16_v4_n1_t2";
 /// Kernel `fused_csr_f16_v4_n1_t2_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V4_N1_T2_X: &str = "fused_csr_f16_v4_n1_t2_x";
 
+/// Kernel `fused_csr_f16_v4_n1_t2_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V4_N1_T2_XF: &str = "fused_csr_f16_v4_n1_t2_xf";
+
 /// Kernel `fused_csr_f16_v4_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V4_N1: &str = "fused_csr_f16_v4_n1";
 
 /// Kernel `fused_csr_f16_v4_n1_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V4_N1_X: &str = "fused_csr_f16_v4_n1_x";
+
+/// Kernel `fused_csr_f16_v4_n1_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V4_N1_XF: &str = "fused_csr_f16_v4_n1_xf";
 
 /// Kernel `fused_csr_f16_v4_n2` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V4_N2: &str = "fused_csr_f16_v4_n2";
@@ -690,11 +782,17 @@ pub const FUSED_CSR_F16_V4_N2: &str = "fused_csr_f16_v4_n2";
 /// Kernel `fused_csr_f16_v4_n2_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V4_N2_X: &str = "fused_csr_f16_v4_n2_x";
 
+/// Kernel `fused_csr_f16_v4_n2_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V4_N2_XF: &str = "fused_csr_f16_v4_n2_xf";
+
 /// Kernel `fused_csr_f16_v4_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V4_N4: &str = "fused_csr_f16_v4_n4";
 
 /// Kernel `fused_csr_f16_v4_n4_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V4_N4_X: &str = "fused_csr_f16_v4_n4_x";
+
+/// Kernel `fused_csr_f16_v4_n4_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V4_N4_XF: &str = "fused_csr_f16_v4_n4_xf";
 
 /// Kernel `fused_csr_merge_bf16` of [`FUSED_CSR`].
 pub const FUSED_CSR_MERGE_BF16: &str = "fused_csr_merge_bf16";
@@ -705,11 +803,17 @@ pub const FUSED_CSR_BF16_V1_N1: &str = "fused_csr_bf16_v1_n1";
 /// Kernel `fused_csr_bf16_v1_n1_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V1_N1_X: &str = "fused_csr_bf16_v1_n1_x";
 
+/// Kernel `fused_csr_bf16_v1_n1_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V1_N1_XF: &str = "fused_csr_bf16_v1_n1_xf";
+
 /// Kernel `fused_csr_bf16_v1_n2` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V1_N2: &str = "fused_csr_bf16_v1_n2";
 
 /// Kernel `fused_csr_bf16_v1_n2_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V1_N2_X: &str = "fused_csr_bf16_v1_n2_x";
+
+/// Kernel `fused_csr_bf16_v1_n2_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V1_N2_XF: &str = "fused_csr_bf16_v1_n2_xf";
 
 /// Kernel `fused_csr_bf16_v1_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V1_N4: &str = "fused_csr_bf16_v1_n4";
@@ -717,11 +821,17 @@ pub const FUSED_CSR_BF16_V1_N4: &str = "fused_csr_bf16_v1_n4";
 /// Kernel `fused_csr_bf16_v1_n4_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V1_N4_X: &str = "fused_csr_bf16_v1_n4_x";
 
+/// Kernel `fused_csr_bf16_v1_n4_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V1_N4_XF: &str = "fused_csr_bf16_v1_n4_xf";
+
 /// Kernel `fused_csr_bf16_v2_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V2_N1: &str = "fused_csr_bf16_v2_n1";
 
 /// Kernel `fused_csr_bf16_v2_n1_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V2_N1_X: &str = "fused_csr_bf16_v2_n1_x";
+
+/// Kernel `fused_csr_bf16_v2_n1_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V2_N1_XF: &str = "fused_csr_bf16_v2_n1_xf";
 
 /// Kernel `fused_csr_bf16_v2_n2` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V2_N2: &str = "fused_csr_bf16_v2_n2";
@@ -729,11 +839,17 @@ pub const FUSED_CSR_BF16_V2_N2: &str = "fused_csr_bf16_v2_n2";
 /// Kernel `fused_csr_bf16_v2_n2_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V2_N2_X: &str = "fused_csr_bf16_v2_n2_x";
 
+/// Kernel `fused_csr_bf16_v2_n2_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V2_N2_XF: &str = "fused_csr_bf16_v2_n2_xf";
+
 /// Kernel `fused_csr_bf16_v2_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V2_N4: &str = "fused_csr_bf16_v2_n4";
 
 /// Kernel `fused_csr_bf16_v2_n4_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V2_N4_X: &str = "fused_csr_bf16_v2_n4_x";
+
+/// Kernel `fused_csr_bf16_v2_n4_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V2_N4_XF: &str = "fused_csr_bf16_v2_n4_xf";
 
 /// Kernel `fused_csr_bf16_v4_n1_t2` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V4_N1_T2: &str = "fused_csr_bf16_v4_n1_t2";
@@ -741,11 +857,17 @@ pub const FUSED_CSR_BF16_V4_N1_T2: &str = "fused_csr_bf16_v4_n1_t2";
 /// Kernel `fused_csr_bf16_v4_n1_t2_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V4_N1_T2_X: &str = "fused_csr_bf16_v4_n1_t2_x";
 
+/// Kernel `fused_csr_bf16_v4_n1_t2_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V4_N1_T2_XF: &str = "fused_csr_bf16_v4_n1_t2_xf";
+
 /// Kernel `fused_csr_bf16_v4_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V4_N1: &str = "fused_csr_bf16_v4_n1";
 
 /// Kernel `fused_csr_bf16_v4_n1_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V4_N1_X: &str = "fused_csr_bf16_v4_n1_x";
+
+/// Kernel `fused_csr_bf16_v4_n1_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V4_N1_XF: &str = "fused_csr_bf16_v4_n1_xf";
 
 /// Kernel `fused_csr_bf16_v4_n2` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V4_N2: &str = "fused_csr_bf16_v4_n2";
@@ -753,11 +875,17 @@ pub const FUSED_CSR_BF16_V4_N2: &str = "fused_csr_bf16_v4_n2";
 /// Kernel `fused_csr_bf16_v4_n2_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V4_N2_X: &str = "fused_csr_bf16_v4_n2_x";
 
+/// Kernel `fused_csr_bf16_v4_n2_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V4_N2_XF: &str = "fused_csr_bf16_v4_n2_xf";
+
 /// Kernel `fused_csr_bf16_v4_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V4_N4: &str = "fused_csr_bf16_v4_n4";
 
 /// Kernel `fused_csr_bf16_v4_n4_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V4_N4_X: &str = "fused_csr_bf16_v4_n4_x";
+
+/// Kernel `fused_csr_bf16_v4_n4_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V4_N4_XF: &str = "fused_csr_bf16_v4_n4_xf";
 
 /// Kernel `fused_csr_f16_v8_n1_t2` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V8_N1_T2: &str = "fused_csr_f16_v8_n1_t2";
@@ -765,11 +893,17 @@ pub const FUSED_CSR_F16_V8_N1_T2: &str = "fused_csr_f16_v8_n1_t2";
 /// Kernel `fused_csr_f16_v8_n1_t2_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V8_N1_T2_X: &str = "fused_csr_f16_v8_n1_t2_x";
 
+/// Kernel `fused_csr_f16_v8_n1_t2_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V8_N1_T2_XF: &str = "fused_csr_f16_v8_n1_t2_xf";
+
 /// Kernel `fused_csr_f16_v8_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V8_N1: &str = "fused_csr_f16_v8_n1";
 
 /// Kernel `fused_csr_f16_v8_n1_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V8_N1_X: &str = "fused_csr_f16_v8_n1_x";
+
+/// Kernel `fused_csr_f16_v8_n1_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V8_N1_XF: &str = "fused_csr_f16_v8_n1_xf";
 
 /// Kernel `fused_csr_f16_v8_n2` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V8_N2: &str = "fused_csr_f16_v8_n2";
@@ -777,11 +911,17 @@ pub const FUSED_CSR_F16_V8_N2: &str = "fused_csr_f16_v8_n2";
 /// Kernel `fused_csr_f16_v8_n2_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V8_N2_X: &str = "fused_csr_f16_v8_n2_x";
 
+/// Kernel `fused_csr_f16_v8_n2_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V8_N2_XF: &str = "fused_csr_f16_v8_n2_xf";
+
 /// Kernel `fused_csr_f16_v8_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V8_N4: &str = "fused_csr_f16_v8_n4";
 
 /// Kernel `fused_csr_f16_v8_n4_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_F16_V8_N4_X: &str = "fused_csr_f16_v8_n4_x";
+
+/// Kernel `fused_csr_f16_v8_n4_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_F16_V8_N4_XF: &str = "fused_csr_f16_v8_n4_xf";
 
 /// Kernel `fused_csr_bf16_v8_n1_t2` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V8_N1_T2: &str = "fused_csr_bf16_v8_n1_t2";
@@ -789,11 +929,17 @@ pub const FUSED_CSR_BF16_V8_N1_T2: &str = "fused_csr_bf16_v8_n1_t2";
 /// Kernel `fused_csr_bf16_v8_n1_t2_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V8_N1_T2_X: &str = "fused_csr_bf16_v8_n1_t2_x";
 
+/// Kernel `fused_csr_bf16_v8_n1_t2_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V8_N1_T2_XF: &str = "fused_csr_bf16_v8_n1_t2_xf";
+
 /// Kernel `fused_csr_bf16_v8_n1` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V8_N1: &str = "fused_csr_bf16_v8_n1";
 
 /// Kernel `fused_csr_bf16_v8_n1_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V8_N1_X: &str = "fused_csr_bf16_v8_n1_x";
+
+/// Kernel `fused_csr_bf16_v8_n1_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V8_N1_XF: &str = "fused_csr_bf16_v8_n1_xf";
 
 /// Kernel `fused_csr_bf16_v8_n2` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V8_N2: &str = "fused_csr_bf16_v8_n2";
@@ -801,11 +947,17 @@ pub const FUSED_CSR_BF16_V8_N2: &str = "fused_csr_bf16_v8_n2";
 /// Kernel `fused_csr_bf16_v8_n2_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V8_N2_X: &str = "fused_csr_bf16_v8_n2_x";
 
+/// Kernel `fused_csr_bf16_v8_n2_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V8_N2_XF: &str = "fused_csr_bf16_v8_n2_xf";
+
 /// Kernel `fused_csr_bf16_v8_n4` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V8_N4: &str = "fused_csr_bf16_v8_n4";
 
 /// Kernel `fused_csr_bf16_v8_n4_x` of [`FUSED_CSR`].
 pub const FUSED_CSR_BF16_V8_N4_X: &str = "fused_csr_bf16_v8_n4_x";
+
+/// Kernel `fused_csr_bf16_v8_n4_xf` of [`FUSED_CSR`].
+pub const FUSED_CSR_BF16_V8_N4_XF: &str = "fused_csr_bf16_v8_n4_xf";
 
 /// The PTX module compiled from `cuda/hybrid.cu` (72 kernels).
 pub const HYBRID: PtxModule = PtxModule {

@@ -421,7 +421,12 @@ impl FusedCsr {
             short_tiles,
         } = self.layout;
         let suffix = if short_tiles { "_t2" } else { "" };
-        let x = if extras.is_some() { "_x" } else { "" };
+        // `_xf` holds edge features in its tile (registers the bias / dropout twin `_x` spares).
+        let x = match extras {
+            Some(e) if e.edge_features.is_some() => "_xf",
+            Some(_) => "_x",
+            None => "",
+        };
         let name = kernel_named(
             &FUSED_CSR,
             format!("fused_csr_{}_v{vec}_n{nv}{suffix}{x}", T::NAME),
