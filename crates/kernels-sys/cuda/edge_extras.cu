@@ -29,16 +29,33 @@ __device__ void edge_cast(const float* __restrict__ x, u64 n, T* out) {
 }
 
 // The edge features' gradient: per edge e = (i, j) of row i, head h and feature d,
-// out[e, h, d] = a[e, h] * x[i, h, d] + b[e, h] * y[i, h, d]. One warp per row.
+// out[e, h, d] = a[e, h] * x[i, h, d] + b[e, h] * y[i, h, d]. One warp per chunk of
+// SPATTN_COMBINE_EDGES consecutive edges, so that a hub row spreads over many warps: the
+// chunk's first row by binary search in row_offsets, the next ones by walking.
+#define SPATTN_COMBINE_EDGES 32u
 template <class T>
-__device__ void edge_row_combine(const u32* __restrict__ row_offsets, u32 n_rows, u32 heads,
-                                 u32 dim, const float* __restrict__ a, const T* __restrict__ x,
-                                 const float* __restrict__ b, const T* __restrict__ y, T* out) {
+__device__ void edge_row_combine(const u32* __restrict__ row_offsets, u32 n_rows, u32 nnz,
+                                 u32 heads, u32 dim, const float* __restrict__ a,
+                                 const T* __restrict__ x, const float* __restrict__ b,
+                                 const T* __restrict__ y, T* out) {
     const u32 lane = lane_id();
     const u64 hd = (u64)heads * dim;
     const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
-    for (u64 i = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; i < n_rows; i += warps) {
-        for (u32 e = row_offsets[i]; e < row_offsets[i + 1]; ++e) {
+    const u64 chunks = ((u64)nnz + SPATTN_COMBINE_EDGES - 1u) / SPATTN_COMBINE_EDGES;
+    for (u64 c = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; c < chunks; c += warps) {
+        const u32 e0 = (u32)(c * SPATTN_COMBINE_EDGES);
+        const u32 e1 = min(e0 + SPATTN_COMBINE_EDGES, nnz);
+        // The last row starting at or before e0 (row_offsets[n_rows] = nnz > e0).
+        u32 lo = 0u, hi = n_rows;
+        while (hi - lo > 1u) {
+            const u32 mid = lo + (hi - lo) / 2u;
+            if (__ldg(row_offsets + mid) <= e0) lo = mid;
+            else hi = mid;
+        }
+        u64 i = lo;
+        u32 end = __ldg(row_offsets + i + 1u);
+        for (u32 e = e0; e < e1; ++e) {
+            while (e >= end) end = __ldg(row_offsets + (++i) + 1u);
             for (u64 f = lane; f < hd; f += 32u) {
                 const u32 h = (u32)(f / dim);
                 const float v = a[(u64)e * heads + h] * to_f32(x[i * hd + f]) +
@@ -73,10 +90,10 @@ extern "C" __global__ void edge_add(const float* x, u64 n, float* y) {
         edge_cast<T>(x, n, out);                                                                \
     }                                                                                           \
     extern "C" __global__ void edge_row_combine_##S(const u32* row_offsets, u32 n_rows,         \
-                                                    u32 heads, u32 dim, const float* a,         \
+                                                    u32 nnz, u32 heads, u32 dim, const float* a, \
                                                     const T* x, const float* b, const T* y,     \
                                                     T* out) {                                   \
-        edge_row_combine<T>(row_offsets, n_rows, heads, dim, a, x, b, y, out);                  \
+        edge_row_combine<T>(row_offsets, n_rows, nnz, heads, dim, a, x, b, y, out);             \
     }
 
 SPATTN_EDGE_EXTRAS(f32, float)

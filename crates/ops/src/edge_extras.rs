@@ -206,6 +206,9 @@ pub fn cast<T: DType>(gpu: &Gpu, x: &DeviceVec<f32>, out: &mut DeviceVec<T>) -> 
     unsafe { launch(name, &mut args, stride_grid(x.len())?) }
 }
 
+/// Edges per warp of `edge_row_combine_*` (`SPATTN_COMBINE_EDGES` in `edge_extras.cu`).
+const COMBINE_EDGES: usize = 32;
+
 /// The edge features' gradient on `csr`'s edges: per edge `e = (i, j)`, head `h`, feature `d`,
 /// `out[e, h, d] = a[e, h] · x[i, h, d] + b[e, h] · y[i, h, d]` (with `a = scale · dS`,
 /// `x = Q`, `b` the attention weights, `y = dOut`: `dF = scale · dS · q_i + w · dOut_i`).
@@ -234,14 +237,16 @@ pub fn edge_features_grad<T: DType>(
     check_same_gpu(gpu, "y", y)?;
     check_same_gpu(gpu, "d_edge_features", &*out)?;
     let (name, f) = function(gpu, format!("edge_row_combine_{}", T::NAME))?;
-    let (rows, heads, dim) = (
+    let (rows, nnz, heads, dim) = (
         to_u32("rows", csr.n_rows())?,
+        to_u32("edges", csr.nnz())?,
         to_u32("heads", s.heads)?,
         to_u32("head_dim", s.head_dim)?,
     );
     let mut args = gpu.launch_builder(&f);
     args.arg(csr.row_offsets().slice())
         .arg(&rows)
+        .arg(&nnz)
         .arg(&heads)
         .arg(&dim)
         .arg(a.slice())
@@ -249,8 +254,10 @@ pub fn edge_features_grad<T: DType>(
         .arg(b.slice())
         .arg(y.slice())
         .arg(out.slice_mut());
-    // SAFETY: walks rows < n_rows of row_offsets (n_rows + 1 entries) and their edges < nnz;
-    // reads a, b at e·heads + h < nnz·heads, x and y at row·heads·dim + f < n_rows·heads·dim,
-    // writes out at e·heads·dim + f < nnz·heads·dim (all shapes and lengths checked above).
-    unsafe { launch(name, &mut args, warp_grid(csr.n_rows())?) }
+    // SAFETY: each warp takes edges e < nnz of one chunk (⌈nnz / 32⌉ chunks) and finds their
+    // rows < n_rows in row_offsets (n_rows + 1 entries, the last = nnz, so the search and the
+    // walk stay below n_rows); reads a, b at e·heads + h < nnz·heads, x and y at row·heads·dim +
+    // f < n_rows·heads·dim, writes out at e·heads·dim + f < nnz·heads·dim (all shapes and
+    // lengths checked above).
+    unsafe { launch(name, &mut args, warp_grid(csr.nnz().div_ceil(COMBINE_EDGES))?) }
 }
