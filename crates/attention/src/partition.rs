@@ -544,36 +544,17 @@ impl RankPlan {
         }
         let rows = part.rows.block(rank)?;
         let kv_rows = part.kv.block(rank)?;
-        let offsets = a.row_offsets();
-        let (e0, e1) = (offsets[rows.start] as usize, offsets[rows.end] as usize);
-        let cols = &a.col_indices()[e0..e1];
-        let mut halo: Vec<u32> = cols.to_vec();
-        halo.sort_unstable();
-        halo.dedup();
-        let local_cols: Vec<u32> = cols
-            .iter()
-            // Every column is in the halo, which was built from these columns.
-            .map(|c| halo.binary_search(c).map(|i| i as u32).unwrap_or(u32::MAX))
-            .collect();
-        let local_offsets: Vec<u32> = offsets[rows.start..=rows.end]
-            .iter()
-            .map(|&o| o - offsets[rows.start])
-            .collect();
-        let local = Csr::try_new(rows.len(), halo.len(), local_offsets, local_cols, None)?;
-        // Requests: the halo's rows owned by each rank (contiguous: the halo is sorted and the
-        // K/V blocks are contiguous), as global ids.
-        let mut requests: Vec<Vec<u32>> = vec![Vec::new(); world];
-        for &c in &halo {
-            // Columns of a valid CSR are below n_cols, which the K/V blocks cover (checked).
-            let owner = part
-                .kv
-                .owner(c as usize)
-                .ok_or_else(|| Error::InvalidConfig {
-                    what: "partition",
-                    why: format!("column {c} is past the K/V blocks"),
-                })?;
-            requests[owner].push(c);
-        }
+        let (local, halo) = a.row_block_compacted(rows.clone())?;
+        // Requests: the halo's rows owned by each rank, as global ids. The halo is sorted and the
+        // K/V blocks cover 0..n_cols (checked above), so each rank's share is one slice of it.
+        let requests: Vec<Vec<u32>> = (0..world)
+            .map(|r| {
+                let owned = part.kv.block(r)?;
+                let lo = halo.partition_point(|&c| (c as usize) < owned.start);
+                let hi = halo.partition_point(|&c| (c as usize) < owned.end);
+                Ok(halo[lo..hi].to_vec())
+            })
+            .collect::<Result<_>>()?;
         let recv_counts = requests.iter().map(Vec::len).collect();
         let asked = ex.all_to_all(requests)?;
         let mut send_rows = Vec::with_capacity(world);

@@ -95,6 +95,14 @@ pub struct RankRecord {
     pub sent_bytes: u64,
     /// Its median forward, ms.
     pub forward_ms: f64,
+    /// Of it, the median halo exchange alone (pack, NCCL, unpack), ms, timed separately.
+    pub exchange_ms: f64,
+    /// Of it, the median local plan's forward alone on the gathered halo, ms, timed separately.
+    pub local_ms: f64,
+    /// Its partition step (local CSR, halo, send lists), ms.
+    pub rank_plan_ms: f64,
+    /// Its local attention plan's build (order, formats, uploads), ms.
+    pub local_plan_ms: f64,
     /// The algorithm its local plan ran.
     pub algorithm: String,
     /// Device memory in use after the runs (the whole GPU's, as the driver reports it).
@@ -135,9 +143,35 @@ fn rows_of<T: DType>(
 struct RankResult {
     stats: spattn::partition::RankStats,
     plan_ms: f64,
+    rank_plan_ms: f64,
     forward_ms: f64,
+    exchange_ms: f64,
+    local_ms: f64,
     algorithm: String,
     device_used: u64,
+}
+
+/// The median of `reps` timed calls of `f` after `warmup` untimed ones, each started after a
+/// barrier and ended by a device synchronisation, ms.
+fn median_between_barriers(
+    ex: &NcclExchange,
+    warmup: usize,
+    reps: usize,
+    mut f: impl FnMut() -> spattn::Result<()>,
+) -> spattn::Result<f64> {
+    let mut times = Vec::with_capacity(reps);
+    for i in 0..warmup + reps {
+        barrier(ex)?;
+        let t = Instant::now();
+        f()?;
+        ex.gpu().synchronize()?;
+        if i >= warmup {
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    // reps >= 1: the CLI refuses 0.
+    Ok(times[times.len() / 2])
 }
 
 /// A barrier: an all-to-all of nothing.
@@ -161,6 +195,7 @@ fn rank_run<T: DType>(
     let row_len = heads * dim;
     let t0 = Instant::now();
     let plan = RankPlan::new(a, part, ex)?;
+    let rank_plan_ms = t0.elapsed().as_secs_f64() * 1e3;
     let local = plan.gpu_plan(gpu, config.clone())?;
     gpu.synchronize()?;
     let plan_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -175,22 +210,26 @@ fn rank_run<T: DType>(
     };
     let (q, k, v) = (up(0, rows.clone())?, up(1, kv.clone())?, up(2, kv)?);
     let mut out = DeviceMatrix::<T>::zeros(gpu, q.shape())?;
-    let mut times = Vec::with_capacity(reps);
-    for i in 0..warmup + reps {
-        barrier(ex)?;
-        let t = Instant::now();
-        plan.forward_gpu(ex, &local, &q, &k, &v, &mut out)?;
-        gpu.synchronize()?;
-        if i >= warmup {
-            times.push(t.elapsed().as_secs_f64() * 1e3);
-        }
-    }
-    times.sort_by(f64::total_cmp);
+    let forward_ms = median_between_barriers(ex, warmup, reps, || {
+        plan.forward_gpu(ex, &local, &q, &k, &v, &mut out)
+            .map(|_| ())
+    })?;
+    // The two halves apart: where the time goes when ranks do not scale.
+    let exchange_ms = median_between_barriers(ex, warmup, reps, || {
+        plan.gather_halo_gpu(ex, gpu, &k, &v).map(|_| ())
+    })?;
+    let halo = plan.gather_halo_gpu(ex, gpu, &k, &v)?;
+    let local_ms = median_between_barriers(ex, warmup, reps, || {
+        local.forward(&q, halo.k(), halo.v(), &mut out)
+    })?;
     let (free, total) = gpu.memory_info()?;
     Ok(RankResult {
         stats: plan.stats(),
         plan_ms,
-        forward_ms: times[times.len() / 2],
+        rank_plan_ms,
+        forward_ms,
+        exchange_ms,
+        local_ms,
         algorithm: local.algorithm().name().to_string(),
         device_used: (total - free) as u64,
     })
@@ -355,6 +394,10 @@ pub fn run(args: &RunArgs, argv: &[String], n: usize) -> Result<()> {
                                 received_bytes: r.stats.remote_rows as u64 * row_bytes,
                                 sent_bytes: r.stats.sent_rows as u64 * row_bytes,
                                 forward_ms: r.forward_ms,
+                                exchange_ms: r.exchange_ms,
+                                local_ms: r.local_ms,
+                                rank_plan_ms: r.rank_plan_ms,
+                                local_plan_ms: r.plan_ms - r.rank_plan_ms,
                                 algorithm: r.algorithm.clone(),
                                 device_used_bytes: r.device_used,
                             })
@@ -366,13 +409,18 @@ pub fn run(args: &RunArgs, argv: &[String], n: usize) -> Result<()> {
                         .map(|r| r.received_rows)
                         .max()
                         .unwrap_or(0);
+                    let slowest =
+                        |f: fn(&RankRecord) -> f64| run.per_rank.iter().map(f).fold(0.0, f64::max);
                     outln!(
-                        "  {:<16} H{heads} D{dim} {:<4} P={p:<2} forward {:>9.3} ms  efficiency {:>5.1}%  plan {:>8.1} ms  {}  most halo rows received {}",
+                        "  {:<16} H{heads} D{dim} {:<4} P={p:<2} forward {:>9.3} ms (exchange {:.3}, local {:.3})  efficiency {:>5.1}%  plan {:>8.1} ms (partition {:.1})  {}  most halo rows received {}",
                         graph.name,
                         dtype.name(),
                         run.forward_ms,
+                        slowest(|r| r.exchange_ms),
+                        slowest(|r| r.local_ms),
                         run.efficiency * 100.0,
                         run.plan_ms,
+                        slowest(|r| r.rank_plan_ms),
                         run.algorithm,
                         most_halo
                     );

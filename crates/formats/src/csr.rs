@@ -522,6 +522,98 @@ impl Csr {
         )
     }
 
+    /// The rows `rows` of this matrix with their columns renumbered to the sorted set of
+    /// distinct columns they touch, and that set: column `j` of the returned matrix is column
+    /// `touched[j]` of this one (values carried along). A partitioned plan's rank builds its
+    /// local matrix and its halo this way.
+    ///
+    /// Linear in the block's entries plus `n_cols / 64`, in parallel: the columns are marked in
+    /// a bitmap, and a column's new number is the count of marked columns before it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidParameter`] where `rows` is not a range of this matrix's rows;
+    /// [`Error::OutOfMemory`] where the bitmap or the new arrays do not fit.
+    ///
+    /// ```
+    /// use spattn_formats::Csr;
+    /// let a = Csr::from_edges(3, 6, &[(0, 1), (0, 4), (1, 4), (2, 0), (2, 5)])?;
+    /// let (block, touched) = a.row_block_compacted(0..2)?;
+    /// assert_eq!(touched, [1, 4]);
+    /// assert_eq!(block.col_indices(), [0, 1, 1]);
+    /// assert_eq!((block.n_rows(), block.n_cols()), (2, 2));
+    /// # Ok::<(), spattn_formats::Error>(())
+    /// ```
+    pub fn row_block_compacted(&self, rows: std::ops::Range<usize>) -> Result<(Csr, Vec<u32>)> {
+        use std::sync::atomic::AtomicU64;
+        if rows.start > rows.end || rows.end > self.n_rows {
+            return Err(Error::InvalidParameter {
+                what: "row block",
+                why: format!("rows {rows:?} of a matrix of {} rows", self.n_rows),
+            });
+        }
+        let (e0, e1) = (
+            self.row_offsets[rows.start] as usize,
+            self.row_offsets[rows.end] as usize,
+        );
+        let cols = &self.col_indices[e0..e1];
+        let words = self.n_cols.div_ceil(64);
+        let mut marks: Vec<AtomicU64> = alloc::try_with_capacity(words, "row block column bitmap")?;
+        marks.extend((0..words).map(|_| AtomicU64::new(0)));
+        cols.par_iter().with_min_len(1 << 14).for_each(|&c| {
+            let (word, bit) = (&marks[c as usize / 64], 1u64 << (c % 64));
+            // Reading first keeps a hub column's word shared instead of bouncing between cores.
+            if word.load(Ordering::Relaxed) & bit == 0 {
+                word.fetch_or(bit, Ordering::Relaxed);
+            }
+        });
+        let bits: Vec<u64> = marks.into_iter().map(AtomicU64::into_inner).collect();
+        // before[w]: marked columns in words 0..w (at most n_cols, which fits u32).
+        let mut before: Vec<u32> = alloc::try_with_capacity(words, "row block column ranks")?;
+        let mut touched_count = 0u32;
+        for &w in &bits {
+            before.push(touched_count);
+            touched_count += w.count_ones();
+        }
+        let mut touched: Vec<u32> =
+            alloc::try_with_capacity(touched_count as usize, "row block columns")?;
+        for (w, &word) in bits.iter().enumerate() {
+            let mut rest = word;
+            while rest != 0 {
+                touched.push((w * 64) as u32 + rest.trailing_zeros());
+                rest &= rest - 1;
+            }
+        }
+        let mut local: Vec<u32> = alloc::try_with_capacity(cols.len(), "row block column indices")?;
+        cols.par_iter()
+            .with_min_len(1 << 14)
+            .map(|&c| {
+                let w = c as usize / 64;
+                before[w] + (bits[w] & ((1u64 << (c % 64)) - 1)).count_ones()
+            })
+            .collect_into_vec(&mut local);
+        let base = self.row_offsets[rows.start];
+        let mut offsets: Vec<u32> = alloc::try_with_capacity(rows.len() + 1, "row block offsets")?;
+        offsets.extend(
+            self.row_offsets[rows.start..=rows.end]
+                .iter()
+                .map(|&o| o - base),
+        );
+        let values = match &self.values {
+            Some(v) => {
+                let mut out = alloc::try_with_capacity(e1 - e0, "row block values")?;
+                out.extend_from_slice(&v[e0..e1]);
+                Some(out)
+            }
+            None => None,
+        };
+        // The renumbering is increasing, so sorted rows stay sorted and distinct columns
+        // distinct; every new column is below the count of touched columns.
+        Ok((
+            Csr::from_parts_unchecked(rows.len(), touched.len(), offsets, local, values),
+            touched,
+        ))
+    }
+
     /// The row index of every entry (the COO row array), in CSR order.
     pub fn row_indices(&self) -> Vec<u32> {
         let mut rows = vec![0u32; self.nnz()];

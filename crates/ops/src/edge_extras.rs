@@ -259,5 +259,11 @@ pub fn edge_features_grad<T: DType>(
     // walk stay below n_rows); reads a, b at e·heads + h < nnz·heads, x and y at row·heads·dim +
     // f < n_rows·heads·dim, writes out at e·heads·dim + f < nnz·heads·dim (all shapes and
     // lengths checked above).
-    unsafe { launch(name, &mut args, warp_grid(csr.nnz().div_ceil(COMBINE_EDGES))?) }
+    unsafe {
+        launch(
+            name,
+            &mut args,
+            warp_grid(csr.nnz().div_ceil(COMBINE_EDGES))?,
+        )
+    }
 }
