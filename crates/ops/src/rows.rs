@@ -26,7 +26,7 @@ use crate::buffer::{expect_len, DeviceVec};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
-use crate::launch::{check_same_gpu, kernel_named, launch, stride_grid, to_u32, PushKernelArg};
+use crate::launch::{check_same_gpu, kernel_named, launch, to_u32, warp_grid, PushKernelArg};
 
 /// Row indices on the device in segments (one per peer rank), each below a bound (the rows of
 /// the matrix they address) and, within a segment, distinct.
@@ -153,7 +153,8 @@ pub fn gather_rows<T: DType>(
     let name = kernel_named(&ROWS, format!("gather_rows_{}", T::NAME))?;
     let f = gpu.load_function(ROWS.name, ROWS.ptx, name)?;
     let (n, w) = (index.len() as u64, to_u32("row length", row_len)?);
-    let cfg = stride_grid(dst.len())?;
+    // Up to a warp per row: the kernel gives each row the lanes its length needs.
+    let cfg = warp_grid(index.len())?;
     let mut args = gpu.launch_builder(&f);
     args.arg(src.slice())
         .arg(index.idx.slice())
@@ -212,7 +213,7 @@ pub fn scatter_add_rows<T: DType>(
         // range); writes acc rows idx[r] < bound (RowIndex::new), within acc's bound·row_len
         // (checked). A segment's indices are distinct (RowIndex::new): no two threads of the
         // launch add to one element.
-        unsafe { launch(name, &mut args, stride_grid(seg.len() * row_len)?) }?;
+        unsafe { launch(name, &mut args, warp_grid(seg.len())?) }?;
     }
     Ok(())
 }
