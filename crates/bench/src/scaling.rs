@@ -5,7 +5,8 @@
 //!
 //! Per rank count it prints and records (`--json`): the forward time (the slowest rank's median
 //! of `--reps` wall-clock runs, each between two barriers, the halo exchange included), the
-//! efficiency against one GPU (`T1 / (P · TP)` strong, `T1 / TP` weak), the plan build time,
+//! efficiency against one GPU (`T1 / (P · TP)` strong, `T1 / TP` weak; T1 the plain one-GPU
+//! plan's forward, i.e. the P = 1 rank's local forward), the plan build time,
 //! and per rank its rows, edges, halo rows, rows sent and received, bytes moved per forward and
 //! the device memory in use. Results are not checked here: the partitioned plan's tests compare
 //! it with the single plan.
@@ -68,7 +69,9 @@ pub struct ScalingRun {
     pub ranks: usize,
     /// Forward time: the slowest rank's median, ms.
     pub forward_ms: f64,
-    /// Against one GPU: `T1 / (P · TP)` (strong) or `T1 / TP` (weak); 1 on one GPU.
+    /// Against one GPU: `T1 / (P · TP)` (strong) or `T1 / TP` (weak), T1 the one-GPU plan's
+    /// forward (the P = 1 rank's local forward, without the copy its exchange makes); NaN
+    /// where the ladder has no P = 1 run.
     pub efficiency: f64,
     /// The slowest rank's plan build (its requests exchanged, its local plan), ms.
     pub plan_ms: f64,
@@ -357,15 +360,25 @@ pub fn run(args: &RunArgs, argv: &[String], n: usize) -> Result<()> {
                     let row_bytes = (heads * dim) as u64 * elem * 2;
                     let forward_ms = results.iter().map(|r| r.forward_ms).fold(0.0, f64::max);
                     let plan_ms = results.iter().map(|r| r.plan_ms).fold(0.0, f64::max);
-                    let one = rec.runs.iter().find(|r| {
-                        r.ranks == 1
-                            && (weak.is_some() || r.graph == graph.name)
-                            && (r.heads, r.head_dim, r.dtype.as_str()) == (heads, dim, dtype.name())
-                    });
-                    let efficiency = match (one, weak) {
-                        (Some(o), Some(_)) => o.forward_ms / forward_ms,
-                        (Some(o), None) => o.forward_ms / (p as f64 * forward_ms),
-                        (None, _) => 1.0,
+                    // T1: one GPU's plain plan, i.e. the P = 1 rank's local forward alone (its
+                    // "exchange" only copies every K/V row into the halo, which one plan never does).
+                    let t1 = if p == 1 {
+                        Some(results[0].local_ms)
+                    } else {
+                        rec.runs
+                            .iter()
+                            .find(|r| {
+                                r.ranks == 1
+                                    && (weak.is_some() || r.graph == graph.name)
+                                    && (r.heads, r.head_dim, r.dtype.as_str())
+                                        == (heads, dim, dtype.name())
+                            })
+                            .map(|o| o.per_rank[0].local_ms)
+                    };
+                    let efficiency = match (t1, weak) {
+                        (Some(t1), Some(_)) => t1 / forward_ms,
+                        (Some(t1), None) => t1 / (p as f64 * forward_ms),
+                        (None, _) => f64::NAN,
                     };
                     let run = ScalingRun {
                         graph: graph.name.clone(),
