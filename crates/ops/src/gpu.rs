@@ -252,6 +252,64 @@ impl Gpu {
             .map_err(|e| map_driver_error("reading device memory info", e))
     }
 
+    /// This device's default memory pool, which stream-ordered allocations (every buffer of
+    /// this crate) come from.
+    ///
+    /// # Errors
+    /// The driver's.
+    pub fn default_pool(&self) -> Result<sys::CUmemoryPool> {
+        let mut device: sys::CUdevice = 0;
+        // SAFETY: `device` is a valid out-pointer; the ordinal is that of an opened device.
+        unsafe { sys::cuDeviceGet(&mut device, self.ordinal() as i32) }
+            .result()
+            .map_err(|e| map_driver_error("looking up a device", e))?;
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: `pool` is a valid out-pointer for the device's default pool.
+        unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, device) }
+            .result()
+            .map_err(|e| map_driver_error("getting a device's memory pool", e))?;
+        Ok(pool)
+    }
+
+    /// Keeps up to `bytes` of freed device memory in this device's pool for later allocations
+    /// (the pool's release threshold) instead of handing it back to the driver at every
+    /// synchronisation, the driver's default (0), after which each large allocation maps fresh
+    /// pages. `u64::MAX` keeps everything, as torch's caching allocator does; the memory stays
+    /// reserved for this process until [`trim_pool`](Self::trim_pool).
+    ///
+    /// # Errors
+    /// The driver's.
+    pub fn keep_freed_memory(&self, bytes: u64) -> Result<()> {
+        let pool = self.default_pool()?;
+        let mut value = bytes;
+        // SAFETY: the release threshold attribute takes a u64 through the pointer, which points
+        // to a live local; the pool is this device's default pool.
+        unsafe {
+            sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut value as *mut u64).cast(),
+            )
+        }
+        .result()
+        .map_err(|e| map_driver_error("setting the memory pool's release threshold", e))
+    }
+
+    /// Hands the freed memory this device's pool keeps (see
+    /// [`keep_freed_memory`](Self::keep_freed_memory)) back to the driver, once the work queued
+    /// so far has finished.
+    ///
+    /// # Errors
+    /// The driver's.
+    pub fn trim_pool(&self) -> Result<()> {
+        self.synchronize()?;
+        let pool = self.default_pool()?;
+        // SAFETY: trimming an existing pool to 0 bytes releases only unused memory.
+        unsafe { sys::cuMemPoolTrimTo(pool, 0) }
+            .result()
+            .map_err(|e| map_driver_error("trimming the memory pool", e))
+    }
+
     /// The cudarc context (for calls this crate does not wrap).
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.inner.ctx

@@ -396,11 +396,7 @@ pub fn share_pools(gpus: &[Gpu]) -> Result<()> {
     };
     for owner in gpus {
         let od = device(owner)?;
-        let mut pool: cu::CUmemoryPool = std::ptr::null_mut();
-        // SAFETY: `pool` is a valid out-pointer for the device's default pool.
-        unsafe { cu::cuDeviceGetDefaultMemPool(&mut pool, od) }
-            .result()
-            .map_err(|e| map_driver_error("getting a device's memory pool", e))?;
+        let pool = owner.default_pool()?;
         for peer in gpus.iter().filter(|p| p.ordinal() != owner.ordinal()) {
             let pd = device(peer)?;
             let mut can = 0;
