@@ -123,6 +123,12 @@ pub struct RunArgs {
     #[arg(long = "no-check")]
     pub no_check: bool,
 
+    /// Keeps freed device memory in the GPU's pool for the next allocations (as torch's caching
+    /// allocator does) instead of the driver's default of handing it back at every
+    /// synchronisation (`Gpu::keep_freed_memory`); `--gpus` always keeps it.
+    #[arg(long = "keep-freed-memory")]
+    pub keep_freed_memory: bool,
+
     /// How the attention plans renumber rows internally: auto, none, degree, locality or
     /// cluster (AttentionConfig::with_reorder; inputs and outputs keep the graph's order).
     #[arg(long = "reorder", value_name = "ORDER", default_value = "auto",
@@ -318,6 +324,12 @@ mod tests {
         assert_eq!(r.rmat, vec![10, 12]);
         assert_eq!(r.heads, vec![2]);
         assert_eq!((r.warmup, r.reps, r.algorithms.as_str()), (5, 30, "all"));
+    }
+
+    #[test]
+    fn freed_memory_is_handed_back_unless_asked_to_keep_it() {
+        assert!(!run_args(&[]).keep_freed_memory);
+        assert!(run_args(&["--keep-freed-memory"]).keep_freed_memory);
     }
 
     #[test]

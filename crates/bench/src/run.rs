@@ -81,7 +81,13 @@ fn open_device(args: &RunArgs) -> Device {
         return Device::Cpu("--cpu given".into());
     }
     match Gpu::new(args.device) {
-        Ok(gpu) => Device::Gpu(gpu),
+        Ok(gpu) => match args
+            .keep_freed_memory
+            .then(|| gpu.keep_freed_memory(u64::MAX))
+        {
+            Some(Err(e)) => Device::Cpu(format!("--keep-freed-memory failed: {e}")),
+            _ => Device::Gpu(gpu),
+        },
         Err(e) => Device::Cpu(gpu_bench::cpu_reason(&e)),
     }
 }
