@@ -545,6 +545,8 @@ impl RankPlan {
         let rows = part.rows.block(rank)?;
         let kv_rows = part.kv.block(rank)?;
         let (local, halo) = a.row_block_compacted(rows.clone())?;
+        // Attention reads the pattern only: no edge values on the rank's GPU.
+        let local = local.into_pattern();
         // Requests: the halo's rows owned by each rank, as global ids. The halo is sorted and the
         // K/V blocks cover 0..n_cols (checked above), so each rank's share is one slice of it.
         let requests: Vec<Vec<u32>> = (0..world)

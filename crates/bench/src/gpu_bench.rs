@@ -44,7 +44,7 @@ pub fn cpu_reason(e: &spattn_ops::Error) -> String {
 /// # Errors
 /// Driver errors.
 pub fn copy_bandwidth(gpu: &Gpu) -> Result<(f64, u64)> {
-    let (free, _) = gpu.memory_info()?;
+    let free = gpu.available_memory()?;
     let mut bytes = COPY_BYTES;
     while bytes > (1 << 24) && 2 * bytes + (256 << 20) > free {
         bytes /= 2;

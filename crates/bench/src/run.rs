@@ -76,19 +76,18 @@ enum Device {
     Cpu(String),
 }
 
-fn open_device(args: &RunArgs) -> Device {
+fn open_device(args: &RunArgs) -> Result<Device> {
     if args.cpu {
-        return Device::Cpu("--cpu given".into());
+        return Ok(Device::Cpu("--cpu given".into()));
     }
     match Gpu::new(args.device) {
-        Ok(gpu) => match args
-            .keep_freed_memory
-            .then(|| gpu.keep_freed_memory(u64::MAX))
-        {
-            Some(Err(e)) => Device::Cpu(format!("--keep-freed-memory failed: {e}")),
-            _ => Device::Gpu(gpu),
-        },
-        Err(e) => Device::Cpu(gpu_bench::cpu_reason(&e)),
+        Ok(gpu) => {
+            if args.keep_freed_memory {
+                gpu.keep_freed_memory(u64::MAX)?;
+            }
+            Ok(Device::Gpu(gpu))
+        }
+        Err(e) => Ok(Device::Cpu(gpu_bench::cpu_reason(&e))),
     }
 }
 
@@ -135,7 +134,7 @@ pub fn run(args: &RunArgs, argv: &[String]) -> Result<Outcome> {
         });
     }
 
-    let device = open_device(args);
+    let device = open_device(args)?;
     let backend = match device {
         Device::Gpu(_) => Target::Gpu,
         Device::Cpu(_) => Target::Cpu,
@@ -493,7 +492,8 @@ fn check_memory(
         memory::check(&size, side, available).map_err(context)?;
     }
     if let Some((gpu, _)) = gpu_graph {
-        let (free, _) = gpu.memory_info()?;
+        // Freed memory a kept pool holds is free for this process.
+        let free = gpu.available_memory()?;
         memory::check(&size, memory::Side::Device, free as u64).map_err(context)?;
     }
     Ok(())

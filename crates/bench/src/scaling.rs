@@ -109,7 +109,8 @@ pub struct RankRecord {
     pub local_plan_ms: f64,
     /// The algorithm its local plan ran.
     pub algorithm: String,
-    /// Device memory in use after the runs (the whole GPU's, as the driver reports it).
+    /// Device memory in use after the runs: the whole GPU's, as the driver reports it, less the
+    /// freed memory this process's pool keeps.
     pub device_used_bytes: u64,
 }
 
@@ -226,7 +227,9 @@ fn rank_run<T: DType>(
     let local_ms = median_between_barriers(ex, warmup, reps, || {
         local.forward(&q, halo.k(), halo.v(), &mut out)
     })?;
-    let (free, total) = gpu.memory_info()?;
+    drop(halo);
+    // Freed memory the pool keeps is not in use.
+    let ((_, total), available) = (gpu.memory_info()?, gpu.available_memory()?);
     Ok(RankResult {
         stats: plan.stats(),
         plan_ms,
@@ -235,7 +238,7 @@ fn rank_run<T: DType>(
         exchange_ms,
         local_ms,
         algorithm: local.algorithm().name().to_string(),
-        device_used: (total - free) as u64,
+        device_used: total.saturating_sub(available) as u64,
     })
 }
 

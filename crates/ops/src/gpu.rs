@@ -252,17 +252,56 @@ impl Gpu {
             .map_err(|e| map_driver_error("reading device memory info", e))
     }
 
+    /// The driver's handle of this device.
+    ///
+    /// # Errors
+    /// The driver's.
+    pub(crate) fn cu_device(&self) -> Result<sys::CUdevice> {
+        let mut device: sys::CUdevice = 0;
+        // SAFETY: `device` is a valid out-pointer; the ordinal is that of an opened device.
+        unsafe { sys::cuDeviceGet(&mut device, self.ordinal() as i32) }
+            .result()
+            .map_err(|e| map_driver_error("looking up a device", e))?;
+        Ok(device)
+    }
+
+    /// Device memory this process can still allocate, in bytes: the driver's free memory plus
+    /// the freed memory this device's pool keeps for reuse (see
+    /// [`keep_freed_memory`](Self::keep_freed_memory)), which [`memory_info`](Self::memory_info)
+    /// counts as used.
+    ///
+    /// # Errors
+    /// The driver's.
+    pub fn available_memory(&self) -> Result<usize> {
+        let (free, _) = self.memory_info()?;
+        let pool = self.default_pool()?;
+        let get = |attr: sys::CUmemPool_attribute, what: &'static str| -> Result<u64> {
+            let mut value = 0u64;
+            // SAFETY: these two attributes write one u64 through the pointer, which points to a
+            // live local; the pool is this device's default pool.
+            unsafe { sys::cuMemPoolGetAttribute(pool, attr, (&mut value as *mut u64).cast()) }
+                .result()
+                .map_err(|e| map_driver_error(what, e))?;
+            Ok(value)
+        };
+        let reserved = get(
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+            "reading the memory pool's reserved bytes",
+        )?;
+        let used = get(
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+            "reading the memory pool's used bytes",
+        )?;
+        Ok(free.saturating_add(usize::try_from(reserved.saturating_sub(used)).unwrap_or(0)))
+    }
+
     /// This device's default memory pool, which stream-ordered allocations (every buffer of
     /// this crate) come from.
     ///
     /// # Errors
     /// The driver's.
     pub fn default_pool(&self) -> Result<sys::CUmemoryPool> {
-        let mut device: sys::CUdevice = 0;
-        // SAFETY: `device` is a valid out-pointer; the ordinal is that of an opened device.
-        unsafe { sys::cuDeviceGet(&mut device, self.ordinal() as i32) }
-            .result()
-            .map_err(|e| map_driver_error("looking up a device", e))?;
+        let device = self.cu_device()?;
         let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
         // SAFETY: `pool` is a valid out-pointer for the device's default pool.
         unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, device) }

@@ -386,19 +386,11 @@ impl Drop for NcclComm {
 /// The driver's.
 pub fn share_pools(gpus: &[Gpu]) -> Result<()> {
     use cudarc::driver::sys as cu;
-    let device = |g: &Gpu| -> Result<cu::CUdevice> {
-        let mut d: cu::CUdevice = 0;
-        // SAFETY: `d` is a valid out-pointer; the ordinal is that of an opened device.
-        unsafe { cu::cuDeviceGet(&mut d, g.ordinal() as i32) }
-            .result()
-            .map_err(|e| map_driver_error("looking up a device", e))?;
-        Ok(d)
-    };
     for owner in gpus {
-        let od = device(owner)?;
+        let od = owner.cu_device()?;
         let pool = owner.default_pool()?;
         for peer in gpus.iter().filter(|p| p.ordinal() != owner.ordinal()) {
-            let pd = device(peer)?;
+            let pd = peer.cu_device()?;
             let mut can = 0;
             // SAFETY: `can` is a valid out-pointer; both devices exist.
             unsafe { cu::cuDeviceCanAccessPeer(&mut can, pd, od) }
