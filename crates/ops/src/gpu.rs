@@ -252,19 +252,6 @@ impl Gpu {
             .map_err(|e| map_driver_error("reading device memory info", e))
     }
 
-    /// The driver's handle of this device.
-    ///
-    /// # Errors
-    /// The driver's.
-    pub(crate) fn cu_device(&self) -> Result<sys::CUdevice> {
-        let mut device: sys::CUdevice = 0;
-        // SAFETY: `device` is a valid out-pointer; the ordinal is that of an opened device.
-        unsafe { sys::cuDeviceGet(&mut device, self.ordinal() as i32) }
-            .result()
-            .map_err(|e| map_driver_error("looking up a device", e))?;
-        Ok(device)
-    }
-
     /// Device memory this process can still allocate, in bytes: the driver's free memory plus
     /// the freed memory this device's pool keeps for reuse (see
     /// [`keep_freed_memory`](Self::keep_freed_memory)), which [`memory_info`](Self::memory_info)
@@ -273,41 +260,63 @@ impl Gpu {
     /// # Errors
     /// The driver's.
     pub fn available_memory(&self) -> Result<usize> {
+        use sys::CUmemPool_attribute as A;
         let (free, _) = self.memory_info()?;
-        let pool = self.default_pool()?;
-        let get = |attr: sys::CUmemPool_attribute, what: &'static str| -> Result<u64> {
-            let mut value = 0u64;
-            // SAFETY: these two attributes write one u64 through the pointer, which points to a
-            // live local; the pool is this device's default pool.
-            unsafe { sys::cuMemPoolGetAttribute(pool, attr, (&mut value as *mut u64).cast()) }
-                .result()
-                .map_err(|e| map_driver_error(what, e))?;
-            Ok(value)
-        };
-        let reserved = get(
-            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
-            "reading the memory pool's reserved bytes",
-        )?;
-        let used = get(
-            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
-            "reading the memory pool's used bytes",
-        )?;
+        let reserved = self.pool_attribute(A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?;
+        let used = self.pool_attribute(A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?;
         Ok(free.saturating_add(usize::try_from(reserved.saturating_sub(used)).unwrap_or(0)))
     }
 
-    /// This device's default memory pool, which stream-ordered allocations (every buffer of
-    /// this crate) come from.
+    /// The memory pool this crate's buffers come from: the device's current pool, which
+    /// stream-ordered allocation (`cuMemAllocAsync`) uses.
     ///
     /// # Errors
     /// The driver's.
-    pub fn default_pool(&self) -> Result<sys::CUmemoryPool> {
-        let device = self.cu_device()?;
+    pub fn memory_pool(&self) -> Result<sys::CUmemoryPool> {
+        self.inner
+            .ctx
+            .bind_to_thread()
+            .map_err(|e| map_driver_error("binding the CUDA context", e))?;
         let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-        // SAFETY: `pool` is a valid out-pointer for the device's default pool.
-        unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, device) }
+        // SAFETY: writes one pool handle through a pointer to a live local; the device handle
+        // comes from the live context.
+        unsafe { sys::cuDeviceGetMemPool(&mut pool, self.inner.ctx.cu_device()) }
             .result()
-            .map_err(|e| map_driver_error("getting a device's memory pool", e))?;
+            .map_err(|e| map_driver_error("getting the device's memory pool", e))?;
         Ok(pool)
+    }
+
+    /// One of the 64-bit attributes of [`memory_pool`](Self::memory_pool) (release threshold,
+    /// reserved and used bytes and their peaks).
+    ///
+    /// # Errors
+    /// The driver's, also for an attribute that is not 64 bits wide.
+    pub fn pool_attribute(&self, attr: sys::CUmemPool_attribute) -> Result<u64> {
+        check_u64_attribute(attr)?;
+        let pool = self.memory_pool()?;
+        let mut value = 0u64;
+        // SAFETY: the attribute is one of the cuuint64_t ones (checked): one u64 written
+        // through a pointer to a live local; the pool is the device's live pool.
+        unsafe { sys::cuMemPoolGetAttribute(pool, attr, (&mut value as *mut u64).cast()) }
+            .result()
+            .map_err(|e| map_driver_error("reading a memory pool attribute", e))?;
+        Ok(value)
+    }
+
+    /// Sets one of the 64-bit attributes of [`memory_pool`](Self::memory_pool) (the release
+    /// threshold; 0 on a peak resets it to the current value).
+    ///
+    /// # Errors
+    /// The driver's, also for an attribute that is not 64 bits wide.
+    pub fn set_pool_attribute(&self, attr: sys::CUmemPool_attribute, value: u64) -> Result<()> {
+        check_u64_attribute(attr)?;
+        let pool = self.memory_pool()?;
+        let mut value = value;
+        // SAFETY: the attribute is one of the cuuint64_t ones (checked), read through a pointer
+        // to a live local; the pool is the device's live pool.
+        unsafe { sys::cuMemPoolSetAttribute(pool, attr, (&mut value as *mut u64).cast()) }
+            .result()
+            .map_err(|e| map_driver_error("setting a memory pool attribute", e))
     }
 
     /// Keeps up to `bytes` of freed device memory in this device's pool for later allocations
@@ -319,19 +328,10 @@ impl Gpu {
     /// # Errors
     /// The driver's.
     pub fn keep_freed_memory(&self, bytes: u64) -> Result<()> {
-        let pool = self.default_pool()?;
-        let mut value = bytes;
-        // SAFETY: the release threshold attribute takes a u64 through the pointer, which points
-        // to a live local; the pool is this device's default pool.
-        unsafe {
-            sys::cuMemPoolSetAttribute(
-                pool,
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                (&mut value as *mut u64).cast(),
-            )
-        }
-        .result()
-        .map_err(|e| map_driver_error("setting the memory pool's release threshold", e))
+        self.set_pool_attribute(
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            bytes,
+        )
     }
 
     /// Hands the freed memory this device's pool keeps (see
@@ -342,7 +342,7 @@ impl Gpu {
     /// The driver's.
     pub fn trim_pool(&self) -> Result<()> {
         self.synchronize()?;
-        let pool = self.default_pool()?;
+        let pool = self.memory_pool()?;
         // SAFETY: trimming an existing pool to 0 bytes releases only unused memory.
         unsafe { sys::cuMemPoolTrimTo(pool, 0) }
             .result()
@@ -688,5 +688,38 @@ impl GpuTimer {
         self.start
             .elapsed_ms(&self.stop)
             .map_err(|e| map_driver_error("reading the event timer", e))
+    }
+}
+
+/// The memory pool attributes that are 64 bits wide (`cuuint64_t`): the others are ints, and
+/// passing a u64 for them would let the driver read or write the wrong width.
+fn check_u64_attribute(attr: sys::CUmemPool_attribute) -> Result<()> {
+    use sys::CUmemPool_attribute as A;
+    match attr {
+        A::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD
+        | A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT
+        | A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH
+        | A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT
+        | A::CU_MEMPOOL_ATTR_USED_MEM_HIGH => Ok(()),
+        other => Err(Error::InvalidArgument {
+            what: "memory pool attribute",
+            why: format!("{other:?} is not a 64-bit attribute"),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_64_bit_pool_attributes_are_read_or_written_as_u64() {
+        use sys::CUmemPool_attribute as A;
+        assert!(check_u64_attribute(A::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD).is_ok());
+        assert!(check_u64_attribute(A::CU_MEMPOOL_ATTR_USED_MEM_HIGH).is_ok());
+        let err = check_u64_attribute(A::CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("REUSE_FOLLOW_EVENT_DEPENDENCIES"), "{err}");
     }
 }

@@ -378,7 +378,7 @@ impl Drop for NcclComm {
 }
 
 /// Lets the kernels of every GPU of `gpus` read and write the memory pools of the others
-/// where the devices can reach each other (`cuMemPoolSetAccess` on each default pool). Ranks of
+/// where the devices can reach each other (`cuMemPoolSetAccess` on each device's pool). Ranks of
 /// one process move data by direct pointers to each other's buffers, which come from the pools
 /// (stream-ordered allocation) and are private to their device until this is done.
 ///
@@ -387,10 +387,10 @@ impl Drop for NcclComm {
 pub fn share_pools(gpus: &[Gpu]) -> Result<()> {
     use cudarc::driver::sys as cu;
     for owner in gpus {
-        let od = owner.cu_device()?;
-        let pool = owner.default_pool()?;
+        let od = owner.context().cu_device();
+        let pool = owner.memory_pool()?;
         for peer in gpus.iter().filter(|p| p.ordinal() != owner.ordinal()) {
-            let pd = peer.cu_device()?;
+            let pd = peer.context().cu_device();
             let mut can = 0;
             // SAFETY: `can` is a valid out-pointer; both devices exist.
             unsafe { cu::cuDeviceCanAccessPeer(&mut can, pd, od) }

@@ -15,7 +15,7 @@ use pyo3::types::PyDict;
 use spattn::ops::external::StreamBridge;
 use spattn::Gpu;
 
-use crate::errors::{ops_to_py, SpattnError};
+use crate::errors::ops_to_py;
 
 /// A device's handle and stream bridge.
 #[derive(Debug)]
@@ -110,33 +110,6 @@ pub(crate) fn device_info<'py>(py: Python<'py>, device: i64) -> PyResult<Bound<'
     Ok(info)
 }
 
-/// The memory pool spattn allocates from on `d`'s device (the device's current pool: spattn's
-/// allocations are stream-ordered, `cuMemAllocAsync`; PyTorch's default caching allocator does
-/// not use it).
-fn pool(d: &Device) -> PyResult<sys::CUmemoryPool> {
-    d.gpu
-        .context()
-        .bind_to_thread()
-        .map_err(|e| SpattnError::new_err(format!("binding the CUDA context: {e}")))?;
-    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-    // SAFETY: writes one pool handle through a pointer to a live local; the device handle
-    // comes from the live context.
-    unsafe { sys::cuDeviceGetMemPool(&mut pool, d.gpu.context().cu_device()) }
-        .result()
-        .map_err(|e| SpattnError::new_err(format!("querying the memory pool: {e}")))?;
-    Ok(pool)
-}
-
-fn pool_attribute(pool: sys::CUmemoryPool, attr: sys::CUmemPool_attribute) -> PyResult<u64> {
-    let mut value: u64 = 0;
-    // SAFETY: the four usage attributes are `cuuint64_t`: one u64 written through a pointer
-    // to a live local; `pool` is the device's live pool.
-    unsafe { sys::cuMemPoolGetAttribute(pool, attr, (&mut value as *mut u64).cast()) }
-        .result()
-        .map_err(|e| SpattnError::new_err(format!("reading the memory pool: {e}")))?;
-    Ok(value)
-}
-
 /// Device memory spattn holds on `device`, in bytes: a dict with `used` and `used_peak`
 /// (memory handed out by the pool spattn allocates from: graph uploads, plans' workspaces),
 /// and `reserved`, `reserved_peak` (what the pool holds from the driver). PyTorch's
@@ -146,25 +119,16 @@ fn pool_attribute(pool: sys::CUmemoryPool, attr: sys::CUmemPool_attribute) -> Py
 pub(crate) fn memory_pool_stats<'py>(py: Python<'py>, device: i64) -> PyResult<Bound<'py, PyDict>> {
     let _restore = ContextGuard::save();
     let d = self::device(ordinal(device)?).map_err(ops_to_py)?;
-    let p = pool(&d)?;
     use sys::CUmemPool_attribute as A;
     let stats = PyDict::new(py);
-    stats.set_item(
-        "used",
-        pool_attribute(p, A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
-    )?;
-    stats.set_item(
-        "used_peak",
-        pool_attribute(p, A::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
-    )?;
-    stats.set_item(
-        "reserved",
-        pool_attribute(p, A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
-    )?;
-    stats.set_item(
-        "reserved_peak",
-        pool_attribute(p, A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
-    )?;
+    for (key, attr) in [
+        ("used", A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT),
+        ("used_peak", A::CU_MEMPOOL_ATTR_USED_MEM_HIGH),
+        ("reserved", A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT),
+        ("reserved_peak", A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH),
+    ] {
+        stats.set_item(key, d.gpu.pool_attribute(attr).map_err(ops_to_py)?)?;
+    }
     Ok(stats)
 }
 
@@ -173,18 +137,13 @@ pub(crate) fn memory_pool_stats<'py>(py: Python<'py>, device: i64) -> PyResult<B
 pub(crate) fn reset_memory_pool_peak(device: i64) -> PyResult<()> {
     let _restore = ContextGuard::save();
     let d = self::device(ordinal(device)?).map_err(ops_to_py)?;
-    let p = pool(&d)?;
     use sys::CUmemPool_attribute as A;
     for attr in [
         A::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
         A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
     ] {
-        let mut zero: u64 = 0;
-        // SAFETY: the high-water attributes take a `cuuint64_t` 0 (reset to the current
-        // value), read through a pointer to a live local.
-        unsafe { sys::cuMemPoolSetAttribute(p, attr, (&mut zero as *mut u64).cast()) }
-            .result()
-            .map_err(|e| SpattnError::new_err(format!("resetting the memory pool peak: {e}")))?;
+        // 0 on a peak resets it to the current value.
+        d.gpu.set_pool_attribute(attr, 0).map_err(ops_to_py)?;
     }
     Ok(())
 }
