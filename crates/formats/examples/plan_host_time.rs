@@ -8,10 +8,22 @@
 //!     cargo run --release -p spattn-formats --example plan_host_time -- data/ogbn-arxiv.mtx.gz
 //!
 //! Prints one row per scale: milliseconds per step and nanoseconds per edge (flat = linear).
+//! The locality order (reverse Cuthill–McKee after peeling the hubs, the part of `Auto`'s order
+//! that grows fastest) is timed alone too, with a hash of its permutation to compare builds.
 
 use std::time::Instant;
 
-use spattn_formats::{read_matrix_market, rmat, Bsb, MeBcrs, Reorder, RmatConfig, RowOrder};
+use spattn_formats::reorder::HUB_FACTOR;
+use spattn_formats::{
+    read_matrix_market, rmat, Bsb, MeBcrs, Permutation, Reorder, RmatConfig, RowOrder,
+};
+
+/// FNV-1a of a permutation: equal hashes, equal orders (for comparing two builds' outputs).
+fn fnv(p: &Permutation) -> u64 {
+    p.old_of_new().iter().fold(0xcbf2_9ce4_8422_2325, |h, &x| {
+        (h ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
 
 fn timed<T>(f: impl FnOnce() -> T) -> (T, f64) {
     let t = Instant::now();
@@ -29,8 +41,8 @@ fn main() -> Result<(), spattn_formats::Error> {
         "# host plan steps, {} rayon threads; ms (ns per edge)",
         rayon_threads()
     );
-    println!("| graph | nnz | build + sym | transpose | Auto order (16 rows) | BSB | ME-BCRS | order chosen | K/V gathers (graph's order) |");
-    println!("|--:|--:|--:|--:|--:|--:|--:|---|--:|");
+    println!("| graph | nnz | build + sym | transpose | Auto order (16 rows) | BSB | ME-BCRS | order chosen | K/V gathers (graph's order) | locality order | its hash |");
+    println!("|--:|--:|--:|--:|--:|--:|--:|---|--:|--:|---|");
     for scale in graphs {
         // An R-MAT scale, or a MatrixMarket file (symmetrized, with self loops, as the bench).
         let (a, t_gen) = timed(|| match scale.parse::<u32>() {
@@ -55,8 +67,11 @@ fn main() -> Result<(), spattn_formats::Error> {
         bsb?;
         let (me, t_me) = timed(|| MeBcrs::from_csr(&a, 8));
         me?;
+        let (rcm, t_rcm) =
+            timed(|| Permutation::reverse_cuthill_mckee_peeling_hubs(&a, HUB_FACTOR));
+        let rcm = rcm?;
         println!(
-            "| {scale} | {} | {} | {} | {} | {} | {} | {:?} | {} ({}) |",
+            "| {scale} | {} | {} | {} | {} | {} | {} | {:?} | {} ({}) | {} | {:016x} |",
             a.nnz(),
             per(t_gen),
             per(t_tr),
@@ -65,12 +80,14 @@ fn main() -> Result<(), spattn_formats::Error> {
             per(t_me),
             order.used,
             order.gathers,
-            order.gathers_natural
+            order.gathers_natural,
+            per(t_rcm),
+            fnv(&rcm)
         );
     }
     Ok(())
 }
 
 fn rayon_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    rayon::current_num_threads()
 }

@@ -11,8 +11,12 @@
 //! directions: [`Permutation::new_of_old`] (`new = new_of_old[old]`) and its inverse
 //! [`Permutation::old_of_new`] (`old = old_of_new[new]`: the old node now at position `new`).
 
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicU32};
+
 use rayon::prelude::*;
 
+use crate::alloc::{try_filled, try_with_capacity};
 use crate::csr::{Csr, MAX_DIM};
 use crate::error::{Error, Result};
 
@@ -401,22 +405,39 @@ fn check_square(a: &Csr, op: &'static str) -> Result<()> {
     Ok(())
 }
 
-/// Breadth-first search over the non-hub nodes not yet numbered, with reusable scratch.
+/// Frontiers below this many nodes are expanded on one thread (a level's fork and join cost
+/// more than its few hundred edges).
+const PAR_MIN_FRONTIER: usize = 2048;
+
+/// Breadth-first search over the non-hub nodes not yet numbered, with reusable scratch. Each
+/// level is expanded from the whole frontier at once; past `par_min_frontier` nodes on several
+/// threads, with exactly the sequential search's result (see [`Bfs::expand`]).
 struct Bfs<'a> {
     a: &'a Csr,
     /// Row lengths.
     degree: Vec<u32>,
     /// Hubs and nodes already numbered: never entered.
-    done: Vec<bool>,
+    done: Vec<AtomicBool>,
     /// Per node, its level in the current search ([`UNSET`] outside it).
-    level: Vec<u32>,
+    level: Vec<AtomicU32>,
+    /// Per node, during a parallel expansion: the first frontier position that reached it
+    /// ([`UNSET`] otherwise, and between expansions).
+    claim: Vec<AtomicU32>,
     /// The nodes of the current search, in visiting order.
     queue: Vec<u32>,
-    /// Unvisited neighbours of one node, sorted by (degree, id) before they are queued.
-    scratch: Vec<u32>,
+    /// Frontiers of at least this many nodes are expanded in parallel.
+    par_min_frontier: usize,
 }
 
 impl Bfs<'_> {
+    /// Whether `c`, a neighbour of `v`, is new to the current search (not `v`, not numbered, no
+    /// level yet). Levels only change between the phases of an expansion.
+    fn is_new(&self, v: u32, c: u32) -> bool {
+        c != v
+            && !self.done[c as usize].load(Relaxed)
+            && self.level[c as usize].load(Relaxed) == UNSET
+    }
+
     /// Searches from `root`, leaving the visit order in `queue` and the levels in `level`;
     /// returns the start of the last level in `queue`. With `sorted`, each node's neighbours
     /// are queued by ascending degree, ties by id (the numbering); without, in row order (the
@@ -425,38 +446,129 @@ impl Bfs<'_> {
     fn run(&mut self, root: u32, sorted: bool) -> usize {
         self.queue.clear();
         self.queue.push(root);
-        self.level[root as usize] = 0;
-        let (mut head, mut last_level_start) = (0, 0);
-        while head < self.queue.len() {
-            let v = self.queue[head] as usize;
-            let lv = self.level[v];
-            if lv != self.level[self.queue[last_level_start] as usize] {
-                last_level_start = head;
+        self.level[root as usize].store(0, Relaxed);
+        let (mut start, mut lv) = (0, 0u32);
+        loop {
+            let end = self.queue.len();
+            let next = self.expand(start..end, lv + 1, sorted);
+            if next.is_empty() {
+                return start;
             }
-            head += 1;
-            self.scratch.clear();
-            for &c in self.a.row(v) {
-                let c_us = c as usize;
-                if c_us != v && !self.done[c_us] && self.level[c_us] == UNSET {
-                    self.level[c_us] = lv + 1;
-                    self.scratch.push(c);
-                }
-            }
+            self.queue.extend_from_slice(&next);
+            (start, lv) = (end, lv + 1);
+        }
+    }
+
+    /// The next level of the frontier `queue[frontier]`, in the order the sequential search
+    /// queues it: each frontier node in turn appends its new neighbours (sorted by (degree, id)
+    /// when `sorted`) that no earlier frontier node took. In parallel, each new node is first
+    /// claimed by the lowest frontier position reaching it (an atomic minimum), then every
+    /// frontier node collects the neighbours it claimed, and the lists are joined in frontier
+    /// order: the same sequence. Sets the returned nodes' level to `lv`.
+    fn expand(&self, frontier: std::ops::Range<usize>, lv: u32, sorted: bool) -> Vec<u32> {
+        let nodes = &self.queue[frontier];
+        let sort = |kids: &mut [u32]| {
             if sorted {
                 let degree = &self.degree;
-                self.scratch
-                    .sort_unstable_by_key(|&c| (degree[c as usize], c));
+                kids.sort_unstable_by_key(|&c| (degree[c as usize], c));
             }
-            self.queue.extend_from_slice(&self.scratch);
+        };
+        if nodes.len() < self.par_min_frontier {
+            let mut next = Vec::new();
+            for &v in nodes {
+                let from = next.len();
+                for &c in self.a.row(v as usize) {
+                    if self.is_new(v, c) {
+                        self.level[c as usize].store(lv, Relaxed);
+                        next.push(c);
+                    }
+                }
+                sort(&mut next[from..]);
+            }
+            return next;
         }
-        last_level_start
+        if !sorted {
+            // The probes read only the levels, so the next level's order is free: each new node
+            // goes to the thread whose level swap takes it, in one pass.
+            let parts: Vec<Vec<u32>> = nodes
+                .par_iter()
+                .fold(Vec::new, |mut kids, &v| {
+                    for &c in self.a.row(v as usize) {
+                        if self.is_new(v, c)
+                            && self.level[c as usize]
+                                .compare_exchange(UNSET, lv, Relaxed, Relaxed)
+                                .is_ok()
+                        {
+                            kids.push(c);
+                        }
+                    }
+                    kids
+                })
+                .collect();
+            return parts.concat();
+        }
+        nodes.par_iter().enumerate().for_each(|(i, &v)| {
+            // i < frontier length <= n <= MAX_DIM: fits u32.
+            let i = i as u32;
+            for &c in self.a.row(v as usize) {
+                // Most new nodes are reached many times: a load first skips the atomic
+                // read-modify-write where an earlier position already holds them.
+                if self.is_new(v, c) && self.claim[c as usize].load(Relaxed) > i {
+                    self.claim[c as usize].fetch_min(i, Relaxed);
+                }
+            }
+        });
+        // Chunks of frontier positions, a few per thread, each collecting its nodes' claims.
+        let chunk = (nodes.len() / (8 * rayon::current_num_threads())).max(256);
+        let parts: Vec<Vec<u32>> = nodes
+            .par_chunks(chunk)
+            .enumerate()
+            .map(|(ci, part)| {
+                let mut kids = Vec::new();
+                for (j, &v) in part.iter().enumerate() {
+                    let i = (ci * chunk + j) as u32;
+                    let from = kids.len();
+                    kids.extend(
+                        self.a
+                            .row(v as usize)
+                            .iter()
+                            .filter(|&&c| c != v && self.claim[c as usize].load(Relaxed) == i),
+                    );
+                    sort(&mut kids[from..]);
+                }
+                kids
+            })
+            .collect();
+        let next = parts.concat();
+        next.par_iter().for_each(|&c| {
+            self.level[c as usize].store(lv, Relaxed);
+            self.claim[c as usize].store(UNSET, Relaxed);
+        });
+        next
     }
 
     /// Forgets the levels of the last search.
     fn clear(&mut self) {
-        for &v in &self.queue {
-            self.level[v as usize] = UNSET;
-        }
+        let level = &self.level;
+        self.queue
+            .par_iter()
+            .with_min_len(4096)
+            .for_each(|&v| level[v as usize].store(UNSET, Relaxed));
+    }
+
+    /// Marks the last search's nodes numbered.
+    fn mark_done(&mut self) {
+        let done = &self.done;
+        self.queue
+            .par_iter()
+            .with_min_len(4096)
+            .for_each(|&v| done[v as usize].store(true, Relaxed));
+    }
+
+    /// The level of the last node queued (the search's depth).
+    fn depth(&self) -> u32 {
+        // The queue holds at least the root after a search.
+        self.level[self.queue[self.queue.len() - 1] as usize].load(Relaxed)
     }
 }
 
@@ -466,9 +578,29 @@ const PERIPHERAL_ROUNDS: usize = 4;
 
 /// Reverse Cuthill–McKee, hubs (degree > `hub_factor` × mean) first when asked.
 fn locality_order(a: &Csr, hub_factor: Option<f64>) -> Result<Permutation> {
+    // On one thread the parallel expansion's extra pass is pure cost.
+    let par_min_frontier = if rayon::current_num_threads() > 1 {
+        PAR_MIN_FRONTIER
+    } else {
+        usize::MAX
+    };
+    locality_order_with(a, hub_factor, par_min_frontier)
+}
+
+/// [`locality_order`] expanding frontiers of at least `par_min_frontier` nodes in parallel (the
+/// result does not depend on it).
+fn locality_order_with(
+    a: &Csr,
+    hub_factor: Option<f64>,
+    par_min_frontier: usize,
+) -> Result<Permutation> {
     check_square(a, "reverse_cuthill_mckee")?;
     let n = a.n_rows();
-    let degree: Vec<u32> = (0..n).map(|i| a.degree(i) as u32).collect();
+    let mut degree = try_with_capacity(n, "node degrees")?;
+    (0..n)
+        .into_par_iter()
+        .map(|i| a.degree(i) as u32)
+        .collect_into_vec(&mut degree);
     let mean = if n == 0 {
         0.0
     } else {
@@ -476,35 +608,44 @@ fn locality_order(a: &Csr, hub_factor: Option<f64>) -> Result<Permutation> {
     };
     let is_hub = |d: u32| hub_factor.is_some_and(|f| d as f64 > f * mean);
     let mut hubs: Vec<u32> = (0..n as u32)
+        .into_par_iter()
         .filter(|&i| is_hub(degree[i as usize]))
         .collect();
     hubs.sort_unstable_by_key(|&i| (std::cmp::Reverse(degree[i as usize]), i));
-    let mut done = vec![false; n];
+    let atomics = |what, value| -> Result<Vec<AtomicU32>> {
+        let mut v = try_with_capacity(n, what)?;
+        v.extend((0..n).map(|_| AtomicU32::new(value)));
+        Ok(v)
+    };
+    let mut done = try_with_capacity(n, "numbered flags")?;
+    done.extend((0..n).map(|_| AtomicBool::new(false)));
     for &h in &hubs {
-        done[h as usize] = true;
+        done[h as usize] = AtomicBool::new(true);
     }
     // Start candidates: every node by (degree, id).
-    let mut starts: Vec<u32> = (0..n as u32).collect();
-    starts.sort_unstable_by_key(|&i| (degree[i as usize], i));
+    let mut starts: Vec<u32> = try_with_capacity(n, "search starts")?;
+    starts.extend(0..n as u32);
+    starts.par_sort_unstable_by_key(|&i| (degree[i as usize], i));
     let mut bfs = Bfs {
         a,
         degree,
         done,
-        level: vec![UNSET; n],
+        level: atomics("search levels", UNSET)?,
+        claim: atomics("search claims", UNSET)?,
         queue: Vec::new(),
-        scratch: Vec::new(),
+        par_min_frontier,
     };
-    let mut order: Vec<u32> = Vec::with_capacity(n);
+    let mut order: Vec<u32> = try_with_capacity(n, "node order")?;
     for &s in &starts {
         // In a directed graph the kept root's search may not reach `s` (nothing need point
         // back to it): search again until `s` itself is numbered. Each pass numbers at least
         // its root, and once nothing unnumbered is reachable from `s`, `s` is its own root.
-        while !bfs.done[s as usize] {
+        while !bfs.done[s as usize].load(Relaxed) {
             // George–Liu: move the root to a lowest-degree node of the last level while that
             // deepens the search.
             let mut root = s;
             let mut last = bfs.run(root, false);
-            let mut depth = bfs.level[bfs.queue[bfs.queue.len() - 1] as usize];
+            let mut depth = bfs.depth();
             for _ in 0..PERIPHERAL_ROUNDS {
                 let degree = &bfs.degree;
                 let candidate = bfs.queue[last..]
@@ -514,7 +655,7 @@ fn locality_order(a: &Csr, hub_factor: Option<f64>) -> Result<Permutation> {
                     .unwrap_or(root);
                 bfs.clear();
                 let last_c = bfs.run(candidate, false);
-                let depth_c = bfs.level[bfs.queue[bfs.queue.len() - 1] as usize];
+                let depth_c = bfs.depth();
                 if depth_c > depth {
                     root = candidate;
                     last = last_c;
@@ -526,9 +667,7 @@ fn locality_order(a: &Csr, hub_factor: Option<f64>) -> Result<Permutation> {
             // The numbering: the search from the root kept, neighbours sorted.
             bfs.clear();
             bfs.run(root, true);
-            for &v in &bfs.queue {
-                bfs.done[v as usize] = true;
-            }
+            bfs.mark_done();
             order.extend_from_slice(&bfs.queue);
             bfs.clear();
         }
@@ -539,7 +678,7 @@ fn locality_order(a: &Csr, hub_factor: Option<f64>) -> Result<Permutation> {
     // Each node is numbered exactly once: hubs up front, every other node by the one search
     // that first reached it (marked done right after).
     debug_assert_eq!(old_of_new.len(), n);
-    let mut new_of_old = vec![0u32; n];
+    let mut new_of_old = try_filled(n, 0u32, "permutation")?;
     for (new, &old) in old_of_new.iter().enumerate() {
         // new < n <= MAX_DIM: fits u32.
         new_of_old[old as usize] = new as u32;
@@ -699,4 +838,61 @@ fn gather_rows<T: Copy + Send + Sync>(
             dst.copy_from_slice(&data[s..s + row_len]);
         });
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::{rmat, RmatConfig};
+
+    /// Both expansions of the locality order on `a`, the parallel one on 4 threads for every
+    /// frontier.
+    fn both(a: &Csr, hub_factor: Option<f64>) -> (Permutation, Permutation) {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(4)
+            .build()
+            .expect("a 4-thread pool");
+        let par = pool
+            .install(|| locality_order_with(a, hub_factor, 0))
+            .expect("the parallel order");
+        let seq = locality_order_with(a, hub_factor, usize::MAX).expect("the sequential order");
+        (par, seq)
+    }
+
+    proptest! {
+        #[test]
+        fn the_parallel_expansion_is_the_sequential_search(
+            n in 1usize..200,
+            edges in proptest::collection::vec((0u32..200, 0u32..200), 0..1200),
+            symmetric in any::<bool>(),
+            hub_factor in proptest::option::of(0.5f64..8.0),
+        ) {
+            let edges: Vec<(u32, u32)> = edges
+                .into_iter()
+                .filter(|&(r, c)| (r as usize) < n && (c as usize) < n)
+                .collect();
+            let mut a = Csr::from_edges(n, n, &edges).expect("a valid graph");
+            if symmetric {
+                a = a.symmetrize().expect("symmetrized");
+            }
+            let (par, seq) = both(&a, hub_factor);
+            prop_assert_eq!(par, seq);
+        }
+    }
+
+    #[test]
+    fn the_parallel_expansion_is_the_sequential_search_on_r_mat() {
+        // Frontiers of thousands of nodes: several chunks per level, on symmetric and directed
+        // graphs, with and without hubs peeled.
+        for symmetrize in [true, false] {
+            let a = rmat(&RmatConfig::new(13).with_symmetrize(symmetrize).with_seed(7))
+                .expect("an R-MAT graph");
+            for hub_factor in [None, Some(32.0)] {
+                let (par, seq) = both(&a, hub_factor);
+                assert_eq!(par, seq, "symmetrize {symmetrize}, hubs {hub_factor:?}");
+            }
+        }
+    }
 }
