@@ -94,7 +94,8 @@ impl Best {
         self.refloor();
     }
 
-    /// Takes the best row, if any; in any case one pick of the window is used.
+    /// Takes the best row (its caller id, from the key), if any; in any case one pick of the
+    /// window is used.
     fn take_max(&mut self) -> Option<usize> {
         let at = (0..self.keys.len()).max_by_key(|&i| self.keys[i]);
         let k = at.map(|i| self.keys.swap_remove(i));
@@ -158,11 +159,24 @@ impl Permutation {
         if let Some(s) = seeds {
             crate::mebcrs::check_len("seed order (matrix rows)", n, s.len())?;
         }
-        let seed_at = |i: usize| seeds.map_or(i, |s| s.old_of_new()[i] as usize);
+        // Rows are handled by their position in the seed order (row `x` here is the caller's
+        // `old_of[x]`): rows that share columns sit near each other there, so the per-row state
+        // each visit touches is more often in cache. Keys and ties use the caller's ids, so the
+        // picks are those of the caller's numbering.
+        let permuted;
+        let (b, old_of): (&Csr, Option<&[u32]>) = match seeds {
+            Some(s) => {
+                permuted = s.permute_csr_rows(a)?;
+                (&permuted, Some(s.old_of_new()))
+            }
+            None => (a, None),
+        };
+        let caller = |x: usize| old_of.map_or(x, |o| o[x] as usize);
+        let position = |id: usize| seeds.map_or(id, |s| s.new_of_old()[id] as usize);
         // Row lists of each column: the rows that share it. Placed rows are dropped from a list
         // as its column is visited (`live_end`), so each entry is skipped at most once; the
         // picks do not depend on the lists' order (the keys are unique).
-        let (_, _, starts, mut held, _) = a.transpose().into_parts();
+        let (_, _, starts, mut held, _) = b.transpose().into_parts();
         let mut live_end: Vec<u32> = starts[1..].to_vec();
         let mut placed = vec![false; n];
         let mut overlap = vec![0u32; n];
@@ -175,9 +189,9 @@ impl Permutation {
         // Keys: (score, overlap, lowest id first) packed into a u128 (r < n ≤ u32::MAX, so
         // !r in 32 bits orders ids low-first): unique, and a row's only grows in a window.
         let key = |x: usize, o: u32| -> u128 {
-            (u128::from(score(o, a.degree(x))) << 64)
+            (u128::from(score(o, b.degree(x))) << 64)
                 | (u128::from(o) << 32)
-                | u128::from(!(x as u32))
+                | u128::from(!(caller(x) as u32))
         };
         let mut best = Best::new(window_rows.min(n));
         // in_window[c] == w: column c is already in window w.
@@ -197,20 +211,21 @@ impl Permutation {
                     }
                 }
                 let r = match best.take_max() {
-                    Some(r) => r,
+                    // The key holds the caller's id.
+                    Some(id) => position(id),
                     None => {
                         // Fewer than n rows are placed, and every seed before `next_seed` is,
                         // so an unplaced seed lies at or after it: the loop stays in bounds.
-                        while placed[seed_at(next_seed)] {
+                        while placed[next_seed] {
                             next_seed += 1;
                         }
-                        seed_at(next_seed)
+                        next_seed
                     }
                 };
                 placed[r] = true;
-                // r < n ≤ MAX_DIM < u32::MAX.
-                old_of_new.push(r as u32);
-                for &c in a.row(r) {
+                // caller(r) < n ≤ MAX_DIM < u32::MAX.
+                old_of_new.push(caller(r) as u32);
+                for &c in b.row(r) {
                     let c = c as usize;
                     if in_window[c] == window {
                         continue;
