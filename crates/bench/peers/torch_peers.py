@@ -998,19 +998,28 @@ def run_flex(rec, case, args, rcm):
             return dict(label=f"{block}x{block} blocks", ms=ms, err=err, variant=variant,
                         compile_s=compile_s, prep_ms=prep_ms)
 
-        forms = []
-        for block in args.flex_blocks:
+        forms, last_err = [], None
+        for block in dict.fromkeys(args.flex_blocks):  # each size once, in the order given
             try:
                 forms.append(one_block(block))
-            except torch.cuda.OutOfMemoryError as err:
-                forms.append(dict(label=f"{block}x{block} blocks", failed=f"out of memory: {one_line(err, 120)}"))
-                free_memory()
             except Exception as err:  # noqa: BLE001 - a block size that fails is a form that failed
-                forms.append(dict(label=f"{block}x{block} blocks", failed=one_line(err, 120)))
-                free_memory()
+                why = f"out of memory: {one_line(err, 120)}" if isinstance(err, torch.cuda.OutOfMemoryError) \
+                    else one_line(err, 120)
+                forms.append(dict(label=f"{block}x{block} blocks", failed=why))
+                last_err = err
+            # Outside the handler, so that the failed size's frame (its block mask) is gone too:
+            # the next size's memory estimate reads the driver's free memory.
+            free_memory()
         best = pick_fastest(forms, TOLERANCE[case.dtype])
         if best is None:
-            raise Unsupported("no block size ran: " + "; ".join(f"{f['label']}: {f['failed']}" for f in forms))
+            # Every size failed: recorded as attempt() records the last failure (out of memory
+            # "oom", a size that would not fit "unsupported", anything else "error"), every
+            # size's reason in the message.
+            if isinstance(last_err, torch.cuda.OutOfMemoryError):
+                raise last_err
+            cls = Unsupported if isinstance(last_err, Unsupported) else RuntimeError
+            raise cls("no block size ran: " + "; ".join(f"{f['label']}: {f['failed']}" for f in forms)) \
+                from last_err
         return dict(median_ms=best["ms"], dtype_used=case.dtype, rel_err=best["err"], variant=best["variant"],
                     note=join_notes(note, f"first call (compile) {best['compile_s']:.1f} s",
                                     forms_note(forms, best)),

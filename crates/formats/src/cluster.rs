@@ -76,7 +76,7 @@ impl Best {
         self.floor = 0;
     }
 
-    /// A row's key (its row in the low 32 bits, inverted), new or grown.
+    /// A row's key (its caller id in the low 32 bits, inverted), new or grown.
     fn offer(&mut self, k: u128) {
         // Full and not above the floor: the row is not among the keys either (its key there
         // would be at least the floor, and keys only grow).

@@ -431,7 +431,8 @@ struct Bfs<'a> {
 
 impl Bfs<'_> {
     /// Whether `c`, a neighbour of `v`, is new to the current search (not `v`, not numbered, no
-    /// level yet). Levels only change between the phases of an expansion.
+    /// level yet). The numbering's levels change only between the phases of an expansion; the
+    /// probes' by an atomic swap, which decides.
     fn is_new(&self, v: u32, c: u32) -> bool {
         c != v
             && !self.done[c as usize].load(Relaxed)
@@ -631,7 +632,12 @@ fn locality_order_with(
         degree,
         done,
         level: atomics("search levels", UNSET)?,
-        claim: atomics("search claims", UNSET)?,
+        // Only the parallel expansion claims.
+        claim: if par_min_frontier == usize::MAX {
+            Vec::new()
+        } else {
+            atomics("search claims", UNSET)?
+        },
         queue: Vec::new(),
         par_min_frontier,
     };
