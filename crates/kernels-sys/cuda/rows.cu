@@ -4,24 +4,16 @@
 // contiguous elements. Kernel names: {op}_rows_{dtype}.
 #include "common.cuh"
 
-// Lanes per row: the power of two >= units (units >= 1), at most 32, so that groups tile a warp
-// and short rows do not leave most of it idle.
-__device__ __forceinline__ u32 row_group(u32 units) {
-    return units >= 32 ? 32u : 1u << (32 - __clz(units - 1));
-}
-
-// Rows in groups of `g` lanes, grid-stride: no division per element (it dominated the copy).
-#define SPATTN_ROW_GROUPS(r, lane, g, n_rows)                                                   \
-    const u64 spattn_t = (u64)blockIdx.x * blockDim.x + threadIdx.x;                            \
-    const u32 lane = (u32)(spattn_t % (g));                                                     \
-    for (u64 r = spattn_t / (g); r < (n_rows); r += (u64)gridDim.x * blockDim.x / (g))
+// A group of g lanes per row (g a power of two in 1..32, chosen by the host for the row's
+// pieces), rows grid-stride.
 
 // dst[i, :] = src[idx[i], :] for i < n_idx, rows of `units` elements of U.
 template <class U>
 __device__ void gather_units(const U* __restrict__ src, const u32* __restrict__ idx, u64 n_idx,
-                             u32 units, U* __restrict__ dst) {
-    const u32 g = row_group(units);
-    SPATTN_ROW_GROUPS(r, lane, g, n_idx) {
+                             u32 units, u32 g, U* __restrict__ dst) {
+    const u32 lane = lane_id() & (g - 1u);
+    const u64 groups = grid_groups(g);
+    for (u64 r = grid_group(g); r < n_idx; r += groups) {
         const U* s = src + (u64)idx[r] * units;
         U* d = dst + r * units;
         for (u32 j = lane; j < units; j += g) d[j] = s[j];
@@ -31,23 +23,22 @@ __device__ void gather_units(const U* __restrict__ src, const u32* __restrict__ 
 // dst[i, :] = src[idx[i], :] for i < n_idx: 16-byte pieces where rows allow them.
 template <class T>
 __device__ void gather_rows(const T* __restrict__ src, const u32* __restrict__ idx, u64 n_idx,
-                            u32 row_len, T* __restrict__ dst) {
-    if (row_len == 0) return;
+                            u32 row_len, u32 g, T* __restrict__ dst) {
     const u64 bytes = (u64)row_len * sizeof(T);
     if (bytes % 16 == 0 && (((size_t)src | (size_t)dst) & 15) == 0)
-        gather_units<uint4>((const uint4*)src, idx, n_idx, (u32)(bytes / 16), (uint4*)dst);
+        gather_units<uint4>((const uint4*)src, idx, n_idx, (u32)(bytes / 16), g, (uint4*)dst);
     else
-        gather_units<T>(src, idx, n_idx, row_len, dst);
+        gather_units<T>(src, idx, n_idx, row_len, g, dst);
 }
 
 // acc[idx[i], :] += src[i, :] for i < n_idx. The indices of one call are distinct (a sender's
 // rows), so no two threads add to one element; calls in rank order make the sums deterministic.
 template <class T>
 __device__ void scatter_add_rows(const T* __restrict__ src, const u32* __restrict__ idx,
-                                 u64 n_idx, u32 row_len, float* acc) {
-    if (row_len == 0) return;
-    const u32 g = row_group(row_len);
-    SPATTN_ROW_GROUPS(r, lane, g, n_idx) {
+                                 u64 n_idx, u32 row_len, u32 g, float* acc) {
+    const u32 lane = lane_id() & (g - 1u);
+    const u64 groups = grid_groups(g);
+    for (u64 r = grid_group(g); r < n_idx; r += groups) {
         const T* s = src + r * row_len;
         float* a = acc + (u64)idx[r] * row_len;
         for (u32 j = lane; j < row_len; j += g) a[j] += to_f32(s[j]);
@@ -56,12 +47,12 @@ __device__ void scatter_add_rows(const T* __restrict__ src, const u32* __restric
 
 #define SPATTN_ROWS(S, T)                                                                       \
     extern "C" __global__ void gather_rows_##S(const T* src, const u32* idx, u64 n_idx,         \
-                                               u32 row_len, T* dst) {                           \
-        gather_rows<T>(src, idx, n_idx, row_len, dst);                                          \
+                                               u32 row_len, u32 g, T* dst) {                    \
+        gather_rows<T>(src, idx, n_idx, row_len, g, dst);                                       \
     }                                                                                           \
     extern "C" __global__ void scatter_add_rows_##S(const T* src, const u32* idx, u64 n_idx,    \
-                                                    u32 row_len, float* acc) {                  \
-        scatter_add_rows<T>(src, idx, n_idx, row_len, acc);                                     \
+                                                    u32 row_len, u32 g, float* acc) {           \
+        scatter_add_rows<T>(src, idx, n_idx, row_len, g, acc);                                  \
     }
 
 SPATTN_ROWS(f32, float)

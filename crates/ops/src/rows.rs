@@ -26,7 +26,8 @@ use crate::buffer::{expect_len, DeviceVec};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
-use crate::launch::{check_same_gpu, kernel_named, launch, to_u32, warp_grid, PushKernelArg};
+use crate::launch::{check_same_gpu, kernel_named, launch, stride_grid, to_u32, PushKernelArg};
+use crate::schedule::group_for;
 
 /// Row indices on the device in segments (one per peer rank), each below a bound (the rows of
 /// the matrix they address) and, within a segment, distinct.
@@ -153,13 +154,17 @@ pub fn gather_rows<T: DType>(
     let name = kernel_named(&ROWS, format!("gather_rows_{}", T::NAME))?;
     let f = gpu.load_function(ROWS.name, ROWS.ptx, name)?;
     let (n, w) = (index.len() as u64, to_u32("row length", row_len)?);
-    // Up to a warp per row: the kernel gives each row the lanes its length needs.
-    let cfg = warp_grid(index.len())?;
+    // The kernel copies 16-byte pieces where a row's bytes are a multiple of 16 (whole
+    // allocations are aligned): a row's lanes are its pieces, up to a warp.
+    let bytes = row_len * std::mem::size_of::<T>();
+    let g = group_for(if bytes % 16 == 0 { bytes / 16 } else { row_len } as u64, 1);
+    let cfg = stride_grid(rows_len(index.len(), g as usize)?)?;
     let mut args = gpu.launch_builder(&f);
     args.arg(src.slice())
         .arg(index.idx.slice())
         .arg(&n)
         .arg(&w)
+        .arg(&g)
         .arg(dst.slice_mut());
     // SAFETY: reads idx[0..n) and src rows idx[r] < bound (checked by RowIndex::new), i.e.
     // src[0..bound·row_len) = its length; writes dst[0..n·row_len) = its length (checked).
@@ -195,6 +200,7 @@ pub fn scatter_add_rows<T: DType>(
     let name = kernel_named(&ROWS, format!("scatter_add_rows_{}", T::NAME))?;
     let f = gpu.load_function(ROWS.name, ROWS.ptx, name)?;
     let w = to_u32("row length", row_len)?;
+    let g = group_for(row_len as u64, 1);
     for s in 0..index.segments() {
         let seg = index.segment(s);
         if seg.is_empty() || row_len == 0 {
@@ -208,12 +214,19 @@ pub fn scatter_add_rows<T: DType>(
             .arg(&idx_seg)
             .arg(&n)
             .arg(&w)
+            .arg(&g)
             .arg(acc.slice_mut());
         // SAFETY: reads the segment's n indices and its n rows of src (views of exactly that
         // range); writes acc rows idx[r] < bound (RowIndex::new), within acc's bound·row_len
         // (checked). A segment's indices are distinct (RowIndex::new): no two threads of the
         // launch add to one element.
-        unsafe { launch(name, &mut args, warp_grid(seg.len())?) }?;
+        unsafe {
+            launch(
+                name,
+                &mut args,
+                stride_grid(rows_len(seg.len(), g as usize)?)?,
+            )
+        }?;
     }
     Ok(())
 }
