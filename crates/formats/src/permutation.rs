@@ -548,22 +548,22 @@ impl Bfs<'_> {
         next
     }
 
-    /// Forgets the levels of the last search.
-    fn clear(&mut self) {
-        let level = &self.level;
+    /// Calls `f` on every node of the last search, in parallel.
+    fn each_queued(&self, f: impl Fn(usize) + Sync + Send) {
         self.queue
             .par_iter()
             .with_min_len(4096)
-            .for_each(|&v| level[v as usize].store(UNSET, Relaxed));
+            .for_each(|&v| f(v as usize));
+    }
+
+    /// Forgets the levels of the last search.
+    fn clear(&mut self) {
+        self.each_queued(|v| self.level[v].store(UNSET, Relaxed));
     }
 
     /// Marks the last search's nodes numbered.
     fn mark_done(&mut self) {
-        let done = &self.done;
-        self.queue
-            .par_iter()
-            .with_min_len(4096)
-            .for_each(|&v| done[v as usize].store(true, Relaxed));
+        self.each_queued(|v| self.done[v].store(true, Relaxed));
     }
 
     /// The level of the last node queued (the search's depth).
