@@ -9,8 +9,8 @@
 //! plan's forward, i.e. the P = 1 rank's local forward), the plan build time,
 //! and per rank its rows, edges, halo rows, rows sent and received, bytes moved per forward and
 //! the device memory in use. Freed device memory stays in each GPU's pool
-//! ([`spattn::Gpu::keep_freed_memory`]), as torch's caching allocator keeps it. Results are not checked here: the partitioned plan's tests compare
-//! it with the single plan.
+//! ([`spattn::Gpu::keep_freed_memory`]), as torch's caching allocator keeps it. Results are not
+//! checked here: the partitioned plan's tests compare it with the single plan.
 
 use std::time::Instant;
 
