@@ -363,7 +363,8 @@ struct BsbStagedExtras {
             const u32 words = n == 0u ? 0u : ((end - 1u) >> 5) - w0 + 1u;  // at most 9
             if (lane < words) cp_async_4(x + 4u * (BSB_PIPE_X_BIAS + lane), keep + w0 + lane);
             if (lane == 0u)
-                *reinterpret_cast<u32*>(xp + 4u * (BSB_PIPE_X_BIAS + BSB_PIPE_X_KEEP)) = first & 31u;
+                *reinterpret_cast<u32*>(xp + 4u * (BSB_PIPE_X_BIAS + BSB_PIPE_X_KEEP)) =
+                    first & 31u;
         }
     }
     // The step's entries from its stage's extras xp, given the stage's bitmap words w (shared
@@ -391,7 +392,8 @@ struct BsbStagedExtras {
                     bv[bb][2 * r + c] = bias != nullptr && on ? sb[rank] : 0.0f;
                     if (keep != nullptr) {
                         const u32 x = off + rank;
-                        kf[bb][2 * r + c] = on && ((sk[x >> 5] >> (x & 31u)) & 1u) ? drop_scale : 0.0f;
+                        const bool kept = on && ((sk[x >> 5] >> (x & 31u)) & 1u);
+                        kf[bb][2 * r + c] = kept ? drop_scale : 0.0f;
                     } else {
                         kf[bb][2 * r + c] = 1.0f;
                     }
@@ -867,8 +869,9 @@ __device__ __forceinline__ void bsb_finish_split(
 //
 // Per warp and stage (bsb_pipe_stage_bytes, mirrored by the host): the K tile (16 slots x D
 // features: slot r's 16-byte chunk c stored at chunk c ^ (r & 7) of its row, so that the 8 rows
-// one ldmatrix reads fall in 8 different bank groups), the V tile (same layout), and the 32
-// bytes of the two blocks' bitmaps. After the stages: the warp's BSB_MERGE_FLOATS of merge
+// one ldmatrix reads fall in 8 different bank groups), the V tile (same layout), the 32
+// bytes of the two blocks' bitmaps, and in fused_bsb's `_x` kernel the step's staged extras
+// (BSB_PIPE_X_BYTES, BsbStagedExtras). After the stages: the warp's BSB_MERGE_FLOATS of merge
 // scratch (bsb_pipe_warp_bytes in all).
 //
 // Fragments, natural feature order (g = lane / 4, t = lane % 4):
@@ -910,10 +913,10 @@ __device__ __forceinline__ void bsb_pipe_qrows(const u32* __restrict__ row_ids, 
 
 // One warp's pass over blocks b_begin .. b_end of one window (steps of two blocks) for head
 // `head_off / D`: Q rows qrow[0] (window row g) and qrow[1] (row g + 8), SPATTN_NONE past the
-// matrix. `smem` is the warp's bsb_pipe_warp_bytes(D, SPMM) of shared memory. On return every
-// copy has landed (the stages may be reused), m[r] is the running max of row g + 8r in the
-// log2 domain (-inf where the warp saw no edge of the row), l[r] its sum (the same in the
-// row's 4 lanes) and o the f32 accumulator (layout above).
+// matrix. `smem` is the warp's bsb_pipe_warp_bytes(D, SPMM, X::STAGED) of shared memory. On
+// return every copy has landed (the stages may be reused), m[r] is the running max of row
+// g + 8r in the log2 domain (-inf where the warp saw no edge of the row), l[r] its sum (the
+// same in the row's 4 lanes) and o the f32 accumulator (layout above).
 // SpMM: q, k and scale_log2 are not read; P is the bitmap, times `weights` when given (128
 // floats per block, block b's at (b + wbase) * 128, slot r * 8 + c; wbase wraps); m and l are
 // left at 0 (the caller sets the sums its merge needs).

@@ -104,7 +104,8 @@ impl OrderedBsb {
     /// Where the extras of `a`'s edges (the graph this was built from, in the caller's CSR
     /// order) are for the fused kernel's `_x` twins: per block, the index of its first edge in
     /// block-and-bit order (a block's bits row-major), then the edge count (n_blocks + 1
-    /// entries), and per edge in that order its index in `a`'s CSR. A window's edges are its rows' edges, so windows are mapped in parallel.
+    /// entries), and per edge in that order its index in `a`'s CSR. A window's edges are its
+    /// rows' edges, so windows are mapped in parallel.
     ///
     /// Errors: [`crate::Error::InvalidArgument`] where `a` is not the graph of this BSB.
     pub(crate) fn edge_map(&self, a: &Csr) -> Result<(Vec<u32>, Vec<u32>)> {
@@ -341,7 +342,7 @@ fn bsb_edge_map(a: &Csr, bsb: &Bsb, row_ids: Option<&[u32]>) -> Result<(Vec<u32>
             (starts, if complete { ids } else { Vec::new() })
         })
         .collect();
-    let mut starts = Vec::with_capacity(bsb.n_blocks());
+    let mut starts = Vec::with_capacity(bsb.n_blocks() + 1);
     let mut ids = Vec::with_capacity(a.nnz());
     for (w, (s, i)) in per_window.into_iter().enumerate() {
         let first_edge = ids.len() as u32;

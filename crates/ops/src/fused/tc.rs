@@ -743,9 +743,14 @@ mod tests {
         // Two CTAs of 4 warps with 128-feature stages fit an H100 SM's 228 KiB.
         assert!(2 * CTA_WARPS * bsb_pipe_warp_bytes(128, false, false) <= 228 * 1024);
         assert!(PIPE_CTA_WARPS * bsb_pipe_warp_bytes(128, false, false) > 48 * 1024);
-        // The `_x` kernel's staged extras keep two CTAs of 128 features per SM (227 KiB less
-        // the 1 KiB each CTA reserves).
-        assert!(2 * (PIPE_CTA_WARPS * bsb_pipe_warp_bytes(128, false, true) + 1024) <= 228 * 1024);
+        // The `_x` kernel's staged extras keep 8 warps of 128 features per H100 SM (4 CTAs of
+        // PIPE_CTA_WARPS, each reserving 1 KiB of the SM's 228 KiB), as the plain kernel has;
+        // at 64 features 7 CTAs of 2 warps (the plain kernel 8).
+        let sm = |warps_per_cta: usize, head_dim: usize, ctas: usize| {
+            ctas * (warps_per_cta * bsb_pipe_warp_bytes(head_dim, false, true) + 1024) <= 228 * 1024
+        };
+        assert!(sm(PIPE_CTA_WARPS, 128, 8 / PIPE_CTA_WARPS));
+        assert!(sm(PIPE_CTA_WARPS, 64, 7) && !sm(PIPE_CTA_WARPS, 64, 8));
         let l = layout_with(24, DTypeKind::Bf16, None, false).unwrap();
         assert_eq!((l.slice, l.group), (32, 1));
         let l = layout_with(96, DTypeKind::Bf16, None, false).unwrap();
