@@ -433,6 +433,8 @@ fn gpu_fused_tc_with_bias_and_dropout_matches_the_f64_reference() {
         random_graph(&mut rng, 300, 6, 7),
         hub_graph(&mut rng, 20_000, 3),
         rmat_graph(10),
+        // Full blocks: a step of two blocks holds 256 edges (the most a step's extras span).
+        clique_graph(12, 40),
     ];
     for a in &graphs {
         for reorder in [Reorder::None, Reorder::Degree] {

@@ -18,9 +18,11 @@ reference computed from the very same Q, K, V (see "Accuracy"). Peers (`--ops`):
   pyg_attention       gathers, torch_geometric.utils.softmax, scatter-add (TransformerConv).
   dense_sdpa          scaled_dot_product_attention with a boolean n x n mask (n <= --dense-max-n).
   flex_attention      torch.nn.attention.flex_attention.flex_attention under torch.compile, with a
-                      BlockMask built straight from the CSR (BlockMask.from_kv_blocks, 128 x 128
-                      blocks; fully dense blocks as "full" blocks; mask_mod reads a bitmap of each
-                      non-empty block), in the graph's order.
+                      BlockMask built straight from the CSR (BlockMask.from_kv_blocks; fully dense
+                      blocks as "full" blocks; mask_mod reads a bitmap of each non-empty block),
+                      in the graph's order. Each block size of --flex-blocks (default 128 64 32
+                      16; the kernel's BLOCK_M and BLOCK_N set to it) is timed and the fastest
+                      within tolerance kept; the note lists the others.
   flex_attention_rcm  the same after reverse Cuthill-McKee (scipy's, else a numpy RCM); Q, K, V are
                       permuted and the output permuted back outside the timed region.
   flashinfer_bsr      flashinfer.BlockSparseAttentionWrapper with 1 x 1 blocks (when
@@ -949,43 +951,70 @@ def run_flex(rec, case, args, rcm):
         def check(nbytes, what):
             check_fits(g.device, nbytes + inputs, what)
 
-        prep = time.perf_counter()
         gg, perm_t, note = g, None, ""
+        rcm_ms = 0.0
         if rcm:
+            prep = time.perf_counter()
             perm, how = rcm_permutation(g.n, g.offs, g.cols)
             gg, perm_t, _ = permute_graph(g, perm)
+            synchronize(g.device)
+            rcm_ms = (time.perf_counter() - prep) * 1e3
             note = f"RCM by {how}; Q, K, V permuted and the output permuted back outside the timed region"
-        st = flex_block_structure(gg.n, gg.row, gg.col, check=check)
-        bm = make_block_mask(gg.n, st)
-        synchronize(g.device)
-        prep_ms = (time.perf_counter() - prep) * 1e3
         q, k, v = case.q, case.k, case.v
         if perm_t is not None:
             q, k, v = q[perm_t], k[perm_t], v[perm_t]
         q4, k4, v4 = (x.permute(1, 0, 2).unsqueeze(0).contiguous() for x in (q, k, v))
         flex = compiled_flex()
 
-        def fn():
-            return flex(q4, k4, v4, block_mask=bm, scale=case.scale)
+        def one_block(block):
+            """One block size: its form record (pick_fastest's fields), timed and checked."""
+            prep = time.perf_counter()
+            st = flex_block_structure(gg.n, gg.row, gg.col, block=block, check=check)
+            bm = make_block_mask(gg.n, st)
+            synchronize(g.device)
+            prep_ms = rcm_ms + (time.perf_counter() - prep) * 1e3
+            # The kernel's tiles must divide the mask's blocks: below 128 they are set to it.
+            opts = None if block >= 128 else {"BLOCK_M": block, "BLOCK_N": block}
 
-        compile_t = time.perf_counter()
-        out = fn()
-        synchronize(g.device)
-        compile_s = time.perf_counter() - compile_t
-        out = out[0].permute(1, 0, 2)
-        if perm_t is not None:
-            back = torch.empty_like(out)
-            back[perm_t] = out
-            out = back
-        err = rel_error(out, case.ref)
-        del out
-        ms = time_on(g.device, fn, args.warmup, args.reps)
-        variant = (f"{'RCM order' if rcm else 'graph order'}, BlockMask.from_kv_blocks {st['block']}x{st['block']}: "
-                   f"{st['pairs'] - st['full_pairs']} partial + {st['full_pairs']} full blocks "
-                   f"(<= {st['width']} a row block), bitmap mask_mod, torch.compile")
-        return dict(median_ms=ms, dtype_used=case.dtype, rel_err=err, variant=variant,
-                    note=join_notes(note, f"first call (compile) {compile_s:.1f} s"),
-                    extra=dict(prep_ms=prep_ms))
+            def fn():
+                return flex(q4, k4, v4, block_mask=bm, scale=case.scale, kernel_options=opts)
+
+            compile_t = time.perf_counter()
+            out = fn()
+            synchronize(g.device)
+            compile_s = time.perf_counter() - compile_t
+            out = out[0].permute(1, 0, 2)
+            if perm_t is not None:
+                back = torch.empty_like(out)
+                back[perm_t] = out
+                out = back
+            err = rel_error(out, case.ref)
+            del out
+            ms = time_on(g.device, fn, args.warmup, args.reps)
+            variant = (f"{'RCM order' if rcm else 'graph order'}, BlockMask.from_kv_blocks {block}x{block}: "
+                       f"{st['pairs'] - st['full_pairs']} partial + {st['full_pairs']} full blocks "
+                       f"(<= {st['width']} a row block), bitmap mask_mod, torch.compile")
+            del bm, st
+            return dict(label=f"{block}x{block} blocks", ms=ms, err=err, variant=variant,
+                        compile_s=compile_s, prep_ms=prep_ms)
+
+        forms = []
+        for block in args.flex_blocks:
+            try:
+                forms.append(one_block(block))
+            except torch.cuda.OutOfMemoryError as err:
+                forms.append(dict(label=f"{block}x{block} blocks", failed=f"out of memory: {one_line(err, 120)}"))
+                free_memory()
+            except Exception as err:  # noqa: BLE001 - a block size that fails is a form that failed
+                forms.append(dict(label=f"{block}x{block} blocks", failed=one_line(err, 120)))
+                free_memory()
+        best = pick_fastest(forms, TOLERANCE[case.dtype])
+        if best is None:
+            raise Unsupported("no block size ran: " + "; ".join(f"{f['label']}: {f['failed']}" for f in forms))
+        return dict(median_ms=best["ms"], dtype_used=case.dtype, rel_err=best["err"], variant=best["variant"],
+                    note=join_notes(note, f"first call (compile) {best['compile_s']:.1f} s",
+                                    forms_note(forms, best)),
+                    extra=dict(prep_ms=best["prep_ms"]))
 
     attempt(rec, peer, case, fn_record)
 
@@ -1182,11 +1211,16 @@ def main():
     # taking the forward peers' records of that graph with it.
     ap.add_argument("--ops", nargs="+", default=DEFAULT_OPS, help=f"any of {' '.join(ALL_OPS)}")
     ap.add_argument("--dense-max-n", type=int, default=20000)
+    ap.add_argument("--flex-blocks", nargs="+", type=int, default=[128, 64, 32, 16],
+                    help="FlexAttention's BlockMask block sizes to try (powers of two >= 16); the fastest is kept")
     args = parse_common(ap, ap.parse_args())
     args.ops = [x for v in args.ops for x in v.split(",") if x]
     for op in args.ops:
         if op not in ALL_OPS:
             ap.error(f"--ops: unknown peer {op!r} (known: {' '.join(ALL_OPS)})")
+    for b in args.flex_blocks:
+        if b < 16 or b & (b - 1):
+            ap.error(f"--flex-blocks: {b} is not a power of two >= 16")
 
     g = load_graph(args.graph, args.name, args.symmetrize, args.device)
     where = torch.cuda.get_device_name() if is_cuda(g.device) else "the CPU"

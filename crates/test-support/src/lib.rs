@@ -215,6 +215,27 @@ pub fn hub_graph(rng: &mut Pcg64, n: usize, hub: usize) -> Csr {
     Csr::from_edges(n, n, &edges).expect("valid edges")
 }
 
+/// `cliques` disjoint cliques of `size` nodes each (every edge within a clique, self loops
+/// included): in the graph's order a 16-row window inside a clique fills whole 16 × 8 blocks,
+/// the densest blocks a windowed kernel meets.
+///
+/// ```
+/// let a = spattn_test_support::clique_graph(2, 3);
+/// assert_eq!((a.n_rows(), a.nnz()), (6, 18));
+/// assert_eq!(a.row(4), &[3, 4, 5]);
+/// ```
+pub fn clique_graph(cliques: usize, size: usize) -> Csr {
+    let n = cliques * size;
+    let edges: Vec<(u32, u32)> = (0..cliques)
+        .flat_map(|c| {
+            let first = (c * size) as u32;
+            (0..size as u32)
+                .flat_map(move |i| (0..size as u32).map(move |j| (first + i, first + j)))
+        })
+        .collect();
+    Csr::from_edges(n, n, &edges).expect("valid edges")
+}
+
 /// The tolerance for an output of type `T` against the f64 reference (f32 1e-5, f16 5e-3,
 /// bf16 2e-2).
 pub fn tolerance<T: DType>() -> f64 {
