@@ -214,11 +214,11 @@ __device__ __forceinline__ void bsb_load_step(BsbStep& st, const u32* __restrict
 // and the dropout's keep bits, so the tile loop makes one independent load per entry instead of
 // a Philox draw under a branch most lanes skip.
 struct NoBsbExtras {
-    enum : bool { ON = false };  // an enumerator: no object for NVRTC to emit
+    enum : bool { ON = false, STAGED = false };  // enumerators: no object for NVRTC to emit
 };
 
 struct BsbExtras {
-    enum : bool { ON = true };
+    enum : bool { ON = true, STAGED = false };
     const float* __restrict__ bias;  // null, or this head's row: per edge, bias x log2 e
     const u32* __restrict__ keep;    // null (no dropout), or this head's keep bits
     float drop_scale;                // 1 / (1 - rate)
@@ -318,6 +318,93 @@ struct BsbExtras {
     __device__ __forceinline__ float keep_factor(int bb, int j) const { return kf[bb][j]; }
 };
 
+// Bytes of a pipelined stage's staged extras (BsbStagedExtras): the step's bias span (two blocks
+// of 128 bits at most, f32), the keep words covering it (9 at most), then the span's first edge
+// mod 32 (one word, padded to 16 bytes).
+#define BSB_PIPE_X_BIAS 256u
+#define BSB_PIPE_X_KEEP 16u
+#define BSB_PIPE_X_BYTES (4u * (BSB_PIPE_X_BIAS + BSB_PIPE_X_KEEP) + 16u)
+
+// BsbExtras of the pipelined fused_bsb `_x` kernel: a step's extras travel into its stage by
+// cp.async with its K and V tiles (issue), and the step reads them from shared memory (load),
+// instead of two dependent global loads in its critical path (the block's first edge, then the
+// bias). The step's edges are consecutive (block-and-bit order), from block_edge_start[blk0] to
+// block_edge_start[min(blk0 + 2, b_end)] (n_blocks + 1 entries), loaded a step before the copies
+// are issued (prefetch), as the column ids are.
+struct BsbStagedExtras {
+    enum : bool { ON = true, STAGED = true };
+    const float* __restrict__ bias;  // null, or this head's row: per edge, bias x log2 e
+    const u32* __restrict__ keep;    // null (no dropout), or this head's keep bits
+    float drop_scale;                // 1 / (1 - rate)
+    const u32* __restrict__ block_edge_start;
+    float bv[2][4];  // the step's entries' bias (log2 domain), 0 where there is none
+    float kf[2][4];  // the step's entries' dropout factors
+
+    // Lane 0: the first edge of the step of blocks blk0, blk0 + 1 (< b_end); lane 1: the first
+    // edge past it. Other lanes, and a step past the unit: 0.
+    __device__ __forceinline__ u32 prefetch(u32 blk0, u32 b_end) const {
+        const u32 lane = lane_id();
+        if (lane >= 2u || blk0 >= b_end) return 0u;
+        return __ldg(block_edge_start + (lane == 0u ? blk0 : min(blk0 + 2u, b_end)));
+    }
+    // The step's copies into its stage's extras (shared address x, pointer xp) from its span
+    // `be` (prefetch's lanes 0 and 1), in the stage's cp.async group; the span's first edge mod
+    // 32 by a plain store (read after the step's __syncwarp). Every lane calls it.
+    __device__ __forceinline__ void issue(u32 x, unsigned char* xp, u32 be) const {
+        const u32 lane = lane_id();
+        const u32 first = __shfl_sync(0xffffffffu, be, 0), end = __shfl_sync(0xffffffffu, be, 1);
+        const u32 n = end - first;  // at most 256: two blocks of 128 bits
+        if (bias != nullptr) {
+            for (u32 c = 0; c < n; c += 32u)  // warp-uniform
+                if (c + lane < n) cp_async_4(x + 4u * (c + lane), bias + first + c + lane);
+        }
+        if (keep != nullptr) {
+            const u32 w0 = first >> 5;
+            const u32 words = n == 0u ? 0u : ((end - 1u) >> 5) - w0 + 1u;  // at most 9
+            if (lane < words) cp_async_4(x + 4u * (BSB_PIPE_X_BIAS + lane), keep + w0 + lane);
+            if (lane == 0u)
+                *reinterpret_cast<u32*>(xp + 4u * (BSB_PIPE_X_BIAS + BSB_PIPE_X_KEEP)) =
+                    first & 31u;
+        }
+    }
+    // The step's entries from its stage's extras xp, given the stage's bitmap words w (shared
+    // memory, 4 per block; zeros for a block past the unit): an entry's rank in the span is the
+    // bits before it, block 0's first.
+    __device__ __forceinline__ void load(const unsigned char* xp, const u32* w, u32 upper,
+                                         u32 shift) {
+        const float* sb = reinterpret_cast<const float*>(xp);
+        const u32* sk = reinterpret_cast<const u32*>(xp + 4u * BSB_PIPE_X_BIAS);
+        const u32 off = keep != nullptr ? sk[BSB_PIPE_X_KEEP] : 0u;
+        u32 start = 0u;
+#pragma unroll
+        for (int bb = 0; bb < 2; ++bb) {
+            const u32 p0 = __popc(w[4 * bb]), p1 = __popc(w[4 * bb + 1]),
+                      p2 = __popc(w[4 * bb + 2]);
+            const u32 before[2] = {start + (upper ? p0 : 0u), start + p0 + p1 + (upper ? p2 : 0u)};
+            const u32 word[2] = {w[4 * bb + upper], w[4 * bb + 2 + upper]};
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const u32 bit = shift + (u32)c;
+                    const bool on = (word[r] >> bit) & 1u;
+                    const u32 rank = before[r] + __popc(word[r] & ((1u << bit) - 1u));
+                    bv[bb][2 * r + c] = bias != nullptr && on ? sb[rank] : 0.0f;
+                    if (keep != nullptr) {
+                        const u32 x = off + rank;
+                        const bool kept = on && ((sk[x >> 5] >> (x & 31u)) & 1u);
+                        kf[bb][2 * r + c] = kept ? drop_scale : 0.0f;
+                    } else {
+                        kf[bb][2 * r + c] = 1.0f;
+                    }
+                }
+            start += p0 + p1 + p2 + __popc(w[4 * bb + 3]);
+        }
+    }
+    __device__ __forceinline__ float bias_log2(int bb, int j) const { return bv[bb][j]; }
+    __device__ __forceinline__ float keep_factor(int bb, int j) const { return kf[bb][j]; }
+};
+
 // The `_x` kernels' tensor-core extras (their last parameters, SPATTN_BSB_X_PARAMS): the
 // gathered bias (null, or bias_rows rows of n_edges floats: 1 shared by the heads, else one per
 // head), each block's first edge, and the keep bits (null, or one row of ceil(n_edges / 32)
@@ -352,6 +439,22 @@ template <bool ON>
 __device__ __forceinline__ auto bsb_extras_or_none(const BsbExtrasArgs* a, u32 h) {
     if constexpr (ON) {
         return make_bsb_extras(*a, h);
+    } else {
+        return NoBsbExtras();
+    }
+}
+
+// bsb_extras_or_none for fused_bsb's pipelined kernel: BsbStagedExtras.
+template <bool ON>
+__device__ __forceinline__ auto bsb_staged_extras_or_none(const BsbExtrasArgs* a, u32 h) {
+    if constexpr (ON) {
+        const BsbExtras x = make_bsb_extras(*a, h);
+        BsbStagedExtras s;
+        s.bias = x.bias;
+        s.keep = x.keep;
+        s.drop_scale = x.drop_scale;
+        s.block_edge_start = x.block_edge_start;
+        return s;
     } else {
         return NoBsbExtras();
     }
@@ -766,8 +869,9 @@ __device__ __forceinline__ void bsb_finish_split(
 //
 // Per warp and stage (bsb_pipe_stage_bytes, mirrored by the host): the K tile (16 slots x D
 // features: slot r's 16-byte chunk c stored at chunk c ^ (r & 7) of its row, so that the 8 rows
-// one ldmatrix reads fall in 8 different bank groups), the V tile (same layout), and the 32
-// bytes of the two blocks' bitmaps. After the stages: the warp's BSB_MERGE_FLOATS of merge
+// one ldmatrix reads fall in 8 different bank groups), the V tile (same layout), the 32
+// bytes of the two blocks' bitmaps, and in fused_bsb's `_x` kernel the step's staged extras
+// (BSB_PIPE_X_BYTES, BsbStagedExtras). After the stages: the warp's BSB_MERGE_FLOATS of merge
 // scratch (bsb_pipe_warp_bytes in all).
 //
 // Fragments, natural feature order (g = lane / 4, t = lane % 4):
@@ -782,11 +886,13 @@ __device__ __forceinline__ void bsb_finish_split(
 
 // Steps in flight per warp (the host mirrors it).
 #define BSB_PIPE_STAGES 3
-__host__ __device__ constexpr u32 bsb_pipe_stage_bytes(u32 d, bool spmm = false) {
-    return (spmm ? 1u : 2u) * 16u * d * 2u + 32u;
+__host__ __device__ constexpr u32 bsb_pipe_stage_bytes(u32 d, bool spmm = false,
+                                                       bool staged = false) {
+    return (spmm ? 1u : 2u) * 16u * d * 2u + 32u + (staged ? BSB_PIPE_X_BYTES : 0u);
 }
-__host__ __device__ constexpr u32 bsb_pipe_warp_bytes(u32 d, bool spmm = false) {
-    return BSB_PIPE_STAGES * bsb_pipe_stage_bytes(d, spmm) + BSB_MERGE_FLOATS * 4u;
+__host__ __device__ constexpr u32 bsb_pipe_warp_bytes(u32 d, bool spmm = false,
+                                                      bool staged = false) {
+    return BSB_PIPE_STAGES * bsb_pipe_stage_bytes(d, spmm, staged) + BSB_MERGE_FLOATS * 4u;
 }
 
 // Words per unit of the fused kernel's prologue record (unit_pre; the host mirrors it,
@@ -807,10 +913,10 @@ __device__ __forceinline__ void bsb_pipe_qrows(const u32* __restrict__ row_ids, 
 
 // One warp's pass over blocks b_begin .. b_end of one window (steps of two blocks) for head
 // `head_off / D`: Q rows qrow[0] (window row g) and qrow[1] (row g + 8), SPATTN_NONE past the
-// matrix. `smem` is the warp's bsb_pipe_warp_bytes(D, SPMM) of shared memory. On return every
-// copy has landed (the stages may be reused), m[r] is the running max of row g + 8r in the
-// log2 domain (-inf where the warp saw no edge of the row), l[r] its sum (the same in the
-// row's 4 lanes) and o the f32 accumulator (layout above).
+// matrix. `smem` is the warp's bsb_pipe_warp_bytes(D, SPMM, X::STAGED) of shared memory. On
+// return every copy has landed (the stages may be reused), m[r] is the running max of row
+// g + 8r in the log2 domain (-inf where the warp saw no edge of the row), l[r] its sum (the
+// same in the row's 4 lanes) and o the f32 accumulator (layout above).
 // SpMM: q, k and scale_log2 are not read; P is the bitmap, times `weights` when given (128
 // floats per block, block b's at (b + wbase) * 128, slot r * 8 + c; wbase wraps); m and l are
 // left at 0 (the caller sets the sums its merge needs).
@@ -824,17 +930,20 @@ __device__ __forceinline__ void bsb_pipe_tiles(
     const float* __restrict__ weights, u32 wbase, float (&m)[2], float (&l)[2],
     float (&o)[D / 8][4], u32 col01 = 0u, X xt = X()) {
     static_assert(sizeof(T) == 2 && (D == 64 || D == 128), "f16 / bf16, 64 or 128 features");
+    static_assert(!(SPMM && X::ON), "no extras in the SpMM");
+    constexpr bool STAGED = X::STAGED;  // the extras travel in the stages (BsbStagedExtras)
     constexpr int STAGES = BSB_PIPE_STAGES;
     constexpr u32 CH = D / 8;               // 16-byte chunks of a row
     constexpr u32 ROW = CH * 16u;           // bytes of a row
     constexpr u32 TILE = 16u * ROW;         // bytes of the K (or V) tile of one step
-    constexpr u32 STAGE = bsb_pipe_stage_bytes(D, SPMM);
+    constexpr u32 STAGE = bsb_pipe_stage_bytes(D, SPMM, STAGED);
     constexpr u32 VOFF = SPMM ? 0u : TILE;  // the V tile's offset in a stage (K's is 0)
     constexpr u32 BOFF = VOFF + TILE;       // the bitmaps' offset
+    constexpr u32 XOFF = BOFF + 32u;        // the staged extras' offset
     constexpr u32 RPO = 32u / CH;           // rows one warp-wide copy covers
     constexpr int NKS = D / 16;             // k-steps of S
     constexpr int NT = D / 8;               // n-tiles of O
-    static_assert(STAGE == BOFF + 32u, "stage layout");
+    static_assert(STAGE == XOFF + (STAGED ? BSB_PIPE_X_BYTES : 0u), "stage layout");
 
     const u32 lane = lane_id();
     const u32 base_s = smem_addr(smem);
@@ -847,10 +956,20 @@ __device__ __forceinline__ void bsb_pipe_tiles(
         return (s < steps && blk < b_end) ? __ldg(block_columns + (u64)blk * 8u + (lane & 7u))
                                           : SPATTN_NONE;
     };
-    // The copies of step s (its columns in col, lane src + l holding slot l) into stage
-    // s % STAGES, then a commit (an empty group past the last step keeps the count uniform).
+    // Staged extras: the span bounds of step s (BsbStagedExtras::prefetch), loaded a step
+    // before its copies; 0 without.
+    auto span_of = [&](u32 s) -> u32 {
+        if constexpr (STAGED) {
+            return s < steps ? xt.prefetch(b_begin + 2u * s, b_end) : 0u;
+        } else {
+            return 0u;
+        }
+    };
+    // The copies of step s (its columns in col, lane src + l holding slot l; staged extras:
+    // its span bounds `span`) into stage s % STAGES, then a commit (an empty group past the last
+    // step keeps the count uniform).
     const u32 cc = lane % CH, rr = lane / CH;  // this lane's chunk, and first slot, of the copies
-    auto issue = [&](u32 s, u32 col, u32 src) {
+    auto issue = [&](u32 s, u32 col, u32 src, u32 span) {
         if (s < steps) {
             const u32 sk = base_s + (s % STAGES) * STAGE;
 #pragma unroll
@@ -868,6 +987,7 @@ __device__ __forceinline__ void bsb_pipe_tiles(
                 const bool ok = blk < b_end;
                 cp_async_16(sk + BOFF + 16u * lane, bitmaps + (ok ? (u64)blk * 4u : 0u), ok);
             }
+            if constexpr (STAGED) xt.issue(sk + XOFF, smem + (s % STAGES) * STAGE + XOFF, span);
         }
         cp_async_commit();
     };
@@ -888,19 +1008,23 @@ __device__ __forceinline__ void bsb_pipe_tiles(
     }
 
     // Prologue: steps 0 .. STAGES - 2 in flight, the columns of step STAGES - 1 loaded.
-    u32 col_next;
+    u32 col_next, span_next;
     if constexpr (PRE) {
         static_assert(STAGES == 3, "the prologue record holds the first STAGES - 1 = 2 steps");
         col_next = cols_of(2u);
-        issue(0u, col01, 0u);
-        issue(1u, col01, 16u);
+        const u32 span0 = span_of(0u), span1 = span_of(1u);
+        span_next = span_of(2u);
+        issue(0u, col01, 0u, span0);
+        issue(1u, col01, 16u, span1);
     } else {
         col_next = cols_of(0u);
+        span_next = span_of(0u);
 #pragma unroll
         for (u32 s = 0; s + 1u < (u32)STAGES; ++s) {
-            const u32 c = col_next;
+            const u32 c = col_next, e = span_next;
             col_next = cols_of(s + 1u);
-            issue(s, c, 0u);
+            span_next = span_of(s + 1u);
+            issue(s, c, 0u, e);
         }
     }
 
@@ -924,15 +1048,19 @@ __device__ __forceinline__ void bsb_pipe_tiles(
         cp_async_wait<STAGES - 2>();
         __syncwarp();  // step i's copies by every lane are visible; step i - 1 is read
         {
-            const u32 c = col_next;
+            const u32 c = col_next, e = span_next;
             col_next = cols_of(i + STAGES);
-            issue(i + STAGES - 1u, c, 0u);
+            span_next = span_of(i + STAGES);
+            issue(i + STAGES - 1u, c, 0u, e);
         }
         const u32 st = i % STAGES;
         const u32 sk = base_s + st * STAGE, sv = sk + VOFF;
         const u32* bw = reinterpret_cast<const u32*>(smem + st * STAGE + BOFF);
         const u32 bits[2][2] = {{bw[upper], bw[2u + upper]}, {bw[4u + upper], bw[6u + upper]}};
-        if constexpr (X::ON) {
+        if constexpr (STAGED) {
+            // The step's extras, landed in the stage with its tiles.
+            xt.load(smem + st * STAGE + XOFF, bw, upper, shift);
+        } else if constexpr (X::ON) {
             // The step's blocks and their bitmaps (in the stage, 4 words each), their extras
             // loaded before S so that the loads overlap its mma.
             xt.find_step(b_begin + 2u * i, b_end, upper, shift, [&](int bb, u32, u32(&w)[4]) {
@@ -997,7 +1125,7 @@ __device__ __forceinline__ void bsb_pipe_tiles(
 // partial (m, l and the accumulator of rows g, g + 8) in part_ml / part_acc and the last part to
 // arrive merges them (bsb_finish_split, with the merge scratch after the stages of the warp's
 // shared memory `smem`). SpMM: the accumulator is the sum itself (m and l are not read).
-template <class T, int D, bool SPMM = false>
+template <class T, int D, bool SPMM = false, bool STAGED = false>
 __device__ __forceinline__ void bsb_pipe_finish(
     u32 part, u32 split, const u32* __restrict__ split_part_first, u32* __restrict__ counters,
     u32 heads, u32 h, unsigned char* smem, float* __restrict__ part_ml, float* __restrict__ part_acc,
@@ -1031,7 +1159,8 @@ __device__ __forceinline__ void bsb_pipe_finish(
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) arow[4 * nt + t] = make_float2(o[nt][2 * r], o[nt][2 * r + 1]);
     }
-    float* mrg = reinterpret_cast<float*>(smem + BSB_PIPE_STAGES * bsb_pipe_stage_bytes(D, SPMM));
+    float* mrg =
+        reinterpret_cast<float*>(smem + BSB_PIPE_STAGES * bsb_pipe_stage_bytes(D, SPMM, STAGED));
     bsb_finish_split<T, NT, true>(split, split_part_first, counters, heads, h, D, lane, 32u, 0u,
                                   mrg, part_ml, part_acc, n_rows, window, row_ids, out, hd,
                                   head_off, D);

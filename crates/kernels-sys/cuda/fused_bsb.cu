@@ -187,7 +187,8 @@ __device__ __forceinline__ void fused_bsb_pipe(
     const u32 item = blockIdx.x * (blockDim.x >> 5) + warp;
     if (item >= n_items) return;  // uniform across the warp
     unsigned char* smem =
-        reinterpret_cast<unsigned char*>(bsb_pipe_smem) + warp * bsb_pipe_warp_bytes(D);
+        reinterpret_cast<unsigned char*>(bsb_pipe_smem) +
+        warp * bsb_pipe_warp_bytes(D, false, EXTRAS);
 
     const u32 u = item / heads, h = item - u * heads;
     // D 128: the unit's descriptor and its prologue record, loaded together, so that the first
@@ -209,10 +210,11 @@ __device__ __forceinline__ void fused_bsb_pipe(
     float m[2], l[2], o[D / 8][4];
     bsb_pipe_tiles<T, D, false, PRE>(smem, un.y, un.z, qrow, q, block_columns, bitmaps, k, v, hd,
                                      head_off, scale_log2, nullptr, 0u, m, l, o, col01,
-                                     bsb_extras_or_none<EXTRAS>(xa, h));
-    bsb_pipe_finish<T, D>(part, part == SPATTN_NONE ? 0u : unit_split[u], split_part_first,
-                          counters, heads, h, smem, part_ml, part_acc, n_rows, window, row_ids,
-                          out, hd, head_off, qrow, m, l, o);
+                                     bsb_staged_extras_or_none<EXTRAS>(xa, h));
+    bsb_pipe_finish<T, D, false, EXTRAS>(part, part == SPATTN_NONE ? 0u : unit_split[u],
+                                         split_part_first, counters, heads, h, smem, part_ml,
+                                         part_acc, n_rows, window, row_ids, out, hd, head_off,
+                                         qrow, m, l, o);
 }
 
 // Entry points fused_bsb_{f16,bf16}_d{64,128}_pipe: fused_bsb's parameters (head_dim must be D,

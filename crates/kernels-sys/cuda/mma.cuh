@@ -98,6 +98,11 @@ __device__ __forceinline__ void cp_async_16(u32 dst, const void* src, bool fill)
                  : "memory");
 }
 
+// Asynchronous copy of 4 bytes global -> shared (through L1: .cg takes 16 bytes only).
+__device__ __forceinline__ void cp_async_4(u32 dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
+}
+
 // Closes the group of this thread's cp.async issued since the last commit.
 __device__ __forceinline__ void cp_async_commit() {
     asm volatile("cp.async.commit_group;\n" ::: "memory");

@@ -39,12 +39,19 @@ pub(crate) fn bsb_pipe_supports(dtype: crate::DTypeKind, head_dim: usize) -> boo
 
 /// Shared memory of one warp of the pipelined tile loop at `head_dim` features:
 /// [`BSB_PIPE_STAGES`] stages of the K and V tiles (16 slots × `head_dim` 2-byte features
-/// each; `spmm`: the V tile only) and two 16-byte bitmaps, then the merge scratch (mirrors
-/// `bsb_pipe_warp_bytes` in `attention_tiles.cuh`).
-pub(crate) const fn bsb_pipe_warp_bytes(head_dim: usize, spmm: bool) -> usize {
+/// each; `spmm`: the V tile only) and two 16-byte bitmaps (`staged`: and the step's extras,
+/// fused-tc's `_x` kernel), then the merge scratch (mirrors `bsb_pipe_warp_bytes` in
+/// `attention_tiles.cuh`).
+pub(crate) const fn bsb_pipe_warp_bytes(head_dim: usize, spmm: bool, staged: bool) -> usize {
     let tiles = if spmm { 1 } else { 2 };
-    BSB_PIPE_STAGES * (tiles * 16 * head_dim * 2 + 32) + BSB_MERGE_FLOATS * 4
+    let extras = if staged { BSB_PIPE_X_BYTES } else { 0 };
+    BSB_PIPE_STAGES * (tiles * 16 * head_dim * 2 + 32 + extras) + BSB_MERGE_FLOATS * 4
 }
+
+/// Bytes of a stage's staged extras in fused-tc's pipelined `_x` kernel (`BSB_PIPE_X_BYTES` in
+/// `attention_tiles.cuh`): a step's bias span (256 floats at most), its keep words (16
+/// reserved) and one word padded to 16 bytes.
+pub(crate) const BSB_PIPE_X_BYTES: usize = 4 * (256 + 16) + 16;
 
 /// Rows per BSB window.
 pub(crate) const BSB_WINDOW_ROWS: usize = 16;
@@ -96,8 +103,9 @@ impl OrderedBsb {
 
     /// Where the extras of `a`'s edges (the graph this was built from, in the caller's CSR
     /// order) are for the fused kernel's `_x` twins: per block, the index of its first edge in
-    /// block-and-bit order (a block's bits row-major), and per edge in that order its index in
-    /// `a`'s CSR. A window's edges are its rows' edges, so windows are mapped in parallel.
+    /// block-and-bit order (a block's bits row-major), then the edge count (n_blocks + 1
+    /// entries), and per edge in that order its index in `a`'s CSR. A window's edges are its
+    /// rows' edges, so windows are mapped in parallel.
     ///
     /// Errors: [`crate::Error::InvalidArgument`] where `a` is not the graph of this BSB.
     pub(crate) fn edge_map(&self, a: &Csr) -> Result<(Vec<u32>, Vec<u32>)> {
@@ -334,7 +342,7 @@ fn bsb_edge_map(a: &Csr, bsb: &Bsb, row_ids: Option<&[u32]>) -> Result<(Vec<u32>
             (starts, if complete { ids } else { Vec::new() })
         })
         .collect();
-    let mut starts = Vec::with_capacity(bsb.n_blocks());
+    let mut starts = Vec::with_capacity(bsb.n_blocks() + 1);
     let mut ids = Vec::with_capacity(a.nnz());
     for (w, (s, i)) in per_window.into_iter().enumerate() {
         let first_edge = ids.len() as u32;
@@ -351,6 +359,9 @@ fn bsb_edge_map(a: &Csr, bsb: &Bsb, row_ids: Option<&[u32]>) -> Result<(Vec<u32>
         starts.extend(s.into_iter().map(|x| x + first_edge));
         ids.extend(i);
     }
+    // The end of the last block's edges: the pipelined kernel reads the end of a step's span
+    // as the start of the block after it.
+    starts.push(ids.len() as u32);
     Ok((starts, ids))
 }
 
@@ -534,7 +545,8 @@ mod tests {
                 };
                 let ids = p.as_ref().map(Permutation::old_of_new);
                 let (starts, map) = bsb_edge_map(&a, &bsb, ids).unwrap();
-                assert_eq!((starts.len(), map.len()), (bsb.n_blocks(), a.nnz()));
+                assert_eq!((starts.len(), map.len()), (bsb.n_blocks() + 1, a.nnz()));
+                assert_eq!(starts[bsb.n_blocks()] as usize, a.nnz());
                 let mut k = 0usize;
                 for w in 0..bsb.n_windows() {
                     for b in bsb.window_blocks(w) {

@@ -587,7 +587,7 @@ impl DeviceHybrid {
         let smem = if pipelined {
             // The hand-off's mbarriers follow the tensor-core warps' memory (none in `_tc`).
             let mbar = if warps.cd > 0 { PIPE_MBAR_BYTES } else { 0 };
-            warps.tc * bsb_pipe_warp_bytes(shape.head_dim, qk.is_none()) + mbar
+            warps.tc * bsb_pipe_warp_bytes(shape.head_dim, qk.is_none(), false) + mbar
         } else {
             (HEAD_FLOATS + warps.warps() * WINDOW_ROWS * (2 + slice)) * 4
         };

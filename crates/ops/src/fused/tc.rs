@@ -403,7 +403,7 @@ impl FusedTensorCore {
                 FUSED_BSB.name,
                 FUSED_BSB.ptx,
                 kernel,
-                cta_warps * bsb_pipe_warp_bytes(head_dim, false),
+                cta_warps * bsb_pipe_warp_bytes(head_dim, false, false),
                 "setting the fused tensor-core kernel's shared memory",
             )?;
         }
@@ -572,7 +572,7 @@ impl FusedTensorCore {
         let threads = (groups_per_cta * group * 32) as u32;
         let xs_floats = if group > 1 { 2 * group * 256 } else { 0 };
         let smem = if pipelined {
-            groups_per_cta * bsb_pipe_warp_bytes(self.head_dim, false)
+            groups_per_cta * bsb_pipe_warp_bytes(self.head_dim, false, extras.is_some())
         } else {
             groups_per_cta * (xs_floats + MERGE_FLOATS) * std::mem::size_of::<f32>()
         };
@@ -661,12 +661,15 @@ impl FusedTensorCore {
         // (n_parts × heads × 16 × slice × group); counters are per split window and head
         // (n_split × heads). Shared memory: `smem` bytes, as the kernel lays it out for
         // `groups_per_cta` groups of `group` warps (pipelined: `bsb_pipe_warp_bytes(head_dim,
-        // false)` per warp, the kernel's stages and merge scratch; its cp.async copies read
-        // whole 16-byte chunks of K and V rows of head_dim = 64 or 128 2-byte features, inside
-        // the row). Extras: block_edge_start holds n_blocks entries, a block's bits numbered
-        // from its start below nnz (OrderedBsb::edge_map of this plan's graph, checked against
-        // its sizes); the gathered bias holds bias_rows × nnz floats and the keep bits heads ×
-        // ⌈nnz / 32⌉ words (BsbExtrasStage::gather).
+        // false, extras)` per warp, the kernel's stages and merge scratch; its cp.async copies
+        // read whole 16-byte chunks of K and V rows of head_dim = 64 or 128 2-byte features,
+        // inside the row). Extras: block_edge_start holds n_blocks + 1 entries, a block's bits
+        // numbered from its start below nnz and the last entry nnz (OrderedBsb::edge_map of
+        // this plan's graph, checked against its sizes); the pipelined kernel reads entries
+        // blk and min(blk + 2, unit end) ≤ n_blocks and copies the edges between them (at most
+        // two blocks' 256) and their keep words (at most 9) into its stage's extras; the
+        // gathered bias holds bias_rows × nnz floats and the keep bits heads × ⌈nnz / 32⌉
+        // words (BsbExtrasStage::gather).
         unsafe { launch(kernel, &mut args, cfg) }?;
         Ok(())
     }
@@ -738,8 +741,16 @@ mod tests {
                 .pipelined
         );
         // Two CTAs of 4 warps with 128-feature stages fit an H100 SM's 228 KiB.
-        assert!(2 * CTA_WARPS * bsb_pipe_warp_bytes(128, false) <= 228 * 1024);
-        assert!(PIPE_CTA_WARPS * bsb_pipe_warp_bytes(128, false) > 48 * 1024);
+        assert!(2 * CTA_WARPS * bsb_pipe_warp_bytes(128, false, false) <= 228 * 1024);
+        assert!(PIPE_CTA_WARPS * bsb_pipe_warp_bytes(128, false, false) > 48 * 1024);
+        // The `_x` kernel's staged extras keep 8 warps of 128 features per H100 SM (4 CTAs of
+        // PIPE_CTA_WARPS, each reserving 1 KiB of the SM's 228 KiB), as the plain kernel has;
+        // at 64 features 7 CTAs of 2 warps (the plain kernel 8).
+        let sm = |warps_per_cta: usize, head_dim: usize, ctas: usize| {
+            ctas * (warps_per_cta * bsb_pipe_warp_bytes(head_dim, false, true) + 1024) <= 228 * 1024
+        };
+        assert!(sm(PIPE_CTA_WARPS, 128, 8 / PIPE_CTA_WARPS));
+        assert!(sm(PIPE_CTA_WARPS, 64, 7) && !sm(PIPE_CTA_WARPS, 64, 8));
         let l = layout_with(24, DTypeKind::Bf16, None, false).unwrap();
         assert_eq!((l.slice, l.group), (32, 1));
         let l = layout_with(96, DTypeKind::Bf16, None, false).unwrap();
