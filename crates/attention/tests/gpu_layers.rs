@@ -513,8 +513,9 @@ fn agnn_matches_the_f64_cpu_layer() {
 //
 // dW = Xᵀ·dWh, dWh_j = Σ_i P_ij·dAgg_i + de_src[j]·a_src + de_dst[j]·a_dst, carries the same
 // de terms, so the same split applies to it: its `got − stored` (f32 arithmetic, and dWh rounded
-// to the dtype before the GEMM) is held to the dtype's flat gradient tolerance. (A flat bound on
-// `got − exact` failed once: f16, n = 300 with a 300-edge hub row, 5.14e-2 > 5e-2.)
+// to the dtype before the GEMM) is held to a few unit roundoffs of the dtype. (A flat bound on
+// `got − exact` failed once: f16, n = 300 with a 300-edge hub row, 5.14e-2 > 5e-2, of which
+// the storage 5.14e-2 and the rest 3.7e-4.)
 
 /// Unit roundoff of f32.
 const U32: f64 = 1.0 / (1u64 << 24) as f64;
@@ -960,8 +961,9 @@ fn check_gat_attention<T: GemmElement>(
     let bounds = stored.f32_error_bound(a);
 
     // dW = Xᵀ·dWh inherits dWh's sensitivity to the stored logits (the de terms): measured
-    // against the gradient of the stored values, what is left (the backward's arithmetic and
-    // dWh's rounding to T before the GEMM) is held to the dtype's gradient tolerance.
+    // against the gradient of the stored values, what is left is dWh's rounding to T before the
+    // GEMM (one unit roundoff) and f32 sums over up to thousands of terms, held to
+    // 8·u_T + 1e-5 (H100: at most 0.75·u_T in f16 and bf16, 3.5e-7 in f32).
     let stored_weight = stored.d_weight(x, cfg.in_dim);
     let scale = norm(&exact_weight);
     let (err, from_storage, rest) = (
@@ -969,16 +971,16 @@ fn check_gat_attention<T: GemmElement>(
         dist(&stored_weight, &exact_weight) / scale,
         dist(got_weight, &stored_weight) / scale,
     );
-    let (_, tg) = tols::<T>();
+    let tg = 8.0 * unit_roundoff::<T>() + 1e-5;
     println!(
         "{what} {}: dweight rel L2 {err:.2e} (storage of Wh and logits {from_storage:.2e}), \
-         the rest {rest:.2e} ≤ {tg:.0e}",
+         the rest {rest:.2e} ≤ {tg:.1e}",
         T::NAME
     );
     assert!(
         rest <= tg,
         "{what} {}: dweight is {rest:.2e} (rel L2) from the gradient of the stored Wh and \
-         logits, over {tg:.0e} (storage alone {from_storage:.2e}, total {err:.2e})",
+         logits, over {tg:.1e} (storage alone {from_storage:.2e}, total {err:.2e})",
         T::NAME
     );
 
