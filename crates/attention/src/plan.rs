@@ -618,7 +618,7 @@ fn uses_tensor_cores(alg: Algorithm) -> bool {
 /// fused-csr for f32, the fastest of those that keep f32 exact (the tensor-core ones round
 /// operands to tf32 — ask for them by name); docs/kernels/README.md, "Which kernel runs". A
 /// plan made for extras gets fused-csr, which runs every extra in its kernel (unfused-csr where
-/// fused-csr cannot hold the head).
+/// fused-csr cannot hold the head), or fused-tc for f16 and bf16 extras without edge features.
 fn choose(graph: &Csr, config: &AttentionConfig, cc: (i32, i32)) -> Result<(Algorithm, String)> {
     let fused_csr_ok = fused::csr::supports(config.head_dim, config.dtype.size_bytes());
     let tensor_cores = cc >= (8, 0);
@@ -636,6 +636,23 @@ fn choose(graph: &Csr, config: &AttentionConfig, cc: (i32, i32)) -> Result<(Algo
             })
         }
     };
+    if config.edge_extras
+        && config.algorithm == Algorithm::Auto
+        && !config.edge_features
+        && config.dtype != DTypeKind::F32
+        && tensor_cores
+        && fused_tc_ok.is_ok()
+    {
+        let stats = graph.degree_stats();
+        return Ok((
+            Algorithm::FusedTensorCore,
+            format!(
+                "auto: fused-tc — planned for a score bias and dropout without edge features, \
+                 which its one kernel runs; {} on tensor cores (mean degree {:.1}, max {})",
+                config.dtype, stats.mean, stats.max
+            ),
+        ));
+    }
     if config.edge_extras && config.algorithm == Algorithm::Auto {
         // fused-csr runs every extra in its one kernel (edge features too, which fused-tc
         // refuses); it beat unfused-csr's composition on every graph measured with them.
@@ -791,6 +808,21 @@ mod tests {
         let (alg, why) = choose(&g, &config, (9, 0)).unwrap();
         assert_eq!(alg, Algorithm::UnfusedCsr);
         assert!(why.contains("fused-csr unavailable"), "{why}");
+        // Without edge features, f16 and bf16 extras go to fused-tc's kernel where tensor
+        // cores are; f32 stays on fused-csr (fused-tc rounds to tf32).
+        for (dtype, cc, want) in [
+            (DTypeKind::F16, (9, 0), Algorithm::FusedTensorCore),
+            (DTypeKind::Bf16, (8, 0), Algorithm::FusedTensorCore),
+            (DTypeKind::F16, (7, 5), Algorithm::FusedCsr),
+            (DTypeKind::F32, (9, 0), Algorithm::FusedCsr),
+        ] {
+            let config = AttentionConfig::new(8, 64, dtype)
+                .with_edge_extras(true)
+                .with_edge_features(false);
+            let (alg, why) = choose(&g, &config, cc).unwrap();
+            assert_eq!(alg, want, "{dtype} on {cc:?}: {why}");
+            assert!(why.contains("planned for"), "{why}");
+        }
         // Named algorithms are kept (refusals of edge features happen at the call).
         let config = config.with_algorithm(Algorithm::UnfusedTensorCore);
         assert_eq!(

@@ -47,6 +47,8 @@ struct PlanKey {
     scale: Option<u32>,
     /// Whether the calls pass a bias or dropout (then `Auto` picks an algorithm that takes them).
     extras: bool,
+    /// Whether they pass edge features too (then `Auto` picks one whose kernel takes those).
+    edge_features: bool,
 }
 
 /// A graph's state on one CUDA device: the shared upload and the plans over it.
@@ -114,7 +116,9 @@ impl GraphCore {
             config = config.with_scale(f32::from_bits(bits));
         }
         if key.extras {
-            config = config.with_edge_extras(true);
+            config = config
+                .with_edge_extras(true)
+                .with_edge_features(key.edge_features);
         }
         let plan = Arc::new(AttentionPlan::on_graph(&d.graph, config)?);
         plans.insert(key, plan.clone());
@@ -260,6 +264,7 @@ impl PlanKey {
             algorithm,
             scale: plan_scale(scale)?,
             extras,
+            edge_features: false,
         })
     }
 }
@@ -555,7 +560,10 @@ impl GraphCore {
                 }
             });
         }
-        let key = PlanKey::new(heads, head_dim, dt, algorithm, scale, true)?;
+        let key = PlanKey {
+            edge_features,
+            ..PlanKey::new(heads, head_dim, dt, algorithm, scale, true)?
+        };
         self.with_plan(py, device, key, |d, plan| {
             if backward {
                 by_dtype!(

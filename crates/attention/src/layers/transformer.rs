@@ -331,7 +331,8 @@ impl<F: Real> GraphTransformerLayer<Host<F>> {
         let plan_config = AttentionConfig::new(c.heads, c.head_dim, T::KIND)
             .with_scale(c.scale())
             .with_algorithm(c.algorithm)
-            .with_edge_extras(c.extras());
+            .with_edge_extras(c.extras())
+            .with_edge_features(false);
         Ok(GraphTransformerLayer {
             config: self.config,
             query: self.query.to_device(gpu)?,

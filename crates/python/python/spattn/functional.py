@@ -99,7 +99,8 @@ def sparse_attention(
             CPU), as PyG's ``return_attention_weights=True``. Not differentiable.
         algorithm: ``"auto"`` or one of ``"unfused-csr"``, ``"unfused-tc"``, ``"fused-csr"``,
             ``"fused-tc"``, ``"hybrid"`` (CUDA; the CPU runs its reference whatever is asked).
-            With a bias, edge features or dropout, ``auto`` picks ``fused-csr``; every
+            With a bias or dropout, ``auto`` picks ``fused-tc`` in float16 and bfloat16 and
+            ``fused-csr`` in float32 or with edge features; every
             algorithm takes a bias and dropout, and edge features ``unfused-csr``,
             ``fused-csr`` and ``unfused-tc`` (``fused-tc`` and ``hybrid`` refuse them,
             saying which take them).

@@ -225,8 +225,8 @@ class Graph:
         for it, and says what it chose: ``{"algorithm": ..., "choice": ...}``.
 
         ``device`` is ``"cpu"``, ``"cuda"``, ``"cuda:1"``, an int or a ``torch.device``.
-        ``extras=True``: the plan of calls with a ``bias`` or ``dropout`` (which ``auto``
-        serves with an algorithm that takes them)."""
+        ``extras=True``: the plan of calls with a ``bias`` or ``dropout`` and no edge features
+        (which ``auto`` serves with an algorithm whose kernel takes them)."""
         name = dtype_name(dtype)
         if name is None:
             raise TypeError(f"dtype: unsupported {dtype} (float32, float16, bfloat16, float64)")
