@@ -8,10 +8,12 @@
 //!
 //! The third argument is a row's bytes (default 256: 128 f16 features); `rcm` renumbers the
 //! nodes by reverse Cuthill–McKee (hubs peeled) before splitting, as a caller would relabel its
-//! nodes, to see what locality buys.
+//! nodes, to see what locality buys. Each rank's K/V row gathers (16-row windows, fused-tc's)
+//! are counted in its rows' own order and in the order `Reorder::Auto` picks for its
+//! rectangular local graph; the `P = 1` row is the whole graph's.
 
 use spattn::formats::reorder::HUB_FACTOR;
-use spattn::formats::Permutation;
+use spattn::formats::{Permutation, Reorder, RowOrder};
 use spattn::partition::{run_local, Partition, RankPlan};
 use spattn::{read_matrix_market, rmat, RmatConfig};
 
@@ -48,37 +50,48 @@ fn main() -> spattn::Result<()> {
         a.n_rows(),
         a.nnz()
     );
-    println!("| P | rank | rows | edges | halo rows | remote rows | received (MiB) | own Q+K+V+out (MiB) | received / own |");
-    println!("|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+    println!("| P | rank | rows | edges | halo rows | remote rows | received (MiB) | own Q+K+V+out (MiB) | received / own | gathers, own order | gathers, Auto order |");
+    println!("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     for p in parts {
         let part = Partition::balanced(&a, p)?;
-        let stats = run_local(p, |ex| Ok(RankPlan::new(&a, &part, ex)?.stats()))?;
-        let (mut worst, mut total) = (0.0f64, 0u64);
-        for (r, s) in stats.iter().enumerate() {
+        let stats = run_local(p, |ex| {
+            let rank = RankPlan::new(&a, &part, ex)?;
+            let order = RowOrder::choose(rank.local_graph(), Reorder::Auto, 16)?;
+            Ok((rank.stats(), order))
+        })?;
+        let (mut worst, mut total, mut sums) = (0.0f64, 0u64, (0usize, 0usize));
+        for (r, (s, order)) in stats.iter().enumerate() {
             let received = 2 * s.remote_rows as u64 * row_bytes; // K and V
             let own = 4 * s.rows as u64 * row_bytes; // Q, K, V, out (square graph)
             total += received;
             let ratio = received as f64 / own.max(1) as f64;
             worst = worst.max(ratio);
+            sums = (sums.0 + order.gathers_natural, sums.1 + order.gathers);
             println!(
-                "| {p} | {r} | {} | {} | {} | {} | {:.1} | {:.1} | {:.2} |",
+                "| {p} | {r} | {} | {} | {} | {} | {:.1} | {:.1} | {:.2} | {} | {} ({}, {:.0} ms) |",
                 s.rows,
                 s.edges,
                 s.halo_rows,
                 s.remote_rows,
                 mib(received),
                 mib(own),
-                ratio
+                ratio,
+                order.gathers_natural,
+                order.gathers,
+                order.used,
+                order.choose_ms
             );
         }
         println!(
-            "| {p} | all | {} | {} | | | {:.1} | {:.1} | worst {:.2} |",
+            "| {p} | all | {} | {} | | | {:.1} | {:.1} | worst {:.2} | {} | {} |",
             a.n_rows(),
             a.nnz(),
             mib(total),
             mib(4 * a.n_rows() as u64 * row_bytes),
-            worst
+            worst,
+            sums.0,
+            sums.1
         );
     }
     Ok(())

@@ -187,6 +187,70 @@ impl Permutation {
         locality_order(a, Some(hub_factor))
     }
 
+    /// A locality order of the rows of a matrix of any shape: [`reverse_cuthill_mckee_peeling_hubs`]
+    /// of the bipartite graph whose nodes are `a`'s rows and columns (row `i` adjacent to column
+    /// `j` where `a` has entry `(i, j)`), its rows kept in the order it numbers them. Two rows
+    /// sharing a column are two steps apart there, so rows that gather the same K/V rows land
+    /// near each other — what a square graph's order gives through its own edges. For the
+    /// rectangular local graph of a rank of a partitioned plan (its rows × the K/V rows they
+    /// touch).
+    ///
+    /// ```
+    /// use spattn_formats::{Csr, Permutation};
+    /// // Rows 0 and 2 share column 5, rows 1 and 3 column 0.
+    /// let a = Csr::from_edges(4, 6, &[(0, 5), (1, 0), (2, 5), (3, 0)])?;
+    /// let p = Permutation::rows_by_bipartite_locality(&a, f64::INFINITY)?;
+    /// let o = p.old_of_new();
+    /// let pos = |r: u32| o.iter().position(|&x| x == r).unwrap();
+    /// assert_eq!(pos(0).abs_diff(pos(2)), 1);
+    /// assert_eq!(pos(1).abs_diff(pos(3)), 1);
+    /// # Ok::<(), spattn_formats::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::TooManyEntries`] where the bipartite graph's `2 · nnz` entries pass
+    /// [`crate::csr::MAX_NNZ`], [`Error::DimensionTooLarge`] where its rows plus columns pass
+    /// [`MAX_DIM`], [`Error::InvalidParameter`] for a `hub_factor` that is NaN or not positive.
+    ///
+    /// [`reverse_cuthill_mckee_peeling_hubs`]: Self::reverse_cuthill_mckee_peeling_hubs
+    pub fn rows_by_bipartite_locality(a: &Csr, hub_factor: f64) -> Result<Self> {
+        let (rows, cols, nnz) = (a.n_rows(), a.n_cols(), a.nnz());
+        let nodes = rows as u64 + cols as u64;
+        if nodes > MAX_DIM {
+            return Err(Error::DimensionTooLarge {
+                what: "bipartite graph nodes (rows + columns)",
+                value: nodes,
+                limit: MAX_DIM,
+            });
+        }
+        let entries = 2 * nnz as u64;
+        if entries > crate::csr::MAX_NNZ {
+            return Err(Error::TooManyEntries {
+                nnz: entries,
+                limit: crate::csr::MAX_NNZ,
+            });
+        }
+        let t = a.transpose();
+        // Rows first (their columns shifted past the rows), then the columns (Aᵀ's rows).
+        let mut offsets = try_with_capacity(rows + cols + 1, "bipartite row offsets")?;
+        offsets.extend_from_slice(a.row_offsets());
+        // entries ≤ MAX_NNZ: every offset fits u32.
+        offsets.extend(t.row_offsets()[1..].iter().map(|&o| o + nnz as u32));
+        let mut targets = try_with_capacity(2 * nnz, "bipartite adjacency")?;
+        targets.extend(a.col_indices().iter().map(|&c| c + rows as u32));
+        targets.extend_from_slice(t.col_indices());
+        let b = Csr::try_new(rows + cols, rows + cols, offsets, targets, None)?;
+        let both = Self::reverse_cuthill_mckee_peeling_hubs(&b, hub_factor)?;
+        let mut order = try_with_capacity(rows, "row order")?;
+        order.extend(
+            both.old_of_new
+                .iter()
+                .copied()
+                .filter(|&v| (v as usize) < rows),
+        );
+        Self::from_old_of_new(order)
+    }
+
     /// The bandwidth of the square matrix `a` after renaming its nodes by `p` (the identity
     /// when `None`): the largest `|new(i) - new(j)|` over its entries `(i, j)`; 0 when it has
     /// none off the diagonal.
@@ -885,6 +949,47 @@ mod tests {
             }
             let (par, seq) = both(&a, hub_factor);
             prop_assert_eq!(par, seq);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn the_bipartite_order_is_a_permutation_of_the_rows(
+            rows in 0usize..120,
+            cols in 0usize..120,
+            edges in proptest::collection::vec((0u32..120, 0u32..120), 0..600),
+            hub_factor in 0.5f64..8.0,
+        ) {
+            // Any shape, empty rows and columns, hubs on either side.
+            let edges: Vec<(u32, u32)> = edges
+                .into_iter()
+                .filter(|&(r, c)| (r as usize) < rows && (c as usize) < cols)
+                .collect();
+            let a = Csr::from_edges(rows, cols, &edges).expect("a valid graph");
+            let p = Permutation::rows_by_bipartite_locality(&a, hub_factor)
+                .expect("an order");
+            prop_assert_eq!(p.len(), rows);
+            let mut seen = p.old_of_new().to_vec();
+            seen.sort_unstable();
+            prop_assert!(seen.iter().copied().eq(0..rows as u32));
+        }
+    }
+
+    #[test]
+    fn the_bipartite_order_rejects_a_bad_hub_factor() {
+        let a = Csr::from_edges(2, 3, &[(0, 2), (1, 2)]).expect("a valid graph");
+        for bad in [0.0, -1.0, f64::NAN] {
+            let err = Permutation::rows_by_bipartite_locality(&a, bad).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    Error::InvalidParameter {
+                        what: "hub_factor",
+                        ..
+                    }
+                ),
+                "{err}"
+            );
         }
     }
 

@@ -56,11 +56,12 @@ pub enum Reorder {
     /// Longest rows first (RT-GNN's degree reordering).
     Degree,
     /// Reverse Cuthill–McKee after peeling the hubs (rows above [`HUB_FACTOR`]× the mean degree
-    /// first): a breadth-first locality order. Square graphs only: a rectangular one keeps its
-    /// order.
+    /// first): a breadth-first locality order. A rectangular graph's rows are ordered as they
+    /// fall in the search over its rows and columns together
+    /// ([`Permutation::rows_by_bipartite_locality`]).
     Locality,
     /// Greedy window packing ([`Permutation::window_clusters`]) seeded with the locality order
-    /// (the graph's own for a rectangular one): each window is filled with the rows that add
+    /// (for a rectangular graph, the bipartite one): each window is filled with the rows that add
     /// the fewest new columns to it. Gathers fewer rows than [`Reorder::Locality`] on the
     /// shared real graphs, more on R-MAT graphs (docs/kernels/reordering.md, "Measured").
     Cluster,
@@ -172,8 +173,8 @@ pub struct RowOrder {
 
 impl RowOrder {
     /// The order `reorder` asks for on `a`, for windows of `window_rows` rows (16 for BSB, 8
-    /// for ME-BCRS). A rectangular graph is only degree-ordered when asked;
-    /// [`Reorder::Locality`] and [`Reorder::Auto`] keep its order.
+    /// for ME-BCRS). A rectangular graph's locality order is that of its rows in the bipartite
+    /// graph of its rows and columns ([`Permutation::rows_by_bipartite_locality`]).
     ///
     /// # Errors
     /// [`Error::InvalidParameter`] if `window_rows` is 0.
@@ -183,10 +184,18 @@ impl RowOrder {
             Ok(count_windows(a, p, window_rows, 1)?.1)
         };
         let square = a.n_rows() == a.n_cols();
-        let locality = || Permutation::reverse_cuthill_mckee_peeling_hubs(a, HUB_FACTOR);
+        // A rectangular graph (a partitioned plan's rank: its rows × its halo) takes the order
+        // of its rows and columns as one bipartite graph.
+        let locality = || {
+            if square {
+                Permutation::reverse_cuthill_mckee_peeling_hubs(a, HUB_FACTOR)
+            } else {
+                Permutation::rows_by_bipartite_locality(a, HUB_FACTOR)
+            }
+        };
         let mut skipped = None;
         let (natural, (used, permutation, gathers)) = match reorder {
-            Reorder::Auto if square => {
+            Reorder::Auto => {
                 let work = cluster_work(a);
                 let pack = work <= AUTO_CLUSTER_MAX_WORK;
                 if !pack {
@@ -232,13 +241,7 @@ impl RowOrder {
                 }
                 (natural, best)
             }
-            // A locality order follows the graph's edges from node to node: it needs a square
-            // graph. A rectangular one keeps its order (the report says so).
-            Reorder::Auto | Reorder::None => {
-                let natural = count(None)?;
-                (natural, (Reorder::None, None, natural))
-            }
-            Reorder::Locality if !square => {
+            Reorder::None => {
                 let natural = count(None)?;
                 (natural, (Reorder::None, None, natural))
             }
@@ -247,8 +250,7 @@ impl RowOrder {
                 let p = match r {
                     Reorder::Degree => Permutation::by_degree_descending(a),
                     Reorder::Cluster => {
-                        let seeds = if square { Some(locality()?) } else { None };
-                        Permutation::window_clusters(a, window_rows, seeds.as_ref())?
+                        Permutation::window_clusters(a, window_rows, Some(&locality()?))?
                     }
                     _ => locality()?,
                 };
@@ -390,17 +392,39 @@ mod tests {
     }
 
     #[test]
-    fn rectangular_graphs_keep_their_order_unless_degree_or_cluster_is_asked() {
-        let a = Csr::from_edges(3, 5, &[(0, 4), (1, 0), (1, 1), (2, 3)]).unwrap();
-        for r in [Reorder::Auto, Reorder::Locality, Reorder::None] {
-            let o = RowOrder::choose(&a, r, 8).unwrap();
-            assert_eq!(o.used, Reorder::None);
-            assert!(o.permutation.is_none());
-        }
+    fn rectangular_graphs_take_their_rows_bipartite_locality_order() {
+        // 256 rows × 1,024 columns: row i reads the 8 columns of group g(i) = (i · 37) mod 32,
+        // so the graph's order puts 16 different groups in each 16-row window.
+        let (rows, groups) = (256u32, 32u32);
+        let edges: Vec<(u32, u32)> = (0..rows)
+            .flat_map(|i| {
+                let g = (i * 37) % groups;
+                (0..8).map(move |c| (i, g * 32 + c))
+            })
+            .collect();
+        let a = Csr::from_edges(rows as usize, 1024, &edges).unwrap();
+        let natural = RowOrder::choose(&a, Reorder::None, 16).unwrap();
+        assert!(natural.permutation.is_none());
+        // Rows sharing a group are two steps apart in the bipartite graph: the 8 rows of a
+        // group end up together, two groups a window.
+        let loc = RowOrder::choose(&a, Reorder::Locality, 16).unwrap();
+        assert_eq!(loc.used, Reorder::Locality);
+        assert_eq!(loc.row_ids().unwrap().len(), rows as usize);
+        assert_eq!(natural.gathers, 16 * 16 * 8);
+        assert_eq!(loc.gathers, 16 * 2 * 8, "{loc:?}");
+        let auto = RowOrder::choose(&a, Reorder::Auto, 16).unwrap();
+        assert_ne!(auto.used, Reorder::None);
+        assert!(auto.gathers <= loc.gathers, "{auto:?}");
         for r in [Reorder::Degree, Reorder::Cluster] {
-            let o = RowOrder::choose(&a, r, 8).unwrap();
+            let o = RowOrder::choose(&a, r, 16).unwrap();
             assert_eq!(o.used, r);
-            assert_eq!(o.row_ids().unwrap().len(), 3);
+            assert_eq!(o.row_ids().unwrap().len(), rows as usize);
         }
+        // Nothing to gain on a tiny graph: Auto keeps its order.
+        let tiny = Csr::from_edges(3, 5, &[(0, 4), (1, 0), (1, 1), (2, 3)]).unwrap();
+        assert_eq!(
+            RowOrder::choose(&tiny, Reorder::Auto, 8).unwrap().used,
+            Reorder::None
+        );
     }
 }

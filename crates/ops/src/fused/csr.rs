@@ -177,7 +177,8 @@ const AUTO_MIN_FLIGHT_SAVING: f64 = 1.3;
 const NAMED_WINDOW_ROWS: usize = 16;
 
 /// The row order the fused CSR kernel runs `a`'s units in, for the plan's `reorder`: `Auto`
-/// takes the locality order (reverse Cuthill–McKee after peeling hubs; square graphs only)
+/// takes the locality order (reverse Cuthill–McKee after peeling hubs; a rectangular graph's
+/// over its rows and columns together)
 /// when it saves [`AUTO_MIN_FLIGHT_SAVING`]× the distinct columns per [`FLIGHT_ROWS`] rows, else
 /// keeps the graph's order; the others as [`RowOrder::choose`] applies them.
 pub(crate) fn csr_order(a: &Csr, reorder: Reorder) -> Result<RowOrder> {
@@ -538,7 +539,7 @@ mod tests {
         assert_eq!(o.used, Reorder::Locality);
         assert!(o.gathers_natural as f64 >= AUTO_MIN_FLIGHT_SAVING * o.gathers as f64);
         assert!(order_info(&o).starts_with("units in locality row order"));
-        // Named orders are applied as asked, rectangular graphs keep their order under Auto.
+        // Named orders are applied as asked; a tiny rectangular graph keeps its order (Auto).
         let d = csr_order(&scrambled, Reorder::Degree).unwrap();
         assert_eq!(
             (d.used, d.window_rows),
