@@ -648,9 +648,9 @@ fn check_fused_masks(gpu: &Gpu, alg: Algorithm, a: &Csr, d: usize, rng: &mut Pcg
     }
 }
 
-/// An autotuned Auto plan made for extras may settle on any algorithm: it runs every extra,
-/// edge features included (through the composition where its kernel takes none), and matches
-/// the CPU plan.
+/// An autotuned Auto plan made for extras may settle on any algorithm, and one declared without
+/// edge features settles on fused-tc: each runs every extra, edge features included (through
+/// the composition where its kernel takes none), and matches the CPU plan.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn gpu_autotuned_plans_for_extras_run_every_extra() {
@@ -675,14 +675,6 @@ fn gpu_autotuned_plans_for_extras_run_every_extra() {
     let config = AttentionConfig::new(heads, d, DTypeKind::F16).with_edge_extras(true);
     let cpu = AttentionPlan::new_cpu(&a, config.clone()).unwrap();
     let (want, _) = cpu.forward_with_host(&q, &k, &v, &extras).unwrap();
-    let plan = AttentionPlan::new_gpu(&gpu, &a, config.with_autotune(true)).unwrap();
-    let what = format!("autotuned to {} ({})", plan.algorithm(), plan.choice());
-    // With the weights out: the composition.
-    let (got, _) = plan.forward_with_host(&q, &k, &v, &extras).unwrap();
-    let err = cpu::rel_l2_error(&to_f64(&got), &to_f64(&want));
-    assert!(err <= tolerance::<f16>(), "{what}: error {err:e}");
-    // Without: the chosen algorithm's fused kernel where it has one (features through the
-    // composition where it takes none), and with the bias and dropout alone.
     let up = |x: &[f16], s: Shape| DeviceMatrix::from_host(&gpu, s, x).unwrap();
     let sf = Shape::new(a.nnz(), heads, d).unwrap();
     let (dq, dk, dv, df) = (up(&q, s), up(&k, s), up(&v, s), up(&feats, sf));
@@ -692,21 +684,43 @@ fn gpu_autotuned_plans_for_extras_run_every_extra() {
         ..extras
     };
     let (want_nf, _) = cpu.forward_with_host(&q, &k, &v, &no_feats).unwrap();
-    for (with_feats, want) in [(true, &want), (false, &want_nf)] {
-        let ex = Extras {
-            bias: Some(DeviceBias::PerHead(&db)),
-            edge_features: with_feats.then_some(&df),
-            dropout: extras.dropout,
-        };
-        let mut out = DeviceMatrix::<f16>::zeros(&gpu, s).unwrap();
-        out.fill_nan().unwrap();
-        plan.forward_with(&dq, &dk, &dv, &ex, &mut out, None)
-            .unwrap();
-        let err = cpu::rel_l2_error(&to_f64(&out.to_host().unwrap()), &to_f64(want));
-        assert!(
-            err <= tolerance::<f16>(),
-            "{what}, features {with_feats}: error {err:e}"
-        );
+    // Autotuned; and planned for extras without edge features (fused-tc), called with them
+    // anyway (the composition runs them).
+    let plans = [
+        ("autotuned", config.clone().with_autotune(true)),
+        (
+            "no edge features declared",
+            config.clone().with_edge_features(false),
+        ),
+    ];
+    for (how, config) in plans {
+        let plan = AttentionPlan::new_gpu(&gpu, &a, config).unwrap();
+        let what = format!("{how}: {} ({})", plan.algorithm(), plan.choice());
+        if how.starts_with("no edge") && gpu.compute_capability() >= (8, 0) {
+            assert_eq!(plan.algorithm(), Algorithm::FusedTensorCore, "{what}");
+        }
+        // With the weights out: the composition.
+        let (got, _) = plan.forward_with_host(&q, &k, &v, &extras).unwrap();
+        let err = cpu::rel_l2_error(&to_f64(&got), &to_f64(&want));
+        assert!(err <= tolerance::<f16>(), "{what}: error {err:e}");
+        // Without: the chosen algorithm's fused kernel where it has one (features through the
+        // composition where it takes none), and with the bias and dropout alone.
+        for (with_feats, want) in [(true, &want), (false, &want_nf)] {
+            let ex = Extras {
+                bias: Some(DeviceBias::PerHead(&db)),
+                edge_features: with_feats.then_some(&df),
+                dropout: extras.dropout,
+            };
+            let mut out = DeviceMatrix::<f16>::zeros(&gpu, s).unwrap();
+            out.fill_nan().unwrap();
+            plan.forward_with(&dq, &dk, &dv, &ex, &mut out, None)
+                .unwrap();
+            let err = cpu::rel_l2_error(&to_f64(&out.to_host().unwrap()), &to_f64(want));
+            assert!(
+                err <= tolerance::<f16>(),
+                "{what}, features {with_feats}: error {err:e}"
+            );
+        }
     }
 }
 

@@ -27,7 +27,7 @@
 use rayon::prelude::*;
 
 use crate::cluster::cluster_work;
-use crate::csr::Csr;
+use crate::csr::{Csr, MAX_DIM, MAX_NNZ};
 use crate::error::{Error, Result};
 use crate::permutation::Permutation;
 
@@ -67,8 +67,10 @@ pub enum Reorder {
     Cluster,
     /// Counts the (window, distinct column) pairs — the K/V row gathers — under each order and
     /// keeps the order with the fewest (the graph's own unless another saves at least
-    /// [`AUTO_MIN_SAVING`]). Costs a reverse Cuthill–McKee (single-threaded,
-    /// O(nnz · log degree)), the window packing when its work is at most
+    /// [`AUTO_MIN_SAVING`]). Costs a reverse Cuthill–McKee (O(nnz · log degree), wide
+    /// frontiers on every thread; over rows and columns for a rectangular graph, which keeps
+    /// its order where that bipartite graph passes u32 indices), the window packing when its
+    /// work is at most
     /// [`AUTO_CLUSTER_MAX_WORK`], and four counts (times: docs/kernels/reordering.md,
     /// "Plan-time costs").
     #[default]
@@ -185,20 +187,33 @@ impl RowOrder {
         };
         let square = a.n_rows() == a.n_cols();
         // A rectangular graph (a partitioned plan's rank: its rows × its halo) takes the order
-        // of its rows and columns as one bipartite graph.
-        let locality = || {
+        // of its rows and columns as one bipartite graph, where that graph fits u32 indices;
+        // past them it keeps its order (said in `skipped`).
+        let bipartite_fits =
+            a.n_rows() as u64 + a.n_cols() as u64 <= MAX_DIM && 2 * a.nnz() as u64 <= MAX_NNZ;
+        let locality = || -> Result<Option<Permutation>> {
             if square {
-                Permutation::reverse_cuthill_mckee_peeling_hubs(a, HUB_FACTOR)
+                Permutation::reverse_cuthill_mckee_peeling_hubs(a, HUB_FACTOR).map(Some)
+            } else if bipartite_fits {
+                Permutation::rows_by_bipartite_locality(a, HUB_FACTOR).map(Some)
             } else {
-                Permutation::rows_by_bipartite_locality(a, HUB_FACTOR)
+                Ok(None)
             }
         };
-        let mut skipped = None;
+        let mut skipped = (!square && !bipartite_fits).then(|| {
+            format!(
+                "locality order skipped (the bipartite graph of {} rows, {} columns and 2 x {} \
+                 edges passes u32 indices)",
+                a.n_rows(),
+                a.n_cols(),
+                a.nnz()
+            )
+        });
         let (natural, (used, permutation, gathers)) = match reorder {
             Reorder::Auto => {
                 let work = cluster_work(a);
                 let pack = work <= AUTO_CLUSTER_MAX_WORK;
-                if !pack {
+                if !pack && skipped.is_none() {
                     skipped = Some(format!(
                         "window packing skipped (its work {work} > bound {AUTO_CLUSTER_MAX_WORK})"
                     ));
@@ -214,15 +229,16 @@ impl RowOrder {
                             || counted(Permutation::by_degree_descending(a)),
                         )
                     },
-                    || -> (Counted, Option<Counted>) {
+                    || -> (Option<Counted>, Option<Counted>) {
                         let seeds = match locality() {
-                            Ok(s) => s,
-                            Err(e) => return (Err(e), None),
+                            Ok(Some(s)) => s,
+                            Ok(None) => return (None, None),
+                            Err(e) => return (Some(Err(e)), None),
                         };
                         let packed = pack.then(|| {
                             counted(Permutation::window_clusters(a, window_rows, Some(&seeds))?)
                         });
-                        (counted(seeds), packed)
+                        (Some(counted(seeds)), packed)
                     },
                 );
                 let natural = natural?;
@@ -231,7 +247,7 @@ impl RowOrder {
                 let candidates = [
                     Some((Reorder::Degree, degree)),
                     packed.map(|p| (Reorder::Cluster, p)),
-                    Some((Reorder::Locality, seeds)),
+                    seeds.map(|p| (Reorder::Locality, p)),
                 ];
                 for (r, c) in candidates.into_iter().flatten() {
                     let (p, g) = c?;
@@ -248,14 +264,21 @@ impl RowOrder {
             r => {
                 let natural = count(None)?;
                 let p = match r {
-                    Reorder::Degree => Permutation::by_degree_descending(a),
-                    Reorder::Cluster => {
-                        Permutation::window_clusters(a, window_rows, Some(&locality()?))?
-                    }
+                    Reorder::Degree => Some(Permutation::by_degree_descending(a)),
+                    Reorder::Cluster => Some(Permutation::window_clusters(
+                        a,
+                        window_rows,
+                        locality()?.as_ref(),
+                    )?),
                     _ => locality()?,
                 };
-                let g = count(Some(&p))?;
-                (natural, (r, Some(p), g))
+                match p {
+                    Some(p) => {
+                        let g = count(Some(&p))?;
+                        (natural, (r, Some(p), g))
+                    }
+                    None => (natural, (Reorder::None, None, natural)),
+                }
             }
         };
         Ok(Self {

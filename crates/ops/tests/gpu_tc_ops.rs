@@ -230,7 +230,7 @@ fn check_ops<T: DType>(
 
 /// [`check_ops`] in every dtype at one case, in the graph's own order and renumbered (degree,
 /// locality and cluster orders for f16 and f32, locality and cluster for bf16; a rectangular
-/// graph keeps its order under locality).
+/// graph's locality order is that of its rows and columns as one bipartite graph).
 fn check_case(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64) {
     for r in [
         Reorder::None,

@@ -61,7 +61,8 @@ pub(crate) struct OnDevice {
 
 /// One graph (row `i` lists the nodes node `i` attends to) and its plan-once state: per CUDA
 /// device the shared [`DeviceGraph`] and the [`AttentionPlan`]s built over it (cached per
-/// heads, head_dim, dtype, algorithm and scale), on the CPU the transpose and edge map of the
+/// heads, head_dim, dtype, algorithm, scale, and whether the calls pass extras and edge
+/// features), on the CPU the transpose and edge map of the
 /// GAT backward. Immutable: derived graphs are new objects.
 #[pyclass(module = "spattn._native", frozen)]
 #[derive(Debug)]
@@ -426,7 +427,8 @@ impl GraphCore {
 
     /// Builds (or finds) the plan of this configuration on CUDA device `device` and returns
     /// the algorithm it runs and why it was chosen; on the CPU (`device < 0`) says so.
-    /// `extras`: the plan of calls with a bias or dropout.
+    /// `extras`: the plan of calls with a bias or dropout and no edge features (calls with edge
+    /// features get a plan of their own, fused-csr under `auto`).
     #[pyo3(signature = (device, dtype, heads, head_dim, scale, algorithm, extras = false))]
     #[allow(clippy::too_many_arguments)]
     fn prepare(

@@ -100,7 +100,7 @@ def sparse_attention(
         algorithm: ``"auto"`` or one of ``"unfused-csr"``, ``"unfused-tc"``, ``"fused-csr"``,
             ``"fused-tc"``, ``"hybrid"`` (CUDA; the CPU runs its reference whatever is asked).
             With a bias or dropout, ``auto`` picks ``fused-tc`` in float16 and bfloat16 and
-            ``fused-csr`` in float32 or with edge features; every
+            ``fused-csr`` in float32, with edge features or where fused-tc cannot run; every
             algorithm takes a bias and dropout, and edge features ``unfused-csr``,
             ``fused-csr`` and ``unfused-tc`` (``fused-tc`` and ``hybrid`` refuse them,
             saying which take them).
