@@ -427,9 +427,11 @@ impl GraphCore {
 
     /// Builds (or finds) the plan of this configuration on CUDA device `device` and returns
     /// the algorithm it runs and why it was chosen; on the CPU (`device < 0`) says so.
-    /// `extras`: the plan of calls with a bias or dropout and no edge features (calls with edge
-    /// features get a plan of their own, fused-csr under `auto`).
-    #[pyo3(signature = (device, dtype, heads, head_dim, scale, algorithm, extras = false))]
+    /// `extras`: the plan of calls with a bias or dropout; `edge_features` (with `extras`): of
+    /// calls that also pass edge features (a plan of its own: fused-csr under `auto`).
+    #[pyo3(signature = (
+        device, dtype, heads, head_dim, scale, algorithm, extras = false, edge_features = false
+    ))]
     #[allow(clippy::too_many_arguments)]
     fn prepare(
         &self,
@@ -441,6 +443,7 @@ impl GraphCore {
         scale: Option<f64>,
         algorithm: &str,
         extras: bool,
+        edge_features: bool,
     ) -> PyResult<(String, String)> {
         let dt = DTypeName::parse(dtype)?;
         let algorithm = parse_algorithm(algorithm)?;
@@ -454,7 +457,10 @@ impl GraphCore {
                 ),
             ));
         }
-        let key = PlanKey::new(heads, head_dim, dt, algorithm, scale, extras)?;
+        let key = PlanKey {
+            edge_features: extras && edge_features,
+            ..PlanKey::new(heads, head_dim, dt, algorithm, scale, extras)?
+        };
         self.with_plan(py, device, key, |_, plan| {
             Ok((plan.algorithm().name().to_owned(), plan.choice().to_owned()))
         })

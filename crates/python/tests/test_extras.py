@@ -391,6 +391,8 @@ def test_cuda_tensor_core_kernels_refuse_edge_features_and_say_which_take_them()
     # A bias or dropout without edge features: fused-tc's kernel in f16, fused-csr's in f32.
     assert g.plan(1, 16, dtype="float16", extras=True)["algorithm"] == "fused-tc"
     assert g.plan(1, 16, dtype="float32", extras=True)["algorithm"] == "fused-csr"
+    with_features = g.plan(1, 16, dtype="float16", extras=True, edge_features=True)
+    assert with_features["algorithm"] == "fused-csr"
     # Auto with edge features runs them (on fused-csr's kernel), against the CPU in float64.
     out = spattn.sparse_attention(g, q, q, q, edge_features=f)
     q64, f64 = q.double().cpu(), f.double().cpu()

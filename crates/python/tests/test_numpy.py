@@ -154,3 +154,7 @@ def test_attention_errors_name_the_argument(rng):
         spattn.sparse_attention(g, q.astype(np.int32), q, q)
     with pytest.raises(ValueError, match="device"):
         g.plan(2, 4, device="tpu")
+    # On the CPU the plan is the reference, whatever extras it is asked for.
+    for extras, features in ((False, False), (True, False), (True, True)):
+        plan = g.plan(2, 4, device="cpu", extras=extras, edge_features=features)
+        assert plan["algorithm"] == "cpu" and "CPU" in plan["choice"]

@@ -220,13 +220,15 @@ class Graph:
         algorithm: str = "auto",
         scale: Optional[float] = None,
         extras: bool = False,
+        edge_features: bool = False,
     ) -> Dict[str, str]:
         """Builds (or finds) the plan of a configuration now, so the first call does not pay
         for it, and says what it chose: ``{"algorithm": ..., "choice": ...}``.
 
         ``device`` is ``"cpu"``, ``"cuda"``, ``"cuda:1"``, an int or a ``torch.device``.
-        ``extras=True``: the plan of calls with a ``bias`` or ``dropout`` and no edge features
-        (which ``auto`` serves with an algorithm whose kernel takes them)."""
+        ``extras=True``: the plan of calls with a ``bias`` or ``dropout`` (which ``auto`` serves
+        with an algorithm whose kernel takes them); ``edge_features=True`` as well: of calls
+        that also pass ``edge_features`` (``auto``: ``fused-csr``, whose kernel takes them)."""
         name = dtype_name(dtype)
         if name is None:
             raise TypeError(f"dtype: unsupported {dtype} (float32, float16, bfloat16, float64)")
@@ -234,6 +236,7 @@ class Graph:
         alg, choice = self._core.prepare(
             _device_arg(device), name, _check_count("heads", heads),
             _check_count("head_dim", head_dim), check_scale(scale), algorithm, bool(extras),
+            bool(edge_features),
         )
         return {"algorithm": alg, "choice": choice}
 
