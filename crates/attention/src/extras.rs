@@ -21,7 +21,10 @@
 //! [`Algorithm::takes_edge_features`]. fused-csr, fused-tc and hybrid run them in their fused
 //! kernel (without the weights out), the others through the unfused composition. Plan with
 //! [`AttentionConfig::with_edge_extras`](crate::AttentionConfig::with_edge_extras) so that
-//! `Auto` plans for them.
+//! `Auto` plans for them (fused-csr), and with
+//! [`with_edge_features(false)`](crate::AttentionConfig::with_edge_features) as well where no
+//! edge features will come: f16 and bf16 plans then take fused-tc, faster with a bias and
+//! dropout.
 //!
 //! ```
 //! use spattn::{AttentionConfig, AttentionPlan, Csr, DTypeKind, HostExtras};
