@@ -617,8 +617,9 @@ fn uses_tensor_cores(alg: Algorithm) -> bool {
 /// `Auto` takes the fastest measured algorithm for the dtype: fused-tc for f16 and bf16,
 /// fused-csr for f32, the fastest of those that keep f32 exact (the tensor-core ones round
 /// operands to tf32 — ask for them by name); docs/kernels/README.md, "Which kernel runs". A
-/// plan made for extras gets fused-csr, which runs every extra in its kernel (unfused-csr where
-/// fused-csr cannot hold the head), or fused-tc for f16 and bf16 extras without edge features.
+/// plan made for extras that may include edge features gets fused-csr, which runs every extra
+/// in its kernel (unfused-csr where fused-csr cannot hold the head); without edge features the
+/// plain choice stands (every algorithm's kernel takes a bias and dropout).
 fn choose(graph: &Csr, config: &AttentionConfig, cc: (i32, i32)) -> Result<(Algorithm, String)> {
     let fused_csr_ok = fused::csr::supports(config.head_dim, config.dtype.size_bytes());
     let tensor_cores = cc >= (8, 0);
@@ -636,24 +637,9 @@ fn choose(graph: &Csr, config: &AttentionConfig, cc: (i32, i32)) -> Result<(Algo
             })
         }
     };
-    if config.edge_extras
-        && config.algorithm == Algorithm::Auto
-        && !config.edge_features
-        && config.dtype != DTypeKind::F32
-        && tensor_cores
-        && fused_tc_ok.is_ok()
-    {
-        let stats = graph.degree_stats();
-        return Ok((
-            Algorithm::FusedTensorCore,
-            format!(
-                "auto: fused-tc — planned for a score bias and dropout without edge features, \
-                 which its one kernel runs; {} on tensor cores (mean degree {:.1}, max {})",
-                config.dtype, stats.mean, stats.max
-            ),
-        ));
-    }
-    if config.edge_extras && config.algorithm == Algorithm::Auto {
+    // Extras without edge features take Auto's plain choice: every algorithm's kernel runs a
+    // bias and dropout.
+    if config.edge_extras && config.edge_features && config.algorithm == Algorithm::Auto {
         // fused-csr runs every extra in its one kernel (edge features too, which fused-tc
         // refuses); it beat unfused-csr's composition on every graph measured with them.
         return Ok(match fused_csr_ok {
@@ -677,7 +663,10 @@ fn choose(graph: &Csr, config: &AttentionConfig, cc: (i32, i32)) -> Result<(Algo
     match config.algorithm {
         Algorithm::Auto => {
             let stats = graph.degree_stats();
-            let why = format!("mean degree {:.1}, max {}", stats.mean, stats.max);
+            let mut why = format!("mean degree {:.1}, max {}", stats.mean, stats.max);
+            if config.edge_extras {
+                why += "; planned for a score bias and dropout without edge features";
+            }
             if config.dtype != DTypeKind::F32 && tensor_cores && fused_tc_ok.is_ok() {
                 return Ok((
                     Algorithm::FusedTensorCore,
@@ -697,7 +686,7 @@ fn choose(graph: &Csr, config: &AttentionConfig, cc: (i32, i32)) -> Result<(Algo
                 )),
                 Err(e) => Ok((
                     Algorithm::UnfusedCsr,
-                    format!("auto: unfused-csr — fused-csr unavailable ({e})"),
+                    format!("auto: unfused-csr — fused-csr unavailable ({e}; {why})"),
                 )),
             }
         }
