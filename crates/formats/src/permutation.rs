@@ -50,6 +50,31 @@ pub struct Permutation {
     old_of_new: Vec<u32>,
 }
 
+/// Whether the bipartite graph of `a`'s rows and columns
+/// ([`Permutation::rows_by_bipartite_locality`]) fits u32 indices: rows + columns nodes and
+/// 2 · nnz entries.
+///
+/// # Errors
+/// [`Error::DimensionTooLarge`] or [`Error::TooManyEntries`] naming the count past its limit.
+pub(crate) fn check_bipartite(a: &Csr) -> Result<()> {
+    let nodes = a.n_rows() as u64 + a.n_cols() as u64;
+    if nodes > MAX_DIM {
+        return Err(Error::DimensionTooLarge {
+            what: "bipartite graph nodes (rows + columns)",
+            value: nodes,
+            limit: MAX_DIM,
+        });
+    }
+    let entries = 2 * a.nnz() as u64;
+    if entries > crate::csr::MAX_NNZ {
+        return Err(Error::TooManyEntries {
+            nnz: entries,
+            limit: crate::csr::MAX_NNZ,
+        });
+    }
+    Ok(())
+}
+
 /// Marks an unfilled slot while inverting (never a valid value: n ≤ [`MAX_DIM`] < `u32::MAX`).
 const UNSET: u32 = u32::MAX;
 
@@ -214,22 +239,8 @@ impl Permutation {
     ///
     /// [`reverse_cuthill_mckee_peeling_hubs`]: Self::reverse_cuthill_mckee_peeling_hubs
     pub fn rows_by_bipartite_locality(a: &Csr, hub_factor: f64) -> Result<Self> {
+        check_bipartite(a)?;
         let (rows, cols, nnz) = (a.n_rows(), a.n_cols(), a.nnz());
-        let nodes = rows as u64 + cols as u64;
-        if nodes > MAX_DIM {
-            return Err(Error::DimensionTooLarge {
-                what: "bipartite graph nodes (rows + columns)",
-                value: nodes,
-                limit: MAX_DIM,
-            });
-        }
-        let entries = 2 * nnz as u64;
-        if entries > crate::csr::MAX_NNZ {
-            return Err(Error::TooManyEntries {
-                nnz: entries,
-                limit: crate::csr::MAX_NNZ,
-            });
-        }
         let t = a.transpose();
         // Rows first (their columns shifted past the rows), then the columns (Aᵀ's rows).
         let mut offsets = try_with_capacity(rows + cols + 1, "bipartite row offsets")?;

@@ -27,7 +27,7 @@
 use rayon::prelude::*;
 
 use crate::cluster::cluster_work;
-use crate::csr::{Csr, MAX_DIM, MAX_NNZ};
+use crate::csr::Csr;
 use crate::error::{Error, Result};
 use crate::permutation::Permutation;
 
@@ -189,26 +189,23 @@ impl RowOrder {
         // A rectangular graph (a partitioned plan's rank: its rows × its halo) takes the order
         // of its rows and columns as one bipartite graph, where that graph fits u32 indices;
         // past them it keeps its order (said in `skipped`).
-        let bipartite_fits =
-            a.n_rows() as u64 + a.n_cols() as u64 <= MAX_DIM && 2 * a.nnz() as u64 <= MAX_NNZ;
+        let too_large = if square {
+            None
+        } else {
+            crate::permutation::check_bipartite(a).err()
+        };
         let locality = || -> Result<Option<Permutation>> {
             if square {
                 Permutation::reverse_cuthill_mckee_peeling_hubs(a, HUB_FACTOR).map(Some)
-            } else if bipartite_fits {
+            } else if too_large.is_none() {
                 Permutation::rows_by_bipartite_locality(a, HUB_FACTOR).map(Some)
             } else {
                 Ok(None)
             }
         };
-        let mut skipped = (!square && !bipartite_fits).then(|| {
-            format!(
-                "locality order skipped (the bipartite graph of {} rows, {} columns and 2 x {} \
-                 edges passes u32 indices)",
-                a.n_rows(),
-                a.n_cols(),
-                a.nnz()
-            )
-        });
+        let mut skipped = too_large
+            .as_ref()
+            .map(|e| format!("locality order skipped ({e})"));
         let (natural, (used, permutation, gathers)) = match reorder {
             Reorder::Auto => {
                 let work = cluster_work(a);
