@@ -217,36 +217,56 @@ struct NoBsbExtras {
     enum : bool { ON = false, STAGED = false };  // enumerators: no object for NVRTC to emit
 };
 
-struct BsbExtras {
-    enum : bool { ON = true, STAGED = false };
+// What both tensor-core extras hold: head h's gathered bias and keep bits (make_bsb_extras),
+// and the step's entries' values the tile loop reads (bias_log2, keep_factor).
+struct BsbExtrasHead {
+    enum : bool { ON = true };
     const float* __restrict__ bias;  // null, or this head's row: per edge, bias x log2 e
     const u32* __restrict__ keep;    // null (no dropout), or this head's keep bits
     float drop_scale;                // 1 / (1 - rate)
     const u32* __restrict__ block_edge_start;
+    float bv[2][4];  // the step's entries' bias (log2 domain), 0 where there is none
+    float kf[2][4];  // the step's entries' dropout factors
+    __device__ __forceinline__ float bias_log2(int bb, int j) const { return bv[bb][j]; }
+    // A masked entry's factor does not matter (its probability is 0).
+    __device__ __forceinline__ float keep_factor(int bb, int j) const { return kf[bb][j]; }
+};
+
+// A block's edges are its bits in row-major order: with its bitmap words w (row g in word
+// `upper`, row g + 8 in word 2 + upper, this lane's bits at shift and shift + 1), entry
+// 2r + c of the lane gets its rank among the block's edges in rank[2r + c] and whether its bit
+// is set in on[2r + c]; returns the block's edge count.
+__device__ __forceinline__ u32 bsb_lane_ranks(u32 w0, u32 w1, u32 w2, u32 w3, u32 upper,
+                                              u32 shift, u32 (&rank)[4], bool (&on)[4]) {
+    const u32 p0 = __popc(w0), p1 = __popc(w1), p2 = __popc(w2);
+    const u32 before[2] = {upper ? p0 : 0u, p0 + p1 + (upper ? p2 : 0u)};
+    const u32 word[2] = {upper ? w1 : w0, upper ? w3 : w2};
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            const u32 bit = shift + (u32)c;
+            on[2 * r + c] = (word[r] >> bit) & 1u;
+            rank[2 * r + c] = before[r] + __popc(word[r] & ((1u << bit) - 1u));
+        }
+    return p0 + p1 + p2 + __popc(w3);
+}
+
+struct BsbExtras : BsbExtrasHead {
+    enum : bool { STAGED = false };
     u32 e[2][4];     // the step's entries: block bb, entry 2r + c
     u32 base[2];     // block bb's first edge
     u32 count[2];    // block bb's edges (0 past the unit)
-    float bv[2][4];  // fetched: the entries' bias (log2 domain), 0 where there is none
-    float kf[2][4];  // fetched: the entries' dropout factors
 
-    // Block bb of the step is blk, its bitmap words w (row g in word `upper`, row g + 8 in word
-    // 2 + upper, this lane's bits at shift and shift + 1).
+    // Block bb of the step is blk, its bitmap words w (bsb_lane_ranks).
     __device__ __forceinline__ void find(int bb, u32 blk, const u32 (&w)[4], u32 upper,
                                          u32 shift) {
         base[bb] = __ldg(block_edge_start + blk);
-        const u32 p0 = __popc(w[0]), p1 = __popc(w[1]), p2 = __popc(w[2]);
-        count[bb] = p0 + p1 + p2 + __popc(w[3]);
-        const u32 before[2] = {upper ? p0 : 0u, p0 + p1 + (upper ? p2 : 0u)};
-        const u32 word[2] = {w[upper], w[2u + upper]};
+        u32 rank[4];
+        bool on[4];
+        count[bb] = bsb_lane_ranks(w[0], w[1], w[2], w[3], upper, shift, rank, on);
 #pragma unroll
-        for (int r = 0; r < 2; ++r)
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                const u32 bit = shift + (u32)c;
-                e[bb][2 * r + c] = ((word[r] >> bit) & 1u)
-                                       ? base[bb] + before[r] + __popc(word[r] & ((1u << bit) - 1u))
-                                       : SPATTN_NONE;
-            }
+        for (int j = 0; j < 4; ++j) e[bb][j] = on[j] ? base[bb] + rank[j] : SPATTN_NONE;
     }
     // Block bb of the step lies past the unit.
     __device__ __forceinline__ void none(int bb) {
@@ -313,9 +333,6 @@ struct BsbExtras {
             for (int j = 0; j < 4; ++j) kf[bb][j] = 1.0f;
         }
     }
-    __device__ __forceinline__ float bias_log2(int bb, int j) const { return bv[bb][j]; }
-    // A masked entry's factor does not matter (its probability is 0).
-    __device__ __forceinline__ float keep_factor(int bb, int j) const { return kf[bb][j]; }
 };
 
 // Bytes of a pipelined stage's staged extras (BsbStagedExtras): the step's bias span (two blocks
@@ -331,14 +348,8 @@ struct BsbExtras {
 // bias). The step's edges are consecutive (block-and-bit order), from block_edge_start[blk0] to
 // block_edge_start[min(blk0 + 2, b_end)] (n_blocks + 1 entries), loaded a step before the copies
 // are issued (prefetch), as the column ids are.
-struct BsbStagedExtras {
-    enum : bool { ON = true, STAGED = true };
-    const float* __restrict__ bias;  // null, or this head's row: per edge, bias x log2 e
-    const u32* __restrict__ keep;    // null (no dropout), or this head's keep bits
-    float drop_scale;                // 1 / (1 - rate)
-    const u32* __restrict__ block_edge_start;
-    float bv[2][4];  // the step's entries' bias (log2 domain), 0 where there is none
-    float kf[2][4];  // the step's entries' dropout factors
+struct BsbStagedExtras : BsbExtrasHead {
+    enum : bool { STAGED = true };
 
     // Lane 0: the first edge of the step of blocks blk0, blk0 + 1 (< b_end); lane 1: the first
     // edge past it. Other lanes, and a step past the unit: 0.
@@ -375,34 +386,28 @@ struct BsbStagedExtras {
         const float* sb = reinterpret_cast<const float*>(xp);
         const u32* sk = reinterpret_cast<const u32*>(xp + 4u * BSB_PIPE_X_BIAS);
         const u32 off = keep != nullptr ? sk[BSB_PIPE_X_KEEP] : 0u;
-        u32 start = 0u;
+        u32 start = 0u;  // block bb's first edge in the span
 #pragma unroll
         for (int bb = 0; bb < 2; ++bb) {
-            const u32 p0 = __popc(w[4 * bb]), p1 = __popc(w[4 * bb + 1]),
-                      p2 = __popc(w[4 * bb + 2]);
-            const u32 before[2] = {start + (upper ? p0 : 0u), start + p0 + p1 + (upper ? p2 : 0u)};
-            const u32 word[2] = {w[4 * bb + upper], w[4 * bb + 2 + upper]};
+            u32 rank[4];
+            bool on[4];
+            const u32* wb = w + 4 * bb;
+            const u32 count = bsb_lane_ranks(wb[0], wb[1], wb[2], wb[3], upper, shift, rank, on);
 #pragma unroll
-            for (int r = 0; r < 2; ++r)
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    const u32 bit = shift + (u32)c;
-                    const bool on = (word[r] >> bit) & 1u;
-                    const u32 rank = before[r] + __popc(word[r] & ((1u << bit) - 1u));
-                    bv[bb][2 * r + c] = bias != nullptr && on ? sb[rank] : 0.0f;
-                    if (keep != nullptr) {
-                        const u32 x = off + rank;
-                        const bool kept = on && ((sk[x >> 5] >> (x & 31u)) & 1u);
-                        kf[bb][2 * r + c] = kept ? drop_scale : 0.0f;
-                    } else {
-                        kf[bb][2 * r + c] = 1.0f;
-                    }
+            for (int j = 0; j < 4; ++j) {
+                const u32 x = start + rank[j];
+                bv[bb][j] = bias != nullptr && on[j] ? sb[x] : 0.0f;
+                if (keep != nullptr) {
+                    const u32 y = off + x;
+                    const bool kept = on[j] && ((sk[y >> 5] >> (y & 31u)) & 1u);
+                    kf[bb][j] = kept ? drop_scale : 0.0f;
+                } else {
+                    kf[bb][j] = 1.0f;
                 }
-            start += p0 + p1 + p2 + __popc(w[4 * bb + 3]);
+            }
+            start += count;
         }
     }
-    __device__ __forceinline__ float bias_log2(int bb, int j) const { return bv[bb][j]; }
-    __device__ __forceinline__ float keep_factor(int bb, int j) const { return kf[bb][j]; }
 };
 
 // The `_x` kernels' tensor-core extras (their last parameters, SPATTN_BSB_X_PARAMS): the
@@ -423,9 +428,10 @@ struct BsbExtrasArgs {
 #define SPATTN_BSB_X_ARGS                                                                      \
     { x_bias, x_bias_rows, block_edge_start, x_keep, x_edges, x_drop_scale }
 
-// BsbExtras of head h.
-__device__ __forceinline__ BsbExtras make_bsb_extras(const BsbExtrasArgs& a, u32 h) {
-    BsbExtras xt;
+// BsbExtras (or BsbStagedExtras) of head h.
+template <class X = BsbExtras>
+__device__ __forceinline__ X make_bsb_extras(const BsbExtrasArgs& a, u32 h) {
+    X xt;
     xt.bias = a.bias == nullptr ? nullptr : a.bias + (u64)(a.bias_rows == 1u ? 0u : h) * a.n_edges;
     xt.keep = a.keep == nullptr ? nullptr : a.keep + (u64)h * ((a.n_edges + 31u) / 32u);
     xt.drop_scale = a.drop_scale;
@@ -448,13 +454,7 @@ __device__ __forceinline__ auto bsb_extras_or_none(const BsbExtrasArgs* a, u32 h
 template <bool ON>
 __device__ __forceinline__ auto bsb_staged_extras_or_none(const BsbExtrasArgs* a, u32 h) {
     if constexpr (ON) {
-        const BsbExtras x = make_bsb_extras(*a, h);
-        BsbStagedExtras s;
-        s.bias = x.bias;
-        s.keep = x.keep;
-        s.drop_scale = x.drop_scale;
-        s.block_edge_start = x.block_edge_start;
-        return s;
+        return make_bsb_extras<BsbStagedExtras>(*a, h);
     } else {
         return NoBsbExtras();
     }
