@@ -58,7 +58,8 @@ not run the case:
   reason      one line: why it did not run (null when status is "ok")
   note        remarks: per-head loop, the other forms tried and their times, ...
   timing      how median_ms was taken ("cuda-events around the call", ...)
-  gpu, torch, cuda, warmup, reps
+  gpu, torch, cuda, warmup, reps, time_budget_ms (--time-budget-ms: a form whose --reps timed
+              calls would take longer ran fewer, at least 5; 0: every form ran --reps)
   optional:   median_ms_call (CUDA events around a call whose peer times itself), parts_ms (the
               stages' medians), stage_rel_err (a stage's own error, e.g. FlashSparse's SDDMM),
               prep_ms (one-off preprocessing: block mask, plan, format), source (repository@commit)
@@ -198,11 +199,29 @@ def synchronize(device):
         torch.cuda.synchronize(device)
 
 
+# --time-budget-ms: the timed calls of one form stop at about this many milliseconds, so a
+# 700 ms peer costs seconds instead of minutes; 0 keeps --reps for every form.
+TIMING = {"budget_ms": 0.0}
+MIN_REPS = 5
+
+
+def reps_within(budget_ms, per_call_ms, reps):
+    """The timed calls a form gets: `reps`, or fewer (at least MIN_REPS) when `reps` calls of
+    `per_call_ms` would pass `budget_ms`."""
+    if budget_ms <= 0 or per_call_ms <= 0:
+        return reps
+    return max(min(reps, MIN_REPS), min(reps, int(budget_ms / per_call_ms)))
+
+
 def time_ms(fn, warmup, reps):
-    """Median of `reps` CUDA-event timings of fn() after `warmup` calls (the GPU's clock)."""
+    """Median of `reps` CUDA-event timings of fn() after `warmup` calls (the GPU's clock); with a
+    time budget, the warm-up's mean duration sets how many of the `reps` run (reps_within)."""
+    start = time.perf_counter()
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
+    if warmup > 0:
+        reps = reps_within(TIMING["budget_ms"], (time.perf_counter() - start) * 1e3 / warmup, reps)
     times = []
     for _ in range(reps):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -418,7 +437,8 @@ class Recorder:
 
     def _tail(self):
         return dict(gpu=self.gpu, torch=torch.__version__, cuda=torch.version.cuda,
-                    warmup=self.args.warmup, reps=self.args.reps)
+                    warmup=self.args.warmup, reps=self.args.reps,
+                    time_budget_ms=self.args.time_budget_ms)
 
     def ok(self, peer, heads, d, dtype, median_ms, dtype_used, rel_err, variant="", note="",
            timing="cuda-events around the call", **extra):
@@ -1193,6 +1213,9 @@ def common_args(ap):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--time-budget-ms", type=float, default=0.0,
+                    help="a form whose --reps timed calls would take longer runs fewer of them "
+                         f"(at least {MIN_REPS}; the warm-up's mean call sets the count); 0: always --reps")
     ap.add_argument("--json", required=True)
     ap.add_argument("--ok-only", action="store_true",
                     help="leave out the records of cases a peer could not run (median_ms null), for "
@@ -1207,6 +1230,9 @@ def parse_common(ap, args):
     for dt in args.dtype:
         if dt not in TDT:
             ap.error(f"--dtype: {dt!r} is not one of f16, bf16, f32")
+    if args.time_budget_ms < 0:
+        ap.error("--time-budget-ms: must be >= 0")
+    TIMING["budget_ms"] = args.time_budget_ms
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error("no CUDA device (pass --device cpu for a smoke test)")
     return args
