@@ -477,9 +477,13 @@ __device__ __forceinline__ void bsb_extras_gather(const u32* __restrict__ ids, u
             bias_out[(u64)h * n + p] = to_f32(bias[x * bias_heads + h]) * 1.4426950408889634f;
     }
     if (keep_out != nullptr) {
-        const u64 words = (n + 31u) / 32u;
+        // The edge's heads are consecutive elements: one Philox draw serves four of them.
+        const u64 words = (n + 31u) / 32u, first = x * heads;
+        uint4 r = dropout_draws(drop, first >> 2);
         for (u32 h = 0; h < heads; ++h) {
-            const bool kept = p < n && dropout_factor(drop, x * heads + h) != 0.0f;
+            const u64 i = first + h;
+            if (h > 0u && (i & 3u) == 0u) r = dropout_draws(drop, i >> 2);
+            const bool kept = p < n && (drop.threshold == 0u || draw_word(r, (u32)i & 3u) >= drop.threshold);
             const u32 bits = __ballot_sync(0xffffffffu, kept);
             if (lane_id() == 0u && p < n) keep_out[(u64)h * words + (p >> 5)] = bits;
         }
