@@ -177,7 +177,7 @@ impl BsbExtrasStage {
         // Threshold 0 keeps every edge: no bits to draw. Without edges the kernel reads none.
         let dropout = ex.threshold != 0 && n > 0;
         let bias_rows = if n > 0 { bias_rows } else { 0 };
-        // n < 2³² and rows < 2¹⁶: the products fit u64, and usize where memory could hold them.
+        // n, rows < 2³²: the products fit u64, and usize where memory could hold them.
         let len = |what: &'static str, items: u64, rows: u64| -> Result<usize> {
             let value = items * rows;
             usize::try_from(value).map_err(|_| Error::TooLarge {
