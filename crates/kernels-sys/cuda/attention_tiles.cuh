@@ -460,23 +460,33 @@ __device__ __forceinline__ auto bsb_staged_extras_or_none(const BsbExtrasArgs* a
     }
 }
 
-// The gather before a `_x` launch: per kernel edge p < n (block-and-bit order) and head
-// blockIdx.y, its caller edge ids[p]'s bias times log2 e into bias_out (bias_rows x n: rows
-// past bias_rows are left alone) and its dropout keep bit into keep_out (heads x ceil(n / 32)
-// words; the same draw as dropout_factor). 256 threads a block, whole warps a word.
+// The gather before a `_x` launch: per kernel edge p < n (block-and-bit order), for every head,
+// its caller edge ids[p]'s bias times log2 e into bias_out (bias_rows x n: rows past bias_rows
+// are left alone) and its dropout keep bit into keep_out (heads x ceil(n / 32) words; the same
+// draw as dropout_factor). One thread an edge: its id and its heads' bias (adjacent in the
+// caller's layout) are read once, not once per head. 256 threads a block, whole warps a word.
 template <class T>
 __device__ __forceinline__ void bsb_extras_gather(const u32* __restrict__ ids, u32 n, u32 heads,
                                                   const T* __restrict__ bias, u32 bias_heads,
                                                   Dropout drop, float* __restrict__ bias_out,
                                                   u32* __restrict__ keep_out) {
-    const u32 p = blockIdx.x * blockDim.x + threadIdx.x, h = blockIdx.y;
+    const u32 p = blockIdx.x * blockDim.x + threadIdx.x;
     const u64 x = p < n ? (u64)__ldg(ids + p) : 0u;
-    if (bias_out != nullptr && h < bias_heads && p < n)
-        bias_out[(u64)h * n + p] = to_f32(bias[x * bias_heads + h]) * 1.4426950408889634f;
+    if (bias_out != nullptr && p < n) {
+        for (u32 h = 0; h < bias_heads; ++h)
+            bias_out[(u64)h * n + p] = to_f32(bias[x * bias_heads + h]) * 1.4426950408889634f;
+    }
     if (keep_out != nullptr) {
-        const bool kept = p < n && dropout_factor(drop, x * heads + h) != 0.0f;
-        const u32 bits = __ballot_sync(0xffffffffu, kept);
-        if (lane_id() == 0u && p < n) keep_out[(u64)h * ((n + 31u) / 32u) + (p >> 5)] = bits;
+        // The edge's heads are consecutive elements: one Philox draw serves four of them.
+        const u64 words = (n + 31u) / 32u, first = x * heads;
+        uint4 r = dropout_draws(drop, first >> 2);
+        for (u32 h = 0; h < heads; ++h) {
+            const u64 i = first + h;
+            if (h > 0u && (i & 3u) == 0u) r = dropout_draws(drop, i >> 2);
+            const bool kept = p < n && (drop.threshold == 0u || draw_word(r, (u32)i & 3u) >= drop.threshold);
+            const u32 bits = __ballot_sync(0xffffffffu, kept);
+            if (lane_id() == 0u && p < n) keep_out[(u64)h * words + (p >> 5)] = bits;
+        }
     }
 }
 

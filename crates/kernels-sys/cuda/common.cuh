@@ -169,9 +169,10 @@ __device__ __forceinline__ void online_merge(float& m, float& l, float m2, float
 }
 
 // ---- dropout: Philox 4x32-10 -----------------------------------------------------------------
-// The mask of element i = edge * heads + head (the caller's CSR order) is philox4x32_10(counter
-// {i lo, i hi, offset lo, offset hi}, key {seed lo, seed hi}).x >= threshold, as
-// ops/src/dropout.rs defines it: every kernel and the CPU draw the same mask.
+// The mask of element i = edge * heads + head (the caller's CSR order) is word i mod 4 of
+// philox4x32_10(counter {c lo, c hi, offset lo, offset hi}, key {seed lo, seed hi}) with
+// c = i / 4, kept when >= threshold, as ops/src/dropout.rs defines it: every kernel and the
+// CPU draw the same mask, and one draw serves four consecutive elements (heads of an edge).
 
 __device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint2 k) {
 #pragma unroll
@@ -194,9 +195,18 @@ struct Dropout {
     float scale;  // 1 / (1 - rate)
 };
 
+// The four draws of elements 4c .. 4c + 3.
+__device__ __forceinline__ uint4 dropout_draws(const Dropout& d, u64 c) {
+    return philox4x32_10(make_uint4((u32)c, (u32)(c >> 32), d.off0, d.off1),
+                         make_uint2(d.key0, d.key1));
+}
+
+// Word j < 4 of r.
+__device__ __forceinline__ u32 draw_word(uint4 r, u32 j) {
+    return j == 0u ? r.x : j == 1u ? r.y : j == 2u ? r.z : r.w;
+}
+
 __device__ __forceinline__ float dropout_factor(const Dropout& d, u64 i) {
     if (d.threshold == 0u) return 1.0f;
-    const uint4 r = philox4x32_10(make_uint4((u32)i, (u32)(i >> 32), d.off0, d.off1),
-                                  make_uint2(d.key0, d.key1));
-    return r.x >= d.threshold ? d.scale : 0.0f;
+    return draw_word(dropout_draws(d, i >> 2), (u32)i & 3u) >= d.threshold ? d.scale : 0.0f;
 }

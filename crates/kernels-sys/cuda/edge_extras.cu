@@ -66,11 +66,16 @@ __device__ void edge_row_combine(const u32* __restrict__ row_offsets, u32 n_rows
     }
 }
 
-// x[i] *= the dropout factor of element i (0 or 1 / (1 - rate)).
+// x[i] *= the dropout factor of element i (0 or 1 / (1 - rate)); one Philox draw per four
+// consecutive elements (the draw they share).
 extern "C" __global__ void edge_dropout(float* x, u64 n, u32 key0, u32 key1, u32 off0, u32 off1,
                                         u32 threshold, float scale) {
     const Dropout d = {key0, key1, off0, off1, threshold, scale};
-    SPATTN_GRID_STRIDE(i, n) { x[i] *= dropout_factor(d, i); }
+    SPATTN_GRID_STRIDE(c, (n + 3u) / 4u) {
+        const uint4 r = dropout_draws(d, c);
+        const u64 end = min(n, 4u * c + 4u);
+        for (u64 i = 4u * c; i < end; ++i) x[i] *= draw_word(r, (u32)i & 3u) >= threshold ? scale : 0.0f;
+    }
 }
 
 // y[i] += x[i].

@@ -246,7 +246,7 @@ SPATTN_FUSED_BSB_PIPE(bf16, __nv_bfloat16, 64)
 SPATTN_FUSED_BSB_PIPE(bf16, __nv_bfloat16, 128)
 
 // Entry points bsb_extras_gather_{f32,f16,bf16}: bsb_extras_gather (attention_tiles.cuh) for the
-// `_x` kernels of this module and of hybrid's tensor-core warps; grid (ceil(n / 256), heads).
+// `_x` kernels of this module and of hybrid's tensor-core warps; grid ceil(n / 256) blocks.
 #define SPATTN_BSB_EXTRAS_GATHER(SUFFIX, T)                                                    \
     extern "C" __global__ void __launch_bounds__(256) bsb_extras_gather_##SUFFIX(              \
         const u32* ids, u32 n, u32 heads, const T* bias, u32 bias_heads, u32 key0, u32 key1,   \

@@ -12,7 +12,6 @@ use crate::fused::{CsrExtras, KernelExtras};
 use crate::gpu::Gpu;
 use crate::launch::{
     blocks_for, kernel_named, launch, to_u32, LaunchConfig, OnGpu, PushKernelArg, PushOptionalArg,
-    MAX_GRID_YZ,
 };
 use crate::DType;
 
@@ -170,13 +169,6 @@ impl BsbExtrasStage {
         to_u32("tensor-core edges (rounded up to 32)", n.saturating_add(31))?;
         let n_edges = to_u32("tensor-core edges", n)?;
         let heads_u = to_u32("heads", heads)?;
-        if heads_u > MAX_GRID_YZ {
-            return Err(Error::TooLarge {
-                what: "heads of the extras gather (grid.y)",
-                value: u64::from(heads_u),
-                limit: u64::from(MAX_GRID_YZ),
-            });
-        }
         let ex = KernelExtras::new(extras, heads_u);
         let bias_rows = match &extras.bias {
             None => 0,
@@ -185,7 +177,7 @@ impl BsbExtrasStage {
         // Threshold 0 keeps every edge: no bits to draw. Without edges the kernel reads none.
         let dropout = ex.threshold != 0 && n > 0;
         let bias_rows = if n > 0 { bias_rows } else { 0 };
-        // n < 2³² and rows < 2¹⁶: the products fit u64, and usize where memory could hold them.
+        // n, rows < 2³²: the products fit u64, and usize where memory could hold them.
         let len = |what: &'static str, items: u64, rows: u64| -> Result<usize> {
             let value = items * rows;
             usize::try_from(value).map_err(|_| Error::TooLarge {
@@ -232,15 +224,16 @@ impl BsbExtrasStage {
             // the same buffers to the `_x` launch, after this one on the stream.
             args.arg_or_null(bias_out).arg_or_null(keep_out);
             let cfg = LaunchConfig {
-                grid_dim: (blocks_for(n, 256)?, heads_u, 1),
+                grid_dim: (blocks_for(n, 256)?, 1, 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: thread (p, h) with p < n reads ids[p] (n entries) and the bias at
-            // ids[p] × bias_heads + h for h < bias_heads (the caller checked the bias holds
-            // nnz × bias_heads and that ids name caller edges < nnz), and writes bias_out[h × n
-            // + p] (bias_rows × n floats allocated above) and, lane 0 of each warp, keep_out[h ×
-            // ⌈n / 32⌉ + p / 32] (heads × ⌈n / 32⌉ words); 256-thread blocks are whole warps.
+            // SAFETY: thread p < n reads ids[p] (n entries) and the bias at ids[p] ×
+            // bias_heads + h for h < bias_heads (the caller checked the bias holds nnz ×
+            // bias_heads and that ids name caller edges < nnz), and writes bias_out[h × n + p]
+            // (bias_rows × n floats allocated above) and, lane 0 of each warp, for h < heads,
+            // keep_out[h × ⌈n / 32⌉ + p / 32] (heads × ⌈n / 32⌉ words); 256-thread blocks are
+            // whole warps.
             unsafe { launch(name, &mut args, cfg) }?;
         }
         Ok(GatheredBsbExtras {

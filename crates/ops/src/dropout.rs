@@ -2,9 +2,11 @@
 //! the generator of torch's and FlashAttention's dropout.
 //!
 //! The mask of edge `e` (in the caller's CSR order) and head `h` is a pure function of
-//! `(seed, offset, e, h)`: counter `[i mod 2³², i / 2³², offset mod 2³², offset / 2³²]` with
-//! `i = e · heads + h`, key `[seed mod 2³², seed / 2³²]`, and the edge is kept when the first
-//! output word is at least `⌊rate · 2³²⌋`; a kept probability is scaled by `1 / (1 − rate)`.
+//! `(seed, offset, e, h)`: with `i = e · heads + h` and `c = ⌊i / 4⌋`, counter
+//! `[c mod 2³², c / 2³², offset mod 2³², offset / 2³²]`, key `[seed mod 2³², seed / 2³²]`, the
+//! edge is kept when output word `i mod 4` is at least `⌊rate · 2³²⌋` (one draw serves four
+//! consecutive elements, as torch's Philox dropout uses all four words); a kept probability is
+//! scaled by `1 / (1 − rate)`.
 //! Every algorithm, on the GPU (`philox4x32_10` in `common.cuh`) and on the CPU, draws the same
 //! mask for the same seed and offset, and the backward regenerates it instead of storing it.
 //! A new `offset` per call (as torch advances its generator's offset) gives a new mask from
@@ -109,13 +111,14 @@ impl Dropout {
             return true;
         }
         let i = edge.wrapping_mul(heads).wrapping_add(head);
+        let c = i >> 2;
         let counter = [
-            i as u32,
-            (i >> 32) as u32,
+            c as u32,
+            (c >> 32) as u32,
             self.offset as u32,
             (self.offset >> 32) as u32,
         ];
-        philox4x32_10(counter, self.key())[0] >= self.threshold
+        philox4x32_10(counter, self.key())[(i & 3) as usize] >= self.threshold
     }
 
     /// The factor of edge `edge`'s probability at `head`: `1 / (1 − rate)` kept, 0 dropped.
@@ -150,6 +153,25 @@ mod tests {
             ),
             [0xd16c_fe09, 0x94fd_cceb, 0x5001_e420, 0x2412_6ea1]
         );
+    }
+
+    #[test]
+    fn one_draw_serves_four_consecutive_elements() {
+        let d = Dropout::new(0.5, 0x0123_4567_89ab_cdef, 7).unwrap();
+        let heads = 3u64;
+        for e in 0..100u64 {
+            for h in 0..heads {
+                let i = e * heads + h;
+                let c = i / 4;
+                let counter = [c as u32, (c >> 32) as u32, 7, 0];
+                let word = philox4x32_10(counter, d.key())[(i % 4) as usize];
+                assert_eq!(
+                    d.keeps(e, h, heads),
+                    word >= d.threshold(),
+                    "edge {e} head {h}"
+                );
+            }
+        }
     }
 
     #[test]

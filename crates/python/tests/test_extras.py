@@ -23,8 +23,8 @@ needs_cuda = pytest.mark.skipif(not CUDA, reason="needs an NVIDIA GPU")
 # ---- the documented dropout mask, independently ------------------------------------------------
 
 
-def philox_first_word(counter_lo, counter_hi, offset, seed):
-    """The first output word of Philox 4×32-10 for counters [lo, hi, offset lo, offset hi] under
+def philox_words(counter_lo, counter_hi, offset, seed):
+    """The four output words of Philox 4×32-10 for counters [lo, hi, offset lo, offset hi] under
     key [seed lo, seed hi] (numpy, vectorised over the counters)."""
     m = np.uint64(0xFFFFFFFF)
     c0 = counter_lo.astype(np.uint64)
@@ -43,14 +43,16 @@ def philox_first_word(counter_lo, counter_hi, offset, seed):
             (p0 >> np.uint64(32)) ^ c3 ^ np.uint64(k1),
             p0 & m,
         )
-    return c0
+    return c0, c1, c2, c3
 
 
 def dropout_factor(num_edges, heads, rate, seed, offset=0):
     """``num_edges × heads`` factors: 0 dropped, 1/(1 - rate) kept (rate as float32)."""
     rate = float(np.float32(rate))
     i = np.arange(num_edges * heads, dtype=np.uint64)
-    word = philox_first_word(i & np.uint64(0xFFFFFFFF), i >> np.uint64(32), offset, seed)
+    c = i >> np.uint64(2)  # one draw, four consecutive elements: word i mod 4
+    words = philox_words(c & np.uint64(0xFFFFFFFF), c >> np.uint64(32), offset, seed)
+    word = np.choose((i & np.uint64(3)).astype(np.int64), words)
     keep = word >= np.uint64(int(np.floor(rate * 2.0**32)))
     return np.where(keep, 1.0 / (1.0 - rate), 0.0).reshape(num_edges, heads)
 
