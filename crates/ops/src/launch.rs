@@ -25,7 +25,7 @@ use crate::gpu::Gpu;
 use crate::shape::Shape;
 
 /// A null device pointer, pushed for an optional array that is absent.
-static NULL_DEVICE_PTR: u64 = 0;
+pub(crate) static NULL_DEVICE_PTR: u64 = 0;
 
 /// Pushes an optional device array onto a launch: its pointer, or a null pointer where it is
 /// `None`. The kernels test such an argument against `nullptr` (no row renumbering, no edge

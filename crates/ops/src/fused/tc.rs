@@ -28,7 +28,7 @@ use crate::device_bsb::{bsb_pipe_supports, bsb_pipe_warp_bytes, BSB_MERGE_FLOATS
 use crate::device_bsb::{check_structure_graph, BsbExtrasStage, OrderedBsb, BSB_WINDOW_ROWS};
 use crate::launch::{
     blocks_for, check_same_gpu, kernel_named, launch, to_u32, LaunchConfig, PushKernelArg,
-    PushOptionalArg,
+    PushOptionalArg, NULL_DEVICE_PTR,
 };
 use crate::{DType, DTypeKind, DeviceGraph, DeviceMatrix, DeviceVec, Gpu, Shape};
 use spattn_formats::{Bsb, Csr};
@@ -175,6 +175,9 @@ pub(crate) struct Options {
     pub cta_warps: Option<usize>,
     /// Whether the pipelined kernel may run where it applies (false: the register kernels).
     pub pipelined: bool,
+    /// A two-phase schedule ([`Schedule::phased`]) whose phase 0 takes the blocks whose
+    /// columns all lie in `start..end` (a rank's own K/V rows); `None`: one phase.
+    pub own_columns: Option<(u32, u32)>,
 }
 
 impl Default for Options {
@@ -184,6 +187,7 @@ impl Default for Options {
             chunk: None,
             cta_warps: None,
             pipelined: true,
+            own_columns: None,
         }
     }
 }
@@ -241,17 +245,101 @@ impl Schedule {
         }
         // Largest first; stable, so equal sizes keep the window order.
         units.sort_by_key(|u| std::cmp::Reverse(u.0));
+        Ok(Self::flatten(&units, split_part_first))
+    }
+
+    /// The schedule of `units` (blocks, window, first, end, split, part) in their order.
+    fn flatten(units: &[(usize, u32, u32, u32, u32, u32)], split_part_first: Vec<u32>) -> Self {
         let mut flat = Vec::with_capacity(units.len() * 4);
         let mut unit_split = Vec::with_capacity(units.len());
-        for &(_, w, first, end, split, part) in &units {
+        for &(_, w, first, end, split, part) in units {
             flat.extend_from_slice(&[w, first, end, part]);
             unit_split.push(split);
         }
-        Ok(Self {
+        Self {
             units: flat,
             unit_split,
             split_part_first,
-        })
+        }
+    }
+
+    /// A schedule in two phases for overlapping a partitioned plan's halo exchange: the blocks
+    /// whose columns all lie in `own` (a rank's own K/V rows, one range of its halo) form the
+    /// units of phase 0, which can run before the other rows arrive; the rest (blocks with a
+    /// remote column) phase 1. Columns increase across a window's blocks, so a window holds at
+    /// most a remote range, an own range and a remote range; each is cut into parts of at
+    /// most `chunk` blocks (more where a window would pass [`MAX_PARTS`]), and a window of
+    /// more than one part is a split window whose parts, in either phase, merge in-kernel
+    /// (the last to finish merges, so phase 1 after phase 0 finishes every window). Windows
+    /// without blocks are phase 0. Returns the schedule, phase 0's units first (each phase
+    /// largest first), and phase 0's unit count.
+    pub(crate) fn phased(
+        bsb: &Bsb,
+        chunk: usize,
+        own: std::ops::Range<u32>,
+    ) -> Result<(Self, usize)> {
+        let chunk = chunk.max(MIN_CHUNK).next_multiple_of(2);
+        let columns = bsb.block_columns();
+        let first_col = |b: usize| columns[b * 8];
+        // The last real column (padding only ends a window's last block).
+        let last_col = |b: usize| {
+            columns[b * 8..b * 8 + 8]
+                .iter()
+                .rev()
+                .copied()
+                .find(|&c| c != Bsb::PADDING)
+                .unwrap_or(Bsb::PADDING)
+        };
+        // (phase, blocks, window, first, end, split, part)
+        let mut units: Vec<(u8, usize, u32, u32, u32, u32, u32)> = Vec::new();
+        let mut split_part_first = vec![0u32];
+        let mut n_parts = 0usize;
+        for &w in bsb.window_order() {
+            let blocks = bsb.window_blocks(w as usize);
+            let (s, e) = (blocks.start, blocks.end);
+            // Own blocks: from the first starting at or past own.start, to the first ending at
+            // or past own.end (both monotone in the block index).
+            let a = partition_index(s, e, |b| first_col(b) < own.start);
+            let b = partition_index(a, e, |b| last_col(b) < own.end);
+            let ranges = [(1u8, s, a), (0u8, a, b), (1u8, b, e)];
+            let nb = e - s;
+            let per = chunk
+                .max(nb.div_ceil(MAX_PARTS.saturating_sub(ranges.len()).max(1)))
+                .next_multiple_of(2);
+            let pieces: usize = ranges.iter().map(|&(_, x, y)| (y - x).div_ceil(per)).sum();
+            let u32_of = |x: usize| to_u32("BSB blocks", x);
+            if pieces <= 1 {
+                // One unit (or an empty window): its phase is that of its blocks.
+                let phase = ranges
+                    .iter()
+                    .find(|&&(_, x, y)| y > x)
+                    .map_or(0, |&(p, _, _)| p);
+                units.push((phase, nb, w, u32_of(s)?, u32_of(e)?, NONE, NONE));
+                continue;
+            }
+            let split = to_u32("split windows", split_part_first.len() - 1)?;
+            let mut i = 0usize;
+            for &(phase, x, y) in &ranges {
+                let mut f = x;
+                while f < y {
+                    let l = (f + per).min(y);
+                    let part = to_u32("partials", n_parts + i)?;
+                    units.push((phase, l - f, w, u32_of(f)?, u32_of(l)?, split, part));
+                    i += 1;
+                    f = l;
+                }
+            }
+            n_parts += i;
+            split_part_first.push(to_u32("partials", n_parts)?);
+        }
+        // Phase 0 first, then largest first (stable: equal sizes keep the window order).
+        units.sort_by_key(|u| (u.0, std::cmp::Reverse(u.1)));
+        let first_phase = units.iter().take_while(|u| u.0 == 0).count();
+        let plain: Vec<_> = units
+            .iter()
+            .map(|&(_, n, w, f, l, sp, p)| (n, w, f, l, sp, p))
+            .collect();
+        Ok((Self::flatten(&plain, split_part_first), first_phase))
     }
 
     /// Number of units.
@@ -302,6 +390,19 @@ impl Schedule {
     }
 }
 
+/// The first index of `lo..hi` where `pred` (true, then false along the range) is false.
+fn partition_index(mut lo: usize, mut hi: usize, pred: impl Fn(usize) -> bool) -> usize {
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if pred(mid) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
 /// The chunk for `bsb` with `heads` heads on `sm_count` SMs: no unit holds more than about
 /// 1/(8 · SMs) of all the work, so the largest-first grid ends evenly.
 fn default_chunk(bsb: &Bsb, heads: usize, group: usize, sm_count: u32) -> usize {
@@ -328,6 +429,9 @@ pub struct FusedTensorCore {
     kernel: &'static str,
     cta_warps: usize,
     n_units: usize,
+    /// Units of phase 0 (all of them for a one-phase schedule): `units[..phase0_units]`.
+    #[cfg_attr(not(test), allow(dead_code))] // Read by forward_phase.
+    phase0_units: usize,
     units: DeviceVec<u32>,
     unit_split: DeviceVec<u32>,
     split_part_first: DeviceVec<u32>,
@@ -410,7 +514,14 @@ impl FusedTensorCore {
         let chunk = options
             .chunk
             .unwrap_or_else(|| default_chunk(bsb, heads, layout.group, gpu.sm_count()));
-        let schedule = Schedule::new(bsb, chunk)?;
+        let (schedule, phase0_units) = match options.own_columns {
+            Some((start, end)) => Schedule::phased(bsb, chunk, start..end)?,
+            None => {
+                let s = Schedule::new(bsb, chunk)?;
+                let n = s.n_units();
+                (s, n)
+            }
+        };
         // The kernel indexes items and window rows in 32 bits.
         to_u32("units × heads", schedule.n_units() * heads)?;
         to_u32("heads × head_dim", heads * head_dim)?;
@@ -444,6 +555,7 @@ impl FusedTensorCore {
             kernel,
             cta_warps,
             n_units: schedule.n_units(),
+            phase0_units,
             units: DeviceVec::from_host(gpu, &schedule.units)?,
             unit_split: DeviceVec::from_host(gpu, &schedule.unit_split)?,
             split_part_first: DeviceVec::from_host(gpu, &schedule.split_part_first)?,
@@ -471,7 +583,37 @@ impl FusedTensorCore {
         scale: f32,
         out: &mut DeviceMatrix<T>,
     ) -> Result<()> {
-        self.run(gpu, (q, k, v), scale, None, out)
+        self.run(gpu, (q, k, v), scale, None, 0..self.n_units, out)
+    }
+
+    /// One phase of a plan built with [`Options::own_columns`]: phase 0 runs the blocks whose
+    /// columns are all the rank's own (their K/V rows may be all that has arrived), phase 1
+    /// the rest, and the parts of each split window merge in whichever launch finishes them;
+    /// phase 0 then phase 1 on one stream is [`forward`](Self::forward). A one-phase plan runs
+    /// everything in phase 0 and nothing in phase 1.
+    ///
+    /// Errors: as [`forward`](Self::forward); [`Error::InvalidArgument`] for a phase past 1.
+    #[cfg_attr(not(test), allow(dead_code))] // The overlapped partitioned forward is its user.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn forward_phase<T: DType>(
+        &mut self,
+        gpu: &Gpu,
+        (q, k, v): (&DeviceMatrix<T>, &DeviceMatrix<T>, &DeviceMatrix<T>),
+        scale: f32,
+        phase: usize,
+        out: &mut DeviceMatrix<T>,
+    ) -> Result<()> {
+        let units = match phase {
+            0 => 0..self.phase0_units,
+            1 => self.phase0_units..self.n_units,
+            _ => {
+                return Err(Error::InvalidArgument {
+                    what: "phase",
+                    why: format!("{phase}: a schedule has phases 0 and 1"),
+                })
+            }
+        };
+        self.run(gpu, (q, k, v), scale, None, units, out)
     }
 
     /// [`forward`](Self::forward) with a score bias and dropout (see `spattn::extras`) in the
@@ -508,15 +650,17 @@ impl FusedTensorCore {
                 DeviceVec::from_host_named(gpu, "BSB edge ids", &ids)?,
             ));
         }
-        self.run(gpu, (q, k, v), scale, Some(extras), out)
+        self.run(gpu, (q, k, v), scale, Some(extras), 0..self.n_units, out)
     }
 
+    /// Launches the units `units` (a range of the schedule's, all of them but for a phase).
     fn run<T: DType>(
         &mut self,
         gpu: &Gpu,
         (q, k, v): (&DeviceMatrix<T>, &DeviceMatrix<T>, &DeviceMatrix<T>),
         scale: f32,
         extras: Option<&CsrExtras<'_, T>>,
+        units: std::ops::Range<usize>,
         out: &mut DeviceMatrix<T>,
     ) -> Result<()> {
         if T::KIND != self.dtype {
@@ -576,7 +720,10 @@ impl FusedTensorCore {
         } else {
             groups_per_cta * (xs_floats + MERGE_FLOATS) * std::mem::size_of::<f32>()
         };
-        let n_items = self.n_units * self.heads;
+        let n_items = units.len() * self.heads;
+        if n_items == 0 {
+            return Ok(());
+        }
         let cfg = LaunchConfig {
             grid_dim: (blocks_for(n_items, groups_per_cta as u32)?, 1, 1),
             block_dim: (threads, 1, 1),
@@ -609,18 +756,29 @@ impl FusedTensorCore {
         } else {
             gpu.load_function(FUSED_BSB.name, FUSED_BSB.ptx, kernel)?
         };
+        // The kernel reads unit u of its launch at units[u], unit_split[u] and unit_pre[u]:
+        // views from the range's first unit.
+        let units_v = self.units.slice().slice(4 * units.start..4 * units.end);
+        let split_v = self.unit_split.slice().slice(units.clone());
+        let pre_v = self.unit_pre.as_ref().map(|p| {
+            p.slice()
+                .slice(PRE_WORDS * units.start..PRE_WORDS * units.end)
+        });
         let mut args = gpu.launch_builder(&f);
-        args.arg(self.units.slice())
-            .arg(self.unit_split.slice())
+        args.arg(&units_v)
+            .arg(&split_v)
             .arg(self.split_part_first.slice())
             .arg(&n_items_u)
             .arg(&heads)
             .arg(&head_dim)
             .arg(&fs)
             .arg(&n_rows)
-            .arg_or_null(self.ordered.row_ids.as_ref())
-            .arg_or_null(self.unit_pre.as_ref())
-            .arg(bsb.block_columns().slice())
+            .arg_or_null(self.ordered.row_ids.as_ref());
+        match &pre_v {
+            Some(v) => args.arg(v),
+            None => args.arg(&NULL_DEVICE_PTR),
+        };
+        args.arg(bsb.block_columns().slice())
             .arg(bsb.bitmap_words().slice())
             .arg(q.slice())
             .arg(k.slice())
@@ -644,7 +802,8 @@ impl FusedTensorCore {
             g.push(&mut args, starts);
         }
         debug_assert_eq!(slice * group, self.layout.padded());
-        // SAFETY: items < n_units × heads; row_ids, when given, holds one caller row < n_rows
+        // SAFETY: items < (units in the range) × heads, each reading its unit through the views
+        // that start at the range's first unit (4 words, 1 and PRE_WORDS a unit); row_ids, when given, holds one caller row < n_rows
         // per row of the (row-permuted) BSB (n_rows entries, a permutation's old_of_new), and
         // only rows < n_rows are looked up; the 128-feature pipelined kernels read PRE_WORDS
         // records of units < n_units from unit_pre (given exactly for those kernels), whose
@@ -819,6 +978,79 @@ mod tests {
     }
 
     #[test]
+    fn phased_schedule_runs_own_blocks_first_and_every_block_once() {
+        // 64 rows × 2,000 columns; own columns 700..1300. Window 0: a hub row over every
+        // column; window 1: only own columns; window 2: only remote; window 3: empty.
+        let mut edges: Vec<(u32, u32)> = (0..2000).map(|c| (3, c)).collect();
+        edges.extend((0..40).map(|c| (17, 800 + 3 * c)));
+        edges.extend((0..40).map(|c| (33, 5 * c)));
+        let a = Csr::from_edges(64, 2000, &edges).unwrap();
+        let bsb = Bsb::from_csr(&a).unwrap();
+        let own = 700u32..1300;
+        let columns = bsb.block_columns();
+        let real = |b: usize| {
+            columns[b * 8..b * 8 + 8]
+                .iter()
+                .copied()
+                .filter(|&c| c != Bsb::PADDING)
+        };
+        for chunk in [4, 16, 1000] {
+            let (s, first) = Schedule::phased(&bsb, chunk, own.clone()).unwrap();
+            let units: Vec<[u32; 4]> = s
+                .units
+                .chunks(4)
+                .map(|u| [u[0], u[1], u[2], u[3]])
+                .collect();
+            let mut covered = vec![0u32; bsb.n_blocks()];
+            for (i, u) in units.iter().enumerate() {
+                let range = u[1] as usize..u[2] as usize;
+                for (b, c) in covered
+                    .iter_mut()
+                    .enumerate()
+                    .take(range.end)
+                    .skip(range.start)
+                {
+                    *c += 1;
+                    let all_own = real(b).all(|c| own.contains(&c));
+                    // Phase 0 holds exactly the blocks whose columns are all own.
+                    assert_eq!(i < first, all_own, "chunk {chunk}, unit {i}, block {b}");
+                }
+            }
+            assert!(covered.iter().all(|&c| c == 1), "chunk {chunk}");
+            // Each split window's parts are numbered once, from either phase.
+            let mut parts: Vec<u32> = units
+                .iter()
+                .zip(&s.unit_split)
+                .filter(|(_, &sp)| sp != NONE)
+                .map(|(u, _)| u[3])
+                .collect();
+            parts.sort_unstable();
+            assert!(
+                parts.iter().copied().eq(0..s.n_parts() as u32),
+                "chunk {chunk}"
+            );
+            for w in s.split_part_first.windows(2) {
+                assert!(w[1] - w[0] >= 2 && (w[1] - w[0]) as usize <= MAX_PARTS);
+            }
+            // The hub window mixes phases, so it is split whatever the chunk; the own-only and
+            // remote-only windows are whole once the chunk holds them.
+            assert!(s.n_split() >= 1);
+            if chunk == 1000 {
+                assert_eq!(s.n_split(), 1, "{:?}", s.split_part_first);
+                assert!(units.iter().any(|u| u[0] == 3 && u[1] == u[2]));
+            }
+        }
+        // Everything own: one phase.
+        let (s, first) = Schedule::phased(&bsb, 16, 0..2000).unwrap();
+        assert_eq!(first, s.n_units());
+        // A 20,000-column hub row is capped at MAX_PARTS parts.
+        let wide: Vec<(u32, u32)> = (0..20_000).map(|c| (0, c)).collect();
+        let hub = Bsb::from_csr(&Csr::from_edges(1, 20_000, &wide).unwrap()).unwrap();
+        let (s, first) = Schedule::phased(&hub, 4, 5_000..15_000).unwrap();
+        assert!(s.n_parts() <= MAX_PARTS && first > 0 && first < s.n_units());
+    }
+
+    #[test]
     fn prologue_records_hold_the_first_two_steps_and_the_caller_rows() {
         // Window 0: row 3 with 20 columns (3 blocks); window 1 (rows 16..18 of 18): 1 block.
         let mut edges: Vec<(u32, u32)> = (0..20).map(|c| (3, c * 2)).collect();
@@ -916,6 +1148,113 @@ mod tests {
     /// the kernel's evict-first Q loads evict K/V rows). "single" is the median of events
     /// around one forward (launch latency included, as spattn-bench measures), "batched" the
     /// mean of 20 back-to-back forwards.
+    /// A rank-like rectangular graph (its rows × 1,000 halo columns, own columns 400..700)
+    /// in two phases gives the one-launch forward's output, twice in a row (the split windows'
+    /// counters are left at 0), with and without a row order, on the register and the
+    /// pipelined kernels (the 128-feature one reads the unit records through the phase's view).
+    #[test]
+    #[ignore = "needs an NVIDIA GPU"]
+    fn gpu_phased_forward_equals_the_one_launch_forward() {
+        use crate::Shape;
+        let gpu = Gpu::new(0).expect("an NVIDIA GPU");
+        let (rows, cols) = (300u32, 1000u32);
+        let mut edges: Vec<(u32, u32)> = (0..cols).map(|c| (5, c)).collect(); // a hub row
+        let mut x = 12345u64;
+        for r in 0..rows {
+            for _ in 0..12 {
+                x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                // Mostly near the row's own column, some anywhere (the halo).
+                let c = if (x >> 60) < 12 {
+                    (400 + r + ((x >> 33) % 40) as u32) % cols
+                } else {
+                    ((x >> 33) % u64::from(cols)) as u32
+                };
+                edges.push((r, c));
+            }
+        }
+        edges.sort_unstable();
+        edges.dedup();
+        let a = Csr::from_edges(rows as usize, cols as usize, &edges).unwrap();
+        for reorder in [Reorder::None, Reorder::Locality] {
+            let ordered = Arc::new(OrderedBsb::upload(&gpu, &a, reorder).unwrap());
+            for (heads, d) in [(2, 64), (1, 128)] {
+                let draw = |n: usize, seed: usize| -> DeviceMatrix<half::f16> {
+                    let s = Shape::new(n, heads, d).unwrap();
+                    let host: Vec<half::f16> = (0..s.len())
+                        .map(|i| {
+                            let x = (i * 7919 + seed * 104_729) % 1000;
+                            half::f16::from_f32(x as f32 / 500.0 - 1.0)
+                        })
+                        .collect();
+                    DeviceMatrix::from_host(&gpu, s, &host).unwrap()
+                };
+                let (q, k, v) = (
+                    draw(rows as usize, 1),
+                    draw(cols as usize, 2),
+                    draw(cols as usize, 3),
+                );
+                let sq = Shape::new(rows as usize, heads, d).unwrap();
+                let scale = 1.0 / (d as f32).sqrt();
+                let mut plain = FusedTensorCore::with_options::<half::f16>(
+                    &gpu,
+                    ordered.clone(),
+                    heads,
+                    d,
+                    Options::default(),
+                )
+                .unwrap();
+                let mut want = DeviceMatrix::zeros(&gpu, sq).unwrap();
+                plain.forward(&gpu, &q, &k, &v, scale, &mut want).unwrap();
+                let want = want.to_host().unwrap();
+                let options = Options {
+                    own_columns: Some((400, 700)),
+                    chunk: Some(4),
+                    ..Options::default()
+                };
+                let mut phased = FusedTensorCore::with_options::<half::f16>(
+                    &gpu,
+                    ordered.clone(),
+                    heads,
+                    d,
+                    options,
+                )
+                .unwrap();
+                assert!(phased.phase0_units > 0 && phased.phase0_units < phased.n_units);
+                for round in 0..2 {
+                    let mut got = DeviceMatrix::zeros(&gpu, sq).unwrap();
+                    got.fill_nan().unwrap();
+                    for phase in 0..2 {
+                        phased
+                            .forward_phase(&gpu, (&q, &k, &v), scale, phase, &mut got)
+                            .unwrap();
+                    }
+                    let got = got.to_host().unwrap();
+                    let (mut num, mut den) = (0.0f64, 0.0f64);
+                    for (g, w) in got.iter().zip(&want) {
+                        let (g, w) = (g.to_f64(), w.to_f64());
+                        num += (g - w) * (g - w);
+                        den += w * w;
+                    }
+                    let err = (num / den.max(1e-30)).sqrt();
+                    // Only the split windows' merge order differs: f16 rounding of the output.
+                    assert!(
+                        err <= 2e-3,
+                        "{reorder:?} H{heads} D{d} round {round}: rel L2 {err:e}"
+                    );
+                }
+                assert!(phased
+                    .forward_phase(
+                        &gpu,
+                        (&q, &k, &v),
+                        scale,
+                        2,
+                        &mut DeviceMatrix::zeros(&gpu, sq).unwrap()
+                    )
+                    .is_err());
+            }
+        }
+    }
+
     #[test]
     #[ignore = "needs an NVIDIA GPU"]
     fn tune() {
