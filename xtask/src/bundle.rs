@@ -14,8 +14,10 @@
 //! ```
 //!
 //! The executables travel compressed: each one that links spattn-kernels-sys embeds all the
-//! PTX (megabytes of text), and `xz -9` keeps one copy of it across the archive, about 20 times
-//! smaller than the files themselves. Where xz is missing, gzip (about 4 times).
+//! PTX (megabytes of text), and xz keeps one copy of it across the archive when its dictionary
+//! spans the whole archive (preset 9 with a 1 GiB dictionary: 825 MB of test executables pack
+//! into 9.7 MB, against 16.2 MB with plain `-9`'s 64 MiB; xz then needs about 11 GB of memory to
+//! compress, 1 GiB to unpack). Where xz is missing, gzip (about 4 times).
 
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -443,7 +445,7 @@ fn pack(out: &Path, folder: &str) -> Result<String, String> {
         let name = format!("{folder}.{ext}");
         let archive = out.join(&name);
         let status = Command::new("tar")
-            .env("XZ_OPT", "-9")
+            .env("XZ_OPT", "--lzma2=preset=9,dict=1GiB")
             .env("GZIP", "-9")
             .arg("-C")
             .arg(out)
@@ -507,7 +509,7 @@ pub fn run(options: &Options) -> Result<(), String> {
     place(&benches, &out.join("bench"))?;
     let unpacked = size_of(&out.join("bin")) + size_of(&out.join("bench"));
     eprintln!(
-        "gpu-bundle: packing {} of executables (xz -9 takes a minute)",
+        "gpu-bundle: packing {} of executables (xz with a 1 GiB dictionary takes minutes)",
         mib(unpacked)
     );
     let mut archives = vec![pack(&out, "bin")?];
