@@ -859,6 +859,17 @@ mod tests {
     use super::*;
     use spattn_formats::{Csr, RowOrder};
 
+    /// Deterministic f16 operands in [-1, 1) of `shape` on `gpu`, one pattern per seed.
+    fn draw_f16(gpu: &Gpu, shape: crate::Shape, seed: usize) -> DeviceMatrix<half::f16> {
+        let host: Vec<half::f16> = (0..shape.len())
+            .map(|i| {
+                let x = (i * 7919 + seed * 104_729) % 1000;
+                half::f16::from_f32(x as f32 / 500.0 - 1.0)
+            })
+            .collect();
+        DeviceMatrix::from_host(gpu, shape, &host).unwrap()
+    }
+
     #[test]
     fn layouts_cover_the_head_with_least_padding() {
         for dtype in DTypeKind::ALL {
@@ -1178,16 +1189,8 @@ mod tests {
         for reorder in [Reorder::None, Reorder::Locality] {
             let ordered = Arc::new(OrderedBsb::upload(&gpu, &a, reorder).unwrap());
             for (heads, d) in [(2, 64), (1, 128)] {
-                let draw = |n: usize, seed: usize| -> DeviceMatrix<half::f16> {
-                    let s = Shape::new(n, heads, d).unwrap();
-                    let host: Vec<half::f16> = (0..s.len())
-                        .map(|i| {
-                            let x = (i * 7919 + seed * 104_729) % 1000;
-                            half::f16::from_f32(x as f32 / 500.0 - 1.0)
-                        })
-                        .collect();
-                    DeviceMatrix::from_host(&gpu, s, &host).unwrap()
-                };
+                let draw =
+                    |n: usize, seed: usize| draw_f16(&gpu, Shape::new(n, heads, d).unwrap(), seed);
                 let (q, k, v) = (
                     draw(rows as usize, 1),
                     draw(cols as usize, 2),
@@ -1296,15 +1299,7 @@ mod tests {
             .collect();
             for &(heads, d) in &shapes {
                 let sq = Shape::new(a.n_rows(), heads, d).unwrap();
-                let draw = |seed: usize| -> DeviceMatrix<half::f16> {
-                    let host: Vec<half::f16> = (0..sq.len())
-                        .map(|i| {
-                            let x = (i * 7919 + seed * 104_729) % 1000;
-                            half::f16::from_f32(x as f32 / 500.0 - 1.0)
-                        })
-                        .collect();
-                    DeviceMatrix::from_host(&gpu, sq, &host).unwrap()
-                };
+                let draw = |seed: usize| draw_f16(&gpu, sq, seed);
                 let (q, k, v) = (draw(1), draw(2), draw(3));
                 let mut out = DeviceMatrix::<half::f16>::zeros(&gpu, sq).unwrap();
                 for (reorder, ordered) in &orders {
