@@ -483,7 +483,7 @@ __device__ __forceinline__ void bsb_extras_gather(const u32* __restrict__ ids, u
         for (u32 h = 0; h < heads; ++h) {
             const u64 i = first + h;
             if (h > 0u && (i & 3u) == 0u) r = dropout_draws(drop, i >> 2);
-            const bool kept = p < n && (drop.threshold == 0u || draw_word(r, (u32)i & 3u) >= drop.threshold);
+            const bool kept = p < n && (drop.threshold == 0u || dropout_kept(drop, r, (u32)i & 3u));
             const u32 bits = __ballot_sync(0xffffffffu, kept);
             if (lane_id() == 0u && p < n) keep_out[(u64)h * words + (p >> 5)] = bits;
         }

@@ -206,7 +206,17 @@ __device__ __forceinline__ u32 draw_word(uint4 r, u32 j) {
     return j == 0u ? r.x : j == 1u ? r.y : j == 2u ? r.z : r.w;
 }
 
+// Whether the element at word j of its draw r is kept.
+__device__ __forceinline__ bool dropout_kept(const Dropout& d, uint4 r, u32 j) {
+    return draw_word(r, j) >= d.threshold;
+}
+
+// The factor (0, or 1 / (1 - rate)) of the element at word j of its draw r.
+__device__ __forceinline__ float dropout_factor_of(const Dropout& d, uint4 r, u32 j) {
+    return dropout_kept(d, r, j) ? d.scale : 0.0f;
+}
+
 __device__ __forceinline__ float dropout_factor(const Dropout& d, u64 i) {
     if (d.threshold == 0u) return 1.0f;
-    return draw_word(dropout_draws(d, i >> 2), (u32)i & 3u) >= d.threshold ? d.scale : 0.0f;
+    return dropout_factor_of(d, dropout_draws(d, i >> 2), (u32)i & 3u);
 }

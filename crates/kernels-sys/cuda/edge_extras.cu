@@ -74,7 +74,7 @@ extern "C" __global__ void edge_dropout(float* x, u64 n, u32 key0, u32 key1, u32
     SPATTN_GRID_STRIDE(c, (n + 3u) / 4u) {
         const uint4 r = dropout_draws(d, c);
         const u64 end = min(n, 4u * c + 4u);
-        for (u64 i = 4u * c; i < end; ++i) x[i] *= draw_word(r, (u32)i & 3u) >= threshold ? scale : 0.0f;
+        for (u64 i = 4u * c; i < end; ++i) x[i] *= dropout_factor_of(d, r, (u32)i & 3u);
     }
 }
 
