@@ -59,7 +59,8 @@ not run the case:
   note        remarks: per-head loop, the other forms tried and their times, ...
   timing      how median_ms was taken ("cuda-events around the call", ...)
   gpu, torch, cuda, warmup, reps, time_budget_ms (--time-budget-ms: a form whose --reps timed
-              calls would take longer ran fewer, at least 5; 0: every form ran --reps)
+              calls would take longer ran fewer, at least 5, after at least 2 warm-up calls;
+              0: every form ran --warmup and --reps)
   optional:   median_ms_call (CUDA events around a call whose peer times itself), parts_ms (the
               stages' medians), stage_rel_err (a stage's own error, e.g. FlashSparse's SDDMM),
               prep_ms (one-off preprocessing: block mask, plan, format), source (repository@commit)
@@ -213,15 +214,28 @@ def reps_within(budget_ms, per_call_ms, reps):
     return max(min(reps, MIN_REPS), min(reps, int(budget_ms / per_call_ms)))
 
 
+def warm_enough(budget_ms, calls, after_first_ms):
+    """Whether a budgeted warm-up may stop after `calls` calls: at least two (the first may
+    compile), and the calls after the first already took half the budget."""
+    return budget_ms > 0 and calls >= 2 and after_first_ms >= budget_ms / 2
+
+
 def time_ms(fn, warmup, reps):
     """Median of `reps` CUDA-event timings of fn() after `warmup` calls (the GPU's clock); with a
-    time budget, the warm-up's mean duration sets how many of the `reps` run (reps_within)."""
-    start = time.perf_counter()
-    for _ in range(warmup):
+    time budget, a long form warms up with fewer calls (warm_enough) and the last warm-up call's
+    duration sets how many of the `reps` run (reps_within)."""
+    last_ms, after_first_ms = 0.0, 0.0
+    for i in range(warmup):
+        start = time.perf_counter()
         fn()
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        last_ms = (time.perf_counter() - start) * 1e3
+        if i > 0:
+            after_first_ms += last_ms
+        if warm_enough(TIMING["budget_ms"], i + 1, after_first_ms):
+            break
     if warmup > 0:
-        reps = reps_within(TIMING["budget_ms"], (time.perf_counter() - start) * 1e3 / warmup, reps)
+        reps = reps_within(TIMING["budget_ms"], last_ms, reps)
     times = []
     for _ in range(reps):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -1215,7 +1229,8 @@ def common_args(ap):
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--time-budget-ms", type=float, default=0.0,
                     help="a form whose --reps timed calls would take longer runs fewer of them "
-                         f"(at least {MIN_REPS}; the warm-up's mean call sets the count); 0: always --reps")
+                         f"(at least {MIN_REPS}; the last warm-up call sets the count) and warms up with "
+                         "fewer calls (at least 2) once they take half of it; 0: always --warmup, --reps")
     ap.add_argument("--json", required=True)
     ap.add_argument("--ok-only", action="store_true",
                     help="leave out the records of cases a peer could not run (median_ms null), for "
