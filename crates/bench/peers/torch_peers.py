@@ -1094,6 +1094,10 @@ def run_flashinfer(rec, case, args):
             raise Unsupported(f"head_dim {case.d}: FlashInfer builds 64, 128, 256")
         ws = torch.empty(128 << 20, dtype=torch.uint8, device=g.device)
         w = fi.BlockSparseAttentionWrapper(ws)
+        # plan() keeps about ten (rows + 1)-long int32 arrays in the int workspace, which the
+        # wrapper makes 8 MiB: R-MAT 20's million rows overflowed it ("Buffer overflow ...").
+        int_bytes = max(8 << 20, 64 * (g.n + 1))
+        w.reset_workspace_buffer(ws, torch.empty(int_bytes, dtype=torch.uint8, device=g.device))
         crow32, col32 = g.crow.to(torch.int32), g.col.to(torch.int32)
         prep = time.perf_counter()
         w.plan(crow32, col32, g.n, g.n_cols, 1, 1, case.heads, case.heads, case.d, sm_scale=case.scale,
