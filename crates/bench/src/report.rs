@@ -879,8 +879,13 @@ fn header(w: &mut String, runs: &[RunRecord]) {
             d.cpu_threads, d.reason
         );
     }
-    let mut commits: Vec<&str> = runs.iter().map(|r| r.commit.as_str()).collect();
-    commits.dedup();
+    // Each commit once, in the runs' order (runs of one commit need not be adjacent).
+    let mut commits: Vec<&str> = Vec::new();
+    for r in runs {
+        if !commits.contains(&r.commit.as_str()) {
+            commits.push(r.commit.as_str());
+        }
+    }
     let _ = writeln!(w, "| commit | `{}` |", commits.join("`, `"));
     let dates: Vec<&str> = runs.iter().map(|r| r.date.as_str()).collect();
     let date = match (dates.iter().min(), dates.iter().max()) {

@@ -554,3 +554,26 @@ fn report_lists_plan_times_beside_the_peers_preprocessing() {
     assert!(!section.contains("sddmm-csr"), "{section}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn report_header_names_each_commit_once_in_the_runs_order() {
+    let dir = temp_dir("report-commits");
+    let mut paths = Vec::new();
+    // Runs of one commit need not be adjacent: a graph rerun at another commit sits between.
+    for (i, commit) in ["c0401c0", "9eea0a7", "c0401c0"].into_iter().enumerate() {
+        let mut r = run();
+        r.commit = commit.into();
+        let path = dir.join(format!("run-{i}.json"));
+        std::fs::write(&path, serde_json::to_string_pretty(&r).unwrap()).unwrap();
+        paths.push(path);
+    }
+    let md = dir.join("B.md");
+    let mut args = vec!["report", "--json"];
+    args.extend(paths.iter().map(|p| p.to_str().unwrap()));
+    args.extend(["--out", md.to_str().unwrap()]);
+    let out = bench(&args);
+    assert!(out.status.success(), "{}", text(&out).1);
+    let page = std::fs::read_to_string(&md).unwrap();
+    assert!(page.contains("| commit | `c0401c0`, `9eea0a7` |"), "{page}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
