@@ -15,7 +15,7 @@
 //! unsafe { launch("fill_f32", &mut args, cfg) }?;
 //! ```
 
-use cudarc::driver::{DevicePtr, DevicePtrMut, DriverError};
+use cudarc::driver::{CudaView, DevicePtr, DevicePtrMut, DriverError};
 pub use cudarc::driver::{LaunchArgs, LaunchConfig, PushKernelArg};
 
 use crate::buffer::{DeviceElement, DeviceMatrix, DeviceVec};
@@ -25,7 +25,7 @@ use crate::gpu::Gpu;
 use crate::shape::Shape;
 
 /// A null device pointer, pushed for an optional array that is absent.
-pub(crate) static NULL_DEVICE_PTR: u64 = 0;
+static NULL_DEVICE_PTR: u64 = 0;
 
 /// Pushes an optional device array onto a launch: its pointer, or a null pointer where it is
 /// `None`. The kernels test such an argument against `nullptr` (no row renumbering, no edge
@@ -33,12 +33,21 @@ pub(crate) static NULL_DEVICE_PTR: u64 = 0;
 pub trait PushOptionalArg<'a> {
     /// Pushes `buffer`'s device pointer, or null.
     fn arg_or_null<T: DeviceElement>(&mut self, buffer: Option<&'a DeviceVec<T>>) -> &mut Self;
+    /// Pushes `view`'s device pointer (a range of a buffer), or null.
+    fn view_or_null<T: DeviceElement>(&mut self, view: Option<&'a CudaView<'a, T>>) -> &mut Self;
 }
 
 impl<'a> PushOptionalArg<'a> for LaunchArgs<'a> {
     fn arg_or_null<T: DeviceElement>(&mut self, buffer: Option<&'a DeviceVec<T>>) -> &mut Self {
         match buffer {
             Some(b) => self.arg(b.slice()),
+            None => self.arg(&NULL_DEVICE_PTR),
+        }
+    }
+
+    fn view_or_null<T: DeviceElement>(&mut self, view: Option<&'a CudaView<'a, T>>) -> &mut Self {
+        match view {
+            Some(v) => self.arg(v),
             None => self.arg(&NULL_DEVICE_PTR),
         }
     }

@@ -28,7 +28,7 @@ use crate::device_bsb::{bsb_pipe_supports, bsb_pipe_warp_bytes, BSB_MERGE_FLOATS
 use crate::device_bsb::{check_structure_graph, BsbExtrasStage, OrderedBsb, BSB_WINDOW_ROWS};
 use crate::launch::{
     blocks_for, check_same_gpu, kernel_named, launch, to_u32, LaunchConfig, PushKernelArg,
-    PushOptionalArg, NULL_DEVICE_PTR,
+    PushOptionalArg,
 };
 use crate::{DType, DTypeKind, DeviceGraph, DeviceMatrix, DeviceVec, Gpu, Shape};
 use spattn_formats::{Bsb, Csr};
@@ -773,12 +773,9 @@ impl FusedTensorCore {
             .arg(&head_dim)
             .arg(&fs)
             .arg(&n_rows)
-            .arg_or_null(self.ordered.row_ids.as_ref());
-        match &pre_v {
-            Some(v) => args.arg(v),
-            None => args.arg(&NULL_DEVICE_PTR),
-        };
-        args.arg(bsb.block_columns().slice())
+            .arg_or_null(self.ordered.row_ids.as_ref())
+            .view_or_null(pre_v.as_ref())
+            .arg(bsb.block_columns().slice())
             .arg(bsb.bitmap_words().slice())
             .arg(q.slice())
             .arg(k.slice())
