@@ -218,32 +218,87 @@ pub trait Exchange {
         recv: &mut DeviceVec<T>,
         recv_counts: &[usize],
     ) -> Result<()> {
-        let world = self.world();
         spattn_ops::nccl::check_blocks(
-            world,
+            self.world(),
             (send_counts, send.len()),
             (recv_counts, recv.len()),
         )?;
-        let host = send.to_host()?;
-        let mut blocks = Vec::with_capacity(world);
-        let mut at = 0;
-        for &c in send_counts {
-            blocks.push(host[at..at + c].to_vec());
-            at += c;
-        }
-        let got = self.all_to_all(blocks)?;
-        for (s, (block, &c)) in got.iter().zip(recv_counts).enumerate() {
-            if block.len() != c {
-                return Err(Error::Exchange {
-                    why: format!("rank {s} sent {} elements, expected {c}", block.len()),
-                });
-            }
-        }
+        let got = host_all_to_all(self, send, send_counts, recv_counts)?;
         if !recv.is_empty() {
             recv.copy_from_host(&got.concat())?;
         }
         Ok(())
     }
+
+    /// [`all_to_all_device`](Self::all_to_all_device) without this rank's own block: `send`
+    /// holds only the blocks for the other ranks (`send_counts[rank]` is 0), and `recv`'s block
+    /// `rank` (`recv_counts[rank]` elements, which the caller fills itself) is left as it is.
+    /// This default goes through host memory; [`NcclExchange`] moves the blocks GPU to GPU.
+    ///
+    /// Errors: as [`all_to_all_device`](Self::all_to_all_device), and a non-zero
+    /// `send_counts[rank]`.
+    fn all_to_all_device_around_own<T: DeviceElement>(
+        &self,
+        _gpu: &Gpu,
+        send: &DeviceVec<T>,
+        send_counts: &[usize],
+        recv: &mut DeviceVec<T>,
+        recv_counts: &[usize],
+    ) -> Result<()> {
+        let me = self.rank();
+        spattn_ops::nccl::check_blocks(
+            self.world(),
+            (send_counts, send.len()),
+            (recv_counts, recv.len()),
+        )?;
+        if send_counts[me] != 0 {
+            return Err(Error::InvalidConfig {
+                what: "all-to-all blocks",
+                why: format!(
+                    "rank {me} sends itself {} elements in an exchange around its own block \
+                     (expected 0)",
+                    send_counts[me]
+                ),
+            });
+        }
+        // What arrives from this rank itself is its empty block.
+        let mut expected = recv_counts.to_vec();
+        expected[me] = 0;
+        let got = host_all_to_all(self, send, send_counts, &expected)?;
+        let mut at = 0;
+        for (block, &c) in got.iter().zip(recv_counts) {
+            recv.copy_from_host_at(at, block)?;
+            at += c;
+        }
+        Ok(())
+    }
+}
+
+/// The host path of the device all-to-alls: `send`'s blocks (`send_counts`, which add up to
+/// its length) through [`Exchange::all_to_all`], each block received checked against
+/// `recv_counts`; returns them by sender.
+fn host_all_to_all<T: DeviceElement, E: Exchange + ?Sized>(
+    ex: &E,
+    send: &DeviceVec<T>,
+    send_counts: &[usize],
+    recv_counts: &[usize],
+) -> Result<Vec<Vec<T>>> {
+    let host = send.to_host()?;
+    let mut blocks = Vec::with_capacity(send_counts.len());
+    let mut at = 0;
+    for &c in send_counts {
+        blocks.push(host[at..at + c].to_vec());
+        at += c;
+    }
+    let got = ex.all_to_all(blocks)?;
+    for (s, (block, &c)) in got.iter().zip(recv_counts).enumerate() {
+        if block.len() != c {
+            return Err(Error::Exchange {
+                why: format!("rank {s} sent {} elements, expected {c}", block.len()),
+            });
+        }
+    }
+    Ok(got)
 }
 
 /// The mailbox the threads of one local world share: a barrier that a failing rank can abort
@@ -496,8 +551,22 @@ pub struct RankPlan {
     /// For each receiver, the K/V rows (local to this rank's block) it needs, in its order.
     send_rows: Vec<Vec<u32>>,
     local: Csr,
-    /// `send_rows` on the GPU the rank runs on, built by its first device exchange.
+    /// `send_rows` on the GPU the rank runs on, built by its first device backward.
     send_index: Arc<Mutex<Option<Arc<RowIndex>>>>,
+    /// The forward's halo gather on that GPU, built by its first device exchange.
+    halo_index: Arc<Mutex<Option<Arc<HaloIndex>>>>,
+}
+
+/// A rank's halo gather on its GPU: the rows the other ranks ask of it, packed for the
+/// exchange, and its own halo rows, gathered straight into its halo.
+#[derive(Debug)]
+struct HaloIndex {
+    /// `send_rows` with this rank's own segment empty.
+    remote: RowIndex,
+    /// This rank's own segment alone (its halo rows of its own K/V block).
+    own: RowIndex,
+    /// The halo row where the own segment starts.
+    own_at: usize,
 }
 
 /// What one rank holds and moves, for reports.
@@ -584,6 +653,7 @@ impl RankPlan {
             send_rows,
             local,
             send_index: Arc::default(),
+            halo_index: Arc::default(),
         })
     }
 
@@ -824,7 +894,10 @@ impl RankPlan {
 
     /// [`gather_halo`](Self::gather_halo) on the GPU: this rank's own K and V rows
     /// (`kv_rows() × heads × head_dim` on `gpu`) out to the exchange, the halo back onto `gpu`.
-    /// A collective.
+    /// A collective. The halo rows this rank owns are gathered straight into the halo and the
+    /// others packed for the exchange, which moves them around the own block
+    /// ([`Exchange::all_to_all_device_around_own`]): every halo element is written once and
+    /// nothing is zero-filled first.
     ///
     /// Errors: a shape mismatch naming K or V ([`Error::Ops`]), the exchange's, the GPU's.
     pub fn gather_halo_gpu<T: DType, E: Exchange>(
@@ -839,19 +912,57 @@ impl RankPlan {
         skv.expect_eq("k (this rank's K/V rows)", k.shape())?;
         skv.expect_eq("v (this rank's K/V rows)", v.shape())?;
         let row_len = skv.row_len();
-        let index = self.send_index(gpu)?;
-        let (send_counts, recv_counts) = self.block_counts(row_len);
-        let mut packed = DeviceVec::<T>::zeros(gpu, index.len() * row_len)?;
+        let index = self.halo_index(gpu)?;
+        let (mut send_counts, recv_counts) = self.block_counts(row_len);
+        send_counts[self.rank] = 0;
+        let mut packed = DeviceVec::<T>::unset(gpu, index.remote.len() * row_len)?;
         let mut fetch = |own: &DeviceMatrix<T>| -> Result<DeviceMatrix<T>> {
-            rows::gather_rows(gpu, own.as_vec(), row_len, &index, &mut packed)?;
-            let mut halo = DeviceMatrix::<T>::zeros(gpu, sh)?;
-            ex.all_to_all_device(gpu, &packed, &send_counts, halo.as_vec_mut(), &recv_counts)?;
+            // Every row is written below: the own block by the gather, the others by the
+            // exchange (the receive counts add up to the halo).
+            let mut halo = DeviceMatrix::<T>::unset(gpu, sh)?;
+            rows::gather_rows_into(
+                gpu,
+                own.as_vec(),
+                row_len,
+                &index.own,
+                halo.as_vec_mut(),
+                index.own_at,
+            )?;
+            rows::gather_rows(gpu, own.as_vec(), row_len, &index.remote, &mut packed)?;
+            ex.all_to_all_device_around_own(
+                gpu,
+                &packed,
+                &send_counts,
+                halo.as_vec_mut(),
+                &recv_counts,
+            )?;
             Ok(halo)
         };
         Ok(GpuHalo {
             k: fetch(k)?,
             v: fetch(v)?,
         })
+    }
+
+    /// The forward's halo gather on `gpu` ([`HaloIndex`]); uploaded once per GPU.
+    fn halo_index(&self, gpu: &Gpu) -> Result<Arc<HaloIndex>> {
+        let mut slot = self
+            .halo_index
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(index) = slot.as_ref().filter(|i| i.own.is_on(gpu)) {
+            return Ok(index.clone());
+        }
+        let bound = self.kv_rows.len();
+        let mut remote = self.send_rows.clone();
+        let own = std::mem::take(&mut remote[self.rank]);
+        let index = Arc::new(HaloIndex {
+            remote: RowIndex::new(gpu, &remote, bound)?,
+            own: RowIndex::new(gpu, &[own], bound)?,
+            own_at: self.recv_counts[..self.rank].iter().sum(),
+        });
+        *slot = Some(index.clone());
+        Ok(index)
     }
 
     /// The K/V rows each rank asks of this one, on `gpu` (segment `d`: rank `d`'s); uploaded
@@ -940,7 +1051,8 @@ impl RankPlan {
         let index = self.send_index(gpu)?;
         // The partials travel the halo's way back: this rank's halo segments to their owners.
         let (back_recv, back_send) = self.block_counts(row_len);
-        let mut partials = DeviceVec::<T>::zeros(gpu, index.len() * row_len)?;
+        // Overwritten whole by each exchange (the receive counts add up to it).
+        let mut partials = DeviceVec::<T>::unset(gpu, index.len() * row_len)?;
         let mut acc = DeviceVec::<f32>::zeros(gpu, self.kv_rows.len() * row_len)?;
         for (halo_grad, own) in [(&hdk, dk), (&hdv, dv)] {
             ex.all_to_all_device(

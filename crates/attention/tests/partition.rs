@@ -758,6 +758,81 @@ fn gpu_partitioned_plans_equal_the_reference() {
     check_gpu::<f16>(&complete, 3, Algorithm::Auto, 1, 64);
 }
 
+/// Elements rank `s` sends rank `d` in the around-own checks (0 for some pairs).
+fn around_count(s: usize, d: usize) -> usize {
+    (s * 3 + d * 5 + 1) % 4
+}
+
+/// Element `i` of the block rank `s` sends rank `d`: exact in f32.
+fn around_value(s: usize, d: usize, i: usize) -> f32 {
+    (s * 1000 + d * 100 + i) as f32
+}
+
+/// One rank of the around-own check: sends every other rank its block, receives around an own
+/// block of 3 elements poisoned with NaN; returns what it received (by sender block) and the
+/// error of a call that sends itself a block (refused on every rank, before the collective).
+fn around_own_rank<E: Exchange>(
+    ex: &E,
+    gpu: &spattn::Gpu,
+) -> spattn::Result<(Vec<f32>, Vec<usize>, String)> {
+    use spattn::DeviceVec;
+    let (me, world) = (ex.rank(), ex.world());
+    let send_counts: Vec<usize> = (0..world)
+        .map(|d| if d == me { 0 } else { around_count(me, d) })
+        .collect();
+    let recv_counts: Vec<usize> = (0..world)
+        .map(|s| if s == me { 3 } else { around_count(s, me) })
+        .collect();
+    let send: Vec<f32> = (0..world)
+        .flat_map(|d| (0..send_counts[d]).map(move |i| around_value(me, d, i)))
+        .collect();
+    let d_send = DeviceVec::from_host(gpu, &send)?;
+    let mut recv = DeviceVec::<f32>::zeros(gpu, recv_counts.iter().sum())?;
+    recv.fill_nan()?;
+    ex.all_to_all_device_around_own(gpu, &d_send, &send_counts, &mut recv, &recv_counts)?;
+    let mut bad = send_counts.clone();
+    bad[me] = 1;
+    let d_bad = DeviceVec::from_host(gpu, &vec![0.0f32; send.len() + 1])?;
+    let err = ex
+        .all_to_all_device_around_own(gpu, &d_bad, &bad, &mut recv, &recv_counts)
+        .expect_err("a block sent to itself is refused")
+        .to_string();
+    Ok((recv.to_host()?, recv_counts, err))
+}
+
+/// Every rank's received blocks are the senders' exact values and its own block is still NaN.
+fn check_around_own(results: &[(Vec<f32>, Vec<usize>, String)], what: &str) {
+    for (me, (got, counts, err)) in results.iter().enumerate() {
+        let mut at = 0;
+        for (s, &c) in counts.iter().enumerate() {
+            let block = &got[at..at + c];
+            if s == me {
+                assert!(
+                    block.iter().all(|x| x.is_nan()),
+                    "{what}: rank {me}'s own block was written: {block:?}"
+                );
+            } else {
+                let want: Vec<f32> = (0..c).map(|i| around_value(s, me, i)).collect();
+                assert_eq!(block, want, "{what}: rank {me}'s block from rank {s}");
+            }
+            at += c;
+        }
+        assert!(err.contains("(expected 0)"), "{what}: rank {me}: {err}");
+    }
+}
+
+/// The exchange around a rank's own block (the forward's halo fetch) moves the other ranks'
+/// blocks and leaves the own block alone, over the local exchange's host path.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gpu_exchanges_around_the_own_block_leave_it_alone() {
+    let gpu = spattn_test_support::gpu();
+    for world in 1..=3 {
+        let results = run_local(world, |ex| around_own_rank(ex, &gpu)).unwrap();
+        check_around_own(&results, &format!("local world of {world}"));
+    }
+}
+
 /// The partitioned plan with one rank per GPU of this machine over NCCL (one rank where there
 /// is one GPU: the plumbing, its own block copied on the device). Needs libnccl: where it
 /// cannot be loaded the test fails with the error that says how to provide it.
@@ -777,6 +852,9 @@ fn gpu_partitioned_plans_over_nccl_equal_the_reference() {
         rmat_graph(12),
         hub_graph(&mut rng, 5_000, 3),
     ];
+    // The exchange around each rank's own block, GPU to GPU.
+    let results = run_nccl(&gpus, |ex| around_own_rank(ex, ex.gpu())).unwrap();
+    check_around_own(&results, &format!("NCCL over {count} GPU(s)"));
     for a in &graphs {
         check_gpu_ranks::<f32>(a, Ranks::Nccl(&gpus), Algorithm::FusedCsr, 2, 16);
         check_gpu_ranks::<bf16>(a, Ranks::Nccl(&gpus), Algorithm::Auto, 8, 64);

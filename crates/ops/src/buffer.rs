@@ -125,9 +125,9 @@ impl<T: DeviceElement> DeviceVec<T> {
         let data = if zeroed || len == 0 {
             stream.alloc_zeros::<T>(slots)
         } else {
-            // SAFETY: the memory is left unset; the only caller passing `zeroed = false`
-            // (`from_host_named`) overwrites all `len` elements before returning, and nothing
-            // can read device memory through this type before that.
+            // SAFETY: the memory is left unset. Every element type is plain bits (any pattern
+            // is a valid `T`), so reading it before a write gives unspecified values, never
+            // undefined behaviour; the callers (`from_host_named`, `unset`) say so.
             unsafe { stream.alloc::<T>(slots) }
         }
         .map_err(alloc_error(what, bytes))?;
@@ -152,6 +152,13 @@ impl<T: DeviceElement> DeviceVec<T> {
     /// A buffer of `len` zeros on `gpu`.
     pub fn zeros(gpu: &Gpu, len: usize) -> Result<Self> {
         Self::alloc(gpu, "device vector", len, true)
+    }
+
+    /// A buffer of `len` elements on `gpu` whose values are unspecified (whatever the memory
+    /// pool held): for a buffer the caller overwrites whole before reading it, which saves
+    /// [`zeros`](Self::zeros)' pass over the memory.
+    pub fn unset(gpu: &Gpu, len: usize) -> Result<Self> {
+        Self::alloc(gpu, "device vector", len, false)
     }
 
     /// Number of elements.
@@ -216,6 +223,33 @@ impl<T: DeviceElement> DeviceVec<T> {
         // dropped right after; the device side stays ordered on the stream.
         stream
             .memcpy_htod(host, &mut self.data)
+            .map_err(|e| map_driver_error("copying host to device", e))
+    }
+
+    /// Overwrites elements `at..at + host.len()` with `host` and leaves the others alone.
+    ///
+    /// Errors: [`Error::InvalidArgument`] when that range ends past [`len`](Self::len); the
+    /// driver's.
+    pub fn copy_from_host_at(&mut self, at: usize, host: &[T]) -> Result<()> {
+        let end = at.checked_add(host.len()).filter(|&e| e <= self.len);
+        let Some(end) = end else {
+            return Err(Error::InvalidArgument {
+                what: "host data",
+                why: format!(
+                    "{} elements at offset {at} end past the buffer's {} elements",
+                    host.len(),
+                    self.len
+                ),
+            });
+        };
+        if host.is_empty() {
+            return Ok(());
+        }
+        let stream = self.gpu.stream();
+        let mut view = self.data.slice_mut(at..end);
+        // As copy_from_host: `host` is staged before the call returns.
+        stream
+            .memcpy_htod(host, &mut view)
             .map_err(|e| map_driver_error("copying host to device", e))
     }
 
@@ -388,6 +422,15 @@ impl<T: DType> DeviceMatrix<T> {
     pub fn zeros(gpu: &Gpu, shape: Shape) -> Result<Self> {
         Ok(DeviceMatrix {
             data: DeviceVec::alloc(gpu, "device matrix", shape.len(), true)?,
+            shape,
+        })
+    }
+
+    /// A matrix on `gpu` whose values are unspecified, for one the caller overwrites whole
+    /// before reading it (see [`DeviceVec::unset`]).
+    pub fn unset(gpu: &Gpu, shape: Shape) -> Result<Self> {
+        Ok(DeviceMatrix {
+            data: DeviceVec::alloc(gpu, "device matrix", shape.len(), false)?,
             shape,
         })
     }

@@ -152,6 +152,15 @@ impl NcclId {
     }
 }
 
+/// What an all-to-all does with the block a rank sends itself.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum OwnBlock {
+    /// Copies it (device to device).
+    Copy,
+    /// Leaves the receive buffer's block alone; nothing is sent.
+    Leave,
+}
+
 /// One rank's NCCL communicator on its GPU; its collectives run on the GPU's stream.
 pub struct NcclComm {
     comm: sys::ncclComm_t,
@@ -261,6 +270,34 @@ impl NcclComm {
         recv: &mut DeviceVec<T>,
         recv_counts: &[usize],
     ) -> Result<()> {
+        self.exchange(send, send_counts, recv, recv_counts, OwnBlock::Copy)
+    }
+
+    /// [`all_to_all`](Self::all_to_all) without this rank's own block: `send` holds only the
+    /// blocks for the other ranks (`send_counts[rank]` is 0), and `recv`'s block `rank`
+    /// (`recv_counts[rank]` elements, which the caller fills itself) is left as it is. A rank
+    /// that gathers its own rows straight into `recv` saves the pack and the copy of them.
+    ///
+    /// # Errors
+    /// As [`all_to_all`](Self::all_to_all), and a non-zero `send_counts[rank]`.
+    pub fn all_to_all_around_own<T: DeviceElement>(
+        &self,
+        send: &DeviceVec<T>,
+        send_counts: &[usize],
+        recv: &mut DeviceVec<T>,
+        recv_counts: &[usize],
+    ) -> Result<()> {
+        self.exchange(send, send_counts, recv, recv_counts, OwnBlock::Leave)
+    }
+
+    fn exchange<T: DeviceElement>(
+        &self,
+        send: &DeviceVec<T>,
+        send_counts: &[usize],
+        recv: &mut DeviceVec<T>,
+        recv_counts: &[usize],
+        own: OwnBlock,
+    ) -> Result<()> {
         check_blocks(
             self.world,
             (send_counts, send.len()),
@@ -290,17 +327,30 @@ impl NcclComm {
         };
         let (send_at, recv_at) = (starts(send_counts), starts(recv_counts));
         let me = self.rank;
-        if send_counts[me] != recv_counts[me] {
-            return Err(Error::InvalidArgument {
-                what: "all-to-all blocks",
-                why: format!(
-                    "rank {me} sends itself {} elements but expects {}",
-                    send_counts[me], recv_counts[me]
-                ),
-            });
+        match own {
+            OwnBlock::Copy if send_counts[me] != recv_counts[me] => {
+                return Err(Error::InvalidArgument {
+                    what: "all-to-all blocks",
+                    why: format!(
+                        "rank {me} sends itself {} elements but expects {}",
+                        send_counts[me], recv_counts[me]
+                    ),
+                });
+            }
+            OwnBlock::Leave if send_counts[me] != 0 => {
+                return Err(Error::InvalidArgument {
+                    what: "all-to-all blocks",
+                    why: format!(
+                        "rank {me} sends itself {} elements in an exchange around its own \
+                         block (expected 0)",
+                        send_counts[me]
+                    ),
+                });
+            }
+            _ => {}
         }
-        // This rank's own block is a device copy, outside NCCL.
-        if send_counts[me] > 0 {
+        // This rank's own block is a device copy, outside NCCL (none when it is left alone).
+        if own == OwnBlock::Copy && send_counts[me] > 0 {
             let (d, s) = (
                 dst + (recv_at[me] * size) as u64,
                 src + (send_at[me] * size) as u64,

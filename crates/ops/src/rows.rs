@@ -1,6 +1,6 @@
 //! Rows moved by index on the device (`rows.cu`), for the halo exchange of partitioned plans:
 //! a rank packs the K/V rows each other rank asks for into one contiguous block per receiver
-//! ([`gather_rows`]), and sums the gradient rows sent back to it into its own rows
+//! ([`gather_rows`]) and its own into its halo ([`gather_rows_into`]), and sums the gradient rows sent back to it into its own rows
 //! ([`scatter_add_rows`], in f32, segment after segment: deterministic). The indices live in a
 //! [`RowIndex`], checked once against the rows they address when it is built.
 //!
@@ -136,38 +136,71 @@ pub fn gather_rows<T: DType>(
     dst: &mut DeviceVec<T>,
 ) -> Result<()> {
     expect_len(
-        "gather source (bound × row length)",
-        rows_len(index.bound, row_len)?,
-        src.len(),
-    )?;
-    expect_len(
         "gather destination (indices × row length)",
         rows_len(index.len(), row_len)?,
         dst.len(),
     )?;
+    gather_rows_into(gpu, src, row_len, index, dst, 0)
+}
+
+/// Rows `at..at + index.len()` of `dst` (rows of `row_len`) = the rows of `src` at `index`,
+/// segment after segment; `dst`'s other rows are left as they are. A rank gathers its own
+/// halo rows straight into its halo with it.
+///
+/// # Errors
+/// A source that is not `index.bound()` rows, a destination without rows
+/// `at..at + index.len()`; buffers of another GPU.
+pub fn gather_rows_into<T: DType>(
+    gpu: &Gpu,
+    src: &DeviceVec<T>,
+    row_len: usize,
+    index: &RowIndex,
+    dst: &mut DeviceVec<T>,
+    at: usize,
+) -> Result<()> {
+    expect_len(
+        "gather source (bound × row length)",
+        rows_len(index.bound, row_len)?,
+        src.len(),
+    )?;
+    let start = rows_len(at, row_len)?;
+    let len = rows_len(index.len(), row_len)?;
+    let end = start.checked_add(len).filter(|&e| e <= dst.len());
+    let Some(end) = end else {
+        return Err(Error::InvalidArgument {
+            what: "gather destination",
+            why: format!(
+                "rows {at}..{at}+{} of {row_len} do not fit its {} elements",
+                index.len(),
+                dst.len()
+            ),
+        });
+    };
     check_same_gpu(gpu, "gather source", src)?;
     check_same_gpu(gpu, "gather destination", &*dst)?;
     check_same_gpu(gpu, "row index", &index.idx)?;
-    if dst.is_empty() {
+    if len == 0 {
         return Ok(());
     }
     let name = kernel_named(&ROWS, format!("gather_rows_{}", T::NAME))?;
     let f = gpu.load_function(ROWS.name, ROWS.ptx, name)?;
     let (n, w) = (index.len() as u64, to_u32("row length", row_len)?);
-    // The kernel copies 16-byte pieces where a row's bytes are a multiple of 16 (whole
-    // allocations are aligned): a row's lanes are its pieces, up to a warp.
+    // The kernel copies 16-byte pieces where a row's bytes are a multiple of 16 and both
+    // pointers are 16-byte aligned (it checks): a row's lanes are its pieces, up to a warp.
     let bytes = row_len * std::mem::size_of::<T>();
     let g = group_for(if bytes % 16 == 0 { bytes / 16 } else { row_len } as u64, 1);
     let cfg = stride_grid(rows_len(index.len(), g as usize)?)?;
+    let mut dst_rows = dst.slice_mut().slice_mut(start..end);
     let mut args = gpu.launch_builder(&f);
     args.arg(src.slice())
         .arg(index.idx.slice())
         .arg(&n)
         .arg(&w)
         .arg(&g)
-        .arg(dst.slice_mut());
+        .arg(&mut dst_rows);
     // SAFETY: reads idx[0..n) and src rows idx[r] < bound (checked by RowIndex::new), i.e.
-    // src[0..bound·row_len) = its length; writes dst[0..n·row_len) = its length (checked).
+    // src[0..bound·row_len) = its length (checked); writes n·row_len elements from the start of
+    // the view `dst_rows`, which is exactly dst[start..end) (checked within dst's length).
     unsafe { launch(name, &mut args, cfg) }
 }
 

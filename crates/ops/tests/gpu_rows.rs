@@ -7,7 +7,7 @@
 use half::{bf16, f16};
 use rand::Rng;
 use rand_pcg::Pcg64;
-use spattn_ops::rows::{gather_rows, scatter_add_rows, RowIndex};
+use spattn_ops::rows::{gather_rows, gather_rows_into, scatter_add_rows, RowIndex};
 use spattn_ops::{DType, DeviceVec, Gpu};
 use spattn_test_support::*;
 
@@ -77,4 +77,70 @@ fn gpu_row_gather_and_scatter_add_match_the_host_for_every_row_shape() {
     // More rows than one launch's threads cover: 512-byte rows take a whole warp each (32 pieces
     // of 16 bytes), and a launch's 2^24 threads hold 2^19 = 524,288 of them, so the rows loop.
     check::<f16>(&gpu, &mut rng, 600_000, 256, &[600_000]);
+}
+
+/// `gather_rows_into` writes rows `at..at + index.len()` of a poisoned destination and leaves
+/// every other element as it was (NaN); a range past the destination is refused by name, with
+/// nothing written. `copy_from_host_at` likewise writes its range alone.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gpu_gather_rows_into_writes_only_its_rows() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("gpu rows into");
+    // 16-byte pieces (f16 × 8 = 16 bytes, an offset of `at` rows keeps them aligned) and rows
+    // of single elements (f32 × 3).
+    for (row_len, at) in [(8usize, 5usize), (3, 7), (64, 0)] {
+        let (bound, dst_rows) = (300usize, 400usize);
+        let segs = segments(&mut rng, bound, &[120, 40]);
+        let index = RowIndex::new(&gpu, &segs, bound).unwrap();
+        let all: Vec<u32> = segs.concat();
+        let src: Vec<f32> = random_vec(&mut rng, bound * row_len, 1.0);
+        let d_src = DeviceVec::from_host(&gpu, &src).unwrap();
+        let mut d_dst = DeviceVec::<f32>::zeros(&gpu, dst_rows * row_len).unwrap();
+        d_dst.fill_nan().unwrap();
+        gather_rows_into(&gpu, &d_src, row_len, &index, &mut d_dst, at).unwrap();
+        let got = d_dst.to_host().unwrap();
+        for row in 0..dst_rows {
+            let vals = &got[row * row_len..(row + 1) * row_len];
+            match row.checked_sub(at).filter(|&i| i < all.len()) {
+                Some(i) => {
+                    let r = all[i] as usize;
+                    assert_eq!(vals, &src[r * row_len..(r + 1) * row_len], "row {row}");
+                }
+                None => assert!(vals.iter().all(|x| x.is_nan()), "row {row} was written"),
+            }
+        }
+        // One row too far: refused, the destination unchanged.
+        let past = dst_rows - all.len() + 1;
+        let err = gather_rows_into(&gpu, &d_src, row_len, &index, &mut d_dst, past)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("gather destination") && err.contains(&format!("rows {past}..")),
+            "{err}"
+        );
+        assert_eq!(
+            d_dst
+                .to_host()
+                .unwrap()
+                .iter()
+                .filter(|x| x.is_nan())
+                .count(),
+            got.iter().filter(|x| x.is_nan()).count()
+        );
+    }
+    // copy_from_host_at: its range alone, and a range past the end refused.
+    let mut d = DeviceVec::<f32>::zeros(&gpu, 10).unwrap();
+    d.fill_nan().unwrap();
+    d.copy_from_host_at(3, &[1.0, 2.0, 3.0]).unwrap();
+    let got = d.to_host().unwrap();
+    assert_eq!(&got[3..6], [1.0, 2.0, 3.0]);
+    assert!(got[..3].iter().chain(&got[6..]).all(|x| x.is_nan()));
+    let err = d.copy_from_host_at(8, &[0.0; 3]).unwrap_err().to_string();
+    assert!(
+        err.contains("3 elements at offset 8 end past the buffer's 10"),
+        "{err}"
+    );
+    // An unset buffer has its length (its values are whatever the pool held).
+    assert_eq!(DeviceVec::<f32>::unset(&gpu, 7).unwrap().len(), 7);
 }

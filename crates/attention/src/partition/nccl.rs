@@ -13,7 +13,8 @@ use crate::error::{Error, Result};
 
 /// One rank's exchange over NCCL, on its GPU. Host blocks ([`Exchange::all_to_all`]: the
 /// plan's requests, ∂L/∂scale) go through the GPU too; device blocks
-/// ([`Exchange::all_to_all_device`]) go straight from GPU to GPU. Every rank must make the
+/// ([`Exchange::all_to_all_device`], [`Exchange::all_to_all_device_around_own`]) go straight
+/// from GPU to GPU. Every rank must make the
 /// same collective calls in the same order; a rank that stops between collectives leaves the
 /// others waiting in NCCL, as with torch.distributed's NCCL backend. Dropping it aborts the
 /// communicator (no wait for the other ranks), so a failing rank reports its error.
@@ -174,6 +175,19 @@ impl Exchange for NcclExchange {
     ) -> Result<()> {
         // The buffers must be on this rank's GPU (checked by the communicator).
         Ok(self.comm.all_to_all(send, send_counts, recv, recv_counts)?)
+    }
+
+    fn all_to_all_device_around_own<T: DeviceElement>(
+        &self,
+        _gpu: &Gpu,
+        send: &DeviceVec<T>,
+        send_counts: &[usize],
+        recv: &mut DeviceVec<T>,
+        recv_counts: &[usize],
+    ) -> Result<()> {
+        Ok(self
+            .comm
+            .all_to_all_around_own(send, send_counts, recv, recv_counts)?)
     }
 }
 
