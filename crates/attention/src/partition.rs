@@ -233,7 +233,9 @@ pub trait Exchange {
     /// [`all_to_all_device`](Self::all_to_all_device) without this rank's own block: `send`
     /// holds only the blocks for the other ranks (`send_counts[rank]` is 0), and `recv`'s block
     /// `rank` (`recv_counts[rank]` elements, which the caller fills itself) is left as it is.
-    /// This default goes through host memory; [`NcclExchange`] moves the blocks GPU to GPU.
+    /// This default goes through host memory (whatever [`all_to_all_device`](Self::all_to_all_device)
+    /// does: an exchange that overrides only that one still takes this path for the forward's
+    /// halo); [`NcclExchange`] moves the blocks GPU to GPU.
     ///
     /// Errors: as [`all_to_all_device`](Self::all_to_all_device), and a non-zero
     /// `send_counts[rank]`.
@@ -553,7 +555,7 @@ pub struct RankPlan {
     local: Csr,
     /// `send_rows` on the GPU the rank runs on, built by its first device backward.
     send_index: Arc<Mutex<Option<Arc<RowIndex>>>>,
-    /// The forward's halo gather on that GPU, built by its first device exchange.
+    /// The forward's halo gather on that GPU, built by its first `gather_halo_gpu`.
     halo_index: Arc<Mutex<Option<Arc<HaloIndex>>>>,
 }
 

@@ -127,7 +127,8 @@ impl<T: DeviceElement> DeviceVec<T> {
         } else {
             // SAFETY: the memory is left unset. Every element type is plain bits (any pattern
             // is a valid `T`), so reading it before a write gives unspecified values, never
-            // undefined behaviour; the callers (`from_host_named`, `unset`) say so.
+            // undefined behaviour; `unset` says so, and its other callers (`from_host_named`,
+            // `try_clone`) overwrite every element before returning.
             unsafe { stream.alloc::<T>(slots) }
         }
         .map_err(alloc_error(what, bytes))?;

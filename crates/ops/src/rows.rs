@@ -1,8 +1,9 @@
 //! Rows moved by index on the device (`rows.cu`), for the halo exchange of partitioned plans:
 //! a rank packs the K/V rows each other rank asks for into one contiguous block per receiver
-//! ([`gather_rows`]) and its own into its halo ([`gather_rows_into`]), and sums the gradient rows sent back to it into its own rows
-//! ([`scatter_add_rows`], in f32, segment after segment: deterministic). The indices live in a
-//! [`RowIndex`], checked once against the rows they address when it is built.
+//! ([`gather_rows`]) and its own halo rows straight into its halo ([`gather_rows_into`]), and
+//! sums the gradient rows sent back to it into its own rows ([`scatter_add_rows`], in f32,
+//! segment after segment: deterministic). The indices live in a [`RowIndex`], checked once
+//! against the rows they address when it is built.
 //!
 //! ```no_run
 //! use spattn_ops::rows::{gather_rows, RowIndex};

@@ -79,57 +79,65 @@ fn gpu_row_gather_and_scatter_add_match_the_host_for_every_row_shape() {
     check::<f16>(&gpu, &mut rng, 600_000, 256, &[600_000]);
 }
 
-/// `gather_rows_into` writes rows `at..at + index.len()` of a poisoned destination and leaves
-/// every other element as it was (NaN); a range past the destination is refused by name, with
-/// nothing written. `copy_from_host_at` likewise writes its range alone.
+/// One `gather_rows_into` check: rows `at..at + index.len()` of a NaN-poisoned destination
+/// get the source rows, bit for bit, and every other element stays NaN; one row further is
+/// refused by name, with the destination's bits unchanged.
+fn check_into<T: DType>(gpu: &Gpu, rng: &mut Pcg64, row_len: usize, at: usize) {
+    let ctx = format!("{} row_len={row_len} at={at}", T::NAME);
+    let (bound, dst_rows) = (300usize, 400usize);
+    let segs = segments(rng, bound, &[120, 40]);
+    let index = RowIndex::new(gpu, &segs, bound).unwrap();
+    let all: Vec<u32> = segs.concat();
+    let src: Vec<T> = random_vec(rng, bound * row_len, 1.0);
+    let d_src = DeviceVec::from_host(gpu, &src).unwrap();
+    let mut d_dst = DeviceVec::<T>::zeros(gpu, dst_rows * row_len).unwrap();
+    d_dst.fill_nan().unwrap();
+    gather_rows_into(gpu, &d_src, row_len, &index, &mut d_dst, at).unwrap();
+    let got = d_dst.to_host().unwrap();
+    for row in 0..dst_rows {
+        let vals = &got[row * row_len..(row + 1) * row_len];
+        match row.checked_sub(at).filter(|&i| i < all.len()) {
+            Some(i) => {
+                let r = all[i] as usize;
+                let want = &src[r * row_len..(r + 1) * row_len];
+                // Finite values: compared as f32, which is exact for every element type.
+                let same = vals.iter().zip(want).all(|(a, b)| a.to_f32() == b.to_f32());
+                assert!(same, "{ctx}: row {row} (source row {r}) differs");
+            }
+            None => assert!(
+                vals.iter().all(|x| x.to_f32().is_nan()),
+                "{ctx}: row {row} was written"
+            ),
+        }
+    }
+    let past = dst_rows - all.len() + 1;
+    let err = gather_rows_into(gpu, &d_src, row_len, &index, &mut d_dst, past)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("gather destination") && err.contains(&format!("rows {past}..")),
+        "{ctx}: {err}"
+    );
+    let bits = |v: &[T]| -> Vec<u32> { v.iter().map(|x| x.to_f32().to_bits()).collect() };
+    assert_eq!(
+        bits(&d_dst.to_host().unwrap()),
+        bits(&got),
+        "{ctx}: refused call wrote"
+    );
+}
+
+/// `gather_rows_into` writes its rows alone, for rows of 16-byte pieces at offsets that keep
+/// them aligned (f16 × 8, f32 × 64) and rows of single elements (f32 × 3, bf16 × 5);
+/// `copy_from_host_at` likewise writes its range alone.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn gpu_gather_rows_into_writes_only_its_rows() {
     let gpu = gpu();
     let mut rng = fresh_rng("gpu rows into");
-    // 16-byte pieces (f16 × 8 = 16 bytes, an offset of `at` rows keeps them aligned) and rows
-    // of single elements (f32 × 3).
-    for (row_len, at) in [(8usize, 5usize), (3, 7), (64, 0)] {
-        let (bound, dst_rows) = (300usize, 400usize);
-        let segs = segments(&mut rng, bound, &[120, 40]);
-        let index = RowIndex::new(&gpu, &segs, bound).unwrap();
-        let all: Vec<u32> = segs.concat();
-        let src: Vec<f32> = random_vec(&mut rng, bound * row_len, 1.0);
-        let d_src = DeviceVec::from_host(&gpu, &src).unwrap();
-        let mut d_dst = DeviceVec::<f32>::zeros(&gpu, dst_rows * row_len).unwrap();
-        d_dst.fill_nan().unwrap();
-        gather_rows_into(&gpu, &d_src, row_len, &index, &mut d_dst, at).unwrap();
-        let got = d_dst.to_host().unwrap();
-        for row in 0..dst_rows {
-            let vals = &got[row * row_len..(row + 1) * row_len];
-            match row.checked_sub(at).filter(|&i| i < all.len()) {
-                Some(i) => {
-                    let r = all[i] as usize;
-                    assert_eq!(vals, &src[r * row_len..(r + 1) * row_len], "row {row}");
-                }
-                None => assert!(vals.iter().all(|x| x.is_nan()), "row {row} was written"),
-            }
-        }
-        // One row too far: refused, the destination unchanged.
-        let past = dst_rows - all.len() + 1;
-        let err = gather_rows_into(&gpu, &d_src, row_len, &index, &mut d_dst, past)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("gather destination") && err.contains(&format!("rows {past}..")),
-            "{err}"
-        );
-        assert_eq!(
-            d_dst
-                .to_host()
-                .unwrap()
-                .iter()
-                .filter(|x| x.is_nan())
-                .count(),
-            got.iter().filter(|x| x.is_nan()).count()
-        );
-    }
-    // copy_from_host_at: its range alone, and a range past the end refused.
+    check_into::<f16>(&gpu, &mut rng, 8, 5);
+    check_into::<f32>(&gpu, &mut rng, 3, 7);
+    check_into::<f32>(&gpu, &mut rng, 64, 0);
+    check_into::<bf16>(&gpu, &mut rng, 5, 11);
     let mut d = DeviceVec::<f32>::zeros(&gpu, 10).unwrap();
     d.fill_nan().unwrap();
     d.copy_from_host_at(3, &[1.0, 2.0, 3.0]).unwrap();
@@ -141,6 +149,5 @@ fn gpu_gather_rows_into_writes_only_its_rows() {
         err.contains("3 elements at offset 8 end past the buffer's 10"),
         "{err}"
     );
-    // An unset buffer has its length (its values are whatever the pool held).
     assert_eq!(DeviceVec::<f32>::unset(&gpu, 7).unwrap().len(), 7);
 }

@@ -14,9 +14,8 @@ use crate::error::{Error, Result};
 /// One rank's exchange over NCCL, on its GPU. Host blocks ([`Exchange::all_to_all`]: the
 /// plan's requests, ∂L/∂scale) go through the GPU too; device blocks
 /// ([`Exchange::all_to_all_device`], [`Exchange::all_to_all_device_around_own`]) go straight
-/// from GPU to GPU. Every rank must make the
-/// same collective calls in the same order; a rank that stops between collectives leaves the
-/// others waiting in NCCL, as with torch.distributed's NCCL backend. Dropping it aborts the
+/// from GPU to GPU. Every rank must make the same collective calls in the same order; a rank
+/// that stops between collectives leaves the others waiting in NCCL, as with torch.distributed's NCCL backend. Dropping it aborts the
 /// communicator (no wait for the other ranks), so a failing rank reports its error.
 #[derive(Debug)]
 pub struct NcclExchange {
