@@ -69,7 +69,13 @@ pub fn report(args: &ReportArgs) -> Result<Vec<PathBuf>> {
     }
     let data = ReportData::new(&runs, extra);
     let svg = chart_svg(&data)? + &format!("\n<!-- {mark} -->\n");
-    let inputs: Vec<String> = args.json.iter().map(|p| file_label(p)).collect();
+    // The peer files too: a record they hold overrides the runs' own (later records win).
+    let inputs: Vec<String> = args
+        .json
+        .iter()
+        .chain(&args.peers)
+        .map(|p| file_label(p))
+        .collect();
     let with_tail = |mut md: String, tails: &[String]| {
         for text in tails {
             md.push('\n');
