@@ -21,7 +21,10 @@ rm -rf "$ROOT/wheels"
 "$python" -m venv --clear "$ROOT/build"
 # The versions this was tested with (a newer zig may not suit this maturin).
 "$ROOT/build/bin/pip" install --quiet --disable-pip-version-check "maturin==1.16.*" "ziglang==0.17.*"
-"$ROOT/build/bin/maturin" build --release --zig --compatibility manylinux_2_28 \
+# maturin finds zig as `python3 -m ziglang`, with the first python3 on PATH unless told which:
+# the venv's, where ziglang is (CI does not activate the venv).
+CARGO_ZIGBUILD_PYTHON_PATH="$PWD/$ROOT/build/bin/python" \
+    "$ROOT/build/bin/maturin" build --release --zig --compatibility manylinux_2_28 \
     -m crates/python/Cargo.toml --out "$ROOT/wheels"
 wheel=$(ls "$ROOT"/wheels/spattn-*-cp39-abi3-manylinux_2_28_x86_64.whl)
 echo "-- built $wheel ($((SECONDS - start)) s)"
