@@ -99,8 +99,8 @@ pub struct RankRecord {
     pub sent_bytes: u64,
     /// Its median forward, ms.
     pub forward_ms: f64,
-    /// Of it, the median halo exchange alone (own rows gathered into the halo, the others packed and moved
-    /// by NCCL), ms, timed separately.
+    /// Of it, the median halo exchange alone (own rows gathered into the halo, the others
+    /// packed and moved by NCCL), ms, timed separately.
     pub exchange_ms: f64,
     /// Of it, the median local plan's forward alone on the gathered halo, ms, timed separately.
     pub local_ms: f64,
