@@ -549,6 +549,14 @@ fn gpu_fused_kernels_take_each_extra_alone_and_masked_rows() {
             check_fused_masks(&gpu, alg, a, d, &mut rng);
         }
     }
+    // fused-tc's pipelined kernels have a twin per pair of extras at each head_dim.
+    check_fused_masks(
+        &gpu,
+        Algorithm::FusedTensorCore,
+        &shared_graph("cora"),
+        128,
+        &mut rng,
+    );
 }
 
 fn check_fused_masks(gpu: &Gpu, alg: Algorithm, a: &Csr, d: usize, rng: &mut Pcg64) {
@@ -583,6 +591,8 @@ fn check_fused_masks(gpu: &Gpu, alg: Algorithm, a: &Csr, d: usize, rng: &mut Pcg
     let (bias64, feats64) = (to_f64(&bias), to_f64(&feats));
     let inputs = AttentionInputs::new(&q64, s, &k64, s, &v64, s);
     let dropout = Dropout::new(0.25, 77, 1 << 33).unwrap();
+    // Rate 0 keeps every element: the extras change nothing (fused-tc runs its plain kernel).
+    let no_drop = Dropout::new(0.0, 77, 1 << 33).unwrap();
     for reorder in [Reorder::None, Reorder::Degree] {
         let config = AttentionConfig::new(heads, d, DTypeKind::F16)
             .with_edge_extras(true)
@@ -601,10 +611,11 @@ fn check_fused_masks(gpu: &Gpu, alg: Algorithm, a: &Csr, d: usize, rng: &mut Pcg
         };
         let plan = AttentionPlan::new_gpu(&gpu, a, config).unwrap();
         let scale = f64::from(plan.config().scale());
-        for (name, use_bias, use_feats, use_dropout) in [
-            ("masking bias", true, false, false),
-            ("edge features", false, true, false),
-            ("dropout", false, false, true),
+        for (name, use_bias, use_feats, use_dropout, dropout) in [
+            ("masking bias", true, false, false, dropout),
+            ("edge features", false, true, false, dropout),
+            ("dropout", false, false, true, dropout),
+            ("dropout at rate 0", false, false, true, no_drop),
         ] {
             if use_feats && !alg.takes_edge_features() {
                 continue;

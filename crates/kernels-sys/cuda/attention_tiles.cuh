@@ -206,23 +206,24 @@ __device__ __forceinline__ void bsb_load_step(BsbStep& st, const u32* __restrict
 
 // What bsb_online_step adds to the lane's entries beyond the masked scores: nothing
 // (NoBsbExtras, the plain kernels), or a score bias and dropout (BsbExtras, the `_x` kernels of
-// fused_bsb and of hybrid's tensor-core warps). A block's edges are numbered in bit order
-// (row-major) from block_edge_start[blk]; BsbExtras::find gives the lane's four entries of a
-// block (rows g, g + 8; slots 2t, 2t + 1) their numbers, SPATTN_NONE where the bit is clear.
-// The extras arrive in that order, gathered from the caller's CSR order before the launch
-// (bsb_extras_gather, below; its entry points in fused_bsb.cu): the bias times log2 e as floats,
-// and the dropout's keep bits, so the tile loop makes one independent load per entry instead of
-// a Philox draw under a branch most lanes skip.
+// fused_bsb and of hybrid's tensor-core warps; BsbStagedExtras, fused_bsb's pipelined ones).
+// A block's edges are numbered in bit order (row-major) from block_edge_start[blk]. The bias
+// arrives in that order, gathered from the caller's CSR order before the launch
+// (bsb_bias_gather, below) as floats times log2 e, so the tile loop makes one independent load
+// per entry. The dropout's keep bits arrive in the blocks' own layout (bsb_keep_gather: per
+// block and head 4 words laid out as its bitmap), so an entry tests its keep bit as it tests
+// its bitmap bit: no rank and no Philox draw in the tile loop.
 struct NoBsbExtras {
     enum : bool { ON = false, STAGED = false };  // enumerators: no object for NVRTC to emit
+    enum : u32 { X_BYTES = 0u };                  // bytes of a pipelined stage's extras
 };
 
-// What both tensor-core extras hold: head h's gathered bias and keep bits (make_bsb_extras),
+// What both tensor-core extras hold: head h's gathered bias and keep words (make_bsb_extras),
 // and the step's entries' values the tile loop reads (bias_log2, keep_factor).
 struct BsbExtrasHead {
     enum : bool { ON = true };
     const float* __restrict__ bias;  // null, or this head's row: per edge, bias x log2 e
-    const u32* __restrict__ keep;    // null (no dropout), or this head's keep bits
+    const u32* __restrict__ keep;    // null (no dropout), or this head's keep words, 4 a block
     float drop_scale;                // 1 / (1 - rate)
     const u32* __restrict__ block_edge_start;
     float bv[2][4];  // the step's entries' bias (log2 domain), 0 where there is none
@@ -230,43 +231,73 @@ struct BsbExtrasHead {
     __device__ __forceinline__ float bias_log2(int bb, int j) const { return bv[bb][j]; }
     // A masked entry's factor does not matter (its probability is 0).
     __device__ __forceinline__ float keep_factor(int bb, int j) const { return kf[bb][j]; }
+    // Block bb's factors from its keep words of rows g (k0) and g + 8 (k1), this lane's bits at
+    // shift and shift + 1, as in the bitmap.
+    __device__ __forceinline__ void keep_from_words(int bb, u32 k0, u32 k1, u32 shift) {
+        k0 >>= shift;
+        k1 >>= shift;
+        kf[bb][0] = (k0 & 1u) ? drop_scale : 0.0f;
+        kf[bb][1] = (k0 & 2u) ? drop_scale : 0.0f;
+        kf[bb][2] = (k1 & 1u) ? drop_scale : 0.0f;
+        kf[bb][3] = (k1 & 2u) ? drop_scale : 0.0f;
+    }
+    __device__ __forceinline__ void bias_none(int bb) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) bv[bb][j] = 0.0f;
+    }
+    __device__ __forceinline__ void keep_all(int bb) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) kf[bb][j] = 1.0f;
+    }
 };
 
 // A block's edges are its bits in row-major order: with its bitmap words w (row g in word
 // `upper`, row g + 8 in word 2 + upper, this lane's bits at shift and shift + 1), entry
 // 2r + c of the lane gets its rank among the block's edges in rank[2r + c] and whether its bit
-// is set in on[2r + c]; returns the block's edge count.
-__device__ __forceinline__ u32 bsb_lane_ranks(u32 w0, u32 w1, u32 w2, u32 w3, u32 upper,
-                                              u32 shift, u32 (&rank)[4], bool (&on)[4]) {
-    const u32 p0 = __popc(w0), p1 = __popc(w1), p2 = __popc(w2);
-    const u32 before[2] = {upper ? p0 : 0u, p0 + p1 + (upper ? p2 : 0u)};
-    const u32 word[2] = {upper ? w1 : w0, upper ? w3 : w2};
+// is set in on[2r + c]. A row's second entry ranks after its first: one popc per row.
+__device__ __forceinline__ void bsb_lane_ranks(const u32 (&w)[4], u32 upper, u32 shift,
+                                               u32 (&rank)[4], bool (&on)[4]) {
+    const u32 p0 = __popc(w[0]);
+    const u32 before[2] = {upper ? p0 : 0u, p0 + __popc(w[1]) + (upper ? __popc(w[2]) : 0u)};
+    const u32 word[2] = {upper ? w[1] : w[0], upper ? w[3] : w[2]};
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-            const u32 bit = shift + (u32)c;
-            on[2 * r + c] = (word[r] >> bit) & 1u;
-            rank[2 * r + c] = before[r] + __popc(word[r] & ((1u << bit) - 1u));
-        }
-    return p0 + p1 + p2 + __popc(w3);
+    for (int r = 0; r < 2; ++r) {
+        const u32 x = word[r] >> shift;
+        on[2 * r] = x & 1u;
+        on[2 * r + 1] = (x >> 1) & 1u;
+        rank[2 * r] = before[r] + __popc(word[r] & ((1u << shift) - 1u));
+        rank[2 * r + 1] = rank[2 * r] + (x & 1u);
+    }
+}
+
+// The edges of a block: the bits of its 4 words.
+__device__ __forceinline__ u32 bsb_block_edges(const u32 (&w)[4]) {
+    return __popc(w[0]) + __popc(w[1]) + __popc(w[2]) + __popc(w[3]);
 }
 
 struct BsbExtras : BsbExtrasHead {
     enum : bool { STAGED = false };
+    enum : u32 { X_BYTES = 0u };
     u32 e[2][4];     // the step's entries: block bb, entry 2r + c
     u32 base[2];     // block bb's first edge
     u32 count[2];    // block bb's edges (0 past the unit)
 
-    // Block bb of the step is blk, its bitmap words w (bsb_lane_ranks).
+    // Block bb of the step is blk, its bitmap words w (bsb_lane_ranks); its keep words loaded.
     __device__ __forceinline__ void find(int bb, u32 blk, const u32 (&w)[4], u32 upper,
                                          u32 shift) {
         base[bb] = __ldg(block_edge_start + blk);
         u32 rank[4];
         bool on[4];
-        count[bb] = bsb_lane_ranks(w[0], w[1], w[2], w[3], upper, shift, rank, on);
+        bsb_lane_ranks(w, upper, shift, rank, on);
+        count[bb] = bsb_block_edges(w);
 #pragma unroll
         for (int j = 0; j < 4; ++j) e[bb][j] = on[j] ? base[bb] + rank[j] : SPATTN_NONE;
+        if (keep != nullptr) {
+            const u32* kb = keep + (u64)blk * 4u;
+            keep_from_words(bb, __ldg(kb + upper), __ldg(kb + 2u + upper), shift);
+        } else {
+            keep_all(bb);
+        }
     }
     // Block bb of the step lies past the unit.
     __device__ __forceinline__ void none(int bb) {
@@ -274,9 +305,10 @@ struct BsbExtras : BsbExtrasHead {
         count[bb] = 0u;
 #pragma unroll
         for (int j = 0; j < 4; ++j) e[bb][j] = SPATTN_NONE;
+        keep_all(bb);
     }
     // The step's blocks blk0 and blk0 + 1 (at or past `end`: past the unit), their bitmap
-    // words from words(bb, blk, w); then their extras fetched (fetch).
+    // words from words(bb, blk, w); then their bias fetched (fetch).
     template <class W>
     __device__ __forceinline__ void find_step(u32 blk0, u32 end, u32 upper, u32 shift, W words) {
 #pragma unroll
@@ -293,119 +325,112 @@ struct BsbExtras : BsbExtrasHead {
 #pragma unroll
         for (int bb = 0; bb < 2; ++bb) fetch(bb);
     }
-    // Block bb's bias and keep bits, by the whole warp (every lane calls it for the same
-    // block): a block's edges are consecutive, so lanes j < count load edge base + j's bias
-    // (32 at a time) and the ceil(count / 32) + 1 words at most that hold its keep bits, and each
-    // entry takes its value from the lane that loaded it. One coalesced load per block instead
-    // of one scattered load per entry.
+    // Block bb's bias, by the whole warp (every lane calls it for the same block): a block's
+    // edges are consecutive, so lanes j < count load edge base + j's bias (32 at a time) and
+    // each entry takes its value from the lane that loaded it. One coalesced load per block
+    // instead of one scattered load per entry.
     __device__ __forceinline__ void fetch(int bb) {
-        const u32 lane = lane_id(), b = base[bb], n = count[bb];
-        if (bias != nullptr) {
-            float got[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            for (u32 c = 0; c < n; c += 32u) {  // warp-uniform: n is the block's
-                const float mine = c + lane < n ? __ldg(bias + b + c + lane) : 0.0f;
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const u32 r = e[bb][j] - b;  // the entry's rank in its block (huge if none)
-                    const float v = __shfl_sync(0xffffffffu, mine, r & 31u);
-                    if (r - c < 32u) got[j] = v;
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < 4; ++j) bv[bb][j] = got[j];
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) bv[bb][j] = 0.0f;
+        if (bias == nullptr) {
+            bias_none(bb);
+            return;
         }
-        if (keep != nullptr) {
-            const u32 w0 = b >> 5;
-            const u32 words = n == 0u ? 0u : ((b + n - 1u) >> 5) - w0 + 1u;  // at most 5
-            const u32 mine = lane < words ? __ldg(keep + w0 + lane) : 0u;
+        const u32 lane = lane_id(), b = base[bb], n = count[bb];
+        float got[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (u32 c = 0; c < n; c += 32u) {  // warp-uniform: n is the block's
+            const float mine = c + lane < n ? __ldg(bias + b + c + lane) : 0.0f;
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                const u32 x = e[bb][j];
-                const u32 src = x == SPATTN_NONE ? 0u : (x >> 5) - w0;
-                const u32 word = __shfl_sync(0xffffffffu, mine, src);
-                kf[bb][j] = ((word >> (x & 31u)) & 1u) ? drop_scale : 0.0f;
+                const u32 r = e[bb][j] - b;  // the entry's rank in its block (huge if none)
+                const float v = __shfl_sync(0xffffffffu, mine, r & 31u);
+                if (r - c < 32u) got[j] = v;
             }
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) kf[bb][j] = 1.0f;
         }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) bv[bb][j] = got[j];
     }
 };
 
 // Bytes of a pipelined stage's staged extras (BsbStagedExtras): the step's bias span (two blocks
-// of 128 bits at most, f32), the keep words covering it (9 at most), then the span's first edge
-// mod 32 (one word, padded to 16 bytes).
+// of 128 bits at most, f32) with a bias, then the two blocks' keep words (4 each) with dropout.
 #define BSB_PIPE_X_BIAS 256u
-#define BSB_PIPE_X_KEEP 16u
-#define BSB_PIPE_X_BYTES (4u * (BSB_PIPE_X_BIAS + BSB_PIPE_X_KEEP) + 16u)
+__host__ __device__ constexpr u32 bsb_pipe_x_bytes(bool bias, bool drop) {
+    return (bias ? 4u * BSB_PIPE_X_BIAS : 0u) + (drop ? 32u : 0u);
+}
 
-// BsbExtras of the pipelined fused_bsb `_x` kernel: a step's extras travel into its stage by
-// cp.async with its K and V tiles (issue), and the step reads them from shared memory (load),
-// instead of two dependent global loads in its critical path (the block's first edge, then the
-// bias). The step's edges are consecutive (block-and-bit order), from block_edge_start[blk0] to
-// block_edge_start[min(blk0 + 2, b_end)] (n_blocks + 1 entries), loaded a step before the copies
-// are issued (prefetch), as the column ids are.
+// The extras of fused_bsb's pipelined `_x` kernels, which one of them takes fixed at compile
+// time (BIAS, DROP: `_xb`, `_xd`, `_x` both), so that a kernel carries no test or load of an
+// extra it does not take. A step's extras travel into its stage by cp.async with its K and V
+// tiles (issue), and the step reads them from shared memory (load): the bias of the step's
+// edges, which are consecutive (block-and-bit order) from block_edge_start[blk0] to
+// block_edge_start[min(blk0 + 2, b_end)] (n_blocks + 1 entries), loaded a step before the
+// copies are issued (prefetch), as the column ids are; the keep words of its two blocks.
+template <bool BIAS, bool DROP>
 struct BsbStagedExtras : BsbExtrasHead {
     enum : bool { STAGED = true };
+    enum : u32 { X_BYTES = bsb_pipe_x_bytes(BIAS, DROP), KEEP_OFF = bsb_pipe_x_bytes(BIAS, false) };
 
     // Lane 0: the first edge of the step of blocks blk0, blk0 + 1 (< b_end); lane 1: the first
-    // edge past it. Other lanes, and a step past the unit: 0.
+    // edge past it. Other lanes, a step past the unit, and without a bias: 0.
     __device__ __forceinline__ u32 prefetch(u32 blk0, u32 b_end) const {
-        const u32 lane = lane_id();
-        if (lane >= 2u || blk0 >= b_end) return 0u;
-        return __ldg(block_edge_start + (lane == 0u ? blk0 : min(blk0 + 2u, b_end)));
+        if constexpr (!BIAS) {
+            return 0u;
+        } else {
+            const u32 lane = lane_id();
+            if (lane >= 2u || blk0 >= b_end) return 0u;
+            return __ldg(block_edge_start + (lane == 0u ? blk0 : min(blk0 + 2u, b_end)));
+        }
     }
-    // The step's copies into its stage's extras (shared address x, pointer xp) from its span
-    // `be` (prefetch's lanes 0 and 1), in the stage's cp.async group; the span's first edge mod
-    // 32 by a plain store (read after the step's __syncwarp). Every lane calls it.
-    __device__ __forceinline__ void issue(u32 x, unsigned char* xp, u32 be) const {
+    // The step's copies into its stage's extras (shared address x) from its bias span `be`
+    // (prefetch's lanes 0 and 1) and of its blocks blk0, blk0 + 1 (< b_end), in the stage's
+    // cp.async group. Every lane calls it.
+    __device__ __forceinline__ void issue(u32 x, u32 be, u32 blk0, u32 b_end) const {
         const u32 lane = lane_id();
-        const u32 first = __shfl_sync(0xffffffffu, be, 0), end = __shfl_sync(0xffffffffu, be, 1);
-        const u32 n = end - first;  // at most 256: two blocks of 128 bits
-        if (bias != nullptr) {
+        if constexpr (BIAS) {
+            const u32 first = __shfl_sync(0xffffffffu, be, 0);
+            const u32 end = __shfl_sync(0xffffffffu, be, 1);
+            const u32 n = end - first;  // at most 256: two blocks of 128 bits
+#pragma unroll 1
             for (u32 c = 0; c < n; c += 32u)  // warp-uniform
                 if (c + lane < n) cp_async_4(x + 4u * (c + lane), bias + first + c + lane);
         }
-        if (keep != nullptr) {
-            const u32 w0 = first >> 5;
-            const u32 words = n == 0u ? 0u : ((end - 1u) >> 5) - w0 + 1u;  // at most 9
-            if (lane < words) cp_async_4(x + 4u * (BSB_PIPE_X_BIAS + lane), keep + w0 + lane);
-            if (lane == 0u)
-                *reinterpret_cast<u32*>(xp + 4u * (BSB_PIPE_X_BIAS + BSB_PIPE_X_KEEP)) =
-                    first & 31u;
+        if constexpr (DROP) {
+            if (lane < 2u) {
+                const u32 blk = blk0 + lane;
+                const bool ok = blk < b_end;
+                cp_async_16(x + KEEP_OFF + 16u * lane, keep + (ok ? (u64)blk * 4u : 0u), ok);
+            }
         }
     }
     // The step's entries from its stage's extras xp, given the stage's bitmap words w (shared
-    // memory, 4 per block; zeros for a block past the unit): an entry's rank in the span is the
-    // bits before it, block 0's first.
+    // memory, 4 per block; zeros for a block past the unit): an entry's rank in the bias span is
+    // the bits before it, block 0's first.
     __device__ __forceinline__ void load(const unsigned char* xp, const u32* w, u32 upper,
                                          u32 shift) {
-        const float* sb = reinterpret_cast<const float*>(xp);
-        const u32* sk = reinterpret_cast<const u32*>(xp + 4u * BSB_PIPE_X_BIAS);
-        const u32 off = keep != nullptr ? sk[BSB_PIPE_X_KEEP] : 0u;
-        u32 start = 0u;  // block bb's first edge in the span
+        if constexpr (BIAS) {
+            const float* sb = reinterpret_cast<const float*>(xp);
+            u32 start = 0u;  // block bb's first edge in the span
 #pragma unroll
-        for (int bb = 0; bb < 2; ++bb) {
-            u32 rank[4];
-            bool on[4];
-            const u32* wb = w + 4 * bb;
-            const u32 count = bsb_lane_ranks(wb[0], wb[1], wb[2], wb[3], upper, shift, rank, on);
+            for (int bb = 0; bb < 2; ++bb) {
+                const u32 wb[4] = {w[4 * bb], w[4 * bb + 1], w[4 * bb + 2], w[4 * bb + 3]};
+                u32 rank[4];
+                bool on[4];
+                bsb_lane_ranks(wb, upper, shift, rank, on);
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const u32 x = start + rank[j];
-                bv[bb][j] = bias != nullptr && on[j] ? sb[x] : 0.0f;
-                if (keep != nullptr) {
-                    const u32 y = off + x;
-                    const bool kept = on[j] && ((sk[y >> 5] >> (y & 31u)) & 1u);
-                    kf[bb][j] = kept ? drop_scale : 0.0f;
-                } else {
-                    kf[bb][j] = 1.0f;
-                }
+                for (int j = 0; j < 4; ++j) bv[bb][j] = on[j] ? sb[start + rank[j]] : 0.0f;
+                if (bb == 0) start = bsb_block_edges(wb);
             }
-            start += count;
+        } else {
+            bias_none(0);
+            bias_none(1);
+        }
+        if constexpr (DROP) {
+            const u32* sk = reinterpret_cast<const u32*>(xp + KEEP_OFF);
+#pragma unroll
+            for (int bb = 0; bb < 2; ++bb)
+                keep_from_words(bb, sk[4 * bb + upper], sk[4 * bb + 2 + upper], shift);
+        } else {
+            keep_all(0);
+            keep_all(1);
         }
     }
 };
@@ -420,20 +445,21 @@ struct BsbExtrasArgs {
     const u32* block_edge_start;
     const u32* keep;
     u32 n_edges;
+    u32 n_blocks;
     float drop_scale;
 };
 #define SPATTN_BSB_X_PARAMS                                                                    \
     const float *x_bias, u32 x_bias_rows, const u32 *block_edge_start, const u32 *x_keep,      \
-        u32 x_edges, float x_drop_scale
+        u32 x_edges, u32 x_blocks, float x_drop_scale
 #define SPATTN_BSB_X_ARGS                                                                      \
-    { x_bias, x_bias_rows, block_edge_start, x_keep, x_edges, x_drop_scale }
+    { x_bias, x_bias_rows, block_edge_start, x_keep, x_edges, x_blocks, x_drop_scale }
 
 // BsbExtras (or BsbStagedExtras) of head h.
 template <class X = BsbExtras>
 __device__ __forceinline__ X make_bsb_extras(const BsbExtrasArgs& a, u32 h) {
     X xt;
     xt.bias = a.bias == nullptr ? nullptr : a.bias + (u64)(a.bias_rows == 1u ? 0u : h) * a.n_edges;
-    xt.keep = a.keep == nullptr ? nullptr : a.keep + (u64)h * ((a.n_edges + 31u) / 32u);
+    xt.keep = a.keep == nullptr ? nullptr : a.keep + (u64)h * a.n_blocks * 4u;
     xt.drop_scale = a.drop_scale;
     xt.block_edge_start = a.block_edge_start;
     return xt;
@@ -450,42 +476,76 @@ __device__ __forceinline__ auto bsb_extras_or_none(const BsbExtrasArgs* a, u32 h
     }
 }
 
-// bsb_extras_or_none for fused_bsb's pipelined kernel: BsbStagedExtras.
-template <bool ON>
+// The extras of fused_bsb's pipelined kernels: XMODE 0 none, else BsbStagedExtras taking the
+// bias (bit 0) and dropout (bit 1).
+template <int XMODE>
 __device__ __forceinline__ auto bsb_staged_extras_or_none(const BsbExtrasArgs* a, u32 h) {
-    if constexpr (ON) {
-        return make_bsb_extras<BsbStagedExtras>(*a, h);
+    if constexpr (XMODE != 0) {
+        return make_bsb_extras<BsbStagedExtras<(XMODE & 1) != 0, (XMODE & 2) != 0>>(*a, h);
     } else {
         return NoBsbExtras();
     }
 }
 
-// The gather before a `_x` launch: per kernel edge p < n (block-and-bit order), for every head,
-// its caller edge ids[p]'s bias times log2 e into bias_out (bias_rows x n: rows past bias_rows
-// are left alone) and its dropout keep bit into keep_out (heads x ceil(n / 32) words; the same
-// draw as dropout_factor). One thread an edge: its id and its heads' bias (adjacent in the
-// caller's layout) are read once, not once per head. 256 threads a block, whole warps a word.
+// The bias gather before a `_x` launch: per kernel edge p < n (block-and-bit order), for every
+// bias row h < bias_heads, its caller edge ids[p]'s bias times log2 e into bias_out[h * n + p].
+// One thread an edge: its id and its heads' bias (adjacent in the caller's layout) are read
+// once, not once per head.
 template <class T>
-__device__ __forceinline__ void bsb_extras_gather(const u32* __restrict__ ids, u32 n, u32 heads,
-                                                  const T* __restrict__ bias, u32 bias_heads,
-                                                  Dropout drop, float* __restrict__ bias_out,
-                                                  u32* __restrict__ keep_out) {
+__device__ __forceinline__ void bsb_bias_gather(const u32* __restrict__ ids, u32 n,
+                                                const T* __restrict__ bias, u32 bias_heads,
+                                                float* __restrict__ bias_out) {
     const u32 p = blockIdx.x * blockDim.x + threadIdx.x;
-    const u64 x = p < n ? (u64)__ldg(ids + p) : 0u;
-    if (bias_out != nullptr && p < n) {
-        for (u32 h = 0; h < bias_heads; ++h)
-            bias_out[(u64)h * n + p] = to_f32(bias[x * bias_heads + h]) * 1.4426950408889634f;
-    }
-    if (keep_out != nullptr) {
-        // The edge's heads are consecutive elements: one Philox draw serves four of them.
-        const u64 words = (n + 31u) / 32u, first = x * heads;
-        uint4 r = dropout_draws(drop, first >> 2);
-        for (u32 h = 0; h < heads; ++h) {
-            const u64 i = first + h;
-            if (h > 0u && (i & 3u) == 0u) r = dropout_draws(drop, i >> 2);
-            const bool kept = p < n && (drop.threshold == 0u || dropout_kept(drop, r, (u32)i & 3u));
-            const u32 bits = __ballot_sync(0xffffffffu, kept);
-            if (lane_id() == 0u && p < n) keep_out[(u64)h * words + (p >> 5)] = bits;
+    if (p >= n) return;
+    const u64 x = __ldg(ids + p);
+    for (u32 h = 0; h < bias_heads; ++h)
+        bias_out[(u64)h * n + p] = to_f32(bias[x * bias_heads + h]) * 1.4426950408889634f;
+}
+
+// The keep gather before a `_x` launch with dropout: per block b < n_blocks (one thread) and
+// head h < heads, 4 words laid out as the block's bitmap (bitmaps + 4b) into
+// keep_out[(h * n_blocks + b) * 4 ..], a bit set where its edge is kept. The edge at a bit is
+// block_edge_start[b] + the bit's rank in the block; its caller edge x = ids[edge] gives the
+// element x * heads + h, drawn as dropout_factor draws it (word i mod 4 of draw i / 4), so the
+// CPU and the other kernels keep the same elements. Heads in chunks of 8, held in registers.
+__device__ __forceinline__ void bsb_keep_gather(const u32* __restrict__ ids,
+                                                const u32* __restrict__ bitmaps,
+                                                const u32* __restrict__ block_edge_start,
+                                                u32 n_blocks, u32 heads, Dropout drop,
+                                                u32* __restrict__ keep_out) {
+    const u32 b = blockIdx.x * blockDim.x + threadIdx.x;
+    if (b >= n_blocks) return;
+    const uint4 w4 = __ldg(reinterpret_cast<const uint4*>(bitmaps) + b);
+    const u32 bm[4] = {w4.x, w4.y, w4.z, w4.w};
+    const u32 base = __ldg(block_edge_start + b);
+    for (u32 h0 = 0; h0 < heads; h0 += 8u) {
+        u32 out[4][8];
+#pragma unroll
+        for (int w = 0; w < 4; ++w)
+#pragma unroll
+            for (int hh = 0; hh < 8; ++hh) out[w][hh] = 0u;
+        u32 rank = 0u;
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            for (u32 bits = bm[w]; bits != 0u; bits &= bits - 1u) {
+                const u32 bit = 1u << (__ffs(bits) - 1);
+                const u64 first = (u64)__ldg(ids + base + rank) * heads + h0;
+                ++rank;
+                uint4 r = dropout_draws(drop, first >> 2);
+#pragma unroll
+                for (u32 hh = 0; hh < 8u; ++hh) {
+                    const u64 i = first + hh;
+                    if (h0 + hh >= heads) break;
+                    if (hh > 0u && (i & 3u) == 0u) r = dropout_draws(drop, i >> 2);
+                    if (dropout_kept(drop, r, (u32)i & 3u)) out[w][hh] |= bit;
+                }
+            }
+        }
+#pragma unroll
+        for (u32 hh = 0; hh < 8u; ++hh) {
+            if (h0 + hh >= heads) break;
+            reinterpret_cast<uint4*>(keep_out)[(u64)(h0 + hh) * n_blocks + b] =
+                make_uint4(out[0][hh], out[1][hh], out[2][hh], out[3][hh]);
         }
     }
 }
@@ -881,7 +941,7 @@ __device__ __forceinline__ void bsb_finish_split(
 // features: slot r's 16-byte chunk c stored at chunk c ^ (r & 7) of its row, so that the 8 rows
 // one ldmatrix reads fall in 8 different bank groups), the V tile (same layout), the 32
 // bytes of the two blocks' bitmaps, and in fused_bsb's `_x` kernel the step's staged extras
-// (BSB_PIPE_X_BYTES, BsbStagedExtras). After the stages: the warp's BSB_MERGE_FLOATS of merge
+// (bsb_pipe_x_bytes, BsbStagedExtras). After the stages: the warp's BSB_MERGE_FLOATS of merge
 // scratch (bsb_pipe_warp_bytes in all).
 //
 // Fragments, natural feature order (g = lane / 4, t = lane % 4):
@@ -896,13 +956,14 @@ __device__ __forceinline__ void bsb_finish_split(
 
 // Steps in flight per warp (the host mirrors it).
 #define BSB_PIPE_STAGES 3
+// x_bytes: the stage's staged extras (the extras' X_BYTES: bsb_pipe_x_bytes, or 0).
 __host__ __device__ constexpr u32 bsb_pipe_stage_bytes(u32 d, bool spmm = false,
-                                                       bool staged = false) {
-    return (spmm ? 1u : 2u) * 16u * d * 2u + 32u + (staged ? BSB_PIPE_X_BYTES : 0u);
+                                                       u32 x_bytes = 0u) {
+    return (spmm ? 1u : 2u) * 16u * d * 2u + 32u + x_bytes;
 }
 __host__ __device__ constexpr u32 bsb_pipe_warp_bytes(u32 d, bool spmm = false,
-                                                      bool staged = false) {
-    return BSB_PIPE_STAGES * bsb_pipe_stage_bytes(d, spmm, staged) + BSB_MERGE_FLOATS * 4u;
+                                                      u32 x_bytes = 0u) {
+    return BSB_PIPE_STAGES * bsb_pipe_stage_bytes(d, spmm, x_bytes) + BSB_MERGE_FLOATS * 4u;
 }
 
 // Words per unit of the fused kernel's prologue record (unit_pre; the host mirrors it,
@@ -923,7 +984,7 @@ __device__ __forceinline__ void bsb_pipe_qrows(const u32* __restrict__ row_ids, 
 
 // One warp's pass over blocks b_begin .. b_end of one window (steps of two blocks) for head
 // `head_off / D`: Q rows qrow[0] (window row g) and qrow[1] (row g + 8), SPATTN_NONE past the
-// matrix. `smem` is the warp's bsb_pipe_warp_bytes(D, SPMM, X::STAGED) of shared memory. On
+// matrix. `smem` is the warp's bsb_pipe_warp_bytes(D, SPMM, X::X_BYTES) of shared memory. On
 // return every copy has landed (the stages may be reused), m[r] is the running max of row
 // g + 8r in the log2 domain (-inf where the warp saw no edge of the row), l[r] its sum (the
 // same in the row's 4 lanes) and o the f32 accumulator (layout above).
@@ -946,14 +1007,14 @@ __device__ __forceinline__ void bsb_pipe_tiles(
     constexpr u32 CH = D / 8;               // 16-byte chunks of a row
     constexpr u32 ROW = CH * 16u;           // bytes of a row
     constexpr u32 TILE = 16u * ROW;         // bytes of the K (or V) tile of one step
-    constexpr u32 STAGE = bsb_pipe_stage_bytes(D, SPMM, STAGED);
+    constexpr u32 STAGE = bsb_pipe_stage_bytes(D, SPMM, X::X_BYTES);
     constexpr u32 VOFF = SPMM ? 0u : TILE;  // the V tile's offset in a stage (K's is 0)
     constexpr u32 BOFF = VOFF + TILE;       // the bitmaps' offset
     constexpr u32 XOFF = BOFF + 32u;        // the staged extras' offset
     constexpr u32 RPO = 32u / CH;           // rows one warp-wide copy covers
     constexpr int NKS = D / 16;             // k-steps of S
     constexpr int NT = D / 8;               // n-tiles of O
-    static_assert(STAGE == XOFF + (STAGED ? BSB_PIPE_X_BYTES : 0u), "stage layout");
+    static_assert(STAGE == XOFF + X::X_BYTES, "stage layout");
 
     const u32 lane = lane_id();
     const u32 base_s = smem_addr(smem);
@@ -997,7 +1058,7 @@ __device__ __forceinline__ void bsb_pipe_tiles(
                 const bool ok = blk < b_end;
                 cp_async_16(sk + BOFF + 16u * lane, bitmaps + (ok ? (u64)blk * 4u : 0u), ok);
             }
-            if constexpr (STAGED) xt.issue(sk + XOFF, smem + (s % STAGES) * STAGE + XOFF, span);
+            if constexpr (STAGED) xt.issue(sk + XOFF, span, b_begin + 2u * s, b_end);
         }
         cp_async_commit();
     };
@@ -1135,7 +1196,7 @@ __device__ __forceinline__ void bsb_pipe_tiles(
 // partial (m, l and the accumulator of rows g, g + 8) in part_ml / part_acc and the last part to
 // arrive merges them (bsb_finish_split, with the merge scratch after the stages of the warp's
 // shared memory `smem`). SpMM: the accumulator is the sum itself (m and l are not read).
-template <class T, int D, bool SPMM = false, bool STAGED = false>
+template <class T, int D, bool SPMM = false, u32 X_BYTES = 0u>
 __device__ __forceinline__ void bsb_pipe_finish(
     u32 part, u32 split, const u32* __restrict__ split_part_first, u32* __restrict__ counters,
     u32 heads, u32 h, unsigned char* smem, float* __restrict__ part_ml, float* __restrict__ part_acc,
@@ -1170,7 +1231,7 @@ __device__ __forceinline__ void bsb_pipe_finish(
         for (int nt = 0; nt < NT; ++nt) arow[4 * nt + t] = make_float2(o[nt][2 * r], o[nt][2 * r + 1]);
     }
     float* mrg =
-        reinterpret_cast<float*>(smem + BSB_PIPE_STAGES * bsb_pipe_stage_bytes(D, SPMM, STAGED));
+        reinterpret_cast<float*>(smem + BSB_PIPE_STAGES * bsb_pipe_stage_bytes(D, SPMM, X_BYTES));
     bsb_finish_split<T, NT, true>(split, split_part_first, counters, heads, h, D, lane, 32u, 0u,
                                   mrg, part_ml, part_acc, n_rows, window, row_ids, out, hd,
                                   head_off, D);

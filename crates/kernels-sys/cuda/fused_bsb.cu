@@ -39,10 +39,11 @@
 #include "attention_tiles.cuh"
 
 // Every kernel has an `_x` twin that also takes a score bias and dropout (BsbExtras,
-// attention_tiles.cuh), gathered into block-and-bit order by bsb_extras_gather_* (below) from
-// the caller's CSR order: the bias joins each score in the log2 domain before the running max,
-// and the dropout factor weighs P V but not the running sum, so the split windows' partials
-// merge as they are.
+// attention_tiles.cuh; the pipelined kernels three, `_xb` bias, `_xd` dropout and `_x` both,
+// BsbStagedExtras), gathered before the launch from the caller's CSR order by
+// bsb_bias_gather_* and bsb_keep_gather (below): the bias joins each score in the log2 domain
+// before the running max, and the dropout factor weighs P V but not the running sum, so the
+// split windows' partials merge as they are.
 
 template <class T, int DS, bool VEC, bool PIPE, bool EXTRAS>
 __device__ __forceinline__ void fused_bsb(
@@ -173,7 +174,7 @@ SPATTN_FUSED_BSB_BOTH(f32, float, 64)
 // One warp per (unit, head), f16/bf16 heads of exactly 64 or 128 features: the tile loop is
 // bsb_pipe_tiles (attention_tiles.cuh, with the shared-memory layout and fragments), the end of
 // the unit bsb_pipe_finish.
-template <class T, int D, bool EXTRAS>
+template <class T, int D, int XMODE>
 __device__ __forceinline__ void fused_bsb_pipe(
     const uint4* __restrict__ units, const u32* __restrict__ unit_split,
     const u32* __restrict__ split_part_first, u32 n_items, u32 heads, u32 n_rows,
@@ -182,13 +183,14 @@ __device__ __forceinline__ void fused_bsb_pipe(
     const u32* __restrict__ bitmaps, const T* __restrict__ q, const T* __restrict__ k,
     const T* __restrict__ v, float scale_log2, T* __restrict__ out, float* __restrict__ part_ml,
     float* __restrict__ part_acc, u32* __restrict__ counters, const BsbExtrasArgs* xa) {
+    using X = decltype(bsb_staged_extras_or_none<XMODE>(xa, 0u));
     extern __shared__ uint4 bsb_pipe_smem[];
     const u32 warp = threadIdx.x >> 5;
     const u32 item = blockIdx.x * (blockDim.x >> 5) + warp;
     if (item >= n_items) return;  // uniform across the warp
     unsigned char* smem =
         reinterpret_cast<unsigned char*>(bsb_pipe_smem) +
-        warp * bsb_pipe_warp_bytes(D, false, EXTRAS);
+        warp * bsb_pipe_warp_bytes(D, false, X::X_BYTES);
 
     const u32 u = item / heads, h = item - u * heads;
     // D 128: the unit's descriptor and its prologue record, loaded together, so that the first
@@ -210,8 +212,8 @@ __device__ __forceinline__ void fused_bsb_pipe(
     float m[2], l[2], o[D / 8][4];
     bsb_pipe_tiles<T, D, false, PRE>(smem, un.y, un.z, qrow, q, block_columns, bitmaps, k, v, hd,
                                      head_off, scale_log2, nullptr, 0u, m, l, o, col01,
-                                     bsb_staged_extras_or_none<EXTRAS>(xa, h));
-    bsb_pipe_finish<T, D, false, EXTRAS>(part, part == SPATTN_NONE ? 0u : unit_split[u],
+                                     bsb_staged_extras_or_none<XMODE>(xa, h));
+    bsb_pipe_finish<T, D, false, X::X_BYTES>(part, part == SPATTN_NONE ? 0u : unit_split[u],
                                          split_part_first, counters, heads, h, smem, part_ml,
                                          part_acc, n_rows, window, row_ids, out, hd, head_off,
                                          qrow, m, l, o);
@@ -220,41 +222,52 @@ __device__ __forceinline__ void fused_bsb_pipe(
 // Entry points fused_bsb_{f16,bf16}_d{64,128}_pipe: fused_bsb's parameters (head_dim must be D,
 // fs 1), unit_pre the units' prologue records for D 128 (BSB_PIPE_PRE_WORDS words each, built by
 // the host from the schedule, the block columns and the row order; null for D 64 and the
-// register kernels, which do not read it).
+// register kernels, which do not read it). Their extras twins: `_xb` (a bias), `_xd`
+// (dropout), `_x` (both); each reads only the extras it takes.
+#define SPATTN_FUSED_BSB_PIPE_X(SUFFIX, T, D, XNAME, XMODE)                                   \
+    extern "C" __global__ void __launch_bounds__(128) fused_bsb_##SUFFIX##_d##D##_pipe##XNAME( \
+        SPATTN_BSB_PARAMS(T), SPATTN_BSB_X_PARAMS) {                                           \
+        (void)head_dim;                                                                        \
+        (void)fs;                                                                              \
+        const BsbExtrasArgs xa = SPATTN_BSB_X_ARGS;                                            \
+        fused_bsb_pipe<T, D, XMODE>(units, unit_split, split_part_first, n_items, heads,       \
+                                    n_rows, row_ids, unit_pre, block_columns, bitmaps, q, k,   \
+                                    v, scale_log2, out, part_ml, part_acc, counters, &xa);     \
+    }
 #define SPATTN_FUSED_BSB_PIPE(SUFFIX, T, D)                                                    \
     extern "C" __global__ void __launch_bounds__(128)                                          \
         fused_bsb_##SUFFIX##_d##D##_pipe(SPATTN_BSB_PARAMS(T)) {                               \
         (void)head_dim;                                                                        \
         (void)fs;                                                                              \
-        fused_bsb_pipe<T, D, false>(units, unit_split, split_part_first, n_items, heads,       \
-                                    n_rows, row_ids, unit_pre, block_columns, bitmaps, q, k,   \
-                                    v, scale_log2, out, part_ml, part_acc, counters, nullptr); \
+        fused_bsb_pipe<T, D, 0>(units, unit_split, split_part_first, n_items, heads, n_rows,   \
+                                row_ids, unit_pre, block_columns, bitmaps, q, k, v,            \
+                                scale_log2, out, part_ml, part_acc, counters, nullptr);        \
     }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(128) fused_bsb_##SUFFIX##_d##D##_pipe_x(      \
-        SPATTN_BSB_PARAMS(T), SPATTN_BSB_X_PARAMS) {                                           \
-        (void)head_dim;                                                                        \
-        (void)fs;                                                                              \
-        const BsbExtrasArgs xa = SPATTN_BSB_X_ARGS;                                            \
-        fused_bsb_pipe<T, D, true>(units, unit_split, split_part_first, n_items, heads,        \
-                                   n_rows, row_ids, unit_pre, block_columns, bitmaps, q, k, v, \
-                                   scale_log2, out, part_ml, part_acc, counters, &xa);         \
-    }
+    SPATTN_FUSED_BSB_PIPE_X(SUFFIX, T, D, _xb, 1)                                              \
+    SPATTN_FUSED_BSB_PIPE_X(SUFFIX, T, D, _xd, 2)                                              \
+    SPATTN_FUSED_BSB_PIPE_X(SUFFIX, T, D, _x, 3)
 
 SPATTN_FUSED_BSB_PIPE(f16, __half, 64)
 SPATTN_FUSED_BSB_PIPE(f16, __half, 128)
 SPATTN_FUSED_BSB_PIPE(bf16, __nv_bfloat16, 64)
 SPATTN_FUSED_BSB_PIPE(bf16, __nv_bfloat16, 128)
 
-// Entry points bsb_extras_gather_{f32,f16,bf16}: bsb_extras_gather (attention_tiles.cuh) for the
-// `_x` kernels of this module and of hybrid's tensor-core warps; grid ceil(n / 256) blocks.
-#define SPATTN_BSB_EXTRAS_GATHER(SUFFIX, T)                                                    \
-    extern "C" __global__ void __launch_bounds__(256) bsb_extras_gather_##SUFFIX(              \
-        const u32* ids, u32 n, u32 heads, const T* bias, u32 bias_heads, u32 key0, u32 key1,   \
-        u32 off0, u32 off1, u32 threshold, float drop_scale, float* bias_out, u32* keep_out) { \
-        bsb_extras_gather<T>(ids, n, heads, bias, bias_heads,                                  \
-                             {key0, key1, off0, off1, threshold, drop_scale}, bias_out,        \
-                             keep_out);                                                        \
+// Entry points bsb_bias_gather_{f32,f16,bf16} (grid ceil(n / 256) blocks of 256) and
+// bsb_keep_gather (one thread per block): the gathers (attention_tiles.cuh) before the `_x`
+// kernels of this module and of hybrid's tensor-core warps.
+#define SPATTN_BSB_BIAS_GATHER(SUFFIX, T)                                                      \
+    extern "C" __global__ void __launch_bounds__(256) bsb_bias_gather_##SUFFIX(                \
+        const u32* ids, u32 n, const T* bias, u32 bias_heads, float* bias_out) {               \
+        bsb_bias_gather<T>(ids, n, bias, bias_heads, bias_out);                                \
     }
-SPATTN_BSB_EXTRAS_GATHER(f32, float)
-SPATTN_BSB_EXTRAS_GATHER(f16, __half)
-SPATTN_BSB_EXTRAS_GATHER(bf16, __nv_bfloat16)
+SPATTN_BSB_BIAS_GATHER(f32, float)
+SPATTN_BSB_BIAS_GATHER(f16, __half)
+SPATTN_BSB_BIAS_GATHER(bf16, __nv_bfloat16)
+
+extern "C" __global__ void __launch_bounds__(256)
+    bsb_keep_gather(const u32* ids, const u32* bitmaps, const u32* block_edge_start, u32 n_blocks,
+                    u32 heads, u32 key0, u32 key1, u32 off0, u32 off1, u32 threshold,
+                    float drop_scale, u32* keep_out) {
+    bsb_keep_gather(ids, bitmaps, block_edge_start, n_blocks, heads,
+                    {key0, key1, off0, off1, threshold, drop_scale}, keep_out);
+}

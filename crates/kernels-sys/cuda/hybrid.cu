@@ -29,8 +29,8 @@
 // 16 x 2 (max, sum) and 16 x DS accumulators.
 //
 // Attention kernels have `_x` twins taking a score bias and dropout in the caller's CSR order
-// (no edge features): the tensor-core warps through BsbExtras (bias and keep bits gathered
-// into block-and-bit order by fused_bsb's bsb_extras_gather_* before the launch), the CUDA-core
+// (no edge features): the tensor-core warps through BsbExtras (bias and keep bits gathered by
+// fused_bsb's bsb_bias_gather_* and bsb_keep_gather before the launch), the CUDA-core
 // warps through EdgeExtras in the log2 domain (cd_edge_ids naming each CUDA-core edge's caller
 // edge).
 

@@ -303,7 +303,7 @@ pub const EDGE_CAST_BF16: &str = "edge_cast_bf16";
 /// Kernel `edge_row_combine_bf16` of [`EDGE_EXTRAS`].
 pub const EDGE_ROW_COMBINE_BF16: &str = "edge_row_combine_bf16";
 
-/// The PTX module compiled from `cuda/fused_bsb.cu` (43 kernels).
+/// The PTX module compiled from `cuda/fused_bsb.cu` (52 kernels).
 pub const FUSED_BSB: PtxModule = PtxModule {
     name: "fused_bsb",
     ptx: include_str!("../ptx/fused_bsb.ptx"),
@@ -341,16 +341,25 @@ pub const FUSED_BSB: PtxModule = PtxModule {
         FUSED_BSB_F32_S64_SCALAR,
         FUSED_BSB_F32_S64_SCALAR_X,
         FUSED_BSB_F16_D64_PIPE,
+        FUSED_BSB_F16_D64_PIPE_XB,
+        FUSED_BSB_F16_D64_PIPE_XD,
         FUSED_BSB_F16_D64_PIPE_X,
         FUSED_BSB_F16_D128_PIPE,
+        FUSED_BSB_F16_D128_PIPE_XB,
+        FUSED_BSB_F16_D128_PIPE_XD,
         FUSED_BSB_F16_D128_PIPE_X,
         FUSED_BSB_BF16_D64_PIPE,
+        FUSED_BSB_BF16_D64_PIPE_XB,
+        FUSED_BSB_BF16_D64_PIPE_XD,
         FUSED_BSB_BF16_D64_PIPE_X,
         FUSED_BSB_BF16_D128_PIPE,
+        FUSED_BSB_BF16_D128_PIPE_XB,
+        FUSED_BSB_BF16_D128_PIPE_XD,
         FUSED_BSB_BF16_D128_PIPE_X,
-        BSB_EXTRAS_GATHER_F32,
-        BSB_EXTRAS_GATHER_F16,
-        BSB_EXTRAS_GATHER_BF16,
+        BSB_BIAS_GATHER_F32,
+        BSB_BIAS_GATHER_F16,
+        BSB_BIAS_GATHER_BF16,
+        BSB_KEEP_GATHER,
     ],
 };
 
@@ -453,11 +462,23 @@ pub const FUSED_BSB_F32_S64_SCALAR_X: &str = "fused_bsb_f32_s64_scalar_x";
 /// Kernel `fused_bsb_f16_d64_pipe` of [`FUSED_BSB`].
 pub const FUSED_BSB_F16_D64_PIPE: &str = "fused_bsb_f16_d64_pipe";
 
+/// Kernel `fused_bsb_f16_d64_pipe_xb` of [`FUSED_BSB`].
+pub const FUSED_BSB_F16_D64_PIPE_XB: &str = "fused_bsb_f16_d64_pipe_xb";
+
+/// Kernel `fused_bsb_f16_d64_pipe_xd` of [`FUSED_BSB`].
+pub const FUSED_BSB_F16_D64_PIPE_XD: &str = "fused_bsb_f16_d64_pipe_xd";
+
 /// Kernel `fused_bsb_f16_d64_pipe_x` of [`FUSED_BSB`].
 pub const FUSED_BSB_F16_D64_PIPE_X: &str = "fused_bsb_f16_d64_pipe_x";
 
 /// Kernel `fused_bsb_f16_d128_pipe` of [`FUSED_BSB`].
 pub const FUSED_BSB_F16_D128_PIPE: &str = "fused_bsb_f16_d128_pipe";
+
+/// Kernel `fused_bsb_f16_d128_pipe_xb` of [`FUSED_BSB`].
+pub const FUSED_BSB_F16_D128_PIPE_XB: &str = "fused_bsb_f16_d128_pipe_xb";
+
+/// Kernel `fused_bsb_f16_d128_pipe_xd` of [`FUSED_BSB`].
+pub const FUSED_BSB_F16_D128_PIPE_XD: &str = "fused_bsb_f16_d128_pipe_xd";
 
 /// Kernel `fused_bsb_f16_d128_pipe_x` of [`FUSED_BSB`].
 pub const FUSED_BSB_F16_D128_PIPE_X: &str = "fused_bsb_f16_d128_pipe_x";
@@ -465,23 +486,38 @@ pub const FUSED_BSB_F16_D128_PIPE_X: &str = "fused_bsb_f16_d128_pipe_x";
 /// Kernel `fused_bsb_bf16_d64_pipe` of [`FUSED_BSB`].
 pub const FUSED_BSB_BF16_D64_PIPE: &str = "fused_bsb_bf16_d64_pipe";
 
+/// Kernel `fused_bsb_bf16_d64_pipe_xb` of [`FUSED_BSB`].
+pub const FUSED_BSB_BF16_D64_PIPE_XB: &str = "fused_bsb_bf16_d64_pipe_xb";
+
+/// Kernel `fused_bsb_bf16_d64_pipe_xd` of [`FUSED_BSB`].
+pub const FUSED_BSB_BF16_D64_PIPE_XD: &str = "fused_bsb_bf16_d64_pipe_xd";
+
 /// Kernel `fused_bsb_bf16_d64_pipe_x` of [`FUSED_BSB`].
 pub const FUSED_BSB_BF16_D64_PIPE_X: &str = "fused_bsb_bf16_d64_pipe_x";
 
 /// Kernel `fused_bsb_bf16_d128_pipe` of [`FUSED_BSB`].
 pub const FUSED_BSB_BF16_D128_PIPE: &str = "fused_bsb_bf16_d128_pipe";
 
+/// Kernel `fused_bsb_bf16_d128_pipe_xb` of [`FUSED_BSB`].
+pub const FUSED_BSB_BF16_D128_PIPE_XB: &str = "fused_bsb_bf16_d128_pipe_xb";
+
+/// Kernel `fused_bsb_bf16_d128_pipe_xd` of [`FUSED_BSB`].
+pub const FUSED_BSB_BF16_D128_PIPE_XD: &str = "fused_bsb_bf16_d128_pipe_xd";
+
 /// Kernel `fused_bsb_bf16_d128_pipe_x` of [`FUSED_BSB`].
 pub const FUSED_BSB_BF16_D128_PIPE_X: &str = "fused_bsb_bf16_d128_pipe_x";
 
-/// Kernel `bsb_extras_gather_f32` of [`FUSED_BSB`].
-pub const BSB_EXTRAS_GATHER_F32: &str = "bsb_extras_gather_f32";
+/// Kernel `bsb_bias_gather_f32` of [`FUSED_BSB`].
+pub const BSB_BIAS_GATHER_F32: &str = "bsb_bias_gather_f32";
 
-/// Kernel `bsb_extras_gather_f16` of [`FUSED_BSB`].
-pub const BSB_EXTRAS_GATHER_F16: &str = "bsb_extras_gather_f16";
+/// Kernel `bsb_bias_gather_f16` of [`FUSED_BSB`].
+pub const BSB_BIAS_GATHER_F16: &str = "bsb_bias_gather_f16";
 
-/// Kernel `bsb_extras_gather_bf16` of [`FUSED_BSB`].
-pub const BSB_EXTRAS_GATHER_BF16: &str = "bsb_extras_gather_bf16";
+/// Kernel `bsb_bias_gather_bf16` of [`FUSED_BSB`].
+pub const BSB_BIAS_GATHER_BF16: &str = "bsb_bias_gather_bf16";
+
+/// Kernel `bsb_keep_gather` of [`FUSED_BSB`].
+pub const BSB_KEEP_GATHER: &str = "bsb_keep_gather";
 
 /// The PTX module compiled from `cuda/fused_csr.cu` (117 kernels).
 pub const FUSED_CSR: PtxModule = PtxModule {

@@ -5,8 +5,7 @@ use spattn_formats::{Bsb, Csr, FillStats, Reorder, RowOrder};
 use cudarc::driver::LaunchArgs;
 use spattn_kernels_sys::FUSED_BSB;
 
-use crate::buffer::DeviceVec;
-use crate::edge_extras::DeviceBias;
+use crate::buffer::{DeviceElement, DeviceVec};
 use crate::error::{Error, Result};
 use crate::fused::{CsrExtras, KernelExtras};
 use crate::gpu::Gpu;
@@ -38,19 +37,20 @@ pub(crate) fn bsb_pipe_supports(dtype: crate::DTypeKind, head_dim: usize) -> boo
 
 /// Shared memory of one warp of the pipelined tile loop at `head_dim` features:
 /// [`BSB_PIPE_STAGES`] stages of the K and V tiles (16 slots × `head_dim` 2-byte features
-/// each; `spmm`: the V tile only) and two 16-byte bitmaps (`staged`: and the step's extras,
-/// fused-tc's `_x` kernel), then the merge scratch (mirrors `bsb_pipe_warp_bytes` in
-/// `attention_tiles.cuh`).
-pub(crate) const fn bsb_pipe_warp_bytes(head_dim: usize, spmm: bool, staged: bool) -> usize {
+/// each; `spmm`: the V tile only), two 16-byte bitmaps and `x_bytes` of the step's extras
+/// (fused-tc's `_x` kernels: [`bsb_pipe_x_bytes`]), then the merge scratch (mirrors
+/// `bsb_pipe_warp_bytes` in `attention_tiles.cuh`).
+pub(crate) const fn bsb_pipe_warp_bytes(head_dim: usize, spmm: bool, x_bytes: usize) -> usize {
     let tiles = if spmm { 1 } else { 2 };
-    let extras = if staged { BSB_PIPE_X_BYTES } else { 0 };
-    BSB_PIPE_STAGES * (tiles * 16 * head_dim * 2 + 32 + extras) + BSB_MERGE_FLOATS * 4
+    BSB_PIPE_STAGES * (tiles * 16 * head_dim * 2 + 32 + x_bytes) + BSB_MERGE_FLOATS * 4
 }
 
-/// Bytes of a stage's staged extras in fused-tc's pipelined `_x` kernel (`BSB_PIPE_X_BYTES` in
-/// `attention_tiles.cuh`): a step's bias span (256 floats at most), its keep words (16
-/// reserved) and one word padded to 16 bytes.
-pub(crate) const BSB_PIPE_X_BYTES: usize = 4 * (256 + 16) + 16;
+/// Bytes of a stage's staged extras in fused-tc's pipelined `_x` kernels (`bsb_pipe_x_bytes` in
+/// `attention_tiles.cuh`): a step's bias span (256 floats at most) with a bias, its two blocks'
+/// keep words (16 bytes each) with dropout.
+pub(crate) const fn bsb_pipe_x_bytes(bias: bool, dropout: bool) -> usize {
+    (if bias { 4 * 256 } else { 0 }) + if dropout { 32 } else { 0 }
+}
 
 /// Rows per BSB window.
 pub(crate) const BSB_WINDOW_ROWS: usize = 16;
@@ -128,11 +128,12 @@ impl OrderedBsb {
     }
 }
 
-/// The tensor-core `_x` kernels' extras in their edge order (per block its first edge, bits
-/// row-major), gathered from the caller's CSR order before each launch by `bsb_extras_gather_*`:
-/// the bias times log2 e of each kernel edge (one row per head, or one shared row) and the
-/// dropout's keep bits (one row of 32 edges a word per head). The kernels then make one
-/// independent load per edge instead of a dependent id lookup and a Philox draw under a branch.
+/// The tensor-core `_x` kernels' extras, gathered from the caller's CSR order before each
+/// launch: the bias times log2 e of each kernel edge in its edge order (per block its first
+/// edge, bits row-major; one row per head, or one shared row) by `bsb_bias_gather_*`, and the
+/// dropout's keep bits in the blocks' own layout (per head and block 4 words laid out as its
+/// bitmap) by `bsb_keep_gather`. The kernels then make one independent load per edge (bias) or
+/// per block (keep bits) instead of a dependent id lookup and a Philox draw under a branch.
 /// Kept between calls; grown when a call needs more.
 #[derive(Debug, Default)]
 pub(crate) struct BsbExtrasStage {
@@ -146,37 +147,65 @@ pub(crate) struct GatheredBsbExtras<'a> {
     bias_rows: u32,
     keep: Option<&'a DeviceVec<u32>>,
     n_edges: u32,
+    n_blocks: u32,
     drop_scale: f32,
+}
+
+/// The tensor-core blocks a gather numbers the edges of: per block 16 bytes of bitmap
+/// (`bitmaps`, as the kernels read it: 4 words, row-major bits) and its first edge
+/// (`block_edge_start`, at least `n_blocks` entries).
+pub(crate) struct BsbBlocks<'a, W: DeviceElement> {
+    pub(crate) bitmaps: &'a DeviceVec<W>,
+    pub(crate) block_edge_start: &'a DeviceVec<u32>,
+    pub(crate) n_blocks: usize,
 }
 
 impl BsbExtrasStage {
     /// Gathers `extras` for a kernel whose edges are the caller's edges `ids` (per kernel edge
-    /// its caller CSR edge), `heads` heads. The gathered arrays are written by a kernel on
-    /// `gpu`'s stream, which orders them before the `_x` launch that reads them.
+    /// its caller CSR edge, block by block in bit order through `blocks`), `heads` heads. The
+    /// gathered arrays are written by kernels on `gpu`'s stream, which orders them before the
+    /// `_x` launch that reads them.
     ///
     /// Preconditions (the callers check them: `CsrExtras::check` and the edge-map builders):
-    /// every id is below the graph's edges, the bias holds edges × (1 or `heads`) values, and
-    /// `ids` and the bias live on `gpu`.
-    pub(crate) fn gather<T: DType>(
+    /// every id is below the graph's edges, the bias holds edges × (1 or `heads`) values, each
+    /// block's edges lie in `ids` from its start, and everything lives on `gpu`.
+    ///
+    /// Errors: [`Error::InvalidArgument`] when `blocks` holds fewer bitmaps or starts than
+    /// its `n_blocks`; sizes past the kernels' u32 indices; allocation failures.
+    pub(crate) fn gather<T: DType, W: DeviceElement>(
         &mut self,
         gpu: &Gpu,
         ids: &DeviceVec<u32>,
+        blocks: BsbBlocks<'_, W>,
         heads: usize,
         extras: &CsrExtras<'_, T>,
     ) -> Result<GatheredBsbExtras<'_>> {
         let n = ids.len();
-        // The kernels round the keep words up in u32: n + 31 must fit.
-        to_u32("tensor-core edges (rounded up to 32)", n.saturating_add(31))?;
         let n_edges = to_u32("tensor-core edges", n)?;
+        let n_blocks = to_u32("tensor-core blocks", blocks.n_blocks)?;
+        let bitmap_bytes = blocks
+            .bitmaps
+            .len()
+            .saturating_mul(std::mem::size_of::<W>());
+        if bitmap_bytes / 16 < blocks.n_blocks || blocks.block_edge_start.len() < blocks.n_blocks {
+            return Err(Error::InvalidArgument {
+                what: "tensor-core blocks",
+                why: format!(
+                    "{} blocks need 16 bytes of bitmap and a first edge each; given {bitmap_bytes} \
+                     bytes and {} starts",
+                    blocks.n_blocks,
+                    blocks.block_edge_start.len()
+                ),
+            });
+        }
         let heads_u = to_u32("heads", heads)?;
         let ex = KernelExtras::new(extras, heads_u);
-        let bias_rows = match &extras.bias {
-            None => 0,
-            Some(_) => ex.bias_heads,
-        };
         // Threshold 0 keeps every edge: no bits to draw. Without edges the kernel reads none.
         let dropout = ex.threshold != 0 && n > 0;
-        let bias_rows = if n > 0 { bias_rows } else { 0 };
+        let bias_rows = match &extras.bias {
+            Some(_) if n > 0 => ex.bias_heads,
+            _ => 0,
+        };
         // n, rows < 2³²: the products fit u64, and usize where memory could hold them.
         let len = |what: &'static str, items: u64, rows: u64| -> Result<usize> {
             let value = items * rows;
@@ -192,8 +221,8 @@ impl BsbExtrasStage {
             u64::from(bias_rows),
         )?;
         let keep_len = len(
-            "dropout keep words (⌈edges / 32⌉ × heads)",
-            n.div_ceil(32) as u64,
+            "dropout keep words (4 × blocks × heads)",
+            4 * u64::from(n_blocks),
             u64::from(heads_u),
         )?;
         if bias_rows > 0 && self.bias.as_ref().is_none_or(|b| b.len() < bias_len) {
@@ -210,19 +239,17 @@ impl BsbExtrasStage {
             None
         };
         let keep_out = if dropout { self.keep.as_ref() } else { None };
-        if bias_out.is_some() || keep_out.is_some() {
-            let name = kernel_named(&FUSED_BSB, format!("bsb_extras_gather_{}", T::NAME))?;
+        if let (Some(out), Some(bias)) = (bias_out, &extras.bias) {
+            let name = kernel_named(&FUSED_BSB, format!("bsb_bias_gather_{}", T::NAME))?;
             let f = gpu.load_function(FUSED_BSB.name, FUSED_BSB.ptx, name)?;
             let mut args = gpu.launch_builder(&f);
+            // Written by the kernel, pushed through a shared borrow: the returned struct hands
+            // the same buffer to the `_x` launch, after this one on the stream.
             args.arg(ids.slice())
                 .arg(&n_edges)
-                .arg(&heads_u)
-                .arg_or_null(extras.bias.as_ref().map(DeviceBias::values))
-                .arg(&ex.bias_heads);
-            ex.push_dropout(&mut args);
-            // Written by the kernel, pushed through shared borrows: the returned struct hands
-            // the same buffers to the `_x` launch, after this one on the stream.
-            args.arg_or_null(bias_out).arg_or_null(keep_out);
+                .arg(bias.values().slice())
+                .arg(&ex.bias_heads)
+                .arg(out.slice());
             let cfg = LaunchConfig {
                 grid_dim: (blocks_for(n, 256)?, 1, 1),
                 block_dim: (256, 1, 1),
@@ -230,10 +257,31 @@ impl BsbExtrasStage {
             };
             // SAFETY: thread p < n reads ids[p] (n entries) and the bias at ids[p] ×
             // bias_heads + h for h < bias_heads (the caller checked the bias holds nnz ×
-            // bias_heads and that ids name caller edges < nnz), and writes bias_out[h × n + p]
-            // (bias_rows × n floats allocated above) and, lane 0 of each warp, for h < heads,
-            // keep_out[h × ⌈n / 32⌉ + p / 32] (heads × ⌈n / 32⌉ words); 256-thread blocks are
-            // whole warps.
+            // bias_heads and that ids name caller edges < nnz), and writes out[h × n + p]
+            // (bias_rows × n floats allocated above, bias_rows = bias_heads).
+            unsafe { launch(name, &mut args, cfg) }?;
+        }
+        if let Some(out) = keep_out {
+            let name = kernel_named(&FUSED_BSB, "bsb_keep_gather".to_string())?;
+            let f = gpu.load_function(FUSED_BSB.name, FUSED_BSB.ptx, name)?;
+            let mut args = gpu.launch_builder(&f);
+            args.arg(ids.slice())
+                .arg(blocks.bitmaps.slice())
+                .arg(blocks.block_edge_start.slice())
+                .arg(&n_blocks)
+                .arg(&heads_u);
+            ex.push_dropout(&mut args);
+            args.arg(out.slice());
+            let cfg = LaunchConfig {
+                grid_dim: (blocks_for(blocks.n_blocks, 256)?, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: thread b < n_blocks reads 16 bytes of bitmap at 16 b (checked above:
+            // bitmaps hold 16 × n_blocks bytes) and block_edge_start[b] (n_blocks entries at
+            // least), then ids[start + rank] for the block's bits (a block's edges lie in ids,
+            // the caller's precondition), and writes keep words (h × n_blocks + b) × 4 .. + 4
+            // for h < heads (4 × n_blocks × heads words allocated above).
             unsafe { launch(name, &mut args, cfg) }?;
         }
         Ok(GatheredBsbExtras {
@@ -241,6 +289,7 @@ impl BsbExtrasStage {
             bias_rows,
             keep: keep_out,
             n_edges,
+            n_blocks,
             drop_scale: ex.scale,
         })
     }
@@ -248,14 +297,21 @@ impl BsbExtrasStage {
 
 impl<'a> GatheredBsbExtras<'a> {
     /// Pushes `SPATTN_BSB_X_PARAMS`: the gathered bias, its rows, each block's first edge
-    /// (`block_edge_start`), the keep bits, the edges and the dropout's scale.
+    /// (`block_edge_start`), the keep words, the edges, the blocks and the dropout's scale.
     pub(crate) fn push(&'a self, args: &mut LaunchArgs<'a>, block_edge_start: &'a DeviceVec<u32>) {
         args.arg_or_null(self.bias)
             .arg(&self.bias_rows)
             .arg(block_edge_start.slice())
             .arg_or_null(self.keep)
             .arg(&self.n_edges)
+            .arg(&self.n_blocks)
             .arg(&self.drop_scale);
+    }
+
+    /// Whether the launch takes a bias and dropout: fused-tc's pipelined kernels have a twin
+    /// for each pair (`_xb`, `_xd`, `_x`).
+    pub(crate) fn takes(&self) -> (bool, bool) {
+        (self.bias.is_some(), self.keep.is_some())
     }
 }
 
@@ -508,6 +564,7 @@ impl OnGpu for DeviceBsb {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::edge_extras::DeviceBias;
     use spattn_formats::Permutation;
 
     /// Every set bit of every block, in block-and-bit order, maps to the caller's edge of its
@@ -567,52 +624,122 @@ mod tests {
         assert!(e.to_string().contains("1 edges"), "{e}");
     }
 
-    /// The gather writes, per kernel edge p and head h, the bias of caller edge ids[p] times
-    /// log2 e (one row when shared) and the keep bit of the CPU's dropout mask.
+    /// The gathers write, per kernel edge p and head h, the bias of caller edge ids[p] times
+    /// log2 e (one row when shared), and per block and head the keep bits of the CPU's dropout
+    /// mask at the block's bits (each bit's edge is the block's start plus its rank), nothing
+    /// where a bit is clear.
     #[test]
     #[ignore = "needs an NVIDIA GPU"]
     fn gpu_gather_matches_the_caller_order_bias_and_the_cpu_mask() {
         use crate::dropout::Dropout;
         let gpu = Gpu::new(0).expect("an NVIDIA GPU (this test is ignored elsewhere)");
-        let (nnz, heads) = (1000usize, 3usize);
-        // A permutation of the edges (7919 is prime to 1000), as a kernel's edge order is.
-        let ids: Vec<u32> = (0..nnz as u32).map(|p| p * 7919 % nnz as u32).collect();
-        let per_head: Vec<f32> = (0..nnz * heads).map(|i| (i as f32 * 0.37).sin()).collect();
-        let shared: Vec<f32> = per_head[..nnz].to_vec();
-        let dropout = Dropout::new(0.3, 11, 5).unwrap();
-        let d_ids = DeviceVec::from_host(&gpu, &ids).unwrap();
-        let (d_per_head, d_shared) = (
-            DeviceVec::from_host(&gpu, &per_head).unwrap(),
-            DeviceVec::from_host(&gpu, &shared).unwrap(),
-        );
-        let mut stage = BsbExtrasStage::default();
-        for (bias, host, rows) in [
-            (DeviceBias::PerHead(&d_per_head), &per_head, heads),
-            (DeviceBias::Shared(&d_shared), &shared, 1),
-        ] {
-            let extras = CsrExtras {
-                bias: Some(bias),
-                edge_features: None,
-                dropout: Some(dropout),
-            };
-            let g = stage.gather(&gpu, &d_ids, heads, &extras).unwrap();
-            assert_eq!((g.bias_rows as usize, g.n_edges as usize), (rows, nnz));
-            let got = g.bias.unwrap().to_host().unwrap();
-            for h in 0..rows {
-                for (p, &x) in ids.iter().enumerate() {
-                    let want = host[x as usize * rows + h] * std::f32::consts::LOG2_E;
-                    assert_eq!(got[h * nnz + p], want, "bias of edge {p}, head {h}");
-                }
+        // Blocks of every fill, empty and full ones included (4 words each).
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let n_blocks = 300usize;
+        let mut words = Vec::with_capacity(4 * n_blocks);
+        for b in 0..n_blocks {
+            for _ in 0..4 {
+                words.push(match b % 5 {
+                    0 => 0,
+                    1 => u32::MAX,
+                    2 => next() as u32 & next() as u32 & next() as u32,
+                    _ => next() as u32,
+                });
             }
-            let keep = g.keep.unwrap().to_host().unwrap();
-            let words = nnz.div_ceil(32);
-            for h in 0..heads {
-                for (p, &x) in ids.iter().enumerate() {
-                    let bit = keep[h * words + p / 32] >> (p % 32) & 1 == 1;
-                    let want = dropout.keeps(u64::from(x), h as u64, heads as u64);
-                    assert_eq!(bit, want, "keep bit of edge {p}, head {h}");
+        }
+        let mut starts = Vec::with_capacity(n_blocks);
+        let mut nnz = 0usize;
+        for b in 0..n_blocks {
+            starts.push(nnz as u32);
+            nnz += words[4 * b..4 * b + 4]
+                .iter()
+                .map(|w| w.count_ones() as usize)
+                .sum::<usize>();
+        }
+        // A permutation of the edges (7919 is prime to nnz unless nnz is its multiple), as a
+        // kernel's edge order is.
+        assert_ne!(nnz % 7919, 0);
+        let ids: Vec<u32> = (0..nnz as u64)
+            .map(|p| (p * 7919 % nnz as u64) as u32)
+            .collect();
+        let d_words = DeviceVec::from_host(&gpu, &words).unwrap();
+        let d_starts = DeviceVec::from_host(&gpu, &starts).unwrap();
+        let d_ids = DeviceVec::from_host(&gpu, &ids).unwrap();
+        let mut stage = BsbExtrasStage::default();
+        for heads in [1usize, 3, 8, 11] {
+            let per_head: Vec<f32> = (0..nnz * heads).map(|i| (i as f32 * 0.37).sin()).collect();
+            let shared: Vec<f32> = per_head[..nnz].to_vec();
+            let dropout = Dropout::new(0.3, 11, 5).unwrap();
+            let (d_per_head, d_shared) = (
+                DeviceVec::from_host(&gpu, &per_head).unwrap(),
+                DeviceVec::from_host(&gpu, &shared).unwrap(),
+            );
+            for (bias, host, rows) in [
+                (DeviceBias::PerHead(&d_per_head), &per_head, heads),
+                (DeviceBias::Shared(&d_shared), &shared, 1),
+            ] {
+                let extras = CsrExtras {
+                    bias: Some(bias),
+                    edge_features: None,
+                    dropout: Some(dropout),
+                };
+                let blocks = BsbBlocks {
+                    bitmaps: &d_words,
+                    block_edge_start: &d_starts,
+                    n_blocks,
+                };
+                let g = stage.gather(&gpu, &d_ids, blocks, heads, &extras).unwrap();
+                assert_eq!((g.bias_rows as usize, g.n_edges as usize), (rows, nnz));
+                assert_eq!(g.takes(), (true, true));
+                let got = g.bias.unwrap().to_host().unwrap();
+                for h in 0..rows {
+                    for (p, &x) in ids.iter().enumerate() {
+                        let want = host[x as usize * rows + h] * std::f32::consts::LOG2_E;
+                        assert_eq!(got[h * nnz + p], want, "bias of edge {p}, head {h}");
+                    }
+                }
+                let keep = g.keep.unwrap().to_host().unwrap();
+                for h in 0..heads {
+                    for b in 0..n_blocks {
+                        let mut rank = 0usize;
+                        for w in 0..4 {
+                            let got_word = keep[(h * n_blocks + b) * 4 + w];
+                            for bit in 0..32 {
+                                let got_bit = got_word >> bit & 1 == 1;
+                                if words[4 * b + w] >> bit & 1 == 0 {
+                                    assert!(!got_bit, "block {b} word {w} bit {bit} is clear");
+                                    continue;
+                                }
+                                let x = ids[starts[b] as usize + rank];
+                                rank += 1;
+                                let want = dropout.keeps(u64::from(x), h as u64, heads as u64);
+                                assert_eq!(
+                                    got_bit, want,
+                                    "keep bit of block {b} word {w} bit {bit}, head {h}"
+                                );
+                            }
+                        }
+                    }
                 }
             }
         }
+        // Bad blocks: fewer bitmaps than blocks.
+        let extras = CsrExtras::<f32> {
+            bias: None,
+            edge_features: None,
+            dropout: Some(Dropout::new(0.3, 11, 5).unwrap()),
+        };
+        let blocks = BsbBlocks {
+            bitmaps: &d_words,
+            block_edge_start: &d_starts,
+            n_blocks: n_blocks + 1,
+        };
+        assert!(stage.gather(&gpu, &d_ids, blocks, 2, &extras).is_err());
     }
 }

@@ -35,7 +35,7 @@ use spattn_kernels_sys::HYBRID;
 
 use crate::buffer::{DeviceMatrix, DeviceVec};
 use crate::device_bsb::{
-    bsb_pipe_supports, bsb_pipe_warp_bytes, check_structure_graph, BsbExtrasStage,
+    bsb_pipe_supports, bsb_pipe_warp_bytes, check_structure_graph, BsbBlocks, BsbExtrasStage,
     BSB_MIN_UNIT_BLOCKS,
 };
 use crate::dtype::{DType, DTypeKind};
@@ -587,7 +587,7 @@ impl DeviceHybrid {
         let smem = if pipelined {
             // The hand-off's mbarriers follow the tensor-core warps' memory (none in `_tc`).
             let mbar = if warps.cd > 0 { PIPE_MBAR_BYTES } else { 0 };
-            warps.tc * bsb_pipe_warp_bytes(shape.head_dim, qk.is_none(), false) + mbar
+            warps.tc * bsb_pipe_warp_bytes(shape.head_dim, qk.is_none(), 0) + mbar
         } else {
             (HEAD_FLOATS + warps.warps() * WINDOW_ROWS * (2 + slice)) * 4
         };
@@ -684,8 +684,13 @@ impl DeviceHybrid {
                 .arg(&ex.bias_heads)
                 .arg(cd_edge_ids.slice());
             ex.push_dropout(&mut args);
+            let blocks = BsbBlocks {
+                bitmaps: &self.bitmap_words,
+                block_edge_start,
+                n_blocks: block_edge_start.len(),
+            };
             tc_extras = Some((
-                stage.gather(gpu, edge_ids, shape.heads, e)?,
+                stage.gather(gpu, edge_ids, blocks, shape.heads, e)?,
                 &*block_edge_start,
             ));
         }
@@ -717,8 +722,8 @@ impl DeviceHybrid {
         // CUDA-core edge (hybrid_edge_map of this structure's graph, which checks every lookup)
         // and the bias nnz × bias_heads; block_edge_start holds n_blocks entries, a block's
         // bits numbered from its start below the tensor-core edges, whose gathered bias holds
-        // bias_rows × tc_edges floats and keep bits heads × ⌈tc_edges / 32⌉ words
-        // (BsbExtrasStage::gather).
+        // bias_rows × tc_edges floats and keep words 4 × n_blocks × heads, 4 per block read
+        // at 4 × block (BsbExtrasStage::gather).
         unsafe { launch(name, &mut args, cfg) }
     }
 }

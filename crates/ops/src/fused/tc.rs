@@ -24,8 +24,13 @@
 //! (`BsbExtrasStage`), where the kernel reads them.
 
 use super::CsrExtras;
-use crate::device_bsb::{bsb_pipe_supports, bsb_pipe_warp_bytes, BSB_MERGE_FLOATS};
-use crate::device_bsb::{check_structure_graph, BsbExtrasStage, OrderedBsb, BSB_WINDOW_ROWS};
+use crate::device_bsb::{
+    bsb_pipe_supports, bsb_pipe_warp_bytes, bsb_pipe_x_bytes, BSB_MERGE_FLOATS,
+};
+use crate::device_bsb::{
+    check_structure_graph, BsbBlocks, BsbExtrasStage, GatheredBsbExtras, OrderedBsb,
+    BSB_WINDOW_ROWS,
+};
 use crate::launch::{
     blocks_for, check_same_gpu, kernel_named, launch, to_u32, LaunchConfig, PushKernelArg,
     PushOptionalArg,
@@ -507,7 +512,7 @@ impl FusedTensorCore {
                 FUSED_BSB.name,
                 FUSED_BSB.ptx,
                 kernel,
-                cta_warps * bsb_pipe_warp_bytes(head_dim, false, false),
+                cta_warps * bsb_pipe_warp_bytes(head_dim, false, 0),
                 "setting the fused tensor-core kernel's shared memory",
             )?;
         }
@@ -712,11 +717,36 @@ impl FusedTensorCore {
             pipelined,
             ..
         } = self.layout;
+        // The extras first: which of them a launch takes picks the pipelined kernel and its
+        // stages.
+        let gathered = match (extras, &self.edge_map) {
+            (Some(e), Some((starts, ids))) => {
+                let blocks = BsbBlocks {
+                    bitmaps: bsb.bitmap_words(),
+                    block_edge_start: starts,
+                    n_blocks: bsb.n_blocks(),
+                };
+                Some(self.stage.gather(gpu, ids, blocks, self.heads, e)?)
+            }
+            (Some(_), None) => {
+                return Err(Error::InvalidArgument {
+                    what: "extras",
+                    why: "the BSB edge map was not built".into(),
+                })
+            }
+            (None, _) => None,
+        };
+        // Extras that change nothing (no bias, dropout at rate 0) run the plain kernel.
+        let takes = gathered
+            .as_ref()
+            .map_or((false, false), GatheredBsbExtras::takes);
+        let gathered = gathered.filter(|_| !pipelined || takes != (false, false));
         let groups_per_cta = (self.cta_warps / group).max(1);
         let threads = (groups_per_cta * group * 32) as u32;
         let xs_floats = if group > 1 { 2 * group * 256 } else { 0 };
         let smem = if pipelined {
-            groups_per_cta * bsb_pipe_warp_bytes(self.head_dim, false, extras.is_some())
+            groups_per_cta
+                * bsb_pipe_warp_bytes(self.head_dim, false, bsb_pipe_x_bytes(takes.0, takes.1))
         } else {
             groups_per_cta * (xs_floats + MERGE_FLOATS) * std::mem::size_of::<f32>()
         };
@@ -740,9 +770,15 @@ impl FusedTensorCore {
         if let Some(pre) = &self.unit_pre {
             check_same_gpu(gpu, "unit records", pre)?;
         }
-        let kernel = match extras {
-            Some(_) => kernel_named(&FUSED_BSB, format!("{}_x", self.kernel))?,
-            None => self.kernel,
+        let kernel = match (&gathered, pipelined, takes) {
+            (None, ..) => self.kernel,
+            (Some(_), true, (true, false)) => {
+                kernel_named(&FUSED_BSB, format!("{}_xb", self.kernel))?
+            }
+            (Some(_), true, (false, true)) => {
+                kernel_named(&FUSED_BSB, format!("{}_xd", self.kernel))?
+            }
+            (Some(_), ..) => kernel_named(&FUSED_BSB, format!("{}_x", self.kernel))?,
         };
         // The pipelined kernels' stages may pass 48 KiB: the opt-in is per function (made once).
         let f = if pipelined {
@@ -785,16 +821,6 @@ impl FusedTensorCore {
             .arg(self.part_ml.slice_mut())
             .arg(self.part_acc.slice_mut())
             .arg(self.counters.slice_mut());
-        let gathered = match (extras, &self.edge_map) {
-            (Some(e), Some((_, ids))) => Some(self.stage.gather(gpu, ids, self.heads, e)?),
-            (Some(_), None) => {
-                return Err(Error::InvalidArgument {
-                    what: "extras",
-                    why: "the BSB edge map was not built".into(),
-                })
-            }
-            (None, _) => None,
-        };
         if let (Some(g), Some((starts, _))) = (&gathered, &self.edge_map) {
             g.push(&mut args, starts);
         }
@@ -821,11 +847,13 @@ impl FusedTensorCore {
         // read whole 16-byte chunks of K and V rows of head_dim = 64 or 128 2-byte features,
         // inside the row). Extras: block_edge_start holds n_blocks + 1 entries, a block's bits
         // numbered from its start below nnz and the last entry nnz (OrderedBsb::edge_map of
-        // this plan's graph, checked against its sizes); the pipelined kernel reads entries
-        // blk and min(blk + 2, unit end) ≤ n_blocks and copies the edges between them (at most
-        // two blocks' 256) and their keep words (at most 9) into its stage's extras; the
-        // gathered bias holds bias_rows × nnz floats and the keep bits heads × ⌈nnz / 32⌉
-        // words (BsbExtrasStage::gather).
+        // this plan's graph, checked against its sizes); the pipelined kernels with a bias
+        // read entries blk and min(blk + 2, unit end) ≤ n_blocks and copy the edges' bias
+        // between them (at most two blocks' 256 floats), those with dropout the 4 keep words
+        // of blocks blk, blk + 1 < unit end, into the stage's extras (sized for the kernel's
+        // pair by bsb_pipe_x_bytes); the gathered bias holds bias_rows × nnz floats and the keep
+        // words 4 × n_blocks × heads (BsbExtrasStage::gather); the `_xb` kernel is launched
+        // only with a bias, `_xd` only with keep words, `_x` with both.
         unsafe { launch(kernel, &mut args, cfg) }?;
         Ok(())
     }
@@ -908,16 +936,21 @@ mod tests {
                 .pipelined
         );
         // Two CTAs of 4 warps with 128-feature stages fit an H100 SM's 228 KiB.
-        assert!(2 * CTA_WARPS * bsb_pipe_warp_bytes(128, false, false) <= 228 * 1024);
-        assert!(PIPE_CTA_WARPS * bsb_pipe_warp_bytes(128, false, false) > 48 * 1024);
-        // The `_x` kernel's staged extras keep 8 warps of 128 features per H100 SM (4 CTAs of
+        assert!(2 * CTA_WARPS * bsb_pipe_warp_bytes(128, false, 0) <= 228 * 1024);
+        assert!(PIPE_CTA_WARPS * bsb_pipe_warp_bytes(128, false, 0) > 48 * 1024);
+        // The `_x` kernels' staged extras keep 8 warps of 128 features per H100 SM (4 CTAs of
         // PIPE_CTA_WARPS, each reserving 1 KiB of the SM's 228 KiB), as the plain kernel has;
-        // at 64 features 7 CTAs of 2 warps (the plain kernel 8).
-        let sm = |warps_per_cta: usize, head_dim: usize, ctas: usize| {
-            ctas * (warps_per_cta * bsb_pipe_warp_bytes(head_dim, false, true) + 1024) <= 228 * 1024
+        // at 64 features the dropout-only kernel keeps the plain kernel's 8 CTAs of 2 warps,
+        // those with a bias 7.
+        let sm = |warps_per_cta: usize, head_dim: usize, x: usize, ctas: usize| {
+            ctas * (warps_per_cta * bsb_pipe_warp_bytes(head_dim, false, x) + 1024) <= 228 * 1024
         };
-        assert!(sm(PIPE_CTA_WARPS, 128, 8 / PIPE_CTA_WARPS));
-        assert!(sm(PIPE_CTA_WARPS, 64, 7) && !sm(PIPE_CTA_WARPS, 64, 8));
+        for (bias, dropout) in [(true, false), (false, true), (true, true)] {
+            let x = bsb_pipe_x_bytes(bias, dropout);
+            assert!(sm(PIPE_CTA_WARPS, 128, x, 8 / PIPE_CTA_WARPS));
+            let ctas64 = if bias { 7 } else { 8 };
+            assert!(sm(PIPE_CTA_WARPS, 64, x, ctas64) && !sm(PIPE_CTA_WARPS, 64, x, ctas64 + 1));
+        }
         let l = layout_with(24, DTypeKind::Bf16, None, false).unwrap();
         assert_eq!((l.slice, l.group), (32, 1));
         let l = layout_with(96, DTypeKind::Bf16, None, false).unwrap();
