@@ -502,113 +502,50 @@ __device__ __forceinline__ void bsb_bias_gather(const u32* __restrict__ ids, u32
         bias_out[(u64)h * n + p] = to_f32(bias[x * bias_heads + h]) * 1.4426950408889634f;
 }
 
-// The keep gather before a `_x` launch with dropout: per kernel edge p < n (block-and-bit
-// order, one thread each), the elements x * heads + h of its caller edge x = ids[p], drawn as
-// dropout_factor draws them (word i mod 4 of draw i / 4, so the CPU and the other kernels keep
-// the same elements), set the edge's bit in its block's keep words of head h,
-// keep_out[(h * n_blocks + b) * 4 ..], laid out as the bitmap (bitmaps + 4b) and zeroed
-// before the launch. An edge finds its block among the 32 blocks from its warp's first edge's
-// (one binary search a warp; a search of its own past them) and its bit as the set bit of its
-// rank in the block's words. The lanes of one keep word are consecutive: they OR their bits
-// together (a segmented scan) and the word's first lane writes it, atomically where the word
-// may also hold another warp's edges (the warp's first and last word).
+// The keep gather before a `_x` launch with dropout: per block b < n_blocks (one thread) and
+// head h < heads, 4 words laid out as the block's bitmap (bitmaps + 4b) into
+// keep_out[(h * n_blocks + b) * 4 ..], a bit set where its edge is kept. The edge at a bit is
+// block_edge_start[b] + the bit's rank in the block; its caller edge x = ids[edge] gives the
+// element x * heads + h, drawn as dropout_factor draws it (word i mod 4 of draw i / 4), so the
+// CPU and the other kernels keep the same elements. Heads in chunks of 8, held in registers.
 __device__ __forceinline__ void bsb_keep_gather(const u32* __restrict__ ids,
                                                 const u32* __restrict__ bitmaps,
                                                 const u32* __restrict__ block_edge_start,
-                                                u32 n_blocks, u32 n, u32 heads, Dropout drop,
+                                                u32 n_blocks, u32 heads, Dropout drop,
                                                 u32* __restrict__ keep_out) {
-    const u32 lane = lane_id();
-    const u32 p = blockIdx.x * blockDim.x + threadIdx.x, p0 = p - lane;
-    if (p0 >= n) return;  // the whole warp
-    const bool valid = p < n;
-    // Block of the warp's first edge: the last block starting at or before p0.
-    u32 fb = 0u;
-    if (lane == 0u) {
-        u32 lo = 0u, hi = n_blocks;
-        while (hi - lo > 1u) {
-            const u32 mid = lo + (hi - lo) / 2u;
-            if (__ldg(block_edge_start + mid) <= p0) lo = mid; else hi = mid;
-        }
-        fb = lo;
-    }
-    fb = __shfl_sync(0xffffffffu, fb, 0);
-    const u32 sk = fb + lane < n_blocks ? __ldg(block_edge_start + fb + lane) : 0xffffffffu;
-    // This edge's block fb + nb: the blocks after fb that start at or before p (starts ascend).
-    u32 nb = 0u;
+    const u32 b = blockIdx.x * blockDim.x + threadIdx.x;
+    if (b >= n_blocks) return;
+    const uint4 w4 = __ldg(reinterpret_cast<const uint4*>(bitmaps) + b);
+    const u32 bm[4] = {w4.x, w4.y, w4.z, w4.w};
+    const u32 base = __ldg(block_edge_start + b);
+    for (u32 h0 = 0; h0 < heads; h0 += 8u) {
+        u32 out[4][8];
 #pragma unroll
-    for (u32 k = 1; k < 32u; ++k) nb += __shfl_sync(0xffffffffu, sk, k) <= p ? 1u : 0u;
-    u32 start = __shfl_sync(0xffffffffu, sk, nb);
-    u32 blk = fb + nb;
-    if (valid && nb == 31u) {  // may lie past the 32 blocks loaded (blocks without edges)
-        u32 lo = blk, hi = n_blocks;
-        while (hi - lo > 1u) {
-            const u32 mid = lo + (hi - lo) / 2u;
-            if (__ldg(block_edge_start + mid) <= p) lo = mid; else hi = mid;
-        }
-        blk = lo;
-        start = __ldg(block_edge_start + blk);
-    }
-    u64 key = ~0ull;  // the edge's keep word: block * 4 + word (none past n)
-    u32 mask = 0u;    // its bit in that word
-    u64 first = 0u;   // its first element, x * heads
-    if (valid) {
-        const uint4 w4 = __ldg(reinterpret_cast<const uint4*>(bitmaps) + blk);
-        const u32 w[4] = {w4.x, w4.y, w4.z, w4.w};
-        u32 r = p - start, word = 0u;
+        for (int w = 0; w < 4; ++w)
 #pragma unroll
-        for (u32 j = 0; j < 3u; ++j) {
-            const u32 c = __popc(w[j]);
-            if (word == j && r >= c) {
-                r -= c;
-                word = j + 1u;
+            for (int hh = 0; hh < 8; ++hh) out[w][hh] = 0u;
+        u32 rank = 0u;
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            for (u32 bits = bm[w]; bits != 0u; bits &= bits - 1u) {
+                const u32 bit = 1u << (__ffs(bits) - 1);
+                const u64 first = (u64)__ldg(ids + base + rank) * heads + h0;
+                ++rank;
+                uint4 r = dropout_draws(drop, first >> 2);
+#pragma unroll
+                for (u32 hh = 0; hh < 8u; ++hh) {
+                    const u64 i = first + hh;
+                    if (h0 + hh >= heads) break;
+                    if (hh > 0u && (i & 3u) == 0u) r = dropout_draws(drop, i >> 2);
+                    if (dropout_kept(drop, r, (u32)i & 3u)) out[w][hh] |= bit;
+                }
             }
         }
-        // The rank-r set bit of the word, halving the range five times.
-        u32 bits = word == 0u ? w[0] : word == 1u ? w[1] : word == 2u ? w[2] : w[3], pos = 0u;
 #pragma unroll
-        for (u32 width = 16u; width > 0u; width >>= 1) {
-            const u32 low = __popc(bits & ((1u << width) - 1u));
-            if (r >= low) {
-                r -= low;
-                bits >>= width;
-                pos += width;
-            }
-        }
-        mask = 1u << pos;
-        key = (u64)blk * 4u + word;
-        first = (u64)__ldg(ids + p) * heads;
-    }
-    // Segments of equal keys: same[j] says lane + 2^j holds this lane's word.
-    bool same[5];
-#pragma unroll
-    for (int j = 0; j < 5; ++j) {
-        const u32 d = 1u << j;
-        const u64 other = __shfl_down_sync(0xffffffffu, key, d);
-        same[j] = valid && lane + d < 32u && other == key;
-    }
-    const u64 prev = __shfl_up_sync(0xffffffffu, key, 1);
-    const bool leader = valid && (lane == 0u || prev != key);
-    const u64 last = __shfl_sync(0xffffffffu, key, 31);
-    // The warp's first and last words may hold another warp's edges.
-    const bool shared_word = key == __shfl_sync(0xffffffffu, key, 0) || key == last;
-    const u64 stride = (u64)n_blocks * 4u;
-    uint4 r = dropout_draws(drop, first >> 2);
-    for (u32 h = 0; h < heads; ++h) {
-        const u64 i = first + h;
-        if (h > 0u && (i & 3u) == 0u) r = dropout_draws(drop, i >> 2);
-        u32 v = valid && dropout_kept(drop, r, (u32)i & 3u) ? mask : 0u;
-#pragma unroll
-        for (int j = 0; j < 5; ++j) {
-            const u32 o = __shfl_down_sync(0xffffffffu, v, 1u << j);
-            if (same[j]) v |= o;
-        }
-        if (leader && v != 0u) {
-            u32* dst = keep_out + (u64)h * stride + key;
-            if (shared_word) {
-                atomicOr(dst, v);
-            } else {
-                *dst = v;
-            }
+        for (u32 hh = 0; hh < 8u; ++hh) {
+            if (h0 + hh >= heads) break;
+            reinterpret_cast<uint4*>(keep_out)[(u64)(h0 + hh) * n_blocks + b] =
+                make_uint4(out[0][hh], out[1][hh], out[2][hh], out[3][hh]);
         }
     }
 }

@@ -233,12 +233,6 @@ impl BsbExtrasStage {
             self.keep = None;
             self.keep = Some(DeviceVec::alloc(gpu, "dropout keep bits", keep_len, true)?);
         }
-        if dropout {
-            // The gather ORs each kept edge's bit into its word: words start at zero.
-            if let Some(keep) = self.keep.as_mut() {
-                keep.fill(0)?;
-            }
-        }
         let bias_out = if bias_rows > 0 {
             self.bias.as_ref()
         } else {
@@ -275,22 +269,19 @@ impl BsbExtrasStage {
                 .arg(blocks.bitmaps.slice())
                 .arg(blocks.block_edge_start.slice())
                 .arg(&n_blocks)
-                .arg(&n_edges)
                 .arg(&heads_u);
             ex.push_dropout(&mut args);
             args.arg(out.slice());
             let cfg = LaunchConfig {
-                grid_dim: (blocks_for(n, 256)?, 1, 1),
+                grid_dim: (blocks_for(blocks.n_blocks, 256)?, 1, 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: thread p < n reads ids[p] (n entries); its warp reads block_edge_start
-            // entries below n_blocks (checked above: at least n_blocks) and 16 bytes of bitmap
-            // of its edge's block b < n_blocks (16 × n_blocks bytes checked above), where b is
-            // the last block starting at or before p (a block's edges lie in ids, the caller's
-            // precondition); it writes (or ORs) keep word (h × n_blocks + b) × 4 + word, word
-            // < 4, for h < heads (4 × n_blocks × heads words allocated and zeroed above).
-            // 256-thread blocks are whole warps, which the kernel's shuffles need.
+            // SAFETY: thread b < n_blocks reads 16 bytes of bitmap at 16 b (checked above:
+            // bitmaps hold 16 × n_blocks bytes) and block_edge_start[b] (n_blocks entries at
+            // least), then ids[start + rank] for the block's bits (a block's edges lie in ids,
+            // the caller's precondition), and writes keep words (h × n_blocks + b) × 4 .. + 4
+            // for h < heads (4 × n_blocks × heads words allocated above).
             unsafe { launch(name, &mut args, cfg) }?;
         }
         Ok(GatheredBsbExtras {
