@@ -6,9 +6,11 @@
 //! Per rank count it prints and records (`--json`): the forward time (the slowest rank's median
 //! of `--reps` wall-clock runs, each between two barriers, the halo exchange included), the
 //! efficiency against one GPU (`T1 / (P · TP)` strong, `T1 / TP` weak; T1 the plain one-GPU
-//! plan's forward, i.e. the P = 1 rank's local forward), the plan build time,
-//! and per rank its rows, edges, halo rows, rows sent and received, bytes moved per forward and
-//! the device memory in use. Freed device memory stays in each GPU's pool
+//! plan's forward, i.e. the P = 1 rank's local forward) or, where the graph did not fit one GPU,
+//! against the smallest rank count b that ran (`Tb · b / (P · TP)`, `Tb / TP`), the plan build
+//! time, and per rank its rows, edges, halo rows, rows sent and received, bytes moved per
+//! forward and the device memory in use. A rank count on which a GPU runs out of memory is
+//! recorded as not fitting (the allocation's bytes) and the ladder goes on. Freed device memory stays in each GPU's pool
 //! ([`spattn::Gpu::keep_freed_memory`]), as torch's caching allocator keeps it. Results are not
 //! checked here: the partitioned plan's tests compare it with the single plan.
 
@@ -24,8 +26,9 @@ use crate::graphs::{self, GraphSpec};
 use crate::inputs::{config_seed, mix64};
 use crate::{outln, record};
 
-/// Version of the scaling JSON.
-pub const SCALING_SCHEMA_VERSION: u32 = 1;
+/// Version of the scaling JSON. 2: `efficiency_base_ranks` per run and `not_fitting` (absent
+/// from version 1, read as 1 and empty).
+pub const SCALING_SCHEMA_VERSION: u32 = 2;
 
 /// A scaling run: every rank count of every graph and shape.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -44,8 +47,35 @@ pub struct ScalingRecord {
     pub gpus: Vec<String>,
     /// `"strong"` or `"weak"`.
     pub mode: String,
-    /// One entry per graph × shape × rank count.
+    /// One entry per graph × shape × rank count that ran.
     pub runs: Vec<ScalingRun>,
+    /// The graph × shape × rank counts that did not fit.
+    #[serde(default)]
+    pub not_fitting: Vec<NotFitting>,
+}
+
+/// A graph and shape that did not run on `ranks` GPUs for lack of memory.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct NotFitting {
+    /// Graph name.
+    pub graph: String,
+    /// Ranks (GPUs).
+    pub ranks: usize,
+    /// Heads.
+    pub heads: usize,
+    /// Features per head.
+    pub head_dim: usize,
+    /// `f32`, `f16` or `bf16`.
+    pub dtype: String,
+    /// `"gpu"`: a GPU ran out of memory for its rank's partition.
+    pub memory: String,
+    /// The rank whose GPU ran out (its GPU ordinal is the same); none where the failure came
+    /// out of a collective, which does not say.
+    pub rank: Option<usize>,
+    /// Bytes of the allocation that failed.
+    pub bytes: u64,
+    /// The error, as printed.
+    pub message: String,
 }
 
 /// One graph and shape on `ranks` GPUs.
@@ -71,13 +101,23 @@ pub struct ScalingRun {
     /// Forward time: the slowest rank's median, ms.
     pub forward_ms: f64,
     /// Against one GPU: `T1 / (P · TP)` (strong) or `T1 / TP` (weak), T1 the one-GPU plan's
-    /// forward (the P = 1 rank's local forward, without the copy its exchange makes); NaN
-    /// where the ladder has no P = 1 run.
+    /// forward (the P = 1 rank's local forward, without the copy its exchange makes); where
+    /// P = 1 did not run, against the base b = `efficiency_base_ranks`: `Tb · b / (P · TP)` or
+    /// `Tb / TP`, Tb that run's forward.
     pub efficiency: f64,
+    /// The rank count the efficiency is against: 1 where P = 1 ran, else the smallest rank
+    /// count of this graph (weak: of the ladder) and shape that ran.
+    #[serde(default = "one")]
+    pub efficiency_base_ranks: usize,
     /// The slowest rank's plan build (its requests exchanged, its local plan), ms.
     pub plan_ms: f64,
     /// Per rank.
     pub per_rank: Vec<RankRecord>,
+}
+
+/// Version 1 records measured every efficiency against P = 1.
+fn one() -> usize {
+    1
 }
 
 /// What one rank holds and moves.
@@ -195,27 +235,39 @@ fn rank_run<T: DType>(
     seed: u64,
     warmup: usize,
     reps: usize,
-) -> spattn::Result<RankResult> {
+) -> spattn::Result<RankEnd<RankResult>> {
     let gpu = ex.gpu();
     let (heads, dim) = (config.heads, config.head_dim);
     let row_len = heads * dim;
     let t0 = Instant::now();
     let plan = RankPlan::new(a, part, ex)?;
     let rank_plan_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let local = plan.gpu_plan(gpu, config.clone())?;
-    gpu.synchronize()?;
-    let plan_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let (rows, kv) = (plan.rows(), plan.kv_rows());
-    let up = |which: u64, r: std::ops::Range<usize>| -> spattn::Result<DeviceMatrix<T>> {
-        let s = Shape::new(r.len(), heads, dim)?;
-        Ok(DeviceMatrix::from_host(
-            gpu,
-            s,
-            &rows_of::<T>(seed, which, r, row_len),
-        )?)
+    // What allocates on this GPU alone, before the next collective: a rank out of memory here
+    // tells the others (`agree`) instead of leaving them waiting in NCCL.
+    let prepared = (|| -> spattn::Result<_> {
+        let local = plan.gpu_plan(gpu, config.clone())?;
+        gpu.synchronize()?;
+        let plan_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let (rows, kv) = (plan.rows(), plan.kv_rows());
+        let up = |which: u64, r: std::ops::Range<usize>| -> spattn::Result<DeviceMatrix<T>> {
+            let s = Shape::new(r.len(), heads, dim)?;
+            Ok(DeviceMatrix::from_host(
+                gpu,
+                s,
+                &rows_of::<T>(seed, which, r, row_len),
+            )?)
+        };
+        let (q, k, v) = (up(0, rows.clone())?, up(1, kv.clone())?, up(2, kv)?);
+        let mut out = DeviceMatrix::<T>::zeros(gpu, q.shape())?;
+        probe_forward(&plan, &local, &q, &mut out)?;
+        Ok((local, plan_ms, q, k, v, out))
+    })();
+    let everyone = agree(ex, prepared.is_ok())?;
+    let (local, plan_ms, q, k, v, mut out) = match (prepared, everyone) {
+        (Ok(p), true) => p,
+        (Err(e), _) => return Ok(RankEnd::Failed(e)),
+        (Ok(_), false) => return Ok(RankEnd::PeerStopped),
     };
-    let (q, k, v) = (up(0, rows.clone())?, up(1, kv.clone())?, up(2, kv)?);
-    let mut out = DeviceMatrix::<T>::zeros(gpu, q.shape())?;
     let forward_ms = median_between_barriers(ex, warmup, reps, || {
         plan.forward_gpu(ex, &local, &q, &k, &v, &mut out)
             .map(|_| ())
@@ -231,7 +283,7 @@ fn rank_run<T: DType>(
     drop(halo);
     // Freed memory the pool keeps is not in use.
     let ((_, total), available) = (gpu.memory_info()?, gpu.available_memory()?);
-    Ok(RankResult {
+    Ok(RankEnd::Ran(RankResult {
         stats: plan.stats(),
         plan_ms,
         rank_plan_ms,
@@ -240,7 +292,315 @@ fn rank_run<T: DType>(
         local_ms,
         algorithm: local.algorithm().name().to_string(),
         device_used: total.saturating_sub(available) as u64,
-    })
+    }))
+}
+
+/// Allocates what a forward of `plan` allocates (the K and V halo, the rows packed for the
+/// other ranks, the halo's row indices) and runs the local plan once on a zero halo, all
+/// without a collective, then frees it into the pool the timed forwards take it from again.
+fn probe_forward<T: DType>(
+    plan: &RankPlan,
+    local: &spattn::AttentionPlan,
+    q: &DeviceMatrix<T>,
+    out: &mut DeviceMatrix<T>,
+) -> spattn::Result<()> {
+    let gpu = q.gpu();
+    let stats = plan.stats();
+    let (heads, dim) = (q.shape().heads, q.shape().head_dim);
+    let halo = Shape::new(stats.halo_rows, heads, dim)?;
+    let (hk, hv) = (
+        DeviceMatrix::<T>::zeros(gpu, halo)?,
+        DeviceMatrix::<T>::zeros(gpu, halo)?,
+    );
+    let _packed = spattn_ops::DeviceVec::<T>::zeros(gpu, stats.sent_rows * heads * dim)?;
+    let _index = spattn_ops::DeviceVec::<u32>::zeros(gpu, stats.halo_rows + stats.sent_rows)?;
+    local.forward(q, &hk, &hv, out)?;
+    gpu.synchronize()?;
+    Ok(())
+}
+
+/// Tells every rank whether this one got through a step, and returns whether all did (a
+/// collective: one byte to each rank).
+fn agree(ex: &NcclExchange, ok: bool) -> spattn::Result<bool> {
+    let got = ex.all_to_all(vec![vec![u8::from(ok)]; ex.world()])?;
+    Ok(got.iter().all(|b| b.as_slice() == [1]))
+}
+
+/// How one rank's run ended.
+#[derive(Debug)]
+pub enum RankEnd<R> {
+    /// It ran and measured.
+    Ran(R),
+    /// It failed before its timed runs, with this error.
+    Failed(spattn::Error),
+    /// It stopped before its timed runs because another rank failed.
+    PeerStopped,
+}
+
+/// A graph and shape on P GPUs, settled from its ranks' ends.
+#[derive(Debug, PartialEq)]
+pub enum Attempt<R> {
+    /// Every rank ran: their results in rank order.
+    Ran(Vec<R>),
+    /// A GPU ran out of memory.
+    OutOfMemory {
+        /// The rank whose GPU did; none where the error came out of a collective.
+        rank: Option<usize>,
+        /// Bytes of the allocation that failed.
+        bytes: u64,
+        /// The error, as printed.
+        message: String,
+    },
+}
+
+/// The bytes of the device allocation that failed, where `e` is a GPU out of memory
+/// (`spattn_ops::Error::OutOfMemory`, which `spattn::Error::Ops` wraps); none for any other
+/// error, host allocations (`spattn::Error::Format`) included.
+pub fn gpu_out_of_memory(e: &spattn::Error) -> Option<u64> {
+    match e {
+        spattn::Error::Ops(spattn_ops::Error::OutOfMemory { bytes, .. }) => Some(*bytes as u64),
+        _ => None,
+    }
+}
+
+/// Settles a run from what [`run_nccl`] returned: every rank's result; else the first GPU out
+/// of memory where every failing rank ran out; else the first other failure, as an error
+/// naming its rank.
+///
+/// # Errors
+/// A failure other than a GPU out of memory (such failures abort the scaling run).
+pub fn settle<R>(ends: spattn::Result<Vec<RankEnd<R>>>) -> Result<Attempt<R>, String> {
+    let ends = match ends {
+        Ok(ends) => ends,
+        Err(e) => {
+            return match gpu_out_of_memory(&e) {
+                Some(bytes) => Ok(Attempt::OutOfMemory {
+                    rank: None,
+                    bytes,
+                    message: e.to_string(),
+                }),
+                None => Err(e.to_string()),
+            };
+        }
+    };
+    let failed = |oom: bool| {
+        ends.iter().enumerate().find_map(|(rank, end)| match end {
+            RankEnd::Failed(e) if gpu_out_of_memory(e).is_some() == oom => Some((rank, e)),
+            _ => None,
+        })
+    };
+    if let Some((rank, e)) = failed(false) {
+        return Err(format!("rank {rank}: {e}"));
+    }
+    if let Some((rank, e)) = failed(true) {
+        return Ok(Attempt::OutOfMemory {
+            rank: Some(rank),
+            bytes: gpu_out_of_memory(e).unwrap_or(0),
+            message: format!("rank {rank}: {e}"),
+        });
+    }
+    let mut results = Vec::with_capacity(ends.len());
+    for (rank, end) in ends.into_iter().enumerate() {
+        match end {
+            RankEnd::Ran(r) => results.push(r),
+            // Unreachable with `agree`, which only stops a rank when another failed.
+            _ => {
+                return Err(format!(
+                    "rank {rank} stopped, but no rank reported an error"
+                ))
+            }
+        }
+    }
+    Ok(Attempt::Ran(results))
+}
+
+/// The base of a run's efficiency among the `(ranks, time)` of the earlier runs of its graph
+/// (weak: of its ladder) and shape, and its own: the smallest rank count. A P = 1 run's time
+/// is the plain one-GPU plan's forward ([`base_time`]).
+pub fn efficiency_base(
+    earlier: impl IntoIterator<Item = (usize, f64)>,
+    this: (usize, f64),
+) -> (usize, f64) {
+    earlier
+        .into_iter()
+        .chain(std::iter::once(this))
+        .min_by_key(|&(ranks, _)| ranks)
+        .unwrap_or(this)
+}
+
+/// The time a run is a base with: at P = 1 the local forward alone (the plain one-GPU plan;
+/// the P = 1 "exchange" only copies K/V into the halo, which one plan never does), else the
+/// partitioned forward.
+pub fn base_time(ranks: usize, forward_ms: f64, rank0_local_ms: f64) -> f64 {
+    if ranks == 1 {
+        rank0_local_ms
+    } else {
+        forward_ms
+    }
+}
+
+/// A run on `p` ranks of forward `t_p` against `(b, t_b)`: strong `t_b · b / (p · t_p)` (the
+/// same work on more GPUs), weak `t_b / t_p` (the work grows with the GPUs).
+pub fn efficiency((b, t_b): (usize, f64), p: usize, t_p: f64, weak: bool) -> f64 {
+    if weak {
+        t_b / t_p
+    } else {
+        t_b * b as f64 / (p as f64 * t_p)
+    }
+}
+
+/// One shape of a run: element type, heads, features per head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Case {
+    dtype: DTypeKind,
+    heads: usize,
+    dim: usize,
+}
+
+/// What every measurement of one scaling run shares.
+struct Bench<'a> {
+    gpus: &'a [Gpu],
+    algorithm: spattn::Algorithm,
+    seed: u64,
+    warmup: usize,
+    reps: usize,
+    weak: bool,
+}
+
+impl Bench<'_> {
+    /// `graph` with `case` on the first `p` GPUs: its run, or that it did not fit; recorded
+    /// in `rec` and printed.
+    fn measure(
+        &self,
+        graph: &graphs::Graph,
+        p: usize,
+        case: Case,
+        rec: &mut ScalingRecord,
+    ) -> Result<Option<ScalingRun>> {
+        let Case { dtype, heads, dim } = case;
+        let part = Partition::balanced(&graph.csr, p)?;
+        let config = AttentionConfig::new(heads, dim, dtype).with_algorithm(self.algorithm);
+        let seed = config_seed(self.seed, &graph.name, heads, dim, dtype);
+        let (warmup, reps) = (self.warmup, self.reps);
+        let body = |ex: &NcclExchange| match dtype {
+            DTypeKind::F32 => rank_run::<f32>(ex, &graph.csr, &part, &config, seed, warmup, reps),
+            DTypeKind::F16 => {
+                rank_run::<half::f16>(ex, &graph.csr, &part, &config, seed, warmup, reps)
+            }
+            DTypeKind::Bf16 => {
+                rank_run::<half::bf16>(ex, &graph.csr, &part, &config, seed, warmup, reps)
+            }
+        };
+        let results = match settle(run_nccl(&self.gpus[..p], body))
+            .map_err(|e| Error::new(format!("{} on {p} GPU(s): {e}", graph.name)))?
+        {
+            Attempt::Ran(results) => results,
+            Attempt::OutOfMemory {
+                rank,
+                bytes,
+                message,
+            } => {
+                outln!(
+                    "  {:<16} H{heads} D{dim} {:<4} P={p:<2} does not fit: {message}",
+                    graph.name,
+                    dtype.name()
+                );
+                rec.not_fitting.push(NotFitting {
+                    graph: graph.name.clone(),
+                    ranks: p,
+                    heads,
+                    head_dim: dim,
+                    dtype: dtype.name().to_string(),
+                    memory: "gpu".into(),
+                    rank,
+                    bytes,
+                    message,
+                });
+                return Ok(None);
+            }
+        };
+        let elem = dtype.size_bytes() as u64;
+        let row_bytes = (heads * dim) as u64 * elem * 2;
+        let forward_ms = results.iter().map(|r| r.forward_ms).fold(0.0, f64::max);
+        let plan_ms = results.iter().map(|r| r.plan_ms).fold(0.0, f64::max);
+        let earlier = rec.runs.iter().filter(|r| {
+            (self.weak || r.graph == graph.name)
+                && (r.heads, r.head_dim, r.dtype.as_str()) == (heads, dim, dtype.name())
+        });
+        let base = efficiency_base(
+            earlier.map(|r| {
+                (
+                    r.ranks,
+                    base_time(r.ranks, r.forward_ms, r.per_rank[0].local_ms),
+                )
+            }),
+            (p, base_time(p, forward_ms, results[0].local_ms)),
+        );
+        let run = ScalingRun {
+            graph: graph.name.clone(),
+            nodes: graph.csr.n_rows(),
+            edges: graph.csr.nnz(),
+            heads,
+            head_dim: dim,
+            dtype: dtype.name().to_string(),
+            algorithm: if results.iter().all(|r| r.algorithm == results[0].algorithm) {
+                results[0].algorithm.clone()
+            } else {
+                "mixed".into()
+            },
+            ranks: p,
+            forward_ms,
+            efficiency: efficiency(base, p, forward_ms, self.weak),
+            efficiency_base_ranks: base.0,
+            plan_ms,
+            per_rank: results
+                .iter()
+                .map(|r| RankRecord {
+                    rows: r.stats.rows,
+                    edges: r.stats.edges,
+                    halo_rows: r.stats.halo_rows,
+                    received_rows: r.stats.remote_rows,
+                    sent_rows: r.stats.sent_rows,
+                    received_bytes: r.stats.remote_rows as u64 * row_bytes,
+                    sent_bytes: r.stats.sent_rows as u64 * row_bytes,
+                    forward_ms: r.forward_ms,
+                    exchange_ms: r.exchange_ms,
+                    local_ms: r.local_ms,
+                    rank_plan_ms: r.rank_plan_ms,
+                    local_plan_ms: r.plan_ms - r.rank_plan_ms,
+                    algorithm: r.algorithm.clone(),
+                    device_used_bytes: r.device_used,
+                })
+                .collect(),
+        };
+        let most_halo = run
+            .per_rank
+            .iter()
+            .map(|r| r.received_rows)
+            .max()
+            .unwrap_or(0);
+        let slowest = |f: fn(&RankRecord) -> f64| run.per_rank.iter().map(f).fold(0.0, f64::max);
+        let against = if base.0 == 1 {
+            String::new()
+        } else {
+            format!(" (vs P={})", base.0)
+        };
+        outln!(
+            "  {:<16} H{heads} D{dim} {:<4} P={p:<2} forward {:>9.3} ms (exchange {:.3}, local {:.3})  efficiency {:>5.1}%{against}  plan {:>8.1} ms (partition {:.1})  {}  most halo rows received {}",
+            graph.name,
+            dtype.name(),
+            run.forward_ms,
+            slowest(|r| r.exchange_ms),
+            slowest(|r| r.local_ms),
+            run.efficiency * 100.0,
+            run.plan_ms,
+            slowest(|r| r.rank_plan_ms),
+            run.algorithm,
+            most_halo
+        );
+        rec.runs.push(run.clone());
+        Ok(Some(run))
+    }
 }
 
 /// The GPUs `0..n`, refusing more than the machine has.
@@ -261,7 +621,7 @@ fn open_gpus(n: usize) -> Result<Vec<Gpu>> {
 ///
 /// # Errors
 /// More GPUs asked for than there are, no libnccl, a graph that cannot be loaded, a rank's
-/// failure (the first), a JSON file that cannot be written.
+/// failure other than a GPU out of memory (the first), a JSON file that cannot be written.
 pub fn run(args: &RunArgs, argv: &[String], n: usize) -> Result<()> {
     let gpus = open_gpus(n)?;
     // Each forward allocates its halo; with the driver's default release threshold every
@@ -303,11 +663,13 @@ pub fn run(args: &RunArgs, argv: &[String], n: usize) -> Result<()> {
         gpus: gpus.iter().map(|g| g.name().to_string()).collect(),
         mode: if weak.is_some() { "weak" } else { "strong" }.into(),
         runs: Vec::new(),
+        not_fitting: Vec::new(),
     };
     outln!(
         "spattn-bench {} (commit {}): {} scaling on {} GPU(s) ({}), NCCL; forward = the slowest \
          rank's median of {} wall-clock runs between barriers, halo exchange included; freed \
-         memory kept in each GPU's pool; efficiency against the plain one-GPU plan; not checked",
+         memory kept in each GPU's pool; efficiency against the plain one-GPU plan (else the \
+         smallest rank count that ran); a GPU out of memory is recorded, not fatal; not checked",
         env!("CARGO_PKG_VERSION"),
         rec.commit,
         rec.mode,
@@ -338,7 +700,26 @@ pub fn run(args: &RunArgs, argv: &[String], n: usize) -> Result<()> {
             }
         }
     }
-    let (warmup, reps) = (args.warmup as usize, args.reps as usize);
+    let bench = Bench {
+        gpus: &gpus,
+        algorithm,
+        seed: args.seed,
+        warmup: args.warmup as usize,
+        reps: args.reps as usize,
+        weak: weak.is_some(),
+    };
+    let mut cases = Vec::new();
+    for &dtype in &dtypes {
+        for &heads in &heads_list {
+            for &dim in &dims {
+                cases.push(Case {
+                    dtype,
+                    heads: heads as usize,
+                    dim: dim as usize,
+                });
+            }
+        }
+    }
     let mut loaded: Option<(GraphSpec, graphs::Graph)> = None;
     for (p, spec) in jobs {
         if loaded.as_ref().map(|(s, _)| s) != Some(&spec) {
@@ -347,110 +728,8 @@ pub fn run(args: &RunArgs, argv: &[String], n: usize) -> Result<()> {
             loaded = Some((spec.clone(), graphs::load(&spec, &load_options)?));
         }
         let graph = &loaded.as_ref().expect("loaded just above").1;
-        let part = Partition::balanced(&graph.csr, p)?;
-        for &dtype in &dtypes {
-            for &heads in &heads_list {
-                for &dim in &dims {
-                    let (heads, dim) = (heads as usize, dim as usize);
-                    let config = AttentionConfig::new(heads, dim, dtype).with_algorithm(algorithm);
-                    let seed = config_seed(args.seed, &graph.name, heads, dim, dtype);
-                    let body = |ex: &NcclExchange| match dtype {
-                        DTypeKind::F32 => {
-                            rank_run::<f32>(ex, &graph.csr, &part, &config, seed, warmup, reps)
-                        }
-                        DTypeKind::F16 => rank_run::<half::f16>(
-                            ex, &graph.csr, &part, &config, seed, warmup, reps,
-                        ),
-                        DTypeKind::Bf16 => rank_run::<half::bf16>(
-                            ex, &graph.csr, &part, &config, seed, warmup, reps,
-                        ),
-                    };
-                    let results = run_nccl(&gpus[..p], body)
-                        .map_err(|e| Error::new(format!("{} on {p} GPU(s): {e}", graph.name)))?;
-                    let elem = dtype.size_bytes() as u64;
-                    let row_bytes = (heads * dim) as u64 * elem * 2;
-                    let forward_ms = results.iter().map(|r| r.forward_ms).fold(0.0, f64::max);
-                    let plan_ms = results.iter().map(|r| r.plan_ms).fold(0.0, f64::max);
-                    // T1: one GPU's plain plan, i.e. the P = 1 rank's local forward alone (its
-                    // "exchange" only copies every K/V row into the halo, which one plan never does).
-                    let t1 = if p == 1 {
-                        Some(results[0].local_ms)
-                    } else {
-                        rec.runs
-                            .iter()
-                            .find(|r| {
-                                r.ranks == 1
-                                    && (weak.is_some() || r.graph == graph.name)
-                                    && (r.heads, r.head_dim, r.dtype.as_str())
-                                        == (heads, dim, dtype.name())
-                            })
-                            .map(|o| o.per_rank[0].local_ms)
-                    };
-                    let efficiency = match (t1, weak) {
-                        (Some(t1), Some(_)) => t1 / forward_ms,
-                        (Some(t1), None) => t1 / (p as f64 * forward_ms),
-                        (None, _) => f64::NAN,
-                    };
-                    let run = ScalingRun {
-                        graph: graph.name.clone(),
-                        nodes: graph.csr.n_rows(),
-                        edges: graph.csr.nnz(),
-                        heads,
-                        head_dim: dim,
-                        dtype: dtype.name().to_string(),
-                        algorithm: if results.iter().all(|r| r.algorithm == results[0].algorithm) {
-                            results[0].algorithm.clone()
-                        } else {
-                            "mixed".into()
-                        },
-                        ranks: p,
-                        forward_ms,
-                        efficiency,
-                        plan_ms,
-                        per_rank: results
-                            .iter()
-                            .map(|r| RankRecord {
-                                rows: r.stats.rows,
-                                edges: r.stats.edges,
-                                halo_rows: r.stats.halo_rows,
-                                received_rows: r.stats.remote_rows,
-                                sent_rows: r.stats.sent_rows,
-                                received_bytes: r.stats.remote_rows as u64 * row_bytes,
-                                sent_bytes: r.stats.sent_rows as u64 * row_bytes,
-                                forward_ms: r.forward_ms,
-                                exchange_ms: r.exchange_ms,
-                                local_ms: r.local_ms,
-                                rank_plan_ms: r.rank_plan_ms,
-                                local_plan_ms: r.plan_ms - r.rank_plan_ms,
-                                algorithm: r.algorithm.clone(),
-                                device_used_bytes: r.device_used,
-                            })
-                            .collect(),
-                    };
-                    let most_halo = run
-                        .per_rank
-                        .iter()
-                        .map(|r| r.received_rows)
-                        .max()
-                        .unwrap_or(0);
-                    let slowest =
-                        |f: fn(&RankRecord) -> f64| run.per_rank.iter().map(f).fold(0.0, f64::max);
-                    outln!(
-                        "  {:<16} H{heads} D{dim} {:<4} P={p:<2} forward {:>9.3} ms (exchange {:.3}, local {:.3})  efficiency {:>5.1}%  plan {:>8.1} ms (partition {:.1})  {}  most halo rows received {}",
-                        graph.name,
-                        dtype.name(),
-                        run.forward_ms,
-                        slowest(|r| r.exchange_ms),
-                        slowest(|r| r.local_ms),
-                        run.efficiency * 100.0,
-                        run.plan_ms,
-                        slowest(|r| r.rank_plan_ms),
-                        run.algorithm,
-                        most_halo
-                    );
-                    rec.runs.push(run);
-                }
-            }
+        for &case in &cases {
+            bench.measure(graph, p, case, &mut rec)?;
         }
     }
     if let Some(path) = &args.json {
@@ -474,6 +753,177 @@ mod tests {
         assert_eq!(rank_ladder(6), [1, 2, 4, 6]);
         assert_eq!(rank_ladder(8), [1, 2, 4, 8]);
         assert!(rank_ladder(0).is_empty());
+    }
+
+    fn oom(bytes: usize) -> spattn::Error {
+        spattn::Error::from(spattn_ops::Error::OutOfMemory {
+            what: "halo",
+            bytes,
+        })
+    }
+
+    fn other() -> spattn::Error {
+        spattn::Error::InvalidConfig {
+            what: "heads",
+            why: "zero".into(),
+        }
+    }
+
+    #[test]
+    fn only_a_device_out_of_memory_counts_as_not_fitting() {
+        assert_eq!(gpu_out_of_memory(&oom(1 << 33)), Some(1 << 33));
+        assert_eq!(gpu_out_of_memory(&other()), None);
+        // A host allocation failing is not a GPU that is too small.
+        let host = spattn::Error::from(spattn_formats::Error::OutOfMemory {
+            what: "col_indices",
+            bytes: 1 << 40,
+            available: Some(1 << 30),
+        });
+        assert_eq!(gpu_out_of_memory(&host), None);
+        let other_ops = spattn::Error::from(spattn_ops::Error::NoCudaDriver);
+        assert_eq!(gpu_out_of_memory(&other_ops), None);
+    }
+
+    #[test]
+    fn a_rank_out_of_memory_settles_as_not_fitting_with_its_bytes() {
+        let ends = vec![
+            RankEnd::PeerStopped,
+            RankEnd::Failed(oom(123_456_789)),
+            RankEnd::PeerStopped,
+        ];
+        match settle::<u8>(Ok(ends)) {
+            Ok(Attempt::OutOfMemory {
+                rank,
+                bytes,
+                message,
+            }) => {
+                assert_eq!((rank, bytes), (Some(1), 123_456_789));
+                assert!(message.starts_with("rank 1: "), "{message}");
+                assert!(message.contains("123456789 bytes"), "{message}");
+            }
+            other => panic!("expected out of memory, got {other:?}"),
+        }
+        // The error of a collective, out of memory too, has no rank.
+        assert_eq!(
+            settle::<u8>(Err(oom(7))),
+            Ok(Attempt::OutOfMemory {
+                rank: None,
+                bytes: 7,
+                message: oom(7).to_string()
+            })
+        );
+    }
+
+    #[test]
+    fn other_failures_still_abort_even_beside_an_out_of_memory() {
+        let ends = vec![RankEnd::Failed(oom(9)), RankEnd::Failed(other())];
+        let e = settle::<u8>(Ok(ends)).unwrap_err();
+        assert!(e.starts_with("rank 1: invalid heads"), "{e}");
+        assert_eq!(settle::<u8>(Err(other())).unwrap_err(), other().to_string());
+        let e = settle::<u8>(Ok(vec![RankEnd::Ran(1), RankEnd::PeerStopped])).unwrap_err();
+        assert!(e.contains("rank 1 stopped"), "{e}");
+        assert_eq!(
+            settle(Ok(vec![RankEnd::Ran(1u8), RankEnd::Ran(2)])),
+            Ok(Attempt::Ran(vec![1, 2]))
+        );
+    }
+
+    #[test]
+    fn efficiency_is_against_p1_where_it_ran_else_the_smallest_that_did() {
+        // P = 1 ran (local forward 10 ms): the plain plan is the base, as before.
+        let base = efficiency_base([(1, base_time(1, 12.0, 10.0))], (4, 4.0));
+        assert_eq!(base, (1, 10.0));
+        assert!((efficiency(base, 4, 4.0, false) - 0.625).abs() < 1e-12);
+        assert!((efficiency(base, 4, 4.0, true) - 2.5).abs() < 1e-12);
+        // P = 1 did not fit: P = 2 (forward 8 ms) is the base: 8 · 2 / (4 · 5).
+        let base = efficiency_base([(2, base_time(2, 8.0, 6.0)), (4, 5.0)], (8, 3.0));
+        assert_eq!(base, (2, 8.0));
+        assert!((efficiency(base, 4, 5.0, false) - 0.8).abs() < 1e-12);
+        assert!((efficiency(base, 4, 5.0, true) - 1.6).abs() < 1e-12);
+        // The first run that fits is its own base: 100%.
+        let base = efficiency_base([], (4, 5.0));
+        assert_eq!(base, (4, 5.0));
+        assert_eq!(efficiency(base, 4, 5.0, false), 1.0);
+    }
+
+    fn sample_record() -> ScalingRecord {
+        ScalingRecord {
+            schema: SCALING_SCHEMA_VERSION,
+            tool: "spattn-bench 0".into(),
+            date: "2026-01-01T00:00:00Z".into(),
+            commit: "abc".into(),
+            command: "spattn-bench --gpus 2".into(),
+            gpus: vec!["H100".into(); 2],
+            mode: "strong".into(),
+            runs: vec![ScalingRun {
+                graph: "rmat-26".into(),
+                nodes: 1 << 26,
+                edges: 1 << 31,
+                heads: 1,
+                head_dim: 128,
+                dtype: "f16".into(),
+                algorithm: "fused-tc".into(),
+                ranks: 2,
+                forward_ms: 100.0,
+                efficiency: 1.0,
+                efficiency_base_ranks: 2,
+                plan_ms: 5000.0,
+                per_rank: vec![RankRecord {
+                    rows: 1 << 25,
+                    edges: 1 << 30,
+                    halo_rows: 1 << 26,
+                    received_rows: 1 << 25,
+                    sent_rows: 1 << 25,
+                    received_bytes: 1 << 34,
+                    sent_bytes: 1 << 34,
+                    forward_ms: 100.0,
+                    exchange_ms: 40.0,
+                    local_ms: 60.0,
+                    rank_plan_ms: 900.0,
+                    local_plan_ms: 4100.0,
+                    algorithm: "fused-tc".into(),
+                    device_used_bytes: 70 << 30,
+                }],
+            }],
+            not_fitting: vec![NotFitting {
+                graph: "rmat-26".into(),
+                ranks: 1,
+                heads: 1,
+                head_dim: 128,
+                dtype: "f16".into(),
+                memory: "gpu".into(),
+                rank: Some(0),
+                bytes: 17 << 30,
+                message: "rank 0: out of GPU memory allocating 18253611008 bytes for halo".into(),
+            }],
+        }
+    }
+
+    #[test]
+    fn the_json_keeps_the_new_fields() {
+        let rec = sample_record();
+        let text = serde_json::to_string_pretty(&rec).expect("serializes");
+        let back: ScalingRecord = serde_json::from_str(&text).expect("parses");
+        assert_eq!(back, rec);
+        assert!(text.contains("\"efficiency_base_ranks\": 2"), "{text}");
+    }
+
+    #[test]
+    fn a_version_1_record_still_reads() {
+        let mut v = serde_json::to_value(sample_record()).expect("serializes");
+        let obj = v.as_object_mut().expect("an object");
+        obj.remove("not_fitting");
+        obj.insert("schema".into(), 1.into());
+        for run in obj["runs"].as_array_mut().expect("runs") {
+            run.as_object_mut()
+                .expect("a run")
+                .remove("efficiency_base_ranks");
+        }
+        let old: ScalingRecord = serde_json::from_value(v).expect("a version 1 record reads");
+        assert_eq!(old.schema, 1);
+        assert!(old.not_fitting.is_empty());
+        // Version 1 measured every efficiency against P = 1.
+        assert_eq!(old.runs[0].efficiency_base_ranks, 1);
     }
 
     #[test]
