@@ -10,7 +10,11 @@
 //! against the smallest rank count b that ran (`Tb · b / (P · TP)`, `Tb / TP`), the plan build
 //! time, and per rank its rows, edges, halo rows, rows sent and received, bytes moved per
 //! forward and the device memory in use. A rank count on which a GPU runs out of memory is
-//! recorded as not fitting (the allocation's bytes) and the ladder goes on. Freed device memory stays in each GPU's pool
+//! recorded as not fitting (the allocation's bytes) and the ladder goes on.
+//!
+//! `--largest-rmat S`: per rank count, the largest R-MAT scale ≥ S that runs ([`search_scales`]),
+//! up to the first that does not: a GPU out of memory, or a graph the host has no memory to
+//! generate ([`check_rmat_host`], checked before generating it). Freed device memory stays in each GPU's pool
 //! ([`spattn::Gpu::keep_freed_memory`]), as torch's caching allocator keeps it. Results are not
 //! checked here: the partitioned plan's tests compare it with the single plan.
 
@@ -25,9 +29,10 @@ use crate::error::{Error, Result};
 use crate::graphs::{self, GraphSpec};
 use crate::inputs::{config_seed, mix64};
 use crate::{outln, record};
+use spattn_formats::alloc::describe_bytes;
 
-/// Version of the scaling JSON. 2: `efficiency_base_ranks` per run and `not_fitting` (absent
-/// from version 1, read as 1 and empty).
+/// Version of the scaling JSON. 2: `efficiency_base_ranks` per run, `not_fitting` and
+/// `largest_rmat` (absent from version 1, read as 1 and empty).
 pub const SCALING_SCHEMA_VERSION: u32 = 2;
 
 /// A scaling run: every rank count of every graph and shape.
@@ -52,6 +57,30 @@ pub struct ScalingRecord {
     /// The graph × shape × rank counts that did not fit.
     #[serde(default)]
     pub not_fitting: Vec<NotFitting>,
+    /// `--largest-rmat`: per shape and rank count, the largest R-MAT that ran.
+    #[serde(default)]
+    pub largest_rmat: Vec<LargestRmat>,
+}
+
+/// `--largest-rmat S`: on `ranks` GPUs, the largest R-MAT scale ≥ S that ran, and the first
+/// above it that did not.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct LargestRmat {
+    /// Ranks (GPUs).
+    pub ranks: usize,
+    /// Heads.
+    pub heads: usize,
+    /// Features per head.
+    pub head_dim: usize,
+    /// `f32`, `f16` or `bf16`.
+    pub dtype: String,
+    /// The largest scale that ran; none where not even S did.
+    pub largest_scale: Option<u32>,
+    /// Its run (also in `runs`).
+    pub run: Option<ScalingRun>,
+    /// The first scale above it that did not run, and why (also in `not_fitting`); none where
+    /// scale 31, the largest R-MAT, ran.
+    pub first_not_fitting: Option<NotFitting>,
 }
 
 /// A graph and shape that did not run on `ranks` GPUs for lack of memory.
@@ -67,12 +96,14 @@ pub struct NotFitting {
     pub head_dim: usize,
     /// `f32`, `f16` or `bf16`.
     pub dtype: String,
-    /// `"gpu"`: a GPU ran out of memory for its rank's partition.
+    /// `"gpu"`: a GPU ran out of memory for its rank's partition; `"host"`: the host lacks the
+    /// memory to generate the graph (`--largest-rmat`), which was not tried.
     pub memory: String,
     /// The rank whose GPU ran out (its GPU ordinal is the same); none where the failure came
     /// out of a collective, which does not say.
     pub rank: Option<usize>,
-    /// Bytes of the allocation that failed.
+    /// Bytes of the allocation that failed (`"gpu"`), or the host bytes the graph needs
+    /// (`"host"`).
     pub bytes: u64,
     /// The error, as printed.
     pub message: String,
@@ -449,6 +480,131 @@ pub fn efficiency((b, t_b): (usize, f64), p: usize, t_p: f64, weak: bool) -> f64
     }
 }
 
+/// The largest R-MAT scale (2^31 nodes: 32-bit indices).
+pub const MAX_RMAT_SCALE: u32 = 31;
+
+/// One try of a scale in [`search_scales`].
+#[derive(Debug, PartialEq)]
+pub enum Trial<R, F> {
+    /// It ran.
+    Ran(R),
+    /// It did not fit, for this reason.
+    NotFit(F),
+}
+
+/// What [`search_scales`] found.
+#[derive(Debug, PartialEq)]
+pub struct Found<R, F> {
+    /// The largest scale that ran, with its run.
+    pub largest: Option<(u32, R)>,
+    /// The scale above it that did not, with why; none where `max` ran.
+    pub first_not_fitting: Option<(u32, F)>,
+}
+
+impl<R, F> Found<R, F> {
+    /// Where the search of the next (larger) rank count starts: the scale that did not fit
+    /// here (more GPUs likely fit it, and its graph is the one generated last), else the
+    /// largest that ran, else `min`.
+    pub fn next_start(&self, min: u32) -> u32 {
+        self.first_not_fitting
+            .as_ref()
+            .map(|(s, _)| *s)
+            .or(self.largest.as_ref().map(|(s, _)| *s))
+            .unwrap_or(min)
+    }
+}
+
+/// The largest scale in `min..=max` that runs (`try_scale` says, and is assumed to fit every
+/// scale below one that fits), trying `start` first (clamped into the range), then upward
+/// while scales run, or downward until one does. Each scale is tried at most once.
+///
+/// # Errors
+/// The first error of `try_scale`, which ends the search.
+pub fn search_scales<R, F, E>(
+    min: u32,
+    max: u32,
+    start: u32,
+    mut try_scale: impl FnMut(u32) -> Result<Trial<R, F>, E>,
+) -> Result<Found<R, F>, E> {
+    let mut found = Found {
+        largest: None,
+        first_not_fitting: None,
+    };
+    let mut s = start.clamp(min, max.max(min));
+    match try_scale(s)? {
+        Trial::Ran(r) => {
+            found.largest = Some((s, r));
+            while s < max {
+                s += 1;
+                match try_scale(s)? {
+                    Trial::Ran(r) => found.largest = Some((s, r)),
+                    Trial::NotFit(f) => {
+                        found.first_not_fitting = Some((s, f));
+                        break;
+                    }
+                }
+            }
+        }
+        Trial::NotFit(f) => {
+            found.first_not_fitting = Some((s, f));
+            while s > min {
+                s -= 1;
+                match try_scale(s)? {
+                    Trial::Ran(r) => {
+                        found.largest = Some((s, r));
+                        break;
+                    }
+                    Trial::NotFit(f) => found.first_not_fitting = Some((s, f)),
+                }
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// Host bytes a `--largest-rmat` try of R-MAT `config` needs at its peak: the generator's
+/// ([`spattn_formats::RmatConfig::peak_host_bytes`]), or after it the graph (at most `2m + n`
+/// u32 entries symmetrized, `m` as stored, and its offsets) held twice (whole, and split into
+/// the ranks' local graphs) with one of Q, K, V staged for upload (`row_bytes` per node: the
+/// ranks stage their rows at once). `None` where that overflows 64 bits.
+pub fn rmat_host_bytes(config: &spattn_formats::RmatConfig, row_bytes: u64) -> Option<u64> {
+    let (m, n) = (config.n_edges(), config.n_nodes() as u64);
+    let entries = if config.symmetrize {
+        m.checked_mul(2)?.checked_add(n)?
+    } else {
+        m
+    };
+    let csr = entries.checked_add(n.checked_add(1)?)?.checked_mul(4)?;
+    let after = csr.checked_mul(2)?.checked_add(n.checked_mul(row_bytes)?)?;
+    Some(config.peak_host_bytes()?.max(after))
+}
+
+/// Refuses R-MAT `config` where [`rmat_host_bytes`] exceeds `available` host bytes, before
+/// anything is generated (an allocation past the host's memory gets the process killed).
+///
+/// # Errors
+/// The bytes needed (`u64::MAX` on overflow) and a one-line message naming the scale, the
+/// bytes needed and available.
+pub fn check_rmat_host(
+    config: &spattn_formats::RmatConfig,
+    row_bytes: u64,
+    available: u64,
+) -> Result<(), (u64, String)> {
+    let need = rmat_host_bytes(config, row_bytes).unwrap_or(u64::MAX);
+    if need <= available {
+        return Ok(());
+    }
+    Err((
+        need,
+        format!(
+            "R-MAT scale {} needs about {} of host memory to generate and run, {} available              (--host-memory or the system's): not generated",
+            config.scale,
+            describe_bytes(need),
+            describe_bytes(available)
+        ),
+    ))
+}
+
 /// One shape of a run: element type, heads, features per head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Case {
@@ -476,7 +632,7 @@ impl Bench<'_> {
         p: usize,
         case: Case,
         rec: &mut ScalingRecord,
-    ) -> Result<Option<ScalingRun>> {
+    ) -> Result<Trial<ScalingRun, NotFitting>> {
         let Case { dtype, heads, dim } = case;
         let part = Partition::balanced(&graph.csr, p)?;
         let config = AttentionConfig::new(heads, dim, dtype).with_algorithm(self.algorithm);
@@ -505,7 +661,7 @@ impl Bench<'_> {
                     graph.name,
                     dtype.name()
                 );
-                rec.not_fitting.push(NotFitting {
+                let not = NotFitting {
                     graph: graph.name.clone(),
                     ranks: p,
                     heads,
@@ -515,8 +671,9 @@ impl Bench<'_> {
                     rank,
                     bytes,
                     message,
-                });
-                return Ok(None);
+                };
+                rec.not_fitting.push(not.clone());
+                return Ok(Trial::NotFit(not));
             }
         };
         let elem = dtype.size_bytes() as u64;
@@ -599,7 +756,7 @@ impl Bench<'_> {
             most_halo
         );
         rec.runs.push(run.clone());
-        Ok(Some(run))
+        Ok(Trial::Ran(run))
     }
 }
 
@@ -617,7 +774,8 @@ fn open_gpus(n: usize) -> Result<Vec<Gpu>> {
         .collect()
 }
 
-/// Runs the scaling benchmark `args` asks for (`--gpus N`, optionally `--weak-rmat S`).
+/// Runs the scaling benchmark `args` asks for (`--gpus N`, optionally `--weak-rmat S` or
+/// `--largest-rmat S`).
 ///
 /// # Errors
 /// More GPUs asked for than there are, no libnccl, a graph that cannot be loaded, a rank's
@@ -661,9 +819,15 @@ pub fn run(args: &RunArgs, argv: &[String], n: usize) -> Result<()> {
         commit: record::commit(),
         command: record::shell_command(argv),
         gpus: gpus.iter().map(|g| g.name().to_string()).collect(),
-        mode: if weak.is_some() { "weak" } else { "strong" }.into(),
+        mode: match (weak, args.largest_rmat) {
+            (Some(_), _) => "weak",
+            (None, Some(_)) => "largest-rmat",
+            (None, None) => "strong",
+        }
+        .into(),
         runs: Vec::new(),
         not_fitting: Vec::new(),
+        largest_rmat: Vec::new(),
     };
     outln!(
         "spattn-bench {} (commit {}): {} scaling on {} GPU(s) ({}), NCCL; forward = the slowest \
@@ -677,6 +841,30 @@ pub fn run(args: &RunArgs, argv: &[String], n: usize) -> Result<()> {
         rec.gpus.join(", "),
         args.reps
     );
+    let bench = Bench {
+        gpus: &gpus,
+        algorithm,
+        seed: args.seed,
+        warmup: args.warmup as usize,
+        reps: args.reps as usize,
+        weak: weak.is_some(),
+    };
+    let mut cases = Vec::new();
+    for &dtype in &dtypes {
+        for &heads in &heads_list {
+            for &dim in &dims {
+                cases.push(Case {
+                    dtype,
+                    heads: heads as usize,
+                    dim: dim as usize,
+                });
+            }
+        }
+    }
+    if let Some(min) = args.largest_rmat {
+        largest_rmat(&bench, min, &ladder, &cases, &load_options, &mut rec)?;
+        return write_json(args, &rec);
+    }
     // Strong: each graph on every rank count. Weak: R-MAT S + log2 P on P ranks.
     let mut jobs: Vec<(usize, GraphSpec)> = Vec::new();
     match weak {
@@ -700,26 +888,6 @@ pub fn run(args: &RunArgs, argv: &[String], n: usize) -> Result<()> {
             }
         }
     }
-    let bench = Bench {
-        gpus: &gpus,
-        algorithm,
-        seed: args.seed,
-        warmup: args.warmup as usize,
-        reps: args.reps as usize,
-        weak: weak.is_some(),
-    };
-    let mut cases = Vec::new();
-    for &dtype in &dtypes {
-        for &heads in &heads_list {
-            for &dim in &dims {
-                cases.push(Case {
-                    dtype,
-                    heads: heads as usize,
-                    dim: dim as usize,
-                });
-            }
-        }
-    }
     let mut loaded: Option<(GraphSpec, graphs::Graph)> = None;
     for (p, spec) in jobs {
         if loaded.as_ref().map(|(s, _)| s) != Some(&spec) {
@@ -732,12 +900,114 @@ pub fn run(args: &RunArgs, argv: &[String], n: usize) -> Result<()> {
             bench.measure(graph, p, case, &mut rec)?;
         }
     }
+    write_json(args, &rec)
+}
+
+/// Writes `rec` to `--json`, where given.
+fn write_json(args: &RunArgs, rec: &ScalingRecord) -> Result<()> {
     if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&rec)
+        let text = serde_json::to_string_pretty(rec)
             .map_err(|e| Error::new(format!("serializing the scaling record: {e}")))?;
         std::fs::write(path, text)
             .map_err(|e| Error::new(format!("writing {}: {e}", path.display())))?;
         outln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// `--largest-rmat min`: per case and rank count of `ladder`, [`search_scales`] over the
+/// R-MAT scales from `min`, each P starting where the one before stopped; one graph in host
+/// memory at a time, kept while the next try can use it.
+fn largest_rmat(
+    bench: &Bench<'_>,
+    min: u32,
+    ladder: &[usize],
+    cases: &[Case],
+    options: &graphs::LoadOptions<'_>,
+    rec: &mut ScalingRecord,
+) -> Result<()> {
+    let mut loaded: Option<(u32, graphs::Graph)> = None;
+    for &case in cases {
+        let Case { dtype, heads, dim } = case;
+        let row_bytes = (heads * dim * dtype.size_bytes()) as u64;
+        let mut start = min;
+        for &p in ladder {
+            let found = search_scales(
+                min,
+                MAX_RMAT_SCALE,
+                start,
+                |scale| -> Result<Trial<ScalingRun, NotFitting>> {
+                    if loaded.as_ref().map(|(s, _)| *s) != Some(scale) {
+                        let config = graphs::rmat_config(scale, options);
+                        let available = options
+                            .host_memory
+                            .or_else(spattn_formats::alloc::available_host_bytes);
+                        // The graph held now is freed before the next one is generated.
+                        let held = loaded.as_ref().map_or(0, |(_, g)| {
+                            (g.csr.n_rows() as u64 + 1 + g.csr.nnz() as u64) * 4
+                        });
+                        if let Some(Err((bytes, message))) = available
+                            .map(|a| check_rmat_host(&config, row_bytes, a.saturating_add(held)))
+                        {
+                            outln!(
+                                "  {:<16} H{heads} D{dim} {:<4} P={p:<2} not tried: {message}",
+                                graphs::rmat_name(scale),
+                                dtype.name()
+                            );
+                            let not = NotFitting {
+                                graph: graphs::rmat_name(scale),
+                                ranks: p,
+                                heads,
+                                head_dim: dim,
+                                dtype: dtype.name().to_string(),
+                                memory: "host".into(),
+                                rank: None,
+                                bytes,
+                                message,
+                            };
+                            rec.not_fitting.push(not.clone());
+                            return Ok(Trial::NotFit(not));
+                        }
+                        drop(loaded.take());
+                        loaded = Some((scale, graphs::load(&GraphSpec::Rmat(scale), options)?));
+                    }
+                    let graph = &loaded.as_ref().expect("loaded just above").1;
+                    bench.measure(graph, p, case, rec)
+                },
+            )?;
+            start = found.next_start(min);
+            let what = match &found.largest {
+                Some((s, run)) => format!(
+                    "scale {s} (forward {:.3} ms, device memory up to {} per rank)",
+                    run.forward_ms,
+                    describe_bytes(
+                        run.per_rank
+                            .iter()
+                            .map(|r| r.device_used_bytes)
+                            .max()
+                            .unwrap_or(0)
+                    )
+                ),
+                None => format!("none from scale {min}"),
+            };
+            let next = match &found.first_not_fitting {
+                Some((s, not)) => format!("scale {s} does not fit: {}", not.message),
+                None => format!("scale {MAX_RMAT_SCALE} is the largest R-MAT"),
+            };
+            outln!(
+                "largest R-MAT on {p} GPU(s), H{heads} D{dim} {}: {what}; {next}",
+                dtype.name()
+            );
+            rec.largest_rmat.push(LargestRmat {
+                ranks: p,
+                heads,
+                head_dim: dim,
+                dtype: dtype.name().to_string(),
+                largest_scale: found.largest.as_ref().map(|(s, _)| *s),
+                run: found.largest.map(|(_, r)| r),
+                first_not_fitting: found.first_not_fitting.map(|(_, n)| n),
+            });
+        }
     }
     Ok(())
 }
@@ -885,6 +1155,7 @@ mod tests {
                     device_used_bytes: 70 << 30,
                 }],
             }],
+            largest_rmat: Vec::new(),
             not_fitting: vec![NotFitting {
                 graph: "rmat-26".into(),
                 ranks: 1,
@@ -901,11 +1172,29 @@ mod tests {
 
     #[test]
     fn the_json_keeps_the_new_fields() {
-        let rec = sample_record();
+        let mut rec = sample_record();
+        rec.mode = "largest-rmat".into();
+        rec.largest_rmat.push(LargestRmat {
+            ranks: 2,
+            heads: 1,
+            head_dim: 128,
+            dtype: "f16".into(),
+            largest_scale: Some(26),
+            run: Some(rec.runs[0].clone()),
+            first_not_fitting: Some(NotFitting {
+                graph: "rmat-27".into(),
+                ranks: 2,
+                memory: "host".into(),
+                rank: None,
+                ..rec.not_fitting[0].clone()
+            }),
+        });
         let text = serde_json::to_string_pretty(&rec).expect("serializes");
         let back: ScalingRecord = serde_json::from_str(&text).expect("parses");
         assert_eq!(back, rec);
         assert!(text.contains("\"efficiency_base_ranks\": 2"), "{text}");
+        assert!(text.contains("\"largest_scale\": 26"), "{text}");
+        assert!(text.contains("\"memory\": \"host\""), "{text}");
     }
 
     #[test]
@@ -913,6 +1202,7 @@ mod tests {
         let mut v = serde_json::to_value(sample_record()).expect("serializes");
         let obj = v.as_object_mut().expect("an object");
         obj.remove("not_fitting");
+        obj.remove("largest_rmat");
         obj.insert("schema".into(), 1.into());
         for run in obj["runs"].as_array_mut().expect("runs") {
             run.as_object_mut()
@@ -921,9 +1211,134 @@ mod tests {
         }
         let old: ScalingRecord = serde_json::from_value(v).expect("a version 1 record reads");
         assert_eq!(old.schema, 1);
-        assert!(old.not_fitting.is_empty());
+        assert!(old.not_fitting.is_empty() && old.largest_rmat.is_empty());
         // Version 1 measured every efficiency against P = 1.
         assert_eq!(old.runs[0].efficiency_base_ranks, 1);
+    }
+
+    /// The largest scale that ran and the first that did not.
+    type Scales = (Option<u32>, Option<u32>);
+
+    /// A search over scales where `fits(scale)` says what runs: the found scales and the
+    /// scales tried, in order.
+    fn search(
+        min: u32,
+        start: u32,
+        fits: impl Fn(u32) -> Result<bool, String>,
+    ) -> (Result<Scales, String>, Vec<u32>) {
+        let mut tried = Vec::new();
+        let found = search_scales(min, MAX_RMAT_SCALE, start, |s| {
+            tried.push(s);
+            Ok(if fits(s)? {
+                Trial::Ran(s * 10)
+            } else {
+                Trial::NotFit(format!("scale {s}"))
+            })
+        });
+        let found = found.map(|f| {
+            if let Some((s, r)) = &f.largest {
+                assert_eq!(*r, s * 10, "the run of the scale found");
+            }
+            if let Some((s, why)) = &f.first_not_fitting {
+                assert_eq!(why, &format!("scale {s}"), "the reason of the scale found");
+            }
+            (
+                f.largest.map(|(s, _)| s),
+                f.first_not_fitting.map(|(s, _)| s),
+            )
+        });
+        (found, tried)
+    }
+
+    #[test]
+    fn the_search_goes_up_until_a_scale_does_not_fit() {
+        let (found, tried) = search(22, 22, |s| Ok(s <= 25));
+        assert_eq!(found, Ok((Some(25), Some(26))));
+        assert_eq!(tried, [22, 23, 24, 25, 26]);
+        // Every scale up to 31 fits: no scale failed.
+        let (found, tried) = search(29, 29, |_| Ok(true));
+        assert_eq!(found, Ok((Some(31), None)));
+        assert_eq!(tried, [29, 30, 31]);
+    }
+
+    #[test]
+    fn the_search_goes_down_from_a_start_that_does_not_fit() {
+        // The next P starts at 26 (where the last one stopped) but fits only 24.
+        let (found, tried) = search(22, 26, |s| Ok(s <= 24));
+        assert_eq!(found, Ok((Some(24), Some(25))));
+        assert_eq!(tried, [26, 25, 24]);
+        // Not even the minimum fits.
+        let (found, tried) = search(22, 23, |_| Ok(false));
+        assert_eq!(found, Ok((None, Some(22))));
+        assert_eq!(tried, [23, 22]);
+        // A start past 31 is clamped.
+        let (found, tried) = search(22, 40, |s| Ok(s <= 30));
+        assert_eq!(found, Ok((Some(30), Some(31))));
+        assert_eq!(tried, [31, 30]);
+    }
+
+    #[test]
+    fn an_error_that_is_not_out_of_memory_ends_the_search() {
+        let (found, tried) = search(22, 22, |s| {
+            if s == 24 {
+                Err("NCCL failed".to_string())
+            } else {
+                Ok(true)
+            }
+        });
+        assert_eq!(found, Err("NCCL failed".to_string()));
+        assert_eq!(tried, [22, 23, 24]);
+    }
+
+    #[test]
+    fn the_next_rank_count_starts_where_this_one_stopped() {
+        let f = |largest: Option<u32>, first: Option<u32>| Found::<(), ()> {
+            largest: largest.map(|s| (s, ())),
+            first_not_fitting: first.map(|s| (s, ())),
+        };
+        assert_eq!(f(Some(25), Some(26)).next_start(22), 26);
+        assert_eq!(f(None, Some(22)).next_start(22), 22);
+        assert_eq!(f(Some(31), None).next_start(22), 31);
+        assert_eq!(f(None, None).next_start(22), 22);
+    }
+
+    #[test]
+    fn the_host_estimate_covers_the_generator_and_the_run() {
+        use spattn_formats::RmatConfig;
+        let c = RmatConfig::benchmark(20);
+        let (n, m) = (1u64 << 20, 16u64 << 20);
+        let need = rmat_host_bytes(&c, 256).expect("fits 64 bits");
+        // At least the generator's peak, and the graph twice with one input matrix staged.
+        assert!(need >= c.peak_host_bytes().expect("fits"));
+        assert!(need >= 2 * (2 * m + n + n + 1) * 4 + n * 256);
+        // Wider rows stage more; the generator's peak is a floor for narrow ones.
+        assert!(rmat_host_bytes(&c, 1 << 20).expect("fits") > need);
+        assert_eq!(rmat_host_bytes(&c, 0), c.peak_host_bytes());
+        // Each scale doubles it.
+        let next = rmat_host_bytes(&RmatConfig::benchmark(21), 256).expect("fits");
+        assert_eq!(next, 2 * need - 2 * 4);
+        assert_eq!(rmat_host_bytes(&c, u64::MAX), None);
+    }
+
+    #[test]
+    fn a_graph_the_host_cannot_hold_is_refused_before_generating() {
+        use spattn_formats::RmatConfig;
+        let c = RmatConfig::benchmark(27);
+        let need = rmat_host_bytes(&c, 256).expect("fits");
+        assert!(
+            need > 64 << 30,
+            "R-MAT 27 at 128 f16 features needs {need} bytes"
+        );
+        assert_eq!(check_rmat_host(&c, 256, need), Ok(()));
+        let (bytes, message) = check_rmat_host(&c, 256, 64 << 30).unwrap_err();
+        assert_eq!(bytes, need);
+        assert!(
+            message.starts_with("R-MAT scale 27 needs about "),
+            "{message}"
+        );
+        assert!(message.contains("(64.0 GiB) available"), "{message}");
+        let (bytes, _) = check_rmat_host(&c, u64::MAX, u64::MAX - 1).unwrap_err();
+        assert_eq!(bytes, u64::MAX);
     }
 
     #[test]
