@@ -605,6 +605,20 @@ pub fn check_rmat_host(
     ))
 }
 
+/// The host bytes a new graph may take while `held` bytes of the previous one are about to be
+/// freed: the `--host-memory` budget (the graph held is within it), else what the system
+/// reports available (`system`, read only then) plus `held`; none where neither is known.
+pub fn host_room(
+    budget: Option<u64>,
+    system: impl FnOnce() -> Option<u64>,
+    held: u64,
+) -> Option<u64> {
+    match budget {
+        Some(budget) => Some(budget),
+        None => system().map(|a| a.saturating_add(held)),
+    }
+}
+
 /// One shape of a run: element type, heads, features per head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Case {
@@ -939,16 +953,25 @@ fn largest_rmat(
                 |scale| -> Result<Trial<ScalingRun, NotFitting>> {
                     if loaded.as_ref().map(|(s, _)| *s) != Some(scale) {
                         let config = graphs::rmat_config(scale, options);
-                        let available = options
-                            .host_memory
-                            .or_else(spattn_formats::alloc::available_host_bytes);
-                        // The graph held now is freed before the next one is generated.
+                        let refused = |held: u64| {
+                            let available = host_room(
+                                options.host_memory,
+                                spattn_formats::alloc::available_host_bytes,
+                                held,
+                            )?;
+                            check_rmat_host(&config, row_bytes, available).err()
+                        };
+                        // First counting the graph held as free (it goes before the next is
+                        // generated), so a refusal keeps it for the next P; then for real.
                         let held = loaded.as_ref().map_or(0, |(_, g)| {
                             (g.csr.n_rows() as u64 + 1 + g.csr.nnz() as u64) * 4
                         });
-                        if let Some(Err((bytes, message))) = available
-                            .map(|a| check_rmat_host(&config, row_bytes, a.saturating_add(held)))
-                        {
+                        let mut refusal = refused(held);
+                        if refusal.is_none() {
+                            drop(loaded.take());
+                            refusal = refused(0);
+                        }
+                        if let Some((bytes, message)) = refusal {
                             outln!(
                                 "  {:<16} H{heads} D{dim} {:<4} P={p:<2} not tried: {message}",
                                 graphs::rmat_name(scale),
@@ -968,7 +991,6 @@ fn largest_rmat(
                             rec.not_fitting.push(not.clone());
                             return Ok(Trial::NotFit(not));
                         }
-                        drop(loaded.take());
                         loaded = Some((scale, graphs::load(&GraphSpec::Rmat(scale), options)?));
                     }
                     let graph = &loaded.as_ref().expect("loaded just above").1;
@@ -1339,6 +1361,15 @@ mod tests {
         assert!(message.contains("(64.0 GiB) available"), "{message}");
         let (bytes, _) = check_rmat_host(&c, u64::MAX, u64::MAX - 1).unwrap_err();
         assert_eq!(bytes, u64::MAX);
+    }
+
+    #[test]
+    fn the_graph_held_counts_as_free_against_the_system_not_a_budget() {
+        assert_eq!(host_room(None, || Some(10 << 30), 3 << 30), Some(13 << 30));
+        assert_eq!(host_room(None, || Some(u64::MAX), 1), Some(u64::MAX));
+        assert_eq!(host_room(None, || None, 3 << 30), None);
+        let unread = || -> Option<u64> { panic!("the system is not read under a budget") };
+        assert_eq!(host_room(Some(12 << 30), unread, 3 << 30), Some(12 << 30));
     }
 
     #[test]
