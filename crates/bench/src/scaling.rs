@@ -597,7 +597,7 @@ pub fn check_rmat_host(
     Err((
         need,
         format!(
-            "R-MAT scale {} needs about {} of host memory to generate and run, {} available              (--host-memory or the system's): not generated",
+            "R-MAT scale {} needs about {} of host memory to generate and run, {} available (--host-memory or the system's): not generated",
             config.scale,
             describe_bytes(need),
             describe_bytes(available)
