@@ -102,6 +102,14 @@ pub struct RunArgs {
           value_parser = clap::value_parser!(u32).range(1..=31))]
     pub weak_rmat: Option<u32>,
 
+    /// With --gpus: per rank count P, the largest R-MAT scale ≥ S (up to 31) whose partitioned
+    /// forward runs on P GPUs, and the first that does not (a GPU out of memory, or too little
+    /// host memory to generate it), instead of the graphs.
+    #[arg(long = "largest-rmat", value_name = "S", requires = "gpus",
+          conflicts_with_all = ["weak_rmat", "graphs", "rmat"],
+          value_parser = clap::value_parser!(u32).range(1..=31))]
+    pub largest_rmat: Option<u32>,
+
     /// The GPU to run on (CUDA device ordinal).
     #[arg(long = "device", value_name = "ORDINAL", default_value_t = 0)]
     pub device: usize,
@@ -380,6 +388,35 @@ mod tests {
         assert!(parse_bytes("8X").is_err());
         assert!(parse_bytes("G").is_err());
         assert!(parse_bytes("99999999999T").is_err());
+    }
+
+    #[test]
+    fn largest_rmat_needs_gpus_and_no_other_graphs() {
+        let r = run_args(&["--gpus", "4", "--largest-rmat", "22", "--head-dim", "128"]);
+        assert_eq!((r.gpus, r.largest_rmat), (Some(4), Some(22)));
+        assert_eq!(run_args(&["--gpus", "2"]).largest_rmat, None);
+        for (bad, names) in [
+            (vec!["--largest-rmat", "22"], "--gpus"),
+            (
+                vec!["--gpus", "2", "--largest-rmat", "22", "--weak-rmat", "20"],
+                "--weak-rmat",
+            ),
+            (
+                vec!["--gpus", "2", "--largest-rmat", "22", "--rmat", "20"],
+                "--rmat",
+            ),
+            (
+                vec!["--gpus", "2", "--largest-rmat", "22", "--graph", "cora"],
+                "--graph",
+            ),
+            (vec!["--gpus", "2", "--largest-rmat", "32"], "32"),
+            (vec!["--gpus", "2", "--largest-rmat", "0"], "0"),
+        ] {
+            let argv = std::iter::once("spattn-bench").chain(bad.iter().copied());
+            let e = parse(argv).expect_err("must fail").to_string();
+            assert!(e.contains(names), "{bad:?}: {e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
     }
 
     #[test]

@@ -184,6 +184,17 @@ pub fn resolve(arg: &str, dirs: &DataDirs) -> Result<PathBuf> {
     )))
 }
 
+/// The generator's configuration of R-MAT `scale` under `options` (what [`load`] generates):
+/// the benchmark convention (symmetrized, self loops) unless `options` keeps graphs as stored.
+pub fn rmat_config(scale: u32, options: &LoadOptions<'_>) -> RmatConfig {
+    if options.symmetrize {
+        RmatConfig::benchmark(scale)
+    } else {
+        RmatConfig::new(scale)
+    }
+    .with_seed(options.rmat_seed)
+}
+
 /// Loads or generates the graph of `spec`, symmetrized with self loops when asked, as a pattern.
 ///
 /// # Errors
@@ -202,12 +213,7 @@ pub fn load(spec: &GraphSpec, options: &LoadOptions<'_>) -> Result<Graph> {
         },
         GraphSpec::File(arg) => read_file(&resolve(arg, options.data_dirs)?)?,
         GraphSpec::Rmat(scale) => {
-            let config = if options.symmetrize {
-                RmatConfig::benchmark(*scale)
-            } else {
-                RmatConfig::new(*scale)
-            }
-            .with_seed(options.rmat_seed);
+            let config = rmat_config(*scale, options);
             let available = options
                 .host_memory
                 .or_else(spattn_formats::alloc::available_host_bytes);
