@@ -151,6 +151,9 @@ pub(crate) struct GatheredBsbExtras<'a> {
     drop_scale: f32,
 }
 
+/// Blocks per CTA of `bsb_keep_gather` (`BSB_KEEP_GROUP` in attention_tiles.cuh).
+const KEEP_GATHER_GROUP: u32 = 128;
+
 /// The tensor-core blocks a gather numbers the edges of: per block 16 bytes of bitmap
 /// (`bitmaps`, as the kernels read it: 4 words, row-major bits) and its first edge
 /// (`block_edge_start`, at least `n_blocks` entries).
@@ -266,6 +269,7 @@ impl BsbExtrasStage {
             let f = gpu.load_function(FUSED_BSB.name, FUSED_BSB.ptx, name)?;
             let mut args = gpu.launch_builder(&f);
             args.arg(ids.slice())
+                .arg(&n_edges)
                 .arg(blocks.bitmaps.slice())
                 .arg(blocks.block_edge_start.slice())
                 .arg(&n_blocks)
@@ -273,15 +277,16 @@ impl BsbExtrasStage {
             ex.push_dropout(&mut args);
             args.arg(out.slice());
             let cfg = LaunchConfig {
-                grid_dim: (blocks_for(blocks.n_blocks, 256)?, 1, 1),
+                grid_dim: (blocks_for(blocks.n_blocks, KEEP_GATHER_GROUP)?, 1, 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: thread b < n_blocks reads 16 bytes of bitmap at 16 b (checked above:
-            // bitmaps hold 16 × n_blocks bytes) and block_edge_start[b] (n_blocks entries at
-            // least), then ids[start + rank] for the block's bits (a block's edges lie in ids,
-            // the caller's precondition), and writes keep words (h × n_blocks + b) × 4 .. + 4
-            // for h < heads (4 × n_blocks × heads words allocated above).
+            // SAFETY: CTA c takes blocks b < n_blocks from KEEP_GATHER_GROUP × c: it reads 16
+            // bytes of bitmap at 16 b (checked above: bitmaps hold 16 × n_blocks bytes) and
+            // block_edge_start[b] (n_blocks entries at least; n stands for the start past the
+            // last block), then ids[p] for the edges p < n of its blocks (a block's edges lie in
+            // ids, the caller's precondition), and writes keep words (h × n_blocks + b) × 4 ..
+            // + 4 for h < heads (4 × n_blocks × heads words allocated above).
             unsafe { launch(name, &mut args, cfg) }?;
         }
         Ok(GatheredBsbExtras {
