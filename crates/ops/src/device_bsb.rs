@@ -141,10 +141,11 @@ pub(crate) struct BsbExtrasStage {
     keep: Option<DeviceVec<u32>>,
 }
 
-/// What one gather left for a `_x` launch: its `SPATTN_BSB_X_PARAMS` but the block starts.
+/// What one gather left for a `_x` launch: its `SPATTN_BSB_X_PARAMS`.
 pub(crate) struct GatheredBsbExtras<'a> {
     bias: Option<&'a DeviceVec<f32>>,
     bias_rows: u32,
+    block_edge_start: &'a DeviceVec<u32>,
     keep: Option<&'a DeviceVec<u32>>,
     n_edges: u32,
     n_blocks: u32,
@@ -175,14 +176,14 @@ impl BsbExtrasStage {
     ///
     /// Errors: [`Error::InvalidArgument`] when `blocks` holds fewer bitmaps or starts than
     /// its `n_blocks`; sizes past the kernels' u32 indices; allocation failures.
-    pub(crate) fn gather<T: DType, W: DeviceElement>(
-        &mut self,
+    pub(crate) fn gather<'a, T: DType, W: DeviceElement>(
+        &'a mut self,
         gpu: &Gpu,
         ids: &DeviceVec<u32>,
-        blocks: BsbBlocks<'_, W>,
+        blocks: BsbBlocks<'a, W>,
         heads: usize,
         extras: &CsrExtras<'_, T>,
-    ) -> Result<GatheredBsbExtras<'_>> {
+    ) -> Result<GatheredBsbExtras<'a>> {
         let n = ids.len();
         let n_edges = to_u32("tensor-core edges", n)?;
         let n_blocks = to_u32("tensor-core blocks", blocks.n_blocks)?;
@@ -292,6 +293,7 @@ impl BsbExtrasStage {
         Ok(GatheredBsbExtras {
             bias: bias_out,
             bias_rows,
+            block_edge_start: blocks.block_edge_start,
             keep: keep_out,
             n_edges,
             n_blocks,
@@ -302,11 +304,12 @@ impl BsbExtrasStage {
 
 impl<'a> GatheredBsbExtras<'a> {
     /// Pushes `SPATTN_BSB_X_PARAMS`: the gathered bias, its rows, each block's first edge
-    /// (`block_edge_start`), the keep words, the edges, the blocks and the dropout's scale.
-    pub(crate) fn push(&'a self, args: &mut LaunchArgs<'a>, block_edge_start: &'a DeviceVec<u32>) {
+    /// (the gather's `block_edge_start`), the keep words, the edges, the blocks and the
+    /// dropout's scale.
+    pub(crate) fn push(&'a self, args: &mut LaunchArgs<'a>) {
         args.arg_or_null(self.bias)
             .arg(&self.bias_rows)
-            .arg(block_edge_start.slice())
+            .arg(self.block_edge_start.slice())
             .arg_or_null(self.keep)
             .arg(&self.n_edges)
             .arg(&self.n_blocks)
