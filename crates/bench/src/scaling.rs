@@ -231,15 +231,18 @@ fn value(seed: u64, i: u64) -> f32 {
     ((mix64(seed ^ mix64(i)) >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
 }
 
-/// The rows `rows` of an `n × row_len` input matrix `which` (0: Q, 1: K, 2: V).
+/// The rows `rows` of an `n × row_len` input matrix `which` (0: Q, 1: K, 2: V), drawn on every
+/// core (R-MAT 26's half on two ranks is 4.3 G elements a matrix).
 fn rows_of<T: DType>(
     seed: u64,
     which: u64,
     rows: std::ops::Range<usize>,
     row_len: usize,
 ) -> Vec<T> {
+    use rayon::prelude::*;
     let s = seed ^ (which << 56);
     (rows.start * row_len..rows.end * row_len)
+        .into_par_iter()
         .map(|i| T::from_f32(value(s, i as u64)))
         .collect()
 }
