@@ -103,7 +103,8 @@ pub struct RunArgs {
     pub weak_rmat: Option<u32>,
 
     /// With --gpus: per rank count P, the largest R-MAT scale ≥ S (up to 31) whose partitioned
-    /// forward runs on P GPUs, and the first that does not (a GPU out of memory, or too little
+    /// forward runs on P GPUs, and the first that does not (a GPU out of memory, a rank whose
+    /// device-memory lower bound exceeds its GPU's memory, found before planning, or too little
     /// host memory to generate it), instead of the graphs.
     #[arg(long = "largest-rmat", value_name = "S", requires = "gpus",
           conflicts_with_all = ["weak_rmat", "graphs", "rmat"],

@@ -21,6 +21,7 @@
 //! - [`cases`]: the registry of cases (name, kind, runner, HBM floor, peers);
 //! - [`gpu_bench`] and [`cpu_bench`]: the runners (CUDA events / wall clock);
 //! - [`graphs`], [`csr_file`]: graphs, data folders, the binary CSR of `--dump-csr`;
+//! - [`fit`]: a rank's device-memory lower bound, checked before `--gpus` plans it;
 //! - [`inputs`], [`memory`], [`timing`], [`measure`], [`peers`], [`record`], [`table`], [`progress`].
 //!
 //! Nothing here is needed by users of the spattn libraries.
@@ -30,6 +31,7 @@ pub mod cli;
 pub mod cpu_bench;
 pub mod csr_file;
 pub mod error;
+pub mod fit;
 pub mod gpu_bench;
 pub mod graphs;
 pub mod inputs;

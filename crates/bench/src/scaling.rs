@@ -13,10 +13,16 @@
 //! recorded as not fitting (the allocation's bytes) and the ladder goes on.
 //!
 //! `--largest-rmat S`: per rank count, the largest R-MAT scale ≥ S that runs ([`search_scales`]),
-//! up to the first that does not: a GPU out of memory, or a graph the host has no memory to
-//! generate ([`check_rmat_host`], checked before generating it). Freed device memory stays in each GPU's pool
-//! ([`spattn::Gpu::keep_freed_memory`]), as torch's caching allocator keeps it. Results are not
-//! checked here: the partitioned plan's tests compare it with the single plan.
+//! up to the first that does not: a GPU out of memory, a rank whose device-memory lower bound
+//! exceeds its GPU's memory (below), or a graph the host has no memory to generate
+//! ([`check_rmat_host`], checked before generating it). Freed device memory stays in
+//! each GPU's pool ([`spattn::Gpu::keep_freed_memory`]), as torch's caching allocator keeps it.
+//! Results are not checked here: the partitioned plan's tests compare it with the single plan.
+//!
+//! Before a graph is planned on P ranks (every mode), each rank's device-memory lower bound is
+//! counted from the partition ([`crate::fit`]) and compared with its GPU's total memory; where
+//! one exceeds it, the rank count is recorded as not fitting (`memory` `"gpu-estimate"`, the
+//! bound by part in `estimate`) without planning, as an out of memory would be.
 
 use std::time::Instant;
 
@@ -26,14 +32,17 @@ use spattn::{AttentionConfig, Csr, DType, DTypeKind, DeviceMatrix, Gpu, Shape};
 
 use crate::cli::RunArgs;
 use crate::error::{Error, Result};
+use crate::fit::{first_shortfall, rank_counts, DeviceFloor};
 use crate::graphs::{self, GraphSpec};
 use crate::inputs::{config_seed, mix64};
 use crate::{outln, record};
 use spattn_formats::alloc::describe_bytes;
 
 /// Version of the scaling JSON. 2: `efficiency_base_ranks` per run, `not_fitting` and
-/// `largest_rmat` (absent from version 1, read as 1 and empty).
-pub const SCALING_SCHEMA_VERSION: u32 = 2;
+/// `largest_rmat` (absent from version 1, read as 1 and empty). 3: `not_fitting` records of
+/// rank counts ruled out by the device-memory estimate before planning (`memory`
+/// `"gpu-estimate"`, `estimate`; absent from versions 1 and 2, read as none).
+pub const SCALING_SCHEMA_VERSION: u32 = 3;
 
 /// A scaling run: every rank count of every graph and shape.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -96,17 +105,36 @@ pub struct NotFitting {
     pub head_dim: usize,
     /// `f32`, `f16` or `bf16`.
     pub dtype: String,
-    /// `"gpu"`: a GPU ran out of memory for its rank's partition; `"host"`: the host lacks the
-    /// memory to generate the graph (`--largest-rmat`), which was not tried.
+    /// `"gpu"`: a GPU ran out of memory for its rank's partition; `"gpu-estimate"`: a rank's
+    /// device-memory lower bound exceeds its GPU's memory, so it was not planned; `"host"`:
+    /// the host lacks the memory to generate the graph (`--largest-rmat`), which was not tried.
     pub memory: String,
-    /// The rank whose GPU ran out (its GPU ordinal is the same); none where the failure came
-    /// out of a collective, which does not say.
+    /// The rank whose GPU ran out (`"gpu-estimate"`: the lowest whose bound exceeds its GPU's
+    /// memory; its GPU ordinal is the same); none where the failure came out of a collective,
+    /// which does not say.
     pub rank: Option<usize>,
-    /// Bytes of the allocation that failed (`"gpu"`), or the host bytes the graph needs
-    /// (`"host"`).
+    /// Bytes of the allocation that failed (`"gpu"`), the rank's lower bound
+    /// (`"gpu-estimate"`), or the host bytes the graph needs (`"host"`).
     pub bytes: u64,
     /// The error, as printed.
     pub message: String,
+    /// `"gpu-estimate"`: the rank's bound by part and its GPU's memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<FitEstimate>,
+}
+
+/// Why the estimate ruled a rank count out: the lowest rank whose bound exceeds its GPU's
+/// memory ([`crate::fit`]).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct FitEstimate {
+    /// The rank's device-memory lower bound, by part.
+    pub floor: DeviceFloor,
+    /// Its GPU's total memory, bytes.
+    pub device_bytes: u64,
+    /// The largest bound among all ranks, bytes.
+    pub largest_floor: u64,
+    /// Seconds the partition's counts took on the host.
+    pub seconds: f64,
 }
 
 /// One graph and shape on `ranks` GPUs.
@@ -203,15 +231,18 @@ fn value(seed: u64, i: u64) -> f32 {
     ((mix64(seed ^ mix64(i)) >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
 }
 
-/// The rows `rows` of an `n × row_len` input matrix `which` (0: Q, 1: K, 2: V).
+/// The rows `rows` of an `n × row_len` input matrix `which` (0: Q, 1: K, 2: V), drawn on every
+/// core (R-MAT 26's half on two ranks is 4.3 G elements a matrix).
 fn rows_of<T: DType>(
     seed: u64,
     which: u64,
     rows: std::ops::Range<usize>,
     row_len: usize,
 ) -> Vec<T> {
+    use rayon::prelude::*;
     let s = seed ^ (which << 56);
     (rows.start * row_len..rows.end * row_len)
+        .into_par_iter()
         .map(|i| T::from_f32(value(s, i as u64)))
         .collect()
 }
@@ -630,6 +661,8 @@ struct Case {
 /// What every measurement of one scaling run shares.
 struct Bench<'a> {
     gpus: &'a [Gpu],
+    /// Each GPU's total memory, bytes (by ordinal), for the estimate before planning.
+    device_bytes: Vec<u64>,
     algorithm: spattn::Algorithm,
     seed: u64,
     warmup: usize,
@@ -649,6 +682,11 @@ impl Bench<'_> {
     ) -> Result<Trial<ScalingRun, NotFitting>> {
         let Case { dtype, heads, dim } = case;
         let part = Partition::balanced(&graph.csr, p)?;
+        if let Some(not) =
+            precheck_device_memory(graph, &part, case, self.algorithm, &self.device_bytes, rec)?
+        {
+            return Ok(Trial::NotFit(not));
+        }
         let config = AttentionConfig::new(heads, dim, dtype).with_algorithm(self.algorithm);
         let seed = config_seed(self.seed, &graph.name, heads, dim, dtype);
         let (warmup, reps) = (self.warmup, self.reps);
@@ -685,6 +723,7 @@ impl Bench<'_> {
                     rank,
                     bytes,
                     message,
+                    estimate: None,
                 };
                 rec.not_fitting.push(not.clone());
                 return Ok(Trial::NotFit(not));
@@ -774,6 +813,63 @@ impl Bench<'_> {
     }
 }
 
+/// Before `graph` is planned with `case` on the ranks of `part`: each rank's device-memory
+/// lower bound ([`crate::fit`]) against its GPU's total memory (`device_bytes`, by rank).
+/// Where one exceeds it, the rank count's not-fitting record (`"gpu-estimate"`), printed and
+/// pushed into `rec`; none where every rank's bound fits, and the graph is to be planned.
+///
+/// # Errors
+/// A partition that does not cover the graph, fewer GPUs than ranks, the host out of memory
+/// for the counts' bitmap.
+fn precheck_device_memory(
+    graph: &graphs::Graph,
+    part: &Partition,
+    case: Case,
+    algorithm: spattn::Algorithm,
+    device_bytes: &[u64],
+    rec: &mut ScalingRecord,
+) -> Result<Option<NotFitting>> {
+    let Case { dtype, heads, dim } = case;
+    let p = part.parts();
+    let t = Instant::now();
+    let row_bytes = (heads as u64)
+        .saturating_mul(dim as u64)
+        .saturating_mul(dtype.size_bytes() as u64);
+    let floors: Vec<DeviceFloor> = rank_counts(&graph.csr, part)?
+        .iter()
+        .map(|c| DeviceFloor::of(c, row_bytes, heads, algorithm))
+        .collect();
+    let seconds = t.elapsed().as_secs_f64();
+    let Some(short) = first_shortfall(&floors, device_bytes)? else {
+        return Ok(None);
+    };
+    let message = short.message();
+    outln!(
+        "  {:<16} H{heads} D{dim} {:<4} P={p:<2} does not fit by the estimate ({seconds:.1} s, nothing planned): {message}",
+        graph.name,
+        dtype.name()
+    );
+    let not = NotFitting {
+        graph: graph.name.clone(),
+        ranks: p,
+        heads,
+        head_dim: dim,
+        dtype: dtype.name().to_string(),
+        memory: "gpu-estimate".into(),
+        rank: Some(short.rank),
+        bytes: short.floor.total(),
+        message,
+        estimate: Some(FitEstimate {
+            floor: short.floor,
+            device_bytes: short.device_bytes,
+            largest_floor: floors.iter().map(DeviceFloor::total).max().unwrap_or(0),
+            seconds,
+        }),
+    };
+    rec.not_fitting.push(not.clone());
+    Ok(Some(not))
+}
+
 /// The GPUs `0..n`, refusing more than the machine has.
 fn open_gpus(n: usize) -> Result<Vec<Gpu>> {
     let count = Gpu::device_count()?;
@@ -843,20 +939,33 @@ pub fn run(args: &RunArgs, argv: &[String], n: usize) -> Result<()> {
         not_fitting: Vec::new(),
         largest_rmat: Vec::new(),
     };
+    // The whole card, not what is free now: the bound is of what a rank needs in all.
+    let device_bytes = gpus
+        .iter()
+        .map(|g| Ok(g.memory_info()?.1 as u64))
+        .collect::<Result<Vec<u64>>>()?;
     outln!(
         "spattn-bench {} (commit {}): {} scaling on {} GPU(s) ({}), NCCL; forward = the slowest \
          rank's median of {} wall-clock runs between barriers, halo exchange included; freed \
          memory kept in each GPU's pool; efficiency against the plain one-GPU plan (else the \
-         smallest rank count that ran); a GPU out of memory is recorded, not fatal; not checked",
+         smallest rank count that ran); a GPU out of memory, or a rank whose device-memory \
+         lower bound exceeds its GPU's memory ({} bytes by ordinal; not planned), is recorded, \
+         not fatal; not checked",
         env!("CARGO_PKG_VERSION"),
         rec.commit,
         rec.mode,
         n,
         rec.gpus.join(", "),
-        args.reps
+        args.reps,
+        device_bytes
+            .iter()
+            .map(|&b| crate::table::thousands(b))
+            .collect::<Vec<_>>()
+            .join(" / ")
     );
     let bench = Bench {
         gpus: &gpus,
+        device_bytes,
         algorithm,
         seed: args.seed,
         warmup: args.warmup as usize,
@@ -987,6 +1096,7 @@ fn largest_rmat(
                                 rank: None,
                                 bytes,
                                 message,
+                                estimate: None,
                             };
                             rec.not_fitting.push(not.clone());
                             return Ok(Trial::NotFit(not));
@@ -1188,6 +1298,7 @@ mod tests {
                 rank: Some(0),
                 bytes: 17 << 30,
                 message: "rank 0: out of GPU memory allocating 18253611008 bytes for halo".into(),
+                estimate: None,
             }],
         }
     }
@@ -1217,6 +1328,63 @@ mod tests {
         assert!(text.contains("\"efficiency_base_ranks\": 2"), "{text}");
         assert!(text.contains("\"largest_scale\": 26"), "{text}");
         assert!(text.contains("\"memory\": \"host\""), "{text}");
+    }
+
+    /// A not-fitting record of the estimate, as [`precheck_device_memory`] makes one.
+    fn estimated(graph: &str, ranks: usize) -> NotFitting {
+        let floor = DeviceFloor {
+            q_out: 32 << 30,
+            kv_own: 32 << 30,
+            kv_halo: 32 << 30,
+            packed: 0,
+            indices: 1 << 28,
+            graph: 1 << 29,
+        };
+        NotFitting {
+            graph: graph.into(),
+            ranks,
+            heads: 1,
+            head_dim: 128,
+            dtype: "f16".into(),
+            memory: "gpu-estimate".into(),
+            rank: Some(0),
+            bytes: floor.total(),
+            message: "rank 0 needs at least ...".into(),
+            estimate: Some(FitEstimate {
+                floor,
+                device_bytes: 85_031_714_816,
+                largest_floor: floor.total(),
+                seconds: 1.5,
+            }),
+        }
+    }
+
+    #[test]
+    fn the_json_keeps_the_estimate_and_leaves_it_out_elsewhere() {
+        let mut rec = sample_record();
+        rec.not_fitting.push(estimated("rmat-26", 1));
+        let text = serde_json::to_string_pretty(&rec).expect("serializes");
+        let back: ScalingRecord = serde_json::from_str(&text).expect("parses");
+        assert_eq!(back, rec);
+        assert!(text.contains("\"memory\": \"gpu-estimate\""), "{text}");
+        assert!(text.contains("\"device_bytes\": 85031714816"), "{text}");
+        // An allocation that failed has no estimate: its record reads as in version 2.
+        assert_eq!(text.matches("\"estimate\"").count(), 1, "{text}");
+    }
+
+    #[test]
+    fn a_version_2_record_still_reads() {
+        let mut v = serde_json::to_value(sample_record()).expect("serializes");
+        let obj = v.as_object_mut().expect("an object");
+        obj.insert("schema".into(), 2.into());
+        assert!(!serde_json::to_string(&obj)
+            .expect("text")
+            .contains("estimate"));
+        let old: ScalingRecord = serde_json::from_value(v).expect("a version 2 record reads");
+        assert_eq!(old.schema, 2);
+        assert_eq!(old.not_fitting.len(), 1);
+        assert_eq!(old.not_fitting[0].estimate, None);
+        assert_eq!(old.not_fitting[0], sample_record().not_fitting[0]);
     }
 
     #[test]
@@ -1370,6 +1538,120 @@ mod tests {
         assert_eq!(host_room(None, || None, 3 << 30), None);
         let unread = || -> Option<u64> { panic!("the system is not read under a budget") };
         assert_eq!(host_room(Some(12 << 30), unread, 3 << 30), Some(12 << 30));
+    }
+
+    /// R-MAT `scale` as `--largest-rmat` loads it (symmetrized, with self loops).
+    fn rmat_graph(scale: u32) -> graphs::Graph {
+        let config = spattn_formats::RmatConfig::benchmark(scale);
+        graphs::Graph {
+            name: graphs::rmat_name(scale),
+            source: format!("R-MAT scale {scale}"),
+            csr: spattn_formats::rmat(&config).expect("a small R-MAT"),
+            symmetrized: true,
+            load_seconds: 0.0,
+        }
+    }
+
+    /// One head of 128 f16 features, the case of the two-H100 search.
+    const F16_128: Case = Case {
+        dtype: DTypeKind::F16,
+        heads: 1,
+        dim: 128,
+    };
+
+    /// The bounds of `graph`'s ranks on `p` GPUs, at [`F16_128`] with `auto`, bytes.
+    fn floors(graph: &graphs::Graph, p: usize) -> Vec<u64> {
+        let part = Partition::balanced(&graph.csr, p).expect("a partition");
+        crate::fit::rank_counts(&graph.csr, &part)
+            .expect("counts")
+            .iter()
+            .map(|c| DeviceFloor::of(c, 256, 1, spattn::Algorithm::Auto).total())
+            .collect()
+    }
+
+    #[test]
+    fn a_scale_whose_bound_exceeds_the_gpu_is_not_fitting_and_never_planned() {
+        // GPUs as large as R-MAT 8's bound on one rank: 6, 7 and 8 are planned, 9 is not.
+        let capacity = floors(&rmat_graph(8), 1)[0];
+        let nine = floors(&rmat_graph(9), 1)[0];
+        assert!(nine > capacity, "R-MAT 9 needs {nine}, 8 {capacity}");
+        let mut rec = sample_record();
+        rec.not_fitting.clear();
+        let mut planned = Vec::new();
+        let found = search_scales(
+            6,
+            MAX_RMAT_SCALE,
+            6,
+            |scale| -> Result<Trial<u32, NotFitting>> {
+                let graph = rmat_graph(scale);
+                let part = Partition::balanced(&graph.csr, 1)?;
+                let auto = spattn::Algorithm::Auto;
+                if let Some(not) =
+                    precheck_device_memory(&graph, &part, F16_128, auto, &[capacity], &mut rec)?
+                {
+                    return Ok(Trial::NotFit(not));
+                }
+                // Here `measure` would plan and run it.
+                planned.push(scale);
+                Ok(Trial::Ran(scale))
+            },
+        )
+        .expect("no error");
+        assert_eq!(planned, [6, 7, 8]);
+        assert_eq!(found.largest, Some((8, 8)));
+        let (scale, not) = found.first_not_fitting.expect("R-MAT 9 does not fit");
+        assert_eq!(scale, 9);
+        assert_eq!(rec.not_fitting, std::slice::from_ref(&not));
+        assert_eq!(
+            (not.graph.as_str(), not.ranks, not.memory.as_str(), not.rank),
+            ("rmat-9", 1, "gpu-estimate", Some(0))
+        );
+        assert_eq!(not.bytes, nine);
+        let estimate = not.estimate.as_ref().expect("the estimate");
+        assert_eq!(estimate.floor.total(), nine);
+        assert_eq!(estimate.largest_floor, nine);
+        assert_eq!(estimate.device_bytes, capacity);
+        let start = format!(
+            "rank 0 needs at least {} bytes for Q and output ",
+            crate::table::thousands(nine)
+        );
+        assert!(not.message.starts_with(&start), "{}", not.message);
+        let has = format!("its GPU has {} bytes", crate::table::thousands(capacity));
+        assert!(not.message.contains(&has), "{}", not.message);
+    }
+
+    #[test]
+    fn the_estimate_names_the_rank_whose_gpu_is_too_small_and_lets_fitting_ones_plan() {
+        let graph = rmat_graph(8);
+        let part = Partition::balanced(&graph.csr, 2).expect("a partition");
+        let bounds = floors(&graph, 2);
+        let mut rec = sample_record();
+        rec.not_fitting.clear();
+        let auto = spattn::Algorithm::Auto;
+        // Every GPU exactly as large as its rank's bound: planned, nothing recorded.
+        let fits = precheck_device_memory(&graph, &part, F16_128, auto, &bounds, &mut rec);
+        assert_eq!(fits, Ok(None));
+        assert!(rec.not_fitting.is_empty());
+        // The second GPU a byte short.
+        let short = [bounds[0], bounds[1] - 1];
+        let not = precheck_device_memory(&graph, &part, F16_128, auto, &short, &mut rec)
+            .expect("no error")
+            .expect("rank 1 does not fit");
+        assert_eq!((not.ranks, not.rank, not.bytes), (2, Some(1), bounds[1]));
+        assert_eq!(
+            not.estimate.as_ref().map(|e| e.largest_floor),
+            bounds.iter().copied().max()
+        );
+        assert!(
+            not.message.starts_with("rank 1 needs at least "),
+            "{}",
+            not.message
+        );
+        assert_eq!(rec.not_fitting, [not]);
+        // Fewer GPUs than ranks is an error, not a panic.
+        assert!(
+            precheck_device_memory(&graph, &part, F16_128, auto, &[u64::MAX], &mut rec).is_err()
+        );
     }
 
     #[test]

@@ -502,51 +502,102 @@ __device__ __forceinline__ void bsb_bias_gather(const u32* __restrict__ ids, u32
         bias_out[(u64)h * n + p] = to_f32(bias[x * bias_heads + h]) * 1.4426950408889634f;
 }
 
-// The keep gather before a `_x` launch with dropout: per block b < n_blocks (one thread) and
-// head h < heads, 4 words laid out as the block's bitmap (bitmaps + 4b) into
+// The bit position (0..31) of the set bit of x with k set bits below it (k < popc(x)).
+__device__ __forceinline__ u32 nth_set_bit(u32 x, u32 k) {
+    u32 pos = 0u;
+#pragma unroll
+    for (u32 width = 16u; width > 0u; width >>= 1u) {
+        const u32 c = __popc(x & ((1u << width) - 1u));
+        if (k >= c) {
+            k -= c;
+            x >>= width;
+            pos += width;
+        }
+    }
+    return pos;
+}
+
+// Blocks per CTA of bsb_keep_gather, and heads per pass over their edges.
+#define BSB_KEEP_GROUP 128u
+#define BSB_KEEP_HEADS 8u
+
+// The keep gather before a `_x` launch with dropout: per block b < n_blocks and head h <
+// heads, 4 words laid out as the block's bitmap (bitmaps + 4b) into
 // keep_out[(h * n_blocks + b) * 4 ..], a bit set where its edge is kept. The edge at a bit is
-// block_edge_start[b] + the bit's rank in the block; its caller edge x = ids[edge] gives the
-// element x * heads + h, drawn as dropout_factor draws it (word i mod 4 of draw i / 4), so the
-// CPU and the other kernels keep the same elements. Heads in chunks of 8, held in registers.
-__device__ __forceinline__ void bsb_keep_gather(const u32* __restrict__ ids,
+// block_edge_start[b] + the bit's rank in the block (the last block's edges end at n); its
+// caller edge x = ids[edge] gives the element x * heads + h, drawn as dropout_factor draws it
+// (word i mod 4 of draw i / 4), so the CPU and the other kernels keep the same elements.
+// A CTA takes BSB_KEEP_GROUP consecutive blocks, whose edges are consecutive: a thread per edge
+// (coalesced ids, every lane drawing) finds its block by binary search over the group's starts
+// and its bit by select, and ORs its kept bits into the group's words in shared memory, which
+// then go out as one 16-byte store per block and head.
+__device__ __forceinline__ void bsb_keep_gather(const u32* __restrict__ ids, u32 n,
                                                 const u32* __restrict__ bitmaps,
                                                 const u32* __restrict__ block_edge_start,
                                                 u32 n_blocks, u32 heads, Dropout drop,
                                                 u32* __restrict__ keep_out) {
-    const u32 b = blockIdx.x * blockDim.x + threadIdx.x;
-    if (b >= n_blocks) return;
-    const uint4 w4 = __ldg(reinterpret_cast<const uint4*>(bitmaps) + b);
-    const u32 bm[4] = {w4.x, w4.y, w4.z, w4.w};
-    const u32 base = __ldg(block_edge_start + b);
-    for (u32 h0 = 0; h0 < heads; h0 += 8u) {
-        u32 out[4][8];
-#pragma unroll
-        for (int w = 0; w < 4; ++w)
-#pragma unroll
-            for (int hh = 0; hh < 8; ++hh) out[w][hh] = 0u;
-        u32 rank = 0u;
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-            for (u32 bits = bm[w]; bits != 0u; bits &= bits - 1u) {
-                const u32 bit = 1u << (__ffs(bits) - 1);
-                const u64 first = (u64)__ldg(ids + base + rank) * heads + h0;
-                ++rank;
-                uint4 r = dropout_draws(drop, first >> 2);
-#pragma unroll
-                for (u32 hh = 0; hh < 8u; ++hh) {
-                    const u64 i = first + hh;
-                    if (h0 + hh >= heads) break;
-                    if (hh > 0u && (i & 3u) == 0u) r = dropout_draws(drop, i >> 2);
-                    if (dropout_kept(drop, r, (u32)i & 3u)) out[w][hh] |= bit;
+    __shared__ u32 s_start[BSB_KEEP_GROUP + 1u];
+    __shared__ uint4 s_bm[BSB_KEEP_GROUP];
+    __shared__ uint4 s_out[BSB_KEEP_HEADS][BSB_KEEP_GROUP];
+    const u32 b0 = blockIdx.x * BSB_KEEP_GROUP;
+    if (b0 >= n_blocks) return;  // CTA-uniform
+    const u32 nb = min(BSB_KEEP_GROUP, n_blocks - b0);
+    for (u32 j = threadIdx.x; j <= nb; j += blockDim.x)
+        s_start[j] = b0 + j < n_blocks ? __ldg(block_edge_start + b0 + j) : n;
+    for (u32 j = threadIdx.x; j < nb; j += blockDim.x)
+        s_bm[j] = __ldg(reinterpret_cast<const uint4*>(bitmaps) + b0 + j);
+    __syncthreads();
+    const u32 e0 = s_start[0], e1 = s_start[nb];
+    u32* out_words = reinterpret_cast<u32*>(&s_out[0][0]);
+    for (u32 h0 = 0; h0 < heads; h0 += BSB_KEEP_HEADS) {
+        const u32 hn = min(BSB_KEEP_HEADS, heads - h0);
+        for (u32 j = threadIdx.x; j < hn * nb; j += blockDim.x)
+            s_out[j / nb][j % nb] = make_uint4(0u, 0u, 0u, 0u);
+        __syncthreads();
+        for (u32 p = e0 + threadIdx.x; p < e1; p += blockDim.x) {
+            // The block lo with s_start[lo] <= p < s_start[lo + 1] (empty blocks repeat a start).
+            u32 lo = 0u, hi = nb;
+            while (hi - lo > 1u) {
+                const u32 mid = (lo + hi) >> 1;
+                if (s_start[mid] <= p) lo = mid;
+                else hi = mid;
+            }
+            const uint4 w = s_bm[lo];
+            u32 k = p - s_start[lo], word = 0u, bits = w.x;
+            const u32 c0 = __popc(w.x), c1 = __popc(w.y), c2 = __popc(w.z);
+            if (k >= c0) {
+                k -= c0;
+                word = 1u;
+                bits = w.y;
+                if (k >= c1) {
+                    k -= c1;
+                    word = 2u;
+                    bits = w.z;
+                    if (k >= c2) {
+                        k -= c2;
+                        word = 3u;
+                        bits = w.w;
+                    }
                 }
             }
-        }
+            const u32 slot = lo * 4u + word, mask = 1u << nth_set_bit(bits, k);
+            const u64 first = (u64)__ldg(ids + p) * heads + h0;
+            uint4 r = dropout_draws(drop, first >> 2);
 #pragma unroll
-        for (u32 hh = 0; hh < 8u; ++hh) {
-            if (h0 + hh >= heads) break;
-            reinterpret_cast<uint4*>(keep_out)[(u64)(h0 + hh) * n_blocks + b] =
-                make_uint4(out[0][hh], out[1][hh], out[2][hh], out[3][hh]);
+            for (u32 hh = 0; hh < BSB_KEEP_HEADS; ++hh) {
+                if (hh >= hn) break;
+                const u64 i = first + hh;
+                if (hh > 0u && (i & 3u) == 0u) r = dropout_draws(drop, i >> 2);
+                if (dropout_kept(drop, r, (u32)i & 3u))
+                    atomicOr(out_words + hh * BSB_KEEP_GROUP * 4u + slot, mask);
+            }
         }
+        __syncthreads();
+        for (u32 j = threadIdx.x; j < hn * nb; j += blockDim.x) {
+            const u32 hh = j / nb, b = j % nb;
+            reinterpret_cast<uint4*>(keep_out)[(u64)(h0 + hh) * n_blocks + b0 + b] = s_out[hh][b];
+        }
+        __syncthreads();  // the words are zeroed again for the next heads
     }
 }
 

@@ -253,8 +253,8 @@ SPATTN_FUSED_BSB_PIPE(bf16, __nv_bfloat16, 64)
 SPATTN_FUSED_BSB_PIPE(bf16, __nv_bfloat16, 128)
 
 // Entry points bsb_bias_gather_{f32,f16,bf16} (grid ceil(n / 256) blocks of 256) and
-// bsb_keep_gather (one thread per block): the gathers (attention_tiles.cuh) before the `_x`
-// kernels of this module and of hybrid's tensor-core warps.
+// bsb_keep_gather (ceil(n_blocks / BSB_KEEP_GROUP) CTAs of 256): the gathers
+// (attention_tiles.cuh) before the `_x` kernels of this module and of hybrid's tensor-core warps.
 #define SPATTN_BSB_BIAS_GATHER(SUFFIX, T)                                                      \
     extern "C" __global__ void __launch_bounds__(256) bsb_bias_gather_##SUFFIX(                \
         const u32* ids, u32 n, const T* bias, u32 bias_heads, float* bias_out) {               \
@@ -265,9 +265,9 @@ SPATTN_BSB_BIAS_GATHER(f16, __half)
 SPATTN_BSB_BIAS_GATHER(bf16, __nv_bfloat16)
 
 extern "C" __global__ void __launch_bounds__(256)
-    bsb_keep_gather(const u32* ids, const u32* bitmaps, const u32* block_edge_start, u32 n_blocks,
-                    u32 heads, u32 key0, u32 key1, u32 off0, u32 off1, u32 threshold,
-                    float drop_scale, u32* keep_out) {
-    bsb_keep_gather(ids, bitmaps, block_edge_start, n_blocks, heads,
+    bsb_keep_gather(const u32* ids, u32 n, const u32* bitmaps, const u32* block_edge_start,
+                    u32 n_blocks, u32 heads, u32 key0, u32 key1, u32 off0, u32 off1,
+                    u32 threshold, float drop_scale, u32* keep_out) {
+    bsb_keep_gather(ids, n, bitmaps, block_edge_start, n_blocks, heads,
                     {key0, key1, off0, off1, threshold, drop_scale}, keep_out);
 }

@@ -141,15 +141,19 @@ pub(crate) struct BsbExtrasStage {
     keep: Option<DeviceVec<u32>>,
 }
 
-/// What one gather left for a `_x` launch: its `SPATTN_BSB_X_PARAMS` but the block starts.
+/// What one gather left for a `_x` launch: its `SPATTN_BSB_X_PARAMS`.
 pub(crate) struct GatheredBsbExtras<'a> {
     bias: Option<&'a DeviceVec<f32>>,
     bias_rows: u32,
+    block_edge_start: &'a DeviceVec<u32>,
     keep: Option<&'a DeviceVec<u32>>,
     n_edges: u32,
     n_blocks: u32,
     drop_scale: f32,
 }
+
+/// Blocks per CTA of `bsb_keep_gather` (`BSB_KEEP_GROUP` in attention_tiles.cuh).
+const KEEP_GATHER_GROUP: u32 = 128;
 
 /// The tensor-core blocks a gather numbers the edges of: per block 16 bytes of bitmap
 /// (`bitmaps`, as the kernels read it: 4 words, row-major bits) and its first edge
@@ -172,14 +176,14 @@ impl BsbExtrasStage {
     ///
     /// Errors: [`Error::InvalidArgument`] when `blocks` holds fewer bitmaps or starts than
     /// its `n_blocks`; sizes past the kernels' u32 indices; allocation failures.
-    pub(crate) fn gather<T: DType, W: DeviceElement>(
-        &mut self,
+    pub(crate) fn gather<'a, T: DType, W: DeviceElement>(
+        &'a mut self,
         gpu: &Gpu,
         ids: &DeviceVec<u32>,
-        blocks: BsbBlocks<'_, W>,
+        blocks: BsbBlocks<'a, W>,
         heads: usize,
         extras: &CsrExtras<'_, T>,
-    ) -> Result<GatheredBsbExtras<'_>> {
+    ) -> Result<GatheredBsbExtras<'a>> {
         let n = ids.len();
         let n_edges = to_u32("tensor-core edges", n)?;
         let n_blocks = to_u32("tensor-core blocks", blocks.n_blocks)?;
@@ -266,6 +270,7 @@ impl BsbExtrasStage {
             let f = gpu.load_function(FUSED_BSB.name, FUSED_BSB.ptx, name)?;
             let mut args = gpu.launch_builder(&f);
             args.arg(ids.slice())
+                .arg(&n_edges)
                 .arg(blocks.bitmaps.slice())
                 .arg(blocks.block_edge_start.slice())
                 .arg(&n_blocks)
@@ -273,20 +278,22 @@ impl BsbExtrasStage {
             ex.push_dropout(&mut args);
             args.arg(out.slice());
             let cfg = LaunchConfig {
-                grid_dim: (blocks_for(blocks.n_blocks, 256)?, 1, 1),
+                grid_dim: (blocks_for(blocks.n_blocks, KEEP_GATHER_GROUP)?, 1, 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: thread b < n_blocks reads 16 bytes of bitmap at 16 b (checked above:
-            // bitmaps hold 16 × n_blocks bytes) and block_edge_start[b] (n_blocks entries at
-            // least), then ids[start + rank] for the block's bits (a block's edges lie in ids,
-            // the caller's precondition), and writes keep words (h × n_blocks + b) × 4 .. + 4
-            // for h < heads (4 × n_blocks × heads words allocated above).
+            // SAFETY: CTA c takes blocks b < n_blocks from KEEP_GATHER_GROUP × c: it reads 16
+            // bytes of bitmap at 16 b (checked above: bitmaps hold 16 × n_blocks bytes) and
+            // block_edge_start[b] (n_blocks entries at least; n stands for the start past the
+            // last block), then ids[p] for the edges p < n of its blocks (a block's edges lie in
+            // ids, the caller's precondition), and writes keep words (h × n_blocks + b) × 4 ..
+            // + 4 for h < heads (4 × n_blocks × heads words allocated above).
             unsafe { launch(name, &mut args, cfg) }?;
         }
         Ok(GatheredBsbExtras {
             bias: bias_out,
             bias_rows,
+            block_edge_start: blocks.block_edge_start,
             keep: keep_out,
             n_edges,
             n_blocks,
@@ -297,11 +304,12 @@ impl BsbExtrasStage {
 
 impl<'a> GatheredBsbExtras<'a> {
     /// Pushes `SPATTN_BSB_X_PARAMS`: the gathered bias, its rows, each block's first edge
-    /// (`block_edge_start`), the keep words, the edges, the blocks and the dropout's scale.
-    pub(crate) fn push(&'a self, args: &mut LaunchArgs<'a>, block_edge_start: &'a DeviceVec<u32>) {
+    /// (the gather's `block_edge_start`), the keep words, the edges, the blocks and the
+    /// dropout's scale.
+    pub(crate) fn push(&'a self, args: &mut LaunchArgs<'a>) {
         args.arg_or_null(self.bias)
             .arg(&self.bias_rows)
-            .arg(block_edge_start.slice())
+            .arg(self.block_edge_start.slice())
             .arg_or_null(self.keep)
             .arg(&self.n_edges)
             .arg(&self.n_blocks)

@@ -689,13 +689,10 @@ impl DeviceHybrid {
                 block_edge_start,
                 n_blocks: block_edge_start.len(),
             };
-            tc_extras = Some((
-                stage.gather(gpu, edge_ids, blocks, shape.heads, e)?,
-                &*block_edge_start,
-            ));
+            tc_extras = Some(stage.gather(gpu, edge_ids, blocks, shape.heads, e)?);
         }
-        if let Some((g, starts)) = &tc_extras {
-            g.push(&mut args, starts);
+        if let Some(g) = &tc_extras {
+            g.push(&mut args);
         }
         // SAFETY: items < n_units × heads; unit u's 8 words lie in `units` (8 × n_units) and
         // its split in `split_part_first` (n_split + 1). Its blocks lie in [0, n_blocks)

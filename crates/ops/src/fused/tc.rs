@@ -821,8 +821,8 @@ impl FusedTensorCore {
             .arg(self.part_ml.slice_mut())
             .arg(self.part_acc.slice_mut())
             .arg(self.counters.slice_mut());
-        if let (Some(g), Some((starts, _))) = (&gathered, &self.edge_map) {
-            g.push(&mut args, starts);
+        if let Some(g) = &gathered {
+            g.push(&mut args);
         }
         debug_assert_eq!(slice * group, self.layout.padded());
         // SAFETY: items < (units in the range) × heads, each reading its unit through the views
