@@ -658,6 +658,32 @@ struct Case {
     dim: usize,
 }
 
+impl Case {
+    /// The not-fitting record of `graph` on `ranks` GPUs in this shape: `memory` says what ran
+    /// short, `bytes` by how much; no rank and no estimate (callers add theirs).
+    fn not_fitting(
+        self,
+        graph: String,
+        ranks: usize,
+        memory: &str,
+        bytes: u64,
+        message: String,
+    ) -> NotFitting {
+        NotFitting {
+            graph,
+            ranks,
+            heads: self.heads,
+            head_dim: self.dim,
+            dtype: self.dtype.name().to_string(),
+            memory: memory.into(),
+            rank: None,
+            bytes,
+            message,
+            estimate: None,
+        }
+    }
+}
+
 /// What every measurement of one scaling run shares.
 struct Bench<'a> {
     gpus: &'a [Gpu],
@@ -714,16 +740,8 @@ impl Bench<'_> {
                     dtype.name()
                 );
                 let not = NotFitting {
-                    graph: graph.name.clone(),
-                    ranks: p,
-                    heads,
-                    head_dim: dim,
-                    dtype: dtype.name().to_string(),
-                    memory: "gpu".into(),
                     rank,
-                    bytes,
-                    message,
-                    estimate: None,
+                    ..case.not_fitting(graph.name.clone(), p, "gpu", bytes, message)
                 };
                 rec.not_fitting.push(not.clone());
                 return Ok(Trial::NotFit(not));
@@ -849,22 +867,16 @@ fn precheck_device_memory(
         graph.name,
         dtype.name()
     );
+    let bytes = short.floor.total();
     let not = NotFitting {
-        graph: graph.name.clone(),
-        ranks: p,
-        heads,
-        head_dim: dim,
-        dtype: dtype.name().to_string(),
-        memory: "gpu-estimate".into(),
         rank: Some(short.rank),
-        bytes: short.floor.total(),
-        message,
         estimate: Some(FitEstimate {
             floor: short.floor,
             device_bytes: short.device_bytes,
             largest_floor: floors.iter().map(DeviceFloor::total).max().unwrap_or(0),
             seconds,
         }),
+        ..case.not_fitting(graph.name.clone(), p, "gpu-estimate", bytes, message)
     };
     rec.not_fitting.push(not.clone());
     Ok(Some(not))
@@ -1086,18 +1098,13 @@ fn largest_rmat(
                                 graphs::rmat_name(scale),
                                 dtype.name()
                             );
-                            let not = NotFitting {
-                                graph: graphs::rmat_name(scale),
-                                ranks: p,
-                                heads,
-                                head_dim: dim,
-                                dtype: dtype.name().to_string(),
-                                memory: "host".into(),
-                                rank: None,
+                            let not = case.not_fitting(
+                                graphs::rmat_name(scale),
+                                p,
+                                "host",
                                 bytes,
                                 message,
-                                estimate: None,
-                            };
+                            );
                             rec.not_fitting.push(not.clone());
                             return Ok(Trial::NotFit(not));
                         }
