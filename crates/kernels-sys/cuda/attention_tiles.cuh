@@ -437,8 +437,8 @@ struct BsbStagedExtras : BsbExtrasHead {
 
 // The `_x` kernels' tensor-core extras (their last parameters, SPATTN_BSB_X_PARAMS): the
 // gathered bias (null, or bias_rows rows of n_edges floats: 1 shared by the heads, else one per
-// head), each block's first edge, and the keep bits (null, or one row of ceil(n_edges / 32)
-// words per head) with the dropout's scale.
+// head), each block's first edge, and the keep words (null, or 4 per block and head, laid out
+// as the bitmaps: n_blocks × 4 a head) with the dropout's scale.
 struct BsbExtrasArgs {
     const float* bias;
     u32 bias_rows;
