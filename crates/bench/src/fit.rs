@@ -34,13 +34,11 @@
 //! out certainly does not fit, and one it lets through may still run out of memory.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
 
-use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use spattn::partition::Partition;
 use spattn::{Algorithm, Csr};
-use spattn_formats::alloc::{describe_bytes, try_with_capacity};
+use spattn_formats::alloc::describe_bytes;
 
 use crate::error::{Error, Result};
 use crate::table::thousands;
@@ -161,26 +159,11 @@ pub fn rank_counts(a: &Csr, part: &Partition) -> Result<Vec<RankCounts>> {
     let kv: Vec<Range<usize>> = (0..ranks)
         .map(|r| part.kv.block(r))
         .collect::<Result<_, _>>()?;
-    let (offsets, cols) = (a.row_offsets(), a.col_indices());
-    let words = a.n_cols().div_ceil(64);
-    let mut marks: Vec<AtomicU64> = try_with_capacity(words, "fit estimate column bitmap")?;
-    marks.extend((0..words).map(|_| AtomicU64::new(0)));
+    let offsets = a.row_offsets();
     let mut sent = vec![0usize; ranks];
     let mut counts = Vec::with_capacity(ranks);
     for (d, block) in rows.iter().enumerate() {
-        let (e0, e1) = (offsets[block.start] as usize, offsets[block.end] as usize);
-        let edges = cols.get(e0..e1).unwrap_or(&[]);
-        marks.par_iter().for_each(|w| w.store(0, Ordering::Relaxed));
-        edges.par_iter().with_min_len(1 << 14).for_each(|&c| {
-            // A valid CSR has every column below n_cols; none other is counted.
-            if let Some(word) = marks.get(c as usize / 64) {
-                let bit = 1u64 << (c % 64);
-                // Reading first keeps a hub column's word shared instead of bouncing between cores.
-                if word.load(Ordering::Relaxed) & bit == 0 {
-                    word.fetch_or(bit, Ordering::Relaxed);
-                }
-            }
-        });
+        let marks = a.row_block_columns(block.clone())?;
         for (r, own) in kv.iter().enumerate() {
             if r != d {
                 sent[r] += ones_in(&marks, own.clone());
@@ -189,7 +172,7 @@ pub fn rank_counts(a: &Csr, part: &Partition) -> Result<Vec<RankCounts>> {
         counts.push(RankCounts {
             rows: block.len(),
             kv_rows: kv[d].len(),
-            edges: edges.len(),
+            edges: (offsets[block.end] - offsets[block.start]) as usize,
             halo_rows: ones_in(&marks, 0..a.n_cols()),
             sent_rows: 0,
         });
@@ -201,13 +184,13 @@ pub fn rank_counts(a: &Csr, part: &Partition) -> Result<Vec<RankCounts>> {
 }
 
 /// Set bits of `marks` at positions `range` (past the bitmap: none).
-fn ones_in(marks: &[AtomicU64], range: Range<usize>) -> usize {
+fn ones_in(marks: &[u64], range: Range<usize>) -> usize {
     if range.is_empty() {
         return 0;
     }
     let (first, last) = (range.start / 64, (range.end - 1) / 64);
     (first..=last)
-        .filter_map(|w| marks.get(w).map(|m| (w, m.load(Ordering::Relaxed))))
+        .filter_map(|w| marks.get(w).map(|&m| (w, m)))
         .map(|(w, mut word)| {
             if w == first {
                 word &= !0u64 << (range.start % 64);
@@ -437,10 +420,7 @@ mod tests {
 
     #[test]
     fn bits_are_counted_in_any_range() {
-        let marks: Vec<AtomicU64> = [u64::MAX, 0b1011, 1 << 63]
-            .into_iter()
-            .map(AtomicU64::new)
-            .collect();
+        let marks = [u64::MAX, 0b1011, 1 << 63];
         assert_eq!(ones_in(&marks, 0..192), 64 + 3 + 1);
         assert_eq!(ones_in(&marks, 0..64), 64);
         assert_eq!(ones_in(&marks, 63..66), 1 + 2);

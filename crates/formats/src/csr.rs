@@ -522,6 +522,48 @@ impl Csr {
         )
     }
 
+    /// The columns the rows `rows` touch, as a bitmap: bit `c % 64` of word `c / 64` is set
+    /// where a row of the block has column `c` (`ceil(n_cols / 64)` words), marked on every
+    /// core.
+    ///
+    /// # Errors
+    /// [`Error::InvalidParameter`] where `rows` is not a range of this matrix's rows;
+    /// [`Error::OutOfMemory`] where the bitmap does not fit.
+    ///
+    /// ```
+    /// use spattn_formats::Csr;
+    /// let a = Csr::from_edges(3, 70, &[(0, 1), (0, 65), (1, 4), (2, 0)])?;
+    /// assert_eq!(a.row_block_columns(0..2)?, [(1 << 1) | (1 << 4), 1 << 1]);
+    /// # Ok::<(), spattn_formats::Error>(())
+    /// ```
+    pub fn row_block_columns(&self, rows: std::ops::Range<usize>) -> Result<Vec<u64>> {
+        use std::sync::atomic::AtomicU64;
+        if rows.start > rows.end || rows.end > self.n_rows {
+            return Err(Error::InvalidParameter {
+                what: "row block",
+                why: format!("rows {rows:?} of a matrix of {} rows", self.n_rows),
+            });
+        }
+        let (e0, e1) = (
+            self.row_offsets[rows.start] as usize,
+            self.row_offsets[rows.end] as usize,
+        );
+        let words = self.n_cols.div_ceil(64);
+        let mut marks: Vec<AtomicU64> = alloc::try_with_capacity(words, "row block column bitmap")?;
+        marks.extend((0..words).map(|_| AtomicU64::new(0)));
+        self.col_indices[e0..e1]
+            .par_iter()
+            .with_min_len(1 << 14)
+            .for_each(|&c| {
+                let (word, bit) = (&marks[c as usize / 64], 1u64 << (c % 64));
+                // Reading first keeps a hub column's word shared instead of bouncing between cores.
+                if word.load(Ordering::Relaxed) & bit == 0 {
+                    word.fetch_or(bit, Ordering::Relaxed);
+                }
+            });
+        Ok(marks.into_iter().map(AtomicU64::into_inner).collect())
+    }
+
     /// The rows `rows` of this matrix with their columns renumbered to the sorted set of
     /// distinct columns they touch, and that set: column `j` of the returned matrix is column
     /// `touched[j]` of this one (values carried along). A partitioned plan's rank builds its
@@ -544,29 +586,13 @@ impl Csr {
     /// # Ok::<(), spattn_formats::Error>(())
     /// ```
     pub fn row_block_compacted(&self, rows: std::ops::Range<usize>) -> Result<(Csr, Vec<u32>)> {
-        use std::sync::atomic::AtomicU64;
-        if rows.start > rows.end || rows.end > self.n_rows {
-            return Err(Error::InvalidParameter {
-                what: "row block",
-                why: format!("rows {rows:?} of a matrix of {} rows", self.n_rows),
-            });
-        }
+        let bits = self.row_block_columns(rows.clone())?;
+        let words = bits.len();
         let (e0, e1) = (
             self.row_offsets[rows.start] as usize,
             self.row_offsets[rows.end] as usize,
         );
         let cols = &self.col_indices[e0..e1];
-        let words = self.n_cols.div_ceil(64);
-        let mut marks: Vec<AtomicU64> = alloc::try_with_capacity(words, "row block column bitmap")?;
-        marks.extend((0..words).map(|_| AtomicU64::new(0)));
-        cols.par_iter().with_min_len(1 << 14).for_each(|&c| {
-            let (word, bit) = (&marks[c as usize / 64], 1u64 << (c % 64));
-            // Reading first keeps a hub column's word shared instead of bouncing between cores.
-            if word.load(Ordering::Relaxed) & bit == 0 {
-                word.fetch_or(bit, Ordering::Relaxed);
-            }
-        });
-        let bits: Vec<u64> = marks.into_iter().map(AtomicU64::into_inner).collect();
         // before[w]: marked columns in words 0..w (at most n_cols, which fits u32).
         let mut before: Vec<u32> = alloc::try_with_capacity(words, "row block column ranks")?;
         let mut touched_count = 0u32;
