@@ -44,6 +44,7 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 /// Plain numbers the exchanges move as bytes (`f32`, `f64`, `u32`, …).
 pub use bytemuck::Pod;
 use spattn_ops::cpu::{self, AttentionInputs, Real};
+use spattn_ops::nccl::AroundOwn;
 use spattn_ops::rows::{self, RowIndex};
 use spattn_ops::{edge_extras, DType, DeviceElement, DeviceMatrix, DeviceVec, Gpu, Shape};
 
@@ -271,6 +272,34 @@ pub trait Exchange {
         for (block, &c) in got.iter().zip(recv_counts) {
             recv.copy_from_host_at(at, block)?;
             at += c;
+        }
+        Ok(())
+    }
+
+    /// [`all_to_all_device_around_own`](Self::all_to_all_device_around_own) of several buffers
+    /// with the same counts (a halo's K and V), each own block filled on `gpu` with rows `own`
+    /// (rows of `row_len`) of its `own_rows` from row `own_at` of its `recv`, which must be
+    /// where block `rank` lies ([`rows::gather_rows_into`]). [`NcclExchange`] moves every
+    /// buffer in one NCCL group on a stream of its own while `gpu`'s stream gathers the own
+    /// blocks; this default gathers, then moves the buffers one after the other.
+    ///
+    /// Errors: as [`all_to_all_device_around_own`](Self::all_to_all_device_around_own); an own
+    /// block elsewhere than block `rank`; the gather's.
+    fn all_to_all_device_around_own_gathering<T: DType>(
+        &self,
+        gpu: &Gpu,
+        blocks: &mut [AroundOwn<'_, T>],
+        counts: (&[usize], &[usize]),
+        own: &RowIndex,
+        row_len: usize,
+        own_at: usize,
+    ) -> Result<()> {
+        let (send_counts, recv_counts) = counts;
+        let me = self.rank();
+        spattn_ops::nccl::check_own_block(me, recv_counts, own.len(), row_len, own_at)?;
+        for b in blocks.iter_mut() {
+            rows::gather_rows_into(gpu, b.own_rows, row_len, own, b.recv, own_at)?;
+            self.all_to_all_device_around_own(gpu, b.send, send_counts, b.recv, recv_counts)?;
         }
         Ok(())
     }
@@ -896,10 +925,10 @@ impl RankPlan {
 
     /// [`gather_halo`](Self::gather_halo) on the GPU: this rank's own K and V rows
     /// (`kv_rows() × heads × head_dim` on `gpu`) out to the exchange, the halo back onto `gpu`.
-    /// A collective. The halo rows this rank owns are gathered straight into the halo and the
-    /// others packed for the exchange, which moves them around the own block
-    /// ([`Exchange::all_to_all_device_around_own`]): every halo element is written once and
-    /// nothing is zero-filled first.
+    /// A collective. The rows other ranks ask for are packed for the exchange, which moves K
+    /// and V around the own block while the halo rows this rank owns are gathered straight into
+    /// it ([`Exchange::all_to_all_device_around_own_gathering`]): every halo element is written
+    /// once and nothing is zero-filled first.
     ///
     /// Errors: a shape mismatch naming K or V ([`Error::Ops`]), the exchange's, the GPU's.
     pub fn gather_halo_gpu<T: DType, E: Exchange>(
@@ -917,33 +946,36 @@ impl RankPlan {
         let index = self.halo_index(gpu)?;
         let (mut send_counts, recv_counts) = self.block_counts(row_len);
         send_counts[self.rank] = 0;
-        let mut packed = DeviceVec::<T>::unset(gpu, index.remote.len() * row_len)?;
-        let mut fetch = |own: &DeviceMatrix<T>| -> Result<DeviceMatrix<T>> {
-            // Every row is written below: the own block by the gather, the others by the
-            // exchange (the receive counts add up to the halo).
-            let mut halo = DeviceMatrix::<T>::unset(gpu, sh)?;
-            rows::gather_rows_into(
-                gpu,
-                own.as_vec(),
-                row_len,
-                &index.own,
-                halo.as_vec_mut(),
-                index.own_at,
-            )?;
+        let pack = |own: &DeviceMatrix<T>| -> Result<DeviceVec<T>> {
+            let mut packed = DeviceVec::<T>::unset(gpu, index.remote.len() * row_len)?;
             rows::gather_rows(gpu, own.as_vec(), row_len, &index.remote, &mut packed)?;
-            ex.all_to_all_device_around_own(
-                gpu,
-                &packed,
-                &send_counts,
-                halo.as_vec_mut(),
-                &recv_counts,
-            )?;
-            Ok(halo)
+            Ok(packed)
         };
-        Ok(GpuHalo {
-            k: fetch(k)?,
-            v: fetch(v)?,
-        })
+        let (pk, pv) = (pack(k)?, pack(v)?);
+        // Every row is written below: the own block by the gather, the others by the exchange
+        // (the receive counts add up to the halo).
+        let mut hk = DeviceMatrix::<T>::unset(gpu, sh)?;
+        let mut hv = DeviceMatrix::<T>::unset(gpu, sh)?;
+        ex.all_to_all_device_around_own_gathering(
+            gpu,
+            &mut [
+                AroundOwn {
+                    send: &pk,
+                    own_rows: k.as_vec(),
+                    recv: hk.as_vec_mut(),
+                },
+                AroundOwn {
+                    send: &pv,
+                    own_rows: v.as_vec(),
+                    recv: hv.as_vec_mut(),
+                },
+            ],
+            (&send_counts, &recv_counts),
+            &index.own,
+            row_len,
+            index.own_at,
+        )?;
+        Ok(GpuHalo { k: hk, v: hv })
     }
 
     /// The forward's halo gather on `gpu` ([`HaloIndex`]); uploaded once per GPU.

@@ -864,35 +864,48 @@ fn gpu_exchanges_around_the_own_block_leave_it_alone() {
         check_around_own(&results, &format!("local world of {world}"));
     }
     let row_len = 24;
-    let a = rmat_graph(10);
-    let n = a.n_cols();
-    let k: Vec<f32> = (0..n * row_len).map(|i| i as f32).collect();
-    let v: Vec<f32> = (0..n * row_len).map(|i| -(i as f32)).collect();
+    let (a, k, v) = numbered_kv(row_len);
     for world in [1, 2, 3, 8] {
         let part = Partition::balanced(&a, world).unwrap();
         let results = run_local(world, |ex| {
             poisoned_halo_rank(ex, &gpu, &a, &part, (&k, &v), row_len)
         })
         .unwrap();
-        for (r, (ids, hk, hv)) in results.iter().enumerate() {
-            assert_eq!(hk.len(), ids.len() * row_len, "world {world} rank {r}");
-            for (i, &c) in ids.iter().enumerate() {
-                let (got_k, got_v) = (
-                    &hk[i * row_len..(i + 1) * row_len],
-                    &hv[i * row_len..(i + 1) * row_len],
-                );
-                let c = c as usize;
-                assert_eq!(
-                    got_k,
-                    &k[c * row_len..(c + 1) * row_len],
-                    "world {world} rank {r} halo row {i} of K"
-                );
-                assert_eq!(
-                    got_v,
-                    &v[c * row_len..(c + 1) * row_len],
-                    "world {world} rank {r} halo row {i} of V"
-                );
-            }
+        check_halos(&results, (&k, &v), row_len, &format!("local world {world}"));
+    }
+}
+
+/// R-MAT 10 with K and V rows numbered by their element (V negated), `row_len` features a row.
+fn numbered_kv(row_len: usize) -> (Csr, Vec<f32>, Vec<f32>) {
+    let a = rmat_graph(10);
+    let n = a.n_cols();
+    let k: Vec<f32> = (0..n * row_len).map(|i| i as f32).collect();
+    let v: Vec<f32> = (0..n * row_len).map(|i| -(i as f32)).collect();
+    (a, k, v)
+}
+
+/// Every halo row of every rank ([`poisoned_halo_rank`]'s results) is its K and V row.
+fn check_halos(
+    results: &[(Vec<u32>, Vec<f32>, Vec<f32>)],
+    (k, v): (&[f32], &[f32]),
+    row_len: usize,
+    what: &str,
+) {
+    for (r, (ids, hk, hv)) in results.iter().enumerate() {
+        assert_eq!(hk.len(), ids.len() * row_len, "{what} rank {r}");
+        assert_eq!(hv.len(), ids.len() * row_len, "{what} rank {r}");
+        for (i, &c) in ids.iter().enumerate() {
+            let c = c as usize;
+            assert_eq!(
+                &hk[i * row_len..(i + 1) * row_len],
+                &k[c * row_len..(c + 1) * row_len],
+                "{what} rank {r} halo row {i} of K"
+            );
+            assert_eq!(
+                &hv[i * row_len..(i + 1) * row_len],
+                &v[c * row_len..(c + 1) * row_len],
+                "{what} rank {r} halo row {i} of V"
+            );
         }
     }
 }
@@ -919,6 +932,23 @@ fn gpu_partitioned_plans_over_nccl_equal_the_reference() {
     // The exchange around each rank's own block, GPU to GPU.
     let results = run_nccl(&gpus, |ex| around_own_rank(ex, ex.gpu())).unwrap();
     check_around_own(&results, &format!("NCCL over {count} GPU(s)"));
+    // The halo gather: K and V in one group on the exchange's stream, the own rows gathered on
+    // the GPU's stream meanwhile, into a halo over NaN-filled freed memory.
+    let row_len = 24;
+    let (a, k, v) = numbered_kv(row_len);
+    let part = Partition::balanced(&a, count).unwrap();
+    for round in 0..2 {
+        let results = run_nccl(&gpus, |ex| {
+            poisoned_halo_rank(ex, ex.gpu(), &a, &part, (&k, &v), row_len)
+        })
+        .unwrap();
+        check_halos(
+            &results,
+            (&k, &v),
+            row_len,
+            &format!("NCCL over {count}, round {round}"),
+        );
+    }
     for a in &graphs {
         check_gpu_ranks::<f32>(a, Ranks::Nccl(&gpus), Algorithm::FusedCsr, 2, 16);
         check_gpu_ranks::<bf16>(a, Ranks::Nccl(&gpus), Algorithm::Auto, 8, 64);

@@ -13,8 +13,9 @@
 //! - its own K and V rows (the K/V block it owns and serves): `2 × kv_rows × row_bytes`;
 //! - the K and V halo, every K/V row its edges touch, its own included (the exact count, as
 //!   `RankPlan` finds it): `2 × halo_rows × row_bytes`;
-//! - the rows it packs for the other ranks (each of its K/V rows once per other rank whose halo
-//!   holds it, the exact count): `sent_rows × row_bytes`;
+//! - the K and V rows it packs for the other ranks (each of its K/V rows once per other rank
+//!   whose halo holds it, the exact count; both packed before they are sent together):
+//!   `2 × sent_rows × row_bytes`;
 //! - the u32 row index the probe allocates for the halo and the packed rows:
 //!   `4 × (halo_rows + sent_rows)`;
 //! - the local graph on the device, in the format of the algorithm asked for
@@ -68,7 +69,7 @@ pub struct DeviceFloor {
     pub kv_own: u64,
     /// The K and V halo.
     pub kv_halo: u64,
-    /// The rows packed for the other ranks.
+    /// The K and V rows packed for the other ranks.
     pub packed: u64,
     /// The u32 index of the halo and packed rows.
     pub indices: u64,
@@ -85,7 +86,7 @@ impl DeviceFloor {
             q_out: rows(c.rows).saturating_mul(2),
             kv_own: rows(c.kv_rows).saturating_mul(2),
             kv_halo: rows(c.halo_rows).saturating_mul(2),
-            packed: rows(c.sent_rows),
+            packed: rows(c.sent_rows).saturating_mul(2),
             indices: (c.halo_rows as u64)
                 .saturating_add(c.sent_rows as u64)
                 .saturating_mul(4),
@@ -339,14 +340,15 @@ mod tests {
                 q_out: 2 * 4 * 256,
                 kv_own: 2 * 4 * 256,
                 kv_halo: 2 * 5 * 256,
-                packed: 2 * 256,
+                // Its 2 sent rows, of K and of V.
+                packed: 2 * 2 * 256,
                 indices: 4 * (5 + 2),
                 // max(5 halo rows, ceil(6 / 16)) slots, 4 bytes each.
                 graph: 4 * 5,
             }
         );
-        assert_eq!(f.total(), 2048 + 2048 + 2560 + 512 + 28 + 20);
-        assert_eq!(f.total(), 7216);
+        assert_eq!(f.total(), 2048 + 2048 + 2560 + 1024 + 28 + 20);
+        assert_eq!(f.total(), 7728);
         // Rank 0 at P = 1 sizes: one rank holds everything, sends nothing.
         let whole = Partition::balanced(&a, 1).expect("one rank");
         let one = rank_counts(&a, &whole).expect("counts")[0];

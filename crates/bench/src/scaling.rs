@@ -357,8 +357,8 @@ fn rank_run<T: DType>(
     }))
 }
 
-/// Allocates what a forward of `plan` allocates (the K and V halo, the rows packed for the
-/// other ranks, the halo's row indices) and runs the local plan once on a zero halo, all
+/// Allocates what a forward of `plan` allocates (the K and V halo, the K and V rows packed for
+/// the other ranks, the halo's row indices) and runs the local plan once on a zero halo, all
 /// without a collective, then frees it into the pool the timed forwards take it from again.
 fn probe_forward<T: DType>(
     plan: &RankPlan,
@@ -374,7 +374,11 @@ fn probe_forward<T: DType>(
         DeviceMatrix::<T>::zeros(gpu, halo)?,
         DeviceMatrix::<T>::zeros(gpu, halo)?,
     );
-    let _packed = spattn_ops::DeviceVec::<T>::zeros(gpu, stats.sent_rows * heads * dim)?;
+    // K's and V's, packed before they are sent together.
+    let _packed = [
+        spattn_ops::DeviceVec::<T>::zeros(gpu, stats.sent_rows * heads * dim)?,
+        spattn_ops::DeviceVec::<T>::zeros(gpu, stats.sent_rows * heads * dim)?,
+    ];
     let _index = spattn_ops::DeviceVec::<u32>::zeros(gpu, stats.halo_rows + stats.sent_rows)?;
     local.forward(q, &hk, &hv, out)?;
     gpu.synchronize()?;

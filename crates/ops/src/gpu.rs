@@ -15,6 +15,12 @@
 //! must not be handed to another (two [`Gpu::new`] calls give two handles, two streams, even on
 //! the same device). Ops enforce it with [`crate::launch::check_same_gpu`]; clones of a `Gpu`
 //! share everything and may be mixed freely.
+//!
+//! One op steps outside the one stream, inside a single call:
+//! [`NcclComm::all_to_all_around_own_gathering`](crate::nccl::NcclComm::all_to_all_around_own_gathering)
+//! runs NCCL on the communicator's own stream, fenced by two events (it starts after the work
+//! before the call, the work after the call waits for it), so the rule above still holds for
+//! everything the caller sees.
 
 use std::collections::HashMap;
 use std::fmt;

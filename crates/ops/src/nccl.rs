@@ -35,13 +35,17 @@
 use std::ffi::{c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use cudarc::driver::{DevicePtr, DevicePtrMut};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaEvent, CudaStream, DevicePtr, DevicePtrMut};
 use cudarc::nccl::sys;
 
 use crate::buffer::{DeviceElement, DeviceVec};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::launch::{check_same_gpu, map_driver_error};
+use crate::rows::{self, RowIndex};
+use crate::DType;
 
 /// The advice every "NCCL unavailable" error carries.
 const WHERE: &str = "cudarc looks for libnccl.so (and libnccl.so.<CUDA major>); pip's \
@@ -113,6 +117,35 @@ pub fn check_blocks(
     Ok(())
 }
 
+/// Checks that `own_rows` rows of `row_len` from row `own_at` are exactly block `rank` of
+/// `recv_counts` (elements, blocks in rank order): the block an exchange around the own block
+/// leaves alone, so a rank may fill it while the others arrive.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming the rows and the block otherwise.
+pub fn check_own_block(
+    rank: usize,
+    recv_counts: &[usize],
+    own_rows: usize,
+    row_len: usize,
+    own_at: usize,
+) -> Result<()> {
+    let at: usize = recv_counts.iter().take(rank).sum();
+    let fits = recv_counts.get(rank).is_some_and(|&c| {
+        own_rows.checked_mul(row_len) == Some(c) && own_at.checked_mul(row_len) == Some(at)
+    });
+    if fits {
+        return Ok(());
+    }
+    Err(Error::InvalidArgument {
+        what: "own block",
+        why: format!(
+            "{own_rows} rows of {row_len} from row {own_at} are not rank {rank}'s block of the \
+             receive counts {recv_counts:?}"
+        ),
+    })
+}
+
 /// The unique id that makes the ranks of one world find each other: rank 0 creates it, every
 /// rank passes it to [`NcclComm::new`] (one process per GPU sends its 128 bytes over any
 /// channel: a file, a TCP rendezvous).
@@ -161,12 +194,90 @@ enum OwnBlock {
     Leave,
 }
 
-/// One rank's NCCL communicator on its GPU; its collectives run on the GPU's stream.
+/// One rank's NCCL communicator on its GPU; its collectives run on the GPU's stream, but for
+/// [`all_to_all_around_own_during`](Self::all_to_all_around_own_during)'s, which runs on the
+/// communicator's own stream while the GPU's stream goes on.
 pub struct NcclComm {
     comm: sys::ncclComm_t,
     gpu: Gpu,
     rank: usize,
     world: usize,
+    side: SideStream,
+}
+
+/// One buffer of [`NcclComm::all_to_all_around_own_gathering`]: the blocks this rank sends
+/// (none for itself), the rows its own block is gathered from, and where everything lands.
+#[derive(Debug)]
+pub struct AroundOwn<'a, T: DeviceElement> {
+    /// The blocks for the other ranks, in rank order.
+    pub send: &'a DeviceVec<T>,
+    /// The rows the own block is gathered from (this rank's K or V).
+    pub own_rows: &'a DeviceVec<T>,
+    /// The receive buffer: every rank's block, in rank order.
+    pub recv: &'a mut DeviceVec<T>,
+}
+
+/// The stream an overlapped exchange runs on (the device's highest priority, so that its
+/// kernels take SMs ahead of the compute stream's queued CTAs) and the two events that order it
+/// with the GPU's stream: `ready` (the send buffers are written) and `done` (the transfer
+/// finished).
+struct SideStream {
+    stream: Arc<CudaStream>,
+    ready: CudaEvent,
+    done: CudaEvent,
+}
+
+impl SideStream {
+    fn new(gpu: &Gpu) -> Result<Self> {
+        let ctx = gpu.context();
+        let (_, highest) = cudarc::driver::result::stream::get_priority_range()
+            .map_err(|e| map_driver_error("asking for the stream priorities", e))?;
+        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
+        let event = || {
+            ctx.new_event(flags)
+                .map_err(|e| map_driver_error("creating an exchange event", e))
+        };
+        Ok(Self {
+            stream: ctx
+                .new_stream_with_priority(highest)
+                .map_err(|e| map_driver_error("creating the exchange stream", e))?,
+            ready: event()?,
+            done: event()?,
+        })
+    }
+}
+
+/// Makes the GPU's stream wait for an exchange in flight on the side stream, also when the work
+/// overlapped with it fails or panics: buffers freed on the GPU's stream afterwards are then
+/// freed only once the transfer is done.
+struct JoinOnDrop<'a> {
+    main: &'a CudaStream,
+    side: &'a SideStream,
+    armed: bool,
+}
+
+impl JoinOnDrop<'_> {
+    fn join(mut self) -> Result<()> {
+        self.armed = false;
+        self.try_join()
+    }
+
+    fn try_join(&self) -> Result<()> {
+        self.side
+            .done
+            .record(&self.side.stream)
+            .and_then(|()| self.main.wait(&self.side.done))
+            .map_err(|e| map_driver_error("joining the exchange stream", e))
+    }
+}
+
+impl Drop for JoinOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.armed && self.try_join().is_err() {
+            // No event to order them: wait here, so nothing is freed under the transfer.
+            let _ = self.side.stream.synchronize();
+        }
+    }
 }
 
 impl std::fmt::Debug for NcclComm {
@@ -231,11 +342,22 @@ impl NcclComm {
             sys::ncclCommInitRank(&mut comm, n, uid, rank as i32)
         })?;
         check("creating a communicator", status)?;
+        let side = match SideStream::new(gpu) {
+            Ok(side) => side,
+            Err(e) => {
+                // SAFETY: `comm` was created above and is not used after.
+                let _ = guarded("aborting a communicator", || unsafe {
+                    sys::ncclCommAbort(comm)
+                });
+                return Err(e);
+            }
+        };
         Ok(Self {
             comm,
             gpu: gpu.clone(),
             rank,
             world,
+            side,
         })
     }
 
@@ -290,6 +412,56 @@ impl NcclComm {
         self.exchange(send, send_counts, recv, recv_counts, OwnBlock::Leave)
     }
 
+    /// [`all_to_all_around_own`](Self::all_to_all_around_own) of several buffers with the same
+    /// counts (K and V) in one NCCL group, on the communicator's own stream, while the GPU's
+    /// stream fills their own blocks: for each of `blocks`, rows `own` (rows of `row_len`) of
+    /// its `own_rows` into its `recv` from row `own_at`, which must be where block `rank` of
+    /// `recv_counts` lies ([`rows::gather_rows_into`]). The transfer starts after everything
+    /// before the call on the GPU's stream, and everything after the call waits for it, also
+    /// when a step fails.
+    ///
+    /// # Errors
+    /// As [`all_to_all_around_own`](Self::all_to_all_around_own) for any of `blocks` (then
+    /// nothing is sent), an own block elsewhere than `own_at` or of another length; the
+    /// gather's; the driver's.
+    pub fn all_to_all_around_own_gathering<T: DType>(
+        &self,
+        blocks: &mut [AroundOwn<'_, T>],
+        (send_counts, recv_counts): (&[usize], &[usize]),
+        own: &RowIndex,
+        row_len: usize,
+        own_at: usize,
+    ) -> Result<()> {
+        let mut pairs: Vec<(&DeviceVec<T>, &mut DeviceVec<T>)> =
+            blocks.iter_mut().map(|b| (b.send, &mut *b.recv)).collect();
+        self.check_pairs(&mut pairs, send_counts, recv_counts, OwnBlock::Leave)?;
+        check_own_block(self.rank, recv_counts, own.len(), row_len, own_at)?;
+        let main = self.gpu.stream();
+        let side = &self.side;
+        side.ready
+            .record(main)
+            .and_then(|()| side.stream.wait(&side.ready))
+            .map_err(|e| map_driver_error("ordering the exchange stream", e))?;
+        // From here the GPU's stream waits for the side stream however this returns.
+        let joined = JoinOnDrop {
+            main,
+            side,
+            armed: true,
+        };
+        self.enqueue(
+            &mut pairs,
+            send_counts,
+            recv_counts,
+            OwnBlock::Leave,
+            &side.stream,
+        )?;
+        drop(pairs);
+        for b in blocks.iter_mut() {
+            rows::gather_rows_into(&self.gpu, b.own_rows, row_len, own, b.recv, own_at)?;
+        }
+        joined.join()
+    }
+
     fn exchange<T: DeviceElement>(
         &self,
         send: &DeviceVec<T>,
@@ -298,21 +470,75 @@ impl NcclComm {
         recv_counts: &[usize],
         own: OwnBlock,
     ) -> Result<()> {
-        check_blocks(
-            self.world,
-            (send_counts, send.len()),
-            (recv_counts, recv.len()),
-        )?;
-        check_same_gpu(&self.gpu, "all-to-all send buffer", send)?;
-        check_same_gpu(&self.gpu, "all-to-all receive buffer", &*recv)?;
+        let pairs = &mut [(send, recv)];
+        self.check_pairs(pairs, send_counts, recv_counts, own)?;
+        self.enqueue(pairs, send_counts, recv_counts, own, self.gpu.stream())
+    }
+
+    /// Checks each pair's counts against its buffers and this rank's own block, and that the
+    /// buffers are on this communicator's GPU.
+    fn check_pairs<T: DeviceElement>(
+        &self,
+        pairs: &mut [(&DeviceVec<T>, &mut DeviceVec<T>)],
+        send_counts: &[usize],
+        recv_counts: &[usize],
+        own: OwnBlock,
+    ) -> Result<()> {
+        let me = self.rank;
+        for (send, recv) in pairs.iter_mut() {
+            check_blocks(
+                self.world,
+                (send_counts, send.len()),
+                (recv_counts, recv.len()),
+            )?;
+            check_same_gpu(&self.gpu, "all-to-all send buffer", *send)?;
+            check_same_gpu(&self.gpu, "all-to-all receive buffer", &**recv)?;
+        }
+        match own {
+            OwnBlock::Copy if send_counts[me] != recv_counts[me] => Err(Error::InvalidArgument {
+                what: "all-to-all blocks",
+                why: format!(
+                    "rank {me} sends itself {} elements but expects {}",
+                    send_counts[me], recv_counts[me]
+                ),
+            }),
+            OwnBlock::Leave if send_counts[me] != 0 => Err(Error::InvalidArgument {
+                what: "all-to-all blocks",
+                why: format!(
+                    "rank {me} sends itself {} elements in an exchange around its own block \
+                     (expected 0)",
+                    send_counts[me]
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Enqueues the exchange of checked `pairs` ([`check_pairs`](Self::check_pairs)) on
+    /// `stream`: the own blocks' copies (for [`OwnBlock::Copy`]), then one NCCL group.
+    fn enqueue<T: DeviceElement>(
+        &self,
+        pairs: &mut [(&DeviceVec<T>, &mut DeviceVec<T>)],
+        send_counts: &[usize],
+        recv_counts: &[usize],
+        own: OwnBlock,
+        stream: &CudaStream,
+    ) -> Result<()> {
         let size = std::mem::size_of::<T>();
-        let stream = self.gpu.stream().clone();
         self.gpu
             .context()
             .bind_to_thread()
             .map_err(|e| map_driver_error("binding the CUDA context", e))?;
-        let (src, _read) = send.slice().device_ptr(&stream);
-        let (dst, _write) = recv.slice_mut().device_ptr_mut(&stream);
+        // The buffers' addresses: their borrows (held by `pairs` until this returns, and by the
+        // caller until the stream passes the transfer) keep them alive and unaliased.
+        let ptrs: Vec<(u64, u64)> = pairs
+            .iter_mut()
+            .map(|(send, recv)| {
+                let (src, _read) = send.slice().device_ptr(stream);
+                let (dst, _write) = recv.slice_mut().device_ptr_mut(stream);
+                (src, dst)
+            })
+            .collect();
         let raw_stream = stream.cu_stream();
         let cu_stream = raw_stream as sys::cudaStream_t;
         let starts = |counts: &[usize]| -> Vec<usize> {
@@ -327,81 +553,69 @@ impl NcclComm {
         };
         let (send_at, recv_at) = (starts(send_counts), starts(recv_counts));
         let me = self.rank;
-        match own {
-            OwnBlock::Copy if send_counts[me] != recv_counts[me] => {
-                return Err(Error::InvalidArgument {
-                    what: "all-to-all blocks",
-                    why: format!(
-                        "rank {me} sends itself {} elements but expects {}",
-                        send_counts[me], recv_counts[me]
-                    ),
-                });
-            }
-            OwnBlock::Leave if send_counts[me] != 0 => {
-                return Err(Error::InvalidArgument {
-                    what: "all-to-all blocks",
-                    why: format!(
-                        "rank {me} sends itself {} elements in an exchange around its own \
-                         block (expected 0)",
-                        send_counts[me]
-                    ),
-                });
-            }
-            _ => {}
-        }
         // This rank's own block is a device copy, outside NCCL (none when it is left alone).
         if own == OwnBlock::Copy && send_counts[me] > 0 {
-            let (d, s) = (
-                dst + (recv_at[me] * size) as u64,
-                src + (send_at[me] * size) as u64,
-            );
-            // SAFETY: both blocks are send_counts[me] elements within their buffers (the counts
-            // add up to the lengths, checked), on the buffers' own stream; `recv` is borrowed
-            // mutably and is a different allocation from `send` (two borrows).
-            unsafe {
-                cudarc::driver::result::memcpy_dtod_async(d, s, send_counts[me] * size, raw_stream)
+            for &(src, dst) in &ptrs {
+                let (d, s) = (
+                    dst + (recv_at[me] * size) as u64,
+                    src + (send_at[me] * size) as u64,
+                );
+                // SAFETY: both blocks are send_counts[me] elements within their buffers (the
+                // counts add up to the lengths, checked), on the buffers' own stream; `recv` is
+                // borrowed mutably and is a different allocation from `send` (two borrows).
+                unsafe {
+                    cudarc::driver::result::memcpy_dtod_async(
+                        d,
+                        s,
+                        send_counts[me] * size,
+                        raw_stream,
+                    )
+                }
+                .map_err(|e| map_driver_error("copying a rank's own block", e))?;
             }
-            .map_err(|e| map_driver_error("copying a rank's own block", e))?;
         }
         let comm = self.comm;
         let run = || -> Result<()> {
             // SAFETY: group calls have no preconditions.
             check("starting a group", unsafe { sys::ncclGroupStart() })?;
             let mut first_error = Ok(());
-            for peer in (0..self.world).filter(|&p| p != me) {
-                let (sc, rc) = (send_counts[peer], recv_counts[peer]);
-                if sc > 0 {
-                    let p = (src + (send_at[peer] * size) as u64) as *const c_void;
-                    // SAFETY: block `peer` of `send` is [send_at, send_at + sc) elements, within
-                    // its length (the counts add up to it, checked); the bytes stay alive and
-                    // unwritten until the stream passes the transfer (the borrow of `send` and
-                    // the stream order of later writes).
-                    let s = unsafe {
-                        sys::ncclSend(
-                            p,
-                            sc * size,
-                            sys::ncclDataType_t::ncclUint8,
-                            peer as i32,
-                            comm,
-                            cu_stream,
-                        )
-                    };
-                    first_error = first_error.and(check("sending a block", s));
-                }
-                if rc > 0 {
-                    let p = (dst + (recv_at[peer] * size) as u64) as *mut c_void;
-                    // SAFETY: as above for block `peer` of `recv`, borrowed mutably.
-                    let s = unsafe {
-                        sys::ncclRecv(
-                            p,
-                            rc * size,
-                            sys::ncclDataType_t::ncclUint8,
-                            peer as i32,
-                            comm,
-                            cu_stream,
-                        )
-                    };
-                    first_error = first_error.and(check("receiving a block", s));
+            for &(src, dst) in &ptrs {
+                for peer in (0..self.world).filter(|&p| p != me) {
+                    let (sc, rc) = (send_counts[peer], recv_counts[peer]);
+                    if sc > 0 {
+                        let p = (src + (send_at[peer] * size) as u64) as *const c_void;
+                        // SAFETY: block `peer` of a send buffer is [send_at, send_at + sc)
+                        // elements, within its length (the counts add up to it, checked); the
+                        // bytes stay alive and unwritten until the stream passes the transfer
+                        // (the borrow of the buffer and the stream order of later writes).
+                        let s = unsafe {
+                            sys::ncclSend(
+                                p,
+                                sc * size,
+                                sys::ncclDataType_t::ncclUint8,
+                                peer as i32,
+                                comm,
+                                cu_stream,
+                            )
+                        };
+                        first_error = first_error.and(check("sending a block", s));
+                    }
+                    if rc > 0 {
+                        let p = (dst + (recv_at[peer] * size) as u64) as *mut c_void;
+                        // SAFETY: as above for block `peer` of a receive buffer, borrowed
+                        // mutably.
+                        let s = unsafe {
+                            sys::ncclRecv(
+                                p,
+                                rc * size,
+                                sys::ncclDataType_t::ncclUint8,
+                                peer as i32,
+                                comm,
+                                cu_stream,
+                            )
+                        };
+                        first_error = first_error.and(check("receiving a block", s));
+                    }
                 }
             }
             // The group is closed whatever failed inside it.
@@ -469,6 +683,27 @@ pub fn share_pools(gpus: &[Gpu]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_own_block_is_exactly_the_ranks_block() {
+        // Blocks of 6, 9 and 3 elements; rows of 3: rank 1's block is rows 2..5.
+        let counts = [6, 9, 3];
+        assert!(check_own_block(1, &counts, 3, 3, 2).is_ok());
+        assert!(check_own_block(0, &counts, 2, 3, 0).is_ok());
+        assert!(check_own_block(2, &counts, 1, 3, 5).is_ok());
+        for (rank, rows, at) in [(1, 3, 1), (1, 2, 2), (1, 4, 2), (3, 0, 6), (0, 3, 0)] {
+            let err = check_own_block(rank, &counts, rows, 3, at)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(&format!("{rows} rows of 3 from row {at}"))
+                    && err.contains(&format!("rank {rank}'s block")),
+                "{err}"
+            );
+        }
+        // Sizes that overflow are refused, not wrapped.
+        assert!(check_own_block(0, &[0], usize::MAX, 2, 0).is_err());
+    }
 
     #[test]
     fn block_counts_are_one_per_rank_and_add_up_to_the_buffers() {

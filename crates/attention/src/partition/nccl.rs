@@ -5,8 +5,9 @@
 //! exchange); one process over the GPUs of its host runs [`run_nccl`].
 
 use bytemuck::Pod;
-use spattn_ops::nccl::{NcclComm, NcclId};
-use spattn_ops::{DeviceElement, DeviceVec, Gpu};
+use spattn_ops::nccl::{AroundOwn, NcclComm, NcclId};
+use spattn_ops::rows::RowIndex;
+use spattn_ops::{DType, DeviceElement, DeviceVec, Gpu};
 
 use super::{check_parts, join_ranks, Exchange, TcpExchange};
 use crate::error::{Error, Result};
@@ -187,6 +188,21 @@ impl Exchange for NcclExchange {
         Ok(self
             .comm
             .all_to_all_around_own(send, send_counts, recv, recv_counts)?)
+    }
+
+    fn all_to_all_device_around_own_gathering<T: DType>(
+        &self,
+        _gpu: &Gpu,
+        blocks: &mut [AroundOwn<'_, T>],
+        counts: (&[usize], &[usize]),
+        own: &RowIndex,
+        row_len: usize,
+        own_at: usize,
+    ) -> Result<()> {
+        // The buffers must be on this rank's GPU (checked by the communicator).
+        Ok(self
+            .comm
+            .all_to_all_around_own_gathering(blocks, counts, own, row_len, own_at)?)
     }
 }
 
