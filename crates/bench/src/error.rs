@@ -7,6 +7,10 @@ use std::fmt;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Error {
     message: String,
+    /// Entries of a graph past what a 32-bit CSR holds ([`spattn_formats::Error::TooManyEntries`]),
+    /// kept through [`context`](Self::context) so that a search for the largest graph can
+    /// record it as not fitting instead of stopping.
+    too_many_entries: Option<u64>,
 }
 
 impl Error {
@@ -19,12 +23,23 @@ impl Error {
             .filter(|l| !l.is_empty())
             .collect::<Vec<_>>()
             .join("; ");
-        Error { message }
+        Error {
+            message,
+            too_many_entries: None,
+        }
     }
 
     /// The message, prefixed with what was being done.
     pub fn context(self, what: impl fmt::Display) -> Self {
-        Error::new(format!("{what}: {}", self.message))
+        Error {
+            too_many_entries: self.too_many_entries,
+            ..Error::new(format!("{what}: {}", self.message))
+        }
+    }
+
+    /// The entries of a graph too large for a 32-bit CSR, where that is what this error is.
+    pub fn too_many_entries(&self) -> Option<u64> {
+        self.too_many_entries
     }
 
     /// The message.
@@ -43,7 +58,14 @@ impl std::error::Error for Error {}
 
 impl From<spattn_formats::Error> for Error {
     fn from(e: spattn_formats::Error) -> Self {
-        Error::new(e.to_string())
+        let too_many_entries = match e {
+            spattn_formats::Error::TooManyEntries { nnz, .. } => Some(nnz),
+            _ => None,
+        };
+        Error {
+            too_many_entries,
+            ..Error::new(e.to_string())
+        }
     }
 }
 
@@ -102,5 +124,26 @@ mod tests {
             e.context("reading x").to_string(),
             "reading x: first; second"
         );
+    }
+
+    #[test]
+    fn a_graph_past_the_csr_limit_stays_recognisable_through_context() {
+        let e: Error = spattn_formats::Error::TooManyEntries {
+            nnz: 4_300_000_000,
+            limit: u32::MAX as u64,
+        }
+        .into();
+        let e = e.context("R-MAT scale 27");
+        assert_eq!(e.too_many_entries(), Some(4_300_000_000));
+        assert!(e
+            .to_string()
+            .starts_with("R-MAT scale 27: 4300000000 entries exceed"));
+        let other: Error = spattn_formats::Error::InvalidParameter {
+            what: "x",
+            why: "y".into(),
+        }
+        .into();
+        assert_eq!(other.too_many_entries(), None);
+        assert_eq!(Error::new("z").too_many_entries(), None);
     }
 }

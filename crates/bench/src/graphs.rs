@@ -221,7 +221,7 @@ pub fn load(spec: &GraphSpec, options: &LoadOptions<'_>) -> Result<Graph> {
                 crate::memory::check_rmat(&config, available)?;
             }
             let (csr, secs) = step(&format!("generating R-MAT scale {scale}"), || rmat(&config));
-            let csr = csr.map_err(|e| Error::new(format!("R-MAT scale {scale}: {e}")))?;
+            let csr = csr.map_err(|e| Error::from(e).context(format!("R-MAT scale {scale}")))?;
             let source = format!("R-MAT scale {scale}, seed {}", options.rmat_seed);
             // Generated already symmetrized with self loops when asked.
             return Ok(Graph {
