@@ -195,7 +195,7 @@ enum OwnBlock {
 }
 
 /// One rank's NCCL communicator on its GPU; its collectives run on the GPU's stream, but for
-/// [`all_to_all_around_own_during`](Self::all_to_all_around_own_during)'s, which runs on the
+/// [`all_to_all_around_own_gathering`](Self::all_to_all_around_own_gathering)'s, which runs on the
 /// communicator's own stream while the GPU's stream goes on.
 pub struct NcclComm {
     comm: sys::ncclComm_t,
