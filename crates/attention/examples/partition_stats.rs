@@ -150,7 +150,7 @@ fn label_propagation(a: &Csr, p: usize) -> spattn::Result<(Csr, Partition)> {
                 moved += 1;
             }
         }
-        if moved < n / 1000 {
+        if moved == 0 || moved * 1000 < n {
             break;
         }
     }

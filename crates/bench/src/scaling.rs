@@ -109,7 +109,9 @@ pub struct NotFitting {
     /// device-memory lower bound exceeds its GPU's memory, so it was not planned; `"host"`:
     /// the host lacks the memory to generate the graph (`--largest-rmat`), which was not tried;
     /// `"format"`: the graph has more entries than the 32-bit CSR holds (`--largest-rmat`:
-    /// generated once, the message names its entries and the limit; `bytes` is 0).
+    /// refused before generating where more edges are drawn than it holds, else generated
+    /// once; the message says why, a larger scale's names the scale that did not fit; `bytes`
+    /// is 0).
     pub memory: String,
     /// The rank whose GPU ran out (`"gpu-estimate"`: the lowest whose bound exceeds its GPU's
     /// memory; its GPU ordinal is the same); none where the failure came out of a collective,
@@ -1091,11 +1093,25 @@ impl<'o> RmatSource<'o> {
         row_bytes: u64,
         generate: impl FnOnce(u32) -> Result<graphs::Graph>,
     ) -> Result<Result<&graphs::Graph, NotTried>> {
-        if let Some((_, message)) = self.past_csr.as_ref().filter(|(s, _)| scale >= *s) {
-            return Ok(Err(("format", 0, message.clone())));
+        if let Some((s, message)) = self.past_csr.as_ref().filter(|(s, _)| scale >= *s) {
+            let message = if scale == *s {
+                message.clone()
+            } else {
+                format!("larger than R-MAT scale {s}, which passed the 32-bit CSR: {message}")
+            };
+            return Ok(Err(("format", 0, message)));
         }
         if self.loaded.as_ref().map(|(s, _)| *s) != Some(scale) {
             let config = graphs::rmat_config(scale, self.options);
+            // More edges drawn than the CSR holds: refused before generating.
+            if let Err(e) = config.validate() {
+                let e = Error::from(e).context(format!("R-MAT scale {scale}"));
+                if config.n_edges() <= spattn_formats::MAX_NNZ {
+                    return Err(e);
+                }
+                self.past_csr = Some((scale, e.to_string()));
+                return Ok(Err(("format", 0, e.to_string())));
+            }
             let host_memory = self.options.host_memory;
             let refused = |held: u64| {
                 let available = host_room(
@@ -1661,17 +1677,31 @@ mod tests {
             "{message}"
         );
         // Scale 9 and above are refused from the record, without generating.
-        for scale in [9, 10, 9] {
-            assert_eq!(
-                get(&mut source, scale).unwrap_err(),
-                ("format", 0, message.clone())
-            );
-        }
+        assert_eq!(
+            get(&mut source, 9).unwrap_err(),
+            ("format", 0, message.clone())
+        );
+        let (_, _, larger) = get(&mut source, 10).unwrap_err();
+        assert_eq!(
+            larger,
+            format!("larger than R-MAT scale 9, which passed the 32-bit CSR: {message}")
+        );
         assert_eq!(get(&mut source, 7), Ok(128));
         assert_eq!(generated, [8, 9, 7]);
         // Another error still ends the search.
         let failed = source.get(6, 256, |_| Err(Error::new("disk on fire")));
         assert_eq!(failed.map(|_| ()).unwrap_err().to_string(), "disk on fire");
+        // More edges drawn than the CSR holds (16 · 2^28 = 2^32): refused before generating.
+        let (memory, _, drawn) = RmatSource::new(&options)
+            .get(28, 256, |_| unreachable!("refused before generating"))
+            .expect("a refusal")
+            .map(|_| ())
+            .unwrap_err();
+        assert_eq!(memory, "format");
+        assert!(
+            drawn.starts_with("R-MAT scale 28: ") && drawn.contains("R-MAT edge count"),
+            "{drawn}"
+        );
         // A host budget too small refuses before generating.
         let tight = graphs::LoadOptions {
             host_memory: Some(1000),

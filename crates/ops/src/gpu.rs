@@ -143,8 +143,9 @@ impl Gpu {
         // SAFETY: this `Arc<CudaContext>` is private to the new handle and nothing has been
         // allocated through it yet, so every buffer it will ever hold is untracked. All of
         // them are allocated, used and freed on the one stream created below (see the module
-        // documentation), and ops refuse buffers of another handle (`check_same_gpu`), so
-        // stream order provides all the synchronisation the events would.
+        // documentation; the NCCL side stream's transfer is fenced by two events within its
+        // call), and ops refuse buffers of another handle (`check_same_gpu`), so stream order
+        // provides all the synchronisation the events would.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx
             .new_stream()

@@ -130,9 +130,14 @@ pub fn check_own_block(
     row_len: usize,
     own_at: usize,
 ) -> Result<()> {
-    let at: usize = recv_counts.iter().take(rank).sum();
+    let at = recv_counts
+        .iter()
+        .take(rank)
+        .try_fold(0usize, |at, &c| at.checked_add(c));
     let fits = recv_counts.get(rank).is_some_and(|&c| {
-        own_rows.checked_mul(row_len) == Some(c) && own_at.checked_mul(row_len) == Some(at)
+        own_rows.checked_mul(row_len) == Some(c)
+            && at.is_some()
+            && own_at.checked_mul(row_len) == at
     });
     if fits {
         return Ok(());
@@ -257,9 +262,12 @@ struct JoinOnDrop<'a> {
 }
 
 impl JoinOnDrop<'_> {
+    /// Joins, reporting a failure; the guard then stays armed, so its drop tries again and
+    /// synchronizes where the event still cannot order the streams.
     fn join(mut self) -> Result<()> {
+        self.try_join()?;
         self.armed = false;
-        self.try_join()
+        Ok(())
     }
 
     fn try_join(&self) -> Result<()> {
@@ -291,8 +299,9 @@ impl std::fmt::Debug for NcclComm {
 }
 
 // SAFETY: an NCCL communicator may be used from any thread, one call at a time; `&self`
-// methods enqueue work on the GPU's stream under the caller's exclusive use of the comm
-// (NcclComm is not Sync, so two threads cannot call it at once).
+// methods enqueue work on the GPU's stream or the side stream under the caller's exclusive use
+// of the comm and of the side stream's two events (NcclComm is not Sync, so two threads cannot
+// call it at once).
 unsafe impl Send for NcclComm {}
 
 impl NcclComm {
@@ -485,6 +494,19 @@ impl NcclComm {
         own: OwnBlock,
     ) -> Result<()> {
         let me = self.rank;
+        // One count per rank even with no buffers (the own block's counts are read below).
+        for (what, counts) in [
+            ("send counts", send_counts),
+            ("receive counts", recv_counts),
+        ] {
+            if counts.len() != self.world {
+                return Err(Error::LengthMismatch {
+                    what,
+                    expected: self.world,
+                    actual: counts.len(),
+                });
+            }
+        }
         for (send, recv) in pairs.iter_mut() {
             check_blocks(
                 self.world,
@@ -515,7 +537,11 @@ impl NcclComm {
     }
 
     /// Enqueues the exchange of checked `pairs` ([`check_pairs`](Self::check_pairs)) on
-    /// `stream`: the own blocks' copies (for [`OwnBlock::Copy`]), then one NCCL group.
+    /// `stream`: the own blocks' copies (for [`OwnBlock::Copy`], on the GPU's stream only),
+    /// then one NCCL group. On the GPU's stream the caller's borrows and the stream's order
+    /// keep the buffers alive and apart until the transfer is done; on another stream the
+    /// caller must make the GPU's stream wait for it before the borrows end (a [`JoinOnDrop`])
+    /// and write nothing meanwhile but the receive buffers' own blocks, which NCCL leaves alone.
     fn enqueue<T: DeviceElement>(
         &self,
         pairs: &mut [(&DeviceVec<T>, &mut DeviceVec<T>)],
@@ -525,12 +551,16 @@ impl NcclComm {
         stream: &CudaStream,
     ) -> Result<()> {
         let size = std::mem::size_of::<T>();
+        debug_assert!(
+            own != OwnBlock::Copy || std::ptr::eq(stream, &**self.gpu.stream()),
+            "the own block's copy is ordered by the GPU's stream"
+        );
         self.gpu
             .context()
             .bind_to_thread()
             .map_err(|e| map_driver_error("binding the CUDA context", e))?;
-        // The buffers' addresses: their borrows (held by `pairs` until this returns, and by the
-        // caller until the stream passes the transfer) keep them alive and unaliased.
+        // The buffers' addresses: they stay alive and unaliased until the transfer is done
+        // (the method's contract: the borrows and the GPU's stream order, or the join).
         let ptrs: Vec<(u64, u64)> = pairs
             .iter_mut()
             .map(|(send, recv)| {
@@ -586,8 +616,8 @@ impl NcclComm {
                         let p = (src + (send_at[peer] * size) as u64) as *const c_void;
                         // SAFETY: block `peer` of a send buffer is [send_at, send_at + sc)
                         // elements, within its length (the counts add up to it, checked); the
-                        // bytes stay alive and unwritten until the stream passes the transfer
-                        // (the borrow of the buffer and the stream order of later writes).
+                        // bytes stay alive and unwritten until the transfer is done (this
+                        // method's contract above).
                         let s = unsafe {
                             sys::ncclSend(
                                 p,
@@ -602,8 +632,9 @@ impl NcclComm {
                     }
                     if rc > 0 {
                         let p = (dst + (recv_at[peer] * size) as u64) as *mut c_void;
-                        // SAFETY: as above for block `peer` of a receive buffer, borrowed
-                        // mutably.
+                        // SAFETY: as above for block `peer` of a receive buffer, which nothing
+                        // else writes meanwhile (only other blocks are written beside a side
+                        // stream's transfer).
                         let s = unsafe {
                             sys::ncclRecv(
                                 p,
@@ -703,6 +734,7 @@ mod tests {
         }
         // Sizes that overflow are refused, not wrapped.
         assert!(check_own_block(0, &[0], usize::MAX, 2, 0).is_err());
+        assert!(check_own_block(2, &[usize::MAX, 1, 0], 0, 1, 0).is_err());
     }
 
     #[test]
