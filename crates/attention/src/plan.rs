@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use spattn_formats::Csr;
+use spattn_formats::{Csr, DegreeStats};
 use spattn_ops::cpu::{self, AttentionInputs};
 use spattn_ops::{
     csr_ops, tc_ops, DType, DTypeKind, DeviceGraph, DeviceMatrix, DeviceMeBcrs, DeviceVec, Gpu,
@@ -122,7 +122,8 @@ impl AttentionPlan {
     pub fn on_graph(graph: &Arc<DeviceGraph>, config: AttentionConfig) -> Result<Self> {
         config.validate()?;
         let gpu = graph.gpu();
-        let (algorithm, mut choice) = choose(graph.host(), &config, gpu.compute_capability())?;
+        let stats = graph.degree_stats()?;
+        let (algorithm, mut choice) = choose(&stats, &config, gpu.compute_capability())?;
         let state = GpuState::new(graph, &config, algorithm)?;
         if let GpuState::Hybrid(h) = &state {
             choice = format!("{choice}; {}", h.info());
@@ -150,7 +151,8 @@ impl AttentionPlan {
             backward: Mutex::new(None),
             extras: Mutex::new(None),
         }));
-        let mut plan = Self::assemble(graph.host(), config, algorithm, choice, runner);
+        let dims = (graph.n_rows(), graph.n_cols(), graph.nnz());
+        let mut plan = Self::assemble(dims, config, algorithm, choice, runner);
         if plan.config.algorithm == Algorithm::Auto && plan.config.autotune {
             plan.autotune()?;
         }
@@ -172,7 +174,7 @@ impl AttentionPlan {
         );
         let runner = Runner::Cpu(graph.clone());
         Ok(Self::assemble(
-            graph,
+            (graph.n_rows(), graph.n_cols(), graph.nnz()),
             config,
             Algorithm::UnfusedCsr,
             choice,
@@ -181,19 +183,19 @@ impl AttentionPlan {
     }
 
     fn assemble(
-        graph: &Csr,
+        (n_rows, n_cols, nnz): (usize, usize, usize),
         config: AttentionConfig,
         algorithm: Algorithm,
         choice: String,
         runner: Runner,
     ) -> Self {
         let shape_q = Shape {
-            rows: graph.n_rows(),
+            rows: n_rows,
             heads: config.heads,
             head_dim: config.head_dim,
         };
         let shape_kv = Shape {
-            rows: graph.n_cols(),
+            rows: n_cols,
             ..shape_q
         };
         Self {
@@ -203,7 +205,7 @@ impl AttentionPlan {
             choice,
             shape_q,
             shape_kv,
-            nnz: graph.nnz(),
+            nnz,
         }
     }
 
@@ -402,12 +404,14 @@ impl AttentionPlan {
         let done = match &mut *state {
             GpuState::FusedCsr(f) => f.forward_with_extras(&g.gpu, (q, k, v), scale, extras, out),
             // Edge features: the composition runs them (an autotuned plan may be fused-tc).
-            GpuState::FusedTensorCore(f) if extras.edge_features.is_none() => {
-                f.forward_with_extras(&g.gpu, g.graph.host(), (q, k, v), scale, extras, out)
-            }
-            GpuState::Hybrid(h) if extras.edge_features.is_none() => {
-                h.forward_with_extras(&g.gpu, g.graph.host(), (q, k, v), scale, extras, out)
-            }
+            GpuState::FusedTensorCore(f) if extras.edge_features.is_none() => g
+                .graph
+                .host()
+                .and_then(|a| f.forward_with_extras(&g.gpu, a, (q, k, v), scale, extras, out)),
+            GpuState::Hybrid(h) if extras.edge_features.is_none() => g
+                .graph
+                .host()
+                .and_then(|a| h.forward_with_extras(&g.gpu, a, (q, k, v), scale, extras, out)),
             _ => return None,
         };
         Some(done.map_err(Error::from))
@@ -565,14 +569,21 @@ impl AttentionPlan {
 }
 
 impl GpuState {
-    fn new(dg: &DeviceGraph, config: &AttentionConfig, alg: Algorithm) -> Result<Self> {
-        let (gpu, graph) = (dg.gpu(), dg.host());
-        let (h, d, r) = (config.heads, config.head_dim, config.reorder);
+    /// The state of `alg` over `dg`. A graph built on the device keeps its row order under
+    /// `Reorder::Auto` ([`DeviceGraph::effective_reorder`]) and gets its formats from the
+    /// device where they are built there (CSR, BSB); the other formats read its host CSR.
+    fn new(dg: &Arc<DeviceGraph>, config: &AttentionConfig, alg: Algorithm) -> Result<Self> {
+        let gpu = dg.gpu();
+        let (h, d, r) = (
+            config.heads,
+            config.head_dim,
+            dg.effective_reorder(config.reorder),
+        );
         Ok(match alg {
             Algorithm::FusedCsr => GpuState::FusedCsr(Box::new(match config.dtype {
-                DTypeKind::F32 => FusedCsr::new::<f32>(gpu, graph, h, d, r)?,
-                DTypeKind::F16 => FusedCsr::new::<half::f16>(gpu, graph, h, d, r)?,
-                DTypeKind::Bf16 => FusedCsr::new::<half::bf16>(gpu, graph, h, d, r)?,
+                DTypeKind::F32 => FusedCsr::on_graph::<f32>(dg, h, d, r)?,
+                DTypeKind::F16 => FusedCsr::on_graph::<half::f16>(dg, h, d, r)?,
+                DTypeKind::Bf16 => FusedCsr::on_graph::<half::bf16>(dg, h, d, r)?,
             })),
             Algorithm::FusedTensorCore => GpuState::FusedTensorCore(Box::new(match config.dtype {
                 DTypeKind::F32 => FusedTensorCore::new::<f32>(dg, h, d, r)?,
@@ -581,6 +592,7 @@ impl GpuState {
             })),
             Algorithm::Hybrid => {
                 let (s, p) = (config.scale(), config.hybrid);
+                let graph = dg.host()?;
                 GpuState::Hybrid(Box::new(match config.dtype {
                     DTypeKind::F32 => Hybrid::new::<f32>(gpu, graph, h, d, s, p, r)?,
                     DTypeKind::F16 => Hybrid::new::<half::f16>(gpu, graph, h, d, s, p, r)?,
@@ -596,7 +608,7 @@ impl GpuState {
             _ => {
                 dg.csr()?;
                 GpuState::Unfused {
-                    scores: DeviceVec::zeros(gpu, graph.nnz() * h)?,
+                    scores: DeviceVec::zeros(gpu, dg.nnz() * h)?,
                 }
             }
         })
@@ -620,7 +632,11 @@ fn uses_tensor_cores(alg: Algorithm) -> bool {
 /// plan made for extras that may include edge features gets fused-csr, which runs every extra
 /// in its kernel (unfused-csr where fused-csr cannot hold the head); without edge features the
 /// plain choice stands (every algorithm's kernel takes a bias and dropout).
-fn choose(graph: &Csr, config: &AttentionConfig, cc: (i32, i32)) -> Result<(Algorithm, String)> {
+fn choose(
+    stats: &DegreeStats,
+    config: &AttentionConfig,
+    cc: (i32, i32),
+) -> Result<(Algorithm, String)> {
     let fused_csr_ok = fused::csr::supports(config.head_dim, config.dtype.size_bytes());
     let tensor_cores = cc >= (8, 0);
     let fused_tc_ok = fused::tc::supports(config.head_dim, config.dtype);
@@ -662,7 +678,6 @@ fn choose(graph: &Csr, config: &AttentionConfig, cc: (i32, i32)) -> Result<(Algo
     }
     match config.algorithm {
         Algorithm::Auto => {
-            let stats = graph.degree_stats();
             let mut why = format!("mean degree {:.1}, max {}", stats.mean, stats.max);
             if config.edge_extras {
                 why += "; planned for a score bias and dropout without edge features";
@@ -730,7 +745,7 @@ mod tests {
 
     fn auto(graph: &Csr, heads: usize, head_dim: usize, dtype: DTypeKind) -> Algorithm {
         let config = AttentionConfig::new(heads, head_dim, dtype);
-        choose(graph, &config, (9, 0))
+        choose(&graph.degree_stats(), &config, (9, 0))
             .expect("auto always chooses")
             .0
     }
@@ -751,7 +766,7 @@ mod tests {
         // Without tensor cores, half precision goes to the exact CUDA-core kernel.
         let config = AttentionConfig::new(1, 64, DTypeKind::F16);
         assert_eq!(
-            choose(&small, &config, (7, 5)).unwrap().0,
+            choose(&small.degree_stats(), &config, (7, 5)).unwrap().0,
             Algorithm::FusedCsr
         );
     }
@@ -773,7 +788,7 @@ mod tests {
             Algorithm::FusedTensorCore
         );
         let config = AttentionConfig::new(8, 64, DTypeKind::F32);
-        assert!(choose(&large, &config, (9, 0))
+        assert!(choose(&large.degree_stats(), &config, (9, 0))
             .unwrap()
             .1
             .starts_with("auto: fused-csr"));
@@ -785,7 +800,7 @@ mod tests {
         for dtype in [DTypeKind::F32, DTypeKind::F16, DTypeKind::Bf16] {
             for cc in [(9, 0), (7, 5)] {
                 let config = AttentionConfig::new(8, 64, dtype).with_edge_extras(true);
-                let (alg, why) = choose(&g, &config, cc).unwrap();
+                let (alg, why) = choose(&g.degree_stats(), &config, cc).unwrap();
                 assert_eq!(alg, Algorithm::FusedCsr, "{dtype} on {cc:?}: {why}");
                 assert!(alg.takes_edge_features());
             }
@@ -794,7 +809,7 @@ mod tests {
         let wide = 8192;
         assert!(fused::csr::supports(wide, 4).is_err());
         let config = AttentionConfig::new(1, wide, DTypeKind::F32).with_edge_extras(true);
-        let (alg, why) = choose(&g, &config, (9, 0)).unwrap();
+        let (alg, why) = choose(&g.degree_stats(), &config, (9, 0)).unwrap();
         assert_eq!(alg, Algorithm::UnfusedCsr);
         assert!(why.contains("fused-csr unavailable"), "{why}");
         // Without edge features, f16 and bf16 extras go to fused-tc's kernel where tensor
@@ -808,14 +823,14 @@ mod tests {
             let config = AttentionConfig::new(8, 64, dtype)
                 .with_edge_extras(true)
                 .with_edge_features(false);
-            let (alg, why) = choose(&g, &config, cc).unwrap();
+            let (alg, why) = choose(&g.degree_stats(), &config, cc).unwrap();
             assert_eq!(alg, want, "{dtype} on {cc:?}: {why}");
             assert!(why.contains("planned for"), "{why}");
         }
         // Named algorithms are kept (refusals of edge features happen at the call).
         let config = config.with_algorithm(Algorithm::UnfusedTensorCore);
         assert_eq!(
-            choose(&g, &config, (9, 0)).unwrap().0,
+            choose(&g.degree_stats(), &config, (9, 0)).unwrap().0,
             Algorithm::UnfusedTensorCore
         );
     }

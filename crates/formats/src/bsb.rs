@@ -520,9 +520,18 @@ fn build_chunk(
 }
 
 /// Window order (by block count, largest first, ties by id) and the largest block count.
-fn order_windows(window_offsets: &[u32]) -> (Vec<u32>, usize) {
-    let n_windows = window_offsets.len() - 1;
-    let count = |w: u32| window_offsets[w as usize + 1] - window_offsets[w as usize];
+/// The window order of a BSB with these window offsets (`n_windows + 1` entries): window ids by
+/// block count, largest first, ties by id ([`Bsb::window_order`]), and the largest count. For a
+/// BSB whose offsets were made elsewhere (on a GPU).
+///
+/// ```
+/// // Windows of 1, 3, 0 and 3 blocks.
+/// let (order, max) = spattn_formats::bsb::order_windows(&[0, 1, 4, 4, 7]);
+/// assert_eq!((order, max), (vec![1, 3, 0, 2], 3));
+/// ```
+pub fn order_windows(window_offsets: &[u32]) -> (Vec<u32>, usize) {
+    let n_windows = window_offsets.len().saturating_sub(1);
+    let count = |w: u32| window_offsets[w as usize + 1].saturating_sub(window_offsets[w as usize]);
     // n_windows <= ceil(MAX_DIM / 16) fits in u32.
     let mut order: Vec<u32> = (0..n_windows as u32).collect();
     order.par_sort_unstable_by_key(|&w| (Reverse(count(w)), w));

@@ -1619,6 +1619,106 @@ pub const SPMM_MEBCRS_F16_T8_PIPE: &str = "spmm_mebcrs_f16_t8_pipe";
 /// Kernel `spmm_mebcrs_bf16_t8_pipe` of [`MEBCRS_OPS`].
 pub const SPMM_MEBCRS_BF16_T8_PIPE: &str = "spmm_mebcrs_bf16_t8_pipe";
 
+/// The PTX module compiled from `cuda/plan.cu` (23 kernels).
+pub const PLAN: PtxModule = PtxModule {
+    name: "plan",
+    ptx: include_str!("../ptx/plan.ptx"),
+    kernels: &[
+        PLAN_EDGE_KEYS_I32,
+        PLAN_EDGE_KEYS_I64,
+        PLAN_EDGE_KEYS_U32,
+        PLAN_TRANSPOSE_KEYS,
+        PLAN_CHECK_SORTED,
+        PLAN_SCAN_TILES_U32,
+        PLAN_SCAN_SUMS_U32,
+        PLAN_SCAN_ADD_U32,
+        PLAN_SCAN_TILES_U32X4,
+        PLAN_SCAN_SUMS_U32X4,
+        PLAN_SCAN_ADD_U32X4,
+        PLAN_RADIX_COUNT,
+        PLAN_RADIX_SCATTER,
+        PLAN_UNIQUE_FLAGS,
+        PLAN_CSR_BUILD,
+        PLAN_ROW_COUNTS,
+        PLAN_ROW_UNITS,
+        PLAN_BSB_RANK,
+        PLAN_BSB_FLAGS,
+        PLAN_BSB_WINDOW_BLOCKS,
+        PLAN_BSB_FILL,
+        PLAN_TC_PROLOGUE,
+        PLAN_WIDEN_U32_I64,
+    ],
+};
+
+/// Kernel `plan_edge_keys_i32` of [`PLAN`].
+pub const PLAN_EDGE_KEYS_I32: &str = "plan_edge_keys_i32";
+
+/// Kernel `plan_edge_keys_i64` of [`PLAN`].
+pub const PLAN_EDGE_KEYS_I64: &str = "plan_edge_keys_i64";
+
+/// Kernel `plan_edge_keys_u32` of [`PLAN`].
+pub const PLAN_EDGE_KEYS_U32: &str = "plan_edge_keys_u32";
+
+/// Kernel `plan_transpose_keys` of [`PLAN`].
+pub const PLAN_TRANSPOSE_KEYS: &str = "plan_transpose_keys";
+
+/// Kernel `plan_check_sorted` of [`PLAN`].
+pub const PLAN_CHECK_SORTED: &str = "plan_check_sorted";
+
+/// Kernel `plan_scan_tiles_u32` of [`PLAN`].
+pub const PLAN_SCAN_TILES_U32: &str = "plan_scan_tiles_u32";
+
+/// Kernel `plan_scan_sums_u32` of [`PLAN`].
+pub const PLAN_SCAN_SUMS_U32: &str = "plan_scan_sums_u32";
+
+/// Kernel `plan_scan_add_u32` of [`PLAN`].
+pub const PLAN_SCAN_ADD_U32: &str = "plan_scan_add_u32";
+
+/// Kernel `plan_scan_tiles_u32x4` of [`PLAN`].
+pub const PLAN_SCAN_TILES_U32X4: &str = "plan_scan_tiles_u32x4";
+
+/// Kernel `plan_scan_sums_u32x4` of [`PLAN`].
+pub const PLAN_SCAN_SUMS_U32X4: &str = "plan_scan_sums_u32x4";
+
+/// Kernel `plan_scan_add_u32x4` of [`PLAN`].
+pub const PLAN_SCAN_ADD_U32X4: &str = "plan_scan_add_u32x4";
+
+/// Kernel `plan_radix_count` of [`PLAN`].
+pub const PLAN_RADIX_COUNT: &str = "plan_radix_count";
+
+/// Kernel `plan_radix_scatter` of [`PLAN`].
+pub const PLAN_RADIX_SCATTER: &str = "plan_radix_scatter";
+
+/// Kernel `plan_unique_flags` of [`PLAN`].
+pub const PLAN_UNIQUE_FLAGS: &str = "plan_unique_flags";
+
+/// Kernel `plan_csr_build` of [`PLAN`].
+pub const PLAN_CSR_BUILD: &str = "plan_csr_build";
+
+/// Kernel `plan_row_counts` of [`PLAN`].
+pub const PLAN_ROW_COUNTS: &str = "plan_row_counts";
+
+/// Kernel `plan_row_units` of [`PLAN`].
+pub const PLAN_ROW_UNITS: &str = "plan_row_units";
+
+/// Kernel `plan_bsb_rank` of [`PLAN`].
+pub const PLAN_BSB_RANK: &str = "plan_bsb_rank";
+
+/// Kernel `plan_bsb_flags` of [`PLAN`].
+pub const PLAN_BSB_FLAGS: &str = "plan_bsb_flags";
+
+/// Kernel `plan_bsb_window_blocks` of [`PLAN`].
+pub const PLAN_BSB_WINDOW_BLOCKS: &str = "plan_bsb_window_blocks";
+
+/// Kernel `plan_bsb_fill` of [`PLAN`].
+pub const PLAN_BSB_FILL: &str = "plan_bsb_fill";
+
+/// Kernel `plan_tc_prologue` of [`PLAN`].
+pub const PLAN_TC_PROLOGUE: &str = "plan_tc_prologue";
+
+/// Kernel `plan_widen_u32_i64` of [`PLAN`].
+pub const PLAN_WIDEN_U32_I64: &str = "plan_widen_u32_i64";
+
 /// The PTX module compiled from `cuda/rows.cu` (6 kernels).
 pub const ROWS: PtxModule = PtxModule {
     name: "rows",
@@ -1661,5 +1761,6 @@ pub const MODULES: &[PtxModule] = &[
     HYBRID,
     LAYERS,
     MEBCRS_OPS,
+    PLAN,
     ROWS,
 ];

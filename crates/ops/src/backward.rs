@@ -88,6 +88,11 @@ impl DeviceTranspose {
         })
     }
 
+    /// Aᵀ and the map built on the device (`crate::device_plan`).
+    pub(crate) fn from_parts(csr: DeviceCsr, map: DeviceVec<u32>) -> Self {
+        Self { csr, map }
+    }
+
     /// Aᵀ: `a.n_cols()` rows, `a.n_rows()` columns, the same edges.
     pub fn csr(&self) -> &DeviceCsr {
         &self.csr

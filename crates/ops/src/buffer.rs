@@ -207,9 +207,10 @@ impl<T: DeviceElement> DeviceVec<T> {
             return Ok(());
         }
         let stream = self.gpu.stream();
-        // A copy into pageable memory returns once the data has arrived.
+        // A copy into pageable memory returns once the data has arrived. The slice may be
+        // longer than `len` (an empty or truncated buffer): copy `len`.
         stream
-            .memcpy_dtoh(&self.data, host)
+            .memcpy_dtoh(&self.data.slice(..self.len), host)
             .map_err(|e| map_driver_error("copying device to host", e))
     }
 
@@ -220,10 +221,11 @@ impl<T: DeviceElement> DeviceVec<T> {
             return Ok(());
         }
         let stream = self.gpu.stream();
+        let len = self.len;
         // A copy from pageable memory returns once `host` has been staged, so `host` may be
         // dropped right after; the device side stays ordered on the stream.
         stream
-            .memcpy_htod(host, &mut self.data)
+            .memcpy_htod(host, &mut self.data.slice_mut(..len))
             .map_err(|e| map_driver_error("copying host to device", e))
     }
 
@@ -260,7 +262,7 @@ impl<T: DeviceElement> DeviceVec<T> {
         if self.len > 0 {
             let stream = self.gpu.stream();
             stream
-                .memcpy_dtod(&self.data, &mut copy.data)
+                .memcpy_dtod(&self.data.slice(..self.len), &mut copy.data)
                 .map_err(|e| map_driver_error("copying device to device", e))?;
         }
         Ok(copy)
@@ -276,9 +278,10 @@ impl<T: DeviceElement> DeviceVec<T> {
         if self.len == 0 {
             return Ok(());
         }
+        let len = self.len;
         self.gpu
             .stream()
-            .memcpy_dtod(&src.data, &mut self.data)
+            .memcpy_dtod(&src.data.slice(..len), &mut self.data.slice_mut(..len))
             .map_err(|e| map_driver_error("copying device to device", e))
     }
 
@@ -332,6 +335,22 @@ impl<T: DeviceElement> DeviceVec<T> {
             data,
             len,
         }
+    }
+
+    /// Shortens the buffer to its first `len` elements, keeping the allocation (a buffer sized
+    /// by an upper bound on the device, cut to the size read back). The spare elements stay
+    /// allocated, never read: kernels take their sizes from [`len`](Self::len).
+    ///
+    /// Errors: [`Error::InvalidArgument`] for a `len` past the current length.
+    pub(crate) fn truncate(&mut self, len: usize) -> Result<()> {
+        if len > self.len {
+            return Err(Error::InvalidArgument {
+                what: "buffer length",
+                why: format!("cannot grow {} elements to {len} by truncating", self.len),
+            });
+        }
+        self.len = len;
+        Ok(())
     }
 
     /// The cudarc slice behind the buffer, giving the buffer up.

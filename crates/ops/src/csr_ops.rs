@@ -64,6 +64,8 @@ pub(crate) struct CsrSchedule {
     pub(crate) long_rows: DeviceVec<u32>,
     pub(crate) long_threshold: u32,
     pub(crate) softmax_group: u32,
+    /// Partials of the units of split rows (`part_first`'s last entry, kept on the host).
+    n_parts: usize,
     /// f32 partial sums of split SpMM rows (`split_rows × heads × head_dim`), grown on demand.
     scratch: Scratch,
 }
@@ -83,8 +85,97 @@ impl CsrSchedule {
             long_rows: DeviceVec::from_host_named(gpu, "softmax long rows", &softmax.long_rows)?,
             long_threshold: softmax.long_threshold,
             softmax_group: softmax.group,
+            n_parts: units.part_first.last().copied().unwrap_or(0) as usize,
             scratch: Scratch::default(),
         })
+    }
+
+    /// The schedules from buffers built on the device (`crate::device_plan`), as
+    /// [`upload`](Self::upload) lays them out: `[unit rows, unit starts, unit slots, unit
+    /// partials, split rows, split-row first partials, long rows]`, `n_parts` partials, the
+    /// softmax's lane group for the mean degree, rows of
+    /// [`SoftmaxSchedule::DEFAULT_LONG_THRESHOLD`] edges long.
+    ///
+    /// Errors: [`Error::InvalidArgument`] where the lengths do not fit together.
+    pub(crate) fn from_parts(
+        [unit_rows, unit_starts, unit_slots, unit_parts, split_rows, part_first, long_rows]: [DeviceVec<u32>;
+            7],
+        n_parts: usize,
+        softmax_group: u32,
+    ) -> Result<Self> {
+        let units = unit_rows.len();
+        if unit_starts.len() != units + 1
+            || unit_slots.len() != units
+            || unit_parts.len() != units
+            || part_first.len() != split_rows.len() + 1
+        {
+            return Err(Error::InvalidArgument {
+                what: "CSR schedule",
+                why: format!(
+                    "{units} units with {} starts, {} slots, {} partials; {} split rows with {} \
+                     first partials",
+                    unit_starts.len(),
+                    unit_slots.len(),
+                    unit_parts.len(),
+                    split_rows.len(),
+                    part_first.len()
+                ),
+            });
+        }
+        Ok(Self {
+            unit_rows,
+            unit_starts,
+            unit_slots,
+            unit_parts,
+            split_rows,
+            part_first,
+            long_rows,
+            long_threshold: SoftmaxSchedule::DEFAULT_LONG_THRESHOLD,
+            softmax_group,
+            n_parts,
+            scratch: Scratch::default(),
+        })
+    }
+
+    /// Every array downloaded, with the host fields, for comparing two schedules in tests:
+    /// unit rows, starts, slots, partials, split rows, their first partials, long rows; then
+    /// `[long_threshold, softmax_group, n_parts]`.
+    #[cfg(test)]
+    pub(crate) fn to_host(&self) -> Result<Vec<Vec<u32>>> {
+        let mut all = Vec::new();
+        for v in [
+            &self.unit_rows,
+            &self.unit_starts,
+            &self.unit_slots,
+            &self.unit_parts,
+            &self.split_rows,
+            &self.part_first,
+            &self.long_rows,
+        ] {
+            all.push(v.to_host()?);
+        }
+        all.push(vec![
+            self.long_threshold,
+            self.softmax_group,
+            self.n_parts as u32,
+        ]);
+        Ok(all)
+    }
+
+    /// The SpMM units (rows, starts, partials), the split rows and their first partials, and
+    /// the number of partials: the fused CSR kernel's work units in the graph's row order.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn units(&self) -> ([&DeviceVec<u32>; 5], usize) {
+        (
+            [
+                &self.unit_rows,
+                &self.unit_starts,
+                &self.unit_parts,
+                &self.split_rows,
+                &self.part_first,
+            ],
+            self.n_parts,
+        )
     }
 
     /// Bytes of device memory the schedules hold.

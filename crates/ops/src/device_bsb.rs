@@ -1,5 +1,7 @@
 //! [`DeviceBsb`]: a [`Bsb`] attention mask uploaded once, for the fused tensor-core kernels.
 
+use std::sync::OnceLock;
+
 use spattn_formats::{Bsb, Csr, FillStats, Reorder, RowOrder};
 
 use cudarc::driver::LaunchArgs;
@@ -55,22 +57,90 @@ pub(crate) const fn bsb_pipe_x_bytes(bias: bool, dropout: bool) -> usize {
 /// Rows per BSB window.
 pub(crate) const BSB_WINDOW_ROWS: usize = 16;
 
+/// What the host keeps of a BSB to schedule the kernels that read it: its sizes, window offsets
+/// and window order. Made from a host [`Bsb`], or from the window offsets read back from a BSB
+/// built on the device (`crate::device_plan`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct BsbLayout {
+    n_rows: usize,
+    nnz: usize,
+    window_offsets: Vec<u32>,
+    window_order: Vec<u32>,
+    max_blocks_per_window: usize,
+}
+
+impl BsbLayout {
+    /// The layout of a BSB of `n_rows` rows and `nnz` edges with these window offsets.
+    pub(crate) fn new(n_rows: usize, nnz: usize, window_offsets: Vec<u32>) -> Self {
+        let (window_order, max_blocks_per_window) =
+            spattn_formats::bsb::order_windows(&window_offsets);
+        Self {
+            n_rows,
+            nnz,
+            window_offsets,
+            window_order,
+            max_blocks_per_window,
+        }
+    }
+
+    /// The layout of a host BSB.
+    pub(crate) fn of(bsb: &Bsb) -> Self {
+        Self {
+            n_rows: bsb.n_rows(),
+            nnz: bsb.nnz(),
+            window_offsets: bsb.window_offsets().to_vec(),
+            window_order: bsb.window_order().to_vec(),
+            max_blocks_per_window: bsb.fill_stats().max_blocks_per_window,
+        }
+    }
+
+    pub(crate) fn n_rows(&self) -> usize {
+        self.n_rows
+    }
+    pub(crate) fn nnz(&self) -> usize {
+        self.nnz
+    }
+    pub(crate) fn n_windows(&self) -> usize {
+        self.window_offsets.len().saturating_sub(1)
+    }
+    pub(crate) fn n_blocks(&self) -> usize {
+        self.window_offsets.last().map_or(0, |&b| b as usize)
+    }
+    /// Blocks of window `w` (`w < n_windows`).
+    pub(crate) fn window_blocks(&self, w: usize) -> std::ops::Range<usize> {
+        self.window_offsets[w] as usize..self.window_offsets[w + 1] as usize
+    }
+    /// Window ids by block count, largest first, ties by id.
+    pub(crate) fn window_order(&self) -> &[u32] {
+        &self.window_order
+    }
+    pub(crate) fn max_blocks_per_window(&self) -> usize {
+        self.max_blocks_per_window
+    }
+}
+
 /// A BSB of a graph with its rows renumbered in a chosen order (K/V gathered by the original
 /// column ids, Q and the output through the caller row of each window row), as the fused
-/// tensor-core plans read it: the host copy their schedules are built from, the upload, and
-/// the order. Made once per graph and order by [`crate::DeviceGraph::bsb_in`].
+/// tensor-core plans read it: what the host keeps to schedule it, the upload, and the order.
+/// Made once per graph and order by [`crate::DeviceGraph::bsb_in`]: on the host (a host copy
+/// kept), or on the device for a graph built there (a host copy downloaded only by the paths
+/// that need one: the extras' edge map, a phased schedule).
 #[derive(Debug)]
 pub struct OrderedBsb {
-    /// The BSB of the row-renumbered graph.
-    pub(crate) host: Bsb,
+    /// Sizes, window offsets and order.
+    pub(crate) layout: BsbLayout,
+    /// The BSB of the row-renumbered graph on the host: built there, or downloaded on first
+    /// use.
+    host: OnceLock<Bsb>,
     /// Its upload.
     pub(crate) device: DeviceBsb,
     /// The row order it was built in.
     pub(crate) order: RowOrder,
     /// Per window row, the caller's row, when the rows were renumbered.
     pub(crate) row_ids: Option<DeviceVec<u32>>,
-    /// Wall time of the BSB's build and of its upload, ms (the order's is in `order`).
-    build_ms: (f64, f64),
+    /// Wall time of the BSB's build and of its upload, ms (the order's is in `order`); `None`
+    /// for one built on the device (its time is the first).
+    build_ms: (f64, Option<f64>),
 }
 
 impl OrderedBsb {
@@ -92,11 +162,49 @@ impl OrderedBsb {
         let device = DeviceBsb::upload(gpu, &host)?;
         let uploaded = t.elapsed().as_secs_f64() * 1e3;
         Ok(Self {
+            layout: BsbLayout::of(&host),
             device,
-            host,
+            host: OnceLock::from(host),
             order,
             row_ids,
-            build_ms: (built, uploaded),
+            build_ms: (built, Some(uploaded)),
+        })
+    }
+
+    /// A BSB built on the device in the graph's row order (`crate::device_plan`), which took
+    /// `ms` of wall time.
+    pub(crate) fn built_on_device(device: DeviceBsb, layout: BsbLayout, ms: f64) -> Self {
+        Self {
+            // The graph's own order; its gathers are not counted (the report says so).
+            order: RowOrder {
+                permutation: None,
+                used: Reorder::None,
+                window_rows: BSB_WINDOW_ROWS,
+                gathers_natural: 0,
+                gathers: 0,
+                skipped: None,
+                choose_ms: 0.0,
+            },
+            layout,
+            host: OnceLock::new(),
+            device,
+            row_ids: None,
+            build_ms: (ms, None),
+        }
+    }
+
+    /// The BSB on the host: the one it was built from, or downloaded once (a BSB built on the
+    /// device).
+    pub(crate) fn host(&self) -> Result<&Bsb> {
+        if let Some(b) = self.host.get() {
+            return Ok(b);
+        }
+        let b = self.device.to_host()?;
+        // Another thread may have set it meanwhile: both downloads are the same BSB.
+        let _ = self.host.set(b);
+        self.host.get().ok_or_else(|| Error::InvalidArgument {
+            what: "BSB",
+            why: "the downloaded copy was not kept".into(),
         })
     }
 
@@ -108,18 +216,22 @@ impl OrderedBsb {
     ///
     /// Errors: [`crate::Error::InvalidArgument`] where `a` is not the graph of this BSB.
     pub(crate) fn edge_map(&self, a: &Csr) -> Result<(Vec<u32>, Vec<u32>)> {
-        bsb_edge_map(a, &self.host, self.order.row_ids())
+        bsb_edge_map(a, self.host()?, self.order.row_ids())
     }
 
     /// The row order and its K/V gathers, and how long the order, the BSB's build and its
     /// upload took, for a plan's report.
     pub fn info(&self) -> String {
-        format!(
-            "{}; BSB built in {:.0} ms, uploaded in {:.0} ms",
-            self.order.info(),
-            self.build_ms.0,
-            self.build_ms.1
-        )
+        match self.build_ms {
+            (built, Some(uploaded)) => format!(
+                "{}; BSB built in {built:.0} ms, uploaded in {uploaded:.0} ms",
+                self.order.info(),
+            ),
+            (built, None) => format!(
+                "rows in the graph's order (a graph built on the GPU is not reordered); BSB \
+                 built on the GPU in {built:.2} ms"
+            ),
+        }
     }
 
     /// Bytes of device memory it holds.
@@ -482,6 +594,35 @@ impl DeviceBsb {
                 .map(|v| DeviceVec::from_host_named(gpu, "BSB values", v))
                 .transpose()?,
         })
+    }
+
+    /// A BSB built on the device (`crate::device_plan`): `(n_rows, n_cols, nnz)`, its fill,
+    /// window offsets, block columns, bitmaps (2 u64 a block) and window order.
+    pub(crate) fn from_parts(
+        (n_rows, n_cols, nnz): (usize, usize, usize),
+        fill: FillStats,
+        window_offsets: DeviceVec<u32>,
+        block_columns: DeviceVec<u32>,
+        bitmap_words: DeviceVec<u64>,
+        window_order: DeviceVec<u32>,
+    ) -> Self {
+        DeviceBsb {
+            n_rows,
+            n_cols,
+            nnz,
+            fill,
+            window_offsets,
+            block_columns,
+            bitmap_words,
+            window_order,
+            values: None,
+        }
+    }
+
+    /// The window order, downloaded (tests compare it with the host's).
+    #[cfg(test)]
+    pub(crate) fn window_order_host(&self) -> Result<Vec<u32>> {
+        self.window_order.to_host()
     }
 
     /// Downloads the matrix back into a [`Bsb`] (checked by [`Bsb::try_new`]).

@@ -59,6 +59,32 @@ impl DeviceCsr {
         })
     }
 
+    /// A CSR built on the device (`crate::device_plan`): `(n_rows, n_cols, nnz)`, row offsets
+    /// (`n_rows + 1`), column and row indices (`nnz` each), its degree statistics and
+    /// schedules, all computed there.
+    pub(crate) fn from_parts(
+        (n_rows, n_cols, nnz): (usize, usize, usize),
+        row_offsets: DeviceVec<u32>,
+        col_indices: DeviceVec<u32>,
+        row_indices: DeviceVec<u32>,
+        degree_stats: DegreeStats,
+        schedule: CsrSchedule,
+    ) -> Self {
+        debug_assert_eq!(row_offsets.len(), n_rows + 1);
+        debug_assert_eq!((col_indices.len(), row_indices.len()), (nnz, nnz));
+        DeviceCsr {
+            n_rows,
+            n_cols,
+            nnz,
+            row_offsets,
+            col_indices,
+            row_indices,
+            values: None,
+            degree_stats,
+            schedule,
+        }
+    }
+
     /// The CUDA-core kernels' load-balancing schedules (built at upload).
     pub(crate) fn schedule(&self) -> &CsrSchedule {
         &self.schedule
@@ -112,7 +138,8 @@ impl DeviceCsr {
         self.values.as_ref()
     }
 
-    /// Degree statistics of the rows, computed on the host at upload.
+    /// Degree statistics of the rows, computed at upload (on the device for a CSR built
+    /// there).
     pub fn degree_stats(&self) -> &DegreeStats {
         &self.degree_stats
     }

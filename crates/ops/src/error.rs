@@ -160,6 +160,24 @@ pub enum Error {
         #[source]
         source: cudarc::cublas::result::CublasError,
     },
+    /// An edge of a device edge list names a node outside the graph (checked on the device
+    /// while the graph is built there; the first such edge is reported).
+    #[error(
+        "edge {edge} ({source_id} -> {target_id}) is out of range: sources must lie in [0, {n_cols}) \
+         and targets in [0, {n_rows})"
+    )]
+    EdgeOutOfRange {
+        /// The edge's index in the list.
+        edge: usize,
+        /// Its source id, as given.
+        source_id: String,
+        /// Its target id, as given.
+        target_id: String,
+        /// Rows (targets) of the graph.
+        n_rows: usize,
+        /// Columns (sources) of the graph.
+        n_cols: usize,
+    },
     /// An error from the sparse formats.
     #[error(transparent)]
     Format(#[from] spattn_formats::Error),

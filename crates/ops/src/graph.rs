@@ -35,13 +35,14 @@
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use spattn_formats::{Csr, Reorder};
+use spattn_formats::{Csr, DegreeStats, Reorder};
 
 use crate::backward::DeviceTranspose;
 use crate::buffer::{DeviceMatrix, DeviceVec};
 use crate::device_bsb::OrderedBsb;
 use crate::device_csr::DeviceCsr;
 use crate::device_mebcrs::DeviceMeBcrs;
+use crate::device_plan::{self, BuildReport, DeviceEdges, DeviceIndex, GraphSpec};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
@@ -99,11 +100,24 @@ pub enum EdgeLayout {
 /// by the first call that needs it and then kept. Share it with `Arc` between the plans, their
 /// backward and the layers built over one graph, so that nothing is uploaded twice.
 ///
+/// A graph may also be built on the GPU from an edge list already there
+/// ([`from_device_edges`](Self::from_device_edges)): its CSR, transpose and BSB are then made
+/// by kernels (`crate::device_plan`), never copied from or to the host, and
+/// [`Reorder::Auto`] keeps its rows in their order (a graph seen once does not repay a row
+/// order); the host CSR is downloaded only by a path that needs it (a named row order, the
+/// ME-BCRS and hybrid formats, [`host`](Self::host)).
+///
 /// The uploads are guarded for concurrent first use; every accessor returns the same upload
 /// afterwards. [`device_bytes`](Self::device_bytes) says what is held.
 pub struct DeviceGraph {
     gpu: Gpu,
-    host: Arc<Csr>,
+    n_rows: usize,
+    n_cols: usize,
+    nnz: usize,
+    /// The host CSR: given, or downloaded on first need for a graph built on the device.
+    host: OnceLock<Arc<Csr>>,
+    /// Whether the graph was built on the device (see the type's documentation).
+    built_on_device: bool,
     /// The row order of the ME-BCRS the per-call tensor-core ops read.
     op_reorder: Reorder,
     csr: OnceLock<DeviceCsr>,
@@ -121,9 +135,10 @@ impl fmt::Debug for DeviceGraph {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeviceGraph")
             .field("gpu", &self.gpu.name())
-            .field("n_rows", &self.host.n_rows())
-            .field("n_cols", &self.host.n_cols())
-            .field("nnz", &self.host.nnz())
+            .field("n_rows", &self.n_rows)
+            .field("n_cols", &self.n_cols)
+            .field("nnz", &self.nnz)
+            .field("built_on_device", &self.built_on_device)
             .field("device_bytes", &self.device_bytes())
             .finish()
     }
@@ -138,9 +153,14 @@ impl DeviceGraph {
     /// A graph on `gpu`; nothing is uploaded until an op, plan or layer needs it. Takes the
     /// host CSR by value (or an `Arc` of it): no copy.
     pub fn new(gpu: &Gpu, csr: impl Into<Arc<Csr>>) -> Self {
+        let host: Arc<Csr> = csr.into();
         Self {
             gpu: gpu.clone(),
-            host: csr.into(),
+            n_rows: host.n_rows(),
+            n_cols: host.n_cols(),
+            nnz: host.nnz(),
+            host: OnceLock::from(host),
+            built_on_device: false,
             op_reorder: Reorder::None,
             csr: OnceLock::new(),
             edge_csr: OnceLock::new(),
@@ -149,6 +169,65 @@ impl DeviceGraph {
             bsb: Mutex::new(Vec::new()),
             building: Mutex::new(()),
         }
+    }
+
+    /// A graph built on `gpu` from an edge list in its memory, as `spec` says: edge `i` from
+    /// source `edges.sources[i]` (a column: the K/V side) to target `edges.targets[i]` (a row:
+    /// the Q side); repeated edges merged; the reverse edges and missing self loops added where
+    /// asked; its CSR with the CUDA-core schedules, and its transpose with `spec.transpose`,
+    /// made by kernels with one read back at the end (`crate::device_plan`). `positions`,
+    /// where given (`edges.len` elements), receives each input edge's entry in the CSR (its
+    /// place in [`EdgeLayout::Csr`] order; a repeated edge its one entry), so per-edge data in
+    /// the input's order can be moved to the graph's.
+    ///
+    /// ```no_run
+    /// use spattn_ops::device_plan::{DeviceEdges, DeviceIds, GraphSpec};
+    /// use spattn_ops::{DeviceGraph, DeviceVec, Gpu};
+    /// let gpu = Gpu::new(0)?;
+    /// // PyG's edge_index of 0 -> 1, 2 -> 1, 1 -> 0: its sources and its targets, on the device.
+    /// let src = DeviceVec::from_host(&gpu, &[0i64, 2, 1])?;
+    /// let dst = DeviceVec::from_host(&gpu, &[1i64, 1, 0])?;
+    /// let edges = DeviceEdges {
+    ///     sources: DeviceIds::contiguous(&src),
+    ///     targets: DeviceIds::contiguous(&dst),
+    ///     len: 3,
+    /// };
+    /// let spec = GraphSpec { self_loops: true, transpose: true, ..GraphSpec::square(3) };
+    /// let (graph, report) = DeviceGraph::from_device_edges(&gpu, &edges, &spec, None)?;
+    /// assert_eq!((graph.nnz(), report.duplicates), (6, 0));
+    /// // Row 0: {0, 1}; row 1: {0, 1, 2}; row 2: {2}.
+    /// assert_eq!(graph.csr()?.row_offsets().to_host()?, vec![0, 2, 5, 6]);
+    /// # Ok::<(), spattn_ops::Error>(())
+    /// ```
+    ///
+    /// Errors: [`Error::EdgeOutOfRange`] naming the first edge whose ids fall outside the
+    /// graph (negative ones included); [`Error::InvalidArgument`] for id buffers shorter than
+    /// `len` at their stride, a `positions` of another length, symmetrizing a rectangular
+    /// graph; [`Error::ForeignGpu`]; [`Error::TooLarge`] past the 32-bit formats; the driver's.
+    pub fn from_device_edges<I: DeviceIndex>(
+        gpu: &Gpu,
+        edges: &DeviceEdges<'_, I>,
+        spec: &GraphSpec,
+        positions: Option<&mut DeviceVec<i64>>,
+    ) -> Result<(Self, BuildReport)> {
+        let built = device_plan::build_from_edges(gpu, edges, spec, positions)?;
+        let csr = built.csr;
+        let graph = Self {
+            gpu: gpu.clone(),
+            n_rows: csr.n_rows(),
+            n_cols: csr.n_cols(),
+            nnz: csr.nnz(),
+            host: OnceLock::new(),
+            built_on_device: true,
+            op_reorder: Reorder::None,
+            csr: OnceLock::from(csr),
+            edge_csr: OnceLock::new(),
+            transpose: built.transpose.map_or_else(OnceLock::new, OnceLock::from),
+            mebcrs: Mutex::new(Vec::new()),
+            bsb: Mutex::new(Vec::new()),
+            building: Mutex::new(()),
+        };
+        Ok((graph, built.report))
     }
 
     /// Sets the row order of the ME-BCRS that the per-call tensor-core ops ([`sddmm`],
@@ -163,25 +242,64 @@ impl DeviceGraph {
     pub fn gpu(&self) -> &Gpu {
         &self.gpu
     }
-    /// The host CSR.
-    pub fn host(&self) -> &Csr {
-        &self.host
+
+    /// The host CSR: the one the graph was made from, or, for a graph built on the device,
+    /// downloaded at the first call (and kept).
+    ///
+    /// Errors: the download's (driver) for a graph built on the device.
+    pub fn host(&self) -> Result<&Csr> {
+        Ok(self.host_shared()?)
     }
-    /// The host CSR, shared.
-    pub fn host_shared(&self) -> &Arc<Csr> {
-        &self.host
+
+    /// The host CSR, shared ([`host`](Self::host)).
+    pub fn host_shared(&self) -> Result<&Arc<Csr>> {
+        if let Some(h) = self.host.get() {
+            return Ok(h);
+        }
+        let csr = Arc::new(self.csr()?.to_host()?);
+        // Another thread may have set it meanwhile: both downloads are the same CSR.
+        let _ = self.host.set(csr);
+        self.host.get().ok_or_else(|| Error::InvalidArgument {
+            what: "graph",
+            why: "the downloaded CSR was not kept".into(),
+        })
     }
+
+    /// Whether the graph was built on the device ([`from_device_edges`](Self::from_device_edges)).
+    pub fn built_on_device(&self) -> bool {
+        self.built_on_device
+    }
+
+    /// The row order a plan asking for `reorder` gets on this graph: [`Reorder::Auto`] keeps a
+    /// graph built on the device in its order (a graph seen once does not repay an order,
+    /// and choosing one needs the graph on the host); every other request is kept.
+    pub fn effective_reorder(&self, reorder: Reorder) -> Reorder {
+        if self.built_on_device && reorder == Reorder::Auto {
+            Reorder::None
+        } else {
+            reorder
+        }
+    }
+
+    /// Degree statistics of the rows: the host CSR's, or those computed on the device.
+    pub fn degree_stats(&self) -> Result<DegreeStats> {
+        match self.host.get() {
+            Some(h) => Ok(h.degree_stats()),
+            None => Ok(self.csr()?.degree_stats().clone()),
+        }
+    }
+
     /// Number of rows (query nodes).
     pub fn n_rows(&self) -> usize {
-        self.host.n_rows()
+        self.n_rows
     }
     /// Number of columns (key nodes).
     pub fn n_cols(&self) -> usize {
-        self.host.n_cols()
+        self.n_cols
     }
     /// Number of edges.
     pub fn nnz(&self) -> usize {
-        self.host.nnz()
+        self.nnz
     }
 
     /// `cell`'s value, made by `make` on first use.
@@ -232,14 +350,21 @@ impl DeviceGraph {
     /// The CSR upload with its schedules (CUDA-core ops, the fused CSR kernel's K/V side, the
     /// backward).
     pub fn csr(&self) -> Result<&DeviceCsr> {
-        self.once(&self.csr, || DeviceCsr::upload(&self.gpu, &self.host))
+        if let Some(c) = self.csr.get() {
+            return Ok(c);
+        }
+        let host = self.host_shared()?.clone();
+        self.once(&self.csr, || DeviceCsr::upload(&self.gpu, &host))
     }
 
     /// The edge CSR: A's rows, edge `e` at column `e` (`n_rows × nnz`), so that an `nnz`-row
     /// operand indexed by edge (edge features) is an SDDMM or SpMM operand of the CSR ops.
     pub fn edge_csr(&self) -> Result<&DeviceCsr> {
+        if let Some(c) = self.edge_csr.get() {
+            return Ok(c);
+        }
+        let host = self.host_shared()?.clone();
         self.once(&self.edge_csr, || {
-            let host = &self.host;
             let nnz = host.nnz();
             // Edge ids fit u32: Csr's entries are counted in u32.
             let cols: Vec<u32> = (0..nnz as u32).collect();
@@ -248,10 +373,21 @@ impl DeviceGraph {
         })
     }
 
-    /// Aᵀ with its schedules and the map of edges between A and Aᵀ (the backward's dK, dV).
+    /// Aᵀ with its schedules and the map of edges between A and Aᵀ (the backward's dK, dV):
+    /// transposed on the host, or on the device for a graph built there.
     pub fn transpose(&self) -> Result<&DeviceTranspose> {
+        if let Some(t) = self.transpose.get() {
+            return Ok(t);
+        }
+        if self.built_on_device {
+            let a = self.csr()?;
+            return self.once(&self.transpose, || {
+                device_plan::build_transpose(&self.gpu, a)
+            });
+        }
+        let host = self.host_shared()?.clone();
         self.once(&self.transpose, || {
-            DeviceTranspose::upload(&self.gpu, &self.host)
+            DeviceTranspose::upload(&self.gpu, &host)
         })
     }
 
@@ -260,8 +396,9 @@ impl DeviceGraph {
     pub fn mebcrs_in(&self, reorder: Reorder) -> Result<Arc<DeviceMeBcrs>> {
         self.gpu
             .require_compute_capability("tensor-core ops (mma.sync)", 8, 0)?;
+        let reorder = self.effective_reorder(reorder);
         self.cached(&self.mebcrs, reorder, || {
-            DeviceMeBcrs::from_csr_reordered(&self.gpu, &self.host, reorder)
+            DeviceMeBcrs::from_csr_reordered(&self.gpu, self.host()?, reorder)
         })
     }
 
@@ -271,10 +408,19 @@ impl DeviceGraph {
     }
 
     /// The BSB (16-row windows of 16×8 bitmap blocks) with its rows renumbered as `reorder`
-    /// says, the host copy its schedules are built from, and the caller row of each window row.
+    /// says ([`effective_reorder`](Self::effective_reorder)), what the host keeps to schedule
+    /// it, and the caller row of each window row. A graph built on the device gets its BSB in
+    /// its own order from the device too.
     pub fn bsb_in(&self, reorder: Reorder) -> Result<Arc<OrderedBsb>> {
+        let reorder = self.effective_reorder(reorder);
+        if self.built_on_device && reorder == Reorder::None {
+            let a = self.csr()?;
+            return self.cached(&self.bsb, reorder, || {
+                device_plan::ordered_bsb(&self.gpu, a)
+            });
+        }
         self.cached(&self.bsb, reorder, || {
-            OrderedBsb::upload(&self.gpu, &self.host, reorder)
+            OrderedBsb::upload(&self.gpu, self.host()?, reorder)
         })
     }
 

@@ -55,6 +55,7 @@ pub mod dense;
 pub mod device_bsb;
 pub mod device_csr;
 pub mod device_mebcrs;
+pub mod device_plan;
 pub mod dropout;
 pub mod dtype;
 pub mod edge_extras;

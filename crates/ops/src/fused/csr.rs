@@ -22,9 +22,10 @@ use crate::launch::{
     blocks_for, kernel_named, launch, to_u32, LaunchConfig, PushKernelArg, PushOptionalArg,
 };
 use crate::schedule::{group_for, vector_width, RowUnits};
-use crate::{DType, DeviceMatrix, DeviceVec, Gpu};
+use crate::{DType, DeviceGraph, DeviceMatrix, DeviceVec, Gpu};
 use spattn_formats::{Csr, Reorder, RowOrder};
 use spattn_kernels_sys::FUSED_CSR;
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
 
@@ -321,12 +322,61 @@ impl Units {
     }
 }
 
+/// Where a plan's work units live: its own upload (a row order of its own), or the graph's
+/// CSR schedule (the graph's row order, a graph built on the device: the SpMM's units are the
+/// same units).
+#[derive(Debug)]
+enum UnitSource {
+    Own(Box<Units>),
+    Graph(Arc<DeviceGraph>),
+}
+
+/// The unit arrays one launch reads.
+struct UnitView<'a> {
+    col_indices: &'a DeviceVec<u32>,
+    rows: &'a DeviceVec<u32>,
+    starts: &'a DeviceVec<u32>,
+    parts: &'a DeviceVec<u32>,
+    split_rows: &'a DeviceVec<u32>,
+    part_first: &'a DeviceVec<u32>,
+    shift: Option<&'a DeviceVec<u32>>,
+}
+
+impl UnitSource {
+    fn view(&self) -> Result<UnitView<'_>> {
+        Ok(match self {
+            UnitSource::Own(u) => UnitView {
+                col_indices: &u.col_indices,
+                rows: &u.rows,
+                starts: &u.starts,
+                parts: &u.parts,
+                split_rows: &u.split_rows,
+                part_first: &u.part_first,
+                shift: u.shift.as_ref(),
+            },
+            UnitSource::Graph(g) => {
+                let csr = g.csr()?;
+                let ([rows, starts, parts, split_rows, part_first], _) = csr.schedule().units();
+                UnitView {
+                    col_indices: csr.col_indices(),
+                    rows,
+                    starts,
+                    parts,
+                    split_rows,
+                    part_first,
+                    shift: None,
+                }
+            }
+        })
+    }
+}
+
 /// The fused kernel's state for one plan: its work units (in the plan's row order) and the
 /// workspace for the partials of split rows.
 #[derive(Debug)]
 pub struct FusedCsr {
     layout: Layout,
-    units: Units,
+    units: UnitSource,
     /// The report line: the row order the units run in and the lane layout.
     order_info: String,
     /// (max, sum) per partial and head.
@@ -355,8 +405,43 @@ impl FusedCsr {
         let layout = choose_layout(plain, head_dim, bytes, groups, gpu.sm_count());
         Ok(Self {
             layout,
-            units,
+            units: UnitSource::Own(Box::new(units)),
             order_info: format!("{}; {}", order_info(&order), layout_info(&layout)),
+            part_ml: DeviceVec::zeros(gpu, parts * 2)?,
+            part_acc: DeviceVec::zeros(gpu, parts * head_dim)?,
+        })
+    }
+
+    /// Plans over a shared graph: in the row order `reorder` asks for
+    /// ([`DeviceGraph::effective_reorder`]). A graph built on the device kept in its order
+    /// runs the units of its CSR schedule (no upload, no host work); any other plan is
+    /// [`new`](Self::new)'s over the graph's host CSR.
+    pub fn on_graph<T: DType>(
+        graph: &Arc<DeviceGraph>,
+        heads: usize,
+        head_dim: usize,
+        reorder: Reorder,
+    ) -> Result<Self> {
+        let reorder = graph.effective_reorder(reorder);
+        if !(graph.built_on_device() && reorder == Reorder::None) {
+            return Self::new::<T>(graph.gpu(), graph.host()?, heads, head_dim, reorder);
+        }
+        let bytes = std::mem::size_of::<T>();
+        let plain = layout(head_dim, bytes)?;
+        let gpu = graph.gpu();
+        let (n_units, n_parts) = {
+            let (units, n_parts) = graph.csr()?.schedule().units();
+            (units[0].len(), n_parts)
+        };
+        let layout = choose_layout(plain, head_dim, bytes, n_units * heads, gpu.sm_count());
+        let parts = n_parts * heads;
+        Ok(Self {
+            layout,
+            units: UnitSource::Graph(graph.clone()),
+            order_info: format!(
+                "units in the graph's row order (a graph built on the GPU is not reordered); {}",
+                layout_info(&layout)
+            ),
             part_ml: DeviceVec::zeros(gpu, parts * 2)?,
             part_acc: DeviceVec::zeros(gpu, parts * head_dim)?,
         })
@@ -397,7 +482,13 @@ impl FusedCsr {
         extras: &CsrExtras<'_, T>,
         out: &mut DeviceMatrix<T>,
     ) -> Result<()> {
-        extras.check(gpu, KERNEL, self.units.col_indices.len(), q.shape(), true)?;
+        extras.check(
+            gpu,
+            KERNEL,
+            self.units.view()?.col_indices.len(),
+            q.shape(),
+            true,
+        )?;
         self.run(gpu, q, k, v, scale, Some(extras), out)
     }
 
@@ -413,7 +504,7 @@ impl FusedCsr {
         out: &mut DeviceMatrix<T>,
     ) -> Result<()> {
         let shape = q.shape();
-        let u = &self.units;
+        let u = self.units.view()?;
         let Layout {
             vec,
             group,
@@ -465,7 +556,7 @@ impl FusedCsr {
             args.arg_or_null(e.bias.as_ref().map(DeviceBias::values))
                 .arg(&ex.bias_heads)
                 .arg_or_null(e.edge_features.map(DeviceMatrix::as_vec))
-                .arg_or_null(u.shift.as_ref());
+                .arg_or_null(u.shift);
             ex.push_dropout(&mut args);
         }
         // SAFETY: unit arrays hold n_units (+1) entries and their edge ranges lie in [0, nnz)

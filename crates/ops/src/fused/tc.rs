@@ -28,7 +28,7 @@ use crate::device_bsb::{
     bsb_pipe_supports, bsb_pipe_warp_bytes, bsb_pipe_x_bytes, BSB_MERGE_FLOATS,
 };
 use crate::device_bsb::{
-    check_structure_graph, BsbBlocks, BsbExtrasStage, GatheredBsbExtras, OrderedBsb,
+    check_structure_graph, BsbBlocks, BsbExtrasStage, BsbLayout, GatheredBsbExtras, OrderedBsb,
     BSB_WINDOW_ROWS,
 };
 use crate::launch::{
@@ -212,7 +212,7 @@ impl Schedule {
     /// Cuts every window of `bsb` into units of at most `chunk` blocks (an even number, at
     /// least [`MIN_CHUNK`], and at most [`MAX_PARTS`] units per window); windows without
     /// blocks get one unit (which writes zeros). Units are sorted by size, largest first.
-    pub(crate) fn new(bsb: &Bsb, chunk: usize) -> Result<Self> {
+    pub(crate) fn new(bsb: &BsbLayout, chunk: usize) -> Result<Self> {
         let chunk = chunk.max(MIN_CHUNK).next_multiple_of(2);
         // (blocks, window, first, end, split-or-NONE, part-or-NONE)
         let mut units: Vec<(usize, u32, u32, u32, u32, u32)> = Vec::with_capacity(bsb.n_windows());
@@ -363,11 +363,13 @@ impl Schedule {
     }
 
     /// The 128-feature pipelined kernel's prologue records, [`PRE_WORDS`] per unit, so that a
-    /// warp's first copies and Q loads wait for one load indexed by the unit alone: words
-    /// `16 s + l` hold
+    /// warp's first copies and Q loads wait for one load indexed by the unit alone (the host
+    /// reference of `plan_tc_prologue`, which builds them on the device: [`device_prologue`]):
+    /// words `16 s + l` hold
     /// slot `l` of step `s` < 2 (block `first + 2 s + l / 8`, column `l % 8`; [`NONE`] past the
     /// unit), words 32 + r the caller row of window row r (`row_ids[16 w + r]`, or the row
     /// itself without renumbering; [`NONE`] past the matrix).
+    #[cfg(test)]
     pub(crate) fn prologue(&self, bsb: &Bsb, row_ids: Option<&[u32]>) -> Vec<u32> {
         let columns = bsb.block_columns();
         let mut pre = Vec::with_capacity(self.n_units() * PRE_WORDS);
@@ -408,10 +410,10 @@ fn partition_index(mut lo: usize, mut hi: usize, pred: impl Fn(usize) -> bool) -
     lo
 }
 
-/// The chunk for `bsb` with `heads` heads on `sm_count` SMs: no unit holds more than about
-/// 1/(8 · SMs) of all the work, so the largest-first grid ends evenly.
-fn default_chunk(bsb: &Bsb, heads: usize, group: usize, sm_count: u32) -> usize {
-    let work = bsb.n_blocks() * heads * group;
+/// The chunk for a BSB of `n_blocks` blocks with `heads` heads on `sm_count` SMs: no unit holds
+/// more than about 1/(8 · SMs) of all the work, so the largest-first grid ends evenly.
+fn default_chunk(n_blocks: usize, heads: usize, group: usize, sm_count: u32) -> usize {
+    let work = n_blocks * heads * group;
     let lanes = (sm_count.max(1) as usize) * 8;
     work.div_ceil(lanes).max(DEFAULT_MIN_CHUNK)
 }
@@ -489,7 +491,7 @@ impl FusedTensorCore {
     ) -> Result<Self> {
         let layout = layout_with(head_dim, T::KIND, options.slice, options.pipelined)?;
         require_tensor_cores(gpu)?;
-        let bsb = &ordered.host;
+        let bsb = &ordered.layout;
         let order = &ordered.order;
         if heads == 0 {
             return Err(Error::InvalidArgument {
@@ -518,9 +520,9 @@ impl FusedTensorCore {
         }
         let chunk = options
             .chunk
-            .unwrap_or_else(|| default_chunk(bsb, heads, layout.group, gpu.sm_count()));
+            .unwrap_or_else(|| default_chunk(bsb.n_blocks(), heads, layout.group, gpu.sm_count()));
         let (schedule, phase0_units) = match options.own_columns {
-            Some((start, end)) => Schedule::phased(bsb, chunk, start..end)?,
+            Some((start, end)) => Schedule::phased(ordered.host()?, chunk, start..end)?,
             None => {
                 let s = Schedule::new(bsb, chunk)?;
                 let n = s.n_units();
@@ -543,9 +545,10 @@ impl FusedTensorCore {
                 ),
             });
         }
+        let units = DeviceVec::from_host(gpu, &schedule.units)?;
         // Only the 128-feature pipelined kernel reads them (fused_bsb.cu says why).
         let unit_pre = if layout.pipelined && layout.slice == 128 {
-            Some(DeviceVec::from_host(gpu, &schedule.prologue(bsb, row_ids))?)
+            Some(device_prologue(gpu, &units, &ordered)?)
         } else {
             None
         };
@@ -561,7 +564,7 @@ impl FusedTensorCore {
             cta_warps,
             n_units: schedule.n_units(),
             phase0_units,
-            units: DeviceVec::from_host(gpu, &schedule.units)?,
+            units,
             unit_split: DeviceVec::from_host(gpu, &schedule.unit_split)?,
             split_part_first: DeviceVec::from_host(gpu, &schedule.split_part_first)?,
             part_ml: DeviceVec::zeros(gpu, rows * 2)?,
@@ -641,7 +644,7 @@ impl FusedTensorCore {
     ) -> Result<()> {
         check_same_gpu(gpu, "BSB mask", &self.ordered.device)?;
         // The plan's graph: the cached map indexes the bias by its rows and edges.
-        let bsb = &self.ordered.host;
+        let bsb = &self.ordered.layout;
         check_structure_graph(
             ("graph of the BSB", "BSB"),
             (bsb.n_rows(), bsb.nnz()),
@@ -859,6 +862,43 @@ impl FusedTensorCore {
     }
 }
 
+/// The 128-feature pipelined kernel's prologue records of the `units` (4 words each) of a
+/// schedule over `ordered`, built on the device by `plan_tc_prologue` ([`PRE_WORDS`] a unit:
+/// [`Schedule::prologue`] says what they hold).
+fn device_prologue(
+    gpu: &Gpu,
+    units: &DeviceVec<u32>,
+    ordered: &OrderedBsb,
+) -> Result<DeviceVec<u32>> {
+    let n_units = units.len() / 4;
+    let len = n_units * PRE_WORDS;
+    let pre = DeviceVec::<u32>::alloc(gpu, "fused-tc unit records", len, false)?;
+    let bsb = &ordered.device;
+    check_same_gpu(gpu, "BSB mask", bsb)?;
+    if let Some(ids) = &ordered.row_ids {
+        check_same_gpu(gpu, "row ids", ids)?;
+    }
+    let (n_units32, n_rows) = (to_u32("units", n_units)?, to_u32("rows", bsb.n_rows())?);
+    let name = spattn_kernels_sys::PLAN_TC_PROLOGUE;
+    let f = gpu.load_function(
+        spattn_kernels_sys::PLAN.name,
+        spattn_kernels_sys::PLAN.ptx,
+        name,
+    )?;
+    let mut args = gpu.launch_builder(&f);
+    args.arg(units.slice())
+        .arg(&n_units32)
+        .arg(bsb.block_columns().slice())
+        .arg_or_null(ordered.row_ids.as_ref())
+        .arg(&n_rows)
+        .arg(pre.slice());
+    // SAFETY: thread i < n_units · 48 reads unit i / 48's 4 words (4 × n_units), block columns
+    // of blocks below the unit's end (≤ n_blocks: 8 per block), row_ids below n_rows (n_rows
+    // entries where given) and writes pre[i] (n_units · 48 allocated).
+    unsafe { launch(name, &mut args, crate::launch::stride_grid(len)?) }?;
+    Ok(pre)
+}
+
 /// [`Error::Unsupported`] on a device older than sm_80 (`mma.sync`).
 fn require_tensor_cores(gpu: &Gpu) -> Result<()> {
     gpu.require_compute_capability("fused-tc (mma.sync)", 8, 0)
@@ -978,7 +1018,7 @@ mod tests {
         let a = Csr::from_edges(40, 300, &edges).unwrap();
         let bsb = Bsb::from_csr(&a).unwrap();
         assert_eq!(bsb.window_blocks(0).len(), 38);
-        let s = Schedule::new(&bsb, 16).unwrap();
+        let s = Schedule::new(&BsbLayout::of(&bsb), 16).unwrap();
         // 38 blocks in units of 16: 3 parts; windows 1 and 2 whole.
         assert_eq!(s.n_units(), 5);
         assert_eq!(s.n_split(), 1);
@@ -1009,12 +1049,12 @@ mod tests {
         assert_eq!(parts.len(), 3);
         // A chunk of 2 blocks is raised to MIN_CHUNK; parts are capped at MAX_PARTS.
         assert_eq!(
-            Schedule::new(&bsb, 2).unwrap(),
-            Schedule::new(&bsb, MIN_CHUNK).unwrap()
+            Schedule::new(&BsbLayout::of(&bsb), 2).unwrap(),
+            Schedule::new(&BsbLayout::of(&bsb), MIN_CHUNK).unwrap()
         );
         let wide: Vec<(u32, u32)> = (0..20_000).map(|c| (0, c)).collect();
         let hub = Bsb::from_csr(&Csr::from_edges(1, 20_000, &wide).unwrap()).unwrap();
-        let s = Schedule::new(&hub, 16).unwrap();
+        let s = Schedule::new(&BsbLayout::of(&hub), 16).unwrap();
         assert!(s.n_parts() <= MAX_PARTS && s.n_parts() > 1);
     }
 
@@ -1098,7 +1138,7 @@ mod tests {
         edges.extend([(16, 5), (17, 6)]);
         let a = Csr::from_edges(18, 40, &edges).unwrap();
         let bsb = Bsb::from_csr(&a).unwrap();
-        let s = Schedule::new(&bsb, 16).unwrap();
+        let s = Schedule::new(&BsbLayout::of(&bsb), 16).unwrap();
         let ids: Vec<u32> = (0..18).rev().collect();
         for row_ids in [None, Some(&ids[..])] {
             let pre = s.prologue(&bsb, row_ids);

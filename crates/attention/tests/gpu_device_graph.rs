@@ -1,0 +1,189 @@
+//! GPU tests of plans over graphs built on the GPU (`DeviceGraph::from_device_edges`): every
+//! algorithm's forward equals the same plan's over the host-built graph in the same row order
+//! (bit for bit where both run one kernel over the same format), both match the f64 reference,
+//! and the backward (which reads the device-built transpose) matches it too.
+//!
+//! `#[ignore]`d where there is no NVIDIA GPU. Inputs are drawn fresh (seed printed; replay with
+//! SPATTN_SEED), outputs poisoned with NaN before each forward.
+
+use std::sync::Arc;
+
+use rand::seq::SliceRandom;
+use rand_pcg::Pcg64;
+use spattn::ops::device_plan::{DeviceEdges, DeviceIds, GraphSpec};
+use spattn::{Algorithm, AttentionConfig, AttentionPlan, DeviceGraph, Reorder};
+use spattn_formats::Csr;
+use spattn_ops::cpu::{
+    attention_backward_f64_from, attention_f64_from, rel_l2_error, AttentionInputs,
+};
+use spattn_ops::{bf16, f16, DType, DeviceMatrix, DeviceVec, Gpu, Shape};
+use spattn_test_support::*;
+
+const ALGORITHMS: [Algorithm; 6] = [
+    Algorithm::UnfusedCsr,
+    Algorithm::FusedCsr,
+    Algorithm::UnfusedTensorCore,
+    Algorithm::FusedTensorCore,
+    Algorithm::Hybrid,
+    Algorithm::Auto,
+];
+
+/// `a` rebuilt on the device from its edges, shuffled, as PyG's int64 `edge_index` rows.
+fn device_graph(gpu: &Gpu, rng: &mut Pcg64, a: &Csr) -> Arc<DeviceGraph> {
+    let mut e: Vec<(i64, i64)> = a
+        .row_indices()
+        .into_iter()
+        .zip(a.col_indices().iter().copied())
+        .map(|(r, c)| (i64::from(c), i64::from(r)))
+        .collect();
+    e.shuffle(rng);
+    // One buffer holding both rows, as a contiguous 2 x E tensor.
+    let flat: Vec<i64> = e.iter().map(|x| x.0).chain(e.iter().map(|x| x.1)).collect();
+    let d = DeviceVec::from_host(gpu, &flat).unwrap();
+    let ids = DeviceVec::from_host(gpu, &flat[e.len()..]).unwrap();
+    let edges = DeviceEdges {
+        sources: DeviceIds::contiguous(&d),
+        targets: DeviceIds::contiguous(&ids),
+        len: e.len(),
+    };
+    let spec = GraphSpec {
+        n_rows: a.n_rows(),
+        n_cols: a.n_cols(),
+        transpose: true,
+        ..GraphSpec::square(a.n_rows())
+    };
+    let (g, report) = DeviceGraph::from_device_edges(gpu, &edges, &spec, None).unwrap();
+    assert_eq!(report.duplicates, 0);
+    assert!(g.built_on_device());
+    Arc::new(g)
+}
+
+/// The tolerance of `T` on `alg` (f32 on tensor cores: tf32's).
+fn tol<T: DType>(alg: Algorithm) -> f64 {
+    match alg {
+        Algorithm::UnfusedTensorCore | Algorithm::FusedTensorCore | Algorithm::Hybrid => {
+            tol_tf32::<T>()
+        }
+        _ => tolerance::<T>(),
+    }
+}
+
+fn check<T: DType>(
+    gpu: &Gpu,
+    rng: &mut Pcg64,
+    a: &Csr,
+    dg: &Arc<DeviceGraph>,
+    heads: usize,
+    d: usize,
+) {
+    let sq = Shape::new(a.n_rows(), heads, d).unwrap();
+    let skv = Shape::new(a.n_cols(), heads, d).unwrap();
+    let q: Vec<T> = random_vec(rng, sq.len(), 1.0);
+    let k: Vec<T> = random_vec(rng, skv.len(), 1.0);
+    let v: Vec<T> = random_vec(rng, skv.len(), 1.0);
+    let d_out: Vec<T> = random_vec(rng, sq.len(), 1.0);
+    let (q64, k64, v64, o64) = (to_f64(&q), to_f64(&k), to_f64(&v), to_f64(&d_out));
+    let inputs = AttentionInputs::new(&q64, sq, &k64, skv, &v64, skv);
+    let scale = AttentionConfig::new(heads, d, T::KIND).scale();
+    let want = attention_backward_f64_from(a, &inputs, f64::from(scale), &o64).unwrap();
+    let want_out = attention_f64_from(a, &inputs, f64::from(scale)).unwrap();
+    let up = |s, x: &[T]| DeviceMatrix::from_host(gpu, s, x).unwrap();
+    let (dq_in, dk_in, dv_in, dout) = (up(sq, &q), up(skv, &k), up(skv, &v), up(sq, &d_out));
+    let host_graph = Arc::new(DeviceGraph::new(gpu, a.clone()));
+    for alg in ALGORITHMS {
+        let config = AttentionConfig::new(heads, d, T::KIND)
+            .with_algorithm(alg)
+            .with_reorder(Reorder::None);
+        if !AttentionPlan::supports(gpu, alg, &config) {
+            continue;
+        }
+        let what = format!(
+            "{alg} {} n={} nnz={} {heads}x{d}",
+            T::NAME,
+            a.n_rows(),
+            a.nnz()
+        );
+        let on_device = AttentionPlan::on_graph(dg, config.clone()).unwrap();
+        let on_host = AttentionPlan::on_graph(&host_graph, config).unwrap();
+        let mut outs = Vec::new();
+        for plan in [&on_device, &on_host] {
+            let mut out = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();
+            out.fill_nan().unwrap();
+            plan.forward(&dq_in, &dk_in, &dv_in, &mut out).unwrap();
+            outs.push(out.to_host().unwrap());
+        }
+        let err = rel_l2_error(&to_f64(&outs[0]), &want_out);
+        assert!(err <= tol::<T>(alg), "{what}: forward rel error {err:e}");
+        // One kernel over the same format, with no floating-point atomics (unfused-csr's SpMM
+        // sums split rows atomically).
+        let same_format = matches!(
+            on_device.algorithm(),
+            Algorithm::FusedCsr | Algorithm::FusedTensorCore
+        );
+        if same_format {
+            let differ = (0..outs[0].len())
+                .find(|&i| outs[0][i].to_f64().to_bits() != outs[1][i].to_f64().to_bits());
+            if let Some(i) = differ {
+                panic!(
+                    "{what}: device graph's output differs from the host graph's at {i}: {} vs \
+                     {} (ran {}: {})",
+                    outs[0][i].to_f64(),
+                    outs[1][i].to_f64(),
+                    on_device.algorithm(),
+                    on_device.choice()
+                );
+            }
+        }
+        let mut out = up(sq, &outs[0]);
+        on_device.forward(&dq_in, &dk_in, &dv_in, &mut out).unwrap();
+        let mut g = [
+            DeviceMatrix::<T>::zeros(gpu, sq).unwrap(),
+            DeviceMatrix::<T>::zeros(gpu, skv).unwrap(),
+            DeviceMatrix::<T>::zeros(gpu, skv).unwrap(),
+        ];
+        for m in &mut g {
+            m.fill_nan().unwrap();
+        }
+        let [dq, dk, dv] = &mut g;
+        on_device
+            .backward(&dq_in, &dk_in, &dv_in, &out, &dout, dq, dk, dv)
+            .unwrap();
+        for (m, w, name) in [
+            (&*dq, &want.dq, "dQ"),
+            (&*dk, &want.dk, "dK"),
+            (&*dv, &want.dv, "dV"),
+        ] {
+            let e = rel_l2_error(&to_f64(&m.to_host().unwrap()), w);
+            assert!(e <= tolerance::<T>(), "{what}: {name} rel error {e:e}");
+        }
+    }
+}
+
+fn check_all(gpu: &Gpu, rng: &mut Pcg64, a: &Csr, shapes: &[(usize, usize)]) {
+    let dg = device_graph(gpu, rng, a);
+    assert_eq!(dg.csr().unwrap().to_host().unwrap(), *a);
+    for &(heads, d) in shapes {
+        check::<f32>(gpu, rng, a, &dg, heads, d);
+        check::<f16>(gpu, rng, a, &dg, heads, d);
+        check::<bf16>(gpu, rng, a, &dg, heads, d);
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gpu_plans_on_device_built_graphs_match_the_host_built_ones() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("gpu_plans_on_device_built_graphs_match_the_host_built_ones");
+    let shapes = [(1, 64), (8, 64), (2, 128), (3, 24)];
+    let a = random_graph(&mut rng, 300, 6, 7);
+    check_all(&gpu, &mut rng, &a, &shapes);
+    for n in [1, 7, 17, 33] {
+        let a = random_graph(&mut rng, n, 3, 4);
+        check_all(&gpu, &mut rng, &a, &[(2, 64), (1, 3)]);
+    }
+    let a = hub_graph(&mut rng, 5000, 3);
+    check_all(&gpu, &mut rng, &a, &[(2, 64)]);
+    for name in test_graphs(&["cora", "pubmed"]) {
+        check_all(&gpu, &mut rng, &shared_graph(name), &[(8, 64), (1, 128)]);
+    }
+}

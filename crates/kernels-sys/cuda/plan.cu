@@ -1,0 +1,557 @@
+// Plans built on the GPU: a graph's CSR (with the CUDA-core kernels' schedules), its transpose
+// and edge map, and the BSB of fused-tc, from an edge list in device memory, by sort, scan and
+// scatter kernels with no copy of the graph to the host (docs/kernels/plan.md). The host reads
+// back one status block per build (sizes, statistics, the first bad edge).
+#include "common.cuh"
+
+#define PLAN_THREADS 256
+#define PLAN_ITEMS 8
+// Elements per tile of the scans and the radix sort: 256 threads x 8.
+#define PLAN_TILE (PLAN_THREADS * PLAN_ITEMS)
+#define PLAN_WARPS (PLAN_THREADS / 32)
+#define RADIX_BINS 256
+// csr_ops::UNIT_CHUNK and SoftmaxSchedule::DEFAULT_LONG_THRESHOLD (device_plan.rs checks both).
+#define PLAN_UNIT_CHUNK 64u
+#define PLAN_LONG_ROW 256u
+#define PLAN_BUCKETS 33
+
+// The status block's words (u64; zeroed by the host before a build). Mirrored by device_plan.rs.
+#define ST_BAD 0            // max over bad input edges e of (~0 - e); 0: none
+#define ST_UNSORTED 1       // non-zero: the keys are out of order (the sort runs)
+#define ST_DUPLICATES 2     // input edges repeating an earlier input edge
+#define ST_MIN_DEGREE_INV 3 // max over rows of (~0 - degree); 0: no rows
+#define ST_MAX_DEGREE 4
+#define ST_NNZ 5            // distinct edges (written by the CSR's last key)
+#define ST_HISTOGRAM 8      // PLAN_BUCKETS words: rows per degree bucket (0; 1; 2-3; 4-7; ...)
+#define ST_TOTALS 42        // 4 words: units, split rows, partials, long rows (the schedules')
+
+// ---- edge keys --------------------------------------------------------------------------------
+// Key of edge (row, col): row << col_bits | col (rows = targets, cols = sources). Keys 0..E are
+// the input edges, E..2E their reverses (symmetrize), then one self loop per node (self_loops);
+// vals[i] = i. An input edge with an id out of range is recorded in the status (the first one
+// wins) and keyed as (0, 0), so no later kernel indexes past the graph.
+template <class I>
+__device__ void edge_keys(const I* __restrict__ src, u64 src_stride, const I* __restrict__ dst,
+                          u64 dst_stride, u64 n_edges, u32 n_rows, u32 n_cols, u32 col_bits,
+                          u32 symmetrize, u32 n_loops, u64* __restrict__ keys,
+                          u32* __restrict__ vals, u64* status) {
+    const u64 listed = symmetrize ? 2 * n_edges : n_edges;
+    const u64 total = listed + n_loops;
+    SPATTN_GRID_STRIDE(i, total) {
+        u64 row = 0, col = 0;
+        if (i < listed) {
+            const u64 e = i < n_edges ? i : i - n_edges;
+            const long long s = (long long)src[e * src_stride];
+            const long long d = (long long)dst[e * dst_stride];
+            if (s >= 0 && d >= 0 && (unsigned long long)s < n_cols &&
+                (unsigned long long)d < n_rows) {
+                // Reverses exist only for square graphs: (s, d) is in range too.
+                row = i < n_edges ? (u64)d : (u64)s;
+                col = i < n_edges ? (u64)s : (u64)d;
+            } else if (i < n_edges) {
+                atomicMax(status + ST_BAD, ~0ull - e);
+            }
+        } else {
+            row = col = i - listed;
+        }
+        keys[i] = (row << col_bits) | col;
+        vals[i] = (u32)i;
+    }
+}
+
+#define PLAN_EDGE_KEYS(S, I)                                                                    \
+    extern "C" __global__ void plan_edge_keys_##S(                                              \
+        const I* src, u64 src_stride, const I* dst, u64 dst_stride, u64 n_edges, u32 n_rows,    \
+        u32 n_cols, u32 col_bits, u32 symmetrize, u32 n_loops, u64* keys, u32* vals,            \
+        u64* status) {                                                                          \
+        edge_keys<I>(src, src_stride, dst, dst_stride, n_edges, n_rows, n_cols, col_bits,       \
+                     symmetrize, n_loops, keys, vals, status);                                  \
+    }
+
+PLAN_EDGE_KEYS(i32, int)
+PLAN_EDGE_KEYS(i64, long long)
+PLAN_EDGE_KEYS(u32, unsigned int)
+
+// Keys of a transposed CSR: edge e of row r and column c becomes c << row_bits | r, value e.
+// The CSR is sorted by row, so a stable sort by the column bits alone sorts these. With `count`
+// (the entry count on the device, when the CSR's buffers are sized by a bound), entries past it
+// get the largest key: they sort after every real one.
+extern "C" __global__ void plan_transpose_keys(const u32* __restrict__ row_indices,
+                                               const u32* __restrict__ col_indices, u64 n,
+                                               const u64* count, u32 row_bits,
+                                               u64* __restrict__ keys, u32* __restrict__ vals) {
+    const u64 real = count != nullptr ? min(*count, n) : n;
+    SPATTN_GRID_STRIDE(e, n) {
+        keys[e] = e < real ? ((u64)col_indices[e] << row_bits) | row_indices[e] : ~0ull;
+        vals[e] = (u32)e;
+    }
+}
+
+// Flags the status when a key is smaller than the one before it: the sort runs only then.
+extern "C" __global__ void plan_check_sorted(const u64* __restrict__ keys, u64 n, u64* status) {
+    SPATTN_GRID_STRIDE(i, n) {
+        if (i > 0 && keys[i] < keys[i - 1]) atomicOr(status + ST_UNSORTED, 1ull);
+    }
+}
+
+// ---- scans ------------------------------------------------------------------------------------
+// Exclusive prefix sums over u32 or uint4 (four independent sums), in tiles of PLAN_TILE: one
+// launch where the input fits a tile, else tiles -> a scan of the tile sums -> an add.
+
+__device__ __forceinline__ u32 plan_add(u32 a, u32 b) { return a + b; }
+__device__ __forceinline__ uint4 plan_add(uint4 a, uint4 b) {
+    return make_uint4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+}
+__device__ __forceinline__ u32 plan_sub(u32 a, u32 b) { return a - b; }
+__device__ __forceinline__ uint4 plan_sub(uint4 a, uint4 b) {
+    return make_uint4(a.x - b.x, a.y - b.y, a.z - b.z, a.w - b.w);
+}
+template <class T> __device__ __forceinline__ T plan_zero();
+template <> __device__ __forceinline__ u32 plan_zero<u32>() { return 0u; }
+template <> __device__ __forceinline__ uint4 plan_zero<uint4>() { return make_uint4(0, 0, 0, 0); }
+__device__ __forceinline__ u32 plan_shfl_up(u32 v, u32 o) { return __shfl_up_sync(0xffffffffu, v, o); }
+__device__ __forceinline__ uint4 plan_shfl_up(uint4 v, u32 o) {
+    return make_uint4(__shfl_up_sync(0xffffffffu, v.x, o), __shfl_up_sync(0xffffffffu, v.y, o),
+                      __shfl_up_sync(0xffffffffu, v.z, o), __shfl_up_sync(0xffffffffu, v.w, o));
+}
+
+// Scans in[base .. base + PLAN_TILE) (elements past n read as 0) into out (written below n),
+// each output plus `carry`; returns the tile's sum. Every thread of the block calls it.
+template <class T>
+__device__ T scan_tile(const T* in, T* out, u64 base, u64 n, T carry, T* buf, T* warp_sums) {
+    const u32 lane = lane_id(), warp = threadIdx.x >> 5;
+    for (u32 k = threadIdx.x; k < PLAN_TILE; k += PLAN_THREADS) {
+        const u64 i = base + k;
+        buf[k] = i < n ? in[i] : plan_zero<T>();
+    }
+    __syncthreads();
+    T local[PLAN_ITEMS];
+    T sum = plan_zero<T>();
+#pragma unroll
+    for (int j = 0; j < PLAN_ITEMS; ++j) {
+        local[j] = buf[threadIdx.x * PLAN_ITEMS + j];
+        sum = plan_add(sum, local[j]);
+    }
+    T incl = sum;
+#pragma unroll
+    for (u32 o = 1; o < 32; o <<= 1) {
+        const T y = plan_shfl_up(incl, o);
+        if (lane >= o) incl = plan_add(incl, y);
+    }
+    if (lane == 31) warp_sums[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        T w = lane < PLAN_WARPS ? warp_sums[lane] : plan_zero<T>();
+#pragma unroll
+        for (u32 o = 1; o < PLAN_WARPS; o <<= 1) {
+            const T y = plan_shfl_up(w, o);
+            if (lane >= o) w = plan_add(w, y);
+        }
+        if (lane < PLAN_WARPS) warp_sums[lane] = w;
+    }
+    __syncthreads();
+    T run = plan_add(carry, plan_sub(incl, sum));
+    if (warp > 0) run = plan_add(run, warp_sums[warp - 1]);
+#pragma unroll
+    for (int j = 0; j < PLAN_ITEMS; ++j) {
+        buf[threadIdx.x * PLAN_ITEMS + j] = run;
+        run = plan_add(run, local[j]);
+    }
+    __syncthreads();
+    for (u32 k = threadIdx.x; k < PLAN_TILE; k += PLAN_THREADS) {
+        const u64 i = base + k;
+        if (i < n) out[i] = buf[k];
+    }
+    const T total = warp_sums[PLAN_WARPS - 1];
+    __syncthreads();  // buf and warp_sums are reused by the caller's next tile
+    return total;
+}
+
+// Tile b of in[0, n) scanned into out; its sum into tile_sums[b], or, with tile_sums null (one
+// tile), the total into out[n]. In place (out == in) is allowed.
+template <class T>
+__device__ void scan_tiles(const T* in, T* out, u64 n, T* tile_sums) {
+    __shared__ T buf[PLAN_TILE];
+    __shared__ T warp_sums[PLAN_WARPS];
+    const T total =
+        scan_tile(in, out, (u64)blockIdx.x * PLAN_TILE, n, plan_zero<T>(), buf, warp_sums);
+    if (threadIdx.x == 0) {
+        if (tile_sums != nullptr)
+            tile_sums[blockIdx.x] = total;
+        else
+            out[n] = total;
+    }
+}
+
+// One block: the tile sums scanned in place, their total into *total_out.
+template <class T>
+__device__ void scan_sums(T* sums, u64 n_tiles, T* total_out) {
+    __shared__ T buf[PLAN_TILE];
+    __shared__ T warp_sums[PLAN_WARPS];
+    T carry = plan_zero<T>();
+    for (u64 base = 0; base < n_tiles; base += PLAN_TILE)
+        carry = plan_add(carry, scan_tile(sums, sums, base, n_tiles, carry, buf, warp_sums));
+    if (threadIdx.x == 0) *total_out = carry;
+}
+
+// Adds each tile's offset to its scanned elements.
+template <class T>
+__device__ void scan_add(T* out, u64 n, const T* tile_sums) {
+    if (blockIdx.x == 0) return;  // tile 0's offset is 0
+    const T s = tile_sums[blockIdx.x];
+    const u64 base = (u64)blockIdx.x * PLAN_TILE;
+    for (u32 k = threadIdx.x; k < PLAN_TILE; k += PLAN_THREADS) {
+        const u64 i = base + k;
+        if (i < n) out[i] = plan_add(out[i], s);
+    }
+}
+
+#define PLAN_SCAN(S, T)                                                                         \
+    extern "C" __global__ void __launch_bounds__(PLAN_THREADS)                                  \
+        plan_scan_tiles_##S(const T* in, T* out, u64 n, T* tile_sums) {                         \
+        scan_tiles<T>(in, out, n, tile_sums);                                                   \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(PLAN_THREADS)                                  \
+        plan_scan_sums_##S(T* sums, u64 n_tiles, T* total_out) {                                \
+        scan_sums<T>(sums, n_tiles, total_out);                                                 \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(PLAN_THREADS)                                  \
+        plan_scan_add_##S(T* out, u64 n, const T* tile_sums) {                                  \
+        scan_add<T>(out, n, tile_sums);                                                         \
+    }
+
+PLAN_SCAN(u32, u32)
+PLAN_SCAN(u32x4, uint4)
+
+// ---- radix sort -------------------------------------------------------------------------------
+// LSD passes of 8 bits over u64 keys with u32 values, stable: per tile a digit histogram
+// (digit-major, counts[d * n_tiles + tile]), their exclusive scan, then a stable scatter. With
+// `unsorted` non-null and its word 0, the keys are already in order: the passes do nothing but
+// the last of an odd count, which copies (the host expects the result in the other buffer).
+
+extern "C" __global__ void __launch_bounds__(PLAN_THREADS)
+    plan_radix_count(const u64* __restrict__ keys, u64 n, u32 shift, u32* __restrict__ counts,
+                     u32 n_tiles, const u64* unsorted) {
+    if (unsorted != nullptr && *unsorted == 0) return;
+    __shared__ u32 hist[RADIX_BINS];
+    hist[threadIdx.x] = 0;
+    __syncthreads();
+    const u64 base = (u64)blockIdx.x * PLAN_TILE;
+#pragma unroll
+    for (int k = 0; k < PLAN_ITEMS; ++k) {
+        const u64 i = base + (u64)k * PLAN_THREADS + threadIdx.x;
+        if (i < n) atomicAdd(&hist[(u32)(keys[i] >> shift) & (RADIX_BINS - 1)], 1u);
+    }
+    __syncthreads();
+    counts[(u64)threadIdx.x * n_tiles + blockIdx.x] = hist[threadIdx.x];
+}
+
+// Each warp takes 256 consecutive keys of its tile, 32 at a time: the rank of a key among the
+// equal digits before it is its warp's count so far plus the lanes of its match below it.
+extern "C" __global__ void __launch_bounds__(PLAN_THREADS)
+    plan_radix_scatter(const u64* __restrict__ keys_in, const u32* __restrict__ vals_in,
+                       u64* __restrict__ keys_out, u32* __restrict__ vals_out, u64 n, u32 shift,
+                       const u32* __restrict__ offsets, u32 n_tiles, u32 copy_if_sorted,
+                       const u64* unsorted) {
+    const u64 base = (u64)blockIdx.x * PLAN_TILE;
+    if (unsorted != nullptr && *unsorted == 0) {
+        if (copy_if_sorted) {
+            for (u32 k = threadIdx.x; k < PLAN_TILE; k += PLAN_THREADS) {
+                const u64 i = base + k;
+                if (i < n) {
+                    keys_out[i] = keys_in[i];
+                    vals_out[i] = vals_in[i];
+                }
+            }
+        }
+        return;
+    }
+    __shared__ u32 warp_next[PLAN_WARPS][RADIX_BINS];
+    const u32 lane = lane_id(), warp = threadIdx.x >> 5;
+    for (u32 j = threadIdx.x; j < PLAN_WARPS * RADIX_BINS; j += PLAN_THREADS)
+        (&warp_next[0][0])[j] = 0;
+    __syncthreads();
+    const u64 wbase = base + (u64)warp * (32 * PLAN_ITEMS);
+    u64 key[PLAN_ITEMS];
+    u32 val[PLAN_ITEMS], digit[PLAN_ITEMS];
+#pragma unroll
+    for (int k = 0; k < PLAN_ITEMS; ++k) {
+        const u64 i = wbase + (u64)k * 32 + lane;
+        const bool in = i < n;
+        key[k] = in ? keys_in[i] : 0;
+        val[k] = in ? vals_in[i] : 0;
+        digit[k] = in ? (u32)(key[k] >> shift) & (RADIX_BINS - 1) : RADIX_BINS;  // none
+    }
+#pragma unroll
+    for (int k = 0; k < PLAN_ITEMS; ++k) {
+        const u32 peers = __match_any_sync(0xffffffffu, digit[k]);
+        if (digit[k] < RADIX_BINS && lane == (u32)__ffs(peers) - 1)
+            warp_next[warp][digit[k]] += __popc(peers);
+        __syncwarp();
+    }
+    __syncthreads();
+    {
+        // Digit d's first slot for each warp: the tile's offset plus the warps before.
+        const u32 d = threadIdx.x;
+        u32 run = offsets[(u64)d * n_tiles + blockIdx.x];
+#pragma unroll
+        for (int w = 0; w < PLAN_WARPS; ++w) {
+            const u32 c = warp_next[w][d];
+            warp_next[w][d] = run;
+            run += c;
+        }
+    }
+    __syncthreads();
+    const u32 below = (1u << lane) - 1u;
+#pragma unroll
+    for (int k = 0; k < PLAN_ITEMS; ++k) {
+        const u32 peers = __match_any_sync(0xffffffffu, digit[k]);
+        const bool real = digit[k] < RADIX_BINS;
+        if (real) {
+            const u32 pos = warp_next[warp][digit[k]] + __popc(peers & below);
+            keys_out[pos] = key[k];
+            vals_out[pos] = val[k];
+        }
+        __syncwarp();
+        if (real && lane == (u32)__ffs(peers) - 1) warp_next[warp][digit[k]] += __popc(peers);
+        __syncwarp();
+    }
+}
+
+// ---- CSR from sorted keys -----------------------------------------------------------------------
+
+// flags[i] = 1 where key i starts a run of equal keys (a distinct edge); counts the input edges
+// that repeat an earlier input edge (a stable sort keeps equal keys in input order, input edges
+// first).
+extern "C" __global__ void plan_unique_flags(const u64* __restrict__ keys,
+                                             const u32* __restrict__ vals, u64 n, u64 n_input,
+                                             u32* __restrict__ flags, u64* status) {
+    SPATTN_GRID_STRIDE(i, n) {
+        const bool repeat = i > 0 && keys[i] == keys[i - 1];
+        flags[i] = repeat ? 0u : 1u;
+        if (repeat && vals[i] < n_input) atomicAdd(status + ST_DUPLICATES, 1ull);
+    }
+}
+
+// The CSR of n sorted keys: distinct key i goes to entry u = ex[i] (ex: the exclusive scan of
+// the flags; null: every key is distinct, u = i). Row offsets are written by the first key of
+// each row for the rows up to it, and by the last key for the rows after it (and the edge count
+// into the status). Input edge v (vals below n_input) maps to its entry in positions (i64, for
+// torch) and/or map (u32). With `count`, only the first *count keys are the CSR's.
+extern "C" __global__ void plan_csr_build(const u64* __restrict__ keys,
+                                          const u32* __restrict__ vals, u64 n_keys,
+                                          const u64* count, const u32* __restrict__ ex,
+                                          u32 col_bits, u32 n_rows,
+                                          u64 n_input, u32* __restrict__ row_offsets,
+                                          u32* __restrict__ col_indices,
+                                          u32* __restrict__ row_indices,
+                                          long long* __restrict__ positions,
+                                          u32* __restrict__ map, u64* status) {
+    const u64 col_mask = (1ull << col_bits) - 1;
+    const u64 n = count != nullptr ? min(*count, n_keys) : n_keys;
+    SPATTN_GRID_STRIDE(i, n) {
+        const u64 key = keys[i];
+        const u32 row = (u32)(key >> col_bits);
+        const bool first = i == 0 || keys[i - 1] != key;
+        const u32 u = ex != nullptr ? ex[i] + (first ? 1u : 0u) - 1u : (u32)i;
+        if (first) {
+            col_indices[u] = (u32)(key & col_mask);
+            if (row_indices != nullptr) row_indices[u] = row;
+            const long long prev = i == 0 ? -1 : (long long)(keys[i - 1] >> col_bits);
+            for (long long r = prev + 1; r <= (long long)row; ++r) row_offsets[r] = u;
+        }
+        if (i == n - 1) {
+            for (u64 r = (u64)row + 1; r <= n_rows; ++r) row_offsets[r] = u + 1;
+            status[ST_NNZ] = u + 1;
+        }
+        const u32 v = vals[i];
+        if (v < n_input) {
+            if (positions != nullptr) positions[v] = (long long)u;
+            if (map != nullptr) map[v] = u;
+        }
+    }
+}
+
+// ---- row schedules and degree statistics ------------------------------------------------------
+
+// Per row: (units of at most PLAN_UNIT_CHUNK edges, 1 if split, its units if split, 1 if long),
+// scanned next into each row's first unit, slot, first partial and long-row index; and the
+// degree statistics into the status.
+extern "C" __global__ void __launch_bounds__(PLAN_THREADS)
+    plan_row_counts(const u32* __restrict__ row_offsets, u32 n_rows, uint4* __restrict__ counts,
+                    u64* status) {
+    __shared__ u32 hist[PLAN_BUCKETS];
+    for (u32 j = threadIdx.x; j < PLAN_BUCKETS; j += PLAN_THREADS) hist[j] = 0;
+    __syncthreads();
+    u32 lo = 0xffffffffu, hi = 0;
+    bool seen = false;
+    SPATTN_GRID_STRIDE(r, (u64)n_rows) {
+        const u32 deg = row_offsets[r + 1] - row_offsets[r];
+        const u32 units = deg == 0 ? 1u : (deg + PLAN_UNIT_CHUNK - 1) / PLAN_UNIT_CHUNK;
+        const u32 split = deg > PLAN_UNIT_CHUNK ? 1u : 0u;
+        counts[r] = make_uint4(units, split, split ? units : 0u, deg >= PLAN_LONG_ROW ? 1u : 0u);
+        atomicAdd(&hist[deg == 0 ? 0 : 32 - __clz(deg)], 1u);
+        lo = min(lo, deg);
+        hi = max(hi, deg);
+        seen = true;
+    }
+    lo = __reduce_min_sync(0xffffffffu, lo);
+    hi = __reduce_max_sync(0xffffffffu, hi);
+    if (__any_sync(0xffffffffu, seen) && lane_id() == 0) {
+        atomicMax(status + ST_MIN_DEGREE_INV, ~0ull - lo);
+        atomicMax(status + ST_MAX_DEGREE, (u64)hi);
+    }
+    __syncthreads();
+    for (u32 j = threadIdx.x; j < PLAN_BUCKETS; j += PLAN_THREADS)
+        if (hist[j] != 0) atomicAdd(status + ST_HISTOGRAM + j, (u64)hist[j]);
+}
+
+// The CSR kernels' schedules from the scanned counts `ex` (n_rows + 1 entries): RowUnits (rows,
+// starts, slots, partials of each unit; split rows and their first partials) and the long rows
+// of the edge softmax, in row order, as spattn_ops::schedule builds them on the host.
+extern "C" __global__ void plan_row_units(const u32* __restrict__ row_offsets, u32 n_rows,
+                                          const uint4* __restrict__ ex,
+                                          u32* __restrict__ unit_rows,
+                                          u32* __restrict__ unit_starts,
+                                          u32* __restrict__ unit_slots,
+                                          u32* __restrict__ unit_parts,
+                                          u32* __restrict__ split_rows,
+                                          u32* __restrict__ part_first,
+                                          u32* __restrict__ long_rows, u64* status) {
+    SPATTN_GRID_STRIDE(r, (u64)n_rows) {
+        const u32 s = row_offsets[r], e = row_offsets[r + 1], deg = e - s;
+        const uint4 x = ex[r];  // first unit, slot, first partial, long-row index
+        const bool split = deg > PLAN_UNIT_CHUNK;
+        const u32 units = deg == 0 ? 1u : (deg + PLAN_UNIT_CHUNK - 1) / PLAN_UNIT_CHUNK;
+        for (u32 j = 0; j < units; ++j) {
+            unit_rows[x.x + j] = (u32)r;
+            unit_starts[x.x + j] = s + j * PLAN_UNIT_CHUNK;
+            unit_slots[x.x + j] = split ? x.y : SPATTN_NONE;
+            unit_parts[x.x + j] = split ? x.z + j : SPATTN_NONE;
+        }
+        if (split) {
+            split_rows[x.y] = (u32)r;
+            part_first[x.y] = x.z;
+        }
+        if (deg >= PLAN_LONG_ROW) long_rows[x.w] = (u32)r;
+        if (r + 1 == n_rows) {
+            const uint4 t = ex[n_rows];
+            unit_starts[t.x] = e;
+            part_first[t.y] = t.z;
+            status[ST_TOTALS] = t.x;
+            status[ST_TOTALS + 1] = t.y;
+            status[ST_TOTALS + 2] = t.z;
+            status[ST_TOTALS + 3] = t.w;
+        }
+    }
+}
+
+// ---- BSB ---------------------------------------------------------------------------------------
+// A window's edges (rows 16w .. 16w + 16, contiguous in the CSR) ordered by (column, row in
+// window): edge e of row r goes to place sum over the window's other rows q of (their columns
+// below c) + (rows q < r holding c itself) + (its own index in row r). The window-ordered key
+// w << 36 | c << 4 | (r mod 16) then gives the distinct columns (runs of w, c), their blocks and
+// the bits.
+
+extern "C" __global__ void plan_bsb_rank(const u32* __restrict__ row_offsets,
+                                         const u32* __restrict__ col_indices,
+                                         const u32* __restrict__ row_indices, u32 n_rows,
+                                         u64 nnz, u64* __restrict__ wkeys,
+                                         u32* __restrict__ wedges) {
+    SPATTN_GRID_STRIDE(e, nnz) {
+        const u32 r = row_indices[e], c = col_indices[e];
+        const u32 r0 = r & ~15u, r1 = min(r0 + 16u, n_rows);
+        u32 pos = (u32)e - row_offsets[r];
+        for (u32 q = r0; q < r1; ++q) {
+            if (q == r) continue;
+            const u32 begin = row_offsets[q], end = row_offsets[q + 1];
+            u32 lo = begin, hi = end;
+            while (lo < hi) {
+                const u32 mid = lo + ((hi - lo) >> 1);
+                if (col_indices[mid] < c)
+                    lo = mid + 1;
+                else
+                    hi = mid;
+            }
+            pos += lo - begin;
+            if (q < r && lo < end && col_indices[lo] == c) ++pos;
+        }
+        const u64 p = (u64)row_offsets[r0] + pos;
+        wkeys[p] = ((u64)(r >> 4) << 36) | ((u64)c << 4) | (r & 15u);
+        if (wedges != nullptr) wedges[p] = (u32)e;
+    }
+}
+
+// flags[p] = 1 where window-ordered edge p is the first of its (window, column).
+extern "C" __global__ void plan_bsb_flags(const u64* __restrict__ wkeys, u64 nnz,
+                                          u32* __restrict__ flags) {
+    SPATTN_GRID_STRIDE(p, nnz) {
+        flags[p] = (p == 0 || (wkeys[p] >> 4) != (wkeys[p - 1] >> 4)) ? 1u : 0u;
+    }
+}
+
+// Blocks of each window: its distinct columns (from their exclusive scan dex, nnz + 1 entries)
+// over 8, rounded up; scanned next into the window offsets, which the host reads back.
+extern "C" __global__ void plan_bsb_window_blocks(const u32* __restrict__ row_offsets, u32 n_rows,
+                                                  u32 n_windows, const u32* __restrict__ dex,
+                                                  u32* __restrict__ window_blocks) {
+    SPATTN_GRID_STRIDE(w, (u64)n_windows) {
+        const u32 a = row_offsets[w * 16], b = row_offsets[min(w * 16 + 16, (u64)n_rows)];
+        const u32 blocks = (dex[b] - dex[a] + 7) / 8;
+        window_blocks[w] = blocks;
+    }
+}
+
+// Each distinct column into its block's slot, each edge's bit into its block's bitmap (4 u32
+// words per block, bit r * 8 + slot: the byte image of the host's u128). block_columns is
+// PADDING-filled and the bitmaps zeroed before.
+extern "C" __global__ void plan_bsb_fill(const u64* __restrict__ wkeys, u64 nnz,
+                                         const u32* __restrict__ dex,
+                                         const u32* __restrict__ row_offsets,
+                                         const u32* __restrict__ window_offsets,
+                                         u32* __restrict__ block_columns,
+                                         u32* __restrict__ bitmap_words) {
+    SPATTN_GRID_STRIDE(p, nnz) {
+        const u64 k = wkeys[p];
+        const u32 w = (u32)(k >> 36), c = (u32)(k >> 4), r = (u32)k & 15u;
+        const bool first = p == 0 || (wkeys[p - 1] >> 4) != (k >> 4);
+        const u32 d = dex[p] + (first ? 1u : 0u) - 1u;
+        const u32 local = d - dex[row_offsets[w * 16]];
+        const u32 block = window_offsets[w] + (local >> 3), slot = local & 7u;
+        if (first) block_columns[(u64)block * 8 + slot] = c;
+        const u32 bit = r * 8 + slot;
+        atomicOr(bitmap_words + (u64)block * 4 + (bit >> 5), 1u << (bit & 31u));
+    }
+}
+
+// ---- fused-tc's prologue records --------------------------------------------------------------
+// Per unit (window, first block, end block, part), PRE_WORDS = 48 words: slot l of step s < 2
+// (block first + 2 s + l / 8, column l % 8; NONE past the unit) at 16 s + l, then the caller row
+// of each of the window's 16 rows (row_ids[row], or the row; NONE past the matrix).
+extern "C" __global__ void plan_tc_prologue(const u32* __restrict__ units, u32 n_units,
+                                            const u32* __restrict__ block_columns,
+                                            const u32* __restrict__ row_ids, u32 n_rows,
+                                            u32* __restrict__ pre) {
+    SPATTN_GRID_STRIDE(i, (u64)n_units * 48) {
+        const u64 unit = i / 48;
+        const u32 j = (u32)(i - unit * 48);
+        const u32 w = units[unit * 4], first = units[unit * 4 + 1], end = units[unit * 4 + 2];
+        u32 v;
+        if (j < 32) {
+            const u32 block = first + 2 * (j / 16) + (j % 16) / 8;
+            v = block < end ? block_columns[(u64)block * 8 + j % 8] : SPATTN_NONE;
+        } else {
+            const u64 row = (u64)w * 16 + (j - 32);
+            v = row < n_rows ? (row_ids != nullptr ? row_ids[row] : (u32)row) : SPATTN_NONE;
+        }
+        pre[i] = v;
+    }
+}
+
+// ---- helpers -----------------------------------------------------------------------------------
+
+// out[i] = (i64)in[i]: device index arrays as torch's int64.
+extern "C" __global__ void plan_widen_u32_i64(const u32* __restrict__ in, u64 n,
+                                              long long* __restrict__ out) {
+    SPATTN_GRID_STRIDE(i, n) { out[i] = (long long)in[i]; }
+}
