@@ -155,6 +155,55 @@ impl AttentionPlan {
         dk: &mut DeviceMatrix<T>,
         dv: &mut DeviceMatrix<T>,
     ) -> Result<f32> {
+        let d_scale = self.backward_impl(kernels, (q, k, v, out, d_out), (dq, dk, dv), true)?;
+        Ok(d_scale.unwrap_or(0.0))
+    }
+
+    /// [`backward`](Self::backward) without ∂L/∂scale: the gradients of Q, K and V only, so the
+    /// call enqueues its kernels and returns without waiting for the GPU (the scale is a
+    /// constant of the plan; a learnable temperature multiplies Q instead).
+    ///
+    /// Errors: as [`backward`](Self::backward).
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_grads<T: DType>(
+        &self,
+        q: &DeviceMatrix<T>,
+        k: &DeviceMatrix<T>,
+        v: &DeviceMatrix<T>,
+        out: &DeviceMatrix<T>,
+        d_out: &DeviceMatrix<T>,
+        dq: &mut DeviceMatrix<T>,
+        dk: &mut DeviceMatrix<T>,
+        dv: &mut DeviceMatrix<T>,
+    ) -> Result<()> {
+        self.backward_impl(
+            BackwardKernels::default(),
+            (q, k, v, out, d_out),
+            (dq, dk, dv),
+            false,
+        )
+        .map(|_| ())
+    }
+
+    /// The backward on the GPU; ∂L/∂scale downloaded where `read_scale` (a wait for the GPU).
+    #[allow(clippy::type_complexity)]
+    fn backward_impl<T: DType>(
+        &self,
+        kernels: BackwardKernels,
+        (q, k, v, out, d_out): (
+            &DeviceMatrix<T>,
+            &DeviceMatrix<T>,
+            &DeviceMatrix<T>,
+            &DeviceMatrix<T>,
+            &DeviceMatrix<T>,
+        ),
+        (dq, dk, dv): (
+            &mut DeviceMatrix<T>,
+            &mut DeviceMatrix<T>,
+            &mut DeviceMatrix<T>,
+        ),
+        read_scale: bool,
+    ) -> Result<Option<f32>> {
         let BackwardParts::Gpu { gpu, graph, state } = self.backward_parts() else {
             return Err(Error::WrongPlanKind {
                 plan: "CPU",
@@ -221,8 +270,11 @@ impl AttentionPlan {
         csr_ops::spmm(gpu, a, &st.dp, k, dq)?;
         csr_ops::spmm(gpu, t.csr(), &st.ds_t, q, dk)?;
         csr_ops::spmm(gpu, t.csr(), &st.p_t, d_out, dv)?;
+        if !read_scale {
+            return Ok(None);
+        }
         let d_scale = st.d_scale.to_host()?;
-        Ok(d_scale.first().copied().unwrap_or(0.0) as f32)
+        Ok(Some(d_scale.first().copied().unwrap_or(0.0) as f32))
     }
 
     /// The gradients on host slices: Q, K, V, the forward's `out` and `d_out`, all row-major.

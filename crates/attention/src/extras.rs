@@ -266,6 +266,36 @@ impl AttentionPlan {
         d_out: &DeviceMatrix<T>,
         grads: ExtrasGrads<'_, T>,
     ) -> Result<f32> {
+        let d = self.backward_extras_impl((q, k, v), extras, d_out, grads, true)?;
+        Ok(d.unwrap_or(0.0))
+    }
+
+    /// [`backward_with_extras`](Self::backward_with_extras) without ∂L/∂scale: the call
+    /// enqueues its kernels and returns without waiting for the GPU.
+    ///
+    /// Errors: as [`backward_with_extras`](Self::backward_with_extras).
+    pub fn backward_with_extras_grads<T: DType>(
+        &self,
+        q: &DeviceMatrix<T>,
+        k: &DeviceMatrix<T>,
+        v: &DeviceMatrix<T>,
+        extras: &Extras<'_, T>,
+        d_out: &DeviceMatrix<T>,
+        grads: ExtrasGrads<'_, T>,
+    ) -> Result<()> {
+        self.backward_extras_impl((q, k, v), extras, d_out, grads, false)
+            .map(|_| ())
+    }
+
+    /// The backward with extras; ∂L/∂scale downloaded where `read_scale`.
+    fn backward_extras_impl<T: DType>(
+        &self,
+        (q, k, v): (&DeviceMatrix<T>, &DeviceMatrix<T>, &DeviceMatrix<T>),
+        extras: &Extras<'_, T>,
+        d_out: &DeviceMatrix<T>,
+        grads: ExtrasGrads<'_, T>,
+        read_scale: bool,
+    ) -> Result<Option<f32>> {
         let (gpu, graph, state) = self.extras_parts(q, k, v, extras)?;
         self.check_out("d_out", d_out.shape())?;
         let (sq, skv) = (self.shape_q(), self.shape_kv());
@@ -307,8 +337,10 @@ impl AttentionPlan {
             edge_extras::apply_dropout(gpu, &mut st.ds, d)?;
         }
         ops_backward::edge_softmax_backward_in_place(gpu, csr, &st.p, &mut st.ds, heads)?;
-        st.d_scale.fill(0.0)?;
-        ops_backward::edge_dot(gpu, &st.ds, &st.r, &mut st.d_scale)?;
+        if read_scale {
+            st.d_scale.fill(0.0)?;
+            ops_backward::edge_dot(gpu, &st.ds, &st.r, &mut st.d_scale)?;
+        }
         if let (Some(b), Some(db)) = (extras.bias, grads.d_bias) {
             edge_extras::bias_grad(gpu, &st.ds, nnz, heads, b.is_shared(), db)?;
         }
@@ -327,8 +359,11 @@ impl AttentionPlan {
         csr_ops::spmm(gpu, t.csr(), &st.t, q, grads.dk)?;
         ops_backward::transpose_edge_values(gpu, t, &st.w, heads, &mut st.t)?;
         csr_ops::spmm(gpu, t.csr(), &st.t, d_out, grads.dv)?;
+        if !read_scale {
+            return Ok(None);
+        }
         let d_scale = st.d_scale.to_host()?;
-        Ok(d_scale.first().copied().unwrap_or(0.0) as f32)
+        Ok(Some(d_scale.first().copied().unwrap_or(0.0) as f32))
     }
 
     /// [`forward_with`](Self::forward_with) on host slices: the output and the attention

@@ -33,6 +33,37 @@
 //! assert!(out.iter().all(|v| v.is_finite()));
 //! # Ok::<(), spattn::Error>(())
 //! ```
+//!
+//! ## A new graph every step (mini-batch training)
+//!
+//! A sampled subgraph or a batch of molecules is seen once: build it on the GPU from its edge
+//! list there ([`DeviceGraph::from_device_edges`]: sorted, merged and laid out by kernels, one
+//! read back of its sizes), so that nothing goes through the host, and plan over it with
+//! [`AttentionPlan::on_graph`]. Its [`PlanPolicy`] is [`PlanPolicy::Once`]: `Auto` keeps its
+//! rows in their order. A graph used for many steps is [`PlanPolicy::Reuse`] (the default of
+//! one made from a host [`Csr`]): `Auto` then chooses a row order once, on the host, which the
+//! kernels repay over many calls; a named [`Reorder`] in the configuration orders any graph.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use spattn::ops::device_plan::{DeviceEdges, DeviceIds, GraphSpec};
+//! use spattn::{AttentionConfig, AttentionPlan, DTypeKind, DeviceGraph, DeviceMatrix, DeviceVec, Gpu, PlanPolicy};
+//!
+//! let gpu = Gpu::new(0)?;
+//! // This step's edges (a sampler's output on the device; PyG's edge_index rows).
+//! let (src, dst) = (DeviceVec::from_host(&gpu, &[1i64, 2, 0])?, DeviceVec::from_host(&gpu, &[0i64, 0, 2])?);
+//! let edges = DeviceEdges { sources: DeviceIds::contiguous(&src), targets: DeviceIds::contiguous(&dst), len: 3 };
+//! let spec = GraphSpec { self_loops: true, transpose: true, ..GraphSpec::square(3) };
+//! let (graph, _report) = DeviceGraph::from_device_edges(&gpu, &edges, &spec, None)?;
+//! assert_eq!(graph.policy(), PlanPolicy::Once);
+//! let graph = Arc::new(graph);
+//! let plan = AttentionPlan::on_graph(&graph, AttentionConfig::new(8, 32, DTypeKind::F16))?;
+//! let q = DeviceMatrix::<spattn::f16>::zeros(&gpu, plan.shape_q())?;
+//! let mut out = DeviceMatrix::zeros(&gpu, plan.shape_q())?;
+//! plan.forward(&q, &q, &q, &mut out)?;
+//! // The layers bind it too: spattn::layers::GpuGraph::on_device(&ctx, graph.clone()).
+//! # Ok::<(), spattn::Error>(())
+//! ```
 
 mod backward;
 mod config;
@@ -57,7 +88,9 @@ pub use half::{bf16, f16};
 pub use spattn_formats::{
     read_edge_list, read_matrix_market, rmat, Coo, Csr, EdgeListOptions, RmatConfig,
 };
-pub use spattn_ops::{DType, DTypeKind, DeviceGraph, DeviceMatrix, DeviceVec, Gpu, Shape};
+pub use spattn_ops::{
+    DType, DTypeKind, DeviceGraph, DeviceMatrix, DeviceVec, Gpu, PlanPolicy, Shape,
+};
 
 /// The formats crate (`spattn-formats`), for what the re-exports above leave out.
 pub use spattn_formats as formats;

@@ -550,6 +550,11 @@ extern "C" __global__ void plan_tc_prologue(const u32* __restrict__ units, u32 n
 
 // ---- helpers -----------------------------------------------------------------------------------
 
+// out[i] = i: the edge CSR's columns (edge e of A at column e).
+extern "C" __global__ void plan_iota_u32(u32* __restrict__ out, u64 n) {
+    SPATTN_GRID_STRIDE(i, n) { out[i] = (u32)i; }
+}
+
 // out[i] = (i64)in[i]: device index arrays as torch's int64.
 extern "C" __global__ void plan_widen_u32_i64(const u32* __restrict__ in, u64 n,
                                               long long* __restrict__ out) {

@@ -1619,7 +1619,7 @@ pub const SPMM_MEBCRS_F16_T8_PIPE: &str = "spmm_mebcrs_f16_t8_pipe";
 /// Kernel `spmm_mebcrs_bf16_t8_pipe` of [`MEBCRS_OPS`].
 pub const SPMM_MEBCRS_BF16_T8_PIPE: &str = "spmm_mebcrs_bf16_t8_pipe";
 
-/// The PTX module compiled from `cuda/plan.cu` (23 kernels).
+/// The PTX module compiled from `cuda/plan.cu` (24 kernels).
 pub const PLAN: PtxModule = PtxModule {
     name: "plan",
     ptx: include_str!("../ptx/plan.ptx"),
@@ -1646,6 +1646,7 @@ pub const PLAN: PtxModule = PtxModule {
         PLAN_BSB_WINDOW_BLOCKS,
         PLAN_BSB_FILL,
         PLAN_TC_PROLOGUE,
+        PLAN_IOTA_U32,
         PLAN_WIDEN_U32_I64,
     ],
 };
@@ -1715,6 +1716,9 @@ pub const PLAN_BSB_FILL: &str = "plan_bsb_fill";
 
 /// Kernel `plan_tc_prologue` of [`PLAN`].
 pub const PLAN_TC_PROLOGUE: &str = "plan_tc_prologue";
+
+/// Kernel `plan_iota_u32` of [`PLAN`].
+pub const PLAN_IOTA_U32: &str = "plan_iota_u32";
 
 /// Kernel `plan_widen_u32_i64` of [`PLAN`].
 pub const PLAN_WIDEN_U32_I64: &str = "plan_widen_u32_i64";

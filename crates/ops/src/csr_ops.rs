@@ -137,6 +137,23 @@ impl CsrSchedule {
         })
     }
 
+    /// A copy on the device (the edge CSR's: the same rows, so the same schedule).
+    pub(crate) fn try_clone(&self) -> Result<Self> {
+        Ok(Self {
+            unit_rows: self.unit_rows.try_clone()?,
+            unit_starts: self.unit_starts.try_clone()?,
+            unit_slots: self.unit_slots.try_clone()?,
+            unit_parts: self.unit_parts.try_clone()?,
+            split_rows: self.split_rows.try_clone()?,
+            part_first: self.part_first.try_clone()?,
+            long_rows: self.long_rows.try_clone()?,
+            long_threshold: self.long_threshold,
+            softmax_group: self.softmax_group,
+            n_parts: self.n_parts,
+            scratch: Scratch::default(),
+        })
+    }
+
     /// Every array downloaded, with the host fields, for comparing two schedules in tests:
     /// unit rows, starts, slots, partials, split rows, their first partials, long rows; then
     /// `[long_threshold, softmax_group, n_parts]`.

@@ -1076,6 +1076,34 @@ pub(crate) fn build_bsb(gpu: &Gpu, a: &DeviceCsr) -> Result<(DeviceBsb, BsbLayou
     Ok((bsb, layout))
 }
 
+/// The edge CSR of `a` (its rows, edge `e` at column `e`: per-edge operands of the CSR ops)
+/// made on the device: the row offsets, rows and schedules copied, the columns counted. No
+/// read back.
+pub(crate) fn build_edge_csr(gpu: &Gpu, a: &DeviceCsr) -> Result<DeviceCsr> {
+    let nnz = a.nnz();
+    let cols = DeviceVec::<u32>::alloc(gpu, "edge CSR columns", nnz, false)?;
+    let n64 = nnz as u64;
+    let f = kernel(gpu, spattn_kernels_sys::PLAN_IOTA_U32)?;
+    let mut args = gpu.launch_builder(&f);
+    args.arg(cols.slice()).arg(&n64);
+    // SAFETY: writes cols[0, nnz) (nnz allocated).
+    unsafe {
+        launch(
+            spattn_kernels_sys::PLAN_IOTA_U32,
+            &mut args,
+            stride_grid(nnz)?,
+        )
+    }?;
+    Ok(DeviceCsr::from_parts(
+        (a.n_rows(), nnz, nnz),
+        a.row_offsets().try_clone()?,
+        cols,
+        a.row_indices().try_clone()?,
+        a.degree_stats().clone(),
+        a.schedule().try_clone()?,
+    ))
+}
+
 /// Widens `n` u32 at `from` into i64 at `to` (device index arrays as torch's int64).
 pub fn widen_to_i64(gpu: &Gpu, from: &DeviceVec<u32>, to: &mut DeviceVec<i64>) -> Result<()> {
     crate::buffer::expect_len("widened indices", from.len(), to.len())?;
@@ -1340,6 +1368,17 @@ mod tests {
             &host_t.map().to_host().unwrap(),
             &format!("{what}: edge map"),
         );
+        let ec = build_edge_csr(gpu, &built.csr).unwrap();
+        let nnz = want.nnz() as u32;
+        let host_ec = Csr::try_new(
+            want.n_rows(),
+            want.nnz(),
+            want.row_offsets().to_vec(),
+            (0..nnz).collect(),
+            None,
+        )
+        .unwrap();
+        assert_same_csr(gpu, &ec, &host_ec, &format!("{what} edge CSR"));
         let (bsb, layout) = build_bsb(gpu, &built.csr).unwrap();
         let host_bsb = Bsb::from_csr(&want).unwrap();
         let got_bsb = bsb.to_host().unwrap();

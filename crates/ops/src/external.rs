@@ -64,14 +64,27 @@ pub const EXTERNAL_ALIGN: u64 = 16;
 /// `bytes` must be at least 1. Errors are [`Error::InvalidArgument`] naming `what`, or
 /// [`Error::Driver`] for a context that cannot be bound.
 pub fn check_device_pointer(gpu: &Gpu, what: &'static str, ptr: u64, bytes: usize) -> Result<()> {
+    check_device_pointer_aligned(gpu, what, ptr, bytes, EXTERNAL_ALIGN)
+}
+
+/// [`check_device_pointer`] with an alignment of `align` bytes instead of
+/// [`EXTERNAL_ALIGN`]: for arrays the kernels read element by element (edge ids), which may
+/// start anywhere a tensor's elements can (a row of a `2 × E` tensor).
+pub fn check_device_pointer_aligned(
+    gpu: &Gpu,
+    what: &'static str,
+    ptr: u64,
+    bytes: usize,
+    align: u64,
+) -> Result<()> {
     let bad = |why: String| Error::InvalidArgument { what, why };
     if ptr == 0 {
         return Err(bad(format!("null device pointer for {bytes} bytes")));
     }
-    if ptr % EXTERNAL_ALIGN != 0 {
+    if ptr % align.max(1) != 0 {
         return Err(bad(format!(
-            "device pointer {ptr:#x} is not {EXTERNAL_ALIGN}-byte aligned (a view at an \
-             offset into a larger buffer?); pass a copy"
+            "device pointer {ptr:#x} is not {align}-byte aligned (a view at an offset into a \
+             larger buffer?); pass a copy"
         )));
     }
     let end = ptr.checked_add(bytes as u64).ok_or_else(|| {
@@ -139,6 +152,7 @@ unsafe fn borrow_vec<T: DeviceElement>(
     what: &'static str,
     ptr: u64,
     len: usize,
+    align: u64,
 ) -> Result<(DeviceVec<T>, bool)> {
     if len == 0 {
         // CUDA has no zero-byte allocations and torch reports null or anything for empty
@@ -146,7 +160,7 @@ unsafe fn borrow_vec<T: DeviceElement>(
         return Ok((DeviceVec::zeros(gpu, 0)?, false));
     }
     let bytes = crate::buffer::byte_len::<T>(what, len)?;
-    check_device_pointer(gpu, what, ptr, bytes)?;
+    check_device_pointer_aligned(gpu, what, ptr, bytes, align)?;
     // SAFETY: `ptr` addresses `len` elements of `T` inside one allocation of this device
     // (checked above as far as the driver can tell, and promised by the caller); any bit
     // pattern is a valid `T` (`T: Pod`). The slice is tied to `gpu`'s stream, so ops order
@@ -177,7 +191,28 @@ impl<T: DeviceElement> ExternalVec<T> {
     /// [`Error::InvalidArgument`] naming `what`, not undefined behaviour.
     pub unsafe fn new(gpu: &Gpu, what: &'static str, ptr: u64, len: usize) -> Result<Self> {
         // SAFETY: the caller's contract is `borrow_vec`'s.
-        let (vec, borrowed) = unsafe { borrow_vec(gpu, what, ptr, len) }?;
+        let (vec, borrowed) = unsafe { borrow_vec(gpu, what, ptr, len, EXTERNAL_ALIGN) }?;
+        Ok(Self {
+            inner: ManuallyDrop::new(vec),
+            borrowed,
+        })
+    }
+
+    /// [`new`](Self::new) for memory only `T`-aligned ([`check_device_pointer_aligned`]):
+    /// for a buffer the kernels read element by element, never by wider vectors (a device
+    /// edge list's ids).
+    ///
+    /// # Safety
+    /// As [`new`](Self::new).
+    pub unsafe fn new_element_aligned(
+        gpu: &Gpu,
+        what: &'static str,
+        ptr: u64,
+        len: usize,
+    ) -> Result<Self> {
+        let align = std::mem::align_of::<T>() as u64;
+        // SAFETY: the caller's contract is `borrow_vec`'s.
+        let (vec, borrowed) = unsafe { borrow_vec(gpu, what, ptr, len, align) }?;
         Ok(Self {
             inner: ManuallyDrop::new(vec),
             borrowed,
@@ -237,7 +272,7 @@ impl<T: DType> ExternalMatrix<T> {
     pub unsafe fn new(gpu: &Gpu, what: &'static str, ptr: u64, shape: Shape) -> Result<Self> {
         let len = shape.len();
         // SAFETY: the caller's contract is `borrow_vec`'s for `len` elements.
-        let (vec, borrowed) = unsafe { borrow_vec::<T>(gpu, what, ptr, len) }?;
+        let (vec, borrowed) = unsafe { borrow_vec::<T>(gpu, what, ptr, len, EXTERNAL_ALIGN) }?;
         // Cannot fail: the vector holds exactly `shape.len()` elements. (Were it to, the
         // vector would be dropped and free borrowed memory, hence the check before it.)
         if vec.len() != len {

@@ -377,6 +377,12 @@ impl Gpu {
 
     /// Whether `other` is this handle or a clone of it (same context, same stream): the
     /// condition for mixing their buffers in one op.
+    /// Whether `other` is this handle or a clone of it (one stream: their buffers may be
+    /// mixed; see the module documentation).
+    pub fn is_same_handle(&self, other: &Gpu) -> bool {
+        self.same_as(other)
+    }
+
     pub(crate) fn same_as(&self, other: &Gpu) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }

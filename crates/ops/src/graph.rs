@@ -33,6 +33,7 @@
 //! ```
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use spattn_formats::{Csr, DegreeStats, Reorder};
@@ -86,6 +87,21 @@ impl fmt::Display for Engine {
     }
 }
 
+/// How a graph's plans treat [`Reorder::Auto`]: whether choosing a row order (host work of
+/// seconds on 10⁶-edge graphs, which the kernels repay only over many calls) is worth it for
+/// this graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PlanPolicy {
+    /// A graph seen once or a few times (a mini-batch's): `Auto` keeps the rows in their
+    /// order, and a graph built on the device needs nothing from the host. The default of a
+    /// graph built on the device.
+    Once,
+    /// A graph used for many steps (full-graph training, serving one graph): `Auto` chooses a
+    /// row order on the host when a plan is built. The default of a graph made from a host
+    /// CSR.
+    Reuse,
+}
+
 /// How per-edge values are laid out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum EdgeLayout {
@@ -102,10 +118,10 @@ pub enum EdgeLayout {
 ///
 /// A graph may also be built on the GPU from an edge list already there
 /// ([`from_device_edges`](Self::from_device_edges)): its CSR, transpose and BSB are then made
-/// by kernels (`crate::device_plan`), never copied from or to the host, and
-/// [`Reorder::Auto`] keeps its rows in their order (a graph seen once does not repay a row
-/// order); the host CSR is downloaded only by a path that needs it (a named row order, the
-/// ME-BCRS and hybrid formats, [`host`](Self::host)).
+/// by kernels (`crate::device_plan`), never copied from or to the host, and its
+/// [`PlanPolicy`] starts as [`PlanPolicy::Once`]: [`Reorder::Auto`] keeps its rows in their
+/// order (a graph seen once does not repay a row order). The host CSR is downloaded only by a
+/// path that needs it (a row order, the ME-BCRS and hybrid formats, [`host`](Self::host)).
 ///
 /// The uploads are guarded for concurrent first use; every accessor returns the same upload
 /// afterwards. [`device_bytes`](Self::device_bytes) says what is held.
@@ -118,6 +134,8 @@ pub struct DeviceGraph {
     host: OnceLock<Arc<Csr>>,
     /// Whether the graph was built on the device (see the type's documentation).
     built_on_device: bool,
+    /// [`PlanPolicy::Reuse`] when set.
+    reuse: AtomicBool,
     /// The row order of the ME-BCRS the per-call tensor-core ops read.
     op_reorder: Reorder,
     csr: OnceLock<DeviceCsr>,
@@ -161,6 +179,7 @@ impl DeviceGraph {
             nnz: host.nnz(),
             host: OnceLock::from(host),
             built_on_device: false,
+            reuse: AtomicBool::new(true),
             op_reorder: Reorder::None,
             csr: OnceLock::new(),
             edge_csr: OnceLock::new(),
@@ -219,6 +238,7 @@ impl DeviceGraph {
             nnz: csr.nnz(),
             host: OnceLock::new(),
             built_on_device: true,
+            reuse: AtomicBool::new(false),
             op_reorder: Reorder::None,
             csr: OnceLock::from(csr),
             edge_csr: OnceLock::new(),
@@ -270,11 +290,28 @@ impl DeviceGraph {
         self.built_on_device
     }
 
-    /// The row order a plan asking for `reorder` gets on this graph: [`Reorder::Auto`] keeps a
-    /// graph built on the device in its order (a graph seen once does not repay an order,
-    /// and choosing one needs the graph on the host); every other request is kept.
+    /// The graph's [`PlanPolicy`].
+    pub fn policy(&self) -> PlanPolicy {
+        if self.reuse.load(Ordering::Relaxed) {
+            PlanPolicy::Reuse
+        } else {
+            PlanPolicy::Once
+        }
+    }
+
+    /// Sets the graph's [`PlanPolicy`] for the plans built from now on (plans built before
+    /// keep their order: rebuild them to change it).
+    pub fn set_policy(&self, policy: PlanPolicy) {
+        self.reuse
+            .store(policy == PlanPolicy::Reuse, Ordering::Relaxed);
+    }
+
+    /// The row order a plan asking for `reorder` gets on this graph: under
+    /// [`PlanPolicy::Once`], [`Reorder::Auto`] keeps the rows in their order (a graph seen once
+    /// does not repay an order, and choosing one needs the graph on the host); every other
+    /// request is kept.
     pub fn effective_reorder(&self, reorder: Reorder) -> Reorder {
-        if self.built_on_device && reorder == Reorder::Auto {
+        if reorder == Reorder::Auto && self.policy() == PlanPolicy::Once {
             Reorder::None
         } else {
             reorder
@@ -362,6 +399,10 @@ impl DeviceGraph {
     pub fn edge_csr(&self) -> Result<&DeviceCsr> {
         if let Some(c) = self.edge_csr.get() {
             return Ok(c);
+        }
+        if self.built_on_device {
+            let a = self.csr()?;
+            return self.once(&self.edge_csr, || device_plan::build_edge_csr(&self.gpu, a));
         }
         let host = self.host_shared()?.clone();
         self.once(&self.edge_csr, || {

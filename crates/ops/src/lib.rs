@@ -87,7 +87,7 @@ pub use device_mebcrs::DeviceMeBcrs;
 pub use dtype::{DType, DTypeKind};
 pub use error::{Error, Result};
 pub use gpu::{Gpu, GpuTimer};
-pub use graph::{DeviceGraph, EdgeLayout, EdgeValues, Engine};
+pub use graph::{DeviceGraph, EdgeLayout, EdgeValues, Engine, PlanPolicy};
 /// The half-precision element types ([`DType`]), so that a caller needs no `half` of its own.
 pub use half::{bf16, f16};
 pub use hybrid_plan::HybridSpmm;

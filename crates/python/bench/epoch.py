@@ -71,8 +71,8 @@ class TwoLayer(torch.nn.Module):
 
 # The models: gat and transformer as PyG's defaults; gat_dropout with the GAT paper's attention
 # dropout (0.6, training mode); transformer_edge with edge features (--edge-dim per edge) and
-# attention dropout 0.1, as graph transformers train.
-MODELS = ("gat", "transformer", "gat_dropout", "transformer_edge")
+# attention dropout 0.1, as graph transformers train; gat_edge with edge features in the scores.
+MODELS = ("gat", "transformer", "gat_dropout", "transformer_edge", "gat_edge")
 
 
 def build(lib, model, args):
@@ -84,6 +84,13 @@ def build(lib, model, args):
         return TwoLayer(
             lib.GATConv(Fin, C, heads=H, dropout=0.6),
             lib.GATConv(H * C, K, heads=1, dropout=0.6),
+            F.elu,
+        )
+    if model == "gat_edge":
+        E = args.edge_dim
+        return TwoLayer(
+            lib.GATConv(Fin, C, heads=H, edge_dim=E),
+            lib.GATConv(H * C, K, heads=1, edge_dim=E),
             F.elu,
         )
     if model == "transformer":
@@ -134,7 +141,7 @@ def run_case(impl, model, dtype, edge_index, x, y, state, args, spattn, edge_att
     net = net.to(dtype)
     xs = x.to(dtype)
     ei = edge_index
-    ea = edge_attr.to(dtype) if (edge_attr is not None and model == "transformer_edge") else None
+    ea = edge_attr.to(dtype) if (edge_attr is not None and model.endswith("_edge")) else None
     opt = torch.optim.Adam(net.parameters(), lr=0.01)
 
     def step():

@@ -249,13 +249,15 @@ pub(crate) fn gpu_forward<T: DType>(
 
 /// The backward of `plan` with extras on CUDA tensors at `[q, k, v, d_out, bias, dq, dk, dv,
 /// d_bias, features, d_features]` (the bias's and the features' addresses 0 without them),
-/// ordered with `stream`; returns ∂L/∂scale.
+/// ordered with `stream`; returns ∂L/∂scale where `d_scale` (a wait for the GPU), NaN
+/// otherwise.
 pub(crate) fn gpu_backward<T: DType>(
     d: &OnDevice,
     plan: &AttentionPlan,
     args: ExtrasArgs,
     [q, k, v, d_out, bias, dq, dk, dv, d_bias, features, d_features]: [u64; 11],
     stream: u64,
+    d_scale: bool,
 ) -> spattn::Result<f64> {
     let gpu = &d.device.gpu;
     let (sq, skv) = (plan.shape_q(), plan.shape_kv());
@@ -294,8 +296,13 @@ pub(crate) fn gpu_backward<T: DType>(
                 d_edge_features: d_features.as_deref_mut(),
             };
             let extras = args.device(&bias, features.as_deref());
-            plan.backward_with_extras(&q, &k, &v, &extras, &d_out, grads)
-                .map(f64::from)
+            if d_scale {
+                plan.backward_with_extras(&q, &k, &v, &extras, &d_out, grads)
+                    .map(f64::from)
+            } else {
+                plan.backward_with_extras_grads(&q, &k, &v, &extras, &d_out, grads)
+                    .map(|()| f64::NAN)
+            }
         })
     }
 }

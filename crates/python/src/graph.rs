@@ -19,16 +19,18 @@
 //! tensors' memory in its own stream order.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use spattn::ops::cpu::{self, AttentionInputs, Real};
+use spattn::ops::device_plan::{self, BuildReport, DeviceEdges, DeviceIds, DeviceIndex, GraphSpec};
 use spattn::ops::external::{ExternalMatrix, ExternalVec};
 use spattn::ops::{backward as gpu_backward, csr_ops, edge_extras};
 use spattn::{
     bf16, f16, Algorithm, AttentionConfig, AttentionPlan, Csr, DType, DTypeKind, DeviceBias,
-    DeviceGraph, Dropout, Shape,
+    DeviceGraph, Dropout, PlanPolicy, Shape,
 };
 
 use crate::device::{self, Device};
@@ -67,34 +69,93 @@ pub(crate) struct OnDevice {
 #[pyclass(module = "spattn._native", frozen)]
 #[derive(Debug)]
 pub struct GraphCore {
-    csr: Arc<Csr>,
+    /// The host CSR: given, or (a graph built on a GPU) downloaded by the first path that
+    /// needs it (the CPU ops, the index accessors, another device).
+    host: OnceLock<Arc<Csr>>,
+    n_rows: usize,
+    n_cols: usize,
+    nnz: usize,
     /// Edges of the input that repeated an earlier one (merged: a graph is a set of edges).
     duplicates: usize,
+    /// The CUDA device the graph was built on (its `DeviceGraph` holds it), if it was.
+    origin: Option<usize>,
     /// Aᵀ and, for each of its entries, the index of the same entry in A (CPU GAT backward).
     transpose: OnceLock<(Csr, Vec<u32>)>,
     devices: Mutex<HashMap<usize, Arc<OnDevice>>>,
+    /// The plans' policy on every device ([`PlanPolicy::Reuse`] when set).
+    reuse: AtomicBool,
+    /// Backward calls on CUDA so far (nn's graph cache reads it: a graph seen again after a
+    /// backward is one trained on over several steps).
+    backwards: AtomicUsize,
 }
 
 impl GraphCore {
     fn new(csr: Csr, duplicates: usize) -> Self {
         Self {
-            csr: Arc::new(csr),
+            n_rows: csr.n_rows(),
+            n_cols: csr.n_cols(),
+            nnz: csr.nnz(),
+            host: OnceLock::from(Arc::new(csr)),
             duplicates,
+            origin: None,
             transpose: OnceLock::new(),
             devices: Mutex::new(HashMap::new()),
+            reuse: AtomicBool::new(true),
+            backwards: AtomicUsize::new(0),
         }
+    }
+
+    /// The policy of this graph's plans.
+    fn policy_value(&self) -> PlanPolicy {
+        if self.reuse.load(Ordering::Relaxed) {
+            PlanPolicy::Reuse
+        } else {
+            PlanPolicy::Once
+        }
+    }
+
+    /// The host CSR (downloaded once from the device a graph was built on).
+    fn csr(&self) -> spattn::Result<&Arc<Csr>> {
+        if let Some(c) = self.host.get() {
+            return Ok(c);
+        }
+        let built = self.origin.and_then(|o| {
+            let map = self.devices.lock().unwrap_or_else(PoisonError::into_inner);
+            map.get(&o).cloned()
+        });
+        let d = built.ok_or_else(|| {
+            spattn::Error::Ops(spattn::ops::Error::InvalidArgument {
+                what: "graph",
+                why: "has neither a host CSR nor the device it was built on".into(),
+            })
+        })?;
+        let _restore = device::ContextGuard::save();
+        let csr = d.graph.host_shared()?.clone();
+        Ok(self.host.get_or_init(|| csr))
+    }
+
+    /// [`csr`](Self::csr) as a Python error.
+    fn csr_py(&self) -> PyResult<&Arc<Csr>> {
+        self.csr().map_err(to_py)
     }
 
     /// The graph's state on CUDA device `ordinal` (the upload is lazy: nothing is copied until
     /// a plan or op asks for it).
     fn on_device(&self, ordinal: usize) -> spattn::Result<Arc<OnDevice>> {
         // Entries are inserted whole: a panic elsewhere cannot leave the map half-built.
+        let map = self.devices.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(d) = map.get(&ordinal) {
+            return Ok(d.clone());
+        }
+        drop(map);
+        let host = self.csr()?.clone();
         let mut map = self.devices.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(d) = map.get(&ordinal) {
             return Ok(d.clone());
         }
         let device = device::device(ordinal)?;
-        let graph = Arc::new(DeviceGraph::new(&device.gpu, self.csr.clone()));
+        let graph = Arc::new(DeviceGraph::new(&device.gpu, host));
+        graph.set_policy(self.policy_value());
         let d = Arc::new(OnDevice {
             device,
             graph,
@@ -145,13 +206,14 @@ impl GraphCore {
         .map_err(to_py)
     }
 
-    fn transpose(&self) -> &(Csr, Vec<u32>) {
-        self.transpose.get_or_init(|| self.csr.transpose_with_map())
+    fn transpose(&self) -> spattn::Result<&(Csr, Vec<u32>)> {
+        let csr = self.csr()?;
+        Ok(self.transpose.get_or_init(|| csr.transpose_with_map()))
     }
 
     fn shapes(&self, heads: usize, head_dim: usize) -> PyResult<(Shape, Shape)> {
-        let q = Shape::new(self.csr.n_rows(), heads, head_dim).map_err(ops_to_py)?;
-        let kv = Shape::new(self.csr.n_cols(), heads, head_dim).map_err(ops_to_py)?;
+        let q = Shape::new(self.n_rows, heads, head_dim).map_err(ops_to_py)?;
+        let kv = Shape::new(self.n_cols, heads, head_dim).map_err(ops_to_py)?;
         Ok((q, kv))
     }
 }
@@ -358,6 +420,186 @@ impl GraphCore {
         })
     }
 
+    /// A `num_nodes × num_nodes` graph built on CUDA device `device` from an edge list in its
+    /// memory (PyG's `edge_index` rows, never copied to the host): sources at address `src`
+    /// and targets at `dst`, `n_edges` ids each of `dtype` (`"int32"` or `"int64"`) at element
+    /// strides `src_stride` and `dst_stride`; repeats merged, `symmetrize` / `self_loops` as in
+    /// [`from_edges`](Self::from_edges); `transpose`: build the backward's transpose now. With
+    /// `positions` (the address of `n_edges` int64), each input edge's position in the
+    /// graph's CSR order is written there. Ordered with `stream` (the caller's current
+    /// stream); reads back once (the sizes). An id out of range is a `ValueError` naming the
+    /// edge.
+    #[staticmethod]
+    #[pyo3(signature = (device, dtype, src, src_stride, dst, dst_stride, n_edges, num_nodes,
+                        symmetrize, self_loops, transpose, positions, stream))]
+    fn from_device_edges(
+        py: Python<'_>,
+        device: i64,
+        dtype: &str,
+        src: u64,
+        src_stride: usize,
+        dst: u64,
+        dst_stride: usize,
+        n_edges: usize,
+        num_nodes: usize,
+        symmetrize: bool,
+        self_loops: bool,
+        transpose: bool,
+        positions: u64,
+        stream: u64,
+    ) -> PyResult<Self> {
+        let ordinal = device::ordinal(device)?;
+        let spec = GraphSpec {
+            n_rows: num_nodes,
+            n_cols: num_nodes,
+            symmetrize,
+            self_loops,
+            transpose,
+        };
+        let strides = (src_stride, dst_stride);
+        let built = py.detach(
+            || -> spattn::Result<(DeviceGraph, usize, Arc<device::Device>)> {
+                let _restore = device::ContextGuard::save();
+                let d = device::device(ordinal)?;
+                let (graph, report) = match dtype {
+                    "int64" => build_on_device::<i64>(
+                        &d,
+                        (src, dst),
+                        strides,
+                        n_edges,
+                        &spec,
+                        positions,
+                        stream,
+                    )?,
+                    "int32" => build_on_device::<i32>(
+                        &d,
+                        (src, dst),
+                        strides,
+                        n_edges,
+                        &spec,
+                        positions,
+                        stream,
+                    )?,
+                    other => {
+                        return Err(spattn::Error::Ops(spattn::ops::Error::InvalidArgument {
+                            what: "edge_index",
+                            why: format!("dtype {other}: expected int32 or int64"),
+                        }))
+                    }
+                };
+                Ok((graph, report.duplicates, d))
+            },
+        );
+        let (graph, duplicates, d) = built.map_err(edge_error)?;
+        let core = Self {
+            n_rows: graph.n_rows(),
+            n_cols: graph.n_cols(),
+            nnz: graph.nnz(),
+            host: OnceLock::new(),
+            duplicates,
+            origin: Some(ordinal),
+            transpose: OnceLock::new(),
+            devices: Mutex::new(HashMap::new()),
+            reuse: AtomicBool::new(false),
+            backwards: AtomicUsize::new(0),
+        };
+        core.devices
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(
+                ordinal,
+                Arc::new(OnDevice {
+                    device: d,
+                    graph: Arc::new(graph),
+                    plans: Mutex::new(HashMap::new()),
+                }),
+            );
+        Ok(core)
+    }
+
+    /// Whether the graph was built on a CUDA device from an edge list there.
+    #[getter]
+    fn built_on_device(&self) -> bool {
+        self.origin.is_some()
+    }
+
+    /// The plans' policy: `"once"` (row orders kept: a graph seen once) or `"reuse"` (`auto`
+    /// plans choose a row order on the host).
+    #[getter]
+    fn policy(&self) -> &'static str {
+        match self.policy_value() {
+            PlanPolicy::Once => "once",
+            PlanPolicy::Reuse => "reuse",
+        }
+    }
+
+    /// Sets the plans' policy (`"once"` or `"reuse"`); plans built before are dropped, so the
+    /// next call of each configuration plans again under the new policy.
+    fn set_policy(&self, policy: &str) -> PyResult<()> {
+        let p = match policy {
+            "once" => PlanPolicy::Once,
+            "reuse" => PlanPolicy::Reuse,
+            other => {
+                return Err(value_error(
+                    "policy",
+                    format!("{other:?} is not \"once\" or \"reuse\""),
+                ))
+            }
+        };
+        self.reuse.store(p == PlanPolicy::Reuse, Ordering::Relaxed);
+        let _restore = device::ContextGuard::save();
+        let map = self.devices.lock().unwrap_or_else(PoisonError::into_inner);
+        for d in map.values() {
+            d.graph.set_policy(p);
+            d.plans
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clear();
+        }
+        Ok(())
+    }
+
+    /// Backward calls on CUDA so far.
+    #[getter]
+    fn backward_calls(&self) -> usize {
+        self.backwards.load(Ordering::Relaxed)
+    }
+
+    /// Writes the graph's edges into int64 CUDA tensors on device `device` at `src` and `dst`
+    /// (`nnz` each: the columns and the rows of the CSR, in its order), ordered with `stream`:
+    /// for a graph on that device, with no copy through the host.
+    fn edge_index_into(
+        &self,
+        py: Python<'_>,
+        device: i64,
+        src: u64,
+        dst: u64,
+        stream: u64,
+    ) -> PyResult<()> {
+        let ordinal = device::ordinal(device)?;
+        let nnz = self.nnz;
+        py.detach(|| -> spattn::Result<()> {
+            let _restore = device::ContextGuard::save();
+            let d = self.on_device(ordinal)?;
+            let gpu = &d.device.gpu;
+            // SAFETY: the package passes the rows of a fresh contiguous 2 × nnz int64 CUDA
+            // tensor on this device (8-byte aligned: the second row starts 8 · nnz bytes in),
+            // alive for the call and ordered by `stream` (the bridge makes it wait for the
+            // writes); `widen_to_i64` writes exactly `nnz` of each, element by element.
+            unsafe {
+                let mut s = ExternalVec::<i64>::new_element_aligned(gpu, "src", src, nnz)?;
+                let mut t = ExternalVec::<i64>::new_element_aligned(gpu, "dst", dst, nnz)?;
+                d.device.bridge.run(stream, || -> spattn::Result<()> {
+                    let a = d.graph.csr()?;
+                    device_plan::widen_to_i64(gpu, a.col_indices(), &mut s)?;
+                    device_plan::widen_to_i64(gpu, a.row_indices(), &mut t)?;
+                    Ok(())
+                })
+            }
+        })
+        .map_err(to_py)
+    }
+
     /// A graph read from a MatrixMarket file (`.mtx` or `.mtx.gz`; its values are ignored),
     /// optionally symmetrized and with self loops.
     #[staticmethod]
@@ -381,7 +623,7 @@ impl GraphCore {
     #[pyo3(signature = (symmetrize=false, self_loops=false))]
     fn transformed(&self, py: Python<'_>, symmetrize: bool, self_loops: bool) -> PyResult<Self> {
         py.detach(|| {
-            Self::transform((*self.csr).clone(), symmetrize, self_loops)
+            Self::transform((**self.csr_py()?).clone(), symmetrize, self_loops)
                 .map(|c| Self::new(c, self.duplicates))
         })
     }
@@ -389,19 +631,19 @@ impl GraphCore {
     /// Rows (targets).
     #[getter]
     fn n_rows(&self) -> usize {
-        self.csr.n_rows()
+        self.n_rows
     }
 
     /// Columns (sources).
     #[getter]
     fn n_cols(&self) -> usize {
-        self.csr.n_cols()
+        self.n_cols
     }
 
     /// Edges.
     #[getter]
     fn nnz(&self) -> usize {
-        self.csr.nnz()
+        self.nnz
     }
 
     /// Repeated input edges merged when the graph was built from an edge list.
@@ -411,18 +653,18 @@ impl GraphCore {
     }
 
     /// The row offsets as native-endian int64 bytes (`n_rows + 1`).
-    fn crow<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        int64_bytes(py, self.csr.row_offsets())
+    fn crow<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        Ok(int64_bytes(py, self.csr_py()?.row_offsets()))
     }
 
     /// The column indices as native-endian int64 bytes (`nnz`), row by row, sorted.
-    fn col<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        int64_bytes(py, self.csr.col_indices())
+    fn col<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        Ok(int64_bytes(py, self.csr_py()?.col_indices()))
     }
 
     /// The row of every edge as native-endian int64 bytes (`nnz`), in CSR order.
-    fn row<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        int64_bytes(py, &self.csr.row_indices())
+    fn row<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        Ok(int64_bytes(py, &self.csr_py()?.row_indices()))
     }
 
     /// Builds (or finds) the plan of this configuration on CUDA device `device` and returns
@@ -478,8 +720,10 @@ impl GraphCore {
     /// 0`; f32 or f64); `problem` is (device, dtype, heads, head_dim). With `backward` false:
     /// `out = softmax_row(scale · Q Kᵀ masked by A) · V`, `ptrs` the addresses of Q, K, V and
     /// out; returns 0. With `backward`: the exact gradients, `ptrs` the addresses of Q, K, V,
-    /// out (the forward's output), d_out (its gradient), dQ, dK and dV; returns ∂L/∂scale. See
-    /// the module documentation for the arguments' contract.
+    /// out (the forward's output), d_out (its gradient), dQ, dK and dV; returns ∂L/∂scale, or
+    /// on CUDA with `d_scale` false NaN (the call then does not wait for the GPU). See the
+    /// module documentation for the arguments' contract.
+    #[pyo3(signature = (problem, scale, algorithm, backward, ptrs, stream, d_scale = true))]
     #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
@@ -490,6 +734,7 @@ impl GraphCore {
         backward: bool,
         ptrs: Vec<u64>,
         stream: u64,
+        d_scale: bool,
     ) -> PyResult<f64> {
         let (device, dtype, heads, head_dim) = problem;
         let dt = DTypeName::parse(&dtype)?;
@@ -511,9 +756,15 @@ impl GraphCore {
             });
         }
         let key = PlanKey::new(heads, head_dim, dt, algorithm, scale, false)?;
+        if backward {
+            self.backwards.fetch_add(1, Ordering::Relaxed);
+        }
         self.with_plan(py, device, key, |d, plan| {
             if backward {
-                by_dtype!(key.dtype, gpu_backward_call(d, plan, bwd(&ptrs), stream))
+                by_dtype!(
+                    key.dtype,
+                    gpu_backward_call(d, plan, bwd(&ptrs), stream, d_scale)
+                )
             } else {
                 by_dtype!(key.dtype, gpu_forward(d, plan, fwd(&ptrs), stream)).map(|()| 0.0)
             }
@@ -526,7 +777,10 @@ impl GraphCore {
     /// `None`, `edge_features` whether features (`nnz × heads × head_dim`) are given. Forward
     /// `ptrs`: `[q, k, v, out, bias, weights, features]` (0 for what is not given or wanted);
     /// backward: `[q, k, v, d_out, bias, dq, dk, dv, d_bias, features, d_features]`, returning
-    /// ∂L/∂scale (0.0 for the forward).
+    /// ∂L/∂scale (0.0 for the forward; NaN on CUDA with `d_scale` false, which waits for
+    /// nothing).
+    #[pyo3(signature = (problem, scale, algorithm, backward, bias, dropout, edge_features, ptrs,
+                        stream, d_scale = true))]
     #[allow(clippy::too_many_arguments)]
     fn attention_extras(
         &self,
@@ -540,6 +794,7 @@ impl GraphCore {
         edge_features: bool,
         ptrs: Vec<u64>,
         stream: u64,
+        d_scale: bool,
     ) -> PyResult<f64> {
         let (device, dtype, heads, head_dim) = problem;
         let dt = DTypeName::parse(&dtype)?;
@@ -550,7 +805,7 @@ impl GraphCore {
         check_addresses(&ptrs, if backward { 11 } else { 7 })?;
         let (fwd, bwd) = (first::<7>, first::<11>);
         if device < 0 {
-            let (csr, d) = (&*self.csr, shapes.0.head_dim);
+            let (csr, d) = (&**self.csr_py()?, shapes.0.head_dim);
             return py.detach(|| match (dt.host()?, backward) {
                 (HostDType::F32, false) => {
                     let s = scale_of::<f32>(scale, d);
@@ -572,11 +827,14 @@ impl GraphCore {
             edge_features,
             ..PlanKey::new(heads, head_dim, dt, algorithm, scale, true)?
         };
+        if backward {
+            self.backwards.fetch_add(1, Ordering::Relaxed);
+        }
         self.with_plan(py, device, key, |d, plan| {
             if backward {
                 by_dtype!(
                     key.dtype,
-                    extras::gpu_backward(d, plan, args, bwd(&ptrs), stream)
+                    extras::gpu_backward(d, plan, args, bwd(&ptrs), stream, d_scale)
                 )
             } else {
                 by_dtype!(
@@ -691,6 +949,7 @@ impl GraphCore {
         }
         let kind = dt.device()?;
         let ordinal = device::ordinal(device)?;
+        self.backwards.fetch_add(1, Ordering::Relaxed);
         let ws = [workspaces.0, workspaces.1, workspaces.2];
         let slope = slope as f32;
         py.detach(|| -> spattn::Result<()> {
@@ -707,9 +966,7 @@ impl GraphCore {
     fn __repr__(&self) -> String {
         format!(
             "GraphCore(n_rows={}, n_cols={}, nnz={})",
-            self.csr.n_rows(),
-            self.csr.n_cols(),
-            self.csr.nnz()
+            self.n_rows, self.n_cols, self.nnz
         )
     }
 }
@@ -777,8 +1034,13 @@ impl GraphCore {
             )
         };
         let inputs = AttentionInputs::new(q, sq, k, skv, v, skv);
-        cpu::attention(&self.csr, &inputs, scale_of::<F>(scale, sq.head_dim), out)
-            .map_err(ops_to_py)
+        cpu::attention(
+            self.csr_py()?,
+            &inputs,
+            scale_of::<F>(scale, sq.head_dim),
+            out,
+        )
+        .map_err(ops_to_py)
     }
 
     fn cpu_backward<F: Real>(
@@ -800,7 +1062,7 @@ impl GraphCore {
         };
         let inputs = AttentionInputs::new(q, sq, k, skv, v, skv);
         let g = cpu::attention_backward(
-            &self.csr,
+            self.csr_py()?,
             &inputs,
             scale_of::<F>(scale, sq.head_dim),
             out,
@@ -830,7 +1092,7 @@ impl GraphCore {
         [x, a_dst, a_src, out, bias]: [u64; 5],
     ) -> PyResult<()> {
         let h = sq.heads;
-        let a = &*self.csr;
+        let a: &Csr = self.csr_py()?;
         let edges = a.nnz() * h;
         // SAFETY: the package's contract: `nnz × heads` values of F where given.
         let bias = unsafe { host::slice::<F>("bias", bias, if bias == 0 { 0 } else { edges })? };
@@ -863,7 +1125,7 @@ impl GraphCore {
         [x, a_dst, a_src, d_out, dx, da_dst, da_src, bias, d_bias]: [u64; 9],
     ) -> PyResult<()> {
         let h = sq.heads;
-        let a = &*self.csr;
+        let a: &Csr = self.csr_py()?;
         // SAFETY: as in `cpu_gat_forward`; dx, da_dst, da_src are fresh outputs.
         let (x, a_dst, a_src, d_out, dx, da_dst, da_src) = unsafe {
             (
@@ -876,7 +1138,7 @@ impl GraphCore {
                 host::slice_mut::<F>("d_alpha_src", da_src, skv.rows * h)?,
             )
         };
-        let (at, map) = self.transpose();
+        let (at, map) = self.transpose().map_err(to_py)?;
         let edges = a.nnz() * h;
         let blen = if bias == 0 { 0 } else { edges };
         // SAFETY: as above: the forward's bias and a fresh d_bias, `nnz × heads` where given.
@@ -949,12 +1211,14 @@ fn gpu_forward<T: DType>(
 }
 
 /// The backward of `plan` on CUDA tensors at `[q, k, v, out, d_out, dq, dk, dv]`, ordered
-/// with `stream`; returns ∂L/∂scale (downloaded: the call waits for spattn's stream).
+/// with `stream`; returns ∂L/∂scale where `d_scale` (downloaded: the call waits for spattn's
+/// stream), NaN otherwise (nothing waits).
 fn gpu_backward_call<T: DType>(
     d: &OnDevice,
     plan: &AttentionPlan,
     [q, k, v, out, d_out, dq, dk, dv]: [u64; 8],
     stream: u64,
+    d_scale: bool,
 ) -> spattn::Result<f64> {
     let gpu = &d.device.gpu;
     let (sq, skv) = (plan.shape_q(), plan.shape_kv());
@@ -970,8 +1234,13 @@ fn gpu_backward_call<T: DType>(
         let mut dk = ExternalMatrix::<T>::new(gpu, "dk", dk, skv)?;
         let mut dv = ExternalMatrix::<T>::new(gpu, "dv", dv, skv)?;
         d.device.bridge.run(stream, || {
-            plan.backward(&q, &k, &v, &out, &d_out, &mut dq, &mut dk, &mut dv)
-                .map(f64::from)
+            if d_scale {
+                plan.backward(&q, &k, &v, &out, &d_out, &mut dq, &mut dk, &mut dv)
+                    .map(f64::from)
+            } else {
+                plan.backward_grads(&q, &k, &v, &out, &d_out, &mut dq, &mut dk, &mut dv)
+                    .map(|()| f64::NAN)
+            }
         })
     }
 }
@@ -1119,6 +1388,80 @@ fn gat_backward_gpu<T: DType>(
             csr_ops::spmm(gpu, t.csr(), &dp, &d_out, &mut dx)?;
             Ok(())
         })
+    }
+}
+
+/// A graph built on `d` from the edge ids at `(src, dst)` (`n_edges` of `I` each, at the
+/// element strides given), positions into `positions` where non-zero, ordered with `stream`.
+#[allow(clippy::too_many_arguments)]
+fn build_on_device<I: DeviceIndex>(
+    d: &device::Device,
+    (src, dst): (u64, u64),
+    (src_stride, dst_stride): (usize, usize),
+    n_edges: usize,
+    spec: &GraphSpec,
+    positions: u64,
+    stream: u64,
+) -> spattn::Result<(DeviceGraph, BuildReport)> {
+    let gpu = &d.gpu;
+    // Elements the strided ids span: the last id's index plus one.
+    let span = |stride: usize| -> spattn::Result<usize> {
+        match n_edges {
+            0 => Ok(0),
+            n => (n - 1)
+                .checked_mul(stride.max(1))
+                .and_then(|x| x.checked_add(1))
+                .ok_or_else(|| {
+                    spattn::Error::Ops(spattn::ops::Error::TooLarge {
+                        what: "edge_index span",
+                        value: n as u64,
+                        limit: (usize::MAX / stride.max(1)) as u64,
+                    })
+                }),
+        }
+    };
+    // SAFETY: the package passes the data addresses of `edge_index`'s two rows (a CUDA int32 or
+    // int64 tensor on this device, alive for the call; `src_stride` / `dst_stride` its row's
+    // element stride, so `span` elements from each address lie in the tensor) and, where
+    // non-zero, of a fresh int64 tensor of `n_edges` elements for the positions. The build
+    // runs on spattn's stream after `stream`'s work (the bridge), and the tensors' memory is
+    // recycled only in `stream`'s order, which waits for the build; the views are dropped at
+    // the end of this function. The kernels read ids `i · stride` for i < n_edges and write
+    // positions[i] for i < n_edges.
+    unsafe {
+        let s =
+            ExternalVec::<I>::new_element_aligned(gpu, "edge_index[0]", src, span(src_stride)?)?;
+        let t =
+            ExternalVec::<I>::new_element_aligned(gpu, "edge_index[1]", dst, span(dst_stride)?)?;
+        let mut pos = if positions == 0 {
+            None
+        } else {
+            Some(ExternalVec::<i64>::new(
+                gpu,
+                "positions",
+                positions,
+                n_edges,
+            )?)
+        };
+        let edges = DeviceEdges {
+            sources: DeviceIds::strided(&s, src_stride)?,
+            targets: DeviceIds::strided(&t, dst_stride)?,
+            len: n_edges,
+        };
+        d.bridge.run(stream, || {
+            DeviceGraph::from_device_edges(gpu, &edges, spec, pos.as_deref_mut())
+                .map_err(spattn::Error::from)
+        })
+    }
+}
+
+/// A build's error, with an id out of range named as `edge_index`'s (a `ValueError`).
+fn edge_error(e: spattn::Error) -> PyErr {
+    match e {
+        spattn::Error::Ops(o @ spattn::ops::Error::EdgeOutOfRange { .. }) => {
+            value_error("edge_index", o)
+        }
+        other => to_py(other),
     }
 }
 

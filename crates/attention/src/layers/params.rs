@@ -239,13 +239,17 @@ impl HostGraph {
 }
 
 /// The graph the GPU layers are bound to: the shared [`DeviceGraph`] (A and Aᵀ with the edge
-/// map uploaded once, and whatever format the layers' attention plans read, shared by every
-/// layer over the graph), the host graph it came from, and the context the layers run on.
-/// Cheap to clone (shared).
+/// map on the device, and whatever format the layers' attention plans read, shared by every
+/// layer over the graph), the host graph it came from where it came from one, and the context
+/// the layers run on. Cheap to clone (shared).
+///
+/// A graph seen once (a mini-batch's) is best built on the device
+/// ([`DeviceGraph::from_device_edges`], policy [`spattn_ops::PlanPolicy::Once`]) and bound
+/// with [`on_device`](Self::on_device): nothing of it then goes through the host.
 #[derive(Clone, Debug)]
 pub struct GpuGraph {
     ctx: GpuContext,
-    host: Arc<HostGraph>,
+    host: Option<Arc<HostGraph>>,
     device: Arc<DeviceGraph>,
 }
 
@@ -257,7 +261,41 @@ impl GpuGraph {
         device.transpose()?;
         Ok(Self {
             ctx: ctx.clone(),
-            host: graph.clone(),
+            host: Some(graph.clone()),
+            device,
+        })
+    }
+
+    /// Binds a graph already on the context's GPU (built there from an edge list, or
+    /// shared with plans): A and Aᵀ are made where they are not yet (on the device for a
+    /// graph built there).
+    ///
+    /// Errors: [`crate::Error::InvalidConfig`] for a graph that is not square or of another
+    /// GPU handle than the context's; the device's.
+    pub fn on_device(ctx: &GpuContext, device: Arc<DeviceGraph>) -> Result<Self> {
+        if device.n_rows() != device.n_cols() {
+            return Err(crate::Error::InvalidConfig {
+                what: "graph",
+                why: format!(
+                    "a layer's graph must be square (node features in, node features out); it is {} x {}",
+                    device.n_rows(),
+                    device.n_cols()
+                ),
+            });
+        }
+        if !ctx.gpu().is_same_handle(device.gpu()) {
+            return Err(crate::Error::InvalidConfig {
+                what: "graph",
+                why: "is on another GPU handle than the layers' context (build it with the \
+                      context's Gpu)"
+                    .into(),
+            });
+        }
+        device.csr()?;
+        device.transpose()?;
+        Ok(Self {
+            ctx: ctx.clone(),
+            host: None,
             device,
         })
     }
@@ -269,9 +307,10 @@ impl GpuGraph {
     pub fn gpu(&self) -> &Gpu {
         self.ctx.gpu()
     }
-    /// The host graph it came from.
-    pub fn host(&self) -> &Arc<HostGraph> {
-        &self.host
+    /// The host graph it came from; `None` for a graph bound with
+    /// [`on_device`](Self::on_device).
+    pub fn host(&self) -> Option<&Arc<HostGraph>> {
+        self.host.as_ref()
     }
     /// The shared device graph (for attention plans over the same uploads).
     pub fn device(&self) -> &Arc<DeviceGraph> {
@@ -287,7 +326,7 @@ impl GpuGraph {
     }
     /// Number of nodes.
     pub fn n(&self) -> usize {
-        self.host.n()
+        self.device.n_rows()
     }
 }
 

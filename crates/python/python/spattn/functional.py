@@ -306,10 +306,12 @@ def _sparse_attention_extras(graph, q, k, v, scale, bias, features, dropout, see
 
 
 def _native_extras(graph, q, scale, algorithm, backward, kind, drop, features, ptrs) -> float:
+    """The extras' forward or backward; the autograd backward needs no ∂L/∂scale (its scale is
+    a constant; a tensor scale is folded into q), so on CUDA it does not wait for the GPU."""
     n, h, d = q.shape
     return graph._core.attention_extras(
         (device_index(q), dtype_name(q.dtype), h, d), scale, algorithm, backward, kind, drop,
-        features, ptrs, stream_of(q),
+        features, ptrs, stream_of(q), d_scale=False,
     )
 
 
@@ -326,13 +328,15 @@ def _native_forward(graph, q, k, v, out, scale, algorithm) -> None:
     )
 
 
-def _native_backward(graph, q, k, v, out, d_out, dq, dk, dv, scale, algorithm) -> float:
+def _native_backward(graph, q, k, v, out, d_out, dq, dk, dv, scale, algorithm, d_scale=True) -> float:
+    """The exact backward; ∂L/∂scale only where ``d_scale`` (on CUDA reading it waits for the
+    GPU; the autograd backward does not need it)."""
     n, h, d = q.shape
     return graph._core.attention(
         (device_index(q) if is_tensor(q) else -1, dtype_name(q.dtype), h, d), scale, algorithm,
         True, [address(q), address(k), address(v), address(out), address(d_out),
          address(dq), address(dk), address(dv)],
-        stream_of(q) if is_tensor(q) else 0,
+        stream_of(q) if is_tensor(q) else 0, d_scale=d_scale,
     )
 
 
@@ -367,7 +371,8 @@ if torch is not None:
                 dq.zero_(), dk.zero_(), dv.zero_()
             else:
                 _native_backward(
-                    ctx.graph, q, k, v, out, d_out, dq, dk, dv, ctx.scale, ctx.algorithm
+                    ctx.graph, q, k, v, out, d_out, dq, dk, dv, ctx.scale, ctx.algorithm,
+                    d_scale=False,
                 )
             return None, dq, dk, dv, None, None
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
+import weakref
 from typing import Any, Dict, Optional
 
 from . import _native
@@ -14,7 +15,9 @@ from ._tensors import (
     dtype_name,
     index_bytes,
     int64_array,
+    is_tensor,
     require_torch,
+    torch,
 )
 
 
@@ -34,6 +37,11 @@ class Graph:
     first call of a configuration pays for planning and later calls only launch kernels.
     Plans may renumber rows internally; inputs and outputs always keep the graph's node order.
 
+    A graph made from a CUDA ``edge_index`` (or CUDA ``crow`` / ``col``) is built on that GPU
+    by spattn's kernels: the edges never go to the host, and the plans keep the rows in
+    their order (a mini-batch's graph, seen once, does not repay a row order). Anything that
+    needs the host copy (:meth:`crow`, :meth:`col`, CPU tensors) downloads it once.
+
     Args:
         crow: row offsets, ``n + 1`` integers (torch tensor on any device, numpy array or
             sequence).
@@ -45,6 +53,10 @@ class Graph:
     __slots__ = ("_core", "_derived", "__weakref__")
 
     def __init__(self, crow: Any, col: Any, n: Optional[int] = None):
+        if _is_cuda_tensor(crow) and _is_cuda_tensor(col):
+            self._core = _csr_on_device(crow, col, n)
+            self._derived = {}
+            return
         crow_b, crow_shape = index_bytes("crow", crow)
         col_b, _ = index_bytes("col", col)
         rows = crow_shape[0] - 1
@@ -84,7 +96,14 @@ class Graph:
         Repeated edges are merged (a graph is a set of edges; PyG would count each copy):
         :attr:`num_duplicates` says how many were dropped, and a :class:`SpattnWarning` is
         issued when any were.
+
+        A CUDA ``edge_index`` (int32 or int64, any strides) is built on its GPU, with no copy
+        through the host and one synchronisation for the sizes; ``num_nodes`` is then best
+        given (else ``edge_index.max()`` is read, another synchronisation). An id out of range
+        or negative raises ``ValueError`` naming the edge.
         """
+        if _is_cuda_tensor(edge_index):
+            return cls._from_cuda_edge_index(edge_index, num_nodes, symmetrize, self_loops)
         if not isinstance(edge_index, (list, tuple)) and hasattr(edge_index, "shape"):
             shape = tuple(edge_index.shape)
             if len(shape) != 2 or shape[0] != 2:
@@ -111,6 +130,54 @@ class Graph:
                 stacklevel=2,
             )
         return cls._from_core(core)
+
+    @classmethod
+    def _from_cuda_edge_index(
+        cls, edge_index: Any, num_nodes: Optional[int], symmetrize: bool, self_loops: bool
+    ) -> "Graph":
+        """:meth:`from_edge_index` of a CUDA tensor: built on its GPU. The input edges'
+        positions in the graph's CSR order are kept for :meth:`edge_positions` of this
+        tensor; the transpose (the backward's) is built now when autograd is on."""
+        torch = require_torch("Graph.from_edge_index")
+        if edge_index.dim() != 2 or edge_index.shape[0] != 2:
+            raise ValueError(f"edge_index: expected shape (2, E), got {tuple(edge_index.shape)}")
+        if edge_index.dtype not in (torch.int32, torch.int64):
+            if edge_index.is_floating_point() or edge_index.is_complex() or edge_index.dtype == torch.bool:
+                raise TypeError(f"edge_index: expected an integer tensor, got dtype {edge_index.dtype}")
+            edge_index = edge_index.to(torch.int64)
+        e = edge_index.shape[1]
+        if num_nodes is None:
+            num_nodes = int(edge_index.max()) + 1 if e else 0
+        num_nodes = _check_count("num_nodes", num_nodes)
+        device = edge_index.device
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        positions = torch.empty(e, dtype=torch.int64, device=device)
+        stride = edge_index.stride(1)
+        core = _native.GraphCore.from_device_edges(
+            index,
+            "int64" if edge_index.dtype == torch.int64 else "int32",
+            edge_index[0].data_ptr(),
+            stride,
+            edge_index[1].data_ptr(),
+            stride,
+            e,
+            num_nodes,
+            bool(symmetrize),
+            bool(self_loops),
+            torch.is_grad_enabled(),
+            positions.data_ptr() if e else 0,
+            torch.cuda.current_stream(device).cuda_stream,
+        )
+        if core.duplicates:
+            warnings.warn(
+                f"edge_index lists {core.duplicates} edge(s) more than once; spattn merges "
+                "repeated edges (PyG would count each copy in the softmax and the sum)",
+                SpattnWarning,
+                stacklevel=3,
+            )
+        g = cls._from_core(core)
+        g._derived[_INPUT_POSITIONS] = (weakref.ref(edge_index), _version(edge_index), positions)
+        return g
 
     @classmethod
     def read_matrix_market(
@@ -158,6 +225,23 @@ class Graph:
         return self._core.nnz
 
     @property
+    def policy(self) -> str:
+        """How the graph's ``auto`` plans treat row orders: ``"once"`` (keep the rows in their
+        order: a graph seen once, the default of a graph built on a GPU) or ``"reuse"`` (choose
+        a row order on the host when a plan is built, which the kernels repay over many calls:
+        the default of a graph built on the host). Setting it drops the plans built so far."""
+        return self._core.policy
+
+    @policy.setter
+    def policy(self, value: str) -> None:
+        self._core.set_policy(value)
+
+    @property
+    def built_on_device(self) -> bool:
+        """Whether the graph was built on a GPU from CUDA tensors."""
+        return self._core.built_on_device
+
+    @property
     def num_duplicates(self) -> int:
         """Repeated input edges that were merged when the graph was built."""
         return self._core.duplicates
@@ -172,8 +256,19 @@ class Graph:
 
     def edge_index(self, device: Any = None):
         """The edges as a PyG ``edge_index`` (a ``2 × E`` torch int64 tensor: sources, then
-        targets), in the graph's CSR order."""
+        targets), in the graph's CSR order. On a CUDA ``device`` it is written there by a
+        kernel (no copy through the host)."""
         torch = require_torch("Graph.edge_index")
+        dev = torch.device(device) if device is not None else None
+        if dev is not None and dev.type == "cuda":
+            index = dev.index if dev.index is not None else torch.cuda.current_device()
+            out = torch.empty((2, self.num_edges), dtype=torch.int64, device=dev)
+            if self.num_edges:
+                self._core.edge_index_into(
+                    index, out[0].data_ptr(), out[1].data_ptr(),
+                    torch.cuda.current_stream(dev).cuda_stream,
+                )
+            return out
         src = torch.frombuffer(bytearray(self._core.col()), dtype=torch.int64)
         dst = torch.frombuffer(bytearray(self._core.row()), dtype=torch.int64)
         return torch.stack([src, dst]).to(device) if device is not None else torch.stack([src, dst])
@@ -192,6 +287,9 @@ class Graph:
         torch = require_torch("Graph.edge_positions")
         if not torch.is_tensor(edge_index) or edge_index.dim() != 2 or edge_index.shape[0] != 2:
             raise ValueError("edge_index: expected a (2, E) integer tensor")
+        built = self._derived.get(_INPUT_POSITIONS)
+        if built is not None and built[0]() is edge_index and built[1] == _version(edge_index):
+            return built[2]
         dev = edge_index.device
         n_cols = max(self.num_cols, 1)
         ours = self.edge_index(device=dev)
@@ -252,6 +350,64 @@ class Graph:
             + (f", num_cols={self.num_cols}" if self.num_cols != self.num_nodes else "")
             + ")"
         )
+
+
+# The key of the input edges' CSR positions of a graph built on a GPU, in its derived data.
+_INPUT_POSITIONS = "graph.input_positions"
+
+
+def _version(t: Any) -> Optional[int]:
+    """A tensor's in-place version counter (None for an inference-mode tensor)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
+
+
+def _is_cuda_tensor(x: Any) -> bool:
+    """Whether ``x`` is a dense torch tensor on a CUDA device."""
+    return is_tensor(x) and x.device.type == "cuda" and x.layout == torch.strided
+
+
+def _csr_on_device(crow: Any, col: Any, n: Optional[int]):
+    """The native graph of CUDA CSR arrays, built on their GPU: the rows expanded on the device
+    and the entries given to the edge-list build (which skips its sort when the rows list
+    their columns in order)."""
+    torch = require_torch("Graph")
+    for name, t in (("crow", crow), ("col", col)):
+        if t.dim() != 1:
+            raise ValueError(f"{name}: expected 1 dimension, got shape {tuple(t.shape)}")
+        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+            raise TypeError(f"{name}: expected an integer tensor, got dtype {t.dtype}")
+    if crow.device != col.device:
+        raise ValueError(f"col: is on {col.device}, crow on {crow.device}")
+    rows = crow.shape[0] - 1
+    if rows < 0:
+        raise ValueError("crow: needs at least one entry (n + 1 offsets)")
+    n = rows if n is None else _check_count("n", n)
+    if n != rows:
+        raise ValueError(f"crow: has {crow.shape[0]} offsets, but n = {n} nodes need {n + 1}")
+    nnz = col.shape[0]
+    crow64 = crow.to(torch.int64)
+    counts = crow64[1:] - crow64[:-1]
+    # Offsets that do not increase, or do not end at nnz, are caught here (one read back).
+    if bool((counts < 0).any()) or (rows and int(crow64[-1]) != nnz) or (rows and int(crow64[0]) != 0):
+        raise ValueError(f"crow: offsets must start at 0, never decrease and end at {nnz}")
+    row = torch.repeat_interleave(
+        torch.arange(rows, device=crow.device, dtype=torch.int64), counts, output_size=nnz
+    )
+    edges = torch.stack([col.to(torch.int64), row])
+    device = crow.device
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    core = _native.GraphCore.from_device_edges(
+        index, "int64", edges[0].data_ptr(), 1, edges[1].data_ptr(), 1, nnz, n, False, False,
+        torch.is_grad_enabled(), 0, torch.cuda.current_stream(device).cuda_stream,
+    )
+    if core.duplicates:
+        raise ValueError(
+            f"col: {core.duplicates} entries repeat a column of their row; a graph is a set of edges"
+        )
+    return core
 
 
 def _check_count(name: str, value: Any) -> int:

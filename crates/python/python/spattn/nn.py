@@ -33,8 +33,9 @@ Differences from PyG (each is also in the class's documentation):
   per-node terms ``a^T W x`` in f32 for half-precision inputs (PyG: in the input dtype); on the
   CPU, f16 / bf16 inputs are computed in f32 and rounded back. LeakyReLU's derivative at
   exactly 0 is 1 (PyG: the slope).
-- ``edge_index`` may be on any device (it is read once into spattn's graph); ``fill_value``
-  of GATConv is accepted and unused (it only matters with edge features).
+- ``edge_index`` may be on any device: a CUDA one is made into spattn's graph on its GPU (no
+  copy through the host; a new ``edge_index`` every step, as mini-batch training brings, costs
+  one short plan on the device), a CPU one on the host.
 - ``algorithm=`` (keyword only) picks spattn's algorithm (``"auto"`` by default).
 """
 
@@ -55,7 +56,7 @@ from .functional import gat_attention, sparse_attention
 from .graph import Graph, SpattnWarning
 from ._tensors import check_algorithm
 
-__all__ = ["TransformerConv", "GATConv", "AGNNConv", "graph_for"]
+__all__ = ["TransformerConv", "GATConv", "AGNNConv", "graph_for", "clear_graph_cache"]
 
 # ---- edge_index -> Graph, cached --------------------------------------------------------------
 
@@ -78,7 +79,12 @@ def graph_for(edge_index: Any, num_nodes: int, self_loops: bool = False) -> Grap
     """The :class:`spattn.Graph` of a PyG ``edge_index`` over ``num_nodes`` nodes (with self
     loops added if asked), built once per tensor and cached (up to 16 graphs; a tensor
     modified in place, or another tensor, gets a new graph). A ``Graph`` is returned as is
-    (or its :meth:`~spattn.Graph.with_self_loops`)."""
+    (or its :meth:`~spattn.Graph.with_self_loops`).
+
+    A CUDA ``edge_index`` is built on its GPU (:meth:`spattn.Graph.from_edge_index`) with the
+    policy ``"once"``: a mini-batch's graph, new every step, keeps its row order. The same
+    tensor seen again after a backward (full-graph training) switches its graph to
+    ``"reuse"``: its ``auto`` plans then choose a row order once."""
     if isinstance(edge_index, Graph):
         if edge_index.num_nodes != num_nodes or edge_index.num_cols != num_nodes:
             raise ValueError(
@@ -102,12 +108,23 @@ def graph_for(edge_index: Any, num_nodes: int, self_loops: bool = False) -> Grap
     hit = _cache.get(key)
     if hit is not None and hit[0]() is edge_index:
         _cache.move_to_end(key)
-        return hit[1]
+        graph = hit[1]
+        # Seen again after a backward: a graph trained on over several steps (full-graph
+        # training), whose plans repay a row order; a mini-batch's graph is new every step.
+        if graph.policy == "once" and graph._core.backward_calls:
+            graph.policy = "reuse"
+        return graph
     graph = Graph.from_edge_index(edge_index, num_nodes=num_nodes, self_loops=self_loops)
     _cache[key] = (weakref.ref(edge_index), graph)
     while len(_cache) > _CACHE_SIZE:
         _cache.popitem(last=False)
     return graph
+
+
+def clear_graph_cache() -> None:
+    """Forgets the graphs :func:`graph_for` cached (and so their device memory, once nothing
+    else holds them): the next call of a layer builds its graph again."""
+    _cache.clear()
 
 
 def _unsupported_kwargs(layer: str, kwargs: dict, node_dim: int = 0) -> None:

@@ -1,0 +1,320 @@
+#!/usr/bin/env python3
+"""Mini-batch training steps with a new graph every step, spattn.nn against PyG in the same run.
+
+A step is forward + backward + Adam on one batch, timed by wall clock around a synchronized
+step (planning is host and device work that CUDA events would not see): median of --repeat
+steps after --warmup, every step on a graph never seen before (spattn plans each one; the
+"reused" column runs every step on the first batch's graph, planned once). Prints markdown
+tables (and writes JSON with --json).
+
+    SPATTN_DATA_DIR=data python crates/python/bench/minibatch.py
+    python crates/python/bench/minibatch.py --workloads molecules --dtypes f16 --models gat
+
+Workloads (generated on the GPU with torch ops before timing; seeded):
+- ``arxiv-sub20``: the subgraph induced by a random 20% of ogbn-arxiv's nodes (symmetrized),
+  relabelled (~34k nodes, ~92k edges);
+- ``arxiv-ns``: neighbour sampling from 1,024 random seeds of ogbn-arxiv, fan-out [15, 10],
+  each hop drawing neighbours uniformly with replacement and merging repeats (PyG's
+  NeighborLoader draws without replacement; pyg-lib is not on the GPU machine), edges from the
+  sampled neighbour to the node that drew it, relabelled;
+- ``molecules``: 128 random molecules of 15–40 atoms (a chain plus ~15% ring-closing bonds,
+  both directions), batched block-diagonally as PyG's ``Batch``.
+
+Models: 2-layer ``GATConv`` / ``TransformerConv`` node classifiers (--features → --heads ×
+--hidden → --classes), and both with --edge-dim random edge features (``gat_edge``,
+``transformer_edge``: the latter with attention dropout 0.1, as epoch.py's). spattn.nn layers
+load PyG's state dict; the first step's outputs (eval mode) are compared.
+
+Plan time (apart, per workload): the graph built on the GPU from the CUDA ``edge_index``
+(``spattn.Graph.from_edge_index``, with self loops and the backward's transpose: what a GAT
+step plans), wall clock and the GPU span by CUDA events on the current stream; fused-tc's
+plan on it (BSB built on the GPU, f16, --heads × --hidden); and for reference the host path
+(the same edges through the CPU, as before plans were built on the GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from epoch import DTYPES, build, find_graph  # noqa: E402
+
+WORKLOADS = ("arxiv-sub20", "arxiv-ns", "molecules")
+MODELS = ("gat", "transformer", "gat_edge", "transformer_edge")
+
+
+# ---- workloads ---------------------------------------------------------------------------------
+
+
+def induced_subgraph(edge_index, n, frac, gen):
+    """The subgraph induced by a random `frac` of the `n` nodes, relabelled 0..k."""
+    dev = edge_index.device
+    k = max(1, int(n * frac))
+    nodes = torch.randperm(n, device=dev, generator=gen)[:k]
+    keep = torch.zeros(n, dtype=torch.bool, device=dev)
+    keep[nodes] = True
+    mask = keep[edge_index[0]] & keep[edge_index[1]]
+    relabel = torch.full((n,), -1, dtype=torch.long, device=dev)
+    relabel[nodes] = torch.arange(k, device=dev)
+    return relabel[edge_index[:, mask]], k
+
+
+def neighbour_sample(crow, col, n, seeds, fanouts, gen):
+    """Nodes and edges reached from `seeds` random nodes by drawing `fanouts[h]` neighbours of
+    each frontier node at hop h (with replacement, repeats merged), relabelled."""
+    dev = crow.device
+    frontier = torch.randperm(n, device=dev, generator=gen)[:seeds]
+    reached = [frontier]
+    pairs = []
+    for k in fanouts:
+        start = crow[frontier]
+        deg = crow[frontier + 1] - start
+        draw = torch.rand(frontier.numel(), k, device=dev, generator=gen)
+        off = (draw * deg[:, None]).long()
+        valid = (deg > 0)[:, None].expand(-1, k)
+        nbr = col[(start[:, None] + off)[valid]]
+        dst = frontier[:, None].expand(-1, k)[valid]
+        pairs.append(torch.stack([nbr, dst]))
+        frontier = torch.unique(nbr)
+        reached.append(frontier)
+    edges = torch.unique(torch.cat(pairs, dim=1), dim=1)
+    nodes = torch.unique(torch.cat(reached))
+    relabel = torch.full((n,), -1, dtype=torch.long, device=dev)
+    relabel[nodes] = torch.arange(nodes.numel(), device=dev)
+    return relabel[edges], nodes.numel()
+
+
+def molecules(count, lo, hi, gen, device):
+    """`count` random molecules of `lo`..`hi` atoms (a chain plus ring-closing bonds, both
+    directions), batched block-diagonally."""
+    sizes = torch.randint(lo, hi + 1, (count,), generator=gen)
+    parts, base = [], 0
+    for s in sizes.tolist():
+        chain = torch.arange(s - 1)
+        bonds = [torch.stack([chain, chain + 1])]
+        rings = max(1, int(0.15 * s))
+        a = torch.randint(0, s, (rings,), generator=gen)
+        b = torch.randint(0, s, (rings,), generator=gen)
+        ok = (a - b).abs() > 2
+        bonds.append(torch.stack([a[ok], b[ok]]))
+        e = torch.cat(bonds, dim=1)
+        e = torch.cat([e, e.flip(0)], dim=1) + base
+        parts.append(e)
+        base += s
+    ei = torch.unique(torch.cat(parts, dim=1), dim=1)
+    return ei.to(device), base
+
+
+def make_batches(workload, count, args, device, source):
+    gen_cpu = torch.Generator().manual_seed(1)
+    gen = torch.Generator(device=device).manual_seed(1)
+    out = []
+    for _ in range(count):
+        if workload == "arxiv-sub20":
+            ei, n = induced_subgraph(source["edge_index"], source["n"], 0.2, gen)
+        elif workload == "arxiv-ns":
+            ei, n = neighbour_sample(source["crow"], source["col"], source["n"], 1024, (15, 10), gen)
+        else:
+            ei, n = molecules(128, 15, 40, gen_cpu, device)
+        x = torch.randn(n, args.features, device=device, generator=gen)
+        y = torch.randint(0, args.classes, (n,), device=device, generator=gen)
+        ea = torch.randn(ei.shape[1], args.edge_dim, device=device, generator=gen)
+        out.append((ei.contiguous(), n, x, y, ea))
+    return out
+
+
+# ---- timing ------------------------------------------------------------------------------------
+
+
+def wall_ms(fn):
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    r = fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) * 1e3, r
+
+
+def run_case(impl, model, dtype, batches, state, args, spattn, reuse):
+    if impl == "pyg":
+        import torch_geometric.nn as lib
+    else:
+        lib = spattn.nn
+        spattn.nn.clear_graph_cache()  # every case plans its graphs itself
+    device = batches[0][2].device
+    net = build(lib, model, args).to(device)
+    net.load_state_dict(state)
+    net = net.to(dtype)
+    opt = torch.optim.Adam(net.parameters(), lr=0.01)
+    edge = model.endswith("_edge")
+
+    def step(b):
+        ei, _, x, y, ea = b
+        opt.zero_grad(set_to_none=True)
+        out = net(x.to(dtype), ei, ea.to(dtype) if edge else None)
+        loss = F.cross_entropy(out.float(), y)
+        loss.backward()
+        opt.step()
+
+    net.eval()
+    with torch.no_grad():
+        b = batches[0]
+        first = net(b[2].to(dtype), b[0], b[4].to(dtype) if edge else None).float()
+    net.train()
+    times = []
+    for i in range(len(batches)):
+        b = batches[0] if reuse else batches[i]
+        ms, _ = wall_ms(lambda: step(b))
+        times.append(ms)
+    timed = times[args.warmup:]
+    return {
+        "impl": impl + ("-reused" if reuse else ""),
+        "model": model,
+        "dtype": str(dtype).replace("torch.", ""),
+        "status": "ok",
+        "median_ms": statistics.median(timed),
+        "min_ms": min(timed),
+        "max_ms": max(timed),
+        "times_ms": times,
+    }, first
+
+
+def plan_times(batches, args, spattn):
+    """Per batch: the GPU build (wall, and the GPU span by events), fused-tc's plan on it, and
+    the host build of the same edges."""
+    rows = []
+    for ei, n, *_ in batches:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        start.record()
+        g = spattn.Graph.from_edge_index(ei, num_nodes=n, self_loops=True)
+        end.record()
+        torch.cuda.synchronize()
+        build_ms = (time.perf_counter() - t) * 1e3
+        gpu_ms = start.elapsed_time(end)
+        tc_ms, _ = wall_ms(lambda: g.plan(args.heads, args.hidden, dtype="float16"))
+        host_ms, _ = wall_ms(
+            lambda: spattn.Graph.from_edge_index(ei.cpu(), num_nodes=n, self_loops=True).plan(
+                args.heads, args.hidden, dtype="float16", device=ei.device
+            )
+        )
+        rows.append({"nodes": n, "edges": g.num_edges, "build_ms": build_ms, "build_gpu_ms": gpu_ms,
+                     "fused_tc_plan_ms": tc_ms, "host_build_and_plan_ms": host_ms})
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--graph", help="ogbn-arxiv.mtx.gz (default: SPATTN_DATA_DIR, data/, ../shared/data/mtx)")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--dtypes", default="f32,f16,bf16")
+    ap.add_argument("--impls", default="pyg,spattn,spattn-reused")
+    ap.add_argument("--features", type=int, default=128)
+    ap.add_argument("--hidden", type=int, default=32)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--classes", type=int, default=40)
+    ap.add_argument("--edge-dim", type=int, default=16)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=12)
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("needs a CUDA GPU")
+    import spattn
+
+    device = torch.device("cuda")
+    try:
+        import torch_geometric
+
+        pyg_version = torch_geometric.__version__
+    except ImportError:
+        pyg_version = None
+        args.impls = ",".join(i for i in args.impls.split(",") if i != "pyg")
+    source = {}
+    workloads = args.workloads.split(",")
+    if any(w.startswith("arxiv") for w in workloads):
+        arxiv = spattn.Graph.read_matrix_market(find_graph(args.graph), symmetrize=True)
+        source = {
+            "n": arxiv.num_nodes,
+            "edge_index": arxiv.edge_index().to(device),
+            "crow": torch.from_numpy(arxiv.crow()).to(device),
+            "col": torch.from_numpy(arxiv.col()).to(device),
+        }
+    gpu = torch.cuda.get_device_properties(device).name
+    header = {"gpu": gpu, "torch": torch.__version__, "torch_geometric": pyg_version,
+              "spattn": spattn.__version__, "config": vars(args)}
+    print(f"# Mini-batch steps, a new graph every step; GPU {gpu}; torch {torch.__version__}; "
+          f"torch_geometric {pyg_version}; spattn {spattn.__version__}")
+    print(f"2 layers: {args.features} -> {args.heads} heads x {args.hidden} -> {args.classes}; "
+          f"Adam; median of {args.repeat} steps after {args.warmup}, wall clock\n")
+    results, plans = [], {}
+    for w in workloads:
+        batches = make_batches(w, args.warmup + args.repeat, args, device, source)
+        sizes = [(b[1], b[0].shape[1]) for b in batches]
+        mean_n = statistics.mean(s[0] for s in sizes)
+        mean_e = statistics.mean(s[1] for s in sizes)
+        plans[w] = plan_times(batches[args.warmup:], args, spattn)
+        for model in args.models.split(","):
+            for dname in args.dtypes.split(","):
+                dtype = DTYPES[dname]
+                torch.manual_seed(0)
+                lib0 = spattn.nn if pyg_version is None else __import__("torch_geometric.nn").nn
+                state = build(lib0, model, args).state_dict()
+                firsts = {}
+                for impl in args.impls.split(","):
+                    base, reuse = impl.split("-")[0], impl.endswith("-reused")
+                    try:
+                        r, first = run_case(base, model, dtype, batches, state, args, spattn, reuse)
+                        firsts[impl] = first
+                    except Exception as e:  # noqa: BLE001 - record and go on
+                        r = {"impl": impl, "model": model, "dtype": dname, "status": "error",
+                             "reason": f"{type(e).__name__}: {e}"[:300]}
+                    r.update({"workload": w, "mean_nodes": mean_n, "mean_edges": mean_e})
+                    results.append(r)
+                    gc.collect()
+                if "pyg" in firsts and "spattn" in firsts:
+                    a, b = firsts["spattn"], firsts["pyg"]
+                    diff = ((a - b).norm() / b.norm()).item()
+                    for r in results[-len(args.impls.split(",")):]:
+                        r["first_forward_rel_diff_vs_pyg"] = diff
+        print_tables(w, [r for r in results if r["workload"] == w], plans[w], mean_n, mean_e)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"header": header, "results": results, "plans": plans}, indent=1))
+        print(f"\nwrote {args.json}")
+
+
+def print_tables(w, rows, plan_rows, mean_n, mean_e):
+    print(f"\n## {w}: mean {mean_n:,.0f} nodes, {mean_e:,.0f} edges\n")
+    print("| model | dtype | PyG step (ms) | spattn, new graph (ms) | × PyG | spattn, reused (ms) | new / reused | first forward vs PyG |")
+    print("|---|---|--:|--:|--:|--:|--:|--:|")
+    by = {}
+    for r in rows:
+        by.setdefault((r["model"], r["dtype"]), {})[r["impl"]] = r
+    for (model, dtype), d in by.items():
+        def ms(k):
+            r = d.get(k)
+            return r["median_ms"] if r and r["status"] == "ok" else None
+        p, s, u = ms("pyg"), ms("spattn"), ms("spattn-reused")
+        err = next((r.get("reason") for r in d.values() if r["status"] != "ok"), "")
+        f = lambda v: f"{v:.2f}" if v is not None else "–"  # noqa: E731
+        diff = next((r.get("first_forward_rel_diff_vs_pyg") for r in d.values() if "first_forward_rel_diff_vs_pyg" in r), None)
+        print(f"| {model} | {dtype} | {f(p)} | {f(s)} | {f(p / s) + '×' if p and s else '–'} | {f(u)} | "
+              f"{f(s / u) if s and u else '–'} | {f'{diff:.1e}' if diff is not None else err} |")
+    med = lambda k: statistics.median(r[k] for r in plan_rows)  # noqa: E731
+    print(f"\nplan (median over {len(plan_rows)} graphs): GPU build {med('build_ms'):.3f} ms wall "
+          f"({med('build_gpu_ms'):.3f} ms GPU span), fused-tc plan {med('fused_tc_plan_ms'):.3f} ms; "
+          f"host build + plan {med('host_build_and_plan_ms'):.1f} ms")
+
+
+if __name__ == "__main__":
+    main()

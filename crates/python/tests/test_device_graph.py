@@ -1,0 +1,159 @@
+"""GPU tests (skipped without CUDA) of graphs built on the GPU from CUDA tensors
+(``Graph.from_edge_index`` and ``Graph(crow, col)`` of CUDA tensors): the same graph, repeats,
+edge positions and outputs as the host-built graph's; bad ids named; the plan policy.
+
+    SPATTN_DATA_DIR=data python -m pytest -v -s tests/test_device_graph.py
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import spattn  # noqa: E402
+from conftest import data_file  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() or spattn.cuda_device_count() == 0,
+    reason="needs an NVIDIA GPU (torch.cuda and spattn both see one)",
+)
+
+
+def random_edges(n: int, e: int, seed: int, repeats: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    ei = torch.randint(0, n, (2, e), generator=gen)
+    if repeats:
+        ei = torch.cat([ei, ei[:, :repeats]], dim=1)
+    return ei
+
+
+def same_graph(a: spattn.Graph, b: spattn.Graph) -> None:
+    assert (a.num_nodes, a.num_cols, a.num_edges) == (b.num_nodes, b.num_cols, b.num_edges)
+    np.testing.assert_array_equal(a.crow(), b.crow())
+    np.testing.assert_array_equal(a.col(), b.col())
+
+
+@pytest.mark.parametrize("sym,loops", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_device_graph_equals_the_host_graph(sym, loops, dtype):
+    for n, e in [(1, 3), (17, 40), (300, 2000), (5000, 60000)]:
+        ei = random_edges(n, e, seed=n, repeats=e // 10)
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            host = spattn.Graph.from_edge_index(ei, num_nodes=n, symmetrize=sym, self_loops=loops)
+            dev_ei = ei.to("cuda", dtype)
+            dev = spattn.Graph.from_edge_index(dev_ei, num_nodes=n, symmetrize=sym, self_loops=loops)
+        assert dev.built_on_device and not host.built_on_device
+        assert dev.num_duplicates == host.num_duplicates
+        same_graph(dev, host)
+        # The input edges' positions (computed by the build) and the graph's edge_index on the
+        # device (written by a kernel) agree with the host's.
+        pos = dev.edge_positions(dev_ei)
+        assert pos.device.type == "cuda"
+        torch.testing.assert_close(pos.cpu(), host.edge_positions(ei))
+        torch.testing.assert_close(dev.edge_index(device="cuda").cpu(), host.edge_index())
+
+
+def test_strided_sorted_and_empty_edge_lists():
+    n = 500
+    ei = random_edges(n, 4000, seed=3)
+    host = spattn.Graph.from_edge_index(ei, num_nodes=n)
+    # A (2, E) view with strides (1, 2): rows interleaved.
+    strided = ei.t().contiguous().cuda().t()
+    assert not strided.is_contiguous()
+    same_graph(spattn.Graph.from_edge_index(strided, num_nodes=n), host)
+    # Sorted by (target, source), as a sampler's CSC gives it: the sort is skipped.
+    ours = host.edge_index()
+    same_graph(spattn.Graph.from_edge_index(ours.cuda(), num_nodes=n), host)
+    # num_nodes from the ids; no edges.
+    same_graph(spattn.Graph.from_edge_index(ei.cuda()), spattn.Graph.from_edge_index(ei))
+    empty = spattn.Graph.from_edge_index(torch.zeros(2, 0, dtype=torch.long, device="cuda"), num_nodes=7)
+    assert (empty.num_nodes, empty.num_edges) == (7, 0)
+    np.testing.assert_array_equal(empty.crow(), np.zeros(8, dtype=np.int64))
+
+
+def test_cuda_csr_arrays_build_on_the_device():
+    host = spattn.Graph.from_edge_index(random_edges(300, 3000, seed=5), num_nodes=300)
+    crow, col = torch.from_numpy(host.crow()), torch.from_numpy(host.col())
+    dev = spattn.Graph(crow.cuda(), col.cuda())
+    assert dev.built_on_device
+    same_graph(dev, host)
+    # Rows listing their columns out of order are sorted on the device too.
+    shuffled = col.clone()
+    for i in range(300):
+        a, b = int(crow[i]), int(crow[i + 1])
+        shuffled[a:b] = col[a:b].flip(0)
+    same_graph(spattn.Graph(crow.cuda(), shuffled.cuda()), host)
+    with pytest.raises(ValueError, match="crow"):
+        spattn.Graph(torch.tensor([0, 2, 1], device="cuda"), torch.tensor([0, 1], device="cuda"))
+    with pytest.raises(ValueError, match="repeat"):
+        spattn.Graph(torch.tensor([0, 2], device="cuda"), torch.tensor([0, 0], device="cuda"))
+
+
+def test_bad_ids_are_errors_naming_the_edge():
+    for src, dst, first in [([0, 1, -3, 2], [1, 2, 0, 9], 2), ([0, 1, 2], [1, 4, 0], 1)]:
+        ei = torch.tensor([src, dst], device="cuda")
+        with pytest.raises(ValueError, match=rf"edge_index.*edge {first} "):
+            spattn.Graph.from_edge_index(ei, num_nodes=4)
+        with pytest.raises(ValueError, match=rf"edge {first} "):
+            spattn.Graph.from_edge_index(ei.int(), num_nodes=4, symmetrize=True, self_loops=True)
+    with pytest.raises(TypeError, match="edge_index"):
+        spattn.Graph.from_edge_index(torch.zeros(2, 3, device="cuda"), num_nodes=4)
+    with pytest.raises(ValueError, match="shape"):
+        spattn.Graph.from_edge_index(torch.zeros(3, 3, dtype=torch.long, device="cuda"))
+    # The device is still usable after the errors.
+    g = spattn.Graph.from_edge_index(torch.tensor([[0], [1]], device="cuda"), num_nodes=2)
+    assert g.num_edges == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_attention_on_device_graphs_equals_host_graphs(dtype):
+    path = data_file("cora.mtx.gz")
+    if path is None:
+        pytest.skip("cora.mtx.gz not found")
+    g_host = spattn.Graph.read_matrix_market(path, symmetrize=True, self_loops=True)
+    g_host.policy = "once"  # the same row order as the device graph's
+    g_dev = spattn.Graph.from_edge_index(g_host.edge_index(device="cuda"), num_nodes=g_host.num_nodes)
+    same_graph(g_dev, g_host)
+    torch.manual_seed(0)
+    n = g_host.num_nodes
+    for heads, dim in [(8, 64), (1, 128), (2, 24)]:
+        q, k, v = (torch.randn(n, heads, dim, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+        for algorithm in ["auto", "fused-csr", "fused-tc", "unfused-csr"]:
+            outs, grads = [], []
+            for g in (g_dev, g_host):
+                out = spattn.sparse_attention(g, q, k, v, algorithm=algorithm)
+                dq, dk, dv = torch.autograd.grad(out.float().square().sum(), (q, k, v))
+                outs.append(out)
+                grads.append((dq, dk, dv))
+            if algorithm in ("fused-csr", "fused-tc", "auto"):
+                assert torch.equal(outs[0], outs[1]), (algorithm, heads, dim)
+            else:
+                torch.testing.assert_close(outs[0], outs[1])
+            for a, b in zip(grads[0], grads[1]):
+                torch.testing.assert_close(a, b, rtol=2e-2, atol=1e-3)
+
+
+def test_policy_and_the_layers_graph_cache():
+    g = spattn.Graph.from_edge_index(random_edges(200, 1000, seed=9).cuda(), num_nodes=200)
+    assert g.policy == "once"
+    assert spattn.Graph.from_edge_index(random_edges(200, 1000, seed=9), num_nodes=200).policy == "reuse"
+    with pytest.raises(ValueError, match="policy"):
+        g.policy = "often"
+    g.policy = "reuse"
+    assert g.policy == "reuse"
+    # A layer's graph of a CUDA edge_index: built on the device, "once"; the same tensor seen
+    # after a backward becomes "reuse" (full-graph training).
+    ei = random_edges(300, 3000, seed=11).cuda()
+    conv = spattn.nn.GATConv(16, 8, heads=2).cuda()
+    x = torch.randn(300, 16, device="cuda")
+    conv(x, ei).sum().backward()
+    graph = spattn.nn.graph_for(ei, 300, self_loops=True)
+    assert graph.built_on_device
+    assert graph.policy == "reuse"
+    other = random_edges(300, 3000, seed=12).cuda()
+    assert spattn.nn.graph_for(other, 300, self_loops=True).policy == "once"
