@@ -29,7 +29,34 @@
 // Key of edge (row, col): row << col_bits | col (rows = targets, cols = sources). Keys 0..E are
 // the input edges, E..2E their reverses (symmetrize), then one self loop per node (self_loops);
 // vals[i] = i. An input edge with an id out of range is recorded in the status (the first one
-// wins) and keyed as (0, 0), so no later kernel indexes past the graph.
+// wins) and keyed as (0, 0), so no later kernel indexes past the graph. A key smaller than the
+// one before it flags the status: the sort runs only then.
+
+// Key i of the list (see above); `bad` where input edge i has an id out of range.
+template <class I>
+__device__ __forceinline__ u64 edge_key(u64 i, const I* __restrict__ src, u64 src_stride,
+                                        const I* __restrict__ dst, u64 dst_stride, u64 n_edges,
+                                        u64 listed, u32 n_rows, u32 n_cols, u32 col_bits,
+                                        bool& bad) {
+    u64 row = 0, col = 0;
+    bad = false;
+    if (i < listed) {
+        const u64 e = i < n_edges ? i : i - n_edges;
+        const long long s = (long long)src[e * src_stride];
+        const long long d = (long long)dst[e * dst_stride];
+        if (s >= 0 && d >= 0 && (unsigned long long)s < n_cols && (unsigned long long)d < n_rows) {
+            // Reverses exist only for square graphs: (s, d) is in range too.
+            row = i < n_edges ? (u64)d : (u64)s;
+            col = i < n_edges ? (u64)s : (u64)d;
+        } else {
+            bad = i < n_edges;
+        }
+    } else {
+        row = col = i - listed;
+    }
+    return (row << col_bits) | col;
+}
+
 template <class I>
 __device__ void edge_keys(const I* __restrict__ src, u64 src_stride, const I* __restrict__ dst,
                           u64 dst_stride, u64 n_edges, u32 n_rows, u32 n_cols, u32 col_bits,
@@ -38,23 +65,14 @@ __device__ void edge_keys(const I* __restrict__ src, u64 src_stride, const I* __
     const u64 listed = symmetrize ? 2 * n_edges : n_edges;
     const u64 total = listed + n_loops;
     SPATTN_GRID_STRIDE(i, total) {
-        u64 row = 0, col = 0;
-        if (i < listed) {
-            const u64 e = i < n_edges ? i : i - n_edges;
-            const long long s = (long long)src[e * src_stride];
-            const long long d = (long long)dst[e * dst_stride];
-            if (s >= 0 && d >= 0 && (unsigned long long)s < n_cols &&
-                (unsigned long long)d < n_rows) {
-                // Reverses exist only for square graphs: (s, d) is in range too.
-                row = i < n_edges ? (u64)d : (u64)s;
-                col = i < n_edges ? (u64)s : (u64)d;
-            } else if (i < n_edges) {
-                atomicMax(status + ST_BAD, ~0ull - e);
-            }
-        } else {
-            row = col = i - listed;
-        }
-        keys[i] = (row << col_bits) | col;
+        bool bad, prev_bad;
+        const u64 key =
+            edge_key(i, src, src_stride, dst, dst_stride, n_edges, listed, n_rows, n_cols, col_bits, bad);
+        if (bad) atomicMax(status + ST_BAD, ~0ull - i);
+        if (i > 0 && key < edge_key(i - 1, src, src_stride, dst, dst_stride, n_edges, listed,
+                                    n_rows, n_cols, col_bits, prev_bad))
+            atomicOr(status + ST_UNSORTED, 1ull);
+        keys[i] = key;
         vals[i] = (u32)i;
     }
 }
@@ -84,13 +102,6 @@ extern "C" __global__ void plan_transpose_keys(const u32* __restrict__ row_indic
     SPATTN_GRID_STRIDE(e, n) {
         keys[e] = e < real ? ((u64)col_indices[e] << row_bits) | row_indices[e] : ~0ull;
         vals[e] = (u32)e;
-    }
-}
-
-// Flags the status when a key is smaller than the one before it: the sort runs only then.
-extern "C" __global__ void plan_check_sorted(const u64* __restrict__ keys, u64 n, u64* status) {
-    SPATTN_GRID_STRIDE(i, n) {
-        if (i > 0 && keys[i] < keys[i - 1]) atomicOr(status + ST_UNSORTED, 1ull);
     }
 }
 

@@ -1619,7 +1619,7 @@ pub const SPMM_MEBCRS_F16_T8_PIPE: &str = "spmm_mebcrs_f16_t8_pipe";
 /// Kernel `spmm_mebcrs_bf16_t8_pipe` of [`MEBCRS_OPS`].
 pub const SPMM_MEBCRS_BF16_T8_PIPE: &str = "spmm_mebcrs_bf16_t8_pipe";
 
-/// The PTX module compiled from `cuda/plan.cu` (24 kernels).
+/// The PTX module compiled from `cuda/plan.cu` (23 kernels).
 pub const PLAN: PtxModule = PtxModule {
     name: "plan",
     ptx: include_str!("../ptx/plan.ptx"),
@@ -1628,7 +1628,6 @@ pub const PLAN: PtxModule = PtxModule {
         PLAN_EDGE_KEYS_I64,
         PLAN_EDGE_KEYS_U32,
         PLAN_TRANSPOSE_KEYS,
-        PLAN_CHECK_SORTED,
         PLAN_SCAN_TILES_U32,
         PLAN_SCAN_SUMS_U32,
         PLAN_SCAN_ADD_U32,
@@ -1662,9 +1661,6 @@ pub const PLAN_EDGE_KEYS_U32: &str = "plan_edge_keys_u32";
 
 /// Kernel `plan_transpose_keys` of [`PLAN`].
 pub const PLAN_TRANSPOSE_KEYS: &str = "plan_transpose_keys";
-
-/// Kernel `plan_check_sorted` of [`PLAN`].
-pub const PLAN_CHECK_SORTED: &str = "plan_check_sorted";
 
 /// Kernel `plan_scan_tiles_u32` of [`PLAN`].
 pub const PLAN_SCAN_TILES_U32: &str = "plan_scan_tiles_u32";

@@ -251,9 +251,20 @@ enum Lanes {
     Four,
 }
 
+/// Tiles a single block scans in one launch (looping over them): above this, the tiles are
+/// scanned in parallel, then their sums, then added (three launches).
+const ONE_BLOCK_TILES: usize = 4;
+
 /// Exclusive prefix sums, in place, of the first `n` elements of `buf` (u32, or `uint4` as 4
-/// u32 each), their total into element `n`: `buf` holds at least `n + 1` elements.
-fn scan(gpu: &Gpu, buf: &mut DeviceVec<u32>, n: usize, lanes: Lanes) -> Result<()> {
+/// u32 each), their total into element `n`: `buf` holds at least `n + 1` elements. `sums` is
+/// the tile sums' scratch (grown when needed).
+fn scan(
+    gpu: &Gpu,
+    buf: &mut DeviceVec<u32>,
+    n: usize,
+    lanes: Lanes,
+    sums: &mut Option<DeviceVec<u32>>,
+) -> Result<()> {
     let width = match lanes {
         Lanes::One => 1,
         Lanes::Four => 4,
@@ -279,22 +290,23 @@ fn scan(gpu: &Gpu, buf: &mut DeviceVec<u32>, n: usize, lanes: Lanes) -> Result<(
     let n64 = n as u64;
     let tiles = n.div_ceil(TILE);
     let data = buf.slice();
-    if tiles <= 1 {
-        let f = kernel(gpu, tiles_k)?;
-        let mut args = gpu.launch_builder(&f);
-        args.arg(data).arg(data).arg(&n64).arg_or_null::<u32>(None);
-        // SAFETY: one block reads elements [0, n) of `buf` and writes [0, n] (n + 1 elements of
-        // `width` u32, checked above); in place is the kernel's contract.
-        return unsafe { launch(tiles_k, &mut args, one_block()) };
-    }
-    let sums = DeviceVec::<u32>::alloc(gpu, "scan tile sums", tiles * width, false)?;
     let tail = data.slice(n * width..);
+    if tiles <= ONE_BLOCK_TILES {
+        let f = kernel(gpu, sums_k)?;
+        let mut args = gpu.launch_builder(&f);
+        args.arg(data).arg(&n64).arg(&tail);
+        // SAFETY: one block scans elements [0, n) of `buf` in place, a tile at a time, and
+        // writes the total to element n (the first of `tail`): n + 1 elements of `width` u32,
+        // checked above.
+        return unsafe { launch(sums_k, &mut args, one_block()) };
+    }
+    let sums = crate::buffer::grown(gpu, sums, "scan tile sums", tiles * width)?;
     let tiles64 = tiles as u64;
     let f = kernel(gpu, tiles_k)?;
     let mut args = gpu.launch_builder(&f);
     args.arg(data).arg(data).arg(&n64).arg(sums.slice());
     // SAFETY: block b reads and writes elements [b·TILE, (b+1)·TILE) ∩ [0, n) of `buf` and
-    // writes sums[b] (`tiles` elements).
+    // writes sums[b] (at least `tiles` elements).
     unsafe { launch(tiles_k, &mut args, tile_grid(n)?) }?;
     let f = kernel(gpu, sums_k)?;
     let mut args = gpu.launch_builder(&f);
@@ -309,34 +321,98 @@ fn scan(gpu: &Gpu, buf: &mut DeviceVec<u32>, n: usize, lanes: Lanes) -> Result<(
     unsafe { launch(add_k, &mut args, tile_grid(n)?) }
 }
 
-/// Keys and values in two buffers each, for the ping-pong of the radix passes.
-struct SortBuffers {
-    keys: [DeviceVec<u64>; 2],
-    vals: [DeviceVec<u32>; 2],
+/// The temporaries of builds on the GPU — the sort's keys and values (two of each, for the
+/// passes' ping-pong), its digit counts, entry numbers, scan tile sums, per-row counts, the
+/// BSB's window keys — kept between builds so that a training loop that builds a graph every
+/// step allocates them once (grown when a larger graph comes). Pass one to
+/// [`crate::DeviceGraph::from_device_edges_in`]; buffers of another GPU handle than the build's
+/// are dropped first.
+#[derive(Debug, Default)]
+pub struct PlanWorkspace {
+    keys: [Option<DeviceVec<u64>>; 2],
+    vals: [Option<DeviceVec<u32>>; 2],
+    counts: Option<DeviceVec<u32>>,
+    flags: Option<DeviceVec<u32>>,
+    sums: Option<DeviceVec<u32>>,
+    rows: Option<DeviceVec<u32>>,
+    wkeys: Option<DeviceVec<u64>>,
 }
 
-impl SortBuffers {
-    fn new(gpu: &Gpu, n: usize) -> Result<Self> {
-        Ok(Self {
-            keys: [
-                DeviceVec::alloc(gpu, "plan keys", n, false)?,
-                DeviceVec::alloc(gpu, "plan keys", n, false)?,
-            ],
-            vals: [
-                DeviceVec::alloc(gpu, "plan key values", n, false)?,
-                DeviceVec::alloc(gpu, "plan key values", n, false)?,
-            ],
-        })
+impl PlanWorkspace {
+    /// An empty workspace (nothing allocated until a build needs it).
+    pub fn new() -> Self {
+        Self::default()
     }
+
+    /// Bytes of device memory it holds.
+    pub fn device_bytes(&self) -> usize {
+        let b32 = [
+            &self.vals[0],
+            &self.vals[1],
+            &self.counts,
+            &self.flags,
+            &self.sums,
+            &self.rows,
+        ];
+        b32.iter()
+            .map(|b| b.as_ref().map_or(0, DeviceVec::num_bytes))
+            .sum::<usize>()
+            + [&self.keys[0], &self.keys[1], &self.wkeys]
+                .iter()
+                .map(|b| b.as_ref().map_or(0, DeviceVec::num_bytes))
+                .sum::<usize>()
+    }
+
+    /// Drops the buffers of another handle than `gpu` (their stream does not order with its).
+    fn bind(&mut self, gpu: &Gpu) {
+        let foreign =
+            |b: &Option<DeviceVec<u32>>| b.as_ref().is_some_and(|v| !v.gpu().same_as(gpu));
+        let foreign64 =
+            |b: &Option<DeviceVec<u64>>| b.as_ref().is_some_and(|v| !v.gpu().same_as(gpu));
+        if foreign64(&self.keys[0])
+            || foreign64(&self.keys[1])
+            || foreign64(&self.wkeys)
+            || [
+                &self.vals[0],
+                &self.vals[1],
+                &self.counts,
+                &self.flags,
+                &self.sums,
+                &self.rows,
+            ]
+            .into_iter()
+            .any(foreign)
+        {
+            *self = Self::default();
+        }
+    }
+}
+
+/// The sort's buffers of a workspace, grown to `n` keys: (keys, values) twice.
+#[allow(clippy::type_complexity)]
+fn sort_buffers<'w>(
+    gpu: &Gpu,
+    keys: &'w mut [Option<DeviceVec<u64>>; 2],
+    vals: &'w mut [Option<DeviceVec<u32>>; 2],
+    n: usize,
+) -> Result<([&'w DeviceVec<u64>; 2], [&'w DeviceVec<u32>; 2])> {
+    let [k0, k1] = keys;
+    let [v0, v1] = vals;
+    let k0 = crate::buffer::grown(gpu, k0, "plan keys", n)?;
+    let k1 = crate::buffer::grown(gpu, k1, "plan keys", n)?;
+    let v0 = crate::buffer::grown(gpu, v0, "plan key values", n)?;
+    let v1 = crate::buffer::grown(gpu, v1, "plan key values", n)?;
+    Ok(([&*k0, &*k1], [&*v0, &*v1]))
 }
 
 /// Sorts the first `n` keys of buffer 0 (with their values) by bits `lo..hi`, stably, in
 /// passes of [`RADIX_BITS`]; returns the buffer that holds the result. With `unsorted` (a
-/// status word the sortedness check wrote), the passes do nothing on the device when it is 0,
-/// but leave the keys in the same buffer as a sort would.
+/// status word the key kernel wrote), the passes do nothing on the device when it is 0, but
+/// leave the keys in the same buffer as a sort would. `counts` and `sums` are scratch.
 fn radix_sort(
     gpu: &Gpu,
-    bufs: &SortBuffers,
+    (keys, vals): ([&DeviceVec<u64>; 2], [&DeviceVec<u32>; 2]),
+    (counts, sums): (&mut Option<DeviceVec<u32>>, &mut Option<DeviceVec<u32>>),
     n: usize,
     (lo, hi): (u32, u32),
     unsorted: Option<&CudaView<'_, u64>>,
@@ -348,7 +424,7 @@ fn radix_sort(
     let tiles = n.div_ceil(TILE);
     let tiles32 = crate::launch::to_u32("radix tiles", tiles)?;
     let bins = tiles * (1 << RADIX_BITS);
-    let mut counts = DeviceVec::<u32>::alloc(gpu, "radix counts", bins + 1, false)?;
+    let counts = crate::buffer::grown(gpu, counts, "radix counts", bins + 1)?;
     let n64 = n as u64;
     let grid = tile_grid(n)?;
     let null = 0u64;
@@ -356,7 +432,7 @@ fn radix_sort(
     for (p, &shift) in passes.iter().enumerate() {
         let f = kernel(gpu, spattn_kernels_sys::PLAN_RADIX_COUNT)?;
         let mut args = gpu.launch_builder(&f);
-        args.arg(bufs.keys[cur].slice())
+        args.arg(keys[cur].slice())
             .arg(&n64)
             .arg(&shift)
             .arg(counts.slice())
@@ -366,17 +442,17 @@ fn radix_sort(
             None => args.arg(&null),
         };
         // SAFETY: block t reads keys [t·TILE, (t+1)·TILE) ∩ [0, n) of the current buffer (n
-        // keys) and writes counts[d·tiles + t] for d < 256 (bins + 1 allocated); the status
-        // word is read only.
+        // keys at least) and writes counts[d·tiles + t] for d < 256 (bins + 1 at least); the
+        // status word is read only.
         unsafe { launch(spattn_kernels_sys::PLAN_RADIX_COUNT, &mut args, grid) }?;
-        scan(gpu, &mut counts, bins, Lanes::One)?;
+        scan(gpu, counts, bins, Lanes::One, sums)?;
         let last_odd = u32::from(p + 1 == passes.len() && passes.len() % 2 == 1);
         let f = kernel(gpu, spattn_kernels_sys::PLAN_RADIX_SCATTER)?;
         let mut args = gpu.launch_builder(&f);
-        args.arg(bufs.keys[cur].slice())
-            .arg(bufs.vals[cur].slice())
-            .arg(bufs.keys[1 - cur].slice())
-            .arg(bufs.vals[1 - cur].slice())
+        args.arg(keys[cur].slice())
+            .arg(vals[cur].slice())
+            .arg(keys[1 - cur].slice())
+            .arg(vals[1 - cur].slice())
             .arg(&n64)
             .arg(&shift)
             .arg(counts.slice())
@@ -388,8 +464,8 @@ fn radix_sort(
         };
         // SAFETY: block t reads keys and values [t·TILE, (t+1)·TILE) ∩ [0, n) of the current
         // buffers and writes each to its scanned position, a permutation of [0, n) (the counts
-        // of all tiles sum to n), in the other buffers (n elements each); it reads counts
-        // [d·tiles + t].
+        // of all tiles sum to n), in the other buffers (n elements each at least); it reads
+        // counts [d·tiles + t].
         unsafe { launch(spattn_kernels_sys::PLAN_RADIX_SCATTER, &mut args, grid) }?;
         cur = 1 - cur;
     }
@@ -432,6 +508,7 @@ fn csr_from_sorted(
     n_input: usize,
     (positions, map): (Option<&DeviceVec<i64>>, Option<&DeviceVec<u32>>),
     status: &CudaView<'_, u64>,
+    (rows, sums): (&mut Option<DeviceVec<u32>>, &mut Option<DeviceVec<u32>>),
 ) -> Result<PendingCsr> {
     let mut row_offsets = DeviceVec::<u32>::alloc(gpu, "CSR row offsets", n_rows + 1, n == 0)?;
     let col_indices = DeviceVec::<u32>::alloc(gpu, "CSR column indices", n, false)?;
@@ -471,7 +548,7 @@ fn csr_from_sorted(
             )
         }?;
     }
-    let schedule = row_schedules(gpu, &row_offsets, n_rows, n, status)?;
+    let schedule = row_schedules(gpu, &row_offsets, (n_rows, n), status, (rows, sums))?;
     // Columns fit in key bits below the rows: n_cols only sizes the matrix.
     Ok(PendingCsr {
         n_rows,
@@ -488,9 +565,9 @@ fn csr_from_sorted(
 fn row_schedules(
     gpu: &Gpu,
     row_offsets: &DeviceVec<u32>,
-    n_rows: usize,
-    max_nnz: usize,
+    (n_rows, max_nnz): (usize, usize),
     status: &CudaView<'_, u64>,
+    (rows, sums): (&mut Option<DeviceVec<u32>>, &mut Option<DeviceVec<u32>>),
 ) -> Result<PendingSchedule> {
     let chunk = UNIT_CHUNK as usize;
     // Every row has ⌈degree / 64⌉ units, at least one.
@@ -503,13 +580,13 @@ fn row_schedules(
         unit_slots: DeviceVec::alloc(gpu, "SpMM unit slots", units, false)?,
         unit_parts: DeviceVec::alloc(gpu, "unit partials", units, false)?,
         split_rows: DeviceVec::alloc(gpu, "SpMM split rows", split, false)?,
-        part_first: DeviceVec::alloc(gpu, "split-row partials", split + 1, true)?,
+        part_first: DeviceVec::alloc(gpu, "split-row partials", split + 1, n_rows == 0)?,
         long_rows: DeviceVec::alloc(gpu, "softmax long rows", long, false)?,
     };
     if n_rows == 0 {
         return Ok(s);
     }
-    let mut counts = DeviceVec::<u32>::alloc(gpu, "row schedule counts", 4 * (n_rows + 1), false)?;
+    let counts = crate::buffer::grown(gpu, rows, "row schedule counts", 4 * (n_rows + 1))?;
     let n_rows32 = crate::launch::to_u32("rows", n_rows)?;
     let f = kernel(gpu, spattn_kernels_sys::PLAN_ROW_COUNTS)?;
     let mut args = gpu.launch_builder(&f);
@@ -526,7 +603,7 @@ fn row_schedules(
             stride_grid(n_rows)?,
         )
     }?;
-    scan(gpu, &mut counts, n_rows, Lanes::Four)?;
+    scan(gpu, counts, n_rows, Lanes::Four, sums)?;
     let f = kernel(gpu, spattn_kernels_sys::PLAN_ROW_UNITS)?;
     let mut args = gpu.launch_builder(&f);
     args.arg(row_offsets.slice())
@@ -709,6 +786,7 @@ pub(crate) fn build_from_edges<I: DeviceIndex>(
     edges: &DeviceEdges<'_, I>,
     spec: &GraphSpec,
     positions: Option<&mut DeviceVec<i64>>,
+    ws: &mut PlanWorkspace,
 ) -> Result<BuiltGraph> {
     let e = edges.len;
     edges.sources.check("edge sources", e)?;
@@ -726,7 +804,17 @@ pub(crate) fn build_from_edges<I: DeviceIndex>(
         status.slice().slice(..STATUS_WORDS),
         status.slice().slice(STATUS_WORDS..),
     );
-    let bufs = SortBuffers::new(gpu, m)?;
+    ws.bind(gpu);
+    let PlanWorkspace {
+        keys,
+        vals,
+        counts,
+        flags,
+        sums,
+        rows,
+        ..
+    } = ws;
+    let bufs = sort_buffers(gpu, keys, vals, m)?;
     if m > 0 {
         let name = crate::launch::kernel_named(&PLAN, format!("plan_edge_keys_{}", I::NAME))?;
         let f = kernel(gpu, name)?;
@@ -752,39 +840,35 @@ pub(crate) fn build_from_edges<I: DeviceIndex>(
             .arg(&col_bits)
             .arg(&sym)
             .arg(&loops)
-            .arg(bufs.keys[0].slice())
-            .arg(bufs.vals[0].slice())
+            .arg(bufs.0[0].slice())
+            .arg(bufs.1[0].slice())
             .arg(&st_a);
-        // SAFETY: thread i < m reads sources/targets[(i mod e) · stride] (checked above to lie
-        // in their buffers) and writes keys/vals[i] (m each) and the status block.
+        // SAFETY: thread i < m reads sources/targets[(i mod e) · stride] and those of i - 1
+        // (checked above to lie in their buffers) and writes keys/vals[i] (m each at least)
+        // and status words.
         unsafe { launch(name, &mut args, stride_grid(m)?) }?;
-        let f = kernel(gpu, spattn_kernels_sys::PLAN_CHECK_SORTED)?;
-        let m64 = m as u64;
-        let mut args = gpu.launch_builder(&f);
-        args.arg(bufs.keys[0].slice()).arg(&m64).arg(&st_a);
-        // SAFETY: reads keys[0, m), sets one status word.
-        unsafe {
-            launch(
-                spattn_kernels_sys::PLAN_CHECK_SORTED,
-                &mut args,
-                stride_grid(m)?,
-            )
-        }?;
     }
     let unsorted = st_a.slice(ST_UNSORTED..ST_UNSORTED + 1);
-    let r = radix_sort(gpu, &bufs, m, (0, row_bits + col_bits), Some(&unsorted))?;
-    let mut flags = DeviceVec::<u32>::alloc(gpu, "plan entry numbers", m + 1, false)?;
+    let r = radix_sort(
+        gpu,
+        bufs,
+        (&mut *counts, &mut *sums),
+        m,
+        (0, row_bits + col_bits),
+        Some(&unsorted),
+    )?;
+    let flags = crate::buffer::grown(gpu, flags, "plan entry numbers", m + 1)?;
     if m > 0 {
         let f = kernel(gpu, spattn_kernels_sys::PLAN_UNIQUE_FLAGS)?;
         let (m64, e64) = (m as u64, e as u64);
         let mut args = gpu.launch_builder(&f);
-        args.arg(bufs.keys[r].slice())
-            .arg(bufs.vals[r].slice())
+        args.arg(bufs.0[r].slice())
+            .arg(bufs.1[r].slice())
             .arg(&m64)
             .arg(&e64)
             .arg(flags.slice())
             .arg(&st_a);
-        // SAFETY: reads keys/vals [0, m), writes flags[0, m) (m + 1 allocated) and a status
+        // SAFETY: reads keys/vals [0, m), writes flags[0, m) (m + 1 at least) and a status
         // word.
         unsafe {
             launch(
@@ -794,26 +878,35 @@ pub(crate) fn build_from_edges<I: DeviceIndex>(
             )
         }?;
     }
-    scan(gpu, &mut flags, m, Lanes::One)?;
+    scan(gpu, flags, m, Lanes::One, sums)?;
     let a = csr_from_sorted(
         gpu,
-        (&bufs.keys[r], &bufs.vals[r]),
+        (bufs.0[r], bufs.1[r]),
         (m, None),
-        Some(&flags),
+        Some(&*flags),
         (spec.n_rows, spec.n_cols, col_bits),
         e,
         (positions.as_deref(), None),
         &st_a,
+        (&mut *rows, &mut *sums),
     )?;
-    drop((bufs, flags));
     let pending_t = if spec.transpose {
         let count = st_a.slice(ST_NNZ..ST_NNZ + 1);
-        Some(transpose_pending(
+        let scratch = Scratch {
+            keys,
+            vals,
+            counts,
+            sums,
+            rows,
+        };
+        Some(transpose_of(
             gpu,
-            &a,
+            (&a.row_indices, &a.col_indices),
+            (a.n_rows, a.n_cols),
             (m, Some(&count)),
             (row_bits, col_bits),
             &st_t,
+            scratch,
         )?)
     } else {
         None
@@ -850,6 +943,15 @@ pub(crate) fn build_from_edges<I: DeviceIndex>(
     })
 }
 
+/// The workspace buffers a transpose borrows.
+struct Scratch<'w> {
+    keys: &'w mut [Option<DeviceVec<u64>>; 2],
+    vals: &'w mut [Option<DeviceVec<u32>>; 2],
+    counts: &'w mut Option<DeviceVec<u32>>,
+    sums: &'w mut Option<DeviceVec<u32>>,
+    rows: &'w mut Option<DeviceVec<u32>>,
+}
+
 fn status_block(words: &[u64]) -> Status {
     let mut s = [0u64; STATUS_WORDS];
     s.copy_from_slice(&words[..STATUS_WORDS]);
@@ -865,8 +967,9 @@ fn transpose_of(
     (n, count): (usize, Option<&CudaView<'_, u64>>),
     (row_bits, col_bits): (u32, u32),
     status: &CudaView<'_, u64>,
+    s: Scratch<'_>,
 ) -> Result<(PendingCsr, DeviceVec<u32>)> {
-    let bufs = SortBuffers::new(gpu, n)?;
+    let bufs = sort_buffers(gpu, s.keys, s.vals, n)?;
     if n > 0 {
         let f = kernel(gpu, spattn_kernels_sys::PLAN_TRANSPOSE_KEYS)?;
         let (n64, null) = (n as u64, 0u64);
@@ -879,8 +982,8 @@ fn transpose_of(
             None => args.arg(&null),
         };
         args.arg(&row_bits)
-            .arg(bufs.keys[0].slice())
-            .arg(bufs.vals[0].slice());
+            .arg(bufs.0[0].slice())
+            .arg(bufs.1[0].slice());
         // SAFETY: reads row/col indices below the count (≤ n, allocated) and writes keys/vals
         // [0, n).
         unsafe {
@@ -893,37 +996,27 @@ fn transpose_of(
     }
     // Entries past the count have the largest keys and come last in input order: stable passes
     // over the column bits leave them after every real entry.
-    let r = radix_sort(gpu, &bufs, n, (row_bits, row_bits + col_bits), None)?;
+    let r = radix_sort(
+        gpu,
+        bufs,
+        (&mut *s.counts, &mut *s.sums),
+        n,
+        (row_bits, row_bits + col_bits),
+        None,
+    )?;
     let map = DeviceVec::<u32>::alloc(gpu, "transpose edge map", n, false)?;
     let t = csr_from_sorted(
         gpu,
-        (&bufs.keys[r], &bufs.vals[r]),
+        (bufs.0[r], bufs.1[r]),
         (n, count),
         None,
         (n_cols, n_rows, row_bits),
         n,
         (None, Some(&map)),
         status,
+        (s.rows, s.sums),
     )?;
     Ok((t, map))
-}
-
-/// Aᵀ of the pending CSR `a` (at most `n` entries, `*count` of them), into `status`.
-fn transpose_pending(
-    gpu: &Gpu,
-    a: &PendingCsr,
-    count: (usize, Option<&CudaView<'_, u64>>),
-    bits: (u32, u32),
-    status: &CudaView<'_, u64>,
-) -> Result<(PendingCsr, DeviceVec<u32>)> {
-    transpose_of(
-        gpu,
-        (&a.row_indices, &a.col_indices),
-        (a.n_rows, a.n_cols),
-        count,
-        bits,
-        status,
-    )
 }
 
 fn finish_transpose(
@@ -937,11 +1030,31 @@ fn finish_transpose(
 }
 
 /// Aᵀ and the edge map of `a`, a CSR on the device, built on the device (one read back).
-pub(crate) fn build_transpose(gpu: &Gpu, a: &DeviceCsr) -> Result<DeviceTranspose> {
+pub(crate) fn build_transpose(
+    gpu: &Gpu,
+    a: &DeviceCsr,
+    ws: &mut PlanWorkspace,
+) -> Result<DeviceTranspose> {
     let bits = (id_bits(a.n_rows()), id_bits(a.n_cols()));
     let nnz = a.nnz();
     let status = DeviceVec::<u64>::alloc(gpu, "plan status", STATUS_WORDS, true)?;
     let st = status.slice().slice(..);
+    ws.bind(gpu);
+    let PlanWorkspace {
+        keys,
+        vals,
+        counts,
+        sums,
+        rows,
+        ..
+    } = ws;
+    let scratch = Scratch {
+        keys,
+        vals,
+        counts,
+        sums,
+        rows,
+    };
     let (t, map) = transpose_of(
         gpu,
         (a.row_indices(), a.col_indices()),
@@ -949,6 +1062,7 @@ pub(crate) fn build_transpose(gpu: &Gpu, a: &DeviceCsr) -> Result<DeviceTranspos
         (nnz, None),
         bits,
         &st,
+        scratch,
     )?;
     let words = status.to_host()?;
     finish_transpose(t, map, &status_block(&words), nnz)
@@ -956,7 +1070,11 @@ pub(crate) fn build_transpose(gpu: &Gpu, a: &DeviceCsr) -> Result<DeviceTranspos
 
 /// The BSB of `a` (a CSR on the device, rows in its order) built on the device, and what the
 /// host keeps of it for scheduling: one read back (the window offsets).
-pub(crate) fn build_bsb(gpu: &Gpu, a: &DeviceCsr) -> Result<(DeviceBsb, BsbLayout)> {
+pub(crate) fn build_bsb(
+    gpu: &Gpu,
+    a: &DeviceCsr,
+    ws: &mut PlanWorkspace,
+) -> Result<(DeviceBsb, BsbLayout)> {
     let (n_rows, nnz) = (a.n_rows(), a.nnz());
     let rows = Bsb::WINDOW_ROWS;
     let n_windows = n_rows.div_ceil(rows);
@@ -969,8 +1087,12 @@ pub(crate) fn build_bsb(gpu: &Gpu, a: &DeviceCsr) -> Result<(DeviceBsb, BsbLayou
     let mut bitmap_words = DeviceVec::<u64>::alloc(gpu, "BSB bitmaps", 2 * max_blocks, true)?;
     let mut window_offsets =
         DeviceVec::<u32>::alloc(gpu, "BSB window offsets", n_windows + 1, false)?;
-    let wkeys = DeviceVec::<u64>::alloc(gpu, "BSB window keys", nnz, false)?;
-    let mut dex = DeviceVec::<u32>::alloc(gpu, "BSB distinct columns", nnz + 1, false)?;
+    ws.bind(gpu);
+    let PlanWorkspace {
+        flags, sums, wkeys, ..
+    } = ws;
+    let wkeys = crate::buffer::grown(gpu, wkeys, "BSB window keys", nnz)?;
+    let dex = crate::buffer::grown(gpu, flags, "BSB distinct columns", nnz + 1)?;
     let (n_rows32, n_windows32, nnz64) = (
         crate::launch::to_u32("rows", n_rows)?,
         crate::launch::to_u32("BSB windows", n_windows)?,
@@ -1009,7 +1131,7 @@ pub(crate) fn build_bsb(gpu: &Gpu, a: &DeviceCsr) -> Result<(DeviceBsb, BsbLayou
             )
         }?;
     }
-    scan(gpu, &mut dex, nnz, Lanes::One)?;
+    scan(gpu, dex, nnz, Lanes::One, sums)?;
     if n_windows > 0 {
         let f = kernel(gpu, spattn_kernels_sys::PLAN_BSB_WINDOW_BLOCKS)?;
         let mut args = gpu.launch_builder(&f);
@@ -1028,7 +1150,7 @@ pub(crate) fn build_bsb(gpu: &Gpu, a: &DeviceCsr) -> Result<(DeviceBsb, BsbLayou
             )
         }?;
     }
-    scan(gpu, &mut window_offsets, n_windows, Lanes::One)?;
+    scan(gpu, &mut window_offsets, n_windows, Lanes::One, sums)?;
     if nnz > 0 {
         let f = kernel(gpu, spattn_kernels_sys::PLAN_BSB_FILL)?;
         let mut args = gpu.launch_builder(&f);
@@ -1051,7 +1173,6 @@ pub(crate) fn build_bsb(gpu: &Gpu, a: &DeviceCsr) -> Result<(DeviceBsb, BsbLayou
             )
         }?;
     }
-    drop((wkeys, dex));
     let offsets = window_offsets.to_host()?;
     let n_blocks = offsets[n_windows] as usize;
     block_columns.truncate(n_blocks * Bsb::BLOCK_COLS)?;
@@ -1125,9 +1246,13 @@ pub fn widen_to_i64(gpu: &Gpu, from: &DeviceVec<u32>, to: &mut DeviceVec<i64>) -
 }
 
 /// A shared graph's BSB as fused-tc plans read it, built on the device.
-pub(crate) fn ordered_bsb(gpu: &Gpu, a: &DeviceCsr) -> Result<crate::device_bsb::OrderedBsb> {
+pub(crate) fn ordered_bsb(
+    gpu: &Gpu,
+    a: &DeviceCsr,
+    ws: &mut PlanWorkspace,
+) -> Result<crate::device_bsb::OrderedBsb> {
     let t = std::time::Instant::now();
-    let (device, layout) = build_bsb(gpu, a)?;
+    let (device, layout) = build_bsb(gpu, a, ws)?;
     let ms = t.elapsed().as_secs_f64() * 1e3;
     Ok(crate::device_bsb::OrderedBsb::built_on_device(
         device, layout, ms,
@@ -1323,7 +1448,8 @@ mod tests {
         };
         let mut positions = DeviceVec::<i64>::zeros(gpu, e).unwrap();
         positions.fill(-7).unwrap();
-        let built = build_from_edges(gpu, &edges, &spec, Some(&mut positions)).unwrap();
+        let mut ws = PlanWorkspace::new();
+        let built = build_from_edges(gpu, &edges, &spec, Some(&mut positions), &mut ws).unwrap();
         let want = host_graph(&spec, &src, &dst);
         assert_same_csr(gpu, &built.csr, &want, &what);
         let distinct: std::collections::HashSet<(u32, u32)> =
@@ -1354,7 +1480,7 @@ mod tests {
         }
         let t = match built.transpose {
             Some(t) => t,
-            None => build_transpose(gpu, &built.csr).unwrap(),
+            None => build_transpose(gpu, &built.csr, &mut ws).unwrap(),
         };
         let host_t = DeviceTranspose::upload(gpu, &want).unwrap();
         assert_same_csr(
@@ -1379,7 +1505,7 @@ mod tests {
         )
         .unwrap();
         assert_same_csr(gpu, &ec, &host_ec, &format!("{what} edge CSR"));
-        let (bsb, layout) = build_bsb(gpu, &built.csr).unwrap();
+        let (bsb, layout) = build_bsb(gpu, &built.csr, &mut ws).unwrap();
         let host_bsb = Bsb::from_csr(&want).unwrap();
         let got_bsb = bsb.to_host().unwrap();
         same(
@@ -1503,7 +1629,8 @@ mod tests {
                     ..GraphSpec::square(4)
                 },
             ] {
-                let e = build_from_edges(&gpu, &edges, &spec, None).unwrap_err();
+                let e = build_from_edges(&gpu, &edges, &spec, None, &mut PlanWorkspace::new())
+                    .unwrap_err();
                 match &e {
                     Error::EdgeOutOfRange {
                         edge,
@@ -1526,7 +1653,14 @@ mod tests {
             targets: DeviceIds::contiguous(&d),
             len: 3,
         };
-        let e = build_from_edges(&gpu, &edges, &GraphSpec::square(3), None).unwrap_err();
+        let e = build_from_edges(
+            &gpu,
+            &edges,
+            &GraphSpec::square(3),
+            None,
+            &mut PlanWorkspace::new(),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("stride 2"), "{e}");
     }
 }

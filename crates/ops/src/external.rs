@@ -142,8 +142,18 @@ pub struct ExternalVec<T: DeviceElement> {
     borrowed: bool,
 }
 
-/// A device vector over `len` elements at `ptr` (checked by [`check_device_pointer`]), and
-/// whether it borrows them (an empty one owns a placeholder).
+/// How much of a foreign pointer a view checks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Check {
+    /// [`check_device_pointer_aligned`]: null, alignment, and the driver's tables (device,
+    /// allocation bounds): two driver queries.
+    Driver,
+    /// Null and alignment only, for callers that validated the memory themselves.
+    Alignment,
+}
+
+/// A device vector over `len` elements at `ptr` (checked as `check` says), and whether it
+/// borrows them (an empty one points at the handle's placeholder instead, never read).
 ///
 /// # Safety
 /// As [`ExternalVec::new`].
@@ -152,22 +162,49 @@ unsafe fn borrow_vec<T: DeviceElement>(
     what: &'static str,
     ptr: u64,
     len: usize,
-    align: u64,
+    (align, check): (u64, Check),
 ) -> Result<(DeviceVec<T>, bool)> {
     if len == 0 {
         // CUDA has no zero-byte allocations and torch reports null or anything for empty
-        // tensors: an empty view owns a placeholder element that the kernels never read.
-        return Ok((DeviceVec::zeros(gpu, 0)?, false));
+        // tensors: an empty view points at the handle's 16-byte placeholder (one element of
+        // T, at most 8 bytes), which the kernels never read.
+        let at = gpu.placeholder()?;
+        // SAFETY: the placeholder is 16 bytes of this handle's device memory, alive as long
+        // as the handle (the view holds a clone); the view is never freed (Drop leaks it).
+        let slice = unsafe { gpu.stream().upgrade_device_ptr::<T>(at, 1) };
+        return Ok((DeviceVec::from_slice_parts(gpu, slice, 0), true));
     }
     let bytes = crate::buffer::byte_len::<T>(what, len)?;
-    check_device_pointer_aligned(gpu, what, ptr, bytes, align)?;
+    match check {
+        Check::Driver => check_device_pointer_aligned(gpu, what, ptr, bytes, align)?,
+        Check::Alignment => check_alignment(what, ptr, bytes, align)?,
+    }
     // SAFETY: `ptr` addresses `len` elements of `T` inside one allocation of this device
-    // (checked above as far as the driver can tell, and promised by the caller); any bit
-    // pattern is a valid `T` (`T: Pod`). The slice is tied to `gpu`'s stream, so ops order
-    // their uses of it like any buffer of the handle; with event tracking off (`Gpu::new`)
-    // it carries no events. It is never freed: the view's `Drop` leaks it back.
+    // (checked above as far as `check` goes, and promised by the caller); any bit pattern is
+    // a valid `T` (`T: Pod`). The slice is tied to `gpu`'s stream, so ops order their uses of
+    // it like any buffer of the handle; with event tracking off (`Gpu::new`) it carries no
+    // events. It is never freed: the view's `Drop` leaks it back.
     let slice = unsafe { gpu.stream().upgrade_device_ptr::<T>(ptr, len) };
     Ok((DeviceVec::from_slice_parts(gpu, slice, len), true))
+}
+
+/// The checks of a pointer that need no driver: non-null, aligned to `align`, no overflow.
+fn check_alignment(what: &'static str, ptr: u64, bytes: usize, align: u64) -> Result<()> {
+    let bad = |why: String| Error::InvalidArgument { what, why };
+    if ptr == 0 {
+        return Err(bad(format!("null device pointer for {bytes} bytes")));
+    }
+    if ptr % align.max(1) != 0 {
+        return Err(bad(format!(
+            "device pointer {ptr:#x} is not {align}-byte aligned (a view at an offset into a \
+             larger buffer?); pass a copy"
+        )));
+    }
+    ptr.checked_add(bytes as u64).map(|_| ()).ok_or_else(|| {
+        bad(format!(
+            "{ptr:#x} + {bytes} bytes overflows the address space"
+        ))
+    })
 }
 
 impl<T: DeviceElement> ExternalVec<T> {
@@ -191,7 +228,25 @@ impl<T: DeviceElement> ExternalVec<T> {
     /// [`Error::InvalidArgument`] naming `what`, not undefined behaviour.
     pub unsafe fn new(gpu: &Gpu, what: &'static str, ptr: u64, len: usize) -> Result<Self> {
         // SAFETY: the caller's contract is `borrow_vec`'s.
-        let (vec, borrowed) = unsafe { borrow_vec(gpu, what, ptr, len, EXTERNAL_ALIGN) }?;
+        let (vec, borrowed) =
+            unsafe { borrow_vec(gpu, what, ptr, len, (EXTERNAL_ALIGN, Check::Driver)) }?;
+        Ok(Self {
+            inner: ManuallyDrop::new(vec),
+            borrowed,
+        })
+    }
+
+    /// [`new`](Self::new) without the driver's queries (device and allocation bounds): only
+    /// null and alignment are checked. For callers that validated the memory themselves on
+    /// every call (the Python package checks each tensor's device, dtype, shape and
+    /// contiguity before passing its address), sparing two driver calls per operand.
+    ///
+    /// # Safety
+    /// As [`new`](Self::new); nothing but null and alignment is checked.
+    pub unsafe fn new_trusted(gpu: &Gpu, what: &'static str, ptr: u64, len: usize) -> Result<Self> {
+        // SAFETY: the caller's contract is `borrow_vec`'s.
+        let (vec, borrowed) =
+            unsafe { borrow_vec(gpu, what, ptr, len, (EXTERNAL_ALIGN, Check::Alignment)) }?;
         Ok(Self {
             inner: ManuallyDrop::new(vec),
             borrowed,
@@ -212,7 +267,7 @@ impl<T: DeviceElement> ExternalVec<T> {
     ) -> Result<Self> {
         let align = std::mem::align_of::<T>() as u64;
         // SAFETY: the caller's contract is `borrow_vec`'s.
-        let (vec, borrowed) = unsafe { borrow_vec(gpu, what, ptr, len, align) }?;
+        let (vec, borrowed) = unsafe { borrow_vec(gpu, what, ptr, len, (align, Check::Driver)) }?;
         Ok(Self {
             inner: ManuallyDrop::new(vec),
             borrowed,
@@ -270,9 +325,40 @@ impl<T: DType> ExternalMatrix<T> {
     /// As [`ExternalVec::new`] with `len = shape.len()`; the [`DeviceMatrix`] the view
     /// dereferences to must not be moved out of it either.
     pub unsafe fn new(gpu: &Gpu, what: &'static str, ptr: u64, shape: Shape) -> Result<Self> {
+        // SAFETY: the caller's contract.
+        unsafe { Self::view(gpu, what, ptr, shape, Check::Driver) }
+    }
+
+    /// [`new`](Self::new) with only null and alignment checked
+    /// ([`ExternalVec::new_trusted`]).
+    ///
+    /// # Safety
+    /// As [`new`](Self::new); nothing but null and alignment is checked.
+    pub unsafe fn new_trusted(
+        gpu: &Gpu,
+        what: &'static str,
+        ptr: u64,
+        shape: Shape,
+    ) -> Result<Self> {
+        // SAFETY: the caller's contract.
+        unsafe { Self::view(gpu, what, ptr, shape, Check::Alignment) }
+    }
+
+    /// The view, its pointer checked as `check` says.
+    ///
+    /// # Safety
+    /// As [`new`](Self::new).
+    unsafe fn view(
+        gpu: &Gpu,
+        what: &'static str,
+        ptr: u64,
+        shape: Shape,
+        check: Check,
+    ) -> Result<Self> {
         let len = shape.len();
         // SAFETY: the caller's contract is `borrow_vec`'s for `len` elements.
-        let (vec, borrowed) = unsafe { borrow_vec::<T>(gpu, what, ptr, len, EXTERNAL_ALIGN) }?;
+        let (vec, borrowed) =
+            unsafe { borrow_vec::<T>(gpu, what, ptr, len, (EXTERNAL_ALIGN, check)) }?;
         // Cannot fail: the vector holds exactly `shape.len()` elements. (Were it to, the
         // vector would be dropped and free borrowed memory, hence the check before it.)
         if vec.len() != len {

@@ -67,6 +67,9 @@ struct GpuInner {
     max_shared_memory_per_block: usize,
     /// The kernels loaded into `ctx`, by module name and kernel name.
     modules: Mutex<HashMap<&'static str, LoadedModule>>,
+    /// 16 bytes that empty views of foreign memory point at (kernels never read them), made
+    /// once so that an empty operand costs no allocation per call.
+    placeholder: std::sync::OnceLock<cudarc::driver::CudaSlice<u64>>,
 }
 
 /// What a handle has loaded of one PTX module: each kernel from its own piece of the module
@@ -177,8 +180,30 @@ impl Gpu {
                 sm_count: u32::try_from(sm_count).unwrap_or(0),
                 max_shared_memory_per_block: usize::try_from(smem).unwrap_or(0),
                 modules: Mutex::new(HashMap::new()),
+                placeholder: std::sync::OnceLock::new(),
             }),
         })
+    }
+
+    /// The device address of 16 bytes kept for the handle's lifetime, which empty views of
+    /// foreign memory point at (no kernel reads them).
+    pub(crate) fn placeholder(&self) -> Result<u64> {
+        use cudarc::driver::DevicePtr;
+        if self.inner.placeholder.get().is_none() {
+            let slice = self
+                .inner
+                .stream
+                .alloc_zeros::<u64>(2)
+                .map_err(|e| map_driver_error("allocating the empty-view placeholder", e))?;
+            // Another thread may have set it meanwhile: its allocation serves as well.
+            let _ = self.inner.placeholder.set(slice);
+        }
+        let slice = self.inner.placeholder.get().ok_or(Error::InvalidArgument {
+            what: "placeholder",
+            why: "was not kept".into(),
+        })?;
+        let (ptr, _record) = slice.device_ptr(&self.inner.stream);
+        Ok(ptr)
     }
 
     /// Whether a CUDA driver is present and reports at least one device. Never panics.

@@ -43,7 +43,7 @@ use crate::buffer::{DeviceMatrix, DeviceVec};
 use crate::device_bsb::OrderedBsb;
 use crate::device_csr::DeviceCsr;
 use crate::device_mebcrs::DeviceMeBcrs;
-use crate::device_plan::{self, BuildReport, DeviceEdges, DeviceIndex, GraphSpec};
+use crate::device_plan::{self, BuildReport, DeviceEdges, DeviceIndex, GraphSpec, PlanWorkspace};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
@@ -147,6 +147,8 @@ pub struct DeviceGraph {
     bsb: Mutex<Vec<(Reorder, Arc<OrderedBsb>)>>,
     /// Held while a lazily built upload is made (so two threads never make the same one).
     building: Mutex<()>,
+    /// The temporaries of the builds on the device (shared with the graphs built beside it).
+    workspace: Option<Arc<Mutex<PlanWorkspace>>>,
 }
 
 impl fmt::Debug for DeviceGraph {
@@ -159,6 +161,31 @@ impl fmt::Debug for DeviceGraph {
             .field("built_on_device", &self.built_on_device)
             .field("device_bytes", &self.device_bytes())
             .finish()
+    }
+}
+
+/// A workspace locked for one build, or a fresh one.
+enum PlanWorkspaceGuard<'a> {
+    Shared(std::sync::MutexGuard<'a, PlanWorkspace>),
+    Own(Box<PlanWorkspace>),
+}
+
+impl std::ops::Deref for PlanWorkspaceGuard<'_> {
+    type Target = PlanWorkspace;
+    fn deref(&self) -> &PlanWorkspace {
+        match self {
+            Self::Shared(g) => g,
+            Self::Own(w) => w,
+        }
+    }
+}
+
+impl std::ops::DerefMut for PlanWorkspaceGuard<'_> {
+    fn deref_mut(&mut self) -> &mut PlanWorkspace {
+        match self {
+            Self::Shared(g) => g,
+            Self::Own(w) => w,
+        }
     }
 }
 
@@ -179,6 +206,7 @@ impl DeviceGraph {
             nnz: host.nnz(),
             host: OnceLock::from(host),
             built_on_device: false,
+            workspace: None,
             reuse: AtomicBool::new(true),
             op_reorder: Reorder::None,
             csr: OnceLock::new(),
@@ -229,7 +257,25 @@ impl DeviceGraph {
         spec: &GraphSpec,
         positions: Option<&mut DeviceVec<i64>>,
     ) -> Result<(Self, BuildReport)> {
-        let built = device_plan::build_from_edges(gpu, edges, spec, positions)?;
+        let workspace = Arc::new(Mutex::new(PlanWorkspace::new()));
+        Self::from_device_edges_in(gpu, edges, spec, positions, &workspace)
+    }
+
+    /// [`from_device_edges`](Self::from_device_edges) with the build's temporaries taken from
+    /// `workspace` and left there for the next build: a training loop that builds a graph
+    /// every step keeps one per GPU and passes it to every build, and each graph keeps it for
+    /// its own later builds (the transpose, the BSB) too.
+    ///
+    /// Errors: as [`from_device_edges`](Self::from_device_edges).
+    pub fn from_device_edges_in<I: DeviceIndex>(
+        gpu: &Gpu,
+        edges: &DeviceEdges<'_, I>,
+        spec: &GraphSpec,
+        positions: Option<&mut DeviceVec<i64>>,
+        workspace: &Arc<Mutex<PlanWorkspace>>,
+    ) -> Result<(Self, BuildReport)> {
+        let built =
+            device_plan::build_from_edges(gpu, edges, spec, positions, &mut lock(workspace))?;
         let csr = built.csr;
         let graph = Self {
             gpu: gpu.clone(),
@@ -246,6 +292,7 @@ impl DeviceGraph {
             mebcrs: Mutex::new(Vec::new()),
             bsb: Mutex::new(Vec::new()),
             building: Mutex::new(()),
+            workspace: Some(workspace.clone()),
         };
         Ok((graph, built.report))
     }
@@ -283,6 +330,14 @@ impl DeviceGraph {
             what: "graph",
             why: "the downloaded CSR was not kept".into(),
         })
+    }
+
+    /// The workspace of the builds on the device: the graph's, or a fresh one.
+    fn workspace(&self) -> PlanWorkspaceGuard<'_> {
+        match &self.workspace {
+            Some(w) => PlanWorkspaceGuard::Shared(lock(w)),
+            None => PlanWorkspaceGuard::Own(Box::default()),
+        }
     }
 
     /// Whether the graph was built on the device ([`from_device_edges`](Self::from_device_edges)).
@@ -423,7 +478,7 @@ impl DeviceGraph {
         if self.built_on_device {
             let a = self.csr()?;
             return self.once(&self.transpose, || {
-                device_plan::build_transpose(&self.gpu, a)
+                device_plan::build_transpose(&self.gpu, a, &mut self.workspace())
             });
         }
         let host = self.host_shared()?.clone();
@@ -457,7 +512,7 @@ impl DeviceGraph {
         if self.built_on_device && reorder == Reorder::None {
             let a = self.csr()?;
             return self.cached(&self.bsb, reorder, || {
-                device_plan::ordered_bsb(&self.gpu, a)
+                device_plan::ordered_bsb(&self.gpu, a, &mut self.workspace())
             });
         }
         self.cached(&self.bsb, reorder, || {

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use cudarc::driver::sys;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use spattn::ops::device_plan::PlanWorkspace;
 use spattn::ops::external::StreamBridge;
 use spattn::Gpu;
 
@@ -24,6 +25,8 @@ pub(crate) struct Device {
     pub(crate) gpu: Gpu,
     /// Orders the handle's stream with the caller's (PyTorch's current stream).
     pub(crate) bridge: StreamBridge,
+    /// The temporaries of graphs built on this device (kept across steps).
+    pub(crate) plan_workspace: Arc<Mutex<PlanWorkspace>>,
 }
 
 /// The process's handles, by device ordinal.
@@ -41,7 +44,11 @@ pub(crate) fn device(ordinal: usize) -> spattn::ops::Result<Arc<Device>> {
     }
     let gpu = Gpu::new(ordinal)?;
     let bridge = StreamBridge::new(&gpu)?;
-    let d = Arc::new(Device { gpu, bridge });
+    let d = Arc::new(Device {
+        gpu,
+        bridge,
+        plan_workspace: Arc::new(Mutex::new(PlanWorkspace::new())),
+    });
     map.insert(ordinal, d.clone());
     Ok(d)
 }

@@ -230,15 +230,20 @@ pub(crate) fn gpu_forward<T: DType>(
     // and features and write the weights per edge e < nnz: within the views.
     unsafe {
         let (q, k, v) = qkv_views::<T>(d, sq, skv, [q, k, v])?;
-        let mut out = ExternalMatrix::<T>::new(gpu, "out", out, sq)?;
-        let bias = ExternalVec::<T>::new(gpu, "bias", bias, bias_len)?;
+        let mut out = ExternalMatrix::<T>::new_trusted(gpu, "out", out, sq)?;
+        let bias = ExternalVec::<T>::new_trusted(gpu, "bias", bias, bias_len)?;
         let features = match fshape {
-            Some(s) => Some(ExternalMatrix::<T>::new(gpu, "edge_features", features, s)?),
+            Some(s) => Some(ExternalMatrix::<T>::new_trusted(
+                gpu,
+                "edge_features",
+                features,
+                s,
+            )?),
             None => None,
         };
         let mut weights = match weights {
             0 => None,
-            w => Some(ExternalVec::<f32>::new(gpu, "weights", w, edges)?),
+            w => Some(ExternalVec::<f32>::new_trusted(gpu, "weights", w, edges)?),
         };
         d.device.bridge.run(stream, || {
             let extras = args.device(&bias, features.as_deref());
@@ -268,16 +273,21 @@ pub(crate) fn gpu_backward<T: DType>(
     // head_dim), all fresh; the lengths are those `backward_with_extras` checks.
     unsafe {
         let (q, k, v) = qkv_views::<T>(d, sq, skv, [q, k, v])?;
-        let d_out = ExternalMatrix::<T>::new(gpu, "d_out", d_out, sq)?;
-        let bias = ExternalVec::<T>::new(gpu, "bias", bias, bias_len)?;
-        let mut dq = ExternalMatrix::<T>::new(gpu, "dq", dq, sq)?;
-        let mut dk = ExternalMatrix::<T>::new(gpu, "dk", dk, skv)?;
-        let mut dv = ExternalMatrix::<T>::new(gpu, "dv", dv, skv)?;
-        let mut d_bias = ExternalVec::<T>::new(gpu, "d_bias", d_bias, bias_len)?;
+        let d_out = ExternalMatrix::<T>::new_trusted(gpu, "d_out", d_out, sq)?;
+        let bias = ExternalVec::<T>::new_trusted(gpu, "bias", bias, bias_len)?;
+        let mut dq = ExternalMatrix::<T>::new_trusted(gpu, "dq", dq, sq)?;
+        let mut dk = ExternalMatrix::<T>::new_trusted(gpu, "dk", dk, skv)?;
+        let mut dv = ExternalMatrix::<T>::new_trusted(gpu, "dv", dv, skv)?;
+        let mut d_bias = ExternalVec::<T>::new_trusted(gpu, "d_bias", d_bias, bias_len)?;
         let (features, mut d_features) = match fshape {
             Some(s) => (
-                Some(ExternalMatrix::<T>::new(gpu, "edge_features", features, s)?),
-                Some(ExternalMatrix::<T>::new(
+                Some(ExternalMatrix::<T>::new_trusted(
+                    gpu,
+                    "edge_features",
+                    features,
+                    s,
+                )?),
+                Some(ExternalMatrix::<T>::new_trusted(
                     gpu,
                     "d_edge_features",
                     d_features,
@@ -321,9 +331,9 @@ pub(crate) unsafe fn qkv_views<T: DType>(
     // SAFETY: the caller's contract, for exactly these shapes.
     unsafe {
         Ok((
-            ExternalMatrix::new(gpu, "q", q, sq)?,
-            ExternalMatrix::new(gpu, "k", k, skv)?,
-            ExternalMatrix::new(gpu, "v", v, skv)?,
+            ExternalMatrix::new_trusted(gpu, "q", q, sq)?,
+            ExternalMatrix::new_trusted(gpu, "k", k, skv)?,
+            ExternalMatrix::new_trusted(gpu, "v", v, skv)?,
         ))
     }
 }
