@@ -348,12 +348,14 @@ extern "C" __global__ void plan_unique_flags(const u64* __restrict__ keys,
 // the flags; null: every key is distinct, u = i). Row offsets are written by the first key of
 // each row for the rows up to it, and by the last key for the rows after it (and the edge count
 // into the status). Input edge v (vals below n_input) maps to its entry in positions (i64, for
-// torch) and/or map (u32). With `count`, only the first *count keys are the CSR's.
+// torch) and/or map (u32); with positions, the self loop keyed v ≥ loop_base (u64 max: none
+// asked for) to positions[n_input + v − loop_base]. With `count`, only the first *count keys
+// are the CSR's.
 extern "C" __global__ void plan_csr_build(const u64* __restrict__ keys,
                                           const u32* __restrict__ vals, u64 n_keys,
                                           const u64* count, const u32* __restrict__ ex,
                                           u32 col_bits, u32 n_rows,
-                                          u64 n_input, u32* __restrict__ row_offsets,
+                                          u64 n_input, u64 loop_base, u32* __restrict__ row_offsets,
                                           u32* __restrict__ col_indices,
                                           u32* __restrict__ row_indices,
                                           long long* __restrict__ positions,
@@ -379,6 +381,8 @@ extern "C" __global__ void plan_csr_build(const u64* __restrict__ keys,
         if (v < n_input) {
             if (positions != nullptr) positions[v] = (long long)u;
             if (map != nullptr) map[v] = u;
+        } else if (positions != nullptr && v >= loop_base) {
+            positions[n_input + (v - loop_base)] = (long long)u;
         }
     }
 }

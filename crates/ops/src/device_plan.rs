@@ -505,7 +505,7 @@ fn csr_from_sorted(
     (n, count): (usize, Option<&CudaView<'_, u64>>),
     ex: Option<&DeviceVec<u32>>,
     (n_rows, n_cols, col_bits): (usize, usize, u32),
-    n_input: usize,
+    (n_input, loop_base): (usize, u64),
     (positions, map): (Option<&DeviceVec<i64>>, Option<&DeviceVec<u32>>),
     status: &CudaView<'_, u64>,
     (rows, sums): (&mut Option<DeviceVec<u32>>, &mut Option<DeviceVec<u32>>),
@@ -528,6 +528,7 @@ fn csr_from_sorted(
             .arg(&col_bits)
             .arg(&n_rows32)
             .arg(&n_input64)
+            .arg(&loop_base)
             .arg(row_offsets.slice_mut())
             .arg(col_indices.slice())
             .arg(row_indices.slice())
@@ -539,7 +540,9 @@ fn csr_from_sorted(
         // numbers are < the distinct keys ≤ n, rows of valid keys < n_rows (the keys were made
         // from checked ids), so it writes col/row indices below n, row offsets at most
         // [0, n_rows] (n_rows + 1 allocated), positions[v] / map[v] for v < n_input (both
-        // hold n_input, checked by the callers) and one status word.
+        // hold n_input, checked by the callers), positions[n_input + v - loop_base] for the
+        // loops' keys v ≥ loop_base (given only where positions also hold one per loop) and
+        // one status word.
         unsafe {
             launch(
                 spattn_kernels_sys::PLAN_CSR_BUILD,
@@ -793,11 +796,19 @@ pub(crate) fn build_from_edges<I: DeviceIndex>(
     edges.targets.check("edge targets", e)?;
     check_same_gpu(gpu, "edge sources", edges.sources.ids)?;
     check_same_gpu(gpu, "edge targets", edges.targets.ids)?;
+    let m = check_spec(spec, e)?;
+    let loops = if spec.self_loops { spec.n_rows } else { 0 };
+    // The loops' keys follow the edges (and their reverses): positions of the loops too where
+    // the buffer holds one per loop.
+    let mut loop_base = u64::MAX;
     if let Some(p) = &positions {
         check_same_gpu(gpu, "edge positions", &**p)?;
-        crate::buffer::expect_len("edge positions", e, p.len())?;
+        if loops > 0 && p.len() == e + loops {
+            loop_base = (m - loops) as u64;
+        } else {
+            crate::buffer::expect_len("edge positions", e, p.len())?;
+        }
     }
-    let m = check_spec(spec, e)?;
     let (row_bits, col_bits) = (id_bits(spec.n_rows), id_bits(spec.n_cols));
     let status = DeviceVec::<u64>::alloc(gpu, "plan status", 2 * STATUS_WORDS, true)?;
     let (st_a, st_t) = (
@@ -885,7 +896,7 @@ pub(crate) fn build_from_edges<I: DeviceIndex>(
         (m, None),
         Some(&*flags),
         (spec.n_rows, spec.n_cols, col_bits),
-        e,
+        (e, loop_base),
         (positions.as_deref(), None),
         &st_a,
         (&mut *rows, &mut *sums),
@@ -1011,7 +1022,7 @@ fn transpose_of(
         (n, count),
         None,
         (n_cols, n_rows, row_bits),
-        n,
+        (n, u64::MAX),
         (None, Some(&map)),
         status,
         (s.rows, s.sums),
@@ -1446,7 +1457,9 @@ mod tests {
             targets: DeviceIds::strided(&dt, stride).unwrap(),
             len: e,
         };
-        let mut positions = DeviceVec::<i64>::zeros(gpu, e).unwrap();
+        // With self loops, one position per loop after the edges' (as the Python layers ask).
+        let loops = if spec.self_loops { spec.n_rows } else { 0 };
+        let mut positions = DeviceVec::<i64>::zeros(gpu, e + loops).unwrap();
         positions.fill(-7).unwrap();
         let mut ws = PlanWorkspace::new();
         let built = build_from_edges(gpu, &edges, &spec, Some(&mut positions), &mut ws).unwrap();
@@ -1467,6 +1480,13 @@ mod tests {
         }
         let pos = positions.to_host().unwrap();
         let (offsets, cols) = (want.row_offsets(), want.col_indices());
+        for v in 0..loops {
+            let p = usize::try_from(pos[e + v]).expect("every loop has a position");
+            assert!(
+                cols[p] == v as u32 && (offsets[v] as usize..offsets[v + 1] as usize).contains(&p),
+                "{what}: loop {v} at entry {p}"
+            );
+        }
         for i in 0..e {
             let p = usize::try_from(pos[i]).expect("every input edge has a position");
             assert!(
@@ -1662,5 +1682,89 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("stride 2"), "{e}");
+    }
+
+    /// Host costs of the plan's pieces on this machine (printed, not asserted: speed lives in
+    /// benchmarks): one launch, one allocation and free, and whole builds of mini-batch sizes.
+    #[test]
+    #[ignore = "needs an NVIDIA GPU"]
+    fn gpu_device_plan_costs() {
+        let gpu = gpu();
+        let reps = 2000;
+        let mut one = DeviceVec::<u32>::zeros(&gpu, 1).unwrap();
+        let f = kernel(&gpu, spattn_kernels_sys::PLAN_IOTA_U32).unwrap();
+        let n1 = 1u64;
+        gpu.synchronize().unwrap();
+        let t = std::time::Instant::now();
+        for _ in 0..reps {
+            let mut args = gpu.launch_builder(&f);
+            args.arg(one.slice_mut()).arg(&n1);
+            // SAFETY: writes one[0] (1 element).
+            unsafe {
+                launch(
+                    spattn_kernels_sys::PLAN_IOTA_U32,
+                    &mut args,
+                    stride_grid(1).unwrap(),
+                )
+            }
+            .unwrap();
+        }
+        let enq = t.elapsed().as_secs_f64() * 1e6 / reps as f64;
+        gpu.synchronize().unwrap();
+        let all = t.elapsed().as_secs_f64() * 1e6 / reps as f64;
+        eprintln!("launch: {enq:.2} us to enqueue, {all:.2} us each with the GPU");
+        let t = std::time::Instant::now();
+        for _ in 0..reps {
+            drop(DeviceVec::<u32>::alloc(&gpu, "probe", 4096, false).unwrap());
+        }
+        gpu.synchronize().unwrap();
+        eprintln!(
+            "alloc + free: {:.2} us",
+            t.elapsed().as_secs_f64() * 1e6 / reps as f64
+        );
+        let t = std::time::Instant::now();
+        for _ in 0..reps {
+            one.to_host().unwrap();
+        }
+        eprintln!(
+            "read back 4 bytes: {:.2} us",
+            t.elapsed().as_secs_f64() * 1e6 / reps as f64
+        );
+        let mut rng = fresh_rng("gpu_device_plan_costs");
+        let mut ws = PlanWorkspace::new();
+        for (n, avg) in [(3500usize, 2usize), (34_000, 3), (34_000, 30)] {
+            let a = random_graph(&mut rng, n, avg, 0);
+            let (src, dst) = edge_list(&mut rng, &a, false, 0);
+            let (ds, dt) = (
+                DeviceVec::from_host(&gpu, &src).unwrap(),
+                DeviceVec::from_host(&gpu, &dst).unwrap(),
+            );
+            let edges = DeviceEdges {
+                sources: DeviceIds::contiguous(&ds),
+                targets: DeviceIds::contiguous(&dt),
+                len: src.len(),
+            };
+            for transpose in [false, true] {
+                let spec = GraphSpec {
+                    self_loops: true,
+                    transpose,
+                    ..GraphSpec::square(n)
+                };
+                let mut times = Vec::new();
+                for _ in 0..30 {
+                    gpu.synchronize().unwrap();
+                    let t = std::time::Instant::now();
+                    let b = build_from_edges(&gpu, &edges, &spec, None, &mut ws).unwrap();
+                    times.push(t.elapsed().as_secs_f64() * 1e3);
+                    drop(b);
+                }
+                times.sort_by(f64::total_cmp);
+                eprintln!(
+                    "build of {} edges ({n} nodes), transpose {transpose}: median {:.3} ms",
+                    src.len(),
+                    times[times.len() / 2]
+                );
+            }
+        }
     }
 }

@@ -225,7 +225,9 @@ impl DeviceGraph {
     /// made by kernels with one read back at the end (`crate::device_plan`). `positions`,
     /// where given (`edges.len` elements), receives each input edge's entry in the CSR (its
     /// place in [`EdgeLayout::Csr`] order; a repeated edge its one entry), so per-edge data in
-    /// the input's order can be moved to the graph's.
+    /// the input's order can be moved to the graph's; with `spec.self_loops` it may hold one
+    /// more element per node, which receives the entry of self loop `(i, i)` at `edges.len + i`
+    /// (GAT's per-edge data of the loops, PyG's `fill_value`).
     ///
     /// ```no_run
     /// use spattn_ops::device_plan::{DeviceEdges, DeviceIds, GraphSpec};

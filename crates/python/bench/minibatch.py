@@ -143,7 +143,7 @@ def wall_ms(fn):
     return (time.perf_counter() - t) * 1e3, r
 
 
-def run_case(impl, model, dtype, batches, state, args, spattn, reuse):
+def run_case(impl, model, dtype, batches, state, args, spattn, reuse, profiler=None):
     if impl == "pyg":
         import torch_geometric.nn as lib
     else:
@@ -172,7 +172,11 @@ def run_case(impl, model, dtype, batches, state, args, spattn, reuse):
     times = []
     for i in range(len(batches)):
         b = batches[0] if reuse else batches[i]
+        if profiler is not None and i >= args.warmup:
+            profiler.enable()
         ms, _ = wall_ms(lambda: step(b))
+        if profiler is not None:
+            profiler.disable()
         times.append(ms)
     timed = times[args.warmup:]
     return {
@@ -227,6 +231,15 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=12)
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--plan-probe", metavar="WORKLOAD",
+                    help="instead of the tables: where a graph build's wall time goes (the native "
+                         "call alone, without positions, without the transpose)")
+    ap.add_argument("--call-probe", metavar="WORKLOAD",
+                    help="instead of the tables: the host time of one call on a planned graph "
+                         "(attention forward and backward, GAT forward and backward), enqueue only")
+    ap.add_argument("--profile", metavar="WORKLOAD:MODEL:DTYPE",
+                    help="instead of the tables: cProfile of spattn's new-graph steps of one case "
+                         "(where the host time of a step goes)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
@@ -257,6 +270,15 @@ def main():
           f"torch_geometric {pyg_version}; spattn {spattn.__version__}")
     print(f"2 layers: {args.features} -> {args.heads} heads x {args.hidden} -> {args.classes}; "
           f"Adam; median of {args.repeat} steps after {args.warmup}, wall clock\n")
+    if args.profile:
+        profile(args, spattn, source, device)
+        return
+    if args.plan_probe:
+        plan_probe(args, spattn, source, device)
+        return
+    if args.call_probe:
+        call_probe(args, spattn, source, device)
+        return
     results, plans = [], {}
     if source:
         # The whole of ogbn-arxiv built on the GPU (symmetrized, with self loops and the
@@ -297,6 +319,92 @@ def main():
     if args.json:
         Path(args.json).write_text(json.dumps({"header": header, "results": results, "plans": plans}, indent=1))
         print(f"\nwrote {args.json}")
+
+
+def profile(args, spattn, source, device):
+    """cProfile of --repeat new-graph steps of spattn (after --warmup), sorted by own time."""
+    import cProfile
+    import pstats
+
+    w, model, dname = args.profile.split(":")
+    batches = make_batches(w, args.warmup + args.repeat, args, device, source)
+    torch.manual_seed(0)
+    state = build(spattn.nn, model, args).state_dict()
+    prof = cProfile.Profile()
+    r, _ = run_case("spattn", model, DTYPES[dname], batches, state, args, spattn, False, prof)
+    print(f"{args.profile}: median step {r['median_ms']:.2f} ms (wall, profiled)")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+
+
+def plan_probe(args, spattn, source, device):
+    """Medians over --repeat graphs of the build through Graph.from_edge_index and through the
+    native call alone in three variants."""
+    from spattn import _native
+
+    batches = make_batches(args.plan_probe, args.warmup + args.repeat, args, device, source)
+    stream = torch.cuda.current_stream(device).cuda_stream
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+
+    def native(ei, n, positions, transpose):
+        return _native.GraphCore.from_device_edges(
+            idx, "int64", ei[0].data_ptr(), ei.stride(1), ei[1].data_ptr(), ei.stride(1),
+            ei.shape[1], n, False, True, transpose,
+            positions.data_ptr() if positions is not None else 0, stream)
+
+    cases = {
+        "Graph.from_edge_index": lambda ei, n, pos: spattn.Graph.from_edge_index(ei, num_nodes=n, self_loops=True),
+        "native, positions, transpose": lambda ei, n, pos: native(ei, n, pos, True),
+        "native, transpose": lambda ei, n, pos: native(ei, n, None, True),
+        "native": lambda ei, n, pos: native(ei, n, None, False),
+    }
+    for name, fn in cases.items():
+        times = []
+        for ei, n, *_ in batches:
+            pos = torch.empty(ei.shape[1] + n, dtype=torch.int64, device=device)
+            ms, g = wall_ms(lambda: fn(ei, n, pos))
+            times.append(ms)
+            del g
+        print(f"{name}: median {statistics.median(times[args.warmup:]):.3f} ms")
+
+
+def call_probe(args, spattn, source, device):
+    """Host microseconds per native call on a planned graph (the first batch's), --heads ×
+    --hidden in f16: each call enqueued 200 times back to back, one synchronisation at the end
+    (the GPU's time is not counted: the calls' launches are asynchronous)."""
+    from spattn import functional as fn
+
+    ei, n, *_ = make_batches(args.call_probe, 1, args, device, source)[0]
+    g = spattn.Graph.from_edge_index(ei, num_nodes=n, self_loops=True)
+    h, d = args.heads, args.hidden
+    q, k, v = (torch.randn(n, h, d, device=device, dtype=torch.float16) for _ in range(3))
+    out, dq, dk, dv = (torch.empty_like(q) for _ in range(4))
+    a_dst, a_src, da_dst, da_src = (torch.randn(n, h, device=device) for _ in range(4))
+    ws = [torch.empty(g.num_edges * h, device=device) for _ in range(3)]
+    stream = torch.cuda.current_stream(device).cuda_stream
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    calls = {
+        "attention forward": lambda: fn._native_forward(g, q, k, v, out, None, "auto"),
+        "attention backward (no d_scale)": lambda: fn._native_backward(
+            g, q, k, v, out, q, dq, dk, dv, None, "auto", d_scale=False),
+        "GAT forward": lambda: g._core.gat_forward(
+            idx, "f16", h, d, 0.2, q.data_ptr(), a_dst.data_ptr(), a_src.data_ptr(),
+            out.data_ptr(), ws[0].data_ptr(), stream),
+        "GAT backward": lambda: g._core.gat_backward(
+            idx, "f16", h, d, 0.2, q.data_ptr(), a_dst.data_ptr(), a_src.data_ptr(),
+            q.data_ptr(), dq.data_ptr(), da_dst.data_ptr(), da_src.data_ptr(),
+            (ws[0].data_ptr(), ws[1].data_ptr(), ws[2].data_ptr()), stream),
+    }
+    print(f"{args.call_probe}: {n} nodes, {g.num_edges} edges, f16 {h} x {d}")
+    for name, call in calls.items():
+        for _ in range(20):
+            call()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(200):
+            call()
+        host = (time.perf_counter() - t) / 200 * 1e6
+        torch.cuda.synchronize()
+        print(f"{name}: {host:.1f} us of host time per call")
 
 
 def print_tables(w, rows, plan_rows, mean_n, mean_e):

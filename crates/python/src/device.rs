@@ -43,6 +43,10 @@ pub(crate) fn device(ordinal: usize) -> spattn::ops::Result<Arc<Device>> {
         return Ok(d.clone());
     }
     let gpu = Gpu::new(ordinal)?;
+    // Freed memory stays in the pool, as in torch's caching allocator: with the driver's
+    // default, every synchronisation (a graph build's read back) hands it back, and the next
+    // step's allocations map fresh pages (tens of microseconds each).
+    gpu.keep_freed_memory(u64::MAX)?;
     let bridge = StreamBridge::new(&gpu)?;
     let d = Arc::new(Device {
         gpu,
@@ -137,6 +141,15 @@ pub(crate) fn memory_pool_stats<'py>(py: Python<'py>, device: i64) -> PyResult<B
         stats.set_item(key, d.gpu.pool_attribute(attr).map_err(ops_to_py)?)?;
     }
     Ok(stats)
+}
+
+/// Hands the freed memory spattn's pool on `device` keeps back to the driver (as
+/// `torch.cuda.empty_cache` does for PyTorch's).
+#[pyfunction]
+pub(crate) fn empty_memory_pool(device: i64) -> PyResult<()> {
+    let _restore = ContextGuard::save();
+    let d = self::device(ordinal(device)?).map_err(ops_to_py)?;
+    d.gpu.trim_pool().map_err(ops_to_py)
 }
 
 /// Resets the peaks of `memory_pool_stats` to the current values.

@@ -427,8 +427,9 @@ impl GraphCore {
     /// and targets at `dst`, `n_edges` ids each of `dtype` (`"int32"` or `"int64"`) at element
     /// strides `src_stride` and `dst_stride`; repeats merged, `symmetrize` / `self_loops` as in
     /// [`from_edges`](Self::from_edges); `transpose`: build the backward's transpose now. With
-    /// `positions` (the address of `n_edges` int64), each input edge's position in the
-    /// graph's CSR order is written there. Ordered with `stream` (the caller's current
+    /// `positions` (the address of `n_edges` int64, `n_edges + num_nodes` with `self_loops`),
+    /// each input edge's position in the graph's CSR order is written there, then each self
+    /// loop's. Ordered with `stream` (the caller's current
     /// stream); reads back once (the sizes). An id out of range is a `ValueError` naming the
     /// edge.
     #[staticmethod]
@@ -1429,16 +1430,18 @@ fn build_on_device<I: DeviceIndex>(
     // SAFETY: the package passes the data addresses of `edge_index`'s two rows (a CUDA int32 or
     // int64 tensor on this device, alive for the call; `src_stride` / `dst_stride` its row's
     // element stride, so `span` elements from each address lie in the tensor) and, where
-    // non-zero, of a fresh int64 tensor of `n_edges` elements for the positions. The build
+    // non-zero, of a fresh int64 tensor of `n_edges` elements (plus one per node with self
+    // loops) for the positions. The build
     // runs on spattn's stream after `stream`'s work (the bridge), and the tensors' memory is
     // recycled only in `stream`'s order, which waits for the build; the views are dropped at
     // the end of this function. The kernels read ids `i · stride` for i < n_edges and write
-    // positions[i] for i < n_edges.
+    // positions[i] for i < n_edges (+ nodes with self loops).
     unsafe {
         let s =
             ExternalVec::<I>::new_element_aligned(gpu, "edge_index[0]", src, span(src_stride)?)?;
         let t =
             ExternalVec::<I>::new_element_aligned(gpu, "edge_index[1]", dst, span(dst_stride)?)?;
+        let loops = if spec.self_loops { spec.n_rows } else { 0 };
         let mut pos = if positions == 0 {
             None
         } else {
@@ -1446,7 +1449,7 @@ fn build_on_device<I: DeviceIndex>(
                 gpu,
                 "positions",
                 positions,
-                n_edges,
+                n_edges + loops,
             )?)
         };
         let edges = DeviceEdges {

@@ -36,5 +36,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(device::device_info, m)?)?;
     m.add_function(wrap_pyfunction!(device::memory_pool_stats, m)?)?;
     m.add_function(wrap_pyfunction!(device::reset_memory_pool_peak, m)?)?;
+    m.add_function(wrap_pyfunction!(device::empty_memory_pool, m)?)?;
     Ok(())
 }

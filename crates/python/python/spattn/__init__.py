@@ -15,6 +15,7 @@ from ._native import cuda_device_count as _cuda_device_count
 from ._native import device_info as _device_info
 from ._native import memory_pool_stats as _memory_pool_stats
 from ._native import reset_memory_pool_peak as _reset_memory_pool_peak
+from ._native import empty_memory_pool as _empty_memory_pool
 from .functional import gat_attention, sparse_attention, sparse_attention_backward
 from .graph import ALGORITHMS, Graph, SpattnWarning, _device_arg
 
@@ -42,6 +43,13 @@ def reset_peak_memory_stats(device="cuda") -> None:
     _reset_memory_pool_peak(_device_arg(device))
 
 
+def empty_cache(device="cuda") -> None:
+    """Hands the device memory spattn's pool keeps freed (``reserved`` minus ``used`` in
+    :func:`memory_stats`) back to the driver, as ``torch.cuda.empty_cache`` does for PyTorch's.
+    Freed memory is kept by default, so that a graph built every step reuses it."""
+    _empty_memory_pool(_device_arg(device))
+
+
 def __getattr__(name):
     if name == "nn":
         import importlib
@@ -58,6 +66,7 @@ __all__ = [
     "__version__",
     "cuda_device_count",
     "device_info",
+    "empty_cache",
     "gat_attention",
     "memory_stats",
     "reset_peak_memory_stats",

@@ -151,7 +151,8 @@ class Graph:
         num_nodes = _check_count("num_nodes", num_nodes)
         device = edge_index.device
         index = device.index if device.index is not None else torch.cuda.current_device()
-        positions = torch.empty(e, dtype=torch.int64, device=device)
+        # The input edges' positions, then (with self loops) each loop's: GAT's per-edge data.
+        positions = torch.empty(e + (num_nodes if self_loops else 0), dtype=torch.int64, device=device)
         stride = edge_index.stride(1)
         core = _native.GraphCore.from_device_edges(
             index,
@@ -165,7 +166,7 @@ class Graph:
             bool(symmetrize),
             bool(self_loops),
             torch.is_grad_enabled(),
-            positions.data_ptr() if e else 0,
+            positions.data_ptr() if positions.numel() else 0,
             torch.cuda.current_stream(device).cuda_stream,
         )
         if core.duplicates:
@@ -176,7 +177,9 @@ class Graph:
                 stacklevel=3,
             )
         g = cls._from_core(core)
-        g._derived[_INPUT_POSITIONS] = (weakref.ref(edge_index), _version(edge_index), positions)
+        g._derived[_INPUT_POSITIONS] = (
+            weakref.ref(edge_index), _version(edge_index), positions[:e], positions[e:]
+        )
         return g
 
     @classmethod
@@ -287,9 +290,9 @@ class Graph:
         torch = require_torch("Graph.edge_positions")
         if not torch.is_tensor(edge_index) or edge_index.dim() != 2 or edge_index.shape[0] != 2:
             raise ValueError("edge_index: expected a (2, E) integer tensor")
-        built = self._derived.get(_INPUT_POSITIONS)
-        if built is not None and built[0]() is edge_index and built[1] == _version(edge_index):
-            return built[2]
+        built = self._built_positions(edge_index)
+        if built is not None:
+            return built[0]
         dev = edge_index.device
         n_cols = max(self.num_cols, 1)
         ours = self.edge_index(device=dev)
@@ -306,6 +309,14 @@ class Graph:
                 f"edge_index: edge {i} ({int(src[i])} -> {int(dst[i])}) is not in the graph"
             )
         return pos
+
+    def _built_positions(self, edge_index: Any):
+        """``(input positions, self-loop positions)`` of this graph built on a GPU from exactly
+        ``edge_index`` (unmodified since), else None. The loops' are empty without self loops."""
+        built = self._derived.get(_INPUT_POSITIONS)
+        if built is not None and built[0]() is edge_index and built[1] == _version(edge_index):
+            return built[2], built[3]
+        return None
 
     # -- planning -------------------------------------------------------------------------
 

@@ -549,6 +549,9 @@ class GATConv(torch.nn.Module):
             raise ValueError(
                 f"{name}: edge_attr has {ea.shape[0]} rows, edge_index has {edge_index.shape[1]} edges"
             )
+        built = graph._built_positions(edge_index)
+        if self.add_self_loops and built is not None and not graph.num_duplicates:
+            return self._edge_scores_built(graph, edge_index, ea, n, built)
         ei = edge_index
         if self.add_self_loops:
             keep = ei[0] != ei[1]
@@ -562,8 +565,48 @@ class GATConv(torch.nn.Module):
         scores = (e * self.att_edge).sum(dim=-1)
         return _edges_in_csr_order(name, graph, ei, scores)
 
+    def _edge_scores_built(self, graph: Graph, edge_index: Tensor, ea: Tensor, n: int, built) -> Tensor:
+        """:meth:`_edge_scores` for a graph built on the GPU from ``edge_index`` with its self
+        loops: the build gave each input edge's and each loop's position, so the scores are
+        placed without searching and without a host synchronisation. The input's own self
+        loops are written first and overwritten by the added loops (PyG drops them)."""
+        pos_in, pos_loop = built
+        real = edge_index[0] != edge_index[1]
+        loop_attr = _fill_loops_masked(self.fill_value, ea, edge_index[1], n, real)
+        H, C = self.heads, self.out_channels
+        s_in = (self.lin_edge(ea).view(-1, H, C) * self.att_edge).sum(dim=-1)
+        s_loop = (self.lin_edge(loop_attr.to(ea.dtype)).view(-1, H, C) * self.att_edge).sum(dim=-1)
+        out = s_in.new_zeros((graph.num_edges, H))
+        out.index_copy_(0, pos_in, s_in)
+        out.index_copy_(0, pos_loop, s_loop)
+        return out
+
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
+
+
+def _fill_loops_masked(fill_value: Any, edge_attr: Tensor, target: Tensor, n: int, real: Tensor) -> Tensor:
+    """:func:`_fill_loops` over the edges where ``real`` holds (the input's self loops left
+    out), by masking instead of indexing: no host synchronisation. A node without such edges
+    gets 0, as PyG's."""
+    if not isinstance(fill_value, str):
+        return _fill_loops(fill_value, edge_attr, target, n)
+    shape = (n,) + tuple(edge_attr.shape[1:])
+    keep = real.view(-1, *([1] * (edge_attr.dim() - 1)))
+    idx = target.view(-1, *([1] * (edge_attr.dim() - 1))).expand_as(edge_attr)
+    reduce = _FILL_REDUCE[fill_value]
+    if reduce in ("sum", "mean"):
+        total = edge_attr.new_zeros(shape).index_add_(0, target, edge_attr * keep)
+        if reduce == "sum":
+            return total
+        count = edge_attr.new_zeros(n).index_add_(0, target, real.to(edge_attr.dtype))
+        return total / count.clamp(min=1).view(-1, *([1] * (edge_attr.dim() - 1)))
+    identity = {"amax": float("-inf"), "amin": float("inf"), "prod": 1.0}[reduce]
+    vals = torch.where(keep, edge_attr, torch.full_like(edge_attr, identity))
+    out = edge_attr.new_zeros(shape).scatter_reduce(0, idx, vals, reduce=reduce, include_self=False)
+    count = edge_attr.new_zeros(n).index_add_(0, target, real.to(edge_attr.dtype))
+    has = (count > 0).view(-1, *([1] * (edge_attr.dim() - 1)))
+    return torch.where(has, out, torch.zeros_like(out))
 
 
 _FILL_REDUCE = {"add": "sum", "sum": "sum", "mean": "mean", "max": "amax", "min": "amin", "mul": "prod"}
