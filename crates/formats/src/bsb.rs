@@ -519,7 +519,6 @@ fn build_chunk(
     part
 }
 
-/// Window order (by block count, largest first, ties by id) and the largest block count.
 /// The window order of a BSB with these window offsets (`n_windows + 1` entries): window ids by
 /// block count, largest first, ties by id ([`Bsb::window_order`]), and the largest count. For a
 /// BSB whose offsets were made elsewhere (on a GPU).

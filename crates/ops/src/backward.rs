@@ -105,7 +105,7 @@ impl DeviceTranspose {
 
     /// Device memory held, in bytes.
     pub fn device_bytes(&self) -> usize {
-        self.csr.device_bytes() + self.map.num_bytes()
+        self.csr.device_bytes() + self.map.allocated_bytes()
     }
 }
 

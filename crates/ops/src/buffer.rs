@@ -182,6 +182,13 @@ impl<T: DeviceElement> DeviceVec<T> {
         &self.gpu
     }
 
+    /// Bytes of device memory the buffer's allocation holds: [`num_bytes`](Self::num_bytes),
+    /// or more for a buffer sized by an upper bound and cut to its length on the device
+    /// (a graph built on the GPU), or the one element of an empty buffer.
+    pub fn allocated_bytes(&self) -> usize {
+        self.data.len() * std::mem::size_of::<T>()
+    }
+
     /// The cudarc slice, to pass to a kernel (`args.arg(v.slice())`). It holds at least
     /// [`len`](Self::len) elements, and one when the buffer is empty.
     pub fn slice(&self) -> &CudaSlice<T> {

@@ -197,13 +197,13 @@ impl CsrSchedule {
 
     /// Bytes of device memory the schedules hold.
     pub(crate) fn device_bytes(&self) -> usize {
-        self.unit_rows.num_bytes()
-            + self.unit_starts.num_bytes()
-            + self.unit_slots.num_bytes()
-            + self.unit_parts.num_bytes()
-            + self.split_rows.num_bytes()
-            + self.part_first.num_bytes()
-            + self.long_rows.num_bytes()
+        self.unit_rows.allocated_bytes()
+            + self.unit_starts.allocated_bytes()
+            + self.unit_slots.allocated_bytes()
+            + self.unit_parts.allocated_bytes()
+            + self.split_rows.allocated_bytes()
+            + self.part_first.allocated_bytes()
+            + self.long_rows.allocated_bytes()
             + self.scratch.num_bytes()
     }
 }

@@ -236,7 +236,7 @@ impl OrderedBsb {
 
     /// Bytes of device memory it holds.
     pub fn device_bytes(&self) -> usize {
-        self.device.device_bytes() + self.row_ids.as_ref().map_or(0, DeviceVec::num_bytes)
+        self.device.device_bytes() + self.row_ids.as_ref().map_or(0, DeviceVec::allocated_bytes)
     }
 }
 
@@ -696,11 +696,11 @@ impl DeviceBsb {
 
     /// Device memory the matrix occupies, in bytes.
     pub fn device_bytes(&self) -> usize {
-        self.window_offsets.num_bytes()
-            + self.block_columns.num_bytes()
-            + self.bitmap_words.num_bytes()
-            + self.window_order.num_bytes()
-            + self.values.as_ref().map_or(0, DeviceVec::num_bytes)
+        self.window_offsets.allocated_bytes()
+            + self.block_columns.allocated_bytes()
+            + self.bitmap_words.allocated_bytes()
+            + self.window_order.allocated_bytes()
+            + self.values.as_ref().map_or(0, DeviceVec::allocated_bytes)
     }
 }
 

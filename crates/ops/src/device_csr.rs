@@ -151,10 +151,10 @@ impl DeviceCsr {
 
     /// Device memory the matrix occupies, in bytes.
     pub fn device_bytes(&self) -> usize {
-        self.row_offsets.num_bytes()
-            + self.col_indices.num_bytes()
-            + self.row_indices.num_bytes()
-            + self.values.as_ref().map_or(0, DeviceVec::num_bytes)
+        self.row_offsets.allocated_bytes()
+            + self.col_indices.allocated_bytes()
+            + self.row_indices.allocated_bytes()
+            + self.values.as_ref().map_or(0, DeviceVec::allocated_bytes)
             + self.schedule.device_bytes()
     }
 }

@@ -535,8 +535,8 @@ fn csr_from_sorted(
             .arg_or_null(positions)
             .arg_or_null(map)
             .arg(status);
-        // SAFETY: thread i < n (or < *count ≤ n) reads keys/vals[i] and [i-1] (n each) and
-        // ex[i] (n + 1); entry
+        // SAFETY: thread i < n (or < *count ≤ n) reads keys[i], keys[i-1], vals[i] (n each)
+        // and ex[i] (n + 1); entry
         // numbers are < the distinct keys ≤ n, rows of valid keys < n_rows (the keys were made
         // from checked ids), so it writes col/row indices below n, row offsets at most
         // [0, n_rows] (n_rows + 1 allocated), positions[v] / map[v] for v < n_input (both
@@ -579,7 +579,8 @@ fn row_schedules(
     let long = n_rows.min(max_nnz / SoftmaxSchedule::DEFAULT_LONG_THRESHOLD as usize);
     let s = PendingSchedule {
         unit_rows: DeviceVec::alloc(gpu, "SpMM unit rows", units, false)?,
-        unit_starts: DeviceVec::alloc(gpu, "SpMM unit starts", units + 1, false)?,
+        // With no rows nothing writes the one start (the edge count, 0).
+        unit_starts: DeviceVec::alloc(gpu, "SpMM unit starts", units + 1, n_rows == 0)?,
         unit_slots: DeviceVec::alloc(gpu, "SpMM unit slots", units, false)?,
         unit_parts: DeviceVec::alloc(gpu, "unit partials", units, false)?,
         split_rows: DeviceVec::alloc(gpu, "SpMM split rows", split, false)?,

@@ -138,7 +138,8 @@ pub fn check_device_pointer_aligned(
 #[derive(Debug)]
 pub struct ExternalVec<T: DeviceElement> {
     inner: ManuallyDrop<DeviceVec<T>>,
-    /// False for an empty view, which owns a one-element placeholder allocation instead.
+    /// Whether the view borrows memory it must not free (always, since an empty view points
+    /// at its handle's placeholder instead of owning an allocation).
     borrowed: bool,
 }
 
@@ -167,7 +168,16 @@ unsafe fn borrow_vec<T: DeviceElement>(
     if len == 0 {
         // CUDA has no zero-byte allocations and torch reports null or anything for empty
         // tensors: an empty view points at the handle's 16-byte placeholder (one element of
-        // T, at most 8 bytes), which the kernels never read.
+        // T, checked to fit), which the kernels never read.
+        if std::mem::size_of::<T>() > 16 {
+            return Err(Error::InvalidArgument {
+                what,
+                why: format!(
+                    "an empty view of {}-byte elements (the placeholder holds 16 bytes)",
+                    std::mem::size_of::<T>()
+                ),
+            });
+        }
         let at = gpu.placeholder()?;
         // SAFETY: the placeholder is 16 bytes of this handle's device memory, alive as long
         // as the handle (the view holds a clone); the view is never freed (Drop leaks it).
@@ -313,7 +323,8 @@ external_view!(ExternalVec, DeviceElement, DeviceVec, |buf| buf
 #[derive(Debug)]
 pub struct ExternalMatrix<T: DType> {
     inner: ManuallyDrop<DeviceMatrix<T>>,
-    /// False for an empty view, which owns a one-element placeholder allocation instead.
+    /// Whether the view borrows memory it must not free (always, since an empty view points
+    /// at its handle's placeholder instead of owning an allocation).
     borrowed: bool,
 }
 

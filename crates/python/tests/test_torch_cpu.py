@@ -181,10 +181,12 @@ def test_against_torch_geometric_on_cpu(gen):
 
 
 @pytest.mark.skipif(pyg_nn is None, reason="torch_geometric is not installed")
-@pytest.mark.parametrize("fill_value", ["mean", "add", "max", 0.5])
+@pytest.mark.parametrize("fill_value", ["mean", "add", "max", "min", "mul", 0.5])
 def test_gat_conv_edge_dim_matches_torch_geometric(gen, fill_value):
     ei = random_edge_index(gen)
-    ei = torch.cat([ei, torch.tensor([[3, 7], [3, 7]])], dim=1)  # two self loops to replace
+    # Node 23 has only a self loop (its fill comes from no edge: 0, or 1 for "mul").
+    ei = ei[:, ei[1] != 23]
+    ei = torch.cat([ei, torch.tensor([[3, 7, 23], [3, 7, 23]])], dim=1)  # self loops to replace
     ei = torch.unique(ei, dim=1)
     ei = ei[:, torch.randperm(ei.shape[1], generator=gen)]
     x = torch.randn(24, 5, dtype=torch.float64, generator=gen, requires_grad=True)

@@ -40,7 +40,9 @@ class Graph:
     A graph made from a CUDA ``edge_index`` (or CUDA ``crow`` / ``col``) is built on that GPU
     by spattn's kernels: the edges never go to the host, and the plans keep the rows in
     their order (a mini-batch's graph, seen once, does not repay a row order). Anything that
-    needs the host copy (:meth:`crow`, :meth:`col`, CPU tensors) downloads it once.
+    needs the host copy downloads it once: :meth:`crow`, :meth:`col`, CPU tensors, a named
+    row order, the ``unfused-tc`` and ``hybrid`` algorithms, and ``fused-tc`` with a bias or
+    dropout (its edge map is built on the host).
 
     Args:
         crow: row offsets, ``n + 1`` integers (torch tensor on any device, numpy array or
@@ -399,10 +401,13 @@ def _csr_on_device(crow: Any, col: Any, n: Optional[int]):
     if n != rows:
         raise ValueError(f"crow: has {crow.shape[0]} offsets, but n = {n} nodes need {n + 1}")
     nnz = col.shape[0]
+    if rows == 0 and nnz:
+        raise ValueError(f"crow: has no rows, but col has {nnz} entries")
     crow64 = crow.to(torch.int64)
     counts = crow64[1:] - crow64[:-1]
-    # Offsets that do not increase, or do not end at nnz, are caught here (one read back).
-    if bool((counts < 0).any()) or (rows and int(crow64[-1]) != nnz) or (rows and int(crow64[0]) != 0):
+    # Offsets that do not start at 0, decrease, or do not end at nnz: one read back.
+    bad = (counts < 0).any() | (crow64[0] != 0) | (crow64[-1] != nnz)
+    if bool(bad):
         raise ValueError(f"crow: offsets must start at 0, never decrease and end at {nnz}")
     row = torch.repeat_interleave(
         torch.arange(rows, device=crow.device, dtype=torch.int64), counts, output_size=nnz

@@ -590,20 +590,25 @@ class GATConv(torch.nn.Module):
 def _fill_loops_masked(fill_value: Any, edge_attr: Tensor, target: Tensor, n: int, real: Tensor) -> Tensor:
     """:func:`_fill_loops` over the edges where ``real`` holds (the input's self loops left
     out), by masking instead of indexing: no host synchronisation. A node without such edges
-    gets 0, as PyG's."""
+    gets what PyG gives it (0, or 1 for ``"mul"``)."""
     if not isinstance(fill_value, str):
-        return _fill_loops(fill_value, edge_attr, target, n)
+        return _constant_loops(fill_value, edge_attr, n)
     shape = (n,) + tuple(edge_attr.shape[1:])
     keep = real.view(-1, *([1] * (edge_attr.dim() - 1)))
     idx = target.view(-1, *([1] * (edge_attr.dim() - 1))).expand_as(edge_attr)
     reduce = _FILL_REDUCE[fill_value]
     if reduce in ("sum", "mean"):
-        total = edge_attr.new_zeros(shape).index_add_(0, target, edge_attr * keep)
+        # where, not a product: an inf or NaN on a dropped self loop must not reach the sum.
+        kept = torch.where(keep, edge_attr, torch.zeros_like(edge_attr))
+        total = edge_attr.new_zeros(shape).index_add_(0, target, kept)
         if reduce == "sum":
             return total
         count = edge_attr.new_zeros(n).index_add_(0, target, real.to(edge_attr.dtype))
         return total / count.clamp(min=1).view(-1, *([1] * (edge_attr.dim() - 1)))
-    identity = {"amax": float("-inf"), "amin": float("inf"), "prod": 1.0}[reduce]
+    if reduce == "prod":  # PyG starts the product from ones: the dropped edges multiply by 1
+        vals = torch.where(keep, edge_attr, torch.ones_like(edge_attr))
+        return edge_attr.new_ones(shape).scatter_reduce(0, idx, vals, reduce="prod", include_self=True)
+    identity = float("-inf") if reduce == "amax" else float("inf")
     vals = torch.where(keep, edge_attr, torch.full_like(edge_attr, identity))
     out = edge_attr.new_zeros(shape).scatter_reduce(0, idx, vals, reduce=reduce, include_self=False)
     count = edge_attr.new_zeros(n).index_add_(0, target, real.to(edge_attr.dtype))
@@ -624,13 +629,26 @@ def _fill_reduce(layer: str, fill_value: Any) -> None:
 
 def _fill_loops(fill_value: Any, edge_attr: Tensor, target: Tensor, n: int) -> Tensor:
     """The self loops' edge attributes, as PyG's ``add_self_loops(fill_value=...)``: a
-    reduction of each node's incoming edges' attributes (0 without any), or a constant."""
+    reduction of each node's incoming edges' attributes (without any: 0, or 1 for ``"mul"``,
+    as PyG's ``scatter``), or a constant."""
     if isinstance(fill_value, str):
-        out = edge_attr.new_zeros((n,) + tuple(edge_attr.shape[1:]))
+        reduce = _FILL_REDUCE[fill_value]
+        shape = (n,) + tuple(edge_attr.shape[1:])
         idx = target.view(-1, *([1] * (edge_attr.dim() - 1))).expand_as(edge_attr)
-        return out.scatter_reduce(0, idx, edge_attr, reduce=_FILL_REDUCE[fill_value], include_self=False)
+        if reduce == "prod":  # PyG starts the product from ones
+            return edge_attr.new_ones(shape).scatter_reduce(0, idx, edge_attr, reduce="prod", include_self=True)
+        return edge_attr.new_zeros(shape).scatter_reduce(0, idx, edge_attr, reduce=reduce, include_self=False)
+    return _constant_loops(fill_value, edge_attr, n)
+
+
+def _constant_loops(fill_value: Any, edge_attr: Tensor, n: int) -> Tensor:
+    """``n`` rows of a constant ``fill_value`` (a number, or a tensor broadcast to a row), made
+    on the device without a copy from the host for a number."""
+    shape = (n,) + tuple(edge_attr.shape[1:])
+    if isinstance(fill_value, (int, float)):
+        return edge_attr.new_full(shape, float(fill_value))
     value = torch.as_tensor(fill_value, dtype=edge_attr.dtype, device=edge_attr.device)
-    return value.expand((n,) + tuple(edge_attr.shape[1:])).clone()
+    return value.expand(shape).clone()
 
 
 def _head_dot(h: Tensor, att: Tensor) -> Tensor:
