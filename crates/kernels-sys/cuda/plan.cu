@@ -2,7 +2,7 @@
 // and edge map, and the BSB of fused-tc, from an edge list in device memory, by sort, scan and
 // scatter kernels with no copy of the graph to the host (docs/kernels/plan.md). The host reads
 // back one status block per build (sizes, statistics, the first bad edge).
-#include "common.cuh"
+#include "attention_tiles.cuh"  // common.cuh, and BSB_PIPE_PRE_WORDS of the prologue records
 
 #define PLAN_THREADS 256
 #define PLAN_ITEMS 8
@@ -471,8 +471,7 @@ extern "C" __global__ void plan_row_units(const u32* __restrict__ row_offsets, u
 extern "C" __global__ void plan_bsb_rank(const u32* __restrict__ row_offsets,
                                          const u32* __restrict__ col_indices,
                                          const u32* __restrict__ row_indices, u32 n_rows,
-                                         u64 nnz, u64* __restrict__ wkeys,
-                                         u32* __restrict__ wedges) {
+                                         u64 nnz, u64* __restrict__ wkeys) {
     SPATTN_GRID_STRIDE(e, nnz) {
         const u32 r = row_indices[e], c = col_indices[e];
         const u32 r0 = r & ~15u, r1 = min(r0 + 16u, n_rows);
@@ -493,7 +492,6 @@ extern "C" __global__ void plan_bsb_rank(const u32* __restrict__ row_offsets,
         }
         const u64 p = (u64)row_offsets[r0] + pos;
         wkeys[p] = ((u64)(r >> 4) << 36) | ((u64)c << 4) | (r & 15u);
-        if (wedges != nullptr) wedges[p] = (u32)e;
     }
 }
 
@@ -540,16 +538,16 @@ extern "C" __global__ void plan_bsb_fill(const u64* __restrict__ wkeys, u64 nnz,
 }
 
 // ---- fused-tc's prologue records --------------------------------------------------------------
-// Per unit (window, first block, end block, part), PRE_WORDS = 48 words: slot l of step s < 2
-// (block first + 2 s + l / 8, column l % 8; NONE past the unit) at 16 s + l, then the caller row
-// of each of the window's 16 rows (row_ids[row], or the row; NONE past the matrix).
+// Per unit (window, first block, end block, part), BSB_PIPE_PRE_WORDS words: slot l of step
+// s < 2 (block first + 2 s + l / 8, column l % 8; NONE past the unit) at 16 s + l, then the
+// caller row of each of the window's 16 rows (NONE past the matrix).
 extern "C" __global__ void plan_tc_prologue(const u32* __restrict__ units, u32 n_units,
                                             const u32* __restrict__ block_columns,
                                             const u32* __restrict__ row_ids, u32 n_rows,
                                             u32* __restrict__ pre) {
-    SPATTN_GRID_STRIDE(i, (u64)n_units * 48) {
-        const u64 unit = i / 48;
-        const u32 j = (u32)(i - unit * 48);
+    SPATTN_GRID_STRIDE(i, (u64)n_units * BSB_PIPE_PRE_WORDS) {
+        const u64 unit = i / BSB_PIPE_PRE_WORDS;
+        const u32 j = (u32)(i - unit * BSB_PIPE_PRE_WORDS);
         const u32 w = units[unit * 4], first = units[unit * 4 + 1], end = units[unit * 4 + 2];
         u32 v;
         if (j < 32) {
@@ -557,7 +555,7 @@ extern "C" __global__ void plan_tc_prologue(const u32* __restrict__ units, u32 n
             v = block < end ? block_columns[(u64)block * 8 + j % 8] : SPATTN_NONE;
         } else {
             const u64 row = (u64)w * 16 + (j - 32);
-            v = row < n_rows ? (row_ids != nullptr ? row_ids[row] : (u32)row) : SPATTN_NONE;
+            v = row < n_rows ? caller_row(row_ids, (u32)row) : SPATTN_NONE;
         }
         pre[i] = v;
     }

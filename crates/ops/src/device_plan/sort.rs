@@ -1,0 +1,189 @@
+//! The plan's sort and scan passes: exclusive prefix sums over u32 or `uint4` in tiles, and a
+//! stable LSD radix sort of u64 keys with u32 values (`plan.cu`'s scans and radix kernels).
+
+use cudarc::driver::{CudaView, PushKernelArg};
+
+use super::kernel;
+use crate::buffer::DeviceVec;
+use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+use crate::launch::{blocks_for, launch, LaunchConfig, PushOptionalArg};
+
+/// Elements per tile of the plan's scans and radix passes (`PLAN_TILE` in plan.cu).
+const TILE: usize = 2048;
+/// Threads per block of the tiled kernels (`PLAN_THREADS`).
+const THREADS: u32 = 256;
+/// Bits per radix pass.
+const RADIX_BITS: u32 = 8;
+
+/// A one-block launch of `THREADS` threads.
+fn one_block() -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// One block of `THREADS` threads per tile of `n` elements (at least one).
+fn tile_grid(n: usize) -> Result<LaunchConfig> {
+    Ok(LaunchConfig {
+        grid_dim: (blocks_for(n, TILE as u32)?.max(1), 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// Elements of a scan: one u32 or four independent u32 (`uint4`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Lanes {
+    One,
+    Four,
+}
+
+/// Tiles a single block scans in one launch (looping over them): above this, the tiles are
+/// scanned in parallel, then their sums, then added (three launches).
+const ONE_BLOCK_TILES: usize = 4;
+
+/// Exclusive prefix sums, in place, of the first `n` elements of `buf` (u32, or `uint4` as 4
+/// u32 each), their total into element `n`: `buf` holds at least `n + 1` elements. `sums` is
+/// the tile sums' scratch (grown when needed).
+pub(super) fn scan(
+    gpu: &Gpu,
+    buf: &mut DeviceVec<u32>,
+    n: usize,
+    lanes: Lanes,
+    sums: &mut Option<DeviceVec<u32>>,
+) -> Result<()> {
+    let width = match lanes {
+        Lanes::One => 1,
+        Lanes::Four => 4,
+    };
+    if buf.len() < (n + 1) * width {
+        return Err(Error::InvalidArgument {
+            what: "scan buffer",
+            why: format!("{} u32 for {n} elements of {width}", buf.len()),
+        });
+    }
+    let (tiles_k, sums_k, add_k) = match lanes {
+        Lanes::One => (
+            spattn_kernels_sys::PLAN_SCAN_TILES_U32,
+            spattn_kernels_sys::PLAN_SCAN_SUMS_U32,
+            spattn_kernels_sys::PLAN_SCAN_ADD_U32,
+        ),
+        Lanes::Four => (
+            spattn_kernels_sys::PLAN_SCAN_TILES_U32X4,
+            spattn_kernels_sys::PLAN_SCAN_SUMS_U32X4,
+            spattn_kernels_sys::PLAN_SCAN_ADD_U32X4,
+        ),
+    };
+    let n64 = n as u64;
+    let tiles = n.div_ceil(TILE);
+    let data = buf.slice();
+    let tail = data.slice(n * width..);
+    if tiles <= ONE_BLOCK_TILES {
+        let f = kernel(gpu, sums_k)?;
+        let mut args = gpu.launch_builder(&f);
+        args.arg(data).arg(&n64).arg(&tail);
+        // SAFETY: one block scans elements [0, n) of `buf` in place, a tile at a time, and
+        // writes the total to element n (the first of `tail`): n + 1 elements of `width` u32,
+        // checked above.
+        return unsafe { launch(sums_k, &mut args, one_block()) };
+    }
+    let sums = crate::buffer::grown(gpu, sums, "scan tile sums", tiles * width)?;
+    let tiles64 = tiles as u64;
+    let f = kernel(gpu, tiles_k)?;
+    let mut args = gpu.launch_builder(&f);
+    args.arg(data).arg(data).arg(&n64).arg(sums.slice());
+    // SAFETY: block b reads and writes elements [b·TILE, (b+1)·TILE) ∩ [0, n) of `buf` and
+    // writes sums[b] (at least `tiles` elements).
+    unsafe { launch(tiles_k, &mut args, tile_grid(n)?) }?;
+    let f = kernel(gpu, sums_k)?;
+    let mut args = gpu.launch_builder(&f);
+    args.arg(sums.slice()).arg(&tiles64).arg(&tail);
+    // SAFETY: one block scans sums[0, tiles) in place and writes the total to element n of
+    // `buf` (the first of `tail`).
+    unsafe { launch(sums_k, &mut args, one_block()) }?;
+    let f = kernel(gpu, add_k)?;
+    let mut args = gpu.launch_builder(&f);
+    args.arg(data).arg(&n64).arg(sums.slice());
+    // SAFETY: block b reads sums[b] (b < tiles) and updates its tile's elements below n.
+    unsafe { launch(add_k, &mut args, tile_grid(n)?) }
+}
+
+/// The sort's buffers of a workspace, grown to `n` keys: (keys, values) twice.
+#[allow(clippy::type_complexity)]
+pub(super) fn sort_buffers<'w>(
+    gpu: &Gpu,
+    keys: &'w mut [Option<DeviceVec<u64>>; 2],
+    vals: &'w mut [Option<DeviceVec<u32>>; 2],
+    n: usize,
+) -> Result<([&'w DeviceVec<u64>; 2], [&'w DeviceVec<u32>; 2])> {
+    let [k0, k1] = keys;
+    let [v0, v1] = vals;
+    let k0 = crate::buffer::grown(gpu, k0, "plan keys", n)?;
+    let k1 = crate::buffer::grown(gpu, k1, "plan keys", n)?;
+    let v0 = crate::buffer::grown(gpu, v0, "plan key values", n)?;
+    let v1 = crate::buffer::grown(gpu, v1, "plan key values", n)?;
+    Ok(([&*k0, &*k1], [&*v0, &*v1]))
+}
+
+/// Sorts the first `n` keys of buffer 0 (with their values) by bits `lo..hi`, stably, in
+/// passes of [`RADIX_BITS`]; returns the buffer that holds the result. With `unsorted` (a
+/// status word the key kernel wrote), the passes do nothing on the device when it is 0, but
+/// leave the keys in the same buffer as a sort would. `counts` and `sums` are scratch.
+pub(super) fn radix_sort(
+    gpu: &Gpu,
+    (keys, vals): ([&DeviceVec<u64>; 2], [&DeviceVec<u32>; 2]),
+    (counts, sums): (&mut Option<DeviceVec<u32>>, &mut Option<DeviceVec<u32>>),
+    n: usize,
+    (lo, hi): (u32, u32),
+    unsorted: Option<&CudaView<'_, u64>>,
+) -> Result<usize> {
+    let passes: Vec<u32> = (lo..hi).step_by(RADIX_BITS as usize).collect();
+    if n <= 1 || passes.is_empty() {
+        return Ok(0);
+    }
+    let tiles = n.div_ceil(TILE);
+    let tiles32 = crate::launch::to_u32("radix tiles", tiles)?;
+    let bins = tiles * (1 << RADIX_BITS);
+    let counts = crate::buffer::grown(gpu, counts, "radix counts", bins + 1)?;
+    let n64 = n as u64;
+    let grid = tile_grid(n)?;
+    let mut cur = 0usize;
+    for (p, &shift) in passes.iter().enumerate() {
+        let f = kernel(gpu, spattn_kernels_sys::PLAN_RADIX_COUNT)?;
+        let mut args = gpu.launch_builder(&f);
+        args.arg(keys[cur].slice())
+            .arg(&n64)
+            .arg(&shift)
+            .arg(counts.slice())
+            .arg(&tiles32)
+            .view_or_null(unsorted);
+        // SAFETY: block t reads keys [t·TILE, (t+1)·TILE) ∩ [0, n) of the current buffer (n
+        // keys at least) and writes counts[d·tiles + t] for d < 256 (bins + 1 at least); the
+        // status word is read only.
+        unsafe { launch(spattn_kernels_sys::PLAN_RADIX_COUNT, &mut args, grid) }?;
+        scan(gpu, counts, bins, Lanes::One, sums)?;
+        let last_odd = u32::from(p + 1 == passes.len() && passes.len() % 2 == 1);
+        let f = kernel(gpu, spattn_kernels_sys::PLAN_RADIX_SCATTER)?;
+        let mut args = gpu.launch_builder(&f);
+        args.arg(keys[cur].slice())
+            .arg(vals[cur].slice())
+            .arg(keys[1 - cur].slice())
+            .arg(vals[1 - cur].slice())
+            .arg(&n64)
+            .arg(&shift)
+            .arg(counts.slice())
+            .arg(&tiles32)
+            .arg(&last_odd)
+            .view_or_null(unsorted);
+        // SAFETY: block t reads keys and values [t·TILE, (t+1)·TILE) ∩ [0, n) of the current
+        // buffers and writes each to its scanned position, a permutation of [0, n) (the counts
+        // of all tiles sum to n), in the other buffers (n elements each at least); it reads
+        // counts [d·tiles + t].
+        unsafe { launch(spattn_kernels_sys::PLAN_RADIX_SCATTER, &mut args, grid) }?;
+        cur = 1 - cur;
+    }
+    Ok(cur)
+}

@@ -1,0 +1,498 @@
+//! The device plan's tests: CPU checks of the spec and status decoding, and GPU equivalence
+//! with the host plan (ignored without a GPU).
+
+use super::*;
+
+#[test]
+fn id_bits_cover_the_largest_id() {
+    assert_eq!(id_bits(0), 0);
+    assert_eq!(id_bits(1), 0);
+    assert_eq!(id_bits(2), 1);
+    assert_eq!(id_bits(3), 2);
+    assert_eq!(id_bits(256), 8);
+    assert_eq!(id_bits(257), 9);
+    assert_eq!(id_bits(MAX_DIM as usize), 32);
+}
+
+#[test]
+fn specs_are_checked_before_any_launch() {
+    let mut spec = GraphSpec::square(10);
+    assert_eq!(check_spec(&spec, 7).unwrap(), 7);
+    spec.symmetrize = true;
+    spec.self_loops = true;
+    assert_eq!(check_spec(&spec, 7).unwrap(), 24);
+    spec.n_cols = 11;
+    let e = check_spec(&spec, 7).unwrap_err();
+    assert!(e.to_string().contains("10 x 11"), "{e}");
+    spec.symmetrize = false;
+    let e = check_spec(&spec, 7).unwrap_err();
+    assert!(e.to_string().contains("self_loops"), "{e}");
+    spec.self_loops = false;
+    assert_eq!(check_spec(&spec, 7).unwrap(), 7);
+    let huge = GraphSpec::square(MAX_DIM as usize + 1);
+    assert!(matches!(check_spec(&huge, 1), Err(Error::TooLarge { .. })));
+    let e = check_spec(&GraphSpec::square(4), u32::MAX as usize + 1).unwrap_err();
+    assert!(matches!(e, Error::TooLarge { .. }), "{e}");
+}
+
+#[test]
+fn status_blocks_decode_the_statistics() {
+    let mut w = [0u64; STATUS_WORDS];
+    w[ST_NNZ] = 6;
+    w[ST_MAX_DEGREE] = 3;
+    w[ST_MIN_DEGREE_INV] = !0u64;
+    w[ST_HISTOGRAM] = 2;
+    w[ST_HISTOGRAM + 1] = 1;
+    w[ST_HISTOGRAM + 2] = 1;
+    let s = Status(w);
+    assert_eq!(s.first_bad(), None);
+    let d = s.degree_stats(4, 6);
+    assert_eq!((d.min, d.max, d.empty_rows), (0, 3, 2));
+    assert_eq!(d.histogram, vec![2, 1, 1]);
+    w[ST_BAD] = !5u64;
+    assert_eq!(Status(w).first_bad(), Some(5));
+    let none = Status([0; STATUS_WORDS]).degree_stats(0, 0);
+    assert_eq!((none.min, none.max, none.histogram), (0, 0, vec![0]));
+}
+
+use crate::backward::DeviceTranspose;
+use rand::seq::SliceRandom;
+use rand::Rng;
+use rand_pcg::Pcg64;
+use spattn_formats::Csr;
+use spattn_test_support::{fresh_rng, hub_graph, random_graph, shared_graph};
+
+/// This crate's handle (test-support's `gpu()` is the other build of the crate's).
+fn gpu() -> Gpu {
+    Gpu::new(0).expect("an NVIDIA GPU (this test is ignored elsewhere)")
+}
+
+/// An edge list of `a`'s edges (as PyG's: sources = columns, targets = rows), shuffled
+/// unless `sorted`, with some edges repeated.
+fn edge_list(rng: &mut Pcg64, a: &Csr, sorted: bool, repeats: usize) -> (Vec<u32>, Vec<u32>) {
+    let mut e: Vec<(u32, u32)> = a
+        .row_indices()
+        .into_iter()
+        .zip(a.col_indices().iter().copied())
+        .collect();
+    for _ in 0..repeats.min(e.len()) {
+        let x = e[rng.random_range(0..e.len())];
+        e.push(x);
+    }
+    if sorted {
+        e.sort_unstable();
+    } else {
+        e.shuffle(rng);
+    }
+    (
+        e.iter().map(|x| x.1).collect(),
+        e.iter().map(|x| x.0).collect(),
+    )
+}
+
+/// The host's graph of the same list and spec (GraphCore's: merge, then the transforms).
+fn host_graph(spec: &GraphSpec, src: &[u32], dst: &[u32]) -> Csr {
+    let a = Csr::from_unsorted(spec.n_rows, spec.n_cols, dst, src, None).unwrap();
+    let a = if spec.symmetrize {
+        a.symmetrize().unwrap()
+    } else {
+        a
+    };
+    if spec.self_loops {
+        a.with_self_loops().unwrap()
+    } else {
+        a
+    }
+}
+
+/// Equal slices, or a panic naming `what` and the first index where they differ.
+fn same<T: PartialEq + std::fmt::Debug>(got: &[T], want: &[T], what: &str) {
+    if let Some(i) = (0..got.len().min(want.len())).find(|&i| got[i] != want[i]) {
+        panic!(
+            "{what}: element {i} is {:?}, expected {:?}",
+            got[i], want[i]
+        );
+    }
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+}
+
+fn assert_same_csr(gpu: &Gpu, got: &DeviceCsr, want: &Csr, what: &str) {
+    same(
+        &got.row_offsets().to_host().unwrap(),
+        want.row_offsets(),
+        &format!("{what}: row offsets"),
+    );
+    same(
+        &got.col_indices().to_host().unwrap(),
+        want.col_indices(),
+        &format!("{what}: columns"),
+    );
+    same(
+        &got.row_indices().to_host().unwrap(),
+        &want.row_indices(),
+        &format!("{what}: rows"),
+    );
+    assert_eq!(
+        *got.degree_stats(),
+        want.degree_stats(),
+        "{what}: degree statistics"
+    );
+    let up = DeviceCsr::upload(gpu, want).unwrap();
+    let (g, w) = (
+        got.schedule().to_host().unwrap(),
+        up.schedule().to_host().unwrap(),
+    );
+    for (k, (g, w)) in g.iter().zip(&w).enumerate() {
+        same(g, w, &format!("{what}: schedule array {k}"));
+    }
+}
+
+/// Builds `a`'s edges on the device with ids of type I at `stride` and checks every format
+/// against the host's: CSR, schedules, statistics, positions, duplicates, transpose and
+/// edge map, BSB (bit for bit, window order included).
+fn check_build<I: DeviceIndex + TryFrom<u32>>(
+    gpu: &Gpu,
+    rng: &mut Pcg64,
+    a: &Csr,
+    spec: GraphSpec,
+    (sorted, repeats, stride): (bool, usize, usize),
+) where
+    <I as TryFrom<u32>>::Error: std::fmt::Debug,
+{
+    let (src, dst) = edge_list(rng, a, sorted, repeats);
+    let what = format!(
+        "{} x {} with {} edges ({} ids, stride {stride}, sorted {sorted}, {spec:?})",
+        spec.n_rows,
+        spec.n_cols,
+        src.len(),
+        I::NAME
+    );
+    let e = src.len();
+    // Both columns interleaved at `stride` (a 2 x E tensor's rows, or its transpose's).
+    let mut ids = vec![I::zeroed(); (e.max(1) * stride).max(2)];
+    for i in 0..e {
+        ids[i * stride] = I::try_from(src[i]).unwrap();
+    }
+    let mut tids = vec![I::zeroed(); (e.max(1) * stride).max(2)];
+    for i in 0..e {
+        tids[i * stride] = I::try_from(dst[i]).unwrap();
+    }
+    let (ds, dt) = (
+        DeviceVec::from_host(gpu, &ids).unwrap(),
+        DeviceVec::from_host(gpu, &tids).unwrap(),
+    );
+    let edges = DeviceEdges {
+        sources: DeviceIds::strided(&ds, stride).unwrap(),
+        targets: DeviceIds::strided(&dt, stride).unwrap(),
+        len: e,
+    };
+    // With self loops, one position per loop after the edges' (as the Python layers ask).
+    let loops = if spec.self_loops { spec.n_rows } else { 0 };
+    let mut positions = DeviceVec::<i64>::zeros(gpu, e + loops).unwrap();
+    positions.fill(-7).unwrap();
+    let mut ws = PlanWorkspace::new();
+    let built = build_from_edges(gpu, &edges, &spec, Some(&mut positions), &mut ws).unwrap();
+    let want = host_graph(&spec, &src, &dst);
+    assert_same_csr(gpu, &built.csr, &want, &what);
+    let distinct: std::collections::HashSet<(u32, u32)> =
+        src.iter().copied().zip(dst.iter().copied()).collect();
+    assert_eq!(
+        built.report.duplicates,
+        e - distinct.len(),
+        "{what}: duplicates"
+    );
+    if sorted && !spec.symmetrize && !spec.self_loops {
+        assert!(
+            built.report.presorted,
+            "{what}: a sorted list skips the sort"
+        );
+    }
+    let pos = positions.to_host().unwrap();
+    let (offsets, cols) = (want.row_offsets(), want.col_indices());
+    for v in 0..loops {
+        let p = usize::try_from(pos[e + v]).expect("every loop has a position");
+        assert!(
+            cols[p] == v as u32 && (offsets[v] as usize..offsets[v + 1] as usize).contains(&p),
+            "{what}: loop {v} at entry {p}"
+        );
+    }
+    for i in 0..e {
+        let p = usize::try_from(pos[i]).expect("every input edge has a position");
+        assert!(
+            cols[p] == src[i]
+                && (offsets[dst[i] as usize] as usize..offsets[dst[i] as usize + 1] as usize)
+                    .contains(&p),
+            "{what}: edge {i} ({} -> {}) at entry {p}",
+            src[i],
+            dst[i]
+        );
+    }
+    let t = match built.transpose {
+        Some(t) => t,
+        None => build_transpose(gpu, &built.csr, &mut ws).unwrap(),
+    };
+    let host_t = DeviceTranspose::upload(gpu, &want).unwrap();
+    assert_same_csr(
+        gpu,
+        t.csr(),
+        &host_t.csr().to_host().unwrap(),
+        &format!("{what} transposed"),
+    );
+    same(
+        &t.map().to_host().unwrap(),
+        &host_t.map().to_host().unwrap(),
+        &format!("{what}: edge map"),
+    );
+    let ec = build_edge_csr(gpu, &built.csr).unwrap();
+    let nnz = want.nnz() as u32;
+    let host_ec = Csr::try_new(
+        want.n_rows(),
+        want.nnz(),
+        want.row_offsets().to_vec(),
+        (0..nnz).collect(),
+        None,
+    )
+    .unwrap();
+    assert_same_csr(gpu, &ec, &host_ec, &format!("{what} edge CSR"));
+    let (bsb, layout) = build_bsb(gpu, &built.csr, &mut ws).unwrap();
+    let host_bsb = Bsb::from_csr(&want).unwrap();
+    let got_bsb = bsb.to_host().unwrap();
+    same(
+        got_bsb.window_offsets(),
+        host_bsb.window_offsets(),
+        &format!("{what}: BSB window offsets"),
+    );
+    same(
+        got_bsb.block_columns(),
+        host_bsb.block_columns(),
+        &format!("{what}: BSB block columns"),
+    );
+    same(
+        got_bsb.bitmaps(),
+        host_bsb.bitmaps(),
+        &format!("{what}: BSB bitmaps"),
+    );
+    assert!(got_bsb == host_bsb, "{what}: BSB");
+    assert_eq!(*bsb.fill_stats(), host_bsb.fill_stats(), "{what}: BSB fill");
+    assert!(layout == BsbLayout::of(&host_bsb), "{what}: BSB layout");
+    same(
+        &bsb.window_order_host().unwrap(),
+        host_bsb.window_order(),
+        &format!("{what}: window order"),
+    );
+}
+
+/// Random graphs (with empty rows and repeated edges), a 10^5-edge hub row, n of 1, 7, 17,
+/// 33, no edges, a rectangular graph, each with every transform and id type, shuffled and
+/// sorted.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gpu_device_plan_equals_the_host_plan() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("gpu_device_plan_equals_the_host_plan");
+    let mut graphs = vec![
+        random_graph(&mut rng, 300, 6, 7),
+        random_graph(&mut rng, 5000, 20, 11),
+        hub_graph(&mut rng, 100_000, 4321),
+        Csr::from_edges(5, 5, &[]).unwrap(),
+    ];
+    for n in [1, 7, 17, 33] {
+        graphs.push(random_graph(&mut rng, n, 3, 4));
+    }
+    for a in &graphs {
+        let n = a.n_rows();
+        for (sym, loops) in [(false, false), (true, false), (false, true), (true, true)] {
+            let spec = GraphSpec {
+                symmetrize: sym,
+                self_loops: loops,
+                transpose: sym,
+                ..GraphSpec::square(n)
+            };
+            check_build::<i64>(&gpu, &mut rng, a, spec, (false, a.nnz() / 10, 1));
+            check_build::<i32>(&gpu, &mut rng, a, spec, (true, 0, 2));
+        }
+        check_build::<u32>(&gpu, &mut rng, a, GraphSpec::square(n), (true, 3, 1));
+    }
+    // Rectangular: 40 targets of 1000 sources.
+    let mut edges = Vec::new();
+    for r in 0..40u32 {
+        for _ in 0..rng.random_range(0..60) {
+            edges.push((r, rng.random_range(0..1000u32)));
+        }
+    }
+    let rect = Csr::from_edges(40, 1000, &edges).unwrap();
+    let spec = GraphSpec {
+        n_rows: 40,
+        n_cols: 1000,
+        transpose: true,
+        ..GraphSpec::square(0)
+    };
+    check_build::<i64>(&gpu, &mut rng, &rect, spec, (false, 5, 1));
+}
+
+/// Every shared graph, symmetrized with self loops from its edge list (the convention of
+/// the benchmarks), against the host's.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gpu_device_plan_equals_the_host_plan_on_the_shared_graphs() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("gpu_device_plan_equals_the_host_plan_on_the_shared_graphs");
+    for name in spattn_test_support::test_graphs(&["cora", "pubmed", "ogbn-arxiv"]) {
+        let a = shared_graph(name);
+        let spec = GraphSpec {
+            symmetrize: true,
+            self_loops: true,
+            transpose: true,
+            ..GraphSpec::square(a.n_rows())
+        };
+        check_build::<i64>(&gpu, &mut rng, &a, spec, (false, 0, 1));
+    }
+}
+
+/// Ids out of range (negative, or past the graph) are reported naming the first such
+/// edge, whatever the others; nothing is indexed with them.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gpu_device_plan_reports_the_first_bad_edge() {
+    let gpu = gpu();
+    for (src, dst, first) in [
+        (vec![0i64, 1, -3, 2, 9], vec![1i64, 2, 0, 10, 0], 2usize),
+        (vec![0, 1, 2], vec![1, 4, 0], 1),
+        (vec![5, 0], vec![0, 0], 0),
+    ] {
+        let (ds, dt) = (
+            DeviceVec::from_host(&gpu, &src).unwrap(),
+            DeviceVec::from_host(&gpu, &dst).unwrap(),
+        );
+        let edges = DeviceEdges {
+            sources: DeviceIds::contiguous(&ds),
+            targets: DeviceIds::contiguous(&dt),
+            len: src.len(),
+        };
+        for spec in [
+            GraphSpec::square(4),
+            GraphSpec {
+                symmetrize: true,
+                self_loops: true,
+                transpose: true,
+                ..GraphSpec::square(4)
+            },
+        ] {
+            let e =
+                build_from_edges(&gpu, &edges, &spec, None, &mut PlanWorkspace::new()).unwrap_err();
+            match &e {
+                Error::EdgeOutOfRange {
+                    edge,
+                    source_id,
+                    target_id,
+                    ..
+                } => {
+                    assert_eq!(*edge, first, "{e}");
+                    assert_eq!(source_id, &src[first].to_string());
+                    assert_eq!(target_id, &dst[first].to_string());
+                }
+                other => panic!("expected EdgeOutOfRange, got {other}"),
+            }
+        }
+    }
+    // Ids past their buffers at the stride given are refused before any launch.
+    let d = DeviceVec::from_host(&gpu, &[0i32, 1, 2]).unwrap();
+    let edges = DeviceEdges {
+        sources: DeviceIds::strided(&d, 2).unwrap(),
+        targets: DeviceIds::contiguous(&d),
+        len: 3,
+    };
+    let e = build_from_edges(
+        &gpu,
+        &edges,
+        &GraphSpec::square(3),
+        None,
+        &mut PlanWorkspace::new(),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("stride 2"), "{e}");
+}
+
+/// Host costs of the plan's pieces on this machine (printed, not asserted: speed lives in
+/// benchmarks): one launch, one allocation and free, and whole builds of mini-batch sizes.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gpu_device_plan_costs() {
+    let gpu = gpu();
+    let reps = 2000;
+    let mut one = DeviceVec::<u32>::zeros(&gpu, 1).unwrap();
+    let f = kernel(&gpu, spattn_kernels_sys::PLAN_IOTA_U32).unwrap();
+    let n1 = 1u64;
+    gpu.synchronize().unwrap();
+    let t = std::time::Instant::now();
+    for _ in 0..reps {
+        let mut args = gpu.launch_builder(&f);
+        args.arg(one.slice_mut()).arg(&n1);
+        // SAFETY: writes one[0] (1 element).
+        unsafe {
+            launch(
+                spattn_kernels_sys::PLAN_IOTA_U32,
+                &mut args,
+                stride_grid(1).unwrap(),
+            )
+        }
+        .unwrap();
+    }
+    let enq = t.elapsed().as_secs_f64() * 1e6 / reps as f64;
+    gpu.synchronize().unwrap();
+    let all = t.elapsed().as_secs_f64() * 1e6 / reps as f64;
+    eprintln!("launch: {enq:.2} us to enqueue, {all:.2} us each with the GPU");
+    let t = std::time::Instant::now();
+    for _ in 0..reps {
+        drop(DeviceVec::<u32>::alloc(&gpu, "probe", 4096, false).unwrap());
+    }
+    gpu.synchronize().unwrap();
+    eprintln!(
+        "alloc + free: {:.2} us",
+        t.elapsed().as_secs_f64() * 1e6 / reps as f64
+    );
+    let t = std::time::Instant::now();
+    for _ in 0..reps {
+        one.to_host().unwrap();
+    }
+    eprintln!(
+        "read back 4 bytes: {:.2} us",
+        t.elapsed().as_secs_f64() * 1e6 / reps as f64
+    );
+    let mut rng = fresh_rng("gpu_device_plan_costs");
+    let mut ws = PlanWorkspace::new();
+    for (n, avg) in [(3500usize, 2usize), (34_000, 3), (34_000, 30)] {
+        let a = random_graph(&mut rng, n, avg, 0);
+        let (src, dst) = edge_list(&mut rng, &a, false, 0);
+        let (ds, dt) = (
+            DeviceVec::from_host(&gpu, &src).unwrap(),
+            DeviceVec::from_host(&gpu, &dst).unwrap(),
+        );
+        let edges = DeviceEdges {
+            sources: DeviceIds::contiguous(&ds),
+            targets: DeviceIds::contiguous(&dt),
+            len: src.len(),
+        };
+        for transpose in [false, true] {
+            let spec = GraphSpec {
+                self_loops: true,
+                transpose,
+                ..GraphSpec::square(n)
+            };
+            let mut times = Vec::new();
+            for _ in 0..30 {
+                gpu.synchronize().unwrap();
+                let t = std::time::Instant::now();
+                let b = build_from_edges(&gpu, &edges, &spec, None, &mut ws).unwrap();
+                times.push(t.elapsed().as_secs_f64() * 1e3);
+                drop(b);
+            }
+            times.sort_by(f64::total_cmp);
+            eprintln!(
+                "build of {} edges ({n} nodes), transpose {transpose}: median {:.3} ms",
+                src.len(),
+                times[times.len() / 2]
+            );
+        }
+    }
+}
