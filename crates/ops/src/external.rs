@@ -77,21 +77,8 @@ pub fn check_device_pointer_aligned(
     bytes: usize,
     align: u64,
 ) -> Result<()> {
+    let end = check_alignment(what, ptr, bytes, align)?;
     let bad = |why: String| Error::InvalidArgument { what, why };
-    if ptr == 0 {
-        return Err(bad(format!("null device pointer for {bytes} bytes")));
-    }
-    if ptr % align.max(1) != 0 {
-        return Err(bad(format!(
-            "device pointer {ptr:#x} is not {align}-byte aligned (a view at an offset into a \
-             larger buffer?); pass a copy"
-        )));
-    }
-    let end = ptr.checked_add(bytes as u64).ok_or_else(|| {
-        bad(format!(
-            "{ptr:#x} + {bytes} bytes overflows the address space"
-        ))
-    })?;
     gpu.context()
         .bind_to_thread()
         .map_err(|e| map_driver_error("binding the CUDA context", e))?;
@@ -138,9 +125,6 @@ pub fn check_device_pointer_aligned(
 #[derive(Debug)]
 pub struct ExternalVec<T: DeviceElement> {
     inner: ManuallyDrop<DeviceVec<T>>,
-    /// Whether the view borrows memory it must not free (always, since an empty view points
-    /// at its handle's placeholder instead of owning an allocation).
-    borrowed: bool,
 }
 
 /// How much of a foreign pointer a view checks.
@@ -153,8 +137,8 @@ enum Check {
     Alignment,
 }
 
-/// A device vector over `len` elements at `ptr` (checked as `check` says), and whether it
-/// borrows them (an empty one points at the handle's placeholder instead, never read).
+/// A device vector over `len` elements at `ptr` (checked as `check` says), which borrows them
+/// (an empty one points at the handle's placeholder instead, never read): never free it.
 ///
 /// # Safety
 /// As [`ExternalVec::new`].
@@ -164,7 +148,7 @@ unsafe fn borrow_vec<T: DeviceElement>(
     ptr: u64,
     len: usize,
     (align, check): (u64, Check),
-) -> Result<(DeviceVec<T>, bool)> {
+) -> Result<DeviceVec<T>> {
     if len == 0 {
         // CUDA has no zero-byte allocations and torch reports null or anything for empty
         // tensors: an empty view points at the handle's 16-byte placeholder (one element of
@@ -182,12 +166,14 @@ unsafe fn borrow_vec<T: DeviceElement>(
         // SAFETY: the placeholder is 16 bytes of this handle's device memory, alive as long
         // as the handle (the view holds a clone); the view is never freed (Drop leaks it).
         let slice = unsafe { gpu.stream().upgrade_device_ptr::<T>(at, 1) };
-        return Ok((DeviceVec::from_slice_parts(gpu, slice, 0), true));
+        return Ok(DeviceVec::from_slice_parts(gpu, slice, 0));
     }
     let bytes = crate::buffer::byte_len::<T>(what, len)?;
     match check {
         Check::Driver => check_device_pointer_aligned(gpu, what, ptr, bytes, align)?,
-        Check::Alignment => check_alignment(what, ptr, bytes, align)?,
+        Check::Alignment => {
+            check_alignment(what, ptr, bytes, align)?;
+        }
     }
     // SAFETY: `ptr` addresses `len` elements of `T` inside one allocation of this device
     // (checked above as far as `check` goes, and promised by the caller); any bit pattern is
@@ -195,11 +181,12 @@ unsafe fn borrow_vec<T: DeviceElement>(
     // it like any buffer of the handle; with event tracking off (`Gpu::new`) it carries no
     // events. It is never freed: the view's `Drop` leaks it back.
     let slice = unsafe { gpu.stream().upgrade_device_ptr::<T>(ptr, len) };
-    Ok((DeviceVec::from_slice_parts(gpu, slice, len), true))
+    Ok(DeviceVec::from_slice_parts(gpu, slice, len))
 }
 
 /// The checks of a pointer that need no driver: non-null, aligned to `align`, no overflow.
-fn check_alignment(what: &'static str, ptr: u64, bytes: usize, align: u64) -> Result<()> {
+/// Returns the end address.
+fn check_alignment(what: &'static str, ptr: u64, bytes: usize, align: u64) -> Result<u64> {
     let bad = |why: String| Error::InvalidArgument { what, why };
     if ptr == 0 {
         return Err(bad(format!("null device pointer for {bytes} bytes")));
@@ -210,7 +197,7 @@ fn check_alignment(what: &'static str, ptr: u64, bytes: usize, align: u64) -> Re
              larger buffer?); pass a copy"
         )));
     }
-    ptr.checked_add(bytes as u64).map(|_| ()).ok_or_else(|| {
+    ptr.checked_add(bytes as u64).ok_or_else(|| {
         bad(format!(
             "{ptr:#x} + {bytes} bytes overflows the address space"
         ))
@@ -237,13 +224,8 @@ impl<T: DeviceElement> ExternalVec<T> {
     /// other-device pointer, or one whose `len` elements overrun its allocation, is an
     /// [`Error::InvalidArgument`] naming `what`, not undefined behaviour.
     pub unsafe fn new(gpu: &Gpu, what: &'static str, ptr: u64, len: usize) -> Result<Self> {
-        // SAFETY: the caller's contract is `borrow_vec`'s.
-        let (vec, borrowed) =
-            unsafe { borrow_vec(gpu, what, ptr, len, (EXTERNAL_ALIGN, Check::Driver)) }?;
-        Ok(Self {
-            inner: ManuallyDrop::new(vec),
-            borrowed,
-        })
+        // SAFETY: the caller's contract.
+        unsafe { Self::view(gpu, what, ptr, len, (EXTERNAL_ALIGN, Check::Driver)) }
     }
 
     /// [`new`](Self::new) without the driver's queries (device and allocation bounds): only
@@ -254,13 +236,8 @@ impl<T: DeviceElement> ExternalVec<T> {
     /// # Safety
     /// As [`new`](Self::new); nothing but null and alignment is checked.
     pub unsafe fn new_trusted(gpu: &Gpu, what: &'static str, ptr: u64, len: usize) -> Result<Self> {
-        // SAFETY: the caller's contract is `borrow_vec`'s.
-        let (vec, borrowed) =
-            unsafe { borrow_vec(gpu, what, ptr, len, (EXTERNAL_ALIGN, Check::Alignment)) }?;
-        Ok(Self {
-            inner: ManuallyDrop::new(vec),
-            borrowed,
-        })
+        // SAFETY: the caller's contract.
+        unsafe { Self::view(gpu, what, ptr, len, (EXTERNAL_ALIGN, Check::Alignment)) }
     }
 
     /// [`new`](Self::new) for memory only `T`-aligned ([`check_device_pointer_aligned`]):
@@ -276,11 +253,25 @@ impl<T: DeviceElement> ExternalVec<T> {
         len: usize,
     ) -> Result<Self> {
         let align = std::mem::align_of::<T>() as u64;
+        // SAFETY: the caller's contract.
+        unsafe { Self::view(gpu, what, ptr, len, (align, Check::Driver)) }
+    }
+
+    /// The view, its pointer checked as `checks` say.
+    ///
+    /// # Safety
+    /// As [`new`](Self::new).
+    unsafe fn view(
+        gpu: &Gpu,
+        what: &'static str,
+        ptr: u64,
+        len: usize,
+        checks: (u64, Check),
+    ) -> Result<Self> {
         // SAFETY: the caller's contract is `borrow_vec`'s.
-        let (vec, borrowed) = unsafe { borrow_vec(gpu, what, ptr, len, (align, Check::Driver)) }?;
+        let vec = unsafe { borrow_vec(gpu, what, ptr, len, checks) }?;
         Ok(Self {
             inner: ManuallyDrop::new(vec),
-            borrowed,
         })
     }
 }
@@ -306,9 +297,7 @@ macro_rules! external_view {
             fn drop(&mut self) {
                 // SAFETY: `inner` is taken once, here, and never touched again.
                 let $buf = unsafe { ManuallyDrop::take(&mut self.inner) };
-                if self.borrowed {
-                    let _ = $into_slice.leak();
-                }
+                let _ = $into_slice.leak();
             }
         }
     };
@@ -323,9 +312,6 @@ external_view!(ExternalVec, DeviceElement, DeviceVec, |buf| buf
 #[derive(Debug)]
 pub struct ExternalMatrix<T: DType> {
     inner: ManuallyDrop<DeviceMatrix<T>>,
-    /// Whether the view borrows memory it must not free (always, since an empty view points
-    /// at its handle's placeholder instead of owning an allocation).
-    borrowed: bool,
 }
 
 impl<T: DType> ExternalMatrix<T> {
@@ -368,8 +354,7 @@ impl<T: DType> ExternalMatrix<T> {
     ) -> Result<Self> {
         let len = shape.len();
         // SAFETY: the caller's contract is `borrow_vec`'s for `len` elements.
-        let (vec, borrowed) =
-            unsafe { borrow_vec::<T>(gpu, what, ptr, len, (EXTERNAL_ALIGN, check)) }?;
+        let vec = unsafe { borrow_vec::<T>(gpu, what, ptr, len, (EXTERNAL_ALIGN, check)) }?;
         // Cannot fail: the vector holds exactly `shape.len()` elements. (Were it to, the
         // vector would be dropped and free borrowed memory, hence the check before it.)
         if vec.len() != len {
@@ -383,7 +368,6 @@ impl<T: DType> ExternalMatrix<T> {
         let matrix = DeviceMatrix::from_vec(vec, shape)?;
         Ok(Self {
             inner: ManuallyDrop::new(matrix),
-            borrowed,
         })
     }
 }

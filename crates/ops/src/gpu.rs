@@ -400,15 +400,9 @@ impl Gpu {
             .map_err(|e| map_driver_error("synchronizing the stream", e))
     }
 
-    /// Whether `other` is this handle or a clone of it (one stream: their buffers may be
-    /// mixed; see the module documentation).
-    pub fn is_same_handle(&self, other: &Gpu) -> bool {
-        self.same_as(other)
-    }
-
     /// Whether `other` is this handle or a clone of it (same context, same stream): the
-    /// condition for mixing their buffers in one op.
-    pub(crate) fn same_as(&self, other: &Gpu) -> bool {
+    /// condition for mixing their buffers in one op (see the module documentation).
+    pub fn same_as(&self, other: &Gpu) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 

@@ -132,8 +132,6 @@ pub struct DeviceGraph {
     nnz: usize,
     /// The host CSR: given, or downloaded on first need for a graph built on the device.
     host: OnceLock<Arc<Csr>>,
-    /// Whether the graph was built on the device (see the type's documentation).
-    built_on_device: bool,
     /// [`PlanPolicy::Reuse`] when set.
     reuse: AtomicBool,
     /// The row order of the ME-BCRS the per-call tensor-core ops read.
@@ -147,7 +145,8 @@ pub struct DeviceGraph {
     bsb: Mutex<Vec<(Reorder, Arc<OrderedBsb>)>>,
     /// Held while a lazily built upload is made (so two threads never make the same one).
     building: Mutex<()>,
-    /// The temporaries of the builds on the device (shared with the graphs built beside it).
+    /// The temporaries of the builds on the device (shared with the graphs built beside it);
+    /// `Some` exactly for a graph built on the device.
     workspace: Option<Arc<Mutex<PlanWorkspace>>>,
 }
 
@@ -158,34 +157,9 @@ impl fmt::Debug for DeviceGraph {
             .field("n_rows", &self.n_rows)
             .field("n_cols", &self.n_cols)
             .field("nnz", &self.nnz)
-            .field("built_on_device", &self.built_on_device)
+            .field("built_on_device", &self.built_on_device())
             .field("device_bytes", &self.device_bytes())
             .finish()
-    }
-}
-
-/// A workspace locked for one build, or a fresh one.
-enum PlanWorkspaceGuard<'a> {
-    Shared(std::sync::MutexGuard<'a, PlanWorkspace>),
-    Own(Box<PlanWorkspace>),
-}
-
-impl std::ops::Deref for PlanWorkspaceGuard<'_> {
-    type Target = PlanWorkspace;
-    fn deref(&self) -> &PlanWorkspace {
-        match self {
-            Self::Shared(g) => g,
-            Self::Own(w) => w,
-        }
-    }
-}
-
-impl std::ops::DerefMut for PlanWorkspaceGuard<'_> {
-    fn deref_mut(&mut self) -> &mut PlanWorkspace {
-        match self {
-            Self::Shared(g) => g,
-            Self::Own(w) => w,
-        }
     }
 }
 
@@ -205,7 +179,6 @@ impl DeviceGraph {
             n_cols: host.n_cols(),
             nnz: host.nnz(),
             host: OnceLock::from(host),
-            built_on_device: false,
             workspace: None,
             reuse: AtomicBool::new(true),
             op_reorder: Reorder::None,
@@ -285,7 +258,6 @@ impl DeviceGraph {
             n_cols: csr.n_cols(),
             nnz: csr.nnz(),
             host: OnceLock::new(),
-            built_on_device: true,
             reuse: AtomicBool::new(false),
             op_reorder: Reorder::None,
             csr: OnceLock::from(csr),
@@ -334,17 +306,9 @@ impl DeviceGraph {
         })
     }
 
-    /// The workspace of the builds on the device: the graph's, or a fresh one.
-    fn workspace(&self) -> PlanWorkspaceGuard<'_> {
-        match &self.workspace {
-            Some(w) => PlanWorkspaceGuard::Shared(lock(w)),
-            None => PlanWorkspaceGuard::Own(Box::default()),
-        }
-    }
-
     /// Whether the graph was built on the device ([`from_device_edges`](Self::from_device_edges)).
     pub fn built_on_device(&self) -> bool {
-        self.built_on_device
+        self.workspace.is_some()
     }
 
     /// The graph's [`PlanPolicy`].
@@ -457,18 +421,8 @@ impl DeviceGraph {
         if let Some(c) = self.edge_csr.get() {
             return Ok(c);
         }
-        if self.built_on_device {
-            let a = self.csr()?;
-            return self.once(&self.edge_csr, || device_plan::build_edge_csr(&self.gpu, a));
-        }
-        let host = self.host_shared()?.clone();
-        self.once(&self.edge_csr, || {
-            let nnz = host.nnz();
-            // Edge ids fit u32: Csr's entries are counted in u32.
-            let cols: Vec<u32> = (0..nnz as u32).collect();
-            let csr = Csr::try_new(host.n_rows(), nnz, host.row_offsets().to_vec(), cols, None)?;
-            DeviceCsr::upload(&self.gpu, &csr)
-        })
+        let a = self.csr()?;
+        self.once(&self.edge_csr, || device_plan::build_edge_csr(&self.gpu, a))
     }
 
     /// Aᵀ with its schedules and the map of edges between A and Aᵀ (the backward's dK, dV):
@@ -477,10 +431,10 @@ impl DeviceGraph {
         if let Some(t) = self.transpose.get() {
             return Ok(t);
         }
-        if self.built_on_device {
+        if let Some(ws) = &self.workspace {
             let a = self.csr()?;
             return self.once(&self.transpose, || {
-                device_plan::build_transpose(&self.gpu, a, &mut self.workspace())
+                device_plan::build_transpose(&self.gpu, a, &mut lock(ws))
             });
         }
         let host = self.host_shared()?.clone();
@@ -511,10 +465,10 @@ impl DeviceGraph {
     /// its own order from the device too.
     pub fn bsb_in(&self, reorder: Reorder) -> Result<Arc<OrderedBsb>> {
         let reorder = self.effective_reorder(reorder);
-        if self.built_on_device && reorder == Reorder::None {
+        if let (Some(ws), Reorder::None) = (&self.workspace, reorder) {
             let a = self.csr()?;
             return self.cached(&self.bsb, reorder, || {
-                device_plan::ordered_bsb(&self.gpu, a, &mut self.workspace())
+                device_plan::ordered_bsb(&self.gpu, a, &mut lock(ws))
             });
         }
         self.cached(&self.bsb, reorder, || {

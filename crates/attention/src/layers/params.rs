@@ -283,7 +283,7 @@ impl GpuGraph {
                 ),
             });
         }
-        if !ctx.gpu().is_same_handle(device.gpu()) {
+        if !ctx.gpu().same_as(device.gpu()) {
             return Err(crate::Error::InvalidConfig {
                 what: "graph",
                 why: "is on another GPU handle than the layers' context (build it with the \
