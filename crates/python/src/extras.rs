@@ -224,7 +224,7 @@ pub(crate) fn gpu_forward<T: DType>(
     let edges = plan.nnz() * sq.heads;
     let bias_len = args.bias_len(plan.nnz(), sq.heads)?;
     let fshape = args.features_shape(plan.nnz(), sq.heads, sq.head_dim)?;
-    // SAFETY: as in `graph::gpu_forward`, and: the bias is `bias_len` elements of T (nnz or
+    // SAFETY: as in `cuda::gpu_forward`, and: the bias is `bias_len` elements of T (nnz or
     // nnz × heads), the features `nnz × heads × head_dim` of T, the weights `nnz × heads` f32
     // (fresh): what `forward_with` checks against the plan. The extras' kernels read the bias
     // and features and write the weights per edge e < nnz: within the views.
@@ -320,7 +320,7 @@ pub(crate) fn gpu_backward<T: DType>(
 /// Q, K and V viewed in place: Q `sq`, K and V `skv` elements of T.
 ///
 /// # Safety
-/// [`ExternalMatrix::new`]'s contract for the three addresses (see `graph::gpu_forward`).
+/// [`ExternalMatrix::new`]'s contract for the three addresses (see `cuda::gpu_forward`).
 pub(crate) unsafe fn qkv_views<T: DType>(
     d: &OnDevice,
     sq: Shape,

@@ -14,10 +14,11 @@
 //!   (the CSR ops of `spattn::ops`), on CUDA tensors in place (zero-copy views,
 //!   [`spattn::ops::external`]) ordered with the caller's CUDA stream by events
 //!   ([`spattn::ops::external::StreamBridge`]), or on CPU memory with the f32 / f64 reference
-//!   ops.
+//!   ops. The CUDA bodies of the calls are in [`cuda`].
 //!
 //! Errors become Python exceptions naming the operand ([`errors`]).
 
+mod cuda;
 mod device;
 mod errors;
 mod extras;

@@ -12,11 +12,13 @@ from ._tensors import (
     ALGORITHMS,
     check_algorithm,
     check_scale,
+    device_index,
     dtype_name,
     index_bytes,
     int64_array,
     is_tensor,
     require_torch,
+    stream_of,
     torch,
 )
 
@@ -151,13 +153,13 @@ class Graph:
         if num_nodes is None:
             num_nodes = int(edge_index.max()) + 1 if e else 0
         num_nodes = _check_count("num_nodes", num_nodes)
-        device = edge_index.device
-        index = device.index if device.index is not None else torch.cuda.current_device()
         # The input edges' positions, then (with self loops) each loop's: GAT's per-edge data.
-        positions = torch.empty(e + (num_nodes if self_loops else 0), dtype=torch.int64, device=device)
+        positions = torch.empty(
+            e + (num_nodes if self_loops else 0), dtype=torch.int64, device=edge_index.device
+        )
         stride = edge_index.stride(1)
         core = _native.GraphCore.from_device_edges(
-            index,
+            device_index(edge_index),
             "int64" if edge_index.dtype == torch.int64 else "int32",
             edge_index[0].data_ptr(),
             stride,
@@ -169,7 +171,7 @@ class Graph:
             bool(self_loops),
             torch.is_grad_enabled(),
             positions.data_ptr() if positions.numel() else 0,
-            torch.cuda.current_stream(device).cuda_stream,
+            stream_of(edge_index),
         )
         if core.duplicates:
             warnings.warn(
@@ -266,12 +268,10 @@ class Graph:
         torch = require_torch("Graph.edge_index")
         dev = torch.device(device) if device is not None else None
         if dev is not None and dev.type == "cuda":
-            index = dev.index if dev.index is not None else torch.cuda.current_device()
             out = torch.empty((2, self.num_edges), dtype=torch.int64, device=dev)
             if self.num_edges:
                 self._core.edge_index_into(
-                    index, out[0].data_ptr(), out[1].data_ptr(),
-                    torch.cuda.current_stream(dev).cuda_stream,
+                    device_index(out), out[0].data_ptr(), out[1].data_ptr(), stream_of(out)
                 )
             return out
         src = torch.frombuffer(bytearray(self._core.col()), dtype=torch.int64)
@@ -413,11 +413,9 @@ def _csr_on_device(crow: Any, col: Any, n: Optional[int]):
         torch.arange(rows, device=crow.device, dtype=torch.int64), counts, output_size=nnz
     )
     edges = torch.stack([col.to(torch.int64), row])
-    device = crow.device
-    index = device.index if device.index is not None else torch.cuda.current_device()
     core = _native.GraphCore.from_device_edges(
-        index, "int64", edges[0].data_ptr(), 1, edges[1].data_ptr(), 1, nnz, n, False, False,
-        torch.is_grad_enabled(), 0, torch.cuda.current_stream(device).cuda_stream,
+        device_index(edges), "int64", edges[0].data_ptr(), 1, edges[1].data_ptr(), 1, nnz, n,
+        False, False, torch.is_grad_enabled(), 0, stream_of(edges),
     )
     if core.duplicates:
         raise ValueError(

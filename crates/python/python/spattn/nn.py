@@ -555,9 +555,9 @@ class GATConv(torch.nn.Module):
         ei = edge_index
         if self.add_self_loops:
             keep = ei[0] != ei[1]
+            loop_attr = _fill_loops(self.fill_value, ea, ei[1], n, keep)
             ei, ea = ei[:, keep], ea[keep]
             loops = torch.arange(n, device=ei.device)
-            loop_attr = _fill_loops(self.fill_value, ea, ei[1], n)
             ei = torch.cat([ei, torch.stack([loops, loops])], dim=1)
             ea = torch.cat([ea, loop_attr.to(ea.dtype)], dim=0)
         H, C = self.heads, self.out_channels
@@ -572,7 +572,7 @@ class GATConv(torch.nn.Module):
         loops are written first and overwritten by the added loops (PyG drops them)."""
         pos_in, pos_loop = built
         real = edge_index[0] != edge_index[1]
-        loop_attr = _fill_loops_masked(self.fill_value, ea, edge_index[1], n, real)
+        loop_attr = _fill_loops(self.fill_value, ea, edge_index[1], n, real)
         H, C = self.heads, self.out_channels
         # One projection of the input's and the loops' attributes, as PyG's (a GEMM of a new
         # shape costs host time every step in half precision).
@@ -587,10 +587,12 @@ class GATConv(torch.nn.Module):
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
 
 
-def _fill_loops_masked(fill_value: Any, edge_attr: Tensor, target: Tensor, n: int, real: Tensor) -> Tensor:
-    """:func:`_fill_loops` over the edges where ``real`` holds (the input's self loops left
-    out), by masking instead of indexing: no host synchronisation. A node without such edges
-    gets what PyG gives it (0, or 1 for ``"mul"``)."""
+def _fill_loops(fill_value: Any, edge_attr: Tensor, target: Tensor, n: int, real: Tensor) -> Tensor:
+    """The self loops' edge attributes, as PyG's ``add_self_loops(fill_value=...)``: a
+    reduction of each node's incoming edges' attributes over the edges where ``real`` holds
+    (the input's self loops left out, by masking instead of indexing: no host
+    synchronisation), without any 0, or 1 for ``"mul"`` (as PyG's ``scatter``); or a
+    constant."""
     if not isinstance(fill_value, str):
         return _constant_loops(fill_value, edge_attr, n)
     shape = (n,) + tuple(edge_attr.shape[1:])
@@ -625,20 +627,6 @@ def _fill_reduce(layer: str, fill_value: Any) -> None:
             f"{layer}: fill_value={fill_value!r} (supported: a number, a tensor, "
             f"{', '.join(repr(k) for k in _FILL_REDUCE)})"
         )
-
-
-def _fill_loops(fill_value: Any, edge_attr: Tensor, target: Tensor, n: int) -> Tensor:
-    """The self loops' edge attributes, as PyG's ``add_self_loops(fill_value=...)``: a
-    reduction of each node's incoming edges' attributes (without any: 0, or 1 for ``"mul"``,
-    as PyG's ``scatter``), or a constant."""
-    if isinstance(fill_value, str):
-        reduce = _FILL_REDUCE[fill_value]
-        shape = (n,) + tuple(edge_attr.shape[1:])
-        idx = target.view(-1, *([1] * (edge_attr.dim() - 1))).expand_as(edge_attr)
-        if reduce == "prod":  # PyG starts the product from ones
-            return edge_attr.new_ones(shape).scatter_reduce(0, idx, edge_attr, reduce="prod", include_self=True)
-        return edge_attr.new_zeros(shape).scatter_reduce(0, idx, edge_attr, reduce=reduce, include_self=False)
-    return _constant_loops(fill_value, edge_attr, n)
 
 
 def _constant_loops(fill_value: Any, edge_attr: Tensor, n: int) -> Tensor:

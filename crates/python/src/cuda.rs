@@ -1,0 +1,282 @@
+//! The CUDA bodies of [`GraphCore`](crate::graph::GraphCore)'s calls: views of the package's
+//! tensors (the contract is in the `graph` module's documentation), run on spattn's stream
+//! ordered with the caller's, and the graph built on a GPU from an edge list there.
+
+use spattn::ops::device_plan::{BuildReport, DeviceEdges, DeviceIds, DeviceIndex, GraphSpec};
+use spattn::ops::external::{ExternalMatrix, ExternalVec};
+use spattn::ops::{backward as gpu_backward, csr_ops, edge_extras};
+use spattn::{AttentionPlan, DType, DeviceBias, DeviceGraph, Dropout, Shape};
+
+use crate::device;
+use crate::extras;
+use crate::graph::OnDevice;
+
+/// The forward of `plan` on CUDA tensors at `[q, k, v, out]`, ordered with `stream`.
+pub(crate) fn gpu_forward<T: DType>(
+    d: &OnDevice,
+    plan: &AttentionPlan,
+    [q, k, v, out]: [u64; 4],
+    stream: u64,
+) -> spattn::Result<()> {
+    let gpu = &d.device.gpu;
+    let (sq, skv) = (plan.shape_q(), plan.shape_kv());
+    // SAFETY: (views and bridge) the package passes `data_ptr()`s of contiguous CUDA tensors
+    // of T on this device with exactly these element counts (checked there on every call;
+    // here only null and alignment, sparing the driver's queries per call); the tensors stay
+    // referenced by the caller for the call, and their
+    // memory is recycled by PyTorch's caching allocator only in the order of `stream`, which
+    // `run` makes wait for every launch below. `out` is a fresh tensor: no other reader or
+    // writer. The kernels read Q (n_rows·heads·head_dim), K and V (n_cols·heads·head_dim) and
+    // write out (n_rows·heads·head_dim): the views' lengths, which `forward` checks against
+    // the plan's shapes. The views are dropped at the end of this function, never moved out
+    // of. `stream` is the current stream of this device's primary context (the caller's
+    // `torch.cuda.current_stream(device).cuda_stream`).
+    unsafe {
+        let (q, k, v) = extras::qkv_views::<T>(d, sq, skv, [q, k, v])?;
+        let mut out = ExternalMatrix::<T>::new_trusted(gpu, "out", out, sq)?;
+        d.device
+            .bridge
+            .run(stream, || plan.forward(&q, &k, &v, &mut out))
+    }
+}
+
+/// The backward of `plan` on CUDA tensors at `[q, k, v, out, d_out, dq, dk, dv]`, ordered
+/// with `stream`; returns ∂L/∂scale where `d_scale` (downloaded: the call waits for spattn's
+/// stream), NaN otherwise (nothing waits).
+pub(crate) fn gpu_backward_call<T: DType>(
+    d: &OnDevice,
+    plan: &AttentionPlan,
+    [q, k, v, out, d_out, dq, dk, dv]: [u64; 8],
+    stream: u64,
+    d_scale: bool,
+) -> spattn::Result<f64> {
+    let gpu = &d.device.gpu;
+    let (sq, skv) = (plan.shape_q(), plan.shape_kv());
+    // SAFETY: as in `gpu_forward`; the kernels read Q, out, d_out (n_rows rows) and K, V
+    // (n_cols rows) and write dQ (n_rows rows), dK and dV (n_cols rows), each of heads·head_dim
+    // elements: the views' lengths, checked by `backward` against the plan's shapes. dQ, dK,
+    // dV are fresh tensors.
+    unsafe {
+        let (q, k, v) = extras::qkv_views::<T>(d, sq, skv, [q, k, v])?;
+        let out = ExternalMatrix::<T>::new_trusted(gpu, "out", out, sq)?;
+        let d_out = ExternalMatrix::<T>::new_trusted(gpu, "d_out", d_out, sq)?;
+        let mut dq = ExternalMatrix::<T>::new_trusted(gpu, "dq", dq, sq)?;
+        let mut dk = ExternalMatrix::<T>::new_trusted(gpu, "dk", dk, skv)?;
+        let mut dv = ExternalMatrix::<T>::new_trusted(gpu, "dv", dv, skv)?;
+        d.device.bridge.run(stream, || {
+            if d_scale {
+                plan.backward(&q, &k, &v, &out, &d_out, &mut dq, &mut dk, &mut dv)
+                    .map(f64::from)
+            } else {
+                plan.backward_grads(&q, &k, &v, &out, &d_out, &mut dq, &mut dk, &mut dv)
+                    .map(|()| f64::NAN)
+            }
+        })
+    }
+}
+
+/// x, alpha_dst, alpha_src viewed in place, and the per-edge workspace length.
+type GatViews<T> = (
+    ExternalMatrix<T>,
+    ExternalMatrix<f32>,
+    ExternalMatrix<f32>,
+    usize,
+);
+
+/// GAT's inputs viewed in place: x (n_cols × heads × dim of T), alpha_dst (n_rows × heads
+/// f32), alpha_src (n_cols × heads f32); and the per-edge workspace length, nnz × heads.
+///
+/// # Safety
+/// [`ExternalMatrix::new`]'s contract for the three addresses (see `gat_forward_gpu`).
+unsafe fn gat_views<T: DType>(
+    d: &OnDevice,
+    sq: Shape,
+    skv: Shape,
+    [x, a_dst, a_src]: [u64; 3],
+) -> spattn::Result<GatViews<T>> {
+    let gpu = &d.device.gpu;
+    let h = sq.heads;
+    let (per_dst, per_src) = (Shape::new(sq.rows, h, 1)?, Shape::new(skv.rows, h, 1)?);
+    // SAFETY: the caller's contract, for exactly these shapes.
+    unsafe {
+        Ok((
+            ExternalMatrix::new_trusted(gpu, "x", x, skv)?,
+            ExternalMatrix::new_trusted(gpu, "alpha_dst", a_dst, per_dst)?,
+            ExternalMatrix::new_trusted(gpu, "alpha_src", a_src, per_src)?,
+            d.graph.nnz() * h,
+        ))
+    }
+}
+
+/// GAT's pre-activation scores `a_dst[row] + a_src[col] (+ bias)` per edge and head into
+/// `scores`, on the graph's CSR (the forward's and, recomputed, the backward's).
+fn gat_scores(
+    d: &OnDevice,
+    (a_dst, a_src): (&ExternalMatrix<f32>, &ExternalMatrix<f32>),
+    bias: &ExternalVec<f32>,
+    scores: &mut ExternalVec<f32>,
+) -> spattn::Result<()> {
+    let (gpu, a) = (&d.device.gpu, d.graph.csr()?);
+    csr_ops::sddmm_gat(gpu, a, a_dst, a_src, scores)?;
+    if !bias.is_empty() {
+        let heads = a_dst.shape().heads;
+        edge_extras::bias_add(gpu, scores, DeviceBias::PerHead(bias), d.graph.nnz(), heads)?;
+    }
+    Ok(())
+}
+
+/// The GAT forward on CUDA tensors at `[x, a_dst, a_src, out, workspace, bias]` (bias 0 for
+/// none), ordered with `stream`.
+pub(crate) fn gat_forward_gpu<T: DType>(
+    d: &OnDevice,
+    sq: Shape,
+    skv: Shape,
+    (slope, dropout): (f32, Option<Dropout>),
+    [x, a_dst, a_src, out, ws, bias]: [u64; 6],
+    stream: u64,
+) -> spattn::Result<()> {
+    let gpu = &d.device.gpu;
+    let h = sq.heads;
+    // SAFETY: as in `gpu_forward`, for x (n_cols × heads × dim of T), a_dst (n_rows × heads
+    // f32), a_src (n_cols × heads f32), out (n_rows × heads × dim of T, fresh) and the
+    // workspace (nnz × heads f32, fresh) and the bias (nnz × heads f32 where given, read at
+    // [e · heads + h]). The kernels read a_dst / a_src at [row · heads + h]
+    // / [col · heads + h] (rows < n_rows, cols < n_cols: the validated CSR), write and read
+    // the workspace at [e · heads + h], e < nnz, read x's rows < n_cols and write out's rows
+    // < n_rows: within the views, whose shapes each op checks.
+    unsafe {
+        let (x, a_dst, a_src, edges) = gat_views::<T>(d, sq, skv, [x, a_dst, a_src])?;
+        let mut out = ExternalMatrix::<T>::new_trusted(gpu, "out", out, sq)?;
+        let mut p = ExternalVec::<f32>::new_trusted(gpu, "workspace", ws, edges)?;
+        let bias =
+            ExternalVec::<f32>::new_trusted(gpu, "bias", bias, if bias == 0 { 0 } else { edges })?;
+        d.device.bridge.run(stream, || -> spattn::Result<()> {
+            let a = d.graph.csr()?;
+            gat_scores(d, (&a_dst, &a_src), &bias, &mut p)?;
+            csr_ops::edge_softmax_in_place(gpu, a, &mut p, h, Some(slope))?;
+            if let Some(dr) = &dropout {
+                edge_extras::apply_dropout(gpu, &mut p, dr)?;
+            }
+            csr_ops::spmm(gpu, a, &p, &x, &mut out)?;
+            Ok(())
+        })
+    }
+}
+
+/// The GAT backward on CUDA tensors at `[x, a_dst, a_src, d_out, dx, da_dst, da_src, bias,
+/// d_bias]` (the bias's 0 for none) with three workspaces, ordered with `stream`. The scores and probabilities are recomputed (two
+/// passes over the edges), not kept from the forward.
+pub(crate) fn gat_backward_gpu<T: DType>(
+    d: &OnDevice,
+    sq: Shape,
+    skv: Shape,
+    (slope, dropout): (f32, Option<Dropout>),
+    [x, a_dst, a_src, d_out, dx, da_dst, da_src, bias, d_bias]: [u64; 9],
+    [w0, w1, w2]: [u64; 3],
+    stream: u64,
+) -> spattn::Result<()> {
+    let gpu = &d.device.gpu;
+    let h = sq.heads;
+    // SAFETY: as in `gat_forward_gpu`; d_out is n_rows × heads × dim of T; dx (n_cols rows of
+    // T), da_dst (n_rows × heads f32), da_src (n_cols × heads f32), the three workspaces and
+    // d_bias (nnz × heads f32, where the forward had a bias) are fresh. The transposed ops
+    // index Aᵀ's rows (< n_cols) and its edge map (a permutation of the nnz edges), within the
+    // same views.
+    unsafe {
+        let (x, a_dst, a_src, edges) = gat_views::<T>(d, sq, skv, [x, a_dst, a_src])?;
+        let d_out = ExternalMatrix::<T>::new_trusted(gpu, "d_out", d_out, sq)?;
+        let mut dx = ExternalMatrix::<T>::new_trusted(gpu, "dx", dx, skv)?;
+        let mut da_dst =
+            ExternalMatrix::<f32>::new_trusted(gpu, "d_alpha_dst", da_dst, a_dst.shape())?;
+        let mut da_src =
+            ExternalMatrix::<f32>::new_trusted(gpu, "d_alpha_src", da_src, a_src.shape())?;
+        let mut s = ExternalVec::<f32>::new_trusted(gpu, "workspace", w0, edges)?;
+        let mut p = ExternalVec::<f32>::new_trusted(gpu, "workspace", w1, edges)?;
+        let mut dp = ExternalVec::<f32>::new_trusted(gpu, "workspace", w2, edges)?;
+        let blen = if bias == 0 { 0 } else { edges };
+        let bias = ExternalVec::<f32>::new_trusted(gpu, "bias", bias, blen)?;
+        let mut d_bias = ExternalVec::<f32>::new_trusted(gpu, "d_bias", d_bias, blen)?;
+        d.device.bridge.run(stream, || -> spattn::Result<()> {
+            let (a, t) = (d.graph.csr()?, d.graph.transpose()?);
+            gat_scores(d, (&a_dst, &a_src), &bias, &mut s)?;
+            csr_ops::edge_softmax(gpu, a, &s, h, Some(slope), &mut p)?;
+            csr_ops::sddmm(gpu, a, &d_out, &x, 1.0, &mut dp)?;
+            // Under dropout: dP = dW ⊙ mask / (1 − rate), and the aggregation used P's dropped.
+            if let Some(dr) = &dropout {
+                edge_extras::apply_dropout(gpu, &mut dp, dr)?;
+            }
+            gpu_backward::edge_softmax_backward_in_place(gpu, a, &p, &mut dp, h)?;
+            gpu_backward::edge_leaky_relu_backward(gpu, &s, slope, &mut dp)?;
+            if blen > 0 {
+                d_bias.copy_from(&dp)?;
+            }
+            gpu_backward::edge_row_sum(gpu, a, &dp, h, &mut da_dst)?;
+            // s is free again: dS in Aᵀ's order; then dp: P in Aᵀ's order.
+            gpu_backward::transpose_edge_values(gpu, t, &dp, h, &mut s)?;
+            gpu_backward::edge_row_sum(gpu, t.csr(), &s, h, &mut da_src)?;
+            if let Some(dr) = &dropout {
+                edge_extras::apply_dropout(gpu, &mut p, dr)?;
+            }
+            gpu_backward::transpose_edge_values(gpu, t, &p, h, &mut dp)?;
+            csr_ops::spmm(gpu, t.csr(), &dp, &d_out, &mut dx)?;
+            Ok(())
+        })
+    }
+}
+
+/// A graph built on `d` from the edge ids at `(src, dst)` (`n_edges` of `I` each, at the
+/// element strides given), positions into `positions` where non-zero, ordered with `stream`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn build_on_device<I: DeviceIndex>(
+    d: &device::Device,
+    (src, dst): (u64, u64),
+    (src_stride, dst_stride): (usize, usize),
+    n_edges: usize,
+    spec: &GraphSpec,
+    positions: u64,
+    stream: u64,
+) -> spattn::Result<(DeviceGraph, BuildReport)> {
+    let gpu = &d.gpu;
+    let span = |stride| DeviceIds::<I>::span("edge_index span", n_edges, stride);
+    // SAFETY: the package passes the data addresses of `edge_index`'s two rows (a CUDA int32 or
+    // int64 tensor on this device, alive for the call; `src_stride` / `dst_stride` its row's
+    // element stride, so `span` elements from each address lie in the tensor) and, where
+    // non-zero, of a fresh int64 tensor of `n_edges` elements (plus one per node with self
+    // loops) for the positions. The build
+    // runs on spattn's stream after `stream`'s work (the bridge), and the tensors' memory is
+    // recycled only in `stream`'s order, which waits for the build; the views are dropped at
+    // the end of this function. The kernels read ids `i · stride` for i < n_edges and write
+    // positions[i] for i < n_edges (+ nodes with self loops).
+    unsafe {
+        let s =
+            ExternalVec::<I>::new_element_aligned(gpu, "edge_index[0]", src, span(src_stride)?)?;
+        let t =
+            ExternalVec::<I>::new_element_aligned(gpu, "edge_index[1]", dst, span(dst_stride)?)?;
+        let loops = if spec.self_loops { spec.n_rows } else { 0 };
+        let mut pos = if positions == 0 {
+            None
+        } else {
+            Some(ExternalVec::<i64>::new_trusted(
+                gpu,
+                "positions",
+                positions,
+                n_edges + loops,
+            )?)
+        };
+        let edges = DeviceEdges {
+            sources: DeviceIds::strided(&s, src_stride)?,
+            targets: DeviceIds::strided(&t, dst_stride)?,
+            len: n_edges,
+        };
+        d.bridge.run(stream, || {
+            DeviceGraph::from_device_edges_in(
+                gpu,
+                &edges,
+                spec,
+                pos.as_deref_mut(),
+                &d.plan_workspace,
+            )
+            .map_err(spattn::Error::from)
+        })
+    }
+}
