@@ -4,48 +4,50 @@
 //!
 //! Every forward algorithm (unfused or fused, CUDA cores or tensor cores) computes the same
 //! function, so one backward serves them all: it recomputes the scores rather than storing
-//! anything from the forward, and runs on CUDA cores over CSR (exact f32 arithmetic on every
-//! dtype, f32 sums):
+//! anything from the forward, and runs on CUDA cores over CSR with exact f32 arithmetic on every
+//! dtype (gradients rounded to `T` once, at the end). Three kernel sets, all giving the same
+//! gradients to f32 rounding:
 //!
-//! | step | kernels | [`BackwardKernels::Fused`] | [`BackwardKernels::Unfused`] |
+//! | [`BackwardKernels`] | kernels | per-edge buffers | deterministic |
 //! |---|---|---|---|
-//! | `r = ⟨q, k⟩`, `dP = ⟨dOut, V⟩` per edge | SDDMM | 2 | 3 (plus `scale · r`) |
-//! | `P`, `dS = P ⊙ (dP − Σ_row P ⊙ dP)`, `dscale = Σ dS ⊙ r`, Pᵀ and dSᵀ | | 1 fused row kernel | softmax, softmax backward, 2 transposes, a dot, a scale |
-//! | `dQ = scale · dS · K` (A), `dK = scale · dSᵀ · Q`, `dV = Pᵀ · dOut` (Aᵀ) | SpMM | 3 | 3 |
+//! | `Fused` (default) | a row pass over A (dQ, the row statistics, ∂scale) and a column pass over Aᵀ (dK, dV): [`spattn_ops::backward::FusedBackward`] | none | yes |
+//! | `PerEdge` | 2 SDDMMs (`⟨q, k⟩`, `⟨dOut, v⟩`), one fused row kernel (P, dS, Pᵀ, dSᵀ, ∂scale), 3 SpMMs | four `nnz × heads` f32 | no (split rows add with atomics) |
+//! | `Unfused` | the spattn-ops building blocks: SDDMM, edge softmax, softmax backward, transposes, dot, scale, SpMM | as `PerEdge` | no |
 //!
-//! The fused row kernel ([`spattn_ops::backward::attention_edge_backward`]) recomputes each
-//! row's softmax statistics (max, sum) and `D_i = Σ_row P ⊙ dP = ⟨dOut_i, Out_i⟩` from the
-//! per-edge values, and writes P and dS straight into Aᵀ's edge order through the transpose
-//! map. `D_i` is taken from the recomputed probabilities, not from the forward's `out`: it is
-//! the same quantity for the function computed, and it does not inherit `out`'s rounding to
-//! f16 / bf16; `out` is checked for its shape only.
+//! `Fused` runs heads of up to 16 features a lane
+//! ([`FusedBackward::supports`](spattn_ops::backward::FusedBackward::supports): head_dim ≤ 512
+//! for multiples of 4); wider heads take `PerEdge`. Its row pass recomputes each row's softmax
+//! statistics and `D_i = Σ_row P ⊙ dP` from the scores, not from the forward's `out`: the same
+//! quantity for the function computed, without `out`'s rounding to f16 / bf16; `out` is checked
+//! for its shape only.
 //!
-//! Lazy state: a plan uploads nothing for the backward until the first call of
-//! [`AttentionPlan::backward`]; that call asks the plan's shared
-//! [`spattn_ops::DeviceGraph`] for the CSR (with its schedules) and the transpose Aᵀ (with its
-//! own schedules, so hub columns split like hub rows) with the map of edges between them —
-//! uploaded once per graph, whatever the number of plans and layers over it — and allocates
-//! four `nnz × heads` f32 buffers. They stay in the plan for later calls; forward-only users
-//! pay nothing on the device.
+//! Lazy state: a plan uploads nothing for the backward until its first call, which asks the
+//! plan's shared [`spattn_ops::DeviceGraph`] for the CSR and the transpose Aᵀ (each with its own
+//! schedules, so hub columns split like hub rows) — built once per graph, whatever the number of
+//! plans and layers over it — and allocates the kernel set's workspace (`Fused`: `n × heads`
+//! row statistics and the split rows' partials; the others: four `nnz × heads` f32 buffers). It
+//! stays in the plan for later calls; forward-only users pay nothing on the device.
 
 use std::sync::{Mutex, PoisonError};
 
 use spattn_formats::Csr;
-use spattn_ops::backward as ops_backward;
+use spattn_ops::backward::{self as ops_backward, FusedBackward};
 use spattn_ops::cpu::{self, AttentionInputs};
 use spattn_ops::{csr_ops, DType, DeviceGraph, DeviceMatrix, DeviceVec, Gpu, Shape};
 
 use crate::error::{Error, Result};
 use crate::plan::AttentionPlan;
 
-/// Which kernels compute the per-edge part of the backward (both give the same gradients, to
-/// f32 rounding).
+/// Which kernels compute the backward (all give the same gradients, to f32 rounding; see the
+/// `backward` module's table).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum BackwardKernels {
-    /// One fused row kernel after two SDDMMs (the default: fewer passes over the edges; see
-    /// docs/kernels/backward.md, "Tried and kept").
+    /// A row pass and a column pass, no per-edge buffers, bitwise deterministic (the default;
+    /// heads wider than 16 features a lane run [`PerEdge`](Self::PerEdge)).
     #[default]
     Fused,
+    /// Two SDDMMs, one fused per-edge row kernel and three SpMMs over `nnz × heads` buffers.
+    PerEdge,
     /// The composition of the spattn-ops building blocks: SDDMM, edge softmax, SDDMM, softmax
     /// backward, transposes, dot and scale.
     Unfused,
@@ -76,10 +78,17 @@ pub(crate) enum BackwardParts<'a> {
     Cpu(&'a Csr),
 }
 
-/// Device state of the backward, built by the first call.
-#[derive(Debug)]
+/// Device state of the backward: each kernel set's workspace, built by its first call.
+#[derive(Debug, Default)]
 pub(crate) struct BackwardState {
-    /// `⟨q, k⟩` per edge (fused), or P then `⟨q, k⟩` (unfused); A's order.
+    edge: Option<EdgeBuffers>,
+    fused: Option<FusedBackward>,
+}
+
+/// The per-edge kernel sets' buffers.
+#[derive(Debug)]
+struct EdgeBuffers {
+    /// `⟨q, k⟩` per edge (per-edge), or P then `⟨q, k⟩` (unfused); A's order.
     raw: DeviceVec<f32>,
     /// dP, then `scale · dS`; A's order.
     dp: DeviceVec<f32>,
@@ -91,16 +100,12 @@ pub(crate) struct BackwardState {
     d_scale: DeviceVec<f64>,
 }
 
-impl BackwardState {
+impl EdgeBuffers {
     fn new(gpu: &Gpu, graph: &DeviceGraph, heads: usize) -> Result<Self> {
         let edges = graph.nnz().checked_mul(heads).ok_or(Error::InvalidConfig {
             what: "heads",
             why: format!("{} edges x {heads} heads overflows usize", graph.nnz()),
         })?;
-        // The uploads the backward reads, made now (once per graph) so a first backward fails
-        // here rather than half-way.
-        graph.csr()?;
-        graph.transpose()?;
         Ok(Self {
             raw: DeviceVec::zeros(gpu, edges)?,
             dp: DeviceVec::zeros(gpu, edges)?,
@@ -227,54 +232,67 @@ impl AttentionPlan {
         let heads = sq.heads;
         let scale = self.config().scale();
         // The state holds no invariant a panic could break: every buffer is overwritten by
-        // each backward before it is read.
+        // each backward before it is read (the fused set's counters are reset by the kernels
+        // that raise them).
         let mut guard = state.lock().unwrap_or_else(PoisonError::into_inner);
-        if guard.is_none() {
-            *guard = Some(Box::new(BackwardState::new(gpu, graph, heads)?));
+        let st = guard.get_or_insert_with(Box::default);
+        // The uploads the backward reads (once per graph), before any buffer of the plan's.
+        let (a, t) = (graph.csr()?, graph.transpose()?);
+        let kernels = match kernels {
+            BackwardKernels::Fused if !FusedBackward::supports::<T>(sq.head_dim) => {
+                BackwardKernels::PerEdge
+            }
+            other => other,
+        };
+        if kernels == BackwardKernels::Fused {
+            if st.fused.is_none() {
+                st.fused = Some(FusedBackward::new(gpu, a, t, heads, sq.head_dim)?);
+            }
+            let ws = st.fused.as_mut().ok_or(Error::InvalidConfig {
+                what: "backward state",
+                why: "was not built".into(),
+            })?;
+            ws.run(gpu, a, t, scale, [q, k, v, d_out], [dq, dk, dv])?;
+            return read_d_scale(read_scale, ws.d_scale());
         }
-        let st = guard.as_deref_mut().ok_or(Error::InvalidConfig {
+        if st.edge.is_none() {
+            st.edge = Some(EdgeBuffers::new(gpu, graph, heads)?);
+        }
+        let st = st.edge.as_mut().ok_or(Error::InvalidConfig {
             what: "backward state",
             why: "was not built".into(),
         })?;
         st.d_scale.fill(0.0)?;
-        let (a, t) = (graph.csr()?, graph.transpose()?);
-        match kernels {
-            BackwardKernels::Fused => {
-                csr_ops::sddmm(gpu, a, q, k, 1.0, &mut st.raw)?;
-                csr_ops::sddmm(gpu, a, d_out, v, 1.0, &mut st.dp)?;
-                ops_backward::attention_edge_backward(
-                    gpu,
-                    a,
-                    t,
-                    heads,
-                    scale,
-                    &st.raw,
-                    &mut st.dp,
-                    &mut st.p_t,
-                    &mut st.ds_t,
-                    &mut st.d_scale,
-                )?;
-            }
-            BackwardKernels::Unfused => {
-                csr_ops::sddmm(gpu, a, q, k, scale, &mut st.raw)?;
-                csr_ops::edge_softmax_in_place(gpu, a, &mut st.raw, heads, None)?;
-                csr_ops::sddmm(gpu, a, d_out, v, 1.0, &mut st.dp)?;
-                ops_backward::edge_softmax_backward_in_place(gpu, a, &st.raw, &mut st.dp, heads)?;
-                ops_backward::transpose_edge_values(gpu, t, &st.raw, heads, &mut st.p_t)?;
-                csr_ops::sddmm(gpu, a, q, k, 1.0, &mut st.raw)?;
-                ops_backward::edge_dot(gpu, &st.dp, &st.raw, &mut st.d_scale)?;
-                ops_backward::edge_scale(gpu, &mut st.dp, scale)?;
-                ops_backward::transpose_edge_values(gpu, t, &st.dp, heads, &mut st.ds_t)?;
-            }
+        if kernels == BackwardKernels::PerEdge {
+            csr_ops::sddmm(gpu, a, q, k, 1.0, &mut st.raw)?;
+            csr_ops::sddmm(gpu, a, d_out, v, 1.0, &mut st.dp)?;
+            ops_backward::attention_edge_backward(
+                gpu,
+                a,
+                t,
+                heads,
+                scale,
+                &st.raw,
+                &mut st.dp,
+                &mut st.p_t,
+                &mut st.ds_t,
+                &mut st.d_scale,
+            )?;
+        } else {
+            csr_ops::sddmm(gpu, a, q, k, scale, &mut st.raw)?;
+            csr_ops::edge_softmax_in_place(gpu, a, &mut st.raw, heads, None)?;
+            csr_ops::sddmm(gpu, a, d_out, v, 1.0, &mut st.dp)?;
+            ops_backward::edge_softmax_backward_in_place(gpu, a, &st.raw, &mut st.dp, heads)?;
+            ops_backward::transpose_edge_values(gpu, t, &st.raw, heads, &mut st.p_t)?;
+            csr_ops::sddmm(gpu, a, q, k, 1.0, &mut st.raw)?;
+            ops_backward::edge_dot(gpu, &st.dp, &st.raw, &mut st.d_scale)?;
+            ops_backward::edge_scale(gpu, &mut st.dp, scale)?;
+            ops_backward::transpose_edge_values(gpu, t, &st.dp, heads, &mut st.ds_t)?;
         }
         csr_ops::spmm(gpu, a, &st.dp, k, dq)?;
         csr_ops::spmm(gpu, t.csr(), &st.ds_t, q, dk)?;
         csr_ops::spmm(gpu, t.csr(), &st.p_t, d_out, dv)?;
-        if !read_scale {
-            return Ok(None);
-        }
-        let d_scale = st.d_scale.to_host()?;
-        Ok(Some(d_scale.first().copied().unwrap_or(0.0) as f32))
+        read_d_scale(read_scale, &st.d_scale)
     }
 
     /// The gradients on host slices: Q, K, V, the forward's `out` and `d_out`, all row-major.
@@ -359,6 +377,15 @@ impl AttentionPlan {
         }
         Ok(())
     }
+}
+
+/// ∂L/∂scale downloaded where `read` (a wait for the GPU), else `None`.
+fn read_d_scale(read: bool, d_scale: &DeviceVec<f64>) -> Result<Option<f32>> {
+    if !read {
+        return Ok(None);
+    }
+    let d_scale = d_scale.to_host()?;
+    Ok(Some(d_scale.first().copied().unwrap_or(0.0) as f32))
 }
 
 fn expect_shape(what: &'static str, actual: Shape, expected: Shape) -> Result<()> {

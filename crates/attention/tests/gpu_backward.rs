@@ -11,6 +11,7 @@
 //! its error is bounded relative to the sum of their magnitudes.
 
 use half::{bf16, f16};
+use rand::Rng;
 use rand_pcg::Pcg64;
 use spattn::{Algorithm, AttentionConfig, AttentionPlan, BackwardKernels};
 use spattn_formats::Csr;
@@ -77,6 +78,7 @@ fn check_backward<T: DType>(
         plan.forward(&dq_in, &dk_in, &dv_in, &mut out).unwrap();
         for kernels in [
             BackwardKernels::Fused,
+            BackwardKernels::PerEdge,
             BackwardKernels::Unfused,
             BackwardKernels::Fused,
         ] {
@@ -198,7 +200,9 @@ fn head_dims_heads_and_tiny_graphs() {
     let gpu = gpu();
     let mut rng = fresh_rng("head_dims_heads_and_tiny_graphs");
     let a = random_graph(&mut rng, 200, 5, 9);
-    for head_dim in [1, 3, 24, 64, 128] {
+    // 200 and 256: two vectors a lane in the fused backward; 520 (f32, f16): wider than its
+    // 16 features a lane, so `Fused` runs the per-edge kernels.
+    for head_dim in [1, 3, 24, 64, 128, 200, 256, 520] {
         for heads in [1, 4, 8] {
             check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
         }
@@ -252,6 +256,88 @@ fn hub_row_and_extreme_scores() {
     );
     // All scores equal (Q = 0): uniform probabilities.
     check_backward::<f32>(&gpu, &b, &GPU_ALGORITHMS, 8, 8, &mut rng, 0.0, Grads::All);
+}
+
+/// The fused backward twice on the same inputs: bitwise-equal gradients and ∂scale, on a graph
+/// whose hub row and hub column are split into many units (merged by whichever unit finishes
+/// last), and within tolerance of the f64 reference.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn fused_backward_is_deterministic() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("fused_backward_is_deterministic");
+    let n = 20_000u32;
+    let (hub_row, hub_col) = (777u32, 555u32);
+    let mut edges: Vec<(u32, u32)> = (0..n).map(|c| (hub_row, c)).collect();
+    edges.extend((0..n).map(|r| (r, hub_col)));
+    for r in 0..n {
+        edges.push((r, rng.random_range(0..n)));
+    }
+    let a = Csr::from_edges(n as usize, n as usize, &edges).unwrap();
+    for (heads, head_dim) in [(8, 64), (1, 24)] {
+        deterministic_case::<f32>(&gpu, &a, heads, head_dim, &mut rng);
+        deterministic_case::<f16>(&gpu, &a, heads, head_dim, &mut rng);
+        deterministic_case::<bf16>(&gpu, &a, heads, head_dim, &mut rng);
+    }
+}
+
+fn deterministic_case<T: DType>(
+    gpu: &Gpu,
+    a: &Csr,
+    heads: usize,
+    head_dim: usize,
+    rng: &mut Pcg64,
+) {
+    let config = AttentionConfig::new(heads, head_dim, T::KIND).with_algorithm(Algorithm::FusedCsr);
+    let plan = AttentionPlan::new_gpu(gpu, a, config.clone()).unwrap();
+    let sq = plan.shape_q();
+    let skv = plan.shape_kv();
+    let (q, k, v, d): (Vec<T>, Vec<T>, Vec<T>, Vec<T>) = (
+        random_vec(rng, sq.len(), 1.0),
+        random_vec(rng, skv.len(), 1.0),
+        random_vec(rng, skv.len(), 1.0),
+        random_vec(rng, sq.len(), 1.0),
+    );
+    let up = |s, x: &[T]| DeviceMatrix::from_host(gpu, s, x).unwrap();
+    let (qd, kd, vd, dd) = (up(sq, &q), up(skv, &k), up(skv, &v), up(sq, &d));
+    let mut out = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();
+    plan.forward(&qd, &kd, &vd, &mut out).unwrap();
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        let mut dq = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();
+        let mut dk = DeviceMatrix::<T>::zeros(gpu, skv).unwrap();
+        let mut dv = DeviceMatrix::<T>::zeros(gpu, skv).unwrap();
+        for m in [&mut dq, &mut dk, &mut dv] {
+            m.fill_nan().unwrap();
+        }
+        let d_scale = plan
+            .backward(&qd, &kd, &vd, &out, &dd, &mut dq, &mut dk, &mut dv)
+            .unwrap();
+        let bits = |m: &DeviceMatrix<T>| {
+            to_f64(&m.to_host().unwrap())
+                .iter()
+                .map(|x| x.to_bits())
+                .collect::<Vec<u64>>()
+        };
+        runs.push((bits(&dq), bits(&dk), bits(&dv), d_scale.to_bits()));
+    }
+    let ctx = format!("{} heads={heads} head_dim={head_dim}", T::NAME);
+    assert!(runs[0] == runs[1], "{ctx}: two backward runs differ");
+    let (q64, k64, v64, d64) = (to_f64(&q), to_f64(&k), to_f64(&v), to_f64(&d));
+    let inputs = AttentionInputs::new(&q64, sq, &k64, skv, &v64, skv);
+    let want = attention_backward_f64_from(a, &inputs, f64::from(config.scale()), &d64).unwrap();
+    let (gq, gk, gv, _) = &runs[0];
+    let tol = tolerance::<T>();
+    for (got, w, name) in [
+        (gq, &want.dq, "dQ"),
+        (gk, &want.dk, "dK"),
+        (gv, &want.dv, "dV"),
+    ] {
+        let got: Vec<f64> = got.iter().map(|&b| f64::from_bits(b)).collect();
+        let e = rel_l2_error(&got, w);
+        assert!(e <= tol, "{ctx}: {name} rel error {e:e}");
+    }
+    eprintln!("{ctx}: bitwise equal, within tolerance");
 }
 
 #[test]

@@ -247,7 +247,12 @@ pub const CASES: &[Case] = &[
     train_step_case(
         "train-step",
         spattn::BackwardKernels::Fused,
-        "forward (auto) + backward with the fused row kernel: 2 SDDMM, 1 row kernel, 3 SpMM",
+        "forward (auto) + the fused backward: a row pass (dQ) and a column pass (dK, dV)",
+    ),
+    train_step_case(
+        "train-step-per-edge",
+        spattn::BackwardKernels::PerEdge,
+        "forward (auto) + backward with the per-edge row kernel: 2 SDDMM, 1 row kernel, 3 SpMM",
     ),
     train_step_case(
         "train-step-unfused",
@@ -501,6 +506,7 @@ mod tests {
                 "hybrid",
                 "auto",
                 "train-step",
+                "train-step-per-edge",
                 "train-step-unfused"
             ]
         );

@@ -806,7 +806,7 @@ impl<T: DType> Launch for PlanCase<'_, T> {
     }
 }
 
-/// train-step, train-step-unfused: `forward` then `backward_with` on the plan, dOut = Q. The
+/// train-step, train-step-per-edge, train-step-unfused: `forward` then `backward_with` on the plan, dOut = Q. The
 /// check compares dQ, dK, dV with the f64 backward and reports the largest error.
 struct TrainStepCase<'a, T: DType> {
     plan: AttentionPlan,

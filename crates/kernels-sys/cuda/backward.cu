@@ -267,6 +267,426 @@ extern "C" __global__ void edge_dot_f32(const float* __restrict__ x, const float
     block_accumulate(s, scratch, acc);
 }
 
+// ---- fused backward: one row pass over A, one column pass over A^T ---------------------------
+// The FlashAttention-2 pattern on sparse rows, without any nnz x heads buffer. With
+// s = scale * r, r = <q_i, k_j>, dP = <dOut_i, v_j>, P the row softmax of s, D_i = sum_j P dP and
+// dS = P (dP - D_i):
+//   row pass (a group of g lanes per (unit of A, head)): an online softmax over the unit's edges
+//     that also carries w = sum x dP, a1 = sum x dP r, a2 = sum x r and, per feature,
+//     ak = sum x k_j and adk = sum x dP k_j (x = exp(s - m), all rescaled with m). At the row's
+//     end: D = w / l, dQ_i = scale / l (adk - D ak), the row's share of dscale (a1 - D a2) / l,
+//     and the row statistics (m + log l, D) the column pass reads;
+//   column pass (a group per (unit of A^T, head), i.e. the edges into column j):
+//     P = exp(s - lse_i), dS = P (dP - D_i), dV_j = sum P dOut_i, dK_j = scale sum dS q_i.
+// Both passes gather two feature rows per edge (k, v; then q, dOut) and recompute the scores.
+// Determinism: no floating-point atomics. A unit of a split row leaves its partial in its slot;
+// the last unit of the row to finish (an integer counter per (split row, head)) merges all of the
+// row's partials in slot order, so the result does not depend on which unit merges, and resets
+// the counter. dscale: per thread in a fixed grid-stride order, per block by a fixed tree, and
+// across blocks by the last block to finish, in block order, in f64.
+
+#define SPATTN_ROW_PARTIAL 5  // m, l, w, a1, a2
+
+// Sum over the block in f64 (blocks of a multiple of 32 threads, scratch of 32 doubles). Every
+// thread of the block calls; thread 0 gets the result.
+__device__ __forceinline__ double block_sum_f64(double v, double* scratch) {
+    for (u32 o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if (lane_id() == 0) scratch[threadIdx.x >> 5] = v;
+    __syncthreads();
+    double r = 0.0;
+    if (threadIdx.x == 0)
+        for (u32 w = 0; w < (blockDim.x >> 5); ++w) r += scratch[w];
+    return r;
+}
+
+// The lane's vectors of a head: vector j starts at feature feat[j], held where on[j].
+template <int VEC, int NV>
+__device__ __forceinline__ void head_lanes(u32 lane, u32 g, u32 head_dim, bool (&on)[NV],
+                                           u32 (&feat)[NV]) {
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+        feat[j] = (lane + j * g) * VEC;
+        on[j] = feat[j] < head_dim;
+    }
+}
+
+template <int VEC, int NV>
+__device__ __forceinline__ void zero_lanes(float (&x)[NV][VEC]) {
+#pragma unroll
+    for (int j = 0; j < NV; ++j)
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) x[j][i] = 0.0f;
+}
+
+// The lanes' features of one head of a row of x (zeros where a lane holds none).
+template <class T, int VEC, int NV>
+__device__ __forceinline__ void load_head(const T* __restrict__ row, const bool (&on)[NV],
+                                          const u32 (&feat)[NV], float (&out)[NV][VEC]) {
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+        if (on[j]) {
+            load_vec<T, VEC>(row + feat[j], out[j]);
+        } else {
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) out[j][i] = 0.0f;
+        }
+    }
+}
+
+template <class T, int VEC, int NV>
+__device__ __forceinline__ void store_head(T* row, const bool (&on)[NV], const u32 (&feat)[NV],
+                                           const float (&x)[NV][VEC], float factor) {
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+        if (on[j]) {
+            float o[VEC];
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) o[i] = x[j][i] * factor;
+            store_vec<T, VEC>(row + feat[j], o);
+        }
+    }
+}
+
+template <int VEC, int NV>
+__device__ __forceinline__ float dot_lanes(const float (&a)[NV][VEC], const float (&b)[NV][VEC]) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NV; ++j)
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) acc = fmaf(a[j][i], b[j][i], acc);
+    return acc;
+}
+
+// x = x * c + y * d over the lane's features.
+template <int VEC, int NV>
+__device__ __forceinline__ void axpby(float (&x)[NV][VEC], float c, const float (&y)[NV][VEC],
+                                      float d) {
+#pragma unroll
+    for (int j = 0; j < NV; ++j)
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) x[j][i] = fmaf(y[j][i], d, x[j][i] * c);
+}
+
+// Publishes a split unit's partial (already stored by every lane of the group) and returns
+// whether this group is the last of the row's `parts` units to do so, i.e. the one to merge.
+// The counter is reset by the merging group.
+__device__ __forceinline__ bool last_to_finish(u32* counter, u32 parts, u32 mask, u32 lane,
+                                               u32 g) {
+    __threadfence();
+    __syncwarp(mask);
+    u32 old = 0u;
+    if (lane == 0u) old = atomicAdd(counter, 1u);
+    old = __shfl_sync(mask, old, 0, g);
+    if (old + 1u != parts) return false;
+    __threadfence();
+    return true;
+}
+
+// A split unit's features in slot `slot` of `part` (2 vectors of head_dim per slot).
+template <int VEC, int NV>
+__device__ __forceinline__ void store_part(float* __restrict__ part, u64 slot, u32 head_dim,
+                                           const bool (&on)[NV], const u32 (&feat)[NV],
+                                           const float (&a)[NV][VEC], const float (&b)[NV][VEC]) {
+    float* pa = part + slot * 2u * head_dim;
+#pragma unroll
+    for (int j = 0; j < NV; ++j)
+        if (on[j])
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) {
+                pa[feat[j] + i] = a[j][i];
+                pa[head_dim + feat[j] + i] = b[j][i];
+            }
+}
+
+template <int VEC, int NV>
+__device__ __forceinline__ void load_part(const float* part, u64 slot, u32 head_dim,
+                                          const bool (&on)[NV], const u32 (&feat)[NV],
+                                          float (&a)[NV][VEC], float (&b)[NV][VEC]) {
+    const float* pa = part + slot * 2u * head_dim;
+#pragma unroll
+    for (int j = 0; j < NV; ++j)
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) {
+            a[j][i] = on[j] ? __ldcg(pa + feat[j] + i) : 0.0f;
+            b[j][i] = on[j] ? __ldcg(pa + head_dim + feat[j] + i) : 0.0f;
+        }
+}
+
+// The unit schedule of a CSR (csr_ops.cu's SpMM units plus their partial slots): unit u covers
+// edges starts[u] .. starts[u+1] of row rows[u]; a unit of a split row has slots[u] (its split
+// row) and parts[u] (its partial), the split row s owning partials part_first[s] ..
+// part_first[s+1].
+struct Units {
+    const u32* rows;
+    const u32* starts;
+    const u32* slots;
+    const u32* parts;
+    const u32* part_first;
+    u32 n;
+};
+
+template <class T, int VEC, int NV, int TILE>
+__device__ __forceinline__ void backward_row_pass(
+    Units un, const u32* __restrict__ col_indices, const T* __restrict__ q,
+    const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ d_out, u32 heads,
+    u32 head_dim, float scale, u32 g, T* __restrict__ dq, float2* __restrict__ stats,
+    float* part_stats, float* part_acc, u32* counters, u32 n_split, float* split_dscale,
+    float* block_dscale, u32* block_counter, double* d_scale) {
+    __shared__ float scratch[32];
+    __shared__ double scratch64[32];
+    __shared__ bool last_block;
+    const u32 mask = group_mask(g), lane = lane_id() & (g - 1u);
+    const u64 hd = (u64)heads * head_dim;
+    const u64 group = grid_group(g), groups = grid_groups(g);
+    const u64 total = (u64)un.n * heads;
+    float dscale = 0.0f;
+    for (u64 uh = group; uh < total; uh += groups) {
+        u32 h;
+        const u64 u = split_index(uh, heads, total, h);
+        const u32 row = un.rows[u], start = un.starts[u], end = un.starts[u + 1];
+        const u64 head_off = (u64)h * head_dim;
+        bool on[NV];
+        u32 feat[NV];
+        head_lanes<VEC, NV>(lane, g, head_dim, on, feat);
+        float qv[NV][VEC], dov[NV][VEC], ak[NV][VEC], adk[NV][VEC];
+        load_head<T, VEC, NV>(q + row * hd + head_off, on, feat, qv);
+        load_head<T, VEC, NV>(d_out + row * hd + head_off, on, feat, dov);
+        zero_lanes<VEC, NV>(ak);
+        zero_lanes<VEC, NV>(adk);
+        float m = SPATTN_NEG_INF, l = 0.0f, w = 0.0f, a1 = 0.0f, a2 = 0.0f;
+        for (u32 e = start; e < end; e += TILE) {
+            float kk[TILE][NV][VEC], vv[TILE][NV][VEC];
+            float r[TILE], dp[TILE];
+#pragma unroll
+            for (int t = 0; t < TILE; ++t) {
+                // Past the unit's end, a lane reloads the tile's first edge and weighs it 0.
+                const u32 c = __ldg(col_indices + (e + t < end ? e + t : e));
+                load_head<T, VEC, NV>(k + c * hd + head_off, on, feat, kk[t]);
+                load_head<T, VEC, NV>(v + c * hd + head_off, on, feat, vv[t]);
+            }
+#pragma unroll
+            for (int t = 0; t < TILE; ++t) {
+                r[t] = group_sum(dot_lanes<VEC, NV>(qv, kk[t]), mask, g);
+                dp[t] = group_sum(dot_lanes<VEC, NV>(dov, vv[t]), mask, g);
+            }
+            float mt = m;
+#pragma unroll
+            for (int t = 0; t < TILE; ++t)
+                if (e + t < end) mt = fmaxf(mt, scale * r[t]);
+            const float c = online_rescale(m, mt);
+            m = mt;
+            l *= c;
+            w *= c;
+            a1 *= c;
+            a2 *= c;
+#pragma unroll
+            for (int t = 0; t < TILE; ++t) {
+                const float x = e + t < end ? __expf(scale * r[t] - m) : 0.0f;
+                const float xd = x * dp[t];
+                l += x;
+                w += xd;
+                a1 = fmaf(xd, r[t], a1);
+                a2 = fmaf(x, r[t], a2);
+                // The first edge of the tile also rescales the accumulators.
+                axpby<VEC, NV>(ak, t == 0 ? c : 1.0f, kk[t], x);
+                axpby<VEC, NV>(adk, t == 0 ? c : 1.0f, kk[t], xd);
+            }
+        }
+        const u32 part = un.parts[u];
+        u32 split = SPATTN_NONE;
+        if (part != SPATTN_NONE) {
+            const u64 slot = (u64)part * heads + h;
+            if (lane == 0u) {
+                float* ps = part_stats + slot * SPATTN_ROW_PARTIAL;
+                ps[0] = m;
+                ps[1] = l;
+                ps[2] = w;
+                ps[3] = a1;
+                ps[4] = a2;
+            }
+            store_part<VEC, NV>(part_acc, slot, head_dim, on, feat, ak, adk);
+            const u32 s = un.slots[u], p0 = un.part_first[s], p1 = un.part_first[s + 1];
+            u32* counter = counters + (u64)s * heads + h;
+            if (!last_to_finish(counter, p1 - p0, mask, lane, g)) continue;
+            m = SPATTN_NEG_INF;
+            l = w = a1 = a2 = 0.0f;
+            zero_lanes<VEC, NV>(ak);
+            zero_lanes<VEC, NV>(adk);
+            for (u32 p = p0; p < p1; ++p) {
+                const u64 sl = (u64)p * heads + h;
+                const float* ps = part_stats + sl * SPATTN_ROW_PARTIAL;
+                float c1, c2;
+                online_merge(m, l, __ldcg(ps), __ldcg(ps + 1), c1, c2);
+                w = w * c1 + __ldcg(ps + 2) * c2;
+                a1 = a1 * c1 + __ldcg(ps + 3) * c2;
+                a2 = a2 * c1 + __ldcg(ps + 4) * c2;
+                float pk[NV][VEC], pdk[NV][VEC];
+                load_part<VEC, NV>(part_acc, sl, head_dim, on, feat, pk, pdk);
+                axpby<VEC, NV>(ak, c1, pk, c2);
+                axpby<VEC, NV>(adk, c1, pdk, c2);
+            }
+            if (lane == 0u) *counter = 0u;
+            split = s;
+        }
+        // The row's end: a row without edges has l = 0 and gets zeros.
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const float d = w * inv;
+        if (lane == 0u) {
+            const float share = (a1 - d * a2) * inv;
+            if (split == SPATTN_NONE) {
+                dscale += share;
+            } else {
+                // Any unit of the row may merge: its share goes to the row's slot, not to the
+                // merging thread's sum, so the block sums do not depend on who merged.
+                split_dscale[(u64)split * heads + h] = share;
+                __threadfence();
+            }
+            stats[(u64)row * heads + h] = make_float2(l > 0.0f ? m + logf(l) : 0.0f, d);
+        }
+        axpby<VEC, NV>(adk, 1.0f, ak, -d);
+        store_head<T, VEC, NV>(dq + row * hd + head_off, on, feat, adk, scale * inv);
+    }
+    const float b = block_reduce(dscale, scratch, false);
+    if (threadIdx.x == 0) {
+        block_dscale[blockIdx.x] = b;
+        __threadfence();
+        last_block = atomicAdd(block_counter, 1u) + 1u == gridDim.x;
+    }
+    __syncthreads();
+    if (last_block) {
+        __threadfence();
+        double s = 0.0;
+        for (u32 i = threadIdx.x; i < gridDim.x; i += blockDim.x) s += (double)__ldcg(block_dscale + i);
+        const u64 n_split_shares = (u64)n_split * heads;
+        for (u64 i = threadIdx.x; i < n_split_shares; i += blockDim.x)
+            s += (double)__ldcg(split_dscale + i);
+        s = block_sum_f64(s, scratch64);
+        if (threadIdx.x == 0) {
+            *d_scale = s;
+            *block_counter = 0u;
+        }
+    }
+}
+
+template <class T, int VEC, int NV, int TILE>
+__device__ __forceinline__ void backward_col_pass(
+    Units un, const u32* __restrict__ row_indices, const T* __restrict__ q,
+    const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ d_out, u32 heads,
+    u32 head_dim, float scale, u32 g, const float2* __restrict__ stats, T* __restrict__ dk,
+    T* __restrict__ dv, float* part_acc, u32* counters) {
+    const u32 mask = group_mask(g), lane = lane_id() & (g - 1u);
+    const u64 hd = (u64)heads * head_dim;
+    const u64 group = grid_group(g), groups = grid_groups(g);
+    const u64 total = (u64)un.n * heads;
+    for (u64 uh = group; uh < total; uh += groups) {
+        u32 h;
+        const u64 u = split_index(uh, heads, total, h);
+        const u32 col = un.rows[u], start = un.starts[u], end = un.starts[u + 1];
+        const u64 head_off = (u64)h * head_dim;
+        bool on[NV];
+        u32 feat[NV];
+        head_lanes<VEC, NV>(lane, g, head_dim, on, feat);
+        float kv[NV][VEC], vv[NV][VEC], adk[NV][VEC], adv[NV][VEC];
+        load_head<T, VEC, NV>(k + col * hd + head_off, on, feat, kv);
+        load_head<T, VEC, NV>(v + col * hd + head_off, on, feat, vv);
+        zero_lanes<VEC, NV>(adk);
+        zero_lanes<VEC, NV>(adv);
+        for (u32 e = start; e < end; e += TILE) {
+            float qq[TILE][NV][VEC], oo[TILE][NV][VEC];
+            float2 st[TILE];
+#pragma unroll
+            for (int t = 0; t < TILE; ++t) {
+                const u32 i = __ldg(row_indices + (e + t < end ? e + t : e));
+                load_head<T, VEC, NV>(q + i * hd + head_off, on, feat, qq[t]);
+                load_head<T, VEC, NV>(d_out + i * hd + head_off, on, feat, oo[t]);
+                st[t] = __ldg(stats + (u64)i * heads + h);
+            }
+#pragma unroll
+            for (int t = 0; t < TILE; ++t) {
+                const float r = group_sum(dot_lanes<VEC, NV>(qq[t], kv), mask, g);
+                const float dp = group_sum(dot_lanes<VEC, NV>(oo[t], vv), mask, g);
+                const float p = e + t < end ? __expf(scale * r - st[t].x) : 0.0f;
+                axpby<VEC, NV>(adv, 1.0f, oo[t], p);
+                axpby<VEC, NV>(adk, 1.0f, qq[t], p * (dp - st[t].y));
+            }
+        }
+        const u32 part = un.parts[u];
+        if (part != SPATTN_NONE) {
+            const u64 slot = (u64)part * heads + h;
+            store_part<VEC, NV>(part_acc, slot, head_dim, on, feat, adk, adv);
+            const u32 s = un.slots[u], p0 = un.part_first[s], p1 = un.part_first[s + 1];
+            u32* counter = counters + (u64)s * heads + h;
+            if (!last_to_finish(counter, p1 - p0, mask, lane, g)) continue;
+            zero_lanes<VEC, NV>(adk);
+            zero_lanes<VEC, NV>(adv);
+            for (u32 p = p0; p < p1; ++p) {
+                float pk[NV][VEC], pv[NV][VEC];
+                load_part<VEC, NV>(part_acc, (u64)p * heads + h, head_dim, on, feat, pk, pv);
+                axpby<VEC, NV>(adk, 1.0f, pk, 1.0f);
+                axpby<VEC, NV>(adv, 1.0f, pv, 1.0f);
+            }
+            if (lane == 0u) *counter = 0u;
+        }
+        store_head<T, VEC, NV>(dk + col * hd + head_off, on, feat, adk, scale);
+        store_head<T, VEC, NV>(dv + col * hd + head_off, on, feat, adv, 1.0f);
+    }
+}
+
+#define SPATTN_BWD_UNITS_ARGS                                                                   \
+    const u32 *unit_rows, const u32 *unit_starts, const u32 *unit_slots, const u32 *unit_parts, \
+        const u32 *part_first, u32 n_units
+#define SPATTN_BWD_UNITS {unit_rows, unit_starts, unit_slots, unit_parts, part_first, n_units}
+
+#define SPATTN_BACKWARD_FUSED_K(NAME_R, NAME_C, T, VEC, NV, TILE, MINB)                        \
+    extern "C" __global__ void __launch_bounds__(256, MINB) NAME_R(                            \
+        SPATTN_BWD_UNITS_ARGS, const u32* col_indices, const T* q, const T* k, const T* v,     \
+        const T* d_out, u32 heads, u32 head_dim, float scale, u32 g, T* dq, float2* stats,     \
+        float* part_stats, float* part_acc, u32* counters, u32 n_split, float* split_dscale,   \
+        float* block_dscale, u32* block_counter, double* d_scale) {                            \
+        const Units un = SPATTN_BWD_UNITS;                                                     \
+        backward_row_pass<T, VEC, NV, TILE>(un, col_indices, q, k, v, d_out, heads, head_dim,  \
+                                            scale, g, dq, stats, part_stats, part_acc,         \
+                                            counters, n_split, split_dscale, block_dscale,     \
+                                            block_counter, d_scale);                           \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(256, MINB) NAME_C(                            \
+        SPATTN_BWD_UNITS_ARGS, const u32* row_indices, const T* q, const T* k, const T* v,     \
+        const T* d_out, u32 heads, u32 head_dim, float scale, u32 g, const float2* stats,      \
+        T* dk, T* dv, float* part_acc, u32* counters) {                                        \
+        const Units un = SPATTN_BWD_UNITS;                                                     \
+        backward_col_pass<T, VEC, NV, TILE>(un, row_indices, q, k, v, d_out, heads, head_dim,  \
+                                            scale, g, stats, dk, dv, part_acc, counters);      \
+    }
+// Edges per step and the blocks per SM asked of the register allocator, by features a lane
+// (docs/kernels/backward.md, "Tried"): 4 or fewer take one edge a step at 6 blocks (42
+// registers), 8 two edges at 4 blocks (64), 16 two edges at 3 blocks (85).
+#define SPATTN_BWD_TILE_OF(F) ((F) <= 4 ? 1 : 2)
+#define SPATTN_BWD_MINB_OF(F) ((F) <= 4 ? 6 : (F) <= 8 ? 4 : 3)
+#define SPATTN_BACKWARD_FUSED(SUFFIX, T, VEC, NV)                                              \
+    SPATTN_BACKWARD_FUSED_K(attention_backward_rows_##SUFFIX##_v##VEC##_n##NV,                 \
+                            attention_backward_cols_##SUFFIX##_v##VEC##_n##NV, T, VEC, NV,     \
+                            SPATTN_BWD_TILE_OF(VEC * NV), SPATTN_BWD_MINB_OF(VEC * NV))
+
+// Per lane at most 16 features (NV * VEC): head_dim up to 32 lanes x 16 (VEC 4, 8), 8 x 32 = 256
+// (VEC 2), 4 x 32 = 128 (VEC 1); larger heads take the per-edge backward.
+#define SPATTN_BACKWARD_FUSED_NV(SUFFIX, T, VEC)                                               \
+    SPATTN_BACKWARD_FUSED(SUFFIX, T, VEC, 1)                                                   \
+    SPATTN_BACKWARD_FUSED(SUFFIX, T, VEC, 2)                                                   \
+    SPATTN_BACKWARD_FUSED(SUFFIX, T, VEC, 4)
+#define SPATTN_BACKWARD_FUSED_DTYPE(SUFFIX, T)                                                 \
+    SPATTN_BACKWARD_FUSED_NV(SUFFIX, T, 1)                                                     \
+    SPATTN_BACKWARD_FUSED_NV(SUFFIX, T, 2)                                                     \
+    SPATTN_BACKWARD_FUSED_NV(SUFFIX, T, 4)
+
+SPATTN_BACKWARD_FUSED_DTYPE(f32, float)
+SPATTN_BACKWARD_FUSED_DTYPE(f16, __half)
+SPATTN_BACKWARD_FUSED_DTYPE(bf16, __nv_bfloat16)
+SPATTN_BACKWARD_FUSED(f16, __half, 8, 1)
+SPATTN_BACKWARD_FUSED(f16, __half, 8, 2)
+SPATTN_BACKWARD_FUSED(bf16, __nv_bfloat16, 8, 1)
+SPATTN_BACKWARD_FUSED(bf16, __nv_bfloat16, 8, 2)
+
 // ---- extern "C" instantiations ----------------------------------------------------------------
 
 #define SPATTN_ROW_DOT(NAME, T, VEC)                                                            \

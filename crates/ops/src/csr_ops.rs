@@ -195,6 +195,23 @@ impl CsrSchedule {
         )
     }
 
+    /// The units with both of a split row's indices, for kernels that merge partials without
+    /// atomics (the fused backward): `[rows, starts, slots, partials, first partials]`, the
+    /// number of partials and the number of split rows.
+    pub(crate) fn merge_units(&self) -> ([&DeviceVec<u32>; 5], usize, usize) {
+        (
+            [
+                &self.unit_rows,
+                &self.unit_starts,
+                &self.unit_slots,
+                &self.unit_parts,
+                &self.part_first,
+            ],
+            self.n_parts,
+            self.split_rows.len(),
+        )
+    }
+
     /// Bytes of device memory the schedules hold.
     pub(crate) fn device_bytes(&self) -> usize {
         self.unit_rows.allocated_bytes()

@@ -307,3 +307,79 @@ fn errors_name_the_operand() {
         "{e}"
     );
 }
+
+/// `FusedBackward` on its own: the gradients of the f64 reference on the small graphs (a hub row
+/// and hub columns split into units), and errors that name the operand.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn fused_backward_small_graphs_and_errors() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("fused_backward_small_graphs_and_errors");
+    for a in small_graphs(&mut rng) {
+        let (heads, head_dim, scale) = (3, 20, 0.3f32);
+        let sq = Shape::new(a.n_rows(), heads, head_dim).unwrap();
+        let skv = Shape::new(a.n_cols(), heads, head_dim).unwrap();
+        let (q, k, v, d) = (
+            f32s(&mut rng, sq.len(), -1.0, 1.0),
+            f32s(&mut rng, skv.len(), -1.0, 1.0),
+            f32s(&mut rng, skv.len(), -1.0, 1.0),
+            f32s(&mut rng, sq.len(), -1.0, 1.0),
+        );
+        let want = cpu::attention_backward_f64_from(
+            &a,
+            &cpu::AttentionInputs::new(&up(&q), sq, &up(&k), skv, &up(&v), skv),
+            f64::from(scale),
+            &up(&d),
+        )
+        .unwrap();
+        let (a_dev, t) = (
+            DeviceCsr::upload(&gpu, &a).unwrap(),
+            DeviceTranspose::upload(&gpu, &a).unwrap(),
+        );
+        let m = |s, x: &[f32]| DeviceMatrix::from_host(&gpu, s, x).unwrap();
+        let (qd, kd, vd, dd) = (m(sq, &q), m(skv, &k), m(skv, &v), m(sq, &d));
+        let mut g = [sq, skv, skv].map(|s| {
+            let mut x = DeviceMatrix::<f32>::zeros(&gpu, s).unwrap();
+            x.fill_nan().unwrap();
+            x
+        });
+        let mut bwd = backward::FusedBackward::new(&gpu, &a_dev, &t, heads, head_dim).unwrap();
+        let [dq, dk, dv] = &mut g;
+        bwd.run(&gpu, &a_dev, &t, scale, [&qd, &kd, &vd, &dd], [dq, dk, dv])
+            .unwrap();
+        for (got, w, what) in [
+            (&g[0], &want.dq, "dQ"),
+            (&g[1], &want.dk, "dK"),
+            (&g[2], &want.dv, "dV"),
+        ] {
+            check(what, &got.to_host().unwrap(), w, 1e-5);
+        }
+        let d_scale = bwd.d_scale().to_host().unwrap()[0];
+        assert!(
+            (d_scale - want.d_scale).abs() <= 1e-4 * want.d_scale.abs().max(1.0),
+            "dscale {d_scale} vs {}",
+            want.d_scale
+        );
+        // A wrong operand is named; a transpose of another graph is refused.
+        let [dq, dk, dv] = &mut g;
+        let wide =
+            DeviceMatrix::<f32>::zeros(&gpu, Shape::new(a.n_rows(), heads, 21).unwrap()).unwrap();
+        let e = bwd
+            .run(
+                &gpu,
+                &a_dev,
+                &t,
+                scale,
+                [&qd, &kd, &vd, &wide],
+                [dq, dk, dv],
+            )
+            .unwrap_err();
+        assert!(format!("{e}").contains("dOut"), "{e}");
+        let other = DeviceTranspose::upload(&gpu, &random_graph(&mut rng, 3, 1, 0)).unwrap();
+        if a.n_rows() != 3 {
+            assert!(backward::FusedBackward::new(&gpu, &a_dev, &other, heads, head_dim).is_err());
+        }
+    }
+    assert!(backward::FusedBackward::supports::<f32>(512));
+    assert!(!backward::FusedBackward::supports::<f32>(1024));
+}

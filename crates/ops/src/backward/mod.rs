@@ -13,6 +13,7 @@
 //! | `dK = scale · dSᵀ · Q`, `dV = Pᵀ · dOut` | SpMM on Aᵀ | [`transpose_edge_values`], `spmm` on [`DeviceTranspose::csr`] |
 //! | `dscale = Σ dS ⊙ ⟨q, k⟩` | a dot product of edge values | [`edge_dot`] |
 //! | all of dS, Pᵀ, dSᵀ, dscale at once | one fused row kernel | [`attention_edge_backward`] |
+//! | every gradient, no per-edge buffer, deterministic | a row pass and a column pass | [`FusedBackward`] |
 //!
 //! and, for layers with other score functions: [`edge_leaky_relu_backward`] (GAT),
 //! [`edge_row_sum`] (GAT's ∂a_dst, and ∂a_src as a row sum on Aᵀ), [`row_dot`]
@@ -52,6 +53,9 @@ use crate::launch::{check_per_edge, check_same_gpu, grid_1d, kernel_named, launc
 use crate::launch::{LaunchConfig, PushKernelArg};
 use crate::schedule::{group_for, vector_width};
 use crate::shape::Shape;
+
+mod fused;
+pub use fused::FusedBackward;
 
 /// Threads per block of the elementwise and reduction kernels.
 const THREADS: u32 = 256;
@@ -278,19 +282,7 @@ pub fn attention_edge_backward(
     d_scale: &mut DeviceVec<f64>,
 ) -> Result<()> {
     let nnz = a.nnz();
-    if t.csr.nnz() != nnz || t.csr.n_rows() != a.n_cols() || t.csr.n_cols() != a.n_rows() {
-        return Err(Error::InvalidArgument {
-            what: "transpose",
-            why: format!(
-                "is {} x {} with {} edges; A is {} x {} with {nnz}",
-                t.csr.n_rows(),
-                t.csr.n_cols(),
-                t.csr.nnz(),
-                a.n_rows(),
-                a.n_cols()
-            ),
-        });
-    }
+    fused::check_transpose(a, t)?;
     for (what, len) in [
         ("raw", raw.len()),
         ("dp", dp.len()),

@@ -1,0 +1,412 @@
+//! The fused backward of sparse attention: every gradient in two kernels, without per-edge
+//! buffers and without floating-point atomics (kernels: `attention_backward_rows_*` and
+//! `attention_backward_cols_*` in `crates/kernels-sys/cuda/backward.cu`).
+//!
+//! With `s = scale · ⟨q_i, k_j⟩`, `P` the row softmax of `s`, `dP = ⟨dOut_i, v_j⟩`,
+//! `D_i = Σ_j P dP` and `dS = P ⊙ (dP − D_i)`:
+//!
+//! | pass | over | gathers per edge | computes |
+//! |---|---|---|---|
+//! | rows | A's units | `k_j`, `v_j` | an online softmax carrying `Σ x dP k_j`, `Σ x k_j`: dQ, `D_i`, `lse_i`, ∂scale |
+//! | columns | Aᵀ's units | `q_i`, `dOut_i` | P from `lse_i`, dS from `D_i`: dK, dV |
+//!
+//! The row pass needs nothing from the forward (it recomputes the row statistics it hands to the
+//! column pass), so every forward algorithm feeds it. Device memory beyond the graph:
+//! `n × heads` row statistics and the partials of split rows and columns, O(n · heads ·
+//! head_dim) at most.
+//!
+//! **Deterministic**: a hub row (or column) split into units leaves one partial per unit; the
+//! last unit to finish merges them in the schedule's order (an integer counter decides who is
+//! last, never the order of the sum), and ∂scale is summed in a fixed order per thread, per
+//! block and across blocks. Two calls on the same inputs give bitwise-equal gradients.
+//!
+//! **No host synchronization**: ∂scale stays on the device ([`FusedBackward::d_scale`]).
+//!
+//! Shapes: `heads × head_dim` with at most 16 features per lane
+//! ([`FusedBackward::supports`]: head_dim up to 512 for f32, f16 and bf16 when it is a multiple
+//! of 4, 256 when even, 128 otherwise); larger heads take the per-edge backward.
+//!
+//! ```no_run
+//! use spattn_formats::Csr;
+//! use spattn_ops::backward::{DeviceTranspose, FusedBackward};
+//! use spattn_ops::{DeviceCsr, DeviceMatrix, Gpu, Shape};
+//!
+//! let gpu = Gpu::new(0)?;
+//! let a = Csr::from_edges(3, 3, &[(0, 1), (0, 2), (1, 0), (2, 2)])?;
+//! let (a_dev, t) = (DeviceCsr::upload(&gpu, &a)?, DeviceTranspose::upload(&gpu, &a)?);
+//! let shape = Shape::new(3, 2, 16)?;
+//! let x: Vec<f32> = (0..shape.len()).map(|i| (i % 5) as f32 / 5.0).collect();
+//! let q = DeviceMatrix::from_host(&gpu, shape, &x)?;
+//! let (mut dq, mut dk, mut dv) = (
+//!     DeviceMatrix::<f32>::zeros(&gpu, shape)?,
+//!     DeviceMatrix::<f32>::zeros(&gpu, shape)?,
+//!     DeviceMatrix::<f32>::zeros(&gpu, shape)?,
+//! );
+//! let mut bwd = FusedBackward::new(&gpu, &a_dev, &t, 2, 16)?;
+//! // Q = K = V = dOut = x here.
+//! bwd.run(&gpu, &a_dev, &t, 0.25, [&q, &q, &q, &q], [&mut dq, &mut dk, &mut dv])?;
+//! let d_scale = bwd.d_scale().to_host()?[0];
+//! assert!(d_scale.is_finite());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use spattn_kernels_sys::BACKWARD;
+
+use crate::buffer::{DeviceMatrix, DeviceVec};
+use crate::device_csr::DeviceCsr;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+use crate::launch::{
+    blocks_for, check_same_gpu, kernel_named, launch, to_u32, LaunchArgs, LaunchConfig,
+    PushKernelArg,
+};
+use crate::schedule::{group_for, vector_width};
+use crate::shape::Shape;
+
+use super::DeviceTranspose;
+
+/// Threads per block of both passes.
+const THREADS: u32 = 256;
+/// At most this many blocks (grid-stride loops beyond): enough to fill any current GPU many
+/// times over, and the length of the per-block ∂scale sums.
+const MAX_BLOCKS: u32 = 8192;
+/// Features one lane holds at most (registers: q, dOut and two accumulators of this many, plus
+/// two edges' k and v in flight).
+const MAX_LANE_FEATURES: u32 = 16;
+/// f32 words of a split row's partial statistics (m, l, w, a1, a2; see the kernel).
+const ROW_PARTIAL: usize = 5;
+
+/// The lane layout for `head_dim` features of `elem_bytes` bytes: `(vec, g, nv)`, `vec`
+/// features per access, groups of `g` lanes, `nv` vectors per lane; `None` past
+/// [`MAX_LANE_FEATURES`] features per lane.
+fn layout(head_dim: usize, elem_bytes: usize) -> Option<(u32, u32, u32)> {
+    if head_dim == 0 {
+        return None;
+    }
+    let vec = vector_width(head_dim, elem_bytes);
+    let vectors = (head_dim / vec as usize) as u64;
+    let g = group_for(vectors, 1);
+    let nv = vectors.div_ceil(u64::from(g)).next_power_of_two();
+    (nv <= 4 && nv * u64::from(vec) <= u64::from(MAX_LANE_FEATURES)).then_some((vec, g, nv as u32))
+}
+
+/// The fused backward's device workspace for one graph and one `heads × head_dim`, and its
+/// launches (see the module documentation).
+#[derive(Debug)]
+pub struct FusedBackward {
+    heads: usize,
+    head_dim: usize,
+    /// `(lse, D)` per (row of A, head).
+    stats: DeviceVec<f32>,
+    /// Split rows of A: statistics and the two accumulators of each unit's partial.
+    row_part_stats: DeviceVec<f32>,
+    row_part_acc: DeviceVec<f32>,
+    /// Per (split row, head): units finished (reset to 0 by the merging unit).
+    row_counters: DeviceVec<u32>,
+    /// Per (split row, head): the row's share of ∂scale.
+    split_dscale: DeviceVec<f32>,
+    /// Split rows of Aᵀ (columns of A): dK and dV partials, and their counters.
+    col_part_acc: DeviceVec<f32>,
+    col_counters: DeviceVec<u32>,
+    /// Per block of the row pass: its sum of ∂scale; and the blocks finished.
+    block_dscale: DeviceVec<f32>,
+    block_counter: DeviceVec<u32>,
+    d_scale: DeviceVec<f64>,
+}
+
+/// `a × b × c` in usize, or an error naming `what`.
+fn product(what: &'static str, factors: &[usize]) -> Result<usize> {
+    factors
+        .iter()
+        .try_fold(1usize, |acc, &f| acc.checked_mul(f))
+        .ok_or_else(|| Error::InvalidArgument {
+            what,
+            why: format!("the size {factors:?} overflows usize"),
+        })
+}
+
+impl FusedBackward {
+    /// Whether the fused backward runs `head_dim` features of `T` (see the module
+    /// documentation); the callers fall back to the per-edge backward otherwise.
+    pub fn supports<T: DType>(head_dim: usize) -> bool {
+        layout(head_dim, std::mem::size_of::<T>()).is_some()
+    }
+
+    /// The workspace for `a` (with its transpose `t`) at `heads × head_dim`: zeroed counters,
+    /// the row statistics and the split rows' partials.
+    ///
+    /// Errors: [`Error::InvalidArgument`] when `t` is not `a`'s transpose or a size overflows,
+    /// [`Error::OutOfMemory`].
+    pub fn new(
+        gpu: &Gpu,
+        a: &DeviceCsr,
+        t: &DeviceTranspose,
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<Self> {
+        check_transpose(a, t)?;
+        let (_, a_parts, a_split) = a.schedule().merge_units();
+        let (_, t_parts, t_split) = t.csr.schedule().merge_units();
+        let a_units = a.schedule().merge_units().0[0].len();
+        let blocks = row_grid(a_units, heads, 32)?.grid_dim.0 as usize;
+        let zeros = |what, factors: &[usize]| -> Result<DeviceVec<f32>> {
+            DeviceVec::zeros(gpu, product(what, factors)?)
+        };
+        Ok(Self {
+            heads,
+            head_dim,
+            stats: zeros("row statistics", &[a.n_rows(), heads, 2])?,
+            row_part_stats: zeros("row partials", &[a_parts, heads, ROW_PARTIAL])?,
+            row_part_acc: zeros("row partials", &[a_parts, heads, 2, head_dim])?,
+            row_counters: DeviceVec::zeros(gpu, product("row counters", &[a_split, heads])?)?,
+            split_dscale: zeros("split-row dscale", &[a_split, heads])?,
+            col_part_acc: zeros("column partials", &[t_parts, heads, 2, head_dim])?,
+            col_counters: DeviceVec::zeros(gpu, product("column counters", &[t_split, heads])?)?,
+            block_dscale: zeros("block dscale", &[blocks])?,
+            block_counter: DeviceVec::zeros(gpu, 1)?,
+            d_scale: DeviceVec::zeros(gpu, 1)?,
+        })
+    }
+
+    /// `(heads, head_dim)` the workspace was made for.
+    pub fn dims(&self) -> (usize, usize) {
+        (self.heads, self.head_dim)
+    }
+
+    /// ∂L/∂scale of the last [`run`](Self::run), on the device (one f64).
+    pub fn d_scale(&self) -> &DeviceVec<f64> {
+        &self.d_scale
+    }
+
+    /// Device memory the workspace holds, in bytes.
+    pub fn device_bytes(&self) -> usize {
+        [
+            &self.stats,
+            &self.row_part_stats,
+            &self.row_part_acc,
+            &self.split_dscale,
+            &self.col_part_acc,
+            &self.block_dscale,
+        ]
+        .iter()
+        .map(|v| v.allocated_bytes())
+        .sum::<usize>()
+            + self.row_counters.allocated_bytes()
+            + self.col_counters.allocated_bytes()
+            + self.block_counter.allocated_bytes()
+            + self.d_scale.allocated_bytes()
+    }
+
+    /// The gradients of `out = softmax_row(scale · Q Kᵀ masked by A) · V`: from `[Q, K, V,
+    /// dOut]` writes every element of `[dQ, dK, dV]`, and ∂L/∂scale into
+    /// [`d_scale`](Self::d_scale). Enqueued on `gpu`'s stream; nothing waits for the GPU.
+    ///
+    /// Shapes: Q, dOut, dQ are `a.n_rows() × heads × head_dim`; K, V, dK, dV are
+    /// `a.n_cols() × heads × head_dim`, with the workspace's heads and head_dim.
+    ///
+    /// Errors: [`Error::ShapeMismatch`] naming the operand, [`Error::InvalidArgument`] when `t`
+    /// is not `a`'s transpose or the head is too wide ([`supports`](Self::supports)),
+    /// [`Error::ForeignGpu`], driver errors.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run<T: DType>(
+        &mut self,
+        gpu: &Gpu,
+        a: &DeviceCsr,
+        t: &DeviceTranspose,
+        scale: f32,
+        operands: [&DeviceMatrix<T>; 4],
+        [dq, dk, dv]: [&mut DeviceMatrix<T>; 3],
+    ) -> Result<()> {
+        let [q, k, v, d_out] = operands;
+        check_transpose(a, t)?;
+        let sq = Shape::new(a.n_rows(), self.heads, self.head_dim)?;
+        let skv = Shape::new(a.n_cols(), self.heads, self.head_dim)?;
+        for (what, actual, expected) in [
+            ("Q", q.shape(), sq),
+            ("K", k.shape(), skv),
+            ("V", v.shape(), skv),
+            ("dOut", d_out.shape(), sq),
+            ("dQ", dq.shape(), sq),
+            ("dK", dk.shape(), skv),
+            ("dV", dv.shape(), skv),
+        ] {
+            expected.expect_eq(what, actual)?;
+        }
+        check_same_gpu(gpu, "A", a)?;
+        check_same_gpu(gpu, "transpose", &t.csr)?;
+        for (what, m) in [("Q", q), ("K", k), ("V", v), ("dOut", d_out)] {
+            check_same_gpu(gpu, what, m)?;
+        }
+        for (what, m) in [("dQ", &*dq), ("dK", &*dk), ("dV", &*dv)] {
+            check_same_gpu(gpu, what, m)?;
+        }
+        check_same_gpu(gpu, "workspace", &self.stats)?;
+        let (vec, g, nv) =
+            layout(self.head_dim, std::mem::size_of::<T>()).ok_or(Error::InvalidArgument {
+                what: "head_dim",
+                why: format!(
+                    "{} features of {} need more than {MAX_LANE_FEATURES} per lane; use the \
+                     per-edge backward",
+                    self.head_dim,
+                    T::NAME
+                ),
+            })?;
+        let heads = to_u32("heads", self.heads)?;
+        let head_dim = to_u32("head_dim", self.head_dim)?;
+
+        // Row pass over A.
+        let ([rows, starts, slots, parts, first], _, a_split) = a.schedule().merge_units();
+        let n_units = to_u32("units", rows.len())?;
+        let n_split = to_u32("split rows", a_split)?;
+        let name = kernel_named(
+            &BACKWARD,
+            format!("attention_backward_rows_{}_v{vec}_n{nv}", T::NAME),
+        )?;
+        let f = gpu.load_function(BACKWARD.name, BACKWARD.ptx, name)?;
+        let cfg = row_grid(rows.len(), self.heads, g)?;
+        if cfg.grid_dim.0 as usize > self.block_dscale.len().max(1) {
+            return Err(Error::InvalidArgument {
+                what: "workspace",
+                why: "was made for another graph".into(),
+            });
+        }
+        let mut args = gpu.launch_builder(&f);
+        let units = [rows, starts, slots, parts, first];
+        let dims = [heads, head_dim];
+        push_pass_args(
+            &mut args,
+            &units,
+            &n_units,
+            a.col_indices(),
+            operands,
+            &dims,
+            &scale,
+            &g,
+        );
+        args.arg(dq.slice_mut())
+            .arg(self.stats.slice_mut())
+            .arg(self.row_part_stats.slice_mut())
+            .arg(self.row_part_acc.slice_mut())
+            .arg(self.row_counters.slice_mut())
+            .arg(&n_split)
+            .arg(self.split_dscale.slice_mut())
+            .arg(self.block_dscale.slice_mut())
+            .arg(self.block_counter.slice_mut())
+            .arg(self.d_scale.slice_mut());
+        // SAFETY: the kernel reads A's schedule (n_units units, starts n_units + 1, slots and
+        // partials per unit, first partials per split row + 1; built with the CSR) and
+        // col_indices[starts[u]..starts[u+1]) ⊂ [0, nnz); Q and dOut rows < n_rows, K and V rows
+        // col_indices[e] < n_cols, each heads*head_dim (shapes checked), in vectors of `vec`
+        // inside a head (vec divides head_dim). It writes dQ's rows (< n_rows), stats at
+        // (row, head) < n_rows*heads (x2 floats), partials at part < n_parts (stats 5 and
+        // accumulators 2*head_dim floats per (part, head)), counters and split_dscale at
+        // (split row, head) < n_split*heads, block_dscale[blockIdx] (the grid was checked
+        // against its length) and the two words block_counter, d_scale — all sized by `new`
+        // from this graph's schedule (the transpose check above ties them to `a`).
+        unsafe { launch(name, &mut args, cfg) }?;
+
+        // Column pass over Aᵀ.
+        let ([rows, starts, slots, parts, first], _, _) = t.csr.schedule().merge_units();
+        let n_units = to_u32("units", rows.len())?;
+        let name = kernel_named(
+            &BACKWARD,
+            format!("attention_backward_cols_{}_v{vec}_n{nv}", T::NAME),
+        )?;
+        let f = gpu.load_function(BACKWARD.name, BACKWARD.ptx, name)?;
+        let cfg = row_grid(rows.len(), self.heads, g)?;
+        let mut args = gpu.launch_builder(&f);
+        let units = [rows, starts, slots, parts, first];
+        let ends = t.csr.col_indices();
+        push_pass_args(
+            &mut args, &units, &n_units, ends, operands, &dims, &scale, &g,
+        );
+        args.arg(self.stats.slice())
+            .arg(dk.slice_mut())
+            .arg(dv.slice_mut())
+            .arg(self.col_part_acc.slice_mut())
+            .arg(self.col_counters.slice_mut());
+        // SAFETY: as the row pass, on Aᵀ's schedule and columns: Aᵀ's entries are rows of A
+        // (< n_rows: Q, dOut and stats rows), its units' rows are columns of A (< n_cols: K, V,
+        // dK, dV rows); partials and counters sized by `new` from Aᵀ's schedule.
+        unsafe { launch(name, &mut args, cfg) }
+    }
+}
+
+/// The arguments both passes begin with: the units `[rows, starts, slots, partials, first
+/// partials]` and their count, each edge's other end, `[Q, K, V, dOut]`, `[heads, head_dim]`, the
+/// scale and the lanes a group.
+#[allow(clippy::too_many_arguments)]
+fn push_pass_args<'a, T: DType>(
+    args: &mut LaunchArgs<'a>,
+    units: &[&'a DeviceVec<u32>; 5],
+    n_units: &'a u32,
+    ends: &'a DeviceVec<u32>,
+    operands: [&'a DeviceMatrix<T>; 4],
+    dims: &'a [u32; 2],
+    scale: &'a f32,
+    g: &'a u32,
+) {
+    for u in units {
+        args.arg(u.slice());
+    }
+    args.arg(n_units).arg(ends.slice());
+    for m in operands {
+        args.arg(m.slice());
+    }
+    args.arg(&dims[0]).arg(&dims[1]).arg(scale).arg(g);
+}
+
+/// The grid of a pass: a group of `g` lanes per (unit, head), at most [`MAX_BLOCKS`] blocks.
+/// `g = 32` gives the largest grid any layout uses (the workspace's per-block sums).
+fn row_grid(units: usize, heads: usize, g: u32) -> Result<LaunchConfig> {
+    let groups = product("units x heads", &[units, heads])?;
+    let blocks = blocks_for(groups, THREADS / g)?.min(MAX_BLOCKS);
+    Ok(LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// `t` must be Aᵀ: `a.n_cols() × a.n_rows()` with `a`'s edges.
+pub(super) fn check_transpose(a: &DeviceCsr, t: &DeviceTranspose) -> Result<()> {
+    let nnz = a.nnz();
+    if t.csr.nnz() != nnz || t.csr.n_rows() != a.n_cols() || t.csr.n_cols() != a.n_rows() {
+        return Err(Error::InvalidArgument {
+            what: "transpose",
+            why: format!(
+                "is {} x {} with {} edges; A is {} x {} with {nnz}",
+                t.csr.n_rows(),
+                t.csr.n_cols(),
+                t.csr.nnz(),
+                a.n_rows(),
+                a.n_cols()
+            ),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::layout;
+
+    #[test]
+    fn layouts_cover_heads_up_to_sixteen_features_a_lane() {
+        // f16 64: vectors of 8, 8 lanes, one vector each.
+        assert_eq!(layout(64, 2), Some((8, 8, 1)));
+        // f32 256: vectors of 4, 32 lanes, two each.
+        assert_eq!(layout(256, 4), Some((4, 32, 2)));
+        // f32 512: four vectors of 4 a lane.
+        assert_eq!(layout(512, 4), Some((4, 32, 4)));
+        // Odd widths: vectors of 1, up to 4 a lane.
+        assert_eq!(layout(1, 4), Some((1, 1, 1)));
+        assert_eq!(layout(127, 2), Some((1, 32, 4)));
+        assert_eq!(layout(129, 2), None);
+        // 3 vectors a lane round up to 4.
+        assert_eq!(layout(96 * 2, 4), Some((4, 32, 2)));
+        assert_eq!(layout(1024, 2), None);
+        assert_eq!(layout(0, 4), None);
+    }
+}
