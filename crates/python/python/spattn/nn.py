@@ -14,12 +14,16 @@ keeps its plans: the first forward on a graph pays for planning, later ones only
 
 Differences from PyG (each is also in the class's documentation):
 
-- Attention dropout (``dropout > 0``), edge features (``edge_dim``, ``edge_attr``),
-  ``return_attention_weights``, bipartite inputs of two node sets of different sizes,
-  ``SparseTensor`` / ``torch.sparse`` adjacencies, lazy ``in_channels=-1`` and
+- Bipartite inputs of two node sets of different sizes, ``SparseTensor`` / ``torch.sparse``
+  adjacencies, lazy ``in_channels=-1``, GATConv's ``return_attention_weights`` and
   ``MessagePassing`` options other than the defaults (``aggr="add"``,
   ``flow="source_to_target"``, ``decomposed_layers=1``) raise ``NotImplementedError`` naming
   the argument.
+- Attention dropout draws spattn's mask (Philox, seeded from torch's default generator:
+  ``torch.manual_seed`` reproduces it; PyG's masks differ). Edge features (``edge_dim``,
+  ``edge_attr``) and GATConv's ``fill_value`` work as PyG's, with ``edge_index`` free of
+  repeated edges. TransformerConv's ``return_attention_weights`` gives the edges in the graph's
+  CSR order and ``alpha`` after dropout.
 - Repeated edges in ``edge_index`` are merged (PyG counts each copy); a
   :class:`spattn.SpattnWarning` says when that happens.
 - Parameters are initialised from the same distributions as PyG's, not with the same random
