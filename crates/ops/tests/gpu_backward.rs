@@ -380,6 +380,28 @@ fn fused_backward_small_graphs_and_errors() {
             assert!(backward::FusedBackward::new(&gpu, &a_dev, &other, heads, head_dim).is_err());
         }
     }
+    // A workspace sized for one graph refuses another.
+    let (a, b) = (
+        random_graph(&mut rng, 300, 6, 7),
+        hub_graph(&mut rng, 5000, 3),
+    );
+    let (a_dev, a_t) = (
+        DeviceCsr::upload(&gpu, &a).unwrap(),
+        DeviceTranspose::upload(&gpu, &a).unwrap(),
+    );
+    let (b_dev, b_t) = (
+        DeviceCsr::upload(&gpu, &b).unwrap(),
+        DeviceTranspose::upload(&gpu, &b).unwrap(),
+    );
+    let mut bwd = backward::FusedBackward::new(&gpu, &a_dev, &a_t, 1, 8).unwrap();
+    let s = Shape::new(b.n_rows(), 1, 8).unwrap();
+    let x = DeviceMatrix::<f32>::zeros(&gpu, s).unwrap();
+    let mut g = [s, s, s].map(|s| DeviceMatrix::<f32>::zeros(&gpu, s).unwrap());
+    let [dq, dk, dv] = &mut g;
+    let e = bwd
+        .run(&gpu, &b_dev, &b_t, 1.0, [&x, &x, &x, &x], [dq, dk, dv])
+        .unwrap_err();
+    assert!(format!("{e}").contains("workspace"), "{e}");
     assert!(backward::FusedBackward::supports::<f32>(512));
     assert!(!backward::FusedBackward::supports::<f32>(1024));
 }

@@ -97,6 +97,9 @@ fn layout(head_dim: usize, elem_bytes: usize) -> Option<(u32, u32, u32)> {
 pub struct FusedBackward {
     heads: usize,
     head_dim: usize,
+    /// What the buffers were sized for: A's rows, partials and split rows, Aᵀ's partials and
+    /// split rows.
+    sized_for: [usize; 5],
     /// `(lse, D)` per (row of A, head).
     stats: DeviceVec<f32>,
     /// Split rows of A: statistics and the two accumulators of each unit's partial.
@@ -146,8 +149,7 @@ impl FusedBackward {
         head_dim: usize,
     ) -> Result<Self> {
         check_transpose(a, t)?;
-        let (_, a_parts, a_split) = a.schedule().merge_units();
-        let (_, t_parts, t_split) = t.csr.schedule().merge_units();
+        let [_, a_parts, a_split, t_parts, t_split] = graph_sizes(a, t);
         let a_units = a.schedule().merge_units().0[0].len();
         let blocks = row_grid(a_units, heads, 32)?.grid_dim.0 as usize;
         let zeros = |what, factors: &[usize]| -> Result<DeviceVec<f32>> {
@@ -156,6 +158,7 @@ impl FusedBackward {
         Ok(Self {
             heads,
             head_dim,
+            sized_for: graph_sizes(a, t),
             stats: zeros("row statistics", &[a.n_rows(), heads, 2])?,
             row_part_stats: zeros("row partials", &[a_parts, heads, ROW_PARTIAL])?,
             row_part_acc: zeros("row partials", &[a_parts, heads, 2, head_dim])?,
@@ -206,7 +209,8 @@ impl FusedBackward {
     /// `a.n_cols() × heads × head_dim`, with the workspace's heads and head_dim.
     ///
     /// Errors: [`Error::ShapeMismatch`] naming the operand, [`Error::InvalidArgument`] when `t`
-    /// is not `a`'s transpose or the head is too wide ([`supports`](Self::supports)),
+    /// is not `a`'s transpose, the workspace was made for a graph of other sizes, or the head is
+    /// too wide ([`supports`](Self::supports)),
     /// [`Error::ForeignGpu`], driver errors.
     #[allow(clippy::too_many_arguments)]
     pub fn run<T: DType>(
@@ -220,6 +224,17 @@ impl FusedBackward {
     ) -> Result<()> {
         let [q, k, v, d_out] = operands;
         check_transpose(a, t)?;
+        if graph_sizes(a, t) != self.sized_for {
+            return Err(Error::InvalidArgument {
+                what: "workspace",
+                why: format!(
+                    "was made for a graph of [rows, partials, split rows, transpose's partials, \
+                     split rows] {:?}, not {:?}",
+                    self.sized_for,
+                    graph_sizes(a, t)
+                ),
+            });
+        }
         let sq = Shape::new(a.n_rows(), self.heads, self.head_dim)?;
         let skv = Shape::new(a.n_cols(), self.heads, self.head_dim)?;
         for (what, actual, expected) in [
@@ -303,7 +318,7 @@ impl FusedBackward {
         // accumulators 2*head_dim floats per (part, head)), counters and split_dscale at
         // (split row, head) < n_split*heads, block_dscale[blockIdx] (the grid was checked
         // against its length) and the two words block_counter, d_scale — all sized by `new`
-        // from this graph's schedule (the transpose check above ties them to `a`).
+        // for a graph of these sizes (`sized_for`, checked above).
         unsafe { launch(name, &mut args, cfg) }?;
 
         // Column pass over Aᵀ.
@@ -367,6 +382,14 @@ fn row_grid(units: usize, heads: usize, g: u32) -> Result<LaunchConfig> {
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     })
+}
+
+/// The sizes a workspace depends on: A's rows, partials and split rows, Aᵀ's partials and split
+/// rows.
+fn graph_sizes(a: &DeviceCsr, t: &DeviceTranspose) -> [usize; 5] {
+    let (_, a_parts, a_split) = a.schedule().merge_units();
+    let (_, t_parts, t_split) = t.csr.schedule().merge_units();
+    [a.n_rows(), a_parts, a_split, t_parts, t_split]
 }
 
 /// `t` must be Aᵀ: `a.n_cols() × a.n_rows()` with `a`'s edges.
