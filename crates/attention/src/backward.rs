@@ -14,9 +14,10 @@
 //! | `PerEdge` | 2 SDDMMs (`⟨q, k⟩`, `⟨dOut, v⟩`), one fused row kernel (P, dS, Pᵀ, dSᵀ, ∂scale), 3 SpMMs | four `nnz × heads` f32 | no (split rows add with atomics) |
 //! | `Unfused` | the spattn-ops building blocks: SDDMM, edge softmax, softmax backward, transposes, dot, scale, SpMM | as `PerEdge` | no |
 //!
-//! `Fused` runs heads of up to 16 features a lane
+//! `Fused` runs the heads its lanes hold
 //! ([`FusedBackward::supports`](spattn_ops::backward::FusedBackward::supports): head_dim ≤ 512
-//! for multiples of 4); wider heads take `PerEdge`. Its row pass recomputes each row's softmax
+//! in multiples of 4 for f32, of 8 for f16 / bf16, and narrower heads of any width); other heads
+//! take `PerEdge`. Its row pass recomputes each row's softmax
 //! statistics and `D_i = Σ_row P ⊙ dP` from the scores, not from the forward's `out`: the same
 //! quantity for the function computed, without `out`'s rounding to f16 / bf16; `out` is checked
 //! for its shape only.
@@ -43,7 +44,7 @@ use crate::plan::AttentionPlan;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum BackwardKernels {
     /// A row pass and a column pass, no per-edge buffers, bitwise deterministic (the default;
-    /// heads wider than 16 features a lane run [`PerEdge`](Self::PerEdge)).
+    /// heads its lanes do not hold run [`PerEdge`](Self::PerEdge)).
     #[default]
     Fused,
     /// Two SDDMMs, one fused per-edge row kernel and three SpMMs over `nnz × heads` buffers.
@@ -72,7 +73,7 @@ pub(crate) enum BackwardParts<'a> {
     Gpu {
         gpu: &'a Gpu,
         graph: &'a DeviceGraph,
-        state: &'a Mutex<Option<Box<BackwardState>>>,
+        state: &'a Mutex<BackwardState>,
     },
     /// A CPU plan: the graph.
     Cpu(&'a Csr),
@@ -234,8 +235,7 @@ impl AttentionPlan {
         // The state holds no invariant a panic could break: every buffer is overwritten by
         // each backward before it is read (the fused set's counters are reset by the kernels
         // that raise them).
-        let mut guard = state.lock().unwrap_or_else(PoisonError::into_inner);
-        let st = guard.get_or_insert_with(Box::default);
+        let mut st = state.lock().unwrap_or_else(PoisonError::into_inner);
         // The uploads the backward reads (once per graph), before any buffer of the plan's.
         let (a, t) = (graph.csr()?, graph.transpose()?);
         let kernels = match kernels {
@@ -245,23 +245,17 @@ impl AttentionPlan {
             other => other,
         };
         if kernels == BackwardKernels::Fused {
-            if st.fused.is_none() {
-                st.fused = Some(FusedBackward::new(gpu, a, t, heads, sq.head_dim)?);
-            }
-            let ws = st.fused.as_mut().ok_or(Error::InvalidConfig {
-                what: "backward state",
-                why: "was not built".into(),
-            })?;
+            let ws = match &mut st.fused {
+                Some(ws) => ws,
+                slot => slot.insert(FusedBackward::new(gpu, a, t, heads, sq.head_dim)?),
+            };
             ws.run(gpu, a, t, scale, [q, k, v, d_out], [dq, dk, dv])?;
             return read_d_scale(read_scale, ws.d_scale());
         }
-        if st.edge.is_none() {
-            st.edge = Some(EdgeBuffers::new(gpu, graph, heads)?);
-        }
-        let st = st.edge.as_mut().ok_or(Error::InvalidConfig {
-            what: "backward state",
-            why: "was not built".into(),
-        })?;
+        let st = match &mut st.edge {
+            Some(buffers) => buffers,
+            slot => slot.insert(EdgeBuffers::new(gpu, graph, heads)?),
+        };
         st.d_scale.fill(0.0)?;
         if kernels == BackwardKernels::PerEdge {
             csr_ops::sddmm(gpu, a, q, k, 1.0, &mut st.raw)?;

@@ -66,7 +66,7 @@ struct GpuPlan {
     state: Mutex<GpuState>,
     /// The backward's workspace, allocated by the first backward (forward-only plans never
     /// allocate it); independent of the forward algorithm.
-    backward: Mutex<Option<Box<crate::backward::BackwardState>>>,
+    backward: Mutex<crate::backward::BackwardState>,
     /// The extras' per-edge buffers, allocated by the first call with extras.
     extras: Mutex<Option<Box<crate::extras::ExtrasState>>>,
 }
@@ -148,7 +148,7 @@ impl AttentionPlan {
             gpu: gpu.clone(),
             graph: graph.clone(),
             state: Mutex::new(state),
-            backward: Mutex::new(None),
+            backward: Mutex::default(),
             extras: Mutex::new(None),
         }));
         let dims = (graph.n_rows(), graph.n_cols(), graph.nnz());

@@ -200,9 +200,10 @@ fn head_dims_heads_and_tiny_graphs() {
     let gpu = gpu();
     let mut rng = fresh_rng("head_dims_heads_and_tiny_graphs");
     let a = random_graph(&mut rng, 200, 5, 9);
-    // 200 and 256: two vectors a lane in the fused backward; 520 (f32, f16): wider than its
-    // 16 features a lane, so `Fused` runs the per-edge kernels.
-    for head_dim in [1, 3, 24, 64, 128, 200, 256, 520] {
+    // 200 and 256 (f32): two vectors a lane in the fused backward; 66 (even, not a multiple of
+    // 4, past one vector a lane) and 520 (past 16 features a lane): `Fused` runs the per-edge
+    // kernels.
+    for head_dim in [1, 3, 24, 64, 66, 128, 200, 256, 520] {
         for heads in [1, 4, 8] {
             check_all_dtypes(&gpu, &a, heads, head_dim, &mut rng);
         }

@@ -668,24 +668,20 @@ __device__ __forceinline__ void backward_col_pass(
                             attention_backward_cols_##SUFFIX##_v##VEC##_n##NV, T, VEC, NV,     \
                             SPATTN_BWD_TILE_OF(VEC * NV), SPATTN_BWD_MINB_OF(VEC * NV))
 
-// Per lane at most 16 features (NV * VEC): head_dim up to 32 lanes x 16 (VEC 4, 8), 8 x 32 = 256
-// (VEC 2), 4 x 32 = 128 (VEC 1); larger heads take the per-edge backward.
-#define SPATTN_BACKWARD_FUSED_NV(SUFFIX, T, VEC)                                               \
-    SPATTN_BACKWARD_FUSED(SUFFIX, T, VEC, 1)                                                   \
-    SPATTN_BACKWARD_FUSED(SUFFIX, T, VEC, 2)                                                   \
-    SPATTN_BACKWARD_FUSED(SUFFIX, T, VEC, 4)
-#define SPATTN_BACKWARD_FUSED_DTYPE(SUFFIX, T)                                                 \
-    SPATTN_BACKWARD_FUSED_NV(SUFFIX, T, 1)                                                     \
-    SPATTN_BACKWARD_FUSED_NV(SUFFIX, T, 2)                                                     \
-    SPATTN_BACKWARD_FUSED_NV(SUFFIX, T, 4)
-
-SPATTN_BACKWARD_FUSED_DTYPE(f32, float)
-SPATTN_BACKWARD_FUSED_DTYPE(f16, __half)
-SPATTN_BACKWARD_FUSED_DTYPE(bf16, __nv_bfloat16)
+// The layouts the host launches (ops/src/backward/fused.rs, `layout`): one vector a lane of any
+// width, or up to 16 features a lane in 16-byte vectors (head_dim up to 512 for f32 in multiples
+// of 4, for f16 / bf16 in multiples of 8); other heads take the per-edge backward.
+#define SPATTN_BACKWARD_FUSED_DTYPE(SUFFIX, T, WIDE)                                           \
+    SPATTN_BACKWARD_FUSED(SUFFIX, T, 1, 1)                                                     \
+    SPATTN_BACKWARD_FUSED(SUFFIX, T, 2, 1)                                                     \
+    SPATTN_BACKWARD_FUSED(SUFFIX, T, 4, 1)                                                     \
+    SPATTN_BACKWARD_FUSED(SUFFIX, T, WIDE, 2)
+SPATTN_BACKWARD_FUSED_DTYPE(f32, float, 4)
+SPATTN_BACKWARD_FUSED(f32, float, 4, 4)
+SPATTN_BACKWARD_FUSED_DTYPE(f16, __half, 8)
 SPATTN_BACKWARD_FUSED(f16, __half, 8, 1)
-SPATTN_BACKWARD_FUSED(f16, __half, 8, 2)
+SPATTN_BACKWARD_FUSED_DTYPE(bf16, __nv_bfloat16, 8)
 SPATTN_BACKWARD_FUSED(bf16, __nv_bfloat16, 8, 1)
-SPATTN_BACKWARD_FUSED(bf16, __nv_bfloat16, 8, 2)
 
 // ---- extern "C" instantiations ----------------------------------------------------------------
 

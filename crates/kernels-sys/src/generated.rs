@@ -3,7 +3,7 @@
 
 use crate::PtxModule;
 
-/// The PTX module compiled from `cuda/backward.cu` (87 kernels).
+/// The PTX module compiled from `cuda/backward.cu` (55 kernels).
 pub const BACKWARD: PtxModule = PtxModule {
     name: "backward",
     ptx: include_str!("../ptx/backward.ptx"),
@@ -18,16 +18,8 @@ pub const BACKWARD: PtxModule = PtxModule {
         EDGE_DOT_F32,
         ATTENTION_BACKWARD_ROWS_F32_V1_N1,
         ATTENTION_BACKWARD_COLS_F32_V1_N1,
-        ATTENTION_BACKWARD_ROWS_F32_V1_N2,
-        ATTENTION_BACKWARD_COLS_F32_V1_N2,
-        ATTENTION_BACKWARD_ROWS_F32_V1_N4,
-        ATTENTION_BACKWARD_COLS_F32_V1_N4,
         ATTENTION_BACKWARD_ROWS_F32_V2_N1,
         ATTENTION_BACKWARD_COLS_F32_V2_N1,
-        ATTENTION_BACKWARD_ROWS_F32_V2_N2,
-        ATTENTION_BACKWARD_COLS_F32_V2_N2,
-        ATTENTION_BACKWARD_ROWS_F32_V2_N4,
-        ATTENTION_BACKWARD_COLS_F32_V2_N4,
         ATTENTION_BACKWARD_ROWS_F32_V4_N1,
         ATTENTION_BACKWARD_COLS_F32_V4_N1,
         ATTENTION_BACKWARD_ROWS_F32_V4_N2,
@@ -36,48 +28,24 @@ pub const BACKWARD: PtxModule = PtxModule {
         ATTENTION_BACKWARD_COLS_F32_V4_N4,
         ATTENTION_BACKWARD_ROWS_F16_V1_N1,
         ATTENTION_BACKWARD_COLS_F16_V1_N1,
-        ATTENTION_BACKWARD_ROWS_F16_V1_N2,
-        ATTENTION_BACKWARD_COLS_F16_V1_N2,
-        ATTENTION_BACKWARD_ROWS_F16_V1_N4,
-        ATTENTION_BACKWARD_COLS_F16_V1_N4,
         ATTENTION_BACKWARD_ROWS_F16_V2_N1,
         ATTENTION_BACKWARD_COLS_F16_V2_N1,
-        ATTENTION_BACKWARD_ROWS_F16_V2_N2,
-        ATTENTION_BACKWARD_COLS_F16_V2_N2,
-        ATTENTION_BACKWARD_ROWS_F16_V2_N4,
-        ATTENTION_BACKWARD_COLS_F16_V2_N4,
         ATTENTION_BACKWARD_ROWS_F16_V4_N1,
         ATTENTION_BACKWARD_COLS_F16_V4_N1,
-        ATTENTION_BACKWARD_ROWS_F16_V4_N2,
-        ATTENTION_BACKWARD_COLS_F16_V4_N2,
-        ATTENTION_BACKWARD_ROWS_F16_V4_N4,
-        ATTENTION_BACKWARD_COLS_F16_V4_N4,
-        ATTENTION_BACKWARD_ROWS_BF16_V1_N1,
-        ATTENTION_BACKWARD_COLS_BF16_V1_N1,
-        ATTENTION_BACKWARD_ROWS_BF16_V1_N2,
-        ATTENTION_BACKWARD_COLS_BF16_V1_N2,
-        ATTENTION_BACKWARD_ROWS_BF16_V1_N4,
-        ATTENTION_BACKWARD_COLS_BF16_V1_N4,
-        ATTENTION_BACKWARD_ROWS_BF16_V2_N1,
-        ATTENTION_BACKWARD_COLS_BF16_V2_N1,
-        ATTENTION_BACKWARD_ROWS_BF16_V2_N2,
-        ATTENTION_BACKWARD_COLS_BF16_V2_N2,
-        ATTENTION_BACKWARD_ROWS_BF16_V2_N4,
-        ATTENTION_BACKWARD_COLS_BF16_V2_N4,
-        ATTENTION_BACKWARD_ROWS_BF16_V4_N1,
-        ATTENTION_BACKWARD_COLS_BF16_V4_N1,
-        ATTENTION_BACKWARD_ROWS_BF16_V4_N2,
-        ATTENTION_BACKWARD_COLS_BF16_V4_N2,
-        ATTENTION_BACKWARD_ROWS_BF16_V4_N4,
-        ATTENTION_BACKWARD_COLS_BF16_V4_N4,
-        ATTENTION_BACKWARD_ROWS_F16_V8_N1,
-        ATTENTION_BACKWARD_COLS_F16_V8_N1,
         ATTENTION_BACKWARD_ROWS_F16_V8_N2,
         ATTENTION_BACKWARD_COLS_F16_V8_N2,
-        ATTENTION_BACKWARD_ROWS_BF16_V8_N1,
-        ATTENTION_BACKWARD_COLS_BF16_V8_N1,
+        ATTENTION_BACKWARD_ROWS_F16_V8_N1,
+        ATTENTION_BACKWARD_COLS_F16_V8_N1,
+        ATTENTION_BACKWARD_ROWS_BF16_V1_N1,
+        ATTENTION_BACKWARD_COLS_BF16_V1_N1,
+        ATTENTION_BACKWARD_ROWS_BF16_V2_N1,
+        ATTENTION_BACKWARD_COLS_BF16_V2_N1,
+        ATTENTION_BACKWARD_ROWS_BF16_V4_N1,
+        ATTENTION_BACKWARD_COLS_BF16_V4_N1,
         ATTENTION_BACKWARD_ROWS_BF16_V8_N2,
         ATTENTION_BACKWARD_COLS_BF16_V8_N2,
+        ATTENTION_BACKWARD_ROWS_BF16_V8_N1,
+        ATTENTION_BACKWARD_COLS_BF16_V8_N1,
         EDGE_ROW_SUM_CSR_ROWS_F32,
         EDGE_ROW_SUM_CSR_LONG_ROWS_F32,
         ROW_DOT_DENSE_F32_V1,
@@ -128,35 +96,11 @@ pub const ATTENTION_BACKWARD_ROWS_F32_V1_N1: &str = "attention_backward_rows_f32
 /// Kernel `attention_backward_cols_f32_v1_n1` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_COLS_F32_V1_N1: &str = "attention_backward_cols_f32_v1_n1";
 
-/// Kernel `attention_backward_rows_f32_v1_n2` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_F32_V1_N2: &str = "attention_backward_rows_f32_v1_n2";
-
-/// Kernel `attention_backward_cols_f32_v1_n2` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_F32_V1_N2: &str = "attention_backward_cols_f32_v1_n2";
-
-/// Kernel `attention_backward_rows_f32_v1_n4` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_F32_V1_N4: &str = "attention_backward_rows_f32_v1_n4";
-
-/// Kernel `attention_backward_cols_f32_v1_n4` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_F32_V1_N4: &str = "attention_backward_cols_f32_v1_n4";
-
 /// Kernel `attention_backward_rows_f32_v2_n1` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_ROWS_F32_V2_N1: &str = "attention_backward_rows_f32_v2_n1";
 
 /// Kernel `attention_backward_cols_f32_v2_n1` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_COLS_F32_V2_N1: &str = "attention_backward_cols_f32_v2_n1";
-
-/// Kernel `attention_backward_rows_f32_v2_n2` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_F32_V2_N2: &str = "attention_backward_rows_f32_v2_n2";
-
-/// Kernel `attention_backward_cols_f32_v2_n2` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_F32_V2_N2: &str = "attention_backward_cols_f32_v2_n2";
-
-/// Kernel `attention_backward_rows_f32_v2_n4` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_F32_V2_N4: &str = "attention_backward_rows_f32_v2_n4";
-
-/// Kernel `attention_backward_cols_f32_v2_n4` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_F32_V2_N4: &str = "attention_backward_cols_f32_v2_n4";
 
 /// Kernel `attention_backward_rows_f32_v4_n1` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_ROWS_F32_V4_N1: &str = "attention_backward_rows_f32_v4_n1";
@@ -182,35 +126,11 @@ pub const ATTENTION_BACKWARD_ROWS_F16_V1_N1: &str = "attention_backward_rows_f16
 /// Kernel `attention_backward_cols_f16_v1_n1` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_COLS_F16_V1_N1: &str = "attention_backward_cols_f16_v1_n1";
 
-/// Kernel `attention_backward_rows_f16_v1_n2` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_F16_V1_N2: &str = "attention_backward_rows_f16_v1_n2";
-
-/// Kernel `attention_backward_cols_f16_v1_n2` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_F16_V1_N2: &str = "attention_backward_cols_f16_v1_n2";
-
-/// Kernel `attention_backward_rows_f16_v1_n4` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_F16_V1_N4: &str = "attention_backward_rows_f16_v1_n4";
-
-/// Kernel `attention_backward_cols_f16_v1_n4` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_F16_V1_N4: &str = "attention_backward_cols_f16_v1_n4";
-
 /// Kernel `attention_backward_rows_f16_v2_n1` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_ROWS_F16_V2_N1: &str = "attention_backward_rows_f16_v2_n1";
 
 /// Kernel `attention_backward_cols_f16_v2_n1` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_COLS_F16_V2_N1: &str = "attention_backward_cols_f16_v2_n1";
-
-/// Kernel `attention_backward_rows_f16_v2_n2` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_F16_V2_N2: &str = "attention_backward_rows_f16_v2_n2";
-
-/// Kernel `attention_backward_cols_f16_v2_n2` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_F16_V2_N2: &str = "attention_backward_cols_f16_v2_n2";
-
-/// Kernel `attention_backward_rows_f16_v2_n4` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_F16_V2_N4: &str = "attention_backward_rows_f16_v2_n4";
-
-/// Kernel `attention_backward_cols_f16_v2_n4` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_F16_V2_N4: &str = "attention_backward_cols_f16_v2_n4";
 
 /// Kernel `attention_backward_rows_f16_v4_n1` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_ROWS_F16_V4_N1: &str = "attention_backward_rows_f16_v4_n1";
@@ -218,71 +138,11 @@ pub const ATTENTION_BACKWARD_ROWS_F16_V4_N1: &str = "attention_backward_rows_f16
 /// Kernel `attention_backward_cols_f16_v4_n1` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_COLS_F16_V4_N1: &str = "attention_backward_cols_f16_v4_n1";
 
-/// Kernel `attention_backward_rows_f16_v4_n2` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_F16_V4_N2: &str = "attention_backward_rows_f16_v4_n2";
+/// Kernel `attention_backward_rows_f16_v8_n2` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_ROWS_F16_V8_N2: &str = "attention_backward_rows_f16_v8_n2";
 
-/// Kernel `attention_backward_cols_f16_v4_n2` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_F16_V4_N2: &str = "attention_backward_cols_f16_v4_n2";
-
-/// Kernel `attention_backward_rows_f16_v4_n4` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_F16_V4_N4: &str = "attention_backward_rows_f16_v4_n4";
-
-/// Kernel `attention_backward_cols_f16_v4_n4` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_F16_V4_N4: &str = "attention_backward_cols_f16_v4_n4";
-
-/// Kernel `attention_backward_rows_bf16_v1_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_BF16_V1_N1: &str = "attention_backward_rows_bf16_v1_n1";
-
-/// Kernel `attention_backward_cols_bf16_v1_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_BF16_V1_N1: &str = "attention_backward_cols_bf16_v1_n1";
-
-/// Kernel `attention_backward_rows_bf16_v1_n2` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_BF16_V1_N2: &str = "attention_backward_rows_bf16_v1_n2";
-
-/// Kernel `attention_backward_cols_bf16_v1_n2` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_BF16_V1_N2: &str = "attention_backward_cols_bf16_v1_n2";
-
-/// Kernel `attention_backward_rows_bf16_v1_n4` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_BF16_V1_N4: &str = "attention_backward_rows_bf16_v1_n4";
-
-/// Kernel `attention_backward_cols_bf16_v1_n4` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_BF16_V1_N4: &str = "attention_backward_cols_bf16_v1_n4";
-
-/// Kernel `attention_backward_rows_bf16_v2_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_BF16_V2_N1: &str = "attention_backward_rows_bf16_v2_n1";
-
-/// Kernel `attention_backward_cols_bf16_v2_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_BF16_V2_N1: &str = "attention_backward_cols_bf16_v2_n1";
-
-/// Kernel `attention_backward_rows_bf16_v2_n2` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_BF16_V2_N2: &str = "attention_backward_rows_bf16_v2_n2";
-
-/// Kernel `attention_backward_cols_bf16_v2_n2` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_BF16_V2_N2: &str = "attention_backward_cols_bf16_v2_n2";
-
-/// Kernel `attention_backward_rows_bf16_v2_n4` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_BF16_V2_N4: &str = "attention_backward_rows_bf16_v2_n4";
-
-/// Kernel `attention_backward_cols_bf16_v2_n4` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_BF16_V2_N4: &str = "attention_backward_cols_bf16_v2_n4";
-
-/// Kernel `attention_backward_rows_bf16_v4_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_BF16_V4_N1: &str = "attention_backward_rows_bf16_v4_n1";
-
-/// Kernel `attention_backward_cols_bf16_v4_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_BF16_V4_N1: &str = "attention_backward_cols_bf16_v4_n1";
-
-/// Kernel `attention_backward_rows_bf16_v4_n2` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_BF16_V4_N2: &str = "attention_backward_rows_bf16_v4_n2";
-
-/// Kernel `attention_backward_cols_bf16_v4_n2` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_BF16_V4_N2: &str = "attention_backward_cols_bf16_v4_n2";
-
-/// Kernel `attention_backward_rows_bf16_v4_n4` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_BF16_V4_N4: &str = "attention_backward_rows_bf16_v4_n4";
-
-/// Kernel `attention_backward_cols_bf16_v4_n4` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_BF16_V4_N4: &str = "attention_backward_cols_bf16_v4_n4";
+/// Kernel `attention_backward_cols_f16_v8_n2` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_COLS_F16_V8_N2: &str = "attention_backward_cols_f16_v8_n2";
 
 /// Kernel `attention_backward_rows_f16_v8_n1` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_ROWS_F16_V8_N1: &str = "attention_backward_rows_f16_v8_n1";
@@ -290,23 +150,35 @@ pub const ATTENTION_BACKWARD_ROWS_F16_V8_N1: &str = "attention_backward_rows_f16
 /// Kernel `attention_backward_cols_f16_v8_n1` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_COLS_F16_V8_N1: &str = "attention_backward_cols_f16_v8_n1";
 
-/// Kernel `attention_backward_rows_f16_v8_n2` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_F16_V8_N2: &str = "attention_backward_rows_f16_v8_n2";
+/// Kernel `attention_backward_rows_bf16_v1_n1` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_ROWS_BF16_V1_N1: &str = "attention_backward_rows_bf16_v1_n1";
 
-/// Kernel `attention_backward_cols_f16_v8_n2` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_F16_V8_N2: &str = "attention_backward_cols_f16_v8_n2";
+/// Kernel `attention_backward_cols_bf16_v1_n1` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_COLS_BF16_V1_N1: &str = "attention_backward_cols_bf16_v1_n1";
 
-/// Kernel `attention_backward_rows_bf16_v8_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_BF16_V8_N1: &str = "attention_backward_rows_bf16_v8_n1";
+/// Kernel `attention_backward_rows_bf16_v2_n1` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_ROWS_BF16_V2_N1: &str = "attention_backward_rows_bf16_v2_n1";
 
-/// Kernel `attention_backward_cols_bf16_v8_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_BF16_V8_N1: &str = "attention_backward_cols_bf16_v8_n1";
+/// Kernel `attention_backward_cols_bf16_v2_n1` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_COLS_BF16_V2_N1: &str = "attention_backward_cols_bf16_v2_n1";
+
+/// Kernel `attention_backward_rows_bf16_v4_n1` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_ROWS_BF16_V4_N1: &str = "attention_backward_rows_bf16_v4_n1";
+
+/// Kernel `attention_backward_cols_bf16_v4_n1` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_COLS_BF16_V4_N1: &str = "attention_backward_cols_bf16_v4_n1";
 
 /// Kernel `attention_backward_rows_bf16_v8_n2` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_ROWS_BF16_V8_N2: &str = "attention_backward_rows_bf16_v8_n2";
 
 /// Kernel `attention_backward_cols_bf16_v8_n2` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_COLS_BF16_V8_N2: &str = "attention_backward_cols_bf16_v8_n2";
+
+/// Kernel `attention_backward_rows_bf16_v8_n1` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_ROWS_BF16_V8_N1: &str = "attention_backward_rows_bf16_v8_n1";
+
+/// Kernel `attention_backward_cols_bf16_v8_n1` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_COLS_BF16_V8_N1: &str = "attention_backward_cols_bf16_v8_n1";
 
 /// Kernel `edge_row_sum_csr_rows_f32` of [`BACKWARD`].
 pub const EDGE_ROW_SUM_CSR_ROWS_F32: &str = "edge_row_sum_csr_rows_f32";

@@ -22,9 +22,10 @@
 //!
 //! **No host synchronization**: ∂scale stays on the device ([`FusedBackward::d_scale`]).
 //!
-//! Shapes: `heads × head_dim` with at most 16 features per lane
-//! ([`FusedBackward::supports`]: head_dim up to 512 for f32, f16 and bf16 when it is a multiple
-//! of 4, 256 when even, 128 otherwise); larger heads take the per-edge backward.
+//! Shapes ([`FusedBackward::supports`]): a group of up to 32 lanes holds a head, one vector of
+//! up to 16 bytes a lane, or up to 16 features a lane in 16-byte vectors: head_dim up to 512 in
+//! multiples of 4 (f32) or 8 (f16, bf16), and otherwise up to 32 vectors (odd: 32; even: 64;
+//! f16 / bf16 multiples of 4: 128). Other heads take the per-edge backward.
 //!
 //! ```no_run
 //! use spattn_formats::Csr;
@@ -78,8 +79,9 @@ const MAX_LANE_FEATURES: u32 = 16;
 const ROW_PARTIAL: usize = 5;
 
 /// The lane layout for `head_dim` features of `elem_bytes` bytes: `(vec, g, nv)`, `vec`
-/// features per access, groups of `g` lanes, `nv` vectors per lane; `None` past
-/// [`MAX_LANE_FEATURES`] features per lane.
+/// features per access, groups of `g` lanes, `nv` vectors per lane; `None` where a lane would
+/// need several vectors narrower than 16 bytes or more than [`MAX_LANE_FEATURES`] features (the
+/// kernels instantiated in backward.cu).
 fn layout(head_dim: usize, elem_bytes: usize) -> Option<(u32, u32, u32)> {
     if head_dim == 0 {
         return None;
@@ -88,7 +90,9 @@ fn layout(head_dim: usize, elem_bytes: usize) -> Option<(u32, u32, u32)> {
     let vectors = (head_dim / vec as usize) as u64;
     let g = group_for(vectors, 1);
     let nv = vectors.div_ceil(u64::from(g)).next_power_of_two();
-    (nv <= 4 && nv * u64::from(vec) <= u64::from(MAX_LANE_FEATURES)).then_some((vec, g, nv as u32))
+    let wide = vec as usize * elem_bytes == 16;
+    (nv == 1 || (wide && nv * u64::from(vec) <= u64::from(MAX_LANE_FEATURES)))
+        .then_some((vec, g, nv as u32))
 }
 
 /// The fused backward's device workspace for one graph and one `heads × head_dim`, and its
@@ -280,12 +284,6 @@ impl FusedBackward {
         )?;
         let f = gpu.load_function(BACKWARD.name, BACKWARD.ptx, name)?;
         let cfg = row_grid(rows.len(), self.heads, g)?;
-        if cfg.grid_dim.0 as usize > self.block_dscale.len().max(1) {
-            return Err(Error::InvalidArgument {
-                what: "workspace",
-                why: "was made for another graph".into(),
-            });
-        }
         let mut args = gpu.launch_builder(&f);
         let units = [rows, starts, slots, parts, first];
         let dims = [heads, head_dim];
@@ -316,9 +314,9 @@ impl FusedBackward {
         // inside a head (vec divides head_dim). It writes dQ's rows (< n_rows), stats at
         // (row, head) < n_rows*heads (x2 floats), partials at part < n_parts (stats 5 and
         // accumulators 2*head_dim floats per (part, head)), counters and split_dscale at
-        // (split row, head) < n_split*heads, block_dscale[blockIdx] (the grid was checked
-        // against its length) and the two words block_counter, d_scale — all sized by `new`
-        // for a graph of these sizes (`sized_for`, checked above).
+        // (split row, head) < n_split*heads, block_dscale[blockIdx] (sized for the grid of
+        // 32-lane groups, the largest) and the two words block_counter, d_scale — all sized by
+        // `new` for a graph of these sizes (`sized_for`, checked above).
         unsafe { launch(name, &mut args, cfg) }?;
 
         // Column pass over Aᵀ.
@@ -423,10 +421,14 @@ mod tests {
         assert_eq!(layout(256, 4), Some((4, 32, 2)));
         // f32 512: four vectors of 4 a lane.
         assert_eq!(layout(512, 4), Some((4, 32, 4)));
-        // Odd widths: vectors of 1, up to 4 a lane.
+        // Odd widths: one vector of 1 a lane, up to 32 lanes.
         assert_eq!(layout(1, 4), Some((1, 1, 1)));
-        assert_eq!(layout(127, 2), Some((1, 32, 4)));
-        assert_eq!(layout(129, 2), None);
+        assert_eq!(layout(31, 2), Some((1, 32, 1)));
+        assert_eq!(layout(33, 4), None);
+        // Vectors narrower than 16 bytes: one a lane (f32 even, f16 multiples of 4).
+        assert_eq!(layout(66, 4), None);
+        assert_eq!(layout(124, 2), Some((4, 32, 1)));
+        assert_eq!(layout(132, 2), None);
         // 3 vectors a lane round up to 4.
         assert_eq!(layout(96 * 2, 4), Some((4, 32, 2)));
         assert_eq!(layout(1024, 2), None);
