@@ -121,34 +121,103 @@ def sparse_attention(
         out.sum().backward()  # q.grad and bias.grad
     """
     _check_graph(graph)
-    check_algorithm(algorithm)
-    extras = (bias is not None or edge_features is not None or dropout != 0.0
-              or return_attention_weights)
-    if extras:
-        return _sparse_attention_extras(
-            graph, q, k, v, scale, bias, edge_features, dropout, dropout_seed,
-            return_attention_weights, algorithm,
-        )
     if is_ndarray(q):
+        check_algorithm(algorithm)
+        if (bias is not None or edge_features is not None or dropout != 0.0
+                or return_attention_weights):
+            raise TypeError(
+                "bias, edge_features, dropout and return_attention_weights need torch tensors "
+                f"(q is a {type(q).__name__})"
+            )
         scale = check_scale(scale)
         out, _ = _numpy_forward(graph, q, k, v, scale, algorithm)
         return out
+    return _sparse_attention(
+        _ref(graph), q, k, v, scale, bias, edge_features, dropout, dropout_seed,
+        return_attention_weights, algorithm,
+    )
+
+
+def _ref(graph: Graph) -> Any:
+    """What the torch paths take for a graph: the :class:`Graph` itself, or under
+    ``torch.compile`` its token (a tensor: the custom operators' graph argument)."""
+    return graph._token if _compiling() else graph
+
+
+def _compiling() -> bool:
+    """Whether ``torch.compile`` (dynamo) is tracing: the calls then go through the custom
+    operators of :mod:`spattn._ops` (eager calls skip their dispatch, ~20 µs of host time)."""
+    return torch is not None and torch.compiler.is_compiling()
+
+
+def _sparse_attention(ref, q, k, v, scale, bias, features, dropout, seed, want_weights, algorithm):
+    """:func:`sparse_attention` on torch tensors, ``ref`` from :func:`_ref` (also the layers'
+    entry, whose graph comes from :func:`spattn.nn.graph_for`)."""
+    check_algorithm(algorithm)
     require_torch("sparse_attention on tensors")
     if not is_tensor(q):
         raise TypeError(f"q: expected a torch.Tensor or numpy.ndarray, got {type(q).__name__}")
-    q, scale = _torch_operands(graph, q, k, v, scale)
+    extras = bias is not None or features is not None or dropout != 0.0 or want_weights
+    drop = _check_dropout(dropout, seed) if extras else None
+    q, k, v = _autocast(q, k, v)
+    q, scale = _torch_operands(q, k, v, scale)
+    if extras:
+        bias = _check_bias(bias, q)
+        features = _check_edge_features(features, q)
     name = dtype_name(q.dtype)
     if q.device.type == "cuda":
         if name not in _CUDA_DTYPES:
             raise TypeError(f"q: dtype {q.dtype} is not supported on CUDA (float32, float16, bfloat16)")
-        return _SparseAttention.apply(graph, q, k, v, scale, algorithm)
-    if name in ("f32", "f64"):
-        return _SparseAttention.apply(graph, q, k, v, scale, algorithm)
-    if name in ("f16", "bf16"):
-        # The CPU reference computes in float32: widen, and round the result back.
-        out = _SparseAttention.apply(graph, q.float(), k.float(), v.float(), scale, algorithm)
-        return out.to(q.dtype)
-    raise TypeError(f"q: dtype {q.dtype} is not supported (float32, float16, bfloat16, float64)")
+        widen = False
+    elif name in ("f32", "f64"):
+        widen = False
+    elif name in ("f16", "bf16"):
+        widen = True  # the CPU reference computes in float32: widen, round the result back
+    else:
+        raise TypeError(f"q: dtype {q.dtype} is not supported (float32, float16, bfloat16, float64)")
+    if widen:
+        wide = lambda t: None if t is None else t.float()  # noqa: E731
+        q2, k2, v2, bias, features = (wide(t) for t in (q, k, v, bias, features))
+    else:
+        q2, k2, v2 = q, k, v
+    if not extras:
+        out = _attention_call(ref, q2, k2, v2, scale, algorithm)
+        return out.to(q.dtype) if widen else out
+    out, w = _extras_call(ref, q2, k2, v2, bias, features, scale, algorithm, drop, want_weights)
+    if widen:
+        out, w = out.to(q.dtype), w.to(q.dtype)
+    return (out, w.view(-1, q.shape[1])) if want_weights else out
+
+
+def _autocast(*ts):
+    """Inside ``torch.autocast`` on the tensors' device: the floating-point operands in the
+    autocast dtype (attention then accumulates in float32 and returns that dtype), as
+    autocast's lower-precision ops do; unchanged otherwise."""
+    t0 = ts[0]
+    if not is_tensor(t0) or not t0.is_floating_point():
+        return ts
+    dev = t0.device.type
+    if dev not in ("cuda", "cpu") or not torch.is_autocast_enabled(dev):
+        return ts
+    dt = torch.get_autocast_dtype(dev)
+    return tuple(t.to(dt) if is_tensor(t) and t.is_floating_point() else t for t in ts)
+
+
+def _attention_call(ref, q, k, v, scale, algorithm):
+    if is_tensor(ref):
+        return torch.ops.spattn.attention(ref, q, k, v, scale, algorithm)
+    return _SparseAttention.apply(ref, q, k, v, scale, algorithm)
+
+
+def _extras_call(ref, q, k, v, bias, features, scale, algorithm, drop, want_weights):
+    if is_tensor(ref):
+        rate, seed = (0.0, None) if drop is None else (drop[0], _seed_tensor(drop[1]))
+        return torch.ops.spattn.attention_extras(
+            ref, q, k, v, bias, features, scale, algorithm, rate, seed, want_weights
+        )
+    return _SparseAttentionExtras.apply(
+        ref, q, k, v, bias, features, scale, algorithm, drop, want_weights
+    )
 
 
 def sparse_attention_backward(
@@ -190,24 +259,48 @@ def sparse_attention_backward(
     return dq, dk, dv, d_scale
 
 
-def _torch_operands(graph: Graph, q: Any, k: Any, v: Any, scale: Any) -> Tuple[Any, float]:
-    """Checks q, k, v (torch tensors); a 0-dim tensor scale is folded into q (so its gradient
-    flows through torch). Returns q and the float scale the kernels take."""
+def _torch_operands(q: Any, k: Any, v: Any, scale: Any) -> Tuple[Any, Optional[float]]:
+    """Checks q, k, v (torch tensors) as far as they can be without the graph (its sizes are
+    checked where the call runs, :func:`_check_rows`); a 0-dim tensor scale is folded into q
+    (so its gradient flows through torch). Returns q and the float scale the kernels take."""
     if is_tensor(scale):
         if scale.numel() != 1:
             raise ValueError(f"scale: a tensor scale must have one element, got shape {tuple(scale.shape)}")
         q = (q * scale.to(device=q.device, dtype=q.dtype).reshape(())).contiguous()
         scale = 1.0
     scale = check_scale(scale)
-    _, skv = _qkv_shapes(graph, q)
+    if q.dim() != 3:
+        raise ValueError(f"q: expected shape (num_nodes, heads, head_dim), got {tuple(q.shape)}")
     check_torch("q", q)
-    check_torch("k", k, like=q, shape=skv, shape_hint="num_cols, heads, head_dim like q")
-    check_torch("v", v, like=q, shape=skv, shape_hint="num_cols, heads, head_dim like q")
+    _, h, d = q.shape
+    for name, t in (("k", k), ("v", v)):
+        if is_tensor(t) and (t.dim() != 3 or t.shape[1] != h or t.shape[2] != d
+                             or t.shape[0] != k.shape[0]):
+            raise ValueError(
+                f"{name}: has shape {tuple(t.shape)}, expected (num_cols, {h}, {d}) "
+                "(num_cols, heads, head_dim like q)"
+            )
+        check_torch(name, t, like=q)
     return q, scale
 
 
-def _check_dropout(dropout: Any, seed: Optional[int]) -> Optional[Tuple[float, int, int]]:
-    """(rate, seed, offset) for the native call, or None without dropout."""
+def _check_rows(graph: Graph, q: Any, k: Any) -> None:
+    """q's and k's (v's) rows against the graph's nodes and columns."""
+    n, h, d = q.shape
+    if n != graph.num_nodes:
+        raise ValueError(
+            f"q: has {n} rows, but the graph has {graph.num_nodes} nodes (shape (n, heads, head_dim))"
+        )
+    if k.shape[0] != graph.num_cols:
+        raise ValueError(
+            f"k: has shape {tuple(k.shape)}, expected {(graph.num_cols, h, d)} "
+            "(num_cols, heads, head_dim like q)"
+        )
+
+
+def _check_dropout(dropout: Any, seed: Optional[int]) -> Optional[Tuple[float, Any, int]]:
+    """(rate, seed, offset) for the native call, or None without dropout. Under
+    ``torch.compile`` a seed drawn here is a CPU tensor (reading it would break the graph)."""
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
         raise TypeError(f"dropout: expected a float in [0, 1), got {type(dropout).__name__}")
     rate = float(dropout)
@@ -217,50 +310,70 @@ def _check_dropout(dropout: Any, seed: Optional[int]) -> Optional[Tuple[float, i
         return None  # a seed without dropout draws nothing
     if seed is None:
         # torch's default generator: torch.manual_seed reproduces the mask.
-        seed = int(torch.randint(0, 2**62, (1,)).item())
+        drawn = torch.randint(0, 2**62, (1,), dtype=torch.int64)
+        return rate, (drawn if _compiling() else int(drawn.item())), 0
     if isinstance(seed, bool) or not hasattr(seed, "__index__") or not 0 <= int(seed) < 2**64:
         raise ValueError(f"dropout_seed: expected an integer in [0, 2**64), got {seed!r}")
     return rate, int(seed), 0
 
 
-def _check_bias(bias: Any, graph: Graph, q: Any) -> Tuple[Any, str]:
-    """The bias as the kernels take it (contiguous, q's dtype and device) and its layout."""
+def _seed_tensor(seed: Any) -> Any:
+    """A dropout seed as the custom operators take it: a CPU int64 tensor of one element
+    holding the seed's 64 bits (:func:`_seed_int` reads it back)."""
+    if is_tensor(seed):
+        return seed
+    return torch.tensor([seed - 2**64 if seed >= 2**63 else seed], dtype=torch.int64)
+
+
+def _seed_int(seed: Any) -> int:
+    return int(seed.reshape(-1)[0]) & (2**64 - 1)
+
+
+def _check_bias(bias: Any, q: Any) -> Any:
+    """The bias as the kernels take it (contiguous, q's dtype and device); its length is
+    checked against the graph's edges where the call runs (:func:`_bias_kind`)."""
     if bias is None:
-        return None, "none"
+        return None
     if not is_tensor(bias):
         raise TypeError(f"bias: expected a torch.Tensor, got {type(bias).__name__}")
-    heads = q.shape[1]
-    e = graph.num_edges
-    if tuple(bias.shape) == (e,):
-        kind = "shared"
-    elif tuple(bias.shape) == (e, heads):
-        kind = "per_head"
-    else:
-        raise ValueError(
-            f"bias: has shape {tuple(bias.shape)}, expected ({e},) shared by the heads or "
-            f"({e}, {heads}) per head (num_edges = {e}, in Graph.edge_index order)"
-        )
     if bias.device != q.device:
         raise ValueError(f"bias: is on {bias.device}, expected {q.device} like q")
     if not bias.is_floating_point():
         raise TypeError(f"bias: expected a floating-point tensor, got {bias.dtype}")
-    return bias.to(q.dtype).contiguous(), kind
+    return bias.to(q.dtype).contiguous()
 
 
-def _check_edge_features(features: Any, graph: Graph, q: Any) -> Any:
-    """The edge features as the kernels take them (contiguous, q's dtype and device)."""
+def _bias_kind(bias: Any, graph: Graph, heads: int) -> str:
+    """The bias's layout (``"none"``, ``"shared"``, ``"per_head"``), checking its shape."""
+    if bias is None:
+        return "none"
+    e = graph.num_edges
+    if tuple(bias.shape) == (e,):
+        return "shared"
+    if tuple(bias.shape) == (e, heads):
+        return "per_head"
+    raise ValueError(
+        f"bias: has shape {tuple(bias.shape)}, expected ({e},) shared by the heads or "
+        f"({e}, {heads}) per head (num_edges = {e}, in Graph.edge_index order)"
+    )
+
+
+def _check_edge_features(features: Any, q: Any) -> Any:
+    """The edge features as the kernels take them (contiguous, q's dtype and device); their
+    rows are checked against the graph's edges where the call runs."""
     if features is None:
         return None
-    want = (graph.num_edges, q.shape[1], q.shape[2])
-    _check_per_edge("edge_features", features, want, "(num_edges, heads, head_dim)", q, "q")
+    _check_per_edge("edge_features", features, None, "(num_edges, heads, head_dim)", q, "q")
     return features.to(q.dtype).contiguous()
 
 
-def _check_per_edge(name: str, t: Any, shape: tuple, layout: str, like: Any, like_name: str) -> None:
-    """A per-edge tensor: a floating-point torch tensor of `shape` on `like`'s device."""
+def _check_per_edge(name: str, t: Any, shape: Optional[tuple], layout: str, like: Any,
+                    like_name: str) -> None:
+    """A per-edge tensor: a floating-point torch tensor of `shape` (where given) on `like`'s
+    device."""
     if not is_tensor(t):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if tuple(t.shape) != shape:
+    if shape is not None and tuple(t.shape) != shape:
         raise ValueError(
             f"{name}: has shape {tuple(t.shape)}, expected {shape} {layout}, in Graph.edge_index order"
         )
@@ -268,41 +381,6 @@ def _check_per_edge(name: str, t: Any, shape: tuple, layout: str, like: Any, lik
         raise ValueError(f"{name}: is on {t.device}, expected {like.device} like {like_name}")
     if not t.is_floating_point():
         raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
-
-
-def _sparse_attention_extras(graph, q, k, v, scale, bias, features, dropout, seed, want_weights,
-                             algorithm):
-    if not is_tensor(q):
-        raise TypeError(
-            "bias, edge_features, dropout and return_attention_weights need torch tensors "
-            f"(q is a {type(q).__name__})"
-        )
-    drop = _check_dropout(dropout, seed)
-    q, scale = _torch_operands(graph, q, k, v, scale)
-    bias, kind = _check_bias(bias, graph, q)
-    features = _check_edge_features(features, graph, q)
-    name = dtype_name(q.dtype)
-    if q.device.type == "cuda":
-        if name not in _CUDA_DTYPES:
-            raise TypeError(f"q: dtype {q.dtype} is not supported on CUDA (float32, float16, bfloat16)")
-        out, w = _SparseAttentionExtras.apply(
-            graph, q, k, v, bias, features, scale, algorithm, kind, drop, want_weights
-        )
-    elif name in ("f32", "f64"):
-        out, w = _SparseAttentionExtras.apply(
-            graph, q, k, v, bias, features, scale, algorithm, kind, drop, want_weights
-        )
-    elif name in ("f16", "bf16"):
-        # The CPU reference computes in float32: widen, and round the results back.
-        widen = lambda t: None if t is None else t.float()  # noqa: E731
-        out, w = _SparseAttentionExtras.apply(
-            graph, q.float(), k.float(), v.float(), widen(bias), widen(features),
-            scale, algorithm, kind, drop, want_weights,
-        )
-        out, w = out.to(q.dtype), w.to(q.dtype)
-    else:
-        raise TypeError(f"q: dtype {q.dtype} is not supported (float32, float16, bfloat16, float64)")
-    return (out, w.view(graph.num_edges, q.shape[1])) if want_weights else out
 
 
 def _native_extras(graph, q, scale, algorithm, backward, kind, drop, features, ptrs) -> float:
@@ -344,6 +422,144 @@ def _empty_problem(graph: Graph, q: Any) -> bool:
     return q.shape[0] == 0 or graph.num_cols == 0 or q.shape[1] == 0 or q.shape[2] == 0
 
 
+# ---- the calls on torch tensors, shared by the eager autograd functions and the custom
+# operators of spattn._ops (which torch.compile traces) -------------------------------------
+
+
+def attention_forward(graph: Graph, q, k, v, scale, algorithm):
+    """Sparse attention's output (checked tensors; the graph's sizes checked here)."""
+    _check_rows(graph, q, k)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if _empty_problem(graph, q):
+        out.zero_()
+    else:
+        _native_forward(graph, q, k, v, out, scale, algorithm)
+    return out
+
+
+def attention_backward(graph: Graph, q, k, v, out, d_out, scale, algorithm):
+    """``(dq, dk, dv)`` of :func:`attention_forward`."""
+    d_out = d_out.to(dtype=q.dtype).contiguous()
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if _empty_problem(graph, q):
+        dq.zero_(), dk.zero_(), dv.zero_()
+    else:
+        _native_backward(graph, q, k, v, out, d_out, dq, dk, dv, scale, algorithm, d_scale=False)
+    return dq, dk, dv
+
+
+def _extras_setup(graph: Graph, q, k, bias, features):
+    """The graph's sizes against q, k, the bias and the edge features; the bias's layout."""
+    _check_rows(graph, q, k)
+    kind = _bias_kind(bias, graph, q.shape[1])
+    if features is not None:
+        want = (graph.num_edges, q.shape[1], q.shape[2])
+        if tuple(features.shape) != want:
+            raise ValueError(
+                f"edge_features: has shape {tuple(features.shape)}, expected {want} "
+                "(num_edges, heads, head_dim), in Graph.edge_index order"
+            )
+    return kind
+
+
+def extras_forward(graph: Graph, q, k, v, bias, features, scale, algorithm, drop, want_weights):
+    """``(out, weights)`` of sparse attention with a bias, edge features and/or dropout (the
+    weights empty unless asked for)."""
+    kind = _extras_setup(graph, q, k, bias, features)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    w_dtype = torch.float32 if q.device.type == "cuda" else q.dtype
+    w_len = graph.num_edges * q.shape[1] if want_weights else 0
+    w = torch.empty(w_len, dtype=w_dtype, device=q.device)
+    if _empty_problem(graph, q):
+        out.zero_(), w.zero_()
+    else:
+        _native_extras(
+            graph, q, scale, algorithm, False, kind, drop, features is not None,
+            [address(q), address(k), address(v), address(out), _address_or_0(bias),
+             address(w) if want_weights else 0, _address_or_0(features)],
+        )
+    return out, w
+
+
+def extras_backward(graph: Graph, q, k, v, d_out, bias, features, scale, algorithm, drop):
+    """``(dq, dk, dv, d_bias, d_features)`` of :func:`extras_forward` (None for an absent
+    bias or features); the dropout mask regenerated from the seed."""
+    kind = _extras_setup(graph, q, k, bias, features)
+    d_out = d_out.to(dtype=q.dtype).contiguous()
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    d_bias = torch.empty_like(bias) if bias is not None else None
+    d_feat = torch.empty_like(features) if features is not None else None
+    if _empty_problem(graph, q):
+        for t in (dq, dk, dv, d_bias, d_feat):
+            if t is not None:
+                t.zero_()
+    else:
+        _native_extras(
+            graph, q, scale, algorithm, True, kind, drop, features is not None,
+            [address(q), address(k), address(v), address(d_out), _address_or_0(bias),
+             address(dq), address(dk), address(dv), _address_or_0(d_bias),
+             _address_or_0(features), _address_or_0(d_feat)],
+        )
+    return dq, dk, dv, d_bias, d_feat
+
+
+def _check_gat_rows(graph: Graph, x, a_dst, a_src, bias) -> None:
+    n, h = x.shape[0], x.shape[1]
+    if n != graph.num_cols:
+        raise ValueError(f"x: has {n} rows, but the graph has {graph.num_cols} nodes")
+    if tuple(a_dst.shape) != (graph.num_nodes, h):
+        raise ValueError(f"alpha_dst: has shape {tuple(a_dst.shape)}, expected {(graph.num_nodes, h)}")
+    if bias is not None and tuple(bias.shape) != (graph.num_edges, h):
+        raise ValueError(
+            f"bias: has shape {tuple(bias.shape)}, expected {(graph.num_edges, h)} "
+            "(num_edges, heads), in Graph.edge_index order"
+        )
+
+
+def gat_forward(graph: Graph, x, a_dst, a_src, bias, slope, drop):
+    """GAT attention's output (checked tensors; the graph's sizes checked here)."""
+    _check_gat_rows(graph, x, a_dst, a_src, bias)
+    n, h, c = graph.num_nodes, x.shape[1], x.shape[2]
+    out = torch.empty((n, h, c), dtype=x.dtype, device=x.device)
+    if graph.num_edges == 0 or out.numel() == 0:
+        return out.zero_()
+    cuda = x.device.type == "cuda"
+    ws = torch.empty(graph.num_edges * h, dtype=torch.float32, device=x.device) if cuda else None
+    graph._core.gat_forward(
+        device_index(x), dtype_name(x.dtype), h, c, slope,
+        address(x), address(a_dst), address(a_src), address(out),
+        _address_or_0(ws), stream_of(x), drop, _address_or_0(bias),
+    )
+    return out
+
+
+def gat_backward(graph: Graph, x, a_dst, a_src, d_out, bias, slope, drop):
+    """``(dx, da_dst, da_src, d_bias)`` of :func:`gat_forward` (None for an absent bias); the
+    scores are recomputed, not kept from the forward."""
+    h, c = x.shape[1], x.shape[2]
+    d_out = d_out.to(dtype=x.dtype).contiguous()
+    dx = torch.empty_like(x)
+    da_dst, da_src = torch.empty_like(a_dst), torch.empty_like(a_src)
+    d_bias = torch.empty_like(bias) if bias is not None else None
+    if graph.num_edges == 0 or x.numel() == 0:
+        for t in (dx, da_dst, da_src, d_bias):
+            if t is not None:
+                t.zero_()
+        return dx, da_dst, da_src, d_bias
+    if x.device.type == "cuda":
+        ws = [torch.empty(graph.num_edges * h, dtype=torch.float32, device=x.device) for _ in range(3)]
+        wsp = tuple(address(w) for w in ws)
+    else:
+        wsp = (0, 0, 0)
+    graph._core.gat_backward(
+        device_index(x), dtype_name(x.dtype), h, c, slope,
+        address(x), address(a_dst), address(a_src), address(d_out),
+        address(dx), address(da_dst), address(da_src), wsp, stream_of(x), drop,
+        _address_or_0(bias), _address_or_0(d_bias),
+    )
+    return dx, da_dst, da_src, d_bias
+
+
 if torch is not None:
     from torch.autograd.function import once_differentiable
 
@@ -352,11 +568,7 @@ if torch is not None:
 
         @staticmethod
         def forward(ctx, graph, q, k, v, scale, algorithm):
-            out = torch.empty_like(q, memory_format=torch.contiguous_format)
-            if _empty_problem(graph, q):
-                out.zero_()
-            else:
-                _native_forward(graph, q, k, v, out, scale, algorithm)
+            out = attention_forward(graph, q, k, v, scale, algorithm)
             ctx.graph, ctx.scale, ctx.algorithm = graph, scale, algorithm
             ctx.save_for_backward(q, k, v, out)
             return out
@@ -365,15 +577,7 @@ if torch is not None:
         @once_differentiable
         def backward(ctx, d_out):
             q, k, v, out = ctx.saved_tensors
-            d_out = d_out.to(dtype=q.dtype).contiguous()
-            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-            if _empty_problem(ctx.graph, q):
-                dq.zero_(), dk.zero_(), dv.zero_()
-            else:
-                _native_backward(
-                    ctx.graph, q, k, v, out, d_out, dq, dk, dv, ctx.scale, ctx.algorithm,
-                    d_scale=False,
-                )
+            dq, dk, dv = attention_backward(ctx.graph, q, k, v, out, d_out, ctx.scale, ctx.algorithm)
             return None, dq, dk, dv, None, None
 
     class _SparseAttentionExtras(torch.autograd.Function):
@@ -382,20 +586,9 @@ if torch is not None:
         differentiable); the backward regenerates the dropout mask from the seed."""
 
         @staticmethod
-        def forward(ctx, graph, q, k, v, bias, features, scale, algorithm, kind, drop, want_weights):
-            out = torch.empty_like(q, memory_format=torch.contiguous_format)
-            w_dtype = torch.float32 if q.device.type == "cuda" else q.dtype
-            w_len = graph.num_edges * q.shape[1] if want_weights else 0
-            w = torch.empty(w_len, dtype=w_dtype, device=q.device)
-            if _empty_problem(graph, q):
-                out.zero_(), w.zero_()
-            else:
-                _native_extras(
-                    graph, q, scale, algorithm, False, kind, drop, features is not None,
-                    [address(q), address(k), address(v), address(out), _address_or_0(bias),
-                     address(w) if want_weights else 0, _address_or_0(features)],
-                )
-            ctx.graph, ctx.scale, ctx.algorithm, ctx.kind, ctx.drop = graph, scale, algorithm, kind, drop
+        def forward(ctx, graph, q, k, v, bias, features, scale, algorithm, drop, want_weights):
+            out, w = extras_forward(graph, q, k, v, bias, features, scale, algorithm, drop, want_weights)
+            ctx.graph, ctx.scale, ctx.algorithm, ctx.drop = graph, scale, algorithm, drop
             ctx.save_for_backward(q, k, v, bias, features)
             ctx.mark_non_differentiable(w)
             return out, w
@@ -404,23 +597,10 @@ if torch is not None:
         @once_differentiable
         def backward(ctx, d_out, _d_weights):
             q, k, v, bias, features = ctx.saved_tensors
-            d_out = d_out.to(dtype=q.dtype).contiguous()
-            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-            d_bias = torch.empty_like(bias) if bias is not None else None
-            d_feat = torch.empty_like(features) if features is not None else None
-            if _empty_problem(ctx.graph, q):
-                for t in (dq, dk, dv, d_bias, d_feat):
-                    if t is not None:
-                        t.zero_()
-            else:
-                _native_extras(
-                    ctx.graph, q, ctx.scale, ctx.algorithm, True, ctx.kind, ctx.drop,
-                    features is not None,
-                    [address(q), address(k), address(v), address(d_out), _address_or_0(bias),
-                     address(dq), address(dk), address(dv), _address_or_0(d_bias),
-                     _address_or_0(features), _address_or_0(d_feat)],
-                )
-            return None, dq, dk, dv, d_bias, d_feat, None, None, None, None, None
+            grads = extras_backward(
+                ctx.graph, q, k, v, d_out, bias, features, ctx.scale, ctx.algorithm, ctx.drop
+            )
+            return (None,) + grads + (None, None, None, None)
 
     class _GatAttention(torch.autograd.Function):
         """Autograd of GAT attention: forward and exact backward by spattn's kernels (the
@@ -428,22 +608,7 @@ if torch is not None:
 
         @staticmethod
         def forward(ctx, graph, x, a_dst, a_src, bias, slope, drop):
-            n, h, c = graph.num_nodes, x.shape[1], x.shape[2]
-            out = torch.empty((n, h, c), dtype=x.dtype, device=x.device)
-            cuda = x.device.type == "cuda"
-            if graph.num_edges == 0 or out.numel() == 0:
-                out.zero_()
-            else:
-                ws = (
-                    torch.empty(graph.num_edges * h, dtype=torch.float32, device=x.device)
-                    if cuda
-                    else None
-                )
-                graph._core.gat_forward(
-                    device_index(x), dtype_name(x.dtype), h, c, slope,
-                    address(x), address(a_dst), address(a_src), address(out),
-                    _address_or_0(ws), stream_of(x), drop, _address_or_0(bias),
-                )
+            out = gat_forward(graph, x, a_dst, a_src, bias, slope, drop)
             ctx.graph, ctx.slope, ctx.drop = graph, slope, drop
             ctx.save_for_backward(x, a_dst, a_src, bias)
             return out
@@ -452,33 +617,8 @@ if torch is not None:
         @once_differentiable
         def backward(ctx, d_out):
             x, a_dst, a_src, bias = ctx.saved_tensors
-            graph = ctx.graph
-            h, c = x.shape[1], x.shape[2]
-            d_out = d_out.to(dtype=x.dtype).contiguous()
-            dx = torch.empty_like(x)
-            da_dst, da_src = torch.empty_like(a_dst), torch.empty_like(a_src)
-            d_bias = torch.empty_like(bias) if bias is not None else None
-            if graph.num_edges == 0 or x.numel() == 0:
-                for t in (dx, da_dst, da_src, d_bias):
-                    if t is not None:
-                        t.zero_()
-                return None, dx, da_dst, da_src, d_bias, None, None
-            cuda = x.device.type == "cuda"
-            if cuda:
-                ws = [
-                    torch.empty(graph.num_edges * h, dtype=torch.float32, device=x.device)
-                    for _ in range(3)
-                ]
-                wsp = tuple(address(w) for w in ws)
-            else:
-                wsp = (0, 0, 0)
-            graph._core.gat_backward(
-                device_index(x), dtype_name(x.dtype), h, c, ctx.slope,
-                address(x), address(a_dst), address(a_src), address(d_out),
-                address(dx), address(da_dst), address(da_src), wsp, stream_of(x), ctx.drop,
-                _address_or_0(bias), _address_or_0(d_bias),
-            )
-            return None, dx, da_dst, da_src, d_bias, None, None
+            grads = gat_backward(ctx.graph, x, a_dst, a_src, d_out, bias, ctx.slope, ctx.drop)
+            return (None,) + grads + (None, None)
 
 
 def gat_attention(
@@ -515,49 +655,60 @@ def gat_attention(
     ``x``, ``alpha_dst``, ``alpha_src`` and ``bias`` through spattn's exact backward.
     """
     _check_graph(graph)
+    return _gat_attention(_ref(graph), x, alpha_dst, alpha_src, negative_slope, bias, dropout,
+                          dropout_seed)
+
+
+def _gat_attention(ref, x, alpha_dst, alpha_src, negative_slope, bias, dropout, seed):
+    """:func:`gat_attention` with ``ref`` from :func:`_ref` (also GATConv's entry)."""
     require_torch("gat_attention")
     if not is_tensor(x):
         raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+    (x,) = _autocast(x)
     if x.dim() != 3:
         raise ValueError(f"x: expected shape (num_nodes, heads, channels), got {tuple(x.shape)}")
     n, h, c = x.shape
-    if n != graph.num_cols:
-        raise ValueError(f"x: has {n} rows, but the graph has {graph.num_cols} nodes")
     check_torch("x", x)
     slope = float(negative_slope)
-    drop = _check_dropout(dropout, dropout_seed)
+    drop = _check_dropout(dropout, seed)
     if bias is not None:
-        _check_per_edge("bias", bias, (graph.num_edges, h), "(num_edges, heads)", x, "x")
-    for name, a, rows in (("alpha_dst", alpha_dst, graph.num_nodes), ("alpha_src", alpha_src, n)):
+        _check_per_edge("bias", bias, None, "(num_edges, heads)", x, "x")
+        if bias.dim() != 2 or bias.shape[1] != h:
+            raise ValueError(
+                f"bias: has shape {tuple(bias.shape)}, expected (num_edges, {h}) "
+                "(num_edges, heads), in Graph.edge_index order"
+            )
+    for name, a in (("alpha_dst", alpha_dst), ("alpha_src", alpha_src)):
         if not is_tensor(a):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(a).__name__}")
         if a.device != x.device:
             raise ValueError(f"{name}: is on {a.device}, expected {x.device} like x")
-        if tuple(a.shape) != (rows, h):
-            raise ValueError(f"{name}: has shape {tuple(a.shape)}, expected {(rows, h)}")
+        if a.dim() != 2 or a.shape[1] != h:
+            raise ValueError(f"{name}: has shape {tuple(a.shape)}, expected (rows, {h})")
         if not a.is_floating_point():
             raise TypeError(f"{name}: expected a floating-point tensor, got {a.dtype}")
+    if tuple(alpha_src.shape) != (n, h):
+        raise ValueError(f"alpha_src: has shape {tuple(alpha_src.shape)}, expected {(n, h)}")
     name = dtype_name(x.dtype)
     if x.device.type == "cuda":
         if name not in _CUDA_DTYPES:
             raise TypeError(f"x: dtype {x.dtype} is not supported on CUDA (float32, float16, bfloat16)")
-        a_dst = check_torch("alpha_dst", alpha_dst.float().contiguous())
-        a_src = check_torch("alpha_src", alpha_src.float().contiguous())
-        b = None if bias is None else check_torch("bias", bias.float().contiguous())
-        return _GatAttention.apply(graph, x, a_dst, a_src, b, slope, drop)
-    if name is None:
+        work = torch.float32  # the per-node terms and the bias, whatever x's dtype
+        xw = x
+    elif name is None:
         raise TypeError(f"x: dtype {x.dtype} is not supported (float32, float16, bfloat16, float64)")
-    work = torch.float64 if name == "f64" else torch.float32
-    out = _GatAttention.apply(
-        graph,
-        x.to(work).contiguous(),
-        alpha_dst.to(work).contiguous(),
-        alpha_src.to(work).contiguous(),
-        None if bias is None else bias.to(work).contiguous(),
-        slope,
-        drop,
-    )
-    return out.to(x.dtype)
+    else:
+        work = torch.float64 if name == "f64" else torch.float32
+        xw = x.to(work).contiguous()
+    a_dst = check_torch("alpha_dst", alpha_dst.to(work).contiguous())
+    a_src = check_torch("alpha_src", alpha_src.to(work).contiguous())
+    b = None if bias is None else check_torch("bias", bias.to(work).contiguous())
+    if is_tensor(ref):
+        rate, seed_t = (0.0, None) if drop is None else (drop[0], _seed_tensor(drop[1]))
+        out = torch.ops.spattn.gat(ref, xw, a_dst, a_src, b, slope, rate, seed_t)
+    else:
+        out = _GatAttention.apply(ref, xw, a_dst, a_src, b, slope, drop)
+    return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
 # ---- numpy (CPU, no autograd) ----------------------------------------------------------------
@@ -611,3 +762,6 @@ def _numpy_backward(graph, q, k, v, out, d_out, scale, algorithm):
 
 
 __all__ = ["sparse_attention", "sparse_attention_backward", "gat_attention"]
+
+if torch is not None:
+    from . import _ops  # noqa: E402,F401  (registers the custom operators torch.compile traces)

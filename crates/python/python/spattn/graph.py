@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import warnings
 import weakref
@@ -54,12 +55,13 @@ class Graph:
         n: number of nodes (default ``len(crow) - 1``).
     """
 
-    __slots__ = ("_core", "_derived", "__weakref__")
+    __slots__ = ("_core", "_derived", "_token", "__weakref__")
 
     def __init__(self, crow: Any, col: Any, n: Optional[int] = None):
         if _is_cuda_tensor(crow) and _is_cuda_tensor(col):
             self._core = _csr_on_device(crow, col, n)
             self._derived = {}
+            self._token = _make_token(self)
             return
         crow_b, crow_shape = index_bytes("crow", crow)
         col_b, _ = index_bytes("col", col)
@@ -73,12 +75,14 @@ class Graph:
             raise ValueError(f"crow: has {crow_shape[0]} offsets, but n = {n} nodes need {n + 1}")
         self._core = _native.GraphCore.from_csr(crow_b, col_b, n, n)
         self._derived: Dict[Any, Any] = {}  # derived graphs, and nn's cached edge positions
+        self._token = _make_token(self)
 
     @classmethod
     def _from_core(cls, core) -> "Graph":
         g = cls.__new__(cls)
         g._core = core
         g._derived = {}
+        g._token = _make_token(g)
         return g
 
     @classmethod
@@ -363,6 +367,46 @@ class Graph:
             + (f", num_cols={self.num_cols}" if self.num_cols != self.num_nodes else "")
             + ")"
         )
+
+
+def _make_token(graph: Graph) -> Any:
+    """The tensor that stands for ``graph`` where only tensors may go (the custom operators
+    ``torch.compile`` traces, :mod:`spattn._ops`): a CPU int64 tensor of one element, a number
+    of this process's, holding the graph's native core (strongly: a traced model may outlive
+    the ``Graph``) and the graph itself (weakly: no reference cycle keeps a graph's device
+    memory waiting for the collector). A copy of the tensor (torch's checks of operators copy
+    their inputs) finds the original by its number while that lives. None without torch."""
+    if torch is None:
+        return None
+    number = next(_TOKEN_NUMBERS)
+    token = torch.tensor([number], dtype=torch.int64)
+    token._spattn_core = graph._core
+    token._spattn_graph = weakref.ref(graph)
+    _TOKENS[number] = token
+    return token
+
+
+_TOKEN_NUMBERS = itertools.count(1)
+_TOKENS: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+
+
+def graph_of_token(token: Any) -> Graph:
+    """The :class:`Graph` a token stands for (a new wrapper of the same native graph, sharing
+    its plans, where the first one is gone). Raises ``TypeError`` for any other tensor."""
+    core = getattr(token, "_spattn_core", None)
+    if core is None:
+        original = None
+        if (is_tensor(token) and token.dtype == torch.int64 and token.numel() == 1
+                and token.device.type == "cpu"):
+            original = _TOKENS.get(int(token))
+        if original is None:
+            raise TypeError("graph: expected a spattn.Graph (or its token), got another tensor")
+        token = original
+        core = token._spattn_core
+    graph = token._spattn_graph()
+    if graph is None:
+        graph = Graph._from_core(core)
+    return graph
 
 
 # The key of the input edges' CSR positions of a graph built on a GPU, in its derived data.

@@ -56,7 +56,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import Parameter
 
-from .functional import gat_attention, sparse_attention
+from .functional import _compiling, _gat_attention, _sparse_attention
 from .graph import Graph, SpattnWarning
 from ._tensors import check_algorithm
 
@@ -131,6 +131,35 @@ def clear_graph_cache() -> None:
     _cache.clear()
 
 
+def _graph_ref(edge_index: Any, num_nodes: Any, self_loops: bool) -> Any:
+    """:func:`graph_for`'s graph, or under ``torch.compile`` its token, made by the custom
+    operators ``spattn::graph_for`` / ``spattn::with_self_loops`` (the cache and the build run
+    when the compiled model runs, not when it is traced)."""
+    if not _compiling():
+        return graph_for(edge_index, num_nodes, self_loops)
+    if isinstance(edge_index, Graph):
+        token = edge_index._token
+        return torch.ops.spattn.with_self_loops(token, num_nodes) if self_loops else token
+    if not isinstance(edge_index, Tensor):
+        raise TypeError(
+            f"edge_index: expected a torch.Tensor of shape (2, E) or a spattn.Graph, "
+            f"got {type(edge_index).__name__}"
+        )
+    if edge_index.layout != torch.strided:
+        raise NotImplementedError(
+            f"edge_index: sparse adjacencies ({edge_index.layout}) are not supported; "
+            "pass a (2, E) edge_index or a spattn.Graph"
+        )
+    return torch.ops.spattn.graph_for(edge_index, num_nodes, bool(self_loops))
+
+
+def _edge_index_of(ref: Any, like: Tensor) -> Tensor:
+    """The graph's edges in its CSR order (:meth:`spattn.Graph.edge_index`) on ``like``'s device."""
+    if isinstance(ref, Graph):
+        return ref.edge_index(device=like.device)
+    return torch.ops.spattn.edge_index(ref, like)
+
+
 def _unsupported_kwargs(layer: str, kwargs: dict, node_dim: int = 0) -> None:
     """MessagePassing options: only PyG's defaults for these layers are implemented."""
     defaults = {
@@ -189,23 +218,79 @@ def _check_x(layer: str, x: Tensor, channels: int, name: str = "x") -> None:
         )
 
 
-def _edges_in_csr_order(layer: str, graph: Graph, edge_index: Any, data: Tensor) -> Tensor:
-    """Per-edge `data` in `edge_index`'s order, moved to `graph`'s CSR order (a
-    :class:`spattn.Graph` passed as `edge_index` takes data in its own order already)."""
+def _edges_in_csr_order(ref: Any, edge_index: Any, data: Tensor, self_loops: bool = False) -> Tensor:
+    """Per-edge `data` in `edge_index`'s order (with `self_loops`: followed by one row per node,
+    the added loops' data, which replaces any loop of the input, as PyG's remove-then-add)
+    moved to the graph's CSR order, differentiably (a :class:`spattn.Graph` passed as
+    `edge_index` takes data in its own order already)."""
     if isinstance(edge_index, Graph):
         return data
+    if isinstance(ref, Graph):
+        return _EdgeOrder.apply(ref, edge_index, data, self_loops)
+    return torch.ops.spattn.edge_order(ref, edge_index, data, self_loops)[0]
+
+
+def edge_order_impl(graph: Graph, edge_index: Tensor, data: Tensor, self_loops: bool):
+    """:func:`_edges_in_csr_order`'s body: the data in CSR order and each row's position there
+    (-1 for an input self loop replaced by an added one)."""
     if graph.num_duplicates:
         raise ValueError(
-            f"{layer}: edge_index repeats {graph.num_duplicates} edge(s); spattn merges repeated "
+            f"edge_index: repeats {graph.num_duplicates} edge(s); spattn merges repeated "
             "edges, so their edge_attr rows cannot be told apart (remove the repeats, e.g. "
             "torch_geometric.utils.coalesce)"
         )
-    if data.shape[0] != edge_index.shape[1]:
+    e = edge_index.shape[1]
+    n = graph.num_nodes
+    if data.shape[0] != e + (n if self_loops else 0):
+        raise ValueError(f"edge_attr: has {data.shape[0] - (n if self_loops else 0)} rows, "
+                         f"edge_index has {e} edges")
+    pos_in = _edge_positions_cached(graph, edge_index)
+    out = data.new_zeros((graph.num_edges,) + tuple(data.shape[1:]))
+    out.index_copy_(0, pos_in, data[:e])
+    if not self_loops:
+        return out, pos_in
+    built = graph._built_positions(edge_index)
+    if built is not None and built[1].numel() == n:
+        pos_loop = built[1]
+    else:
+        loops = torch.arange(n, device=edge_index.device)
+        pos_loop = graph.edge_positions(torch.stack([loops, loops]))
+    # Written after the input's rows: an input self loop's row is replaced (PyG drops them).
+    out.index_copy_(0, pos_loop, data[e:])
+    replaced = edge_index[0] == edge_index[1]
+    positions = torch.cat([torch.where(replaced, torch.full_like(pos_in, -1), pos_in), pos_loop])
+    return out, positions
+
+
+def edge_order_grad(d_out: Tensor, positions: Tensor) -> Tensor:
+    """The gradient of :func:`edge_order_impl` for its input rows: ``d_out`` at each row's
+    position, 0 for a replaced row (position -1: the zero row appended)."""
+    padded = torch.cat([d_out, d_out.new_zeros((1,) + tuple(d_out.shape[1:]))])
+    return padded.index_select(0, torch.where(positions < 0, d_out.shape[0], positions))
+
+
+class _EdgeOrder(torch.autograd.Function):
+    """Autograd of :func:`edge_order_impl` in eager mode (``torch.compile`` traces the custom
+    operator ``spattn::edge_order`` instead)."""
+
+    @staticmethod
+    def forward(ctx, graph, edge_index, data, self_loops):
+        out, positions = edge_order_impl(graph, edge_index, data, self_loops)
+        ctx.save_for_backward(positions)
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out):
+        (positions,) = ctx.saved_tensors
+        return None, None, edge_order_grad(d_out, positions), None
+
+
+def _check_edge_rows(layer: str, edge_index: Any, edge_attr: Tensor) -> None:
+    """``edge_attr`` has a row per edge of an ``edge_index`` tensor."""
+    if isinstance(edge_index, Tensor) and edge_attr.shape[0] != edge_index.shape[1]:
         raise ValueError(
-            f"{layer}: edge_attr has {data.shape[0]} rows, edge_index has {edge_index.shape[1]} edges"
+            f"{layer}: edge_attr has {edge_attr.shape[0]} rows, edge_index has {edge_index.shape[1]} edges"
         )
-    pos = _edge_positions_cached(graph, edge_index)
-    return data.new_zeros((graph.num_edges,) + tuple(data.shape[1:])).index_copy(0, pos, data)
 
 
 def _edge_positions_cached(graph: Graph, edge_index: Tensor) -> Tensor:
@@ -352,7 +437,7 @@ class TransformerConv(torch.nn.Module):
         if x_dst is not x_src:
             _check_x(name, x_dst, cin[1], "x_dst")
         H, C = self.heads, self.out_channels
-        graph = graph_for(edge_index, x_dst.size(0), self_loops=False)
+        graph = _graph_ref(edge_index, x_dst.size(0), False)
         query = self.lin_query(x_dst).view(-1, H, C)
         key = self.lin_key(x_src).view(-1, H, C)
         value = self.lin_value(x_src).view(-1, H, C)
@@ -360,10 +445,11 @@ class TransformerConv(torch.nn.Module):
         want = bool(return_attention_weights)
         features = None
         if self.lin_edge is not None:
-            features = _edges_in_csr_order(name, graph, edge_index, self.lin_edge(edge_attr).view(-1, H, C))
-        res = sparse_attention(
-            graph, query, key, value, scale=1.0 / math.sqrt(C), edge_features=features,
-            dropout=rate, return_attention_weights=want, algorithm=self.algorithm,
+            _check_edge_rows(name, edge_index, edge_attr)
+            features = _edges_in_csr_order(graph, edge_index, self.lin_edge(edge_attr).view(-1, H, C))
+        res = _sparse_attention(
+            graph, query, key, value, 1.0 / math.sqrt(C), None, features, rate, None, want,
+            self.algorithm,
         )
         out, alpha = res if want else (res, None)
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
@@ -375,7 +461,7 @@ class TransformerConv(torch.nn.Module):
             else:
                 out = out + x_r
         if want:
-            return out, (graph.edge_index(device=out.device), alpha)
+            return out, (_edge_index_of(graph, out), alpha)
         return out
 
     def __repr__(self) -> str:
@@ -524,15 +610,15 @@ class GATConv(torch.nn.Module):
             h_src = self.lin_src(x_src).view(-1, H, C)
             h_dst = self.lin_dst(x_dst).view(-1, H, C)
         res = self.res(x_dst) if self.res is not None else None
-        graph = graph_for(edge_index, n, self_loops=self.add_self_loops)
+        graph = _graph_ref(edge_index, n, self.add_self_loops)
         alpha_src = _head_dot(h_src, self.att_src)
         alpha_dst = _head_dot(h_dst, self.att_dst)
         rate = self.dropout if self.training else 0.0
         bias = None
         if edge_attr is not None:
             bias = self._edge_scores(name, graph, edge_index, edge_attr, n)
-        out = gat_attention(graph, h_src, alpha_dst, alpha_src, self.negative_slope, bias=bias,
-                            dropout=rate)
+        out = _gat_attention(graph, h_src, alpha_dst, alpha_src, self.negative_slope, bias, rate,
+                             None)
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if res is not None:
             out = out + res
@@ -540,52 +626,27 @@ class GATConv(torch.nn.Module):
             out = out + self.bias
         return out
 
-    def _edge_scores(self, name: str, graph: Graph, edge_index: Any, edge_attr: Tensor, n: int) -> Tensor:
+    def _edge_scores(self, name: str, graph: Any, edge_index: Any, edge_attr: Tensor, n: int) -> Tensor:
         """⟨lin_edge(e_ij), att_edge⟩ per edge and head in the graph's CSR order; with self
-        loops, PyG's: the input's self loops dropped, one per node added with ``fill_value``."""
+        loops, PyG's: the input's self loops dropped, one per node added with ``fill_value``
+        (computed for every input edge and loop, then placed: no host synchronisation)."""
         if isinstance(edge_index, Graph):
             raise NotImplementedError(
                 f"{name}: edge_attr with a spattn.Graph (pass the edge_index tensor, in whose "
                 "order edge_attr is)"
             )
         ea = edge_attr.view(-1, 1) if edge_attr.dim() == 1 else edge_attr
-        if ea.shape[0] != edge_index.shape[1]:
-            raise ValueError(
-                f"{name}: edge_attr has {ea.shape[0]} rows, edge_index has {edge_index.shape[1]} edges"
-            )
-        built = graph._built_positions(edge_index)
-        if self.add_self_loops and built is not None and not graph.num_duplicates:
-            return self._edge_scores_built(graph, edge_index, ea, n, built)
-        ei = edge_index
+        _check_edge_rows(name, edge_index, ea)
         if self.add_self_loops:
-            keep = ei[0] != ei[1]
-            loop_attr = _fill_loops(self.fill_value, ea, ei[1], n, keep)
-            ei, ea = ei[:, keep], ea[keep]
-            loops = torch.arange(n, device=ei.device)
-            ei = torch.cat([ei, torch.stack([loops, loops])], dim=1)
+            real = edge_index[0] != edge_index[1]
+            loop_attr = _fill_loops(self.fill_value, ea, edge_index[1], n, real)
+            # One projection of the input's and the loops' attributes, as PyG's (a GEMM of a
+            # new shape costs host time every step in half precision).
             ea = torch.cat([ea, loop_attr.to(ea.dtype)], dim=0)
         H, C = self.heads, self.out_channels
         e = self.lin_edge(ea).view(-1, H, C)
         scores = (e * self.att_edge).sum(dim=-1)
-        return _edges_in_csr_order(name, graph, ei, scores)
-
-    def _edge_scores_built(self, graph: Graph, edge_index: Tensor, ea: Tensor, n: int, built) -> Tensor:
-        """:meth:`_edge_scores` for a graph built on the GPU from ``edge_index`` with its self
-        loops: the build gave each input edge's and each loop's position, so the scores are
-        placed without searching and without a host synchronisation. The input's own self
-        loops are written first and overwritten by the added loops (PyG drops them)."""
-        pos_in, pos_loop = built
-        real = edge_index[0] != edge_index[1]
-        loop_attr = _fill_loops(self.fill_value, ea, edge_index[1], n, real)
-        H, C = self.heads, self.out_channels
-        # One projection of the input's and the loops' attributes, as PyG's (a GEMM of a new
-        # shape costs host time every step in half precision).
-        e = self.lin_edge(torch.cat([ea, loop_attr.to(ea.dtype)], dim=0)).view(-1, H, C)
-        s = (e * self.att_edge).sum(dim=-1)
-        out = s.new_zeros((graph.num_edges, H))
-        out.index_copy_(0, pos_in, s[: ea.shape[0]])
-        out.index_copy_(0, pos_loop, s[ea.shape[0]:])
-        return out
+        return _edges_in_csr_order(graph, edge_index, scores, self.add_self_loops)
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
@@ -697,16 +758,12 @@ class AGNNConv(torch.nn.Module):
         if not isinstance(x, Tensor) or x.dim() != 2:
             raise ValueError(f"{name}: x must be a (num_nodes, channels) tensor")
         n, c = x.shape
-        graph = graph_for(edge_index, n, self_loops=self.add_self_loops)
+        graph = _graph_ref(edge_index, n, self.add_self_loops)
         x_norm = F.normalize(x, p=2.0, dim=-1)
         q = (self.beta.to(x_norm.dtype) * x_norm).contiguous()
-        out = sparse_attention(
-            graph,
-            q.view(n, 1, c),
-            x_norm.contiguous().view(n, 1, c),
-            x.contiguous().view(n, 1, c),
-            scale=1.0,
-            algorithm=self.algorithm,
+        out = _sparse_attention(
+            graph, q.view(n, 1, c), x_norm.contiguous().view(n, 1, c), x.contiguous().view(n, 1, c),
+            1.0, None, None, 0.0, None, False, self.algorithm,
         )
         return out.view(n, c)
 

@@ -1,0 +1,262 @@
+"""spattn's calls as PyTorch custom operators (``torch.ops.spattn.*``), which ``torch.compile``
+traces without a graph break, also with dynamic shapes.
+
+A graph crosses the operator boundary as its *token* (``Graph._token``: a one-element CPU
+tensor that holds the native graph), so a new graph every step is a new input, not a recompilation.
+Every operator has a fake implementation (its outputs' shapes and dtypes from its inputs'; the
+per-edge outputs, whose length is the graph's edge count, get a dynamic size) and the
+attention operators their exact backward (``register_autograd``: the backward is another
+operator, so ``torch.compile`` traces training steps whole).
+
+Eager calls do not go through here: :mod:`spattn.functional` runs the same bodies through
+``torch.autograd.Function``, sparing the operators' dispatch (about 20 µs of host time a call);
+under ``torch.compile`` it calls these operators. The bodies are shared
+(:func:`spattn.functional.attention_forward` and its siblings), so both paths compute the same.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import functional as F
+from .graph import graph_of_token
+
+_lib = "spattn"
+
+
+def _drop(rate: float, seed: Optional[Tensor]):
+    """The native dropout argument from the operators' (rate, seed tensor)."""
+    if rate == 0.0 or seed is None:
+        return None
+    return rate, F._seed_int(seed), 0
+
+
+def _token_like(t: Tensor) -> Tensor:
+    """A fake graph token (the real one is a CPU int64 tensor of one element)."""
+    return t.new_empty(1, dtype=torch.int64, device="cpu")
+
+
+# ---- graphs ------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op(f"{_lib}::graph_for", mutates_args=())
+def graph_for(edge_index: Tensor, num_nodes: int, self_loops: bool) -> Tensor:
+    """The token of :func:`spattn.nn.graph_for`'s graph of ``edge_index`` (built on its device,
+    cached per tensor)."""
+    from . import nn
+
+    return nn.graph_for(edge_index, num_nodes, self_loops)._token
+
+
+@graph_for.register_fake
+def _(edge_index, num_nodes, self_loops):
+    return _token_like(edge_index)
+
+
+@torch.library.custom_op(f"{_lib}::with_self_loops", mutates_args=())
+def with_self_loops(graph: Tensor, num_nodes: int) -> Tensor:
+    """The token of :meth:`spattn.Graph.with_self_loops` of a graph passed to a layer as its
+    ``edge_index``, checked against the layer's ``num_nodes``."""
+    from . import nn
+
+    return nn.graph_for(graph_of_token(graph), num_nodes, True)._token
+
+
+@with_self_loops.register_fake
+def _(graph, num_nodes):
+    return _token_like(graph)
+
+
+@torch.library.custom_op(f"{_lib}::edge_index", mutates_args=())
+def edge_index(graph: Tensor, like: Tensor) -> Tensor:
+    """:meth:`spattn.Graph.edge_index` on ``like``'s device (``2 × num_edges`` int64)."""
+    return graph_of_token(graph).edge_index(device=like.device)
+
+
+@edge_index.register_fake
+def _(graph, like):
+    e = torch.library.get_ctx().new_dynamic_size()
+    return like.new_empty((2, e), dtype=torch.int64)
+
+
+@torch.library.custom_op(f"{_lib}::edge_order", mutates_args=())
+def edge_order(graph: Tensor, edge_index: Tensor, data: Tensor, self_loops: bool) -> Tuple[Tensor, Tensor]:
+    """Per-edge ``data`` in ``edge_index``'s order (and, with ``self_loops``, one row per node
+    after them: the added loops) moved to the graph's CSR order, and where each row went."""
+    from . import nn
+
+    return nn.edge_order_impl(graph_of_token(graph), edge_index, data, self_loops)
+
+
+@edge_order.register_fake
+def _(graph, edge_index, data, self_loops):
+    e = torch.library.get_ctx().new_dynamic_size()
+    return data.new_empty((e,) + tuple(data.shape[1:])), data.new_empty(
+        data.shape[0], dtype=torch.int64
+    )
+
+
+def _edge_order_setup(ctx, inputs, output):
+    ctx.save_for_backward(output[1])
+    ctx.mark_non_differentiable(output[1])
+
+
+def _edge_order_grad(ctx, d_out, _d_positions):
+    (positions,) = ctx.saved_tensors
+    from . import nn
+
+    return None, None, nn.edge_order_grad(d_out, positions), None
+
+
+edge_order.register_autograd(_edge_order_grad, setup_context=_edge_order_setup)
+
+
+# ---- sparse attention ----------------------------------------------------------------------
+
+
+@torch.library.custom_op(f"{_lib}::attention", mutates_args=())
+def attention(graph: Tensor, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float],
+              algorithm: str) -> Tensor:
+    """:func:`spattn.sparse_attention` without extras."""
+    return F.attention_forward(graph_of_token(graph), q, k, v, scale, algorithm)
+
+
+@attention.register_fake
+def _(graph, q, k, v, scale, algorithm):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op(f"{_lib}::attention_backward", mutates_args=())
+def attention_backward(graph: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                       d_out: Tensor, scale: Optional[float], algorithm: str
+                       ) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv)`` of :func:`attention`."""
+    return F.attention_backward(graph_of_token(graph), q, k, v, out, d_out, scale, algorithm)
+
+
+@attention_backward.register_fake
+def _(graph, q, k, v, out, d_out, scale, algorithm):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _attention_setup(ctx, inputs, output):
+    graph, q, k, v, scale, algorithm = inputs
+    ctx.save_for_backward(graph, q, k, v, output)
+    ctx.scale, ctx.algorithm = scale, algorithm
+
+
+def _attention_grad(ctx, d_out):
+    graph, q, k, v, out = ctx.saved_tensors
+    dq, dk, dv = attention_backward(graph, q, k, v, out, d_out, ctx.scale, ctx.algorithm)
+    return None, dq, dk, dv, None, None
+
+
+attention.register_autograd(_attention_grad, setup_context=_attention_setup)
+
+
+@torch.library.custom_op(f"{_lib}::attention_extras", mutates_args=())
+def attention_extras(graph: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
+                     features: Optional[Tensor], scale: Optional[float], algorithm: str,
+                     rate: float, seed: Optional[Tensor], want_weights: bool
+                     ) -> Tuple[Tensor, Tensor]:
+    """:func:`spattn.sparse_attention` with a bias, edge features and/or dropout: the output
+    and the weights (empty unless ``want_weights``)."""
+    return F.extras_forward(graph_of_token(graph), q, k, v, bias, features, scale, algorithm,
+                            _drop(rate, seed), want_weights)
+
+
+@attention_extras.register_fake
+def _(graph, q, k, v, bias, features, scale, algorithm, rate, seed, want_weights):
+    w_len = torch.library.get_ctx().new_dynamic_size() if want_weights else 0
+    w_dtype = torch.float32 if q.device.type == "cuda" else q.dtype
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(
+        w_len, dtype=w_dtype
+    )
+
+
+@torch.library.custom_op(f"{_lib}::attention_extras_backward", mutates_args=())
+def attention_extras_backward(graph: Tensor, q: Tensor, k: Tensor, v: Tensor, d_out: Tensor,
+                              bias: Optional[Tensor], features: Optional[Tensor],
+                              scale: Optional[float], algorithm: str, rate: float,
+                              seed: Optional[Tensor]) -> List[Tensor]:
+    """``[dq, dk, dv, d_bias, d_features]`` of :func:`attention_extras` (an absent bias's or
+    features' gradient is an empty tensor)."""
+    grads = F.extras_backward(graph_of_token(graph), q, k, v, d_out, bias, features, scale,
+                              algorithm, _drop(rate, seed))
+    return [g if g is not None else q.new_empty(0) for g in grads]
+
+
+@attention_extras_backward.register_fake
+def _(graph, q, k, v, d_out, bias, features, scale, algorithm, rate, seed):
+    like = lambda t: torch.empty_like(t) if t is not None else q.new_empty(0)  # noqa: E731
+    return [like(q), like(k), like(v), like(bias), like(features)]
+
+
+def _extras_setup(ctx, inputs, output):
+    graph, q, k, v, bias, features, scale, algorithm, rate, seed, _ = inputs
+    ctx.save_for_backward(graph, q, k, v, bias, features, seed)
+    ctx.scale, ctx.algorithm, ctx.rate = scale, algorithm, rate
+    ctx.mark_non_differentiable(output[1])
+
+
+def _extras_grad(ctx, d_out, _d_weights):
+    graph, q, k, v, bias, features, seed = ctx.saved_tensors
+    dq, dk, dv, d_bias, d_feat = attention_extras_backward(
+        graph, q, k, v, d_out, bias, features, ctx.scale, ctx.algorithm, ctx.rate, seed
+    )
+    return (None, dq, dk, dv, d_bias if bias is not None else None,
+            d_feat if features is not None else None, None, None, None, None, None)
+
+
+attention_extras.register_autograd(_extras_grad, setup_context=_extras_setup)
+
+
+# ---- GAT attention ---------------------------------------------------------------------------
+
+
+@torch.library.custom_op(f"{_lib}::gat", mutates_args=())
+def gat(graph: Tensor, x: Tensor, a_dst: Tensor, a_src: Tensor, bias: Optional[Tensor],
+        slope: float, rate: float, seed: Optional[Tensor]) -> Tensor:
+    """:func:`spattn.gat_attention` (per-node terms and bias already in their working dtype)."""
+    return F.gat_forward(graph_of_token(graph), x, a_dst, a_src, bias, slope, _drop(rate, seed))
+
+
+@gat.register_fake
+def _(graph, x, a_dst, a_src, bias, slope, rate, seed):
+    return x.new_empty((a_dst.shape[0], x.shape[1], x.shape[2]))
+
+
+@torch.library.custom_op(f"{_lib}::gat_backward", mutates_args=())
+def gat_backward(graph: Tensor, x: Tensor, a_dst: Tensor, a_src: Tensor, d_out: Tensor,
+                 bias: Optional[Tensor], slope: float, rate: float, seed: Optional[Tensor]
+                 ) -> List[Tensor]:
+    """``[dx, da_dst, da_src, d_bias]`` of :func:`gat` (``d_bias`` empty without a bias)."""
+    grads = F.gat_backward(graph_of_token(graph), x, a_dst, a_src, d_out, bias, slope,
+                           _drop(rate, seed))
+    return [g if g is not None else x.new_empty(0) for g in grads]
+
+
+@gat_backward.register_fake
+def _(graph, x, a_dst, a_src, d_out, bias, slope, rate, seed):
+    return [torch.empty_like(x), torch.empty_like(a_dst), torch.empty_like(a_src),
+            torch.empty_like(bias) if bias is not None else x.new_empty(0)]
+
+
+def _gat_setup(ctx, inputs, output):
+    graph, x, a_dst, a_src, bias, slope, rate, seed = inputs
+    ctx.save_for_backward(graph, x, a_dst, a_src, bias, seed)
+    ctx.slope, ctx.rate = slope, rate
+
+
+def _gat_grad(ctx, d_out):
+    graph, x, a_dst, a_src, bias, seed = ctx.saved_tensors
+    dx, da_dst, da_src, d_bias = gat_backward(
+        graph, x, a_dst, a_src, d_out, bias, ctx.slope, ctx.rate, seed
+    )
+    return None, dx, da_dst, da_src, d_bias if bias is not None else None, None, None, None
+
+
+gat.register_autograd(_gat_grad, setup_context=_gat_setup)

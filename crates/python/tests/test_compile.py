@@ -1,0 +1,185 @@
+"""torch.compile, autocast and the custom operators (``torch.ops.spattn.*``), on the CPU (CI) and,
+where there is one, on a GPU: every layer traced whole (``fullgraph=True``) with dynamic shapes
+gives eager's outputs and gradients, a new graph every step compiles once, the operators pass
+``torch.library.opcheck``, and autocast runs attention in its dtype.
+
+Most tests trace with the ``aot_eager`` backend (dynamo, the fake implementations and the
+traced backward, without code generation: seconds on two cores); one compiles with inductor.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import spattn  # noqa: E402
+import spattn.nn as snn  # noqa: E402
+from torch._dynamo.testing import CompileCounterWithBackend  # noqa: E402
+
+DEVICES = ["cpu"] + (
+    ["cuda"] if torch.cuda.is_available() and spattn.cuda_device_count() > 0 else []
+)
+
+LAYERS = {
+    "gat": lambda: snn.GATConv(12, 6, heads=2),
+    "gat_edge": lambda: snn.GATConv(12, 6, heads=2, edge_dim=3, fill_value="mean"),
+    "transformer": lambda: snn.TransformerConv(12, 6, heads=2, beta=True),
+    "transformer_edge": lambda: snn.TransformerConv(12, 6, heads=2, edge_dim=3),
+    "agnn": lambda: snn.AGNNConv(),
+}
+
+# Graphs of three sizes (some self loops, no repeated edge): one compilation serves all.
+SIZES = [(40, 160), (57, 230), (33, 90)]
+
+
+def edges(n: int, e: int, seed: int, device="cpu") -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    ei = torch.randint(0, n, (2, e), generator=g)
+    ei = torch.unique(ei, dim=1)  # no repeats (edge features need that)
+    return ei[:, torch.randperm(ei.shape[1], generator=g)].to(device)
+
+
+def run(layer, x, ei, edge_attr=None):
+    """Output, ∂/∂x and the parameters' gradients of Σ out · w for fixed weights w."""
+    layer.zero_grad()
+    xa = x.clone().requires_grad_()
+    args = (xa, ei) + ((edge_attr,) if edge_attr is not None else ())
+    out = layer(*args)
+    w = torch.linspace(-1, 1, out.numel(), device=out.device).view_as(out).to(out.dtype)
+    (out * w).sum().backward()
+    grads = {k.removeprefix("_orig_mod."): p.grad.clone()
+             for k, p in layer.named_parameters() if p.grad is not None}
+    return out.detach(), xa.grad, grads
+
+
+def assert_close(a, b, what, tol=1e-5):
+    a, b = a.double(), b.double()
+    err = (a - b).norm().item() / max(b.norm().item(), 1e-30)
+    assert err <= tol, f"{what}: relative error {err:.2e} > {tol:.0e}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", list(LAYERS))
+def test_layer_traced_whole_matches_eager_on_new_graphs(kind, device):
+    torch._dynamo.reset()  # compilations of other tests' layers are not this one's
+    torch.manual_seed(0)
+    layer = LAYERS[kind]().to(device)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(layer, backend=counter, fullgraph=True, dynamic=True)
+    compilations = []
+    for step, (n, e) in enumerate(SIZES):
+        ei = edges(n, e, step, device)
+        x = torch.randn(n, 12, device=device)
+        attr = torch.randn(ei.shape[1], 3, device=device) if kind.endswith("_edge") else None
+        want = run(layer, x, ei, attr)
+        got = run(compiled, x, ei, attr)
+        assert_close(got[0], want[0], f"{kind} step {step} out")
+        assert_close(got[1], want[1], f"{kind} step {step} dx")
+        assert got[2].keys() == want[2].keys()
+        for name in want[2]:
+            assert_close(got[2][name], want[2][name], f"{kind} step {step} d{name}")
+        compilations.append(counter.frame_count)
+    # The first graph compiles; the next ones, of other sizes, reuse it.
+    assert compilations[0] > 0 and len(set(compilations)) == 1, compilations
+
+
+def test_inductor_compiles_a_two_layer_model():
+    torch.manual_seed(1)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = snn.GATConv(12, 6, heads=2)
+            self.b = snn.TransformerConv(12, 4, heads=2)
+
+        def forward(self, x, ei):
+            return self.b(self.a(x, ei).relu(), ei)
+
+    net = Net()
+    compiled = torch.compile(net, fullgraph=True, dynamic=True)
+    for step, (n, e) in enumerate(SIZES[:2]):
+        ei = edges(n, e, 10 + step)
+        x = torch.randn(n, 12)
+        want, got = run(net, x, ei), run(compiled, x, ei)
+        assert_close(got[0], want[0], "out")
+        assert_close(got[1], want[1], "dx")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_functional_calls_traced_whole(device):
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+
+    @torch.compile(backend=counter, fullgraph=True, dynamic=True)
+    def step(g, q, k, v, bias, x, a_dst, a_src):
+        out, w = spattn.sparse_attention(g, q, k, v, bias=bias, return_attention_weights=True)
+        return out, w, spattn.gat_attention(g, x, a_dst, a_src, 0.2, dropout=0.3, dropout_seed=5)
+
+    def eager(g, q, k, v, bias, x, a_dst, a_src):
+        out, w = spattn.sparse_attention(g, q, k, v, bias=bias, return_attention_weights=True)
+        return out, w, spattn.gat_attention(g, x, a_dst, a_src, 0.2, dropout=0.3, dropout_seed=5)
+
+    compilations = []
+    for i, (n, e) in enumerate(SIZES[:2]):
+        g = spattn.Graph.from_edge_index(edges(n, e, 20 + i, device), num_nodes=n)
+        q, k, v = (torch.randn(n, 2, 8, device=device, requires_grad=True) for _ in range(3))
+        bias = torch.randn(g.num_edges, 2, device=device, requires_grad=True)
+        x = torch.randn(n, 2, 8, device=device, requires_grad=True)
+        a_dst, a_src = (torch.randn(n, 2, device=device, requires_grad=True) for _ in range(2))
+        inputs = (g, q, k, v, bias, x, a_dst, a_src)
+        got, want = step(*inputs), eager(*inputs)
+        assert got[1].shape == (g.num_edges, 2)
+        for a, b, what in zip(got, want, ("out", "weights", "gat")):
+            assert_close(a.detach(), b.detach(), what)
+        tensors = [t for t in inputs[1:] if t.requires_grad]
+        g1 = torch.autograd.grad(got[0].sum() + got[2].square().sum(), tensors)
+        g2 = torch.autograd.grad(want[0].sum() + want[2].square().sum(), tensors)
+        for a, b in zip(g1, g2):
+            assert_close(a, b, "gradient")
+        compilations.append(counter.frame_count)
+    assert compilations[0] > 0 and len(set(compilations)) == 1, compilations
+
+
+def test_operators_pass_opcheck():
+    g = spattn.Graph.from_edge_index(edges(30, 100, 3), num_nodes=30)
+    tok = g._token
+    q, k, v = (torch.randn(30, 2, 4, requires_grad=True) for _ in range(3))
+    bias = torch.randn(g.num_edges, 2, requires_grad=True)
+    seed = torch.tensor([7])
+    x = torch.randn(30, 2, 4, requires_grad=True)
+    a = torch.randn(30, 2, requires_grad=True)
+    ops = torch.ops.spattn
+    cases = [
+        (ops.attention.default, (tok, q, k, v, None, "auto")),
+        (ops.attention_extras.default, (tok, q, k, v, bias, None, 0.5, "auto", 0.2, seed, False)),
+        (ops.gat.default, (tok, x, a, a.detach().clone().requires_grad_(), None, 0.2, 0.0, None)),
+    ]
+    # The fake and the real implementations agree on shapes and dtypes; the schemas, the
+    # autograd registrations and the traced (AOT) forward and backward are consistent.
+    for op, args in cases:
+        torch.library.opcheck(op, args)
+
+
+def test_autocast_runs_attention_in_its_dtype():
+    torch.manual_seed(2)
+    layer = snn.TransformerConv(12, 6, heads=2)
+    ei = edges(40, 160, 4)
+    x = torch.randn(40, 12)
+    want = layer(x, ei)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = layer(x, ei)
+        q = torch.randn(40, 2, 6)
+        g = snn.graph_for(ei, 40)
+        assert spattn.sparse_attention(g, q, q, q).dtype == torch.bfloat16
+    assert got.dtype == torch.bfloat16
+    assert_close(got.float(), want, "autocast output", tol=3e-2)
+
+
+def test_dropout_under_capture_is_refused_where_it_would_repeat():
+    # Outside a CUDA graph capture the seed is drawn every call: two calls differ.
+    g = spattn.Graph.from_edge_index(edges(30, 120, 5), num_nodes=30)
+    q = torch.randn(30, 1, 4)
+    a = spattn.sparse_attention(g, q, q, q, dropout=0.5)
+    b = spattn.sparse_attention(g, q, q, q, dropout=0.5)
+    assert not torch.equal(a, b)
