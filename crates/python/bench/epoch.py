@@ -130,7 +130,10 @@ def time_epochs(step, warmup, repeat, cuda):
 
 
 def run_case(impl, model, dtype, edge_index, x, y, state, args, spattn, edge_attr=None):
-    if impl == "pyg":
+    # "pyg" / "spattn", or either with "-compile": the model under torch.compile (spattn's
+    # traced whole, fullgraph=True; PyG's with the graph breaks it needs).
+    base, _, mode = impl.partition("-")
+    if base == "pyg":
         import torch_geometric.nn as lib
     else:
         lib = spattn.nn
@@ -143,10 +146,11 @@ def run_case(impl, model, dtype, edge_index, x, y, state, args, spattn, edge_att
     ei = edge_index
     ea = edge_attr.to(dtype) if (edge_attr is not None and model.endswith("_edge")) else None
     opt = torch.optim.Adam(net.parameters(), lr=0.01)
+    call = torch.compile(net, fullgraph=base == "spattn") if mode == "compile" else net
 
     def step():
         opt.zero_grad(set_to_none=True)
-        out = net(xs, ei, ea)
+        out = call(xs, ei, ea)
         loss = F.cross_entropy(out.float(), y)
         loss.backward()
         opt.step()
@@ -165,13 +169,13 @@ def run_case(impl, model, dtype, edge_index, x, y, state, args, spattn, edge_att
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         resident = torch.cuda.memory_allocated()
-        if impl == "spattn":
+        if base == "spattn":
             spattn.reset_peak_memory_stats(x.device)
     step()
     if cuda:
         torch.cuda.synchronize()
         peak_torch = torch.cuda.max_memory_allocated()
-        pool = spattn.memory_stats(x.device)["used_peak"] if impl == "spattn" else 0
+        pool = spattn.memory_stats(x.device)["used_peak"] if base == "spattn" else 0
     result = {
         "impl": impl,
         "model": model,
@@ -195,7 +199,8 @@ def main():
     ap.add_argument("--models", default="gat,transformer", help="comma list of " + ", ".join(MODELS))
     ap.add_argument("--edge-dim", type=int, default=16, help="edge features of transformer_edge")
     ap.add_argument("--dtypes", default="f32,f16,bf16", help="comma list of f32, f16, bf16")
-    ap.add_argument("--impls", default="pyg,spattn")
+    ap.add_argument("--impls", default="pyg,spattn",
+                    help="comma list of pyg, spattn, pyg-compile, spattn-compile (torch.compile)")
     ap.add_argument("--features", type=int, default=128)
     ap.add_argument("--hidden", type=int, default=32, help="channels per head of layer 1")
     ap.add_argument("--heads", type=int, default=8)
@@ -230,7 +235,7 @@ def main():
         pyg_version = None
         if "pyg" in args.impls:
             print("torch_geometric is not installed: PyG rows are skipped", file=sys.stderr)
-            args.impls = ",".join(i for i in args.impls.split(",") if i != "pyg")
+            args.impls = ",".join(i for i in args.impls.split(",") if not i.startswith("pyg"))
 
     gpu = torch.cuda.get_device_properties(device).name if device.type == "cuda" else "cpu"
     header = {

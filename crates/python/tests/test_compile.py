@@ -53,10 +53,18 @@ def run(layer, x, ei, edge_attr=None):
     return out.detach(), xa.grad, grads
 
 
-def assert_close(a, b, what, tol=1e-5):
+def assert_close(a, b, what, tol=1e-5, scale=0.0):
+    """Relative L2 error within ``tol``; measured against ``scale`` where ``b`` is smaller (a
+    gradient that cancels to roundoff, such as TransformerConv's key bias, whose exact value is
+    0: the softmax does not see a shift of a row's scores)."""
     a, b = a.double(), b.double()
-    err = (a - b).norm().item() / max(b.norm().item(), 1e-30)
+    err = (a - b).norm().item() / max(b.norm().item(), scale, 1e-30)
     assert err <= tol, f"{what}: relative error {err:.2e} > {tol:.0e}"
+
+
+def grad_scale(model) -> float:
+    """A floor for the gradients' comparisons: 1% of the largest parameter gradient's norm."""
+    return 0.01 * max(p.grad.double().norm().item() for p in model.parameters())
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -176,10 +184,101 @@ def test_autocast_runs_attention_in_its_dtype():
     assert_close(got.float(), want, "autocast output", tol=3e-2)
 
 
-def test_dropout_under_capture_is_refused_where_it_would_repeat():
-    # Outside a CUDA graph capture the seed is drawn every call: two calls differ.
+def test_dropout_draws_a_new_mask_every_call():
     g = spattn.Graph.from_edge_index(edges(30, 120, 5), num_nodes=30)
     q = torch.randn(30, 1, 4)
     a = spattn.sparse_attention(g, q, q, q, dropout=0.5)
     b = spattn.sparse_attention(g, q, q, q, dropout=0.5)
     assert not torch.equal(a, b)
+
+
+# ---- CUDA graphs (GPU only) -------------------------------------------------------------------
+
+TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}
+needs_cuda = pytest.mark.skipif("cuda" not in DEVICES, reason="needs an NVIDIA GPU")
+
+
+class Net(torch.nn.Module):
+    """GATConv (edge features) → TransformerConv → AGNNConv: every attention call of the package."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = snn.GATConv(12, 8, heads=2, edge_dim=3)
+        self.b = snn.TransformerConv(16, 6, heads=2, edge_dim=3)
+        self.c = snn.AGNNConv()
+
+    def forward(self, x, ei, attr):
+        h = self.a(x, ei, attr).relu()
+        return self.c(self.b(h, ei, attr), ei)
+
+
+def step_grads(model, x, ei, attr):
+    out = model(x, ei, attr)
+    out.float().square().sum().backward()
+    return out
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_training_step_captured_whole_in_a_cuda_graph(dtype):
+    import copy
+
+    torch.manual_seed(3)
+    n = 700
+    ei = edges(n, 6000, 7, "cuda")
+    attr = torch.randn(ei.shape[1], 3, device="cuda", dtype=dtype)
+    model = Net().cuda().to(dtype)
+    ref = copy.deepcopy(model)
+    x_static = torch.randn(n, 12, device="cuda", dtype=dtype)
+    # Warm-up on a side stream, as torch prescribes: the graph and its plans are built here.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            model.zero_grad(set_to_none=True)
+            step_grads(model, x_static, ei, attr)
+    torch.cuda.current_stream().wait_stream(side)
+    model.zero_grad(set_to_none=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_static = step_grads(model, x_static, ei, attr)
+    for i in range(3):
+        x = torch.randn(n, 12, device="cuda", dtype=dtype)
+        x_static.copy_(x)
+        graph.replay()
+        ref.zero_grad(set_to_none=True)
+        want = step_grads(ref, x, ei, attr)
+        tol = TOL[dtype]
+        assert_close(out_static, want, f"replay {i} out", tol=tol)
+        scale = grad_scale(ref)
+        for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+            assert_close(p.grad, q.grad, f"replay {i} d{name}", tol=tol, scale=scale)
+
+
+@needs_cuda
+def test_dropout_is_refused_under_capture():
+    g = spattn.Graph.from_edge_index(edges(30, 120, 5, "cuda"), num_nodes=30)
+    q = torch.randn(30, 1, 8, device="cuda")
+    spattn.sparse_attention(g, q, q, q)  # plan before the capture
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="replay one mask"):
+        with torch.cuda.graph(graph):
+            spattn.sparse_attention(g, q, q, q, dropout=0.5)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_autocast_on_cuda(dtype):
+    torch.manual_seed(5)
+    n = 400
+    ei = edges(n, 3000, 9, "cuda")
+    attr = torch.randn(ei.shape[1], 3, device="cuda")
+    model = Net().cuda()
+    x = torch.randn(n, 12, device="cuda")
+    want = model(x, ei, attr)
+    with torch.autocast("cuda", dtype=dtype):
+        got = model(x, ei, attr)
+    assert got.dtype == dtype
+    assert_close(got.float(), want, "autocast output", tol=3e-2)
+    got.float().square().sum().backward()  # gradients reach the f32 parameters
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters())

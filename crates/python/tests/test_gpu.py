@@ -230,18 +230,49 @@ def agnn_beta_condition(ref, x, edge_index, w, ref_grads):
     return {"beta": spread / ref_grads["beta"].norm().item()}
 
 
-def run_layer(layer, x, edge_index, w):
+def run_layer(layer, x, edge_index, w, call=None):
+    """Output, ∂/∂x and the parameters' gradients of Σ out · w; ``call`` runs the layer (a
+    compiled or graphed form of it) where given."""
     xa = x.clone().requires_grad_()
-    out = layer(xa, edge_index)
+    out = (layer if call is None else call)(xa, edge_index)
     (out * w.to(out.dtype)).sum().backward()
     grads = {name: p.grad for name, p in layer.named_parameters() if p.grad is not None}
     return out.detach(), xa.grad, grads
+
+
+def in_mode(layer, x, edge_index, mode):
+    """How ``mode`` runs ``layer``: eagerly, compiled whole by torch.compile (inductor, dynamic
+    shapes), or replayed from a CUDA graph captured by ``torch.cuda.make_graphed_callables``
+    (forward and backward; its warm-up plans the graph before the capture)."""
+    if mode == "eager":
+        return None
+    if mode == "compile":
+        torch._dynamo.reset()
+        return torch.compile(layer, fullgraph=True, dynamic=True)
+    assert mode == "cudagraph"
+    return torch.cuda.make_graphed_callables(layer, (x.clone().requires_grad_(), edge_index))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f16", "bf16"])
 @pytest.mark.parametrize("kind", list(LAYERS))
 @pytest.mark.parametrize("graph", GRAPHS)
 def test_layer_matches_pyg(graph, kind, dtype):
+    layer_matches_pyg(graph, kind, dtype, "eager")
+
+
+# Compiled (inductor) and CUDA-graph replays against PyG: every layer and dtype on cora, and
+# pubmed in float16 (compilations take seconds each: not every graph).
+MODE_CASES = [("cora", d) for d in DTYPES] + [("pubmed", torch.float16)]
+
+
+@pytest.mark.parametrize("mode", ["compile", "cudagraph"])
+@pytest.mark.parametrize("kind", list(LAYERS))
+@pytest.mark.parametrize("graph,dtype", MODE_CASES, ids=[f"{g}-{str(d)[6:]}" for g, d in MODE_CASES])
+def test_layer_matches_pyg_compiled_and_graphed(graph, dtype, kind, mode):
+    layer_matches_pyg(graph, kind, dtype, mode)
+
+
+def layer_matches_pyg(graph, kind, dtype, mode):
     m = pyg()
     g, edge_index = graph_or_skip(graph)
     make, fin = LAYERS[kind]
@@ -261,7 +292,7 @@ def test_layer_matches_pyg(graph, kind, dtype):
 
     ours = make(spattn.nn, fin).cuda().to(dtype)
     ours.load_state_dict(state)
-    out, gx, grads = run_layer(ours, x, edge_index, w)
+    out, gx, grads = run_layer(ours, x, edge_index, w, in_mode(ours, x, edge_index, mode))
     assert out.dtype == dtype
 
     try:  # PyG in the same dtype: how far the dtype itself takes a correct implementation
@@ -295,7 +326,7 @@ def test_layer_matches_pyg(graph, kind, dtype):
         pyg_err = rel(pyg_same, want) if pyg_same is not None else float("nan")
         allowed = max(TOL[dtype], 2 * pyg_err) if pyg_err == pyg_err else TOL[dtype]
         allowed = max(allowed, conditioned.get(name, 0.0))
-        print(f"  {graph} {kind} {str(dtype)[6:]} {name}: spattn {err:.2e}  PyG-same-dtype {pyg_err:.2e}  allowed {allowed:.1e}")
+        print(f"  {graph} {kind} {str(dtype)[6:]} {mode} {name}: spattn {err:.2e}  PyG-same-dtype {pyg_err:.2e}  allowed {allowed:.1e}")
         if not err <= allowed:
             failures.append(f"{name}: {err:.3e} > {allowed:.1e}")
     assert not failures, "; ".join(failures)

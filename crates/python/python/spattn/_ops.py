@@ -16,7 +16,8 @@ under ``torch.compile`` it calls these operators. The bodies are shared
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+import inspect
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -25,6 +26,20 @@ from . import functional as F
 from .graph import graph_of_token
 
 _lib = "spattn"
+
+# The calls read the graph behind their token on the host, which a CUDA graph recorded by
+# torch.compile's "reduce-overhead" mode would not see change from one step's graph to the
+# next: inductor runs them between its graphed partitions (torch >= 2.8 knows the tag; older
+# versions do not graph a model with them). Whole-step capture of a fixed graph is
+# torch.cuda.graph / make_graphed_callables on the eager calls.
+_UNSAFE = getattr(torch._C.Tag, "cudagraph_unsafe", None)
+_TAGS = {"tags": (_UNSAFE,)} if _UNSAFE is not None and "tags" in inspect.signature(
+    torch.library.custom_op).parameters else {}
+
+
+def _op(name: str):
+    """``torch.library.custom_op`` of ``spattn::name``, tagged as above."""
+    return torch.library.custom_op(f"{_lib}::{name}", mutates_args=(), **_TAGS)
 
 
 def _drop(rate: float, seed: Optional[Tensor]):
@@ -42,7 +57,7 @@ def _token_like(t: Tensor) -> Tensor:
 # ---- graphs ------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op(f"{_lib}::graph_for", mutates_args=())
+@_op("graph_for")
 def graph_for(edge_index: Tensor, num_nodes: int, self_loops: bool) -> Tensor:
     """The token of :func:`spattn.nn.graph_for`'s graph of ``edge_index`` (built on its device,
     cached per tensor)."""
@@ -56,7 +71,7 @@ def _(edge_index, num_nodes, self_loops):
     return _token_like(edge_index)
 
 
-@torch.library.custom_op(f"{_lib}::with_self_loops", mutates_args=())
+@_op("with_self_loops")
 def with_self_loops(graph: Tensor, num_nodes: int) -> Tensor:
     """The token of :meth:`spattn.Graph.with_self_loops` of a graph passed to a layer as its
     ``edge_index``, checked against the layer's ``num_nodes``."""
@@ -70,7 +85,7 @@ def _(graph, num_nodes):
     return _token_like(graph)
 
 
-@torch.library.custom_op(f"{_lib}::edge_index", mutates_args=())
+@_op("edge_index")
 def edge_index(graph: Tensor, like: Tensor) -> Tensor:
     """:meth:`spattn.Graph.edge_index` on ``like``'s device (``2 × num_edges`` int64)."""
     return graph_of_token(graph).edge_index(device=like.device)
@@ -82,7 +97,7 @@ def _(graph, like):
     return like.new_empty((2, e), dtype=torch.int64)
 
 
-@torch.library.custom_op(f"{_lib}::edge_order", mutates_args=())
+@_op("edge_order")
 def edge_order(graph: Tensor, edge_index: Tensor, data: Tensor, self_loops: bool) -> Tuple[Tensor, Tensor]:
     """Per-edge ``data`` in ``edge_index``'s order (and, with ``self_loops``, one row per node
     after them: the added loops) moved to the graph's CSR order, and where each row went."""
@@ -117,7 +132,7 @@ edge_order.register_autograd(_edge_order_grad, setup_context=_edge_order_setup)
 # ---- sparse attention ----------------------------------------------------------------------
 
 
-@torch.library.custom_op(f"{_lib}::attention", mutates_args=())
+@_op("attention")
 def attention(graph: Tensor, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float],
               algorithm: str) -> Tensor:
     """:func:`spattn.sparse_attention` without extras."""
@@ -129,7 +144,7 @@ def _(graph, q, k, v, scale, algorithm):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
-@torch.library.custom_op(f"{_lib}::attention_backward", mutates_args=())
+@_op("attention_backward")
 def attention_backward(graph: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                        d_out: Tensor, scale: Optional[float], algorithm: str
                        ) -> Tuple[Tensor, Tensor, Tensor]:
@@ -157,7 +172,7 @@ def _attention_grad(ctx, d_out):
 attention.register_autograd(_attention_grad, setup_context=_attention_setup)
 
 
-@torch.library.custom_op(f"{_lib}::attention_extras", mutates_args=())
+@_op("attention_extras")
 def attention_extras(graph: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
                      features: Optional[Tensor], scale: Optional[float], algorithm: str,
                      rate: float, seed: Optional[Tensor], want_weights: bool
@@ -177,22 +192,23 @@ def _(graph, q, k, v, bias, features, scale, algorithm, rate, seed, want_weights
     )
 
 
-@torch.library.custom_op(f"{_lib}::attention_extras_backward", mutates_args=())
+@_op("attention_extras_backward")
 def attention_extras_backward(graph: Tensor, q: Tensor, k: Tensor, v: Tensor, d_out: Tensor,
                               bias: Optional[Tensor], features: Optional[Tensor],
                               scale: Optional[float], algorithm: str, rate: float,
-                              seed: Optional[Tensor]) -> List[Tensor]:
-    """``[dq, dk, dv, d_bias, d_features]`` of :func:`attention_extras` (an absent bias's or
+                              seed: Optional[Tensor]
+                              ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv, d_bias, d_features)`` of :func:`attention_extras` (an absent bias's or
     features' gradient is an empty tensor)."""
     grads = F.extras_backward(graph_of_token(graph), q, k, v, d_out, bias, features, scale,
                               algorithm, _drop(rate, seed))
-    return [g if g is not None else q.new_empty(0) for g in grads]
+    return tuple(g if g is not None else q.new_empty(0) for g in grads)
 
 
 @attention_extras_backward.register_fake
 def _(graph, q, k, v, d_out, bias, features, scale, algorithm, rate, seed):
     like = lambda t: torch.empty_like(t) if t is not None else q.new_empty(0)  # noqa: E731
-    return [like(q), like(k), like(v), like(bias), like(features)]
+    return like(q), like(k), like(v), like(bias), like(features)
 
 
 def _extras_setup(ctx, inputs, output):
@@ -217,7 +233,7 @@ attention_extras.register_autograd(_extras_grad, setup_context=_extras_setup)
 # ---- GAT attention ---------------------------------------------------------------------------
 
 
-@torch.library.custom_op(f"{_lib}::gat", mutates_args=())
+@_op("gat")
 def gat(graph: Tensor, x: Tensor, a_dst: Tensor, a_src: Tensor, bias: Optional[Tensor],
         slope: float, rate: float, seed: Optional[Tensor]) -> Tensor:
     """:func:`spattn.gat_attention` (per-node terms and bias already in their working dtype)."""
@@ -229,20 +245,20 @@ def _(graph, x, a_dst, a_src, bias, slope, rate, seed):
     return x.new_empty((a_dst.shape[0], x.shape[1], x.shape[2]))
 
 
-@torch.library.custom_op(f"{_lib}::gat_backward", mutates_args=())
+@_op("gat_backward")
 def gat_backward(graph: Tensor, x: Tensor, a_dst: Tensor, a_src: Tensor, d_out: Tensor,
                  bias: Optional[Tensor], slope: float, rate: float, seed: Optional[Tensor]
-                 ) -> List[Tensor]:
-    """``[dx, da_dst, da_src, d_bias]`` of :func:`gat` (``d_bias`` empty without a bias)."""
+                 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(dx, da_dst, da_src, d_bias)`` of :func:`gat` (``d_bias`` empty without a bias)."""
     grads = F.gat_backward(graph_of_token(graph), x, a_dst, a_src, d_out, bias, slope,
                            _drop(rate, seed))
-    return [g if g is not None else x.new_empty(0) for g in grads]
+    return tuple(g if g is not None else x.new_empty(0) for g in grads)
 
 
 @gat_backward.register_fake
 def _(graph, x, a_dst, a_src, d_out, bias, slope, rate, seed):
-    return [torch.empty_like(x), torch.empty_like(a_dst), torch.empty_like(a_src),
-            torch.empty_like(bias) if bias is not None else x.new_empty(0)]
+    return (torch.empty_like(x), torch.empty_like(a_dst), torch.empty_like(a_src),
+            torch.empty_like(bias) if bias is not None else x.new_empty(0))
 
 
 def _gat_setup(ctx, inputs, output):

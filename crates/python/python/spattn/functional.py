@@ -309,6 +309,12 @@ def _check_dropout(dropout: Any, seed: Optional[int]) -> Optional[Tuple[float, A
     if rate == 0.0:
         return None  # a seed without dropout draws nothing
     if seed is None:
+        if not _compiling() and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "dropout: a CUDA graph captured with attention dropout would replay one mask "
+                "at every replay (the seed is drawn on the host when the graph is captured); "
+                "capture without dropout, or pass dropout_seed to accept a fixed mask"
+            )
         # torch's default generator: torch.manual_seed reproduces the mask.
         drawn = torch.randint(0, 2**62, (1,), dtype=torch.int64)
         return rate, (drawn if _compiling() else int(drawn.item())), 0
