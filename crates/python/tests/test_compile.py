@@ -282,3 +282,14 @@ def test_autocast_on_cuda(dtype):
     assert_close(got.float(), want, "autocast output", tol=3e-2)
     got.float().square().sum().backward()  # gradients reach the f32 parameters
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters())
+
+
+def test_edge_index_type_traced_whole():
+    from_pyg = pytest.importorskip("torch_geometric")
+    torch._dynamo.reset()
+    layer = snn.GATConv(12, 6, heads=2)
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True, dynamic=True)
+    ei = edges(40, 160, 30).contiguous()
+    x = torch.randn(40, 12)
+    got = compiled(x, from_pyg.EdgeIndex(ei, sparse_size=(40, 40)))
+    assert_close(got.detach(), layer(x, ei).detach(), "EdgeIndex out")

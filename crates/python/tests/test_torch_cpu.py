@@ -247,7 +247,7 @@ def test_unsupported_arguments_raise_naming_them():
         torch.testing.assert_close(layer(x, ei, edge_attr=torch.randn(2, 3)), layer(x, ei))
     with pytest.raises(NotImplementedError, match="bipartite"):
         layer((x, torch.randn(2, 4)), ei)
-    with pytest.raises(NotImplementedError, match="sparse"):
+    with pytest.raises(ValueError, match="adjacency is 2 x 2, x has 3 nodes"):
         layer(x, ei.to_sparse())
 
 

@@ -14,8 +14,8 @@ keeps its plans: the first forward on a graph pays for planning, later ones only
 
 Differences from PyG (each is also in the class's documentation):
 
-- Bipartite inputs of two node sets of different sizes, ``SparseTensor`` / ``torch.sparse``
-  adjacencies, lazy ``in_channels=-1``, GATConv's ``return_attention_weights`` and
+- Bipartite inputs of two node sets of different sizes, lazy ``in_channels=-1``, GATConv's
+  ``return_attention_weights`` and
   ``MessagePassing`` options other than the defaults (``aggr="add"``,
   ``flow="source_to_target"``, ``decomposed_layers=1``) raise ``NotImplementedError`` naming
   the argument.
@@ -31,8 +31,20 @@ Differences from PyG (each is also in the class's documentation):
 - Double backward (gradients of gradients) is not supported.
 - The layers are ``torch.nn.Module`` subclasses, not ``MessagePassing`` subclasses: PyG tools that
   introspect ``MessagePassing`` (explainers, ``to_hetero``, propagate hooks, TorchScript via
-  ``jittable``) do not apply; ``torch.compile`` breaks the graph at the spattn call; CUDA
-  graph capture is not supported (spattn launches on its own stream).
+  ``jittable``) do not apply.
+- ``torch.compile(model, fullgraph=True, dynamic=True)`` traces the layers whole (spattn's
+  calls are the custom operators ``torch.ops.spattn.*``; a new graph every step reuses one
+  compilation). ``mode="reduce-overhead"`` does not work with torch 2.11 (inductor passes a
+  custom operator's tuple of outputs between its CUDA-graph partitions); capture a step with
+  ``torch.cuda.graph`` or ``torch.cuda.make_graphed_callables`` instead, for a fixed graph:
+  a captured step replays the graph it was captured with, and attention dropout without a
+  ``dropout_seed`` is refused under capture (one mask would be replayed every step).
+- Under ``torch.autocast`` the attention runs in the autocast dtype (float32 accumulation) and
+  returns it.
+- ``edge_index`` may be a ``(2, E)`` tensor (a ``Batch``'s, a loader's), PyG's ``EdgeIndex``, a
+  ``torch.sparse`` CSR / CSC / COO adjacency or a ``torch_sparse.SparseTensor`` in PyG's
+  ``adj_t`` convention (row ``i``: the sources of the edges into ``i``), or a
+  :class:`spattn.Graph` (:func:`graph_for`); edge features need the ``(2, E)`` forms.
 - Numerics: on CUDA, f16 / bf16 attention sums in f32 and rounds once; GATConv computes its
   per-node terms ``a^T W x`` in f32 for half-precision inputs (PyG: in the input dtype); on the
   CPU, f16 / bf16 inputs are computed in f32 and rounded back. LeakyReLU's derivative at
@@ -88,22 +100,28 @@ def graph_for(edge_index: Any, num_nodes: int, self_loops: bool = False) -> Grap
     A CUDA ``edge_index`` is built on its GPU (:meth:`spattn.Graph.from_edge_index`) with the
     policy ``"once"``: a mini-batch's graph, new every step, keeps its row order. The same
     tensor seen again after a backward (full-graph training) switches its graph to
-    ``"reuse"``: its ``auto`` plans then choose a row order once."""
+    ``"reuse"``: its ``auto`` plans then choose a row order once.
+
+    Besides a ``(2, E)`` tensor (and a ``Batch``'s or a loader's ``edge_index``, which are
+    such tensors), ``edge_index`` may be PyG's ``EdgeIndex`` (its tensor is used, cached by
+    the same object; a CUDA one is built on its GPU, whose sort finds a target-sorted input
+    in order), or a sparse adjacency in PyG's ``adj_t`` convention (row ``i``: the sources of
+    the edges into ``i``): a ``torch.sparse`` CSR, CSC or COO tensor of ``N × N``, or
+    ``torch_sparse.SparseTensor``, built from its CSR (no sort of a CSR whose rows list their
+    columns in order). Edge features need the ``(2, E)`` form (their order is its order)."""
     if isinstance(edge_index, Graph):
         if edge_index.num_nodes != num_nodes or edge_index.num_cols != num_nodes:
             raise ValueError(
                 f"edge_index: the graph has {edge_index.num_nodes} nodes, x has {num_nodes}"
             )
         return edge_index.with_self_loops() if self_loops else edge_index
+    edge_index = plain_edge_index(edge_index)
+    if _is_adjacency(edge_index):
+        return _adjacency_graph(edge_index, num_nodes, self_loops)
     if not isinstance(edge_index, Tensor):
         raise TypeError(
-            f"edge_index: expected a torch.Tensor of shape (2, E) or a spattn.Graph, "
-            f"got {type(edge_index).__name__}"
-        )
-    if edge_index.layout != torch.strided:
-        raise NotImplementedError(
-            f"edge_index: sparse adjacencies ({edge_index.layout}) are not supported; "
-            "pass a (2, E) edge_index or a spattn.Graph"
+            f"edge_index: expected a torch.Tensor of shape (2, E), a sparse adjacency or a "
+            f"spattn.Graph, got {type(edge_index).__name__}"
         )
     tensor = _tensor_key(edge_index)
     if tensor is None:  # an inference-mode tensor tracks no version: build, do not cache
@@ -125,6 +143,64 @@ def graph_for(edge_index: Any, num_nodes: int, self_loops: bool = False) -> Grap
     return graph
 
 
+def plain_edge_index(edge_index: Any) -> Any:
+    """PyG's ``EdgeIndex`` as its plain ``(2, E)`` tensor (the same object every time, so the
+    caches keyed by it hit); anything else unchanged."""
+    if type(edge_index).__name__ == "EdgeIndex" and hasattr(edge_index, "as_tensor"):
+        return edge_index.as_tensor()
+    return edge_index
+
+
+def _is_adjacency(a: Any) -> bool:
+    """A ``torch.sparse`` tensor or a ``torch_sparse.SparseTensor``."""
+    if isinstance(a, Tensor):
+        return a.layout != torch.strided
+    return type(a).__name__ == "SparseTensor" and hasattr(a, "csr")
+
+
+def _adjacency_graph(adj: Any, num_nodes: int, self_loops: bool) -> Graph:
+    """:func:`graph_for` of a sparse adjacency (``adj_t``: rows the targets), cached per object
+    and version like an ``edge_index``."""
+    if isinstance(adj, Tensor):
+        if adj.layout not in (torch.sparse_csr, torch.sparse_csc, torch.sparse_coo):
+            raise NotImplementedError(
+                f"edge_index: sparse layout {adj.layout} is not supported (CSR, CSC, COO)"
+            )
+        shape = tuple(adj.shape)
+    else:
+        shape = tuple(adj.sparse_sizes())
+    if shape != (num_nodes, num_nodes):
+        raise ValueError(
+            f"edge_index: the adjacency is {shape[0]} x {shape[1]}, x has {num_nodes} nodes "
+            "(an adj_t of N x N: row i lists the sources of the edges into i)"
+        )
+    try:
+        version = adj._version if isinstance(adj, Tensor) else None
+    except RuntimeError:
+        version = None
+    key = ("adjacency", id(adj), version, shape, int(num_nodes), bool(self_loops))
+    hit = _cache.get(key)
+    if hit is not None and hit[0]() is adj:
+        _cache.move_to_end(key)
+        return hit[1]
+    if isinstance(adj, Tensor):
+        csr = adj if adj.layout == torch.sparse_csr else adj.to_sparse_csr()
+        crow, col = csr.crow_indices(), csr.col_indices()
+    else:
+        crow, col, _ = adj.csr()
+    graph = Graph(crow, col, num_nodes)
+    if self_loops:
+        graph = graph.with_self_loops()
+    try:
+        ref = weakref.ref(adj)
+    except TypeError:  # an object without weak references: build every call, do not cache
+        return graph
+    _cache[key] = (ref, graph)
+    while len(_cache) > _CACHE_SIZE:
+        _cache.popitem(last=False)
+    return graph
+
+
 def clear_graph_cache() -> None:
     """Forgets the graphs :func:`graph_for` cached (and so their device memory, once nothing
     else holds them): the next call of a layer builds its graph again."""
@@ -137,6 +213,12 @@ def _graph_ref(edge_index: Any, num_nodes: Any, self_loops: bool) -> Any:
     when the compiled model runs, not when it is traced)."""
     if not _compiling():
         return graph_for(edge_index, num_nodes, self_loops)
+    edge_index = plain_edge_index(edge_index)
+    if _is_adjacency(edge_index):
+        raise NotImplementedError(
+            "edge_index: sparse adjacencies are not supported under torch.compile; pass a "
+            "(2, E) edge_index (e.g. torch.stack([adj.col_indices(), row]) ) or a spattn.Graph"
+        )
     if isinstance(edge_index, Graph):
         token = edge_index._token
         return torch.ops.spattn.with_self_loops(token, num_nodes) if self_loops else token
@@ -144,11 +226,6 @@ def _graph_ref(edge_index: Any, num_nodes: Any, self_loops: bool) -> Any:
         raise TypeError(
             f"edge_index: expected a torch.Tensor of shape (2, E) or a spattn.Graph, "
             f"got {type(edge_index).__name__}"
-        )
-    if edge_index.layout != torch.strided:
-        raise NotImplementedError(
-            f"edge_index: sparse adjacencies ({edge_index.layout}) are not supported; "
-            "pass a (2, E) edge_index or a spattn.Graph"
         )
     return torch.ops.spattn.graph_for(edge_index, num_nodes, bool(self_loops))
 
@@ -286,7 +363,13 @@ class _EdgeOrder(torch.autograd.Function):
 
 
 def _check_edge_rows(layer: str, edge_index: Any, edge_attr: Tensor) -> None:
-    """``edge_attr`` has a row per edge of an ``edge_index`` tensor."""
+    """``edge_attr`` has a row per edge of an ``edge_index`` tensor (not a sparse adjacency,
+    whose order is not the attributes')."""
+    if _is_adjacency(edge_index):
+        raise NotImplementedError(
+            f"{layer}: edge_attr with a sparse adjacency (pass the (2, E) edge_index, in whose "
+            "order edge_attr is)"
+        )
     if isinstance(edge_index, Tensor) and edge_attr.shape[0] != edge_index.shape[1]:
         raise ValueError(
             f"{layer}: edge_attr has {edge_attr.shape[0]} rows, edge_index has {edge_index.shape[1]} edges"
@@ -359,6 +442,30 @@ class TransformerConv(torch.nn.Module):
 
     Not supported (``NotImplementedError``): two node sets of different sizes, lazy
     ``in_channels=-1``. Extra keyword: ``algorithm`` (spattn's algorithm, ``"auto"``).
+
+    Args:
+        in_channels: input features per node (or a pair, of equal node sets).
+        out_channels: channels per head.
+        heads: attention heads.
+        concat: concatenate the heads (else average them).
+        beta: the gated skip connection of the paper's equation 5.
+        dropout: attention dropout rate in training mode.
+        edge_dim: edge feature width (``None``: no edge features).
+        bias: biases of the linear maps.
+        root_weight: add the skip connection ``lin_skip(x_i)``.
+        algorithm: spattn's algorithm (keyword only).
+
+    Shapes:
+        - input: ``x`` ``(N, in_channels)``, ``edge_index`` ``(2, E)`` (or the forms
+          :func:`graph_for` takes), ``edge_attr`` ``(E, edge_dim)`` with ``edge_dim``
+        - output: ``(N, heads * out_channels)`` with ``concat``, else ``(N, out_channels)``;
+          with ``return_attention_weights``, also ``((2, E'), (E', heads))``, the graph's
+          edges in its CSR order
+
+    Example::
+
+        conv = spattn.nn.TransformerConv(128, 32, heads=8).cuda()
+        out = conv(x, edge_index)          # x: N x 128, edge_index: 2 x E, both on CUDA
     """
 
     def __init__(
@@ -426,6 +533,7 @@ class TransformerConv(torch.nn.Module):
         return_attention_weights: Optional[bool] = None,
     ) -> Tensor:
         name = "TransformerConv"
+        edge_index = plain_edge_index(edge_index)
         if (edge_attr is None) != (self.lin_edge is None):
             raise ValueError(
                 f"{name}: edge_attr is required with edge_dim and taken only with it "
@@ -499,6 +607,34 @@ class GATConv(torch.nn.Module):
     Not supported (``NotImplementedError``): ``return_attention_weights``, ``size`` other than ``None`` or ``(N, N)``, two node sets of
     different sizes, lazy ``in_channels=-1``. Extra keyword: ``algorithm`` (only ``"auto"``:
     GAT runs the CUDA-core CSR kernels).
+
+    Args:
+        in_channels: input features per node (or a pair for ``lin_src`` / ``lin_dst``, of
+            equal node sets).
+        out_channels: channels per head.
+        heads: attention heads.
+        concat: concatenate the heads (else average them).
+        negative_slope: LeakyReLU's slope for negative scores.
+        dropout: dropout rate of the attention coefficients in training mode.
+        add_self_loops: give every node one self loop (PyG's remove-then-add).
+        edge_dim: edge feature width (``None``: no edge term).
+        fill_value: the self loops' edge attributes: a number, a tensor, or a reduction of
+            the node's incoming attributes (``"mean"``, ``"add"``, ``"sum"``, ``"max"``,
+            ``"min"``, ``"mul"``).
+        bias: a learnable output bias.
+        residual: add ``res(x_i)``.
+        algorithm: spattn's algorithm (keyword only; ``"auto"``).
+
+    Shapes:
+        - input: ``x`` ``(N, in_channels)``, ``edge_index`` ``(2, E)`` (or the forms
+          :func:`graph_for` takes), ``edge_attr`` ``(E, edge_dim)`` or ``(E,)`` with
+          ``edge_dim``
+        - output: ``(N, heads * out_channels)`` with ``concat``, else ``(N, out_channels)``
+
+    Example::
+
+        conv = spattn.nn.GATConv(128, 32, heads=8, dropout=0.6).cuda()
+        out = conv(x, edge_index)          # x: N x 128, edge_index: 2 x E, both on CUDA
     """
 
     def __init__(
@@ -589,6 +725,7 @@ class GATConv(torch.nn.Module):
         return_attention_weights: Optional[bool] = None,
     ) -> Tensor:
         name = "GATConv"
+        edge_index = plain_edge_index(edge_index)
         if edge_attr is not None and self.lin_edge is None:
             # PyG's GATConv ignores edge_attr without edge_dim; say so once, and do the same.
             warnings.warn(f"{name}: edge_attr is ignored (the layer has no edge_dim), as PyG does",
@@ -726,6 +863,21 @@ class AGNNConv(torch.nn.Module):
     parameter (``beta``) as PyG 2.8; ``forward(x, edge_index)``.
 
     Extra keyword: ``algorithm`` (spattn's algorithm, ``"auto"``).
+
+    Args:
+        requires_grad: learn β (else β = 1, a buffer).
+        add_self_loops: give every node one self loop (PyG's remove-then-add).
+        algorithm: spattn's algorithm (keyword only).
+
+    Shapes:
+        - input: ``x`` ``(N, F)``, ``edge_index`` ``(2, E)`` (or the forms :func:`graph_for`
+          takes)
+        - output: ``(N, F)``
+
+    Example::
+
+        conv = spattn.nn.AGNNConv().cuda()
+        out = conv(x, edge_index)
     """
 
     def __init__(
@@ -755,6 +907,7 @@ class AGNNConv(torch.nn.Module):
 
     def forward(self, x: Tensor, edge_index: Any) -> Tensor:
         name = "AGNNConv"
+        edge_index = plain_edge_index(edge_index)
         if not isinstance(x, Tensor) or x.dim() != 2:
             raise ValueError(f"{name}: x must be a (num_nodes, channels) tensor")
         n, c = x.shape
