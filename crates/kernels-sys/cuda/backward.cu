@@ -267,6 +267,109 @@ extern "C" __global__ void edge_dot_f32(const float* __restrict__ x, const float
     block_accumulate(s, scratch, acc);
 }
 
+// t_to_a[a_to_t[e]] = e: the inverse of A's edge map to A^T (A^T's entries' edges of A).
+extern "C" __global__ void invert_edge_map_u32(const u32* __restrict__ a_to_t, u32 nnz,
+                                               u32* __restrict__ t_to_a) {
+    for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < nnz;
+         e += (u64)gridDim.x * blockDim.x)
+        t_to_a[a_to_t[e]] = (u32)e;
+}
+
+// ---- GATv2's edge gradients --------------------------------------------------------------------
+// On a CSR M (A, or A^T with edge_ids giving each entry's edge of A): per row r, head h and
+// feature d,
+//   out[r,h,d] (= or +=) sum over the entries e of row r of  t_e = ds[id,h] * att[h,d] * lrelu'(z)
+// with z = x_self[r,h,d] + x_other[col(e),h,d] (+ ef[id,h,d]), id = edge_ids[e] (or e). On A
+// (x_self = XR, x_other = XL) that is dXR; on A^T (x_self = XL, x_other = XR) the score's share
+// of dXL, added to the aggregation's. Where d_ef is given each t_e is also written there (per
+// edge), and where d_att_rows is, the row's sum of ds * lrelu(z) (each row's share of d_att,
+// summed over rows by the caller: no atomics).
+//
+// A warp per (row, head): gf lanes split the features (VEC each), the warp's 32 / gf slots of
+// gf lanes take every (32/gf)-th edge of the row, and the slots' partial sums meet by
+// shuffles in a fixed order (deterministic). Every (row, head, feature) is written, empty rows
+// included.
+
+template <class T, int VEC>
+__device__ __forceinline__ void gatv2_edge_grad(
+    const u32* __restrict__ row_offsets, u32 n_rows, const u32* __restrict__ col_indices,
+    const u32* __restrict__ edge_ids, u32 heads, u32 head_dim, const T* __restrict__ x_self,
+    const T* __restrict__ x_other, const T* __restrict__ ef, const float* __restrict__ att,
+    float slope, const float* __restrict__ ds, u32 gf, int accumulate, T* out,
+    T* __restrict__ d_ef, float* __restrict__ d_att_rows) {
+    const u32 lane = lane_id();
+    const u32 fl = lane & (gf - 1u), slot = lane / gf, slots = 32u / gf;
+    const u64 hd = (u64)heads * head_dim;
+    const u64 warp = grid_group(32u), warps = grid_groups(32u);
+    const u64 total = (u64)n_rows * heads;
+    for (u64 rh = warp; rh < total; rh += warps) {
+        u32 h;
+        const u64 row = split_index(rh, heads, total, h);
+        const u32 start = row_offsets[row], end = row_offsets[row + 1];
+        for (u32 d0 = 0; d0 < head_dim; d0 += gf * VEC) {  // uniform across the warp
+            const u32 d = d0 + fl * VEC;
+            const bool active = d < head_dim;
+            const u64 o = (u64)h * head_dim + (active ? d : 0u);
+            float xs[VEC], w[VEC], acc[VEC], acc_att[VEC];
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) {
+                xs[i] = 0.0f;
+                w[i] = 0.0f;
+                acc[i] = 0.0f;
+                acc_att[i] = 0.0f;
+            }
+            if (active) {
+                load_vec<T, VEC>(x_self + row * hd + o, xs);
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) w[i] = __ldg(att + o + i);
+                for (u32 e = start + slot; e < end; e += slots) {
+                    const u64 id = edge_ids != nullptr ? (u64)__ldg(edge_ids + e) : (u64)e;
+                    const float s = __ldg(ds + id * heads + h);
+                    float xo[VEC], f[VEC], t[VEC];
+                    load_vec<T, VEC>(x_other + (u64)__ldg(col_indices + e) * hd + o, xo);
+                    if (ef != nullptr) {
+                        load_vec<T, VEC>(ef + id * hd + o, f);
+                    } else {
+#pragma unroll
+                        for (int i = 0; i < VEC; ++i) f[i] = 0.0f;
+                    }
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const float z = xs[i] + xo[i] + f[i];
+                        t[i] = s * w[i] * (z >= 0.0f ? 1.0f : slope);
+                        acc[i] += t[i];
+                        acc_att[i] = fmaf(s, leaky_relu(z, slope), acc_att[i]);
+                    }
+                    if (d_ef != nullptr) store_vec<T, VEC>(d_ef + id * hd + o, t);
+                }
+            }
+            // The slots' partials, in a fixed order: lanes of one feature chunk differ in
+            // the bits above gf.
+            for (u32 off = gf; off < 32u; off <<= 1) {
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) {
+                    acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], off);
+                    acc_att[i] += __shfl_xor_sync(0xffffffffu, acc_att[i], off);
+                }
+            }
+            if (active && slot == 0) {
+                T* dst = out + row * hd + o;
+                if (accumulate) {
+                    float prev[VEC];
+                    load_vec_coherent<T, VEC>(dst, prev);
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) acc[i] += prev[i];
+                }
+                store_vec<T, VEC>(dst, acc);
+                if (d_att_rows != nullptr) {
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) d_att_rows[row * hd + o + i] = acc_att[i];
+                }
+            }
+        }
+    }
+}
+
 // ---- fused backward: one row pass over A, one column pass over A^T ---------------------------
 // The FlashAttention-2 pattern on sparse rows, without any nnz x heads buffer. With
 // s = scale * r, r = <q_i, k_j>, dP = <dOut_i, v_j>, P the row softmax of s, D_i = sum_j P dP and
@@ -691,6 +794,17 @@ SPATTN_BACKWARD_FUSED(bf16, __nv_bfloat16, 8, 1)
         row_dot<T, VEC>(rows, heads, head_dim, x, y, g, out);                                  \
     }
 
+#define SPATTN_GATV2_GRAD(NAME, T, VEC)                                                         \
+    extern "C" __global__ void NAME(const u32* row_offsets, u32 n_rows, const u32* col_indices, \
+                                    const u32* edge_ids, u32 heads, u32 head_dim,              \
+                                    const T* x_self, const T* x_other, const T* ef,            \
+                                    const float* att, float slope, const float* ds, u32 g,     \
+                                    int accumulate, T* out, T* d_ef, float* d_att_rows) {      \
+        gatv2_edge_grad<T, VEC>(row_offsets, n_rows, col_indices, edge_ids, heads, head_dim,   \
+                                x_self, x_other, ef, att, slope, ds, g, accumulate, out, d_ef, \
+                                d_att_rows);                                                   \
+    }
+
 #define SPATTN_BACKWARD_PER_DTYPE(SUFFIX, T)                                                    \
     extern "C" __global__ void edge_row_sum_csr_rows_##SUFFIX(                                 \
         const u32* row_offsets, u32 n_rows, u32 heads, const float* values, u32 g,             \
@@ -703,10 +817,15 @@ SPATTN_BACKWARD_FUSED(bf16, __nv_bfloat16, 8, 1)
     }                                                                                          \
     SPATTN_ROW_DOT(row_dot_dense_##SUFFIX##_v1, T, 1)                                           \
     SPATTN_ROW_DOT(row_dot_dense_##SUFFIX##_v2, T, 2)                                           \
-    SPATTN_ROW_DOT(row_dot_dense_##SUFFIX##_v4, T, 4)
+    SPATTN_ROW_DOT(row_dot_dense_##SUFFIX##_v4, T, 4)                                           \
+    SPATTN_GATV2_GRAD(gatv2_edge_grad_csr_##SUFFIX##_v1, T, 1)                                  \
+    SPATTN_GATV2_GRAD(gatv2_edge_grad_csr_##SUFFIX##_v2, T, 2)                                  \
+    SPATTN_GATV2_GRAD(gatv2_edge_grad_csr_##SUFFIX##_v4, T, 4)
 
 SPATTN_BACKWARD_PER_DTYPE(f32, float)
 SPATTN_BACKWARD_PER_DTYPE(f16, __half)
 SPATTN_BACKWARD_PER_DTYPE(bf16, __nv_bfloat16)
 SPATTN_ROW_DOT(row_dot_dense_f16_v8, __half, 8)
 SPATTN_ROW_DOT(row_dot_dense_bf16_v8, __nv_bfloat16, 8)
+SPATTN_GATV2_GRAD(gatv2_edge_grad_csr_f16_v8, __half, 8)
+SPATTN_GATV2_GRAD(gatv2_edge_grad_csr_bf16_v8, __nv_bfloat16, 8)

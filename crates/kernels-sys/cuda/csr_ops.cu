@@ -1,4 +1,4 @@
-// CUDA-core ops on CSR: SDDMM (dot and GAT forms), edge softmax, SpMM.
+// CUDA-core ops on CSR: SDDMM (dot, GAT and GATv2 forms), edge softmax, SpMM.
 //
 // Layouts: dense operands rows x heads x head_dim, row-major (hd = heads * head_dim elements per
 // row); per-edge values (scores, probabilities) nnz x heads, f32, edges in CSR order. Inputs
@@ -59,6 +59,50 @@ __device__ __forceinline__ void sddmm_gat_csr(const u32* __restrict__ row_indice
         const u64 e = split_index(i, heads, total, h);
         scores[i] = to_f32(a_dst[(u64)row_indices[e] * heads + h]) +
                     to_f32(a_src[(u64)col_indices[e] * heads + h]);
+    }
+}
+
+// ---- SDDMM, GATv2 form ------------------------------------------------------------------------
+// S[e,h] = sum_d att[h,d] * LeakyReLU(XL[col(e),h,d] + XR[row(e),h,d] (+ EF[e,h,d])): GATv2's
+// score, its per-edge sum x_i + x_j never stored. att is f32, heads x head_dim; EF (null for
+// none) is per edge, nnz x heads x head_dim of T. Edge-parallel groups as the dot form.
+
+template <class T, int VEC>
+__device__ __forceinline__ void sddmm_gatv2_csr(const u32* __restrict__ row_indices,
+                                                const u32* __restrict__ col_indices, u32 nnz,
+                                                const T* __restrict__ xl,
+                                                const T* __restrict__ xr,
+                                                const T* __restrict__ ef,
+                                                const float* __restrict__ att, float slope,
+                                                u32 heads, u32 head_dim, u32 g,
+                                                float* __restrict__ scores) {
+    const u32 mask = group_mask(g);
+    const u32 lane = lane_id() & (g - 1u);
+    const u64 hd = (u64)heads * head_dim;
+    const u64 group = grid_group(g), groups = grid_groups(g);
+    for (u64 e = group; e < nnz; e += groups) {
+        const T* l = xl + (u64)col_indices[e] * hd;
+        const T* r = xr + (u64)row_indices[e] * hd;
+        for (u32 h = 0; h < heads; ++h) {
+            float acc = 0.0f;
+            for (u32 d = lane * VEC; d < head_dim; d += g * VEC) {
+                const u64 o = (u64)h * head_dim + d;
+                float a[VEC], b[VEC], c[VEC];
+                load_vec<T, VEC>(l + o, a);
+                load_vec<T, VEC>(r + o, b);
+                if (ef != nullptr) {
+                    load_vec<T, VEC>(ef + e * hd + o, c);
+                } else {
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) c[i] = 0.0f;
+                }
+#pragma unroll
+                for (int i = 0; i < VEC; ++i)
+                    acc = fmaf(__ldg(att + o + i), leaky_relu(a[i] + b[i] + c[i], slope), acc);
+            }
+            acc = group_sum(acc, mask, g);
+            if (lane == 0) scores[e * heads + h] = acc;
+        }
     }
 }
 
@@ -240,6 +284,15 @@ extern "C" __global__ void edge_softmax_csr_long_rows(const u32* __restrict__ ro
                          head_dim, g, out, scratch);                                           \
     }
 
+#define SPATTN_SDDMM_GATV2(NAME, T, VEC)                                                        \
+    extern "C" __global__ void NAME(const u32* row_indices, const u32* col_indices, u32 nnz,   \
+                                    const T* xl, const T* xr, const T* ef, const float* att,   \
+                                    float slope, u32 heads, u32 head_dim, u32 g,               \
+                                    float* scores) {                                           \
+        sddmm_gatv2_csr<T, VEC>(row_indices, col_indices, nnz, xl, xr, ef, att, slope, heads,  \
+                                head_dim, g, scores);                                          \
+    }
+
 #define SPATTN_PER_DTYPE(SUFFIX, T)                                                             \
     extern "C" __global__ void sddmm_gat_csr_##SUFFIX(const u32* row_indices,                  \
                                                       const u32* col_indices, u32 nnz,         \
@@ -255,6 +308,9 @@ extern "C" __global__ void edge_softmax_csr_long_rows(const u32* __restrict__ ro
     SPATTN_SDDMM(sddmm_csr_##SUFFIX##_v1, T, 1)                                                 \
     SPATTN_SDDMM(sddmm_csr_##SUFFIX##_v2, T, 2)                                                 \
     SPATTN_SDDMM(sddmm_csr_##SUFFIX##_v4, T, 4)                                                 \
+    SPATTN_SDDMM_GATV2(sddmm_gatv2_csr_##SUFFIX##_v1, T, 1)                                     \
+    SPATTN_SDDMM_GATV2(sddmm_gatv2_csr_##SUFFIX##_v2, T, 2)                                     \
+    SPATTN_SDDMM_GATV2(sddmm_gatv2_csr_##SUFFIX##_v4, T, 4)                                     \
     SPATTN_SPMM(spmm_csr_##SUFFIX##_v1, T, 1)                                                   \
     SPATTN_SPMM(spmm_csr_##SUFFIX##_v2, T, 2)                                                   \
     SPATTN_SPMM(spmm_csr_##SUFFIX##_v4, T, 4)
@@ -265,5 +321,7 @@ SPATTN_PER_DTYPE(bf16, __nv_bfloat16)
 // 16-byte vectors of 16-bit types.
 SPATTN_SDDMM(sddmm_csr_f16_v8, __half, 8)
 SPATTN_SDDMM(sddmm_csr_bf16_v8, __nv_bfloat16, 8)
+SPATTN_SDDMM_GATV2(sddmm_gatv2_csr_f16_v8, __half, 8)
+SPATTN_SDDMM_GATV2(sddmm_gatv2_csr_bf16_v8, __nv_bfloat16, 8)
 SPATTN_SPMM(spmm_csr_f16_v8, __half, 8)
 SPATTN_SPMM(spmm_csr_bf16_v8, __nv_bfloat16, 8)

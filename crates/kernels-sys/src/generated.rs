@@ -3,7 +3,7 @@
 
 use crate::PtxModule;
 
-/// The PTX module compiled from `cuda/backward.cu` (55 kernels).
+/// The PTX module compiled from `cuda/backward.cu` (67 kernels).
 pub const BACKWARD: PtxModule = PtxModule {
     name: "backward",
     ptx: include_str!("../ptx/backward.ptx"),
@@ -16,6 +16,7 @@ pub const BACKWARD: PtxModule = PtxModule {
         EDGE_LEAKY_RELU_BACKWARD_F32,
         EDGE_SCALE_F32,
         EDGE_DOT_F32,
+        INVERT_EDGE_MAP_U32,
         ATTENTION_BACKWARD_ROWS_F32_V1_N1,
         ATTENTION_BACKWARD_COLS_F32_V1_N1,
         ATTENTION_BACKWARD_ROWS_F32_V2_N1,
@@ -51,18 +52,29 @@ pub const BACKWARD: PtxModule = PtxModule {
         ROW_DOT_DENSE_F32_V1,
         ROW_DOT_DENSE_F32_V2,
         ROW_DOT_DENSE_F32_V4,
+        GATV2_EDGE_GRAD_CSR_F32_V1,
+        GATV2_EDGE_GRAD_CSR_F32_V2,
+        GATV2_EDGE_GRAD_CSR_F32_V4,
         EDGE_ROW_SUM_CSR_ROWS_F16,
         EDGE_ROW_SUM_CSR_LONG_ROWS_F16,
         ROW_DOT_DENSE_F16_V1,
         ROW_DOT_DENSE_F16_V2,
         ROW_DOT_DENSE_F16_V4,
+        GATV2_EDGE_GRAD_CSR_F16_V1,
+        GATV2_EDGE_GRAD_CSR_F16_V2,
+        GATV2_EDGE_GRAD_CSR_F16_V4,
         EDGE_ROW_SUM_CSR_ROWS_BF16,
         EDGE_ROW_SUM_CSR_LONG_ROWS_BF16,
         ROW_DOT_DENSE_BF16_V1,
         ROW_DOT_DENSE_BF16_V2,
         ROW_DOT_DENSE_BF16_V4,
+        GATV2_EDGE_GRAD_CSR_BF16_V1,
+        GATV2_EDGE_GRAD_CSR_BF16_V2,
+        GATV2_EDGE_GRAD_CSR_BF16_V4,
         ROW_DOT_DENSE_F16_V8,
         ROW_DOT_DENSE_BF16_V8,
+        GATV2_EDGE_GRAD_CSR_F16_V8,
+        GATV2_EDGE_GRAD_CSR_BF16_V8,
     ],
 };
 
@@ -89,6 +101,9 @@ pub const EDGE_SCALE_F32: &str = "edge_scale_f32";
 
 /// Kernel `edge_dot_f32` of [`BACKWARD`].
 pub const EDGE_DOT_F32: &str = "edge_dot_f32";
+
+/// Kernel `invert_edge_map_u32` of [`BACKWARD`].
+pub const INVERT_EDGE_MAP_U32: &str = "invert_edge_map_u32";
 
 /// Kernel `attention_backward_rows_f32_v1_n1` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_ROWS_F32_V1_N1: &str = "attention_backward_rows_f32_v1_n1";
@@ -195,6 +210,15 @@ pub const ROW_DOT_DENSE_F32_V2: &str = "row_dot_dense_f32_v2";
 /// Kernel `row_dot_dense_f32_v4` of [`BACKWARD`].
 pub const ROW_DOT_DENSE_F32_V4: &str = "row_dot_dense_f32_v4";
 
+/// Kernel `gatv2_edge_grad_csr_f32_v1` of [`BACKWARD`].
+pub const GATV2_EDGE_GRAD_CSR_F32_V1: &str = "gatv2_edge_grad_csr_f32_v1";
+
+/// Kernel `gatv2_edge_grad_csr_f32_v2` of [`BACKWARD`].
+pub const GATV2_EDGE_GRAD_CSR_F32_V2: &str = "gatv2_edge_grad_csr_f32_v2";
+
+/// Kernel `gatv2_edge_grad_csr_f32_v4` of [`BACKWARD`].
+pub const GATV2_EDGE_GRAD_CSR_F32_V4: &str = "gatv2_edge_grad_csr_f32_v4";
+
 /// Kernel `edge_row_sum_csr_rows_f16` of [`BACKWARD`].
 pub const EDGE_ROW_SUM_CSR_ROWS_F16: &str = "edge_row_sum_csr_rows_f16";
 
@@ -209,6 +233,15 @@ pub const ROW_DOT_DENSE_F16_V2: &str = "row_dot_dense_f16_v2";
 
 /// Kernel `row_dot_dense_f16_v4` of [`BACKWARD`].
 pub const ROW_DOT_DENSE_F16_V4: &str = "row_dot_dense_f16_v4";
+
+/// Kernel `gatv2_edge_grad_csr_f16_v1` of [`BACKWARD`].
+pub const GATV2_EDGE_GRAD_CSR_F16_V1: &str = "gatv2_edge_grad_csr_f16_v1";
+
+/// Kernel `gatv2_edge_grad_csr_f16_v2` of [`BACKWARD`].
+pub const GATV2_EDGE_GRAD_CSR_F16_V2: &str = "gatv2_edge_grad_csr_f16_v2";
+
+/// Kernel `gatv2_edge_grad_csr_f16_v4` of [`BACKWARD`].
+pub const GATV2_EDGE_GRAD_CSR_F16_V4: &str = "gatv2_edge_grad_csr_f16_v4";
 
 /// Kernel `edge_row_sum_csr_rows_bf16` of [`BACKWARD`].
 pub const EDGE_ROW_SUM_CSR_ROWS_BF16: &str = "edge_row_sum_csr_rows_bf16";
@@ -225,13 +258,28 @@ pub const ROW_DOT_DENSE_BF16_V2: &str = "row_dot_dense_bf16_v2";
 /// Kernel `row_dot_dense_bf16_v4` of [`BACKWARD`].
 pub const ROW_DOT_DENSE_BF16_V4: &str = "row_dot_dense_bf16_v4";
 
+/// Kernel `gatv2_edge_grad_csr_bf16_v1` of [`BACKWARD`].
+pub const GATV2_EDGE_GRAD_CSR_BF16_V1: &str = "gatv2_edge_grad_csr_bf16_v1";
+
+/// Kernel `gatv2_edge_grad_csr_bf16_v2` of [`BACKWARD`].
+pub const GATV2_EDGE_GRAD_CSR_BF16_V2: &str = "gatv2_edge_grad_csr_bf16_v2";
+
+/// Kernel `gatv2_edge_grad_csr_bf16_v4` of [`BACKWARD`].
+pub const GATV2_EDGE_GRAD_CSR_BF16_V4: &str = "gatv2_edge_grad_csr_bf16_v4";
+
 /// Kernel `row_dot_dense_f16_v8` of [`BACKWARD`].
 pub const ROW_DOT_DENSE_F16_V8: &str = "row_dot_dense_f16_v8";
 
 /// Kernel `row_dot_dense_bf16_v8` of [`BACKWARD`].
 pub const ROW_DOT_DENSE_BF16_V8: &str = "row_dot_dense_bf16_v8";
 
-/// The PTX module compiled from `cuda/csr_ops.cu` (30 kernels).
+/// Kernel `gatv2_edge_grad_csr_f16_v8` of [`BACKWARD`].
+pub const GATV2_EDGE_GRAD_CSR_F16_V8: &str = "gatv2_edge_grad_csr_f16_v8";
+
+/// Kernel `gatv2_edge_grad_csr_bf16_v8` of [`BACKWARD`].
+pub const GATV2_EDGE_GRAD_CSR_BF16_V8: &str = "gatv2_edge_grad_csr_bf16_v8";
+
+/// The PTX module compiled from `cuda/csr_ops.cu` (41 kernels).
 pub const CSR_OPS: PtxModule = PtxModule {
     name: "csr_ops",
     ptx: include_str!("../ptx/csr_ops.ptx"),
@@ -243,6 +291,9 @@ pub const CSR_OPS: PtxModule = PtxModule {
         SDDMM_CSR_F32_V1,
         SDDMM_CSR_F32_V2,
         SDDMM_CSR_F32_V4,
+        SDDMM_GATV2_CSR_F32_V1,
+        SDDMM_GATV2_CSR_F32_V2,
+        SDDMM_GATV2_CSR_F32_V4,
         SPMM_CSR_F32_V1,
         SPMM_CSR_F32_V2,
         SPMM_CSR_F32_V4,
@@ -251,6 +302,9 @@ pub const CSR_OPS: PtxModule = PtxModule {
         SDDMM_CSR_F16_V1,
         SDDMM_CSR_F16_V2,
         SDDMM_CSR_F16_V4,
+        SDDMM_GATV2_CSR_F16_V1,
+        SDDMM_GATV2_CSR_F16_V2,
+        SDDMM_GATV2_CSR_F16_V4,
         SPMM_CSR_F16_V1,
         SPMM_CSR_F16_V2,
         SPMM_CSR_F16_V4,
@@ -259,11 +313,16 @@ pub const CSR_OPS: PtxModule = PtxModule {
         SDDMM_CSR_BF16_V1,
         SDDMM_CSR_BF16_V2,
         SDDMM_CSR_BF16_V4,
+        SDDMM_GATV2_CSR_BF16_V1,
+        SDDMM_GATV2_CSR_BF16_V2,
+        SDDMM_GATV2_CSR_BF16_V4,
         SPMM_CSR_BF16_V1,
         SPMM_CSR_BF16_V2,
         SPMM_CSR_BF16_V4,
         SDDMM_CSR_F16_V8,
         SDDMM_CSR_BF16_V8,
+        SDDMM_GATV2_CSR_F16_V8,
+        SDDMM_GATV2_CSR_BF16_V8,
         SPMM_CSR_F16_V8,
         SPMM_CSR_BF16_V8,
     ],
@@ -290,6 +349,15 @@ pub const SDDMM_CSR_F32_V2: &str = "sddmm_csr_f32_v2";
 /// Kernel `sddmm_csr_f32_v4` of [`CSR_OPS`].
 pub const SDDMM_CSR_F32_V4: &str = "sddmm_csr_f32_v4";
 
+/// Kernel `sddmm_gatv2_csr_f32_v1` of [`CSR_OPS`].
+pub const SDDMM_GATV2_CSR_F32_V1: &str = "sddmm_gatv2_csr_f32_v1";
+
+/// Kernel `sddmm_gatv2_csr_f32_v2` of [`CSR_OPS`].
+pub const SDDMM_GATV2_CSR_F32_V2: &str = "sddmm_gatv2_csr_f32_v2";
+
+/// Kernel `sddmm_gatv2_csr_f32_v4` of [`CSR_OPS`].
+pub const SDDMM_GATV2_CSR_F32_V4: &str = "sddmm_gatv2_csr_f32_v4";
+
 /// Kernel `spmm_csr_f32_v1` of [`CSR_OPS`].
 pub const SPMM_CSR_F32_V1: &str = "spmm_csr_f32_v1";
 
@@ -313,6 +381,15 @@ pub const SDDMM_CSR_F16_V2: &str = "sddmm_csr_f16_v2";
 
 /// Kernel `sddmm_csr_f16_v4` of [`CSR_OPS`].
 pub const SDDMM_CSR_F16_V4: &str = "sddmm_csr_f16_v4";
+
+/// Kernel `sddmm_gatv2_csr_f16_v1` of [`CSR_OPS`].
+pub const SDDMM_GATV2_CSR_F16_V1: &str = "sddmm_gatv2_csr_f16_v1";
+
+/// Kernel `sddmm_gatv2_csr_f16_v2` of [`CSR_OPS`].
+pub const SDDMM_GATV2_CSR_F16_V2: &str = "sddmm_gatv2_csr_f16_v2";
+
+/// Kernel `sddmm_gatv2_csr_f16_v4` of [`CSR_OPS`].
+pub const SDDMM_GATV2_CSR_F16_V4: &str = "sddmm_gatv2_csr_f16_v4";
 
 /// Kernel `spmm_csr_f16_v1` of [`CSR_OPS`].
 pub const SPMM_CSR_F16_V1: &str = "spmm_csr_f16_v1";
@@ -338,6 +415,15 @@ pub const SDDMM_CSR_BF16_V2: &str = "sddmm_csr_bf16_v2";
 /// Kernel `sddmm_csr_bf16_v4` of [`CSR_OPS`].
 pub const SDDMM_CSR_BF16_V4: &str = "sddmm_csr_bf16_v4";
 
+/// Kernel `sddmm_gatv2_csr_bf16_v1` of [`CSR_OPS`].
+pub const SDDMM_GATV2_CSR_BF16_V1: &str = "sddmm_gatv2_csr_bf16_v1";
+
+/// Kernel `sddmm_gatv2_csr_bf16_v2` of [`CSR_OPS`].
+pub const SDDMM_GATV2_CSR_BF16_V2: &str = "sddmm_gatv2_csr_bf16_v2";
+
+/// Kernel `sddmm_gatv2_csr_bf16_v4` of [`CSR_OPS`].
+pub const SDDMM_GATV2_CSR_BF16_V4: &str = "sddmm_gatv2_csr_bf16_v4";
+
 /// Kernel `spmm_csr_bf16_v1` of [`CSR_OPS`].
 pub const SPMM_CSR_BF16_V1: &str = "spmm_csr_bf16_v1";
 
@@ -352,6 +438,12 @@ pub const SDDMM_CSR_F16_V8: &str = "sddmm_csr_f16_v8";
 
 /// Kernel `sddmm_csr_bf16_v8` of [`CSR_OPS`].
 pub const SDDMM_CSR_BF16_V8: &str = "sddmm_csr_bf16_v8";
+
+/// Kernel `sddmm_gatv2_csr_f16_v8` of [`CSR_OPS`].
+pub const SDDMM_GATV2_CSR_F16_V8: &str = "sddmm_gatv2_csr_f16_v8";
+
+/// Kernel `sddmm_gatv2_csr_bf16_v8` of [`CSR_OPS`].
+pub const SDDMM_GATV2_CSR_BF16_V8: &str = "sddmm_gatv2_csr_bf16_v8";
 
 /// Kernel `spmm_csr_f16_v8` of [`CSR_OPS`].
 pub const SPMM_CSR_F16_V8: &str = "spmm_csr_f16_v8";

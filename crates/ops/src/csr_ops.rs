@@ -1,4 +1,4 @@
-//! The CUDA-core ops on CSR: SDDMM (dot and GAT forms), edge softmax and SpMM, for f32, f16
+//! The CUDA-core ops on CSR: SDDMM (dot, GAT and GATv2 forms), edge softmax and SpMM, for f32, f16
 //! and bf16 features, every sum accumulated in f32.
 //!
 //! Layouts (as in [`crate::cpu`]): dense operands `rows × heads × head_dim` row-major
@@ -36,7 +36,9 @@ use crate::device_csr::DeviceCsr;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
-use crate::launch::{blocks_for, check_per_edge, check_same_gpu, kernel_named, launch, to_u32};
+use crate::launch::{
+    blocks_for, check_per_edge, check_same_gpu, kernel_named, launch, opt_ptr, to_u32,
+};
 use crate::launch::{
     check_operands, edge_softmax_fns, LaunchConfig, Op, PushKernelArg, SoftmaxArgs, SparseOperand,
 };
@@ -285,6 +287,91 @@ pub fn sddmm<T: DType>(
     // host), each heads*head_dim elements (shapes checked above), and writes
     // scores[0..nnz*heads) (length checked). Vector loads of `vec` elements stay inside a
     // head because vec divides head_dim.
+    unsafe { launch(name, &mut args, cfg) }
+}
+
+/// GATv2's per-edge score operands (PyG's `GATv2Conv`): the projected sources `xl`
+/// (`n_cols × heads × dim`), targets `xr` (`n_rows × heads × dim`), the optional projected edge
+/// features `ef` (`nnz × heads × dim`, CSR order), the attention vector `att` (`heads · dim`
+/// f32) and LeakyReLU's negative slope.
+#[derive(Debug, Clone, Copy)]
+pub struct Gatv2Operands<'a, T: DType> {
+    /// Sources' features `W_s x_j`.
+    pub xl: &'a DeviceMatrix<T>,
+    /// Targets' features `W_t x_i`.
+    pub xr: &'a DeviceMatrix<T>,
+    /// Edge features `W_e e_ij`, per edge in CSR order.
+    pub ef: Option<&'a DeviceMatrix<T>>,
+    /// The attention vector, `heads × dim` f32.
+    pub att: &'a DeviceVec<f32>,
+    /// LeakyReLU's slope for negative inputs.
+    pub slope: f32,
+}
+
+impl<T: DType> Gatv2Operands<'_, T> {
+    /// Checks the shapes against `a` and the GPU; returns `(heads, dim)`.
+    pub(crate) fn check(&self, gpu: &Gpu, a: &DeviceCsr) -> Result<(usize, usize)> {
+        let s = self.xr.shape();
+        Shape::new(a.n_rows(), s.heads, s.head_dim)?.expect_eq("xr", s)?;
+        s.expect_rows_like("xl", self.xl.shape(), a.n_cols())?;
+        if let Some(ef) = self.ef {
+            s.expect_rows_like("edge features", ef.shape(), a.nnz())?;
+        }
+        let hd = s.heads * s.head_dim;
+        if self.att.len() != hd {
+            return Err(Error::LengthMismatch {
+                what: "att",
+                expected: hd,
+                actual: self.att.len(),
+            });
+        }
+        check_same_gpu(gpu, "A", a)?;
+        check_same_gpu(gpu, "xl", self.xl)?;
+        check_same_gpu(gpu, "xr", self.xr)?;
+        check_same_gpu(gpu, "att", self.att)?;
+        if let Some(ef) = self.ef {
+            check_same_gpu(gpu, "edge features", ef)?;
+        }
+        Ok((s.heads, s.head_dim))
+    }
+}
+
+/// SDDMM, GATv2 form: `scores[e, h] = Σ_d att[h, d] · LeakyReLU(xl[col(e), h, d] +
+/// xr[row(e), h, d] (+ ef[e, h, d]))`, the per-edge sum `x_i + x_j` never stored (f32 sums).
+pub fn sddmm_gatv2<T: DType>(
+    gpu: &Gpu,
+    a: &DeviceCsr,
+    ops: &Gatv2Operands<'_, T>,
+    scores: &mut DeviceVec<f32>,
+) -> Result<()> {
+    let (heads, dim) = ops.check(gpu, a)?;
+    check_per_edge("scores", a.nnz(), heads, scores.len())?;
+    check_same_gpu(gpu, "scores", scores.gpu())?;
+    let vec = vector_width(dim, std::mem::size_of::<T>());
+    let g = group_for((dim / vec as usize) as u64, 1);
+    let name = kernel_named(&CSR_OPS, format!("sddmm_gatv2_csr_{}_v{vec}", T::NAME))?;
+    let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
+    let nnz = to_u32("nnz", a.nnz())?;
+    let (heads_u, dim_u) = (to_u32("heads", heads)?, to_u32("head_dim", dim)?);
+    let ef = opt_ptr(gpu, "edge features", ops.ef.map(DeviceMatrix::as_vec))?;
+    let cfg = group_grid(a.nnz(), g, 1)?;
+    let mut args = gpu.launch_builder(&f);
+    args.arg(a.row_indices().slice())
+        .arg(a.col_indices().slice())
+        .arg(&nnz)
+        .arg(ops.xl.slice())
+        .arg(ops.xr.slice())
+        .arg(&ef)
+        .arg(ops.att.slice())
+        .arg(&ops.slope)
+        .arg(&heads_u)
+        .arg(&dim_u)
+        .arg(&g)
+        .arg(scores.slice_mut());
+    // SAFETY: reads row/col indices [0..nnz), xl rows col < n_cols and xr rows row < n_rows
+    // (the validated CSR; shapes checked), ef rows e < nnz where given (shape checked),
+    // att[0..heads·dim) (length checked), and writes scores[0..nnz·heads) (length checked).
+    // Vectors of `vec` elements stay inside a head (vec divides dim).
     unsafe { launch(name, &mut args, cfg) }
 }
 

@@ -6,7 +6,7 @@
 //! are f32 buffers whatever the feature type (they are accumulated, with atomics, across rows).
 //! Every function checks lengths and devices first and launches nothing for empty inputs.
 
-use cudarc::driver::{CudaFunction, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaFunction, DevicePtrMut};
 use spattn_kernels_sys::LAYERS;
 
 use crate::buffer::{DeviceMatrix, DeviceVec};
@@ -15,8 +15,8 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::launch::{
-    blocks_for, check_same_gpu, kernel_named, launch, stride_grid, to_u32, warp_grid, LaunchConfig,
-    PushKernelArg,
+    blocks_for, check_same_gpu, kernel_named, launch, opt_ptr, stride_grid, to_u32, warp_grid,
+    LaunchConfig, PushKernelArg,
 };
 use crate::shape::Shape;
 
@@ -103,20 +103,6 @@ fn expect_len(what: &'static str, expected: usize, actual: usize) -> Result<()> 
         });
     }
     Ok(())
-}
-
-/// The device address of an optional buffer (0 = the kernel's null), with the guard that keeps
-/// the stream ordering alive for the launch.
-fn opt_ptr<T: DType>(gpu: &Gpu, what: &'static str, v: Option<&DeviceVec<T>>) -> Result<u64> {
-    match v {
-        None => Ok(0),
-        Some(v) => {
-            check_same_gpu(gpu, what, v)?;
-            let stream = gpu.stream().clone();
-            let (p, _guard) = v.slice().device_ptr(&stream);
-            Ok(p)
-        }
-    }
 }
 
 /// `y[i, c] += bias[c]` for a `dims.rows × dims.cols` matrix `y`.

@@ -446,6 +446,24 @@ macro_rules! edge_softmax_fns {
 }
 pub(crate) use edge_softmax_fns;
 
+/// The device address of an optional buffer (0 = the kernel's null), with the guard that keeps
+/// the stream ordering alive for the launch.
+pub(crate) fn opt_ptr<T: DeviceElement>(
+    gpu: &Gpu,
+    what: &'static str,
+    v: Option<&DeviceVec<T>>,
+) -> Result<u64> {
+    match v {
+        None => Ok(0),
+        Some(v) => {
+            check_same_gpu(gpu, what, v)?;
+            let stream = gpu.stream().clone();
+            let (p, _guard) = v.slice().device_ptr(&stream);
+            Ok(p)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -71,8 +71,9 @@ class TwoLayer(torch.nn.Module):
 
 # The models: gat and transformer as PyG's defaults; gat_dropout with the GAT paper's attention
 # dropout (0.6, training mode); transformer_edge with edge features (--edge-dim per edge) and
-# attention dropout 0.1, as graph transformers train; gat_edge with edge features in the scores.
-MODELS = ("gat", "transformer", "gat_dropout", "transformer_edge", "gat_edge")
+# attention dropout 0.1, as graph transformers train; gat_edge with edge features in the scores;
+# gatv2 as gat with PyG's GATv2Conv.
+MODELS = ("gat", "transformer", "gat_dropout", "transformer_edge", "gat_edge", "gatv2")
 
 
 def build(lib, model, args):
@@ -93,6 +94,8 @@ def build(lib, model, args):
             lib.GATConv(H * C, K, heads=1, edge_dim=E),
             F.elu,
         )
+    if model == "gatv2":
+        return TwoLayer(lib.GATv2Conv(Fin, C, heads=H), lib.GATv2Conv(H * C, K, heads=1), F.elu)
     if model == "transformer":
         return TwoLayer(
             lib.TransformerConv(Fin, C, heads=H), lib.TransformerConv(H * C, K, heads=1), F.relu

@@ -2,6 +2,7 @@
 //! tensors (the contract is in the `graph` module's documentation), run on spattn's stream
 //! ordered with the caller's, and the graph built on a GPU from an edge list there.
 
+use spattn::ops::csr_ops::Gatv2Operands;
 use spattn::ops::device_plan::{BuildReport, DeviceEdges, DeviceIds, DeviceIndex, GraphSpec};
 use spattn::ops::external::{ExternalMatrix, ExternalVec};
 use spattn::ops::{backward as gpu_backward, csr_ops, edge_extras};
@@ -219,6 +220,161 @@ pub(crate) fn gat_backward_gpu<T: DType>(
             }
             gpu_backward::transpose_edge_values(gpu, t, &p, h, &mut dp)?;
             csr_ops::spmm(gpu, t.csr(), &dp, &d_out, &mut dx)?;
+            Ok(())
+        })
+    }
+}
+
+/// GATv2's operands viewed in place: xl (n_cols × heads × dim of T), xr (n_rows × heads × dim),
+/// att (heads · dim f32) and the edge features (nnz × heads × dim; `None` for address 0).
+type Gatv2Views<T> = (
+    ExternalMatrix<T>,
+    ExternalMatrix<T>,
+    ExternalVec<f32>,
+    Option<ExternalMatrix<T>>,
+);
+
+/// # Safety
+/// [`ExternalMatrix::new`]'s contract for the addresses, at the shapes named above.
+unsafe fn gatv2_views<T: DType>(
+    d: &OnDevice,
+    sq: Shape,
+    skv: Shape,
+    [xl, xr, att, ef]: [u64; 4],
+) -> spattn::Result<Gatv2Views<T>> {
+    let gpu = &d.device.gpu;
+    let per_edge = Shape::new(d.graph.nnz(), sq.heads, sq.head_dim)?;
+    // SAFETY: the caller's contract, for exactly these shapes.
+    unsafe {
+        Ok((
+            ExternalMatrix::new_trusted(gpu, "x_l", xl, skv)?,
+            ExternalMatrix::new_trusted(gpu, "x_r", xr, sq)?,
+            ExternalVec::new_trusted(gpu, "att", att, sq.heads * sq.head_dim)?,
+            if ef == 0 {
+                None
+            } else {
+                Some(ExternalMatrix::new_trusted(
+                    gpu,
+                    "edge_features",
+                    ef,
+                    per_edge,
+                )?)
+            },
+        ))
+    }
+}
+
+/// GATv2's forward (PyG's `GATv2Conv`) on CUDA tensors at `[xl, xr, att, ef, out, workspace]`
+/// (ef 0 for none), ordered with `stream`: scores `att · LeakyReLU(xl[j] + xr[i] (+ ef))` per
+/// edge and head (no per-edge feature sum stored), their softmax per target, dropout, and
+/// `out[i] = Σ_j P · xl[j]`.
+pub(crate) fn gatv2_forward_gpu<T: DType>(
+    d: &OnDevice,
+    sq: Shape,
+    skv: Shape,
+    (slope, dropout): (f32, Option<Dropout>),
+    [xl, xr, att, ef, out, ws]: [u64; 6],
+    stream: u64,
+) -> spattn::Result<()> {
+    let gpu = &d.device.gpu;
+    let h = sq.heads;
+    // SAFETY: as in `gpu_forward`, for xl (n_cols × heads × dim of T), xr (n_rows rows), att
+    // (heads·dim f32), ef (nnz × heads × dim where given), out (n_rows rows of T, fresh) and
+    // the workspace (nnz × heads f32, fresh). The kernels read xl's rows < n_cols, xr's rows
+    // < n_rows and ef's rows < nnz (the validated CSR), write and read the workspace at
+    // [e · heads + h], e < nnz, and write out's rows < n_rows: within the views, whose shapes
+    // each op checks.
+    unsafe {
+        let (xl, xr, att, ef) = gatv2_views::<T>(d, sq, skv, [xl, xr, att, ef])?;
+        let mut out = ExternalMatrix::<T>::new_trusted(gpu, "out", out, sq)?;
+        let mut p = ExternalVec::<f32>::new_trusted(gpu, "workspace", ws, d.graph.nnz() * h)?;
+        d.device.bridge.run(stream, || -> spattn::Result<()> {
+            let a = d.graph.csr()?;
+            let ops = Gatv2Operands {
+                xl: &xl,
+                xr: &xr,
+                ef: ef.as_deref(),
+                att: &att,
+                slope,
+            };
+            csr_ops::sddmm_gatv2(gpu, a, &ops, &mut p)?;
+            csr_ops::edge_softmax_in_place(gpu, a, &mut p, h, None)?;
+            if let Some(dr) = &dropout {
+                edge_extras::apply_dropout(gpu, &mut p, dr)?;
+            }
+            csr_ops::spmm(gpu, a, &p, &xl, &mut out)?;
+            Ok(())
+        })
+    }
+}
+
+/// GATv2's exact backward on CUDA tensors at `[xl, xr, att, ef, d_out, d_xl, d_xr,
+/// d_att_rows, d_ef]` (ef and d_ef 0 for none) with three `nnz × heads` f32 workspaces,
+/// ordered with `stream`: the scores and probabilities recomputed, ∂L/∂score by the softmax
+/// backward, then one pass over A (∂xr, ∂ef, each row's share of ∂att into `d_att_rows`,
+/// `n_rows × heads × dim` f32) and, after the aggregation's `Pᵀ · dOut`, one over Aᵀ (the
+/// scores' share of ∂xl). No atomics, no per-edge feature tensor.
+pub(crate) fn gatv2_backward_gpu<T: DType>(
+    d: &OnDevice,
+    sq: Shape,
+    skv: Shape,
+    (slope, dropout): (f32, Option<Dropout>),
+    [xl, xr, att, ef, d_out, d_xl, d_xr, d_att_rows, d_ef]: [u64; 9],
+    [w0, w1, w2]: [u64; 3],
+    stream: u64,
+) -> spattn::Result<()> {
+    let gpu = &d.device.gpu;
+    let h = sq.heads;
+    let edges = d.graph.nnz() * h;
+    // SAFETY: as in `gatv2_forward_gpu`; d_out is n_rows × heads × dim of T; d_xl (n_cols
+    // rows), d_xr (n_rows rows), d_att_rows (n_rows·heads·dim f32), d_ef (nnz rows where ef
+    // is given) and the three workspaces (nnz × heads f32) are fresh. The transposed passes
+    // index Aᵀ's rows (< n_cols) and its edge map (a permutation of the nnz edges), within the
+    // same views.
+    unsafe {
+        let (xl, xr, att, ef) = gatv2_views::<T>(d, sq, skv, [xl, xr, att, ef])?;
+        let d_out = ExternalMatrix::<T>::new_trusted(gpu, "d_out", d_out, sq)?;
+        let mut d_xl = ExternalMatrix::<T>::new_trusted(gpu, "d_x_l", d_xl, skv)?;
+        let mut d_xr = ExternalMatrix::<T>::new_trusted(gpu, "d_x_r", d_xr, sq)?;
+        let mut d_att = ExternalVec::<f32>::new_trusted(gpu, "d_att_rows", d_att_rows, sq.len())?;
+        let mut d_ef = match (&ef, d_ef) {
+            (Some(e), p) if p != 0 => Some(ExternalMatrix::<T>::new_trusted(
+                gpu,
+                "d_edge_features",
+                p,
+                e.shape(),
+            )?),
+            _ => None,
+        };
+        let mut s = ExternalVec::<f32>::new_trusted(gpu, "workspace", w0, edges)?;
+        let mut p = ExternalVec::<f32>::new_trusted(gpu, "workspace", w1, edges)?;
+        let mut dp = ExternalVec::<f32>::new_trusted(gpu, "workspace", w2, edges)?;
+        d.device.bridge.run(stream, || -> spattn::Result<()> {
+            let (a, t) = (d.graph.csr()?, d.graph.transpose()?);
+            let ops = Gatv2Operands {
+                xl: &xl,
+                xr: &xr,
+                ef: ef.as_deref(),
+                att: &att,
+                slope,
+            };
+            csr_ops::sddmm_gatv2(gpu, a, &ops, &mut s)?;
+            csr_ops::edge_softmax(gpu, a, &s, h, None, &mut p)?;
+            csr_ops::sddmm(gpu, a, &d_out, &xl, 1.0, &mut dp)?;
+            // Under dropout: dP = dW ⊙ mask / (1 − rate), and the aggregation used P's dropped.
+            if let Some(dr) = &dropout {
+                edge_extras::apply_dropout(gpu, &mut dp, dr)?;
+            }
+            gpu_backward::edge_softmax_backward_in_place(gpu, a, &p, &mut dp, h)?;
+            let d_ef = d_ef.as_deref_mut();
+            gpu_backward::gatv2_edge_grad(gpu, a, &ops, &dp, &mut d_xr, d_ef, &mut d_att)?;
+            if let Some(dr) = &dropout {
+                edge_extras::apply_dropout(gpu, &mut p, dr)?;
+            }
+            // s is free again: P in Aᵀ's order, for the aggregation's share of ∂xl.
+            gpu_backward::transpose_edge_values(gpu, t, &p, h, &mut s)?;
+            csr_ops::spmm(gpu, t.csr(), &s, &d_out, &mut d_xl)?;
+            gpu_backward::gatv2_edge_grad_transposed(gpu, a, t, &ops, &dp, &mut d_xl)?;
             Ok(())
         })
     }

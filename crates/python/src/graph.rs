@@ -35,7 +35,8 @@ use spattn::{
 };
 
 use crate::cuda::{
-    build_on_device, gat_backward_gpu, gat_forward_gpu, gpu_backward_call, gpu_forward,
+    build_on_device, gat_backward_gpu, gat_forward_gpu, gatv2_backward_gpu, gatv2_forward_gpu,
+    gpu_backward_call, gpu_forward,
 };
 use crate::device::{self, Device};
 use crate::errors::{formats_to_py, ops_to_py, to_py, value_error};
@@ -963,6 +964,114 @@ impl GraphCore {
             by_dtype!(
                 kind,
                 gat_backward_gpu(&d, sq, skv, (slope, drop), ptrs, ws, stream)
+            )
+        })
+        .map_err(to_py)
+    }
+
+    /// GATv2's forward (PyG's `GATv2Conv`) on CUDA: per edge `j → i` and head `h` the score
+    /// `Σ_d att[h, d] · LeakyReLU(x_l[j, h, d] + x_r[i, h, d] (+ ef[e, h, d]))`, its softmax over
+    /// each target's edges, dropout, and `out[i, h, :] = Σ_j P · x_l[j, h, :]`. `x_l` is
+    /// `n_cols × heads × dim`, `x_r` and `out` `n_rows × heads × dim` of `dtype`, `att`
+    /// `heads × dim` f32, `edge_features` `nnz × heads × dim` of `dtype` (0 for none) in CSR
+    /// order; `workspace` holds `nnz × heads` f32. (The package computes the CPU path with
+    /// torch ops.)
+    #[pyo3(signature = (device, dtype, heads, dim, negative_slope, x_l, x_r, att,
+                        edge_features, out, workspace, stream, dropout = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn gatv2_forward(
+        &self,
+        py: Python<'_>,
+        device: i64,
+        dtype: &str,
+        heads: usize,
+        dim: usize,
+        negative_slope: f64,
+        x_l: u64,
+        x_r: u64,
+        att: u64,
+        edge_features: u64,
+        out: u64,
+        workspace: u64,
+        stream: u64,
+        dropout: Option<(f64, u64, u64)>,
+    ) -> PyResult<()> {
+        let kind = DTypeName::parse(dtype)?.device()?;
+        let slope = check_slope(negative_slope)? as f32;
+        let drop = ExtrasArgs::parse("none", dropout)?.dropout;
+        let (sq, skv) = self.shapes(heads, dim)?;
+        let ordinal = device::ordinal(device)?;
+        let ptrs = [x_l, x_r, att, edge_features, out, workspace];
+        py.detach(|| -> spattn::Result<()> {
+            let _restore = device::ContextGuard::save();
+            let d = self.on_device(ordinal)?;
+            by_dtype!(
+                kind,
+                gatv2_forward_gpu(&d, sq, skv, (slope, drop), ptrs, stream)
+            )
+        })
+        .map_err(to_py)
+    }
+
+    /// The exact gradients of [`gatv2_forward`](Self::gatv2_forward) given `d_out`: writes
+    /// `d_x_l`, `d_x_r` (of `dtype`), each row's share of ∂L/∂att into `d_att_rows`
+    /// (`n_rows × heads × dim` f32, to be summed over rows) and, with edge features, `d_edge_features`
+    /// (0 for none). `workspaces`: three `nnz × heads` f32 buffers; `dropout`: the forward's.
+    #[pyo3(signature = (device, dtype, heads, dim, negative_slope, x_l, x_r, att,
+                        edge_features, d_out, d_x_l, d_x_r, d_att_rows, d_edge_features,
+                        workspaces, stream, dropout = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn gatv2_backward(
+        &self,
+        py: Python<'_>,
+        device: i64,
+        dtype: &str,
+        heads: usize,
+        dim: usize,
+        negative_slope: f64,
+        x_l: u64,
+        x_r: u64,
+        att: u64,
+        edge_features: u64,
+        d_out: u64,
+        d_x_l: u64,
+        d_x_r: u64,
+        d_att_rows: u64,
+        d_edge_features: u64,
+        workspaces: (u64, u64, u64),
+        stream: u64,
+        dropout: Option<(f64, u64, u64)>,
+    ) -> PyResult<()> {
+        let kind = DTypeName::parse(dtype)?.device()?;
+        let slope = check_slope(negative_slope)? as f32;
+        let drop = ExtrasArgs::parse("none", dropout)?.dropout;
+        if (edge_features == 0) != (d_edge_features == 0) {
+            return Err(value_error(
+                "d_edge_features",
+                "given exactly when the forward had edge features",
+            ));
+        }
+        let (sq, skv) = self.shapes(heads, dim)?;
+        let ordinal = device::ordinal(device)?;
+        self.backwards.fetch_add(1, Ordering::Relaxed);
+        let ptrs = [
+            x_l,
+            x_r,
+            att,
+            edge_features,
+            d_out,
+            d_x_l,
+            d_x_r,
+            d_att_rows,
+            d_edge_features,
+        ];
+        let ws = [workspaces.0, workspaces.1, workspaces.2];
+        py.detach(|| -> spattn::Result<()> {
+            let _restore = device::ContextGuard::save();
+            let d = self.on_device(ordinal)?;
+            by_dtype!(
+                kind,
+                gatv2_backward_gpu(&d, sq, skv, (slope, drop), ptrs, ws, stream)
             )
         })
         .map_err(to_py)

@@ -27,6 +27,8 @@ LAYERS = {
     "transformer": lambda: snn.TransformerConv(12, 6, heads=2, beta=True),
     "transformer_edge": lambda: snn.TransformerConv(12, 6, heads=2, edge_dim=3),
     "agnn": lambda: snn.AGNNConv(),
+    "gatv2": lambda: snn.GATv2Conv(12, 6, heads=2),
+    "gatv2_edge": lambda: snn.GATv2Conv(12, 6, heads=2, edge_dim=3, share_weights=True),
 }
 
 # Graphs of three sizes (some self loops, no repeated edge): one compilation serves all.

@@ -162,6 +162,7 @@ LAYERS = {
     "transformer": (lambda m, f: m.TransformerConv(f, 16, heads=4), 32),
     "transformer-beta": (lambda m, f: m.TransformerConv(f, 32, heads=2, concat=False, beta=True), 32),
     "agnn": (lambda m, f: m.AGNNConv(), 32),
+    "gatv2": (lambda m, f: m.GATv2Conv(f, 16, heads=4), 32),
 }
 
 
@@ -228,6 +229,28 @@ def agnn_beta_condition(ref, x, edge_index, w, ref_grads):
     dq = torch.zeros_like(xn).index_add_(0, dst, ds.unsqueeze(-1) * xn[src])
     spread = max(size.square().sum().sqrt().item(), dq.norm().item())
     return {"beta": spread / ref_grads["beta"].norm().item()}
+
+
+def gatv2_att_condition(ref, x, edge_index, w, ref_grads):
+    """GATv2's ∂L/∂att = Σ_e dS_e · LeakyReLU(z_e) cancels like GAT's attention vectors (Σ_j
+    dS_ij = 0 per row): its condition number √(Σ_e (|dS_e| before cancellation · |LeakyReLU(z_e)|)²)
+    / |∂L/∂att|, from the float64 layer `ref` on the same inputs."""
+    xa = x.clone().requires_grad_()
+    out, (ei, alpha) = ref(xa, edge_index, return_attention_weights=True)
+    alpha.retain_grad()
+    (out * w.to(out.dtype)).sum().backward()
+    ref.zero_grad()
+    heads, dim = ref.heads, ref.out_channels
+    a, da = alpha.detach(), alpha.grad.detach()
+    src, dst = ei[0], ei[1]
+    row_sum = torch.zeros(x.shape[0], heads, dtype=a.dtype, device=a.device)
+    row_sum.index_add_(0, dst, a * da)
+    size = a * (da.abs() + row_sum[dst].abs())
+    with torch.no_grad():
+        z = ref.lin_l(x).view(-1, heads, dim)[src] + ref.lin_r(x).view(-1, heads, dim)[dst]
+        lz = torch.nn.functional.leaky_relu(z, ref.negative_slope).abs()
+        spread = (size.unsqueeze(-1) * lz).square().sum(0).sqrt()
+    return {"att": spread.norm().item() / ref_grads["att"].norm().item()}
 
 
 def run_layer(layer, x, edge_index, w, call=None):
@@ -307,7 +330,10 @@ def layer_matches_pyg(graph, kind, dtype, mode):
     # correct implementation can have, ROUNDINGS · u · √(Σ terms²) / |Σ terms|.
     conditioned = {}
     kappas = {}
-    if kind.startswith("gat"):
+    if kind == "gatv2":
+        ref.zero_grad()
+        kappas = gatv2_att_condition(ref, x.double(), edge_index, w.double(), g_ref)
+    elif kind.startswith("gat"):
         ref.zero_grad()
         kappas = gat_attention_vector_conditions(ref, x.double(), edge_index, w.double(), g_ref)
     elif kind == "agnn":

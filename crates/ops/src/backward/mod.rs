@@ -45,11 +45,14 @@ use spattn_kernels_sys::BACKWARD;
 
 use crate::buffer::{DeviceMatrix, DeviceVec};
 use crate::csr_ops::group_grid;
+use crate::csr_ops::Gatv2Operands;
 use crate::device_csr::DeviceCsr;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
-use crate::launch::{check_per_edge, check_same_gpu, grid_1d, kernel_named, launch, to_u32};
+use crate::launch::{
+    check_per_edge, check_same_gpu, grid_1d, kernel_named, launch, opt_ptr, to_u32,
+};
 use crate::launch::{LaunchConfig, PushKernelArg};
 use crate::schedule::{group_for, vector_width};
 use crate::shape::Shape;
@@ -488,6 +491,173 @@ pub fn edge_row_sum<T: DType>(
         unsafe { launch(name, &mut args, cfg) }?;
     }
     Ok(())
+}
+
+/// GATv2's edge gradients on A (PyG's `GATv2Conv`): with `ds` = ∂L/∂score per edge and head
+/// (`nnz × heads` f32, after the softmax backward) and `z = xl[j] + xr[i] (+ ef[e])` per edge
+/// `e = j → i`, writes `d_xr[i, h, :] = Σ_{e ∈ row i} ds[e, h] · att[h, :] ⊙ LeakyReLU'(z)`,
+/// each edge's term into `d_ef` where given, and each row's `Σ_e ds[e, h] · LeakyReLU(z)` into
+/// `d_att_rows` (`n_rows × heads × dim` f32: ∂L/∂att summed over rows by the caller, with no
+/// atomics). Nothing per edge and feature is stored but `d_ef`.
+pub fn gatv2_edge_grad<T: DType>(
+    gpu: &Gpu,
+    a: &DeviceCsr,
+    ops: &Gatv2Operands<'_, T>,
+    ds: &DeviceVec<f32>,
+    d_xr: &mut DeviceMatrix<T>,
+    d_ef: Option<&mut DeviceMatrix<T>>,
+    d_att_rows: &mut DeviceVec<f32>,
+) -> Result<()> {
+    let (heads, dim) = ops.check(gpu, a)?;
+    check_per_edge("ds", a.nnz(), heads, ds.len())?;
+    ops.xr.shape().expect_eq("d_xr", d_xr.shape())?;
+    if let Some(d) = &d_ef {
+        match ops.ef {
+            Some(ef) => ef.shape().expect_eq("d_ef", d.shape())?,
+            None => {
+                return Err(Error::InvalidArgument {
+                    what: "d_ef",
+                    why: "given without edge features".into(),
+                })
+            }
+        }
+    }
+    let want = a.n_rows() * heads * dim;
+    if d_att_rows.len() != want {
+        return Err(Error::LengthMismatch {
+            what: "d_att_rows",
+            expected: want,
+            actual: d_att_rows.len(),
+        });
+    }
+    let d_ef = d_ef.map(|d| d.as_vec_mut());
+    let sides = Gatv2Sides {
+        m: a,
+        edge_ids: None,
+        x_self: ops.xr,
+        x_other: ops.xl,
+    };
+    gatv2_grad_launch(gpu, &sides, ops, ds, false, d_xr, d_ef, Some(d_att_rows))
+}
+
+/// GATv2's edge gradients on Aᵀ: adds the scores' share of ∂L/∂xl,
+/// `d_xl[j, h, :] += Σ_{e ∈ column j of A} ds[e, h] · att[h, :] ⊙ LeakyReLU'(z)`, to `d_xl`
+/// (which holds the aggregation's share, `Pᵀ · dOut`), walking Aᵀ's rows (no atomics). The
+/// inverse of `t`'s edge map is made here (one `nnz` kernel) for the entries' edges of A.
+pub fn gatv2_edge_grad_transposed<T: DType>(
+    gpu: &Gpu,
+    a: &DeviceCsr,
+    t: &DeviceTranspose,
+    ops: &Gatv2Operands<'_, T>,
+    ds: &DeviceVec<f32>,
+    d_xl: &mut DeviceMatrix<T>,
+) -> Result<()> {
+    let (heads, _) = ops.check(gpu, a)?;
+    check_per_edge("ds", a.nnz(), heads, ds.len())?;
+    ops.xl.shape().expect_eq("d_xl", d_xl.shape())?;
+    let tc = t.csr();
+    if tc.n_rows() != a.n_cols() || tc.n_cols() != a.n_rows() || tc.nnz() != a.nnz() {
+        return Err(Error::InvalidArgument {
+            what: "transpose",
+            why: format!(
+                "{} x {} with {} edges is not the transpose of A ({} x {}, {} edges)",
+                tc.n_rows(),
+                tc.n_cols(),
+                tc.nnz(),
+                a.n_rows(),
+                a.n_cols(),
+                a.nnz()
+            ),
+        });
+    }
+    check_same_gpu(gpu, "transpose", tc)?;
+    let mut t_to_a = DeviceVec::<u32>::zeros(gpu, a.nnz())?;
+    if a.nnz() > 0 {
+        let name = "invert_edge_map_u32";
+        let f = function(gpu, name)?;
+        let nnz = to_u32("nnz", a.nnz())?;
+        let cfg = grid_1d(a.nnz(), THREADS)?;
+        let mut args = gpu.launch_builder(&f);
+        args.arg(t.map().slice()).arg(&nnz).arg(t_to_a.slice_mut());
+        // SAFETY: reads map[0..nnz) (nnz long: a permutation of 0..nnz, the transpose's
+        // invariant) and writes t_to_a[map[e]] < nnz (t_to_a is nnz long).
+        unsafe { launch(name, &mut args, cfg) }?;
+    }
+    let sides = Gatv2Sides {
+        m: tc,
+        edge_ids: Some(&t_to_a),
+        x_self: ops.xl,
+        x_other: ops.xr,
+    };
+    gatv2_grad_launch(gpu, &sides, ops, ds, true, d_xl, None, None)
+}
+
+/// The CSR a GATv2 gradient pass walks: A (targets' rows) or Aᵀ (sources' rows, with each
+/// entry's edge of A).
+struct Gatv2Sides<'a, T: DType> {
+    m: &'a DeviceCsr,
+    edge_ids: Option<&'a DeviceVec<u32>>,
+    x_self: &'a DeviceMatrix<T>,
+    x_other: &'a DeviceMatrix<T>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gatv2_grad_launch<T: DType>(
+    gpu: &Gpu,
+    sides: &Gatv2Sides<'_, T>,
+    ops: &Gatv2Operands<'_, T>,
+    ds: &DeviceVec<f32>,
+    accumulate: bool,
+    out: &mut DeviceMatrix<T>,
+    d_ef: Option<&mut DeviceVec<T>>,
+    d_att_rows: Option<&mut DeviceVec<f32>>,
+) -> Result<()> {
+    let m = sides.m;
+    let s = sides.x_self.shape();
+    let (heads, dim) = (s.heads, s.head_dim);
+    if m.n_rows() == 0 || heads == 0 || dim == 0 {
+        return Ok(());
+    }
+    check_same_gpu(gpu, "ds", ds)?;
+    check_same_gpu(gpu, "out", &*out)?;
+    let vec = vector_width(dim, std::mem::size_of::<T>());
+    // Lanes over the features (a power of two <= 32); a warp per (row, head).
+    let g = group_for((dim / vec as usize) as u64, 1);
+    let name = kernel_named(&BACKWARD, format!("gatv2_edge_grad_csr_{}_v{vec}", T::NAME))?;
+    let f = function(gpu, name)?;
+    let n_rows = to_u32("rows", m.n_rows())?;
+    let (heads_u, dim_u) = (to_u32("heads", heads)?, to_u32("head_dim", dim)?);
+    let ids = opt_ptr(gpu, "edge ids", sides.edge_ids)?;
+    let ef = opt_ptr(gpu, "edge features", ops.ef.map(DeviceMatrix::as_vec))?;
+    let d_ef = opt_ptr(gpu, "d_ef", d_ef.map(|d| &*d))?;
+    let d_att = opt_ptr(gpu, "d_att_rows", d_att_rows.map(|d| &*d))?;
+    let acc = i32::from(accumulate);
+    let cfg = group_grid(m.n_rows() * heads, 32, 1)?;
+    let mut args = gpu.launch_builder(&f);
+    args.arg(m.row_offsets().slice())
+        .arg(&n_rows)
+        .arg(m.col_indices().slice())
+        .arg(&ids)
+        .arg(&heads_u)
+        .arg(&dim_u)
+        .arg(sides.x_self.slice())
+        .arg(sides.x_other.slice())
+        .arg(&ef)
+        .arg(ops.att.slice())
+        .arg(&ops.slope)
+        .arg(ds.slice())
+        .arg(&g)
+        .arg(&acc)
+        .arg(out.slice_mut())
+        .arg(&d_ef)
+        .arg(&d_att);
+    // SAFETY: reads row_offsets[0..=n_rows] and col_indices of M's edges (a validated CSR of
+    // n_rows x n_cols: x_self has n_rows rows and x_other n_cols, checked by the callers);
+    // each entry's edge id (e, or the inverse edge map: a permutation of 0..nnz) indexes
+    // ds (nnz·heads, checked), ef and d_ef (nnz rows, shapes checked); writes out's rows
+    // < n_rows (shape of x_self, checked) and d_att_rows[0..n_rows·heads·dim) (length
+    // checked). Vectors of `vec` elements stay inside a head (vec divides dim).
+    unsafe { launch(name, &mut args, cfg) }
 }
 
 /// Per row and head, the dot product of two dense matrices of one shape:

@@ -5,8 +5,9 @@
 - :class:`Graph`: a graph (CSR or a PyG ``edge_index``) and its plan-once state.
 - :func:`sparse_attention`: attention over a graph on torch tensors (zero-copy on CUDA, ordered
   with the current stream; autograd through spattn's exact backward) or numpy arrays (CPU).
-- :func:`gat_attention`: GAT's LeakyReLU(a_dst·Wx_i + a_src·Wx_j) attention, likewise.
-- :mod:`spattn.nn`: ``TransformerConv``, ``GATConv``, ``AGNNConv``, drop-in for PyG's
+- :func:`gat_attention`: GAT's LeakyReLU(a_dst·Wx_i + a_src·Wx_j) attention, likewise;
+  :func:`gatv2_attention`: GATv2's aᵀ LeakyReLU(W_s x_j + W_t x_i) attention.
+- :mod:`spattn.nn`: ``TransformerConv``, ``GATConv``, ``GATv2Conv``, ``AGNNConv``, drop-in for PyG's
   (imported on first use: it needs torch).
 """
 
@@ -16,7 +17,7 @@ from ._native import device_info as _device_info
 from ._native import memory_pool_stats as _memory_pool_stats
 from ._native import reset_memory_pool_peak as _reset_memory_pool_peak
 from ._native import empty_memory_pool as _empty_memory_pool
-from .functional import gat_attention, sparse_attention, sparse_attention_backward
+from .functional import gat_attention, gatv2_attention, sparse_attention, sparse_attention_backward
 from .graph import ALGORITHMS, Graph, SpattnWarning, _device_arg
 
 
@@ -68,6 +69,7 @@ __all__ = [
     "device_info",
     "empty_cache",
     "gat_attention",
+    "gatv2_attention",
     "memory_stats",
     "reset_peak_memory_stats",
     "sparse_attention",

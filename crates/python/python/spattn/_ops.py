@@ -276,3 +276,61 @@ def _gat_grad(ctx, d_out):
 
 
 gat.register_autograd(_gat_grad, setup_context=_gat_setup)
+
+
+# ---- GATv2 attention -------------------------------------------------------------------------
+
+
+@_op("gatv2")
+def gatv2(graph: Tensor, xl: Tensor, xr: Tensor, att: Tensor, features: Optional[Tensor],
+          slope: float, rate: float, seed: Optional[Tensor]) -> Tensor:
+    """:func:`spattn.gatv2_attention` (``att`` flat, in its working dtype): spattn's kernels on
+    CUDA, torch ops on the CPU."""
+    g = graph_of_token(graph)
+    if xl.device.type == "cuda":
+        return F.gatv2_forward(g, xl, xr, att, features, slope, _drop(rate, seed))
+    with torch.no_grad():
+        return F.gatv2_reference(g, xl, xr, att, features, slope, _drop(rate, seed))
+
+
+@gatv2.register_fake
+def _(graph, xl, xr, att, features, slope, rate, seed):
+    return xl.new_empty((xr.shape[0], xl.shape[1], xl.shape[2]))
+
+
+@_op("gatv2_backward")
+def gatv2_backward(graph: Tensor, xl: Tensor, xr: Tensor, att: Tensor, features: Optional[Tensor],
+                   d_out: Tensor, slope: float, rate: float, seed: Optional[Tensor]
+                   ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(d_xl, d_xr, d_att, d_features)`` of :func:`gatv2` (``d_features`` empty without
+    features); on the CPU by the reference's closed forms."""
+    g = graph_of_token(graph)
+    if xl.device.type == "cuda":
+        grads = F.gatv2_backward(g, xl, xr, att, features, d_out, slope, _drop(rate, seed))
+    else:
+        grads = F.gatv2_reference_backward(g, xl, xr, att, features, d_out, slope,
+                                           _drop(rate, seed))
+    return tuple(gr if gr is not None else xl.new_empty(0) for gr in grads)
+
+
+@gatv2_backward.register_fake
+def _(graph, xl, xr, att, features, d_out, slope, rate, seed):
+    return (torch.empty_like(xl), torch.empty_like(xr), torch.empty_like(att),
+            torch.empty_like(features) if features is not None else xl.new_empty(0))
+
+
+def _gatv2_setup(ctx, inputs, output):
+    graph, xl, xr, att, features, slope, rate, seed = inputs
+    ctx.save_for_backward(graph, xl, xr, att, features, seed)
+    ctx.slope, ctx.rate = slope, rate
+
+
+def _gatv2_grad(ctx, d_out):
+    graph, xl, xr, att, features, seed = ctx.saved_tensors
+    dxl, dxr, d_att, d_feat = gatv2_backward(
+        graph, xl, xr, att, features, d_out, ctx.slope, ctx.rate, seed
+    )
+    return (None, dxl, dxr, d_att, d_feat if features is not None else None, None, None, None)
+
+
+gatv2.register_autograd(_gatv2_grad, setup_context=_gatv2_setup)

@@ -566,6 +566,112 @@ def gat_backward(graph: Graph, x, a_dst, a_src, d_out, bias, slope, drop):
     return dx, da_dst, da_src, d_bias
 
 
+def _check_gatv2_rows(graph: Graph, xl, xr, features) -> None:
+    n, h, c = xl.shape
+    if n != graph.num_cols:
+        raise ValueError(f"x_l: has {n} rows, but the graph has {graph.num_cols} nodes")
+    if xr.shape[0] != graph.num_nodes:
+        raise ValueError(f"x_r: has {xr.shape[0]} rows, but the graph has {graph.num_nodes} nodes")
+    if features is not None and tuple(features.shape) != (graph.num_edges, h, c):
+        raise ValueError(
+            f"edge_features: has shape {tuple(features.shape)}, expected "
+            f"{(graph.num_edges, h, c)} (num_edges, heads, channels), in Graph.edge_index order"
+        )
+
+
+def gatv2_forward(graph: Graph, xl, xr, att, features, slope, drop):
+    """GATv2 attention's output on CUDA (checked tensors; ``att`` ``heads · channels`` f32)."""
+    _check_gatv2_rows(graph, xl, xr, features)
+    n, h, c = graph.num_nodes, xl.shape[1], xl.shape[2]
+    out = torch.empty((n, h, c), dtype=xl.dtype, device=xl.device)
+    if graph.num_edges == 0 or out.numel() == 0:
+        return out.zero_()
+    ws = torch.empty(graph.num_edges * h, dtype=torch.float32, device=xl.device)
+    graph._core.gatv2_forward(
+        device_index(xl), dtype_name(xl.dtype), h, c, slope, address(xl), address(xr),
+        address(att), _address_or_0(features), address(out), address(ws), stream_of(xl), drop,
+    )
+    return out
+
+
+def gatv2_backward(graph: Graph, xl, xr, att, features, d_out, slope, drop):
+    """``(d_xl, d_xr, d_att, d_features)`` of :func:`gatv2_forward` (``d_att`` f32 like ``att``;
+    None for absent features): scores recomputed, ∂att summed over rows by torch (no atomics)."""
+    n, h, c = graph.num_nodes, xl.shape[1], xl.shape[2]
+    d_out = d_out.to(dtype=xl.dtype).contiguous()
+    dxl, dxr = torch.empty_like(xl), torch.empty_like(xr)
+    d_feat = torch.empty_like(features) if features is not None else None
+    if graph.num_edges == 0 or xl.numel() == 0 or n == 0:
+        for t in (dxl, dxr, d_feat):
+            if t is not None:
+                t.zero_()
+        return dxl, dxr, torch.zeros_like(att), d_feat
+    rows = torch.empty((n, h, c), dtype=torch.float32, device=xl.device)
+    ws = [torch.empty(graph.num_edges * h, dtype=torch.float32, device=xl.device) for _ in range(3)]
+    graph._core.gatv2_backward(
+        device_index(xl), dtype_name(xl.dtype), h, c, slope, address(xl), address(xr),
+        address(att), _address_or_0(features), address(d_out), address(dxl), address(dxr),
+        address(rows), _address_or_0(d_feat), tuple(address(w) for w in ws), stream_of(xl), drop,
+    )
+    return dxl, dxr, rows.sum(0).reshape(-1), d_feat
+
+
+def _gatv2_edges(graph: Graph, xl, xr, att, features, slope, drop):
+    """The CPU path's per-edge quantities: sources, targets, ``z = x_l[j] + x_r[i] (+ e)``,
+    the probabilities and the dropout factor per edge and head (None without dropout)."""
+    _check_gatv2_rows(graph, xl, xr, features)
+    ei = graph.edge_index()
+    src, dst = ei[0].to(xl.device), ei[1].to(xl.device)
+    n, h, c = graph.num_nodes, xl.shape[1], xl.shape[2]
+    z = xl[src] + xr[dst]
+    if features is not None:
+        z = z + features
+    s = (torch.nn.functional.leaky_relu(z, slope) * att.reshape(1, h, c)).sum(-1)
+    m = torch.full((n, h), float("-inf"), dtype=s.dtype, device=s.device)
+    m = m.scatter_reduce(0, dst[:, None].expand(-1, h), s.detach(), reduce="amax", include_self=True)
+    e = (s - m[dst]).exp()
+    p = e / torch.zeros((n, h), dtype=s.dtype, device=s.device).index_add(0, dst, e)[dst]
+    factor = None
+    if drop is not None:
+        rate, seed, _ = drop
+        gen = torch.Generator(device=p.device).manual_seed(seed & (2**63 - 1))
+        keep = torch.rand(p.shape, generator=gen, device=p.device) >= rate
+        factor = keep.to(p.dtype) / (1.0 - rate)
+    return src, dst, z, p, factor
+
+
+def gatv2_reference(graph: Graph, xl, xr, att, features, slope, drop):
+    """GATv2 attention by torch ops over the graph's edges (the CPU path, differentiable by
+    torch): the per-edge sums are materialised here. Dropout draws torch's mask from a
+    generator seeded with spattn's seed (the same mask for the same seed, not CUDA's)."""
+    src, dst, _, p, factor = _gatv2_edges(graph, xl, xr, att, features, slope, drop)
+    if factor is not None:
+        p = p * factor
+    out = torch.zeros((graph.num_nodes,) + tuple(xl.shape[1:]), dtype=xl.dtype, device=xl.device)
+    return out.index_add(0, dst, p.unsqueeze(-1) * xl[src])
+
+
+def gatv2_reference_backward(graph: Graph, xl, xr, att, features, d_out, slope, drop):
+    """``(d_xl, d_xr, d_att, d_features)`` of :func:`gatv2_reference` by the closed forms the
+    CUDA backward computes (no autograd: the custom operator's CPU path, and a check of those
+    forms against torch's autograd in the tests). LeakyReLU' at 0 is 1, as the kernels'."""
+    h, c = xl.shape[1], xl.shape[2]
+    with torch.no_grad():
+        src, dst, z, p, factor = _gatv2_edges(graph, xl, xr, att, features, slope, drop)
+        d_out = d_out.to(xl.dtype)
+        dp = (d_out[dst] * xl[src]).sum(-1)
+        pw = p if factor is None else p * factor
+        if factor is not None:
+            dp = dp * factor
+        ds = p * (dp - p.new_zeros((graph.num_nodes, h)).index_add(0, dst, p * dp)[dst])
+        lz = torch.nn.functional.leaky_relu(z, slope)
+        dz = ds.unsqueeze(-1) * att.reshape(1, h, c) * torch.where(z >= 0, 1.0, slope).to(z.dtype)
+        d_att = (ds.unsqueeze(-1) * lz).sum(0).reshape(att.shape)
+        dxr = torch.zeros_like(xr).index_add(0, dst, dz)
+        dxl = torch.zeros_like(xl).index_add(0, src, dz + pw.unsqueeze(-1) * d_out[dst])
+    return dxl, dxr, d_att, (dz if features is not None else None)
+
+
 if torch is not None:
     from torch.autograd.function import once_differentiable
 
@@ -624,6 +730,24 @@ if torch is not None:
         def backward(ctx, d_out):
             x, a_dst, a_src, bias = ctx.saved_tensors
             grads = gat_backward(ctx.graph, x, a_dst, a_src, d_out, bias, ctx.slope, ctx.drop)
+            return (None,) + grads + (None, None)
+
+    class _GatV2Attention(torch.autograd.Function):
+        """Autograd of GATv2 attention on CUDA: forward and exact backward by spattn's kernels
+        (the scores recomputed in the backward, not stored)."""
+
+        @staticmethod
+        def forward(ctx, graph, xl, xr, att, features, slope, drop):
+            out = gatv2_forward(graph, xl, xr, att, features, slope, drop)
+            ctx.graph, ctx.slope, ctx.drop = graph, slope, drop
+            ctx.save_for_backward(xl, xr, att, features)
+            return out
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, d_out):
+            xl, xr, att, features = ctx.saved_tensors
+            grads = gatv2_backward(ctx.graph, xl, xr, att, features, d_out, ctx.slope, ctx.drop)
             return (None,) + grads + (None, None)
 
 
@@ -717,6 +841,101 @@ def _gat_attention(ref, x, alpha_dst, alpha_src, negative_slope, bias, dropout, 
     return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
+def gatv2_attention(
+    graph: Graph,
+    x_l: Any,
+    x_r: Any,
+    att: Any,
+    negative_slope: float = 0.2,
+    *,
+    edge_features: Any = None,
+    dropout: float = 0.0,
+    dropout_seed: Optional[int] = None,
+):
+    """GATv2's attention (Brody et al., PyG's ``GATv2Conv``): per edge ``j -> i`` and head ``h``
+    the score ``e = Σ_c att[h, c] · LeakyReLU(x_l[j, h, c] + x_r[i, h, c] (+ edge_features[e,
+    h, c]))``, a softmax over each target's incoming edges, and ``out[i, h] = Σ_j α · x_l[j,
+    h]``.
+
+    Args:
+        x_l: ``num_cols × heads × channels``, the sources' projection ``W_s x`` (also the
+            messages); CUDA: float32, float16, bfloat16; CPU: also float64.
+        x_r: ``num_nodes × heads × channels``, the targets' projection ``W_t x``, like ``x_l``.
+        att: the attention vector, ``heads × channels`` (or ``1 × heads × channels``), used in
+            float32 on CUDA whatever ``x_l``'s dtype.
+        edge_features: ``num_edges × heads × channels`` added inside the LeakyReLU (``W_e
+            e_ij``), in :meth:`Graph.edge_index` order.
+        dropout, dropout_seed: dropout on the attention coefficients, as
+            :func:`sparse_attention`'s (on the CPU the mask is torch's, drawn from the seed).
+
+    Returns ``num_nodes × heads × channels`` of ``x_l``'s dtype, differentiable with respect to
+    ``x_l``, ``x_r``, ``att`` and ``edge_features``. On CUDA spattn's kernels compute it without
+    storing the per-edge sums (scores, softmax, aggregation; the backward recomputes the scores
+    and walks A and Aᵀ, with no atomics); on the CPU, torch ops.
+
+    Example (CPU)::
+
+        g = spattn.Graph.from_edge_index(torch.tensor([[0, 1, 2], [1, 2, 0]]), self_loops=True)
+        x_l, x_r = torch.randn(3, 2, 4), torch.randn(3, 2, 4)
+        out = spattn.gatv2_attention(g, x_l, x_r, torch.randn(2, 4))
+    """
+    _check_graph(graph)
+    return _gatv2_attention(_ref(graph), x_l, x_r, att, negative_slope, edge_features, dropout,
+                            dropout_seed)
+
+
+def _gatv2_attention(ref, x_l, x_r, att, negative_slope, features, dropout, seed):
+    """:func:`gatv2_attention` with ``ref`` from :func:`_ref` (also GATv2Conv's entry)."""
+    require_torch("gatv2_attention")
+    if not is_tensor(x_l):
+        raise TypeError(f"x_l: expected a torch.Tensor, got {type(x_l).__name__}")
+    x_l, x_r, features = _autocast(x_l, x_r, features)
+    if x_l.dim() != 3:
+        raise ValueError(f"x_l: expected shape (num_cols, heads, channels), got {tuple(x_l.shape)}")
+    _, h, c = x_l.shape
+    check_torch("x_l", x_l)
+    if is_tensor(x_r) and (x_r.dim() != 3 or x_r.shape[1] != h or x_r.shape[2] != c):
+        raise ValueError(f"x_r: has shape {tuple(x_r.shape)}, expected (num_nodes, {h}, {c}) like x_l")
+    check_torch("x_r", x_r, like=x_l)
+    if not is_tensor(att):
+        raise TypeError(f"att: expected a torch.Tensor, got {type(att).__name__}")
+    if att.numel() != h * c or not att.is_floating_point() or att.device != x_l.device:
+        raise ValueError(
+            f"att: expected {h} x {c} floating-point values on {x_l.device}, got shape "
+            f"{tuple(att.shape)}, {att.dtype} on {att.device}"
+        )
+    if features is not None:
+        _check_per_edge("edge_features", features, None, "(num_edges, heads, channels)", x_l, "x_l")
+        if features.dim() != 3 or features.shape[1] != h or features.shape[2] != c:
+            raise ValueError(
+                f"edge_features: has shape {tuple(features.shape)}, expected (num_edges, {h}, {c})"
+            )
+    slope = float(negative_slope)
+    drop = _check_dropout(dropout, seed)
+    name = dtype_name(x_l.dtype)
+    if x_l.device.type == "cuda":
+        if name not in _CUDA_DTYPES:
+            raise TypeError(f"x_l: dtype {x_l.dtype} is not supported on CUDA (float32, float16, bfloat16)")
+        xl, xr = x_l, x_r
+        a = att.reshape(h * c).float().contiguous()
+        f = None if features is None else features.to(x_l.dtype).contiguous()
+    elif name is None:
+        raise TypeError(f"x_l: dtype {x_l.dtype} is not supported (float32, float16, bfloat16, float64)")
+    else:
+        work = torch.float64 if name == "f64" else torch.float32
+        xl, xr = x_l.to(work).contiguous(), x_r.to(work).contiguous()
+        a = att.reshape(h * c).to(work).contiguous()
+        f = None if features is None else features.to(work).contiguous()
+    if is_tensor(ref):
+        rate, seed_t = (0.0, None) if drop is None else (drop[0], _seed_tensor(drop[1]))
+        out = torch.ops.spattn.gatv2(ref, xl, xr, a, f, slope, rate, seed_t)
+    elif xl.device.type == "cuda":
+        out = _GatV2Attention.apply(ref, xl, xr, a, f, slope, drop)
+    else:
+        out = gatv2_reference(ref, xl, xr, a, f, slope, drop)
+    return out if out.dtype == x_l.dtype else out.to(x_l.dtype)
+
+
 # ---- numpy (CPU, no autograd) ----------------------------------------------------------------
 
 
@@ -767,7 +986,7 @@ def _numpy_backward(graph, q, k, v, out, d_out, scale, algorithm):
     return dq, dk, dv, d_scale
 
 
-__all__ = ["sparse_attention", "sparse_attention_backward", "gat_attention"]
+__all__ = ["sparse_attention", "sparse_attention_backward", "gat_attention", "gatv2_attention"]
 
 if torch is not None:
     from . import _ops  # noqa: E402,F401  (registers the custom operators torch.compile traces)

@@ -1,4 +1,5 @@
-"""PyG-compatible layers over spattn's kernels: ``TransformerConv``, ``GATConv``, ``AGNNConv``.
+"""PyG-compatible layers over spattn's kernels: ``TransformerConv``, ``GATConv``, ``GATv2Conv``,
+``AGNNConv``.
 
 Each takes PyG 2.8's constructor arguments and ``forward(x, edge_index, ...)``, has PyG's
 parameter names and shapes (so ``layer.load_state_dict(pyg_layer.state_dict())`` works both
@@ -68,11 +69,11 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import Parameter
 
-from .functional import _compiling, _gat_attention, _sparse_attention
+from .functional import _compiling, _gat_attention, _gatv2_attention, _sparse_attention
 from .graph import Graph, SpattnWarning
 from ._tensors import check_algorithm
 
-__all__ = ["TransformerConv", "GATConv", "AGNNConv", "graph_for", "clear_graph_cache"]
+__all__ = ["TransformerConv", "GATConv", "GATv2Conv", "AGNNConv", "graph_for", "clear_graph_cache"]
 
 # ---- edge_index -> Graph, cached --------------------------------------------------------------
 
@@ -726,11 +727,7 @@ class GATConv(torch.nn.Module):
     ) -> Tensor:
         name = "GATConv"
         edge_index = plain_edge_index(edge_index)
-        if edge_attr is not None and self.lin_edge is None:
-            # PyG's GATConv ignores edge_attr without edge_dim; say so once, and do the same.
-            warnings.warn(f"{name}: edge_attr is ignored (the layer has no edge_dim), as PyG does",
-                          SpattnWarning, stacklevel=2)
-            edge_attr = None
+        edge_attr = _edge_attr_used(name, edge_attr, self.lin_edge)
         _no_attention_weights(name, return_attention_weights)
         x_src, x_dst = _split_x(name, x)
         n = x_dst.size(0)
@@ -756,30 +753,14 @@ class GATConv(torch.nn.Module):
             bias = self._edge_scores(name, graph, edge_index, edge_attr, n)
         out = _gat_attention(graph, h_src, alpha_dst, alpha_src, self.negative_slope, bias, rate,
                              None)
-        out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
-        if res is not None:
-            out = out + res
-        if self.bias is not None:
-            out = out + self.bias
-        return out
+        return _combine_heads(out, self.concat, res, self.bias)
 
     def _edge_scores(self, name: str, graph: Any, edge_index: Any, edge_attr: Tensor, n: int) -> Tensor:
         """⟨lin_edge(e_ij), att_edge⟩ per edge and head in the graph's CSR order; with self
         loops, PyG's: the input's self loops dropped, one per node added with ``fill_value``
         (computed for every input edge and loop, then placed: no host synchronisation)."""
-        if isinstance(edge_index, Graph):
-            raise NotImplementedError(
-                f"{name}: edge_attr with a spattn.Graph (pass the edge_index tensor, in whose "
-                "order edge_attr is)"
-            )
-        ea = edge_attr.view(-1, 1) if edge_attr.dim() == 1 else edge_attr
-        _check_edge_rows(name, edge_index, ea)
-        if self.add_self_loops:
-            real = edge_index[0] != edge_index[1]
-            loop_attr = _fill_loops(self.fill_value, ea, edge_index[1], n, real)
-            # One projection of the input's and the loops' attributes, as PyG's (a GEMM of a
-            # new shape costs host time every step in half precision).
-            ea = torch.cat([ea, loop_attr.to(ea.dtype)], dim=0)
+        ea = _edge_attr_with_loops(name, edge_index, edge_attr, n, self.add_self_loops,
+                                   self.fill_value)
         H, C = self.heads, self.out_channels
         e = self.lin_edge(ea).view(-1, H, C)
         scores = (e * self.att_edge).sum(dim=-1)
@@ -787,6 +768,46 @@ class GATConv(torch.nn.Module):
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
+
+
+def _edge_attr_used(layer: str, edge_attr: Optional[Tensor], lin_edge: Any) -> Optional[Tensor]:
+    """PyG's GAT layers ignore ``edge_attr`` without ``edge_dim``: say so, and do the same."""
+    if edge_attr is not None and lin_edge is None:
+        warnings.warn(f"{layer}: edge_attr is ignored (the layer has no edge_dim), as PyG does",
+                      SpattnWarning, stacklevel=3)
+        return None
+    return edge_attr
+
+
+def _combine_heads(out: Tensor, concat: bool, res: Optional[Tensor], bias: Optional[Tensor]) -> Tensor:
+    """The heads concatenated or averaged, then the residual and the bias (PyG's GAT layers)."""
+    out = out.reshape(out.shape[0], -1) if concat else out.mean(dim=1)
+    if res is not None:
+        out = out + res
+    if bias is not None:
+        out = out + bias
+    return out
+
+
+def _edge_attr_with_loops(layer: str, edge_index: Any, edge_attr: Tensor, n: int,
+                          self_loops: bool, fill_value: Any) -> Tensor:
+    """``edge_attr`` (``E × F`` or ``E``) as ``E × F`` rows, followed with ``self_loops`` by one
+    row per node from ``fill_value`` (PyG's ``add_self_loops``; the input's own loops are
+    replaced when the rows are placed, :func:`_edges_in_csr_order`)."""
+    if isinstance(edge_index, Graph):
+        raise NotImplementedError(
+            f"{layer}: edge_attr with a spattn.Graph (pass the edge_index tensor, in whose "
+            "order edge_attr is)"
+        )
+    ea = edge_attr.view(-1, 1) if edge_attr.dim() == 1 else edge_attr
+    _check_edge_rows(layer, edge_index, ea)
+    if self_loops:
+        real = edge_index[0] != edge_index[1]
+        loop_attr = _fill_loops(fill_value, ea, edge_index[1], n, real)
+        # One projection of the input's and the loops' attributes, as PyG's (a GEMM of a new
+        # shape costs host time every step in half precision).
+        ea = torch.cat([ea, loop_attr.to(ea.dtype)], dim=0)
+    return ea
 
 
 def _fill_loops(fill_value: Any, edge_attr: Tensor, target: Tensor, n: int, real: Tensor) -> Tensor:
@@ -845,6 +866,163 @@ def _head_dot(h: Tensor, att: Tensor) -> Tensor:
     """``(h * att).sum(-1)`` per node and head, in float32 at least (float64 stays float64)."""
     work = torch.float64 if h.dtype == torch.float64 else torch.float32
     return (h.to(work) * att.to(work)).sum(dim=-1)
+
+
+# ---- GATv2Conv -------------------------------------------------------------------------------
+
+
+class GATv2Conv(torch.nn.Module):
+    r"""PyG's ``GATv2Conv`` (Brody et al., "How attentive are graph attention networks?") on
+    spattn's kernels:
+
+    .. math::
+        x'_i = \sum_{j \in N(i) \cup \{i\}} \alpha_{ij} W_s x_j,\quad
+        \alpha_{ij} = \mathrm{softmax}_j\, a^\top \mathrm{LeakyReLU}(W_s x_j + W_t x_i
+        [+ W_e e_{ij}])
+
+    per head, heads concatenated or averaged, then the optional residual and bias. Same
+    arguments, parameters (``lin_l``, ``lin_r`` — the same module with ``share_weights`` —,
+    ``att``, ``lin_edge``, ``res``, ``bias``) and defaults as PyG 2.8; ``forward(x,
+    edge_index, edge_attr=None)``. The score is computed inside the attention kernel on CUDA
+    (:func:`spattn.gatv2_attention`): the per-edge sums ``W_s x_j + W_t x_i``, which PyG
+    materialises (``E × heads × out_channels``), are never stored, and the exact backward
+    recomputes them. On the CPU torch ops compute it.
+
+    Not supported (``NotImplementedError``): ``return_attention_weights``, two node sets of
+    different sizes, lazy ``in_channels=-1``.
+
+    Args:
+        in_channels: input features per node (or a pair for ``lin_l`` / ``lin_r``, of equal
+            node sets).
+        out_channels: channels per head.
+        heads: attention heads.
+        concat: concatenate the heads (else average them).
+        negative_slope: LeakyReLU's slope for negative inputs.
+        dropout: dropout rate of the attention coefficients in training mode.
+        add_self_loops: give every node one self loop (PyG's remove-then-add).
+        edge_dim: edge feature width (``None``: no edge term).
+        fill_value: the self loops' edge attributes, as :class:`GATConv`'s.
+        bias: biases of ``lin_l`` / ``lin_r`` and the output bias.
+        share_weights: one projection for sources and targets (``lin_r`` is ``lin_l``).
+        residual: add ``res(x_i)``.
+
+    Shapes:
+        - input: ``x`` ``(N, in_channels)``, ``edge_index`` ``(2, E)`` (or the forms
+          :func:`graph_for` takes), ``edge_attr`` ``(E, edge_dim)`` or ``(E,)`` with
+          ``edge_dim``
+        - output: ``(N, heads * out_channels)`` with ``concat``, else ``(N, out_channels)``
+
+    Example::
+
+        conv = spattn.nn.GATv2Conv(128, 32, heads=8).cuda()
+        out = conv(x, edge_index)
+    """
+
+    def __init__(
+        self,
+        in_channels: Any,
+        out_channels: int,
+        heads: int = 1,
+        concat: bool = True,
+        negative_slope: float = 0.2,
+        dropout: float = 0.0,
+        add_self_loops: bool = True,
+        edge_dim: Optional[int] = None,
+        fill_value: Any = "mean",
+        bias: bool = True,
+        share_weights: bool = False,
+        residual: bool = False,
+        **kwargs: Any,
+    ):
+        super().__init__()
+        name = "GATv2Conv"
+        _check_attention_args(name, kwargs, dropout, edge_dim)
+        _fill_reduce(name, fill_value)
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.heads = heads
+        self.concat = concat
+        self.negative_slope = negative_slope
+        self.dropout = dropout
+        self.add_self_loops = add_self_loops
+        self.edge_dim = edge_dim
+        self.fill_value = fill_value
+        self.residual = residual
+        self.share_weights = share_weights
+        cin = (in_channels, in_channels) if isinstance(in_channels, int) else tuple(in_channels)
+        for c in cin:
+            _check_channels(name, "in_channels", c)
+        self.lin_l = torch.nn.Linear(cin[0], heads * out_channels, bias=bias)
+        if share_weights:
+            self.lin_r = self.lin_l
+        else:
+            self.lin_r = torch.nn.Linear(cin[1], heads * out_channels, bias=bias)
+        self.att = Parameter(torch.empty(1, heads, out_channels))
+        if edge_dim is not None:
+            self.lin_edge = torch.nn.Linear(edge_dim, heads * out_channels, bias=False)
+        else:
+            self.lin_edge = None
+        total = out_channels * (heads if concat else 1)
+        if residual:
+            self.res = torch.nn.Linear(cin[1], total, bias=False)
+        else:
+            self.register_parameter("res", None)
+        if bias:
+            self.bias = Parameter(torch.empty(total))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """PyG's initialisation: glorot weights and attention vector, the linear maps' biases
+        uniform in ±1/√fan_in (PyG's ``Linear`` default), a zero output bias."""
+        for lin in (self.lin_l, self.lin_r, self.lin_edge, self.res):
+            if lin is not None:
+                _glorot(lin.weight)
+                if lin.bias is not None:
+                    bound = 1.0 / math.sqrt(lin.in_features)
+                    with torch.no_grad():
+                        lin.bias.uniform_(-bound, bound)
+        _glorot(self.att)
+        if self.bias is not None:
+            with torch.no_grad():
+                self.bias.zero_()
+
+    def forward(
+        self,
+        x: Any,
+        edge_index: Any,
+        edge_attr: Optional[Tensor] = None,
+        return_attention_weights: Optional[bool] = None,
+    ) -> Tensor:
+        name = "GATv2Conv"
+        edge_index = plain_edge_index(edge_index)
+        edge_attr = _edge_attr_used(name, edge_attr, self.lin_edge)
+        _no_attention_weights(name, return_attention_weights)
+        x_src, x_dst = _split_x(name, x)
+        cin = (self.in_channels,) * 2 if isinstance(self.in_channels, int) else self.in_channels
+        _check_x(name, x_src, cin[0], "x" if x_src is x_dst else "x_src")
+        if x_dst is not x_src:
+            _check_x(name, x_dst, cin[1], "x_dst")
+        n = x_dst.size(0)
+        H, C = self.heads, self.out_channels
+        x_l = self.lin_l(x_src).view(-1, H, C)
+        x_r = x_l if self.share_weights and x_dst is x_src else self.lin_r(x_dst).view(-1, H, C)
+        res = self.res(x_dst) if self.res is not None else None
+        graph = _graph_ref(edge_index, n, self.add_self_loops)
+        features = None
+        if edge_attr is not None:
+            ea = _edge_attr_with_loops(name, edge_index, edge_attr, n, self.add_self_loops,
+                                       self.fill_value)
+            features = _edges_in_csr_order(graph, edge_index, self.lin_edge(ea).view(-1, H, C),
+                                           self.add_self_loops)
+        rate = self.dropout if self.training else 0.0
+        out = _gatv2_attention(graph, x_l, x_r, self.att, self.negative_slope, features, rate,
+                               None)
+        return _combine_heads(out, self.concat, res, self.bias)
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
 
 
 # ---- AGNNConv --------------------------------------------------------------------------------
