@@ -10,7 +10,7 @@ use pyo3::exceptions::{
 use pyo3::PyErr;
 
 create_exception!(
-    _native,
+    spattn,
     SpattnError,
     PyRuntimeError,
     "A CUDA driver or runtime failure inside spattn (no driver, no device, a failed launch)."

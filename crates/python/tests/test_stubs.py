@@ -176,3 +176,13 @@ def test_exception_base_matches():
     assert bases == [_native.SpattnError.__base__.__name__], (
         f"SpattnError: stub bases {bases}, module {_native.SpattnError.__base__.__name__}"
     )
+
+
+def test_spattn_error_is_spattns_and_pickles():
+    import pickle
+
+    import spattn
+
+    assert spattn.SpattnError.__module__ == "spattn"
+    err = pickle.loads(pickle.dumps(spattn.SpattnError("no device")))
+    assert type(err) is spattn.SpattnError and err.args == ("no device",)
