@@ -79,6 +79,8 @@ def make_step(impl, model, dtype, batch, state, args, spattn):
         call = net
 
     def step():
+        if mode == "reduce":  # a new step for inductor's CUDA-graph trees
+            torch.compiler.cudagraph_mark_step_begin()
         opt.zero_grad(set_to_none=False)
         loss = F.cross_entropy(call(xs, ei).float(), y)
         loss.backward()

@@ -162,7 +162,9 @@ def test_operators_pass_opcheck():
     ops = torch.ops.spattn
     cases = [
         (ops.attention.default, (tok, q, k, v, None, "auto")),
-        (ops.attention_extras.default, (tok, q, k, v, bias, None, 0.5, "auto", 0.2, seed, False)),
+        (ops.attention_extras.default, (tok, q, k, v, bias, None, 0.5, "auto", 0.2, seed)),
+        (ops.attention_backward.default,
+         (tok, q, k, v, q.detach(), q.detach(), None, "auto") + tuple(torch.empty(30, 2, 4) for _ in range(3))),
         (ops.gat.default, (tok, x, a, a.detach().clone().requires_grad_(), None, 0.2, 0.0, None)),
     ]
     # The fake and the real implementations agree on shapes and dtypes; the schemas, the
@@ -266,6 +268,29 @@ def test_dropout_is_refused_under_capture():
     with pytest.raises(RuntimeError, match="replay one mask"):
         with torch.cuda.graph(graph):
             spattn.sparse_attention(g, q, q, q, dropout=0.5)
+
+
+@needs_cuda
+def test_reduce_overhead_matches_eager():
+    torch.manual_seed(4)
+    n = 500
+    ei = edges(n, 4000, 8, "cuda")
+    attr = torch.randn(ei.shape[1], 3, device="cuda")
+    model = Net().cuda()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+    for i in range(4):
+        x = torch.randn(n, 12, device="cuda")
+        torch.compiler.cudagraph_mark_step_begin()
+        model.zero_grad(set_to_none=True)
+        got = step_grads(compiled, x, ei, attr).clone()
+        got_grads = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad(set_to_none=True)
+        want = step_grads(model, x, ei, attr)
+        assert_close(got, want, f"step {i} out")
+        scale = grad_scale(model)
+        for a, (name, p) in zip(got_grads, model.named_parameters()):
+            assert_close(a, p.grad, f"step {i} d{name}", tol=1e-4, scale=scale)
 
 
 @needs_cuda

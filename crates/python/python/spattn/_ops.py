@@ -37,9 +37,11 @@ _TAGS = {"tags": (_UNSAFE,)} if _UNSAFE is not None and "tags" in inspect.signat
     torch.library.custom_op).parameters else {}
 
 
-def _op(name: str):
-    """``torch.library.custom_op`` of ``spattn::name``, tagged as above."""
-    return torch.library.custom_op(f"{_lib}::{name}", mutates_args=(), **_TAGS)
+def _op(name: str, mutates: Tuple[str, ...] = ()):
+    """``torch.library.custom_op`` of ``spattn::name``, tagged as above. Operators with several
+    results (the backwards) write them into tensors their callers allocate (``mutates``) and
+    return nothing: inductor then hands each tensor on by itself."""
+    return torch.library.custom_op(f"{_lib}::{name}", mutates_args=mutates, **_TAGS)
 
 
 def _drop(rate: float, seed: Optional[Tensor]):
@@ -97,36 +99,47 @@ def _(graph, like):
     return like.new_empty((2, e), dtype=torch.int64)
 
 
-@_op("edge_order")
-def edge_order(graph: Tensor, edge_index: Tensor, data: Tensor, self_loops: bool) -> Tuple[Tensor, Tensor]:
-    """Per-edge ``data`` in ``edge_index``'s order (and, with ``self_loops``, one row per node
-    after them: the added loops) moved to the graph's CSR order, and where each row went."""
+@_op("edge_positions")
+def edge_positions(graph: Tensor, edge_index: Tensor, data: Tensor, self_loops: bool) -> Tensor:
+    """Where each row of per-edge ``data`` (in ``edge_index``'s order, then with
+    ``self_loops`` one row per node: the added loops) goes in the graph's CSR order (-1: an
+    input self loop an added one replaces). ``data`` gives only its row count."""
     from . import nn
 
-    return nn.edge_order_impl(graph_of_token(graph), edge_index, data, self_loops)
+    return nn.edge_positions_impl(graph_of_token(graph), edge_index, data.shape[0], self_loops)
 
 
-@edge_order.register_fake
+@edge_positions.register_fake
 def _(graph, edge_index, data, self_loops):
+    return data.new_empty(data.shape[0], dtype=torch.int64)
+
+
+@_op("edge_scatter")
+def edge_scatter(graph: Tensor, data: Tensor, positions: Tensor) -> Tensor:
+    """``data``'s rows at their :func:`edge_positions` in the graph's CSR order (0 elsewhere)."""
+    from . import nn
+
+    return nn.edge_scatter_impl(graph_of_token(graph).num_edges, data, positions)
+
+
+@edge_scatter.register_fake
+def _(graph, data, positions):
     e = torch.library.get_ctx().new_dynamic_size()
-    return data.new_empty((e,) + tuple(data.shape[1:])), data.new_empty(
-        data.shape[0], dtype=torch.int64
-    )
+    return data.new_empty((e,) + tuple(data.shape[1:]))
 
 
-def _edge_order_setup(ctx, inputs, output):
-    ctx.save_for_backward(output[1])
-    ctx.mark_non_differentiable(output[1])
+def _edge_scatter_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[2])
 
 
-def _edge_order_grad(ctx, d_out, _d_positions):
+def _edge_scatter_grad(ctx, d_out):
     (positions,) = ctx.saved_tensors
     from . import nn
 
-    return None, None, nn.edge_order_grad(d_out, positions), None
+    return None, nn.edge_order_grad(d_out, positions), None
 
 
-edge_order.register_autograd(_edge_order_grad, setup_context=_edge_order_setup)
+edge_scatter.register_autograd(_edge_scatter_grad, setup_context=_edge_scatter_setup)
 
 
 # ---- sparse attention ----------------------------------------------------------------------
@@ -144,17 +157,18 @@ def _(graph, q, k, v, scale, algorithm):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
-@_op("attention_backward")
+@_op("attention_backward", ("dq", "dk", "dv"))
 def attention_backward(graph: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
-                       d_out: Tensor, scale: Optional[float], algorithm: str
-                       ) -> Tuple[Tensor, Tensor, Tensor]:
-    """``(dq, dk, dv)`` of :func:`attention`."""
-    return F.attention_backward(graph_of_token(graph), q, k, v, out, d_out, scale, algorithm)
+                       d_out: Tensor, scale: Optional[float], algorithm: str, dq: Tensor,
+                       dk: Tensor, dv: Tensor) -> None:
+    """:func:`attention`'s gradients, written into ``dq``, ``dk``, ``dv``."""
+    F.attention_backward(graph_of_token(graph), q, k, v, out, d_out, scale, algorithm,
+                         outs=(dq, dk, dv))
 
 
 @attention_backward.register_fake
-def _(graph, q, k, v, out, d_out, scale, algorithm):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+def _(graph, q, k, v, out, d_out, scale, algorithm, dq, dk, dv):
+    return None
 
 
 def _attention_setup(ctx, inputs, output):
@@ -165,7 +179,8 @@ def _attention_setup(ctx, inputs, output):
 
 def _attention_grad(ctx, d_out):
     graph, q, k, v, out = ctx.saved_tensors
-    dq, dk, dv = attention_backward(graph, q, k, v, out, d_out, ctx.scale, ctx.algorithm)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    attention_backward(graph, q, k, v, out, d_out, ctx.scale, ctx.algorithm, dq, dk, dv)
     return None, dq, dk, dv, None, None
 
 
@@ -175,59 +190,74 @@ attention.register_autograd(_attention_grad, setup_context=_attention_setup)
 @_op("attention_extras")
 def attention_extras(graph: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
                      features: Optional[Tensor], scale: Optional[float], algorithm: str,
-                     rate: float, seed: Optional[Tensor], want_weights: bool
-                     ) -> Tuple[Tensor, Tensor]:
-    """:func:`spattn.sparse_attention` with a bias, edge features and/or dropout: the output
-    and the weights (empty unless ``want_weights``)."""
+                     rate: float, seed: Optional[Tensor]) -> Tensor:
+    """:func:`spattn.sparse_attention` with a bias, edge features and/or dropout."""
     return F.extras_forward(graph_of_token(graph), q, k, v, bias, features, scale, algorithm,
-                            _drop(rate, seed), want_weights)
+                            _drop(rate, seed), False)[0]
 
 
 @attention_extras.register_fake
-def _(graph, q, k, v, bias, features, scale, algorithm, rate, seed, want_weights):
-    w_len = torch.library.get_ctx().new_dynamic_size() if want_weights else 0
+def _(graph, q, k, v, bias, features, scale, algorithm, rate, seed):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+@_op("attention_extras_weights")
+def attention_extras_weights(graph: Tensor, q: Tensor, k: Tensor, v: Tensor,
+                             bias: Optional[Tensor], features: Optional[Tensor],
+                             scale: Optional[float], algorithm: str, rate: float,
+                             seed: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """:func:`attention_extras` and the attention weights (``return_attention_weights``)."""
+    return F.extras_forward(graph_of_token(graph), q, k, v, bias, features, scale, algorithm,
+                            _drop(rate, seed), True)
+
+
+@attention_extras_weights.register_fake
+def _(graph, q, k, v, bias, features, scale, algorithm, rate, seed):
+    w_len = torch.library.get_ctx().new_dynamic_size()
     w_dtype = torch.float32 if q.device.type == "cuda" else q.dtype
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(
         w_len, dtype=w_dtype
     )
 
 
-@_op("attention_extras_backward")
+@_op("attention_extras_backward", ("dq", "dk", "dv", "d_bias", "d_features"))
 def attention_extras_backward(graph: Tensor, q: Tensor, k: Tensor, v: Tensor, d_out: Tensor,
                               bias: Optional[Tensor], features: Optional[Tensor],
                               scale: Optional[float], algorithm: str, rate: float,
-                              seed: Optional[Tensor]
-                              ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """``(dq, dk, dv, d_bias, d_features)`` of :func:`attention_extras` (an absent bias's or
-    features' gradient is an empty tensor)."""
-    grads = F.extras_backward(graph_of_token(graph), q, k, v, d_out, bias, features, scale,
-                              algorithm, _drop(rate, seed))
-    return tuple(g if g is not None else q.new_empty(0) for g in grads)
+                              seed: Optional[Tensor], dq: Tensor, dk: Tensor, dv: Tensor,
+                              d_bias: Tensor, d_features: Tensor) -> None:
+    """The extras' gradients, written into ``dq`` ... ``d_features`` (an absent bias's or
+    features' tensor is empty and left alone)."""
+    F.extras_backward(graph_of_token(graph), q, k, v, d_out, bias, features, scale, algorithm,
+                      _drop(rate, seed), outs=(dq, dk, dv, d_bias, d_features))
 
 
 @attention_extras_backward.register_fake
-def _(graph, q, k, v, d_out, bias, features, scale, algorithm, rate, seed):
-    like = lambda t: torch.empty_like(t) if t is not None else q.new_empty(0)  # noqa: E731
-    return like(q), like(k), like(v), like(bias), like(features)
+def _(graph, q, k, v, d_out, bias, features, scale, algorithm, rate, seed, dq, dk, dv, d_bias,
+      d_features):
+    return None
 
 
 def _extras_setup(ctx, inputs, output):
-    graph, q, k, v, bias, features, scale, algorithm, rate, seed, _ = inputs
+    graph, q, k, v, bias, features, scale, algorithm, rate, seed = inputs
     ctx.save_for_backward(graph, q, k, v, bias, features, seed)
     ctx.scale, ctx.algorithm, ctx.rate = scale, algorithm, rate
-    ctx.mark_non_differentiable(output[1])
+    if isinstance(output, tuple):
+        ctx.mark_non_differentiable(output[1])
 
 
-def _extras_grad(ctx, d_out, _d_weights):
+def _extras_grad(ctx, d_out, _d_weights=None):
     graph, q, k, v, bias, features, seed = ctx.saved_tensors
-    dq, dk, dv, d_bias, d_feat = attention_extras_backward(
-        graph, q, k, v, d_out, bias, features, ctx.scale, ctx.algorithm, ctx.rate, seed
-    )
+    like = lambda t: torch.empty_like(t) if t is not None else q.new_empty(0)  # noqa: E731
+    dq, dk, dv, d_bias, d_feat = like(q), like(k), like(v), like(bias), like(features)
+    attention_extras_backward(graph, q, k, v, d_out, bias, features, ctx.scale, ctx.algorithm,
+                              ctx.rate, seed, dq, dk, dv, d_bias, d_feat)
     return (None, dq, dk, dv, d_bias if bias is not None else None,
-            d_feat if features is not None else None, None, None, None, None, None)
+            d_feat if features is not None else None, None, None, None, None)
 
 
 attention_extras.register_autograd(_extras_grad, setup_context=_extras_setup)
+attention_extras_weights.register_autograd(_extras_grad, setup_context=_extras_setup)
 
 
 # ---- GAT attention ---------------------------------------------------------------------------
@@ -245,20 +275,18 @@ def _(graph, x, a_dst, a_src, bias, slope, rate, seed):
     return x.new_empty((a_dst.shape[0], x.shape[1], x.shape[2]))
 
 
-@_op("gat_backward")
+@_op("gat_backward", ("dx", "da_dst", "da_src", "d_bias"))
 def gat_backward(graph: Tensor, x: Tensor, a_dst: Tensor, a_src: Tensor, d_out: Tensor,
-                 bias: Optional[Tensor], slope: float, rate: float, seed: Optional[Tensor]
-                 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(dx, da_dst, da_src, d_bias)`` of :func:`gat` (``d_bias`` empty without a bias)."""
-    grads = F.gat_backward(graph_of_token(graph), x, a_dst, a_src, d_out, bias, slope,
-                           _drop(rate, seed))
-    return tuple(g if g is not None else x.new_empty(0) for g in grads)
+                 bias: Optional[Tensor], slope: float, rate: float, seed: Optional[Tensor],
+                 dx: Tensor, da_dst: Tensor, da_src: Tensor, d_bias: Tensor) -> None:
+    """:func:`gat`'s gradients, written into ``dx`` ... ``d_bias`` (empty without a bias)."""
+    F.gat_backward(graph_of_token(graph), x, a_dst, a_src, d_out, bias, slope, _drop(rate, seed),
+                   outs=(dx, da_dst, da_src, d_bias))
 
 
 @gat_backward.register_fake
-def _(graph, x, a_dst, a_src, d_out, bias, slope, rate, seed):
-    return (torch.empty_like(x), torch.empty_like(a_dst), torch.empty_like(a_src),
-            torch.empty_like(bias) if bias is not None else x.new_empty(0))
+def _(graph, x, a_dst, a_src, d_out, bias, slope, rate, seed, dx, da_dst, da_src, d_bias):
+    return None
 
 
 def _gat_setup(ctx, inputs, output):
@@ -269,9 +297,10 @@ def _gat_setup(ctx, inputs, output):
 
 def _gat_grad(ctx, d_out):
     graph, x, a_dst, a_src, bias, seed = ctx.saved_tensors
-    dx, da_dst, da_src, d_bias = gat_backward(
-        graph, x, a_dst, a_src, d_out, bias, ctx.slope, ctx.rate, seed
-    )
+    dx, da_dst, da_src = torch.empty_like(x), torch.empty_like(a_dst), torch.empty_like(a_src)
+    d_bias = torch.empty_like(bias) if bias is not None else x.new_empty(0)
+    gat_backward(graph, x, a_dst, a_src, d_out, bias, ctx.slope, ctx.rate, seed, dx, da_dst,
+                 da_src, d_bias)
     return None, dx, da_dst, da_src, d_bias if bias is not None else None, None, None, None
 
 
@@ -298,25 +327,26 @@ def _(graph, xl, xr, att, features, slope, rate, seed):
     return xl.new_empty((xr.shape[0], xl.shape[1], xl.shape[2]))
 
 
-@_op("gatv2_backward")
+@_op("gatv2_backward", ("dxl", "dxr", "d_att", "d_features"))
 def gatv2_backward(graph: Tensor, xl: Tensor, xr: Tensor, att: Tensor, features: Optional[Tensor],
-                   d_out: Tensor, slope: float, rate: float, seed: Optional[Tensor]
-                   ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(d_xl, d_xr, d_att, d_features)`` of :func:`gatv2` (``d_features`` empty without
+                   d_out: Tensor, slope: float, rate: float, seed: Optional[Tensor], dxl: Tensor,
+                   dxr: Tensor, d_att: Tensor, d_features: Tensor) -> None:
+    """:func:`gatv2`'s gradients, written into ``dxl`` ... ``d_features`` (empty without
     features); on the CPU by the reference's closed forms."""
     g = graph_of_token(graph)
+    outs = (dxl, dxr, d_att, d_features)
     if xl.device.type == "cuda":
-        grads = F.gatv2_backward(g, xl, xr, att, features, d_out, slope, _drop(rate, seed))
-    else:
-        grads = F.gatv2_reference_backward(g, xl, xr, att, features, d_out, slope,
-                                           _drop(rate, seed))
-    return tuple(gr if gr is not None else xl.new_empty(0) for gr in grads)
+        F.gatv2_backward(g, xl, xr, att, features, d_out, slope, _drop(rate, seed), outs=outs)
+        return
+    grads = F.gatv2_reference_backward(g, xl, xr, att, features, d_out, slope, _drop(rate, seed))
+    for o, gr in zip(outs, grads):
+        if gr is not None:
+            o.copy_(gr)
 
 
 @gatv2_backward.register_fake
-def _(graph, xl, xr, att, features, d_out, slope, rate, seed):
-    return (torch.empty_like(xl), torch.empty_like(xr), torch.empty_like(att),
-            torch.empty_like(features) if features is not None else xl.new_empty(0))
+def _(graph, xl, xr, att, features, d_out, slope, rate, seed, dxl, dxr, d_att, d_features):
+    return None
 
 
 def _gatv2_setup(ctx, inputs, output):
@@ -327,9 +357,10 @@ def _gatv2_setup(ctx, inputs, output):
 
 def _gatv2_grad(ctx, d_out):
     graph, xl, xr, att, features, seed = ctx.saved_tensors
-    dxl, dxr, d_att, d_feat = gatv2_backward(
-        graph, xl, xr, att, features, d_out, ctx.slope, ctx.rate, seed
-    )
+    dxl, dxr, d_att = torch.empty_like(xl), torch.empty_like(xr), torch.empty_like(att)
+    d_feat = torch.empty_like(features) if features is not None else xl.new_empty(0)
+    gatv2_backward(graph, xl, xr, att, features, d_out, ctx.slope, ctx.rate, seed, dxl, dxr,
+                   d_att, d_feat)
     return (None, dxl, dxr, d_att, d_feat if features is not None else None, None, None, None)
 
 

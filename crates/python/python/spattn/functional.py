@@ -212,9 +212,13 @@ def _attention_call(ref, q, k, v, scale, algorithm):
 def _extras_call(ref, q, k, v, bias, features, scale, algorithm, drop, want_weights):
     if is_tensor(ref):
         rate, seed = (0.0, None) if drop is None else (drop[0], _seed_tensor(drop[1]))
-        return torch.ops.spattn.attention_extras(
-            ref, q, k, v, bias, features, scale, algorithm, rate, seed, want_weights
-        )
+        if want_weights:
+            return torch.ops.spattn.attention_extras_weights(
+                ref, q, k, v, bias, features, scale, algorithm, rate, seed
+            )
+        out = torch.ops.spattn.attention_extras(ref, q, k, v, bias, features, scale, algorithm,
+                                                rate, seed)
+        return out, out.new_empty(0)
     return _SparseAttentionExtras.apply(
         ref, q, k, v, bias, features, scale, algorithm, drop, want_weights
     )
@@ -443,10 +447,18 @@ def attention_forward(graph: Graph, q, k, v, scale, algorithm):
     return out
 
 
-def attention_backward(graph: Graph, q, k, v, out, d_out, scale, algorithm):
-    """``(dq, dk, dv)`` of :func:`attention_forward`."""
+def _outputs(outs, *likes):
+    """The gradients' tensors: ``outs`` where given (the custom operators write into tensors
+    their callers allocated), else new ones like ``likes`` (None stays None)."""
+    if outs is not None:
+        return tuple(o if like is not None else None for o, like in zip(outs, likes))
+    return tuple(torch.empty_like(t) if t is not None else None for t in likes)
+
+
+def attention_backward(graph: Graph, q, k, v, out, d_out, scale, algorithm, outs=None):
+    """``(dq, dk, dv)`` of :func:`attention_forward` (written into ``outs`` where given)."""
     d_out = d_out.to(dtype=q.dtype).contiguous()
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dq, dk, dv = _outputs(outs, q, k, v)
     if _empty_problem(graph, q):
         dq.zero_(), dk.zero_(), dv.zero_()
     else:
@@ -487,14 +499,14 @@ def extras_forward(graph: Graph, q, k, v, bias, features, scale, algorithm, drop
     return out, w
 
 
-def extras_backward(graph: Graph, q, k, v, d_out, bias, features, scale, algorithm, drop):
+def extras_backward(graph: Graph, q, k, v, d_out, bias, features, scale, algorithm, drop,
+                    outs=None):
     """``(dq, dk, dv, d_bias, d_features)`` of :func:`extras_forward` (None for an absent
-    bias or features); the dropout mask regenerated from the seed."""
+    bias or features; written into ``outs`` where given); the dropout mask regenerated from
+    the seed."""
     kind = _extras_setup(graph, q, k, bias, features)
     d_out = d_out.to(dtype=q.dtype).contiguous()
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    d_bias = torch.empty_like(bias) if bias is not None else None
-    d_feat = torch.empty_like(features) if features is not None else None
+    dq, dk, dv, d_bias, d_feat = _outputs(outs, q, k, v, bias, features)
     if _empty_problem(graph, q):
         for t in (dq, dk, dv, d_bias, d_feat):
             if t is not None:
@@ -539,14 +551,12 @@ def gat_forward(graph: Graph, x, a_dst, a_src, bias, slope, drop):
     return out
 
 
-def gat_backward(graph: Graph, x, a_dst, a_src, d_out, bias, slope, drop):
+def gat_backward(graph: Graph, x, a_dst, a_src, d_out, bias, slope, drop, outs=None):
     """``(dx, da_dst, da_src, d_bias)`` of :func:`gat_forward` (None for an absent bias); the
     scores are recomputed, not kept from the forward."""
     h, c = x.shape[1], x.shape[2]
     d_out = d_out.to(dtype=x.dtype).contiguous()
-    dx = torch.empty_like(x)
-    da_dst, da_src = torch.empty_like(a_dst), torch.empty_like(a_src)
-    d_bias = torch.empty_like(bias) if bias is not None else None
+    dx, da_dst, da_src, d_bias = _outputs(outs, x, a_dst, a_src, bias)
     if graph.num_edges == 0 or x.numel() == 0:
         for t in (dx, da_dst, da_src, d_bias):
             if t is not None:
@@ -594,18 +604,17 @@ def gatv2_forward(graph: Graph, xl, xr, att, features, slope, drop):
     return out
 
 
-def gatv2_backward(graph: Graph, xl, xr, att, features, d_out, slope, drop):
+def gatv2_backward(graph: Graph, xl, xr, att, features, d_out, slope, drop, outs=None):
     """``(d_xl, d_xr, d_att, d_features)`` of :func:`gatv2_forward` (``d_att`` f32 like ``att``;
     None for absent features): scores recomputed, ∂att summed over rows by torch (no atomics)."""
     n, h, c = graph.num_nodes, xl.shape[1], xl.shape[2]
     d_out = d_out.to(dtype=xl.dtype).contiguous()
-    dxl, dxr = torch.empty_like(xl), torch.empty_like(xr)
-    d_feat = torch.empty_like(features) if features is not None else None
+    dxl, dxr, d_att, d_feat = _outputs(outs, xl, xr, att, features)
     if graph.num_edges == 0 or xl.numel() == 0 or n == 0:
-        for t in (dxl, dxr, d_feat):
+        for t in (dxl, dxr, d_att, d_feat):
             if t is not None:
                 t.zero_()
-        return dxl, dxr, torch.zeros_like(att), d_feat
+        return dxl, dxr, d_att, d_feat
     rows = torch.empty((n, h, c), dtype=torch.float32, device=xl.device)
     ws = [torch.empty(graph.num_edges * h, dtype=torch.float32, device=xl.device) for _ in range(3)]
     graph._core.gatv2_backward(
@@ -613,7 +622,8 @@ def gatv2_backward(graph: Graph, xl, xr, att, features, d_out, slope, drop):
         address(att), _address_or_0(features), address(d_out), address(dxl), address(dxr),
         address(rows), _address_or_0(d_feat), tuple(address(w) for w in ws), stream_of(xl), drop,
     )
-    return dxl, dxr, rows.sum(0).reshape(-1), d_feat
+    d_att.copy_(rows.sum(0).reshape(d_att.shape))
+    return dxl, dxr, d_att, d_feat
 
 
 def _gatv2_edges(graph: Graph, xl, xr, att, features, slope, drop):

@@ -35,8 +35,11 @@ Differences from PyG (each is also in the class's documentation):
   ``jittable``) do not apply.
 - ``torch.compile(model, fullgraph=True, dynamic=True)`` traces the layers whole (spattn's
   calls are the custom operators ``torch.ops.spattn.*``; a new graph every step reuses one
-  compilation). ``mode="reduce-overhead"`` does not work with torch 2.11 (inductor passes a
-  custom operator's tuple of outputs between its CUDA-graph partitions); capture a step with
+  compilation). Under ``mode="reduce-overhead"`` spattn's calls run between inductor's
+  CUDA-graph partitions (they read the graph on the host); a training step of the layers
+  matches eager there (tests/test_compile.py), but the molecule benchmark's loop stops on
+  inductor's "accessing tensor output of CUDAGraphs that has been overwritten" (torch 2.11). To
+  capture whole steps, use
   ``torch.cuda.graph`` or ``torch.cuda.make_graphed_callables`` instead, for a fixed graph:
   a captured step replays the graph it was captured with, and attention dropout without a
   ``dropout_seed`` is refused under capture (one mask would be replayed every step).
@@ -305,12 +308,14 @@ def _edges_in_csr_order(ref: Any, edge_index: Any, data: Tensor, self_loops: boo
         return data
     if isinstance(ref, Graph):
         return _EdgeOrder.apply(ref, edge_index, data, self_loops)
-    return torch.ops.spattn.edge_order(ref, edge_index, data, self_loops)[0]
+    positions = torch.ops.spattn.edge_positions(ref, edge_index, data, self_loops)
+    return torch.ops.spattn.edge_scatter(ref, data, positions)
 
 
-def edge_order_impl(graph: Graph, edge_index: Tensor, data: Tensor, self_loops: bool):
-    """:func:`_edges_in_csr_order`'s body: the data in CSR order and each row's position there
-    (-1 for an input self loop replaced by an added one)."""
+def edge_positions_impl(graph: Graph, edge_index: Tensor, rows: int, self_loops: bool) -> Tensor:
+    """Where each of ``rows`` per-edge rows goes in the graph's CSR order: the input's edges
+    (-1 for an input self loop that an added one replaces) and, with ``self_loops``, one loop
+    per node after them."""
     if graph.num_duplicates:
         raise ValueError(
             f"edge_index: repeats {graph.num_duplicates} edge(s); spattn merges repeated "
@@ -319,25 +324,35 @@ def edge_order_impl(graph: Graph, edge_index: Tensor, data: Tensor, self_loops: 
         )
     e = edge_index.shape[1]
     n = graph.num_nodes
-    if data.shape[0] != e + (n if self_loops else 0):
-        raise ValueError(f"edge_attr: has {data.shape[0] - (n if self_loops else 0)} rows, "
+    if rows != e + (n if self_loops else 0):
+        raise ValueError(f"edge_attr: has {rows - (n if self_loops else 0)} rows, "
                          f"edge_index has {e} edges")
     pos_in = _edge_positions_cached(graph, edge_index)
-    out = data.new_zeros((graph.num_edges,) + tuple(data.shape[1:]))
-    out.index_copy_(0, pos_in, data[:e])
     if not self_loops:
-        return out, pos_in
+        return pos_in
     built = graph._built_positions(edge_index)
     if built is not None and built[1].numel() == n:
         pos_loop = built[1]
     else:
         loops = torch.arange(n, device=edge_index.device)
         pos_loop = graph.edge_positions(torch.stack([loops, loops]))
-    # Written after the input's rows: an input self loop's row is replaced (PyG drops them).
-    out.index_copy_(0, pos_loop, data[e:])
-    replaced = edge_index[0] == edge_index[1]
-    positions = torch.cat([torch.where(replaced, torch.full_like(pos_in, -1), pos_in), pos_loop])
-    return out, positions
+    replaced = edge_index[0] == edge_index[1]  # PyG drops the input's loops
+    return torch.cat([torch.where(replaced, torch.full_like(pos_in, -1), pos_in), pos_loop])
+
+
+def edge_scatter_impl(num_edges: int, data: Tensor, positions: Tensor) -> Tensor:
+    """``data``'s rows at their ``positions`` of ``num_edges`` rows (0 elsewhere); rows at -1
+    are dropped (written to a spare row past the end)."""
+    spare = data.new_zeros((num_edges + 1,) + tuple(data.shape[1:]))
+    index = torch.where(positions < 0, torch.full_like(positions, num_edges), positions)
+    return spare.index_copy_(0, index, data)[:num_edges]
+
+
+def edge_order_impl(graph: Graph, edge_index: Tensor, data: Tensor, self_loops: bool):
+    """:func:`_edges_in_csr_order`'s body: the data in CSR order and each row's position there
+    (-1 for an input self loop replaced by an added one)."""
+    positions = edge_positions_impl(graph, edge_index, data.shape[0], self_loops)
+    return edge_scatter_impl(graph.num_edges, data, positions), positions
 
 
 def edge_order_grad(d_out: Tensor, positions: Tensor) -> Tensor:
