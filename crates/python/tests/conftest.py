@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+# torch.compile's on-disk caches do not key on a custom operator's schema: a compilation cached
+# by another version of the package would call spattn's operators with the old arguments.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="spattn-inductor-"))
 
 REPO = Path(__file__).resolve().parents[3]
 BUNDLED_CORA = REPO / "crates" / "formats" / "tests" / "data" / "cora.mtx.gz"
