@@ -81,7 +81,10 @@ def make_step(impl, model, dtype, batch, state, args, spattn):
     def step():
         if mode == "reduce":  # a new step for inductor's CUDA-graph trees
             torch.compiler.cudagraph_mark_step_begin()
-        opt.zero_grad(set_to_none=False)
+        # A captured step keeps its gradients' tensors; elsewhere they are dropped, as
+        # inductor's CUDA-graph trees need (a kept .grad would be a graph's output, overwritten
+        # by the next replay).
+        opt.zero_grad(set_to_none=mode != "graph")
         loss = F.cross_entropy(call(xs, ei).float(), y)
         loss.backward()
         opt.step()

@@ -37,9 +37,8 @@ Differences from PyG (each is also in the class's documentation):
   calls are the custom operators ``torch.ops.spattn.*``; a new graph every step reuses one
   compilation). Under ``mode="reduce-overhead"`` spattn's calls run between inductor's
   CUDA-graph partitions (they read the graph on the host); a training step of the layers
-  matches eager there (tests/test_compile.py), but the molecule benchmark's loop stops on
-  inductor's "accessing tensor output of CUDAGraphs that has been overwritten" (torch 2.11). To
-  capture whole steps, use
+  matches eager there (tests/test_compile.py; zero the gradients with ``set_to_none=True``,
+  as inductor's CUDA-graph trees need). To capture whole steps, use
   ``torch.cuda.graph`` or ``torch.cuda.make_graphed_callables`` instead, for a fixed graph:
   a captured step replays the graph it was captured with, and attention dropout without a
   ``dropout_seed`` is refused under capture (one mask would be replayed every step).
