@@ -65,6 +65,13 @@ def test_closed_form_backward_matches_autograd():
     att = torch.randn(h * c, dtype=torch.float64, requires_grad=True)
     ef = torch.randn(g.num_edges, h, c, dtype=torch.float64, requires_grad=True)
     d_out = torch.randn(30, h, c, dtype=torch.float64)
+    # x_r = -x_l puts z exactly at 0 on the self loops: LeakyReLU' there is 1 in both.
+    at_zero = (-xl.detach()).requires_grad_()
+    out = F.gatv2_reference(g, xl, at_zero, att, None, 0.2, None)
+    want = torch.autograd.grad(out, (xl, at_zero, att), d_out)
+    got = F.gatv2_reference_backward(g, xl, at_zero, att, None, d_out, 0.2, None)
+    for name, a, b in zip(("xl", "xr", "att"), got, want):
+        torch.testing.assert_close(a, b, msg=f"d{name} at z = 0")
     for drop in (None, (0.3, 11, 0)):
         out = F.gatv2_reference(g, xl, xr, att, ef, 0.2, drop)
         want = torch.autograd.grad(out, (xl, xr, att, ef), d_out)

@@ -106,7 +106,8 @@ def edge_positions(graph: Tensor, edge_index: Tensor, data: Tensor, self_loops: 
     input self loop an added one replaces). ``data`` gives only its row count."""
     from . import nn
 
-    return nn.edge_positions_impl(graph_of_token(graph), edge_index, data.shape[0], self_loops)
+    g = graph_of_token(graph)
+    return nn.edge_positions_impl(g, edge_index, data.shape[0], self_loops).to(data.device)
 
 
 @edge_positions.register_fake

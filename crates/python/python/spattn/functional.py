@@ -607,9 +607,18 @@ def gatv2_forward(graph: Graph, xl, xr, att, features, slope, drop):
 def gatv2_backward(graph: Graph, xl, xr, att, features, d_out, slope, drop, outs=None):
     """``(d_xl, d_xr, d_att, d_features)`` of :func:`gatv2_forward` (``d_att`` f32 like ``att``;
     None for absent features): scores recomputed, ∂att summed over rows by torch (no atomics)."""
+    _check_gatv2_rows(graph, xl, xr, features)
     n, h, c = graph.num_nodes, xl.shape[1], xl.shape[2]
+    if tuple(d_out.shape) != (n, h, c):
+        raise ValueError(f"d_out: has shape {tuple(d_out.shape)}, expected {(n, h, c)}")
     d_out = d_out.to(dtype=xl.dtype).contiguous()
     dxl, dxr, d_att, d_feat = _outputs(outs, xl, xr, att, features)
+    for name, o, like in (("d_x_l", dxl, xl), ("d_x_r", dxr, xr), ("d_att", d_att, att),
+                          ("d_edge_features", d_feat, features)):
+        if like is not None and (tuple(o.shape) != tuple(like.shape) or o.dtype != like.dtype
+                                 or not o.is_contiguous()):
+            raise ValueError(f"{name}: expected a contiguous {like.dtype} tensor of shape "
+                             f"{tuple(like.shape)}, got {o.dtype} {tuple(o.shape)}")
     if graph.num_edges == 0 or xl.numel() == 0 or n == 0:
         for t in (dxl, dxr, d_att, d_feat):
             if t is not None:
@@ -636,7 +645,8 @@ def _gatv2_edges(graph: Graph, xl, xr, att, features, slope, drop):
     z = xl[src] + xr[dst]
     if features is not None:
         z = z + features
-    s = (torch.nn.functional.leaky_relu(z, slope) * att.reshape(1, h, c)).sum(-1)
+    # LeakyReLU with derivative 1 at 0 under autograd, as the kernels and the closed form.
+    s = (torch.where(z >= 0, z, z * slope) * att.reshape(1, h, c)).sum(-1)
     m = torch.full((n, h), float("-inf"), dtype=s.dtype, device=s.device)
     m = m.scatter_reduce(0, dst[:, None].expand(-1, h), s.detach(), reduce="amax", include_self=True)
     e = (s - m[dst]).exp()
@@ -909,10 +919,12 @@ def _gatv2_attention(ref, x_l, x_r, att, negative_slope, features, dropout, seed
     check_torch("x_r", x_r, like=x_l)
     if not is_tensor(att):
         raise TypeError(f"att: expected a torch.Tensor, got {type(att).__name__}")
-    if att.numel() != h * c or not att.is_floating_point() or att.device != x_l.device:
+    if not att.is_floating_point():
+        raise TypeError(f"att: expected a floating-point tensor, got {att.dtype}")
+    if att.numel() != h * c or att.device != x_l.device:
         raise ValueError(
-            f"att: expected {h} x {c} floating-point values on {x_l.device}, got shape "
-            f"{tuple(att.shape)}, {att.dtype} on {att.device}"
+            f"att: expected {h} x {c} values on {x_l.device}, got shape {tuple(att.shape)} "
+            f"on {att.device}"
         )
     if features is not None:
         _check_per_edge("edge_features", features, None, "(num_edges, heads, channels)", x_l, "x_l")

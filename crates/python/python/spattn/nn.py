@@ -350,7 +350,7 @@ def edge_scatter_impl(num_edges: int, data: Tensor, positions: Tensor) -> Tensor
 def edge_order_impl(graph: Graph, edge_index: Tensor, data: Tensor, self_loops: bool):
     """:func:`_edges_in_csr_order`'s body: the data in CSR order and each row's position there
     (-1 for an input self loop replaced by an added one)."""
-    positions = edge_positions_impl(graph, edge_index, data.shape[0], self_loops)
+    positions = edge_positions_impl(graph, edge_index, data.shape[0], self_loops).to(data.device)
     return edge_scatter_impl(graph.num_edges, data, positions), positions
 
 
@@ -363,7 +363,7 @@ def edge_order_grad(d_out: Tensor, positions: Tensor) -> Tensor:
 
 class _EdgeOrder(torch.autograd.Function):
     """Autograd of :func:`edge_order_impl` in eager mode (``torch.compile`` traces the custom
-    operator ``spattn::edge_order`` instead)."""
+    operators ``spattn::edge_positions`` and ``spattn::edge_scatter`` instead)."""
 
     @staticmethod
     def forward(ctx, graph, edge_index, data, self_loops):
