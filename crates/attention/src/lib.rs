@@ -64,6 +64,7 @@
 //! // The layers bind it too: spattn::layers::GpuGraph::on_device(&ctx, graph.clone()).
 //! # Ok::<(), spattn::Error>(())
 //! ```
+#![forbid(unsafe_code)]
 
 mod backward;
 mod config;

@@ -25,6 +25,7 @@
 //! - [`inputs`], [`memory`], [`timing`], [`measure`], [`peers`], [`record`], [`table`], [`progress`].
 //!
 //! Nothing here is needed by users of the spattn libraries.
+#![forbid(unsafe_code)]
 
 pub mod cases;
 pub mod cli;

@@ -31,6 +31,7 @@
 //! println!("ME-BCRS fill {:.2}, BSB fill {:.2}", me.fill_stats().fill(), bsb.fill_stats().fill());
 //! # Ok::<(), spattn_formats::Error>(())
 //! ```
+#![forbid(unsafe_code)]
 
 pub mod alloc;
 pub mod bsb;
