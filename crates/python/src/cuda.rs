@@ -6,6 +6,7 @@ use spattn::ops::csr_ops::Gatv2Operands;
 use spattn::ops::device_plan::{BuildReport, DeviceEdges, DeviceIds, DeviceIndex, GraphSpec};
 use spattn::ops::external::{ExternalMatrix, ExternalVec};
 use spattn::ops::{backward as gpu_backward, csr_ops, edge_extras};
+use spattn::ops::{DeviceCsr, DeviceMatrix, DeviceTranspose, DeviceVec, Gpu};
 use spattn::{AttentionPlan, DType, DeviceBias, DeviceGraph, Dropout, Shape};
 
 use crate::device;
@@ -109,6 +110,69 @@ unsafe fn gat_views<T: DType>(
     }
 }
 
+/// The steps GAT and GATv2 share after their scores: `p` (the scores) becomes the softmax per
+/// row (of their LeakyReLU where `slope`), dropped where `dropout`, and `out = P · x`.
+#[allow(clippy::too_many_arguments)]
+fn softmax_aggregate<T: DType>(
+    gpu: &Gpu,
+    a: &DeviceCsr,
+    heads: usize,
+    slope: Option<f32>,
+    dropout: Option<&Dropout>,
+    p: &mut DeviceVec<f32>,
+    x: &DeviceMatrix<T>,
+    out: &mut DeviceMatrix<T>,
+) -> spattn::Result<()> {
+    csr_ops::edge_softmax_in_place(gpu, a, p, heads, slope)?;
+    if let Some(dr) = dropout {
+        edge_extras::apply_dropout(gpu, p, dr)?;
+    }
+    csr_ops::spmm(gpu, a, p, x, out)?;
+    Ok(())
+}
+
+/// ∂L/∂score before any LeakyReLU into `ds`, from the probabilities `p` (before dropout) and
+/// `dP = ⟨dOut_i, x_j⟩`; under dropout dP = dW ⊙ mask / (1 − rate).
+#[allow(clippy::too_many_arguments)]
+fn softmax_input_grad<T: DType>(
+    gpu: &Gpu,
+    a: &DeviceCsr,
+    heads: usize,
+    dropout: Option<&Dropout>,
+    p: &DeviceVec<f32>,
+    d_out: &DeviceMatrix<T>,
+    x: &DeviceMatrix<T>,
+    ds: &mut DeviceVec<f32>,
+) -> spattn::Result<()> {
+    csr_ops::sddmm(gpu, a, d_out, x, 1.0, ds)?;
+    if let Some(dr) = dropout {
+        edge_extras::apply_dropout(gpu, ds, dr)?;
+    }
+    gpu_backward::edge_softmax_backward_in_place(gpu, a, p, ds, heads)?;
+    Ok(())
+}
+
+/// The aggregation's share of ∂L/∂x, `dx = Pᵀ · dOut` with P as the forward used it (`p` is
+/// dropped in place where `dropout`; `scratch` receives it in Aᵀ's order).
+#[allow(clippy::too_many_arguments)]
+fn aggregation_grad<T: DType>(
+    gpu: &Gpu,
+    t: &DeviceTranspose,
+    heads: usize,
+    dropout: Option<&Dropout>,
+    p: &mut DeviceVec<f32>,
+    scratch: &mut DeviceVec<f32>,
+    d_out: &DeviceMatrix<T>,
+    dx: &mut DeviceMatrix<T>,
+) -> spattn::Result<()> {
+    if let Some(dr) = dropout {
+        edge_extras::apply_dropout(gpu, p, dr)?;
+    }
+    gpu_backward::transpose_edge_values(gpu, t, p, heads, scratch)?;
+    csr_ops::spmm(gpu, t.csr(), scratch, d_out, dx)?;
+    Ok(())
+}
+
 /// GAT's pre-activation scores `a_dst[row] + a_src[col] (+ bias)` per edge and head into
 /// `scores`, on the graph's CSR (the forward's and, recomputed, the backward's).
 fn gat_scores(
@@ -154,12 +218,16 @@ pub(crate) fn gat_forward_gpu<T: DType>(
         d.device.bridge.run(stream, || -> spattn::Result<()> {
             let a = d.graph.csr()?;
             gat_scores(d, (&a_dst, &a_src), &bias, &mut p)?;
-            csr_ops::edge_softmax_in_place(gpu, a, &mut p, h, Some(slope))?;
-            if let Some(dr) = &dropout {
-                edge_extras::apply_dropout(gpu, &mut p, dr)?;
-            }
-            csr_ops::spmm(gpu, a, &p, &x, &mut out)?;
-            Ok(())
+            softmax_aggregate(
+                gpu,
+                a,
+                h,
+                Some(slope),
+                dropout.as_ref(),
+                &mut p,
+                &x,
+                &mut out,
+            )
         })
     }
 }
@@ -199,14 +267,10 @@ pub(crate) fn gat_backward_gpu<T: DType>(
         let mut d_bias = ExternalVec::<f32>::new_trusted(gpu, "d_bias", d_bias, blen)?;
         d.device.bridge.run(stream, || -> spattn::Result<()> {
             let (a, t) = (d.graph.csr()?, d.graph.transpose()?);
+            let drop = dropout.as_ref();
             gat_scores(d, (&a_dst, &a_src), &bias, &mut s)?;
             csr_ops::edge_softmax(gpu, a, &s, h, Some(slope), &mut p)?;
-            csr_ops::sddmm(gpu, a, &d_out, &x, 1.0, &mut dp)?;
-            // Under dropout: dP = dW ⊙ mask / (1 − rate), and the aggregation used P's dropped.
-            if let Some(dr) = &dropout {
-                edge_extras::apply_dropout(gpu, &mut dp, dr)?;
-            }
-            gpu_backward::edge_softmax_backward_in_place(gpu, a, &p, &mut dp, h)?;
+            softmax_input_grad(gpu, a, h, drop, &p, &d_out, &x, &mut dp)?;
             gpu_backward::edge_leaky_relu_backward(gpu, &s, slope, &mut dp)?;
             if blen > 0 {
                 d_bias.copy_from(&dp)?;
@@ -215,12 +279,7 @@ pub(crate) fn gat_backward_gpu<T: DType>(
             // s is free again: dS in Aᵀ's order; then dp: P in Aᵀ's order.
             gpu_backward::transpose_edge_values(gpu, t, &dp, h, &mut s)?;
             gpu_backward::edge_row_sum(gpu, t.csr(), &s, h, &mut da_src)?;
-            if let Some(dr) = &dropout {
-                edge_extras::apply_dropout(gpu, &mut p, dr)?;
-            }
-            gpu_backward::transpose_edge_values(gpu, t, &p, h, &mut dp)?;
-            csr_ops::spmm(gpu, t.csr(), &dp, &d_out, &mut dx)?;
-            Ok(())
+            aggregation_grad(gpu, t, h, drop, &mut p, &mut dp, &d_out, &mut dx)
         })
     }
 }
@@ -298,12 +357,7 @@ pub(crate) fn gatv2_forward_gpu<T: DType>(
                 slope,
             };
             csr_ops::sddmm_gatv2(gpu, a, &ops, &mut p)?;
-            csr_ops::edge_softmax_in_place(gpu, a, &mut p, h, None)?;
-            if let Some(dr) = &dropout {
-                edge_extras::apply_dropout(gpu, &mut p, dr)?;
-            }
-            csr_ops::spmm(gpu, a, &p, &xl, &mut out)?;
-            Ok(())
+            softmax_aggregate(gpu, a, h, None, dropout.as_ref(), &mut p, &xl, &mut out)
         })
     }
 }
@@ -358,22 +412,14 @@ pub(crate) fn gatv2_backward_gpu<T: DType>(
                 att: &att,
                 slope,
             };
+            let drop = dropout.as_ref();
             csr_ops::sddmm_gatv2(gpu, a, &ops, &mut s)?;
             csr_ops::edge_softmax(gpu, a, &s, h, None, &mut p)?;
-            csr_ops::sddmm(gpu, a, &d_out, &xl, 1.0, &mut dp)?;
-            // Under dropout: dP = dW ⊙ mask / (1 − rate), and the aggregation used P's dropped.
-            if let Some(dr) = &dropout {
-                edge_extras::apply_dropout(gpu, &mut dp, dr)?;
-            }
-            gpu_backward::edge_softmax_backward_in_place(gpu, a, &p, &mut dp, h)?;
+            softmax_input_grad(gpu, a, h, drop, &p, &d_out, &xl, &mut dp)?;
             let d_ef = d_ef.as_deref_mut();
             gpu_backward::gatv2_edge_grad(gpu, a, &ops, &dp, &mut d_xr, d_ef, &mut d_att)?;
-            if let Some(dr) = &dropout {
-                edge_extras::apply_dropout(gpu, &mut p, dr)?;
-            }
             // s is free again: P in Aᵀ's order, for the aggregation's share of ∂xl.
-            gpu_backward::transpose_edge_values(gpu, t, &p, h, &mut s)?;
-            csr_ops::spmm(gpu, t.csr(), &s, &d_out, &mut d_xl)?;
+            aggregation_grad(gpu, t, h, drop, &mut p, &mut s, &d_out, &mut d_xl)?;
             gpu_backward::gatv2_edge_grad_transposed(gpu, a, t, &ops, &dp, &mut d_xl)?;
             Ok(())
         })
