@@ -39,6 +39,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+use std::sync::OnceLock;
+
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 use spattn_formats::Csr;
 use spattn_kernels_sys::BACKWARD;
@@ -78,6 +80,8 @@ const LONG_ROW_THREADS: u32 = 512;
 pub struct DeviceTranspose {
     csr: DeviceCsr,
     map: DeviceVec<u32>,
+    /// The inverse map (Aᵀ's entries' edges of A), made on the first call that needs it.
+    inverse: OnceLock<DeviceVec<u32>>,
 }
 
 impl DeviceTranspose {
@@ -92,12 +96,17 @@ impl DeviceTranspose {
         Ok(Self {
             csr: DeviceCsr::upload(gpu, &at)?,
             map: DeviceVec::from_host_named(gpu, "transpose edge map", &to_t)?,
+            inverse: OnceLock::new(),
         })
     }
 
     /// Aᵀ and the map built on the device (`crate::device_plan`).
     pub(crate) fn from_parts(csr: DeviceCsr, map: DeviceVec<u32>) -> Self {
-        Self { csr, map }
+        Self {
+            csr,
+            map,
+            inverse: OnceLock::new(),
+        }
     }
 
     /// Aᵀ: `a.n_cols()` rows, `a.n_rows()` columns, the same edges.
@@ -110,9 +119,38 @@ impl DeviceTranspose {
         &self.map
     }
 
-    /// Device memory held, in bytes.
+    /// For each entry of Aᵀ (CSR order), its edge of A: the inverse of [`map`](Self::map),
+    /// made by one `nnz` kernel on the first call and kept (GATv2's transposed gradient pass
+    /// reads it every backward).
+    pub fn inverse_map(&self, gpu: &Gpu) -> Result<&DeviceVec<u32>> {
+        if let Some(inv) = self.inverse.get() {
+            return Ok(inv);
+        }
+        let nnz = self.map.len();
+        let mut inv = DeviceVec::<u32>::zeros(gpu, nnz)?;
+        if nnz > 0 {
+            check_same_gpu(gpu, "transpose", &self.csr)?;
+            let name = "invert_edge_map_u32";
+            let f = function(gpu, name)?;
+            let nnz_u = to_u32("nnz", nnz)?;
+            let cfg = grid_1d(nnz, THREADS)?;
+            let mut args = gpu.launch_builder(&f);
+            args.arg(self.map.slice()).arg(&nnz_u).arg(inv.slice_mut());
+            // SAFETY: reads map[0..nnz) (nnz long: a permutation of 0..nnz, the transpose's
+            // invariant) and writes inv[map[e]] < nnz (inv is nnz long).
+            unsafe { launch(name, &mut args, cfg) }?;
+        }
+        // Another thread may have set it first: both are the same map; keep the first.
+        let _ = self.inverse.set(inv);
+        // The cell was set just above (by this call or another).
+        Ok(self.inverse.get().expect("set above"))
+    }
+
+    /// Device memory held, in bytes (the inverse map once made).
     pub fn device_bytes(&self) -> usize {
-        self.csr.device_bytes() + self.map.allocated_bytes()
+        self.csr.device_bytes()
+            + self.map.allocated_bytes()
+            + self.inverse.get().map_or(0, DeviceVec::allocated_bytes)
     }
 }
 
@@ -543,7 +581,7 @@ pub fn gatv2_edge_grad<T: DType>(
 /// GATv2's edge gradients on Aᵀ: adds the scores' share of ∂L/∂xl,
 /// `d_xl[j, h, :] += Σ_{e ∈ column j of A} ds[e, h] · att[h, :] ⊙ LeakyReLU'(z)`, to `d_xl`
 /// (which holds the aggregation's share, `Pᵀ · dOut`), walking Aᵀ's rows (no atomics). The
-/// inverse of `t`'s edge map is made here (one `nnz` kernel) for the entries' edges of A.
+/// entries' edges of A come from [`DeviceTranspose::inverse_map`] (made once per transpose).
 pub fn gatv2_edge_grad_transposed<T: DType>(
     gpu: &Gpu,
     a: &DeviceCsr,
@@ -571,21 +609,9 @@ pub fn gatv2_edge_grad_transposed<T: DType>(
         });
     }
     check_same_gpu(gpu, "transpose", tc)?;
-    let mut t_to_a = DeviceVec::<u32>::zeros(gpu, a.nnz())?;
-    if a.nnz() > 0 {
-        let name = "invert_edge_map_u32";
-        let f = function(gpu, name)?;
-        let nnz = to_u32("nnz", a.nnz())?;
-        let cfg = grid_1d(a.nnz(), THREADS)?;
-        let mut args = gpu.launch_builder(&f);
-        args.arg(t.map().slice()).arg(&nnz).arg(t_to_a.slice_mut());
-        // SAFETY: reads map[0..nnz) (nnz long: a permutation of 0..nnz, the transpose's
-        // invariant) and writes t_to_a[map[e]] < nnz (t_to_a is nnz long).
-        unsafe { launch(name, &mut args, cfg) }?;
-    }
     let sides = Gatv2Sides {
         m: tc,
-        edge_ids: Some(&t_to_a),
+        edge_ids: Some(t.inverse_map(gpu)?),
         x_self: ops.xl,
         x_other: ops.xr,
     };
