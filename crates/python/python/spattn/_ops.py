@@ -103,11 +103,10 @@ def _(graph, like):
 def edge_positions(graph: Tensor, edge_index: Tensor, data: Tensor, self_loops: bool) -> Tensor:
     """Where each row of per-edge ``data`` (in ``edge_index``'s order, then with
     ``self_loops`` one row per node: the added loops) goes in the graph's CSR order (-1: an
-    input self loop an added one replaces). ``data`` gives only its row count."""
+    input self loop an added one replaces). ``data`` gives only its row count and device."""
     from . import nn
 
-    g = graph_of_token(graph)
-    return nn.edge_positions_impl(g, edge_index, data.shape[0], self_loops).to(data.device)
+    return nn.edge_positions_impl(graph_of_token(graph), edge_index, data, self_loops)
 
 
 @edge_positions.register_fake

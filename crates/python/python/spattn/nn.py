@@ -311,10 +311,11 @@ def _edges_in_csr_order(ref: Any, edge_index: Any, data: Tensor, self_loops: boo
     return torch.ops.spattn.edge_scatter(ref, data, positions)
 
 
-def edge_positions_impl(graph: Graph, edge_index: Tensor, rows: int, self_loops: bool) -> Tensor:
-    """Where each of ``rows`` per-edge rows goes in the graph's CSR order: the input's edges
-    (-1 for an input self loop that an added one replaces) and, with ``self_loops``, one loop
-    per node after them."""
+def edge_positions_impl(graph: Graph, edge_index: Tensor, data: Tensor, self_loops: bool) -> Tensor:
+    """Where each row of per-edge ``data`` goes in the graph's CSR order, on ``data``'s device:
+    the input's edges (-1 for an input self loop that an added one replaces) and, with
+    ``self_loops``, one loop per node after them."""
+    rows = data.shape[0]
     if graph.num_duplicates:
         raise ValueError(
             f"edge_index: repeats {graph.num_duplicates} edge(s); spattn merges repeated "
@@ -326,7 +327,7 @@ def edge_positions_impl(graph: Graph, edge_index: Tensor, rows: int, self_loops:
     if rows != e + (n if self_loops else 0):
         raise ValueError(f"edge_attr: has {rows - (n if self_loops else 0)} rows, "
                          f"edge_index has {e} edges")
-    pos_in = _edge_positions_cached(graph, edge_index)
+    pos_in = _edge_positions_cached(graph, edge_index).to(data.device)
     if not self_loops:
         return pos_in
     built = graph._built_positions(edge_index)
@@ -335,7 +336,8 @@ def edge_positions_impl(graph: Graph, edge_index: Tensor, rows: int, self_loops:
     else:
         loops = torch.arange(n, device=edge_index.device)
         pos_loop = graph.edge_positions(torch.stack([loops, loops]))
-    replaced = edge_index[0] == edge_index[1]  # PyG drops the input's loops
+    pos_loop = pos_loop.to(data.device)
+    replaced = (edge_index[0] == edge_index[1]).to(data.device)  # PyG drops the input's loops
     return torch.cat([torch.where(replaced, torch.full_like(pos_in, -1), pos_in), pos_loop])
 
 
@@ -350,7 +352,7 @@ def edge_scatter_impl(num_edges: int, data: Tensor, positions: Tensor) -> Tensor
 def edge_order_impl(graph: Graph, edge_index: Tensor, data: Tensor, self_loops: bool):
     """:func:`_edges_in_csr_order`'s body: the data in CSR order and each row's position there
     (-1 for an input self loop replaced by an added one)."""
-    positions = edge_positions_impl(graph, edge_index, data.shape[0], self_loops).to(data.device)
+    positions = edge_positions_impl(graph, edge_index, data, self_loops)
     return edge_scatter_impl(graph.num_edges, data, positions), positions
 
 
