@@ -18,6 +18,7 @@
 //!
 //! Errors become Python exceptions naming the operand ([`errors`]).
 
+mod cpu;
 mod cuda;
 mod device;
 mod errors;
