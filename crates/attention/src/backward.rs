@@ -4,15 +4,17 @@
 //!
 //! Every forward algorithm (unfused or fused, CUDA cores or tensor cores) computes the same
 //! function, so one backward serves them all: it recomputes the scores rather than storing
-//! anything from the forward, and runs on CUDA cores over CSR with exact f32 arithmetic on every
-//! dtype (gradients rounded to `T` once, at the end). Three kernel sets, all giving the same
-//! gradients to f32 rounding:
+//! them. The CUDA-core sets run over CSR with exact f32 arithmetic on every dtype (gradients
+//! rounded to `T` once, at the end); the tensor-core set runs on `mma.sync` over BSB with f32
+//! accumulation, rounding dS and P to `T` as mma operands. The kernel sets:
 //!
 //! | [`BackwardKernels`] | kernels | per-edge buffers | deterministic |
 //! |---|---|---|---|
-//! | `Fused` (default) | a row pass over A (dQ, the row statistics, ∂scale) and a column pass over Aᵀ (dK, dV): [`spattn_ops::backward::FusedBackward`] | none | yes |
+//! | `Auto` (default) | `TensorCore` for f16 / bf16 heads of a multiple of 8 up to [`AUTO_TENSOR_CORE_MAX_HEAD_DIM`] features on sm_80+, else `Fused` | none | yes |
+//! | `Fused` | a row pass over A (dQ, the row statistics, ∂scale) and a column pass over Aᵀ (dK, dV): [`spattn_ops::backward::FusedBackward`] | none | yes |
 //! | `PerEdge` | 2 SDDMMs (`⟨q, k⟩`, `⟨dOut, v⟩`), one fused row kernel (P, dS, Pᵀ, dSᵀ, ∂scale), 3 SpMMs | four `nnz × heads` f32 | no (split rows add with atomics) |
 //! | `Unfused` | the spattn-ops building blocks: SDDMM, edge softmax, softmax backward, transposes, dot, scale, SpMM | as `PerEdge` | no |
+//! | `TensorCore` | three passes on tensor cores over A's BSB (row statistics; dQ, ∂scale) and Aᵀ's BSB (dK, dV): [`spattn_ops::backward::TensorCoreBackward`] (f16 / bf16, head_dim a multiple of 8 up to 128; others run `Fused`) | none | yes |
 //!
 //! `Fused` runs the heads its lanes hold
 //! ([`FusedBackward::supports`](spattn_ops::backward::FusedBackward::supports): head_dim ≤ 512
@@ -20,7 +22,7 @@
 //! take `PerEdge`. Its row pass recomputes each row's softmax
 //! statistics and `D_i = Σ_row P ⊙ dP` from the scores, not from the forward's `out`: the same
 //! quantity for the function computed, without `out`'s rounding to f16 / bf16; `out` is checked
-//! for its shape only.
+//! for its shape only (`TensorCore` likewise).
 //!
 //! Lazy state: a plan uploads nothing for the backward until its first call, which asks the
 //! plan's shared [`spattn_ops::DeviceGraph`] for the CSR and the transpose Aᵀ (each with its own
@@ -32,7 +34,7 @@
 use std::sync::{Mutex, PoisonError};
 
 use spattn_formats::Csr;
-use spattn_ops::backward::{self as ops_backward, FusedBackward};
+use spattn_ops::backward::{self as ops_backward, FusedBackward, TensorCoreBackward};
 use spattn_ops::cpu::{self, AttentionInputs};
 use spattn_ops::{csr_ops, DType, DeviceGraph, DeviceMatrix, DeviceVec, Gpu, Shape};
 
@@ -43,16 +45,29 @@ use crate::plan::AttentionPlan;
 /// `backward` module's table).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum BackwardKernels {
-    /// A row pass and a column pass, no per-edge buffers, bitwise deterministic (the default;
-    /// heads its lanes do not hold run [`PerEdge`](Self::PerEdge)).
+    /// The default: [`TensorCore`](Self::TensorCore) for f16 / bf16 heads of a multiple of 8
+    /// up to [`AUTO_TENSOR_CORE_MAX_HEAD_DIM`] features on sm_80 and later (where it measured
+    /// faster on every graph), [`Fused`](Self::Fused) otherwise. Bitwise deterministic either
+    /// way.
     #[default]
+    Auto,
+    /// A row pass and a column pass on CUDA cores, no per-edge buffers, bitwise deterministic
+    /// (heads its lanes do not hold run [`PerEdge`](Self::PerEdge)).
     Fused,
     /// Two SDDMMs, one fused per-edge row kernel and three SpMMs over `nnz × heads` buffers.
     PerEdge,
     /// The composition of the spattn-ops building blocks: SDDMM, edge softmax, SDDMM, softmax
     /// backward, transposes, dot and scale.
     Unfused,
+    /// Three passes on tensor cores over BSB and Aᵀ's BSB, no per-edge buffers, bitwise
+    /// deterministic ([`TensorCoreBackward`]): f16 / bf16 heads of a multiple of 8 up to 128
+    /// features on sm_80 and later; other configurations run [`Fused`](Self::Fused).
+    TensorCore,
 }
+
+/// The widest head [`BackwardKernels::Auto`] gives the tensor-core backward (docs/kernels/
+/// backward.md's measurements: wider heads were slower there at 8 heads).
+pub const AUTO_TENSOR_CORE_MAX_HEAD_DIM: usize = 64;
 
 /// The gradients of [`AttentionPlan::backward_host`].
 #[derive(Clone, Debug, PartialEq)]
@@ -84,6 +99,7 @@ pub(crate) enum BackwardParts<'a> {
 pub(crate) struct BackwardState {
     edge: Option<EdgeBuffers>,
     fused: Option<FusedBackward>,
+    tc: Option<TensorCoreBackward>,
 }
 
 /// The per-edge kernel sets' buffers.
@@ -238,12 +254,38 @@ impl AttentionPlan {
         let mut st = state.lock().unwrap_or_else(PoisonError::into_inner);
         // The uploads the backward reads (once per graph), before any buffer of the plan's.
         let (a, t) = (graph.csr()?, graph.transpose()?);
+        let tc_runs = TensorCoreBackward::supports(T::KIND, sq.head_dim)
+            && gpu.compute_capability() >= (8, 0);
+        let kernels = match kernels {
+            BackwardKernels::Auto if tc_runs && sq.head_dim <= AUTO_TENSOR_CORE_MAX_HEAD_DIM => {
+                BackwardKernels::TensorCore
+            }
+            BackwardKernels::Auto => BackwardKernels::Fused,
+            BackwardKernels::TensorCore if !tc_runs => BackwardKernels::Fused,
+            other => other,
+        };
         let kernels = match kernels {
             BackwardKernels::Fused if !FusedBackward::supports::<T>(sq.head_dim) => {
                 BackwardKernels::PerEdge
             }
             other => other,
         };
+        if kernels == BackwardKernels::TensorCore {
+            let ws = match &mut st.tc {
+                Some(ws) => ws,
+                slot => {
+                    let reorder = graph.effective_reorder(self.config().reorder);
+                    slot.insert(TensorCoreBackward::new::<T>(
+                        graph,
+                        heads,
+                        sq.head_dim,
+                        reorder,
+                    )?)
+                }
+            };
+            ws.run(gpu, scale, [q, k, v, d_out], [dq, dk, dv])?;
+            return read_d_scale(read_scale, ws.d_scale());
+        }
         if kernels == BackwardKernels::Fused {
             let ws = match &mut st.fused {
                 Some(ws) => ws,

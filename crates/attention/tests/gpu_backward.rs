@@ -5,9 +5,10 @@
 //! SPATTN_SEED), gradients poisoned with NaN before each backward.
 //!
 //! Tolerances: docs/kernels/README.md's on the relative L2 error of each gradient (f32 1e-5,
-//! f16 5e-3, bf16 2e-2). The backward runs in f32 on CUDA cores for every algorithm (the tensor-core
-//! forwards included), so f32 is held to 1e-5 whatever the forward's algorithm; f16 / bf16
-//! gradients are the f32 result rounded once. dscale is a sum of `nnz × heads` signed terms:
+//! f16 5e-3, bf16 2e-2). The CUDA-core backwards run in f32 for every algorithm (the
+//! tensor-core forwards included), so f32 is held to 1e-5 whatever the forward's algorithm;
+//! f16 / bf16 gradients are the f32 result rounded once, or (`TensorCore`) dS and P rounded once
+//! more as mma operands. dscale is a sum of `nnz × heads` signed terms:
 //! its error is bounded relative to the sum of their magnitudes.
 
 use half::{bf16, f16};
@@ -80,6 +81,7 @@ fn check_backward<T: DType>(
             BackwardKernels::Fused,
             BackwardKernels::PerEdge,
             BackwardKernels::Unfused,
+            BackwardKernels::TensorCore,
             BackwardKernels::Fused,
         ] {
             for m in [&mut dq, &mut dk, &mut dv] {
@@ -259,9 +261,9 @@ fn hub_row_and_extreme_scores() {
     check_backward::<f32>(&gpu, &b, &GPU_ALGORITHMS, 8, 8, &mut rng, 0.0, Grads::All);
 }
 
-/// The fused backward twice on the same inputs: bitwise-equal gradients and ∂scale, on a graph
-/// whose hub row and hub column are split into many units (merged by whichever unit finishes
-/// last), and within tolerance of the f64 reference.
+/// The fused and tensor-core backwards, each twice on the same inputs: bitwise-equal gradients
+/// and ∂scale, on a graph whose hub row and hub column are split into many units (merged by
+/// whichever unit finishes last), and within tolerance of the f64 reference.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn fused_backward_is_deterministic() {
@@ -299,8 +301,26 @@ fn deterministic_case<T: DType>(
         random_vec(rng, skv.len(), 1.0),
         random_vec(rng, sq.len(), 1.0),
     );
+    for kernels in [BackwardKernels::Fused, BackwardKernels::TensorCore] {
+        deterministic_runs(gpu, a, &plan, kernels, [&q, &k, &v, &d]);
+    }
+}
+
+/// Two runs of `kernels` on the same inputs: bitwise equal, and within tolerance of the f64
+/// reference.
+fn deterministic_runs<T: DType>(
+    gpu: &Gpu,
+    a: &Csr,
+    plan: &AttentionPlan,
+    kernels: BackwardKernels,
+    [q, k, v, d]: [&[T]; 4],
+) {
+    let config = plan.config();
+    let (heads, head_dim) = (config.heads, config.head_dim);
+    let sq = plan.shape_q();
+    let skv = plan.shape_kv();
     let up = |s, x: &[T]| DeviceMatrix::from_host(gpu, s, x).unwrap();
-    let (qd, kd, vd, dd) = (up(sq, &q), up(skv, &k), up(skv, &v), up(sq, &d));
+    let (qd, kd, vd, dd) = (up(sq, q), up(skv, k), up(skv, v), up(sq, d));
     let mut out = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();
     plan.forward(&qd, &kd, &vd, &mut out).unwrap();
     let mut runs = Vec::new();
@@ -312,7 +332,7 @@ fn deterministic_case<T: DType>(
             m.fill_nan().unwrap();
         }
         let d_scale = plan
-            .backward(&qd, &kd, &vd, &out, &dd, &mut dq, &mut dk, &mut dv)
+            .backward_with(kernels, &qd, &kd, &vd, &out, &dd, &mut dq, &mut dk, &mut dv)
             .unwrap();
         let bits = |m: &DeviceMatrix<T>| {
             to_f64(&m.to_host().unwrap())
@@ -322,9 +342,9 @@ fn deterministic_case<T: DType>(
         };
         runs.push((bits(&dq), bits(&dk), bits(&dv), d_scale.to_bits()));
     }
-    let ctx = format!("{} heads={heads} head_dim={head_dim}", T::NAME);
+    let ctx = format!("{kernels:?} {} heads={heads} head_dim={head_dim}", T::NAME);
     assert!(runs[0] == runs[1], "{ctx}: two backward runs differ");
-    let (q64, k64, v64, d64) = (to_f64(&q), to_f64(&k), to_f64(&v), to_f64(&d));
+    let (q64, k64, v64, d64) = (to_f64(q), to_f64(k), to_f64(v), to_f64(d));
     let inputs = AttentionInputs::new(&q64, sq, &k64, skv, &v64, skv);
     let want = attention_backward_f64_from(a, &inputs, f64::from(config.scale()), &d64).unwrap();
     let (gq, gk, gv, _) = &runs[0];

@@ -246,13 +246,25 @@ pub const CASES: &[Case] = &[
     ),
     train_step_case(
         "train-step",
+        spattn::BackwardKernels::Auto,
+        "forward (auto) + the default backward (tensor cores for f16/bf16 heads up to 64, else \
+         the fused CUDA-core passes)",
+    ),
+    train_step_case(
+        "train-step-fused",
         spattn::BackwardKernels::Fused,
-        "forward (auto) + the fused backward: a row pass (dQ) and a column pass (dK, dV)",
+        "forward (auto) + the fused CUDA-core backward: a row pass (dQ) and a column pass (dK, dV)",
     ),
     train_step_case(
         "train-step-per-edge",
         spattn::BackwardKernels::PerEdge,
         "forward (auto) + backward with the per-edge row kernel: 2 SDDMM, 1 row kernel, 3 SpMM",
+    ),
+    train_step_case(
+        "train-step-tc",
+        spattn::BackwardKernels::TensorCore,
+        "forward (auto) + the tensor-core backward: row statistics, dQ and dK/dV passes over BSB \
+         (f16/bf16; otherwise the fused backward)",
     ),
     train_step_case(
         "train-step-unfused",
@@ -506,7 +518,9 @@ mod tests {
                 "hybrid",
                 "auto",
                 "train-step",
+                "train-step-fused",
                 "train-step-per-edge",
+                "train-step-tc",
                 "train-step-unfused"
             ]
         );

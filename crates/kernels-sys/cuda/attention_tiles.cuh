@@ -658,6 +658,24 @@ __device__ __forceinline__ void bsb_online_step(const float (&s)[2][4], const u3
     }
 }
 
+// O += P V for one step of two blocks, f16 / bf16 (m16n8k16): P the lane's entries in the score
+// accumulator's layout (rows g, g + 8; slots 2t, 2t + 1 of each block), V the rows of slots
+// 2t, 2t + 1 of block 0 (v0) and block 1 (v1), features g * D8 .. + D8 as loaded (fused_bsb.cu's
+// layouts): P becomes the A operand as it is, V's pairs are byte-permuted into B registers.
+template <class T, int D8>
+__device__ __forceinline__ void bsb_pv_mma(float (&o)[D8][4], const float (&p)[2][4],
+                                           const u32 (&v0)[2][D8 / 2], const u32 (&v1)[2][D8 / 2]) {
+    const u32 a[4] = {pack2<T>(p[0][0], p[0][1]), pack2<T>(p[0][2], p[0][3]),
+                      pack2<T>(p[1][0], p[1][1]), pack2<T>(p[1][2], p[1][3])};
+#pragma unroll
+    for (int nt = 0; nt < D8; ++nt) {
+        const u32 sel = (nt & 1) ? 0x7632u : 0x5410u;
+        const u32 bv[2] = {__byte_perm(v0[0][nt / 2], v0[1][nt / 2], sel),
+                           __byte_perm(v1[0][nt / 2], v1[1][nt / 2], sel)};
+        mma_m16n8k16(o[nt], a, bv, T());
+    }
+}
+
 // ---- the tensor-core tile loop ----------------------------------------------------------------
 // One warp's share of a window's 16x8 blocks: steps of two blocks (b, b + 1) at b = b_begin,
 // b_begin + stride, ... < b_end, over features [base, base + DS) of head `head_off / d`.
@@ -850,15 +868,7 @@ __device__ __forceinline__ void bsb_tiles(
                 }
             }
         } else {
-            const u32 a[4] = {pack2<T>(p[0][0], p[0][1]), pack2<T>(p[0][2], p[0][3]),
-                              pack2<T>(p[1][0], p[1][1]), pack2<T>(p[1][2], p[1][3])};
-#pragma unroll
-            for (int nt = 0; nt < D8; ++nt) {
-                const u32 sel = (nt & 1) ? 0x7632u : 0x5410u;
-                const u32 bv[2] = {__byte_perm(vw[0][0][nt / 2], vw[0][1][nt / 2], sel),
-                                   __byte_perm(vw[1][0][nt / 2], vw[1][1][nt / 2], sel)};
-                mma_m16n8k16(o[nt], a, bv, T());
-            }
+            bsb_pv_mma<T, D8>(o, p, vw[0], vw[1]);
         }
     };
 

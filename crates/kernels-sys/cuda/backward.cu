@@ -390,19 +390,6 @@ __device__ __forceinline__ void gatv2_edge_grad(
 
 #define SPATTN_ROW_PARTIAL 5  // m, l, w, a1, a2
 
-// Sum over the block in f64 (blocks of a multiple of 32 threads, scratch of 32 doubles). Every
-// thread of the block calls; thread 0 gets the result.
-__device__ __forceinline__ double block_sum_f64(double v, double* scratch) {
-    for (u32 o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    __syncthreads();
-    if (lane_id() == 0) scratch[threadIdx.x >> 5] = v;
-    __syncthreads();
-    double r = 0.0;
-    if (threadIdx.x == 0)
-        for (u32 w = 0; w < (blockDim.x >> 5); ++w) r += scratch[w];
-    return r;
-}
-
 // The lane's vectors of a head: vector j starts at feature feat[j], held where on[j].
 template <int VEC, int NV>
 __device__ __forceinline__ void head_lanes(u32 lane, u32 g, u32 head_dim, bool (&on)[NV],
@@ -469,21 +456,6 @@ __device__ __forceinline__ void axpby(float (&x)[NV][VEC], float c, const float 
     for (int j = 0; j < NV; ++j)
 #pragma unroll
         for (int i = 0; i < VEC; ++i) x[j][i] = fmaf(y[j][i], d, x[j][i] * c);
-}
-
-// Publishes a split unit's partial (already stored by every lane of the group) and returns
-// whether this group is the last of the row's `parts` units to do so, i.e. the one to merge.
-// The counter is reset by the merging group.
-__device__ __forceinline__ bool last_to_finish(u32* counter, u32 parts, u32 mask, u32 lane,
-                                               u32 g) {
-    __threadfence();
-    __syncwarp(mask);
-    u32 old = 0u;
-    if (lane == 0u) old = atomicAdd(counter, 1u);
-    old = __shfl_sync(mask, old, 0, g);
-    if (old + 1u != parts) return false;
-    __threadfence();
-    return true;
 }
 
 // A split unit's features in slot `slot` of `part` (2 vectors of head_dim per slot).

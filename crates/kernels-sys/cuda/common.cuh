@@ -135,6 +135,34 @@ __device__ __forceinline__ float block_reduce(float v, float* scratch, bool is_m
     return r;
 }
 
+// Sum over the block in f64 (blocks of a multiple of 32 threads, scratch of 32 doubles). Every
+// thread of the block calls; thread 0 gets the result.
+__device__ __forceinline__ double block_sum_f64(double v, double* scratch) {
+    for (u32 o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if (lane_id() == 0) scratch[threadIdx.x >> 5] = v;
+    __syncthreads();
+    double r = 0.0;
+    if (threadIdx.x == 0)
+        for (u32 w = 0; w < (blockDim.x >> 5); ++w) r += scratch[w];
+    return r;
+}
+
+// Publishes a split unit's partial (already stored by every lane of the group) and returns
+// whether this group is the last of the row's `parts` units to do so, i.e. the one to merge.
+// The counter is reset by the merging group.
+__device__ __forceinline__ bool last_to_finish(u32* counter, u32 parts, u32 mask, u32 lane,
+                                               u32 g) {
+    __threadfence();
+    __syncwarp(mask);
+    u32 old = 0u;
+    if (lane == 0u) old = atomicAdd(counter, 1u);
+    old = __shfl_sync(mask, old, 0, g);
+    if (old + 1u != parts) return false;
+    __threadfence();
+    return true;
+}
+
 // ---- renumbered rows -------------------------------------------------------------------------
 // The tensor-core formats may tile rows in a renumbered order: kernels then load Q and store the
 // output through row_ids (renumbered row -> the caller's row). row_ids null: no renumbering.

@@ -279,6 +279,90 @@ pub const GATV2_EDGE_GRAD_CSR_F16_V8: &str = "gatv2_edge_grad_csr_f16_v8";
 /// Kernel `gatv2_edge_grad_csr_bf16_v8` of [`BACKWARD`].
 pub const GATV2_EDGE_GRAD_CSR_BF16_V8: &str = "gatv2_edge_grad_csr_bf16_v8";
 
+/// The PTX module compiled from `cuda/backward_tc.cu` (19 kernels).
+pub const BACKWARD_TC: PtxModule = PtxModule {
+    name: "backward_tc",
+    ptx: include_str!("../ptx/backward_tc.ptx"),
+    kernels: &[
+        BACKWARD_TC_STATS_F16_S32,
+        BACKWARD_TC_DQ_F16_S32,
+        BACKWARD_TC_DKV_F16_S32,
+        BACKWARD_TC_STATS_F16_S64,
+        BACKWARD_TC_DQ_F16_S64,
+        BACKWARD_TC_DKV_F16_S64,
+        BACKWARD_TC_STATS_F16_S128,
+        BACKWARD_TC_DQ_F16_S128,
+        BACKWARD_TC_DKV_F16_S128,
+        BACKWARD_TC_STATS_BF16_S32,
+        BACKWARD_TC_DQ_BF16_S32,
+        BACKWARD_TC_DKV_BF16_S32,
+        BACKWARD_TC_STATS_BF16_S64,
+        BACKWARD_TC_DQ_BF16_S64,
+        BACKWARD_TC_DKV_BF16_S64,
+        BACKWARD_TC_STATS_BF16_S128,
+        BACKWARD_TC_DQ_BF16_S128,
+        BACKWARD_TC_DKV_BF16_S128,
+        BACKWARD_TC_DSCALE,
+    ],
+};
+
+/// Kernel `backward_tc_stats_f16_s32` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_STATS_F16_S32: &str = "backward_tc_stats_f16_s32";
+
+/// Kernel `backward_tc_dq_f16_s32` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DQ_F16_S32: &str = "backward_tc_dq_f16_s32";
+
+/// Kernel `backward_tc_dkv_f16_s32` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DKV_F16_S32: &str = "backward_tc_dkv_f16_s32";
+
+/// Kernel `backward_tc_stats_f16_s64` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_STATS_F16_S64: &str = "backward_tc_stats_f16_s64";
+
+/// Kernel `backward_tc_dq_f16_s64` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DQ_F16_S64: &str = "backward_tc_dq_f16_s64";
+
+/// Kernel `backward_tc_dkv_f16_s64` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DKV_F16_S64: &str = "backward_tc_dkv_f16_s64";
+
+/// Kernel `backward_tc_stats_f16_s128` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_STATS_F16_S128: &str = "backward_tc_stats_f16_s128";
+
+/// Kernel `backward_tc_dq_f16_s128` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DQ_F16_S128: &str = "backward_tc_dq_f16_s128";
+
+/// Kernel `backward_tc_dkv_f16_s128` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DKV_F16_S128: &str = "backward_tc_dkv_f16_s128";
+
+/// Kernel `backward_tc_stats_bf16_s32` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_STATS_BF16_S32: &str = "backward_tc_stats_bf16_s32";
+
+/// Kernel `backward_tc_dq_bf16_s32` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DQ_BF16_S32: &str = "backward_tc_dq_bf16_s32";
+
+/// Kernel `backward_tc_dkv_bf16_s32` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DKV_BF16_S32: &str = "backward_tc_dkv_bf16_s32";
+
+/// Kernel `backward_tc_stats_bf16_s64` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_STATS_BF16_S64: &str = "backward_tc_stats_bf16_s64";
+
+/// Kernel `backward_tc_dq_bf16_s64` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DQ_BF16_S64: &str = "backward_tc_dq_bf16_s64";
+
+/// Kernel `backward_tc_dkv_bf16_s64` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DKV_BF16_S64: &str = "backward_tc_dkv_bf16_s64";
+
+/// Kernel `backward_tc_stats_bf16_s128` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_STATS_BF16_S128: &str = "backward_tc_stats_bf16_s128";
+
+/// Kernel `backward_tc_dq_bf16_s128` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DQ_BF16_S128: &str = "backward_tc_dq_bf16_s128";
+
+/// Kernel `backward_tc_dkv_bf16_s128` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DKV_BF16_S128: &str = "backward_tc_dkv_bf16_s128";
+
+/// Kernel `backward_tc_dscale` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DSCALE: &str = "backward_tc_dscale";
+
 /// The PTX module compiled from `cuda/csr_ops.cu` (41 kernels).
 pub const CSR_OPS: PtxModule = PtxModule {
     name: "csr_ops",
@@ -1966,6 +2050,7 @@ pub const SCATTER_ADD_ROWS_BF16: &str = "scatter_add_rows_bf16";
 /// Every PTX module of this crate, sorted by name.
 pub const MODULES: &[PtxModule] = &[
     BACKWARD,
+    BACKWARD_TC,
     CSR_OPS,
     EDGE_EXTRAS,
     FUSED_BSB,

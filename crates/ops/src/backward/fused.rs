@@ -123,7 +123,7 @@ pub struct FusedBackward {
 }
 
 /// `a × b × c` in usize, or an error naming `what`.
-fn product(what: &'static str, factors: &[usize]) -> Result<usize> {
+pub(super) fn product(what: &'static str, factors: &[usize]) -> Result<usize> {
     factors
         .iter()
         .try_fold(1usize, |acc, &f| acc.checked_mul(f))

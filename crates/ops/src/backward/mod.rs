@@ -60,7 +60,9 @@ use crate::schedule::{group_for, vector_width};
 use crate::shape::Shape;
 
 mod fused;
+mod tc;
 pub use fused::FusedBackward;
+pub use tc::TensorCoreBackward;
 
 /// Threads per block of the elementwise and reduction kernels.
 const THREADS: u32 = 256;

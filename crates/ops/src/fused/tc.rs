@@ -412,7 +412,7 @@ fn partition_index(mut lo: usize, mut hi: usize, pred: impl Fn(usize) -> bool) -
 
 /// The chunk for a BSB of `n_blocks` blocks with `heads` heads on `sm_count` SMs: no unit holds
 /// more than about 1/(8 · SMs) of all the work, so the largest-first grid ends evenly.
-fn default_chunk(n_blocks: usize, heads: usize, group: usize, sm_count: u32) -> usize {
+pub(crate) fn default_chunk(n_blocks: usize, heads: usize, group: usize, sm_count: u32) -> usize {
     let work = n_blocks * heads * group;
     let lanes = (sm_count.max(1) as usize) * 8;
     work.div_ceil(lanes).max(DEFAULT_MIN_CHUNK)

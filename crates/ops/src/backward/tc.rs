@@ -1,0 +1,444 @@
+//! The tensor-core backward of sparse attention (f16 / bf16): every gradient in three passes
+//! over BSB, on `mma.sync`, without per-edge buffers and without floating-point atomics
+//! (kernels: `backward_tc_*` in `crates/kernels-sys/cuda/backward_tc.cu`).
+//!
+//! With `s = ⟨q_i, k_j⟩`, `P` the row softmax of `scale · s`, `dP = ⟨dOut_i, v_j⟩` and
+//! `dS = P ⊙ (dP − D_i)`:
+//!
+//! | pass | over | gathers per 16 × 8 block | computes |
+//! |---|---|---|---|
+//! | stats | A's BSB (the forward's, in its row order) | K, V rows | S and dP by mma; each row's log-sum-exp and `D_i = Σ_j P dP` |
+//! | dq | A's BSB | K, V rows | P, dS; `dQ = scale · dS K` by mma; each row's share of ∂scale |
+//! | dkv | Aᵀ's BSB (built on the device) | Q, dOut rows | `dV = Pᵀ dOut`, `dK = scale · dSᵀ Q` by mma |
+//!
+//! and a fixed-order sum of the rows' ∂scale shares. dS and P are rounded to the dtype once, as
+//! the A operand of an mma (FlashAttention-2 does the same); scores and sums are f32. `D_i`
+//! comes from the recomputed P and dP, not from FlashAttention-2's `⟨dOut_i, out_i⟩`: an f16 /
+//! bf16 `out`'s rounding would reach dS where `dP ≈ D` and ∂scale, a cancelling sum.
+//!
+//! **Deterministic**: a window split into units leaves a partial per unit and the last unit to
+//! finish merges them in part order; ∂scale is summed in a fixed order. Two calls on the same
+//! inputs give bitwise-equal gradients.
+//!
+//! **No host synchronization**: ∂scale stays on the device ([`TensorCoreBackward::d_scale`]).
+//!
+//! Shapes ([`TensorCoreBackward::supports`]): f16 and bf16, head_dim a multiple of 8 up to 128;
+//! other heads take [`super::FusedBackward`]. Needs compute capability 8.0.
+//!
+//! ```no_run
+//! use half::f16;
+//! use spattn_formats::{Csr, Reorder};
+//! use spattn_ops::backward::TensorCoreBackward;
+//! use spattn_ops::{DeviceGraph, DeviceMatrix, Gpu, Shape};
+//!
+//! let gpu = Gpu::new(0)?;
+//! let a = Csr::from_edges(3, 3, &[(0, 1), (0, 2), (1, 0), (2, 2)])?;
+//! let graph = DeviceGraph::new(&gpu, a);
+//! let shape = Shape::new(3, 2, 16)?;
+//! let x: Vec<f16> = (0..shape.len()).map(|i| f16::from_f32((i % 5) as f32 / 5.0)).collect();
+//! let q = DeviceMatrix::from_host(&gpu, shape, &x)?;
+//! let (mut dq, mut dk, mut dv) = (
+//!     DeviceMatrix::<f16>::zeros(&gpu, shape)?,
+//!     DeviceMatrix::<f16>::zeros(&gpu, shape)?,
+//!     DeviceMatrix::<f16>::zeros(&gpu, shape)?,
+//! );
+//! let mut bwd = TensorCoreBackward::new::<f16>(&graph, 2, 16, Reorder::None)?;
+//! // Q = K = V = dOut = x here.
+//! bwd.run(&gpu, 0.25, [&q, &q, &q, &q], [&mut dq, &mut dk, &mut dv])?;
+//! let d_scale = bwd.d_scale().to_host()?[0];
+//! assert!(d_scale.is_finite());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::sync::Arc;
+
+use spattn_formats::Reorder;
+use spattn_kernels_sys::BACKWARD_TC;
+
+use crate::buffer::{DeviceMatrix, DeviceVec};
+use crate::device_bsb::{BsbLayout, DeviceBsb, OrderedBsb};
+use crate::device_plan::{build_bsb, PlanWorkspace};
+use crate::dtype::{DType, DTypeKind};
+use crate::error::{Error, Result};
+use crate::fused::tc::{default_chunk, Schedule};
+use crate::gpu::Gpu;
+use crate::graph::DeviceGraph;
+use crate::launch::{
+    blocks_for, check_same_gpu, kernel_named, launch, to_u32, LaunchConfig, PushKernelArg,
+    PushOptionalArg,
+};
+use crate::shape::Shape;
+
+use super::fused::product;
+
+/// The kernel family, for errors.
+const KERNEL: &str = "tensor-core backward";
+/// Warps per CTA (one warp per unit and head).
+const CTA_WARPS: usize = 4;
+/// Rows of a BSB window.
+const WINDOW_ROWS: usize = 16;
+/// Blocks of the ∂scale sum (each sums a contiguous chunk; the last adds the block sums).
+const DSCALE_BLOCKS: usize = 240;
+/// The widest head the kernels hold.
+const MAX_HEAD_DIM: usize = 128;
+
+/// One BSB's schedule on the device and the partials of its split windows.
+#[derive(Debug)]
+struct Side {
+    n_rows: usize,
+    n_units: usize,
+    units: DeviceVec<u32>,
+    unit_split: DeviceVec<u32>,
+    split_part_first: DeviceVec<u32>,
+    /// `floats` f32 per (partial, head, window row).
+    part: DeviceVec<f32>,
+    /// Per (split window, head): units finished (reset by the merging unit).
+    counters: DeviceVec<u32>,
+}
+
+impl Side {
+    fn new(gpu: &Gpu, layout: &BsbLayout, heads: usize, floats: usize) -> Result<Self> {
+        let chunk = default_chunk(layout.n_blocks(), heads, 1, gpu.sm_count());
+        let s = Schedule::new(layout, chunk)?;
+        to_u32("units × heads", product("units × heads", &[s.n_units(), heads])?)?;
+        to_u32("BSB rows", layout.n_rows().next_multiple_of(WINDOW_ROWS))?;
+        let part_len = product(
+            "partials",
+            &[s.n_parts(), heads, WINDOW_ROWS, floats.max(1)],
+        )?;
+        Ok(Self {
+            n_rows: layout.n_rows(),
+            n_units: s.n_units(),
+            units: DeviceVec::from_host_named(gpu, "backward units", &s.units)?,
+            unit_split: DeviceVec::from_host_named(gpu, "backward unit splits", &s.unit_split)?,
+            split_part_first: DeviceVec::from_host_named(
+                gpu,
+                "backward split parts",
+                &s.split_part_first,
+            )?,
+            part: DeviceVec::zeros(gpu, part_len)?,
+            counters: DeviceVec::zeros(gpu, product("counters", &[s.n_split(), heads])?)?,
+        })
+    }
+
+    fn device_bytes(&self) -> usize {
+        self.units.allocated_bytes()
+            + self.unit_split.allocated_bytes()
+            + self.split_part_first.allocated_bytes()
+            + self.part.allocated_bytes()
+            + self.counters.allocated_bytes()
+    }
+}
+
+/// The tensor-core backward's state for one graph and one `heads × head_dim` of one dtype: A's
+/// BSB (shared with the graph's cache), Aᵀ's BSB, both schedules, the row statistics and the
+/// split windows' partials (see the module documentation).
+#[derive(Debug)]
+pub struct TensorCoreBackward {
+    dtype: DTypeKind,
+    heads: usize,
+    head_dim: usize,
+    /// Features of a head as the kernels pad it (32, 64 or 128).
+    slice: usize,
+    a: Arc<OrderedBsb>,
+    t: DeviceBsb,
+    a_side: Side,
+    t_side: Side,
+    /// `(lse2, D)` per (row of A, head).
+    stats: DeviceVec<f32>,
+    /// ∂scale's share per (row of A, head).
+    ds_rows: DeviceVec<f32>,
+    block_sums: DeviceVec<f64>,
+    block_counter: DeviceVec<u32>,
+    d_scale: DeviceVec<f64>,
+}
+
+impl TensorCoreBackward {
+    /// Whether the kernels run `head_dim` features of `dtype`: f16 or bf16, a multiple of 8 up
+    /// to 128.
+    pub fn supports(dtype: DTypeKind, head_dim: usize) -> bool {
+        matches!(dtype, DTypeKind::F16 | DTypeKind::Bf16)
+            && head_dim > 0
+            && head_dim % 8 == 0
+            && head_dim <= MAX_HEAD_DIM
+    }
+
+    /// The state for `graph` at `heads × head_dim` of `T`, over A's BSB in the row order
+    /// `reorder` gives (the forward's, when it ran fused-tc: the graph caches one per order)
+    /// and Aᵀ's BSB, built on the device (one read of its window offsets).
+    ///
+    /// Errors: [`Error::Unsupported`] for a dtype or head the kernels do not hold or a device
+    /// older than sm_80, [`Error::InvalidArgument`] for zero heads or sizes past the kernels'
+    /// 32-bit indices, driver and memory errors.
+    pub fn new<T: DType>(
+        graph: &DeviceGraph,
+        heads: usize,
+        head_dim: usize,
+        reorder: Reorder,
+    ) -> Result<Self> {
+        if !Self::supports(T::KIND, head_dim) {
+            return Err(Error::Unsupported {
+                kernel: KERNEL,
+                why: format!(
+                    "{head_dim} features of {}: needs f16 or bf16 and a multiple of 8 up to \
+                     {MAX_HEAD_DIM}; use the fused CUDA-core backward",
+                    T::KIND
+                ),
+            });
+        }
+        if heads == 0 {
+            return Err(Error::InvalidArgument {
+                what: "heads",
+                why: "must be at least 1".into(),
+            });
+        }
+        let gpu = graph.gpu();
+        gpu.require_compute_capability("the tensor-core backward (mma.sync)", 8, 0)
+            .map_err(|e| Error::Unsupported {
+                kernel: KERNEL,
+                why: format!("{e}; use the fused CUDA-core backward"),
+            })?;
+        to_u32("heads × head_dim", product("heads × head_dim", &[heads, head_dim])?)?;
+        let slice = head_dim.next_power_of_two().max(32);
+        let a = graph.bsb_in(reorder)?;
+        let transpose = graph.transpose()?;
+        let (t, t_layout) = build_bsb(gpu, transpose.csr(), &mut PlanWorkspace::new())?;
+        let a_side = Side::new(gpu, &a.layout, heads, slice + 1)?;
+        let t_side = Side::new(gpu, &t_layout, heads, 2 * slice)?;
+        let rows = product("rows × heads", &[graph.n_rows(), heads])?;
+        Ok(Self {
+            dtype: T::KIND,
+            heads,
+            head_dim,
+            slice,
+            a,
+            t,
+            a_side,
+            t_side,
+            stats: DeviceVec::zeros(gpu, product("row statistics", &[rows, 2])?)?,
+            ds_rows: DeviceVec::zeros(gpu, rows)?,
+            block_sums: DeviceVec::zeros(gpu, DSCALE_BLOCKS)?,
+            block_counter: DeviceVec::zeros(gpu, 1)?,
+            d_scale: DeviceVec::zeros(gpu, 1)?,
+        })
+    }
+
+    /// `(heads, head_dim)` the state was made for.
+    pub fn dims(&self) -> (usize, usize) {
+        (self.heads, self.head_dim)
+    }
+
+    /// ∂L/∂scale of the last [`run`](Self::run), on the device (one f64).
+    pub fn d_scale(&self) -> &DeviceVec<f64> {
+        &self.d_scale
+    }
+
+    /// Device memory the state holds beyond A's BSB (which the graph caches), in bytes.
+    pub fn device_bytes(&self) -> usize {
+        self.t.device_bytes()
+            + self.a_side.device_bytes()
+            + self.t_side.device_bytes()
+            + self.stats.allocated_bytes()
+            + self.ds_rows.allocated_bytes()
+            + self.block_sums.allocated_bytes()
+            + self.block_counter.allocated_bytes()
+            + self.d_scale.allocated_bytes()
+    }
+
+    /// The gradients of `out = softmax_row(scale · Q Kᵀ masked by A) · V`: from `[Q, K, V,
+    /// dOut]` writes every element of `[dQ, dK, dV]`, and ∂L/∂scale into
+    /// [`d_scale`](Self::d_scale). Enqueued on `gpu`'s stream; nothing waits for the GPU.
+    ///
+    /// Shapes: Q, dOut, dQ are `n_rows × heads × head_dim`; K, V, dK, dV are
+    /// `n_cols × heads × head_dim` (the graph's sizes and the state's heads).
+    ///
+    /// Errors: [`Error::InvalidArgument`] for another dtype than the state's or a scale that is
+    /// not finite in the kernels' log2 domain, [`Error::ShapeMismatch`] naming the operand,
+    /// [`Error::ForeignGpu`], driver errors.
+    pub fn run<T: DType>(
+        &mut self,
+        gpu: &Gpu,
+        scale: f32,
+        operands: [&DeviceMatrix<T>; 4],
+        [dq, dk, dv]: [&mut DeviceMatrix<T>; 3],
+    ) -> Result<()> {
+        if T::KIND != self.dtype {
+            return Err(Error::InvalidArgument {
+                what: "dtype",
+                why: format!("the backward was made for {}, run with {}", self.dtype, T::KIND),
+            });
+        }
+        let [q, k, v, d_out] = operands;
+        let sq = Shape::new(self.a_side.n_rows, self.heads, self.head_dim)?;
+        let skv = Shape::new(self.t_side.n_rows, self.heads, self.head_dim)?;
+        for (what, actual, expected) in [
+            ("Q", q.shape(), sq),
+            ("K", k.shape(), skv),
+            ("V", v.shape(), skv),
+            ("dOut", d_out.shape(), sq),
+            ("dQ", dq.shape(), sq),
+            ("dK", dk.shape(), skv),
+            ("dV", dv.shape(), skv),
+        ] {
+            expected.expect_eq(what, actual)?;
+        }
+        for (what, m) in [("Q", q), ("K", k), ("V", v), ("dOut", d_out)] {
+            check_same_gpu(gpu, what, m)?;
+        }
+        for (what, m) in [("dQ", &*dq), ("dK", &*dk), ("dV", &*dv)] {
+            check_same_gpu(gpu, what, m)?;
+        }
+        check_same_gpu(gpu, "BSB of A", &self.a.device)?;
+        check_same_gpu(gpu, "BSB of Aᵀ", &self.t)?;
+        check_same_gpu(gpu, "workspace", &self.stats)?;
+        let scale_log2 = scale * std::f32::consts::LOG2_E;
+        if !scale_log2.is_finite() {
+            return Err(Error::InvalidArgument {
+                what: "scale",
+                why: format!("{scale} is not finite in the kernels' log2 domain"),
+            });
+        }
+        let heads = to_u32("heads", self.heads)?;
+        let head_dim = to_u32("head_dim", self.head_dim)?;
+        let name = |pass: &str| {
+            kernel_named(
+                &BACKWARD_TC,
+                format!("backward_tc_{pass}_{}_s{}", T::NAME, self.slice),
+            )
+        };
+        let null = None::<&DeviceVec<u32>>;
+
+        // Passes over A's BSB: the statistics, then dQ and the rows' ∂scale shares; then the
+        // pass over Aᵀ's BSB: dK and dV.
+        let (a_bsb, a_rows) = (&self.a.device, self.a.row_ids.as_ref());
+        let passes = [
+            ("stats", Pass::A, [q, d_out, k, v], [None, None]),
+            ("dq", Pass::A, [q, d_out, k, v], [Some(dq), None]),
+            ("dkv", Pass::T, [k, v, q, d_out], [Some(dk), Some(dv)]),
+        ];
+        for (pass, over, [x1, x2, y1, y2], [g1, g2]) in passes {
+            let (side, bsb, row_ids) = match over {
+                Pass::A => (&mut self.a_side, a_bsb, a_rows),
+                Pass::T => (&mut self.t_side, &self.t, None),
+            };
+            let Some((cfg, n_items)) = grid(side.n_units, self.heads)? else {
+                continue;
+            };
+            let kernel = name(pass)?;
+            let f = gpu.load_function(BACKWARD_TC.name, BACKWARD_TC.ptx, kernel)?;
+            let n_rows = to_u32("rows", side.n_rows)?;
+            let mut args = gpu.launch_builder(&f);
+            args.arg(side.units.slice())
+                .arg(side.unit_split.slice())
+                .arg(side.split_part_first.slice())
+                .arg(&n_items)
+                .arg(&heads)
+                .arg(&head_dim)
+                .arg(&n_rows)
+                .arg_or_null(row_ids)
+                .arg(bsb.block_columns().slice())
+                .arg(bsb.bitmap_words().slice())
+                .arg(x1.slice())
+                .arg(x2.slice())
+                .arg(y1.slice())
+                .arg(y2.slice())
+                .arg(&scale_log2)
+                .arg(&scale)
+                .arg(self.stats.slice_mut());
+            match g1 {
+                Some(m) => args.arg(m.slice_mut()),
+                None => args.arg_or_null(null),
+            };
+            match g2 {
+                Some(m) => args.arg(m.slice_mut()),
+                None => args.arg_or_null(null),
+            };
+            args.arg(self.ds_rows.slice_mut())
+                .arg(side.part.slice_mut())
+                .arg(side.counters.slice_mut());
+            // SAFETY: items < n_units × heads of the pass's BSB; each reads its unit's 4 words
+            // (units: 4 × n_units), split (n_units) and the split's part range
+            // (split_part_first: n_split + 1), blocks of its window below the unit's end ≤
+            // n_blocks (block_columns 8 and bitmap words 2 u64 per block), row_ids (A's BSB
+            // only: n_rows entries, a permutation's old_of_new) at window rows < n_rows.
+            // Window-side rows (x1, x2, g1, g2: Q, dOut, dQ over A; K, V, dK, dV over Aᵀ) are
+            // caller rows < the BSB's rows, gathered rows (y1, y2) real block columns < the
+            // other side's rows, each heads × head_dim (shapes checked), read and written at
+            // features < head_dim in 16-byte chunks (head_dim a multiple of 8 two-byte
+            // elements: `supports`). stats and ds_rows are indexed by (row of A, head): 2 ×
+            // n_rows × heads and n_rows × heads floats. Partials at (part < n_parts, head,
+            // window row < 16) × (slice + 1) floats over A, 2 × slice over Aᵀ, and counters at
+            // (split, head): sized by `Side::new` from these schedules.
+            unsafe { launch(kernel, &mut args, cfg) }?;
+        }
+
+        // ∂scale: the rows' shares in a fixed order.
+        let n = self.ds_rows.len();
+        let kernel = kernel_named(&BACKWARD_TC, "backward_tc_dscale".to_string())?;
+        let f = gpu.load_function(BACKWARD_TC.name, BACKWARD_TC.ptx, kernel)?;
+        let n64 = n as u64;
+        let mut args = gpu.launch_builder(&f);
+        args.arg(self.ds_rows.slice())
+            .arg(&n64)
+            .arg(self.block_sums.slice_mut())
+            .arg(self.block_counter.slice_mut())
+            .arg(self.d_scale.slice_mut());
+        let cfg = LaunchConfig {
+            grid_dim: (DSCALE_BLOCKS as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: block b reads ds_rows in its chunk of [0, n) (n = ds_rows' length), writes
+        // block_sums[b] (DSCALE_BLOCKS entries, the grid), and the last block the words
+        // block_counter and d_scale.
+        unsafe { launch(kernel, &mut args, cfg) }
+    }
+}
+
+/// Which BSB a pass runs over.
+#[derive(Clone, Copy)]
+enum Pass {
+    /// A's (window rows: rows of A).
+    A,
+    /// Aᵀ's (window rows: columns of A).
+    T,
+}
+
+/// The grid of a pass: a warp per (unit, head) in CTAs of [`CTA_WARPS`], and the item count;
+/// `None` when there is nothing to launch.
+fn grid(n_units: usize, heads: usize) -> Result<Option<(LaunchConfig, u32)>> {
+    let items = product("units × heads", &[n_units, heads])?;
+    if items == 0 {
+        return Ok(None);
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (blocks_for(items, CTA_WARPS as u32)?, 1, 1),
+        block_dim: ((CTA_WARPS * 32) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    Ok(Some((cfg, to_u32("units × heads", items)?)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn supports_sixteen_bit_heads_in_multiples_of_eight() {
+        assert!(TensorCoreBackward::supports(DTypeKind::F16, 64));
+        assert!(TensorCoreBackward::supports(DTypeKind::Bf16, 8));
+        assert!(TensorCoreBackward::supports(DTypeKind::F16, 128));
+        assert!(!TensorCoreBackward::supports(DTypeKind::F16, 136));
+        assert!(!TensorCoreBackward::supports(DTypeKind::F16, 12));
+        assert!(!TensorCoreBackward::supports(DTypeKind::F32, 64));
+        assert!(!TensorCoreBackward::supports(DTypeKind::F16, 0));
+    }
+
+    #[test]
+    fn grid_is_a_warp_per_item() {
+        let (cfg, n) = grid(10, 3).unwrap().unwrap();
+        assert_eq!(n, 30);
+        assert_eq!(cfg.grid_dim.0, 8);
+        assert!(grid(0, 8).unwrap().is_none());
+    }
+}
