@@ -3,6 +3,7 @@
 //! - `cargo xtask ptx`: compile crates/kernels-sys/cuda/*.cu to ptx/*.ptx with NVRTC 12
 //!   (loaded at run time) and regenerate crates/kernels-sys/src/generated.rs.
 //! - `cargo xtask ptx --check`: verify the PTX and generated.rs are current (no NVRTC needed).
+//! - `cargo xtask ptx --lineinfo`: the same with line info, for profiling (not for a commit).
 //! - `cargo xtask gpu-bundle`: build every test (and bench) executable and pack them with the
 //!   graphs and a run.sh, for a GPU machine that has no Rust toolchain.
 //!
@@ -24,6 +25,8 @@ commands:
   ptx                 compile crates/kernels-sys/cuda/*.cu to ptx/*.ptx with NVRTC 12 and
                       regenerate crates/kernels-sys/src/generated.rs
   ptx --check         check the PTX and generated.rs are current (no NVRTC needed)
+  ptx --lineinfo      as ptx, with line info for profilers and sanitizers (reads as stale to
+                      --check: for a local profiling build, not for a commit)
   gpu-bundle [--out DIR] [--graph NAME]...
                       build test and bench executables into DIR (default target/gpu-bundle)
                       with graphs and run.sh, for a GPU machine without Rust; --graph adds
@@ -46,7 +49,8 @@ fn run(args: &[String]) -> Result<(), String> {
         .map_err(|e| format!("cannot enter the workspace root {}: {e}", root.display()))?;
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     match args.as_slice() {
-        ["ptx"] => ptx::generate(),
+        ["ptx"] => ptx::generate(false),
+        ["ptx", "--lineinfo"] => ptx::generate(true),
         ["ptx", "--check"] => ptx::check(),
         ["gpu-bundle", rest @ ..] => bundle::run(&bundle::Options::parse(rest, &invoked_from)?),
         [] | ["help" | "--help" | "-h"] => {

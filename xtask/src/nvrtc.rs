@@ -6,7 +6,7 @@
 //! asks for `libnvrtc.so.12`, the dynamic loader answers with the library already loaded under
 //! that soname. No `LD_LIBRARY_PATH`, no re-exec.
 
-use crate::ptx_hash::NVRTC_OPTIONS;
+use crate::ptx_hash::{LINEINFO, NVRTC_OPTIONS};
 use cudarc::nvrtc::{result, sys};
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::path::{Path, PathBuf};
@@ -220,12 +220,16 @@ fn pip_nvidia_dirs() -> Vec<PathBuf> {
 }
 
 impl Nvrtc {
-    /// The full option list for one compilation: [`NVRTC_OPTIONS`] and the include paths.
+    /// The full option list for one compilation: [`NVRTC_OPTIONS`] (and [`LINEINFO`] where
+    /// asked) and the include paths.
     ///
     /// `cuda_dir` is given relative to the working directory (the workspace root), so the
     /// `-lineinfo` file names in the PTX are the same on every machine.
-    pub fn options(&self, cuda_dir: &Path) -> Vec<String> {
+    pub fn options(&self, cuda_dir: &Path, lineinfo: bool) -> Vec<String> {
         let mut opts: Vec<String> = NVRTC_OPTIONS.iter().map(|s| s.to_string()).collect();
+        if lineinfo {
+            opts.push(LINEINFO.to_string());
+        }
         opts.push(format!("--include-path={}", cuda_dir.display()));
         opts.push(format!("--include-path={}", self.include_dir.display()));
         opts

@@ -92,8 +92,8 @@ fn modules(layout: &Layout, sources: &Sources) -> Result<Vec<Module>, String> {
     Ok(modules)
 }
 
-/// `cargo xtask ptx`.
-pub fn generate() -> Result<(), String> {
+/// `cargo xtask ptx` (`--lineinfo`: with line info, for profiling; not for a commit).
+pub fn generate(lineinfo: bool) -> Result<(), String> {
     let layout = Layout::new();
     let sources = read_sources(&layout)?;
     let nvrtc = crate::nvrtc::load()?;
@@ -107,11 +107,15 @@ pub fn generate() -> Result<(), String> {
     fs::create_dir_all(&layout.ptx)
         .map_err(|e| format!("cannot create {}: {e}", layout.ptx.display()))?;
 
-    let options = ptx_hash::options_string();
+    let options = if lineinfo {
+        ptx_hash::options_string_with_lineinfo()
+    } else {
+        ptx_hash::options_string()
+    };
     let mut failures = Vec::new();
     for cu in &sources.kernels {
         let name = ptx_hash::kernel_stem(cu);
-        match compile_one(&nvrtc, &layout, &sources, cu, &options) {
+        match compile_one(&nvrtc, &layout, &sources, cu, (&options, lineinfo)) {
             Ok(wrote) => {
                 let state = if wrote { "written" } else { "unchanged" };
                 eprintln!("  {} ({state})", layout.ptx_of(&name).display());
@@ -139,14 +143,14 @@ fn compile_one(
     layout: &Layout,
     sources: &Sources,
     cu: &Path,
-    options: &str,
+    (options, lineinfo): (&str, bool),
 ) -> Result<bool, String> {
     let name = ptx_hash::kernel_stem(cu);
     let bytes = read(cu)?;
     let hash = ptx_hash::source_hash(&bytes, &sources.headers, options);
     // Named by its path from the workspace root: that is the name -lineinfo records.
     let program = format!("{}/{}", layout.cuda.display(), ptx_hash::file_name(cu));
-    let (ptx, log) = nvrtc.compile(&bytes, &program, &nvrtc.options(&layout.cuda))?;
+    let (ptx, log) = nvrtc.compile(&bytes, &program, &nvrtc.options(&layout.cuda, lineinfo))?;
     let ptx = compact_loc(&portable_file_paths(&ptx, &nvrtc.include_dir));
     if !log.trim().is_empty() {
         eprintln!("{}", log.trim_end());

@@ -1,11 +1,11 @@
 //! One kernel's PTX cut out of its module's, so that the driver JIT-compiles only the kernels a
 //! plan launches.
 //!
-//! The driver compiles a PTX module whole when it is loaded: `fused_bsb.ptx` (20 kernels, 3 MB)
-//! takes ptxas about 10 s of one core, `hybrid.ptx` (48 kernels) longer, while a plan launches a
-//! few of them. The piece of a kernel is the module's text with every other `.entry` removed:
-//! the header, the module-scope declarations (dynamic shared memory, `.file` lines, the debug
-//! strings of `-lineinfo`) and that one entry, byte for byte. ptxas compiles each entry on its
+//! The driver compiles a PTX module whole when it is loaded: `fused_bsb.ptx` (dozens of kernels,
+//! megabytes) takes ptxas seconds of one core, `hybrid.ptx` longer, while a plan launches a few
+//! of them. The piece of a kernel is the module's text with every other `.entry` removed: the
+//! header, the module-scope declarations (dynamic shared memory; with `cargo xtask ptx
+//! --lineinfo`, `.file` lines and debug strings) and that one entry, byte for byte. ptxas compiles each entry on its
 //! own, so the machine code is the same as the whole module's.
 //!
 //! A module is returned whole where cutting could change what it does or where its text is not
