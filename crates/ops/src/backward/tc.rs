@@ -100,7 +100,10 @@ impl Side {
     fn new(gpu: &Gpu, layout: &BsbLayout, heads: usize, floats: usize) -> Result<Self> {
         let chunk = default_chunk(layout.n_blocks(), heads, 1, gpu.sm_count());
         let s = Schedule::new(layout, chunk)?;
-        to_u32("units × heads", product("units × heads", &[s.n_units(), heads])?)?;
+        to_u32(
+            "units × heads",
+            product("units × heads", &[s.n_units(), heads])?,
+        )?;
         to_u32("BSB rows", layout.n_rows().next_multiple_of(WINDOW_ROWS))?;
         let part_len = product(
             "partials",
@@ -198,7 +201,10 @@ impl TensorCoreBackward {
                 kernel: KERNEL,
                 why: format!("{e}; use the fused CUDA-core backward"),
             })?;
-        to_u32("heads × head_dim", product("heads × head_dim", &[heads, head_dim])?)?;
+        to_u32(
+            "heads × head_dim",
+            product("heads × head_dim", &[heads, head_dim])?,
+        )?;
         let slice = head_dim.next_power_of_two().max(32);
         let a = graph.bsb_in(reorder)?;
         let transpose = graph.transpose()?;
@@ -265,7 +271,11 @@ impl TensorCoreBackward {
         if T::KIND != self.dtype {
             return Err(Error::InvalidArgument {
                 what: "dtype",
-                why: format!("the backward was made for {}, run with {}", self.dtype, T::KIND),
+                why: format!(
+                    "the backward was made for {}, run with {}",
+                    self.dtype,
+                    T::KIND
+                ),
             });
         }
         let [q, k, v, d_out] = operands;
