@@ -2,10 +2,10 @@
 //! (docs/kernels): `fused_tc`, fused-tc with the rows in the graph's order and as
 //! `Reorder::Auto` renumbers them, beside fused-csr; `hybrid`, hybrid beside fused-tc and
 //! fused-csr with the plan's calibrated threshold and split; `extras`, each algorithm that takes
-//! extras with a bias, dropout and both against itself without (issue 28's ratios: heads 8,
-//! head_dim 64, f16; a markdown table and one `extras-json` line per case). They print and assert nothing: the
-//! published speed claims come from spattn-bench's runs (BENCHMARKS.md), and correctness from
-//! the GPU tests.
+//! extras with a bias, dropout and both against itself without (the extras' target ratios:
+//! heads 8, head_dim 64, f16; a markdown table and one `extras-json` line per case). They print
+//! and assert nothing: the published speed claims come from spattn-bench's runs
+//! (BENCHMARKS.md), and correctness from the GPU tests.
 //!
 //! `cargo bench -p spattn --bench probes [-- fused_tc|hybrid|extras]`; SPATTN_TIMING_GRAPHS (a comma
 //! list of shared graph names and rmatNN) picks the graphs, SPATTN_TIMING_QUICK=1 only f16, one
@@ -208,7 +208,7 @@ fn median_ms(gpu: &Gpu, runs: usize, mut f: impl FnMut() -> spattn::Result<()>) 
     t[runs / 2]
 }
 
-/// Issue 28's ratios: for each algorithm that takes extras, its forward with a per-head bias,
+/// The extras' target ratios: for each algorithm that takes extras, its forward with a per-head bias,
 /// with dropout (rate 0.1), with both, and forward + backward with both, each against the same
 /// plan without extras (forward: `AttentionPlan::forward`; backward: `backward` from the
 /// forward's output). Graphs: SPATTN_TIMING_GRAPHS (default ogbn-arxiv and R-MAT 18); heads 8,
