@@ -205,7 +205,7 @@ impl TensorCoreBackward {
             "heads × head_dim",
             product("heads × head_dim", &[heads, head_dim])?,
         )?;
-        let slice = head_dim.next_power_of_two().max(32);
+        let slice = head_dim.next_power_of_two().max(SLICES[0]);
         let a = graph.bsb_in(reorder)?;
         let transpose = graph.transpose()?;
         let (t, t_layout) = build_bsb(gpu, transpose.csr(), &mut PlanWorkspace::new())?;
@@ -310,21 +310,16 @@ impl TensorCoreBackward {
         }
         let heads = to_u32("heads", self.heads)?;
         let head_dim = to_u32("head_dim", self.head_dim)?;
-        let name = |pass: &str| {
-            kernel_named(
-                &BACKWARD_TC,
-                format!("backward_tc_{pass}_{}_s{}", T::NAME, self.slice),
-            )
-        };
+        let name = |pass: &str| kernel_named(&BACKWARD_TC, pass_kernel(pass, T::NAME, self.slice));
         let null = None::<&DeviceVec<u32>>;
 
         // Passes over A's BSB: the statistics, then dQ and the rows' ∂scale shares; then the
         // pass over Aᵀ's BSB: dK and dV.
         let (a_bsb, a_rows) = (&self.a.device, self.a.row_ids.as_ref());
         let passes = [
-            ("stats", Pass::A, [q, d_out, k, v], [None, None]),
-            ("dq", Pass::A, [q, d_out, k, v], [Some(dq), None]),
-            ("dkv", Pass::T, [k, v, q, d_out], [Some(dk), Some(dv)]),
+            (PASSES[0], Pass::A, [q, d_out, k, v], [None, None]),
+            (PASSES[1], Pass::A, [q, d_out, k, v], [Some(dq), None]),
+            (PASSES[2], Pass::T, [k, v, q, d_out], [Some(dk), Some(dv)]),
         ];
         for (pass, over, [x1, x2, y1, y2], [g1, g2]) in passes {
             let (side, bsb, row_ids) = match over {
@@ -384,7 +379,7 @@ impl TensorCoreBackward {
 
         // ∂scale: the rows' shares in a fixed order.
         let n = self.ds_rows.len();
-        let kernel = kernel_named(&BACKWARD_TC, "backward_tc_dscale".to_string())?;
+        let kernel = kernel_named(&BACKWARD_TC, DSCALE_KERNEL.to_string())?;
         let f = gpu.load_function(BACKWARD_TC.name, BACKWARD_TC.ptx, kernel)?;
         let n64 = n as u64;
         let mut args = gpu.launch_builder(&f);
@@ -403,6 +398,18 @@ impl TensorCoreBackward {
         // block_counter and d_scale.
         unsafe { launch(kernel, &mut args, cfg) }
     }
+}
+
+/// The ∂scale sum's kernel.
+const DSCALE_KERNEL: &str = "backward_tc_dscale";
+/// The passes, in launch order.
+const PASSES: [&str; 3] = ["stats", "dq", "dkv"];
+/// The feature slices the kernels are instantiated for.
+const SLICES: [usize; 3] = [32, 64, 128];
+
+/// The kernel of `pass` for dtype `dtype` (a kernel-name suffix) at feature slice `slice`.
+fn pass_kernel(pass: &str, dtype: &str, slice: usize) -> String {
+    format!("backward_tc_{pass}_{dtype}_s{slice}")
 }
 
 /// Which BSB a pass runs over.
@@ -442,6 +449,32 @@ mod tests {
         assert!(!TensorCoreBackward::supports(DTypeKind::F16, 12));
         assert!(!TensorCoreBackward::supports(DTypeKind::F32, 64));
         assert!(!TensorCoreBackward::supports(DTypeKind::F16, 0));
+    }
+
+    /// Every kernel of backward_tc.cu is one `run` launches, and every name it forms exists.
+    #[test]
+    fn every_compiled_kernel_is_launched() {
+        let mut launched = std::collections::HashSet::new();
+        for dtype in ["f16", "bf16"] {
+            for slice in SLICES {
+                for pass in PASSES {
+                    let name = pass_kernel(pass, dtype, slice);
+                    assert!(kernel_named(&BACKWARD_TC, name.clone()).is_ok(), "{name}");
+                    launched.insert(name);
+                }
+            }
+        }
+        launched.insert(DSCALE_KERNEL.to_string());
+        for kernel in BACKWARD_TC.kernels {
+            assert!(launched.contains(*kernel), "{kernel} is never launched");
+        }
+        // Every head `supports` admits pads to one of the slices.
+        for d in (8..=MAX_HEAD_DIM).step_by(8) {
+            assert!(
+                SLICES.contains(&d.next_power_of_two().max(SLICES[0])),
+                "{d}"
+            );
+        }
     }
 
     #[test]
