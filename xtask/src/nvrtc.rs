@@ -6,7 +6,8 @@
 //! asks for `libnvrtc.so.12`, the dynamic loader answers with the library already loaded under
 //! that soname. No `LD_LIBRARY_PATH`, no re-exec.
 
-use crate::ptx_hash::{LINEINFO, NVRTC_OPTIONS};
+use crate::ptx::LINEINFO;
+use crate::ptx_hash::NVRTC_OPTIONS;
 use cudarc::nvrtc::{result, sys};
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::path::{Path, PathBuf};

@@ -25,13 +25,9 @@ use std::path::{Path, PathBuf};
 /// The include paths name folders of the machine that runs NVRTC, so they are left out of the
 /// stamp; everything that changes the generated code is here. No fast-math: spattn's numerics
 /// (f32 accumulation, IEEE division and `expf` where the source asks for them) are the point.
-/// No line info in the shipped PTX (a quarter of its size); [`LINEINFO`] adds it for profiling.
+/// No line info in the shipped PTX (a quarter of its size); `cargo xtask ptx --lineinfo` adds
+/// it for profiling.
 pub const NVRTC_OPTIONS: &[&str] = &["--gpu-architecture=compute_80", "-std=c++17"];
-
-/// The option `cargo xtask ptx --lineinfo` adds, so that profilers and sanitizers name source
-/// lines. It changes no instruction; PTX made with it reads as stale to `--check` (its stamp
-/// differs), so it is for a local profiling build, not for a commit.
-pub const LINEINFO: &str = "-lineinfo";
 
 /// What every PTX stamp line starts with.
 pub const STAMP_PREFIX: &str = "// spattn-ptx ";
@@ -44,11 +40,6 @@ pub const POST_PROCESSING: &str = "compact-loc";
 /// [`NVRTC_OPTIONS`] and [`POST_PROCESSING`] as written into (and hashed with) each stamp.
 pub fn options_string() -> String {
     format!("{} +{POST_PROCESSING}", NVRTC_OPTIONS.join(" "))
-}
-
-/// The stamp's options of a build with line info ([`LINEINFO`] after [`NVRTC_OPTIONS`]).
-pub fn options_string_with_lineinfo() -> String {
-    format!("{} {LINEINFO} +{POST_PROCESSING}", NVRTC_OPTIONS.join(" "))
 }
 
 /// The kernel sources of a `cuda/` folder and the headers they share.
