@@ -4,7 +4,8 @@
 //! structure ([`spattn_formats::HybridBlocks`] split at a threshold by
 //! [`spattn_formats::HybridSplit`]), the launch shared by the two kernels, and the hybrid SpMM
 //! ([`spmm`]); the fused attention on the same structure is `spattn`'s `Algorithm::Hybrid`,
-//! which calls [`DeviceHybrid::attention`].
+//! which calls [`DeviceHybrid::attention`]. The attention extras' map from the structure's edges
+//! to the caller's is built in `edge_map`.
 //!
 //! Rows are renumbered by degree inside the structure only: every operand stays in the caller's
 //! node order. K and V rows are gathered by original id; Q rows are loaded and output rows
@@ -28,6 +29,12 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod edge_map;
+#[cfg(test)]
+mod edge_map_tests;
+#[cfg(test)]
+mod tests;
+
 use std::sync::Mutex;
 
 use spattn_formats::{Csr, HybridBlocks, HybridSplit};
@@ -49,6 +56,8 @@ use crate::launch::{
 };
 use crate::schedule::HybridUnits;
 use crate::shape::Shape;
+
+use edge_map::{hybrid_edge_map, HybridEdgeMap};
 
 /// Most warps per CTA (the kernels' launch bound is 256 threads).
 pub(crate) const MAX_WARPS: usize = 8;
@@ -229,19 +238,6 @@ pub struct DeviceHybrid {
     window_offsets: Vec<u32>,
     /// The attention extras' edge map, built by the first call with extras.
     edge_map: Mutex<Option<HybridEdgeMap>>,
-}
-
-/// Where the caller's per-edge extras are for the `_x` kernels: per block its first edge in
-/// block-and-bit order (every block, bits row-major), per such edge its caller CSR edge, per
-/// CUDA-core edge its caller CSR edge, and the tensor-core edges' extras gathered in their
-/// order by the last call.
-#[derive(Debug)]
-struct HybridEdgeMap {
-    block_edge_start: DeviceVec<u32>,
-    edge_ids: DeviceVec<u32>,
-    cd_edge_ids: DeviceVec<u32>,
-    /// The tensor-core warps' extras of each call in their edge order.
-    stage: BsbExtrasStage,
 }
 
 impl DeviceHybrid {
@@ -725,99 +721,6 @@ impl DeviceHybrid {
     }
 }
 
-/// The edge maps of [`HybridEdgeMap`] for the structure given by its host arrays (rows
-/// renumbered: `row_ids` per row its row of `graph`; blocks of window `w` are
-/// `window_offsets[w]..window_offsets[w + 1]`, 8 columns and 4 bitmap words each; the CUDA-core
-/// edges of row `r` are `cd_row_offsets[r]..cd_row_offsets[r + 1]` of `cd_columns`). Each
-/// (row, column) is found in `graph`'s row by binary search.
-fn hybrid_edge_map(
-    graph: &Csr,
-    window_offsets: &[u32],
-    row_ids: &[u32],
-    block_columns: &[u32],
-    bitmap_words: &[u32],
-    cd_row_offsets: &[u32],
-    cd_columns: &[u32],
-) -> Result<(Vec<u32>, Vec<u32>, Vec<u32>)> {
-    use rayon::prelude::*;
-    let mismatch = |why: String| Error::InvalidArgument {
-        what: "graph of the hybrid structure",
-        why,
-    };
-    let n = graph.n_rows();
-    if row_ids.len() != n || cd_row_offsets.len() != n + 1 {
-        return Err(mismatch(format!(
-            "the structure has {} rows, the graph {n}",
-            row_ids.len()
-        )));
-    }
-    let offsets = graph.row_offsets();
-    // The caller edge of (renumbered row r, column c).
-    let find = |r: usize, c: u32| -> Result<u32> {
-        let row = *row_ids
-            .get(r)
-            .ok_or_else(|| mismatch(format!("row {r} is past the graph")))?
-            as usize;
-        if row >= n {
-            return Err(mismatch(format!(
-                "row id {row} is past the graph's {n} rows"
-            )));
-        }
-        let (s, e) = (offsets[row] as usize, offsets[row + 1] as usize);
-        let cols = &graph.col_indices()[s..e];
-        match cols.binary_search(&c) {
-            // Edge indices are below nnz ≤ MAX_NNZ < 2³².
-            Ok(i) => Ok((s + i) as u32),
-            Err(_) => Err(mismatch(format!("row {row} has no edge to column {c}"))),
-        }
-    };
-    let windows = window_offsets.len().saturating_sub(1);
-    let per_window: Vec<Result<(Vec<u32>, Vec<u32>)>> = (0..windows)
-        .into_par_iter()
-        .map(|w| {
-            let mut starts = Vec::new();
-            let mut ids = Vec::new();
-            for b in window_offsets[w] as usize..window_offsets[w + 1] as usize {
-                starts.push(ids.len() as u32);
-                for word in 0..4 {
-                    let bits = bitmap_words[4 * b + word];
-                    for i in (0..32).filter(|i| bits >> i & 1 == 1) {
-                        let bit = 32 * word + i;
-                        let (r, c) = (bit / 8, bit % 8);
-                        ids.push(find(w * WINDOW_ROWS + r, block_columns[8 * b + c])?);
-                    }
-                }
-            }
-            Ok((starts, ids))
-        })
-        .collect();
-    let mut starts = Vec::with_capacity(block_columns.len() / 8);
-    let mut ids = Vec::with_capacity(graph.nnz());
-    for w in per_window {
-        let (s, i) = w?;
-        let base = ids.len() as u32;
-        starts.extend(s.into_iter().map(|x| x + base));
-        ids.extend(i);
-    }
-    if ids.len() != graph.nnz() {
-        return Err(mismatch(format!(
-            "the structure's blocks hold {} edges, the graph {}",
-            ids.len(),
-            graph.nnz()
-        )));
-    }
-    let cd_ids = cd_columns
-        .par_iter()
-        .enumerate()
-        .map(|(i, &c)| {
-            // The row whose range holds edge i.
-            let r = cd_row_offsets.partition_point(|&o| o as usize <= i) - 1;
-            find(r, c)
-        })
-        .collect::<Result<Vec<u32>>>()?;
-    Ok((starts, ids, cd_ids))
-}
-
 /// The kernel [`DeviceHybrid::run`] launches for `op` (`"fused"` or `"spmm"`) on heads of
 /// `width` features of `dtype` in warp slices of `slice` features, with `cd_warps` CUDA-core
 /// warps: the pipelined kernel where `pipelined` (without CUDA-core warps its `_tc` twin,
@@ -921,152 +824,4 @@ pub fn spmm_with<T: DType>(
         return Ok(());
     }
     a.run("spmm", gpu, None, v, 0.0, warps, width, None, out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_shape_has_widths_that_tile_its_features() {
-        for dtype in [DTypeKind::F32, DTypeKind::F16, DTypeKind::Bf16] {
-            let max = *slices(dtype).last().unwrap();
-            for heads in 1..=9 {
-                for head_dim in 1..=300 {
-                    let f = heads * head_dim;
-                    let w = spmm_widths(dtype, heads, head_dim);
-                    assert!(!w.is_empty(), "{dtype} {heads}x{head_dim}");
-                    for (i, &x) in w.iter().enumerate() {
-                        assert!(f % x == 0 && x <= max, "{dtype} {heads}x{head_dim}: {x}");
-                        assert!(!w[..i].contains(&x), "{dtype} {heads}x{head_dim}: repeat");
-                    }
-                    // The largest width a warp holds that divides f is always tried.
-                    let largest = (1..=max.min(f)).rev().find(|x| f % x == 0).unwrap();
-                    assert!(w.contains(&largest), "{dtype} {heads}x{head_dim}");
-                    // The pipelined widths come first when they divide f.
-                    if dtype != DTypeKind::F32 && f % 64 == 0 {
-                        assert!(DeviceHybrid::pipelined(dtype, w[0]));
-                    }
-                }
-            }
-        }
-        assert!(spmm_widths(DTypeKind::F16, 0, 64).is_empty());
-    }
-
-    /// The module compiles exactly the kernels `run` can launch: every (op, dtype, width, warp
-    /// split, and for attention with or without extras) names a kernel of the module, and every
-    /// kernel of the module is named by one.
-    #[test]
-    fn the_module_holds_exactly_the_kernels_the_host_launches() {
-        let mut launched = std::collections::BTreeSet::new();
-        for dtype in DTypeKind::ALL {
-            // Past the widest slice (128), which slice_for refuses.
-            for width in 1..=256 {
-                let Ok(slice) = slice_for(width, dtype) else {
-                    continue;
-                };
-                let pipelined = DeviceHybrid::pipelined(dtype, width);
-                for op in ["fused", "spmm"] {
-                    for cd in [0, 1, 2] {
-                        let name = kernel_name(op, dtype, width, slice, pipelined, cd);
-                        assert!(kernel_named(&HYBRID, name.clone()).is_ok(), "{name}");
-                        // Attention's twin with extras (attention_with_extras).
-                        if op == "fused" {
-                            let x = name.clone() + "_x";
-                            assert!(kernel_named(&HYBRID, x.clone()).is_ok(), "{x}");
-                            launched.insert(x);
-                        }
-                        launched.insert(name);
-                    }
-                }
-            }
-        }
-        for kernel in HYBRID.kernels {
-            assert!(launched.contains(*kernel), "{kernel} is never launched");
-        }
-    }
-}
-
-#[cfg(test)]
-mod edge_map_tests {
-    use super::*;
-    use spattn_formats::{Reorder, RowOrder};
-
-    /// Every bit of every block and every CUDA-core edge names the caller edge of its (caller
-    /// row, column); together the bits name each caller edge once.
-    #[test]
-    fn hybrid_edge_map_names_each_edge_s_caller_edge() {
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = |m: u64| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state % m
-        };
-        let n = 200usize;
-        let mut edges = Vec::new();
-        for r in 0..n as u32 {
-            for _ in 0..next(12) {
-                edges.push((r, next(n as u64) as u32));
-            }
-        }
-        edges.extend((0..n as u32).map(|c| (7, c)));
-        let a = Csr::from_edges(n, n, &edges).unwrap();
-        let order = RowOrder::choose(&a, Reorder::Degree, WINDOW_ROWS).unwrap();
-        let blocks = HybridBlocks::from_csr_in_row_order(&a, &order).unwrap();
-        for threshold in [0.0, 0.3, 2.0] {
-            let split = blocks.classify(threshold).unwrap();
-            let words = blocks.bitmap_words_u32();
-            let (starts, ids, cd_ids) = hybrid_edge_map(
-                &a,
-                blocks.window_offsets(),
-                blocks.row_ids(),
-                blocks.block_columns(),
-                &words,
-                split.cd_row_offsets(),
-                split.cd_columns(),
-            )
-            .unwrap();
-            let edge = |e: u32| {
-                let e = e as usize;
-                let row = a.row_offsets().partition_point(|&o| o as usize <= e) - 1;
-                (row as u32, a.col_indices()[e])
-            };
-            let mut seen = vec![false; a.nnz()];
-            for w in 0..blocks.n_windows() {
-                for b in blocks.window_blocks(w) {
-                    let bits = (0..128).filter(|&i| blocks.bitmaps()[b] >> i & 1 == 1);
-                    for (k, bit) in (starts[b] as usize..).zip(bits) {
-                        let row = blocks.row_ids()[w * 16 + bit / 8];
-                        assert_eq!(edge(ids[k]), (row, blocks.block_columns()[8 * b + bit % 8]));
-                        assert!(!seen[ids[k] as usize]);
-                        seen[ids[k] as usize] = true;
-                    }
-                }
-            }
-            assert!(seen.iter().all(|&x| x));
-            let o = split.cd_row_offsets();
-            for (r, w) in o.windows(2).enumerate() {
-                let range = w[0] as usize..w[1] as usize;
-                let columns = &split.cd_columns()[range.clone()];
-                for (&e, &c) in cd_ids[range].iter().zip(columns) {
-                    assert_eq!(edge(e), (blocks.row_ids()[r], c));
-                }
-            }
-        }
-        // Another graph: refused with what differs.
-        let b = Csr::from_edges(n, n, &[(0, 1)]).unwrap();
-        let split = blocks.classify(0.3).unwrap();
-        let e = hybrid_edge_map(
-            &b,
-            blocks.window_offsets(),
-            blocks.row_ids(),
-            blocks.block_columns(),
-            &blocks.bitmap_words_u32(),
-            split.cd_row_offsets(),
-            split.cd_columns(),
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("has no edge"), "{e}");
-    }
 }

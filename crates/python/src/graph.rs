@@ -1,4 +1,6 @@
 //! [`GraphCore`]: one graph and its plan-once state, and the attention and GAT calls over it.
+//! The state's upkeep (host CSR, device uploads, plan cache) is in `state`, the parsing and
+//! checks of the calls' arguments in `args`.
 //!
 //! # The calls' contract with the Python package
 //!
@@ -20,6 +22,9 @@
 //! call behaves as an op on its current stream, and its caching allocator may recycle the
 //! tensors' memory in its own stream order.
 
+mod args;
+mod state;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -28,48 +33,30 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use spattn::ops::device_plan::{self, GraphSpec};
 use spattn::ops::external::ExternalVec;
-use spattn::{
-    bf16, f16, Algorithm, AttentionConfig, AttentionPlan, Csr, DTypeKind, DeviceGraph, PlanPolicy,
-    Shape,
-};
+use spattn::{bf16, f16, Csr, DTypeKind, DeviceGraph, PlanPolicy};
 
 use crate::cpu::scale_of;
 use crate::cuda::{
     build_on_device, gat_backward_gpu, gat_forward_gpu, gatv2_backward_gpu, gatv2_forward_gpu,
     gpu_backward_call, gpu_forward,
 };
-use crate::device::{self, Device};
-use crate::errors::{formats_to_py, ops_to_py, to_py, value_error};
+use crate::device;
+use crate::errors::{formats_to_py, to_py, value_error};
 use crate::extras::{self, ExtrasArgs};
 use crate::host::{DTypeName, HostDType};
 
-/// What a plan is cached by, per graph and device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-struct PlanKey {
-    heads: usize,
-    head_dim: usize,
-    dtype: DTypeKind,
-    algorithm: Algorithm,
-    /// The scale's f32 bits; `None` for the default 1/√head_dim.
-    scale: Option<u32>,
-    /// Whether the calls pass a bias or dropout (then `Auto` picks an algorithm that takes them).
-    extras: bool,
-    /// Whether they pass edge features too (then `Auto` picks one whose kernel takes those).
-    edge_features: bool,
-}
-
-/// A graph's state on one CUDA device: the shared upload and the plans over it.
-#[derive(Debug)]
-pub(crate) struct OnDevice {
-    pub(crate) device: Arc<Device>,
-    pub(crate) graph: Arc<DeviceGraph>,
-    plans: Mutex<HashMap<PlanKey, Arc<AttentionPlan>>>,
-}
+use args::{
+    check_addresses, check_offsets, check_slope, edge_error, first, indices, int64_bytes,
+    parse_algorithm,
+};
+// The CUDA bodies of the calls (`crate::cuda`, `crate::extras`) take a graph's device state.
+pub(crate) use state::OnDevice;
+use state::PlanKey;
 
 /// One graph (row `i` lists the nodes node `i` attends to) and its plan-once state: per CUDA
-/// device the shared [`DeviceGraph`] and the [`AttentionPlan`]s built over it (cached per
-/// heads, head_dim, dtype, algorithm, scale, and whether the calls pass extras and edge
-/// features), on the CPU the transpose and edge map of the
+/// device the shared [`DeviceGraph`] and the [`AttentionPlan`](spattn::AttentionPlan)s built
+/// over it (cached per heads, head_dim, dtype, algorithm, scale, and whether the calls pass
+/// extras and edge features), on the CPU the transpose and edge map of the
 /// GAT backward. Immutable: derived graphs are new objects.
 #[pyclass(module = "spattn._native", frozen)]
 #[derive(Debug)]
@@ -94,207 +81,6 @@ pub struct GraphCore {
     backwards: AtomicUsize,
 }
 
-impl GraphCore {
-    fn new(csr: Csr, duplicates: usize) -> Self {
-        Self {
-            n_rows: csr.n_rows(),
-            n_cols: csr.n_cols(),
-            nnz: csr.nnz(),
-            host: OnceLock::from(Arc::new(csr)),
-            duplicates,
-            origin: None,
-            transpose: OnceLock::new(),
-            devices: Mutex::new(HashMap::new()),
-            reuse: AtomicBool::new(true),
-            backwards: AtomicUsize::new(0),
-        }
-    }
-
-    /// The policy of this graph's plans.
-    fn policy_value(&self) -> PlanPolicy {
-        if self.reuse.load(Ordering::Relaxed) {
-            PlanPolicy::Reuse
-        } else {
-            PlanPolicy::Once
-        }
-    }
-
-    /// The host CSR (downloaded once from the device a graph was built on).
-    fn csr(&self) -> spattn::Result<&Arc<Csr>> {
-        if let Some(c) = self.host.get() {
-            return Ok(c);
-        }
-        let built = self.origin.and_then(|o| {
-            let map = self.devices.lock().unwrap_or_else(PoisonError::into_inner);
-            map.get(&o).cloned()
-        });
-        let d = built.ok_or_else(|| {
-            spattn::Error::Ops(spattn::ops::Error::InvalidArgument {
-                what: "graph",
-                why: "has neither a host CSR nor the device it was built on".into(),
-            })
-        })?;
-        let _restore = device::ContextGuard::save();
-        let csr = d.graph.host_shared()?.clone();
-        Ok(self.host.get_or_init(|| csr))
-    }
-
-    /// [`csr`](Self::csr) as a Python error.
-    pub(crate) fn csr_py(&self) -> PyResult<&Arc<Csr>> {
-        self.csr().map_err(to_py)
-    }
-
-    /// The graph's state on CUDA device `ordinal` (the upload is lazy: nothing is copied until
-    /// a plan or op asks for it).
-    fn on_device(&self, ordinal: usize) -> spattn::Result<Arc<OnDevice>> {
-        // Entries are inserted whole: a panic elsewhere cannot leave the map half-built.
-        let map = self.devices.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(d) = map.get(&ordinal) {
-            return Ok(d.clone());
-        }
-        drop(map);
-        let host = self.csr()?.clone();
-        let mut map = self.devices.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(d) = map.get(&ordinal) {
-            return Ok(d.clone());
-        }
-        let device = device::device(ordinal)?;
-        let graph = Arc::new(DeviceGraph::new(&device.gpu, host));
-        graph.set_policy(self.policy_value());
-        let d = Arc::new(OnDevice {
-            device,
-            graph,
-            plans: Mutex::new(HashMap::new()),
-        });
-        map.insert(ordinal, d.clone());
-        Ok(d)
-    }
-
-    /// The plan of `key` on `d`, built on first use (under the lock, so concurrent callers
-    /// build it once).
-    fn plan(d: &OnDevice, key: PlanKey) -> spattn::Result<Arc<AttentionPlan>> {
-        let mut plans = d.plans.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(p) = plans.get(&key) {
-            return Ok(p.clone());
-        }
-        let mut config =
-            AttentionConfig::new(key.heads, key.head_dim, key.dtype).with_algorithm(key.algorithm);
-        if let Some(bits) = key.scale {
-            config = config.with_scale(f32::from_bits(bits));
-        }
-        if key.extras {
-            config = config
-                .with_edge_extras(true)
-                .with_edge_features(key.edge_features);
-        }
-        let plan = Arc::new(AttentionPlan::on_graph(&d.graph, config)?);
-        plans.insert(key, plan.clone());
-        Ok(plan)
-    }
-
-    /// Runs `f` on the cached plan of `key` on CUDA device `device`, without the GIL, putting
-    /// the thread's current CUDA context back afterwards.
-    fn with_plan<R: Send>(
-        &self,
-        py: Python<'_>,
-        device: i64,
-        key: PlanKey,
-        f: impl FnOnce(&OnDevice, &AttentionPlan) -> spattn::Result<R> + Send,
-    ) -> PyResult<R> {
-        let ordinal = device::ordinal(device)?;
-        py.detach(|| -> spattn::Result<R> {
-            let _restore = device::ContextGuard::save();
-            let d = self.on_device(ordinal)?;
-            let plan = Self::plan(&d, key)?;
-            f(&d, &plan)
-        })
-        .map_err(to_py)
-    }
-
-    pub(crate) fn transpose(&self) -> spattn::Result<&(Csr, Vec<u32>)> {
-        let csr = self.csr()?;
-        Ok(self.transpose.get_or_init(|| csr.transpose_with_map()))
-    }
-
-    fn shapes(&self, heads: usize, head_dim: usize) -> PyResult<(Shape, Shape)> {
-        let q = Shape::new(self.n_rows, heads, head_dim).map_err(ops_to_py)?;
-        let kv = Shape::new(self.n_cols, heads, head_dim).map_err(ops_to_py)?;
-        Ok((q, kv))
-    }
-}
-
-impl Drop for GraphCore {
-    /// Frees the graph's device uploads and plans with the caller's CUDA context restored
-    /// afterwards (freeing binds spattn's context to the thread).
-    fn drop(&mut self) {
-        let _restore = device::ContextGuard::save();
-        self.devices
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clear();
-    }
-}
-
-/// Parses `bytes` of native-endian int64 (numpy / torch `int64`) into u32 indices below
-/// `limit` (inclusive when `inclusive`), naming `what` and the entry in errors.
-fn indices(what: &str, bytes: &[u8], limit: usize, inclusive: bool) -> PyResult<Vec<u32>> {
-    if bytes.len() % 8 != 0 {
-        return Err(value_error(
-            what,
-            format!("{} bytes are not a whole number of int64", bytes.len()),
-        ));
-    }
-    let mut out = Vec::with_capacity(bytes.len() / 8);
-    for (k, chunk) in bytes.chunks_exact(8).enumerate() {
-        let mut raw = [0u8; 8];
-        raw.copy_from_slice(chunk);
-        let v = i64::from_ne_bytes(raw);
-        let ok = v >= 0
-            && (v as u64) <= u64::from(u32::MAX)
-            && if inclusive {
-                (v as u64) <= limit as u64
-            } else {
-                (v as u64) < limit as u64
-            };
-        if !ok {
-            let bound = if inclusive { "]" } else { ")" };
-            return Err(value_error(
-                what,
-                format!("entry {k} is {v}, out of range [0, {limit}{bound}"),
-            ));
-        }
-        out.push(v as u32);
-    }
-    Ok(out)
-}
-
-/// Checks CSR offsets: `n_rows + 1` of them, from 0, non-decreasing, ending at `nnz`.
-fn check_offsets(crow: &[u32], n_rows: usize, nnz: usize) -> PyResult<()> {
-    if n_rows.checked_add(1) != Some(crow.len()) {
-        return Err(value_error(
-            "crow",
-            format!("has {} offsets; {n_rows} rows need one more", crow.len()),
-        ));
-    }
-    if crow[0] != 0 {
-        return Err(value_error("crow", format!("starts at {}, not 0", crow[0])));
-    }
-    if let Some(i) = crow.windows(2).position(|w| w[0] > w[1]) {
-        return Err(value_error(
-            "crow",
-            format!("decreases at row {i} ({} > {})", crow[i], crow[i + 1]),
-        ));
-    }
-    if crow[n_rows] as usize != nnz {
-        return Err(value_error(
-            "crow",
-            format!("ends at {}, but col has {nnz} entries", crow[n_rows]),
-        ));
-    }
-    Ok(())
-}
-
-/// A scale argument as the plans take it (f32, finite).
 /// Calls the generic `f::<T>(args)` for the device dtype `dtype` (f32, f16 or bf16).
 macro_rules! by_dtype {
     ($dtype:expr, $($f:ident)::+($($arg:expr),*)) => {
@@ -304,39 +90,6 @@ macro_rules! by_dtype {
             DTypeKind::Bf16 => $($f)::+::<bf16>($($arg),*),
         }
     };
-}
-
-impl PlanKey {
-    fn new(
-        heads: usize,
-        head_dim: usize,
-        dtype: DTypeName,
-        algorithm: Algorithm,
-        scale: Option<f64>,
-        extras: bool,
-    ) -> PyResult<Self> {
-        Ok(Self {
-            heads,
-            head_dim,
-            dtype: dtype.device()?,
-            algorithm,
-            scale: plan_scale(scale)?,
-            extras,
-            edge_features: false,
-        })
-    }
-}
-
-fn plan_scale(scale: Option<f64>) -> PyResult<Option<u32>> {
-    match scale {
-        None => Ok(None),
-        Some(s) if (s as f32).is_finite() => Ok(Some((s as f32).to_bits())),
-        Some(s) => Err(value_error("scale", format!("{s} is not a finite float32"))),
-    }
-}
-
-fn parse_algorithm(algorithm: &str) -> PyResult<Algorithm> {
-    algorithm.parse().map_err(to_py)
 }
 
 #[pymethods]
@@ -1075,27 +828,6 @@ impl GraphCore {
     }
 }
 
-fn int64_bytes<'py>(py: Python<'py>, values: &[u32]) -> Bound<'py, PyBytes> {
-    let bytes: Vec<u8> = values
-        .iter()
-        .flat_map(|&v| i64::from(v).to_ne_bytes())
-        .collect();
-    PyBytes::new(py, &bytes)
-}
-
-/// The LeakyReLU slope: finite as an f32 (the GPU kernels take an f32; the CPU path computes
-/// in its own type from the f64).
-fn check_slope(negative_slope: f64) -> PyResult<f64> {
-    if (negative_slope as f32).is_finite() {
-        Ok(negative_slope)
-    } else {
-        Err(value_error(
-            "negative_slope",
-            format!("{negative_slope} is not a finite float32"),
-        ))
-    }
-}
-
 impl GraphCore {
     /// `csr` with every reverse edge added and/or the missing self loops.
     fn transform(csr: Csr, symmetrize: bool, self_loops: bool) -> PyResult<Csr> {
@@ -1112,30 +844,4 @@ impl GraphCore {
             Ok(csr)
         }
     }
-}
-
-/// A build's error, with an id out of range named as `edge_index`'s (a `ValueError`).
-fn edge_error(e: spattn::Error) -> PyErr {
-    match e {
-        spattn::Error::Ops(o @ spattn::ops::Error::EdgeOutOfRange { .. }) => {
-            value_error("edge_index", o)
-        }
-        other => to_py(other),
-    }
-}
-
-/// Refuses `ptrs` (naming the argument) unless it holds exactly `expected` addresses.
-fn check_addresses(ptrs: &[u64], expected: usize) -> PyResult<()> {
-    if ptrs.len() != expected {
-        return Err(value_error(
-            "ptrs",
-            format!("{} addresses, expected {expected}", ptrs.len()),
-        ));
-    }
-    Ok(())
-}
-
-/// The first `N` addresses of `p` (checked by [`check_addresses`] to hold at least `N`).
-fn first<const N: usize>(p: &[u64]) -> [u64; N] {
-    std::array::from_fn(|i| p[i])
 }
