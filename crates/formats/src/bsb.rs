@@ -62,9 +62,8 @@ use rayon::prelude::*;
 
 use crate::csr::{check_shape, Csr};
 use crate::error::{Error, Result};
-use crate::mebcrs::{
-    check_len, check_pointers, for_each_bit, plan_chunks, split_by_lens, WindowMerger,
-};
+use crate::mebcrs::WindowMerger;
+use crate::offsets::{check_len, check_pointers, for_each_bit, plan_chunks, split_by_lens};
 use crate::stats::FillStats;
 use crate::window::{edge_offsets_of_items, slot_windows, SlotWindows};
 

@@ -157,7 +157,7 @@ impl Permutation {
         }
         let n = a.n_rows();
         if let Some(s) = seeds {
-            crate::mebcrs::check_len("seed order (matrix rows)", n, s.len())?;
+            crate::offsets::check_len("seed order (matrix rows)", n, s.len())?;
         }
         // Rows are handled by their position in the seed order (row `x` here is the caller's
         // `old_of[x]`): rows that share columns sit near each other there, so the per-row state

@@ -10,7 +10,7 @@ use rayon::prelude::*;
 
 use crate::alloc;
 use crate::error::{Error, Result};
-use crate::mebcrs::check_len;
+use crate::offsets::{check_len, split_rows_mut};
 
 /// The largest number of stored entries (32-bit row offsets).
 pub const MAX_NNZ: u64 = u32::MAX as u64;
@@ -833,17 +833,6 @@ impl Csr {
     pub fn symmetrize_with_self_loops(&self) -> Result<Csr> {
         self.symmetrize()?.into_pattern().with_self_loops()
     }
-}
-
-/// Splits `data` into one mutable slice per row, following `offsets`.
-fn split_rows_mut<'a, T>(offsets: &[u32], mut data: &'a mut [T]) -> Vec<&'a mut [T]> {
-    let mut out = Vec::with_capacity(offsets.len().saturating_sub(1));
-    for w in offsets.windows(2) {
-        let (head, tail) = data.split_at_mut((w[1] - w[0]) as usize);
-        out.push(head);
-        data = tail;
-    }
-    out
 }
 
 /// Removes consecutive duplicates in place; returns the new length.

@@ -42,7 +42,8 @@ use rayon::prelude::*;
 
 use crate::csr::Csr;
 use crate::error::{Error, Result};
-use crate::mebcrs::{check_len, offsets_from_counts, plan_chunks, WindowMerger};
+use crate::mebcrs::WindowMerger;
+use crate::offsets::{check_len, offsets_from_counts, plan_chunks};
 use crate::permutation::Permutation;
 use crate::reorder::RowOrder;
 

@@ -41,6 +41,7 @@ pub mod error;
 pub mod hybrid;
 pub mod io;
 pub mod mebcrs;
+mod offsets;
 pub mod permutation;
 pub mod reorder;
 pub mod rmat;

@@ -120,7 +120,7 @@ pub(crate) fn count_windows(
 ) -> Result<(usize, usize, usize)> {
     let n = a.n_rows();
     if let Some(p) = rows {
-        crate::mebcrs::check_len("row order (matrix rows)", n, p.len())?;
+        crate::offsets::check_len("row order (matrix rows)", n, p.len())?;
     }
     if window_rows == 0 || block_cols == 0 {
         return Err(Error::InvalidParameter {

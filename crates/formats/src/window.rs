@@ -8,7 +8,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use crate::error::Result;
-use crate::mebcrs::{chunk_by_work, offsets_from_counts, plan_chunks, split_by_lens};
+use crate::offsets::{chunk_by_work, offsets_from_counts, plan_chunks, split_by_lens};
 
 /// A format of `ROWS`-row windows over a CSR pattern whose edges each own a slot; each row's
 /// edges are visited by ascending column, i.e. in CSR order.
@@ -198,7 +198,7 @@ macro_rules! slot_windows {
             /// Errors: [`Error::DimensionTooLarge`] if a slot index does not fit in `u32`
             #[doc = concat!("(more than ", $limit, ").")]
             pub fn edge_to_slot(&self) -> Result<Vec<u32>> {
-                $crate::mebcrs::check_slot_index($index, self.n_slots())?;
+                $crate::offsets::check_slot_index($index, self.n_slots())?;
                 Ok(self.slot_of_each_edge())
             }
 
@@ -210,7 +210,7 @@ macro_rules! slot_windows {
                 &self,
                 slot_data: &[T],
             ) -> Result<Vec<T>> {
-                $crate::mebcrs::check_len("slot data", self.n_slots(), slot_data.len())?;
+                $crate::offsets::check_len("slot data", self.n_slots(), slot_data.len())?;
                 Ok(self.gather_slots(slot_data))
             }
 
@@ -223,7 +223,7 @@ macro_rules! slot_windows {
                 edge_data: &[T],
                 fill: T,
             ) -> Result<Vec<T>> {
-                $crate::mebcrs::check_len("edge data", self.nnz(), edge_data.len())?;
+                $crate::offsets::check_len("edge data", self.nnz(), edge_data.len())?;
                 Ok(self.scatter_edges(edge_data, fill, self.n_slots()))
             }
 
