@@ -185,27 +185,18 @@ fn hybrid(gpu: &Gpu) {
 
 /// Median GPU time of `f` over `runs` calls after 3 warm-up calls, ms.
 fn median_ms(gpu: &Gpu, runs: usize, mut f: impl FnMut() -> spattn::Result<()>) -> f64 {
-    let mut time = || {
-        let mut failed = None;
-        let ms = gpu
-            .time_ms(|| {
-                if let Err(e) = f() {
-                    failed = Some(e);
-                }
-                Ok(())
-            })
-            .unwrap();
-        if let Some(e) = failed {
+    // spattn's error cannot travel through the timer's (spattn-ops') `Result`: it panics here.
+    let mut call = || {
+        if let Err(e) = f() {
             panic!("extras probe: {e}");
         }
-        f64::from(ms)
+        Ok(())
     };
+    // Warm-ups timed like the runs (and dropped), so each ends with the GPU idle.
     for _ in 0..3 {
-        time();
+        gpu.time_ms(&mut call).unwrap();
     }
-    let mut t: Vec<f64> = (0..runs).map(|_| time()).collect();
-    t.sort_by(f64::total_cmp);
-    t[runs / 2]
+    spattn_ops::tune::median_of_runs(gpu, runs, call).unwrap()
 }
 
 /// The extras' target ratios: for each algorithm that takes extras, its forward with a per-head bias,

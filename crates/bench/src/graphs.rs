@@ -54,6 +54,8 @@ impl DataDirs {
     /// `explicit` (--data-dir), `$SPATTN_DATA_DIR`, `../data` beside the executable, and the
     /// repository's `crates/formats/tests/data` and `../shared/data/mtx` (as of the build).
     pub fn new(explicit: Option<&Path>) -> Self {
+        // The folders of `spattn_test_support::data_dirs`, in its order, after --data-dir: that
+        // crate is a dev-dependency, which this run-time lookup cannot call; keep the two in step.
         let mut dirs: Vec<PathBuf> = Vec::new();
         dirs.extend(explicit.map(Path::to_path_buf));
         if let Some(dir) = std::env::var_os(DATA_DIR_ENV).filter(|d| !d.is_empty()) {

@@ -4,6 +4,7 @@
 
 use proptest::prelude::*;
 use spattn_formats::{read_matrix_market, rmat, Bsb, Csr, Error, Permutation, RmatConfig};
+use spattn_test_support::{find_graph, DATA_DIR_ENV};
 
 /// A `w × h` grid graph (4-neighbour), numbered row by row, symmetric with self loops.
 fn grid(w: u32, h: u32) -> Csr {
@@ -264,14 +265,13 @@ proptest! {
 }
 
 /// Prints, per graph and node order, the (window, column) pairs (= K/V row gathers of fused-tc
-/// per head), BSB blocks and fill, and the time the order took. Shared graphs from
-/// `SPATTN_DATA_DIR` (default ../../../shared/data/mtx), symmetrized with self loops, and
-/// R-MAT 16/18 (`SPATTN_RMAT` to change the scales).
+/// per head), BSB blocks and fill, and the time the order took. Shared graphs found as every
+/// test finds them (`spattn_test_support::find_graph`: `SPATTN_DATA_DIR` first, then the
+/// repository's folders and ../shared/data/mtx), symmetrized with self loops, and R-MAT 16/18
+/// (`SPATTN_RMAT` to change the scales).
 #[test]
 #[ignore = "reads the shared graphs; prints a table"]
 fn locality_table() {
-    let dir =
-        std::env::var("SPATTN_DATA_DIR").unwrap_or_else(|_| "../../../shared/data/mtx".into());
     let names = std::env::var("SPATTN_GRAPHS").unwrap_or_else(|_| {
         "cora,citeseer,pubmed,ogbn-arxiv,flickr,ppi-graphsaint,PROTEINS_full,\
          facebook-page-page,lastfm-asia,deezer-RO"
@@ -280,7 +280,12 @@ fn locality_table() {
     let scales = std::env::var("SPATTN_RMAT").unwrap_or_else(|_| "16,18".into());
     let mut graphs: Vec<(String, Csr)> = Vec::new();
     for name in names.split(',').filter(|s| !s.is_empty()) {
-        let path = format!("{dir}/{name}.mtx.gz");
+        // A graph that is not there is skipped, as one that cannot be read: the table is of
+        // whatever graphs this machine has.
+        let Some(path) = find_graph(name) else {
+            println!("skip {name}: {name}.mtx.gz not found (set {DATA_DIR_ENV})");
+            continue;
+        };
         match read_matrix_market(&path) {
             Ok(a) => graphs.push((name.into(), a.symmetrize_with_self_loops().unwrap())),
             Err(e) => println!("skip {name}: {e}"),

@@ -3,9 +3,10 @@
 //! threshold and warp split ([`crate::HybridSpmm`]).
 //!
 //! [`median_ms`] times a candidate (the median of [`RUNS`] launches after one warm-up, on the
-//! GPU's stream); [`Fastest`] keeps the fastest candidate, where a candidate must beat the
-//! best so far by a margin when it is one the caller trusts less (a mixed hybrid split against
-//! the pure runs, whose single-launch times move ±5% between calls on small graphs).
+//! GPU's stream; [`median_of_runs`] is its timed part, which the timing probes share);
+//! [`Fastest`] keeps the fastest candidate, where a candidate must beat the best so far by a
+//! margin when it is one the caller trusts less (a mixed hybrid split against the pure runs,
+//! whose single-launch times move ±5% between calls on small graphs).
 //!
 //! ```
 //! use spattn_ops::tune::Fastest;
@@ -17,7 +18,7 @@
 //! assert_eq!(f.report(), "a 2.0000 ms, b 1.9500 ms, c 1.0000 ms");
 //! ```
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 
 /// Timed runs per candidate (after one warm-up); the median is kept.
@@ -30,12 +31,28 @@ pub const RUNS: usize = 3;
 /// Those of `f` and of the events.
 pub fn median_ms(gpu: &Gpu, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     f()?;
-    let mut t = Vec::with_capacity(RUNS);
-    for _ in 0..RUNS {
+    median_of_runs(gpu, RUNS, f)
+}
+
+/// Median of `runs` calls of `f`, each timed alone (CUDA events on `gpu`'s stream), in ms;
+/// for an even `runs` the upper of the two middle times. No warm-up: callers warm up as they
+/// need (the tuner once; the timing probes more, and they wait for the GPU first).
+///
+/// # Errors
+/// Those of `f` and of the events, at the first that fails; [`Error::InvalidArgument`] when
+/// `runs` is 0 (no median).
+pub fn median_of_runs(gpu: &Gpu, runs: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    let mut t = Vec::with_capacity(runs);
+    for _ in 0..runs {
         t.push(f64::from(gpu.time_ms(&mut f)?));
     }
     t.sort_by(f64::total_cmp);
-    Ok(t[RUNS / 2])
+    t.get(runs / 2)
+        .copied()
+        .ok_or_else(|| Error::InvalidArgument {
+            what: "runs",
+            why: "a median needs at least one timed run".into(),
+        })
 }
 
 /// The fastest of the candidates offered so far, and every candidate's time for the report.

@@ -21,6 +21,7 @@ def data_file(name: str):
     """``name`` (e.g. ``"pubmed.mtx.gz"``) from ``SPATTN_DATA_DIR``, ``../shared/data/mtx``
     beside the repository, or (cora) the bundled copy; None where absent."""
     candidates = []
+    # Mirrors spattn_test_support::data_dirs: SPATTN_DATA_DIR if non-empty, ../shared/data/mtx.
     if os.environ.get("SPATTN_DATA_DIR"):
         candidates.append(Path(os.environ["SPATTN_DATA_DIR"]) / name)
     candidates.append(REPO.parent / "shared" / "data" / "mtx" / name)

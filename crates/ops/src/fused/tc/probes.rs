@@ -5,7 +5,8 @@
 use super::tests::draw_f16;
 use super::*;
 
-/// Times the kernels, row orders, chunk sizes and CTA sizes (`SPATTN_DATA_DIR`;
+/// Times the kernels, row orders, chunk sizes and CTA sizes (graphs found as every test finds
+/// them, by `spattn_test_support::shared_graph`: `SPATTN_DATA_DIR` first;
 /// `SPATTN_TUNE_GRAPHS` a comma list of graph names or `rmatSCALE`, default pubmed and
 /// ogbn-arxiv; `SPATTN_TUNE_SHAPES` a comma list of HEADSxHEAD_DIM, default 1x128,1x64,8x64);
 /// prints only. Q, K and V are separate random buffers (one buffer for all three would let
@@ -17,8 +18,6 @@ use super::*;
 fn tune() {
     use crate::Shape;
     let gpu = Gpu::new(0).expect("an NVIDIA GPU");
-    let dir =
-        std::env::var("SPATTN_DATA_DIR").unwrap_or_else(|_| "../../../shared/data/mtx".into());
     let graphs = std::env::var("SPATTN_TUNE_GRAPHS").unwrap_or_else(|_| "pubmed,ogbn-arxiv".into());
     let shapes: Vec<(usize, usize)> = std::env::var("SPATTN_TUNE_SHAPES")
         .unwrap_or_else(|_| "1x128,1x64,8x64".into())
@@ -34,10 +33,7 @@ fn tune() {
                 scale.parse().expect("rmatSCALE"),
             ))
             .unwrap(),
-            None => spattn_formats::read_matrix_market(format!("{dir}/{name}.mtx.gz"))
-                .unwrap()
-                .symmetrize_with_self_loops()
-                .unwrap(),
+            None => spattn_test_support::shared_graph(name),
         };
         println!("tune {name}: n={} nnz={}", a.n_rows(), a.nnz());
         // Each row order and its BSB once, for every variant below.
