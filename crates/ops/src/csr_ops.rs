@@ -238,6 +238,32 @@ impl SparseOperand for DeviceCsr {
     }
 }
 
+/// The dot-form SDDMM kernel for operands of `dtype` (a [`DType::NAME`]) in vectors of `vec`
+/// ([`vector_width`]); the launch-name test forms it too.
+pub(crate) fn sddmm_kernel(dtype: &str, vec: u32) -> String {
+    format!("sddmm_csr_{dtype}_v{vec}")
+}
+
+/// The GATv2 SDDMM kernel for operands of `dtype` in vectors of `vec`.
+pub(crate) fn sddmm_gatv2_kernel(dtype: &str, vec: u32) -> String {
+    format!("sddmm_gatv2_csr_{dtype}_v{vec}")
+}
+
+/// The GAT (`u_add_v`) SDDMM kernel for operands of `dtype`.
+pub(crate) fn sddmm_gat_kernel(dtype: &str) -> String {
+    format!("sddmm_gat_csr_{dtype}")
+}
+
+/// The SpMM kernel for features of `dtype` in vectors of `vec`.
+pub(crate) fn spmm_kernel(dtype: &str, vec: u32) -> String {
+    format!("spmm_csr_{dtype}_v{vec}")
+}
+
+/// The kernel writing SpMM's split rows of `dtype` from their f32 scratch.
+pub(crate) fn spmm_finalize_kernel(dtype: &str) -> String {
+    format!("spmm_csr_finalize_{dtype}")
+}
+
 /// A grid of `groups` groups of `g` lanes (grid-stride kernels; at most 2^31 − 1 blocks).
 pub(crate) fn group_grid(groups: usize, g: u32, grid_y: u32) -> Result<LaunchConfig> {
     let per_block = THREADS / g;
@@ -265,7 +291,7 @@ pub fn sddmm<T: DType>(
     let shape = check_operands(gpu, a, Op::Sddmm, [q, k], scores)?;
     let vec = vector_width(shape.head_dim, std::mem::size_of::<T>());
     let g = group_for((shape.head_dim / vec as usize) as u64, 1);
-    let name = kernel_named(&CSR_OPS, format!("sddmm_csr_{}_v{vec}", T::NAME))?;
+    let name = kernel_named(&CSR_OPS, sddmm_kernel(T::NAME, vec))?;
     let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
     let nnz = to_u32("nnz", a.nnz())?;
     let heads = to_u32("heads", shape.heads)?;
@@ -349,7 +375,7 @@ pub fn sddmm_gatv2<T: DType>(
     check_same_gpu(gpu, "scores", scores.gpu())?;
     let vec = vector_width(dim, std::mem::size_of::<T>());
     let g = group_for((dim / vec as usize) as u64, 1);
-    let name = kernel_named(&CSR_OPS, format!("sddmm_gatv2_csr_{}_v{vec}", T::NAME))?;
+    let name = kernel_named(&CSR_OPS, sddmm_gatv2_kernel(T::NAME, vec))?;
     let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
     let nnz = to_u32("nnz", a.nnz())?;
     let (heads_u, dim_u) = (to_u32("heads", heads)?, to_u32("head_dim", dim)?);
@@ -398,7 +424,7 @@ pub fn sddmm_gat<T: DType>(
         check_same_gpu(gpu, what, on)?;
     }
     check_same_gpu(gpu, "scores", scores.gpu())?;
-    let name = kernel_named(&CSR_OPS, format!("sddmm_gat_csr_{}", T::NAME))?;
+    let name = kernel_named(&CSR_OPS, sddmm_gat_kernel(T::NAME))?;
     let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
     let nnz = to_u32("nnz", a.nnz())?;
     let heads_u = to_u32("heads", heads)?;
@@ -505,7 +531,7 @@ pub fn spmm<T: DType>(
         scratch.fill(0.0)?;
     }
 
-    let name = kernel_named(&CSR_OPS, format!("spmm_csr_{}_v{vec}", T::NAME))?;
+    let name = kernel_named(&CSR_OPS, spmm_kernel(T::NAME, vec))?;
     let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
     let n_units = to_u32("SpMM units", s.unit_rows.len())?;
     let heads = to_u32("heads", shape.heads)?;
@@ -538,7 +564,7 @@ pub fn spmm<T: DType>(
     unsafe { launch(name, &mut args, cfg) }?;
 
     if n_split > 0 {
-        let fin = kernel_named(&CSR_OPS, format!("spmm_csr_finalize_{}", T::NAME))?;
+        let fin = kernel_named(&CSR_OPS, spmm_finalize_kernel(T::NAME))?;
         let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, fin)?;
         let n_split_u = to_u32("split rows", n_split)?;
         let hd_u = to_u32("heads x head_dim", hd)?;

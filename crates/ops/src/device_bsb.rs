@@ -267,6 +267,15 @@ pub(crate) struct GatheredBsbExtras<'a> {
 /// Blocks per CTA of `bsb_keep_gather` (`BSB_KEEP_GROUP` in attention_tiles.cuh).
 const KEEP_GATHER_GROUP: u32 = 128;
 
+/// The kernel gathering dropout's keep bits into the blocks' edge order (one for every type).
+pub(crate) const KEEP_GATHER_KERNEL: &str = "bsb_keep_gather";
+
+/// The kernel gathering a bias of `dtype` (a [`DType::NAME`]) into the blocks' edge order; the
+/// launch-name test forms it too.
+pub(crate) fn bias_gather_kernel(dtype: &str) -> String {
+    format!("bsb_bias_gather_{dtype}")
+}
+
 /// The tensor-core blocks a gather numbers the edges of: per block 16 bytes of bitmap
 /// (`bitmaps`, as the kernels read it: 4 words, row-major bits) and its first edge
 /// (`block_edge_start`, at least `n_blocks` entries).
@@ -356,7 +365,7 @@ impl BsbExtrasStage {
         };
         let keep_out = if dropout { self.keep.as_ref() } else { None };
         if let (Some(out), Some(bias)) = (bias_out, &extras.bias) {
-            let name = kernel_named(&FUSED_BSB, format!("bsb_bias_gather_{}", T::NAME))?;
+            let name = kernel_named(&FUSED_BSB, bias_gather_kernel(T::NAME))?;
             let f = gpu.load_function(FUSED_BSB.name, FUSED_BSB.ptx, name)?;
             let mut args = gpu.launch_builder(&f);
             // Written by the kernel, pushed through a shared borrow: the returned struct hands
@@ -378,7 +387,7 @@ impl BsbExtrasStage {
             unsafe { launch(name, &mut args, cfg) }?;
         }
         if let Some(out) = keep_out {
-            let name = kernel_named(&FUSED_BSB, "bsb_keep_gather".to_string())?;
+            let name = kernel_named(&FUSED_BSB, KEEP_GATHER_KERNEL.to_string())?;
             let f = gpu.load_function(FUSED_BSB.name, FUSED_BSB.ptx, name)?;
             let mut args = gpu.launch_builder(&f);
             args.arg(ids.slice())

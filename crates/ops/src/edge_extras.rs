@@ -50,6 +50,32 @@ impl<T: DType> DeviceBias<'_, T> {
     }
 }
 
+/// The dropout kernel (one for every feature type: it scales f32 per-edge values).
+pub(crate) const DROPOUT_KERNEL: &str = "edge_dropout";
+/// The kernel adding two f32 per-edge arrays.
+pub(crate) const ADD_KERNEL: &str = "edge_add";
+
+/// The score-bias kernel for a bias of `dtype` (a [`DType::NAME`]); the launch-name test forms
+/// it too.
+pub(crate) fn bias_add_kernel(dtype: &str) -> String {
+    format!("edge_bias_add_{dtype}")
+}
+
+/// The bias-gradient kernel (a sum over heads) writing `dtype`.
+pub(crate) fn head_sum_kernel(dtype: &str) -> String {
+    format!("edge_head_sum_{dtype}")
+}
+
+/// The kernel casting f32 per-edge values to `dtype`.
+pub(crate) fn cast_kernel(dtype: &str) -> String {
+    format!("edge_cast_{dtype}")
+}
+
+/// The edge-features-gradient kernel for features of `dtype`.
+pub(crate) fn row_combine_kernel(dtype: &str) -> String {
+    format!("edge_row_combine_{dtype}")
+}
+
 fn function(gpu: &Gpu, name: String) -> Result<(&'static str, cudarc::driver::CudaFunction)> {
     let name = kernel_named(&EDGE_EXTRAS, name)?;
     Ok((
@@ -74,7 +100,7 @@ pub fn bias_add<T: DType>(
     bias.check_len(nnz, heads)?;
     check_same_gpu(gpu, "scores", &*scores)?;
     check_same_gpu(gpu, "bias", bias.values())?;
-    let (name, f) = function(gpu, format!("edge_bias_add_{}", T::NAME))?;
+    let (name, f) = function(gpu, bias_add_kernel(T::NAME))?;
     let (n, h, shared) = (
         nnz as u64,
         to_u32("heads", heads)?,
@@ -102,7 +128,7 @@ pub fn apply_dropout(gpu: &Gpu, values: &mut DeviceVec<f32>, dropout: &Dropout) 
     if dropout.threshold() == 0 {
         return Ok(());
     }
-    let (name, f) = function(gpu, "edge_dropout".into())?;
+    let (name, f) = function(gpu, DROPOUT_KERNEL.into())?;
     let n = values.len() as u64;
     let [k0, k1] = dropout.key();
     let (o0, o1) = (dropout.offset() as u32, (dropout.offset() >> 32) as u32);
@@ -136,7 +162,7 @@ pub fn add(gpu: &Gpu, x: &DeviceVec<f32>, y: &mut DeviceVec<f32>) -> Result<()> 
     }
     check_same_gpu(gpu, "x", x)?;
     check_same_gpu(gpu, "y", &*y)?;
-    let (name, f) = function(gpu, "edge_add".into())?;
+    let (name, f) = function(gpu, ADD_KERNEL.into())?;
     let n = x.len() as u64;
     let mut args = gpu.launch_builder(&f);
     args.arg(x.slice()).arg(&n).arg(y.slice_mut());
@@ -171,7 +197,7 @@ pub fn bias_grad<T: DType>(
     check_same_gpu(gpu, "dS", ds)?;
     check_same_gpu(gpu, "d_bias", &*out)?;
     if shared {
-        let (name, f) = function(gpu, format!("edge_head_sum_{}", T::NAME))?;
+        let (name, f) = function(gpu, head_sum_kernel(T::NAME))?;
         let (n, h) = (nnz as u64, to_u32("heads", heads)?);
         let mut args = gpu.launch_builder(&f);
         args.arg(ds.slice()).arg(&n).arg(&h).arg(out.slice_mut());
@@ -199,7 +225,7 @@ pub fn cast<T: DType>(gpu: &Gpu, x: &DeviceVec<f32>, out: &mut DeviceVec<T>) -> 
     if x.is_empty() {
         return Ok(());
     }
-    let (name, f) = function(gpu, format!("edge_cast_{}", T::NAME))?;
+    let (name, f) = function(gpu, cast_kernel(T::NAME))?;
     let n = x.len() as u64;
     let mut args = gpu.launch_builder(&f);
     args.arg(x.slice()).arg(&n).arg(out.slice_mut());
@@ -237,7 +263,7 @@ pub fn edge_features_grad<T: DType>(
     check_same_gpu(gpu, "x", x)?;
     check_same_gpu(gpu, "y", y)?;
     check_same_gpu(gpu, "d_edge_features", &*out)?;
-    let (name, f) = function(gpu, format!("edge_row_combine_{}", T::NAME))?;
+    let (name, f) = function(gpu, row_combine_kernel(T::NAME))?;
     let (rows, nnz, heads, dim) = (
         to_u32("rows", csr.n_rows())?,
         to_u32("edges", csr.nnz())?,

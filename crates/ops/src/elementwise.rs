@@ -89,8 +89,14 @@ impl AdamHyper {
     }
 }
 
+/// The kernel of `op` for elements of `dtype` (a [`DType::NAME`]); the launch-name test forms
+/// it too.
+pub(crate) fn dense_kernel(op: &str, dtype: &str) -> String {
+    format!("{op}_dense_{dtype}")
+}
+
 fn function<T: DType>(gpu: &Gpu, op: &str) -> Result<(&'static str, CudaFunction)> {
-    let name = kernel_named(&LAYERS, format!("{op}_dense_{}", T::NAME))?;
+    let name = kernel_named(&LAYERS, dense_kernel(op, T::NAME))?;
     Ok((name, gpu.load_function(LAYERS.name, LAYERS.ptx, name)?))
 }
 

@@ -77,6 +77,8 @@ pub mod tc_ops;
 pub mod tune;
 
 #[cfg(test)]
+mod launched_tests;
+#[cfg(test)]
 mod runtime_tests;
 
 pub use backward::DeviceTranspose;

@@ -30,6 +30,17 @@ use crate::gpu::Gpu;
 use crate::launch::{check_same_gpu, kernel_named, launch, stride_grid, to_u32, PushKernelArg};
 use crate::schedule::group_for;
 
+/// The gather kernel for elements of `dtype` (a [`DType::NAME`]); the launch-name test forms it
+/// too.
+pub(crate) fn gather_kernel(dtype: &str) -> String {
+    format!("gather_rows_{dtype}")
+}
+
+/// The scatter-add kernel for sources of `dtype` (a [`DType::NAME`]).
+pub(crate) fn scatter_add_kernel(dtype: &str) -> String {
+    format!("scatter_add_rows_{dtype}")
+}
+
 /// Row indices on the device in segments (one per peer rank), each below a bound (the rows of
 /// the matrix they address) and, within a segment, distinct.
 #[derive(Debug)]
@@ -183,7 +194,7 @@ pub fn gather_rows_into<T: DType>(
     if len == 0 {
         return Ok(());
     }
-    let name = kernel_named(&ROWS, format!("gather_rows_{}", T::NAME))?;
+    let name = kernel_named(&ROWS, gather_kernel(T::NAME))?;
     let f = gpu.load_function(ROWS.name, ROWS.ptx, name)?;
     let (n, w) = (index.len() as u64, to_u32("row length", row_len)?);
     // The kernel copies 16-byte pieces where a row's bytes are a multiple of 16 and both
@@ -231,7 +242,7 @@ pub fn scatter_add_rows<T: DType>(
     check_same_gpu(gpu, "scatter-add source", src)?;
     check_same_gpu(gpu, "scatter-add accumulator", &*acc)?;
     check_same_gpu(gpu, "row index", &index.idx)?;
-    let name = kernel_named(&ROWS, format!("scatter_add_rows_{}", T::NAME))?;
+    let name = kernel_named(&ROWS, scatter_add_kernel(T::NAME))?;
     let f = gpu.load_function(ROWS.name, ROWS.ptx, name)?;
     let w = to_u32("row length", row_len)?;
     let g = group_for(row_len as u64, 1);

@@ -76,9 +76,9 @@ fn require_tensor_cores(gpu: &Gpu) -> Result<()> {
     gpu.require_compute_capability(TC_PATH, 8, 0)
 }
 
-/// The kernel-name suffix of `T`: f32 operands run through tf32 mma, and say so.
-fn suffix<T: DType>() -> &'static str {
-    match T::KIND {
+/// The kernel-name suffix of `kind`: f32 operands run through tf32 mma, and say so.
+fn suffix(kind: DTypeKind) -> &'static str {
+    match kind {
         DTypeKind::F32 => "tf32",
         DTypeKind::F16 => "f16",
         DTypeKind::Bf16 => "bf16",
@@ -157,13 +157,7 @@ pub fn sddmm<T: DType>(
 ) -> Result<()> {
     let shape = check_operands(gpu, a, Op::Sddmm, [q, k], scores)?;
     require_tensor_cores(gpu)?;
-    // 16-byte gathers of 16 / size_of::<T>() features need head_dim to be a multiple of that.
-    let aligned = shape.head_dim % (16 / std::mem::size_of::<T>()) == 0;
-    let unaligned = if aligned { "" } else { "_unaligned" };
-    let name = kernel_named(
-        &MEBCRS_OPS,
-        format!("sddmm_mebcrs_{}{unaligned}", suffix::<T>()),
-    )?;
+    let name = kernel_named(&MEBCRS_OPS, sddmm_kernel(T::KIND, shape.head_dim))?;
     let f = gpu.load_function(MEBCRS_OPS.name, MEBCRS_OPS.ptx, name)?;
     let s = a.schedule();
     let n_items = to_u32("ME-BCRS work items", s.sddmm_items.len())?;
@@ -300,10 +294,40 @@ const fn spmm_pipe_stage_bytes(tiles: usize) -> usize {
 /// register kernel runs. Both give the same sums in the same order up to the mma's internal
 /// accumulation order.
 pub fn spmm_pipelined<T: DType>(a: &DeviceMeBcrs, head_dim: usize) -> bool {
+    spmm_pipe_shape(T::KIND, head_dim) && a.n_vectors() > 16 * a.n_windows()
+}
+
+/// Whether the pipelined SpMM kernel is compiled for `kind` at `head_dim` ([`spmm_pipelined`]'s
+/// condition without the graph's).
+pub(crate) fn spmm_pipe_shape(kind: DTypeKind, head_dim: usize) -> bool {
     // A multiple of 128 is also where spmm_tiles picks 8 tiles (the kernel's one instantiation).
-    T::KIND != DTypeKind::F32
-        && head_dim % (16 * SPMM_PIPE_TILES) == 0
-        && a.n_vectors() > 16 * a.n_windows()
+    kind != DTypeKind::F32 && head_dim % (16 * SPMM_PIPE_TILES) == 0
+}
+
+/// The SDDMM kernel for operands of `kind` at `head_dim`: 16-byte gathers of
+/// 16 / `size_bytes` features need `head_dim` a multiple of that, else the `_unaligned` one.
+/// The launch-name test forms it too.
+pub(crate) fn sddmm_kernel(kind: DTypeKind, head_dim: usize) -> String {
+    let aligned = head_dim % (16 / kind.size_bytes()) == 0;
+    let unaligned = if aligned { "" } else { "_unaligned" };
+    format!("sddmm_mebcrs_{}{unaligned}", suffix(kind))
+}
+
+/// The SpMM kernel for operands of `kind` at `head_dim` ([`spmm_tiles`] tiles a warp, aligned
+/// gathers where `head_dim` allows), or the pipelined one (`pipe`).
+pub(crate) fn spmm_kernel(kind: DTypeKind, head_dim: usize, pipe: bool) -> String {
+    if pipe {
+        return format!("spmm_mebcrs_{}_t8_pipe", suffix(kind));
+    }
+    let ft = spmm_tiles(head_dim);
+    let aligned = head_dim % (2 * ft) == 0;
+    let unaligned = if aligned { "" } else { "_unaligned" };
+    format!("spmm_mebcrs_{}_t{ft}{unaligned}", suffix(kind))
+}
+
+/// The kernel writing SpMM's split windows of `kind` from their f32 partials.
+pub(crate) fn spmm_finalize_kernel(kind: DTypeKind) -> String {
+    format!("spmm_mebcrs_finalize_{}", suffix(kind))
 }
 
 /// SpMM on tensor cores: `out[i, h, :] = Σ_v p[h, slot(v, i % 8)] · V[col(v), h, :]` over the
@@ -328,20 +352,8 @@ pub fn spmm<T: DType>(
     let hd_u = to_u32("heads x head_dim", hd)?;
     let ft = spmm_tiles(shape.head_dim);
     let slabs = shape.head_dim.div_ceil(16 * ft);
-    let aligned = shape.head_dim % (2 * ft) == 0;
-    let unaligned = if aligned { "" } else { "_unaligned" };
     let pipe = spmm_pipelined::<T>(a, shape.head_dim);
-    let name = if pipe {
-        kernel_named(
-            &MEBCRS_OPS,
-            format!("spmm_mebcrs_{}_t8_pipe", suffix::<T>()),
-        )?
-    } else {
-        kernel_named(
-            &MEBCRS_OPS,
-            format!("spmm_mebcrs_{}_t{ft}{unaligned}", suffix::<T>()),
-        )?
-    };
+    let name = kernel_named(&MEBCRS_OPS, spmm_kernel(T::KIND, shape.head_dim, pipe))?;
     let smem = if pipe {
         WARPS as usize * SPMM_PIPE_STAGES * spmm_pipe_stage_bytes(SPMM_PIPE_TILES)
     } else {
@@ -401,10 +413,7 @@ pub fn spmm<T: DType>(
 
     let n_split = s.split_windows.len();
     if n_split > 0 {
-        let fin = kernel_named(
-            &MEBCRS_OPS,
-            format!("spmm_mebcrs_finalize_{}", suffix::<T>()),
-        )?;
+        let fin = kernel_named(&MEBCRS_OPS, spmm_finalize_kernel(T::KIND))?;
         let f = gpu.load_function(MEBCRS_OPS.name, MEBCRS_OPS.ptx, fin)?;
         let n_split_u = to_u32("split windows", n_split)?;
         let cfg = grid_1d(n_split * 8 * hd, THREADS)?;

@@ -82,7 +82,7 @@ const ROW_PARTIAL: usize = 5;
 /// features per access, groups of `g` lanes, `nv` vectors per lane; `None` where a lane would
 /// need several vectors narrower than 16 bytes or more than [`MAX_LANE_FEATURES`] features (the
 /// kernels instantiated in backward.cu).
-fn layout(head_dim: usize, elem_bytes: usize) -> Option<(u32, u32, u32)> {
+pub(crate) fn layout(head_dim: usize, elem_bytes: usize) -> Option<(u32, u32, u32)> {
     if head_dim == 0 {
         return None;
     }
@@ -93,6 +93,17 @@ fn layout(head_dim: usize, elem_bytes: usize) -> Option<(u32, u32, u32)> {
     let wide = vec as usize * elem_bytes == 16;
     (nv == 1 || (wide && nv * u64::from(vec) <= u64::from(MAX_LANE_FEATURES)))
         .then_some((vec, g, nv as u32))
+}
+
+/// The row pass's kernel for `dtype` (a [`DType::NAME`]) and the [`layout`]'s `vec` and `nv`;
+/// the launch-name test forms it too.
+pub(crate) fn rows_pass_kernel(dtype: &str, vec: u32, nv: u32) -> String {
+    format!("attention_backward_rows_{dtype}_v{vec}_n{nv}")
+}
+
+/// The column pass's kernel for `dtype`, `vec` and `nv`.
+pub(crate) fn cols_pass_kernel(dtype: &str, vec: u32, nv: u32) -> String {
+    format!("attention_backward_cols_{dtype}_v{vec}_n{nv}")
 }
 
 /// The fused backward's device workspace for one graph and one `heads × head_dim`, and its
@@ -278,10 +289,7 @@ impl FusedBackward {
         let ([rows, starts, slots, parts, first], _, a_split) = a.schedule().merge_units();
         let n_units = to_u32("units", rows.len())?;
         let n_split = to_u32("split rows", a_split)?;
-        let name = kernel_named(
-            &BACKWARD,
-            format!("attention_backward_rows_{}_v{vec}_n{nv}", T::NAME),
-        )?;
+        let name = kernel_named(&BACKWARD, rows_pass_kernel(T::NAME, vec, nv))?;
         let f = gpu.load_function(BACKWARD.name, BACKWARD.ptx, name)?;
         let cfg = row_grid(rows.len(), self.heads, g)?;
         let mut args = gpu.launch_builder(&f);
@@ -322,10 +330,7 @@ impl FusedBackward {
         // Column pass over Aᵀ.
         let ([rows, starts, slots, parts, first], _, _) = t.csr.schedule().merge_units();
         let n_units = to_u32("units", rows.len())?;
-        let name = kernel_named(
-            &BACKWARD,
-            format!("attention_backward_cols_{}_v{vec}_n{nv}", T::NAME),
-        )?;
+        let name = kernel_named(&BACKWARD, cols_pass_kernel(T::NAME, vec, nv))?;
         let f = gpu.load_function(BACKWARD.name, BACKWARD.ptx, name)?;
         let cfg = row_grid(rows.len(), self.heads, g)?;
         let mut args = gpu.launch_builder(&f);

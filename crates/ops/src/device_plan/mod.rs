@@ -229,6 +229,12 @@ fn id_bits(n: usize) -> u32 {
     usize::BITS - n.saturating_sub(1).leading_zeros()
 }
 
+/// The kernel making sort keys from edge lists of `index` (a [`DeviceIndex::NAME`]); the
+/// launch-name test forms it too.
+pub(crate) fn edge_keys_kernel(index: &str) -> String {
+    format!("plan_edge_keys_{index}")
+}
+
 /// The function `name` of the plan module.
 fn kernel(gpu: &Gpu, name: &'static str) -> Result<cudarc::driver::CudaFunction> {
     gpu.load_function(PLAN.name, PLAN.ptx, name)
@@ -370,7 +376,7 @@ pub(crate) fn build_from_edges<I: DeviceIndex>(
     } = ws;
     let bufs = sort_buffers(gpu, keys, vals, m)?;
     if m > 0 {
-        let name = crate::launch::kernel_named(&PLAN, format!("plan_edge_keys_{}", I::NAME))?;
+        let name = crate::launch::kernel_named(&PLAN, edge_keys_kernel(I::NAME))?;
         let f = kernel(gpu, name)?;
         let (e64, ss, ts) = (
             e as u64,

@@ -100,6 +100,30 @@ pub(crate) fn layout(head_dim: usize, elem_bytes: usize) -> Result<Layout> {
     })
 }
 
+/// The kernel for `dtype` (a [`DType::NAME`]) and `layout`; `extras`: `None` without them,
+/// else whether they hold edge features (`_xf`, which keeps them in its tile at a cost in
+/// registers the bias / dropout twin `_x` spares). The launch-name test forms it too.
+pub(crate) fn kernel_name(dtype: &str, layout: &Layout, extras: Option<bool>) -> String {
+    let Layout {
+        vec,
+        nv,
+        short_tiles,
+        ..
+    } = *layout;
+    let suffix = if short_tiles { "_t2" } else { "" };
+    let x = match extras {
+        Some(true) => "_xf",
+        Some(false) => "_x",
+        None => "",
+    };
+    format!("fused_csr_{dtype}_v{vec}_n{nv}{suffix}{x}")
+}
+
+/// The kernel merging split rows' partials into `dtype` rows.
+pub(crate) fn merge_kernel(dtype: &str) -> String {
+    format!("fused_csr_merge_{dtype}")
+}
+
 /// Most subgroups a group is split into ([`short_layout`]).
 const MAX_SPLIT: u32 = 4;
 
@@ -505,24 +529,9 @@ impl FusedCsr {
     ) -> Result<()> {
         let shape = q.shape();
         let u = self.units.view()?;
-        let Layout {
-            vec,
-            group,
-            nv,
-            split,
-            short_tiles,
-        } = self.layout;
-        let suffix = if short_tiles { "_t2" } else { "" };
-        // `_xf` holds edge features in its tile (registers the bias / dropout twin `_x` spares).
-        let x = match extras {
-            Some(e) if e.edge_features.is_some() => "_xf",
-            Some(_) => "_x",
-            None => "",
-        };
-        let name = kernel_named(
-            &FUSED_CSR,
-            format!("fused_csr_{}_v{vec}_n{nv}{suffix}{x}", T::NAME),
-        )?;
+        let Layout { group, split, .. } = self.layout;
+        let features = extras.map(|e| e.edge_features.is_some());
+        let name = kernel_named(&FUSED_CSR, kernel_name(T::NAME, &self.layout, features))?;
         let f = gpu.load_function(FUSED_CSR.name, FUSED_CSR.ptx, name)?;
         let n_units = to_u32("units", u.rows.len())?;
         let heads = to_u32("heads", shape.heads)?;
@@ -572,7 +581,7 @@ impl FusedCsr {
 
         let n_split = u.split_rows.len();
         if n_split > 0 {
-            let merge = kernel_named(&FUSED_CSR, format!("fused_csr_merge_{}", T::NAME))?;
+            let merge = kernel_named(&FUSED_CSR, merge_kernel(T::NAME))?;
             let f = gpu.load_function(FUSED_CSR.name, FUSED_CSR.ptx, merge)?;
             let n_split_u = to_u32("split rows", n_split)?;
             let cfg = LaunchConfig {

@@ -109,7 +109,7 @@ impl Layout {
 ///
 /// f16/bf16 heads of exactly 64 or 128 features get the pipelined kernel unless `pipelined` is
 /// false or a slice is asked for (docs/kernels/fused-tc.md, "Tried and kept").
-fn layout_with(
+pub(crate) fn layout_with(
     head_dim: usize,
     dtype: DTypeKind,
     slice: Option<usize>,
@@ -555,15 +555,9 @@ impl FusedTensorCore {
         if let Some(pre) = &self.unit_pre {
             check_same_gpu(gpu, "unit records", pre)?;
         }
-        let kernel = match (&gathered, pipelined, takes) {
-            (None, ..) => self.kernel,
-            (Some(_), true, (true, false)) => {
-                kernel_named(&FUSED_BSB, format!("{}_xb", self.kernel))?
-            }
-            (Some(_), true, (false, true)) => {
-                kernel_named(&FUSED_BSB, format!("{}_xd", self.kernel))?
-            }
-            (Some(_), ..) => kernel_named(&FUSED_BSB, format!("{}_x", self.kernel))?,
+        let kernel = match &gathered {
+            None => self.kernel,
+            Some(_) => kernel_named(&FUSED_BSB, extras_kernel(self.kernel, pipelined, takes))?,
         };
         // The pipelined kernels' stages may pass 48 KiB: the opt-in is per function (made once).
         let f = if pipelined {
@@ -691,7 +685,7 @@ fn require_tensor_cores(gpu: &Gpu) -> Result<()> {
 }
 
 /// The kernel for `dtype` (a kernel-name suffix) and `layout`, as listed in the module.
-fn kernel_name(dtype: &str, layout: Layout) -> Result<&'static str> {
+pub(crate) fn kernel_name(dtype: &str, layout: Layout) -> Result<&'static str> {
     if layout.pipelined {
         let name = format!("fused_bsb_{dtype}_d{}_pipe", layout.slice);
         return kernel_named(&FUSED_BSB, name);
@@ -699,4 +693,16 @@ fn kernel_name(dtype: &str, layout: Layout) -> Result<&'static str> {
     let suffix = if layout.vec { "" } else { "_scalar" };
     let name = format!("fused_bsb_{dtype}_s{}{suffix}", layout.slice);
     kernel_named(&FUSED_BSB, name)
+}
+
+/// The `_x` twin of the kernel `base` that a launch with gathered extras runs: the pipelined
+/// kernels have one per extra taken (`takes`: bias, dropout; `_x` for both), the others one
+/// `_x`; the launch-name test forms it too.
+pub(crate) fn extras_kernel(base: &str, pipelined: bool, takes: (bool, bool)) -> String {
+    let suffix = match (pipelined, takes) {
+        (true, (true, false)) => "_xb",
+        (true, (false, true)) => "_xd",
+        _ => "_x",
+    };
+    format!("{base}{suffix}")
 }

@@ -1,0 +1,292 @@
+//! Every PTX module holds exactly the kernels the host launches from it: each name a launch path
+//! can form (with the launch's own name-forming function) is a kernel of the module, and each
+//! kernel of the module is one of those names. (`hybrid` and `backward_tc` have theirs beside
+//! their launches.)
+
+use std::collections::BTreeSet;
+
+use spattn_kernels_sys::{self as sys, PtxModule};
+
+use crate::dtype::DTypeKind;
+use crate::launch::kernel_named;
+
+/// Head dims past every layout's widest head (512 features), so each layout is reached.
+const HEAD_DIMS: std::ops::RangeInclusive<usize> = 1..=1100;
+
+/// The names launched from one module, checked as they are added.
+struct Launched {
+    module: PtxModule,
+    names: BTreeSet<String>,
+}
+
+impl Launched {
+    fn new(module: PtxModule) -> Self {
+        Self {
+            module,
+            names: BTreeSet::new(),
+        }
+    }
+
+    /// A name a launch path forms: it must be a kernel of the module (what `kernel_named`, or
+    /// the driver for a constant's name, would refuse at run time).
+    fn add(&mut self, name: impl Into<String>) {
+        let name = name.into();
+        assert!(
+            kernel_named(&self.module, name.clone()).is_ok(),
+            "{}: {name} is launched but not compiled",
+            self.module.name
+        );
+        self.names.insert(name);
+    }
+
+    /// Every kernel of the module is launched, or listed in `kept` (name, why it stays); and
+    /// every kept one is indeed never launched (else it belongs off the list).
+    fn check(&self, kept: &[(&str, &str)]) {
+        for (name, _why) in kept {
+            assert!(
+                !self.names.contains(*name),
+                "{}: {name} is launched: off the kept list",
+                self.module.name
+            );
+        }
+        for kernel in self.module.kernels {
+            assert!(
+                self.names.contains(*kernel) || kept.iter().any(|(k, _)| k == kernel),
+                "{}: {kernel} is never launched",
+                self.module.name
+            );
+        }
+    }
+}
+
+#[test]
+fn backward_holds_exactly_the_launched_kernels() {
+    use crate::backward::fused::{cols_pass_kernel, layout, rows_pass_kernel};
+    use crate::backward::{gatv2_grad_kernel, long_row_sum_kernel, row_dot_kernel, row_sum_kernel};
+    use crate::schedule::vector_width;
+    let mut l = Launched::new(sys::BACKWARD);
+    // Launched by their constants' names (backward/mod.rs).
+    for name in [
+        sys::TRANSPOSE_EDGE_VALUES_CSR_F32,
+        sys::EDGE_SOFTMAX_BACKWARD_CSR_ROWS,
+        sys::EDGE_SOFTMAX_BACKWARD_CSR_LONG_ROWS,
+        sys::ATTENTION_BACKWARD_CSR_ROWS,
+        sys::ATTENTION_BACKWARD_CSR_LONG_ROWS,
+        sys::EDGE_LEAKY_RELU_BACKWARD_F32,
+        sys::EDGE_SCALE_F32,
+        sys::EDGE_DOT_F32,
+        sys::INVERT_EDGE_MAP_U32,
+    ] {
+        l.add(name);
+    }
+    for kind in DTypeKind::ALL {
+        let (dt, bytes) = (kind.name(), kind.size_bytes());
+        l.add(row_sum_kernel(dt));
+        l.add(long_row_sum_kernel(dt));
+        for hd in HEAD_DIMS {
+            let vec = vector_width(hd, bytes);
+            l.add(gatv2_grad_kernel(dt, vec));
+            l.add(row_dot_kernel(dt, vec));
+            if let Some((vec, _, nv)) = layout(hd, bytes) {
+                l.add(rows_pass_kernel(dt, vec, nv));
+                l.add(cols_pass_kernel(dt, vec, nv));
+            }
+        }
+    }
+    l.check(&[]);
+}
+
+#[test]
+fn csr_ops_holds_exactly_the_launched_kernels() {
+    use crate::csr_ops::{
+        sddmm_gat_kernel, sddmm_gatv2_kernel, sddmm_kernel, spmm_finalize_kernel, spmm_kernel,
+    };
+    use crate::schedule::vector_width;
+    let mut l = Launched::new(sys::CSR_OPS);
+    // Launched by their constants' names (the edge softmax).
+    l.add(sys::EDGE_SOFTMAX_CSR_ROWS);
+    l.add(sys::EDGE_SOFTMAX_CSR_LONG_ROWS);
+    for kind in DTypeKind::ALL {
+        let dt = kind.name();
+        l.add(sddmm_gat_kernel(dt));
+        l.add(spmm_finalize_kernel(dt));
+        for hd in HEAD_DIMS {
+            let vec = vector_width(hd, kind.size_bytes());
+            l.add(sddmm_kernel(dt, vec));
+            l.add(sddmm_gatv2_kernel(dt, vec));
+            l.add(spmm_kernel(dt, vec));
+        }
+    }
+    l.check(&[]);
+}
+
+#[test]
+fn edge_extras_holds_exactly_the_launched_kernels() {
+    use crate::edge_extras::{
+        bias_add_kernel, cast_kernel, head_sum_kernel, row_combine_kernel, ADD_KERNEL,
+        DROPOUT_KERNEL,
+    };
+    let mut l = Launched::new(sys::EDGE_EXTRAS);
+    l.add(DROPOUT_KERNEL);
+    l.add(ADD_KERNEL);
+    for kind in DTypeKind::ALL {
+        let dt = kind.name();
+        l.add(bias_add_kernel(dt));
+        l.add(head_sum_kernel(dt));
+        l.add(cast_kernel(dt));
+        l.add(row_combine_kernel(dt));
+    }
+    l.check(&[]);
+}
+
+#[test]
+fn fused_bsb_holds_exactly_the_launched_kernels() {
+    use crate::device_bsb::{bias_gather_kernel, KEEP_GATHER_KERNEL};
+    use crate::fused::tc::{extras_kernel, kernel_name, layout_with, Options};
+    let mut l = Launched::new(sys::FUSED_BSB);
+    l.add(KEEP_GATHER_KERNEL);
+    // The plans' layouts (FusedTensorCore::new runs the default options).
+    let options = Options::default();
+    for kind in DTypeKind::ALL {
+        l.add(bias_gather_kernel(kind.name()));
+        for hd in HEAD_DIMS {
+            let Ok(layout) = layout_with(hd, kind, options.slice, options.pipelined) else {
+                continue;
+            };
+            let base = kernel_name(kind.name(), layout).unwrap();
+            l.add(base);
+            // Every pair of extras taken (bias, dropout): the launch picks the twin from it.
+            for takes in [(false, false), (true, false), (false, true), (true, true)] {
+                l.add(extras_kernel(base, layout.pipelined, takes));
+            }
+        }
+    }
+    l.check(&[]);
+}
+
+#[test]
+fn fused_csr_holds_exactly_the_launched_kernels() {
+    use crate::fused::csr::{choose_layout, kernel_name, layout, merge_kernel};
+    let mut l = Launched::new(sys::FUSED_CSR);
+    for kind in DTypeKind::ALL {
+        let (dt, bytes) = (kind.name(), kind.size_bytes());
+        l.add(merge_kernel(dt));
+        for hd in HEAD_DIMS {
+            let Ok(plain) = layout(hd, bytes) else {
+                continue;
+            };
+            // A launch of few groups (split subgroups) and one of many (narrow groups), on one SM.
+            for groups in [1, usize::MAX] {
+                let chosen = choose_layout(plain, hd, bytes, groups, 1);
+                for extras in [None, Some(false), Some(true)] {
+                    l.add(kernel_name(dt, &chosen, extras));
+                }
+            }
+        }
+    }
+    l.check(&[]);
+}
+
+#[test]
+fn layers_holds_exactly_the_launched_kernels() {
+    use crate::elementwise::dense_kernel;
+    let mut l = Launched::new(sys::LAYERS);
+    // The `op` each function of elementwise.rs passes.
+    let ops = [
+        "bias_add",
+        "weighted_col_sum",
+        "head_dot",
+        "head_outer_add",
+        "activation",
+        "activation_backward",
+        "row_normalize",
+        "row_normalize_backward",
+        "axpy",
+        "head_mean",
+        "head_broadcast",
+        "adam",
+        "sgd",
+    ];
+    for kind in DTypeKind::ALL {
+        for op in ops {
+            l.add(dense_kernel(op, kind.name()));
+        }
+    }
+    l.check(&[]);
+}
+
+#[test]
+fn mebcrs_ops_holds_exactly_the_launched_kernels() {
+    use crate::tc_ops::{sddmm_kernel, spmm_finalize_kernel, spmm_kernel, spmm_pipe_shape};
+    let mut l = Launched::new(sys::MEBCRS_OPS);
+    // Launched by their constants' names (the softmax and the slot moves).
+    for name in [
+        sys::EDGE_SOFTMAX_MEBCRS_WINDOWS,
+        sys::EDGE_SOFTMAX_MEBCRS_LONG_WINDOWS,
+        sys::CSR_TO_SLOTS_MEBCRS,
+        sys::SLOTS_TO_CSR_MEBCRS,
+    ] {
+        l.add(name);
+    }
+    for kind in DTypeKind::ALL {
+        l.add(spmm_finalize_kernel(kind));
+        for hd in HEAD_DIMS {
+            l.add(sddmm_kernel(kind, hd));
+            l.add(spmm_kernel(kind, hd, false));
+            if spmm_pipe_shape(kind, hd) {
+                l.add(spmm_kernel(kind, hd, true));
+            }
+        }
+    }
+    l.check(&[]);
+}
+
+#[test]
+fn plan_holds_exactly_the_launched_kernels() {
+    use crate::device_plan::{edge_keys_kernel, DeviceIndex};
+    let mut l = Launched::new(sys::PLAN);
+    for index in [
+        <i32 as DeviceIndex>::NAME,
+        <i64 as DeviceIndex>::NAME,
+        <u32 as DeviceIndex>::NAME,
+    ] {
+        l.add(edge_keys_kernel(index));
+    }
+    // Launched by their constants' names (device_plan/{mod,sort,csr}.rs, fused/tc.rs).
+    for name in [
+        sys::PLAN_TRANSPOSE_KEYS,
+        sys::PLAN_SCAN_TILES_U32,
+        sys::PLAN_SCAN_SUMS_U32,
+        sys::PLAN_SCAN_ADD_U32,
+        sys::PLAN_SCAN_TILES_U32X4,
+        sys::PLAN_SCAN_SUMS_U32X4,
+        sys::PLAN_SCAN_ADD_U32X4,
+        sys::PLAN_RADIX_COUNT,
+        sys::PLAN_RADIX_SCATTER,
+        sys::PLAN_UNIQUE_FLAGS,
+        sys::PLAN_CSR_BUILD,
+        sys::PLAN_ROW_COUNTS,
+        sys::PLAN_ROW_UNITS,
+        sys::PLAN_BSB_RANK,
+        sys::PLAN_BSB_FLAGS,
+        sys::PLAN_BSB_WINDOW_BLOCKS,
+        sys::PLAN_BSB_FILL,
+        sys::PLAN_TC_PROLOGUE,
+        sys::PLAN_IOTA_U32,
+        sys::PLAN_WIDEN_U32_I64,
+    ] {
+        l.add(name);
+    }
+    l.check(&[]);
+}
+
+#[test]
+fn rows_holds_exactly_the_launched_kernels() {
+    use crate::rows::{gather_kernel, scatter_add_kernel};
+    let mut l = Launched::new(sys::ROWS);
+    for kind in DTypeKind::ALL {
+        l.add(gather_kernel(kind.name()));
+        l.add(scatter_add_kernel(kind.name()));
+    }
+    l.check(&[]);
+}
