@@ -10,18 +10,22 @@ from conftest import REPO  # noqa: E402
 
 
 def readme_examples() -> list:
+    """The ```python blocks of the README's Python sections ("## Python quick start" and
+    "## Python"), in order."""
     path = REPO / "README.md"
     if not path.is_file():
         pytest.skip("README.md is not beside these tests (a copy of the tests alone)")
     text = path.read_text(encoding="utf-8")
-    section = text[text.index("## Python") :]
-    section = section[: section.find("\n## ", 1) if "\n## " in section[1:] else len(section)]
-    blocks, at = [], 0
-    while (start := section.find("```python\n", at)) >= 0:
-        start += len("```python\n")
-        end = section.index("```", start)
-        blocks.append(section[start:end])
-        at = end + 3
+    blocks = []
+    for part in text.split("\n## ")[1:]:
+        if not part.startswith("Python"):
+            continue
+        at = 0
+        while (start := part.find("```python\n", at)) >= 0:
+            start += len("```python\n")
+            end = part.index("```", start)
+            blocks.append(part[start:end])
+            at = end + 3
     return blocks
 
 
