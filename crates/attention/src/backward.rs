@@ -10,11 +10,11 @@
 //!
 //! | [`BackwardKernels`] | kernels | per-edge buffers | deterministic |
 //! |---|---|---|---|
-//! | `Auto` (default) | `TensorCore` for f16 / bf16 heads of a multiple of 8 up to [`AUTO_TENSOR_CORE_MAX_HEAD_DIM`] features on sm_80+, else `Fused` | none | yes |
+//! | `Auto` (default) | `TensorCore` where it runs, else `Fused` | none | yes |
 //! | `Fused` | a row pass over A (dQ, the row statistics, ∂scale) and a column pass over Aᵀ (dK, dV): [`spattn_ops::backward::FusedBackward`] | none | yes |
 //! | `PerEdge` | 2 SDDMMs (`⟨q, k⟩`, `⟨dOut, v⟩`), one fused row kernel (P, dS, Pᵀ, dSᵀ, ∂scale), 3 SpMMs | four `nnz × heads` f32 | no (split rows add with atomics) |
 //! | `Unfused` | the spattn-ops building blocks: SDDMM, edge softmax, softmax backward, transposes, dot, scale, SpMM | as `PerEdge` | no |
-//! | `TensorCore` | three passes on tensor cores over A's BSB (row statistics; dQ, ∂scale) and Aᵀ's BSB (dK, dV): [`spattn_ops::backward::TensorCoreBackward`] (f16 / bf16, head_dim a multiple of 8 up to 128; others run `Fused`) | none | yes |
+//! | `TensorCore` | three passes on tensor cores over A's BSB (row statistics; dQ, ∂scale) and Aᵀ's BSB (dK, dV): [`spattn_ops::backward::TensorCoreBackward`] (f16 / bf16, head_dim a multiple of 8 up to 64, sm_80+; others run `Fused`) | none | yes |
 //!
 //! `Fused` runs the heads its lanes hold
 //! ([`FusedBackward::supports`](spattn_ops::backward::FusedBackward::supports): head_dim ≤ 512
@@ -45,9 +45,9 @@ use crate::plan::AttentionPlan;
 /// `backward` module's table).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum BackwardKernels {
-    /// The default: [`TensorCore`](Self::TensorCore) for f16 / bf16 heads of a multiple of 8
-    /// up to [`AUTO_TENSOR_CORE_MAX_HEAD_DIM`] features on sm_80 and later (where it measured
-    /// faster on every graph), [`Fused`](Self::Fused) otherwise. Bitwise deterministic either
+    /// The default: [`TensorCore`](Self::TensorCore) where it runs (f16 / bf16 heads of a
+    /// multiple of 8 up to 64 features, sm_80 and later; its training steps measured 0.99–2.1×
+    /// the fused set's there), [`Fused`](Self::Fused) otherwise. Bitwise deterministic either
     /// way.
     #[default]
     Auto,
@@ -60,14 +60,10 @@ pub enum BackwardKernels {
     /// backward, transposes, dot and scale.
     Unfused,
     /// Three passes on tensor cores over BSB and Aᵀ's BSB, no per-edge buffers, bitwise
-    /// deterministic ([`TensorCoreBackward`]): f16 / bf16 heads of a multiple of 8 up to 128
+    /// deterministic ([`TensorCoreBackward`]): f16 / bf16 heads of a multiple of 8 up to 64
     /// features on sm_80 and later; other configurations run [`Fused`](Self::Fused).
     TensorCore,
 }
-
-/// The widest head [`BackwardKernels::Auto`] gives the tensor-core backward (docs/kernels/
-/// backward.md's measurements: wider heads were slower there at 8 heads).
-pub const AUTO_TENSOR_CORE_MAX_HEAD_DIM: usize = 64;
 
 /// The gradients of [`AttentionPlan::backward_host`].
 #[derive(Clone, Debug, PartialEq)]
@@ -257,9 +253,7 @@ impl AttentionPlan {
         let tc_runs = TensorCoreBackward::supports(T::KIND, sq.head_dim)
             && gpu.compute_capability() >= (8, 0);
         let kernels = match kernels {
-            BackwardKernels::Auto if tc_runs && sq.head_dim <= AUTO_TENSOR_CORE_MAX_HEAD_DIM => {
-                BackwardKernels::TensorCore
-            }
+            BackwardKernels::Auto if tc_runs => BackwardKernels::TensorCore,
             BackwardKernels::Auto => BackwardKernels::Fused,
             BackwardKernels::TensorCore if !tc_runs => BackwardKernels::Fused,
             other => other,

@@ -20,11 +20,11 @@
 // once, as FlashAttention-2 rounds it.
 //
 // Register layouts are fused_bsb.cu's (g = lane / 4, t = lane % 4): the window side (Q and dOut,
-// or K and V) in A fragments loaded once per unit (the dkv pass at 128 features reloads them each
-// step, from L1, to leave registers for its two accumulators); a step's 16 gathered rows in the
+// or K and V) in A fragments loaded once per unit; a step's 16 gathered rows in the
 // B layout of S (lane (g, t) loads slot g) and, for the operand multiplied by dS or P, in the
 // forward's V layout (slots 2t, 2t+1, features g * D8 ..). One warp per (unit, head), features
-// of the head padded to DS (32, 64 or 128).
+// of the head padded to DS (32 or 64: at 128 the dkv pass spills and lost to the CUDA-core
+// backward, docs/kernels/backward.md).
 //
 // Units are fused-tc's (host schedule, largest first; a window without blocks has one unit,
 // which writes zeros). A window split into several units leaves a partial per unit (stats: m,
@@ -117,9 +117,8 @@ __device__ __forceinline__ void bwd_tc_scores(float (&s)[2][4], const u32 (&f)[2
 //
 // A step issues the column ids and bitmap words of the step after next, then all its gathers
 // (and the column statistics the dkv pass needs) before its first mma, so that a warp has its
-// whole step's loads in flight at once (at 128 features the V-layout gathers wait for the
-// scores: registers); the two step records alternate (ping-pong), each read two steps after
-// its loads were issued.
+// whole step's loads in flight at once; the two step records alternate (ping-pong), each
+// read two steps after its loads were issued.
 template <class T, int DS, int MODE>
 __device__ __forceinline__ void bwd_tc(
     const uint4* __restrict__ units, const u32* __restrict__ unit_split,
@@ -133,8 +132,7 @@ __device__ __forceinline__ void bwd_tc(
     constexpr int D8 = DS / 8;
     constexpr int VW = D8 / 2;
     constexpr int NACC = MODE == BWD_TC_DKV ? 2 : 1;
-    constexpr bool HOLD = !(MODE == BWD_TC_DKV && DS > 64);
-    constexpr bool EARLY_V = DS <= 64;
+    static_assert(DS == 32 || DS == 64, "registers: wider heads run the CUDA-core backward");
     // Floats of a partial row: (m, l, w); the accumulator and the dscale share; both
     // accumulators.
     constexpr u32 W = MODE == BWD_TC_STATS ? 3u : MODE == BWD_TC_DQ ? DS + 1u : 2u * DS;
@@ -159,11 +157,9 @@ __device__ __forceinline__ void bwd_tc(
     BsbStep ma, mb;
     bsb_load_step(ma, block_columns, bitmaps, b_begin, b_end, g, t, upper);
     bsb_load_step(mb, block_columns, bitmaps, b_begin + 2u, b_end, g, t, upper);
-    u32 f1[HOLD ? 2 * NKC : 1][4], f2[HOLD ? 2 * NKC : 1][4];
-    if constexpr (HOLD) {
-        bwd_tc_afrag<T, NKC>(f1, x1, wrow, hd, head_off, d, t);
-        bwd_tc_afrag<T, NKC>(f2, x2, wrow, hd, head_off, d, t);
-    }
+    u32 f1[2 * NKC][4], f2[2 * NKC][4];
+    bwd_tc_afrag<T, NKC>(f1, x1, wrow, hd, head_off, d, t);
+    bwd_tc_afrag<T, NKC>(f2, x2, wrow, hd, head_off, d, t);
     // The row statistics of the dq pass's rows (g, g + 8).
     float2 rs[2] = {make_float2(0.0f, 0.0f), make_float2(0.0f, 0.0f)};
     if constexpr (MODE == BWD_TC_DQ) {
@@ -184,19 +180,15 @@ __device__ __forceinline__ void bwd_tc(
         // This step's record, then the step after next into `mc`.
         const BsbStep cur = mc;
         bsb_load_step(mc, block_columns, bitmaps, b + 4u, b_end, g, t, upper);
-        // The step's gathers first (the V-layout ones after the scores at 128 features, where
-        // holding all of them at once would spill).
+        // The step's gathers first.
         constexpr bool VA = MODE != BWD_TC_STATS;
         u32 ka[2][NKC][4], kb[2][NKC][4];
         u32 va[VA ? 2 : 1][2][VA ? VW : 1], vb[MODE == BWD_TC_DKV ? 2 : 1][2][VW];
-        auto gather_v = [&]() {
-            if constexpr (VA) bwd_tc_gather_v<T, D8>(va, y1, cur, hd, head_off, d, g);
-            if constexpr (MODE == BWD_TC_DKV) bwd_tc_gather_v<T, D8>(vb, y2, cur, hd, head_off, d, g);
-        };
         float2 cs[2][2];
         bwd_tc_gather_k<T, NKC>(ka, y1, cur, hd, head_off, d, t);
         bwd_tc_gather_k<T, NKC>(kb, y2, cur, hd, head_off, d, t);
-        if constexpr (EARLY_V) gather_v();
+        if constexpr (VA) bwd_tc_gather_v<T, D8>(va, y1, cur, hd, head_off, d, g);
+        if constexpr (MODE == BWD_TC_DKV) bwd_tc_gather_v<T, D8>(vb, y2, cur, hd, head_off, d, g);
         if constexpr (MODE == BWD_TC_DKV) {
             // Column i of entry (bb, c) is the slot 2t + c of block bb: its (lse2, D).
 #pragma unroll
@@ -211,17 +203,8 @@ __device__ __forceinline__ void bwd_tc(
         const u32 bits[2][2] = {{cur.bm[0][0], cur.bm[0][1]}, {cur.bm[1][0], cur.bm[1][1]}};
 
         float s[2][4], dp[2][4];
-        if constexpr (HOLD) {
-            bwd_tc_scores<T, NKC>(s, f1, ka);
-            bwd_tc_scores<T, NKC>(dp, f2, kb);
-        } else {
-            u32 fa[2 * NKC][4];
-            bwd_tc_afrag<T, NKC>(fa, x1, wrow, hd, head_off, d, t);
-            bwd_tc_scores<T, NKC>(s, fa, ka);
-            bwd_tc_afrag<T, NKC>(fa, x2, wrow, hd, head_off, d, t);
-            bwd_tc_scores<T, NKC>(dp, fa, kb);
-        }
-        if constexpr (!EARLY_V) gather_v();
+        bwd_tc_scores<T, NKC>(s, f1, ka);
+        bwd_tc_scores<T, NKC>(dp, f2, kb);
         // Entry i of block bb: row g + 8 (i / 2), slot 2t + (i % 2); masked to -inf.
         float x[2][4];
 #pragma unroll
@@ -392,7 +375,7 @@ __device__ __forceinline__ void bwd_tc(
     if (lane == 0u) *counter = 0u;
 }
 
-// Entry points backward_tc_{stats,dq,dkv}_{f16,bf16}_s{32,64,128}: one warp per (unit, head),
+// Entry points backward_tc_{stats,dq,dkv}_{f16,bf16}_s{32,64}: one warp per (unit, head),
 // n_items = units x heads, CTAs of BWD_TC_CTA_WARPS warps (the host's grid). head_dim a multiple
 // of 8 and at most DS (the host picks the narrowest DS that holds it). The stats and dq passes
 // run on A's BSB (x1 = Q, x2 = dOut, y1 = K, y2 = V), dkv on A^T's (x1 = K, x2 = V, y1 = Q,
@@ -416,10 +399,8 @@ __device__ __forceinline__ void bwd_tc(
     SPATTN_BWD_TC(dkv, BWD_TC_DKV, SUFFIX, T, DS)
 SPATTN_BWD_TC_ALL(f16, __half, 32)
 SPATTN_BWD_TC_ALL(f16, __half, 64)
-SPATTN_BWD_TC_ALL(f16, __half, 128)
 SPATTN_BWD_TC_ALL(bf16, __nv_bfloat16, 32)
 SPATTN_BWD_TC_ALL(bf16, __nv_bfloat16, 64)
-SPATTN_BWD_TC_ALL(bf16, __nv_bfloat16, 128)
 
 // backward_tc_dscale: the scale's gradient, sum over n f32 shares x (one per row and head) in a
 // fixed order: block b of the grid sums its contiguous chunk (per thread in f64, then a fixed

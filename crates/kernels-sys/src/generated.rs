@@ -279,7 +279,7 @@ pub const GATV2_EDGE_GRAD_CSR_F16_V8: &str = "gatv2_edge_grad_csr_f16_v8";
 /// Kernel `gatv2_edge_grad_csr_bf16_v8` of [`BACKWARD`].
 pub const GATV2_EDGE_GRAD_CSR_BF16_V8: &str = "gatv2_edge_grad_csr_bf16_v8";
 
-/// The PTX module compiled from `cuda/backward_tc.cu` (19 kernels).
+/// The PTX module compiled from `cuda/backward_tc.cu` (13 kernels).
 pub const BACKWARD_TC: PtxModule = PtxModule {
     name: "backward_tc",
     ptx: include_str!("../ptx/backward_tc.ptx"),
@@ -290,18 +290,12 @@ pub const BACKWARD_TC: PtxModule = PtxModule {
         BACKWARD_TC_STATS_F16_S64,
         BACKWARD_TC_DQ_F16_S64,
         BACKWARD_TC_DKV_F16_S64,
-        BACKWARD_TC_STATS_F16_S128,
-        BACKWARD_TC_DQ_F16_S128,
-        BACKWARD_TC_DKV_F16_S128,
         BACKWARD_TC_STATS_BF16_S32,
         BACKWARD_TC_DQ_BF16_S32,
         BACKWARD_TC_DKV_BF16_S32,
         BACKWARD_TC_STATS_BF16_S64,
         BACKWARD_TC_DQ_BF16_S64,
         BACKWARD_TC_DKV_BF16_S64,
-        BACKWARD_TC_STATS_BF16_S128,
-        BACKWARD_TC_DQ_BF16_S128,
-        BACKWARD_TC_DKV_BF16_S128,
         BACKWARD_TC_DSCALE,
     ],
 };
@@ -324,15 +318,6 @@ pub const BACKWARD_TC_DQ_F16_S64: &str = "backward_tc_dq_f16_s64";
 /// Kernel `backward_tc_dkv_f16_s64` of [`BACKWARD_TC`].
 pub const BACKWARD_TC_DKV_F16_S64: &str = "backward_tc_dkv_f16_s64";
 
-/// Kernel `backward_tc_stats_f16_s128` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_STATS_F16_S128: &str = "backward_tc_stats_f16_s128";
-
-/// Kernel `backward_tc_dq_f16_s128` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DQ_F16_S128: &str = "backward_tc_dq_f16_s128";
-
-/// Kernel `backward_tc_dkv_f16_s128` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DKV_F16_S128: &str = "backward_tc_dkv_f16_s128";
-
 /// Kernel `backward_tc_stats_bf16_s32` of [`BACKWARD_TC`].
 pub const BACKWARD_TC_STATS_BF16_S32: &str = "backward_tc_stats_bf16_s32";
 
@@ -350,15 +335,6 @@ pub const BACKWARD_TC_DQ_BF16_S64: &str = "backward_tc_dq_bf16_s64";
 
 /// Kernel `backward_tc_dkv_bf16_s64` of [`BACKWARD_TC`].
 pub const BACKWARD_TC_DKV_BF16_S64: &str = "backward_tc_dkv_bf16_s64";
-
-/// Kernel `backward_tc_stats_bf16_s128` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_STATS_BF16_S128: &str = "backward_tc_stats_bf16_s128";
-
-/// Kernel `backward_tc_dq_bf16_s128` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DQ_BF16_S128: &str = "backward_tc_dq_bf16_s128";
-
-/// Kernel `backward_tc_dkv_bf16_s128` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DKV_BF16_S128: &str = "backward_tc_dkv_bf16_s128";
 
 /// Kernel `backward_tc_dscale` of [`BACKWARD_TC`].
 pub const BACKWARD_TC_DSCALE: &str = "backward_tc_dscale";

@@ -22,7 +22,8 @@
 //!
 //! **No host synchronization**: ∂scale stays on the device ([`TensorCoreBackward::d_scale`]).
 //!
-//! Shapes ([`TensorCoreBackward::supports`]): f16 and bf16, head_dim a multiple of 8 up to 128;
+//! Shapes ([`TensorCoreBackward::supports`]): f16 and bf16, head_dim a multiple of 8 up to 64 (at
+//! 128 the dK/dV pass spills, and it lost to the fused CUDA-core backward at 8 heads);
 //! other heads take [`super::FusedBackward`]. Needs compute capability 8.0.
 //!
 //! ```no_run
@@ -80,7 +81,7 @@ const WINDOW_ROWS: usize = 16;
 /// Blocks of the ∂scale sum (each sums a contiguous chunk; the last adds the block sums).
 const DSCALE_BLOCKS: usize = 240;
 /// The widest head the kernels hold.
-const MAX_HEAD_DIM: usize = 128;
+const MAX_HEAD_DIM: usize = 64;
 
 /// One BSB's schedule on the device and the partials of its split windows.
 #[derive(Debug)]
@@ -141,7 +142,7 @@ pub struct TensorCoreBackward {
     dtype: DTypeKind,
     heads: usize,
     head_dim: usize,
-    /// Features of a head as the kernels pad it (32, 64 or 128).
+    /// Features of a head as the kernels pad it (32 or 64).
     slice: usize,
     a: Arc<OrderedBsb>,
     t: DeviceBsb,
@@ -158,7 +159,7 @@ pub struct TensorCoreBackward {
 
 impl TensorCoreBackward {
     /// Whether the kernels run `head_dim` features of `dtype`: f16 or bf16, a multiple of 8 up
-    /// to 128.
+    /// to 64.
     pub fn supports(dtype: DTypeKind, head_dim: usize) -> bool {
         matches!(dtype, DTypeKind::F16 | DTypeKind::Bf16)
             && head_dim > 0
@@ -405,7 +406,7 @@ const DSCALE_KERNEL: &str = "backward_tc_dscale";
 /// The passes, in launch order.
 const PASSES: [&str; 3] = ["stats", "dq", "dkv"];
 /// The feature slices the kernels are instantiated for.
-const SLICES: [usize; 3] = [32, 64, 128];
+const SLICES: [usize; 2] = [32, 64];
 
 /// The kernel of `pass` for dtype `dtype` (a kernel-name suffix) at feature slice `slice`.
 fn pass_kernel(pass: &str, dtype: &str, slice: usize) -> String {
@@ -444,8 +445,8 @@ mod tests {
     fn supports_sixteen_bit_heads_in_multiples_of_eight() {
         assert!(TensorCoreBackward::supports(DTypeKind::F16, 64));
         assert!(TensorCoreBackward::supports(DTypeKind::Bf16, 8));
-        assert!(TensorCoreBackward::supports(DTypeKind::F16, 128));
-        assert!(!TensorCoreBackward::supports(DTypeKind::F16, 136));
+        assert!(TensorCoreBackward::supports(DTypeKind::F16, 64));
+        assert!(!TensorCoreBackward::supports(DTypeKind::F16, 72));
         assert!(!TensorCoreBackward::supports(DTypeKind::F16, 12));
         assert!(!TensorCoreBackward::supports(DTypeKind::F32, 64));
         assert!(!TensorCoreBackward::supports(DTypeKind::F16, 0));
