@@ -141,6 +141,8 @@ pub struct DeviceGraph {
     /// operands, e.g. edge features).
     edge_csr: OnceLock<DeviceCsr>,
     transpose: OnceLock<DeviceTranspose>,
+    /// Aᵀ's BSB in Aᵀ's own row order (the tensor-core backward's dK/dV pass).
+    transpose_bsb: OnceLock<Arc<OrderedBsb>>,
     mebcrs: Mutex<Vec<(Reorder, Arc<DeviceMeBcrs>)>>,
     bsb: Mutex<Vec<(Reorder, Arc<OrderedBsb>)>>,
     /// Held while a lazily built upload is made (so two threads never make the same one).
@@ -185,6 +187,7 @@ impl DeviceGraph {
             csr: OnceLock::new(),
             edge_csr: OnceLock::new(),
             transpose: OnceLock::new(),
+            transpose_bsb: OnceLock::new(),
             mebcrs: Mutex::new(Vec::new()),
             bsb: Mutex::new(Vec::new()),
             building: Mutex::new(()),
@@ -263,6 +266,7 @@ impl DeviceGraph {
             csr: OnceLock::from(csr),
             edge_csr: OnceLock::new(),
             transpose: built.transpose.map_or_else(OnceLock::new, OnceLock::from),
+            transpose_bsb: OnceLock::new(),
             mebcrs: Mutex::new(Vec::new()),
             bsb: Mutex::new(Vec::new()),
             building: Mutex::new(()),
@@ -443,6 +447,24 @@ impl DeviceGraph {
         })
     }
 
+    /// Aᵀ's BSB (16-row windows of Aᵀ, i.e. of A's columns, in their own order), built on the
+    /// device from [`transpose`](Self::transpose) once per graph: the tensor-core backward's
+    /// dK/dV pass reads it, for every plan and layer over the graph.
+    pub fn transpose_bsb(&self) -> Result<Arc<OrderedBsb>> {
+        if let Some(b) = self.transpose_bsb.get() {
+            return Ok(b.clone());
+        }
+        let t = self.transpose()?;
+        self.once(&self.transpose_bsb, || {
+            let bsb = match &self.workspace {
+                Some(ws) => device_plan::ordered_bsb(&self.gpu, t.csr(), &mut lock(ws))?,
+                None => device_plan::ordered_bsb(&self.gpu, t.csr(), &mut PlanWorkspace::new())?,
+            };
+            Ok(Arc::new(bsb))
+        })
+        .cloned()
+    }
+
     /// The ME-BCRS with its rows renumbered as `reorder` says
     /// ([`DeviceMeBcrs::from_csr_reordered`]); needs compute capability 8.0.
     pub fn mebcrs_in(&self, reorder: Reorder) -> Result<Arc<DeviceMeBcrs>> {
@@ -499,6 +521,7 @@ impl DeviceGraph {
                 .iter()
                 .map(|(_, b)| b.device_bytes())
                 .sum::<usize>()
+            + self.transpose_bsb.get().map_or(0, |b| b.device_bytes())
     }
 
     /// Elements of `heads` values per edge in `layout`.

@@ -9,7 +9,7 @@
 //! |---|---|---|---|
 //! | stats | A's BSB (the forward's, in its row order) | K, V rows | S and dP by mma; each row's log-sum-exp and `D_i = Σ_j P dP` |
 //! | dq | A's BSB | K, V rows | P, dS; `dQ = scale · dS K` by mma; each row's share of ∂scale |
-//! | dkv | Aᵀ's BSB (built on the device) | Q, dOut rows | `dV = Pᵀ dOut`, `dK = scale · dSᵀ Q` by mma |
+//! | dkv | Aᵀ's BSB (built on the device once per graph, [`DeviceGraph::transpose_bsb`]) | Q, dOut rows | `dV = Pᵀ dOut`, `dK = scale · dSᵀ Q` by mma |
 //!
 //! and a fixed-order sum of the rows' ∂scale shares. dS and P are rounded to the dtype once, as
 //! the A operand of an mma (FlashAttention-2 does the same); scores and sums are f32. `D_i`
@@ -57,8 +57,7 @@ use spattn_formats::Reorder;
 use spattn_kernels_sys::BACKWARD_TC;
 
 use crate::buffer::{DeviceMatrix, DeviceVec};
-use crate::device_bsb::{BsbLayout, DeviceBsb, OrderedBsb};
-use crate::device_plan::{build_bsb, PlanWorkspace};
+use crate::device_bsb::{BsbLayout, OrderedBsb};
 use crate::dtype::{DType, DTypeKind};
 use crate::error::{Error, Result};
 use crate::fused::tc::{default_chunk, Schedule};
@@ -144,8 +143,9 @@ pub struct TensorCoreBackward {
     head_dim: usize,
     /// Features of a head as the kernels pad it (32 or 64).
     slice: usize,
+    /// A's BSB and Aᵀ's, both cached by the graph.
     a: Arc<OrderedBsb>,
-    t: DeviceBsb,
+    t: Arc<OrderedBsb>,
     a_side: Side,
     t_side: Side,
     /// `(lse2, D)` per (row of A, head).
@@ -169,7 +169,8 @@ impl TensorCoreBackward {
 
     /// The state for `graph` at `heads × head_dim` of `T`, over A's BSB in the row order
     /// `reorder` gives (the forward's, when it ran fused-tc: the graph caches one per order)
-    /// and Aᵀ's BSB, built on the device (one read of its window offsets).
+    /// and Aᵀ's BSB ([`DeviceGraph::transpose_bsb`]: built on the device once per graph, one read
+    /// of its window offsets).
     ///
     /// Errors: [`Error::Unsupported`] for a dtype or head the kernels do not hold or a device
     /// older than sm_80, [`Error::InvalidArgument`] for zero heads or sizes past the kernels'
@@ -208,10 +209,9 @@ impl TensorCoreBackward {
         )?;
         let slice = head_dim.next_power_of_two().max(SLICES[0]);
         let a = graph.bsb_in(reorder)?;
-        let transpose = graph.transpose()?;
-        let (t, t_layout) = build_bsb(gpu, transpose.csr(), &mut PlanWorkspace::new())?;
+        let t = graph.transpose_bsb()?;
         let a_side = Side::new(gpu, &a.layout, heads, slice + 1)?;
-        let t_side = Side::new(gpu, &t_layout, heads, 2 * slice)?;
+        let t_side = Side::new(gpu, &t.layout, heads, 2 * slice)?;
         let rows = product("rows × heads", &[graph.n_rows(), heads])?;
         Ok(Self {
             dtype: T::KIND,
@@ -240,10 +240,10 @@ impl TensorCoreBackward {
         &self.d_scale
     }
 
-    /// Device memory the state holds beyond A's BSB (which the graph caches), in bytes.
+    /// Device memory the state holds beyond A's and Aᵀ's BSB (which the graph caches), in
+    /// bytes.
     pub fn device_bytes(&self) -> usize {
-        self.t.device_bytes()
-            + self.a_side.device_bytes()
+        self.a_side.device_bytes()
             + self.t_side.device_bytes()
             + self.stats.allocated_bytes()
             + self.ds_rows.allocated_bytes()
@@ -300,7 +300,7 @@ impl TensorCoreBackward {
             check_same_gpu(gpu, what, m)?;
         }
         check_same_gpu(gpu, "BSB of A", &self.a.device)?;
-        check_same_gpu(gpu, "BSB of Aᵀ", &self.t)?;
+        check_same_gpu(gpu, "BSB of Aᵀ", &self.t.device)?;
         check_same_gpu(gpu, "workspace", &self.stats)?;
         let scale_log2 = scale * std::f32::consts::LOG2_E;
         if !scale_log2.is_finite() {
@@ -325,7 +325,7 @@ impl TensorCoreBackward {
         for (pass, over, [x1, x2, y1, y2], [g1, g2]) in passes {
             let (side, bsb, row_ids) = match over {
                 Pass::A => (&mut self.a_side, a_bsb, a_rows),
-                Pass::T => (&mut self.t_side, &self.t, None),
+                Pass::T => (&mut self.t_side, &self.t.device, None),
             };
             let Some((cfg, n_items)) = grid(side.n_units, self.heads)? else {
                 continue;
