@@ -601,6 +601,22 @@ __device__ __forceinline__ void bsb_keep_gather(const u32* __restrict__ ids, u32
     }
 }
 
+// The online max of row g + 8r (r = 0, 1) over a step's entries x (score-accumulator layout,
+// two blocks, masked to -inf; the row's 4 lanes exchange theirs): m becomes the new running
+// max; returns the exponent's offset (the new max, 0 while the row has seen no edge) and sets
+// alpha, the factor of what was summed under the old max.
+__device__ __forceinline__ float bsb_row_max(const float (&x)[2][4], int r, float& m,
+                                             float& alpha) {
+    float mx = fmaxf(fmaxf(x[0][2 * r], x[0][2 * r + 1]), fmaxf(x[1][2 * r], x[1][2 * r + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mnew = fmaxf(m, mx);
+    const float mu = mnew == SPATTN_NEG_INF ? 0.0f : mnew;
+    alpha = bsb_exp2(m - mu);
+    m = mnew;
+    return mu;
+}
+
 // One step (two blocks) of the online softmax of rows g (r = 0) and g + 8 (r = 1): the scores s
 // (S-accumulator layout, two blocks) are masked by the blocks' bitmap words (bits[bb][0] holds
 // row g, bits[bb][1] row g + 8; bit clear -> -inf), scaled into the log2 domain, and folded
@@ -630,13 +646,8 @@ __device__ __forceinline__ void bsb_online_step(const float (&s)[2][4], const u3
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        float mx = fmaxf(fmaxf(x[0][2 * r], x[0][2 * r + 1]), fmaxf(x[1][2 * r], x[1][2 * r + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float mnew = fmaxf(m[r], mx);
-        const float mu = mnew == SPATTN_NEG_INF ? 0.0f : mnew;
-        const float alpha = bsb_exp2(m[r] - mu);
-        m[r] = mnew;
+        float alpha;
+        const float mu = bsb_row_max(x, r, m[r], alpha);
 #pragma unroll
         for (int bb = 0; bb < 2; ++bb) {
             p[bb][2 * r] = bsb_exp2(x[bb][2 * r] - mu);

@@ -217,14 +217,8 @@ __device__ __forceinline__ void bwd_tc(
         if constexpr (MODE == BWD_TC_STATS) {
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                float mx = fmaxf(fmaxf(x[0][2 * r], x[0][2 * r + 1]),
-                                 fmaxf(x[1][2 * r], x[1][2 * r + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float mnew = fmaxf(m[r], mx);
-                const float mu = mnew == SPATTN_NEG_INF ? 0.0f : mnew;
-                const float alpha = bsb_exp2(m[r] - mu);
-                m[r] = mnew;
+                float alpha;
+                const float mu = bsb_row_max(x, r, m[r], alpha);
                 float ls = 0.0f, ws = 0.0f;
 #pragma unroll
                 for (int bb = 0; bb < 2; ++bb)
