@@ -1045,6 +1045,97 @@ __host__ __device__ constexpr u32 bsb_pipe_warp_bytes(u32 d, bool spmm = false,
 // Q loads wait for one load, not for the unit's descriptor and then the column ids / row ids.
 #define BSB_PIPE_PRE_WORDS 48u
 
+// One step's copies of 16 gathered rows into a stage's tiles: slot r holds the row of column
+// __shfl(col, src + r) (SPATTN_NONE: zeros), its 16-byte chunk c at byte r * ROW + (c ^ (r & 7))
+// * 16 of the tile (the 8 rows one ldmatrix reads fall in 8 bank groups). A lane copies chunk
+// lane % CH of slots lane / CH + (32 / CH) i, of x into the tile at x_off (when X) and of y into
+// the tile at y_off; chunks at or past `chunks` are zero-filled (a head narrower than the tile).
+template <class T, u32 CH, u32 ROW, bool X>
+__device__ __forceinline__ void bsb_pipe_copy_rows(u32 sk, u32 x_off, u32 y_off,
+                                                   const T* __restrict__ x,
+                                                   const T* __restrict__ y, u32 col, u32 src,
+                                                   u64 hd, u64 head_off, u32 chunks) {
+    constexpr u32 RPO = 32u / CH;  // rows one warp-wide copy covers
+    static_assert(CH * 16u <= ROW && ROW % 128u == 0u, "a tile row holds 8 swizzled chunks");
+    const u32 lane = lane_id();
+    const u32 cc = lane % CH, rr = lane / CH;
+#pragma unroll
+    for (u32 i = 0; i < 16u / RPO; ++i) {
+        const u32 r = rr + RPO * i;
+        const u32 cr = __shfl_sync(0xffffffffu, col, src + r);
+        const bool ok = cr != SPATTN_NONE && cc < chunks;
+        const u64 off = ok ? (u64)cr * hd + head_off + cc * 8u : 0u;
+        const u32 dst = r * ROW + ((cc ^ (r & 7u)) * 16u);
+        if (X) cp_async_16(sk + x_off + dst, x + off, ok);
+        cp_async_16(sk + y_off + dst, y + off, ok);
+    }
+}
+
+// The A fragments (NKS k-steps, natural feature order: a[0] = row g, features 16ks + 2t, +1;
+// a[1] the same of row g + 8; a[2], a[3] at feature + 8) of window rows rows[0] (g) and rows[1]
+// (g + 8) of x at head_off: 4-byte streaming loads (read once: evict first), zeros for a row past
+// the matrix (SPATTN_NONE) and for features at or past d (a multiple of 8).
+template <class T, int NKS>
+__device__ __forceinline__ void bsb_window_afrag(u32 (&f)[NKS][4], const T* __restrict__ x,
+                                                 const u32 (&rows)[2], u64 hd, u64 head_off,
+                                                 u32 d) {
+    const u32 t = lane_id() & 3u;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const u32* xr = reinterpret_cast<const u32*>(
+            x + (rows[r] != SPATTN_NONE ? (u64)rows[r] * hd + head_off : 0u));
+#pragma unroll
+        for (int ks = 0; ks < NKS; ++ks)
+#pragma unroll
+            for (int half = 0; half < 2; ++half)
+                f[ks][r + 2 * half] = rows[r] != SPATTN_NONE && 16u * ks + 8u * half < d
+                                          ? __ldcs(xr + 8 * ks + 4 * half + t)
+                                          : 0u;
+    }
+}
+
+// s = A B^T for block bb (0 or 1) of a step: A the window's fragments (bsb_window_afrag), B the
+// block's 8 rows of `tile` (bsb_pipe_copy_rows' layout, rows of ROW bytes) by ldmatrix; two
+// accumulators for two independent mma chains.
+template <class T, int NKS, u32 ROW>
+__device__ __forceinline__ void bsb_tile_scores(float (&s)[4], const u32 (&f)[NKS][4], u32 tile,
+                                                u32 bb) {
+    static_assert(NKS % 2 == 0, "k-steps in pairs: one ldmatrix_x4 covers 32 features");
+    const u32 lane = lane_id(), mq = lane >> 3, mr = lane & 7u;
+    float sa[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    const u32 row = tile + (bb * 8u + mr) * ROW;
+#pragma unroll
+    for (int kk = 0; kk < NKS / 2; ++kk) {
+        u32 r[4];
+        ldmatrix_x4(r, row + (((4u * kk + mq) ^ mr) * 16u));
+        const u32 b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+        mma_m16n8k16(sa[0], f[2 * kk], b0, T());
+        mma_m16n8k16(sa[1], f[2 * kk + 1], b1, T());
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) s[j] = sa[0][j] + sa[1][j];
+}
+
+// o += A B over a step's 16 slots: A the step's per-entry values p[bb][i] (row g + 8 (i / 2),
+// slot 8 bb + 2t + i % 2: P or dS) rounded to T, B the tile's 16 rows (bsb_pipe_copy_rows'
+// layout) transposed by ldmatrix; o in natural feature order (n-tile nt: features 8nt .. + 7;
+// o[nt][0], o[nt][1] = row g, features 8nt + 2t, +1; o[nt][2], o[nt][3] row g + 8).
+template <class T, int NT, u32 ROW>
+__device__ __forceinline__ void bsb_tile_pv(float (&o)[NT][4], const float (&p)[2][4], u32 tile) {
+    const u32 lane = lane_id(), mq = lane >> 3, mr = lane & 7u;
+    const u32 a[4] = {pack2<T>(p[0][0], p[0][1]), pack2<T>(p[0][2], p[0][3]),
+                      pack2<T>(p[1][0], p[1][1]), pack2<T>(p[1][2], p[1][3])};
+    const u32 vrow = tile + (((mq & 1u) << 3) + mr) * ROW;
+#pragma unroll
+    for (int j = 0; j < NT / 2; ++j) {
+        u32 r[4];
+        ldmatrix_x4_trans(r, vrow + (((2u * j + (mq >> 1)) ^ mr) * 16u));
+        const u32 b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+        mma_m16n8k16(o[2 * j], a, b0, T());
+        mma_m16n8k16(o[2 * j + 1], a, b1, T());
+    }
+}
+
 // The caller's rows (Q, out) of window rows g = lane / 4 and g + 8 of `window`: through row_ids
 // when the plan renumbered the rows, SPATTN_NONE past the matrix.
 __device__ __forceinline__ void bsb_pipe_qrows(const u32* __restrict__ row_ids, u32 window,
@@ -1083,7 +1174,6 @@ __device__ __forceinline__ void bsb_pipe_tiles(
     constexpr u32 VOFF = SPMM ? 0u : TILE;  // the V tile's offset in a stage (K's is 0)
     constexpr u32 BOFF = VOFF + TILE;       // the bitmaps' offset
     constexpr u32 XOFF = BOFF + 32u;        // the staged extras' offset
-    constexpr u32 RPO = 32u / CH;           // rows one warp-wide copy covers
     constexpr int NKS = D / 16;             // k-steps of S
     constexpr int NT = D / 8;               // n-tiles of O
     static_assert(STAGE == XOFF + X::X_BYTES, "stage layout");
@@ -1111,20 +1201,10 @@ __device__ __forceinline__ void bsb_pipe_tiles(
     // The copies of step s (its columns in col, lane src + l holding slot l; staged extras:
     // its span bounds `span`) into stage s % STAGES, then a commit (an empty group past the last
     // step keeps the count uniform).
-    const u32 cc = lane % CH, rr = lane / CH;  // this lane's chunk, and first slot, of the copies
     auto issue = [&](u32 s, u32 col, u32 src, u32 span) {
         if (s < steps) {
             const u32 sk = base_s + (s % STAGES) * STAGE;
-#pragma unroll
-            for (u32 i = 0; i < 16u / RPO; ++i) {
-                const u32 r = rr + RPO * i;
-                const u32 cr = __shfl_sync(0xffffffffu, col, src + r);
-                const bool ok = cr != SPATTN_NONE;
-                const u64 off = ok ? (u64)cr * hd + head_off + cc * 8u : 0u;
-                const u32 dst = r * ROW + ((cc ^ (r & 7u)) * 16u);
-                if (!SPMM) cp_async_16(sk + dst, k + off, ok);
-                cp_async_16(sk + VOFF + dst, v + off, ok);
-            }
+            bsb_pipe_copy_rows<T, CH, ROW, !SPMM>(sk, 0u, VOFF, k, v, col, src, hd, head_off, CH);
             if (lane < 2u) {
                 const u32 blk = b_begin + 2u * s + lane;
                 const bool ok = blk < b_end;
@@ -1135,20 +1215,10 @@ __device__ __forceinline__ void bsb_pipe_tiles(
         cp_async_commit();
     };
 
-    // Q fragments (4-byte loads; zeros for rows past the matrix). Q is read once and out written
-    // once: both streaming (evict first), so that L2 keeps the K and V rows that windows share.
+    // Q fragments. Q is read once and out written once: both streaming (evict first), so that L2
+    // keeps the K and V rows that windows share.
     u32 qf[NKS][4];
-#pragma unroll
-    for (int r = 0; r < 2 && !SPMM; ++r) {
-        const u32* qr = reinterpret_cast<const u32*>(
-            q + (qrow[r] != SPATTN_NONE ? (u64)qrow[r] * hd + head_off : 0u));
-#pragma unroll
-        for (int ks = 0; ks < NKS; ++ks)
-#pragma unroll
-            for (int half = 0; half < 2; ++half)
-                qf[ks][r + 2 * half] =
-                    qrow[r] != SPATTN_NONE ? __ldcs(qr + 8 * ks + 4 * half + t) : 0u;
-    }
+    if constexpr (!SPMM) bsb_window_afrag<T, NKS>(qf, q, qrow, hd, head_off, D);
 
     // Prologue: steps 0 .. STAGES - 2 in flight, the columns of step STAGES - 1 loaded.
     u32 col_next, span_next;
@@ -1176,8 +1246,6 @@ __device__ __forceinline__ void bsb_pipe_tiles(
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
     const u32 shift = 8u * (g & 3u) + 2u * t, upper = g >= 4u ? 1u : 0u;
-    // ldmatrix roles: matrix mq = lane / 8, its row lane % 8.
-    const u32 mq = lane >> 3, mr = lane & 7u;
 
     for (u32 i = 0; i < steps; ++i) {
         // SpMM weights of this lane's entries (rows g, g + 8; slots 2t, 2t + 1), loaded before
@@ -1217,23 +1285,10 @@ __device__ __forceinline__ void bsb_pipe_tiles(
             for (int bb = 0; bb < 2; ++bb)
                 bsb_spmm_p(bits[bb][0] >> shift, bits[bb][1] >> shift, w[bb], p[bb]);
         } else {
-            // S = Q K^T of the two blocks, two accumulators per block.
+            // S = Q K^T of the two blocks.
             float s[2][4];
 #pragma unroll
-            for (int bb = 0; bb < 2; ++bb) {
-                float sa[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-                const u32 row = sk + (bb * 8u + mr) * ROW;
-#pragma unroll
-                for (int kk = 0; kk < NKS / 2; ++kk) {
-                    u32 r[4];
-                    ldmatrix_x4(r, row + (((4u * kk + mq) ^ mr) * 16u));
-                    const u32 b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-                    mma_m16n8k16(sa[0], qf[2 * kk], b0, T());
-                    mma_m16n8k16(sa[1], qf[2 * kk + 1], b1, T());
-                }
-#pragma unroll
-                for (int j = 0; j < 4; ++j) s[bb][j] = sa[0][j] + sa[1][j];
-            }
+            for (int bb = 0; bb < 2; ++bb) bsb_tile_scores<T, NKS, ROW>(s[bb], qf, sk, bb);
             if constexpr (X::ON) {
                 bsb_online_step<NT>(s, bits, shift, scale_log2, m, l, p, o, xt);
             } else {
@@ -1242,17 +1297,7 @@ __device__ __forceinline__ void bsb_pipe_tiles(
         }
 
         // O += P V: A = P of the 16 slots, B = V from the tile, transposed by ldmatrix.
-        const u32 a[4] = {pack2<T>(p[0][0], p[0][1]), pack2<T>(p[0][2], p[0][3]),
-                          pack2<T>(p[1][0], p[1][1]), pack2<T>(p[1][2], p[1][3])};
-        const u32 vrow = sv + (((mq & 1u) << 3) + mr) * ROW;
-#pragma unroll
-        for (int j = 0; j < NT / 2; ++j) {
-            u32 r[4];
-            ldmatrix_x4_trans(r, vrow + (((2u * j + (mq >> 1)) ^ mr) * 16u));
-            const u32 b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-            mma_m16n8k16(o[2 * j], a, b0, T());
-            mma_m16n8k16(o[2 * j + 1], a, b1, T());
-        }
+        bsb_tile_pv<T, NT, ROW>(o, p, sv);
     }
     cp_async_wait<0>();  // no copy may land in shared memory after this
 

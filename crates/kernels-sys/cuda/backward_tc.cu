@@ -19,12 +19,13 @@
 // x k) would round x dP and x to 16 bits before a cancelling difference; here dS is rounded
 // once, as FlashAttention-2 rounds it.
 //
-// Register layouts are fused_bsb.cu's (g = lane / 4, t = lane % 4): the window side (Q and dOut,
-// or K and V) in A fragments loaded once per unit; a step's 16 gathered rows in the
-// B layout of S (lane (g, t) loads slot g) and, for the operand multiplied by dS or P, in the
-// forward's V layout (slots 2t, 2t+1, features g * D8 ..). One warp per (unit, head), features
-// of the head padded to DS (32 or 64: at 128 the dkv pass spills and lost to the CUDA-core
-// backward, docs/kernels/backward.md).
+// Layouts are the forward's pipelined tile loop's (bsb_pipe_tiles; g = lane / 4, t = lane % 4):
+// the window side (Q and dOut, or K and V) in A fragments loaded once per unit; each step's 16
+// gathered rows of y1 and y2 copied once into shared memory by cp.async, two steps ahead, and
+// read by ldmatrix in both the layouts a pass needs (the B operand of the scores, and transposed
+// for the product with dS or P). One warp per (unit, head), features of the head padded to DS
+// (32 or 64: at 128 the accumulators alone take 128 registers a lane; those heads run the
+// CUDA-core backward, docs/kernels/backward.md).
 //
 // Units are fused-tc's (host schedule, largest first; a window without blocks has one unit,
 // which writes zeros). A window split into several units leaves a partial per unit (stats: m,
@@ -38,101 +39,44 @@
 #define BWD_TC_DQ 1
 #define BWD_TC_DKV 2
 
-// The A fragments of window rows wrow[0] (g) and wrow[1] (g + 8) of x, features [0, DS) of the
-// head at head_off (f16 / bf16: NKS = DS / 16 k-steps).
-template <class T, int NKC>
-__device__ __forceinline__ void bwd_tc_afrag(u32 (&f)[2 * NKC][4], const T* __restrict__ x,
-                                             const u32 (&wrow)[2], u64 hd, u64 head_off, u32 d,
-                                             u32 t) {
-#pragma unroll
-    for (int c = 0; c < NKC; ++c) {
-        u32 r0[4], r1[4];
-        const u32 feat = c * 32u + t * 8u;
-        bsb_load<T, 8, true>(r0, x + (wrow[0] != SPATTN_NONE ? wrow[0] : 0u) * hd + head_off,
-                             feat, d, wrow[0] != SPATTN_NONE);
-        bsb_load<T, 8, true>(r1, x + (wrow[1] != SPATTN_NONE ? wrow[1] : 0u) * hd + head_off,
-                             feat, d, wrow[1] != SPATTN_NONE);
-#pragma unroll
-        for (int ks = 0; ks < 2; ++ks) {
-            f[2 * c + ks][0] = r0[2 * ks];
-            f[2 * c + ks][1] = r1[2 * ks];
-            f[2 * c + ks][2] = r0[2 * ks + 1];
-            f[2 * c + ks][3] = r1[2 * ks + 1];
-        }
-    }
+// Shared memory of one warp (the host mirrors it): BSB_PIPE_STAGES stages, each the step's y1
+// and y2 tiles (16 slots, rows of BWD_TC_ROW bytes: 64 features, a 32-feature slice using the
+// first half of each row, so that one swizzle serves both), the two blocks' bitmaps and, in the
+// dkv pass, the (lse2, D) of the 16 slots' columns.
+#define BWD_TC_ROW 128u
+__host__ __device__ constexpr u32 bwd_tc_stage_bytes(int mode) {
+    return 2u * 16u * BWD_TC_ROW + 32u + (mode == BWD_TC_DKV ? 16u * 8u : 0u);
+}
+__host__ __device__ constexpr u32 bwd_tc_warp_bytes(int mode) {
+    return BSB_PIPE_STAGES * bwd_tc_stage_bytes(mode);
 }
 
-// The K-layout gather of one step: rows of y at the two blocks' slots, lane (g, t) loading slot
-// g's features c * 32 + 8t .. + 8 (the B operand of S = A B^T).
-template <class T, int NKC>
-__device__ __forceinline__ void bwd_tc_gather_k(u32 (&kw)[2][NKC][4], const T* __restrict__ y,
-                                                const BsbStep& st, u64 hd, u64 head_off, u32 d,
-                                                u32 t) {
-#pragma unroll
-    for (int bb = 0; bb < 2; ++bb) {
-        const bool ok = st.ck[bb] != SPATTN_NONE;
-#pragma unroll
-        for (int c = 0; c < NKC; ++c)
-            bsb_load<T, 8, true>(kw[bb][c], y + (ok ? st.ck[bb] : 0u) * hd + head_off,
-                                 c * 32u + t * 8u, d, ok);
-    }
-}
-
-// The V-layout gather of one step (fused_bsb.cu): lane (g, t) loads features g * D8 .. + D8 of
-// the rows at slots 2t, 2t + 1 of both blocks.
-template <class T, int D8>
-__device__ __forceinline__ void bwd_tc_gather_v(u32 (&vw)[2][2][D8 / 2], const T* __restrict__ y,
-                                                const BsbStep& st, u64 hd, u64 head_off, u32 d,
-                                                u32 g) {
-#pragma unroll
-    for (int bb = 0; bb < 2; ++bb)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const bool ok = st.cv[bb][e] != SPATTN_NONE;
-            bsb_load<T, D8, true>(vw[bb][e], y + (ok ? st.cv[bb][e] : 0u) * hd + head_off,
-                                  g * D8, d, ok);
-        }
-}
-
-// s[bb] = A B^T for the step's two blocks: A the window side's fragments, B a K-layout gather.
-template <class T, int NKC>
-__device__ __forceinline__ void bwd_tc_scores(float (&s)[2][4], const u32 (&f)[2 * NKC][4],
-                                              const u32 (&kw)[2][NKC][4]) {
-#pragma unroll
-    for (int bb = 0; bb < 2; ++bb) {
-        float a0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, a1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int ks = 0; ks < 2 * NKC; ++ks) {
-            const u32 b[2] = {kw[bb][ks / 2][2 * (ks % 2)], kw[bb][ks / 2][2 * (ks % 2) + 1]};
-            mma_m16n8k16((ks & 1) ? a1 : a0, f[ks], b, T());
-        }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) s[bb][i] = a0[i] + a1[i];
-    }
-}
-
-// One (unit, head) of a pass. Window side: rows of x1 (Q or K) and x2 (dOut or V); gathered:
-// y1 (K or Q, multiplied with x1), y2 (V or dOut, with x2). Outputs: stats (lse2, D) per (row of
-// A, head); g1 (dQ or dK), g2 (dV); ds_rows the dscale share per (row of A, head).
-//
-// A step issues the column ids and bitmap words of the step after next, then all its gathers
-// (and the column statistics the dkv pass needs) before its first mma, so that a warp has its
-// whole step's loads in flight at once; the two step records alternate (ping-pong), each
-// read two steps after its loads were issued.
+// One (unit, head) of a pass. Window side: rows of x1 (Q or K) and x2 (dOut or V) in A
+// fragments; gathered: y1 (K or Q, multiplied with x1), y2 (V or dOut, with x2), each step's
+// rows copied into shared memory by cp.async BSB_PIPE_STAGES - 1 steps ahead (the forward's
+// pipeline, bsb_pipe_tiles) and read by ldmatrix: as the B operand of the scores, and
+// transposed as the B operand of dQ += dS K (y1), dK += dS^T Q (y1) and dV += P^T dOut (y2).
+// Outputs: stats (lse2, D) per (row of A, head); g1 (dQ or dK), g2 (dV); ds_rows the dscale
+// share per (row of A, head). `smem`: the warp's bwd_tc_warp_bytes(MODE).
 template <class T, int DS, int MODE>
 __device__ __forceinline__ void bwd_tc(
-    const uint4* __restrict__ units, const u32* __restrict__ unit_split,
+    unsigned char* smem, const uint4* __restrict__ units, const u32* __restrict__ unit_split,
     const u32* __restrict__ split_part_first, u32 n_items, u32 heads, u32 d, u32 n_rows,
     const u32* __restrict__ row_ids, const u32* __restrict__ block_columns,
     const u32* __restrict__ bitmaps, const T* __restrict__ x1, const T* __restrict__ x2,
-    const T* __restrict__ y1, const T* __restrict__ y2, float scale_log2, float scale, float2* __restrict__ stats, T* __restrict__ g1,
-    T* __restrict__ g2, float* __restrict__ ds_rows, float* __restrict__ part,
-    u32* __restrict__ counters) {
-    constexpr int NKC = DS / 32;
-    constexpr int D8 = DS / 8;
-    constexpr int VW = D8 / 2;
+    const T* __restrict__ y1, const T* __restrict__ y2, float scale_log2, float scale,
+    float2* __restrict__ stats, T* __restrict__ g1, T* __restrict__ g2,
+    float* __restrict__ ds_rows, float* __restrict__ part, u32* __restrict__ counters) {
+    constexpr int STAGES = BSB_PIPE_STAGES;
+    constexpr int NKS = DS / 16;  // k-steps of the scores
+    constexpr int NT = DS / 8;    // n-tiles of an accumulator
     constexpr int NACC = MODE == BWD_TC_DKV ? 2 : 1;
+    constexpr u32 ROW = BWD_TC_ROW;
+    constexpr u32 TILE = 16u * ROW;
+    constexpr u32 Y2OFF = TILE, BOFF = 2u * TILE, SOFF = BOFF + 32u;
+    constexpr u32 STAGE = bwd_tc_stage_bytes(MODE);
     static_assert(DS == 32 || DS == 64, "registers: wider heads run the CUDA-core backward");
+    static_assert(DS * 2u <= ROW, "a tile row holds the slice");
     // Floats of a partial row: (m, l, w); the accumulator and the dscale share; both
     // accumulators.
     constexpr u32 W = MODE == BWD_TC_STATS ? 3u : MODE == BWD_TC_DQ ? DS + 1u : 2u * DS;
@@ -145,21 +89,52 @@ __device__ __forceinline__ void bwd_tc(
     const u32 window = un.x, b_begin = un.y, b_end = un.z, part_id = un.w;
     const u32 g = lane >> 2, t = lane & 3u;
     const u64 hd = (u64)heads * d, head_off = (u64)h * d;
+    const u32 steps = (b_end - b_begin + 1u) / 2u;
+    const u32 base_s = smem_addr(smem);
     u32 wrow[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const u32 row = window * BSB_WINDOW_ROWS + g + 8u * r;
-        wrow[r] = row < n_rows ? caller_row(row_ids, row) : SPATTN_NONE;
-    }
-    const u32 shift = 8u * (g & 3u) + 2u * t;
-    const u32 upper = g >= 4u ? 1u : 0u;
+    bsb_pipe_qrows(row_ids, window, n_rows, wrow);
 
-    BsbStep ma, mb;
-    bsb_load_step(ma, block_columns, bitmaps, b_begin, b_end, g, t, upper);
-    bsb_load_step(mb, block_columns, bitmaps, b_begin + 2u, b_end, g, t, upper);
-    u32 f1[2 * NKC][4], f2[2 * NKC][4];
-    bwd_tc_afrag<T, NKC>(f1, x1, wrow, hd, head_off, d, t);
-    bwd_tc_afrag<T, NKC>(f2, x2, wrow, hd, head_off, d, t);
+    // Column of slot lane % 16 of step s (block b_begin + 2s + slot / 8); none past the unit.
+    auto cols_of = [&](u32 s) -> u32 {
+        const u32 blk = b_begin + 2u * s + ((lane >> 3) & 1u);
+        return (s < steps && blk < b_end) ? __ldg(block_columns + (u64)blk * 8u + (lane & 7u))
+                                          : SPATTN_NONE;
+    };
+    // The copies of step s (its columns in col) into stage s % STAGES, then a commit (an empty
+    // group past the last step keeps the count uniform).
+    auto issue = [&](u32 s, u32 col) {
+        if (s < steps) {
+            const u32 sk = base_s + (s % STAGES) * STAGE;
+            bsb_pipe_copy_rows<T, DS / 8, ROW, true>(sk, 0u, Y2OFF, y1, y2, col, 0u, hd,
+                                                     head_off, d / 8u);
+            if (lane < 2u) {
+                const u32 blk = b_begin + 2u * s + lane;
+                const bool ok = blk < b_end;
+                cp_async_16(sk + BOFF + 16u * lane, bitmaps + (ok ? (u64)blk * 4u : 0u), ok);
+            }
+            if constexpr (MODE == BWD_TC_DKV) {
+                // The columns' (lse2, D), slot l's by lane l.
+                const u32 c = __shfl_sync(0xffffffffu, col, lane & 15u);
+                const bool ok = c != SPATTN_NONE;
+                if (lane < 16u)
+                    cp_async_8(sk + SOFF + 8u * lane, stats + (ok ? (u64)c * heads + h : 0u), ok);
+            }
+        }
+        cp_async_commit();
+    };
+
+    // Prologue: steps 0 .. STAGES - 2 in flight, the columns of step STAGES - 1 loaded.
+    u32 col_next = cols_of(0u);
+#pragma unroll
+    for (u32 s = 0; s + 1u < (u32)STAGES; ++s) {
+        const u32 c = col_next;
+        col_next = cols_of(s + 1u);
+        issue(s, c);
+    }
+
+    u32 f1[NKS][4], f2[NKS][4];
+    bsb_window_afrag<T, NKS>(f1, x1, wrow, hd, head_off, d);
+    bsb_window_afrag<T, NKS>(f2, x2, wrow, hd, head_off, d);
     // The row statistics of the dq pass's rows (g, g + 8).
     float2 rs[2] = {make_float2(0.0f, 0.0f), make_float2(0.0f, 0.0f)};
     if constexpr (MODE == BWD_TC_DQ) {
@@ -168,51 +143,42 @@ __device__ __forceinline__ void bwd_tc(
             if (wrow[r] != SPATTN_NONE) rs[r] = stats[(u64)wrow[r] * heads + h];
     }
     float m[2] = {SPATTN_NEG_INF, SPATTN_NEG_INF}, l[2] = {0.0f, 0.0f}, w[2] = {0.0f, 0.0f};
-    float o[NACC][D8][4];
+    float o[NACC][NT][4];
 #pragma unroll
     for (int a = 0; a < NACC; ++a)
 #pragma unroll
-        for (int nt = 0; nt < D8; ++nt)
+        for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
             for (int i = 0; i < 4; ++i) o[a][nt][i] = 0.0f;
+    const u32 shift = 8u * (g & 3u) + 2u * t, upper = g >= 4u ? 1u : 0u;
 
-    auto step = [&](u32 b, BsbStep& mc) {
-        // This step's record, then the step after next into `mc`.
-        const BsbStep cur = mc;
-        bsb_load_step(mc, block_columns, bitmaps, b + 4u, b_end, g, t, upper);
-        // The step's gathers first.
-        constexpr bool VA = MODE != BWD_TC_STATS;
-        u32 ka[2][NKC][4], kb[2][NKC][4];
-        u32 va[VA ? 2 : 1][2][VA ? VW : 1], vb[MODE == BWD_TC_DKV ? 2 : 1][2][VW];
-        float2 cs[2][2];
-        bwd_tc_gather_k<T, NKC>(ka, y1, cur, hd, head_off, d, t);
-        bwd_tc_gather_k<T, NKC>(kb, y2, cur, hd, head_off, d, t);
-        if constexpr (VA) bwd_tc_gather_v<T, D8>(va, y1, cur, hd, head_off, d, g);
-        if constexpr (MODE == BWD_TC_DKV) bwd_tc_gather_v<T, D8>(vb, y2, cur, hd, head_off, d, g);
-        if constexpr (MODE == BWD_TC_DKV) {
-            // Column i of entry (bb, c) is the slot 2t + c of block bb: its (lse2, D).
-#pragma unroll
-            for (int bb = 0; bb < 2; ++bb)
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    const u32 col = cur.cv[bb][c];
-                    cs[bb][c] = col != SPATTN_NONE ? __ldg(stats + (u64)col * heads + h)
-                                                   : make_float2(0.0f, 0.0f);
-                }
+    for (u32 i = 0; i < steps; ++i) {
+        cp_async_wait<STAGES - 2>();
+        __syncwarp();  // step i's copies by every lane are visible; step i - 1 is read
+        {
+            const u32 c = col_next;
+            col_next = cols_of(i + STAGES);
+            issue(i + STAGES - 1u, c);
         }
-        const u32 bits[2][2] = {{cur.bm[0][0], cur.bm[0][1]}, {cur.bm[1][0], cur.bm[1][1]}};
+        const u32 st = i % STAGES;
+        const u32 sk = base_s + st * STAGE;
+        const u32* bw = reinterpret_cast<const u32*>(smem + st * STAGE + BOFF);
+        const u32 bits[2][2] = {{bw[upper], bw[2u + upper]}, {bw[4u + upper], bw[6u + upper]}};
 
         float s[2][4], dp[2][4];
-        bwd_tc_scores<T, NKC>(s, f1, ka);
-        bwd_tc_scores<T, NKC>(dp, f2, kb);
+#pragma unroll
+        for (int bb = 0; bb < 2; ++bb) {
+            bsb_tile_scores<T, NKS, ROW>(s[bb], f1, sk, bb);
+            bsb_tile_scores<T, NKS, ROW>(dp[bb], f2, sk + Y2OFF, bb);
+        }
         // Entry i of block bb: row g + 8 (i / 2), slot 2t + (i % 2); masked to -inf.
         float x[2][4];
 #pragma unroll
         for (int bb = 0; bb < 2; ++bb)
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const u32 bit = (bits[bb][i >> 1] >> (shift + (i & 1))) & 1u;
-                x[bb][i] = bit ? s[bb][i] * scale_log2 : SPATTN_NEG_INF;
+            for (int e = 0; e < 4; ++e) {
+                const u32 bit = (bits[bb][e >> 1] >> (shift + (e & 1))) & 1u;
+                x[bb][e] = bit ? s[bb][e] * scale_log2 : SPATTN_NEG_INF;
             }
         if constexpr (MODE == BWD_TC_STATS) {
 #pragma unroll
@@ -236,36 +202,32 @@ __device__ __forceinline__ void bwd_tc(
 #pragma unroll
             for (int bb = 0; bb < 2; ++bb)
 #pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const float2 q = rs[i >> 1];
-                    const float p = bsb_exp2(x[bb][i] - q.x);
-                    ds[bb][i] = p * (dp[bb][i] - q.y);
+                for (int e = 0; e < 4; ++e) {
+                    const float2 q = rs[e >> 1];
+                    const float p = bsb_exp2(x[bb][e] - q.x);
+                    ds[bb][e] = p * (dp[bb][e] - q.y);
                     // dscale's share, kept per lane in l (no statistics in this pass).
-                    l[i >> 1] = fmaf(ds[bb][i], s[bb][i], l[i >> 1]);
+                    l[e >> 1] = fmaf(ds[bb][e], s[bb][e], l[e >> 1]);
                 }
-            bsb_pv_mma<T, D8>(o[0], ds, va[0], va[1]);
+            bsb_tile_pv<T, NT, ROW>(o[0], ds, sk);
         } else {
+            // Column i of entry (bb, e) is slot 8 bb + 2t + e % 2: its (lse2, D).
+            const float2* cs = reinterpret_cast<const float2*>(smem + st * STAGE + SOFF);
             float p[2][4], ds[2][4];
 #pragma unroll
             for (int bb = 0; bb < 2; ++bb)
 #pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const float2 q = cs[bb][i & 1];
-                    p[bb][i] = bsb_exp2(x[bb][i] - q.x);
-                    ds[bb][i] = p[bb][i] * (dp[bb][i] - q.y);
+                for (int e = 0; e < 4; ++e) {
+                    const float2 q = cs[8u * bb + 2u * t + (e & 1)];
+                    p[bb][e] = bsb_exp2(x[bb][e] - q.x);
+                    ds[bb][e] = p[bb][e] * (dp[bb][e] - q.y);
                 }
-            bsb_pv_mma<T, D8>(o[0], ds, va[0], va[1]);
-            bsb_pv_mma<T, D8>(o[1], p, vb[0], vb[1]);
+            bsb_tile_pv<T, NT, ROW>(o[0], ds, sk);
+            bsb_tile_pv<T, NT, ROW>(o[1], p, sk + Y2OFF);
         }
-    };
-    for (u32 b = b_begin;;) {
-        if (b >= b_end) break;
-        step(b, ma);
-        b += 2u;
-        if (b >= b_end) break;
-        step(b, mb);
-        b += 2u;
     }
+    cp_async_wait<0>();  // no copy may land in shared memory after this
+
     // Per-row sums over the 4 lanes of each row (stats: l, w; dq: the dscale share in l).
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -293,14 +255,13 @@ __device__ __forceinline__ void bwd_tc(
             if (MODE == BWD_TC_DQ && t == 0u) ds_rows[rh] = l[r];
 #pragma unroll
             for (int a = 0; a < NACC; ++a) {
-                T* orow = (a == 0 ? g1 : g2) + (u64)wrow[r] * hd + head_off;
+                u32* orow = reinterpret_cast<u32*>((a == 0 ? g1 : g2) + (u64)wrow[r] * hd +
+                                                   head_off);
 #pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    float y[D8];
-#pragma unroll
-                    for (int nt = 0; nt < D8; ++nt) y[nt] = o[a][nt][2 * r + half] * fac[a];
-                    bsb_store<T, D8, true>(orow, (2u * t + half) * D8, d, y);
-                }
+                for (int nt = 0; nt < NT; ++nt)
+                    if (8u * nt < d)
+                        orow[4 * nt + t] = pack2<T>(o[a][nt][2 * r] * fac[a],
+                                                    o[a][nt][2 * r + 1] * fac[a]);
             }
         }
         return;
@@ -323,10 +284,10 @@ __device__ __forceinline__ void bwd_tc(
 #pragma unroll
             for (int a = 0; a < NACC; ++a)
 #pragma unroll
-                for (int half = 0; half < 2; ++half)
-#pragma unroll
-                    for (int nt = 0; nt < D8; ++nt)
-                        prow[a * DS + (2u * t + half) * D8 + nt] = o[a][nt][2 * r + half];
+                for (int nt = 0; nt < NT; ++nt) {
+                    prow[a * DS + 8 * nt + 2 * t] = o[a][nt][2 * r];
+                    prow[a * DS + 8 * nt + 2 * t + 1] = o[a][nt][2 * r + 1];
+                }
         }
     }
     const u32 p0 = split_part_first[split], p1 = split_part_first[split + 1u];
@@ -370,7 +331,8 @@ __device__ __forceinline__ void bwd_tc(
 }
 
 // Entry points backward_tc_{stats,dq,dkv}_{f16,bf16}_s{32,64}: one warp per (unit, head),
-// n_items = units x heads, CTAs of BWD_TC_CTA_WARPS warps (the host's grid). head_dim a multiple
+// n_items = units x heads, CTAs of the host's warps, each warp bwd_tc_warp_bytes(MODE) of the
+// dynamic shared memory. head_dim a multiple
 // of 8 and at most DS (the host picks the narrowest DS that holds it). The stats and dq passes
 // run on A's BSB (x1 = Q, x2 = dOut, y1 = K, y2 = V), dkv on A^T's (x1 = K, x2 = V, y1 = Q,
 // y2 = dOut); every pointer a pass does not use may be null.
@@ -383,8 +345,11 @@ __device__ __forceinline__ void bwd_tc(
 #define SPATTN_BWD_TC(NAME, MODE, SUFFIX, T, DS)                                               \
     extern "C" __global__ void __launch_bounds__(128)                                          \
         backward_tc_##NAME##_##SUFFIX##_s##DS(SPATTN_BWD_TC_PARAMS(T)) {                       \
-        bwd_tc<T, DS, MODE>(units, unit_split, split_part_first, n_items, heads, head_dim,     \
-                            n_rows, row_ids, block_columns, bitmaps, x1, x2, y1, y2,           \
+        extern __shared__ uint4 bwd_tc_smem[];                                                 \
+        unsigned char* smem = reinterpret_cast<unsigned char*>(bwd_tc_smem) +                  \
+                              (threadIdx.x >> 5) * bwd_tc_warp_bytes(MODE);                    \
+        bwd_tc<T, DS, MODE>(smem, units, unit_split, split_part_first, n_items, heads,         \
+                            head_dim, n_rows, row_ids, block_columns, bitmaps, x1, x2, y1, y2, \
                             scale_log2, scale, stats, g1, g2, ds_rows, part, counters);        \
     }
 #define SPATTN_BWD_TC_ALL(SUFFIX, T, DS)                                                       \

@@ -103,6 +103,14 @@ __device__ __forceinline__ void cp_async_4(u32 dst, const void* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
 }
 
+// 8 bytes global -> shared without registers (cp.async.ca: .cg takes 16 bytes only). `fill`
+// false writes 8 zero bytes and reads nothing (src-size 0); src must still be a valid address.
+__device__ __forceinline__ void cp_async_8(u32 dst, const void* src, bool fill) {
+    const int n = fill ? 8 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(n)
+                 : "memory");
+}
+
 // Closes the group of this thread's cp.async issued since the last commit.
 __device__ __forceinline__ void cp_async_commit() {
     asm volatile("cp.async.commit_group;\n" ::: "memory");

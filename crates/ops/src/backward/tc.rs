@@ -5,13 +5,15 @@
 //! With `s = ⟨q_i, k_j⟩`, `P` the row softmax of `scale · s`, `dP = ⟨dOut_i, v_j⟩` and
 //! `dS = P ⊙ (dP − D_i)`:
 //!
-//! | pass | over | gathers per 16 × 8 block | computes |
+//! | pass | over | rows copied per 16 × 8 block | computes |
 //! |---|---|---|---|
 //! | stats | A's BSB (the forward's, in its row order) | K, V rows | S and dP by mma; each row's log-sum-exp and `D_i = Σ_j P dP` |
 //! | dq | A's BSB | K, V rows | P, dS; `dQ = scale · dS K` by mma; each row's share of ∂scale |
 //! | dkv | Aᵀ's BSB (built on the device once per graph, [`DeviceGraph::transpose_bsb`]) | Q, dOut rows | `dV = Pᵀ dOut`, `dK = scale · dSᵀ Q` by mma |
 //!
-//! and a fixed-order sum of the rows' ∂scale shares. dS and P are rounded to the dtype once, as
+//! and a fixed-order sum of the rows' ∂scale shares. Each step's rows are copied into shared
+//! memory by `cp.async` two steps ahead and read there in both layouts a pass needs (the
+//! pipelined forward's tile loop). dS and P are rounded to the dtype once, as
 //! the A operand of an mma (FlashAttention-2 does the same); scores and sums are f32. `D_i`
 //! comes from the recomputed P and dP, not from FlashAttention-2's `⟨dOut_i, out_i⟩`: an f16 /
 //! bf16 `out`'s rounding would reach dS where `dP ≈ D` and ∂scale, a cancelling sum.
@@ -75,6 +77,10 @@ use super::fused::product;
 const KERNEL: &str = "tensor-core backward";
 /// Warps per CTA (one warp per unit and head).
 const CTA_WARPS: usize = 4;
+/// Steps a warp has in flight (`BSB_PIPE_STAGES` in the kernels).
+const STAGES: usize = 3;
+/// Bytes of a row of a stage's tiles (`BWD_TC_ROW`: 64 features of two bytes).
+const TILE_ROW_BYTES: usize = 128;
 /// Rows of a BSB window.
 const WINDOW_ROWS: usize = 16;
 /// Blocks of the ∂scale sum (each sums a contiguous chunk; the last adds the block sums).
@@ -327,11 +333,17 @@ impl TensorCoreBackward {
                 Pass::A => (&mut self.a_side, a_bsb, a_rows),
                 Pass::T => (&mut self.t_side, &self.t.device, None),
             };
-            let Some((cfg, n_items)) = grid(side.n_units, self.heads)? else {
+            let Some((cfg, n_items)) = grid(side.n_units, self.heads, pass)? else {
                 continue;
             };
             let kernel = name(pass)?;
-            let f = gpu.load_function(BACKWARD_TC.name, BACKWARD_TC.ptx, kernel)?;
+            let f = gpu.load_function_with_shared(
+                BACKWARD_TC.name,
+                BACKWARD_TC.ptx,
+                kernel,
+                cfg.shared_mem_bytes as usize,
+                KERNEL,
+            )?;
             let n_rows = to_u32("rows", side.n_rows)?;
             let mut args = gpu.launch_builder(&f);
             args.arg(side.units.slice())
@@ -422,9 +434,17 @@ enum Pass {
     T,
 }
 
-/// The grid of a pass: a warp per (unit, head) in CTAs of [`CTA_WARPS`], and the item count;
-/// `None` when there is nothing to launch.
-fn grid(n_units: usize, heads: usize) -> Result<Option<(LaunchConfig, u32)>> {
+/// Shared memory of one warp of `pass` (`bwd_tc_warp_bytes` in the kernels): [`STAGES`] stages of
+/// two tiles of 16 rows, the step's two bitmaps (32 bytes) and, in the dkv pass, the 16 columns'
+/// statistics (an f32 pair each).
+fn warp_shared_bytes(pass: &str) -> usize {
+    let stats = if pass == "dkv" { 16 * 8 } else { 0 };
+    STAGES * (2 * 16 * TILE_ROW_BYTES + 32 + stats)
+}
+
+/// The grid of a pass: a warp per (unit, head) in CTAs of [`CTA_WARPS`], each warp with its
+/// [`warp_shared_bytes`], and the item count; `None` when there is nothing to launch.
+fn grid(n_units: usize, heads: usize, pass: &str) -> Result<Option<(LaunchConfig, u32)>> {
     let items = product("units × heads", &[n_units, heads])?;
     if items == 0 {
         return Ok(None);
@@ -432,7 +452,7 @@ fn grid(n_units: usize, heads: usize) -> Result<Option<(LaunchConfig, u32)>> {
     let cfg = LaunchConfig {
         grid_dim: (blocks_for(items, CTA_WARPS as u32)?, 1, 1),
         block_dim: ((CTA_WARPS * 32) as u32, 1, 1),
-        shared_mem_bytes: 0,
+        shared_mem_bytes: (CTA_WARPS * warp_shared_bytes(pass)) as u32,
     };
     Ok(Some((cfg, to_u32("units × heads", items)?)))
 }
@@ -480,9 +500,12 @@ mod tests {
 
     #[test]
     fn grid_is_a_warp_per_item() {
-        let (cfg, n) = grid(10, 3).unwrap().unwrap();
+        let (cfg, n) = grid(10, 3, "dq").unwrap().unwrap();
         assert_eq!(n, 30);
         assert_eq!(cfg.grid_dim.0, 8);
-        assert!(grid(0, 8).unwrap().is_none());
+        assert_eq!(cfg.shared_mem_bytes, 4 * 3 * 4128);
+        let (cfg, _) = grid(10, 3, "dkv").unwrap().unwrap();
+        assert_eq!(cfg.shared_mem_bytes, 4 * 3 * 4256);
+        assert!(grid(0, 8, "stats").unwrap().is_none());
     }
 }
