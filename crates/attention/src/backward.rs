@@ -325,6 +325,43 @@ impl AttentionPlan {
         read_d_scale(read_scale, &st.d_scale)
     }
 
+    /// The backward with edge features alone (no bias, no dropout) on the fused backward's two
+    /// passes (the caller checked [`FusedBackward::supports`] for the head): writes dQ, dK, dV
+    /// and ∂L/∂E, and returns ∂L/∂scale where `read_scale`.
+    pub(crate) fn fused_edge_features_backward<T: DType>(
+        &self,
+        operands: [&DeviceMatrix<T>; 4],
+        edge_features: &DeviceMatrix<T>,
+        [dq, dk, dv, d_ef]: [&mut DeviceMatrix<T>; 4],
+        read_scale: bool,
+    ) -> Result<Option<f32>> {
+        let BackwardParts::Gpu { gpu, graph, state } = self.backward_parts() else {
+            return Err(Error::WrongPlanKind {
+                plan: "CPU",
+                use_instead: "backward_with_host",
+            });
+        };
+        let sq = self.shape_q();
+        // As in `backward_impl`: every buffer is overwritten before it is read.
+        let mut st = state.lock().unwrap_or_else(PoisonError::into_inner);
+        let (a, t) = (graph.csr()?, graph.transpose()?);
+        let ws = match &mut st.fused {
+            Some(ws) => ws,
+            slot => slot.insert(FusedBackward::new(gpu, a, t, sq.heads, sq.head_dim)?),
+        };
+        ws.run_with_edge_features(
+            gpu,
+            a,
+            t,
+            self.config().scale(),
+            operands,
+            [dq, dk, dv],
+            edge_features,
+            d_ef,
+        )?;
+        read_d_scale(read_scale, ws.d_scale())
+    }
+
     /// The gradients on host slices: Q, K, V, the forward's `out` and `d_out`, all row-major.
     ///
     /// On a GPU plan this uploads, runs [`backward`](Self::backward) and downloads; on a CPU

@@ -43,7 +43,7 @@
 
 use std::sync::{Mutex, PoisonError};
 
-use spattn_ops::backward as ops_backward;
+use spattn_ops::backward::{self as ops_backward, FusedBackward};
 use spattn_ops::cpu::{self, AttentionInputs, EdgeBias, Extras as CpuExtras};
 use spattn_ops::dropout::Dropout;
 use spattn_ops::edge_extras::{self, DeviceBias};
@@ -253,7 +253,9 @@ impl AttentionPlan {
     /// `d_out`: writes dQ, dK, dV and, where the forward had them, the bias's and the edge
     /// features' gradients into `grads`; returns ∂L/∂scale. The scores, probabilities and the
     /// dropout mask are recomputed (nothing is stored by the forward); `extras` must be the
-    /// forward's (the same dropout seed and offset).
+    /// forward's (the same dropout seed and offset). Edge features alone take the fused
+    /// backward's two passes (deterministic, no per-edge buffers) where they hold the head; a
+    /// bias or dropout take the per-edge composition.
     ///
     /// Errors: as [`forward_with`](Self::forward_with); [`Error::InvalidConfig`] where
     /// `grads` lacks the bias's or the edge features' gradient the forward's extras need.
@@ -321,6 +323,24 @@ impl AttentionPlan {
         }
         if extras.edge_features.is_some() && grads.d_edge_features.is_none() {
             return Err(need("d_edge_features"));
+        }
+        // Edge features alone: the fused backward's two passes (no per-edge buffers,
+        // deterministic) where they hold the head.
+        if extras.bias.is_none()
+            && extras.dropout.is_none()
+            && FusedBackward::supports::<T>(self.shape_q().head_dim)
+        {
+            if let Some(f) = extras.edge_features {
+                let df = grads
+                    .d_edge_features
+                    .ok_or_else(|| need("d_edge_features"))?;
+                return self.fused_edge_features_backward(
+                    [q, k, v, d_out],
+                    f,
+                    [grads.dq, grads.dk, grads.dv, df],
+                    read_scale,
+                );
+            }
         }
         let (heads, scale, nnz) = (self.config().heads, self.config().scale(), self.nnz());
         let mut guard = state.lock().unwrap_or_else(PoisonError::into_inner);

@@ -159,14 +159,30 @@ fn the_cpu_plan_matches_the_f64_reference_and_checks_its_operands() {
 fn check_gpu_extras<T: DType>(
     gpu: &Gpu,
     a: &Csr,
-    (alg, reorder, hybrid): Case,
+    case: Case,
     heads: usize,
     d: usize,
     shared: bool,
     rate: f32,
 ) {
+    check_gpu_extras_with::<T>(gpu, a, case, heads, d, Some(shared), rate);
+}
+
+/// [`check_gpu_extras`] with the bias optional: `bias` None for none, else whether it is shared
+/// by the heads.
+fn check_gpu_extras_with<T: DType>(
+    gpu: &Gpu,
+    a: &Csr,
+    (alg, reorder, hybrid): Case,
+    heads: usize,
+    d: usize,
+    bias_shared: Option<bool>,
+    rate: f32,
+) {
+    let shared = bias_shared.unwrap_or(false);
+    let with_bias = bias_shared.is_some();
     let what = format!(
-        "{alg}/{reorder} {hybrid:?} {} H{heads} D{d} shared {shared} rate {rate} n {}",
+        "{alg}/{reorder} {hybrid:?} {} H{heads} D{d} bias {bias_shared:?} rate {rate} n {}",
         T::NAME,
         a.n_rows()
     );
@@ -212,7 +228,7 @@ fn check_gpu_extras<T: DType>(
     let (dq, dk, dv, dg, df) = (up(&q, s), up(&k, s), up(&v, s), up(&g, s), up(&feats, sf));
     let db = DeviceVec::from_host(&gpu, &bias).unwrap();
     let extras = Extras {
-        bias: Some(if shared {
+        bias: with_bias.then_some(if shared {
             DeviceBias::Shared(&db)
         } else {
             DeviceBias::PerHead(&db)
@@ -229,7 +245,7 @@ fn check_gpu_extras<T: DType>(
     let (bias64, feats64) = (to_f64(&bias), to_f64(&feats));
     let inputs = AttentionInputs::new(&q64, s, &k64, s, &v64, s);
     let cpu_extras = CpuExtras {
-        bias: Some(if shared {
+        bias: with_bias.then_some(if shared {
             EdgeBias::Shared(&bias64[..])
         } else {
             EdgeBias::PerHead(&bias64[..])
@@ -291,7 +307,7 @@ fn check_gpu_extras<T: DType>(
                 dq: &mut gq,
                 dk: &mut gk,
                 dv: &mut gv,
-                d_bias: Some(&mut gb),
+                d_bias: with_bias.then_some(&mut gb),
                 d_edge_features: with_feats.then_some(&mut gf),
             },
         )
@@ -311,7 +327,7 @@ fn check_gpu_extras<T: DType>(
         (
             "d_bias",
             to_f64(&gb.to_host().unwrap()),
-            want.d_bias.as_ref().unwrap(),
+            want.d_bias.as_ref().unwrap_or(&Vec::new()),
         ),
         (
             "d_edge_features",
@@ -319,7 +335,7 @@ fn check_gpu_extras<T: DType>(
             want.d_edge_features.as_ref().unwrap_or(&Vec::new()),
         ),
     ] {
-        if name == "d_edge_features" && !with_feats {
+        if (name == "d_edge_features" && !with_feats) || (name == "d_bias" && !with_bias) {
             continue;
         }
         let err = cpu::rel_l2_error(&got, want);
@@ -382,6 +398,109 @@ fn gpu_unfused_csr_with_every_extra_matches_the_f64_reference() {
             64,
             false,
             0.5,
+        );
+    }
+}
+
+/// Edge features alone (no bias, no dropout) take the fused backward's two passes with the
+/// features (`FusedBackward::run_with_edge_features`): every gradient against the f64 reference
+/// on hub rows and columns split across units, every dtype, heads of 1 to 520 features (520:
+/// the per-edge composition), and two runs bitwise equal.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gpu_edge_features_alone_take_the_fused_backward() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("gpu edge features fused backward");
+    let graphs = [
+        shared_graph("cora"),
+        random_graph(&mut rng, 300, 6, 7),
+        hub_graph(&mut rng, 20_000, 3),
+    ];
+    let auto = (Algorithm::Auto, Reorder::Auto, None);
+    for a in &graphs {
+        for (heads, d) in [(1, 1), (3, 24), (8, 64), (2, 128)] {
+            check_gpu_extras_with::<f32>(&gpu, a, auto, heads, d, None, 0.0);
+            check_gpu_extras_with::<f16>(&gpu, a, auto, heads, d, None, 0.0);
+            check_gpu_extras_with::<bf16>(&gpu, a, auto, heads, d, None, 0.0);
+        }
+    }
+    // 520 features: past fused-csr's heads (Auto plans unfused-csr) and the fused backward's.
+    let unfused = (Algorithm::UnfusedCsr, Reorder::Auto, None);
+    check_gpu_extras_with::<f32>(&gpu, &graphs[1], unfused, 1, 520, None, 0.0);
+    for (heads, d) in [(8, 64), (1, 24)] {
+        check_edge_features_deterministic::<f32>(&gpu, &graphs[2], heads, d);
+        check_edge_features_deterministic::<f16>(&gpu, &graphs[2], heads, d);
+    }
+}
+
+/// Two backward passes with edge features alone give bitwise-equal gradients and ∂L/∂scale.
+fn check_edge_features_deterministic<T: DType>(gpu: &Gpu, a: &Csr, heads: usize, d: usize) {
+    let mut rng = fresh_rng("edge features determinism");
+    let s = Shape::new(a.n_rows(), heads, d).unwrap();
+    let sf = Shape::new(a.nnz(), heads, d).unwrap();
+    let up = |rng: &mut Pcg64, s: Shape| {
+        DeviceMatrix::from_host(gpu, s, &random_vec::<T>(rng, s.len(), 1.0)).unwrap()
+    };
+    let (q, k, v, g, f) = (
+        up(&mut rng, s),
+        up(&mut rng, s),
+        up(&mut rng, s),
+        up(&mut rng, s),
+        up(&mut rng, sf),
+    );
+    let config = AttentionConfig::new(heads, d, T::KIND).with_edge_extras(true);
+    let plan = AttentionPlan::new_gpu(gpu, a, config).unwrap();
+    let extras = Extras {
+        bias: None,
+        edge_features: Some(&f),
+        dropout: None,
+    };
+    let run = || {
+        let mut out = [s, s, s, sf].map(|sh| DeviceMatrix::<T>::zeros(gpu, sh).unwrap());
+        let [gq, gk, gv, gf] = &mut out;
+        let d_scale = plan
+            .backward_with_extras(
+                &q,
+                &k,
+                &v,
+                &extras,
+                &g,
+                ExtrasGrads {
+                    dq: gq,
+                    dk: gk,
+                    dv: gv,
+                    d_bias: None,
+                    d_edge_features: Some(gf),
+                },
+            )
+            .unwrap();
+        let host = out.map(|m| m.to_host().unwrap());
+        (host, d_scale)
+    };
+    let (first, s1) = run();
+    let (second, s2) = run();
+    assert_eq!(
+        s1.to_bits(),
+        s2.to_bits(),
+        "{} H{heads} D{d}: d_scale",
+        T::NAME
+    );
+    for (name, x, y) in ["dQ", "dK", "dV", "dE"]
+        .iter()
+        .zip(&first)
+        .zip(&second)
+        .map(|((n, x), y)| (n, x, y))
+    {
+        let differ = x
+            .iter()
+            .zip(y)
+            .filter(|(a, b)| a.to_f32().to_bits() != b.to_f32().to_bits())
+            .count();
+        assert_eq!(
+            differ,
+            0,
+            "{} H{heads} D{d}: {name} differs in {differ} elements",
+            T::NAME
         );
     }
 }

@@ -501,13 +501,15 @@ struct Units {
     u32 n;
 };
 
-template <class T, int VEC, int NV, int TILE>
+// EF: edge features, row e of ef (nnz x heads x head_dim) added to the key and the value of A's
+// edge e (CSR position e): k' = k_j + e_ij, v' = v_j + e_ij in every formula above.
+template <class T, int VEC, int NV, int TILE, bool EF>
 __device__ __forceinline__ void backward_row_pass(
     Units un, const u32* __restrict__ col_indices, const T* __restrict__ q,
     const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ d_out, u32 heads,
     u32 head_dim, float scale, u32 g, T* __restrict__ dq, float2* __restrict__ stats,
     float* part_stats, float* part_acc, u32* counters, u32 n_split, float* split_dscale,
-    float* block_dscale, u32* block_counter, double* d_scale) {
+    float* block_dscale, u32* block_counter, double* d_scale, const T* __restrict__ ef) {
     __shared__ float scratch[32];
     __shared__ double scratch64[32];
     __shared__ bool last_block;
@@ -536,9 +538,16 @@ __device__ __forceinline__ void backward_row_pass(
 #pragma unroll
             for (int t = 0; t < TILE; ++t) {
                 // Past the unit's end, a lane reloads the tile's first edge and weighs it 0.
-                const u32 c = __ldg(col_indices + (e + t < end ? e + t : e));
+                const u32 pos = e + t < end ? e + t : e;
+                const u32 c = __ldg(col_indices + pos);
                 load_head<T, VEC, NV>(k + c * hd + head_off, on, feat, kk[t]);
                 load_head<T, VEC, NV>(v + c * hd + head_off, on, feat, vv[t]);
+                if constexpr (EF) {
+                    float ee[NV][VEC];
+                    load_head<T, VEC, NV>(ef + (u64)pos * hd + head_off, on, feat, ee);
+                    axpby<VEC, NV>(kk[t], 1.0f, ee, 1.0f);
+                    axpby<VEC, NV>(vv[t], 1.0f, ee, 1.0f);
+                }
             }
 #pragma unroll
             for (int t = 0; t < TILE; ++t) {
@@ -644,12 +653,16 @@ __device__ __forceinline__ void backward_row_pass(
     }
 }
 
-template <class T, int VEC, int NV, int TILE>
+// EF: as the row pass; A^T's entry e is A's edge t_to_a[e], and its gradient
+// dE = scale dS q_i + P dOut_i is written to row t_to_a[e] of d_ef (each edge by the one unit
+// holding it: no sums across units).
+template <class T, int VEC, int NV, int TILE, bool EF>
 __device__ __forceinline__ void backward_col_pass(
     Units un, const u32* __restrict__ row_indices, const T* __restrict__ q,
     const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ d_out, u32 heads,
     u32 head_dim, float scale, u32 g, const float2* __restrict__ stats, T* __restrict__ dk,
-    T* __restrict__ dv, float* part_acc, u32* counters) {
+    T* __restrict__ dv, float* part_acc, u32* counters, const u32* __restrict__ t_to_a,
+    const T* __restrict__ ef, T* __restrict__ d_ef) {
     const u32 mask = group_mask(g), lane = lane_id() & (g - 1u);
     const u64 hd = (u64)heads * head_dim;
     const u64 group = grid_group(g), groups = grid_groups(g);
@@ -669,21 +682,55 @@ __device__ __forceinline__ void backward_col_pass(
         zero_lanes<VEC, NV>(adv);
         for (u32 e = start; e < end; e += TILE) {
             float qq[TILE][NV][VEC], oo[TILE][NV][VEC];
+            float ee[EF ? TILE : 1][NV][VEC];
             float2 st[TILE];
+            u32 id[TILE];
 #pragma unroll
             for (int t = 0; t < TILE; ++t) {
-                const u32 i = __ldg(row_indices + (e + t < end ? e + t : e));
+                const u32 pos = e + t < end ? e + t : e;
+                const u32 i = __ldg(row_indices + pos);
                 load_head<T, VEC, NV>(q + i * hd + head_off, on, feat, qq[t]);
                 load_head<T, VEC, NV>(d_out + i * hd + head_off, on, feat, oo[t]);
                 st[t] = __ldg(stats + (u64)i * heads + h);
+                if constexpr (EF) {
+                    id[t] = __ldg(t_to_a + pos);
+                    load_head<T, VEC, NV>(ef + (u64)id[t] * hd + head_off, on, feat, ee[t]);
+                }
             }
 #pragma unroll
             for (int t = 0; t < TILE; ++t) {
-                const float r = group_sum(dot_lanes<VEC, NV>(qq[t], kv), mask, g);
-                const float dp = group_sum(dot_lanes<VEC, NV>(oo[t], vv), mask, g);
+                float r, dp;
+                if constexpr (EF) {
+                    float kx[NV][VEC], vx[NV][VEC];
+#pragma unroll
+                    for (int j = 0; j < NV; ++j)
+#pragma unroll
+                        for (int x = 0; x < VEC; ++x) {
+                            kx[j][x] = kv[j][x] + ee[t][j][x];
+                            vx[j][x] = vv[j][x] + ee[t][j][x];
+                        }
+                    r = group_sum(dot_lanes<VEC, NV>(qq[t], kx), mask, g);
+                    dp = group_sum(dot_lanes<VEC, NV>(oo[t], vx), mask, g);
+                } else {
+                    r = group_sum(dot_lanes<VEC, NV>(qq[t], kv), mask, g);
+                    dp = group_sum(dot_lanes<VEC, NV>(oo[t], vv), mask, g);
+                }
                 const float p = e + t < end ? __expf(scale * r - st[t].x) : 0.0f;
+                const float ds = p * (dp - st[t].y);
                 axpby<VEC, NV>(adv, 1.0f, oo[t], p);
-                axpby<VEC, NV>(adk, 1.0f, qq[t], p * (dp - st[t].y));
+                axpby<VEC, NV>(adk, 1.0f, qq[t], ds);
+                if constexpr (EF) {
+                    if (e + t < end) {
+                        float de[NV][VEC];
+#pragma unroll
+                        for (int j = 0; j < NV; ++j)
+#pragma unroll
+                            for (int x = 0; x < VEC; ++x)
+                                de[j][x] = fmaf(qq[t][j][x], scale * ds, oo[t][j][x] * p);
+                        store_head<T, VEC, NV>(d_ef + (u64)id[t] * hd + head_off, on, feat, de,
+                                               1.0f);
+                    }
+                }
             }
         }
         const u32 part = un.parts[u];
@@ -713,35 +760,44 @@ __device__ __forceinline__ void backward_col_pass(
         const u32 *part_first, u32 n_units
 #define SPATTN_BWD_UNITS {unit_rows, unit_starts, unit_slots, unit_parts, part_first, n_units}
 
-#define SPATTN_BACKWARD_FUSED_K(NAME_R, NAME_C, T, VEC, NV, TILE, MINB)                        \
+// Every pass takes the edge-feature arguments (ef; t_to_a, ef, d_ef), read by the EF kernels
+// (`_ef` in the name) only, null for the others.
+#define SPATTN_BACKWARD_FUSED_K(NAME_R, NAME_C, T, VEC, NV, TILE, MINB, EF)                    \
     extern "C" __global__ void __launch_bounds__(256, MINB) NAME_R(                            \
         SPATTN_BWD_UNITS_ARGS, const u32* col_indices, const T* q, const T* k, const T* v,     \
         const T* d_out, u32 heads, u32 head_dim, float scale, u32 g, T* dq, float2* stats,     \
         float* part_stats, float* part_acc, u32* counters, u32 n_split, float* split_dscale,   \
-        float* block_dscale, u32* block_counter, double* d_scale) {                            \
+        float* block_dscale, u32* block_counter, double* d_scale, const T* ef) {               \
         const Units un = SPATTN_BWD_UNITS;                                                     \
-        backward_row_pass<T, VEC, NV, TILE>(un, col_indices, q, k, v, d_out, heads, head_dim,  \
-                                            scale, g, dq, stats, part_stats, part_acc,         \
-                                            counters, n_split, split_dscale, block_dscale,     \
-                                            block_counter, d_scale);                           \
+        backward_row_pass<T, VEC, NV, TILE, EF>(un, col_indices, q, k, v, d_out, heads,        \
+                                                head_dim, scale, g, dq, stats, part_stats,     \
+                                                part_acc, counters, n_split, split_dscale,     \
+                                                block_dscale, block_counter, d_scale, ef);     \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(256, MINB) NAME_C(                            \
         SPATTN_BWD_UNITS_ARGS, const u32* row_indices, const T* q, const T* k, const T* v,     \
         const T* d_out, u32 heads, u32 head_dim, float scale, u32 g, const float2* stats,      \
-        T* dk, T* dv, float* part_acc, u32* counters) {                                        \
+        T* dk, T* dv, float* part_acc, u32* counters, const u32* t_to_a, const T* ef,          \
+        T* d_ef) {                                                                             \
         const Units un = SPATTN_BWD_UNITS;                                                     \
-        backward_col_pass<T, VEC, NV, TILE>(un, row_indices, q, k, v, d_out, heads, head_dim,  \
-                                            scale, g, stats, dk, dv, part_acc, counters);      \
+        backward_col_pass<T, VEC, NV, TILE, EF>(un, row_indices, q, k, v, d_out, heads,        \
+                                                head_dim, scale, g, stats, dk, dv, part_acc,   \
+                                                counters, t_to_a, ef, d_ef);                   \
     }
 // Edges per step and the blocks per SM asked of the register allocator, by features a lane
 // (docs/kernels/backward.md, "Tried"): 4 or fewer take one edge a step at 6 blocks (42
 // registers), 8 two edges at 4 blocks (64), 16 two edges at 3 blocks (85).
 #define SPATTN_BWD_TILE_OF(F) ((F) <= 4 ? 1 : 2)
 #define SPATTN_BWD_MINB_OF(F) ((F) <= 4 ? 6 : (F) <= 8 ? 4 : 3)
+// With edge features a lane holds each edge's feature vector too: one block a SM fewer.
+#define SPATTN_BWD_MINB_EF_OF(F) (SPATTN_BWD_MINB_OF(F) - 1)
 #define SPATTN_BACKWARD_FUSED(SUFFIX, T, VEC, NV)                                              \
     SPATTN_BACKWARD_FUSED_K(attention_backward_rows_##SUFFIX##_v##VEC##_n##NV,                 \
                             attention_backward_cols_##SUFFIX##_v##VEC##_n##NV, T, VEC, NV,     \
-                            SPATTN_BWD_TILE_OF(VEC * NV), SPATTN_BWD_MINB_OF(VEC * NV))
+                            SPATTN_BWD_TILE_OF(VEC * NV), SPATTN_BWD_MINB_OF(VEC * NV), false) \
+    SPATTN_BACKWARD_FUSED_K(attention_backward_rows_ef_##SUFFIX##_v##VEC##_n##NV,              \
+                            attention_backward_cols_ef_##SUFFIX##_v##VEC##_n##NV, T, VEC, NV,  \
+                            SPATTN_BWD_TILE_OF(VEC * NV), SPATTN_BWD_MINB_EF_OF(VEC * NV), true)
 
 // The layouts the host launches (ops/src/backward/fused.rs, `layout`): one vector a lane of any
 // width, or up to 16 features a lane in 16-byte vectors (head_dim up to 512 for f32 in multiples

@@ -3,7 +3,7 @@
 
 use crate::PtxModule;
 
-/// The PTX module compiled from `cuda/backward.cu` (67 kernels).
+/// The PTX module compiled from `cuda/backward.cu` (97 kernels).
 pub const BACKWARD: PtxModule = PtxModule {
     name: "backward",
     ptx: include_str!("../ptx/backward.ptx"),
@@ -19,34 +19,64 @@ pub const BACKWARD: PtxModule = PtxModule {
         INVERT_EDGE_MAP_U32,
         ATTENTION_BACKWARD_ROWS_F32_V1_N1,
         ATTENTION_BACKWARD_COLS_F32_V1_N1,
+        ATTENTION_BACKWARD_ROWS_EF_F32_V1_N1,
+        ATTENTION_BACKWARD_COLS_EF_F32_V1_N1,
         ATTENTION_BACKWARD_ROWS_F32_V2_N1,
         ATTENTION_BACKWARD_COLS_F32_V2_N1,
+        ATTENTION_BACKWARD_ROWS_EF_F32_V2_N1,
+        ATTENTION_BACKWARD_COLS_EF_F32_V2_N1,
         ATTENTION_BACKWARD_ROWS_F32_V4_N1,
         ATTENTION_BACKWARD_COLS_F32_V4_N1,
+        ATTENTION_BACKWARD_ROWS_EF_F32_V4_N1,
+        ATTENTION_BACKWARD_COLS_EF_F32_V4_N1,
         ATTENTION_BACKWARD_ROWS_F32_V4_N2,
         ATTENTION_BACKWARD_COLS_F32_V4_N2,
+        ATTENTION_BACKWARD_ROWS_EF_F32_V4_N2,
+        ATTENTION_BACKWARD_COLS_EF_F32_V4_N2,
         ATTENTION_BACKWARD_ROWS_F32_V4_N4,
         ATTENTION_BACKWARD_COLS_F32_V4_N4,
+        ATTENTION_BACKWARD_ROWS_EF_F32_V4_N4,
+        ATTENTION_BACKWARD_COLS_EF_F32_V4_N4,
         ATTENTION_BACKWARD_ROWS_F16_V1_N1,
         ATTENTION_BACKWARD_COLS_F16_V1_N1,
+        ATTENTION_BACKWARD_ROWS_EF_F16_V1_N1,
+        ATTENTION_BACKWARD_COLS_EF_F16_V1_N1,
         ATTENTION_BACKWARD_ROWS_F16_V2_N1,
         ATTENTION_BACKWARD_COLS_F16_V2_N1,
+        ATTENTION_BACKWARD_ROWS_EF_F16_V2_N1,
+        ATTENTION_BACKWARD_COLS_EF_F16_V2_N1,
         ATTENTION_BACKWARD_ROWS_F16_V4_N1,
         ATTENTION_BACKWARD_COLS_F16_V4_N1,
+        ATTENTION_BACKWARD_ROWS_EF_F16_V4_N1,
+        ATTENTION_BACKWARD_COLS_EF_F16_V4_N1,
         ATTENTION_BACKWARD_ROWS_F16_V8_N2,
         ATTENTION_BACKWARD_COLS_F16_V8_N2,
+        ATTENTION_BACKWARD_ROWS_EF_F16_V8_N2,
+        ATTENTION_BACKWARD_COLS_EF_F16_V8_N2,
         ATTENTION_BACKWARD_ROWS_F16_V8_N1,
         ATTENTION_BACKWARD_COLS_F16_V8_N1,
+        ATTENTION_BACKWARD_ROWS_EF_F16_V8_N1,
+        ATTENTION_BACKWARD_COLS_EF_F16_V8_N1,
         ATTENTION_BACKWARD_ROWS_BF16_V1_N1,
         ATTENTION_BACKWARD_COLS_BF16_V1_N1,
+        ATTENTION_BACKWARD_ROWS_EF_BF16_V1_N1,
+        ATTENTION_BACKWARD_COLS_EF_BF16_V1_N1,
         ATTENTION_BACKWARD_ROWS_BF16_V2_N1,
         ATTENTION_BACKWARD_COLS_BF16_V2_N1,
+        ATTENTION_BACKWARD_ROWS_EF_BF16_V2_N1,
+        ATTENTION_BACKWARD_COLS_EF_BF16_V2_N1,
         ATTENTION_BACKWARD_ROWS_BF16_V4_N1,
         ATTENTION_BACKWARD_COLS_BF16_V4_N1,
+        ATTENTION_BACKWARD_ROWS_EF_BF16_V4_N1,
+        ATTENTION_BACKWARD_COLS_EF_BF16_V4_N1,
         ATTENTION_BACKWARD_ROWS_BF16_V8_N2,
         ATTENTION_BACKWARD_COLS_BF16_V8_N2,
+        ATTENTION_BACKWARD_ROWS_EF_BF16_V8_N2,
+        ATTENTION_BACKWARD_COLS_EF_BF16_V8_N2,
         ATTENTION_BACKWARD_ROWS_BF16_V8_N1,
         ATTENTION_BACKWARD_COLS_BF16_V8_N1,
+        ATTENTION_BACKWARD_ROWS_EF_BF16_V8_N1,
+        ATTENTION_BACKWARD_COLS_EF_BF16_V8_N1,
         EDGE_ROW_SUM_CSR_ROWS_F32,
         EDGE_ROW_SUM_CSR_LONG_ROWS_F32,
         ROW_DOT_DENSE_F32_V1,
@@ -111,11 +141,23 @@ pub const ATTENTION_BACKWARD_ROWS_F32_V1_N1: &str = "attention_backward_rows_f32
 /// Kernel `attention_backward_cols_f32_v1_n1` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_COLS_F32_V1_N1: &str = "attention_backward_cols_f32_v1_n1";
 
+/// Kernel `attention_backward_rows_ef_f32_v1_n1` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_ROWS_EF_F32_V1_N1: &str = "attention_backward_rows_ef_f32_v1_n1";
+
+/// Kernel `attention_backward_cols_ef_f32_v1_n1` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_COLS_EF_F32_V1_N1: &str = "attention_backward_cols_ef_f32_v1_n1";
+
 /// Kernel `attention_backward_rows_f32_v2_n1` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_ROWS_F32_V2_N1: &str = "attention_backward_rows_f32_v2_n1";
 
 /// Kernel `attention_backward_cols_f32_v2_n1` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_COLS_F32_V2_N1: &str = "attention_backward_cols_f32_v2_n1";
+
+/// Kernel `attention_backward_rows_ef_f32_v2_n1` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_ROWS_EF_F32_V2_N1: &str = "attention_backward_rows_ef_f32_v2_n1";
+
+/// Kernel `attention_backward_cols_ef_f32_v2_n1` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_COLS_EF_F32_V2_N1: &str = "attention_backward_cols_ef_f32_v2_n1";
 
 /// Kernel `attention_backward_rows_f32_v4_n1` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_ROWS_F32_V4_N1: &str = "attention_backward_rows_f32_v4_n1";
@@ -123,11 +165,23 @@ pub const ATTENTION_BACKWARD_ROWS_F32_V4_N1: &str = "attention_backward_rows_f32
 /// Kernel `attention_backward_cols_f32_v4_n1` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_COLS_F32_V4_N1: &str = "attention_backward_cols_f32_v4_n1";
 
+/// Kernel `attention_backward_rows_ef_f32_v4_n1` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_ROWS_EF_F32_V4_N1: &str = "attention_backward_rows_ef_f32_v4_n1";
+
+/// Kernel `attention_backward_cols_ef_f32_v4_n1` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_COLS_EF_F32_V4_N1: &str = "attention_backward_cols_ef_f32_v4_n1";
+
 /// Kernel `attention_backward_rows_f32_v4_n2` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_ROWS_F32_V4_N2: &str = "attention_backward_rows_f32_v4_n2";
 
 /// Kernel `attention_backward_cols_f32_v4_n2` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_COLS_F32_V4_N2: &str = "attention_backward_cols_f32_v4_n2";
+
+/// Kernel `attention_backward_rows_ef_f32_v4_n2` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_ROWS_EF_F32_V4_N2: &str = "attention_backward_rows_ef_f32_v4_n2";
+
+/// Kernel `attention_backward_cols_ef_f32_v4_n2` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_COLS_EF_F32_V4_N2: &str = "attention_backward_cols_ef_f32_v4_n2";
 
 /// Kernel `attention_backward_rows_f32_v4_n4` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_ROWS_F32_V4_N4: &str = "attention_backward_rows_f32_v4_n4";
@@ -135,11 +189,23 @@ pub const ATTENTION_BACKWARD_ROWS_F32_V4_N4: &str = "attention_backward_rows_f32
 /// Kernel `attention_backward_cols_f32_v4_n4` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_COLS_F32_V4_N4: &str = "attention_backward_cols_f32_v4_n4";
 
+/// Kernel `attention_backward_rows_ef_f32_v4_n4` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_ROWS_EF_F32_V4_N4: &str = "attention_backward_rows_ef_f32_v4_n4";
+
+/// Kernel `attention_backward_cols_ef_f32_v4_n4` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_COLS_EF_F32_V4_N4: &str = "attention_backward_cols_ef_f32_v4_n4";
+
 /// Kernel `attention_backward_rows_f16_v1_n1` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_ROWS_F16_V1_N1: &str = "attention_backward_rows_f16_v1_n1";
 
 /// Kernel `attention_backward_cols_f16_v1_n1` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_COLS_F16_V1_N1: &str = "attention_backward_cols_f16_v1_n1";
+
+/// Kernel `attention_backward_rows_ef_f16_v1_n1` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_ROWS_EF_F16_V1_N1: &str = "attention_backward_rows_ef_f16_v1_n1";
+
+/// Kernel `attention_backward_cols_ef_f16_v1_n1` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_COLS_EF_F16_V1_N1: &str = "attention_backward_cols_ef_f16_v1_n1";
 
 /// Kernel `attention_backward_rows_f16_v2_n1` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_ROWS_F16_V2_N1: &str = "attention_backward_rows_f16_v2_n1";
@@ -147,11 +213,23 @@ pub const ATTENTION_BACKWARD_ROWS_F16_V2_N1: &str = "attention_backward_rows_f16
 /// Kernel `attention_backward_cols_f16_v2_n1` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_COLS_F16_V2_N1: &str = "attention_backward_cols_f16_v2_n1";
 
+/// Kernel `attention_backward_rows_ef_f16_v2_n1` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_ROWS_EF_F16_V2_N1: &str = "attention_backward_rows_ef_f16_v2_n1";
+
+/// Kernel `attention_backward_cols_ef_f16_v2_n1` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_COLS_EF_F16_V2_N1: &str = "attention_backward_cols_ef_f16_v2_n1";
+
 /// Kernel `attention_backward_rows_f16_v4_n1` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_ROWS_F16_V4_N1: &str = "attention_backward_rows_f16_v4_n1";
 
 /// Kernel `attention_backward_cols_f16_v4_n1` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_COLS_F16_V4_N1: &str = "attention_backward_cols_f16_v4_n1";
+
+/// Kernel `attention_backward_rows_ef_f16_v4_n1` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_ROWS_EF_F16_V4_N1: &str = "attention_backward_rows_ef_f16_v4_n1";
+
+/// Kernel `attention_backward_cols_ef_f16_v4_n1` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_COLS_EF_F16_V4_N1: &str = "attention_backward_cols_ef_f16_v4_n1";
 
 /// Kernel `attention_backward_rows_f16_v8_n2` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_ROWS_F16_V8_N2: &str = "attention_backward_rows_f16_v8_n2";
@@ -159,11 +237,23 @@ pub const ATTENTION_BACKWARD_ROWS_F16_V8_N2: &str = "attention_backward_rows_f16
 /// Kernel `attention_backward_cols_f16_v8_n2` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_COLS_F16_V8_N2: &str = "attention_backward_cols_f16_v8_n2";
 
+/// Kernel `attention_backward_rows_ef_f16_v8_n2` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_ROWS_EF_F16_V8_N2: &str = "attention_backward_rows_ef_f16_v8_n2";
+
+/// Kernel `attention_backward_cols_ef_f16_v8_n2` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_COLS_EF_F16_V8_N2: &str = "attention_backward_cols_ef_f16_v8_n2";
+
 /// Kernel `attention_backward_rows_f16_v8_n1` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_ROWS_F16_V8_N1: &str = "attention_backward_rows_f16_v8_n1";
 
 /// Kernel `attention_backward_cols_f16_v8_n1` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_COLS_F16_V8_N1: &str = "attention_backward_cols_f16_v8_n1";
+
+/// Kernel `attention_backward_rows_ef_f16_v8_n1` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_ROWS_EF_F16_V8_N1: &str = "attention_backward_rows_ef_f16_v8_n1";
+
+/// Kernel `attention_backward_cols_ef_f16_v8_n1` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_COLS_EF_F16_V8_N1: &str = "attention_backward_cols_ef_f16_v8_n1";
 
 /// Kernel `attention_backward_rows_bf16_v1_n1` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_ROWS_BF16_V1_N1: &str = "attention_backward_rows_bf16_v1_n1";
@@ -171,11 +261,23 @@ pub const ATTENTION_BACKWARD_ROWS_BF16_V1_N1: &str = "attention_backward_rows_bf
 /// Kernel `attention_backward_cols_bf16_v1_n1` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_COLS_BF16_V1_N1: &str = "attention_backward_cols_bf16_v1_n1";
 
+/// Kernel `attention_backward_rows_ef_bf16_v1_n1` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_ROWS_EF_BF16_V1_N1: &str = "attention_backward_rows_ef_bf16_v1_n1";
+
+/// Kernel `attention_backward_cols_ef_bf16_v1_n1` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_COLS_EF_BF16_V1_N1: &str = "attention_backward_cols_ef_bf16_v1_n1";
+
 /// Kernel `attention_backward_rows_bf16_v2_n1` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_ROWS_BF16_V2_N1: &str = "attention_backward_rows_bf16_v2_n1";
 
 /// Kernel `attention_backward_cols_bf16_v2_n1` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_COLS_BF16_V2_N1: &str = "attention_backward_cols_bf16_v2_n1";
+
+/// Kernel `attention_backward_rows_ef_bf16_v2_n1` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_ROWS_EF_BF16_V2_N1: &str = "attention_backward_rows_ef_bf16_v2_n1";
+
+/// Kernel `attention_backward_cols_ef_bf16_v2_n1` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_COLS_EF_BF16_V2_N1: &str = "attention_backward_cols_ef_bf16_v2_n1";
 
 /// Kernel `attention_backward_rows_bf16_v4_n1` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_ROWS_BF16_V4_N1: &str = "attention_backward_rows_bf16_v4_n1";
@@ -183,17 +285,35 @@ pub const ATTENTION_BACKWARD_ROWS_BF16_V4_N1: &str = "attention_backward_rows_bf
 /// Kernel `attention_backward_cols_bf16_v4_n1` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_COLS_BF16_V4_N1: &str = "attention_backward_cols_bf16_v4_n1";
 
+/// Kernel `attention_backward_rows_ef_bf16_v4_n1` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_ROWS_EF_BF16_V4_N1: &str = "attention_backward_rows_ef_bf16_v4_n1";
+
+/// Kernel `attention_backward_cols_ef_bf16_v4_n1` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_COLS_EF_BF16_V4_N1: &str = "attention_backward_cols_ef_bf16_v4_n1";
+
 /// Kernel `attention_backward_rows_bf16_v8_n2` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_ROWS_BF16_V8_N2: &str = "attention_backward_rows_bf16_v8_n2";
 
 /// Kernel `attention_backward_cols_bf16_v8_n2` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_COLS_BF16_V8_N2: &str = "attention_backward_cols_bf16_v8_n2";
 
+/// Kernel `attention_backward_rows_ef_bf16_v8_n2` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_ROWS_EF_BF16_V8_N2: &str = "attention_backward_rows_ef_bf16_v8_n2";
+
+/// Kernel `attention_backward_cols_ef_bf16_v8_n2` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_COLS_EF_BF16_V8_N2: &str = "attention_backward_cols_ef_bf16_v8_n2";
+
 /// Kernel `attention_backward_rows_bf16_v8_n1` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_ROWS_BF16_V8_N1: &str = "attention_backward_rows_bf16_v8_n1";
 
 /// Kernel `attention_backward_cols_bf16_v8_n1` of [`BACKWARD`].
 pub const ATTENTION_BACKWARD_COLS_BF16_V8_N1: &str = "attention_backward_cols_bf16_v8_n1";
+
+/// Kernel `attention_backward_rows_ef_bf16_v8_n1` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_ROWS_EF_BF16_V8_N1: &str = "attention_backward_rows_ef_bf16_v8_n1";
+
+/// Kernel `attention_backward_cols_ef_bf16_v8_n1` of [`BACKWARD`].
+pub const ATTENTION_BACKWARD_COLS_EF_BF16_V8_N1: &str = "attention_backward_cols_ef_bf16_v8_n1";
 
 /// Kernel `edge_row_sum_csr_rows_f32` of [`BACKWARD`].
 pub const EDGE_ROW_SUM_CSR_ROWS_F32: &str = "edge_row_sum_csr_rows_f32";

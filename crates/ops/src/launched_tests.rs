@@ -88,8 +88,10 @@ fn backward_holds_exactly_the_launched_kernels() {
             l.add(gatv2_grad_kernel(dt, vec));
             l.add(row_dot_kernel(dt, vec));
             if let Some((vec, _, nv)) = layout(hd, bytes) {
-                l.add(rows_pass_kernel(dt, vec, nv));
-                l.add(cols_pass_kernel(dt, vec, nv));
+                for ef in [false, true] {
+                    l.add(rows_pass_kernel(dt, vec, nv, ef));
+                    l.add(cols_pass_kernel(dt, vec, nv, ef));
+                }
             }
         }
     }

@@ -22,6 +22,9 @@
 //!
 //! **No host synchronization**: ∂scale stays on the device ([`FusedBackward::d_scale`]).
 //!
+//! **Edge features** ([`FusedBackward::run_with_edge_features`]): the same two passes with each
+//! edge's feature row added to its key and value, the column pass writing ∂L/∂E per edge.
+//!
 //! Shapes ([`FusedBackward::supports`]): a group of up to 32 lanes holds a head, one vector of
 //! up to 16 bytes a lane, or up to 16 features a lane in 16-byte vectors: head_dim up to 512 in
 //! multiples of 4 (f32) or 8 (f16, bf16), and otherwise up to 32 vectors (odd: 32; even: 64;
@@ -60,7 +63,7 @@ use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::launch::{
     blocks_for, check_same_gpu, kernel_named, launch, to_u32, LaunchArgs, LaunchConfig,
-    PushKernelArg,
+    PushKernelArg, PushOptionalArg,
 };
 use crate::schedule::{group_for, vector_width};
 use crate::shape::Shape;
@@ -95,15 +98,17 @@ pub(crate) fn layout(head_dim: usize, elem_bytes: usize) -> Option<(u32, u32, u3
         .then_some((vec, g, nv as u32))
 }
 
-/// The row pass's kernel for `dtype` (a [`DType::NAME`]) and the [`layout`]'s `vec` and `nv`;
-/// the launch-name test forms it too.
-pub(crate) fn rows_pass_kernel(dtype: &str, vec: u32, nv: u32) -> String {
-    format!("attention_backward_rows_{dtype}_v{vec}_n{nv}")
+/// The row pass's kernel for `dtype` (a [`DType::NAME`]) and the [`layout`]'s `vec` and `nv`,
+/// with edge features where `ef`; the launch-name test forms it too.
+pub(crate) fn rows_pass_kernel(dtype: &str, vec: u32, nv: u32, ef: bool) -> String {
+    let ef = if ef { "ef_" } else { "" };
+    format!("attention_backward_rows_{ef}{dtype}_v{vec}_n{nv}")
 }
 
-/// The column pass's kernel for `dtype`, `vec` and `nv`.
-pub(crate) fn cols_pass_kernel(dtype: &str, vec: u32, nv: u32) -> String {
-    format!("attention_backward_cols_{dtype}_v{vec}_n{nv}")
+/// The column pass's kernel for `dtype`, `vec` and `nv`, with edge features where `ef`.
+pub(crate) fn cols_pass_kernel(dtype: &str, vec: u32, nv: u32, ef: bool) -> String {
+    let ef = if ef { "ef_" } else { "" };
+    format!("attention_backward_cols_{ef}{dtype}_v{vec}_n{nv}")
 }
 
 /// The fused backward's device workspace for one graph and one `heads × head_dim`, and its
@@ -235,7 +240,52 @@ impl FusedBackward {
         t: &DeviceTranspose,
         scale: f32,
         operands: [&DeviceMatrix<T>; 4],
+        grads: [&mut DeviceMatrix<T>; 3],
+    ) -> Result<()> {
+        self.run_inner(gpu, a, t, scale, operands, grads, None)
+    }
+
+    /// [`run`](Self::run) with edge features: `edge_features` (`nnz × heads × head_dim`, row `e`
+    /// for A's edge `e` in CSR order) added to each edge's key and value, `k_j + e_ij` and
+    /// `v_j + e_ij`; writes ∂L/∂E into every row of `d_edge_features` (same shape) beside dQ, dK,
+    /// dV and ∂L/∂scale. The same two passes, each reading the edge's feature row; still
+    /// deterministic (each edge's ∂L/∂E is written by the one unit of Aᵀ that holds it).
+    ///
+    /// Errors: as [`run`](Self::run), and [`Error::ShapeMismatch`] for the edge features or
+    /// their gradient.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_with_edge_features<T: DType>(
+        &mut self,
+        gpu: &Gpu,
+        a: &DeviceCsr,
+        t: &DeviceTranspose,
+        scale: f32,
+        operands: [&DeviceMatrix<T>; 4],
+        grads: [&mut DeviceMatrix<T>; 3],
+        edge_features: &DeviceMatrix<T>,
+        d_edge_features: &mut DeviceMatrix<T>,
+    ) -> Result<()> {
+        self.run_inner(
+            gpu,
+            a,
+            t,
+            scale,
+            operands,
+            grads,
+            Some((edge_features, d_edge_features)),
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_inner<T: DType>(
+        &mut self,
+        gpu: &Gpu,
+        a: &DeviceCsr,
+        t: &DeviceTranspose,
+        scale: f32,
+        operands: [&DeviceMatrix<T>; 4],
         [dq, dk, dv]: [&mut DeviceMatrix<T>; 3],
+        edge: Option<(&DeviceMatrix<T>, &mut DeviceMatrix<T>)>,
     ) -> Result<()> {
         let [q, k, v, d_out] = operands;
         check_transpose(a, t)?;
@@ -272,6 +322,24 @@ impl FusedBackward {
             check_same_gpu(gpu, what, m)?;
         }
         check_same_gpu(gpu, "workspace", &self.stats)?;
+        let has_ef = edge.is_some();
+        let (ef, mut d_ef) = match edge {
+            Some((ef, d_ef)) => {
+                let se = Shape::new(a.nnz(), self.heads, self.head_dim)?;
+                se.expect_eq("edge_features", ef.shape())?;
+                se.expect_eq("d_edge_features", d_ef.shape())?;
+                check_same_gpu(gpu, "edge_features", ef)?;
+                check_same_gpu(gpu, "d_edge_features", &*d_ef)?;
+                (Some(ef), Some(d_ef))
+            }
+            None => (None, None),
+        };
+        // Aᵀ's entries' edges of A (made once per transpose), for the edge features' rows.
+        let t_to_a = if has_ef {
+            Some(t.inverse_map(gpu)?)
+        } else {
+            None
+        };
         let (vec, g, nv) =
             layout(self.head_dim, std::mem::size_of::<T>()).ok_or(Error::InvalidArgument {
                 what: "head_dim",
@@ -289,7 +357,7 @@ impl FusedBackward {
         let ([rows, starts, slots, parts, first], _, a_split) = a.schedule().merge_units();
         let n_units = to_u32("units", rows.len())?;
         let n_split = to_u32("split rows", a_split)?;
-        let name = kernel_named(&BACKWARD, rows_pass_kernel(T::NAME, vec, nv))?;
+        let name = kernel_named(&BACKWARD, rows_pass_kernel(T::NAME, vec, nv, has_ef))?;
         let f = gpu.load_function(BACKWARD.name, BACKWARD.ptx, name)?;
         let cfg = row_grid(rows.len(), self.heads, g)?;
         let mut args = gpu.launch_builder(&f);
@@ -315,6 +383,10 @@ impl FusedBackward {
             .arg(self.block_dscale.slice_mut())
             .arg(self.block_counter.slice_mut())
             .arg(self.d_scale.slice_mut());
+        match ef {
+            Some(m) => args.arg(m.slice()),
+            None => args.arg_or_null(None::<&DeviceVec<u32>>),
+        };
         // SAFETY: the kernel reads A's schedule (n_units units, starts n_units + 1, slots and
         // partials per unit, first partials per split row + 1; built with the CSR) and
         // col_indices[starts[u]..starts[u+1]) ⊂ [0, nnz); Q and dOut rows < n_rows, K and V rows
@@ -324,13 +396,15 @@ impl FusedBackward {
         // accumulators 2*head_dim floats per (part, head)), counters and split_dscale at
         // (split row, head) < n_split*heads, block_dscale[blockIdx] (sized for the grid of
         // 32-lane groups, the largest) and the two words block_counter, d_scale — all sized by
-        // `new` for a graph of these sizes (`sized_for`, checked above).
+        // `new` for a graph of these sizes (`sized_for`, checked above). With edge features
+        // (the `_ef` kernel only) it reads their row e < nnz for each edge e it walks
+        // (nnz × heads × head_dim, checked).
         unsafe { launch(name, &mut args, cfg) }?;
 
         // Column pass over Aᵀ.
         let ([rows, starts, slots, parts, first], _, _) = t.csr.schedule().merge_units();
         let n_units = to_u32("units", rows.len())?;
-        let name = kernel_named(&BACKWARD, cols_pass_kernel(T::NAME, vec, nv))?;
+        let name = kernel_named(&BACKWARD, cols_pass_kernel(T::NAME, vec, nv, has_ef))?;
         let f = gpu.load_function(BACKWARD.name, BACKWARD.ptx, name)?;
         let cfg = row_grid(rows.len(), self.heads, g)?;
         let mut args = gpu.launch_builder(&f);
@@ -343,10 +417,22 @@ impl FusedBackward {
             .arg(dk.slice_mut())
             .arg(dv.slice_mut())
             .arg(self.col_part_acc.slice_mut())
-            .arg(self.col_counters.slice_mut());
+            .arg(self.col_counters.slice_mut())
+            .arg_or_null(t_to_a);
+        match ef {
+            Some(m) => args.arg(m.slice()),
+            None => args.arg_or_null(None::<&DeviceVec<u32>>),
+        };
+        match d_ef.as_mut() {
+            Some(m) => args.arg(m.slice_mut()),
+            None => args.arg_or_null(None::<&DeviceVec<u32>>),
+        };
         // SAFETY: as the row pass, on Aᵀ's schedule and columns: Aᵀ's entries are rows of A
         // (< n_rows: Q, dOut and stats rows), its units' rows are columns of A (< n_cols: K, V,
-        // dK, dV rows); partials and counters sized by `new` from Aᵀ's schedule.
+        // dK, dV rows); partials and counters sized by `new` from Aᵀ's schedule. With edge
+        // features (the `_ef` kernel only) entry e's edge t_to_a[e] < nnz (the inverse of the
+        // edge map, a permutation of 0..nnz, nnz entries) selects the row read from the edge
+        // features and written in their gradient (both nnz × heads × head_dim, checked).
         unsafe { launch(name, &mut args, cfg) }
     }
 }
