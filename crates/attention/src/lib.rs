@@ -79,7 +79,6 @@ pub use config::{Algorithm, AttentionConfig, HybridParams, Reorder};
 pub use error::{Error, Result};
 pub use extras::{Extras, ExtrasGrads, HostExtras};
 pub use plan::AttentionPlan;
-pub use spattn_ops::dropout::Dropout;
 pub use spattn_ops::edge_extras::DeviceBias;
 pub use spattn_ops::fused::HybridInfo;
 
@@ -89,9 +88,8 @@ pub use half::{bf16, f16};
 pub use spattn_formats::{
     read_edge_list, read_matrix_market, rmat, Coo, Csr, EdgeListOptions, RmatConfig,
 };
-pub use spattn_ops::{
-    DType, DTypeKind, DeviceGraph, DeviceMatrix, DeviceVec, Gpu, PlanPolicy, Shape,
-};
+pub use spattn_ops::graph::{DeviceGraph, PlanPolicy};
+pub use spattn_ops::{DType, DTypeKind, DeviceMatrix, DeviceVec, Dropout, Gpu, Shape};
 
 /// The formats crate (`spattn-formats`), for what the re-exports above leave out.
 pub use spattn_formats as formats;

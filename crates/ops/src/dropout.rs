@@ -13,7 +13,7 @@
 //! one seed.
 //!
 //! ```
-//! use spattn_ops::dropout::Dropout;
+//! use spattn_ops::Dropout;
 //! let d = Dropout::new(0.5, 42, 0)?;
 //! let kept = (0..10_000u64).filter(|&e| d.keeps(e, 0, 1)).count();
 //! assert!((4_800..5_200).contains(&kept)); // about half
@@ -32,7 +32,7 @@ const W0: u32 = 0x9E37_79B9;
 const W1: u32 = 0xBB67_AE85;
 
 /// Philox 4×32 with 10 rounds: four pseudo-random words of `counter` under `key`.
-pub fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
+pub(crate) fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
     let (mut c, mut k) = (counter, key);
     for round in 0..10 {
         if round > 0 {

@@ -18,7 +18,7 @@ use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 /// assert_eq!(kind, DTypeKind::Bf16);
 /// assert_eq!(kind.to_string(), "bf16");
 /// assert_eq!(kind.size_bytes(), 2);
-/// # Ok::<(), spattn_ops::dtype::ParseDTypeKindError>(())
+/// # Ok::<(), spattn_ops::ParseDTypeKindError>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DTypeKind {

@@ -207,7 +207,8 @@ impl DeviceGraph {
     ///
     /// ```no_run
     /// use spattn_ops::device_plan::{DeviceEdges, DeviceIds, GraphSpec};
-    /// use spattn_ops::{DeviceGraph, DeviceVec, Gpu};
+    /// use spattn_ops::graph::DeviceGraph;
+    /// use spattn_ops::{DeviceVec, Gpu};
     /// let gpu = Gpu::new(0)?;
     /// // PyG's edge_index of 0 -> 1, 2 -> 1, 1 -> 0: its sources and its targets, on the device.
     /// let src = DeviceVec::from_host(&gpu, &[0i64, 2, 1])?;

@@ -17,7 +17,8 @@
 //!
 //! ```no_run
 //! use spattn_formats::{Csr, HybridBlocks};
-//! use spattn_ops::{hybrid_spmm, DeviceHybrid, DeviceMatrix, Gpu, Shape};
+//! use spattn_ops::hybrid_spmm::{self, DeviceHybrid};
+//! use spattn_ops::{DeviceMatrix, Gpu, Shape};
 //! let gpu = Gpu::new(0)?;
 //! let a = Csr::from_edges(3, 3, &[(0, 1), (0, 2), (1, 0), (2, 2)])?;
 //! let blocks = HybridBlocks::from_csr(&a)?;
@@ -34,6 +35,8 @@ mod edge_map;
 mod edge_map_tests;
 #[cfg(test)]
 mod tests;
+
+pub use crate::hybrid_plan::HybridSpmm;
 
 use std::sync::Mutex;
 
@@ -166,7 +169,7 @@ impl WarpSplit {
     /// Checks `1 ≤ tc` and `tc + cd ≤` [`MAX_WARPS`].
     ///
     /// ```
-    /// use spattn_ops::WarpSplit;
+    /// use spattn_ops::hybrid_spmm::WarpSplit;
     /// assert!(WarpSplit::new(2, 2).is_ok());
     /// assert!(WarpSplit::new(3, 0).is_ok());
     /// assert!(WarpSplit::new(0, 2).is_err());
@@ -326,7 +329,8 @@ impl DeviceHybrid {
     /// shared memory, as fused-tc's pipelined kernel; at most one CUDA-core warp per CTA).
     ///
     /// ```
-    /// use spattn_ops::{DTypeKind, DeviceHybrid};
+    /// use spattn_ops::hybrid_spmm::DeviceHybrid;
+    /// use spattn_ops::DTypeKind;
     /// assert!(DeviceHybrid::pipelined(DTypeKind::F16, 128));
     /// assert!(!DeviceHybrid::pipelined(DTypeKind::F32, 64));
     /// assert!(!DeviceHybrid::pipelined(DTypeKind::Bf16, 96));
@@ -368,7 +372,8 @@ impl DeviceHybrid {
     ///
     /// ```no_run
     /// # use spattn_formats::{Csr, HybridBlocks};
-    /// # use spattn_ops::{DeviceHybrid, Gpu, WarpSplit};
+    /// # use spattn_ops::hybrid_spmm::{DeviceHybrid, WarpSplit};
+    /// # use spattn_ops::Gpu;
     /// # let gpu = Gpu::new(0)?;
     /// let a = Csr::from_edges(2, 2, &[(0, 0), (1, 1)])?;
     /// let blocks = HybridBlocks::from_csr(&a)?;

@@ -47,32 +47,35 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+#![warn(unreachable_pub)]
+// The public API is what this file names: the op families are public modules (their items
+// reached only through them), and the rest of the crate is private, its types re-exported here.
 pub mod backward;
-pub mod buffer;
+mod buffer;
 pub mod cpu;
 pub mod csr_ops;
 pub mod dense;
-pub mod device_bsb;
-pub mod device_csr;
-pub mod device_mebcrs;
+mod device_bsb;
+mod device_csr;
+mod device_mebcrs;
 pub mod device_plan;
-pub mod dropout;
-pub mod dtype;
+mod dropout;
+mod dtype;
 pub mod edge_extras;
 pub mod elementwise;
-pub mod error;
-pub mod external;
+mod error;
+mod external;
 pub mod fused;
-pub mod gpu;
+mod gpu;
 pub mod graph;
-pub(crate) mod hybrid_plan;
+mod hybrid_plan;
 pub mod hybrid_spmm;
-pub(crate) mod launch;
+mod launch;
 pub mod nccl;
-pub(crate) mod ptx_split;
+mod ptx_split;
 pub mod rows;
-pub(crate) mod schedule;
-pub mod shape;
+mod schedule;
+mod shape;
 pub mod tc_ops;
 pub mod tune;
 
@@ -81,17 +84,18 @@ mod launched_tests;
 #[cfg(test)]
 mod runtime_tests;
 
-pub use backward::DeviceTranspose;
 pub use buffer::{DeviceElement, DeviceMatrix, DeviceVec};
-pub use device_bsb::{DeviceBsb, OrderedBsb};
 pub use device_csr::DeviceCsr;
 pub use device_mebcrs::DeviceMeBcrs;
-pub use dtype::{DType, DTypeKind};
+pub use dropout::Dropout;
+pub use dtype::{DType, DTypeKind, ParseDTypeKindError};
 pub use error::{Error, Result};
+pub use external::{ExternalMatrix, ExternalVec, StreamBridge};
 pub use gpu::{Gpu, GpuTimer};
-pub use graph::{DeviceGraph, EdgeLayout, EdgeValues, Engine, PlanPolicy};
 /// The half-precision element types ([`DType`]), so that a caller needs no `half` of its own.
 pub use half::{bf16, f16};
-pub use hybrid_plan::HybridSpmm;
-pub use hybrid_spmm::{DeviceHybrid, HybridStats, WarpSplit};
 pub use shape::Shape;
+
+// Shorter paths inside the crate.
+pub(crate) use graph::DeviceGraph;
+pub(crate) use hybrid_spmm::{DeviceHybrid, WarpSplit};

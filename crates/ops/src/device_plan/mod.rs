@@ -737,7 +737,7 @@ pub(crate) fn build_bsb(
     };
     let order = DeviceVec::from_host_named(gpu, "BSB window order", layout.window_order())?;
     let bsb = DeviceBsb::from_parts(
-        (a.n_rows(), a.n_cols(), nnz),
+        (a.n_rows(), a.n_cols()),
         fill,
         window_offsets,
         block_columns,

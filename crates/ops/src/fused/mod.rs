@@ -11,9 +11,9 @@
 //! plans. Each `supports` function says, before anything is uploaded, whether a shape can run
 //! and what to use instead.
 
-pub mod csr;
-pub mod hybrid;
-pub mod tc;
+pub(crate) mod csr;
+pub(crate) mod hybrid;
+pub(crate) mod tc;
 
 pub use csr::{CsrExtras, FusedCsr};
 pub use hybrid::{Hybrid, HybridInfo, HybridParams};

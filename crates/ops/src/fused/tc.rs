@@ -164,12 +164,6 @@ pub(crate) fn layout_with(
     }
 }
 
-/// Whether the fused tensor-core kernel can run heads of `head_dim` features of `dtype`; the
-/// error says why not and what to use instead.
-pub fn supports(head_dim: usize, dtype: DTypeKind) -> Result<()> {
-    layout_with(head_dim, dtype, None, true).map(|_| ())
-}
-
 /// Tuning knobs (defaults: [`layout_with`]'s layout, the chunk from the graph, the kernel's
 /// warps per CTA).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -238,6 +232,12 @@ pub struct FusedTensorCore {
 }
 
 impl FusedTensorCore {
+    /// Whether the fused tensor-core kernel can run heads of `head_dim` features of `dtype`; the
+    /// error says why not and what to use instead.
+    pub fn supports(head_dim: usize, dtype: DTypeKind) -> Result<()> {
+        layout_with(head_dim, dtype, None, true).map(|_| ())
+    }
+
     /// Plans for `heads × head_dim` of `T` over `graph`'s BSB with its rows renumbered as
     /// `reorder` says (made once per graph and order, [`DeviceGraph::bsb_in`]).
     ///
