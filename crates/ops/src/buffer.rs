@@ -173,7 +173,7 @@ impl<T: DeviceElement> DeviceVec<T> {
     }
 
     /// Size of the elements in bytes (`len × size_of::<T>()`).
-    pub fn num_bytes(&self) -> usize {
+    pub(crate) fn num_bytes(&self) -> usize {
         self.len * std::mem::size_of::<T>()
     }
 
@@ -185,7 +185,7 @@ impl<T: DeviceElement> DeviceVec<T> {
     /// Bytes of device memory the buffer's allocation holds: [`num_bytes`](Self::num_bytes),
     /// or more for a buffer sized by an upper bound and cut to its length on the device
     /// (a graph built on the GPU), or the one element of an empty buffer.
-    pub fn allocated_bytes(&self) -> usize {
+    pub(crate) fn allocated_bytes(&self) -> usize {
         self.data.len() * std::mem::size_of::<T>()
     }
 
@@ -208,7 +208,7 @@ impl<T: DeviceElement> DeviceVec<T> {
     }
 
     /// Downloads into `host`, which must hold exactly [`len`](Self::len) elements.
-    pub fn copy_to_host(&self, host: &mut [T]) -> Result<()> {
+    pub(crate) fn copy_to_host(&self, host: &mut [T]) -> Result<()> {
         expect_len("host buffer", self.len, host.len())?;
         if self.len == 0 {
             return Ok(());
@@ -526,7 +526,8 @@ impl<T: DType> DeviceMatrix<T> {
     }
 
     /// Downloads into `host`, which must hold exactly `shape().len()` elements.
-    pub fn copy_to_host(&self, host: &mut [T]) -> Result<()> {
+    #[cfg(test)]
+    pub(crate) fn copy_to_host(&self, host: &mut [T]) -> Result<()> {
         self.data.copy_to_host(host)
     }
 

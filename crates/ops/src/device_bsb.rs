@@ -126,7 +126,7 @@ impl BsbLayout {
 /// kept), or on the device for a graph built there (a host copy downloaded only by the paths
 /// that need one: the extras' edge map, a phased schedule).
 #[derive(Debug)]
-pub struct OrderedBsb {
+pub(crate) struct OrderedBsb {
     /// Sizes, window offsets and order.
     pub(crate) layout: BsbLayout,
     /// The BSB of the row-renumbered graph on the host: built there, or downloaded on first
@@ -221,7 +221,7 @@ impl OrderedBsb {
 
     /// The row order and its K/V gathers, and how long the order, the BSB's build and its
     /// upload took, for a plan's report.
-    pub fn info(&self) -> String {
+    pub(crate) fn info(&self) -> String {
         match self.build_ms {
             (built, Some(uploaded)) => format!(
                 "{}; BSB built in {built:.0} ms, uploaded in {uploaded:.0} ms",
@@ -235,7 +235,7 @@ impl OrderedBsb {
     }
 
     /// Bytes of device memory it holds.
-    pub fn device_bytes(&self) -> usize {
+    pub(crate) fn device_bytes(&self) -> usize {
         self.device.device_bytes() + self.row_ids.as_ref().map_or(0, DeviceVec::allocated_bytes)
     }
 }

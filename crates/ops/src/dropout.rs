@@ -89,7 +89,7 @@ impl Dropout {
         self.seed
     }
     /// The offset.
-    pub fn offset(&self) -> u64 {
+    pub(crate) fn offset(&self) -> u64 {
         self.offset
     }
     /// The kept probabilities' factor, `1 / (1 − rate)`.
@@ -122,7 +122,7 @@ impl Dropout {
     }
 
     /// The factor of edge `edge`'s probability at `head`: `1 / (1 − rate)` kept, 0 dropped.
-    pub fn factor(&self, edge: u64, head: u64, heads: u64) -> f64 {
+    pub(crate) fn factor(&self, edge: u64, head: u64, heads: u64) -> f64 {
         if self.keeps(edge, head, heads) {
             1.0 / (1.0 - f64::from(self.rate))
         } else {

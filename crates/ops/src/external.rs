@@ -214,9 +214,9 @@ impl<T: DeviceElement> ExternalVec<T> {
     ///   `std::mem::swap` / `replace` through `DerefMut`): a moved-out buffer would free the
     ///   memory when dropped.
     ///
-    /// What can be checked is checked ([`check_device_pointer_aligned`] at 16 bytes): a null, misaligned, host or
-    /// other-device pointer, or one whose `len` elements overrun its allocation, is an
-    /// [`Error::InvalidArgument`] naming `what`, not undefined behaviour.
+    /// What can be checked is checked (the driver's tables, 16-byte alignment): a null,
+    /// misaligned, host or other-device pointer, or one whose `len` elements overrun its
+    /// allocation, is an [`Error::InvalidArgument`] naming `what`, not undefined behaviour.
     pub unsafe fn new(gpu: &Gpu, what: &'static str, ptr: u64, len: usize) -> Result<Self> {
         // SAFETY: the caller's contract.
         unsafe { Self::view(gpu, what, ptr, len, (EXTERNAL_ALIGN, Check::Driver)) }
@@ -234,7 +234,7 @@ impl<T: DeviceElement> ExternalVec<T> {
         unsafe { Self::view(gpu, what, ptr, len, (EXTERNAL_ALIGN, Check::Alignment)) }
     }
 
-    /// [`new`](Self::new) for memory only `T`-aligned ([`check_device_pointer_aligned`]):
+    /// [`new`](Self::new) for memory only `T`-aligned (the same checks at `T`'s alignment):
     /// for a buffer the kernels read element by element, never by wider vectors (a device
     /// edge list's ids).
     ///

@@ -460,7 +460,7 @@ impl DeviceHybrid {
     /// bias that is not `nnz × heads` (or `nnz`, shared); [`Error::InvalidArgument`] where
     /// `graph` is not this structure's.
     #[allow(clippy::too_many_arguments)]
-    pub fn attention_with_extras<T: DType>(
+    pub(crate) fn attention_with_extras<T: DType>(
         &self,
         gpu: &Gpu,
         graph: &Csr,
@@ -765,14 +765,12 @@ pub(crate) const WIDE_ITEMS_PER_SM: usize = 40;
 /// that 64 replaces 128 when both are there and `units × F / 128` items would be fewer than
 /// [`WIDE_ITEMS_PER_SM`] per SM (`f` = heads × head_dim; more, narrower items fill a small
 /// graph's GPU). `None` for no widths.
-///
-/// ```
-/// use spattn_ops::hybrid_spmm::default_width;
-/// assert_eq!(default_width(&[128, 64], 128, 170, 132), Some(64));
-/// assert_eq!(default_width(&[128, 64], 128, 10_600, 132), Some(128));
-/// assert_eq!(default_width(&[100], 200, 10, 132), Some(100));
-/// ```
-pub fn default_width(widths: &[usize], f: usize, units: usize, sm_count: usize) -> Option<usize> {
+pub(crate) fn default_width(
+    widths: &[usize],
+    f: usize,
+    units: usize,
+    sm_count: usize,
+) -> Option<usize> {
     let first = *widths.first()?;
     let items = units.saturating_mul(f / first.max(1));
     if first == 128 && widths.contains(&64) && items < WIDE_ITEMS_PER_SM * sm_count.max(1) {
@@ -783,10 +781,11 @@ pub fn default_width(widths: &[usize], f: usize, units: usize, sm_count: usize) 
 
 /// Hybrid SpMM: `out[i, h, :] = Σ_j A[i, j] · V[j, h, :]` over the uploaded matrix (values, or
 /// 1 for a binary matrix), dense blocks on tensor cores and the remaining edges on CUDA cores
-/// in one kernel, with the width of [`default_width`] and a default split of warps for it
-/// ([`DeviceHybrid::default_warps`]; see [`spmm_with`]; [`crate::HybridSpmm`] times the
-/// widths instead). `v` is `n_cols × heads × head_dim`,
-/// `out` `n_rows × heads × head_dim`; every element of `out` is written.
+/// in one kernel, with a default width (the first of [`spmm_widths`], or 64-feature pieces
+/// where 128-feature ones would leave SMs idle) and a default split of warps for it
+/// ([`DeviceHybrid::default_warps`]; see [`spmm_with`]; [`HybridSpmm`] times the widths
+/// instead). `v` is `n_cols × heads × head_dim`, `out` `n_rows × heads × head_dim`; every
+/// element of `out` is written.
 ///
 /// Errors: as [`spmm_with`].
 pub fn spmm<T: DType>(

@@ -8,10 +8,12 @@
 //! - [`Gpu`], [`DeviceVec`], [`DeviceMatrix`]: the runtime (cudarc, libcuda loaded at run time,
 //!   so everything builds without CUDA); the kernels' PTX comes from `spattn-kernels-sys`.
 //! - [`csr_ops`]: CUDA-core SDDMM, edge softmax and SpMM on CSR; [`tc_ops`]: tensor-core ones on
-//!   ME-BCRS ([`DeviceMeBcrs`]); [`DeviceGraph`] picks a backend per call.
-//! - [`hybrid_spmm`] and [`hybrid_plan`]: the RT-GNN-style hybrid (dense 16×8 blocks on tensor
-//!   cores, the other edges on CUDA cores of the same kernel), and [`HybridSpmm`], a hybrid
-//!   SpMM planned once by timing its candidates.
+//!   ME-BCRS ([`DeviceMeBcrs`]); [`graph::DeviceGraph`] picks a backend per call.
+//! - [`hybrid_spmm`]: the RT-GNN-style hybrid (dense 16×8 blocks on tensor cores, the other
+//!   edges on CUDA cores of the same kernel), and [`HybridSpmm`](hybrid_spmm::HybridSpmm), a
+//!   hybrid SpMM planned once by timing its candidates.
+//! - [`fused`]: the fused attention kernels; [`backward`]: their gradients and the unfused
+//!   backward ops; [`cpu`]: the f64 / f32 reference of everything.
 //!
 //! Shapes are `rows × heads × head_dim`, row-major ([`Shape`]); per-edge values are
 //! `nnz × heads` in the CSR's edge order. Errors are one [`Error`] enum naming the operand.

@@ -356,7 +356,7 @@ impl Hybrid {
 
     /// [`forward`](Self::forward) with a score bias and dropout in the caller's CSR order of
     /// `graph`, the graph this plan was built from (see
-    /// [`DeviceHybrid::attention_with_extras`]).
+    /// `DeviceHybrid::attention_with_extras`).
     ///
     /// Errors: as that method.
     pub fn forward_with_extras<T: DType>(

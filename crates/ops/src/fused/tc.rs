@@ -239,7 +239,7 @@ impl FusedTensorCore {
     }
 
     /// Plans for `heads × head_dim` of `T` over `graph`'s BSB with its rows renumbered as
-    /// `reorder` says (made once per graph and order, [`DeviceGraph::bsb_in`]).
+    /// `reorder` says (made once per graph and order, `DeviceGraph::bsb_in`).
     ///
     /// Errors: [`Error::Unsupported`] for a head too wide or a device older than sm_80;
     /// [`Error::TooLarge`] for sizes past the kernels' 32-bit indices, driver and memory
