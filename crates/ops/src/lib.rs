@@ -49,9 +49,12 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+// The public API is what this file names: the op families are public modules, each item
+// reached through its module only; the runtime types live in private modules, re-exported
+// below. `unreachable_pub` keeps it so: a `pub` item that no public path reaches is a warning
+// (an error under CI's clippy -D warnings), so the rest of the crate says `pub(crate)`.
 #![warn(unreachable_pub)]
-// The public API is what this file names: the op families are public modules (their items
-// reached only through them), and the rest of the crate is private, its types re-exported here.
+
 pub mod backward;
 mod buffer;
 pub mod cpu;
