@@ -16,7 +16,7 @@
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use cudarc::driver::sys;
-use cudarc::driver::{CudaSlice, DevicePtrMut, DeviceRepr, DriverError, ValidAsZeroBits};
+use cudarc::driver::{CudaSlice, DevicePtrMut, DriverError};
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -24,17 +24,34 @@ use crate::gpu::Gpu;
 use crate::launch::{map_driver_error, OnGpu};
 use crate::shape::Shape;
 
-/// An element a [`DeviceVec`] can hold: any plain-old-data type the driver can copy (`f32`,
-/// `f16`, `bf16`, `u32`, …).
-pub trait DeviceElement:
-    DeviceRepr + ValidAsZeroBits + bytemuck::Pod + Send + Sync + std::fmt::Debug + 'static
-{
+mod sealed {
+    use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
+
+    /// Keeps [`DeviceElement`](super::DeviceElement) closed, and what it needs of cudarc and
+    /// bytemuck (a type the driver copies, valid as zero bits, plain old data) out of the
+    /// crate's API.
+    pub trait Element: DeviceRepr + ValidAsZeroBits + bytemuck::Pod {}
+    impl Element for u8 {}
+    impl Element for u16 {}
+    impl Element for u32 {}
+    impl Element for u64 {}
+    impl Element for usize {}
+    impl Element for i8 {}
+    impl Element for i16 {}
+    impl Element for i32 {}
+    impl Element for i64 {}
+    impl Element for isize {}
+    impl Element for f32 {}
+    impl Element for f64 {}
+    impl Element for half::f16 {}
+    impl Element for half::bf16 {}
 }
 
-impl<T> DeviceElement for T where
-    T: DeviceRepr + ValidAsZeroBits + bytemuck::Pod + Send + Sync + std::fmt::Debug + 'static
-{
-}
+/// An element a [`DeviceVec`] can hold: the integers, `f32`, `f64`, [`f16`](crate::f16) and
+/// [`bf16`](crate::bf16). Sealed.
+pub trait DeviceElement: sealed::Element + Send + Sync + std::fmt::Debug + 'static {}
+
+impl<T: sealed::Element + Send + Sync + std::fmt::Debug + 'static> DeviceElement for T {}
 
 /// Maps an allocation failure: out of memory becomes [`Error::OutOfMemory`] with the size.
 fn alloc_error(what: &'static str, bytes: usize) -> impl FnOnce(DriverError) -> Error {

@@ -8,7 +8,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
+use crate::buffer::DeviceElement;
 
 /// The run-time name of an element type: what the command line parses and results print.
 ///
@@ -117,9 +117,7 @@ mod sealed {
 /// ```
 pub trait DType:
     sealed::Sealed
-    + DeviceRepr
-    + ValidAsZeroBits
-    + bytemuck::Pod
+    + DeviceElement
     + Copy
     + Default
     + PartialEq
