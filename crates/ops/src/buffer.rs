@@ -528,12 +528,12 @@ impl<T: DType> DeviceMatrix<T> {
     }
 
     /// The cudarc slice, to pass to a kernel (see [`DeviceVec::slice`]).
-    pub fn slice(&self) -> &CudaSlice<T> {
+    pub(crate) fn slice(&self) -> &CudaSlice<T> {
         self.data.slice()
     }
 
     /// The cudarc slice, mutably, to pass to a kernel that writes it.
-    pub fn slice_mut(&mut self) -> &mut CudaSlice<T> {
+    pub(crate) fn slice_mut(&mut self) -> &mut CudaSlice<T> {
         self.data.slice_mut()
     }
 

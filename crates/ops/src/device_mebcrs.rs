@@ -288,7 +288,7 @@ impl DeviceMeBcrs {
     ///
     /// [`Error::Format`]: crate::Error::Format
     /// [`Error::TooLarge`]: crate::Error::TooLarge
-    pub fn upload(gpu: &Gpu, me: &MeBcrs) -> Result<Self> {
+    pub(crate) fn upload(gpu: &Gpu, me: &MeBcrs) -> Result<Self> {
         let edge_to_slot = me.edge_to_slot()?;
         let order = RowOrderReport {
             used: Reorder::None,

@@ -89,7 +89,7 @@ impl Dropout {
         self.seed
     }
     /// The offset.
-    pub(crate) fn offset(&self) -> u64 {
+    pub fn offset(&self) -> u64 {
         self.offset
     }
     /// The kept probabilities' factor, `1 / (1 − rate)`.
@@ -97,11 +97,11 @@ impl Dropout {
         1.0 / (1.0 - self.rate)
     }
     /// The draw below which an edge is dropped, `⌊rate · 2³²⌋` (what the kernels compare).
-    pub fn threshold(&self) -> u32 {
+    pub(crate) fn threshold(&self) -> u32 {
         self.threshold
     }
     /// The key words the kernels take: `[seed mod 2³², seed / 2³²]`.
-    pub fn key(&self) -> [u32; 2] {
+    pub(crate) fn key(&self) -> [u32; 2] {
         [self.seed as u32, (self.seed >> 32) as u32]
     }
 

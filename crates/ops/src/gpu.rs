@@ -669,7 +669,7 @@ pub struct GpuTimer {
 
 impl GpuTimer {
     /// Two timing events on `gpu`'s context.
-    pub fn new(gpu: &Gpu) -> Result<Self> {
+    pub(crate) fn new(gpu: &Gpu) -> Result<Self> {
         let ctx = gpu.context();
         // `None` would create events with timing disabled.
         let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);

@@ -73,7 +73,7 @@ impl Engine {
     }
 
     /// A short name: `"cuda-core"` or `"tensor-core"`.
-    pub const fn name(self) -> &'static str {
+    pub(crate) const fn name(self) -> &'static str {
         match self {
             Engine::CudaCore => "cuda-core",
             Engine::TensorCore => "tensor-core",

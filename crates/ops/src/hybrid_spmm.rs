@@ -187,7 +187,7 @@ impl WarpSplit {
         Ok(Self { tc, cd })
     }
     /// Warps per CTA.
-    pub fn warps(&self) -> usize {
+    pub(crate) fn warps(&self) -> usize {
         self.tc + self.cd
     }
 }
@@ -399,7 +399,7 @@ impl DeviceHybrid {
     /// [`Error::ForeignGpu`], [`Error::UnsupportedComputeCapability`] below 8.0, launch
     /// failures.
     #[allow(clippy::too_many_arguments)]
-    pub fn attention<T: DType>(
+    pub(crate) fn attention<T: DType>(
         &self,
         gpu: &Gpu,
         q: &DeviceMatrix<T>,

@@ -412,7 +412,7 @@ impl FusedCsr {
 
     /// Uploads `graph`'s units in the row order `reorder` asks for ([`csr_order`]) and sizes
     /// the workspace for `heads × head_dim` of `T`.
-    pub fn new<T: DType>(
+    pub(crate) fn new<T: DType>(
         gpu: &Gpu,
         graph: &Csr,
         heads: usize,
