@@ -25,7 +25,7 @@
 //! for its shape only (`TensorCore` likewise).
 //!
 //! Lazy state: a plan uploads nothing for the backward until its first call, which asks the
-//! plan's shared [`spattn_ops::DeviceGraph`] for the CSR and the transpose Aᵀ (each with its own
+//! plan's shared [`DeviceGraph`](crate::DeviceGraph) for the CSR and the transpose Aᵀ (each with its own
 //! schedules, so hub columns split like hub rows) — built once per graph, whatever the number of
 //! plans and layers over it — and allocates the kernel set's workspace (`Fused`: `n × heads`
 //! row statistics and the split rows' partials; the others: four `nnz × heads` f32 buffers). It
@@ -36,7 +36,8 @@ use std::sync::{Mutex, PoisonError};
 use spattn_formats::Csr;
 use spattn_ops::backward::{self as ops_backward, FusedBackward, TensorCoreBackward};
 use spattn_ops::cpu::{self, AttentionInputs};
-use spattn_ops::{csr_ops, DType, DeviceGraph, DeviceMatrix, DeviceVec, Gpu, Shape};
+use spattn_ops::graph::DeviceGraph;
+use spattn_ops::{csr_ops, DType, DeviceMatrix, DeviceVec, Gpu, Shape};
 
 use crate::error::{Error, Result};
 use crate::plan::AttentionPlan;

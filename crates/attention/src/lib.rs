@@ -79,7 +79,6 @@ pub use config::{Algorithm, AttentionConfig, HybridParams, Reorder};
 pub use error::{Error, Result};
 pub use extras::{Extras, ExtrasGrads, HostExtras};
 pub use plan::AttentionPlan;
-pub use spattn_ops::dropout::Dropout;
 pub use spattn_ops::edge_extras::DeviceBias;
 pub use spattn_ops::fused::HybridInfo;
 
@@ -89,12 +88,22 @@ pub use half::{bf16, f16};
 pub use spattn_formats::{
     read_edge_list, read_matrix_market, rmat, Coo, Csr, EdgeListOptions, RmatConfig,
 };
-pub use spattn_ops::{
-    DType, DTypeKind, DeviceGraph, DeviceMatrix, DeviceVec, Gpu, PlanPolicy, Shape,
-};
+pub use spattn_ops::graph::{DeviceGraph, PlanPolicy};
+pub use spattn_ops::{DType, DTypeKind, DeviceMatrix, DeviceVec, Dropout, Gpu, Shape};
 
 /// The formats crate (`spattn-formats`), for what the re-exports above leave out.
 pub use spattn_formats as formats;
-/// The ops crate (`spattn-ops`): the unfused ops, the fused kernels, cuBLAS, the CPU
-/// reference.
-pub use spattn_ops as ops;
+
+/// What the plans and layers are built from (`spattn-ops`), for work they do not cover: the
+/// f64 CPU reference ([`cpu`](ops::cpu)), the CUDA-core ops on a CSR and their backward
+/// ([`csr_ops`](ops::csr_ops), [`backward`](ops::backward), [`edge_extras`](ops::edge_extras)),
+/// graphs built from edge lists on the device ([`device_plan`](ops::device_plan)), views of
+/// foreign device memory ([`ExternalVec`](ops::ExternalVec),
+/// [`ExternalMatrix`](ops::ExternalMatrix), [`StreamBridge`](ops::StreamBridge)), NCCL
+/// ([`nccl`](ops::nccl)) and the ops' own [`Error`](ops::Error) (what [`Error::Ops`] holds).
+/// The rest of `spattn-ops` (the tensor-core ops, the fused kernels, cuBLAS, the elementwise
+/// kernels, the tuner) is reached through the plans and layers.
+pub mod ops {
+    pub use spattn_ops::{backward, cpu, csr_ops, device_plan, edge_extras, nccl};
+    pub use spattn_ops::{DeviceCsr, Error, ExternalMatrix, ExternalVec, Result, StreamBridge};
+}

@@ -4,9 +4,9 @@ use std::sync::{Arc, Mutex};
 
 use spattn_formats::{Csr, DegreeStats};
 use spattn_ops::cpu::{self, AttentionInputs};
+use spattn_ops::graph::DeviceGraph;
 use spattn_ops::{
-    csr_ops, tc_ops, DType, DTypeKind, DeviceGraph, DeviceMatrix, DeviceMeBcrs, DeviceVec, Gpu,
-    Shape,
+    csr_ops, tc_ops, DType, DTypeKind, DeviceMatrix, DeviceMeBcrs, DeviceVec, Gpu, Shape,
 };
 
 use crate::config::{Algorithm, AttentionConfig};
@@ -265,16 +265,16 @@ impl AttentionPlan {
             && match algorithm {
                 Algorithm::Auto | Algorithm::UnfusedCsr => true,
                 Algorithm::FusedCsr => {
-                    fused::csr::supports(config.head_dim, config.dtype.size_bytes()).is_ok()
+                    FusedCsr::supports(config.head_dim, config.dtype.size_bytes()).is_ok()
                 }
                 Algorithm::FusedTensorCore => {
                     gpu.compute_capability() >= (8, 0)
-                        && fused::tc::supports(config.head_dim, config.dtype).is_ok()
+                        && FusedTensorCore::supports(config.head_dim, config.dtype).is_ok()
                 }
                 Algorithm::UnfusedTensorCore => gpu.compute_capability() >= (8, 0),
                 Algorithm::Hybrid => {
                     gpu.compute_capability() >= (8, 0)
-                        && fused::hybrid::supports(config.head_dim, config.dtype).is_ok()
+                        && Hybrid::supports(config.head_dim, config.dtype).is_ok()
                 }
             }
     }
@@ -637,9 +637,9 @@ fn choose(
     config: &AttentionConfig,
     cc: (i32, i32),
 ) -> Result<(Algorithm, String)> {
-    let fused_csr_ok = fused::csr::supports(config.head_dim, config.dtype.size_bytes());
+    let fused_csr_ok = FusedCsr::supports(config.head_dim, config.dtype.size_bytes());
     let tensor_cores = cc >= (8, 0);
-    let fused_tc_ok = fused::tc::supports(config.head_dim, config.dtype);
+    let fused_tc_ok = FusedTensorCore::supports(config.head_dim, config.dtype);
     let needs_tc = |alg: Algorithm| -> Result<()> {
         if tensor_cores {
             Ok(())
@@ -721,7 +721,7 @@ fn choose(
         }
         Algorithm::Hybrid => {
             needs_tc(Algorithm::Hybrid)?;
-            fused::hybrid::supports(config.head_dim, config.dtype)?;
+            Hybrid::supports(config.head_dim, config.dtype)?;
             Ok((Algorithm::Hybrid, "requested".into()))
         }
     }
@@ -807,7 +807,7 @@ mod tests {
         }
         // A head too wide for fused-csr's registers: the composition, with the reason.
         let wide = 8192;
-        assert!(fused::csr::supports(wide, 4).is_err());
+        assert!(FusedCsr::supports(wide, 4).is_err());
         let config = AttentionConfig::new(1, wide, DTypeKind::F32).with_edge_extras(true);
         let (alg, why) = choose(&g.degree_stats(), &config, (9, 0)).unwrap();
         assert_eq!(alg, Algorithm::UnfusedCsr);

@@ -15,7 +15,8 @@ use half::{bf16, f16};
 use rand_pcg::Pcg64;
 use spattn::{Algorithm, AttentionConfig, AttentionPlan, HybridParams};
 use spattn_formats::Csr;
-use spattn_ops::{DType, DTypeKind, DeviceHybrid, DeviceMatrix, Gpu, Shape};
+use spattn_ops::hybrid_spmm::DeviceHybrid;
+use spattn_ops::{DType, DTypeKind, DeviceMatrix, Gpu, Shape};
 use spattn_test_support::*;
 
 const ALG: Algorithm = Algorithm::Hybrid;

@@ -12,9 +12,9 @@
 use half::{bf16, f16};
 use rand_pcg::Pcg64;
 use spattn_formats::{Csr, Reorder};
+use spattn_ops::hybrid_spmm::HybridSpmm;
 use spattn_ops::{
-    csr_ops, tc_ops, DType, DeviceCsr, DeviceMatrix, DeviceMeBcrs, DeviceVec, Gpu, HybridSpmm,
-    Shape,
+    csr_ops, tc_ops, DType, DeviceCsr, DeviceMatrix, DeviceMeBcrs, DeviceVec, Gpu, Shape,
 };
 use spattn_test_support::*;
 

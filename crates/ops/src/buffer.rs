@@ -16,7 +16,7 @@
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use cudarc::driver::sys;
-use cudarc::driver::{CudaSlice, DevicePtrMut, DeviceRepr, DriverError, ValidAsZeroBits};
+use cudarc::driver::{CudaSlice, DevicePtrMut, DriverError};
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -24,17 +24,34 @@ use crate::gpu::Gpu;
 use crate::launch::{map_driver_error, OnGpu};
 use crate::shape::Shape;
 
-/// An element a [`DeviceVec`] can hold: any plain-old-data type the driver can copy (`f32`,
-/// `f16`, `bf16`, `u32`, …).
-pub trait DeviceElement:
-    DeviceRepr + ValidAsZeroBits + bytemuck::Pod + Send + Sync + std::fmt::Debug + 'static
-{
+mod sealed {
+    use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
+
+    /// Keeps [`DeviceElement`](super::DeviceElement) closed, and what it needs of cudarc and
+    /// bytemuck (a type the driver copies, valid as zero bits, plain old data) out of the
+    /// crate's API.
+    pub trait Element: DeviceRepr + ValidAsZeroBits + bytemuck::Pod {}
+    impl Element for u8 {}
+    impl Element for u16 {}
+    impl Element for u32 {}
+    impl Element for u64 {}
+    impl Element for usize {}
+    impl Element for i8 {}
+    impl Element for i16 {}
+    impl Element for i32 {}
+    impl Element for i64 {}
+    impl Element for isize {}
+    impl Element for f32 {}
+    impl Element for f64 {}
+    impl Element for half::f16 {}
+    impl Element for half::bf16 {}
 }
 
-impl<T> DeviceElement for T where
-    T: DeviceRepr + ValidAsZeroBits + bytemuck::Pod + Send + Sync + std::fmt::Debug + 'static
-{
-}
+/// An element a [`DeviceVec`] can hold: the integers, `f32`, `f64`, [`f16`](crate::f16) and
+/// [`bf16`](crate::bf16). Sealed.
+pub trait DeviceElement: sealed::Element + Send + Sync + std::fmt::Debug + 'static {}
+
+impl<T: sealed::Element + Send + Sync + std::fmt::Debug + 'static> DeviceElement for T {}
 
 /// Maps an allocation failure: out of memory becomes [`Error::OutOfMemory`] with the size.
 fn alloc_error(what: &'static str, bytes: usize) -> impl FnOnce(DriverError) -> Error {
@@ -173,7 +190,7 @@ impl<T: DeviceElement> DeviceVec<T> {
     }
 
     /// Size of the elements in bytes (`len × size_of::<T>()`).
-    pub fn num_bytes(&self) -> usize {
+    pub(crate) fn num_bytes(&self) -> usize {
         self.len * std::mem::size_of::<T>()
     }
 
@@ -185,7 +202,7 @@ impl<T: DeviceElement> DeviceVec<T> {
     /// Bytes of device memory the buffer's allocation holds: [`num_bytes`](Self::num_bytes),
     /// or more for a buffer sized by an upper bound and cut to its length on the device
     /// (a graph built on the GPU), or the one element of an empty buffer.
-    pub fn allocated_bytes(&self) -> usize {
+    pub(crate) fn allocated_bytes(&self) -> usize {
         self.data.len() * std::mem::size_of::<T>()
     }
 
@@ -208,7 +225,7 @@ impl<T: DeviceElement> DeviceVec<T> {
     }
 
     /// Downloads into `host`, which must hold exactly [`len`](Self::len) elements.
-    pub fn copy_to_host(&self, host: &mut [T]) -> Result<()> {
+    pub(crate) fn copy_to_host(&self, host: &mut [T]) -> Result<()> {
         expect_len("host buffer", self.len, host.len())?;
         if self.len == 0 {
             return Ok(());
@@ -511,12 +528,12 @@ impl<T: DType> DeviceMatrix<T> {
     }
 
     /// The cudarc slice, to pass to a kernel (see [`DeviceVec::slice`]).
-    pub fn slice(&self) -> &CudaSlice<T> {
+    pub(crate) fn slice(&self) -> &CudaSlice<T> {
         self.data.slice()
     }
 
     /// The cudarc slice, mutably, to pass to a kernel that writes it.
-    pub fn slice_mut(&mut self) -> &mut CudaSlice<T> {
+    pub(crate) fn slice_mut(&mut self) -> &mut CudaSlice<T> {
         self.data.slice_mut()
     }
 
@@ -526,7 +543,8 @@ impl<T: DType> DeviceMatrix<T> {
     }
 
     /// Downloads into `host`, which must hold exactly `shape().len()` elements.
-    pub fn copy_to_host(&self, host: &mut [T]) -> Result<()> {
+    #[cfg(test)]
+    pub(crate) fn copy_to_host(&self, host: &mut [T]) -> Result<()> {
         self.data.copy_to_host(host)
     }
 

@@ -126,7 +126,7 @@ impl BsbLayout {
 /// kept), or on the device for a graph built there (a host copy downloaded only by the paths
 /// that need one: the extras' edge map, a phased schedule).
 #[derive(Debug)]
-pub struct OrderedBsb {
+pub(crate) struct OrderedBsb {
     /// Sizes, window offsets and order.
     pub(crate) layout: BsbLayout,
     /// The BSB of the row-renumbered graph on the host: built there, or downloaded on first
@@ -221,7 +221,7 @@ impl OrderedBsb {
 
     /// The row order and its K/V gathers, and how long the order, the BSB's build and its
     /// upload took, for a plan's report.
-    pub fn info(&self) -> String {
+    pub(crate) fn info(&self) -> String {
         match self.build_ms {
             (built, Some(uploaded)) => format!(
                 "{}; BSB built in {built:.0} ms, uploaded in {uploaded:.0} ms",
@@ -235,7 +235,7 @@ impl OrderedBsb {
     }
 
     /// Bytes of device memory it holds.
-    pub fn device_bytes(&self) -> usize {
+    pub(crate) fn device_bytes(&self) -> usize {
         self.device.device_bytes() + self.row_ids.as_ref().map_or(0, DeviceVec::allocated_bytes)
     }
 }
@@ -549,23 +549,10 @@ fn bsb_edge_map(a: &Csr, bsb: &Bsb, row_ids: Option<&[u32]>) -> Result<(Vec<u32>
 /// (largest first), and the per-edge values where the matrix has them.
 ///
 /// Uploaded once and reused by every launch; the host-side [`FillStats`] stay with it.
-///
-/// ```no_run
-/// use spattn_formats::{Bsb, Csr};
-/// use spattn_ops::{DeviceBsb, Gpu};
-/// let gpu = Gpu::new(0)?;
-/// let a = Csr::from_edges(18, 10, &[(0, 2), (0, 9), (1, 9), (17, 0)])?;
-/// let bsb = Bsb::from_csr(&a)?;
-/// let d = DeviceBsb::upload(&gpu, &bsb)?;
-/// assert_eq!((d.n_windows(), d.n_blocks(), d.nnz()), (2, 2, 4));
-/// assert_eq!(d.to_host()?, bsb);
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
 #[derive(Debug)]
-pub struct DeviceBsb {
+pub(crate) struct DeviceBsb {
     n_rows: usize,
     n_cols: usize,
-    nnz: usize,
     fill: FillStats,
     window_offsets: DeviceVec<u32>,
     block_columns: DeviceVec<u32>,
@@ -579,12 +566,11 @@ impl DeviceBsb {
     ///
     /// Errors: [`crate::Error::TooLarge`] where the slots (`8 × blocks`) do not fit the
     /// kernels' 32-bit indices; allocation and copy failures.
-    pub fn upload(gpu: &Gpu, bsb: &Bsb) -> Result<Self> {
+    pub(crate) fn upload(gpu: &Gpu, bsb: &Bsb) -> Result<Self> {
         to_u32("BSB block slots", bsb.block_columns().len())?;
         Ok(DeviceBsb {
             n_rows: bsb.n_rows(),
             n_cols: bsb.n_cols(),
-            nnz: bsb.nnz(),
             fill: bsb.fill_stats(),
             window_offsets: DeviceVec::from_host_named(
                 gpu,
@@ -605,10 +591,10 @@ impl DeviceBsb {
         })
     }
 
-    /// A BSB built on the device (`crate::device_plan`): `(n_rows, n_cols, nnz)`, its fill,
-    /// window offsets, block columns, bitmaps (2 u64 a block) and window order.
+    /// A BSB built on the device (`crate::device_plan`): `(n_rows, n_cols)`, its fill, window
+    /// offsets, block columns, bitmaps (2 u64 a block) and window order.
     pub(crate) fn from_parts(
-        (n_rows, n_cols, nnz): (usize, usize, usize),
+        (n_rows, n_cols): (usize, usize),
         fill: FillStats,
         window_offsets: DeviceVec<u32>,
         block_columns: DeviceVec<u32>,
@@ -618,7 +604,6 @@ impl DeviceBsb {
         DeviceBsb {
             n_rows,
             n_cols,
-            nnz,
             fill,
             window_offsets,
             block_columns,
@@ -635,7 +620,7 @@ impl DeviceBsb {
     }
 
     /// Downloads the matrix back into a [`Bsb`] (checked by [`Bsb::try_new`]).
-    pub fn to_host(&self) -> Result<Bsb> {
+    pub(crate) fn to_host(&self) -> Result<Bsb> {
         let words = self.bitmap_words.to_host()?;
         let bitmaps = words
             .chunks_exact(2)
@@ -653,32 +638,23 @@ impl DeviceBsb {
     }
 
     /// Number of rows (query nodes).
-    pub fn n_rows(&self) -> usize {
+    pub(crate) fn n_rows(&self) -> usize {
         self.n_rows
     }
 
     /// Number of columns (key nodes).
-    pub fn n_cols(&self) -> usize {
+    pub(crate) fn n_cols(&self) -> usize {
         self.n_cols
     }
 
-    /// Number of edges.
-    pub fn nnz(&self) -> usize {
-        self.nnz
-    }
-
-    /// Number of 16-row windows.
-    pub fn n_windows(&self) -> usize {
-        self.fill.windows
-    }
-
     /// Number of 16×8 blocks.
-    pub fn n_blocks(&self) -> usize {
+    pub(crate) fn n_blocks(&self) -> usize {
         self.fill.blocks
     }
 
     /// Fill statistics of the matrix, computed on the host at upload.
-    pub fn fill_stats(&self) -> &FillStats {
+    #[cfg(test)]
+    pub(crate) fn fill_stats(&self) -> &FillStats {
         &self.fill
     }
 
@@ -693,18 +669,8 @@ impl DeviceBsb {
         &self.bitmap_words
     }
 
-    /// Values per edge in CSR order (`nnz`), where the matrix has them.
-    pub fn values(&self) -> Option<&DeviceVec<f32>> {
-        self.values.as_ref()
-    }
-
-    /// The handle the matrix was uploaded with.
-    pub fn gpu(&self) -> &Gpu {
-        self.window_offsets.gpu()
-    }
-
     /// Device memory the matrix occupies, in bytes.
-    pub fn device_bytes(&self) -> usize {
+    pub(crate) fn device_bytes(&self) -> usize {
         self.window_offsets.allocated_bytes()
             + self.block_columns.allocated_bytes()
             + self.bitmap_words.allocated_bytes()

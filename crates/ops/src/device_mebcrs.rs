@@ -88,7 +88,7 @@ pub(crate) struct WorkItems {
 impl WorkItems {
     /// Cuts the windows of `row_pointers` (an ME-BCRS window-pointer array) into items of at
     /// most `chunk` vectors (`chunk` ≥ 1).
-    pub fn new(row_pointers: &[u32], chunk: u32) -> Self {
+    pub(crate) fn new(row_pointers: &[u32], chunk: u32) -> Self {
         let chunk = chunk.max(1);
         let n_windows = row_pointers.len().saturating_sub(1);
         let mut items = WorkItems {
@@ -288,7 +288,7 @@ impl DeviceMeBcrs {
     ///
     /// [`Error::Format`]: crate::Error::Format
     /// [`Error::TooLarge`]: crate::Error::TooLarge
-    pub fn upload(gpu: &Gpu, me: &MeBcrs) -> Result<Self> {
+    pub(crate) fn upload(gpu: &Gpu, me: &MeBcrs) -> Result<Self> {
         let edge_to_slot = me.edge_to_slot()?;
         let order = RowOrderReport {
             used: Reorder::None,

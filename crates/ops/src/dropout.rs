@@ -13,7 +13,7 @@
 //! one seed.
 //!
 //! ```
-//! use spattn_ops::dropout::Dropout;
+//! use spattn_ops::Dropout;
 //! let d = Dropout::new(0.5, 42, 0)?;
 //! let kept = (0..10_000u64).filter(|&e| d.keeps(e, 0, 1)).count();
 //! assert!((4_800..5_200).contains(&kept)); // about half
@@ -32,7 +32,7 @@ const W0: u32 = 0x9E37_79B9;
 const W1: u32 = 0xBB67_AE85;
 
 /// Philox 4×32 with 10 rounds: four pseudo-random words of `counter` under `key`.
-pub fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
+pub(crate) fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
     let (mut c, mut k) = (counter, key);
     for round in 0..10 {
         if round > 0 {
@@ -97,11 +97,11 @@ impl Dropout {
         1.0 / (1.0 - self.rate)
     }
     /// The draw below which an edge is dropped, `⌊rate · 2³²⌋` (what the kernels compare).
-    pub fn threshold(&self) -> u32 {
+    pub(crate) fn threshold(&self) -> u32 {
         self.threshold
     }
     /// The key words the kernels take: `[seed mod 2³², seed / 2³²]`.
-    pub fn key(&self) -> [u32; 2] {
+    pub(crate) fn key(&self) -> [u32; 2] {
         [self.seed as u32, (self.seed >> 32) as u32]
     }
 
@@ -122,7 +122,7 @@ impl Dropout {
     }
 
     /// The factor of edge `edge`'s probability at `head`: `1 / (1 − rate)` kept, 0 dropped.
-    pub fn factor(&self, edge: u64, head: u64, heads: u64) -> f64 {
+    pub(crate) fn factor(&self, edge: u64, head: u64, heads: u64) -> f64 {
         if self.keeps(edge, head, heads) {
             1.0 / (1.0 - f64::from(self.rate))
         } else {

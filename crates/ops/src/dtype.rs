@@ -8,7 +8,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
+use crate::buffer::DeviceElement;
 
 /// The run-time name of an element type: what the command line parses and results print.
 ///
@@ -18,7 +18,7 @@ use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 /// assert_eq!(kind, DTypeKind::Bf16);
 /// assert_eq!(kind.to_string(), "bf16");
 /// assert_eq!(kind.size_bytes(), 2);
-/// # Ok::<(), spattn_ops::dtype::ParseDTypeKindError>(())
+/// # Ok::<(), spattn_ops::ParseDTypeKindError>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DTypeKind {
@@ -117,9 +117,7 @@ mod sealed {
 /// ```
 pub trait DType:
     sealed::Sealed
-    + DeviceRepr
-    + ValidAsZeroBits
-    + bytemuck::Pod
+    + DeviceElement
     + Copy
     + Default
     + PartialEq

@@ -21,8 +21,7 @@
 //! order allows.
 //!
 //! ```no_run
-//! use spattn_ops::external::{ExternalMatrix, StreamBridge};
-//! use spattn_ops::{Gpu, Shape};
+//! use spattn_ops::{ExternalMatrix, Gpu, Shape, StreamBridge};
 //! # fn torch_pointers() -> (u64, u64) { (0, 0) }
 //! let gpu = Gpu::new(0)?;
 //! let bridge = StreamBridge::new(&gpu)?;
@@ -54,23 +53,18 @@ use crate::shape::Shape;
 
 /// The alignment, in bytes, every external pointer must have: the kernels move up to 16 bytes
 /// per vector access and assume buffers start where `cuMemAlloc` would put them.
-pub const EXTERNAL_ALIGN: u64 = 16;
+pub(crate) const EXTERNAL_ALIGN: u64 = 16;
 
 /// Checks that `bytes` bytes at `ptr` can be handed to the kernels of `gpu`: non-null, aligned
-/// to [`EXTERNAL_ALIGN`], device memory of `gpu`'s device, and (where the driver reports the
-/// allocation holding `ptr`, which it does for `cuMemAlloc` and stream-ordered allocations) not
-/// past the end of that allocation.
+/// to `align` bytes ([`EXTERNAL_ALIGN`], or less for arrays the kernels read element by element
+/// (edge ids), which may start anywhere a tensor's elements can: a row of a `2 × E` tensor),
+/// device memory of `gpu`'s device, and (where the driver reports the allocation holding `ptr`,
+/// which it does for `cuMemAlloc` and stream-ordered allocations) not past the end of that
+/// allocation.
 ///
 /// `bytes` must be at least 1. Errors are [`Error::InvalidArgument`] naming `what`, or
 /// [`Error::Driver`] for a context that cannot be bound.
-pub fn check_device_pointer(gpu: &Gpu, what: &'static str, ptr: u64, bytes: usize) -> Result<()> {
-    check_device_pointer_aligned(gpu, what, ptr, bytes, EXTERNAL_ALIGN)
-}
-
-/// [`check_device_pointer`] with an alignment of `align` bytes instead of
-/// [`EXTERNAL_ALIGN`]: for arrays the kernels read element by element (edge ids), which may
-/// start anywhere a tensor's elements can (a row of a `2 × E` tensor).
-pub fn check_device_pointer_aligned(
+pub(crate) fn check_device_pointer_aligned(
     gpu: &Gpu,
     what: &'static str,
     ptr: u64,
@@ -220,9 +214,9 @@ impl<T: DeviceElement> ExternalVec<T> {
     ///   `std::mem::swap` / `replace` through `DerefMut`): a moved-out buffer would free the
     ///   memory when dropped.
     ///
-    /// What can be checked is checked ([`check_device_pointer`]): a null, misaligned, host or
-    /// other-device pointer, or one whose `len` elements overrun its allocation, is an
-    /// [`Error::InvalidArgument`] naming `what`, not undefined behaviour.
+    /// What can be checked is checked (the driver's tables, 16-byte alignment): a null,
+    /// misaligned, host or other-device pointer, or one whose `len` elements overrun its
+    /// allocation, is an [`Error::InvalidArgument`] naming `what`, not undefined behaviour.
     pub unsafe fn new(gpu: &Gpu, what: &'static str, ptr: u64, len: usize) -> Result<Self> {
         // SAFETY: the caller's contract.
         unsafe { Self::view(gpu, what, ptr, len, (EXTERNAL_ALIGN, Check::Driver)) }
@@ -240,7 +234,7 @@ impl<T: DeviceElement> ExternalVec<T> {
         unsafe { Self::view(gpu, what, ptr, len, (EXTERNAL_ALIGN, Check::Alignment)) }
     }
 
-    /// [`new`](Self::new) for memory only `T`-aligned ([`check_device_pointer_aligned`]):
+    /// [`new`](Self::new) for memory only `T`-aligned (the same checks at `T`'s alignment):
     /// for a buffer the kernels read element by element, never by wider vectors (a device
     /// edge list's ids).
     ///

@@ -64,7 +64,6 @@ struct GpuInner {
     name: String,
     compute_capability: (i32, i32),
     sm_count: u32,
-    max_shared_memory_per_block: usize,
     /// The kernels loaded into `ctx`, by module name and kernel name.
     modules: Mutex<HashMap<&'static str, LoadedModule>>,
     /// 16 bytes that empty views of foreign memory point at (kernels never read them), made
@@ -166,10 +165,6 @@ impl Gpu {
             sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
             "reading the SM count",
         )?;
-        let smem = attribute(
-            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-            "reading the shared memory limit",
-        )?;
         Ok(Gpu {
             inner: Arc::new(GpuInner {
                 ctx,
@@ -178,7 +173,6 @@ impl Gpu {
                 name,
                 compute_capability,
                 sm_count: u32::try_from(sm_count).unwrap_or(0),
-                max_shared_memory_per_block: usize::try_from(smem).unwrap_or(0),
                 modules: Mutex::new(HashMap::new()),
                 placeholder: std::sync::OnceLock::new(),
             }),
@@ -207,7 +201,8 @@ impl Gpu {
     }
 
     /// Whether a CUDA driver is present and reports at least one device. Never panics.
-    pub fn is_available() -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_available() -> bool {
         matches!(probe(), Ok(n) if n > 0)
     }
 
@@ -239,8 +234,16 @@ impl Gpu {
 
     /// The most shared memory one block may use, in bytes, with the opt-in of
     /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` (beyond 48 KiB a kernel must opt in).
-    pub fn max_shared_memory_per_block(&self) -> usize {
-        self.inner.max_shared_memory_per_block
+    #[cfg(test)]
+    pub(crate) fn max_shared_memory_per_block(&self) -> Result<usize> {
+        let smem = self
+            .inner
+            .ctx
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .map_err(|e| map_driver_error("reading the shared memory limit", e))?;
+        Ok(usize::try_from(smem).unwrap_or(0))
     }
 
     /// Checks that the device has compute capability `major.minor` or newer; `what` names
@@ -304,7 +307,7 @@ impl Gpu {
     ///
     /// # Errors
     /// The driver's.
-    pub fn memory_pool(&self) -> Result<sys::CUmemoryPool> {
+    pub(crate) fn memory_pool(&self) -> Result<sys::CUmemoryPool> {
         self.inner
             .ctx
             .bind_to_thread()
@@ -318,8 +321,8 @@ impl Gpu {
         Ok(pool)
     }
 
-    /// One of the 64-bit attributes of [`memory_pool`](Self::memory_pool) (release threshold,
-    /// reserved and used bytes and their peaks).
+    /// One of the 64-bit attributes of the device's current memory pool, which this crate's
+    /// buffers come from (release threshold, reserved and used bytes and their peaks).
     ///
     /// # Errors
     /// The driver's, also for an attribute that is not 64 bits wide.
@@ -335,7 +338,7 @@ impl Gpu {
         Ok(value)
     }
 
-    /// Sets one of the 64-bit attributes of [`memory_pool`](Self::memory_pool) (the release
+    /// Sets one of the 64-bit attributes of the device's current memory pool (the release
     /// threshold; 0 on a peak resets it to the current value).
     ///
     /// # Errors
@@ -666,7 +669,7 @@ pub struct GpuTimer {
 
 impl GpuTimer {
     /// Two timing events on `gpu`'s context.
-    pub fn new(gpu: &Gpu) -> Result<Self> {
+    pub(crate) fn new(gpu: &Gpu) -> Result<Self> {
         let ctx = gpu.context();
         // `None` would create events with timing disabled.
         let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);

@@ -73,7 +73,7 @@ impl Engine {
     }
 
     /// A short name: `"cuda-core"` or `"tensor-core"`.
-    pub const fn name(self) -> &'static str {
+    pub(crate) const fn name(self) -> &'static str {
         match self {
             Engine::CudaCore => "cuda-core",
             Engine::TensorCore => "tensor-core",
@@ -207,7 +207,8 @@ impl DeviceGraph {
     ///
     /// ```no_run
     /// use spattn_ops::device_plan::{DeviceEdges, DeviceIds, GraphSpec};
-    /// use spattn_ops::{DeviceGraph, DeviceVec, Gpu};
+    /// use spattn_ops::graph::DeviceGraph;
+    /// use spattn_ops::{DeviceVec, Gpu};
     /// let gpu = Gpu::new(0)?;
     /// // PyG's edge_index of 0 -> 1, 2 -> 1, 1 -> 0: its sources and its targets, on the device.
     /// let src = DeviceVec::from_host(&gpu, &[0i64, 2, 1])?;
@@ -450,7 +451,7 @@ impl DeviceGraph {
     /// Aᵀ's BSB (16-row windows of Aᵀ, i.e. of A's columns, in their own order), built on the
     /// device from [`transpose`](Self::transpose) once per graph: the tensor-core backward's
     /// dK/dV pass reads it, for every plan and layer over the graph.
-    pub fn transpose_bsb(&self) -> Result<Arc<OrderedBsb>> {
+    pub(crate) fn transpose_bsb(&self) -> Result<Arc<OrderedBsb>> {
         if let Some(b) = self.transpose_bsb.get() {
             return Ok(b.clone());
         }
@@ -485,7 +486,7 @@ impl DeviceGraph {
     /// says ([`effective_reorder`](Self::effective_reorder)), what the host keeps to schedule
     /// it, and the caller row of each window row. A graph built on the device gets its BSB in
     /// its own order from the device too.
-    pub fn bsb_in(&self, reorder: Reorder) -> Result<Arc<OrderedBsb>> {
+    pub(crate) fn bsb_in(&self, reorder: Reorder) -> Result<Arc<OrderedBsb>> {
         let reorder = self.effective_reorder(reorder);
         if let (Some(ws), Reorder::None) = (&self.workspace, reorder) {
             let a = self.csr()?;
@@ -525,7 +526,7 @@ impl DeviceGraph {
     }
 
     /// Elements of `heads` values per edge in `layout`.
-    pub fn edge_values_len(&self, layout: EdgeLayout, heads: usize) -> Result<usize> {
+    pub(crate) fn edge_values_len(&self, layout: EdgeLayout, heads: usize) -> Result<usize> {
         let per_head = match layout {
             EdgeLayout::Csr => self.nnz(),
             EdgeLayout::Slots => self.mebcrs()?.n_slots(),

@@ -13,7 +13,8 @@
 //!
 //! ```no_run
 //! use spattn_formats::{Csr, Reorder};
-//! use spattn_ops::{DeviceMatrix, Gpu, HybridSpmm, Shape};
+//! use spattn_ops::hybrid_spmm::HybridSpmm;
+//! use spattn_ops::{DeviceMatrix, Gpu, Shape};
 //! let gpu = Gpu::new(0)?;
 //! let a = Csr::from_edges(3, 3, &[(0, 1), (0, 2), (1, 0), (2, 2)])?;
 //! let plan = HybridSpmm::plan::<half::f16>(&gpu, &a, 1, 64, Reorder::Auto)?;
@@ -37,7 +38,7 @@ use crate::tune::{median_ms, Fastest};
 use crate::Error;
 
 /// Shares of the edges the search tries on CUDA cores (besides none and all).
-pub const CD_FRACTIONS: [f64; 3] = [0.05, 0.15, 0.3];
+pub(crate) const CD_FRACTIONS: [f64; 3] = [0.05, 0.15, 0.3];
 /// How much faster than the faster pure run (all tensor cores or all CUDA cores) a mixed
 /// candidate must time to be kept: single-launch medians of small graphs move by about this
 /// much between calls (docs/kernels/hybrid.md).
@@ -52,7 +53,7 @@ fn keeps_mixed(t: f64, best: f64, pure: f64) -> bool {
 
 /// The warp splits [`choose_split`] tries for one kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Candidates {
+pub(crate) struct Candidates {
     /// The split of the all-tensor-core run.
     pub all_tc: WarpSplit,
     /// The split of the all-CUDA-core run.
@@ -65,7 +66,7 @@ impl Candidates {
     /// The pipelined kernel's candidates (see [`DeviceHybrid::pipelined`]): 2 tensor-core
     /// warps without a CUDA-core warp (fused-tc's CTA shape), 1 + 1, and 1, 2 or 3 tensor-core
     /// warps beside one CUDA-core warp.
-    pub const PIPELINED: Self = Self {
+    pub(crate) const PIPELINED: Self = Self {
         all_tc: WarpSplit { tc: 2, cd: 0 },
         all_cd: WarpSplit { tc: 1, cd: 1 },
         mixed: [
@@ -75,7 +76,7 @@ impl Candidates {
         ],
     };
     /// The general kernel's candidates: CTAs of 4 warps.
-    pub const GENERAL: Self = Self {
+    pub(crate) const GENERAL: Self = Self {
         all_tc: WarpSplit { tc: 4, cd: 0 },
         all_cd: WarpSplit { tc: 1, cd: 3 },
         mixed: [
@@ -85,7 +86,7 @@ impl Candidates {
         ],
     };
     /// The candidates of the kernel that runs `pipelined` (see [`DeviceHybrid::pipelined`]).
-    pub fn for_kernel(pipelined: bool) -> Self {
+    pub(crate) fn for_kernel(pipelined: bool) -> Self {
         if pipelined {
             Self::PIPELINED
         } else {
@@ -97,7 +98,7 @@ impl Candidates {
 /// The thresholds [`choose_split`] tries besides 0 and "all on CUDA cores": for each of
 /// [`CD_FRACTIONS`], the highest popcount threshold `p / 128` whose blocks below it hold at
 /// most that fraction of the `nnz` edges, where that is some edges; distinct, increasing.
-pub fn candidate_thresholds(blocks: &HybridBlocks, nnz: usize) -> Vec<f64> {
+pub(crate) fn candidate_thresholds(blocks: &HybridBlocks, nnz: usize) -> Vec<f64> {
     let mut hist = [0u64; 129];
     for b in blocks.bitmaps() {
         hist[b.count_ones() as usize] += 1;
@@ -144,7 +145,7 @@ pub struct SplitChoice {
 /// edges) with `time` (one configuration's time, ms) and keeps the fastest.
 ///
 /// Errors: those of uploading and of `time`.
-pub fn choose_split(
+pub(crate) fn choose_split(
     gpu: &Gpu,
     blocks: &HybridBlocks,
     heads: usize,

@@ -17,7 +17,8 @@
 //!
 //! ```no_run
 //! use spattn_formats::{Csr, HybridBlocks};
-//! use spattn_ops::{hybrid_spmm, DeviceHybrid, DeviceMatrix, Gpu, Shape};
+//! use spattn_ops::hybrid_spmm::{self, DeviceHybrid};
+//! use spattn_ops::{DeviceMatrix, Gpu, Shape};
 //! let gpu = Gpu::new(0)?;
 //! let a = Csr::from_edges(3, 3, &[(0, 1), (0, 2), (1, 0), (2, 2)])?;
 //! let blocks = HybridBlocks::from_csr(&a)?;
@@ -34,6 +35,8 @@ mod edge_map;
 mod edge_map_tests;
 #[cfg(test)]
 mod tests;
+
+pub use crate::hybrid_plan::HybridSpmm;
 
 use std::sync::Mutex;
 
@@ -166,7 +169,7 @@ impl WarpSplit {
     /// Checks `1 ≤ tc` and `tc + cd ≤` [`MAX_WARPS`].
     ///
     /// ```
-    /// use spattn_ops::WarpSplit;
+    /// use spattn_ops::hybrid_spmm::WarpSplit;
     /// assert!(WarpSplit::new(2, 2).is_ok());
     /// assert!(WarpSplit::new(3, 0).is_ok());
     /// assert!(WarpSplit::new(0, 2).is_err());
@@ -184,7 +187,7 @@ impl WarpSplit {
         Ok(Self { tc, cd })
     }
     /// Warps per CTA.
-    pub fn warps(&self) -> usize {
+    pub(crate) fn warps(&self) -> usize {
         self.tc + self.cd
     }
 }
@@ -326,7 +329,8 @@ impl DeviceHybrid {
     /// shared memory, as fused-tc's pipelined kernel; at most one CUDA-core warp per CTA).
     ///
     /// ```
-    /// use spattn_ops::{DTypeKind, DeviceHybrid};
+    /// use spattn_ops::hybrid_spmm::DeviceHybrid;
+    /// use spattn_ops::DTypeKind;
     /// assert!(DeviceHybrid::pipelined(DTypeKind::F16, 128));
     /// assert!(!DeviceHybrid::pipelined(DTypeKind::F32, 64));
     /// assert!(!DeviceHybrid::pipelined(DTypeKind::Bf16, 96));
@@ -368,7 +372,8 @@ impl DeviceHybrid {
     ///
     /// ```no_run
     /// # use spattn_formats::{Csr, HybridBlocks};
-    /// # use spattn_ops::{DeviceHybrid, Gpu, WarpSplit};
+    /// # use spattn_ops::hybrid_spmm::{DeviceHybrid, WarpSplit};
+    /// # use spattn_ops::Gpu;
     /// # let gpu = Gpu::new(0)?;
     /// let a = Csr::from_edges(2, 2, &[(0, 0), (1, 1)])?;
     /// let blocks = HybridBlocks::from_csr(&a)?;
@@ -394,7 +399,7 @@ impl DeviceHybrid {
     /// [`Error::ForeignGpu`], [`Error::UnsupportedComputeCapability`] below 8.0, launch
     /// failures.
     #[allow(clippy::too_many_arguments)]
-    pub fn attention<T: DType>(
+    pub(crate) fn attention<T: DType>(
         &self,
         gpu: &Gpu,
         q: &DeviceMatrix<T>,
@@ -455,7 +460,7 @@ impl DeviceHybrid {
     /// bias that is not `nnz × heads` (or `nnz`, shared); [`Error::InvalidArgument`] where
     /// `graph` is not this structure's.
     #[allow(clippy::too_many_arguments)]
-    pub fn attention_with_extras<T: DType>(
+    pub(crate) fn attention_with_extras<T: DType>(
         &self,
         gpu: &Gpu,
         graph: &Csr,
@@ -760,14 +765,12 @@ pub(crate) const WIDE_ITEMS_PER_SM: usize = 40;
 /// that 64 replaces 128 when both are there and `units × F / 128` items would be fewer than
 /// [`WIDE_ITEMS_PER_SM`] per SM (`f` = heads × head_dim; more, narrower items fill a small
 /// graph's GPU). `None` for no widths.
-///
-/// ```
-/// use spattn_ops::hybrid_spmm::default_width;
-/// assert_eq!(default_width(&[128, 64], 128, 170, 132), Some(64));
-/// assert_eq!(default_width(&[128, 64], 128, 10_600, 132), Some(128));
-/// assert_eq!(default_width(&[100], 200, 10, 132), Some(100));
-/// ```
-pub fn default_width(widths: &[usize], f: usize, units: usize, sm_count: usize) -> Option<usize> {
+pub(crate) fn default_width(
+    widths: &[usize],
+    f: usize,
+    units: usize,
+    sm_count: usize,
+) -> Option<usize> {
     let first = *widths.first()?;
     let items = units.saturating_mul(f / first.max(1));
     if first == 128 && widths.contains(&64) && items < WIDE_ITEMS_PER_SM * sm_count.max(1) {
@@ -778,10 +781,11 @@ pub fn default_width(widths: &[usize], f: usize, units: usize, sm_count: usize) 
 
 /// Hybrid SpMM: `out[i, h, :] = Σ_j A[i, j] · V[j, h, :]` over the uploaded matrix (values, or
 /// 1 for a binary matrix), dense blocks on tensor cores and the remaining edges on CUDA cores
-/// in one kernel, with the width of [`default_width`] and a default split of warps for it
-/// ([`DeviceHybrid::default_warps`]; see [`spmm_with`]; [`crate::HybridSpmm`] times the
-/// widths instead). `v` is `n_cols × heads × head_dim`,
-/// `out` `n_rows × heads × head_dim`; every element of `out` is written.
+/// in one kernel, with a default width (the first of [`spmm_widths`], or 64-feature pieces
+/// where 128-feature ones would leave SMs idle) and a default split of warps for it
+/// ([`DeviceHybrid::default_warps`]; see [`spmm_with`]; [`HybridSpmm`] times the widths
+/// instead). `v` is `n_cols × heads × head_dim`, `out` `n_rows × heads × head_dim`; every
+/// element of `out` is written.
 ///
 /// Errors: as [`spmm_with`].
 pub fn spmm<T: DType>(

@@ -16,7 +16,7 @@
 //! ```
 
 use cudarc::driver::{CudaView, DevicePtr, DevicePtrMut, DriverError};
-pub use cudarc::driver::{LaunchArgs, LaunchConfig, PushKernelArg};
+pub(crate) use cudarc::driver::{LaunchArgs, LaunchConfig, PushKernelArg};
 
 use crate::buffer::{DeviceElement, DeviceMatrix, DeviceVec};
 use crate::dtype::DType;
@@ -30,7 +30,7 @@ static NULL_DEVICE_PTR: u64 = 0;
 /// Pushes an optional device array onto a launch: its pointer, or a null pointer where it is
 /// `None`. The kernels test such an argument against `nullptr` (no row renumbering, no edge
 /// values, ...).
-pub trait PushOptionalArg<'a> {
+pub(crate) trait PushOptionalArg<'a> {
     /// Pushes `buffer`'s device pointer, or null.
     fn arg_or_null<T: DeviceElement>(&mut self, buffer: Option<&'a DeviceVec<T>>) -> &mut Self;
     /// Pushes `view`'s device pointer (a range of a buffer), or null.
@@ -54,22 +54,22 @@ impl<'a> PushOptionalArg<'a> for LaunchArgs<'a> {
 }
 
 /// Largest `grid.x`: 2³¹ − 1 blocks.
-pub const MAX_GRID_X: u32 = i32::MAX as u32;
+pub(crate) const MAX_GRID_X: u32 = i32::MAX as u32;
 /// Largest `grid.y` and `grid.z`.
-pub const MAX_GRID_YZ: u32 = 65_535;
+pub(crate) const MAX_GRID_YZ: u32 = 65_535;
 /// Largest number of threads in one block.
-pub const MAX_THREADS_PER_BLOCK: u32 = 1024;
+pub(crate) const MAX_THREADS_PER_BLOCK: u32 = 1024;
 /// Largest `block.z`.
-pub const MAX_BLOCK_Z: u32 = 64;
+pub(crate) const MAX_BLOCK_Z: u32 = 64;
 
 /// Maps a driver error to [`Error::Driver`], naming what was being done (for a launch: the
 /// kernel's name).
-pub fn map_driver_error(during: &'static str, source: DriverError) -> Error {
+pub(crate) fn map_driver_error(during: &'static str, source: DriverError) -> Error {
     Error::Driver { during, source }
 }
 
 /// Dynamic shared memory a block may use without opting in.
-pub const DEFAULT_DYNAMIC_SHARED_BYTES: usize = 48 * 1024;
+pub(crate) const DEFAULT_DYNAMIC_SHARED_BYTES: usize = 48 * 1024;
 
 /// Lets launches of `f` use `bytes` of dynamic shared memory: beyond
 /// [`DEFAULT_DYNAMIC_SHARED_BYTES`] a kernel must opt in
@@ -77,7 +77,7 @@ pub const DEFAULT_DYNAMIC_SHARED_BYTES: usize = 48 * 1024;
 /// the kernel in the error. Launch paths call it through [`crate::Gpu::load_function_with_shared`],
 /// which remembers the largest size set per function and skips the driver call after that (a
 /// smaller size set here directly would lower that limit under it).
-pub fn allow_dynamic_shared(
+pub(crate) fn allow_dynamic_shared(
     f: &cudarc::driver::CudaFunction,
     bytes: usize,
     what: &'static str,
@@ -98,7 +98,7 @@ pub fn allow_dynamic_shared(
 }
 
 /// `value` as the `u32` a kernel takes, or [`Error::TooLarge`] naming `what`.
-pub fn to_u32(what: &'static str, value: usize) -> Result<u32> {
+pub(crate) fn to_u32(what: &'static str, value: usize) -> Result<u32> {
     u32::try_from(value).map_err(|_| Error::TooLarge {
         what,
         value: value as u64,
@@ -108,7 +108,7 @@ pub fn to_u32(what: &'static str, value: usize) -> Result<u32> {
 
 /// Blocks needed for `items` work items at `per_block` items per block: `⌈items / per_block⌉`,
 /// at most [`MAX_GRID_X`]. Zero items need zero blocks (and [`launch`] then launches nothing).
-pub fn blocks_for(items: usize, per_block: u32) -> Result<u32> {
+pub(crate) fn blocks_for(items: usize, per_block: u32) -> Result<u32> {
     if per_block == 0 {
         return Err(Error::InvalidArgument {
             what: "items per block",
@@ -128,7 +128,7 @@ pub fn blocks_for(items: usize, per_block: u32) -> Result<u32> {
 
 /// A one-dimensional launch with one thread per item: `threads_per_block` threads per block,
 /// as many blocks as `items` needs, no dynamic shared memory.
-pub fn grid_1d(items: usize, threads_per_block: u32) -> Result<LaunchConfig> {
+pub(crate) fn grid_1d(items: usize, threads_per_block: u32) -> Result<LaunchConfig> {
     check_block(threads_per_block, 1, 1)?;
     Ok(LaunchConfig {
         grid_dim: (blocks_for(items, threads_per_block)?, 1, 1),
@@ -179,7 +179,7 @@ fn check_block(x: u32, y: u32, z: u32) -> Result<()> {
 }
 
 /// Whether `cfg` has no blocks (a zero grid dimension): nothing to launch.
-pub fn is_empty_grid(cfg: &LaunchConfig) -> bool {
+pub(crate) fn is_empty_grid(cfg: &LaunchConfig) -> bool {
     let (x, y, z) = cfg.grid_dim;
     x == 0 || y == 0 || z == 0
 }
@@ -188,7 +188,7 @@ pub fn is_empty_grid(cfg: &LaunchConfig) -> bool {
 ///
 /// Limits that depend on the device or the kernel (shared memory, registers) are left to the
 /// driver, whose error [`launch`] reports with the kernel's name.
-pub fn check_launch_config(cfg: &LaunchConfig) -> Result<()> {
+pub(crate) fn check_launch_config(cfg: &LaunchConfig) -> Result<()> {
     let (bx, by, bz) = cfg.block_dim;
     check_block(bx, by, bz)?;
     let (gx, gy, gz) = cfg.grid_dim;
@@ -217,7 +217,7 @@ pub fn check_launch_config(cfg: &LaunchConfig) -> Result<()> {
 /// as the builder's stream (check with [`check_same_gpu`]), and the kernel must read and write
 /// only within the buffers' lengths for the sizes passed — the caller's `// SAFETY:` comment
 /// should say which lengths the kernel touches.
-pub unsafe fn launch(
+pub(crate) unsafe fn launch(
     kernel: &'static str,
     args: &mut LaunchArgs<'_>,
     cfg: LaunchConfig,
@@ -235,7 +235,10 @@ pub unsafe fn launch(
 /// The kernel `name` of `module`, as the `&'static str` the module lists (launch errors name
 /// it), or [`Error::KernelNotFound`]. Wrappers build the name from the dtype and variant they
 /// chose (`format!("spmm_csr_{}_v{vec}", T::NAME)`) and look it up here.
-pub fn kernel_named(module: &spattn_kernels_sys::PtxModule, name: String) -> Result<&'static str> {
+pub(crate) fn kernel_named(
+    module: &spattn_kernels_sys::PtxModule,
+    name: String,
+) -> Result<&'static str> {
     module
         .kernels
         .iter()
@@ -287,7 +290,7 @@ impl OnGpu for Gpu {
 ///
 /// Buffers of another handle — another device, or another `Gpu::new` on the same device —
 /// run on another stream, and the stream is what orders their uses (see [`crate::gpu`]).
-pub fn check_same_gpu(
+pub(crate) fn check_same_gpu(
     gpu: &Gpu,
     what: &'static str,
     operand: &(impl OnGpu + ?Sized),

@@ -8,10 +8,12 @@
 //! - [`Gpu`], [`DeviceVec`], [`DeviceMatrix`]: the runtime (cudarc, libcuda loaded at run time,
 //!   so everything builds without CUDA); the kernels' PTX comes from `spattn-kernels-sys`.
 //! - [`csr_ops`]: CUDA-core SDDMM, edge softmax and SpMM on CSR; [`tc_ops`]: tensor-core ones on
-//!   ME-BCRS ([`DeviceMeBcrs`]); [`DeviceGraph`] picks a backend per call.
-//! - [`hybrid_spmm`] and [`hybrid_plan`]: the RT-GNN-style hybrid (dense 16×8 blocks on tensor
-//!   cores, the other edges on CUDA cores of the same kernel), and [`HybridSpmm`], a hybrid
-//!   SpMM planned once by timing its candidates.
+//!   ME-BCRS ([`DeviceMeBcrs`]); [`graph::DeviceGraph`] picks a backend per call.
+//! - [`hybrid_spmm`]: the RT-GNN-style hybrid (dense 16×8 blocks on tensor cores, the other
+//!   edges on CUDA cores of the same kernel), and [`HybridSpmm`](hybrid_spmm::HybridSpmm), a
+//!   hybrid SpMM planned once by timing its candidates.
+//! - [`fused`]: the fused attention kernels; [`backward`]: their gradients and the unfused
+//!   backward ops; [`cpu`]: the f64 / f32 reference of everything.
 //!
 //! Shapes are `rows × heads × head_dim`, row-major ([`Shape`]); per-edge values are
 //! `nnz × heads` in the CSR's edge order. Errors are one [`Error`] enum naming the operand.
@@ -47,32 +49,38 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+// The public API is what this file names: the op families are public modules, each item
+// reached through its module only; the runtime types live in private modules, re-exported
+// below. `unreachable_pub` keeps it so: a `pub` item that no public path reaches is a warning
+// (an error under CI's clippy -D warnings), so the rest of the crate says `pub(crate)`.
+#![warn(unreachable_pub)]
+
 pub mod backward;
-pub mod buffer;
+mod buffer;
 pub mod cpu;
 pub mod csr_ops;
 pub mod dense;
-pub mod device_bsb;
-pub mod device_csr;
-pub mod device_mebcrs;
+mod device_bsb;
+mod device_csr;
+mod device_mebcrs;
 pub mod device_plan;
-pub mod dropout;
-pub mod dtype;
+mod dropout;
+mod dtype;
 pub mod edge_extras;
 pub mod elementwise;
-pub mod error;
-pub mod external;
+mod error;
+mod external;
 pub mod fused;
-pub mod gpu;
+mod gpu;
 pub mod graph;
-pub(crate) mod hybrid_plan;
+mod hybrid_plan;
 pub mod hybrid_spmm;
-pub(crate) mod launch;
+mod launch;
 pub mod nccl;
-pub(crate) mod ptx_split;
+mod ptx_split;
 pub mod rows;
-pub(crate) mod schedule;
-pub mod shape;
+mod schedule;
+mod shape;
 pub mod tc_ops;
 pub mod tune;
 
@@ -81,17 +89,18 @@ mod launched_tests;
 #[cfg(test)]
 mod runtime_tests;
 
-pub use backward::DeviceTranspose;
 pub use buffer::{DeviceElement, DeviceMatrix, DeviceVec};
-pub use device_bsb::{DeviceBsb, OrderedBsb};
 pub use device_csr::DeviceCsr;
 pub use device_mebcrs::DeviceMeBcrs;
-pub use dtype::{DType, DTypeKind};
+pub use dropout::Dropout;
+pub use dtype::{DType, DTypeKind, ParseDTypeKindError};
 pub use error::{Error, Result};
+pub use external::{ExternalMatrix, ExternalVec, StreamBridge};
 pub use gpu::{Gpu, GpuTimer};
-pub use graph::{DeviceGraph, EdgeLayout, EdgeValues, Engine, PlanPolicy};
 /// The half-precision element types ([`DType`]), so that a caller needs no `half` of its own.
 pub use half::{bf16, f16};
-pub use hybrid_plan::HybridSpmm;
-pub use hybrid_spmm::{DeviceHybrid, HybridStats, WarpSplit};
 pub use shape::Shape;
+
+// Shorter paths inside the crate.
+pub(crate) use graph::DeviceGraph;
+pub(crate) use hybrid_spmm::{DeviceHybrid, WarpSplit};

@@ -77,12 +77,12 @@ impl RowIndex {
     }
 
     /// Number of segments.
-    pub fn segments(&self) -> usize {
+    pub(crate) fn segments(&self) -> usize {
         self.offsets.len() - 1
     }
 
     /// The positions of segment `s` among all indices.
-    pub fn segment(&self, s: usize) -> Range<usize> {
+    pub(crate) fn segment(&self, s: usize) -> Range<usize> {
         self.offsets[s]..self.offsets[s + 1]
     }
 

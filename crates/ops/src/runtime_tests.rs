@@ -596,7 +596,7 @@ fn device_properties_and_capability_checks() {
     assert!(!gpu.name().is_empty());
     assert!(gpu.sm_count() > 0);
     assert!(gpu.compute_capability() >= (5, 0));
-    assert!(gpu.max_shared_memory_per_block() >= 48 * 1024);
+    assert!(gpu.max_shared_memory_per_block().unwrap() >= 48 * 1024);
     assert!(gpu.driver_version().unwrap() >= (11, 0));
     let (free, total) = gpu.memory_info().unwrap();
     assert!(0 < free && free <= total);

@@ -134,14 +134,14 @@ impl HybridUnits {
 }
 
 /// Marks a unit whose row is not split (it writes its output row directly).
-pub const NO_SLOT: u32 = u32::MAX;
+pub(crate) const NO_SLOT: u32 = u32::MAX;
 
 /// SpMM work units: unit `u` covers edges `starts[u]..starts[u + 1]` of row `rows[u]`.
 ///
 /// Units are in row order and cover every edge once; every row, an empty one included, has at
 /// least one unit, so the kernel writes every output row.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RowUnits {
+pub(crate) struct RowUnits {
     /// Row of each unit.
     pub rows: Vec<u32>,
     /// First edge of each unit, plus one final entry: the number of edges (`len = units + 1`).
@@ -162,7 +162,7 @@ pub struct RowUnits {
 
 impl RowUnits {
     /// Cuts every row of `a` into units of at most `chunk` edges (`chunk` ≥ 1).
-    pub fn new(a: &Csr, chunk: u32) -> Self {
+    pub(crate) fn new(a: &Csr, chunk: u32) -> Self {
         let chunk = chunk.max(1);
         let offsets = a.row_offsets();
         let n = a.n_rows();
@@ -216,7 +216,7 @@ fn parts_so_far(part_first: &[u32]) -> u32 {
 
 /// Edge-softmax schedule: which rows get a whole block, and the group size for the others.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SoftmaxSchedule {
+pub(crate) struct SoftmaxSchedule {
     /// Rows with at least `long_threshold` edges, each handled by a thread block per head.
     pub long_rows: Vec<u32>,
     /// Rows at or above this length go to the block kernel.
@@ -229,10 +229,10 @@ impl SoftmaxSchedule {
     /// The default threshold: a row this long keeps a 32-lane group busy for 8 dependent
     /// iterations per pass (64 with the narrowest group); longer rows are better spread over a
     /// block.
-    pub const DEFAULT_LONG_THRESHOLD: u32 = 256;
+    pub(crate) const DEFAULT_LONG_THRESHOLD: u32 = 256;
 
     /// Builds the schedule for `a`.
-    pub fn new(a: &Csr, long_threshold: u32) -> Self {
+    pub(crate) fn new(a: &Csr, long_threshold: u32) -> Self {
         let long_threshold = long_threshold.max(1);
         let long_rows = (0..a.n_rows())
             .filter(|&r| a.degree(r) as u64 >= long_threshold as u64)
@@ -253,14 +253,14 @@ impl SoftmaxSchedule {
 
 /// The smallest power of two ≥ `items`, clamped to `min..=32`: the lane-group size for work
 /// of `items` parallel pieces.
-pub fn group_for(items: u64, min: u32) -> u32 {
+pub(crate) fn group_for(items: u64, min: u32) -> u32 {
     let g = items.clamp(1, 32).next_power_of_two() as u32;
     g.clamp(min.clamp(1, 32), 32)
 }
 
 /// The vector width for `head_dim` features of `elem_bytes` bytes: the largest of 8, 4, 2, 1
 /// that divides `head_dim` with at most 16 bytes per access.
-pub fn vector_width(head_dim: usize, elem_bytes: usize) -> u32 {
+pub(crate) fn vector_width(head_dim: usize, elem_bytes: usize) -> u32 {
     for v in [8usize, 4, 2] {
         if v * elem_bytes <= 16 && head_dim % v == 0 {
             return v as u32;

@@ -69,11 +69,16 @@ impl Shape {
     }
     /// Checks that `actual` is `rows × self.heads × self.head_dim` (an operand with the same
     /// heads and head_dim as `self` but `rows` rows), naming `what` in the error.
-    pub fn expect_rows_like(&self, what: &'static str, actual: Shape, rows: usize) -> Result<()> {
+    pub(crate) fn expect_rows_like(
+        &self,
+        what: &'static str,
+        actual: Shape,
+        rows: usize,
+    ) -> Result<()> {
         Shape::new(rows, self.heads, self.head_dim)?.expect_eq(what, actual)
     }
     /// Checks that a host slice holds exactly `self.len()` elements.
-    pub fn expect_len(&self, what: &'static str, len: usize) -> Result<()> {
+    pub(crate) fn expect_len(&self, what: &'static str, len: usize) -> Result<()> {
         if len != self.len() {
             return Err(Error::LengthMismatch {
                 what,

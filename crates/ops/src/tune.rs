@@ -1,8 +1,8 @@
 //! The one timing tuner (cuDNN-benchmark style) of every plan that chooses by measurement:
 //! `spattn`'s `AttentionPlan` with autotuning, the hybrid attention's and the hybrid SpMM's
-//! threshold and warp split ([`crate::HybridSpmm`]).
+//! threshold and warp split ([`crate::hybrid_spmm::HybridSpmm`]).
 //!
-//! [`median_ms`] times a candidate (the median of [`RUNS`] launches after one warm-up, on the
+//! [`median_ms`] times a candidate (the median of three launches after one warm-up, on the
 //! GPU's stream; [`median_of_runs`] is its timed part, which the timing probes share);
 //! [`Fastest`] keeps the fastest candidate, where a candidate must beat the best so far by a
 //! margin when it is one the caller trusts less (a mixed hybrid split against the pure runs,
@@ -22,9 +22,9 @@ use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 
 /// Timed runs per candidate (after one warm-up); the median is kept.
-pub const RUNS: usize = 3;
+pub(crate) const RUNS: usize = 3;
 
-/// Median of [`RUNS`] timed calls of `f` after one warm-up, in ms (CUDA events on `gpu`'s
+/// Median of three timed calls of `f` after one warm-up, in ms (CUDA events on `gpu`'s
 /// stream around each call).
 ///
 /// # Errors
@@ -97,7 +97,7 @@ impl<C> Fastest<C> {
     }
 
     /// The fastest candidate and its time, consuming the tuner.
-    pub fn into_best(self) -> Option<(C, f64)> {
+    pub(crate) fn into_best(self) -> Option<(C, f64)> {
         self.best
     }
 

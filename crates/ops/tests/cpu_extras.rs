@@ -8,8 +8,7 @@ use spattn_formats::Csr;
 use spattn_ops::cpu::{
     attention, attention_extras, attention_extras_backward, AttentionInputs, EdgeBias, Extras,
 };
-use spattn_ops::dropout::Dropout;
-use spattn_ops::{Error, Shape};
+use spattn_ops::{Dropout, Error, Shape};
 
 /// A small graph with an empty row, a hub row and a self loop, rectangular when `cols > rows`.
 fn graph(rows: usize, cols: usize, rng: &mut Pcg64) -> Csr {

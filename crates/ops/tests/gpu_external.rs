@@ -1,12 +1,11 @@
 //! GPU tests of the zero-copy views of foreign device memory and of the stream bridge
-//! (`spattn_ops::external`): ops write the foreign memory in place, dropping a view never frees
+//! (`spattn_ops::{ExternalVec, ExternalMatrix, StreamBridge}`): ops write the foreign memory in place, dropping a view never frees
 //! it, bad pointers are errors naming the operand, and work is ordered with a foreign stream.
 //!
 //! `#[ignore]`d where there is no NVIDIA GPU.
 
 use cudarc::driver::sys;
-use spattn_ops::external::{ExternalMatrix, ExternalVec, StreamBridge};
-use spattn_ops::{Error, Gpu, Shape};
+use spattn_ops::{Error, ExternalMatrix, ExternalVec, Gpu, Shape, StreamBridge};
 use spattn_test_support::gpu;
 
 /// `bytes` of device memory from the driver itself (not through spattn), freed by `Drop`:

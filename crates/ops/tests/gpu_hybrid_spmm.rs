@@ -11,8 +11,8 @@ use half::{bf16, f16};
 use rand::Rng;
 use rand_pcg::Pcg64;
 use spattn_formats::{Csr, HybridBlocks, Reorder};
-use spattn_ops::hybrid_spmm::{spmm, spmm_widths, spmm_with, WarpSplit};
-use spattn_ops::{DType, DTypeKind, DeviceHybrid, DeviceMatrix, Gpu, HybridSpmm, Shape};
+use spattn_ops::hybrid_spmm::{spmm, spmm_widths, spmm_with, DeviceHybrid, HybridSpmm, WarpSplit};
+use spattn_ops::{DType, DTypeKind, DeviceMatrix, Gpu, Shape};
 use spattn_test_support::*;
 
 fn tol<T: DType>() -> f64 {

@@ -2,12 +2,14 @@
 //! tensors (the contract is in the `graph` module's documentation), run on spattn's stream
 //! ordered with the caller's, and the graph built on a GPU from an edge list there.
 
+use spattn::ops::backward::DeviceTranspose;
 use spattn::ops::csr_ops::Gatv2Operands;
 use spattn::ops::device_plan::{BuildReport, DeviceEdges, DeviceIds, DeviceIndex, GraphSpec};
-use spattn::ops::external::{ExternalMatrix, ExternalVec};
 use spattn::ops::{backward as gpu_backward, csr_ops, edge_extras};
-use spattn::ops::{DeviceCsr, DeviceMatrix, DeviceTranspose, DeviceVec, Gpu};
-use spattn::{AttentionPlan, DType, DeviceBias, DeviceGraph, Dropout, Shape};
+use spattn::ops::{DeviceCsr, ExternalMatrix, ExternalVec};
+use spattn::{
+    AttentionPlan, DType, DeviceBias, DeviceGraph, DeviceMatrix, DeviceVec, Dropout, Gpu, Shape,
+};
 
 use crate::device;
 use crate::extras;

@@ -3,7 +3,7 @@
 //! module (device count, the memory pool's statistics).
 //!
 //! One handle per device, not one per graph: buffers of two handles cannot be mixed
-//! ([`spattn::ops::gpu`]), and every graph and plan of the process shares the handle's stream,
+//! ([`spattn::Gpu`]), and every graph and plan of the process shares the handle's stream,
 //! module cache and memory pool.
 
 use std::collections::HashMap;
@@ -13,7 +13,7 @@ use cudarc::driver::sys;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use spattn::ops::device_plan::PlanWorkspace;
-use spattn::ops::external::StreamBridge;
+use spattn::ops::StreamBridge;
 use spattn::Gpu;
 
 use crate::errors::ops_to_py;

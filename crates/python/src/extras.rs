@@ -7,7 +7,7 @@
 
 use pyo3::prelude::*;
 use spattn::ops::cpu::{self, AttentionInputs, EdgeBias, Extras as CpuExtras, Real};
-use spattn::ops::external::{ExternalMatrix, ExternalVec};
+use spattn::ops::{ExternalMatrix, ExternalVec};
 use spattn::{AttentionPlan, Csr, DType, DeviceBias, Dropout, Extras, ExtrasGrads, Shape};
 
 use crate::errors::{ops_to_py, to_py, value_error};

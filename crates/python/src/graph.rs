@@ -18,7 +18,7 @@
 //!
 //! On CUDA, `stream` is the caller's current stream (`torch.cuda.current_stream(device)
 //! .cuda_stream`): spattn's stream waits for it before the first launch, and it waits for
-//! spattn's stream after the last ([`spattn::ops::external::StreamBridge`]), so to PyTorch the
+//! spattn's stream after the last ([`spattn::ops::StreamBridge`]), so to PyTorch the
 //! call behaves as an op on its current stream, and its caching allocator may recycle the
 //! tensors' memory in its own stream order.
 
@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use spattn::ops::device_plan::{self, GraphSpec};
-use spattn::ops::external::ExternalVec;
+use spattn::ops::ExternalVec;
 use spattn::{bf16, f16, Csr, DTypeKind, DeviceGraph, PlanPolicy};
 
 use crate::cpu::scale_of;

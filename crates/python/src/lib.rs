@@ -12,8 +12,8 @@
 //! - Attention forward and exact backward ([`spattn::AttentionPlan`]) and the GAT attention
 //!   (`LeakyReLU(a_dst[i] + a_src[j])` scores, softmax, aggregation) forward and exact backward
 //!   (the CSR ops of `spattn::ops`), on CUDA tensors in place (zero-copy views,
-//!   [`spattn::ops::external`]) ordered with the caller's CUDA stream by events
-//!   ([`spattn::ops::external::StreamBridge`]), or on CPU memory with the f32 / f64 reference
+//!   [`spattn::ops::ExternalMatrix`]) ordered with the caller's CUDA stream by events
+//!   ([`spattn::ops::StreamBridge`]), or on CPU memory with the f32 / f64 reference
 //!   ops. The CUDA bodies of the calls are in [`cuda`].
 //!
 //! Errors become Python exceptions naming the operand ([`errors`]).

@@ -18,9 +18,9 @@
 use spattn_ops::backward as gpu_backward;
 use spattn_ops::cpu::{self, Real};
 use spattn_ops::dense::{Dims, GemmElement};
-use spattn_ops::dropout::Dropout;
 use spattn_ops::edge_extras::DeviceBias;
 use spattn_ops::elementwise;
+use spattn_ops::Dropout;
 use spattn_ops::{csr_ops, edge_extras, DeviceMatrix, DeviceVec, Shape};
 
 use super::params::{

@@ -12,11 +12,12 @@ use spattn_ops::backward::DeviceTranspose;
 use spattn_ops::cpu::Real;
 use spattn_ops::dense::{self, Blas, Dims, GemmElement};
 use spattn_ops::elementwise::{self, AdamHyper};
-use spattn_ops::{DType, DeviceCsr, DeviceGraph, DeviceMatrix, DeviceVec, Gpu, Shape};
+use spattn_ops::graph::DeviceGraph;
+use spattn_ops::{DType, DeviceCsr, DeviceMatrix, DeviceVec, Gpu, Shape};
 
 use crate::error::Result;
 use crate::AttentionPlan;
-use spattn_ops::dropout::Dropout;
+use spattn_ops::Dropout;
 
 /// The backward of a layer's attention `plan` on `gpu` into fresh zeroed dQ, dK and dV of the
 /// plan's shape: `[dq, dk, dv]` (the layers do not train the scale, so ∂L/∂scale is dropped).
@@ -244,7 +245,7 @@ impl HostGraph {
 /// the layers run on. Cheap to clone (shared).
 ///
 /// A graph seen once (a mini-batch's) is best built on the device
-/// ([`DeviceGraph::from_device_edges`], policy [`spattn_ops::PlanPolicy::Once`]) and bound
+/// ([`DeviceGraph::from_device_edges`], policy [`PlanPolicy::Once`](crate::PlanPolicy::Once)) and bound
 /// with [`on_device`](Self::on_device): nothing of it then goes through the host.
 #[derive(Clone, Debug)]
 pub struct GpuGraph {

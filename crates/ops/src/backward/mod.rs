@@ -124,7 +124,7 @@ impl DeviceTranspose {
     /// For each entry of Aᵀ (CSR order), its edge of A: the inverse of [`map`](Self::map),
     /// made by one `nnz` kernel on the first call and kept (GATv2's transposed gradient pass
     /// reads it every backward).
-    pub fn inverse_map(&self, gpu: &Gpu) -> Result<&DeviceVec<u32>> {
+    pub(crate) fn inverse_map(&self, gpu: &Gpu) -> Result<&DeviceVec<u32>> {
         if let Some(inv) = self.inverse.get() {
             return Ok(inv);
         }
@@ -605,7 +605,7 @@ pub fn gatv2_edge_grad<T: DType>(
 /// GATv2's edge gradients on Aᵀ: adds the scores' share of ∂L/∂xl,
 /// `d_xl[j, h, :] += Σ_{e ∈ column j of A} ds[e, h] · att[h, :] ⊙ LeakyReLU'(z)`, to `d_xl`
 /// (which holds the aggregation's share, `Pᵀ · dOut`), walking Aᵀ's rows (no atomics). The
-/// entries' edges of A come from [`DeviceTranspose::inverse_map`] (made once per transpose).
+/// entries' edges of A come from the transpose's inverse edge map (made once per transpose).
 pub fn gatv2_edge_grad_transposed<T: DType>(
     gpu: &Gpu,
     a: &DeviceCsr,

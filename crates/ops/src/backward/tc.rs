@@ -32,7 +32,8 @@
 //! use half::f16;
 //! use spattn_formats::{Csr, Reorder};
 //! use spattn_ops::backward::TensorCoreBackward;
-//! use spattn_ops::{DeviceGraph, DeviceMatrix, Gpu, Shape};
+//! use spattn_ops::graph::DeviceGraph;
+//! use spattn_ops::{DeviceMatrix, Gpu, Shape};
 //!
 //! let gpu = Gpu::new(0)?;
 //! let a = Csr::from_edges(3, 3, &[(0, 1), (0, 2), (1, 0), (2, 2)])?;

@@ -179,3 +179,15 @@ fn gpu_gather_matches_the_caller_order_bias_and_the_cpu_mask() {
     };
     assert!(stage.gather(&gpu, &d_ids, blocks, 2, &extras).is_err());
 }
+
+/// An upload reads back as the BSB it was made from.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gpu_upload_reads_back_as_the_host_bsb() {
+    let gpu = Gpu::new(0).expect("an NVIDIA GPU (this test is ignored elsewhere)");
+    let a = Csr::from_edges(18, 10, &[(0, 2), (0, 9), (1, 9), (17, 0)]).unwrap();
+    let bsb = Bsb::from_csr(&a).unwrap();
+    let d = DeviceBsb::upload(&gpu, &bsb).unwrap();
+    assert_eq!((d.fill_stats().windows, d.n_blocks()), (2, 2));
+    assert_eq!(d.to_host().unwrap(), bsb);
+}

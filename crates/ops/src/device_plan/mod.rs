@@ -26,8 +26,8 @@
 //! schedule totals, statistics, the first bad edge) for the CSR and its transpose together, the
 //! window offsets for the BSB. Nothing else synchronizes.
 //!
-//! The entry points are [`crate::DeviceGraph::from_device_edges`] and
-//! [`crate::DeviceGraph::bsb_in`] (a graph built here gets its BSB from here). The passes
+//! The entry points are [`crate::graph::DeviceGraph::from_device_edges`] and the graph's BSB
+//! (`DeviceGraph::bsb_in`: a graph built here gets its BSB from here). The passes
 //! live in `sort` (scans, the radix sort) and `csr` (the CSR of sorted keys, its schedules
 //! and the status block); this module holds the API, the workspace and the builds.
 
@@ -737,7 +737,7 @@ pub(crate) fn build_bsb(
     };
     let order = DeviceVec::from_host_named(gpu, "BSB window order", layout.window_order())?;
     let bsb = DeviceBsb::from_parts(
-        (a.n_rows(), a.n_cols(), nnz),
+        (a.n_rows(), a.n_cols()),
         fill,
         window_offsets,
         block_columns,

@@ -63,12 +63,6 @@ fn widest_vec_where(head_dim: usize, elem_bytes: usize, ok: impl Fn(usize) -> bo
         .find(|&v| ok(head_dim / v as usize))
 }
 
-/// Whether the fused CSR kernel can hold heads of `head_dim` features of `elem_bytes` in
-/// registers; the error says why not and what to use instead.
-pub fn supports(head_dim: usize, elem_bytes: usize) -> Result<()> {
-    layout(head_dim, elem_bytes).map(|_| ())
-}
-
 /// The lane layout for `head_dim` features of `elem_bytes`, or why the kernel cannot hold the
 /// head in registers.
 pub(crate) fn layout(head_dim: usize, elem_bytes: usize) -> Result<Layout> {
@@ -410,9 +404,15 @@ pub struct FusedCsr {
 }
 
 impl FusedCsr {
+    /// Whether the fused CSR kernel can hold heads of `head_dim` features of `elem_bytes` in
+    /// registers; the error says why not and what to use instead.
+    pub fn supports(head_dim: usize, elem_bytes: usize) -> Result<()> {
+        layout(head_dim, elem_bytes).map(|_| ())
+    }
+
     /// Uploads `graph`'s units in the row order `reorder` asks for ([`csr_order`]) and sizes
     /// the workspace for `heads × head_dim` of `T`.
-    pub fn new<T: DType>(
+    pub(crate) fn new<T: DType>(
         gpu: &Gpu,
         graph: &Csr,
         heads: usize,

@@ -51,9 +51,9 @@ use spattn_formats::Reorder;
 use spattn_formats::RowOrder;
 
 /// Warps per CTA the model splits.
-pub const WARPS: usize = 4;
+pub(crate) const WARPS: usize = 4;
 /// The warp split of the calibration runs.
-pub const CALIBRATION_SPLIT: WarpSplit = WarpSplit { tc: 2, cd: 2 };
+pub(crate) const CALIBRATION_SPLIT: WarpSplit = WarpSplit { tc: 2, cd: 2 };
 
 /// The name in errors and reports.
 const KERNEL: &str = "hybrid";
@@ -116,16 +116,6 @@ impl std::fmt::Display for HybridInfo {
     }
 }
 
-/// Whether the hybrid kernel can run heads of `head_dim` features of `dtype`.
-pub fn supports(head_dim: usize, dtype: DTypeKind) -> Result<()> {
-    slice_for(head_dim, dtype)
-        .map(|_| ())
-        .map_err(|why| Error::Unsupported {
-            kernel: KERNEL,
-            why,
-        })
-}
-
 /// Per window: the popcounts of its blocks (non-increasing) and its edge count.
 struct WindowProfile {
     pops: Vec<u32>,
@@ -167,6 +157,16 @@ pub struct Hybrid {
 }
 
 impl Hybrid {
+    /// Whether the hybrid kernel can run heads of `head_dim` features of `dtype`.
+    pub fn supports(head_dim: usize, dtype: DTypeKind) -> Result<()> {
+        slice_for(head_dim, dtype)
+            .map(|_| ())
+            .map_err(|why| Error::Unsupported {
+                kernel: KERNEL,
+                why,
+            })
+    }
+
     /// Builds the tile structure of `graph`, calibrates the cost model on `gpu` (unless
     /// `params` fixes the threshold and the split) and uploads the chosen split.
     pub fn new<T: DType>(
@@ -178,7 +178,7 @@ impl Hybrid {
         params: Option<HybridParams>,
         reorder: Reorder,
     ) -> Result<Self> {
-        supports(head_dim, T::KIND)?;
+        Self::supports(head_dim, T::KIND)?;
         if let Err(e) = gpu.require_compute_capability("hybrid (mma.sync)", 8, 0) {
             return Err(Error::Unsupported {
                 kernel: KERNEL,
@@ -356,7 +356,7 @@ impl Hybrid {
 
     /// [`forward`](Self::forward) with a score bias and dropout in the caller's CSR order of
     /// `graph`, the graph this plan was built from (see
-    /// [`DeviceHybrid::attention_with_extras`]).
+    /// `DeviceHybrid::attention_with_extras`).
     ///
     /// Errors: as that method.
     pub fn forward_with_extras<T: DType>(
@@ -406,14 +406,14 @@ mod tests {
 
     #[test]
     fn supported_heads() {
-        assert!(supports(128, DTypeKind::F16).is_ok());
-        assert!(supports(1, DTypeKind::Bf16).is_ok());
-        assert!(supports(64, DTypeKind::F32).is_ok());
+        assert!(Hybrid::supports(128, DTypeKind::F16).is_ok());
+        assert!(Hybrid::supports(1, DTypeKind::Bf16).is_ok());
+        assert!(Hybrid::supports(64, DTypeKind::F32).is_ok());
         assert!(matches!(
-            supports(129, DTypeKind::F16),
+            Hybrid::supports(129, DTypeKind::F16),
             Err(Error::Unsupported { .. })
         ));
-        assert!(supports(65, DTypeKind::F32).is_err());
-        assert!(supports(0, DTypeKind::F32).is_err());
+        assert!(Hybrid::supports(65, DTypeKind::F32).is_err());
+        assert!(Hybrid::supports(0, DTypeKind::F32).is_err());
     }
 }

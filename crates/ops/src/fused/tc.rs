@@ -164,12 +164,6 @@ pub(crate) fn layout_with(
     }
 }
 
-/// Whether the fused tensor-core kernel can run heads of `head_dim` features of `dtype`; the
-/// error says why not and what to use instead.
-pub fn supports(head_dim: usize, dtype: DTypeKind) -> Result<()> {
-    layout_with(head_dim, dtype, None, true).map(|_| ())
-}
-
 /// Tuning knobs (defaults: [`layout_with`]'s layout, the chunk from the graph, the kernel's
 /// warps per CTA).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -238,8 +232,14 @@ pub struct FusedTensorCore {
 }
 
 impl FusedTensorCore {
+    /// Whether the fused tensor-core kernel can run heads of `head_dim` features of `dtype`; the
+    /// error says why not and what to use instead.
+    pub fn supports(head_dim: usize, dtype: DTypeKind) -> Result<()> {
+        layout_with(head_dim, dtype, None, true).map(|_| ())
+    }
+
     /// Plans for `heads × head_dim` of `T` over `graph`'s BSB with its rows renumbered as
-    /// `reorder` says (made once per graph and order, [`DeviceGraph::bsb_in`]).
+    /// `reorder` says (made once per graph and order, `DeviceGraph::bsb_in`).
     ///
     /// Errors: [`Error::Unsupported`] for a head too wide or a device older than sm_80;
     /// [`Error::TooLarge`] for sizes past the kernels' 32-bit indices, driver and memory

@@ -60,3 +60,12 @@ fn the_module_holds_exactly_the_kernels_the_host_launches() {
         assert!(launched.contains(*kernel), "{kernel} is never launched");
     }
 }
+
+/// 64-feature pieces replace 128-feature ones only where the wide ones would leave SMs idle.
+#[test]
+fn default_width_narrows_small_graphs_only() {
+    assert_eq!(default_width(&[128, 64], 128, 170, 132), Some(64));
+    assert_eq!(default_width(&[128, 64], 128, 10_600, 132), Some(128));
+    assert_eq!(default_width(&[100], 200, 10, 132), Some(100));
+    assert_eq!(default_width(&[], 200, 10, 132), None);
+}

@@ -80,14 +80,14 @@ fn layouts_cover_the_head_with_least_padding() {
     assert_eq!((l.slice, l.group), (128, 1));
     let l = layout_with(256, DTypeKind::F32, None, false).unwrap();
     assert_eq!((l.slice, l.group), (64, 4));
-    assert!(supports(1024, DTypeKind::F16).is_ok());
+    assert!(FusedTensorCore::supports(1024, DTypeKind::F16).is_ok());
     assert!(matches!(
-        supports(1025, DTypeKind::F16),
+        FusedTensorCore::supports(1025, DTypeKind::F16),
         Err(Error::Unsupported { .. })
     ));
-    assert!(supports(512, DTypeKind::F32).is_ok());
-    assert!(supports(513, DTypeKind::F32).is_err());
-    assert!(supports(0, DTypeKind::F32).is_err());
+    assert!(FusedTensorCore::supports(512, DTypeKind::F32).is_ok());
+    assert!(FusedTensorCore::supports(513, DTypeKind::F32).is_err());
+    assert!(FusedTensorCore::supports(0, DTypeKind::F32).is_err());
     assert!(layout_with(64, DTypeKind::F32, Some(128), false).is_err());
 }
 
