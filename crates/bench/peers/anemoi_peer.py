@@ -337,16 +337,22 @@ def anemoi_fns(an, ag, case, e, dout, args):
         grads = torch.autograd.grad(out, inputs, dout)
         return out, grads
 
-    def unpack(res):
-        out, grads = res
-        de = ag.to_csr(grads[3]) if on else None
-        return out.detach(), dict(dq=grads[0], dk=grads[1], dv=grads[2], de=de)
-
+    unpack = unpacker(ag.to_csr, on)
     variant = ("graph_transformer_attention_conv, graph args "
                + ("rebuilt in every call (as the layer)" if args.anemoi_rebuild else "built once"))
     note = tp.join_notes(an.csc_source, ag.order,
                          "" if on else "zero e (its op needs one; dE is computed and dropped)")
     return fwd, fwd_bwd, unpack, variant, note
+
+
+def unpacker(to_csr, on):
+    """The (out, gradients) of a forward + backward call as the checks take them: de (with edge
+    features) mapped to the CSR order by `to_csr`."""
+    def unpack(res):
+        out, grads = res
+        de = to_csr(grads[3]) if on else None
+        return out.detach(), dict(dq=grads[0], dk=grads[1], dv=grads[2], de=de)
+    return unpack
 
 
 def spattn_fns(sp, sg, case, e, dout, args):
@@ -377,11 +383,7 @@ def spattn_fns(sp, sg, case, e, dout, args):
         grads = torch.autograd.grad(out, inputs, dout)
         return out, grads
 
-    def unpack(res):
-        out, grads = res
-        de = sg.to_csr(grads[3]) if on else None
-        return out.detach(), dict(dq=grads[0], dk=grads[1], dv=grads[2], de=de)
-
+    unpack = unpacker(sg.to_csr, on)
     variant = f"sparse_attention(algorithm={alg}), {sg.how}, plan: {plan.get('algorithm')} ({plan.get('choice')})"
     return fwd, fwd_bwd, unpack, variant, sg.order, plan_ms
 
