@@ -20,13 +20,6 @@ pub(crate) fn scale_of<F: Real>(scale: Option<f64>, head_dim: usize) -> F {
     }
 }
 
-/// `scores += bias` edge by edge (no bias: nothing).
-fn add_bias<F: Real>(scores: &mut [F], bias: &[F]) {
-    for (s, &b) in scores.iter_mut().zip(bias) {
-        *s = *s + b;
-    }
-}
-
 impl GraphCore {
     pub(crate) fn cpu_forward<F: Real>(
         &self,
@@ -118,14 +111,20 @@ impl GraphCore {
                 host::slice_mut::<F>("out", out, sq.len())?,
             )
         };
-        let mut p = vec![F::ZERO; edges];
-        cpu::sddmm_gat(a, a_dst, a_src, h, &mut p).map_err(ops_to_py)?;
-        add_bias(&mut p, bias);
-        cpu::edge_softmax_in_place(a, &mut p, h, Some(F::from_f64(slope))).map_err(ops_to_py)?;
-        if let Some(d) = &dropout {
-            cpu::apply_dropout(&mut p, d, h);
-        }
-        cpu::spmm(a, &p, x, skv, out).map_err(ops_to_py)
+        let bias = (!bias.is_empty()).then_some(bias);
+        let slope = F::from_f64(slope);
+        cpu::gat_attention(
+            a,
+            h,
+            slope,
+            (a_dst, a_src, bias),
+            dropout.as_ref(),
+            x,
+            skv,
+            out,
+        )
+        .map(|_| ())
+        .map_err(ops_to_py)
     }
 
     pub(crate) fn cpu_gat_backward<F: Real>(
@@ -161,35 +160,22 @@ impl GraphCore {
             )
         };
         let slope = F::from_f64(slope);
-        let mut s = vec![F::ZERO; edges];
-        cpu::sddmm_gat(a, a_dst, a_src, h, &mut s).map_err(ops_to_py)?;
-        add_bias(&mut s, bias);
-        let mut p = vec![F::ZERO; edges];
-        cpu::edge_softmax(a, &s, h, Some(slope), &mut p).map_err(ops_to_py)?;
-        let mut dp = vec![F::ZERO; edges];
-        cpu::sddmm(a, d_out, x, sq, skv, F::ONE, &mut dp).map_err(ops_to_py)?;
-        // Under dropout: dP = dW ⊙ mask / (1 − rate), and the aggregation used W = P's dropped.
-        if let Some(d) = &dropout {
-            cpu::apply_dropout(&mut dp, d, h);
-        }
-        let mut ds = vec![F::ZERO; edges];
-        cpu::edge_softmax_backward(a, &p, &dp, h, &mut ds).map_err(ops_to_py)?;
-        // LeakyReLU' at the pre-activation score (the GPU kernel's branch: 1 at s ≥ 0).
-        for (d, &pre) in ds.iter_mut().zip(&s) {
-            if pre < F::ZERO {
-                *d = *d * slope;
-            }
-        }
+        // The forward's scores and probabilities, recomputed (the package keeps nothing).
+        let bias = (!bias.is_empty()).then_some(bias);
+        let (s, p) = cpu::gat_scores(a, h, slope, (a_dst, a_src, bias)).map_err(ops_to_py)?;
+        let ds = cpu::gat_attention_backward(
+            a,
+            (at, map),
+            h,
+            slope,
+            dropout.as_ref(),
+            (&s, &p),
+            (d_out, x, skv),
+            (dx, da_dst, da_src),
+        )
+        .map_err(ops_to_py)?;
         // dS after the LeakyReLU's slope is the bias's gradient, edge by edge.
         d_bias.copy_from_slice(&ds[..blen]);
-        cpu::edge_row_sum(a, &ds, h, da_dst).map_err(ops_to_py)?;
-        // dp and s are free again: Aᵀ's order of dS, then of P.
-        cpu::transpose_edge_values(map, &ds, h, &mut dp).map_err(ops_to_py)?;
-        cpu::edge_row_sum(at, &dp, h, da_src).map_err(ops_to_py)?;
-        if let Some(d) = &dropout {
-            cpu::apply_dropout(&mut p, d, h);
-        }
-        cpu::transpose_edge_values(map, &p, h, &mut s).map_err(ops_to_py)?;
-        cpu::spmm(at, &s, d_out, sq, dx).map_err(ops_to_py)
+        Ok(())
     }
 }

@@ -278,9 +278,8 @@ impl<F: Real> GatConv<Host<F>> {
         let wh = self.lin.forward(x, n)?;
         let e_src = host::head_dot(&wh, &self.att_src.value, h, c);
         let e_dst = host::head_dot(&wh, &self.att_dst.value, h, c);
-        let mut scores = vec![F::ZERO; g.a.nnz() * h];
-        cpu::sddmm_gat(&g.a, &e_dst, &e_src, h, &mut scores)?;
-        let edge = match (&self.edge, edge_attr) {
+        let mut edge = None;
+        let bias = match (&self.edge, edge_attr) {
             (Some((lin, att)), Some(f)) => {
                 let nnz = g.a.nnz();
                 let shape_f = flat(nnz, lin.in_dim)?;
@@ -293,20 +292,25 @@ impl<F: Real> GatConv<Host<F>> {
                     });
                 }
                 let e = lin.forward(f, nnz)?;
-                for (s, b) in scores.iter_mut().zip(host::head_dot(&e, &att.value, h, c)) {
-                    *s = *s + b;
-                }
-                Some((f.to_vec(), e))
+                let bias = host::head_dot(&e, &att.value, h, c);
+                edge = Some((f.to_vec(), e));
+                Some(bias)
             }
             _ => None,
         };
-        let mut p = vec![F::ZERO; scores.len()];
         let slope = F::from_f32(self.config.negative_slope);
-        cpu::edge_softmax(&g.a, &scores, h, Some(slope), &mut p)?;
         let shape = Shape::new(n, h, c)?;
-        let w = dropped(&p, dropout.as_ref(), h);
         let mut agg = vec![F::ZERO; shape.len()];
-        cpu::spmm(&g.a, &w, &wh, shape, &mut agg)?;
+        let (scores, p) = cpu::gat_attention(
+            &g.a,
+            h,
+            slope,
+            (&e_dst, &e_src, bias.as_deref()),
+            dropout.as_ref(),
+            &wh,
+            shape,
+            &mut agg,
+        )?;
         let mut y = if self.config.concat {
             agg
         } else {
@@ -376,19 +380,19 @@ impl<F: Real> GatConv<Host<F>> {
             }
             d
         };
-        let edges = g.a.nnz() * h;
-        let mut dp = vec![F::ZERO; edges];
-        cpu::sddmm(&g.a, &d_agg, &cache.wh, shape, shape, F::ONE, &mut dp)?;
-        // Through the dropout: the gradient of P is the dropped weights' times the mask.
-        let dp = dropped(&dp, cache.dropout.as_ref(), h);
-        let mut ds = vec![F::ZERO; edges];
-        cpu::edge_softmax_backward(&g.a, &cache.p, &dp, h, &mut ds)?;
         let slope = F::from_f32(self.config.negative_slope);
-        for (d, &s) in ds.iter_mut().zip(&cache.scores) {
-            if s < F::ZERO {
-                *d = *d * slope;
-            }
-        }
+        let mut dwh = vec![F::ZERO; shape.len()];
+        let (mut de_dst, mut de_src) = (vec![F::ZERO; n * h], vec![F::ZERO; n * h]);
+        let ds = cpu::gat_attention_backward(
+            &g.a,
+            (&g.at, &g.map),
+            h,
+            slope,
+            cache.dropout.as_ref(),
+            (&cache.scores, &cache.p),
+            (&d_agg, &cache.wh, shape),
+            (&mut dwh, &mut de_dst, &mut de_src),
+        )?;
         let mut d_edges = None;
         if let (Some((lin, att)), Some((f, e))) = (&mut self.edge, &cache.edge) {
             let mut de = vec![F::ZERO; e.len()];
@@ -397,17 +401,6 @@ impl<F: Real> GatConv<Host<F>> {
             lin.backward(f, g.a.nnz(), &de, Some((&mut df, false)))?;
             d_edges = Some(df);
         }
-        let mut de_dst = vec![F::ZERO; n * h];
-        cpu::edge_row_sum(&g.a, &ds, h, &mut de_dst)?;
-        let mut ds_t = vec![F::ZERO; edges];
-        cpu::transpose_edge_values(&g.map, &ds, h, &mut ds_t)?;
-        let mut de_src = vec![F::ZERO; n * h];
-        cpu::edge_row_sum(&g.at, &ds_t, h, &mut de_src)?;
-        let mut p_t = vec![F::ZERO; edges];
-        let w = dropped(&cache.p, cache.dropout.as_ref(), h);
-        cpu::transpose_edge_values(&g.map, &w, h, &mut p_t)?;
-        let mut dwh = vec![F::ZERO; shape.len()];
-        cpu::spmm(&g.at, &p_t, &d_agg, shape, &mut dwh)?;
         for (att, de) in [(&mut self.att_src, &de_src), (&mut self.att_dst, &de_dst)] {
             host::head_dot_backward(&cache.wh, &att.value, de, h, c, &mut dwh, &mut att.grad);
         }
@@ -435,15 +428,6 @@ impl<F: Real> GatConv<Host<F>> {
             dropout_state: self.dropout_state.copy(),
         })
     }
-}
-
-/// `values` (per edge and head, CSR order) times the dropout's factors; a copy either way.
-fn dropped<F: Real>(values: &[F], dropout: Option<&Dropout>, heads: usize) -> Vec<F> {
-    let mut out = values.to_vec();
-    if let Some(d) = dropout {
-        cpu::apply_dropout(&mut out, d, heads);
-    }
-    out
 }
 
 impl<T: GemmElement> GatConv<Device<T>> {

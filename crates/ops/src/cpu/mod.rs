@@ -21,6 +21,7 @@
 //! | [`attention_backward`], [`attention_backward_f64_from`] | dQ, dK, dV, dscale (module `backward`) | |
 //! | [`edge_softmax_backward`], [`transpose_edge_values`], [`edge_row_sum`] | backward building blocks | |
 //! | [`attention_extras`], [`attention_extras_backward`] | with a score bias, edge features, dropout, the weights out (module `extras`) | |
+//! | [`gat_attention`], [`gat_attention_backward`] | GAT's attention: scores, LeakyReLU, softmax, dropout, aggregation, and its gradients (module `gat`) | |
 //!
 //! # Layouts
 //!
@@ -101,6 +102,7 @@ mod backward;
 mod check;
 mod error_metric;
 mod extras;
+mod gat;
 mod real;
 mod rows;
 mod sddmm;
@@ -117,6 +119,7 @@ pub use extras::{
     apply_dropout, attention_extras, attention_extras_backward, attention_extras_backward_f64_from,
     attention_extras_f64_from, EdgeBias, Extras, ExtrasGrads,
 };
+pub use gat::{gat_attention, gat_attention_backward, gat_scores, Transposed};
 pub use real::Real;
 pub use sddmm::{sddmm, sddmm_gat};
 pub use softmax::{edge_softmax, edge_softmax_in_place};
