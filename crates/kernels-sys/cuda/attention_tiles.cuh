@@ -1071,6 +1071,27 @@ __device__ __forceinline__ void bsb_pipe_copy_rows(u32 sk, u32 x_off, u32 y_off,
     }
 }
 
+// The column of slot lane % 16 of step s (block b_begin + 2s + slot / 8) of a pipelined warp's
+// unit of `steps` steps over blocks b_begin .. b_end; SPATTN_NONE past the unit.
+__device__ __forceinline__ u32 bsb_pipe_step_col(const u32* __restrict__ block_columns,
+                                                 u32 b_begin, u32 b_end, u32 steps, u32 s,
+                                                 u32 lane) {
+    const u32 blk = b_begin + 2u * s + ((lane >> 3) & 1u);
+    return (s < steps && blk < b_end) ? __ldg(block_columns + (u64)blk * 8u + (lane & 7u))
+                                      : SPATTN_NONE;
+}
+
+// The two bitmaps of step s (16 bytes a block; zeros past b_end) copied to shared address
+// `dst` by lanes 0 and 1.
+__device__ __forceinline__ void bsb_pipe_copy_bitmaps(u32 dst, const u32* __restrict__ bitmaps,
+                                                      u32 b_begin, u32 b_end, u32 s, u32 lane) {
+    if (lane < 2u) {
+        const u32 blk = b_begin + 2u * s + lane;
+        const bool ok = blk < b_end;
+        cp_async_16(dst + 16u * lane, bitmaps + (ok ? (u64)blk * 4u : 0u), ok);
+    }
+}
+
 // The A fragments (NKS k-steps, natural feature order: a[0] = row g, features 16ks + 2t, +1;
 // a[1] the same of row g + 8; a[2], a[3] at feature + 8) of window rows rows[0] (g) and rows[1]
 // (g + 8) of x at head_off: 4-byte streaming loads (read once: evict first), zeros for a row past
@@ -1183,11 +1204,8 @@ __device__ __forceinline__ void bsb_pipe_tiles(
     const u32 steps = (b_end - b_begin + 1u) / 2u;
     const u32 g = lane >> 2, t = lane & 3u;
 
-    // Column of slot lane % 16 of step s (block b_begin + 2s + slot / 8); none past the unit.
-    auto cols_of = [&](u32 s) -> u32 {
-        const u32 blk = b_begin + 2u * s + ((lane >> 3) & 1u);
-        return (s < steps && blk < b_end) ? __ldg(block_columns + (u64)blk * 8u + (lane & 7u))
-                                          : SPATTN_NONE;
+    auto cols_of = [&](u32 s) {
+        return bsb_pipe_step_col(block_columns, b_begin, b_end, steps, s, lane);
     };
     // Staged extras: the span bounds of step s (BsbStagedExtras::prefetch), loaded a step
     // before its copies; 0 without.
@@ -1205,11 +1223,7 @@ __device__ __forceinline__ void bsb_pipe_tiles(
         if (s < steps) {
             const u32 sk = base_s + (s % STAGES) * STAGE;
             bsb_pipe_copy_rows<T, CH, ROW, !SPMM>(sk, 0u, VOFF, k, v, col, src, hd, head_off, CH);
-            if (lane < 2u) {
-                const u32 blk = b_begin + 2u * s + lane;
-                const bool ok = blk < b_end;
-                cp_async_16(sk + BOFF + 16u * lane, bitmaps + (ok ? (u64)blk * 4u : 0u), ok);
-            }
+            bsb_pipe_copy_bitmaps(sk + BOFF, bitmaps, b_begin, b_end, s, lane);
             if constexpr (STAGED) xt.issue(sk + XOFF, span, b_begin + 2u * s, b_end);
         }
         cp_async_commit();

@@ -94,11 +94,8 @@ __device__ __forceinline__ void bwd_tc(
     u32 wrow[2];
     bsb_pipe_qrows(row_ids, window, n_rows, wrow);
 
-    // Column of slot lane % 16 of step s (block b_begin + 2s + slot / 8); none past the unit.
-    auto cols_of = [&](u32 s) -> u32 {
-        const u32 blk = b_begin + 2u * s + ((lane >> 3) & 1u);
-        return (s < steps && blk < b_end) ? __ldg(block_columns + (u64)blk * 8u + (lane & 7u))
-                                          : SPATTN_NONE;
+    auto cols_of = [&](u32 s) {
+        return bsb_pipe_step_col(block_columns, b_begin, b_end, steps, s, lane);
     };
     // The copies of step s (its columns in col) into stage s % STAGES, then a commit (an empty
     // group past the last step keeps the count uniform).
@@ -107,11 +104,7 @@ __device__ __forceinline__ void bwd_tc(
             const u32 sk = base_s + (s % STAGES) * STAGE;
             bsb_pipe_copy_rows<T, DS / 8, ROW, true>(sk, 0u, Y2OFF, y1, y2, col, 0u, hd,
                                                      head_off, d / 8u);
-            if (lane < 2u) {
-                const u32 blk = b_begin + 2u * s + lane;
-                const bool ok = blk < b_end;
-                cp_async_16(sk + BOFF + 16u * lane, bitmaps + (ok ? (u64)blk * 4u : 0u), ok);
-            }
+            bsb_pipe_copy_bitmaps(sk + BOFF, bitmaps, b_begin, b_end, s, lane);
             if constexpr (MODE == BWD_TC_DKV) {
                 // The columns' (lse2, D), slot l's by lane l.
                 const u32 c = __shfl_sync(0xffffffffu, col, lane & 15u);
