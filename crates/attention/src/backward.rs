@@ -34,10 +34,12 @@
 use std::sync::{Mutex, PoisonError};
 
 use spattn_formats::Csr;
-use spattn_ops::backward::{self as ops_backward, FusedBackward, TensorCoreBackward};
+use spattn_ops::backward::{
+    self as ops_backward, DeviceTranspose, FusedBackward, TensorCoreBackward,
+};
 use spattn_ops::cpu::{self, AttentionInputs};
 use spattn_ops::graph::DeviceGraph;
-use spattn_ops::{csr_ops, DType, DeviceMatrix, DeviceVec, Gpu, Shape};
+use spattn_ops::{csr_ops, DType, DeviceCsr, DeviceMatrix, DeviceVec, Gpu, Shape};
 
 use crate::error::{Error, Result};
 use crate::plan::AttentionPlan;
@@ -97,6 +99,21 @@ pub(crate) struct BackwardState {
     edge: Option<EdgeBuffers>,
     fused: Option<FusedBackward>,
     tc: Option<TensorCoreBackward>,
+}
+
+impl BackwardState {
+    /// The fused backward's workspace for `shape`'s heads (made by the first call).
+    fn fused_workspace(
+        &mut self,
+        gpu: &Gpu,
+        (a, t): (&DeviceCsr, &DeviceTranspose),
+        shape: Shape,
+    ) -> Result<&mut FusedBackward> {
+        match &mut self.fused {
+            Some(ws) => Ok(ws),
+            slot => Ok(slot.insert(FusedBackward::new(gpu, a, t, shape.heads, shape.head_dim)?)),
+        }
+    }
 }
 
 /// The per-edge kernel sets' buffers.
@@ -282,10 +299,7 @@ impl AttentionPlan {
             return read_d_scale(read_scale, ws.d_scale());
         }
         if kernels == BackwardKernels::Fused {
-            let ws = match &mut st.fused {
-                Some(ws) => ws,
-                slot => slot.insert(FusedBackward::new(gpu, a, t, heads, sq.head_dim)?),
-            };
+            let ws = st.fused_workspace(gpu, (a, t), sq)?;
             ws.run(gpu, a, t, scale, [q, k, v, d_out], [dq, dk, dv])?;
             return read_d_scale(read_scale, ws.d_scale());
         }
@@ -346,10 +360,7 @@ impl AttentionPlan {
         // As in `backward_impl`: every buffer is overwritten before it is read.
         let mut st = state.lock().unwrap_or_else(PoisonError::into_inner);
         let (a, t) = (graph.csr()?, graph.transpose()?);
-        let ws = match &mut st.fused {
-            Some(ws) => ws,
-            slot => slot.insert(FusedBackward::new(gpu, a, t, sq.heads, sq.head_dim)?),
-        };
+        let ws = st.fused_workspace(gpu, (a, t), sq)?;
         ws.run_with_edge_features(
             gpu,
             a,
