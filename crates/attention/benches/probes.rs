@@ -202,8 +202,9 @@ fn median_ms(gpu: &Gpu, runs: usize, mut f: impl FnMut() -> spattn::Result<()>) 
 /// The extras' target ratios: for each algorithm that takes extras, its forward with a per-head bias,
 /// with dropout (rate 0.1), with both, and forward + backward with both, each against the same
 /// plan without extras (forward: `AttentionPlan::forward`; backward: `backward` from the
-/// forward's output). Graphs: SPATTN_TIMING_GRAPHS (default ogbn-arxiv and R-MAT 18); heads 8,
-/// head_dim 64, f16.
+/// forward's output); for the algorithms that take edge features, forward + backward with edge
+/// features alone and with all three. Graphs: SPATTN_TIMING_GRAPHS (default ogbn-arxiv and
+/// R-MAT 18); heads 8, head_dim 64, f16.
 fn extras(gpu: &Gpu) {
     let gpu = gpu.clone();
     let mut rng = fresh_rng("extras timings");
@@ -211,9 +212,9 @@ fn extras(gpu: &Gpu) {
     let (heads, d) = (8usize, 64usize);
     println!(
         "| graph | algorithm | fwd ms | +bias | +dropout | +both | fwd+bwd ms | +both | \
-         bias × | dropout × | both × | fwd+bwd both × |"
+         bias × | dropout × | both × | fwd+bwd both × | fwd+bwd ef ms | +bias+dropout |"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (name, a) in timing_graphs("SPATTN_TIMING_GRAPHS", "ogbn-arxiv,rmat18") {
         let bias =
             DeviceVec::from_host(&gpu, &random_vec::<f16>(&mut rng, a.nnz() * heads, 1.0)).unwrap();
@@ -250,11 +251,20 @@ fn extras(gpu: &Gpu) {
             );
             let mut db = DeviceVec::<f16>::zeros(&gpu, bias.len()).unwrap();
             let drop = Dropout::new(0.1, 7, 0).unwrap();
-            let with = |b: bool, dr: bool| Extras {
+            let feats = alg.takes_edge_features().then(|| {
+                let s = spattn_ops::Shape::new(a.nnz(), heads, d).unwrap();
+                DeviceMatrix::from_host(&gpu, s, &random_vec::<f16>(&mut rng, s.len(), 1.0))
+                    .unwrap()
+            });
+            let mut d_feats = feats
+                .as_ref()
+                .map(|f| DeviceMatrix::<f16>::zeros(&gpu, f.shape()).unwrap());
+            let with_ef = |b: bool, dr: bool, ef: bool| Extras {
                 bias: b.then_some(DeviceBias::PerHead(&bias)),
-                edge_features: None,
+                edge_features: if ef { feats.as_ref() } else { None },
                 dropout: dr.then_some(drop),
             };
+            let with = |b: bool, dr: bool| with_ef(b, dr, false);
             let runs = 20;
             let plain = median_ms(&gpu, runs, || plan.forward(&q, &k, &v, &mut out));
             let mut fwd = |b: bool, dr: bool| {
@@ -290,9 +300,34 @@ fn extras(gpu: &Gpu) {
                 )
                 .map(|_| ())
             });
+            let mut ef_fb = |b: bool, dr: bool| {
+                let Some(df) = d_feats.as_mut() else {
+                    return f64::NAN;
+                };
+                let ex = with_ef(b, dr, true);
+                median_ms(&gpu, runs, || {
+                    plan.forward_with(&q, &k, &v, &ex, &mut out, None)?;
+                    plan.backward_with_extras(
+                        &q,
+                        &k,
+                        &v,
+                        &ex,
+                        &g,
+                        ExtrasGrads {
+                            dq: &mut dq,
+                            dk: &mut dk,
+                            dv: &mut dv,
+                            d_bias: b.then_some(&mut db),
+                            d_edge_features: Some(&mut *df),
+                        },
+                    )
+                    .map(|_| ())
+                })
+            };
+            let (ef, ef_both) = (ef_fb(false, false), ef_fb(true, true));
             println!(
                 "| {name} | {alg} | {plain:.4} | {tb:.4} | {td:.4} | {tbd:.4} | {plain_fb:.4} | \
-                 {both_fb:.4} | {:.3} | {:.3} | {:.3} | {:.3} |",
+                 {both_fb:.4} | {:.3} | {:.3} | {:.3} | {:.3} | {ef:.4} | {ef_both:.4} |",
                 tb / plain,
                 td / plain,
                 tbd / plain,
@@ -302,7 +337,7 @@ fn extras(gpu: &Gpu) {
                 "extras-json {{\"graph\":\"{name}\",\"nnz\":{},\"algorithm\":\"{alg}\",\"heads\":{heads},\
                  \"head_dim\":{d},\"dtype\":\"f16\",\"fwd_ms\":{plain},\"bias_ms\":{tb},\
                  \"dropout_ms\":{td},\"both_ms\":{tbd},\"fwd_bwd_ms\":{plain_fb},\
-                 \"both_fwd_bwd_ms\":{both_fb}}}",
+                 \"both_fwd_bwd_ms\":{both_fb},\"ef_fwd_bwd_ms\":{ef},\"ef_both_fwd_bwd_ms\":{ef_both}}}",
                 a.nnz()
             );
         }
