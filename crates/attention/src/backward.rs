@@ -33,7 +33,7 @@
 
 use std::sync::{Mutex, PoisonError};
 
-use spattn_formats::Csr;
+use spattn_formats::{Csr, Reorder};
 use spattn_ops::backward::{
     self as ops_backward, DeviceTranspose, FusedBackward, TensorCoreBackward,
 };
@@ -42,6 +42,7 @@ use spattn_ops::graph::DeviceGraph;
 use spattn_ops::{csr_ops, DType, DeviceCsr, DeviceMatrix, DeviceVec, Gpu, Shape};
 
 use crate::error::{Error, Result};
+use crate::extras::Extras;
 use crate::plan::AttentionPlan;
 
 /// Which kernels compute the backward (all give the same gradients, to f32 rounding; see the
@@ -112,6 +113,25 @@ impl BackwardState {
         match &mut self.fused {
             Some(ws) => Ok(ws),
             slot => Ok(slot.insert(FusedBackward::new(gpu, a, t, shape.heads, shape.head_dim)?)),
+        }
+    }
+
+    /// The tensor-core backward's workspace for `shape`'s heads of `T` over A's BSB in the row
+    /// order `reorder` (made by the first call).
+    fn tc_workspace<T: DType>(
+        &mut self,
+        graph: &DeviceGraph,
+        shape: Shape,
+        reorder: Reorder,
+    ) -> Result<&mut TensorCoreBackward> {
+        match &mut self.tc {
+            Some(ws) => Ok(ws),
+            slot => Ok(slot.insert(TensorCoreBackward::new::<T>(
+                graph,
+                shape.heads,
+                shape.head_dim,
+                reorder,
+            )?)),
         }
     }
 }
@@ -268,8 +288,7 @@ impl AttentionPlan {
         let mut st = state.lock().unwrap_or_else(PoisonError::into_inner);
         // The uploads the backward reads (once per graph), before any buffer of the plan's.
         let (a, t) = (graph.csr()?, graph.transpose()?);
-        let tc_runs = TensorCoreBackward::supports(T::KIND, sq.head_dim)
-            && gpu.compute_capability() >= (8, 0);
+        let tc_runs = self.tensor_core_backward_runs::<T>();
         let kernels = match kernels {
             BackwardKernels::Auto if tc_runs => BackwardKernels::TensorCore,
             BackwardKernels::Auto => BackwardKernels::Fused,
@@ -283,18 +302,8 @@ impl AttentionPlan {
             other => other,
         };
         if kernels == BackwardKernels::TensorCore {
-            let ws = match &mut st.tc {
-                Some(ws) => ws,
-                slot => {
-                    let reorder = graph.effective_reorder(self.config().reorder);
-                    slot.insert(TensorCoreBackward::new::<T>(
-                        graph,
-                        heads,
-                        sq.head_dim,
-                        reorder,
-                    )?)
-                }
-            };
+            let reorder = graph.effective_reorder(self.config().reorder);
+            let ws = st.tc_workspace::<T>(graph, sq, reorder)?;
             ws.run(gpu, scale, [q, k, v, d_out], [dq, dk, dv])?;
             return read_d_scale(read_scale, ws.d_scale());
         }
@@ -338,6 +347,48 @@ impl AttentionPlan {
         csr_ops::spmm(gpu, t.csr(), &st.ds_t, q, dk)?;
         csr_ops::spmm(gpu, t.csr(), &st.p_t, d_out, dv)?;
         read_d_scale(read_scale, &st.d_scale)
+    }
+
+    /// Whether the tensor-core backward runs this GPU plan's heads of `T` (f16 / bf16, a
+    /// multiple of 8 up to 64 features, sm_80 and later).
+    pub(crate) fn tensor_core_backward_runs<T: DType>(&self) -> bool {
+        let BackwardParts::Gpu { gpu, .. } = self.backward_parts() else {
+            return false;
+        };
+        TensorCoreBackward::supports(T::KIND, self.shape_q().head_dim)
+            && gpu.compute_capability() >= (8, 0)
+    }
+
+    /// The backward with a per-head bias and / or dropout (no edge features) on the tensor-core
+    /// passes (the caller checked [`tensor_core_backward_runs`](Self::tensor_core_backward_runs)):
+    /// writes dQ, dK, dV and ∂L/∂bias, and returns ∂L/∂scale where `read_scale`.
+    pub(crate) fn tensor_core_extras_backward<T: DType>(
+        &self,
+        [q, k, v, d_out]: [&DeviceMatrix<T>; 4],
+        extras: &Extras<'_, T>,
+        [dq, dk, dv]: [&mut DeviceMatrix<T>; 3],
+        d_bias: Option<&mut DeviceVec<T>>,
+        read_scale: bool,
+    ) -> Result<Option<f32>> {
+        let BackwardParts::Gpu { gpu, graph, state } = self.backward_parts() else {
+            return Err(Error::WrongPlanKind {
+                plan: "CPU",
+                use_instead: "backward_host",
+            });
+        };
+        let mut st = state.lock().unwrap_or_else(PoisonError::into_inner);
+        let reorder = graph.effective_reorder(self.config().reorder);
+        let ws = st.tc_workspace::<T>(graph, self.shape_q(), reorder)?;
+        ws.run_with_extras(
+            gpu,
+            graph,
+            self.config().scale(),
+            [q, k, v, d_out],
+            [dq, dk, dv],
+            extras,
+            d_bias,
+        )?;
+        read_d_scale(read_scale, ws.d_scale())
     }
 
     /// The backward with edge features alone (no bias, no dropout) on the fused backward's two

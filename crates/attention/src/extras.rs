@@ -24,7 +24,10 @@
 //! `Auto` plans for them (fused-csr), and with
 //! [`with_edge_features(false)`](crate::AttentionConfig::with_edge_features) as well where no
 //! edge features will come: f16 and bf16 plans then take fused-tc, faster with a bias and
-//! dropout.
+//! dropout. The backward ([`AttentionPlan::backward_with_extras`]) runs the tensor-core passes
+//! for a per-head bias and dropout on f16 / bf16 heads of a multiple of 8 up to 64, the fused
+//! CUDA-core passes for edge features alone, the composition otherwise
+//! ([`AttentionPlan::backward_kernels_with_extras`] says which).
 //!
 //! ```
 //! use spattn::{AttentionConfig, AttentionPlan, Csr, DTypeKind, Dropout, HostExtras};
@@ -49,6 +52,7 @@ use spattn_ops::graph::DeviceGraph;
 use spattn_ops::Dropout;
 use spattn_ops::{csr_ops, elementwise, DType, DeviceMatrix, DeviceVec, Gpu, Shape};
 
+use crate::backward::BackwardKernels;
 use crate::config::Algorithm;
 use crate::error::{Error, Result};
 use crate::plan::AttentionPlan;
@@ -253,9 +257,11 @@ impl AttentionPlan {
     /// `d_out`: writes dQ, dK, dV and, where the forward had them, the bias's and the edge
     /// features' gradients into `grads`; returns ∂L/∂scale. The scores, probabilities and the
     /// dropout mask are recomputed (nothing is stored by the forward); `extras` must be the
-    /// forward's (the same dropout seed and offset). Edge features alone take the fused
-    /// backward's two passes (deterministic, no per-edge buffers) where they hold the head; a
-    /// bias or dropout take the per-edge composition.
+    /// forward's (the same dropout seed and offset). Without edge features, a per-head bias and
+    /// dropout take the tensor-core backward's three passes where they hold the head (f16 /
+    /// bf16, a multiple of 8 up to 64 features; deterministic, no per-edge buffers); edge
+    /// features alone take the fused CUDA-core backward's two passes (likewise); the rest (a
+    /// shared bias, f32, edge features with a bias or dropout) the per-edge composition.
     ///
     /// Errors: as [`forward_with`](Self::forward_with); [`Error::InvalidConfig`] where
     /// `grads` lacks the bias's or the edge features' gradient the forward's extras need.
@@ -287,6 +293,34 @@ impl AttentionPlan {
     ) -> Result<()> {
         self.backward_extras_impl((q, k, v), extras, d_out, grads, false)
             .map(|_| ())
+    }
+
+    /// Which kernels [`backward_with_extras`](Self::backward_with_extras) runs for `extras` of
+    /// `T` on this plan: [`BackwardKernels::TensorCore`] for a per-head bias and / or dropout
+    /// without edge features where the tensor-core backward holds the head (f16 / bf16, a
+    /// multiple of 8 up to 64 features, sm_80 and later), [`BackwardKernels::Fused`] for edge
+    /// features alone where the fused CUDA-core backward holds the head, else
+    /// [`BackwardKernels::Unfused`] (the per-edge composition). The first two are bitwise
+    /// deterministic and keep no per-edge buffers. A CPU plan answers `Unfused`.
+    pub fn backward_kernels_with_extras<T: DType>(
+        &self,
+        extras: &Extras<'_, T>,
+    ) -> BackwardKernels {
+        let any = extras.bias.is_some() || extras.dropout.is_some();
+        if extras.edge_features.is_none()
+            && !extras.bias.as_ref().is_some_and(DeviceBias::is_shared)
+            && self.tensor_core_backward_runs::<T>()
+        {
+            return BackwardKernels::TensorCore;
+        }
+        if !any
+            && extras.edge_features.is_some()
+            && self.is_gpu()
+            && FusedBackward::supports::<T>(self.shape_q().head_dim)
+        {
+            return BackwardKernels::Fused;
+        }
+        BackwardKernels::Unfused
     }
 
     /// The backward with extras; ∂L/∂scale downloaded where `read_scale`.
@@ -324,23 +358,30 @@ impl AttentionPlan {
         if extras.edge_features.is_some() && grads.d_edge_features.is_none() {
             return Err(need("d_edge_features"));
         }
-        // Edge features alone: the fused backward's two passes (no per-edge buffers,
-        // deterministic) where they hold the head.
-        if extras.bias.is_none()
-            && extras.dropout.is_none()
-            && FusedBackward::supports::<T>(self.shape_q().head_dim)
-        {
-            if let Some(f) = extras.edge_features {
-                let df = grads
-                    .d_edge_features
-                    .ok_or_else(|| need("d_edge_features"))?;
-                return self.fused_edge_features_backward(
+        match self.backward_kernels_with_extras(extras) {
+            BackwardKernels::TensorCore => {
+                return self.tensor_core_extras_backward(
                     [q, k, v, d_out],
-                    f,
-                    [grads.dq, grads.dk, grads.dv, df],
+                    extras,
+                    [grads.dq, grads.dk, grads.dv],
+                    grads.d_bias,
                     read_scale,
                 );
             }
+            BackwardKernels::Fused => {
+                if let Some(f) = extras.edge_features {
+                    let df = grads
+                        .d_edge_features
+                        .ok_or_else(|| need("d_edge_features"))?;
+                    return self.fused_edge_features_backward(
+                        [q, k, v, d_out],
+                        f,
+                        [grads.dq, grads.dk, grads.dv, df],
+                        read_scale,
+                    );
+                }
+            }
+            _ => {}
         }
         let (heads, scale, nnz) = (self.config().heads, self.config().scale(), self.nnz());
         let mut guard = state.lock().unwrap_or_else(PoisonError::into_inner);

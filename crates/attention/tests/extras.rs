@@ -11,8 +11,9 @@ use spattn::ops::cpu::{
     Extras as CpuExtras,
 };
 use spattn::{
-    Algorithm, AttentionConfig, AttentionPlan, Csr, DType, DTypeKind, DeviceBias, DeviceMatrix,
-    DeviceVec, Dropout, Error, Extras, ExtrasGrads, Gpu, HostExtras, HybridParams, Reorder, Shape,
+    Algorithm, AttentionConfig, AttentionPlan, BackwardKernels, Csr, DType, DTypeKind, DeviceBias,
+    DeviceMatrix, DeviceVec, Dropout, Error, Extras, ExtrasGrads, Gpu, HostExtras, HybridParams,
+    Reorder, Shape,
 };
 
 /// A GPU case: the algorithm, the row order, and a fixed hybrid split where given.
@@ -502,6 +503,217 @@ fn check_edge_features_deterministic<T: DType>(gpu: &Gpu, a: &Csr, heads: usize,
             "{} H{heads} D{d}: {name} differs in {differ} elements",
             T::NAME
         );
+    }
+}
+
+/// A per-head bias and dropout without edge features take the tensor-core backward
+/// (`TensorCoreBackward::run_with_extras`) on f16 and bf16 heads of a multiple of 8 up to 64:
+/// every gradient, dBias and ∂scale against the f64 reference with each extra alone and both,
+/// rows in the graph's order and renumbered, hub windows split across units, full blocks (a
+/// step's bias span of 256 edges). A shared bias and f32 keep the composition.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gpu_tensor_core_backward_takes_a_bias_and_dropout() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("gpu tensor-core extras backward");
+    let graphs = [
+        shared_graph("cora"),
+        random_graph(&mut rng, 300, 6, 7),
+        hub_graph(&mut rng, 20_000, 3),
+        clique_graph(12, 40),
+    ];
+    for a in &graphs {
+        for reorder in [Reorder::None, Reorder::Degree] {
+            let tc = (Algorithm::FusedTensorCore, reorder, None);
+            for (heads, d) in [(1, 32), (3, 24), (8, 64)] {
+                for (bias, rate) in [(Some(false), 0.0), (None, 0.3), (Some(false), 0.5)] {
+                    check_gpu_extras_with::<f16>(&gpu, a, tc, heads, d, bias, rate);
+                    check_gpu_extras_with::<bf16>(&gpu, a, tc, heads, d, bias, rate);
+                }
+            }
+        }
+    }
+}
+
+/// The tensor-core backward with a per-head bias and dropout: two runs bitwise equal on hub
+/// windows split across units, and a −∞ bias masking whole rows and single edges against the f64
+/// reference (the sanitizers' short case).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gpu_tensor_core_extras_backward_is_deterministic_and_masks() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("gpu tensor-core extras determinism");
+    let graphs = [shared_graph("cora"), hub_graph(&mut rng, 20_000, 3)];
+    for (heads, d) in [(8, 64), (1, 24)] {
+        check_tc_extras_deterministic::<f16>(&gpu, &graphs[1], heads, d);
+        check_tc_extras_deterministic::<bf16>(&gpu, &graphs[1], heads, d);
+    }
+    for a in &graphs {
+        check_tc_masked_backward::<f16>(&gpu, a);
+        check_tc_masked_backward::<bf16>(&gpu, a);
+    }
+}
+
+/// A fused-tc plan with the extras' inputs of `T` (heads × d): Q, K, V, dOut, a per-head bias
+/// (`bias`, nnz × heads) and the plan, whose backward with a bias and dropout must take the
+/// tensor-core passes while a shared bias keeps the composition.
+#[allow(clippy::type_complexity)]
+fn tc_extras_case<T: DType>(
+    gpu: &Gpu,
+    a: &Csr,
+    heads: usize,
+    d: usize,
+    bias: &[T],
+    rng: &mut Pcg64,
+) -> (AttentionPlan, [DeviceMatrix<T>; 4], DeviceVec<T>) {
+    let s = Shape::new(a.n_rows(), heads, d).unwrap();
+    let config = AttentionConfig::new(heads, d, T::KIND)
+        .with_algorithm(Algorithm::FusedTensorCore)
+        .with_edge_extras(true);
+    let plan = AttentionPlan::new_gpu(gpu, a, config).unwrap();
+    let ops = [0; 4]
+        .map(|_| DeviceMatrix::from_host(gpu, s, &random_vec::<T>(rng, s.len(), 1.0)).unwrap());
+    let db = DeviceVec::from_host(gpu, bias).unwrap();
+    fn with<'a, T: DType>(b: DeviceBias<'a, T>) -> Extras<'a, T> {
+        Extras {
+            bias: Some(b),
+            edge_features: None,
+            dropout: Some(Dropout::new(0.3, 11, 5).unwrap()),
+        }
+    }
+    assert_eq!(
+        plan.backward_kernels_with_extras(&with(DeviceBias::PerHead(&db))),
+        BackwardKernels::TensorCore,
+        "{} H{heads} D{d}",
+        T::NAME
+    );
+    assert_eq!(
+        plan.backward_kernels_with_extras(&with(DeviceBias::Shared(&db))),
+        BackwardKernels::Unfused,
+        "{} H{heads} D{d}: shared bias",
+        T::NAME
+    );
+    (plan, ops, db)
+}
+
+/// The tensor-core backward with a per-head bias and dropout: two runs give bitwise-equal
+/// gradients, dBias and ∂L/∂scale.
+fn check_tc_extras_deterministic<T: DType>(gpu: &Gpu, a: &Csr, heads: usize, d: usize) {
+    let mut rng = fresh_rng("tensor-core extras determinism");
+    let bias = random_vec::<T>(&mut rng, a.nnz() * heads, 1.0);
+    let (plan, [q, k, v, g], db) = tc_extras_case::<T>(gpu, a, heads, d, &bias, &mut rng);
+    let s = plan.shape_q();
+    let extras = Extras {
+        bias: Some(DeviceBias::PerHead(&db)),
+        edge_features: None,
+        dropout: Some(Dropout::new(0.3, 11, 5).unwrap()),
+    };
+    let run = || {
+        let mut out = [s, s, s].map(|sh| DeviceMatrix::<T>::zeros(gpu, sh).unwrap());
+        let mut gb = DeviceVec::<T>::zeros(gpu, bias.len()).unwrap();
+        let [gq, gk, gv] = &mut out;
+        let d_scale = plan
+            .backward_with_extras(
+                &q,
+                &k,
+                &v,
+                &extras,
+                &g,
+                ExtrasGrads {
+                    dq: gq,
+                    dk: gk,
+                    dv: gv,
+                    d_bias: Some(&mut gb),
+                    d_edge_features: None,
+                },
+            )
+            .unwrap();
+        let mut host = out.map(|m| m.to_host().unwrap()).to_vec();
+        host.push(gb.to_host().unwrap());
+        (host, d_scale)
+    };
+    let (first, s1) = run();
+    let (second, s2) = run();
+    let what = format!("tensor-core extras {} H{heads} D{d}", T::NAME);
+    assert_eq!(s1.to_bits(), s2.to_bits(), "{what}: d_scale");
+    for (name, (x, y)) in ["dQ", "dK", "dV", "dBias"]
+        .iter()
+        .zip(first.iter().zip(&second))
+    {
+        let differ = x
+            .iter()
+            .zip(y)
+            .filter(|(a, b)| a.to_f32().to_bits() != b.to_f32().to_bits())
+            .count();
+        assert_eq!(differ, 0, "{what}: {name} differs in {differ} elements");
+    }
+}
+
+/// A −∞ bias masks every edge of rows 0–4 and every third edge elsewhere (with dropout): the
+/// tensor-core backward's gradients are finite and match the f64 reference (masked rows have no
+/// probabilities: zero gradients, and dBias 0 on masked edges).
+fn check_tc_masked_backward<T: DType>(gpu: &Gpu, a: &Csr) {
+    let (heads, d) = (2, 32);
+    let mut rng = fresh_rng("tensor-core masked backward");
+    let mut bias = random_vec::<T>(&mut rng, a.nnz() * heads, 1.0);
+    let first_unmasked = a.row_offsets()[5.min(a.n_rows())] as usize;
+    for (e, b) in bias.chunks_mut(heads).enumerate() {
+        if e < first_unmasked || e % 3 == 0 {
+            b.fill(T::from_f32(f32::NEG_INFINITY));
+        }
+    }
+    let (plan, [q, k, v, g], db) = tc_extras_case::<T>(gpu, a, heads, d, &bias, &mut rng);
+    let s = plan.shape_q();
+    let dropout = Dropout::new(0.2, 3, 1).unwrap();
+    let extras = Extras {
+        bias: Some(DeviceBias::PerHead(&db)),
+        edge_features: None,
+        dropout: Some(dropout),
+    };
+    let mut grads = [s, s, s].map(|sh| DeviceMatrix::<T>::zeros(gpu, sh).unwrap());
+    let mut gb = DeviceVec::<T>::zeros(gpu, bias.len()).unwrap();
+    let [gq, gk, gv] = &mut grads;
+    plan.backward_with_extras(
+        &q,
+        &k,
+        &v,
+        &extras,
+        &g,
+        ExtrasGrads {
+            dq: gq,
+            dk: gk,
+            dv: gv,
+            d_bias: Some(&mut gb),
+            d_edge_features: None,
+        },
+    )
+    .unwrap();
+    let host = |m: &DeviceMatrix<T>| to_f64(&m.to_host().unwrap());
+    let (q64, k64, v64, g64) = (host(&q), host(&k), host(&v), host(&g));
+    let bias64 = to_f64(&bias);
+    let inputs = AttentionInputs::new(&q64, s, &k64, s, &v64, s);
+    let cpu_extras = CpuExtras {
+        bias: Some(EdgeBias::PerHead(&bias64[..])),
+        edge_features: None,
+        dropout: Some(dropout),
+    };
+    let scale = f64::from(plan.config().scale());
+    let want = attention_extras_backward_f64_from(a, &inputs, scale, &cpu_extras, &g64).unwrap();
+    let tol = tolerance::<T>();
+    for (name, got, want) in [
+        ("dQ", host(&grads[0]), &want.dq),
+        ("dK", host(&grads[1]), &want.dk),
+        ("dV", host(&grads[2]), &want.dv),
+        (
+            "dBias",
+            to_f64(&gb.to_host().unwrap()),
+            want.d_bias.as_ref().unwrap(),
+        ),
+    ] {
+        let what = format!("masked {} n {}: {name}", T::NAME, a.n_rows());
+        assert!(got.iter().all(|x| x.is_finite()), "{what} not finite");
+        let err = cpu::rel_l2_error(&got, want);
+        assert!(err <= tol, "{what} error {err:e}");
     }
 }
 

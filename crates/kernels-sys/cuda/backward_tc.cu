@@ -27,6 +27,14 @@
 // (32 or 64: at 128 the accumulators alone take 128 registers a lane; those heads run the
 // CUDA-core backward, docs/kernels/backward.md).
 //
+// Extras (the `_xb`, `_xd`, `_x` kernels: a bias, dropout, both; XMODE bits 0 and 1): as in the
+// pipelined forward (BsbStagedExtras), each step's gathered bias (log2 domain, block-and-bit
+// order) and keep words travel into its stage with its tiles. With s' = x + bias and the keep
+// factor f (0 or 1 / (1 - rate)): stats w = sum 2^(s' - m) f dP; dS = P (f dP - D); dV = (P f)^T
+// dOut. The dq pass writes each edge's dS to d_bias at its caller edge (x_ids: A's BSB's
+// block-and-bit order to the caller's CSR order), once per edge and head. Over A^T the stage
+// holds A^T's gathers (the same keep draws: an edge's bits come from its caller edge).
+//
 // Units are fused-tc's (host schedule, largest first; a window without blocks has one unit,
 // which writes zeros). A window split into several units leaves a partial per unit (stats: m,
 // l, w; dq: the accumulator and the dscale share; dkv: both accumulators) and the last unit to
@@ -44,11 +52,13 @@
 // first half of each row, so that one swizzle serves both), the two blocks' bitmaps and, in the
 // dkv pass, the (lse2, D) of the 16 slots' columns.
 #define BWD_TC_ROW 128u
-__host__ __device__ constexpr u32 bwd_tc_stage_bytes(int mode) {
-    return 2u * 16u * BWD_TC_ROW + 32u + (mode == BWD_TC_DKV ? 16u * 8u : 0u);
+// With extras (xmode), the stage's staged extras follow (bsb_pipe_x_bytes).
+__host__ __device__ constexpr u32 bwd_tc_stage_bytes(int mode, int xmode) {
+    return 2u * 16u * BWD_TC_ROW + 32u + (mode == BWD_TC_DKV ? 16u * 8u : 0u) +
+           bsb_pipe_x_bytes((xmode & 1) != 0, (xmode & 2) != 0);
 }
-__host__ __device__ constexpr u32 bwd_tc_warp_bytes(int mode) {
-    return BSB_PIPE_STAGES * bwd_tc_stage_bytes(mode);
+__host__ __device__ constexpr u32 bwd_tc_warp_bytes(int mode, int xmode) {
+    return BSB_PIPE_STAGES * bwd_tc_stage_bytes(mode, xmode);
 }
 
 // One (unit, head) of a pass. Window side: rows of x1 (Q or K) and x2 (dOut or V) in A
@@ -57,8 +67,9 @@ __host__ __device__ constexpr u32 bwd_tc_warp_bytes(int mode) {
 // pipeline, bsb_pipe_tiles) and read by ldmatrix: as the B operand of the scores, and
 // transposed as the B operand of dQ += dS K (y1), dK += dS^T Q (y1) and dV += P^T dOut (y2).
 // Outputs: stats (lse2, D) per (row of A, head); g1 (dQ or dK), g2 (dV); ds_rows the dscale
-// share per (row of A, head). `smem`: the warp's bwd_tc_warp_bytes(MODE).
-template <class T, int DS, int MODE>
+// share per (row of A, head). `smem`: the warp's bwd_tc_warp_bytes(MODE, XMODE). Extras
+// (XMODE != 0): xa, and in the dq pass with a bias x_ids and d_bias.
+template <class T, int DS, int MODE, int XMODE>
 __device__ __forceinline__ void bwd_tc(
     unsigned char* smem, const uint4* __restrict__ units, const u32* __restrict__ unit_split,
     const u32* __restrict__ split_part_first, u32 n_items, u32 heads, u32 d, u32 n_rows,
@@ -66,7 +77,8 @@ __device__ __forceinline__ void bwd_tc(
     const u32* __restrict__ bitmaps, const T* __restrict__ x1, const T* __restrict__ x2,
     const T* __restrict__ y1, const T* __restrict__ y2, float scale_log2, float scale,
     float2* __restrict__ stats, T* __restrict__ g1, T* __restrict__ g2,
-    float* __restrict__ ds_rows, float* __restrict__ part, u32* __restrict__ counters) {
+    float* __restrict__ ds_rows, float* __restrict__ part, u32* __restrict__ counters,
+    const BsbExtrasArgs& xa, const u32* __restrict__ x_ids, T* __restrict__ d_bias) {
     constexpr int STAGES = BSB_PIPE_STAGES;
     constexpr int NKS = DS / 16;  // k-steps of the scores
     constexpr int NT = DS / 8;    // n-tiles of an accumulator
@@ -74,7 +86,9 @@ __device__ __forceinline__ void bwd_tc(
     constexpr u32 ROW = BWD_TC_ROW;
     constexpr u32 TILE = 16u * ROW;
     constexpr u32 Y2OFF = TILE, BOFF = 2u * TILE, SOFF = BOFF + 32u;
-    constexpr u32 STAGE = bwd_tc_stage_bytes(MODE);
+    constexpr u32 XOFF = SOFF + (MODE == BWD_TC_DKV ? 16u * 8u : 0u);  // the staged extras
+    constexpr u32 STAGE = bwd_tc_stage_bytes(MODE, XMODE);
+    constexpr bool XON = XMODE != 0, BIAS_GRAD = (XMODE & 1) != 0 && MODE == BWD_TC_DQ;
     static_assert(DS == 32 || DS == 64, "registers: wider heads run the CUDA-core backward");
     static_assert(DS * 2u <= ROW, "a tile row holds the slice");
     // Floats of a partial row: (m, l, w); the accumulator and the dscale share; both
@@ -93,13 +107,23 @@ __device__ __forceinline__ void bwd_tc(
     const u32 base_s = smem_addr(smem);
     u32 wrow[2];
     bsb_pipe_qrows(row_ids, window, n_rows, wrow);
+    auto xt = bsb_staged_extras_or_none<XMODE>(&xa, h);
 
     auto cols_of = [&](u32 s) {
         return bsb_pipe_step_col(block_columns, b_begin, b_end, steps, s, lane);
     };
-    // The copies of step s (its columns in col) into stage s % STAGES, then a commit (an empty
-    // group past the last step keeps the count uniform).
-    auto issue = [&](u32 s, u32 col) {
+    // Extras: the span bounds of step s (BsbStagedExtras::prefetch), loaded a step before its
+    // copies; 0 without.
+    auto span_of = [&](u32 s) -> u32 {
+        if constexpr (XON) {
+            return s < steps ? xt.prefetch(b_begin + 2u * s, b_end) : 0u;
+        } else {
+            return 0u;
+        }
+    };
+    // The copies of step s (its columns in col; extras: its span bounds) into stage s % STAGES,
+    // then a commit (an empty group past the last step keeps the count uniform).
+    auto issue = [&](u32 s, u32 col, u32 span) {
         if (s < steps) {
             const u32 sk = base_s + (s % STAGES) * STAGE;
             bsb_pipe_copy_rows<T, DS / 8, ROW, true>(sk, 0u, Y2OFF, y1, y2, col, 0u, hd,
@@ -112,17 +136,19 @@ __device__ __forceinline__ void bwd_tc(
                 if (lane < 16u)
                     cp_async_8(sk + SOFF + 8u * lane, stats + (ok ? (u64)c * heads + h : 0u), ok);
             }
+            if constexpr (XON) xt.issue(sk + XOFF, span, b_begin + 2u * s, b_end);
         }
         cp_async_commit();
     };
 
     // Prologue: steps 0 .. STAGES - 2 in flight, the columns of step STAGES - 1 loaded.
-    u32 col_next = cols_of(0u);
+    u32 col_next = cols_of(0u), span_next = span_of(0u);
 #pragma unroll
     for (u32 s = 0; s + 1u < (u32)STAGES; ++s) {
-        const u32 c = col_next;
+        const u32 c = col_next, e = span_next;
         col_next = cols_of(s + 1u);
-        issue(s, c);
+        span_next = span_of(s + 1u);
+        issue(s, c, e);
     }
 
     u32 f1[NKS][4], f2[NKS][4];
@@ -149,14 +175,17 @@ __device__ __forceinline__ void bwd_tc(
         cp_async_wait<STAGES - 2>();
         __syncwarp();  // step i's copies by every lane are visible; step i - 1 is read
         {
-            const u32 c = col_next;
+            const u32 c = col_next, e = span_next;
             col_next = cols_of(i + STAGES);
-            issue(i + STAGES - 1u, c);
+            span_next = span_of(i + STAGES);
+            issue(i + STAGES - 1u, c, e);
         }
         const u32 st = i % STAGES;
         const u32 sk = base_s + st * STAGE;
         const u32* bw = reinterpret_cast<const u32*>(smem + st * STAGE + BOFF);
         const u32 bits[2][2] = {{bw[upper], bw[2u + upper]}, {bw[4u + upper], bw[6u + upper]}};
+        // The step's extras, landed in the stage with its tiles.
+        if constexpr (XON) xt.load(smem + st * STAGE + XOFF, bw, upper, shift);
 
         float s[2][4], dp[2][4];
 #pragma unroll
@@ -164,14 +193,22 @@ __device__ __forceinline__ void bwd_tc(
             bsb_tile_scores<T, NKS, ROW>(s[bb], f1, sk, bb);
             bsb_tile_scores<T, NKS, ROW>(dp[bb], f2, sk + Y2OFF, bb);
         }
-        // Entry i of block bb: row g + 8 (i / 2), slot 2t + (i % 2); masked to -inf.
-        float x[2][4];
+        // Entry i of block bb: row g + 8 (i / 2), slot 2t + (i % 2); masked to -inf. kf: its
+        // dropout factor (1 without), which multiplies dP (and P, for dV).
+        float x[2][4], kf[2][4];
 #pragma unroll
         for (int bb = 0; bb < 2; ++bb)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const u32 bit = (bits[bb][e >> 1] >> (shift + (e & 1))) & 1u;
-                x[bb][e] = bit ? s[bb][e] * scale_log2 : SPATTN_NEG_INF;
+                if constexpr (XON) {
+                    x[bb][e] = bit ? fmaf(s[bb][e], scale_log2, xt.bias_log2(bb, e))
+                                   : SPATTN_NEG_INF;
+                    kf[bb][e] = xt.keep_factor(bb, e);
+                } else {
+                    x[bb][e] = bit ? s[bb][e] * scale_log2 : SPATTN_NEG_INF;
+                    kf[bb][e] = 1.0f;
+                }
             }
         if constexpr (MODE == BWD_TC_STATS) {
 #pragma unroll
@@ -185,7 +222,7 @@ __device__ __forceinline__ void bwd_tc(
                     for (int c = 0; c < 2; ++c) {
                         const float p = bsb_exp2(x[bb][2 * r + c] - mu);
                         ls += p;
-                        ws = fmaf(p, dp[bb][2 * r + c], ws);
+                        ws = fmaf(XON ? p * kf[bb][2 * r + c] : p, dp[bb][2 * r + c], ws);
                     }
                 l[r] = fmaf(l[r], alpha, ls);
                 w[r] = fmaf(w[r], alpha, ws);
@@ -198,10 +235,29 @@ __device__ __forceinline__ void bwd_tc(
                 for (int e = 0; e < 4; ++e) {
                     const float2 q = rs[e >> 1];
                     const float p = bsb_exp2(x[bb][e] - q.x);
-                    ds[bb][e] = p * (dp[bb][e] - q.y);
+                    ds[bb][e] = p * (XON ? fmaf(kf[bb][e], dp[bb][e], -q.y) : dp[bb][e] - q.y);
                     // dscale's share, kept per lane in l (no statistics in this pass).
                     l[e >> 1] = fmaf(ds[bb][e], s[bb][e], l[e >> 1]);
                 }
+            if constexpr (BIAS_GRAD) {
+                // dBias = dS at each set bit's caller edge (a block's edges from its start, bits
+                // row-major; zero words past the unit set none).
+#pragma unroll
+                for (int bb = 0; bb < 2; ++bb) {
+                    const u32 blk = b_begin + 2u * i + bb;
+                    if (blk >= b_end) continue;
+                    const u32 wb[4] = {bw[4 * bb], bw[4 * bb + 1], bw[4 * bb + 2], bw[4 * bb + 3]};
+                    u32 rank[4];
+                    bool on[4];
+                    bsb_lane_ranks(wb, upper, shift, rank, on);
+                    const u32 first = __ldg(xa.block_edge_start + blk);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        if (on[e])
+                            d_bias[(u64)__ldg(x_ids + first + rank[e]) * heads + h] =
+                                from_f32<T>(ds[bb][e]);
+                }
+            }
             bsb_tile_pv<T, NT, ROW>(o[0], ds, sk);
         } else {
             // Column i of entry (bb, e) is slot 8 bb + 2t + e % 2: its (lse2, D).
@@ -212,8 +268,9 @@ __device__ __forceinline__ void bwd_tc(
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const float2 q = cs[8u * bb + 2u * t + (e & 1)];
-                    p[bb][e] = bsb_exp2(x[bb][e] - q.x);
-                    ds[bb][e] = p[bb][e] * (dp[bb][e] - q.y);
+                    const float pe = bsb_exp2(x[bb][e] - q.x);
+                    ds[bb][e] = pe * (XON ? fmaf(kf[bb][e], dp[bb][e], -q.y) : dp[bb][e] - q.y);
+                    p[bb][e] = XON ? pe * kf[bb][e] : pe;  // the weight of dOut in dV
                 }
             bsb_tile_pv<T, NT, ROW>(o[0], ds, sk);
             bsb_tile_pv<T, NT, ROW>(o[1], p, sk + Y2OFF);
@@ -323,9 +380,11 @@ __device__ __forceinline__ void bwd_tc(
     if (lane == 0u) *counter = 0u;
 }
 
-// Entry points backward_tc_{stats,dq,dkv}_{f16,bf16}_s{32,64}: one warp per (unit, head),
-// n_items = units x heads, CTAs of the host's warps, each warp bwd_tc_warp_bytes(MODE) of the
-// dynamic shared memory. head_dim a multiple
+// Entry points backward_tc_{stats,dq,dkv}_{f16,bf16}_s{32,64}{,_xb,_xd,_x}: one warp per
+// (unit, head), n_items = units x heads, CTAs of the host's warps, each warp
+// bwd_tc_warp_bytes(MODE, XMODE) of the dynamic shared memory. The extras' parameters
+// (SPATTN_BSB_X_PARAMS, x_ids, d_bias) are read by the `_x*` kernels only (x_ids and d_bias by
+// the dq pass with a bias), null for the others. head_dim a multiple
 // of 8 and at most DS (the host picks the narrowest DS that holds it). The stats and dq passes
 // run on A's BSB (x1 = Q, x2 = dOut, y1 = K, y2 = V), dkv on A^T's (x1 = K, x2 = V, y1 = Q,
 // y2 = dOut); every pointer a pass does not use may be null.
@@ -334,21 +393,28 @@ __device__ __forceinline__ void bwd_tc(
         u32 heads, u32 head_dim, u32 n_rows, const u32 *row_ids, const u32 *block_columns,     \
         const u32 *bitmaps, const T *x1, const T *x2, const T *y1, const T *y2,                \
         float scale_log2, float scale, float2 *stats, T *g1, T *g2, float *ds_rows,            \
-        float *part, u32 *counters
-#define SPATTN_BWD_TC(NAME, MODE, SUFFIX, T, DS)                                               \
+        float *part, u32 *counters, SPATTN_BSB_X_PARAMS, const u32 *x_ids, T *d_bias
+#define SPATTN_BWD_TC(NAME, MODE, SUFFIX, T, DS, XMODE, XS)                                    \
     extern "C" __global__ void __launch_bounds__(128)                                          \
-        backward_tc_##NAME##_##SUFFIX##_s##DS(SPATTN_BWD_TC_PARAMS(T)) {                       \
+        backward_tc_##NAME##_##SUFFIX##_s##DS##XS(SPATTN_BWD_TC_PARAMS(T)) {                   \
         extern __shared__ uint4 bwd_tc_smem[];                                                 \
         unsigned char* smem = reinterpret_cast<unsigned char*>(bwd_tc_smem) +                  \
-                              (threadIdx.x >> 5) * bwd_tc_warp_bytes(MODE);                    \
-        bwd_tc<T, DS, MODE>(smem, units, unit_split, split_part_first, n_items, heads,         \
-                            head_dim, n_rows, row_ids, block_columns, bitmaps, x1, x2, y1, y2, \
-                            scale_log2, scale, stats, g1, g2, ds_rows, part, counters);        \
+                              (threadIdx.x >> 5) * bwd_tc_warp_bytes(MODE, XMODE);             \
+        const BsbExtrasArgs xa = SPATTN_BSB_X_ARGS;                                            \
+        bwd_tc<T, DS, MODE, XMODE>(smem, units, unit_split, split_part_first, n_items, heads,  \
+                                   head_dim, n_rows, row_ids, block_columns, bitmaps, x1, x2,  \
+                                   y1, y2, scale_log2, scale, stats, g1, g2, ds_rows, part,    \
+                                   counters, xa, x_ids, d_bias);                               \
     }
+#define SPATTN_BWD_TC_X(SUFFIX, T, DS, XMODE, XS)                                              \
+    SPATTN_BWD_TC(stats, BWD_TC_STATS, SUFFIX, T, DS, XMODE, XS)                               \
+    SPATTN_BWD_TC(dq, BWD_TC_DQ, SUFFIX, T, DS, XMODE, XS)                                     \
+    SPATTN_BWD_TC(dkv, BWD_TC_DKV, SUFFIX, T, DS, XMODE, XS)
 #define SPATTN_BWD_TC_ALL(SUFFIX, T, DS)                                                       \
-    SPATTN_BWD_TC(stats, BWD_TC_STATS, SUFFIX, T, DS)                                          \
-    SPATTN_BWD_TC(dq, BWD_TC_DQ, SUFFIX, T, DS)                                                \
-    SPATTN_BWD_TC(dkv, BWD_TC_DKV, SUFFIX, T, DS)
+    SPATTN_BWD_TC_X(SUFFIX, T, DS, 0, )                                                        \
+    SPATTN_BWD_TC_X(SUFFIX, T, DS, 1, _xb)                                                     \
+    SPATTN_BWD_TC_X(SUFFIX, T, DS, 2, _xd)                                                     \
+    SPATTN_BWD_TC_X(SUFFIX, T, DS, 3, _x)
 SPATTN_BWD_TC_ALL(f16, __half, 32)
 SPATTN_BWD_TC_ALL(f16, __half, 64)
 SPATTN_BWD_TC_ALL(bf16, __nv_bfloat16, 32)

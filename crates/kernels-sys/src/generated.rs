@@ -399,7 +399,7 @@ pub const GATV2_EDGE_GRAD_CSR_F16_V8: &str = "gatv2_edge_grad_csr_f16_v8";
 /// Kernel `gatv2_edge_grad_csr_bf16_v8` of [`BACKWARD`].
 pub const GATV2_EDGE_GRAD_CSR_BF16_V8: &str = "gatv2_edge_grad_csr_bf16_v8";
 
-/// The PTX module compiled from `cuda/backward_tc.cu` (13 kernels).
+/// The PTX module compiled from `cuda/backward_tc.cu` (49 kernels).
 pub const BACKWARD_TC: PtxModule = PtxModule {
     name: "backward_tc",
     ptx: include_str!("../ptx/backward_tc.ptx"),
@@ -407,15 +407,51 @@ pub const BACKWARD_TC: PtxModule = PtxModule {
         BACKWARD_TC_STATS_F16_S32,
         BACKWARD_TC_DQ_F16_S32,
         BACKWARD_TC_DKV_F16_S32,
+        BACKWARD_TC_STATS_F16_S32_XB,
+        BACKWARD_TC_DQ_F16_S32_XB,
+        BACKWARD_TC_DKV_F16_S32_XB,
+        BACKWARD_TC_STATS_F16_S32_XD,
+        BACKWARD_TC_DQ_F16_S32_XD,
+        BACKWARD_TC_DKV_F16_S32_XD,
+        BACKWARD_TC_STATS_F16_S32_X,
+        BACKWARD_TC_DQ_F16_S32_X,
+        BACKWARD_TC_DKV_F16_S32_X,
         BACKWARD_TC_STATS_F16_S64,
         BACKWARD_TC_DQ_F16_S64,
         BACKWARD_TC_DKV_F16_S64,
+        BACKWARD_TC_STATS_F16_S64_XB,
+        BACKWARD_TC_DQ_F16_S64_XB,
+        BACKWARD_TC_DKV_F16_S64_XB,
+        BACKWARD_TC_STATS_F16_S64_XD,
+        BACKWARD_TC_DQ_F16_S64_XD,
+        BACKWARD_TC_DKV_F16_S64_XD,
+        BACKWARD_TC_STATS_F16_S64_X,
+        BACKWARD_TC_DQ_F16_S64_X,
+        BACKWARD_TC_DKV_F16_S64_X,
         BACKWARD_TC_STATS_BF16_S32,
         BACKWARD_TC_DQ_BF16_S32,
         BACKWARD_TC_DKV_BF16_S32,
+        BACKWARD_TC_STATS_BF16_S32_XB,
+        BACKWARD_TC_DQ_BF16_S32_XB,
+        BACKWARD_TC_DKV_BF16_S32_XB,
+        BACKWARD_TC_STATS_BF16_S32_XD,
+        BACKWARD_TC_DQ_BF16_S32_XD,
+        BACKWARD_TC_DKV_BF16_S32_XD,
+        BACKWARD_TC_STATS_BF16_S32_X,
+        BACKWARD_TC_DQ_BF16_S32_X,
+        BACKWARD_TC_DKV_BF16_S32_X,
         BACKWARD_TC_STATS_BF16_S64,
         BACKWARD_TC_DQ_BF16_S64,
         BACKWARD_TC_DKV_BF16_S64,
+        BACKWARD_TC_STATS_BF16_S64_XB,
+        BACKWARD_TC_DQ_BF16_S64_XB,
+        BACKWARD_TC_DKV_BF16_S64_XB,
+        BACKWARD_TC_STATS_BF16_S64_XD,
+        BACKWARD_TC_DQ_BF16_S64_XD,
+        BACKWARD_TC_DKV_BF16_S64_XD,
+        BACKWARD_TC_STATS_BF16_S64_X,
+        BACKWARD_TC_DQ_BF16_S64_X,
+        BACKWARD_TC_DKV_BF16_S64_X,
         BACKWARD_TC_DSCALE,
     ],
 };
@@ -429,6 +465,33 @@ pub const BACKWARD_TC_DQ_F16_S32: &str = "backward_tc_dq_f16_s32";
 /// Kernel `backward_tc_dkv_f16_s32` of [`BACKWARD_TC`].
 pub const BACKWARD_TC_DKV_F16_S32: &str = "backward_tc_dkv_f16_s32";
 
+/// Kernel `backward_tc_stats_f16_s32_xb` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_STATS_F16_S32_XB: &str = "backward_tc_stats_f16_s32_xb";
+
+/// Kernel `backward_tc_dq_f16_s32_xb` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DQ_F16_S32_XB: &str = "backward_tc_dq_f16_s32_xb";
+
+/// Kernel `backward_tc_dkv_f16_s32_xb` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DKV_F16_S32_XB: &str = "backward_tc_dkv_f16_s32_xb";
+
+/// Kernel `backward_tc_stats_f16_s32_xd` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_STATS_F16_S32_XD: &str = "backward_tc_stats_f16_s32_xd";
+
+/// Kernel `backward_tc_dq_f16_s32_xd` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DQ_F16_S32_XD: &str = "backward_tc_dq_f16_s32_xd";
+
+/// Kernel `backward_tc_dkv_f16_s32_xd` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DKV_F16_S32_XD: &str = "backward_tc_dkv_f16_s32_xd";
+
+/// Kernel `backward_tc_stats_f16_s32_x` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_STATS_F16_S32_X: &str = "backward_tc_stats_f16_s32_x";
+
+/// Kernel `backward_tc_dq_f16_s32_x` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DQ_F16_S32_X: &str = "backward_tc_dq_f16_s32_x";
+
+/// Kernel `backward_tc_dkv_f16_s32_x` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DKV_F16_S32_X: &str = "backward_tc_dkv_f16_s32_x";
+
 /// Kernel `backward_tc_stats_f16_s64` of [`BACKWARD_TC`].
 pub const BACKWARD_TC_STATS_F16_S64: &str = "backward_tc_stats_f16_s64";
 
@@ -437,6 +500,33 @@ pub const BACKWARD_TC_DQ_F16_S64: &str = "backward_tc_dq_f16_s64";
 
 /// Kernel `backward_tc_dkv_f16_s64` of [`BACKWARD_TC`].
 pub const BACKWARD_TC_DKV_F16_S64: &str = "backward_tc_dkv_f16_s64";
+
+/// Kernel `backward_tc_stats_f16_s64_xb` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_STATS_F16_S64_XB: &str = "backward_tc_stats_f16_s64_xb";
+
+/// Kernel `backward_tc_dq_f16_s64_xb` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DQ_F16_S64_XB: &str = "backward_tc_dq_f16_s64_xb";
+
+/// Kernel `backward_tc_dkv_f16_s64_xb` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DKV_F16_S64_XB: &str = "backward_tc_dkv_f16_s64_xb";
+
+/// Kernel `backward_tc_stats_f16_s64_xd` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_STATS_F16_S64_XD: &str = "backward_tc_stats_f16_s64_xd";
+
+/// Kernel `backward_tc_dq_f16_s64_xd` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DQ_F16_S64_XD: &str = "backward_tc_dq_f16_s64_xd";
+
+/// Kernel `backward_tc_dkv_f16_s64_xd` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DKV_F16_S64_XD: &str = "backward_tc_dkv_f16_s64_xd";
+
+/// Kernel `backward_tc_stats_f16_s64_x` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_STATS_F16_S64_X: &str = "backward_tc_stats_f16_s64_x";
+
+/// Kernel `backward_tc_dq_f16_s64_x` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DQ_F16_S64_X: &str = "backward_tc_dq_f16_s64_x";
+
+/// Kernel `backward_tc_dkv_f16_s64_x` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DKV_F16_S64_X: &str = "backward_tc_dkv_f16_s64_x";
 
 /// Kernel `backward_tc_stats_bf16_s32` of [`BACKWARD_TC`].
 pub const BACKWARD_TC_STATS_BF16_S32: &str = "backward_tc_stats_bf16_s32";
@@ -447,6 +537,33 @@ pub const BACKWARD_TC_DQ_BF16_S32: &str = "backward_tc_dq_bf16_s32";
 /// Kernel `backward_tc_dkv_bf16_s32` of [`BACKWARD_TC`].
 pub const BACKWARD_TC_DKV_BF16_S32: &str = "backward_tc_dkv_bf16_s32";
 
+/// Kernel `backward_tc_stats_bf16_s32_xb` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_STATS_BF16_S32_XB: &str = "backward_tc_stats_bf16_s32_xb";
+
+/// Kernel `backward_tc_dq_bf16_s32_xb` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DQ_BF16_S32_XB: &str = "backward_tc_dq_bf16_s32_xb";
+
+/// Kernel `backward_tc_dkv_bf16_s32_xb` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DKV_BF16_S32_XB: &str = "backward_tc_dkv_bf16_s32_xb";
+
+/// Kernel `backward_tc_stats_bf16_s32_xd` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_STATS_BF16_S32_XD: &str = "backward_tc_stats_bf16_s32_xd";
+
+/// Kernel `backward_tc_dq_bf16_s32_xd` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DQ_BF16_S32_XD: &str = "backward_tc_dq_bf16_s32_xd";
+
+/// Kernel `backward_tc_dkv_bf16_s32_xd` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DKV_BF16_S32_XD: &str = "backward_tc_dkv_bf16_s32_xd";
+
+/// Kernel `backward_tc_stats_bf16_s32_x` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_STATS_BF16_S32_X: &str = "backward_tc_stats_bf16_s32_x";
+
+/// Kernel `backward_tc_dq_bf16_s32_x` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DQ_BF16_S32_X: &str = "backward_tc_dq_bf16_s32_x";
+
+/// Kernel `backward_tc_dkv_bf16_s32_x` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DKV_BF16_S32_X: &str = "backward_tc_dkv_bf16_s32_x";
+
 /// Kernel `backward_tc_stats_bf16_s64` of [`BACKWARD_TC`].
 pub const BACKWARD_TC_STATS_BF16_S64: &str = "backward_tc_stats_bf16_s64";
 
@@ -455,6 +572,33 @@ pub const BACKWARD_TC_DQ_BF16_S64: &str = "backward_tc_dq_bf16_s64";
 
 /// Kernel `backward_tc_dkv_bf16_s64` of [`BACKWARD_TC`].
 pub const BACKWARD_TC_DKV_BF16_S64: &str = "backward_tc_dkv_bf16_s64";
+
+/// Kernel `backward_tc_stats_bf16_s64_xb` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_STATS_BF16_S64_XB: &str = "backward_tc_stats_bf16_s64_xb";
+
+/// Kernel `backward_tc_dq_bf16_s64_xb` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DQ_BF16_S64_XB: &str = "backward_tc_dq_bf16_s64_xb";
+
+/// Kernel `backward_tc_dkv_bf16_s64_xb` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DKV_BF16_S64_XB: &str = "backward_tc_dkv_bf16_s64_xb";
+
+/// Kernel `backward_tc_stats_bf16_s64_xd` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_STATS_BF16_S64_XD: &str = "backward_tc_stats_bf16_s64_xd";
+
+/// Kernel `backward_tc_dq_bf16_s64_xd` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DQ_BF16_S64_XD: &str = "backward_tc_dq_bf16_s64_xd";
+
+/// Kernel `backward_tc_dkv_bf16_s64_xd` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DKV_BF16_S64_XD: &str = "backward_tc_dkv_bf16_s64_xd";
+
+/// Kernel `backward_tc_stats_bf16_s64_x` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_STATS_BF16_S64_X: &str = "backward_tc_stats_bf16_s64_x";
+
+/// Kernel `backward_tc_dq_bf16_s64_x` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DQ_BF16_S64_X: &str = "backward_tc_dq_bf16_s64_x";
+
+/// Kernel `backward_tc_dkv_bf16_s64_x` of [`BACKWARD_TC`].
+pub const BACKWARD_TC_DKV_BF16_S64_X: &str = "backward_tc_dkv_bf16_s64_x";
 
 /// Kernel `backward_tc_dscale` of [`BACKWARD_TC`].
 pub const BACKWARD_TC_DSCALE: &str = "backward_tc_dscale";

@@ -24,6 +24,12 @@
 //!
 //! **No host synchronization**: ∂scale stays on the device ([`TensorCoreBackward::d_scale`]).
 //!
+//! **Extras** ([`TensorCoreBackward::run_with_extras`]): a per-head score bias (with its
+//! gradient, dBias = dS, written once per edge and head by the dq pass) and dropout (the
+//! forward's keep bits, drawn again), as fused-tc's forward takes them: gathered into each BSB's
+//! block-and-bit order before the passes and carried into each step's stage with its tiles.
+//! The dkv pass reads them in Aᵀ's order (its own edge map, through Aᵀ's edges of A).
+//!
 //! Shapes ([`TensorCoreBackward::supports`]): f16 and bf16, head_dim a multiple of 8 up to 64 (at
 //! 128 the dK/dV pass spills, and it lost to the fused CUDA-core backward at 8 heads);
 //! other heads take [`super::FusedBackward`]. Needs compute capability 8.0.
@@ -60,10 +66,11 @@ use spattn_formats::Reorder;
 use spattn_kernels_sys::BACKWARD_TC;
 
 use crate::buffer::{DeviceMatrix, DeviceVec};
-use crate::device_bsb::{BsbLayout, OrderedBsb};
+use crate::device_bsb::{BsbBlocks, BsbExtrasStage, BsbLayout, GatheredBsbExtras, OrderedBsb};
 use crate::dtype::{DType, DTypeKind};
 use crate::error::{Error, Result};
 use crate::fused::tc::{default_chunk, Schedule};
+use crate::fused::CsrExtras;
 use crate::gpu::Gpu;
 use crate::graph::DeviceGraph;
 use crate::launch::{
@@ -140,6 +147,30 @@ impl Side {
     }
 }
 
+/// One BSB's edge map for the extras (per block its first edge in block-and-bit order, then the
+/// edge count; per edge in that order its edge of A in the caller's CSR order) and the gathers'
+/// buffers.
+#[derive(Debug)]
+struct SideExtras {
+    starts: DeviceVec<u32>,
+    ids: DeviceVec<u32>,
+    stage: BsbExtrasStage,
+}
+
+impl SideExtras {
+    fn new(gpu: &Gpu, (starts, ids): (Vec<u32>, Vec<u32>)) -> Result<Self> {
+        Ok(Self {
+            starts: DeviceVec::from_host_named(gpu, "backward BSB edge starts", &starts)?,
+            ids: DeviceVec::from_host_named(gpu, "backward BSB edge ids", &ids)?,
+            stage: BsbExtrasStage::default(),
+        })
+    }
+
+    fn device_bytes(&self) -> usize {
+        self.starts.allocated_bytes() + self.ids.allocated_bytes()
+    }
+}
+
 /// The tensor-core backward's state for one graph and one `heads × head_dim` of one dtype: A's
 /// BSB (shared with the graph's cache), Aᵀ's BSB, both schedules, the row statistics and the
 /// split windows' partials (see the module documentation).
@@ -162,6 +193,8 @@ pub struct TensorCoreBackward {
     block_sums: DeviceVec<f64>,
     block_counter: DeviceVec<u32>,
     d_scale: DeviceVec<f64>,
+    /// The extras' edge maps of A's BSB and Aᵀ's, made by the first run with extras.
+    extras: Option<Box<[SideExtras; 2]>>,
 }
 
 impl TensorCoreBackward {
@@ -234,6 +267,7 @@ impl TensorCoreBackward {
             block_sums: DeviceVec::zeros(gpu, DSCALE_BLOCKS)?,
             block_counter: DeviceVec::zeros(gpu, 1)?,
             d_scale: DeviceVec::zeros(gpu, 1)?,
+            extras: None,
         })
     }
 
@@ -257,6 +291,10 @@ impl TensorCoreBackward {
             + self.block_sums.allocated_bytes()
             + self.block_counter.allocated_bytes()
             + self.d_scale.allocated_bytes()
+            + self
+                .extras
+                .as_ref()
+                .map_or(0, |x| x[0].device_bytes() + x[1].device_bytes())
     }
 
     /// The gradients of `out = softmax_row(scale · Q Kᵀ masked by A) · V`: from `[Q, K, V,
@@ -274,7 +312,140 @@ impl TensorCoreBackward {
         gpu: &Gpu,
         scale: f32,
         operands: [&DeviceMatrix<T>; 4],
+        grads: [&mut DeviceMatrix<T>; 3],
+    ) -> Result<()> {
+        self.run_inner(gpu, scale, operands, grads, None)
+    }
+
+    /// [`run`](Self::run) for the forward `out = softmax_row(scale · Q Kᵀ + bias, masked by A)
+    /// ⊙ dropout · V` (fused-tc's with `extras`; `graph` the state's): also writes ∂L/∂bias into
+    /// `d_bias` (shaped like the bias: nnz × heads, the caller's edge order) where the extras
+    /// have a bias. The first call with extras builds both BSBs' edge maps on the host (A's CSR
+    /// and its transpose) and uploads them. Extras that change nothing (no bias, dropout at rate
+    /// 0) run [`run`](Self::run).
+    ///
+    /// Errors: as [`run`](Self::run); [`Error::Unsupported`] for edge features or a bias shared
+    /// by the heads (the fused CUDA-core backward and the composition take them);
+    /// [`Error::InvalidArgument`] for a bias without `d_bias`, or a `graph` that is not the
+    /// state's; [`Error::ShapeMismatch`] for a bias or `d_bias` of another length.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_with_extras<T: DType>(
+        &mut self,
+        gpu: &Gpu,
+        graph: &DeviceGraph,
+        scale: f32,
+        operands: [&DeviceMatrix<T>; 4],
+        grads: [&mut DeviceMatrix<T>; 3],
+        extras: &CsrExtras<'_, T>,
+        d_bias: Option<&mut DeviceVec<T>>,
+    ) -> Result<()> {
+        let shape = Shape::new(self.a_side.n_rows, self.heads, self.head_dim)?;
+        extras.check(gpu, KERNEL, graph.nnz(), shape, false)?;
+        if extras.bias.as_ref().is_some_and(|b| b.is_shared()) {
+            return Err(Error::Unsupported {
+                kernel: KERNEL,
+                why: "a bias shared by the heads (its gradient sums them): use a per-head bias, \
+                      or the composition"
+                    .into(),
+            });
+        }
+        let d_bias = match (&extras.bias, d_bias) {
+            (None, _) => None,
+            (Some(_), None) => {
+                return Err(Error::InvalidArgument {
+                    what: "d_bias",
+                    why: "the extras have a bias: pass its gradient's buffer".into(),
+                })
+            }
+            (Some(_), Some(db)) => {
+                let expected = product("edges × heads", &[graph.nnz(), self.heads])?;
+                if db.len() != expected {
+                    return Err(Error::LengthMismatch {
+                        what: "d_bias (edges × heads)",
+                        expected,
+                        actual: db.len(),
+                    });
+                }
+                check_same_gpu(gpu, "d_bias", &*db)?;
+                Some(db)
+            }
+        };
+        if self.a_side.n_rows != graph.n_rows()
+            || self.t_side.n_rows != graph.n_cols()
+            || self.a.layout.nnz() != graph.nnz()
+        {
+            return Err(Error::InvalidArgument {
+                what: "graph",
+                why: format!(
+                    "the backward was made for {} rows, {} columns and {} edges; given {} × {} \
+                     with {}",
+                    self.a_side.n_rows,
+                    self.t_side.n_rows,
+                    self.a.layout.nnz(),
+                    graph.n_rows(),
+                    graph.n_cols(),
+                    graph.nnz()
+                ),
+            });
+        }
+        let mut sides = match self.extras.take() {
+            Some(x) => x,
+            None => {
+                let a = graph.host()?;
+                let a_map = self.a.edge_map(a)?;
+                let (at, from_a) = a.transpose_with_map();
+                let (t_starts, t_ids) = self.t.edge_map(&at)?;
+                // Aᵀ's entries name A's edges: the extras are indexed by A's.
+                let t_ids = t_ids.iter().map(|&e| from_a[e as usize]).collect();
+                Box::new([
+                    SideExtras::new(gpu, a_map)?,
+                    SideExtras::new(gpu, (t_starts, t_ids))?,
+                ])
+            }
+        };
+        // The BSBs borrowed apart from the state, which the launches write.
+        let (a_bsb, t_bsb) = (Arc::clone(&self.a), Arc::clone(&self.t));
+        let result = (|| {
+            let [ax, tx] = &mut *sides;
+            let a_blocks = BsbBlocks {
+                bitmaps: a_bsb.device.bitmap_words(),
+                block_edge_start: &ax.starts,
+                n_blocks: a_bsb.device.n_blocks(),
+            };
+            let t_blocks = BsbBlocks {
+                bitmaps: t_bsb.device.bitmap_words(),
+                block_edge_start: &tx.starts,
+                n_blocks: t_bsb.device.n_blocks(),
+            };
+            let ga = ax
+                .stage
+                .gather(gpu, &ax.ids, a_blocks, self.heads, extras)?;
+            let gt = tx
+                .stage
+                .gather(gpu, &tx.ids, t_blocks, self.heads, extras)?;
+            if ga.takes() == (false, false) {
+                return self.run_inner(gpu, scale, operands, grads, None);
+            }
+            let x = LaunchExtras {
+                a: &ga,
+                t: &gt,
+                a_ids: &ax.ids,
+                d_bias,
+            };
+            self.run_inner(gpu, scale, operands, grads, Some(x))
+        })();
+        self.extras = Some(sides);
+        result
+    }
+
+    /// [`run`](Self::run), with the extras' gathers where given.
+    fn run_inner<T: DType>(
+        &mut self,
+        gpu: &Gpu,
+        scale: f32,
+        operands: [&DeviceMatrix<T>; 4],
         [dq, dk, dv]: [&mut DeviceMatrix<T>; 3],
+        mut extras: Option<LaunchExtras<'_, T>>,
     ) -> Result<()> {
         if T::KIND != self.dtype {
             return Err(Error::InvalidArgument {
@@ -318,8 +489,16 @@ impl TensorCoreBackward {
         }
         let heads = to_u32("heads", self.heads)?;
         let head_dim = to_u32("head_dim", self.head_dim)?;
-        let name = |pass: &str| kernel_named(&BACKWARD_TC, pass_kernel(pass, T::NAME, self.slice));
+        let takes = extras.as_ref().map_or((false, false), |x| x.a.takes());
+        let name = |pass: &str| {
+            kernel_named(
+                &BACKWARD_TC,
+                pass_kernel(pass, T::NAME, self.slice) + extras_suffix(takes),
+            )
+        };
         let null = None::<&DeviceVec<u32>>;
+        // The extras' parameters of a plain launch (SPATTN_BSB_X_PARAMS, unread).
+        let (zero_u32, zero_f32) = (0u32, 0f32);
 
         // Passes over A's BSB: the statistics, then dQ and the rows' ∂scale shares; then the
         // pass over Aᵀ's BSB: dK and dV.
@@ -334,7 +513,7 @@ impl TensorCoreBackward {
                 Pass::A => (&mut self.a_side, a_bsb, a_rows),
                 Pass::T => (&mut self.t_side, &self.t.device, None),
             };
-            let Some((cfg, n_items)) = grid(side.n_units, self.heads, pass)? else {
+            let Some((cfg, n_items)) = grid(side.n_units, self.heads, pass, takes)? else {
                 continue;
             };
             let kernel = name(pass)?;
@@ -375,6 +554,31 @@ impl TensorCoreBackward {
             args.arg(self.ds_rows.slice_mut())
                 .arg(side.part.slice_mut())
                 .arg(side.counters.slice_mut());
+            match &mut extras {
+                Some(x) => {
+                    let gathered = match over {
+                        Pass::A => x.a,
+                        Pass::T => x.t,
+                    };
+                    gathered.push(&mut args);
+                    // dBias: the dq pass, where there is a bias.
+                    match (pass == PASSES[1], x.d_bias.as_deref_mut()) {
+                        (true, Some(db)) => args.arg(x.a_ids.slice()).arg(db.slice_mut()),
+                        _ => args.arg_or_null(null).arg_or_null(null),
+                    };
+                }
+                None => {
+                    args.arg_or_null(null)
+                        .arg(&zero_u32)
+                        .arg_or_null(null)
+                        .arg_or_null(null)
+                        .arg(&zero_u32)
+                        .arg(&zero_u32)
+                        .arg(&zero_f32)
+                        .arg_or_null(null)
+                        .arg_or_null(null);
+                }
+            }
             // SAFETY: items < n_units × heads of the pass's BSB; each reads its unit's 4 words
             // (units: 4 × n_units), split (n_units) and the split's part range
             // (split_part_first: n_split + 1), blocks of its window below the unit's end ≤
@@ -387,7 +591,13 @@ impl TensorCoreBackward {
             // elements: `supports`). stats and ds_rows are indexed by (row of A, head): 2 ×
             // n_rows × heads and n_rows × heads floats. Partials at (part < n_parts, head,
             // window row < 16) × (slice + 1) floats over A, 2 × slice over Aᵀ, and counters at
-            // (split, head): sized by `Side::new` from these schedules.
+            // (split, head): sized by `Side::new` from these schedules. Extras (`_x*` kernels
+            // only): the gathered bias (one row of the BSB's edges per head) at a step's span
+            // of edges, block_edge_start[blk] and [min(blk + 2, n_blocks)] (n_blocks + 1
+            // entries), the keep words at 4 per (head, block) (BsbExtrasStage::gather sized
+            // them for this BSB and heads); the dq pass with a bias reads x_ids at A's BSB's
+            // edges (nnz entries) and writes d_bias at x_ids[e] × heads + h < nnz × heads (its
+            // length, checked by run_with_extras).
             unsafe { launch(kernel, &mut args, cfg) }?;
         }
 
@@ -414,6 +624,25 @@ impl TensorCoreBackward {
     }
 }
 
+/// What a run with extras hands each launch: both BSBs' gathers, A's edge map (dBias's caller
+/// edges) and dBias.
+struct LaunchExtras<'a, T: DType> {
+    a: &'a GatheredBsbExtras<'a>,
+    t: &'a GatheredBsbExtras<'a>,
+    a_ids: &'a DeviceVec<u32>,
+    d_bias: Option<&'a mut DeviceVec<T>>,
+}
+
+/// The kernel-name suffix of a launch taking a bias and dropout (`takes`).
+fn extras_suffix(takes: (bool, bool)) -> &'static str {
+    match takes {
+        (false, false) => "",
+        (true, false) => "_xb",
+        (false, true) => "_xd",
+        (true, true) => "_x",
+    }
+}
+
 /// The ∂scale sum's kernel.
 const DSCALE_KERNEL: &str = "backward_tc_dscale";
 /// The passes, in launch order.
@@ -436,16 +665,23 @@ enum Pass {
 }
 
 /// Shared memory of one warp of `pass` (`bwd_tc_warp_bytes` in the kernels): [`STAGES`] stages of
-/// two tiles of 16 rows, the step's two bitmaps (32 bytes) and, in the dkv pass, the 16 columns'
-/// statistics (an f32 pair each).
-fn warp_shared_bytes(pass: &str) -> usize {
+/// two tiles of 16 rows, the step's two bitmaps (32 bytes), in the dkv pass the 16 columns'
+/// statistics (an f32 pair each), then the staged extras (`bsb_pipe_x_bytes`: a bias span of
+/// 256 floats, two blocks' keep words).
+fn warp_shared_bytes(pass: &str, (bias, drop): (bool, bool)) -> usize {
     let stats = if pass == "dkv" { 16 * 8 } else { 0 };
-    STAGES * (2 * 16 * TILE_ROW_BYTES + 32 + stats)
+    let x = if bias { 4 * 256 } else { 0 } + if drop { 32 } else { 0 };
+    STAGES * (2 * 16 * TILE_ROW_BYTES + 32 + stats + x)
 }
 
 /// The grid of a pass: a warp per (unit, head) in CTAs of [`CTA_WARPS`], each warp with its
 /// [`warp_shared_bytes`], and the item count; `None` when there is nothing to launch.
-fn grid(n_units: usize, heads: usize, pass: &str) -> Result<Option<(LaunchConfig, u32)>> {
+fn grid(
+    n_units: usize,
+    heads: usize,
+    pass: &str,
+    takes: (bool, bool),
+) -> Result<Option<(LaunchConfig, u32)>> {
     let items = product("units × heads", &[n_units, heads])?;
     if items == 0 {
         return Ok(None);
@@ -453,7 +689,7 @@ fn grid(n_units: usize, heads: usize, pass: &str) -> Result<Option<(LaunchConfig
     let cfg = LaunchConfig {
         grid_dim: (blocks_for(items, CTA_WARPS as u32)?, 1, 1),
         block_dim: ((CTA_WARPS * 32) as u32, 1, 1),
-        shared_mem_bytes: (CTA_WARPS * warp_shared_bytes(pass)) as u32,
+        shared_mem_bytes: (CTA_WARPS * warp_shared_bytes(pass, takes)) as u32,
     };
     Ok(Some((cfg, to_u32("units × heads", items)?)))
 }
@@ -473,16 +709,21 @@ mod tests {
         assert!(!TensorCoreBackward::supports(DTypeKind::F16, 0));
     }
 
-    /// Every kernel of backward_tc.cu is one `run` launches, and every name it forms exists.
+    /// Every kernel of backward_tc.cu is one `run` or `run_with_extras` launches, and every
+    /// name they form exists.
     #[test]
     fn every_compiled_kernel_is_launched() {
+        const TAKES: [(bool, bool); 4] =
+            [(false, false), (true, false), (false, true), (true, true)];
         let mut launched = std::collections::HashSet::new();
         for dtype in ["f16", "bf16"] {
             for slice in SLICES {
                 for pass in PASSES {
-                    let name = pass_kernel(pass, dtype, slice);
-                    assert!(kernel_named(&BACKWARD_TC, name.clone()).is_ok(), "{name}");
-                    launched.insert(name);
+                    for takes in TAKES {
+                        let name = pass_kernel(pass, dtype, slice) + extras_suffix(takes);
+                        assert!(kernel_named(&BACKWARD_TC, name.clone()).is_ok(), "{name}");
+                        launched.insert(name);
+                    }
                 }
             }
         }
@@ -501,12 +742,18 @@ mod tests {
 
     #[test]
     fn grid_is_a_warp_per_item() {
-        let (cfg, n) = grid(10, 3, "dq").unwrap().unwrap();
+        let plain = (false, false);
+        let (cfg, n) = grid(10, 3, "dq", plain).unwrap().unwrap();
         assert_eq!(n, 30);
         assert_eq!(cfg.grid_dim.0, 8);
         assert_eq!(cfg.shared_mem_bytes, 4 * 3 * 4128);
-        let (cfg, _) = grid(10, 3, "dkv").unwrap().unwrap();
+        let (cfg, _) = grid(10, 3, "dkv", plain).unwrap().unwrap();
         assert_eq!(cfg.shared_mem_bytes, 4 * 3 * 4256);
-        assert!(grid(0, 8, "stats").unwrap().is_none());
+        // The staged extras: a bias span of 256 floats, then 32 bytes of keep words.
+        let (cfg, _) = grid(10, 3, "dkv", (true, true)).unwrap().unwrap();
+        assert_eq!(cfg.shared_mem_bytes, 4 * 3 * (4256 + 1024 + 32));
+        let (cfg, _) = grid(10, 3, "stats", (false, true)).unwrap().unwrap();
+        assert_eq!(cfg.shared_mem_bytes, 4 * 3 * (4128 + 32));
+        assert!(grid(0, 8, "stats", plain).unwrap().is_none());
     }
 }
