@@ -12,8 +12,8 @@
 //! |---|---|---|---|
 //! | `Auto` (default) | `TensorCore` where it runs, else `Fused` | none | yes |
 //! | `Fused` | a row pass over A (dQ, the row statistics, ∂scale) and a column pass over Aᵀ (dK, dV): [`spattn_ops::backward::FusedBackward`] | none | yes |
-//! | `PerEdge` | 2 SDDMMs (`⟨q, k⟩`, `⟨dOut, v⟩`), one fused row kernel (P, dS, Pᵀ, dSᵀ, ∂scale), 3 SpMMs | four `nnz × heads` f32 | no (split rows add with atomics) |
-//! | `Unfused` | the spattn-ops building blocks: SDDMM, edge softmax, softmax backward, transposes, dot, scale, SpMM | as `PerEdge` | no |
+//! | `PerEdge` | 2 SDDMMs (`⟨q, k⟩`, `⟨dOut, v⟩`), one fused row kernel (P, dS, Pᵀ, dSᵀ, ∂scale), 3 SpMMs | four `nnz × heads` f32 | gradients yes; ∂scale no (its blocks add with f64 atomics) |
+//! | `Unfused` | the spattn-ops building blocks: SDDMM, edge softmax, softmax backward, transposes, dot, scale, SpMM | as `PerEdge` | as `PerEdge` |
 //! | `TensorCore` | three passes on tensor cores over A's BSB (row statistics; dQ, ∂scale) and Aᵀ's BSB (dK, dV): [`spattn_ops::backward::TensorCoreBackward`] (f16 / bf16, head_dim a multiple of 8 up to 64, sm_80+; others run `Fused`) | none | yes |
 //!
 //! `Fused` runs the heads its lanes hold

@@ -112,8 +112,9 @@ __device__ __forceinline__ void sddmm_gatv2_csr(const u32* __restrict__ row_indi
 // Work comes as units: unit u covers edges unit_starts[u] .. unit_starts[u+1] of row
 // unit_rows[u]. A row longer than the host's chunk is split into several units (hub rows are
 // spread over many groups); every row, empty ones included, has at least one unit, so every
-// output row is written. A unit of a split row has a slot (unit_slots[u] != NONE): it adds its
-// partial sum into scratch[slot] with f32 atomics, and spmm_csr_finalize writes those rows.
+// output row is written. A unit of a split row has a partial (unit_parts[u] != NONE, a row's
+// partials consecutive): it stores its partial sum into scratch[part], and spmm_csr_finalize adds
+// each split row's partials in order and writes the row. No atomics: bitwise reproducible.
 //
 // A group of g lanes takes one unit and a tile of g * VEC features (blockIdx.y picks the tile);
 // each lane owns VEC accumulators.
@@ -121,7 +122,7 @@ __device__ __forceinline__ void sddmm_gatv2_csr(const u32* __restrict__ row_indi
 template <class T, int VEC>
 __device__ __forceinline__ void spmm_csr(const u32* __restrict__ unit_rows,
                                          const u32* __restrict__ unit_starts,
-                                         const u32* __restrict__ unit_slots, u32 n_units,
+                                         const u32* __restrict__ unit_parts, u32 n_units,
                                          const u32* __restrict__ col_indices,
                                          const float* __restrict__ p, const T* __restrict__ v,
                                          u32 heads, u32 head_dim, u32 g, T* __restrict__ out,
@@ -163,21 +164,23 @@ __device__ __forceinline__ void spmm_csr(const u32* __restrict__ unit_rows,
 #pragma unroll
                 for (int i = 0; i < VEC; ++i) acc[i] = fmaf(w, x[i], acc[i]);
             }
-            const u32 slot = unit_slots[u];
-            if (slot == SPATTN_NONE) {
+            const u32 part = unit_parts[u];
+            if (part == SPATTN_NONE) {
                 store_vec<T, VEC>(out + (u64)unit_rows[u] * hd + col, acc);
             } else {
-                float* s = scratch + (u64)slot * hd + col;
+                float* s = scratch + (u64)part * hd + col;
 #pragma unroll
-                for (int i = 0; i < VEC; ++i) atomicAdd(s + i, acc[i]);
+                for (int i = 0; i < VEC; ++i) s[i] = acc[i];
             }
         }
     }
 }
 
-// Writes the rows that were split across units: out[split_rows[s]] = scratch[s].
+// Writes the rows that were split across units: out[split_rows[s]] = the sum of scratch's
+// partials part_first[s] .. part_first[s + 1], added in part order.
 template <class T>
 __device__ __forceinline__ void spmm_csr_finalize(const u32* __restrict__ split_rows,
+                                                  const u32* __restrict__ part_first,
                                                   u32 n_split, u32 hd,
                                                   const float* __restrict__ scratch,
                                                   T* __restrict__ out) {
@@ -186,7 +189,9 @@ __device__ __forceinline__ void spmm_csr_finalize(const u32* __restrict__ split_
          i += (u64)gridDim.x * blockDim.x) {
         u32 f;
         const u64 s = split_index(i, hd, total, f);
-        out[(u64)split_rows[s] * hd + f] = from_f32<T>(scratch[i]);
+        float sum = 0.0f;
+        for (u32 k = part_first[s]; k < part_first[s + 1]; ++k) sum += scratch[(u64)k * hd + f];
+        out[(u64)split_rows[s] * hd + f] = from_f32<T>(sum);
     }
 }
 
@@ -277,10 +282,10 @@ extern "C" __global__ void edge_softmax_csr_long_rows(const u32* __restrict__ ro
 
 #define SPATTN_SPMM(NAME, T, VEC)                                                               \
     extern "C" __global__ void NAME(const u32* unit_rows, const u32* unit_starts,              \
-                                    const u32* unit_slots, u32 n_units, const u32* col_indices, \
+                                    const u32* unit_parts, u32 n_units, const u32* col_indices, \
                                     const float* p, const T* v, u32 heads, u32 head_dim, u32 g, \
                                     T* out, float* scratch) {                                  \
-        spmm_csr<T, VEC>(unit_rows, unit_starts, unit_slots, n_units, col_indices, p, v, heads, \
+        spmm_csr<T, VEC>(unit_rows, unit_starts, unit_parts, n_units, col_indices, p, v, heads, \
                          head_dim, g, out, scratch);                                           \
     }
 
@@ -300,10 +305,10 @@ extern "C" __global__ void edge_softmax_csr_long_rows(const u32* __restrict__ ro
                                                       u32 heads, float* scores) {              \
         sddmm_gat_csr<T>(row_indices, col_indices, nnz, a_dst, a_src, heads, scores);          \
     }                                                                                          \
-    extern "C" __global__ void spmm_csr_finalize_##SUFFIX(const u32* split_rows, u32 n_split,  \
-                                                          u32 hd, const float* scratch,        \
-                                                          T* out) {                            \
-        spmm_csr_finalize<T>(split_rows, n_split, hd, scratch, out);                           \
+    extern "C" __global__ void spmm_csr_finalize_##SUFFIX(                                     \
+        const u32* split_rows, const u32* part_first, u32 n_split, u32 hd, const float* scratch, \
+        T* out) {                                                                              \
+        spmm_csr_finalize<T>(split_rows, part_first, n_split, hd, scratch, out);               \
     }                                                                                          \
     SPATTN_SDDMM(sddmm_csr_##SUFFIX##_v1, T, 1)                                                 \
     SPATTN_SDDMM(sddmm_csr_##SUFFIX##_v2, T, 2)                                                 \

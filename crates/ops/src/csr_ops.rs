@@ -68,7 +68,8 @@ pub(crate) struct CsrSchedule {
     pub(crate) softmax_group: u32,
     /// Partials of the units of split rows (`part_first`'s last entry, kept on the host).
     n_parts: usize,
-    /// f32 partial sums of split SpMM rows (`split_rows × heads × head_dim`), grown on demand.
+    /// f32 partial sums of split SpMM rows' units (`n_parts × heads × head_dim`), grown on
+    /// demand.
     scratch: Scratch,
 }
 
@@ -523,13 +524,16 @@ pub fn spmm<T: DType>(
     let tiles = to_u32("feature tiles", hd.div_ceil(g as usize * vec as usize))?;
     let n_split = s.split_rows.len();
 
-    // Split rows accumulate in f32 scratch: zero it (growing it if this head shape needs more).
+    // Each unit of a split row stores its f32 partial (every one written: no zeroing), and
+    // the finalize adds a row's partials in order (growing the scratch if this head shape
+    // needs more).
     let mut scratch_guard = s.scratch.lock();
-    let need = n_split * hd;
+    let need = s.n_parts.checked_mul(hd).ok_or(Error::TooLarge {
+        what: "SpMM partials × heads × head_dim",
+        value: (s.n_parts as u64).saturating_mul(hd as u64),
+        limit: usize::MAX as u64,
+    })?;
     let scratch = grown(gpu, &mut scratch_guard, "SpMM split-row scratch", need)?;
-    if n_split > 0 {
-        scratch.fill(0.0)?;
-    }
 
     let name = kernel_named(&CSR_OPS, spmm_kernel(T::NAME, vec))?;
     let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
@@ -547,7 +551,7 @@ pub fn spmm<T: DType>(
     let mut args = gpu.launch_builder(&f);
     args.arg(s.unit_rows.slice())
         .arg(s.unit_starts.slice())
-        .arg(s.unit_slots.slice())
+        .arg(s.unit_parts.slice())
         .arg(&n_units)
         .arg(a.col_indices().slice())
         .arg(p.slice())
@@ -560,7 +564,7 @@ pub fn spmm<T: DType>(
     // SAFETY: unit arrays have n_units (+1 for starts) entries; unit edge ranges lie in
     // [0, nnz) so col_indices and p[e*heads + h] (nnz*heads, checked) are in bounds; V rows are
     // column indices < n_cols; out rows are unit rows < n_rows; features col < heads*head_dim
-    // (lanes past it are inactive); scratch slots < n_split and scratch holds n_split*hd f32.
+    // (lanes past it are inactive); unit partials < n_parts and scratch holds n_parts*hd f32.
     unsafe { launch(name, &mut args, cfg) }?;
 
     if n_split > 0 {
@@ -568,15 +572,17 @@ pub fn spmm<T: DType>(
         let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, fin)?;
         let n_split_u = to_u32("split rows", n_split)?;
         let hd_u = to_u32("heads x head_dim", hd)?;
-        let cfg = group_grid(need, 1, 1)?;
+        let cfg = group_grid(n_split * hd, 1, 1)?;
         let mut args = gpu.launch_builder(&f);
         args.arg(s.split_rows.slice())
+            .arg(s.part_first.slice())
             .arg(&n_split_u)
             .arg(&hd_u)
             .arg(scratch.slice())
             .arg(out.slice_mut());
-        // SAFETY: reads split_rows[0..n_split) (< n_rows) and scratch[0..n_split*hd), writes
-        // those rows of out (n_rows*hd elements).
+        // SAFETY: reads split_rows[0..n_split) (< n_rows), part_first[0..=n_split] (n_split + 1
+        // entries, ascending to n_parts) and scratch[0..n_parts*hd), writes those rows of out
+        // (n_rows*hd elements).
         unsafe { launch(fin, &mut args, cfg) }?;
     }
     Ok(())
