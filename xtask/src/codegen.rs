@@ -1,5 +1,7 @@
-//! Writing crates/kernels-sys/src/generated.rs: one constant per PTX module and per kernel,
-//! read from the PTX itself, so adding a kernel to a `.cu` file needs no hand edit.
+//! Writing crates/kernels-sys/src/generated.rs: one constant per PTX module listing its kernels'
+//! names, read from the PTX itself, so adding a kernel to a `.cu` file needs no hand edit. Hosts
+//! address a kernel by module and name (`kernel!(CSR_OPS, "spmm_csr_f16_v8")`, checked at compile
+//! time), not by a per-kernel constant.
 
 use std::collections::BTreeMap;
 
@@ -37,7 +39,8 @@ fn check_name(what: &str, name: &str, source: &str) -> Result<(), String> {
 
 /// The text of generated.rs for `modules` (sorted by name by the caller).
 pub fn render(modules: &[Module]) -> Result<String, String> {
-    // Every constant is a name in one namespace: refuse collisions rather than emit bad Rust.
+    // Module constants share one namespace, and a kernel name names one kernel in the crate (a
+    // module cache may look a kernel up by name alone): refuse collisions.
     let mut owners: BTreeMap<String, String> = BTreeMap::new();
     let mut claim = |constant: String, owner: String| -> Result<(), String> {
         if constant == "MODULES" {
@@ -47,7 +50,7 @@ pub fn render(modules: &[Module]) -> Result<String, String> {
         }
         match owners.insert(constant.clone(), owner.clone()) {
             Some(first) => Err(format!(
-                "the constant {constant} would be defined twice: by {first} and by {owner}"
+                "the name {constant} would be defined twice: by {first} and by {owner}"
             )),
             None => Ok(()),
         }
@@ -58,7 +61,7 @@ pub fn render(modules: &[Module]) -> Result<String, String> {
         claim(constant(&m.name), format!("module {source}"))?;
         for k in &m.kernels {
             check_name("kernel", k, &source)?;
-            claim(constant(k), format!("kernel {k} of {source}"))?;
+            claim(format!("kernel {k}"), format!("kernel {k} of {source}"))?;
         }
     }
 
@@ -81,15 +84,9 @@ pub fn render(modules: &[Module]) -> Result<String, String> {
             count = m.kernels.len(),
         ));
         for k in &m.kernels {
-            out.push_str(&format!("        {},\n", constant(k)));
+            out.push_str(&format!("        \"{k}\",\n"));
         }
         out.push_str("    ],\n};\n");
-        for k in &m.kernels {
-            out.push_str(&format!(
-                "\n/// Kernel `{k}` of [`{module}`].\npub const {}: &str = \"{k}\";\n",
-                constant(k)
-            ));
-        }
     }
     out.push_str("\n/// Every PTX module of this crate, sorted by name.\npub const MODULES: &[PtxModule] = &[\n");
     for m in modules {
@@ -115,7 +112,8 @@ mod tests {
         let text = render(&[module("csr_ops", &["spmm_csr_f16"])]).unwrap();
         assert!(text.contains("pub const CSR_OPS: PtxModule = PtxModule {"));
         assert!(text.contains("include_str!(\"../ptx/csr_ops.ptx\")"));
-        assert!(text.contains("pub const SPMM_CSR_F16: &str = \"spmm_csr_f16\";"));
+        assert!(text.contains("    kernels: &[\n        \"spmm_csr_f16\",\n    ],"));
+        assert!(!text.contains("pub const SPMM_CSR_F16"));
         assert!(text.contains("pub const MODULES: &[PtxModule] = &[\n    CSR_OPS,\n];"));
     }
 
@@ -124,7 +122,7 @@ mod tests {
         let mangled = render(&[module("a", &["_Z3fooPf"])]).unwrap_err();
         assert!(mangled.contains("extern \"C\""), "{mangled}");
         let twice = render(&[module("a", &["k_f32"]), module("b", &["k_f32"])]).unwrap_err();
-        assert!(twice.contains("K_F32"), "{twice}");
+        assert!(twice.contains("kernel k_f32"), "{twice}");
         assert!(render(&[module("modules", &[])]).is_err());
         assert!(render(&[module("bad-name", &[])]).is_err());
     }

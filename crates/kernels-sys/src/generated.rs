@@ -8,2284 +8,637 @@ pub const BACKWARD: PtxModule = PtxModule {
     name: "backward",
     ptx: include_str!("../ptx/backward.ptx"),
     kernels: &[
-        EDGE_SOFTMAX_BACKWARD_CSR_ROWS,
-        EDGE_SOFTMAX_BACKWARD_CSR_LONG_ROWS,
-        ATTENTION_BACKWARD_CSR_ROWS,
-        ATTENTION_BACKWARD_CSR_LONG_ROWS,
-        TRANSPOSE_EDGE_VALUES_CSR_F32,
-        EDGE_LEAKY_RELU_BACKWARD_F32,
-        EDGE_SCALE_F32,
-        EDGE_DOT_F32,
-        INVERT_EDGE_MAP_U32,
-        ATTENTION_BACKWARD_ROWS_F32_V1_N1,
-        ATTENTION_BACKWARD_COLS_F32_V1_N1,
-        ATTENTION_BACKWARD_ROWS_EF_F32_V1_N1,
-        ATTENTION_BACKWARD_COLS_EF_F32_V1_N1,
-        ATTENTION_BACKWARD_ROWS_F32_V2_N1,
-        ATTENTION_BACKWARD_COLS_F32_V2_N1,
-        ATTENTION_BACKWARD_ROWS_EF_F32_V2_N1,
-        ATTENTION_BACKWARD_COLS_EF_F32_V2_N1,
-        ATTENTION_BACKWARD_ROWS_F32_V4_N1,
-        ATTENTION_BACKWARD_COLS_F32_V4_N1,
-        ATTENTION_BACKWARD_ROWS_EF_F32_V4_N1,
-        ATTENTION_BACKWARD_COLS_EF_F32_V4_N1,
-        ATTENTION_BACKWARD_ROWS_F32_V4_N2,
-        ATTENTION_BACKWARD_COLS_F32_V4_N2,
-        ATTENTION_BACKWARD_ROWS_EF_F32_V4_N2,
-        ATTENTION_BACKWARD_COLS_EF_F32_V4_N2,
-        ATTENTION_BACKWARD_ROWS_F32_V4_N4,
-        ATTENTION_BACKWARD_COLS_F32_V4_N4,
-        ATTENTION_BACKWARD_ROWS_EF_F32_V4_N4,
-        ATTENTION_BACKWARD_COLS_EF_F32_V4_N4,
-        ATTENTION_BACKWARD_ROWS_F16_V1_N1,
-        ATTENTION_BACKWARD_COLS_F16_V1_N1,
-        ATTENTION_BACKWARD_ROWS_EF_F16_V1_N1,
-        ATTENTION_BACKWARD_COLS_EF_F16_V1_N1,
-        ATTENTION_BACKWARD_ROWS_F16_V2_N1,
-        ATTENTION_BACKWARD_COLS_F16_V2_N1,
-        ATTENTION_BACKWARD_ROWS_EF_F16_V2_N1,
-        ATTENTION_BACKWARD_COLS_EF_F16_V2_N1,
-        ATTENTION_BACKWARD_ROWS_F16_V4_N1,
-        ATTENTION_BACKWARD_COLS_F16_V4_N1,
-        ATTENTION_BACKWARD_ROWS_EF_F16_V4_N1,
-        ATTENTION_BACKWARD_COLS_EF_F16_V4_N1,
-        ATTENTION_BACKWARD_ROWS_F16_V8_N2,
-        ATTENTION_BACKWARD_COLS_F16_V8_N2,
-        ATTENTION_BACKWARD_ROWS_EF_F16_V8_N2,
-        ATTENTION_BACKWARD_COLS_EF_F16_V8_N2,
-        ATTENTION_BACKWARD_ROWS_F16_V8_N1,
-        ATTENTION_BACKWARD_COLS_F16_V8_N1,
-        ATTENTION_BACKWARD_ROWS_EF_F16_V8_N1,
-        ATTENTION_BACKWARD_COLS_EF_F16_V8_N1,
-        ATTENTION_BACKWARD_ROWS_BF16_V1_N1,
-        ATTENTION_BACKWARD_COLS_BF16_V1_N1,
-        ATTENTION_BACKWARD_ROWS_EF_BF16_V1_N1,
-        ATTENTION_BACKWARD_COLS_EF_BF16_V1_N1,
-        ATTENTION_BACKWARD_ROWS_BF16_V2_N1,
-        ATTENTION_BACKWARD_COLS_BF16_V2_N1,
-        ATTENTION_BACKWARD_ROWS_EF_BF16_V2_N1,
-        ATTENTION_BACKWARD_COLS_EF_BF16_V2_N1,
-        ATTENTION_BACKWARD_ROWS_BF16_V4_N1,
-        ATTENTION_BACKWARD_COLS_BF16_V4_N1,
-        ATTENTION_BACKWARD_ROWS_EF_BF16_V4_N1,
-        ATTENTION_BACKWARD_COLS_EF_BF16_V4_N1,
-        ATTENTION_BACKWARD_ROWS_BF16_V8_N2,
-        ATTENTION_BACKWARD_COLS_BF16_V8_N2,
-        ATTENTION_BACKWARD_ROWS_EF_BF16_V8_N2,
-        ATTENTION_BACKWARD_COLS_EF_BF16_V8_N2,
-        ATTENTION_BACKWARD_ROWS_BF16_V8_N1,
-        ATTENTION_BACKWARD_COLS_BF16_V8_N1,
-        ATTENTION_BACKWARD_ROWS_EF_BF16_V8_N1,
-        ATTENTION_BACKWARD_COLS_EF_BF16_V8_N1,
-        EDGE_ROW_SUM_CSR_ROWS_F32,
-        EDGE_ROW_SUM_CSR_LONG_ROWS_F32,
-        ROW_DOT_DENSE_F32_V1,
-        ROW_DOT_DENSE_F32_V2,
-        ROW_DOT_DENSE_F32_V4,
-        GATV2_EDGE_GRAD_CSR_F32_V1,
-        GATV2_EDGE_GRAD_CSR_F32_V2,
-        GATV2_EDGE_GRAD_CSR_F32_V4,
-        EDGE_ROW_SUM_CSR_ROWS_F16,
-        EDGE_ROW_SUM_CSR_LONG_ROWS_F16,
-        ROW_DOT_DENSE_F16_V1,
-        ROW_DOT_DENSE_F16_V2,
-        ROW_DOT_DENSE_F16_V4,
-        GATV2_EDGE_GRAD_CSR_F16_V1,
-        GATV2_EDGE_GRAD_CSR_F16_V2,
-        GATV2_EDGE_GRAD_CSR_F16_V4,
-        EDGE_ROW_SUM_CSR_ROWS_BF16,
-        EDGE_ROW_SUM_CSR_LONG_ROWS_BF16,
-        ROW_DOT_DENSE_BF16_V1,
-        ROW_DOT_DENSE_BF16_V2,
-        ROW_DOT_DENSE_BF16_V4,
-        GATV2_EDGE_GRAD_CSR_BF16_V1,
-        GATV2_EDGE_GRAD_CSR_BF16_V2,
-        GATV2_EDGE_GRAD_CSR_BF16_V4,
-        ROW_DOT_DENSE_F16_V8,
-        ROW_DOT_DENSE_BF16_V8,
-        GATV2_EDGE_GRAD_CSR_F16_V8,
-        GATV2_EDGE_GRAD_CSR_BF16_V8,
+        "edge_softmax_backward_csr_rows",
+        "edge_softmax_backward_csr_long_rows",
+        "attention_backward_csr_rows",
+        "attention_backward_csr_long_rows",
+        "transpose_edge_values_csr_f32",
+        "edge_leaky_relu_backward_f32",
+        "edge_scale_f32",
+        "edge_dot_f32",
+        "invert_edge_map_u32",
+        "attention_backward_rows_f32_v1_n1",
+        "attention_backward_cols_f32_v1_n1",
+        "attention_backward_rows_ef_f32_v1_n1",
+        "attention_backward_cols_ef_f32_v1_n1",
+        "attention_backward_rows_f32_v2_n1",
+        "attention_backward_cols_f32_v2_n1",
+        "attention_backward_rows_ef_f32_v2_n1",
+        "attention_backward_cols_ef_f32_v2_n1",
+        "attention_backward_rows_f32_v4_n1",
+        "attention_backward_cols_f32_v4_n1",
+        "attention_backward_rows_ef_f32_v4_n1",
+        "attention_backward_cols_ef_f32_v4_n1",
+        "attention_backward_rows_f32_v4_n2",
+        "attention_backward_cols_f32_v4_n2",
+        "attention_backward_rows_ef_f32_v4_n2",
+        "attention_backward_cols_ef_f32_v4_n2",
+        "attention_backward_rows_f32_v4_n4",
+        "attention_backward_cols_f32_v4_n4",
+        "attention_backward_rows_ef_f32_v4_n4",
+        "attention_backward_cols_ef_f32_v4_n4",
+        "attention_backward_rows_f16_v1_n1",
+        "attention_backward_cols_f16_v1_n1",
+        "attention_backward_rows_ef_f16_v1_n1",
+        "attention_backward_cols_ef_f16_v1_n1",
+        "attention_backward_rows_f16_v2_n1",
+        "attention_backward_cols_f16_v2_n1",
+        "attention_backward_rows_ef_f16_v2_n1",
+        "attention_backward_cols_ef_f16_v2_n1",
+        "attention_backward_rows_f16_v4_n1",
+        "attention_backward_cols_f16_v4_n1",
+        "attention_backward_rows_ef_f16_v4_n1",
+        "attention_backward_cols_ef_f16_v4_n1",
+        "attention_backward_rows_f16_v8_n2",
+        "attention_backward_cols_f16_v8_n2",
+        "attention_backward_rows_ef_f16_v8_n2",
+        "attention_backward_cols_ef_f16_v8_n2",
+        "attention_backward_rows_f16_v8_n1",
+        "attention_backward_cols_f16_v8_n1",
+        "attention_backward_rows_ef_f16_v8_n1",
+        "attention_backward_cols_ef_f16_v8_n1",
+        "attention_backward_rows_bf16_v1_n1",
+        "attention_backward_cols_bf16_v1_n1",
+        "attention_backward_rows_ef_bf16_v1_n1",
+        "attention_backward_cols_ef_bf16_v1_n1",
+        "attention_backward_rows_bf16_v2_n1",
+        "attention_backward_cols_bf16_v2_n1",
+        "attention_backward_rows_ef_bf16_v2_n1",
+        "attention_backward_cols_ef_bf16_v2_n1",
+        "attention_backward_rows_bf16_v4_n1",
+        "attention_backward_cols_bf16_v4_n1",
+        "attention_backward_rows_ef_bf16_v4_n1",
+        "attention_backward_cols_ef_bf16_v4_n1",
+        "attention_backward_rows_bf16_v8_n2",
+        "attention_backward_cols_bf16_v8_n2",
+        "attention_backward_rows_ef_bf16_v8_n2",
+        "attention_backward_cols_ef_bf16_v8_n2",
+        "attention_backward_rows_bf16_v8_n1",
+        "attention_backward_cols_bf16_v8_n1",
+        "attention_backward_rows_ef_bf16_v8_n1",
+        "attention_backward_cols_ef_bf16_v8_n1",
+        "edge_row_sum_csr_rows_f32",
+        "edge_row_sum_csr_long_rows_f32",
+        "row_dot_dense_f32_v1",
+        "row_dot_dense_f32_v2",
+        "row_dot_dense_f32_v4",
+        "gatv2_edge_grad_csr_f32_v1",
+        "gatv2_edge_grad_csr_f32_v2",
+        "gatv2_edge_grad_csr_f32_v4",
+        "edge_row_sum_csr_rows_f16",
+        "edge_row_sum_csr_long_rows_f16",
+        "row_dot_dense_f16_v1",
+        "row_dot_dense_f16_v2",
+        "row_dot_dense_f16_v4",
+        "gatv2_edge_grad_csr_f16_v1",
+        "gatv2_edge_grad_csr_f16_v2",
+        "gatv2_edge_grad_csr_f16_v4",
+        "edge_row_sum_csr_rows_bf16",
+        "edge_row_sum_csr_long_rows_bf16",
+        "row_dot_dense_bf16_v1",
+        "row_dot_dense_bf16_v2",
+        "row_dot_dense_bf16_v4",
+        "gatv2_edge_grad_csr_bf16_v1",
+        "gatv2_edge_grad_csr_bf16_v2",
+        "gatv2_edge_grad_csr_bf16_v4",
+        "row_dot_dense_f16_v8",
+        "row_dot_dense_bf16_v8",
+        "gatv2_edge_grad_csr_f16_v8",
+        "gatv2_edge_grad_csr_bf16_v8",
     ],
 };
-
-/// Kernel `edge_softmax_backward_csr_rows` of [`BACKWARD`].
-pub const EDGE_SOFTMAX_BACKWARD_CSR_ROWS: &str = "edge_softmax_backward_csr_rows";
-
-/// Kernel `edge_softmax_backward_csr_long_rows` of [`BACKWARD`].
-pub const EDGE_SOFTMAX_BACKWARD_CSR_LONG_ROWS: &str = "edge_softmax_backward_csr_long_rows";
-
-/// Kernel `attention_backward_csr_rows` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_CSR_ROWS: &str = "attention_backward_csr_rows";
-
-/// Kernel `attention_backward_csr_long_rows` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_CSR_LONG_ROWS: &str = "attention_backward_csr_long_rows";
-
-/// Kernel `transpose_edge_values_csr_f32` of [`BACKWARD`].
-pub const TRANSPOSE_EDGE_VALUES_CSR_F32: &str = "transpose_edge_values_csr_f32";
-
-/// Kernel `edge_leaky_relu_backward_f32` of [`BACKWARD`].
-pub const EDGE_LEAKY_RELU_BACKWARD_F32: &str = "edge_leaky_relu_backward_f32";
-
-/// Kernel `edge_scale_f32` of [`BACKWARD`].
-pub const EDGE_SCALE_F32: &str = "edge_scale_f32";
-
-/// Kernel `edge_dot_f32` of [`BACKWARD`].
-pub const EDGE_DOT_F32: &str = "edge_dot_f32";
-
-/// Kernel `invert_edge_map_u32` of [`BACKWARD`].
-pub const INVERT_EDGE_MAP_U32: &str = "invert_edge_map_u32";
-
-/// Kernel `attention_backward_rows_f32_v1_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_F32_V1_N1: &str = "attention_backward_rows_f32_v1_n1";
-
-/// Kernel `attention_backward_cols_f32_v1_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_F32_V1_N1: &str = "attention_backward_cols_f32_v1_n1";
-
-/// Kernel `attention_backward_rows_ef_f32_v1_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_EF_F32_V1_N1: &str = "attention_backward_rows_ef_f32_v1_n1";
-
-/// Kernel `attention_backward_cols_ef_f32_v1_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_EF_F32_V1_N1: &str = "attention_backward_cols_ef_f32_v1_n1";
-
-/// Kernel `attention_backward_rows_f32_v2_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_F32_V2_N1: &str = "attention_backward_rows_f32_v2_n1";
-
-/// Kernel `attention_backward_cols_f32_v2_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_F32_V2_N1: &str = "attention_backward_cols_f32_v2_n1";
-
-/// Kernel `attention_backward_rows_ef_f32_v2_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_EF_F32_V2_N1: &str = "attention_backward_rows_ef_f32_v2_n1";
-
-/// Kernel `attention_backward_cols_ef_f32_v2_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_EF_F32_V2_N1: &str = "attention_backward_cols_ef_f32_v2_n1";
-
-/// Kernel `attention_backward_rows_f32_v4_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_F32_V4_N1: &str = "attention_backward_rows_f32_v4_n1";
-
-/// Kernel `attention_backward_cols_f32_v4_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_F32_V4_N1: &str = "attention_backward_cols_f32_v4_n1";
-
-/// Kernel `attention_backward_rows_ef_f32_v4_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_EF_F32_V4_N1: &str = "attention_backward_rows_ef_f32_v4_n1";
-
-/// Kernel `attention_backward_cols_ef_f32_v4_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_EF_F32_V4_N1: &str = "attention_backward_cols_ef_f32_v4_n1";
-
-/// Kernel `attention_backward_rows_f32_v4_n2` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_F32_V4_N2: &str = "attention_backward_rows_f32_v4_n2";
-
-/// Kernel `attention_backward_cols_f32_v4_n2` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_F32_V4_N2: &str = "attention_backward_cols_f32_v4_n2";
-
-/// Kernel `attention_backward_rows_ef_f32_v4_n2` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_EF_F32_V4_N2: &str = "attention_backward_rows_ef_f32_v4_n2";
-
-/// Kernel `attention_backward_cols_ef_f32_v4_n2` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_EF_F32_V4_N2: &str = "attention_backward_cols_ef_f32_v4_n2";
-
-/// Kernel `attention_backward_rows_f32_v4_n4` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_F32_V4_N4: &str = "attention_backward_rows_f32_v4_n4";
-
-/// Kernel `attention_backward_cols_f32_v4_n4` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_F32_V4_N4: &str = "attention_backward_cols_f32_v4_n4";
-
-/// Kernel `attention_backward_rows_ef_f32_v4_n4` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_EF_F32_V4_N4: &str = "attention_backward_rows_ef_f32_v4_n4";
-
-/// Kernel `attention_backward_cols_ef_f32_v4_n4` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_EF_F32_V4_N4: &str = "attention_backward_cols_ef_f32_v4_n4";
-
-/// Kernel `attention_backward_rows_f16_v1_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_F16_V1_N1: &str = "attention_backward_rows_f16_v1_n1";
-
-/// Kernel `attention_backward_cols_f16_v1_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_F16_V1_N1: &str = "attention_backward_cols_f16_v1_n1";
-
-/// Kernel `attention_backward_rows_ef_f16_v1_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_EF_F16_V1_N1: &str = "attention_backward_rows_ef_f16_v1_n1";
-
-/// Kernel `attention_backward_cols_ef_f16_v1_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_EF_F16_V1_N1: &str = "attention_backward_cols_ef_f16_v1_n1";
-
-/// Kernel `attention_backward_rows_f16_v2_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_F16_V2_N1: &str = "attention_backward_rows_f16_v2_n1";
-
-/// Kernel `attention_backward_cols_f16_v2_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_F16_V2_N1: &str = "attention_backward_cols_f16_v2_n1";
-
-/// Kernel `attention_backward_rows_ef_f16_v2_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_EF_F16_V2_N1: &str = "attention_backward_rows_ef_f16_v2_n1";
-
-/// Kernel `attention_backward_cols_ef_f16_v2_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_EF_F16_V2_N1: &str = "attention_backward_cols_ef_f16_v2_n1";
-
-/// Kernel `attention_backward_rows_f16_v4_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_F16_V4_N1: &str = "attention_backward_rows_f16_v4_n1";
-
-/// Kernel `attention_backward_cols_f16_v4_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_F16_V4_N1: &str = "attention_backward_cols_f16_v4_n1";
-
-/// Kernel `attention_backward_rows_ef_f16_v4_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_EF_F16_V4_N1: &str = "attention_backward_rows_ef_f16_v4_n1";
-
-/// Kernel `attention_backward_cols_ef_f16_v4_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_EF_F16_V4_N1: &str = "attention_backward_cols_ef_f16_v4_n1";
-
-/// Kernel `attention_backward_rows_f16_v8_n2` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_F16_V8_N2: &str = "attention_backward_rows_f16_v8_n2";
-
-/// Kernel `attention_backward_cols_f16_v8_n2` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_F16_V8_N2: &str = "attention_backward_cols_f16_v8_n2";
-
-/// Kernel `attention_backward_rows_ef_f16_v8_n2` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_EF_F16_V8_N2: &str = "attention_backward_rows_ef_f16_v8_n2";
-
-/// Kernel `attention_backward_cols_ef_f16_v8_n2` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_EF_F16_V8_N2: &str = "attention_backward_cols_ef_f16_v8_n2";
-
-/// Kernel `attention_backward_rows_f16_v8_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_F16_V8_N1: &str = "attention_backward_rows_f16_v8_n1";
-
-/// Kernel `attention_backward_cols_f16_v8_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_F16_V8_N1: &str = "attention_backward_cols_f16_v8_n1";
-
-/// Kernel `attention_backward_rows_ef_f16_v8_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_EF_F16_V8_N1: &str = "attention_backward_rows_ef_f16_v8_n1";
-
-/// Kernel `attention_backward_cols_ef_f16_v8_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_EF_F16_V8_N1: &str = "attention_backward_cols_ef_f16_v8_n1";
-
-/// Kernel `attention_backward_rows_bf16_v1_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_BF16_V1_N1: &str = "attention_backward_rows_bf16_v1_n1";
-
-/// Kernel `attention_backward_cols_bf16_v1_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_BF16_V1_N1: &str = "attention_backward_cols_bf16_v1_n1";
-
-/// Kernel `attention_backward_rows_ef_bf16_v1_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_EF_BF16_V1_N1: &str = "attention_backward_rows_ef_bf16_v1_n1";
-
-/// Kernel `attention_backward_cols_ef_bf16_v1_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_EF_BF16_V1_N1: &str = "attention_backward_cols_ef_bf16_v1_n1";
-
-/// Kernel `attention_backward_rows_bf16_v2_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_BF16_V2_N1: &str = "attention_backward_rows_bf16_v2_n1";
-
-/// Kernel `attention_backward_cols_bf16_v2_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_BF16_V2_N1: &str = "attention_backward_cols_bf16_v2_n1";
-
-/// Kernel `attention_backward_rows_ef_bf16_v2_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_EF_BF16_V2_N1: &str = "attention_backward_rows_ef_bf16_v2_n1";
-
-/// Kernel `attention_backward_cols_ef_bf16_v2_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_EF_BF16_V2_N1: &str = "attention_backward_cols_ef_bf16_v2_n1";
-
-/// Kernel `attention_backward_rows_bf16_v4_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_BF16_V4_N1: &str = "attention_backward_rows_bf16_v4_n1";
-
-/// Kernel `attention_backward_cols_bf16_v4_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_BF16_V4_N1: &str = "attention_backward_cols_bf16_v4_n1";
-
-/// Kernel `attention_backward_rows_ef_bf16_v4_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_EF_BF16_V4_N1: &str = "attention_backward_rows_ef_bf16_v4_n1";
-
-/// Kernel `attention_backward_cols_ef_bf16_v4_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_EF_BF16_V4_N1: &str = "attention_backward_cols_ef_bf16_v4_n1";
-
-/// Kernel `attention_backward_rows_bf16_v8_n2` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_BF16_V8_N2: &str = "attention_backward_rows_bf16_v8_n2";
-
-/// Kernel `attention_backward_cols_bf16_v8_n2` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_BF16_V8_N2: &str = "attention_backward_cols_bf16_v8_n2";
-
-/// Kernel `attention_backward_rows_ef_bf16_v8_n2` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_EF_BF16_V8_N2: &str = "attention_backward_rows_ef_bf16_v8_n2";
-
-/// Kernel `attention_backward_cols_ef_bf16_v8_n2` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_EF_BF16_V8_N2: &str = "attention_backward_cols_ef_bf16_v8_n2";
-
-/// Kernel `attention_backward_rows_bf16_v8_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_BF16_V8_N1: &str = "attention_backward_rows_bf16_v8_n1";
-
-/// Kernel `attention_backward_cols_bf16_v8_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_BF16_V8_N1: &str = "attention_backward_cols_bf16_v8_n1";
-
-/// Kernel `attention_backward_rows_ef_bf16_v8_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_ROWS_EF_BF16_V8_N1: &str = "attention_backward_rows_ef_bf16_v8_n1";
-
-/// Kernel `attention_backward_cols_ef_bf16_v8_n1` of [`BACKWARD`].
-pub const ATTENTION_BACKWARD_COLS_EF_BF16_V8_N1: &str = "attention_backward_cols_ef_bf16_v8_n1";
-
-/// Kernel `edge_row_sum_csr_rows_f32` of [`BACKWARD`].
-pub const EDGE_ROW_SUM_CSR_ROWS_F32: &str = "edge_row_sum_csr_rows_f32";
-
-/// Kernel `edge_row_sum_csr_long_rows_f32` of [`BACKWARD`].
-pub const EDGE_ROW_SUM_CSR_LONG_ROWS_F32: &str = "edge_row_sum_csr_long_rows_f32";
-
-/// Kernel `row_dot_dense_f32_v1` of [`BACKWARD`].
-pub const ROW_DOT_DENSE_F32_V1: &str = "row_dot_dense_f32_v1";
-
-/// Kernel `row_dot_dense_f32_v2` of [`BACKWARD`].
-pub const ROW_DOT_DENSE_F32_V2: &str = "row_dot_dense_f32_v2";
-
-/// Kernel `row_dot_dense_f32_v4` of [`BACKWARD`].
-pub const ROW_DOT_DENSE_F32_V4: &str = "row_dot_dense_f32_v4";
-
-/// Kernel `gatv2_edge_grad_csr_f32_v1` of [`BACKWARD`].
-pub const GATV2_EDGE_GRAD_CSR_F32_V1: &str = "gatv2_edge_grad_csr_f32_v1";
-
-/// Kernel `gatv2_edge_grad_csr_f32_v2` of [`BACKWARD`].
-pub const GATV2_EDGE_GRAD_CSR_F32_V2: &str = "gatv2_edge_grad_csr_f32_v2";
-
-/// Kernel `gatv2_edge_grad_csr_f32_v4` of [`BACKWARD`].
-pub const GATV2_EDGE_GRAD_CSR_F32_V4: &str = "gatv2_edge_grad_csr_f32_v4";
-
-/// Kernel `edge_row_sum_csr_rows_f16` of [`BACKWARD`].
-pub const EDGE_ROW_SUM_CSR_ROWS_F16: &str = "edge_row_sum_csr_rows_f16";
-
-/// Kernel `edge_row_sum_csr_long_rows_f16` of [`BACKWARD`].
-pub const EDGE_ROW_SUM_CSR_LONG_ROWS_F16: &str = "edge_row_sum_csr_long_rows_f16";
-
-/// Kernel `row_dot_dense_f16_v1` of [`BACKWARD`].
-pub const ROW_DOT_DENSE_F16_V1: &str = "row_dot_dense_f16_v1";
-
-/// Kernel `row_dot_dense_f16_v2` of [`BACKWARD`].
-pub const ROW_DOT_DENSE_F16_V2: &str = "row_dot_dense_f16_v2";
-
-/// Kernel `row_dot_dense_f16_v4` of [`BACKWARD`].
-pub const ROW_DOT_DENSE_F16_V4: &str = "row_dot_dense_f16_v4";
-
-/// Kernel `gatv2_edge_grad_csr_f16_v1` of [`BACKWARD`].
-pub const GATV2_EDGE_GRAD_CSR_F16_V1: &str = "gatv2_edge_grad_csr_f16_v1";
-
-/// Kernel `gatv2_edge_grad_csr_f16_v2` of [`BACKWARD`].
-pub const GATV2_EDGE_GRAD_CSR_F16_V2: &str = "gatv2_edge_grad_csr_f16_v2";
-
-/// Kernel `gatv2_edge_grad_csr_f16_v4` of [`BACKWARD`].
-pub const GATV2_EDGE_GRAD_CSR_F16_V4: &str = "gatv2_edge_grad_csr_f16_v4";
-
-/// Kernel `edge_row_sum_csr_rows_bf16` of [`BACKWARD`].
-pub const EDGE_ROW_SUM_CSR_ROWS_BF16: &str = "edge_row_sum_csr_rows_bf16";
-
-/// Kernel `edge_row_sum_csr_long_rows_bf16` of [`BACKWARD`].
-pub const EDGE_ROW_SUM_CSR_LONG_ROWS_BF16: &str = "edge_row_sum_csr_long_rows_bf16";
-
-/// Kernel `row_dot_dense_bf16_v1` of [`BACKWARD`].
-pub const ROW_DOT_DENSE_BF16_V1: &str = "row_dot_dense_bf16_v1";
-
-/// Kernel `row_dot_dense_bf16_v2` of [`BACKWARD`].
-pub const ROW_DOT_DENSE_BF16_V2: &str = "row_dot_dense_bf16_v2";
-
-/// Kernel `row_dot_dense_bf16_v4` of [`BACKWARD`].
-pub const ROW_DOT_DENSE_BF16_V4: &str = "row_dot_dense_bf16_v4";
-
-/// Kernel `gatv2_edge_grad_csr_bf16_v1` of [`BACKWARD`].
-pub const GATV2_EDGE_GRAD_CSR_BF16_V1: &str = "gatv2_edge_grad_csr_bf16_v1";
-
-/// Kernel `gatv2_edge_grad_csr_bf16_v2` of [`BACKWARD`].
-pub const GATV2_EDGE_GRAD_CSR_BF16_V2: &str = "gatv2_edge_grad_csr_bf16_v2";
-
-/// Kernel `gatv2_edge_grad_csr_bf16_v4` of [`BACKWARD`].
-pub const GATV2_EDGE_GRAD_CSR_BF16_V4: &str = "gatv2_edge_grad_csr_bf16_v4";
-
-/// Kernel `row_dot_dense_f16_v8` of [`BACKWARD`].
-pub const ROW_DOT_DENSE_F16_V8: &str = "row_dot_dense_f16_v8";
-
-/// Kernel `row_dot_dense_bf16_v8` of [`BACKWARD`].
-pub const ROW_DOT_DENSE_BF16_V8: &str = "row_dot_dense_bf16_v8";
-
-/// Kernel `gatv2_edge_grad_csr_f16_v8` of [`BACKWARD`].
-pub const GATV2_EDGE_GRAD_CSR_F16_V8: &str = "gatv2_edge_grad_csr_f16_v8";
-
-/// Kernel `gatv2_edge_grad_csr_bf16_v8` of [`BACKWARD`].
-pub const GATV2_EDGE_GRAD_CSR_BF16_V8: &str = "gatv2_edge_grad_csr_bf16_v8";
 
 /// The PTX module compiled from `cuda/backward_tc.cu` (49 kernels).
 pub const BACKWARD_TC: PtxModule = PtxModule {
     name: "backward_tc",
     ptx: include_str!("../ptx/backward_tc.ptx"),
     kernels: &[
-        BACKWARD_TC_STATS_F16_S32,
-        BACKWARD_TC_DQ_F16_S32,
-        BACKWARD_TC_DKV_F16_S32,
-        BACKWARD_TC_STATS_F16_S32_XB,
-        BACKWARD_TC_DQ_F16_S32_XB,
-        BACKWARD_TC_DKV_F16_S32_XB,
-        BACKWARD_TC_STATS_F16_S32_XD,
-        BACKWARD_TC_DQ_F16_S32_XD,
-        BACKWARD_TC_DKV_F16_S32_XD,
-        BACKWARD_TC_STATS_F16_S32_X,
-        BACKWARD_TC_DQ_F16_S32_X,
-        BACKWARD_TC_DKV_F16_S32_X,
-        BACKWARD_TC_STATS_F16_S64,
-        BACKWARD_TC_DQ_F16_S64,
-        BACKWARD_TC_DKV_F16_S64,
-        BACKWARD_TC_STATS_F16_S64_XB,
-        BACKWARD_TC_DQ_F16_S64_XB,
-        BACKWARD_TC_DKV_F16_S64_XB,
-        BACKWARD_TC_STATS_F16_S64_XD,
-        BACKWARD_TC_DQ_F16_S64_XD,
-        BACKWARD_TC_DKV_F16_S64_XD,
-        BACKWARD_TC_STATS_F16_S64_X,
-        BACKWARD_TC_DQ_F16_S64_X,
-        BACKWARD_TC_DKV_F16_S64_X,
-        BACKWARD_TC_STATS_BF16_S32,
-        BACKWARD_TC_DQ_BF16_S32,
-        BACKWARD_TC_DKV_BF16_S32,
-        BACKWARD_TC_STATS_BF16_S32_XB,
-        BACKWARD_TC_DQ_BF16_S32_XB,
-        BACKWARD_TC_DKV_BF16_S32_XB,
-        BACKWARD_TC_STATS_BF16_S32_XD,
-        BACKWARD_TC_DQ_BF16_S32_XD,
-        BACKWARD_TC_DKV_BF16_S32_XD,
-        BACKWARD_TC_STATS_BF16_S32_X,
-        BACKWARD_TC_DQ_BF16_S32_X,
-        BACKWARD_TC_DKV_BF16_S32_X,
-        BACKWARD_TC_STATS_BF16_S64,
-        BACKWARD_TC_DQ_BF16_S64,
-        BACKWARD_TC_DKV_BF16_S64,
-        BACKWARD_TC_STATS_BF16_S64_XB,
-        BACKWARD_TC_DQ_BF16_S64_XB,
-        BACKWARD_TC_DKV_BF16_S64_XB,
-        BACKWARD_TC_STATS_BF16_S64_XD,
-        BACKWARD_TC_DQ_BF16_S64_XD,
-        BACKWARD_TC_DKV_BF16_S64_XD,
-        BACKWARD_TC_STATS_BF16_S64_X,
-        BACKWARD_TC_DQ_BF16_S64_X,
-        BACKWARD_TC_DKV_BF16_S64_X,
-        BACKWARD_TC_DSCALE,
+        "backward_tc_stats_f16_s32",
+        "backward_tc_dq_f16_s32",
+        "backward_tc_dkv_f16_s32",
+        "backward_tc_stats_f16_s32_xb",
+        "backward_tc_dq_f16_s32_xb",
+        "backward_tc_dkv_f16_s32_xb",
+        "backward_tc_stats_f16_s32_xd",
+        "backward_tc_dq_f16_s32_xd",
+        "backward_tc_dkv_f16_s32_xd",
+        "backward_tc_stats_f16_s32_x",
+        "backward_tc_dq_f16_s32_x",
+        "backward_tc_dkv_f16_s32_x",
+        "backward_tc_stats_f16_s64",
+        "backward_tc_dq_f16_s64",
+        "backward_tc_dkv_f16_s64",
+        "backward_tc_stats_f16_s64_xb",
+        "backward_tc_dq_f16_s64_xb",
+        "backward_tc_dkv_f16_s64_xb",
+        "backward_tc_stats_f16_s64_xd",
+        "backward_tc_dq_f16_s64_xd",
+        "backward_tc_dkv_f16_s64_xd",
+        "backward_tc_stats_f16_s64_x",
+        "backward_tc_dq_f16_s64_x",
+        "backward_tc_dkv_f16_s64_x",
+        "backward_tc_stats_bf16_s32",
+        "backward_tc_dq_bf16_s32",
+        "backward_tc_dkv_bf16_s32",
+        "backward_tc_stats_bf16_s32_xb",
+        "backward_tc_dq_bf16_s32_xb",
+        "backward_tc_dkv_bf16_s32_xb",
+        "backward_tc_stats_bf16_s32_xd",
+        "backward_tc_dq_bf16_s32_xd",
+        "backward_tc_dkv_bf16_s32_xd",
+        "backward_tc_stats_bf16_s32_x",
+        "backward_tc_dq_bf16_s32_x",
+        "backward_tc_dkv_bf16_s32_x",
+        "backward_tc_stats_bf16_s64",
+        "backward_tc_dq_bf16_s64",
+        "backward_tc_dkv_bf16_s64",
+        "backward_tc_stats_bf16_s64_xb",
+        "backward_tc_dq_bf16_s64_xb",
+        "backward_tc_dkv_bf16_s64_xb",
+        "backward_tc_stats_bf16_s64_xd",
+        "backward_tc_dq_bf16_s64_xd",
+        "backward_tc_dkv_bf16_s64_xd",
+        "backward_tc_stats_bf16_s64_x",
+        "backward_tc_dq_bf16_s64_x",
+        "backward_tc_dkv_bf16_s64_x",
+        "backward_tc_dscale",
     ],
 };
-
-/// Kernel `backward_tc_stats_f16_s32` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_STATS_F16_S32: &str = "backward_tc_stats_f16_s32";
-
-/// Kernel `backward_tc_dq_f16_s32` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DQ_F16_S32: &str = "backward_tc_dq_f16_s32";
-
-/// Kernel `backward_tc_dkv_f16_s32` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DKV_F16_S32: &str = "backward_tc_dkv_f16_s32";
-
-/// Kernel `backward_tc_stats_f16_s32_xb` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_STATS_F16_S32_XB: &str = "backward_tc_stats_f16_s32_xb";
-
-/// Kernel `backward_tc_dq_f16_s32_xb` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DQ_F16_S32_XB: &str = "backward_tc_dq_f16_s32_xb";
-
-/// Kernel `backward_tc_dkv_f16_s32_xb` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DKV_F16_S32_XB: &str = "backward_tc_dkv_f16_s32_xb";
-
-/// Kernel `backward_tc_stats_f16_s32_xd` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_STATS_F16_S32_XD: &str = "backward_tc_stats_f16_s32_xd";
-
-/// Kernel `backward_tc_dq_f16_s32_xd` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DQ_F16_S32_XD: &str = "backward_tc_dq_f16_s32_xd";
-
-/// Kernel `backward_tc_dkv_f16_s32_xd` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DKV_F16_S32_XD: &str = "backward_tc_dkv_f16_s32_xd";
-
-/// Kernel `backward_tc_stats_f16_s32_x` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_STATS_F16_S32_X: &str = "backward_tc_stats_f16_s32_x";
-
-/// Kernel `backward_tc_dq_f16_s32_x` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DQ_F16_S32_X: &str = "backward_tc_dq_f16_s32_x";
-
-/// Kernel `backward_tc_dkv_f16_s32_x` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DKV_F16_S32_X: &str = "backward_tc_dkv_f16_s32_x";
-
-/// Kernel `backward_tc_stats_f16_s64` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_STATS_F16_S64: &str = "backward_tc_stats_f16_s64";
-
-/// Kernel `backward_tc_dq_f16_s64` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DQ_F16_S64: &str = "backward_tc_dq_f16_s64";
-
-/// Kernel `backward_tc_dkv_f16_s64` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DKV_F16_S64: &str = "backward_tc_dkv_f16_s64";
-
-/// Kernel `backward_tc_stats_f16_s64_xb` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_STATS_F16_S64_XB: &str = "backward_tc_stats_f16_s64_xb";
-
-/// Kernel `backward_tc_dq_f16_s64_xb` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DQ_F16_S64_XB: &str = "backward_tc_dq_f16_s64_xb";
-
-/// Kernel `backward_tc_dkv_f16_s64_xb` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DKV_F16_S64_XB: &str = "backward_tc_dkv_f16_s64_xb";
-
-/// Kernel `backward_tc_stats_f16_s64_xd` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_STATS_F16_S64_XD: &str = "backward_tc_stats_f16_s64_xd";
-
-/// Kernel `backward_tc_dq_f16_s64_xd` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DQ_F16_S64_XD: &str = "backward_tc_dq_f16_s64_xd";
-
-/// Kernel `backward_tc_dkv_f16_s64_xd` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DKV_F16_S64_XD: &str = "backward_tc_dkv_f16_s64_xd";
-
-/// Kernel `backward_tc_stats_f16_s64_x` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_STATS_F16_S64_X: &str = "backward_tc_stats_f16_s64_x";
-
-/// Kernel `backward_tc_dq_f16_s64_x` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DQ_F16_S64_X: &str = "backward_tc_dq_f16_s64_x";
-
-/// Kernel `backward_tc_dkv_f16_s64_x` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DKV_F16_S64_X: &str = "backward_tc_dkv_f16_s64_x";
-
-/// Kernel `backward_tc_stats_bf16_s32` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_STATS_BF16_S32: &str = "backward_tc_stats_bf16_s32";
-
-/// Kernel `backward_tc_dq_bf16_s32` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DQ_BF16_S32: &str = "backward_tc_dq_bf16_s32";
-
-/// Kernel `backward_tc_dkv_bf16_s32` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DKV_BF16_S32: &str = "backward_tc_dkv_bf16_s32";
-
-/// Kernel `backward_tc_stats_bf16_s32_xb` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_STATS_BF16_S32_XB: &str = "backward_tc_stats_bf16_s32_xb";
-
-/// Kernel `backward_tc_dq_bf16_s32_xb` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DQ_BF16_S32_XB: &str = "backward_tc_dq_bf16_s32_xb";
-
-/// Kernel `backward_tc_dkv_bf16_s32_xb` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DKV_BF16_S32_XB: &str = "backward_tc_dkv_bf16_s32_xb";
-
-/// Kernel `backward_tc_stats_bf16_s32_xd` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_STATS_BF16_S32_XD: &str = "backward_tc_stats_bf16_s32_xd";
-
-/// Kernel `backward_tc_dq_bf16_s32_xd` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DQ_BF16_S32_XD: &str = "backward_tc_dq_bf16_s32_xd";
-
-/// Kernel `backward_tc_dkv_bf16_s32_xd` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DKV_BF16_S32_XD: &str = "backward_tc_dkv_bf16_s32_xd";
-
-/// Kernel `backward_tc_stats_bf16_s32_x` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_STATS_BF16_S32_X: &str = "backward_tc_stats_bf16_s32_x";
-
-/// Kernel `backward_tc_dq_bf16_s32_x` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DQ_BF16_S32_X: &str = "backward_tc_dq_bf16_s32_x";
-
-/// Kernel `backward_tc_dkv_bf16_s32_x` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DKV_BF16_S32_X: &str = "backward_tc_dkv_bf16_s32_x";
-
-/// Kernel `backward_tc_stats_bf16_s64` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_STATS_BF16_S64: &str = "backward_tc_stats_bf16_s64";
-
-/// Kernel `backward_tc_dq_bf16_s64` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DQ_BF16_S64: &str = "backward_tc_dq_bf16_s64";
-
-/// Kernel `backward_tc_dkv_bf16_s64` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DKV_BF16_S64: &str = "backward_tc_dkv_bf16_s64";
-
-/// Kernel `backward_tc_stats_bf16_s64_xb` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_STATS_BF16_S64_XB: &str = "backward_tc_stats_bf16_s64_xb";
-
-/// Kernel `backward_tc_dq_bf16_s64_xb` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DQ_BF16_S64_XB: &str = "backward_tc_dq_bf16_s64_xb";
-
-/// Kernel `backward_tc_dkv_bf16_s64_xb` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DKV_BF16_S64_XB: &str = "backward_tc_dkv_bf16_s64_xb";
-
-/// Kernel `backward_tc_stats_bf16_s64_xd` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_STATS_BF16_S64_XD: &str = "backward_tc_stats_bf16_s64_xd";
-
-/// Kernel `backward_tc_dq_bf16_s64_xd` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DQ_BF16_S64_XD: &str = "backward_tc_dq_bf16_s64_xd";
-
-/// Kernel `backward_tc_dkv_bf16_s64_xd` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DKV_BF16_S64_XD: &str = "backward_tc_dkv_bf16_s64_xd";
-
-/// Kernel `backward_tc_stats_bf16_s64_x` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_STATS_BF16_S64_X: &str = "backward_tc_stats_bf16_s64_x";
-
-/// Kernel `backward_tc_dq_bf16_s64_x` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DQ_BF16_S64_X: &str = "backward_tc_dq_bf16_s64_x";
-
-/// Kernel `backward_tc_dkv_bf16_s64_x` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DKV_BF16_S64_X: &str = "backward_tc_dkv_bf16_s64_x";
-
-/// Kernel `backward_tc_dscale` of [`BACKWARD_TC`].
-pub const BACKWARD_TC_DSCALE: &str = "backward_tc_dscale";
 
 /// The PTX module compiled from `cuda/csr_ops.cu` (41 kernels).
 pub const CSR_OPS: PtxModule = PtxModule {
     name: "csr_ops",
     ptx: include_str!("../ptx/csr_ops.ptx"),
     kernels: &[
-        EDGE_SOFTMAX_CSR_ROWS,
-        EDGE_SOFTMAX_CSR_LONG_ROWS,
-        SDDMM_GAT_CSR_F32,
-        SPMM_CSR_FINALIZE_F32,
-        SDDMM_CSR_F32_V1,
-        SDDMM_CSR_F32_V2,
-        SDDMM_CSR_F32_V4,
-        SDDMM_GATV2_CSR_F32_V1,
-        SDDMM_GATV2_CSR_F32_V2,
-        SDDMM_GATV2_CSR_F32_V4,
-        SPMM_CSR_F32_V1,
-        SPMM_CSR_F32_V2,
-        SPMM_CSR_F32_V4,
-        SDDMM_GAT_CSR_F16,
-        SPMM_CSR_FINALIZE_F16,
-        SDDMM_CSR_F16_V1,
-        SDDMM_CSR_F16_V2,
-        SDDMM_CSR_F16_V4,
-        SDDMM_GATV2_CSR_F16_V1,
-        SDDMM_GATV2_CSR_F16_V2,
-        SDDMM_GATV2_CSR_F16_V4,
-        SPMM_CSR_F16_V1,
-        SPMM_CSR_F16_V2,
-        SPMM_CSR_F16_V4,
-        SDDMM_GAT_CSR_BF16,
-        SPMM_CSR_FINALIZE_BF16,
-        SDDMM_CSR_BF16_V1,
-        SDDMM_CSR_BF16_V2,
-        SDDMM_CSR_BF16_V4,
-        SDDMM_GATV2_CSR_BF16_V1,
-        SDDMM_GATV2_CSR_BF16_V2,
-        SDDMM_GATV2_CSR_BF16_V4,
-        SPMM_CSR_BF16_V1,
-        SPMM_CSR_BF16_V2,
-        SPMM_CSR_BF16_V4,
-        SDDMM_CSR_F16_V8,
-        SDDMM_CSR_BF16_V8,
-        SDDMM_GATV2_CSR_F16_V8,
-        SDDMM_GATV2_CSR_BF16_V8,
-        SPMM_CSR_F16_V8,
-        SPMM_CSR_BF16_V8,
+        "edge_softmax_csr_rows",
+        "edge_softmax_csr_long_rows",
+        "sddmm_gat_csr_f32",
+        "spmm_csr_finalize_f32",
+        "sddmm_csr_f32_v1",
+        "sddmm_csr_f32_v2",
+        "sddmm_csr_f32_v4",
+        "sddmm_gatv2_csr_f32_v1",
+        "sddmm_gatv2_csr_f32_v2",
+        "sddmm_gatv2_csr_f32_v4",
+        "spmm_csr_f32_v1",
+        "spmm_csr_f32_v2",
+        "spmm_csr_f32_v4",
+        "sddmm_gat_csr_f16",
+        "spmm_csr_finalize_f16",
+        "sddmm_csr_f16_v1",
+        "sddmm_csr_f16_v2",
+        "sddmm_csr_f16_v4",
+        "sddmm_gatv2_csr_f16_v1",
+        "sddmm_gatv2_csr_f16_v2",
+        "sddmm_gatv2_csr_f16_v4",
+        "spmm_csr_f16_v1",
+        "spmm_csr_f16_v2",
+        "spmm_csr_f16_v4",
+        "sddmm_gat_csr_bf16",
+        "spmm_csr_finalize_bf16",
+        "sddmm_csr_bf16_v1",
+        "sddmm_csr_bf16_v2",
+        "sddmm_csr_bf16_v4",
+        "sddmm_gatv2_csr_bf16_v1",
+        "sddmm_gatv2_csr_bf16_v2",
+        "sddmm_gatv2_csr_bf16_v4",
+        "spmm_csr_bf16_v1",
+        "spmm_csr_bf16_v2",
+        "spmm_csr_bf16_v4",
+        "sddmm_csr_f16_v8",
+        "sddmm_csr_bf16_v8",
+        "sddmm_gatv2_csr_f16_v8",
+        "sddmm_gatv2_csr_bf16_v8",
+        "spmm_csr_f16_v8",
+        "spmm_csr_bf16_v8",
     ],
 };
-
-/// Kernel `edge_softmax_csr_rows` of [`CSR_OPS`].
-pub const EDGE_SOFTMAX_CSR_ROWS: &str = "edge_softmax_csr_rows";
-
-/// Kernel `edge_softmax_csr_long_rows` of [`CSR_OPS`].
-pub const EDGE_SOFTMAX_CSR_LONG_ROWS: &str = "edge_softmax_csr_long_rows";
-
-/// Kernel `sddmm_gat_csr_f32` of [`CSR_OPS`].
-pub const SDDMM_GAT_CSR_F32: &str = "sddmm_gat_csr_f32";
-
-/// Kernel `spmm_csr_finalize_f32` of [`CSR_OPS`].
-pub const SPMM_CSR_FINALIZE_F32: &str = "spmm_csr_finalize_f32";
-
-/// Kernel `sddmm_csr_f32_v1` of [`CSR_OPS`].
-pub const SDDMM_CSR_F32_V1: &str = "sddmm_csr_f32_v1";
-
-/// Kernel `sddmm_csr_f32_v2` of [`CSR_OPS`].
-pub const SDDMM_CSR_F32_V2: &str = "sddmm_csr_f32_v2";
-
-/// Kernel `sddmm_csr_f32_v4` of [`CSR_OPS`].
-pub const SDDMM_CSR_F32_V4: &str = "sddmm_csr_f32_v4";
-
-/// Kernel `sddmm_gatv2_csr_f32_v1` of [`CSR_OPS`].
-pub const SDDMM_GATV2_CSR_F32_V1: &str = "sddmm_gatv2_csr_f32_v1";
-
-/// Kernel `sddmm_gatv2_csr_f32_v2` of [`CSR_OPS`].
-pub const SDDMM_GATV2_CSR_F32_V2: &str = "sddmm_gatv2_csr_f32_v2";
-
-/// Kernel `sddmm_gatv2_csr_f32_v4` of [`CSR_OPS`].
-pub const SDDMM_GATV2_CSR_F32_V4: &str = "sddmm_gatv2_csr_f32_v4";
-
-/// Kernel `spmm_csr_f32_v1` of [`CSR_OPS`].
-pub const SPMM_CSR_F32_V1: &str = "spmm_csr_f32_v1";
-
-/// Kernel `spmm_csr_f32_v2` of [`CSR_OPS`].
-pub const SPMM_CSR_F32_V2: &str = "spmm_csr_f32_v2";
-
-/// Kernel `spmm_csr_f32_v4` of [`CSR_OPS`].
-pub const SPMM_CSR_F32_V4: &str = "spmm_csr_f32_v4";
-
-/// Kernel `sddmm_gat_csr_f16` of [`CSR_OPS`].
-pub const SDDMM_GAT_CSR_F16: &str = "sddmm_gat_csr_f16";
-
-/// Kernel `spmm_csr_finalize_f16` of [`CSR_OPS`].
-pub const SPMM_CSR_FINALIZE_F16: &str = "spmm_csr_finalize_f16";
-
-/// Kernel `sddmm_csr_f16_v1` of [`CSR_OPS`].
-pub const SDDMM_CSR_F16_V1: &str = "sddmm_csr_f16_v1";
-
-/// Kernel `sddmm_csr_f16_v2` of [`CSR_OPS`].
-pub const SDDMM_CSR_F16_V2: &str = "sddmm_csr_f16_v2";
-
-/// Kernel `sddmm_csr_f16_v4` of [`CSR_OPS`].
-pub const SDDMM_CSR_F16_V4: &str = "sddmm_csr_f16_v4";
-
-/// Kernel `sddmm_gatv2_csr_f16_v1` of [`CSR_OPS`].
-pub const SDDMM_GATV2_CSR_F16_V1: &str = "sddmm_gatv2_csr_f16_v1";
-
-/// Kernel `sddmm_gatv2_csr_f16_v2` of [`CSR_OPS`].
-pub const SDDMM_GATV2_CSR_F16_V2: &str = "sddmm_gatv2_csr_f16_v2";
-
-/// Kernel `sddmm_gatv2_csr_f16_v4` of [`CSR_OPS`].
-pub const SDDMM_GATV2_CSR_F16_V4: &str = "sddmm_gatv2_csr_f16_v4";
-
-/// Kernel `spmm_csr_f16_v1` of [`CSR_OPS`].
-pub const SPMM_CSR_F16_V1: &str = "spmm_csr_f16_v1";
-
-/// Kernel `spmm_csr_f16_v2` of [`CSR_OPS`].
-pub const SPMM_CSR_F16_V2: &str = "spmm_csr_f16_v2";
-
-/// Kernel `spmm_csr_f16_v4` of [`CSR_OPS`].
-pub const SPMM_CSR_F16_V4: &str = "spmm_csr_f16_v4";
-
-/// Kernel `sddmm_gat_csr_bf16` of [`CSR_OPS`].
-pub const SDDMM_GAT_CSR_BF16: &str = "sddmm_gat_csr_bf16";
-
-/// Kernel `spmm_csr_finalize_bf16` of [`CSR_OPS`].
-pub const SPMM_CSR_FINALIZE_BF16: &str = "spmm_csr_finalize_bf16";
-
-/// Kernel `sddmm_csr_bf16_v1` of [`CSR_OPS`].
-pub const SDDMM_CSR_BF16_V1: &str = "sddmm_csr_bf16_v1";
-
-/// Kernel `sddmm_csr_bf16_v2` of [`CSR_OPS`].
-pub const SDDMM_CSR_BF16_V2: &str = "sddmm_csr_bf16_v2";
-
-/// Kernel `sddmm_csr_bf16_v4` of [`CSR_OPS`].
-pub const SDDMM_CSR_BF16_V4: &str = "sddmm_csr_bf16_v4";
-
-/// Kernel `sddmm_gatv2_csr_bf16_v1` of [`CSR_OPS`].
-pub const SDDMM_GATV2_CSR_BF16_V1: &str = "sddmm_gatv2_csr_bf16_v1";
-
-/// Kernel `sddmm_gatv2_csr_bf16_v2` of [`CSR_OPS`].
-pub const SDDMM_GATV2_CSR_BF16_V2: &str = "sddmm_gatv2_csr_bf16_v2";
-
-/// Kernel `sddmm_gatv2_csr_bf16_v4` of [`CSR_OPS`].
-pub const SDDMM_GATV2_CSR_BF16_V4: &str = "sddmm_gatv2_csr_bf16_v4";
-
-/// Kernel `spmm_csr_bf16_v1` of [`CSR_OPS`].
-pub const SPMM_CSR_BF16_V1: &str = "spmm_csr_bf16_v1";
-
-/// Kernel `spmm_csr_bf16_v2` of [`CSR_OPS`].
-pub const SPMM_CSR_BF16_V2: &str = "spmm_csr_bf16_v2";
-
-/// Kernel `spmm_csr_bf16_v4` of [`CSR_OPS`].
-pub const SPMM_CSR_BF16_V4: &str = "spmm_csr_bf16_v4";
-
-/// Kernel `sddmm_csr_f16_v8` of [`CSR_OPS`].
-pub const SDDMM_CSR_F16_V8: &str = "sddmm_csr_f16_v8";
-
-/// Kernel `sddmm_csr_bf16_v8` of [`CSR_OPS`].
-pub const SDDMM_CSR_BF16_V8: &str = "sddmm_csr_bf16_v8";
-
-/// Kernel `sddmm_gatv2_csr_f16_v8` of [`CSR_OPS`].
-pub const SDDMM_GATV2_CSR_F16_V8: &str = "sddmm_gatv2_csr_f16_v8";
-
-/// Kernel `sddmm_gatv2_csr_bf16_v8` of [`CSR_OPS`].
-pub const SDDMM_GATV2_CSR_BF16_V8: &str = "sddmm_gatv2_csr_bf16_v8";
-
-/// Kernel `spmm_csr_f16_v8` of [`CSR_OPS`].
-pub const SPMM_CSR_F16_V8: &str = "spmm_csr_f16_v8";
-
-/// Kernel `spmm_csr_bf16_v8` of [`CSR_OPS`].
-pub const SPMM_CSR_BF16_V8: &str = "spmm_csr_bf16_v8";
 
 /// The PTX module compiled from `cuda/edge_extras.cu` (14 kernels).
 pub const EDGE_EXTRAS: PtxModule = PtxModule {
     name: "edge_extras",
     ptx: include_str!("../ptx/edge_extras.ptx"),
     kernels: &[
-        EDGE_DROPOUT,
-        EDGE_ADD,
-        EDGE_BIAS_ADD_F32,
-        EDGE_HEAD_SUM_F32,
-        EDGE_CAST_F32,
-        EDGE_ROW_COMBINE_F32,
-        EDGE_BIAS_ADD_F16,
-        EDGE_HEAD_SUM_F16,
-        EDGE_CAST_F16,
-        EDGE_ROW_COMBINE_F16,
-        EDGE_BIAS_ADD_BF16,
-        EDGE_HEAD_SUM_BF16,
-        EDGE_CAST_BF16,
-        EDGE_ROW_COMBINE_BF16,
+        "edge_dropout",
+        "edge_add",
+        "edge_bias_add_f32",
+        "edge_head_sum_f32",
+        "edge_cast_f32",
+        "edge_row_combine_f32",
+        "edge_bias_add_f16",
+        "edge_head_sum_f16",
+        "edge_cast_f16",
+        "edge_row_combine_f16",
+        "edge_bias_add_bf16",
+        "edge_head_sum_bf16",
+        "edge_cast_bf16",
+        "edge_row_combine_bf16",
     ],
 };
-
-/// Kernel `edge_dropout` of [`EDGE_EXTRAS`].
-pub const EDGE_DROPOUT: &str = "edge_dropout";
-
-/// Kernel `edge_add` of [`EDGE_EXTRAS`].
-pub const EDGE_ADD: &str = "edge_add";
-
-/// Kernel `edge_bias_add_f32` of [`EDGE_EXTRAS`].
-pub const EDGE_BIAS_ADD_F32: &str = "edge_bias_add_f32";
-
-/// Kernel `edge_head_sum_f32` of [`EDGE_EXTRAS`].
-pub const EDGE_HEAD_SUM_F32: &str = "edge_head_sum_f32";
-
-/// Kernel `edge_cast_f32` of [`EDGE_EXTRAS`].
-pub const EDGE_CAST_F32: &str = "edge_cast_f32";
-
-/// Kernel `edge_row_combine_f32` of [`EDGE_EXTRAS`].
-pub const EDGE_ROW_COMBINE_F32: &str = "edge_row_combine_f32";
-
-/// Kernel `edge_bias_add_f16` of [`EDGE_EXTRAS`].
-pub const EDGE_BIAS_ADD_F16: &str = "edge_bias_add_f16";
-
-/// Kernel `edge_head_sum_f16` of [`EDGE_EXTRAS`].
-pub const EDGE_HEAD_SUM_F16: &str = "edge_head_sum_f16";
-
-/// Kernel `edge_cast_f16` of [`EDGE_EXTRAS`].
-pub const EDGE_CAST_F16: &str = "edge_cast_f16";
-
-/// Kernel `edge_row_combine_f16` of [`EDGE_EXTRAS`].
-pub const EDGE_ROW_COMBINE_F16: &str = "edge_row_combine_f16";
-
-/// Kernel `edge_bias_add_bf16` of [`EDGE_EXTRAS`].
-pub const EDGE_BIAS_ADD_BF16: &str = "edge_bias_add_bf16";
-
-/// Kernel `edge_head_sum_bf16` of [`EDGE_EXTRAS`].
-pub const EDGE_HEAD_SUM_BF16: &str = "edge_head_sum_bf16";
-
-/// Kernel `edge_cast_bf16` of [`EDGE_EXTRAS`].
-pub const EDGE_CAST_BF16: &str = "edge_cast_bf16";
-
-/// Kernel `edge_row_combine_bf16` of [`EDGE_EXTRAS`].
-pub const EDGE_ROW_COMBINE_BF16: &str = "edge_row_combine_bf16";
 
 /// The PTX module compiled from `cuda/fused_bsb.cu` (52 kernels).
 pub const FUSED_BSB: PtxModule = PtxModule {
     name: "fused_bsb",
     ptx: include_str!("../ptx/fused_bsb.ptx"),
     kernels: &[
-        FUSED_BSB_F16_S32,
-        FUSED_BSB_F16_S32_X,
-        FUSED_BSB_F16_S32_SCALAR,
-        FUSED_BSB_F16_S32_SCALAR_X,
-        FUSED_BSB_F16_S64,
-        FUSED_BSB_F16_S64_X,
-        FUSED_BSB_F16_S64_SCALAR,
-        FUSED_BSB_F16_S64_SCALAR_X,
-        FUSED_BSB_F16_S128,
-        FUSED_BSB_F16_S128_X,
-        FUSED_BSB_F16_S128_SCALAR,
-        FUSED_BSB_F16_S128_SCALAR_X,
-        FUSED_BSB_BF16_S32,
-        FUSED_BSB_BF16_S32_X,
-        FUSED_BSB_BF16_S32_SCALAR,
-        FUSED_BSB_BF16_S32_SCALAR_X,
-        FUSED_BSB_BF16_S64,
-        FUSED_BSB_BF16_S64_X,
-        FUSED_BSB_BF16_S64_SCALAR,
-        FUSED_BSB_BF16_S64_SCALAR_X,
-        FUSED_BSB_BF16_S128,
-        FUSED_BSB_BF16_S128_X,
-        FUSED_BSB_BF16_S128_SCALAR,
-        FUSED_BSB_BF16_S128_SCALAR_X,
-        FUSED_BSB_F32_S32,
-        FUSED_BSB_F32_S32_X,
-        FUSED_BSB_F32_S32_SCALAR,
-        FUSED_BSB_F32_S32_SCALAR_X,
-        FUSED_BSB_F32_S64,
-        FUSED_BSB_F32_S64_X,
-        FUSED_BSB_F32_S64_SCALAR,
-        FUSED_BSB_F32_S64_SCALAR_X,
-        FUSED_BSB_F16_D64_PIPE,
-        FUSED_BSB_F16_D64_PIPE_XB,
-        FUSED_BSB_F16_D64_PIPE_XD,
-        FUSED_BSB_F16_D64_PIPE_X,
-        FUSED_BSB_F16_D128_PIPE,
-        FUSED_BSB_F16_D128_PIPE_XB,
-        FUSED_BSB_F16_D128_PIPE_XD,
-        FUSED_BSB_F16_D128_PIPE_X,
-        FUSED_BSB_BF16_D64_PIPE,
-        FUSED_BSB_BF16_D64_PIPE_XB,
-        FUSED_BSB_BF16_D64_PIPE_XD,
-        FUSED_BSB_BF16_D64_PIPE_X,
-        FUSED_BSB_BF16_D128_PIPE,
-        FUSED_BSB_BF16_D128_PIPE_XB,
-        FUSED_BSB_BF16_D128_PIPE_XD,
-        FUSED_BSB_BF16_D128_PIPE_X,
-        BSB_BIAS_GATHER_F32,
-        BSB_BIAS_GATHER_F16,
-        BSB_BIAS_GATHER_BF16,
-        BSB_KEEP_GATHER,
+        "fused_bsb_f16_s32",
+        "fused_bsb_f16_s32_x",
+        "fused_bsb_f16_s32_scalar",
+        "fused_bsb_f16_s32_scalar_x",
+        "fused_bsb_f16_s64",
+        "fused_bsb_f16_s64_x",
+        "fused_bsb_f16_s64_scalar",
+        "fused_bsb_f16_s64_scalar_x",
+        "fused_bsb_f16_s128",
+        "fused_bsb_f16_s128_x",
+        "fused_bsb_f16_s128_scalar",
+        "fused_bsb_f16_s128_scalar_x",
+        "fused_bsb_bf16_s32",
+        "fused_bsb_bf16_s32_x",
+        "fused_bsb_bf16_s32_scalar",
+        "fused_bsb_bf16_s32_scalar_x",
+        "fused_bsb_bf16_s64",
+        "fused_bsb_bf16_s64_x",
+        "fused_bsb_bf16_s64_scalar",
+        "fused_bsb_bf16_s64_scalar_x",
+        "fused_bsb_bf16_s128",
+        "fused_bsb_bf16_s128_x",
+        "fused_bsb_bf16_s128_scalar",
+        "fused_bsb_bf16_s128_scalar_x",
+        "fused_bsb_f32_s32",
+        "fused_bsb_f32_s32_x",
+        "fused_bsb_f32_s32_scalar",
+        "fused_bsb_f32_s32_scalar_x",
+        "fused_bsb_f32_s64",
+        "fused_bsb_f32_s64_x",
+        "fused_bsb_f32_s64_scalar",
+        "fused_bsb_f32_s64_scalar_x",
+        "fused_bsb_f16_d64_pipe",
+        "fused_bsb_f16_d64_pipe_xb",
+        "fused_bsb_f16_d64_pipe_xd",
+        "fused_bsb_f16_d64_pipe_x",
+        "fused_bsb_f16_d128_pipe",
+        "fused_bsb_f16_d128_pipe_xb",
+        "fused_bsb_f16_d128_pipe_xd",
+        "fused_bsb_f16_d128_pipe_x",
+        "fused_bsb_bf16_d64_pipe",
+        "fused_bsb_bf16_d64_pipe_xb",
+        "fused_bsb_bf16_d64_pipe_xd",
+        "fused_bsb_bf16_d64_pipe_x",
+        "fused_bsb_bf16_d128_pipe",
+        "fused_bsb_bf16_d128_pipe_xb",
+        "fused_bsb_bf16_d128_pipe_xd",
+        "fused_bsb_bf16_d128_pipe_x",
+        "bsb_bias_gather_f32",
+        "bsb_bias_gather_f16",
+        "bsb_bias_gather_bf16",
+        "bsb_keep_gather",
     ],
 };
-
-/// Kernel `fused_bsb_f16_s32` of [`FUSED_BSB`].
-pub const FUSED_BSB_F16_S32: &str = "fused_bsb_f16_s32";
-
-/// Kernel `fused_bsb_f16_s32_x` of [`FUSED_BSB`].
-pub const FUSED_BSB_F16_S32_X: &str = "fused_bsb_f16_s32_x";
-
-/// Kernel `fused_bsb_f16_s32_scalar` of [`FUSED_BSB`].
-pub const FUSED_BSB_F16_S32_SCALAR: &str = "fused_bsb_f16_s32_scalar";
-
-/// Kernel `fused_bsb_f16_s32_scalar_x` of [`FUSED_BSB`].
-pub const FUSED_BSB_F16_S32_SCALAR_X: &str = "fused_bsb_f16_s32_scalar_x";
-
-/// Kernel `fused_bsb_f16_s64` of [`FUSED_BSB`].
-pub const FUSED_BSB_F16_S64: &str = "fused_bsb_f16_s64";
-
-/// Kernel `fused_bsb_f16_s64_x` of [`FUSED_BSB`].
-pub const FUSED_BSB_F16_S64_X: &str = "fused_bsb_f16_s64_x";
-
-/// Kernel `fused_bsb_f16_s64_scalar` of [`FUSED_BSB`].
-pub const FUSED_BSB_F16_S64_SCALAR: &str = "fused_bsb_f16_s64_scalar";
-
-/// Kernel `fused_bsb_f16_s64_scalar_x` of [`FUSED_BSB`].
-pub const FUSED_BSB_F16_S64_SCALAR_X: &str = "fused_bsb_f16_s64_scalar_x";
-
-/// Kernel `fused_bsb_f16_s128` of [`FUSED_BSB`].
-pub const FUSED_BSB_F16_S128: &str = "fused_bsb_f16_s128";
-
-/// Kernel `fused_bsb_f16_s128_x` of [`FUSED_BSB`].
-pub const FUSED_BSB_F16_S128_X: &str = "fused_bsb_f16_s128_x";
-
-/// Kernel `fused_bsb_f16_s128_scalar` of [`FUSED_BSB`].
-pub const FUSED_BSB_F16_S128_SCALAR: &str = "fused_bsb_f16_s128_scalar";
-
-/// Kernel `fused_bsb_f16_s128_scalar_x` of [`FUSED_BSB`].
-pub const FUSED_BSB_F16_S128_SCALAR_X: &str = "fused_bsb_f16_s128_scalar_x";
-
-/// Kernel `fused_bsb_bf16_s32` of [`FUSED_BSB`].
-pub const FUSED_BSB_BF16_S32: &str = "fused_bsb_bf16_s32";
-
-/// Kernel `fused_bsb_bf16_s32_x` of [`FUSED_BSB`].
-pub const FUSED_BSB_BF16_S32_X: &str = "fused_bsb_bf16_s32_x";
-
-/// Kernel `fused_bsb_bf16_s32_scalar` of [`FUSED_BSB`].
-pub const FUSED_BSB_BF16_S32_SCALAR: &str = "fused_bsb_bf16_s32_scalar";
-
-/// Kernel `fused_bsb_bf16_s32_scalar_x` of [`FUSED_BSB`].
-pub const FUSED_BSB_BF16_S32_SCALAR_X: &str = "fused_bsb_bf16_s32_scalar_x";
-
-/// Kernel `fused_bsb_bf16_s64` of [`FUSED_BSB`].
-pub const FUSED_BSB_BF16_S64: &str = "fused_bsb_bf16_s64";
-
-/// Kernel `fused_bsb_bf16_s64_x` of [`FUSED_BSB`].
-pub const FUSED_BSB_BF16_S64_X: &str = "fused_bsb_bf16_s64_x";
-
-/// Kernel `fused_bsb_bf16_s64_scalar` of [`FUSED_BSB`].
-pub const FUSED_BSB_BF16_S64_SCALAR: &str = "fused_bsb_bf16_s64_scalar";
-
-/// Kernel `fused_bsb_bf16_s64_scalar_x` of [`FUSED_BSB`].
-pub const FUSED_BSB_BF16_S64_SCALAR_X: &str = "fused_bsb_bf16_s64_scalar_x";
-
-/// Kernel `fused_bsb_bf16_s128` of [`FUSED_BSB`].
-pub const FUSED_BSB_BF16_S128: &str = "fused_bsb_bf16_s128";
-
-/// Kernel `fused_bsb_bf16_s128_x` of [`FUSED_BSB`].
-pub const FUSED_BSB_BF16_S128_X: &str = "fused_bsb_bf16_s128_x";
-
-/// Kernel `fused_bsb_bf16_s128_scalar` of [`FUSED_BSB`].
-pub const FUSED_BSB_BF16_S128_SCALAR: &str = "fused_bsb_bf16_s128_scalar";
-
-/// Kernel `fused_bsb_bf16_s128_scalar_x` of [`FUSED_BSB`].
-pub const FUSED_BSB_BF16_S128_SCALAR_X: &str = "fused_bsb_bf16_s128_scalar_x";
-
-/// Kernel `fused_bsb_f32_s32` of [`FUSED_BSB`].
-pub const FUSED_BSB_F32_S32: &str = "fused_bsb_f32_s32";
-
-/// Kernel `fused_bsb_f32_s32_x` of [`FUSED_BSB`].
-pub const FUSED_BSB_F32_S32_X: &str = "fused_bsb_f32_s32_x";
-
-/// Kernel `fused_bsb_f32_s32_scalar` of [`FUSED_BSB`].
-pub const FUSED_BSB_F32_S32_SCALAR: &str = "fused_bsb_f32_s32_scalar";
-
-/// Kernel `fused_bsb_f32_s32_scalar_x` of [`FUSED_BSB`].
-pub const FUSED_BSB_F32_S32_SCALAR_X: &str = "fused_bsb_f32_s32_scalar_x";
-
-/// Kernel `fused_bsb_f32_s64` of [`FUSED_BSB`].
-pub const FUSED_BSB_F32_S64: &str = "fused_bsb_f32_s64";
-
-/// Kernel `fused_bsb_f32_s64_x` of [`FUSED_BSB`].
-pub const FUSED_BSB_F32_S64_X: &str = "fused_bsb_f32_s64_x";
-
-/// Kernel `fused_bsb_f32_s64_scalar` of [`FUSED_BSB`].
-pub const FUSED_BSB_F32_S64_SCALAR: &str = "fused_bsb_f32_s64_scalar";
-
-/// Kernel `fused_bsb_f32_s64_scalar_x` of [`FUSED_BSB`].
-pub const FUSED_BSB_F32_S64_SCALAR_X: &str = "fused_bsb_f32_s64_scalar_x";
-
-/// Kernel `fused_bsb_f16_d64_pipe` of [`FUSED_BSB`].
-pub const FUSED_BSB_F16_D64_PIPE: &str = "fused_bsb_f16_d64_pipe";
-
-/// Kernel `fused_bsb_f16_d64_pipe_xb` of [`FUSED_BSB`].
-pub const FUSED_BSB_F16_D64_PIPE_XB: &str = "fused_bsb_f16_d64_pipe_xb";
-
-/// Kernel `fused_bsb_f16_d64_pipe_xd` of [`FUSED_BSB`].
-pub const FUSED_BSB_F16_D64_PIPE_XD: &str = "fused_bsb_f16_d64_pipe_xd";
-
-/// Kernel `fused_bsb_f16_d64_pipe_x` of [`FUSED_BSB`].
-pub const FUSED_BSB_F16_D64_PIPE_X: &str = "fused_bsb_f16_d64_pipe_x";
-
-/// Kernel `fused_bsb_f16_d128_pipe` of [`FUSED_BSB`].
-pub const FUSED_BSB_F16_D128_PIPE: &str = "fused_bsb_f16_d128_pipe";
-
-/// Kernel `fused_bsb_f16_d128_pipe_xb` of [`FUSED_BSB`].
-pub const FUSED_BSB_F16_D128_PIPE_XB: &str = "fused_bsb_f16_d128_pipe_xb";
-
-/// Kernel `fused_bsb_f16_d128_pipe_xd` of [`FUSED_BSB`].
-pub const FUSED_BSB_F16_D128_PIPE_XD: &str = "fused_bsb_f16_d128_pipe_xd";
-
-/// Kernel `fused_bsb_f16_d128_pipe_x` of [`FUSED_BSB`].
-pub const FUSED_BSB_F16_D128_PIPE_X: &str = "fused_bsb_f16_d128_pipe_x";
-
-/// Kernel `fused_bsb_bf16_d64_pipe` of [`FUSED_BSB`].
-pub const FUSED_BSB_BF16_D64_PIPE: &str = "fused_bsb_bf16_d64_pipe";
-
-/// Kernel `fused_bsb_bf16_d64_pipe_xb` of [`FUSED_BSB`].
-pub const FUSED_BSB_BF16_D64_PIPE_XB: &str = "fused_bsb_bf16_d64_pipe_xb";
-
-/// Kernel `fused_bsb_bf16_d64_pipe_xd` of [`FUSED_BSB`].
-pub const FUSED_BSB_BF16_D64_PIPE_XD: &str = "fused_bsb_bf16_d64_pipe_xd";
-
-/// Kernel `fused_bsb_bf16_d64_pipe_x` of [`FUSED_BSB`].
-pub const FUSED_BSB_BF16_D64_PIPE_X: &str = "fused_bsb_bf16_d64_pipe_x";
-
-/// Kernel `fused_bsb_bf16_d128_pipe` of [`FUSED_BSB`].
-pub const FUSED_BSB_BF16_D128_PIPE: &str = "fused_bsb_bf16_d128_pipe";
-
-/// Kernel `fused_bsb_bf16_d128_pipe_xb` of [`FUSED_BSB`].
-pub const FUSED_BSB_BF16_D128_PIPE_XB: &str = "fused_bsb_bf16_d128_pipe_xb";
-
-/// Kernel `fused_bsb_bf16_d128_pipe_xd` of [`FUSED_BSB`].
-pub const FUSED_BSB_BF16_D128_PIPE_XD: &str = "fused_bsb_bf16_d128_pipe_xd";
-
-/// Kernel `fused_bsb_bf16_d128_pipe_x` of [`FUSED_BSB`].
-pub const FUSED_BSB_BF16_D128_PIPE_X: &str = "fused_bsb_bf16_d128_pipe_x";
-
-/// Kernel `bsb_bias_gather_f32` of [`FUSED_BSB`].
-pub const BSB_BIAS_GATHER_F32: &str = "bsb_bias_gather_f32";
-
-/// Kernel `bsb_bias_gather_f16` of [`FUSED_BSB`].
-pub const BSB_BIAS_GATHER_F16: &str = "bsb_bias_gather_f16";
-
-/// Kernel `bsb_bias_gather_bf16` of [`FUSED_BSB`].
-pub const BSB_BIAS_GATHER_BF16: &str = "bsb_bias_gather_bf16";
-
-/// Kernel `bsb_keep_gather` of [`FUSED_BSB`].
-pub const BSB_KEEP_GATHER: &str = "bsb_keep_gather";
 
 /// The PTX module compiled from `cuda/fused_csr.cu` (117 kernels).
 pub const FUSED_CSR: PtxModule = PtxModule {
     name: "fused_csr",
     ptx: include_str!("../ptx/fused_csr.ptx"),
     kernels: &[
-        FUSED_CSR_MERGE_F32,
-        FUSED_CSR_F32_V1_N1,
-        FUSED_CSR_F32_V1_N1_X,
-        FUSED_CSR_F32_V1_N1_XF,
-        FUSED_CSR_F32_V1_N2,
-        FUSED_CSR_F32_V1_N2_X,
-        FUSED_CSR_F32_V1_N2_XF,
-        FUSED_CSR_F32_V1_N4,
-        FUSED_CSR_F32_V1_N4_X,
-        FUSED_CSR_F32_V1_N4_XF,
-        FUSED_CSR_F32_V2_N1,
-        FUSED_CSR_F32_V2_N1_X,
-        FUSED_CSR_F32_V2_N1_XF,
-        FUSED_CSR_F32_V2_N2,
-        FUSED_CSR_F32_V2_N2_X,
-        FUSED_CSR_F32_V2_N2_XF,
-        FUSED_CSR_F32_V2_N4,
-        FUSED_CSR_F32_V2_N4_X,
-        FUSED_CSR_F32_V2_N4_XF,
-        FUSED_CSR_F32_V4_N1_T2,
-        FUSED_CSR_F32_V4_N1_T2_X,
-        FUSED_CSR_F32_V4_N1_T2_XF,
-        FUSED_CSR_F32_V4_N1,
-        FUSED_CSR_F32_V4_N1_X,
-        FUSED_CSR_F32_V4_N1_XF,
-        FUSED_CSR_F32_V4_N2,
-        FUSED_CSR_F32_V4_N2_X,
-        FUSED_CSR_F32_V4_N2_XF,
-        FUSED_CSR_F32_V4_N4,
-        FUSED_CSR_F32_V4_N4_X,
-        FUSED_CSR_F32_V4_N4_XF,
-        FUSED_CSR_MERGE_F16,
-        FUSED_CSR_F16_V1_N1,
-        FUSED_CSR_F16_V1_N1_X,
-        FUSED_CSR_F16_V1_N1_XF,
-        FUSED_CSR_F16_V1_N2,
-        FUSED_CSR_F16_V1_N2_X,
-        FUSED_CSR_F16_V1_N2_XF,
-        FUSED_CSR_F16_V1_N4,
-        FUSED_CSR_F16_V1_N4_X,
-        FUSED_CSR_F16_V1_N4_XF,
-        FUSED_CSR_F16_V2_N1,
-        FUSED_CSR_F16_V2_N1_X,
-        FUSED_CSR_F16_V2_N1_XF,
-        FUSED_CSR_F16_V2_N2,
-        FUSED_CSR_F16_V2_N2_X,
-        FUSED_CSR_F16_V2_N2_XF,
-        FUSED_CSR_F16_V2_N4,
-        FUSED_CSR_F16_V2_N4_X,
-        FUSED_CSR_F16_V2_N4_XF,
-        FUSED_CSR_F16_V4_N1_T2,
-        FUSED_CSR_F16_V4_N1_T2_X,
-        FUSED_CSR_F16_V4_N1_T2_XF,
-        FUSED_CSR_F16_V4_N1,
-        FUSED_CSR_F16_V4_N1_X,
-        FUSED_CSR_F16_V4_N1_XF,
-        FUSED_CSR_F16_V4_N2,
-        FUSED_CSR_F16_V4_N2_X,
-        FUSED_CSR_F16_V4_N2_XF,
-        FUSED_CSR_F16_V4_N4,
-        FUSED_CSR_F16_V4_N4_X,
-        FUSED_CSR_F16_V4_N4_XF,
-        FUSED_CSR_MERGE_BF16,
-        FUSED_CSR_BF16_V1_N1,
-        FUSED_CSR_BF16_V1_N1_X,
-        FUSED_CSR_BF16_V1_N1_XF,
-        FUSED_CSR_BF16_V1_N2,
-        FUSED_CSR_BF16_V1_N2_X,
-        FUSED_CSR_BF16_V1_N2_XF,
-        FUSED_CSR_BF16_V1_N4,
-        FUSED_CSR_BF16_V1_N4_X,
-        FUSED_CSR_BF16_V1_N4_XF,
-        FUSED_CSR_BF16_V2_N1,
-        FUSED_CSR_BF16_V2_N1_X,
-        FUSED_CSR_BF16_V2_N1_XF,
-        FUSED_CSR_BF16_V2_N2,
-        FUSED_CSR_BF16_V2_N2_X,
-        FUSED_CSR_BF16_V2_N2_XF,
-        FUSED_CSR_BF16_V2_N4,
-        FUSED_CSR_BF16_V2_N4_X,
-        FUSED_CSR_BF16_V2_N4_XF,
-        FUSED_CSR_BF16_V4_N1_T2,
-        FUSED_CSR_BF16_V4_N1_T2_X,
-        FUSED_CSR_BF16_V4_N1_T2_XF,
-        FUSED_CSR_BF16_V4_N1,
-        FUSED_CSR_BF16_V4_N1_X,
-        FUSED_CSR_BF16_V4_N1_XF,
-        FUSED_CSR_BF16_V4_N2,
-        FUSED_CSR_BF16_V4_N2_X,
-        FUSED_CSR_BF16_V4_N2_XF,
-        FUSED_CSR_BF16_V4_N4,
-        FUSED_CSR_BF16_V4_N4_X,
-        FUSED_CSR_BF16_V4_N4_XF,
-        FUSED_CSR_F16_V8_N1_T2,
-        FUSED_CSR_F16_V8_N1_T2_X,
-        FUSED_CSR_F16_V8_N1_T2_XF,
-        FUSED_CSR_F16_V8_N1,
-        FUSED_CSR_F16_V8_N1_X,
-        FUSED_CSR_F16_V8_N1_XF,
-        FUSED_CSR_F16_V8_N2,
-        FUSED_CSR_F16_V8_N2_X,
-        FUSED_CSR_F16_V8_N2_XF,
-        FUSED_CSR_F16_V8_N4,
-        FUSED_CSR_F16_V8_N4_X,
-        FUSED_CSR_F16_V8_N4_XF,
-        FUSED_CSR_BF16_V8_N1_T2,
-        FUSED_CSR_BF16_V8_N1_T2_X,
-        FUSED_CSR_BF16_V8_N1_T2_XF,
-        FUSED_CSR_BF16_V8_N1,
-        FUSED_CSR_BF16_V8_N1_X,
-        FUSED_CSR_BF16_V8_N1_XF,
-        FUSED_CSR_BF16_V8_N2,
-        FUSED_CSR_BF16_V8_N2_X,
-        FUSED_CSR_BF16_V8_N2_XF,
-        FUSED_CSR_BF16_V8_N4,
-        FUSED_CSR_BF16_V8_N4_X,
-        FUSED_CSR_BF16_V8_N4_XF,
+        "fused_csr_merge_f32",
+        "fused_csr_f32_v1_n1",
+        "fused_csr_f32_v1_n1_x",
+        "fused_csr_f32_v1_n1_xf",
+        "fused_csr_f32_v1_n2",
+        "fused_csr_f32_v1_n2_x",
+        "fused_csr_f32_v1_n2_xf",
+        "fused_csr_f32_v1_n4",
+        "fused_csr_f32_v1_n4_x",
+        "fused_csr_f32_v1_n4_xf",
+        "fused_csr_f32_v2_n1",
+        "fused_csr_f32_v2_n1_x",
+        "fused_csr_f32_v2_n1_xf",
+        "fused_csr_f32_v2_n2",
+        "fused_csr_f32_v2_n2_x",
+        "fused_csr_f32_v2_n2_xf",
+        "fused_csr_f32_v2_n4",
+        "fused_csr_f32_v2_n4_x",
+        "fused_csr_f32_v2_n4_xf",
+        "fused_csr_f32_v4_n1_t2",
+        "fused_csr_f32_v4_n1_t2_x",
+        "fused_csr_f32_v4_n1_t2_xf",
+        "fused_csr_f32_v4_n1",
+        "fused_csr_f32_v4_n1_x",
+        "fused_csr_f32_v4_n1_xf",
+        "fused_csr_f32_v4_n2",
+        "fused_csr_f32_v4_n2_x",
+        "fused_csr_f32_v4_n2_xf",
+        "fused_csr_f32_v4_n4",
+        "fused_csr_f32_v4_n4_x",
+        "fused_csr_f32_v4_n4_xf",
+        "fused_csr_merge_f16",
+        "fused_csr_f16_v1_n1",
+        "fused_csr_f16_v1_n1_x",
+        "fused_csr_f16_v1_n1_xf",
+        "fused_csr_f16_v1_n2",
+        "fused_csr_f16_v1_n2_x",
+        "fused_csr_f16_v1_n2_xf",
+        "fused_csr_f16_v1_n4",
+        "fused_csr_f16_v1_n4_x",
+        "fused_csr_f16_v1_n4_xf",
+        "fused_csr_f16_v2_n1",
+        "fused_csr_f16_v2_n1_x",
+        "fused_csr_f16_v2_n1_xf",
+        "fused_csr_f16_v2_n2",
+        "fused_csr_f16_v2_n2_x",
+        "fused_csr_f16_v2_n2_xf",
+        "fused_csr_f16_v2_n4",
+        "fused_csr_f16_v2_n4_x",
+        "fused_csr_f16_v2_n4_xf",
+        "fused_csr_f16_v4_n1_t2",
+        "fused_csr_f16_v4_n1_t2_x",
+        "fused_csr_f16_v4_n1_t2_xf",
+        "fused_csr_f16_v4_n1",
+        "fused_csr_f16_v4_n1_x",
+        "fused_csr_f16_v4_n1_xf",
+        "fused_csr_f16_v4_n2",
+        "fused_csr_f16_v4_n2_x",
+        "fused_csr_f16_v4_n2_xf",
+        "fused_csr_f16_v4_n4",
+        "fused_csr_f16_v4_n4_x",
+        "fused_csr_f16_v4_n4_xf",
+        "fused_csr_merge_bf16",
+        "fused_csr_bf16_v1_n1",
+        "fused_csr_bf16_v1_n1_x",
+        "fused_csr_bf16_v1_n1_xf",
+        "fused_csr_bf16_v1_n2",
+        "fused_csr_bf16_v1_n2_x",
+        "fused_csr_bf16_v1_n2_xf",
+        "fused_csr_bf16_v1_n4",
+        "fused_csr_bf16_v1_n4_x",
+        "fused_csr_bf16_v1_n4_xf",
+        "fused_csr_bf16_v2_n1",
+        "fused_csr_bf16_v2_n1_x",
+        "fused_csr_bf16_v2_n1_xf",
+        "fused_csr_bf16_v2_n2",
+        "fused_csr_bf16_v2_n2_x",
+        "fused_csr_bf16_v2_n2_xf",
+        "fused_csr_bf16_v2_n4",
+        "fused_csr_bf16_v2_n4_x",
+        "fused_csr_bf16_v2_n4_xf",
+        "fused_csr_bf16_v4_n1_t2",
+        "fused_csr_bf16_v4_n1_t2_x",
+        "fused_csr_bf16_v4_n1_t2_xf",
+        "fused_csr_bf16_v4_n1",
+        "fused_csr_bf16_v4_n1_x",
+        "fused_csr_bf16_v4_n1_xf",
+        "fused_csr_bf16_v4_n2",
+        "fused_csr_bf16_v4_n2_x",
+        "fused_csr_bf16_v4_n2_xf",
+        "fused_csr_bf16_v4_n4",
+        "fused_csr_bf16_v4_n4_x",
+        "fused_csr_bf16_v4_n4_xf",
+        "fused_csr_f16_v8_n1_t2",
+        "fused_csr_f16_v8_n1_t2_x",
+        "fused_csr_f16_v8_n1_t2_xf",
+        "fused_csr_f16_v8_n1",
+        "fused_csr_f16_v8_n1_x",
+        "fused_csr_f16_v8_n1_xf",
+        "fused_csr_f16_v8_n2",
+        "fused_csr_f16_v8_n2_x",
+        "fused_csr_f16_v8_n2_xf",
+        "fused_csr_f16_v8_n4",
+        "fused_csr_f16_v8_n4_x",
+        "fused_csr_f16_v8_n4_xf",
+        "fused_csr_bf16_v8_n1_t2",
+        "fused_csr_bf16_v8_n1_t2_x",
+        "fused_csr_bf16_v8_n1_t2_xf",
+        "fused_csr_bf16_v8_n1",
+        "fused_csr_bf16_v8_n1_x",
+        "fused_csr_bf16_v8_n1_xf",
+        "fused_csr_bf16_v8_n2",
+        "fused_csr_bf16_v8_n2_x",
+        "fused_csr_bf16_v8_n2_xf",
+        "fused_csr_bf16_v8_n4",
+        "fused_csr_bf16_v8_n4_x",
+        "fused_csr_bf16_v8_n4_xf",
     ],
 };
-
-/// Kernel `fused_csr_merge_f32` of [`FUSED_CSR`].
-pub const FUSED_CSR_MERGE_F32: &str = "fused_csr_merge_f32";
-
-/// Kernel `fused_csr_f32_v1_n1` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V1_N1: &str = "fused_csr_f32_v1_n1";
-
-/// Kernel `fused_csr_f32_v1_n1_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V1_N1_X: &str = "fused_csr_f32_v1_n1_x";
-
-/// Kernel `fused_csr_f32_v1_n1_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V1_N1_XF: &str = "fused_csr_f32_v1_n1_xf";
-
-/// Kernel `fused_csr_f32_v1_n2` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V1_N2: &str = "fused_csr_f32_v1_n2";
-
-/// Kernel `fused_csr_f32_v1_n2_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V1_N2_X: &str = "fused_csr_f32_v1_n2_x";
-
-/// Kernel `fused_csr_f32_v1_n2_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V1_N2_XF: &str = "fused_csr_f32_v1_n2_xf";
-
-/// Kernel `fused_csr_f32_v1_n4` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V1_N4: &str = "fused_csr_f32_v1_n4";
-
-/// Kernel `fused_csr_f32_v1_n4_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V1_N4_X: &str = "fused_csr_f32_v1_n4_x";
-
-/// Kernel `fused_csr_f32_v1_n4_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V1_N4_XF: &str = "fused_csr_f32_v1_n4_xf";
-
-/// Kernel `fused_csr_f32_v2_n1` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V2_N1: &str = "fused_csr_f32_v2_n1";
-
-/// Kernel `fused_csr_f32_v2_n1_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V2_N1_X: &str = "fused_csr_f32_v2_n1_x";
-
-/// Kernel `fused_csr_f32_v2_n1_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V2_N1_XF: &str = "fused_csr_f32_v2_n1_xf";
-
-/// Kernel `fused_csr_f32_v2_n2` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V2_N2: &str = "fused_csr_f32_v2_n2";
-
-/// Kernel `fused_csr_f32_v2_n2_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V2_N2_X: &str = "fused_csr_f32_v2_n2_x";
-
-/// Kernel `fused_csr_f32_v2_n2_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V2_N2_XF: &str = "fused_csr_f32_v2_n2_xf";
-
-/// Kernel `fused_csr_f32_v2_n4` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V2_N4: &str = "fused_csr_f32_v2_n4";
-
-/// Kernel `fused_csr_f32_v2_n4_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V2_N4_X: &str = "fused_csr_f32_v2_n4_x";
-
-/// Kernel `fused_csr_f32_v2_n4_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V2_N4_XF: &str = "fused_csr_f32_v2_n4_xf";
-
-/// Kernel `fused_csr_f32_v4_n1_t2` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V4_N1_T2: &str = "fused_csr_f32_v4_n1_t2";
-
-/// Kernel `fused_csr_f32_v4_n1_t2_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V4_N1_T2_X: &str = "fused_csr_f32_v4_n1_t2_x";
-
-/// Kernel `fused_csr_f32_v4_n1_t2_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V4_N1_T2_XF: &str = "fused_csr_f32_v4_n1_t2_xf";
-
-/// Kernel `fused_csr_f32_v4_n1` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V4_N1: &str = "fused_csr_f32_v4_n1";
-
-/// Kernel `fused_csr_f32_v4_n1_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V4_N1_X: &str = "fused_csr_f32_v4_n1_x";
-
-/// Kernel `fused_csr_f32_v4_n1_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V4_N1_XF: &str = "fused_csr_f32_v4_n1_xf";
-
-/// Kernel `fused_csr_f32_v4_n2` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V4_N2: &str = "fused_csr_f32_v4_n2";
-
-/// Kernel `fused_csr_f32_v4_n2_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V4_N2_X: &str = "fused_csr_f32_v4_n2_x";
-
-/// Kernel `fused_csr_f32_v4_n2_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V4_N2_XF: &str = "fused_csr_f32_v4_n2_xf";
-
-/// Kernel `fused_csr_f32_v4_n4` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V4_N4: &str = "fused_csr_f32_v4_n4";
-
-/// Kernel `fused_csr_f32_v4_n4_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V4_N4_X: &str = "fused_csr_f32_v4_n4_x";
-
-/// Kernel `fused_csr_f32_v4_n4_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_F32_V4_N4_XF: &str = "fused_csr_f32_v4_n4_xf";
-
-/// Kernel `fused_csr_merge_f16` of [`FUSED_CSR`].
-pub const FUSED_CSR_MERGE_F16: &str = "fused_csr_merge_f16";
-
-/// Kernel `fused_csr_f16_v1_n1` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V1_N1: &str = "fused_csr_f16_v1_n1";
-
-/// Kernel `fused_csr_f16_v1_n1_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V1_N1_X: &str = "fused_csr_f16_v1_n1_x";
-
-/// Kernel `fused_csr_f16_v1_n1_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V1_N1_XF: &str = "fused_csr_f16_v1_n1_xf";
-
-/// Kernel `fused_csr_f16_v1_n2` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V1_N2: &str = "fused_csr_f16_v1_n2";
-
-/// Kernel `fused_csr_f16_v1_n2_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V1_N2_X: &str = "fused_csr_f16_v1_n2_x";
-
-/// Kernel `fused_csr_f16_v1_n2_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V1_N2_XF: &str = "fused_csr_f16_v1_n2_xf";
-
-/// Kernel `fused_csr_f16_v1_n4` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V1_N4: &str = "fused_csr_f16_v1_n4";
-
-/// Kernel `fused_csr_f16_v1_n4_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V1_N4_X: &str = "fused_csr_f16_v1_n4_x";
-
-/// Kernel `fused_csr_f16_v1_n4_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V1_N4_XF: &str = "fused_csr_f16_v1_n4_xf";
-
-/// Kernel `fused_csr_f16_v2_n1` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V2_N1: &str = "fused_csr_f16_v2_n1";
-
-/// Kernel `fused_csr_f16_v2_n1_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V2_N1_X: &str = "fused_csr_f16_v2_n1_x";
-
-/// Kernel `fused_csr_f16_v2_n1_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V2_N1_XF: &str = "fused_csr_f16_v2_n1_xf";
-
-/// Kernel `fused_csr_f16_v2_n2` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V2_N2: &str = "fused_csr_f16_v2_n2";
-
-/// Kernel `fused_csr_f16_v2_n2_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V2_N2_X: &str = "fused_csr_f16_v2_n2_x";
-
-/// Kernel `fused_csr_f16_v2_n2_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V2_N2_XF: &str = "fused_csr_f16_v2_n2_xf";
-
-/// Kernel `fused_csr_f16_v2_n4` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V2_N4: &str = "fused_csr_f16_v2_n4";
-
-/// Kernel `fused_csr_f16_v2_n4_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V2_N4_X: &str = "fused_csr_f16_v2_n4_x";
-
-/// Kernel `fused_csr_f16_v2_n4_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V2_N4_XF: &str = "fused_csr_f16_v2_n4_xf";
-
-/// Kernel `fused_csr_f16_v4_n1_t2` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V4_N1_T2: &str = "fused_csr_f16_v4_n1_t2";
-
-/// Kernel `fused_csr_f16_v4_n1_t2_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V4_N1_T2_X: &str = "fused_csr_f16_v4_n1_t2_x";
-
-/// Kernel `fused_csr_f16_v4_n1_t2_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V4_N1_T2_XF: &str = "fused_csr_f16_v4_n1_t2_xf";
-
-/// Kernel `fused_csr_f16_v4_n1` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V4_N1: &str = "fused_csr_f16_v4_n1";
-
-/// Kernel `fused_csr_f16_v4_n1_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V4_N1_X: &str = "fused_csr_f16_v4_n1_x";
-
-/// Kernel `fused_csr_f16_v4_n1_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V4_N1_XF: &str = "fused_csr_f16_v4_n1_xf";
-
-/// Kernel `fused_csr_f16_v4_n2` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V4_N2: &str = "fused_csr_f16_v4_n2";
-
-/// Kernel `fused_csr_f16_v4_n2_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V4_N2_X: &str = "fused_csr_f16_v4_n2_x";
-
-/// Kernel `fused_csr_f16_v4_n2_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V4_N2_XF: &str = "fused_csr_f16_v4_n2_xf";
-
-/// Kernel `fused_csr_f16_v4_n4` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V4_N4: &str = "fused_csr_f16_v4_n4";
-
-/// Kernel `fused_csr_f16_v4_n4_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V4_N4_X: &str = "fused_csr_f16_v4_n4_x";
-
-/// Kernel `fused_csr_f16_v4_n4_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V4_N4_XF: &str = "fused_csr_f16_v4_n4_xf";
-
-/// Kernel `fused_csr_merge_bf16` of [`FUSED_CSR`].
-pub const FUSED_CSR_MERGE_BF16: &str = "fused_csr_merge_bf16";
-
-/// Kernel `fused_csr_bf16_v1_n1` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V1_N1: &str = "fused_csr_bf16_v1_n1";
-
-/// Kernel `fused_csr_bf16_v1_n1_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V1_N1_X: &str = "fused_csr_bf16_v1_n1_x";
-
-/// Kernel `fused_csr_bf16_v1_n1_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V1_N1_XF: &str = "fused_csr_bf16_v1_n1_xf";
-
-/// Kernel `fused_csr_bf16_v1_n2` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V1_N2: &str = "fused_csr_bf16_v1_n2";
-
-/// Kernel `fused_csr_bf16_v1_n2_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V1_N2_X: &str = "fused_csr_bf16_v1_n2_x";
-
-/// Kernel `fused_csr_bf16_v1_n2_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V1_N2_XF: &str = "fused_csr_bf16_v1_n2_xf";
-
-/// Kernel `fused_csr_bf16_v1_n4` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V1_N4: &str = "fused_csr_bf16_v1_n4";
-
-/// Kernel `fused_csr_bf16_v1_n4_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V1_N4_X: &str = "fused_csr_bf16_v1_n4_x";
-
-/// Kernel `fused_csr_bf16_v1_n4_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V1_N4_XF: &str = "fused_csr_bf16_v1_n4_xf";
-
-/// Kernel `fused_csr_bf16_v2_n1` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V2_N1: &str = "fused_csr_bf16_v2_n1";
-
-/// Kernel `fused_csr_bf16_v2_n1_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V2_N1_X: &str = "fused_csr_bf16_v2_n1_x";
-
-/// Kernel `fused_csr_bf16_v2_n1_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V2_N1_XF: &str = "fused_csr_bf16_v2_n1_xf";
-
-/// Kernel `fused_csr_bf16_v2_n2` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V2_N2: &str = "fused_csr_bf16_v2_n2";
-
-/// Kernel `fused_csr_bf16_v2_n2_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V2_N2_X: &str = "fused_csr_bf16_v2_n2_x";
-
-/// Kernel `fused_csr_bf16_v2_n2_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V2_N2_XF: &str = "fused_csr_bf16_v2_n2_xf";
-
-/// Kernel `fused_csr_bf16_v2_n4` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V2_N4: &str = "fused_csr_bf16_v2_n4";
-
-/// Kernel `fused_csr_bf16_v2_n4_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V2_N4_X: &str = "fused_csr_bf16_v2_n4_x";
-
-/// Kernel `fused_csr_bf16_v2_n4_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V2_N4_XF: &str = "fused_csr_bf16_v2_n4_xf";
-
-/// Kernel `fused_csr_bf16_v4_n1_t2` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V4_N1_T2: &str = "fused_csr_bf16_v4_n1_t2";
-
-/// Kernel `fused_csr_bf16_v4_n1_t2_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V4_N1_T2_X: &str = "fused_csr_bf16_v4_n1_t2_x";
-
-/// Kernel `fused_csr_bf16_v4_n1_t2_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V4_N1_T2_XF: &str = "fused_csr_bf16_v4_n1_t2_xf";
-
-/// Kernel `fused_csr_bf16_v4_n1` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V4_N1: &str = "fused_csr_bf16_v4_n1";
-
-/// Kernel `fused_csr_bf16_v4_n1_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V4_N1_X: &str = "fused_csr_bf16_v4_n1_x";
-
-/// Kernel `fused_csr_bf16_v4_n1_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V4_N1_XF: &str = "fused_csr_bf16_v4_n1_xf";
-
-/// Kernel `fused_csr_bf16_v4_n2` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V4_N2: &str = "fused_csr_bf16_v4_n2";
-
-/// Kernel `fused_csr_bf16_v4_n2_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V4_N2_X: &str = "fused_csr_bf16_v4_n2_x";
-
-/// Kernel `fused_csr_bf16_v4_n2_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V4_N2_XF: &str = "fused_csr_bf16_v4_n2_xf";
-
-/// Kernel `fused_csr_bf16_v4_n4` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V4_N4: &str = "fused_csr_bf16_v4_n4";
-
-/// Kernel `fused_csr_bf16_v4_n4_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V4_N4_X: &str = "fused_csr_bf16_v4_n4_x";
-
-/// Kernel `fused_csr_bf16_v4_n4_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V4_N4_XF: &str = "fused_csr_bf16_v4_n4_xf";
-
-/// Kernel `fused_csr_f16_v8_n1_t2` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V8_N1_T2: &str = "fused_csr_f16_v8_n1_t2";
-
-/// Kernel `fused_csr_f16_v8_n1_t2_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V8_N1_T2_X: &str = "fused_csr_f16_v8_n1_t2_x";
-
-/// Kernel `fused_csr_f16_v8_n1_t2_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V8_N1_T2_XF: &str = "fused_csr_f16_v8_n1_t2_xf";
-
-/// Kernel `fused_csr_f16_v8_n1` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V8_N1: &str = "fused_csr_f16_v8_n1";
-
-/// Kernel `fused_csr_f16_v8_n1_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V8_N1_X: &str = "fused_csr_f16_v8_n1_x";
-
-/// Kernel `fused_csr_f16_v8_n1_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V8_N1_XF: &str = "fused_csr_f16_v8_n1_xf";
-
-/// Kernel `fused_csr_f16_v8_n2` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V8_N2: &str = "fused_csr_f16_v8_n2";
-
-/// Kernel `fused_csr_f16_v8_n2_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V8_N2_X: &str = "fused_csr_f16_v8_n2_x";
-
-/// Kernel `fused_csr_f16_v8_n2_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V8_N2_XF: &str = "fused_csr_f16_v8_n2_xf";
-
-/// Kernel `fused_csr_f16_v8_n4` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V8_N4: &str = "fused_csr_f16_v8_n4";
-
-/// Kernel `fused_csr_f16_v8_n4_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V8_N4_X: &str = "fused_csr_f16_v8_n4_x";
-
-/// Kernel `fused_csr_f16_v8_n4_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_F16_V8_N4_XF: &str = "fused_csr_f16_v8_n4_xf";
-
-/// Kernel `fused_csr_bf16_v8_n1_t2` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V8_N1_T2: &str = "fused_csr_bf16_v8_n1_t2";
-
-/// Kernel `fused_csr_bf16_v8_n1_t2_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V8_N1_T2_X: &str = "fused_csr_bf16_v8_n1_t2_x";
-
-/// Kernel `fused_csr_bf16_v8_n1_t2_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V8_N1_T2_XF: &str = "fused_csr_bf16_v8_n1_t2_xf";
-
-/// Kernel `fused_csr_bf16_v8_n1` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V8_N1: &str = "fused_csr_bf16_v8_n1";
-
-/// Kernel `fused_csr_bf16_v8_n1_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V8_N1_X: &str = "fused_csr_bf16_v8_n1_x";
-
-/// Kernel `fused_csr_bf16_v8_n1_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V8_N1_XF: &str = "fused_csr_bf16_v8_n1_xf";
-
-/// Kernel `fused_csr_bf16_v8_n2` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V8_N2: &str = "fused_csr_bf16_v8_n2";
-
-/// Kernel `fused_csr_bf16_v8_n2_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V8_N2_X: &str = "fused_csr_bf16_v8_n2_x";
-
-/// Kernel `fused_csr_bf16_v8_n2_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V8_N2_XF: &str = "fused_csr_bf16_v8_n2_xf";
-
-/// Kernel `fused_csr_bf16_v8_n4` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V8_N4: &str = "fused_csr_bf16_v8_n4";
-
-/// Kernel `fused_csr_bf16_v8_n4_x` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V8_N4_X: &str = "fused_csr_bf16_v8_n4_x";
-
-/// Kernel `fused_csr_bf16_v8_n4_xf` of [`FUSED_CSR`].
-pub const FUSED_CSR_BF16_V8_N4_XF: &str = "fused_csr_bf16_v8_n4_xf";
 
 /// The PTX module compiled from `cuda/hybrid.cu` (72 kernels).
 pub const HYBRID: PtxModule = PtxModule {
     name: "hybrid",
     ptx: include_str!("../ptx/hybrid.ptx"),
     kernels: &[
-        FUSED_HYBRID_F16_S32,
-        FUSED_HYBRID_F16_S32_X,
-        SPMM_HYBRID_F16_S32,
-        FUSED_HYBRID_F16_S32_SCALAR,
-        FUSED_HYBRID_F16_S32_SCALAR_X,
-        SPMM_HYBRID_F16_S32_SCALAR,
-        FUSED_HYBRID_F16_S64,
-        FUSED_HYBRID_F16_S64_X,
-        SPMM_HYBRID_F16_S64,
-        FUSED_HYBRID_F16_S64_SCALAR,
-        FUSED_HYBRID_F16_S64_SCALAR_X,
-        SPMM_HYBRID_F16_S64_SCALAR,
-        FUSED_HYBRID_F16_S128,
-        FUSED_HYBRID_F16_S128_X,
-        SPMM_HYBRID_F16_S128,
-        FUSED_HYBRID_F16_S128_SCALAR,
-        FUSED_HYBRID_F16_S128_SCALAR_X,
-        SPMM_HYBRID_F16_S128_SCALAR,
-        FUSED_HYBRID_BF16_S32,
-        FUSED_HYBRID_BF16_S32_X,
-        SPMM_HYBRID_BF16_S32,
-        FUSED_HYBRID_BF16_S32_SCALAR,
-        FUSED_HYBRID_BF16_S32_SCALAR_X,
-        SPMM_HYBRID_BF16_S32_SCALAR,
-        FUSED_HYBRID_BF16_S64,
-        FUSED_HYBRID_BF16_S64_X,
-        SPMM_HYBRID_BF16_S64,
-        FUSED_HYBRID_BF16_S64_SCALAR,
-        FUSED_HYBRID_BF16_S64_SCALAR_X,
-        SPMM_HYBRID_BF16_S64_SCALAR,
-        FUSED_HYBRID_BF16_S128,
-        FUSED_HYBRID_BF16_S128_X,
-        SPMM_HYBRID_BF16_S128,
-        FUSED_HYBRID_BF16_S128_SCALAR,
-        FUSED_HYBRID_BF16_S128_SCALAR_X,
-        SPMM_HYBRID_BF16_S128_SCALAR,
-        FUSED_HYBRID_F32_S32,
-        FUSED_HYBRID_F32_S32_X,
-        SPMM_HYBRID_F32_S32,
-        FUSED_HYBRID_F32_S32_SCALAR,
-        FUSED_HYBRID_F32_S32_SCALAR_X,
-        SPMM_HYBRID_F32_S32_SCALAR,
-        FUSED_HYBRID_F32_S64,
-        FUSED_HYBRID_F32_S64_X,
-        SPMM_HYBRID_F32_S64,
-        FUSED_HYBRID_F32_S64_SCALAR,
-        FUSED_HYBRID_F32_S64_SCALAR_X,
-        SPMM_HYBRID_F32_S64_SCALAR,
-        FUSED_HYBRID_F16_D64_PIPE_X,
-        FUSED_HYBRID_F16_D64_PIPE_TC_X,
-        FUSED_HYBRID_F16_D64_PIPE,
-        SPMM_HYBRID_F16_D64_PIPE,
-        FUSED_HYBRID_F16_D64_PIPE_TC,
-        SPMM_HYBRID_F16_D64_PIPE_TC,
-        FUSED_HYBRID_F16_D128_PIPE_X,
-        FUSED_HYBRID_F16_D128_PIPE_TC_X,
-        FUSED_HYBRID_F16_D128_PIPE,
-        SPMM_HYBRID_F16_D128_PIPE,
-        FUSED_HYBRID_F16_D128_PIPE_TC,
-        SPMM_HYBRID_F16_D128_PIPE_TC,
-        FUSED_HYBRID_BF16_D64_PIPE_X,
-        FUSED_HYBRID_BF16_D64_PIPE_TC_X,
-        FUSED_HYBRID_BF16_D64_PIPE,
-        SPMM_HYBRID_BF16_D64_PIPE,
-        FUSED_HYBRID_BF16_D64_PIPE_TC,
-        SPMM_HYBRID_BF16_D64_PIPE_TC,
-        FUSED_HYBRID_BF16_D128_PIPE_X,
-        FUSED_HYBRID_BF16_D128_PIPE_TC_X,
-        FUSED_HYBRID_BF16_D128_PIPE,
-        SPMM_HYBRID_BF16_D128_PIPE,
-        FUSED_HYBRID_BF16_D128_PIPE_TC,
-        SPMM_HYBRID_BF16_D128_PIPE_TC,
+        "fused_hybrid_f16_s32",
+        "fused_hybrid_f16_s32_x",
+        "spmm_hybrid_f16_s32",
+        "fused_hybrid_f16_s32_scalar",
+        "fused_hybrid_f16_s32_scalar_x",
+        "spmm_hybrid_f16_s32_scalar",
+        "fused_hybrid_f16_s64",
+        "fused_hybrid_f16_s64_x",
+        "spmm_hybrid_f16_s64",
+        "fused_hybrid_f16_s64_scalar",
+        "fused_hybrid_f16_s64_scalar_x",
+        "spmm_hybrid_f16_s64_scalar",
+        "fused_hybrid_f16_s128",
+        "fused_hybrid_f16_s128_x",
+        "spmm_hybrid_f16_s128",
+        "fused_hybrid_f16_s128_scalar",
+        "fused_hybrid_f16_s128_scalar_x",
+        "spmm_hybrid_f16_s128_scalar",
+        "fused_hybrid_bf16_s32",
+        "fused_hybrid_bf16_s32_x",
+        "spmm_hybrid_bf16_s32",
+        "fused_hybrid_bf16_s32_scalar",
+        "fused_hybrid_bf16_s32_scalar_x",
+        "spmm_hybrid_bf16_s32_scalar",
+        "fused_hybrid_bf16_s64",
+        "fused_hybrid_bf16_s64_x",
+        "spmm_hybrid_bf16_s64",
+        "fused_hybrid_bf16_s64_scalar",
+        "fused_hybrid_bf16_s64_scalar_x",
+        "spmm_hybrid_bf16_s64_scalar",
+        "fused_hybrid_bf16_s128",
+        "fused_hybrid_bf16_s128_x",
+        "spmm_hybrid_bf16_s128",
+        "fused_hybrid_bf16_s128_scalar",
+        "fused_hybrid_bf16_s128_scalar_x",
+        "spmm_hybrid_bf16_s128_scalar",
+        "fused_hybrid_f32_s32",
+        "fused_hybrid_f32_s32_x",
+        "spmm_hybrid_f32_s32",
+        "fused_hybrid_f32_s32_scalar",
+        "fused_hybrid_f32_s32_scalar_x",
+        "spmm_hybrid_f32_s32_scalar",
+        "fused_hybrid_f32_s64",
+        "fused_hybrid_f32_s64_x",
+        "spmm_hybrid_f32_s64",
+        "fused_hybrid_f32_s64_scalar",
+        "fused_hybrid_f32_s64_scalar_x",
+        "spmm_hybrid_f32_s64_scalar",
+        "fused_hybrid_f16_d64_pipe_x",
+        "fused_hybrid_f16_d64_pipe_tc_x",
+        "fused_hybrid_f16_d64_pipe",
+        "spmm_hybrid_f16_d64_pipe",
+        "fused_hybrid_f16_d64_pipe_tc",
+        "spmm_hybrid_f16_d64_pipe_tc",
+        "fused_hybrid_f16_d128_pipe_x",
+        "fused_hybrid_f16_d128_pipe_tc_x",
+        "fused_hybrid_f16_d128_pipe",
+        "spmm_hybrid_f16_d128_pipe",
+        "fused_hybrid_f16_d128_pipe_tc",
+        "spmm_hybrid_f16_d128_pipe_tc",
+        "fused_hybrid_bf16_d64_pipe_x",
+        "fused_hybrid_bf16_d64_pipe_tc_x",
+        "fused_hybrid_bf16_d64_pipe",
+        "spmm_hybrid_bf16_d64_pipe",
+        "fused_hybrid_bf16_d64_pipe_tc",
+        "spmm_hybrid_bf16_d64_pipe_tc",
+        "fused_hybrid_bf16_d128_pipe_x",
+        "fused_hybrid_bf16_d128_pipe_tc_x",
+        "fused_hybrid_bf16_d128_pipe",
+        "spmm_hybrid_bf16_d128_pipe",
+        "fused_hybrid_bf16_d128_pipe_tc",
+        "spmm_hybrid_bf16_d128_pipe_tc",
     ],
 };
-
-/// Kernel `fused_hybrid_f16_s32` of [`HYBRID`].
-pub const FUSED_HYBRID_F16_S32: &str = "fused_hybrid_f16_s32";
-
-/// Kernel `fused_hybrid_f16_s32_x` of [`HYBRID`].
-pub const FUSED_HYBRID_F16_S32_X: &str = "fused_hybrid_f16_s32_x";
-
-/// Kernel `spmm_hybrid_f16_s32` of [`HYBRID`].
-pub const SPMM_HYBRID_F16_S32: &str = "spmm_hybrid_f16_s32";
-
-/// Kernel `fused_hybrid_f16_s32_scalar` of [`HYBRID`].
-pub const FUSED_HYBRID_F16_S32_SCALAR: &str = "fused_hybrid_f16_s32_scalar";
-
-/// Kernel `fused_hybrid_f16_s32_scalar_x` of [`HYBRID`].
-pub const FUSED_HYBRID_F16_S32_SCALAR_X: &str = "fused_hybrid_f16_s32_scalar_x";
-
-/// Kernel `spmm_hybrid_f16_s32_scalar` of [`HYBRID`].
-pub const SPMM_HYBRID_F16_S32_SCALAR: &str = "spmm_hybrid_f16_s32_scalar";
-
-/// Kernel `fused_hybrid_f16_s64` of [`HYBRID`].
-pub const FUSED_HYBRID_F16_S64: &str = "fused_hybrid_f16_s64";
-
-/// Kernel `fused_hybrid_f16_s64_x` of [`HYBRID`].
-pub const FUSED_HYBRID_F16_S64_X: &str = "fused_hybrid_f16_s64_x";
-
-/// Kernel `spmm_hybrid_f16_s64` of [`HYBRID`].
-pub const SPMM_HYBRID_F16_S64: &str = "spmm_hybrid_f16_s64";
-
-/// Kernel `fused_hybrid_f16_s64_scalar` of [`HYBRID`].
-pub const FUSED_HYBRID_F16_S64_SCALAR: &str = "fused_hybrid_f16_s64_scalar";
-
-/// Kernel `fused_hybrid_f16_s64_scalar_x` of [`HYBRID`].
-pub const FUSED_HYBRID_F16_S64_SCALAR_X: &str = "fused_hybrid_f16_s64_scalar_x";
-
-/// Kernel `spmm_hybrid_f16_s64_scalar` of [`HYBRID`].
-pub const SPMM_HYBRID_F16_S64_SCALAR: &str = "spmm_hybrid_f16_s64_scalar";
-
-/// Kernel `fused_hybrid_f16_s128` of [`HYBRID`].
-pub const FUSED_HYBRID_F16_S128: &str = "fused_hybrid_f16_s128";
-
-/// Kernel `fused_hybrid_f16_s128_x` of [`HYBRID`].
-pub const FUSED_HYBRID_F16_S128_X: &str = "fused_hybrid_f16_s128_x";
-
-/// Kernel `spmm_hybrid_f16_s128` of [`HYBRID`].
-pub const SPMM_HYBRID_F16_S128: &str = "spmm_hybrid_f16_s128";
-
-/// Kernel `fused_hybrid_f16_s128_scalar` of [`HYBRID`].
-pub const FUSED_HYBRID_F16_S128_SCALAR: &str = "fused_hybrid_f16_s128_scalar";
-
-/// Kernel `fused_hybrid_f16_s128_scalar_x` of [`HYBRID`].
-pub const FUSED_HYBRID_F16_S128_SCALAR_X: &str = "fused_hybrid_f16_s128_scalar_x";
-
-/// Kernel `spmm_hybrid_f16_s128_scalar` of [`HYBRID`].
-pub const SPMM_HYBRID_F16_S128_SCALAR: &str = "spmm_hybrid_f16_s128_scalar";
-
-/// Kernel `fused_hybrid_bf16_s32` of [`HYBRID`].
-pub const FUSED_HYBRID_BF16_S32: &str = "fused_hybrid_bf16_s32";
-
-/// Kernel `fused_hybrid_bf16_s32_x` of [`HYBRID`].
-pub const FUSED_HYBRID_BF16_S32_X: &str = "fused_hybrid_bf16_s32_x";
-
-/// Kernel `spmm_hybrid_bf16_s32` of [`HYBRID`].
-pub const SPMM_HYBRID_BF16_S32: &str = "spmm_hybrid_bf16_s32";
-
-/// Kernel `fused_hybrid_bf16_s32_scalar` of [`HYBRID`].
-pub const FUSED_HYBRID_BF16_S32_SCALAR: &str = "fused_hybrid_bf16_s32_scalar";
-
-/// Kernel `fused_hybrid_bf16_s32_scalar_x` of [`HYBRID`].
-pub const FUSED_HYBRID_BF16_S32_SCALAR_X: &str = "fused_hybrid_bf16_s32_scalar_x";
-
-/// Kernel `spmm_hybrid_bf16_s32_scalar` of [`HYBRID`].
-pub const SPMM_HYBRID_BF16_S32_SCALAR: &str = "spmm_hybrid_bf16_s32_scalar";
-
-/// Kernel `fused_hybrid_bf16_s64` of [`HYBRID`].
-pub const FUSED_HYBRID_BF16_S64: &str = "fused_hybrid_bf16_s64";
-
-/// Kernel `fused_hybrid_bf16_s64_x` of [`HYBRID`].
-pub const FUSED_HYBRID_BF16_S64_X: &str = "fused_hybrid_bf16_s64_x";
-
-/// Kernel `spmm_hybrid_bf16_s64` of [`HYBRID`].
-pub const SPMM_HYBRID_BF16_S64: &str = "spmm_hybrid_bf16_s64";
-
-/// Kernel `fused_hybrid_bf16_s64_scalar` of [`HYBRID`].
-pub const FUSED_HYBRID_BF16_S64_SCALAR: &str = "fused_hybrid_bf16_s64_scalar";
-
-/// Kernel `fused_hybrid_bf16_s64_scalar_x` of [`HYBRID`].
-pub const FUSED_HYBRID_BF16_S64_SCALAR_X: &str = "fused_hybrid_bf16_s64_scalar_x";
-
-/// Kernel `spmm_hybrid_bf16_s64_scalar` of [`HYBRID`].
-pub const SPMM_HYBRID_BF16_S64_SCALAR: &str = "spmm_hybrid_bf16_s64_scalar";
-
-/// Kernel `fused_hybrid_bf16_s128` of [`HYBRID`].
-pub const FUSED_HYBRID_BF16_S128: &str = "fused_hybrid_bf16_s128";
-
-/// Kernel `fused_hybrid_bf16_s128_x` of [`HYBRID`].
-pub const FUSED_HYBRID_BF16_S128_X: &str = "fused_hybrid_bf16_s128_x";
-
-/// Kernel `spmm_hybrid_bf16_s128` of [`HYBRID`].
-pub const SPMM_HYBRID_BF16_S128: &str = "spmm_hybrid_bf16_s128";
-
-/// Kernel `fused_hybrid_bf16_s128_scalar` of [`HYBRID`].
-pub const FUSED_HYBRID_BF16_S128_SCALAR: &str = "fused_hybrid_bf16_s128_scalar";
-
-/// Kernel `fused_hybrid_bf16_s128_scalar_x` of [`HYBRID`].
-pub const FUSED_HYBRID_BF16_S128_SCALAR_X: &str = "fused_hybrid_bf16_s128_scalar_x";
-
-/// Kernel `spmm_hybrid_bf16_s128_scalar` of [`HYBRID`].
-pub const SPMM_HYBRID_BF16_S128_SCALAR: &str = "spmm_hybrid_bf16_s128_scalar";
-
-/// Kernel `fused_hybrid_f32_s32` of [`HYBRID`].
-pub const FUSED_HYBRID_F32_S32: &str = "fused_hybrid_f32_s32";
-
-/// Kernel `fused_hybrid_f32_s32_x` of [`HYBRID`].
-pub const FUSED_HYBRID_F32_S32_X: &str = "fused_hybrid_f32_s32_x";
-
-/// Kernel `spmm_hybrid_f32_s32` of [`HYBRID`].
-pub const SPMM_HYBRID_F32_S32: &str = "spmm_hybrid_f32_s32";
-
-/// Kernel `fused_hybrid_f32_s32_scalar` of [`HYBRID`].
-pub const FUSED_HYBRID_F32_S32_SCALAR: &str = "fused_hybrid_f32_s32_scalar";
-
-/// Kernel `fused_hybrid_f32_s32_scalar_x` of [`HYBRID`].
-pub const FUSED_HYBRID_F32_S32_SCALAR_X: &str = "fused_hybrid_f32_s32_scalar_x";
-
-/// Kernel `spmm_hybrid_f32_s32_scalar` of [`HYBRID`].
-pub const SPMM_HYBRID_F32_S32_SCALAR: &str = "spmm_hybrid_f32_s32_scalar";
-
-/// Kernel `fused_hybrid_f32_s64` of [`HYBRID`].
-pub const FUSED_HYBRID_F32_S64: &str = "fused_hybrid_f32_s64";
-
-/// Kernel `fused_hybrid_f32_s64_x` of [`HYBRID`].
-pub const FUSED_HYBRID_F32_S64_X: &str = "fused_hybrid_f32_s64_x";
-
-/// Kernel `spmm_hybrid_f32_s64` of [`HYBRID`].
-pub const SPMM_HYBRID_F32_S64: &str = "spmm_hybrid_f32_s64";
-
-/// Kernel `fused_hybrid_f32_s64_scalar` of [`HYBRID`].
-pub const FUSED_HYBRID_F32_S64_SCALAR: &str = "fused_hybrid_f32_s64_scalar";
-
-/// Kernel `fused_hybrid_f32_s64_scalar_x` of [`HYBRID`].
-pub const FUSED_HYBRID_F32_S64_SCALAR_X: &str = "fused_hybrid_f32_s64_scalar_x";
-
-/// Kernel `spmm_hybrid_f32_s64_scalar` of [`HYBRID`].
-pub const SPMM_HYBRID_F32_S64_SCALAR: &str = "spmm_hybrid_f32_s64_scalar";
-
-/// Kernel `fused_hybrid_f16_d64_pipe_x` of [`HYBRID`].
-pub const FUSED_HYBRID_F16_D64_PIPE_X: &str = "fused_hybrid_f16_d64_pipe_x";
-
-/// Kernel `fused_hybrid_f16_d64_pipe_tc_x` of [`HYBRID`].
-pub const FUSED_HYBRID_F16_D64_PIPE_TC_X: &str = "fused_hybrid_f16_d64_pipe_tc_x";
-
-/// Kernel `fused_hybrid_f16_d64_pipe` of [`HYBRID`].
-pub const FUSED_HYBRID_F16_D64_PIPE: &str = "fused_hybrid_f16_d64_pipe";
-
-/// Kernel `spmm_hybrid_f16_d64_pipe` of [`HYBRID`].
-pub const SPMM_HYBRID_F16_D64_PIPE: &str = "spmm_hybrid_f16_d64_pipe";
-
-/// Kernel `fused_hybrid_f16_d64_pipe_tc` of [`HYBRID`].
-pub const FUSED_HYBRID_F16_D64_PIPE_TC: &str = "fused_hybrid_f16_d64_pipe_tc";
-
-/// Kernel `spmm_hybrid_f16_d64_pipe_tc` of [`HYBRID`].
-pub const SPMM_HYBRID_F16_D64_PIPE_TC: &str = "spmm_hybrid_f16_d64_pipe_tc";
-
-/// Kernel `fused_hybrid_f16_d128_pipe_x` of [`HYBRID`].
-pub const FUSED_HYBRID_F16_D128_PIPE_X: &str = "fused_hybrid_f16_d128_pipe_x";
-
-/// Kernel `fused_hybrid_f16_d128_pipe_tc_x` of [`HYBRID`].
-pub const FUSED_HYBRID_F16_D128_PIPE_TC_X: &str = "fused_hybrid_f16_d128_pipe_tc_x";
-
-/// Kernel `fused_hybrid_f16_d128_pipe` of [`HYBRID`].
-pub const FUSED_HYBRID_F16_D128_PIPE: &str = "fused_hybrid_f16_d128_pipe";
-
-/// Kernel `spmm_hybrid_f16_d128_pipe` of [`HYBRID`].
-pub const SPMM_HYBRID_F16_D128_PIPE: &str = "spmm_hybrid_f16_d128_pipe";
-
-/// Kernel `fused_hybrid_f16_d128_pipe_tc` of [`HYBRID`].
-pub const FUSED_HYBRID_F16_D128_PIPE_TC: &str = "fused_hybrid_f16_d128_pipe_tc";
-
-/// Kernel `spmm_hybrid_f16_d128_pipe_tc` of [`HYBRID`].
-pub const SPMM_HYBRID_F16_D128_PIPE_TC: &str = "spmm_hybrid_f16_d128_pipe_tc";
-
-/// Kernel `fused_hybrid_bf16_d64_pipe_x` of [`HYBRID`].
-pub const FUSED_HYBRID_BF16_D64_PIPE_X: &str = "fused_hybrid_bf16_d64_pipe_x";
-
-/// Kernel `fused_hybrid_bf16_d64_pipe_tc_x` of [`HYBRID`].
-pub const FUSED_HYBRID_BF16_D64_PIPE_TC_X: &str = "fused_hybrid_bf16_d64_pipe_tc_x";
-
-/// Kernel `fused_hybrid_bf16_d64_pipe` of [`HYBRID`].
-pub const FUSED_HYBRID_BF16_D64_PIPE: &str = "fused_hybrid_bf16_d64_pipe";
-
-/// Kernel `spmm_hybrid_bf16_d64_pipe` of [`HYBRID`].
-pub const SPMM_HYBRID_BF16_D64_PIPE: &str = "spmm_hybrid_bf16_d64_pipe";
-
-/// Kernel `fused_hybrid_bf16_d64_pipe_tc` of [`HYBRID`].
-pub const FUSED_HYBRID_BF16_D64_PIPE_TC: &str = "fused_hybrid_bf16_d64_pipe_tc";
-
-/// Kernel `spmm_hybrid_bf16_d64_pipe_tc` of [`HYBRID`].
-pub const SPMM_HYBRID_BF16_D64_PIPE_TC: &str = "spmm_hybrid_bf16_d64_pipe_tc";
-
-/// Kernel `fused_hybrid_bf16_d128_pipe_x` of [`HYBRID`].
-pub const FUSED_HYBRID_BF16_D128_PIPE_X: &str = "fused_hybrid_bf16_d128_pipe_x";
-
-/// Kernel `fused_hybrid_bf16_d128_pipe_tc_x` of [`HYBRID`].
-pub const FUSED_HYBRID_BF16_D128_PIPE_TC_X: &str = "fused_hybrid_bf16_d128_pipe_tc_x";
-
-/// Kernel `fused_hybrid_bf16_d128_pipe` of [`HYBRID`].
-pub const FUSED_HYBRID_BF16_D128_PIPE: &str = "fused_hybrid_bf16_d128_pipe";
-
-/// Kernel `spmm_hybrid_bf16_d128_pipe` of [`HYBRID`].
-pub const SPMM_HYBRID_BF16_D128_PIPE: &str = "spmm_hybrid_bf16_d128_pipe";
-
-/// Kernel `fused_hybrid_bf16_d128_pipe_tc` of [`HYBRID`].
-pub const FUSED_HYBRID_BF16_D128_PIPE_TC: &str = "fused_hybrid_bf16_d128_pipe_tc";
-
-/// Kernel `spmm_hybrid_bf16_d128_pipe_tc` of [`HYBRID`].
-pub const SPMM_HYBRID_BF16_D128_PIPE_TC: &str = "spmm_hybrid_bf16_d128_pipe_tc";
 
 /// The PTX module compiled from `cuda/layers.cu` (39 kernels).
 pub const LAYERS: PtxModule = PtxModule {
     name: "layers",
     ptx: include_str!("../ptx/layers.ptx"),
     kernels: &[
-        BIAS_ADD_DENSE_F32,
-        WEIGHTED_COL_SUM_DENSE_F32,
-        HEAD_DOT_DENSE_F32,
-        HEAD_OUTER_ADD_DENSE_F32,
-        ACTIVATION_DENSE_F32,
-        ACTIVATION_BACKWARD_DENSE_F32,
-        ROW_NORMALIZE_DENSE_F32,
-        ROW_NORMALIZE_BACKWARD_DENSE_F32,
-        AXPY_DENSE_F32,
-        HEAD_MEAN_DENSE_F32,
-        HEAD_BROADCAST_DENSE_F32,
-        ADAM_DENSE_F32,
-        SGD_DENSE_F32,
-        BIAS_ADD_DENSE_F16,
-        WEIGHTED_COL_SUM_DENSE_F16,
-        HEAD_DOT_DENSE_F16,
-        HEAD_OUTER_ADD_DENSE_F16,
-        ACTIVATION_DENSE_F16,
-        ACTIVATION_BACKWARD_DENSE_F16,
-        ROW_NORMALIZE_DENSE_F16,
-        ROW_NORMALIZE_BACKWARD_DENSE_F16,
-        AXPY_DENSE_F16,
-        HEAD_MEAN_DENSE_F16,
-        HEAD_BROADCAST_DENSE_F16,
-        ADAM_DENSE_F16,
-        SGD_DENSE_F16,
-        BIAS_ADD_DENSE_BF16,
-        WEIGHTED_COL_SUM_DENSE_BF16,
-        HEAD_DOT_DENSE_BF16,
-        HEAD_OUTER_ADD_DENSE_BF16,
-        ACTIVATION_DENSE_BF16,
-        ACTIVATION_BACKWARD_DENSE_BF16,
-        ROW_NORMALIZE_DENSE_BF16,
-        ROW_NORMALIZE_BACKWARD_DENSE_BF16,
-        AXPY_DENSE_BF16,
-        HEAD_MEAN_DENSE_BF16,
-        HEAD_BROADCAST_DENSE_BF16,
-        ADAM_DENSE_BF16,
-        SGD_DENSE_BF16,
+        "bias_add_dense_f32",
+        "weighted_col_sum_dense_f32",
+        "head_dot_dense_f32",
+        "head_outer_add_dense_f32",
+        "activation_dense_f32",
+        "activation_backward_dense_f32",
+        "row_normalize_dense_f32",
+        "row_normalize_backward_dense_f32",
+        "axpy_dense_f32",
+        "head_mean_dense_f32",
+        "head_broadcast_dense_f32",
+        "adam_dense_f32",
+        "sgd_dense_f32",
+        "bias_add_dense_f16",
+        "weighted_col_sum_dense_f16",
+        "head_dot_dense_f16",
+        "head_outer_add_dense_f16",
+        "activation_dense_f16",
+        "activation_backward_dense_f16",
+        "row_normalize_dense_f16",
+        "row_normalize_backward_dense_f16",
+        "axpy_dense_f16",
+        "head_mean_dense_f16",
+        "head_broadcast_dense_f16",
+        "adam_dense_f16",
+        "sgd_dense_f16",
+        "bias_add_dense_bf16",
+        "weighted_col_sum_dense_bf16",
+        "head_dot_dense_bf16",
+        "head_outer_add_dense_bf16",
+        "activation_dense_bf16",
+        "activation_backward_dense_bf16",
+        "row_normalize_dense_bf16",
+        "row_normalize_backward_dense_bf16",
+        "axpy_dense_bf16",
+        "head_mean_dense_bf16",
+        "head_broadcast_dense_bf16",
+        "adam_dense_bf16",
+        "sgd_dense_bf16",
     ],
 };
-
-/// Kernel `bias_add_dense_f32` of [`LAYERS`].
-pub const BIAS_ADD_DENSE_F32: &str = "bias_add_dense_f32";
-
-/// Kernel `weighted_col_sum_dense_f32` of [`LAYERS`].
-pub const WEIGHTED_COL_SUM_DENSE_F32: &str = "weighted_col_sum_dense_f32";
-
-/// Kernel `head_dot_dense_f32` of [`LAYERS`].
-pub const HEAD_DOT_DENSE_F32: &str = "head_dot_dense_f32";
-
-/// Kernel `head_outer_add_dense_f32` of [`LAYERS`].
-pub const HEAD_OUTER_ADD_DENSE_F32: &str = "head_outer_add_dense_f32";
-
-/// Kernel `activation_dense_f32` of [`LAYERS`].
-pub const ACTIVATION_DENSE_F32: &str = "activation_dense_f32";
-
-/// Kernel `activation_backward_dense_f32` of [`LAYERS`].
-pub const ACTIVATION_BACKWARD_DENSE_F32: &str = "activation_backward_dense_f32";
-
-/// Kernel `row_normalize_dense_f32` of [`LAYERS`].
-pub const ROW_NORMALIZE_DENSE_F32: &str = "row_normalize_dense_f32";
-
-/// Kernel `row_normalize_backward_dense_f32` of [`LAYERS`].
-pub const ROW_NORMALIZE_BACKWARD_DENSE_F32: &str = "row_normalize_backward_dense_f32";
-
-/// Kernel `axpy_dense_f32` of [`LAYERS`].
-pub const AXPY_DENSE_F32: &str = "axpy_dense_f32";
-
-/// Kernel `head_mean_dense_f32` of [`LAYERS`].
-pub const HEAD_MEAN_DENSE_F32: &str = "head_mean_dense_f32";
-
-/// Kernel `head_broadcast_dense_f32` of [`LAYERS`].
-pub const HEAD_BROADCAST_DENSE_F32: &str = "head_broadcast_dense_f32";
-
-/// Kernel `adam_dense_f32` of [`LAYERS`].
-pub const ADAM_DENSE_F32: &str = "adam_dense_f32";
-
-/// Kernel `sgd_dense_f32` of [`LAYERS`].
-pub const SGD_DENSE_F32: &str = "sgd_dense_f32";
-
-/// Kernel `bias_add_dense_f16` of [`LAYERS`].
-pub const BIAS_ADD_DENSE_F16: &str = "bias_add_dense_f16";
-
-/// Kernel `weighted_col_sum_dense_f16` of [`LAYERS`].
-pub const WEIGHTED_COL_SUM_DENSE_F16: &str = "weighted_col_sum_dense_f16";
-
-/// Kernel `head_dot_dense_f16` of [`LAYERS`].
-pub const HEAD_DOT_DENSE_F16: &str = "head_dot_dense_f16";
-
-/// Kernel `head_outer_add_dense_f16` of [`LAYERS`].
-pub const HEAD_OUTER_ADD_DENSE_F16: &str = "head_outer_add_dense_f16";
-
-/// Kernel `activation_dense_f16` of [`LAYERS`].
-pub const ACTIVATION_DENSE_F16: &str = "activation_dense_f16";
-
-/// Kernel `activation_backward_dense_f16` of [`LAYERS`].
-pub const ACTIVATION_BACKWARD_DENSE_F16: &str = "activation_backward_dense_f16";
-
-/// Kernel `row_normalize_dense_f16` of [`LAYERS`].
-pub const ROW_NORMALIZE_DENSE_F16: &str = "row_normalize_dense_f16";
-
-/// Kernel `row_normalize_backward_dense_f16` of [`LAYERS`].
-pub const ROW_NORMALIZE_BACKWARD_DENSE_F16: &str = "row_normalize_backward_dense_f16";
-
-/// Kernel `axpy_dense_f16` of [`LAYERS`].
-pub const AXPY_DENSE_F16: &str = "axpy_dense_f16";
-
-/// Kernel `head_mean_dense_f16` of [`LAYERS`].
-pub const HEAD_MEAN_DENSE_F16: &str = "head_mean_dense_f16";
-
-/// Kernel `head_broadcast_dense_f16` of [`LAYERS`].
-pub const HEAD_BROADCAST_DENSE_F16: &str = "head_broadcast_dense_f16";
-
-/// Kernel `adam_dense_f16` of [`LAYERS`].
-pub const ADAM_DENSE_F16: &str = "adam_dense_f16";
-
-/// Kernel `sgd_dense_f16` of [`LAYERS`].
-pub const SGD_DENSE_F16: &str = "sgd_dense_f16";
-
-/// Kernel `bias_add_dense_bf16` of [`LAYERS`].
-pub const BIAS_ADD_DENSE_BF16: &str = "bias_add_dense_bf16";
-
-/// Kernel `weighted_col_sum_dense_bf16` of [`LAYERS`].
-pub const WEIGHTED_COL_SUM_DENSE_BF16: &str = "weighted_col_sum_dense_bf16";
-
-/// Kernel `head_dot_dense_bf16` of [`LAYERS`].
-pub const HEAD_DOT_DENSE_BF16: &str = "head_dot_dense_bf16";
-
-/// Kernel `head_outer_add_dense_bf16` of [`LAYERS`].
-pub const HEAD_OUTER_ADD_DENSE_BF16: &str = "head_outer_add_dense_bf16";
-
-/// Kernel `activation_dense_bf16` of [`LAYERS`].
-pub const ACTIVATION_DENSE_BF16: &str = "activation_dense_bf16";
-
-/// Kernel `activation_backward_dense_bf16` of [`LAYERS`].
-pub const ACTIVATION_BACKWARD_DENSE_BF16: &str = "activation_backward_dense_bf16";
-
-/// Kernel `row_normalize_dense_bf16` of [`LAYERS`].
-pub const ROW_NORMALIZE_DENSE_BF16: &str = "row_normalize_dense_bf16";
-
-/// Kernel `row_normalize_backward_dense_bf16` of [`LAYERS`].
-pub const ROW_NORMALIZE_BACKWARD_DENSE_BF16: &str = "row_normalize_backward_dense_bf16";
-
-/// Kernel `axpy_dense_bf16` of [`LAYERS`].
-pub const AXPY_DENSE_BF16: &str = "axpy_dense_bf16";
-
-/// Kernel `head_mean_dense_bf16` of [`LAYERS`].
-pub const HEAD_MEAN_DENSE_BF16: &str = "head_mean_dense_bf16";
-
-/// Kernel `head_broadcast_dense_bf16` of [`LAYERS`].
-pub const HEAD_BROADCAST_DENSE_BF16: &str = "head_broadcast_dense_bf16";
-
-/// Kernel `adam_dense_bf16` of [`LAYERS`].
-pub const ADAM_DENSE_BF16: &str = "adam_dense_bf16";
-
-/// Kernel `sgd_dense_bf16` of [`LAYERS`].
-pub const SGD_DENSE_BF16: &str = "sgd_dense_bf16";
 
 /// The PTX module compiled from `cuda/mebcrs_ops.cu` (39 kernels).
 pub const MEBCRS_OPS: PtxModule = PtxModule {
     name: "mebcrs_ops",
     ptx: include_str!("../ptx/mebcrs_ops.ptx"),
     kernels: &[
-        EDGE_SOFTMAX_MEBCRS_WINDOWS,
-        EDGE_SOFTMAX_MEBCRS_LONG_WINDOWS,
-        CSR_TO_SLOTS_MEBCRS,
-        SLOTS_TO_CSR_MEBCRS,
-        SDDMM_MEBCRS_F16,
-        SDDMM_MEBCRS_F16_UNALIGNED,
-        SPMM_MEBCRS_F16_T1,
-        SPMM_MEBCRS_F16_T1_UNALIGNED,
-        SPMM_MEBCRS_F16_T2,
-        SPMM_MEBCRS_F16_T2_UNALIGNED,
-        SPMM_MEBCRS_F16_T4,
-        SPMM_MEBCRS_F16_T4_UNALIGNED,
-        SPMM_MEBCRS_F16_T8,
-        SPMM_MEBCRS_F16_T8_UNALIGNED,
-        SPMM_MEBCRS_FINALIZE_F16,
-        SDDMM_MEBCRS_BF16,
-        SDDMM_MEBCRS_BF16_UNALIGNED,
-        SPMM_MEBCRS_BF16_T1,
-        SPMM_MEBCRS_BF16_T1_UNALIGNED,
-        SPMM_MEBCRS_BF16_T2,
-        SPMM_MEBCRS_BF16_T2_UNALIGNED,
-        SPMM_MEBCRS_BF16_T4,
-        SPMM_MEBCRS_BF16_T4_UNALIGNED,
-        SPMM_MEBCRS_BF16_T8,
-        SPMM_MEBCRS_BF16_T8_UNALIGNED,
-        SPMM_MEBCRS_FINALIZE_BF16,
-        SDDMM_MEBCRS_TF32,
-        SDDMM_MEBCRS_TF32_UNALIGNED,
-        SPMM_MEBCRS_TF32_T1,
-        SPMM_MEBCRS_TF32_T1_UNALIGNED,
-        SPMM_MEBCRS_TF32_T2,
-        SPMM_MEBCRS_TF32_T2_UNALIGNED,
-        SPMM_MEBCRS_TF32_T4,
-        SPMM_MEBCRS_TF32_T4_UNALIGNED,
-        SPMM_MEBCRS_TF32_T8,
-        SPMM_MEBCRS_TF32_T8_UNALIGNED,
-        SPMM_MEBCRS_FINALIZE_TF32,
-        SPMM_MEBCRS_F16_T8_PIPE,
-        SPMM_MEBCRS_BF16_T8_PIPE,
+        "edge_softmax_mebcrs_windows",
+        "edge_softmax_mebcrs_long_windows",
+        "csr_to_slots_mebcrs",
+        "slots_to_csr_mebcrs",
+        "sddmm_mebcrs_f16",
+        "sddmm_mebcrs_f16_unaligned",
+        "spmm_mebcrs_f16_t1",
+        "spmm_mebcrs_f16_t1_unaligned",
+        "spmm_mebcrs_f16_t2",
+        "spmm_mebcrs_f16_t2_unaligned",
+        "spmm_mebcrs_f16_t4",
+        "spmm_mebcrs_f16_t4_unaligned",
+        "spmm_mebcrs_f16_t8",
+        "spmm_mebcrs_f16_t8_unaligned",
+        "spmm_mebcrs_finalize_f16",
+        "sddmm_mebcrs_bf16",
+        "sddmm_mebcrs_bf16_unaligned",
+        "spmm_mebcrs_bf16_t1",
+        "spmm_mebcrs_bf16_t1_unaligned",
+        "spmm_mebcrs_bf16_t2",
+        "spmm_mebcrs_bf16_t2_unaligned",
+        "spmm_mebcrs_bf16_t4",
+        "spmm_mebcrs_bf16_t4_unaligned",
+        "spmm_mebcrs_bf16_t8",
+        "spmm_mebcrs_bf16_t8_unaligned",
+        "spmm_mebcrs_finalize_bf16",
+        "sddmm_mebcrs_tf32",
+        "sddmm_mebcrs_tf32_unaligned",
+        "spmm_mebcrs_tf32_t1",
+        "spmm_mebcrs_tf32_t1_unaligned",
+        "spmm_mebcrs_tf32_t2",
+        "spmm_mebcrs_tf32_t2_unaligned",
+        "spmm_mebcrs_tf32_t4",
+        "spmm_mebcrs_tf32_t4_unaligned",
+        "spmm_mebcrs_tf32_t8",
+        "spmm_mebcrs_tf32_t8_unaligned",
+        "spmm_mebcrs_finalize_tf32",
+        "spmm_mebcrs_f16_t8_pipe",
+        "spmm_mebcrs_bf16_t8_pipe",
     ],
 };
-
-/// Kernel `edge_softmax_mebcrs_windows` of [`MEBCRS_OPS`].
-pub const EDGE_SOFTMAX_MEBCRS_WINDOWS: &str = "edge_softmax_mebcrs_windows";
-
-/// Kernel `edge_softmax_mebcrs_long_windows` of [`MEBCRS_OPS`].
-pub const EDGE_SOFTMAX_MEBCRS_LONG_WINDOWS: &str = "edge_softmax_mebcrs_long_windows";
-
-/// Kernel `csr_to_slots_mebcrs` of [`MEBCRS_OPS`].
-pub const CSR_TO_SLOTS_MEBCRS: &str = "csr_to_slots_mebcrs";
-
-/// Kernel `slots_to_csr_mebcrs` of [`MEBCRS_OPS`].
-pub const SLOTS_TO_CSR_MEBCRS: &str = "slots_to_csr_mebcrs";
-
-/// Kernel `sddmm_mebcrs_f16` of [`MEBCRS_OPS`].
-pub const SDDMM_MEBCRS_F16: &str = "sddmm_mebcrs_f16";
-
-/// Kernel `sddmm_mebcrs_f16_unaligned` of [`MEBCRS_OPS`].
-pub const SDDMM_MEBCRS_F16_UNALIGNED: &str = "sddmm_mebcrs_f16_unaligned";
-
-/// Kernel `spmm_mebcrs_f16_t1` of [`MEBCRS_OPS`].
-pub const SPMM_MEBCRS_F16_T1: &str = "spmm_mebcrs_f16_t1";
-
-/// Kernel `spmm_mebcrs_f16_t1_unaligned` of [`MEBCRS_OPS`].
-pub const SPMM_MEBCRS_F16_T1_UNALIGNED: &str = "spmm_mebcrs_f16_t1_unaligned";
-
-/// Kernel `spmm_mebcrs_f16_t2` of [`MEBCRS_OPS`].
-pub const SPMM_MEBCRS_F16_T2: &str = "spmm_mebcrs_f16_t2";
-
-/// Kernel `spmm_mebcrs_f16_t2_unaligned` of [`MEBCRS_OPS`].
-pub const SPMM_MEBCRS_F16_T2_UNALIGNED: &str = "spmm_mebcrs_f16_t2_unaligned";
-
-/// Kernel `spmm_mebcrs_f16_t4` of [`MEBCRS_OPS`].
-pub const SPMM_MEBCRS_F16_T4: &str = "spmm_mebcrs_f16_t4";
-
-/// Kernel `spmm_mebcrs_f16_t4_unaligned` of [`MEBCRS_OPS`].
-pub const SPMM_MEBCRS_F16_T4_UNALIGNED: &str = "spmm_mebcrs_f16_t4_unaligned";
-
-/// Kernel `spmm_mebcrs_f16_t8` of [`MEBCRS_OPS`].
-pub const SPMM_MEBCRS_F16_T8: &str = "spmm_mebcrs_f16_t8";
-
-/// Kernel `spmm_mebcrs_f16_t8_unaligned` of [`MEBCRS_OPS`].
-pub const SPMM_MEBCRS_F16_T8_UNALIGNED: &str = "spmm_mebcrs_f16_t8_unaligned";
-
-/// Kernel `spmm_mebcrs_finalize_f16` of [`MEBCRS_OPS`].
-pub const SPMM_MEBCRS_FINALIZE_F16: &str = "spmm_mebcrs_finalize_f16";
-
-/// Kernel `sddmm_mebcrs_bf16` of [`MEBCRS_OPS`].
-pub const SDDMM_MEBCRS_BF16: &str = "sddmm_mebcrs_bf16";
-
-/// Kernel `sddmm_mebcrs_bf16_unaligned` of [`MEBCRS_OPS`].
-pub const SDDMM_MEBCRS_BF16_UNALIGNED: &str = "sddmm_mebcrs_bf16_unaligned";
-
-/// Kernel `spmm_mebcrs_bf16_t1` of [`MEBCRS_OPS`].
-pub const SPMM_MEBCRS_BF16_T1: &str = "spmm_mebcrs_bf16_t1";
-
-/// Kernel `spmm_mebcrs_bf16_t1_unaligned` of [`MEBCRS_OPS`].
-pub const SPMM_MEBCRS_BF16_T1_UNALIGNED: &str = "spmm_mebcrs_bf16_t1_unaligned";
-
-/// Kernel `spmm_mebcrs_bf16_t2` of [`MEBCRS_OPS`].
-pub const SPMM_MEBCRS_BF16_T2: &str = "spmm_mebcrs_bf16_t2";
-
-/// Kernel `spmm_mebcrs_bf16_t2_unaligned` of [`MEBCRS_OPS`].
-pub const SPMM_MEBCRS_BF16_T2_UNALIGNED: &str = "spmm_mebcrs_bf16_t2_unaligned";
-
-/// Kernel `spmm_mebcrs_bf16_t4` of [`MEBCRS_OPS`].
-pub const SPMM_MEBCRS_BF16_T4: &str = "spmm_mebcrs_bf16_t4";
-
-/// Kernel `spmm_mebcrs_bf16_t4_unaligned` of [`MEBCRS_OPS`].
-pub const SPMM_MEBCRS_BF16_T4_UNALIGNED: &str = "spmm_mebcrs_bf16_t4_unaligned";
-
-/// Kernel `spmm_mebcrs_bf16_t8` of [`MEBCRS_OPS`].
-pub const SPMM_MEBCRS_BF16_T8: &str = "spmm_mebcrs_bf16_t8";
-
-/// Kernel `spmm_mebcrs_bf16_t8_unaligned` of [`MEBCRS_OPS`].
-pub const SPMM_MEBCRS_BF16_T8_UNALIGNED: &str = "spmm_mebcrs_bf16_t8_unaligned";
-
-/// Kernel `spmm_mebcrs_finalize_bf16` of [`MEBCRS_OPS`].
-pub const SPMM_MEBCRS_FINALIZE_BF16: &str = "spmm_mebcrs_finalize_bf16";
-
-/// Kernel `sddmm_mebcrs_tf32` of [`MEBCRS_OPS`].
-pub const SDDMM_MEBCRS_TF32: &str = "sddmm_mebcrs_tf32";
-
-/// Kernel `sddmm_mebcrs_tf32_unaligned` of [`MEBCRS_OPS`].
-pub const SDDMM_MEBCRS_TF32_UNALIGNED: &str = "sddmm_mebcrs_tf32_unaligned";
-
-/// Kernel `spmm_mebcrs_tf32_t1` of [`MEBCRS_OPS`].
-pub const SPMM_MEBCRS_TF32_T1: &str = "spmm_mebcrs_tf32_t1";
-
-/// Kernel `spmm_mebcrs_tf32_t1_unaligned` of [`MEBCRS_OPS`].
-pub const SPMM_MEBCRS_TF32_T1_UNALIGNED: &str = "spmm_mebcrs_tf32_t1_unaligned";
-
-/// Kernel `spmm_mebcrs_tf32_t2` of [`MEBCRS_OPS`].
-pub const SPMM_MEBCRS_TF32_T2: &str = "spmm_mebcrs_tf32_t2";
-
-/// Kernel `spmm_mebcrs_tf32_t2_unaligned` of [`MEBCRS_OPS`].
-pub const SPMM_MEBCRS_TF32_T2_UNALIGNED: &str = "spmm_mebcrs_tf32_t2_unaligned";
-
-/// Kernel `spmm_mebcrs_tf32_t4` of [`MEBCRS_OPS`].
-pub const SPMM_MEBCRS_TF32_T4: &str = "spmm_mebcrs_tf32_t4";
-
-/// Kernel `spmm_mebcrs_tf32_t4_unaligned` of [`MEBCRS_OPS`].
-pub const SPMM_MEBCRS_TF32_T4_UNALIGNED: &str = "spmm_mebcrs_tf32_t4_unaligned";
-
-/// Kernel `spmm_mebcrs_tf32_t8` of [`MEBCRS_OPS`].
-pub const SPMM_MEBCRS_TF32_T8: &str = "spmm_mebcrs_tf32_t8";
-
-/// Kernel `spmm_mebcrs_tf32_t8_unaligned` of [`MEBCRS_OPS`].
-pub const SPMM_MEBCRS_TF32_T8_UNALIGNED: &str = "spmm_mebcrs_tf32_t8_unaligned";
-
-/// Kernel `spmm_mebcrs_finalize_tf32` of [`MEBCRS_OPS`].
-pub const SPMM_MEBCRS_FINALIZE_TF32: &str = "spmm_mebcrs_finalize_tf32";
-
-/// Kernel `spmm_mebcrs_f16_t8_pipe` of [`MEBCRS_OPS`].
-pub const SPMM_MEBCRS_F16_T8_PIPE: &str = "spmm_mebcrs_f16_t8_pipe";
-
-/// Kernel `spmm_mebcrs_bf16_t8_pipe` of [`MEBCRS_OPS`].
-pub const SPMM_MEBCRS_BF16_T8_PIPE: &str = "spmm_mebcrs_bf16_t8_pipe";
 
 /// The PTX module compiled from `cuda/plan.cu` (23 kernels).
 pub const PLAN: PtxModule = PtxModule {
     name: "plan",
     ptx: include_str!("../ptx/plan.ptx"),
     kernels: &[
-        PLAN_EDGE_KEYS_I32,
-        PLAN_EDGE_KEYS_I64,
-        PLAN_EDGE_KEYS_U32,
-        PLAN_TRANSPOSE_KEYS,
-        PLAN_SCAN_TILES_U32,
-        PLAN_SCAN_SUMS_U32,
-        PLAN_SCAN_ADD_U32,
-        PLAN_SCAN_TILES_U32X4,
-        PLAN_SCAN_SUMS_U32X4,
-        PLAN_SCAN_ADD_U32X4,
-        PLAN_RADIX_COUNT,
-        PLAN_RADIX_SCATTER,
-        PLAN_UNIQUE_FLAGS,
-        PLAN_CSR_BUILD,
-        PLAN_ROW_COUNTS,
-        PLAN_ROW_UNITS,
-        PLAN_BSB_RANK,
-        PLAN_BSB_FLAGS,
-        PLAN_BSB_WINDOW_BLOCKS,
-        PLAN_BSB_FILL,
-        PLAN_TC_PROLOGUE,
-        PLAN_IOTA_U32,
-        PLAN_WIDEN_U32_I64,
+        "plan_edge_keys_i32",
+        "plan_edge_keys_i64",
+        "plan_edge_keys_u32",
+        "plan_transpose_keys",
+        "plan_scan_tiles_u32",
+        "plan_scan_sums_u32",
+        "plan_scan_add_u32",
+        "plan_scan_tiles_u32x4",
+        "plan_scan_sums_u32x4",
+        "plan_scan_add_u32x4",
+        "plan_radix_count",
+        "plan_radix_scatter",
+        "plan_unique_flags",
+        "plan_csr_build",
+        "plan_row_counts",
+        "plan_row_units",
+        "plan_bsb_rank",
+        "plan_bsb_flags",
+        "plan_bsb_window_blocks",
+        "plan_bsb_fill",
+        "plan_tc_prologue",
+        "plan_iota_u32",
+        "plan_widen_u32_i64",
     ],
 };
-
-/// Kernel `plan_edge_keys_i32` of [`PLAN`].
-pub const PLAN_EDGE_KEYS_I32: &str = "plan_edge_keys_i32";
-
-/// Kernel `plan_edge_keys_i64` of [`PLAN`].
-pub const PLAN_EDGE_KEYS_I64: &str = "plan_edge_keys_i64";
-
-/// Kernel `plan_edge_keys_u32` of [`PLAN`].
-pub const PLAN_EDGE_KEYS_U32: &str = "plan_edge_keys_u32";
-
-/// Kernel `plan_transpose_keys` of [`PLAN`].
-pub const PLAN_TRANSPOSE_KEYS: &str = "plan_transpose_keys";
-
-/// Kernel `plan_scan_tiles_u32` of [`PLAN`].
-pub const PLAN_SCAN_TILES_U32: &str = "plan_scan_tiles_u32";
-
-/// Kernel `plan_scan_sums_u32` of [`PLAN`].
-pub const PLAN_SCAN_SUMS_U32: &str = "plan_scan_sums_u32";
-
-/// Kernel `plan_scan_add_u32` of [`PLAN`].
-pub const PLAN_SCAN_ADD_U32: &str = "plan_scan_add_u32";
-
-/// Kernel `plan_scan_tiles_u32x4` of [`PLAN`].
-pub const PLAN_SCAN_TILES_U32X4: &str = "plan_scan_tiles_u32x4";
-
-/// Kernel `plan_scan_sums_u32x4` of [`PLAN`].
-pub const PLAN_SCAN_SUMS_U32X4: &str = "plan_scan_sums_u32x4";
-
-/// Kernel `plan_scan_add_u32x4` of [`PLAN`].
-pub const PLAN_SCAN_ADD_U32X4: &str = "plan_scan_add_u32x4";
-
-/// Kernel `plan_radix_count` of [`PLAN`].
-pub const PLAN_RADIX_COUNT: &str = "plan_radix_count";
-
-/// Kernel `plan_radix_scatter` of [`PLAN`].
-pub const PLAN_RADIX_SCATTER: &str = "plan_radix_scatter";
-
-/// Kernel `plan_unique_flags` of [`PLAN`].
-pub const PLAN_UNIQUE_FLAGS: &str = "plan_unique_flags";
-
-/// Kernel `plan_csr_build` of [`PLAN`].
-pub const PLAN_CSR_BUILD: &str = "plan_csr_build";
-
-/// Kernel `plan_row_counts` of [`PLAN`].
-pub const PLAN_ROW_COUNTS: &str = "plan_row_counts";
-
-/// Kernel `plan_row_units` of [`PLAN`].
-pub const PLAN_ROW_UNITS: &str = "plan_row_units";
-
-/// Kernel `plan_bsb_rank` of [`PLAN`].
-pub const PLAN_BSB_RANK: &str = "plan_bsb_rank";
-
-/// Kernel `plan_bsb_flags` of [`PLAN`].
-pub const PLAN_BSB_FLAGS: &str = "plan_bsb_flags";
-
-/// Kernel `plan_bsb_window_blocks` of [`PLAN`].
-pub const PLAN_BSB_WINDOW_BLOCKS: &str = "plan_bsb_window_blocks";
-
-/// Kernel `plan_bsb_fill` of [`PLAN`].
-pub const PLAN_BSB_FILL: &str = "plan_bsb_fill";
-
-/// Kernel `plan_tc_prologue` of [`PLAN`].
-pub const PLAN_TC_PROLOGUE: &str = "plan_tc_prologue";
-
-/// Kernel `plan_iota_u32` of [`PLAN`].
-pub const PLAN_IOTA_U32: &str = "plan_iota_u32";
-
-/// Kernel `plan_widen_u32_i64` of [`PLAN`].
-pub const PLAN_WIDEN_U32_I64: &str = "plan_widen_u32_i64";
 
 /// The PTX module compiled from `cuda/rows.cu` (6 kernels).
 pub const ROWS: PtxModule = PtxModule {
     name: "rows",
     ptx: include_str!("../ptx/rows.ptx"),
     kernels: &[
-        GATHER_ROWS_F32,
-        SCATTER_ADD_ROWS_F32,
-        GATHER_ROWS_F16,
-        SCATTER_ADD_ROWS_F16,
-        GATHER_ROWS_BF16,
-        SCATTER_ADD_ROWS_BF16,
+        "gather_rows_f32",
+        "scatter_add_rows_f32",
+        "gather_rows_f16",
+        "scatter_add_rows_f16",
+        "gather_rows_bf16",
+        "scatter_add_rows_bf16",
     ],
 };
-
-/// Kernel `gather_rows_f32` of [`ROWS`].
-pub const GATHER_ROWS_F32: &str = "gather_rows_f32";
-
-/// Kernel `scatter_add_rows_f32` of [`ROWS`].
-pub const SCATTER_ADD_ROWS_F32: &str = "scatter_add_rows_f32";
-
-/// Kernel `gather_rows_f16` of [`ROWS`].
-pub const GATHER_ROWS_F16: &str = "gather_rows_f16";
-
-/// Kernel `scatter_add_rows_f16` of [`ROWS`].
-pub const SCATTER_ADD_ROWS_F16: &str = "scatter_add_rows_f16";
-
-/// Kernel `gather_rows_bf16` of [`ROWS`].
-pub const GATHER_ROWS_BF16: &str = "gather_rows_bf16";
-
-/// Kernel `scatter_add_rows_bf16` of [`ROWS`].
-pub const SCATTER_ADD_ROWS_BF16: &str = "scatter_add_rows_bf16";
 
 /// Every PTX module of this crate, sorted by name.
 pub const MODULES: &[PtxModule] = &[

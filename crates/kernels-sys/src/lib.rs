@@ -11,9 +11,11 @@
 //!   loaded by CUDA 12 and 13 drivers on A100, RTX 30/40, H100 and later), checked in. Each
 //!   file's first line holds the sha256 of its sources and the NVRTC options; a test fails when
 //!   a source changed and its PTX did not (`cargo xtask ptx --check` says the same).
-//! - [`MODULES`] and one [`PtxModule`] constant per module, one `&str` constant per kernel
-//!   (`SPMM_CSR_F16_V8 = "spmm_csr_f16_v8"`): generated into `src/generated.rs` from the PTX,
-//!   so adding a kernel needs no hand edit here.
+//! - [`MODULES`] and one [`PtxModule`] constant per module listing its kernels' names: generated
+//!   into `src/generated.rs` from the PTX, so adding a kernel needs no hand edit here. A host
+//!   names a fixed kernel with [`kernel!`] (`kernel!(CSR_OPS, "spmm_csr_f16_v8")`: a `&str`
+//!   checked against the module at compile time), and a kernel whose name it builds at run time
+//!   by looking the name up in the module's list.
 //!
 //! ```
 //! use spattn_kernels_sys::{PtxModule, MODULES};
@@ -32,6 +34,9 @@
 //!     }
 //! }
 //! assert!(module_of("no_such_kernel").is_none());
+//! // A fixed name, checked when this compiles (a misspelt one does not build).
+//! let spmm: &str = spattn_kernels_sys::kernel!(CSR_OPS, "spmm_csr_f16_v8");
+//! assert_eq!(module_of(spmm).map(|m| m.name), Some("csr_ops"));
 //! ```
 
 #![no_std]
@@ -60,6 +65,63 @@ impl core::fmt::Debug for PtxModule {
             .field("kernels", &self.kernels)
             .finish()
     }
+}
+
+/// Whether `module` has a kernel named `name` (a `const fn`: [`kernel!`] evaluates it at
+/// compile time).
+pub const fn has_kernel(module: &PtxModule, name: &str) -> bool {
+    let mut i = 0;
+    while i < module.kernels.len() {
+        if str_eq(module.kernels[i], name) {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
+
+/// `a == b` in a constant context.
+const fn str_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// The name of kernel `$name` of module `$module` (a module constant of this crate, such as
+/// `CSR_OPS`), as a `&'static str`, checked at compile time: a name the module lacks fails the
+/// build, naming both.
+///
+/// ```
+/// let name: &str = spattn_kernels_sys::kernel!(BACKWARD_TC, "backward_tc_dscale");
+/// assert_eq!(name, "backward_tc_dscale");
+/// ```
+///
+/// ```compile_fail
+/// let name = spattn_kernels_sys::kernel!(BACKWARD_TC, "no_such_kernel");
+/// ```
+#[macro_export]
+macro_rules! kernel {
+    ($module:ident, $name:literal) => {{
+        const _: () = assert!(
+            $crate::has_kernel(&$crate::$module, $name),
+            concat!(
+                "kernel `",
+                $name,
+                "` is not in module ",
+                stringify!($module)
+            )
+        );
+        $name
+    }};
 }
 
 // generated.rs is written by `cargo xtask ptx` in its own layout (checked by `--check` byte for

@@ -461,7 +461,7 @@ fn softmax_launch(gpu: &Gpu, a: &DeviceCsr, x: SoftmaxArgs) -> Result<()> {
     let heads = x.heads;
     let heads_u = to_u32("heads", heads)?;
     let g = s.softmax_group;
-    let rows_name = spattn_kernels_sys::EDGE_SOFTMAX_CSR_ROWS;
+    let rows_name = spattn_kernels_sys::kernel!(CSR_OPS, "edge_softmax_csr_rows");
     let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, rows_name)?;
     let cfg = group_grid(a.n_rows() * heads, g, 1)?;
     let mut args = gpu.launch_builder(&f);
@@ -482,7 +482,7 @@ fn softmax_launch(gpu: &Gpu, a: &DeviceCsr, x: SoftmaxArgs) -> Result<()> {
 
     let n_long = s.long_rows.len();
     if n_long > 0 {
-        let long_name = spattn_kernels_sys::EDGE_SOFTMAX_CSR_LONG_ROWS;
+        let long_name = spattn_kernels_sys::kernel!(CSR_OPS, "edge_softmax_csr_long_rows");
         let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, long_name)?;
         let cfg = LaunchConfig {
             grid_dim: (to_u32("long rows", n_long)?, heads_u, 1),

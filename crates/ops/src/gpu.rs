@@ -429,9 +429,9 @@ impl Gpu {
     ///
     /// ```no_run
     /// # use spattn_ops::Gpu;
-    /// use spattn_kernels_sys::{CSR_OPS, SPMM_CSR_F32_V1};
+    /// use spattn_kernels_sys::{kernel, CSR_OPS};
     /// let gpu = Gpu::new(0)?;
-    /// let spmm = gpu.function(&CSR_OPS, SPMM_CSR_F32_V1)?;
+    /// let spmm = gpu.function(&CSR_OPS, kernel!(CSR_OPS, "spmm_csr_f32_v1"))?;
     /// # Ok::<(), spattn_ops::Error>(())
     /// ```
     pub fn function(&self, module: &PtxModule, kernel: &str) -> Result<CudaFunction> {

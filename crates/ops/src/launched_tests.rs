@@ -67,15 +67,15 @@ fn backward_holds_exactly_the_launched_kernels() {
     let mut l = Launched::new(sys::BACKWARD);
     // Launched by their constants' names (backward/mod.rs).
     for name in [
-        sys::TRANSPOSE_EDGE_VALUES_CSR_F32,
-        sys::EDGE_SOFTMAX_BACKWARD_CSR_ROWS,
-        sys::EDGE_SOFTMAX_BACKWARD_CSR_LONG_ROWS,
-        sys::ATTENTION_BACKWARD_CSR_ROWS,
-        sys::ATTENTION_BACKWARD_CSR_LONG_ROWS,
-        sys::EDGE_LEAKY_RELU_BACKWARD_F32,
-        sys::EDGE_SCALE_F32,
-        sys::EDGE_DOT_F32,
-        sys::INVERT_EDGE_MAP_U32,
+        sys::kernel!(BACKWARD, "transpose_edge_values_csr_f32"),
+        sys::kernel!(BACKWARD, "edge_softmax_backward_csr_rows"),
+        sys::kernel!(BACKWARD, "edge_softmax_backward_csr_long_rows"),
+        sys::kernel!(BACKWARD, "attention_backward_csr_rows"),
+        sys::kernel!(BACKWARD, "attention_backward_csr_long_rows"),
+        sys::kernel!(BACKWARD, "edge_leaky_relu_backward_f32"),
+        sys::kernel!(BACKWARD, "edge_scale_f32"),
+        sys::kernel!(BACKWARD, "edge_dot_f32"),
+        sys::kernel!(BACKWARD, "invert_edge_map_u32"),
     ] {
         l.add(name);
     }
@@ -106,8 +106,8 @@ fn csr_ops_holds_exactly_the_launched_kernels() {
     use crate::schedule::vector_width;
     let mut l = Launched::new(sys::CSR_OPS);
     // Launched by their constants' names (the edge softmax).
-    l.add(sys::EDGE_SOFTMAX_CSR_ROWS);
-    l.add(sys::EDGE_SOFTMAX_CSR_LONG_ROWS);
+    l.add(sys::kernel!(CSR_OPS, "edge_softmax_csr_rows"));
+    l.add(sys::kernel!(CSR_OPS, "edge_softmax_csr_long_rows"));
     for kind in DTypeKind::ALL {
         let dt = kind.name();
         l.add(sddmm_gat_kernel(dt));
@@ -223,10 +223,10 @@ fn mebcrs_ops_holds_exactly_the_launched_kernels() {
     let mut l = Launched::new(sys::MEBCRS_OPS);
     // Launched by their constants' names (the softmax and the slot moves).
     for name in [
-        sys::EDGE_SOFTMAX_MEBCRS_WINDOWS,
-        sys::EDGE_SOFTMAX_MEBCRS_LONG_WINDOWS,
-        sys::CSR_TO_SLOTS_MEBCRS,
-        sys::SLOTS_TO_CSR_MEBCRS,
+        sys::kernel!(MEBCRS_OPS, "edge_softmax_mebcrs_windows"),
+        sys::kernel!(MEBCRS_OPS, "edge_softmax_mebcrs_long_windows"),
+        sys::kernel!(MEBCRS_OPS, "csr_to_slots_mebcrs"),
+        sys::kernel!(MEBCRS_OPS, "slots_to_csr_mebcrs"),
     ] {
         l.add(name);
     }
@@ -256,26 +256,26 @@ fn plan_holds_exactly_the_launched_kernels() {
     }
     // Launched by their constants' names (device_plan/{mod,sort,csr}.rs, fused/tc.rs).
     for name in [
-        sys::PLAN_TRANSPOSE_KEYS,
-        sys::PLAN_SCAN_TILES_U32,
-        sys::PLAN_SCAN_SUMS_U32,
-        sys::PLAN_SCAN_ADD_U32,
-        sys::PLAN_SCAN_TILES_U32X4,
-        sys::PLAN_SCAN_SUMS_U32X4,
-        sys::PLAN_SCAN_ADD_U32X4,
-        sys::PLAN_RADIX_COUNT,
-        sys::PLAN_RADIX_SCATTER,
-        sys::PLAN_UNIQUE_FLAGS,
-        sys::PLAN_CSR_BUILD,
-        sys::PLAN_ROW_COUNTS,
-        sys::PLAN_ROW_UNITS,
-        sys::PLAN_BSB_RANK,
-        sys::PLAN_BSB_FLAGS,
-        sys::PLAN_BSB_WINDOW_BLOCKS,
-        sys::PLAN_BSB_FILL,
-        sys::PLAN_TC_PROLOGUE,
-        sys::PLAN_IOTA_U32,
-        sys::PLAN_WIDEN_U32_I64,
+        sys::kernel!(PLAN, "plan_transpose_keys"),
+        sys::kernel!(PLAN, "plan_scan_tiles_u32"),
+        sys::kernel!(PLAN, "plan_scan_sums_u32"),
+        sys::kernel!(PLAN, "plan_scan_add_u32"),
+        sys::kernel!(PLAN, "plan_scan_tiles_u32x4"),
+        sys::kernel!(PLAN, "plan_scan_sums_u32x4"),
+        sys::kernel!(PLAN, "plan_scan_add_u32x4"),
+        sys::kernel!(PLAN, "plan_radix_count"),
+        sys::kernel!(PLAN, "plan_radix_scatter"),
+        sys::kernel!(PLAN, "plan_unique_flags"),
+        sys::kernel!(PLAN, "plan_csr_build"),
+        sys::kernel!(PLAN, "plan_row_counts"),
+        sys::kernel!(PLAN, "plan_row_units"),
+        sys::kernel!(PLAN, "plan_bsb_rank"),
+        sys::kernel!(PLAN, "plan_bsb_flags"),
+        sys::kernel!(PLAN, "plan_bsb_window_blocks"),
+        sys::kernel!(PLAN, "plan_bsb_fill"),
+        sys::kernel!(PLAN, "plan_tc_prologue"),
+        sys::kernel!(PLAN, "plan_iota_u32"),
+        sys::kernel!(PLAN, "plan_widen_u32_i64"),
     ] {
         l.add(name);
     }

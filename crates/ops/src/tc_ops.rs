@@ -211,7 +211,7 @@ fn softmax_launch(gpu: &Gpu, a: &DeviceMeBcrs, x: SoftmaxArgs) -> Result<()> {
     let n_slots = a.n_slots() as u64;
     let long_threshold = crate::device_mebcrs::SOFTMAX_LONG_WINDOW;
 
-    let name = spattn_kernels_sys::EDGE_SOFTMAX_MEBCRS_WINDOWS;
+    let name = spattn_kernels_sys::kernel!(MEBCRS_OPS, "edge_softmax_mebcrs_windows");
     let f = gpu.load_function(MEBCRS_OPS.name, MEBCRS_OPS.ptx, name)?;
     let cfg = warp_grid(a.n_windows(), x.heads, "heads (grid.y)")?;
     let mut args = gpu.launch_builder(&f);
@@ -234,7 +234,7 @@ fn softmax_launch(gpu: &Gpu, a: &DeviceMeBcrs, x: SoftmaxArgs) -> Result<()> {
 
     let n_long = s.long_windows.len();
     if n_long > 0 {
-        let name = spattn_kernels_sys::EDGE_SOFTMAX_MEBCRS_LONG_WINDOWS;
+        let name = spattn_kernels_sys::kernel!(MEBCRS_OPS, "edge_softmax_mebcrs_long_windows");
         let f = gpu.load_function(MEBCRS_OPS.name, MEBCRS_OPS.ptx, name)?;
         let cfg = LaunchConfig {
             grid_dim: (to_u32("long windows", n_long)?, cfg.grid_dim.1, 1),
@@ -454,7 +454,7 @@ pub fn csr_to_slots(
     check_same_gpu(gpu, "slot values", out.gpu())?;
     require_tensor_cores(gpu)?;
     out.fill(fill)?;
-    let name = spattn_kernels_sys::CSR_TO_SLOTS_MEBCRS;
+    let name = spattn_kernels_sys::kernel!(MEBCRS_OPS, "csr_to_slots_mebcrs");
     move_through_slot_map(gpu, a, name, heads, values.len(), values, out)
 }
 
@@ -474,7 +474,7 @@ pub fn slots_to_csr(
     }
     check_same_gpu(gpu, "CSR-order values", out.gpu())?;
     require_tensor_cores(gpu)?;
-    let name = spattn_kernels_sys::SLOTS_TO_CSR_MEBCRS;
+    let name = spattn_kernels_sys::kernel!(MEBCRS_OPS, "slots_to_csr_mebcrs");
     move_through_slot_map(gpu, a, name, heads, out.len(), slots, out)
 }
 

@@ -132,7 +132,7 @@ impl DeviceTranspose {
         let mut inv = DeviceVec::<u32>::zeros(gpu, nnz)?;
         if nnz > 0 {
             check_same_gpu(gpu, "transpose", &self.csr)?;
-            let name = spattn_kernels_sys::INVERT_EDGE_MAP_U32;
+            let name = spattn_kernels_sys::kernel!(BACKWARD, "invert_edge_map_u32");
             let f = function(gpu, name)?;
             let nnz_u = to_u32("nnz", nnz)?;
             let cfg = grid_1d(nnz, THREADS)?;
@@ -200,7 +200,7 @@ pub fn transpose_edge_values(
     check_same_gpu(gpu, "transpose", &t.csr)?;
     check_same_gpu(gpu, "src", src)?;
     check_same_gpu(gpu, "dst", dst)?;
-    let name = spattn_kernels_sys::TRANSPOSE_EDGE_VALUES_CSR_F32;
+    let name = spattn_kernels_sys::kernel!(BACKWARD, "transpose_edge_values_csr_f32");
     let f = function(gpu, name)?;
     let (nnz_u, heads_u) = (to_u32("nnz", nnz)?, to_u32("heads", heads)?);
     let cfg = grid_1d(src.len(), THREADS)?;
@@ -269,7 +269,7 @@ fn softmax_backward_launch(
     let n_rows = to_u32("rows", a.n_rows())?;
     let heads_u = to_u32("heads", heads)?;
     let g = s.softmax_group;
-    let name = spattn_kernels_sys::EDGE_SOFTMAX_BACKWARD_CSR_ROWS;
+    let name = spattn_kernels_sys::kernel!(BACKWARD, "edge_softmax_backward_csr_rows");
     let f = function(gpu, name)?;
     let cfg = group_grid(a.n_rows() * heads, g, 1)?;
     let mut args = gpu.launch_builder(&f);
@@ -287,7 +287,7 @@ fn softmax_backward_launch(
     unsafe { launch(name, &mut args, cfg) }?;
     let n_long = s.long_rows.len();
     if n_long > 0 {
-        let name = spattn_kernels_sys::EDGE_SOFTMAX_BACKWARD_CSR_LONG_ROWS;
+        let name = spattn_kernels_sys::kernel!(BACKWARD, "edge_softmax_backward_csr_long_rows");
         let f = function(gpu, name)?;
         let cfg = long_rows_grid(n_long, heads)?;
         let mut args = gpu.launch_builder(&f);
@@ -374,7 +374,7 @@ pub fn attention_edge_backward(
     let n_rows = to_u32("rows", a.n_rows())?;
     let heads_u = to_u32("heads", heads)?;
     let g = s.softmax_group;
-    let name = spattn_kernels_sys::ATTENTION_BACKWARD_CSR_ROWS;
+    let name = spattn_kernels_sys::kernel!(BACKWARD, "attention_backward_csr_rows");
     let f = function(gpu, name)?;
     let mut cfg = group_grid(a.n_rows() * heads, g, 1)?;
     cfg.grid_dim.0 = cfg.grid_dim.0.min(REDUCE_BLOCKS as u32);
@@ -398,7 +398,7 @@ pub fn attention_edge_backward(
     unsafe { launch(name, &mut args, cfg) }?;
     let n_long = s.long_rows.len();
     if n_long > 0 {
-        let name = spattn_kernels_sys::ATTENTION_BACKWARD_CSR_LONG_ROWS;
+        let name = spattn_kernels_sys::kernel!(BACKWARD, "attention_backward_csr_long_rows");
         let f = function(gpu, name)?;
         let cfg = long_rows_grid(n_long, heads)?;
         let mut args = gpu.launch_builder(&f);
@@ -436,7 +436,7 @@ pub fn edge_leaky_relu_backward(
     }
     check_same_gpu(gpu, "pre", pre)?;
     check_same_gpu(gpu, "grad", grad)?;
-    let name = spattn_kernels_sys::EDGE_LEAKY_RELU_BACKWARD_F32;
+    let name = spattn_kernels_sys::kernel!(BACKWARD, "edge_leaky_relu_backward_f32");
     let f = function(gpu, name)?;
     let n = grad.len() as u64;
     let cfg = grid_1d(grad.len(), THREADS)?;
@@ -452,7 +452,7 @@ pub fn edge_leaky_relu_backward(
 /// `x *= alpha`, in place (e.g. the `scale` of `dQ = scale · dS · K`).
 pub fn edge_scale(gpu: &Gpu, x: &mut DeviceVec<f32>, alpha: f32) -> Result<()> {
     check_same_gpu(gpu, "x", x)?;
-    let name = spattn_kernels_sys::EDGE_SCALE_F32;
+    let name = spattn_kernels_sys::kernel!(BACKWARD, "edge_scale_f32");
     let f = function(gpu, name)?;
     let n = x.len() as u64;
     let cfg = grid_1d(x.len(), THREADS)?;
@@ -487,7 +487,7 @@ pub fn edge_dot(
     check_same_gpu(gpu, "x", x)?;
     check_same_gpu(gpu, "y", y)?;
     check_same_gpu(gpu, "acc", acc)?;
-    let name = spattn_kernels_sys::EDGE_DOT_F32;
+    let name = spattn_kernels_sys::kernel!(BACKWARD, "edge_dot_f32");
     let f = function(gpu, name)?;
     let n = x.len() as u64;
     let mut cfg = grid_1d(x.len(), THREADS)?;

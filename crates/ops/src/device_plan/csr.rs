@@ -60,7 +60,7 @@ pub(super) fn csr_from_sorted(
     let (n64, n_input64) = (n as u64, n_input as u64);
     let n_rows32 = crate::launch::to_u32("rows", n_rows)?;
     if n > 0 {
-        let f = kernel(gpu, spattn_kernels_sys::PLAN_CSR_BUILD)?;
+        let f = kernel(gpu, spattn_kernels_sys::kernel!(PLAN, "plan_csr_build"))?;
         let mut args = gpu.launch_builder(&f);
         args.arg(keys.slice())
             .arg(vals.slice())
@@ -87,7 +87,7 @@ pub(super) fn csr_from_sorted(
         // one status word.
         unsafe {
             launch(
-                spattn_kernels_sys::PLAN_CSR_BUILD,
+                spattn_kernels_sys::kernel!(PLAN, "plan_csr_build"),
                 &mut args,
                 stride_grid(n)?,
             )
@@ -134,7 +134,7 @@ fn row_schedules(
     }
     let counts = crate::buffer::grown(gpu, rows, "row schedule counts", 4 * (n_rows + 1))?;
     let n_rows32 = crate::launch::to_u32("rows", n_rows)?;
-    let f = kernel(gpu, spattn_kernels_sys::PLAN_ROW_COUNTS)?;
+    let f = kernel(gpu, spattn_kernels_sys::kernel!(PLAN, "plan_row_counts"))?;
     let mut args = gpu.launch_builder(&f);
     args.arg(row_offsets.slice())
         .arg(&n_rows32)
@@ -144,13 +144,13 @@ fn row_schedules(
     // words of counts[r] (4 (n_rows + 1) u32) and status words.
     unsafe {
         launch(
-            spattn_kernels_sys::PLAN_ROW_COUNTS,
+            spattn_kernels_sys::kernel!(PLAN, "plan_row_counts"),
             &mut args,
             stride_grid(n_rows)?,
         )
     }?;
     scan(gpu, counts, n_rows, Lanes::Four, sums)?;
-    let f = kernel(gpu, spattn_kernels_sys::PLAN_ROW_UNITS)?;
+    let f = kernel(gpu, spattn_kernels_sys::kernel!(PLAN, "plan_row_units"))?;
     let mut args = gpu.launch_builder(&f);
     args.arg(row_offsets.slice())
         .arg(&n_rows32)
@@ -171,7 +171,7 @@ fn row_schedules(
     // scanned counts (n_rows + 1 uint4).
     unsafe {
         launch(
-            spattn_kernels_sys::PLAN_ROW_UNITS,
+            spattn_kernels_sys::kernel!(PLAN, "plan_row_units"),
             &mut args,
             stride_grid(n_rows)?,
         )

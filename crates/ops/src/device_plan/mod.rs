@@ -419,7 +419,7 @@ pub(crate) fn build_from_edges<I: DeviceIndex>(
     )?;
     let flags = crate::buffer::grown(gpu, flags, "plan entry numbers", m + 1)?;
     if m > 0 {
-        let f = kernel(gpu, spattn_kernels_sys::PLAN_UNIQUE_FLAGS)?;
+        let f = kernel(gpu, spattn_kernels_sys::kernel!(PLAN, "plan_unique_flags"))?;
         let (m64, e64) = (m as u64, e as u64);
         let mut args = gpu.launch_builder(&f);
         args.arg(bufs.0[r].slice())
@@ -432,7 +432,7 @@ pub(crate) fn build_from_edges<I: DeviceIndex>(
         // word.
         unsafe {
             launch(
-                spattn_kernels_sys::PLAN_UNIQUE_FLAGS,
+                spattn_kernels_sys::kernel!(PLAN, "plan_unique_flags"),
                 &mut args,
                 stride_grid(m)?,
             )
@@ -525,7 +525,10 @@ fn transpose_of(
 ) -> Result<(PendingCsr, DeviceVec<u32>)> {
     let bufs = sort_buffers(gpu, s.keys, s.vals, n)?;
     if n > 0 {
-        let f = kernel(gpu, spattn_kernels_sys::PLAN_TRANSPOSE_KEYS)?;
+        let f = kernel(
+            gpu,
+            spattn_kernels_sys::kernel!(PLAN, "plan_transpose_keys"),
+        )?;
         let n64 = n as u64;
         let mut args = gpu.launch_builder(&f);
         args.arg(row_indices.slice())
@@ -539,7 +542,7 @@ fn transpose_of(
         // [0, n).
         unsafe {
             launch(
-                spattn_kernels_sys::PLAN_TRANSPOSE_KEYS,
+                spattn_kernels_sys::kernel!(PLAN, "plan_transpose_keys"),
                 &mut args,
                 stride_grid(n)?,
             )
@@ -650,7 +653,7 @@ pub(crate) fn build_bsb(
         nnz as u64,
     );
     if nnz > 0 {
-        let f = kernel(gpu, spattn_kernels_sys::PLAN_BSB_RANK)?;
+        let f = kernel(gpu, spattn_kernels_sys::kernel!(PLAN, "plan_bsb_rank"))?;
         let mut args = gpu.launch_builder(&f);
         args.arg(a.row_offsets().slice())
             .arg(a.col_indices().slice())
@@ -664,18 +667,18 @@ pub(crate) fn build_bsb(
         // [0, nnz).
         unsafe {
             launch(
-                spattn_kernels_sys::PLAN_BSB_RANK,
+                spattn_kernels_sys::kernel!(PLAN, "plan_bsb_rank"),
                 &mut args,
                 stride_grid(nnz)?,
             )
         }?;
-        let f = kernel(gpu, spattn_kernels_sys::PLAN_BSB_FLAGS)?;
+        let f = kernel(gpu, spattn_kernels_sys::kernel!(PLAN, "plan_bsb_flags"))?;
         let mut args = gpu.launch_builder(&f);
         args.arg(wkeys.slice()).arg(&nnz64).arg(dex.slice());
         // SAFETY: reads wkeys [0, nnz), writes dex [0, nnz) (nnz + 1 allocated).
         unsafe {
             launch(
-                spattn_kernels_sys::PLAN_BSB_FLAGS,
+                spattn_kernels_sys::kernel!(PLAN, "plan_bsb_flags"),
                 &mut args,
                 stride_grid(nnz)?,
             )
@@ -683,7 +686,10 @@ pub(crate) fn build_bsb(
     }
     scan(gpu, dex, nnz, Lanes::One, sums)?;
     if n_windows > 0 {
-        let f = kernel(gpu, spattn_kernels_sys::PLAN_BSB_WINDOW_BLOCKS)?;
+        let f = kernel(
+            gpu,
+            spattn_kernels_sys::kernel!(PLAN, "plan_bsb_window_blocks"),
+        )?;
         let mut args = gpu.launch_builder(&f);
         args.arg(a.row_offsets().slice())
             .arg(&n_rows32)
@@ -694,7 +700,7 @@ pub(crate) fn build_bsb(
         // (≤ nnz: nnz + 1 entries) and writes window_offsets[w] (n_windows + 1 allocated).
         unsafe {
             launch(
-                spattn_kernels_sys::PLAN_BSB_WINDOW_BLOCKS,
+                spattn_kernels_sys::kernel!(PLAN, "plan_bsb_window_blocks"),
                 &mut args,
                 stride_grid(n_windows)?,
             )
@@ -702,7 +708,7 @@ pub(crate) fn build_bsb(
     }
     scan(gpu, &mut window_offsets, n_windows, Lanes::One, sums)?;
     if nnz > 0 {
-        let f = kernel(gpu, spattn_kernels_sys::PLAN_BSB_FILL)?;
+        let f = kernel(gpu, spattn_kernels_sys::kernel!(PLAN, "plan_bsb_fill"))?;
         let mut args = gpu.launch_builder(&f);
         args.arg(wkeys.slice())
             .arg(&nnz64)
@@ -717,7 +723,7 @@ pub(crate) fn build_bsb(
         // its block's 4 bitmap words (2 · max_blocks u64 = 4 · max_blocks u32).
         unsafe {
             launch(
-                spattn_kernels_sys::PLAN_BSB_FILL,
+                spattn_kernels_sys::kernel!(PLAN, "plan_bsb_fill"),
                 &mut args,
                 stride_grid(nnz)?,
             )
@@ -754,13 +760,13 @@ pub(crate) fn build_edge_csr(gpu: &Gpu, a: &DeviceCsr) -> Result<DeviceCsr> {
     let nnz = a.nnz();
     let cols = DeviceVec::<u32>::alloc(gpu, "edge CSR columns", nnz, false)?;
     let n64 = nnz as u64;
-    let f = kernel(gpu, spattn_kernels_sys::PLAN_IOTA_U32)?;
+    let f = kernel(gpu, spattn_kernels_sys::kernel!(PLAN, "plan_iota_u32"))?;
     let mut args = gpu.launch_builder(&f);
     args.arg(cols.slice()).arg(&n64);
     // SAFETY: writes cols[0, nnz) (nnz allocated).
     unsafe {
         launch(
-            spattn_kernels_sys::PLAN_IOTA_U32,
+            spattn_kernels_sys::kernel!(PLAN, "plan_iota_u32"),
             &mut args,
             stride_grid(nnz)?,
         )
@@ -782,13 +788,13 @@ pub fn widen_to_i64(gpu: &Gpu, from: &DeviceVec<u32>, to: &mut DeviceVec<i64>) -
     check_same_gpu(gpu, "widened indices", &*to)?;
     let n = from.len();
     let n64 = n as u64;
-    let f = kernel(gpu, spattn_kernels_sys::PLAN_WIDEN_U32_I64)?;
+    let f = kernel(gpu, spattn_kernels_sys::kernel!(PLAN, "plan_widen_u32_i64"))?;
     let mut args = gpu.launch_builder(&f);
     args.arg(from.slice()).arg(&n64).arg(to.slice_mut());
     // SAFETY: reads from[0, n) and writes to[0, n); both hold n (checked).
     unsafe {
         launch(
-            spattn_kernels_sys::PLAN_WIDEN_U32_I64,
+            spattn_kernels_sys::kernel!(PLAN, "plan_widen_u32_i64"),
             &mut args,
             stride_grid(n)?,
         )

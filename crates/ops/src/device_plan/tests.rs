@@ -421,7 +421,7 @@ fn gpu_device_plan_costs() {
     let gpu = gpu();
     let reps = 2000;
     let mut one = DeviceVec::<u32>::zeros(&gpu, 1).unwrap();
-    let f = kernel(&gpu, spattn_kernels_sys::PLAN_IOTA_U32).unwrap();
+    let f = kernel(&gpu, spattn_kernels_sys::kernel!(PLAN, "plan_iota_u32")).unwrap();
     let n1 = 1u64;
     gpu.synchronize().unwrap();
     let t = std::time::Instant::now();
@@ -431,7 +431,7 @@ fn gpu_device_plan_costs() {
         // SAFETY: writes one[0] (1 element).
         unsafe {
             launch(
-                spattn_kernels_sys::PLAN_IOTA_U32,
+                spattn_kernels_sys::kernel!(PLAN, "plan_iota_u32"),
                 &mut args,
                 stride_grid(1).unwrap(),
             )

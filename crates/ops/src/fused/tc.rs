@@ -655,7 +655,7 @@ fn device_prologue(
         check_same_gpu(gpu, "row ids", ids)?;
     }
     let (n_units32, n_rows) = (to_u32("units", n_units)?, to_u32("rows", bsb.n_rows())?);
-    let name = spattn_kernels_sys::PLAN_TC_PROLOGUE;
+    let name = spattn_kernels_sys::kernel!(PLAN, "plan_tc_prologue");
     let f = gpu.load_function(
         spattn_kernels_sys::PLAN.name,
         spattn_kernels_sys::PLAN.ptx,
