@@ -19,7 +19,7 @@
 #   --peers-args "..."  extra arguments of torch_peers.py (e.g. "--dense-max-n 50000")
 #   --fused-build DIR   also time the fused peers (Fused3S, FlashSparse, DF-GNN) whose extension
 #                       modules were built from their public sources into DIR (fused_peers.py
-#                       --build-dir DIR; the builds are not part of this repository)
+#                       --build-dir DIR; peers/build_peers.sh builds them, see its header)
 #   --fused-args "..."  extra arguments of fused_peers.py
 #   --no-peers          spattn-bench only
 #   --no-report         no BENCHMARKS.md at the end

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The fused sparse-attention kernels this field compares itself with, built from their public
-sources on the GPU machine (the builds, and the recipe that makes them, are not part of this
-repository: they are reference builds of third-party code), timed on the same graph
+sources on the GPU machine by build_peers.sh beside this script (their code is not part of this
+repository: it exports them at pinned commits and builds them into --build-dir), timed on the same graph
 with the same inputs, f64 reference, CUDA-event timing and records as torch_peers.py (whose
 helpers this imports; see its docstring for every record field, status and the tolerances).
 

@@ -717,8 +717,8 @@ fn reproduce(w: &mut String, runs: &[RunRecord]) {
         w,
         "```sh\n\
          cargo xtask gpu-bundle\n\
-         # on the GPU machine, in the bundle (peers/build_peers.sh builds the fused peers from \
-         their sources, if present):\n\
+         # on the GPU machine, in the bundle (fused peers: peers/build_peers.sh builds them from \
+         the sources its export stage wrote, see its header; then add --fused-build BUILDDIR):\n\
          tar -xf bench.tar.xz && bash peers/run_gpu_bench.sh --bundle . --out results\n\
          # back here:\n\
          cargo run --release -p spattn-bench -- report --json results/spattn-*.json \\\n    \
