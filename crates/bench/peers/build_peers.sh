@@ -26,14 +26,8 @@
 #      exit status names the ones that failed (their logs: BUILDDIR/logs/<peer>.log).
 #   Then: run_gpu_bench.sh ... --fused-build BUILDDIR, or fused_peers.py ... --build-dir BUILDDIR.
 #
-# What was checked where it was written (no GPU, no nvcc install): export ran from the public
-# mirrors (pins resolve to one commit, an ambiguous prefix is refused, the trees export); build's
-# flow ran with a stand-in python (logs, SOURCES.txt, one failure not stopping the others). With
-# pip's nvcc 13.0.88 and torch 2.11.0+cu130's headers, compile only for sm_90 with setup.py's
-# flags: Fused3S's 3 sources, FlashSparse's SpMM/src/benchmark.cpp, DF-GNN's fused_gtconv.cpp,
-# _csr.cu and _hyper.cu compiled unpatched (DF-GNN's -arch=sm_75 beside the sm_90 gencode too).
-# No patch was needed so far, so there is no patches/ yet. Not checked: the other sources, linking,
-# the imports and the kernels, all on the GPU machine.
+# The export stage and the build's flow are tested without a GPU; the builds themselves are
+# checked only on the GPU machine (no nvcc here).
 set -euo pipefail
 
 self="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
