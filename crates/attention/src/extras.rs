@@ -297,7 +297,8 @@ impl AttentionPlan {
 
     /// Which kernels [`backward_with_extras`](Self::backward_with_extras) runs for `extras` of
     /// `T` on this plan: [`BackwardKernels::TensorCore`] for a per-head bias and / or dropout
-    /// without edge features where the tensor-core backward holds the head (f16 / bf16, a
+    /// (or neither) without edge features where the tensor-core backward holds the head (f16 /
+    /// bf16, a
     /// multiple of 8 up to 64 features, sm_80 and later), [`BackwardKernels::Fused`] for edge
     /// features alone where the fused CUDA-core backward holds the head, else
     /// [`BackwardKernels::Unfused`] (the per-edge composition). The first two are bitwise

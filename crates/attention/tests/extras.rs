@@ -293,6 +293,7 @@ fn check_gpu_extras_with<T: DType>(
         DeviceMatrix::<T>::zeros(&gpu, s).unwrap(),
     );
     let mut gb = DeviceVec::<T>::zeros(&gpu, bias.len()).unwrap();
+    gb.fill_nan().unwrap();
     let mut gf = DeviceMatrix::<T>::zeros(&gpu, sf).unwrap();
     for m in [&mut gq, &mut gk, &mut gv, &mut gf] {
         m.fill_nan().unwrap();

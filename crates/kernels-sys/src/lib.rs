@@ -111,13 +111,13 @@ const fn str_eq(a: &str, b: &str) -> bool {
 #[macro_export]
 macro_rules! kernel {
     ($module:ident, $name:literal) => {{
-        const _: () = assert!(
+        const _: () = ::core::assert!(
             $crate::has_kernel(&$crate::$module, $name),
-            concat!(
+            ::core::concat!(
                 "kernel `",
                 $name,
                 "` is not in module ",
-                stringify!($module)
+                ::core::stringify!($module)
             )
         );
         $name

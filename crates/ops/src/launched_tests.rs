@@ -65,7 +65,7 @@ fn backward_holds_exactly_the_launched_kernels() {
     use crate::backward::{gatv2_grad_kernel, long_row_sum_kernel, row_dot_kernel, row_sum_kernel};
     use crate::schedule::vector_width;
     let mut l = Launched::new(sys::BACKWARD);
-    // Launched by their constants' names (backward/mod.rs).
+    // Launched by fixed names (`kernel!`) (backward/mod.rs).
     for name in [
         sys::kernel!(BACKWARD, "transpose_edge_values_csr_f32"),
         sys::kernel!(BACKWARD, "edge_softmax_backward_csr_rows"),
@@ -105,7 +105,7 @@ fn csr_ops_holds_exactly_the_launched_kernels() {
     };
     use crate::schedule::vector_width;
     let mut l = Launched::new(sys::CSR_OPS);
-    // Launched by their constants' names (the edge softmax).
+    // Launched by fixed names (`kernel!`) (the edge softmax).
     l.add(sys::kernel!(CSR_OPS, "edge_softmax_csr_rows"));
     l.add(sys::kernel!(CSR_OPS, "edge_softmax_csr_long_rows"));
     for kind in DTypeKind::ALL {
@@ -221,7 +221,7 @@ fn layers_holds_exactly_the_launched_kernels() {
 fn mebcrs_ops_holds_exactly_the_launched_kernels() {
     use crate::tc_ops::{sddmm_kernel, spmm_finalize_kernel, spmm_kernel, spmm_pipe_shape};
     let mut l = Launched::new(sys::MEBCRS_OPS);
-    // Launched by their constants' names (the softmax and the slot moves).
+    // Launched by fixed names (`kernel!`) (the softmax and the slot moves).
     for name in [
         sys::kernel!(MEBCRS_OPS, "edge_softmax_mebcrs_windows"),
         sys::kernel!(MEBCRS_OPS, "edge_softmax_mebcrs_long_windows"),
@@ -254,7 +254,7 @@ fn plan_holds_exactly_the_launched_kernels() {
     ] {
         l.add(edge_keys_kernel(index));
     }
-    // Launched by their constants' names (device_plan/{mod,sort,csr}.rs, fused/tc.rs).
+    // Launched by fixed names (`kernel!`) (device_plan/{mod,sort,csr}.rs, fused/tc.rs).
     for name in [
         sys::kernel!(PLAN, "plan_transpose_keys"),
         sys::kernel!(PLAN, "plan_scan_tiles_u32"),

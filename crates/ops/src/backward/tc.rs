@@ -327,7 +327,7 @@ impl TensorCoreBackward {
     /// Errors: as [`run`](Self::run); [`Error::Unsupported`] for edge features or a bias shared
     /// by the heads (the fused CUDA-core backward and the composition take them);
     /// [`Error::InvalidArgument`] for a bias without `d_bias`, or a `graph` that is not the
-    /// state's; [`Error::ShapeMismatch`] for a bias or `d_bias` of another length.
+    /// state's; [`Error::LengthMismatch`] for a bias or `d_bias` of another length.
     #[allow(clippy::too_many_arguments)]
     pub fn run_with_extras<T: DType>(
         &mut self,
@@ -370,15 +370,16 @@ impl TensorCoreBackward {
                 Some(db)
             }
         };
-        if self.a_side.n_rows != graph.n_rows()
-            || self.t_side.n_rows != graph.n_cols()
+        // The state's own graph: the edge maps built below are cached for it.
+        if !Arc::ptr_eq(&graph.transpose_bsb()?, &self.t)
+            || self.a_side.n_rows != graph.n_rows()
             || self.a.layout.nnz() != graph.nnz()
         {
             return Err(Error::InvalidArgument {
                 what: "graph",
                 why: format!(
-                    "the backward was made for {} rows, {} columns and {} edges; given {} × {} \
-                     with {}",
+                    "the backward was made for another graph ({} rows, {} columns, {} edges); \
+                     given {} × {} with {}",
                     self.a_side.n_rows,
                     self.t_side.n_rows,
                     self.a.layout.nnz(),
@@ -387,6 +388,10 @@ impl TensorCoreBackward {
                     graph.nnz()
                 ),
             });
+        }
+        // Extras that change nothing (no bias, dropout at rate 0) need no edge maps.
+        if extras.bias.is_none() && extras.dropout.is_none_or(|d| d.threshold() == 0) {
+            return self.run_inner(gpu, scale, operands, grads, None);
         }
         let mut sides = match self.extras.take() {
             Some(x) => x,
