@@ -429,15 +429,24 @@ fn gpu_edge_features_alone_take_the_fused_backward() {
     // 520 features: past fused-csr's heads (Auto plans unfused-csr) and the fused backward's.
     let unfused = (Algorithm::UnfusedCsr, Reorder::Auto, None);
     check_gpu_extras_with::<f32>(&gpu, &graphs[1], unfused, 1, 520, None, 0.0);
-    for (heads, d) in [(8, 64), (1, 24)] {
-        check_edge_features_deterministic::<f32>(&gpu, &graphs[2], heads, d);
-        check_edge_features_deterministic::<f16>(&gpu, &graphs[2], heads, d);
+    for hd in [(8, 64), (1, 24)] {
+        check_extras_deterministic::<f32>(&gpu, &graphs[2], hd, true, BackwardKernels::Fused);
+        check_extras_deterministic::<f16>(&gpu, &graphs[2], hd, true, BackwardKernels::Fused);
     }
 }
 
-/// Two backward passes with edge features alone give bitwise-equal gradients and ∂L/∂scale.
-fn check_edge_features_deterministic<T: DType>(gpu: &Gpu, a: &Csr, heads: usize, d: usize) {
-    let mut rng = fresh_rng("edge features determinism");
+/// Two backward passes with extras give bitwise-equal gradients and ∂L/∂scale, on the kernels
+/// `backward_kernels_with_extras` names: edge features alone (`features`; the fused CUDA-core
+/// passes) or a per-head bias with dropout (the tensor-core passes on f16 / bf16 heads they
+/// hold, where a shared bias keeps the composition).
+fn check_extras_deterministic<T: DType>(
+    gpu: &Gpu,
+    a: &Csr,
+    (heads, d): (usize, usize),
+    features: bool,
+    expect: BackwardKernels,
+) {
+    let mut rng = fresh_rng("extras determinism");
     let s = Shape::new(a.n_rows(), heads, d).unwrap();
     let sf = Shape::new(a.nnz(), heads, d).unwrap();
     let up = |rng: &mut Pcg64, s: Shape| {
@@ -450,15 +459,28 @@ fn check_edge_features_deterministic<T: DType>(gpu: &Gpu, a: &Csr, heads: usize,
         up(&mut rng, s),
         up(&mut rng, sf),
     );
+    let bias = DeviceVec::from_host(gpu, &random_vec::<T>(&mut rng, a.nnz() * heads, 1.0)).unwrap();
     let config = AttentionConfig::new(heads, d, T::KIND).with_edge_extras(true);
     let plan = AttentionPlan::new_gpu(gpu, a, config).unwrap();
-    let extras = Extras {
-        bias: None,
-        edge_features: Some(&f),
-        dropout: None,
+    let with = |shared: bool| Extras {
+        bias: (!features).then_some(if shared {
+            DeviceBias::Shared(&bias)
+        } else {
+            DeviceBias::PerHead(&bias)
+        }),
+        edge_features: features.then_some(&f),
+        dropout: (!features).then(|| Dropout::new(0.3, 11, 5).unwrap()),
     };
+    let extras = with(false);
+    let what = format!("{} H{heads} D{d} features {features}", T::NAME);
+    assert_eq!(plan.backward_kernels_with_extras(&extras), expect, "{what}");
+    if !features {
+        let kernels = plan.backward_kernels_with_extras(&with(true));
+        assert_eq!(kernels, BackwardKernels::Unfused, "{what}: shared bias");
+    }
     let run = || {
         let mut out = [s, s, s, sf].map(|sh| DeviceMatrix::<T>::zeros(gpu, sh).unwrap());
+        let mut gb = DeviceVec::<T>::zeros(gpu, bias.len()).unwrap();
         let [gq, gk, gv, gf] = &mut out;
         let d_scale = plan
             .backward_with_extras(
@@ -471,68 +493,28 @@ fn check_edge_features_deterministic<T: DType>(gpu: &Gpu, a: &Csr, heads: usize,
                     dq: gq,
                     dk: gk,
                     dv: gv,
-                    d_bias: None,
-                    d_edge_features: Some(gf),
+                    d_bias: (!features).then_some(&mut gb),
+                    d_edge_features: features.then_some(gf),
                 },
             )
             .unwrap();
-        let host = out.map(|m| m.to_host().unwrap());
+        let mut host = out.map(|m| m.to_host().unwrap()).to_vec();
+        host.push(gb.to_host().unwrap());
         (host, d_scale)
     };
     let (first, s1) = run();
     let (second, s2) = run();
-    assert_eq!(
-        s1.to_bits(),
-        s2.to_bits(),
-        "{} H{heads} D{d}: d_scale",
-        T::NAME
-    );
-    for (name, x, y) in ["dQ", "dK", "dV", "dE"]
+    assert_eq!(s1.to_bits(), s2.to_bits(), "{what}: d_scale");
+    for (name, (x, y)) in ["dQ", "dK", "dV", "dE", "dBias"]
         .iter()
-        .zip(&first)
-        .zip(&second)
-        .map(|((n, x), y)| (n, x, y))
+        .zip(first.iter().zip(&second))
     {
         let differ = x
             .iter()
             .zip(y)
             .filter(|(a, b)| a.to_f32().to_bits() != b.to_f32().to_bits())
             .count();
-        assert_eq!(
-            differ,
-            0,
-            "{} H{heads} D{d}: {name} differs in {differ} elements",
-            T::NAME
-        );
-    }
-}
-
-/// A per-head bias and dropout without edge features take the tensor-core backward
-/// (`TensorCoreBackward::run_with_extras`) on f16 and bf16 heads of a multiple of 8 up to 64:
-/// every gradient, dBias and ∂scale against the f64 reference with each extra alone and both,
-/// rows in the graph's order and renumbered, hub windows split across units, full blocks (a
-/// step's bias span of 256 edges). A shared bias and f32 keep the composition.
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn gpu_tensor_core_backward_takes_a_bias_and_dropout() {
-    let gpu = gpu();
-    let mut rng = fresh_rng("gpu tensor-core extras backward");
-    let graphs = [
-        shared_graph("cora"),
-        random_graph(&mut rng, 300, 6, 7),
-        hub_graph(&mut rng, 20_000, 3),
-        clique_graph(12, 40),
-    ];
-    for a in &graphs {
-        for reorder in [Reorder::None, Reorder::Degree] {
-            let tc = (Algorithm::FusedTensorCore, reorder, None);
-            for (heads, d) in [(1, 32), (3, 24), (8, 64)] {
-                for (bias, rate) in [(Some(false), 0.0), (None, 0.3), (Some(false), 0.5)] {
-                    check_gpu_extras_with::<f16>(&gpu, a, tc, heads, d, bias, rate);
-                    check_gpu_extras_with::<bf16>(&gpu, a, tc, heads, d, bias, rate);
-                }
-            }
-        }
+        assert_eq!(differ, 0, "{what}: {name} differs in {differ} elements");
     }
 }
 
@@ -545,108 +527,14 @@ fn gpu_tensor_core_extras_backward_is_deterministic_and_masks() {
     let gpu = gpu();
     let mut rng = fresh_rng("gpu tensor-core extras determinism");
     let graphs = [shared_graph("cora"), hub_graph(&mut rng, 20_000, 3)];
-    for (heads, d) in [(8, 64), (1, 24)] {
-        check_tc_extras_deterministic::<f16>(&gpu, &graphs[1], heads, d);
-        check_tc_extras_deterministic::<bf16>(&gpu, &graphs[1], heads, d);
+    let tc = BackwardKernels::TensorCore;
+    for hd in [(8, 64), (1, 24)] {
+        check_extras_deterministic::<f16>(&gpu, &graphs[1], hd, false, tc);
+        check_extras_deterministic::<bf16>(&gpu, &graphs[1], hd, false, tc);
     }
     for a in &graphs {
         check_tc_masked_backward::<f16>(&gpu, a);
         check_tc_masked_backward::<bf16>(&gpu, a);
-    }
-}
-
-/// A fused-tc plan with the extras' inputs of `T` (heads × d): Q, K, V, dOut, a per-head bias
-/// (`bias`, nnz × heads) and the plan, whose backward with a bias and dropout must take the
-/// tensor-core passes while a shared bias keeps the composition.
-#[allow(clippy::type_complexity)]
-fn tc_extras_case<T: DType>(
-    gpu: &Gpu,
-    a: &Csr,
-    heads: usize,
-    d: usize,
-    bias: &[T],
-    rng: &mut Pcg64,
-) -> (AttentionPlan, [DeviceMatrix<T>; 4], DeviceVec<T>) {
-    let s = Shape::new(a.n_rows(), heads, d).unwrap();
-    let config = AttentionConfig::new(heads, d, T::KIND)
-        .with_algorithm(Algorithm::FusedTensorCore)
-        .with_edge_extras(true);
-    let plan = AttentionPlan::new_gpu(gpu, a, config).unwrap();
-    let ops = [0; 4]
-        .map(|_| DeviceMatrix::from_host(gpu, s, &random_vec::<T>(rng, s.len(), 1.0)).unwrap());
-    let db = DeviceVec::from_host(gpu, bias).unwrap();
-    fn with<'a, T: DType>(b: DeviceBias<'a, T>) -> Extras<'a, T> {
-        Extras {
-            bias: Some(b),
-            edge_features: None,
-            dropout: Some(Dropout::new(0.3, 11, 5).unwrap()),
-        }
-    }
-    assert_eq!(
-        plan.backward_kernels_with_extras(&with(DeviceBias::PerHead(&db))),
-        BackwardKernels::TensorCore,
-        "{} H{heads} D{d}",
-        T::NAME
-    );
-    assert_eq!(
-        plan.backward_kernels_with_extras(&with(DeviceBias::Shared(&db))),
-        BackwardKernels::Unfused,
-        "{} H{heads} D{d}: shared bias",
-        T::NAME
-    );
-    (plan, ops, db)
-}
-
-/// The tensor-core backward with a per-head bias and dropout: two runs give bitwise-equal
-/// gradients, dBias and ∂L/∂scale.
-fn check_tc_extras_deterministic<T: DType>(gpu: &Gpu, a: &Csr, heads: usize, d: usize) {
-    let mut rng = fresh_rng("tensor-core extras determinism");
-    let bias = random_vec::<T>(&mut rng, a.nnz() * heads, 1.0);
-    let (plan, [q, k, v, g], db) = tc_extras_case::<T>(gpu, a, heads, d, &bias, &mut rng);
-    let s = plan.shape_q();
-    let extras = Extras {
-        bias: Some(DeviceBias::PerHead(&db)),
-        edge_features: None,
-        dropout: Some(Dropout::new(0.3, 11, 5).unwrap()),
-    };
-    let run = || {
-        let mut out = [s, s, s].map(|sh| DeviceMatrix::<T>::zeros(gpu, sh).unwrap());
-        let mut gb = DeviceVec::<T>::zeros(gpu, bias.len()).unwrap();
-        let [gq, gk, gv] = &mut out;
-        let d_scale = plan
-            .backward_with_extras(
-                &q,
-                &k,
-                &v,
-                &extras,
-                &g,
-                ExtrasGrads {
-                    dq: gq,
-                    dk: gk,
-                    dv: gv,
-                    d_bias: Some(&mut gb),
-                    d_edge_features: None,
-                },
-            )
-            .unwrap();
-        let mut host = out.map(|m| m.to_host().unwrap()).to_vec();
-        host.push(gb.to_host().unwrap());
-        (host, d_scale)
-    };
-    let (first, s1) = run();
-    let (second, s2) = run();
-    let what = format!("tensor-core extras {} H{heads} D{d}", T::NAME);
-    assert_eq!(s1.to_bits(), s2.to_bits(), "{what}: d_scale");
-    for (name, (x, y)) in ["dQ", "dK", "dV", "dBias"]
-        .iter()
-        .zip(first.iter().zip(&second))
-    {
-        let differ = x
-            .iter()
-            .zip(y)
-            .filter(|(a, b)| a.to_f32().to_bits() != b.to_f32().to_bits())
-            .count();
-        assert_eq!(differ, 0, "{what}: {name} differs in {differ} elements");
     }
 }
 
@@ -663,8 +551,13 @@ fn check_tc_masked_backward<T: DType>(gpu: &Gpu, a: &Csr) {
             b.fill(T::from_f32(f32::NEG_INFINITY));
         }
     }
-    let (plan, [q, k, v, g], db) = tc_extras_case::<T>(gpu, a, heads, d, &bias, &mut rng);
-    let s = plan.shape_q();
+    let s = Shape::new(a.n_rows(), heads, d).unwrap();
+    let config = AttentionConfig::new(heads, d, T::KIND).with_edge_extras(true);
+    let plan = AttentionPlan::new_gpu(gpu, a, config).unwrap();
+    let [q, k, v, g] = [0; 4].map(|_| {
+        DeviceMatrix::from_host(gpu, s, &random_vec::<T>(&mut rng, s.len(), 1.0)).unwrap()
+    });
+    let db = DeviceVec::from_host(gpu, &bias).unwrap();
     let dropout = Dropout::new(0.2, 3, 1).unwrap();
     let extras = Extras {
         bias: Some(DeviceBias::PerHead(&db)),
@@ -752,8 +645,9 @@ fn gpu_fused_csr_with_every_extra_matches_the_f64_reference() {
 
 /// fused-tc with a bias and dropout: with the rows in the graph's order and renumbered (the
 /// kernel maps each block's bits to the caller's edges), hub windows split across units, every
-/// dtype (f32 through tf32) and its register and pipelined kernels (head_dim 32 to 128); edge
-/// features are refused, naming the algorithms that take them.
+/// dtype (f32 through tf32) and its register and pipelined kernels (head_dim 32 to 128), and for
+/// f16 / bf16 heads up to 64 the tensor-core backward with each extra; edge features are
+/// refused, naming the algorithms that take them.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn gpu_fused_tc_with_bias_and_dropout_matches_the_f64_reference() {
@@ -790,6 +684,12 @@ fn gpu_fused_tc_with_bias_and_dropout_matches_the_f64_reference() {
                 if d <= 128 {
                     check_gpu_extras::<f32>(&gpu, a, tc, heads, d, shared, rate);
                 }
+            }
+            // Dropout alone: with the per-head bias alone (1 × 32) and both (8 × 64) above, each
+            // of the tensor-core backward's extras twins at both slices.
+            for (heads, d) in [(3, 24), (8, 64)] {
+                check_gpu_extras_with::<f16>(&gpu, a, tc, heads, d, None, 0.3);
+                check_gpu_extras_with::<bf16>(&gpu, a, tc, heads, d, None, 0.3);
             }
         }
     }
