@@ -260,12 +260,7 @@ impl AttentionPlan {
         ),
         read_scale: bool,
     ) -> Result<Option<f32>> {
-        let BackwardParts::Gpu { gpu, graph, state } = self.backward_parts() else {
-            return Err(Error::WrongPlanKind {
-                plan: "CPU",
-                use_instead: "backward_host",
-            });
-        };
+        let (gpu, graph, state) = self.gpu_backward_parts("backward_host")?;
         self.check_kind::<T>()?;
         let (sq, skv) = (self.shape_q(), self.shape_kv());
         for (what, actual, expected) in [
@@ -349,6 +344,21 @@ impl AttentionPlan {
         read_d_scale(read_scale, &st.d_scale)
     }
 
+    /// A GPU plan's handle, graph and backward state; a CPU plan is [`Error::WrongPlanKind`],
+    /// naming `use_instead`.
+    fn gpu_backward_parts(
+        &self,
+        use_instead: &'static str,
+    ) -> Result<(&Gpu, &DeviceGraph, &Mutex<BackwardState>)> {
+        match self.backward_parts() {
+            BackwardParts::Gpu { gpu, graph, state } => Ok((gpu, graph, state)),
+            BackwardParts::Cpu(_) => Err(Error::WrongPlanKind {
+                plan: "CPU",
+                use_instead,
+            }),
+        }
+    }
+
     /// Whether the tensor-core backward runs this GPU plan's heads of `T` (f16 / bf16, a
     /// multiple of 8 up to 64 features, sm_80 and later).
     pub(crate) fn tensor_core_backward_runs<T: DType>(&self) -> bool {
@@ -370,12 +380,7 @@ impl AttentionPlan {
         d_bias: Option<&mut DeviceVec<T>>,
         read_scale: bool,
     ) -> Result<Option<f32>> {
-        let BackwardParts::Gpu { gpu, graph, state } = self.backward_parts() else {
-            return Err(Error::WrongPlanKind {
-                plan: "CPU",
-                use_instead: "backward_host",
-            });
-        };
+        let (gpu, graph, state) = self.gpu_backward_parts("backward_host")?;
         let mut st = state.lock().unwrap_or_else(PoisonError::into_inner);
         let reorder = graph.effective_reorder(self.config().reorder);
         let ws = st.tc_workspace::<T>(graph, self.shape_q(), reorder)?;
@@ -401,12 +406,7 @@ impl AttentionPlan {
         [dq, dk, dv, d_ef]: [&mut DeviceMatrix<T>; 4],
         read_scale: bool,
     ) -> Result<Option<f32>> {
-        let BackwardParts::Gpu { gpu, graph, state } = self.backward_parts() else {
-            return Err(Error::WrongPlanKind {
-                plan: "CPU",
-                use_instead: "backward_with_host",
-            });
-        };
+        let (gpu, graph, state) = self.gpu_backward_parts("backward_host")?;
         let sq = self.shape_q();
         // As in `backward_impl`: every buffer is overwritten before it is read.
         let mut st = state.lock().unwrap_or_else(PoisonError::into_inner);
