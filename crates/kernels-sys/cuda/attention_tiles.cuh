@@ -1081,6 +1081,18 @@ __device__ __forceinline__ u32 bsb_pipe_step_col(const u32* __restrict__ block_c
                                       : SPATTN_NONE;
 }
 
+// The staged extras' span bounds of step s (BsbStagedExtras::prefetch), loaded a step before
+// the step's copies; 0 past the unit's last step and for extras that are not staged.
+template <class X>
+__device__ __forceinline__ u32 bsb_pipe_step_span(const X& xt, u32 b_begin, u32 b_end, u32 steps,
+                                                  u32 s) {
+    if constexpr (X::STAGED) {
+        return s < steps ? xt.prefetch(b_begin + 2u * s, b_end) : 0u;
+    } else {
+        return 0u;
+    }
+}
+
 // The two bitmaps of step s (16 bytes a block; zeros past b_end) copied to shared address
 // `dst` by lanes 0 and 1.
 __device__ __forceinline__ void bsb_pipe_copy_bitmaps(u32 dst, const u32* __restrict__ bitmaps,
@@ -1207,15 +1219,7 @@ __device__ __forceinline__ void bsb_pipe_tiles(
     auto cols_of = [&](u32 s) {
         return bsb_pipe_step_col(block_columns, b_begin, b_end, steps, s, lane);
     };
-    // Staged extras: the span bounds of step s (BsbStagedExtras::prefetch), loaded a step
-    // before its copies; 0 without.
-    auto span_of = [&](u32 s) -> u32 {
-        if constexpr (STAGED) {
-            return s < steps ? xt.prefetch(b_begin + 2u * s, b_end) : 0u;
-        } else {
-            return 0u;
-        }
-    };
+    auto span_of = [&](u32 s) { return bsb_pipe_step_span(xt, b_begin, b_end, steps, s); };
     // The copies of step s (its columns in col, lane src + l holding slot l; staged extras:
     // its span bounds `span`) into stage s % STAGES, then a commit (an empty group past the last
     // step keeps the count uniform).

@@ -112,15 +112,7 @@ __device__ __forceinline__ void bwd_tc(
     auto cols_of = [&](u32 s) {
         return bsb_pipe_step_col(block_columns, b_begin, b_end, steps, s, lane);
     };
-    // Extras: the span bounds of step s (BsbStagedExtras::prefetch), loaded a step before its
-    // copies; 0 without.
-    auto span_of = [&](u32 s) -> u32 {
-        if constexpr (XON) {
-            return s < steps ? xt.prefetch(b_begin + 2u * s, b_end) : 0u;
-        } else {
-            return 0u;
-        }
-    };
+    auto span_of = [&](u32 s) { return bsb_pipe_step_span(xt, b_begin, b_end, steps, s); };
     // The copies of step s (its columns in col; extras: its span bounds) into stage s % STAGES,
     // then a commit (an empty group past the last step keeps the count uniform).
     auto issue = [&](u32 s, u32 col, u32 span) {
