@@ -66,10 +66,13 @@ use spattn_formats::Reorder;
 use spattn_kernels_sys::BACKWARD_TC;
 
 use crate::buffer::{DeviceMatrix, DeviceVec};
-use crate::device_bsb::{BsbBlocks, BsbExtrasStage, BsbLayout, GatheredBsbExtras, OrderedBsb};
+use crate::device_bsb::{
+    bsb_pipe_x_bytes, BsbBlocks, BsbExtrasStage, BsbLayout, GatheredBsbExtras, OrderedBsb,
+    BSB_PIPE_STAGES,
+};
 use crate::dtype::{DType, DTypeKind};
 use crate::error::{Error, Result};
-use crate::fused::tc::{default_chunk, Schedule};
+use crate::fused::tc::{default_chunk, extras_kernel, Schedule};
 use crate::fused::CsrExtras;
 use crate::gpu::Gpu;
 use crate::graph::DeviceGraph;
@@ -85,8 +88,6 @@ use super::fused::product;
 const KERNEL: &str = "tensor-core backward";
 /// Warps per CTA (one warp per unit and head).
 const CTA_WARPS: usize = 4;
-/// Steps a warp has in flight (`BSB_PIPE_STAGES` in the kernels).
-const STAGES: usize = 3;
 /// Bytes of a row of a stage's tiles (`BWD_TC_ROW`: 64 features of two bytes).
 const TILE_ROW_BYTES: usize = 128;
 /// Rows of a BSB window.
@@ -495,12 +496,8 @@ impl TensorCoreBackward {
         let heads = to_u32("heads", self.heads)?;
         let head_dim = to_u32("head_dim", self.head_dim)?;
         let takes = extras.as_ref().map_or((false, false), |x| x.a.takes());
-        let name = |pass: &str| {
-            kernel_named(
-                &BACKWARD_TC,
-                pass_kernel(pass, T::NAME, self.slice) + extras_suffix(takes),
-            )
-        };
+        let name =
+            |pass: &str| kernel_named(&BACKWARD_TC, pass_name(pass, T::NAME, self.slice, takes));
         let null = None::<&DeviceVec<u32>>;
         // The extras' parameters of a plain launch (SPATTN_BSB_X_PARAMS, unread).
         let (zero_u32, zero_f32) = (0u32, 0f32);
@@ -608,7 +605,7 @@ impl TensorCoreBackward {
 
         // ∂scale: the rows' shares in a fixed order.
         let n = self.ds_rows.len();
-        let kernel = kernel_named(&BACKWARD_TC, DSCALE_KERNEL.to_string())?;
+        let kernel = DSCALE_KERNEL;
         let f = gpu.load_function(BACKWARD_TC.name, BACKWARD_TC.ptx, kernel)?;
         let n64 = n as u64;
         let mut args = gpu.launch_builder(&f);
@@ -638,26 +635,21 @@ struct LaunchExtras<'a, T: DType> {
     d_bias: Option<&'a mut DeviceVec<T>>,
 }
 
-/// The kernel-name suffix of a launch taking a bias and dropout (`takes`).
-fn extras_suffix(takes: (bool, bool)) -> &'static str {
-    match takes {
-        (false, false) => "",
-        (true, false) => "_xb",
-        (false, true) => "_xd",
-        (true, true) => "_x",
-    }
-}
-
 /// The ∂scale sum's kernel.
-const DSCALE_KERNEL: &str = "backward_tc_dscale";
+const DSCALE_KERNEL: &str = spattn_kernels_sys::kernel!(BACKWARD_TC, "backward_tc_dscale");
 /// The passes, in launch order.
 const PASSES: [&str; 3] = ["stats", "dq", "dkv"];
 /// The feature slices the kernels are instantiated for.
 const SLICES: [usize; 2] = [32, 64];
 
-/// The kernel of `pass` for dtype `dtype` (a kernel-name suffix) at feature slice `slice`.
-fn pass_kernel(pass: &str, dtype: &str, slice: usize) -> String {
-    format!("backward_tc_{pass}_{dtype}_s{slice}")
+/// The kernel of `pass` for dtype `dtype` (a kernel-name suffix) at feature slice `slice`,
+/// taking a bias and dropout as `takes` says (the pipelined forward's `_xb`, `_xd`, `_x` twins).
+fn pass_name(pass: &str, dtype: &str, slice: usize, takes: (bool, bool)) -> String {
+    let base = format!("backward_tc_{pass}_{dtype}_s{slice}");
+    match takes {
+        (false, false) => base,
+        _ => extras_kernel(&base, true, takes),
+    }
 }
 
 /// Which BSB a pass runs over.
@@ -669,14 +661,13 @@ enum Pass {
     T,
 }
 
-/// Shared memory of one warp of `pass` (`bwd_tc_warp_bytes` in the kernels): [`STAGES`] stages of
-/// two tiles of 16 rows, the step's two bitmaps (32 bytes), in the dkv pass the 16 columns'
-/// statistics (an f32 pair each), then the staged extras (`bsb_pipe_x_bytes`: a bias span of
-/// 256 floats, two blocks' keep words).
+/// Shared memory of one warp of `pass` (`bwd_tc_warp_bytes` in the kernels):
+/// [`BSB_PIPE_STAGES`] stages of two tiles of 16 rows, the step's two bitmaps (32 bytes), in the
+/// dkv pass the 16 columns' statistics (an f32 pair each), then the staged extras
+/// ([`bsb_pipe_x_bytes`]).
 fn warp_shared_bytes(pass: &str, (bias, drop): (bool, bool)) -> usize {
     let stats = if pass == "dkv" { 16 * 8 } else { 0 };
-    let x = if bias { 4 * 256 } else { 0 } + if drop { 32 } else { 0 };
-    STAGES * (2 * 16 * TILE_ROW_BYTES + 32 + stats + x)
+    BSB_PIPE_STAGES * (2 * 16 * TILE_ROW_BYTES + 32 + stats + bsb_pipe_x_bytes(bias, drop))
 }
 
 /// The grid of a pass: a warp per (unit, head) in CTAs of [`CTA_WARPS`], each warp with its
@@ -725,7 +716,7 @@ mod tests {
             for slice in SLICES {
                 for pass in PASSES {
                     for takes in TAKES {
-                        let name = pass_kernel(pass, dtype, slice) + extras_suffix(takes);
+                        let name = pass_name(pass, dtype, slice, takes);
                         assert!(kernel_named(&BACKWARD_TC, name.clone()).is_ok(), "{name}");
                         launched.insert(name);
                     }
