@@ -34,6 +34,7 @@ use spattn_kernels_sys::CSR_OPS;
 use crate::buffer::{grown, DeviceMatrix, DeviceVec, Scratch};
 use crate::device_csr::DeviceCsr;
 use crate::dtype::DType;
+use crate::edge_extras::{self, DeviceBias};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::launch::{
@@ -441,6 +442,26 @@ pub fn sddmm_gat<T: DType>(
     // SAFETY: reads row/col indices [0..nnz), a_dst[row*heads + h] with row < n_rows and
     // a_src[col*heads + h] with col < n_cols (shapes checked), writes scores[0..nnz*heads).
     unsafe { launch(name, &mut args, cfg) }
+}
+
+/// GAT's pre-activation scores into `scores` (`nnz × heads`, A's order): `a_dst[i, h] +
+/// a_src[j, h]` per edge `(i, j)`, plus `bias[e · heads + h]` where given (per head; the
+/// layers' edge-feature term, a user's bias).
+///
+/// Errors: as [`sddmm_gat`] and [`edge_extras::bias_add`] (shapes and lengths, named).
+pub fn gat_scores<A: DType, B: DType>(
+    gpu: &Gpu,
+    a: &DeviceCsr,
+    (a_dst, a_src): (&DeviceMatrix<A>, &DeviceMatrix<A>),
+    bias: Option<&DeviceVec<B>>,
+    scores: &mut DeviceVec<f32>,
+) -> Result<()> {
+    sddmm_gat(gpu, a, a_dst, a_src, scores)?;
+    if let Some(b) = bias {
+        let heads = a_dst.shape().heads;
+        edge_extras::bias_add(gpu, scores, DeviceBias::PerHead(b), a.nnz(), heads)?;
+    }
+    Ok(())
 }
 
 edge_softmax_fns! {

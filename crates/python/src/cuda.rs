@@ -2,14 +2,11 @@
 //! tensors (the contract is in the `graph` module's documentation), run on spattn's stream
 //! ordered with the caller's, and the graph built on a GPU from an edge list there.
 
-use spattn::ops::backward::DeviceTranspose;
 use spattn::ops::csr_ops::Gatv2Operands;
 use spattn::ops::device_plan::{BuildReport, DeviceEdges, DeviceIds, DeviceIndex, GraphSpec};
 use spattn::ops::{backward as gpu_backward, csr_ops, edge_extras};
 use spattn::ops::{DeviceCsr, ExternalMatrix, ExternalVec};
-use spattn::{
-    AttentionPlan, DType, DeviceBias, DeviceGraph, DeviceMatrix, DeviceVec, Dropout, Gpu, Shape,
-};
+use spattn::{AttentionPlan, DType, DeviceGraph, DeviceMatrix, DeviceVec, Dropout, Gpu, Shape};
 
 use crate::device;
 use crate::extras;
@@ -133,65 +130,6 @@ fn softmax_aggregate<T: DType>(
     Ok(())
 }
 
-/// ∂L/∂score before any LeakyReLU into `ds`, from the probabilities `p` (before dropout) and
-/// `dP = ⟨dOut_i, x_j⟩`; under dropout dP = dW ⊙ mask / (1 − rate).
-#[allow(clippy::too_many_arguments)]
-fn softmax_input_grad<T: DType>(
-    gpu: &Gpu,
-    a: &DeviceCsr,
-    heads: usize,
-    dropout: Option<&Dropout>,
-    p: &DeviceVec<f32>,
-    d_out: &DeviceMatrix<T>,
-    x: &DeviceMatrix<T>,
-    ds: &mut DeviceVec<f32>,
-) -> spattn::Result<()> {
-    csr_ops::sddmm(gpu, a, d_out, x, 1.0, ds)?;
-    if let Some(dr) = dropout {
-        edge_extras::apply_dropout(gpu, ds, dr)?;
-    }
-    gpu_backward::edge_softmax_backward_in_place(gpu, a, p, ds, heads)?;
-    Ok(())
-}
-
-/// The aggregation's share of ∂L/∂x, `dx = Pᵀ · dOut` with P as the forward used it (`p` is
-/// dropped in place where `dropout`; `scratch` receives it in Aᵀ's order).
-#[allow(clippy::too_many_arguments)]
-fn aggregation_grad<T: DType>(
-    gpu: &Gpu,
-    t: &DeviceTranspose,
-    heads: usize,
-    dropout: Option<&Dropout>,
-    p: &mut DeviceVec<f32>,
-    scratch: &mut DeviceVec<f32>,
-    d_out: &DeviceMatrix<T>,
-    dx: &mut DeviceMatrix<T>,
-) -> spattn::Result<()> {
-    if let Some(dr) = dropout {
-        edge_extras::apply_dropout(gpu, p, dr)?;
-    }
-    gpu_backward::transpose_edge_values(gpu, t, p, heads, scratch)?;
-    csr_ops::spmm(gpu, t.csr(), scratch, d_out, dx)?;
-    Ok(())
-}
-
-/// GAT's pre-activation scores `a_dst[row] + a_src[col] (+ bias)` per edge and head into
-/// `scores`, on the graph's CSR (the forward's and, recomputed, the backward's).
-fn gat_scores(
-    d: &OnDevice,
-    (a_dst, a_src): (&ExternalMatrix<f32>, &ExternalMatrix<f32>),
-    bias: &ExternalVec<f32>,
-    scores: &mut ExternalVec<f32>,
-) -> spattn::Result<()> {
-    let (gpu, a) = (&d.device.gpu, d.graph.csr()?);
-    csr_ops::sddmm_gat(gpu, a, a_dst, a_src, scores)?;
-    if !bias.is_empty() {
-        let heads = a_dst.shape().heads;
-        edge_extras::bias_add(gpu, scores, DeviceBias::PerHead(bias), d.graph.nnz(), heads)?;
-    }
-    Ok(())
-}
-
 /// The GAT forward on CUDA tensors at `[x, a_dst, a_src, out, workspace, bias]` (bias 0 for
 /// none), ordered with `stream`.
 pub(crate) fn gat_forward_gpu<T: DType>(
@@ -219,7 +157,8 @@ pub(crate) fn gat_forward_gpu<T: DType>(
             ExternalVec::<f32>::new_trusted(gpu, "bias", bias, if bias == 0 { 0 } else { edges })?;
         d.device.bridge.run(stream, || -> spattn::Result<()> {
             let a = d.graph.csr()?;
-            gat_scores(d, (&a_dst, &a_src), &bias, &mut p)?;
+            let bias = (!bias.is_empty()).then_some(&*bias);
+            csr_ops::gat_scores(gpu, a, (&*a_dst, &*a_src), bias, &mut p)?;
             softmax_aggregate(
                 gpu,
                 a,
@@ -270,18 +209,22 @@ pub(crate) fn gat_backward_gpu<T: DType>(
         d.device.bridge.run(stream, || -> spattn::Result<()> {
             let (a, t) = (d.graph.csr()?, d.graph.transpose()?);
             let drop = dropout.as_ref();
-            gat_scores(d, (&a_dst, &a_src), &bias, &mut s)?;
+            let b = (blen > 0).then_some(&*bias);
+            csr_ops::gat_scores(gpu, a, (&*a_dst, &*a_src), b, &mut s)?;
             csr_ops::edge_softmax(gpu, a, &s, h, Some(slope), &mut p)?;
-            softmax_input_grad(gpu, a, h, drop, &p, &d_out, &x, &mut dp)?;
-            gpu_backward::edge_leaky_relu_backward(gpu, &s, slope, &mut dp)?;
+            let leaky = Some((slope, &*s));
+            gpu_backward::gat_score_grad(gpu, a, h, drop, leaky, &p, (&*d_out, &*x), &mut dp)?;
             if blen > 0 {
                 d_bias.copy_from(&dp)?;
             }
-            gpu_backward::edge_row_sum(gpu, a, &dp, h, &mut da_dst)?;
-            // s is free again: dS in Aᵀ's order; then dp: P in Aᵀ's order.
-            gpu_backward::transpose_edge_values(gpu, t, &dp, h, &mut s)?;
-            gpu_backward::edge_row_sum(gpu, t.csr(), &s, h, &mut da_src)?;
-            aggregation_grad(gpu, t, h, drop, &mut p, &mut dp, &d_out, &mut dx)
+            // s is free again: dS in Aᵀ's order; then dp: W in Aᵀ's order.
+            let vectors = (&mut *da_dst, &mut *da_src);
+            gpu_backward::gat_vector_grads(gpu, (a, t), h, &dp, &mut s, vectors)?;
+            if let Some(dr) = drop {
+                edge_extras::apply_dropout(gpu, &mut p, dr)?;
+            }
+            gpu_backward::gat_aggregation_grad(gpu, t, h, &p, &mut dp, &d_out, &mut dx)?;
+            Ok(())
         })
     }
 }
@@ -417,11 +360,14 @@ pub(crate) fn gatv2_backward_gpu<T: DType>(
             let drop = dropout.as_ref();
             csr_ops::sddmm_gatv2(gpu, a, &ops, &mut s)?;
             csr_ops::edge_softmax(gpu, a, &s, h, None, &mut p)?;
-            softmax_input_grad(gpu, a, h, drop, &p, &d_out, &xl, &mut dp)?;
+            gpu_backward::gat_score_grad(gpu, a, h, drop, None, &p, (&*d_out, &*xl), &mut dp)?;
             let d_ef = d_ef.as_deref_mut();
             gpu_backward::gatv2_edge_grad(gpu, a, &ops, &dp, &mut d_xr, d_ef, &mut d_att)?;
-            // s is free again: P in Aᵀ's order, for the aggregation's share of ∂xl.
-            aggregation_grad(gpu, t, h, drop, &mut p, &mut s, &d_out, &mut d_xl)?;
+            // s is free again: W in Aᵀ's order, for the aggregation's share of ∂xl.
+            if let Some(dr) = drop {
+                edge_extras::apply_dropout(gpu, &mut p, dr)?;
+            }
+            gpu_backward::gat_aggregation_grad(gpu, t, h, &p, &mut s, &d_out, &mut d_xl)?;
             gpu_backward::gatv2_edge_grad_transposed(gpu, a, t, &ops, &dp, &mut d_xl)?;
             Ok(())
         })

@@ -18,7 +18,6 @@
 use spattn_ops::backward as gpu_backward;
 use spattn_ops::cpu::{self, Real};
 use spattn_ops::dense::{Dims, GemmElement};
-use spattn_ops::edge_extras::DeviceBias;
 use spattn_ops::elementwise;
 use spattn_ops::Dropout;
 use spattn_ops::{csr_ops, edge_extras, DeviceMatrix, DeviceVec, Shape};
@@ -480,8 +479,7 @@ impl<T: GemmElement> GatConv<Device<T>> {
         elementwise::head_dot(gpu, &wh, &self.att_src.value, &mut e_src)?;
         elementwise::head_dot(gpu, &wh, &self.att_dst.value, &mut e_dst)?;
         let edges = g.a()?.nnz() * h;
-        let mut scores = DeviceVec::zeros(gpu, edges)?;
-        csr_ops::sddmm_gat(gpu, g.a()?, &e_dst, &e_src, &mut scores)?;
+        // The edge features' term, a per-head bias of the scores.
         let edge = match (&self.edge, edge_attr) {
             (Some((lin, att)), Some(f)) => {
                 let nnz = g.a()?.nnz();
@@ -490,17 +488,14 @@ impl<T: GemmElement> GatConv<Device<T>> {
                 e.reshape(Shape::new(nnz, h, c)?)?;
                 let mut alpha = DeviceMatrix::zeros(gpu, Shape::new(nnz, h, 1)?)?;
                 elementwise::head_dot(gpu, &e, &att.value, &mut alpha)?;
-                edge_extras::bias_add(
-                    gpu,
-                    &mut scores,
-                    DeviceBias::PerHead(alpha.as_vec()),
-                    nnz,
-                    h,
-                )?;
-                Some((f.try_clone()?, e))
+                Some((f.try_clone()?, e, alpha))
             }
             _ => None,
         };
+        let mut scores = DeviceVec::zeros(gpu, edges)?;
+        let bias = edge.as_ref().map(|(_, _, alpha)| alpha.as_vec());
+        csr_ops::gat_scores(gpu, g.a()?, (&e_dst, &e_src), bias, &mut scores)?;
+        let edge = edge.map(|(f, e, _)| (f, e));
         let mut p = DeviceVec::zeros(gpu, edges)?;
         let slope = Some(self.config.negative_slope);
         csr_ops::edge_softmax(gpu, g.a()?, &scores, h, slope, &mut p)?;
@@ -575,17 +570,15 @@ impl<T: GemmElement> GatConv<Device<T>> {
         };
         let (a, t) = (g.a()?, g.t()?);
         let edges = a.nnz() * h;
-        let mut dp = DeviceVec::zeros(gpu, edges)?;
-        csr_ops::sddmm(gpu, a, &d_agg, &cache.wh, 1.0, &mut dp)?;
-        if let Some(d) = &cache.dropout {
-            edge_extras::apply_dropout(gpu, &mut dp, d)?;
-        }
         let mut ds = DeviceVec::zeros(gpu, edges)?;
-        gpu_backward::edge_softmax_backward(gpu, a, &cache.p, &dp, h, &mut ds)?;
-        gpu_backward::edge_leaky_relu_backward(
+        gpu_backward::gat_score_grad(
             gpu,
-            &cache.scores,
-            self.config.negative_slope,
+            a,
+            h,
+            cache.dropout.as_ref(),
+            Some((self.config.negative_slope, &cache.scores)),
+            &cache.p,
+            (&d_agg, &cache.wh),
             &mut ds,
         )?;
         let mut d_edges = None;
@@ -604,21 +597,27 @@ impl<T: GemmElement> GatConv<Device<T>> {
         // f32: these per-node sums feed the attention vectors' gradients, sums over every node
         // whose terms largely cancel; rounding them to f16/bf16 first costs ~1e-2 relative.
         let mut de_dst = DeviceMatrix::<f32>::zeros(gpu, per_node)?;
-        gpu_backward::edge_row_sum(gpu, a, &ds, h, &mut de_dst)?;
-        // dp is free again: reuse it for the transposed values.
-        gpu_backward::transpose_edge_values(gpu, t, &ds, h, &mut dp)?;
         let mut de_src = DeviceMatrix::<f32>::zeros(gpu, per_node)?;
-        gpu_backward::edge_row_sum(gpu, t.csr(), &dp, h, &mut de_src)?;
-        match &cache.dropout {
-            None => gpu_backward::transpose_edge_values(gpu, t, &cache.p, h, &mut ds)?,
+        let mut scratch = DeviceVec::zeros(gpu, edges)?;
+        gpu_backward::gat_vector_grads(
+            gpu,
+            (a, t),
+            h,
+            &ds,
+            &mut scratch,
+            (&mut de_dst, &mut de_src),
+        )?;
+        // The weights the forward aggregated with; ds is free again for W where dropout.
+        let w = match &cache.dropout {
+            None => &cache.p,
             Some(d) => {
-                let mut w = cache.p.try_clone()?;
-                edge_extras::apply_dropout(gpu, &mut w, d)?;
-                gpu_backward::transpose_edge_values(gpu, t, &w, h, &mut ds)?;
+                ds.copy_from(&cache.p)?;
+                edge_extras::apply_dropout(gpu, &mut ds, d)?;
+                &ds
             }
-        }
+        };
         let mut dwh = DeviceMatrix::zeros(gpu, shape)?;
-        csr_ops::spmm(gpu, t.csr(), &ds, &d_agg, &mut dwh)?;
+        gpu_backward::gat_aggregation_grad(gpu, t, h, w, &mut scratch, &d_agg, &mut dwh)?;
         for (att, de) in [(&mut self.att_src, &de_src), (&mut self.att_dst, &de_dst)] {
             elementwise::head_outer_add(gpu, de, &att.value, &mut dwh)?;
             elementwise::head_weighted_sum(gpu, &cache.wh, de, &mut att.grad)?;
