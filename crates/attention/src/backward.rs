@@ -12,7 +12,7 @@
 //! |---|---|---|---|
 //! | `Auto` (default) | `TensorCore` where it runs, else `Fused` | none | yes |
 //! | `Fused` | a row pass over A (dQ, the row statistics, ∂scale) and a column pass over Aᵀ (dK, dV): [`spattn_ops::backward::FusedBackward`] | none | yes |
-//! | `PerEdge` | 2 SDDMMs (`⟨q, k⟩`, `⟨dOut, v⟩`), one fused row kernel (P, dS, Pᵀ, dSᵀ, ∂scale), 3 SpMMs | four `nnz × heads` f32 | gradients yes; ∂scale no (its blocks add with f64 atomics) |
+//! | `PerEdge` | 2 SDDMMs (`⟨q, k⟩`, `⟨dOut, v⟩`), one fused row kernel (P, dS, Pᵀ, dSᵀ, ∂scale), 3 SpMMs | four `nnz × heads` f32 | yes |
 //! | `Unfused` | the spattn-ops building blocks: SDDMM, edge softmax, softmax backward, transposes, dot, scale, SpMM | as `PerEdge` | as `PerEdge` |
 //! | `TensorCore` | three passes on tensor cores over A's BSB (row statistics; dQ, ∂scale) and Aᵀ's BSB (dK, dV): [`spattn_ops::backward::TensorCoreBackward`] (f16 / bf16, head_dim a multiple of 8 up to 64, sm_80+; others run `Fused`) | none | yes |
 //!
@@ -35,7 +35,7 @@ use std::sync::{Mutex, PoisonError};
 
 use spattn_formats::{Csr, Reorder};
 use spattn_ops::backward::{
-    self as ops_backward, DeviceTranspose, FusedBackward, TensorCoreBackward,
+    self as ops_backward, DeviceSum, DeviceTranspose, FusedBackward, TensorCoreBackward,
 };
 use spattn_ops::cpu::{self, AttentionInputs};
 use spattn_ops::graph::DeviceGraph;
@@ -58,10 +58,11 @@ pub enum BackwardKernels {
     /// A row pass and a column pass on CUDA cores, no per-edge buffers, bitwise deterministic
     /// (heads its lanes do not hold run [`PerEdge`](Self::PerEdge)).
     Fused,
-    /// Two SDDMMs, one fused per-edge row kernel and three SpMMs over `nnz × heads` buffers.
+    /// Two SDDMMs, one fused per-edge row kernel and three SpMMs over `nnz × heads` buffers;
+    /// bitwise deterministic.
     PerEdge,
     /// The composition of the spattn-ops building blocks: SDDMM, edge softmax, SDDMM, softmax
-    /// backward, transposes, dot and scale.
+    /// backward, transposes, dot and scale; bitwise deterministic.
     Unfused,
     /// Three passes on tensor cores over BSB and Aᵀ's BSB, no per-edge buffers, bitwise
     /// deterministic ([`TensorCoreBackward`]): f16 / bf16 heads of a multiple of 8 up to 64
@@ -147,8 +148,10 @@ struct EdgeBuffers {
     p_t: DeviceVec<f32>,
     /// `scale · dS` in Aᵀ's order.
     ds_t: DeviceVec<f32>,
-    /// The gradient of the scale (one f64).
-    d_scale: DeviceVec<f64>,
+    /// Each (row, head)'s share of the scale's gradient (per-edge kernel).
+    dscale_rows: DeviceVec<f32>,
+    /// The gradient of the scale.
+    d_scale: DeviceSum,
 }
 
 impl EdgeBuffers {
@@ -157,12 +160,20 @@ impl EdgeBuffers {
             what: "heads",
             why: format!("{} edges x {heads} heads overflows usize", graph.nnz()),
         })?;
+        let rows = graph
+            .n_rows()
+            .checked_mul(heads)
+            .ok_or(Error::InvalidConfig {
+                what: "heads",
+                why: format!("{} rows x {heads} heads overflows usize", graph.n_rows()),
+            })?;
         Ok(Self {
             raw: DeviceVec::zeros(gpu, edges)?,
             dp: DeviceVec::zeros(gpu, edges)?,
             p_t: DeviceVec::zeros(gpu, edges)?,
             ds_t: DeviceVec::zeros(gpu, edges)?,
-            d_scale: DeviceVec::zeros(gpu, 1)?,
+            dscale_rows: DeviceVec::zeros(gpu, rows)?,
+            d_scale: DeviceSum::new(gpu)?,
         })
     }
 }
@@ -311,7 +322,6 @@ impl AttentionPlan {
             Some(buffers) => buffers,
             slot => slot.insert(EdgeBuffers::new(gpu, graph, heads)?),
         };
-        st.d_scale.fill(0.0)?;
         if kernels == BackwardKernels::PerEdge {
             csr_ops::sddmm(gpu, a, q, k, 1.0, &mut st.raw)?;
             csr_ops::sddmm(gpu, a, d_out, v, 1.0, &mut st.dp)?;
@@ -325,6 +335,7 @@ impl AttentionPlan {
                 &mut st.dp,
                 &mut st.p_t,
                 &mut st.ds_t,
+                &mut st.dscale_rows,
                 &mut st.d_scale,
             )?;
         } else {
@@ -341,7 +352,7 @@ impl AttentionPlan {
         csr_ops::spmm(gpu, a, &st.dp, k, dq)?;
         csr_ops::spmm(gpu, t.csr(), &st.ds_t, q, dk)?;
         csr_ops::spmm(gpu, t.csr(), &st.p_t, d_out, dv)?;
-        read_d_scale(read_scale, &st.d_scale)
+        read_d_scale(read_scale, st.d_scale.total())
     }
 
     /// A GPU plan's handle, graph and backward state; a CPU plan is [`Error::WrongPlanKind`],

@@ -45,7 +45,7 @@
 
 use std::sync::{Mutex, PoisonError};
 
-use spattn_ops::backward::{self as ops_backward, FusedBackward};
+use spattn_ops::backward::{self as ops_backward, DeviceSum, FusedBackward};
 use spattn_ops::cpu::{self, AttentionInputs, EdgeBias, Extras as CpuExtras};
 use spattn_ops::edge_extras::{self, DeviceBias};
 use spattn_ops::graph::DeviceGraph;
@@ -102,7 +102,7 @@ pub(crate) struct ExtrasState {
     /// Scratch in A's or Aᵀ's order.
     t: DeviceVec<f32>,
     /// The gradient of the scale.
-    d_scale: DeviceVec<f64>,
+    d_scale: DeviceSum,
 }
 
 impl ExtrasState {
@@ -113,7 +113,7 @@ impl ExtrasState {
             r: DeviceVec::zeros(gpu, edges)?,
             ds: DeviceVec::zeros(gpu, edges)?,
             t: DeviceVec::zeros(gpu, edges)?,
-            d_scale: DeviceVec::zeros(gpu, 1)?,
+            d_scale: DeviceSum::new(gpu)?,
         })
     }
 }
@@ -400,7 +400,6 @@ impl AttentionPlan {
         }
         ops_backward::edge_softmax_backward_in_place(gpu, csr, &st.p, &mut st.ds, heads)?;
         if read_scale {
-            st.d_scale.fill(0.0)?;
             ops_backward::edge_dot(gpu, &st.ds, &st.r, &mut st.d_scale)?;
         }
         if let (Some(b), Some(db)) = (extras.bias, grads.d_bias) {
@@ -424,7 +423,7 @@ impl AttentionPlan {
         if !read_scale {
             return Ok(None);
         }
-        let d_scale = st.d_scale.to_host()?;
+        let d_scale = st.d_scale.total().to_host()?;
         Ok(Some(d_scale.first().copied().unwrap_or(0.0) as f32))
     }
 

@@ -261,9 +261,10 @@ fn hub_row_and_extreme_scores() {
     check_backward::<f32>(&gpu, &b, &GPU_ALGORITHMS, 8, 8, &mut rng, 0.0, Grads::All);
 }
 
-/// The fused and tensor-core backwards, each twice on the same inputs: bitwise-equal gradients
-/// and ∂scale, on a graph whose hub row and hub column are split into many units (merged by
-/// whichever unit finishes last), and within tolerance of the f64 reference.
+/// Every backward (fused, tensor-core, per-edge, unfused), each twice on the same inputs:
+/// bitwise-equal gradients and ∂scale, on a graph whose hub row and hub column are split into
+/// many units (merged by whichever unit finishes last), and within tolerance of the f64
+/// reference.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn fused_backward_is_deterministic() {
@@ -301,7 +302,12 @@ fn deterministic_case<T: DType>(
         random_vec(rng, skv.len(), 1.0),
         random_vec(rng, sq.len(), 1.0),
     );
-    for kernels in [BackwardKernels::Fused, BackwardKernels::TensorCore] {
+    for kernels in [
+        BackwardKernels::Fused,
+        BackwardKernels::TensorCore,
+        BackwardKernels::PerEdge,
+        BackwardKernels::Unfused,
+    ] {
         deterministic_runs(gpu, a, &plan, kernels, [&q, &k, &v, &d]);
     }
 }

@@ -39,12 +39,6 @@ __device__ __forceinline__ GroupTeam group_team(u32 g) {
     return t;
 }
 
-// Adds a block's f32 partial (one per thread) into *acc (f64). Every thread of the block calls.
-__device__ __forceinline__ void block_accumulate(float v, float* scratch, double* acc) {
-    const float r = block_reduce(v, scratch, false);
-    if (threadIdx.x == 0) atomicAdd(acc, (double)r);
-}
-
 // ---- row bodies -----------------------------------------------------------------------------
 
 // ds = p * (dp - sum_row(p * dp)) for one (row, head). `ds` may alias `dp`: each element is
@@ -158,25 +152,27 @@ extern "C" __global__ void edge_softmax_backward_csr_long_rows(
 
 // ---- fused attention backward (per edge) ------------------------------------------------------
 
+// Each (row, head) writes its share of the scale's gradient, Σ_row dS ⊙ raw, to
+// dscale_rows[row * heads + h] (rows without edges 0); sum_in_order_f32 adds them up.
 extern "C" __global__ void attention_backward_csr_rows(
     const u32* __restrict__ row_offsets, u32 n_rows, u32 heads, float scale,
     const float* __restrict__ raw, float* dp, const u32* __restrict__ a_to_t,
     float* __restrict__ p_t, float* __restrict__ ds_t, u32 g, u32 long_threshold,
-    double* d_scale) {
-    __shared__ float reduce_scratch[32];
-    float dscale = 0.0f;
-    SPATTN_FOR_EACH_SHORT_ROW(dscale += attention_backward_row(team, start, end, heads, h, scale,
-                                                               raw, dp, a_to_t, p_t, ds_t);)
-    block_accumulate(dscale, reduce_scratch, d_scale);
+    float* __restrict__ dscale_rows) {
+    SPATTN_FOR_EACH_SHORT_ROW(
+        const float share = team.sum(attention_backward_row(team, start, end, heads, h, scale,
+                                                            raw, dp, a_to_t, p_t, ds_t));
+        if (team.lane == 0u) dscale_rows[rh] = share;)
 }
 
 extern "C" __global__ void attention_backward_csr_long_rows(
     const u32* __restrict__ row_offsets, const u32* __restrict__ long_rows, u32 heads,
     float scale, const float* __restrict__ raw, float* dp, const u32* __restrict__ a_to_t,
-    float* __restrict__ p_t, float* __restrict__ ds_t, double* d_scale) {
-    SPATTN_LONG_ROW(const float dscale = attention_backward_row(team, start, end, heads, h, scale,
-                                                                raw, dp, a_to_t, p_t, ds_t);
-                    block_accumulate(dscale, scratch, d_scale);)
+    float* __restrict__ p_t, float* __restrict__ ds_t, float* __restrict__ dscale_rows) {
+    SPATTN_LONG_ROW(
+        const float share = team.sum(attention_backward_row(team, start, end, heads, h, scale,
+                                                            raw, dp, a_to_t, p_t, ds_t));
+        if (threadIdx.x == 0u) dscale_rows[(u64)row * heads + h] = share;)
 }
 
 // ---- edge row sums --------------------------------------------------------------------------
@@ -256,15 +252,32 @@ extern "C" __global__ void edge_scale_f32(float* __restrict__ x, u64 n, float al
         x[i] *= alpha;
 }
 
-// *acc += sum x[i] * y[i] (f32 per thread and block, f64 across blocks).
-extern "C" __global__ void edge_dot_f32(const float* __restrict__ x, const float* __restrict__ y,
-                                        u64 n, double* acc) {
-    __shared__ float scratch[32];
-    float s = 0.0f;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (u64)gridDim.x * blockDim.x)
-        s = fmaf(x[i], y[i], s);
-    block_accumulate(s, scratch, acc);
+// *out = sum over [0, n) of x[i] (times y[i] where y is given), in f64 and a fixed order: block b
+// sums its contiguous chunk (each thread a strided share, then block_sum_f64's fixed tree) into
+// block_sums[b] (gridDim.x entries), and the last block to finish adds those (each thread a
+// strided share, then the same tree).
+// The same inputs and grid give the same bits on every run.
+extern "C" __global__ void __launch_bounds__(256)
+    sum_in_order_f32(const float* __restrict__ x, const float* __restrict__ y, u64 n,
+                     double* __restrict__ block_sums, u32* __restrict__ counter,
+                     double* __restrict__ out) {
+    __shared__ double scratch[32];
+    const u64 chunk = (n + gridDim.x - 1u) / gridDim.x;
+    const u64 begin = (u64)blockIdx.x * chunk, end = min(n, begin + chunk);
+    double s = 0.0;
+    for (u64 i = begin + threadIdx.x; i < end; i += blockDim.x)
+        s += y != nullptr ? (double)x[i] * (double)y[i] : (double)x[i];
+    s = block_sum_f64(s, scratch);
+    if (threadIdx.x == 0) block_sums[blockIdx.x] = s;
+    if (last_block_to_finish(counter)) {
+        double t = 0.0;
+        for (u32 b = threadIdx.x; b < gridDim.x; b += blockDim.x) t += __ldcg(block_sums + b);
+        t = block_sum_f64(t, scratch);
+        if (threadIdx.x == 0) {
+            *out = t;
+            *counter = 0u;
+        }
+    }
 }
 
 // t_to_a[a_to_t[e]] = e: the inverse of A's edge map to A^T (A^T's entries' edges of A).
@@ -512,7 +525,6 @@ __device__ __forceinline__ void backward_row_pass(
     float* block_dscale, u32* block_counter, double* d_scale, const T* __restrict__ ef) {
     __shared__ float scratch[32];
     __shared__ double scratch64[32];
-    __shared__ bool last_block;
     const u32 mask = group_mask(g), lane = lane_id() & (g - 1u);
     const u64 hd = (u64)heads * head_dim;
     const u64 group = grid_group(g), groups = grid_groups(g);
@@ -632,14 +644,8 @@ __device__ __forceinline__ void backward_row_pass(
         store_head<T, VEC, NV>(dq + row * hd + head_off, on, feat, adk, scale * inv);
     }
     const float b = block_reduce(dscale, scratch, false);
-    if (threadIdx.x == 0) {
-        block_dscale[blockIdx.x] = b;
-        __threadfence();
-        last_block = atomicAdd(block_counter, 1u) + 1u == gridDim.x;
-    }
-    __syncthreads();
-    if (last_block) {
-        __threadfence();
+    if (threadIdx.x == 0) block_dscale[blockIdx.x] = b;
+    if (last_block_to_finish(block_counter)) {
         double s = 0.0;
         for (u32 i = threadIdx.x; i < gridDim.x; i += blockDim.x) s += (double)__ldcg(block_dscale + i);
         const u64 n_split_shares = (u64)n_split * heads;

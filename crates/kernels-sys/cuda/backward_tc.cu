@@ -411,32 +411,3 @@ SPATTN_BWD_TC_ALL(f16, __half, 32)
 SPATTN_BWD_TC_ALL(f16, __half, 64)
 SPATTN_BWD_TC_ALL(bf16, __nv_bfloat16, 32)
 SPATTN_BWD_TC_ALL(bf16, __nv_bfloat16, 64)
-
-// backward_tc_dscale: the scale's gradient, sum over n f32 shares x (one per row and head) in a
-// fixed order: block b of the grid sums its contiguous chunk (per thread in f64, then a fixed
-// tree), writes block_sums[b], and the last block to finish adds the block sums in block order
-// into *out and resets *counter.
-extern "C" __global__ void __launch_bounds__(256)
-    backward_tc_dscale(const float* __restrict__ x, u64 n, double* __restrict__ block_sums,
-                       u32* __restrict__ counter, double* __restrict__ out) {
-    __shared__ double scratch[32];
-    __shared__ bool last_block;
-    const u64 chunk = (n + gridDim.x - 1u) / gridDim.x;
-    const u64 begin = (u64)blockIdx.x * chunk, end = min(n, begin + chunk);
-    double s = 0.0;
-    for (u64 i = begin + threadIdx.x; i < end; i += blockDim.x) s += (double)x[i];
-    s = block_sum_f64(s, scratch);
-    if (threadIdx.x == 0) {
-        block_sums[blockIdx.x] = s;
-        __threadfence();
-        last_block = atomicAdd(counter, 1u) + 1u == gridDim.x;
-    }
-    __syncthreads();
-    if (last_block && threadIdx.x == 0) {
-        __threadfence();
-        double total = 0.0;
-        for (u32 b = 0; b < gridDim.x; ++b) total += __ldcg(block_sums + b);
-        *out = total;
-        *counter = 0u;
-    }
-}

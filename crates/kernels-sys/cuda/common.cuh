@@ -148,6 +148,21 @@ __device__ __forceinline__ double block_sum_f64(double v, double* scratch) {
     return r;
 }
 
+// Whether this block is the last of the grid to get here: call it from every thread after
+// thread 0 stored the block's partial; the last block then reads the others' partials with
+// __ldcg (past L1) and resets *counter for the next launch. Sums taken that way, in block order,
+// do not depend on which block finished last (no float atomics).
+__device__ __forceinline__ bool last_block_to_finish(u32* counter) {
+    __shared__ bool last;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(counter, 1u) + 1u == gridDim.x;
+    }
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
 // Publishes a split unit's partial (already stored by every lane of the group) and returns
 // whether this group is the last of the row's `parts` units to do so, i.e. the one to merge.
 // The counter is reset by the merging group.

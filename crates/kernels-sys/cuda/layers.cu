@@ -13,13 +13,13 @@ __device__ void bias_add(T* y, const T* __restrict__ bias, u64 rows, u32 cols) {
     }
 }
 
-// out[h, d] += sum_i w[i, h] * x[i, h, d] (w = 1 where null): the gradient of a bias (heads = 1)
-// or of a GAT attention vector. Block (32, 8): x walks 32 consecutive columns (coalesced), y
-// and the grid's y walk rows; a shared-memory sum over y, then one atomicAdd per column and
-// block.
+// part[b, h, d] = the b-th row block's share of sum_i w[i, h] * x[i, h, d] (w = 1 where null):
+// the gradient of a bias (heads = 1) or of a GAT attention vector, which sum_parts adds up in a
+// fixed order (no float atomics: the same bits every run). Block (32, 8): x walks 32
+// consecutive columns (coalesced), y and the grid's y walk rows; a shared-memory sum over y.
 template <class T>
 __device__ void weighted_col_sum(const T* __restrict__ x, const float* __restrict__ w, u32 rows,
-                                 u32 heads, u32 dim, float* out) {
+                                 u32 heads, u32 dim, float* __restrict__ part_out) {
     __shared__ float part[8][33];
     const u32 cols = heads * dim;
     const u32 c = blockIdx.x * 32u + threadIdx.x;
@@ -37,8 +37,20 @@ __device__ void weighted_col_sum(const T* __restrict__ x, const float* __restric
     if (threadIdx.y == 0 && c < cols) {
         float s = 0.0f;
         for (u32 r = 0; r < blockDim.y; ++r) s += part[r][threadIdx.x];
-        atomicAdd(out + c, s);
+        part_out[(u64)blockIdx.y * cols + c] = s;
     }
+}
+
+// out[c] += sum over p < n_parts of part[p * cols + c], a block per column c: each thread a
+// strided share, then block_reduce's fixed tree.
+extern "C" __global__ void __launch_bounds__(256)
+    sum_parts_f32(const float* __restrict__ part, u32 n_parts, u32 cols, float* out) {
+    __shared__ float scratch[32];
+    const u32 c = blockIdx.x;
+    float s = 0.0f;
+    for (u32 p = threadIdx.x; p < n_parts; p += blockDim.x) s += part[(u64)p * cols + c];
+    s = block_reduce(s, scratch, false);
+    if (threadIdx.x == 0) out[c] += s;
 }
 
 // out[i, h] = <x[i, h, :], att[h, :]>: one warp per (row, head).
@@ -123,13 +135,13 @@ __device__ void row_normalize(const T* __restrict__ x, u32 rows, u32 cols,
 
 // Backward of row_normalize with q = beta * xhat feeding a score and xhat a second one:
 // g = beta * dq + dk (dk may be null), dx += (g - xhat <xhat, g>) * inv_norm (no projection
-// where the clamp was active), dbeta += sum dq * xhat (one atomicAdd per block; dbeta may be
-// null). One warp per row; blocks of 256 threads.
+// where the clamp was active), and each block's share of sum dq * xhat into dbeta_part[block]
+// (where given; sum_parts_f32 adds them to dbeta). One warp per row; blocks of 256 threads.
 template <class T>
 __device__ void row_normalize_backward(const T* __restrict__ xhat, const float* __restrict__ inv_norm,
                                        const T* __restrict__ dq, const T* __restrict__ dk,
                                        const T* __restrict__ beta, u32 rows, u32 cols, T* dx,
-                                       float* dbeta) {
+                                       float* __restrict__ dbeta_part) {
     __shared__ float scratch[32];
     const u32 lane = lane_id();
     const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
@@ -158,7 +170,7 @@ __device__ void row_normalize_backward(const T* __restrict__ xhat, const float* 
     }
     // Lane 0 of each warp holds the warp's sum (every lane does, after group_sum).
     const float block_sum = block_reduce(lane == 0 ? beta_acc : 0.0f, scratch, false);
-    if (threadIdx.x == 0 && dbeta != nullptr) atomicAdd(dbeta, block_sum);
+    if (threadIdx.x == 0 && dbeta_part != nullptr) dbeta_part[blockIdx.x] = block_sum;
 }
 
 // y += alpha * x.
@@ -224,8 +236,8 @@ __device__ void sgd(T* p, const float* __restrict__ g, u64 n, float lr, float wd
         bias_add<T>(y, bias, rows, cols);                                                       \
     }                                                                                           \
     extern "C" __global__ void weighted_col_sum_dense_##S(const T* x, const float* w, u32 rows,     \
-                                                          u32 heads, u32 dim, float* out) {     \
-        weighted_col_sum<T>(x, w, rows, heads, dim, out);                                       \
+                                                          u32 heads, u32 dim, float* part) {    \
+        weighted_col_sum<T>(x, w, rows, heads, dim, part);                                      \
     }                                                                                           \
     extern "C" __global__ void head_dot_dense_##S(const T* x, const T* att, u32 rows, u32 heads, \
                                                   u32 dim, T* out) {                            \
@@ -249,8 +261,8 @@ __device__ void sgd(T* p, const float* __restrict__ g, u64 n, float lr, float wd
     }                                                                                           \
     extern "C" __global__ void row_normalize_backward_dense_##S(                               \
         const T* xhat, const float* inv_norm, const T* dq, const T* dk, const T* beta, u32 rows, \
-        u32 cols, T* dx, float* dbeta) {                                                        \
-        row_normalize_backward<T>(xhat, inv_norm, dq, dk, beta, rows, cols, dx, dbeta);         \
+        u32 cols, T* dx, float* dbeta_part) {                                                   \
+        row_normalize_backward<T>(xhat, inv_norm, dq, dk, beta, rows, cols, dx, dbeta_part);    \
     }                                                                                           \
     extern "C" __global__ void axpy_dense_##S(const T* x, float alpha, T* y, u64 n) {           \
         axpy<T>(x, alpha, y, n);                                                                \

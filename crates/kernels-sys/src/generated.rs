@@ -15,7 +15,7 @@ pub const BACKWARD: PtxModule = PtxModule {
         "transpose_edge_values_csr_f32",
         "edge_leaky_relu_backward_f32",
         "edge_scale_f32",
-        "edge_dot_f32",
+        "sum_in_order_f32",
         "invert_edge_map_u32",
         "attention_backward_rows_f32_v1_n1",
         "attention_backward_cols_f32_v1_n1",
@@ -108,7 +108,7 @@ pub const BACKWARD: PtxModule = PtxModule {
     ],
 };
 
-/// The PTX module compiled from `cuda/backward_tc.cu` (49 kernels).
+/// The PTX module compiled from `cuda/backward_tc.cu` (48 kernels).
 pub const BACKWARD_TC: PtxModule = PtxModule {
     name: "backward_tc",
     ptx: include_str!("../ptx/backward_tc.ptx"),
@@ -161,7 +161,6 @@ pub const BACKWARD_TC: PtxModule = PtxModule {
         "backward_tc_stats_bf16_s64_x",
         "backward_tc_dq_bf16_s64_x",
         "backward_tc_dkv_bf16_s64_x",
-        "backward_tc_dscale",
     ],
 };
 
@@ -501,11 +500,12 @@ pub const HYBRID: PtxModule = PtxModule {
     ],
 };
 
-/// The PTX module compiled from `cuda/layers.cu` (39 kernels).
+/// The PTX module compiled from `cuda/layers.cu` (40 kernels).
 pub const LAYERS: PtxModule = PtxModule {
     name: "layers",
     ptx: include_str!("../ptx/layers.ptx"),
     kernels: &[
+        "sum_parts_f32",
         "bias_add_dense_f32",
         "weighted_col_sum_dense_f32",
         "head_dot_dense_f32",

@@ -178,13 +178,16 @@ fn col_sum<T: DType>(
     let cols = heads * dim;
     let rows_u = to_u32("rows", rows)?;
     let (heads_u, dim_u) = (to_u32("heads", heads)?, to_u32("dim", dim)?);
+    if rows == 0 || cols == 0 {
+        return Ok(());
+    }
     let row_blocks = blocks_for(rows, 8 * 16)?.clamp(1, crate::launch::MAX_GRID_YZ);
+    let mut part = DeviceVec::<f32>::unset(
+        gpu,
+        product_len("column sum parts", row_blocks as usize, cols)?,
+    )?;
     let cfg = LaunchConfig {
-        grid_dim: (
-            blocks_for(cols, 32)?,
-            if rows == 0 { 0 } else { row_blocks },
-            1,
-        ),
+        grid_dim: (blocks_for(cols, 32)?, row_blocks, 1),
         block_dim: (32, 8, 1),
         shared_mem_bytes: 0,
     };
@@ -194,10 +197,54 @@ fn col_sum<T: DType>(
         .arg(&rows_u)
         .arg(&heads_u)
         .arg(&dim_u)
-        .arg(out.slice_mut());
+        .arg(part.slice_mut());
     // SAFETY: reads x[0..rows·heads·dim) (callers checked x's length or shape), w[0..rows·heads)
-    // where given (shape checked), and adds into out[0..heads·dim) (length checked).
+    // where given (shape checked), and writes part[y·cols + c] for row block y < row_blocks and
+    // column c < cols (part holds row_blocks·cols).
+    unsafe { launch(name, &mut args, cfg) }?;
+    sum_parts(gpu, &part, row_blocks, cols, out)
+}
+
+/// `out[c] += Σ_p part[p · cols + c]` for `p < n_parts`, in a fixed order (the partial sums of
+/// a reduction split across blocks, added without float atomics).
+fn sum_parts(
+    gpu: &Gpu,
+    part: &DeviceVec<f32>,
+    n_parts: u32,
+    cols: usize,
+    out: &mut DeviceVec<f32>,
+) -> Result<()> {
+    expect_len(
+        "sum parts",
+        product_len("sum parts", n_parts as usize, cols)?,
+        part.len(),
+    )?;
+    expect_len("sum", cols, out.len())?;
+    let name = spattn_kernels_sys::kernel!(LAYERS, "sum_parts_f32");
+    let f = gpu.load_function(LAYERS.name, LAYERS.ptx, name)?;
+    let cols_u = to_u32("columns", cols)?;
+    let cfg = LaunchConfig {
+        grid_dim: (cols_u, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut args = gpu.launch_builder(&f);
+    args.arg(part.slice())
+        .arg(&n_parts)
+        .arg(&cols_u)
+        .arg(out.slice_mut());
+    // SAFETY: block c reads part[p·cols + c] for p < n_parts (part holds n_parts·cols, checked)
+    // and adds into out[c] (cols long, checked).
     unsafe { launch(name, &mut args, cfg) }
+}
+
+/// `a · b` elements of a buffer named `what`, or an error naming it.
+fn product_len(what: &'static str, a: usize, b: usize) -> Result<usize> {
+    a.checked_mul(b).ok_or(Error::TooLarge {
+        what,
+        value: u64::MAX,
+        limit: usize::MAX as u64,
+    })
 }
 
 /// `out[i, h] = ⟨x[i, h, :], att[h, :]⟩`: GAT's per-node score terms (`out` is
@@ -373,7 +420,8 @@ pub fn row_normalize<T: DType>(
 
 /// Backward of [`row_normalize`] where `q = β·xhat` fed one input of a score and `xhat`
 /// another: with `g = β·dq + dk` (`dk` may be `None`), `dx += (g − xhat ⟨xhat, g⟩) · inv_norm`
-/// per row (no projection where the clamp was active) and `dbeta += Σ dq ⊙ xhat` (f32).
+/// per row (no projection where the clamp was active) and `dbeta += Σ dq ⊙ xhat` (f32, summed
+/// in a fixed order: the same bits every run).
 #[allow(clippy::too_many_arguments)]
 pub fn row_normalize_backward<T: DType>(
     gpu: &Gpu,
@@ -401,11 +449,19 @@ pub fn row_normalize_backward<T: DType>(
     check_same_gpu(gpu, "dx", &*dx)?;
     let dk_ptr = opt_ptr(gpu, "dk", dk.map(DeviceMatrix::as_vec))?;
     let beta_ptr = opt_ptr(gpu, "beta", beta)?;
-    let stream = gpu.stream().clone();
-    let (dbeta_ptr, _g) = match dbeta {
+    let cfg = warp_grid(s.rows)?;
+    let blocks = cfg.grid_dim.0;
+    let mut dbeta_part = match &dbeta {
         Some(d) => {
             expect_len("beta gradient", 1, d.len())?;
-            check_same_gpu(gpu, "beta gradient", &*d)?;
+            check_same_gpu(gpu, "beta gradient", &**d)?;
+            Some(DeviceVec::<f32>::unset(gpu, blocks as usize)?)
+        }
+        None => None,
+    };
+    let stream = gpu.stream().clone();
+    let (part_ptr, _g) = match dbeta_part.as_mut() {
+        Some(d) => {
             let (p, g) = d.slice_mut().device_ptr_mut(&stream);
             (p, Some(g))
         }
@@ -422,11 +478,16 @@ pub fn row_normalize_backward<T: DType>(
         .arg(&rows)
         .arg(&cols)
         .arg(dx.slice_mut())
-        .arg(&dbeta_ptr);
+        .arg(&part_ptr);
     // SAFETY: one warp per row reads row r of xhat, dq, dk (all of xhat's shape, checked) and
-    // inv_norm[r], reads and writes row r of dx; one atomicAdd per block into dbeta[0]; beta is
-    // one element.
-    unsafe { launch(name, &mut args, warp_grid(s.rows)?) }
+    // inv_norm[r], reads and writes row r of dx; thread 0 of block b writes dbeta_part[b]
+    // (one per block of the grid, where given); beta is one element.
+    unsafe { launch(name, &mut args, cfg) }?;
+    drop(_g);
+    match (dbeta, dbeta_part) {
+        (Some(d), Some(part)) => sum_parts(gpu, &part, blocks, 1, d),
+        _ => Ok(()),
+    }
 }
 
 /// `y += alpha · x` (residual connections, gradient sums).

@@ -74,7 +74,7 @@ fn backward_holds_exactly_the_launched_kernels() {
         sys::kernel!(BACKWARD, "attention_backward_csr_long_rows"),
         sys::kernel!(BACKWARD, "edge_leaky_relu_backward_f32"),
         sys::kernel!(BACKWARD, "edge_scale_f32"),
-        sys::kernel!(BACKWARD, "edge_dot_f32"),
+        sys::kernel!(BACKWARD, "sum_in_order_f32"),
         sys::kernel!(BACKWARD, "invert_edge_map_u32"),
     ] {
         l.add(name);
@@ -214,6 +214,8 @@ fn layers_holds_exactly_the_launched_kernels() {
             l.add(dense_kernel(op, kind.name()));
         }
     }
+    // The fixed-order sum of the column sums' and dbeta's block parts.
+    l.add(sys::kernel!(LAYERS, "sum_parts_f32").to_string());
     l.check(&[]);
 }
 

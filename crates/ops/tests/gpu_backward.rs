@@ -7,7 +7,7 @@ use half::{bf16, f16};
 use rand::Rng;
 use rand_pcg::Pcg64;
 use spattn_formats::Csr;
-use spattn_ops::backward::{self, DeviceTranspose};
+use spattn_ops::backward::{self, DeviceSum, DeviceTranspose};
 use spattn_ops::cpu::{self, rel_l2_error};
 use spattn_ops::{DType, DeviceCsr, DeviceMatrix, DeviceVec, Gpu, Shape};
 use spattn_test_support::*;
@@ -69,6 +69,45 @@ fn edge_backward_ops_hub_row() {
     edge_backward_ops(&gpu, &mut rng, &a);
 }
 
+/// edge_dot over up to 5M values (the kernel's full grid, blocks of many chunks): within f64
+/// rounding of the exact sum, and bitwise the same on every run (it has no float atomics).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn edge_dot_is_exact_to_f64_and_deterministic() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("edge_dot_is_exact_to_f64_and_deterministic");
+    for n in [0, 1, 2047, 5_000_003] {
+        let x = f32s(&mut rng, n, -1.0, 1.0);
+        let y = f32s(&mut rng, n, -1.0, 1.0);
+        let (xd, yd) = (
+            DeviceVec::from_host(&gpu, &x).unwrap(),
+            DeviceVec::from_host(&gpu, &y).unwrap(),
+        );
+        let want: f64 = x
+            .iter()
+            .zip(&y)
+            .map(|(&a, &b)| f64::from(a) * f64::from(b))
+            .sum();
+        let bound: f64 = x
+            .iter()
+            .zip(&y)
+            .map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs())
+            .sum();
+        let mut acc = DeviceSum::new(&gpu).unwrap();
+        let mut first = None;
+        for _ in 0..3 {
+            backward::edge_dot(&gpu, &xd, &yd, &mut acc).unwrap();
+            let got = acc.total().to_host().unwrap()[0];
+            assert!(
+                (got - want).abs() <= 1e-11 * bound.max(1e-300),
+                "n {n}: {got} vs {want} (Σ|terms| {bound})"
+            );
+            let bits = *first.get_or_insert(got.to_bits());
+            assert_eq!(got.to_bits(), bits, "n {n}: reruns differ");
+        }
+    }
+}
+
 /// Softmax backward (both forms), transpose, the fused edge kernel, dot, scale and LeakyReLU
 /// backward on `a`, heads 1, 2, 8.
 fn edge_backward_ops(gpu: &Gpu, rng: &mut Pcg64, a: &Csr) {
@@ -126,7 +165,9 @@ fn edge_backward_ops(gpu: &Gpu, rng: &mut Pcg64, a: &Csr) {
         let raw_dev = DeviceVec::from_host(gpu, &raw).unwrap();
         let mut dp_io = DeviceVec::from_host(gpu, &dp).unwrap();
         let (mut p_t, mut ds_t) = (nan_vec(gpu, n), nan_vec(gpu, n));
-        let mut d_scale = DeviceVec::<f64>::zeros(gpu, 1).unwrap();
+        // NaN-filled: every (row, head) writes its share, rows without edges included.
+        let mut dscale_rows = nan_vec(gpu, a.n_rows() * heads);
+        let mut d_scale = DeviceSum::new(gpu).unwrap();
         backward::attention_edge_backward(
             gpu,
             &a_dev,
@@ -137,6 +178,7 @@ fn edge_backward_ops(gpu: &Gpu, rng: &mut Pcg64, a: &Csr) {
             &mut dp_io,
             &mut p_t,
             &mut ds_t,
+            &mut dscale_rows,
             &mut d_scale,
         )
         .unwrap();
@@ -169,14 +211,18 @@ fn edge_backward_ops(gpu: &Gpu, rng: &mut Pcg64, a: &Csr) {
             .zip(&raw)
             .map(|(d, &r)| (d * f64::from(r)).abs())
             .sum();
-        let got = d_scale.to_host().unwrap()[0];
+        assert!(
+            dscale_rows.to_host().unwrap().iter().all(|x| x.is_finite()),
+            "dscale_rows {ctx}: a (row, head) share was not written"
+        );
+        let got = d_scale.total().to_host().unwrap()[0];
         assert!(
             (got - ds_want).abs() <= 1e-5 * bound.max(1e-30),
             "fused dscale {ctx}: {got} vs {ds_want} (Σ|terms| {bound})"
         );
 
         // edge_dot and edge_scale on the same data.
-        let mut acc = DeviceVec::<f64>::zeros(gpu, 1).unwrap();
+        let mut acc = DeviceSum::new(gpu).unwrap();
         backward::edge_dot(gpu, &dp_dev, &raw_dev, &mut acc).unwrap();
         let dot: f64 = dp
             .iter()
@@ -188,7 +234,7 @@ fn edge_backward_ops(gpu: &Gpu, rng: &mut Pcg64, a: &Csr) {
             .zip(&raw)
             .map(|(&x, &y)| f64::from(x * y).abs())
             .sum();
-        assert!((acc.to_host().unwrap()[0] - dot).abs() <= 1e-5 * bound.max(1e-30));
+        assert!((acc.total().to_host().unwrap()[0] - dot).abs() <= 1e-5 * bound.max(1e-30));
         let mut scaled = dp_dev.try_clone().unwrap();
         backward::edge_scale(gpu, &mut scaled, -0.5).unwrap();
         let want: Vec<f32> = dp.iter().map(|&x| x * -0.5).collect();

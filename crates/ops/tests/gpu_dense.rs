@@ -233,3 +233,90 @@ fn layer_kernels_match_the_cpu() {
     check_kernels::<f16>(&gpu, &mut rng);
     check_kernels::<bf16>(&gpu, &mut rng);
 }
+
+/// The layers' column sums (a bias's gradient, a GAT attention vector's) and AGNN's ∂β: within
+/// f32 rounding of the f64 sum of the same terms, added to what the output held, and bitwise
+/// the same over reruns (block parts summed in a fixed order, no float atomics) — up to 200k
+/// rows, where the sums span many blocks.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn layer_sums_are_accurate_and_deterministic() {
+    let (gpu, _) = setup();
+    let mut rng = Pcg64::seed_from_u64(7);
+    for &(rows, heads, dim) in &[(1, 1, 1), (129, 2, 35), (200_000, 4, 16)] {
+        let s = Shape::new(rows, heads, dim).unwrap();
+        let (x, x64) = random::<f32>(s.len(), &mut rng);
+        let (w, w64) = random::<f32>(rows * heads, &mut rng);
+        let dx = DeviceMatrix::from_host(&gpu, s, &x).unwrap();
+        let dw = DeviceMatrix::from_host(&gpu, Shape::new(rows, heads, 1).unwrap(), &w).unwrap();
+        let cols = heads * dim;
+        let runs = |f: &dyn Fn(&mut DeviceVec<f32>), len: usize| -> Vec<f32> {
+            let mut first: Option<Vec<f32>> = None;
+            for _ in 0..3 {
+                let mut out = DeviceVec::from_host(&gpu, &vec![0.5f32; len]).unwrap();
+                f(&mut out);
+                let got = out.to_host().unwrap();
+                let want = first.get_or_insert_with(|| got.clone());
+                let same = got
+                    .iter()
+                    .zip(want.iter())
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{rows} x {heads} x {dim}: reruns differ");
+            }
+            first.unwrap()
+        };
+        let check = |what: &str, got: &[f32], terms: &dyn Fn(usize, usize) -> f64| {
+            for (c, &g) in got.iter().enumerate() {
+                let (mut sum, mut mag) = (0.5f64, 0.5f64);
+                for i in 0..rows {
+                    let t = terms(i, c);
+                    sum += t;
+                    mag += t.abs();
+                }
+                assert!(
+                    (f64::from(g) - sum).abs() <= 1e-5 * mag,
+                    "{what} {rows} x {heads} x {dim} column {c}: {g} vs {sum} (Σ|terms| {mag})"
+                );
+            }
+        };
+        let got = runs(
+            &|out| elementwise::bias_grad(&gpu, &dx, Dims::new(rows, cols), out).unwrap(),
+            cols,
+        );
+        check("bias_grad", &got, &|i, c| x64[i * cols + c]);
+        let got = runs(
+            &|out| elementwise::head_weighted_sum(&gpu, &dx, &dw, out).unwrap(),
+            cols,
+        );
+        check("head_weighted_sum", &got, &|i, c| {
+            x64[i * cols + c] * w64[i * heads + c / dim]
+        });
+        // ∂β = Σ dq ⊙ xhat (here xhat = x with every row's inverse norm 1: only the sum is
+        // checked).
+        let inv = DeviceVec::from_host(&gpu, &vec![1.0f32; rows]).unwrap();
+        let (q, q64) = random::<f32>(s.len(), &mut rng);
+        let dq = DeviceMatrix::from_host(&gpu, s, &q).unwrap();
+        let got = runs(
+            &|out| {
+                let mut dxo = DeviceMatrix::<f32>::zeros(&gpu, s).unwrap();
+                elementwise::row_normalize_backward(
+                    &gpu,
+                    &dx,
+                    &inv,
+                    &dq,
+                    None,
+                    None,
+                    &mut dxo,
+                    Some(out),
+                )
+                .unwrap()
+            },
+            1,
+        );
+        check("dbeta", &got, &|i, _| {
+            (0..cols)
+                .map(|c| x64[i * cols + c] * q64[i * cols + c])
+                .sum()
+        });
+    }
+}

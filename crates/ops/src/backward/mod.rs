@@ -11,7 +11,7 @@
 //! | `dS = P ⊙ (dP − rowsum(P ⊙ dP))` | softmax backward | [`edge_softmax_backward`] |
 //! | `dQ = scale · dS · K` | SpMM on A | [`edge_scale`], [`csr_ops::spmm`](crate::csr_ops::spmm) |
 //! | `dK = scale · dSᵀ · Q`, `dV = Pᵀ · dOut` | SpMM on Aᵀ | [`transpose_edge_values`], `spmm` on [`DeviceTranspose::csr`] |
-//! | `dscale = Σ dS ⊙ ⟨q, k⟩` | a dot product of edge values | [`edge_dot`] |
+//! | `dscale = Σ dS ⊙ ⟨q, k⟩` | a dot product of edge values, in a fixed order | [`edge_dot`] into a [`DeviceSum`] |
 //! | all of dS, Pᵀ, dSᵀ, dscale at once | one fused row kernel | [`attention_edge_backward`] |
 //! | every gradient, no per-edge buffer, deterministic | a row pass and a column pass | [`FusedBackward`] |
 //!
@@ -68,11 +68,91 @@ pub use tc::TensorCoreBackward;
 
 /// Threads per block of the elementwise and reduction kernels.
 const THREADS: u32 = 256;
-/// Blocks of the kernels that add into one f64 (one atomic per block): enough to fill an H100
-/// several times over with grid-stride loops, few enough that the atomics cost nothing.
-const REDUCE_BLOCKS: usize = 1024;
+/// The most blocks of [`DeviceSum`]'s kernel (each sums a contiguous chunk of the values, and the
+/// last to finish adds the chunk sums): enough to fill an H100 several times over.
+const SUM_BLOCKS: usize = 1024;
+/// Values a block of [`DeviceSum`]'s kernel sums at least (fewer blocks for short inputs).
+const SUM_CHUNK_MIN: usize = 8 * THREADS as usize;
 /// Threads of the one-block-per-long-row kernels (as the edge softmax's).
 const LONG_ROW_THREADS: u32 = 512;
+
+/// A sum of f32 values taken on the device in a fixed order: the same values give the same
+/// bits on every run (no float atomics). The total, one f64, stays on the device
+/// ([`total`](Self::total)) beside the chunk sums and the counter its kernel uses.
+/// [`edge_dot`] and [`attention_edge_backward`] write theirs into one.
+#[derive(Debug)]
+pub struct DeviceSum {
+    total: DeviceVec<f64>,
+    block_sums: DeviceVec<f64>,
+    counter: DeviceVec<u32>,
+}
+
+impl DeviceSum {
+    /// A sum on `gpu`, its total 0.
+    pub fn new(gpu: &Gpu) -> Result<Self> {
+        Ok(Self {
+            total: DeviceVec::zeros(gpu, 1)?,
+            block_sums: DeviceVec::zeros(gpu, SUM_BLOCKS)?,
+            counter: DeviceVec::zeros(gpu, 1)?,
+        })
+    }
+
+    /// The total of the last sum taken into it: one f64, on the device (read it with
+    /// [`DeviceVec::to_host`], a wait for the GPU).
+    pub fn total(&self) -> &DeviceVec<f64> {
+        &self.total
+    }
+
+    /// Device memory it holds, in bytes.
+    pub fn allocated_bytes(&self) -> usize {
+        self.total.allocated_bytes()
+            + self.block_sums.allocated_bytes()
+            + self.counter.allocated_bytes()
+    }
+
+    /// `total = Σ_i x[i]` (times `y[i]` where `y` is given): block `b` sums the `b`-th of up to
+    /// [`SUM_BLOCKS`] contiguous chunks in f64, and the last block to finish adds the chunk
+    /// sums (the grid depends only on the length: the same order every run).
+    pub(crate) fn take(
+        &mut self,
+        gpu: &Gpu,
+        x: &DeviceVec<f32>,
+        y: Option<&DeviceVec<f32>>,
+    ) -> Result<()> {
+        if let Some(y) = y {
+            if y.len() != x.len() {
+                return Err(Error::LengthMismatch {
+                    what: "y",
+                    expected: x.len(),
+                    actual: y.len(),
+                });
+            }
+        }
+        check_same_gpu(gpu, "x", x)?;
+        check_same_gpu(gpu, "sum", &self.total)?;
+        let y_ptr = opt_ptr(gpu, "y", y)?;
+        let name = spattn_kernels_sys::kernel!(BACKWARD, "sum_in_order_f32");
+        let f = function(gpu, name)?;
+        let n = x.len() as u64;
+        let mut args = gpu.launch_builder(&f);
+        args.arg(x.slice())
+            .arg(&y_ptr)
+            .arg(&n)
+            .arg(self.block_sums.slice_mut())
+            .arg(self.counter.slice_mut())
+            .arg(self.total.slice_mut());
+        let blocks = x.len().div_ceil(SUM_CHUNK_MIN).clamp(1, SUM_BLOCKS);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: block b reads x (and y, the same length, checked) in its chunk of [0, n),
+        // n = x's length; it writes block_sums[b] (SUM_BLOCKS entries, at least the grid), and the last
+        // block reads them and writes total[0] and counter[0] (one element each).
+        unsafe { launch(name, &mut args, cfg) }
+    }
+}
 
 /// Aᵀ of a [`Csr`] mask in device memory, with the map that moves per-edge values from A's
 /// edge order to Aᵀ's: `map()[e]` is the position in Aᵀ of A's edge `e`.
@@ -331,8 +411,9 @@ fn long_rows_grid(n_long: usize, heads: usize) -> Result<LaunchConfig> {
 /// - `P` into `p_t` and `scale · dS` into `ds_t` at Aᵀ's positions (the weights of
 ///   `dV = Pᵀ · dOut` and `dK = scale · dSᵀ · Q`: no separate transposes),
 ///
-/// with `dS = P ⊙ (dp − D)`, and adds `Σ dS ⊙ raw` (the gradient of the scale) into
-/// `d_scale[0]` (f64; zero it first).
+/// with `dS = P ⊙ (dp − D)`, and writes `Σ dS ⊙ raw` (the gradient of the scale) into
+/// `d_scale`: each (row, head) its share into `dscale_rows` (`n_rows × heads` f32), then their
+/// sum in a fixed order (bitwise the same on every run).
 ///
 /// Rows without edges write nothing (their positions do not exist in any buffer).
 #[allow(clippy::too_many_arguments)]
@@ -346,7 +427,8 @@ pub fn attention_edge_backward(
     dp: &mut DeviceVec<f32>,
     p_t: &mut DeviceVec<f32>,
     ds_t: &mut DeviceVec<f32>,
-    d_scale: &mut DeviceVec<f64>,
+    dscale_rows: &mut DeviceVec<f32>,
+    d_scale: &mut DeviceSum,
 ) -> Result<()> {
     let nnz = a.nnz();
     fused::check_transpose(a, t)?;
@@ -358,11 +440,18 @@ pub fn attention_edge_backward(
     ] {
         check_per_edge(what, nnz, heads, len)?;
     }
-    if d_scale.len() != 1 {
+    let rows = a
+        .n_rows()
+        .checked_mul(heads)
+        .ok_or(Error::InvalidArgument {
+            what: "rows × heads",
+            why: "overflows usize".into(),
+        })?;
+    if dscale_rows.len() != rows {
         return Err(Error::LengthMismatch {
-            what: "d_scale",
-            expected: 1,
-            actual: d_scale.len(),
+            what: "dscale_rows",
+            expected: rows,
+            actual: dscale_rows.len(),
         });
     }
     check_same_gpu(gpu, "A", a)?;
@@ -371,15 +460,14 @@ pub fn attention_edge_backward(
     check_same_gpu(gpu, "dp", dp)?;
     check_same_gpu(gpu, "p_t", p_t)?;
     check_same_gpu(gpu, "ds_t", ds_t)?;
-    check_same_gpu(gpu, "d_scale", d_scale)?;
+    check_same_gpu(gpu, "dscale_rows", dscale_rows)?;
     let s = a.schedule();
     let n_rows = to_u32("rows", a.n_rows())?;
     let heads_u = to_u32("heads", heads)?;
     let g = s.softmax_group;
     let name = spattn_kernels_sys::kernel!(BACKWARD, "attention_backward_csr_rows");
     let f = function(gpu, name)?;
-    let mut cfg = group_grid(a.n_rows() * heads, g, 1)?;
-    cfg.grid_dim.0 = cfg.grid_dim.0.min(REDUCE_BLOCKS as u32);
+    let cfg = group_grid(rows, g, 1)?;
     let mut args = gpu.launch_builder(&f);
     args.arg(a.row_offsets().slice())
         .arg(&n_rows)
@@ -392,11 +480,11 @@ pub fn attention_edge_backward(
         .arg(ds_t.slice_mut())
         .arg(&g)
         .arg(&s.long_threshold)
-        .arg(d_scale.slice_mut());
+        .arg(dscale_rows.slice_mut());
     // SAFETY: reads row_offsets[0..=n_rows]; for the edges e < nnz of each short row, reads
     // raw/dp and writes dp at e*heads + h, reads map[e] (< nnz: a permutation) and writes
     // p_t/ds_t at map[e]*heads + h; every per-edge buffer holds nnz*heads f32 (checked), and
-    // thread 0 of each block adds into d_scale[0] (length 1, checked).
+    // each short row's group writes dscale_rows[row*heads + h] (n_rows*heads long, checked).
     unsafe { launch(name, &mut args, cfg) }?;
     let n_long = s.long_rows.len();
     if n_long > 0 {
@@ -413,11 +501,11 @@ pub fn attention_edge_backward(
             .arg(t.map.slice())
             .arg(p_t.slice_mut())
             .arg(ds_t.slice_mut())
-            .arg(d_scale.slice_mut());
+            .arg(dscale_rows.slice_mut());
         // SAFETY: as above for the row long_rows[i] (i < n_long) of block (i, h).
         unsafe { launch(name, &mut args, cfg) }?;
     }
-    Ok(())
+    d_scale.take(gpu, dscale_rows, None)
 }
 
 /// The derivative of the LeakyReLU applied before a softmax (GAT):
@@ -464,44 +552,15 @@ pub fn edge_scale(gpu: &Gpu, x: &mut DeviceVec<f32>, alpha: f32) -> Result<()> {
     unsafe { launch(name, &mut args, cfg) }
 }
 
-/// `acc[0] += Σ_i x[i] · y[i]` (f32 products and per-block sums, f64 across blocks); `acc`
-/// holds one f64. Nothing is downloaded: read `acc` when needed.
+/// `acc = Σ_i x[i] · y[i]`, summed in f64 in a fixed order (bitwise the same on every run).
+/// Nothing is downloaded: read [`DeviceSum::total`] when needed.
 pub fn edge_dot(
     gpu: &Gpu,
     x: &DeviceVec<f32>,
     y: &DeviceVec<f32>,
-    acc: &mut DeviceVec<f64>,
+    acc: &mut DeviceSum,
 ) -> Result<()> {
-    if x.len() != y.len() {
-        return Err(Error::LengthMismatch {
-            what: "y",
-            expected: x.len(),
-            actual: y.len(),
-        });
-    }
-    if acc.len() != 1 {
-        return Err(Error::LengthMismatch {
-            what: "acc",
-            expected: 1,
-            actual: acc.len(),
-        });
-    }
-    check_same_gpu(gpu, "x", x)?;
-    check_same_gpu(gpu, "y", y)?;
-    check_same_gpu(gpu, "acc", acc)?;
-    let name = spattn_kernels_sys::kernel!(BACKWARD, "edge_dot_f32");
-    let f = function(gpu, name)?;
-    let n = x.len() as u64;
-    let mut cfg = grid_1d(x.len(), THREADS)?;
-    cfg.grid_dim.0 = cfg.grid_dim.0.min(REDUCE_BLOCKS as u32);
-    let mut args = gpu.launch_builder(&f);
-    args.arg(x.slice())
-        .arg(y.slice())
-        .arg(&n)
-        .arg(acc.slice_mut());
-    // SAFETY: reads x[0..n) and y[0..n) (both n long, checked); thread 0 of each block adds
-    // into acc[0] (length 1, checked).
-    unsafe { launch(name, &mut args, cfg) }
+    acc.take(gpu, x, Some(y))
 }
 
 /// Per row and head, the sum of the row's per-edge values:

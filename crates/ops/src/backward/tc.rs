@@ -83,6 +83,7 @@ use crate::launch::{
 use crate::shape::Shape;
 
 use super::fused::product;
+use super::DeviceSum;
 
 /// The kernel family, for errors.
 const KERNEL: &str = "tensor-core backward";
@@ -92,8 +93,6 @@ const CTA_WARPS: usize = 4;
 const TILE_ROW_BYTES: usize = 128;
 /// Rows of a BSB window.
 const WINDOW_ROWS: usize = 16;
-/// Blocks of the ∂scale sum (each sums a contiguous chunk; the last adds the block sums).
-const DSCALE_BLOCKS: usize = 240;
 /// The widest head the kernels hold.
 const MAX_HEAD_DIM: usize = 64;
 
@@ -191,9 +190,7 @@ pub struct TensorCoreBackward {
     stats: DeviceVec<f32>,
     /// ∂scale's share per (row of A, head).
     ds_rows: DeviceVec<f32>,
-    block_sums: DeviceVec<f64>,
-    block_counter: DeviceVec<u32>,
-    d_scale: DeviceVec<f64>,
+    d_scale: DeviceSum,
     /// The extras' edge maps of A's BSB and Aᵀ's, made by the first run with extras.
     extras: Option<Box<[SideExtras; 2]>>,
 }
@@ -265,9 +262,7 @@ impl TensorCoreBackward {
             t_side,
             stats: DeviceVec::zeros(gpu, product("row statistics", &[rows, 2])?)?,
             ds_rows: DeviceVec::zeros(gpu, rows)?,
-            block_sums: DeviceVec::zeros(gpu, DSCALE_BLOCKS)?,
-            block_counter: DeviceVec::zeros(gpu, 1)?,
-            d_scale: DeviceVec::zeros(gpu, 1)?,
+            d_scale: DeviceSum::new(gpu)?,
             extras: None,
         })
     }
@@ -279,7 +274,7 @@ impl TensorCoreBackward {
 
     /// ∂L/∂scale of the last [`run`](Self::run), on the device (one f64).
     pub fn d_scale(&self) -> &DeviceVec<f64> {
-        &self.d_scale
+        self.d_scale.total()
     }
 
     /// Device memory the state holds beyond A's and Aᵀ's BSB (which the graph caches), in
@@ -289,8 +284,6 @@ impl TensorCoreBackward {
             + self.t_side.device_bytes()
             + self.stats.allocated_bytes()
             + self.ds_rows.allocated_bytes()
-            + self.block_sums.allocated_bytes()
-            + self.block_counter.allocated_bytes()
             + self.d_scale.allocated_bytes()
             + self
                 .extras
@@ -604,25 +597,7 @@ impl TensorCoreBackward {
         }
 
         // ∂scale: the rows' shares in a fixed order.
-        let n = self.ds_rows.len();
-        let kernel = DSCALE_KERNEL;
-        let f = gpu.load_function(BACKWARD_TC.name, BACKWARD_TC.ptx, kernel)?;
-        let n64 = n as u64;
-        let mut args = gpu.launch_builder(&f);
-        args.arg(self.ds_rows.slice())
-            .arg(&n64)
-            .arg(self.block_sums.slice_mut())
-            .arg(self.block_counter.slice_mut())
-            .arg(self.d_scale.slice_mut());
-        let cfg = LaunchConfig {
-            grid_dim: (DSCALE_BLOCKS as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: block b reads ds_rows in its chunk of [0, n) (n = ds_rows' length), writes
-        // block_sums[b] (DSCALE_BLOCKS entries, the grid), and the last block the words
-        // block_counter and d_scale.
-        unsafe { launch(kernel, &mut args, cfg) }
+        self.d_scale.take(gpu, &self.ds_rows, None)
     }
 }
 
@@ -635,8 +610,6 @@ struct LaunchExtras<'a, T: DType> {
     d_bias: Option<&'a mut DeviceVec<T>>,
 }
 
-/// The ∂scale sum's kernel.
-const DSCALE_KERNEL: &str = spattn_kernels_sys::kernel!(BACKWARD_TC, "backward_tc_dscale");
 /// The passes, in launch order.
 const PASSES: [&str; 3] = ["stats", "dq", "dkv"];
 /// The feature slices the kernels are instantiated for.
@@ -723,7 +696,6 @@ mod tests {
                 }
             }
         }
-        launched.insert(DSCALE_KERNEL.to_string());
         for kernel in BACKWARD_TC.kernels {
             assert!(launched.contains(*kernel), "{kernel} is never launched");
         }
