@@ -26,8 +26,18 @@
 #      exit status names the ones that failed (their logs: BUILDDIR/logs/<peer>.log).
 #   Then: run_gpu_bench.sh ... --fused-build BUILDDIR, or fused_peers.py ... --build-dir BUILDDIR.
 #
-# The export stage and the build's flow are tested without a GPU; the builds themselves are
-# checked only on the GPU machine (no nvcc here).
+# Our patches (patches/<peer>/, build and portability fixes only): DF-GNN builds only the
+# extension fused_peers.py imports (fused_gtconv: about 1 min on 12 cores, where its two GAT
+# extensions took over 5 min more); FlashSparse's three tf32 SpMM launchers declared float get
+# a return (flowing off their end trapped, SIGILL, once built by a recent host compiler);
+# Fused3S prints through printf instead of std::cout (formatting a number through std::cout
+# crashed preprocess_gpu, SIGSEGV). With CUDA 13 the host compiler also needs include/cccl for
+# thrust (set below).
+#
+# The export stage and the build's flow are tested without a GPU; the builds themselves on the
+# GPU machine: all three built and ran fused_peers.py on cora (1 and 8 heads × 64, f16 / f32,
+# each within its dtype's tolerance of the f64 reference but FlashSparse's tf32, as recorded)
+# on an H200 (driver 580.159.04, torch 2.11.0+cu130, nvcc 13.0, TORCH_CUDA_ARCH_LIST=9.0a).
 set -euo pipefail
 
 self="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
@@ -245,6 +255,13 @@ cmd_one() {
                 (cd "$work" && git apply -p1 "$f")
             fi
         done
+    fi
+    # CUDA 13 moved thrust (all of CCCL) under include/cccl, which nvcc searches and the host
+    # compiler does not: Fused3S's and FlashSparse's .cpp files include thrust.
+    local cuda_home
+    cuda_home="$("$python" -c 'from torch.utils.cpp_extension import CUDA_HOME; print(CUDA_HOME or "")')"
+    if [ -n "$cuda_home" ] && [ -d "$cuda_home/include/cccl" ]; then
+        export CPATH="$cuda_home/include/cccl${CPATH:+:$CPATH}"
     fi
     set -x
     case "$p" in
