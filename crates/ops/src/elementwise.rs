@@ -15,8 +15,8 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::launch::{
-    blocks_for, check_same_gpu, kernel_named, launch, opt_ptr, stride_grid, to_u32, warp_grid,
-    LaunchConfig, PushKernelArg,
+    blocks_for, check_same_gpu, kernel_named, launch, opt_ptr, product, stride_grid, to_u32,
+    warp_grid, LaunchConfig, PushKernelArg,
 };
 use crate::shape::Shape;
 
@@ -184,7 +184,7 @@ fn col_sum<T: DType>(
     let row_blocks = blocks_for(rows, 8 * 16)?.clamp(1, crate::launch::MAX_GRID_YZ);
     let mut part = DeviceVec::<f32>::unset(
         gpu,
-        product_len("column sum parts", row_blocks as usize, cols)?,
+        product("column sum parts", &[row_blocks as usize, cols])?,
     )?;
     let cfg = LaunchConfig {
         grid_dim: (blocks_for(cols, 32)?, row_blocks, 1),
@@ -216,7 +216,7 @@ fn sum_parts(
 ) -> Result<()> {
     expect_len(
         "sum parts",
-        product_len("sum parts", n_parts as usize, cols)?,
+        product("sum parts", &[n_parts as usize, cols])?,
         part.len(),
     )?;
     expect_len("sum", cols, out.len())?;
@@ -236,15 +236,6 @@ fn sum_parts(
     // SAFETY: block c reads part[p·cols + c] for p < n_parts (part holds n_parts·cols, checked)
     // and adds into out[c] (cols long, checked).
     unsafe { launch(name, &mut args, cfg) }
-}
-
-/// `a · b` elements of a buffer named `what`, or an error naming it.
-fn product_len(what: &'static str, a: usize, b: usize) -> Result<usize> {
-    a.checked_mul(b).ok_or(Error::TooLarge {
-        what,
-        value: u64::MAX,
-        limit: usize::MAX as u64,
-    })
 }
 
 /// `out[i, h] = ⟨x[i, h, :], att[h, :]⟩`: GAT's per-node score terms (`out` is
@@ -460,7 +451,7 @@ pub fn row_normalize_backward<T: DType>(
         None => None,
     };
     let stream = gpu.stream().clone();
-    let (part_ptr, _g) = match dbeta_part.as_mut() {
+    let (part_ptr, guard) = match dbeta_part.as_mut() {
         Some(d) => {
             let (p, g) = d.slice_mut().device_ptr_mut(&stream);
             (p, Some(g))
@@ -483,7 +474,8 @@ pub fn row_normalize_backward<T: DType>(
     // inv_norm[r], reads and writes row r of dx; thread 0 of block b writes dbeta_part[b]
     // (one per block of the grid, where given); beta is one element.
     unsafe { launch(name, &mut args, cfg) }?;
-    drop(_g);
+    // The parts' stream-ordering guard ends before they are read.
+    drop(guard);
     match (dbeta, dbeta_part) {
         (Some(d), Some(part)) => sum_parts(gpu, &part, blocks, 1, d),
         _ => Ok(()),

@@ -156,6 +156,17 @@ pub(crate) fn stride_grid(items: usize) -> Result<LaunchConfig> {
     })
 }
 
+/// The product of `factors` in usize, or an error naming `what` where it overflows.
+pub(crate) fn product(what: &'static str, factors: &[usize]) -> Result<usize> {
+    factors
+        .iter()
+        .try_fold(1usize, |acc, &f| acc.checked_mul(f))
+        .ok_or_else(|| Error::InvalidArgument {
+            what,
+            why: format!("the size {factors:?} overflows usize"),
+        })
+}
+
 /// A grid-stride launch with one warp per item.
 pub(crate) fn warp_grid(items: usize) -> Result<LaunchConfig> {
     stride_grid(items.checked_mul(32).ok_or(Error::TooLarge {

@@ -62,7 +62,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::launch::{
-    blocks_for, check_same_gpu, kernel_named, launch, to_u32, LaunchArgs, LaunchConfig,
+    blocks_for, check_same_gpu, kernel_named, launch, product, to_u32, LaunchArgs, LaunchConfig,
     PushKernelArg, PushOptionalArg,
 };
 use crate::schedule::{group_for, vector_width};
@@ -136,17 +136,6 @@ pub struct FusedBackward {
     block_dscale: DeviceVec<f32>,
     block_counter: DeviceVec<u32>,
     d_scale: DeviceVec<f64>,
-}
-
-/// `a × b × c` in usize, or an error naming `what`.
-pub(super) fn product(what: &'static str, factors: &[usize]) -> Result<usize> {
-    factors
-        .iter()
-        .try_fold(1usize, |acc, &f| acc.checked_mul(f))
-        .ok_or_else(|| Error::InvalidArgument {
-            what,
-            why: format!("the size {factors:?} overflows usize"),
-        })
 }
 
 impl FusedBackward {

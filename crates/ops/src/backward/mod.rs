@@ -53,7 +53,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::launch::{
-    check_per_edge, check_same_gpu, grid_1d, kernel_named, launch, opt_ptr, to_u32,
+    check_per_edge, check_same_gpu, grid_1d, kernel_named, launch, opt_ptr, product, to_u32,
 };
 use crate::launch::{LaunchConfig, PushKernelArg};
 use crate::schedule::{group_for, vector_width};
@@ -440,13 +440,7 @@ pub fn attention_edge_backward(
     ] {
         check_per_edge(what, nnz, heads, len)?;
     }
-    let rows = a
-        .n_rows()
-        .checked_mul(heads)
-        .ok_or(Error::InvalidArgument {
-            what: "rows × heads",
-            why: "overflows usize".into(),
-        })?;
+    let rows = product("rows × heads", &[a.n_rows(), heads])?;
     if dscale_rows.len() != rows {
         return Err(Error::LengthMismatch {
             what: "dscale_rows",

@@ -77,12 +77,11 @@ use crate::fused::CsrExtras;
 use crate::gpu::Gpu;
 use crate::graph::DeviceGraph;
 use crate::launch::{
-    blocks_for, check_same_gpu, kernel_named, launch, to_u32, LaunchConfig, PushKernelArg,
+    blocks_for, check_same_gpu, kernel_named, launch, product, to_u32, LaunchConfig, PushKernelArg,
     PushOptionalArg,
 };
 use crate::shape::Shape;
 
-use super::fused::product;
 use super::DeviceSum;
 
 /// The kernel family, for errors.
