@@ -29,6 +29,15 @@ helpers this imports; see its docstring for every record field, status and the t
   dfgnn_hyper          GTConvFuse_inference_hyper (CSR + COO rows, 8 rows a block, the scores of a
                        block's edges in shared memory): f32; unsupported where a block of 8 rows
                        has more than 12288 edges (48 KiB: the kernel does not opt in to more).
+  dfgnn_hyper_train    DF-GNN's training path, GTConvFuse_hyper through autograd: forward
+                       (gt_hyper_forward, which also stores each edge's probability, heads x nnz
+                       f32) + backward (gt_backward: a row kernel for dQ and the edge gradients,
+                       a column kernel over its CSC for dK and dV), timed as one step on leaves
+                       requiring grad. f32; the hyper kernel's shared-memory limit. Its backward
+                       ignores the edge values, so the scale is folded into Q inside the step
+                       (autograd carries it to dQ). Its rel_err is the largest of the output's and
+                       the three gradients' errors against f64 autograd of the same step (note:
+                       each); where the reference would not fit, the output's alone.
 
 Timing: Fused3S synchronises inside each call and times its kernel with its own CUDA events:
 median_ms is the median of those (kernel only), median_ms_call the median of our CUDA events
@@ -62,7 +71,7 @@ import torch_peers as tp  # noqa: E402
 FAMILIES = {
     "fused3s": ["fused3s_preprocess", "fused3s", "fused3s_scaleqk"],
     "flashsparse": ["flashsparse_preprocess", "flashsparse"],
-    "dfgnn": ["dfgnn_tiling", "dfgnn_hyper"],
+    "dfgnn": ["dfgnn_tiling", "dfgnn_hyper", "dfgnn_hyper_train"],
 }
 REPO = {"fused3s": "Fused3S", "flashsparse": "FlashSparse", "dfgnn": "DF-GNN"}
 N_WARP_PER_BLOCK = 8  # Fused3S's own scripts run its 1tb1rw kernels with 8 warps per block.
@@ -592,8 +601,77 @@ class DFGNN:
         self.hyper_smem = int((g.offs[ends] - g.offs[starts]).max()) if g.n else 0
         torch.cuda.synchronize()
         self.prep_ms = (time.perf_counter() - t) * 1e3
+        self.csc = None  # the training path's CSC, made by its first case
+
+    def csc_arrays(self):
+        """(col_ptr, row_ind, val_idx) int32: the graph by column, each entry's row and CSR edge
+        id, as gt_backward's column kernel reads them (wall clock of the build in prep)."""
+        if self.csc is None:
+            g = self.g
+            t = time.perf_counter()
+            order = torch.argsort(g.col * max(g.n, 1) + g.row, stable=True)
+            counts = torch.bincount(g.col, minlength=g.n_cols)
+            col_ptr = torch.zeros(g.n_cols + 1, dtype=torch.int64, device=g.device)
+            col_ptr[1:] = torch.cumsum(counts, 0)
+            self.csc = (col_ptr.to(torch.int32), g.row[order].to(torch.int32), order.to(torch.int32))
+            torch.cuda.synchronize()
+            self.csc_ms = (time.perf_counter() - t) * 1e3
+        return self.csc
 
     def run_case(self, rec, case):
+        self.run_inference(rec, case)
+        tp.attempt(rec, "dfgnn_hyper_train", case, lambda: self.train_record(case))
+
+    def train_record(self, case):
+        g, args = self.g, self.args
+        if case.dtype != "f32":
+            raise tp.Unsupported("f32 only (the kernels take float Q, K, V)")
+        if g.n * case.heads * case.d >= 2**31:
+            raise tp.Unsupported("n * heads * head_dim >= 2^31: its int offsets overflow")
+        if g.n != g.n_cols:
+            raise tp.Unsupported("a square graph only (its gradients of K and V have n rows)")
+        smem = self.hyper_smem
+        if smem > self.SMEM_FLOATS:
+            raise tp.Unsupported(f"a block of 8 rows has {smem} edges: {smem * 4} B of dynamic shared "
+                                 "memory > 48 KiB, and the kernels do not opt in to more")
+        col_ptr, row_ind, val_idx = self.csc_arrays()
+        qg, kg, vg = (x.detach().to(torch.float32, copy=True).contiguous().requires_grad_()
+                      for x in (case.q, case.k, case.v))
+        dout = torch.randn(g.n, case.heads, case.d, device=g.device, generator=case.gen)
+        ones = torch.ones(g.nnz, dtype=torch.float32, device=g.device)
+
+        def step():
+            qs = qg * case.scale
+            out = self.ops.GTConvFuse_hyper(self.rows32, self.crow32, self.col32, ones, col_ptr, row_ind,
+                                            val_idx, smem, qs, kg, vg)
+            qg.grad = kg.grad = vg.grad = None
+            out.backward(dout)
+            return out
+
+        out = step()
+        torch.cuda.synchronize()
+        errs = {"out": tp.rel_error(out.detach(), case.ref)}
+        del out
+        grads = (qg.grad, kg.grad, vg.grad)
+        if any(x is None for x in grads):
+            raise RuntimeError("autograd gave no gradient for Q, K or V")
+        try:
+            ref = reference_grads(g, case.q, case.k, case.v, dout, case.scale)
+            errs.update(zip(("dQ", "dK", "dV"), (tp.rel_error(x, r) for x, r in zip(grads, ref))))
+            del ref
+            checked = "rel_err: the largest of the output's and the gradients' errors"
+        except torch.cuda.OutOfMemoryError:
+            tp.free_memory()
+            checked = "gradients not checked (their f64 reference did not fit): rel_err of the output"
+        worst = max(errs.values(), key=lambda e: math.inf if not math.isfinite(e) else e)
+        ms = tp.time_ms(step, args.warmup, args.reps)
+        note = (", ".join(f"{k} {v:.1e}" for k, v in errs.items()) + f"; {checked}; Q pre-scaled "
+                "(its backward ignores the edge values); all heads in one call")
+        return dict(median_ms=ms, dtype_used="f32", rel_err=worst,
+                    variant=f"GTConvFuse_hyper, autograd (gt_hyper_forward + gt_backward, smem {smem} floats)",
+                    note=note, extra=dict(prep_ms=self.prep_ms + self.csc_ms, source=self.src))
+
+    def run_inference(self, rec, case):
         g, args = self.g, self.args
         for peer in ("dfgnn_tiling", "dfgnn_hyper"):
             def fn_record(peer=peer):
@@ -635,6 +713,37 @@ class DFGNN:
                             extra=dict(prep_ms=self.prep_ms, source=self.src))
 
             tp.attempt(rec, peer, case, fn_record)
+
+
+def reference_grads(g, q, k, v, dout, scale):
+    """dQ, dK, dV of sum(attention(q, k, v) * dout) in f64 by autograd, head by head and in
+    chunks of rows (as tp.reference_attention), on q's device."""
+    n, heads, d = q.shape
+    dev = q.device
+    dq = torch.zeros(n, heads, d, dtype=torch.float64, device=dev)
+    dk = torch.zeros(k.shape, dtype=torch.float64, device=dev)
+    dv = torch.zeros(v.shape, dtype=torch.float64, device=dev)
+    for h in range(heads):
+        qh, kh, vh = (x[:, h].double().requires_grad_() for x in (q, k, v))
+        for r0, r1 in tp.row_chunks(g.offs, tp.edge_budget(d)):
+            e0, e1 = int(g.offs[r0]), int(g.offs[r1])
+            if e1 == e0:
+                continue
+            rows, cols = g.row[e0:e1], g.col[e0:e1]
+            local = rows - r0
+            s = (qh[rows] * kh[cols]).sum(-1) * scale
+            m = torch.full((r1 - r0,), -math.inf, dtype=torch.float64, device=dev)
+            m = m.scatter_reduce(0, local, s.detach(), "amax")
+            p = torch.exp(s - m[local])
+            den = torch.zeros(r1 - r0, dtype=torch.float64, device=dev).index_add(0, local, p)
+            w = p / den[local]
+            out = torch.zeros(r1 - r0, d, dtype=torch.float64, device=dev).index_add(0, local, vh[cols] * w[:, None])
+            (out * dout[r0:r1, h].double()).sum().backward()
+        for out, x in ((dq, qh), (dk, kh), (dv, vh)):
+            if x.grad is not None:  # None on a graph without edges: the zeros stay
+                out[:, h] = x.grad
+        del qh, kh, vh
+    return dq, dk, dv
 
 
 CLASSES = {"fused3s": Fused3S, "flashsparse": FlashSparse, "dfgnn": DFGNN}
