@@ -101,8 +101,8 @@ const fn str_eq(a: &str, b: &str) -> bool {
 /// build, naming both.
 ///
 /// ```
-/// let name: &str = spattn_kernels_sys::kernel!(BACKWARD_TC, "backward_tc_dscale");
-/// assert_eq!(name, "backward_tc_dscale");
+/// let name: &str = spattn_kernels_sys::kernel!(BACKWARD, "sum_in_order_f32");
+/// assert_eq!(name, "sum_in_order_f32");
 /// ```
 ///
 /// ```compile_fail
