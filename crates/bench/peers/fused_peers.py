@@ -37,7 +37,11 @@ helpers this imports; see its docstring for every record field, status and the t
                        ignores the edge values, so the scale is folded into Q inside the step
                        (autograd carries it to dQ). Its rel_err is the largest of the output's and
                        the three gradients' errors against f64 autograd of the same step (note:
-                       each); where the reference would not fit, the output's alone.
+                       each); where the reference would not fit, the output's alone. Its backward
+                       indexes the probabilities and edge gradients without the head (head 0's
+                       for every head, the heads' blocks racing on one row of edge gradients):
+                       right at one head only, its other records WRONG and their times those of
+                       that racing kernel.
 
 Timing: Fused3S synchronises inside each call and times its kernel with its own CUDA events:
 median_ms is the median of those (kernel only), median_ms_call the median of our CUDA events
@@ -626,8 +630,8 @@ class DFGNN:
         g, args = self.g, self.args
         if case.dtype != "f32":
             raise tp.Unsupported("f32 only (the kernels take float Q, K, V)")
-        if g.n * case.heads * case.d >= 2**31:
-            raise tp.Unsupported("n * heads * head_dim >= 2^31: its int offsets overflow")
+        if g.n * case.heads * case.d >= 2**31 or g.nnz * case.heads >= 2**31:
+            raise tp.Unsupported("n * heads * head_dim or nnz * heads >= 2^31: its int offsets overflow")
         if g.n != g.n_cols:
             raise tp.Unsupported("a square graph only (its gradients of K and V have n rows)")
         smem = self.hyper_smem

@@ -5,7 +5,8 @@
 // Layouts as in csr_ops.cu: per-edge values nnz x heads f32, edge e head h at e * heads + h,
 // edges in CSR order of A (or of A^T where a kernel says so); dense operands rows x heads x
 // head_dim. `a_to_t[e]` is the position of A's edge e in A^T's CSR order. Sums in f32; the
-// gradient of the scale is accumulated per block in f32 and across blocks in f64.
+// gradient of the scale is one f32 share per (row, head), summed in f64 in a fixed order by
+// sum_in_order_f32 (no float atomics anywhere: the same bits every run).
 //
 // Row kernels come in two flavours, like the edge softmax: a group of g lanes per (row, head)
 // for rows shorter than `long_threshold` edges, and one block per (long row, head). Both run the

@@ -3,8 +3,9 @@
 //! row L2 normalization (AGNN), head mean, `y += α·x`, SGD and Adam.
 //!
 //! Operands are row-major like everything in this crate; sums run in f32; parameter gradients
-//! are f32 buffers whatever the feature type (they are accumulated, with atomics, across rows).
-//! Every function checks lengths and devices first and launches nothing for empty inputs.
+//! are f32 buffers whatever the feature type, accumulated across rows without atomics (each
+//! block's part stored, the parts added in a fixed order: the same bits every run). Every
+//! function checks lengths and devices first.
 
 use cudarc::driver::{CudaFunction, DevicePtrMut};
 use spattn_kernels_sys::LAYERS;
@@ -162,6 +163,10 @@ pub fn head_weighted_sum<T: DType>(
     col_sum(gpu, x, Some(w.as_vec()), s.rows, s.heads, s.head_dim, out)
 }
 
+/// The most row blocks of a column sum: its parts (this many × the columns, f32) are scratch of
+/// each call, so bounded (1 MiB at 256 columns) while the grid still fills a GPU many times.
+const COL_SUM_ROW_BLOCKS: u32 = 1024;
+
 fn col_sum<T: DType>(
     gpu: &Gpu,
     x: &impl DenseBuffer<T>,
@@ -181,7 +186,7 @@ fn col_sum<T: DType>(
     if rows == 0 || cols == 0 {
         return Ok(());
     }
-    let row_blocks = blocks_for(rows, 8 * 16)?.clamp(1, crate::launch::MAX_GRID_YZ);
+    let row_blocks = blocks_for(rows, 8 * 16)?.clamp(1, COL_SUM_ROW_BLOCKS);
     let mut part = DeviceVec::<f32>::unset(
         gpu,
         product("column sum parts", &[row_blocks as usize, cols])?,

@@ -415,7 +415,8 @@ fn long_rows_grid(n_long: usize, heads: usize) -> Result<LaunchConfig> {
 /// `d_scale`: each (row, head) its share into `dscale_rows` (`n_rows × heads` f32), then their
 /// sum in a fixed order (bitwise the same on every run).
 ///
-/// Rows without edges write nothing (their positions do not exist in any buffer).
+/// Rows without edges write no per-edge value (their positions do not exist in those buffers)
+/// and a share of 0.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_edge_backward(
     gpu: &Gpu,
