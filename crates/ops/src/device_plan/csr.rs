@@ -60,7 +60,8 @@ pub(super) fn csr_from_sorted(
     let (n64, n_input64) = (n as u64, n_input as u64);
     let n_rows32 = crate::launch::to_u32("rows", n_rows)?;
     if n > 0 {
-        let f = kernel(gpu, spattn_kernels_sys::kernel!(PLAN, "plan_csr_build"))?;
+        let name = spattn_kernels_sys::kernel!(PLAN, "plan_csr_build");
+        let f = kernel(gpu, name)?;
         let mut args = gpu.launch_builder(&f);
         args.arg(keys.slice())
             .arg(vals.slice())
@@ -85,13 +86,7 @@ pub(super) fn csr_from_sorted(
         // hold n_input, checked by the callers), positions[n_input + v - loop_base] for the
         // loops' keys v ≥ loop_base (given only where positions also hold one per loop) and
         // one status word.
-        unsafe {
-            launch(
-                spattn_kernels_sys::kernel!(PLAN, "plan_csr_build"),
-                &mut args,
-                stride_grid(n)?,
-            )
-        }?;
+        unsafe { launch(name, &mut args, stride_grid(n)?) }?;
     }
     let schedule = row_schedules(gpu, &row_offsets, (n_rows, n), status, (rows, sums))?;
     // Columns fit in key bits below the rows: n_cols only sizes the matrix.
@@ -134,7 +129,8 @@ fn row_schedules(
     }
     let counts = crate::buffer::grown(gpu, rows, "row schedule counts", 4 * (n_rows + 1))?;
     let n_rows32 = crate::launch::to_u32("rows", n_rows)?;
-    let f = kernel(gpu, spattn_kernels_sys::kernel!(PLAN, "plan_row_counts"))?;
+    let name = spattn_kernels_sys::kernel!(PLAN, "plan_row_counts");
+    let f = kernel(gpu, name)?;
     let mut args = gpu.launch_builder(&f);
     args.arg(row_offsets.slice())
         .arg(&n_rows32)
@@ -142,15 +138,10 @@ fn row_schedules(
         .arg(status);
     // SAFETY: thread r < n_rows reads row_offsets[r], [r + 1] (n_rows + 1) and writes the 4
     // words of counts[r] (4 (n_rows + 1) u32) and status words.
-    unsafe {
-        launch(
-            spattn_kernels_sys::kernel!(PLAN, "plan_row_counts"),
-            &mut args,
-            stride_grid(n_rows)?,
-        )
-    }?;
+    unsafe { launch(name, &mut args, stride_grid(n_rows)?) }?;
     scan(gpu, counts, n_rows, Lanes::Four, sums)?;
-    let f = kernel(gpu, spattn_kernels_sys::kernel!(PLAN, "plan_row_units"))?;
+    let name = spattn_kernels_sys::kernel!(PLAN, "plan_row_units");
+    let f = kernel(gpu, name)?;
     let mut args = gpu.launch_builder(&f);
     args.arg(row_offsets.slice())
         .arg(&n_rows32)
@@ -169,13 +160,7 @@ fn row_schedules(
     // most entries / 65 of them, allocated +1) and the partials' total; long rows (≥ 256
     // entries: at most entries / 256) below theirs. Reads row_offsets (n_rows + 1) and the
     // scanned counts (n_rows + 1 uint4).
-    unsafe {
-        launch(
-            spattn_kernels_sys::kernel!(PLAN, "plan_row_units"),
-            &mut args,
-            stride_grid(n_rows)?,
-        )
-    }?;
+    unsafe { launch(name, &mut args, stride_grid(n_rows)?) }?;
     Ok(s)
 }
 

@@ -419,7 +419,8 @@ pub(crate) fn build_from_edges<I: DeviceIndex>(
     )?;
     let flags = crate::buffer::grown(gpu, flags, "plan entry numbers", m + 1)?;
     if m > 0 {
-        let f = kernel(gpu, spattn_kernels_sys::kernel!(PLAN, "plan_unique_flags"))?;
+        let name = spattn_kernels_sys::kernel!(PLAN, "plan_unique_flags");
+        let f = kernel(gpu, name)?;
         let (m64, e64) = (m as u64, e as u64);
         let mut args = gpu.launch_builder(&f);
         args.arg(bufs.0[r].slice())
@@ -430,13 +431,7 @@ pub(crate) fn build_from_edges<I: DeviceIndex>(
             .arg(&st_a);
         // SAFETY: reads keys/vals [0, m), writes flags[0, m) (m + 1 at least) and a status
         // word.
-        unsafe {
-            launch(
-                spattn_kernels_sys::kernel!(PLAN, "plan_unique_flags"),
-                &mut args,
-                stride_grid(m)?,
-            )
-        }?;
+        unsafe { launch(name, &mut args, stride_grid(m)?) }?;
     }
     scan(gpu, flags, m, Lanes::One, sums)?;
     let a = csr_from_sorted(
@@ -525,10 +520,8 @@ fn transpose_of(
 ) -> Result<(PendingCsr, DeviceVec<u32>)> {
     let bufs = sort_buffers(gpu, s.keys, s.vals, n)?;
     if n > 0 {
-        let f = kernel(
-            gpu,
-            spattn_kernels_sys::kernel!(PLAN, "plan_transpose_keys"),
-        )?;
+        let name = spattn_kernels_sys::kernel!(PLAN, "plan_transpose_keys");
+        let f = kernel(gpu, name)?;
         let n64 = n as u64;
         let mut args = gpu.launch_builder(&f);
         args.arg(row_indices.slice())
@@ -540,13 +533,7 @@ fn transpose_of(
             .arg(bufs.1[0].slice());
         // SAFETY: reads row/col indices below the count (≤ n, allocated) and writes keys/vals
         // [0, n).
-        unsafe {
-            launch(
-                spattn_kernels_sys::kernel!(PLAN, "plan_transpose_keys"),
-                &mut args,
-                stride_grid(n)?,
-            )
-        }?;
+        unsafe { launch(name, &mut args, stride_grid(n)?) }?;
     }
     // Entries past the count have the largest keys and come last in input order: stable passes
     // over the column bits leave them after every real entry.
@@ -653,7 +640,8 @@ pub(crate) fn build_bsb(
         nnz as u64,
     );
     if nnz > 0 {
-        let f = kernel(gpu, spattn_kernels_sys::kernel!(PLAN, "plan_bsb_rank"))?;
+        let name = spattn_kernels_sys::kernel!(PLAN, "plan_bsb_rank");
+        let f = kernel(gpu, name)?;
         let mut args = gpu.launch_builder(&f);
         args.arg(a.row_offsets().slice())
             .arg(a.col_indices().slice())
@@ -665,31 +653,18 @@ pub(crate) fn build_bsb(
         // (< n_rows + 1) and column indices inside those rows (< nnz), and writes wkeys at its
         // window's first entry plus its place among the window's entries: a permutation of
         // [0, nnz).
-        unsafe {
-            launch(
-                spattn_kernels_sys::kernel!(PLAN, "plan_bsb_rank"),
-                &mut args,
-                stride_grid(nnz)?,
-            )
-        }?;
-        let f = kernel(gpu, spattn_kernels_sys::kernel!(PLAN, "plan_bsb_flags"))?;
+        unsafe { launch(name, &mut args, stride_grid(nnz)?) }?;
+        let name = spattn_kernels_sys::kernel!(PLAN, "plan_bsb_flags");
+        let f = kernel(gpu, name)?;
         let mut args = gpu.launch_builder(&f);
         args.arg(wkeys.slice()).arg(&nnz64).arg(dex.slice());
         // SAFETY: reads wkeys [0, nnz), writes dex [0, nnz) (nnz + 1 allocated).
-        unsafe {
-            launch(
-                spattn_kernels_sys::kernel!(PLAN, "plan_bsb_flags"),
-                &mut args,
-                stride_grid(nnz)?,
-            )
-        }?;
+        unsafe { launch(name, &mut args, stride_grid(nnz)?) }?;
     }
     scan(gpu, dex, nnz, Lanes::One, sums)?;
     if n_windows > 0 {
-        let f = kernel(
-            gpu,
-            spattn_kernels_sys::kernel!(PLAN, "plan_bsb_window_blocks"),
-        )?;
+        let name = spattn_kernels_sys::kernel!(PLAN, "plan_bsb_window_blocks");
+        let f = kernel(gpu, name)?;
         let mut args = gpu.launch_builder(&f);
         args.arg(a.row_offsets().slice())
             .arg(&n_rows32)
@@ -698,17 +673,12 @@ pub(crate) fn build_bsb(
             .arg(window_offsets.slice());
         // SAFETY: window w < n_windows reads two row offsets (≤ n_rows), dex at two of them
         // (≤ nnz: nnz + 1 entries) and writes window_offsets[w] (n_windows + 1 allocated).
-        unsafe {
-            launch(
-                spattn_kernels_sys::kernel!(PLAN, "plan_bsb_window_blocks"),
-                &mut args,
-                stride_grid(n_windows)?,
-            )
-        }?;
+        unsafe { launch(name, &mut args, stride_grid(n_windows)?) }?;
     }
     scan(gpu, &mut window_offsets, n_windows, Lanes::One, sums)?;
     if nnz > 0 {
-        let f = kernel(gpu, spattn_kernels_sys::kernel!(PLAN, "plan_bsb_fill"))?;
+        let name = spattn_kernels_sys::kernel!(PLAN, "plan_bsb_fill");
+        let f = kernel(gpu, name)?;
         let mut args = gpu.launch_builder(&f);
         args.arg(wkeys.slice())
             .arg(&nnz64)
@@ -721,13 +691,7 @@ pub(crate) fn build_bsb(
         // entry (≤ nnz), its window's offset (< n_windows + 1) and writes one slot of its block
         // (block < the window's end ≤ max_blocks: 8 · max_blocks slots) and ORs one bit into
         // its block's 4 bitmap words (2 · max_blocks u64 = 4 · max_blocks u32).
-        unsafe {
-            launch(
-                spattn_kernels_sys::kernel!(PLAN, "plan_bsb_fill"),
-                &mut args,
-                stride_grid(nnz)?,
-            )
-        }?;
+        unsafe { launch(name, &mut args, stride_grid(nnz)?) }?;
     }
     let offsets = window_offsets.to_host()?;
     let n_blocks = offsets[n_windows] as usize;
@@ -760,17 +724,12 @@ pub(crate) fn build_edge_csr(gpu: &Gpu, a: &DeviceCsr) -> Result<DeviceCsr> {
     let nnz = a.nnz();
     let cols = DeviceVec::<u32>::alloc(gpu, "edge CSR columns", nnz, false)?;
     let n64 = nnz as u64;
-    let f = kernel(gpu, spattn_kernels_sys::kernel!(PLAN, "plan_iota_u32"))?;
+    let name = spattn_kernels_sys::kernel!(PLAN, "plan_iota_u32");
+    let f = kernel(gpu, name)?;
     let mut args = gpu.launch_builder(&f);
     args.arg(cols.slice()).arg(&n64);
     // SAFETY: writes cols[0, nnz) (nnz allocated).
-    unsafe {
-        launch(
-            spattn_kernels_sys::kernel!(PLAN, "plan_iota_u32"),
-            &mut args,
-            stride_grid(nnz)?,
-        )
-    }?;
+    unsafe { launch(name, &mut args, stride_grid(nnz)?) }?;
     Ok(DeviceCsr::from_parts(
         (a.n_rows(), nnz, nnz),
         a.row_offsets().try_clone()?,
@@ -788,17 +747,12 @@ pub fn widen_to_i64(gpu: &Gpu, from: &DeviceVec<u32>, to: &mut DeviceVec<i64>) -
     check_same_gpu(gpu, "widened indices", &*to)?;
     let n = from.len();
     let n64 = n as u64;
-    let f = kernel(gpu, spattn_kernels_sys::kernel!(PLAN, "plan_widen_u32_i64"))?;
+    let name = spattn_kernels_sys::kernel!(PLAN, "plan_widen_u32_i64");
+    let f = kernel(gpu, name)?;
     let mut args = gpu.launch_builder(&f);
     args.arg(from.slice()).arg(&n64).arg(to.slice_mut());
     // SAFETY: reads from[0, n) and writes to[0, n); both hold n (checked).
-    unsafe {
-        launch(
-            spattn_kernels_sys::kernel!(PLAN, "plan_widen_u32_i64"),
-            &mut args,
-            stride_grid(n)?,
-        )
-    }
+    unsafe { launch(name, &mut args, stride_grid(n)?) }
 }
 
 /// A shared graph's BSB as fused-tc plans read it, built on the device.

@@ -152,7 +152,8 @@ pub(super) fn radix_sort(
     let grid = tile_grid(n)?;
     let mut cur = 0usize;
     for (p, &shift) in passes.iter().enumerate() {
-        let f = kernel(gpu, spattn_kernels_sys::kernel!(PLAN, "plan_radix_count"))?;
+        let name = spattn_kernels_sys::kernel!(PLAN, "plan_radix_count");
+        let f = kernel(gpu, name)?;
         let mut args = gpu.launch_builder(&f);
         args.arg(keys[cur].slice())
             .arg(&n64)
@@ -163,16 +164,11 @@ pub(super) fn radix_sort(
         // SAFETY: block t reads keys [t·TILE, (t+1)·TILE) ∩ [0, n) of the current buffer (n
         // keys at least) and writes counts[d·tiles + t] for d < 256 (bins + 1 at least); the
         // status word is read only.
-        unsafe {
-            launch(
-                spattn_kernels_sys::kernel!(PLAN, "plan_radix_count"),
-                &mut args,
-                grid,
-            )
-        }?;
+        unsafe { launch(name, &mut args, grid) }?;
         scan(gpu, counts, bins, Lanes::One, sums)?;
         let last_odd = u32::from(p + 1 == passes.len() && passes.len() % 2 == 1);
-        let f = kernel(gpu, spattn_kernels_sys::kernel!(PLAN, "plan_radix_scatter"))?;
+        let name = spattn_kernels_sys::kernel!(PLAN, "plan_radix_scatter");
+        let f = kernel(gpu, name)?;
         let mut args = gpu.launch_builder(&f);
         args.arg(keys[cur].slice())
             .arg(vals[cur].slice())
@@ -188,13 +184,7 @@ pub(super) fn radix_sort(
         // buffers and writes each to its scanned position, a permutation of [0, n) (the counts
         // of all tiles sum to n), in the other buffers (n elements each at least); it reads
         // counts [d·tiles + t].
-        unsafe {
-            launch(
-                spattn_kernels_sys::kernel!(PLAN, "plan_radix_scatter"),
-                &mut args,
-                grid,
-            )
-        }?;
+        unsafe { launch(name, &mut args, grid) }?;
         cur = 1 - cur;
     }
     Ok(cur)

@@ -421,7 +421,8 @@ fn gpu_device_plan_costs() {
     let gpu = gpu();
     let reps = 2000;
     let mut one = DeviceVec::<u32>::zeros(&gpu, 1).unwrap();
-    let f = kernel(&gpu, spattn_kernels_sys::kernel!(PLAN, "plan_iota_u32")).unwrap();
+    let name = spattn_kernels_sys::kernel!(PLAN, "plan_iota_u32");
+    let f = kernel(&gpu, name).unwrap();
     let n1 = 1u64;
     gpu.synchronize().unwrap();
     let t = std::time::Instant::now();
@@ -429,14 +430,7 @@ fn gpu_device_plan_costs() {
         let mut args = gpu.launch_builder(&f);
         args.arg(one.slice_mut()).arg(&n1);
         // SAFETY: writes one[0] (1 element).
-        unsafe {
-            launch(
-                spattn_kernels_sys::kernel!(PLAN, "plan_iota_u32"),
-                &mut args,
-                stride_grid(1).unwrap(),
-            )
-        }
-        .unwrap();
+        unsafe { launch(name, &mut args, stride_grid(1).unwrap()) }.unwrap();
     }
     let enq = t.elapsed().as_secs_f64() * 1e6 / reps as f64;
     gpu.synchronize().unwrap();
