@@ -7,7 +7,7 @@
 //! block's part stored, the parts added in a fixed order: the same bits every run). Every
 //! function checks lengths and devices first.
 
-use cudarc::driver::{CudaFunction, DevicePtrMut};
+use cudarc::driver::CudaFunction;
 use spattn_kernels_sys::LAYERS;
 
 use crate::buffer::{DeviceMatrix, DeviceVec};
@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::launch::{
     blocks_for, check_same_gpu, kernel_named, launch, opt_ptr, product, stride_grid, to_u32,
-    warp_grid, LaunchConfig, PushKernelArg,
+    warp_grid, LaunchConfig, PushKernelArg, PushOptionalArg,
 };
 use crate::shape::Shape;
 
@@ -391,14 +391,6 @@ pub fn row_normalize<T: DType>(
     check_same_gpu(gpu, "xhat", &*xhat)?;
     check_same_gpu(gpu, "inverse norms", &*inv_norm)?;
     let beta_ptr = opt_ptr(gpu, "beta", beta)?;
-    let stream = gpu.stream().clone();
-    let (q_ptr, _q_guard) = match q {
-        Some(q) => {
-            let (p, g) = q.slice_mut().device_ptr_mut(&stream);
-            (p, Some(g))
-        }
-        None => (0, None),
-    };
     let (name, f) = function::<T>(gpu, "row_normalize")?;
     let (rows, cols) = (to_u32("rows", s.rows)?, to_u32("columns", s.row_len())?);
     let mut args = gpu.launch_builder(&f);
@@ -407,7 +399,7 @@ pub fn row_normalize<T: DType>(
         .arg(&cols)
         .arg(&beta_ptr)
         .arg(xhat.slice_mut())
-        .arg(&q_ptr)
+        .arg_or_null_mut(q.map(DeviceMatrix::as_vec_mut))
         .arg(inv_norm.slice_mut());
     // SAFETY: one warp per row reads x[r·cols..(r+1)·cols), writes the same range of xhat and
     // (where given) q — all of x's shape — and inv_norm[r] (rows long); beta is one element.
@@ -455,14 +447,6 @@ pub fn row_normalize_backward<T: DType>(
         }
         None => None,
     };
-    let stream = gpu.stream().clone();
-    let (part_ptr, guard) = match dbeta_part.as_mut() {
-        Some(d) => {
-            let (p, g) = d.slice_mut().device_ptr_mut(&stream);
-            (p, Some(g))
-        }
-        None => (0, None),
-    };
     let (name, f) = function::<T>(gpu, "row_normalize_backward")?;
     let (rows, cols) = (to_u32("rows", s.rows)?, to_u32("columns", s.row_len())?);
     let mut args = gpu.launch_builder(&f);
@@ -474,13 +458,12 @@ pub fn row_normalize_backward<T: DType>(
         .arg(&rows)
         .arg(&cols)
         .arg(dx.slice_mut())
-        .arg(&part_ptr);
+        .arg_or_null_mut(dbeta_part.as_mut());
     // SAFETY: one warp per row reads row r of xhat, dq, dk (all of xhat's shape, checked) and
     // inv_norm[r], reads and writes row r of dx; thread 0 of block b writes dbeta_part[b]
     // (one per block of the grid, where given); beta is one element.
     unsafe { launch(name, &mut args, cfg) }?;
-    // The parts' stream-ordering guard ends before they are read.
-    drop(guard);
+    drop(args); // its borrow of the parts ends before they are summed
     match (dbeta, dbeta_part) {
         (Some(d), Some(part)) => sum_parts(gpu, &part, blocks, 1, d),
         _ => Ok(()),

@@ -33,6 +33,11 @@ static NULL_DEVICE_PTR: u64 = 0;
 pub(crate) trait PushOptionalArg<'a> {
     /// Pushes `buffer`'s device pointer, or null.
     fn arg_or_null<T: DeviceElement>(&mut self, buffer: Option<&'a DeviceVec<T>>) -> &mut Self;
+    /// Pushes `buffer`'s device pointer for the kernel to write, or null.
+    fn arg_or_null_mut<T: DeviceElement>(
+        &mut self,
+        buffer: Option<&'a mut DeviceVec<T>>,
+    ) -> &mut Self;
     /// Pushes `view`'s device pointer (a range of a buffer), or null.
     fn view_or_null<T: DeviceElement>(&mut self, view: Option<&'a CudaView<'a, T>>) -> &mut Self;
 }
@@ -41,6 +46,16 @@ impl<'a> PushOptionalArg<'a> for LaunchArgs<'a> {
     fn arg_or_null<T: DeviceElement>(&mut self, buffer: Option<&'a DeviceVec<T>>) -> &mut Self {
         match buffer {
             Some(b) => self.arg(b.slice()),
+            None => self.arg(&NULL_DEVICE_PTR),
+        }
+    }
+
+    fn arg_or_null_mut<T: DeviceElement>(
+        &mut self,
+        buffer: Option<&'a mut DeviceVec<T>>,
+    ) -> &mut Self {
+        match buffer {
+            Some(b) => self.arg(b.slice_mut()),
             None => self.arg(&NULL_DEVICE_PTR),
         }
     }

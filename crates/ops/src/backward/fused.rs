@@ -312,7 +312,7 @@ impl FusedBackward {
         }
         check_same_gpu(gpu, "workspace", &self.stats)?;
         let has_ef = edge.is_some();
-        let (ef, mut d_ef) = match edge {
+        let (ef, d_ef) = match edge {
             Some((ef, d_ef)) => {
                 let se = Shape::new(a.nnz(), self.heads, self.head_dim)?;
                 se.expect_eq("edge_features", ef.shape())?;
@@ -371,11 +371,8 @@ impl FusedBackward {
             .arg(self.split_dscale.slice_mut())
             .arg(self.block_dscale.slice_mut())
             .arg(self.block_counter.slice_mut())
-            .arg(self.d_scale.slice_mut());
-        match ef {
-            Some(m) => args.arg(m.slice()),
-            None => args.arg_or_null(None::<&DeviceVec<u32>>),
-        };
+            .arg(self.d_scale.slice_mut())
+            .arg_or_null(ef.map(DeviceMatrix::as_vec));
         // SAFETY: the kernel reads A's schedule (n_units units, starts n_units + 1, slots and
         // partials per unit, first partials per split row + 1; built with the CSR) and
         // col_indices[starts[u]..starts[u+1]) ⊂ [0, nnz); Q and dOut rows < n_rows, K and V rows
@@ -407,15 +404,9 @@ impl FusedBackward {
             .arg(dv.slice_mut())
             .arg(self.col_part_acc.slice_mut())
             .arg(self.col_counters.slice_mut())
-            .arg_or_null(t_to_a);
-        match ef {
-            Some(m) => args.arg(m.slice()),
-            None => args.arg_or_null(None::<&DeviceVec<u32>>),
-        };
-        match d_ef.as_mut() {
-            Some(m) => args.arg(m.slice_mut()),
-            None => args.arg_or_null(None::<&DeviceVec<u32>>),
-        };
+            .arg_or_null(t_to_a)
+            .arg_or_null(ef.map(DeviceMatrix::as_vec))
+            .arg_or_null_mut(d_ef.map(DeviceMatrix::as_vec_mut));
         // SAFETY: as the row pass, on Aᵀ's schedule and columns: Aᵀ's entries are rows of A
         // (< n_rows: Q, dOut and stats rows), its units' rows are columns of A (< n_cols: K, V,
         // dK, dV rows); partials and counters sized by `new` from Aᵀ's schedule. With edge

@@ -537,15 +537,9 @@ impl TensorCoreBackward {
                 .arg(&scale_log2)
                 .arg(&scale)
                 .arg(self.stats.slice_mut());
-            match g1 {
-                Some(m) => args.arg(m.slice_mut()),
-                None => args.arg_or_null(null),
-            };
-            match g2 {
-                Some(m) => args.arg(m.slice_mut()),
-                None => args.arg_or_null(null),
-            };
-            args.arg(self.ds_rows.slice_mut())
+            args.arg_or_null_mut(g1.map(DeviceMatrix::as_vec_mut))
+                .arg_or_null_mut(g2.map(DeviceMatrix::as_vec_mut))
+                .arg(self.ds_rows.slice_mut())
                 .arg(side.part.slice_mut())
                 .arg(side.counters.slice_mut());
             match &mut extras {
