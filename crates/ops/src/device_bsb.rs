@@ -442,6 +442,21 @@ impl<'a> GatheredBsbExtras<'a> {
     pub(crate) fn takes(&self) -> (bool, bool) {
         (self.bias.is_some(), self.keep.is_some())
     }
+
+    /// Pushes `SPATTN_BSB_X_PARAMS` for a launch without extras of a kernel whose parameter
+    /// list has them (the tensor-core backward's plain passes): nulls and zeros, never read.
+    pub(crate) fn push_absent(args: &mut LaunchArgs<'_>) {
+        static ZERO_U32: u32 = 0;
+        static ZERO_F32: f32 = 0.0;
+        let null = None::<&DeviceVec<u32>>;
+        args.arg_or_null(null)
+            .arg(&ZERO_U32)
+            .arg_or_null(null)
+            .arg_or_null(null)
+            .arg(&ZERO_U32)
+            .arg(&ZERO_U32)
+            .arg(&ZERO_F32);
+    }
 }
 
 /// Checks that `graph` is the graph a structure of `(rows, edges)` was built from (the extras'

@@ -491,8 +491,6 @@ impl TensorCoreBackward {
         let name =
             |pass: &str| kernel_named(&BACKWARD_TC, pass_name(pass, T::NAME, self.slice, takes));
         let null = None::<&DeviceVec<u32>>;
-        // The extras' parameters of a plain launch (SPATTN_BSB_X_PARAMS, unread).
-        let (zero_u32, zero_f32) = (0u32, 0f32);
 
         // Passes over A's BSB: the statistics, then dQ and the rows' ∂scale shares; then the
         // pass over Aᵀ's BSB: dK and dV.
@@ -556,15 +554,8 @@ impl TensorCoreBackward {
                     };
                 }
                 None => {
-                    args.arg_or_null(null)
-                        .arg(&zero_u32)
-                        .arg_or_null(null)
-                        .arg_or_null(null)
-                        .arg(&zero_u32)
-                        .arg(&zero_u32)
-                        .arg(&zero_f32)
-                        .arg_or_null(null)
-                        .arg_or_null(null);
+                    GatheredBsbExtras::push_absent(&mut args);
+                    args.arg_or_null(null).arg_or_null(null);
                 }
             }
             // SAFETY: items < n_units × heads of the pass's BSB; each reads its unit's 4 words
