@@ -271,7 +271,7 @@ impl AttentionPlan {
         ),
         read_scale: bool,
     ) -> Result<Option<f32>> {
-        let (gpu, graph, state) = self.gpu_backward_parts("backward_host")?;
+        let (gpu, graph, state) = self.gpu_backward_parts()?;
         self.check_kind::<T>()?;
         let (sq, skv) = (self.shape_q(), self.shape_kv());
         for (what, actual, expected) in [
@@ -356,16 +356,13 @@ impl AttentionPlan {
     }
 
     /// A GPU plan's handle, graph and backward state; a CPU plan is [`Error::WrongPlanKind`],
-    /// naming `use_instead`.
-    fn gpu_backward_parts(
-        &self,
-        use_instead: &'static str,
-    ) -> Result<(&Gpu, &DeviceGraph, &Mutex<BackwardState>)> {
+    /// naming `backward_host` (what a CPU plan runs).
+    fn gpu_backward_parts(&self) -> Result<(&Gpu, &DeviceGraph, &Mutex<BackwardState>)> {
         match self.backward_parts() {
             BackwardParts::Gpu { gpu, graph, state } => Ok((gpu, graph, state)),
             BackwardParts::Cpu(_) => Err(Error::WrongPlanKind {
                 plan: "CPU",
-                use_instead,
+                use_instead: "backward_host",
             }),
         }
     }
@@ -391,7 +388,7 @@ impl AttentionPlan {
         d_bias: Option<&mut DeviceVec<T>>,
         read_scale: bool,
     ) -> Result<Option<f32>> {
-        let (gpu, graph, state) = self.gpu_backward_parts("backward_host")?;
+        let (gpu, graph, state) = self.gpu_backward_parts()?;
         let mut st = state.lock().unwrap_or_else(PoisonError::into_inner);
         let reorder = graph.effective_reorder(self.config().reorder);
         let ws = st.tc_workspace::<T>(graph, self.shape_q(), reorder)?;
@@ -417,7 +414,7 @@ impl AttentionPlan {
         [dq, dk, dv, d_ef]: [&mut DeviceMatrix<T>; 4],
         read_scale: bool,
     ) -> Result<Option<f32>> {
-        let (gpu, graph, state) = self.gpu_backward_parts("backward_host")?;
+        let (gpu, graph, state) = self.gpu_backward_parts()?;
         let sq = self.shape_q();
         // As in `backward_impl`: every buffer is overwritten before it is read.
         let mut st = state.lock().unwrap_or_else(PoisonError::into_inner);
