@@ -141,6 +141,9 @@ pub(crate) struct OrderedBsb {
     /// Wall time of the BSB's build and of its upload, ms (the order's is in `order`); `None`
     /// for one built on the device (its time is the first).
     build_ms: (f64, Option<f64>),
+    /// [`edge_map`](Self::edge_map) uploaded, made by the first forward or backward with
+    /// extras and shared by every plan over this BSB.
+    device_edge_map: OnceLock<(DeviceVec<u32>, DeviceVec<u32>)>,
 }
 
 impl OrderedBsb {
@@ -168,6 +171,7 @@ impl OrderedBsb {
             order,
             row_ids,
             build_ms: (built, Some(uploaded)),
+            device_edge_map: OnceLock::new(),
         })
     }
 
@@ -190,6 +194,7 @@ impl OrderedBsb {
             device,
             row_ids: None,
             build_ms: (ms, None),
+            device_edge_map: OnceLock::new(),
         }
     }
 
@@ -219,6 +224,36 @@ impl OrderedBsb {
         bsb_edge_map(a, self.host()?, self.order.row_ids())
     }
 
+    /// [`edge_map`](Self::edge_map) of `a` on the device, built and uploaded by the first call
+    /// (which checks `a`; the callers check later graphs' sizes against the BSB's).
+    pub(crate) fn device_edge_map(
+        &self,
+        gpu: &Gpu,
+        a: &Csr,
+    ) -> Result<&(DeviceVec<u32>, DeviceVec<u32>)> {
+        if let Some(m) = self.device_edge_map.get() {
+            return Ok(m);
+        }
+        let (starts, ids) = self.edge_map(a)?;
+        let m = (
+            DeviceVec::from_host_named(gpu, "BSB block edge starts", &starts)?,
+            DeviceVec::from_host_named(gpu, "BSB edge ids", &ids)?,
+        );
+        // Another thread may have set it meanwhile: both are the same map.
+        let _ = self.device_edge_map.set(m);
+        self.device_edge_map
+            .get()
+            .ok_or_else(|| Error::InvalidArgument {
+                what: "BSB edge map",
+                why: "the uploaded map was not kept".into(),
+            })
+    }
+
+    /// The device edge map, where a call of [`device_edge_map`](Self::device_edge_map) made it.
+    pub(crate) fn cached_edge_map(&self) -> Option<&(DeviceVec<u32>, DeviceVec<u32>)> {
+        self.device_edge_map.get()
+    }
+
     /// The row order and its K/V gathers, and how long the order, the BSB's build and its
     /// upload took, for a plan's report.
     pub(crate) fn info(&self) -> String {
@@ -236,7 +271,12 @@ impl OrderedBsb {
 
     /// Bytes of device memory it holds.
     pub(crate) fn device_bytes(&self) -> usize {
-        self.device.device_bytes() + self.row_ids.as_ref().map_or(0, DeviceVec::allocated_bytes)
+        self.device.device_bytes()
+            + self.row_ids.as_ref().map_or(0, DeviceVec::allocated_bytes)
+            + self
+                .device_edge_map
+                .get()
+                .map_or(0, |(s, i)| s.allocated_bytes() + i.allocated_bytes())
     }
 }
 

@@ -146,17 +146,17 @@ impl Side {
     }
 }
 
-/// One BSB's edge map for the extras (per block its first edge in block-and-bit order, then the
-/// edge count; per edge in that order its edge of A in the caller's CSR order) and the gathers'
-/// buffers.
+/// The extras' state of the pass over Aᵀ: its BSB's edge map (per block its first edge in
+/// block-and-bit order, then the edge count; per edge in that order its edge of A in the
+/// caller's CSR order) and the gathers' buffers.
 #[derive(Debug)]
-struct SideExtras {
+struct TransposeExtras {
     starts: DeviceVec<u32>,
     ids: DeviceVec<u32>,
     stage: BsbExtrasStage,
 }
 
-impl SideExtras {
+impl TransposeExtras {
     fn new(gpu: &Gpu, (starts, ids): (Vec<u32>, Vec<u32>)) -> Result<Self> {
         Ok(Self {
             starts: DeviceVec::from_host_named(gpu, "backward BSB edge starts", &starts)?,
@@ -190,8 +190,9 @@ pub struct TensorCoreBackward {
     /// ∂scale's share per (row of A, head).
     ds_rows: DeviceVec<f32>,
     d_scale: DeviceSum,
-    /// The extras' edge maps of A's BSB and Aᵀ's, made by the first run with extras.
-    extras: Option<Box<[SideExtras; 2]>>,
+    /// The extras' gathers over A's BSB (whose edge map the BSB caches for the forward and
+    /// this backward alike) and Aᵀ's edge map and gathers, made by the first run with extras.
+    extras: Option<Box<(BsbExtrasStage, TransposeExtras)>>,
 }
 
 impl TensorCoreBackward {
@@ -284,10 +285,7 @@ impl TensorCoreBackward {
             + self.stats.allocated_bytes()
             + self.ds_rows.allocated_bytes()
             + self.d_scale.allocated_bytes()
-            + self
-                .extras
-                .as_ref()
-                .map_or(0, |x| x[0].device_bytes() + x[1].device_bytes())
+            + self.extras.as_ref().map_or(0, |x| x.1.device_bytes())
     }
 
     /// The gradients of `out = softmax_row(scale · Q Kᵀ masked by A) · V`: from `[Q, K, V,
@@ -386,28 +384,28 @@ impl TensorCoreBackward {
         if extras.bias.is_none() && extras.dropout.is_none_or(|d| d.threshold() == 0) {
             return self.run_inner(gpu, scale, operands, grads, None);
         }
+        let a = graph.host()?;
         let mut sides = match self.extras.take() {
             Some(x) => x,
             None => {
-                let a = graph.host()?;
-                let a_map = self.a.edge_map(a)?;
                 let (at, from_a) = a.transpose_with_map();
                 let (t_starts, t_ids) = self.t.edge_map(&at)?;
                 // Aᵀ's entries name A's edges: the extras are indexed by A's.
                 let t_ids = t_ids.iter().map(|&e| from_a[e as usize]).collect();
-                Box::new([
-                    SideExtras::new(gpu, a_map)?,
-                    SideExtras::new(gpu, (t_starts, t_ids))?,
-                ])
+                Box::new((
+                    BsbExtrasStage::default(),
+                    TransposeExtras::new(gpu, (t_starts, t_ids))?,
+                ))
             }
         };
         // The BSBs borrowed apart from the state, which the launches write.
         let (a_bsb, t_bsb) = (Arc::clone(&self.a), Arc::clone(&self.t));
         let result = (|| {
-            let [ax, tx] = &mut *sides;
+            let (a_stage, tx) = &mut *sides;
+            let (a_starts, a_ids) = a_bsb.device_edge_map(gpu, a)?;
             let a_blocks = BsbBlocks {
                 bitmaps: a_bsb.device.bitmap_words(),
-                block_edge_start: &ax.starts,
+                block_edge_start: a_starts,
                 n_blocks: a_bsb.device.n_blocks(),
             };
             let t_blocks = BsbBlocks {
@@ -415,9 +413,7 @@ impl TensorCoreBackward {
                 block_edge_start: &tx.starts,
                 n_blocks: t_bsb.device.n_blocks(),
             };
-            let ga = ax
-                .stage
-                .gather(gpu, &ax.ids, a_blocks, self.heads, extras)?;
+            let ga = a_stage.gather(gpu, a_ids, a_blocks, self.heads, extras)?;
             let gt = tx
                 .stage
                 .gather(gpu, &tx.ids, t_blocks, self.heads, extras)?;
@@ -427,7 +423,7 @@ impl TensorCoreBackward {
             let x = LaunchExtras {
                 a: &ga,
                 t: &gt,
-                a_ids: &ax.ids,
+                a_ids,
                 d_bias,
             };
             self.run_inner(gpu, scale, operands, grads, Some(x))

@@ -224,9 +224,6 @@ pub struct FusedTensorCore {
     part_acc: DeviceVec<f32>,
     /// Arrivals per split window and head; every launch leaves them at 0.
     counters: DeviceVec<u32>,
-    /// Per block its first edge, and per edge in block-and-bit order its caller CSR edge
-    /// ([`OrderedBsb::edge_map`]): built by the first forward with extras.
-    edge_map: Option<(DeviceVec<u32>, DeviceVec<u32>)>,
     /// The extras of each call in the kernel's edge order.
     stage: BsbExtrasStage,
 }
@@ -352,7 +349,6 @@ impl FusedTensorCore {
             part_ml: DeviceVec::zeros(gpu, rows * 2)?,
             part_acc: DeviceVec::zeros(gpu, rows * layout.padded())?,
             counters: DeviceVec::zeros(gpu, schedule.n_split() * heads)?,
-            edge_map: None,
             stage: BsbExtrasStage::default(),
         })
     }
@@ -433,13 +429,9 @@ impl FusedTensorCore {
             graph,
         )?;
         extras.check(gpu, KERNEL, graph.nnz(), q.shape(), false)?;
-        if self.edge_map.is_none() {
-            let (starts, ids) = self.ordered.edge_map(graph)?;
-            self.edge_map = Some((
-                DeviceVec::from_host_named(gpu, "BSB block edge starts", &starts)?,
-                DeviceVec::from_host_named(gpu, "BSB edge ids", &ids)?,
-            ));
-        }
+        // Per block its first edge, and per edge in block-and-bit order its caller CSR edge:
+        // built once per BSB (the backward's passes over A share it).
+        self.ordered.device_edge_map(gpu, graph)?;
         self.run(gpu, (q, k, v), scale, Some(extras), 0..self.n_units, out)
     }
 
@@ -504,7 +496,7 @@ impl FusedTensorCore {
         } = self.layout;
         // The extras first: which of them a launch takes picks the pipelined kernel and its
         // stages.
-        let gathered = match (extras, &self.edge_map) {
+        let gathered = match (extras, self.ordered.cached_edge_map()) {
             (Some(e), Some((starts, ids))) => {
                 let blocks = BsbBlocks {
                     bitmaps: bsb.bitmap_words(),
