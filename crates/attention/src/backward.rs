@@ -156,17 +156,16 @@ struct EdgeBuffers {
 
 impl EdgeBuffers {
     fn new(gpu: &Gpu, graph: &DeviceGraph, heads: usize) -> Result<Self> {
-        let edges = graph.nnz().checked_mul(heads).ok_or(Error::InvalidConfig {
-            what: "heads",
-            why: format!("{} edges x {heads} heads overflows usize", graph.nnz()),
-        })?;
-        let rows = graph
-            .n_rows()
-            .checked_mul(heads)
-            .ok_or(Error::InvalidConfig {
+        let per_head = |n: usize, of: &str| {
+            n.checked_mul(heads).ok_or(Error::InvalidConfig {
                 what: "heads",
-                why: format!("{} rows x {heads} heads overflows usize", graph.n_rows()),
-            })?;
+                why: format!("{n} {of} x {heads} heads overflows usize"),
+            })
+        };
+        let (edges, rows) = (
+            per_head(graph.nnz(), "edges")?,
+            per_head(graph.n_rows(), "rows")?,
+        );
         Ok(Self {
             raw: DeviceVec::zeros(gpu, edges)?,
             dp: DeviceVec::zeros(gpu, edges)?,
