@@ -120,6 +120,10 @@ def test_ordered_with_the_current_stream():
     torch.cuda.synchronize()
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
+        from spattn._tensors import device_index, stream_of
+
+        # the handle and device index the native calls get: the side stream's
+        assert stream_of(src) == side.cuda_stream and device_index(src) == src.device.index
         q = torch.zeros_like(src)
         torch.cuda._sleep(200_000_000)  # keep the side stream busy, then write q
         q.copy_(src)

@@ -293,3 +293,16 @@ def test_inference_mode_and_no_grad(gen):
     torch.testing.assert_close(got, want)
     with torch.no_grad():
         torch.testing.assert_close(layer(x, ei), want)
+
+
+def test_native_call_arguments_from_tensors():
+    from spattn import _tensors as T
+
+    names = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64"}
+    for dt, name in names.items():
+        assert T.dtype_name(dt) == name  # torch dtypes: the per-call lookup
+        assert T.dtype_name(str(dt)) == name  # the same names from text
+    assert T.dtype_name(np.dtype("float32")) == "f32"
+    assert T.dtype_name(torch.int32) is None and T.dtype_name(np.dtype("int64")) is None
+    x = torch.zeros(2, 3)
+    assert T.device_index(x) == -1 and T.stream_of(x) == 0  # the CPU: no device, no stream

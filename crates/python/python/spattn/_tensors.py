@@ -32,8 +32,17 @@ _DTYPE_NAMES = {
 }
 
 
+#: torch dtypes -> the native module's names (the per-call lookup, without formatting).
+_TORCH_DTYPE_NAMES = (
+    {} if torch is None
+    else {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64"}
+)
+
+
 def dtype_name(dtype: Any) -> Optional[str]:
     """The native name of a torch or numpy dtype (``"f32"``, ...), or None if unsupported."""
+    if torch is not None and isinstance(dtype, torch.dtype):
+        return _TORCH_DTYPE_NAMES.get(dtype)
     text = str(dtype)
     text = text[len("torch."):] if text.startswith("torch.") else text
     return _DTYPE_NAMES.get(text)
@@ -136,16 +145,23 @@ def address(x: Any) -> int:
 
 def device_index(t: "torch.Tensor") -> int:
     """The native module's device argument: the CUDA index, or -1 for the CPU."""
-    if t.device.type == "cuda":
-        return t.device.index if t.device.index is not None else torch.cuda.current_device()
-    return -1
+    # get_device() is the CUDA index (tensors always carry one) and -1 on the CPU, without
+    # building a torch.device.
+    return t.get_device() if t.is_cuda else -1
 
 
 def stream_of(t: "torch.Tensor") -> int:
     """The handle of PyTorch's current stream on ``t``'s CUDA device (0 for the CPU)."""
-    if t.device.type != "cuda":
+    if not t.is_cuda:
         return 0
+    if _RAW_STREAM is not None:
+        return _RAW_STREAM(t.get_device())
     return torch.cuda.current_stream(t.device).cuda_stream
+
+
+# The current stream's handle without building a torch.cuda.Stream (what torch's own Triton
+# launchers call); the public route where a build lacks it.
+_RAW_STREAM = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)
 
 
 def index_bytes(name: str, a: Any, ndim: int = 1) -> Tuple[bytes, Tuple[int, ...]]:
