@@ -517,7 +517,7 @@ impl AttentionPlan {
 }
 
 /// ∂L/∂scale downloaded where `read` (a wait for the GPU), else `None`.
-fn read_d_scale(read: bool, d_scale: &DeviceVec<f64>) -> Result<Option<f32>> {
+pub(crate) fn read_d_scale(read: bool, d_scale: &DeviceVec<f64>) -> Result<Option<f32>> {
     if !read {
         return Ok(None);
     }

@@ -420,11 +420,7 @@ impl AttentionPlan {
         csr_ops::spmm(gpu, t.csr(), &st.t, q, grads.dk)?;
         ops_backward::transpose_edge_values(gpu, t, &st.w, heads, &mut st.t)?;
         csr_ops::spmm(gpu, t.csr(), &st.t, d_out, grads.dv)?;
-        if !read_scale {
-            return Ok(None);
-        }
-        let d_scale = st.d_scale.total().to_host()?;
-        Ok(Some(d_scale.first().copied().unwrap_or(0.0) as f32))
+        crate::backward::read_d_scale(read_scale, st.d_scale.total())
     }
 
     /// [`forward_with`](Self::forward_with) on host slices: the output and the attention

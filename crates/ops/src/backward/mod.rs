@@ -45,7 +45,7 @@ use cudarc::driver::{DevicePtr, DevicePtrMut};
 use spattn_formats::Csr;
 use spattn_kernels_sys::BACKWARD;
 
-use crate::buffer::{DeviceMatrix, DeviceVec};
+use crate::buffer::{expect_len, DeviceMatrix, DeviceVec};
 use crate::csr_ops::group_grid;
 use crate::csr_ops::Gatv2Operands;
 use crate::device_csr::DeviceCsr;
@@ -120,13 +120,7 @@ impl DeviceSum {
         y: Option<&DeviceVec<f32>>,
     ) -> Result<()> {
         if let Some(y) = y {
-            if y.len() != x.len() {
-                return Err(Error::LengthMismatch {
-                    what: "y",
-                    expected: x.len(),
-                    actual: y.len(),
-                });
-            }
+            expect_len("y", x.len(), y.len())?;
         }
         check_same_gpu(gpu, "x", x)?;
         check_same_gpu(gpu, "sum", &self.total)?;
@@ -442,13 +436,7 @@ pub fn attention_edge_backward(
         check_per_edge(what, nnz, heads, len)?;
     }
     let rows = product("rows × heads", &[a.n_rows(), heads])?;
-    if dscale_rows.len() != rows {
-        return Err(Error::LengthMismatch {
-            what: "dscale_rows",
-            expected: rows,
-            actual: dscale_rows.len(),
-        });
-    }
+    expect_len("dscale_rows", rows, dscale_rows.len())?;
     check_same_gpu(gpu, "A", a)?;
     check_same_gpu(gpu, "transpose", &t.csr)?;
     check_same_gpu(gpu, "raw", raw)?;
@@ -512,13 +500,7 @@ pub fn edge_leaky_relu_backward(
     slope: f32,
     grad: &mut DeviceVec<f32>,
 ) -> Result<()> {
-    if pre.len() != grad.len() {
-        return Err(Error::LengthMismatch {
-            what: "grad",
-            expected: pre.len(),
-            actual: grad.len(),
-        });
-    }
+    expect_len("grad", pre.len(), grad.len())?;
     check_same_gpu(gpu, "pre", pre)?;
     check_same_gpu(gpu, "grad", grad)?;
     let name = spattn_kernels_sys::kernel!(BACKWARD, "edge_leaky_relu_backward_f32");
@@ -641,13 +623,7 @@ pub fn gatv2_edge_grad<T: DType>(
         }
     }
     let want = a.n_rows() * heads * dim;
-    if d_att_rows.len() != want {
-        return Err(Error::LengthMismatch {
-            what: "d_att_rows",
-            expected: want,
-            actual: d_att_rows.len(),
-        });
-    }
+    expect_len("d_att_rows", want, d_att_rows.len())?;
     let d_ef = d_ef.map(|d| d.as_vec_mut());
     let sides = Gatv2Sides {
         m: a,
