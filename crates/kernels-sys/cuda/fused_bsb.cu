@@ -155,20 +155,19 @@ __device__ __forceinline__ void fused_bsb(
                                           part_acc, counters, &xa);                            \
     }
 
-// Only the 128-feature slice prefetches the next step's K rows (PIPE): narrower slices would pay
-// for its registers in warps per SM, and element-wise rows (`_scalar`) would spill.
-#define SPATTN_FUSED_BSB_BOTH(SUFFIX, T, DS)                                                   \
-    SPATTN_FUSED_BSB(SUFFIX, T, DS, , true, DS == 128)                                         \
-    SPATTN_FUSED_BSB(SUFFIX, T, DS, _scalar, false, false)
+// Rows of whole 16-byte vectors only (VEC): the host pads heads of other lengths with zeros
+// (resize_rows, rows.cu). Only the 128-feature slice prefetches the next step's K rows (PIPE):
+// narrower slices would pay for its registers in warps per SM.
+#define SPATTN_FUSED_BSB_VEC(SUFFIX, T, DS) SPATTN_FUSED_BSB(SUFFIX, T, DS, , true, DS == 128)
 
-SPATTN_FUSED_BSB_BOTH(f16, __half, 32)
-SPATTN_FUSED_BSB_BOTH(f16, __half, 64)
-SPATTN_FUSED_BSB_BOTH(f16, __half, 128)
-SPATTN_FUSED_BSB_BOTH(bf16, __nv_bfloat16, 32)
-SPATTN_FUSED_BSB_BOTH(bf16, __nv_bfloat16, 64)
-SPATTN_FUSED_BSB_BOTH(bf16, __nv_bfloat16, 128)
-SPATTN_FUSED_BSB_BOTH(f32, float, 32)
-SPATTN_FUSED_BSB_BOTH(f32, float, 64)
+SPATTN_FUSED_BSB_VEC(f16, __half, 32)
+SPATTN_FUSED_BSB_VEC(f16, __half, 64)
+SPATTN_FUSED_BSB_VEC(f16, __half, 128)
+SPATTN_FUSED_BSB_VEC(bf16, __nv_bfloat16, 32)
+SPATTN_FUSED_BSB_VEC(bf16, __nv_bfloat16, 64)
+SPATTN_FUSED_BSB_VEC(bf16, __nv_bfloat16, 128)
+SPATTN_FUSED_BSB_VEC(f32, float, 32)
+SPATTN_FUSED_BSB_VEC(f32, float, 64)
 
 // ---- the pipelined kernel: K and V tiles through shared memory --------------------------------
 // One warp per (unit, head), f16/bf16 heads of exactly 64 or 128 features: the tile loop is

@@ -1,7 +1,8 @@
 // Rows moved by index, for the halo exchange of partitioned plans: a rank packs the K/V rows
 // each other rank asks for into one contiguous block per receiver (gather), and sums the
-// gradient rows sent back to it into its own rows (scatter-add, in f32). Rows are `row_len`
-// contiguous elements. Kernel names: {op}_rows_{dtype}.
+// gradient rows sent back to it into its own rows (scatter-add, in f32); and rows resized
+// (the tensor-core kernels' rows of whole 16-byte vectors for heads of other lengths). Rows are
+// `row_len` contiguous elements. Kernel names: {op}_rows_{dtype}.
 #include "common.cuh"
 
 // A group of g lanes per row (g a power of two in 1..32, chosen by the host for the row's
@@ -45,6 +46,19 @@ __device__ void scatter_add_rows(const T* __restrict__ src, const u32* __restric
     }
 }
 
+// dst[r, j] = src[r, j] for j < min(src_len, dst_len), 0 for src_len <= j < dst_len; rows
+// r < n_rows. One thread an element of dst, grid-stride.
+template <class T>
+__device__ void resize_rows(const T* __restrict__ src, u64 n_rows, u32 src_len, u32 dst_len,
+                            T* __restrict__ dst) {
+    const u64 n = n_rows * dst_len;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        const u64 r = i / dst_len;
+        const u32 j = (u32)(i - r * dst_len);
+        dst[i] = j < src_len ? src[r * src_len + j] : from_f32<T>(0.0f);
+    }
+}
+
 #define SPATTN_ROWS(S, T)                                                                       \
     extern "C" __global__ void gather_rows_##S(const T* src, const u32* idx, u64 n_idx,         \
                                                u32 row_len, u32 g, T* dst) {                    \
@@ -53,6 +67,10 @@ __device__ void scatter_add_rows(const T* __restrict__ src, const u32* __restric
     extern "C" __global__ void scatter_add_rows_##S(const T* src, const u32* idx, u64 n_idx,    \
                                                     u32 row_len, u32 g, float* acc) {           \
         scatter_add_rows<T>(src, idx, n_idx, row_len, g, acc);                                  \
+    }                                                                                           \
+    extern "C" __global__ void resize_rows_##S(const T* src, u64 n_rows, u32 src_len,           \
+                                               u32 dst_len, T* dst) {                           \
+        resize_rows<T>(src, n_rows, src_len, dst_len, dst);                                     \
     }
 
 SPATTN_ROWS(f32, float)

@@ -235,43 +235,27 @@ pub const EDGE_EXTRAS: PtxModule = PtxModule {
     ],
 };
 
-/// The PTX module compiled from `cuda/fused_bsb.cu` (52 kernels).
+/// The PTX module compiled from `cuda/fused_bsb.cu` (36 kernels).
 pub const FUSED_BSB: PtxModule = PtxModule {
     name: "fused_bsb",
     ptx: include_str!("../ptx/fused_bsb.ptx"),
     kernels: &[
         "fused_bsb_f16_s32",
         "fused_bsb_f16_s32_x",
-        "fused_bsb_f16_s32_scalar",
-        "fused_bsb_f16_s32_scalar_x",
         "fused_bsb_f16_s64",
         "fused_bsb_f16_s64_x",
-        "fused_bsb_f16_s64_scalar",
-        "fused_bsb_f16_s64_scalar_x",
         "fused_bsb_f16_s128",
         "fused_bsb_f16_s128_x",
-        "fused_bsb_f16_s128_scalar",
-        "fused_bsb_f16_s128_scalar_x",
         "fused_bsb_bf16_s32",
         "fused_bsb_bf16_s32_x",
-        "fused_bsb_bf16_s32_scalar",
-        "fused_bsb_bf16_s32_scalar_x",
         "fused_bsb_bf16_s64",
         "fused_bsb_bf16_s64_x",
-        "fused_bsb_bf16_s64_scalar",
-        "fused_bsb_bf16_s64_scalar_x",
         "fused_bsb_bf16_s128",
         "fused_bsb_bf16_s128_x",
-        "fused_bsb_bf16_s128_scalar",
-        "fused_bsb_bf16_s128_scalar_x",
         "fused_bsb_f32_s32",
         "fused_bsb_f32_s32_x",
-        "fused_bsb_f32_s32_scalar",
-        "fused_bsb_f32_s32_scalar_x",
         "fused_bsb_f32_s64",
         "fused_bsb_f32_s64_x",
-        "fused_bsb_f32_s64_scalar",
-        "fused_bsb_f32_s64_scalar_x",
         "fused_bsb_f16_d64_pipe",
         "fused_bsb_f16_d64_pipe_xb",
         "fused_bsb_f16_d64_pipe_xd",
@@ -626,17 +610,20 @@ pub const PLAN: PtxModule = PtxModule {
     ],
 };
 
-/// The PTX module compiled from `cuda/rows.cu` (6 kernels).
+/// The PTX module compiled from `cuda/rows.cu` (9 kernels).
 pub const ROWS: PtxModule = PtxModule {
     name: "rows",
     ptx: include_str!("../ptx/rows.ptx"),
     kernels: &[
         "gather_rows_f32",
         "scatter_add_rows_f32",
+        "resize_rows_f32",
         "gather_rows_f16",
         "scatter_add_rows_f16",
+        "resize_rows_f16",
         "gather_rows_bf16",
         "scatter_add_rows_bf16",
+        "resize_rows_bf16",
     ],
 };
 

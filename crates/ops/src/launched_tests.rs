@@ -286,11 +286,12 @@ fn plan_holds_exactly_the_launched_kernels() {
 
 #[test]
 fn rows_holds_exactly_the_launched_kernels() {
-    use crate::rows::{gather_kernel, scatter_add_kernel};
+    use crate::rows::{gather_kernel, resize_kernel, scatter_add_kernel};
     let mut l = Launched::new(sys::ROWS);
     for kind in DTypeKind::ALL {
         l.add(gather_kernel(kind.name()));
         l.add(scatter_add_kernel(kind.name()));
+        l.add(resize_kernel(kind.name()));
     }
     l.check(&[]);
 }

@@ -3,7 +3,9 @@
 //! ([`gather_rows`]) and its own halo rows straight into its halo ([`gather_rows_into`]), and
 //! sums the gradient rows sent back to it into its own rows ([`scatter_add_rows`], in f32,
 //! segment after segment: deterministic). The indices live in a [`RowIndex`], checked once
-//! against the rows they address when it is built.
+//! against the rows they address when it is built. Rows are also resized ([`resize_rows`]):
+//! the tensor-core kernels read heads of whole 16-byte vectors, and heads of other lengths are
+//! padded with zeros for them, and their output cut back.
 //!
 //! ```no_run
 //! use spattn_ops::rows::{gather_rows, RowIndex};
@@ -39,6 +41,11 @@ pub(crate) fn gather_kernel(dtype: &str) -> String {
 /// The scatter-add kernel for sources of `dtype` (a [`DType::NAME`]).
 pub(crate) fn scatter_add_kernel(dtype: &str) -> String {
     format!("scatter_add_rows_{dtype}")
+}
+
+/// The resize kernel for elements of `dtype` (a [`DType::NAME`]).
+pub(crate) fn resize_kernel(dtype: &str) -> String {
+    format!("resize_rows_{dtype}")
 }
 
 /// Row indices on the device in segments (one per peer rank), each below a bound (the rows of
@@ -274,6 +281,49 @@ pub fn scatter_add_rows<T: DType>(
         }?;
     }
     Ok(())
+}
+
+/// `dst`'s rows (`n_rows` of `dst_len`) = `src`'s rows (`n_rows` of `src_len`), cut to
+/// `dst_len` elements or padded with zeros to it.
+///
+/// # Errors
+/// Buffers that are not `n_rows` rows of their length; a row length past `u32`; buffers of
+/// another GPU.
+pub(crate) fn resize_rows<T: DType>(
+    gpu: &Gpu,
+    src: &DeviceVec<T>,
+    (n_rows, src_len, dst_len): (usize, usize, usize),
+    dst: &mut DeviceVec<T>,
+) -> Result<()> {
+    expect_len(
+        "resize source (rows × length)",
+        rows_len(n_rows, src_len)?,
+        src.len(),
+    )?;
+    let len = rows_len(n_rows, dst_len)?;
+    expect_len("resize destination (rows × length)", len, dst.len())?;
+    check_same_gpu(gpu, "resize source", src)?;
+    check_same_gpu(gpu, "resize destination", &*dst)?;
+    if len == 0 {
+        return Ok(());
+    }
+    let name = kernel_named(&ROWS, resize_kernel(T::NAME))?;
+    let f = gpu.load_function(ROWS.name, ROWS.ptx, name)?;
+    let (rows, from, to) = (
+        n_rows as u64,
+        to_u32("resize source row length", src_len)?,
+        to_u32("resize destination row length", dst_len)?,
+    );
+    let mut args = gpu.launch_builder(&f);
+    args.arg(src.slice())
+        .arg(&rows)
+        .arg(&from)
+        .arg(&to)
+        .arg(dst.slice_mut());
+    // SAFETY: element i < n_rows · dst_len of dst (its length, checked) reads src element
+    // r · src_len + j with r < n_rows and j < src_len: below n_rows · src_len (src's length,
+    // checked).
+    unsafe { launch(name, &mut args, stride_grid(len)?) }
 }
 
 #[cfg(test)]

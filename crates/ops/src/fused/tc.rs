@@ -46,6 +46,7 @@ use crate::launch::{
     blocks_for, check_same_gpu, kernel_named, launch, to_u32, LaunchConfig, PushKernelArg,
     PushOptionalArg,
 };
+use crate::rows::resize_rows;
 use crate::{DType, DTypeKind, DeviceGraph, DeviceMatrix, DeviceVec, Gpu, Shape};
 use spattn_formats::Csr;
 use spattn_kernels_sys::FUSED_BSB;
@@ -488,6 +489,30 @@ impl FusedTensorCore {
             });
         }
 
+        // Heads of other lengths run on copies padded with zeros to whole 16-byte vectors (the
+        // kernels read and write rows in 16-byte pieces), and the output is cut back. out's
+        // rows go in too: rows a launch does not write (another phase's) keep their values.
+        if units.is_empty() || self.heads == 0 {
+            return Ok(()); // nothing to launch (phase 1 of a one-phase plan)
+        }
+        let d = self.head_dim;
+        let dp = vec_padded(d, std::mem::size_of::<T>());
+        let mut padded = None;
+        if !self.layout.vec {
+            let pad = |m: &DeviceMatrix<T>| -> Result<DeviceMatrix<T>> {
+                let shape = m.shape();
+                let mut p = DeviceMatrix::unset(gpu, Shape::new(shape.rows, shape.heads, dp)?)?;
+                let rows = shape.rows * shape.heads;
+                resize_rows(gpu, m.as_vec(), (rows, d, dp), p.as_vec_mut())?;
+                Ok(p)
+            };
+            padded = Some((pad(q)?, pad(k)?, pad(v)?, pad(out)?));
+        }
+        let (q, k, v, run_dim, out_run) = match padded.as_mut() {
+            Some((qp, kp, vp, op)) => (&*qp, &*kp, &*vp, dp, op),
+            None => (q, k, v, d, &mut *out),
+        };
+
         let Layout {
             slice,
             group,
@@ -538,7 +563,7 @@ impl FusedTensorCore {
         };
         let n_items_u = to_u32("units × heads", n_items)?;
         let heads = to_u32("heads", self.heads)?;
-        let head_dim = to_u32("head_dim", self.head_dim)?;
+        let head_dim = to_u32("head_dim", run_dim)?;
         let fs = to_u32("warps per group", group)?;
         let n_rows = to_u32("rows", bsb.n_rows())?;
         if let Some(ids) = &self.ordered.row_ids {
@@ -588,7 +613,7 @@ impl FusedTensorCore {
             .arg(k.slice())
             .arg(v.slice())
             .arg(&scale_log2)
-            .arg(out.slice_mut())
+            .arg(out_run.slice_mut())
             .arg(self.part_ml.slice_mut())
             .arg(self.part_acc.slice_mut())
             .arg(self.counters.slice_mut());
@@ -607,8 +632,10 @@ impl FusedTensorCore {
         // blocks lie in [0, n_blocks): block_columns holds 8 and bitmap_words 2 u64 per block.
         // Q and out rows read and written are window rows < n_rows, K and V rows are real
         // block columns < n_cols (padding slots are never loaded), each heads × head_dim long
-        // (shapes checked above), at features < head_dim (16-byte accesses only when
-        // head_dim × sizeof(T) is a multiple of 16, which `Layout::vec` selects). Partials
+        // (shapes checked above; for heads that are not whole 16-byte vectors those of the
+        // padded copies: heads × head_dim with head_dim the padded length), at features
+        // < head_dim in 16-byte accesses: head_dim × sizeof(T) is a multiple of 16 (the plan's
+        // where `Layout::vec`, else the padded length). Partials
         // (max, sum) and accumulators of part p < n_parts, head h, row r < 16 and feature
         // < slice × group lie in part_ml (n_parts × heads × 16 × 2) and part_acc
         // (n_parts × heads × 16 × slice × group); counters are per split window and head
@@ -626,6 +653,10 @@ impl FusedTensorCore {
         // words 4 × n_blocks × heads (BsbExtrasStage::gather); the `_xb` kernel is launched
         // only with a bias, `_xd` only with keep words, `_x` with both.
         unsafe { launch(kernel, &mut args, cfg) }?;
+        if let Some((_, _, _, op)) = &padded {
+            let rows = op.shape().rows * self.heads;
+            resize_rows(gpu, op.as_vec(), (rows, dp, d), out.as_vec_mut())?;
+        }
         Ok(())
     }
 }
@@ -682,9 +713,16 @@ pub(crate) fn kernel_name(dtype: &str, layout: Layout) -> Result<&'static str> {
         let name = format!("fused_bsb_{dtype}_d{}_pipe", layout.slice);
         return kernel_named(&FUSED_BSB, name);
     }
-    let suffix = if layout.vec { "" } else { "_scalar" };
-    let name = format!("fused_bsb_{dtype}_s{}{suffix}", layout.slice);
+    // Heads that are not whole 16-byte vectors run padded to them (`run`): one kernel a slice.
+    let name = format!("fused_bsb_{dtype}_s{}", layout.slice);
     kernel_named(&FUSED_BSB, name)
+}
+
+/// `head_dim` rounded up to whole 16-byte vectors of `elem_bytes`-byte elements, the row
+/// length the register kernels read and write.
+pub(crate) fn vec_padded(head_dim: usize, elem_bytes: usize) -> usize {
+    let per_vec = (16 / elem_bytes).max(1);
+    head_dim.div_ceil(per_vec) * per_vec
 }
 
 /// The `_x` twin of the kernel `base` that a launch with gathered extras runs: the pipelined

@@ -19,6 +19,25 @@ pub(super) fn draw_f16(gpu: &Gpu, shape: crate::Shape, seed: usize) -> DeviceMat
 }
 
 #[test]
+fn heads_pad_to_whole_16_byte_vectors() {
+    for (d, bytes, want) in [(1, 2, 8), (8, 2, 8), (20, 2, 24), (100, 2, 104), (3, 4, 4)] {
+        assert_eq!(vec_padded(d, bytes), want, "{d} elements of {bytes} bytes");
+    }
+    for dtype in DTypeKind::ALL {
+        for d in 1..=520 {
+            let Ok(l) = layout_with(d, dtype, None, false) else {
+                continue; // past the widest head of the dtype
+            };
+            let dp = vec_padded(d, dtype.size_bytes());
+            // The padded head fits the layout's warps, and is the head itself where it is
+            // whole vectors already.
+            assert!(dp <= l.padded() && (dp * dtype.size_bytes()) % 16 == 0, "{dtype} {d}");
+            assert_eq!(dp == d, l.vec, "{dtype} {d}");
+        }
+    }
+}
+
+#[test]
 fn layouts_cover_the_head_with_least_padding() {
     for dtype in DTypeKind::ALL {
         for d in [1, 3, 8, 24, 64, 96, 100, 128, 200, 256, 512] {
@@ -334,7 +353,8 @@ fn gpu_phased_forward_equals_the_one_launch_forward() {
     let a = Csr::from_edges(rows as usize, cols as usize, &edges).unwrap();
     for reorder in [Reorder::None, Reorder::Locality] {
         let ordered = Arc::new(OrderedBsb::upload(&gpu, &a, reorder).unwrap());
-        for (heads, d) in [(2, 64), (1, 128)] {
+        // (3, 20): heads of 40 bytes, padded to whole 16-byte vectors around each phase.
+        for (heads, d) in [(2, 64), (1, 128), (3, 20)] {
             let draw =
                 |n: usize, seed: usize| draw_f16(&gpu, Shape::new(n, heads, d).unwrap(), seed);
             let (q, k, v) = (
