@@ -309,18 +309,18 @@ __device__ __forceinline__ void hybrid(
         hybrid<T, DS, VEC, true>(SPATTN_HYBRID_ARGS);                                           \
     }
 
-#define SPATTN_HYBRID_BOTH(SUFFIX, T, DS)                                                       \
-    SPATTN_HYBRID(SUFFIX, T, DS, , true)                                                        \
-    SPATTN_HYBRID(SUFFIX, T, DS, _scalar, false)
+// Rows of whole 16-byte vectors only: the host pads heads of other lengths with zeros
+// (resize_rows, rows.cu).
+#define SPATTN_HYBRID_VEC(SUFFIX, T, DS) SPATTN_HYBRID(SUFFIX, T, DS, , true)
 
-SPATTN_HYBRID_BOTH(f16, __half, 32)
-SPATTN_HYBRID_BOTH(f16, __half, 64)
-SPATTN_HYBRID_BOTH(f16, __half, 128)
-SPATTN_HYBRID_BOTH(bf16, __nv_bfloat16, 32)
-SPATTN_HYBRID_BOTH(bf16, __nv_bfloat16, 64)
-SPATTN_HYBRID_BOTH(bf16, __nv_bfloat16, 128)
-SPATTN_HYBRID_BOTH(f32, float, 32)
-SPATTN_HYBRID_BOTH(f32, float, 64)
+SPATTN_HYBRID_VEC(f16, __half, 32)
+SPATTN_HYBRID_VEC(f16, __half, 64)
+SPATTN_HYBRID_VEC(f16, __half, 128)
+SPATTN_HYBRID_VEC(bf16, __nv_bfloat16, 32)
+SPATTN_HYBRID_VEC(bf16, __nv_bfloat16, 64)
+SPATTN_HYBRID_VEC(bf16, __nv_bfloat16, 128)
+SPATTN_HYBRID_VEC(f32, float, 32)
+SPATTN_HYBRID_VEC(f32, float, 64)
 
 // ---- the pipelined hybrid kernel: one window per tensor-core warp ------------------------------
 // fused_hybrid_{f16,bf16}_d{64,128}_pipe: f16/bf16 heads of exactly 64 or 128 features. The

@@ -57,6 +57,7 @@ use crate::launch::{
     check_same_gpu, kernel_named, launch, map_driver_error, to_u32, LaunchConfig, OnGpu,
     PushKernelArg, PushOptionalArg,
 };
+use crate::rows::{resize_rows, vec_padded};
 use crate::schedule::HybridUnits;
 use crate::shape::Shape;
 
@@ -570,8 +571,26 @@ impl DeviceHybrid {
             &HYBRID,
             kernel_name(op, T::KIND, shape.head_dim, slice, pipelined, warps.cd) + x,
         )?;
+        // Heads (pieces) that are not whole 16-byte vectors run on copies padded with zeros to
+        // them (the kernels read and write rows in 16-byte pieces), out's rows included (rows
+        // the kernel does not write keep their values), and the output is cut back.
+        let d = shape.head_dim;
+        let dp = vec_padded(d, std::mem::size_of::<T>());
+        let mut padded = None;
+        if dp != d {
+            let pad = |m: &DeviceMatrix<T>| -> Result<DeviceMatrix<T>> {
+                let mut p = DeviceMatrix::unset(gpu, Shape::new(m.shape().rows, shape.heads, dp)?)?;
+                resize_rows(gpu, m.as_vec(), (m.len() / d, d, dp), p.as_vec_mut())?;
+                Ok(p)
+            };
+            let qkp = match qk {
+                Some((q, k)) => Some((pad(q)?, pad(k)?)),
+                None => None,
+            };
+            padded = Some((qkp, pad(v)?, pad(out)?));
+        }
         let heads = to_u32("heads", shape.heads)?;
-        let head_dim = to_u32("head_dim", shape.head_dim)?;
+        let head_dim = to_u32("head_dim", dp)?;
         to_u32("heads × head_dim", shape.row_len())?;
         let n_items = self
             .n_units
@@ -645,7 +664,17 @@ impl DeviceHybrid {
             block_dim: (threads, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        let (q, k) = qk.unwrap_or((v, v));
+        let (q, k, v, out_run) = match padded.as_mut() {
+            Some((qkp, vp, op)) => {
+                let vp = &*vp;
+                let (q, k) = qkp.as_ref().map_or((vp, vp), |(q, k)| (q, k));
+                (q, k, vp, op)
+            }
+            None => {
+                let (q, k) = qk.unwrap_or((v, v));
+                (q, k, v, &mut *out)
+            }
+        };
         let mut args = gpu.launch_builder(&f);
         args.arg(self.units.slice())
             .arg(self.split_part_first.slice())
@@ -665,7 +694,7 @@ impl DeviceHybrid {
             .arg(k.slice())
             .arg(v.slice())
             .arg(&scale_log2)
-            .arg(out.slice_mut())
+            .arg(out_run.slice_mut())
             .arg(ws.part_ml.slice_mut())
             .arg(ws.part_acc.slice_mut())
             .arg(ws.counters.slice_mut())
@@ -703,8 +732,10 @@ impl DeviceHybrid {
         // are window rows < n_rows of row_ids and cd_row_offsets (n_rows + 1). Q and out rows
         // are row_ids entries < n_rows, K and V rows real block columns or edge columns
         // < n_cols (padding slots are never loaded), each heads × head_dim long (shapes
-        // checked), features < head_dim ≤ slice (16-byte accesses only when head_dim ×
-        // sizeof(T) is a multiple of 16). Partials of part p < n_parts, head h < heads, row
+        // checked; where padded, those of the copies: heads × head_dim with head_dim the
+        // padded length), features < head_dim ≤ slice in 16-byte accesses (head_dim × sizeof(T)
+        // is a multiple of 16: the view's, or the padded length, which stays ≤ slice as
+        // slices are multiples of 8 features). Partials of part p < n_parts, head h < heads, row
         // < 16 and feature < slice lie in part_ml (n_parts × heads × 16 × 2) and part_acc
         // (× slice); counters n_split × heads; queue 2 words. Shared memory: `smem` bytes as
         // the kernel lays them out for `threads / 32` warps and this slice. Pipelined kernel:
@@ -722,7 +753,11 @@ impl DeviceHybrid {
         // bits numbered from its start below the tensor-core edges, whose gathered bias holds
         // bias_rows × tc_edges floats and keep words 4 × n_blocks × heads, 4 per block read
         // at 4 × block (BsbExtrasStage::gather).
-        unsafe { launch(name, &mut args, cfg) }
+        unsafe { launch(name, &mut args, cfg) }?;
+        if let Some((_, _, op)) = &padded {
+            resize_rows(gpu, op.as_vec(), (op.len() / dp, dp, d), out.as_vec_mut())?;
+        }
+        Ok(())
     }
 }
 
@@ -730,7 +765,7 @@ impl DeviceHybrid {
 /// `width` features of `dtype` in warp slices of `slice` features, with `cd_warps` CUDA-core
 /// warps: the pipelined kernel where `pipelined` (without CUDA-core warps its `_tc` twin,
 /// compiled without their code: a shorter tile loop; see hybrid.cu), else the general kernel
-/// of the slice (`_scalar` unless a row of `width` features is whole 16-byte vectors).
+/// of the slice (heads that are not whole 16-byte vectors run padded to them: `run`).
 fn kernel_name(
     op: &str,
     dtype: DTypeKind,
@@ -744,9 +779,7 @@ fn kernel_name(
         let tail = if cd_warps == 0 { "_tc" } else { "" };
         format!("{op}_hybrid_{dt}_d{width}_pipe{tail}")
     } else {
-        let vec = (width * dtype.size_bytes()) % 16 == 0;
-        let tail = if vec { "" } else { "_scalar" };
-        format!("{op}_hybrid_{dt}_s{slice}{tail}")
+        format!("{op}_hybrid_{dt}_s{slice}")
     }
 }
 

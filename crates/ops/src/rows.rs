@@ -283,6 +283,13 @@ pub fn scatter_add_rows<T: DType>(
     Ok(())
 }
 
+/// `len` elements of `elem_bytes` bytes rounded up to whole 16-byte vectors: the row length
+/// the tensor-core register kernels read and write (they take heads padded to it).
+pub(crate) fn vec_padded(len: usize, elem_bytes: usize) -> usize {
+    let per_vec = (16 / elem_bytes.max(1)).max(1);
+    len.div_ceil(per_vec) * per_vec
+}
+
 /// `dst`'s rows (`n_rows` of `dst_len`) = `src`'s rows (`n_rows` of `src_len`), cut to
 /// `dst_len` elements or padded with zeros to it.
 ///

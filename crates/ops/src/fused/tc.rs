@@ -46,7 +46,7 @@ use crate::launch::{
     blocks_for, check_same_gpu, kernel_named, launch, to_u32, LaunchConfig, PushKernelArg,
     PushOptionalArg,
 };
-use crate::rows::resize_rows;
+use crate::rows::{resize_rows, vec_padded};
 use crate::{DType, DTypeKind, DeviceGraph, DeviceMatrix, DeviceVec, Gpu, Shape};
 use spattn_formats::Csr;
 use spattn_kernels_sys::FUSED_BSB;
@@ -716,13 +716,6 @@ pub(crate) fn kernel_name(dtype: &str, layout: Layout) -> Result<&'static str> {
     // Heads that are not whole 16-byte vectors run padded to them (`run`): one kernel a slice.
     let name = format!("fused_bsb_{dtype}_s{}", layout.slice);
     kernel_named(&FUSED_BSB, name)
-}
-
-/// `head_dim` rounded up to whole 16-byte vectors of `elem_bytes`-byte elements, the row
-/// length the register kernels read and write.
-pub(crate) fn vec_padded(head_dim: usize, elem_bytes: usize) -> usize {
-    let per_vec = (16 / elem_bytes).max(1);
-    head_dim.div_ceil(per_vec) * per_vec
 }
 
 /// The `_x` twin of the kernel `base` that a launch with gathered extras runs: the pipelined

@@ -5,6 +5,7 @@
 use super::schedule::{MAX_PARTS, MIN_CHUNK, NONE};
 use super::*;
 use crate::device_bsb::BsbLayout;
+use crate::rows::vec_padded;
 use spattn_formats::{Bsb, Csr, RowOrder};
 
 /// Deterministic f16 operands in [-1, 1) of `shape` on `gpu`, one pattern per seed.
@@ -31,7 +32,10 @@ fn heads_pad_to_whole_16_byte_vectors() {
             let dp = vec_padded(d, dtype.size_bytes());
             // The padded head fits the layout's warps, and is the head itself where it is
             // whole vectors already.
-            assert!(dp <= l.padded() && (dp * dtype.size_bytes()) % 16 == 0, "{dtype} {d}");
+            assert!(
+                dp <= l.padded() && (dp * dtype.size_bytes()) % 16 == 0,
+                "{dtype} {d}"
+            );
             assert_eq!(dp == d, l.vec, "{dtype} {d}");
         }
     }
