@@ -70,44 +70,26 @@ __device__ __forceinline__ void bsb_group_sync(u32 id, u32 threads) {
 }
 
 // N elements of T at row[f0 .. f0 + N) as raw 32-bit words; zero where !valid or feature >= d.
-// VEC: 16-byte (or N*sizeof(T)-byte) loads, which needs d*sizeof(T) % 16 == 0 (the host checks)
-// and f0 a multiple of the access; else one element at a time. `row` is only dereferenced when
-// valid.
-template <class T, int N, bool VEC>
+// 16-byte (or N*sizeof(T)-byte) loads: rows are whole 16-byte vectors (the host pads heads that
+// are not) and f0 a multiple of the access. `row` is only dereferenced when valid.
+template <class T, int N>
 __device__ __forceinline__ void bsb_load(u32 (&w)[N * sizeof(T) / 4], const T* __restrict__ row,
                                          u32 f0, u32 d, bool valid) {
-    if constexpr (VEC) {
-        constexpr int BYTES = N * (int)sizeof(T);
-        constexpr int CB = BYTES < 16 ? BYTES : 16;
-        constexpr int CE = CB / (int)sizeof(T), CW = CB / 4;
-        typedef typename RawOf<CB>::type Raw;
+    constexpr int BYTES = N * (int)sizeof(T);
+    constexpr int CB = BYTES < 16 ? BYTES : 16;
+    constexpr int CE = CB / (int)sizeof(T), CW = CB / 4;
+    typedef typename RawOf<CB>::type Raw;
 #pragma unroll
-        for (int c = 0; c < N / CE; ++c) {
-            const u32 f = f0 + c * CE;
-            if (valid && f < d) {
-                Raw raw = __ldg(reinterpret_cast<const Raw*>(row + f));
-                const u32* rw = reinterpret_cast<const u32*>(&raw);
+    for (int c = 0; c < N / CE; ++c) {
+        const u32 f = f0 + c * CE;
+        if (valid && f < d) {
+            Raw raw = __ldg(reinterpret_cast<const Raw*>(row + f));
+            const u32* rw = reinterpret_cast<const u32*>(&raw);
 #pragma unroll
-                for (int i = 0; i < CW; ++i) w[c * CW + i] = rw[i];
-            } else {
+            for (int i = 0; i < CW; ++i) w[c * CW + i] = rw[i];
+        } else {
 #pragma unroll
-                for (int i = 0; i < CW; ++i) w[c * CW + i] = 0u;
-            }
-        }
-    } else {
-        typedef typename RawOf<sizeof(T)>::type R;
-        const R* r = reinterpret_cast<const R*>(row);
-#pragma unroll
-        for (int i = 0; i < N * (int)sizeof(T) / 4; ++i) w[i] = 0u;
-#pragma unroll
-        for (int i = 0; i < N; ++i) {
-            const u32 f = f0 + i;
-            const u32 x = (valid && f < d) ? (u32)__ldg(r + f) : 0u;
-            if constexpr (sizeof(T) == 4) {
-                w[i] = x;
-            } else {
-                w[i / 2] |= x << (16 * (i & 1));
-            }
+            for (int i = 0; i < CW; ++i) w[c * CW + i] = 0u;
         }
     }
 }
@@ -121,30 +103,24 @@ template <class T> __device__ __forceinline__ u32 bsb_word(const float* x) {
     }
 }
 
-// Stores x[0 .. N) as T to row[f0 .. f0 + N), features >= d skipped (VEC as in bsb_load).
-template <class T, int N, bool VEC>
+// Stores x[0 .. N) as T to row[f0 .. f0 + N), features >= d skipped (accesses as in bsb_load).
+template <class T, int N>
 __device__ __forceinline__ void bsb_store(T* __restrict__ row, u32 f0, u32 d, const float (&x)[N]) {
-    if constexpr (VEC) {
-        constexpr int BYTES = N * (int)sizeof(T);
-        constexpr int CB = BYTES < 16 ? BYTES : 16;
-        constexpr int CE = CB / (int)sizeof(T), CW = CB / 4;
-        constexpr int EW = 4 / (int)sizeof(T);  // elements per word
-        typedef typename RawOf<CB>::type Raw;
+    constexpr int BYTES = N * (int)sizeof(T);
+    constexpr int CB = BYTES < 16 ? BYTES : 16;
+    constexpr int CE = CB / (int)sizeof(T), CW = CB / 4;
+    constexpr int EW = 4 / (int)sizeof(T);  // elements per word
+    typedef typename RawOf<CB>::type Raw;
 #pragma unroll
-        for (int c = 0; c < N / CE; ++c) {
-            const u32 f = f0 + c * CE;
-            if (f < d) {
-                Raw raw;
-                u32* rw = reinterpret_cast<u32*>(&raw);
+    for (int c = 0; c < N / CE; ++c) {
+        const u32 f = f0 + c * CE;
+        if (f < d) {
+            Raw raw;
+            u32* rw = reinterpret_cast<u32*>(&raw);
 #pragma unroll
-                for (int i = 0; i < CW; ++i) rw[i] = bsb_word<T>(&x[c * CE + i * EW]);
-                *reinterpret_cast<Raw*>(row + f) = raw;
-            }
+            for (int i = 0; i < CW; ++i) rw[i] = bsb_word<T>(&x[c * CE + i * EW]);
+            *reinterpret_cast<Raw*>(row + f) = raw;
         }
-    } else {
-#pragma unroll
-        for (int i = 0; i < N; ++i)
-            if (f0 + i < d) row[f0 + i] = from_f32<T>(x[i]);
     }
 }
 
@@ -702,7 +678,7 @@ __device__ __forceinline__ void bsb_pv_mma(float (&o)[D8][4], const float (&p)[2
 // SpMM (SPMM true): P is the blocks' bitmap, times the slot weights when `weights` is given
 // (128 floats per block, block b's at (b + wbase) * 128, slot r * 8 + c; wbase wraps), and
 // O += P V; m and l are left at -inf and 0, and Q and K are not read.
-template <class T, int DS, bool VEC, bool PIPE, bool SPMM, class X = NoBsbExtras>
+template <class T, int DS, bool PIPE, bool SPMM, class X = NoBsbExtras>
 __device__ __forceinline__ void bsb_tiles(
     u32 qr0, u32 qr1, const T* __restrict__ q, const u32* __restrict__ block_columns,
     const u32* __restrict__ bitmaps, const float* __restrict__ weights, u32 wbase, u32 b_begin,
@@ -729,9 +705,9 @@ __device__ __forceinline__ void bsb_tiles(
         for (int c = 0; c < NKC; ++c) {
             u32 r0[4], r1[4];
             const u32 f = base + c * KCH + t * EPL;
-            bsb_load<T, EPL, VEC>(r0, q + (qr0 != SPATTN_NONE ? qr0 : 0u) * hd + head_off, f, d,
+            bsb_load<T, EPL>(r0, q + (qr0 != SPATTN_NONE ? qr0 : 0u) * hd + head_off, f, d,
                                   qr0 != SPATTN_NONE);
-            bsb_load<T, EPL, VEC>(r1, q + (qr1 != SPATTN_NONE ? qr1 : 0u) * hd + head_off, f, d,
+            bsb_load<T, EPL>(r1, q + (qr1 != SPATTN_NONE ? qr1 : 0u) * hd + head_off, f, d,
                                   qr1 != SPATTN_NONE);
 #pragma unroll
             for (int ks = 0; ks < 2; ++ks) {
@@ -782,7 +758,7 @@ __device__ __forceinline__ void bsb_tiles(
                 const T* kr = k + (okk ? st.ck[bb] : 0u) * hd + head_off;
 #pragma unroll
                 for (int c = 0; c < NKC; ++c)
-                    bsb_load<T, EPL, VEC>(kw[bb][c], kr, base + c * KCH + t * EPL, d, okk);
+                    bsb_load<T, EPL>(kw[bb][c], kr, base + c * KCH + t * EPL, d, okk);
             }
         }
     };
@@ -796,7 +772,7 @@ __device__ __forceinline__ void bsb_tiles(
             for (int e = 0; e < 2; ++e) {
                 const bool okv = mc.cv[bb][e] != SPATTN_NONE;
                 const T* vr = v + (okv ? mc.cv[bb][e] : 0u) * hd + head_off;
-                bsb_load<T, D8, VEC>(vw[bb][e], vr, base + g * D8, d, okv);
+                bsb_load<T, D8>(vw[bb][e], vr, base + g * D8, d, okv);
             }
         const u32 bits[2][2] = {{mc.bm[0][0], mc.bm[0][1]}, {mc.bm[1][0], mc.bm[1][1]}};
         if constexpr (PIPE) {
@@ -914,7 +890,7 @@ __device__ __forceinline__ void bsb_tiles(
 // at named barrier `bar`; `mrg` is 2 * 16 floats of the group's shared memory. Writes the
 // rows_here output rows of the window: row r goes to out row row_ids[row0 + r] (row0 + r when
 // row_ids is null). NQ quads of 4 features per thread must cover 16 * dp / 4.
-template <class T, int NQ, bool VEC>
+template <class T, int NQ>
 __device__ __forceinline__ void bsb_merge_parts(const float* part_ml, const float* part_acc,
                                                 u32 p_first, u32 p_end, u32 heads, u32 h, u32 dp,
                                                 u32 gt, u32 gsize, u32 bar, float* mrg,
@@ -968,7 +944,7 @@ __device__ __forceinline__ void bsb_merge_parts(const float* part_ml, const floa
         const float inv = mrg[BSB_WINDOW_ROWS + qrow[j]];
         const float y[4] = {acc[j].x * inv, acc[j].y * inv, acc[j].z * inv, acc[j].w * inv};
         const u32 orow = caller_row(row_ids, row0 + qrow[j]);
-        bsb_store<T, 4, VEC>(out + (u64)orow * hd + head_off, qf4[j], d, y);
+        bsb_store<T, 4>(out + (u64)orow * hd + head_off, qf4[j], d, y);
     }
 }
 
@@ -977,7 +953,7 @@ __device__ __forceinline__ void bsb_merge_parts(const float* part_ml, const floa
 // window's counter for head h, and the last part to arrive merges every part of the window
 // (bsb_merge_parts) into the output rows and resets the counter for the next launch. `mrg`
 // is the group's BSB_MERGE_FLOATS of shared memory.
-template <class T, int NQ, bool VEC>
+template <class T, int NQ>
 __device__ __forceinline__ void bsb_finish_split(
     u32 split, const u32* __restrict__ split_part_first, u32* __restrict__ counters, u32 heads,
     u32 h, u32 dp, u32 gt, u32 gsize, u32 bar, float* mrg, const float* part_ml,
@@ -994,7 +970,7 @@ __device__ __forceinline__ void bsb_finish_split(
     __threadfence();
 
     const u32 rows_here = min(BSB_WINDOW_ROWS, n_rows - window * BSB_WINDOW_ROWS);
-    bsb_merge_parts<T, NQ, VEC>(part_ml, part_acc, p_first, p_end, heads, h, dp, gt, gsize, bar,
+    bsb_merge_parts<T, NQ>(part_ml, part_acc, p_first, p_end, heads, h, dp, gt, gsize, bar,
                                 mrg, rows_here, row_ids, window * BSB_WINDOW_ROWS, out, hd,
                                 head_off, d);
     if (gt == 0u) *counter = 0u;  // ready for the next launch
@@ -1367,7 +1343,7 @@ __device__ __forceinline__ void bsb_pipe_finish(
     }
     float* mrg =
         reinterpret_cast<float*>(smem + BSB_PIPE_STAGES * bsb_pipe_stage_bytes(D, SPMM, X_BYTES));
-    bsb_finish_split<T, NT, true>(split, split_part_first, counters, heads, h, D, lane, 32u, 0u,
+    bsb_finish_split<T, NT>(split, split_part_first, counters, heads, h, D, lane, 32u, 0u,
                                   mrg, part_ml, part_acc, n_rows, window, row_ids, out, hd,
                                   head_off, D);
 }

@@ -45,7 +45,7 @@
 // before the running max, and the dropout factor weighs P V but not the running sum, so the
 // split windows' partials merge as they are.
 
-template <class T, int DS, bool VEC, bool PIPE, bool EXTRAS>
+template <class T, int DS, bool PIPE, bool EXTRAS>
 __device__ __forceinline__ void fused_bsb(
     const uint4* __restrict__ units, const u32* __restrict__ unit_split,
     const u32* __restrict__ split_part_first, u32 n_items, u32 heads, u32 head_dim, u32 fs,
@@ -79,7 +79,7 @@ __device__ __forceinline__ void fused_bsb(
     const u32 qrow[2] = {q_row(row0), q_row(row1)};
 
     float m[2], l[2], o[D8][4];
-    bsb_tiles<T, DS, VEC, PIPE, false>(qrow[0], qrow[1], q, block_columns, bitmaps, nullptr, 0u,
+    bsb_tiles<T, DS, PIPE, false>(qrow[0], qrow[1], q, block_columns, bitmaps, nullptr, 0u,
                                        b_begin, b_end, 2u, k, v, hd, head_off, d, base,
                                        scale_log2, fs, wig, bar, gsize, xs, m, l, o,
                                        bsb_extras_or_none<EXTRAS>(xa, h));
@@ -94,10 +94,10 @@ __device__ __forceinline__ void fused_bsb(
                 float y[D8];
 #pragma unroll
                 for (int nt = 0; nt < D8; ++nt) y[nt] = o[nt][2 * r] * inv;
-                bsb_store<T, D8, VEC>(orow, base + 2u * t * D8, d, y);
+                bsb_store<T, D8>(orow, base + 2u * t * D8, d, y);
 #pragma unroll
                 for (int nt = 0; nt < D8; ++nt) y[nt] = o[nt][2 * r + 1] * inv;
-                bsb_store<T, D8, VEC>(orow, base + (2u * t + 1u) * D8, d, y);
+                bsb_store<T, D8>(orow, base + (2u * t + 1u) * D8, d, y);
             }
         }
         return;
@@ -124,7 +124,7 @@ __device__ __forceinline__ void fused_bsb(
                                      o[4 * c + 2][2 * r + half], o[4 * c + 3][2 * r + half]);
         }
     }
-    bsb_finish_split<T, D8, VEC>(unit_split[u], split_part_first, counters, heads, h, dp, gt,
+    bsb_finish_split<T, D8>(unit_split[u], split_part_first, counters, heads, h, dp, gt,
                                  gsize, bar, mrg, part_ml, part_acc, n_rows, window, row_ids, out,
                                  hd, head_off, d);
 }
@@ -136,38 +136,36 @@ __device__ __forceinline__ void fused_bsb(
         const u32 *block_columns, const u32 *bitmaps, const T *q, const T *k, const T *v,      \
         float scale_log2, T *out, float *part_ml, float *part_acc, u32 *counters
 
-#define SPATTN_FUSED_BSB(SUFFIX, T, DS, NAME, VEC, PIPE)                                       \
+// Rows of whole 16-byte vectors only: the host pads heads of other lengths with zeros
+// (resize_rows, rows.cu). Only the 128-feature slice prefetches the next step's K rows (PIPE):
+// narrower slices would pay for its registers in warps per SM.
+#define SPATTN_FUSED_BSB(SUFFIX, T, DS)                                                        \
     extern "C" __global__ void __launch_bounds__(256)                                          \
-        fused_bsb_##SUFFIX##_s##DS##NAME(SPATTN_BSB_PARAMS(T)) {                               \
+        fused_bsb_##SUFFIX##_s##DS(SPATTN_BSB_PARAMS(T)) {                                     \
         (void)unit_pre;                                                                        \
-        fused_bsb<T, DS, VEC, PIPE, false>(units, unit_split, split_part_first, n_items,       \
+        fused_bsb<T, DS, DS == 128, false>(units, unit_split, split_part_first, n_items,       \
                                            heads, head_dim, fs, n_rows, row_ids,               \
                                            block_columns, bitmaps, q, k, v, scale_log2, out,   \
                                            part_ml, part_acc, counters, nullptr);              \
     }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(256) fused_bsb_##SUFFIX##_s##DS##NAME##_x(    \
+    extern "C" __global__ void __launch_bounds__(256) fused_bsb_##SUFFIX##_s##DS##_x(          \
         SPATTN_BSB_PARAMS(T), SPATTN_BSB_X_PARAMS) {                                           \
         (void)unit_pre;                                                                        \
         const BsbExtrasArgs xa = SPATTN_BSB_X_ARGS;                                            \
-        fused_bsb<T, DS, VEC, PIPE, true>(units, unit_split, split_part_first, n_items, heads, \
+        fused_bsb<T, DS, DS == 128, true>(units, unit_split, split_part_first, n_items, heads, \
                                           head_dim, fs, n_rows, row_ids, block_columns,        \
                                           bitmaps, q, k, v, scale_log2, out, part_ml,          \
                                           part_acc, counters, &xa);                            \
     }
 
-// Rows of whole 16-byte vectors only (VEC): the host pads heads of other lengths with zeros
-// (resize_rows, rows.cu). Only the 128-feature slice prefetches the next step's K rows (PIPE):
-// narrower slices would pay for its registers in warps per SM.
-#define SPATTN_FUSED_BSB_VEC(SUFFIX, T, DS) SPATTN_FUSED_BSB(SUFFIX, T, DS, , true, DS == 128)
-
-SPATTN_FUSED_BSB_VEC(f16, __half, 32)
-SPATTN_FUSED_BSB_VEC(f16, __half, 64)
-SPATTN_FUSED_BSB_VEC(f16, __half, 128)
-SPATTN_FUSED_BSB_VEC(bf16, __nv_bfloat16, 32)
-SPATTN_FUSED_BSB_VEC(bf16, __nv_bfloat16, 64)
-SPATTN_FUSED_BSB_VEC(bf16, __nv_bfloat16, 128)
-SPATTN_FUSED_BSB_VEC(f32, float, 32)
-SPATTN_FUSED_BSB_VEC(f32, float, 64)
+SPATTN_FUSED_BSB(f16, __half, 32)
+SPATTN_FUSED_BSB(f16, __half, 64)
+SPATTN_FUSED_BSB(f16, __half, 128)
+SPATTN_FUSED_BSB(bf16, __nv_bfloat16, 32)
+SPATTN_FUSED_BSB(bf16, __nv_bfloat16, 64)
+SPATTN_FUSED_BSB(bf16, __nv_bfloat16, 128)
+SPATTN_FUSED_BSB(f32, float, 32)
+SPATTN_FUSED_BSB(f32, float, 64)
 
 // ---- the pipelined kernel: K and V tiles through shared memory --------------------------------
 // One warp per (unit, head), f16/bf16 heads of exactly 64 or 128 features: the tile loop is

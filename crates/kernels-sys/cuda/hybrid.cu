@@ -74,7 +74,7 @@ __device__ __forceinline__ void hyb_sync(u32 id) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(blockDim.x) : "memory");
 }
 
-template <class T, int DS, bool VEC, bool SPMM, bool EXTRAS = false>
+template <class T, int DS, bool SPMM, bool EXTRAS = false>
 __device__ __forceinline__ void hybrid(
     const uint4* __restrict__ units, const u32* __restrict__ split_part_first, u32 n_items,
     u32 heads, u32 head_dim, u32 n_rows, u32 tc_warps, const u32* __restrict__ row_ids,
@@ -88,7 +88,7 @@ __device__ __forceinline__ void hybrid(
     constexpr int D8 = DS / 8;
     // CUDA-core lanes: a whole warp per row segment, CV features per access, NV accesses.
     constexpr int MAXV = 16 / (int)sizeof(T);
-    constexpr int CV = VEC ? (DS / 32 < MAXV ? DS / 32 : MAXV) : 1;
+    constexpr int CV = DS / 32 < MAXV ? DS / 32 : MAXV;
     constexpr int NV = DS / (32 * CV);
     constexpr bool PIPE = DS == 128 && !SPMM;
 
@@ -127,7 +127,7 @@ __device__ __forceinline__ void hybrid(
                 if (wr0 + g < n_rows) qr0 = __ldg(row_ids + wr0 + g);
                 if (wr0 + g + 8u < n_rows) qr1 = __ldg(row_ids + wr0 + g + 8u);
             }
-            bsb_tiles<T, DS, VEC, PIPE, SPMM>(qr0, qr1, q, block_columns, bitmaps, tc_weights,
+            bsb_tiles<T, DS, PIPE, SPMM>(qr0, qr1, q, block_columns, bitmaps, tc_weights,
                                               wbase, tc0 + 2u * warp, tc1, 2u * tc_warps, k, v,
                                               hd, head_off, head_dim, 0u, scale_log2, 1u, 0u, 0u,
                                               32u, nullptr, m, l, o,
@@ -261,7 +261,7 @@ __device__ __forceinline__ void hybrid(
         if (ctl[1] != 0u) {
             __threadfence();
             const u32 rows_here = min(BSB_WINDOW_ROWS, n_rows - wr0);
-            bsb_merge_parts<T, DS / 16, VEC>(part_ml, part_acc, p_first, p_end, heads, h, DS, tid,
+            bsb_merge_parts<T, DS / 16>(part_ml, part_acc, p_first, p_end, heads, h, DS, tid,
                                              blockDim.x, 5u, mrg, rows_here, row_ids, wr0, out, hd,
                                              head_off, head_dim);
             if (tid == 0u) *counter = 0u;  // ready for the next launch
@@ -294,33 +294,31 @@ __device__ __forceinline__ void hybrid(
                                     cd_edge_ids, {key0, key1, off0, off1, threshold, drop_scale}, \
                                     SPATTN_BSB_X_ARGS}
 
-#define SPATTN_HYBRID(SUFFIX, T, DS, NAME, VEC)                                                 \
+#define SPATTN_HYBRID(SUFFIX, T, DS)                                                            \
     extern "C" __global__ void __launch_bounds__(256)                                           \
-        fused_hybrid_##SUFFIX##_s##DS##NAME(SPATTN_HYBRID_PARAMS(T)) {                          \
-        hybrid<T, DS, VEC, false>(SPATTN_HYBRID_ARGS);                                          \
+        fused_hybrid_##SUFFIX##_s##DS(SPATTN_HYBRID_PARAMS(T)) {                              \
+        hybrid<T, DS, false>(SPATTN_HYBRID_ARGS);                                               \
     }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(256) fused_hybrid_##SUFFIX##_s##DS##NAME##_x(  \
+    extern "C" __global__ void __launch_bounds__(256) fused_hybrid_##SUFFIX##_s##DS##_x(        \
         SPATTN_HYBRID_PARAMS(T), SPATTN_HYBRID_X_PARAMS(T)) {                                   \
         SPATTN_HYBRID_X_ARGS(T);                                                                \
-        hybrid<T, DS, VEC, false, true>(SPATTN_HYBRID_ARGS, &xa);                               \
+        hybrid<T, DS, false, true>(SPATTN_HYBRID_ARGS, &xa);                                    \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(256)                                           \
-        spmm_hybrid_##SUFFIX##_s##DS##NAME(SPATTN_HYBRID_PARAMS(T)) {                           \
-        hybrid<T, DS, VEC, true>(SPATTN_HYBRID_ARGS);                                           \
+        spmm_hybrid_##SUFFIX##_s##DS(SPATTN_HYBRID_PARAMS(T)) {                               \
+        hybrid<T, DS, true>(SPATTN_HYBRID_ARGS);                                                \
     }
 
 // Rows of whole 16-byte vectors only: the host pads heads of other lengths with zeros
 // (resize_rows, rows.cu).
-#define SPATTN_HYBRID_VEC(SUFFIX, T, DS) SPATTN_HYBRID(SUFFIX, T, DS, , true)
-
-SPATTN_HYBRID_VEC(f16, __half, 32)
-SPATTN_HYBRID_VEC(f16, __half, 64)
-SPATTN_HYBRID_VEC(f16, __half, 128)
-SPATTN_HYBRID_VEC(bf16, __nv_bfloat16, 32)
-SPATTN_HYBRID_VEC(bf16, __nv_bfloat16, 64)
-SPATTN_HYBRID_VEC(bf16, __nv_bfloat16, 128)
-SPATTN_HYBRID_VEC(f32, float, 32)
-SPATTN_HYBRID_VEC(f32, float, 64)
+SPATTN_HYBRID(f16, __half, 32)
+SPATTN_HYBRID(f16, __half, 64)
+SPATTN_HYBRID(f16, __half, 128)
+SPATTN_HYBRID(bf16, __nv_bfloat16, 32)
+SPATTN_HYBRID(bf16, __nv_bfloat16, 64)
+SPATTN_HYBRID(bf16, __nv_bfloat16, 128)
+SPATTN_HYBRID(f32, float, 32)
+SPATTN_HYBRID(f32, float, 64)
 
 // ---- the pipelined hybrid kernel: one window per tensor-core warp ------------------------------
 // fused_hybrid_{f16,bf16}_d{64,128}_pipe: f16/bf16 heads of exactly 64 or 128 features. The
