@@ -360,4 +360,50 @@ mod tests {
         let err = concat_checked(&[vec![2, 0, 2]], 3).unwrap_err().to_string();
         assert!(err.contains("segment 0 holds row 2 twice"), "{err}");
     }
+
+    #[test]
+    fn vec_padded_rounds_up_to_16_bytes() {
+        assert_eq!(vec_padded(0, 2), 0);
+        assert_eq!(vec_padded(1, 2), 8);
+        assert_eq!(vec_padded(20, 2), 24);
+        assert_eq!(vec_padded(24, 2), 24);
+        assert_eq!(vec_padded(5, 4), 8);
+        assert_eq!(vec_padded(3, 8), 4);
+    }
+
+    /// Rows padded with zeros and cut back (the tensor-core kernels' round trip), bitwise,
+    /// in 2- and 4-byte elements (a negative zero survives the copies).
+    #[test]
+    #[ignore = "needs an NVIDIA GPU"]
+    fn gpu_resize_rows_pads_with_zeros_and_cuts_back() {
+        let gpu = Gpu::new(0).expect("an NVIDIA GPU");
+        fn round_trip<T: DType + PartialEq + std::fmt::Debug>(gpu: &Gpu, x: impl Fn(usize) -> T) {
+            for (rows, len, padded) in [(7, 20, 24), (1, 1, 8), (300, 3, 4), (0, 5, 8)] {
+                let host: Vec<T> = (0..rows * len).map(&x).collect();
+                let src = DeviceVec::from_host(gpu, &host).unwrap();
+                let mut wide = DeviceVec::<T>::zeros(gpu, rows * padded).unwrap();
+                wide.fill_nan().unwrap();
+                resize_rows(gpu, &src, (rows, len, padded), &mut wide).unwrap();
+                let got = wide.to_host().unwrap();
+                for r in 0..rows {
+                    let row = &got[r * padded..(r + 1) * padded];
+                    assert_eq!(row[..len], host[r * len..(r + 1) * len], "row {r}");
+                    assert!(row[len..].iter().all(|&v| v == T::from_f32(0.0)), "row {r}");
+                }
+                let mut back = DeviceVec::<T>::zeros(gpu, rows * len).unwrap();
+                resize_rows(gpu, &wide, (rows, padded, len), &mut back).unwrap();
+                let back = back.to_host().unwrap();
+                let bits = |v: &[T]| v.iter().map(|e| format!("{e:?}")).collect::<Vec<_>>();
+                assert_eq!(bits(&back), bits(&host), "{} {rows} x {len}", T::NAME);
+            }
+            // Lengths that do not match the rows are refused by name.
+            let src = DeviceVec::<T>::zeros(gpu, 10).unwrap();
+            let mut dst = DeviceVec::<T>::zeros(gpu, 16).unwrap();
+            let err = resize_rows(gpu, &src, (2, 4, 8), &mut dst).unwrap_err();
+            assert!(err.to_string().contains("resize source"), "{err}");
+        }
+        round_trip::<half::f16>(&gpu, |i| half::f16::from_f32(i as f32 * 0.25 - 3.0));
+        round_trip::<half::bf16>(&gpu, |i| half::bf16::from_f32(-(i as f32) * 0.5));
+        round_trip::<f32>(&gpu, |i| if i == 3 { -0.0 } else { i as f32 * 1.5 });
+    }
 }
