@@ -93,7 +93,7 @@ gpu_sweep_tests! {
     fn shared_graphs = shared_graphs(&[(1, 128), (8, 64), (4, 24)]);
     fn rmat_16 = rmat_16(&[(1, 128), (8, 16)]);
     fn head_dims_and_heads(sweep) {
-        // 8 … 256 from the issue; 1, 3 and 100 take the element-wise (unaligned) path; 64 and
+        // 8 … 256 from the issue; 1, 3 and 100 run on heads padded to whole 16-byte vectors; 64 and
         // 128 the pipelined kernel in f16/bf16, 48 the register kernel's 64-feature slice.
         let head_dims = [1, 3, 8, 24, 48, 64, 96, 100, 128, 256];
         sweep.random(200, 5, 9, &grid(&head_dims, &[1, 4, 8]));

@@ -124,7 +124,7 @@ gpu_sweep_tests! {
     fn shared_graphs = shared_graphs(&[(1, 128), (8, 64), (2, 24)]);
     fn rmat_16 = rmat_16(&[(1, 128), (8, 16)]);
     fn head_dims_and_heads(sweep) {
-        // 1, 3 and 100 take the element-wise (unaligned) path.
+        // 1, 3 and 100 run on heads padded to whole 16-byte vectors.
         let head_dims = [1, 3, 8, 24, 64, 96, 100, 128];
         sweep.random(200, 5, 9, &grid(&head_dims, &[1, 2, 8]));
     }

@@ -1,8 +1,9 @@
-// Rows moved by index, for the halo exchange of partitioned plans: a rank packs the K/V rows
-// each other rank asks for into one contiguous block per receiver (gather), and sums the
-// gradient rows sent back to it into its own rows (scatter-add, in f32); and rows resized
-// (the tensor-core kernels' rows of whole 16-byte vectors for heads of other lengths). Rows are
-// `row_len` contiguous elements. Kernel names: {op}_rows_{dtype}.
+// Rows moved on the device. By index, for the halo exchange of partitioned plans: a rank packs
+// the K/V rows each other rank asks for into one contiguous block per receiver (gather), and sums
+// the gradient rows sent back to it into its own rows (scatter-add, in f32); rows are `row_len`
+// contiguous elements. Resized, for the tensor-core kernels, which read heads of whole 16-byte
+// vectors: rows of `src_len` elements padded with zeros or cut to `dst_len`. Kernel names:
+// {op}_rows_{dtype}.
 #include "common.cuh"
 
 // A group of g lanes per row (g a power of two in 1..32, chosen by the host for the row's
@@ -47,15 +48,16 @@ __device__ void scatter_add_rows(const T* __restrict__ src, const u32* __restric
 }
 
 // dst[r, j] = src[r, j] for j < min(src_len, dst_len), 0 for src_len <= j < dst_len; rows
-// r < n_rows. One thread an element of dst, grid-stride.
+// r < n_rows, g lanes a row as above.
 template <class T>
 __device__ void resize_rows(const T* __restrict__ src, u64 n_rows, u32 src_len, u32 dst_len,
-                            T* __restrict__ dst) {
-    const u64 n = n_rows * dst_len;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
-        const u64 r = i / dst_len;
-        const u32 j = (u32)(i - r * dst_len);
-        dst[i] = j < src_len ? src[r * src_len + j] : from_f32<T>(0.0f);
+                            u32 g, T* __restrict__ dst) {
+    const u32 lane = lane_id() & (g - 1u);
+    const u64 groups = grid_groups(g);
+    for (u64 r = grid_group(g); r < n_rows; r += groups) {
+        const T* s = src + r * src_len;
+        T* d = dst + r * dst_len;
+        for (u32 j = lane; j < dst_len; j += g) d[j] = j < src_len ? s[j] : from_f32<T>(0.0f);
     }
 }
 
@@ -69,8 +71,8 @@ __device__ void resize_rows(const T* __restrict__ src, u64 n_rows, u32 src_len, 
         scatter_add_rows<T>(src, idx, n_idx, row_len, g, acc);                                  \
     }                                                                                           \
     extern "C" __global__ void resize_rows_##S(const T* src, u64 n_rows, u32 src_len,           \
-                                               u32 dst_len, T* dst) {                           \
-        resize_rows<T>(src, n_rows, src_len, dst_len, dst);                                     \
+                                               u32 dst_len, u32 g, T* dst) {                    \
+        resize_rows<T>(src, n_rows, src_len, dst_len, g, dst);                                  \
     }
 
 SPATTN_ROWS(f32, float)

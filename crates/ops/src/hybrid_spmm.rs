@@ -572,8 +572,8 @@ impl DeviceHybrid {
             kernel_name(op, T::KIND, shape.head_dim, slice, pipelined, warps.cd) + x,
         )?;
         // Heads (pieces) that are not whole 16-byte vectors run on copies padded with zeros to
-        // them (the kernels read and write rows in 16-byte pieces), out's rows included (rows
-        // the kernel does not write keep their values), and the output is cut back.
+        // them (the kernels read and write rows in 16-byte pieces), and the output, every
+        // element of which the kernel writes, is cut back.
         let d = shape.head_dim;
         let dp = vec_padded(d, std::mem::size_of::<T>());
         let mut padded = None;
@@ -587,7 +587,8 @@ impl DeviceHybrid {
                 Some((q, k)) => Some((pad(q)?, pad(k)?)),
                 None => None,
             };
-            padded = Some((qkp, pad(v)?, pad(out)?));
+            let op = DeviceMatrix::unset(gpu, Shape::new(out.shape().rows, shape.heads, dp)?)?;
+            padded = Some((qkp, pad(v)?, op));
         }
         let heads = to_u32("heads", shape.heads)?;
         let head_dim = to_u32("head_dim", dp)?;

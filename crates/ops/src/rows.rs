@@ -321,16 +321,20 @@ pub(crate) fn resize_rows<T: DType>(
         to_u32("resize source row length", src_len)?,
         to_u32("resize destination row length", dst_len)?,
     );
+    // A row's lanes: up to a warp, as many as its longer length has elements.
+    let g = group_for(src_len.max(dst_len) as u64, 1);
+    let cfg = stride_grid(rows_len(n_rows, g as usize)?)?;
     let mut args = gpu.launch_builder(&f);
     args.arg(src.slice())
         .arg(&rows)
         .arg(&from)
         .arg(&to)
+        .arg(&g)
         .arg(dst.slice_mut());
-    // SAFETY: element i < n_rows · dst_len of dst (its length, checked) reads src element
-    // r · src_len + j with r < n_rows and j < src_len: below n_rows · src_len (src's length,
-    // checked).
-    unsafe { launch(name, &mut args, stride_grid(len)?) }
+    // SAFETY: row r < n_rows writes dst[r · dst_len + j] for j < dst_len (dst holds
+    // n_rows · dst_len, checked) and reads src[r · src_len + j] only for j < src_len (src holds
+    // n_rows · src_len, checked).
+    unsafe { launch(name, &mut args, cfg) }
 }
 
 #[cfg(test)]

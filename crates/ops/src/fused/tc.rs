@@ -490,23 +490,32 @@ impl FusedTensorCore {
         }
 
         // Heads of other lengths run on copies padded with zeros to whole 16-byte vectors (the
-        // kernels read and write rows in 16-byte pieces), and the output is cut back. out's
-        // rows go in too: rows a launch does not write (another phase's) keep their values.
-        if units.is_empty() || self.heads == 0 {
+        // kernels read and write rows in 16-byte pieces), and the output is cut back. A phase
+        // copies out's rows in too: the rows the other phase writes keep their values (a whole
+        // schedule writes every row: empty windows have a unit that writes zeros).
+        if units.is_empty() {
             return Ok(()); // nothing to launch (phase 1 of a one-phase plan)
         }
+        let whole = units == (0..self.n_units);
         let d = self.head_dim;
         let dp = vec_padded(d, std::mem::size_of::<T>());
         let mut padded = None;
         if !self.layout.vec {
-            let pad = |m: &DeviceMatrix<T>| -> Result<DeviceMatrix<T>> {
+            let pad = |m: &DeviceMatrix<T>, copy: bool| -> Result<DeviceMatrix<T>> {
                 let shape = m.shape();
                 let mut p = DeviceMatrix::unset(gpu, Shape::new(shape.rows, shape.heads, dp)?)?;
-                let rows = shape.rows * shape.heads;
-                resize_rows(gpu, m.as_vec(), (rows, d, dp), p.as_vec_mut())?;
+                if copy {
+                    let rows = shape.rows * shape.heads;
+                    resize_rows(gpu, m.as_vec(), (rows, d, dp), p.as_vec_mut())?;
+                }
                 Ok(p)
             };
-            padded = Some((pad(q)?, pad(k)?, pad(v)?, pad(out)?));
+            padded = Some((
+                pad(q, true)?,
+                pad(k, true)?,
+                pad(v, true)?,
+                pad(out, !whole)?,
+            ));
         }
         let (q, k, v, run_dim, out_run) = match padded.as_mut() {
             Some((qp, kp, vp, op)) => (&*qp, &*kp, &*vp, dp, op),
