@@ -497,6 +497,8 @@ impl FusedTensorCore {
             return Ok(()); // nothing to launch (phase 1 of a one-phase plan)
         }
         let whole = units == (0..self.n_units);
+        // (Phase 0's copies of K and V take halo rows that may still be arriving on another
+        // stream: its blocks read none of them, and phase 1 copies them again once they are in.)
         let d = self.head_dim;
         let dp = vec_padded(d, std::mem::size_of::<T>());
         let mut padded = None;
