@@ -578,8 +578,13 @@ impl DeviceHybrid {
         let dp = vec_padded(d, std::mem::size_of::<T>());
         let mut padded = None;
         if dp != d {
+            let alloc = |rows: usize| -> Result<DeviceMatrix<T>> {
+                let shape = Shape::new(rows, shape.heads, dp)?;
+                let what = "hybrid operand padded to 16-byte rows";
+                DeviceMatrix::from_vec(DeviceVec::alloc(gpu, what, shape.len(), false)?, shape)
+            };
             let pad = |m: &DeviceMatrix<T>| -> Result<DeviceMatrix<T>> {
-                let mut p = DeviceMatrix::unset(gpu, Shape::new(m.shape().rows, shape.heads, dp)?)?;
+                let mut p = alloc(m.shape().rows)?;
                 resize_rows(gpu, m.as_vec(), (m.len() / d, d, dp), p.as_vec_mut())?;
                 Ok(p)
             };
@@ -587,7 +592,7 @@ impl DeviceHybrid {
                 Some((q, k)) => Some((pad(q)?, pad(k)?)),
                 None => None,
             };
-            let op = DeviceMatrix::unset(gpu, Shape::new(out.shape().rows, shape.heads, dp)?)?;
+            let op = alloc(out.shape().rows)?;
             padded = Some((qkp, pad(v)?, op));
         }
         let heads = to_u32("heads", shape.heads)?;

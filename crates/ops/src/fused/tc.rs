@@ -333,7 +333,15 @@ impl FusedTensorCore {
             None
         };
         Ok(Self {
-            order_info: format!("{}; kernel {kernel}", ordered.info()),
+            order_info: if layout.vec {
+                format!("{}; kernel {kernel}", ordered.info())
+            } else {
+                let padded = vec_padded(head_dim, T::KIND.size_bytes());
+                format!(
+                    "{}; kernel {kernel} (heads padded to {padded})",
+                    ordered.info()
+                )
+            },
             ordered,
             unit_pre,
             dtype: T::KIND,
@@ -504,8 +512,14 @@ impl FusedTensorCore {
         let mut padded = None;
         if !self.layout.vec {
             let pad = |m: &DeviceMatrix<T>, copy: bool| -> Result<DeviceMatrix<T>> {
-                let shape = m.shape();
-                let mut p = DeviceMatrix::unset(gpu, Shape::new(shape.rows, shape.heads, dp)?)?;
+                let shape = Shape::new(m.shape().rows, m.shape().heads, dp)?;
+                let data = DeviceVec::alloc(
+                    gpu,
+                    "fused-tc operand padded to 16-byte rows",
+                    shape.len(),
+                    false,
+                )?;
+                let mut p = DeviceMatrix::from_vec(data, shape)?;
                 if copy {
                     let rows = shape.rows * shape.heads;
                     resize_rows(gpu, m.as_vec(), (rows, d, dp), p.as_vec_mut())?;
