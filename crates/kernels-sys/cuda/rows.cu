@@ -48,17 +48,51 @@ __device__ void scatter_add_rows(const T* __restrict__ src, const u32* __restric
 }
 
 // dst[r, j] = src[r, j] for j < min(src_len, dst_len), 0 for src_len <= j < dst_len; rows
-// r < n_rows, g lanes a row as above.
+// r < n_rows. A thread writes W consecutive elements of a dst row in one store (W · sizeof(T) <=
+// 16 bytes, W divides dst_len), grid-stride over the flat chunks (a group of lanes a row left
+// most of each warp idle on short heads).
+template <class T, int W>
+__device__ void resize_chunks(const T* __restrict__ src, u64 n_rows, u32 src_len, u32 dst_len,
+                              T* __restrict__ dst) {
+    typedef typename RawOf<sizeof(T) * W>::type Raw;
+    const u32 per_row = dst_len / W;
+    const u64 total = n_rows * per_row;
+    // Whole source chunks load as one vector too when source rows are W-aligned.
+    const bool vec_src = src_len % W == 0 && ((size_t)src & (sizeof(Raw) - 1)) == 0;
+    for (u64 c = grid_group(1u); c < total; c += grid_groups(1u)) {
+        u32 jc;
+        const u64 r = split_index(c, per_row, total, jc);
+        const u32 j = jc * W;
+        const T* s = src + r * src_len + j;
+        Raw raw;
+        if (vec_src && j < src_len) {
+            raw = *reinterpret_cast<const Raw*>(s);
+        } else {
+            T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+            for (int k = 0; k < W; ++k) e[k] = j + k < src_len ? s[k] : from_f32<T>(0.0f);
+        }
+        *reinterpret_cast<Raw*>(dst + c * W) = raw;
+    }
+}
+
+// resize_chunks with the widest W <= w (a power of two) that divides dst_len and dst's alignment.
+template <class T, int W>
+__device__ void resize_widest(const T* __restrict__ src, u64 n_rows, u32 src_len, u32 dst_len,
+                              u32 w, T* __restrict__ dst) {
+    if constexpr (W > 1) {
+        if (w < W || dst_len % W != 0 || ((size_t)dst & (W * sizeof(T) - 1)) != 0) {
+            resize_widest<T, W / 2>(src, n_rows, src_len, dst_len, w, dst);
+            return;
+        }
+    }
+    resize_chunks<T, W>(src, n_rows, src_len, dst_len, dst);
+}
+
 template <class T>
 __device__ void resize_rows(const T* __restrict__ src, u64 n_rows, u32 src_len, u32 dst_len,
-                            u32 g, T* __restrict__ dst) {
-    const u32 lane = lane_id() & (g - 1u);
-    const u64 groups = grid_groups(g);
-    for (u64 r = grid_group(g); r < n_rows; r += groups) {
-        const T* s = src + r * src_len;
-        T* d = dst + r * dst_len;
-        for (u32 j = lane; j < dst_len; j += g) d[j] = j < src_len ? s[j] : from_f32<T>(0.0f);
-    }
+                            u32 w, T* __restrict__ dst) {
+    resize_widest<T, 16 / sizeof(T)>(src, n_rows, src_len, dst_len, w, dst);
 }
 
 #define SPATTN_ROWS(S, T)                                                                       \
@@ -71,8 +105,8 @@ __device__ void resize_rows(const T* __restrict__ src, u64 n_rows, u32 src_len, 
         scatter_add_rows<T>(src, idx, n_idx, row_len, g, acc);                                  \
     }                                                                                           \
     extern "C" __global__ void resize_rows_##S(const T* src, u64 n_rows, u32 src_len,           \
-                                               u32 dst_len, u32 g, T* dst) {                    \
-        resize_rows<T>(src, n_rows, src_len, dst_len, g, dst);                                  \
+                                               u32 dst_len, u32 w, T* dst) {                    \
+        resize_rows<T>(src, n_rows, src_len, dst_len, w, dst);                                  \
     }
 
 SPATTN_ROWS(f32, float)

@@ -30,7 +30,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::launch::{check_same_gpu, kernel_named, launch, stride_grid, to_u32, PushKernelArg};
-use crate::schedule::group_for;
+use crate::schedule::{group_for, vector_width};
 
 /// The gather kernel for elements of `dtype` (a [`DType::NAME`]); the launch-name test forms it
 /// too.
@@ -321,19 +321,21 @@ pub(crate) fn resize_rows<T: DType>(
         to_u32("resize source row length", src_len)?,
         to_u32("resize destination row length", dst_len)?,
     );
-    // A row's lanes: up to a warp, as many as its longer length has elements.
-    let g = group_for(src_len.max(dst_len) as u64, 1);
-    let cfg = stride_grid(rows_len(n_rows, g as usize)?)?;
+    // A thread a chunk of w destination elements (up to 16 bytes; the kernel narrows it for an
+    // unaligned buffer, and the grid strides over what is left).
+    let w = vector_width(dst_len, std::mem::size_of::<T>());
+    let cfg = stride_grid(len / w as usize)?;
     let mut args = gpu.launch_builder(&f);
     args.arg(src.slice())
         .arg(&rows)
         .arg(&from)
         .arg(&to)
-        .arg(&g)
+        .arg(&w)
         .arg(dst.slice_mut());
     // SAFETY: row r < n_rows writes dst[r · dst_len + j] for j < dst_len (dst holds
     // n_rows · dst_len, checked) and reads src[r · src_len + j] only for j < src_len (src holds
-    // n_rows · src_len, checked).
+    // n_rows · src_len, checked); a chunk of W elements starts at a multiple of W, which divides
+    // dst_len, and is read whole from src only when W divides src_len too.
     unsafe { launch(name, &mut args, cfg) }
 }
 
@@ -382,7 +384,16 @@ mod tests {
     fn gpu_resize_rows_pads_with_zeros_and_cuts_back() {
         let gpu = Gpu::new(0).expect("an NVIDIA GPU");
         fn round_trip<T: DType + PartialEq + std::fmt::Debug>(gpu: &Gpu, x: impl Fn(usize) -> T) {
-            for (rows, len, padded) in [(7, 20, 24), (1, 1, 8), (300, 3, 4), (0, 5, 8)] {
+            // Chunks of 16, 8, 4 and 2 bytes; whole source chunks read as vectors (16 of 24).
+            let cases = [
+                (7, 20, 24),
+                (1, 1, 8),
+                (300, 3, 4),
+                (0, 5, 8),
+                (5, 16, 24),
+                (999, 13, 16),
+            ];
+            for (rows, len, padded) in cases {
                 let host: Vec<T> = (0..rows * len).map(&x).collect();
                 let src = DeviceVec::from_host(gpu, &host).unwrap();
                 let mut wide = DeviceVec::<T>::zeros(gpu, rows * padded).unwrap();
