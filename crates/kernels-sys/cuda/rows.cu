@@ -104,9 +104,16 @@ __device__ void resize_rows(const T* __restrict__ src, u64 n_rows, u32 src_len, 
                                                     u32 row_len, u32 g, float* acc) {           \
         scatter_add_rows<T>(src, idx, n_idx, row_len, g, acc);                                  \
     }                                                                                           \
-    extern "C" __global__ void resize_rows_##S(const T* src, u64 n_rows, u32 src_len,           \
-                                               u32 dst_len, u32 w, T* dst) {                    \
-        resize_rows<T>(src, n_rows, src_len, dst_len, w, dst);                                  \
+    extern "C" __global__ void resize_rows_##S(u32 src_len, u32 dst_len, u32 w,                 \
+                                               const T* s0, u64 r0, T* d0,                      \
+                                               const T* s1, u64 r1, T* d1,                      \
+                                               const T* s2, u64 r2, T* d2,                      \
+                                               const T* s3, u64 r3, T* d3) {                    \
+        /* blockIdx.y picks the pair: one launch resizes up to four buffers */                  \
+        const u32 y = blockIdx.y;                                                               \
+        resize_rows<T>(y == 0 ? s0 : y == 1 ? s1 : y == 2 ? s2 : s3,                            \
+                       y == 0 ? r0 : y == 1 ? r1 : y == 2 ? r2 : r3, src_len, dst_len, w,       \
+                       y == 0 ? d0 : y == 1 ? d1 : y == 2 ? d2 : d3);                           \
     }
 
 SPATTN_ROWS(f32, float)

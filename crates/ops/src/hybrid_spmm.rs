@@ -57,7 +57,7 @@ use crate::launch::{
     check_same_gpu, kernel_named, launch, map_driver_error, to_u32, LaunchConfig, OnGpu,
     PushKernelArg, PushOptionalArg,
 };
-use crate::rows::{resize_rows, vec_padded};
+use crate::rows::{padded_heads, resize_rows, vec_padded};
 use crate::schedule::HybridUnits;
 use crate::shape::Shape;
 
@@ -578,22 +578,18 @@ impl DeviceHybrid {
         let dp = vec_padded(d, std::mem::size_of::<T>());
         let mut padded = None;
         if dp != d {
-            let alloc = |rows: usize| -> Result<DeviceMatrix<T>> {
-                let shape = Shape::new(rows, shape.heads, dp)?;
-                let what = "hybrid operand padded to 16-byte rows";
-                DeviceMatrix::from_vec(DeviceVec::alloc(gpu, what, shape.len(), false)?, shape)
-            };
-            let pad = |m: &DeviceMatrix<T>| -> Result<DeviceMatrix<T>> {
-                let mut p = alloc(m.shape().rows)?;
-                resize_rows(gpu, m.as_vec(), (m.len() / d, d, dp), p.as_vec_mut())?;
-                Ok(p)
-            };
-            let qkp = match qk {
-                Some((q, k)) => Some((pad(q)?, pad(k)?)),
-                None => None,
-            };
-            let op = alloc(out.shape().rows)?;
-            padded = Some((qkp, pad(v)?, op));
+            let what = "hybrid operand padded to 16-byte rows";
+            padded = Some(match qk {
+                Some((q, k)) => {
+                    let mats = [(q, true), (k, true), (v, true), (&*out, false)];
+                    let [qp, kp, vp, op] = padded_heads(gpu, what, (d, dp), mats)?;
+                    (Some((qp, kp)), vp, op)
+                }
+                None => {
+                    let [vp, op] = padded_heads(gpu, what, (d, dp), [(v, true), (&*out, false)])?;
+                    (None, vp, op)
+                }
+            });
         }
         let heads = to_u32("heads", shape.heads)?;
         let head_dim = to_u32("head_dim", dp)?;
@@ -761,7 +757,7 @@ impl DeviceHybrid {
         // at 4 × block (BsbExtrasStage::gather).
         unsafe { launch(name, &mut args, cfg) }?;
         if let Some((_, _, op)) = &padded {
-            resize_rows(gpu, op.as_vec(), (op.len() / dp, dp, d), out.as_vec_mut())?;
+            resize_rows(gpu, (dp, d), &mut [(op.as_vec(), out.as_vec_mut())])?;
         }
         Ok(())
     }

@@ -29,8 +29,11 @@ use crate::buffer::{expect_len, DeviceVec};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
-use crate::launch::{check_same_gpu, kernel_named, launch, stride_grid, to_u32, PushKernelArg};
+use crate::launch::{
+    check_same_gpu, kernel_named, launch, stride_grid, to_u32, PushKernelArg, PushOptionalArg,
+};
 use crate::schedule::{group_for, vector_width};
+use crate::{DeviceMatrix, Shape};
 
 /// The gather kernel for elements of `dtype` (a [`DType::NAME`]); the launch-name test forms it
 /// too.
@@ -290,53 +293,115 @@ pub(crate) fn vec_padded(len: usize, elem_bytes: usize) -> usize {
     len.div_ceil(per_vec) * per_vec
 }
 
-/// `dst`'s rows (`n_rows` of `dst_len`) = `src`'s rows (`n_rows` of `src_len`), cut to
-/// `dst_len` elements or padded with zeros to it.
+/// Most buffers [`resize_rows`] takes in one launch.
+pub(crate) const MAX_RESIZES: usize = 4;
+
+/// For each pair, `dst`'s rows (of `dst_len`) = `src`'s rows (of `src_len`, as many), cut to
+/// `dst_len` elements or padded with zeros to it: up to [`MAX_RESIZES`] pairs in one launch
+/// (small graphs pay a launch per copy otherwise).
 ///
 /// # Errors
-/// Buffers that are not `n_rows` rows of their length; a row length past `u32`; buffers of
-/// another GPU.
+/// A zero row length; more than [`MAX_RESIZES`] pairs; a source that is not whole rows or a
+/// destination of another number of rows; a row length past `u32`; buffers of another GPU.
 pub(crate) fn resize_rows<T: DType>(
     gpu: &Gpu,
-    src: &DeviceVec<T>,
-    (n_rows, src_len, dst_len): (usize, usize, usize),
-    dst: &mut DeviceVec<T>,
+    (src_len, dst_len): (usize, usize),
+    pairs: &mut [(&DeviceVec<T>, &mut DeviceVec<T>)],
 ) -> Result<()> {
-    expect_len(
-        "resize source (rows × length)",
-        rows_len(n_rows, src_len)?,
-        src.len(),
-    )?;
-    let len = rows_len(n_rows, dst_len)?;
-    expect_len("resize destination (rows × length)", len, dst.len())?;
-    check_same_gpu(gpu, "resize source", src)?;
-    check_same_gpu(gpu, "resize destination", &*dst)?;
-    if len == 0 {
+    if src_len == 0 || dst_len == 0 || pairs.len() > MAX_RESIZES {
+        return Err(Error::InvalidArgument {
+            what: "row resize",
+            why: format!(
+                "rows of {src_len} -> {dst_len} elements in {} buffers (at most {MAX_RESIZES}, \
+                 rows of at least one element)",
+                pairs.len()
+            ),
+        });
+    }
+    let mut rows = [0u64; MAX_RESIZES];
+    let mut most = 0;
+    for (i, (src, dst)) in pairs.iter().enumerate() {
+        let n = src.len() / src_len;
+        expect_len(
+            "resize source (rows × length)",
+            rows_len(n, src_len)?,
+            src.len(),
+        )?;
+        let len = rows_len(n, dst_len)?;
+        expect_len("resize destination (rows × length)", len, dst.len())?;
+        check_same_gpu(gpu, "resize source", *src)?;
+        check_same_gpu(gpu, "resize destination", &**dst)?;
+        rows[i] = n as u64;
+        most = most.max(len);
+    }
+    if most == 0 {
         return Ok(());
     }
     let name = kernel_named(&ROWS, resize_kernel(T::NAME))?;
     let f = gpu.load_function(ROWS.name, ROWS.ptx, name)?;
-    let (rows, from, to) = (
-        n_rows as u64,
+    let (from, to) = (
         to_u32("resize source row length", src_len)?,
         to_u32("resize destination row length", dst_len)?,
     );
     // A thread a chunk of w destination elements (up to 16 bytes; the kernel narrows it for an
-    // unaligned buffer, and the grid strides over what is left).
+    // unaligned buffer, and the grid strides over what is left); grid.y picks the pair.
     let w = vector_width(dst_len, std::mem::size_of::<T>());
-    let cfg = stride_grid(len / w as usize)?;
+    let mut cfg = stride_grid(most / w as usize)?;
+    cfg.grid_dim.1 = pairs.len() as u32; // ≤ MAX_RESIZES
     let mut args = gpu.launch_builder(&f);
-    args.arg(src.slice())
-        .arg(&rows)
-        .arg(&from)
-        .arg(&to)
-        .arg(&w)
-        .arg(dst.slice_mut());
-    // SAFETY: row r < n_rows writes dst[r · dst_len + j] for j < dst_len (dst holds
-    // n_rows · dst_len, checked) and reads src[r · src_len + j] only for j < src_len (src holds
-    // n_rows · src_len, checked); a chunk of W elements starts at a multiple of W, which divides
-    // dst_len, and is read whole from src only when W divides src_len too.
+    args.arg(&from).arg(&to).arg(&w);
+    let mut unused = MAX_RESIZES;
+    for ((src, dst), n) in pairs.iter_mut().zip(&rows) {
+        args.arg(src.slice()).arg(n).arg(dst.slice_mut());
+        unused -= 1;
+    }
+    for _ in 0..unused {
+        args.arg_or_null(None::<&DeviceVec<T>>)
+            .arg(&0u64)
+            .arg_or_null_mut(None::<&mut DeviceVec<T>>);
+    }
+    // SAFETY: pair y < pairs.len() (grid.y; the null pairs past them are never read): row
+    // r < rows[y] writes dst[r · dst_len + j] for j < dst_len (dst holds rows[y] · dst_len,
+    // checked) and reads src[r · src_len + j] only for j < src_len (src holds rows[y] · src_len,
+    // checked); a chunk of W elements starts at a multiple of W, which divides dst_len, and is
+    // read whole from src only when W divides src_len too.
     unsafe { launch(name, &mut args, cfg) }
+}
+
+/// New buffers of `mats`' rows with every head (every piece of `d` elements of a row) padded
+/// with zeros to `dp`, shaped rows × pieces × `dp` and named `what` (an out-of-memory error
+/// says which): filled in one launch where their flag is set, left unset otherwise (for
+/// outputs the caller's kernel writes).
+///
+/// # Errors
+/// More than [`MAX_RESIZES`] matrices to fill; a row of a matrix to fill that is not whole
+/// pieces of `d`; shapes past `usize`; out of device memory; buffers of another GPU.
+pub(crate) fn padded_heads<T: DType, const N: usize>(
+    gpu: &Gpu,
+    what: &'static str,
+    (d, dp): (usize, usize),
+    mats: [(&DeviceMatrix<T>, bool); N],
+) -> Result<[DeviceMatrix<T>; N]> {
+    let mut out = Vec::with_capacity(N);
+    for (m, _) in mats {
+        let shape = Shape::new(m.shape().rows, m.shape().row_len() / d.max(1), dp)?;
+        let data = DeviceVec::alloc(gpu, what, shape.len(), false)?;
+        out.push(DeviceMatrix::from_vec(data, shape)?);
+    }
+    let mut pairs: Vec<_> = mats
+        .iter()
+        .zip(out.iter_mut())
+        .filter(|((_, fill), _)| *fill)
+        .map(|((m, _), p)| (m.as_vec(), p.as_vec_mut()))
+        .collect();
+    if !pairs.is_empty() {
+        resize_rows(gpu, (d, dp), &mut pairs)?;
+    }
+    // One matrix was pushed per entry of `mats`.
+    let Ok(out) = <[DeviceMatrix<T>; N]>::try_from(out) else {
+        unreachable!("padded_heads allocates one matrix per entry")
+    };
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -378,12 +443,14 @@ mod tests {
     }
 
     /// Rows padded with zeros and cut back (the tensor-core kernels' round trip), bitwise,
-    /// in 2- and 4-byte elements (a negative zero survives the copies).
+    /// in 2- and 4-byte elements (a negative zero survives the copies), three buffers of
+    /// different row counts a launch; padded_heads' matrices; bad arguments refused by name.
     #[test]
     #[ignore = "needs an NVIDIA GPU"]
     fn gpu_resize_rows_pads_with_zeros_and_cuts_back() {
         let gpu = Gpu::new(0).expect("an NVIDIA GPU");
         fn round_trip<T: DType + PartialEq + std::fmt::Debug>(gpu: &Gpu, x: impl Fn(usize) -> T) {
+            let bits = |v: &[T]| v.iter().map(|e| format!("{e:?}")).collect::<Vec<_>>();
             // Chunks of 16, 8, 4 and 2 bytes; whole source chunks read as vectors (16 of 24).
             let cases = [
                 (7, 20, 24),
@@ -394,28 +461,76 @@ mod tests {
                 (999, 13, 16),
             ];
             for (rows, len, padded) in cases {
-                let host: Vec<T> = (0..rows * len).map(&x).collect();
-                let src = DeviceVec::from_host(gpu, &host).unwrap();
-                let mut wide = DeviceVec::<T>::zeros(gpu, rows * padded).unwrap();
-                wide.fill_nan().unwrap();
-                resize_rows(gpu, &src, (rows, len, padded), &mut wide).unwrap();
-                let got = wide.to_host().unwrap();
-                for r in 0..rows {
-                    let row = &got[r * padded..(r + 1) * padded];
-                    assert_eq!(row[..len], host[r * len..(r + 1) * len], "row {r}");
-                    assert!(row[len..].iter().all(|&v| v == T::from_f32(0.0)), "row {r}");
+                let counts = [rows, rows / 2 + 1, 2 * rows + 3];
+                let host: Vec<Vec<T>> = counts
+                    .iter()
+                    .enumerate()
+                    .map(|(b, &n)| (0..n * len).map(|i| x(i + 7 * b)).collect())
+                    .collect();
+                let src: Vec<_> = host
+                    .iter()
+                    .map(|h| DeviceVec::from_host(gpu, h).unwrap())
+                    .collect();
+                let mut wide: Vec<_> = counts
+                    .iter()
+                    .map(|&n| {
+                        let mut w = DeviceVec::<T>::zeros(gpu, n * padded).unwrap();
+                        w.fill_nan().unwrap();
+                        w
+                    })
+                    .collect();
+                let mut pairs: Vec<_> = src.iter().zip(wide.iter_mut()).collect();
+                resize_rows(gpu, (len, padded), &mut pairs).unwrap();
+                for ((w, h), &n) in wide.iter().zip(&host).zip(&counts) {
+                    let got = w.to_host().unwrap();
+                    for r in 0..n {
+                        let row = &got[r * padded..(r + 1) * padded];
+                        assert_eq!(row[..len], h[r * len..(r + 1) * len], "row {r} of {n}");
+                        assert!(row[len..].iter().all(|&v| v == T::from_f32(0.0)), "row {r}");
+                    }
                 }
-                let mut back = DeviceVec::<T>::zeros(gpu, rows * len).unwrap();
-                resize_rows(gpu, &wide, (rows, padded, len), &mut back).unwrap();
-                let back = back.to_host().unwrap();
-                let bits = |v: &[T]| v.iter().map(|e| format!("{e:?}")).collect::<Vec<_>>();
-                assert_eq!(bits(&back), bits(&host), "{} {rows} x {len}", T::NAME);
+                let mut back: Vec<_> = counts
+                    .iter()
+                    .map(|&n| DeviceVec::<T>::zeros(gpu, n * len).unwrap())
+                    .collect();
+                let mut pairs: Vec<_> = wide.iter().zip(back.iter_mut()).collect();
+                resize_rows(gpu, (padded, len), &mut pairs).unwrap();
+                for (b, h) in back.iter().zip(&host) {
+                    let b = b.to_host().unwrap();
+                    assert_eq!(bits(&b), bits(h), "{} {rows} x {len}", T::NAME);
+                }
             }
-            // Lengths that do not match the rows are refused by name.
+            // padded_heads: 3 rows × 2 heads of 5, one filled and one only shaped.
+            let host: Vec<T> = (0..30).map(&x).collect();
+            let m = DeviceMatrix::from_host(gpu, Shape::new(3, 2, 5).unwrap(), &host).unwrap();
+            let [p, o] = padded_heads(gpu, "test", (5, 8), [(&m, true), (&m, false)]).unwrap();
+            assert_eq!(
+                (p.shape(), o.shape()),
+                (Shape::new(3, 2, 8).unwrap(), p.shape())
+            );
+            let got = p.to_host().unwrap();
+            for h in 0..6 {
+                assert_eq!(bits(&got[h * 8..h * 8 + 5]), bits(&host[h * 5..h * 5 + 5]));
+                assert!(got[h * 8 + 5..h * 8 + 8]
+                    .iter()
+                    .all(|&v| v == T::from_f32(0.0)));
+            }
+            // Sources that are not whole rows, destinations of other row counts, zero lengths
+            // and more buffers than a launch takes are refused by name.
             let src = DeviceVec::<T>::zeros(gpu, 10).unwrap();
             let mut dst = DeviceVec::<T>::zeros(gpu, 16).unwrap();
-            let err = resize_rows(gpu, &src, (2, 4, 8), &mut dst).unwrap_err();
+            let err = resize_rows(gpu, (4, 8), &mut [(&src, &mut dst)]).unwrap_err();
             assert!(err.to_string().contains("resize source"), "{err}");
+            let err = resize_rows(gpu, (5, 4), &mut [(&src, &mut dst)]).unwrap_err();
+            assert!(err.to_string().contains("resize destination"), "{err}");
+            let err = resize_rows(gpu, (0, 4), &mut [(&src, &mut dst)]).unwrap_err();
+            assert!(err.to_string().contains("row resize"), "{err}");
+            let mut dsts: Vec<_> = (0..MAX_RESIZES + 1)
+                .map(|_| DeviceVec::<T>::zeros(gpu, 20).unwrap())
+                .collect();
+            let mut pairs: Vec<_> = dsts.iter_mut().map(|d| (&src, d)).collect();
+            let err = resize_rows(gpu, (5, 10), &mut pairs).unwrap_err();
+            assert!(err.to_string().contains("at most 4"), "{err}");
         }
         round_trip::<half::f16>(&gpu, |i| half::f16::from_f32(i as f32 * 0.25 - 3.0));
         round_trip::<half::bf16>(&gpu, |i| half::bf16::from_f32(-(i as f32) * 0.5));

@@ -46,7 +46,7 @@ use crate::launch::{
     blocks_for, check_same_gpu, kernel_named, launch, to_u32, LaunchConfig, PushKernelArg,
     PushOptionalArg,
 };
-use crate::rows::{resize_rows, vec_padded};
+use crate::rows::{padded_heads, resize_rows, vec_padded};
 use crate::{DType, DTypeKind, DeviceGraph, DeviceMatrix, DeviceVec, Gpu, Shape};
 use spattn_formats::Csr;
 use spattn_kernels_sys::FUSED_BSB;
@@ -511,27 +511,10 @@ impl FusedTensorCore {
         let dp = vec_padded(d, std::mem::size_of::<T>());
         let mut padded = None;
         if !self.layout.vec {
-            let pad = |m: &DeviceMatrix<T>, copy: bool| -> Result<DeviceMatrix<T>> {
-                let shape = Shape::new(m.shape().rows, m.shape().heads, dp)?;
-                let data = DeviceVec::alloc(
-                    gpu,
-                    "fused-tc operand padded to 16-byte rows",
-                    shape.len(),
-                    false,
-                )?;
-                let mut p = DeviceMatrix::from_vec(data, shape)?;
-                if copy {
-                    let rows = shape.rows * shape.heads;
-                    resize_rows(gpu, m.as_vec(), (rows, d, dp), p.as_vec_mut())?;
-                }
-                Ok(p)
-            };
-            padded = Some((
-                pad(q, true)?,
-                pad(k, true)?,
-                pad(v, true)?,
-                pad(out, !whole)?,
-            ));
+            let what = "fused-tc operand padded to 16-byte rows";
+            let mats = [(q, true), (k, true), (v, true), (&*out, !whole)];
+            let [qp, kp, vp, op] = padded_heads(gpu, what, (d, dp), mats)?;
+            padded = Some((qp, kp, vp, op));
         }
         let (q, k, v, run_dim, out_run) = match padded.as_mut() {
             Some((qp, kp, vp, op)) => (&*qp, &*kp, &*vp, dp, op),
@@ -679,8 +662,7 @@ impl FusedTensorCore {
         // only with a bias, `_xd` only with keep words, `_x` with both.
         unsafe { launch(kernel, &mut args, cfg) }?;
         if let Some((_, _, _, op)) = &padded {
-            let rows = op.shape().rows * self.heads;
-            resize_rows(gpu, op.as_vec(), (rows, dp, d), out.as_vec_mut())?;
+            resize_rows(gpu, (dp, d), &mut [(op.as_vec(), out.as_vec_mut())])?;
         }
         Ok(())
     }
