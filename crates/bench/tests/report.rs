@@ -484,6 +484,21 @@ fn report_with_full_tables_writes_one_page_and_links_them() {
         assert!(page.contains(want), "missing {want:?} in the page\n{page}");
     }
     assert!(!page.contains("### cora"), "{page}");
+    // The page counts the peers' limits and links their reasons and the runs' commands, which
+    // the full tables list.
+    for want in [
+        "(docs/benchmarks-full.md#what-the-peers-could-not-run)",
+        "(docs/benchmarks-full.md#how-to-reproduce)",
+    ] {
+        assert!(page.contains(want), "missing {want:?} in the page\n{page}");
+    }
+    for unwanted in ["| peer | status | reason |", "The runs of this report:"] {
+        assert!(!page.contains(unwanted), "{unwanted:?} in the page\n{page}");
+        assert!(
+            full.contains(unwanted),
+            "missing {unwanted:?} in the full tables\n{full}"
+        );
+    }
     // The full tables: every graph, the chart linked from its own folder.
     assert!(
         full.contains("### cora") && full.contains("### rmat-16"),

@@ -61,7 +61,7 @@ pub fn markdown(data: &ReportData<'_>, links: &Links, inputs: &[String]) -> Stri
     peer_limits(w, data);
     plan_times(w, data);
     results(w, data);
-    reproduce(w, data.runs);
+    reproduce(w, data.runs, None);
     md
 }
 
@@ -87,15 +87,19 @@ pub fn page_markdown(data: &ReportData<'_>, links: &Links, inputs: &[String]) ->
         );
     }
     key_results(w, data);
-    peer_limits(w, data);
-    if let Some(full) = &links.full {
-        let _ = writeln!(
-            w,
-            "Every graph, shape, dtype and algorithm, with the ops and the HBM floor: \
-             [the full tables]({full}).\n"
-        );
+    match &links.full {
+        // The page counts what the peers could not run; the full tables give each reason.
+        Some(full) => {
+            peer_limits_brief(w, data, full);
+            let _ = writeln!(
+                w,
+                "Every graph, shape, dtype and algorithm, with the ops and the HBM floor: \
+                 [the full tables]({full}).\n"
+            );
+        }
+        None => peer_limits(w, data),
     }
-    reproduce(w, data.runs);
+    reproduce(w, data.runs, links.full.as_deref());
     md
 }
 
@@ -373,8 +377,28 @@ fn plan_times(w: &mut String, data: &ReportData<'_>) {
     let _ = writeln!(w);
 }
 
-/// Every configuration a peer could not run, grouped by peer and reason.
-fn peer_limits(w: &mut String, data: &ReportData<'_>) {
+/// The configurations each peer could not run, counted, with the full tables' section linked.
+fn peer_limits_brief(w: &mut String, data: &ReportData<'_>, full: &str) {
+    let limits = limit_rows(data);
+    if limits.is_empty() {
+        return;
+    }
+    let mut per_peer: BTreeMap<&str, usize> = BTreeMap::new();
+    for ((peer, _, _), cases) in &limits {
+        *per_peer.entry(peer.as_str()).or_default() += cases.len();
+    }
+    let counts: Vec<String> = per_peer.iter().map(|(p, n)| format!("{p} {n}")).collect();
+    let _ = writeln!(w, "## What the peers could not run\n");
+    let _ = writeln!(
+        w,
+        "Configurations each peer could not run (too large for it, a dtype it does not take): \
+         {}. Each with its reason: [the full tables]({full}#what-the-peers-could-not-run).\n",
+        counts.join(", ")
+    );
+}
+
+/// Every configuration a peer could not run, keyed by (peer, status, reason).
+fn limit_rows(data: &ReportData<'_>) -> BTreeMap<(String, String, String), Vec<String>> {
     let mut limits: BTreeMap<(String, String, String), Vec<String>> = BTreeMap::new();
     let mut seen = std::collections::HashSet::new();
     for (c, comps) in &data.cases {
@@ -403,6 +427,12 @@ fn peer_limits(w: &mut String, data: &ReportData<'_>) {
                 ));
         }
     }
+    limits
+}
+
+/// Every configuration a peer could not run, grouped by peer and reason.
+fn peer_limits(w: &mut String, data: &ReportData<'_>) {
+    let limits = limit_rows(data);
     if limits.is_empty() {
         return;
     }
@@ -703,7 +733,8 @@ fn results(w: &mut String, data: &ReportData<'_>) {
     }
 }
 
-fn reproduce(w: &mut String, runs: &[RunRecord]) {
+/// How to reproduce the report; the runs' commands listed, or linked in `full` (the page).
+fn reproduce(w: &mut String, runs: &[RunRecord], full: Option<&str>) {
     let _ = writeln!(w, "## How to reproduce\n");
     let _ = writeln!(
         w,
@@ -725,6 +756,14 @@ fn reproduce(w: &mut String, runs: &[RunRecord]) {
          --out BENCHMARKS.md --full docs/benchmarks-full.md --svg docs/benchmarks.svg --force\n\
          ```\n"
     );
+    if let Some(full) = full {
+        let _ = writeln!(
+            w,
+            "The commands of this report's {} runs: [the full tables]({full}#how-to-reproduce).",
+            runs.len()
+        );
+        return;
+    }
     let _ = writeln!(w, "The runs of this report:\n\n```sh");
     for r in runs {
         let _ = writeln!(w, "{}", r.command);
