@@ -90,8 +90,6 @@ pub(crate) struct Layout {
     pub slice: usize,
     /// Warps per (unit, head).
     pub group: usize,
-    /// Whether rows allow 16-byte accesses (`head_dim × sizeof(T)` a multiple of 16).
-    pub vec: bool,
     /// Whether the pipelined kernel runs (K and V tiles through shared memory; f16/bf16 heads
     /// of exactly 64 or 128 features, one warp per head).
     pub pipelined: bool,
@@ -116,7 +114,6 @@ pub(crate) fn layout_with(
     slice: Option<usize>,
     pipelined: bool,
 ) -> Result<Layout> {
-    let bytes = dtype.size_bytes();
     let unsupported = |why: String| Error::Unsupported {
         kernel: KERNEL,
         why,
@@ -128,7 +125,6 @@ pub(crate) fn layout_with(
         return Ok(Layout {
             slice: head_dim,
             group: 1,
-            vec: true,
             pipelined: true,
         });
     }
@@ -136,7 +132,6 @@ pub(crate) fn layout_with(
     let fit = |s: usize| Layout {
         slice: s,
         group: head_dim.div_ceil(s),
-        vec: (head_dim * bytes) % 16 == 0,
         pipelined: false,
     };
     let chosen = match slice {
@@ -333,14 +328,12 @@ impl FusedTensorCore {
             None
         };
         Ok(Self {
-            order_info: if layout.vec {
-                format!("{}; kernel {kernel}", ordered.info())
-            } else {
-                let padded = vec_padded(head_dim, T::KIND.size_bytes());
-                format!(
+            order_info: match vec_padded(head_dim, T::KIND.size_bytes()) {
+                padded if padded == head_dim => format!("{}; kernel {kernel}", ordered.info()),
+                padded => format!(
                     "{}; kernel {kernel} (heads padded to {padded})",
                     ordered.info()
-                )
+                ),
             },
             ordered,
             unit_pre,
@@ -510,7 +503,7 @@ impl FusedTensorCore {
         let d = self.head_dim;
         let dp = vec_padded(d, std::mem::size_of::<T>());
         let mut padded = None;
-        if !self.layout.vec {
+        if dp != d {
             let what = "fused-tc operand padded to 16-byte rows";
             let mats = [(q, true), (k, true), (v, true), (&*out, !whole)];
             let [qp, kp, vp, op] = padded_heads(gpu, what, (d, dp), mats)?;
