@@ -636,8 +636,7 @@ impl FusedTensorCore {
         // (shapes checked above; for heads that are not whole 16-byte vectors those of the
         // padded copies: heads × head_dim with head_dim the padded length), at features
         // < head_dim in 16-byte accesses: head_dim × sizeof(T) is a multiple of 16 (the plan's
-        // where `Layout::vec`, else the padded length). Partials
-        // (max, sum) and accumulators of part p < n_parts, head h, row r < 16 and feature
+        // where vec_padded leaves it, else the padded length). Partials (max, sum) and accumulators of part p < n_parts, head h, row r < 16 and feature
         // < slice × group lie in part_ml (n_parts × heads × 16 × 2) and part_acc
         // (n_parts × heads × 16 × slice × group); counters are per split window and head
         // (n_split × heads). Shared memory: `smem` bytes, as the kernel lays it out for
