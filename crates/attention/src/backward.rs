@@ -376,9 +376,10 @@ impl AttentionPlan {
             && gpu.compute_capability() >= (8, 0)
     }
 
-    /// The backward with a per-head bias and / or dropout (no edge features) on the tensor-core
-    /// passes (the caller checked [`tensor_core_backward_runs`](Self::tensor_core_backward_runs)):
-    /// writes dQ, dK, dV and ∂L/∂bias, and returns ∂L/∂scale where `read_scale`.
+    /// The backward with a bias (per head or shared) and / or dropout (no edge features) on the
+    /// tensor-core passes (the caller checked
+    /// [`tensor_core_backward_runs`](Self::tensor_core_backward_runs)): writes dQ, dK, dV and
+    /// ∂L/∂bias, and returns ∂L/∂scale where `read_scale`.
     pub(crate) fn tensor_core_extras_backward<T: DType>(
         &self,
         [q, k, v, d_out]: [&DeviceMatrix<T>; 4],

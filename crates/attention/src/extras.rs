@@ -296,10 +296,10 @@ impl AttentionPlan {
     }
 
     /// Which kernels [`backward_with_extras`](Self::backward_with_extras) runs for `extras` of
-    /// `T` on this plan: [`BackwardKernels::TensorCore`] for a per-head bias and / or dropout
-    /// (or neither) without edge features where the tensor-core backward holds the head (f16 /
-    /// bf16, a
-    /// multiple of 8 up to 64 features, sm_80 and later), [`BackwardKernels::Fused`] for edge
+    /// `T` on this plan: [`BackwardKernels::TensorCore`] for a bias (per head or shared) and /
+    /// or dropout (or neither) without edge features where the tensor-core backward holds the
+    /// head (f16 / bf16, a multiple of 8 up to 64 features, sm_80 and later),
+    /// [`BackwardKernels::Fused`] for edge
     /// features alone where the fused CUDA-core backward holds the head, else
     /// [`BackwardKernels::Unfused`] (the per-edge composition). The first two are bitwise
     /// deterministic and keep no per-edge buffers. A CPU plan answers `Unfused`.
@@ -308,10 +308,7 @@ impl AttentionPlan {
         extras: &Extras<'_, T>,
     ) -> BackwardKernels {
         let any = extras.bias.is_some() || extras.dropout.is_some();
-        if extras.edge_features.is_none()
-            && !extras.bias.as_ref().is_some_and(DeviceBias::is_shared)
-            && self.tensor_core_backward_runs::<T>()
-        {
+        if extras.edge_features.is_none() && self.tensor_core_backward_runs::<T>() {
             return BackwardKernels::TensorCore;
         }
         if !any

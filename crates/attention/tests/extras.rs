@@ -437,8 +437,8 @@ fn gpu_edge_features_alone_take_the_fused_backward() {
 
 /// Two backward passes with extras give bitwise-equal gradients and ∂L/∂scale, on the kernels
 /// `backward_kernels_with_extras` names: edge features alone (`features`; the fused CUDA-core
-/// passes) or a per-head bias with dropout (the tensor-core passes on f16 / bf16 heads they
-/// hold, where a shared bias keeps the composition).
+/// passes) or a bias with dropout, per head and shared (the tensor-core passes on f16 / bf16
+/// heads they hold, for both layouts).
 fn check_extras_deterministic<T: DType>(
     gpu: &Gpu,
     a: &Csr,
@@ -471,24 +471,50 @@ fn check_extras_deterministic<T: DType>(
         edge_features: features.then_some(&f),
         dropout: (!features).then(|| Dropout::new(0.3, 11, 5).unwrap()),
     };
-    let extras = with(false);
-    let what = format!("{} H{heads} D{d} features {features}", T::NAME);
-    assert_eq!(plan.backward_kernels_with_extras(&extras), expect, "{what}");
-    if !features {
-        let kernels = plan.backward_kernels_with_extras(&with(true));
-        assert_eq!(kernels, BackwardKernels::Unfused, "{what}: shared bias");
+    for shared in if features {
+        &[false][..]
+    } else {
+        &[false, true]
+    } {
+        let extras = with(*shared);
+        let what = format!(
+            "{} H{heads} D{d} features {features} shared {shared}",
+            T::NAME
+        );
+        assert_eq!(plan.backward_kernels_with_extras(&extras), expect, "{what}");
+        let bias_len = if *shared { a.nnz() } else { bias.len() };
+        check_runs_equal(
+            gpu,
+            &plan,
+            [&q, &k, &v, &g],
+            &extras,
+            (s, sf, bias_len),
+            &what,
+        );
     }
+}
+
+/// Two runs of `plan`'s backward with `extras` give bitwise-equal gradients and ∂L/∂scale.
+fn check_runs_equal<T: DType>(
+    gpu: &Gpu,
+    plan: &AttentionPlan,
+    [q, k, v, g]: [&DeviceMatrix<T>; 4],
+    extras: &Extras<'_, T>,
+    (s, sf, bias_len): (Shape, Shape, usize),
+    what: &str,
+) {
+    let features = extras.edge_features.is_some();
     let run = || {
         let mut out = [s, s, s, sf].map(|sh| DeviceMatrix::<T>::zeros(gpu, sh).unwrap());
-        let mut gb = DeviceVec::<T>::zeros(gpu, bias.len()).unwrap();
+        let mut gb = DeviceVec::<T>::zeros(gpu, bias_len).unwrap();
         let [gq, gk, gv, gf] = &mut out;
         let d_scale = plan
             .backward_with_extras(
-                &q,
-                &k,
-                &v,
-                &extras,
-                &g,
+                q,
+                k,
+                v,
+                extras,
+                g,
                 ExtrasGrads {
                     dq: gq,
                     dk: gk,
@@ -518,9 +544,9 @@ fn check_extras_deterministic<T: DType>(
     }
 }
 
-/// The tensor-core backward with a per-head bias and dropout: two runs bitwise equal on hub
-/// windows split across units, and a −∞ bias masking whole rows and single edges against the f64
-/// reference (the sanitizers' short case).
+/// The tensor-core backward with a bias (per head and shared) and dropout: two runs bitwise equal
+/// on hub windows split across units, and a −∞ bias masking whole rows and single edges against
+/// the f64 reference (the sanitizers' short case).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn gpu_tensor_core_extras_backward_is_deterministic_and_masks() {
@@ -533,20 +559,24 @@ fn gpu_tensor_core_extras_backward_is_deterministic_and_masks() {
         check_extras_deterministic::<bf16>(&gpu, &graphs[1], hd, false, tc);
     }
     for a in &graphs {
-        check_tc_masked_backward::<f16>(&gpu, a);
-        check_tc_masked_backward::<bf16>(&gpu, a);
+        for shared in [false, true] {
+            check_tc_masked_backward::<f16>(&gpu, a, shared);
+            check_tc_masked_backward::<bf16>(&gpu, a, shared);
+        }
     }
 }
 
-/// A −∞ bias masks every edge of rows 0–4 and every third edge elsewhere (with dropout): the
-/// tensor-core backward's gradients are finite and match the f64 reference (masked rows have no
-/// probabilities: zero gradients, and dBias 0 on masked edges).
-fn check_tc_masked_backward<T: DType>(gpu: &Gpu, a: &Csr) {
+/// A −∞ bias (per head, or `shared` by the heads) masks every edge of rows 0–4 and every third
+/// edge elsewhere (with dropout): the tensor-core backward's gradients are finite and match the
+/// f64 reference (masked rows have no probabilities: zero gradients, and dBias 0 on masked
+/// edges).
+fn check_tc_masked_backward<T: DType>(gpu: &Gpu, a: &Csr, shared: bool) {
     let (heads, d) = (2, 32);
     let mut rng = fresh_rng("tensor-core masked backward");
-    let mut bias = random_vec::<T>(&mut rng, a.nnz() * heads, 1.0);
+    let per_edge = if shared { 1 } else { heads };
+    let mut bias = random_vec::<T>(&mut rng, a.nnz() * per_edge, 1.0);
     let first_unmasked = a.row_offsets()[5.min(a.n_rows())] as usize;
-    for (e, b) in bias.chunks_mut(heads).enumerate() {
+    for (e, b) in bias.chunks_mut(per_edge).enumerate() {
         if e < first_unmasked || e % 3 == 0 {
             b.fill(T::from_f32(f32::NEG_INFINITY));
         }
@@ -560,10 +590,20 @@ fn check_tc_masked_backward<T: DType>(gpu: &Gpu, a: &Csr) {
     let db = DeviceVec::from_host(gpu, &bias).unwrap();
     let dropout = Dropout::new(0.2, 3, 1).unwrap();
     let extras = Extras {
-        bias: Some(DeviceBias::PerHead(&db)),
+        bias: Some(if shared {
+            DeviceBias::Shared(&db)
+        } else {
+            DeviceBias::PerHead(&db)
+        }),
         edge_features: None,
         dropout: Some(dropout),
     };
+    let tc = BackwardKernels::TensorCore;
+    assert_eq!(
+        plan.backward_kernels_with_extras(&extras),
+        tc,
+        "shared {shared}"
+    );
     let mut grads = [s, s, s].map(|sh| DeviceMatrix::<T>::zeros(gpu, sh).unwrap());
     let mut gb = DeviceVec::<T>::zeros(gpu, bias.len()).unwrap();
     let [gq, gk, gv] = &mut grads;
@@ -587,7 +627,11 @@ fn check_tc_masked_backward<T: DType>(gpu: &Gpu, a: &Csr) {
     let bias64 = to_f64(&bias);
     let inputs = AttentionInputs::new(&q64, s, &k64, s, &v64, s);
     let cpu_extras = CpuExtras {
-        bias: Some(EdgeBias::PerHead(&bias64[..])),
+        bias: Some(if shared {
+            EdgeBias::Shared(&bias64[..])
+        } else {
+            EdgeBias::PerHead(&bias64[..])
+        }),
         edge_features: None,
         dropout: Some(dropout),
     };
@@ -604,7 +648,11 @@ fn check_tc_masked_backward<T: DType>(gpu: &Gpu, a: &Csr) {
             want.d_bias.as_ref().unwrap(),
         ),
     ] {
-        let what = format!("masked {} n {}: {name}", T::NAME, a.n_rows());
+        let what = format!(
+            "masked {} n {} shared {shared}: {name}",
+            T::NAME,
+            a.n_rows()
+        );
         assert!(got.iter().all(|x| x.is_finite()), "{what} not finite");
         let err = cpu::rel_l2_error(&got, want);
         assert!(err <= tol, "{what} error {err:e}");

@@ -1,6 +1,7 @@
 // Per-edge kernels of attention's extras on CSR (the unfused path and the backward): a score
 // bias added per edge (per head, or one value shared by the heads), dropout on per-edge values
-// (the Philox mask of common.cuh), the shared bias's gradient, casts, and the edge features'
+// (the Philox mask of common.cuh), the shared bias's gradient (from f32 values, or from the
+// tensor-core backward's per-head values), casts, and the edge features'
 // gradient. Per-edge values are nnz x heads, edge-major, f32. Kernel names: edge_{op}[_dtype].
 #include "common.cuh"
 
@@ -12,12 +13,13 @@ __device__ void edge_bias_add(float* s, const T* __restrict__ b, u64 nnz, u32 he
     }
 }
 
-// out[e] = sum over h of x[e * heads + h], rounded to T (the gradient of a shared bias).
-template <class T>
-__device__ void edge_head_sum(const float* __restrict__ x, u64 nnz, u32 heads, T* out) {
+// out[e] = sum over h of x[e * heads + h] in f32, in head order, rounded to T (the gradient of
+// a shared bias; x f32 per-edge values, or the tensor-core backward's per-head dBias in T).
+template <class X, class T>
+__device__ void edge_head_sum(const X* __restrict__ x, u64 nnz, u32 heads, T* out) {
     SPATTN_GRID_STRIDE(e, nnz) {
         float s = 0.0f;
-        for (u32 h = 0; h < heads; ++h) s += x[e * heads + h];
+        for (u32 h = 0; h < heads; ++h) s += to_f32(x[e * heads + h]);
         out[e] = from_f32<T>(s);
     }
 }
@@ -89,7 +91,7 @@ extern "C" __global__ void edge_add(const float* x, u64 n, float* y) {
         edge_bias_add<T>(s, b, nnz, heads, shared);                                             \
     }                                                                                           \
     extern "C" __global__ void edge_head_sum_##S(const float* x, u64 nnz, u32 heads, T* out) {  \
-        edge_head_sum<T>(x, nnz, heads, out);                                                   \
+        edge_head_sum<float, T>(x, nnz, heads, out);                                            \
     }                                                                                           \
     extern "C" __global__ void edge_cast_##S(const float* x, u64 n, T* out) {                   \
         edge_cast<T>(x, n, out);                                                                \
@@ -104,3 +106,12 @@ extern "C" __global__ void edge_add(const float* x, u64 n, float* y) {
 SPATTN_EDGE_EXTRAS(f32, float)
 SPATTN_EDGE_EXTRAS(f16, __half)
 SPATTN_EDGE_EXTRAS(bf16, __nv_bfloat16)
+
+// The tensor-core backward's per-head dBias summed for a shared bias (f16 / bf16 only).
+#define SPATTN_HEAD_SUM_OF(S, T)                                                                \
+    extern "C" __global__ void edge_head_sum_of_##S(const T* x, u64 nnz, u32 heads, T* out) {   \
+        edge_head_sum<T, T>(x, nnz, heads, out);                                                \
+    }
+
+SPATTN_HEAD_SUM_OF(f16, __half)
+SPATTN_HEAD_SUM_OF(bf16, __nv_bfloat16)

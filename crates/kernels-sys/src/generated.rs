@@ -213,7 +213,7 @@ pub const CSR_OPS: PtxModule = PtxModule {
     ],
 };
 
-/// The PTX module compiled from `cuda/edge_extras.cu` (14 kernels).
+/// The PTX module compiled from `cuda/edge_extras.cu` (16 kernels).
 pub const EDGE_EXTRAS: PtxModule = PtxModule {
     name: "edge_extras",
     ptx: include_str!("../ptx/edge_extras.ptx"),
@@ -232,6 +232,8 @@ pub const EDGE_EXTRAS: PtxModule = PtxModule {
         "edge_head_sum_bf16",
         "edge_cast_bf16",
         "edge_row_combine_bf16",
+        "edge_head_sum_of_f16",
+        "edge_head_sum_of_bf16",
     ],
 };
 

@@ -71,6 +71,7 @@ use crate::device_bsb::{
     BSB_PIPE_STAGES,
 };
 use crate::dtype::{DType, DTypeKind};
+use crate::edge_extras::sum_heads;
 use crate::error::{Error, Result};
 use crate::fused::tc::{default_chunk, extras_kernel, Schedule};
 use crate::fused::CsrExtras;
@@ -315,10 +316,13 @@ impl TensorCoreBackward {
     /// and its transpose) and uploads them. Extras that change nothing (no bias, dropout at rate
     /// 0) run [`run`](Self::run).
     ///
-    /// Errors: as [`run`](Self::run); [`Error::Unsupported`] for edge features or a bias shared
-    /// by the heads (the fused CUDA-core backward and the composition take them);
-    /// [`Error::InvalidArgument`] for a bias without `d_bias`, or a `graph` that is not the
-    /// state's; [`Error::LengthMismatch`] for a bias or `d_bias` of another length.
+    /// A bias shared by the heads takes a `d_bias` of nnz: the heads' dS are written per head
+    /// into a scratch buffer (nnz × heads of `T`) and summed in head order, in f32.
+    ///
+    /// Errors: as [`run`](Self::run); [`Error::Unsupported`] for edge features (the fused
+    /// CUDA-core backward and the composition take them); [`Error::InvalidArgument`] for a bias
+    /// without `d_bias`, or a `graph` that is not the state's; [`Error::LengthMismatch`] for a
+    /// bias or `d_bias` of another length.
     #[allow(clippy::too_many_arguments)]
     pub fn run_with_extras<T: DType>(
         &mut self,
@@ -332,15 +336,8 @@ impl TensorCoreBackward {
     ) -> Result<()> {
         let shape = Shape::new(self.a_side.n_rows, self.heads, self.head_dim)?;
         extras.check(gpu, KERNEL, graph.nnz(), shape, false)?;
-        if extras.bias.as_ref().is_some_and(|b| b.is_shared()) {
-            return Err(Error::Unsupported {
-                kernel: KERNEL,
-                why: "a bias shared by the heads (its gradient sums them): use a per-head bias, \
-                      or the composition"
-                    .into(),
-            });
-        }
-        let d_bias = match (&extras.bias, d_bias) {
+        let shared = extras.bias.as_ref().is_some_and(|b| b.is_shared());
+        let mut d_bias = match (&extras.bias, d_bias) {
             (None, _) => None,
             (Some(_), None) => {
                 return Err(Error::InvalidArgument {
@@ -349,10 +346,15 @@ impl TensorCoreBackward {
                 })
             }
             (Some(_), Some(db)) => {
-                let expected = product("edges × heads", &[graph.nnz(), self.heads])?;
+                let (what, expected) = if shared {
+                    ("d_bias (edges)", graph.nnz())
+                } else {
+                    let n = product("edges × heads", &[graph.nnz(), self.heads])?;
+                    ("d_bias (edges × heads)", n)
+                };
                 if db.len() != expected {
                     return Err(Error::LengthMismatch {
-                        what: "d_bias (edges × heads)",
+                        what,
                         expected,
                         actual: db.len(),
                     });
@@ -360,6 +362,17 @@ impl TensorCoreBackward {
                 check_same_gpu(gpu, "d_bias", &*db)?;
                 Some(db)
             }
+        };
+        // A shared bias's gradient sums the heads' dS: the dq pass writes them per head into
+        // a scratch buffer, summed in head order afterwards (no atomics: deterministic).
+        let mut per_head = match (&d_bias, shared) {
+            (Some(_), true) => Some(DeviceVec::<T>::alloc(
+                gpu,
+                "per-head dBias of a shared bias (edges × heads)",
+                product("edges × heads", &[graph.nnz(), self.heads])?,
+                false,
+            )?),
+            _ => None,
         };
         // The state's own graph: the edge maps built below are cached for it.
         if !Arc::ptr_eq(&graph.transpose_bsb()?, &self.t)
@@ -424,9 +437,16 @@ impl TensorCoreBackward {
                 a: &ga,
                 t: &gt,
                 a_ids,
-                d_bias,
+                d_bias: match per_head.as_mut() {
+                    Some(ph) => Some(ph),
+                    None => d_bias.as_deref_mut(),
+                },
             };
-            self.run_inner(gpu, scale, operands, grads, Some(x))
+            self.run_inner(gpu, scale, operands, grads, Some(x))?;
+            if let (Some(ph), Some(db)) = (&per_head, d_bias) {
+                sum_heads(gpu, ph, (graph.nnz(), self.heads), db)?;
+            }
+            Ok(())
         })();
         self.extras = Some(sides);
         result
