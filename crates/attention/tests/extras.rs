@@ -460,11 +460,12 @@ fn check_extras_deterministic<T: DType>(
         up(&mut rng, sf),
     );
     let bias = DeviceVec::from_host(gpu, &random_vec::<T>(&mut rng, a.nnz() * heads, 1.0)).unwrap();
+    let one_bias = DeviceVec::from_host(gpu, &random_vec::<T>(&mut rng, a.nnz(), 1.0)).unwrap();
     let config = AttentionConfig::new(heads, d, T::KIND).with_edge_extras(true);
     let plan = AttentionPlan::new_gpu(gpu, a, config).unwrap();
     let with = |shared: bool| Extras {
         bias: (!features).then_some(if shared {
-            DeviceBias::Shared(&bias)
+            DeviceBias::Shared(&one_bias)
         } else {
             DeviceBias::PerHead(&bias)
         }),
