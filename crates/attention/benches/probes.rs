@@ -203,7 +203,7 @@ fn median_ms(gpu: &Gpu, runs: usize, mut f: impl FnMut() -> spattn::Result<()>) 
 /// with dropout (rate 0.1), with both, and forward + backward with both, each against the same
 /// plan without extras (forward: `AttentionPlan::forward`; backward: `backward` from the
 /// forward's output); for the algorithms that take edge features, forward + backward with edge
-/// features alone and with all three. Graphs: SPATTN_TIMING_GRAPHS (default ogbn-arxiv and
+/// features alone and with all three; forward + backward with a bias shared by the heads. Graphs: SPATTN_TIMING_GRAPHS (default ogbn-arxiv and
 /// R-MAT 18); heads 8, head_dim 64, f16.
 fn extras(gpu: &Gpu) {
     let gpu = gpu.clone();
@@ -212,12 +212,15 @@ fn extras(gpu: &Gpu) {
     let (heads, d) = (8usize, 64usize);
     println!(
         "| graph | algorithm | fwd ms | +bias | +dropout | +both | fwd+bwd ms | +both | \
-         bias × | dropout × | both × | fwd+bwd both × | fwd+bwd ef ms | +bias+dropout |"
+         bias × | dropout × | both × | fwd+bwd both × | fwd+bwd ef ms | +bias+dropout | \
+         fwd+bwd shared bias ms |"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (name, a) in timing_graphs("SPATTN_TIMING_GRAPHS", "ogbn-arxiv,rmat18") {
         let bias =
             DeviceVec::from_host(&gpu, &random_vec::<f16>(&mut rng, a.nnz() * heads, 1.0)).unwrap();
+        let shared =
+            DeviceVec::from_host(&gpu, &random_vec::<f16>(&mut rng, a.nnz(), 1.0)).unwrap();
         for alg in [
             Algorithm::FusedTensorCore,
             Algorithm::FusedCsr,
@@ -250,6 +253,7 @@ fn extras(gpu: &Gpu) {
                 DeviceMatrix::<f16>::zeros(&gpu, skv).unwrap(),
             );
             let mut db = DeviceVec::<f16>::zeros(&gpu, bias.len()).unwrap();
+            let mut d_shared = DeviceVec::<f16>::zeros(&gpu, shared.len()).unwrap();
             let drop = Dropout::new(0.1, 7, 0).unwrap();
             let feats = alg.takes_edge_features().then(|| {
                 let s = spattn_ops::Shape::new(a.nnz(), heads, d).unwrap();
@@ -325,9 +329,32 @@ fn extras(gpu: &Gpu) {
                 })
             };
             let (ef, ef_both) = (ef_fb(false, false), ef_fb(true, true));
+            let sb = Extras {
+                bias: Some(DeviceBias::Shared(&shared)),
+                edge_features: None,
+                dropout: None,
+            };
+            let shared_fb = median_ms(&gpu, runs, || {
+                plan.forward_with(&q, &k, &v, &sb, &mut out, None)?;
+                plan.backward_with_extras(
+                    &q,
+                    &k,
+                    &v,
+                    &sb,
+                    &g,
+                    ExtrasGrads {
+                        dq: &mut dq,
+                        dk: &mut dk,
+                        dv: &mut dv,
+                        d_bias: Some(&mut d_shared),
+                        d_edge_features: None,
+                    },
+                )
+                .map(|_| ())
+            });
             println!(
                 "| {name} | {alg} | {plain:.4} | {tb:.4} | {td:.4} | {tbd:.4} | {plain_fb:.4} | \
-                 {both_fb:.4} | {:.3} | {:.3} | {:.3} | {:.3} | {ef:.4} | {ef_both:.4} |",
+                 {both_fb:.4} | {:.3} | {:.3} | {:.3} | {:.3} | {ef:.4} | {ef_both:.4} | {shared_fb:.4} |",
                 tb / plain,
                 td / plain,
                 tbd / plain,
@@ -337,7 +364,8 @@ fn extras(gpu: &Gpu) {
                 "extras-json {{\"graph\":\"{name}\",\"nnz\":{},\"algorithm\":\"{alg}\",\"heads\":{heads},\
                  \"head_dim\":{d},\"dtype\":\"f16\",\"fwd_ms\":{plain},\"bias_ms\":{tb},\
                  \"dropout_ms\":{td},\"both_ms\":{tbd},\"fwd_bwd_ms\":{plain_fb},\
-                 \"both_fwd_bwd_ms\":{both_fb},\"ef_fwd_bwd_ms\":{ef},\"ef_both_fwd_bwd_ms\":{ef_both}}}",
+                 \"both_fwd_bwd_ms\":{both_fb},\"ef_fwd_bwd_ms\":{ef},\"ef_both_fwd_bwd_ms\":{ef_both},\
+                 \"shared_bias_fwd_bwd_ms\":{shared_fb}}}",
                 a.nnz()
             );
         }
