@@ -14,7 +14,7 @@
 use half::{bf16, f16};
 use rand::Rng;
 use rand_pcg::Pcg64;
-use spattn::{Algorithm, AttentionConfig, AttentionPlan, BackwardKernels};
+use spattn::{Algorithm, AttentionConfig, AttentionPlan, BackwardKernels, Reorder};
 use spattn_formats::Csr;
 use spattn_ops::cpu::{attention_backward_f64_from, rel_l2_error, AttentionInputs};
 use spattn_ops::{DType, DeviceMatrix, Gpu, Shape};
@@ -49,7 +49,23 @@ fn check_backward<T: DType>(
     amp: f64,
     grads: Grads,
 ) {
-    let config = AttentionConfig::new(heads, head_dim, T::KIND);
+    let shape = (heads, head_dim);
+    check_backward_in::<T>(gpu, a, algs, Reorder::Auto, shape, rng, amp, grads);
+}
+
+/// [`check_backward`] with the plans' rows in the order `reorder` gives.
+#[allow(clippy::too_many_arguments)]
+fn check_backward_in<T: DType>(
+    gpu: &Gpu,
+    a: &Csr,
+    algs: &[Algorithm],
+    reorder: Reorder,
+    (heads, head_dim): (usize, usize),
+    rng: &mut Pcg64,
+    amp: f64,
+    grads: Grads,
+) {
+    let config = AttentionConfig::new(heads, head_dim, T::KIND).with_reorder(reorder);
     let sq = Shape::new(a.n_rows(), heads, head_dim).unwrap();
     let skv = Shape::new(a.n_cols(), heads, head_dim).unwrap();
     let q: Vec<T> = if amp == 0.0 {
@@ -93,7 +109,8 @@ fn check_backward<T: DType>(
                 )
                 .unwrap();
             let ctx = format!(
-                "{alg} {kernels:?} {} n={} nnz={} heads={heads} head_dim={head_dim} amp={amp}",
+                "{alg} {kernels:?} {reorder:?} {} n={} nnz={} heads={heads} head_dim={head_dim} \
+                 amp={amp}",
                 T::NAME,
                 a.n_rows(),
                 a.nnz()
@@ -222,6 +239,28 @@ fn tiny_graphs() {
         let a = random_graph(&mut rng, n, 3, 4);
         for heads in [1, 8] {
             check_all_dtypes(&gpu, &a, heads, 24, &mut rng);
+        }
+    }
+}
+
+/// Symmetric patterns: the tensor-core dK/dV pass reads A's own BSB in the forward's row order
+/// (window rows renumbered through row_ids where the order moves them), directed ones Aᵀ's
+/// BSB. Small enough for compute-sanitizer.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn symmetric_graphs_in_every_row_order() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("symmetric_graphs_in_every_row_order");
+    let tc = [Algorithm::FusedTensorCore];
+    for n in [17, 33, 200] {
+        let a = random_graph(&mut rng, n, 3, 6).symmetrize().unwrap();
+        assert!(a.is_pattern_symmetric());
+        for reorder in [Reorder::None, Reorder::Degree, Reorder::Cluster] {
+            for shape in [(1, 24), (8, 64)] {
+                let (r, g) = (&mut rng, Grads::All);
+                check_backward_in::<f16>(&gpu, &a, &tc, reorder, shape, r, 1.0, g);
+                check_backward_in::<bf16>(&gpu, &a, &tc, reorder, shape, r, 1.0, g);
+            }
         }
     }
 }

@@ -500,6 +500,31 @@ impl Csr {
     pub fn degree(&self, i: usize) -> usize {
         (self.row_offsets[i + 1] - self.row_offsets[i]) as usize
     }
+    /// Whether the pattern equals its transpose: square, and every entry `(i, j)` has its
+    /// mirror `(j, i)` (values are not compared). Each entry is checked by a binary search of
+    /// its mirror's row, rows in parallel from 2^20 entries.
+    ///
+    /// ```
+    /// use spattn_formats::Csr;
+    /// let sym = Csr::from_edges(3, 3, &[(0, 1), (1, 0), (2, 2)])?;
+    /// assert!(sym.is_pattern_symmetric());
+    /// let directed = Csr::from_edges(3, 3, &[(0, 1), (2, 2)])?;
+    /// assert!(!directed.is_pattern_symmetric());
+    /// # Ok::<(), spattn_formats::Error>(())
+    /// ```
+    pub fn is_pattern_symmetric(&self) -> bool {
+        let mirrored = |i: usize| {
+            self.row(i)
+                .iter()
+                .all(|&j| self.row(j as usize).binary_search(&(i as u32)).is_ok())
+        };
+        self.n_rows == self.n_cols
+            && if self.nnz() < 1 << 20 {
+                (0..self.n_rows).all(mirrored)
+            } else {
+                (0..self.n_rows).into_par_iter().all(mirrored)
+            }
+    }
     /// Replaces the values (or removes them with `None`).
     pub fn with_values(mut self, values: Option<Vec<f32>>) -> Result<Self> {
         check_values(values.as_deref(), self.nnz())?;

@@ -622,3 +622,38 @@ fn the_parallel_transpose_is_the_definition_on_every_thread_count() {
         assert_eq!(m, map);
     }
 }
+
+#[test]
+fn pattern_symmetry_is_equality_with_the_transpose() {
+    // Serial below 2^20 entries, parallel from there (R-MAT 17 symmetrized).
+    for scale in [8, 17] {
+        let a = rmat(&RmatConfig::new(scale).with_seed(5)).unwrap();
+        let (offsets, cols, _) = transpose_by_definition(&a);
+        let equal = a.row_offsets() == &offsets[..] && a.col_indices() == &cols[..];
+        assert_eq!(a.is_pattern_symmetric(), equal, "R-MAT {scale} directed");
+        assert!(!equal, "R-MAT {scale} directed came out symmetric");
+        let s = a.symmetrize().unwrap();
+        assert!(s.is_pattern_symmetric(), "R-MAT {scale} symmetrized");
+        // One mirror missing: the entry of the largest row that is not a self loop.
+        let r = (0..s.n_rows()).max_by_key(|&r| s.degree(r)).unwrap();
+        let drop = s
+            .row_range(r)
+            .find(|&e| s.col_indices()[e] as usize != r)
+            .unwrap();
+        let (rows, cols): (Vec<u32>, Vec<u32>) = (0..s.n_rows())
+            .flat_map(|i| s.row_range(i).map(move |e| (i as u32, e)))
+            .filter(|&(_, e)| e != drop)
+            .map(|(i, e)| (i, s.col_indices()[e]))
+            .unzip();
+        let cut = Csr::from_unsorted(s.n_rows(), s.n_cols(), &rows, &cols, None).unwrap();
+        assert!(
+            !cut.is_pattern_symmetric(),
+            "R-MAT {scale}, one mirror dropped"
+        );
+    }
+    // Rectangular is never symmetric; the empty square is.
+    assert!(!Csr::from_edges(2, 3, &[(0, 1)])
+        .unwrap()
+        .is_pattern_symmetric());
+    assert!(Csr::empty(4, 4).unwrap().is_pattern_symmetric());
+}

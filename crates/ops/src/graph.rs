@@ -143,6 +143,9 @@ pub struct DeviceGraph {
     transpose: OnceLock<DeviceTranspose>,
     /// Aᵀ's BSB in Aᵀ's own row order (the tensor-core backward's dK/dV pass).
     transpose_bsb: OnceLock<Arc<OrderedBsb>>,
+    /// Whether the pattern equals its transpose: set by a build on the device that added the
+    /// reverse edges, found on the host CSR at first need otherwise.
+    symmetric: OnceLock<bool>,
     mebcrs: Mutex<Vec<(Reorder, Arc<DeviceMeBcrs>)>>,
     bsb: Mutex<Vec<(Reorder, Arc<OrderedBsb>)>>,
     /// Held while a lazily built upload is made (so two threads never make the same one).
@@ -188,6 +191,7 @@ impl DeviceGraph {
             edge_csr: OnceLock::new(),
             transpose: OnceLock::new(),
             transpose_bsb: OnceLock::new(),
+            symmetric: OnceLock::new(),
             mebcrs: Mutex::new(Vec::new()),
             bsb: Mutex::new(Vec::new()),
             building: Mutex::new(()),
@@ -268,6 +272,12 @@ impl DeviceGraph {
             edge_csr: OnceLock::new(),
             transpose: built.transpose.map_or_else(OnceLock::new, OnceLock::from),
             transpose_bsb: OnceLock::new(),
+            // Reverse edges added: symmetric by construction (square is checked by the build).
+            symmetric: if spec.symmetrize {
+                OnceLock::from(true)
+            } else {
+                OnceLock::new()
+            },
             mebcrs: Mutex::new(Vec::new()),
             bsb: Mutex::new(Vec::new()),
             building: Mutex::new(()),
@@ -464,6 +474,27 @@ impl DeviceGraph {
             Ok(Arc::new(bsb))
         })
         .cloned()
+    }
+
+    /// The BSB the tensor-core backward's dK/dV pass reads beside A's BSB `a` (one of
+    /// [`bsb_in`](Self::bsb_in)'s): `a` itself where the pattern is symmetric (Aᵀ = A, so A's
+    /// BSB in A's row order is Aᵀ's BSB in that order, with the forward's gather locality), else
+    /// [`transpose_bsb`](Self::transpose_bsb). Symmetry is known for a graph built on the
+    /// device with the reverse edges, checked once on the host CSR of a graph made from one,
+    /// and not looked for in other graphs built on the device (their CSR stays there).
+    pub(crate) fn transpose_bsb_beside(&self, a: &Arc<OrderedBsb>) -> Result<Arc<OrderedBsb>> {
+        let symmetric = match self.symmetric.get() {
+            Some(&s) => s,
+            None if self.workspace.is_some() => false,
+            None => *self
+                .symmetric
+                .get_or_init(|| self.host.get().is_some_and(|h| h.is_pattern_symmetric())),
+        };
+        if symmetric {
+            Ok(a.clone())
+        } else {
+            self.transpose_bsb()
+        }
     }
 
     /// The ME-BCRS with its rows renumbered as `reorder` says

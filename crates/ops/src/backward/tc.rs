@@ -9,7 +9,7 @@
 //! |---|---|---|---|
 //! | stats | A's BSB (the forward's, in its row order) | K, V rows | S and dP by mma; each row's log-sum-exp and `D_i = Σ_j P dP` |
 //! | dq | A's BSB | K, V rows | P, dS; `dQ = scale · dS K` by mma; each row's share of ∂scale |
-//! | dkv | Aᵀ's BSB (built on the device once per graph, [`DeviceGraph::transpose_bsb`]) | Q, dOut rows | `dV = Pᵀ dOut`, `dK = scale · dSᵀ Q` by mma |
+//! | dkv | Aᵀ's BSB: A's own where the pattern is symmetric (in the forward's row order), else built on the device once per graph in Aᵀ's order ([`DeviceGraph::transpose_bsb`]) | Q, dOut rows | `dV = Pᵀ dOut`, `dK = scale · dSᵀ Q` by mma |
 //!
 //! and a fixed-order sum of the rows' ∂scale shares. Each step's rows are copied into shared
 //! memory by `cp.async` two steps ahead and read there in both layouts a pass needs (the
@@ -24,8 +24,9 @@
 //!
 //! **No host synchronization**: ∂scale stays on the device ([`TensorCoreBackward::d_scale`]).
 //!
-//! **Extras** ([`TensorCoreBackward::run_with_extras`]): a per-head score bias (with its
-//! gradient, dBias = dS, written once per edge and head by the dq pass) and dropout (the
+//! **Extras** ([`TensorCoreBackward::run_with_extras`]): a score bias per head or shared by
+//! the heads (with its gradient, dBias = dS, written once per edge and head by the dq pass; a
+//! shared bias's per-head dS summed in head order afterwards) and dropout (the
 //! forward's keep bits, drawn again), as fused-tc's forward takes them: gathered into each BSB's
 //! block-and-bit order before the passes and carried into each step's stage with its tiles.
 //! The dkv pass reads them in Aᵀ's order (its own edge map, through Aᵀ's edges of A).
@@ -208,8 +209,9 @@ impl TensorCoreBackward {
 
     /// The state for `graph` at `heads × head_dim` of `T`, over A's BSB in the row order
     /// `reorder` gives (the forward's, when it ran fused-tc: the graph caches one per order)
-    /// and Aᵀ's BSB ([`DeviceGraph::transpose_bsb`]: built on the device once per graph, one read
-    /// of its window offsets).
+    /// and Aᵀ's BSB: A's own where the pattern is symmetric, else
+    /// [`DeviceGraph::transpose_bsb`] (built on the device once per graph, one read of its
+    /// window offsets).
     ///
     /// Errors: [`Error::Unsupported`] for a dtype or head the kernels do not hold or a device
     /// older than sm_80, [`Error::InvalidArgument`] for zero heads or sizes past the kernels'
@@ -248,7 +250,7 @@ impl TensorCoreBackward {
         )?;
         let slice = head_dim.next_power_of_two().max(SLICES[0]);
         let a = graph.bsb_in(reorder)?;
-        let t = graph.transpose_bsb()?;
+        let t = graph.transpose_bsb_beside(&a)?;
         let a_side = Side::new(gpu, &a.layout, heads, slice + 1)?;
         let t_side = Side::new(gpu, &t.layout, heads, 2 * slice)?;
         let rows = product("rows × heads", &[graph.n_rows(), heads])?;
@@ -375,7 +377,7 @@ impl TensorCoreBackward {
             _ => None,
         };
         // The state's own graph: the edge maps built below are cached for it.
-        if !Arc::ptr_eq(&graph.transpose_bsb()?, &self.t)
+        if !Arc::ptr_eq(&graph.transpose_bsb_beside(&self.a)?, &self.t)
             || self.a_side.n_rows != graph.n_rows()
             || self.a.layout.nnz() != graph.nnz()
         {
@@ -519,7 +521,7 @@ impl TensorCoreBackward {
         for (pass, over, [x1, x2, y1, y2], [g1, g2]) in passes {
             let (side, bsb, row_ids) = match over {
                 Pass::A => (&mut self.a_side, a_bsb, a_rows),
-                Pass::T => (&mut self.t_side, &self.t.device, None),
+                Pass::T => (&mut self.t_side, &self.t.device, self.t.row_ids.as_ref()),
             };
             let Some((cfg, n_items)) = grid(side.n_units, self.heads, pass, takes)? else {
                 continue;
@@ -577,8 +579,9 @@ impl TensorCoreBackward {
             // SAFETY: items < n_units × heads of the pass's BSB; each reads its unit's 4 words
             // (units: 4 × n_units), split (n_units) and the split's part range
             // (split_part_first: n_split + 1), blocks of its window below the unit's end ≤
-            // n_blocks (block_columns 8 and bitmap words 2 u64 per block), row_ids (A's BSB
-            // only: n_rows entries, a permutation's old_of_new) at window rows < n_rows.
+            // n_blocks (block_columns 8 and bitmap words 2 u64 per block), row_ids (a
+            // renumbered BSB's: its n_rows entries, a permutation's old_of_new) at window rows
+            // < n_rows.
             // Window-side rows (x1, x2, g1, g2: Q, dOut, dQ over A; K, V, dK, dV over Aᵀ) are
             // caller rows < the BSB's rows, gathered rows (y1, y2) real block columns < the
             // other side's rows, each heads × head_dim (shapes checked), read and written at
