@@ -199,12 +199,13 @@ fn median_ms(gpu: &Gpu, runs: usize, mut f: impl FnMut() -> spattn::Result<()>) 
     spattn_ops::tune::median_of_runs(gpu, runs, call).unwrap()
 }
 
-/// The extras' target ratios: for each algorithm that takes extras, its forward with a per-head bias,
-/// with dropout (rate 0.1), with both, and forward + backward with both, each against the same
-/// plan without extras (forward: `AttentionPlan::forward`; backward: `backward` from the
-/// forward's output); for the algorithms that take edge features, forward + backward with edge
-/// features alone and with all three; forward + backward with a bias shared by the heads. Graphs: SPATTN_TIMING_GRAPHS (default ogbn-arxiv and
-/// R-MAT 18); heads 8, head_dim 64, f16.
+/// The extras' target ratios: for each algorithm that takes extras, its forward with a
+/// per-head bias, with dropout (rate 0.1), with both, and forward + backward with both, each
+/// against the same plan without extras (forward: `AttentionPlan::forward`; backward:
+/// `backward` from the forward's output); for the algorithms that take edge features, forward
+/// and backward with edge features alone and with all three; forward and backward with a bias
+/// shared by the heads. Graphs: SPATTN_TIMING_GRAPHS (default ogbn-arxiv and R-MAT 18);
+/// heads 8, head_dim 64, f16.
 fn extras(gpu: &Gpu) {
     let gpu = gpu.clone();
     let mut rng = fresh_rng("extras timings");

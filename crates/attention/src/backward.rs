@@ -291,8 +291,9 @@ impl AttentionPlan {
         // each backward before it is read (the fused set's counters are reset by the kernels
         // that raise them).
         let mut st = state.lock().unwrap_or_else(PoisonError::into_inner);
-        // The uploads the backward reads (once per graph), before any buffer of the plan's.
-        let (a, t) = (graph.csr()?, graph.transpose()?);
+        // The uploads the backward reads (once per graph), before any buffer of the plan's; the
+        // CSR transpose after the tensor-core passes, which do not read it.
+        let a = graph.csr()?;
         let tc_runs = self.tensor_core_backward_runs::<T>();
         let kernels = match kernels {
             BackwardKernels::Auto if tc_runs => BackwardKernels::TensorCore,
@@ -312,6 +313,7 @@ impl AttentionPlan {
             ws.run(gpu, scale, [q, k, v, d_out], [dq, dk, dv])?;
             return read_d_scale(read_scale, ws.d_scale());
         }
+        let t = graph.transpose()?;
         if kernels == BackwardKernels::Fused {
             let ws = st.fused_workspace(gpu, (a, t), sq)?;
             ws.run(gpu, a, t, scale, [q, k, v, d_out], [dq, dk, dv])?;

@@ -258,10 +258,12 @@ impl AttentionPlan {
     /// features' gradients into `grads`; returns ∂L/∂scale. The scores, probabilities and the
     /// dropout mask are recomputed (nothing is stored by the forward); `extras` must be the
     /// forward's (the same dropout seed and offset). Without edge features, a bias (per head or
-    /// shared) and dropout take the tensor-core backward's three passes where they hold the head (f16 /
-    /// bf16, a multiple of 8 up to 64 features; deterministic, no per-edge buffers); edge
-    /// features alone take the fused CUDA-core backward's two passes (likewise); the rest (f32,
-    /// wider heads, edge features with a bias or dropout) the per-edge composition.
+    /// shared) and dropout take the tensor-core backward's three passes where they hold the
+    /// head (f16 / bf16, a multiple of 8 up to 64 features; deterministic, no per-edge f32
+    /// buffers: a shared bias's per-head dS goes through an `nnz × heads` scratch of `T`);
+    /// edge features alone take the fused CUDA-core backward's two passes (deterministic, no
+    /// per-edge buffers); the rest (f32, wider heads, edge features with a bias or dropout) the
+    /// per-edge composition.
     ///
     /// Errors: as [`forward_with`](Self::forward_with); [`Error::InvalidConfig`] where
     /// `grads` lacks the bias's or the edge features' gradient the forward's extras need.

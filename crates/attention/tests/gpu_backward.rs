@@ -243,17 +243,28 @@ fn tiny_graphs() {
     }
 }
 
-/// Symmetric patterns: the tensor-core dK/dV pass reads A's own BSB in the forward's row order
-/// (window rows renumbered through row_ids where the order moves them), directed ones Aᵀ's
-/// BSB. Small enough for compute-sanitizer.
+/// Symmetric patterns, whose tensor-core dK/dV pass reads A's own BSB in the forward's row order
+/// (window rows renumbered through row_ids where the order moves them; the directed graphs of
+/// the other tests read Aᵀ's BSB), with a hub node whose row and column split their windows
+/// into merged parts on both sides. Small enough for compute-sanitizer.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn symmetric_graphs_in_every_row_order() {
     let gpu = gpu();
     let mut rng = fresh_rng("symmetric_graphs_in_every_row_order");
     let tc = [Algorithm::FusedTensorCore];
-    for n in [17, 33, 200] {
-        let a = random_graph(&mut rng, n, 3, 6).symmetrize().unwrap();
+    for n in [17, 33, 200, 3000] {
+        let mut a = random_graph(&mut rng, n, 3, 6);
+        if n == 3000 {
+            // Node 5 linked to every node: 3000 entries in its row and in its column.
+            let hub: Vec<(u32, u32)> = (0..n as u32).map(|j| (5, j)).collect();
+            let edges: Vec<(u32, u32)> = (0..n)
+                .flat_map(|r| a.row(r).iter().map(move |&c| (r as u32, c)))
+                .chain(hub)
+                .collect();
+            a = Csr::from_edges(n, n, &edges).unwrap();
+        }
+        let a = a.symmetrize().unwrap();
         assert!(a.is_pattern_symmetric());
         for reorder in [Reorder::None, Reorder::Degree, Reorder::Cluster] {
             for shape in [(1, 24), (8, 64)] {

@@ -625,7 +625,7 @@ fn the_parallel_transpose_is_the_definition_on_every_thread_count() {
 
 #[test]
 fn pattern_symmetry_is_equality_with_the_transpose() {
-    // Serial below 2^20 entries, parallel from there (R-MAT 17 symmetrized).
+    // Serial below 2^20 entries (R-MAT 8), parallel from there (R-MAT 17).
     for scale in [8, 17] {
         let a = rmat(&RmatConfig::new(scale).with_seed(5)).unwrap();
         let (offsets, cols, _) = transpose_by_definition(&a);

@@ -33,7 +33,7 @@
 //! ```
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use spattn_formats::{Csr, DegreeStats, Reorder};
@@ -144,8 +144,11 @@ pub struct DeviceGraph {
     /// Aᵀ's BSB in Aᵀ's own row order (the tensor-core backward's dK/dV pass).
     transpose_bsb: OnceLock<Arc<OrderedBsb>>,
     /// Whether the pattern equals its transpose: set by a build on the device that added the
-    /// reverse edges, found on the host CSR at first need otherwise.
+    /// reverse edges, found on the host CSR at first need for a graph made from one; other
+    /// graphs built on the device are treated as directed.
     symmetric: OnceLock<bool>,
+    /// This graph's number among the graphs of the process (`graph_id`).
+    id: u64,
     mebcrs: Mutex<Vec<(Reorder, Arc<DeviceMeBcrs>)>>,
     bsb: Mutex<Vec<(Reorder, Arc<OrderedBsb>)>>,
     /// Held while a lazily built upload is made (so two threads never make the same one).
@@ -166,6 +169,13 @@ impl fmt::Debug for DeviceGraph {
             .field("device_bytes", &self.device_bytes())
             .finish()
     }
+}
+
+/// A number no other graph of the process has: state made for one graph (a backward's edge
+/// maps) checks that it is handed the same graph again.
+fn next_graph_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 /// Locks `m`, whatever a panic elsewhere left: the caches hold finished uploads only.
@@ -192,6 +202,7 @@ impl DeviceGraph {
             transpose: OnceLock::new(),
             transpose_bsb: OnceLock::new(),
             symmetric: OnceLock::new(),
+            id: next_graph_id(),
             mebcrs: Mutex::new(Vec::new()),
             bsb: Mutex::new(Vec::new()),
             building: Mutex::new(()),
@@ -278,6 +289,7 @@ impl DeviceGraph {
             } else {
                 OnceLock::new()
             },
+            id: next_graph_id(),
             mebcrs: Mutex::new(Vec::new()),
             bsb: Mutex::new(Vec::new()),
             building: Mutex::new(()),
@@ -474,6 +486,11 @@ impl DeviceGraph {
             Ok(Arc::new(bsb))
         })
         .cloned()
+    }
+
+    /// This graph's number, unique in the process (state made for a graph checks it).
+    pub(crate) fn graph_id(&self) -> u64 {
+        self.id
     }
 
     /// The BSB the tensor-core backward's dK/dV pass reads beside A's BSB `a` (one of

@@ -451,3 +451,56 @@ fn fused_backward_small_graphs_and_errors() {
     assert!(backward::FusedBackward::supports::<f32>(512));
     assert!(!backward::FusedBackward::supports::<f32>(1024));
 }
+
+/// The tensor-core backward's state belongs to the graph it was made for: a run with extras on
+/// another graph of the same sizes is refused, also where both are symmetric (their dK/dV pass
+/// reads A's own BSB, so the BSBs alone cannot tell the graphs apart).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn tensor_core_backward_refuses_another_graph_of_the_same_sizes() {
+    use spattn_formats::Reorder;
+    use spattn_ops::edge_extras::DeviceBias;
+    use spattn_ops::fused::CsrExtras;
+    use spattn_ops::graph::DeviceGraph;
+    let gpu = gpu();
+    if gpu.compute_capability() < (8, 0) {
+        return;
+    }
+    // Rings of 40 nodes linked to the nodes 1 and 2 steps away: symmetric, 80 edges each.
+    let ring = |step: u32| {
+        let n = 40u32;
+        let edges: Vec<(u32, u32)> = (0..n)
+            .flat_map(|i| [(i, (i + step) % n), (i, (i + n - step) % n)])
+            .collect();
+        Csr::from_edges(n as usize, n as usize, &edges).unwrap()
+    };
+    let (a, b) = (ring(1), ring(2));
+    assert!(a.is_pattern_symmetric() && b.is_pattern_symmetric());
+    assert_eq!((a.n_rows(), a.nnz()), (b.n_rows(), b.nnz()));
+    let (ga, gb) = (DeviceGraph::new(&gpu, a), DeviceGraph::new(&gpu, b));
+    let s = Shape::new(40, 1, 16).unwrap();
+    let mut bwd = backward::TensorCoreBackward::new::<f16>(&ga, 1, 16, Reorder::None).unwrap();
+    let x = DeviceMatrix::<f16>::zeros(&gpu, s).unwrap();
+    let bias = DeviceVec::<f16>::zeros(&gpu, 80).unwrap();
+    let mut d_bias = DeviceVec::<f16>::zeros(&gpu, 80).unwrap();
+    let extras = CsrExtras {
+        bias: Some(DeviceBias::PerHead(&bias)),
+        ..CsrExtras::default()
+    };
+    let mut g = [s, s, s].map(|s| DeviceMatrix::<f16>::zeros(&gpu, s).unwrap());
+    let [dq, dk, dv] = &mut g;
+    let mut run = |graph: &DeviceGraph, d_bias: &mut DeviceVec<f16>| {
+        bwd.run_with_extras(
+            &gpu,
+            graph,
+            0.25,
+            [&x, &x, &x, &x],
+            [&mut *dq, &mut *dk, &mut *dv],
+            &extras,
+            Some(d_bias),
+        )
+    };
+    run(&ga, &mut d_bias).unwrap();
+    let e = run(&gb, &mut d_bias).unwrap_err();
+    assert!(format!("{e}").contains("another graph"), "{e}");
+}

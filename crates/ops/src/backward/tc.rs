@@ -182,6 +182,8 @@ pub struct TensorCoreBackward {
     head_dim: usize,
     /// Features of a head as the kernels pad it (32 or 64).
     slice: usize,
+    /// The graph the state was made for ([`DeviceGraph::graph_id`]).
+    graph_id: u64,
     /// A's BSB and Aᵀ's, both cached by the graph.
     a: Arc<OrderedBsb>,
     t: Arc<OrderedBsb>,
@@ -259,6 +261,7 @@ impl TensorCoreBackward {
             heads,
             head_dim,
             slice,
+            graph_id: graph.graph_id(),
             a,
             t,
             a_side,
@@ -319,7 +322,9 @@ impl TensorCoreBackward {
     /// 0) run [`run`](Self::run).
     ///
     /// A bias shared by the heads takes a `d_bias` of nnz: the heads' dS are written per head
-    /// into a scratch buffer (nnz × heads of `T`) and summed in head order, in f32.
+    /// into a scratch buffer (nnz × heads of `T`, allocated by the call) and summed in head
+    /// order, in f32; each head's dS is rounded to `T` before that sum (the composition rounds
+    /// the sum once).
     ///
     /// Errors: as [`run`](Self::run); [`Error::Unsupported`] for edge features (the fused
     /// CUDA-core backward and the composition take them); [`Error::InvalidArgument`] for a bias
@@ -338,6 +343,22 @@ impl TensorCoreBackward {
     ) -> Result<()> {
         let shape = Shape::new(self.a_side.n_rows, self.heads, self.head_dim)?;
         extras.check(gpu, KERNEL, graph.nnz(), shape, false)?;
+        // The state's own graph: the edge maps built below are cached for it.
+        if graph.graph_id() != self.graph_id {
+            return Err(Error::InvalidArgument {
+                what: "graph",
+                why: format!(
+                    "the backward was made for another graph ({} rows, {} columns, {} edges); \
+                     given {} × {} with {}",
+                    self.a_side.n_rows,
+                    self.t_side.n_rows,
+                    self.a.layout.nnz(),
+                    graph.n_rows(),
+                    graph.n_cols(),
+                    graph.nnz()
+                ),
+            });
+        }
         let shared = extras.bias.as_ref().is_some_and(|b| b.is_shared());
         let mut d_bias = match (&extras.bias, d_bias) {
             (None, _) => None,
@@ -376,25 +397,6 @@ impl TensorCoreBackward {
             )?),
             _ => None,
         };
-        // The state's own graph: the edge maps built below are cached for it.
-        if !Arc::ptr_eq(&graph.transpose_bsb_beside(&self.a)?, &self.t)
-            || self.a_side.n_rows != graph.n_rows()
-            || self.a.layout.nnz() != graph.nnz()
-        {
-            return Err(Error::InvalidArgument {
-                what: "graph",
-                why: format!(
-                    "the backward was made for another graph ({} rows, {} columns, {} edges); \
-                     given {} × {} with {}",
-                    self.a_side.n_rows,
-                    self.t_side.n_rows,
-                    self.a.layout.nnz(),
-                    graph.n_rows(),
-                    graph.n_cols(),
-                    graph.nnz()
-                ),
-            });
-        }
         // Extras that change nothing (no bias, dropout at rate 0) need no edge maps.
         if extras.bias.is_none() && extras.dropout.is_none_or(|d| d.threshold() == 0) {
             return self.run_inner(gpu, scale, operands, grads, None);
