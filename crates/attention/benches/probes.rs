@@ -286,73 +286,37 @@ fn extras(gpu: &Gpu) {
                 plan.backward(&q, &k, &v, &y, &g, &mut dq, &mut dk, &mut dv)
                     .map(|_| ())
             });
-            let both = with(true, true);
-            let both_fb = median_ms(&gpu, runs, || {
-                plan.forward_with(&q, &k, &v, &both, &mut out, None)?;
-                plan.backward_with_extras(
-                    &q,
-                    &k,
-                    &v,
-                    &both,
-                    &g,
-                    ExtrasGrads {
+            // Forward + backward with `ex`, into the gradients its extras need.
+            let mut fb = |ex: &Extras<'_, f16>,
+                          mut d_bias: Option<&mut DeviceVec<f16>>,
+                          mut d_feats: Option<&mut DeviceMatrix<f16>>| {
+                median_ms(&gpu, runs, || {
+                    plan.forward_with(&q, &k, &v, ex, &mut out, None)?;
+                    let grads = ExtrasGrads {
                         dq: &mut dq,
                         dk: &mut dk,
                         dv: &mut dv,
-                        d_bias: Some(&mut db),
-                        d_edge_features: None,
-                    },
-                )
-                .map(|_| ())
-            });
-            let mut ef_fb = |b: bool, dr: bool| {
-                let Some(df) = d_feats.as_mut() else {
-                    return f64::NAN;
-                };
-                let ex = with_ef(b, dr, true);
-                median_ms(&gpu, runs, || {
-                    plan.forward_with(&q, &k, &v, &ex, &mut out, None)?;
-                    plan.backward_with_extras(
-                        &q,
-                        &k,
-                        &v,
-                        &ex,
-                        &g,
-                        ExtrasGrads {
-                            dq: &mut dq,
-                            dk: &mut dk,
-                            dv: &mut dv,
-                            d_bias: b.then_some(&mut db),
-                            d_edge_features: Some(&mut *df),
-                        },
-                    )
-                    .map(|_| ())
+                        d_bias: d_bias.as_deref_mut(),
+                        d_edge_features: d_feats.as_deref_mut(),
+                    };
+                    plan.backward_with_extras(&q, &k, &v, ex, &g, grads)
+                        .map(|_| ())
                 })
             };
-            let (ef, ef_both) = (ef_fb(false, false), ef_fb(true, true));
+            let both_fb = fb(&with(true, true), Some(&mut db), None);
+            let (ef, ef_both) = match d_feats.as_mut() {
+                Some(df) => (
+                    fb(&with_ef(false, false, true), None, Some(&mut *df)),
+                    fb(&with_ef(true, true, true), Some(&mut db), Some(&mut *df)),
+                ),
+                None => (f64::NAN, f64::NAN),
+            };
             let sb = Extras {
                 bias: Some(DeviceBias::Shared(&shared)),
                 edge_features: None,
                 dropout: None,
             };
-            let shared_fb = median_ms(&gpu, runs, || {
-                plan.forward_with(&q, &k, &v, &sb, &mut out, None)?;
-                plan.backward_with_extras(
-                    &q,
-                    &k,
-                    &v,
-                    &sb,
-                    &g,
-                    ExtrasGrads {
-                        dq: &mut dq,
-                        dk: &mut dk,
-                        dv: &mut dv,
-                        d_bias: Some(&mut d_shared),
-                        d_edge_features: None,
-                    },
-                )
-                .map(|_| ())
-            });
+            let shared_fb = fb(&sb, Some(&mut d_shared), None);
             println!(
                 "| {name} | {alg} | {plain:.4} | {tb:.4} | {td:.4} | {tbd:.4} | {plain_fb:.4} | \
                  {both_fb:.4} | {:.3} | {:.3} | {:.3} | {:.3} | {ef:.4} | {ef_both:.4} | {shared_fb:.4} |",
