@@ -35,11 +35,15 @@ pub(crate) fn check_dim(what: &'static str, value: usize) -> Result<()> {
     Ok(())
 }
 
-/// Tasks of a transpose of `nnz` entries over `n_rows` rows: one below 2^20 entries (the
-/// threads' start-up costs more), else one per rayon thread, but no more than the mean degree
+/// Entries below which a pass over the matrix runs on one thread (the threads' start-up costs
+/// more).
+const PARALLEL_FROM_NNZ: usize = 1 << 20;
+
+/// Tasks of a transpose of `nnz` entries over `n_rows` rows: one below [`PARALLEL_FROM_NNZ`],
+/// else one per rayon thread, but no more than the mean degree
 /// (each task walks every row once, so their walks stay within the entries' count).
 fn transpose_parts(nnz: usize, n_rows: usize) -> usize {
-    if nnz < 1 << 20 {
+    if nnz < PARALLEL_FROM_NNZ {
         1
     } else {
         let by_degree = nnz / n_rows.max(1 << 18);
@@ -502,7 +506,7 @@ impl Csr {
     }
     /// Whether the pattern equals its transpose: square, and every entry `(i, j)` has its
     /// mirror `(j, i)` (values are not compared). Each entry is checked by a binary search of
-    /// its mirror's row, rows in parallel from 2^20 entries.
+    /// its mirror's row, rows in parallel from `PARALLEL_FROM_NNZ` (2^20) entries.
     ///
     /// ```
     /// use spattn_formats::Csr;
@@ -519,7 +523,7 @@ impl Csr {
                 .all(|&j| self.row(j as usize).binary_search(&(i as u32)).is_ok())
         };
         self.n_rows == self.n_cols
-            && if self.nnz() < 1 << 20 {
+            && if self.nnz() < PARALLEL_FROM_NNZ {
                 (0..self.n_rows).all(mirrored)
             } else {
                 (0..self.n_rows).into_par_iter().all(mirrored)
