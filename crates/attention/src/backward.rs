@@ -310,7 +310,7 @@ impl AttentionPlan {
         if kernels == BackwardKernels::TensorCore {
             let reorder = graph.effective_reorder(self.config().reorder);
             let ws = st.tc_workspace::<T>(graph, sq, reorder)?;
-            ws.run(gpu, scale, [q, k, v, d_out], [dq, dk, dv])?;
+            ws.run(gpu, scale, [q, k, v, d_out], None, [dq, dk, dv])?;
             return read_d_scale(read_scale, ws.d_scale());
         }
         let t = graph.transpose()?;

@@ -889,14 +889,17 @@ __device__ __forceinline__ void bsb_tiles(
 // window row, feature < dp). Run by the `gsize` threads of one group (thread gt), synchronised
 // at named barrier `bar`; `mrg` is 2 * 16 floats of the group's shared memory. Writes the
 // rows_here output rows of the window: row r goes to out row row_ids[row0 + r] (row0 + r when
-// row_ids is null). NQ quads of 4 features per thread must cover 16 * dp / 4.
+// row_ids is null), and where lse is non-null its log2-domain log-sum-exp to lse[that row *
+// heads + h] (0 for a row without edges). NQ quads of 4 features per thread must cover
+// 16 * dp / 4.
 template <class T, int NQ>
 __device__ __forceinline__ void bsb_merge_parts(const float* part_ml, const float* part_acc,
                                                 u32 p_first, u32 p_end, u32 heads, u32 h, u32 dp,
                                                 u32 gt, u32 gsize, u32 bar, float* mrg,
                                                 u32 rows_here, const u32* __restrict__ row_ids,
-                                                u32 row0, T* __restrict__ out, u64 hd,
-                                                u64 head_off, u32 d) {
+                                                u32 row0, T* __restrict__ out,
+                                                float* __restrict__ lse, u64 hd, u64 head_off,
+                                                u32 d) {
     // Per row (threads 0..15): the global max and 1 / total sum, one pass.
     if (gt < BSB_WINDOW_ROWS) {
         float mm = SPATTN_NEG_INF, ll = 0.0f;
@@ -911,6 +914,8 @@ __device__ __forceinline__ void bsb_merge_parts(const float* part_ml, const floa
         }
         mrg[gt] = mm == SPATTN_NEG_INF ? 0.0f : mm;
         mrg[BSB_WINDOW_ROWS + gt] = ll > 0.0f ? 1.0f / ll : 0.0f;
+        if (lse != nullptr && gt < rows_here)
+            lse[(u64)caller_row(row_ids, row0 + gt) * heads + h] = ll > 0.0f ? mm + log2f(ll) : 0.0f;
     }
     bsb_group_sync(bar, gsize);
     // Then every (row, 4 features): NQ quads per thread, all of a part's loads in flight at once.
@@ -951,14 +956,15 @@ __device__ __forceinline__ void bsb_merge_parts(const float* part_ml, const floa
 // The end of a unit of a split window, after it wrote its partials (part_ml, part_acc) for its
 // part: the group (`gsize` threads, thread gt, named barrier `bar`) counts its arrival on the
 // window's counter for head h, and the last part to arrive merges every part of the window
-// (bsb_merge_parts) into the output rows and resets the counter for the next launch. `mrg`
+// (bsb_merge_parts) into the output rows (and lse, where non-null) and resets the counter for
+// the next launch. `mrg`
 // is the group's BSB_MERGE_FLOATS of shared memory.
 template <class T, int NQ>
 __device__ __forceinline__ void bsb_finish_split(
     u32 split, const u32* __restrict__ split_part_first, u32* __restrict__ counters, u32 heads,
     u32 h, u32 dp, u32 gt, u32 gsize, u32 bar, float* mrg, const float* part_ml,
     const float* part_acc, u32 n_rows, u32 window, const u32* __restrict__ row_ids,
-    T* __restrict__ out, u64 hd, u64 head_off, u32 d) {
+    T* __restrict__ out, float* __restrict__ lse, u64 hd, u64 head_off, u32 d) {
     __threadfence();
     bsb_group_sync(bar, gsize);
     const u32 p_first = split_part_first[split], p_end = split_part_first[split + 1u];
@@ -971,7 +977,7 @@ __device__ __forceinline__ void bsb_finish_split(
 
     const u32 rows_here = min(BSB_WINDOW_ROWS, n_rows - window * BSB_WINDOW_ROWS);
     bsb_merge_parts<T, NQ>(part_ml, part_acc, p_first, p_end, heads, h, dp, gt, gsize, bar,
-                                mrg, rows_here, row_ids, window * BSB_WINDOW_ROWS, out, hd,
+                                mrg, rows_here, row_ids, window * BSB_WINDOW_ROWS, out, lse, hd,
                                 head_off, d);
     if (gt == 0u) *counter = 0u;  // ready for the next launch
 }
@@ -1303,7 +1309,8 @@ __device__ __forceinline__ void bsb_pipe_tiles(
 }
 
 // The end of a pipelined warp's unit: a whole window (part SPATTN_NONE) normalises and writes
-// its rows qrow (zeros for a row without edges); a part of split window `split` leaves its
+// its rows qrow (zeros for a row without edges) and, where lse is non-null, their log2-domain
+// log-sum-exp (0 without edges; not SpMM); a part of split window `split` leaves its
 // partial (m, l and the accumulator of rows g, g + 8) in part_ml / part_acc and the last part to
 // arrive merges them (bsb_finish_split, with the merge scratch after the stages of the warp's
 // shared memory `smem`). SpMM: the accumulator is the sum itself (m and l are not read).
@@ -1311,9 +1318,9 @@ template <class T, int D, bool SPMM = false, u32 X_BYTES = 0u>
 __device__ __forceinline__ void bsb_pipe_finish(
     u32 part, u32 split, const u32* __restrict__ split_part_first, u32* __restrict__ counters,
     u32 heads, u32 h, unsigned char* smem, float* __restrict__ part_ml, float* __restrict__ part_acc,
-    u32 n_rows, u32 window, const u32* __restrict__ row_ids, T* __restrict__ out, u64 hd,
-    u64 head_off, const u32 (&qrow)[2], const float (&m)[2], const float (&l)[2],
-    const float (&o)[D / 8][4]) {
+    u32 n_rows, u32 window, const u32* __restrict__ row_ids, T* __restrict__ out,
+    float* __restrict__ lse, u64 hd, u64 head_off, const u32 (&qrow)[2], const float (&m)[2],
+    const float (&l)[2], const float (&o)[D / 8][4]) {
     constexpr int NT = D / 8;
     const u32 lane = lane_id(), g = lane >> 2, t = lane & 3u;
     if (part == SPATTN_NONE) {
@@ -1321,6 +1328,8 @@ __device__ __forceinline__ void bsb_pipe_finish(
         for (int r = 0; r < 2; ++r) {
             if (qrow[r] == SPATTN_NONE) continue;
             const float inv = SPMM ? 1.0f : (l[r] > 0.0f ? 1.0f / l[r] : 0.0f);
+            if (!SPMM && lse != nullptr && t == 0u)
+                lse[(u64)qrow[r] * heads + h] = l[r] > 0.0f ? m[r] + log2f(l[r]) : 0.0f;
             u32* orow = reinterpret_cast<u32*>(out + (u64)qrow[r] * hd + head_off);
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt)
@@ -1344,8 +1353,8 @@ __device__ __forceinline__ void bsb_pipe_finish(
     float* mrg =
         reinterpret_cast<float*>(smem + BSB_PIPE_STAGES * bsb_pipe_stage_bytes(D, SPMM, X_BYTES));
     bsb_finish_split<T, NT>(split, split_part_first, counters, heads, h, D, lane, 32u, 0u,
-                                  mrg, part_ml, part_acc, n_rows, window, row_ids, out, hd,
-                                  head_off, D);
+                                  mrg, part_ml, part_acc, n_rows, window, row_ids, out,
+                                  SPMM ? nullptr : lse, hd, head_off, D);
 }
 
 // ---- the CUDA-core edge loops ------------------------------------------------------------------

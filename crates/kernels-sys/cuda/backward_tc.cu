@@ -12,6 +12,12 @@
 //                      dQ = scale * dS K by mma, dS taking the place of the forward's P (the A
 //                      operand, straight from the score registers) and K that of V; each row's
 //                      share of the scale's gradient, sum dS * s.
+//   (forward's statistics: where the caller kept the forward's lse2 (fused-tc writes it) and
+//   passes it with the forward's output, the stats pass is not run: the dq pass takes lse2 and
+//   D = <dOut_i, out_i> (FlashAttention-2's), writes both for the dkv pass, and corrects each
+//   row's dscale share by (D - c) b with c = sum P dP, b = sum P s: exact, where the share's
+//   cancelling sum would carry out's rounding (bf16: 24% off); dQ, dK and dV take that rounding
+//   at its size, as FlashAttention-2's do.)
 //   dkv (A^T's BSB):   windows of 16 key rows j, block columns the query rows i: S^T = K Q^T,
 //                      dP^T = V dOut^T; P and dS from column i's (lse2, D);
 //                      dV = P^T dOut, dK = scale * dS^T Q.
@@ -37,7 +43,8 @@
 //
 // Units are fused-tc's (host schedule, largest first; a window without blocks has one unit,
 // which writes zeros). A window split into several units leaves a partial per unit (stats: m,
-// l, w; dq: the accumulator and the dscale share; dkv: both accumulators) and the last unit to
+// l, w; dq: the accumulator, the dscale share and its correction's c and b; dkv: both
+// accumulators) and the last unit to
 // finish (an integer counter per split window and head) merges them in part order and resets
 // the counter, so the result does not depend on which unit merges.
 
@@ -66,6 +73,8 @@ __host__ __device__ constexpr u32 bwd_tc_warp_bytes(int mode, int xmode) {
 // rows copied into shared memory by cp.async BSB_PIPE_STAGES - 1 steps ahead (the forward's
 // pipeline, bsb_pipe_tiles) and read by ldmatrix: as the B operand of the scores, and
 // transposed as the B operand of dQ += dS K (y1), dK += dS^T Q (y1) and dV += P^T dOut (y2).
+// With lse non-null (dq pass only): the forward's lse2 per (row of A, head) and out, the
+// forward's output (rows of x2's shape), replace the stats pass (see the top).
 // Outputs: stats (lse2, D) per (row of A, head); g1 (dQ or dK), g2 (dV); ds_rows the dscale
 // share per (row of A, head). `smem`: the warp's bwd_tc_warp_bytes(MODE, XMODE). Extras
 // (XMODE != 0): xa, and in the dq pass with a bias x_ids and d_bias.
@@ -75,8 +84,8 @@ __device__ __forceinline__ void bwd_tc(
     const u32* __restrict__ split_part_first, u32 n_items, u32 heads, u32 d, u32 n_rows,
     const u32* __restrict__ row_ids, const u32* __restrict__ block_columns,
     const u32* __restrict__ bitmaps, const T* __restrict__ x1, const T* __restrict__ x2,
-    const T* __restrict__ y1, const T* __restrict__ y2, float scale_log2, float scale,
-    float2* __restrict__ stats, T* __restrict__ g1, T* __restrict__ g2,
+    const T* __restrict__ y1, const T* __restrict__ y2, const T* __restrict__ out,
+    const float* __restrict__ lse, float scale_log2, float scale, float2* __restrict__ stats, T* __restrict__ g1, T* __restrict__ g2,
     float* __restrict__ ds_rows, float* __restrict__ part, u32* __restrict__ counters,
     const BsbExtrasArgs& xa, const u32* __restrict__ x_ids, T* __restrict__ d_bias) {
     constexpr int STAGES = BSB_PIPE_STAGES;
@@ -91,9 +100,11 @@ __device__ __forceinline__ void bwd_tc(
     constexpr bool XON = XMODE != 0, BIAS_GRAD = (XMODE & 1) != 0 && MODE == BWD_TC_DQ;
     static_assert(DS == 32 || DS == 64, "registers: wider heads run the CUDA-core backward");
     static_assert(DS * 2u <= ROW, "a tile row holds the slice");
-    // Floats of a partial row: (m, l, w); the accumulator and the dscale share; both
+    // Floats of a partial row: (m, l, w); the accumulator, the dscale share, c and b; both
     // accumulators.
-    constexpr u32 W = MODE == BWD_TC_STATS ? 3u : MODE == BWD_TC_DQ ? DS + 1u : 2u * DS;
+    constexpr u32 W = MODE == BWD_TC_STATS ? 3u : MODE == BWD_TC_DQ ? DS + 3u : 2u * DS;
+    // The dq pass from the forward's statistics (uniform across the grid).
+    const bool from_fwd = MODE == BWD_TC_DQ && lse != nullptr;
 
     const u32 lane = lane_id();
     const u32 item = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -146,14 +157,40 @@ __device__ __forceinline__ void bwd_tc(
     u32 f1[NKS][4], f2[NKS][4];
     bsb_window_afrag<T, NKS>(f1, x1, wrow, hd, head_off, d);
     bsb_window_afrag<T, NKS>(f2, x2, wrow, hd, head_off, d);
-    // The row statistics of the dq pass's rows (g, g + 8).
+    // The row statistics of the dq pass's rows (g, g + 8): the stats pass's, or the forward's
+    // lse2 and <dOut, out>, which the unit (the first part of a split window) writes for dkv.
     float2 rs[2] = {make_float2(0.0f, 0.0f), make_float2(0.0f, 0.0f)};
     if constexpr (MODE == BWD_TC_DQ) {
+        if (from_fwd) {
+            const bool writes =
+                part_id == SPATTN_NONE || part_id == split_part_first[unit_split[u]];
 #pragma unroll
-        for (int r = 0; r < 2; ++r)
-            if (wrow[r] != SPATTN_NONE) rs[r] = stats[(u64)wrow[r] * heads + h];
+            for (int r = 0; r < 2; ++r) {
+                // The quad's 4 lanes split the row's features (every lane shuffles).
+                float dot = 0.0f;
+                if (wrow[r] != SPATTN_NONE) {
+                    const u64 o = (u64)wrow[r] * hd + head_off;
+                    for (u32 f = t; f < d; f += 4u)
+                        dot = fmaf(to_f32(x2[o + f]), to_f32(out[o + f]), dot);
+                }
+                dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+                dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+                if (wrow[r] != SPATTN_NONE) {
+                    const u64 rh = (u64)wrow[r] * heads + h;
+                    rs[r] = make_float2(__ldg(lse + rh), dot);
+                    if (writes && t == 0u) stats[rh] = rs[r];
+                }
+            }
+        } else {
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+                if (wrow[r] != SPATTN_NONE) rs[r] = stats[(u64)wrow[r] * heads + h];
+        }
     }
+    // stats: m, l, w; dq: l the dscale share, and from the forward's statistics its
+    // correction's c = sum P dP (in w) and b = sum P s (per lane).
     float m[2] = {SPATTN_NEG_INF, SPATTN_NEG_INF}, l[2] = {0.0f, 0.0f}, w[2] = {0.0f, 0.0f};
+    float b[2] = {0.0f, 0.0f};
     float o[NACC][NT][4];
 #pragma unroll
     for (int a = 0; a < NACC; ++a)
@@ -227,9 +264,14 @@ __device__ __forceinline__ void bwd_tc(
                 for (int e = 0; e < 4; ++e) {
                     const float2 q = rs[e >> 1];
                     const float p = bsb_exp2(x[bb][e] - q.x);
-                    ds[bb][e] = p * (XON ? fmaf(kf[bb][e], dp[bb][e], -q.y) : dp[bb][e] - q.y);
+                    const float fdp = XON ? kf[bb][e] * dp[bb][e] : dp[bb][e];
+                    ds[bb][e] = p * (fdp - q.y);
                     // dscale's share, kept per lane in l (no statistics in this pass).
                     l[e >> 1] = fmaf(ds[bb][e], s[bb][e], l[e >> 1]);
+                    if (from_fwd) {
+                        w[e >> 1] = fmaf(p, fdp, w[e >> 1]);
+                        b[e >> 1] = fmaf(p, s[bb][e], b[e >> 1]);
+                    }
                 }
             if constexpr (BIAS_GRAD) {
                 // dBias = dS at each set bit's caller edge (a block's edges from its start, bits
@@ -277,6 +319,10 @@ __device__ __forceinline__ void bwd_tc(
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
         w[r] += __shfl_xor_sync(0xffffffffu, w[r], 1);
         w[r] += __shfl_xor_sync(0xffffffffu, w[r], 2);
+        if constexpr (MODE == BWD_TC_DQ) {
+            b[r] += __shfl_xor_sync(0xffffffffu, b[r], 1);
+            b[r] += __shfl_xor_sync(0xffffffffu, b[r], 2);
+        }
     }
     // Output factor of each accumulator (dK and dQ carry the scale).
     const float fac[2] = {scale, 1.0f};
@@ -294,7 +340,8 @@ __device__ __forceinline__ void bwd_tc(
                 if (t == 0u) stats[rh] = row_stats(m[r], l[r], w[r]);
                 continue;
             }
-            if (MODE == BWD_TC_DQ && t == 0u) ds_rows[rh] = l[r];
+            // The exact share: sum dS s + (D - sum P dP) sum P s (w, b zero without from_fwd).
+            if (MODE == BWD_TC_DQ && t == 0u) ds_rows[rh] = fmaf(rs[r].y - w[r], b[r], l[r]);
 #pragma unroll
             for (int a = 0; a < NACC; ++a) {
                 u32* orow = reinterpret_cast<u32*>((a == 0 ? g1 : g2) + (u64)wrow[r] * hd +
@@ -322,7 +369,11 @@ __device__ __forceinline__ void bwd_tc(
                 prow[2] = w[r];
             }
         } else {
-            if (MODE == BWD_TC_DQ && t == 0u) prow[DS] = l[r];
+            if (MODE == BWD_TC_DQ && t == 0u) {
+                prow[DS] = l[r];
+                prow[DS + 1] = w[r];
+                prow[DS + 2] = b[r];
+            }
 #pragma unroll
             for (int a = 0; a < NACC; ++a)
 #pragma unroll
@@ -358,14 +409,23 @@ __device__ __forceinline__ void bwd_tc(
             }
         } else {
             for (u32 i = lane; i < W; i += 32u) {
+                if (MODE == BWD_TC_DQ && i >= DS) {
+                    // The share and its correction from the parts' sums, in part order (D as
+                    // the stats pass or the first part wrote it, before the counter's fence).
+                    if (i > DS) continue;
+                    float sh = 0.0f, cc = 0.0f, bs = 0.0f;
+                    for (u32 p = p0; p < p1; ++p) {
+                        sh += at(p, DS);
+                        cc += at(p, DS + 1u);
+                        bs += at(p, DS + 2u);
+                    }
+                    ds_rows[rh] = fmaf(__ldcg(&stats[rh].y) - cc, bs, sh);
+                    continue;
+                }
                 float sum = 0.0f;
                 for (u32 p = p0; p < p1; ++p) sum += at(p, i);
-                if (MODE == BWD_TC_DQ && i == DS) {
-                    ds_rows[rh] = sum;
-                } else {
-                    const u32 a = i / DS, f = i - a * DS;
-                    if (f < d) (a == 0u ? g1 : g2)[crow * hd + head_off + f] = from_f32<T>(sum * fac[a]);
-                }
+                const u32 a = i / DS, f = i - a * DS;
+                if (f < d) (a == 0u ? g1 : g2)[crow * hd + head_off + f] = from_f32<T>(sum * fac[a]);
             }
         }
     }
@@ -379,12 +439,13 @@ __device__ __forceinline__ void bwd_tc(
 // the dq pass with a bias), null for the others. head_dim a multiple
 // of 8 and at most DS (the host picks the narrowest DS that holds it). The stats and dq passes
 // run on A's BSB (x1 = Q, x2 = dOut, y1 = K, y2 = V), dkv on A^T's (x1 = K, x2 = V, y1 = Q,
-// y2 = dOut); every pointer a pass does not use may be null.
+// y2 = dOut); out and lse (the forward's output and lse2) are read by the dq pass where lse is
+// non-null, which replaces the stats pass; every pointer a pass does not use may be null.
 #define SPATTN_BWD_TC_PARAMS(T)                                                                \
     const uint4 *units, const u32 *unit_split, const u32 *split_part_first, u32 n_items,       \
         u32 heads, u32 head_dim, u32 n_rows, const u32 *row_ids, const u32 *block_columns,     \
-        const u32 *bitmaps, const T *x1, const T *x2, const T *y1, const T *y2,                \
-        float scale_log2, float scale, float2 *stats, T *g1, T *g2, float *ds_rows,            \
+        const u32 *bitmaps, const T *x1, const T *x2, const T *y1, const T *y2, const T *out,  \
+        const float *lse, float scale_log2, float scale, float2 *stats, T *g1, T *g2, float *ds_rows,            \
         float *part, u32 *counters, SPATTN_BSB_X_PARAMS, const u32 *x_ids, T *d_bias
 #define SPATTN_BWD_TC(NAME, MODE, SUFFIX, T, DS, XMODE, XS)                                    \
     extern "C" __global__ void __launch_bounds__(128)                                          \
@@ -395,8 +456,8 @@ __device__ __forceinline__ void bwd_tc(
         const BsbExtrasArgs xa = SPATTN_BSB_X_ARGS;                                            \
         bwd_tc<T, DS, MODE, XMODE>(smem, units, unit_split, split_part_first, n_items, heads,  \
                                    head_dim, n_rows, row_ids, block_columns, bitmaps, x1, x2,  \
-                                   y1, y2, scale_log2, scale, stats, g1, g2, ds_rows, part,    \
-                                   counters, xa, x_ids, d_bias);                               \
+                                   y1, y2, out, lse, scale_log2, scale, stats, g1, g2,         \
+                                   ds_rows, part, counters, xa, x_ids, d_bias);                \
     }
 #define SPATTN_BWD_TC_X(SUFFIX, T, DS, XMODE, XS)                                              \
     SPATTN_BWD_TC(stats, BWD_TC_STATS, SUFFIX, T, DS, XMODE, XS)                               \

@@ -51,8 +51,8 @@ __device__ __forceinline__ void fused_bsb(
     const u32* __restrict__ split_part_first, u32 n_items, u32 heads, u32 head_dim, u32 fs,
     u32 n_rows, const u32* __restrict__ row_ids, const u32* __restrict__ block_columns,
     const u32* __restrict__ bitmaps, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, float scale_log2,
-    T* __restrict__ out, float* __restrict__ part_ml, float* __restrict__ part_acc,
-    u32* __restrict__ counters, const BsbExtrasArgs* xa) {
+    T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part_ml,
+    float* __restrict__ part_acc, u32* __restrict__ counters, const BsbExtrasArgs* xa) {
     constexpr int D8 = DS / 8;  // n-tiles of P V = features per lane per V row
 
     extern __shared__ float bsb_smem[];
@@ -90,6 +90,8 @@ __device__ __forceinline__ void fused_bsb(
         for (int r = 0; r < 2; ++r) {
             if (qrow[r] != SPATTN_NONE) {
                 const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+                if (lse != nullptr && wig == 0u && t == 0u)
+                    lse[(u64)qrow[r] * heads + h] = l[r] > 0.0f ? m[r] + log2f(l[r]) : 0.0f;
                 T* orow = out + (u64)qrow[r] * hd + head_off;
                 float y[D8];
 #pragma unroll
@@ -126,7 +128,7 @@ __device__ __forceinline__ void fused_bsb(
     }
     bsb_finish_split<T, D8>(unit_split[u], split_part_first, counters, heads, h, dp, gt,
                                  gsize, bar, mrg, part_ml, part_acc, n_rows, window, row_ids, out,
-                                 hd, head_off, d);
+                                 lse, hd, head_off, d);
 }
 
 // The parameters every fused_bsb kernel takes (its `_x` twin: SPATTN_BSB_X_PARAMS after them).
@@ -134,7 +136,7 @@ __device__ __forceinline__ void fused_bsb(
     const uint4 *units, const u32 *unit_split, const u32 *split_part_first, u32 n_items,       \
         u32 heads, u32 head_dim, u32 fs, u32 n_rows, const u32 *row_ids, const u32 *unit_pre,  \
         const u32 *block_columns, const u32 *bitmaps, const T *q, const T *k, const T *v,      \
-        float scale_log2, T *out, float *part_ml, float *part_acc, u32 *counters
+        float scale_log2, T *out, float *lse, float *part_ml, float *part_acc, u32 *counters
 
 // Rows of whole 16-byte vectors only: the host pads heads of other lengths with zeros
 // (resize_rows, rows.cu). Only the 128-feature slice prefetches the next step's K rows (PIPE):
@@ -146,7 +148,7 @@ __device__ __forceinline__ void fused_bsb(
         fused_bsb<T, DS, DS == 128, false>(units, unit_split, split_part_first, n_items,       \
                                            heads, head_dim, fs, n_rows, row_ids,               \
                                            block_columns, bitmaps, q, k, v, scale_log2, out,   \
-                                           part_ml, part_acc, counters, nullptr);              \
+                                           lse, part_ml, part_acc, counters, nullptr);         \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(256) fused_bsb_##SUFFIX##_s##DS##_x(          \
         SPATTN_BSB_PARAMS(T), SPATTN_BSB_X_PARAMS) {                                           \
@@ -154,7 +156,7 @@ __device__ __forceinline__ void fused_bsb(
         const BsbExtrasArgs xa = SPATTN_BSB_X_ARGS;                                            \
         fused_bsb<T, DS, DS == 128, true>(units, unit_split, split_part_first, n_items, heads, \
                                           head_dim, fs, n_rows, row_ids, block_columns,        \
-                                          bitmaps, q, k, v, scale_log2, out, part_ml,          \
+                                          bitmaps, q, k, v, scale_log2, out, lse, part_ml,     \
                                           part_acc, counters, &xa);                            \
     }
 
@@ -178,8 +180,9 @@ __device__ __forceinline__ void fused_bsb_pipe(
     const u32* __restrict__ row_ids, const u32* __restrict__ unit_pre,
     const u32* __restrict__ block_columns,
     const u32* __restrict__ bitmaps, const T* __restrict__ q, const T* __restrict__ k,
-    const T* __restrict__ v, float scale_log2, T* __restrict__ out, float* __restrict__ part_ml,
-    float* __restrict__ part_acc, u32* __restrict__ counters, const BsbExtrasArgs* xa) {
+    const T* __restrict__ v, float scale_log2, T* __restrict__ out, float* __restrict__ lse,
+    float* __restrict__ part_ml, float* __restrict__ part_acc, u32* __restrict__ counters,
+    const BsbExtrasArgs* xa) {
     using X = decltype(bsb_staged_extras_or_none<XMODE>(xa, 0u));
     extern __shared__ uint4 bsb_pipe_smem[];
     const u32 warp = threadIdx.x >> 5;
@@ -212,8 +215,8 @@ __device__ __forceinline__ void fused_bsb_pipe(
                                      bsb_staged_extras_or_none<XMODE>(xa, h));
     bsb_pipe_finish<T, D, false, X::X_BYTES>(part, part == SPATTN_NONE ? 0u : unit_split[u],
                                          split_part_first, counters, heads, h, smem, part_ml,
-                                         part_acc, n_rows, window, row_ids, out, hd, head_off,
-                                         qrow, m, l, o);
+                                         part_acc, n_rows, window, row_ids, out, lse, hd,
+                                         head_off, qrow, m, l, o);
 }
 
 // Entry points fused_bsb_{f16,bf16}_d{64,128}_pipe: fused_bsb's parameters (head_dim must be D,
@@ -229,7 +232,8 @@ __device__ __forceinline__ void fused_bsb_pipe(
         const BsbExtrasArgs xa = SPATTN_BSB_X_ARGS;                                            \
         fused_bsb_pipe<T, D, XMODE>(units, unit_split, split_part_first, n_items, heads,       \
                                     n_rows, row_ids, unit_pre, block_columns, bitmaps, q, k,   \
-                                    v, scale_log2, out, part_ml, part_acc, counters, &xa);     \
+                                    v, scale_log2, out, lse, part_ml, part_acc, counters,      \
+                                    &xa);                                                      \
     }
 #define SPATTN_FUSED_BSB_PIPE(SUFFIX, T, D)                                                    \
     extern "C" __global__ void __launch_bounds__(128)                                          \
@@ -238,7 +242,7 @@ __device__ __forceinline__ void fused_bsb_pipe(
         (void)fs;                                                                              \
         fused_bsb_pipe<T, D, 0>(units, unit_split, split_part_first, n_items, heads, n_rows,   \
                                 row_ids, unit_pre, block_columns, bitmaps, q, k, v,            \
-                                scale_log2, out, part_ml, part_acc, counters, nullptr);        \
+                                scale_log2, out, lse, part_ml, part_acc, counters, nullptr);   \
     }                                                                                          \
     SPATTN_FUSED_BSB_PIPE_X(SUFFIX, T, D, _xb, 1)                                              \
     SPATTN_FUSED_BSB_PIPE_X(SUFFIX, T, D, _xd, 2)                                              \

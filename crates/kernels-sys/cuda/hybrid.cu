@@ -262,8 +262,8 @@ __device__ __forceinline__ void hybrid(
             __threadfence();
             const u32 rows_here = min(BSB_WINDOW_ROWS, n_rows - wr0);
             bsb_merge_parts<T, DS / 16>(part_ml, part_acc, p_first, p_end, heads, h, DS, tid,
-                                             blockDim.x, 5u, mrg, rows_here, row_ids, wr0, out, hd,
-                                             head_off, head_dim);
+                                             blockDim.x, 5u, mrg, rows_here, row_ids, wr0, out,
+                                             nullptr, hd, head_off, head_dim);
             if (tid == 0u) *counter = 0u;  // ready for the next launch
         }
     }
@@ -560,8 +560,8 @@ __device__ __forceinline__ void hybrid_pipe(
             }
         }
         bsb_pipe_finish<T, D, SPMM>(part, ub.z, split_part_first, counters, heads, h, smem,
-                                    part_ml, part_acc, n_rows, window, row_ids, out, hd,
-                                    head_off, qrow, m, l, o);
+                                    part_ml, part_acc, n_rows, window, row_ids, out, nullptr,
+                                    hd, head_off, qrow, m, l, o);
     }();
     else if constexpr (HAS_CD)
         hybrid_pipe_cd<T, D, SPMM, EXTRAS>(units, n_items, heads, n_rows, tc_warps, row_ids,

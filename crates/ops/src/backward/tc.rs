@@ -55,7 +55,7 @@
 //! );
 //! let mut bwd = TensorCoreBackward::new::<f16>(&graph, 2, 16, Reorder::None)?;
 //! // Q = K = V = dOut = x here.
-//! bwd.run(&gpu, 0.25, [&q, &q, &q, &q], [&mut dq, &mut dk, &mut dv])?;
+//! bwd.run(&gpu, 0.25, [&q, &q, &q, &q], None, [&mut dq, &mut dk, &mut dv])?;
 //! let d_scale = bwd.d_scale().to_host()?[0];
 //! assert!(d_scale.is_finite());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
@@ -253,7 +253,8 @@ impl TensorCoreBackward {
         let slice = head_dim.next_power_of_two().max(SLICES[0]);
         let a = graph.bsb_in(reorder)?;
         let t = graph.transpose_bsb_beside(&a)?;
-        let a_side = Side::new(gpu, &a.layout, heads, slice + 1)?;
+        // Partial rows over A: the dq pass's accumulator, ∂scale share, c and b.
+        let a_side = Side::new(gpu, &a.layout, heads, slice + 3)?;
         let t_side = Side::new(gpu, &t.layout, heads, 2 * slice)?;
         let rows = product("rows × heads", &[graph.n_rows(), heads])?;
         Ok(Self {
@@ -301,6 +302,13 @@ impl TensorCoreBackward {
     /// Shapes: Q, dOut, dQ are `n_rows × heads × head_dim`; K, V, dK, dV are
     /// `n_cols × heads × head_dim` (the graph's sizes and the state's heads).
     ///
+    /// `saved`: the forward's output and the row statistics it left (`lse`, n_rows × heads,
+    /// [`crate::fused::FusedTc::forward_with_lse`] of the same inputs): the statistics pass is
+    /// skipped, each row's `D = ⟨dOut_i, out_i⟩` (FlashAttention-2's) and ∂L/∂scale stays
+    /// exact (its share is corrected by the dq pass's own `Σ P dP`); dQ, dK and dV carry
+    /// `out`'s rounding at its size. A stale `lse` gives wrong gradients: it must come from
+    /// the forward of these Q, K (and scale).
+    ///
     /// Errors: [`Error::InvalidArgument`] for another dtype than the state's or a scale that is
     /// not finite in the kernels' log2 domain, [`Error::ShapeMismatch`] naming the operand,
     /// [`Error::ForeignGpu`], driver errors.
@@ -309,9 +317,10 @@ impl TensorCoreBackward {
         gpu: &Gpu,
         scale: f32,
         operands: [&DeviceMatrix<T>; 4],
+        saved: Option<(&DeviceMatrix<T>, &DeviceVec<f32>)>,
         grads: [&mut DeviceMatrix<T>; 3],
     ) -> Result<()> {
-        self.run_inner(gpu, scale, operands, grads, None)
+        self.run_inner(gpu, scale, operands, saved, grads, None)
     }
 
     /// [`run`](Self::run) for the forward `out = softmax_row(scale · Q Kᵀ + bias, masked by A)
@@ -399,7 +408,7 @@ impl TensorCoreBackward {
         };
         // Extras that change nothing (no bias, dropout at rate 0) need no edge maps.
         if extras.bias.is_none() && extras.dropout.is_none_or(|d| d.threshold() == 0) {
-            return self.run_inner(gpu, scale, operands, grads, None);
+            return self.run_inner(gpu, scale, operands, None, grads, None);
         }
         let a = graph.host()?;
         let mut sides = match self.extras.take() {
@@ -435,7 +444,7 @@ impl TensorCoreBackward {
                 .stage
                 .gather(gpu, &tx.ids, t_blocks, self.heads, extras)?;
             if ga.takes() == (false, false) {
-                return self.run_inner(gpu, scale, operands, grads, None);
+                return self.run_inner(gpu, scale, operands, None, grads, None);
             }
             let x = LaunchExtras {
                 a: &ga,
@@ -446,7 +455,7 @@ impl TensorCoreBackward {
                     None => d_bias.as_deref_mut(),
                 },
             };
-            self.run_inner(gpu, scale, operands, grads, Some(x))?;
+            self.run_inner(gpu, scale, operands, None, grads, Some(x))?;
             if let (Some(ph), Some(db)) = (&per_head, d_bias) {
                 sum_heads(gpu, ph, (graph.nnz(), self.heads), db)?;
             }
@@ -462,6 +471,7 @@ impl TensorCoreBackward {
         gpu: &Gpu,
         scale: f32,
         operands: [&DeviceMatrix<T>; 4],
+        saved: Option<(&DeviceMatrix<T>, &DeviceVec<f32>)>,
         [dq, dk, dv]: [&mut DeviceMatrix<T>; 3],
         mut extras: Option<LaunchExtras<'_, T>>,
     ) -> Result<()> {
@@ -491,6 +501,19 @@ impl TensorCoreBackward {
         }
         for (what, m) in [("Q", q), ("K", k), ("V", v), ("dOut", d_out)] {
             check_same_gpu(gpu, what, m)?;
+        }
+        if let Some((out, lse)) = saved {
+            sq.expect_eq("out", out.shape())?;
+            check_same_gpu(gpu, "out", out)?;
+            let expected = product("rows × heads", &[sq.rows, self.heads])?;
+            if lse.len() != expected {
+                return Err(Error::LengthMismatch {
+                    what: "lse (rows × heads)",
+                    expected,
+                    actual: lse.len(),
+                });
+            }
+            check_same_gpu(gpu, "lse", lse)?;
         }
         for (what, m) in [("dQ", &*dq), ("dK", &*dk), ("dV", &*dv)] {
             check_same_gpu(gpu, what, m)?;
@@ -525,6 +548,11 @@ impl TensorCoreBackward {
                 Pass::A => (&mut self.a_side, a_bsb, a_rows),
                 Pass::T => (&mut self.t_side, &self.t.device, self.t.row_ids.as_ref()),
             };
+            // The forward's statistics replace the stats pass; the dq pass reads them.
+            if saved.is_some() && pass == PASSES[0] {
+                continue;
+            }
+            let from_fwd = saved.filter(|_| pass == PASSES[1]);
             let Some((cfg, n_items)) = grid(side.n_units, self.heads, pass, takes)? else {
                 continue;
             };
@@ -552,6 +580,8 @@ impl TensorCoreBackward {
                 .arg(x2.slice())
                 .arg(y1.slice())
                 .arg(y2.slice())
+                .arg_or_null(from_fwd.map(|(o, _)| o.as_vec()))
+                .arg_or_null(from_fwd.map(|(_, l)| l))
                 .arg(&scale_log2)
                 .arg(&scale)
                 .arg(self.stats.slice_mut());
@@ -584,13 +614,14 @@ impl TensorCoreBackward {
             // n_blocks (block_columns 8 and bitmap words 2 u64 per block), row_ids (a
             // renumbered BSB's: its n_rows entries, a permutation's old_of_new) at window rows
             // < n_rows.
-            // Window-side rows (x1, x2, g1, g2: Q, dOut, dQ over A; K, V, dK, dV over Aᵀ) are
-            // caller rows < the BSB's rows, gathered rows (y1, y2) real block columns < the
+            // Window-side rows (x1, x2, g1, g2: Q, dOut, dQ over A; K, V, dK, dV over Aᵀ; the
+            // dq pass's out, shaped as Q, and lse, n_rows × heads: checked) are caller rows <
+            // the BSB's rows, gathered rows (y1, y2) real block columns < the
             // other side's rows, each heads × head_dim (shapes checked), read and written at
             // features < head_dim in 16-byte chunks (head_dim a multiple of 8 two-byte
             // elements: `supports`). stats and ds_rows are indexed by (row of A, head): 2 ×
             // n_rows × heads and n_rows × heads floats. Partials at (part < n_parts, head,
-            // window row < 16) × (slice + 1) floats over A, 2 × slice over Aᵀ, and counters at
+            // window row < 16) × (slice + 3) floats over A, 2 × slice over Aᵀ, and counters at
             // (split, head): sized by `Side::new` from these schedules. Extras (`_x*` kernels
             // only): the gathered bias (one row of the BSB's edges per head) at a step's span
             // of edges, block_edge_start[blk] and [min(blk + 2, n_blocks)] (n_blocks + 1

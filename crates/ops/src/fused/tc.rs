@@ -43,7 +43,7 @@ use crate::device_bsb::{
     BSB_WINDOW_ROWS,
 };
 use crate::launch::{
-    blocks_for, check_same_gpu, kernel_named, launch, to_u32, LaunchConfig, PushKernelArg,
+    blocks_for, check_same_gpu, kernel_named, launch, product, to_u32, LaunchConfig, PushKernelArg,
     PushOptionalArg,
 };
 use crate::rows::{padded_heads, resize_rows, vec_padded};
@@ -371,7 +371,38 @@ impl FusedTensorCore {
         scale: f32,
         out: &mut DeviceMatrix<T>,
     ) -> Result<()> {
-        self.run(gpu, (q, k, v), scale, None, 0..self.n_units, out)
+        self.run(gpu, (q, k, v), scale, None, 0..self.n_units, out, None)
+    }
+
+    /// [`forward`](Self::forward) that also writes each row's softmax statistic into `lse`
+    /// (`n_rows × heads` f32, row-major by row then head): the log-sum-exp of the row's scores
+    /// in the kernels' log2 domain, `log2 Σ_j 2^(scale · log2(e) · ⟨q_i, k_j⟩)` (0 for a row
+    /// without edges). [`crate::backward::TensorCoreBackward::run`] takes it with the output
+    /// in place of its statistics pass.
+    ///
+    /// Errors: as [`forward`](Self::forward); [`Error::LengthMismatch`] for an `lse` of
+    /// another length, [`Error::ForeignGpu`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_with_lse<T: DType>(
+        &mut self,
+        gpu: &Gpu,
+        q: &DeviceMatrix<T>,
+        k: &DeviceMatrix<T>,
+        v: &DeviceMatrix<T>,
+        scale: f32,
+        out: &mut DeviceMatrix<T>,
+        lse: &mut DeviceVec<f32>,
+    ) -> Result<()> {
+        let expected = product("rows × heads", &[self.ordered.device.n_rows(), self.heads])?;
+        if lse.len() != expected {
+            return Err(Error::LengthMismatch {
+                what: "lse (rows × heads)",
+                expected,
+                actual: lse.len(),
+            });
+        }
+        check_same_gpu(gpu, "lse", &*lse)?;
+        self.run(gpu, (q, k, v), scale, None, 0..self.n_units, out, Some(lse))
     }
 
     /// One phase of a plan built with [`Options::own_columns`]: phase 0 runs the blocks whose
@@ -401,7 +432,7 @@ impl FusedTensorCore {
                 })
             }
         };
-        self.run(gpu, (q, k, v), scale, None, units, out)
+        self.run(gpu, (q, k, v), scale, None, units, out, None)
     }
 
     /// [`forward`](Self::forward) with a score bias and dropout (see `spattn::extras`) in the
@@ -434,10 +465,20 @@ impl FusedTensorCore {
         // Per block its first edge, and per edge in block-and-bit order its caller CSR edge:
         // built once per BSB (the backward's passes over A share it).
         self.ordered.device_edge_map(gpu, graph)?;
-        self.run(gpu, (q, k, v), scale, Some(extras), 0..self.n_units, out)
+        self.run(
+            gpu,
+            (q, k, v),
+            scale,
+            Some(extras),
+            0..self.n_units,
+            out,
+            None,
+        )
     }
 
-    /// Launches the units `units` (a range of the schedule's, all of them but for a phase).
+    /// Launches the units `units` (a range of the schedule's, all of them but for a phase),
+    /// writing the rows' lse where given (its length checked by the caller).
+    #[allow(clippy::too_many_arguments)]
     fn run<T: DType>(
         &mut self,
         gpu: &Gpu,
@@ -446,6 +487,7 @@ impl FusedTensorCore {
         extras: Option<&CsrExtras<'_, T>>,
         units: std::ops::Range<usize>,
         out: &mut DeviceMatrix<T>,
+        lse: Option<&mut DeviceVec<f32>>,
     ) -> Result<()> {
         if T::KIND != self.dtype {
             return Err(Error::InvalidArgument {
@@ -615,6 +657,7 @@ impl FusedTensorCore {
             .arg(v.slice())
             .arg(&scale_log2)
             .arg(out_run.slice_mut())
+            .arg_or_null_mut(lse)
             .arg(self.part_ml.slice_mut())
             .arg(self.part_acc.slice_mut())
             .arg(self.counters.slice_mut());
@@ -631,7 +674,8 @@ impl FusedTensorCore {
         // (`Schedule::prologue`); each unit's 4 entries lie in `units` (4 × n_units),
         // its split in `unit_split` (n_units) and `split_part_first` (n_split + 1). A unit's
         // blocks lie in [0, n_blocks): block_columns holds 8 and bitmap_words 2 u64 per block.
-        // Q and out rows read and written are window rows < n_rows, K and V rows are real
+        // Q and out rows read and written are window rows < n_rows (lse, where given, at
+        // (caller row < n_rows) × heads + head: n_rows × heads floats, checked by the caller), K and V rows are real
         // block columns < n_cols (padding slots are never loaded), each heads × head_dim long
         // (shapes checked above; for heads that are not whole 16-byte vectors those of the
         // padded copies: heads × head_dim with head_dim the padded length), at features
