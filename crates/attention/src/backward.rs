@@ -137,6 +137,27 @@ impl BackwardState {
     }
 }
 
+/// The softmax statistic of each row and head of a forward (its log-sum-exp in the kernels'
+/// log2 domain), kept by the caller from the forward to its backward: made by
+/// [`AttentionPlan::row_stats`], filled by [`AttentionPlan::forward_keeping_stats`], read by
+/// [`AttentionPlan::backward_with_stats`]. One per forward whose backward is pending: a plan
+/// serving several layers gives each layer its own.
+#[derive(Debug)]
+pub struct RowStats {
+    /// `n_rows × heads` f32.
+    lse: DeviceVec<f32>,
+    /// Whether the last forward kept them (else the backward computes its own).
+    kept: bool,
+}
+
+impl RowStats {
+    /// Whether the last [`AttentionPlan::forward_keeping_stats`] kept the statistics (a
+    /// fused-tc plan whose heads the tensor-core backward holds).
+    pub fn is_kept(&self) -> bool {
+        self.kept
+    }
+}
+
 /// The per-edge kernel sets' buffers.
 #[derive(Debug)]
 struct EdgeBuffers {
@@ -221,8 +242,96 @@ impl AttentionPlan {
         dk: &mut DeviceMatrix<T>,
         dv: &mut DeviceMatrix<T>,
     ) -> Result<f32> {
-        let d_scale = self.backward_impl(kernels, (q, k, v, out, d_out), (dq, dk, dv), true)?;
+        let io = (q, k, v, out, d_out);
+        let d_scale = self.backward_impl(kernels, io, None, (dq, dk, dv), true)?;
         Ok(d_scale.unwrap_or(0.0))
+    }
+
+    /// A buffer for the row statistics of this plan's forward ([`RowStats`]): `n_rows × heads`
+    /// f32 on the plan's GPU, empty until
+    /// [`forward_keeping_stats`](Self::forward_keeping_stats) fills it.
+    ///
+    /// Errors: [`Error::WrongPlanKind`] on a CPU plan; allocation errors.
+    pub fn row_stats(&self) -> Result<RowStats> {
+        let (gpu, _, _) = self.gpu_backward_parts()?;
+        let n = self.shape_q().rows * self.shape_q().heads;
+        Ok(RowStats {
+            lse: DeviceVec::zeros(gpu, n)?,
+            kept: false,
+        })
+    }
+
+    /// [`forward`](Self::forward) that also keeps each row's softmax statistic in `stats`
+    /// where the tensor-core backward can take it (a fused-tc plan of f16 / bf16 heads the
+    /// tensor-core backward holds); otherwise the plain forward, and `stats` marked empty.
+    /// [`backward_with_stats`](Self::backward_with_stats) of the same inputs then skips the
+    /// backward's statistics pass.
+    ///
+    /// Errors: as [`forward`](Self::forward); [`Error::ShapeMismatch`] for `stats` of another
+    /// plan's rows or heads.
+    pub fn forward_keeping_stats<T: DType>(
+        &self,
+        q: &DeviceMatrix<T>,
+        k: &DeviceMatrix<T>,
+        v: &DeviceMatrix<T>,
+        out: &mut DeviceMatrix<T>,
+        stats: &mut RowStats,
+    ) -> Result<()> {
+        self.check_stats(stats)?;
+        stats.kept = false;
+        if self.tensor_core_backward_runs::<T>()
+            && self.forward_with_lse(q, k, v, out, &mut stats.lse)?
+        {
+            stats.kept = true;
+            return Ok(());
+        }
+        self.forward(q, k, v, out)
+    }
+
+    /// [`backward_with`](Self::backward_with) from a forward that kept its row statistics in
+    /// `stats` ([`forward_keeping_stats`](Self::forward_keeping_stats) of the same Q, K, V and
+    /// `out`): the tensor-core backward takes them and each row's `⟨dOut_i, out_i⟩` in place of
+    /// its statistics pass (∂L/∂scale stays exact; dQ, dK, dV carry `out`'s rounding at its
+    /// size, within the dtype's tolerance). Statistics left empty, or other kernels, run as
+    /// [`backward_with`](Self::backward_with).
+    ///
+    /// Errors: as [`backward_with`](Self::backward_with); [`Error::ShapeMismatch`] for `stats`
+    /// of another plan's rows or heads.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_with_stats<T: DType>(
+        &self,
+        kernels: BackwardKernels,
+        q: &DeviceMatrix<T>,
+        k: &DeviceMatrix<T>,
+        v: &DeviceMatrix<T>,
+        out: &DeviceMatrix<T>,
+        d_out: &DeviceMatrix<T>,
+        stats: &RowStats,
+        (dq, dk, dv): (
+            &mut DeviceMatrix<T>,
+            &mut DeviceMatrix<T>,
+            &mut DeviceMatrix<T>,
+        ),
+    ) -> Result<f32> {
+        self.check_stats(stats)?;
+        let kept = stats.kept.then_some(stats);
+        let io = (q, k, v, out, d_out);
+        let d_scale = self.backward_impl(kernels, io, kept, (dq, dk, dv), true)?;
+        Ok(d_scale.unwrap_or(0.0))
+    }
+
+    /// `stats` sized for this plan's rows and heads.
+    fn check_stats(&self, stats: &RowStats) -> Result<()> {
+        let s = self.shape_q();
+        if stats.lse.len() != s.rows * s.heads {
+            return Err(Error::LengthMismatch {
+                what: "row statistics (rows × heads, one per row and head)",
+                expected: s.rows * s.heads,
+                actual: stats.lse.len(),
+                shape: s,
+            });
+        }
+        Ok(())
     }
 
     /// [`backward`](Self::backward) without ∂L/∂scale: the gradients of Q, K and V only, so the
@@ -245,6 +354,7 @@ impl AttentionPlan {
         self.backward_impl(
             BackwardKernels::default(),
             (q, k, v, out, d_out),
+            None,
             (dq, dk, dv),
             false,
         )
@@ -263,6 +373,7 @@ impl AttentionPlan {
             &DeviceMatrix<T>,
             &DeviceMatrix<T>,
         ),
+        stats: Option<&RowStats>,
         (dq, dk, dv): (
             &mut DeviceMatrix<T>,
             &mut DeviceMatrix<T>,
@@ -310,7 +421,8 @@ impl AttentionPlan {
         if kernels == BackwardKernels::TensorCore {
             let reorder = graph.effective_reorder(self.config().reorder);
             let ws = st.tc_workspace::<T>(graph, sq, reorder)?;
-            ws.run(gpu, scale, [q, k, v, d_out], None, [dq, dk, dv])?;
+            let saved = stats.map(|s| (out, &s.lse));
+            ws.run(gpu, scale, [q, k, v, d_out], saved, [dq, dk, dv])?;
             return read_d_scale(read_scale, ws.d_scale());
         }
         let t = graph.transpose()?;

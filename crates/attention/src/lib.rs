@@ -74,7 +74,7 @@ pub mod layers;
 pub mod partition;
 mod plan;
 
-pub use backward::{AttentionGradients, BackwardKernels};
+pub use backward::{AttentionGradients, BackwardKernels, RowStats};
 pub use config::{Algorithm, AttentionConfig, HybridParams, Reorder};
 pub use error::{Error, Result};
 pub use extras::{Extras, ExtrasGrads, HostExtras};

@@ -323,6 +323,36 @@ impl AttentionPlan {
         Ok(())
     }
 
+    /// [`forward`](Self::forward) on a fused-tc plan, writing each row's log2-domain
+    /// log-sum-exp into `lse` (`n_rows × heads`): `true`; `false`, running nothing, on a plan
+    /// of another algorithm.
+    pub(crate) fn forward_with_lse<T: DType>(
+        &self,
+        q: &DeviceMatrix<T>,
+        k: &DeviceMatrix<T>,
+        v: &DeviceMatrix<T>,
+        out: &mut DeviceMatrix<T>,
+        lse: &mut DeviceVec<f32>,
+    ) -> Result<bool> {
+        let Runner::Gpu(g) = &self.runner else {
+            return Ok(false);
+        };
+        self.check_dtype::<T>()?;
+        self.check_shape("Q", q.shape(), self.shape_q)?;
+        self.check_shape("K", k.shape(), self.shape_kv)?;
+        self.check_shape("V", v.shape(), self.shape_kv)?;
+        self.check_shape("out", out.shape(), self.shape_q)?;
+        let scale = self.config.scale();
+        let mut state = g.lock_state();
+        match &mut *state {
+            GpuState::FusedTensorCore(f) => {
+                f.forward_with_lse(&g.gpu, q, k, v, scale, out, lse)?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
     /// Runs the plan on host slices and returns the output (`n_rows × heads × head_dim`).
     ///
     /// On a GPU plan this uploads, runs [`forward`](Self::forward) and downloads; on a CPU plan

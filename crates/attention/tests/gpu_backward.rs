@@ -462,3 +462,133 @@ fn backward_host_and_errors() {
         .unwrap_err();
     assert!(matches!(e, spattn::Error::WrongPlanKind { .. }), "{e}");
 }
+
+/// The tensor-core backward from the forward's kept row statistics (fused-tc writes each row's
+/// lse; the backward skips its statistics pass and takes `⟨dOut, out⟩`): every gradient and
+/// ∂scale within the f64 reference's tolerance, bitwise equal across two runs, on directed and
+/// symmetric graphs (a hub row splitting windows on both sides) in two row orders; a plan of
+/// another algorithm keeps nothing and runs the plain backward.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn backward_from_kept_row_statistics() {
+    let gpu = gpu();
+    if gpu.compute_capability() < (8, 0) {
+        return;
+    }
+    let mut rng = fresh_rng("backward_from_kept_row_statistics");
+    let hub = {
+        let n = 3000;
+        let a = random_graph(&mut rng, n, 3, 6);
+        let edges: Vec<(u32, u32)> = (0..n)
+            .flat_map(|r| a.row(r).iter().map(move |&c| (r as u32, c)))
+            .chain((0..n as u32).map(|j| (5, j)))
+            .collect();
+        Csr::from_edges(n, n, &edges).unwrap()
+    };
+    let graphs = [
+        random_graph(&mut rng, 200, 5, 9),
+        random_graph(&mut rng, 33, 3, 4).symmetrize().unwrap(),
+        hub.symmetrize().unwrap(),
+        hub,
+    ];
+    for a in &graphs {
+        for reorder in [Reorder::None, Reorder::Degree] {
+            for shape in [(1, 24), (8, 64)] {
+                kept_stats_case::<f16>(&gpu, a, reorder, shape, &mut rng);
+                kept_stats_case::<bf16>(&gpu, a, reorder, shape, &mut rng);
+            }
+        }
+    }
+}
+
+fn kept_stats_case<T: DType>(
+    gpu: &Gpu,
+    a: &Csr,
+    reorder: Reorder,
+    (heads, head_dim): (usize, usize),
+    rng: &mut Pcg64,
+) {
+    let config = AttentionConfig::new(heads, head_dim, T::KIND).with_reorder(reorder);
+    let (sq, skv) = (
+        Shape::new(a.n_rows(), heads, head_dim).unwrap(),
+        Shape::new(a.n_cols(), heads, head_dim).unwrap(),
+    );
+    let (q, k, v, d): (Vec<T>, Vec<T>, Vec<T>, Vec<T>) = (
+        random_vec(rng, sq.len(), 1.0),
+        random_vec(rng, skv.len(), 1.0),
+        random_vec(rng, skv.len(), 1.0),
+        random_vec(rng, sq.len(), 1.0),
+    );
+    let (q64, k64, v64) = (to_f64(&q), to_f64(&k), to_f64(&v));
+    let inputs = AttentionInputs::new(&q64, sq, &k64, skv, &v64, skv);
+    let want =
+        attention_backward_f64_from(a, &inputs, f64::from(config.scale()), &to_f64(&d)).unwrap();
+    let up = |s, x: &[T]| DeviceMatrix::from_host(gpu, s, x).unwrap();
+    let (qd, kd, vd, dd) = (up(sq, &q), up(skv, &k), up(skv, &v), up(sq, &d));
+    let tc = BackwardKernels::TensorCore;
+    let ctx = format!(
+        "{} {reorder:?} n={} heads={heads} d={head_dim}",
+        T::NAME,
+        a.n_rows()
+    );
+    let run = |plan: &AttentionPlan| {
+        let mut stats = plan.row_stats().unwrap();
+        let mut out = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();
+        plan.forward_keeping_stats(&qd, &kd, &vd, &mut out, &mut stats)
+            .unwrap();
+        let mut g = [sq, skv, skv].map(|s| {
+            let mut m = DeviceMatrix::<T>::zeros(gpu, s).unwrap();
+            m.fill_nan().unwrap();
+            m
+        });
+        let [dq, dk, dv] = &mut g;
+        let d_scale = plan
+            .backward_with_stats(tc, &qd, &kd, &vd, &out, &dd, &stats, (dq, dk, dv))
+            .unwrap();
+        let host = g.map(|m| m.to_host().unwrap());
+        (stats.is_kept(), host, d_scale)
+    };
+    let plan = AttentionPlan::new_gpu(
+        gpu,
+        a,
+        config.clone().with_algorithm(Algorithm::FusedTensorCore),
+    )
+    .unwrap();
+    let (kept, grads, d_scale) = run(&plan);
+    assert!(kept, "{ctx}: fused-tc kept no statistics");
+    let tol = tolerance::<T>();
+    for (g, w, name) in [
+        (&grads[0], &want.dq, "dQ"),
+        (&grads[1], &want.dk, "dK"),
+        (&grads[2], &want.dv, "dV"),
+    ] {
+        let e = rel_l2_error(&to_f64(g), w);
+        assert!(e <= tol, "{ctx}: {name} rel error {e:e}");
+    }
+    let err = (f64::from(d_scale) - want.d_scale).abs();
+    assert!(
+        err <= 1e-4 * want.d_scale.abs().max(1.0),
+        "{ctx}: dscale {d_scale} vs {}",
+        want.d_scale
+    );
+    let again = run(&plan);
+    assert!(
+        again.1 == grads && again.2.to_bits() == d_scale.to_bits(),
+        "{ctx}: two runs differ"
+    );
+    // Another algorithm keeps nothing: the plain tensor-core backward, bitwise.
+    let csr = AttentionPlan::new_gpu(gpu, a, config.with_algorithm(Algorithm::FusedCsr)).unwrap();
+    let (kept, grads, d_scale) = run(&csr);
+    assert!(!kept, "{ctx}: fused-csr kept statistics");
+    let mut out = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();
+    csr.forward(&qd, &kd, &vd, &mut out).unwrap();
+    let mut g = [sq, skv, skv].map(|s| DeviceMatrix::<T>::zeros(gpu, s).unwrap());
+    let [dq, dk, dv] = &mut g;
+    let plain = csr
+        .backward_with(tc, &qd, &kd, &vd, &out, &dd, dq, dk, dv)
+        .unwrap();
+    assert!(
+        g.map(|m| m.to_host().unwrap()) == grads && plain.to_bits() == d_scale.to_bits(),
+        "{ctx}: fused-csr's backward with empty statistics is not the plain one"
+    );
+}

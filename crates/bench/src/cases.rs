@@ -62,8 +62,10 @@ pub enum Runner {
     /// An `AttentionPlan` built for this algorithm, run with `forward`.
     Plan(Algorithm),
     /// A training step of the attention: an `AttentionPlan` (automatic algorithm) run with
-    /// `forward` then `backward_with` these per-edge kernels, timed together.
-    TrainStep(spattn::BackwardKernels),
+    /// `forward` then `backward_with` these per-edge kernels, timed together; with `true`, the
+    /// forward keeps its row statistics for the backward (`forward_keeping_stats`,
+    /// `backward_with_stats`).
+    TrainStep(spattn::BackwardKernels, bool),
     /// `cpu::attention` in f32.
     CpuUnfused,
 }
@@ -247,28 +249,40 @@ pub const CASES: &[Case] = &[
     train_step_case(
         "train-step",
         spattn::BackwardKernels::Auto,
+        false,
         "forward (auto) + the default backward (tensor cores for f16/bf16 heads up to 64, else \
          the fused CUDA-core passes)",
     ),
     train_step_case(
         "train-step-fused",
         spattn::BackwardKernels::Fused,
+        false,
         "forward (auto) + the fused CUDA-core backward: a row pass (dQ) and a column pass (dK, dV)",
     ),
     train_step_case(
         "train-step-per-edge",
         spattn::BackwardKernels::PerEdge,
+        false,
         "forward (auto) + backward with the per-edge row kernel: 2 SDDMM, 1 row kernel, 3 SpMM",
     ),
     train_step_case(
         "train-step-tc",
         spattn::BackwardKernels::TensorCore,
+        false,
         "forward (auto) + the tensor-core backward: row statistics, dQ and dK/dV passes over BSB \
          (f16/bf16; otherwise the fused backward)",
     ),
     train_step_case(
+        "train-step-tc-kept",
+        spattn::BackwardKernels::TensorCore,
+        true,
+        "forward (auto) keeping its row statistics + the tensor-core backward's dQ and dK/dV \
+         passes (fused-tc plans; otherwise as train-step-tc)",
+    ),
+    train_step_case(
         "train-step-unfused",
         spattn::BackwardKernels::Unfused,
+        false,
         "forward (auto) + backward composed of spattn-ops building blocks",
     ),
     Case {
@@ -326,13 +340,14 @@ pub const TRAIN_PEERS: &[&str] = &["torch_sparse_train", "pyg_train"];
 const fn train_step_case(
     name: &'static str,
     kernels: spattn::BackwardKernels,
+    keep: bool,
     about: &'static str,
 ) -> Case {
     Case {
         name,
         kind: CaseKind::Algorithm,
         target: Target::Gpu,
-        runner: Runner::TrainStep(kernels),
+        runner: Runner::TrainStep(kernels, keep),
         traffic: Traffic::TrainStep,
         indices: IndexReads::CSR,
         peers: TRAIN_PEERS,
@@ -521,6 +536,7 @@ mod tests {
                 "train-step-fused",
                 "train-step-per-edge",
                 "train-step-tc",
+                "train-step-tc-kept",
                 "train-step-unfused"
             ]
         );

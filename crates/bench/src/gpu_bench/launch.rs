@@ -105,7 +105,7 @@ pub fn prepare<'a, T: DType>(case: &Case, cfg: &'a mut GpuConfig<'_, T>) -> Resu
                 &format!("planning {algorithm}"),
             )?);
         }
-        Runner::TrainStep(_) => {
+        Runner::TrainStep(..) => {
             let s = cfg.host.shape_q;
             let config = AttentionConfig::new(s.heads, s.head_dim, T::KIND)
                 .with_scale(cfg.host.scale)
@@ -204,7 +204,8 @@ pub fn prepare<'a, T: DType>(case: &Case, cfg: &'a mut GpuConfig<'_, T>) -> Resu
             out: DeviceMatrix::zeros(gpu, cfg.host.shape_q)?,
             reference: cfg.attention_ref.as_deref(),
         }),
-        (Runner::TrainStep(kernels), Some((plan, build))) => Box::new(TrainStepCase {
+        (Runner::TrainStep(kernels, keep), Some((plan, build))) => Box::new(TrainStepCase {
+            stats: if keep { Some(plan.row_stats()?) } else { None },
             plan,
             build,
             kernels,
@@ -217,7 +218,7 @@ pub fn prepare<'a, T: DType>(case: &Case, cfg: &'a mut GpuConfig<'_, T>) -> Resu
             dv: DeviceMatrix::zeros(gpu, cfg.host.shape_kv)?,
             reference: cfg.backward_ref.as_ref(),
         }),
-        (Runner::Plan(_) | Runner::TrainStep(_), None) | (Runner::CpuUnfused, _) => {
+        (Runner::Plan(_) | Runner::TrainStep(..), None) | (Runner::CpuUnfused, _) => {
             return Err(Error::new(format!("{} cannot run on the GPU", case.name)));
         }
     };
@@ -441,9 +442,12 @@ impl<T: DType> Launch for PlanCase<'_, T> {
     }
 }
 
-/// train-step, train-step-per-edge, train-step-unfused: `forward` then `backward_with` on the plan, dOut = Q. The
-/// check compares dQ, dK, dV with the f64 backward and reports the largest error.
+/// train-step, train-step-per-edge, train-step-unfused: `forward` then `backward_with` on the
+/// plan, dOut = Q (with `stats`: `forward_keeping_stats` then `backward_with_stats`). The check
+/// compares dQ, dK, dV with the f64 backward and reports the largest error.
 struct TrainStepCase<'a, T: DType> {
+    /// The forward's row statistics, where the case keeps them.
+    stats: Option<spattn::RowStats>,
     plan: AttentionPlan,
     build: PlanBuild,
     kernels: spattn::BackwardKernels,
@@ -459,6 +463,15 @@ struct TrainStepCase<'a, T: DType> {
 
 impl<T: DType> Launch for TrainStepCase<'_, T> {
     fn launch(&mut self) -> Result<()> {
+        if let Some(stats) = &mut self.stats {
+            let (q, k, v) = (self.q, self.k, self.v);
+            self.plan
+                .forward_keeping_stats(q, k, v, &mut self.out, stats)?;
+            let grads = (&mut self.dq, &mut self.dk, &mut self.dv);
+            self.plan
+                .backward_with_stats(self.kernels, q, k, v, &self.out, q, stats, grads)?;
+            return Ok(());
+        }
         self.plan.forward(self.q, self.k, self.v, &mut self.out)?;
         self.plan.backward_with(
             self.kernels,
@@ -488,8 +501,13 @@ impl<T: DType> Launch for TrainStepCase<'_, T> {
         Ok(worst)
     }
     fn choice(&self) -> Option<String> {
+        let kept = match &self.stats {
+            Some(s) if s.is_kept() => " from the forward's row statistics",
+            Some(_) => " (row statistics not kept: not a fused-tc plan of these heads)",
+            None => "",
+        };
         Some(format!(
-            "{}: {} + backward {:?}",
+            "{}: {} + backward {:?}{kept}",
             self.plan.algorithm(),
             self.plan.choice(),
             self.kernels
