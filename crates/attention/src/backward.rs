@@ -144,6 +144,8 @@ impl BackwardState {
 /// serving several layers gives each layer its own.
 #[derive(Debug)]
 pub struct RowStats {
+    /// The plan they are for ([`AttentionPlan::row_stats`]).
+    plan: u64,
     /// `n_rows × heads` f32.
     lse: DeviceVec<f32>,
     /// Whether the last forward kept them (else the backward computes its own).
@@ -155,6 +157,15 @@ impl RowStats {
     /// fused-tc plan whose heads the tensor-core backward holds).
     pub fn is_kept(&self) -> bool {
         self.kept
+    }
+
+    /// The statistics on the host, `n_rows × heads` (row-major by row, then head): each row's
+    /// `log2 Σ_j 2^(scale · log2(e) · ⟨q_i, k_j⟩ (+ bias · log2(e)))`, 0 for a row without
+    /// edges; meaningful where [`is_kept`](Self::is_kept).
+    ///
+    /// Errors: the download's (driver).
+    pub fn to_host(&self) -> Result<Vec<f32>> {
+        Ok(self.lse.to_host()?)
     }
 }
 
@@ -256,6 +267,7 @@ impl AttentionPlan {
         let (gpu, _, _) = self.gpu_backward_parts()?;
         let n = self.shape_q().rows * self.shape_q().heads;
         Ok(RowStats {
+            plan: self.id(),
             lse: DeviceVec::zeros(gpu, n)?,
             kept: false,
         })
@@ -267,8 +279,8 @@ impl AttentionPlan {
     /// [`backward_with_stats`](Self::backward_with_stats) of the same inputs then skips the
     /// backward's statistics pass.
     ///
-    /// Errors: as [`forward`](Self::forward); [`Error::ShapeMismatch`] for `stats` of another
-    /// plan's rows or heads.
+    /// Errors: as [`forward`](Self::forward); [`Error::InvalidConfig`] for `stats` made by
+    /// another plan.
     pub fn forward_keeping_stats<T: DType>(
         &self,
         q: &DeviceMatrix<T>,
@@ -295,8 +307,12 @@ impl AttentionPlan {
     /// size, within the dtype's tolerance). Statistics left empty, or other kernels, run as
     /// [`backward_with`](Self::backward_with).
     ///
-    /// Errors: as [`backward_with`](Self::backward_with); [`Error::ShapeMismatch`] for `stats`
-    /// of another plan's rows or heads.
+    /// `stats` must hold the statistics of the forward that produced `out` (another forward's,
+    /// kept in the same buffer since, give wrong gradients: one [`RowStats`] per pending
+    /// backward).
+    ///
+    /// Errors: as [`backward_with`](Self::backward_with); [`Error::InvalidConfig`] for `stats`
+    /// made by another plan.
     #[allow(clippy::too_many_arguments)]
     pub fn backward_with_stats<T: DType>(
         &self,
@@ -320,15 +336,12 @@ impl AttentionPlan {
         Ok(d_scale.unwrap_or(0.0))
     }
 
-    /// `stats` sized for this plan's rows and heads.
+    /// `stats` made by this plan (so sized for its rows and heads, of its graph and scale).
     fn check_stats(&self, stats: &RowStats) -> Result<()> {
-        let s = self.shape_q();
-        if stats.lse.len() != s.rows * s.heads {
-            return Err(Error::LengthMismatch {
-                what: "row statistics (rows × heads, one per row and head)",
-                expected: s.rows * s.heads,
-                actual: stats.lse.len(),
-                shape: s,
+        if stats.plan != self.id() {
+            return Err(Error::InvalidConfig {
+                what: "row statistics",
+                why: "made by another plan: use this plan's row_stats()".into(),
             });
         }
         Ok(())

@@ -47,6 +47,8 @@ pub struct AttentionPlan {
     shape_kv: Shape,
     nnz: usize,
     runner: Runner,
+    /// A number no other plan of the process has (row statistics name the plan they are for).
+    id: u64,
 }
 
 /// Where a plan runs.
@@ -206,7 +208,16 @@ impl AttentionPlan {
             shape_q,
             shape_kv,
             nnz,
+            id: {
+                static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+                NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            },
         }
+    }
+
+    /// This plan's number, unique in the process.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
     }
 
     /// The algorithm the plan runs (the resolved choice for [`Algorithm::Auto`]).

@@ -533,6 +533,8 @@ fn kept_stats_case<T: DType>(
     );
     let run = |plan: &AttentionPlan| {
         let mut stats = plan.row_stats().unwrap();
+        let other = plan.row_stats().unwrap();
+        assert!(!other.is_kept());
         let mut out = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();
         plan.forward_keeping_stats(&qd, &kd, &vd, &mut out, &mut stats)
             .unwrap();
@@ -546,7 +548,7 @@ fn kept_stats_case<T: DType>(
             .backward_with_stats(tc, &qd, &kd, &vd, &out, &dd, &stats, (dq, dk, dv))
             .unwrap();
         let host = g.map(|m| m.to_host().unwrap());
-        (stats.is_kept(), host, d_scale)
+        (stats.is_kept(), host, d_scale, stats.to_host().unwrap())
     };
     let plan = AttentionPlan::new_gpu(
         gpu,
@@ -554,8 +556,34 @@ fn kept_stats_case<T: DType>(
         config.clone().with_algorithm(Algorithm::FusedTensorCore),
     )
     .unwrap();
-    let (kept, grads, d_scale) = run(&plan);
+    let (kept, grads, d_scale, lse) = run(&plan);
     assert!(kept, "{ctx}: fused-tc kept no statistics");
+    // The kept statistic: each row's log2-domain log-sum-exp, 0 without edges.
+    let scale_log2 = f64::from(config.scale()) * std::f64::consts::LOG2_E;
+    for r in 0..a.n_rows() {
+        for h in 0..heads {
+            let x: Vec<f64> = a
+                .row(r)
+                .iter()
+                .map(|&c| {
+                    let (qi, kj) = (r * heads + h, c as usize * heads + h);
+                    let dot: f64 = (0..head_dim)
+                        .map(|f| q64[qi * head_dim + f] * k64[kj * head_dim + f])
+                        .sum();
+                    dot * scale_log2
+                })
+                .collect();
+            let want = match x.iter().copied().reduce(f64::max) {
+                Some(m) => m + x.iter().map(|v| (v - m).exp2()).sum::<f64>().log2(),
+                None => 0.0,
+            };
+            let got = f64::from(lse[r * heads + h]);
+            assert!(
+                (got - want).abs() <= 1e-3 * (1.0 + want.abs()),
+                "{ctx}: row {r} head {h}: lse {got} vs {want}"
+            );
+        }
+    }
     let tol = tolerance::<T>();
     for (g, w, name) in [
         (&grads[0], &want.dq, "dQ"),
@@ -576,9 +604,32 @@ fn kept_stats_case<T: DType>(
         again.1 == grads && again.2.to_bits() == d_scale.to_bits(),
         "{ctx}: two runs differ"
     );
+    // The kept statistics were used: D = ⟨dOut, out⟩ moves dQ's rounding against the stats
+    // pass's D (asserted where thousands of rows make a bitwise tie impossible in practice).
+    if a.n_rows() >= 3000 {
+        let mut out = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();
+        plan.forward(&qd, &kd, &vd, &mut out).unwrap();
+        let mut g = [sq, skv, skv].map(|s| DeviceMatrix::<T>::zeros(gpu, s).unwrap());
+        let [dq, dk, dv] = &mut g;
+        plan.backward_with(tc, &qd, &kd, &vd, &out, &dd, dq, dk, dv)
+            .unwrap();
+        assert!(
+            dq.to_host().unwrap() != grads[0],
+            "{ctx}: dQ from the kept statistics equals the stats pass's bit for bit"
+        );
+    }
+    // Statistics of another plan are refused.
+    let foreign = AttentionPlan::new_gpu(gpu, a, config.clone()).unwrap();
+    let stats = foreign.row_stats().unwrap();
+    let mut g = [sq, skv, skv].map(|s| DeviceMatrix::<T>::zeros(gpu, s).unwrap());
+    let [dq, dk, dv] = &mut g;
+    let e = plan
+        .backward_with_stats(tc, &qd, &kd, &vd, &qd, &dd, &stats, (dq, dk, dv))
+        .unwrap_err();
+    assert!(format!("{e}").contains("another plan"), "{ctx}: {e}");
     // Another algorithm keeps nothing: the plain tensor-core backward, bitwise.
     let csr = AttentionPlan::new_gpu(gpu, a, config.with_algorithm(Algorithm::FusedCsr)).unwrap();
-    let (kept, grads, d_scale) = run(&csr);
+    let (kept, grads, d_scale, _) = run(&csr);
     assert!(!kept, "{ctx}: fused-csr kept statistics");
     let mut out = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();
     csr.forward(&qd, &kd, &vd, &mut out).unwrap();

@@ -303,7 +303,7 @@ impl TensorCoreBackward {
     /// `n_cols × heads × head_dim` (the graph's sizes and the state's heads).
     ///
     /// `saved`: the forward's output and the row statistics it left (`lse`, n_rows × heads,
-    /// [`crate::fused::FusedTc::forward_with_lse`] of the same inputs): the statistics pass is
+    /// [`crate::fused::FusedTensorCore::forward_with_lse`] of the same inputs): the statistics pass is
     /// skipped, each row's `D = ⟨dOut_i, out_i⟩` (FlashAttention-2's) and ∂L/∂scale stays
     /// exact (its share is corrected by the dq pass's own `Σ P dP`); dQ, dK and dV carry
     /// `out`'s rounding at its size. A stale `lse` gives wrong gradients: it must come from
@@ -311,6 +311,7 @@ impl TensorCoreBackward {
     ///
     /// Errors: [`Error::InvalidArgument`] for another dtype than the state's or a scale that is
     /// not finite in the kernels' log2 domain, [`Error::ShapeMismatch`] naming the operand,
+    /// [`Error::LengthMismatch`] for an `lse` that is not n_rows × heads,
     /// [`Error::ForeignGpu`], driver errors.
     pub fn run<T: DType>(
         &mut self,
