@@ -476,15 +476,7 @@ fn backward_from_kept_row_statistics() {
         return;
     }
     let mut rng = fresh_rng("backward_from_kept_row_statistics");
-    let hub = {
-        let n = 3000;
-        let a = random_graph(&mut rng, n, 3, 6);
-        let edges: Vec<(u32, u32)> = (0..n)
-            .flat_map(|r| a.row(r).iter().map(move |&c| (r as u32, c)))
-            .chain((0..n as u32).map(|j| (5, j)))
-            .collect();
-        Csr::from_edges(n, n, &edges).unwrap()
-    };
+    let hub = hub_graph(&mut rng, 3000, 5);
     let graphs = [
         random_graph(&mut rng, 200, 5, 9),
         random_graph(&mut rng, 33, 3, 4).symmetrize().unwrap(),
