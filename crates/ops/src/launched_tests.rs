@@ -147,7 +147,7 @@ fn edge_extras_holds_exactly_the_launched_kernels() {
 #[test]
 fn fused_bsb_holds_exactly_the_launched_kernels() {
     use crate::device_bsb::{bias_gather_kernel, KEEP_GATHER_KERNEL};
-    use crate::fused::tc::{extras_kernel, kernel_name, layout_with, Options};
+    use crate::fused::tc::{extras_kernel, kernel_name, layout_with, lse_kernel, Options};
     let mut l = Launched::new(sys::FUSED_BSB);
     l.add(KEEP_GATHER_KERNEL);
     // The plans' layouts (FusedTensorCore::new runs the default options).
@@ -160,6 +160,9 @@ fn fused_bsb_holds_exactly_the_launched_kernels() {
             };
             let base = kernel_name(kind.name(), layout).unwrap();
             l.add(base);
+            if layout.pipelined {
+                l.add(lse_kernel(base)); // forward_with_lse
+            }
             // Every pair of extras taken (bias, dropout): the launch picks the twin from it.
             for takes in [(false, false), (true, false), (false, true), (true, true)] {
                 l.add(extras_kernel(base, layout.pipelined, takes));

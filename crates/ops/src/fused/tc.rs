@@ -615,9 +615,10 @@ impl FusedTensorCore {
         if let Some(pre) = &self.unit_pre {
             check_same_gpu(gpu, "unit records", pre)?;
         }
-        let kernel = match &gathered {
-            None => self.kernel,
-            Some(_) => kernel_named(&FUSED_BSB, extras_kernel(self.kernel, pipelined, takes))?,
+        let kernel = match (&gathered, &lse) {
+            (Some(_), _) => kernel_named(&FUSED_BSB, extras_kernel(self.kernel, pipelined, takes))?,
+            (None, Some(_)) if pipelined => kernel_named(&FUSED_BSB, lse_kernel(self.kernel))?,
+            (None, _) => self.kernel,
         };
         // The pipelined kernels' stages may pass 48 KiB: the opt-in is per function (made once).
         let f = if pipelined {
@@ -759,6 +760,12 @@ pub(crate) fn kernel_name(dtype: &str, layout: Layout) -> Result<&'static str> {
     // Heads that are not whole 16-byte vectors run padded to them (`run`): one kernel a slice.
     let name = format!("fused_bsb_{dtype}_s{}", layout.slice);
     kernel_named(&FUSED_BSB, name)
+}
+
+/// The twin of the pipelined kernel `base` that also writes each row's lse (the register
+/// kernels write it where given a non-null pointer).
+pub(crate) fn lse_kernel(base: &str) -> String {
+    format!("{base}_lse")
 }
 
 /// The `_x` twin of the kernel `base` that a launch with gathered extras runs: the pipelined
