@@ -39,7 +39,7 @@ use spattn_ops::backward::{
 };
 use spattn_ops::cpu::{self, AttentionInputs};
 use spattn_ops::graph::DeviceGraph;
-use spattn_ops::{csr_ops, DType, DeviceCsr, DeviceMatrix, DeviceVec, Gpu, Shape};
+use spattn_ops::{csr_ops, DType, DeviceCsr, DeviceMatrix, DeviceVec, ExternalVec, Gpu, Shape};
 
 use crate::error::{Error, Result};
 use crate::extras::Extras;
@@ -141,15 +141,39 @@ impl BackwardState {
 /// log2 domain), kept by the caller from the forward to its backward: made by
 /// [`AttentionPlan::row_stats`], filled by [`AttentionPlan::forward_keeping_stats`], read by
 /// [`AttentionPlan::backward_with_stats`]. One per forward whose backward is pending: a plan
-/// serving several layers gives each layer its own.
+/// serving several layers gives each layer its own. Held in the plan's own allocation
+/// ([`AttentionPlan::row_stats`]) or in the caller's ([`AttentionPlan::row_stats_in`]: a
+/// framework's tensor saved for its backward).
 #[derive(Debug)]
 pub struct RowStats {
     /// The plan they are for ([`AttentionPlan::row_stats`]).
     plan: u64,
     /// `n_rows × heads` f32.
-    lse: DeviceVec<f32>,
+    lse: StatsMemory,
     /// Whether the last forward kept them (else the backward computes its own).
     kept: bool,
+}
+
+/// Where a [`RowStats`] lives.
+#[derive(Debug)]
+enum StatsMemory {
+    Owned(DeviceVec<f32>),
+    Caller(ExternalVec<f32>),
+}
+
+impl StatsMemory {
+    fn vec(&self) -> &DeviceVec<f32> {
+        match self {
+            Self::Owned(v) => v,
+            Self::Caller(v) => v,
+        }
+    }
+    fn vec_mut(&mut self) -> &mut DeviceVec<f32> {
+        match self {
+            Self::Owned(v) => v,
+            Self::Caller(v) => v,
+        }
+    }
 }
 
 impl RowStats {
@@ -165,7 +189,7 @@ impl RowStats {
     ///
     /// Errors: the download's (driver).
     pub fn to_host(&self) -> Result<Vec<f32>> {
-        Ok(self.lse.to_host()?)
+        Ok(self.lse.vec().to_host()?)
     }
 }
 
@@ -268,8 +292,38 @@ impl AttentionPlan {
         let n = self.shape_q().rows * self.shape_q().heads;
         Ok(RowStats {
             plan: self.id(),
-            lse: DeviceVec::zeros(gpu, n)?,
+            lse: StatsMemory::Owned(DeviceVec::zeros(gpu, n)?),
             kept: false,
+        })
+    }
+
+    /// [`row_stats`](Self::row_stats) in the caller's memory: `lse` views `n_rows × heads` f32
+    /// on the plan's GPU (a tensor a framework saves from the forward to its backward), empty
+    /// until [`forward_keeping_stats`](Self::forward_keeping_stats) fills it. `kept` declares
+    /// that the memory already holds the statistics a forward of this graph, scale and heads
+    /// kept (its [`RowStats::is_kept`] was true): the backward of a framework whose forward
+    /// made an earlier view of the same memory. Declared wrongly, the gradients are wrong
+    /// (nothing worse: the kernels read exactly `n_rows × heads` floats).
+    ///
+    /// Errors: [`Error::WrongPlanKind`] on a CPU plan; [`Error::Ops`] with a length mismatch
+    /// naming `"lse (rows × heads)"` (a view of another GPU: at the forward or backward that
+    /// uses it).
+    pub fn row_stats_in(&self, lse: ExternalVec<f32>, kept: bool) -> Result<RowStats> {
+        // A GPU plan (the ops check the view's GPU where they use it).
+        self.gpu_backward_parts()?;
+        let expected = self.shape_q().rows * self.shape_q().heads;
+        if lse.len() != expected {
+            return Err(spattn_ops::Error::LengthMismatch {
+                what: "lse (rows × heads)",
+                expected,
+                actual: lse.len(),
+            }
+            .into());
+        }
+        Ok(RowStats {
+            plan: self.id(),
+            lse: StatsMemory::Caller(lse),
+            kept,
         })
     }
 
@@ -292,7 +346,7 @@ impl AttentionPlan {
         self.check_stats(stats)?;
         stats.kept = false;
         if self.tensor_core_backward_runs::<T>()
-            && self.forward_with_lse(q, k, v, out, &mut stats.lse)?
+            && self.forward_with_lse(q, k, v, out, stats.lse.vec_mut())?
         {
             stats.kept = true;
             return Ok(());
@@ -334,6 +388,33 @@ impl AttentionPlan {
         let io = (q, k, v, out, d_out);
         let d_scale = self.backward_impl(kernels, io, kept, (dq, dk, dv), true)?;
         Ok(d_scale.unwrap_or(0.0))
+    }
+
+    /// [`backward_grads`](Self::backward_grads) from the statistics a forward kept in `stats`
+    /// (as [`backward_with_stats`](Self::backward_with_stats), which also returns ∂L/∂scale):
+    /// enqueues its kernels and returns without waiting for the GPU.
+    ///
+    /// Errors: as [`backward_with_stats`](Self::backward_with_stats).
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_grads_with_stats<T: DType>(
+        &self,
+        q: &DeviceMatrix<T>,
+        k: &DeviceMatrix<T>,
+        v: &DeviceMatrix<T>,
+        out: &DeviceMatrix<T>,
+        d_out: &DeviceMatrix<T>,
+        stats: &RowStats,
+        (dq, dk, dv): (
+            &mut DeviceMatrix<T>,
+            &mut DeviceMatrix<T>,
+            &mut DeviceMatrix<T>,
+        ),
+    ) -> Result<()> {
+        self.check_stats(stats)?;
+        let kept = stats.kept.then_some(stats);
+        let io = (q, k, v, out, d_out);
+        self.backward_impl(BackwardKernels::default(), io, kept, (dq, dk, dv), false)
+            .map(|_| ())
     }
 
     /// `stats` made by this plan (so sized for its rows and heads, of its graph and scale).
@@ -434,7 +515,7 @@ impl AttentionPlan {
         if kernels == BackwardKernels::TensorCore {
             let reorder = graph.effective_reorder(self.config().reorder);
             let ws = st.tc_workspace::<T>(graph, sq, reorder)?;
-            let saved = stats.map(|s| (out, &s.lse));
+            let saved = stats.map(|s| (out, s.lse.vec()));
             ws.run(gpu, scale, [q, k, v, d_out], saved, [dq, dk, dv])?;
             return read_d_scale(read_scale, ws.d_scale());
         }

@@ -6,19 +6,25 @@ use spattn::ops::csr_ops::Gatv2Operands;
 use spattn::ops::device_plan::{BuildReport, DeviceEdges, DeviceIds, DeviceIndex, GraphSpec};
 use spattn::ops::{backward as gpu_backward, csr_ops, edge_extras};
 use spattn::ops::{DeviceCsr, ExternalMatrix, ExternalVec};
-use spattn::{AttentionPlan, DType, DeviceGraph, DeviceMatrix, DeviceVec, Dropout, Gpu, Shape};
+use spattn::{
+    AttentionPlan, BackwardKernels, DType, DeviceGraph, DeviceMatrix, DeviceVec, Dropout, Gpu,
+    Shape,
+};
 
 use crate::device;
 use crate::extras;
 use crate::graph::OnDevice;
 
-/// The forward of `plan` on CUDA tensors at `[q, k, v, out]`, ordered with `stream`.
+/// The forward of `plan` on CUDA tensors at `[q, k, v, out]`, ordered with `stream`; with
+/// `lse` (non-zero) it keeps the row statistics there where the plan can, and says whether it
+/// did.
 pub(crate) fn gpu_forward<T: DType>(
     d: &OnDevice,
     plan: &AttentionPlan,
     [q, k, v, out]: [u64; 4],
     stream: u64,
-) -> spattn::Result<()> {
+    lse: u64,
+) -> spattn::Result<bool> {
     let gpu = &d.device.gpu;
     let (sq, skv) = (plan.shape_q(), plan.shape_kv());
     // SAFETY: (views and bridge) the package passes `data_ptr()`s of contiguous CUDA tensors
@@ -29,34 +35,56 @@ pub(crate) fn gpu_forward<T: DType>(
     // `run` makes wait for every launch below. `out` is a fresh tensor: no other reader or
     // writer. The kernels read Q (n_rows·heads·head_dim), K and V (n_cols·heads·head_dim) and
     // write out (n_rows·heads·head_dim): the views' lengths, which `forward` checks against
-    // the plan's shapes. The views are dropped at the end of this function, never moved out
-    // of. `stream` is the current stream of this device's primary context (the caller's
+    // the plan's shapes; lse (where given: a fresh f32 tensor of n_rows·heads, the view's
+    // length, which `row_stats_in` checks) is written at (row, head) < n_rows·heads. The views
+    // are dropped at the end of this function, never moved out of. `stream` is the current
+    // stream of this device's primary context (the caller's
     // `torch.cuda.current_stream(device).cuda_stream`).
     unsafe {
         let (q, k, v) = extras::qkv_views::<T>(d, sq, skv, [q, k, v])?;
         let mut out = ExternalMatrix::<T>::new_trusted(gpu, "out", out, sq)?;
-        d.device
-            .bridge
-            .run(stream, || plan.forward(&q, &k, &v, &mut out))
+        let mut stats = match lse {
+            0 => None,
+            at => Some(plan.row_stats_in(lse_view(gpu, plan, at)?, false)?),
+        };
+        d.device.bridge.run(stream, || match &mut stats {
+            None => plan.forward(&q, &k, &v, &mut out).map(|()| false),
+            Some(stats) => plan
+                .forward_keeping_stats(&q, &k, &v, &mut out, stats)
+                .map(|()| stats.is_kept()),
+        })
     }
+}
+
+/// A view of the `n_rows × heads` f32 of row statistics at `at`.
+///
+/// # Safety
+/// `at` is the address of a contiguous f32 CUDA tensor of that many elements on the plan's
+/// device, kept alive by the caller for the call.
+unsafe fn lse_view(gpu: &Gpu, plan: &AttentionPlan, at: u64) -> spattn::Result<ExternalVec<f32>> {
+    let n = plan.shape_q().rows * plan.shape_q().heads;
+    // SAFETY: the caller's contract.
+    Ok(unsafe { ExternalVec::<f32>::new_trusted(gpu, "lse", at, n) }?)
 }
 
 /// The backward of `plan` on CUDA tensors at `[q, k, v, out, d_out, dq, dk, dv]`, ordered
 /// with `stream`; returns ∂L/∂scale where `d_scale` (downloaded: the call waits for spattn's
-/// stream), NaN otherwise (nothing waits).
+/// stream), NaN otherwise (nothing waits). `lse`: the row statistics a forward kept (0: none).
 pub(crate) fn gpu_backward_call<T: DType>(
     d: &OnDevice,
     plan: &AttentionPlan,
     [q, k, v, out, d_out, dq, dk, dv]: [u64; 8],
     stream: u64,
     d_scale: bool,
+    lse: u64,
 ) -> spattn::Result<f64> {
     let gpu = &d.device.gpu;
     let (sq, skv) = (plan.shape_q(), plan.shape_kv());
     // SAFETY: as in `gpu_forward`; the kernels read Q, out, d_out (n_rows rows) and K, V
     // (n_cols rows) and write dQ (n_rows rows), dK and dV (n_cols rows), each of heads·head_dim
-    // elements: the views' lengths, checked by `backward` against the plan's shapes. dQ, dK,
-    // dV are fresh tensors.
+    // elements: the views' lengths, checked by `backward` against the plan's shapes; lse
+    // (where given) is read at (row, head) < n_rows·heads, the view's length. dQ, dK, dV are
+    // fresh tensors.
     unsafe {
         let (q, k, v) = extras::qkv_views::<T>(d, sq, skv, [q, k, v])?;
         let out = ExternalMatrix::<T>::new_trusted(gpu, "out", out, sq)?;
@@ -64,14 +92,33 @@ pub(crate) fn gpu_backward_call<T: DType>(
         let mut dq = ExternalMatrix::<T>::new_trusted(gpu, "dq", dq, sq)?;
         let mut dk = ExternalMatrix::<T>::new_trusted(gpu, "dk", dk, skv)?;
         let mut dv = ExternalMatrix::<T>::new_trusted(gpu, "dv", dv, skv)?;
-        d.device.bridge.run(stream, || {
-            if d_scale {
-                plan.backward(&q, &k, &v, &out, &d_out, &mut dq, &mut dk, &mut dv)
-                    .map(f64::from)
-            } else {
-                plan.backward_grads(&q, &k, &v, &out, &d_out, &mut dq, &mut dk, &mut dv)
-                    .map(|()| f64::NAN)
-            }
+        let stats = match lse {
+            0 => None,
+            at => Some(plan.row_stats_in(lse_view(gpu, plan, at)?, true)?),
+        };
+        let grads = (&mut *dq, &mut *dk, &mut *dv);
+        d.device.bridge.run(stream, || match (&stats, d_scale) {
+            (None, true) => plan
+                .backward(&q, &k, &v, &out, &d_out, grads.0, grads.1, grads.2)
+                .map(f64::from),
+            (None, false) => plan
+                .backward_grads(&q, &k, &v, &out, &d_out, grads.0, grads.1, grads.2)
+                .map(|()| f64::NAN),
+            (Some(s), true) => plan
+                .backward_with_stats(
+                    BackwardKernels::default(),
+                    &q,
+                    &k,
+                    &v,
+                    &out,
+                    &d_out,
+                    s,
+                    grads,
+                )
+                .map(f64::from),
+            (Some(s), false) => plan
+                .backward_grads_with_stats(&q, &k, &v, &out, &d_out, s, grads)
+                .map(|()| f64::NAN),
         })
     }
 }

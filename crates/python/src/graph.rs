@@ -470,9 +470,12 @@ impl GraphCore {
     /// `out = softmax_row(scale · Q Kᵀ masked by A) · V`, `ptrs` the addresses of Q, K, V and
     /// out; returns 0. With `backward`: the exact gradients, `ptrs` the addresses of Q, K, V,
     /// out (the forward's output), d_out (its gradient), dQ, dK and dV; returns ∂L/∂scale, or
-    /// on CUDA with `d_scale` false NaN (the call then does not wait for the GPU). See the
-    /// module documentation for the arguments' contract.
-    #[pyo3(signature = (problem, scale, algorithm, backward, ptrs, stream, d_scale = true))]
+    /// on CUDA with `d_scale` false NaN (the call then does not wait for the GPU). `lse` (CUDA;
+    /// 0 for none): the address of `n_rows × heads` f32 for the row statistics: the forward
+    /// keeps them there where its plan can and returns 1.0 (0.0 where it cannot, leaving the
+    /// memory unread and unwritten); the backward takes them from a forward that returned 1.0.
+    /// See the module documentation for the arguments' contract.
+    #[pyo3(signature = (problem, scale, algorithm, backward, ptrs, stream, d_scale = true, lse = 0))]
     #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
@@ -484,6 +487,7 @@ impl GraphCore {
         ptrs: Vec<u64>,
         stream: u64,
         d_scale: bool,
+        lse: u64,
     ) -> PyResult<f64> {
         let (device, dtype, heads, head_dim) = problem;
         let dt = DTypeName::parse(&dtype)?;
@@ -512,10 +516,16 @@ impl GraphCore {
             if backward {
                 by_dtype!(
                     key.dtype,
-                    gpu_backward_call(d, plan, bwd(&ptrs), stream, d_scale)
+                    gpu_backward_call(d, plan, bwd(&ptrs), stream, d_scale, lse)
                 )
             } else {
-                by_dtype!(key.dtype, gpu_forward(d, plan, fwd(&ptrs), stream)).map(|()| 0.0)
+                by_dtype!(key.dtype, gpu_forward(d, plan, fwd(&ptrs), stream, lse)).map(|kept| {
+                    if kept {
+                        1.0
+                    } else {
+                        0.0
+                    }
+                })
             }
         })
     }

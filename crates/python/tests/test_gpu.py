@@ -99,6 +99,40 @@ def test_sparse_attention_forward_backward_on_cora(algorithm, dtype):
         assert rel_l2(got.double().cpu().numpy(), ref) <= TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_fused_tc_forward_keeps_row_statistics_for_the_backward(dtype):
+    """Autograd through a fused-tc plan keeps each row's log-sum-exp from the forward and the
+    backward takes it (skipping its statistics pass): the kept values are the rows' log2-sum-exp
+    of the scaled scores, and the gradients match the f64 reference and the backward that
+    recomputes them. Another algorithm keeps nothing."""
+    graph_or_skip("cora")
+    from spattn import functional as F
+
+    g, (q, k, v, d_out), _, refs = cora_case(dtype)
+    qc, kc, vc, dc = (t.cuda() for t in (q, k, v, d_out))
+    scale = 1 / np.sqrt(q.shape[2])
+    out, lse = F.attention_forward_keeping(g, qc, kc, vc, scale, "fused-tc")
+    assert lse is not None and lse.shape == (q.shape[0] * q.shape[1],)
+    # The rows' log2-sum-exp of the scaled scores, from the dense mask in f64.
+    mask = torch.from_numpy(dense_mask(g))
+    s = torch.einsum("ihd,jhd->hij", q.double(), k.double()) * scale
+    s = s.masked_fill(~mask.bool().unsqueeze(0), float("-inf"))
+    want_lse = (torch.logsumexp(s, dim=2) / np.log(2.0)).T.reshape(-1)
+    assert (lse.double().cpu() - want_lse).abs().max().item() <= 1e-3 * (1 + want_lse.abs().max())
+    kept = F.attention_backward(g, qc, kc, vc, out, dc, scale, "fused-tc", lse=lse)
+    recomputed = F.attention_backward(g, qc, kc, vc, out, dc, scale, "fused-tc")
+    for a, b, ref in zip(kept, recomputed, refs):
+        assert rel_l2(a.double().cpu().numpy(), ref) <= TOL[dtype]
+        assert rel(a, b) <= TOL[dtype]
+    # Autograd takes the same path (grads as above).
+    qg, kg, vg = (t.clone().requires_grad_() for t in (qc, kc, vc))
+    spattn.sparse_attention(g, qg, kg, vg, algorithm="fused-tc").backward(dc)
+    for got, ref in zip((qg.grad, kg.grad, vg.grad), refs):
+        assert rel_l2(got.double().cpu().numpy(), ref) <= TOL[dtype]
+    _, none = F.attention_forward_keeping(g, qc, kc, vc, scale, "fused-csr")
+    assert none is None
+
+
 def test_plan_reports_algorithm_and_memory_stats():
     g, _ = graph_or_skip("cora")
     info = g.plan(8, 64, dtype=torch.float16, device="cuda")

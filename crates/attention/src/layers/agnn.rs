@@ -16,7 +16,8 @@ use spattn_ops::{DeviceMatrix, DeviceVec, Shape};
 
 use super::gat::check_input;
 use super::params::{
-    attention_backward, Device, DeviceParam, GpuGraph, Host, HostGraph, HostParam, Placement,
+    attention_backward, attention_forward, Device, DeviceParam, GpuGraph, Host, HostGraph,
+    HostParam, Placement,
 };
 use crate::config::{Algorithm, AttentionConfig};
 use crate::error::{Error, Result};
@@ -42,6 +43,8 @@ pub struct AgnnCache<B: Placement> {
     q: B::Dense,
     out: B::Dense,
     inv_norm: B::Edges,
+    /// The attention's row statistics (device).
+    stats: Option<B::Stats>,
 }
 
 impl<B: Placement> AgnnConv<B> {
@@ -121,6 +124,7 @@ impl<F: Real> AgnnConv<Host<F>> {
             q,
             out: out.clone(),
             inv_norm,
+            stats: None,
         };
         Ok((out, cache))
     }
@@ -214,13 +218,14 @@ impl<T: GemmElement> AgnnConv<Device<T>> {
             &mut inv_norm,
         )?;
         let mut out = DeviceMatrix::zeros(gpu, s)?;
-        self.plan.forward(&q, &xhat, &xv, &mut out)?;
+        let stats = attention_forward(&self.plan, [&q, &xhat, &xv], &mut out)?;
         let cache = AgnnCache {
             x: xv,
             xhat,
             q,
             out: out.try_clone()?,
             inv_norm,
+            stats: Some(stats),
         };
         Ok((out, cache))
     }
@@ -237,7 +242,11 @@ impl<T: GemmElement> AgnnConv<Device<T>> {
         let mut dy1 = dy.try_clone()?;
         dy1.reshape(self.plan.shape_q())?;
         let qkv = [&cache.q, &cache.xhat, &cache.x];
-        let [dq, dk, mut dx] = attention_backward(&self.plan, gpu, qkv, &cache.out, &dy1)?;
+        let stats = cache.stats.as_ref().ok_or(Error::InvalidConfig {
+            what: "AGNN cache",
+            why: "not made by this layer's device forward".into(),
+        })?;
+        let [dq, dk, mut dx] = attention_backward(&self.plan, gpu, qkv, &cache.out, &dy1, stats)?;
         let DeviceParam { value, grad, .. } = &mut self.beta;
         elementwise::row_normalize_backward(
             gpu,

@@ -16,23 +16,38 @@ use spattn_ops::graph::DeviceGraph;
 use spattn_ops::{DType, DeviceCsr, DeviceMatrix, DeviceVec, Gpu, Shape};
 
 use crate::error::Result;
-use crate::AttentionPlan;
+use crate::{AttentionPlan, RowStats};
 use spattn_ops::Dropout;
 
+/// A layer's attention forward on `plan`: `out` and the row statistics the backward takes
+/// from it (kept where the plan can: a fused-tc plan of f16 / bf16 heads; otherwise empty and
+/// the backward computes its own).
+pub(crate) fn attention_forward<T: DType>(
+    plan: &AttentionPlan,
+    [q, k, v]: [&DeviceMatrix<T>; 3],
+    out: &mut DeviceMatrix<T>,
+) -> Result<RowStats> {
+    let mut stats = plan.row_stats()?;
+    plan.forward_keeping_stats(q, k, v, out, &mut stats)?;
+    Ok(stats)
+}
+
 /// The backward of a layer's attention `plan` on `gpu` into fresh zeroed dQ, dK and dV of the
-/// plan's shape: `[dq, dk, dv]` (the layers do not train the scale, so ∂L/∂scale is dropped).
+/// plan's shape: `[dq, dk, dv]`, from the forward's `stats` where it kept them. The layers do
+/// not train the scale, so ∂L/∂scale is not computed and nothing waits for the GPU.
 pub(crate) fn attention_backward<T: DType>(
     plan: &AttentionPlan,
     gpu: &Gpu,
     [q, k, v]: [&DeviceMatrix<T>; 3],
     out: &DeviceMatrix<T>,
     d_out: &DeviceMatrix<T>,
+    stats: &RowStats,
 ) -> Result<[DeviceMatrix<T>; 3]> {
     let s = plan.shape_q();
     let mut dq = DeviceMatrix::zeros(gpu, s)?;
     let mut dk = DeviceMatrix::zeros(gpu, s)?;
     let mut dv = DeviceMatrix::zeros(gpu, s)?;
-    plan.backward(q, k, v, out, d_out, &mut dq, &mut dk, &mut dv)?;
+    plan.backward_grads_with_stats(q, k, v, out, d_out, stats, (&mut dq, &mut dk, &mut dv))?;
     Ok([dq, dk, dv])
 }
 
@@ -50,6 +65,8 @@ pub trait Placement {
     type Graph: Clone;
     /// The attention plan a layer keeps (none on the host).
     type Plan;
+    /// The row statistics an attention forward keeps for its backward (none on the host).
+    type Stats;
 }
 
 /// The CPU placement in `F` (`f64`: the reference of the tests; `f32`: the fallback).
@@ -66,6 +83,7 @@ impl<F: Real> Placement for Host<F> {
     type Edges = Vec<F>;
     type Graph = Arc<HostGraph>;
     type Plan = ();
+    type Stats = ();
 }
 
 impl<T: DType> Placement for Device<T> {
@@ -74,6 +92,7 @@ impl<T: DType> Placement for Device<T> {
     type Edges = DeviceVec<f32>;
     type Graph = GpuGraph;
     type Plan = AttentionPlan;
+    type Stats = RowStats;
 }
 
 /// A parameter (`dims.rows × dims.cols`, row-major) and the gradient its layer's `backward`

@@ -142,8 +142,10 @@ class GraphCore:
         ptrs: Sequence[int],
         stream: int,
         d_scale: bool = True,
+        lse: int = 0,
     ) -> float:
-        """``problem``: (device, dtype, heads, head_dim); ``ptrs``: 4 (forward) or 8 addresses."""
+        """``problem``: (device, dtype, heads, head_dim); ``ptrs``: 4 (forward) or 8 addresses;
+        ``lse``: the address of the row statistics kept (forward: returns 1.0 where kept)."""
 
     def attention_extras(
         self,

@@ -407,24 +407,30 @@ def _address_or_0(t) -> int:
     return address(t) if t is not None else 0
 
 
-def _native_forward(graph, q, k, v, out, scale, algorithm) -> None:
+def _native_forward(graph, q, k, v, out, scale, algorithm, lse=None) -> bool:
+    """The forward; with ``lse`` (CUDA, ``n × heads`` float32) it keeps the row statistics
+    there where the plan can, and says whether it did."""
     n, h, d = q.shape
-    graph._core.attention(
+    kept = graph._core.attention(
         (device_index(q) if is_tensor(q) else -1, dtype_name(q.dtype), h, d), scale, algorithm,
         False, [address(q), address(k), address(v), address(out)],
-        stream_of(q) if is_tensor(q) else 0,
+        stream_of(q) if is_tensor(q) else 0, lse=0 if lse is None else address(lse),
     )
+    return kept == 1.0
 
 
-def _native_backward(graph, q, k, v, out, d_out, dq, dk, dv, scale, algorithm, d_scale=True) -> float:
+def _native_backward(graph, q, k, v, out, d_out, dq, dk, dv, scale, algorithm, d_scale=True,
+                     lse=None) -> float:
     """The exact backward; ∂L/∂scale only where ``d_scale`` (on CUDA reading it waits for the
-    GPU; the autograd backward does not need it)."""
+    GPU; the autograd backward does not need it); from the row statistics a forward kept in
+    ``lse`` where given."""
     n, h, d = q.shape
     return graph._core.attention(
         (device_index(q) if is_tensor(q) else -1, dtype_name(q.dtype), h, d), scale, algorithm,
         True, [address(q), address(k), address(v), address(out), address(d_out),
          address(dq), address(dk), address(dv)],
         stream_of(q) if is_tensor(q) else 0, d_scale=d_scale,
+        lse=0 if lse is None else address(lse),
     )
 
 
@@ -447,6 +453,22 @@ def attention_forward(graph: Graph, q, k, v, scale, algorithm):
     return out
 
 
+def attention_forward_keeping(graph: Graph, q, k, v, scale, algorithm):
+    """``(out, lse)``: :func:`attention_forward` that keeps each row's softmax statistic in
+    ``lse`` (``n × heads`` float32) for the backward where the plan can (CUDA, float16 /
+    bfloat16, a fused-tc plan: the backward then skips its statistics pass); ``lse`` is None
+    where it did not."""
+    if q.device.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16):
+        return attention_forward(graph, q, k, v, scale, algorithm), None
+    _check_rows(graph, q, k)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if _empty_problem(graph, q):
+        return out.zero_(), None
+    lse = torch.empty(q.shape[0] * q.shape[1], dtype=torch.float32, device=q.device)
+    kept = _native_forward(graph, q, k, v, out, scale, algorithm, lse)
+    return out, (lse if kept else None)
+
+
 def _outputs(outs, *likes):
     """The gradients' tensors: ``outs`` where given (the custom operators write into tensors
     their callers allocated), else new ones like ``likes`` (None stays None)."""
@@ -455,14 +477,17 @@ def _outputs(outs, *likes):
     return tuple(torch.empty_like(t) if t is not None else None for t in likes)
 
 
-def attention_backward(graph: Graph, q, k, v, out, d_out, scale, algorithm, outs=None):
-    """``(dq, dk, dv)`` of :func:`attention_forward` (written into ``outs`` where given)."""
+def attention_backward(graph: Graph, q, k, v, out, d_out, scale, algorithm, outs=None,
+                       lse=None):
+    """``(dq, dk, dv)`` of :func:`attention_forward` (written into ``outs`` where given), from
+    the row statistics :func:`attention_forward_keeping` kept in ``lse`` where given."""
     d_out = d_out.to(dtype=q.dtype).contiguous()
     dq, dk, dv = _outputs(outs, q, k, v)
     if _empty_problem(graph, q):
         dq.zero_(), dk.zero_(), dv.zero_()
     else:
-        _native_backward(graph, q, k, v, out, d_out, dq, dk, dv, scale, algorithm, d_scale=False)
+        _native_backward(graph, q, k, v, out, d_out, dq, dk, dv, scale, algorithm, d_scale=False,
+                         lse=lse)
     return dq, dk, dv
 
 
@@ -700,16 +725,21 @@ if torch is not None:
 
         @staticmethod
         def forward(ctx, graph, q, k, v, scale, algorithm):
-            out = attention_forward(graph, q, k, v, scale, algorithm)
+            # The row statistics only where a backward will take them.
+            if any(ctx.needs_input_grad[1:4]):
+                out, lse = attention_forward_keeping(graph, q, k, v, scale, algorithm)
+            else:
+                out, lse = attention_forward(graph, q, k, v, scale, algorithm), None
             ctx.graph, ctx.scale, ctx.algorithm = graph, scale, algorithm
-            ctx.save_for_backward(q, k, v, out)
+            ctx.save_for_backward(q, k, v, out, lse)
             return out
 
         @staticmethod
         @once_differentiable
         def backward(ctx, d_out):
-            q, k, v, out = ctx.saved_tensors
-            dq, dk, dv = attention_backward(ctx.graph, q, k, v, out, d_out, ctx.scale, ctx.algorithm)
+            q, k, v, out, lse = ctx.saved_tensors
+            dq, dk, dv = attention_backward(ctx.graph, q, k, v, out, d_out, ctx.scale, ctx.algorithm,
+                                            lse=lse)
             return None, dq, dk, dv, None, None
 
     class _SparseAttentionExtras(torch.autograd.Function):
