@@ -327,6 +327,15 @@ impl AttentionPlan {
         })
     }
 
+    /// Whether [`forward_keeping_stats`](Self::forward_keeping_stats) of `T` operands keeps
+    /// the row statistics on this plan (a fused-tc plan of heads the tensor-core backward
+    /// holds): a property of the built plan, the same for every call.
+    pub fn keeps_row_stats<T: DType>(&self) -> bool {
+        T::KIND == self.config().dtype
+            && self.tensor_core_backward_runs::<T>()
+            && self.runs_fused_tensor_core()
+    }
+
     /// [`forward`](Self::forward) that also keeps each row's softmax statistic in `stats`
     /// where the tensor-core backward can take it (a fused-tc plan of f16 / bf16 heads the
     /// tensor-core backward holds); otherwise the plain forward, and `stats` marked empty.
@@ -345,7 +354,7 @@ impl AttentionPlan {
     ) -> Result<()> {
         self.check_stats(stats)?;
         stats.kept = false;
-        if self.tensor_core_backward_runs::<T>()
+        if self.keeps_row_stats::<T>()
             && self.forward_with_lse(q, k, v, out, stats.lse.vec_mut())?
         {
             stats.kept = true;

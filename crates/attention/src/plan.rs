@@ -334,6 +334,15 @@ impl AttentionPlan {
         Ok(())
     }
 
+    /// Whether the GPU state is fused-tc's (fixed once the plan is built: autotuning runs in
+    /// the constructor).
+    pub(crate) fn runs_fused_tensor_core(&self) -> bool {
+        match &self.runner {
+            Runner::Gpu(g) => matches!(&*g.lock_state(), GpuState::FusedTensorCore(_)),
+            Runner::Cpu(_) => false,
+        }
+    }
+
     /// [`forward`](Self::forward) on a fused-tc plan, writing each row's log2-domain
     /// log-sum-exp into `lse` (`n_rows × heads`): `true`; `false`, running nothing, on a plan
     /// of another algorithm.

@@ -69,7 +69,8 @@ unsafe fn lse_view(gpu: &Gpu, plan: &AttentionPlan, at: u64) -> spattn::Result<E
 
 /// The backward of `plan` on CUDA tensors at `[q, k, v, out, d_out, dq, dk, dv]`, ordered
 /// with `stream`; returns ∂L/∂scale where `d_scale` (downloaded: the call waits for spattn's
-/// stream), NaN otherwise (nothing waits). `lse`: the row statistics a forward kept (0: none).
+/// stream), NaN otherwise (nothing waits). `lse`: the row statistics of the forward (0: none;
+/// read only where the plan keeps them).
 pub(crate) fn gpu_backward_call<T: DType>(
     d: &OnDevice,
     plan: &AttentionPlan,
@@ -92,9 +93,12 @@ pub(crate) fn gpu_backward_call<T: DType>(
         let mut dq = ExternalMatrix::<T>::new_trusted(gpu, "dq", dq, sq)?;
         let mut dk = ExternalMatrix::<T>::new_trusted(gpu, "dk", dk, skv)?;
         let mut dv = ExternalMatrix::<T>::new_trusted(gpu, "dv", dv, skv)?;
+        // The statistics where the plan kept them (a property of the plan: the forward's).
         let stats = match lse {
-            0 => None,
-            at => Some(plan.row_stats_in(lse_view(gpu, plan, at)?, true)?),
+            at if at != 0 && plan.keeps_row_stats::<T>() => {
+                Some(plan.row_stats_in(lse_view(gpu, plan, at)?, true)?)
+            }
+            _ => None,
         };
         let grads = (&mut *dq, &mut *dk, &mut *dv);
         d.device.bridge.run(stream, || match (&stats, d_scale) {

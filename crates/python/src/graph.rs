@@ -473,7 +473,8 @@ impl GraphCore {
     /// on CUDA with `d_scale` false NaN (the call then does not wait for the GPU). `lse` (CUDA;
     /// 0 for none): the address of `n_rows × heads` f32 for the row statistics: the forward
     /// keeps them there where its plan can and returns 1.0 (0.0 where it cannot, leaving the
-    /// memory unread and unwritten); the backward takes them from a forward that returned 1.0.
+    /// memory unread and unwritten); the backward takes them where the plan keeps them (the
+    /// forward returned 1.0) and ignores them otherwise.
     /// See the module documentation for the arguments' contract.
     #[pyo3(signature = (problem, scale, algorithm, backward, ptrs, stream, d_scale = true, lse = 0))]
     #[allow(clippy::too_many_arguments)]

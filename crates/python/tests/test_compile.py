@@ -162,9 +162,11 @@ def test_operators_pass_opcheck():
     ops = torch.ops.spattn
     cases = [
         (ops.attention.default, (tok, q, k, v, None, "auto")),
+        (ops.attention_keeping.default, (tok, q, k, v, None, "auto")),
         (ops.attention_extras.default, (tok, q, k, v, bias, None, 0.5, "auto", 0.2, seed)),
         (ops.attention_backward.default,
-         (tok, q, k, v, q.detach(), q.detach(), None, "auto") + tuple(torch.empty(30, 2, 4) for _ in range(3))),
+         (tok, q, k, v, q.detach(), q.detach(), None, "auto")
+         + tuple(torch.empty(30, 2, 4) for _ in range(3)) + (None,)),
         (ops.gat.default, (tok, x, a, a.detach().clone().requires_grad_(), None, 0.2, 0.0, None)),
     ]
     # The fake and the real implementations agree on shapes and dtypes; the schemas, the
@@ -200,6 +202,35 @@ def test_dropout_draws_a_new_mask_every_call():
 
 TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}
 needs_cuda = pytest.mark.skipif("cuda" not in DEVICES, reason="needs an NVIDIA GPU")
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_compiled_training_takes_the_forward_row_statistics(dtype):
+    """Traced training calls the keeping operator: on a fused-tc plan it returns the row
+    statistics eager's forward keeps, and the compiled gradients equal eager's bit for bit
+    (both backwards read them)."""
+    from spattn import functional as F
+
+    g = spattn.Graph.from_edge_index(edges(300, 3000, 9, "cuda"), num_nodes=300)
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    q, k, v = (torch.randn(300, 4, 32, device="cuda", generator=gen).to(dtype) for _ in range(3))
+    out, lse = torch.ops.spattn.attention_keeping(g._token, q, k, v, None, "fused-tc")
+    want_out, want_lse = F.attention_forward_keeping(g, q, k, v, None, "fused-tc")
+    assert want_lse is not None
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+
+    def step(q, k, v):
+        return spattn.sparse_attention(g, q, k, v, algorithm="fused-tc")
+
+    w = torch.linspace(-1, 1, q.numel(), device="cuda").view_as(q)
+    grads = []
+    for fn in (step, torch.compile(step, backend="aot_eager", fullgraph=True)):
+        xs = [t.clone().requires_grad_() for t in (q, k, v)]
+        (fn(*xs).float() * w).sum().backward()
+        grads.append([t.grad for t in xs])
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
 
 
 class Net(torch.nn.Module):

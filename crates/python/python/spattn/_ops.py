@@ -157,34 +157,55 @@ def _(graph, q, k, v, scale, algorithm):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
+@_op("attention_keeping")
+def attention_keeping(graph: Tensor, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float],
+                      algorithm: str) -> Tuple[Tensor, Tensor]:
+    """:func:`attention` for training: also the row statistics its backward takes
+    (``num_nodes × heads`` float32, kept where the plan can; zeros, which the backward does
+    not read, where it cannot)."""
+    out, lse = F.attention_forward_keeping(graph_of_token(graph), q, k, v, scale, algorithm)
+    if lse is None:
+        lse = torch.zeros(q.shape[0] * q.shape[1], dtype=torch.float32, device=q.device)
+    return out, lse
+
+
+@attention_keeping.register_fake
+def _(graph, q, k, v, scale, algorithm):
+    lse = q.new_empty(q.shape[0] * q.shape[1], dtype=torch.float32)
+    return torch.empty_like(q, memory_format=torch.contiguous_format), lse
+
+
 @_op("attention_backward", ("dq", "dk", "dv"))
 def attention_backward(graph: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                        d_out: Tensor, scale: Optional[float], algorithm: str, dq: Tensor,
-                       dk: Tensor, dv: Tensor) -> None:
-    """:func:`attention`'s gradients, written into ``dq``, ``dk``, ``dv``."""
+                       dk: Tensor, dv: Tensor, lse: Optional[Tensor]) -> None:
+    """:func:`attention`'s gradients, written into ``dq``, ``dk``, ``dv`` (from the row
+    statistics of :func:`attention_keeping` where given and its plan kept them)."""
     F.attention_backward(graph_of_token(graph), q, k, v, out, d_out, scale, algorithm,
-                         outs=(dq, dk, dv))
+                         outs=(dq, dk, dv), lse=lse)
 
 
 @attention_backward.register_fake
-def _(graph, q, k, v, out, d_out, scale, algorithm, dq, dk, dv):
+def _(graph, q, k, v, out, d_out, scale, algorithm, dq, dk, dv, lse):
     return None
 
 
 def _attention_setup(ctx, inputs, output):
     graph, q, k, v, scale, algorithm = inputs
-    ctx.save_for_backward(graph, q, k, v, output)
+    out, lse = output if isinstance(output, tuple) else (output, None)
+    ctx.save_for_backward(graph, q, k, v, out, lse)
     ctx.scale, ctx.algorithm = scale, algorithm
 
 
-def _attention_grad(ctx, d_out):
-    graph, q, k, v, out = ctx.saved_tensors
+def _attention_grad(ctx, d_out, _d_lse=None):
+    graph, q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    attention_backward(graph, q, k, v, out, d_out, ctx.scale, ctx.algorithm, dq, dk, dv)
+    attention_backward(graph, q, k, v, out, d_out, ctx.scale, ctx.algorithm, dq, dk, dv, lse)
     return None, dq, dk, dv, None, None
 
 
 attention.register_autograd(_attention_grad, setup_context=_attention_setup)
+attention_keeping.register_autograd(_attention_grad, setup_context=_attention_setup)
 
 
 @_op("attention_extras")

@@ -208,6 +208,9 @@ def _autocast(*ts):
 
 def _attention_call(ref, q, k, v, scale, algorithm):
     if is_tensor(ref):
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            # Training: the operator that also hands the row statistics to the backward.
+            return torch.ops.spattn.attention_keeping(ref, q, k, v, scale, algorithm)[0]
         return torch.ops.spattn.attention(ref, q, k, v, scale, algorithm)
     return _SparseAttention.apply(ref, q, k, v, scale, algorithm)
 
