@@ -184,7 +184,7 @@ impl RowStats {
     }
 
     /// The statistics on the host, `n_rows × heads` (row-major by row, then head): each row's
-    /// `log2 Σ_j 2^(scale · log2(e) · ⟨q_i, k_j⟩ (+ bias · log2(e)))`, 0 for a row without
+    /// `log2 Σ_j 2^(scale · log2(e) · ⟨q_i, k_j⟩)`, 0 for a row without
     /// edges; meaningful where [`is_kept`](Self::is_kept).
     ///
     /// Errors: the download's (driver).
@@ -303,7 +303,8 @@ impl AttentionPlan {
     /// that the memory already holds the statistics a forward of this graph, scale and heads
     /// kept (its [`RowStats::is_kept`] was true): the backward of a framework whose forward
     /// made an earlier view of the same memory. Declared wrongly, the gradients are wrong
-    /// (nothing worse: the kernels read exactly `n_rows × heads` floats).
+    /// (nothing worse: the kernels read exactly `n_rows × heads` floats, the view's length,
+    /// checked here).
     ///
     /// Errors: [`Error::WrongPlanKind`] on a CPU plan; [`Error::Ops`] with a length mismatch
     /// naming `"lse (rows × heads)"` (a view of another GPU: at the forward or backward that

@@ -391,14 +391,13 @@ pub fn measure(
     settings: RunSettings,
 ) -> Measured {
     let mut m = Measured {
+        choice: case.choice(),
         plan: case.plan_build(),
         ..Measured::default()
     };
     if let Err(e) = measure_into(gpu, timer, case, settings, &mut m) {
         m.error = Some(e.to_string());
     }
-    // After the runs: a case's choice may name what its runs did (kept row statistics).
-    m.choice = case.choice();
     m
 }
 

@@ -915,7 +915,8 @@ __device__ __forceinline__ void bsb_merge_parts(const float* part_ml, const floa
         mrg[gt] = mm == SPATTN_NEG_INF ? 0.0f : mm;
         mrg[BSB_WINDOW_ROWS + gt] = ll > 0.0f ? 1.0f / ll : 0.0f;
         if (lse != nullptr && gt < rows_here)
-            lse[(u64)caller_row(row_ids, row0 + gt) * heads + h] = ll > 0.0f ? mm + log2f(ll) : 0.0f;
+            lse[(u64)caller_row(row_ids, row0 + gt) * heads + h] =
+                ll > 0.0f ? mm + log2f(ll) : 0.0f;
     }
     bsb_group_sync(bar, gsize);
     // Then every (row, 4 features): NQ quads per thread, all of a part's loads in flight at once.
@@ -957,8 +958,7 @@ __device__ __forceinline__ void bsb_merge_parts(const float* part_ml, const floa
 // part: the group (`gsize` threads, thread gt, named barrier `bar`) counts its arrival on the
 // window's counter for head h, and the last part to arrive merges every part of the window
 // (bsb_merge_parts) into the output rows (and lse, where non-null) and resets the counter for
-// the next launch. `mrg`
-// is the group's BSB_MERGE_FLOATS of shared memory.
+// the next launch. `mrg` is the group's BSB_MERGE_FLOATS of shared memory.
 template <class T, int NQ>
 __device__ __forceinline__ void bsb_finish_split(
     u32 split, const u32* __restrict__ split_part_first, u32* __restrict__ counters, u32 heads,

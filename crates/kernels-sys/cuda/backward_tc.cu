@@ -44,9 +44,9 @@
 // Units are fused-tc's (host schedule, largest first; a window without blocks has one unit,
 // which writes zeros). A window split into several units leaves a partial per unit (stats: m,
 // l, w; dq: the accumulator, the dscale share and its correction's c and b; dkv: both
-// accumulators) and the last unit to
-// finish (an integer counter per split window and head) merges them in part order and resets
-// the counter, so the result does not depend on which unit merges.
+// accumulators) and the last unit to finish (an integer counter per split window and head)
+// merges them in part order and resets the counter, so the result does not depend on which
+// unit merges.
 
 #include "attention_tiles.cuh"
 
@@ -85,7 +85,8 @@ __device__ __forceinline__ void bwd_tc(
     const u32* __restrict__ row_ids, const u32* __restrict__ block_columns,
     const u32* __restrict__ bitmaps, const T* __restrict__ x1, const T* __restrict__ x2,
     const T* __restrict__ y1, const T* __restrict__ y2, const T* __restrict__ out,
-    const float* __restrict__ lse, float scale_log2, float scale, float2* __restrict__ stats, T* __restrict__ g1, T* __restrict__ g2,
+    const float* __restrict__ lse, float scale_log2, float scale, float2* __restrict__ stats,
+    T* __restrict__ g1, T* __restrict__ g2,
     float* __restrict__ ds_rows, float* __restrict__ part, u32* __restrict__ counters,
     const BsbExtrasArgs& xa, const u32* __restrict__ x_ids, T* __restrict__ d_bias) {
     constexpr int STAGES = BSB_PIPE_STAGES;
@@ -425,7 +426,8 @@ __device__ __forceinline__ void bwd_tc(
                 float sum = 0.0f;
                 for (u32 p = p0; p < p1; ++p) sum += at(p, i);
                 const u32 a = i / DS, f = i - a * DS;
-                if (f < d) (a == 0u ? g1 : g2)[crow * hd + head_off + f] = from_f32<T>(sum * fac[a]);
+                if (f < d)
+                    (a == 0u ? g1 : g2)[crow * hd + head_off + f] = from_f32<T>(sum * fac[a]);
             }
         }
     }
@@ -445,8 +447,9 @@ __device__ __forceinline__ void bwd_tc(
     const uint4 *units, const u32 *unit_split, const u32 *split_part_first, u32 n_items,       \
         u32 heads, u32 head_dim, u32 n_rows, const u32 *row_ids, const u32 *block_columns,     \
         const u32 *bitmaps, const T *x1, const T *x2, const T *y1, const T *y2, const T *out,  \
-        const float *lse, float scale_log2, float scale, float2 *stats, T *g1, T *g2, float *ds_rows,            \
-        float *part, u32 *counters, SPATTN_BSB_X_PARAMS, const u32 *x_ids, T *d_bias
+        const float *lse, float scale_log2, float scale, float2 *stats, T *g1, T *g2,          \
+        float *ds_rows, float *part, u32 *counters, SPATTN_BSB_X_PARAMS, const u32 *x_ids,     \
+        T *d_bias
 #define SPATTN_BWD_TC(NAME, MODE, SUFFIX, T, DS, XMODE, XS)                                    \
     extern "C" __global__ void __launch_bounds__(128)                                          \
         backward_tc_##NAME##_##SUFFIX##_s##DS##XS(SPATTN_BWD_TC_PARAMS(T)) {                   \

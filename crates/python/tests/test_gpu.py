@@ -100,7 +100,7 @@ def test_sparse_attention_forward_backward_on_cora(algorithm, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
-def test_fused_tc_forward_keeps_row_statistics_for_the_backward(dtype):
+def test_fused_tc_forward_keeps_row_statistics_for_the_backward(dtype, monkeypatch):
     """Autograd through a fused-tc plan keeps each row's log-sum-exp from the forward and the
     backward takes it (skipping its statistics pass): the kept values are the rows' log2-sum-exp
     of the scaled scores, and the gradients match the f64 reference and the backward that
@@ -124,11 +124,30 @@ def test_fused_tc_forward_keeps_row_statistics_for_the_backward(dtype):
     for a, b, ref in zip(kept, recomputed, refs):
         assert rel_l2(a.double().cpu().numpy(), ref) <= TOL[dtype]
         assert rel(a, b) <= TOL[dtype]
-    # Autograd takes the same path (grads as above).
+    # Autograd takes the same path: its backward is handed the kept statistics.
+    seen = []
+    native = F._native_backward
+
+    def spy(*args, **kw):
+        seen.append(kw.get("lse"))
+        return native(*args, **kw)
+
+    monkeypatch.setattr(F, "_native_backward", spy)
     qg, kg, vg = (t.clone().requires_grad_() for t in (qc, kc, vc))
     spattn.sparse_attention(g, qg, kg, vg, algorithm="fused-tc").backward(dc)
+    assert len(seen) == 1 and seen[0] is not None
     for got, ref in zip((qg.grad, kg.grad, vg.grad), refs):
         assert rel_l2(got.double().cpu().numpy(), ref) <= TOL[dtype]
+    # Without grad mode nothing is kept (inference pays no statistics).
+    with torch.no_grad():
+        seen_fwd = []
+        keeping = F.attention_forward_keeping
+        monkeypatch.setattr(F, "attention_forward_keeping",
+                            lambda *a: seen_fwd.append(1) or keeping(*a))
+        spattn.sparse_attention(g, qg, kg, vg, algorithm="fused-tc")
+        assert not seen_fwd
+    with pytest.raises(ValueError, match="lse"):
+        F.attention_backward(g, qc, kc, vc, out, dc, scale, "fused-tc", lse=lse[:-1])
     _, none = F.attention_forward_keeping(g, qc, kc, vc, scale, "fused-csr")
     assert none is None
 

@@ -283,6 +283,19 @@ def test_double_backward_is_refused(gen):
         gq.sum().backward()
 
 
+def test_backward_refuses_row_statistics_of_another_shape():
+    from spattn import functional as F
+
+    g = spattn.Graph.from_edge_index(torch.tensor([[0, 1, 2], [1, 2, 0]]))
+    q = torch.randn(3, 2, 4)
+    out = spattn.sparse_attention(g, q, q, q)
+    for bad in (torch.zeros(5), torch.zeros(6, dtype=torch.float64), torch.zeros(12)[::2]):
+        with pytest.raises(ValueError, match="lse: expected 6 contiguous float32"):
+            F.attention_backward(g, q, q, q, out, out, None, "auto", lse=bad)
+    dq, _, _ = F.attention_backward(g, q, q, q, out, out, None, "auto", lse=torch.zeros(6))
+    assert torch.isfinite(dq).all()
+
+
 def test_inference_mode_and_no_grad(gen):
     ei = random_edge_index(gen)
     x = torch.randn(24, 5, generator=gen)

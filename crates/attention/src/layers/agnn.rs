@@ -43,7 +43,7 @@ pub struct AgnnCache<B: Placement> {
     q: B::Dense,
     out: B::Dense,
     inv_norm: B::Edges,
-    /// The attention's row statistics (device).
+    /// The attention's row statistics (a device forward on a plan that keeps them).
     stats: Option<B::Stats>,
 }
 
@@ -225,7 +225,7 @@ impl<T: GemmElement> AgnnConv<Device<T>> {
             q,
             out: out.try_clone()?,
             inv_norm,
-            stats: Some(stats),
+            stats,
         };
         Ok((out, cache))
     }
@@ -242,10 +242,7 @@ impl<T: GemmElement> AgnnConv<Device<T>> {
         let mut dy1 = dy.try_clone()?;
         dy1.reshape(self.plan.shape_q())?;
         let qkv = [&cache.q, &cache.xhat, &cache.x];
-        let stats = cache.stats.as_ref().ok_or(Error::InvalidConfig {
-            what: "AGNN cache",
-            why: "not made by this layer's device forward".into(),
-        })?;
+        let stats = cache.stats.as_ref();
         let [dq, dk, mut dx] = attention_backward(&self.plan, gpu, qkv, &cache.out, &dy1, stats)?;
         let DeviceParam { value, grad, .. } = &mut self.beta;
         elementwise::row_normalize_backward(

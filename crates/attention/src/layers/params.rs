@@ -19,35 +19,44 @@ use crate::error::Result;
 use crate::{AttentionPlan, RowStats};
 use spattn_ops::Dropout;
 
-/// A layer's attention forward on `plan`: `out` and the row statistics the backward takes
-/// from it (kept where the plan can: a fused-tc plan of f16 / bf16 heads; otherwise empty and
-/// the backward computes its own).
+/// A layer's attention forward on `plan` into `out`, and the row statistics the backward
+/// takes from it where the plan keeps them (a fused-tc plan of f16 / bf16 heads; elsewhere
+/// None, and the backward computes its own).
 pub(crate) fn attention_forward<T: DType>(
     plan: &AttentionPlan,
     [q, k, v]: [&DeviceMatrix<T>; 3],
     out: &mut DeviceMatrix<T>,
-) -> Result<RowStats> {
+) -> Result<Option<RowStats>> {
+    if !plan.keeps_row_stats::<T>() {
+        plan.forward(q, k, v, out)?;
+        return Ok(None);
+    }
     let mut stats = plan.row_stats()?;
     plan.forward_keeping_stats(q, k, v, out, &mut stats)?;
-    Ok(stats)
+    Ok(Some(stats))
 }
 
 /// The backward of a layer's attention `plan` on `gpu` into fresh zeroed dQ, dK and dV of the
 /// plan's shape: `[dq, dk, dv]`, from the forward's `stats` where it kept them. The layers do
-/// not train the scale, so ∂L/∂scale is not computed and nothing waits for the GPU.
+/// not train the scale, so nothing waits for the GPU.
 pub(crate) fn attention_backward<T: DType>(
     plan: &AttentionPlan,
     gpu: &Gpu,
     [q, k, v]: [&DeviceMatrix<T>; 3],
     out: &DeviceMatrix<T>,
     d_out: &DeviceMatrix<T>,
-    stats: &RowStats,
+    stats: Option<&RowStats>,
 ) -> Result<[DeviceMatrix<T>; 3]> {
     let s = plan.shape_q();
     let mut dq = DeviceMatrix::zeros(gpu, s)?;
     let mut dk = DeviceMatrix::zeros(gpu, s)?;
     let mut dv = DeviceMatrix::zeros(gpu, s)?;
-    plan.backward_grads_with_stats(q, k, v, out, d_out, stats, (&mut dq, &mut dk, &mut dv))?;
+    match stats {
+        Some(s) => {
+            plan.backward_grads_with_stats(q, k, v, out, d_out, s, (&mut dq, &mut dk, &mut dv))?
+        }
+        None => plan.backward_grads(q, k, v, out, d_out, &mut dq, &mut dk, &mut dv)?,
+    }
     Ok([dq, dk, dv])
 }
 

@@ -502,7 +502,7 @@ impl<T: DType> Launch for TrainStepCase<'_, T> {
     }
     fn choice(&self) -> Option<String> {
         let kept = match &self.stats {
-            Some(s) if s.is_kept() => " from the forward's row statistics",
+            Some(_) if self.plan.keeps_row_stats::<T>() => " from the forward's row statistics",
             Some(_) => " (row statistics not kept: not a fused-tc plan of these heads)",
             None => "",
         };

@@ -615,6 +615,12 @@ impl FusedTensorCore {
         if let Some(pre) = &self.unit_pre {
             check_same_gpu(gpu, "unit records", pre)?;
         }
+        if gathered.is_some() && lse.is_some() {
+            return Err(Error::InvalidArgument {
+                what: "lse",
+                why: "the kernels with extras do not write row statistics".into(),
+            });
+        }
         let kernel = match (&gathered, &lse) {
             (Some(_), _) => kernel_named(&FUSED_BSB, extras_kernel(self.kernel, pipelined, takes))?,
             (None, Some(_)) if pipelined => kernel_named(&FUSED_BSB, lse_kernel(self.kernel))?,

@@ -212,7 +212,8 @@ def _attention_call(ref, q, k, v, scale, algorithm):
             # Training: the operator that also hands the row statistics to the backward.
             return torch.ops.spattn.attention_keeping(ref, q, k, v, scale, algorithm)[0]
         return torch.ops.spattn.attention(ref, q, k, v, scale, algorithm)
-    return _SparseAttention.apply(ref, q, k, v, scale, algorithm)
+    keep = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    return _SparseAttention.apply(ref, q, k, v, scale, algorithm, keep)
 
 
 def _extras_call(ref, q, k, v, bias, features, scale, algorithm, drop, want_weights):
@@ -489,6 +490,14 @@ def attention_backward(graph: Graph, q, k, v, out, d_out, scale, algorithm, outs
     the row statistics :func:`attention_forward_keeping` kept in ``lse`` where given."""
     d_out = d_out.to(dtype=q.dtype).contiguous()
     dq, dk, dv = _outputs(outs, q, k, v)
+    if lse is not None:
+        want = q.shape[0] * q.shape[1]
+        if (lse.dtype != torch.float32 or lse.device != q.device or not lse.is_contiguous()
+                or lse.numel() != want):
+            raise ValueError(
+                f"lse: expected {want} contiguous float32 values (num_nodes × heads) on "
+                f"{q.device}, got {tuple(lse.shape)} {lse.dtype} on {lse.device}"
+            )
     if _empty_problem(graph, q):
         dq.zero_(), dk.zero_(), dv.zero_()
     else:
@@ -730,9 +739,10 @@ if torch is not None:
         """Autograd of sparse attention: forward and exact backward by spattn's kernels."""
 
         @staticmethod
-        def forward(ctx, graph, q, k, v, scale, algorithm):
-            # The row statistics only where a backward will take them.
-            if any(ctx.needs_input_grad[1:4]):
+        def forward(ctx, graph, q, k, v, scale, algorithm, keep):
+            # The row statistics only where a backward will take them (`keep`: grad mode on
+            # and an operand that wants a gradient, decided outside, where grad mode shows).
+            if keep:
                 out, lse = attention_forward_keeping(graph, q, k, v, scale, algorithm)
             else:
                 out, lse = attention_forward(graph, q, k, v, scale, algorithm), None
@@ -746,7 +756,7 @@ if torch is not None:
             q, k, v, out, lse = ctx.saved_tensors
             dq, dk, dv = attention_backward(ctx.graph, q, k, v, out, d_out, ctx.scale, ctx.algorithm,
                                             lse=lse)
-            return None, dq, dk, dv, None, None
+            return None, dq, dk, dv, None, None, None
 
     class _SparseAttentionExtras(torch.autograd.Function):
         """Autograd of sparse attention with a bias, edge features and/or dropout: the forward
