@@ -437,3 +437,93 @@ fn gpu_phased_forward_equals_the_one_launch_forward() {
         }
     }
 }
+
+/// `forward_with_lse` writes each caller row's log2-domain log-sum-exp (0 for a row without
+/// edges) beside the plain forward's output, bit for bit: on the pipelined kernels' `_lse`
+/// twins (64, 128 features), the register kernels (20 padded, 32, 48) and a hub row's split
+/// windows (their merge), in the graph's row order and renumbered; and refuses an `lse` of
+/// another length.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gpu_forward_with_lse_writes_each_rows_log_sum_exp() {
+    use crate::Shape;
+    let gpu = Gpu::new(0).expect("an NVIDIA GPU");
+    let (rows, cols) = (300usize, 1000usize);
+    let mut edges: Vec<(u32, u32)> = (0..cols as u32).map(|c| (5, c)).collect(); // a hub row
+    let mut x = 987u64;
+    for r in (0..rows as u32).filter(|&r| r != 7) {
+        // row 7 has no edges
+        for _ in 0..10 {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            edges.push((r, ((x >> 33) % cols as u64) as u32));
+        }
+    }
+    edges.sort_unstable();
+    edges.dedup();
+    let a = Csr::from_edges(rows, cols, &edges).unwrap();
+    for reorder in [Reorder::None, Reorder::Degree] {
+        let ordered = Arc::new(OrderedBsb::upload(&gpu, &a, reorder).unwrap());
+        for (heads, d) in [(2, 64), (1, 128), (3, 20), (2, 32), (1, 48)] {
+            let draw = |n, seed| draw_f16(&gpu, Shape::new(n, heads, d).unwrap(), seed);
+            let (q, k, v) = (draw(rows, 4), draw(cols, 5), draw(cols, 6));
+            let sq = Shape::new(rows, heads, d).unwrap();
+            let scale = 1.0 / (d as f32).sqrt();
+            let mut f = FusedTensorCore::with_options::<half::f16>(
+                &gpu,
+                ordered.clone(),
+                heads,
+                d,
+                Options::default(),
+            )
+            .unwrap();
+            let mut plain = DeviceMatrix::zeros(&gpu, sq).unwrap();
+            f.forward(&gpu, &q, &k, &v, scale, &mut plain).unwrap();
+            let mut out = DeviceMatrix::zeros(&gpu, sq).unwrap();
+            let mut lse = DeviceVec::<f32>::zeros(&gpu, rows * heads).unwrap();
+            f.forward_with_lse(&gpu, &q, &k, &v, scale, &mut out, &mut lse)
+                .unwrap();
+            let what = format!("{reorder:?} H{heads} D{d}");
+            assert_eq!(
+                out.to_host().unwrap(),
+                plain.to_host().unwrap(),
+                "{what}: out"
+            );
+            let (qh, kh, lse) = (
+                q.to_host().unwrap(),
+                k.to_host().unwrap(),
+                lse.to_host().unwrap(),
+            );
+            for r in 0..rows {
+                for h in 0..heads {
+                    let s: Vec<f64> = a
+                        .row(r)
+                        .iter()
+                        .map(|&c| {
+                            let (qo, ko) = ((r * heads + h) * d, (c as usize * heads + h) * d);
+                            let dot: f64 = (0..d)
+                                .map(|i| qh[qo + i].to_f64() * kh[ko + i].to_f64())
+                                .sum();
+                            dot * f64::from(scale)
+                        })
+                        .collect();
+                    let want = match s.iter().cloned().reduce(f64::max) {
+                        None => 0.0,
+                        Some(m) => {
+                            (m + s.iter().map(|x| (x - m).exp()).sum::<f64>().ln())
+                                / std::f64::consts::LN_2
+                        }
+                    };
+                    let got = f64::from(lse[r * heads + h]);
+                    assert!(
+                        (got - want).abs() <= 1e-3 * (1.0 + want.abs()),
+                        "{what}: row {r} head {h}: lse {got} against {want}"
+                    );
+                }
+            }
+            let mut short = DeviceVec::<f32>::zeros(&gpu, rows * heads - 1).unwrap();
+            assert!(f
+                .forward_with_lse(&gpu, &q, &k, &v, scale, &mut out, &mut short)
+                .is_err());
+        }
+    }
+}
