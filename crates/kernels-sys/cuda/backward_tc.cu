@@ -167,12 +167,18 @@ __device__ __forceinline__ void bwd_tc(
                 part_id == SPATTN_NONE || part_id == split_part_first[unit_split[u]];
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                // The quad's 4 lanes split the row's features (every lane shuffles).
+                // The quad's 4 lanes split the row's 16-byte chunks (d a multiple of 8; every
+                // lane shuffles).
                 float dot = 0.0f;
                 if (wrow[r] != SPATTN_NONE) {
                     const u64 o = (u64)wrow[r] * hd + head_off;
-                    for (u32 f = t; f < d; f += 4u)
-                        dot = fmaf(to_f32(x2[o + f]), to_f32(out[o + f]), dot);
+                    for (u32 f = 8u * t; f < d; f += 32u) {
+                        float a[8], c[8];
+                        load_vec<T, 8>(x2 + o + f, a);
+                        load_vec<T, 8>(out + o + f, c);
+#pragma unroll
+                        for (int i = 0; i < 8; ++i) dot = fmaf(a[i], c[i], dot);
+                    }
                 }
                 dot += __shfl_xor_sync(0xffffffffu, dot, 1);
                 dot += __shfl_xor_sync(0xffffffffu, dot, 2);

@@ -619,8 +619,8 @@ impl TensorCoreBackward {
             // dq pass's out, shaped as Q, and lse, n_rows × heads: checked) are caller rows <
             // the BSB's rows, gathered rows (y1, y2) real block columns < the
             // other side's rows, each heads × head_dim (shapes checked), read and written at
-            // features < head_dim in 16-byte chunks (the dq pass's D reads out and dOut
-            // element by element, at features < head_dim) (head_dim a multiple of 8 two-byte
+            // features < head_dim in 16-byte chunks (the dq pass's D reads out and dOut so
+            // too) (head_dim a multiple of 8 two-byte
             // elements: `supports`). stats and ds_rows are indexed by (row of A, head): 2 ×
             // n_rows × heads and n_rows × heads floats. Partials at (part < n_parts, head,
             // window row < 16) × (slice + 3) floats over A, 2 × slice over Aᵀ, and counters at
