@@ -144,6 +144,28 @@ impl BackwardState {
 /// serving several layers gives each layer its own. Held in the plan's own allocation
 /// ([`AttentionPlan::row_stats`]) or in the caller's ([`AttentionPlan::row_stats_in`]: a
 /// framework's tensor saved for its backward).
+///
+/// ```no_run
+/// use spattn::{Algorithm, AttentionConfig, AttentionPlan, BackwardKernels, Csr, DTypeKind};
+/// use spattn::{DeviceMatrix, Gpu};
+///
+/// let gpu = Gpu::new(0)?;
+/// let graph = Csr::from_edges(3, 3, &[(0, 1), (1, 2), (2, 0), (2, 2)])?;
+/// let config = AttentionConfig::new(8, 64, DTypeKind::F16).with_algorithm(Algorithm::FusedTensorCore);
+/// let plan = AttentionPlan::new_gpu(&gpu, &graph, config)?;
+/// let q = DeviceMatrix::<spattn::f16>::zeros(&gpu, plan.shape_q())?;
+/// let mut out = DeviceMatrix::zeros(&gpu, plan.shape_q())?;
+/// let mut stats = plan.row_stats()?;
+/// plan.forward_keeping_stats(&q, &q, &q, &mut out, &mut stats)?;
+/// assert!(stats.is_kept() == plan.keeps_row_stats::<spattn::f16>());
+/// let d_out = DeviceMatrix::zeros(&gpu, plan.shape_q())?;
+/// let (mut dq, mut dk, mut dv) = (d_out.try_clone()?, d_out.try_clone()?, d_out.try_clone()?);
+/// // No statistics pass where they were kept (else the backward computes its own).
+/// let d_scale = plan.backward_with_stats(
+///     BackwardKernels::default(), &q, &q, &q, &out, &d_out, &stats, (&mut dq, &mut dk, &mut dv),
+/// )?;
+/// # Ok::<(), spattn::Error>(())
+/// ```
 #[derive(Debug)]
 pub struct RowStats {
     /// The plan they are for ([`AttentionPlan::row_stats`]).
