@@ -489,7 +489,8 @@ impl<T: GemmElement> GraphTransformerLayer<Device<T>> {
                 Some(b) => Some(DeviceVec::<T>::zeros(gpu, b.values().len())?),
                 None => None,
             };
-            self.plan.backward_with_extras(
+            // The layer does not train the scale: nothing waits for the GPU.
+            self.plan.backward_with_extras_grads(
                 &cache.q,
                 &cache.k,
                 &cache.v,
