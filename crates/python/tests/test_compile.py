@@ -166,7 +166,11 @@ def test_operators_pass_opcheck():
         (ops.attention_extras.default, (tok, q, k, v, bias, None, 0.5, "auto", 0.2, seed)),
         (ops.attention_backward.default,
          (tok, q, k, v, q.detach(), q.detach(), None, "auto")
-         + tuple(torch.empty(30, 2, 4) for _ in range(3)) + (None,)),
+         + tuple(torch.empty(30, 2, 4) for _ in range(3)) + (None, None)),
+        (ops.attention_backward.default,
+         (tok, q, k, v, q.detach(), q.detach(), None, "auto")
+         + tuple(torch.empty(30, 2, 4) for _ in range(3))
+         + (torch.zeros(60), torch.zeros(1, dtype=torch.uint8))),
         (ops.gat.default, (tok, x, a, a.detach().clone().requires_grad_(), None, 0.2, 0.0, None)),
     ]
     # The fake and the real implementations agree on shapes and dtypes; the schemas, the
@@ -215,10 +219,12 @@ def test_compiled_training_takes_the_forward_row_statistics(dtype):
     g = spattn.Graph.from_edge_index(edges(300, 3000, 9, "cuda"), num_nodes=300)
     gen = torch.Generator(device="cuda").manual_seed(4)
     q, k, v = (torch.randn(300, 4, 32, device="cuda", generator=gen).to(dtype) for _ in range(3))
-    out, lse = torch.ops.spattn.attention_keeping(g._token, q, k, v, None, "fused-tc")
+    out, lse, kept = torch.ops.spattn.attention_keeping(g._token, q, k, v, None, "fused-tc")
     want_out, want_lse = F.attention_forward_keeping(g, q, k, v, None, "fused-tc")
-    assert want_lse is not None
+    assert want_lse is not None and kept.item() == 1
     assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    _, _, none = torch.ops.spattn.attention_keeping(g._token, q, k, v, None, "fused-csr")
+    assert none.item() == 0
 
     def step(q, k, v):
         return spattn.sparse_attention(g, q, k, v, algorithm="fused-tc")

@@ -159,48 +159,55 @@ def _(graph, q, k, v, scale, algorithm):
 
 @_op("attention_keeping")
 def attention_keeping(graph: Tensor, q: Tensor, k: Tensor, v: Tensor, scale: Optional[float],
-                      algorithm: str) -> Tuple[Tensor, Tensor]:
+                      algorithm: str) -> Tuple[Tensor, Tensor, Tensor]:
     """:func:`attention` for training: also the row statistics its backward takes
-    (``num_nodes × heads`` float32, kept where the plan can; zeros, which the backward does
-    not read, where it cannot)."""
+    (``num_nodes × heads`` float32; zeros where the plan keeps none) and whether they were
+    kept (a one-element uint8 tensor on the CPU, read by the backward without waiting for the
+    GPU: the plan the backward finds may not be the forward's, e.g. after ``Graph.policy``
+    changed)."""
     out, lse = F.attention_forward_keeping(graph_of_token(graph), q, k, v, scale, algorithm)
+    kept = torch.tensor([lse is not None], dtype=torch.uint8)
     if lse is None:
         lse = torch.zeros(q.shape[0] * q.shape[1], dtype=torch.float32, device=q.device)
-    return out, lse
+    return out, lse, kept
 
 
 @attention_keeping.register_fake
 def _(graph, q, k, v, scale, algorithm):
     lse = q.new_empty(q.shape[0] * q.shape[1], dtype=torch.float32)
-    return torch.empty_like(q, memory_format=torch.contiguous_format), lse
+    kept = torch.empty(1, dtype=torch.uint8, device="cpu")
+    return torch.empty_like(q, memory_format=torch.contiguous_format), lse, kept
 
 
 @_op("attention_backward", ("dq", "dk", "dv"))
 def attention_backward(graph: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                        d_out: Tensor, scale: Optional[float], algorithm: str, dq: Tensor,
-                       dk: Tensor, dv: Tensor, lse: Optional[Tensor]) -> None:
+                       dk: Tensor, dv: Tensor, lse: Optional[Tensor],
+                       kept: Optional[Tensor]) -> None:
     """:func:`attention`'s gradients, written into ``dq``, ``dk``, ``dv`` (from the row
-    statistics of :func:`attention_keeping` where given and its plan kept them)."""
+    statistics of :func:`attention_keeping` where it kept them)."""
+    use = lse if lse is not None and kept is not None and bool(kept.item()) else None
     F.attention_backward(graph_of_token(graph), q, k, v, out, d_out, scale, algorithm,
-                         outs=(dq, dk, dv), lse=lse)
+                         outs=(dq, dk, dv), lse=use)
 
 
 @attention_backward.register_fake
-def _(graph, q, k, v, out, d_out, scale, algorithm, dq, dk, dv, lse):
+def _(graph, q, k, v, out, d_out, scale, algorithm, dq, dk, dv, lse, kept):
     return None
 
 
 def _attention_setup(ctx, inputs, output):
     graph, q, k, v, scale, algorithm = inputs
-    out, lse = output if isinstance(output, tuple) else (output, None)
-    ctx.save_for_backward(graph, q, k, v, out, lse)
+    out, lse, kept = output if isinstance(output, tuple) else (output, None, None)
+    ctx.save_for_backward(graph, q, k, v, out, lse, kept)
     ctx.scale, ctx.algorithm = scale, algorithm
 
 
-def _attention_grad(ctx, d_out, _d_lse=None):
-    graph, q, k, v, out, lse = ctx.saved_tensors
+def _attention_grad(ctx, d_out, _d_lse=None, _d_kept=None):
+    graph, q, k, v, out, lse, kept = ctx.saved_tensors
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    attention_backward(graph, q, k, v, out, d_out, ctx.scale, ctx.algorithm, dq, dk, dv, lse)
+    attention_backward(graph, q, k, v, out, d_out, ctx.scale, ctx.algorithm, dq, dk, dv, lse,
+                       kept)
     return None, dq, dk, dv, None, None
 
 
