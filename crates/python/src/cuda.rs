@@ -84,8 +84,9 @@ pub(crate) fn gpu_backward_call<T: DType>(
     // SAFETY: as in `gpu_forward`; the kernels read Q, out, d_out (n_rows rows) and K, V
     // (n_cols rows) and write dQ (n_rows rows), dK and dV (n_cols rows), each of heads·head_dim
     // elements: the views' lengths, checked by `backward` against the plan's shapes; lse
-    // (where given) is read at (row, head) < n_rows·heads, the view's length. dQ, dK, dV are
-    // fresh tensors.
+    // (where given and the plan keeps statistics: a contiguous f32 tensor of n_rows·heads on
+    // this device, checked by the package) is read at (row, head) < n_rows·heads, the view's
+    // length. dQ, dK, dV are fresh tensors.
     unsafe {
         let (q, k, v) = extras::qkv_views::<T>(d, sq, skv, [q, k, v])?;
         let out = ExternalMatrix::<T>::new_trusted(gpu, "out", out, sq)?;
