@@ -377,13 +377,9 @@ impl AttentionPlan {
     ) -> Result<()> {
         self.check_stats(stats)?;
         stats.kept = false;
-        if self.keeps_row_stats::<T>()
-            && self.forward_with_lse(q, k, v, out, stats.lse.vec_mut())?
-        {
-            stats.kept = true;
-            return Ok(());
-        }
-        self.forward(q, k, v, out)
+        let lse = self.keeps_row_stats::<T>().then(|| stats.lse.vec_mut());
+        stats.kept = self.forward_impl(q, k, v, out, lse)?;
+        Ok(())
     }
 
     /// [`backward_with`](Self::backward_with) from a forward that kept its row statistics in
@@ -415,8 +411,7 @@ impl AttentionPlan {
             &mut DeviceMatrix<T>,
         ),
     ) -> Result<f32> {
-        self.check_stats(stats)?;
-        let kept = stats.kept.then_some(stats);
+        let kept = self.kept_stats(stats)?;
         let io = (q, k, v, out, d_out);
         let d_scale = self.backward_impl(kernels, io, kept, (dq, dk, dv), true)?;
         Ok(d_scale.unwrap_or(0.0))
@@ -442,8 +437,7 @@ impl AttentionPlan {
             &mut DeviceMatrix<T>,
         ),
     ) -> Result<()> {
-        self.check_stats(stats)?;
-        let kept = stats.kept.then_some(stats);
+        let kept = self.kept_stats(stats)?;
         let io = (q, k, v, out, d_out);
         self.backward_impl(BackwardKernels::default(), io, kept, (dq, dk, dv), false)
             .map(|_| ())
@@ -458,6 +452,12 @@ impl AttentionPlan {
             });
         }
         Ok(())
+    }
+
+    /// `stats` (checked by [`check_stats`](Self::check_stats)) where a forward kept them.
+    fn kept_stats<'s>(&self, stats: &'s RowStats) -> Result<Option<&'s RowStats>> {
+        self.check_stats(stats)?;
+        Ok(stats.kept.then_some(stats))
     }
 
     /// [`backward`](Self::backward) without ∂L/∂scale: the gradients of Q, K and V only, so the

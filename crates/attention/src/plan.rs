@@ -302,36 +302,51 @@ impl AttentionPlan {
         v: &DeviceMatrix<T>,
         out: &mut DeviceMatrix<T>,
     ) -> Result<()> {
+        self.forward_impl(q, k, v, out, None).map(|_| ())
+    }
+
+    /// [`forward`](Self::forward), on a fused-tc plan also writing each row's log2-domain
+    /// log-sum-exp into `lse` where given (`n_rows × heads`): whether it did (other
+    /// algorithms run their plain forward and leave `lse` alone).
+    pub(crate) fn forward_impl<T: DType>(
+        &self,
+        q: &DeviceMatrix<T>,
+        k: &DeviceMatrix<T>,
+        v: &DeviceMatrix<T>,
+        out: &mut DeviceMatrix<T>,
+        lse: Option<&mut DeviceVec<f32>>,
+    ) -> Result<bool> {
         let Runner::Gpu(g) = &self.runner else {
             return Err(Error::WrongPlanKind {
                 plan: "CPU",
                 use_instead: "forward_host",
             });
         };
-        self.check_dtype::<T>()?;
-        self.check_shape("Q", q.shape(), self.shape_q)?;
-        self.check_shape("K", k.shape(), self.shape_kv)?;
-        self.check_shape("V", v.shape(), self.shape_kv)?;
-        self.check_shape("out", out.shape(), self.shape_q)?;
+        self.check_forward_operands(q, k, v)?;
+        self.check_out("out", out.shape())?;
         let scale = self.config.scale();
         let mut state = g.lock_state();
-        match &mut *state {
-            GpuState::Unfused { scores } => {
+        match (&mut *state, lse) {
+            (GpuState::FusedTensorCore(f), Some(lse)) => {
+                f.forward_with_lse(&g.gpu, q, k, v, scale, out, lse)?;
+                return Ok(true);
+            }
+            (GpuState::Unfused { scores }, _) => {
                 let csr = g.graph.csr()?;
                 csr_ops::sddmm(&g.gpu, csr, q, k, scale, scores)?;
                 csr_ops::edge_softmax_in_place(&g.gpu, csr, scores, self.config.heads, None)?;
                 csr_ops::spmm(&g.gpu, csr, scores, v, out)?;
             }
-            GpuState::UnfusedTensorCore { mebcrs, scores } => {
+            (GpuState::UnfusedTensorCore { mebcrs, scores }, _) => {
                 tc_ops::sddmm(&g.gpu, mebcrs, q, k, scale, scores)?;
                 tc_ops::edge_softmax_in_place(&g.gpu, mebcrs, scores, self.config.heads, None)?;
                 tc_ops::spmm(&g.gpu, mebcrs, scores, v, out)?;
             }
-            GpuState::FusedCsr(f) => f.forward(&g.gpu, q, k, v, scale, out)?,
-            GpuState::FusedTensorCore(f) => f.forward(&g.gpu, q, k, v, scale, out)?,
-            GpuState::Hybrid(h) => h.forward(&g.gpu, q, k, v, scale, out)?,
+            (GpuState::FusedCsr(f), _) => f.forward(&g.gpu, q, k, v, scale, out)?,
+            (GpuState::FusedTensorCore(f), None) => f.forward(&g.gpu, q, k, v, scale, out)?,
+            (GpuState::Hybrid(h), _) => h.forward(&g.gpu, q, k, v, scale, out)?,
         }
-        Ok(())
+        Ok(false)
     }
 
     /// Whether the GPU state is fused-tc's (fixed once the plan is built: autotuning runs in
@@ -340,36 +355,6 @@ impl AttentionPlan {
         match &self.runner {
             Runner::Gpu(g) => matches!(&*g.lock_state(), GpuState::FusedTensorCore(_)),
             Runner::Cpu(_) => false,
-        }
-    }
-
-    /// [`forward`](Self::forward) on a fused-tc plan, writing each row's log2-domain
-    /// log-sum-exp into `lse` (`n_rows × heads`): `true`; `false`, running nothing, on a plan
-    /// of another algorithm.
-    pub(crate) fn forward_with_lse<T: DType>(
-        &self,
-        q: &DeviceMatrix<T>,
-        k: &DeviceMatrix<T>,
-        v: &DeviceMatrix<T>,
-        out: &mut DeviceMatrix<T>,
-        lse: &mut DeviceVec<f32>,
-    ) -> Result<bool> {
-        let Runner::Gpu(g) = &self.runner else {
-            return Ok(false);
-        };
-        self.check_dtype::<T>()?;
-        self.check_shape("Q", q.shape(), self.shape_q)?;
-        self.check_shape("K", k.shape(), self.shape_kv)?;
-        self.check_shape("V", v.shape(), self.shape_kv)?;
-        self.check_shape("out", out.shape(), self.shape_q)?;
-        let scale = self.config.scale();
-        let mut state = g.lock_state();
-        match &mut *state {
-            GpuState::FusedTensorCore(f) => {
-                f.forward_with_lse(&g.gpu, q, k, v, scale, out, lse)?;
-                Ok(true)
-            }
-            _ => Ok(false),
         }
     }
 
