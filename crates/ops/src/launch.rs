@@ -276,7 +276,7 @@ pub(crate) fn kernel_named(
         })
 }
 
-/// Checks that `len` is `heads × n` (`n` slots or edges), naming `what`.
+/// Checks that `len` is `heads × n` (`n` slots, edges or rows), naming `what`.
 pub(crate) fn check_per_edge(what: &'static str, n: usize, heads: usize, len: usize) -> Result<()> {
     if heads == 0 {
         return Err(Error::InvalidArgument {

@@ -79,8 +79,8 @@ use crate::fused::CsrExtras;
 use crate::gpu::Gpu;
 use crate::graph::DeviceGraph;
 use crate::launch::{
-    blocks_for, check_same_gpu, kernel_named, launch, product, to_u32, LaunchConfig, PushKernelArg,
-    PushOptionalArg,
+    blocks_for, check_per_edge, check_same_gpu, kernel_named, launch, product, to_u32,
+    LaunchConfig, PushKernelArg, PushOptionalArg,
 };
 use crate::shape::Shape;
 
@@ -506,14 +506,7 @@ impl TensorCoreBackward {
         if let Some((out, lse)) = saved {
             sq.expect_eq("out", out.shape())?;
             check_same_gpu(gpu, "out", out)?;
-            let expected = product("rows × heads", &[sq.rows, self.heads])?;
-            if lse.len() != expected {
-                return Err(Error::LengthMismatch {
-                    what: "lse (rows × heads)",
-                    expected,
-                    actual: lse.len(),
-                });
-            }
+            check_per_edge("lse (rows × heads)", sq.rows, self.heads, lse.len())?;
             check_same_gpu(gpu, "lse", lse)?;
         }
         for (what, m) in [("dQ", &*dq), ("dK", &*dk), ("dV", &*dv)] {

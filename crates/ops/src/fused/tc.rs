@@ -43,8 +43,8 @@ use crate::device_bsb::{
     BSB_WINDOW_ROWS,
 };
 use crate::launch::{
-    blocks_for, check_same_gpu, kernel_named, launch, product, to_u32, LaunchConfig, PushKernelArg,
-    PushOptionalArg,
+    blocks_for, check_per_edge, check_same_gpu, kernel_named, launch, to_u32, LaunchConfig,
+    PushKernelArg, PushOptionalArg,
 };
 use crate::rows::{padded_heads, resize_rows, vec_padded};
 use crate::{DType, DTypeKind, DeviceGraph, DeviceMatrix, DeviceVec, Gpu, Shape};
@@ -393,14 +393,8 @@ impl FusedTensorCore {
         out: &mut DeviceMatrix<T>,
         lse: &mut DeviceVec<f32>,
     ) -> Result<()> {
-        let expected = product("rows × heads", &[self.ordered.device.n_rows(), self.heads])?;
-        if lse.len() != expected {
-            return Err(Error::LengthMismatch {
-                what: "lse (rows × heads)",
-                expected,
-                actual: lse.len(),
-            });
-        }
+        let rows = self.ordered.device.n_rows();
+        check_per_edge("lse (rows × heads)", rows, self.heads, lse.len())?;
         check_same_gpu(gpu, "lse", &*lse)?;
         self.run(gpu, (q, k, v), scale, None, 0..self.n_units, out, Some(lse))
     }
