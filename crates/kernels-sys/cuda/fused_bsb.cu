@@ -222,9 +222,11 @@ __device__ __forceinline__ void fused_bsb_pipe(
 // Entry points fused_bsb_{f16,bf16}_d{64,128}_pipe: fused_bsb's parameters (head_dim must be D,
 // fs 1), unit_pre the units' prologue records for D 128 (BSB_PIPE_PRE_WORDS words each, built by
 // the host from the schedule, the block columns and the row order; null for D 64 and the
-// register kernels, which do not read it). Only their `_lse` twins write lse (a null lse in
-// the plain kernel measured 5% slower on R-MAT 16 at 8 x 64). Their extras twins: `_xb` (a
-// bias), `_xd` (dropout), `_x` (both); each reads only the extras it takes, none writes lse.
+// register kernels, which do not read it). Only the `_lse` twins write lse (a null lse in
+// the plain kernel measured 5% slower on R-MAT 16 at 8 x 64), at D 64 alone: the row
+// statistics feed the tensor-core backward, which holds heads up to 64. Their extras twins:
+// `_xb` (a bias), `_xd` (dropout), `_x` (both); each reads only the extras it takes, none
+// writes lse.
 #define SPATTN_FUSED_BSB_PIPE_X(SUFFIX, T, D, XNAME, XMODE)                                   \
     extern "C" __global__ void __launch_bounds__(128) fused_bsb_##SUFFIX##_d##D##_pipe##XNAME( \
         SPATTN_BSB_PARAMS(T), SPATTN_BSB_X_PARAMS) {                                           \
@@ -248,14 +250,15 @@ __device__ __forceinline__ void fused_bsb_pipe(
     }
 #define SPATTN_FUSED_BSB_PIPE(SUFFIX, T, D)                                                    \
     SPATTN_FUSED_BSB_PIPE_L(SUFFIX, T, D, , nullptr)                                           \
-    SPATTN_FUSED_BSB_PIPE_L(SUFFIX, T, D, _lse, lse)                                           \
     SPATTN_FUSED_BSB_PIPE_X(SUFFIX, T, D, _xb, 1)                                              \
     SPATTN_FUSED_BSB_PIPE_X(SUFFIX, T, D, _xd, 2)                                              \
     SPATTN_FUSED_BSB_PIPE_X(SUFFIX, T, D, _x, 3)
 
 SPATTN_FUSED_BSB_PIPE(f16, __half, 64)
+SPATTN_FUSED_BSB_PIPE_L(f16, __half, 64, _lse, lse)
 SPATTN_FUSED_BSB_PIPE(f16, __half, 128)
 SPATTN_FUSED_BSB_PIPE(bf16, __nv_bfloat16, 64)
+SPATTN_FUSED_BSB_PIPE_L(bf16, __nv_bfloat16, 64, _lse, lse)
 SPATTN_FUSED_BSB_PIPE(bf16, __nv_bfloat16, 128)
 
 // Entry points bsb_bias_gather_{f32,f16,bf16} (grid ceil(n / 256) blocks of 256) and

@@ -147,7 +147,9 @@ fn edge_extras_holds_exactly_the_launched_kernels() {
 #[test]
 fn fused_bsb_holds_exactly_the_launched_kernels() {
     use crate::device_bsb::{bias_gather_kernel, KEEP_GATHER_KERNEL};
-    use crate::fused::tc::{extras_kernel, kernel_name, layout_with, lse_kernel, Options};
+    use crate::fused::tc::{
+        extras_kernel, kernel_name, layout_with, lse_kernel, Options, LSE_PIPE_SLICE,
+    };
     let mut l = Launched::new(sys::FUSED_BSB);
     l.add(KEEP_GATHER_KERNEL);
     // The plans' layouts (FusedTensorCore::new runs the default options).
@@ -160,7 +162,7 @@ fn fused_bsb_holds_exactly_the_launched_kernels() {
             };
             let base = kernel_name(kind.name(), layout).unwrap();
             l.add(base);
-            if layout.pipelined {
+            if layout.pipelined && layout.slice == LSE_PIPE_SLICE {
                 l.add(lse_kernel(base)); // forward_with_lse
             }
             // Every pair of extras taken (bias, dropout): the launch picks the twin from it.

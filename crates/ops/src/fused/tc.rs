@@ -381,7 +381,8 @@ impl FusedTensorCore {
     /// in place of its statistics pass.
     ///
     /// Errors: as [`forward`](Self::forward); [`Error::LengthMismatch`] for an `lse` of
-    /// another length, [`Error::ForeignGpu`].
+    /// another length, [`Error::ForeignGpu`]; [`Error::Unsupported`] for f16 / bf16 heads of
+    /// exactly 128 features (their pipelined kernel has no `lse` twin: nothing takes them).
     #[allow(clippy::too_many_arguments)]
     pub fn forward_with_lse<T: DType>(
         &mut self,
@@ -393,6 +394,16 @@ impl FusedTensorCore {
         out: &mut DeviceMatrix<T>,
         lse: &mut DeviceVec<f32>,
     ) -> Result<()> {
+        if self.layout.pipelined && self.layout.slice != LSE_PIPE_SLICE {
+            return Err(Error::Unsupported {
+                kernel: KERNEL,
+                why: format!(
+                    "row statistics from the {}-feature pipelined kernel (the tensor-core \
+                     backward that takes them holds heads up to {LSE_PIPE_SLICE})",
+                    self.layout.slice
+                ),
+            });
+        }
         let rows = self.ordered.device.n_rows();
         check_per_edge("lse (rows × heads)", rows, self.heads, lse.len())?;
         check_same_gpu(gpu, "lse", &*lse)?;
@@ -762,8 +773,11 @@ pub(crate) fn kernel_name(dtype: &str, layout: Layout) -> Result<&'static str> {
     kernel_named(&FUSED_BSB, name)
 }
 
-/// The twin of the pipelined kernel `base` that also writes each row's lse (the register
-/// kernels write it where given a non-null pointer).
+/// The slice of the one pipelined kernel with an `lse` twin.
+pub(crate) const LSE_PIPE_SLICE: usize = 64;
+
+/// The twin of the pipelined kernel `base` (of slice [`LSE_PIPE_SLICE`]) that also writes each
+/// row's lse (the register kernels write it where given a non-null pointer).
 pub(crate) fn lse_kernel(base: &str) -> String {
     format!("{base}_lse")
 }
