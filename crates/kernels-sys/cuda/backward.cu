@@ -208,16 +208,9 @@ __device__ __forceinline__ void row_dot(u32 rows, u32 heads, u32 head_dim,
     const u64 total = (u64)rows * heads;
     for (u64 rh = group; rh < total; rh += groups) {
         const u64 base = rh * head_dim;
-        float acc = 0.0f;
-        for (u32 d = lane * VEC; d < head_dim; d += g * VEC) {
-            float a[VEC], b[VEC];
-            load_vec<T, VEC>(x + base + d, a);
-            load_vec<T, VEC>(y + base + d, b);
-#pragma unroll
-            for (int i = 0; i < VEC; ++i) acc = fmaf(a[i], b[i], acc);
-        }
-        acc = group_sum(acc, mask, g);
-        if (lane == 0) out[rh] = acc;
+        const float acc = lane_dot<T, VEC>(x + base, y + base, head_dim, lane, g);
+        const float sum = group_sum(acc, mask, g);
+        if (lane == 0) out[rh] = sum;
     }
 }
 

@@ -169,17 +169,9 @@ __device__ __forceinline__ void bwd_tc(
             for (int r = 0; r < 2; ++r) {
                 // The quad's 4 lanes split the row's 16-byte chunks (d a multiple of 8; every
                 // lane shuffles).
-                float dot = 0.0f;
-                if (wrow[r] != SPATTN_NONE) {
-                    const u64 o = (u64)wrow[r] * hd + head_off;
-                    for (u32 f = 8u * t; f < d; f += 32u) {
-                        float a[8], c[8];
-                        load_vec<T, 8>(x2 + o + f, a);
-                        load_vec<T, 8>(out + o + f, c);
-#pragma unroll
-                        for (int i = 0; i < 8; ++i) dot = fmaf(a[i], c[i], dot);
-                    }
-                }
+                const u64 o = (u64)wrow[r] * hd + head_off;
+                float dot =
+                    wrow[r] == SPATTN_NONE ? 0.0f : lane_dot<T, 8>(x2 + o, out + o, d, t, 4u);
                 dot += __shfl_xor_sync(0xffffffffu, dot, 1);
                 dot += __shfl_xor_sync(0xffffffffu, dot, 2);
                 if (wrow[r] != SPATTN_NONE) {

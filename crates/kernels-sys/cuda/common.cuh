@@ -70,6 +70,22 @@ __device__ __forceinline__ void store_vec(T* p, const float (&in)[VEC]) {
     *reinterpret_cast<Raw*>(p) = raw;
 }
 
+// One lane's share of <x[0..n), y[0..n)> in f32: lane `lane` of a group of `g` takes the
+// VEC-element chunks lane, lane + g, ... (n a multiple of VEC); the caller sums the group's.
+template <class T, int VEC>
+__device__ __forceinline__ float lane_dot(const T* __restrict__ x, const T* __restrict__ y, u32 n,
+                                          u32 lane, u32 g) {
+    float acc = 0.0f;
+    for (u32 d = lane * VEC; d < n; d += g * VEC) {
+        float a[VEC], b[VEC];
+        load_vec<T, VEC>(x + d, a);
+        load_vec<T, VEC>(y + d, b);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) acc = fmaf(a[i], b[i], acc);
+    }
+    return acc;
+}
+
 // ---- grid-stride indices ------------------------------------------------------------------
 // A 64-bit `/` by a run-time value compiles to a ~70-instruction routine and can keep registers
 // live across the loop it indexes (docs/kernels/csr-ops.md and fused-csr.md).
