@@ -385,47 +385,69 @@ __device__ __forceinline__ void bwd_tc(
     const u32 p0 = split_part_first[split], p1 = split_part_first[split + 1u];
     u32* counter = counters + (u64)split * heads + h;
     if (!last_to_finish(counter, p1 - p0, 0xffffffffu, lane, 32u)) return;
-    for (u32 wr = 0; wr < BSB_WINDOW_ROWS; ++wr) {
-        const u32 row = window * BSB_WINDOW_ROWS + wr;
-        if (row >= n_rows) break;
-        const u32 crow = caller_row(row_ids, row);
-        const u64 rh = (u64)crow * heads + h;
-        auto at = [&](u32 p, u32 i) {
-            return __ldcg(part + (((u64)p * heads + h) * BSB_WINDOW_ROWS + wr) * W + i);
-        };
-        if constexpr (MODE == BWD_TC_STATS) {
-            if (lane == 0u) {
-                float mm = SPATTN_NEG_INF;
-                for (u32 p = p0; p < p1; ++p) mm = fmaxf(mm, at(p, 0u));
-                const float mu = mm == SPATTN_NEG_INF ? 0.0f : mm;
-                float ll = 0.0f, ww = 0.0f;
-                for (u32 p = p0; p < p1; ++p) {
-                    const float c = bsb_exp2(at(p, 0u) - mu);
-                    ll = fmaf(at(p, 1u), c, ll);
-                    ww = fmaf(at(p, 2u), c, ww);
-                }
-                stats[rh] = row_stats(mm, ll, ww);
+    const u32 rows_here = min(BSB_WINDOW_ROWS, n_rows - window * BSB_WINDOW_ROWS);
+    if constexpr (MODE == BWD_TC_STATS) {
+        // A row per lane: the parts' max, then their sums rescaled to it, in part order.
+        if (lane < rows_here) {
+            const u64 rh = (u64)caller_row(row_ids, window * BSB_WINDOW_ROWS + lane) * heads + h;
+            auto at = [&](u32 p, u32 i) {
+                return __ldcg(part + (((u64)p * heads + h) * BSB_WINDOW_ROWS + lane) * W + i);
+            };
+            float mm = SPATTN_NEG_INF;
+            for (u32 p = p0; p < p1; ++p) mm = fmaxf(mm, at(p, 0u));
+            const float mu = mm == SPATTN_NEG_INF ? 0.0f : mm;
+            float ll = 0.0f, ww = 0.0f;
+            for (u32 p = p0; p < p1; ++p) {
+                const float c = bsb_exp2(at(p, 0u) - mu);
+                ll = fmaf(at(p, 1u), c, ll);
+                ww = fmaf(at(p, 2u), c, ww);
             }
-        } else {
-            for (u32 i = lane; i < W; i += 32u) {
-                if (MODE == BWD_TC_DQ && i >= DS) {
-                    // The share and its correction from the parts' sums, in part order (D as
-                    // the stats pass or the first part wrote it, before the counter's fence).
-                    if (i > DS) continue;
-                    float sh = 0.0f, cc = 0.0f, bs = 0.0f;
-                    for (u32 p = p0; p < p1; ++p) {
-                        sh += at(p, DS);
-                        cc += at(p, DS + 1u);
-                        bs += at(p, DS + 2u);
-                    }
-                    ds_rows[rh] = fmaf(__ldcg(&stats[rh].y) - cc, bs, sh);
-                    continue;
+            stats[rh] = row_stats(mm, ll, ww);
+        }
+    } else {
+        // RG rows at a time, lane i's float i of each: a part's RG loads in flight at once (one
+        // round trip a part, where a row at a time took 16), each float summed in part order
+        // from 0. The dq pass's share takes the sums of floats DS + 1 and DS + 2 (c and b) from
+        // the next two lanes (DS is a multiple of 32). RG 16, the whole window, in this loop
+        // form: ptxas gave the other forms tried more registers (docs/kernels/backward.md).
+        constexpr u32 RG = 16u;
+        static_assert(BSB_WINDOW_ROWS % RG == 0u && DS % 32 == 0, "row groups, share lanes");
+        for (u32 wr0 = 0; wr0 < rows_here; wr0 += RG) {
+#pragma unroll
+            for (u32 i0 = 0; i0 < W; i0 += 32u) {
+                const u32 i = i0 + lane;
+                const bool in = i < W;
+                float sum[RG];
+#pragma unroll
+                for (u32 r = 0; r < RG; ++r) sum[r] = 0.0f;
+                for (u32 p = p0; p < p1; ++p) {
+                    const float* src = part + (((u64)p * heads + h) * BSB_WINDOW_ROWS + wr0) * W + i;
+#pragma unroll
+                    for (u32 r = 0; r < RG; ++r)
+                        if (in) sum[r] += __ldcg(src + r * W);
                 }
-                float sum = 0.0f;
-                for (u32 p = p0; p < p1; ++p) sum += at(p, i);
-                const u32 a = i / DS, f = i - a * DS;
-                if (f < d)
-                    (a == 0u ? g1 : g2)[crow * hd + head_off + f] = from_f32<T>(sum * fac[a]);
+#pragma unroll
+                for (u32 r = 0; r < RG; ++r) {
+                    const u32 wr = wr0 + r;
+                    float cc = 0.0f, bs = 0.0f;
+                    if (MODE == BWD_TC_DQ && i0 + 32u > DS) {
+                        cc = __shfl_down_sync(0xffffffffu, sum[r], 1);
+                        bs = __shfl_down_sync(0xffffffffu, sum[r], 2);
+                    }
+                    if (!in || wr >= rows_here) continue;
+                    const u64 crow = caller_row(row_ids, window * BSB_WINDOW_ROWS + wr);
+                    if (MODE == BWD_TC_DQ && i >= DS) {
+                        // The share and its correction (D as the stats pass or the first part
+                        // wrote it, before the counter's fence).
+                        const u64 rh = crow * heads + h;
+                        if (i == DS) ds_rows[rh] = fmaf(__ldcg(&stats[rh].y) - cc, bs, sum[r]);
+                        continue;
+                    }
+                    const u32 a = i / DS, f = i - a * DS;
+                    if (f < d)
+                        (a == 0u ? g1 : g2)[crow * hd + head_off + f] =
+                            from_f32<T>(sum[r] * fac[a]);
+                }
             }
         }
     }
