@@ -210,10 +210,11 @@ needs_cuda = pytest.mark.skipif("cuda" not in DEVICES, reason="needs an NVIDIA G
 
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_compiled_training_takes_the_forward_row_statistics(dtype):
+def test_compiled_training_takes_the_forward_row_statistics(dtype, monkeypatch):
     """Traced training calls the keeping operator: on a fused-tc plan it returns the row
-    statistics eager's forward keeps, and the compiled gradients equal eager's bit for bit
-    (both backwards read them)."""
+    statistics eager's forward keeps, both backwards are handed them (a spy on the native
+    backward; a fused-csr plan hands none), and the compiled gradients equal eager's bit for
+    bit."""
     from spattn import functional as F
 
     g = spattn.Graph.from_edge_index(edges(300, 3000, 9, "cuda"), num_nodes=300)
@@ -226,17 +227,34 @@ def test_compiled_training_takes_the_forward_row_statistics(dtype):
     _, _, none = torch.ops.spattn.attention_keeping(g._token, q, k, v, None, "fused-csr")
     assert none.item() == 0
 
-    def step(q, k, v):
-        return spattn.sparse_attention(g, q, k, v, algorithm="fused-tc")
+    seen = []
+    native = F._native_backward
+
+    def spy(*args, **kw):
+        seen.append(kw.get("lse"))
+        return native(*args, **kw)
+
+    monkeypatch.setattr(F, "_native_backward", spy)
+
+    def step(q, k, v, algorithm="fused-tc"):
+        return spattn.sparse_attention(g, q, k, v, algorithm=algorithm)
 
     w = torch.linspace(-1, 1, q.numel(), device="cuda").view_as(q)
     grads = []
     for fn in (step, torch.compile(step, backend="aot_eager", fullgraph=True)):
+        seen.clear()
         xs = [t.clone().requires_grad_() for t in (q, k, v)]
         (fn(*xs).float() * w).sum().backward()
         grads.append([t.grad for t in xs])
+        assert len(seen) == 1 and seen[0] is not None
     for a, b in zip(*grads):
         assert torch.equal(a, b)
+    # The negative control: a plan that keeps nothing hands its backward no statistics.
+    seen.clear()
+    xs = [t.clone().requires_grad_() for t in (q, k, v)]
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    (compiled(*xs, algorithm="fused-csr").float() * w).sum().backward()
+    assert len(seen) == 1 and seen[0] is None
 
 
 class Net(torch.nn.Module):

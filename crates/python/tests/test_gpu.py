@@ -138,14 +138,17 @@ def test_fused_tc_forward_keeps_row_statistics_for_the_backward(dtype, monkeypat
     assert len(seen) == 1 and seen[0] is not None
     for got, ref in zip((qg.grad, kg.grad, vg.grad), refs):
         assert rel_l2(got.double().cpu().numpy(), ref) <= TOL[dtype]
-    # Without grad mode nothing is kept (inference pays no statistics).
+    # Without grad mode nothing is kept (inference pays no statistics); with it, the same spy
+    # sees the keeping forward (its positive control).
+    seen_fwd = []
+    keeping = F.attention_forward_keeping
+    monkeypatch.setattr(F, "attention_forward_keeping",
+                        lambda *a: seen_fwd.append(1) or keeping(*a))
     with torch.no_grad():
-        seen_fwd = []
-        keeping = F.attention_forward_keeping
-        monkeypatch.setattr(F, "attention_forward_keeping",
-                            lambda *a: seen_fwd.append(1) or keeping(*a))
         spattn.sparse_attention(g, qg, kg, vg, algorithm="fused-tc")
-        assert not seen_fwd
+    assert not seen_fwd
+    spattn.sparse_attention(g, qg, kg, vg, algorithm="fused-tc")
+    assert seen_fwd == [1]
     with pytest.raises(ValueError, match="lse"):
         F.attention_backward(g, qc, kc, vc, out, dc, scale, "fused-tc", lse=lse[:-1])
     _, none = F.attention_forward_keeping(g, qc, kc, vc, scale, "fused-csr")
