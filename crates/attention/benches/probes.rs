@@ -202,9 +202,9 @@ fn median_ms(gpu: &Gpu, runs: usize, mut f: impl FnMut() -> spattn::Result<()>) 
 /// The extras' target ratios: for each algorithm that takes extras, its forward with a
 /// per-head bias, with dropout (rate 0.1), with both, and forward + backward with both, each
 /// against the same plan without extras (forward: `AttentionPlan::forward`; backward:
-/// `backward` from the forward's output); for the algorithms that take edge features, forward
-/// and backward with edge features alone and with all three; forward and backward with a bias
-/// shared by the heads. Graphs: SPATTN_TIMING_GRAPHS (default ogbn-arxiv and R-MAT 18);
+/// `backward` from the forward's output), and forward + backward with dropout alone; for the
+/// algorithms that take edge features, forward and backward with edge features alone and with
+/// all three; forward and backward with a bias shared by the heads. Graphs: SPATTN_TIMING_GRAPHS (default ogbn-arxiv and R-MAT 18);
 /// heads 8, head_dim 64, f16.
 fn extras(gpu: &Gpu) {
     let gpu = gpu.clone();
@@ -214,9 +214,9 @@ fn extras(gpu: &Gpu) {
     println!(
         "| graph | algorithm | fwd ms | +bias | +dropout | +both | fwd+bwd ms | +both | \
          bias × | dropout × | both × | fwd+bwd both × | fwd+bwd ef ms | +bias+dropout | \
-         fwd+bwd shared bias ms |"
+         fwd+bwd shared bias ms | fwd+bwd dropout ms |"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (name, a) in timing_graphs("SPATTN_TIMING_GRAPHS", "ogbn-arxiv,rmat18") {
         let bias =
             DeviceVec::from_host(&gpu, &random_vec::<f16>(&mut rng, a.nnz() * heads, 1.0)).unwrap();
@@ -304,6 +304,7 @@ fn extras(gpu: &Gpu) {
                 })
             };
             let both_fb = fb(&with(true, true), Some(&mut db), None);
+            let drop_fb = fb(&with(false, true), None, None);
             let (ef, ef_both) = match d_feats.as_mut() {
                 Some(df) => (
                     fb(&with_ef(false, false, true), None, Some(&mut *df)),
@@ -319,7 +320,7 @@ fn extras(gpu: &Gpu) {
             let shared_fb = fb(&sb, Some(&mut d_shared), None);
             println!(
                 "| {name} | {alg} | {plain:.4} | {tb:.4} | {td:.4} | {tbd:.4} | {plain_fb:.4} | \
-                 {both_fb:.4} | {:.3} | {:.3} | {:.3} | {:.3} | {ef:.4} | {ef_both:.4} | {shared_fb:.4} |",
+                 {both_fb:.4} | {:.3} | {:.3} | {:.3} | {:.3} | {ef:.4} | {ef_both:.4} | {shared_fb:.4} | {drop_fb:.4} |",
                 tb / plain,
                 td / plain,
                 tbd / plain,
@@ -330,7 +331,7 @@ fn extras(gpu: &Gpu) {
                  \"head_dim\":{d},\"dtype\":\"f16\",\"fwd_ms\":{plain},\"bias_ms\":{tb},\
                  \"dropout_ms\":{td},\"both_ms\":{tbd},\"fwd_bwd_ms\":{plain_fb},\
                  \"both_fwd_bwd_ms\":{both_fb},\"ef_fwd_bwd_ms\":{ef},\"ef_both_fwd_bwd_ms\":{ef_both},\
-                 \"shared_bias_fwd_bwd_ms\":{shared_fb}}}",
+                 \"shared_bias_fwd_bwd_ms\":{shared_fb},\"dropout_fwd_bwd_ms\":{drop_fb}}}",
                 a.nnz()
             );
         }
