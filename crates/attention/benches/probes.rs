@@ -204,8 +204,8 @@ fn median_ms(gpu: &Gpu, runs: usize, mut f: impl FnMut() -> spattn::Result<()>) 
 /// against the same plan without extras (forward: `AttentionPlan::forward`; backward:
 /// `backward` from the forward's output), and forward + backward with dropout alone; for the
 /// algorithms that take edge features, forward and backward with edge features alone and with
-/// all three; forward and backward with a bias shared by the heads. Graphs: SPATTN_TIMING_GRAPHS (default ogbn-arxiv and R-MAT 18);
-/// heads 8, head_dim 64, f16.
+/// all three; forward and backward with a bias shared by the heads. Graphs:
+/// SPATTN_TIMING_GRAPHS (default ogbn-arxiv and R-MAT 18); heads 8, head_dim 64, f16.
 fn extras(gpu: &Gpu) {
     let gpu = gpu.clone();
     let mut rng = fresh_rng("extras timings");
