@@ -83,3 +83,20 @@ def rel_l2(a, b) -> float:
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+@pytest.fixture
+def lse_seen(monkeypatch):
+    """The ``lse`` each call of the native attention backward was handed (None where none), in
+    call order: a spy on ``spattn.functional._native_backward`` for the test's duration."""
+    from spattn import functional as F
+
+    seen = []
+    native = F._native_backward
+
+    def spy(*args, **kw):
+        seen.append(kw.get("lse"))
+        return native(*args, **kw)
+
+    monkeypatch.setattr(F, "_native_backward", spy)
+    return seen

@@ -210,7 +210,7 @@ needs_cuda = pytest.mark.skipif("cuda" not in DEVICES, reason="needs an NVIDIA G
 
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_compiled_training_takes_the_forward_row_statistics(dtype, monkeypatch):
+def test_compiled_training_takes_the_forward_row_statistics(dtype, lse_seen):
     """Traced training calls the keeping operator: on a fused-tc plan it returns the row
     statistics eager's forward keeps, both backwards are handed them (a spy on the native
     backward; a fused-csr plan hands none), and the compiled gradients equal eager's bit for
@@ -227,34 +227,25 @@ def test_compiled_training_takes_the_forward_row_statistics(dtype, monkeypatch):
     _, _, none = torch.ops.spattn.attention_keeping(g._token, q, k, v, None, "fused-csr")
     assert none.item() == 0
 
-    seen = []
-    native = F._native_backward
-
-    def spy(*args, **kw):
-        seen.append(kw.get("lse"))
-        return native(*args, **kw)
-
-    monkeypatch.setattr(F, "_native_backward", spy)
-
     def step(q, k, v, algorithm="fused-tc"):
         return spattn.sparse_attention(g, q, k, v, algorithm=algorithm)
 
     w = torch.linspace(-1, 1, q.numel(), device="cuda").view_as(q)
     grads = []
     for fn in (step, torch.compile(step, backend="aot_eager", fullgraph=True)):
-        seen.clear()
+        lse_seen.clear()
         xs = [t.clone().requires_grad_() for t in (q, k, v)]
         (fn(*xs).float() * w).sum().backward()
         grads.append([t.grad for t in xs])
-        assert len(seen) == 1 and seen[0] is not None
+        assert len(lse_seen) == 1 and lse_seen[0] is not None
     for a, b in zip(*grads):
         assert torch.equal(a, b)
     # The negative control: a plan that keeps nothing hands its backward no statistics.
-    seen.clear()
+    lse_seen.clear()
     xs = [t.clone().requires_grad_() for t in (q, k, v)]
     compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
     (compiled(*xs, algorithm="fused-csr").float() * w).sum().backward()
-    assert len(seen) == 1 and seen[0] is None
+    assert len(lse_seen) == 1 and lse_seen[0] is None
 
 
 class Net(torch.nn.Module):
