@@ -81,6 +81,7 @@ mod ptx_split;
 pub mod rows;
 mod schedule;
 mod shape;
+mod side_stream;
 pub mod tc_ops;
 pub mod tune;
 

@@ -35,9 +35,7 @@
 use std::ffi::{c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use std::sync::Arc;
-
-use cudarc::driver::{CudaEvent, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 use cudarc::nccl::sys;
 
 use crate::buffer::{DeviceElement, DeviceVec};
@@ -45,6 +43,7 @@ use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::launch::{check_same_gpu, map_driver_error};
 use crate::rows::{self, RowIndex};
+use crate::side_stream::SideStream;
 use crate::DType;
 
 /// The advice every "NCCL unavailable" error carries.
@@ -207,6 +206,8 @@ pub struct NcclComm {
     gpu: Gpu,
     rank: usize,
     world: usize,
+    /// The overlapped exchange's stream, at the device's highest priority, so that its kernels
+    /// take SMs ahead of the compute stream's queued CTAs.
     side: SideStream,
 }
 
@@ -220,72 +221,6 @@ pub struct AroundOwn<'a, T: DeviceElement> {
     pub own_rows: &'a DeviceVec<T>,
     /// The receive buffer: every rank's block, in rank order.
     pub recv: &'a mut DeviceVec<T>,
-}
-
-/// The stream an overlapped exchange runs on (the device's highest priority, so that its
-/// kernels take SMs ahead of the compute stream's queued CTAs) and the two events that order it
-/// with the GPU's stream: `ready` (the send buffers are written) and `done` (the transfer
-/// finished).
-struct SideStream {
-    stream: Arc<CudaStream>,
-    ready: CudaEvent,
-    done: CudaEvent,
-}
-
-impl SideStream {
-    fn new(gpu: &Gpu) -> Result<Self> {
-        let ctx = gpu.context();
-        let (_, highest) = cudarc::driver::result::stream::get_priority_range()
-            .map_err(|e| map_driver_error("asking for the stream priorities", e))?;
-        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
-        let event = || {
-            ctx.new_event(flags)
-                .map_err(|e| map_driver_error("creating an exchange event", e))
-        };
-        Ok(Self {
-            stream: ctx
-                .new_stream_with_priority(highest)
-                .map_err(|e| map_driver_error("creating the exchange stream", e))?,
-            ready: event()?,
-            done: event()?,
-        })
-    }
-}
-
-/// Makes the GPU's stream wait for an exchange in flight on the side stream, also when the work
-/// overlapped with it fails or panics: buffers freed on the GPU's stream afterwards are then
-/// freed only once the transfer is done.
-struct JoinOnDrop<'a> {
-    main: &'a CudaStream,
-    side: &'a SideStream,
-    armed: bool,
-}
-
-impl JoinOnDrop<'_> {
-    /// Joins, reporting a failure; the guard then stays armed, so its drop tries again and
-    /// synchronizes where the event still cannot order the streams.
-    fn join(mut self) -> Result<()> {
-        self.try_join()?;
-        self.armed = false;
-        Ok(())
-    }
-
-    fn try_join(&self) -> Result<()> {
-        self.side
-            .done
-            .record(&self.side.stream)
-            .and_then(|()| self.main.wait(&self.side.done))
-            .map_err(|e| map_driver_error("joining the exchange stream", e))
-    }
-}
-
-impl Drop for JoinOnDrop<'_> {
-    fn drop(&mut self) {
-        if self.armed && self.try_join().is_err() {
-            // No event to order them: wait here, so nothing is freed under the transfer.
-            let _ = self.side.stream.synchronize();
-        }
-    }
 }
 
 impl std::fmt::Debug for NcclComm {
@@ -351,7 +286,7 @@ impl NcclComm {
             sys::ncclCommInitRank(&mut comm, n, uid, rank as i32)
         })?;
         check("creating a communicator", status)?;
-        let side = match SideStream::new(gpu) {
+        let side = match SideStream::new(gpu, true) {
             Ok(side) => side,
             Err(e) => {
                 // SAFETY: `comm` was created above and is not used after.
@@ -445,24 +380,14 @@ impl NcclComm {
             blocks.iter_mut().map(|b| (b.send, &mut *b.recv)).collect();
         self.check_pairs(&mut pairs, send_counts, recv_counts, OwnBlock::Leave)?;
         check_own_block(self.rank, recv_counts, own.len(), row_len, own_at)?;
-        let main = self.gpu.stream();
-        let side = &self.side;
-        side.ready
-            .record(main)
-            .and_then(|()| side.stream.wait(&side.ready))
-            .map_err(|e| map_driver_error("ordering the exchange stream", e))?;
         // From here the GPU's stream waits for the side stream however this returns.
-        let joined = JoinOnDrop {
-            main,
-            side,
-            armed: true,
-        };
+        let joined = self.side.fork(self.gpu.stream())?;
         self.enqueue(
             &mut pairs,
             send_counts,
             recv_counts,
             OwnBlock::Leave,
-            &side.stream,
+            self.side.stream(),
         )?;
         drop(pairs);
         for b in blocks.iter_mut() {
