@@ -17,7 +17,8 @@
 //   D = <dOut_i, out_i> (FlashAttention-2's), writes both for the dkv pass, and corrects each
 //   row's dscale share by (D - c) b with c = sum P dP, b = sum P s: exact, where the share's
 //   cancelling sum would carry out's rounding (bf16: 24% off); dQ, dK and dV take that rounding
-//   at its size, as FlashAttention-2's do.)
+//   at its size, as FlashAttention-2's do. Where the grids are too small to fill the GPU, a
+//   row kernel writes (lse2, D) first and the dq and dkv passes run at once on two streams.)
 //   dkv (A^T's BSB):   windows of 16 key rows j, block columns the query rows i: S^T = K Q^T,
 //                      dP^T = V dOut^T; P and dS from column i's (lse2, D);
 //                      dV = P^T dOut, dK = scale * dS^T Q.
@@ -74,7 +75,8 @@ __host__ __device__ constexpr u32 bwd_tc_warp_bytes(int mode, int xmode) {
 // pipeline, bsb_pipe_tiles) and read by ldmatrix: as the B operand of the scores, and
 // transposed as the B operand of dQ += dS K (y1), dK += dS^T Q (y1) and dV += P^T dOut (y2).
 // With lse non-null (dq pass only): the forward's lse2 per (row of A, head) and out, the
-// forward's output (rows of x2's shape), replace the stats pass (see the top).
+// forward's output (rows of x2's shape), replace the stats pass (see the top); with out null
+// too, the row kernel's stats are read instead.
 // Outputs: stats (lse2, D) per (row of A, head); g1 (dQ or dK), g2 (dV); ds_rows the dscale
 // share per (row of A, head). `smem`: the warp's bwd_tc_warp_bytes(MODE, XMODE). Extras
 // (XMODE != 0): xa, and in the dq pass with a bias x_ids and d_bias.
@@ -162,7 +164,12 @@ __device__ __forceinline__ void bwd_tc(
     // lse2 and <dOut, out>, which the unit (the first part of a split window) writes for dkv.
     float2 rs[2] = {make_float2(0.0f, 0.0f), make_float2(0.0f, 0.0f)};
     if constexpr (MODE == BWD_TC_DQ) {
-        if (from_fwd) {
+        if (from_fwd && out == nullptr) {
+            // backward_tc_row_stats wrote them (the passes then run at once; uniform).
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+                if (wrow[r] != SPATTN_NONE) rs[r] = stats[(u64)wrow[r] * heads + h];
+        } else if (from_fwd) {
             const bool writes =
                 part_id == SPATTN_NONE || part_id == split_part_first[unit_split[u]];
 #pragma unroll
@@ -454,6 +461,37 @@ __device__ __forceinline__ void bwd_tc(
     if (lane == 0u) *counter = 0u;
 }
 
+// stats[(i, h)] = (lse2, <dOut_i, out_i>) for every (row, head) of A, a group of 4 lanes each,
+// summed as the dq pass sums its rows' (lane chunks t, t + 4, ..., then lanes 1 apart, then 2):
+// the forward's statistics for the dq and dkv passes at once, neither of which then writes them.
+template <class T>
+__device__ __forceinline__ void bwd_tc_row_stats(u32 rows, u32 heads, u32 head_dim,
+                                                 const T* __restrict__ d_out,
+                                                 const T* __restrict__ out,
+                                                 const float* __restrict__ lse,
+                                                 float2* __restrict__ stats) {
+    const u32 mask = group_mask(4u), t = lane_id() & 3u;
+    const u64 total = (u64)rows * heads, groups = grid_groups(4u);
+    for (u64 rh = grid_group(4u); rh < total; rh += groups) {
+        const u64 o = rh * head_dim;
+        float dot = lane_dot<T, 8>(d_out + o, out + o, head_dim, t, 4u);
+        dot += __shfl_xor_sync(mask, dot, 1);
+        dot += __shfl_xor_sync(mask, dot, 2);
+        if (t == 0u) stats[rh] = make_float2(__ldg(lse + rh), dot);
+    }
+}
+
+// Entry points backward_tc_row_stats_{f16,bf16}: (rows, heads, head_dim a multiple of 8) as
+// bwd_tc_row_stats, any 1-D grid of a multiple of 4 threads a block.
+#define SPATTN_BWD_TC_ROW_STATS(SUFFIX, T)                                                     \
+    extern "C" __global__ void backward_tc_row_stats_##SUFFIX(                                 \
+        u32 rows, u32 heads, u32 head_dim, const T* d_out, const T* out, const float* lse,    \
+        float2* stats) {                                                                       \
+        bwd_tc_row_stats<T>(rows, heads, head_dim, d_out, out, lse, stats);                    \
+    }
+SPATTN_BWD_TC_ROW_STATS(f16, __half)
+SPATTN_BWD_TC_ROW_STATS(bf16, __nv_bfloat16)
+
 // Entry points backward_tc_{stats,dq,dkv}_{f16,bf16}_s{32,64}{,_xb,_xd,_x}: one warp per
 // (unit, head), n_items = units x heads, CTAs of the host's warps, each warp
 // bwd_tc_warp_bytes(MODE, XMODE) of the dynamic shared memory. The extras' parameters
@@ -462,7 +500,8 @@ __device__ __forceinline__ void bwd_tc(
 // of 8 and at most DS (the host picks the narrowest DS that holds it). The stats and dq passes
 // run on A's BSB (x1 = Q, x2 = dOut, y1 = K, y2 = V), dkv on A^T's (x1 = K, x2 = V, y1 = Q,
 // y2 = dOut); out and lse (the forward's output and lse2) are read by the dq pass where lse is
-// non-null, which replaces the stats pass; every pointer a pass does not use may be null.
+// non-null, which replaces the stats pass (with out null, backward_tc_row_stats has written
+// stats from them); every pointer a pass does not use may be null.
 #define SPATTN_BWD_TC_PARAMS(T)                                                                \
     const uint4 *units, const u32 *unit_split, const u32 *split_part_first, u32 n_items,       \
         u32 heads, u32 head_dim, u32 n_rows, const u32 *row_ids, const u32 *block_columns,     \

@@ -108,11 +108,13 @@ pub const BACKWARD: PtxModule = PtxModule {
     ],
 };
 
-/// The PTX module compiled from `cuda/backward_tc.cu` (48 kernels).
+/// The PTX module compiled from `cuda/backward_tc.cu` (50 kernels).
 pub const BACKWARD_TC: PtxModule = PtxModule {
     name: "backward_tc",
     ptx: include_str!("../ptx/backward_tc.ptx"),
     kernels: &[
+        "backward_tc_row_stats_f16",
+        "backward_tc_row_stats_bf16",
         "backward_tc_stats_f16_s32",
         "backward_tc_dq_f16_s32",
         "backward_tc_dkv_f16_s32",

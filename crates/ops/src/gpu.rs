@@ -18,9 +18,11 @@
 //!
 //! One op steps outside the one stream, inside a single call:
 //! [`NcclComm::all_to_all_around_own_gathering`](crate::nccl::NcclComm::all_to_all_around_own_gathering)
-//! runs NCCL on the communicator's own stream, fenced by two events (it starts after the work
-//! before the call, the work after the call waits for it), so the rule above still holds for
-//! everything the caller sees.
+//! runs NCCL on the communicator's own stream, and the tensor-core backward runs its dq and
+//! dK/dV passes at once on two streams where their grids are small; both are fenced by two
+//! events ([`crate::side_stream`]: the side's work starts after the work before the call, the
+//! work after the call waits for it), so the rule above still holds for everything the caller
+//! sees.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -35,6 +37,7 @@ use spattn_kernels_sys::PtxModule;
 
 use crate::error::{Error, Result};
 use crate::launch::map_driver_error;
+use crate::side_stream::SideStream;
 
 /// A handle to one NVIDIA GPU: its CUDA context, the stream every op runs on, and the cache of
 /// loaded PTX modules.
@@ -69,6 +72,9 @@ struct GpuInner {
     /// 16 bytes that empty views of foreign memory point at (kernels never read them), made
     /// once so that an empty operand costs no allocation per call.
     placeholder: std::sync::OnceLock<cudarc::driver::CudaSlice<u64>>,
+    /// The side stream of ops that run two kernels at once within a call (made on first use;
+    /// the lock held from fork to join, so that two threads never share its events).
+    side: Mutex<Option<SideStream>>,
 }
 
 /// What a handle has loaded of one PTX module: each kernel from its own piece of the module
@@ -175,6 +181,7 @@ impl Gpu {
                 sm_count: u32::try_from(sm_count).unwrap_or(0),
                 modules: Mutex::new(HashMap::new()),
                 placeholder: std::sync::OnceLock::new(),
+                side: Mutex::new(None),
             }),
         })
     }
@@ -198,6 +205,27 @@ impl Gpu {
         })?;
         let (ptr, _record) = slice.device_ptr(&self.inner.stream);
         Ok(ptr)
+    }
+
+    /// Runs `f` with the handle's side stream ([`crate::side_stream`]), made on first use and
+    /// held by this call alone until `f` returns (`f` forks onto it and joins it back).
+    pub(crate) fn with_side_stream<R>(
+        &self,
+        f: impl FnOnce(&SideStream) -> Result<R>,
+    ) -> Result<R> {
+        // A panic inside another call's `f` leaves the stream joined (its guard's drop).
+        let mut slot = self
+            .inner
+            .side
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let side = match slot.take() {
+            Some(side) => side,
+            None => SideStream::new(self, false)?,
+        };
+        let result = f(&side);
+        *slot = Some(side);
+        result
     }
 
     /// Whether a CUDA driver is present and reports at least one device. Never panics.

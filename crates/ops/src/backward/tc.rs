@@ -18,6 +18,13 @@
 //! comes from the recomputed P and dP, not from FlashAttention-2's `⟨dOut_i, out_i⟩`: an f16 /
 //! bf16 `out`'s rounding would reach dS where `dP ≈ D` and ∂scale, a cancelling sum.
 //!
+//! **Passes at once**: where the dq and dK/dV grids together fill the GPU only a few times
+//! over, the dK/dV pass runs on a side stream at once with the dq pass (forked from the GPU's
+//! stream and joined back before `run` returns; `crate::side_stream`), so that neither pass's
+//! last wave leaves SMs idle. Both then read statistics written before them: the stats pass's,
+//! or, from the forward's, `(lse2, ⟨dOut_i, out_i⟩)` written by a row kernel. The results are
+//! the same bit for bit either way.
+//!
 //! **Deterministic**: a window split into units leaves a partial per unit and the last unit to
 //! finish merges them in part order; ∂scale is summed in a fixed order. Two calls on the same
 //! inputs give bitwise-equal gradients.
@@ -79,10 +86,11 @@ use crate::fused::CsrExtras;
 use crate::gpu::Gpu;
 use crate::graph::DeviceGraph;
 use crate::launch::{
-    blocks_for, check_per_edge, check_same_gpu, kernel_named, launch, product, to_u32,
+    blocks_for, check_per_edge, check_same_gpu, kernel_named, launch, product, stride_grid, to_u32,
     LaunchConfig, PushKernelArg, PushOptionalArg,
 };
 use crate::shape::Shape;
+use crate::side_stream::{JoinOnDrop, SideStream};
 
 use super::DeviceSum;
 
@@ -197,6 +205,9 @@ pub struct TensorCoreBackward {
     /// The extras' gathers over A's BSB (whose edge map the BSB caches for the forward and
     /// this backward alike) and Aᵀ's edge map and gathers, made by the first run with extras.
     extras: Option<Box<(BsbExtrasStage, TransposeExtras)>>,
+    /// Whether the dq and dK/dV passes run at once; `None`: as [`Self::overlaps`] decides
+    /// (tests set it, to compare the two).
+    overlap: Option<bool>,
 }
 
 impl TensorCoreBackward {
@@ -271,6 +282,7 @@ impl TensorCoreBackward {
             ds_rows: DeviceVec::zeros(gpu, rows)?,
             d_scale: DeviceSum::new(gpu)?,
             extras: None,
+            overlap: None,
         })
     }
 
@@ -466,6 +478,54 @@ impl TensorCoreBackward {
         result
     }
 
+    /// Whether the dq and dK/dV passes run at once on two streams: where their grids together
+    /// are at most [`OVERLAP_WAVES`] waves of the GPU (the dK/dV pass's CTAs a SM, the fewer),
+    /// which one after the other leave SMs idle at each pass's end.
+    fn overlaps(&self, gpu: &Gpu) -> Result<bool> {
+        if let Some(on) = self.overlap {
+            return Ok(on);
+        }
+        let ctas = |n_units: usize| -> Result<usize> {
+            Ok(product("units × heads", &[n_units, self.heads])?.div_ceil(CTA_WARPS))
+        };
+        let both = ctas(self.a_side.n_units)? + ctas(self.t_side.n_units)?;
+        let wave = gpu.sm_count() as usize * RESIDENT_CTAS;
+        Ok((both as f64) <= OVERLAP_WAVES * wave as f64)
+    }
+
+    /// Writes `(lse2, ⟨dOut_i, out_i⟩)` per (row of A, head) into the statistics
+    /// (`backward_tc_row_stats`): the forward's statistics for the dq and dK/dV passes at once.
+    fn row_stats<T: DType>(
+        &mut self,
+        gpu: &Gpu,
+        d_out: &DeviceMatrix<T>,
+        out: &DeviceMatrix<T>,
+        lse: &DeviceVec<f32>,
+    ) -> Result<()> {
+        let kernel = kernel_named(&BACKWARD_TC, row_stats_name(T::NAME))?;
+        let f = gpu.load_function(BACKWARD_TC.name, BACKWARD_TC.ptx, kernel)?;
+        let groups = product("rows × heads", &[self.a_side.n_rows, self.heads])?;
+        let cfg = stride_grid(product("rows × heads × 4 lanes", &[groups, 4])?)?;
+        let (rows, heads) = (
+            to_u32("rows", self.a_side.n_rows)?,
+            to_u32("heads", self.heads)?,
+        );
+        let head_dim = to_u32("head_dim", self.head_dim)?;
+        let mut args = gpu.launch_builder(&f);
+        args.arg(&rows)
+            .arg(&heads)
+            .arg(&head_dim)
+            .arg(d_out.slice())
+            .arg(out.slice())
+            .arg(lse.slice())
+            .arg(self.stats.slice_mut());
+        // SAFETY: (row, head) < rows × heads: reads dOut and out (rows × heads × head_dim, the
+        // shapes `run_inner` checked) at features < head_dim in 16-byte chunks (head_dim a
+        // multiple of 8 two-byte elements: `supports`), lse (rows × heads, checked) and
+        // writes stats at (row, head) (2 × rows × heads floats, `new`).
+        unsafe { launch(kernel, &mut args, cfg) }
+    }
+
     /// [`run`](Self::run), with the extras' gathers where given.
     fn run_inner<T: DType>(
         &mut self,
@@ -525,106 +585,138 @@ impl TensorCoreBackward {
         let heads = to_u32("heads", self.heads)?;
         let head_dim = to_u32("head_dim", self.head_dim)?;
         let takes = extras.as_ref().map_or((false, false), |x| x.a.takes());
-        let name =
-            |pass: &str| kernel_named(&BACKWARD_TC, pass_name(pass, T::NAME, self.slice, takes));
+        let slice = self.slice;
+        let name = |pass: &str| kernel_named(&BACKWARD_TC, pass_name(pass, T::NAME, slice, takes));
         let null = None::<&DeviceVec<u32>>;
 
         // Passes over A's BSB: the statistics, then dQ and the rows' ∂scale shares; then the
-        // pass over Aᵀ's BSB: dK and dV.
+        // pass over Aᵀ's BSB: dK and dV. Where their grids leave the GPU partly idle
+        // (`overlaps`), the dK/dV pass runs on the side stream at once with the dq pass, both
+        // reading the statistics written before them (the stats pass's, or the forward's lse
+        // beside each row's D from the row kernel).
+        let overlap = self.overlaps(gpu)?;
+        if let (true, Some((out, lse))) = (overlap, saved) {
+            self.row_stats(gpu, d_out, out, lse)?;
+        }
         let (a_bsb, a_rows) = (&self.a.device, self.a.row_ids.as_ref());
-        let passes = [
-            (PASSES[0], Pass::A, [q, d_out, k, v], [None, None]),
-            (PASSES[1], Pass::A, [q, d_out, k, v], [Some(dq), None]),
-            (PASSES[2], Pass::T, [k, v, q, d_out], [Some(dk), Some(dv)]),
-        ];
-        for (pass, over, [x1, x2, y1, y2], [g1, g2]) in passes {
-            let (side, bsb, row_ids) = match over {
-                Pass::A => (&mut self.a_side, a_bsb, a_rows),
-                Pass::T => (&mut self.t_side, &self.t.device, self.t.row_ids.as_ref()),
-            };
-            // The forward's statistics replace the stats pass; the dq pass reads them.
-            if saved.is_some() && pass == PASSES[0] {
-                continue;
-            }
-            let from_fwd = saved.filter(|_| pass == PASSES[1]);
-            let Some((cfg, n_items)) = grid(side.n_units, self.heads, pass, takes)? else {
-                continue;
-            };
-            let kernel = name(pass)?;
-            let f = gpu.load_function_with_shared(
-                BACKWARD_TC.name,
-                BACKWARD_TC.ptx,
-                kernel,
-                cfg.shared_mem_bytes as usize,
-                KERNEL,
-            )?;
-            let n_rows = to_u32("rows", side.n_rows)?;
-            let mut args = gpu.launch_builder(&f);
-            args.arg(side.units.slice())
-                .arg(side.unit_split.slice())
-                .arg(side.split_part_first.slice())
-                .arg(&n_items)
-                .arg(&heads)
-                .arg(&head_dim)
-                .arg(&n_rows)
-                .arg_or_null(row_ids)
-                .arg(bsb.block_columns().slice())
-                .arg(bsb.bitmap_words().slice())
-                .arg(x1.slice())
-                .arg(x2.slice())
-                .arg(y1.slice())
-                .arg(y2.slice())
-                .arg_or_null(from_fwd.map(|(o, _)| o.as_vec()))
-                .arg_or_null(from_fwd.map(|(_, l)| l))
-                .arg(&scale_log2)
-                .arg(&scale)
-                .arg(self.stats.slice_mut());
-            args.arg_or_null_mut(g1.map(DeviceMatrix::as_vec_mut))
-                .arg_or_null_mut(g2.map(DeviceMatrix::as_vec_mut))
-                .arg(self.ds_rows.slice_mut())
-                .arg(side.part.slice_mut())
-                .arg(side.counters.slice_mut());
-            match &mut extras {
-                Some(x) => {
-                    let gathered = match over {
-                        Pass::A => x.a,
-                        Pass::T => x.t,
-                    };
-                    gathered.push(&mut args);
-                    // dBias: the dq pass, where there is a bias.
-                    match (pass == PASSES[1], x.d_bias.as_deref_mut()) {
-                        (true, Some(db)) => args.arg(x.a_ids.slice()).arg(db.slice_mut()),
-                        _ => args.arg_or_null(null).arg_or_null(null),
-                    };
+        let stats_pass = (PASSES[0], Pass::A, [q, d_out, k, v], [None, None]);
+        let dq_pass = (PASSES[1], Pass::A, [q, d_out, k, v], [Some(dq), None]);
+        let dkv_pass = (PASSES[2], Pass::T, [k, v, q, d_out], [Some(dk), Some(dv)]);
+        let passes = if overlap {
+            [stats_pass, dkv_pass, dq_pass]
+        } else {
+            [stats_pass, dq_pass, dkv_pass]
+        };
+        let run_passes = |side: Option<&SideStream>| -> Result<()> {
+            // Set once the dK/dV pass is forked onto the side stream; joined at the end.
+            let mut joined = None;
+            for (pass, over, [x1, x2, y1, y2], [g1, g2]) in passes {
+                let (side_bsb, bsb, row_ids) = match over {
+                    Pass::A => (&mut self.a_side, a_bsb, a_rows),
+                    Pass::T => (&mut self.t_side, &self.t.device, self.t.row_ids.as_ref()),
+                };
+                // The forward's statistics replace the stats pass; the dq pass reads them.
+                if saved.is_some() && pass == PASSES[0] {
+                    continue;
                 }
-                None => {
-                    GatheredBsbExtras::push_absent(&mut args);
-                    args.arg_or_null(null).arg_or_null(null);
+                let from_fwd = saved.filter(|_| pass == PASSES[1]);
+                // At once with dK/dV, the row kernel has written D: the dq pass reads no out.
+                let out = from_fwd.filter(|_| !overlap).map(|(o, _)| o.as_vec());
+                let Some((cfg, n_items)) = grid(side_bsb.n_units, self.heads, pass, takes)? else {
+                    continue;
+                };
+                let kernel = name(pass)?;
+                let f = gpu.load_function_with_shared(
+                    BACKWARD_TC.name,
+                    BACKWARD_TC.ptx,
+                    kernel,
+                    cfg.shared_mem_bytes as usize,
+                    KERNEL,
+                )?;
+                let stream = match side.filter(|_| pass == PASSES[2]) {
+                    Some(side) => {
+                        joined = Some(side.fork(gpu.stream())?);
+                        side.stream()
+                    }
+                    None => gpu.stream(),
+                };
+                let n_rows = to_u32("rows", side_bsb.n_rows)?;
+                let mut args = stream.launch_builder(&f);
+                args.arg(side_bsb.units.slice())
+                    .arg(side_bsb.unit_split.slice())
+                    .arg(side_bsb.split_part_first.slice())
+                    .arg(&n_items)
+                    .arg(&heads)
+                    .arg(&head_dim)
+                    .arg(&n_rows)
+                    .arg_or_null(row_ids)
+                    .arg(bsb.block_columns().slice())
+                    .arg(bsb.bitmap_words().slice())
+                    .arg(x1.slice())
+                    .arg(x2.slice())
+                    .arg(y1.slice())
+                    .arg(y2.slice())
+                    .arg_or_null(out)
+                    .arg_or_null(from_fwd.map(|(_, l)| l))
+                    .arg(&scale_log2)
+                    .arg(&scale)
+                    .arg(self.stats.slice_mut());
+                args.arg_or_null_mut(g1.map(DeviceMatrix::as_vec_mut))
+                    .arg_or_null_mut(g2.map(DeviceMatrix::as_vec_mut))
+                    .arg(self.ds_rows.slice_mut())
+                    .arg(side_bsb.part.slice_mut())
+                    .arg(side_bsb.counters.slice_mut());
+                match &mut extras {
+                    Some(x) => {
+                        let gathered = match over {
+                            Pass::A => x.a,
+                            Pass::T => x.t,
+                        };
+                        gathered.push(&mut args);
+                        // dBias: the dq pass, where there is a bias.
+                        match (pass == PASSES[1], x.d_bias.as_deref_mut()) {
+                            (true, Some(db)) => args.arg(x.a_ids.slice()).arg(db.slice_mut()),
+                            _ => args.arg_or_null(null).arg_or_null(null),
+                        };
+                    }
+                    None => {
+                        GatheredBsbExtras::push_absent(&mut args);
+                        args.arg_or_null(null).arg_or_null(null);
+                    }
                 }
+                // SAFETY: items < n_units × heads of the pass's BSB; each reads its unit's 4
+                // words (units: 4 × n_units), split (n_units) and the split's part range
+                // (split_part_first: n_split + 1), blocks of its window below the unit's end ≤
+                // n_blocks (block_columns 8 and bitmap words 2 u64 per block), row_ids (a
+                // renumbered BSB's: its n_rows entries, a permutation's old_of_new) at window
+                // rows < n_rows.
+                // Window-side rows (x1, x2, g1, g2: Q, dOut, dQ over A; K, V, dK, dV over Aᵀ;
+                // the dq pass's out, shaped as Q, and lse, n_rows × heads: checked) are caller
+                // rows < the BSB's rows, gathered rows (y1, y2) real block columns < the other
+                // side's rows, each heads × head_dim (shapes checked), read and written at
+                // features < head_dim in 16-byte chunks (the dq pass's D reads out and dOut so
+                // too) (head_dim a multiple of 8 two-byte elements: `supports`). stats and
+                // ds_rows are indexed by (row of A, head): 2 × n_rows × heads and n_rows ×
+                // heads floats. Partials at (part < n_parts, head, window row < 16) × (slice +
+                // 3) floats over A, 2 × slice over Aᵀ, and counters at (split, head): sized by
+                // `Side::new` from these schedules. Extras (`_x*` kernels only): the gathered
+                // bias (one row of the BSB's edges per head) at a step's span of edges,
+                // block_edge_start[blk] and [min(blk + 2, n_blocks)] (n_blocks + 1 entries),
+                // the keep words at 4 per (head, block) (BsbExtrasStage::gather sized them for
+                // this BSB and heads); the dq pass with a bias reads x_ids at A's BSB's edges
+                // (nnz entries) and writes d_bias at x_ids[e] × heads + h < nnz × heads (its
+                // length, checked by run_with_extras). On the side stream (the dK/dV pass),
+                // everything it touches is written before the fork on the GPU's stream (the
+                // statistics) or by it alone (dK, dV, Aᵀ's partials and counters); the dq pass
+                // beside it only reads what both read, and the join orders everything after.
+                unsafe { launch(kernel, &mut args, cfg) }?;
             }
-            // SAFETY: items < n_units × heads of the pass's BSB; each reads its unit's 4 words
-            // (units: 4 × n_units), split (n_units) and the split's part range
-            // (split_part_first: n_split + 1), blocks of its window below the unit's end ≤
-            // n_blocks (block_columns 8 and bitmap words 2 u64 per block), row_ids (a
-            // renumbered BSB's: its n_rows entries, a permutation's old_of_new) at window rows
-            // < n_rows.
-            // Window-side rows (x1, x2, g1, g2: Q, dOut, dQ over A; K, V, dK, dV over Aᵀ; the
-            // dq pass's out, shaped as Q, and lse, n_rows × heads: checked) are caller rows <
-            // the BSB's rows, gathered rows (y1, y2) real block columns < the
-            // other side's rows, each heads × head_dim (shapes checked), read and written at
-            // features < head_dim in 16-byte chunks (the dq pass's D reads out and dOut so
-            // too) (head_dim a multiple of 8 two-byte
-            // elements: `supports`). stats and ds_rows are indexed by (row of A, head): 2 ×
-            // n_rows × heads and n_rows × heads floats. Partials at (part < n_parts, head,
-            // window row < 16) × (slice + 3) floats over A, 2 × slice over Aᵀ, and counters at
-            // (split, head): sized by `Side::new` from these schedules. Extras (`_x*` kernels
-            // only): the gathered bias (one row of the BSB's edges per head) at a step's span
-            // of edges, block_edge_start[blk] and [min(blk + 2, n_blocks)] (n_blocks + 1
-            // entries), the keep words at 4 per (head, block) (BsbExtrasStage::gather sized
-            // them for this BSB and heads); the dq pass with a bias reads x_ids at A's BSB's
-            // edges (nnz entries) and writes d_bias at x_ids[e] × heads + h < nnz × heads (its
-            // length, checked by run_with_extras).
-            unsafe { launch(kernel, &mut args, cfg) }?;
+            joined.map_or(Ok(()), JoinOnDrop::join)
+        };
+        if overlap {
+            gpu.with_side_stream(|side| run_passes(Some(side)))?;
+        } else {
+            run_passes(None)?;
         }
 
         // ∂scale: the rows' shares in a fixed order.
@@ -641,6 +733,11 @@ struct LaunchExtras<'a, T: DType> {
     d_bias: Option<&'a mut DeviceVec<T>>,
 }
 
+/// CTAs of the dK/dV pass one SM holds (168 registers a lane at 64 features, 4 warps a CTA).
+const RESIDENT_CTAS: usize = 3;
+/// The waves of the GPU up to which the dq and dK/dV passes run at once ([`TensorCoreBackward::overlaps`]).
+const OVERLAP_WAVES: f64 = 8.0;
+
 /// The passes, in launch order.
 const PASSES: [&str; 3] = ["stats", "dq", "dkv"];
 /// The feature slices the kernels are instantiated for.
@@ -654,6 +751,11 @@ fn pass_name(pass: &str, dtype: &str, slice: usize, takes: (bool, bool)) -> Stri
         (false, false) => base,
         _ => extras_kernel(&base, true, takes),
     }
+}
+
+/// The row-statistics kernel for dtype `dtype` (a kernel-name suffix).
+fn row_stats_name(dtype: &str) -> String {
+    format!("backward_tc_row_stats_{dtype}")
 }
 
 /// Which BSB a pass runs over.
@@ -717,6 +819,9 @@ mod tests {
             [(false, false), (true, false), (false, true), (true, true)];
         let mut launched = std::collections::HashSet::new();
         for dtype in ["f16", "bf16"] {
+            let name = row_stats_name(dtype);
+            assert!(kernel_named(&BACKWARD_TC, name.clone()).is_ok(), "{name}");
+            launched.insert(name);
             for slice in SLICES {
                 for pass in PASSES {
                     for takes in TAKES {
@@ -754,5 +859,75 @@ mod tests {
         let (cfg, _) = grid(10, 3, "stats", (false, true)).unwrap().unwrap();
         assert_eq!(cfg.shared_mem_bytes, 4 * 3 * (4128 + 32));
         assert!(grid(0, 8, "stats", plain).unwrap().is_none());
+    }
+
+    /// The dq and dK/dV passes at once on two streams give the gradients and ∂scale of the
+    /// passes one after the other, bit for bit, and write every element: after the stats pass
+    /// and from a forward's statistics (the row kernel), on a hub row's and a hub column's split
+    /// windows (both passes' merges), in the graph's row order and renumbered.
+    #[test]
+    #[ignore = "needs an NVIDIA GPU"]
+    fn gpu_passes_at_once_match_one_after_the_other() {
+        use crate::fused::tc::tests::{draw_f16, hub_graph};
+        use crate::fused::tc::{FusedTensorCore, Options};
+        let gpu = Gpu::new(0).expect("an NVIDIA GPU");
+        if gpu.compute_capability() < (8, 0) {
+            return;
+        }
+        let (rows, cols) = (700usize, 900usize);
+        // Row 5 and column 9 are hubs; row 7 has no edges.
+        let graph = DeviceGraph::new(&gpu, hub_graph(rows, cols, 6, 4242, true));
+        for reorder in [Reorder::None, Reorder::Degree] {
+            for (heads, d) in [(2, 64), (3, 24)] {
+                let sq = Shape::new(rows, heads, d).unwrap();
+                let skv = Shape::new(cols, heads, d).unwrap();
+                let (q, k, v, d_out) = (
+                    draw_f16(&gpu, sq, 1),
+                    draw_f16(&gpu, skv, 2),
+                    draw_f16(&gpu, skv, 3),
+                    draw_f16(&gpu, sq, 4),
+                );
+                let scale = 1.0 / (d as f32).sqrt();
+                let mut fwd = FusedTensorCore::with_options::<half::f16>(
+                    &gpu,
+                    graph.bsb_in(reorder).unwrap(),
+                    heads,
+                    d,
+                    Options::default(),
+                )
+                .unwrap();
+                let mut out = DeviceMatrix::zeros(&gpu, sq).unwrap();
+                let mut lse = DeviceVec::<f32>::zeros(&gpu, rows * heads).unwrap();
+                fwd.forward_with_lse(&gpu, &q, &k, &v, scale, &mut out, &mut lse)
+                    .unwrap();
+                for saved in [None, Some((&out, &lse))] {
+                    let [seq, at_once] = [false, true].map(|on| {
+                        let mut bwd =
+                            TensorCoreBackward::new::<half::f16>(&graph, heads, d, reorder)
+                                .unwrap();
+                        bwd.overlap = Some(on);
+                        let mut g = [sq, skv, skv].map(|s| {
+                            let mut m = DeviceMatrix::<half::f16>::zeros(&gpu, s).unwrap();
+                            m.fill_nan().unwrap();
+                            m
+                        });
+                        let [dq, dk, dv] = &mut g;
+                        bwd.run(&gpu, scale, [&q, &k, &v, &d_out], saved, [dq, dk, dv])
+                            .unwrap();
+                        let d_scale = bwd.d_scale().to_host().unwrap()[0];
+                        (g.map(|m| m.to_host().unwrap()), d_scale)
+                    });
+                    let what = format!("{reorder:?} H{heads} D{d} saved={}", saved.is_some());
+                    for (name, grad) in ["dQ", "dK", "dV"].iter().zip(&seq.0) {
+                        assert!(
+                            grad.iter().all(|x| x.is_finite()),
+                            "{what}: {name} not written"
+                        );
+                    }
+                    assert_eq!(seq.0, at_once.0, "{what}: gradients");
+                    assert_eq!(seq.1.to_bits(), at_once.1.to_bits(), "{what}: ∂scale");
+                }
+            }
+        }
     }
 }

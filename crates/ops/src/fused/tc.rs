@@ -29,7 +29,7 @@
 mod probes;
 mod schedule;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 // The schedule is also the tensor-core backward's (`crate::backward::tc`).
 pub(crate) use schedule::{default_chunk, Schedule};

@@ -9,7 +9,7 @@ use crate::rows::vec_padded;
 use spattn_formats::{Bsb, Csr, RowOrder};
 
 /// Deterministic f16 operands in [-1, 1) of `shape` on `gpu`, one pattern per seed.
-pub(super) fn draw_f16(gpu: &Gpu, shape: crate::Shape, seed: usize) -> DeviceMatrix<half::f16> {
+pub(crate) fn draw_f16(gpu: &Gpu, shape: crate::Shape, seed: usize) -> DeviceMatrix<half::f16> {
     let host: Vec<half::f16> = (0..shape.len())
         .map(|i| {
             let x = (i * 7919 + seed * 104_729) % 1000;
@@ -17,6 +17,31 @@ pub(super) fn draw_f16(gpu: &Gpu, shape: crate::Shape, seed: usize) -> DeviceMat
         })
         .collect();
     DeviceMatrix::from_host(gpu, shape, &host).unwrap()
+}
+
+/// A `rows × cols` graph whose row 5 is a hub (every column) and row 7 empty; every other row
+/// has `per_row` columns drawn from `seed` (repeats merged) and, where `hub_column`, column 9.
+pub(crate) fn hub_graph(
+    rows: usize,
+    cols: usize,
+    per_row: usize,
+    seed: u64,
+    hub_column: bool,
+) -> Csr {
+    let mut edges: Vec<(u32, u32)> = (0..cols as u32).map(|c| (5, c)).collect();
+    let mut x = seed;
+    for r in (0..rows as u32).filter(|&r| r != 7) {
+        if hub_column {
+            edges.push((r, 9));
+        }
+        for _ in 0..per_row {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            edges.push((r, ((x >> 33) % cols as u64) as u32));
+        }
+    }
+    edges.sort_unstable();
+    edges.dedup();
+    Csr::from_edges(rows, cols, &edges).unwrap()
 }
 
 #[test]
@@ -449,18 +474,7 @@ fn gpu_forward_with_lse_writes_each_rows_log_sum_exp() {
     use crate::Shape;
     let gpu = Gpu::new(0).expect("an NVIDIA GPU");
     let (rows, cols) = (300usize, 1000usize);
-    let mut edges: Vec<(u32, u32)> = (0..cols as u32).map(|c| (5, c)).collect(); // a hub row
-    let mut x = 987u64;
-    for r in (0..rows as u32).filter(|&r| r != 7) {
-        // row 7 has no edges
-        for _ in 0..10 {
-            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-            edges.push((r, ((x >> 33) % cols as u64) as u32));
-        }
-    }
-    edges.sort_unstable();
-    edges.dedup();
-    let a = Csr::from_edges(rows, cols, &edges).unwrap();
+    let a = hub_graph(rows, cols, 10, 987, false);
     for reorder in [Reorder::None, Reorder::Degree] {
         let ordered = Arc::new(OrderedBsb::upload(&gpu, &a, reorder).unwrap());
         for (heads, d) in [(2, 64), (1, 128), (3, 20), (2, 32), (1, 48)] {
