@@ -6,8 +6,9 @@ On a small graph a training step is host-bound: this measures where the host tim
 1. torch alone, on random tensors of pubmed's size (19,717 × 1 × 64, f32): a Python
    ``autograd.Function`` that only allocates (forward, and ``autograd.grad`` of it), and the C++
    op ``q * k + v`` with its ``autograd.grad``. spattn's calls cannot cost less than these.
-2. spattn on the graph (f32 1 × 64 and f16 8 × 64): per call, the time until the call returns
-   (the host's share; 200 calls back to back, the GPU drained after them) and, after a slash,
+2. spattn on the graph (f32 1 × 64, f16 8 × 64 and f16 1 × 64, whose tensor-core backward runs
+   its two passes at once): per call, the time until the call returns (the host's share; 200
+   calls back to back, the GPU drained after them) and, after a slash,
    the time per call including the drain: ``sparse_attention`` under ``no_grad`` and with
    gradients, its ``autograd.grad``, a whole step (forward + grad), and the native forward and
    backward calls without the Python wrapper; then medians of synchronised calls (the step's
@@ -104,7 +105,7 @@ def main():
     g = tp.load_graph(args.graph, "graph", True, torch.device("cuda"))
     baseline(g.n)
     G = spattn.Graph(g.crow, g.col)
-    for dt, heads in ((torch.float32, 1), (torch.float16, 8)):
+    for dt, heads in ((torch.float32, 1), (torch.float16, 8), (torch.float16, 1)):
         q, k, v = (torch.randn(g.n, heads, 64, device="cuda", dtype=dt, requires_grad=True)
                    for _ in range(3))
         dout = torch.randn(g.n, heads, 64, device="cuda", dtype=dt)
