@@ -120,10 +120,10 @@ fn tc_spmm_orders(gpu: &Gpu) {
     }
 }
 
-/// The SpMM three-way table of issue 6: spmm-hybrid ([`HybridSpmm`], rows in the order
-/// `Reorder::Auto` picks, threshold and split chosen by timing at plan time) beside spmm-csr
-/// (the graph's order) and spmm-tc (ME-BCRS in its own `Reorder::Auto` order) on the same binary
-/// A (all probabilities 1), f16: timings only, no assertion. `SPATTN_SPMM_GRAPHS` (comma list of
+/// The SpMM three-way table (the hybrid SpMM against its parts): spmm-hybrid ([`HybridSpmm`],
+/// rows in the order `Reorder::Auto` picks, threshold and split chosen by timing at plan time)
+/// beside spmm-csr (the graph's order) and spmm-tc (ME-BCRS in its own `Reorder::Auto` order)
+/// on the same binary A (all probabilities 1), f16: timings only, no assertion. `SPATTN_SPMM_GRAPHS` (comma list of
 /// shared graph names and rmatN) picks the graphs.
 fn hybrid_spmm(gpu: &Gpu) {
     let gpu = gpu.clone();
