@@ -17,8 +17,9 @@
 //   D = <dOut_i, out_i> (FlashAttention-2's), writes both for the dkv pass, and corrects each
 //   row's dscale share by (D - c) b with c = sum P dP, b = sum P s: exact, where the share's
 //   cancelling sum would carry out's rounding (bf16: 24% off); dQ, dK and dV take that rounding
-//   at its size, as FlashAttention-2's do. Where the grids are too small to fill the GPU, a
-//   row kernel writes (lse2, D) first and the dq and dkv passes run at once on two streams.)
+//   at its size, as FlashAttention-2's do. Where the two grids together span a few waves of
+//   the GPU, a row kernel writes (lse2, D) first and the dq and dkv passes run at once on two
+//   streams.)
 //   dkv (A^T's BSB):   windows of 16 key rows j, block columns the query rows i: S^T = K Q^T,
 //                      dP^T = V dOut^T; P and dS from column i's (lse2, D);
 //                      dV = P^T dOut, dK = scale * dS^T Q.

@@ -16,7 +16,7 @@
 //! the same device). Ops enforce it with [`crate::launch::check_same_gpu`]; clones of a `Gpu`
 //! share everything and may be mixed freely.
 //!
-//! One op steps outside the one stream, inside a single call:
+//! Two ops step outside the one stream, each inside a single call:
 //! [`NcclComm::all_to_all_around_own_gathering`](crate::nccl::NcclComm::all_to_all_around_own_gathering)
 //! runs NCCL on the communicator's own stream, and the tensor-core backward runs its dq and
 //! dK/dV passes at once on two streams where their grids are small; both are fenced by two
@@ -151,9 +151,10 @@ impl Gpu {
         // SAFETY: this `Arc<CudaContext>` is private to the new handle and nothing has been
         // allocated through it yet, so every buffer it will ever hold is untracked. All of
         // them are allocated, used and freed on the one stream created below (see the module
-        // documentation; the NCCL side stream's transfer is fenced by two events within its
-        // call), and ops refuse buffers of another handle (`check_same_gpu`), so stream order
-        // provides all the synchronisation the events would.
+        // documentation; the work of NCCL's exchange and of the tensor-core backward's dK/dV
+        // pass on a side stream is fenced by two events within its call, `side_stream`), and
+        // ops refuse buffers of another handle (`check_same_gpu`), so stream order provides
+        // all the synchronisation the events would.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx
             .new_stream()
@@ -213,7 +214,8 @@ impl Gpu {
         &self,
         f: impl FnOnce(&SideStream) -> Result<R>,
     ) -> Result<R> {
-        // A panic inside another call's `f` leaves the stream joined (its guard's drop).
+        // A panic inside another call's `f` joined its work (the guard's drop) and dropped the
+        // stream with it: the lock may be poisoned and the slot empty, and a new one is made.
         let mut slot = self
             .inner
             .side

@@ -66,68 +66,87 @@ fn grid_is_a_warp_per_item() {
 /// The dq and dK/dV passes at once on two streams give the gradients and ∂scale of the
 /// passes one after the other, bit for bit, and write every element: after the stats pass
 /// and from a forward's statistics (the row kernel), on a hub row's and a hub column's split
-/// windows (both passes' merges), in the graph's row order and renumbered.
+/// windows (both passes' merges; a directed graph, so Aᵀ's own BSB) and on its symmetrized
+/// square (A's BSB serving as Aᵀ's), in the graph's row order and renumbered, f16 and bf16.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn gpu_passes_at_once_match_one_after_the_other() {
-    use crate::fused::tc::tests::{draw_f16, hub_graph};
-    use crate::fused::tc::{FusedTensorCore, Options};
+    use crate::fused::tc::tests::hub_graph;
     let gpu = Gpu::new(0).expect("an NVIDIA GPU");
     if gpu.compute_capability() < (8, 0) {
         return;
     }
-    let (rows, cols) = (700usize, 900usize);
-    // Row 5 and column 9 are hubs; row 7 has no edges.
-    let graph = DeviceGraph::new(&gpu, hub_graph(rows, cols, 6, 4242, true));
-    for reorder in [Reorder::None, Reorder::Degree] {
-        for (heads, d) in [(2, 64), (3, 24)] {
-            let sq = Shape::new(rows, heads, d).unwrap();
-            let skv = Shape::new(cols, heads, d).unwrap();
-            let (q, k, v, d_out) = (
-                draw_f16(&gpu, sq, 1),
-                draw_f16(&gpu, skv, 2),
-                draw_f16(&gpu, skv, 3),
-                draw_f16(&gpu, sq, 4),
-            );
-            let scale = 1.0 / (d as f32).sqrt();
-            let mut fwd = FusedTensorCore::with_options::<half::f16>(
-                &gpu,
-                graph.bsb_in(reorder).unwrap(),
-                heads,
-                d,
-                Options::default(),
-            )
-            .unwrap();
-            let mut out = DeviceMatrix::zeros(&gpu, sq).unwrap();
-            let mut lse = DeviceVec::<f32>::zeros(&gpu, rows * heads).unwrap();
-            fwd.forward_with_lse(&gpu, &q, &k, &v, scale, &mut out, &mut lse)
-                .unwrap();
-            for saved in [None, Some((&out, &lse))] {
-                let [seq, at_once] = [false, true].map(|on| {
-                    let mut bwd =
-                        TensorCoreBackward::new::<half::f16>(&graph, heads, d, reorder).unwrap();
-                    bwd.overlap = Some(on);
-                    let mut g = [sq, skv, skv].map(|s| {
-                        let mut m = DeviceMatrix::<half::f16>::zeros(&gpu, s).unwrap();
-                        m.fill_nan().unwrap();
-                        m
-                    });
-                    let [dq, dk, dv] = &mut g;
-                    bwd.run(&gpu, scale, [&q, &k, &v, &d_out], saved, [dq, dk, dv])
-                        .unwrap();
-                    let d_scale = bwd.d_scale().to_host().unwrap()[0];
-                    (g.map(|m| m.to_host().unwrap()), d_scale)
-                });
-                let what = format!("{reorder:?} H{heads} D{d} saved={}", saved.is_some());
-                for (name, grad) in ["dQ", "dK", "dV"].iter().zip(&seq.0) {
-                    assert!(
-                        grad.iter().all(|x| x.is_finite()),
-                        "{what}: {name} not written"
-                    );
-                }
-                assert_eq!(seq.0, at_once.0, "{what}: gradients");
-                assert_eq!(seq.1.to_bits(), at_once.1.to_bits(), "{what}: ∂scale");
+    // Row 5 and column 9 are hubs; row 7 has no edges (but in the symmetrized graph).
+    let directed = DeviceGraph::new(&gpu, hub_graph(700, 900, 6, 4242, true));
+    let square = hub_graph(600, 600, 5, 77, true).symmetrize().unwrap();
+    let symmetric = DeviceGraph::new(&gpu, square);
+    for graph in [&directed, &symmetric] {
+        for reorder in [Reorder::None, Reorder::Degree] {
+            for (heads, d) in [(2, 64), (3, 24)] {
+                passes_at_once_case::<half::f16>(&gpu, graph, reorder, heads, d);
+                passes_at_once_case::<half::bf16>(&gpu, graph, reorder, heads, d);
             }
         }
+    }
+}
+
+/// One case of [`gpu_passes_at_once_match_one_after_the_other`].
+fn passes_at_once_case<T: DType>(
+    gpu: &Gpu,
+    graph: &DeviceGraph,
+    reorder: Reorder,
+    heads: usize,
+    d: usize,
+) {
+    use crate::fused::tc::{FusedTensorCore, Options};
+    let (rows, cols) = (graph.n_rows(), graph.n_cols());
+    let sq = Shape::new(rows, heads, d).unwrap();
+    let skv = Shape::new(cols, heads, d).unwrap();
+    // Deterministic operands in [-1, 1), one pattern per seed.
+    let draw = |shape: Shape, seed: usize| {
+        let host: Vec<T> = (0..shape.len())
+            .map(|i| T::from_f32(((i * 7919 + seed * 104_729) % 1000) as f32 / 500.0 - 1.0))
+            .collect();
+        DeviceMatrix::from_host(gpu, shape, &host).unwrap()
+    };
+    let (q, k, v, d_out) = (draw(sq, 1), draw(skv, 2), draw(skv, 3), draw(sq, 4));
+    let scale = 1.0 / (d as f32).sqrt();
+    let ordered = graph.bsb_in(reorder).unwrap();
+    let mut fwd =
+        FusedTensorCore::with_options::<T>(gpu, ordered, heads, d, Options::default()).unwrap();
+    let mut out = DeviceMatrix::zeros(gpu, sq).unwrap();
+    let mut lse = DeviceVec::<f32>::zeros(gpu, rows * heads).unwrap();
+    fwd.forward_with_lse(gpu, &q, &k, &v, scale, &mut out, &mut lse)
+        .unwrap();
+    for saved in [None, Some((&out, &lse))] {
+        let [seq, at_once] = [false, true].map(|on| {
+            let mut bwd = TensorCoreBackward::new::<T>(graph, heads, d, reorder).unwrap();
+            bwd.overlap = Some(on);
+            let mut g = [sq, skv, skv].map(|s| {
+                let mut m = DeviceMatrix::<T>::zeros(gpu, s).unwrap();
+                m.fill_nan().unwrap();
+                m
+            });
+            let [dq, dk, dv] = &mut g;
+            bwd.run(gpu, scale, [&q, &k, &v, &d_out], saved, [dq, dk, dv])
+                .unwrap();
+            let d_scale = bwd.d_scale().to_host().unwrap()[0];
+            (g.map(|m| m.to_host().unwrap()), d_scale)
+        });
+        let what = format!(
+            "{} n={rows} {reorder:?} H{heads} D{d} saved={}",
+            T::NAME,
+            saved.is_some()
+        );
+        for (i, name) in ["dQ", "dK", "dV"].iter().enumerate() {
+            assert!(
+                seq.0[i].iter().all(|x| x.to_f32().is_finite()),
+                "{what}: {name} not written"
+            );
+            // Bits, so that a zero's sign counts too.
+            let bits = |x: &[T]| x.iter().map(|e| e.to_f32().to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&seq.0[i]), bits(&at_once.0[i]), "{what}: {name}");
+        }
+        assert_eq!(seq.1.to_bits(), at_once.1.to_bits(), "{what}: ∂scale");
     }
 }

@@ -9,7 +9,7 @@ use crate::rows::vec_padded;
 use spattn_formats::{Bsb, Csr, RowOrder};
 
 /// Deterministic f16 operands in [-1, 1) of `shape` on `gpu`, one pattern per seed.
-pub(crate) fn draw_f16(gpu: &Gpu, shape: crate::Shape, seed: usize) -> DeviceMatrix<half::f16> {
+pub(super) fn draw_f16(gpu: &Gpu, shape: crate::Shape, seed: usize) -> DeviceMatrix<half::f16> {
     let host: Vec<half::f16> = (0..shape.len())
         .map(|i| {
             let x = (i * 7919 + seed * 104_729) % 1000;
