@@ -56,6 +56,19 @@
 #define BWD_TC_DQ 1
 #define BWD_TC_DKV 2
 
+// <x[0..n), y[0..n)> over a quad of lanes (t = lane % 4; n a multiple of 8), 0 where !on: each
+// lane's 16-byte chunks t, t + 4, ..., then the lanes 1 apart, then 2 apart. Every lane of
+// `mask` calls it. The dq pass's D and backward_tc_row_stats's both come from here, so that
+// the passes one after the other and at once give the same bits.
+template <class T>
+__device__ __forceinline__ float bwd_tc_quad_dot(const T* __restrict__ x, const T* __restrict__ y,
+                                                 u32 n, u32 t, u32 mask, bool on) {
+    float dot = on ? lane_dot<T, 8>(x, y, n, t, 4u) : 0.0f;
+    dot += __shfl_xor_sync(mask, dot, 1);
+    dot += __shfl_xor_sync(mask, dot, 2);
+    return dot;
+}
+
 // Shared memory of one warp (the host mirrors it): BSB_PIPE_STAGES stages, each the step's y1
 // and y2 tiles (16 slots, rows of BWD_TC_ROW bytes: 64 features, a 32-feature slice using the
 // first half of each row, so that one swizzle serves both), the two blocks' bitmaps and, in the
@@ -178,10 +191,8 @@ __device__ __forceinline__ void bwd_tc(
                 // The quad's 4 lanes split the row's 16-byte chunks (d a multiple of 8; every
                 // lane shuffles).
                 const u64 o = (u64)wrow[r] * hd + head_off;
-                float dot =
-                    wrow[r] == SPATTN_NONE ? 0.0f : lane_dot<T, 8>(x2 + o, out + o, d, t, 4u);
-                dot += __shfl_xor_sync(0xffffffffu, dot, 1);
-                dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+                const float dot = bwd_tc_quad_dot<T>(x2 + o, out + o, d, t, 0xffffffffu,
+                                                     wrow[r] != SPATTN_NONE);
                 if (wrow[r] != SPATTN_NONE) {
                     const u64 rh = (u64)wrow[r] * heads + h;
                     rs[r] = make_float2(__ldg(lse + rh), dot);
@@ -462,9 +473,9 @@ __device__ __forceinline__ void bwd_tc(
     if (lane == 0u) *counter = 0u;
 }
 
-// stats[(i, h)] = (lse2, <dOut_i, out_i>) for every (row, head) of A, a group of 4 lanes each,
-// summed as the dq pass sums its rows' (lane chunks t, t + 4, ..., then lanes 1 apart, then 2):
-// the forward's statistics for the dq and dkv passes at once, neither of which then writes them.
+// stats[(i, h)] = (lse2, <dOut_i, out_i>) for every (row, head) of A, a group of 4 lanes each
+// (bwd_tc_quad_dot, as the dq pass): the forward's statistics for the dq and dkv passes at
+// once, neither of which then writes them.
 template <class T>
 __device__ __forceinline__ void bwd_tc_row_stats(u32 rows, u32 heads, u32 head_dim,
                                                  const T* __restrict__ d_out,
@@ -475,9 +486,7 @@ __device__ __forceinline__ void bwd_tc_row_stats(u32 rows, u32 heads, u32 head_d
     const u64 total = (u64)rows * heads, groups = grid_groups(4u);
     for (u64 rh = grid_group(4u); rh < total; rh += groups) {
         const u64 o = rh * head_dim;
-        float dot = lane_dot<T, 8>(d_out + o, out + o, head_dim, t, 4u);
-        dot += __shfl_xor_sync(mask, dot, 1);
-        dot += __shfl_xor_sync(mask, dot, 2);
+        const float dot = bwd_tc_quad_dot<T>(d_out + o, out + o, head_dim, t, mask, true);
         if (t == 0u) stats[rh] = make_float2(__ldg(lse + rh), dot);
     }
 }
