@@ -205,18 +205,34 @@ fn median_ms(gpu: &Gpu, runs: usize, mut f: impl FnMut() -> spattn::Result<()>) 
 /// `backward` from the forward's output), and forward + backward with dropout alone; for the
 /// algorithms that take edge features, forward and backward with edge features alone and with
 /// all three; forward and backward with a bias shared by the heads. Graphs:
-/// SPATTN_TIMING_GRAPHS (default ogbn-arxiv and R-MAT 18); heads 8, head_dim 64, f16.
+/// SPATTN_TIMING_GRAPHS (default ogbn-arxiv and R-MAT 18); heads × head_dim
+/// SPATTN_EXTRAS_SHAPES (default `8x64`; a comma list), f16.
 fn extras(gpu: &Gpu) {
+    let shapes = std::env::var("SPATTN_EXTRAS_SHAPES").unwrap_or_else(|_| "8x64".into());
+    for shape in shapes.split(',') {
+        let parsed = shape
+            .split_once('x')
+            .and_then(|(h, d)| Some((h.trim().parse().ok()?, d.trim().parse().ok()?)));
+        match parsed {
+            Some(hd) => extras_at(gpu, hd),
+            None => panic!("SPATTN_EXTRAS_SHAPES: {shape:?} is not HEADSxHEAD_DIM"),
+        }
+    }
+}
+
+/// [`extras`] at `heads × d`.
+fn extras_at(gpu: &Gpu, (heads, d): (usize, usize)) {
     let gpu = gpu.clone();
     let mut rng = fresh_rng("extras timings");
-    println!("device: {}", gpu.name());
-    let (heads, d) = (8usize, 64usize);
+    println!("device: {}; {heads} × {d}", gpu.name());
     println!(
         "| graph | algorithm | fwd ms | +bias | +dropout | +both | fwd+bwd ms | +both | \
-         bias × | dropout × | both × | fwd+bwd both × | fwd+bwd ef ms | +bias+dropout | \
+         bias × | dropout × | both × | fwd+bwd both × | fwd ef ms | fwd+bwd ef ms | +bias+dropout | \
          fwd+bwd shared bias ms | fwd+bwd dropout ms |"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
     for (name, a) in timing_graphs("SPATTN_TIMING_GRAPHS", "ogbn-arxiv,rmat18") {
         let bias =
             DeviceVec::from_host(&gpu, &random_vec::<f16>(&mut rng, a.nnz() * heads, 1.0)).unwrap();
@@ -279,6 +295,14 @@ fn extras(gpu: &Gpu) {
                 })
             };
             let (tb, td, tbd) = (fwd(true, false), fwd(false, true), fwd(true, true));
+            let ef_fwd = if feats.is_some() {
+                let ex = with_ef(false, false, true);
+                median_ms(&gpu, runs, || {
+                    plan.forward_with(&q, &k, &v, &ex, &mut out, None)
+                })
+            } else {
+                f64::NAN
+            };
             let mut y = DeviceMatrix::<f16>::zeros(&gpu, sq).unwrap();
             plan.forward(&q, &k, &v, &mut y).unwrap();
             let plain_fb = median_ms(&gpu, runs, || {
@@ -320,7 +344,7 @@ fn extras(gpu: &Gpu) {
             let shared_fb = fb(&sb, Some(&mut d_shared), None);
             println!(
                 "| {name} | {alg} | {plain:.4} | {tb:.4} | {td:.4} | {tbd:.4} | {plain_fb:.4} | \
-                 {both_fb:.4} | {:.3} | {:.3} | {:.3} | {:.3} | {ef:.4} | {ef_both:.4} | {shared_fb:.4} | {drop_fb:.4} |",
+                 {both_fb:.4} | {:.3} | {:.3} | {:.3} | {:.3} | {ef_fwd:.4} | {ef:.4} | {ef_both:.4} | {shared_fb:.4} | {drop_fb:.4} |",
                 tb / plain,
                 td / plain,
                 tbd / plain,
@@ -330,7 +354,7 @@ fn extras(gpu: &Gpu) {
                 "extras-json {{\"graph\":\"{name}\",\"nnz\":{},\"algorithm\":\"{alg}\",\"heads\":{heads},\
                  \"head_dim\":{d},\"dtype\":\"f16\",\"fwd_ms\":{plain},\"bias_ms\":{tb},\
                  \"dropout_ms\":{td},\"both_ms\":{tbd},\"fwd_bwd_ms\":{plain_fb},\
-                 \"both_fwd_bwd_ms\":{both_fb},\"ef_fwd_bwd_ms\":{ef},\"ef_both_fwd_bwd_ms\":{ef_both},\
+                 \"both_fwd_bwd_ms\":{both_fb},\"ef_fwd_ms\":{ef_fwd},\"ef_fwd_bwd_ms\":{ef},\"ef_both_fwd_bwd_ms\":{ef_both},\
                  \"shared_bias_fwd_bwd_ms\":{shared_fb},\"dropout_fwd_bwd_ms\":{drop_fb}}}",
                 a.nnz()
             );
