@@ -65,18 +65,22 @@ impl Algorithm {
 impl Algorithm {
     /// Whether the algorithm takes edge features among attention's extras (`spattn::extras`;
     /// every algorithm takes a score bias, dropout and the weights out): the CUDA-core ones
-    /// (they read a third row stream per edge), and unfused-tc, whose extras run the CUDA-core
-    /// composition (the tensor-core ops' slot layout carries no per-edge data); fused-tc and
-    /// hybrid take a bias and dropout in their kernels, not edge features.
+    /// (they read a third row stream per edge); fused-tc, in its kernel for f16 and bf16 (f32
+    /// runs the CUDA-core composition); and unfused-tc, whose extras run the CUDA-core
+    /// composition (the tensor-core ops' slot layout carries no per-edge data). Hybrid takes a
+    /// bias and dropout in its kernel, not edge features.
     pub const fn takes_edge_features(self) -> bool {
         matches!(
             self,
-            Algorithm::UnfusedCsr | Algorithm::FusedCsr | Algorithm::UnfusedTensorCore
+            Algorithm::UnfusedCsr
+                | Algorithm::FusedCsr
+                | Algorithm::FusedTensorCore
+                | Algorithm::UnfusedTensorCore
         )
     }
 
     /// The algorithms that take edge features, for messages.
-    pub const EXTRAS: &'static str = "unfused-csr, fused-csr and unfused-tc";
+    pub const EXTRAS: &'static str = "unfused-csr, fused-csr, fused-tc and unfused-tc";
 }
 
 spattn_formats::named_choice!(Algorithm, Error, "algorithm", |why| Error::InvalidConfig {

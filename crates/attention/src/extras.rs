@@ -19,7 +19,9 @@
 //!
 //! Every algorithm takes a bias, dropout and the weights out; edge features:
 //! [`Algorithm::takes_edge_features`]. fused-csr, fused-tc and hybrid run them in their fused
-//! kernel (without the weights out), the others through the unfused composition. Plan with
+//! kernel (without the weights out; edge features on fused-tc in f16 and bf16, where its
+//! pipelined kernel runs the head or fused-tc was asked for by name), the others through the
+//! unfused composition. Plan with
 //! [`AttentionConfig::with_edge_extras`](crate::AttentionConfig::with_edge_extras) so that
 //! `Auto` plans for them (fused-csr), and with
 //! [`with_edge_features(false)`](crate::AttentionConfig::with_edge_features) as well where no
@@ -119,8 +121,8 @@ impl ExtrasState {
 }
 
 impl AttentionPlan {
-    /// Checks that the plan takes these extras (edge features: not on fused-tc or hybrid asked
-    /// for by name), the dtype and the shapes of Q, K, V and the extras; returns the GPU, the
+    /// Checks that the plan takes these extras (edge features: not on hybrid asked for by
+    /// name), the dtype and the shapes of Q, K, V and the extras; returns the GPU, the
     /// graph and the extras' state.
     #[allow(clippy::type_complexity)]
     fn extras_parts<T: DType>(
@@ -136,8 +138,8 @@ impl AttentionPlan {
                 use_instead: "forward_with_host / backward_with_host",
             });
         };
-        // A plan that chose fused-tc itself (Auto) runs edge features through the composition;
-        // one asked for fused-tc refuses them.
+        // A plan that chose hybrid itself (Auto) runs edge features through the composition;
+        // one asked for hybrid refuses them.
         if extras.edge_features.is_some()
             && !self.algorithm().takes_edge_features()
             && self.config().algorithm != Algorithm::Auto
@@ -202,9 +204,11 @@ impl AttentionPlan {
     /// graph's CSR order, after dropout) into `weights` where given. See the `extras` module.
     /// A fused-csr, fused-tc or hybrid plan runs it in one fused kernel where the weights are
     /// not asked for; with them, and on unfused-csr and unfused-tc, it composes SDDMM, the
-    /// per-edge extras, softmax and SpMM. fused-tc and hybrid take no edge features.
+    /// per-edge extras, softmax and SpMM. Hybrid takes no edge features; fused-tc takes them in
+    /// its kernel for f16 and bf16 on heads of 64 or 128 features, or on any head when asked for
+    /// by name (else, and in f32, the composition).
     ///
-    /// Errors: [`Error::Unsupported`] for edge features on fused-tc or hybrid asked for by name
+    /// Errors: [`Error::Unsupported`] for edge features on hybrid asked for by name
     /// (naming the algorithms that take them), [`Error::WrongPlanKind`] on a CPU plan,
     /// [`Error::DTypeMismatch`],
     /// [`Error::ShapeMismatch`] / [`Error::Ops`] naming a bias, edge features or weights buffer

@@ -438,11 +438,19 @@ impl AttentionPlan {
         let mut state = g.lock_state();
         let done = match &mut *state {
             GpuState::FusedCsr(f) => f.forward_with_extras(&g.gpu, (q, k, v), scale, extras, out),
-            // Edge features: the composition runs them (an autotuned plan may be fused-tc).
-            GpuState::FusedTensorCore(f) if extras.edge_features.is_none() => g
-                .graph
-                .host()
-                .and_then(|a| f.forward_with_extras(&g.gpu, a, (q, k, v), scale, extras, out)),
+            // Edge features: fused-tc's kernel where it is the pipelined one or fused-tc was
+            // asked for by name, else the composition (faster than the register `_xf` kernels
+            // at 8 heads; the `_xf` kernels take no f32, whose scores are 3xTF32).
+            GpuState::FusedTensorCore(f)
+                if extras.edge_features.is_none()
+                    || (T::KIND != DTypeKind::F32
+                        && (f.features_pipelined()
+                            || self.config.algorithm == Algorithm::FusedTensorCore)) =>
+            {
+                g.graph
+                    .host()
+                    .and_then(|a| f.forward_with_extras(&g.gpu, a, (q, k, v), scale, extras, out))
+            }
             GpuState::Hybrid(h) if extras.edge_features.is_none() => g
                 .graph
                 .host()

@@ -28,18 +28,18 @@ fn ring(n: u32) -> Csr {
 }
 
 #[test]
-fn auto_plans_for_extras_and_the_tensor_core_kernels_take_no_edge_features() {
+fn auto_plans_for_extras_and_hybrid_takes_no_edge_features() {
     let a = ring(50);
     let config = AttentionConfig::new(2, 8, DTypeKind::F32).with_edge_extras(true);
     let plan = AttentionPlan::new_cpu(&a, config).unwrap();
     assert_eq!(plan.algorithm(), Algorithm::UnfusedCsr);
-    // Every algorithm takes a bias and dropout; edge features only the CUDA-core ones and
-    // unfused-tc's composition (the GPU tests below check the refusals and the results).
+    // Every algorithm takes a bias and dropout; edge features all but hybrid (the GPU tests
+    // below check the refusal and the results).
     for (alg, features) in [
         (Algorithm::UnfusedCsr, true),
         (Algorithm::FusedCsr, true),
         (Algorithm::UnfusedTensorCore, true),
-        (Algorithm::FusedTensorCore, false),
+        (Algorithm::FusedTensorCore, true),
         (Algorithm::Hybrid, false),
     ] {
         assert_eq!(alg.takes_edge_features(), features, "{alg}");
@@ -201,7 +201,7 @@ fn check_gpu_extras_with<T: DType>(
         draw(&mut rng, s.len()),
     );
     let bias = draw(&mut rng, a.nnz() * if shared { 1 } else { heads });
-    // Edge features where the algorithm takes them (fused-tc takes a bias and dropout only).
+    // Edge features where the algorithm takes them (hybrid takes a bias and dropout only).
     let with_feats = alg == Algorithm::Auto || alg.takes_edge_features();
     let feats = draw(&mut rng, a.nnz() * heads * d);
     let dropout = (rate > 0.0).then(|| Dropout::new(rate, 2024, 9).unwrap());
@@ -692,14 +692,18 @@ fn gpu_fused_csr_with_every_extra_matches_the_f64_reference() {
     }
 }
 
-/// fused-tc with a bias and dropout: with the rows in the graph's order and renumbered (the
-/// kernel maps each block's bits to the caller's edges), hub windows split across units, every
-/// dtype (f32 through tf32) and its register and pipelined kernels (head_dim 32 to 128), and for
-/// f16 / bf16 heads up to 64 the tensor-core backward with each extra; edge features are
-/// refused, naming the algorithms that take them.
+/// fused-tc with a bias, dropout and edge features: with the rows in the graph's order and
+/// renumbered (the kernel maps each block's bits to the caller's edges), hub windows split
+/// across units, every dtype (f32 through tf32; its edge features through the composition) and
+/// its register and pipelined kernels (head_dim 20 to 256; with edge features their `_xf` twins:
+/// the pipelined ones at 64 and 128, the register ones elsewhere with one to four warps a head;
+/// the clique's full steps take the pipelined kernels' overflow chunks), and for f16 / bf16
+/// heads up to 64 the tensor-core
+/// backward with a bias and dropout (the cases without features); two forwards with features
+/// bitwise equal.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
-fn gpu_fused_tc_with_bias_and_dropout_matches_the_f64_reference() {
+fn gpu_fused_tc_with_every_extra_matches_the_f64_reference() {
     // One GPU handle for every case: its modules load once.
     let gpu = gpu();
     let mut rng = fresh_rng("gpu fused-tc extras graphs");
@@ -742,6 +746,58 @@ fn gpu_fused_tc_with_bias_and_dropout_matches_the_f64_reference() {
             }
         }
     }
+    // Split windows merge in a fixed order: two forwards with features are bitwise equal.
+    for (heads, d) in [(8, 64), (2, 128)] {
+        check_forward_runs_equal::<f16>(&gpu, &graphs[2], Algorithm::FusedTensorCore, heads, d);
+        check_forward_runs_equal::<bf16>(&gpu, &graphs[2], Algorithm::FusedTensorCore, heads, d);
+    }
+}
+
+/// Two forwards of `alg` with edge features, a bias and dropout (its fused kernel) give
+/// bitwise-equal outputs, written over NaN.
+fn check_forward_runs_equal<T: DType>(gpu: &Gpu, a: &Csr, alg: Algorithm, heads: usize, d: usize) {
+    let mut rng = fresh_rng("forward determinism");
+    let s = Shape::new(a.n_rows(), heads, d).unwrap();
+    let sf = Shape::new(a.nnz(), heads, d).unwrap();
+    let up = |rng: &mut Pcg64, s: Shape| {
+        DeviceMatrix::from_host(gpu, s, &random_vec::<T>(rng, s.len(), 1.0)).unwrap()
+    };
+    let (q, k, v, f) = (
+        up(&mut rng, s),
+        up(&mut rng, s),
+        up(&mut rng, s),
+        up(&mut rng, sf),
+    );
+    let bias = DeviceVec::from_host(gpu, &random_vec::<T>(&mut rng, a.nnz() * heads, 1.0)).unwrap();
+    let config = AttentionConfig::new(heads, d, T::KIND)
+        .with_edge_extras(true)
+        .with_algorithm(alg);
+    let plan = AttentionPlan::new_gpu(gpu, a, config).unwrap();
+    let extras = Extras {
+        bias: Some(DeviceBias::PerHead(&bias)),
+        edge_features: Some(&f),
+        dropout: Some(Dropout::new(0.2, 3, 1).unwrap()),
+    };
+    let run = || {
+        let mut out = DeviceMatrix::<T>::zeros(gpu, s).unwrap();
+        out.fill_nan().unwrap();
+        plan.forward_with(&q, &k, &v, &extras, &mut out, None)
+            .unwrap();
+        out.to_host().unwrap()
+    };
+    let (x, y) = (run(), run());
+    let differ = x
+        .iter()
+        .zip(&y)
+        .filter(|(a, b)| a.to_f32().to_bits() != b.to_f32().to_bits())
+        .count();
+    assert_eq!(
+        differ,
+        0,
+        "{alg} {} H{heads} D{d}: out differs in {differ} elements",
+        T::NAME
+    );
+    assert!(x.iter().all(|e| !e.to_f32().is_nan()), "{alg}: NaN in out");
 }
 
 /// hybrid with a bias and dropout (its tensor-core warps through the bitmap ranks, its CUDA-core
@@ -807,8 +863,8 @@ fn gpu_hybrid_and_unfused_tc_with_extras_match_the_f64_reference() {
     }
 }
 
-/// fused-csr's and fused-tc's kernels with each extra alone (the absent ones are null pointers
-/// and a zero dropout threshold in the kernel; fused-tc takes no features) and with a bias of
+/// fused-csr's, fused-tc's and hybrid's kernels with each extra alone (the absent ones are null
+/// pointers and a zero dropout threshold in the kernel; hybrid takes no features) and with a bias of
 /// −∞ masking edges: every edge of some rows
 /// (which then output zeros, as the CPU reference does), a whole 64-edge unit of the busiest
 /// row and, in head 1, that row entirely (the merges of split rows and of split groups then
@@ -941,8 +997,9 @@ fn check_fused_masks(gpu: &Gpu, alg: Algorithm, a: &Csr, d: usize, rng: &mut Pcg
 }
 
 /// An autotuned Auto plan made for extras may settle on any algorithm, and one declared without
-/// edge features settles on fused-tc: each runs every extra, edge features included (through
-/// the composition where its kernel takes none), and matches the CPU plan.
+/// edge features settles on fused-tc: each runs every extra, edge features included (in
+/// fused-tc's kernel, or through the composition where its kernel takes none), and matches the
+/// CPU plan.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn gpu_autotuned_plans_for_extras_run_every_extra() {
@@ -977,7 +1034,7 @@ fn gpu_autotuned_plans_for_extras_run_every_extra() {
     };
     let (want_nf, _) = cpu.forward_with_host(&q, &k, &v, &no_feats).unwrap();
     // Autotuned; and planned for extras without edge features (fused-tc), called with them
-    // anyway (the composition runs them).
+    // anyway (its `_xf` kernel runs them).
     let plans = [
         ("autotuned", config.clone().with_autotune(true)),
         (
@@ -996,7 +1053,7 @@ fn gpu_autotuned_plans_for_extras_run_every_extra() {
         let err = cpu::rel_l2_error(&to_f64(&got), &to_f64(&want));
         assert!(err <= tolerance::<f16>(), "{what}: error {err:e}");
         // Without: the chosen algorithm's fused kernel where it has one (features through the
-        // composition where it takes none), and with the bias and dropout alone.
+        // composition where it takes none: hybrid), and with the bias and dropout alone.
         for (with_feats, want) in [(true, &want), (false, &want_nf)] {
             let ex = Extras {
                 bias: Some(DeviceBias::PerHead(&db)),
@@ -1016,11 +1073,11 @@ fn gpu_autotuned_plans_for_extras_run_every_extra() {
     }
 }
 
-/// fused-tc and hybrid asked for by name refuse edge features, naming the algorithms that take
-/// them; unfused-tc runs them through the composition.
+/// hybrid asked for by name refuses edge features, naming the algorithms that take them;
+/// fused-tc runs them in its kernel (f16) and unfused-tc through the composition.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
-fn gpu_tensor_core_kernels_refuse_edge_features_by_name() {
+fn gpu_hybrid_refuses_edge_features_by_name() {
     let gpu = gpu();
     let a = ring(40);
     let s = Shape::new(a.n_rows(), 1, 16).unwrap();

@@ -190,14 +190,14 @@ __device__ __forceinline__ void bsb_load_step(BsbStep& st, const u32* __restrict
 // block and head 4 words laid out as its bitmap), so an entry tests its keep bit as it tests
 // its bitmap bit: no rank and no Philox draw in the tile loop.
 struct NoBsbExtras {
-    enum : bool { ON = false, STAGED = false };  // enumerators: no object for NVRTC to emit
+    enum : bool { ON = false, STAGED = false, FEATS = false };  // enumerators: no object to emit
     enum : u32 { X_BYTES = 0u };                  // bytes of a pipelined stage's extras
 };
 
 // What both tensor-core extras hold: head h's gathered bias and keep words (make_bsb_extras),
 // and the step's entries' values the tile loop reads (bias_log2, keep_factor).
 struct BsbExtrasHead {
-    enum : bool { ON = true };
+    enum : bool { ON = true, FEATS = false };
     const float* __restrict__ bias;  // null, or this head's row: per edge, bias x log2 e
     const u32* __restrict__ keep;    // null (no dropout), or this head's keep words, 4 a block
     float drop_scale;                // 1 / (1 - rate)
@@ -463,6 +463,55 @@ __device__ __forceinline__ auto bsb_staged_extras_or_none(const BsbExtrasArgs* a
     }
 }
 
+// Edge features in the tile loop (fused_bsb's `_xf` kernels): the extras of BsbExtras (a bias
+// and dropout, either may be absent) and features f_e added to K and V, s_e += <q_i, f_e>,
+// out_i += w_e f_e, each read from the caller's nnz x heads x head_dim matrix through the
+// kernel-to-caller edge map. A step's edges are consecutive in the kernel's order (block 0's,
+// then block 1's), so both products run on tensor cores over chunks of 16 of them
+// (bsb_feat_scores, bsb_feat_pv). `tab` and `val` are the warp's scratch in shared memory
+// (BSB_FEAT_FLOATS floats), indexed by an edge's rank in its step.
+#define BSB_FEAT_FLOATS 320u
+template <class T>
+struct BsbFeatExtras : BsbExtras {
+    enum : bool { FEATS = true };
+    const T* __restrict__ feats;     // caller edge x, head h: feats + x * hd + h * head_dim
+    const u32* __restrict__ edge_ids;  // per kernel edge its caller edge
+    unsigned char* tab;              // per edge of the step its window row (256 bytes)
+    float* val;                      // per edge of the step a score term, then a probability
+    unsigned char* ovf;  // pipelined kernels: the tile of a step's chunks past its first
+};
+
+// A if B, else C (NVRTC has no <type_traits>).
+template <bool B, class A, class C> struct BsbPick { using type = A; };
+template <class A, class C> struct BsbPick<false, A, C> { using type = C; };
+
+// A step's edges for the features: the first (kernel order), how many, and (lane l < 32) the
+// caller id of edge l (NONE past them).
+struct BsbFeatStep {
+    u32 first, n, ids;
+};
+
+// The caller ids of the span's first 32 edges, lane l edge l's.
+__device__ __forceinline__ void bsb_feat_ids(BsbFeatStep& fs, const u32* __restrict__ edge_ids) {
+    const u32 lane = lane_id();
+    fs.ids = lane < fs.n ? __ldg(edge_ids + fs.first + lane) : SPATTN_NONE;
+}
+
+// Head h's BsbFeatExtras, with this warp's scratch `scratch` (BSB_FEAT_FLOATS floats).
+template <class T>
+__device__ __forceinline__ BsbFeatExtras<T> make_bsb_feat_extras(const BsbExtrasArgs& a, u32 h,
+                                                                 const T* feats,
+                                                                 const u32* edge_ids,
+                                                                 float* scratch) {
+    BsbFeatExtras<T> xt;
+    static_cast<BsbExtras&>(xt) = make_bsb_extras(a, h);
+    xt.feats = feats;
+    xt.edge_ids = edge_ids;
+    xt.val = scratch;
+    xt.tab = reinterpret_cast<unsigned char*>(scratch + 256);
+    return xt;
+}
+
 // The bias gather before a `_x` launch: per kernel edge p < n (block-and-bit order), for every
 // bias row h < bias_heads, its caller edge ids[p]'s bias times log2 e into bias_out[h * n + p].
 // One thread an edge: its id and its heads' bias (adjacent in the caller's layout) are read
@@ -663,6 +712,172 @@ __device__ __forceinline__ void bsb_pv_mma(float (&o)[D8][4], const float (&p)[2
     }
 }
 
+// The caller id of edge c0 + i of a step (c0 a multiple of 16, the same in every lane; NONE
+// past its n edges): the step's prefetched ids below 32, else loaded. Every lane calls it.
+__device__ __forceinline__ u32 bsb_feat_id(const BsbFeatStep& fs, const u32* __restrict__ edge_ids,
+                                           u32 c0, u32 i) {
+    if (c0 < 32u) return __shfl_sync(0xffffffffu, fs.ids, c0 + i);
+    return c0 + i < fs.n ? __ldg(edge_ids + fs.first + c0 + i) : SPATTN_NONE;
+}
+
+// Feature rows of chunk c0 as K rows are loaded for the scores: edge c0 + 8 hh + g by the lanes
+// of group g, features base + c * 4 * EPL + t * EPL.
+template <class T, int NKC>
+__device__ __forceinline__ void bsb_feat_load_k(u32 (&fw)[2][NKC][4], const T* __restrict__ feats,
+                                                const u32* __restrict__ edge_ids,
+                                                const BsbFeatStep& fs, u32 c0, u64 hd,
+                                                u64 head_off, u32 d, u32 base) {
+    constexpr int EPL = 16 / (int)sizeof(T), KCH = 4 * EPL;
+    const u32 lane = lane_id(), g = lane >> 2, t = lane & 3u;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const u32 id = bsb_feat_id(fs, edge_ids, c0, 8u * hh + g);
+        const bool ok = id != SPATTN_NONE;
+        const T* fr = feats + (ok ? id : 0u) * hd + head_off;
+#pragma unroll
+        for (int c = 0; c < NKC; ++c) bsb_load<T, EPL>(fw[hh][c], fr, base + c * KCH + t * EPL, d, ok);
+    }
+}
+
+// Feature rows of chunk c0 as V rows are loaded for P V: edges c0 + 8 hh + 2t, + 1 by lane
+// (g, t), features base + g * D8 .. + D8.
+template <class T, int D8>
+__device__ __forceinline__ void bsb_feat_load_v(u32 (&fv)[2][2][D8 * sizeof(T) / 4],
+                                                const T* __restrict__ feats,
+                                                const u32* __restrict__ edge_ids,
+                                                const BsbFeatStep& fs, u32 c0, u64 hd,
+                                                u64 head_off, u32 d, u32 base) {
+    const u32 lane = lane_id(), g = lane >> 2, t = lane & 3u;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const u32 id = bsb_feat_id(fs, edge_ids, c0, 8u * hh + 2u * t + e);
+            const bool ok = id != SPATTN_NONE;
+            const T* fr = feats + (ok ? id : 0u) * hd + head_off;
+            bsb_load<T, D8>(fv[hh][e], fr, base + g * D8, d, ok);
+        }
+}
+
+// The pieces both tile loops run for edge features, over a step's n edges from kernel edge
+// `first` (its entries xt.e from find_step): each entry's window row by its rank in the step
+// (tab) once the previous step's reads are done.
+template <class X>
+__device__ __forceinline__ void bsb_feat_rows(const X& xt, u32 first) {
+    const u32 g = lane_id() >> 2;
+    __syncwarp();  // the previous step's reads of tab and val are done
+#pragma unroll
+    for (int bb = 0; bb < 2; ++bb)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            if (xt.e[bb][j] != SPATTN_NONE)
+                xt.tab[xt.e[bb][j] - first] = (unsigned char)(g + 8u * (j >> 1));
+    __syncwarp();
+}
+
+// f(hh, j, c, own) for entry (hh, j) of a chunk product in the S layout, which pairs row
+// g + 8 (j / 2) with edge c = c0 + 8 hh + 2t + j % 2 of the step; own: c is an edge of the step
+// and the row its own.
+template <class X, class F>
+__device__ __forceinline__ void bsb_feat_entries(const X& xt, u32 c0, u32 n, F f) {
+    const u32 lane = lane_id(), g = lane >> 2, t = lane & 3u;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const u32 c = c0 + 8u * hh + 2u * t + (j & 1);
+            f(hh, j, c, c < n && xt.tab[c] == g + 8u * (j >> 1));
+        }
+}
+
+// x = Q F^T of chunk c0 (16 edges, S layout): the lane holding an edge's own row leaves it in
+// val.
+template <class X>
+__device__ __forceinline__ void bsb_feat_keep(const X& xt, const float (&x)[2][4], u32 c0,
+                                              u32 n) {
+    bsb_feat_entries(xt, c0, n, [&](int hh, int j, u32 c, bool own) {
+        if (own) xt.val[c] = x[hh][j];
+    });
+}
+
+// Each entry adds its edge's kept score term.
+template <class X>
+__device__ __forceinline__ void bsb_feat_add(const X& xt, float (&s)[2][4], u32 first) {
+    __syncwarp();
+#pragma unroll
+    for (int bb = 0; bb < 2; ++bb)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            if (xt.e[bb][j] != SPATTN_NONE) s[bb][j] += xt.val[xt.e[bb][j] - first];
+}
+
+// Each entry leaves its probability in val (the slot it read its term from: no other lane
+// wrote it since).
+template <class X>
+__device__ __forceinline__ void bsb_feat_put(const X& xt, const float (&p)[2][4], u32 first) {
+#pragma unroll
+    for (int bb = 0; bb < 2; ++bb)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            if (xt.e[bb][j] != SPATTN_NONE) xt.val[xt.e[bb][j] - first] = p[bb][j];
+    __syncwarp();
+}
+
+// P' of chunk c0 (A of O += P' F, S layout): the probability of edge c where the row is its
+// own, else 0.
+template <class X>
+__device__ __forceinline__ void bsb_feat_chunk_p(const X& xt, float (&pp)[2][4], u32 c0, u32 n) {
+    bsb_feat_entries(xt, c0, n, [&](int hh, int j, u32 c, bool own) {
+        pp[hh][j] = own ? xt.val[c] : 0.0f;
+    });
+}
+
+// Adds <q_i, f_e> over this warp's features to the step's partial scores s for the edges the
+// lane's entries hold: per chunk of 16 edges, X = Q F^T by mma (the Q fragments qf, F's rows
+// loaded as K's are) gives <q_r, f_c> for every window row r, of which each edge keeps its own.
+template <class T, int NKC>
+__device__ __forceinline__ void bsb_feat_scores(BsbFeatExtras<T>& xt, const BsbFeatStep& fs,
+                                                float (&s)[2][4], const u32 (&qf)[2 * NKC][4],
+                                                u64 hd, u64 head_off, u32 d, u32 base) {
+    const u32 none[4] = {0u, 0u, 0u, 0u};
+    bsb_feat_rows(xt, fs.first);
+#pragma unroll 1
+    for (u32 c0 = 0; c0 < fs.n; c0 += 16u) {  // warp-uniform
+        u32 fw[2][NKC][4];
+        bsb_feat_load_k<T, NKC>(fw, xt.feats, xt.edge_ids, fs, c0, hd, head_off, d, base);
+        float x[2][4];
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) x[hh][i] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < 2 * NKC; ++ks)
+                bsb_qk<T>(x[hh], qf[ks], none, fw[hh][ks / 2][2 * (ks % 2)],
+                          fw[hh][ks / 2][2 * (ks % 2) + 1]);
+        }
+        bsb_feat_keep(xt, x, c0, fs.n);
+    }
+    bsb_feat_add(xt, s, fs.first);
+}
+
+// O += P' F over features base + g * D8 .. + D8 of each row (P V's layout), per chunk of 16
+// edges, F's rows loaded as V's are.
+template <class T, int D8>
+__device__ __forceinline__ void bsb_feat_pv(const BsbFeatExtras<T>& xt, const BsbFeatStep& fs,
+                                            float (&o)[D8][4], const float (&p)[2][4], u64 hd,
+                                            u64 head_off, u32 d, u32 base) {
+    constexpr int VW = D8 * (int)sizeof(T) / 4;
+    bsb_feat_put(xt, p, fs.first);
+#pragma unroll 1
+    for (u32 c0 = 0; c0 < fs.n; c0 += 16u) {  // warp-uniform
+        u32 fv[2][2][VW];
+        bsb_feat_load_v<T, D8>(fv, xt.feats, xt.edge_ids, fs, c0, hd, head_off, d, base);
+        float pp[2][4];
+        bsb_feat_chunk_p(xt, pp, c0, fs.n);
+        bsb_pv_mma<T, D8>(o, pp, fv[0], fv[1]);
+    }
+}
+
 // ---- the tensor-core tile loop ----------------------------------------------------------------
 // One warp's share of a window's 16x8 blocks: steps of two blocks (b, b + 1) at b = b_begin,
 // b_begin + stride, ... < b_end, over features [base, base + DS) of head `head_off / d`.
@@ -781,6 +996,7 @@ __device__ __forceinline__ void bsb_tiles(
             load_k(kw_use, mc);
         }
         bsb_load_step(mc, block_columns, bitmaps, b + 2u * stride, b_end, g, t, upper);
+        BsbFeatStep fstep = {0u, 0u, SPATTN_NONE};  // the features' edges of the step
 
         float p[2][4];
         if constexpr (SPMM) {
@@ -811,6 +1027,21 @@ __device__ __forceinline__ void bsb_tiles(
                 for (int i = 0; i < 4; ++i)
                     s[bb][i] = NACC == 2 ? sa[0][i] + sa[NACC - 1][i] : sa[0][i];
             }
+            // The step's blocks are b and b + 1 (bsb_load_step's), whatever the stride.
+            auto words = [&](int, u32 blk, u32(&w)[4]) {
+                const uint4 w4 = __ldg(reinterpret_cast<const uint4*>(bitmaps) + blk);
+                w[0] = w4.x;
+                w[1] = w4.y;
+                w[2] = w4.z;
+                w[3] = w4.w;
+            };
+            if constexpr (X::FEATS) {
+                // The features' score terms join the partial scores before the group's sum.
+                xt.find_step(b, b_end, upper, shift, words);
+                fstep = {xt.base[0], xt.count[0] + xt.count[1], SPATTN_NONE};
+                bsb_feat_ids(fstep, xt.edge_ids);
+                bsb_feat_scores<T, NKC>(xt, fstep, s, qf, hd, head_off, d, base);
+            }
             // Sum of the group's partials, in warp order (identical in every warp).
             if (fs > 1u) {
                 float* xb = xs + buf * fs * 256u;
@@ -827,14 +1058,7 @@ __device__ __forceinline__ void bsb_tiles(
             }
 
             if constexpr (X::ON) {
-                // The step's blocks are b and b + 1 (bsb_load_step's), whatever the stride.
-                xt.find_step(b, b_end, upper, shift, [&](int, u32 blk, u32(&w)[4]) {
-                    const uint4 w4 = __ldg(reinterpret_cast<const uint4*>(bitmaps) + blk);
-                    w[0] = w4.x;
-                    w[1] = w4.y;
-                    w[2] = w4.z;
-                    w[3] = w4.w;
-                });
+                if constexpr (!X::FEATS) xt.find_step(b, b_end, upper, shift, words);
                 bsb_online_step<D8>(s, bits, shift, scale_log2, m, l, p, o, xt);
             } else {
                 bsb_online_step<D8>(s, bits, shift, scale_log2, m, l, p, o);
@@ -857,6 +1081,7 @@ __device__ __forceinline__ void bsb_tiles(
         } else {
             bsb_pv_mma<T, D8>(o, p, vw[0], vw[1]);
         }
+        if constexpr (X::FEATS) bsb_feat_pv<T, D8>(xt, fstep, o, p, hd, head_off, d, base);
     };
 
     // Prologue: slots of steps 0 and 1, K rows of step 0. Then steps in ping-pong pairs, so
@@ -1160,6 +1385,77 @@ __device__ __forceinline__ void bsb_pipe_qrows(const u32* __restrict__ row_ids, 
     qrow[1] = row0 + 8u < n_rows ? caller_row(row_ids, row0 + 8u) : SPATTN_NONE;
 }
 
+// Bytes a pipelined stage carries beyond its K and V tiles and bitmaps for extras X: the
+// staged extras, and with edge features the tile of the step's first 16 edges' rows.
+template <class X>
+__host__ __device__ constexpr u32 bsb_pipe_extra_bytes(u32 d) {
+    return X::X_BYTES + (X::FEATS ? 32u * d : 0u);
+}
+
+// A pipelined warp's shared memory: its stages (extra bytes `xb` a stage) and merge scratch,
+// and with edge features their scratch after it: BSB_FEAT_FLOATS floats, then the tile of a
+// step's chunks past its first.
+__host__ __device__ constexpr u32 bsb_pipe_feat_warp_bytes(u32 d, u32 xb, bool feats) {
+    return bsb_pipe_warp_bytes(d, false, xb) + (feats ? 4u * BSB_FEAT_FLOATS + 32u * d : 0u);
+}
+
+// The pipelined kernels' feature spans (lane 0: step s's first edge, lane 1: the edge past its
+// last; 0 in both past the unit), and the caller ids of a span's first 16 edges (lane l < 16:
+// edge l's, NONE past the span), so that a step's feature rows are copied with its K and V.
+__device__ __forceinline__ u32 bsb_pipe_feat_span(const u32* __restrict__ starts, u32 b_begin,
+                                                  u32 b_end, u32 steps, u32 s) {
+    const u32 lane = lane_id();
+    if (lane >= 2u || s >= steps) return 0u;
+    const u32 blk = b_begin + 2u * s;
+    return __ldg(starts + (lane == 0u ? blk : min(blk + 2u, b_end)));
+}
+__device__ __forceinline__ u32 bsb_pipe_feat_ids(const u32* __restrict__ edge_ids, u32 span) {
+    const u32 lane = lane_id();
+    const u32 first = __shfl_sync(0xffffffffu, span, 0), end = __shfl_sync(0xffffffffu, span, 1);
+    return lane < 16u && first + lane < end ? __ldg(edge_ids + first + lane) : SPATTN_NONE;
+}
+
+// The feature rows of edges first .. first + cnt (cnt <= 16) of a step, for `tile` (shared,
+// bsb_pipe_copy_rows' layout, zeros past cnt), by plain loads into registers (x: rows rr + RPO i,
+// chunk lane % CH) then stores (bsb_pipe_feat_store), outside the cp.async groups: the chunks
+// of a step past its first 16 edges.
+template <class T, u32 CH>
+__device__ __forceinline__ void bsb_pipe_feat_load(uint4 (&x)[CH / 2], const T* __restrict__ feats,
+                                                   const u32* __restrict__ edge_ids, u32 first,
+                                                   u32 cnt, u64 hd, u64 head_off) {
+    constexpr u32 RPO = 32u / CH;  // rows one warp-wide load covers
+    static_assert(16u / RPO == CH / 2, "16 rows of CH chunks over 32 lanes");
+    const u32 lane = lane_id(), cc = lane % CH, rr = lane / CH;
+    const u32 id = lane < cnt ? __ldg(edge_ids + first + lane) : SPATTN_NONE;
+#pragma unroll
+    for (u32 i = 0; i < CH / 2; ++i) {
+        const u32 cr = __shfl_sync(0xffffffffu, id, rr + RPO * i);
+        x[i] = cr != SPATTN_NONE
+                   ? __ldg(reinterpret_cast<const uint4*>(feats + (u64)cr * hd + head_off) + cc)
+                   : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+template <u32 CH, u32 ROW>
+__device__ __forceinline__ void bsb_pipe_feat_store(unsigned char* tile, const uint4 (&x)[CH / 2]) {
+    constexpr u32 RPO = 32u / CH;
+    const u32 lane = lane_id(), cc = lane % CH, rr = lane / CH;
+    __syncwarp();  // the tile's previous chunk is read
+#pragma unroll
+    for (u32 i = 0; i < CH / 2; ++i) {
+        const u32 r = rr + RPO * i;
+        *reinterpret_cast<uint4*>(tile + r * ROW + ((cc ^ (r & 7u)) * 16u)) = x[i];
+    }
+    __syncwarp();
+}
+template <class T, u32 CH, u32 ROW>
+__device__ __forceinline__ void bsb_pipe_feat_fill(unsigned char* tile, const T* __restrict__ feats,
+                                                   const u32* __restrict__ edge_ids, u32 first,
+                                                   u32 cnt, u64 hd, u64 head_off) {
+    uint4 x[CH / 2];
+    bsb_pipe_feat_load<T, CH>(x, feats, edge_ids, first, cnt, hd, head_off);
+    bsb_pipe_feat_store<CH, ROW>(tile, x);
+}
+
 // One warp's pass over blocks b_begin .. b_end of one window (steps of two blocks) for head
 // `head_off / D`: Q rows qrow[0] (window row g) and qrow[1] (row g + 8), SPATTN_NONE past the
 // matrix. `smem` is the warp's bsb_pipe_warp_bytes(D, SPMM, X::X_BYTES) of shared memory. On
@@ -1181,17 +1477,20 @@ __device__ __forceinline__ void bsb_pipe_tiles(
     static_assert(sizeof(T) == 2 && (D == 64 || D == 128), "f16 / bf16, 64 or 128 features");
     static_assert(!(SPMM && X::ON), "no extras in the SpMM");
     constexpr bool STAGED = X::STAGED;  // the extras travel in the stages (BsbStagedExtras)
+    constexpr bool FEATS = X::FEATS;    // edge features (BsbFeatExtras): their tile too
     constexpr int STAGES = BSB_PIPE_STAGES;
     constexpr u32 CH = D / 8;               // 16-byte chunks of a row
     constexpr u32 ROW = CH * 16u;           // bytes of a row
     constexpr u32 TILE = 16u * ROW;         // bytes of the K (or V) tile of one step
-    constexpr u32 STAGE = bsb_pipe_stage_bytes(D, SPMM, X::X_BYTES);
+    constexpr u32 STAGE = bsb_pipe_stage_bytes(D, SPMM, bsb_pipe_extra_bytes<X>(D));
     constexpr u32 VOFF = SPMM ? 0u : TILE;  // the V tile's offset in a stage (K's is 0)
     constexpr u32 BOFF = VOFF + TILE;       // the bitmaps' offset
     constexpr u32 XOFF = BOFF + 32u;        // the staged extras' offset
+    constexpr u32 EOFF = XOFF + X::X_BYTES; // the features' tile (FEATS)
     constexpr int NKS = D / 16;             // k-steps of S
     constexpr int NT = D / 8;               // n-tiles of O
-    static_assert(STAGE == XOFF + X::X_BYTES, "stage layout");
+    static_assert(STAGE == XOFF + bsb_pipe_extra_bytes<X>(D), "stage layout");
+    static_assert(!(FEATS && (SPMM || STAGED)), "features beside unstaged extras only");
 
     const u32 lane = lane_id();
     const u32 base_s = smem_addr(smem);
@@ -1202,15 +1501,34 @@ __device__ __forceinline__ void bsb_pipe_tiles(
         return bsb_pipe_step_col(block_columns, b_begin, b_end, steps, s, lane);
     };
     auto span_of = [&](u32 s) { return bsb_pipe_step_span(xt, b_begin, b_end, steps, s); };
+    // Features: step s's span and the ids of its first 16 edges, then its rows with its copies.
+    auto fspan_of = [&](u32 s) {
+        if constexpr (FEATS) {
+            return bsb_pipe_feat_span(xt.block_edge_start, b_begin, b_end, steps, s);
+        } else {
+            return 0u;
+        }
+    };
+    auto fids_of = [&](u32 span) {
+        if constexpr (FEATS) {
+            return bsb_pipe_feat_ids(xt.edge_ids, span);
+        } else {
+            return SPATTN_NONE;
+        }
+    };
     // The copies of step s (its columns in col, lane src + l holding slot l; staged extras:
-    // its span bounds `span`) into stage s % STAGES, then a commit (an empty group past the last
-    // step keeps the count uniform).
-    auto issue = [&](u32 s, u32 col, u32 src, u32 span) {
+    // its span bounds `span`; features: lane l < 16 the caller id of its edge l in fid) into
+    // stage s % STAGES, then a commit (an empty group past the last step keeps the count
+    // uniform).
+    auto issue = [&](u32 s, u32 col, u32 src, u32 span, u32 fid) {
         if (s < steps) {
             const u32 sk = base_s + (s % STAGES) * STAGE;
             bsb_pipe_copy_rows<T, CH, ROW, !SPMM>(sk, 0u, VOFF, k, v, col, src, hd, head_off, CH);
             bsb_pipe_copy_bitmaps(sk + BOFF, bitmaps, b_begin, b_end, s, lane);
             if constexpr (STAGED) xt.issue(sk + XOFF, span, b_begin + 2u * s, b_end);
+            if constexpr (FEATS)
+                bsb_pipe_copy_rows<T, CH, ROW, false>(sk, 0u, EOFF, xt.feats, xt.feats, fid, 0u,
+                                                      hd, head_off, CH);
         }
         cp_async_commit();
     };
@@ -1220,6 +1538,19 @@ __device__ __forceinline__ void bsb_pipe_tiles(
     u32 qf[NKS][4];
     if constexpr (!SPMM) bsb_window_afrag<T, NKS>(qf, q, qrow, hd, head_off, D);
 
+    // Features: the ids of steps 0 .. STAGES - 1 and the span of step STAGES; then in step i
+    // the copies of step i + STAGES - 1 take the ids loaded in step i - 1 (fids), and the ids of
+    // step i + STAGES are loaded from the span loaded in step i - 1 (fspan).
+    static_assert(STAGES == 3, "the features' prologue loads three steps' ids");
+    u32 fid01[2] = {SPATTN_NONE, SPATTN_NONE}, fids = SPATTN_NONE, fspan = 0u;
+    if constexpr (FEATS) {
+        const u32 sp[3] = {fspan_of(0u), fspan_of(1u), fspan_of(2u)};
+        fspan = fspan_of(3u);
+        fid01[0] = fids_of(sp[0]);
+        fid01[1] = fids_of(sp[1]);
+        fids = fids_of(sp[2]);
+    }
+
     // Prologue: steps 0 .. STAGES - 2 in flight, the columns of step STAGES - 1 loaded.
     u32 col_next, span_next;
     if constexpr (PRE) {
@@ -1227,8 +1558,8 @@ __device__ __forceinline__ void bsb_pipe_tiles(
         col_next = cols_of(2u);
         const u32 span0 = span_of(0u), span1 = span_of(1u);
         span_next = span_of(2u);
-        issue(0u, col01, 0u, span0);
-        issue(1u, col01, 16u, span1);
+        issue(0u, col01, 0u, span0, fid01[0]);
+        issue(1u, col01, 16u, span1, fid01[1]);
     } else {
         col_next = cols_of(0u);
         span_next = span_of(0u);
@@ -1237,7 +1568,7 @@ __device__ __forceinline__ void bsb_pipe_tiles(
             const u32 c = col_next, e = span_next;
             col_next = cols_of(s + 1u);
             span_next = span_of(s + 1u);
-            issue(s, c, 0u, e);
+            issue(s, c, 0u, e, fid01[s]);
         }
     }
 
@@ -1262,7 +1593,11 @@ __device__ __forceinline__ void bsb_pipe_tiles(
             const u32 c = col_next, e = span_next;
             col_next = cols_of(i + STAGES);
             span_next = span_of(i + STAGES);
-            issue(i + STAGES - 1u, c, 0u, e);
+            issue(i + STAGES - 1u, c, 0u, e, fids);
+            if constexpr (FEATS) {
+                fids = fids_of(fspan);
+                fspan = fspan_of(i + STAGES + 1u);
+            }
         }
         const u32 st = i % STAGES;
         const u32 sk = base_s + st * STAGE, sv = sk + VOFF;
@@ -1285,10 +1620,42 @@ __device__ __forceinline__ void bsb_pipe_tiles(
             for (int bb = 0; bb < 2; ++bb)
                 bsb_spmm_p(bits[bb][0] >> shift, bits[bb][1] >> shift, w[bb], p[bb]);
         } else {
+            // Features: the rows of the step's second chunk of 16 edges, if any, loaded
+            // before S (their latency overlaps it; later chunks are loaded as they come).
+            uint4 f1[FEATS ? CH / 2 : 1];
+            if constexpr (FEATS) {
+                const u32 n = xt.count[0] + xt.count[1];
+                if (n > 16u)
+                    bsb_pipe_feat_load<T, CH>(f1, xt.feats, xt.edge_ids, xt.base[0] + 16u,
+                                              min(16u, n - 16u), hd, head_off);
+            }
             // S = Q K^T of the two blocks.
             float s[2][4];
 #pragma unroll
             for (int bb = 0; bb < 2; ++bb) bsb_tile_scores<T, NKS, ROW>(s[bb], qf, sk, bb);
+            if constexpr (FEATS) {
+                // + <q, f> of the step's edges: X = Q F^T of each chunk of 16 from a tile in
+                // K's layout (the first in the stage, later ones in the overflow tile).
+                const u32 first = xt.base[0], n = xt.count[0] + xt.count[1];
+                bsb_feat_rows(xt, first);
+#pragma unroll 1
+                for (u32 c0 = 0; c0 < n; c0 += 16u) {  // warp-uniform
+                    u32 tile = sk + EOFF;
+                    if (c0 == 16u) {
+                        bsb_pipe_feat_store<CH, ROW>(xt.ovf, f1);
+                        tile = smem_addr(xt.ovf);
+                    } else if (c0 > 16u) {
+                        bsb_pipe_feat_fill<T, CH, ROW>(xt.ovf, xt.feats, xt.edge_ids, first + c0,
+                                                       min(16u, n - c0), hd, head_off);
+                        tile = smem_addr(xt.ovf);
+                    }
+                    float x[2][4];
+                    bsb_tile_scores<T, NKS, ROW>(x[0], qf, tile, 0u);
+                    bsb_tile_scores<T, NKS, ROW>(x[1], qf, tile, 1u);
+                    bsb_feat_keep(xt, x, c0, n);
+                }
+                bsb_feat_add(xt, s, first);
+            }
             if constexpr (X::ON) {
                 bsb_online_step<NT>(s, bits, shift, scale_log2, m, l, p, o, xt);
             } else {
@@ -1298,6 +1665,26 @@ __device__ __forceinline__ void bsb_pipe_tiles(
 
         // O += P V: A = P of the 16 slots, B = V from the tile, transposed by ldmatrix.
         bsb_tile_pv<T, NT, ROW>(o, p, sv);
+        if constexpr (FEATS) {
+            // + P' F of the step's edges, chunk by chunk as for the scores, last chunk first:
+            // the overflow tile still holds it.
+            const u32 first = xt.base[0], n = xt.count[0] + xt.count[1];
+            const u32 last = n > 0u ? (n - 1u) & ~15u : 0u;
+            bsb_feat_put(xt, p, first);
+#pragma unroll 1
+            for (u32 c0 = last; c0 < n; c0 -= 16u) {  // warp-uniform; ends past 0 by wrapping
+                u32 tile = sk + EOFF;
+                if (c0 > 0u) {
+                    if (c0 != last)
+                        bsb_pipe_feat_fill<T, CH, ROW>(xt.ovf, xt.feats, xt.edge_ids, first + c0,
+                                                       min(16u, n - c0), hd, head_off);
+                    tile = smem_addr(xt.ovf);
+                }
+                float pp[2][4];
+                bsb_feat_chunk_p(xt, pp, c0, n);
+                bsb_tile_pv<T, NT, ROW>(o, pp, tile);
+            }
+        }
     }
     cp_async_wait<0>();  // no copy may land in shared memory after this
 

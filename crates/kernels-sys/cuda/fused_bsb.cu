@@ -45,14 +45,15 @@
 // before the running max, and the dropout factor weighs P V but not the running sum, so the
 // split windows' partials merge as they are.
 
-template <class T, int DS, bool PIPE, bool EXTRAS>
+template <class T, int DS, bool PIPE, bool EXTRAS, bool FEATS = false>
 __device__ __forceinline__ void fused_bsb(
     const uint4* __restrict__ units, const u32* __restrict__ unit_split,
     const u32* __restrict__ split_part_first, u32 n_items, u32 heads, u32 head_dim, u32 fs,
     u32 n_rows, const u32* __restrict__ row_ids, const u32* __restrict__ block_columns,
     const u32* __restrict__ bitmaps, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, float scale_log2,
     T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part_ml,
-    float* __restrict__ part_acc, u32* __restrict__ counters, const BsbExtrasArgs* xa) {
+    float* __restrict__ part_acc, u32* __restrict__ counters, const BsbExtrasArgs* xa,
+    const T* __restrict__ feats = nullptr, const u32* __restrict__ edge_ids = nullptr) {
     constexpr int D8 = DS / 8;  // n-tiles of P V = features per lane per V row
 
     extern __shared__ float bsb_smem[];
@@ -79,10 +80,19 @@ __device__ __forceinline__ void fused_bsb(
     const u32 qrow[2] = {q_row(row0), q_row(row1)};
 
     float m[2], l[2], o[D8][4];
-    bsb_tiles<T, DS, PIPE, false>(qrow[0], qrow[1], q, block_columns, bitmaps, nullptr, 0u,
-                                       b_begin, b_end, 2u, k, v, hd, head_off, d, base,
-                                       scale_log2, fs, wig, bar, gsize, xs, m, l, o,
-                                       bsb_extras_or_none<EXTRAS>(xa, h));
+    if constexpr (FEATS) {
+        // The warp's feature scratch lies past the CTA's groups' scratch.
+        float* fx = bsb_smem + groups * (xs_floats + BSB_MERGE_FLOATS) + warp * BSB_FEAT_FLOATS;
+        bsb_tiles<T, DS, PIPE, false>(qrow[0], qrow[1], q, block_columns, bitmaps, nullptr, 0u,
+                                      b_begin, b_end, 2u, k, v, hd, head_off, d, base,
+                                      scale_log2, fs, wig, bar, gsize, xs, m, l, o,
+                                      make_bsb_feat_extras<T>(*xa, h, feats, edge_ids, fx));
+    } else {
+        bsb_tiles<T, DS, PIPE, false>(qrow[0], qrow[1], q, block_columns, bitmaps, nullptr, 0u,
+                                      b_begin, b_end, 2u, k, v, hd, head_off, d, base,
+                                      scale_log2, fs, wig, bar, gsize, xs, m, l, o,
+                                      bsb_extras_or_none<EXTRAS>(xa, h));
+    }
 
     if (part == SPATTN_NONE) {
         // The whole window: normalise and write (a row without edges has l = 0: zeros).
@@ -160,6 +170,23 @@ __device__ __forceinline__ void fused_bsb(
                                           part_ml, part_acc, counters, &xa);                   \
     }
 
+// Entry points fused_bsb_{f16,bf16}_s{32,64}_xf: the `_x` kernels with edge features as well
+// (BsbFeatExtras; bias and dropout may be absent): feats the caller's nnz x heads x head_dim
+// features (head_dim the launch's, padded as Q is), edge_ids per kernel edge its caller edge
+// (OrderedBsb::edge_map); shared memory BSB_FEAT_FLOATS floats a warp past the groups'.
+#define SPATTN_FUSED_BSB_XF(SUFFIX, T, DS)                                                     \
+    extern "C" __global__ void __launch_bounds__(256) fused_bsb_##SUFFIX##_s##DS##_xf(         \
+        SPATTN_BSB_PARAMS(T), SPATTN_BSB_X_PARAMS, const T *feats, const u32 *edge_ids) {      \
+        (void)unit_pre;                                                                        \
+        (void)lse;                                                                             \
+        const BsbExtrasArgs xa = SPATTN_BSB_X_ARGS;                                            \
+        fused_bsb<T, DS, false, true, true>(units, unit_split, split_part_first, n_items,      \
+                                            heads, head_dim, fs, n_rows, row_ids,              \
+                                            block_columns, bitmaps, q, k, v, scale_log2, out,  \
+                                            nullptr, part_ml, part_acc, counters, &xa, feats,  \
+                                            edge_ids);                                         \
+    }
+
 SPATTN_FUSED_BSB(f16, __half, 32)
 SPATTN_FUSED_BSB(f16, __half, 64)
 SPATTN_FUSED_BSB(f16, __half, 128)
@@ -168,12 +195,16 @@ SPATTN_FUSED_BSB(bf16, __nv_bfloat16, 64)
 SPATTN_FUSED_BSB(bf16, __nv_bfloat16, 128)
 SPATTN_FUSED_BSB(f32, float, 32)
 SPATTN_FUSED_BSB(f32, float, 64)
+SPATTN_FUSED_BSB_XF(f16, __half, 32)
+SPATTN_FUSED_BSB_XF(f16, __half, 64)
+SPATTN_FUSED_BSB_XF(bf16, __nv_bfloat16, 32)
+SPATTN_FUSED_BSB_XF(bf16, __nv_bfloat16, 64)
 
 // ---- the pipelined kernel: K and V tiles through shared memory --------------------------------
 // One warp per (unit, head), f16/bf16 heads of exactly 64 or 128 features: the tile loop is
 // bsb_pipe_tiles (attention_tiles.cuh, with the shared-memory layout and fragments), the end of
 // the unit bsb_pipe_finish.
-template <class T, int D, int XMODE>
+template <class T, int D, int XMODE, bool FEATS = false>
 __device__ __forceinline__ void fused_bsb_pipe(
     const uint4* __restrict__ units, const u32* __restrict__ unit_split,
     const u32* __restrict__ split_part_first, u32 n_items, u32 heads, u32 n_rows,
@@ -182,15 +213,19 @@ __device__ __forceinline__ void fused_bsb_pipe(
     const u32* __restrict__ bitmaps, const T* __restrict__ q, const T* __restrict__ k,
     const T* __restrict__ v, float scale_log2, T* __restrict__ out, float* __restrict__ lse,
     float* __restrict__ part_ml, float* __restrict__ part_acc, u32* __restrict__ counters,
-    const BsbExtrasArgs* xa) {
-    using X = decltype(bsb_staged_extras_or_none<XMODE>(xa, 0u));
+    const BsbExtrasArgs* xa, const T* __restrict__ feats = nullptr,
+    const u32* __restrict__ edge_ids = nullptr) {
+    // The extras: none or staged (XMODE), or with edge features BsbFeatExtras (a bias and
+    // dropout read as the register kernels read them, the features' rows staged).
+    using X = typename BsbPick<FEATS, BsbFeatExtras<T>,
+                               decltype(bsb_staged_extras_or_none<XMODE>(xa, 0u))>::type;
+    constexpr u32 XB = bsb_pipe_extra_bytes<X>(D);
     extern __shared__ uint4 bsb_pipe_smem[];
     const u32 warp = threadIdx.x >> 5;
     const u32 item = blockIdx.x * (blockDim.x >> 5) + warp;
     if (item >= n_items) return;  // uniform across the warp
-    unsigned char* smem =
-        reinterpret_cast<unsigned char*>(bsb_pipe_smem) +
-        warp * bsb_pipe_warp_bytes(D, false, X::X_BYTES);
+    unsigned char* smem = reinterpret_cast<unsigned char*>(bsb_pipe_smem) +
+                          warp * bsb_pipe_feat_warp_bytes(D, XB, FEATS);
 
     const u32 u = item / heads, h = item - u * heads;
     // D 128: the unit's descriptor and its prologue record, loaded together, so that the first
@@ -210,10 +245,19 @@ __device__ __forceinline__ void fused_bsb_pipe(
     const u64 hd = (u64)heads * D, head_off = (u64)h * D;
     if constexpr (!PRE) bsb_pipe_qrows(row_ids, window, n_rows, qrow);
     float m[2], l[2], o[D / 8][4];
+    X xt;
+    if constexpr (FEATS) {
+        // The features' scratch (val, tab, then the tile of chunks past a step's first) after
+        // the warp's stages and merge scratch.
+        unsigned char* fx = smem + bsb_pipe_warp_bytes(D, false, XB);
+        xt = make_bsb_feat_extras<T>(*xa, h, feats, edge_ids, reinterpret_cast<float*>(fx));
+        xt.ovf = fx + 4u * BSB_FEAT_FLOATS;
+    } else {
+        xt = bsb_staged_extras_or_none<XMODE>(xa, h);
+    }
     bsb_pipe_tiles<T, D, false, PRE>(smem, un.y, un.z, qrow, q, block_columns, bitmaps, k, v, hd,
-                                     head_off, scale_log2, nullptr, 0u, m, l, o, col01,
-                                     bsb_staged_extras_or_none<XMODE>(xa, h));
-    bsb_pipe_finish<T, D, false, X::X_BYTES>(part, part == SPATTN_NONE ? 0u : unit_split[u],
+                                     head_off, scale_log2, nullptr, 0u, m, l, o, col01, xt);
+    bsb_pipe_finish<T, D, false, XB>(part, part == SPATTN_NONE ? 0u : unit_split[u],
                                          split_part_first, counters, heads, h, smem, part_ml,
                                          part_acc, n_rows, window, row_ids, out, lse, hd,
                                          head_off, qrow, m, l, o);
@@ -254,7 +298,28 @@ __device__ __forceinline__ void fused_bsb_pipe(
     SPATTN_FUSED_BSB_PIPE_X(SUFFIX, T, D, _xd, 2)                                              \
     SPATTN_FUSED_BSB_PIPE_X(SUFFIX, T, D, _x, 3)
 
+// Entry points fused_bsb_{f16,bf16}_d{64,128}_pipe_xf: the pipelined kernels with edge
+// features (and a bias and / or dropout, each may be absent), SPATTN_BSB_X_PARAMS and the
+// features' two parameters as the register `_xf` kernels take them; shared memory
+// bsb_pipe_feat_warp_bytes(D, bsb_pipe_extra_bytes, true) a warp.
+#define SPATTN_FUSED_BSB_PIPE_XF(SUFFIX, T, D)                                                 \
+    extern "C" __global__ void __launch_bounds__(128) fused_bsb_##SUFFIX##_d##D##_pipe_xf(     \
+        SPATTN_BSB_PARAMS(T), SPATTN_BSB_X_PARAMS, const T *feats, const u32 *edge_ids) {      \
+        (void)head_dim;                                                                        \
+        (void)lse;                                                                             \
+        (void)fs;                                                                              \
+        const BsbExtrasArgs xa = SPATTN_BSB_X_ARGS;                                            \
+        fused_bsb_pipe<T, D, 0, true>(units, unit_split, split_part_first, n_items, heads,     \
+                                      n_rows, row_ids, unit_pre, block_columns, bitmaps, q, k, \
+                                      v, scale_log2, out, nullptr, part_ml, part_acc,          \
+                                      counters, &xa, feats, edge_ids);                         \
+    }
+
 SPATTN_FUSED_BSB_PIPE(f16, __half, 64)
+SPATTN_FUSED_BSB_PIPE_XF(f16, __half, 64)
+SPATTN_FUSED_BSB_PIPE_XF(f16, __half, 128)
+SPATTN_FUSED_BSB_PIPE_XF(bf16, __nv_bfloat16, 64)
+SPATTN_FUSED_BSB_PIPE_XF(bf16, __nv_bfloat16, 128)
 SPATTN_FUSED_BSB_PIPE_L(f16, __half, 64, _lse, lse)
 SPATTN_FUSED_BSB_PIPE(f16, __half, 128)
 SPATTN_FUSED_BSB_PIPE(bf16, __nv_bfloat16, 64)

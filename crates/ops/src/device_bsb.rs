@@ -47,6 +47,15 @@ pub(crate) const fn bsb_pipe_warp_bytes(head_dim: usize, spmm: bool, x_bytes: us
     BSB_PIPE_STAGES * (tiles * 16 * head_dim * 2 + 32 + x_bytes) + BSB_MERGE_FLOATS * 4
 }
 
+/// Shared memory of one warp of fused-tc's pipelined `_xf` kernels (edge features; mirrors
+/// `bsb_pipe_feat_warp_bytes` in `attention_tiles.cuh`): each stage carries the tile of its
+/// step's first 16 edges' feature rows, and after the merge scratch come the features' scratch
+/// (`BSB_FEAT_FLOATS` = 320 floats) and the tile of a step's chunks past its first.
+pub(crate) const fn bsb_pipe_feat_warp_bytes(head_dim: usize) -> usize {
+    let tile = 16 * head_dim * 2;
+    bsb_pipe_warp_bytes(head_dim, false, tile) + 320 * 4 + tile
+}
+
 /// Bytes of a stage's staged extras in fused-tc's pipelined `_x` kernels (`bsb_pipe_x_bytes` in
 /// `attention_tiles.cuh`): a step's bias span (256 floats at most) with a bias, its two blocks'
 /// keep words (16 bytes each) with dropout.

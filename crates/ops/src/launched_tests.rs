@@ -148,7 +148,8 @@ fn edge_extras_holds_exactly_the_launched_kernels() {
 fn fused_bsb_holds_exactly_the_launched_kernels() {
     use crate::device_bsb::{bias_gather_kernel, KEEP_GATHER_KERNEL};
     use crate::fused::tc::{
-        extras_kernel, kernel_name, layout_with, lse_kernel, Options, LSE_PIPE_SLICE,
+        extras_kernel, feature_kernel, feature_layout, kernel_name, layout_with, lse_kernel,
+        Options, LSE_PIPE_SLICE,
     };
     let mut l = Launched::new(sys::FUSED_BSB);
     l.add(KEEP_GATHER_KERNEL);
@@ -168,6 +169,12 @@ fn fused_bsb_holds_exactly_the_launched_kernels() {
             // Every pair of extras taken (bias, dropout): the launch picks the twin from it.
             for takes in [(false, false), (true, false), (false, true), (true, true)] {
                 l.add(extras_kernel(base, layout.pipelined, takes));
+            }
+            // Edge features (f16 / bf16): the register kernels' `_xf` twins.
+            if kind != DTypeKind::F32 {
+                if let Ok(f) = feature_layout(layout) {
+                    l.add(feature_kernel(kind.name(), f));
+                }
             }
         }
     }

@@ -383,23 +383,24 @@ def test_cuda_matches_reference_and_cpu_mask(dtype, layout):
 
 
 @needs_cuda
-def test_cuda_tensor_core_kernels_refuse_edge_features_and_say_which_take_them():
+def test_cuda_hybrid_refuses_edge_features_and_says_which_take_them():
     g = cora()
     q = torch.randn(g.num_nodes, 1, 16, device="cuda", dtype=torch.float16)
     f = torch.randn(g.num_edges, 1, 16, device="cuda", dtype=torch.float16)
-    for algorithm in ("fused-tc", "hybrid"):
-        with pytest.raises(Exception, match="fused-csr"):
-            spattn.sparse_attention(g, q, q, q, edge_features=f, algorithm=algorithm)
+    with pytest.raises(Exception, match="fused-csr"):
+        spattn.sparse_attention(g, q, q, q, edge_features=f, algorithm="hybrid")
     # A bias or dropout without edge features: fused-tc's kernel in f16, fused-csr's in f32.
     assert g.plan(1, 16, dtype="float16", extras=True)["algorithm"] == "fused-tc"
     assert g.plan(1, 16, dtype="float32", extras=True)["algorithm"] == "fused-csr"
     with_features = g.plan(1, 16, dtype="float16", extras=True, edge_features=True)
     assert with_features["algorithm"] == "fused-csr"
-    # Auto with edge features runs them (on fused-csr's kernel), against the CPU in float64.
-    out = spattn.sparse_attention(g, q, q, q, edge_features=f)
+    # Auto with edge features runs them (on fused-csr's kernel), and fused-tc in its own, both
+    # against the CPU in float64.
     q64, f64 = q.double().cpu(), f.double().cpu()
     want = spattn.sparse_attention(g, q64, q64, q64, edge_features=f64)
-    assert rel(out, want.numpy()) < TOL[torch.float16]
+    for algorithm in ("auto", "fused-tc"):
+        out = spattn.sparse_attention(g, q, q, q, edge_features=f, algorithm=algorithm)
+        assert rel(out, want.numpy()) < TOL[torch.float16], algorithm
 
 
 @needs_cuda

@@ -21,7 +21,8 @@
 //! order (the `_x` kernels): each block's edges are numbered in bit order from the block's first
 //! edge; a per-edge array names each one's caller edge ([`OrderedBsb::edge_map`]), through which
 //! the bias and the dropout's keep bits are gathered into that numbering before each launch
-//! (`BsbExtrasStage`), where the kernel reads them.
+//! (`BsbExtrasStage`), where the kernel reads them. Edge features (f16 / bf16, the `_xf`
+//! kernels) are read in the kernel through the same array, without a copy.
 //!
 //! The units and their order are built in `schedule`.
 
@@ -36,7 +37,8 @@ pub(crate) use schedule::{default_chunk, Schedule};
 
 use super::CsrExtras;
 use crate::device_bsb::{
-    bsb_pipe_supports, bsb_pipe_warp_bytes, bsb_pipe_x_bytes, BSB_MERGE_FLOATS,
+    bsb_pipe_feat_warp_bytes, bsb_pipe_supports, bsb_pipe_warp_bytes, bsb_pipe_x_bytes,
+    BSB_MERGE_FLOATS,
 };
 use crate::device_bsb::{
     check_structure_graph, BsbBlocks, BsbExtrasStage, GatheredBsbExtras, OrderedBsb,
@@ -255,6 +257,14 @@ impl FusedTensorCore {
         &self.order_info
     }
 
+    /// Whether edge features run the pipelined `_xf` kernel on this plan (f16 / bf16 heads of
+    /// 64 or 128 features), rather than the register one: on an H200 the pipelined one ran the
+    /// forward 1.4–1.9× as fast as the per-edge composition, the register one 0.56–0.95×
+    /// (docs/kernels/fused-tc.md, "Edge features").
+    pub fn features_pipelined(&self) -> bool {
+        self.layout.pipelined
+    }
+
     /// Builds the schedule of `ordered` and sizes the workspace for `heads × head_dim` of `T`,
     /// with the layout, chunk and CTA size of `options` where given.
     pub(crate) fn with_options<T: DType>(
@@ -446,8 +456,15 @@ impl FusedTensorCore {
     /// per edge and per block on the device, kept); each call gathers the extras into the
     /// kernel's edge order (4 bytes per edge and bias row, 1 bit per edge and head, kept).
     ///
-    /// Errors: as [`forward`](Self::forward); [`Error::Unsupported`] for edge features (the
-    /// CUDA-core algorithms take them); a bias that is not `nnz × heads` (or `nnz`, shared);
+    /// Edge features (`nnz × heads × head_dim`, added to K and V) run the register kernels'
+    /// `_xf` twins whatever kernel the plan chose: both of their products with the scores and
+    /// the probabilities go through tensor cores, 16 edges at a time, each feature row read
+    /// through the edge map from the caller's order (heads of other lengths than whole 16-byte
+    /// vectors pay a padded copy of the features).
+    ///
+    /// Errors: as [`forward`](Self::forward); [`Error::Unsupported`] for edge features in f32
+    /// (fused-csr takes them) or on heads wider than 512; a bias that is not `nnz × heads` (or
+    /// `nnz`, shared) or features that are not `nnz × heads × head_dim`;
     /// [`Error::InvalidArgument`] where `graph` is not the plan's.
     pub fn forward_with_extras<T: DType>(
         &mut self,
@@ -466,7 +483,15 @@ impl FusedTensorCore {
             (bsb.n_rows(), bsb.nnz()),
             graph,
         )?;
-        extras.check(gpu, KERNEL, graph.nnz(), q.shape(), false)?;
+        if extras.edge_features.is_some() && T::KIND == DTypeKind::F32 {
+            return Err(Error::Unsupported {
+                kernel: KERNEL,
+                why: "takes edge features for f16 and bf16 (f32 runs 3xTF32 scores); fused-csr \
+                      takes them in f32"
+                    .into(),
+            });
+        }
+        extras.check(gpu, KERNEL, graph.nnz(), q.shape(), true)?;
         // Per block its first edge, and per edge in block-and-bit order its caller CSR edge:
         // built once per BSB (the backward's passes over A share it).
         self.ordered.device_edge_map(gpu, graph)?;
@@ -560,13 +585,29 @@ impl FusedTensorCore {
             Some((qp, kp, vp, op)) => (&*qp, &*kp, &*vp, dp, op),
             None => (q, k, v, d, &mut *out),
         };
+        let feats = extras.and_then(|e| e.edge_features);
+        let feats_padded = match feats {
+            Some(f) if dp != d => {
+                let what = "fused-tc edge features padded to 16-byte rows";
+                let [fp] = padded_heads(gpu, what, (d, dp), [(f, true)])?;
+                Some(fp)
+            }
+            _ => None,
+        };
+        let feats = feats_padded.as_ref().or(feats);
 
+        // Edge features run the `_xf` twin of the pipelined kernel where the plan runs it, else
+        // of the register kernels (slices of at most 64 features, the same padded head).
+        let layout = match feats {
+            Some(_) => feature_layout(self.layout)?,
+            None => self.layout,
+        };
         let Layout {
             slice,
             group,
             pipelined,
             ..
-        } = self.layout;
+        } = layout;
         // The extras first: which of them a launch takes picks the pipelined kernel and its
         // stages.
         let gathered = match (extras, self.ordered.cached_edge_map()) {
@@ -590,15 +631,28 @@ impl FusedTensorCore {
         let takes = gathered
             .as_ref()
             .map_or((false, false), GatheredBsbExtras::takes);
-        let gathered = gathered.filter(|_| !pipelined || takes != (false, false));
-        let groups_per_cta = (self.cta_warps / group).max(1);
+        let gathered =
+            gathered.filter(|_| !pipelined || takes != (false, false) || feats.is_some());
+        let cta_warps = if feats.is_some() && !pipelined {
+            CTA_WARPS
+        } else {
+            self.cta_warps
+        };
+        let groups_per_cta = (cta_warps / group).max(1);
         let threads = (groups_per_cta * group * 32) as u32;
         let xs_floats = if group > 1 { 2 * group * 256 } else { 0 };
-        let smem = if pipelined {
+        let feat_floats = if feats.is_some() {
+            groups_per_cta * group * FEAT_FLOATS
+        } else {
+            0
+        };
+        let smem = if pipelined && feats.is_some() {
+            groups_per_cta * bsb_pipe_feat_warp_bytes(self.head_dim)
+        } else if pipelined {
             groups_per_cta
                 * bsb_pipe_warp_bytes(self.head_dim, false, bsb_pipe_x_bytes(takes.0, takes.1))
         } else {
-            groups_per_cta * (xs_floats + MERGE_FLOATS) * std::mem::size_of::<f32>()
+            (groups_per_cta * (xs_floats + MERGE_FLOATS) + feat_floats) * std::mem::size_of::<f32>()
         };
         let n_items = units.len() * self.heads;
         if n_items == 0 {
@@ -627,6 +681,9 @@ impl FusedTensorCore {
             });
         }
         let kernel = match (&gathered, &lse) {
+            (Some(_), _) if feats.is_some() => {
+                kernel_named(&FUSED_BSB, feature_kernel(T::NAME, layout))?
+            }
             (Some(_), _) => kernel_named(&FUSED_BSB, extras_kernel(self.kernel, pipelined, takes))?,
             (None, Some(_)) if pipelined => kernel_named(&FUSED_BSB, lse_kernel(self.kernel))?,
             (None, _) => self.kernel,
@@ -676,6 +733,15 @@ impl FusedTensorCore {
         if let Some(g) = &gathered {
             g.push(&mut args);
         }
+        let edge_ids = self.ordered.cached_edge_map().map(|(_, ids)| ids);
+        if let Some(f) = feats {
+            check_same_gpu(gpu, "edge features", f)?;
+            let ids = edge_ids.ok_or_else(|| Error::InvalidArgument {
+                what: "edge features",
+                why: "the BSB edge map was not built".into(),
+            })?;
+            args.arg(f.slice()).arg(ids.slice());
+        }
         debug_assert_eq!(slice * group, self.layout.padded());
         // SAFETY: items < (units in the range) × heads, each reading its unit through the views
         // that start at the range's first unit (4 words, 1 and PRE_WORDS a unit); row_ids, when given, holds one caller row < n_rows
@@ -707,7 +773,15 @@ impl FusedTensorCore {
         // of blocks blk, blk + 1 < unit end, into the stage's extras (sized for the kernel's
         // pair by bsb_pipe_x_bytes); the gathered bias holds bias_rows × nnz floats and the keep
         // words 4 × n_blocks × heads (BsbExtrasStage::gather); the `_xb` kernel is launched
-        // only with a bias, `_xd` only with keep words, `_x` with both.
+        // only with a bias, `_xd` only with keep words, `_x` with both. The `_xf` kernels
+        // (edge features) read ids[p] for the kernel edges p < nnz of their steps (the edge
+        // map's nnz entries, each a caller edge < nnz) and that edge's feature row at
+        // id × heads × head_dim + head offset, features < head_dim in 16-byte accesses (the
+        // features' shape nnz × heads × head_dim checked by CsrExtras::check, padded as Q is);
+        // the register ones' shared memory holds FEAT_FLOATS floats per warp past the groups'
+        // scratch, the pipelined ones' bsb_pipe_feat_warp_bytes(head_dim) per warp (stages with
+        // a feature tile each, whose cp.async copies read whole 16-byte chunks of the rows as
+        // K's do, then the features' scratch and overflow tile).
         unsafe { launch(kernel, &mut args, cfg) }?;
         if let Some((_, _, _, op)) = &padded {
             resize_rows(gpu, (dp, d), &mut [(op.as_vec(), out.as_vec_mut())])?;
@@ -780,6 +854,47 @@ pub(crate) const LSE_PIPE_SLICE: usize = 64;
 /// row's lse (the register kernels write it where given a non-null pointer).
 pub(crate) fn lse_kernel(base: &str) -> String {
     format!("{base}_lse")
+}
+
+/// Floats of a warp's edge-feature scratch in shared memory (`BSB_FEAT_FLOATS` in
+/// attention_tiles.cuh).
+const FEAT_FLOATS: usize = 320;
+
+/// The layout of the `_xf` kernels (edge features) for a plan's `layout`: the pipelined one as
+/// it is, else the register kernels' slices of at most 64 features covering the same padded
+/// head, so that the plan's split-window workspace fits.
+pub(crate) fn feature_layout(layout: Layout) -> Result<Layout> {
+    if layout.pipelined {
+        return Ok(layout);
+    }
+    let padded = layout.padded();
+    let slice = if padded <= 32 { 32 } else { 64 };
+    let group = padded.div_ceil(slice);
+    if group > MAX_GROUP_WARPS || group * slice != padded {
+        return Err(Error::Unsupported {
+            kernel: KERNEL,
+            why: format!(
+                "edge features take heads of at most {} features (a head padded to {padded}); \
+                 fused-csr takes wider ones",
+                MAX_GROUP_WARPS * 64
+            ),
+        });
+    }
+    Ok(Layout {
+        slice,
+        group,
+        pipelined: false,
+    })
+}
+
+/// The kernel of a launch with edge features on `layout` (a [`feature_layout`]), `dtype` a
+/// [`DType::NAME`] (f16 or bf16); the launch-name test forms it too.
+pub(crate) fn feature_kernel(dtype: &str, layout: Layout) -> String {
+    if layout.pipelined {
+        format!("fused_bsb_{dtype}_d{}_pipe_xf", layout.slice)
+    } else {
+        format!("fused_bsb_{dtype}_s{}_xf", layout.slice)
+    }
 }
 
 /// The `_x` twin of the kernel `base` that a launch with gathered extras runs: the pipelined
