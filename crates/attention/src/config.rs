@@ -65,8 +65,9 @@ impl Algorithm {
 impl Algorithm {
     /// Whether the algorithm takes edge features among attention's extras (`spattn::extras`;
     /// every algorithm takes a score bias, dropout and the weights out): the CUDA-core ones
-    /// (they read a third row stream per edge); fused-tc, in its kernel for f16 and bf16 (f32
-    /// runs the CUDA-core composition); and unfused-tc, whose extras run the CUDA-core
+    /// (they read a third row stream per edge); fused-tc, in its kernel for f16 and bf16 heads
+    /// of 64 or 128 features (others run the CUDA-core composition); and unfused-tc, whose
+    /// extras run the CUDA-core
     /// composition (the tensor-core ops' slot layout carries no per-edge data). Hybrid takes a
     /// bias and dropout in its kernel, not edge features.
     pub const fn takes_edge_features(self) -> bool {

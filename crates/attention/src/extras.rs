@@ -19,9 +19,9 @@
 //!
 //! Every algorithm takes a bias, dropout and the weights out; edge features:
 //! [`Algorithm::takes_edge_features`]. fused-csr, fused-tc and hybrid run them in their fused
-//! kernel (without the weights out; edge features on fused-tc in f16 and bf16, where its
-//! pipelined kernel runs the head or fused-tc was asked for by name), the others through the
-//! unfused composition. Plan with
+//! kernel (without the weights out; edge features on fused-tc in f16 and bf16 on heads of 64
+//! or 128 features, its pipelined kernel's), the others through the unfused composition. Plan
+//! with
 //! [`AttentionConfig::with_edge_extras`](crate::AttentionConfig::with_edge_extras) so that
 //! `Auto` plans for them (fused-csr), and with
 //! [`with_edge_features(false)`](crate::AttentionConfig::with_edge_features) as well where no
@@ -205,8 +205,8 @@ impl AttentionPlan {
     /// A fused-csr, fused-tc or hybrid plan runs it in one fused kernel where the weights are
     /// not asked for; with them, and on unfused-csr and unfused-tc, it composes SDDMM, the
     /// per-edge extras, softmax and SpMM. Hybrid takes no edge features; fused-tc takes them in
-    /// its kernel for f16 and bf16 on heads of 64 or 128 features, or on any head when asked for
-    /// by name (else, and in f32, the composition).
+    /// its kernel for f16 and bf16 on heads of 64 or 128 features (else, and in f32, the
+    /// composition).
     ///
     /// Errors: [`Error::Unsupported`] for edge features on hybrid asked for by name
     /// (naming the algorithms that take them), [`Error::WrongPlanKind`] on a CPU plan,

@@ -438,14 +438,10 @@ impl AttentionPlan {
         let mut state = g.lock_state();
         let done = match &mut *state {
             GpuState::FusedCsr(f) => f.forward_with_extras(&g.gpu, (q, k, v), scale, extras, out),
-            // Edge features: fused-tc's kernel where it is the pipelined one or fused-tc was
-            // asked for by name, else the composition (faster than the register `_xf` kernels
-            // at 8 heads; the `_xf` kernels take no f32, whose scores are 3xTF32).
+            // Edge features: fused-tc's kernel where it takes them (f16 / bf16 heads of 64 or
+            // 128 features), else the composition.
             GpuState::FusedTensorCore(f)
-                if extras.edge_features.is_none()
-                    || (T::KIND != DTypeKind::F32
-                        && (f.features_pipelined()
-                            || self.config.algorithm == Algorithm::FusedTensorCore)) =>
+                if extras.edge_features.is_none() || f.takes_edge_features() =>
             {
                 g.graph
                     .host()

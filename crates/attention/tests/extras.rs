@@ -695,10 +695,9 @@ fn gpu_fused_csr_with_every_extra_matches_the_f64_reference() {
 /// fused-tc with a bias, dropout and edge features: with the rows in the graph's order and
 /// renumbered (the kernel maps each block's bits to the caller's edges), hub windows split
 /// across units, every dtype (f32 through tf32; its edge features through the composition) and
-/// its register and pipelined kernels (head_dim 20 to 256; with edge features their `_xf` twins:
-/// the pipelined ones at 64 and 128, the register ones elsewhere with one to four warps a head;
-/// the clique's full steps take the pipelined kernels' overflow chunks), and for f16 / bf16
-/// heads up to 64 the tensor-core
+/// its register and pipelined kernels (head_dim 20 to 256; with edge features the pipelined
+/// kernels' `_xf` twins at 64 and 128, whose overflow chunks the clique's full steps take, the
+/// composition elsewhere), and for f16 / bf16 heads up to 64 the tensor-core
 /// backward with a bias and dropout (the cases without features); two forwards with features
 /// bitwise equal.
 #[test]
@@ -1034,7 +1033,7 @@ fn gpu_autotuned_plans_for_extras_run_every_extra() {
     };
     let (want_nf, _) = cpu.forward_with_host(&q, &k, &v, &no_feats).unwrap();
     // Autotuned; and planned for extras without edge features (fused-tc), called with them
-    // anyway (its `_xf` kernel runs them).
+    // anyway (its pipelined `_xf` kernel runs them at 64 features).
     let plans = [
         ("autotuned", config.clone().with_autotune(true)),
         (
@@ -1074,7 +1073,7 @@ fn gpu_autotuned_plans_for_extras_run_every_extra() {
 }
 
 /// hybrid asked for by name refuses edge features, naming the algorithms that take them;
-/// fused-tc runs them in its kernel (f16) and unfused-tc through the composition.
+/// fused-tc (on a 16-feature head) and unfused-tc run them through the composition.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn gpu_hybrid_refuses_edge_features_by_name() {

@@ -463,13 +463,13 @@ __device__ __forceinline__ auto bsb_staged_extras_or_none(const BsbExtrasArgs* a
     }
 }
 
-// Edge features in the tile loop (fused_bsb's `_xf` kernels): the extras of BsbExtras (a bias
-// and dropout, either may be absent) and features f_e added to K and V, s_e += <q_i, f_e>,
-// out_i += w_e f_e, each read from the caller's nnz x heads x head_dim matrix through the
-// kernel-to-caller edge map. A step's edges are consecutive in the kernel's order (block 0's,
-// then block 1's), so both products run on tensor cores over chunks of 16 of them
-// (bsb_feat_scores, bsb_feat_pv). `tab` and `val` are the warp's scratch in shared memory
-// (BSB_FEAT_FLOATS floats), indexed by an edge's rank in its step.
+// Edge features in the pipelined tile loop (fused_bsb's `_xf` kernels): the extras of
+// BsbExtras (a bias and dropout, either may be absent) and features f_e added to K and V,
+// s_e += <q_i, f_e>, out_i += w_e f_e, each read from the caller's nnz x heads x head_dim matrix
+// through the kernel-to-caller edge map. A step's edges are consecutive in the kernel's order
+// (block 0's, then block 1's), so both products run on tensor cores over chunks of 16 of them
+// (bsb_pipe_tiles). `tab` and `val` are the warp's scratch in shared memory (BSB_FEAT_FLOATS
+// floats), indexed by an edge's rank in its step; `ovf` the tile of its chunks past the first.
 #define BSB_FEAT_FLOATS 320u
 template <class T>
 struct BsbFeatExtras : BsbExtras {
@@ -478,24 +478,12 @@ struct BsbFeatExtras : BsbExtras {
     const u32* __restrict__ edge_ids;  // per kernel edge its caller edge
     unsigned char* tab;              // per edge of the step its window row (256 bytes)
     float* val;                      // per edge of the step a score term, then a probability
-    unsigned char* ovf;  // pipelined kernels: the tile of a step's chunks past its first
+    unsigned char* ovf;              // the tile of a step's chunks past its first
 };
 
 // A if B, else C (NVRTC has no <type_traits>).
 template <bool B, class A, class C> struct BsbPick { using type = A; };
 template <class A, class C> struct BsbPick<false, A, C> { using type = C; };
-
-// A step's edges for the features: the first (kernel order), how many, and (lane l < 32) the
-// caller id of edge l (NONE past them).
-struct BsbFeatStep {
-    u32 first, n, ids;
-};
-
-// The caller ids of the span's first 32 edges, lane l edge l's.
-__device__ __forceinline__ void bsb_feat_ids(BsbFeatStep& fs, const u32* __restrict__ edge_ids) {
-    const u32 lane = lane_id();
-    fs.ids = lane < fs.n ? __ldg(edge_ids + fs.first + lane) : SPATTN_NONE;
-}
 
 // Head h's BsbFeatExtras, with this warp's scratch `scratch` (BSB_FEAT_FLOATS floats).
 template <class T>
@@ -712,54 +700,7 @@ __device__ __forceinline__ void bsb_pv_mma(float (&o)[D8][4], const float (&p)[2
     }
 }
 
-// The caller id of edge c0 + i of a step (c0 a multiple of 16, the same in every lane; NONE
-// past its n edges): the step's prefetched ids below 32, else loaded. Every lane calls it.
-__device__ __forceinline__ u32 bsb_feat_id(const BsbFeatStep& fs, const u32* __restrict__ edge_ids,
-                                           u32 c0, u32 i) {
-    if (c0 < 32u) return __shfl_sync(0xffffffffu, fs.ids, c0 + i);
-    return c0 + i < fs.n ? __ldg(edge_ids + fs.first + c0 + i) : SPATTN_NONE;
-}
-
-// Feature rows of chunk c0 as K rows are loaded for the scores: edge c0 + 8 hh + g by the lanes
-// of group g, features base + c * 4 * EPL + t * EPL.
-template <class T, int NKC>
-__device__ __forceinline__ void bsb_feat_load_k(u32 (&fw)[2][NKC][4], const T* __restrict__ feats,
-                                                const u32* __restrict__ edge_ids,
-                                                const BsbFeatStep& fs, u32 c0, u64 hd,
-                                                u64 head_off, u32 d, u32 base) {
-    constexpr int EPL = 16 / (int)sizeof(T), KCH = 4 * EPL;
-    const u32 lane = lane_id(), g = lane >> 2, t = lane & 3u;
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-        const u32 id = bsb_feat_id(fs, edge_ids, c0, 8u * hh + g);
-        const bool ok = id != SPATTN_NONE;
-        const T* fr = feats + (ok ? id : 0u) * hd + head_off;
-#pragma unroll
-        for (int c = 0; c < NKC; ++c) bsb_load<T, EPL>(fw[hh][c], fr, base + c * KCH + t * EPL, d, ok);
-    }
-}
-
-// Feature rows of chunk c0 as V rows are loaded for P V: edges c0 + 8 hh + 2t, + 1 by lane
-// (g, t), features base + g * D8 .. + D8.
-template <class T, int D8>
-__device__ __forceinline__ void bsb_feat_load_v(u32 (&fv)[2][2][D8 * sizeof(T) / 4],
-                                                const T* __restrict__ feats,
-                                                const u32* __restrict__ edge_ids,
-                                                const BsbFeatStep& fs, u32 c0, u64 hd,
-                                                u64 head_off, u32 d, u32 base) {
-    const u32 lane = lane_id(), g = lane >> 2, t = lane & 3u;
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const u32 id = bsb_feat_id(fs, edge_ids, c0, 8u * hh + 2u * t + e);
-            const bool ok = id != SPATTN_NONE;
-            const T* fr = feats + (ok ? id : 0u) * hd + head_off;
-            bsb_load<T, D8>(fv[hh][e], fr, base + g * D8, d, ok);
-        }
-}
-
-// The pieces both tile loops run for edge features, over a step's n edges from kernel edge
+// The pieces of the pipelined tile loop for edge features, over a step's n edges from kernel edge
 // `first` (its entries xt.e from find_step): each entry's window row by its rank in the step
 // (tab) once the previous step's reads are done.
 template <class X>
@@ -830,52 +771,6 @@ __device__ __forceinline__ void bsb_feat_chunk_p(const X& xt, float (&pp)[2][4],
     bsb_feat_entries(xt, c0, n, [&](int hh, int j, u32 c, bool own) {
         pp[hh][j] = own ? xt.val[c] : 0.0f;
     });
-}
-
-// Adds <q_i, f_e> over this warp's features to the step's partial scores s for the edges the
-// lane's entries hold: per chunk of 16 edges, X = Q F^T by mma (the Q fragments qf, F's rows
-// loaded as K's are) gives <q_r, f_c> for every window row r, of which each edge keeps its own.
-template <class T, int NKC>
-__device__ __forceinline__ void bsb_feat_scores(BsbFeatExtras<T>& xt, const BsbFeatStep& fs,
-                                                float (&s)[2][4], const u32 (&qf)[2 * NKC][4],
-                                                u64 hd, u64 head_off, u32 d, u32 base) {
-    const u32 none[4] = {0u, 0u, 0u, 0u};
-    bsb_feat_rows(xt, fs.first);
-#pragma unroll 1
-    for (u32 c0 = 0; c0 < fs.n; c0 += 16u) {  // warp-uniform
-        u32 fw[2][NKC][4];
-        bsb_feat_load_k<T, NKC>(fw, xt.feats, xt.edge_ids, fs, c0, hd, head_off, d, base);
-        float x[2][4];
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) x[hh][i] = 0.0f;
-#pragma unroll
-            for (int ks = 0; ks < 2 * NKC; ++ks)
-                bsb_qk<T>(x[hh], qf[ks], none, fw[hh][ks / 2][2 * (ks % 2)],
-                          fw[hh][ks / 2][2 * (ks % 2) + 1]);
-        }
-        bsb_feat_keep(xt, x, c0, fs.n);
-    }
-    bsb_feat_add(xt, s, fs.first);
-}
-
-// O += P' F over features base + g * D8 .. + D8 of each row (P V's layout), per chunk of 16
-// edges, F's rows loaded as V's are.
-template <class T, int D8>
-__device__ __forceinline__ void bsb_feat_pv(const BsbFeatExtras<T>& xt, const BsbFeatStep& fs,
-                                            float (&o)[D8][4], const float (&p)[2][4], u64 hd,
-                                            u64 head_off, u32 d, u32 base) {
-    constexpr int VW = D8 * (int)sizeof(T) / 4;
-    bsb_feat_put(xt, p, fs.first);
-#pragma unroll 1
-    for (u32 c0 = 0; c0 < fs.n; c0 += 16u) {  // warp-uniform
-        u32 fv[2][2][VW];
-        bsb_feat_load_v<T, D8>(fv, xt.feats, xt.edge_ids, fs, c0, hd, head_off, d, base);
-        float pp[2][4];
-        bsb_feat_chunk_p(xt, pp, c0, fs.n);
-        bsb_pv_mma<T, D8>(o, pp, fv[0], fv[1]);
-    }
 }
 
 // ---- the tensor-core tile loop ----------------------------------------------------------------
@@ -996,7 +891,6 @@ __device__ __forceinline__ void bsb_tiles(
             load_k(kw_use, mc);
         }
         bsb_load_step(mc, block_columns, bitmaps, b + 2u * stride, b_end, g, t, upper);
-        BsbFeatStep fstep = {0u, 0u, SPATTN_NONE};  // the features' edges of the step
 
         float p[2][4];
         if constexpr (SPMM) {
@@ -1027,21 +921,6 @@ __device__ __forceinline__ void bsb_tiles(
                 for (int i = 0; i < 4; ++i)
                     s[bb][i] = NACC == 2 ? sa[0][i] + sa[NACC - 1][i] : sa[0][i];
             }
-            // The step's blocks are b and b + 1 (bsb_load_step's), whatever the stride.
-            auto words = [&](int, u32 blk, u32(&w)[4]) {
-                const uint4 w4 = __ldg(reinterpret_cast<const uint4*>(bitmaps) + blk);
-                w[0] = w4.x;
-                w[1] = w4.y;
-                w[2] = w4.z;
-                w[3] = w4.w;
-            };
-            if constexpr (X::FEATS) {
-                // The features' score terms join the partial scores before the group's sum.
-                xt.find_step(b, b_end, upper, shift, words);
-                fstep = {xt.base[0], xt.count[0] + xt.count[1], SPATTN_NONE};
-                bsb_feat_ids(fstep, xt.edge_ids);
-                bsb_feat_scores<T, NKC>(xt, fstep, s, qf, hd, head_off, d, base);
-            }
             // Sum of the group's partials, in warp order (identical in every warp).
             if (fs > 1u) {
                 float* xb = xs + buf * fs * 256u;
@@ -1058,7 +937,14 @@ __device__ __forceinline__ void bsb_tiles(
             }
 
             if constexpr (X::ON) {
-                if constexpr (!X::FEATS) xt.find_step(b, b_end, upper, shift, words);
+                // The step's blocks are b and b + 1 (bsb_load_step's), whatever the stride.
+                xt.find_step(b, b_end, upper, shift, [&](int, u32 blk, u32(&w)[4]) {
+                    const uint4 w4 = __ldg(reinterpret_cast<const uint4*>(bitmaps) + blk);
+                    w[0] = w4.x;
+                    w[1] = w4.y;
+                    w[2] = w4.z;
+                    w[3] = w4.w;
+                });
                 bsb_online_step<D8>(s, bits, shift, scale_log2, m, l, p, o, xt);
             } else {
                 bsb_online_step<D8>(s, bits, shift, scale_log2, m, l, p, o);
@@ -1081,7 +967,6 @@ __device__ __forceinline__ void bsb_tiles(
         } else {
             bsb_pv_mma<T, D8>(o, p, vw[0], vw[1]);
         }
-        if constexpr (X::FEATS) bsb_feat_pv<T, D8>(xt, fstep, o, p, hd, head_off, d, base);
     };
 
     // Prologue: slots of steps 0 and 1, K rows of step 0. Then steps in ping-pong pairs, so

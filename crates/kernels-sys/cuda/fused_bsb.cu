@@ -45,15 +45,14 @@
 // before the running max, and the dropout factor weighs P V but not the running sum, so the
 // split windows' partials merge as they are.
 
-template <class T, int DS, bool PIPE, bool EXTRAS, bool FEATS = false>
+template <class T, int DS, bool PIPE, bool EXTRAS>
 __device__ __forceinline__ void fused_bsb(
     const uint4* __restrict__ units, const u32* __restrict__ unit_split,
     const u32* __restrict__ split_part_first, u32 n_items, u32 heads, u32 head_dim, u32 fs,
     u32 n_rows, const u32* __restrict__ row_ids, const u32* __restrict__ block_columns,
     const u32* __restrict__ bitmaps, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, float scale_log2,
     T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part_ml,
-    float* __restrict__ part_acc, u32* __restrict__ counters, const BsbExtrasArgs* xa,
-    const T* __restrict__ feats = nullptr, const u32* __restrict__ edge_ids = nullptr) {
+    float* __restrict__ part_acc, u32* __restrict__ counters, const BsbExtrasArgs* xa) {
     constexpr int D8 = DS / 8;  // n-tiles of P V = features per lane per V row
 
     extern __shared__ float bsb_smem[];
@@ -80,19 +79,10 @@ __device__ __forceinline__ void fused_bsb(
     const u32 qrow[2] = {q_row(row0), q_row(row1)};
 
     float m[2], l[2], o[D8][4];
-    if constexpr (FEATS) {
-        // The warp's feature scratch lies past the CTA's groups' scratch.
-        float* fx = bsb_smem + groups * (xs_floats + BSB_MERGE_FLOATS) + warp * BSB_FEAT_FLOATS;
-        bsb_tiles<T, DS, PIPE, false>(qrow[0], qrow[1], q, block_columns, bitmaps, nullptr, 0u,
-                                      b_begin, b_end, 2u, k, v, hd, head_off, d, base,
-                                      scale_log2, fs, wig, bar, gsize, xs, m, l, o,
-                                      make_bsb_feat_extras<T>(*xa, h, feats, edge_ids, fx));
-    } else {
-        bsb_tiles<T, DS, PIPE, false>(qrow[0], qrow[1], q, block_columns, bitmaps, nullptr, 0u,
-                                      b_begin, b_end, 2u, k, v, hd, head_off, d, base,
-                                      scale_log2, fs, wig, bar, gsize, xs, m, l, o,
-                                      bsb_extras_or_none<EXTRAS>(xa, h));
-    }
+    bsb_tiles<T, DS, PIPE, false>(qrow[0], qrow[1], q, block_columns, bitmaps, nullptr, 0u,
+                                       b_begin, b_end, 2u, k, v, hd, head_off, d, base,
+                                       scale_log2, fs, wig, bar, gsize, xs, m, l, o,
+                                       bsb_extras_or_none<EXTRAS>(xa, h));
 
     if (part == SPATTN_NONE) {
         // The whole window: normalise and write (a row without edges has l = 0: zeros).
@@ -170,23 +160,6 @@ __device__ __forceinline__ void fused_bsb(
                                           part_ml, part_acc, counters, &xa);                   \
     }
 
-// Entry points fused_bsb_{f16,bf16}_s{32,64}_xf: the `_x` kernels with edge features as well
-// (BsbFeatExtras; bias and dropout may be absent): feats the caller's nnz x heads x head_dim
-// features (head_dim the launch's, padded as Q is), edge_ids per kernel edge its caller edge
-// (OrderedBsb::edge_map); shared memory BSB_FEAT_FLOATS floats a warp past the groups'.
-#define SPATTN_FUSED_BSB_XF(SUFFIX, T, DS)                                                     \
-    extern "C" __global__ void __launch_bounds__(256) fused_bsb_##SUFFIX##_s##DS##_xf(         \
-        SPATTN_BSB_PARAMS(T), SPATTN_BSB_X_PARAMS, const T *feats, const u32 *edge_ids) {      \
-        (void)unit_pre;                                                                        \
-        (void)lse;                                                                             \
-        const BsbExtrasArgs xa = SPATTN_BSB_X_ARGS;                                            \
-        fused_bsb<T, DS, false, true, true>(units, unit_split, split_part_first, n_items,      \
-                                            heads, head_dim, fs, n_rows, row_ids,              \
-                                            block_columns, bitmaps, q, k, v, scale_log2, out,  \
-                                            nullptr, part_ml, part_acc, counters, &xa, feats,  \
-                                            edge_ids);                                         \
-    }
-
 SPATTN_FUSED_BSB(f16, __half, 32)
 SPATTN_FUSED_BSB(f16, __half, 64)
 SPATTN_FUSED_BSB(f16, __half, 128)
@@ -195,10 +168,6 @@ SPATTN_FUSED_BSB(bf16, __nv_bfloat16, 64)
 SPATTN_FUSED_BSB(bf16, __nv_bfloat16, 128)
 SPATTN_FUSED_BSB(f32, float, 32)
 SPATTN_FUSED_BSB(f32, float, 64)
-SPATTN_FUSED_BSB_XF(f16, __half, 32)
-SPATTN_FUSED_BSB_XF(f16, __half, 64)
-SPATTN_FUSED_BSB_XF(bf16, __nv_bfloat16, 32)
-SPATTN_FUSED_BSB_XF(bf16, __nv_bfloat16, 64)
 
 // ---- the pipelined kernel: K and V tiles through shared memory --------------------------------
 // One warp per (unit, head), f16/bf16 heads of exactly 64 or 128 features: the tile loop is
@@ -299,9 +268,10 @@ __device__ __forceinline__ void fused_bsb_pipe(
     SPATTN_FUSED_BSB_PIPE_X(SUFFIX, T, D, _x, 3)
 
 // Entry points fused_bsb_{f16,bf16}_d{64,128}_pipe_xf: the pipelined kernels with edge
-// features (and a bias and / or dropout, each may be absent), SPATTN_BSB_X_PARAMS and the
-// features' two parameters as the register `_xf` kernels take them; shared memory
-// bsb_pipe_feat_warp_bytes(D, bsb_pipe_extra_bytes, true) a warp.
+// features (and a bias and / or dropout, each may be absent): SPATTN_BSB_X_PARAMS, then feats
+// the caller's nnz x heads x D features and edge_ids per kernel edge its caller edge
+// (OrderedBsb::edge_map); shared memory bsb_pipe_feat_warp_bytes(D, bsb_pipe_extra_bytes, true)
+// a warp.
 #define SPATTN_FUSED_BSB_PIPE_XF(SUFFIX, T, D)                                                 \
     extern "C" __global__ void __launch_bounds__(128) fused_bsb_##SUFFIX##_d##D##_pipe_xf(     \
         SPATTN_BSB_PARAMS(T), SPATTN_BSB_X_PARAMS, const T *feats, const u32 *edge_ids) {      \

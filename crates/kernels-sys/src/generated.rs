@@ -239,7 +239,7 @@ pub const EDGE_EXTRAS: PtxModule = PtxModule {
     ],
 };
 
-/// The PTX module compiled from `cuda/fused_bsb.cu` (46 kernels).
+/// The PTX module compiled from `cuda/fused_bsb.cu` (42 kernels).
 pub const FUSED_BSB: PtxModule = PtxModule {
     name: "fused_bsb",
     ptx: include_str!("../ptx/fused_bsb.ptx"),
@@ -260,10 +260,6 @@ pub const FUSED_BSB: PtxModule = PtxModule {
         "fused_bsb_f32_s32_x",
         "fused_bsb_f32_s64",
         "fused_bsb_f32_s64_x",
-        "fused_bsb_f16_s32_xf",
-        "fused_bsb_f16_s64_xf",
-        "fused_bsb_bf16_s32_xf",
-        "fused_bsb_bf16_s64_xf",
         "fused_bsb_f16_d64_pipe",
         "fused_bsb_f16_d64_pipe_xb",
         "fused_bsb_f16_d64_pipe_xd",

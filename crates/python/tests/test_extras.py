@@ -394,8 +394,8 @@ def test_cuda_hybrid_refuses_edge_features_and_says_which_take_them():
     assert g.plan(1, 16, dtype="float32", extras=True)["algorithm"] == "fused-csr"
     with_features = g.plan(1, 16, dtype="float16", extras=True, edge_features=True)
     assert with_features["algorithm"] == "fused-csr"
-    # Auto with edge features runs them (on fused-csr's kernel), and fused-tc in its own, both
-    # against the CPU in float64.
+    # Auto with edge features runs them (on fused-csr's kernel), and fused-tc (through the
+    # composition at 16 features), both against the CPU in float64.
     q64, f64 = q.double().cpu(), f.double().cpu()
     want = spattn.sparse_attention(g, q64, q64, q64, edge_features=f64)
     for algorithm in ("auto", "fused-tc"):

@@ -21,8 +21,9 @@
 //! order (the `_x` kernels): each block's edges are numbered in bit order from the block's first
 //! edge; a per-edge array names each one's caller edge ([`OrderedBsb::edge_map`]), through which
 //! the bias and the dropout's keep bits are gathered into that numbering before each launch
-//! (`BsbExtrasStage`), where the kernel reads them. Edge features (f16 / bf16, the `_xf`
-//! kernels) are read in the kernel through the same array, without a copy.
+//! (`BsbExtrasStage`), where the kernel reads them. Edge features (f16 / bf16 heads of 64 or
+//! 128 features, the pipelined kernels' `_xf` twins) are read in the kernel through the same
+//! array, without a copy.
 //!
 //! The units and their order are built in `schedule`.
 
@@ -257,11 +258,11 @@ impl FusedTensorCore {
         &self.order_info
     }
 
-    /// Whether edge features run the pipelined `_xf` kernel on this plan (f16 / bf16 heads of
-    /// 64 or 128 features), rather than the register one: on an H200 the pipelined one ran the
-    /// forward 1.4–1.9× as fast as the per-edge composition, the register one 0.56–0.95×
-    /// (docs/kernels/fused-tc.md, "Edge features").
-    pub fn features_pipelined(&self) -> bool {
+    /// Whether the plan's kernel takes edge features ([`forward_with_extras`]: f16 / bf16 heads
+    /// of 64 or 128 features, its pipelined kernel).
+    ///
+    /// [`forward_with_extras`]: Self::forward_with_extras
+    pub fn takes_edge_features(&self) -> bool {
         self.layout.pipelined
     }
 
@@ -456,14 +457,14 @@ impl FusedTensorCore {
     /// per edge and per block on the device, kept); each call gathers the extras into the
     /// kernel's edge order (4 bytes per edge and bias row, 1 bit per edge and head, kept).
     ///
-    /// Edge features (`nnz × heads × head_dim`, added to K and V) run the register kernels'
-    /// `_xf` twins whatever kernel the plan chose: both of their products with the scores and
-    /// the probabilities go through tensor cores, 16 edges at a time, each feature row read
-    /// through the edge map from the caller's order (heads of other lengths than whole 16-byte
-    /// vectors pay a padded copy of the features).
+    /// Edge features (`nnz × heads × head_dim`, added to K and V; f16 / bf16 heads of 64 or 128
+    /// features, [`takes_edge_features`](Self::takes_edge_features)) run the pipelined kernel's
+    /// `_xf` twin: both of their products, with the scores and with the probabilities, go
+    /// through tensor cores 16 edges at a time, each step's feature rows staged with its K and V
+    /// rows, read through the edge map from the caller's order without a copy.
     ///
-    /// Errors: as [`forward`](Self::forward); [`Error::Unsupported`] for edge features in f32
-    /// (fused-csr takes them) or on heads wider than 512; a bias that is not `nnz × heads` (or
+    /// Errors: as [`forward`](Self::forward); [`Error::Unsupported`] for edge features on
+    /// another head or dtype (fused-csr takes them); a bias that is not `nnz × heads` (or
     /// `nnz`, shared) or features that are not `nnz × heads × head_dim`;
     /// [`Error::InvalidArgument`] where `graph` is not the plan's.
     pub fn forward_with_extras<T: DType>(
@@ -483,13 +484,8 @@ impl FusedTensorCore {
             (bsb.n_rows(), bsb.nnz()),
             graph,
         )?;
-        if extras.edge_features.is_some() && T::KIND == DTypeKind::F32 {
-            return Err(Error::Unsupported {
-                kernel: KERNEL,
-                why: "takes edge features for f16 and bf16 (f32 runs 3xTF32 scores); fused-csr \
-                      takes them in f32"
-                    .into(),
-            });
+        if extras.edge_features.is_some() {
+            feature_layout(self.layout)?;
         }
         extras.check(gpu, KERNEL, graph.nnz(), q.shape(), true)?;
         // Per block its first edge, and per edge in block-and-bit order its caller CSR edge:
@@ -585,19 +581,10 @@ impl FusedTensorCore {
             Some((qp, kp, vp, op)) => (&*qp, &*kp, &*vp, dp, op),
             None => (q, k, v, d, &mut *out),
         };
+        // (Edge features only on the pipelined kernels, whose heads are whole vectors.)
         let feats = extras.and_then(|e| e.edge_features);
-        let feats_padded = match feats {
-            Some(f) if dp != d => {
-                let what = "fused-tc edge features padded to 16-byte rows";
-                let [fp] = padded_heads(gpu, what, (d, dp), [(f, true)])?;
-                Some(fp)
-            }
-            _ => None,
-        };
-        let feats = feats_padded.as_ref().or(feats);
 
-        // Edge features run the `_xf` twin of the pipelined kernel where the plan runs it, else
-        // of the register kernels (slices of at most 64 features, the same padded head).
+        // Edge features run the pipelined kernel's `_xf` twin (feature_layout refuses others).
         let layout = match feats {
             Some(_) => feature_layout(self.layout)?,
             None => self.layout,
@@ -633,26 +620,16 @@ impl FusedTensorCore {
             .map_or((false, false), GatheredBsbExtras::takes);
         let gathered =
             gathered.filter(|_| !pipelined || takes != (false, false) || feats.is_some());
-        let cta_warps = if feats.is_some() && !pipelined {
-            CTA_WARPS
-        } else {
-            self.cta_warps
-        };
-        let groups_per_cta = (cta_warps / group).max(1);
+        let groups_per_cta = (self.cta_warps / group).max(1);
         let threads = (groups_per_cta * group * 32) as u32;
         let xs_floats = if group > 1 { 2 * group * 256 } else { 0 };
-        let feat_floats = if feats.is_some() {
-            groups_per_cta * group * FEAT_FLOATS
-        } else {
-            0
-        };
         let smem = if pipelined && feats.is_some() {
             groups_per_cta * bsb_pipe_feat_warp_bytes(self.head_dim)
         } else if pipelined {
             groups_per_cta
                 * bsb_pipe_warp_bytes(self.head_dim, false, bsb_pipe_x_bytes(takes.0, takes.1))
         } else {
-            (groups_per_cta * (xs_floats + MERGE_FLOATS) + feat_floats) * std::mem::size_of::<f32>()
+            groups_per_cta * (xs_floats + MERGE_FLOATS) * std::mem::size_of::<f32>()
         };
         let n_items = units.len() * self.heads;
         if n_items == 0 {
@@ -777,11 +754,11 @@ impl FusedTensorCore {
         // (edge features) read ids[p] for the kernel edges p < nnz of their steps (the edge
         // map's nnz entries, each a caller edge < nnz) and that edge's feature row at
         // id × heads × head_dim + head offset, features < head_dim in 16-byte accesses (the
-        // features' shape nnz × heads × head_dim checked by CsrExtras::check, padded as Q is);
-        // the register ones' shared memory holds FEAT_FLOATS floats per warp past the groups'
-        // scratch, the pipelined ones' bsb_pipe_feat_warp_bytes(head_dim) per warp (stages with
-        // a feature tile each, whose cp.async copies read whole 16-byte chunks of the rows as
-        // K's do, then the features' scratch and overflow tile).
+        // features' shape nnz × heads × head_dim checked by CsrExtras::check, head_dim 64 or
+        // 128: whole 16-byte vectors);
+        // their shared memory is bsb_pipe_feat_warp_bytes(head_dim) per warp (stages with a
+        // feature tile each, whose cp.async copies read whole 16-byte chunks of the rows as K's
+        // do, then the features' scratch and overflow tile).
         unsafe { launch(kernel, &mut args, cfg) }?;
         if let Some((_, _, _, op)) = &padded {
             resize_rows(gpu, (dp, d), &mut [(op.as_vec(), out.as_vec_mut())])?;
@@ -856,45 +833,28 @@ pub(crate) fn lse_kernel(base: &str) -> String {
     format!("{base}_lse")
 }
 
-/// Floats of a warp's edge-feature scratch in shared memory (`BSB_FEAT_FLOATS` in
-/// attention_tiles.cuh).
-const FEAT_FLOATS: usize = 320;
-
-/// The layout of the `_xf` kernels (edge features) for a plan's `layout`: the pipelined one as
-/// it is, else the register kernels' slices of at most 64 features covering the same padded
-/// head, so that the plan's split-window workspace fits.
+/// The layout of the `_xf` kernels (edge features) for a plan's `layout`: the pipelined one
+/// (f16 / bf16 heads of 64 or 128 features). A register-kernel twin ran the forward at 0.56–0.95×
+/// the per-edge composition's speed at 8 heads (docs/kernels/edge-extras.md), so other heads
+/// take the composition.
 pub(crate) fn feature_layout(layout: Layout) -> Result<Layout> {
     if layout.pipelined {
         return Ok(layout);
     }
-    let padded = layout.padded();
-    let slice = if padded <= 32 { 32 } else { 64 };
-    let group = padded.div_ceil(slice);
-    if group > MAX_GROUP_WARPS || group * slice != padded {
-        return Err(Error::Unsupported {
-            kernel: KERNEL,
-            why: format!(
-                "edge features take heads of at most {} features (a head padded to {padded}); \
-                 fused-csr takes wider ones",
-                MAX_GROUP_WARPS * 64
-            ),
-        });
-    }
-    Ok(Layout {
-        slice,
-        group,
-        pipelined: false,
+    Err(Error::Unsupported {
+        kernel: KERNEL,
+        why: format!(
+            "takes edge features on f16 and bf16 heads of 64 or 128 features (this plan's head \
+             runs {} warp(s) of {} features); fused-csr takes them on any head",
+            layout.group, layout.slice
+        ),
     })
 }
 
 /// The kernel of a launch with edge features on `layout` (a [`feature_layout`]), `dtype` a
 /// [`DType::NAME`] (f16 or bf16); the launch-name test forms it too.
 pub(crate) fn feature_kernel(dtype: &str, layout: Layout) -> String {
-    if layout.pipelined {
-        format!("fused_bsb_{dtype}_d{}_pipe_xf", layout.slice)
-    } else {
-        format!("fused_bsb_{dtype}_s{}_xf", layout.slice)
-    }
+    format!("fused_bsb_{dtype}_d{}_pipe_xf", layout.slice)
 }
 
 /// The `_x` twin of the kernel `base` that a launch with gathered extras runs: the pipelined
