@@ -1343,7 +1343,8 @@ __device__ __forceinline__ void bsb_pipe_feat_fill(unsigned char* tile, const T*
 
 // One warp's pass over blocks b_begin .. b_end of one window (steps of two blocks) for head
 // `head_off / D`: Q rows qrow[0] (window row g) and qrow[1] (row g + 8), SPATTN_NONE past the
-// matrix. `smem` is the warp's bsb_pipe_warp_bytes(D, SPMM, X::X_BYTES) of shared memory. On
+// matrix. `smem` is the warp's bsb_pipe_warp_bytes(D, SPMM, bsb_pipe_extra_bytes<X>(D)) of
+// shared memory (edge features: their scratch follows, bsb_pipe_feat_warp_bytes). On
 // return every copy has landed (the stages may be reused), m[r] is the running max of row
 // g + 8r in the log2 domain (-inf where the warp saw no edge of the row), l[r] its sum (the
 // same in the row's 4 lanes) and o the f32 accumulator (layout above).

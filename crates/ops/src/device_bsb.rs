@@ -50,11 +50,15 @@ pub(crate) const fn bsb_pipe_warp_bytes(head_dim: usize, spmm: bool, x_bytes: us
 /// Shared memory of one warp of fused-tc's pipelined `_xf` kernels (edge features; mirrors
 /// `bsb_pipe_feat_warp_bytes` in `attention_tiles.cuh`): each stage carries the tile of its
 /// step's first 16 edges' feature rows, and after the merge scratch come the features' scratch
-/// (`BSB_FEAT_FLOATS` = 320 floats) and the tile of a step's chunks past its first.
+/// ([`BSB_FEAT_FLOATS`]) and the tile of a step's chunks past its first.
 pub(crate) const fn bsb_pipe_feat_warp_bytes(head_dim: usize) -> usize {
     let tile = 16 * head_dim * 2;
-    bsb_pipe_warp_bytes(head_dim, false, tile) + 320 * 4 + tile
+    bsb_pipe_warp_bytes(head_dim, false, tile) + BSB_FEAT_FLOATS * 4 + tile
 }
+
+/// Floats of a warp's edge-feature scratch in fused-tc's `_xf` kernels (`BSB_FEAT_FLOATS` in
+/// `attention_tiles.cuh`): 256 per-edge values of a step, then 256 bytes of their rows.
+pub(crate) const BSB_FEAT_FLOATS: usize = 320;
 
 /// Bytes of a stage's staged extras in fused-tc's pipelined `_x` kernels (`bsb_pipe_x_bytes` in
 /// `attention_tiles.cuh`): a step's bias span (256 floats at most) with a bias, its two blocks'

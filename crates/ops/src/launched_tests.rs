@@ -170,9 +170,9 @@ fn fused_bsb_holds_exactly_the_launched_kernels() {
             for takes in [(false, false), (true, false), (false, true), (true, true)] {
                 l.add(extras_kernel(base, layout.pipelined, takes));
             }
-            // Edge features (f16 / bf16): the register kernels' `_xf` twins.
+            // Edge features (f16 / bf16 heads of 64 or 128): the pipelined kernels' `_xf` twins.
             if kind != DTypeKind::F32 {
-                if let Ok(f) = feature_layout(layout) {
+                if let Ok(f) = feature_layout(layout, kind, hd) {
                     l.add(feature_kernel(kind.name(), f));
                 }
             }

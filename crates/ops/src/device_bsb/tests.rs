@@ -191,3 +191,29 @@ fn gpu_upload_reads_back_as_the_host_bsb() {
     assert_eq!((d.fill_stats().windows, d.n_blocks()), (2, 2));
     assert_eq!(d.to_host().unwrap(), bsb);
 }
+
+/// The layout constants the host mirrors are the kernels' (`#define`s of attention_tiles.cuh):
+/// shared-memory sizes computed from a stale copy would let a kernel write past its CTA's share.
+#[test]
+fn host_mirrors_of_the_tile_constants_match_the_kernels() {
+    let cuh = include_str!("../../../kernels-sys/cuda/attention_tiles.cuh");
+    let defined = |name: &str| -> usize {
+        let line = cuh
+            .lines()
+            .find(|l| l.split_whitespace().take(2).eq(["#define", name]))
+            .unwrap_or_else(|| panic!("attention_tiles.cuh defines no {name}"));
+        let value = line.split_whitespace().nth(2).unwrap_or_default();
+        value
+            .trim_end_matches('u')
+            .parse()
+            .unwrap_or_else(|e| panic!("{name} = {value}: {e}"))
+    };
+    for (name, host) in [
+        ("BSB_WINDOW_ROWS", BSB_WINDOW_ROWS),
+        ("BSB_MERGE_FLOATS", BSB_MERGE_FLOATS),
+        ("BSB_PIPE_STAGES", BSB_PIPE_STAGES),
+        ("BSB_FEAT_FLOATS", BSB_FEAT_FLOATS),
+    ] {
+        assert_eq!(defined(name), host, "{name}");
+    }
+}

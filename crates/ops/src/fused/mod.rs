@@ -46,7 +46,8 @@ impl<T: DType> CsrExtras<'_, T> {
                 return Err(Error::Unsupported {
                     kernel,
                     why: "takes a score bias and dropout but not edge features (unfused-csr, \
-                          fused-csr and unfused-tc take them)"
+                          fused-csr, unfused-tc and fused-tc on f16 / bf16 heads of 64 or 128 \
+                          features take them)"
                         .into(),
                 });
             }

@@ -485,7 +485,7 @@ impl FusedTensorCore {
             graph,
         )?;
         if extras.edge_features.is_some() {
-            feature_layout(self.layout)?;
+            feature_layout(self.layout, self.dtype, self.head_dim)?;
         }
         extras.check(gpu, KERNEL, graph.nnz(), q.shape(), true)?;
         // Per block its first edge, and per edge in block-and-bit order its caller CSR edge:
@@ -586,7 +586,7 @@ impl FusedTensorCore {
 
         // Edge features run the pipelined kernel's `_xf` twin (feature_layout refuses others).
         let layout = match feats {
-            Some(_) => feature_layout(self.layout)?,
+            Some(_) => feature_layout(self.layout, self.dtype, self.head_dim)?,
             None => self.layout,
         };
         let Layout {
@@ -833,20 +833,25 @@ pub(crate) fn lse_kernel(base: &str) -> String {
     format!("{base}_lse")
 }
 
-/// The layout of the `_xf` kernels (edge features) for a plan's `layout`: the pipelined one
+/// The layout of the `_xf` kernels (edge features) for a plan's `layout` (of `head_dim`
+/// features of `dtype`, for the error): the pipelined one
 /// (f16 / bf16 heads of 64 or 128 features). A register-kernel twin ran the forward at 0.56–0.95×
 /// the per-edge composition's speed at 8 heads (docs/kernels/edge-extras.md), so other heads
 /// take the composition.
-pub(crate) fn feature_layout(layout: Layout) -> Result<Layout> {
+pub(crate) fn feature_layout(layout: Layout, dtype: DTypeKind, head_dim: usize) -> Result<Layout> {
     if layout.pipelined {
         return Ok(layout);
     }
+    let why = if bsb_pipe_supports(dtype, head_dim) {
+        "the plan runs the register kernels (a slice asked for, or pipelining off)".to_string()
+    } else {
+        format!("a {dtype} head of {head_dim} features")
+    };
     Err(Error::Unsupported {
         kernel: KERNEL,
         why: format!(
-            "takes edge features on f16 and bf16 heads of 64 or 128 features (this plan's head \
-             runs {} warp(s) of {} features); fused-csr takes them on any head",
-            layout.group, layout.slice
+            "takes edge features on its pipelined kernels only (f16 / bf16 heads of 64 or 128 \
+             features), not here: {why}; fused-csr takes them on any head"
         ),
     })
 }

@@ -136,6 +136,39 @@ fn layouts_cover_the_head_with_least_padding() {
 }
 
 #[test]
+fn edge_features_take_the_pipelined_layouts_and_say_why_not_elsewhere() {
+    for (hd, dtype) in [(64, DTypeKind::F16), (128, DTypeKind::Bf16)] {
+        let l = layout_with(hd, dtype, None, true).unwrap();
+        assert_eq!(feature_layout(l, dtype, hd).unwrap(), l);
+        assert_eq!(
+            feature_kernel(dtype.name(), l),
+            format!("fused_bsb_{}_d{hd}_pipe_xf", dtype.name())
+        );
+    }
+    // The same head with pipelining off, another head, f32: refused, saying which and naming
+    // the kernel that takes them.
+    let off = layout_with(64, DTypeKind::F16, None, false).unwrap();
+    for (l, dtype, hd, says) in [
+        (off, DTypeKind::F16, 64, "register kernels"),
+        (
+            layout_with(32, DTypeKind::F16, None, true).unwrap(),
+            DTypeKind::F16,
+            32,
+            "head of 32",
+        ),
+        (
+            layout_with(64, DTypeKind::F32, None, true).unwrap(),
+            DTypeKind::F32,
+            64,
+            "f32 head",
+        ),
+    ] {
+        let e = feature_layout(l, dtype, hd).unwrap_err().to_string();
+        assert!(e.contains(says) && e.contains("fused-csr"), "{e}");
+    }
+}
+
+#[test]
 fn schedule_covers_every_block_once_largest_first() {
     // Window 0: a hub row with 300 columns; window 1: empty; window 2: 3 rows of 5.
     let mut edges: Vec<(u32, u32)> = (0..300).map(|c| (3, c)).collect();
