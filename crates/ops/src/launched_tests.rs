@@ -148,7 +148,7 @@ fn edge_extras_holds_exactly_the_launched_kernels() {
 fn fused_bsb_holds_exactly_the_launched_kernels() {
     use crate::device_bsb::{bias_gather_kernel, KEEP_GATHER_KERNEL};
     use crate::fused::tc::{
-        extras_kernel, feature_kernel, feature_layout, kernel_name, layout_with, lse_kernel,
+        check_feature_layout, extras_kernel, feature_kernel, kernel_name, layout_with, lse_kernel,
         Options, LSE_PIPE_SLICE,
     };
     let mut l = Launched::new(sys::FUSED_BSB);
@@ -171,10 +171,8 @@ fn fused_bsb_holds_exactly_the_launched_kernels() {
                 l.add(extras_kernel(base, layout.pipelined, takes));
             }
             // Edge features (f16 / bf16 heads of 64 or 128): the pipelined kernels' `_xf` twins.
-            if kind != DTypeKind::F32 {
-                if let Ok(f) = feature_layout(layout, kind, hd) {
-                    l.add(feature_kernel(kind.name(), f));
-                }
+            if check_feature_layout(layout, kind, hd).is_ok() {
+                l.add(feature_kernel(base));
             }
         }
     }

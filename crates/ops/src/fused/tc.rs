@@ -485,7 +485,7 @@ impl FusedTensorCore {
             graph,
         )?;
         if extras.edge_features.is_some() {
-            feature_layout(self.layout, self.dtype, self.head_dim)?;
+            check_feature_layout(self.layout, self.dtype, self.head_dim)?;
         }
         extras.check(gpu, KERNEL, graph.nnz(), q.shape(), true)?;
         // Per block its first edge, and per edge in block-and-bit order its caller CSR edge:
@@ -581,20 +581,16 @@ impl FusedTensorCore {
             Some((qp, kp, vp, op)) => (&*qp, &*kp, &*vp, dp, op),
             None => (q, k, v, d, &mut *out),
         };
-        // (Edge features only on the pipelined kernels, whose heads are whole vectors.)
+        // Edge features: the pipelined kernel's `_xf` twin (forward_with_extras checked that the
+        // plan runs it; its heads are whole vectors, never padded).
         let feats = extras.and_then(|e| e.edge_features);
 
-        // Edge features run the pipelined kernel's `_xf` twin (feature_layout refuses others).
-        let layout = match feats {
-            Some(_) => feature_layout(self.layout, self.dtype, self.head_dim)?,
-            None => self.layout,
-        };
         let Layout {
             slice,
             group,
             pipelined,
             ..
-        } = layout;
+        } = self.layout;
         // The extras first: which of them a launch takes picks the pipelined kernel and its
         // stages.
         let gathered = match (extras, self.ordered.cached_edge_map()) {
@@ -659,7 +655,7 @@ impl FusedTensorCore {
         }
         let kernel = match (&gathered, &lse) {
             (Some(_), _) if feats.is_some() => {
-                kernel_named(&FUSED_BSB, feature_kernel(T::NAME, layout))?
+                kernel_named(&FUSED_BSB, feature_kernel(self.kernel))?
             }
             (Some(_), _) => kernel_named(&FUSED_BSB, extras_kernel(self.kernel, pipelined, takes))?,
             (None, Some(_)) if pipelined => kernel_named(&FUSED_BSB, lse_kernel(self.kernel))?,
@@ -710,13 +706,8 @@ impl FusedTensorCore {
         if let Some(g) = &gathered {
             g.push(&mut args);
         }
-        let edge_ids = self.ordered.cached_edge_map().map(|(_, ids)| ids);
-        if let Some(f) = feats {
-            check_same_gpu(gpu, "edge features", f)?;
-            let ids = edge_ids.ok_or_else(|| Error::InvalidArgument {
-                what: "edge features",
-                why: "the BSB edge map was not built".into(),
-            })?;
+        // Features come with extras, whose gather above required the edge map.
+        if let (Some(f), Some((_, ids))) = (feats, self.ordered.cached_edge_map()) {
             args.arg(f.slice()).arg(ids.slice());
         }
         debug_assert_eq!(slice * group, self.layout.padded());
@@ -833,14 +824,17 @@ pub(crate) fn lse_kernel(base: &str) -> String {
     format!("{base}_lse")
 }
 
-/// The layout of the `_xf` kernels (edge features) for a plan's `layout` (of `head_dim`
-/// features of `dtype`, for the error): the pipelined one
-/// (f16 / bf16 heads of 64 or 128 features). A register-kernel twin ran the forward at 0.56–0.95×
-/// the per-edge composition's speed at 8 heads (docs/kernels/edge-extras.md), so other heads
-/// take the composition.
-pub(crate) fn feature_layout(layout: Layout, dtype: DTypeKind, head_dim: usize) -> Result<Layout> {
+/// Whether a plan's `layout` (of `head_dim` features of `dtype`, for the error) has an `_xf`
+/// twin (edge features): the pipelined kernels (f16 / bf16 heads of 64 or 128 features). A
+/// register-kernel twin ran the forward at 0.56–0.95× the per-edge composition's speed at 8
+/// heads (docs/kernels/edge-extras.md), so other heads take the composition.
+pub(crate) fn check_feature_layout(
+    layout: Layout,
+    dtype: DTypeKind,
+    head_dim: usize,
+) -> Result<()> {
     if layout.pipelined {
-        return Ok(layout);
+        return Ok(());
     }
     let why = if bsb_pipe_supports(dtype, head_dim) {
         "the plan runs the register kernels (a slice asked for, or pipelining off)".to_string()
@@ -856,10 +850,10 @@ pub(crate) fn feature_layout(layout: Layout, dtype: DTypeKind, head_dim: usize) 
     })
 }
 
-/// The kernel of a launch with edge features on `layout` (a [`feature_layout`]), `dtype` a
-/// [`DType::NAME`] (f16 or bf16); the launch-name test forms it too.
-pub(crate) fn feature_kernel(dtype: &str, layout: Layout) -> String {
-    format!("fused_bsb_{dtype}_d{}_pipe_xf", layout.slice)
+/// The `_xf` twin (edge features) of the pipelined kernel `base` ([`check_feature_layout`]);
+/// the launch-name test forms it too.
+pub(crate) fn feature_kernel(base: &str) -> String {
+    format!("{base}_xf")
 }
 
 /// The `_x` twin of the kernel `base` that a launch with gathered extras runs: the pipelined

@@ -139,9 +139,9 @@ fn layouts_cover_the_head_with_least_padding() {
 fn edge_features_take_the_pipelined_layouts_and_say_why_not_elsewhere() {
     for (hd, dtype) in [(64, DTypeKind::F16), (128, DTypeKind::Bf16)] {
         let l = layout_with(hd, dtype, None, true).unwrap();
-        assert_eq!(feature_layout(l, dtype, hd).unwrap(), l);
+        check_feature_layout(l, dtype, hd).unwrap();
         assert_eq!(
-            feature_kernel(dtype.name(), l),
+            feature_kernel(kernel_name(dtype.name(), l).unwrap()),
             format!("fused_bsb_{}_d{hd}_pipe_xf", dtype.name())
         );
     }
@@ -163,7 +163,7 @@ fn edge_features_take_the_pipelined_layouts_and_say_why_not_elsewhere() {
             "f32 head",
         ),
     ] {
-        let e = feature_layout(l, dtype, hd).unwrap_err().to_string();
+        let e = check_feature_layout(l, dtype, hd).unwrap_err().to_string();
         assert!(e.contains(says) && e.contains("fused-csr"), "{e}");
     }
 }
