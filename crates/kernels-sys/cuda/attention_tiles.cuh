@@ -485,18 +485,20 @@ struct BsbFeatExtras : BsbExtras {
 template <bool B, class A, class C> struct BsbPick { using type = A; };
 template <class A, class C> struct BsbPick<false, A, C> { using type = C; };
 
-// Head h's BsbFeatExtras, with this warp's scratch `scratch` (BSB_FEAT_FLOATS floats).
+// Head h's BsbFeatExtras, with this warp's scratch at `scratch`: val (256 floats), tab (256
+// bytes: BSB_FEAT_FLOATS floats in all), then the overflow tile.
 template <class T>
 __device__ __forceinline__ BsbFeatExtras<T> make_bsb_feat_extras(const BsbExtrasArgs& a, u32 h,
                                                                  const T* feats,
                                                                  const u32* edge_ids,
-                                                                 float* scratch) {
+                                                                 unsigned char* scratch) {
     BsbFeatExtras<T> xt;
     static_cast<BsbExtras&>(xt) = make_bsb_extras(a, h);
     xt.feats = feats;
     xt.edge_ids = edge_ids;
-    xt.val = scratch;
-    xt.tab = reinterpret_cast<unsigned char*>(scratch + 256);
+    xt.val = reinterpret_cast<float*>(scratch);
+    xt.tab = scratch + 4u * 256u;
+    xt.ovf = scratch + 4u * BSB_FEAT_FLOATS;
     return xt;
 }
 

@@ -218,9 +218,8 @@ __device__ __forceinline__ void fused_bsb_pipe(
     if constexpr (FEATS) {
         // The features' scratch (val, tab, then the tile of chunks past a step's first) after
         // the warp's stages and merge scratch.
-        unsigned char* fx = smem + bsb_pipe_warp_bytes(D, false, XB);
-        xt = make_bsb_feat_extras<T>(*xa, h, feats, edge_ids, reinterpret_cast<float*>(fx));
-        xt.ovf = fx + 4u * BSB_FEAT_FLOATS;
+        xt = make_bsb_feat_extras<T>(*xa, h, feats, edge_ids,
+                                     smem + bsb_pipe_warp_bytes(D, false, XB));
     } else {
         xt = bsb_staged_extras_or_none<XMODE>(xa, h);
     }
