@@ -644,32 +644,6 @@ impl AttentionPlan {
         read_d_scale(read_scale, ws.d_scale())
     }
 
-    /// The backward with edge features alone (no bias, no dropout) on the tensor-core passes
-    /// (the caller checked [`tensor_core_backward_runs`](Self::tensor_core_backward_runs)):
-    /// writes dQ, dK, dV and ∂L/∂E, and returns ∂L/∂scale where `read_scale`.
-    pub(crate) fn tensor_core_edge_features_backward<T: DType>(
-        &self,
-        operands: [&DeviceMatrix<T>; 4],
-        edge_features: &DeviceMatrix<T>,
-        [dq, dk, dv, d_ef]: [&mut DeviceMatrix<T>; 4],
-        read_scale: bool,
-    ) -> Result<Option<f32>> {
-        let (gpu, graph, state) = self.gpu_backward_parts()?;
-        let mut st = state.lock().unwrap_or_else(PoisonError::into_inner);
-        let reorder = graph.effective_reorder(self.config().reorder);
-        let ws = st.tc_workspace::<T>(graph, self.shape_q(), reorder)?;
-        ws.run_with_edge_features(
-            gpu,
-            graph,
-            self.config().scale(),
-            operands,
-            [dq, dk, dv],
-            edge_features,
-            d_ef,
-        )?;
-        read_d_scale(read_scale, ws.d_scale())
-    }
-
     /// The backward with edge features alone (no bias, no dropout) on the fused backward's two
     /// passes (the caller checked [`FusedBackward::supports`] for the head): writes dQ, dK, dV
     /// and ∂L/∂E, and returns ∂L/∂scale where `read_scale`.

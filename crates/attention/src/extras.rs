@@ -265,10 +265,9 @@ impl AttentionPlan {
     /// shared) and dropout take the tensor-core backward's three passes where they hold the
     /// head (f16 / bf16, a multiple of 8 up to 64 features; deterministic, no per-edge f32
     /// buffers: a shared bias's per-head dS goes through an `nnz × heads` scratch of `T`);
-    /// edge features alone take the same passes on the same heads (deterministic; two f32 per
-    /// edge and head carried from the dq pass to the dK/dV pass), and the fused CUDA-core
-    /// backward's two passes on other heads (deterministic, no per-edge buffers); the rest
-    /// (edge features with a bias or dropout) the per-edge composition.
+    /// edge features alone take the fused CUDA-core backward's two passes (deterministic, no
+    /// per-edge buffers); the rest (f32, wider heads, edge features with a bias or dropout) the
+    /// per-edge composition.
     ///
     /// Errors: as [`forward_with`](Self::forward_with); [`Error::InvalidConfig`] where
     /// `grads` lacks the bias's or the edge features' gradient the forward's extras need.
@@ -304,18 +303,18 @@ impl AttentionPlan {
 
     /// Which kernels [`backward_with_extras`](Self::backward_with_extras) runs for `extras` of
     /// `T` on this plan: [`BackwardKernels::TensorCore`] for a bias (per head or shared) and /
-    /// or dropout (or neither), or edge features alone, where the tensor-core backward holds the
+    /// or dropout (or neither) without edge features where the tensor-core backward holds the
     /// head (f16 / bf16, a multiple of 8 up to 64 features, sm_80 and later),
     /// [`BackwardKernels::Fused`] for edge
     /// features alone where the fused CUDA-core backward holds the head, else
     /// [`BackwardKernels::Unfused`] (the per-edge composition). The first two are bitwise
-    /// deterministic. A CPU plan answers `Unfused`.
+    /// deterministic and keep no per-edge buffers. A CPU plan answers `Unfused`.
     pub fn backward_kernels_with_extras<T: DType>(
         &self,
         extras: &Extras<'_, T>,
     ) -> BackwardKernels {
         let any = extras.bias.is_some() || extras.dropout.is_some();
-        if (extras.edge_features.is_none() || !any) && self.tensor_core_backward_runs::<T>() {
+        if extras.edge_features.is_none() && self.tensor_core_backward_runs::<T>() {
             return BackwardKernels::TensorCore;
         }
         if !any
@@ -365,17 +364,6 @@ impl AttentionPlan {
         }
         match self.backward_kernels_with_extras(extras) {
             BackwardKernels::TensorCore => {
-                if let Some(f) = extras.edge_features {
-                    let df = grads
-                        .d_edge_features
-                        .ok_or_else(|| need("d_edge_features"))?;
-                    return self.tensor_core_edge_features_backward(
-                        [q, k, v, d_out],
-                        f,
-                        [grads.dq, grads.dk, grads.dv, df],
-                        read_scale,
-                    );
-                }
                 return self.tensor_core_extras_backward(
                     [q, k, v, d_out],
                     extras,

@@ -326,45 +326,6 @@ struct BsbExtras : BsbExtrasHead {
     }
 };
 
-// A step's span of per-edge values (lane 0: the index of its first edge, lane 1: past its last;
-// at most 256 edges, two blocks of 128 bits) copied from src into shared memory at x by
-// cp.async, in the caller's cp.async group. Every lane calls it.
-template <class V>
-__device__ __forceinline__ void bsb_stage_span(u32 x, const V* __restrict__ src, u32 be) {
-    static_assert(sizeof(V) == 4 || sizeof(V) == 8, "4- or 8-byte values");
-    const u32 lane = lane_id();
-    const u32 first = __shfl_sync(0xffffffffu, be, 0);
-    const u32 n = __shfl_sync(0xffffffffu, be, 1) - first;
-#pragma unroll 1
-    for (u32 c = 0; c < n; c += 32u) {  // warp-uniform
-        if (c + lane >= n) continue;
-        if constexpr (sizeof(V) == 4) {
-            cp_async_4(x + 4u * (c + lane), src + first + c + lane);
-        } else {
-            cp_async_8(x + 8u * (c + lane), src + first + c + lane, true);
-        }
-    }
-}
-
-// The lane's entries' values from a staged span sv (bsb_stage_span) given the step's bitmap
-// words w (shared memory, 4 per block; zeros for a block past the unit): an entry's rank in
-// the span is the bits before it, block 0's first; `none` where the bit is clear.
-template <class V>
-__device__ __forceinline__ void bsb_stage_entries(const V* sv, const u32* w, u32 upper, u32 shift,
-                                                  V (&out)[2][4], V none) {
-    u32 start = 0u;  // block bb's first edge in the span
-#pragma unroll
-    for (int bb = 0; bb < 2; ++bb) {
-        const u32 wb[4] = {w[4 * bb], w[4 * bb + 1], w[4 * bb + 2], w[4 * bb + 3]};
-        u32 rank[4];
-        bool on[4];
-        bsb_lane_ranks(wb, upper, shift, rank, on);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) out[bb][j] = on[j] ? sv[start + rank[j]] : none;
-        if (bb == 0) start = bsb_block_edges(wb);
-    }
-}
-
 // Bytes of a pipelined stage's staged extras (BsbStagedExtras): the step's bias span (two blocks
 // of 128 bits at most, f32) with a bias, then the two blocks' keep words (4 each) with dropout.
 #define BSB_PIPE_X_BIAS 256u
@@ -399,9 +360,16 @@ struct BsbStagedExtras : BsbExtrasHead {
     // (prefetch's lanes 0 and 1) and of its blocks blk0, blk0 + 1 (< b_end), in the stage's
     // cp.async group. Every lane calls it.
     __device__ __forceinline__ void issue(u32 x, u32 be, u32 blk0, u32 b_end) const {
-        if constexpr (BIAS) bsb_stage_span(x, bias, be);
+        const u32 lane = lane_id();
+        if constexpr (BIAS) {
+            const u32 first = __shfl_sync(0xffffffffu, be, 0);
+            const u32 end = __shfl_sync(0xffffffffu, be, 1);
+            const u32 n = end - first;  // at most 256: two blocks of 128 bits
+#pragma unroll 1
+            for (u32 c = 0; c < n; c += 32u)  // warp-uniform
+                if (c + lane < n) cp_async_4(x + 4u * (c + lane), bias + first + c + lane);
+        }
         if constexpr (DROP) {
-            const u32 lane = lane_id();
             if (lane < 2u) {
                 const u32 blk = blk0 + lane;
                 const bool ok = blk < b_end;
@@ -410,11 +378,23 @@ struct BsbStagedExtras : BsbExtrasHead {
         }
     }
     // The step's entries from its stage's extras xp, given the stage's bitmap words w (shared
-    // memory, 4 per block; zeros for a block past the unit).
+    // memory, 4 per block; zeros for a block past the unit): an entry's rank in the bias span is
+    // the bits before it, block 0's first.
     __device__ __forceinline__ void load(const unsigned char* xp, const u32* w, u32 upper,
                                          u32 shift) {
         if constexpr (BIAS) {
-            bsb_stage_entries(reinterpret_cast<const float*>(xp), w, upper, shift, bv, 0.0f);
+            const float* sb = reinterpret_cast<const float*>(xp);
+            u32 start = 0u;  // block bb's first edge in the span
+#pragma unroll
+            for (int bb = 0; bb < 2; ++bb) {
+                const u32 wb[4] = {w[4 * bb], w[4 * bb + 1], w[4 * bb + 2], w[4 * bb + 3]};
+                u32 rank[4];
+                bool on[4];
+                bsb_lane_ranks(wb, upper, shift, rank, on);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) bv[bb][j] = on[j] ? sb[start + rank[j]] : 0.0f;
+                if (bb == 0) start = bsb_block_edges(wb);
+            }
         } else {
             bias_none(0);
             bias_none(1);
@@ -754,12 +734,12 @@ __device__ __forceinline__ void bsb_feat_entries(const X& xt, u32 c0, u32 n, F f
 }
 
 // x = Q F^T of chunk c0 (16 edges, S layout): the lane holding an edge's own row leaves it in
-// val (the warp's scratch, indexed by the edge's rank in its step).
+// val.
 template <class X>
-__device__ __forceinline__ void bsb_feat_keep(const X& xt, float* val, const float (&x)[2][4],
-                                              u32 c0, u32 n) {
+__device__ __forceinline__ void bsb_feat_keep(const X& xt, const float (&x)[2][4], u32 c0,
+                                              u32 n) {
     bsb_feat_entries(xt, c0, n, [&](int hh, int j, u32 c, bool own) {
-        if (own) val[c] = x[hh][j];
+        if (own) xt.val[c] = x[hh][j];
     });
 }
 
@@ -774,44 +754,25 @@ __device__ __forceinline__ void bsb_feat_add(const X& xt, float (&s)[2][4], u32 
             if (xt.e[bb][j] != SPATTN_NONE) s[bb][j] += xt.val[xt.e[bb][j] - first];
 }
 
-// Each entry leaves its probability (or dS) in val (the slot it read its term from: no other
-// lane wrote it since).
+// Each entry leaves its probability in val (the slot it read its term from: no other lane
+// wrote it since).
 template <class X>
-__device__ __forceinline__ void bsb_feat_put(const X& xt, float* val, const float (&p)[2][4],
-                                             u32 first) {
+__device__ __forceinline__ void bsb_feat_put(const X& xt, const float (&p)[2][4], u32 first) {
 #pragma unroll
     for (int bb = 0; bb < 2; ++bb)
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-            if (xt.e[bb][j] != SPATTN_NONE) val[xt.e[bb][j] - first] = p[bb][j];
+            if (xt.e[bb][j] != SPATTN_NONE) xt.val[xt.e[bb][j] - first] = p[bb][j];
     __syncwarp();
 }
 
-// P' of chunk c0 (A of O += P' F, S layout): val's value of edge c (the probability, or dS)
-// where the row is its own, else 0.
+// P' of chunk c0 (A of O += P' F, S layout): the probability of edge c where the row is its
+// own, else 0.
 template <class X>
-__device__ __forceinline__ void bsb_feat_chunk_p(const X& xt, const float* val, float (&pp)[2][4],
-                                                 u32 c0, u32 n) {
+__device__ __forceinline__ void bsb_feat_chunk_p(const X& xt, float (&pp)[2][4], u32 c0, u32 n) {
     bsb_feat_entries(xt, c0, n, [&](int hh, int j, u32 c, bool own) {
-        pp[hh][j] = own ? val[c] : 0.0f;
+        pp[hh][j] = own ? xt.val[c] : 0.0f;
     });
-}
-
-// The transpose of P' of chunk c0 times f (A of a product over the window's rows, S layout:
-// row g + 8 (j / 2) is edge c0 + g + 8 (j / 2), slot 8 hh + 2t + j % 2 the window row):
-// f val[c] where the row is edge c's own, else 0.
-template <class X>
-__device__ __forceinline__ void bsb_feat_chunk_pt(const X& xt, const float* val, float f,
-                                                  float (&pp)[2][4], u32 c0, u32 n) {
-    const u32 lane = lane_id(), g = lane >> 2, t = lane & 3u;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const u32 c = c0 + g + 8u * (j >> 1);
-        const u32 r = c < n ? xt.tab[c] : 255u;
-        const float v = c < n ? f * val[c] : 0.0f;
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) pp[hh][j] = r == 8u * hh + 2u * t + (j & 1) ? v : 0.0f;
-    }
 }
 
 // ---- the tensor-core tile loop ----------------------------------------------------------------
@@ -1344,37 +1305,27 @@ __device__ __forceinline__ u32 bsb_pipe_feat_ids(const u32* __restrict__ edge_id
 // The feature rows of edges first .. first + cnt (cnt <= 16) of a step, for `tile` (shared,
 // bsb_pipe_copy_rows' layout, zeros past cnt), by plain loads into registers (x: rows rr + RPO i,
 // chunk lane % CH) then stores (bsb_pipe_feat_store), outside the cp.async groups: the chunks
-// of a step past its first 16 edges.
-// The loads take a valid address for every slot (row 0 where there is none) and leave which
-// ones hold a row in the returned bits (bit i: x[i]), so that no select waits on them before
-// the store, which zeroes the others.
+// of a step past its first 16 edges. Every slot loads from a valid address (edge 0's row past
+// cnt) and the returned bits say which hold a row (bit i: x[i]); the store zeroes the others,
+// so that no select waits on the loads before the store.
 template <class T, u32 CH>
-__device__ __forceinline__ u32 bsb_pipe_feat_load_ids(uint4 (&x)[CH / 2],
-                                                      const T* __restrict__ feats, u32 id, u64 hd,
-                                                      u64 head_off, u32 chunks) {
+__device__ __forceinline__ u32 bsb_pipe_feat_load(uint4 (&x)[CH / 2], const T* __restrict__ feats,
+                                                  const u32* __restrict__ edge_ids, u32 first,
+                                                  u32 cnt, u64 hd, u64 head_off) {
     constexpr u32 RPO = 32u / CH;  // rows one warp-wide load covers
     static_assert(16u / RPO == CH / 2, "16 rows of CH chunks over 32 lanes");
     const u32 lane = lane_id(), cc = lane % CH, rr = lane / CH;
+    const u32 id = lane < cnt ? __ldg(edge_ids + first + lane) : SPATTN_NONE;
     u32 ok = 0u;
 #pragma unroll
     for (u32 i = 0; i < CH / 2; ++i) {
         const u32 cr = __shfl_sync(0xffffffffu, id, rr + RPO * i);
-        const bool on = cr != SPATTN_NONE && cc < chunks;
+        const bool on = cr != SPATTN_NONE;
         x[i] = __ldg(reinterpret_cast<const uint4*>(feats + (on ? (u64)cr * hd + head_off : 0u)) +
                      (on ? cc : 0u));
         ok |= (on ? 1u : 0u) << i;
     }
     return ok;
-}
-// The same from edge_ids[first + l] for the chunk's edges l < cnt.
-template <class T, u32 CH>
-__device__ __forceinline__ u32 bsb_pipe_feat_load(uint4 (&x)[CH / 2], const T* __restrict__ feats,
-                                                  const u32* __restrict__ edge_ids, u32 first,
-                                                  u32 cnt, u64 hd, u64 head_off,
-                                                  u32 chunks = CH) {
-    const u32 lane = lane_id();
-    const u32 id = lane < cnt ? __ldg(edge_ids + first + lane) : SPATTN_NONE;
-    return bsb_pipe_feat_load_ids<T, CH>(x, feats, id, hd, head_off, chunks);
 }
 template <u32 CH, u32 ROW>
 __device__ __forceinline__ void bsb_pipe_feat_store(unsigned char* tile, const uint4 (&x)[CH / 2],
@@ -1393,44 +1344,10 @@ __device__ __forceinline__ void bsb_pipe_feat_store(unsigned char* tile, const u
 template <class T, u32 CH, u32 ROW>
 __device__ __forceinline__ void bsb_pipe_feat_fill(unsigned char* tile, const T* __restrict__ feats,
                                                    const u32* __restrict__ edge_ids, u32 first,
-                                                   u32 cnt, u64 hd, u64 head_off, u32 chunks) {
+                                                   u32 cnt, u64 hd, u64 head_off) {
     uint4 x[CH / 2];
-    const u32 ok = bsb_pipe_feat_load<T, CH>(x, feats, edge_ids, first, cnt, hd, head_off, chunks);
+    const u32 ok = bsb_pipe_feat_load<T, CH>(x, feats, edge_ids, first, cnt, hd, head_off);
     bsb_pipe_feat_store<CH, ROW>(tile, x, ok);
-}
-
-// The tile of chunk c0 of a step's n edges (kernel edges from `first`), chunk by chunk upwards
-// (the scores): the stage's tile (`stage`) for the first, the overflow tile for later ones,
-// stored from `pre` (the second chunk, loaded before S: bsb_pipe_feat_load) or filled.
-template <class T, u32 CH, u32 ROW, class X>
-__device__ __forceinline__ u32 bsb_feat_up_tile(const X& xt, u32 stage, u32 c0, u32 n, u32 first,
-                                                const uint4 (&pre)[CH / 2], u32 pre_ok, u64 hd,
-                                                u64 head_off, u32 chunks) {
-    u32 tile = stage;
-    if (c0 == 16u) {
-        bsb_pipe_feat_store<CH, ROW>(xt.ovf, pre, pre_ok);
-        tile = smem_addr(xt.ovf);
-    } else if (c0 > 16u) {
-        bsb_pipe_feat_fill<T, CH, ROW>(xt.ovf, xt.feats, xt.edge_ids, first + c0,
-                                       min(16u, n - c0), hd, head_off, chunks);
-        tile = smem_addr(xt.ovf);
-    }
-    return tile;
-}
-
-// The same downwards from the last chunk `last` (the products with P or dS), which the overflow
-// tile still holds.
-template <class T, u32 CH, u32 ROW, class X>
-__device__ __forceinline__ u32 bsb_feat_down_tile(const X& xt, u32 stage, u32 c0, u32 last, u32 n,
-                                                  u32 first, u64 hd, u64 head_off, u32 chunks) {
-    u32 tile = stage;
-    if (c0 > 0u) {
-        if (c0 != last)
-            bsb_pipe_feat_fill<T, CH, ROW>(xt.ovf, xt.feats, xt.edge_ids, first + c0,
-                                           min(16u, n - c0), hd, head_off, chunks);
-        tile = smem_addr(xt.ovf);
-    }
-    return tile;
 }
 
 // One warp's pass over blocks b_begin .. b_end of one window (steps of two blocks) for head
@@ -1619,12 +1536,19 @@ __device__ __forceinline__ void bsb_pipe_tiles(
                 bsb_feat_rows(xt, first);
 #pragma unroll 1
                 for (u32 c0 = 0; c0 < n; c0 += 16u) {  // warp-uniform
-                    const u32 tile = bsb_feat_up_tile<T, CH, ROW>(xt, sk + EOFF, c0, n, first,
-                                                                   f1, f1_ok, hd, head_off, CH);
+                    u32 tile = sk + EOFF;
+                    if (c0 == 16u) {
+                        bsb_pipe_feat_store<CH, ROW>(xt.ovf, f1, f1_ok);
+                        tile = smem_addr(xt.ovf);
+                    } else if (c0 > 16u) {
+                        bsb_pipe_feat_fill<T, CH, ROW>(xt.ovf, xt.feats, xt.edge_ids, first + c0,
+                                                       min(16u, n - c0), hd, head_off);
+                        tile = smem_addr(xt.ovf);
+                    }
                     float x[2][4];
                     bsb_tile_scores<T, NKS, ROW>(x[0], qf, tile, 0u);
                     bsb_tile_scores<T, NKS, ROW>(x[1], qf, tile, 1u);
-                    bsb_feat_keep(xt, xt.val, x, c0, n);
+                    bsb_feat_keep(xt, x, c0, n);
                 }
                 bsb_feat_add(xt, s, first);
             }
@@ -1642,13 +1566,18 @@ __device__ __forceinline__ void bsb_pipe_tiles(
             // the overflow tile still holds it.
             const u32 first = xt.base[0], n = xt.count[0] + xt.count[1];
             const u32 last = n > 0u ? (n - 1u) & ~15u : 0u;
-            bsb_feat_put(xt, xt.val, p, first);
+            bsb_feat_put(xt, p, first);
 #pragma unroll 1
             for (u32 c0 = last; c0 < n; c0 -= 16u) {  // warp-uniform; ends past 0 by wrapping
-                const u32 tile = bsb_feat_down_tile<T, CH, ROW>(xt, sk + EOFF, c0, last, n,
-                                                                 first, hd, head_off, CH);
+                u32 tile = sk + EOFF;
+                if (c0 > 0u) {
+                    if (c0 != last)
+                        bsb_pipe_feat_fill<T, CH, ROW>(xt.ovf, xt.feats, xt.edge_ids, first + c0,
+                                                       min(16u, n - c0), hd, head_off);
+                    tile = smem_addr(xt.ovf);
+                }
                 float pp[2][4];
-                bsb_feat_chunk_p(xt, xt.val, pp, c0, n);
+                bsb_feat_chunk_p(xt, pp, c0, n);
                 bsb_tile_pv<T, NT, ROW>(o, pp, tile);
             }
         }

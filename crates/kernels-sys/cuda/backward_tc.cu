@@ -43,17 +43,6 @@
 // block-and-bit order to the caller's CSR order), once per edge and head. Over A^T the stage
 // holds A^T's gathers (the same keep draws: an edge's bits come from its caller edge).
 //
-// Edge features (the `_xf` kernels, XMODE 4, without a bias or dropout): with f_e added to k_j
-// and v_j (the forward's `_xf`), s_e gains <q_i, f_e> and dP_e gains <dOut_i, f_e>. The stats
-// and dq passes copy each step's first 16 feature rows into its stage with K and V (the forward's
-// feature pipeline) and take both as X = Q F^T and Y = dOut F^T by mma over chunks of 16 of the
-// step's edges (later chunks through an overflow tile). The dq pass adds dS' F to dQ (dS' the
-// chunk's dS in each edge's own row), writes dF = scale dS'^T Q + P'^T dOut by mma over the
-// window's Q and dOut rows (held in shared memory for the unit), and leaves per edge and head
-// (scale_log2 X - lse2_i, Y - D_i) at the edge's place in A^T's block-and-bit order: the dkv
-// pass, run after it, takes P = 2^(x + a) and dS = P (dP + b) from that pair instead of the
-// columns' statistics, so it reads no feature row.
-//
 // Units are fused-tc's (host schedule, largest first; a window without blocks has one unit,
 // which writes zeros). A window split into several units leaves a partial per unit (stats: m,
 // l, w; dq: the accumulator, the dscale share and its correction's c and b; dkv: both
@@ -85,39 +74,14 @@ __device__ __forceinline__ float bwd_tc_quad_dot(const T* __restrict__ x, const 
 // first half of each row, so that one swizzle serves both), the two blocks' bitmaps and, in the
 // dkv pass, the (lse2, D) of the 16 slots' columns.
 #define BWD_TC_ROW 128u
-// With extras (xmode), the stage's staged extras follow (bsb_pipe_x_bytes); with edge features
-// (xmode 4) the tile of the step's first 16 feature rows (stats, dq) or the step's pairs (dkv,
-// 256 of 8 bytes), in place of the dkv pass's column statistics.
+// With extras (xmode), the stage's staged extras follow (bsb_pipe_x_bytes).
 __host__ __device__ constexpr u32 bwd_tc_stage_bytes(int mode, int xmode) {
-    return 2u * 16u * BWD_TC_ROW + 32u +
-           (mode == BWD_TC_DKV && (xmode & 4) == 0 ? 16u * 8u : 0u) +
-           bsb_pipe_x_bytes((xmode & 1) != 0, (xmode & 2) != 0) +
-           ((xmode & 4) != 0 ? 16u * BWD_TC_ROW : 0u);
-}
-// After the stages, with edge features (stats, dq): the forward's feature scratch (val, tab:
-// BSB_FEAT_FLOATS floats; the overflow tile), a second 256-float val, and in the dq pass the
-// window's Q and dOut tiles.
-__host__ __device__ constexpr u32 bwd_tc_feat_bytes(int mode, int xmode) {
-    return (xmode & 4) == 0 || mode == BWD_TC_DKV
-               ? 0u
-               : 4u * BSB_FEAT_FLOATS + 16u * BWD_TC_ROW + 4u * 256u +
-                     (mode == BWD_TC_DQ ? 2u * 16u * BWD_TC_ROW : 0u);
+    return 2u * 16u * BWD_TC_ROW + 32u + (mode == BWD_TC_DKV ? 16u * 8u : 0u) +
+           bsb_pipe_x_bytes((xmode & 1) != 0, (xmode & 2) != 0);
 }
 __host__ __device__ constexpr u32 bwd_tc_warp_bytes(int mode, int xmode) {
-    return BSB_PIPE_STAGES * bwd_tc_stage_bytes(mode, xmode) + bwd_tc_feat_bytes(mode, xmode);
+    return BSB_PIPE_STAGES * bwd_tc_stage_bytes(mode, xmode);
 }
-
-// The edge features' arguments (the `_xf` kernels; null in the others): features and their
-// gradient (nnz x heads x head_dim, the caller's edge order), the pairs (per head n_pairs: A^T's
-// BSB's edges) and per edge of A's BSB its place among them.
-template <class T>
-struct BwdTcFeatArgs {
-    const T* feats;
-    T* d_feats;
-    float2* pairs;
-    const u32* pair_pos;
-    u32 n_pairs;
-};
 
 // One (unit, head) of a pass. Window side: rows of x1 (Q or K) and x2 (dOut or V) in A
 // fragments; gathered: y1 (K or Q, multiplied with x1), y2 (V or dOut, with x2), each step's
@@ -129,9 +93,7 @@ struct BwdTcFeatArgs {
 // too, the row kernel's stats are read instead.
 // Outputs: stats (lse2, D) per (row of A, head); g1 (dQ or dK), g2 (dV); ds_rows the dscale
 // share per (row of A, head). `smem`: the warp's bwd_tc_warp_bytes(MODE, XMODE). Extras
-// (XMODE & 3): xa, and in the dq pass with a bias x_ids and d_bias. Edge features (XMODE 4):
-// xa's block_edge_start (the pass's BSB's edge starts), x_ids (stats, dq: A's BSB's edges to the
-// caller's) and fa.
+// (XMODE != 0): xa, and in the dq pass with a bias x_ids and d_bias.
 template <class T, int DS, int MODE, int XMODE>
 __device__ __forceinline__ void bwd_tc(
     unsigned char* smem, const uint4* __restrict__ units, const u32* __restrict__ unit_split,
@@ -142,26 +104,17 @@ __device__ __forceinline__ void bwd_tc(
     const float* __restrict__ lse, float scale_log2, float scale, float2* __restrict__ stats,
     T* __restrict__ g1, T* __restrict__ g2,
     float* __restrict__ ds_rows, float* __restrict__ part, u32* __restrict__ counters,
-    const BsbExtrasArgs& xa, const u32* __restrict__ x_ids, T* __restrict__ d_bias,
-    const BwdTcFeatArgs<T>& fa) {
+    const BsbExtrasArgs& xa, const u32* __restrict__ x_ids, T* __restrict__ d_bias) {
     constexpr int STAGES = BSB_PIPE_STAGES;
     constexpr int NKS = DS / 16;  // k-steps of the scores
     constexpr int NT = DS / 8;    // n-tiles of an accumulator
     constexpr int NACC = MODE == BWD_TC_DKV ? 2 : 1;
     constexpr u32 ROW = BWD_TC_ROW;
     constexpr u32 TILE = 16u * ROW;
-    constexpr int SX = XMODE & 3;          // staged extras: a bias (1), dropout (2)
-    constexpr bool FEATS = (XMODE & 4) != 0;
-    constexpr bool FROWS = FEATS && MODE != BWD_TC_DKV;  // feature rows in the stages
-    constexpr bool PAIRS = FEATS && MODE == BWD_TC_DKV;  // the dq pass's pairs in the stages
-    constexpr u32 CH = DS / 8;             // 16-byte chunks of a slice
     constexpr u32 Y2OFF = TILE, BOFF = 2u * TILE, SOFF = BOFF + 32u;
-    constexpr u32 XOFF = SOFF + (MODE == BWD_TC_DKV && !FEATS ? 16u * 8u : 0u);  // staged extras
-    constexpr u32 EOFF = XOFF + bsb_pipe_x_bytes((SX & 1) != 0, (SX & 2) != 0);  // features
+    constexpr u32 XOFF = SOFF + (MODE == BWD_TC_DKV ? 16u * 8u : 0u);  // the staged extras
     constexpr u32 STAGE = bwd_tc_stage_bytes(MODE, XMODE);
-    constexpr bool XON = SX != 0, BIAS_GRAD = (SX & 1) != 0 && MODE == BWD_TC_DQ;
-    static_assert(!(FEATS && XON), "edge features alone");
-    static_assert(STAGE == EOFF + (FEATS ? TILE : 0u), "stage layout");
+    constexpr bool XON = XMODE != 0, BIAS_GRAD = (XMODE & 1) != 0 && MODE == BWD_TC_DQ;
     static_assert(DS == 32 || DS == 64, "registers: wider heads run the CUDA-core backward");
     static_assert(DS * 2u <= ROW, "a tile row holds the slice");
     // Floats of a partial row: (m, l, w); the accumulator, the dscale share, c and b; both
@@ -182,46 +135,21 @@ __device__ __forceinline__ void bwd_tc(
     const u32 base_s = smem_addr(smem);
     u32 wrow[2];
     bsb_pipe_qrows(row_ids, window, n_rows, wrow);
-    auto xt = bsb_staged_extras_or_none<SX>(&xa, h);
-    // Edge features over A: the forward's feature extras (no bias, no dropout) with their
-    // scratch after the stages, a second val (dP's terms, then P) and the window tiles.
-    unsigned char* fscr = smem + STAGES * STAGE;
-    auto ft = make_bsb_feat_extras<T>(xa, h, fa.feats, x_ids, fscr);
-    float* val2 = reinterpret_cast<float*>(fscr + 4u * BSB_FEAT_FLOATS + TILE);
-    const u32 wtile = smem_addr(fscr) + 4u * BSB_FEAT_FLOATS + TILE + 4u * 256u;  // Q, dOut
+    auto xt = bsb_staged_extras_or_none<XMODE>(&xa, h);
 
     auto cols_of = [&](u32 s) {
         return bsb_pipe_step_col(block_columns, b_begin, b_end, steps, s, lane);
     };
-    // The span of step s's edges: its staged extras', or with edge features its pairs' (dkv).
-    auto span_of = [&](u32 s) {
-        if constexpr (PAIRS) {
-            return bsb_pipe_feat_span(xa.block_edge_start, b_begin, b_end, steps, s);
-        } else {
-            return bsb_pipe_step_span(xt, b_begin, b_end, steps, s);
-        }
-    };
-    // Feature rows: step s's span, and the caller ids of its first 16 edges (lane l: edge l's).
-    auto fspan_of = [&](u32 s) {
-        return FROWS ? bsb_pipe_feat_span(xa.block_edge_start, b_begin, b_end, steps, s) : 0u;
-    };
-    auto fids_of = [&](u32 span) {
-        return FROWS ? bsb_pipe_feat_ids(x_ids, span) : SPATTN_NONE;
-    };
-    // The copies of step s (its columns in col; extras or pairs: its span bounds; feature rows:
-    // lane l < 16 the caller id of its edge l in fid) into stage s % STAGES, then a commit (an
-    // empty group past the last step keeps the count uniform).
-    auto issue = [&](u32 s, u32 col, u32 span, u32 fid) {
+    auto span_of = [&](u32 s) { return bsb_pipe_step_span(xt, b_begin, b_end, steps, s); };
+    // The copies of step s (its columns in col; extras: its span bounds) into stage s % STAGES,
+    // then a commit (an empty group past the last step keeps the count uniform).
+    auto issue = [&](u32 s, u32 col, u32 span) {
         if (s < steps) {
             const u32 sk = base_s + (s % STAGES) * STAGE;
-            bsb_pipe_copy_rows<T, CH, ROW, true>(sk, 0u, Y2OFF, y1, y2, col, 0u, hd, head_off,
-                                                 d / 8u);
+            bsb_pipe_copy_rows<T, DS / 8, ROW, true>(sk, 0u, Y2OFF, y1, y2, col, 0u, hd,
+                                                     head_off, d / 8u);
             bsb_pipe_copy_bitmaps(sk + BOFF, bitmaps, b_begin, b_end, s, lane);
-            if constexpr (FROWS)
-                bsb_pipe_copy_rows<T, CH, ROW, false>(sk, 0u, EOFF, fa.feats, fa.feats, fid, 0u,
-                                                      hd, head_off, d / 8u);
-            if constexpr (PAIRS) bsb_stage_span(sk + EOFF, fa.pairs + (u64)h * fa.n_pairs, span);
-            if constexpr (MODE == BWD_TC_DKV && !FEATS) {
+            if constexpr (MODE == BWD_TC_DKV) {
                 // The columns' (lse2, D), slot l's by lane l.
                 const u32 c = __shfl_sync(0xffffffffu, col, lane & 15u);
                 const bool ok = c != SPATTN_NONE;
@@ -233,26 +161,6 @@ __device__ __forceinline__ void bwd_tc(
         cp_async_commit();
     };
 
-    // Feature rows: the ids of steps 0 .. STAGES - 1 and the span of step STAGES; then in step
-    // i the copies of step i + STAGES - 1 take the ids loaded in step i - 1 (fids), and the ids
-    // of step i + STAGES are loaded from the span loaded in step i - 1 (fspan).
-    static_assert(STAGES == 3, "the features' prologue loads three steps' ids");
-    u32 fid01[2] = {SPATTN_NONE, SPATTN_NONE}, fids = SPATTN_NONE, fspan = 0u;
-    if constexpr (FROWS) {
-        const u32 sp[3] = {fspan_of(0u), fspan_of(1u), fspan_of(2u)};
-        fspan = fspan_of(3u);
-        fid01[0] = fids_of(sp[0]);
-        fid01[1] = fids_of(sp[1]);
-        fids = fids_of(sp[2]);
-    }
-    if constexpr (FROWS && MODE == BWD_TC_DQ) {
-        // The window's Q and dOut rows (slot l: window row l), in step 0's copy group.
-        const u32 wr = window * BSB_WINDOW_ROWS + (lane & 15u);
-        const u32 id = lane < 16u && wr < n_rows ? caller_row(row_ids, wr) : SPATTN_NONE;
-        bsb_pipe_copy_rows<T, CH, ROW, true>(wtile, 0u, TILE, x1, x2, id, 0u, hd, head_off,
-                                             d / 8u);
-    }
-
     // Prologue: steps 0 .. STAGES - 2 in flight, the columns of step STAGES - 1 loaded.
     u32 col_next = cols_of(0u), span_next = span_of(0u);
 #pragma unroll
@@ -260,7 +168,7 @@ __device__ __forceinline__ void bwd_tc(
         const u32 c = col_next, e = span_next;
         col_next = cols_of(s + 1u);
         span_next = span_of(s + 1u);
-        issue(s, c, e, fid01[s]);
+        issue(s, c, e);
     }
 
     u32 f1[NKS][4], f2[NKS][4];
@@ -317,11 +225,7 @@ __device__ __forceinline__ void bwd_tc(
             const u32 c = col_next, e = span_next;
             col_next = cols_of(i + STAGES);
             span_next = span_of(i + STAGES);
-            issue(i + STAGES - 1u, c, e, fids);
-            if constexpr (FROWS) {
-                fids = fids_of(fspan);
-                fspan = fspan_of(i + STAGES + 1u);
-            }
+            issue(i + STAGES - 1u, c, e);
         }
         const u32 st = i % STAGES;
         const u32 sk = base_s + st * STAGE;
@@ -329,22 +233,6 @@ __device__ __forceinline__ void bwd_tc(
         const u32 bits[2][2] = {{bw[upper], bw[2u + upper]}, {bw[4u + upper], bw[6u + upper]}};
         // The step's extras, landed in the stage with its tiles.
         if constexpr (XON) xt.load(smem + st * STAGE + XOFF, bw, upper, shift);
-        // Feature rows: the step's edges, and the rows of its second chunk of 16 and the ids of
-        // its third, if any, loaded before S (their latency overlaps it); each chunk then loads
-        // the rows of the next and the ids of the one after (bsb_pipe_feat_load_ids).
-        uint4 fnext[FROWS ? CH / 2 : 1];
-        u32 fnext_ok = 0u, fid_next = SPATTN_NONE;
-        if constexpr (FROWS) {
-            ft.find_step(b_begin + 2u * i, b_end, upper, shift, [&](int bb, u32, u32(&w)[4]) {
-#pragma unroll
-                for (int x = 0; x < 4; ++x) w[x] = bw[4 * bb + x];
-            });
-            const u32 first = ft.base[0], n = ft.count[0] + ft.count[1];
-            if (n > 16u)
-                fnext_ok = bsb_pipe_feat_load<T, CH>(fnext, fa.feats, x_ids, first + 16u,
-                                                     min(16u, n - 16u), hd, head_off, d / 8u);
-            if (n > 32u && lane < 16u && 32u + lane < n) fid_next = __ldg(x_ids + first + 32u + lane);
-        }
 
         float s[2][4], dp[2][4];
 #pragma unroll
@@ -352,158 +240,57 @@ __device__ __forceinline__ void bwd_tc(
             bsb_tile_scores<T, NKS, ROW>(s[bb], f1, sk, bb);
             bsb_tile_scores<T, NKS, ROW>(dp[bb], f2, sk + Y2OFF, bb);
         }
-
         // Entry i of block bb: row g + 8 (i / 2), slot 2t + (i % 2); masked to -inf. kf: its
         // dropout factor (1 without), which multiplies dP (and P, for dV).
-        auto slot_scores = [&](float (&x)[2][4], float (&kf)[2][4]) {
+        float x[2][4], kf[2][4];
+#pragma unroll
+        for (int bb = 0; bb < 2; ++bb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const u32 bit = (bits[bb][e >> 1] >> (shift + (e & 1))) & 1u;
+                if constexpr (XON) {
+                    x[bb][e] = bit ? fmaf(s[bb][e], scale_log2, xt.bias_log2(bb, e))
+                                   : SPATTN_NEG_INF;
+                    kf[bb][e] = xt.keep_factor(bb, e);
+                } else {
+                    x[bb][e] = bit ? s[bb][e] * scale_log2 : SPATTN_NEG_INF;
+                    kf[bb][e] = 1.0f;
+                }
+            }
+        if constexpr (MODE == BWD_TC_STATS) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                float alpha;
+                const float mu = bsb_row_max(x, r, m[r], alpha);
+                float ls = 0.0f, ws = 0.0f;
+#pragma unroll
+                for (int bb = 0; bb < 2; ++bb)
+#pragma unroll
+                    for (int c = 0; c < 2; ++c) {
+                        const float p = bsb_exp2(x[bb][2 * r + c] - mu);
+                        ls += p;
+                        ws = fmaf(XON ? p * kf[bb][2 * r + c] : p, dp[bb][2 * r + c], ws);
+                    }
+                l[r] = fmaf(l[r], alpha, ls);
+                w[r] = fmaf(w[r], alpha, ws);
+            }
+        } else if constexpr (MODE == BWD_TC_DQ) {
+            float ds[2][4];
 #pragma unroll
             for (int bb = 0; bb < 2; ++bb)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    const u32 bit = (bits[bb][e >> 1] >> (shift + (e & 1))) & 1u;
-                    if constexpr (XON) {
-                        x[bb][e] = bit ? fmaf(s[bb][e], scale_log2, xt.bias_log2(bb, e))
-                                       : SPATTN_NEG_INF;
-                        kf[bb][e] = xt.keep_factor(bb, e);
-                    } else {
-                        x[bb][e] = bit ? s[bb][e] * scale_log2 : SPATTN_NEG_INF;
-                        kf[bb][e] = 1.0f;
+                    const float2 q = rs[e >> 1];
+                    const float p = bsb_exp2(x[bb][e] - q.x);
+                    const float fdp = XON ? kf[bb][e] * dp[bb][e] : dp[bb][e];
+                    ds[bb][e] = p * (fdp - q.y);
+                    // dscale's share, kept per lane in l (no statistics in this pass).
+                    l[e >> 1] = fmaf(ds[bb][e], s[bb][e], l[e >> 1]);
+                    if (from_fwd) {
+                        w[e >> 1] = fmaf(p, fdp, w[e >> 1]);
+                        b[e >> 1] = fmaf(p, s[bb][e], b[e >> 1]);
                     }
                 }
-        };
-        // The pass's work on a set of entries in the S layout (entry (bb, e): row g + 8 (e / 2)):
-        // x their log2-domain scores (-inf: none), kf their dropout factors, sc the raw scores
-        // (0 where none), dpv their dP. The stats pass's online update; the dq pass's dS (ds)
-        // and P (pk), its dscale share and correction sums.
-        float ds[2][4], pk[2][4];
-        auto take = [&](const float (&x)[2][4], const float (&kf)[2][4], const float (&sc)[2][4],
-                        const float (&dpv)[2][4]) {
-            if constexpr (MODE == BWD_TC_STATS) {
-#pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    float alpha;
-                    const float mu = bsb_row_max(x, r, m[r], alpha);
-                    float ls = 0.0f, ws = 0.0f;
-#pragma unroll
-                    for (int bb = 0; bb < 2; ++bb)
-#pragma unroll
-                        for (int c = 0; c < 2; ++c) {
-                            const float p = bsb_exp2(x[bb][2 * r + c] - mu);
-                            ls += p;
-                            ws = fmaf(XON ? p * kf[bb][2 * r + c] : p, dpv[bb][2 * r + c], ws);
-                        }
-                    l[r] = fmaf(l[r], alpha, ls);
-                    w[r] = fmaf(w[r], alpha, ws);
-                }
-            } else if constexpr (MODE == BWD_TC_DQ) {
-#pragma unroll
-                for (int bb = 0; bb < 2; ++bb)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const float2 q = rs[e >> 1];
-                        const float p = bsb_exp2(x[bb][e] - q.x);
-                        const float fdp = XON ? kf[bb][e] * dpv[bb][e] : dpv[bb][e];
-                        ds[bb][e] = p * (fdp - q.y);
-                        pk[bb][e] = p;
-                        // dscale's share, kept per lane in l (no statistics in this pass).
-                        l[e >> 1] = fmaf(ds[bb][e], sc[bb][e], l[e >> 1]);
-                        if (from_fwd) {
-                            w[e >> 1] = fmaf(p, fdp, w[e >> 1]);
-                            b[e >> 1] = fmaf(p, sc[bb][e], b[e >> 1]);
-                        }
-                    }
-            }
-        };
-
-        if constexpr (FROWS) {
-            // Edge features: the step's S and dP in val and val2 by edge, then chunk by chunk of
-            // 16 edges X = Q F^T and Y = dOut F^T (rows g, g + 8 by the step's edges c), each
-            // edge's full score and dP at its own row (tab), and the pass's work on them there.
-            const u32 first = ft.base[0], n = ft.count[0] + ft.count[1];
-            bsb_feat_rows(ft, first);
-            bsb_feat_put(ft, ft.val, s, first);
-            bsb_feat_put(ft, val2, dp, first);
-#pragma unroll 1
-            for (u32 c0 = 0; c0 < n; c0 += 16u) {  // warp-uniform
-                u32 tile = sk + EOFF;
-                if (c0 > 0u) {
-                    bsb_pipe_feat_store<CH, ROW>(ft.ovf, fnext, fnext_ok);
-                    tile = smem_addr(ft.ovf);
-                    if (c0 + 16u < n)
-                        fnext_ok = bsb_pipe_feat_load_ids<T, CH>(fnext, fa.feats, fid_next, hd,
-                                                                 head_off, d / 8u);
-                    fid_next = c0 + 32u + lane < n && lane < 16u
-                                   ? __ldg(x_ids + first + c0 + 32u + lane)
-                                   : SPATTN_NONE;
-                }
-                float xx[2][4], yy[2][4];
-#pragma unroll
-                for (u32 hh = 0; hh < 2u; ++hh) {
-                    bsb_tile_scores<T, NKS, ROW>(xx[hh], f1, tile, hh);
-                    bsb_tile_scores<T, NKS, ROW>(yy[hh], f2, tile, hh);
-                }
-                float cx[2][4], ckf[2][4], cs[2][4], cdp[2][4];
-                bool own[2][4];
-                bsb_feat_entries(ft, c0, n, [&](int hh, int j, u32 c, bool mine) {
-                    own[hh][j] = mine;
-                    cs[hh][j] = mine ? ft.val[c] + xx[hh][j] : 0.0f;
-                    cdp[hh][j] = mine ? val2[c] + yy[hh][j] : 0.0f;
-                    cx[hh][j] = mine ? cs[hh][j] * scale_log2 : SPATTN_NEG_INF;
-                    ckf[hh][j] = 1.0f;
-                });
-                take(cx, ckf, cs, cdp);
-                if constexpr (MODE == BWD_TC_DQ) {
-                    // Each edge's pair for the dkv pass, at its place in A^T's order; dS and P
-                    // in val and val2 (the slots its own lane read).
-                    float2* pairs = fa.pairs + (u64)h * fa.n_pairs;
-                    bsb_feat_entries(ft, c0, n, [&](int hh, int j, u32 c, bool mine) {
-                        if (!mine) return;
-                        const float2 q = rs[j >> 1];
-                        pairs[__ldg(fa.pair_pos + first + c)] =
-                            make_float2(fmaf(xx[hh][j], scale_log2, -q.x), yy[hh][j] - q.y);
-                        ft.val[c] = ds[hh][j];
-                        val2[c] = pk[hh][j];
-                    });
-                    // dQ += dS' F, then dF = scale dS'^T Q + P'^T dOut over the window tiles.
-                    bsb_tile_pv<T, NT, ROW>(o[0], ds, tile);
-                    __syncwarp();
-                    float a[2][4], df[NT][4];
-#pragma unroll
-                    for (int nt = 0; nt < NT; ++nt)
-                        df[nt][0] = df[nt][1] = df[nt][2] = df[nt][3] = 0.0f;
-                    bsb_feat_chunk_pt(ft, ft.val, scale, a, c0, n);
-                    bsb_tile_pv<T, NT, ROW>(df, a, wtile);
-                    bsb_feat_chunk_pt(ft, val2, 1.0f, a, c0, n);
-                    bsb_tile_pv<T, NT, ROW>(df, a, wtile + TILE);
-#pragma unroll
-                    for (int r = 0; r < 2; ++r) {
-                        const u32 c = c0 + g + 8u * r;
-                        if (c >= n) continue;
-                        u32* row = reinterpret_cast<u32*>(
-                            fa.d_feats + (u64)__ldg(x_ids + first + c) * hd + head_off);
-#pragma unroll
-                        for (int nt = 0; nt < NT; ++nt)
-                            if (8u * nt < d)
-                                row[4 * nt + t] = pack2<T>(df[nt][2 * r], df[nt][2 * r + 1]);
-                    }
-                }
-            }
-            if constexpr (MODE == BWD_TC_DQ) {
-                // dQ += dS K: each entry's dS from val.
-                __syncwarp();
-#pragma unroll
-                for (int bb = 0; bb < 2; ++bb)
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) {
-                        const u32 e = ft.e[bb][j];
-                        ds[bb][j] = e != SPATTN_NONE ? ft.val[e - first] : 0.0f;
-                    }
-                bsb_tile_pv<T, NT, ROW>(o[0], ds, sk);
-            }
-        } else if constexpr (MODE != BWD_TC_DKV) {
-            float x[2][4], kf[2][4];
-            slot_scores(x, kf);
-            take(x, kf, s, dp);
             if constexpr (BIAS_GRAD) {
                 // dBias = dS at each set bit's caller edge (a block's edges from its start, bits
                 // row-major; zero words past the unit set none).
@@ -523,27 +310,15 @@ __device__ __forceinline__ void bwd_tc(
                                 from_f32<T>(ds[bb][e]);
                 }
             }
-            if constexpr (MODE == BWD_TC_DQ) bsb_tile_pv<T, NT, ROW>(o[0], ds, sk);
+            bsb_tile_pv<T, NT, ROW>(o[0], ds, sk);
         } else {
-            float x[2][4], kf[2][4];
-            slot_scores(x, kf);
-            // Column i of entry (bb, e) is slot 8 bb + 2t + e % 2: its (lse2, D); with edge
-            // features the entry's pair (a, b) instead: P = 2^(x + a), dS = P (dP + b).
+            // Column i of entry (bb, e) is slot 8 bb + 2t + e % 2: its (lse2, D).
             const float2* cs = reinterpret_cast<const float2*>(smem + st * STAGE + SOFF);
-            float2 pr[2][4];
-            if constexpr (PAIRS)
-                bsb_stage_entries(reinterpret_cast<const float2*>(smem + st * STAGE + EOFF), bw,
-                                  upper, shift, pr, make_float2(0.0f, 0.0f));
             float p[2][4], ds[2][4];
 #pragma unroll
             for (int bb = 0; bb < 2; ++bb)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    if constexpr (PAIRS) {
-                        p[bb][e] = bsb_exp2(x[bb][e] + pr[bb][e].x);
-                        ds[bb][e] = p[bb][e] * (dp[bb][e] + pr[bb][e].y);
-                        continue;
-                    }
                     const float2 q = cs[8u * bb + 2u * t + (e & 1)];
                     const float pe = bsb_exp2(x[bb][e] - q.x);
                     ds[bb][e] = pe * (XON ? fmaf(kf[bb][e], dp[bb][e], -q.y) : dp[bb][e] - q.y);
@@ -727,12 +502,11 @@ __device__ __forceinline__ void bwd_tc_row_stats(u32 rows, u32 heads, u32 head_d
 SPATTN_BWD_TC_ROW_STATS(f16, __half)
 SPATTN_BWD_TC_ROW_STATS(bf16, __nv_bfloat16)
 
-// Entry points backward_tc_{stats,dq,dkv}_{f16,bf16}_s{32,64}{,_xb,_xd,_x,_xf}: one warp per
+// Entry points backward_tc_{stats,dq,dkv}_{f16,bf16}_s{32,64}{,_xb,_xd,_x}: one warp per
 // (unit, head), n_items = units x heads, CTAs of the host's warps, each warp
 // bwd_tc_warp_bytes(MODE, XMODE) of the dynamic shared memory. The extras' parameters
 // (SPATTN_BSB_X_PARAMS, x_ids, d_bias) are read by the `_x*` kernels only (x_ids and d_bias by
-// the dq pass with a bias), null for the others; the `_xf` kernels read block_edge_start,
-// x_ids (stats, dq) and the f_ parameters (BwdTcFeatArgs; null elsewhere). head_dim a multiple
+// the dq pass with a bias), null for the others. head_dim a multiple
 // of 8 and at most DS (the host picks the narrowest DS that holds it). The stats and dq passes
 // run on A's BSB (x1 = Q, x2 = dOut, y1 = K, y2 = V), dkv on A^T's (x1 = K, x2 = V, y1 = Q,
 // y2 = dOut); out and lse (the forward's output and lse2) are read by the dq pass where lse is
@@ -744,8 +518,7 @@ SPATTN_BWD_TC_ROW_STATS(bf16, __nv_bfloat16)
         const u32 *bitmaps, const T *x1, const T *x2, const T *y1, const T *y2, const T *out,  \
         const float *lse, float scale_log2, float scale, float2 *stats, T *g1, T *g2,          \
         float *ds_rows, float *part, u32 *counters, SPATTN_BSB_X_PARAMS, const u32 *x_ids,     \
-        T *d_bias, const T *f_feats, T *f_d_feats, float2 *f_pairs, const u32 *f_pair_pos,     \
-        u32 f_n_pairs
+        T *d_bias
 #define SPATTN_BWD_TC(NAME, MODE, SUFFIX, T, DS, XMODE, XS)                                    \
     extern "C" __global__ void __launch_bounds__(128)                                          \
         backward_tc_##NAME##_##SUFFIX##_s##DS##XS(SPATTN_BWD_TC_PARAMS(T)) {                   \
@@ -753,11 +526,10 @@ SPATTN_BWD_TC_ROW_STATS(bf16, __nv_bfloat16)
         unsigned char* smem = reinterpret_cast<unsigned char*>(bwd_tc_smem) +                  \
                               (threadIdx.x >> 5) * bwd_tc_warp_bytes(MODE, XMODE);             \
         const BsbExtrasArgs xa = SPATTN_BSB_X_ARGS;                                            \
-        const BwdTcFeatArgs<T> fa = {f_feats, f_d_feats, f_pairs, f_pair_pos, f_n_pairs};      \
         bwd_tc<T, DS, MODE, XMODE>(smem, units, unit_split, split_part_first, n_items, heads,  \
                                    head_dim, n_rows, row_ids, block_columns, bitmaps, x1, x2,  \
                                    y1, y2, out, lse, scale_log2, scale, stats, g1, g2,         \
-                                   ds_rows, part, counters, xa, x_ids, d_bias, fa);            \
+                                   ds_rows, part, counters, xa, x_ids, d_bias);                \
     }
 #define SPATTN_BWD_TC_X(SUFFIX, T, DS, XMODE, XS)                                              \
     SPATTN_BWD_TC(stats, BWD_TC_STATS, SUFFIX, T, DS, XMODE, XS)                               \
@@ -767,8 +539,7 @@ SPATTN_BWD_TC_ROW_STATS(bf16, __nv_bfloat16)
     SPATTN_BWD_TC_X(SUFFIX, T, DS, 0, )                                                        \
     SPATTN_BWD_TC_X(SUFFIX, T, DS, 1, _xb)                                                     \
     SPATTN_BWD_TC_X(SUFFIX, T, DS, 2, _xd)                                                     \
-    SPATTN_BWD_TC_X(SUFFIX, T, DS, 3, _x)                                                      \
-    SPATTN_BWD_TC_X(SUFFIX, T, DS, 4, _xf)
+    SPATTN_BWD_TC_X(SUFFIX, T, DS, 3, _x)
 SPATTN_BWD_TC_ALL(f16, __half, 32)
 SPATTN_BWD_TC_ALL(f16, __half, 64)
 SPATTN_BWD_TC_ALL(bf16, __nv_bfloat16, 32)

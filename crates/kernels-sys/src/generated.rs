@@ -108,7 +108,7 @@ pub const BACKWARD: PtxModule = PtxModule {
     ],
 };
 
-/// The PTX module compiled from `cuda/backward_tc.cu` (62 kernels).
+/// The PTX module compiled from `cuda/backward_tc.cu` (50 kernels).
 pub const BACKWARD_TC: PtxModule = PtxModule {
     name: "backward_tc",
     ptx: include_str!("../ptx/backward_tc.ptx"),
@@ -127,9 +127,6 @@ pub const BACKWARD_TC: PtxModule = PtxModule {
         "backward_tc_stats_f16_s32_x",
         "backward_tc_dq_f16_s32_x",
         "backward_tc_dkv_f16_s32_x",
-        "backward_tc_stats_f16_s32_xf",
-        "backward_tc_dq_f16_s32_xf",
-        "backward_tc_dkv_f16_s32_xf",
         "backward_tc_stats_f16_s64",
         "backward_tc_dq_f16_s64",
         "backward_tc_dkv_f16_s64",
@@ -142,9 +139,6 @@ pub const BACKWARD_TC: PtxModule = PtxModule {
         "backward_tc_stats_f16_s64_x",
         "backward_tc_dq_f16_s64_x",
         "backward_tc_dkv_f16_s64_x",
-        "backward_tc_stats_f16_s64_xf",
-        "backward_tc_dq_f16_s64_xf",
-        "backward_tc_dkv_f16_s64_xf",
         "backward_tc_stats_bf16_s32",
         "backward_tc_dq_bf16_s32",
         "backward_tc_dkv_bf16_s32",
@@ -157,9 +151,6 @@ pub const BACKWARD_TC: PtxModule = PtxModule {
         "backward_tc_stats_bf16_s32_x",
         "backward_tc_dq_bf16_s32_x",
         "backward_tc_dkv_bf16_s32_x",
-        "backward_tc_stats_bf16_s32_xf",
-        "backward_tc_dq_bf16_s32_xf",
-        "backward_tc_dkv_bf16_s32_xf",
         "backward_tc_stats_bf16_s64",
         "backward_tc_dq_bf16_s64",
         "backward_tc_dkv_bf16_s64",
@@ -172,9 +163,6 @@ pub const BACKWARD_TC: PtxModule = PtxModule {
         "backward_tc_stats_bf16_s64_x",
         "backward_tc_dq_bf16_s64_x",
         "backward_tc_dkv_bf16_s64_x",
-        "backward_tc_stats_bf16_s64_xf",
-        "backward_tc_dq_bf16_s64_xf",
-        "backward_tc_dkv_bf16_s64_xf",
     ],
 };
 

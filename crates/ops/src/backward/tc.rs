@@ -76,7 +76,7 @@ use spattn_kernels_sys::BACKWARD_TC;
 use crate::buffer::{DeviceMatrix, DeviceVec};
 use crate::device_bsb::{
     bsb_pipe_x_bytes, BsbBlocks, BsbExtrasStage, BsbLayout, GatheredBsbExtras, OrderedBsb,
-    BSB_FEAT_FLOATS, BSB_PIPE_STAGES,
+    BSB_PIPE_STAGES,
 };
 use crate::dtype::{DType, DTypeKind};
 use crate::edge_extras::sum_heads;
@@ -164,48 +164,19 @@ struct TransposeExtras {
     starts: DeviceVec<u32>,
     ids: DeviceVec<u32>,
     stage: BsbExtrasStage,
-    /// Edge features: per edge of A's BSB (block-and-bit order) its place in Aᵀ's, and the dq
-    /// pass's pairs for the dK/dV pass (two f32 per edge of Aᵀ's BSB and head), made by the
-    /// first run with edge features.
-    pair_pos: Option<DeviceVec<u32>>,
-    pairs: Option<DeviceVec<f32>>,
 }
 
 impl TransposeExtras {
-    /// Aᵀ's BSB's edge map of `a` (its edges named by A's), and with `pairs` the places of A's
-    /// BSB's edges among Aᵀ's (`a_ids`: A's BSB's edges to A's).
-    fn new(
-        gpu: &Gpu,
-        t: &OrderedBsb,
-        a: &spattn_formats::Csr,
-        a_ids: Option<Vec<u32>>,
-    ) -> Result<Self> {
-        let (at, from_a) = a.transpose_with_map();
-        let (starts, t_ids) = t.edge_map(&at)?;
-        // Aᵀ's entries name A's edges: the extras are indexed by A's.
-        let ids: Vec<u32> = t_ids.iter().map(|&e| from_a[e as usize]).collect();
-        let pair_pos = match a_ids {
-            Some(a_ids) => Some(DeviceVec::from_host_named(
-                gpu,
-                "backward pair places",
-                &features::pair_places(&a_ids, &ids)?,
-            )?),
-            None => None,
-        };
+    fn new(gpu: &Gpu, (starts, ids): (Vec<u32>, Vec<u32>)) -> Result<Self> {
         Ok(Self {
             starts: DeviceVec::from_host_named(gpu, "backward BSB edge starts", &starts)?,
             ids: DeviceVec::from_host_named(gpu, "backward BSB edge ids", &ids)?,
             stage: BsbExtrasStage::default(),
-            pair_pos,
-            pairs: None,
         })
     }
 
     fn device_bytes(&self) -> usize {
-        self.starts.allocated_bytes()
-            + self.ids.allocated_bytes()
-            + self.pair_pos.as_ref().map_or(0, DeviceVec::allocated_bytes)
-            + self.pairs.as_ref().map_or(0, DeviceVec::allocated_bytes)
+        self.starts.allocated_bytes() + self.ids.allocated_bytes()
     }
 }
 
@@ -394,7 +365,22 @@ impl TensorCoreBackward {
     ) -> Result<()> {
         let shape = Shape::new(self.a_side.n_rows, self.heads, self.head_dim)?;
         extras.check(gpu, KERNEL, graph.nnz(), shape, false)?;
-        self.check_graph(graph)?;
+        // The state's own graph: the edge maps built below are cached for it.
+        if graph.graph_id() != self.graph_id {
+            return Err(Error::InvalidArgument {
+                what: "graph",
+                why: format!(
+                    "the backward was made for another graph ({} rows, {} columns, {} edges); \
+                     given {} × {} with {}",
+                    self.a_side.n_rows,
+                    self.t_side.n_rows,
+                    self.a.layout.nnz(),
+                    graph.n_rows(),
+                    graph.n_cols(),
+                    graph.nnz()
+                ),
+            });
+        }
         let shared = extras.bias.as_ref().is_some_and(|b| b.is_shared());
         let mut d_bias = match (&extras.bias, d_bias) {
             (None, _) => None,
@@ -440,10 +426,16 @@ impl TensorCoreBackward {
         let a = graph.host()?;
         let mut sides = match self.extras.take() {
             Some(x) => x,
-            None => Box::new((
-                BsbExtrasStage::default(),
-                TransposeExtras::new(gpu, &self.t, a, None)?,
-            )),
+            None => {
+                let (at, from_a) = a.transpose_with_map();
+                let (t_starts, t_ids) = self.t.edge_map(&at)?;
+                // Aᵀ's entries name A's edges: the extras are indexed by A's.
+                let t_ids = t_ids.iter().map(|&e| from_a[e as usize]).collect();
+                Box::new((
+                    BsbExtrasStage::default(),
+                    TransposeExtras::new(gpu, (t_starts, t_ids))?,
+                ))
+            }
         };
         // The BSBs borrowed apart from the state, which the launches write.
         let (a_bsb, t_bsb) = (Arc::clone(&self.a), Arc::clone(&self.t));
@@ -475,7 +467,6 @@ impl TensorCoreBackward {
                     Some(ph) => Some(ph),
                     None => d_bias.as_deref_mut(),
                 },
-                feats: None,
             };
             self.run_inner(gpu, scale, operands, None, grads, Some(x))?;
             if let (Some(ph), Some(db)) = (&per_head, d_bias) {
@@ -485,27 +476,6 @@ impl TensorCoreBackward {
         })();
         self.extras = Some(sides);
         result
-    }
-
-    /// Errors with [`Error::InvalidArgument`] unless `graph` is the state's (the edge maps the
-    /// runs with extras build are cached for it).
-    fn check_graph(&self, graph: &DeviceGraph) -> Result<()> {
-        if graph.graph_id() == self.graph_id {
-            return Ok(());
-        }
-        Err(Error::InvalidArgument {
-            what: "graph",
-            why: format!(
-                "the backward was made for another graph ({} rows, {} columns, {} edges); \
-                 given {} × {} with {}",
-                self.a_side.n_rows,
-                self.t_side.n_rows,
-                self.a.layout.nnz(),
-                graph.n_rows(),
-                graph.n_cols(),
-                graph.nnz()
-            ),
-        })
     }
 
     /// Whether the dq and dK/dV passes run at once on two streams: where their grids together
@@ -615,23 +585,16 @@ impl TensorCoreBackward {
         let heads = to_u32("heads", self.heads)?;
         let head_dim = to_u32("head_dim", self.head_dim)?;
         let takes = extras.as_ref().map_or((false, false), |x| x.a.takes());
-        let feats = extras.as_ref().is_some_and(|x| x.feats.is_some());
         let slice = self.slice;
-        let name =
-            |pass: &str| kernel_named(&BACKWARD_TC, pass_name(pass, T::NAME, slice, takes, feats));
+        let name = |pass: &str| kernel_named(&BACKWARD_TC, pass_name(pass, T::NAME, slice, takes));
         let null = None::<&DeviceVec<u32>>;
-        let null_t = None::<&DeviceVec<T>>;
-        let null_f = None::<&DeviceVec<f32>>;
-        static ZERO_U32: u32 = 0;
 
         // Passes over A's BSB: the statistics, then dQ and the rows' ∂scale shares; then the
         // pass over Aᵀ's BSB: dK and dV. Where their grids leave the GPU partly idle
         // (`overlaps`), the dK/dV pass runs on the side stream at once with the dq pass, both
         // reading the statistics written before them (the stats pass's, or the forward's lse
         // beside each row's D from the row kernel).
-        // With edge features the dK/dV pass reads the pairs the dq pass writes: one after the
-        // other.
-        let overlap = !feats && self.overlaps(gpu)?;
+        let overlap = self.overlaps(gpu)?;
         if let (true, Some((out, lse))) = (overlap, saved) {
             self.row_stats(gpu, d_out, out, lse)?;
         }
@@ -659,8 +622,7 @@ impl TensorCoreBackward {
                 let from_fwd = saved.filter(|_| pass == PASSES[1]);
                 // At once with dK/dV, the row kernel has written D: the dq pass reads no out.
                 let out = from_fwd.filter(|_| !overlap).map(|(o, _)| o.as_vec());
-                let Some((cfg, n_items)) = grid(side_bsb.n_units, self.heads, pass, takes, feats)?
-                else {
+                let Some((cfg, n_items)) = grid(side_bsb.n_units, self.heads, pass, takes)? else {
                     continue;
                 };
                 let kernel = name(pass)?;
@@ -711,49 +673,15 @@ impl TensorCoreBackward {
                             Pass::T => x.t,
                         };
                         gathered.push(&mut args);
-                        match (&mut x.feats, over) {
-                            // Edge features: A's edge map over A, then the f_ parameters.
-                            (Some(f), Pass::A) => {
-                                let dq_pass = pass == PASSES[1];
-                                args.arg(x.a_ids.slice())
-                                    .arg_or_null(null_t)
-                                    .arg(f.feats.as_vec().slice());
-                                if dq_pass {
-                                    args.arg(f.d_feats.as_vec_mut().slice_mut())
-                                        .arg(f.pairs.slice_mut())
-                                        .arg(f.pair_pos.slice());
-                                } else {
-                                    args.arg_or_null(null_t)
-                                        .arg_or_null(null_f)
-                                        .arg_or_null(null);
-                                }
-                                args.arg(&f.n_pairs);
-                            }
-                            (Some(f), Pass::T) => {
-                                args.arg_or_null(null)
-                                    .arg_or_null(null_t)
-                                    .arg_or_null(null_t)
-                                    .arg_or_null(null_t)
-                                    .arg(f.pairs.slice())
-                                    .arg_or_null(null)
-                                    .arg(&f.n_pairs);
-                            }
-                            (None, _) => {
-                                // dBias: the dq pass, where there is a bias.
-                                match (pass == PASSES[1], x.d_bias.as_deref_mut()) {
-                                    (true, Some(db)) => {
-                                        args.arg(x.a_ids.slice()).arg(db.slice_mut())
-                                    }
-                                    _ => args.arg_or_null(null).arg_or_null(null),
-                                };
-                                push_no_features(&mut args, null_t, null_f, &ZERO_U32);
-                            }
-                        }
+                        // dBias: the dq pass, where there is a bias.
+                        match (pass == PASSES[1], x.d_bias.as_deref_mut()) {
+                            (true, Some(db)) => args.arg(x.a_ids.slice()).arg(db.slice_mut()),
+                            _ => args.arg_or_null(null).arg_or_null(null),
+                        };
                     }
                     None => {
                         GatheredBsbExtras::push_absent(&mut args);
                         args.arg_or_null(null).arg_or_null(null);
-                        push_no_features(&mut args, null_t, null_f, &ZERO_U32);
                     }
                 }
                 // SAFETY: items < n_units × heads of the pass's BSB; each reads its unit's 4
@@ -796,39 +724,13 @@ impl TensorCoreBackward {
     }
 }
 
-/// What a run with extras hands each launch: both BSBs' gathers, A's edge map (dBias's and the
-/// features' caller edges), dBias, and the edge features' arguments.
+/// What a run with extras hands each launch: both BSBs' gathers, A's edge map (dBias's caller
+/// edges) and dBias.
 struct LaunchExtras<'a, T: DType> {
     a: &'a GatheredBsbExtras<'a>,
     t: &'a GatheredBsbExtras<'a>,
     a_ids: &'a DeviceVec<u32>,
     d_bias: Option<&'a mut DeviceVec<T>>,
-    feats: Option<LaunchFeatures<'a, T>>,
-}
-
-/// The `_xf` kernels' arguments (`BwdTcFeatArgs`): the features and their gradient (nnz ×
-/// heads × head_dim), the pairs (2 f32 per edge of Aᵀ's BSB and head), per edge of A's BSB
-/// its place among them, and Aᵀ's BSB's edge count.
-struct LaunchFeatures<'a, T: DType> {
-    feats: &'a DeviceMatrix<T>,
-    d_feats: &'a mut DeviceMatrix<T>,
-    pairs: &'a mut DeviceVec<f32>,
-    pair_pos: &'a DeviceVec<u32>,
-    n_pairs: u32,
-}
-
-/// Pushes the `_xf` parameters of a launch without edge features: nulls and a zero.
-fn push_no_features<'a, T: DType>(
-    args: &mut crate::launch::LaunchArgs<'a>,
-    null_t: Option<&'a DeviceVec<T>>,
-    null_f: Option<&'a DeviceVec<f32>>,
-    zero: &'a u32,
-) {
-    args.arg_or_null(null_t)
-        .arg_or_null(null_t)
-        .arg_or_null(null_f)
-        .arg_or_null(None::<&DeviceVec<u32>>)
-        .arg(zero);
 }
 
 /// CTAs of the dK/dV pass one SM holds (168 registers a lane at 64 features, 4 warps a CTA).
@@ -842,12 +744,10 @@ const PASSES: [&str; 3] = ["stats", "dq", "dkv"];
 const SLICES: [usize; 2] = [32, 64];
 
 /// The kernel of `pass` for dtype `dtype` (a kernel-name suffix) at feature slice `slice`,
-/// taking a bias and dropout as `takes` says (the pipelined forward's `_xb`, `_xd`, `_x` twins),
-/// or edge features (`_xf`).
-fn pass_name(pass: &str, dtype: &str, slice: usize, takes: (bool, bool), feats: bool) -> String {
+/// taking a bias and dropout as `takes` says (the pipelined forward's `_xb`, `_xd`, `_x` twins).
+fn pass_name(pass: &str, dtype: &str, slice: usize, takes: (bool, bool)) -> String {
     let base = format!("backward_tc_{pass}_{dtype}_s{slice}");
     match takes {
-        _ if feats => format!("{base}_xf"),
         (false, false) => base,
         _ => extras_kernel(&base, true, takes),
     }
@@ -869,23 +769,11 @@ enum Pass {
 
 /// Shared memory of one warp of `pass` (`bwd_tc_warp_bytes` in the kernels):
 /// [`BSB_PIPE_STAGES`] stages of two tiles of 16 rows, the step's two bitmaps (32 bytes), in the
-/// dkv pass without edge features the 16 columns' statistics (an f32 pair each), then the staged
-/// extras ([`bsb_pipe_x_bytes`]) and with edge features a third tile (feature rows, or the dkv
-/// pass's 256 pairs). With edge features the stats and dq passes add the forward's feature
-/// scratch ([`BSB_FEAT_FLOATS`] floats, the overflow tile), 256 floats, and in the dq pass the
-/// window's two tiles.
-fn warp_shared_bytes(pass: &str, (bias, drop): (bool, bool), feats: bool) -> usize {
-    let tile = 16 * TILE_ROW_BYTES;
-    let stats = if pass == "dkv" && !feats { 16 * 8 } else { 0 };
-    let ftile = if feats { tile } else { 0 };
-    let stages = BSB_PIPE_STAGES * (2 * tile + 32 + stats + bsb_pipe_x_bytes(bias, drop) + ftile);
-    let scratch = match pass {
-        "dkv" => 0,
-        _ if !feats => 0,
-        "dq" => 4 * BSB_FEAT_FLOATS + tile + 4 * 256 + 2 * tile,
-        _ => 4 * BSB_FEAT_FLOATS + tile + 4 * 256,
-    };
-    stages + scratch
+/// dkv pass the 16 columns' statistics (an f32 pair each), then the staged extras
+/// ([`bsb_pipe_x_bytes`]).
+fn warp_shared_bytes(pass: &str, (bias, drop): (bool, bool)) -> usize {
+    let stats = if pass == "dkv" { 16 * 8 } else { 0 };
+    BSB_PIPE_STAGES * (2 * 16 * TILE_ROW_BYTES + 32 + stats + bsb_pipe_x_bytes(bias, drop))
 }
 
 /// The grid of a pass: a warp per (unit, head) in CTAs of [`CTA_WARPS`], each warp with its
@@ -895,7 +783,6 @@ fn grid(
     heads: usize,
     pass: &str,
     takes: (bool, bool),
-    feats: bool,
 ) -> Result<Option<(LaunchConfig, u32)>> {
     let items = product("units × heads", &[n_units, heads])?;
     if items == 0 {
@@ -904,11 +791,10 @@ fn grid(
     let cfg = LaunchConfig {
         grid_dim: (blocks_for(items, CTA_WARPS as u32)?, 1, 1),
         block_dim: ((CTA_WARPS * 32) as u32, 1, 1),
-        shared_mem_bytes: (CTA_WARPS * warp_shared_bytes(pass, takes, feats)) as u32,
+        shared_mem_bytes: (CTA_WARPS * warp_shared_bytes(pass, takes)) as u32,
     };
     Ok(Some((cfg, to_u32("units × heads", items)?)))
 }
 
-mod features;
 #[cfg(test)]
 mod tests;

@@ -14,8 +14,7 @@ fn supports_sixteen_bit_heads_in_multiples_of_eight() {
     assert!(!TensorCoreBackward::supports(DTypeKind::F16, 0));
 }
 
-/// Every kernel of backward_tc.cu is one `run`, `run_with_extras` or `run_with_edge_features`
-/// launches, and every
+/// Every kernel of backward_tc.cu is one `run` or `run_with_extras` launches, and every
 /// name they form exists.
 #[test]
 fn every_compiled_kernel_is_launched() {
@@ -28,14 +27,10 @@ fn every_compiled_kernel_is_launched() {
         for slice in SLICES {
             for pass in PASSES {
                 for takes in TAKES {
-                    let name = pass_name(pass, dtype, slice, takes, false);
+                    let name = pass_name(pass, dtype, slice, takes);
                     assert!(kernel_named(&BACKWARD_TC, name.clone()).is_ok(), "{name}");
                     launched.insert(name);
                 }
-                // Edge features (run_with_edge_features).
-                let name = pass_name(pass, dtype, slice, (false, false), true);
-                assert!(kernel_named(&BACKWARD_TC, name.clone()).is_ok(), "{name}");
-                launched.insert(name);
             }
         }
     }
@@ -54,31 +49,18 @@ fn every_compiled_kernel_is_launched() {
 #[test]
 fn grid_is_a_warp_per_item() {
     let plain = (false, false);
-    let (cfg, n) = grid(10, 3, "dq", plain, false).unwrap().unwrap();
+    let (cfg, n) = grid(10, 3, "dq", plain).unwrap().unwrap();
     assert_eq!(n, 30);
     assert_eq!(cfg.grid_dim.0, 8);
     assert_eq!(cfg.shared_mem_bytes, 4 * 3 * 4128);
-    let (cfg, _) = grid(10, 3, "dkv", plain, false).unwrap().unwrap();
+    let (cfg, _) = grid(10, 3, "dkv", plain).unwrap().unwrap();
     assert_eq!(cfg.shared_mem_bytes, 4 * 3 * 4256);
     // The staged extras: a bias span of 256 floats, then 32 bytes of keep words.
-    let (cfg, _) = grid(10, 3, "dkv", (true, true), false).unwrap().unwrap();
+    let (cfg, _) = grid(10, 3, "dkv", (true, true)).unwrap().unwrap();
     assert_eq!(cfg.shared_mem_bytes, 4 * 3 * (4256 + 1024 + 32));
-    let (cfg, _) = grid(10, 3, "stats", (false, true), false).unwrap().unwrap();
+    let (cfg, _) = grid(10, 3, "stats", (false, true)).unwrap().unwrap();
     assert_eq!(cfg.shared_mem_bytes, 4 * 3 * (4128 + 32));
-    assert!(grid(0, 8, "stats", plain, false).unwrap().is_none());
-    // Edge features: a third tile a stage (the dkv pass's pairs in place of its statistics);
-    // the stats and dq passes' scratch (val and tab, the overflow tile, val2) and the dq pass's
-    // window tiles.
-    let stage = 4128 + 2048;
-    let (cfg, _) = grid(10, 3, "dkv", plain, true).unwrap().unwrap();
-    assert_eq!(cfg.shared_mem_bytes, 4 * 3 * stage);
-    let (cfg, _) = grid(10, 3, "stats", plain, true).unwrap().unwrap();
-    assert_eq!(cfg.shared_mem_bytes, 4 * (3 * stage + 1280 + 2048 + 1024));
-    let (cfg, _) = grid(10, 3, "dq", plain, true).unwrap().unwrap();
-    assert_eq!(
-        cfg.shared_mem_bytes,
-        4 * (3 * stage + 1280 + 2048 + 1024 + 4096)
-    );
+    assert!(grid(0, 8, "stats", plain).unwrap().is_none());
 }
 
 /// The dq and dK/dV passes at once on two streams give the gradients and ∂scale of the
