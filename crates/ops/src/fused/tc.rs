@@ -706,8 +706,16 @@ impl FusedTensorCore {
         if let Some(g) = &gathered {
             g.push(&mut args);
         }
-        // Features come with extras, whose gather above required the edge map.
-        if let (Some(f), Some((_, ids))) = (feats, self.ordered.cached_edge_map()) {
+        // Features come with extras, whose gather above built the edge map; the `_xf` kernel
+        // takes both, so a missing map is an error, never a launch short of two arguments.
+        if let Some(f) = feats {
+            let (_, ids) =
+                self.ordered
+                    .cached_edge_map()
+                    .ok_or_else(|| Error::InvalidArgument {
+                        what: "edge features",
+                        why: "the BSB's edge map was not built before the launch".into(),
+                    })?;
             args.arg(f.slice()).arg(ids.slice());
         }
         debug_assert_eq!(slice * group, self.layout.padded());
