@@ -509,14 +509,16 @@ struct Units {
 };
 
 // EF: edge features, row e of ef (nnz x heads x head_dim) added to the key and the value of A's
-// edge e (CSR position e): k' = k_j + e_ij, v' = v_j + e_ij in every formula above.
+// edge e (CSR position e): k' = k_j + e_ij, v' = v_j + e_ij in every formula above; each
+// edge's raw score and dP go to edge_sd[e * heads + h] for the column pass.
 template <class T, int VEC, int NV, int TILE, bool EF>
 __device__ __forceinline__ void backward_row_pass(
     Units un, const u32* __restrict__ col_indices, const T* __restrict__ q,
     const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ d_out, u32 heads,
     u32 head_dim, float scale, u32 g, T* __restrict__ dq, float2* __restrict__ stats,
     float* part_stats, float* part_acc, u32* counters, u32 n_split, float* split_dscale,
-    float* block_dscale, u32* block_counter, double* d_scale, const T* __restrict__ ef) {
+    float* block_dscale, u32* block_counter, double* d_scale, const T* __restrict__ ef,
+    float2* __restrict__ edge_sd) {
     __shared__ float scratch[32];
     __shared__ double scratch64[32];
     const u32 mask = group_mask(g), lane = lane_id() & (g - 1u);
@@ -559,6 +561,9 @@ __device__ __forceinline__ void backward_row_pass(
             for (int t = 0; t < TILE; ++t) {
                 r[t] = group_sum(dot_lanes<VEC, NV>(qv, kk[t]), mask, g);
                 dp[t] = group_sum(dot_lanes<VEC, NV>(dov, vv[t]), mask, g);
+                if constexpr (EF)
+                    if (lane == 0u && e + t < end)
+                        edge_sd[(u64)(e + t) * heads + h] = make_float2(r[t], dp[t]);
             }
             float mt = m;
 #pragma unroll
@@ -653,7 +658,8 @@ __device__ __forceinline__ void backward_row_pass(
     }
 }
 
-// EF: as the row pass; A^T's entry e is A's edge t_to_a[e], and its gradient
+// EF: A^T's entry e is A's edge t_to_a[e]; its raw score and dP come from the row pass
+// (edge_sd: no feature row read, no dot product here), and its gradient
 // dE = scale dS q_i + P dOut_i is written to row t_to_a[e] of d_ef (each edge by the one unit
 // holding it: no sums across units).
 template <class T, int VEC, int NV, int TILE, bool EF>
@@ -662,7 +668,7 @@ __device__ __forceinline__ void backward_col_pass(
     const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ d_out, u32 heads,
     u32 head_dim, float scale, u32 g, const float2* __restrict__ stats, T* __restrict__ dk,
     T* __restrict__ dv, float* part_acc, u32* counters, const u32* __restrict__ t_to_a,
-    const T* __restrict__ ef, T* __restrict__ d_ef) {
+    T* __restrict__ d_ef, const float2* __restrict__ edge_sd) {
     const u32 mask = group_mask(g), lane = lane_id() & (g - 1u);
     const u64 hd = (u64)heads * head_dim;
     const u64 group = grid_group(g), groups = grid_groups(g);
@@ -675,15 +681,16 @@ __device__ __forceinline__ void backward_col_pass(
         bool on[NV];
         u32 feat[NV];
         head_lanes<VEC, NV>(lane, g, head_dim, on, feat);
-        float kv[NV][VEC], vv[NV][VEC], adk[NV][VEC], adv[NV][VEC];
-        load_head<T, VEC, NV>(k + col * hd + head_off, on, feat, kv);
-        load_head<T, VEC, NV>(v + col * hd + head_off, on, feat, vv);
+        float kv[EF ? 1 : NV][VEC], vv[EF ? 1 : NV][VEC], adk[NV][VEC], adv[NV][VEC];
+        if constexpr (!EF) {
+            load_head<T, VEC, NV>(k + col * hd + head_off, on, feat, kv);
+            load_head<T, VEC, NV>(v + col * hd + head_off, on, feat, vv);
+        }
         zero_lanes<VEC, NV>(adk);
         zero_lanes<VEC, NV>(adv);
         for (u32 e = start; e < end; e += TILE) {
             float qq[TILE][NV][VEC], oo[TILE][NV][VEC];
-            float ee[EF ? TILE : 1][NV][VEC];
-            float2 st[TILE];
+            float2 st[TILE], sd[EF ? TILE : 1];
             u32 id[TILE];
 #pragma unroll
             for (int t = 0; t < TILE; ++t) {
@@ -694,23 +701,15 @@ __device__ __forceinline__ void backward_col_pass(
                 st[t] = __ldg(stats + (u64)i * heads + h);
                 if constexpr (EF) {
                     id[t] = __ldg(t_to_a + pos);
-                    load_head<T, VEC, NV>(ef + (u64)id[t] * hd + head_off, on, feat, ee[t]);
+                    sd[t] = __ldg(edge_sd + (u64)id[t] * heads + h);
                 }
             }
 #pragma unroll
             for (int t = 0; t < TILE; ++t) {
                 float r, dp;
                 if constexpr (EF) {
-                    float kx[NV][VEC], vx[NV][VEC];
-#pragma unroll
-                    for (int j = 0; j < NV; ++j)
-#pragma unroll
-                        for (int x = 0; x < VEC; ++x) {
-                            kx[j][x] = kv[j][x] + ee[t][j][x];
-                            vx[j][x] = vv[j][x] + ee[t][j][x];
-                        }
-                    r = group_sum(dot_lanes<VEC, NV>(qq[t], kx), mask, g);
-                    dp = group_sum(dot_lanes<VEC, NV>(oo[t], vx), mask, g);
+                    r = sd[t].x;
+                    dp = sd[t].y;
                 } else {
                     r = group_sum(dot_lanes<VEC, NV>(qq[t], kv), mask, g);
                     dp = group_sum(dot_lanes<VEC, NV>(oo[t], vv), mask, g);
@@ -760,29 +759,31 @@ __device__ __forceinline__ void backward_col_pass(
         const u32 *part_first, u32 n_units
 #define SPATTN_BWD_UNITS {unit_rows, unit_starts, unit_slots, unit_parts, part_first, n_units}
 
-// Every pass takes the edge-feature arguments (ef; t_to_a, ef, d_ef), read by the EF kernels
-// (`_ef` in the name) only, null for the others.
+// Every pass takes the edge-feature arguments (ef, edge_sd; t_to_a, d_ef, edge_sd), read by
+// the EF kernels (`_ef` in the name) only, null for the others.
 #define SPATTN_BACKWARD_FUSED_K(NAME_R, NAME_C, T, VEC, NV, TILE, MINB, EF)                    \
     extern "C" __global__ void __launch_bounds__(256, MINB) NAME_R(                            \
         SPATTN_BWD_UNITS_ARGS, const u32* col_indices, const T* q, const T* k, const T* v,     \
         const T* d_out, u32 heads, u32 head_dim, float scale, u32 g, T* dq, float2* stats,     \
         float* part_stats, float* part_acc, u32* counters, u32 n_split, float* split_dscale,   \
-        float* block_dscale, u32* block_counter, double* d_scale, const T* ef) {               \
+        float* block_dscale, u32* block_counter, double* d_scale, const T* ef,                 \
+        float2* edge_sd) {                                                                     \
         const Units un = SPATTN_BWD_UNITS;                                                     \
         backward_row_pass<T, VEC, NV, TILE, EF>(un, col_indices, q, k, v, d_out, heads,        \
                                                 head_dim, scale, g, dq, stats, part_stats,     \
                                                 part_acc, counters, n_split, split_dscale,     \
-                                                block_dscale, block_counter, d_scale, ef);     \
+                                                block_dscale, block_counter, d_scale, ef,      \
+                                                edge_sd);                                      \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(256, MINB) NAME_C(                            \
         SPATTN_BWD_UNITS_ARGS, const u32* row_indices, const T* q, const T* k, const T* v,     \
         const T* d_out, u32 heads, u32 head_dim, float scale, u32 g, const float2* stats,      \
-        T* dk, T* dv, float* part_acc, u32* counters, const u32* t_to_a, const T* ef,          \
-        T* d_ef) {                                                                             \
+        T* dk, T* dv, float* part_acc, u32* counters, const u32* t_to_a, T* d_ef,              \
+        const float2* edge_sd) {                                                               \
         const Units un = SPATTN_BWD_UNITS;                                                     \
         backward_col_pass<T, VEC, NV, TILE, EF>(un, row_indices, q, k, v, d_out, heads,        \
                                                 head_dim, scale, g, stats, dk, dv, part_acc,   \
-                                                counters, t_to_a, ef, d_ef);                   \
+                                                counters, t_to_a, d_ef, edge_sd);              \
     }
 // Edges per step and the blocks per SM asked of the register allocator, by features a lane
 // (docs/kernels/backward.md, "Tried"): 4 or fewer take one edge a step at 6 blocks (42

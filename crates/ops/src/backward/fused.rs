@@ -22,8 +22,10 @@
 //!
 //! **No host synchronization**: ∂scale stays on the device ([`FusedBackward::d_scale`]).
 //!
-//! **Edge features** ([`FusedBackward::run_with_edge_features`]): the same two passes with each
-//! edge's feature row added to its key and value, the column pass writing ∂L/∂E per edge.
+//! **Edge features** ([`FusedBackward::run_with_edge_features`]): the row pass adds each edge's
+//! feature row to its key and value and leaves the edge's raw score and dP (two f32 per edge and
+//! head, `nnz × heads` pairs: an eighth of the features' bytes at 64 f16 features); the column
+//! pass reads those instead of the feature row and writes ∂L/∂E per edge.
 //!
 //! Shapes ([`FusedBackward::supports`]): a group of up to 32 lanes holds a head, one vector of
 //! up to 16 bytes a lane, or up to 16 features a lane in 16-byte vectors: head_dim up to 512 in
@@ -136,6 +138,9 @@ pub struct FusedBackward {
     block_dscale: DeviceVec<f32>,
     block_counter: DeviceVec<u32>,
     d_scale: DeviceVec<f64>,
+    /// With edge features: each edge's raw score and dP per head (`nnz × heads × 2`), left by
+    /// the row pass for the column pass; made by the first run with features.
+    edge_sd: Option<DeviceVec<f32>>,
 }
 
 impl FusedBackward {
@@ -178,6 +183,7 @@ impl FusedBackward {
             block_dscale: zeros("block dscale", &[blocks])?,
             block_counter: DeviceVec::zeros(gpu, 1)?,
             d_scale: DeviceVec::zeros(gpu, 1)?,
+            edge_sd: None,
         })
     }
 
@@ -208,6 +214,7 @@ impl FusedBackward {
             + self.col_counters.allocated_bytes()
             + self.block_counter.allocated_bytes()
             + self.d_scale.allocated_bytes()
+            + self.edge_sd.as_ref().map_or(0, DeviceVec::allocated_bytes)
     }
 
     /// The gradients of `out = softmax_row(scale · Q Kᵀ masked by A) · V`: from `[Q, K, V,
@@ -237,11 +244,13 @@ impl FusedBackward {
     /// [`run`](Self::run) with edge features: `edge_features` (`nnz × heads × head_dim`, row `e`
     /// for A's edge `e` in CSR order) added to each edge's key and value, `k_j + e_ij` and
     /// `v_j + e_ij`; writes ∂L/∂E into every row of `d_edge_features` (same shape) beside dQ, dK,
-    /// dV and ∂L/∂scale. The same two passes, each reading the edge's feature row; still
-    /// deterministic (each edge's ∂L/∂E is written by the one unit of Aᵀ that holds it).
+    /// dV and ∂L/∂scale. The row pass reads each edge's feature row and leaves its score and dP
+    /// for the column pass (the workspace grows by `nnz × heads × 2` f32 on the first call with
+    /// features); still deterministic (each edge's ∂L/∂E is written by the one unit of Aᵀ that
+    /// holds it).
     ///
-    /// Errors: as [`run`](Self::run), and [`Error::ShapeMismatch`] for the edge features or
-    /// their gradient.
+    /// Errors: as [`run`](Self::run), [`Error::ShapeMismatch`] for the edge features or their
+    /// gradient, and [`Error::OutOfMemory`] for the pairs.
     #[allow(clippy::too_many_arguments)]
     pub fn run_with_edge_features<T: DType>(
         &mut self,
@@ -323,12 +332,19 @@ impl FusedBackward {
             }
             None => (None, None),
         };
-        // Aᵀ's entries' edges of A (made once per transpose), for the edge features' rows.
+        // Aᵀ's entries' edges of A (made once per transpose), for the edge features' rows, and
+        // the edges' (score, dP) pairs from the row pass to the column pass.
         let t_to_a = if has_ef {
+            let len = product("edge scores", &[a.nnz(), self.heads, 2])?;
+            if self.edge_sd.as_ref().map(DeviceVec::len) != Some(len) {
+                self.edge_sd = None;
+                self.edge_sd = Some(DeviceVec::zeros(gpu, len)?);
+            }
             Some(t.inverse_map(gpu)?)
         } else {
             None
         };
+        let edge_sd = if has_ef { self.edge_sd.as_mut() } else { None };
         let (vec, g, nv) =
             layout(self.head_dim, std::mem::size_of::<T>()).ok_or(Error::InvalidArgument {
                 what: "head_dim",
@@ -372,7 +388,8 @@ impl FusedBackward {
             .arg(self.block_dscale.slice_mut())
             .arg(self.block_counter.slice_mut())
             .arg(self.d_scale.slice_mut())
-            .arg_or_null(ef.map(DeviceMatrix::as_vec));
+            .arg_or_null(ef.map(DeviceMatrix::as_vec))
+            .arg_or_null_mut(edge_sd);
         // SAFETY: the kernel reads A's schedule (n_units units, starts n_units + 1, slots and
         // partials per unit, first partials per split row + 1; built with the CSR) and
         // col_indices[starts[u]..starts[u+1]) ⊂ [0, nnz); Q and dOut rows < n_rows, K and V rows
@@ -384,7 +401,8 @@ impl FusedBackward {
         // 32-lane groups, the largest) and the two words block_counter, d_scale — all sized by
         // `new` for a graph of these sizes (`sized_for`, checked above). With edge features
         // (the `_ef` kernel only) it reads their row e < nnz for each edge e it walks
-        // (nnz × heads × head_dim, checked).
+        // (nnz × heads × head_dim, checked) and writes edge_sd at (e, head) < nnz*heads (x2
+        // floats, sized above).
         unsafe { launch(name, &mut args, cfg) }?;
 
         // Column pass over Aᵀ.
@@ -405,14 +423,15 @@ impl FusedBackward {
             .arg(self.col_part_acc.slice_mut())
             .arg(self.col_counters.slice_mut())
             .arg_or_null(t_to_a)
-            .arg_or_null(ef.map(DeviceMatrix::as_vec))
-            .arg_or_null_mut(d_ef.map(DeviceMatrix::as_vec_mut));
+            .arg_or_null_mut(d_ef.map(DeviceMatrix::as_vec_mut))
+            .arg_or_null(self.edge_sd.as_ref().filter(|_| has_ef));
         // SAFETY: as the row pass, on Aᵀ's schedule and columns: Aᵀ's entries are rows of A
         // (< n_rows: Q, dOut and stats rows), its units' rows are columns of A (< n_cols: K, V,
         // dK, dV rows); partials and counters sized by `new` from Aᵀ's schedule. With edge
         // features (the `_ef` kernel only) entry e's edge t_to_a[e] < nnz (the inverse of the
-        // edge map, a permutation of 0..nnz, nnz entries) selects the row read from the edge
-        // features and written in their gradient (both nnz × heads × head_dim, checked).
+        // edge map, a permutation of 0..nnz, nnz entries) selects the pair read from edge_sd
+        // (nnz × heads pairs, sized above and written by the row pass) and the row written in
+        // the features' gradient (nnz × heads × head_dim, checked).
         unsafe { launch(name, &mut args, cfg) }
     }
 }
