@@ -91,8 +91,9 @@ A compact table (both libraries' medians, anemoi/spattn ratios, errors) is print
       --dtype f16 bf16 f32 --edge-features on off --warmup 3 --repeat 20 --json anemoi.json
 
 Importing anemoi.models.triton.gt runs only anemoi/models/__init__.py (which reads its
-_version.py) besides torch and triton; --anemoi-path puts a folder (the unpacked wheel) or the
-.whl itself first on sys.path instead of installing it. --device cpu is a smoke test of this
+_version.py) besides torch and triton; --anemoi-path puts a folder (the unpacked wheel) first on
+sys.path instead of installing it, or unpacks a .whl into a temporary folder and puts that
+(`anemoi` is a namespace package, which Python's zip import does not find inside a .whl). --device cpu is a smoke test of this
 script (times mean nothing): spattn runs its CPU reference, and Anemoi's Triton kernels run
 only under TRITON_INTERPRET=1 (Triton's interpreter; the ops are then registered for the CPU
 with their own bodies), else its records say "unsupported".
@@ -101,7 +102,9 @@ import argparse
 import math
 import os
 import sys
+import tempfile
 import time
+import zipfile
 
 import torch
 
@@ -111,6 +114,18 @@ import torch_peers as tp  # noqa: E402
 IMPLS = ("anemoi", "spattn")
 MODES = ("fwd", "fwd_bwd")
 FIELDS = ("out", "dq", "dk", "dv", "de")
+
+
+def import_folder(path):
+    """The folder to put on sys.path for --anemoi-path: the folder itself, or a .whl unpacked
+    into a new temporary folder (zip import finds no namespace package such as `anemoi`)."""
+    path = os.path.abspath(path)
+    if os.path.isfile(path) and zipfile.is_zipfile(path):
+        folder = tempfile.mkdtemp(prefix="anemoi-wheel-")
+        with zipfile.ZipFile(path) as whl:
+            whl.extractall(folder)
+        return folder
+    return path
 
 
 def median(xs):
@@ -184,7 +199,7 @@ class Anemoi:
         self.error, self.version, self.triton = None, None, None
         self.csc_source = None
         if args.anemoi_path:
-            sys.path.insert(0, os.path.abspath(args.anemoi_path))
+            sys.path.insert(0, import_folder(args.anemoi_path))
         try:
             import triton
             self.triton = triton.__version__

@@ -125,3 +125,21 @@ def test_edge_order_mapping_when_spattn_orders_edges_otherwise(graph, inputs):
     out_p, grads_p = unpack(fwd_bwd())
     assert torch.equal(out_i, out_p)
     assert torch.equal(grads_p["de"], grads_i["de"][perm])
+
+
+def test_anemoi_path_unpacks_a_wheel_of_a_namespace_package(tmp_path, monkeypatch):
+    # `anemoi` has no __init__.py: from a .whl on sys.path, zip import would not find it.
+    whl = tmp_path / "nspkg_demo-1.0-py3-none-any.whl"
+    import zipfile
+
+    with zipfile.ZipFile(whl, "w") as z:
+        z.writestr("nsdemo_ns/inner/__init__.py", "VALUE = 42\n")
+    folder = apr.import_folder(str(whl))
+    assert folder != str(whl)
+    monkeypatch.syspath_prepend(folder)
+    import importlib
+
+    inner = importlib.import_module("nsdemo_ns.inner")
+    assert inner.VALUE == 42
+    # A folder is used as it is.
+    assert apr.import_folder(str(tmp_path)) == str(tmp_path)
