@@ -695,8 +695,9 @@ fn choose(
     // Extras without edge features take Auto's plain choice: every algorithm's kernel runs a
     // bias and dropout.
     if config.edge_extras && config.edge_features && config.algorithm == Algorithm::Auto {
-        // fused-csr runs every extra in its one kernel (edge features too, which fused-tc
-        // refuses); it beat unfused-csr's composition on every graph measured with them.
+        // fused-csr runs every extra in its one kernel; with edge features it beat unfused-csr
+        // everywhere measured and tied or beat fused-tc's `_xf` kernels forward + backward
+        // (docs/kernels/edge-extras.md).
         return Ok(match fused_csr_ok {
             Ok(_) => (
                 Algorithm::FusedCsr,
