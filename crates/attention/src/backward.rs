@@ -55,7 +55,8 @@ pub enum BackwardKernels {
     /// way.
     #[default]
     Auto,
-    /// A row pass and a column pass on CUDA cores, no per-edge buffers, bitwise deterministic
+    /// A row pass and a column pass on CUDA cores, no per-edge buffers (with edge features, one
+    /// score pair per edge and head), bitwise deterministic
     /// (heads its lanes do not hold run [`PerEdge`](Self::PerEdge)).
     Fused,
     /// Two SDDMMs, one fused per-edge row kernel and three SpMMs over `nnz × heads` buffers;

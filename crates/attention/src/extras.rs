@@ -308,7 +308,8 @@ impl AttentionPlan {
     /// [`BackwardKernels::Fused`] for edge
     /// features alone where the fused CUDA-core backward holds the head, else
     /// [`BackwardKernels::Unfused`] (the per-edge composition). The first two are bitwise
-    /// deterministic and keep no per-edge buffers. A CPU plan answers `Unfused`.
+    /// deterministic and keep no per-edge feature-sized buffers (the fused one keeps a score
+    /// pair per edge and head with edge features). A CPU plan answers `Unfused`.
     pub fn backward_kernels_with_extras<T: DType>(
         &self,
         extras: &Extras<'_, T>,

@@ -378,7 +378,7 @@ __device__ __forceinline__ void gatv2_edge_grad(
 }
 
 // ---- fused backward: one row pass over A, one column pass over A^T ---------------------------
-// The FlashAttention-2 pattern on sparse rows, without any nnz x heads buffer. With
+// The FlashAttention-2 pattern on sparse rows, without any nnz x heads buffer (but EF's pairs). With
 // s = scale * r, r = <q_i, k_j>, dP = <dOut_i, v_j>, P the row softmax of s, D_i = sum_j P dP and
 // dS = P (dP - D_i):
 //   row pass (a group of g lanes per (unit of A, head)): an online softmax over the unit's edges
@@ -388,7 +388,8 @@ __device__ __forceinline__ void gatv2_edge_grad(
 //     and the row statistics (m + log l, D) the column pass reads;
 //   column pass (a group per (unit of A^T, head), i.e. the edges into column j):
 //     P = exp(s - lse_i), dS = P (dP - D_i), dV_j = sum P dOut_i, dK_j = scale sum dS q_i.
-// Both passes gather two feature rows per edge (k, v; then q, dOut) and recompute the scores.
+// Both passes gather two feature rows per edge (k, v; then q, dOut); the column pass recomputes
+// the scores, or with edge features reads the row pass's (r, dP) pairs.
 // Determinism: no floating-point atomics. A unit of a split row leaves its partial in its slot;
 // the last unit of the row to finish (an integer counter per (split row, head)) merges all of the
 // row's partials in slot order, so the result does not depend on which unit merges, and resets
@@ -759,8 +760,9 @@ __device__ __forceinline__ void backward_col_pass(
         const u32 *part_first, u32 n_units
 #define SPATTN_BWD_UNITS {unit_rows, unit_starts, unit_slots, unit_parts, part_first, n_units}
 
-// Every pass takes the edge-feature arguments (ef, edge_sd; t_to_a, d_ef, edge_sd), read by
-// the EF kernels (`_ef` in the name) only, null for the others.
+// Every pass takes the edge-feature arguments (ef, edge_sd; t_to_a, d_ef, edge_sd), used by
+// the EF kernels (`_ef` in the name) only (the row pass writes edge_sd, the column pass reads
+// it), null for the others.
 #define SPATTN_BACKWARD_FUSED_K(NAME_R, NAME_C, T, VEC, NV, TILE, MINB, EF)                    \
     extern "C" __global__ void __launch_bounds__(256, MINB) NAME_R(                            \
         SPATTN_BWD_UNITS_ARGS, const u32* col_indices, const T* q, const T* k, const T* v,     \
@@ -790,7 +792,8 @@ __device__ __forceinline__ void backward_col_pass(
 // registers), 8 two edges at 4 blocks (64), 16 two edges at 3 blocks (85).
 #define SPATTN_BWD_TILE_OF(F) ((F) <= 4 ? 1 : 2)
 #define SPATTN_BWD_MINB_OF(F) ((F) <= 4 ? 6 : (F) <= 8 ? 4 : 3)
-// With edge features a lane holds each edge's feature vector too: one block a SM fewer.
+// With edge features a lane of the row pass holds each edge's feature vector too: one block a
+// SM fewer (the column pass, with no feature or K/V row, shares the bound; not timed apart).
 #define SPATTN_BWD_MINB_EF_OF(F) (SPATTN_BWD_MINB_OF(F) - 1)
 #define SPATTN_BACKWARD_FUSED(SUFFIX, T, VEC, NV)                                              \
     SPATTN_BACKWARD_FUSED_K(attention_backward_rows_##SUFFIX##_v##VEC##_n##NV,                 \

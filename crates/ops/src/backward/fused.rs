@@ -1,5 +1,5 @@
 //! The fused backward of sparse attention: every gradient in two kernels, without per-edge
-//! buffers and without floating-point atomics (kernels: `attention_backward_rows_*` and
+//! buffers (but the edge features' score pairs, below) and without floating-point atomics (kernels: `attention_backward_rows_*` and
 //! `attention_backward_cols_*` in `crates/kernels-sys/cuda/backward.cu`).
 //!
 //! With `s = scale · ⟨q_i, k_j⟩`, `P` the row softmax of `s`, `dP = ⟨dOut_i, v_j⟩`,
@@ -13,7 +13,7 @@
 //! The row pass needs nothing from the forward (it recomputes the row statistics it hands to the
 //! column pass), so every forward algorithm feeds it. Device memory beyond the graph:
 //! `n × heads` row statistics and the partials of split rows and columns, O(n · heads ·
-//! head_dim) at most.
+//! head_dim) at most; with edge features also `nnz × heads` (score, dP) pairs.
 //!
 //! **Deterministic**: a hub row (or column) split into units leaves one partial per unit; the
 //! last unit to finish merges them in the schedule's order (an integer counter decides who is
@@ -24,7 +24,7 @@
 //!
 //! **Edge features** ([`FusedBackward::run_with_edge_features`]): the row pass adds each edge's
 //! feature row to its key and value and leaves the edge's raw score and dP (two f32 per edge and
-//! head, `nnz × heads` pairs: an eighth of the features' bytes at 64 f16 features); the column
+//! head, `nnz × heads` pairs: a sixteenth of the features' bytes at 64 f16 features); the column
 //! pass reads those instead of the feature row and writes ∂L/∂E per edge.
 //!
 //! Shapes ([`FusedBackward::supports`]): a group of up to 32 lanes holds a head, one vector of

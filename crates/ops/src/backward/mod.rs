@@ -13,7 +13,7 @@
 //! | `dK = scale · dSᵀ · Q`, `dV = Pᵀ · dOut` | SpMM on Aᵀ | [`transpose_edge_values`], `spmm` on [`DeviceTranspose::csr`] |
 //! | `dscale = Σ dS ⊙ ⟨q, k⟩` | a dot product of edge values, in a fixed order | [`edge_dot`] into a [`DeviceSum`] |
 //! | all of dS, Pᵀ, dSᵀ, dscale at once | one fused row kernel | [`attention_edge_backward`] |
-//! | every gradient, no per-edge buffer, deterministic | a row pass and a column pass | [`FusedBackward`] |
+//! | every gradient, no per-edge buffer (with edge features: a score pair per edge and head), deterministic | a row pass and a column pass | [`FusedBackward`] |
 //!
 //! and, for layers with other score functions: [`edge_leaky_relu_backward`] (GAT),
 //! [`edge_row_sum`] (GAT's ∂a_dst, and ∂a_src as a row sum on Aᵀ), [`row_dot`]
