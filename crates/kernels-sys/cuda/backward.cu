@@ -378,9 +378,9 @@ __device__ __forceinline__ void gatv2_edge_grad(
 }
 
 // ---- fused backward: one row pass over A, one column pass over A^T ---------------------------
-// The FlashAttention-2 pattern on sparse rows, without any nnz x heads buffer (but EF's pairs). With
-// s = scale * r, r = <q_i, k_j>, dP = <dOut_i, v_j>, P the row softmax of s, D_i = sum_j P dP and
-// dS = P (dP - D_i):
+// The FlashAttention-2 pattern on sparse rows, without any nnz x heads buffer (but EF's
+// pairs). With s = scale * r, r = <q_i, k_j>, dP = <dOut_i, v_j>, P the row softmax of s,
+// D_i = sum_j P dP and dS = P (dP - D_i):
 //   row pass (a group of g lanes per (unit of A, head)): an online softmax over the unit's edges
 //     that also carries w = sum x dP, a1 = sum x dP r, a2 = sum x r and, per feature,
 //     ak = sum x k_j and adk = sum x dP k_j (x = exp(s - m), all rescaled with m). At the row's

@@ -58,7 +58,7 @@
 
 use spattn_kernels_sys::BACKWARD;
 
-use crate::buffer::{DeviceMatrix, DeviceVec};
+use crate::buffer::{grown, DeviceMatrix, DeviceVec};
 use crate::device_csr::DeviceCsr;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -138,8 +138,8 @@ pub struct FusedBackward {
     block_dscale: DeviceVec<f32>,
     block_counter: DeviceVec<u32>,
     d_scale: DeviceVec<f64>,
-    /// With edge features: each edge's raw score and dP per head (`nnz × heads × 2`), left by
-    /// the row pass for the column pass; made by the first run with features.
+    /// With edge features: each edge's raw score and dP per head (at least `nnz × heads × 2`),
+    /// left by the row pass for the column pass; grown by the runs with features.
     edge_sd: Option<DeviceVec<f32>>,
 }
 
@@ -334,17 +334,13 @@ impl FusedBackward {
         };
         // Aᵀ's entries' edges of A (made once per transpose), for the edge features' rows, and
         // the edges' (score, dP) pairs from the row pass to the column pass.
-        let t_to_a = if has_ef {
+        let (t_to_a, edge_sd) = if has_ef {
             let len = product("edge scores", &[a.nnz(), self.heads, 2])?;
-            if self.edge_sd.as_ref().map(DeviceVec::len) != Some(len) {
-                self.edge_sd = None;
-                self.edge_sd = Some(DeviceVec::zeros(gpu, len)?);
-            }
-            Some(t.inverse_map(gpu)?)
+            let sd = grown(gpu, &mut self.edge_sd, "edge scores", len)?;
+            (Some(t.inverse_map(gpu)?), Some(sd))
         } else {
-            None
+            (None, None)
         };
-        let edge_sd = if has_ef { self.edge_sd.as_mut() } else { None };
         let (vec, g, nv) =
             layout(self.head_dim, std::mem::size_of::<T>()).ok_or(Error::InvalidArgument {
                 what: "head_dim",
@@ -402,7 +398,7 @@ impl FusedBackward {
         // `new` for a graph of these sizes (`sized_for`, checked above). With edge features
         // (the `_ef` kernel only) it reads their row e < nnz for each edge e it walks
         // (nnz × heads × head_dim, checked) and writes edge_sd at (e, head) < nnz*heads (x2
-        // floats, sized above).
+        // floats; grown to at least that above).
         unsafe { launch(name, &mut args, cfg) }?;
 
         // Column pass over Aᵀ.
@@ -430,8 +426,8 @@ impl FusedBackward {
         // dK, dV rows); partials and counters sized by `new` from Aᵀ's schedule. With edge
         // features (the `_ef` kernel only) entry e's edge t_to_a[e] < nnz (the inverse of the
         // edge map, a permutation of 0..nnz, nnz entries) selects the pair read from edge_sd
-        // (nnz × heads pairs, sized above and written by the row pass) and the row written in
-        // the features' gradient (nnz × heads × head_dim, checked).
+        // (at least nnz × heads pairs, grown above and written by the row pass) and the row
+        // written in the features' gradient (nnz × heads × head_dim, checked).
         unsafe { launch(name, &mut args, cfg) }
     }
 }
