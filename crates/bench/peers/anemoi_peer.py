@@ -93,8 +93,8 @@ A compact table (both libraries' medians, anemoi/spattn ratios, errors) is print
 Importing anemoi.models.triton.gt runs only anemoi/models/__init__.py (which reads its
 _version.py) besides torch and triton; --anemoi-path puts a folder (the unpacked wheel) first on
 sys.path instead of installing it, or unpacks a .whl into a temporary folder and puts that
-(`anemoi` is a namespace package, which Python's zip import does not find inside a .whl). --device cpu is a smoke test of this
-script (times mean nothing): spattn runs its CPU reference, and Anemoi's Triton kernels run
+(`anemoi` is a namespace package, which Python's zip import does not find inside a .whl).
+--device cpu is a smoke test of this script (times mean nothing): spattn runs its CPU reference, and Anemoi's Triton kernels run
 only under TRITON_INTERPRET=1 (Triton's interpreter; the ops are then registered for the CPU
 with their own bodies), else its records say "unsupported".
 """

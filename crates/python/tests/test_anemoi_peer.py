@@ -7,9 +7,11 @@ GPU; the GPU run checks them (docs/results/anemoi.md)."""
 from __future__ import annotations
 
 import gzip
+import importlib
 import math
 import sys
 import types
+import zipfile
 
 import numpy as np
 import pytest
@@ -130,15 +132,11 @@ def test_edge_order_mapping_when_spattn_orders_edges_otherwise(graph, inputs):
 def test_anemoi_path_unpacks_a_wheel_of_a_namespace_package(tmp_path, monkeypatch):
     # `anemoi` has no __init__.py: from a .whl on sys.path, zip import would not find it.
     whl = tmp_path / "nspkg_demo-1.0-py3-none-any.whl"
-    import zipfile
-
     with zipfile.ZipFile(whl, "w") as z:
         z.writestr("nsdemo_ns/inner/__init__.py", "VALUE = 42\n")
     folder = apr.import_folder(str(whl))
     assert folder != str(whl)
     monkeypatch.syspath_prepend(folder)
-    import importlib
-
     inner = importlib.import_module("nsdemo_ns.inner")
     assert inner.VALUE == 42
     # A folder is used as it is.
