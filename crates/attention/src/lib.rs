@@ -100,10 +100,12 @@ pub use spattn_formats as formats;
 /// graphs built from edge lists on the device ([`device_plan`](ops::device_plan)), views of
 /// foreign device memory ([`ExternalVec`](ops::ExternalVec),
 /// [`ExternalMatrix`](ops::ExternalMatrix), [`StreamBridge`](ops::StreamBridge)), NCCL
-/// ([`nccl`](ops::nccl)) and the ops' own [`Error`](ops::Error) (what [`Error::Ops`] holds).
-/// The rest of `spattn-ops` (the tensor-core ops, the fused kernels, cuBLAS, the elementwise
-/// kernels, the tuner) is reached through the plans and layers.
+/// ([`nccl`](ops::nccl)), the layers' small kernels ([`elementwise`](ops::elementwise): GAT's
+/// score terms for layers built elsewhere, as the Python package's) and the ops' own
+/// [`Error`](ops::Error) (what [`Error::Ops`] holds). The rest of `spattn-ops` (the
+/// tensor-core ops, the fused kernels, cuBLAS, the tuner) is reached through the plans and
+/// layers.
 pub mod ops {
-    pub use spattn_ops::{backward, cpu, csr_ops, device_plan, edge_extras, nccl};
+    pub use spattn_ops::{backward, cpu, csr_ops, device_plan, edge_extras, elementwise, nccl};
     pub use spattn_ops::{DeviceCsr, Error, ExternalMatrix, ExternalVec, Result, StreamBridge};
 }

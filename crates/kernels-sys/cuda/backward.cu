@@ -398,6 +398,25 @@ __device__ __forceinline__ void gatv2_edge_grad(
 
 #define SPATTN_ROW_PARTIAL 5  // m, l, w, a1, a2
 
+// A split row's unit's scalars (m, l, w, a1, a2) into its partial's slot `ps`.
+__device__ __forceinline__ void store_row_partial(float* ps, float m, float l, float w, float a1,
+                                                  float a2) {
+    ps[0] = m;
+    ps[1] = l;
+    ps[2] = w;
+    ps[3] = a1;
+    ps[4] = a2;
+}
+
+// Merges the partial at `ps` into (m, l, w, a1, a2); c1, c2 rescale the caller's vectors.
+__device__ __forceinline__ void merge_row_partial(const float* ps, float& m, float& l, float& w,
+                                                  float& a1, float& a2, float& c1, float& c2) {
+    online_merge(m, l, __ldcg(ps), __ldcg(ps + 1), c1, c2);
+    w = w * c1 + __ldcg(ps + 2) * c2;
+    a1 = a1 * c1 + __ldcg(ps + 3) * c2;
+    a2 = a2 * c1 + __ldcg(ps + 4) * c2;
+}
+
 // The lane's vectors of a head: vector j starts at feature feat[j], held where on[j].
 template <int VEC, int NV>
 __device__ __forceinline__ void head_lanes(u32 lane, u32 g, u32 head_dim, bool (&on)[NV],
@@ -593,14 +612,7 @@ __device__ __forceinline__ void backward_row_pass(
         u32 split = SPATTN_NONE;
         if (part != SPATTN_NONE) {
             const u64 slot = (u64)part * heads + h;
-            if (lane == 0u) {
-                float* ps = part_stats + slot * SPATTN_ROW_PARTIAL;
-                ps[0] = m;
-                ps[1] = l;
-                ps[2] = w;
-                ps[3] = a1;
-                ps[4] = a2;
-            }
+            if (lane == 0u) store_row_partial(part_stats + slot * SPATTN_ROW_PARTIAL, m, l, w, a1, a2);
             store_part<VEC, NV>(part_acc, slot, head_dim, on, feat, ak, adk);
             const u32 s = un.slots[u], p0 = un.part_first[s], p1 = un.part_first[s + 1];
             u32* counter = counters + (u64)s * heads + h;
@@ -611,12 +623,8 @@ __device__ __forceinline__ void backward_row_pass(
             zero_lanes<VEC, NV>(adk);
             for (u32 p = p0; p < p1; ++p) {
                 const u64 sl = (u64)p * heads + h;
-                const float* ps = part_stats + sl * SPATTN_ROW_PARTIAL;
                 float c1, c2;
-                online_merge(m, l, __ldcg(ps), __ldcg(ps + 1), c1, c2);
-                w = w * c1 + __ldcg(ps + 2) * c2;
-                a1 = a1 * c1 + __ldcg(ps + 3) * c2;
-                a2 = a2 * c1 + __ldcg(ps + 4) * c2;
+                merge_row_partial(part_stats + sl * SPATTN_ROW_PARTIAL, m, l, w, a1, a2, c1, c2);
                 float pk[NV][VEC], pdk[NV][VEC];
                 load_part<VEC, NV>(part_acc, sl, head_dim, on, feat, pk, pdk);
                 axpby<VEC, NV>(ak, c1, pk, c2);
@@ -755,6 +763,198 @@ __device__ __forceinline__ void backward_col_pass(
     }
 }
 
+// ---- GAT's fused backward: the same two passes with additive scores ------------------------
+// s = a_dst[i] + a_src[j] (+ bias_e), z = LeakyReLU(s), P the row softmax of z; the forward
+// aggregated x with W = P f (f the dropout factor: 0 or 1 / (1 - rate); 1 without dropout).
+// With dW = <dOut_i, x_j>, dP = dW f, D_i = sum_j P dP and dS = P (dP - D_i) L' (L' = 1 at
+// s >= 0, the slope below):
+//   row pass (a group per (unit of A, head), dOut_i held, x_j gathered): an online softmax of z
+//     carrying w = sum e dP, a1 = sum e dP L', a2 = sum e L' (e = exp(z - m)); at the row's end
+//     D = w / l, d_dst_i = sum_j dS = (a1 - D a2) / l and the statistics (m + log l, D);
+//   column pass (a group per (unit of A^T, head), x_j held, dOut_i gathered): P from lse_i and
+//     dS from D_i, dW recomputed: dx_j = sum_i W dOut_i, d_src_j = sum_i dS, and each edge's dS
+//     (the bias's gradient) where asked, written by the one unit holding the edge.
+// One gather per edge and pass, no nnz x heads buffer (but the bias's gradient), no float
+// atomics: split rows and columns merge their units' partials as the attention's passes do.
+struct GatScores {
+    const float* a_dst;  // n_rows x heads
+    const float* a_src;  // n_cols x heads
+    const float* bias;   // null, or nnz x heads in A's CSR order
+    float slope;
+    Dropout drop;        // threshold 0: none
+};
+
+// The pre-activation score of A's edge e from row i to column j, head h.
+__device__ __forceinline__ float gat_score(const GatScores& sc, u32 i, u32 j, u64 e, u32 heads,
+                                           u32 h) {
+    float s = __ldg(sc.a_dst + (u64)i * heads + h) + __ldg(sc.a_src + (u64)j * heads + h);
+    if (sc.bias != nullptr) s += __ldg(sc.bias + e * heads + h);
+    return s;
+}
+
+template <class T, int VEC, int NV, int TILE>
+__device__ __forceinline__ void gat_backward_row_pass(
+    Units un, const u32* __restrict__ col_indices, const T* __restrict__ x,
+    const T* __restrict__ d_out, u32 heads, u32 head_dim, u32 g, GatScores sc,
+    float2* __restrict__ stats, float* __restrict__ d_dst, float* part_stats, u32* counters) {
+    const u32 mask = group_mask(g), lane = lane_id() & (g - 1u);
+    const u64 hd = (u64)heads * head_dim;
+    const u64 group = grid_group(g), groups = grid_groups(g);
+    const u64 total = (u64)un.n * heads;
+    for (u64 uh = group; uh < total; uh += groups) {
+        u32 h;
+        const u64 u = split_index(uh, heads, total, h);
+        const u32 row = un.rows[u], start = un.starts[u], end = un.starts[u + 1];
+        const u64 head_off = (u64)h * head_dim;
+        bool on[NV];
+        u32 feat[NV];
+        head_lanes<VEC, NV>(lane, g, head_dim, on, feat);
+        float dov[NV][VEC];
+        load_head<T, VEC, NV>(d_out + row * hd + head_off, on, feat, dov);
+        float m = SPATTN_NEG_INF, l = 0.0f, w = 0.0f, a1 = 0.0f, a2 = 0.0f;
+        for (u32 e = start; e < end; e += TILE) {
+            float xx[TILE][NV][VEC], s[TILE], f[TILE];
+#pragma unroll
+            for (int t = 0; t < TILE; ++t) {
+                // Past the unit's end, a lane reloads the tile's first edge and weighs it 0.
+                const u32 pos = e + t < end ? e + t : e;
+                const u32 c = __ldg(col_indices + pos);
+                load_head<T, VEC, NV>(x + c * hd + head_off, on, feat, xx[t]);
+                s[t] = gat_score(sc, row, c, pos, heads, h);
+                f[t] = dropout_factor(sc.drop, (u64)pos * heads + h);
+            }
+            float z[TILE], dp[TILE];
+            float mt = m;
+#pragma unroll
+            for (int t = 0; t < TILE; ++t) {
+                dp[t] = group_sum(dot_lanes<VEC, NV>(dov, xx[t]), mask, g) * f[t];
+                z[t] = leaky_relu(s[t], sc.slope);
+                if (e + t < end) mt = fmaxf(mt, z[t]);
+            }
+            const float c = online_rescale(m, mt);
+            m = mt;
+            l *= c;
+            w *= c;
+            a1 *= c;
+            a2 *= c;
+#pragma unroll
+            for (int t = 0; t < TILE; ++t) {
+                const float ex = e + t < end ? __expf(z[t] - m) : 0.0f;
+                const float lp = s[t] >= 0.0f ? 1.0f : sc.slope;
+                const float xd = ex * dp[t];
+                l += ex;
+                w += xd;
+                a1 = fmaf(xd, lp, a1);
+                a2 = fmaf(ex, lp, a2);
+            }
+        }
+        const u32 part = un.parts[u];
+        if (part != SPATTN_NONE) {
+            const u64 slot = (u64)part * heads + h;
+            if (lane == 0u) store_row_partial(part_stats + slot * SPATTN_ROW_PARTIAL, m, l, w, a1, a2);
+            const u32 s = un.slots[u], p0 = un.part_first[s], p1 = un.part_first[s + 1];
+            u32* counter = counters + (u64)s * heads + h;
+            if (!last_to_finish(counter, p1 - p0, mask, lane, g)) continue;
+            m = SPATTN_NEG_INF;
+            l = w = a1 = a2 = 0.0f;
+            for (u32 p = p0; p < p1; ++p) {
+                float c1, c2;
+                merge_row_partial(part_stats + ((u64)p * heads + h) * SPATTN_ROW_PARTIAL, m, l, w,
+                                  a1, a2, c1, c2);
+            }
+            if (lane == 0u) *counter = 0u;
+        }
+        // The row's end: a row without edges has l = 0 and gets zeros.
+        if (lane == 0u) {
+            const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+            const float d = w * inv;
+            d_dst[(u64)row * heads + h] = (a1 - d * a2) * inv;
+            stats[(u64)row * heads + h] = make_float2(l > 0.0f ? m + logf(l) : 0.0f, d);
+        }
+    }
+}
+
+// t_to_a: A's edge of each entry of A^T (null where neither a bias, dropout nor the bias's
+// gradient needs it: the edge then only indexes those). A split column's partial is head_dim
+// floats of dx and one of d_src, at (part, head) * (head_dim + 1).
+template <class T, int VEC, int NV, int TILE>
+__device__ __forceinline__ void gat_backward_col_pass(
+    Units un, const u32* __restrict__ row_indices, const u32* __restrict__ t_to_a,
+    const T* __restrict__ x, const T* __restrict__ d_out, u32 heads, u32 head_dim, u32 g,
+    GatScores sc, const float2* __restrict__ stats, T* __restrict__ dx, float* __restrict__ d_src,
+    float* __restrict__ d_bias, float* part_acc, u32* counters) {
+    const u32 mask = group_mask(g), lane = lane_id() & (g - 1u);
+    const u64 hd = (u64)heads * head_dim;
+    const u64 group = grid_group(g), groups = grid_groups(g);
+    const u64 total = (u64)un.n * heads;
+    for (u64 uh = group; uh < total; uh += groups) {
+        u32 h;
+        const u64 u = split_index(uh, heads, total, h);
+        const u32 col = un.rows[u], start = un.starts[u], end = un.starts[u + 1];
+        const u64 head_off = (u64)h * head_dim;
+        bool on[NV];
+        u32 feat[NV];
+        head_lanes<VEC, NV>(lane, g, head_dim, on, feat);
+        float xv[NV][VEC], acc[NV][VEC];
+        load_head<T, VEC, NV>(x + col * hd + head_off, on, feat, xv);
+        zero_lanes<VEC, NV>(acc);
+        float dsum = 0.0f;
+        for (u32 e = start; e < end; e += TILE) {
+            float oo[TILE][NV][VEC], s[TILE], f[TILE];
+            float2 st[TILE];
+            u32 id[TILE];
+#pragma unroll
+            for (int t = 0; t < TILE; ++t) {
+                const u32 pos = e + t < end ? e + t : e;
+                const u32 i = __ldg(row_indices + pos);
+                id[t] = t_to_a != nullptr ? __ldg(t_to_a + pos) : pos;
+                load_head<T, VEC, NV>(d_out + i * hd + head_off, on, feat, oo[t]);
+                st[t] = __ldg(stats + (u64)i * heads + h);
+                s[t] = gat_score(sc, i, col, id[t], heads, h);
+                f[t] = dropout_factor(sc.drop, (u64)id[t] * heads + h);
+            }
+#pragma unroll
+            for (int t = 0; t < TILE; ++t) {
+                const float dp = group_sum(dot_lanes<VEC, NV>(oo[t], xv), mask, g) * f[t];
+                const float z = leaky_relu(s[t], sc.slope);
+                const float p = e + t < end ? __expf(z - st[t].x) : 0.0f;
+                const float ds = p * (dp - st[t].y) * (s[t] >= 0.0f ? 1.0f : sc.slope);
+                axpby<VEC, NV>(acc, 1.0f, oo[t], p * f[t]);
+                dsum += ds;
+                if (d_bias != nullptr && lane == 0u && e + t < end)
+                    d_bias[(u64)id[t] * heads + h] = ds;
+            }
+        }
+        const u32 part = un.parts[u];
+        if (part != SPATTN_NONE) {
+            float* pa = part_acc + ((u64)part * heads + h) * (head_dim + 1u);
+#pragma unroll
+            for (int j = 0; j < NV; ++j)
+                if (on[j])
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) pa[feat[j] + i] = acc[j][i];
+            if (lane == 0u) pa[head_dim] = dsum;
+            const u32 s = un.slots[u], p0 = un.part_first[s], p1 = un.part_first[s + 1];
+            u32* counter = counters + (u64)s * heads + h;
+            if (!last_to_finish(counter, p1 - p0, mask, lane, g)) continue;
+            zero_lanes<VEC, NV>(acc);
+            dsum = 0.0f;
+            for (u32 p = p0; p < p1; ++p) {
+                const float* pp = part_acc + ((u64)p * heads + h) * (head_dim + 1u);
+#pragma unroll
+                for (int j = 0; j < NV; ++j)
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i)
+                        acc[j][i] += on[j] ? __ldcg(pp + feat[j] + i) : 0.0f;
+                dsum += __ldcg(pp + head_dim);
+            }
+            if (lane == 0u) *counter = 0u;
+        }
+        store_head<T, VEC, NV>(dx + col * hd + head_off, on, feat, acc, 1.0f);
+        if (lane == 0u) d_src[(u64)col * heads + h] = dsum;
+    }
+}
+
 #define SPATTN_BWD_UNITS_ARGS                                                                   \
     const u32 *unit_rows, const u32 *unit_starts, const u32 *unit_slots, const u32 *unit_parts, \
         const u32 *part_first, u32 n_units
@@ -795,13 +995,47 @@ __device__ __forceinline__ void backward_col_pass(
 // With edge features a lane of the row pass holds each edge's feature vector too: one block a
 // SM fewer (the column pass, with no feature or K/V row, shares the bound; not timed apart).
 #define SPATTN_BWD_MINB_EF_OF(F) (SPATTN_BWD_MINB_OF(F) - 1)
+// GAT's passes hold the dropout's generator beside two edges in flight: 3 blocks a SM (85
+// registers, no spills) up to 8 features a lane, 2 at 16 (the attention's bounds spill them).
+#define SPATTN_GAT_BWD_MINB_OF(F) ((F) <= 8 ? 3 : 2)
+// GAT's passes (`gat_backward_rows_*`, `gat_backward_cols_*`): the score terms a_dst, a_src,
+// the bias (or null), the slope and the dropout's words (threshold 0: none).
+#define SPATTN_GAT_BWD_SCORES_ARGS                                                              \
+    const float *a_dst, const float *a_src, const float *bias, float slope, u32 key0, u32 key1, \
+        u32 off0, u32 off1, u32 threshold, float drop_scale
+#define SPATTN_GAT_BWD_SCORES                                                                   \
+    {a_dst, a_src, bias, slope, {key0, key1, off0, off1, threshold, drop_scale}}
+#define SPATTN_GAT_BACKWARD_K(NAME_R, NAME_C, T, VEC, NV, TILE, MINB)                           \
+    extern "C" __global__ void __launch_bounds__(256, MINB) NAME_R(                             \
+        SPATTN_BWD_UNITS_ARGS, const u32* col_indices, const T* x, const T* d_out, u32 heads,   \
+        u32 head_dim, u32 g, SPATTN_GAT_BWD_SCORES_ARGS, float2* stats, float* d_dst,           \
+        float* part_stats, u32* counters) {                                                     \
+        const Units un = SPATTN_BWD_UNITS;                                                      \
+        const GatScores sc = SPATTN_GAT_BWD_SCORES;                                             \
+        gat_backward_row_pass<T, VEC, NV, TILE>(un, col_indices, x, d_out, heads, head_dim, g,  \
+                                                sc, stats, d_dst, part_stats, counters);        \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(256, MINB) NAME_C(                             \
+        SPATTN_BWD_UNITS_ARGS, const u32* row_indices, const u32* t_to_a, const T* x,           \
+        const T* d_out, u32 heads, u32 head_dim, u32 g, SPATTN_GAT_BWD_SCORES_ARGS,             \
+        const float2* stats, T* dx, float* d_src, float* d_bias, float* part_acc,               \
+        u32* counters) {                                                                        \
+        const Units un = SPATTN_BWD_UNITS;                                                      \
+        const GatScores sc = SPATTN_GAT_BWD_SCORES;                                             \
+        gat_backward_col_pass<T, VEC, NV, TILE>(un, row_indices, t_to_a, x, d_out, heads,       \
+                                                head_dim, g, sc, stats, dx, d_src, d_bias,      \
+                                                part_acc, counters);                            \
+    }
 #define SPATTN_BACKWARD_FUSED(SUFFIX, T, VEC, NV)                                              \
     SPATTN_BACKWARD_FUSED_K(attention_backward_rows_##SUFFIX##_v##VEC##_n##NV,                 \
                             attention_backward_cols_##SUFFIX##_v##VEC##_n##NV, T, VEC, NV,     \
                             SPATTN_BWD_TILE_OF(VEC * NV), SPATTN_BWD_MINB_OF(VEC * NV), false) \
     SPATTN_BACKWARD_FUSED_K(attention_backward_rows_ef_##SUFFIX##_v##VEC##_n##NV,              \
                             attention_backward_cols_ef_##SUFFIX##_v##VEC##_n##NV, T, VEC, NV,  \
-                            SPATTN_BWD_TILE_OF(VEC * NV), SPATTN_BWD_MINB_EF_OF(VEC * NV), true)
+                            SPATTN_BWD_TILE_OF(VEC * NV), SPATTN_BWD_MINB_EF_OF(VEC * NV), true) \
+    SPATTN_GAT_BACKWARD_K(gat_backward_rows_##SUFFIX##_v##VEC##_n##NV,                          \
+                          gat_backward_cols_##SUFFIX##_v##VEC##_n##NV, T, VEC, NV,              \
+                          SPATTN_BWD_TILE_OF(VEC * NV), SPATTN_GAT_BWD_MINB_OF(VEC * NV))
 
 // The layouts the host launches (ops/src/backward/fused.rs, `layout`): one vector a lane of any
 // width, or up to 16 features a lane in 16-byte vectors (head_dim up to 512 for f32 in multiples

@@ -69,9 +69,25 @@ __device__ void head_dot(const T* __restrict__ x, const T* __restrict__ att, u32
     }
 }
 
-// dx[i, h, d] += de[i, h] * att[h, d]: the gradient of head_dot with respect to x.
+// out[i, h] = <x[i, h, :], att[h, :]> in f32 with an f32 attention vector (the Python layers'
+// score terms): one thread per (row, head), the warp's 32 consecutive (row, head) rows read
+// together through L1, where head_dot's warp per (row, head) reads 2 bytes a lane at 32 f16.
 template <class T>
-__device__ void head_outer_add(const float* __restrict__ de, const T* __restrict__ att, u32 rows,
+__device__ void head_dot_f32(const T* __restrict__ x, const float* __restrict__ att, u32 rows,
+                             u32 heads, u32 dim, float* __restrict__ out) {
+    SPATTN_GRID_STRIDE(p, (u64)rows * heads) {
+        const T* xr = x + p * dim;
+        const float* a = att + (u64)(p % heads) * dim;
+        float acc = 0.0f;
+        for (u32 d = 0; d < dim; ++d) acc = fmaf(to_f32(xr[d]), __ldg(a + d), acc);
+        out[p] = acc;
+    }
+}
+
+// dx[i, h, d] += de[i, h] * att[h, d]: the gradient of head_dot (A = T) or head_dot_f32
+// (A = float) with respect to x.
+template <class T, class A>
+__device__ void head_outer_add(const float* __restrict__ de, const A* __restrict__ att, u32 rows,
                                u32 heads, u32 dim, T* dx) {
     SPATTN_GRID_STRIDE(i, (u64)rows * heads * dim) {
         const u64 p = i / dim;
@@ -245,7 +261,16 @@ __device__ void sgd(T* p, const float* __restrict__ g, u64 n, float lr, float wd
     }                                                                                           \
     extern "C" __global__ void head_outer_add_dense_##S(const float* de, const T* att, u32 rows,    \
                                                         u32 heads, u32 dim, T* dx) {            \
-        head_outer_add<T>(de, att, rows, heads, dim, dx);                                       \
+        head_outer_add<T, T>(de, att, rows, heads, dim, dx);                                    \
+    }                                                                                           \
+    extern "C" __global__ void head_dot_f32_dense_##S(const T* x, const float* att, u32 rows,   \
+                                                      u32 heads, u32 dim, float* out) {         \
+        head_dot_f32<T>(x, att, rows, heads, dim, out);                                         \
+    }                                                                                           \
+    extern "C" __global__ void head_outer_add_f32_dense_##S(const float* de, const float* att,  \
+                                                            u32 rows, u32 heads, u32 dim,       \
+                                                            T* dx) {                            \
+        head_outer_add<T, float>(de, att, rows, heads, dim, dx);                                \
     }                                                                                           \
     extern "C" __global__ void activation_dense_##S(int kind, const T* x, T* y, u64 n) {        \
         activation<T>(kind, x, y, n);                                                           \

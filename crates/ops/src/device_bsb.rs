@@ -379,7 +379,7 @@ impl BsbExtrasStage {
         let heads_u = to_u32("heads", heads)?;
         let ex = KernelExtras::new(extras, heads_u);
         // Threshold 0 keeps every edge: no bits to draw. Without edges the kernel reads none.
-        let dropout = ex.threshold != 0 && n > 0;
+        let dropout = ex.drop.threshold != 0 && n > 0;
         let bias_rows = match &extras.bias {
             Some(_) if n > 0 => ex.bias_heads,
             _ => 0,
@@ -471,7 +471,7 @@ impl BsbExtrasStage {
             keep: keep_out,
             n_edges,
             n_blocks,
-            drop_scale: ex.scale,
+            drop_scale: ex.drop.scale,
         })
     }
 }

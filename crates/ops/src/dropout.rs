@@ -131,6 +131,48 @@ impl Dropout {
     }
 }
 
+/// The words a kernel takes for an optional dropout (key, offset, threshold, scale), pushed
+/// last by the kernels that replay it; none is threshold 0, which keeps every edge and skips the
+/// generator.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DropoutWords {
+    pub(crate) key: [u32; 2],
+    pub(crate) offset: [u32; 2],
+    pub(crate) threshold: u32,
+    pub(crate) scale: f32,
+}
+
+impl DropoutWords {
+    pub(crate) fn of(dropout: Option<&Dropout>) -> Self {
+        match dropout {
+            Some(d) => Self {
+                key: d.key(),
+                offset: [d.offset() as u32, (d.offset() >> 32) as u32],
+                threshold: d.threshold(),
+                scale: d.scale(),
+            },
+            None => Self {
+                key: [0; 2],
+                offset: [0; 2],
+                threshold: 0,
+                scale: 1.0,
+            },
+        }
+    }
+
+    /// Pushes key, offset, threshold and scale (the kernels' `key0, key1, off0, off1,
+    /// threshold, drop_scale`).
+    pub(crate) fn push<'a>(&'a self, args: &mut cudarc::driver::LaunchArgs<'a>) {
+        use crate::launch::PushKernelArg;
+        args.arg(&self.key[0])
+            .arg(&self.key[1])
+            .arg(&self.offset[0])
+            .arg(&self.offset[1])
+            .arg(&self.threshold)
+            .arg(&self.scale);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -253,8 +253,24 @@ pub fn head_dot<T: DType>(
 ) -> Result<()> {
     let shapes = (x.shape(), out.shape());
     let op = ("head_dot", "out");
-    head_kernel(gpu, op, shapes, ("x", x), att, ("out", out), |s| {
+    head_kernel::<T, _, _, _>(gpu, op, shapes, ("x", x), att, ("out", out), |s| {
         warp_grid(s.rows * s.heads)
+    })
+}
+
+/// [`head_dot`] with an f32 attention vector and f32 scores, whatever `x`'s type: the Python
+/// layers' score terms (their attention vectors may be f32 beside f16 features, and the scores
+/// feed sums over every edge). `out` is `rows × heads × 1` f32, `att` holds `heads × dim` f32.
+pub fn head_dot_f32<T: DType>(
+    gpu: &Gpu,
+    x: &DeviceMatrix<T>,
+    att: &DeviceVec<f32>,
+    out: &mut DeviceMatrix<f32>,
+) -> Result<()> {
+    let shapes = (x.shape(), out.shape());
+    let op = ("head_dot_f32", "out");
+    head_kernel::<T, _, _, _>(gpu, op, shapes, ("x", x), att, ("out", out), |s| {
+        stride_grid(s.rows * s.heads)
     })
 }
 
@@ -269,7 +285,23 @@ pub fn head_outer_add<T: DType>(
     let shapes = (dx.shape(), de.shape());
     let de = ("score gradient", de);
     let op = ("head_outer_add", "score gradient");
-    head_kernel(gpu, op, shapes, de, att, ("dx", dx), |s| {
+    head_kernel::<T, _, _, _>(gpu, op, shapes, de, att, ("dx", dx), |s| {
+        stride_grid(s.len())
+    })
+}
+
+/// `dx[i, h, d] += de[i, h] · att[h, d]` with an f32 attention vector: the gradient of
+/// [`head_dot_f32`] with respect to `x`.
+pub fn head_outer_add_f32<T: DType>(
+    gpu: &Gpu,
+    de: &DeviceMatrix<f32>,
+    att: &DeviceVec<f32>,
+    dx: &mut DeviceMatrix<T>,
+) -> Result<()> {
+    let shapes = (dx.shape(), de.shape());
+    let de = ("score gradient", de);
+    let op = ("head_outer_add_f32", "score gradient");
+    head_kernel::<T, _, _, _>(gpu, op, shapes, de, att, ("dx", dx), |s| {
         stride_grid(s.len())
     })
 }
@@ -283,18 +315,19 @@ fn rows_heads_dim(s: Shape) -> Result<(u32, u32, u32)> {
     ))
 }
 
-/// [`head_dot`] or [`head_outer_add`] (`op`: the kernel and the name of its scores operand):
-/// features of shape `s` (`rows × heads × dim`), an attention vector `att` (`heads × dim`) and
-/// per-node scores of shape `scores` (`rows × heads × 1`); `input` is read, `output` written,
-/// each named. Checks the shapes, then that `input`, `att` and `output` are on `gpu`, and
-/// launches `op(input, att, rows, heads, dim, output)` on `cfg(s)`.
-fn head_kernel<T: DType, I: DType>(
+/// [`head_dot`], [`head_outer_add`] or their f32 twins (`op`: the kernel and the name of its
+/// scores operand; `T` the features' type, which names the kernel): features of shape `s`
+/// (`rows × heads × dim`), an attention vector `att` (`heads × dim`) and per-node scores of
+/// shape `scores` (`rows × heads × 1`); `input` is read, `output` written, each named. Checks
+/// the shapes, then that `input`, `att` and `output` are on `gpu`, and launches `op(input, att,
+/// rows, heads, dim, output)` on `cfg(s)`.
+fn head_kernel<T: DType, I: DType, A: DType, O: DType>(
     gpu: &Gpu,
     (op, scores_name): (&str, &'static str),
     (s, scores): (Shape, Shape),
     (input_name, input): (&'static str, &DeviceMatrix<I>),
-    att: &DeviceVec<T>,
-    (output_name, output): (&'static str, &mut DeviceMatrix<T>),
+    att: &DeviceVec<A>,
+    (output_name, output): (&'static str, &mut DeviceMatrix<O>),
     cfg: impl FnOnce(Shape) -> Result<LaunchConfig>,
 ) -> Result<()> {
     Shape::new(s.rows, s.heads, 1)?.expect_eq(scores_name, scores)?;
@@ -315,10 +348,11 @@ fn head_kernel<T: DType, I: DType>(
         .arg(&heads)
         .arg(&dim)
         .arg(output.slice_mut());
-    // SAFETY: head_dot reads x = input (rows·heads·dim, its shape s) and att (heads·dim,
-    // checked) and writes out = output[0..rows·heads) (shape checked); head_outer_add reads
-    // de = input (rows·heads, shape checked) and att, and reads and writes dx = output
-    // (rows·heads·dim, its shape s).
+    // SAFETY: head_dot(_f32) reads x = input (rows·heads·dim, its shape s) and att
+    // (heads·dim, checked) and writes out = output[0..rows·heads) (shape checked);
+    // head_outer_add(_f32) reads de = input (rows·heads, shape checked) and att, and reads and
+    // writes dx = output (rows·heads·dim, its shape s). Each kernel's pointer types are I, A
+    // and O as passed (the `_f32` kernels take f32 att and scores).
     unsafe { launch(name, &mut args, cfg(s)?) }
 }
 

@@ -62,6 +62,7 @@ impl Launched {
 #[test]
 fn backward_holds_exactly_the_launched_kernels() {
     use crate::backward::fused::{cols_pass_kernel, layout, rows_pass_kernel};
+    use crate::backward::gat::{gat_cols_kernel, gat_rows_kernel};
     use crate::backward::{gatv2_grad_kernel, long_row_sum_kernel, row_dot_kernel, row_sum_kernel};
     use crate::schedule::vector_width;
     let mut l = Launched::new(sys::BACKWARD);
@@ -92,6 +93,8 @@ fn backward_holds_exactly_the_launched_kernels() {
                     l.add(rows_pass_kernel(dt, vec, nv, ef));
                     l.add(cols_pass_kernel(dt, vec, nv, ef));
                 }
+                l.add(gat_rows_kernel(dt, vec, nv));
+                l.add(gat_cols_kernel(dt, vec, nv));
             }
         }
     }
@@ -212,6 +215,8 @@ fn layers_holds_exactly_the_launched_kernels() {
         "weighted_col_sum",
         "head_dot",
         "head_outer_add",
+        "head_dot_f32",
+        "head_outer_add_f32",
         "activation",
         "activation_backward",
         "row_normalize",

@@ -504,3 +504,220 @@ fn tensor_core_backward_refuses_another_graph_of_the_same_sizes() {
     let e = run(&gb, &mut d_bias).unwrap_err();
     assert!(format!("{e}").contains("another graph"), "{e}");
 }
+
+/// GAT's fused backward against the f64 CPU reference (on the inputs rounded to `T`): dx
+/// within `T`'s rounding, the score terms' and the bias's gradients (f32) within f32's of the
+/// terms they sum; over graphs with empty rows, a hub row (split rows) and a hub column (split
+/// columns), heads 1–8 and head_dim 1–130, with and without a bias and dropout. Two runs give
+/// the same bits; a head too wide and a bias without its gradient are refused.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gat_fused_backward_matches_the_f64_reference_and_reruns_bitwise() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("gat_fused_backward_matches_the_f64_reference_and_reruns_bitwise");
+    let mut graphs = small_graphs(&mut rng);
+    let hub = hub_graph(&mut rng, 5000, 3);
+    graphs.push(hub.transpose_with_map().0);
+    for (gi, a) in graphs.iter().enumerate() {
+        for (ci, (heads, head_dim)) in [(1, 1), (3, 20), (8, 32), (2, 64), (1, 130)]
+            .into_iter()
+            .enumerate()
+        {
+            let (bias, drop) = ((gi + ci) % 2 == 0, (gi + ci) % 3 == 0);
+            gat_fused_case::<f32>(&gpu, &mut rng, a, (heads, head_dim), (bias, drop));
+            gat_fused_case::<f16>(&gpu, &mut rng, a, (heads, head_dim), (bias, drop));
+            gat_fused_case::<bf16>(&gpu, &mut rng, a, (heads, head_dim), (bias, drop));
+        }
+    }
+}
+
+fn gat_fused_case<T: DType>(
+    gpu: &Gpu,
+    rng: &mut Pcg64,
+    a: &Csr,
+    (heads, head_dim): (usize, usize),
+    (with_bias, with_dropout): (bool, bool),
+) {
+    let (n, m, nnz) = (a.n_rows(), a.n_cols(), a.nnz());
+    let (sx, so) = (
+        Shape::new(m, heads, head_dim).unwrap(),
+        Shape::new(n, heads, head_dim).unwrap(),
+    );
+    let rounded = |v: Vec<f32>| -> (Vec<T>, Vec<f64>) {
+        let t: Vec<T> = v.iter().map(|&x| T::from_f32(x)).collect();
+        let w = t.iter().map(|x| x.to_f64()).collect();
+        (t, w)
+    };
+    let (x, x64) = rounded(f32s(rng, sx.len(), -1.0, 1.0));
+    let (d, d64) = rounded(f32s(rng, so.len(), -1.0, 1.0));
+    let (a_dst, a_src) = (
+        f32s(rng, n * heads, -2.0, 2.0),
+        f32s(rng, m * heads, -2.0, 2.0),
+    );
+    let bias = with_bias.then(|| f32s(rng, nnz * heads, -1.0, 1.0));
+    let dropout = with_dropout.then(|| spattn_ops::Dropout::new(0.3, rng.random(), 11).unwrap());
+    let slope = 0.2f32;
+    let bias64 = bias.as_deref().map(up);
+    let (s, p) = cpu::gat_scores(
+        a,
+        heads,
+        f64::from(slope),
+        (&up(&a_dst), &up(&a_src), bias64.as_deref()),
+    )
+    .unwrap();
+    let (at, from_a) = a.transpose_with_map();
+    let (mut dx64, mut dd64, mut ds64) = (
+        vec![0.0; sx.len()],
+        vec![0.0; n * heads],
+        vec![0.0; m * heads],
+    );
+    let db64 = cpu::gat_attention_backward(
+        a,
+        (&at, &from_a),
+        heads,
+        f64::from(slope),
+        dropout.as_ref(),
+        (&s, &p),
+        (&d64, &x64, sx),
+        (&mut dx64, &mut dd64, &mut ds64),
+    )
+    .unwrap();
+    let (a_dev, t) = (
+        DeviceCsr::upload(gpu, a).unwrap(),
+        DeviceTranspose::upload(gpu, a).unwrap(),
+    );
+    let per = |rows| Shape::new(rows, heads, 1).unwrap();
+    let xd = DeviceMatrix::from_host(gpu, sx, &x).unwrap();
+    let dd = DeviceMatrix::from_host(gpu, so, &d).unwrap();
+    let a_dst_d = DeviceMatrix::from_host(gpu, per(n), &a_dst).unwrap();
+    let a_src_d = DeviceMatrix::from_host(gpu, per(m), &a_src).unwrap();
+    let bias_d = bias.as_ref().map(|b| DeviceVec::from_host(gpu, b).unwrap());
+    let terms = backward::GatScoreTerms {
+        a_dst: &a_dst_d,
+        a_src: &a_src_d,
+        bias: bias_d.as_ref(),
+        slope,
+        dropout: dropout.as_ref(),
+    };
+    let run = || {
+        let mut dx = DeviceMatrix::<T>::zeros(gpu, sx).unwrap();
+        dx.fill_nan().unwrap();
+        let mut d_dst = DeviceMatrix::<f32>::zeros(gpu, per(n)).unwrap();
+        d_dst.fill_nan().unwrap();
+        let mut d_src = DeviceMatrix::<f32>::zeros(gpu, per(m)).unwrap();
+        d_src.fill_nan().unwrap();
+        let mut d_bias = with_bias.then(|| nan_vec(gpu, nnz * heads));
+        let grads = backward::GatGrads {
+            dx: &mut dx,
+            d_dst: &mut d_dst,
+            d_src: &mut d_src,
+            d_bias: d_bias.as_mut(),
+        };
+        backward::gat_fused_backward(gpu, (&a_dev, &t), terms, (&xd, &dd), grads).map(|()| {
+            (
+                dx.to_host().unwrap(),
+                d_dst.to_host().unwrap(),
+                d_src.to_host().unwrap(),
+                d_bias.map(|b| b.to_host().unwrap()),
+            )
+        })
+    };
+    if !backward::FusedBackward::supports::<T>(head_dim) {
+        let e = run().unwrap_err();
+        assert!(format!("{e}").contains("head_dim"), "{e}");
+        return;
+    }
+    let first = run().unwrap();
+    let what = format!("{} {heads}x{head_dim} n={n} nnz={nnz}", T::NAME);
+    let (dx, d_dst, d_src, d_bias) = &first;
+    let dx: Vec<f32> = dx.iter().map(|v| v.to_f32()).collect();
+    check(&format!("dx {what}"), &dx, &dx64, tolerance::<T>());
+    // The score terms' gradients cancel (Σ_j dS = 0 but for the slope): their error is f32's
+    // rounding of the terms, measured against the terms' size before cancellation, P (|dP| +
+    // |D_i|) per edge.
+    let scale = {
+        let (offsets, cols) = (a.row_offsets(), a.col_indices());
+        let mut sq = 0.0;
+        for i in 0..n {
+            let edges = offsets[i] as usize..offsets[i + 1] as usize;
+            for h in 0..heads {
+                let dp = |e: usize| {
+                    let (r, c) = (
+                        (i * heads + h) * head_dim,
+                        (cols[e] as usize * heads + h) * head_dim,
+                    );
+                    let dw: f64 = (0..head_dim).map(|k| d64[r + k] * x64[c + k]).sum();
+                    let f = dropout.as_ref().map_or(1.0, |d| {
+                        let kept = d.keeps(e as u64, h as u64, heads as u64);
+                        if kept {
+                            f64::from(d.scale())
+                        } else {
+                            0.0
+                        }
+                    });
+                    dw * f
+                };
+                let big_d: f64 = edges.clone().map(|e| p[e * heads + h] * dp(e)).sum();
+                for e in edges.clone() {
+                    sq += (p[e * heads + h] * (dp(e).abs() + big_d.abs())).powi(2);
+                }
+            }
+        }
+        sq.sqrt()
+    };
+    for (got, want, name) in [(d_dst, &dd64, "d_dst"), (d_src, &ds64, "d_src")] {
+        let diff = got
+            .iter()
+            .zip(want.iter())
+            .map(|(&g, &w)| (f64::from(g) - w).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        let norm = want.iter().map(|v| v * v).sum::<f64>().sqrt();
+        assert!(
+            diff <= 1e-5 * (norm + scale) + 1e-30,
+            "{name} {what}: error {diff:e}, norm {norm:e}, terms {scale:e}"
+        );
+    }
+    if let Some(db) = d_bias {
+        check(&format!("d_bias {what}"), db, &db64, 1e-5);
+    }
+    let second = run().unwrap();
+    assert!(
+        first
+            .0
+            .iter()
+            .zip(&second.0)
+            .all(|(a, b)| a.to_f64().to_bits() == b.to_f64().to_bits())
+            && first
+                .1
+                .iter()
+                .zip(&second.1)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+            && first
+                .2
+                .iter()
+                .zip(&second.2)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+            && first.3 == second.3,
+        "two runs differ: {what}"
+    );
+    // A bias without its gradient's buffer is refused, naming it.
+    if let Some(b) = &bias_d {
+        let mut dx = DeviceMatrix::<T>::zeros(gpu, sx).unwrap();
+        let mut d_dst = DeviceMatrix::<f32>::zeros(gpu, per(n)).unwrap();
+        let mut d_src = DeviceMatrix::<f32>::zeros(gpu, per(m)).unwrap();
+        let terms = backward::GatScoreTerms {
+            bias: Some(b),
+            ..terms
+        };
+        let grads = backward::GatGrads {
+            dx: &mut dx,
+            d_dst: &mut d_dst,
+            d_src: &mut d_src,
+            d_bias: None,
+        };
+        let e =
+            backward::gat_fused_backward(gpu, (&a_dev, &t), terms, (&xd, &dd), grads).unwrap_err();
+        assert!(format!("{e}").contains("d_bias"), "{e}");
+    }
+}

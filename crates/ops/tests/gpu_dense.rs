@@ -192,6 +192,39 @@ fn check_kernels<T: DType>(gpu: &Gpu, rng: &mut Pcg64) {
             })
             .collect();
         assert!(rel_l2_error(&e.to_host().unwrap(), &want) <= tol::<T>());
+        // The f32 twins: f32 attention vector and scores (f32 accuracy of the sums whatever T),
+        // and the outer product added into the features' gradient.
+        let (att32, att32_64) = random::<f32>(heads * dim, rng);
+        let datt32 = DeviceVec::from_host(gpu, &att32).unwrap();
+        let per_node = Shape::new(rows, heads, 1).unwrap();
+        let mut e32 = DeviceMatrix::<f32>::zeros(gpu, per_node).unwrap();
+        e32.fill_nan().unwrap();
+        elementwise::head_dot_f32(gpu, &dx, &datt32, &mut e32).unwrap();
+        let want: Vec<f64> = (0..rows * heads)
+            .map(|p| {
+                (0..dim)
+                    .map(|d| x64[p * dim + d] * att32_64[(p % heads) * dim + d])
+                    .sum()
+            })
+            .collect();
+        assert!(rel_l2_error(&e32.to_host().unwrap(), &want) <= tol::<f32>());
+        let (de, de64) = random::<f32>(rows * heads, rng);
+        let dde = DeviceMatrix::from_host(gpu, per_node, &de).unwrap();
+        let mut grad = DeviceMatrix::from_host(gpu, s, &x).unwrap();
+        elementwise::head_outer_add_f32(gpu, &dde, &datt32, &mut grad).unwrap();
+        let want: Vec<f64> = (0..s.len())
+            .map(|i| x64[i] + de64[i / dim] * att32_64[(i / dim % heads) * dim + i % dim])
+            .collect();
+        assert!(rel_l2_error(&grad.to_host().unwrap(), &want) <= tol::<T>());
+        let bad = DeviceVec::<f32>::zeros(gpu, heads * dim + 1).unwrap();
+        let err = elementwise::head_dot_f32(gpu, &dx, &bad, &mut e32).unwrap_err();
+        assert!(matches!(
+            err,
+            spattn_ops::Error::LengthMismatch {
+                what: "attention vector",
+                ..
+            }
+        ));
         // Row normalization.
         let mut xhat = DeviceMatrix::<T>::zeros(gpu, s).unwrap();
         let mut inv = DeviceVec::<f32>::zeros(gpu, rows).unwrap();

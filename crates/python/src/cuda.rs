@@ -225,23 +225,34 @@ pub(crate) fn gat_forward_gpu<T: DType>(
     }
 }
 
+/// Edges up to which `auto` takes GAT's fused backward: its two launches and no per-edge
+/// buffers save launches and host time on small graphs (a batch of molecules: 1.7–2.4× the
+/// composed steps' GPU time); from about 10⁵ edges the composed steps' edge-parallel passes
+/// run as fast or faster (docs/kernels/csr-ops.md, "GAT's backward").
+pub(crate) const GAT_FUSED_MAX_EDGES: usize = 1 << 15;
+
 /// The GAT backward on CUDA tensors at `[x, a_dst, a_src, d_out, dx, da_dst, da_src, bias,
-/// d_bias]` (the bias's 0 for none) with three workspaces, ordered with `stream`. The scores and probabilities are recomputed (two
-/// passes over the edges), not kept from the forward.
+/// d_bias]` (the bias's 0 for none), ordered with `stream`: the fused backward
+/// ([`gpu_backward::gat_fused_backward`]: two passes, no per-edge buffer) where `fused` says so
+/// (`None`: where it takes the head and the graph has at most [`GAT_FUSED_MAX_EDGES`] edges),
+/// otherwise the composed steps, which recompute the scores and probabilities
+/// in three `nnz × heads` f32 workspaces (at `workspaces`, or allocated here where those are 0).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn gat_backward_gpu<T: DType>(
     d: &OnDevice,
     sq: Shape,
     skv: Shape,
     (slope, dropout): (f32, Option<Dropout>),
+    fused: Option<bool>,
     [x, a_dst, a_src, d_out, dx, da_dst, da_src, bias, d_bias]: [u64; 9],
-    [w0, w1, w2]: [u64; 3],
+    workspaces: [u64; 3],
     stream: u64,
 ) -> spattn::Result<()> {
     let gpu = &d.device.gpu;
     let h = sq.heads;
     // SAFETY: as in `gat_forward_gpu`; d_out is n_rows × heads × dim of T; dx (n_cols rows of
-    // T), da_dst (n_rows × heads f32), da_src (n_cols × heads f32), the three workspaces and
-    // d_bias (nnz × heads f32, where the forward had a bias) are fresh. The transposed ops
+    // T), da_dst (n_rows × heads f32), da_src (n_cols × heads f32), the workspaces where given
+    // and d_bias (nnz × heads f32, where the forward had a bias) are fresh. The transposed ops
     // index Aᵀ's rows (< n_cols) and its edge map (a permutation of the nnz edges), within the
     // same views.
     unsafe {
@@ -252,30 +263,65 @@ pub(crate) fn gat_backward_gpu<T: DType>(
             ExternalMatrix::<f32>::new_trusted(gpu, "d_alpha_dst", da_dst, a_dst.shape())?;
         let mut da_src =
             ExternalMatrix::<f32>::new_trusted(gpu, "d_alpha_src", da_src, a_src.shape())?;
-        let mut s = ExternalVec::<f32>::new_trusted(gpu, "workspace", w0, edges)?;
-        let mut p = ExternalVec::<f32>::new_trusted(gpu, "workspace", w1, edges)?;
-        let mut dp = ExternalVec::<f32>::new_trusted(gpu, "workspace", w2, edges)?;
         let blen = if bias == 0 { 0 } else { edges };
         let bias = ExternalVec::<f32>::new_trusted(gpu, "bias", bias, blen)?;
         let mut d_bias = ExternalVec::<f32>::new_trusted(gpu, "d_bias", d_bias, blen)?;
+        let [w0, w1, w2] = workspaces;
+        let view = |at| ExternalVec::<f32>::new_trusted(gpu, "workspace", at, edges);
+        let mut ws = match workspaces.contains(&0) {
+            true => None,
+            false => Some([view(w0)?, view(w1)?, view(w2)?]),
+        };
         d.device.bridge.run(stream, || -> spattn::Result<()> {
             let (a, t) = (d.graph.csr()?, d.graph.transpose()?);
             let drop = dropout.as_ref();
             let b = (blen > 0).then_some(&*bias);
-            csr_ops::gat_scores(gpu, a, (&*a_dst, &*a_src), b, &mut s)?;
-            csr_ops::edge_softmax(gpu, a, &s, h, Some(slope), &mut p)?;
+            let fused = fused.unwrap_or_else(|| {
+                gpu_backward::FusedBackward::supports::<T>(sq.head_dim)
+                    && d.graph.nnz() <= GAT_FUSED_MAX_EDGES
+            });
+            if fused {
+                let terms = gpu_backward::GatScoreTerms {
+                    a_dst: &a_dst,
+                    a_src: &a_src,
+                    bias: b,
+                    slope,
+                    dropout: drop,
+                };
+                let grads = gpu_backward::GatGrads {
+                    dx: &mut dx,
+                    d_dst: &mut da_dst,
+                    d_src: &mut da_src,
+                    d_bias: (blen > 0).then_some(&mut *d_bias),
+                };
+                gpu_backward::gat_fused_backward(gpu, (a, t), terms, (&x, &d_out), grads)?;
+                return Ok(());
+            }
+            // The composed steps: the caller's workspaces, or spattn's.
+            let mut owned;
+            let [s, p, dp]: [&mut DeviceVec<f32>; 3] = match &mut ws {
+                Some([s, p, dp]) => [&mut **s, &mut **p, &mut **dp],
+                None => {
+                    let zeros = || DeviceVec::<f32>::zeros(gpu, edges);
+                    owned = [zeros()?, zeros()?, zeros()?];
+                    let [s, p, dp] = &mut owned;
+                    [s, p, dp]
+                }
+            };
+            csr_ops::gat_scores(gpu, a, (&*a_dst, &*a_src), b, s)?;
+            csr_ops::edge_softmax(gpu, a, s, h, Some(slope), p)?;
             let leaky = Some((slope, &*s));
-            gpu_backward::gat_score_grad(gpu, a, h, drop, leaky, &p, (&*d_out, &*x), &mut dp)?;
+            gpu_backward::gat_score_grad(gpu, a, h, drop, leaky, p, (&*d_out, &*x), dp)?;
             if blen > 0 {
-                d_bias.copy_from(&dp)?;
+                d_bias.copy_from(dp)?;
             }
             // s is free again: dS in Aᵀ's order; then dp: W in Aᵀ's order.
             let vectors = (&mut *da_dst, &mut *da_src);
-            gpu_backward::gat_vector_grads(gpu, (a, t), h, &dp, &mut s, vectors)?;
+            gpu_backward::gat_vector_grads(gpu, (a, t), h, dp, s, vectors)?;
             if let Some(dr) = drop {
-                edge_extras::apply_dropout(gpu, &mut p, dr)?;
+                edge_extras::apply_dropout(gpu, p, dr)?;
             }
-            gpu_backward::gat_aggregation_grad(gpu, t, h, &p, &mut dp, &d_out, &mut dx)?;
+            gpu_backward::gat_aggregation_grad(gpu, t, h, p, dp, &d_out, &mut dx)?;
             Ok(())
         })
     }

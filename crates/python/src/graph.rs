@@ -662,11 +662,16 @@ impl GraphCore {
 
     /// The exact gradients of [`gat_forward`](Self::gat_forward) given `d_out`: writes `dx`
     /// (the aggregation's part of ∂L/∂x: the scores' part flows through `da_dst`, `da_src`),
-    /// `da_dst` and `da_src` (f32 on CUDA). `workspaces` are three `nnz × heads` f32 buffers
-    /// on CUDA (unused on the CPU). `dropout`: the forward's; `bias` and `d_bias`: the
+    /// `da_dst` and `da_src` (f32 on CUDA). `workspaces`: three `nnz × heads` f32 buffers on
+    /// CUDA for heads the fused backward does not take, or zeros (spattn then allocates them
+    /// where needed; unused on the CPU). `dropout`: the forward's; `bias` and `d_bias`: the
     /// forward's score bias and where its gradient goes (`nnz × heads`; both 0 for none).
+    /// `kernels` (CUDA): `"fused"` (two passes), `"composed"` (the CSR ops) or `"auto"` (fused
+    /// on graphs of at most [`crate::cuda::GAT_FUSED_MAX_EDGES`] edges, where it saves launches
+    /// and host time; composed above, where its edge-parallel passes run as fast or faster).
     #[pyo3(signature = (device, dtype, heads, dim, negative_slope, x, a_dst, a_src, d_out, dx,
-                        da_dst, da_src, workspaces, stream, dropout = None, bias = 0, d_bias = 0))]
+                        da_dst, da_src, workspaces, stream, dropout = None, bias = 0, d_bias = 0,
+                        kernels = "auto"))]
     #[allow(clippy::too_many_arguments)]
     fn gat_backward(
         &self,
@@ -688,10 +693,22 @@ impl GraphCore {
         dropout: Option<(f64, u64, u64)>,
         bias: u64,
         d_bias: u64,
+        kernels: &str,
     ) -> PyResult<()> {
         let dt = DTypeName::parse(dtype)?;
         let slope = check_slope(negative_slope)?;
         let drop = ExtrasArgs::parse("none", dropout)?.dropout;
+        let fused = match kernels {
+            "auto" => None,
+            "fused" => Some(true),
+            "composed" => Some(false),
+            other => {
+                return Err(value_error(
+                    "kernels",
+                    format!("{other:?} is not \"auto\", \"fused\" or \"composed\""),
+                ))
+            }
+        };
         if (bias == 0) != (d_bias == 0) {
             return Err(value_error(
                 "d_bias",
@@ -717,7 +734,7 @@ impl GraphCore {
             let d = self.on_device(ordinal)?;
             by_dtype!(
                 kind,
-                gat_backward_gpu(&d, sq, skv, (slope, drop), ptrs, ws, stream)
+                gat_backward_gpu(&d, sq, skv, (slope, drop), fused, ptrs, ws, stream)
             )
         })
         .map_err(to_py)

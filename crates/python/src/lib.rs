@@ -15,11 +15,14 @@
 //!   [`spattn::ops::ExternalMatrix`]) ordered with the caller's CUDA stream by events
 //!   ([`spattn::ops::StreamBridge`]), or on CPU memory with the f32 / f64 reference
 //!   ops. The CUDA bodies of the calls are in [`cuda`].
+//! - GAT's score terms `⟨x[i, h, :], att[h, :]⟩` in f32 and their gradients on CUDA tensors
+//!   ([`dense`]).
 //!
 //! Errors become Python exceptions naming the operand ([`errors`]).
 
 mod cpu;
 mod cuda;
+mod dense;
 mod device;
 mod errors;
 mod extras;
@@ -39,5 +42,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(device::memory_pool_stats, m)?)?;
     m.add_function(wrap_pyfunction!(device::reset_memory_pool_peak, m)?)?;
     m.add_function(wrap_pyfunction!(device::empty_memory_pool, m)?)?;
+    m.add_function(wrap_pyfunction!(dense::head_dot, m)?)?;
+    m.add_function(wrap_pyfunction!(dense::head_dot_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(dense::gat_fused_supports, m)?)?;
+    m.add("GAT_FUSED_MAX_EDGES", cuda::GAT_FUSED_MAX_EDGES)?;
     Ok(())
 }

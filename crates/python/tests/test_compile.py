@@ -172,6 +172,7 @@ def test_operators_pass_opcheck():
          + tuple(torch.empty(30, 2, 4) for _ in range(3))
          + (torch.zeros(60), torch.zeros(1, dtype=torch.uint8))),
         (ops.gat.default, (tok, x, a, a.detach().clone().requires_grad_(), None, 0.2, 0.0, None)),
+        (ops.head_dot.default, (x, torch.randn(8, requires_grad=True))),
     ]
     # The fake and the real implementations agree on shapes and dtypes; the schemas, the
     # autograd registrations and the traced (AOT) forward and backward are consistent.

@@ -182,6 +182,35 @@ def test_ordered_with_the_current_stream():
     assert torch.equal(seen, want)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_head_dot_matches_float64_and_reruns_bitwise(dtype):
+    """GAT's score terms (x * att).sum(-1) by spattn's kernels: float32 results and attention
+    gradients whatever x's dtype (within float32's rounding of the float64 sums), x's gradient
+    within x's dtype's, and the attention gradient's fixed-order sum the same bits every run."""
+    from spattn.functional import head_dot
+
+    torch.manual_seed(3)
+    for rows, h, c in [(1, 1, 1), (37, 3, 5), (5000, 8, 32), (300, 2, 130)]:
+        x = torch.randn(rows, h, c, device="cuda").to(dtype).requires_grad_()
+        att = torch.randn(1, h, c, device="cuda", requires_grad=True)
+        out = head_dot(x, att)
+        assert out.dtype == torch.float32 and out.shape == (rows, h)
+        x64 = x.detach().double().requires_grad_()
+        a64 = att.detach().double().requires_grad_()
+        want = (x64 * a64).sum(-1)
+        assert rel(out, want) <= 1e-6, (rows, h, c)
+        d = torch.randn_like(out)
+        (out * d).sum().backward()
+        (want * d.double()).sum().backward()
+        assert rel(x.grad, x64.grad) <= TOL[dtype], (rows, h, c)
+        assert rel(att.grad, a64.grad) <= 1e-5, (rows, h, c)
+        first = att.grad.clone()
+        att.grad = None
+        (head_dot(x, att) * d).sum().backward()
+        assert torch.equal(att.grad, first), (rows, h, c)
+
+
+
 def test_device_errors_name_the_argument():
     g = spattn.Graph.from_edge_index(torch.tensor([[0, 1, 2], [1, 2, 0]]))
     q = torch.randn(3, 2, 8, device="cuda")

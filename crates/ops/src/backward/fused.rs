@@ -81,7 +81,7 @@ const MAX_BLOCKS: u32 = 8192;
 /// two edges' k and v in flight).
 const MAX_LANE_FEATURES: u32 = 16;
 /// f32 words of a split row's partial statistics (m, l, w, a1, a2; see the kernel).
-const ROW_PARTIAL: usize = 5;
+pub(super) const ROW_PARTIAL: usize = 5;
 
 /// The lane layout for `head_dim` features of `elem_bytes` bytes: `(vec, g, nv)`, `vec`
 /// features per access, groups of `g` lanes, `nv` vectors per lane; `None` where a lane would
@@ -458,7 +458,7 @@ fn push_pass_args<'a, T: DType>(
 
 /// The grid of a pass: a group of `g` lanes per (unit, head), at most [`MAX_BLOCKS`] blocks.
 /// `g = 32` gives the largest grid any layout uses (the workspace's per-block sums).
-fn row_grid(units: usize, heads: usize, g: u32) -> Result<LaunchConfig> {
+pub(super) fn row_grid(units: usize, heads: usize, g: u32) -> Result<LaunchConfig> {
     let groups = product("units x heads", &[units, heads])?;
     let blocks = blocks_for(groups, THREADS / g)?.min(MAX_BLOCKS);
     Ok(LaunchConfig {

@@ -60,10 +60,13 @@ use crate::schedule::{group_for, vector_width};
 use crate::shape::Shape;
 
 pub(crate) mod fused;
-mod gat;
+pub(crate) mod gat;
 mod tc;
 pub use fused::FusedBackward;
-pub use gat::{gat_aggregation_grad, gat_score_grad, gat_vector_grads};
+pub use gat::{
+    gat_aggregation_grad, gat_fused_backward, gat_score_grad, gat_vector_grads, GatGrads,
+    GatScoreTerms,
+};
 pub use tc::TensorCoreBackward;
 
 /// Threads per block of the elementwise and reduction kernels.

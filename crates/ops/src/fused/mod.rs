@@ -19,6 +19,7 @@ pub use csr::{CsrExtras, FusedCsr};
 pub use hybrid::{Hybrid, HybridInfo, HybridParams};
 pub use tc::FusedTensorCore;
 
+use crate::dropout::DropoutWords;
 use crate::edge_extras::DeviceBias;
 use crate::error::{Error, Result};
 use crate::launch::check_same_gpu;
@@ -68,43 +69,22 @@ impl<T: DType> CsrExtras<'_, T> {
 /// The scalar arguments of the `_x` kernels.
 pub(crate) struct KernelExtras {
     pub(crate) bias_heads: u32,
-    pub(crate) key: [u32; 2],
-    pub(crate) offset: [u32; 2],
-    pub(crate) threshold: u32,
-    pub(crate) scale: f32,
+    /// The dropout's words (threshold 0 keeps every edge: the kernel skips the generator).
+    pub(crate) drop: DropoutWords,
 }
 
 impl KernelExtras {
     pub(crate) fn new<T: DType>(e: &CsrExtras<'_, T>, heads: u32) -> Self {
         let shared = e.bias.as_ref().is_some_and(DeviceBias::is_shared);
-        let (key, offset, threshold, scale) = match &e.dropout {
-            // Threshold 0 keeps every edge: the kernel skips the generator.
-            Some(d) => (
-                d.key(),
-                [d.offset() as u32, (d.offset() >> 32) as u32],
-                d.threshold(),
-                d.scale(),
-            ),
-            None => ([0; 2], [0; 2], 0, 1.0),
-        };
         Self {
             bias_heads: if shared { 1 } else { heads },
-            key,
-            offset,
-            threshold,
-            scale,
+            drop: DropoutWords::of(e.dropout.as_ref()),
         }
     }
 
     /// Pushes the dropout's words (key, offset, threshold, scale), the `_x` kernels' last
     /// arguments.
     pub(crate) fn push_dropout<'a>(&'a self, args: &mut cudarc::driver::LaunchArgs<'a>) {
-        use crate::launch::PushKernelArg;
-        args.arg(&self.key[0])
-            .arg(&self.key[1])
-            .arg(&self.offset[0])
-            .arg(&self.offset[1])
-            .arg(&self.threshold)
-            .arg(&self.scale);
+        self.drop.push(args);
     }
 }

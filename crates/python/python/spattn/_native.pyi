@@ -22,7 +22,14 @@ __all__ = [
     "memory_pool_stats",
     "reset_memory_pool_peak",
     "empty_memory_pool",
+    "head_dot",
+    "head_dot_backward",
+    "gat_fused_supports",
+    "GAT_FUSED_MAX_EDGES",
 ]
+
+GAT_FUSED_MAX_EDGES: int
+"""Edges up to which GAT's backward takes the fused kernels by default."""
 
 class SpattnError(RuntimeError):
     """A CUDA driver or runtime failure inside spattn (no driver, no device, a failed launch)."""
@@ -38,6 +45,16 @@ def memory_pool_stats(device: int) -> dict[str, int]:
 
 def reset_memory_pool_peak(device: int) -> None: ...
 def empty_memory_pool(device: int) -> None: ...
+def head_dot(device: int, dtype: str, rows: int, heads: int, dim: int, x: int, att: int,
+             out: int, stream: int) -> None:
+    """``out[i, h] = <x[i, h, :], att[h, :]>`` in f32 on CUDA tensors (att and out f32)."""
+
+def head_dot_backward(device: int, dtype: str, rows: int, heads: int, dim: int, x: int,
+                      att: int, d_out: int, dx: int, d_att: int, stream: int) -> None:
+    """Adds ``d_out ⊗ att`` into ``dx`` and ``Σ_i d_out[i, h] x[i, h, :]`` into ``d_att``."""
+
+def gat_fused_supports(dtype: str, dim: int) -> bool:
+    """Whether GAT's fused backward takes heads of ``dim`` features of ``dtype`` on CUDA."""
 
 @final
 class GraphCore:
@@ -197,6 +214,7 @@ class GraphCore:
         dropout: tuple[float, int, int] | None = None,
         bias: int = 0,
         d_bias: int = 0,
+        kernels: str = "auto",
     ) -> None: ...
     def gatv2_forward(
         self,

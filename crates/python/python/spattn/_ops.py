@@ -335,6 +335,46 @@ def _gat_grad(ctx, d_out):
 gat.register_autograd(_gat_grad, setup_context=_gat_setup)
 
 
+# ---- GAT's score terms -----------------------------------------------------------------------
+
+
+@_op("head_dot")
+def head_dot(x: Tensor, att: Tensor) -> Tensor:
+    """:func:`spattn.functional.head_dot` (``x`` contiguous, ``att`` flat float32): spattn's
+    kernel on CUDA, torch ops on the CPU."""
+    return F.head_dot_forward(x, att)
+
+
+@head_dot.register_fake
+def _(x, att):
+    return x.new_empty((x.shape[0], x.shape[1]), dtype=torch.float32)
+
+
+@_op("head_dot_backward", ("dx", "d_att"))
+def head_dot_backward(x: Tensor, att: Tensor, d_out: Tensor, dx: Tensor, d_att: Tensor) -> None:
+    """:func:`head_dot`'s gradients, added into the zeroed ``dx`` and ``d_att``."""
+    F.head_dot_backward(x, att, d_out, outs=(dx, d_att))
+
+
+@head_dot_backward.register_fake
+def _(x, att, d_out, dx, d_att):
+    return None
+
+
+def _head_dot_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _head_dot_grad(ctx, d_out):
+    x, att = ctx.saved_tensors
+    dx, d_att = torch.zeros_like(x), torch.zeros_like(att)
+    head_dot_backward(x, att, d_out, dx, d_att)
+    return dx, d_att
+
+
+head_dot.register_autograd(_head_dot_grad, setup_context=_head_dot_setup)
+
+
 # ---- GATv2 attention -------------------------------------------------------------------------
 
 

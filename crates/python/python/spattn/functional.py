@@ -10,8 +10,10 @@ On CPU tensors (and numpy arrays) the CPU reference ops run in float32 or float6
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Optional, Tuple
 
+from . import _native
 from .graph import Graph
 from ._tensors import (
     address,
@@ -591,9 +593,15 @@ def gat_forward(graph: Graph, x, a_dst, a_src, bias, slope, drop):
     return out
 
 
-def gat_backward(graph: Graph, x, a_dst, a_src, d_out, bias, slope, drop, outs=None):
+@functools.lru_cache(maxsize=None)
+def _gat_fused_supports(dtype: str, dim: int) -> bool:
+    return _native.gat_fused_supports(dtype, dim)
+
+
+def gat_backward(graph: Graph, x, a_dst, a_src, d_out, bias, slope, drop, outs=None, kernels="auto"):
     """``(dx, da_dst, da_src, d_bias)`` of :func:`gat_forward` (None for an absent bias); the
-    scores are recomputed, not kept from the forward."""
+    scores are recomputed, not kept from the forward. ``kernels`` (CUDA): ``"fused"`` (two
+    passes), ``"composed"`` (the CSR ops) or ``"auto"`` (fused on small graphs)."""
     h, c = x.shape[1], x.shape[2]
     d_out = d_out.to(dtype=x.dtype).contiguous()
     dx, da_dst, da_src, d_bias = _outputs(outs, x, a_dst, a_src, bias)
@@ -602,16 +610,18 @@ def gat_backward(graph: Graph, x, a_dst, a_src, d_out, bias, slope, drop, outs=N
             if t is not None:
                 t.zero_()
         return dx, da_dst, da_src, d_bias
-    if x.device.type == "cuda":
-        ws = [torch.empty(graph.num_edges * h, dtype=torch.float32, device=x.device) for _ in range(3)]
-        wsp = tuple(address(w) for w in ws)
-    else:
-        wsp = (0, 0, 0)
+    if kernels == "auto" and x.device.type == "cuda":
+        small = graph.num_edges <= _native.GAT_FUSED_MAX_EDGES
+        kernels = "fused" if small and _gat_fused_supports(dtype_name(x.dtype), c) else "composed"
+    # The fused backward needs no workspaces; the composed steps take three from PyTorch.
+    ws = [torch.empty(graph.num_edges * h, dtype=torch.float32, device=x.device)
+          for _ in range(3 if x.device.type == "cuda" and kernels == "composed" else 0)]
+    wsp = tuple(address(w) for w in ws) if ws else (0, 0, 0)
     graph._core.gat_backward(
         device_index(x), dtype_name(x.dtype), h, c, slope,
         address(x), address(a_dst), address(a_src), address(d_out),
         address(dx), address(da_dst), address(da_src), wsp, stream_of(x), drop,
-        _address_or_0(bias), _address_or_0(d_bias),
+        _address_or_0(bias), _address_or_0(d_bias), kernels,
     )
     return dx, da_dst, da_src, d_bias
 
@@ -732,6 +742,61 @@ def gatv2_reference_backward(graph: Graph, xl, xr, att, features, d_out, slope, 
     return dxl, dxr, d_att, (dz if features is not None else None)
 
 
+def head_dot_forward(x, att):
+    """``(x * att).sum(-1)`` in float32 for a contiguous ``x`` of shape (rows, heads, dim)
+    (float32, float16 or bfloat16) and ``att`` (heads · dim contiguous float32 on x's device):
+    on CUDA spattn's kernel, one read of ``x`` in its own dtype (GAT's per-node and per-edge
+    score terms); on the CPU torch ops."""
+    rows, h, c = x.shape
+    if x.device.type != "cuda":
+        return (x.to(torch.float32) * att.reshape(h, c)).sum(dim=-1)
+    out = torch.empty((rows, h), dtype=torch.float32, device=x.device)
+    if out.numel() == 0 or c == 0:
+        return out.zero_()
+    _native.head_dot(device_index(x), dtype_name(x.dtype), rows, h, c, address(x), address(att),
+                     address(out), stream_of(x))
+    return out
+
+
+def head_dot_backward(x, att, d_out, outs=None):
+    """``(dx, d_att)`` of :func:`head_dot_forward` given ``d_out`` (rows, heads): ``d_out ⊗ att``
+    in x's dtype and ``Σ_rows d_out · x`` in float32, summed in a fixed order (the same bits
+    every run). ``outs``: zeroed tensors to write into (the custom operator's)."""
+    rows, h, c = x.shape
+    d_out = d_out.to(torch.float32).contiguous()
+    if outs is None:
+        outs = (torch.zeros_like(x), torch.zeros(h * c, dtype=torch.float32, device=x.device))
+    dx, d_att = outs
+    if x.device.type != "cuda":
+        dx += (d_out.unsqueeze(-1) * att.reshape(h, c)).to(x.dtype)
+        d_att += (d_out.unsqueeze(-1) * x.to(torch.float32)).sum(dim=0).reshape(-1)
+        return dx, d_att
+    if x.numel() == 0:
+        return dx, d_att
+    _native.head_dot_backward(device_index(x), dtype_name(x.dtype), rows, h, c, address(x),
+                              address(att), address(d_out), address(dx), address(d_att),
+                              stream_of(x))
+    return dx, d_att
+
+
+def head_dot(x, att):
+    """GAT's score terms ``(x * att).sum(-1)`` in float32 with autograd (``x``: (rows, heads,
+    dim); ``att``: heads · dim values, any float dtype): spattn's kernels for CUDA ``x`` of
+    float32, float16 or bfloat16, torch ops otherwise (float64 stays float64)."""
+    if x.device.type != "cuda" or dtype_name(x.dtype) not in _CUDA_DTYPES:
+        work = torch.float64 if x.dtype == torch.float64 else torch.float32
+        return (x.to(work) * att.to(work).reshape(x.shape[1], x.shape[2])).sum(dim=-1)
+    if att.numel() != x.shape[1] * x.shape[2]:
+        raise ValueError(f"att: has {att.numel()} values, expected heads * dim = "
+                         f"{x.shape[1] * x.shape[2]}")
+    if att.device != x.device:
+        raise ValueError(f"att: is on {att.device}, expected {x.device} like x")
+    x, att = x.contiguous(), att.to(torch.float32).reshape(-1).contiguous()
+    if _compiling():
+        return torch.ops.spattn.head_dot(x, att)
+    return _HeadDot.apply(x, att)
+
+
 if torch is not None:
     from torch.autograd.function import once_differentiable
 
@@ -797,6 +862,20 @@ if torch is not None:
             x, a_dst, a_src, bias = ctx.saved_tensors
             grads = gat_backward(ctx.graph, x, a_dst, a_src, d_out, bias, ctx.slope, ctx.drop)
             return (None,) + grads + (None, None)
+
+    class _HeadDot(torch.autograd.Function):
+        """Autograd of :func:`head_dot` on CUDA: both directions by spattn's kernels."""
+
+        @staticmethod
+        def forward(ctx, x, att):
+            ctx.save_for_backward(x, att)
+            return head_dot_forward(x, att)
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, d_out):
+            x, att = ctx.saved_tensors
+            return head_dot_backward(x, att, d_out)
 
     class _GatV2Attention(torch.autograd.Function):
         """Autograd of GATv2 attention on CUDA: forward and exact backward by spattn's kernels

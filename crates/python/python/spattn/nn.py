@@ -72,6 +72,7 @@ from torch import Tensor
 from torch.nn import Parameter
 
 from .functional import _compiling, _gat_attention, _gatv2_attention, _sparse_attention
+from .functional import head_dot as _head_dot_terms
 from .graph import Graph, SpattnWarning
 from ._tensors import check_algorithm
 
@@ -779,7 +780,7 @@ class GATConv(torch.nn.Module):
                                    self.fill_value)
         H, C = self.heads, self.out_channels
         e = self.lin_edge(ea).view(-1, H, C)
-        scores = (e * self.att_edge).sum(dim=-1)
+        scores = _head_dot(e, self.att_edge)
         return _edges_in_csr_order(graph, edge_index, scores, self.add_self_loops)
 
     def __repr__(self) -> str:
@@ -879,9 +880,9 @@ def _constant_loops(fill_value: Any, edge_attr: Tensor, n: int) -> Tensor:
 
 
 def _head_dot(h: Tensor, att: Tensor) -> Tensor:
-    """``(h * att).sum(-1)`` per node and head, in float32 at least (float64 stays float64)."""
-    work = torch.float64 if h.dtype == torch.float64 else torch.float32
-    return (h.to(work) * att.to(work)).sum(dim=-1)
+    """``(h * att).sum(-1)`` per row and head, in float32 at least (float64 stays float64):
+    spattn's kernels on CUDA (one read of ``h``), torch ops on the CPU."""
+    return _head_dot_terms(h, att)
 
 
 # ---- GATv2Conv -------------------------------------------------------------------------------

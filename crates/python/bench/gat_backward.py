@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""GAT's attention backward on CUDA: the fused kernels (two passes over A and Aᵀ) against the
+composed CSR ops, by graph size. Per graph, heads × channels and dtype: the GPU time of one
+backward (CUDA events around 20 back-to-back calls, median of 5 such runs), the host time of
+one call (enqueue only: 200 calls back to back, then the drain) and the largest difference
+between the two results. What ``kernels="auto"``'s threshold (fused up to 2²¹ edges × heads)
+rests on.
+
+Graphs: a batch of 128 random molecules of 15–40 atoms and the subgraph induced by 20% of
+ogbn-arxiv's nodes (minibatch.py's workloads, with GATConv's self loops), pubmed and
+ogbn-arxiv (symmetrized, self loops).
+
+    python crates/python/bench/gat_backward.py --graph data/ogbn-arxiv.mtx.gz \\
+        --pubmed data/pubmed.mtx.gz [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import minibatch  # noqa: E402  (the workloads' generators)
+
+import spattn  # noqa: E402
+from spattn import functional as F  # noqa: E402
+
+DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+def graphs(args, device):
+    """(name, Graph with self loops) of each size."""
+    arxiv = spattn.Graph.read_matrix_market(args.graph, symmetrize=True)
+    ei, n = arxiv.edge_index().to(device), arxiv.num_nodes
+    gen = torch.Generator(device=device).manual_seed(1)
+    mol, mol_n = minibatch.molecules(128, 15, 40, torch.Generator().manual_seed(1), device)
+    sub, sub_n = minibatch.induced_subgraph(ei, n, 0.2, gen)
+    out = [
+        ("molecules", spattn.Graph.from_edge_index(mol, num_nodes=mol_n, self_loops=True)),
+        ("arxiv-sub20", spattn.Graph.from_edge_index(sub, num_nodes=sub_n, self_loops=True)),
+    ]
+    if args.pubmed:
+        pub = spattn.Graph.read_matrix_market(args.pubmed, symmetrize=True)
+        out.append(("pubmed", pub.with_self_loops()))
+    out.append(("ogbn-arxiv", arxiv.with_self_loops()))
+    return out
+
+
+def run(graph, x, a_dst, a_src, d_out, kernels):
+    return F.gat_backward(graph, x, a_dst, a_src, d_out, None, 0.2, None, kernels=kernels)
+
+
+def gpu_ms(fn, calls=20, runs=5):
+    times = []
+    for _ in range(runs):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    return statistics.median(times)
+
+
+def host_us(fn, calls=200):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / calls * 1e6
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--graph", required=True, help="ogbn-arxiv.mtx.gz")
+    ap.add_argument("--pubmed", help="pubmed.mtx.gz (optional)")
+    ap.add_argument("--shapes", default="8x32,1x40", help="heads x channels, comma-separated")
+    ap.add_argument("--dtypes", default="f16,f32")
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args()
+    device = torch.device("cuda")
+    print(f"# GAT backward, fused vs composed; {torch.cuda.get_device_name()}; spattn "
+          f"{spattn.__version__}; torch {torch.__version__}")
+    print("| graph | edges | heads x ch | dtype | composed ms | fused ms | composed / fused "
+          "| host us composed | host us fused | max diff |")
+    print("|---|--:|---|---|--:|--:|--:|--:|--:|--:|")
+    rows = []
+    for name, g in graphs(args, device):
+        for shape in args.shapes.split(","):
+            h, c = (int(v) for v in shape.split("x"))
+            for dt in args.dtypes.split(","):
+                gen = torch.Generator(device=device).manual_seed(2)
+                n = g.num_nodes
+                x = torch.randn(n, h, c, device=device, generator=gen).to(DTYPES[dt])
+                d_out = torch.randn(n, h, c, device=device, generator=gen).to(DTYPES[dt])
+                a_dst = torch.randn(n, h, device=device, generator=gen)
+                a_src = torch.randn(n, h, device=device, generator=gen)
+                res = {}
+                for k in ("composed", "fused"):
+                    fn = lambda k=k: run(g, x, a_dst, a_src, d_out, k)  # noqa: E731
+                    out = fn()
+                    res[k] = (gpu_ms(fn), host_us(fn), out)
+                diff = max(
+                    (a.float() - b.float()).abs().max().item()
+                    for a, b in zip(res["composed"][2][:3], res["fused"][2][:3])
+                )
+                row = {
+                    "graph": name, "edges": g.num_edges, "heads": h, "channels": c, "dtype": dt,
+                    "composed_ms": res["composed"][0], "fused_ms": res["fused"][0],
+                    "composed_host_us": res["composed"][1], "fused_host_us": res["fused"][1],
+                    "max_diff": diff,
+                }
+                rows.append(row)
+                print(f"| {name} | {g.num_edges:,} | {h} x {c} | {dt} | {row['composed_ms']:.3f} | "
+                      f"{row['fused_ms']:.3f} | {row['composed_ms'] / row['fused_ms']:.2f} | "
+                      f"{row['composed_host_us']:.1f} | {row['fused_host_us']:.1f} | {diff:.1e} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()

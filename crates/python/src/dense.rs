@@ -1,0 +1,145 @@
+//! The GAT layers' score terms on CUDA tensors: `out[i, h] = ⟨x[i, h, :], att[h, :]⟩` in f32
+//! (per node, or per edge for edge features) and its gradients, by the layers' kernels
+//! (`spattn::ops::elementwise`), ordered with the caller's stream. One read of `x` in its own
+//! type, where the torch composition `(x.float() * att).sum(-1)` writes and reads `x` in f32
+//! twice over, and twice again in its backward.
+
+use pyo3::prelude::*;
+use spattn::ops::elementwise;
+use spattn::ops::{ExternalMatrix, ExternalVec};
+use spattn::{bf16, f16, DType, DTypeKind, Shape};
+
+use crate::device;
+use crate::errors::to_py;
+use crate::host::DTypeName;
+
+/// The shapes of a call: `x` (`rows × heads × dim`) and its scores (`rows × heads × 1`).
+fn shapes(rows: usize, heads: usize, dim: usize) -> spattn::Result<(Shape, Shape)> {
+    Ok((Shape::new(rows, heads, dim)?, Shape::new(rows, heads, 1)?))
+}
+
+/// `out = ⟨x[i, h, :], att[h, :]⟩` for CUDA tensors on `device`: `x` (`rows × heads × dim`
+/// of `dtype`), `att` (`heads × dim` f32), `out` (`rows × heads` f32), ordered with `stream`.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn head_dot(
+    py: Python<'_>,
+    device: i64,
+    dtype: &str,
+    rows: usize,
+    heads: usize,
+    dim: usize,
+    x: u64,
+    att: u64,
+    out: u64,
+    stream: u64,
+) -> PyResult<()> {
+    let kind = DTypeName::parse(dtype)?.device()?;
+    let ordinal = device::ordinal(device)?;
+    py.detach(|| -> spattn::Result<()> {
+        let _restore = device::ContextGuard::save();
+        let d = device::device(ordinal)?;
+        let (sx, se) = shapes(rows, heads, dim)?;
+        match kind {
+            DTypeKind::F32 => head_dot_gpu::<f32>(&d, (sx, se), [x, att, out], stream),
+            DTypeKind::F16 => head_dot_gpu::<f16>(&d, (sx, se), [x, att, out], stream),
+            DTypeKind::Bf16 => head_dot_gpu::<bf16>(&d, (sx, se), [x, att, out], stream),
+        }
+    })
+    .map_err(to_py)
+}
+
+/// The gradients of [`head_dot`] given `d_out` (`rows × heads` f32): adds `d_out ⊗ att` into
+/// `dx` (like `x`) and `Σ_i d_out[i, h] · x[i, h, :]` into `d_att` (`heads × dim` f32; summed
+/// in a fixed order: the same bits every run). The caller zeroes both first.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn head_dot_backward(
+    py: Python<'_>,
+    device: i64,
+    dtype: &str,
+    rows: usize,
+    heads: usize,
+    dim: usize,
+    x: u64,
+    att: u64,
+    d_out: u64,
+    dx: u64,
+    d_att: u64,
+    stream: u64,
+) -> PyResult<()> {
+    let kind = DTypeName::parse(dtype)?.device()?;
+    let ordinal = device::ordinal(device)?;
+    py.detach(|| -> spattn::Result<()> {
+        let _restore = device::ContextGuard::save();
+        let d = device::device(ordinal)?;
+        let s = shapes(rows, heads, dim)?;
+        let ptrs = [x, att, d_out, dx, d_att];
+        match kind {
+            DTypeKind::F32 => head_dot_backward_gpu::<f32>(&d, s, ptrs, stream),
+            DTypeKind::F16 => head_dot_backward_gpu::<f16>(&d, s, ptrs, stream),
+            DTypeKind::Bf16 => head_dot_backward_gpu::<bf16>(&d, s, ptrs, stream),
+        }
+    })
+    .map_err(to_py)
+}
+
+fn head_dot_gpu<T: DType>(
+    d: &device::Device,
+    (sx, se): (Shape, Shape),
+    [x, att, out]: [u64; 3],
+    stream: u64,
+) -> spattn::Result<()> {
+    let gpu = &d.gpu;
+    // SAFETY: the package passes `data_ptr()`s of contiguous CUDA tensors on this device, kept
+    // referenced for the call, with exactly these element counts and types (checked there on
+    // every call): x (sx of T), att (heads·dim f32), out (se f32, fresh). The kernel reads x
+    // and att and writes out within those lengths (elementwise checks them against the
+    // views). PyTorch recycles the memory only in `stream`'s order, which `run` makes wait
+    // for the launch; the views are dropped at the end of this function.
+    unsafe {
+        let x = ExternalMatrix::<T>::new_trusted(gpu, "x", x, sx)?;
+        let att = ExternalVec::<f32>::new_trusted(gpu, "att", att, sx.row_len())?;
+        let mut out = ExternalMatrix::<f32>::new_trusted(gpu, "out", out, se)?;
+        d.bridge.run(stream, || {
+            elementwise::head_dot_f32(gpu, &x, &att, &mut out)?;
+            Ok(())
+        })
+    }
+}
+
+fn head_dot_backward_gpu<T: DType>(
+    d: &device::Device,
+    (sx, se): (Shape, Shape),
+    [x, att, d_out, dx, d_att]: [u64; 5],
+    stream: u64,
+) -> spattn::Result<()> {
+    let gpu = &d.gpu;
+    // SAFETY: as in `head_dot_gpu`, for x and dx (sx of T; dx fresh), att and d_att
+    // (heads·dim f32; d_att fresh) and d_out (se f32). The kernels read x, att and d_out and
+    // read-modify-write dx and d_att within those lengths (checked against the views).
+    unsafe {
+        let x = ExternalMatrix::<T>::new_trusted(gpu, "x", x, sx)?;
+        let att = ExternalVec::<f32>::new_trusted(gpu, "att", att, sx.row_len())?;
+        let d_out = ExternalMatrix::<f32>::new_trusted(gpu, "d_out", d_out, se)?;
+        let mut dx = ExternalMatrix::<T>::new_trusted(gpu, "dx", dx, sx)?;
+        let mut d_att = ExternalVec::<f32>::new_trusted(gpu, "d_att", d_att, sx.row_len())?;
+        d.bridge.run(stream, || {
+            elementwise::head_outer_add_f32(gpu, &d_out, &att, &mut dx)?;
+            elementwise::head_weighted_sum(gpu, &x, &d_out, &mut d_att)?;
+            Ok(())
+        })
+    }
+}
+
+/// Whether GAT's fused backward takes heads of `dim` features of `dtype` on CUDA (the package
+/// then passes no workspaces: the fused passes need none).
+#[pyfunction]
+pub(crate) fn gat_fused_supports(dtype: &str, dim: usize) -> PyResult<bool> {
+    use spattn::ops::backward::FusedBackward;
+    Ok(match DTypeName::parse(dtype)?.device()? {
+        DTypeKind::F32 => FusedBackward::supports::<f32>(dim),
+        DTypeKind::F16 => FusedBackward::supports::<f16>(dim),
+        DTypeKind::Bf16 => FusedBackward::supports::<bf16>(dim),
+    })
+}
