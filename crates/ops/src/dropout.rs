@@ -143,6 +143,7 @@ pub(crate) struct DropoutWords {
 }
 
 impl DropoutWords {
+    /// The words of `dropout` (none: threshold 0, key and offset 0, scale 1).
     pub(crate) fn of(dropout: Option<&Dropout>) -> Self {
         match dropout {
             Some(d) => Self {

@@ -508,8 +508,10 @@ fn tensor_core_backward_refuses_another_graph_of_the_same_sizes() {
 /// GAT's fused backward against the f64 CPU reference (on the inputs rounded to `T`): dx
 /// within `T`'s rounding, the score terms' and the bias's gradients (f32) within f32's of the
 /// terms they sum; over graphs with empty rows, a hub row (split rows) and a hub column (split
-/// columns), heads 1–8 and head_dim 1–130, with and without a bias and dropout. Two runs give
-/// the same bits; a head too wide and a bias without its gradient are refused.
+/// columns), heads 1–8 and head_dim 1–64 (every lane layout up to one vector a lane, groups of
+/// up to 8 lanes), with and without a bias and dropout; wide heads (groups of 32 lanes, up to 4
+/// vectors a lane) on the hub graphs. Two runs give the same bits; a head the layouts do not
+/// take (130) and a bias without its gradient are refused.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn gat_fused_backward_matches_the_f64_reference_and_reruns_bitwise() {
@@ -527,6 +529,15 @@ fn gat_fused_backward_matches_the_f64_reference_and_reruns_bitwise() {
             gat_fused_case::<f32>(&gpu, &mut rng, a, (heads, head_dim), (bias, drop));
             gat_fused_case::<f16>(&gpu, &mut rng, a, (heads, head_dim), (bias, drop));
             gat_fused_case::<bf16>(&gpu, &mut rng, a, (heads, head_dim), (bias, drop));
+        }
+    }
+    // Wide heads: 32-lane groups and several vectors a lane, some lanes holding only the first.
+    for a in [&graphs[1], &graphs[graphs.len() - 1]] {
+        for head_dim in [128, 136, 512] {
+            gat_fused_case::<f32>(&gpu, &mut rng, a, (1, head_dim), (true, true));
+        }
+        for head_dim in [256, 512] {
+            gat_fused_case::<f16>(&gpu, &mut rng, a, (1, head_dim), (true, false));
         }
     }
 }
@@ -698,7 +709,12 @@ fn gat_fused_case<T: DType>(
                 .iter()
                 .zip(&second.2)
                 .all(|(a, b)| a.to_bits() == b.to_bits())
-            && first.3 == second.3,
+            && first
+                .3
+                .iter()
+                .flatten()
+                .zip(second.3.iter().flatten())
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
         "two runs differ: {what}"
     );
     // A bias without its gradient's buffer is refused, naming it.

@@ -92,8 +92,9 @@ fn head_dot_gpu<T: DType>(
 ) -> spattn::Result<()> {
     let gpu = &d.gpu;
     // SAFETY: the package passes `data_ptr()`s of contiguous CUDA tensors on this device, kept
-    // referenced for the call, with exactly these element counts and types (checked there on
-    // every call): x (sx of T), att (heads·dim f32), out (se f32, fresh). The kernel reads x
+    // referenced for the call, with exactly these element counts and types (checked on every
+    // call by spattn.functional's head_dot_forward, which every path goes through): x (sx of
+    // T), att (heads·dim f32), out (se f32, fresh). The kernel reads x
     // and att and writes out within those lengths (elementwise checks them against the
     // views). PyTorch recycles the memory only in `stream`'s order, which `run` makes wait
     // for the launch; the views are dropped at the end of this function.
@@ -115,8 +116,8 @@ fn head_dot_backward_gpu<T: DType>(
     stream: u64,
 ) -> spattn::Result<()> {
     let gpu = &d.gpu;
-    // SAFETY: as in `head_dot_gpu`, for x and dx (sx of T; dx fresh), att and d_att
-    // (heads·dim f32; d_att fresh) and d_out (se f32). The kernels read x, att and d_out and
+    // SAFETY: as in `head_dot_gpu` (checked by head_dot_backward), for x and dx (sx of T; dx
+    // fresh), att and d_att (heads·dim f32; d_att fresh) and d_out (se f32). The kernels read x, att and d_out and
     // read-modify-write dx and d_att within those lengths (checked against the views).
     unsafe {
         let x = ExternalMatrix::<T>::new_trusted(gpu, "x", x, sx)?;

@@ -319,3 +319,35 @@ def test_native_call_arguments_from_tensors():
     assert T.dtype_name(torch.int32) is None and T.dtype_name(np.dtype("int64")) is None
     x = torch.zeros(2, 3)
     assert T.device_index(x) == -1 and T.stream_of(x) == 0  # the CPU: no device, no stream
+
+
+def test_head_dot_on_the_cpu_and_its_contract():
+    """GAT's score terms on the CPU (torch ops, float32 results, float64 kept) with autograd, and
+    the native entry points' checks: a non-contiguous x, an attention vector of the wrong dtype
+    or length, and a d_out of the wrong shape are named before anything runs."""
+    from spattn.functional import head_dot, head_dot_backward, head_dot_forward
+
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(7, 3, 5, generator=gen, dtype=torch.float64, requires_grad=True)
+    att = torch.randn(1, 3, 5, generator=gen, dtype=torch.float64, requires_grad=True)
+    out = head_dot(x, att)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, (x * att).sum(-1))
+    out.sum().backward()
+    torch.testing.assert_close(att.grad, x.detach().sum(0, keepdim=True))
+    x32 = torch.randn(7, 3, 5, generator=gen)
+    att32 = torch.randn(15, generator=gen)
+    got = head_dot_forward(x32, att32)
+    torch.testing.assert_close(got, (x32 * att32.view(3, 5)).sum(-1))
+    d = torch.randn(7, 3, generator=gen)
+    dx, d_att = head_dot_backward(x32, att32, d)
+    torch.testing.assert_close(dx, d[..., None] * att32.view(3, 5))
+    torch.testing.assert_close(d_att, (d[..., None] * x32).sum(0).reshape(-1))
+    with pytest.raises(ValueError, match="x: expected a contiguous"):
+        head_dot_forward(x32.transpose(0, 1), att32)
+    with pytest.raises(ValueError, match="att: expected a contiguous float32"):
+        head_dot_forward(x32, att32.double())
+    with pytest.raises(ValueError, match="att: expected a contiguous float32"):
+        head_dot_forward(x32, att32[:14])
+    with pytest.raises(ValueError, match="d_out: has shape"):
+        head_dot_backward(x32, att32, d[:6])

@@ -78,10 +78,11 @@ pub struct GatGrads<'a, T: DType> {
 /// `x_j` and leaves each row's statistics and ∂L/∂a_dst, the column pass gathers `dOut_i` and
 /// writes ∂L/∂x, ∂L/∂a_src and ∂L/∂bias. Nothing from the forward is read but its inputs; no
 /// floating-point atomics (the same bits every run); device memory beyond the outputs: the row
-/// statistics (`n_rows × heads` pairs) and the split rows' and columns' partials. Enqueued on
-/// `gpu`'s stream.
+/// statistics (`n_rows × heads` pairs) and the split rows' and columns' partials, and with a
+/// bias, dropout or the bias's gradient the inverse edge map, made once and kept with `t`
+/// (`nnz` u32). Enqueued on `gpu`'s stream.
 ///
-/// Errors: [`Error::InvalidArgument`] when `t` is not `a`'s transpose, the head is too wide
+/// Errors: [`Error::InvalidArgument`] when `t`'s sizes are not Aᵀ's, the head is too wide
 /// ([`FusedBackward::supports`]; the composed steps above take any), or a bias comes without
 /// its gradient's buffer; [`Error::ShapeMismatch`] naming the operand; [`Error::ForeignGpu`];
 /// [`Error::OutOfMemory`].
@@ -154,7 +155,7 @@ pub fn gat_fused_backward<T: DType>(
             T::NAME
         ),
         })?;
-    if a.nnz() == 0 || head_dim == 0 {
+    if a.nnz() == 0 {
         // No edge: every output is zero (rows without edges aggregate nothing).
         grads.dx.fill(T::from_f32(0.0))?;
         grads.d_dst.fill(0.0)?;

@@ -742,11 +742,27 @@ def gatv2_reference_backward(graph: Graph, xl, xr, att, features, d_out, slope, 
     return dxl, dxr, d_att, (dz if features is not None else None)
 
 
+def _check_head_dot(x, att) -> None:
+    """The native head dot's contract: ``x`` contiguous (rows, heads, dim) of float32, float16 or
+    bfloat16 (float32 or float64 on the CPU); ``att`` contiguous float32 of heads · dim values
+    on x's device."""
+    if x.dim() != 3 or not x.is_contiguous():
+        raise ValueError(f"x: expected a contiguous (rows, heads, dim) tensor, got shape "
+                         f"{tuple(x.shape)}")
+    if x.device.type == "cuda" and dtype_name(x.dtype) not in _CUDA_DTYPES:
+        raise TypeError(f"x: dtype {x.dtype} is not supported on CUDA (float32, float16, bfloat16)")
+    if att.dtype != torch.float32 or not att.is_contiguous() or att.device != x.device \
+            or att.numel() != x.shape[1] * x.shape[2]:
+        raise ValueError(f"att: expected a contiguous float32 tensor of {x.shape[1] * x.shape[2]} "
+                         f"values on {x.device}, got {att.dtype} of {att.numel()} on {att.device}")
+
+
 def head_dot_forward(x, att):
     """``(x * att).sum(-1)`` in float32 for a contiguous ``x`` of shape (rows, heads, dim)
     (float32, float16 or bfloat16) and ``att`` (heads · dim contiguous float32 on x's device):
     on CUDA spattn's kernel, one read of ``x`` in its own dtype (GAT's per-node and per-edge
     score terms); on the CPU torch ops."""
+    _check_head_dot(x, att)
     rows, h, c = x.shape
     if x.device.type != "cuda":
         return (x.to(torch.float32) * att.reshape(h, c)).sum(dim=-1)
@@ -762,11 +778,19 @@ def head_dot_backward(x, att, d_out, outs=None):
     """``(dx, d_att)`` of :func:`head_dot_forward` given ``d_out`` (rows, heads): ``d_out ⊗ att``
     in x's dtype and ``Σ_rows d_out · x`` in float32, summed in a fixed order (the same bits
     every run). ``outs``: zeroed tensors to write into (the custom operator's)."""
+    _check_head_dot(x, att)
     rows, h, c = x.shape
-    d_out = d_out.to(torch.float32).contiguous()
+    if tuple(d_out.shape) != (rows, h):
+        raise ValueError(f"d_out: has shape {tuple(d_out.shape)}, expected {(rows, h)}")
+    d_out = d_out.to(device=x.device, dtype=torch.float32).contiguous()
     if outs is None:
         outs = (torch.zeros_like(x), torch.zeros(h * c, dtype=torch.float32, device=x.device))
     dx, d_att = outs
+    for name, t, like in (("dx", dx, x), ("d_att", d_att, att)):
+        if t.shape != like.shape or t.dtype != like.dtype or t.device != like.device \
+                or not t.is_contiguous():
+            raise ValueError(f"{name}: expected a contiguous {like.dtype} tensor of shape "
+                             f"{tuple(like.shape)} on {like.device}")
     if x.device.type != "cuda":
         dx += (d_out.unsqueeze(-1) * att.reshape(h, c)).to(x.dtype)
         d_att += (d_out.unsqueeze(-1) * x.to(torch.float32)).sum(dim=0).reshape(-1)
