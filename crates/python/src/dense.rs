@@ -7,7 +7,7 @@
 use pyo3::prelude::*;
 use spattn::ops::elementwise;
 use spattn::ops::{ExternalMatrix, ExternalVec};
-use spattn::{bf16, f16, DType, DTypeKind, Shape};
+use spattn::{DType, Shape};
 
 use crate::device;
 use crate::errors::to_py;
@@ -39,12 +39,8 @@ pub(crate) fn head_dot(
     py.detach(|| -> spattn::Result<()> {
         let _restore = device::ContextGuard::save();
         let d = device::device(ordinal)?;
-        let (sx, se) = shapes(rows, heads, dim)?;
-        match kind {
-            DTypeKind::F32 => head_dot_gpu::<f32>(&d, (sx, se), [x, att, out], stream),
-            DTypeKind::F16 => head_dot_gpu::<f16>(&d, (sx, se), [x, att, out], stream),
-            DTypeKind::Bf16 => head_dot_gpu::<bf16>(&d, (sx, se), [x, att, out], stream),
-        }
+        let s = shapes(rows, heads, dim)?;
+        by_dtype!(kind, head_dot_gpu(&d, s, [x, att, out], stream))
     })
     .map_err(to_py)
 }
@@ -75,11 +71,7 @@ pub(crate) fn head_dot_backward(
         let d = device::device(ordinal)?;
         let s = shapes(rows, heads, dim)?;
         let ptrs = [x, att, d_out, dx, d_att];
-        match kind {
-            DTypeKind::F32 => head_dot_backward_gpu::<f32>(&d, s, ptrs, stream),
-            DTypeKind::F16 => head_dot_backward_gpu::<f16>(&d, s, ptrs, stream),
-            DTypeKind::Bf16 => head_dot_backward_gpu::<bf16>(&d, s, ptrs, stream),
-        }
+        by_dtype!(kind, head_dot_backward_gpu(&d, s, ptrs, stream))
     })
     .map_err(to_py)
 }
@@ -138,9 +130,8 @@ fn head_dot_backward_gpu<T: DType>(
 #[pyfunction]
 pub(crate) fn gat_fused_supports(dtype: &str, dim: usize) -> PyResult<bool> {
     use spattn::ops::backward::FusedBackward;
-    Ok(match DTypeName::parse(dtype)?.device()? {
-        DTypeKind::F32 => FusedBackward::supports::<f32>(dim),
-        DTypeKind::F16 => FusedBackward::supports::<f16>(dim),
-        DTypeKind::Bf16 => FusedBackward::supports::<bf16>(dim),
-    })
+    Ok(by_dtype!(
+        DTypeName::parse(dtype)?.device()?,
+        FusedBackward::supports(dim)
+    ))
 }

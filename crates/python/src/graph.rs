@@ -33,7 +33,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use spattn::ops::device_plan::{self, GraphSpec};
 use spattn::ops::ExternalVec;
-use spattn::{bf16, f16, Csr, DTypeKind, DeviceGraph, PlanPolicy};
+use spattn::{Csr, DeviceGraph, PlanPolicy};
 
 use crate::cpu::scale_of;
 use crate::cuda::{
@@ -79,17 +79,6 @@ pub struct GraphCore {
     /// Backward calls on CUDA so far (nn's graph cache reads it: a graph seen again after a
     /// backward is one trained on over several steps).
     backwards: AtomicUsize,
-}
-
-/// Calls the generic `f::<T>(args)` for the device dtype `dtype` (f32, f16 or bf16).
-macro_rules! by_dtype {
-    ($dtype:expr, $($f:ident)::+($($arg:expr),*)) => {
-        match $dtype {
-            DTypeKind::F32 => $($f)::+::<f32>($($arg),*),
-            DTypeKind::F16 => $($f)::+::<f16>($($arg),*),
-            DTypeKind::Bf16 => $($f)::+::<bf16>($($arg),*),
-        }
-    };
 }
 
 #[pymethods]

@@ -20,6 +20,17 @@
 //!
 //! Errors become Python exceptions naming the operand ([`errors`]).
 
+/// Calls the generic `f::<T>(args)` for the device dtype `dtype` (f32, f16 or bf16).
+macro_rules! by_dtype {
+    ($dtype:expr, $($f:ident)::+($($arg:expr),*)) => {
+        match $dtype {
+            ::spattn::DTypeKind::F32 => $($f)::+::<f32>($($arg),*),
+            ::spattn::DTypeKind::F16 => $($f)::+::<::spattn::f16>($($arg),*),
+            ::spattn::DTypeKind::Bf16 => $($f)::+::<::spattn::bf16>($($arg),*),
+        }
+    };
+}
+
 mod cpu;
 mod cuda;
 mod dense;
