@@ -10,7 +10,7 @@ use spattn_kernels_sys::EDGE_EXTRAS;
 
 use crate::buffer::{DeviceMatrix, DeviceVec};
 use crate::device_csr::DeviceCsr;
-use crate::dropout::Dropout;
+use crate::dropout::{Dropout, DropoutWords};
 use crate::dtype::{DType, DTypeKind};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
@@ -136,20 +136,12 @@ pub fn apply_dropout(gpu: &Gpu, values: &mut DeviceVec<f32>, dropout: &Dropout) 
     }
     let (name, f) = function(gpu, DROPOUT_KERNEL.into())?;
     let n = values.len() as u64;
-    let [k0, k1] = dropout.key();
-    let (o0, o1) = (dropout.offset() as u32, (dropout.offset() >> 32) as u32);
-    let (threshold, scale) = (dropout.threshold(), dropout.scale());
+    let words = DropoutWords::of(Some(dropout));
     // A thread per four elements: they share one Philox draw.
     let cfg = stride_grid(values.len().div_ceil(4))?;
     let mut args = gpu.launch_builder(&f);
-    args.arg(values.slice_mut())
-        .arg(&n)
-        .arg(&k0)
-        .arg(&k1)
-        .arg(&o0)
-        .arg(&o1)
-        .arg(&threshold)
-        .arg(&scale);
+    args.arg(values.slice_mut()).arg(&n);
+    words.push(&mut args);
     // SAFETY: reads and writes values[0..n), n its length.
     unsafe { launch(name, &mut args, cfg) }
 }
