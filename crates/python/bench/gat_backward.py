@@ -3,7 +3,7 @@
 composed CSR ops, by graph size. Per graph, heads × channels and dtype: the GPU time of one
 backward (CUDA events around 20 back-to-back calls, median of 5 such runs), the host time of
 one call (enqueue only: 200 calls back to back, then the drain) and the largest difference
-between the two results. What ``kernels="auto"``'s threshold (fused up to 2²¹ edges × heads)
+between the two results. What ``kernels="auto"``'s threshold (fused up to 2¹⁵ edges)
 rests on.
 
 Graphs: a batch of 128 random molecules of 15–40 atoms and the subgraph induced by 20% of

@@ -225,25 +225,25 @@ pub(crate) fn gat_forward_gpu<T: DType>(
     }
 }
 
-/// Edges up to which `auto` takes GAT's fused backward: its two launches and no per-edge
-/// buffers save launches and host time on small graphs (a batch of molecules: 1.7–2.4× the
-/// composed steps' GPU time); from about 10⁵ edges the composed steps' edge-parallel passes
-/// run as fast or faster (docs/kernels/csr-ops.md, "GAT's backward").
+/// Edges up to which the package's `kernels="auto"` takes GAT's fused backward (exported to
+/// Python, which makes the choice): its two launches and no per-edge buffers save launches and
+/// host time on small graphs (a batch of molecules: 1.7–2.4× the composed steps' GPU time);
+/// from about 10⁵ edges the composed steps' edge-parallel passes run as fast or faster
+/// (docs/kernels/csr-ops.md, "GAT's backward").
 pub(crate) const GAT_FUSED_MAX_EDGES: usize = 1 << 15;
 
 /// The GAT backward on CUDA tensors at `[x, a_dst, a_src, d_out, dx, da_dst, da_src, bias,
 /// d_bias]` (the bias's 0 for none), ordered with `stream`: the fused backward
-/// ([`gpu_backward::gat_fused_backward`]: two passes, no per-edge buffer) where `fused` says so
-/// (`None`: where it takes the head and the graph has at most [`GAT_FUSED_MAX_EDGES`] edges),
-/// otherwise the composed steps, which recompute the scores and probabilities
-/// in three `nnz × heads` f32 workspaces (at `workspaces`, or allocated here where those are 0).
+/// ([`gpu_backward::gat_fused_backward`]: two passes, no per-edge buffer) where `fused`,
+/// otherwise the composed steps, which recompute the scores and probabilities in the three
+/// `nnz × heads` f32 `workspaces`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gat_backward_gpu<T: DType>(
     d: &OnDevice,
     sq: Shape,
     skv: Shape,
     (slope, dropout): (f32, Option<Dropout>),
-    fused: Option<bool>,
+    fused: bool,
     [x, a_dst, a_src, d_out, dx, da_dst, da_src, bias, d_bias]: [u64; 9],
     workspaces: [u64; 3],
     stream: u64,
@@ -251,10 +251,10 @@ pub(crate) fn gat_backward_gpu<T: DType>(
     let gpu = &d.device.gpu;
     let h = sq.heads;
     // SAFETY: as in `gat_forward_gpu`; d_out is n_rows × heads × dim of T; dx (n_cols rows of
-    // T), da_dst (n_rows × heads f32), da_src (n_cols × heads f32), the workspaces where given
-    // and d_bias (nnz × heads f32, where the forward had a bias) are fresh. The transposed ops
-    // index Aᵀ's rows (< n_cols) and its edge map (a permutation of the nnz edges), within the
-    // same views.
+    // T), da_dst (n_rows × heads f32), da_src (n_cols × heads f32), the workspaces (composed
+    // steps only) and d_bias (nnz × heads f32, where the forward had a bias) are fresh. The
+    // transposed ops index Aᵀ's rows (< n_cols) and its edge map (a permutation of the nnz
+    // edges), within the same views.
     unsafe {
         let (x, a_dst, a_src, edges) = gat_views::<T>(d, sq, skv, [x, a_dst, a_src])?;
         let d_out = ExternalMatrix::<T>::new_trusted(gpu, "d_out", d_out, sq)?;
@@ -266,9 +266,9 @@ pub(crate) fn gat_backward_gpu<T: DType>(
         let blen = if bias == 0 { 0 } else { edges };
         let bias = ExternalVec::<f32>::new_trusted(gpu, "bias", bias, blen)?;
         let mut d_bias = ExternalVec::<f32>::new_trusted(gpu, "d_bias", d_bias, blen)?;
-        let [w0, w1, w2] = workspaces;
         let view = |at| ExternalVec::<f32>::new_trusted(gpu, "workspace", at, edges);
-        let mut ws = match workspaces.contains(&0) {
+        let [w0, w1, w2] = workspaces;
+        let mut ws = match fused {
             true => None,
             false => Some([view(w0)?, view(w1)?, view(w2)?]),
         };
@@ -276,11 +276,8 @@ pub(crate) fn gat_backward_gpu<T: DType>(
             let (a, t) = (d.graph.csr()?, d.graph.transpose()?);
             let drop = dropout.as_ref();
             let b = (blen > 0).then_some(&*bias);
-            let fused = fused.unwrap_or_else(|| {
-                gpu_backward::FusedBackward::supports::<T>(sq.head_dim)
-                    && d.graph.nnz() <= GAT_FUSED_MAX_EDGES
-            });
-            if fused {
+            let Some([s, p, dp]) = &mut ws else {
+                // The fused kernels: no workspaces.
                 let terms = gpu_backward::GatScoreTerms {
                     a_dst: &a_dst,
                     a_src: &a_src,
@@ -296,18 +293,9 @@ pub(crate) fn gat_backward_gpu<T: DType>(
                 };
                 gpu_backward::gat_fused_backward(gpu, (a, t), terms, (&x, &d_out), grads)?;
                 return Ok(());
-            }
-            // The composed steps: the caller's workspaces, or spattn's.
-            let mut owned;
-            let [s, p, dp]: [&mut DeviceVec<f32>; 3] = match &mut ws {
-                Some([s, p, dp]) => [&mut **s, &mut **p, &mut **dp],
-                None => {
-                    let zeros = || DeviceVec::<f32>::zeros(gpu, edges);
-                    owned = [zeros()?, zeros()?, zeros()?];
-                    let [s, p, dp] = &mut owned;
-                    [s, p, dp]
-                }
             };
+            // The composed steps, in the caller's workspaces.
+            let (s, p, dp) = (&mut **s, &mut **p, &mut **dp);
             csr_ops::gat_scores(gpu, a, (&*a_dst, &*a_src), b, s)?;
             csr_ops::edge_softmax(gpu, a, s, h, Some(slope), p)?;
             let leaky = Some((slope, &*s));

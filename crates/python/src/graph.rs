@@ -651,16 +651,17 @@ impl GraphCore {
 
     /// The exact gradients of [`gat_forward`](Self::gat_forward) given `d_out`: writes `dx`
     /// (the aggregation's part of ∂L/∂x: the scores' part flows through `da_dst`, `da_src`),
-    /// `da_dst` and `da_src` (f32 on CUDA). `workspaces`: three `nnz × heads` f32 buffers on
-    /// CUDA for heads the fused backward does not take, or zeros (spattn then allocates them
-    /// where needed; unused on the CPU). `dropout`: the forward's; `bias` and `d_bias`: the
+    /// `da_dst` and `da_src` (f32 on CUDA). `dropout`: the forward's; `bias` and `d_bias`: the
     /// forward's score bias and where its gradient goes (`nnz × heads`; both 0 for none).
-    /// `kernels` (CUDA): `"fused"` (two passes), `"composed"` (the CSR ops) or `"auto"` (fused
-    /// on graphs of at most [`crate::cuda::GAT_FUSED_MAX_EDGES`] edges, where it saves launches
-    /// and host time; composed above, where its edge-parallel passes run as fast or faster).
+    /// `kernels` (CUDA): `"fused"` (two passes, heads [`FusedBackward::supports`]) or
+    /// `"composed"` (the CSR ops, in `workspaces`: three `nnz × heads` f32 buffers; zeros for
+    /// the fused kernels and on the CPU). The package chooses (fused up to
+    /// [`crate::cuda::GAT_FUSED_MAX_EDGES`] edges).
+    ///
+    /// [`FusedBackward::supports`]: spattn::ops::backward::FusedBackward::supports
     #[pyo3(signature = (device, dtype, heads, dim, negative_slope, x, a_dst, a_src, d_out, dx,
                         da_dst, da_src, workspaces, stream, dropout = None, bias = 0, d_bias = 0,
-                        kernels = "auto"))]
+                        kernels = "composed"))]
     #[allow(clippy::too_many_arguments)]
     fn gat_backward(
         &self,
@@ -688,13 +689,12 @@ impl GraphCore {
         let slope = check_slope(negative_slope)?;
         let drop = ExtrasArgs::parse("none", dropout)?.dropout;
         let fused = match kernels {
-            "auto" => None,
-            "fused" => Some(true),
-            "composed" => Some(false),
+            "fused" => true,
+            "composed" => false,
             other => {
                 return Err(value_error(
                     "kernels",
-                    format!("{other:?} is not \"auto\", \"fused\" or \"composed\""),
+                    format!("{other:?} is not \"fused\" or \"composed\""),
                 ))
             }
         };

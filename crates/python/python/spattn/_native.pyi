@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 GAT_FUSED_MAX_EDGES: int
-"""Edges up to which GAT's backward takes the fused kernels by default."""
+"""Edges up to which the package's GAT backward takes the fused kernels (``kernels="auto"``)."""
 
 class SpattnError(RuntimeError):
     """A CUDA driver or runtime failure inside spattn (no driver, no device, a failed launch)."""
@@ -214,7 +214,7 @@ class GraphCore:
         dropout: tuple[float, int, int] | None = None,
         bias: int = 0,
         d_bias: int = 0,
-        kernels: str = "auto",
+        kernels: str = "composed",
     ) -> None: ...
     def gatv2_forward(
         self,

@@ -610,12 +610,14 @@ def gat_backward(graph: Graph, x, a_dst, a_src, d_out, bias, slope, drop, outs=N
             if t is not None:
                 t.zero_()
         return dx, da_dst, da_src, d_bias
-    if kernels == "auto" and x.device.type == "cuda":
+    cuda = x.device.type == "cuda"
+    if kernels == "auto":
         small = graph.num_edges <= _native.GAT_FUSED_MAX_EDGES
-        kernels = "fused" if small and _gat_fused_supports(dtype_name(x.dtype), c) else "composed"
+        fused = cuda and small and _gat_fused_supports(dtype_name(x.dtype), c)
+        kernels = "fused" if fused else "composed"
     # The fused backward needs no workspaces; the composed steps take three from PyTorch.
     ws = [torch.empty(graph.num_edges * h, dtype=torch.float32, device=x.device)
-          for _ in range(3 if x.device.type == "cuda" and kernels == "composed" else 0)]
+          for _ in range(3 if cuda and kernels == "composed" else 0)]
     wsp = tuple(address(w) for w in ws) if ws else (0, 0, 0)
     graph._core.gat_backward(
         device_index(x), dtype_name(x.dtype), h, c, slope,
