@@ -7,7 +7,7 @@
 use pyo3::prelude::*;
 use spattn::ops::elementwise;
 use spattn::ops::{ExternalMatrix, ExternalVec};
-use spattn::{DType, Shape};
+use spattn::{DType, DTypeKind, Shape};
 
 use crate::device;
 use crate::errors::to_py;
@@ -34,15 +34,10 @@ pub(crate) fn head_dot(
     out: u64,
     stream: u64,
 ) -> PyResult<()> {
-    let kind = DTypeName::parse(dtype)?.device()?;
-    let ordinal = device::ordinal(device)?;
-    py.detach(|| -> spattn::Result<()> {
-        let _restore = device::ContextGuard::save();
-        let d = device::device(ordinal)?;
+    on_device(py, device, dtype, |d, kind| {
         let s = shapes(rows, heads, dim)?;
-        by_dtype!(kind, head_dot_gpu(&d, s, [x, att, out], stream))
+        by_dtype!(kind, head_dot_gpu(d, s, [x, att, out], stream))
     })
-    .map_err(to_py)
 }
 
 /// The gradients of [`head_dot`] given `d_out` (`rows × heads` f32): adds `d_out ⊗ att` into
@@ -64,14 +59,26 @@ pub(crate) fn head_dot_backward(
     d_att: u64,
     stream: u64,
 ) -> PyResult<()> {
+    on_device(py, device, dtype, |d, kind| {
+        let s = shapes(rows, heads, dim)?;
+        let ptrs = [x, att, d_out, dx, d_att];
+        by_dtype!(kind, head_dot_backward_gpu(d, s, ptrs, stream))
+    })
+}
+
+/// Runs `f` with CUDA device `device`'s handle and `dtype`'s kernel type, without the GIL, the
+/// thread's CUDA context restored afterwards.
+fn on_device(
+    py: Python<'_>,
+    device: i64,
+    dtype: &str,
+    f: impl FnOnce(&device::Device, DTypeKind) -> spattn::Result<()> + Send,
+) -> PyResult<()> {
     let kind = DTypeName::parse(dtype)?.device()?;
     let ordinal = device::ordinal(device)?;
     py.detach(|| -> spattn::Result<()> {
         let _restore = device::ContextGuard::save();
-        let d = device::device(ordinal)?;
-        let s = shapes(rows, heads, dim)?;
-        let ptrs = [x, att, d_out, dx, d_att];
-        by_dtype!(kind, head_dot_backward_gpu(&d, s, ptrs, stream))
+        f(&*device::device(ordinal)?, kind)
     })
     .map_err(to_py)
 }

@@ -446,14 +446,25 @@ fn push_pass_args<'a, T: DType>(
     scale: &'a f32,
     g: &'a u32,
 ) {
-    for u in units {
-        args.arg(u.slice());
-    }
-    args.arg(n_units).arg(ends.slice());
+    push_units(args, units, n_units, ends);
     for m in operands {
         args.arg(m.slice());
     }
     args.arg(&dims[0]).arg(&dims[1]).arg(scale).arg(g);
+}
+
+/// The arguments every fused pass (attention's and GAT's) begins with: the units `[rows,
+/// starts, slots, partials, first partials]`, their count and each edge's other end.
+pub(super) fn push_units<'a>(
+    args: &mut LaunchArgs<'a>,
+    units: &[&'a DeviceVec<u32>; 5],
+    n_units: &'a u32,
+    ends: &'a DeviceVec<u32>,
+) {
+    for u in units {
+        args.arg(u.slice());
+    }
+    args.arg(n_units).arg(ends.slice());
 }
 
 /// The grid of a pass: a group of `g` lanes per (unit, head), at most [`MAX_BLOCKS`] blocks.

@@ -31,7 +31,7 @@ use crate::launch::{
 };
 use crate::shape::Shape;
 
-use super::fused::{check_transpose, layout, row_grid, ROW_PARTIAL};
+use super::fused::{check_transpose, layout, push_units, row_grid, ROW_PARTIAL};
 #[cfg(doc)]
 use super::FusedBackward;
 use super::{
@@ -193,12 +193,9 @@ pub fn gat_fused_backward<T: DType>(
     let name = kernel_named(&BACKWARD, gat_rows_kernel(T::NAME, vec, nv))?;
     let f = gpu.load_function(BACKWARD.name, BACKWARD.ptx, name)?;
     let mut args = gpu.launch_builder(&f);
-    for u in [a_rows, a_starts, a_slots, a_parts, a_first] {
-        args.arg(u.slice());
-    }
-    args.arg(&n_units)
-        .arg(a.col_indices().slice())
-        .arg(x.slice())
+    let units = [a_rows, a_starts, a_slots, a_parts, a_first];
+    push_units(&mut args, &units, &n_units, a.col_indices());
+    args.arg(x.slice())
         .arg(d_out.slice())
         .arg(&heads_u)
         .arg(&dim_u)
@@ -223,12 +220,9 @@ pub fn gat_fused_backward<T: DType>(
     let name = kernel_named(&BACKWARD, gat_cols_kernel(T::NAME, vec, nv))?;
     let f = gpu.load_function(BACKWARD.name, BACKWARD.ptx, name)?;
     let mut args = gpu.launch_builder(&f);
-    for u in [t_rows, t_starts, t_slots, t_parts, t_first] {
-        args.arg(u.slice());
-    }
-    args.arg(&n_units)
-        .arg(t.csr.col_indices().slice())
-        .arg_or_null(t_to_a)
+    let units = [t_rows, t_starts, t_slots, t_parts, t_first];
+    push_units(&mut args, &units, &n_units, t.csr.col_indices());
+    args.arg_or_null(t_to_a)
         .arg(x.slice())
         .arg(d_out.slice())
         .arg(&heads_u)
