@@ -20,12 +20,12 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import host_time  # noqa: E402  (its host-time probe)
 import minibatch  # noqa: E402  (the workloads' generators)
 
 import spattn  # noqa: E402
@@ -69,16 +69,6 @@ def gpu_ms(fn, calls=20, runs=5):
     return statistics.median(times)
 
 
-def host_us(fn, calls=200):
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / calls * 1e6
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--graph", required=True, help="ogbn-arxiv.mtx.gz")
@@ -108,7 +98,7 @@ def main():
                 for k in ("composed", "fused"):
                     fn = lambda k=k: run(g, x, a_dst, a_src, d_out, k)  # noqa: E731
                     out = fn()
-                    res[k] = (gpu_ms(fn), host_us(fn), out)
+                    res[k] = (gpu_ms(fn), host_time.host(fn)[0], out)
                 diff = max(
                     (a.float() - b.float()).abs().max().item()
                     for a, b in zip(res["composed"][2][:3], res["fused"][2][:3])
