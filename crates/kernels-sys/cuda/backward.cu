@@ -776,22 +776,6 @@ __device__ __forceinline__ void backward_col_pass(
 //     (the bias's gradient) where asked, written by the one unit holding the edge.
 // One gather per edge and pass, no nnz x heads buffer (but the bias's gradient), no float
 // atomics: split rows and columns merge their units' partials as the attention's passes do.
-struct GatScores {
-    const float* a_dst;  // n_rows x heads
-    const float* a_src;  // n_cols x heads
-    const float* bias;   // null, or nnz x heads in A's CSR order
-    float slope;
-    Dropout drop;        // threshold 0: none
-};
-
-// The pre-activation score of A's edge e from row i to column j, head h.
-__device__ __forceinline__ float gat_score(const GatScores& sc, u32 i, u32 j, u64 e, u32 heads,
-                                           u32 h) {
-    float s = __ldg(sc.a_dst + (u64)i * heads + h) + __ldg(sc.a_src + (u64)j * heads + h);
-    if (sc.bias != nullptr) s += __ldg(sc.bias + e * heads + h);
-    return s;
-}
-
 template <class T, int VEC, int NV, int TILE>
 __device__ __forceinline__ void gat_backward_row_pass(
     Units un, const u32* __restrict__ col_indices, const T* __restrict__ x,
@@ -998,30 +982,23 @@ __device__ __forceinline__ void gat_backward_col_pass(
 // GAT's passes hold the dropout's generator beside two edges in flight: 3 blocks a SM (85
 // registers, no spills) up to 8 features a lane, 2 at 16 (the attention's bounds spill them).
 #define SPATTN_GAT_BWD_MINB_OF(F) ((F) <= 8 ? 3 : 2)
-// GAT's passes (`gat_backward_rows_*`, `gat_backward_cols_*`): the score terms a_dst, a_src,
-// the bias (or null), the slope and the dropout's words (threshold 0: none).
-#define SPATTN_GAT_BWD_SCORES_ARGS                                                              \
-    const float *a_dst, const float *a_src, const float *bias, float slope, u32 key0, u32 key1, \
-        u32 off0, u32 off1, u32 threshold, float drop_scale
-#define SPATTN_GAT_BWD_SCORES                                                                   \
-    {a_dst, a_src, bias, slope, {key0, key1, off0, off1, threshold, drop_scale}}
 #define SPATTN_GAT_BACKWARD_K(NAME_R, NAME_C, T, VEC, NV, TILE, MINB)                           \
     extern "C" __global__ void __launch_bounds__(256, MINB) NAME_R(                             \
         SPATTN_BWD_UNITS_ARGS, const u32* col_indices, const T* x, const T* d_out, u32 heads,   \
-        u32 head_dim, u32 g, SPATTN_GAT_BWD_SCORES_ARGS, float2* stats, float* d_dst,           \
+        u32 head_dim, u32 g, SPATTN_GAT_SCORES_ARGS, float2* stats, float* d_dst,           \
         float* part_stats, u32* counters) {                                                     \
         const Units un = SPATTN_BWD_UNITS;                                                      \
-        const GatScores sc = SPATTN_GAT_BWD_SCORES;                                             \
+        const GatScores sc = SPATTN_GAT_SCORES;                                             \
         gat_backward_row_pass<T, VEC, NV, TILE>(un, col_indices, x, d_out, heads, head_dim, g,  \
                                                 sc, stats, d_dst, part_stats, counters);        \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(256, MINB) NAME_C(                             \
         SPATTN_BWD_UNITS_ARGS, const u32* row_indices, const u32* t_to_a, const T* x,           \
-        const T* d_out, u32 heads, u32 head_dim, u32 g, SPATTN_GAT_BWD_SCORES_ARGS,             \
+        const T* d_out, u32 heads, u32 head_dim, u32 g, SPATTN_GAT_SCORES_ARGS,             \
         const float2* stats, T* dx, float* d_src, float* d_bias, float* part_acc,               \
         u32* counters) {                                                                        \
         const Units un = SPATTN_BWD_UNITS;                                                      \
-        const GatScores sc = SPATTN_GAT_BWD_SCORES;                                             \
+        const GatScores sc = SPATTN_GAT_SCORES;                                             \
         gat_backward_col_pass<T, VEC, NV, TILE>(un, row_indices, t_to_a, x, d_out, heads,       \
                                                 head_dim, g, sc, stats, dx, d_src, d_bias,      \
                                                 part_acc, counters);                            \

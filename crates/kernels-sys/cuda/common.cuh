@@ -279,3 +279,30 @@ __device__ __forceinline__ float dropout_factor(const Dropout& d, u64 i) {
     if (d.threshold == 0u) return 1.0f;
     return dropout_factor_of(d, dropout_draws(d, i >> 2), (u32)i & 3u);
 }
+
+// ---- GAT's scores ---------------------------------------------------------------------------
+// s = a_dst[i] + a_src[j] (+ bias_e), z = LeakyReLU(s), P the row softmax of z, W = P f (f the
+// dropout factor of A's edge e and the head): what GAT's kernels (csr_ops.cu, backward.cu) read.
+struct GatScores {
+    const float* a_dst;  // n_rows x heads
+    const float* a_src;  // n_cols x heads
+    const float* bias;   // null, or nnz x heads in A's CSR order
+    float slope;
+    Dropout drop;        // threshold 0: none
+};
+
+// The pre-activation score of A's edge e from row i to column j, head h.
+__device__ __forceinline__ float gat_score(const GatScores& sc, u32 i, u32 j, u64 e, u32 heads,
+                                           u32 h) {
+    float s = __ldg(sc.a_dst + (u64)i * heads + h) + __ldg(sc.a_src + (u64)j * heads + h);
+    if (sc.bias != nullptr) s += __ldg(sc.bias + e * heads + h);
+    return s;
+}
+
+// The kernel arguments of GatScores: the score terms a_dst, a_src, the bias (or null), the
+// slope and the dropout's words (threshold 0: none); and the struct built from them.
+#define SPATTN_GAT_SCORES_ARGS                                                              \
+    const float *a_dst, const float *a_src, const float *bias, float slope, u32 key0, u32 key1, \
+        u32 off0, u32 off1, u32 threshold, float drop_scale
+#define SPATTN_GAT_SCORES                                                                   \
+    {a_dst, a_src, bias, slope, {key0, key1, off0, off1, threshold, drop_scale}}

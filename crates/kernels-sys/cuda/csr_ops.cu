@@ -270,6 +270,263 @@ extern "C" __global__ void edge_softmax_csr_long_rows(const u32* __restrict__ ro
     }
 }
 
+// ---- GAT from row statistics ------------------------------------------------------------------
+// GAT's attention (GatScores: s, z = LeakyReLU(s), P = exp(z - lse_i), W = P f) walked with no
+// per-edge buffer: gat_row_stats leaves lse per (row, head); gat_aggregate sums W-weighted rows
+// over the units of A (the forward, out = W x) or of A^T (the backward, dx = W^T dOut, with
+// d_src = the column sums of dS); gat_grad_rows, over A's units, forms dS = L' P (f dW - D_i)
+// with dW = <dOut_i, x_j> and D_i = <dOut_i, out_i> (the forward's output), sums d_dst per row
+// and writes dS in A^T's order (and A's, the bias's gradient, where asked). Every pass is shaped
+// like spmm_csr: units of at most UNIT_CHUNK edges, four edges in flight, split rows' partials
+// added in order by spmm_csr_finalize (or gat_row_stats_finalize): no float atomics.
+//
+// Head lanes: a head's head_dim / VEC vectors sit on hl consecutive lanes (hl a power of two,
+// at most 32; lanes past head_dim idle), a group of g lanes holds g / hl heads and blockIdx.y
+// picks which; a head's dot is a group_sum over its hl lanes. Lanes of no head (past `heads`)
+// take the last head's indices and stay idle.
+struct GatLanes {
+    u32 h, d;     // head, first feature within it
+    bool on;      // holds features
+    bool lead;    // the head's first lane (writes the head's scalars)
+};
+
+template <int VEC>
+__device__ __forceinline__ GatLanes gat_lanes(u32 g, u32 hl, u32 heads, u32 head_dim) {
+    const u32 lane = lane_id() & (g - 1u);
+    const u32 slot = blockIdx.y * (g / hl) + lane / hl;
+    GatLanes l;
+    l.d = (lane & (hl - 1u)) * VEC;
+    l.on = slot < heads && l.d < head_dim;
+    l.h = slot < heads ? slot : heads - 1u;
+    l.lead = slot < heads && (lane & (hl - 1u)) == 0u;
+    return l;
+}
+
+// lse[i, h] = log sum_j exp(z_ij) over row i's edges (0 for a row without edges): a head's hl
+// lanes stride over the unit's edges, each with an online (max, sum), merged by shuffles; a
+// split row's units leave (max, sum) in part_ml for gat_row_stats_finalize.
+extern "C" __global__ void gat_row_stats_csr(const u32* __restrict__ unit_rows,
+                                             const u32* __restrict__ unit_starts,
+                                             const u32* __restrict__ unit_parts, u32 n_units,
+                                             const u32* __restrict__ col_indices, u32 heads,
+                                             u32 g, u32 hl, SPATTN_GAT_SCORES_ARGS,
+                                             float* __restrict__ lse,
+                                             float2* __restrict__ part_ml) {
+    const GatScores sc = SPATTN_GAT_SCORES;
+    const u32 mask = group_mask(g), k = lane_id() & (hl - 1u);
+    const GatLanes ln = gat_lanes<1>(g, hl, heads, hl);
+    const u64 group = grid_group(g), groups = grid_groups(g);
+    for (u64 u = group; u < n_units; u += groups) {
+        const u32 row = unit_rows[u], start = unit_starts[u], end = unit_starts[u + 1];
+        const float ad = __ldg(sc.a_dst + (u64)row * heads + ln.h);
+        float m = SPATTN_NEG_INF, l = 0.0f;
+        // Four edges a lane per step, every load issued before the arithmetic that waits.
+        for (u32 e = start + k; e < end; e += 4u * hl) {
+            u32 c[4];
+            float s[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const u32 pos = e + j * hl;
+                c[j] = __ldg(col_indices + (pos < end ? pos : e));
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const u32 pos = e + j * hl < end ? e + j * hl : e;
+                s[j] = ad + __ldg(sc.a_src + (u64)c[j] * heads + ln.h);
+                if (sc.bias != nullptr) s[j] += __ldg(sc.bias + (u64)pos * heads + ln.h);
+            }
+            float mt = m;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                s[j] = leaky_relu(s[j], sc.slope);
+                if (e + j * hl < end) mt = fmaxf(mt, s[j]);
+            }
+            l *= online_rescale(m, mt);
+            m = mt;
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                if (e + j * hl < end) l += __expf(s[j] - m);
+        }
+        const float mh = group_max(m, mask, hl);
+        l = group_sum(l * online_rescale(m, mh), mask, hl);
+        if (!ln.lead) continue;
+        const u32 part = unit_parts[u];
+        if (part == SPATTN_NONE) {
+            lse[(u64)row * heads + ln.h] = l > 0.0f ? mh + logf(l) : 0.0f;
+        } else {
+            part_ml[(u64)part * heads + ln.h] = make_float2(mh, l);
+        }
+    }
+}
+
+// The split rows' lse from their units' (max, sum), merged in part order.
+extern "C" __global__ void gat_row_stats_finalize(const u32* __restrict__ split_rows,
+                                                  const u32* __restrict__ part_first, u32 n_split,
+                                                  u32 heads, const float2* __restrict__ part_ml,
+                                                  float* __restrict__ lse) {
+    const u64 total = (u64)n_split * heads;
+    SPATTN_GRID_STRIDE(i, total) {
+        u32 h;
+        const u64 s = split_index(i, heads, total, h);
+        float m = SPATTN_NEG_INF, l = 0.0f;
+        for (u32 p = part_first[s]; p < part_first[s + 1]; ++p) {
+            const float2 ml = part_ml[(u64)p * heads + h];
+            float c1, c2;
+            online_merge(m, l, ml.x, ml.y, c1, c2);
+        }
+        lse[(u64)split_rows[s] * heads + h] = l > 0.0f ? m + logf(l) : 0.0f;
+    }
+}
+
+// out[r] = sum over the unit's entries of W * rows[entry]: TRANSPOSED false walks A (r a row
+// i, entries columns j, rows = x: the forward); true walks A^T (r a column j, entries rows i,
+// rows = dOut: the backward's dx; t_to_a gives A's edge of an entry where the bias or dropout
+// reads it, and d_src[j] = sum of ds_t over the entries). Split units leave f32 partials
+// (scratch: features; scratch_src: d_src) for spmm_csr_finalize.
+template <class T, int VEC, bool TRANSPOSED, bool DROP>
+__device__ __forceinline__ void gat_aggregate(
+    const u32* __restrict__ unit_rows, const u32* __restrict__ unit_starts,
+    const u32* __restrict__ unit_parts, u32 n_units, const u32* __restrict__ entries,
+    const u32* __restrict__ t_to_a, const T* __restrict__ rows, u32 heads, u32 head_dim, u32 g,
+    u32 hl, const GatScores& sc, const float* __restrict__ lse, const float* __restrict__ ds_t,
+    T* __restrict__ out, float* __restrict__ d_src, float* __restrict__ scratch,
+    float* __restrict__ scratch_src) {
+    const GatLanes ln = gat_lanes<VEC>(g, hl, heads, head_dim);
+    if (!ln.on) return;  // no shuffles here: idle lanes can leave
+    const u64 hd = (u64)heads * head_dim;
+    const u64 feat = (u64)ln.h * head_dim + ln.d;
+    const float* own = TRANSPOSED ? sc.a_src : sc.a_dst;
+    const float* other = TRANSPOSED ? sc.a_dst : sc.a_src;
+    const bool by_edge = TRANSPOSED && t_to_a != nullptr;
+    const u64 group = grid_group(g), groups = grid_groups(g);
+    for (u64 u = group; u < n_units; u += groups) {
+        const u32 r = unit_rows[u], start = unit_starts[u], end = unit_starts[u + 1];
+        const float a_own = __ldg(own + (u64)r * heads + ln.h);
+        const float lse_own = TRANSPOSED ? 0.0f : __ldg(lse + (u64)r * heads + ln.h);
+        float acc[VEC];
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) acc[i] = 0.0f;
+        float dsum = 0.0f;
+        for (u32 e = start; e < end; e += 4) {
+            // Past the unit's end, a lane rereads the unit's first entry and weighs it 0. The
+            // entries' indices first, then every gather they address, then the arithmetic.
+            u32 c[4], edge[4];
+            float x[4][VEC], ao[4], lz[4], b[4], dsv[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const u32 pos = e + j < end ? e + j : e;
+                c[j] = __ldg(entries + pos);
+                edge[j] = by_edge ? __ldg(t_to_a + pos) : pos;
+                dsv[j] = TRANSPOSED ? __ldg(ds_t + (u64)pos * heads + ln.h) : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                load_vec<T, VEC>(rows + (u64)c[j] * hd + feat, x[j]);
+                ao[j] = __ldg(other + (u64)c[j] * heads + ln.h);
+                lz[j] = TRANSPOSED ? __ldg(lse + (u64)c[j] * heads + ln.h) : lse_own;
+                b[j] = sc.bias != nullptr ? __ldg(sc.bias + (u64)edge[j] * heads + ln.h) : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float p = __expf(leaky_relu(a_own + ao[j] + b[j], sc.slope) - lz[j]);
+                const bool in = e + j < end;
+                const float f = DROP ? dropout_factor(sc.drop, (u64)edge[j] * heads + ln.h) : 1.0f;
+                const float w = in ? p * f : 0.0f;
+                if (TRANSPOSED && in) dsum += dsv[j];
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) acc[i] = fmaf(w, x[j][i], acc[i]);
+            }
+        }
+        const u32 part = unit_parts[u];
+        if (part == SPATTN_NONE) {
+            store_vec<T, VEC>(out + (u64)r * hd + feat, acc);
+            if (TRANSPOSED && ln.lead) d_src[(u64)r * heads + ln.h] = dsum;
+        } else {
+            float* s = scratch + (u64)part * hd + feat;
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) s[i] = acc[i];
+            if (TRANSPOSED && ln.lead) scratch_src[(u64)part * heads + ln.h] = dsum;
+        }
+    }
+}
+
+// dS of every edge of A's units (see above): written at a_to_t[e] in ds_t (A^T's order) and at
+// e in d_bias where given; d_dst[i] = sum of the row's dS (split units: partials in
+// scratch_dst for spmm_csr_finalize). Every lane of a group takes part in the heads' shuffles:
+// lanes past a head's width read its first vector and weigh it 0.
+template <class T, int VEC, bool DROP>
+__device__ __forceinline__ void gat_grad_rows(
+    const u32* __restrict__ unit_rows, const u32* __restrict__ unit_starts,
+    const u32* __restrict__ unit_parts, u32 n_units, const u32* __restrict__ col_indices,
+    const u32* __restrict__ a_to_t, const T* __restrict__ x, const T* __restrict__ out,
+    const T* __restrict__ d_out, u32 heads, u32 head_dim, u32 g, u32 hl, const GatScores& sc,
+    const float* __restrict__ lse, float* __restrict__ ds_t, float* __restrict__ d_bias,
+    float* __restrict__ d_dst, float* __restrict__ scratch_dst) {
+    const u32 mask = group_mask(g);
+    const GatLanes ln = gat_lanes<VEC>(g, hl, heads, head_dim);
+    const u64 hd = (u64)heads * head_dim;
+    const u64 feat = (u64)ln.h * head_dim + (ln.on ? ln.d : 0u);
+    const u64 group = grid_group(g), groups = grid_groups(g);
+    for (u64 u = group; u < n_units; u += groups) {
+        const u32 r = unit_rows[u], start = unit_starts[u], end = unit_starts[u + 1];
+        float dov[VEC], ov[VEC];
+        load_vec<T, VEC>(d_out + (u64)r * hd + feat, dov);
+        load_vec<T, VEC>(out + (u64)r * hd + feat, ov);
+        float dd = 0.0f;
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) {
+            dov[i] = ln.on ? dov[i] : 0.0f;  // an idle lane adds nothing to the heads' dots
+            dd = fmaf(dov[i], ov[i], dd);
+        }
+        const float d_row = group_sum(dd, mask, hl);
+        const float ad = __ldg(sc.a_dst + (u64)r * heads + ln.h);
+        const float lz = __ldg(lse + (u64)r * heads + ln.h);
+        float dsum = 0.0f;
+        for (u32 e = start; e < end; e += 4) {
+            u32 c[4], tpos[4];
+            float x4[4][VEC], as[4], b[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const u32 pos = e + j < end ? e + j : e;
+                c[j] = __ldg(col_indices + pos);
+                tpos[j] = __ldg(a_to_t + pos);
+                b[j] = sc.bias != nullptr ? __ldg(sc.bias + (u64)pos * heads + ln.h) : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                load_vec<T, VEC>(x + (u64)c[j] * hd + feat, x4[j]);
+                as[j] = __ldg(sc.a_src + (u64)c[j] * heads + ln.h);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                float dw = 0.0f;
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) dw = fmaf(dov[i], x4[j][i], dw);
+                dw = group_sum(dw, mask, hl);
+                if (e + j >= end) continue;
+                const u64 edge = (u64)(e + j) * heads + ln.h;
+                const float s = ad + as[j] + b[j];
+                const float p = __expf(leaky_relu(s, sc.slope) - lz);
+                const float ds =
+                    p * (dw * (DROP ? dropout_factor(sc.drop, edge) : 1.0f) - d_row) *
+                    (s >= 0.0f ? 1.0f : sc.slope);
+                dsum += ds;
+                if (ln.lead) {
+                    ds_t[(u64)tpos[j] * heads + ln.h] = ds;
+                    if (d_bias != nullptr) d_bias[edge] = ds;
+                }
+            }
+        }
+        if (!ln.lead) continue;
+        const u32 part = unit_parts[u];
+        if (part == SPATTN_NONE) {
+            d_dst[(u64)r * heads + ln.h] = dsum;
+        } else {
+            scratch_dst[(u64)part * heads + ln.h] = dsum;
+        }
+    }
+}
+
 // ---- extern "C" instantiations: {op}_csr_{dtype}[_v{VEC}] --------------------------------------
 
 #define SPATTN_SDDMM(NAME, T, VEC)                                                              \
@@ -298,6 +555,42 @@ extern "C" __global__ void edge_softmax_csr_long_rows(const u32* __restrict__ ro
                                 head_dim, g, scores);                                          \
     }
 
+// The GAT row-statistics passes for one dtype, vector width and dropout (DROP: "_drop" in the
+// name; without it the kernels hold no generator registers).
+#define SPATTN_GAT_ROWS_K(SUFFIX, T, VEC, DROP, D)                                              \
+    extern "C" __global__ void gat_aggregate##D##_csr_##SUFFIX##_v##VEC(                        \
+        const u32* unit_rows, const u32* unit_starts, const u32* unit_parts, u32 n_units,      \
+        const u32* col_indices, const T* x, u32 heads, u32 head_dim, u32 g, u32 hl,            \
+        SPATTN_GAT_SCORES_ARGS, const float* lse, T* out, float* scratch) {                    \
+        const GatScores sc = SPATTN_GAT_SCORES;                                                \
+        gat_aggregate<T, VEC, false, DROP>(unit_rows, unit_starts, unit_parts, n_units,        \
+                                           col_indices, nullptr, x, heads, head_dim, g, hl,    \
+                                           sc, lse, nullptr, out, nullptr, scratch, nullptr);  \
+    }                                                                                          \
+    extern "C" __global__ void gat_aggregate_t##D##_csr_##SUFFIX##_v##VEC(                      \
+        const u32* unit_rows, const u32* unit_starts, const u32* unit_parts, u32 n_units,      \
+        const u32* row_indices, const u32* t_to_a, const T* d_out, u32 heads, u32 head_dim,    \
+        u32 g, u32 hl, SPATTN_GAT_SCORES_ARGS, const float* lse, const float* ds_t, T* dx,     \
+        float* d_src, float* scratch, float* scratch_src) {                                    \
+        const GatScores sc = SPATTN_GAT_SCORES;                                                \
+        gat_aggregate<T, VEC, true, DROP>(unit_rows, unit_starts, unit_parts, n_units,         \
+                                          row_indices, t_to_a, d_out, heads, head_dim, g, hl,  \
+                                          sc, lse, ds_t, dx, d_src, scratch, scratch_src);     \
+    }                                                                                          \
+    extern "C" __global__ void gat_grad_rows##D##_csr_##SUFFIX##_v##VEC(                        \
+        const u32* unit_rows, const u32* unit_starts, const u32* unit_parts, u32 n_units,      \
+        const u32* col_indices, const u32* a_to_t, const T* x, const T* out, const T* d_out,   \
+        u32 heads, u32 head_dim, u32 g, u32 hl, SPATTN_GAT_SCORES_ARGS, const float* lse,      \
+        float* ds_t, float* d_bias, float* d_dst, float* scratch_dst) {                        \
+        const GatScores sc = SPATTN_GAT_SCORES;                                                \
+        gat_grad_rows<T, VEC, DROP>(unit_rows, unit_starts, unit_parts, n_units, col_indices,  \
+                                    a_to_t, x, out, d_out, heads, head_dim, g, hl, sc, lse,    \
+                                    ds_t, d_bias, d_dst, scratch_dst);                         \
+    }
+#define SPATTN_GAT_ROWS(SUFFIX, T, VEC)                                                         \
+    SPATTN_GAT_ROWS_K(SUFFIX, T, VEC, false, )                                                  \
+    SPATTN_GAT_ROWS_K(SUFFIX, T, VEC, true, _drop)
+
 #define SPATTN_PER_DTYPE(SUFFIX, T)                                                             \
     extern "C" __global__ void sddmm_gat_csr_##SUFFIX(const u32* row_indices,                  \
                                                       const u32* col_indices, u32 nnz,         \
@@ -318,7 +611,10 @@ extern "C" __global__ void edge_softmax_csr_long_rows(const u32* __restrict__ ro
     SPATTN_SDDMM_GATV2(sddmm_gatv2_csr_##SUFFIX##_v4, T, 4)                                     \
     SPATTN_SPMM(spmm_csr_##SUFFIX##_v1, T, 1)                                                   \
     SPATTN_SPMM(spmm_csr_##SUFFIX##_v2, T, 2)                                                   \
-    SPATTN_SPMM(spmm_csr_##SUFFIX##_v4, T, 4)
+    SPATTN_SPMM(spmm_csr_##SUFFIX##_v4, T, 4)                                                   \
+    SPATTN_GAT_ROWS(SUFFIX, T, 1)                                                               \
+    SPATTN_GAT_ROWS(SUFFIX, T, 2)                                                               \
+    SPATTN_GAT_ROWS(SUFFIX, T, 4)
 
 SPATTN_PER_DTYPE(f32, float)
 SPATTN_PER_DTYPE(f16, __half)
@@ -330,3 +626,5 @@ SPATTN_SDDMM_GATV2(sddmm_gatv2_csr_f16_v8, __half, 8)
 SPATTN_SDDMM_GATV2(sddmm_gatv2_csr_bf16_v8, __nv_bfloat16, 8)
 SPATTN_SPMM(spmm_csr_f16_v8, __half, 8)
 SPATTN_SPMM(spmm_csr_bf16_v8, __nv_bfloat16, 8)
+SPATTN_GAT_ROWS(f16, __half, 8)
+SPATTN_GAT_ROWS(bf16, __nv_bfloat16, 8)

@@ -69,30 +69,79 @@ __device__ void head_dot(const T* __restrict__ x, const T* __restrict__ att, u32
     }
 }
 
+// The lanes of one (row, head) of the head kernels below: a head of `dim` features is walked in
+// 16-byte vectors of V where dim allows (V dividing dim, the buffer 16-byte aligned), else one
+// feature at a time, by the smallest power-of-two group of lanes covering it (at most 32): a
+// warp reads whole consecutive rows, every load coalesced.
+template <class T>
+struct HeadWalk {
+    bool vec;
+    u32 per, g;  // loads a head, lanes a (row, head)
+    __device__ HeadWalk(const void* base, u32 dim) {
+        const u32 v = 16u / sizeof(T);  // no static member: it would be a module global
+        vec = dim % v == 0u && ((unsigned long long)base & 15ull) == 0ull;
+        per = vec ? dim / v : dim;
+        g = 1u;
+        while (g < per && g < 32u) g <<= 1;
+    }
+};
+
 // out[i, h] = <x[i, h, :], att[h, :]> in f32 with an f32 attention vector (the Python layers'
-// score terms): one thread per (row, head), the warp's 32 consecutive (row, head) rows read
-// together through L1, where head_dot's warp per (row, head) reads 2 bytes a lane at 32 f16.
+// score terms): a group of lanes per (row, head) (HeadWalk), its sum by shuffles.
 template <class T>
 __device__ void head_dot_f32(const T* __restrict__ x, const float* __restrict__ att, u32 rows,
                              u32 heads, u32 dim, float* __restrict__ out) {
-    SPATTN_GRID_STRIDE(p, (u64)rows * heads) {
+    const HeadWalk<T> w(x, dim);
+    constexpr u32 V = 16u / sizeof(T);
+    const u32 lane = lane_id() & (w.g - 1u), mask = group_mask(w.g);
+    const u64 total = (u64)rows * heads;
+    for (u64 p = grid_group(w.g); p < total; p += grid_groups(w.g)) {
+        u32 h;
+        split_index(p, heads, total, h);
         const T* xr = x + p * dim;
-        const float* a = att + (u64)(p % heads) * dim;
+        const float* a = att + (u64)h * dim;
         float acc = 0.0f;
-        for (u32 d = 0; d < dim; ++d) acc = fmaf(to_f32(xr[d]), __ldg(a + d), acc);
-        out[p] = acc;
+        if (w.vec) {
+            for (u32 k = lane; k < w.per; k += w.g) {
+                float xv[V];
+                load_vec<T, V>(xr + (u64)k * V, xv);
+#pragma unroll
+                for (u32 i = 0; i < V; ++i) acc = fmaf(xv[i], __ldg(a + k * V + i), acc);
+            }
+        } else {
+            for (u32 d = lane; d < dim; d += w.g) acc = fmaf(to_f32(xr[d]), __ldg(a + d), acc);
+        }
+        acc = group_sum(acc, mask, w.g);
+        if (lane == 0u) out[p] = acc;
     }
 }
 
 // dx[i, h, d] += de[i, h] * att[h, d]: the gradient of head_dot (A = T) or head_dot_f32
-// (A = float) with respect to x.
+// (A = float) with respect to x; the lanes of head_dot_f32.
 template <class T, class A>
 __device__ void head_outer_add(const float* __restrict__ de, const A* __restrict__ att, u32 rows,
                                u32 heads, u32 dim, T* dx) {
-    SPATTN_GRID_STRIDE(i, (u64)rows * heads * dim) {
-        const u64 p = i / dim;
-        const u32 d = (u32)(i % dim), h = (u32)(p % heads);
-        dx[i] = from_f32<T>(to_f32(dx[i]) + de[p] * to_f32(att[(u64)h * dim + d]));
+    const HeadWalk<T> w(dx, dim);
+    constexpr u32 V = 16u / sizeof(T);
+    const u32 lane = lane_id() & (w.g - 1u);
+    const u64 total = (u64)rows * heads;
+    for (u64 p = grid_group(w.g); p < total; p += grid_groups(w.g)) {
+        u32 h;
+        split_index(p, heads, total, h);
+        T* xr = dx + p * dim;
+        const A* a = att + (u64)h * dim;
+        const float e = de[p];
+        if (w.vec) {
+            for (u32 k = lane; k < w.per; k += w.g) {
+                float xv[V];
+                load_vec<T, V>(xr + (u64)k * V, xv);
+#pragma unroll
+                for (u32 i = 0; i < V; ++i) xv[i] = fmaf(e, to_f32(a[k * V + i]), xv[i]);
+                store_vec<T, V>(xr + (u64)k * V, xv);
+            }
+        } else {
+            for (u32 d = lane; d < dim; d += w.g) xr[d] = from_f32<T>(fmaf(e, to_f32(a[d]), to_f32(xr[d])));
+        }
     }
 }
 

@@ -199,6 +199,12 @@ impl CsrSchedule {
         )
     }
 
+    /// The split units' f32 partials, grown on demand (shared by the launches on this graph,
+    /// which the stream orders).
+    pub(crate) fn scratch(&self) -> &Scratch {
+        &self.scratch
+    }
+
     /// The units with both of a split row's indices, for kernels that merge partials without
     /// atomics (the fused backward): `[rows, starts, slots, partials, first partials]`, the
     /// number of partials and the number of split rows.

@@ -269,8 +269,9 @@ pub fn head_dot_f32<T: DType>(
 ) -> Result<()> {
     let shapes = (x.shape(), out.shape());
     let op = ("head_dot_f32", "out");
+    // A group of up to 32 lanes a (row, head): a thread per feature covers every group.
     head_kernel::<T, _, _, _>(gpu, op, shapes, ("x", x), att, ("out", out), |s| {
-        stride_grid(s.rows * s.heads)
+        stride_grid(s.len())
     })
 }
 

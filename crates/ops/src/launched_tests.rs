@@ -103,6 +103,7 @@ fn backward_holds_exactly_the_launched_kernels() {
 
 #[test]
 fn csr_ops_holds_exactly_the_launched_kernels() {
+    use crate::backward::gat_rows::{aggregate_kernel, feature_vector, grad_rows_kernel};
     use crate::csr_ops::{
         sddmm_gat_kernel, sddmm_gatv2_kernel, sddmm_kernel, spmm_finalize_kernel, spmm_kernel,
     };
@@ -111,6 +112,8 @@ fn csr_ops_holds_exactly_the_launched_kernels() {
     // Launched by fixed names (`kernel!`) (the edge softmax).
     l.add(sys::kernel!(CSR_OPS, "edge_softmax_csr_rows"));
     l.add(sys::kernel!(CSR_OPS, "edge_softmax_csr_long_rows"));
+    l.add(sys::kernel!(CSR_OPS, "gat_row_stats_csr"));
+    l.add(sys::kernel!(CSR_OPS, "gat_row_stats_finalize"));
     for kind in DTypeKind::ALL {
         let dt = kind.name();
         l.add(sddmm_gat_kernel(dt));
@@ -120,6 +123,13 @@ fn csr_ops_holds_exactly_the_launched_kernels() {
             l.add(sddmm_kernel(dt, vec));
             l.add(sddmm_gatv2_kernel(dt, vec));
             l.add(spmm_kernel(dt, vec));
+            if let Some(vec) = feature_vector(hd, kind.size_bytes()) {
+                for drop in [false, true] {
+                    l.add(aggregate_kernel(dt, vec, false, drop));
+                    l.add(aggregate_kernel(dt, vec, true, drop));
+                    l.add(grad_rows_kernel(dt, vec, drop));
+                }
+            }
         }
     }
     l.check(&[]);

@@ -542,12 +542,94 @@ fn gat_fused_backward_matches_the_f64_reference_and_reruns_bitwise() {
     }
 }
 
+/// Which GAT backward a case runs: the fused passes, or the row-statistics passes (which take
+/// the forward's output: `gat_forward_rows` runs first and is checked too).
+#[derive(Clone, Copy, PartialEq)]
+enum GatPath {
+    Fused,
+    Rows,
+}
+
+/// GAT's row-statistics forward and backward (`gat_forward_rows`, `gat_backward_rows`) on the
+/// same graphs and heads as the fused backward's test (empty rows, hub rows and columns split
+/// across units, heads 1–8 with 1–64 features, f32/f16/bf16, bias and dropout), plus the
+/// widest heads they take (256 f16, 128 f32, 31 odd) and one they refuse: the forward within
+/// T's tolerance of the f64 layer, the gradients of the f64 reference, two runs bitwise equal.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gat_rows_forward_and_backward_match_the_f64_reference_and_rerun_bitwise() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("gat_rows_forward_and_backward_match_the_f64_reference");
+    let mut graphs = small_graphs(&mut rng);
+    let hub = hub_graph(&mut rng, 5000, 3);
+    graphs.push(hub.transpose_with_map().0);
+    graphs.push(hub);
+    for (gi, a) in graphs.iter().enumerate() {
+        for (ci, (heads, head_dim)) in [(1, 1), (3, 20), (8, 32), (2, 64), (1, 40), (5, 31)]
+            .into_iter()
+            .enumerate()
+        {
+            let extras = ((gi + ci) % 2 == 0, (gi + ci) % 3 == 0);
+            let shape = (heads, head_dim);
+            gat_case::<f32>(&gpu, &mut rng, a, shape, extras, GatPath::Rows);
+            gat_case::<f16>(&gpu, &mut rng, a, shape, extras, GatPath::Rows);
+            gat_case::<bf16>(&gpu, &mut rng, a, shape, extras, GatPath::Rows);
+        }
+    }
+    for a in [&graphs[1], &graphs[graphs.len() - 1]] {
+        gat_case::<f32>(&gpu, &mut rng, a, (2, 128), (true, true), GatPath::Rows);
+        gat_case::<f32>(&gpu, &mut rng, a, (1, 132), (false, false), GatPath::Rows);
+        gat_case::<f16>(&gpu, &mut rng, a, (2, 256), (true, false), GatPath::Rows);
+        gat_case::<bf16>(&gpu, &mut rng, a, (1, 264), (false, true), GatPath::Rows);
+    }
+}
+
+/// GAT's backward by `path` (the rows kernels with fresh NaN-filled workspaces; `out` read by
+/// them only).
+fn gat_backward_by<T: DType>(
+    path: GatPath,
+    gpu: &Gpu,
+    graph: (&DeviceCsr, &DeviceTranspose),
+    terms: backward::GatScoreTerms<'_>,
+    (x, out, d_out): (&DeviceMatrix<T>, &DeviceMatrix<T>, &DeviceMatrix<T>),
+    grads: backward::GatGrads<'_, T>,
+) -> spattn_ops::Result<()> {
+    match path {
+        GatPath::Fused => backward::gat_fused_backward(gpu, graph, terms, (x, d_out), grads),
+        GatPath::Rows => {
+            let heads = x.shape().heads;
+            let mut lse = nan_vec(gpu, graph.0.n_rows() * heads);
+            let mut ds = nan_vec(gpu, graph.0.nnz() * heads);
+            let ws = (&mut lse, &mut ds);
+            backward::gat_backward_rows(gpu, graph, terms, (x, out, d_out), ws, grads)
+        }
+    }
+}
+
 fn gat_fused_case<T: DType>(
     gpu: &Gpu,
     rng: &mut Pcg64,
     a: &Csr,
     (heads, head_dim): (usize, usize),
     (with_bias, with_dropout): (bool, bool),
+) {
+    gat_case::<T>(
+        gpu,
+        rng,
+        a,
+        (heads, head_dim),
+        (with_bias, with_dropout),
+        GatPath::Fused,
+    );
+}
+
+fn gat_case<T: DType>(
+    gpu: &Gpu,
+    rng: &mut Pcg64,
+    a: &Csr,
+    (heads, head_dim): (usize, usize),
+    (with_bias, with_dropout): (bool, bool),
+    path: GatPath,
 ) {
     let (n, m, nnz) = (a.n_rows(), a.n_cols(), a.nnz());
     let (sx, so) = (
@@ -610,6 +692,44 @@ fn gat_fused_case<T: DType>(
         slope,
         dropout: dropout.as_ref(),
     };
+    let supported = match path {
+        GatPath::Fused => backward::FusedBackward::supports::<T>(head_dim),
+        GatPath::Rows => backward::gat_rows_supports::<T>(head_dim),
+    };
+    // The rows path's forward: out (checked against the f64 layer) and, beside it, the sizes
+    // of the terms D_i = <dOut_i, out_i> sums (out's rounding to T enters the gradients there).
+    let mut out_d = DeviceMatrix::<T>::zeros(gpu, so).unwrap();
+    let mut d_terms = vec![0.0f64; n * heads];
+    if path == GatPath::Rows && supported {
+        let mut out64 = vec![0.0; so.len()];
+        cpu::gat_attention(
+            a,
+            heads,
+            f64::from(slope),
+            (&up(&a_dst), &up(&a_src), bias64.as_deref()),
+            dropout.as_ref(),
+            &x64,
+            sx,
+            &mut out64,
+        )
+        .unwrap();
+        out_d.fill_nan().unwrap();
+        let mut lse = nan_vec(gpu, n * heads);
+        backward::gat_forward_rows(gpu, &a_dev, terms, &xd, &mut lse, &mut out_d).unwrap();
+        let out: Vec<f32> = out_d
+            .to_host()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_f32())
+            .collect();
+        let what = format!("forward {} {heads}x{head_dim} n={n} nnz={nnz}", T::NAME);
+        check(&what, &out, &out64, tolerance::<T>());
+        for (i, t) in d_terms.iter_mut().enumerate() {
+            *t = (0..head_dim)
+                .map(|k| (d64[i * head_dim + k] * out64[i * head_dim + k]).abs())
+                .sum();
+        }
+    }
     let run = || {
         let mut dx = DeviceMatrix::<T>::zeros(gpu, sx).unwrap();
         dx.fill_nan().unwrap();
@@ -624,7 +744,8 @@ fn gat_fused_case<T: DType>(
             d_src: &mut d_src,
             d_bias: d_bias.as_mut(),
         };
-        backward::gat_fused_backward(gpu, (&a_dev, &t), terms, (&xd, &dd), grads).map(|()| {
+        let done = gat_backward_by(path, gpu, (&a_dev, &t), terms, (&xd, &out_d, &dd), grads);
+        done.map(|()| {
             (
                 dx.to_host().unwrap(),
                 d_dst.to_host().unwrap(),
@@ -633,7 +754,7 @@ fn gat_fused_case<T: DType>(
             )
         })
     };
-    if !backward::FusedBackward::supports::<T>(head_dim) {
+    if !supported {
         let e = run().unwrap_err();
         assert!(format!("{e}").contains("head_dim"), "{e}");
         return;
@@ -669,8 +790,13 @@ fn gat_fused_case<T: DType>(
                     dw * f
                 };
                 let big_d: f64 = edges.clone().map(|e| p[e * heads + h] * dp(e)).sum();
+                // The rows path takes D from out in T: its rounding, relative to D's terms.
+                let d_err = match path {
+                    GatPath::Fused => 0.0,
+                    GatPath::Rows => d_terms[i * heads + h] * tolerance::<T>() / 1e-5,
+                };
                 for e in edges.clone() {
-                    sq += (p[e * heads + h] * (dp(e).abs() + big_d.abs())).powi(2);
+                    sq += (p[e * heads + h] * (dp(e).abs() + big_d.abs() + d_err)).powi(2);
                 }
             }
         }
@@ -690,7 +816,13 @@ fn gat_fused_case<T: DType>(
         );
     }
     if let Some(db) = d_bias {
-        check(&format!("d_bias {what}"), db, &db64, 1e-5);
+        // The rows path's dS carries out's rounding to T through D_i.
+        let tol = if path == GatPath::Rows {
+            tolerance::<T>().max(1e-5)
+        } else {
+            1e-5
+        };
+        check(&format!("d_bias {what}"), db, &db64, tol);
     }
     let second = run().unwrap();
     assert!(
@@ -733,7 +865,7 @@ fn gat_fused_case<T: DType>(
             d_bias: None,
         };
         let e =
-            backward::gat_fused_backward(gpu, (&a_dev, &t), terms, (&xd, &dd), grads).unwrap_err();
+            gat_backward_by(path, gpu, (&a_dev, &t), terms, (&xd, &out_d, &dd), grads).unwrap_err();
         assert!(format!("{e}").contains("d_bias"), "{e}");
     }
 }

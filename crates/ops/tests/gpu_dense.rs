@@ -156,7 +156,16 @@ fn gemm_rejects_bad_shapes() {
 }
 
 fn check_kernels<T: DType>(gpu: &Gpu, rng: &mut Pcg64) {
-    for &(rows, heads, dim) in &[(1, 1, 1), (7, 2, 3), (33, 8, 17), (129, 1, 70)] {
+    // Odd widths walk one feature a lane; 32 and 264 (a multiple of 8) the 16-byte vectors, 264
+    // with more vectors than lanes.
+    for &(rows, heads, dim) in &[
+        (1, 1, 1),
+        (7, 2, 3),
+        (33, 8, 17),
+        (129, 1, 70),
+        (9, 8, 32),
+        (3, 2, 264),
+    ] {
         let s = Shape::new(rows, heads, dim).unwrap();
         let (x, x64) = random::<T>(s.len(), rng);
         let dx = DeviceMatrix::from_host(gpu, s, &x).unwrap();

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""GAT's attention backward on CUDA: the fused kernels (two passes over A and Aᵀ) against the
-composed CSR ops, by graph size. Per graph, heads × channels and dtype: the GPU time of one
-backward (CUDA events around 20 back-to-back calls, median of 5 such runs), the host time of
-one call (enqueue only: 200 calls back to back, then the drain) and the largest difference
-between the two results. What ``kernels="auto"``'s threshold (fused up to 2¹⁵ edges)
-rests on.
+"""GAT's attention on CUDA by kernels and graph size: the forward (composed CSR ops; row
+statistics) and the backward (composed; fused, two passes over A and Aᵀ; row statistics and
+two SpMM-shaped passes). Per graph, heads × channels and dtype: the GPU time of one call (CUDA
+events around 20 back-to-back calls, median of 5 such runs), the host time of one call
+(enqueue only: 200 calls back to back, then the drain) and each result's largest difference
+from the composed one. What ``kernels="auto"`` rests on.
 
 Graphs: a batch of 128 random molecules of 15–40 atoms and the subgraph induced by 20% of
 ogbn-arxiv's nodes (minibatch.py's workloads, with GATConv's self loops), pubmed and
@@ -52,8 +52,11 @@ def graphs(args, device):
     return out
 
 
-def run(graph, x, a_dst, a_src, d_out, kernels):
-    return F.gat_backward(graph, x, a_dst, a_src, d_out, None, 0.2, None, kernels=kernels)
+def run(graph, x, a_dst, a_src, d_out, kernels, out):
+    return F.gat_backward(graph, x, a_dst, a_src, d_out, None, 0.2, None, kernels=kernels, out=out)
+
+
+KERNELS = ("composed", "fused", "rows")
 
 
 def gpu_ms(fn, calls=20, runs=5):
@@ -80,9 +83,9 @@ def main():
     device = torch.device("cuda")
     print(f"# GAT backward, fused vs composed; {torch.cuda.get_device_name()}; spattn "
           f"{spattn.__version__}; torch {torch.__version__}")
-    print("| graph | edges | heads x ch | dtype | composed ms | fused ms | composed / fused "
-          "| host us composed | host us fused | max diff |")
-    print("|---|--:|---|---|--:|--:|--:|--:|--:|--:|")
+    print("| graph | edges | heads x ch | dtype | pass | kernels | GPU ms | vs composed | host us "
+          "| max diff |")
+    print("|---|--:|---|---|---|---|--:|--:|--:|--:|")
     rows = []
     for name, g in graphs(args, device):
         for shape in args.shapes.split(","):
@@ -94,25 +97,28 @@ def main():
                 d_out = torch.randn(n, h, c, device=device, generator=gen).to(DTYPES[dt])
                 a_dst = torch.randn(n, h, device=device, generator=gen)
                 a_src = torch.randn(n, h, device=device, generator=gen)
-                res = {}
-                for k in ("composed", "fused"):
-                    fn = lambda k=k: run(g, x, a_dst, a_src, d_out, k)  # noqa: E731
-                    out = fn()
-                    res[k] = (gpu_ms(fn), host_time.host(fn)[0], out)
-                diff = max(
-                    (a.float() - b.float()).abs().max().item()
-                    for a, b in zip(res["composed"][2][:3], res["fused"][2][:3])
-                )
-                row = {
-                    "graph": name, "edges": g.num_edges, "heads": h, "channels": c, "dtype": dt,
-                    "composed_ms": res["composed"][0], "fused_ms": res["fused"][0],
-                    "composed_host_us": res["composed"][1], "fused_host_us": res["fused"][1],
-                    "max_diff": diff,
-                }
-                rows.append(row)
-                print(f"| {name} | {g.num_edges:,} | {h} x {c} | {dt} | {row['composed_ms']:.3f} | "
-                      f"{row['fused_ms']:.3f} | {row['composed_ms'] / row['fused_ms']:.2f} | "
-                      f"{row['composed_host_us']:.1f} | {row['fused_host_us']:.1f} | {diff:.1e} |")
+                fwd = {k: (lambda k=k: F.gat_forward(g, x, a_dst, a_src, None, 0.2, None,
+                                                     kernels=k)) for k in ("composed", "rows")}
+                out = fwd["composed"]()
+                bwd = {k: (lambda k=k: run(g, x, a_dst, a_src, d_out, k, out)) for k in KERNELS}
+                for pass_, fns in (("forward", fwd), ("backward", bwd)):
+                    ref = None
+                    for k, fn in fns.items():
+                        res = fn()
+                        res = res if isinstance(res, tuple) else (res,)
+                        ref = ref or res
+                        diff = max((a.float() - b.float()).abs().max().item()
+                                   for a, b in zip(ref[:3], res[:3]))
+                        ms, host = gpu_ms(fn), host_time.host(fn)[0]
+                        row = {"graph": name, "edges": g.num_edges, "heads": h, "channels": c,
+                               "dtype": dt, "pass": pass_, "kernels": k, "ms": ms,
+                               "host_us": host, "max_diff": diff}
+                        base = next((r["ms"] for r in rows if r["graph"] == name and r["heads"] == h
+                                     and r["channels"] == c and r["dtype"] == dt and r["pass"] == pass_
+                                     and r["kernels"] == "composed"), ms)
+                        rows.append(row)
+                        print(f"| {name} | {g.num_edges:,} | {h} x {c} | {dt} | {pass_} | {k} | "
+                              f"{ms:.3f} | {base / ms:.2f} | {host:.1f} | {diff:.1e} |")
     if args.json:
         Path(args.json).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows}))
 

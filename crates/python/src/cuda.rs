@@ -182,34 +182,76 @@ fn softmax_aggregate<T: DType>(
     Ok(())
 }
 
+/// Which kernels run GAT's attention on CUDA (the package chooses; `"rows"` where
+/// [`gpu_backward::gat_rows_supports`] the head).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum GatKernels {
+    /// The CSR ops: scores, softmax and probabilities in `nnz × heads` f32 workspaces.
+    Composed,
+    /// The fused backward's two passes (backward only; small graphs).
+    Fused,
+    /// Row statistics and SpMM-shaped passes ([`gpu_backward::gat_forward_rows`],
+    /// [`gpu_backward::gat_backward_rows`]): no per-edge probabilities.
+    Rows,
+}
+
+impl GatKernels {
+    /// The package's name for them, checked.
+    pub(crate) fn parse(name: &str, forward: bool) -> Option<Self> {
+        match name {
+            "composed" => Some(Self::Composed),
+            "fused" if !forward => Some(Self::Fused),
+            "rows" => Some(Self::Rows),
+            _ => None,
+        }
+    }
+}
+
 /// The GAT forward on CUDA tensors at `[x, a_dst, a_src, out, workspace, bias]` (bias 0 for
-/// none), ordered with `stream`.
+/// none), ordered with `stream`: the workspace holds `nnz × heads` f32 (composed) or the row
+/// statistics' `n_rows × heads` f32 (rows).
 pub(crate) fn gat_forward_gpu<T: DType>(
     d: &OnDevice,
     sq: Shape,
     skv: Shape,
     (slope, dropout): (f32, Option<Dropout>),
+    kernels: GatKernels,
     [x, a_dst, a_src, out, ws, bias]: [u64; 6],
     stream: u64,
 ) -> spattn::Result<()> {
     let gpu = &d.device.gpu;
     let h = sq.heads;
+    let ws_len = match kernels {
+        GatKernels::Rows => sq.rows * h,
+        _ => d.graph.nnz() * h,
+    };
     // SAFETY: as in `gpu_forward`, for x (n_cols × heads × dim of T), a_dst (n_rows × heads
     // f32), a_src (n_cols × heads f32), out (n_rows × heads × dim of T, fresh) and the
-    // workspace (nnz × heads f32, fresh) and the bias (nnz × heads f32 where given, read at
+    // workspace (ws_len f32, fresh) and the bias (nnz × heads f32 where given, read at
     // [e · heads + h]). The kernels read a_dst / a_src at [row · heads + h]
     // / [col · heads + h] (rows < n_rows, cols < n_cols: the validated CSR), write and read
-    // the workspace at [e · heads + h], e < nnz, read x's rows < n_cols and write out's rows
-    // < n_rows: within the views, whose shapes each op checks.
+    // the workspace within ws_len (each op checks its length), read x's rows < n_cols and
+    // write out's rows < n_rows: within the views, whose shapes each op checks.
     unsafe {
         let (x, a_dst, a_src, edges) = gat_views::<T>(d, sq, skv, [x, a_dst, a_src])?;
         let mut out = ExternalMatrix::<T>::new_trusted(gpu, "out", out, sq)?;
-        let mut p = ExternalVec::<f32>::new_trusted(gpu, "workspace", ws, edges)?;
+        let mut p = ExternalVec::<f32>::new_trusted(gpu, "workspace", ws, ws_len)?;
         let bias =
             ExternalVec::<f32>::new_trusted(gpu, "bias", bias, if bias == 0 { 0 } else { edges })?;
         d.device.bridge.run(stream, || -> spattn::Result<()> {
             let a = d.graph.csr()?;
             let bias = (!bias.is_empty()).then_some(&*bias);
+            if kernels == GatKernels::Rows {
+                let terms = gpu_backward::GatScoreTerms {
+                    a_dst: &a_dst,
+                    a_src: &a_src,
+                    bias,
+                    slope,
+                    dropout: dropout.as_ref(),
+                };
+                gpu_backward::gat_forward_rows(gpu, a, terms, &x, &mut p, &mut out)?;
+                return Ok(());
+            }
             csr_ops::gat_scores(gpu, a, (&*a_dst, &*a_src), bias, &mut p)?;
             softmax_aggregate(
                 gpu,
@@ -233,28 +275,30 @@ pub(crate) fn gat_forward_gpu<T: DType>(
 pub(crate) const GAT_FUSED_MAX_EDGES: usize = 1 << 15;
 
 /// The GAT backward on CUDA tensors at `[x, a_dst, a_src, d_out, dx, da_dst, da_src, bias,
-/// d_bias]` (the bias's 0 for none), ordered with `stream`: the fused backward
-/// ([`gpu_backward::gat_fused_backward`]: two passes, no per-edge buffer) where `fused`,
-/// otherwise the composed steps, which recompute the scores and probabilities in the three
-/// `nnz × heads` f32 `workspaces`.
+/// d_bias, out]` (the bias's 0 for none; `out`, the forward's output, read by the rows
+/// kernels only), ordered with `stream`: the fused backward
+/// ([`gpu_backward::gat_fused_backward`]: two passes, no per-edge buffer), the rows kernels
+/// ([`gpu_backward::gat_backward_rows`]; `workspaces` = dS's `nnz × heads` f32 and the row
+/// statistics' `n_rows × heads` f32), or the composed steps, which recompute the scores and
+/// probabilities in the three `nnz × heads` f32 `workspaces`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gat_backward_gpu<T: DType>(
     d: &OnDevice,
     sq: Shape,
     skv: Shape,
     (slope, dropout): (f32, Option<Dropout>),
-    fused: bool,
-    [x, a_dst, a_src, d_out, dx, da_dst, da_src, bias, d_bias]: [u64; 9],
+    kernels: GatKernels,
+    [x, a_dst, a_src, d_out, dx, da_dst, da_src, bias, d_bias, out]: [u64; 10],
     workspaces: [u64; 3],
     stream: u64,
 ) -> spattn::Result<()> {
     let gpu = &d.device.gpu;
     let h = sq.heads;
-    // SAFETY: as in `gat_forward_gpu`; d_out is n_rows × heads × dim of T; dx (n_cols rows of
-    // T), da_dst (n_rows × heads f32), da_src (n_cols × heads f32), the workspaces (composed
-    // steps only) and d_bias (nnz × heads f32, where the forward had a bias) are fresh. The
-    // transposed ops index Aᵀ's rows (< n_cols) and its edge map (a permutation of the nnz
-    // edges), within the same views.
+    // SAFETY: as in `gat_forward_gpu`; d_out (and out, for the rows kernels) is n_rows × heads
+    // × dim of T; dx (n_cols rows of T), da_dst (n_rows × heads f32), da_src (n_cols × heads
+    // f32), the workspaces (their lengths above, by kernels) and d_bias (nnz × heads f32,
+    // where the forward had a bias) are fresh. The transposed ops index Aᵀ's rows (< n_cols)
+    // and its edge map (a permutation of the nnz edges), within the same views.
     unsafe {
         let (x, a_dst, a_src, edges) = gat_views::<T>(d, sq, skv, [x, a_dst, a_src])?;
         let d_out = ExternalMatrix::<T>::new_trusted(gpu, "d_out", d_out, sq)?;
@@ -266,31 +310,46 @@ pub(crate) fn gat_backward_gpu<T: DType>(
         let blen = if bias == 0 { 0 } else { edges };
         let bias = ExternalVec::<f32>::new_trusted(gpu, "bias", bias, blen)?;
         let mut d_bias = ExternalVec::<f32>::new_trusted(gpu, "d_bias", d_bias, blen)?;
-        let view = |at| ExternalVec::<f32>::new_trusted(gpu, "workspace", at, edges);
+        let view = |at, len| ExternalVec::<f32>::new_trusted(gpu, "workspace", at, len);
         let [w0, w1, w2] = workspaces;
-        let mut ws = match fused {
-            true => None,
-            false => Some([view(w0)?, view(w1)?, view(w2)?]),
+        let (mut ws, mut rows_ws, out) = match kernels {
+            GatKernels::Composed => (
+                Some([view(w0, edges)?, view(w1, edges)?, view(w2, edges)?]),
+                None,
+                None,
+            ),
+            GatKernels::Fused => (None, None, None),
+            GatKernels::Rows => (
+                None,
+                Some([view(w0, edges)?, view(w1, sq.rows * h)?]),
+                Some(ExternalMatrix::<T>::new_trusted(gpu, "out", out, sq)?),
+            ),
         };
         d.device.bridge.run(stream, || -> spattn::Result<()> {
             let (a, t) = (d.graph.csr()?, d.graph.transpose()?);
             let drop = dropout.as_ref();
             let b = (blen > 0).then_some(&*bias);
+            let terms = gpu_backward::GatScoreTerms {
+                a_dst: &a_dst,
+                a_src: &a_src,
+                bias: b,
+                slope,
+                dropout: drop,
+            };
             let Some([s, p, dp]) = &mut ws else {
-                // The fused kernels: no workspaces.
-                let terms = gpu_backward::GatScoreTerms {
-                    a_dst: &a_dst,
-                    a_src: &a_src,
-                    bias: b,
-                    slope,
-                    dropout: drop,
-                };
                 let grads = gpu_backward::GatGrads {
                     dx: &mut dx,
                     d_dst: &mut da_dst,
                     d_src: &mut da_src,
                     d_bias: (blen > 0).then_some(&mut *d_bias),
                 };
+                if let (Some([ds, lse]), Some(out)) = (&mut rows_ws, &out) {
+                    let io = (&*x, &**out, &*d_out);
+                    let wsp = (&mut **lse, &mut **ds);
+                    gpu_backward::gat_backward_rows(gpu, (a, t), terms, io, wsp, grads)?;
+                    return Ok(());
+                }
+                // The fused kernels: no workspaces.
                 gpu_backward::gat_fused_backward(gpu, (a, t), terms, (&x, &d_out), grads)?;
                 return Ok(());
             };

@@ -132,13 +132,22 @@ fn head_dot_backward_gpu<T: DType>(
     }
 }
 
-/// Whether GAT's fused backward takes heads of `dim` features of `dtype` on CUDA (the package
-/// then passes no workspaces: the fused passes need none).
+/// Whether GAT's `kernels` (`"fused"`: the fused backward; `"rows"`: the row-statistics
+/// forward and backward) take heads of `dim` features of `dtype` on CUDA (the composed steps
+/// take every head).
 #[pyfunction]
-pub(crate) fn gat_fused_supports(dtype: &str, dim: usize) -> PyResult<bool> {
-    use spattn::ops::backward::FusedBackward;
-    Ok(by_dtype!(
-        DTypeName::parse(dtype)?.device()?,
-        FusedBackward::supports(dim)
-    ))
+pub(crate) fn gat_supports(kernels: &str, dtype: &str, dim: usize) -> PyResult<bool> {
+    use spattn::ops::backward::{gat_rows_supports, FusedBackward};
+    let kind = DTypeName::parse(dtype)?.device()?;
+    Ok(match kernels {
+        "fused" => by_dtype!(kind, FusedBackward::supports(dim)),
+        "rows" => by_dtype!(kind, gat_rows_supports(dim)),
+        "composed" => true,
+        other => {
+            return Err(crate::errors::value_error(
+                "kernels",
+                format!("{other:?} is not \"fused\", \"rows\" or \"composed\""),
+            ))
+        }
+    })
 }

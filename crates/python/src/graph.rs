@@ -38,7 +38,7 @@ use spattn::{Csr, DeviceGraph, PlanPolicy};
 use crate::cpu::scale_of;
 use crate::cuda::{
     build_on_device, gat_backward_gpu, gat_forward_gpu, gatv2_backward_gpu, gatv2_forward_gpu,
-    gpu_backward_call, gpu_forward,
+    gpu_backward_call, gpu_forward, GatKernels,
 };
 use crate::device;
 use crate::errors::{formats_to_py, to_py, value_error};
@@ -601,9 +601,13 @@ impl GraphCore {
     /// on the CPU); `workspace` holds `nnz × heads` f32 on CUDA (unused on the CPU, pass 0).
     /// `dropout`: `(rate, seed, offset)` drops probabilities as `sparse_attention`'s does;
     /// `bias`: the address of `nnz × heads` values (f32 on CUDA, of `dtype` on the CPU) added to
-    /// the scores before the LeakyReLU (GAT's edge features), 0 for none.
+    /// the scores before the LeakyReLU (GAT's edge features), 0 for none. `kernels` (CUDA):
+    /// `"composed"` (the CSR ops) or `"rows"` (row statistics, no per-edge buffer: the
+    /// workspace then holds `n × heads` f32; [`gat_rows_supports`] heads).
+    ///
+    /// [`gat_rows_supports`]: spattn::ops::backward::gat_rows_supports
     #[pyo3(signature = (device, dtype, heads, dim, negative_slope, x, a_dst, a_src, out,
-                        workspace, stream, dropout = None, bias = 0))]
+                        workspace, stream, dropout = None, bias = 0, kernels = "composed"))]
     #[allow(clippy::too_many_arguments)]
     fn gat_forward(
         &self,
@@ -621,10 +625,17 @@ impl GraphCore {
         stream: u64,
         dropout: Option<(f64, u64, u64)>,
         bias: u64,
+        kernels: &str,
     ) -> PyResult<()> {
         let dt = DTypeName::parse(dtype)?;
         let slope = check_slope(negative_slope)?;
         let drop = ExtrasArgs::parse("none", dropout)?.dropout;
+        let kernels = GatKernels::parse(kernels, true).ok_or_else(|| {
+            value_error(
+                "kernels",
+                format!("{kernels:?} is not \"composed\" or \"rows\""),
+            )
+        })?;
         let (sq, skv) = self.shapes(heads, dim)?;
         if device < 0 {
             let t = dt.host()?;
@@ -643,7 +654,7 @@ impl GraphCore {
             let slope = slope as f32;
             by_dtype!(
                 kind,
-                gat_forward_gpu(&d, sq, skv, (slope, drop), ptrs, stream)
+                gat_forward_gpu(&d, sq, skv, (slope, drop), kernels, ptrs, stream)
             )
         })
         .map_err(to_py)
@@ -653,15 +664,15 @@ impl GraphCore {
     /// (the aggregation's part of ∂L/∂x: the scores' part flows through `da_dst`, `da_src`),
     /// `da_dst` and `da_src` (f32 on CUDA). `dropout`: the forward's; `bias` and `d_bias`: the
     /// forward's score bias and where its gradient goes (`nnz × heads`; both 0 for none).
-    /// `kernels` (CUDA): `"fused"` (two passes, heads [`FusedBackward::supports`]) or
-    /// `"composed"` (the CSR ops, in `workspaces`: three `nnz × heads` f32 buffers; zeros for
-    /// the fused kernels and on the CPU). The package chooses (fused up to
-    /// [`crate::cuda::GAT_FUSED_MAX_EDGES`] edges).
+    /// `kernels` (CUDA): `"rows"` (row statistics and SpMM-shaped passes; the forward's `out`
+    /// and, in `workspaces`, `nnz × heads` and `n × heads` f32), `"fused"` (two passes, no
+    /// workspace) or `"composed"` (the CSR ops, in three `nnz × heads` f32 workspaces); zeros
+    /// for what a path does not take and on the CPU. The package chooses ([`gat_supports`]).
     ///
-    /// [`FusedBackward::supports`]: spattn::ops::backward::FusedBackward::supports
+    /// [`gat_supports`]: crate::dense::gat_supports
     #[pyo3(signature = (device, dtype, heads, dim, negative_slope, x, a_dst, a_src, d_out, dx,
                         da_dst, da_src, workspaces, stream, dropout = None, bias = 0, d_bias = 0,
-                        kernels = "composed"))]
+                        kernels = "composed", out = 0))]
     #[allow(clippy::too_many_arguments)]
     fn gat_backward(
         &self,
@@ -684,20 +695,23 @@ impl GraphCore {
         bias: u64,
         d_bias: u64,
         kernels: &str,
+        out: u64,
     ) -> PyResult<()> {
         let dt = DTypeName::parse(dtype)?;
         let slope = check_slope(negative_slope)?;
         let drop = ExtrasArgs::parse("none", dropout)?.dropout;
-        let fused = match kernels {
-            "fused" => true,
-            "composed" => false,
-            other => {
-                return Err(value_error(
-                    "kernels",
-                    format!("{other:?} is not \"fused\" or \"composed\""),
-                ))
-            }
-        };
+        let kernels = GatKernels::parse(kernels, false).ok_or_else(|| {
+            value_error(
+                "kernels",
+                format!("{kernels:?} is not \"rows\", \"fused\" or \"composed\""),
+            )
+        })?;
+        if kernels == GatKernels::Rows && out == 0 && device >= 0 {
+            return Err(value_error(
+                "out",
+                "the rows kernels read the forward's output",
+            ));
+        }
         if (bias == 0) != (d_bias == 0) {
             return Err(value_error(
                 "d_bias",
@@ -718,12 +732,16 @@ impl GraphCore {
         self.backwards.fetch_add(1, Ordering::Relaxed);
         let ws = [workspaces.0, workspaces.1, workspaces.2];
         let slope = slope as f32;
+        let [x, a_dst, a_src, d_out, dx, da_dst, da_src, bias, d_bias] = ptrs;
+        let ptrs = [
+            x, a_dst, a_src, d_out, dx, da_dst, da_src, bias, d_bias, out,
+        ];
         py.detach(|| -> spattn::Result<()> {
             let _restore = device::ContextGuard::save();
             let d = self.on_device(ordinal)?;
             by_dtype!(
                 kind,
-                gat_backward_gpu(&d, sq, skv, (slope, drop), fused, ptrs, ws, stream)
+                gat_backward_gpu(&d, sq, skv, (slope, drop), kernels, ptrs, ws, stream)
             )
         })
         .map_err(to_py)

@@ -55,7 +55,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(device::empty_memory_pool, m)?)?;
     m.add_function(wrap_pyfunction!(dense::head_dot, m)?)?;
     m.add_function(wrap_pyfunction!(dense::head_dot_backward, m)?)?;
-    m.add_function(wrap_pyfunction!(dense::gat_fused_supports, m)?)?;
+    m.add_function(wrap_pyfunction!(dense::gat_supports, m)?)?;
     m.add("GAT_FUSED_MAX_EDGES", cuda::GAT_FUSED_MAX_EDGES)?;
     Ok(())
 }

@@ -61,12 +61,14 @@ use crate::shape::Shape;
 
 pub(crate) mod fused;
 pub(crate) mod gat;
+pub(crate) mod gat_rows;
 mod tc;
 pub use fused::FusedBackward;
 pub use gat::{
     gat_aggregation_grad, gat_fused_backward, gat_score_grad, gat_vector_grads, GatGrads,
     GatScoreTerms,
 };
+pub use gat_rows::{gat_backward_rows, gat_forward_rows, gat_row_stats, gat_rows_supports};
 pub use tc::TensorCoreBackward;
 
 /// Threads per block of the elementwise and reduction kernels.

@@ -24,7 +24,7 @@ __all__ = [
     "empty_memory_pool",
     "head_dot",
     "head_dot_backward",
-    "gat_fused_supports",
+    "gat_supports",
     "GAT_FUSED_MAX_EDGES",
 ]
 
@@ -53,8 +53,9 @@ def head_dot_backward(device: int, dtype: str, rows: int, heads: int, dim: int, 
                       att: int, d_out: int, dx: int, d_att: int, stream: int) -> None:
     """Adds ``d_out ⊗ att`` into ``dx`` and ``Σ_i d_out[i, h] x[i, h, :]`` into ``d_att``."""
 
-def gat_fused_supports(dtype: str, dim: int) -> bool:
-    """Whether GAT's fused backward takes heads of ``dim`` features of ``dtype`` on CUDA."""
+def gat_supports(kernels: str, dtype: str, dim: int) -> bool:
+    """Whether GAT's ``kernels`` (``"fused"``, ``"rows"``, ``"composed"``) take heads of ``dim``
+    features of ``dtype`` on CUDA."""
 
 @final
 class GraphCore:
@@ -194,6 +195,7 @@ class GraphCore:
         stream: int,
         dropout: tuple[float, int, int] | None = None,
         bias: int = 0,
+        kernels: str = "composed",
     ) -> None: ...
     def gat_backward(
         self,
@@ -215,6 +217,7 @@ class GraphCore:
         bias: int = 0,
         d_bias: int = 0,
         kernels: str = "composed",
+        out: int = 0,
     ) -> None: ...
     def gatv2_forward(
         self,

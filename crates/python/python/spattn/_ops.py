@@ -306,29 +306,32 @@ def _(graph, x, a_dst, a_src, bias, slope, rate, seed):
 @_op("gat_backward", ("dx", "da_dst", "da_src", "d_bias"))
 def gat_backward(graph: Tensor, x: Tensor, a_dst: Tensor, a_src: Tensor, d_out: Tensor,
                  bias: Optional[Tensor], slope: float, rate: float, seed: Optional[Tensor],
-                 dx: Tensor, da_dst: Tensor, da_src: Tensor, d_bias: Tensor) -> None:
-    """:func:`gat`'s gradients, written into ``dx`` ... ``d_bias`` (empty without a bias)."""
+                 dx: Tensor, da_dst: Tensor, da_src: Tensor, d_bias: Tensor,
+                 out: Optional[Tensor] = None) -> None:
+    """:func:`gat`'s gradients, written into ``dx`` ... ``d_bias`` (empty without a bias);
+    ``out``: the forward's output (the row-statistics kernels read it)."""
     F.gat_backward(graph_of_token(graph), x, a_dst, a_src, d_out, bias, slope, _drop(rate, seed),
-                   outs=(dx, da_dst, da_src, d_bias))
+                   outs=(dx, da_dst, da_src, d_bias), out=out)
 
 
 @gat_backward.register_fake
-def _(graph, x, a_dst, a_src, d_out, bias, slope, rate, seed, dx, da_dst, da_src, d_bias):
+def _(graph, x, a_dst, a_src, d_out, bias, slope, rate, seed, dx, da_dst, da_src, d_bias,
+      out=None):
     return None
 
 
 def _gat_setup(ctx, inputs, output):
     graph, x, a_dst, a_src, bias, slope, rate, seed = inputs
-    ctx.save_for_backward(graph, x, a_dst, a_src, bias, seed)
+    ctx.save_for_backward(graph, x, a_dst, a_src, bias, seed, output)
     ctx.slope, ctx.rate = slope, rate
 
 
 def _gat_grad(ctx, d_out):
-    graph, x, a_dst, a_src, bias, seed = ctx.saved_tensors
+    graph, x, a_dst, a_src, bias, seed, out = ctx.saved_tensors
     dx, da_dst, da_src = torch.empty_like(x), torch.empty_like(a_dst), torch.empty_like(a_src)
     d_bias = torch.empty_like(bias) if bias is not None else x.new_empty(0)
     gat_backward(graph, x, a_dst, a_src, d_out, bias, ctx.slope, ctx.rate, seed, dx, da_dst,
-                 da_src, d_bias)
+                 da_src, d_bias, out)
     return None, dx, da_dst, da_src, d_bias if bias is not None else None, None, None, None
 
 

@@ -576,32 +576,64 @@ def _check_gat_rows(graph: Graph, x, a_dst, a_src, bias) -> None:
         )
 
 
-def gat_forward(graph: Graph, x, a_dst, a_src, bias, slope, drop):
-    """GAT attention's output (checked tensors; the graph's sizes checked here)."""
+# Heads from which "auto" takes the row-statistics kernels: their per-edge score gathers (4
+# bytes a head) are small beside the feature rows only with several heads (8 × 32 f16 on
+# ogbn-arxiv: forward 1.45×, backward 1.28× the composed ops; 1 × 40: 0.71×, 0.76×;
+# docs/kernels/csr-ops.md, "GAT from row statistics").
+_GAT_ROWS_MIN_HEADS = 4
+
+
+def _gat_kernels(graph: Graph, x, kernels: str, backward: bool, drop, rows: bool = True) -> str:
+    """The GAT kernels ``"auto"`` stands for on CUDA: the row-statistics kernels (no per-edge
+    buffer) for several heads without dropout (and, for a backward, ``rows``: the forward's
+    output is at hand); otherwise, for the backward, the fused passes on small graphs and the
+    composed CSR ops beyond (and the composed ops for the forward)."""
+    if kernels != "auto":
+        return kernels
+    dt, h, c = dtype_name(x.dtype), x.shape[1], x.shape[2]
+    if rows and drop is None and h >= _GAT_ROWS_MIN_HEADS and _gat_supports("rows", dt, c):
+        return "rows"
+    if backward and graph.num_edges <= _native.GAT_FUSED_MAX_EDGES and _gat_supports("fused", dt, c):
+        return "fused"
+    return "composed"
+
+
+@functools.lru_cache(maxsize=None)
+def _gat_supports(kernels: str, dtype: str, dim: int) -> bool:
+    return _native.gat_supports(kernels, dtype, dim)
+
+
+def gat_forward(graph: Graph, x, a_dst, a_src, bias, slope, drop, kernels="auto"):
+    """GAT attention's output (checked tensors; the graph's sizes checked here). ``kernels``
+    (CUDA): ``"rows"`` (row statistics, then an SpMM that recomputes each probability: no
+    per-edge buffer), ``"composed"`` (scores, softmax and SpMM through an ``nnz × heads``
+    buffer) or ``"auto"`` (rows where they take the head)."""
     _check_gat_rows(graph, x, a_dst, a_src, bias)
     n, h, c = graph.num_nodes, x.shape[1], x.shape[2]
     out = torch.empty((n, h, c), dtype=x.dtype, device=x.device)
     if graph.num_edges == 0 or out.numel() == 0:
         return out.zero_()
     cuda = x.device.type == "cuda"
-    ws = torch.empty(graph.num_edges * h, dtype=torch.float32, device=x.device) if cuda else None
+    kernels = _gat_kernels(graph, x, kernels, False, drop) if cuda else "composed"
+    ws = None
+    if cuda:
+        ws = torch.empty((n if kernels == "rows" else graph.num_edges) * h, dtype=torch.float32,
+                         device=x.device)
     graph._core.gat_forward(
         device_index(x), dtype_name(x.dtype), h, c, slope,
         address(x), address(a_dst), address(a_src), address(out),
-        _address_or_0(ws), stream_of(x), drop, _address_or_0(bias),
+        _address_or_0(ws), stream_of(x), drop, _address_or_0(bias), kernels,
     )
     return out
 
 
-@functools.lru_cache(maxsize=None)
-def _gat_fused_supports(dtype: str, dim: int) -> bool:
-    return _native.gat_fused_supports(dtype, dim)
-
-
-def gat_backward(graph: Graph, x, a_dst, a_src, d_out, bias, slope, drop, outs=None, kernels="auto"):
+def gat_backward(graph: Graph, x, a_dst, a_src, d_out, bias, slope, drop, outs=None, kernels="auto",
+                 out=None):
     """``(dx, da_dst, da_src, d_bias)`` of :func:`gat_forward` (None for an absent bias); the
-    scores are recomputed, not kept from the forward. ``kernels`` (CUDA): ``"fused"`` (two
-    passes), ``"composed"`` (the CSR ops) or ``"auto"`` (fused on small graphs)."""
+    probabilities are recomputed, not kept from the forward. ``kernels`` (CUDA): ``"rows"``
+    (row statistics and two SpMM-shaped passes; needs ``out``, the forward's output),
+    ``"fused"`` (two passes), ``"composed"`` (the CSR ops) or ``"auto"`` (rows where ``out``
+    is given and they take the head, else fused on small graphs, else composed)."""
     h, c = x.shape[1], x.shape[2]
     d_out = d_out.to(dtype=x.dtype).contiguous()
     dx, da_dst, da_src, d_bias = _outputs(outs, x, a_dst, a_src, bias)
@@ -611,19 +643,33 @@ def gat_backward(graph: Graph, x, a_dst, a_src, d_out, bias, slope, drop, outs=N
                 t.zero_()
         return dx, da_dst, da_src, d_bias
     cuda = x.device.type == "cuda"
-    if kernels == "auto":
-        small = graph.num_edges <= _native.GAT_FUSED_MAX_EDGES
-        fused = cuda and small and _gat_fused_supports(dtype_name(x.dtype), c)
-        kernels = "fused" if fused else "composed"
-    # The fused backward needs no workspaces; the composed steps take three from PyTorch.
-    ws = [torch.empty(graph.num_edges * h, dtype=torch.float32, device=x.device)
-          for _ in range(3 if cuda and kernels == "composed" else 0)]
-    wsp = tuple(address(w) for w in ws) if ws else (0, 0, 0)
+    if not cuda:
+        kernels = "composed"  # the CPU has one path
+    else:
+        kernels = _gat_kernels(graph, x, kernels, True, drop, rows=out is not None)
+        if kernels == "rows" and out is None:
+            raise ValueError('kernels="rows" needs out, the forward\'s output')
+    if out is not None:
+        out = out.to(dtype=x.dtype).contiguous()
+        if tuple(out.shape) != tuple(d_out.shape):
+            raise ValueError(f"out: has shape {tuple(out.shape)}, expected {tuple(d_out.shape)}")
+    n = graph.num_nodes
+    # Workspaces: rows, dS (nnz × heads) and the row statistics (n × heads); composed, three
+    # nnz × heads buffers; fused, none.
+    ws = []
+    if cuda and kernels == "rows":
+        ws = [torch.empty(graph.num_edges * h, dtype=torch.float32, device=x.device),
+              torch.empty(n * h, dtype=torch.float32, device=x.device)]
+    elif cuda and kernels == "composed":
+        ws = [torch.empty(graph.num_edges * h, dtype=torch.float32, device=x.device)
+              for _ in range(3)]
+    wsp = tuple(address(w) for w in ws) + (0,) * (3 - len(ws))
     graph._core.gat_backward(
         device_index(x), dtype_name(x.dtype), h, c, slope,
         address(x), address(a_dst), address(a_src), address(d_out),
         address(dx), address(da_dst), address(da_src), wsp, stream_of(x), drop,
         _address_or_0(bias), _address_or_0(d_bias), kernels,
+        address(out) if out is not None and cuda else 0,
     )
     return dx, da_dst, da_src, d_bias
 
@@ -873,20 +919,21 @@ if torch is not None:
 
     class _GatAttention(torch.autograd.Function):
         """Autograd of GAT attention: forward and exact backward by spattn's kernels (the
-        scores are recomputed in the backward, not stored)."""
+        probabilities are recomputed in the backward, not stored; the output is kept)."""
 
         @staticmethod
         def forward(ctx, graph, x, a_dst, a_src, bias, slope, drop):
             out = gat_forward(graph, x, a_dst, a_src, bias, slope, drop)
             ctx.graph, ctx.slope, ctx.drop = graph, slope, drop
-            ctx.save_for_backward(x, a_dst, a_src, bias)
+            ctx.save_for_backward(x, a_dst, a_src, bias, out)
             return out
 
         @staticmethod
         @once_differentiable
         def backward(ctx, d_out):
-            x, a_dst, a_src, bias = ctx.saved_tensors
-            grads = gat_backward(ctx.graph, x, a_dst, a_src, d_out, bias, ctx.slope, ctx.drop)
+            x, a_dst, a_src, bias, out = ctx.saved_tensors
+            grads = gat_backward(ctx.graph, x, a_dst, a_src, d_out, bias, ctx.slope, ctx.drop,
+                                 out=out)
             return (None,) + grads + (None, None)
 
     class _HeadDot(torch.autograd.Function):

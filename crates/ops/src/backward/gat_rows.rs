@@ -1,0 +1,508 @@
+//! GAT's attention walked from row statistics, forward and backward, with no per-edge buffer of
+//! probabilities (kernels `gat_row_stats_csr`, `gat_aggregate_*`, `gat_grad_rows_*` in
+//! csr_ops.cu). `P_ij = exp(LeakyReLU(s_ij) − lse_i)` is recomputed wherever it is needed from
+//! the per-node terms and `lse` (`n_rows × heads` f32), which one light pass over A's column
+//! indices leaves ([`gat_row_stats`]):
+//!
+//! - forward ([`gat_forward_rows`]): the statistics, then `out = W · x` over A's SpMM units;
+//! - backward ([`gat_backward_rows`]): the statistics, a pass over A's units that forms each
+//!   edge's `dS = L' P (f ⟨dOut_i, x_j⟩ − D_i)` with `D_i = ⟨dOut_i, out_i⟩` read from the
+//!   forward's output (FlashAttention's identity), sums `∂a_dst` per row and writes `dS` in
+//!   Aᵀ's order, then a pass over Aᵀ's units: `dx = Wᵀ · dOut` and `∂a_src` = the column sums
+//!   of `dS`.
+//!
+//! Every pass is shaped like the SpMM (four edges in flight per lane, units of at most 64
+//! edges); split rows' partials are added in order by a finalize kernel: no floating-point
+//! atomics, the same bits every run. Device memory beyond the outputs: the caller's `lse` and
+//! `nnz × heads` f32 `dS`, and the graph's split-unit scratch (grown once, kept).
+
+use cudarc::driver::LaunchArgs;
+use spattn_kernels_sys::CSR_OPS;
+
+use crate::buffer::{grown, DeviceMatrix, DeviceVec};
+use crate::csr_ops::{group_grid, spmm_finalize_kernel};
+use crate::device_csr::DeviceCsr;
+use crate::dropout::DropoutWords;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+use crate::launch::{
+    check_same_gpu, kernel_named, launch, product, to_u32, LaunchConfig, PushKernelArg,
+    PushOptionalArg,
+};
+use crate::schedule::vector_width;
+use crate::shape::Shape;
+
+use super::fused::check_transpose;
+use super::{DeviceTranspose, GatGrads, GatScoreTerms};
+
+/// The lane layout of the feature passes: `(vec, hl, g, tiles)`: vectors of `vec` features,
+/// `hl` lanes a head (a power of two ≥ `head_dim / vec`), groups of `g` lanes holding `g / hl`
+/// heads, `tiles` groups a unit (grid y). `None` when a head needs more than 32 lanes.
+fn lanes(heads: usize, head_dim: usize, elem_bytes: usize) -> Option<(u32, u32, u32, u32)> {
+    if heads == 0 || head_dim == 0 {
+        return None;
+    }
+    let vec = vector_width(head_dim, elem_bytes);
+    let hl = (head_dim / vec as usize).next_power_of_two();
+    if hl > 32 {
+        return None;
+    }
+    let g = heads.saturating_mul(hl).next_power_of_two().min(32);
+    let tiles = heads.div_ceil(g / hl);
+    Some((vec, hl as u32, g as u32, u32::try_from(tiles).ok()?))
+}
+
+/// The aggregation kernel for `dtype` (a [`DType::NAME`]) in vectors of `vec`, over Aᵀ
+/// (the backward's dx) where `transposed`, with the dropout's generator where `drop` (the
+/// kernels without it hold fewer registers); the launch-name test forms it too.
+pub(crate) fn aggregate_kernel(dtype: &str, vec: u32, transposed: bool, drop: bool) -> String {
+    let t = if transposed { "_t" } else { "" };
+    let d = if drop { "_drop" } else { "" };
+    format!("gat_aggregate{t}{d}_csr_{dtype}_v{vec}")
+}
+
+/// The backward's pass over A for `dtype` in vectors of `vec`, with dropout where `drop`.
+pub(crate) fn grad_rows_kernel(dtype: &str, vec: u32, drop: bool) -> String {
+    let d = if drop { "_drop" } else { "" };
+    format!("gat_grad_rows{d}_csr_{dtype}_v{vec}")
+}
+
+/// The vector width of the feature passes for `head_dim` features of `elem_bytes`, where they
+/// take it (the launch-name test's view of [`lanes`]).
+#[cfg(test)]
+pub(crate) fn feature_vector(head_dim: usize, elem_bytes: usize) -> Option<u32> {
+    lanes(1, head_dim, elem_bytes).map(|l| l.0)
+}
+
+/// Whether [`gat_forward_rows`] and [`gat_backward_rows`] take heads of `head_dim` features of
+/// `T`: a head's vectors fit one warp (up to 256 features of 16-bit types, 128 of f32, and
+/// every odd width up to 32).
+pub fn gat_rows_supports<T: DType>(head_dim: usize) -> bool {
+    lanes(1, head_dim, std::mem::size_of::<T>()).is_some()
+}
+
+/// The statistics pass's layout for `heads`: `(hl, g, tiles)`, `hl` lanes striding over a
+/// unit's edges per head.
+fn stats_lanes(heads: usize) -> (u32, u32, u32) {
+    let hl = (32 / heads.next_power_of_two().min(32)) as u32;
+    let per = 32 / hl as usize;
+    (hl, 32, heads.div_ceil(per) as u32)
+}
+
+/// Pushes the walk of a CSR's units every pass starts with: unit rows, starts, partials, the
+/// count and the entries' indices.
+fn push_walk<'a>(
+    args: &mut LaunchArgs<'a>,
+    [rows, starts, parts]: [&'a DeviceVec<u32>; 3],
+    n_units: &'a u32,
+    entries: &'a DeviceVec<u32>,
+) {
+    args.arg(rows.slice())
+        .arg(starts.slice())
+        .arg(parts.slice())
+        .arg(n_units)
+        .arg(entries.slice());
+}
+
+/// Pushes the feature passes' lane layout (`heads, head_dim, g, hl`) and the score terms.
+fn push_lanes<'a>(
+    args: &mut LaunchArgs<'a>,
+    [heads, head_dim, g, hl]: &'a [u32; 4],
+    terms: &'a GatScoreTerms<'a>,
+    drop: &'a DropoutWords,
+) {
+    args.arg(heads).arg(head_dim).arg(g).arg(hl);
+    push_terms(args, terms, drop);
+}
+
+/// Pushes the score terms' kernel arguments (`SPATTN_GAT_SCORES_ARGS`).
+fn push_terms<'a>(args: &mut LaunchArgs<'a>, terms: &'a GatScoreTerms<'a>, drop: &'a DropoutWords) {
+    args.arg(terms.a_dst.slice())
+        .arg(terms.a_src.slice())
+        .arg_or_null(terms.bias)
+        .arg(&terms.slope);
+    drop.push(args);
+}
+
+/// Checks the score terms against `a` and `heads`: shapes, the bias's length and the GPU.
+fn check_terms(gpu: &Gpu, a: &DeviceCsr, heads: usize, terms: &GatScoreTerms<'_>) -> Result<()> {
+    Shape::new(a.n_rows(), heads, 1)?.expect_eq("a_dst", terms.a_dst.shape())?;
+    Shape::new(a.n_cols(), heads, 1)?.expect_eq("a_src", terms.a_src.shape())?;
+    check_same_gpu(gpu, "A", a)?;
+    check_same_gpu(gpu, "a_dst", terms.a_dst)?;
+    check_same_gpu(gpu, "a_src", terms.a_src)?;
+    if let Some(b) = terms.bias {
+        edge_len(a, heads, "bias", b.len())?;
+        check_same_gpu(gpu, "bias", b)?;
+    }
+    Ok(())
+}
+
+/// Errors unless `len` is `nnz × heads`.
+fn edge_len(a: &DeviceCsr, heads: usize, what: &'static str, len: usize) -> Result<()> {
+    let expected = product("edges x heads", &[a.nnz(), heads])?;
+    if len == expected {
+        return Ok(());
+    }
+    Err(Error::LengthMismatch {
+        what,
+        expected,
+        actual: len,
+    })
+}
+
+/// `lse[i, h] = log Σ_j exp(LeakyReLU(s_ij))` over each row of `a` (0 for a row without
+/// edges), `lse` being `n_rows × heads` f32: the row statistics the other passes recompute the
+/// probabilities from. Reads only A's column indices and the score terms.
+///
+/// Errors: [`Error::ShapeMismatch`] / [`Error::LengthMismatch`] naming the operand,
+/// [`Error::ForeignGpu`], [`Error::OutOfMemory`] (the split rows' scratch).
+pub fn gat_row_stats(
+    gpu: &Gpu,
+    a: &DeviceCsr,
+    terms: GatScoreTerms<'_>,
+    lse: &mut DeviceVec<f32>,
+) -> Result<()> {
+    let heads = terms.a_dst.shape().heads;
+    check_terms(gpu, a, heads, &terms)?;
+    let expected = product("rows x heads", &[a.n_rows(), heads])?;
+    if lse.len() != expected {
+        return Err(Error::LengthMismatch {
+            what: "lse",
+            expected,
+            actual: lse.len(),
+        });
+    }
+    check_same_gpu(gpu, "lse", lse)?;
+    if heads == 0 || a.n_rows() == 0 {
+        return Ok(());
+    }
+    let s = a.schedule();
+    let ([rows, starts, parts, split_rows, part_first], n_parts) = s.units();
+    let mut guard = s.scratch().lock();
+    let need = product("row-statistics partials", &[n_parts, heads, 2])?;
+    let scratch = grown(gpu, &mut guard, "GAT row-statistics partials", need.max(1))?;
+    let (hl, g, tiles) = stats_lanes(heads);
+    let heads_u = to_u32("heads", heads)?;
+    let n_units = to_u32("units", rows.len())?;
+    let drop = DropoutWords::of(terms.dropout);
+    let name = spattn_kernels_sys::kernel!(CSR_OPS, "gat_row_stats_csr");
+    let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
+    let mut args = gpu.launch_builder(&f);
+    push_walk(&mut args, [rows, starts, parts], &n_units, a.col_indices());
+    args.arg(&heads_u).arg(&g).arg(&hl);
+    push_terms(&mut args, &terms, &drop);
+    args.arg(lse.slice_mut()).arg(scratch.slice_mut());
+    // SAFETY: the unit arrays have n_units entries (starts n_units + 1), their edge ranges lie
+    // in [0, nnz) (col_indices, bias at (e, head) < nnz·heads, checked); a_dst rows are unit
+    // rows < n_rows, a_src rows column indices < n_cols (shapes checked); heads < `heads`
+    // (lanes past them read the last head and write nothing). Writes lse at (row, head) <
+    // n_rows·heads and float2 partials at (part, head) < n_parts·heads (the scratch holds
+    // 2·n_parts·heads f32).
+    unsafe { launch(name, &mut args, group_grid(rows.len(), g, tiles)?) }?;
+    let n_split = split_rows.len();
+    if n_split > 0 {
+        let name = spattn_kernels_sys::kernel!(CSR_OPS, "gat_row_stats_finalize");
+        let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
+        let n_split_u = to_u32("split rows", n_split)?;
+        let mut args = gpu.launch_builder(&f);
+        args.arg(split_rows.slice())
+            .arg(part_first.slice())
+            .arg(&n_split_u)
+            .arg(&heads_u)
+            .arg(scratch.slice())
+            .arg(lse.slice_mut());
+        // SAFETY: reads split_rows[0..n_split) (< n_rows), part_first[0..=n_split] (ascending
+        // to n_parts) and the partials at (part, head) < n_parts·heads float2s; writes lse at
+        // (split row, head) < n_rows·heads.
+        unsafe { launch(name, &mut args, group_grid(n_split * heads, 1, 1)?) }?;
+    }
+    Ok(())
+}
+
+/// Adds split units' partials in order: `out[split_rows[s]] = Σ partials` of `width` f32 per
+/// unit (`spmm_csr_finalize_{dtype}`).
+fn finalize<O: DType>(
+    gpu: &Gpu,
+    a: &DeviceCsr,
+    width: usize,
+    partials: &cudarc::driver::CudaView<'_, f32>,
+    out: &mut cudarc::driver::CudaSlice<O>,
+) -> Result<()> {
+    let ([_, _, _, split_rows, part_first], _) = a.schedule().units();
+    let n_split = split_rows.len();
+    if n_split == 0 {
+        return Ok(());
+    }
+    let name = kernel_named(&CSR_OPS, spmm_finalize_kernel(O::NAME))?;
+    let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
+    let n_split_u = to_u32("split rows", n_split)?;
+    let width_u = to_u32("partial width", width)?;
+    let mut args = gpu.launch_builder(&f);
+    args.arg(split_rows.slice())
+        .arg(part_first.slice())
+        .arg(&n_split_u)
+        .arg(&width_u)
+        .arg(partials)
+        .arg(out);
+    // SAFETY: reads split_rows[0..n_split) (< the rows of `out`, whose callers size it rows ×
+    // width), part_first[0..=n_split] (ascending to n_parts) and partials[0..n_parts·width)
+    // (the callers' view holds that many); writes those rows of `out`.
+    unsafe { launch(name, &mut args, group_grid(n_split * width, 1, 1)?) }
+}
+
+/// The layout for `x`'s heads, or the error naming the head too wide.
+fn feature_lanes<T: DType>(heads: usize, head_dim: usize) -> Result<(u32, u32, u32, u32)> {
+    lanes(heads, head_dim, std::mem::size_of::<T>()).ok_or_else(|| Error::InvalidArgument {
+        what: "head_dim",
+        why: format!(
+            "{head_dim} features of {} are too wide for GAT's row-statistics kernels (a head \
+             must fit 32 lanes); use the composed steps",
+            T::NAME
+        ),
+    })
+}
+
+/// GAT attention's forward from row statistics: [`gat_row_stats`] into `lse` (`n_rows ×
+/// heads` f32, left for the caller), then `out = W · x` (`x`: `n_cols × heads × head_dim`,
+/// `out`: `n_rows × heads × head_dim`; rows without edges get zeros) with `W =
+/// dropout(softmax_row(LeakyReLU(a_dst[i] + a_src[j] + bias_e)))` recomputed per edge. Two
+/// launches (four with split rows), no per-edge buffer.
+///
+/// Errors: as [`gat_row_stats`]; [`Error::InvalidArgument`] for a head wider than
+/// [`gat_rows_supports`] takes; [`Error::ShapeMismatch`] naming `x` or `out`.
+pub fn gat_forward_rows<T: DType>(
+    gpu: &Gpu,
+    a: &DeviceCsr,
+    terms: GatScoreTerms<'_>,
+    x: &DeviceMatrix<T>,
+    lse: &mut DeviceVec<f32>,
+    out: &mut DeviceMatrix<T>,
+) -> Result<()> {
+    let sx = x.shape();
+    let (heads, head_dim) = (sx.heads, sx.head_dim);
+    Shape::new(a.n_cols(), heads, head_dim)?.expect_eq("x", sx)?;
+    Shape::new(a.n_rows(), heads, head_dim)?.expect_eq("out", out.shape())?;
+    check_same_gpu(gpu, "x", x)?;
+    check_same_gpu(gpu, "out", &*out)?;
+    if heads == 0 || head_dim == 0 || a.n_rows() == 0 {
+        return Ok(()); // nothing to write
+    }
+    let (vec, hl, g, tiles) = feature_lanes::<T>(heads, head_dim)?;
+    gat_row_stats(gpu, a, terms, lse)?;
+    let hd = heads * head_dim;
+    let s = a.schedule();
+    let ([rows, starts, parts, _, _], n_parts) = s.units();
+    let mut guard = s.scratch().lock();
+    let need = product("GAT partials", &[n_parts, hd])?;
+    let scratch = grown(gpu, &mut guard, "GAT split-row partials", need.max(1))?;
+    let drop = DropoutWords::of(terms.dropout);
+    let name = kernel_named(
+        &CSR_OPS,
+        aggregate_kernel(T::NAME, vec, false, drop.threshold != 0),
+    )?;
+    let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
+    let (n_units, heads_u, dim_u) = (
+        to_u32("units", rows.len())?,
+        to_u32("heads", heads)?,
+        to_u32("head_dim", head_dim)?,
+    );
+    let mut args = gpu.launch_builder(&f);
+    push_walk(&mut args, [rows, starts, parts], &n_units, a.col_indices());
+    args.arg(x.slice());
+    let lanes = [heads_u, dim_u, g, hl];
+    push_lanes(&mut args, &lanes, &terms, &drop);
+    args.arg(lse.slice())
+        .arg(out.slice_mut())
+        .arg(scratch.slice_mut());
+    // SAFETY: units and their edges as in `gat_row_stats`; x rows are column indices < n_cols
+    // and out rows unit rows < n_rows, read and written at features head·head_dim + d, d <
+    // head_dim in vectors of `vec` (lanes past the heads or the head's width hold none); lse at
+    // (row, head) < n_rows·heads (written above); partials at part·hd + feature < n_parts·hd.
+    unsafe { launch(name, &mut args, group_grid(rows.len(), g, tiles)?) }?;
+    finalize(gpu, a, hd, &scratch.slice().slice(..need), out.slice_mut())
+}
+
+/// The gradients of GAT attention from its forward's output: `(x, out, d_out)` are the
+/// aggregated features (`n_cols × heads × head_dim`), the forward's output and its gradient
+/// (`n_rows × heads × head_dim`); `grads` as [`super::gat_fused_backward`]'s. Workspaces: `lse`
+/// (`n_rows × heads` f32: the row statistics, recomputed here) and `ds` (`nnz × heads` f32:
+/// each edge's ∂L/∂s in Aᵀ's order). Three launches (up to six with split rows or columns),
+/// deterministic.
+///
+/// Errors: as [`gat_forward_rows`]; [`Error::InvalidArgument`] when `t` is not Aᵀ or a bias
+/// comes without its gradient's buffer; [`Error::LengthMismatch`] for `ds` or `d_bias`.
+#[allow(clippy::too_many_arguments)]
+pub fn gat_backward_rows<T: DType>(
+    gpu: &Gpu,
+    (a, t): (&DeviceCsr, &DeviceTranspose),
+    terms: GatScoreTerms<'_>,
+    (x, out, d_out): (&DeviceMatrix<T>, &DeviceMatrix<T>, &DeviceMatrix<T>),
+    (lse, ds): (&mut DeviceVec<f32>, &mut DeviceVec<f32>),
+    grads: GatGrads<'_, T>,
+) -> Result<()> {
+    check_transpose(a, t)?;
+    let sx = x.shape();
+    let (heads, head_dim) = (sx.heads, sx.head_dim);
+    let so = Shape::new(a.n_rows(), heads, head_dim)?;
+    Shape::new(a.n_cols(), heads, head_dim)?.expect_eq("x", sx)?;
+    so.expect_eq("out", out.shape())?;
+    so.expect_eq("d_out", d_out.shape())?;
+    sx.expect_eq("dx", grads.dx.shape())?;
+    Shape::new(a.n_rows(), heads, 1)?.expect_eq("d_a_dst", grads.d_dst.shape())?;
+    Shape::new(a.n_cols(), heads, 1)?.expect_eq("d_a_src", grads.d_src.shape())?;
+    edge_len(a, heads, "dS workspace", ds.len())?;
+    if terms.bias.is_some() && grads.d_bias.is_none() {
+        return Err(Error::InvalidArgument {
+            what: "d_bias",
+            why: "a bias needs its gradient's buffer".into(),
+        });
+    }
+    if let Some(db) = &grads.d_bias {
+        edge_len(a, heads, "d_bias", db.len())?;
+        check_same_gpu(gpu, "d_bias", &**db)?;
+    }
+    for (what, m) in [("x", x), ("out", out), ("d_out", d_out)] {
+        check_same_gpu(gpu, what, m)?;
+    }
+    check_same_gpu(gpu, "transpose", &t.csr)?;
+    check_same_gpu(gpu, "dx", &*grads.dx)?;
+    check_same_gpu(gpu, "d_a_dst", &*grads.d_dst)?;
+    check_same_gpu(gpu, "d_a_src", &*grads.d_src)?;
+    check_same_gpu(gpu, "dS workspace", ds)?;
+    if heads == 0 || head_dim == 0 || a.nnz() == 0 {
+        // No edge: nothing aggregated, every gradient zero.
+        grads.dx.fill(T::from_f32(0.0))?;
+        grads.d_dst.fill(0.0)?;
+        return grads.d_src.fill(0.0);
+    }
+    let (vec, hl, g, tiles) = feature_lanes::<T>(heads, head_dim)?;
+    gat_row_stats(gpu, a, terms, lse)?;
+    let hd = heads * head_dim;
+    let (heads_u, dim_u) = (to_u32("heads", heads)?, to_u32("head_dim", head_dim)?);
+    let lanes = [heads_u, dim_u, g, hl];
+    let drop = DropoutWords::of(terms.dropout);
+    let cfg = |units: usize| -> Result<LaunchConfig> { group_grid(units, g, tiles) };
+
+    // Over A: dS in Aᵀ's order, ∂a_dst.
+    {
+        let s = a.schedule();
+        let ([rows, starts, parts, _, _], n_parts) = s.units();
+        let mut guard = s.scratch().lock();
+        let need = product("GAT row partials", &[n_parts, heads])?;
+        let scratch = grown(gpu, &mut guard, "GAT split-row partials", need.max(1))?;
+        let name = kernel_named(
+            &CSR_OPS,
+            grad_rows_kernel(T::NAME, vec, drop.threshold != 0),
+        )?;
+        let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
+        let n_units = to_u32("units", rows.len())?;
+        let mut args = gpu.launch_builder(&f);
+        push_walk(&mut args, [rows, starts, parts], &n_units, a.col_indices());
+        args.arg(t.map().slice())
+            .arg(x.slice())
+            .arg(out.slice())
+            .arg(d_out.slice());
+        push_lanes(&mut args, &lanes, &terms, &drop);
+        args.arg(lse.slice())
+            .arg(ds.slice_mut())
+            .arg_or_null_mut(grads.d_bias)
+            .arg(grads.d_dst.slice_mut())
+            .arg(scratch.slice_mut());
+        // SAFETY: units and edges as in `gat_row_stats`; x rows column indices < n_cols, out
+        // and d_out rows unit rows < n_rows, at features < heads·head_dim (shapes checked);
+        // lse at (row, head) < n_rows·heads; writes ds at (map[e], head) with map a
+        // permutation of 0..nnz (ds holds nnz·heads, checked), d_bias at (e, head) <
+        // nnz·heads (checked), d_dst at (row, head) < n_rows·heads and partials at (part,
+        // head) < n_parts·heads.
+        unsafe { launch(name, &mut args, cfg(rows.len())?) }?;
+        finalize(
+            gpu,
+            a,
+            heads,
+            &scratch.slice().slice(..need),
+            grads.d_dst.slice_mut(),
+        )?;
+    }
+
+    // Over Aᵀ: dx and ∂a_src.
+    let t_to_a = if terms.bias.is_some() || drop.threshold != 0 {
+        Some(t.inverse_map(gpu)?)
+    } else {
+        None
+    };
+    let tc = t.csr();
+    let s = tc.schedule();
+    let ([rows, starts, parts, _, _], n_parts) = s.units();
+    let mut guard = s.scratch().lock();
+    let need_x = product("GAT column partials", &[n_parts, hd])?;
+    let need_s = product("GAT column partials", &[n_parts, heads])?;
+    let scratch = grown(
+        gpu,
+        &mut guard,
+        "GAT split-column partials",
+        (need_x + need_s).max(1),
+    )?;
+    let name = kernel_named(
+        &CSR_OPS,
+        aggregate_kernel(T::NAME, vec, true, drop.threshold != 0),
+    )?;
+    let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
+    let n_units = to_u32("units", rows.len())?;
+    let (mut part_x, mut part_s) = scratch.slice_mut().split_at_mut(need_x);
+    {
+        let mut args = gpu.launch_builder(&f);
+        push_walk(&mut args, [rows, starts, parts], &n_units, tc.col_indices());
+        args.arg_or_null(t_to_a).arg(d_out.slice());
+        push_lanes(&mut args, &lanes, &terms, &drop);
+        args.arg(lse.slice())
+            .arg(ds.slice())
+            .arg(grads.dx.slice_mut())
+            .arg(grads.d_src.slice_mut())
+            .arg(&mut part_x)
+            .arg(&mut part_s);
+        // SAFETY: Aᵀ's units (rows < n_cols) and entries (rows of A < n_rows: d_out, a_dst and
+        // lse rows); an entry's edge t_to_a[e] < nnz (a permutation; null, and unread, without
+        // bias and dropout) indexes the bias at (edge, head) < nnz·heads; ds read at (entry,
+        // head) < nnz·heads; dx rows < n_cols at features < hd, d_src at (column, head) <
+        // n_cols·heads; partials at part·hd + feature < need_x and (part, head) < need_s in
+        // their views.
+        unsafe { launch(name, &mut args, cfg(rows.len())?) }?;
+    }
+    finalize(gpu, tc, hd, &part_x.slice(..), grads.dx.slice_mut())?;
+    finalize(gpu, tc, heads, &part_s.slice(..), grads.d_src.slice_mut())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lanes_fit_heads_in_a_warp() {
+        // 8 heads of 32 f16: vectors of 8, 4 lanes a head, one group of 32.
+        assert_eq!(lanes(8, 32, 2), Some((8, 4, 32, 1)));
+        // 8 heads of 32 f32: vectors of 4, 8 lanes a head, 4 heads a group, two tiles.
+        assert_eq!(lanes(8, 32, 4), Some((4, 8, 32, 2)));
+        // One head of 40 f16: 5 vectors of 8 on 8 lanes.
+        assert_eq!(lanes(1, 40, 2), Some((8, 8, 8, 1)));
+        // Odd widths: vectors of 1, up to 32 lanes.
+        assert_eq!(lanes(3, 31, 4), Some((1, 32, 32, 3)));
+        // 256 f16 fit (32 lanes of 8); 129 f32 do not.
+        assert_eq!(lanes(1, 256, 2), Some((8, 32, 32, 1)));
+        assert_eq!(lanes(2, 129, 4), None);
+        assert_eq!(lanes(0, 8, 4), None);
+    }
+
+    #[test]
+    fn statistics_lanes_cover_every_head() {
+        for heads in [1usize, 2, 3, 8, 31, 32, 33, 100] {
+            let (hl, g, tiles) = stats_lanes(heads);
+            assert!(hl.is_power_of_two() && g == 32);
+            assert!(
+                tiles as usize * (32 / hl as usize) >= heads,
+                "{heads} heads"
+            );
+        }
+    }
+}
