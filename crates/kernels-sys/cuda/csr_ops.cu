@@ -407,18 +407,23 @@ __device__ __forceinline__ void gat_aggregate(
 #pragma unroll
         for (int i = 0; i < VEC; ++i) acc[i] = 0.0f;
         float dsum = 0.0f;
-        for (u32 e = start; e < end; e += 4) {
-            // Past the unit's end, a lane rereads the unit's first entry and weighs it 0. The
-            // entries' indices first, then every gather they address, then the arithmetic.
-            u32 c[4], edge[4];
-            float x[4][VEC], ao[4], lz[4], b[4], dsv[4];
+        // Past the unit's end, a lane rereads the unit's first entry and weighs it 0. A step's
+        // indices are loaded during the step before (prefetched), so each step waits for one
+        // round of gathers, issued before the arithmetic.
+        u32 c[4], edge[4];
+        float dsv[4];
+        const auto indices = [&](u32 e0, u32 (&ci)[4], u32 (&ei)[4], float (&di)[4]) {
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                const u32 pos = e + j < end ? e + j : e;
-                c[j] = __ldg(entries + pos);
-                edge[j] = by_edge ? __ldg(t_to_a + pos) : pos;
-                dsv[j] = TRANSPOSED ? __ldg(ds_t + (u64)pos * heads + ln.h) : 0.0f;
+                const u32 pos = e0 + j < end ? e0 + j : start;
+                ci[j] = __ldg(entries + pos);
+                ei[j] = by_edge ? __ldg(t_to_a + pos) : pos;
+                di[j] = TRANSPOSED ? __ldg(ds_t + (u64)pos * heads + ln.h) : 0.0f;
             }
+        };
+        indices(start, c, edge, dsv);
+        for (u32 e = start; e < end; e += 4) {
+            float x[4][VEC], ao[4], lz[4], b[4];
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 load_vec<T, VEC>(rows + (u64)c[j] * hd + feat, x[j]);
@@ -426,6 +431,9 @@ __device__ __forceinline__ void gat_aggregate(
                 lz[j] = TRANSPOSED ? __ldg(lse + (u64)c[j] * heads + ln.h) : lse_own;
                 b[j] = sc.bias != nullptr ? __ldg(sc.bias + (u64)edge[j] * heads + ln.h) : 0.0f;
             }
+            u32 cn[4], en[4];
+            float dn[4];
+            indices(e + 4, cn, en, dn);
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const float p = __expf(leaky_relu(a_own + ao[j] + b[j], sc.slope) - lz[j]);
@@ -435,6 +443,12 @@ __device__ __forceinline__ void gat_aggregate(
                 if (TRANSPOSED && in) dsum += dsv[j];
 #pragma unroll
                 for (int i = 0; i < VEC; ++i) acc[i] = fmaf(w, x[j][i], acc[i]);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                c[j] = cn[j];
+                edge[j] = en[j];
+                dsv[j] = dn[j];
             }
         }
         const u32 part = unit_parts[u];
@@ -469,9 +483,25 @@ __device__ __forceinline__ void gat_grad_rows(
     const u64 group = grid_group(g), groups = grid_groups(g);
     for (u64 u = group; u < n_units; u += groups) {
         const u32 r = unit_rows[u], start = unit_starts[u], end = unit_starts[u + 1];
+        // A step's indices are loaded during the step before (the first step's before the
+        // row's reduction), so each step waits for one round of gathers.
+        u32 c[4], tpos[4];
+        float b[4];
+        const auto indices = [&](u32 e0, u32 (&ci)[4], u32 (&ti)[4], float (&bi)[4]) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const u32 pos = e0 + j < end ? e0 + j : start;
+                ci[j] = __ldg(col_indices + pos);
+                ti[j] = __ldg(a_to_t + pos);
+                bi[j] = sc.bias != nullptr ? __ldg(sc.bias + (u64)pos * heads + ln.h) : 0.0f;
+            }
+        };
+        indices(start, c, tpos, b);
         float dov[VEC], ov[VEC];
         load_vec<T, VEC>(d_out + (u64)r * hd + feat, dov);
         load_vec<T, VEC>(out + (u64)r * hd + feat, ov);
+        const float ad = __ldg(sc.a_dst + (u64)r * heads + ln.h);
+        const float lz = __ldg(lse + (u64)r * heads + ln.h);
         float dd = 0.0f;
 #pragma unroll
         for (int i = 0; i < VEC; ++i) {
@@ -479,24 +509,17 @@ __device__ __forceinline__ void gat_grad_rows(
             dd = fmaf(dov[i], ov[i], dd);
         }
         const float d_row = group_sum(dd, mask, hl);
-        const float ad = __ldg(sc.a_dst + (u64)r * heads + ln.h);
-        const float lz = __ldg(lse + (u64)r * heads + ln.h);
         float dsum = 0.0f;
         for (u32 e = start; e < end; e += 4) {
-            u32 c[4], tpos[4];
-            float x4[4][VEC], as[4], b[4];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const u32 pos = e + j < end ? e + j : e;
-                c[j] = __ldg(col_indices + pos);
-                tpos[j] = __ldg(a_to_t + pos);
-                b[j] = sc.bias != nullptr ? __ldg(sc.bias + (u64)pos * heads + ln.h) : 0.0f;
-            }
+            float x4[4][VEC], as[4];
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 load_vec<T, VEC>(x + (u64)c[j] * hd + feat, x4[j]);
                 as[j] = __ldg(sc.a_src + (u64)c[j] * heads + ln.h);
             }
+            u32 cn[4], tn[4];
+            float bn[4];
+            indices(e + 4, cn, tn, bn);
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 float dw = 0.0f;
@@ -515,6 +538,12 @@ __device__ __forceinline__ void gat_grad_rows(
                     ds_t[(u64)tpos[j] * heads + ln.h] = ds;
                     if (d_bias != nullptr) d_bias[edge] = ds;
                 }
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                c[j] = cn[j];
+                tpos[j] = tn[j];
+                b[j] = bn[j];
             }
         }
         if (!ln.lead) continue;
@@ -556,8 +585,12 @@ __device__ __forceinline__ void gat_grad_rows(
     }
 
 // The GAT row-statistics passes for one dtype, vector width and dropout (DROP: "_drop" in the
-// name; without it the kernels hold no generator registers).
-#define SPATTN_GAT_ROWS_K(SUFFIX, T, VEC, DROP, D)                                              \
+// name; without it the kernels hold no generator registers). gat_grad_rows of 16-bit types is
+// held to 3 blocks a SM (80 registers, 8 bytes spilled; 86 unbounded, 2 blocks: backward 1.47
+// against 1.61 ms on ogbn-arxiv at 8 x 32 f16); of f32 it is left unbounded (70 registers:
+// 2.42 against 2.65 ms held to 3 blocks). GB: those bounds, empty for f32.
+#define SPATTN_GAT_BOUNDS_16 __launch_bounds__(256, 3)
+#define SPATTN_GAT_ROWS_K(SUFFIX, T, VEC, DROP, D, GB)                                             \
     extern "C" __global__ void gat_aggregate##D##_csr_##SUFFIX##_v##VEC(                        \
         const u32* unit_rows, const u32* unit_starts, const u32* unit_parts, u32 n_units,      \
         const u32* col_indices, const T* x, u32 heads, u32 head_dim, u32 g, u32 hl,            \
@@ -577,7 +610,7 @@ __device__ __forceinline__ void gat_grad_rows(
                                           row_indices, t_to_a, d_out, heads, head_dim, g, hl,  \
                                           sc, lse, ds_t, dx, d_src, scratch, scratch_src);     \
     }                                                                                          \
-    extern "C" __global__ void gat_grad_rows##D##_csr_##SUFFIX##_v##VEC(                        \
+    extern "C" __global__ void GB gat_grad_rows##D##_csr_##SUFFIX##_v##VEC( \
         const u32* unit_rows, const u32* unit_starts, const u32* unit_parts, u32 n_units,      \
         const u32* col_indices, const u32* a_to_t, const T* x, const T* out, const T* d_out,   \
         u32 heads, u32 head_dim, u32 g, u32 hl, SPATTN_GAT_SCORES_ARGS, const float* lse,      \
@@ -587,11 +620,11 @@ __device__ __forceinline__ void gat_grad_rows(
                                     a_to_t, x, out, d_out, heads, head_dim, g, hl, sc, lse,    \
                                     ds_t, d_bias, d_dst, scratch_dst);                         \
     }
-#define SPATTN_GAT_ROWS(SUFFIX, T, VEC)                                                         \
-    SPATTN_GAT_ROWS_K(SUFFIX, T, VEC, false, )                                                  \
-    SPATTN_GAT_ROWS_K(SUFFIX, T, VEC, true, _drop)
+#define SPATTN_GAT_ROWS(SUFFIX, T, VEC, GB)                                                     \
+    SPATTN_GAT_ROWS_K(SUFFIX, T, VEC, false, , GB)                                              \
+    SPATTN_GAT_ROWS_K(SUFFIX, T, VEC, true, _drop, GB)
 
-#define SPATTN_PER_DTYPE(SUFFIX, T)                                                             \
+#define SPATTN_PER_DTYPE(SUFFIX, T, GB)                                                            \
     extern "C" __global__ void sddmm_gat_csr_##SUFFIX(const u32* row_indices,                  \
                                                       const u32* col_indices, u32 nnz,         \
                                                       const T* a_dst, const T* a_src,          \
@@ -612,13 +645,13 @@ __device__ __forceinline__ void gat_grad_rows(
     SPATTN_SPMM(spmm_csr_##SUFFIX##_v1, T, 1)                                                   \
     SPATTN_SPMM(spmm_csr_##SUFFIX##_v2, T, 2)                                                   \
     SPATTN_SPMM(spmm_csr_##SUFFIX##_v4, T, 4)                                                   \
-    SPATTN_GAT_ROWS(SUFFIX, T, 1)                                                               \
-    SPATTN_GAT_ROWS(SUFFIX, T, 2)                                                               \
-    SPATTN_GAT_ROWS(SUFFIX, T, 4)
+    SPATTN_GAT_ROWS(SUFFIX, T, 1, GB)                                                           \
+    SPATTN_GAT_ROWS(SUFFIX, T, 2, GB)                                                           \
+    SPATTN_GAT_ROWS(SUFFIX, T, 4, GB)
 
-SPATTN_PER_DTYPE(f32, float)
-SPATTN_PER_DTYPE(f16, __half)
-SPATTN_PER_DTYPE(bf16, __nv_bfloat16)
+SPATTN_PER_DTYPE(f32, float, )
+SPATTN_PER_DTYPE(f16, __half, SPATTN_GAT_BOUNDS_16)
+SPATTN_PER_DTYPE(bf16, __nv_bfloat16, SPATTN_GAT_BOUNDS_16)
 // 16-byte vectors of 16-bit types.
 SPATTN_SDDMM(sddmm_csr_f16_v8, __half, 8)
 SPATTN_SDDMM(sddmm_csr_bf16_v8, __nv_bfloat16, 8)
@@ -626,5 +659,5 @@ SPATTN_SDDMM_GATV2(sddmm_gatv2_csr_f16_v8, __half, 8)
 SPATTN_SDDMM_GATV2(sddmm_gatv2_csr_bf16_v8, __nv_bfloat16, 8)
 SPATTN_SPMM(spmm_csr_f16_v8, __half, 8)
 SPATTN_SPMM(spmm_csr_bf16_v8, __nv_bfloat16, 8)
-SPATTN_GAT_ROWS(f16, __half, 8)
-SPATTN_GAT_ROWS(bf16, __nv_bfloat16, 8)
+SPATTN_GAT_ROWS(f16, __half, 8, SPATTN_GAT_BOUNDS_16)
+SPATTN_GAT_ROWS(bf16, __nv_bfloat16, 8, SPATTN_GAT_BOUNDS_16)

@@ -600,7 +600,7 @@ fn gat_backward_by<T: DType>(
             let heads = x.shape().heads;
             let mut lse = nan_vec(gpu, graph.0.n_rows() * heads);
             let mut ds = nan_vec(gpu, graph.0.nnz() * heads);
-            let ws = (&mut lse, &mut ds);
+            let ws = (backward::RowStats::Recompute(&mut lse), &mut ds);
             backward::gat_backward_rows(gpu, graph, terms, (x, out, d_out), ws, grads)
         }
     }

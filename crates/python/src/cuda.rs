@@ -279,7 +279,8 @@ pub(crate) const GAT_FUSED_MAX_EDGES: usize = 1 << 15;
 /// kernels only), ordered with `stream`: the fused backward
 /// ([`gpu_backward::gat_fused_backward`]: two passes, no per-edge buffer), the rows kernels
 /// ([`gpu_backward::gat_backward_rows`]; `workspaces` = dS's `nnz × heads` f32 and the row
-/// statistics' `n_rows × heads` f32), or the composed steps, which recompute the scores and
+/// statistics' `n_rows × heads` f32, kept from the rows forward where `lse_kept`), or the
+/// composed steps, which recompute the scores and
 /// probabilities in the three `nnz × heads` f32 `workspaces`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gat_backward_gpu<T: DType>(
@@ -287,7 +288,7 @@ pub(crate) fn gat_backward_gpu<T: DType>(
     sq: Shape,
     skv: Shape,
     (slope, dropout): (f32, Option<Dropout>),
-    kernels: GatKernels,
+    (kernels, lse_kept): (GatKernels, bool),
     [x, a_dst, a_src, d_out, dx, da_dst, da_src, bias, d_bias, out]: [u64; 10],
     workspaces: [u64; 3],
     stream: u64,
@@ -345,7 +346,11 @@ pub(crate) fn gat_backward_gpu<T: DType>(
                 };
                 if let (Some([ds, lse]), Some(out)) = (&mut rows_ws, &out) {
                     let io = (&*x, &**out, &*d_out);
-                    let wsp = (&mut **lse, &mut **ds);
+                    let lse = match lse_kept {
+                        true => gpu_backward::RowStats::Kept(lse),
+                        false => gpu_backward::RowStats::Recompute(lse),
+                    };
+                    let wsp = (lse, &mut **ds);
                     gpu_backward::gat_backward_rows(gpu, (a, t), terms, io, wsp, grads)?;
                     return Ok(());
                 }

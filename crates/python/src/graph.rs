@@ -667,12 +667,13 @@ impl GraphCore {
     /// `kernels` (CUDA): `"rows"` (row statistics and SpMM-shaped passes; the forward's `out`
     /// and, in `workspaces`, `nnz × heads` and `n × heads` f32), `"fused"` (two passes, no
     /// workspace) or `"composed"` (the CSR ops, in three `nnz × heads` f32 workspaces); zeros
-    /// for what a path does not take and on the CPU. The package chooses ([`gat_supports`]).
+    /// for what a path does not take and on the CPU; `lse_kept`: the second workspace holds the
+    /// rows forward's statistics. The package chooses ([`gat_supports`]).
     ///
     /// [`gat_supports`]: crate::dense::gat_supports
     #[pyo3(signature = (device, dtype, heads, dim, negative_slope, x, a_dst, a_src, d_out, dx,
                         da_dst, da_src, workspaces, stream, dropout = None, bias = 0, d_bias = 0,
-                        kernels = "composed", out = 0))]
+                        kernels = "composed", out = 0, lse_kept = false))]
     #[allow(clippy::too_many_arguments)]
     fn gat_backward(
         &self,
@@ -696,6 +697,7 @@ impl GraphCore {
         d_bias: u64,
         kernels: &str,
         out: u64,
+        lse_kept: bool,
     ) -> PyResult<()> {
         let dt = DTypeName::parse(dtype)?;
         let slope = check_slope(negative_slope)?;
@@ -741,7 +743,16 @@ impl GraphCore {
             let d = self.on_device(ordinal)?;
             by_dtype!(
                 kind,
-                gat_backward_gpu(&d, sq, skv, (slope, drop), kernels, ptrs, ws, stream)
+                gat_backward_gpu(
+                    &d,
+                    sq,
+                    skv,
+                    (slope, drop),
+                    (kernels, lse_kept),
+                    ptrs,
+                    ws,
+                    stream
+                )
             )
         })
         .map_err(to_py)

@@ -324,12 +324,21 @@ pub fn gat_forward_rows<T: DType>(
     finalize(gpu, a, hd, &scratch.slice().slice(..need), out.slice_mut())
 }
 
+/// The row statistics [`gat_backward_rows`] reads (`n_rows × heads` f32).
+#[derive(Debug)]
+pub enum RowStats<'a> {
+    /// Recomputed by the backward into this workspace ([`gat_row_stats`]: one more launch).
+    Recompute(&'a mut DeviceVec<f32>),
+    /// Kept from the [`gat_forward_rows`] with the same graph and score terms.
+    Kept(&'a DeviceVec<f32>),
+}
+
 /// The gradients of GAT attention from its forward's output: `(x, out, d_out)` are the
 /// aggregated features (`n_cols × heads × head_dim`), the forward's output and its gradient
-/// (`n_rows × heads × head_dim`); `grads` as [`super::gat_fused_backward`]'s. Workspaces: `lse`
-/// (`n_rows × heads` f32: the row statistics, recomputed here) and `ds` (`nnz × heads` f32:
-/// each edge's ∂L/∂s in Aᵀ's order). Three launches (up to six with split rows or columns),
-/// deterministic.
+/// (`n_rows × heads × head_dim`); `grads` as [`super::gat_fused_backward`]'s. Workspaces: the
+/// row statistics `lse` (kept from the forward, or recomputed) and `ds` (`nnz × heads` f32:
+/// each edge's ∂L/∂s in Aᵀ's order). Two or three launches (up to six with split rows or
+/// columns), deterministic.
 ///
 /// Errors: as [`gat_forward_rows`]; [`Error::InvalidArgument`] when `t` is not Aᵀ or a bias
 /// comes without its gradient's buffer; [`Error::LengthMismatch`] for `ds` or `d_bias`.
@@ -339,7 +348,7 @@ pub fn gat_backward_rows<T: DType>(
     (a, t): (&DeviceCsr, &DeviceTranspose),
     terms: GatScoreTerms<'_>,
     (x, out, d_out): (&DeviceMatrix<T>, &DeviceMatrix<T>, &DeviceMatrix<T>),
-    (lse, ds): (&mut DeviceVec<f32>, &mut DeviceVec<f32>),
+    (lse, ds): (RowStats<'_>, &mut DeviceVec<f32>),
     grads: GatGrads<'_, T>,
 ) -> Result<()> {
     check_transpose(a, t)?;
@@ -378,7 +387,24 @@ pub fn gat_backward_rows<T: DType>(
         return grads.d_src.fill(0.0);
     }
     let (vec, hl, g, tiles) = feature_lanes::<T>(heads, head_dim)?;
-    gat_row_stats(gpu, a, terms, lse)?;
+    let lse: &DeviceVec<f32> = match lse {
+        RowStats::Recompute(lse) => {
+            gat_row_stats(gpu, a, terms, lse)?;
+            lse
+        }
+        RowStats::Kept(lse) => {
+            let expected = product("rows x heads", &[a.n_rows(), heads])?;
+            if lse.len() != expected {
+                return Err(Error::LengthMismatch {
+                    what: "lse",
+                    expected,
+                    actual: lse.len(),
+                });
+            }
+            check_same_gpu(gpu, "lse", lse)?;
+            lse
+        }
+    };
     let hd = heads * head_dim;
     let (heads_u, dim_u) = (to_u32("heads", heads)?, to_u32("head_dim", head_dim)?);
     let lanes = [heads_u, dim_u, g, hl];

@@ -68,7 +68,9 @@ pub use gat::{
     gat_aggregation_grad, gat_fused_backward, gat_score_grad, gat_vector_grads, GatGrads,
     GatScoreTerms,
 };
-pub use gat_rows::{gat_backward_rows, gat_forward_rows, gat_row_stats, gat_rows_supports};
+pub use gat_rows::{
+    gat_backward_rows, gat_forward_rows, gat_row_stats, gat_rows_supports, RowStats,
+};
 pub use tc::TensorCoreBackward;
 
 /// Threads per block of the elementwise and reduction kernels.

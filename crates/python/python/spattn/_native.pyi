@@ -218,6 +218,7 @@ class GraphCore:
         d_bias: int = 0,
         kernels: str = "composed",
         out: int = 0,
+        lse_kept: bool = False,
     ) -> None: ...
     def gatv2_forward(
         self,

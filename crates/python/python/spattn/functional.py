@@ -607,12 +607,19 @@ def gat_forward(graph: Graph, x, a_dst, a_src, bias, slope, drop, kernels="auto"
     """GAT attention's output (checked tensors; the graph's sizes checked here). ``kernels``
     (CUDA): ``"rows"`` (row statistics, then an SpMM that recomputes each probability: no
     per-edge buffer), ``"composed"`` (scores, softmax and SpMM through an ``nnz × heads``
-    buffer) or ``"auto"`` (rows where they take the head)."""
+    buffer) or ``"auto"`` (rows for several heads without dropout)."""
+    return gat_forward_keeping(graph, x, a_dst, a_src, bias, slope, drop, kernels)[0]
+
+
+def gat_forward_keeping(graph: Graph, x, a_dst, a_src, bias, slope, drop, kernels="auto"):
+    """:func:`gat_forward`'s ``(out, lse)``: ``lse`` the row statistics (``n × heads``
+    float32) where the rows kernels ran (the backward then skips recomputing them), else
+    None."""
     _check_gat_rows(graph, x, a_dst, a_src, bias)
     n, h, c = graph.num_nodes, x.shape[1], x.shape[2]
     out = torch.empty((n, h, c), dtype=x.dtype, device=x.device)
     if graph.num_edges == 0 or out.numel() == 0:
-        return out.zero_()
+        return out.zero_(), None
     cuda = x.device.type == "cuda"
     kernels = _gat_kernels(graph, x, kernels, False, drop) if cuda else "composed"
     ws = None
@@ -624,16 +631,17 @@ def gat_forward(graph: Graph, x, a_dst, a_src, bias, slope, drop, kernels="auto"
         address(x), address(a_dst), address(a_src), address(out),
         _address_or_0(ws), stream_of(x), drop, _address_or_0(bias), kernels,
     )
-    return out
+    return out, (ws if kernels == "rows" else None)
 
 
 def gat_backward(graph: Graph, x, a_dst, a_src, d_out, bias, slope, drop, outs=None, kernels="auto",
-                 out=None):
+                 out=None, lse=None):
     """``(dx, da_dst, da_src, d_bias)`` of :func:`gat_forward` (None for an absent bias); the
     probabilities are recomputed, not kept from the forward. ``kernels`` (CUDA): ``"rows"``
     (row statistics and two SpMM-shaped passes; needs ``out``, the forward's output),
     ``"fused"`` (two passes), ``"composed"`` (the CSR ops) or ``"auto"`` (rows where ``out``
-    is given and they take the head, else fused on small graphs, else composed)."""
+    is given and they take the head, else fused on small graphs, else composed); ``lse``: the
+    row statistics :func:`gat_forward_keeping` left (the rows kernels then reuse them)."""
     h, c = x.shape[1], x.shape[2]
     d_out = d_out.to(dtype=x.dtype).contiguous()
     dx, da_dst, da_src, d_bias = _outputs(outs, x, a_dst, a_src, bias)
@@ -657,9 +665,13 @@ def gat_backward(graph: Graph, x, a_dst, a_src, d_out, bias, slope, drop, outs=N
     # Workspaces: rows, dS (nnz × heads) and the row statistics (n × heads); composed, three
     # nnz × heads buffers; fused, none.
     ws = []
+    kept = cuda and kernels == "rows" and lse is not None
+    if kept and (tuple(lse.shape) != (n * h,) or lse.dtype != torch.float32
+                 or lse.device != x.device or not lse.is_contiguous()):
+        raise ValueError(f"lse: expected {n * h} contiguous float32 values on {x.device}")
     if cuda and kernels == "rows":
         ws = [torch.empty(graph.num_edges * h, dtype=torch.float32, device=x.device),
-              torch.empty(n * h, dtype=torch.float32, device=x.device)]
+              lse if kept else torch.empty(n * h, dtype=torch.float32, device=x.device)]
     elif cuda and kernels == "composed":
         ws = [torch.empty(graph.num_edges * h, dtype=torch.float32, device=x.device)
               for _ in range(3)]
@@ -669,7 +681,7 @@ def gat_backward(graph: Graph, x, a_dst, a_src, d_out, bias, slope, drop, outs=N
         address(x), address(a_dst), address(a_src), address(d_out),
         address(dx), address(da_dst), address(da_src), wsp, stream_of(x), drop,
         _address_or_0(bias), _address_or_0(d_bias), kernels,
-        address(out) if out is not None and cuda else 0,
+        address(out) if out is not None and cuda else 0, kept,
     )
     return dx, da_dst, da_src, d_bias
 
@@ -923,17 +935,17 @@ if torch is not None:
 
         @staticmethod
         def forward(ctx, graph, x, a_dst, a_src, bias, slope, drop):
-            out = gat_forward(graph, x, a_dst, a_src, bias, slope, drop)
+            out, lse = gat_forward_keeping(graph, x, a_dst, a_src, bias, slope, drop)
             ctx.graph, ctx.slope, ctx.drop = graph, slope, drop
-            ctx.save_for_backward(x, a_dst, a_src, bias, out)
+            ctx.save_for_backward(x, a_dst, a_src, bias, out, lse)
             return out
 
         @staticmethod
         @once_differentiable
         def backward(ctx, d_out):
-            x, a_dst, a_src, bias, out = ctx.saved_tensors
+            x, a_dst, a_src, bias, out, lse = ctx.saved_tensors
             grads = gat_backward(ctx.graph, x, a_dst, a_src, d_out, bias, ctx.slope, ctx.drop,
-                                 out=out)
+                                 out=out, lse=lse)
             return (None,) + grads + (None, None)
 
     class _HeadDot(torch.autograd.Function):
