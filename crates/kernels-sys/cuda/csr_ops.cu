@@ -407,15 +407,17 @@ __device__ __forceinline__ void gat_aggregate(
 #pragma unroll
         for (int i = 0; i < VEC; ++i) acc[i] = 0.0f;
         float dsum = 0.0f;
-        // Past the unit's end, a lane rereads the unit's first entry and weighs it 0. A step's
-        // indices are loaded during the step before (prefetched), so each step waits for one
-        // round of gathers, issued before the arithmetic.
+        // A step's indices are loaded during the step before (prefetched), so each step waits
+        // for one round of gathers, issued before the arithmetic.
         u32 c[4], edge[4];
         float dsv[4];
+        // Past the unit's end (or in an empty unit, which may end the arrays) a lane reads the
+        // last entry before the end, weighed 0; the host takes no graph without entries.
+        const u32 last = end > 0u ? end - 1u : 0u;
         const auto indices = [&](u32 e0, u32 (&ci)[4], u32 (&ei)[4], float (&di)[4]) {
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                const u32 pos = e0 + j < end ? e0 + j : start;
+                const u32 pos = e0 + j < end ? e0 + j : last;
                 ci[j] = __ldg(entries + pos);
                 ei[j] = by_edge ? __ldg(t_to_a + pos) : pos;
                 di[j] = TRANSPOSED ? __ldg(ds_t + (u64)pos * heads + ln.h) : 0.0f;
@@ -487,10 +489,11 @@ __device__ __forceinline__ void gat_grad_rows(
         // row's reduction), so each step waits for one round of gathers.
         u32 c[4], tpos[4];
         float b[4];
+        const u32 last = end > 0u ? end - 1u : 0u;  // as in gat_aggregate
         const auto indices = [&](u32 e0, u32 (&ci)[4], u32 (&ti)[4], float (&bi)[4]) {
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                const u32 pos = e0 + j < end ? e0 + j : start;
+                const u32 pos = e0 + j < end ? e0 + j : last;
                 ci[j] = __ldg(col_indices + pos);
                 ti[j] = __ldg(a_to_t + pos);
                 bi[j] = sc.bias != nullptr ? __ldg(sc.bias + (u64)pos * heads + ln.h) : 0.0f;

@@ -553,7 +553,8 @@ enum GatPath {
 /// GAT's row-statistics forward and backward (`gat_forward_rows`, `gat_backward_rows`) on the
 /// same graphs and heads as the fused backward's test (empty rows, hub rows and columns split
 /// across units, heads 1–8 with 1–64 features, f32/f16/bf16, bias and dropout), plus the
-/// widest heads they take (256 f16, 128 f32, 31 odd) and one they refuse: the forward within
+/// widest heads they take (256 f16, 128 f32, 31 odd) and one they refuse, and a graph without
+/// edges: the forward within
 /// T's tolerance of the f64 layer, the gradients of the f64 reference, two runs bitwise equal.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
@@ -564,6 +565,8 @@ fn gat_rows_forward_and_backward_match_the_f64_reference_and_rerun_bitwise() {
     let hub = hub_graph(&mut rng, 5000, 3);
     graphs.push(hub.transpose_with_map().0);
     graphs.push(hub);
+    // No edge at all: zeros out of both directions, no index read.
+    graphs.push(Csr::from_edges(3, 4, &[]).unwrap());
     for (gi, a) in graphs.iter().enumerate() {
         for (ci, (heads, head_dim)) in [(1, 1), (3, 20), (8, 32), (2, 64), (1, 40), (5, 31)]
             .into_iter()

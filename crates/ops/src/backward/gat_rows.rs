@@ -286,11 +286,19 @@ pub fn gat_forward_rows<T: DType>(
     Shape::new(a.n_rows(), heads, head_dim)?.expect_eq("out", out.shape())?;
     check_same_gpu(gpu, "x", x)?;
     check_same_gpu(gpu, "out", &*out)?;
-    if heads == 0 || head_dim == 0 || a.n_rows() == 0 {
+    if heads == 0 || head_dim == 0 {
         return Ok(()); // nothing to write
     }
+    // A head the kernels do not take is refused whatever the graph.
     let (vec, hl, g, tiles) = feature_lanes::<T>(heads, head_dim)?;
+    if a.n_rows() == 0 {
+        return Ok(());
+    }
     gat_row_stats(gpu, a, terms, lse)?;
+    if a.nnz() == 0 {
+        // Nothing to aggregate (and no entry for the kernel's indices to stand on).
+        return out.fill(T::from_f32(0.0));
+    }
     let hd = heads * head_dim;
     let s = a.schedule();
     let ([rows, starts, parts, _, _], n_parts) = s.units();
@@ -380,13 +388,17 @@ pub fn gat_backward_rows<T: DType>(
     check_same_gpu(gpu, "d_a_dst", &*grads.d_dst)?;
     check_same_gpu(gpu, "d_a_src", &*grads.d_src)?;
     check_same_gpu(gpu, "dS workspace", ds)?;
+    // A head the kernels do not take is refused whatever the graph.
+    let (vec, hl, g, tiles) = match heads * head_dim {
+        0 => (1, 1, 1, 1),
+        _ => feature_lanes::<T>(heads, head_dim)?,
+    };
     if heads == 0 || head_dim == 0 || a.nnz() == 0 {
         // No edge: nothing aggregated, every gradient zero.
         grads.dx.fill(T::from_f32(0.0))?;
         grads.d_dst.fill(0.0)?;
         return grads.d_src.fill(0.0);
     }
-    let (vec, hl, g, tiles) = feature_lanes::<T>(heads, head_dim)?;
     let lse: &DeviceVec<f32> = match lse {
         RowStats::Recompute(lse) => {
             gat_row_stats(gpu, a, terms, lse)?;
