@@ -14,7 +14,9 @@
 //! where the caller keeps the forward's per-edge values): [`gat_score_grad`] (`dS`, the
 //! gradient of each pre-activation score: a bias's gradient), [`gat_vector_grads`] (`Σ_row dS`,
 //! `Σ_column dS`: the attention vectors' terms), [`gat_aggregation_grad`] (`dx = Wᵀ · dOut`).
-//! Each composed step names what it reads and what it overwrites.
+//! Each composed step names what it reads and what it overwrites. From row statistics (no
+//! per-edge buffer of scores or probabilities, forward and backward): [`super::gat_forward_rows`]
+//! and [`super::gat_backward_rows`].
 
 use spattn_kernels_sys::BACKWARD;
 
