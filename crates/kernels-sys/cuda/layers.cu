@@ -53,19 +53,22 @@ extern "C" __global__ void __launch_bounds__(256)
     if (threadIdx.x == 0) out[c] += s;
 }
 
-// out[i, h] = <x[i, h, :], att[h, :]>: one warp per (row, head).
+// out[k, i, h] = <x[i, h, :], att[k, h, :]> for each of n_att attention vectors: one warp per
+// (vector, row, head).
 template <class T>
 __device__ void head_dot(const T* __restrict__ x, const T* __restrict__ att, u32 rows, u32 heads,
-                         u32 dim, T* out) {
+                         u32 dim, u32 n_att, T* out) {
     const u32 lane = lane_id();
     const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
-    for (u64 p = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; p < (u64)rows * heads;
-         p += warps) {
+    const u64 per = (u64)rows * heads;
+    for (u64 q = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; q < per * n_att; q += warps) {
+        const u64 k = q / per, p = q - k * per;
         const u32 h = (u32)(p % heads);
+        const T* a = att + (k * heads + h) * dim;
         float acc = 0.0f;
-        for (u32 d = lane; d < dim; d += 32u) acc += to_f32(x[p * dim + d]) * to_f32(att[(u64)h * dim + d]);
+        for (u32 d = lane; d < dim; d += 32u) acc += to_f32(x[p * dim + d]) * to_f32(a[d]);
         acc = group_sum(acc, 0xffffffffu, 32);
-        if (lane == 0) out[p] = from_f32<T>(acc);
+        if (lane == 0) out[q] = from_f32<T>(acc);
     }
 }
 
@@ -86,61 +89,91 @@ struct HeadWalk {
     }
 };
 
-// out[i, h] = <x[i, h, :], att[h, :]> in f32 with an f32 attention vector (the Python layers'
-// score terms): a group of lanes per (row, head) (HeadWalk), its sum by shuffles.
+// Attention vectors a head kernel takes at once (GAT's source and target: 2).
+#define SPATTN_HEAD_MAX_ATT 4
+
+// out[k, i, h] = <x[i, h, :], att[k, h, :]> in f32 with f32 attention vectors (the Python
+// layers' score terms), n_att <= SPATTN_HEAD_MAX_ATT of them from one read of x: a group of
+// lanes per (row, head) (HeadWalk), its sums by shuffles.
 template <class T>
 __device__ void head_dot_f32(const T* __restrict__ x, const float* __restrict__ att, u32 rows,
-                             u32 heads, u32 dim, float* __restrict__ out) {
+                             u32 heads, u32 dim, u32 n_att, float* __restrict__ out) {
     const HeadWalk<T> w(x, dim);
     constexpr u32 V = 16u / sizeof(T);
     const u32 lane = lane_id() & (w.g - 1u), mask = group_mask(w.g);
-    const u64 total = (u64)rows * heads;
+    const u64 total = (u64)rows * heads, stride = (u64)heads * dim;
     for (u64 p = grid_group(w.g); p < total; p += grid_groups(w.g)) {
         u32 h;
         split_index(p, heads, total, h);
         const T* xr = x + p * dim;
         const float* a = att + (u64)h * dim;
-        float acc = 0.0f;
+        float acc[SPATTN_HEAD_MAX_ATT] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (w.vec) {
             for (u32 k = lane; k < w.per; k += w.g) {
                 float xv[V];
                 load_vec<T, V>(xr + (u64)k * V, xv);
 #pragma unroll
-                for (u32 i = 0; i < V; ++i) acc = fmaf(xv[i], __ldg(a + k * V + i), acc);
+                for (u32 t = 0; t < SPATTN_HEAD_MAX_ATT; ++t)
+                    if (t < n_att)
+#pragma unroll
+                        for (u32 i = 0; i < V; ++i)
+                            acc[t] = fmaf(xv[i], __ldg(a + t * stride + k * V + i), acc[t]);
             }
         } else {
-            for (u32 d = lane; d < dim; d += w.g) acc = fmaf(to_f32(xr[d]), __ldg(a + d), acc);
+            for (u32 d = lane; d < dim; d += w.g) {
+                const float xv = to_f32(xr[d]);
+#pragma unroll
+                for (u32 t = 0; t < SPATTN_HEAD_MAX_ATT; ++t)
+                    if (t < n_att) acc[t] = fmaf(xv, __ldg(a + t * stride + d), acc[t]);
+            }
         }
-        acc = group_sum(acc, mask, w.g);
-        if (lane == 0u) out[p] = acc;
+#pragma unroll
+        for (u32 t = 0; t < SPATTN_HEAD_MAX_ATT; ++t) {
+            if (t >= n_att) break;
+            const float v = group_sum(acc[t], mask, w.g);
+            if (lane == 0u) out[t * total + p] = v;
+        }
     }
 }
 
-// dx[i, h, d] += de[i, h] * att[h, d]: the gradient of head_dot (A = T) or head_dot_f32
-// (A = float) with respect to x; the lanes of head_dot_f32.
+// dx[i, h, d] += sum_k de[k, i, h] * att[k, h, d]: the gradient of head_dot (A = T) or
+// head_dot_f32 (A = float) with respect to x, every attention vector's in one pass; the lanes
+// of head_dot_f32.
 template <class T, class A>
 __device__ void head_outer_add(const float* __restrict__ de, const A* __restrict__ att, u32 rows,
-                               u32 heads, u32 dim, T* dx) {
+                               u32 heads, u32 dim, u32 n_att, T* dx) {
     const HeadWalk<T> w(dx, dim);
     constexpr u32 V = 16u / sizeof(T);
     const u32 lane = lane_id() & (w.g - 1u);
-    const u64 total = (u64)rows * heads;
+    const u64 total = (u64)rows * heads, stride = (u64)heads * dim;
     for (u64 p = grid_group(w.g); p < total; p += grid_groups(w.g)) {
         u32 h;
         split_index(p, heads, total, h);
         T* xr = dx + p * dim;
         const A* a = att + (u64)h * dim;
-        const float e = de[p];
+        float e[SPATTN_HEAD_MAX_ATT];
+#pragma unroll
+        for (u32 t = 0; t < SPATTN_HEAD_MAX_ATT; ++t) e[t] = t < n_att ? de[t * total + p] : 0.0f;
         if (w.vec) {
             for (u32 k = lane; k < w.per; k += w.g) {
                 float xv[V];
                 load_vec<T, V>(xr + (u64)k * V, xv);
 #pragma unroll
-                for (u32 i = 0; i < V; ++i) xv[i] = fmaf(e, to_f32(a[k * V + i]), xv[i]);
+                for (u32 t = 0; t < SPATTN_HEAD_MAX_ATT; ++t)
+                    if (t < n_att)
+#pragma unroll
+                        for (u32 i = 0; i < V; ++i)
+                            xv[i] = fmaf(e[t], to_f32(a[t * stride + k * V + i]), xv[i]);
                 store_vec<T, V>(xr + (u64)k * V, xv);
             }
         } else {
-            for (u32 d = lane; d < dim; d += w.g) xr[d] = from_f32<T>(fmaf(e, to_f32(a[d]), to_f32(xr[d])));
+            for (u32 d = lane; d < dim; d += w.g) {
+                float v = to_f32(xr[d]);
+#pragma unroll
+                for (u32 t = 0; t < SPATTN_HEAD_MAX_ATT; ++t)
+                    if (t < n_att) v = fmaf(e[t], to_f32(a[t * stride + d]), v);
+                xr[d] = from_f32<T>(v);
+            }
         }
     }
 }
@@ -305,21 +338,22 @@ __device__ void sgd(T* p, const float* __restrict__ g, u64 n, float lr, float wd
         weighted_col_sum<T>(x, w, rows, heads, dim, part);                                      \
     }                                                                                           \
     extern "C" __global__ void head_dot_dense_##S(const T* x, const T* att, u32 rows, u32 heads, \
-                                                  u32 dim, T* out) {                            \
-        head_dot<T>(x, att, rows, heads, dim, out);                                             \
+                                                  u32 dim, u32 n_att, T* out) {                 \
+        head_dot<T>(x, att, rows, heads, dim, n_att, out);                                      \
     }                                                                                           \
     extern "C" __global__ void head_outer_add_dense_##S(const float* de, const T* att, u32 rows,    \
-                                                        u32 heads, u32 dim, T* dx) {            \
-        head_outer_add<T, T>(de, att, rows, heads, dim, dx);                                    \
+                                                        u32 heads, u32 dim, u32 n_att, T* dx) { \
+        head_outer_add<T, T>(de, att, rows, heads, dim, n_att, dx);                             \
     }                                                                                           \
     extern "C" __global__ void head_dot_f32_dense_##S(const T* x, const float* att, u32 rows,   \
-                                                      u32 heads, u32 dim, float* out) {         \
-        head_dot_f32<T>(x, att, rows, heads, dim, out);                                         \
+                                                      u32 heads, u32 dim, u32 n_att,            \
+                                                      float* out) {                             \
+        head_dot_f32<T>(x, att, rows, heads, dim, n_att, out);                                  \
     }                                                                                           \
     extern "C" __global__ void head_outer_add_f32_dense_##S(const float* de, const float* att,  \
                                                             u32 rows, u32 heads, u32 dim,       \
-                                                            T* dx) {                            \
-        head_outer_add<T, float>(de, att, rows, heads, dim, dx);                                \
+                                                            u32 n_att, T* dx) {                 \
+        head_outer_add<T, float>(de, att, rows, heads, dim, n_att, dx);                         \
     }                                                                                           \
     extern "C" __global__ void activation_dense_##S(int kind, const T* x, T* y, u64 n) {        \
         activation<T>(kind, x, y, n);                                                           \

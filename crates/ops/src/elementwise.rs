@@ -244,7 +244,9 @@ fn sum_parts(
 }
 
 /// `out[i, h] = ⟨x[i, h, :], att[h, :]⟩`: GAT's per-node score terms (`out` is
-/// `rows × heads × 1`, `att` holds `heads × dim`).
+/// `rows × heads × 1`, `att` holds `heads × dim`). With `k` ≤ [`HEAD_MAX_ATT`] vectors in `att`
+/// (`k × heads × dim`), `out` is `(k · rows) × heads × 1`: vector `t`'s scores in rows
+/// `t · rows ..`, every vector's from one read of `x`.
 pub fn head_dot<T: DType>(
     gpu: &Gpu,
     x: &DeviceMatrix<T>,
@@ -276,7 +278,7 @@ pub fn head_dot_f32<T: DType>(
 }
 
 /// `dx[i, h, d] += de[i, h] · att[h, d]`: the gradient of [`head_dot`] with respect to `x` (`de`
-/// in f32).
+/// in f32); with `k` vectors (`de` `(k · rows) × heads`), their sum in one pass.
 pub fn head_outer_add<T: DType>(
     gpu: &Gpu,
     de: &DeviceMatrix<f32>,
@@ -307,6 +309,9 @@ pub fn head_outer_add_f32<T: DType>(
     })
 }
 
+/// Attention vectors the head kernels take at once (`SPATTN_HEAD_MAX_ATT` in layers.cu).
+pub const HEAD_MAX_ATT: usize = 4;
+
 /// A shape's rows, heads and head_dim as the kernels take them.
 fn rows_heads_dim(s: Shape) -> Result<(u32, u32, u32)> {
     Ok((
@@ -331,8 +336,22 @@ fn head_kernel<T: DType, I: DType, A: DType, O: DType>(
     (output_name, output): (&'static str, &mut DeviceMatrix<O>),
     cfg: impl FnOnce(Shape) -> Result<LaunchConfig>,
 ) -> Result<()> {
-    Shape::new(s.rows, s.heads, 1)?.expect_eq(scores_name, scores)?;
-    expect_len("attention vector", s.row_len(), att.len())?;
+    // k attention vectors at once (att holds k × heads × dim, the scores k × rows × heads).
+    let k = match s.row_len() {
+        0 => 1,
+        len => att.len() / len,
+    };
+    if !(1..=HEAD_MAX_ATT).contains(&k) || k * s.row_len() != att.len() {
+        return Err(Error::InvalidArgument {
+            what: "attention vector",
+            why: format!(
+                "{} values: expected 1 to {HEAD_MAX_ATT} vectors of heads × dim = {}",
+                att.len(),
+                s.row_len()
+            ),
+        });
+    }
+    Shape::new(k * s.rows, s.heads, 1)?.expect_eq(scores_name, scores)?;
     for (what, on) in [
         (input_name, input.gpu()),
         ("attention vector", att.gpu()),
@@ -342,16 +361,18 @@ fn head_kernel<T: DType, I: DType, A: DType, O: DType>(
     }
     let (name, f) = function::<T>(gpu, op)?;
     let (rows, heads, dim) = rows_heads_dim(s)?;
+    let n_att = k as u32; // at most HEAD_MAX_ATT
     let mut args = gpu.launch_builder(&f);
     args.arg(input.slice())
         .arg(att.slice())
         .arg(&rows)
         .arg(&heads)
         .arg(&dim)
+        .arg(&n_att)
         .arg(output.slice_mut());
     // SAFETY: head_dot(_f32) reads x = input (rows·heads·dim, its shape s) and att
-    // (heads·dim, checked) and writes out = output[0..rows·heads) (shape checked);
-    // head_outer_add(_f32) reads de = input (rows·heads, shape checked) and att, and reads and
+    // (k·heads·dim, checked) and writes out = output[0..k·rows·heads) (shape checked);
+    // head_outer_add(_f32) reads de = input (k·rows·heads, shape checked) and att, and reads and
     // writes dx = output (rows·heads·dim, its shape s). Each kernel's pointer types are I, A
     // and O as passed (the `_f32` kernels take f32 att and scores).
     unsafe { launch(name, &mut args, cfg(s)?) }

@@ -251,6 +251,22 @@ impl<T: DeviceElement> ExternalVec<T> {
         unsafe { Self::view(gpu, what, ptr, len, (align, Check::Driver)) }
     }
 
+    /// [`new_element_aligned`](Self::new_element_aligned) with only null and alignment checked
+    /// ([`new_trusted`](Self::new_trusted)'s checks at `T`'s alignment).
+    ///
+    /// # Safety
+    /// As [`new`](Self::new); nothing but null and `T`'s alignment is checked.
+    pub unsafe fn new_trusted_element_aligned(
+        gpu: &Gpu,
+        what: &'static str,
+        ptr: u64,
+        len: usize,
+    ) -> Result<Self> {
+        let align = std::mem::align_of::<T>() as u64;
+        // SAFETY: the caller's contract.
+        unsafe { Self::view(gpu, what, ptr, len, (align, Check::Alignment)) }
+    }
+
     /// The view, its pointer checked as `checks` say.
     ///
     /// # Safety
@@ -317,7 +333,7 @@ impl<T: DType> ExternalMatrix<T> {
     /// dereferences to must not be moved out of it either.
     pub unsafe fn new(gpu: &Gpu, what: &'static str, ptr: u64, shape: Shape) -> Result<Self> {
         // SAFETY: the caller's contract.
-        unsafe { Self::view(gpu, what, ptr, shape, Check::Driver) }
+        unsafe { Self::view(gpu, what, ptr, shape, (EXTERNAL_ALIGN, Check::Driver)) }
     }
 
     /// [`new`](Self::new) with only null and alignment checked
@@ -332,10 +348,27 @@ impl<T: DType> ExternalMatrix<T> {
         shape: Shape,
     ) -> Result<Self> {
         // SAFETY: the caller's contract.
-        unsafe { Self::view(gpu, what, ptr, shape, Check::Alignment) }
+        unsafe { Self::view(gpu, what, ptr, shape, (EXTERNAL_ALIGN, Check::Alignment)) }
     }
 
-    /// The view, its pointer checked as `check` says.
+    /// [`new_trusted`](Self::new_trusted) for memory only `T`-aligned: for a matrix the kernels
+    /// read element by element, never by wider vectors (GAT's per-node score terms, which may
+    /// be one slice of a larger scores tensor).
+    ///
+    /// # Safety
+    /// As [`new`](Self::new); nothing but null and `T`'s alignment is checked.
+    pub unsafe fn new_trusted_element_aligned(
+        gpu: &Gpu,
+        what: &'static str,
+        ptr: u64,
+        shape: Shape,
+    ) -> Result<Self> {
+        let align = std::mem::align_of::<T>() as u64;
+        // SAFETY: the caller's contract.
+        unsafe { Self::view(gpu, what, ptr, shape, (align, Check::Alignment)) }
+    }
+
+    /// The view, its pointer checked as `checks` say (alignment in bytes, and how).
     ///
     /// # Safety
     /// As [`new`](Self::new).
@@ -344,11 +377,11 @@ impl<T: DType> ExternalMatrix<T> {
         what: &'static str,
         ptr: u64,
         shape: Shape,
-        check: Check,
+        checks: (u64, Check),
     ) -> Result<Self> {
         let len = shape.len();
         // SAFETY: the caller's contract is `borrow_vec`'s for `len` elements.
-        let vec = unsafe { borrow_vec::<T>(gpu, what, ptr, len, (EXTERNAL_ALIGN, check)) }?;
+        let vec = unsafe { borrow_vec::<T>(gpu, what, ptr, len, checks) }?;
         // Cannot fail: the vector holds exactly `shape.len()` elements. (Were it to, the
         // vector would be dropped and free borrowed memory, hence the check before it.)
         if vec.len() != len {

@@ -201,39 +201,60 @@ fn check_kernels<T: DType>(gpu: &Gpu, rng: &mut Pcg64) {
             })
             .collect();
         assert!(rel_l2_error(&e.to_host().unwrap(), &want) <= tol::<T>());
-        // The f32 twins: f32 attention vector and scores (f32 accuracy of the sums whatever T),
-        // and the outer product added into the features' gradient.
-        let (att32, att32_64) = random::<f32>(heads * dim, rng);
-        let datt32 = DeviceVec::from_host(gpu, &att32).unwrap();
-        let per_node = Shape::new(rows, heads, 1).unwrap();
-        let mut e32 = DeviceMatrix::<f32>::zeros(gpu, per_node).unwrap();
-        e32.fill_nan().unwrap();
-        elementwise::head_dot_f32(gpu, &dx, &datt32, &mut e32).unwrap();
-        let want: Vec<f64> = (0..rows * heads)
-            .map(|p| {
-                (0..dim)
-                    .map(|d| x64[p * dim + d] * att32_64[(p % heads) * dim + d])
-                    .sum()
-            })
-            .collect();
-        assert!(rel_l2_error(&e32.to_host().unwrap(), &want) <= tol::<f32>());
-        let (de, de64) = random::<f32>(rows * heads, rng);
-        let dde = DeviceMatrix::from_host(gpu, per_node, &de).unwrap();
-        let mut grad = DeviceMatrix::from_host(gpu, s, &x).unwrap();
-        elementwise::head_outer_add_f32(gpu, &dde, &datt32, &mut grad).unwrap();
-        let want: Vec<f64> = (0..s.len())
-            .map(|i| x64[i] + de64[i / dim] * att32_64[(i / dim % heads) * dim + i % dim])
-            .collect();
-        assert!(rel_l2_error(&grad.to_host().unwrap(), &want) <= tol::<T>());
-        let bad = DeviceVec::<f32>::zeros(gpu, heads * dim + 1).unwrap();
-        let err = elementwise::head_dot_f32(gpu, &dx, &bad, &mut e32).unwrap_err();
-        assert!(matches!(
-            err,
-            spattn_ops::Error::LengthMismatch {
-                what: "attention vector",
-                ..
+        // The f32 twins: f32 attention vectors and scores (f32 accuracy of the sums whatever
+        // T), one vector or two at once (GAT's source and target: vector t's scores in rows
+        // t·rows..), and the outer products added into the features' gradient.
+        for k in [1usize, 2] {
+            let (att32, att32_64) = random::<f32>(k * heads * dim, rng);
+            let datt32 = DeviceVec::from_host(gpu, &att32).unwrap();
+            let scores = Shape::new(k * rows, heads, 1).unwrap();
+            let mut e32 = DeviceMatrix::<f32>::zeros(gpu, scores).unwrap();
+            e32.fill_nan().unwrap();
+            elementwise::head_dot_f32(gpu, &dx, &datt32, &mut e32).unwrap();
+            let att_at = |t: usize, p: usize, d: usize| att32_64[(t * heads + p % heads) * dim + d];
+            let want: Vec<f64> = (0..k * rows * heads)
+                .map(|q| {
+                    let (t, p) = (q / (rows * heads), q % (rows * heads));
+                    (0..dim).map(|d| x64[p * dim + d] * att_at(t, p, d)).sum()
+                })
+                .collect();
+            assert!(rel_l2_error(&e32.to_host().unwrap(), &want) <= tol::<f32>());
+            let (de, de64) = random::<f32>(k * rows * heads, rng);
+            let dde = DeviceMatrix::from_host(gpu, scores, &de).unwrap();
+            let mut grad = DeviceMatrix::from_host(gpu, s, &x).unwrap();
+            elementwise::head_outer_add_f32(gpu, &dde, &datt32, &mut grad).unwrap();
+            let want: Vec<f64> = (0..s.len())
+                .map(|i| {
+                    let (p, d) = (i / dim, i % dim);
+                    let outer: f64 = (0..k)
+                        .map(|t| de64[t * rows * heads + p] * att_at(t, p, d))
+                        .sum();
+                    x64[i] + outer
+                })
+                .collect();
+            assert!(rel_l2_error(&grad.to_host().unwrap(), &want) <= tol::<T>());
+            // Not a whole number of vectors, or more than the kernels take: refused, named.
+            let one = heads * dim;
+            let bad = if one > 1 {
+                vec![one + 1, 5 * one]
+            } else {
+                vec![5]
+            };
+            for len in bad {
+                let bad = DeviceVec::<f32>::zeros(gpu, len).unwrap();
+                let err = elementwise::head_dot_f32(gpu, &dx, &bad, &mut e32).unwrap_err();
+                assert!(
+                    matches!(
+                        err,
+                        spattn_ops::Error::InvalidArgument {
+                            what: "attention vector",
+                            ..
+                        }
+                    ),
+                    "{err}"
+                );
             }
-        ));
+        }
         // Row normalization.
         let mut xhat = DeviceMatrix::<T>::zeros(gpu, s).unwrap();
         let mut inv = DeviceVec::<f32>::zeros(gpu, rows).unwrap();

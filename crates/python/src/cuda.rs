@@ -154,8 +154,10 @@ unsafe fn gat_views<T: DType>(
     unsafe {
         Ok((
             ExternalMatrix::new_trusted(gpu, "x", x, skv)?,
-            ExternalMatrix::new_trusted(gpu, "alpha_dst", a_dst, per_dst)?,
-            ExternalMatrix::new_trusted(gpu, "alpha_src", a_src, per_src)?,
+            // Read element by element by every GAT kernel: 4-byte aligned suffices (a slice of
+            // the layer's two-vector scores tensor).
+            ExternalMatrix::new_trusted_element_aligned(gpu, "alpha_dst", a_dst, per_dst)?,
+            ExternalMatrix::new_trusted_element_aligned(gpu, "alpha_src", a_src, per_src)?,
             d.graph.nnz() * h,
         ))
     }

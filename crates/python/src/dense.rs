@@ -13,14 +13,27 @@ use crate::device;
 use crate::errors::to_py;
 use crate::host::DTypeName;
 
-/// The shapes of a call: `x` (`rows × heads × dim`) and its scores (`rows × heads × 1`).
-fn shapes(rows: usize, heads: usize, dim: usize) -> spattn::Result<(Shape, Shape)> {
-    Ok((Shape::new(rows, heads, dim)?, Shape::new(rows, heads, 1)?))
+/// The shapes of a call with `k` attention vectors: `x` (`rows × heads × dim`) and its scores
+/// (`k · rows × heads × 1`: vector `t`'s in rows `t · rows ..`).
+fn shapes(rows: usize, heads: usize, dim: usize, k: usize) -> spattn::Result<(Shape, Shape)> {
+    if !(1..=elementwise::HEAD_MAX_ATT).contains(&k) {
+        return Err(spattn::ops::Error::InvalidArgument {
+            what: "n_att",
+            why: format!("{k}: expected 1 to {} vectors", elementwise::HEAD_MAX_ATT),
+        }
+        .into());
+    }
+    Ok((
+        Shape::new(rows, heads, dim)?,
+        Shape::new(k * rows, heads, 1)?,
+    ))
 }
 
-/// `out = ⟨x[i, h, :], att[h, :]⟩` for CUDA tensors on `device`: `x` (`rows × heads × dim`
-/// of `dtype`), `att` (`heads × dim` f32), `out` (`rows × heads` f32), ordered with `stream`.
+/// `out[t] = ⟨x[i, h, :], att[t, h, :]⟩` for CUDA tensors on `device`: `x` (`rows × heads ×
+/// dim` of `dtype`), `att` (`n_att × heads × dim` f32), `out` (`n_att × rows × heads` f32),
+/// ordered with `stream`; every vector's scores from one read of `x`.
 #[pyfunction]
+#[pyo3(signature = (device, dtype, rows, heads, dim, x, att, out, stream, n_att = 1))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn head_dot(
     py: Python<'_>,
@@ -33,17 +46,20 @@ pub(crate) fn head_dot(
     att: u64,
     out: u64,
     stream: u64,
+    n_att: usize,
 ) -> PyResult<()> {
     on_device(py, device, dtype, |d, kind| {
-        let s = shapes(rows, heads, dim)?;
-        by_dtype!(kind, head_dot_gpu(d, s, [x, att, out], stream))
+        let s = shapes(rows, heads, dim, n_att)?;
+        by_dtype!(kind, head_dot_gpu(d, s, n_att, [x, att, out], stream))
     })
 }
 
-/// The gradients of [`head_dot`] given `d_out` (`rows × heads` f32): adds `d_out ⊗ att` into
-/// `dx` (like `x`) and `Σ_i d_out[i, h] · x[i, h, :]` into `d_att` (`heads × dim` f32; summed
-/// in a fixed order: the same bits every run). The caller zeroes both first.
+/// The gradients of [`head_dot`] given `d_out` (`n_att × rows × heads` f32): adds `Σ_t d_out[t]
+/// ⊗ att[t]` into `dx` (like `x`) and `Σ_i d_out[t, i, h] · x[i, h, :]` into `d_att[t]`
+/// (`n_att × heads × dim` f32; summed in a fixed order: the same bits every run). The caller
+/// zeroes both first.
 #[pyfunction]
+#[pyo3(signature = (device, dtype, rows, heads, dim, x, att, d_out, dx, d_att, stream, n_att = 1))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn head_dot_backward(
     py: Python<'_>,
@@ -58,11 +74,12 @@ pub(crate) fn head_dot_backward(
     dx: u64,
     d_att: u64,
     stream: u64,
+    n_att: usize,
 ) -> PyResult<()> {
     on_device(py, device, dtype, |d, kind| {
-        let s = shapes(rows, heads, dim)?;
+        let s = shapes(rows, heads, dim, n_att)?;
         let ptrs = [x, att, d_out, dx, d_att];
-        by_dtype!(kind, head_dot_backward_gpu(d, s, ptrs, stream))
+        by_dtype!(kind, head_dot_backward_gpu(d, s, n_att, ptrs, stream))
     })
 }
 
@@ -86,6 +103,7 @@ fn on_device(
 fn head_dot_gpu<T: DType>(
     d: &device::Device,
     (sx, se): (Shape, Shape),
+    k: usize,
     [x, att, out]: [u64; 3],
     stream: u64,
 ) -> spattn::Result<()> {
@@ -93,13 +111,13 @@ fn head_dot_gpu<T: DType>(
     // SAFETY: the package passes `data_ptr()`s of contiguous CUDA tensors on this device, kept
     // referenced for the call, with exactly these element counts and types (checked on every
     // call by spattn.functional's head_dot_forward, which every path goes through): x (sx of
-    // T), att (heads·dim f32), out (se f32, fresh). The kernel reads x
+    // T), att (k·heads·dim f32), out (se f32: k·rows·heads, fresh). The kernel reads x
     // and att and writes out within those lengths (elementwise checks them against the
     // views). PyTorch recycles the memory only in `stream`'s order, which `run` makes wait
     // for the launch; the views are dropped at the end of this function.
     unsafe {
         let x = ExternalMatrix::<T>::new_trusted(gpu, "x", x, sx)?;
-        let att = ExternalVec::<f32>::new_trusted(gpu, "att", att, sx.row_len())?;
+        let att = ExternalVec::<f32>::new_trusted(gpu, "att", att, k * sx.row_len())?;
         let mut out = ExternalMatrix::<f32>::new_trusted(gpu, "out", out, se)?;
         d.bridge.run(stream, || {
             elementwise::head_dot_f32(gpu, &x, &att, &mut out)?;
@@ -111,22 +129,37 @@ fn head_dot_gpu<T: DType>(
 fn head_dot_backward_gpu<T: DType>(
     d: &device::Device,
     (sx, se): (Shape, Shape),
+    k: usize,
     [x, att, d_out, dx, d_att]: [u64; 5],
     stream: u64,
 ) -> spattn::Result<()> {
     let gpu = &d.gpu;
+    let (len, per) = (sx.row_len(), Shape::new(sx.rows, sx.heads, 1)?);
     // SAFETY: as in `head_dot_gpu` (checked by head_dot_backward), for x and dx (sx of T; dx
-    // fresh), att and d_att (heads·dim f32; d_att fresh) and d_out (se f32). The kernels read x, att and d_out and
-    // read-modify-write dx and d_att within those lengths (checked against the views).
+    // fresh), att and d_att (k·heads·dim f32; d_att fresh) and d_out (se f32: k·rows·heads).
+    // The kernels read x, att and d_out and read-modify-write dx and d_att within those
+    // lengths (checked against the views); vector t's views start t·rows·heads (d_out) and
+    // t·heads·dim (d_att) f32 in, inside the same tensors.
     unsafe {
         let x = ExternalMatrix::<T>::new_trusted(gpu, "x", x, sx)?;
-        let att = ExternalVec::<f32>::new_trusted(gpu, "att", att, sx.row_len())?;
-        let d_out = ExternalMatrix::<f32>::new_trusted(gpu, "d_out", d_out, se)?;
+        let att = ExternalVec::<f32>::new_trusted(gpu, "att", att, k * len)?;
+        let all = ExternalMatrix::<f32>::new_trusted(gpu, "d_out", d_out, se)?;
         let mut dx = ExternalMatrix::<T>::new_trusted(gpu, "dx", dx, sx)?;
-        let mut d_att = ExternalVec::<f32>::new_trusted(gpu, "d_att", d_att, sx.row_len())?;
+        let mut parts = Vec::with_capacity(k);
+        for t in 0..k as u64 {
+            let de_at = d_out + t * per.len() as u64 * 4;
+            let da_at = d_att + t * len as u64 * 4;
+            // Read and summed element by element: f32 alignment suffices at these offsets.
+            parts.push((
+                ExternalMatrix::<f32>::new_trusted_element_aligned(gpu, "d_out", de_at, per)?,
+                ExternalVec::<f32>::new_trusted_element_aligned(gpu, "d_att", da_at, len)?,
+            ));
+        }
         d.bridge.run(stream, || {
-            elementwise::head_outer_add_f32(gpu, &d_out, &att, &mut dx)?;
-            elementwise::head_weighted_sum(gpu, &x, &d_out, &mut d_att)?;
+            elementwise::head_outer_add_f32(gpu, &all, &att, &mut dx)?;
+            for (de, da) in &mut parts {
+                elementwise::head_weighted_sum(gpu, &x, de, da)?;
+            }
             Ok(())
         })
     }

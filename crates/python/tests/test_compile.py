@@ -173,6 +173,7 @@ def test_operators_pass_opcheck():
          + (torch.zeros(60), torch.zeros(1, dtype=torch.uint8))),
         (ops.gat.default, (tok, x, a, a.detach().clone().requires_grad_(), None, 0.2, 0.0, None)),
         (ops.head_dot.default, (x, torch.randn(8, requires_grad=True))),
+        (ops.head_dot.default, (x, torch.randn(16, requires_grad=True))),  # two vectors
     ]
     # The fake and the real implementations agree on shapes and dtypes; the schemas, the
     # autograd registrations and the traced (AOT) forward and backward are consistent.

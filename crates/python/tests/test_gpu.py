@@ -184,20 +184,23 @@ def test_ordered_with_the_current_stream():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_head_dot_matches_float64_and_reruns_bitwise(dtype):
-    """GAT's score terms (x * att).sum(-1) by spattn's kernels: float32 results and attention
-    gradients whatever x's dtype (within float32's rounding of the float64 sums), x's gradient
-    within x's dtype's, and the attention gradient's fixed-order sum the same bits every run."""
+    """GAT's score terms (x * att).sum(-1) by spattn's kernels, one to three attention vectors
+    at once: float32 results and attention gradients whatever x's dtype (within float32's
+    rounding of the float64 sums), x's gradient within x's dtype's, and the attention gradient's
+    fixed-order sum the same bits every run."""
     from spattn.functional import head_dot
 
     torch.manual_seed(3)
-    for rows, h, c in [(1, 1, 1), (37, 3, 5), (5000, 8, 32), (300, 2, 130)]:
+    cases = [(1, 1, 1, 1), (37, 3, 5, 1), (5000, 8, 32, 1), (300, 2, 130, 1), (37, 3, 5, 2),
+             (5000, 8, 32, 2), (300, 2, 130, 3)]
+    for rows, h, c, k in cases:
         x = torch.randn(rows, h, c, device="cuda").to(dtype).requires_grad_()
-        att = torch.randn(1, h, c, device="cuda", requires_grad=True)
+        att = torch.randn(k, h, c, device="cuda", requires_grad=True)
         out = head_dot(x, att)
-        assert out.dtype == torch.float32 and out.shape == (rows, h)
+        assert out.dtype == torch.float32 and out.shape == ((rows, h) if k == 1 else (k, rows, h))
         x64 = x.detach().double().requires_grad_()
         a64 = att.detach().double().requires_grad_()
-        want = (x64 * a64).sum(-1)
+        want = (x64.unsqueeze(0) * a64.unsqueeze(1)).sum(-1).reshape(out.shape)
         assert rel(out, want) <= 1e-6, (rows, h, c)
         d = torch.randn_like(out)
         (out * d).sum().backward()

@@ -351,3 +351,17 @@ def test_head_dot_on_the_cpu_and_its_contract():
         head_dot_forward(x32, att32[:14])
     with pytest.raises(ValueError, match="d_out: has shape"):
         head_dot_backward(x32, att32, d[:6])
+    # Two vectors at once (GAT's source and target): scores (2, rows, heads), the outer
+    # products summed into one dx, each vector's gradient apart; five are refused.
+    att2 = torch.randn(2, 15, generator=gen)
+    got = head_dot_forward(x32, att2.reshape(-1))
+    torch.testing.assert_close(got, torch.stack([(x32 * a.view(3, 5)).sum(-1) for a in att2]))
+    d2 = torch.randn(2, 7, 3, generator=gen)
+    dx, d_att = head_dot_backward(x32, att2.reshape(-1), d2)
+    torch.testing.assert_close(dx, sum(d2[t][..., None] * att2[t].view(3, 5) for t in range(2)))
+    torch.testing.assert_close(d_att.view(2, 15), (d2[..., None] * x32).sum(1).reshape(2, 15))
+    out2 = head_dot(x, torch.stack((att, 2 * att)))
+    assert out2.shape == (2, 7, 3)
+    torch.testing.assert_close(out2[1], 2 * out2[0])
+    with pytest.raises(ValueError, match="att: expected a contiguous float32"):
+        head_dot_forward(x32, torch.randn(75, generator=gen))

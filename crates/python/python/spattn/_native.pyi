@@ -46,12 +46,15 @@ def memory_pool_stats(device: int) -> dict[str, int]:
 def reset_memory_pool_peak(device: int) -> None: ...
 def empty_memory_pool(device: int) -> None: ...
 def head_dot(device: int, dtype: str, rows: int, heads: int, dim: int, x: int, att: int,
-             out: int, stream: int) -> None:
-    """``out[i, h] = <x[i, h, :], att[h, :]>`` in f32 on CUDA tensors (att and out f32)."""
+             out: int, stream: int, n_att: int = 1) -> None:
+    """``out[t, i, h] = <x[i, h, :], att[t, h, :]>`` in f32 on CUDA tensors (att and out f32;
+    ``n_att`` vectors from one read of x)."""
 
 def head_dot_backward(device: int, dtype: str, rows: int, heads: int, dim: int, x: int,
-                      att: int, d_out: int, dx: int, d_att: int, stream: int) -> None:
-    """Adds ``d_out ⊗ att`` into ``dx`` and ``Σ_i d_out[i, h] x[i, h, :]`` into ``d_att``."""
+                      att: int, d_out: int, dx: int, d_att: int, stream: int,
+                      n_att: int = 1) -> None:
+    """Adds ``Σ_t d_out[t] ⊗ att[t]`` into ``dx`` and ``Σ_i d_out[t, i, h] x[i, h, :]`` into
+    ``d_att[t]``."""
 
 def gat_supports(kernels: str, dtype: str, dim: int) -> bool:
     """Whether GAT's ``kernels`` (``"fused"``, ``"rows"``, ``"composed"``) take heads of ``dim``

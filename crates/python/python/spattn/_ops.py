@@ -350,7 +350,7 @@ def head_dot(x: Tensor, att: Tensor) -> Tensor:
 
 @head_dot.register_fake
 def _(x, att):
-    return x.new_empty((x.shape[0], x.shape[1]), dtype=torch.float32)
+    return x.new_empty(F._head_shape(x, F._head_count(x, att)), dtype=torch.float32)
 
 
 @_op("head_dot_backward", ("dx", "d_att"))

@@ -802,49 +802,74 @@ def gatv2_reference_backward(graph: Graph, xl, xr, att, features, d_out, slope, 
     return dxl, dxr, d_att, (dz if features is not None else None)
 
 
+# Attention vectors head_dot takes at once (the kernels' limit).
+HEAD_MAX_ATT = 4
+
+
+def _head_count(x, att) -> int:
+    """How many attention vectors ``att`` holds for ``x``'s heads × dim (0 if not a whole
+    number of them from 1 to HEAD_MAX_ATT)."""
+    per = x.shape[1] * x.shape[2]
+    if per == 0:
+        return 1
+    k = att.numel() // per
+    return k if 1 <= k <= HEAD_MAX_ATT and k * per == att.numel() else 0
+
+
 def _check_head_dot(x, att) -> None:
     """The native head dot's contract: ``x`` contiguous (rows, heads, dim) of float32, float16 or
-    bfloat16 (float32 or float64 on the CPU); ``att`` contiguous float32 of heads · dim values
-    on x's device."""
+    bfloat16 (float32 or float64 on the CPU); ``att`` contiguous float32 of k · heads · dim
+    values (1 ≤ k ≤ HEAD_MAX_ATT) on x's device."""
     if x.dim() != 3 or not x.is_contiguous():
         raise ValueError(f"x: expected a contiguous (rows, heads, dim) tensor, got shape "
                          f"{tuple(x.shape)}")
     if x.device.type == "cuda" and dtype_name(x.dtype) not in _CUDA_DTYPES:
         raise TypeError(f"x: dtype {x.dtype} is not supported on CUDA (float32, float16, bfloat16)")
     if att.dtype != torch.float32 or not att.is_contiguous() or att.device != x.device \
-            or att.numel() != x.shape[1] * x.shape[2]:
-        raise ValueError(f"att: expected a contiguous float32 tensor of {x.shape[1] * x.shape[2]} "
-                         f"values on {x.device}, got {att.dtype} of {att.numel()} on {att.device}")
+            or _head_count(x, att) == 0:
+        raise ValueError(f"att: expected a contiguous float32 tensor of k × {x.shape[1] * x.shape[2]} "
+                         f"values (k from 1 to {HEAD_MAX_ATT}) on {x.device}, got {att.dtype} of "
+                         f"{att.numel()} on {att.device}")
+
+
+def _head_shape(x, k):
+    """The scores' shape: (rows, heads) for one vector, (k, rows, heads) for k."""
+    return (x.shape[0], x.shape[1]) if k == 1 else (k, x.shape[0], x.shape[1])
 
 
 def head_dot_forward(x, att):
     """``(x * att).sum(-1)`` in float32 for a contiguous ``x`` of shape (rows, heads, dim)
-    (float32, float16 or bfloat16) and ``att`` (heads · dim contiguous float32 on x's device):
-    on CUDA spattn's kernel, one read of ``x`` in its own dtype (GAT's per-node and per-edge
-    score terms); on the CPU torch ops."""
+    (float32, float16 or bfloat16) and ``att`` (heads · dim contiguous float32 on x's device,
+    or k · heads · dim for k ≤ HEAD_MAX_ATT vectors at once: scores (k, rows, heads)): on CUDA
+    spattn's kernel, one read of ``x`` in its own dtype for every vector (GAT's per-node and
+    per-edge score terms); on the CPU torch ops."""
     _check_head_dot(x, att)
     rows, h, c = x.shape
+    k = _head_count(x, att)
     if x.device.type != "cuda":
-        return (x.to(torch.float32) * att.reshape(h, c)).sum(dim=-1)
-    out = torch.empty((rows, h), dtype=torch.float32, device=x.device)
+        out = (x.to(torch.float32).unsqueeze(0) * att.reshape(k, 1, h, c)).sum(dim=-1)
+        return out.reshape(_head_shape(x, k))
+    out = torch.empty(_head_shape(x, k), dtype=torch.float32, device=x.device)
     if out.numel() == 0 or c == 0:
         return out.zero_()
     _native.head_dot(device_index(x), dtype_name(x.dtype), rows, h, c, address(x), address(att),
-                     address(out), stream_of(x))
+                     address(out), stream_of(x), k)
     return out
 
 
 def head_dot_backward(x, att, d_out, outs=None):
-    """``(dx, d_att)`` of :func:`head_dot_forward` given ``d_out`` (rows, heads): ``d_out ⊗ att``
-    in x's dtype and ``Σ_rows d_out · x`` in float32, summed in a fixed order (the same bits
-    every run). ``outs``: zeroed tensors to write into (the custom operator's)."""
+    """``(dx, d_att)`` of :func:`head_dot_forward` given ``d_out`` (the scores' shape): ``Σ_t
+    d_out[t] ⊗ att[t]`` in x's dtype and ``Σ_rows d_out[t] · x`` in float32, summed in a fixed
+    order (the same bits every run). ``outs``: zeroed tensors to write into (the custom
+    operator's)."""
     _check_head_dot(x, att)
     rows, h, c = x.shape
-    if tuple(d_out.shape) != (rows, h):
-        raise ValueError(f"d_out: has shape {tuple(d_out.shape)}, expected {(rows, h)}")
+    k = _head_count(x, att)
+    if tuple(d_out.shape) != _head_shape(x, k):
+        raise ValueError(f"d_out: has shape {tuple(d_out.shape)}, expected {_head_shape(x, k)}")
     d_out = d_out.to(device=x.device, dtype=torch.float32).contiguous()
     if outs is None:
-        outs = (torch.zeros_like(x), torch.zeros(h * c, dtype=torch.float32, device=x.device))
+        outs = (torch.zeros_like(x), torch.zeros(att.numel(), dtype=torch.float32, device=x.device))
     dx, d_att = outs
     for name, t, like in (("dx", dx, x), ("d_att", d_att, att)):
         if t.shape != like.shape or t.dtype != like.dtype or t.device != like.device \
@@ -852,27 +877,33 @@ def head_dot_backward(x, att, d_out, outs=None):
             raise ValueError(f"{name}: expected a contiguous {like.dtype} tensor of shape "
                              f"{tuple(like.shape)} on {like.device}")
     if x.device.type != "cuda":
-        dx += (d_out.unsqueeze(-1) * att.reshape(h, c)).to(x.dtype)
-        d_att += (d_out.unsqueeze(-1) * x.to(torch.float32)).sum(dim=0).reshape(-1)
+        de = d_out.reshape(k, rows, h, 1)
+        dx += (de * att.reshape(k, 1, h, c)).sum(dim=0).to(x.dtype)
+        d_att += (de * x.to(torch.float32).unsqueeze(0)).sum(dim=1).reshape(d_att.shape)
         return dx, d_att
     if x.numel() == 0:
         return dx, d_att
     _native.head_dot_backward(device_index(x), dtype_name(x.dtype), rows, h, c, address(x),
                               address(att), address(d_out), address(dx), address(d_att),
-                              stream_of(x))
+                              stream_of(x), k)
     return dx, d_att
 
 
 def head_dot(x, att):
     """GAT's score terms ``(x * att).sum(-1)`` in float32 with autograd (``x``: (rows, heads,
-    dim); ``att``: heads · dim values, any float dtype): spattn's kernels for CUDA ``x`` of
-    float32, float16 or bfloat16, torch ops otherwise (float64 stays float64)."""
+    dim); ``att``: heads · dim values, any float dtype, or k · heads · dim for k ≤ 4 vectors at
+    once, whose scores come back as (k, rows, heads) from one read of ``x``): spattn's kernels
+    for CUDA ``x`` of float32, float16 or bfloat16, torch ops otherwise (float64 stays
+    float64)."""
+    per = x.shape[1] * x.shape[2]
+    k = att.numel() // per if per else 1
+    if per and (k * per != att.numel() or not 1 <= k <= HEAD_MAX_ATT):
+        raise ValueError(f"att: has {att.numel()} values, expected k × heads × dim = k × {per} "
+                         f"with k from 1 to {HEAD_MAX_ATT}")
     if x.device.type != "cuda" or dtype_name(x.dtype) not in _CUDA_DTYPES:
         work = torch.float64 if x.dtype == torch.float64 else torch.float32
-        return (x.to(work) * att.to(work).reshape(x.shape[1], x.shape[2])).sum(dim=-1)
-    if att.numel() != x.shape[1] * x.shape[2]:
-        raise ValueError(f"att: has {att.numel()} values, expected heads * dim = "
-                         f"{x.shape[1] * x.shape[2]}")
+        out = (x.to(work).unsqueeze(0) * att.to(work).reshape(k, 1, x.shape[1], x.shape[2])).sum(-1)
+        return out.reshape(_head_shape(x, k))
     if att.device != x.device:
         raise ValueError(f"att: is on {att.device}, expected {x.device} like x")
     x, att = x.contiguous(), att.to(torch.float32).reshape(-1).contiguous()

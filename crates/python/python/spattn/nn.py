@@ -762,8 +762,12 @@ class GATConv(torch.nn.Module):
             h_dst = self.lin_dst(x_dst).view(-1, H, C)
         res = self.res(x_dst) if self.res is not None else None
         graph = _graph_ref(edge_index, n, self.add_self_loops)
-        alpha_src = _head_dot(h_src, self.att_src)
-        alpha_dst = _head_dot(h_dst, self.att_dst)
+        if h_dst is h_src:
+            # Both score terms from one read of the features (and one outer product back).
+            alpha_src, alpha_dst = _head_dot(h_src, torch.stack((self.att_src, self.att_dst))).unbind(0)
+        else:
+            alpha_src = _head_dot(h_src, self.att_src)
+            alpha_dst = _head_dot(h_dst, self.att_dst)
         rate = self.dropout if self.training else 0.0
         bias = None
         if edge_attr is not None:
