@@ -345,7 +345,8 @@ extern "C" __global__ void gat_row_stats_csr(const u32* __restrict__ unit_rows,
             m = mt;
 #pragma unroll
             for (int j = 0; j < 4; ++j)
-                if (e + j * hl < end) l += __expf(s[j] - m);
+                // All scores -inf so far (a bias masking edges out): nothing to add, no NaN.
+                if (e + j * hl < end && m != SPATTN_NEG_INF) l += __expf(s[j] - m);
         }
         const float mh = group_max(m, mask, hl);
         l = group_sum(l * online_rescale(m, mh), mask, hl);

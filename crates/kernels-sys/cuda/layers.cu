@@ -157,7 +157,7 @@ __device__ void head_outer_add(const float* __restrict__ de, const A* __restrict
         if (w.vec) {
             for (u32 k = lane; k < w.per; k += w.g) {
                 float xv[V];
-                load_vec<T, V>(xr + (u64)k * V, xv);
+                load_vec_coherent<T, V>(xr + (u64)k * V, xv);  // written below: no nc cache
 #pragma unroll
                 for (u32 t = 0; t < SPATTN_HEAD_MAX_ATT; ++t)
                     if (t < n_att)

@@ -271,9 +271,10 @@ pub fn head_dot_f32<T: DType>(
 ) -> Result<()> {
     let shapes = (x.shape(), out.shape());
     let op = ("head_dot_f32", "out");
-    // A group of up to 32 lanes a (row, head): a thread per feature covers every group.
+    // A group of up to 32 lanes a (row, head): a thread per feature covers every group (and
+    // one per (row, head) at least, which writes its zero scores where dim is 0).
     head_kernel::<T, _, _, _>(gpu, op, shapes, ("x", x), att, ("out", out), |s| {
-        stride_grid(s.len())
+        stride_grid(s.len().max(s.rows * s.heads))
     })
 }
 

@@ -255,7 +255,9 @@ impl<T: DeviceElement> ExternalVec<T> {
     /// ([`new_trusted`](Self::new_trusted)'s checks at `T`'s alignment).
     ///
     /// # Safety
-    /// As [`new`](Self::new); nothing but null and `T`'s alignment is checked.
+    /// As [`new`](Self::new); nothing but null and `T`'s alignment is checked, and the view may
+    /// go only to ops that access it element by element (as
+    /// [`ExternalMatrix::new_trusted_element_aligned`]).
     pub unsafe fn new_trusted_element_aligned(
         gpu: &Gpu,
         what: &'static str,
@@ -356,7 +358,9 @@ impl<T: DType> ExternalMatrix<T> {
     /// be one slice of a larger scores tensor).
     ///
     /// # Safety
-    /// As [`new`](Self::new); nothing but null and `T`'s alignment is checked.
+    /// As [`new`](Self::new); nothing but null and `T`'s alignment is checked, and the view may
+    /// go only to ops that access it element by element: the vector ops (`spmm`, the fused
+    /// kernels, ...) assume 16-byte-aligned buffers and would fault on it.
     pub unsafe fn new_trusted_element_aligned(
         gpu: &Gpu,
         what: &'static str,

@@ -300,7 +300,7 @@ pub(crate) fn gat_backward_gpu<T: DType>(
     // SAFETY: as in `gat_forward_gpu`; d_out (and out, for the rows kernels) is n_rows × heads
     // × dim of T; dx (n_cols rows of T), da_dst (n_rows × heads f32), da_src (n_cols × heads
     // f32), the workspaces (their lengths above, by kernels) and d_bias (nnz × heads f32,
-    // where the forward had a bias) are fresh. The transposed ops index Aᵀ's rows (< n_cols)
+    // where the forward had a bias) are fresh, but for a kept lse (read only). The transposed ops index Aᵀ's rows (< n_cols)
     // and its edge map (a permutation of the nnz edges), within the same views.
     unsafe {
         let (x, a_dst, a_src, edges) = gat_views::<T>(d, sq, skv, [x, a_dst, a_src])?;

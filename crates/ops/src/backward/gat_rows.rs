@@ -284,6 +284,8 @@ pub fn gat_forward_rows<T: DType>(
     let (heads, head_dim) = (sx.heads, sx.head_dim);
     Shape::new(a.n_cols(), heads, head_dim)?.expect_eq("x", sx)?;
     Shape::new(a.n_rows(), heads, head_dim)?.expect_eq("out", out.shape())?;
+    // The score terms have x's heads (the kernels index them by x's).
+    check_terms(gpu, a, heads, &terms)?;
     check_same_gpu(gpu, "x", x)?;
     check_same_gpu(gpu, "out", &*out)?;
     if heads == 0 || head_dim == 0 {
@@ -388,6 +390,8 @@ pub fn gat_backward_rows<T: DType>(
     check_same_gpu(gpu, "d_a_dst", &*grads.d_dst)?;
     check_same_gpu(gpu, "d_a_src", &*grads.d_src)?;
     check_same_gpu(gpu, "dS workspace", ds)?;
+    // The score terms have x's heads (the kernels index them by x's), kept statistics or not.
+    check_terms(gpu, a, heads, &terms)?;
     // A head the kernels do not take is refused whatever the graph.
     let (vec, hl, g, tiles) = match heads * head_dim {
         0 => (1, 1, 1, 1),

@@ -659,8 +659,9 @@ def gat_backward(graph: Graph, x, a_dst, a_src, d_out, bias, slope, drop, outs=N
             raise ValueError('kernels="rows" needs out, the forward\'s output')
     if out is not None:
         out = out.to(dtype=x.dtype).contiguous()
-        if tuple(out.shape) != tuple(d_out.shape):
-            raise ValueError(f"out: has shape {tuple(out.shape)}, expected {tuple(d_out.shape)}")
+        if tuple(out.shape) != (graph.num_nodes, h, c) or out.device != x.device:
+            raise ValueError(f"out: expected shape {(graph.num_nodes, h, c)} on {x.device}, got "
+                             f"{tuple(out.shape)} on {out.device}")
     n = graph.num_nodes
     # Workspaces: rows, dS (nnz × heads) and the row statistics (n × heads); composed, three
     # nnz × heads buffers; fused, none.
@@ -968,7 +969,9 @@ if torch is not None:
         def forward(ctx, graph, x, a_dst, a_src, bias, slope, drop):
             out, lse = gat_forward_keeping(graph, x, a_dst, a_src, bias, slope, drop)
             ctx.graph, ctx.slope, ctx.drop = graph, slope, drop
-            ctx.save_for_backward(x, a_dst, a_src, bias, out, lse)
+            # The output only where the rows kernels ran (their backward reads it): saving it
+            # otherwise would hold it and refuse in-place changes to it for nothing.
+            ctx.save_for_backward(x, a_dst, a_src, bias, out if lse is not None else None, lse)
             return out
 
         @staticmethod
