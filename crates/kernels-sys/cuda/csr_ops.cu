@@ -271,10 +271,11 @@ extern "C" __global__ void edge_softmax_csr_long_rows(const u32* __restrict__ ro
 }
 
 // ---- GAT from row statistics ------------------------------------------------------------------
-// GAT's attention (GatScores: s, z = LeakyReLU(s), P = exp(z - lse_i), W = P f) walked with no
-// per-edge buffer: gat_row_stats leaves lse per (row, head); gat_aggregate sums W-weighted rows
-// over the units of A (the forward, out = W x) or of A^T (the backward, dx = W^T dOut, with
-// d_src = the column sums of dS); gat_grad_rows, over A's units, forms dS = L' P (f dW - D_i)
+// GAT's attention (GatScores: s, z = LeakyReLU(s), P = exp(z - lse_i); no dropout: the host
+// refuses it, the composed ops take it) walked with no per-edge buffer: gat_row_stats leaves
+// lse per (row, head); gat_aggregate sums P-weighted rows over the units of A (the forward,
+// out = P x) or of A^T (the backward, dx = P^T dOut, with d_src = the column sums of dS);
+// gat_grad_rows, over A's units, forms dS = L' P (dW - D_i)
 // with dW = <dOut_i, x_j> and D_i = <dOut_i, out_i> (the forward's output), sums d_dst per row
 // and writes dS in A^T's order (and A's, the bias's gradient, where asked). Every pass is shaped
 // like spmm_csr: units of at most UNIT_CHUNK edges, four edges in flight, split rows' partials
@@ -379,12 +380,12 @@ extern "C" __global__ void gat_row_stats_finalize(const u32* __restrict__ split_
     }
 }
 
-// out[r] = sum over the unit's entries of W * rows[entry]: TRANSPOSED false walks A (r a row
+// out[r] = sum over the unit's entries of P * rows[entry]: TRANSPOSED false walks A (r a row
 // i, entries columns j, rows = x: the forward); true walks A^T (r a column j, entries rows i,
-// rows = dOut: the backward's dx; t_to_a gives A's edge of an entry where the bias or dropout
+// rows = dOut: the backward's dx; t_to_a gives A's edge of an entry where the bias
 // reads it, and d_src[j] = sum of ds_t over the entries). Split units leave f32 partials
 // (scratch: features; scratch_src: d_src) for spmm_csr_finalize.
-template <class T, int VEC, bool TRANSPOSED, bool DROP>
+template <class T, int VEC, bool TRANSPOSED>
 __device__ __forceinline__ void gat_aggregate(
     const u32* __restrict__ unit_rows, const u32* __restrict__ unit_starts,
     const u32* __restrict__ unit_parts, u32 n_units, const u32* __restrict__ entries,
@@ -441,8 +442,7 @@ __device__ __forceinline__ void gat_aggregate(
             for (int j = 0; j < 4; ++j) {
                 const float p = __expf(leaky_relu(a_own + ao[j] + b[j], sc.slope) - lz[j]);
                 const bool in = e + j < end;
-                const float f = DROP ? dropout_factor(sc.drop, (u64)edge[j] * heads + ln.h) : 1.0f;
-                const float w = in ? p * f : 0.0f;
+                const float w = in ? p : 0.0f;
                 if (TRANSPOSED && in) dsum += dsv[j];
 #pragma unroll
                 for (int i = 0; i < VEC; ++i) acc[i] = fmaf(w, x[j][i], acc[i]);
@@ -471,7 +471,7 @@ __device__ __forceinline__ void gat_aggregate(
 // e in d_bias where given; d_dst[i] = sum of the row's dS (split units: partials in
 // scratch_dst for spmm_csr_finalize). Every lane of a group takes part in the heads' shuffles:
 // lanes past a head's width read its first vector and weigh it 0.
-template <class T, int VEC, bool DROP>
+template <class T, int VEC>
 __device__ __forceinline__ void gat_grad_rows(
     const u32* __restrict__ unit_rows, const u32* __restrict__ unit_starts,
     const u32* __restrict__ unit_parts, u32 n_units, const u32* __restrict__ col_indices,
@@ -534,9 +534,7 @@ __device__ __forceinline__ void gat_grad_rows(
                 const u64 edge = (u64)(e + j) * heads + ln.h;
                 const float s = ad + as[j] + b[j];
                 const float p = __expf(leaky_relu(s, sc.slope) - lz);
-                const float ds =
-                    p * (dw * (DROP ? dropout_factor(sc.drop, edge) : 1.0f) - d_row) *
-                    (s >= 0.0f ? 1.0f : sc.slope);
+                const float ds = p * (dw - d_row) * (s >= 0.0f ? 1.0f : sc.slope);
                 dsum += ds;
                 if (ln.lead) {
                     ds_t[(u64)tpos[j] * heads + ln.h] = ds;
@@ -588,45 +586,41 @@ __device__ __forceinline__ void gat_grad_rows(
                                 head_dim, g, scores);                                          \
     }
 
-// The GAT row-statistics passes for one dtype, vector width and dropout (DROP: "_drop" in the
-// name; without it the kernels hold no generator registers). gat_grad_rows of 16-bit types is
-// held to 3 blocks a SM (80 registers, 8 bytes spilled; 86 unbounded, 2 blocks: backward 1.47
+// The GAT row-statistics passes for one dtype and vector width. gat_grad_rows of 16-bit types
+// is held to 3 blocks a SM (80 registers, 8 bytes spilled; 86 unbounded, 2 blocks: backward 1.47
 // against 1.61 ms on ogbn-arxiv at 8 x 32 f16); of f32 it is left unbounded (70 registers:
 // 2.42 against 2.65 ms held to 3 blocks). GB: those bounds, empty for f32.
 #define SPATTN_GAT_BOUNDS_16 __launch_bounds__(256, 3)
-#define SPATTN_GAT_ROWS_K(SUFFIX, T, VEC, DROP, D, GB)                                             \
-    extern "C" __global__ void gat_aggregate##D##_csr_##SUFFIX##_v##VEC(                        \
+#define SPATTN_GAT_ROWS(SUFFIX, T, VEC, GB)                                                     \
+    extern "C" __global__ void gat_aggregate_csr_##SUFFIX##_v##VEC(                            \
         const u32* unit_rows, const u32* unit_starts, const u32* unit_parts, u32 n_units,      \
         const u32* col_indices, const T* x, u32 heads, u32 head_dim, u32 g, u32 hl,            \
         SPATTN_GAT_SCORES_ARGS, const float* lse, T* out, float* scratch) {                    \
         const GatScores sc = SPATTN_GAT_SCORES;                                                \
-        gat_aggregate<T, VEC, false, DROP>(unit_rows, unit_starts, unit_parts, n_units,        \
-                                           col_indices, nullptr, x, heads, head_dim, g, hl,    \
-                                           sc, lse, nullptr, out, nullptr, scratch, nullptr);  \
+        gat_aggregate<T, VEC, false>(unit_rows, unit_starts, unit_parts, n_units, col_indices, \
+                                     nullptr, x, heads, head_dim, g, hl, sc, lse, nullptr,     \
+                                     out, nullptr, scratch, nullptr);                          \
     }                                                                                          \
-    extern "C" __global__ void gat_aggregate_t##D##_csr_##SUFFIX##_v##VEC(                      \
+    extern "C" __global__ void gat_aggregate_t_csr_##SUFFIX##_v##VEC(                          \
         const u32* unit_rows, const u32* unit_starts, const u32* unit_parts, u32 n_units,      \
         const u32* row_indices, const u32* t_to_a, const T* d_out, u32 heads, u32 head_dim,    \
         u32 g, u32 hl, SPATTN_GAT_SCORES_ARGS, const float* lse, const float* ds_t, T* dx,     \
         float* d_src, float* scratch, float* scratch_src) {                                    \
         const GatScores sc = SPATTN_GAT_SCORES;                                                \
-        gat_aggregate<T, VEC, true, DROP>(unit_rows, unit_starts, unit_parts, n_units,         \
-                                          row_indices, t_to_a, d_out, heads, head_dim, g, hl,  \
-                                          sc, lse, ds_t, dx, d_src, scratch, scratch_src);     \
+        gat_aggregate<T, VEC, true>(unit_rows, unit_starts, unit_parts, n_units, row_indices,  \
+                                    t_to_a, d_out, heads, head_dim, g, hl, sc, lse, ds_t, dx,  \
+                                    d_src, scratch, scratch_src);                              \
     }                                                                                          \
-    extern "C" __global__ void GB gat_grad_rows##D##_csr_##SUFFIX##_v##VEC( \
+    extern "C" __global__ void GB gat_grad_rows_csr_##SUFFIX##_v##VEC(                         \
         const u32* unit_rows, const u32* unit_starts, const u32* unit_parts, u32 n_units,      \
         const u32* col_indices, const u32* a_to_t, const T* x, const T* out, const T* d_out,   \
         u32 heads, u32 head_dim, u32 g, u32 hl, SPATTN_GAT_SCORES_ARGS, const float* lse,      \
         float* ds_t, float* d_bias, float* d_dst, float* scratch_dst) {                        \
         const GatScores sc = SPATTN_GAT_SCORES;                                                \
-        gat_grad_rows<T, VEC, DROP>(unit_rows, unit_starts, unit_parts, n_units, col_indices,  \
-                                    a_to_t, x, out, d_out, heads, head_dim, g, hl, sc, lse,    \
-                                    ds_t, d_bias, d_dst, scratch_dst);                         \
+        gat_grad_rows<T, VEC>(unit_rows, unit_starts, unit_parts, n_units, col_indices, a_to_t, \
+                              x, out, d_out, heads, head_dim, g, hl, sc, lse, ds_t, d_bias,    \
+                              d_dst, scratch_dst);                                             \
     }
-#define SPATTN_GAT_ROWS(SUFFIX, T, VEC, GB)                                                     \
-    SPATTN_GAT_ROWS_K(SUFFIX, T, VEC, false, , GB)                                              \
-    SPATTN_GAT_ROWS_K(SUFFIX, T, VEC, true, _drop, GB)
 
 #define SPATTN_PER_DTYPE(SUFFIX, T, GB)                                                            \
     extern "C" __global__ void sddmm_gat_csr_##SUFFIX(const u32* row_indices,                  \

@@ -4,12 +4,15 @@
 //! the per-node terms and `lse` (`n_rows × heads` f32), which one light pass over A's column
 //! indices leaves ([`gat_row_stats`]):
 //!
-//! - forward ([`gat_forward_rows`]): the statistics, then `out = W · x` over A's SpMM units;
+//! - forward ([`gat_forward_rows`]): the statistics, then `out = P · x` over A's SpMM units;
 //! - backward ([`gat_backward_rows`]): the statistics, a pass over A's units that forms each
-//!   edge's `dS = L' P (f ⟨dOut_i, x_j⟩ − D_i)` with `D_i = ⟨dOut_i, out_i⟩` read from the
+//!   edge's `dS = L' P (⟨dOut_i, x_j⟩ − D_i)` with `D_i = ⟨dOut_i, out_i⟩` read from the
 //!   forward's output (FlashAttention's identity), sums `∂a_dst` per row and writes `dS` in
-//!   Aᵀ's order, then a pass over Aᵀ's units: `dx = Wᵀ · dOut` and `∂a_src` = the column sums
+//!   Aᵀ's order, then a pass over Aᵀ's units: `dx = Pᵀ · dOut` and `∂a_src` = the column sums
 //!   of `dS`.
+//!
+//! No dropout: a generator in these kernels cost more than the composed steps save, so they
+//! refuse it and the composed steps take it.
 //!
 //! Every pass is shaped like the SpMM (four edges in flight per lane, units of at most 64
 //! edges); split rows' partials are added in order by a finalize kernel: no floating-point
@@ -54,18 +57,40 @@ fn lanes(heads: usize, head_dim: usize, elem_bytes: usize) -> Option<(u32, u32, 
 }
 
 /// The aggregation kernel for `dtype` (a [`DType::NAME`]) in vectors of `vec`, over Aᵀ
-/// (the backward's dx) where `transposed`, with the dropout's generator where `drop` (the
-/// kernels without it hold fewer registers); the launch-name test forms it too.
-pub(crate) fn aggregate_kernel(dtype: &str, vec: u32, transposed: bool, drop: bool) -> String {
+/// (the backward's dx) where `transposed`; the launch-name test forms it too.
+pub(crate) fn aggregate_kernel(dtype: &str, vec: u32, transposed: bool) -> String {
     let t = if transposed { "_t" } else { "" };
-    let d = if drop { "_drop" } else { "" };
-    format!("gat_aggregate{t}{d}_csr_{dtype}_v{vec}")
+    format!("gat_aggregate{t}_csr_{dtype}_v{vec}")
 }
 
-/// The backward's pass over A for `dtype` in vectors of `vec`, with dropout where `drop`.
-pub(crate) fn grad_rows_kernel(dtype: &str, vec: u32, drop: bool) -> String {
-    let d = if drop { "_drop" } else { "" };
-    format!("gat_grad_rows{d}_csr_{dtype}_v{vec}")
+/// The backward's pass over A for `dtype` in vectors of `vec`.
+pub(crate) fn grad_rows_kernel(dtype: &str, vec: u32) -> String {
+    format!("gat_grad_rows_csr_{dtype}_v{vec}")
+}
+
+/// Refuses dropout: the generator in these kernels cost more than the composed steps save
+/// (docs/kernels/csr-ops.md, "GAT from row statistics"), so they are built without it.
+fn refuse_dropout(terms: &GatScoreTerms<'_>) -> Result<()> {
+    if DropoutWords::of(terms.dropout).threshold == 0 {
+        return Ok(());
+    }
+    Err(Error::InvalidArgument {
+        what: "dropout",
+        why: "GAT's row-statistics kernels take no dropout; use the composed steps".into(),
+    })
+}
+
+/// Errors unless `lse` holds `n_rows × heads` f32 on `gpu`.
+fn check_lse(gpu: &Gpu, a: &DeviceCsr, heads: usize, lse: &DeviceVec<f32>) -> Result<()> {
+    let expected = product("rows x heads", &[a.n_rows(), heads])?;
+    if lse.len() != expected {
+        return Err(Error::LengthMismatch {
+            what: "lse",
+            expected,
+            actual: lse.len(),
+        });
+    }
+    check_same_gpu(gpu, "lse", lse)
 }
 
 /// The vector width of the feature passes for `head_dim` features of `elem_bytes`, where they
@@ -77,7 +102,7 @@ pub(crate) fn feature_vector(head_dim: usize, elem_bytes: usize) -> Option<u32> 
 
 /// Whether [`gat_forward_rows`] and [`gat_backward_rows`] take heads of `head_dim` features of
 /// `T`: a head's vectors fit one warp (up to 256 features of 16-bit types, 128 of f32, and
-/// every odd width up to 32).
+/// every odd width up to 32). They take no dropout, whatever the head.
 pub fn gat_rows_supports<T: DType>(head_dim: usize) -> bool {
     lanes(1, head_dim, std::mem::size_of::<T>()).is_some()
 }
@@ -166,15 +191,7 @@ pub fn gat_row_stats(
 ) -> Result<()> {
     let heads = terms.a_dst.shape().heads;
     check_terms(gpu, a, heads, &terms)?;
-    let expected = product("rows x heads", &[a.n_rows(), heads])?;
-    if lse.len() != expected {
-        return Err(Error::LengthMismatch {
-            what: "lse",
-            expected,
-            actual: lse.len(),
-        });
-    }
-    check_same_gpu(gpu, "lse", lse)?;
+    check_lse(gpu, a, heads, lse)?;
     if heads == 0 || a.n_rows() == 0 {
         return Ok(());
     }
@@ -265,13 +282,14 @@ fn feature_lanes<T: DType>(heads: usize, head_dim: usize) -> Result<(u32, u32, u
 }
 
 /// GAT attention's forward from row statistics: [`gat_row_stats`] into `lse` (`n_rows ×
-/// heads` f32, left for the caller), then `out = W · x` (`x`: `n_cols × heads × head_dim`,
-/// `out`: `n_rows × heads × head_dim`; rows without edges get zeros) with `W =
-/// dropout(softmax_row(LeakyReLU(a_dst[i] + a_src[j] + bias_e)))` recomputed per edge. Two
-/// launches (four with split rows), no per-edge buffer.
+/// heads` f32, left for the caller), then `out = P · x` (`x`: `n_cols × heads × head_dim`,
+/// `out`: `n_rows × heads × head_dim`; rows without edges get zeros) with `P =
+/// softmax_row(LeakyReLU(a_dst[i] + a_src[j] + bias_e))` recomputed per edge. Two launches
+/// (four with split rows), no per-edge buffer.
 ///
 /// Errors: as [`gat_row_stats`]; [`Error::InvalidArgument`] for a head wider than
-/// [`gat_rows_supports`] takes; [`Error::ShapeMismatch`] naming `x` or `out`.
+/// [`gat_rows_supports`] takes or for dropout (the composed steps take it);
+/// [`Error::ShapeMismatch`] naming `x` or `out`.
 pub fn gat_forward_rows<T: DType>(
     gpu: &Gpu,
     a: &DeviceCsr,
@@ -291,8 +309,9 @@ pub fn gat_forward_rows<T: DType>(
     if heads == 0 || head_dim == 0 {
         return Ok(()); // nothing to write
     }
-    // A head the kernels do not take is refused whatever the graph.
+    // A head or dropout the kernels do not take is refused whatever the graph.
     let (vec, hl, g, tiles) = feature_lanes::<T>(heads, head_dim)?;
+    refuse_dropout(&terms)?;
     if a.n_rows() == 0 {
         return Ok(());
     }
@@ -308,10 +327,7 @@ pub fn gat_forward_rows<T: DType>(
     let need = product("GAT partials", &[n_parts, hd])?;
     let scratch = grown(gpu, &mut guard, "GAT split-row partials", need.max(1))?;
     let drop = DropoutWords::of(terms.dropout);
-    let name = kernel_named(
-        &CSR_OPS,
-        aggregate_kernel(T::NAME, vec, false, drop.threshold != 0),
-    )?;
+    let name = kernel_named(&CSR_OPS, aggregate_kernel(T::NAME, vec, false))?;
     let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
     let (n_units, heads_u, dim_u) = (
         to_u32("units", rows.len())?,
@@ -392,11 +408,12 @@ pub fn gat_backward_rows<T: DType>(
     check_same_gpu(gpu, "dS workspace", ds)?;
     // The score terms have x's heads (the kernels index them by x's), kept statistics or not.
     check_terms(gpu, a, heads, &terms)?;
-    // A head the kernels do not take is refused whatever the graph.
+    // A head or dropout the kernels do not take is refused whatever the graph.
     let (vec, hl, g, tiles) = match heads * head_dim {
         0 => (1, 1, 1, 1),
         _ => feature_lanes::<T>(heads, head_dim)?,
     };
+    refuse_dropout(&terms)?;
     if heads == 0 || head_dim == 0 || a.nnz() == 0 {
         // No edge: nothing aggregated, every gradient zero.
         grads.dx.fill(T::from_f32(0.0))?;
@@ -409,15 +426,7 @@ pub fn gat_backward_rows<T: DType>(
             lse
         }
         RowStats::Kept(lse) => {
-            let expected = product("rows x heads", &[a.n_rows(), heads])?;
-            if lse.len() != expected {
-                return Err(Error::LengthMismatch {
-                    what: "lse",
-                    expected,
-                    actual: lse.len(),
-                });
-            }
-            check_same_gpu(gpu, "lse", lse)?;
+            check_lse(gpu, a, heads, lse)?;
             lse
         }
     };
@@ -434,10 +443,7 @@ pub fn gat_backward_rows<T: DType>(
         let mut guard = s.scratch().lock();
         let need = product("GAT row partials", &[n_parts, heads])?;
         let scratch = grown(gpu, &mut guard, "GAT split-row partials", need.max(1))?;
-        let name = kernel_named(
-            &CSR_OPS,
-            grad_rows_kernel(T::NAME, vec, drop.threshold != 0),
-        )?;
+        let name = kernel_named(&CSR_OPS, grad_rows_kernel(T::NAME, vec))?;
         let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
         let n_units = to_u32("units", rows.len())?;
         let mut args = gpu.launch_builder(&f);
@@ -469,7 +475,7 @@ pub fn gat_backward_rows<T: DType>(
     }
 
     // Over Aᵀ: dx and ∂a_src.
-    let t_to_a = if terms.bias.is_some() || drop.threshold != 0 {
+    let t_to_a = if terms.bias.is_some() {
         Some(t.inverse_map(gpu)?)
     } else {
         None
@@ -486,10 +492,7 @@ pub fn gat_backward_rows<T: DType>(
         "GAT split-column partials",
         (need_x + need_s).max(1),
     )?;
-    let name = kernel_named(
-        &CSR_OPS,
-        aggregate_kernel(T::NAME, vec, true, drop.threshold != 0),
-    )?;
+    let name = kernel_named(&CSR_OPS, aggregate_kernel(T::NAME, vec, true))?;
     let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
     let n_units = to_u32("units", rows.len())?;
     let (mut part_x, mut part_s) = scratch.slice_mut().split_at_mut(need_x);
@@ -506,7 +509,7 @@ pub fn gat_backward_rows<T: DType>(
             .arg(&mut part_s);
         // SAFETY: Aᵀ's units (rows < n_cols) and entries (rows of A < n_rows: d_out, a_dst and
         // lse rows); an entry's edge t_to_a[e] < nnz (a permutation; null, and unread, without
-        // bias and dropout) indexes the bias at (edge, head) < nnz·heads; ds read at (entry,
+        // a bias) indexes the bias at (edge, head) < nnz·heads; ds read at (entry,
         // head) < nnz·heads; dx rows < n_cols at features < hd, d_src at (column, head) <
         // n_cols·heads; partials at part·hd + feature < need_x and (part, head) < need_s in
         // their views.
