@@ -549,7 +549,6 @@ pub fn spmm<T: DType>(
     let vec = vector_width(shape.head_dim, std::mem::size_of::<T>());
     let g = group_for((hd / vec as usize) as u64, 1);
     let tiles = to_u32("feature tiles", hd.div_ceil(g as usize * vec as usize))?;
-    let n_split = s.split_rows.len();
 
     // Each unit of a split row stores its f32 partial (every one written: no zeroing), and
     // the finalize adds a row's partials in order (growing the scratch if this head shape
@@ -594,23 +593,37 @@ pub fn spmm<T: DType>(
     // (lanes past it are inactive); unit partials < n_parts and scratch holds n_parts*hd f32.
     unsafe { launch(name, &mut args, cfg) }?;
 
-    if n_split > 0 {
-        let fin = kernel_named(&CSR_OPS, spmm_finalize_kernel(T::NAME))?;
-        let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, fin)?;
-        let n_split_u = to_u32("split rows", n_split)?;
-        let hd_u = to_u32("heads x head_dim", hd)?;
-        let cfg = group_grid(n_split * hd, 1, 1)?;
-        let mut args = gpu.launch_builder(&f);
-        args.arg(s.split_rows.slice())
-            .arg(s.part_first.slice())
-            .arg(&n_split_u)
-            .arg(&hd_u)
-            .arg(scratch.slice())
-            .arg(out.slice_mut());
-        // SAFETY: reads split_rows[0..n_split) (< n_rows), part_first[0..=n_split] (n_split + 1
-        // entries, ascending to n_parts) and scratch[0..n_parts*hd), writes those rows of out
-        // (n_rows*hd elements).
-        unsafe { launch(fin, &mut args, cfg) }?;
+    finalize_split_rows(gpu, a, hd, &scratch.slice().slice(..), out.slice_mut())
+}
+
+/// Adds the split rows' unit partials of `a`'s SpMM units in order: `out[split_rows[s]] = Σ`
+/// of its partials, `width` f32 each (`spmm_csr_finalize_{dtype}`): the SpMM's and GAT's
+/// passes over the same units.
+pub(crate) fn finalize_split_rows<O: DType>(
+    gpu: &Gpu,
+    a: &DeviceCsr,
+    width: usize,
+    partials: &cudarc::driver::CudaView<'_, f32>,
+    out: &mut cudarc::driver::CudaSlice<O>,
+) -> Result<()> {
+    let ([_, _, _, split_rows, part_first], _) = a.schedule().units();
+    let n_split = split_rows.len();
+    if n_split == 0 {
+        return Ok(());
     }
-    Ok(())
+    let name = kernel_named(&CSR_OPS, spmm_finalize_kernel(O::NAME))?;
+    let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
+    let n_split_u = to_u32("split rows", n_split)?;
+    let width_u = to_u32("partial width", width)?;
+    let mut args = gpu.launch_builder(&f);
+    args.arg(split_rows.slice())
+        .arg(part_first.slice())
+        .arg(&n_split_u)
+        .arg(&width_u)
+        .arg(partials)
+        .arg(out);
+    // SAFETY: reads split_rows[0..n_split) (< the rows of `out`, whose callers size it rows ×
+    // width), part_first[0..=n_split] (ascending to n_parts) and partials[0..n_parts·width)
+    // (the callers' view holds that many); writes those rows of `out`.
+    unsafe { launch(name, &mut args, group_grid(n_split * width, 1, 1)?) }
 }

@@ -23,7 +23,7 @@ use cudarc::driver::LaunchArgs;
 use spattn_kernels_sys::CSR_OPS;
 
 use crate::buffer::{grown, DeviceMatrix, DeviceVec};
-use crate::csr_ops::{group_grid, spmm_finalize_kernel};
+use crate::csr_ops::{finalize_split_rows, group_grid};
 use crate::device_csr::DeviceCsr;
 use crate::dropout::DropoutWords;
 use crate::dtype::DType;
@@ -238,37 +238,6 @@ pub fn gat_row_stats(
     Ok(())
 }
 
-/// Adds split units' partials in order: `out[split_rows[s]] = Σ partials` of `width` f32 per
-/// unit (`spmm_csr_finalize_{dtype}`).
-fn finalize<O: DType>(
-    gpu: &Gpu,
-    a: &DeviceCsr,
-    width: usize,
-    partials: &cudarc::driver::CudaView<'_, f32>,
-    out: &mut cudarc::driver::CudaSlice<O>,
-) -> Result<()> {
-    let ([_, _, _, split_rows, part_first], _) = a.schedule().units();
-    let n_split = split_rows.len();
-    if n_split == 0 {
-        return Ok(());
-    }
-    let name = kernel_named(&CSR_OPS, spmm_finalize_kernel(O::NAME))?;
-    let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
-    let n_split_u = to_u32("split rows", n_split)?;
-    let width_u = to_u32("partial width", width)?;
-    let mut args = gpu.launch_builder(&f);
-    args.arg(split_rows.slice())
-        .arg(part_first.slice())
-        .arg(&n_split_u)
-        .arg(&width_u)
-        .arg(partials)
-        .arg(out);
-    // SAFETY: reads split_rows[0..n_split) (< the rows of `out`, whose callers size it rows ×
-    // width), part_first[0..=n_split] (ascending to n_parts) and partials[0..n_parts·width)
-    // (the callers' view holds that many); writes those rows of `out`.
-    unsafe { launch(name, &mut args, group_grid(n_split * width, 1, 1)?) }
-}
-
 /// The layout for `x`'s heads, or the error naming the head too wide.
 fn feature_lanes<T: DType>(heads: usize, head_dim: usize) -> Result<(u32, u32, u32, u32)> {
     lanes(heads, head_dim, std::mem::size_of::<T>()).ok_or_else(|| Error::InvalidArgument {
@@ -347,7 +316,7 @@ pub fn gat_forward_rows<T: DType>(
     // head_dim in vectors of `vec` (lanes past the heads or the head's width hold none); lse at
     // (row, head) < n_rows·heads (written above); partials at part·hd + feature < n_parts·hd.
     unsafe { launch(name, &mut args, group_grid(rows.len(), g, tiles)?) }?;
-    finalize(gpu, a, hd, &scratch.slice().slice(..need), out.slice_mut())
+    finalize_split_rows(gpu, a, hd, &scratch.slice().slice(..need), out.slice_mut())
 }
 
 /// The row statistics [`gat_backward_rows`] reads (`n_rows × heads` f32).
@@ -465,7 +434,7 @@ pub fn gat_backward_rows<T: DType>(
         // nnz·heads (checked), d_dst at (row, head) < n_rows·heads and partials at (part,
         // head) < n_parts·heads.
         unsafe { launch(name, &mut args, cfg(rows.len())?) }?;
-        finalize(
+        finalize_split_rows(
             gpu,
             a,
             heads,
@@ -515,8 +484,8 @@ pub fn gat_backward_rows<T: DType>(
         // their views.
         unsafe { launch(name, &mut args, cfg(rows.len())?) }?;
     }
-    finalize(gpu, tc, hd, &part_x.slice(..), grads.dx.slice_mut())?;
-    finalize(gpu, tc, heads, &part_s.slice(..), grads.d_src.slice_mut())
+    finalize_split_rows(gpu, tc, hd, &part_x.slice(..), grads.dx.slice_mut())?;
+    finalize_split_rows(gpu, tc, heads, &part_s.slice(..), grads.d_src.slice_mut())
 }
 
 #[cfg(test)]
