@@ -620,7 +620,10 @@ class GATConv(torch.nn.Module):
 
     ``edge_dim`` adds ``⟨lin_edge(e_ij), att_edge⟩`` to each edge's score, with the self
     loops' attributes from ``fill_value`` as PyG's ``add_self_loops`` (``edge_attr`` in
-    ``edge_index``'s order; ``edge_index`` must not repeat an edge).
+    ``edge_index``'s order; ``edge_index`` must not repeat an edge). It is computed as
+    ``e_ij · (lin_edgeᵀ att_edge)``, in float32: ``lin_edge.weight`` folded with ``att_edge``
+    into a ``heads × edge_dim`` matrix, so the ``E × heads·out_channels`` projection PyG
+    stores is never made (``lin_edge``'s forward hooks are not called).
 
     Not supported (``NotImplementedError``): ``return_attention_weights``, ``size`` other than ``None`` or ``(N, N)``, two node sets of
     different sizes, lazy ``in_channels=-1``. Extra keyword: ``algorithm`` (only ``"auto"``:
@@ -782,13 +785,21 @@ class GATConv(torch.nn.Module):
         (computed for every input edge and loop, then placed: no host synchronisation)."""
         ea = _edge_attr_with_loops(name, edge_index, edge_attr, n, self.add_self_loops,
                                    self.fill_value)
-        H, C = self.heads, self.out_channels
-        e = self.lin_edge(ea).view(-1, H, C)
-        scores = _head_dot(e, self.att_edge)
+        scores = _folded_edge_scores(ea, self.lin_edge.weight, self.att_edge, self.heads)
         return _edges_in_csr_order(graph, edge_index, scores, self.add_self_loops)
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
+
+
+def _folded_edge_scores(ea: Tensor, weight: Tensor, att: Tensor, heads: int) -> Tensor:
+    """``⟨W_e e, a⟩`` per edge and head (``E × heads``, float32 at least) as ``e · (W_eᵀ a)``:
+    ``W_e`` (``heads·C × F``) folded with ``a`` (``heads × C``) into a ``heads × F`` matrix first,
+    so that the ``E × heads·C`` projection PyG stores (and its gradient) never exists. The same
+    sums, reassociated; the gradients of ``W_e`` and ``a`` flow through the fold."""
+    acc = torch.promote_types(ea.dtype, torch.float32)
+    folded = (weight.to(acc).view(heads, -1, weight.shape[1]) * att.to(acc).view(heads, -1, 1)).sum(1)
+    return ea.to(acc) @ folded.t()
 
 
 def _edge_attr_used(layer: str, edge_attr: Optional[Tensor], lin_edge: Any) -> Optional[Tensor]:
