@@ -280,6 +280,13 @@ __device__ __forceinline__ float dropout_factor(const Dropout& d, u64 i) {
     return dropout_factor_of(d, dropout_draws(d, i >> 2), (u32)i & 3u);
 }
 
+// The dropout factor of element i (edge * heads + head) from a mask of kept bits (bit i mod 32
+// of word i / 32, as dropout_keep_bits writes them): 0 or scale; 1 without a mask.
+__device__ __forceinline__ float kept_factor(const u32* __restrict__ keep, u64 i, float scale) {
+    if (keep == nullptr) return 1.0f;
+    return (__ldg(keep + (i >> 5)) >> (u32)(i & 31u)) & 1u ? scale : 0.0f;
+}
+
 // ---- GAT's scores ---------------------------------------------------------------------------
 // s = a_dst[i] + a_src[j] (+ bias_e), z = LeakyReLU(s), P the row softmax of z, W = P f (f the
 // dropout factor of A's edge e and the head): what GAT's kernels (csr_ops.cu, backward.cu) read.

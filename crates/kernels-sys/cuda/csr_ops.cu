@@ -271,11 +271,11 @@ extern "C" __global__ void edge_softmax_csr_long_rows(const u32* __restrict__ ro
 }
 
 // ---- GAT from row statistics ------------------------------------------------------------------
-// GAT's attention (GatScores: s, z = LeakyReLU(s), P = exp(z - lse_i); no dropout: the host
-// refuses it, the composed ops take it) walked with no per-edge buffer: gat_row_stats leaves
-// lse per (row, head); gat_aggregate sums P-weighted rows over the units of A (the forward,
-// out = P x) or of A^T (the backward, dx = P^T dOut, with d_src = the column sums of dS);
-// gat_grad_rows, over A's units, forms dS = L' P (dW - D_i)
+// GAT's attention (GatScores: s, z = LeakyReLU(s), P = exp(z - lse_i), W = P f with f the
+// dropout factor read from a mask of kept bits, `keep`, or 1 where it is null) walked with no
+// per-edge buffer: gat_row_stats leaves lse per (row, head); gat_aggregate sums W-weighted rows
+// over the units of A (the forward, out = W x) or of A^T (the backward, dx = W^T dOut, with
+// d_src = the column sums of dS); gat_grad_rows, over A's units, forms dS = L' P (f dW - D_i)
 // with dW = <dOut_i, x_j> and D_i = <dOut_i, out_i> (the forward's output), sums d_dst per row
 // and writes dS in A^T's order (and A's, the bias's gradient, where asked). Every pass is shaped
 // like spmm_csr: units of at most UNIT_CHUNK edges, four edges in flight, split rows' partials
@@ -380,19 +380,71 @@ extern "C" __global__ void gat_row_stats_finalize(const u32* __restrict__ split_
     }
 }
 
-// out[r] = sum over the unit's entries of P * rows[entry]: TRANSPOSED false walks A (r a row
+// The rows kernels' dropout mask in a walk's order: bit k of bits[w], element i = 32w + k =
+// p * heads + h < n, is set where A's element order[p] * heads + h (order null: p * heads + h)
+// is kept, by the draws of dropout_factor (bits past n are 0). A thread a word, one Philox
+// draw per four consecutive elements of A met (eight a word in A's order, or through A^T's
+// edge map with heads a multiple of four).
+extern "C" __global__ void dropout_keep_bits(u64 n, u32 heads, const u32* __restrict__ order,
+                                             u32 key0, u32 key1, u32 off0, u32 off1,
+                                             u32 threshold, float drop_scale,
+                                             u32* __restrict__ bits) {
+    const Dropout d{key0, key1, off0, off1, threshold, drop_scale};
+    const u64 words = (n + 31u) / 32u;
+    if (order == nullptr) {
+        // A's order: the word's 32 elements are eight whole draws.
+        SPATTN_GRID_STRIDE(w, words) {
+            u32 b = 0u;
+#pragma unroll
+            for (u32 k = 0; k < 8u; ++k) {
+                const uint4 r = dropout_draws(d, w * 8u + k);
+                b |= ((u32)(r.x >= threshold) | (u32)(r.y >= threshold) << 1 |
+                      (u32)(r.z >= threshold) << 2 | (u32)(r.w >= threshold) << 3)
+                     << (4u * k);
+            }
+            const u64 past = w * 32u + 32u;  // elements past n get 0 bits
+            bits[w] = past <= n ? b : b & ((1u << (u32)(n & 31u)) - 1u);
+        }
+        return;
+    }
+    SPATTN_GRID_STRIDE(w, words) {
+        const u64 i0 = w * 32u;
+        u64 p = i0 / heads;
+        u32 h = (u32)(i0 - p * heads);
+        u64 drawn = ~0ull;
+        uint4 r = make_uint4(0u, 0u, 0u, 0u);
+        u32 b = 0u;
+        for (u32 k = 0; k < 32u && i0 + k < n; ++k) {
+            const u64 edge = __ldg(order + p);
+            const u64 el = edge * heads + h;
+            if (el >> 2 != drawn) {
+                drawn = el >> 2;
+                r = dropout_draws(d, drawn);
+            }
+            b |= (u32)(draw_word(r, (u32)el & 3u) >= threshold) << k;
+            if (++h == heads) {
+                h = 0u;
+                ++p;
+            }
+        }
+        bits[w] = b;
+    }
+}
+
+// out[r] = sum over the unit's entries of W * rows[entry]: TRANSPOSED false walks A (r a row
 // i, entries columns j, rows = x: the forward); true walks A^T (r a column j, entries rows i,
-// rows = dOut: the backward's dx; t_to_a gives A's edge of an entry where the bias
-// reads it, and d_src[j] = sum of ds_t over the entries). Split units leave f32 partials
+// rows = dOut: the backward's dx; t_to_a gives A's edge of an entry where the bias reads it,
+// the mask is drawn in A^T's order, and d_src[j] = sum of ds_t over the entries). Split
+// units leave f32 partials
 // (scratch: features; scratch_src: d_src) for spmm_csr_finalize.
-template <class T, int VEC, bool TRANSPOSED>
+template <class T, int VEC, bool TRANSPOSED, bool DROP>
 __device__ __forceinline__ void gat_aggregate(
     const u32* __restrict__ unit_rows, const u32* __restrict__ unit_starts,
     const u32* __restrict__ unit_parts, u32 n_units, const u32* __restrict__ entries,
     const u32* __restrict__ t_to_a, const T* __restrict__ rows, u32 heads, u32 head_dim, u32 g,
-    u32 hl, const GatScores& sc, const float* __restrict__ lse, const float* __restrict__ ds_t,
-    T* __restrict__ out, float* __restrict__ d_src, float* __restrict__ scratch,
-    float* __restrict__ scratch_src) {
+    u32 hl, const GatScores& sc, const u32* __restrict__ keep, const float* __restrict__ lse,
+    const float* __restrict__ ds_t, T* __restrict__ out, float* __restrict__ d_src,
+    float* __restrict__ scratch, float* __restrict__ scratch_src) {
     const GatLanes ln = gat_lanes<VEC>(g, hl, heads, head_dim);
     if (!ln.on) return;  // no shuffles here: idle lanes can leave
     const u64 hd = (u64)heads * head_dim;
@@ -414,7 +466,8 @@ __device__ __forceinline__ void gat_aggregate(
         u32 c[4], edge[4];
         float dsv[4];
         // Past the unit's end (or in an empty unit, which may end the arrays) a lane reads the
-        // last entry before the end, weighed 0; the host takes no graph without entries.
+        // last entry before the end, weighed 0; the host takes no graph without entries. The
+        // mask is in the walk's order (A's or A^T's): read at the entry, not at its edge.
         const u32 last = end > 0u ? end - 1u : 0u;
         const auto indices = [&](u32 e0, u32 (&ci)[4], u32 (&ei)[4], float (&di)[4]) {
 #pragma unroll
@@ -427,13 +480,15 @@ __device__ __forceinline__ void gat_aggregate(
         };
         indices(start, c, edge, dsv);
         for (u32 e = start; e < end; e += 4) {
-            float x[4][VEC], ao[4], lz[4], b[4];
+            float x[4][VEC], ao[4], lz[4], b[4], f[4];
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 load_vec<T, VEC>(rows + (u64)c[j] * hd + feat, x[j]);
                 ao[j] = __ldg(other + (u64)c[j] * heads + ln.h);
                 lz[j] = TRANSPOSED ? __ldg(lse + (u64)c[j] * heads + ln.h) : lse_own;
                 b[j] = sc.bias != nullptr ? __ldg(sc.bias + (u64)edge[j] * heads + ln.h) : 0.0f;
+                const u32 pos = e + j < end ? e + j : last;
+                f[j] = DROP ? kept_factor(keep, (u64)pos * heads + ln.h, sc.drop.scale) : 1.0f;
             }
             u32 cn[4], en[4];
             float dn[4];
@@ -442,7 +497,7 @@ __device__ __forceinline__ void gat_aggregate(
             for (int j = 0; j < 4; ++j) {
                 const float p = __expf(leaky_relu(a_own + ao[j] + b[j], sc.slope) - lz[j]);
                 const bool in = e + j < end;
-                const float w = in ? p : 0.0f;
+                const float w = in ? (DROP ? p * f[j] : p) : 0.0f;
                 if (TRANSPOSED && in) dsum += dsv[j];
 #pragma unroll
                 for (int i = 0; i < VEC; ++i) acc[i] = fmaf(w, x[j][i], acc[i]);
@@ -471,13 +526,14 @@ __device__ __forceinline__ void gat_aggregate(
 // e in d_bias where given; d_dst[i] = sum of the row's dS (split units: partials in
 // scratch_dst for spmm_csr_finalize). Every lane of a group takes part in the heads' shuffles:
 // lanes past a head's width read its first vector and weigh it 0.
-template <class T, int VEC>
+template <class T, int VEC, bool DROP>
 __device__ __forceinline__ void gat_grad_rows(
     const u32* __restrict__ unit_rows, const u32* __restrict__ unit_starts,
     const u32* __restrict__ unit_parts, u32 n_units, const u32* __restrict__ col_indices,
     const u32* __restrict__ a_to_t, const T* __restrict__ x, const T* __restrict__ out,
     const T* __restrict__ d_out, u32 heads, u32 head_dim, u32 g, u32 hl, const GatScores& sc,
-    const float* __restrict__ lse, float* __restrict__ ds_t, float* __restrict__ d_bias,
+    const u32* __restrict__ keep, const float* __restrict__ lse, float* __restrict__ ds_t,
+    float* __restrict__ d_bias,
     float* __restrict__ d_dst, float* __restrict__ scratch_dst) {
     const u32 mask = group_mask(g);
     const GatLanes ln = gat_lanes<VEC>(g, hl, heads, head_dim);
@@ -515,11 +571,13 @@ __device__ __forceinline__ void gat_grad_rows(
         const float d_row = group_sum(dd, mask, hl);
         float dsum = 0.0f;
         for (u32 e = start; e < end; e += 4) {
-            float x4[4][VEC], as[4];
+            float x4[4][VEC], as[4], f[4];
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 load_vec<T, VEC>(x + (u64)c[j] * hd + feat, x4[j]);
                 as[j] = __ldg(sc.a_src + (u64)c[j] * heads + ln.h);
+                const u32 pos = e + j < end ? e + j : last;
+                f[j] = DROP ? kept_factor(keep, (u64)pos * heads + ln.h, sc.drop.scale) : 1.0f;
             }
             u32 cn[4], tn[4];
             float bn[4];
@@ -534,7 +592,8 @@ __device__ __forceinline__ void gat_grad_rows(
                 const u64 edge = (u64)(e + j) * heads + ln.h;
                 const float s = ad + as[j] + b[j];
                 const float p = __expf(leaky_relu(s, sc.slope) - lz);
-                const float ds = p * (dw - d_row) * (s >= 0.0f ? 1.0f : sc.slope);
+                const float dwf = DROP ? dw * f[j] : dw;
+                const float ds = p * (dwf - d_row) * (s >= 0.0f ? 1.0f : sc.slope);
                 dsum += ds;
                 if (ln.lead) {
                     ds_t[(u64)tpos[j] * heads + ln.h] = ds;
@@ -586,41 +645,47 @@ __device__ __forceinline__ void gat_grad_rows(
                                 head_dim, g, scores);                                          \
     }
 
-// The GAT row-statistics passes for one dtype and vector width. gat_grad_rows of 16-bit types
+// The GAT row-statistics passes for one dtype and vector width, without dropout and with it
+// ("_drop": the factors read from a keep mask; the others hold no registers for it; a
+// generator in the kernels instead cost 90-106 registers). gat_grad_rows of 16-bit types
 // is held to 3 blocks a SM (80 registers, 8 bytes spilled; 86 unbounded, 2 blocks: backward 1.47
 // against 1.61 ms on ogbn-arxiv at 8 x 32 f16); of f32 it is left unbounded (70 registers:
 // 2.42 against 2.65 ms held to 3 blocks). GB: those bounds, empty for f32.
 #define SPATTN_GAT_BOUNDS_16 __launch_bounds__(256, 3)
-#define SPATTN_GAT_ROWS(SUFFIX, T, VEC, GB)                                                     \
-    extern "C" __global__ void gat_aggregate_csr_##SUFFIX##_v##VEC(                            \
-        const u32* unit_rows, const u32* unit_starts, const u32* unit_parts, u32 n_units,      \
-        const u32* col_indices, const T* x, u32 heads, u32 head_dim, u32 g, u32 hl,            \
-        SPATTN_GAT_SCORES_ARGS, const float* lse, T* out, float* scratch) {                    \
-        const GatScores sc = SPATTN_GAT_SCORES;                                                \
-        gat_aggregate<T, VEC, false>(unit_rows, unit_starts, unit_parts, n_units, col_indices, \
-                                     nullptr, x, heads, head_dim, g, hl, sc, lse, nullptr,     \
-                                     out, nullptr, scratch, nullptr);                          \
-    }                                                                                          \
-    extern "C" __global__ void gat_aggregate_t_csr_##SUFFIX##_v##VEC(                          \
-        const u32* unit_rows, const u32* unit_starts, const u32* unit_parts, u32 n_units,      \
-        const u32* row_indices, const u32* t_to_a, const T* d_out, u32 heads, u32 head_dim,    \
-        u32 g, u32 hl, SPATTN_GAT_SCORES_ARGS, const float* lse, const float* ds_t, T* dx,     \
-        float* d_src, float* scratch, float* scratch_src) {                                    \
-        const GatScores sc = SPATTN_GAT_SCORES;                                                \
-        gat_aggregate<T, VEC, true>(unit_rows, unit_starts, unit_parts, n_units, row_indices,  \
-                                    t_to_a, d_out, heads, head_dim, g, hl, sc, lse, ds_t, dx,  \
-                                    d_src, scratch, scratch_src);                              \
-    }                                                                                          \
-    extern "C" __global__ void GB gat_grad_rows_csr_##SUFFIX##_v##VEC(                         \
-        const u32* unit_rows, const u32* unit_starts, const u32* unit_parts, u32 n_units,      \
-        const u32* col_indices, const u32* a_to_t, const T* x, const T* out, const T* d_out,   \
-        u32 heads, u32 head_dim, u32 g, u32 hl, SPATTN_GAT_SCORES_ARGS, const float* lse,      \
-        float* ds_t, float* d_bias, float* d_dst, float* scratch_dst) {                        \
-        const GatScores sc = SPATTN_GAT_SCORES;                                                \
-        gat_grad_rows<T, VEC>(unit_rows, unit_starts, unit_parts, n_units, col_indices, a_to_t, \
-                              x, out, d_out, heads, head_dim, g, hl, sc, lse, ds_t, d_bias,    \
-                              d_dst, scratch_dst);                                             \
+#define SPATTN_GAT_ROWS_K(SUFFIX, T, VEC, DROP, D, GB)                                             \
+    extern "C" __global__ void gat_aggregate##D##_csr_##SUFFIX##_v##VEC(                           \
+        const u32* unit_rows, const u32* unit_starts, const u32* unit_parts, u32 n_units,          \
+        const u32* col_indices, const T* x, u32 heads, u32 head_dim, u32 g, u32 hl,                \
+        SPATTN_GAT_SCORES_ARGS, const u32* keep, const float* lse, T* out, float* scratch) {       \
+        const GatScores sc = SPATTN_GAT_SCORES;                                                    \
+        gat_aggregate<T, VEC, false, DROP>(unit_rows, unit_starts, unit_parts, n_units,            \
+                                           col_indices, nullptr, x, heads, head_dim, g, hl, sc,    \
+                                           keep, lse, nullptr, out, nullptr, scratch, nullptr);    \
+    }                                                                                              \
+    extern "C" __global__ void gat_aggregate_t##D##_csr_##SUFFIX##_v##VEC(                         \
+        const u32* unit_rows, const u32* unit_starts, const u32* unit_parts, u32 n_units,          \
+        const u32* row_indices, const u32* t_to_a, const T* d_out, u32 heads, u32 head_dim,        \
+        u32 g, u32 hl, SPATTN_GAT_SCORES_ARGS, const u32* keep, const float* lse,                  \
+        const float* ds_t, T* dx, float* d_src, float* scratch, float* scratch_src) {              \
+        const GatScores sc = SPATTN_GAT_SCORES;                                                    \
+        gat_aggregate<T, VEC, true, DROP>(unit_rows, unit_starts, unit_parts, n_units,             \
+                                          row_indices, t_to_a, d_out, heads, head_dim, g, hl,      \
+                                          sc, keep, lse, ds_t, dx, d_src, scratch,                 \
+                                          scratch_src);                                            \
+    }                                                                                              \
+    extern "C" __global__ void GB gat_grad_rows##D##_csr_##SUFFIX##_v##VEC(                        \
+        const u32* unit_rows, const u32* unit_starts, const u32* unit_parts, u32 n_units,          \
+        const u32* col_indices, const u32* a_to_t, const T* x, const T* out, const T* d_out,       \
+        u32 heads, u32 head_dim, u32 g, u32 hl, SPATTN_GAT_SCORES_ARGS, const u32* keep,           \
+        const float* lse, float* ds_t, float* d_bias, float* d_dst, float* scratch_dst) {          \
+        const GatScores sc = SPATTN_GAT_SCORES;                                                    \
+        gat_grad_rows<T, VEC, DROP>(unit_rows, unit_starts, unit_parts, n_units, col_indices,      \
+                                    a_to_t, x, out, d_out, heads, head_dim, g, hl, sc, keep,       \
+                                    lse, ds_t, d_bias, d_dst, scratch_dst);                        \
     }
+#define SPATTN_GAT_ROWS(SUFFIX, T, VEC, GB)                                                        \
+    SPATTN_GAT_ROWS_K(SUFFIX, T, VEC, false, , GB)                                                 \
+    SPATTN_GAT_ROWS_K(SUFFIX, T, VEC, true, _drop, GB)
 
 #define SPATTN_PER_DTYPE(SUFFIX, T, GB)                                                            \
     extern "C" __global__ void sddmm_gat_csr_##SUFFIX(const u32* row_indices,                  \

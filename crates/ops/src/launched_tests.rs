@@ -114,6 +114,7 @@ fn csr_ops_holds_exactly_the_launched_kernels() {
     l.add(sys::kernel!(CSR_OPS, "edge_softmax_csr_long_rows"));
     l.add(sys::kernel!(CSR_OPS, "gat_row_stats_csr"));
     l.add(sys::kernel!(CSR_OPS, "gat_row_stats_finalize"));
+    l.add(sys::kernel!(CSR_OPS, "dropout_keep_bits"));
     for kind in DTypeKind::ALL {
         let dt = kind.name();
         l.add(sddmm_gat_kernel(dt));
@@ -124,9 +125,11 @@ fn csr_ops_holds_exactly_the_launched_kernels() {
             l.add(sddmm_gatv2_kernel(dt, vec));
             l.add(spmm_kernel(dt, vec));
             if let Some(vec) = feature_vector(hd, kind.size_bytes()) {
-                l.add(aggregate_kernel(dt, vec, false));
-                l.add(aggregate_kernel(dt, vec, true));
-                l.add(grad_rows_kernel(dt, vec));
+                for drop in [false, true] {
+                    l.add(aggregate_kernel(dt, vec, false, drop));
+                    l.add(aggregate_kernel(dt, vec, true, drop));
+                    l.add(grad_rows_kernel(dt, vec, drop));
+                }
             }
         }
     }

@@ -26,6 +26,15 @@ fn nan_vec(gpu: &Gpu, len: usize) -> DeviceVec<f32> {
     v
 }
 
+/// A workspace of `copies` dropout masks for `nnz × heads` elements, every bit set (the
+/// kernels must draw them).
+fn mask_vec(gpu: &Gpu, nnz: usize, heads: usize, copies: usize) -> DeviceVec<u32> {
+    let words = copies * backward::dropout_mask_words(nnz, heads).unwrap();
+    let mut v = DeviceVec::<u32>::zeros(gpu, words).unwrap();
+    v.fill(u32::MAX).unwrap();
+    v
+}
+
 /// The graphs of every test here: empty rows, hub rows past the long-row threshold (and a
 /// 10^5-edge hub), tiny n.
 /// Small enough for compute-sanitizer: a hub row past the long-row threshold included.
@@ -553,8 +562,8 @@ enum GatPath {
 /// GAT's row-statistics forward and backward (`gat_forward_rows`, `gat_backward_rows`) on the
 /// same graphs and heads as the fused backward's test (empty rows, hub rows and columns split
 /// across units, heads 1–8 with 1–64 features, f32/f16/bf16, with a bias), plus the
-/// widest heads they take (256 f16, 128 f32, 31 odd) and one they refuse, dropout refused, and a
-/// graph without edges: the forward within
+/// widest heads they take (256 f16, 128 f32, 31 odd) and one they refuse, dropout (from a drawn
+/// mask; refused without one), and a graph without edges: the forward within
 /// T's tolerance of the f64 layer, the gradients of the f64 reference, two runs bitwise equal.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
@@ -580,7 +589,7 @@ fn gat_rows_forward_and_backward_match_the_f64_reference_and_rerun_bitwise() {
         }
     }
     for a in [&graphs[1], &graphs[graphs.len() - 1]] {
-        gat_case::<f32>(&gpu, &mut rng, a, (2, 128), (true, false), GatPath::Rows);
+        gat_case::<f32>(&gpu, &mut rng, a, (2, 128), (true, true), GatPath::Rows);
         gat_case::<f32>(&gpu, &mut rng, a, (1, 132), (false, false), GatPath::Rows);
         gat_case::<f16>(&gpu, &mut rng, a, (2, 256), (true, false), GatPath::Rows);
         gat_case::<bf16>(&gpu, &mut rng, a, (1, 264), (false, true), GatPath::Rows);
@@ -603,7 +612,14 @@ fn gat_backward_by<T: DType>(
             let heads = x.shape().heads;
             let mut lse = nan_vec(gpu, graph.0.n_rows() * heads);
             let mut ds = nan_vec(gpu, graph.0.nnz() * heads);
-            let ws = (backward::RowStats::Recompute(&mut lse), &mut ds);
+            let mut mask = terms
+                .dropout
+                .map(|_| mask_vec(gpu, graph.0.nnz(), heads, 2));
+            let ws = (
+                backward::RowStats::Recompute(&mut lse),
+                &mut ds,
+                mask.as_mut(),
+            );
             backward::gat_backward_rows(gpu, graph, terms, (x, out, d_out), ws, grads)
         }
     }
@@ -699,8 +715,7 @@ fn gat_case<T: DType>(
         GatPath::Fused => backward::FusedBackward::supports::<T>(head_dim),
         GatPath::Rows => backward::gat_rows_supports::<T>(head_dim),
     };
-    // The rows kernels take no dropout (refused after the head).
-    let supported = head_taken && !(path == GatPath::Rows && with_dropout);
+    let supported = head_taken;
     // The rows path's forward: out (checked against the f64 layer) and, beside it, the sizes
     // of the terms D_i = <dOut_i, out_i> sums (out's rounding to T enters the gradients there).
     let mut out_d = DeviceMatrix::<T>::zeros(gpu, so).unwrap();
@@ -720,7 +735,15 @@ fn gat_case<T: DType>(
         .unwrap();
         out_d.fill_nan().unwrap();
         let mut lse = nan_vec(gpu, n * heads);
-        backward::gat_forward_rows(gpu, &a_dev, terms, &xd, &mut lse, &mut out_d).unwrap();
+        let mut mask = dropout.as_ref().map(|_| mask_vec(gpu, nnz, heads, 1));
+        let ws = (&mut lse, mask.as_mut());
+        backward::gat_forward_rows(gpu, &a_dev, terms, &xd, ws, &mut out_d).unwrap();
+        if dropout.is_some() {
+            // Without its mask workspace, dropout is refused, naming it.
+            let ws = (&mut lse, None);
+            let e = backward::gat_forward_rows(gpu, &a_dev, terms, &xd, ws, &mut out_d);
+            assert!(format!("{}", e.unwrap_err()).contains("dropout mask"));
+        }
         let out: Vec<f32> = out_d
             .to_host()
             .unwrap()
@@ -761,14 +784,7 @@ fn gat_case<T: DType>(
     };
     if !supported {
         let e = run().unwrap_err();
-        let named = if head_taken { "dropout" } else { "head_dim" };
-        assert!(format!("{e}").contains(named), "{e}");
-        if head_taken {
-            let mut lse = nan_vec(gpu, n * heads);
-            let e = backward::gat_forward_rows(gpu, &a_dev, terms, &xd, &mut lse, &mut out_d)
-                .unwrap_err();
-            assert!(format!("{e}").contains("dropout"), "{e}");
-        }
+        assert!(format!("{e}").contains("head_dim"), "{e}");
         return;
     }
     let first = run().unwrap();

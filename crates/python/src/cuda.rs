@@ -211,7 +211,8 @@ impl GatKernels {
 
 /// The GAT forward on CUDA tensors at `[x, a_dst, a_src, out, workspace, bias]` (bias 0 for
 /// none), ordered with `stream`: the workspace holds `nnz × heads` f32 (composed) or the row
-/// statistics' `n_rows × heads` f32 (rows).
+/// statistics' `n_rows × heads` f32 (rows), followed with dropout by the rows kernels' mask
+/// ([`gpu_backward::dropout_mask_words`] u32).
 pub(crate) fn gat_forward_gpu<T: DType>(
     d: &OnDevice,
     sq: Shape,
@@ -223,13 +224,18 @@ pub(crate) fn gat_forward_gpu<T: DType>(
 ) -> spattn::Result<()> {
     let gpu = &d.device.gpu;
     let h = sq.heads;
+    let mask_len = match (kernels, &dropout) {
+        (GatKernels::Rows, Some(_)) => gpu_backward::dropout_mask_words(d.graph.nnz(), h)?,
+        _ => 0,
+    };
     let ws_len = match kernels {
         GatKernels::Rows => sq.rows * h,
         _ => d.graph.nnz() * h,
     };
     // SAFETY: as in `gpu_forward`, for x (n_cols × heads × dim of T), a_dst (n_rows × heads
     // f32), a_src (n_cols × heads f32), out (n_rows × heads × dim of T, fresh) and the
-    // workspace (ws_len f32, fresh) and the bias (nnz × heads f32 where given, read at
+    // workspace (ws_len f32 and, for the rows kernels with dropout, mask_len u32 after them,
+    // fresh) and the bias (nnz × heads f32 where given, read at
     // [e · heads + h]). The kernels read a_dst / a_src at [row · heads + h]
     // / [col · heads + h] (rows < n_rows, cols < n_cols: the validated CSR), write and read
     // the workspace within ws_len (each op checks its length), read x's rows < n_cols and
@@ -238,6 +244,10 @@ pub(crate) fn gat_forward_gpu<T: DType>(
         let (x, a_dst, a_src, edges) = gat_views::<T>(d, sq, skv, [x, a_dst, a_src])?;
         let mut out = ExternalMatrix::<T>::new_trusted(gpu, "out", out, sq)?;
         let mut p = ExternalVec::<f32>::new_trusted(gpu, "workspace", ws, ws_len)?;
+        let mask_at = ws + 4 * ws_len as u64;
+        let mut mask = (mask_len > 0)
+            .then(|| ExternalVec::<u32>::new_trusted(gpu, "dropout mask", mask_at, mask_len))
+            .transpose()?;
         let bias =
             ExternalVec::<f32>::new_trusted(gpu, "bias", bias, if bias == 0 { 0 } else { edges })?;
         d.device.bridge.run(stream, || -> spattn::Result<()> {
@@ -251,7 +261,8 @@ pub(crate) fn gat_forward_gpu<T: DType>(
                     slope,
                     dropout: dropout.as_ref(),
                 };
-                gpu_backward::gat_forward_rows(gpu, a, terms, &x, &mut p, &mut out)?;
+                let ws = (&mut *p, mask.as_deref_mut());
+                gpu_backward::gat_forward_rows(gpu, a, terms, &x, ws, &mut out)?;
                 return Ok(());
             }
             csr_ops::gat_scores(gpu, a, (&*a_dst, &*a_src), bias, &mut p)?;
@@ -280,8 +291,9 @@ pub(crate) const GAT_FUSED_MAX_EDGES: usize = 1 << 15;
 /// d_bias, out]` (the bias's 0 for none; `out`, the forward's output, read by the rows
 /// kernels only), ordered with `stream`: the fused backward
 /// ([`gpu_backward::gat_fused_backward`]: two passes, no per-edge buffer), the rows kernels
-/// ([`gpu_backward::gat_backward_rows`]; `workspaces` = dS's `nnz × heads` f32 and the row
-/// statistics' `n_rows × heads` f32, kept from the rows forward where `lse_kept`), or the
+/// ([`gpu_backward::gat_backward_rows`]; `workspaces` = dS's `nnz × heads` f32, the row
+/// statistics' `n_rows × heads` f32, kept from the rows forward where `lse_kept`, and with
+/// dropout two masks of [`gpu_backward::dropout_mask_words`] u32), or the
 /// composed steps, which recompute the scores and
 /// probabilities in the three `nnz × heads` f32 `workspaces`.
 #[allow(clippy::too_many_arguments)]
@@ -299,9 +311,10 @@ pub(crate) fn gat_backward_gpu<T: DType>(
     let h = sq.heads;
     // SAFETY: as in `gat_forward_gpu`; d_out (and out, for the rows kernels) is n_rows × heads
     // × dim of T; dx (n_cols rows of T), da_dst (n_rows × heads f32), da_src (n_cols × heads
-    // f32), the workspaces (their lengths above, by kernels) and d_bias (nnz × heads f32,
-    // where the forward had a bias) are fresh, but for a kept lse (read only). The transposed ops index Aᵀ's rows (< n_cols)
-    // and its edge map (a permutation of the nnz edges), within the same views.
+    // f32), the workspaces (their lengths above, by kernels; the rows kernels' third, with
+    // dropout, two masks' words of u32) and d_bias (nnz × heads f32, where the forward had a
+    // bias) are fresh, but for a kept lse (read only). The transposed ops index Aᵀ's rows
+    // (< n_cols) and its edge map (a permutation of the nnz edges), within the same views.
     unsafe {
         let (x, a_dst, a_src, edges) = gat_views::<T>(d, sq, skv, [x, a_dst, a_src])?;
         let d_out = ExternalMatrix::<T>::new_trusted(gpu, "d_out", d_out, sq)?;
@@ -328,6 +341,19 @@ pub(crate) fn gat_backward_gpu<T: DType>(
                 Some(ExternalMatrix::<T>::new_trusted(gpu, "out", out, sq)?),
             ),
         };
+        let mut mask = match (kernels, &dropout) {
+            (GatKernels::Rows, Some(_)) => {
+                // Two masks: in A's order and in Aᵀ's.
+                let words = 2 * gpu_backward::dropout_mask_words(d.graph.nnz(), h)?;
+                Some(ExternalVec::<u32>::new_trusted(
+                    gpu,
+                    "dropout mask",
+                    w2,
+                    words,
+                )?)
+            }
+            _ => None,
+        };
         d.device.bridge.run(stream, || -> spattn::Result<()> {
             let (a, t) = (d.graph.csr()?, d.graph.transpose()?);
             let drop = dropout.as_ref();
@@ -352,7 +378,7 @@ pub(crate) fn gat_backward_gpu<T: DType>(
                         true => gpu_backward::RowStats::Kept(lse),
                         false => gpu_backward::RowStats::Recompute(lse),
                     };
-                    let wsp = (lse, &mut **ds);
+                    let wsp = (lse, &mut **ds, mask.as_deref_mut());
                     gpu_backward::gat_backward_rows(gpu, (a, t), terms, io, wsp, grads)?;
                     return Ok(());
                 }

@@ -11,15 +11,18 @@
 //!   Aᵀ's order, then a pass over Aᵀ's units: `dx = Pᵀ · dOut` and `∂a_src` = the column sums
 //!   of `dS`.
 //!
-//! No dropout: a generator in these kernels cost more than the composed steps save, so they
-//! refuse it and the composed steps take it.
+//! Dropout: the kept elements are drawn once per call into bit masks (`dropout_keep_bits`, the
+//! same draws as every other kernel's; [`dropout_mask_words`] u32 each, in the caller's
+//! workspace), one in the order of each pass (A's; the backward's pass over Aᵀ reads one in
+//! Aᵀ's order, in sequence), which the `_drop` variants of the feature passes read (a Philox
+//! generator inside them cost more registers than the composed steps save).
 //!
 //! Every pass is shaped like the SpMM (four edges in flight per lane, units of at most 64
 //! edges); split rows' partials are added in order by a finalize kernel: no floating-point
 //! atomics, the same bits every run. Device memory beyond the outputs: the caller's `lse` and
 //! `nnz × heads` f32 `dS`, and the graph's split-unit scratch (grown once, kept).
 
-use cudarc::driver::LaunchArgs;
+use cudarc::driver::{CudaViewMut, LaunchArgs};
 use spattn_kernels_sys::CSR_OPS;
 
 use crate::buffer::{grown, DeviceMatrix, DeviceVec};
@@ -57,27 +60,89 @@ fn lanes(heads: usize, head_dim: usize, elem_bytes: usize) -> Option<(u32, u32, 
 }
 
 /// The aggregation kernel for `dtype` (a [`DType::NAME`]) in vectors of `vec`, over Aᵀ
-/// (the backward's dx) where `transposed`; the launch-name test forms it too.
-pub(crate) fn aggregate_kernel(dtype: &str, vec: u32, transposed: bool) -> String {
+/// (the backward's dx) where `transposed`, reading a dropout mask where `drop`; the
+/// launch-name test forms it too.
+pub(crate) fn aggregate_kernel(dtype: &str, vec: u32, transposed: bool, drop: bool) -> String {
     let t = if transposed { "_t" } else { "" };
-    format!("gat_aggregate{t}_csr_{dtype}_v{vec}")
+    let d = if drop { "_drop" } else { "" };
+    format!("gat_aggregate{t}{d}_csr_{dtype}_v{vec}")
 }
 
-/// The backward's pass over A for `dtype` in vectors of `vec`.
-pub(crate) fn grad_rows_kernel(dtype: &str, vec: u32) -> String {
-    format!("gat_grad_rows_csr_{dtype}_v{vec}")
+/// The backward's pass over A for `dtype` in vectors of `vec` (with a dropout mask where
+/// `drop`).
+pub(crate) fn grad_rows_kernel(dtype: &str, vec: u32, drop: bool) -> String {
+    let d = if drop { "_drop" } else { "" };
+    format!("gat_grad_rows{d}_csr_{dtype}_v{vec}")
 }
 
-/// Refuses dropout: the generator in these kernels cost more than the composed steps save
-/// (docs/kernels/csr-ops.md, "GAT from row statistics"), so they are built without it.
-fn refuse_dropout(terms: &GatScoreTerms<'_>) -> Result<()> {
+/// The u32 words of one dropout mask of the rows kernels: a bit per edge and head,
+/// `⌈nnz·heads / 32⌉`. [`gat_forward_rows`] takes one mask's workspace, [`gat_backward_rows`]
+/// two (A's order, then Aᵀ's).
+///
+/// Errors: [`Error::InvalidArgument`] where `nnz·heads` overflows `usize`.
+pub fn dropout_mask_words(nnz: usize, heads: usize) -> Result<usize> {
+    Ok(product("edges x heads", &[nnz, heads])?.div_ceil(32))
+}
+
+/// The dropout mask workspace and one mask's words, checked (present with dropout, `copies`
+/// masks long, on `gpu`), or `None` without dropout.
+fn mask_workspace<'m>(
+    gpu: &Gpu,
+    a: &DeviceCsr,
+    heads: usize,
+    terms: &GatScoreTerms<'_>,
+    mask: Option<&'m mut DeviceVec<u32>>,
+    copies: usize,
+) -> Result<Option<(&'m mut DeviceVec<u32>, usize)>> {
     if DropoutWords::of(terms.dropout).threshold == 0 {
+        return Ok(None);
+    }
+    let words = dropout_mask_words(a.nnz(), heads)?;
+    let expected = product("dropout mask", &[words, copies])?;
+    let Some(mask) = mask else {
+        return Err(Error::InvalidArgument {
+            what: "dropout mask",
+            why: format!("dropout needs a mask workspace of {expected} u32 (dropout_mask_words)"),
+        });
+    };
+    if mask.len() != expected {
+        return Err(Error::LengthMismatch {
+            what: "dropout mask",
+            expected,
+            actual: mask.len(),
+        });
+    }
+    check_same_gpu(gpu, "dropout mask", &*mask)?;
+    Ok(Some((mask, words)))
+}
+
+/// Draws `a`'s dropout mask into `bits` (one mask's words): bit `k` of word `w`, element
+/// `i = 32w + k = p·heads + h` of the order a pass walks, is whether A's element
+/// `order[p]·heads + h` is kept (`order` `None`: `p` itself, A's order).
+fn draw_keep_bits(
+    gpu: &Gpu,
+    a: &DeviceCsr,
+    heads: usize,
+    order: Option<&DeviceVec<u32>>,
+    drop: &DropoutWords,
+    bits: &mut CudaViewMut<'_, u32>,
+) -> Result<()> {
+    let words = bits.len();
+    if words == 0 {
         return Ok(());
     }
-    Err(Error::InvalidArgument {
-        what: "dropout",
-        why: "GAT's row-statistics kernels take no dropout; use the composed steps".into(),
-    })
+    let n = product("edges x heads", &[a.nnz(), heads])? as u64;
+    let heads_u = to_u32("heads", heads)?;
+    let name = spattn_kernels_sys::kernel!(CSR_OPS, "dropout_keep_bits");
+    let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
+    let mut args = gpu.launch_builder(&f);
+    args.arg(&n).arg(&heads_u).arg_or_null(order);
+    drop.push(&mut args);
+    args.arg(bits);
+    // SAFETY: writes bits[w] for w < ⌈n / 32⌉ = words (the view's length: one mask of
+    // dropout_mask_words, checked by the caller); reads order[p] for p = i / heads < nnz,
+    // order being None or Aᵀ's edge map (nnz long).
+    unsafe { launch(name, &mut args, group_grid(words, 1, 1)?) }
 }
 
 /// Errors unless `lse` holds `n_rows × heads` f32 on `gpu`.
@@ -102,7 +167,7 @@ pub(crate) fn feature_vector(head_dim: usize, elem_bytes: usize) -> Option<u32> 
 
 /// Whether [`gat_forward_rows`] and [`gat_backward_rows`] take heads of `head_dim` features of
 /// `T`: a head's vectors fit one warp (up to 256 features of 16-bit types, 128 of f32, and
-/// every odd width up to 32). They take no dropout, whatever the head.
+/// every odd width up to 32).
 pub fn gat_rows_supports<T: DType>(head_dim: usize) -> bool {
     lanes(1, head_dim, std::mem::size_of::<T>()).is_some()
 }
@@ -254,17 +319,20 @@ fn feature_lanes<T: DType>(heads: usize, head_dim: usize) -> Result<(u32, u32, u
 /// heads` f32, left for the caller), then `out = P · x` (`x`: `n_cols × heads × head_dim`,
 /// `out`: `n_rows × heads × head_dim`; rows without edges get zeros) with `P =
 /// softmax_row(LeakyReLU(a_dst[i] + a_src[j] + bias_e))` recomputed per edge. Two launches
-/// (four with split rows), no per-edge buffer.
+/// (four with split rows), no per-edge buffer. With dropout (`terms.dropout`), `P` times the
+/// dropout factor of each edge and head (the draws every kernel makes), from a mask drawn into
+/// `mask` ([`dropout_mask_words`] u32; unused, and may be `None`, without dropout): one more
+/// launch.
 ///
 /// Errors: as [`gat_row_stats`]; [`Error::InvalidArgument`] for a head wider than
-/// [`gat_rows_supports`] takes or for dropout (the composed steps take it);
-/// [`Error::ShapeMismatch`] naming `x` or `out`.
+/// [`gat_rows_supports`] takes or dropout without `mask`; [`Error::ShapeMismatch`] naming `x`
+/// or `out`, [`Error::LengthMismatch`] naming the dropout mask.
 pub fn gat_forward_rows<T: DType>(
     gpu: &Gpu,
     a: &DeviceCsr,
     terms: GatScoreTerms<'_>,
     x: &DeviceMatrix<T>,
-    lse: &mut DeviceVec<f32>,
+    (lse, mask): (&mut DeviceVec<f32>, Option<&mut DeviceVec<u32>>),
     out: &mut DeviceMatrix<T>,
 ) -> Result<()> {
     let sx = x.shape();
@@ -278,9 +346,9 @@ pub fn gat_forward_rows<T: DType>(
     if heads == 0 || head_dim == 0 {
         return Ok(()); // nothing to write
     }
-    // A head or dropout the kernels do not take is refused whatever the graph.
+    // A head the kernels do not take, or dropout without its mask, is refused whatever the graph.
     let (vec, hl, g, tiles) = feature_lanes::<T>(heads, head_dim)?;
-    refuse_dropout(&terms)?;
+    let mut mask = mask_workspace(gpu, a, heads, &terms, mask, 1)?;
     if a.n_rows() == 0 {
         return Ok(());
     }
@@ -289,14 +357,21 @@ pub fn gat_forward_rows<T: DType>(
         // Nothing to aggregate (and no entry for the kernel's indices to stand on).
         return out.fill(T::from_f32(0.0));
     }
+    let drop = DropoutWords::of(terms.dropout);
+    if let Some((m, _)) = &mut mask {
+        draw_keep_bits(gpu, a, heads, None, &drop, &mut m.slice_mut().slice_mut(..))?;
+    }
+    let mask = mask.map(|(m, _)| m.slice().slice(..));
     let hd = heads * head_dim;
     let s = a.schedule();
     let ([rows, starts, parts, _, _], n_parts) = s.units();
     let mut guard = s.scratch().lock();
     let need = product("GAT partials", &[n_parts, hd])?;
     let scratch = grown(gpu, &mut guard, "GAT split-row partials", need.max(1))?;
-    let drop = DropoutWords::of(terms.dropout);
-    let name = kernel_named(&CSR_OPS, aggregate_kernel(T::NAME, vec, false))?;
+    let name = kernel_named(
+        &CSR_OPS,
+        aggregate_kernel(T::NAME, vec, false, mask.is_some()),
+    )?;
     let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
     let (n_units, heads_u, dim_u) = (
         to_u32("units", rows.len())?,
@@ -308,13 +383,16 @@ pub fn gat_forward_rows<T: DType>(
     args.arg(x.slice());
     let lanes = [heads_u, dim_u, g, hl];
     push_lanes(&mut args, &lanes, &terms, &drop);
-    args.arg(lse.slice())
+    args.view_or_null(mask.as_ref())
+        .arg(lse.slice())
         .arg(out.slice_mut())
         .arg(scratch.slice_mut());
     // SAFETY: units and their edges as in `gat_row_stats`; x rows are column indices < n_cols
     // and out rows unit rows < n_rows, read and written at features head·head_dim + d, d <
     // head_dim in vectors of `vec` (lanes past the heads or the head's width hold none); lse at
-    // (row, head) < n_rows·heads (written above); partials at part·hd + feature < n_parts·hd.
+    // (row, head) < n_rows·heads (written above); the mask (the `_drop` kernel only) at word
+    // (e·heads + head) / 32 < ⌈nnz·heads / 32⌉ (its length, checked); partials at part·hd +
+    // feature < n_parts·hd.
     unsafe { launch(name, &mut args, group_grid(rows.len(), g, tiles)?) }?;
     finalize_split_rows(gpu, a, hd, &scratch.slice().slice(..need), out.slice_mut())
 }
@@ -332,8 +410,10 @@ pub enum RowStats<'a> {
 /// aggregated features (`n_cols × heads × head_dim`), the forward's output and its gradient
 /// (`n_rows × heads × head_dim`); `grads` as [`super::gat_fused_backward`]'s. Workspaces: the
 /// row statistics `lse` (kept from the forward, or recomputed) and `ds` (`nnz × heads` f32:
-/// each edge's ∂L/∂s in Aᵀ's order). Two or three launches (up to six with split rows or
-/// columns), deterministic.
+/// each edge's ∂L/∂s in Aᵀ's order) and, with dropout, two masks (`2 ×`
+/// [`dropout_mask_words`] u32: [`gat_forward_rows`]'s bits drawn again, in A's order and in
+/// Aᵀ's). Two or three launches (up to six with split rows or columns, two more with
+/// dropout), deterministic.
 ///
 /// Errors: as [`gat_forward_rows`]; [`Error::InvalidArgument`] when `t` is not Aᵀ or a bias
 /// comes without its gradient's buffer; [`Error::LengthMismatch`] for `ds` or `d_bias`.
@@ -343,7 +423,11 @@ pub fn gat_backward_rows<T: DType>(
     (a, t): (&DeviceCsr, &DeviceTranspose),
     terms: GatScoreTerms<'_>,
     (x, out, d_out): (&DeviceMatrix<T>, &DeviceMatrix<T>, &DeviceMatrix<T>),
-    (lse, ds): (RowStats<'_>, &mut DeviceVec<f32>),
+    (lse, ds, mask): (
+        RowStats<'_>,
+        &mut DeviceVec<f32>,
+        Option<&mut DeviceVec<u32>>,
+    ),
     grads: GatGrads<'_, T>,
 ) -> Result<()> {
     check_transpose(a, t)?;
@@ -377,12 +461,12 @@ pub fn gat_backward_rows<T: DType>(
     check_same_gpu(gpu, "dS workspace", ds)?;
     // The score terms have x's heads (the kernels index them by x's), kept statistics or not.
     check_terms(gpu, a, heads, &terms)?;
-    // A head or dropout the kernels do not take is refused whatever the graph.
+    // A head the kernels do not take, or dropout without its mask, is refused whatever the graph.
     let (vec, hl, g, tiles) = match heads * head_dim {
         0 => (1, 1, 1, 1),
         _ => feature_lanes::<T>(heads, head_dim)?,
     };
-    refuse_dropout(&terms)?;
+    let mut mask = mask_workspace(gpu, a, heads, &terms, mask, 2)?;
     if heads == 0 || head_dim == 0 || a.nnz() == 0 {
         // No edge: nothing aggregated, every gradient zero.
         grads.dx.fill(T::from_f32(0.0))?;
@@ -404,6 +488,20 @@ pub fn gat_backward_rows<T: DType>(
     let lanes = [heads_u, dim_u, g, hl];
     let drop = DropoutWords::of(terms.dropout);
     let cfg = |units: usize| -> Result<LaunchConfig> { group_grid(units, g, tiles) };
+    // The mask in A's order for the pass over A, in Aᵀ's for the pass over Aᵀ (read there
+    // in sequence, not gathered through the edge map).
+    if let Some((m, words)) = &mut mask {
+        let (mut in_a, mut in_t) = m.slice_mut().split_at_mut(*words);
+        draw_keep_bits(gpu, a, heads, None, &drop, &mut in_a)?;
+        draw_keep_bits(gpu, a, heads, Some(t.inverse_map(gpu)?), &drop, &mut in_t)?;
+    }
+    let (mask_a, mask_t) = match &mask {
+        Some((m, words)) => {
+            let (in_a, in_t) = m.slice().split_at(*words);
+            (Some(in_a), Some(in_t))
+        }
+        None => (None, None),
+    };
 
     // Over A: dS in Aᵀ's order, ∂a_dst.
     {
@@ -412,7 +510,7 @@ pub fn gat_backward_rows<T: DType>(
         let mut guard = s.scratch().lock();
         let need = product("GAT row partials", &[n_parts, heads])?;
         let scratch = grown(gpu, &mut guard, "GAT split-row partials", need.max(1))?;
-        let name = kernel_named(&CSR_OPS, grad_rows_kernel(T::NAME, vec))?;
+        let name = kernel_named(&CSR_OPS, grad_rows_kernel(T::NAME, vec, mask_a.is_some()))?;
         let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
         let n_units = to_u32("units", rows.len())?;
         let mut args = gpu.launch_builder(&f);
@@ -422,14 +520,16 @@ pub fn gat_backward_rows<T: DType>(
             .arg(out.slice())
             .arg(d_out.slice());
         push_lanes(&mut args, &lanes, &terms, &drop);
-        args.arg(lse.slice())
+        args.view_or_null(mask_a.as_ref())
+            .arg(lse.slice())
             .arg(ds.slice_mut())
             .arg_or_null_mut(grads.d_bias)
             .arg(grads.d_dst.slice_mut())
             .arg(scratch.slice_mut());
         // SAFETY: units and edges as in `gat_row_stats`; x rows column indices < n_cols, out
         // and d_out rows unit rows < n_rows, at features < heads·head_dim (shapes checked);
-        // lse at (row, head) < n_rows·heads; writes ds at (map[e], head) with map a
+        // lse at (row, head) < n_rows·heads; the mask in A's order (`_drop` only) at word
+        // (e·heads + head) / 32 < its view's length; writes ds at (map[e], head) with map a
         // permutation of 0..nnz (ds holds nnz·heads, checked), d_bias at (e, head) <
         // nnz·heads (checked), d_dst at (row, head) < n_rows·heads and partials at (part,
         // head) < n_parts·heads.
@@ -461,7 +561,10 @@ pub fn gat_backward_rows<T: DType>(
         "GAT split-column partials",
         (need_x + need_s).max(1),
     )?;
-    let name = kernel_named(&CSR_OPS, aggregate_kernel(T::NAME, vec, true))?;
+    let name = kernel_named(
+        &CSR_OPS,
+        aggregate_kernel(T::NAME, vec, true, mask_t.is_some()),
+    )?;
     let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
     let n_units = to_u32("units", rows.len())?;
     let (mut part_x, mut part_s) = scratch.slice_mut().split_at_mut(need_x);
@@ -470,7 +573,8 @@ pub fn gat_backward_rows<T: DType>(
         push_walk(&mut args, [rows, starts, parts], &n_units, tc.col_indices());
         args.arg_or_null(t_to_a).arg(d_out.slice());
         push_lanes(&mut args, &lanes, &terms, &drop);
-        args.arg(lse.slice())
+        args.view_or_null(mask_t.as_ref())
+            .arg(lse.slice())
             .arg(ds.slice())
             .arg(grads.dx.slice_mut())
             .arg(grads.d_src.slice_mut())
@@ -478,7 +582,8 @@ pub fn gat_backward_rows<T: DType>(
             .arg(&mut part_s);
         // SAFETY: Aᵀ's units (rows < n_cols) and entries (rows of A < n_rows: d_out, a_dst and
         // lse rows); an entry's edge t_to_a[e] < nnz (a permutation; null, and unread, without
-        // a bias) indexes the bias at (edge, head) < nnz·heads; ds read at (entry,
+        // a bias) indexes the bias at (edge, head) < nnz·heads; the mask in Aᵀ's order
+        // (`_drop` only) at word (entry·heads + head) / 32 < its view's length; ds at (entry,
         // head) < nnz·heads; dx rows < n_cols at features < hd, d_src at (column, head) <
         // n_cols·heads; partials at part·hd + feature < need_x and (part, head) < need_s in
         // their views.

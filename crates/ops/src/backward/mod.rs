@@ -69,7 +69,8 @@ pub use gat::{
     GatScoreTerms,
 };
 pub use gat_rows::{
-    gat_backward_rows, gat_forward_rows, gat_row_stats, gat_rows_supports, RowStats,
+    dropout_mask_words, gat_backward_rows, gat_forward_rows, gat_row_stats, gat_rows_supports,
+    RowStats,
 };
 pub use tc::TensorCoreBackward;
 

@@ -585,13 +585,13 @@ _GAT_ROWS_MIN_HEADS = 4
 
 def _gat_kernels(graph: Graph, x, kernels: str, backward: bool, drop, rows: bool = True) -> str:
     """The GAT kernels ``"auto"`` stands for on CUDA: the row-statistics kernels (no per-edge
-    buffer) for several heads without dropout (and, for a backward, ``rows``: the forward's
-    output is at hand); otherwise, for the backward, the fused passes on small graphs and the
-    composed CSR ops beyond (and the composed ops for the forward)."""
+    buffer) for several heads (and, for a backward, ``rows``: the forward's output is at
+    hand); otherwise, for the backward, the fused passes on small graphs and the composed CSR
+    ops beyond (and the composed ops for the forward)."""
     if kernels != "auto":
         return kernels
     dt, h, c = dtype_name(x.dtype), x.shape[1], x.shape[2]
-    if rows and drop is None and h >= _GAT_ROWS_MIN_HEADS and _gat_supports("rows", dt, c):
+    if rows and h >= _GAT_ROWS_MIN_HEADS and _gat_supports("rows", dt, c):
         return "rows"
     if backward and graph.num_edges <= _native.GAT_FUSED_MAX_EDGES and _gat_supports("fused", dt, c):
         return "fused"
@@ -607,7 +607,7 @@ def gat_forward(graph: Graph, x, a_dst, a_src, bias, slope, drop, kernels="auto"
     """GAT attention's output (checked tensors; the graph's sizes checked here). ``kernels``
     (CUDA): ``"rows"`` (row statistics, then an SpMM that recomputes each probability: no
     per-edge buffer), ``"composed"`` (scores, softmax and SpMM through an ``nnz × heads``
-    buffer) or ``"auto"`` (rows for several heads without dropout)."""
+    buffer) or ``"auto"`` (rows for several heads)."""
     return gat_forward_keeping(graph, x, a_dst, a_src, bias, slope, drop, kernels)[0]
 
 
@@ -624,14 +624,21 @@ def gat_forward_keeping(graph: Graph, x, a_dst, a_src, bias, slope, drop, kernel
     kernels = _gat_kernels(graph, x, kernels, False, drop) if cuda else "composed"
     ws = None
     if cuda:
-        ws = torch.empty((n if kernels == "rows" else graph.num_edges) * h, dtype=torch.float32,
-                         device=x.device)
+        # Rows: the statistics, then (with dropout) the mask's words; composed: the probabilities.
+        size = n * h + _mask_words(graph, h, drop) if kernels == "rows" else graph.num_edges * h
+        ws = torch.empty(size, dtype=torch.float32, device=x.device)
     graph._core.gat_forward(
         device_index(x), dtype_name(x.dtype), h, c, slope,
         address(x), address(a_dst), address(a_src), address(out),
         _address_or_0(ws), stream_of(x), drop, _address_or_0(bias), kernels,
     )
-    return out, (ws if kernels == "rows" else None)
+    return out, (ws[: n * h] if kernels == "rows" else None)
+
+
+def _mask_words(graph: Graph, heads: int, drop) -> int:
+    """The u32 words of the rows kernels' dropout mask (a bit per edge and head; 0 without
+    dropout)."""
+    return 0 if drop is None else -(-graph.num_edges * heads // 32)
 
 
 def gat_backward(graph: Graph, x, a_dst, a_src, d_out, bias, slope, drop, outs=None, kernels="auto",
@@ -663,8 +670,8 @@ def gat_backward(graph: Graph, x, a_dst, a_src, d_out, bias, slope, drop, outs=N
             raise ValueError(f"out: expected shape {(graph.num_nodes, h, c)} on {x.device}, got "
                              f"{tuple(out.shape)} on {out.device}")
     n = graph.num_nodes
-    # Workspaces: rows, dS (nnz × heads) and the row statistics (n × heads); composed, three
-    # nnz × heads buffers; fused, none.
+    # Workspaces: rows, dS (nnz × heads), the row statistics (n × heads) and with dropout two
+    # masks' words; composed, three nnz × heads buffers; fused, none.
     ws = []
     kept = cuda and kernels == "rows" and lse is not None
     if kept and (tuple(lse.shape) != (n * h,) or lse.dtype != torch.float32
@@ -673,6 +680,10 @@ def gat_backward(graph: Graph, x, a_dst, a_src, d_out, bias, slope, drop, outs=N
     if cuda and kernels == "rows":
         ws = [torch.empty(graph.num_edges * h, dtype=torch.float32, device=x.device),
               lse if kept else torch.empty(n * h, dtype=torch.float32, device=x.device)]
+        if drop is not None:
+            # Two masks: in the order of A's pass and of Aᵀ's.
+            ws.append(torch.empty(2 * _mask_words(graph, h, drop), dtype=torch.int32,
+                                  device=x.device))
     elif cuda and kernels == "composed":
         ws = [torch.empty(graph.num_edges * h, dtype=torch.float32, device=x.device)
               for _ in range(3)]
