@@ -244,9 +244,18 @@ pub(crate) fn gat_forward_gpu<T: DType>(
         let (x, a_dst, a_src, edges) = gat_views::<T>(d, sq, skv, [x, a_dst, a_src])?;
         let mut out = ExternalMatrix::<T>::new_trusted(gpu, "out", out, sq)?;
         let mut p = ExternalVec::<f32>::new_trusted(gpu, "workspace", ws, ws_len)?;
+        // Right after the n_rows × heads statistics: only 4-byte aligned, and the rows
+        // kernels read and write the mask a u32 at a time.
         let mask_at = ws + 4 * ws_len as u64;
         let mut mask = (mask_len > 0)
-            .then(|| ExternalVec::<u32>::new_trusted(gpu, "dropout mask", mask_at, mask_len))
+            .then(|| {
+                ExternalVec::<u32>::new_trusted_element_aligned(
+                    gpu,
+                    "dropout mask",
+                    mask_at,
+                    mask_len,
+                )
+            })
             .transpose()?;
         let bias =
             ExternalVec::<f32>::new_trusted(gpu, "bias", bias, if bias == 0 { 0 } else { edges })?;

@@ -308,6 +308,33 @@ def test_inference_mode_and_no_grad(gen):
         torch.testing.assert_close(layer(x, ei), want)
 
 
+def test_edge_features_train_after_inference_mode_on_the_same_edge_index(gen):
+    # The layers keep the edge order per edge_index tensor: an inference-mode call must not
+    # leave inference tensors there for a later training call to save for its backward.
+    ei = random_edge_index(gen)
+    x = torch.randn(24, 5, generator=gen)
+    attr = torch.randn(ei.shape[1], 3, generator=gen)
+    layer = spattn.nn.GATConv(5, 4, heads=2, edge_dim=3)
+    with torch.inference_mode():
+        want = layer(x, ei, attr)
+    out = layer(x, ei, attr)
+    out.sum().backward()
+    torch.testing.assert_close(out.detach(), want)
+    assert layer.lin_edge.weight.grad is not None and layer.att_edge.grad is not None
+
+
+def test_gat_edge_scores_stay_float32_under_autocast(gen):
+    from spattn.nn import _folded_edge_scores
+
+    attr = torch.randn(10, 3, generator=gen)
+    weight, att = torch.randn(8, 3, generator=gen), torch.randn(1, 2, 4, generator=gen)
+    want = (attr @ weight.t()).view(10, 2, 4).mul(att).sum(-1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = _folded_edge_scores(attr, weight, att, 2)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_native_call_arguments_from_tensors():
     from spattn import _tensors as T
 

@@ -99,6 +99,9 @@ fn mask_workspace<'m>(
     }
     let words = dropout_mask_words(a.nnz(), heads)?;
     let expected = product("dropout mask", &[words, copies])?;
+    if expected == 0 {
+        return Ok(None); // no edge or no head: nothing to draw or read
+    }
     let Some(mask) = mask else {
         return Err(Error::InvalidArgument {
             what: "dropout mask",

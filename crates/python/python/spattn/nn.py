@@ -377,7 +377,8 @@ def _edge_order_cached(graph: Graph, edge_index: Tensor, data: Tensor, self_loop
     both gathers (deterministic, no atomics). Kept on the graph for the ``edge_index`` tensor
     (the key of :func:`graph_for`'s cache), so a model's layers share them. Every CSR edge has
     exactly one row: the graph was built from ``edge_index``, which repeats no edge."""
-    key = _tensor_key(edge_index)
+    # Not kept from inference mode: its tensors cannot be saved for a later backward.
+    key = None if torch.is_inference_mode_enabled() else _tensor_key(edge_index)
     tag = (key, bool(self_loops), data.shape[0], data.device)
     hit = graph._derived.get(_ORDER)
     if key is not None and hit is not None and hit[0] == tag and hit[1]() is edge_index:
@@ -832,8 +833,10 @@ def _folded_edge_scores(ea: Tensor, weight: Tensor, att: Tensor, heads: int) -> 
     so that the ``E × heads·C`` projection PyG stores (and its gradient) never exists. The same
     sums, reassociated; the gradients of ``W_e`` and ``a`` flow through the fold."""
     acc = torch.promote_types(ea.dtype, torch.float32)
-    folded = (weight.to(acc).view(heads, -1, weight.shape[1]) * att.to(acc).view(heads, -1, 1)).sum(1)
-    return ea.to(acc) @ folded.t()
+    w = weight.to(acc).reshape(heads, -1, weight.shape[1])
+    folded = (w * att.to(acc).reshape(heads, -1, 1)).sum(1)
+    with torch.autocast(device_type=ea.device.type, enabled=False):  # float32, also in autocast
+        return ea.to(acc) @ folded.t()
 
 
 def _edge_attr_used(layer: str, edge_attr: Optional[Tensor], lin_edge: Any) -> Optional[Tensor]:
