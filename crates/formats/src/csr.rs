@@ -1,8 +1,8 @@
 //! Compressed sparse row storage of the attention mask, and its coordinate (COO) twin.
 //!
 //! Both hold an `n_rows × n_cols` pattern with optional f32 values. Column indices are `u32`;
-//! row offsets are `u32` too, so a matrix holds at most `u32::MAX` entries and a larger one is
-//! refused with [`Error::TooManyEntries`] rather than wrapped around.
+//! row offsets are `u32` too, so a matrix holds at most [`MAX_NNZ`] (`u32::MAX − 255`) entries
+//! and a larger one is refused with [`Error::TooManyEntries`] rather than wrapped around.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -12,8 +12,10 @@ use crate::alloc;
 use crate::error::{Error, Result};
 use crate::offsets::{check_len, split_rows_mut};
 
-/// The largest number of stored entries (32-bit row offsets).
-pub const MAX_NNZ: u64 = u32::MAX as u64;
+/// The largest number of stored entries: 32-bit row offsets, less 255 so that the kernels
+/// that step through a row's edges a few at a time in `u32` (`e += 4`, the next step's
+/// indices at `e + 4 .. e + 7`) never wrap past `u32::MAX`.
+pub const MAX_NNZ: u64 = u32::MAX as u64 - 255;
 /// The largest number of rows or columns (32-bit indices; `u32::MAX` itself is kept free as a
 /// marker for padding slots in the blocked formats).
 pub const MAX_DIM: u64 = u32::MAX as u64 - 1;

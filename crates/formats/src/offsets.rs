@@ -8,7 +8,7 @@ use crate::csr::MAX_NNZ;
 use crate::error::{Error, Result};
 
 /// The CSR row offsets of rows with `counts` edges each; [`Error::TooManyEntries`] past
-/// `u32::MAX` edges.
+/// [`MAX_NNZ`] edges.
 pub(crate) fn offsets_from_counts(counts: &[u32]) -> Result<Vec<u32>> {
     let mut offsets = Vec::with_capacity(counts.len() + 1);
     offsets.push(0u32);
@@ -178,11 +178,12 @@ mod tests {
     fn edge_count_limit() {
         assert_eq!(offsets_from_counts(&[]).unwrap(), vec![0]);
         assert_eq!(offsets_from_counts(&[2, 0, 3]).unwrap(), vec![0, 2, 2, 5]);
-        assert!(offsets_from_counts(&[u32::MAX]).is_ok());
-        let err = offsets_from_counts(&[u32::MAX, 0, 1]).unwrap_err();
+        let most = MAX_NNZ as u32;
+        assert!(offsets_from_counts(&[most - 1, 0, 1]).is_ok());
+        let err = offsets_from_counts(&[most, 0, 1]).unwrap_err();
         assert!(matches!(
             err,
-            Error::TooManyEntries { nnz, limit } if nnz == 1 << 32 && limit == MAX_NNZ
+            Error::TooManyEntries { nnz, limit } if nnz == MAX_NNZ + 1 && limit == MAX_NNZ
         ));
     }
 
