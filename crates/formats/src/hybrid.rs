@@ -18,8 +18,8 @@
 //! `cd_columns`, original column ids in increasing order). Every edge of the graph lands in
 //! exactly one of the two ([`HybridSplit::to_csr`] rebuilds the matrix exactly).
 //!
-//! [`HybridSplit::units`] cuts the windows into work units of bounded cost for a persistent
-//! kernel's work queue, largest first.
+//! The kernels' work units (windows cut to a bounded cost, largest first) are made from a split
+//! by spattn-ops (`HybridUnits`).
 //!
 //! ```
 //! use spattn_formats::{Csr, HybridBlocks};
