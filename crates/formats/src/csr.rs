@@ -12,9 +12,8 @@ use crate::alloc;
 use crate::error::{Error, Result};
 use crate::offsets::{check_len, split_rows_mut};
 
-/// The largest number of stored entries: 32-bit row offsets, less 255 so that the kernels
-/// that step through a row's edges a few at a time in `u32` (`e += 4`, the next step's
-/// indices at `e + 4 .. e + 7`) never wrap past `u32::MAX`.
+/// The largest number of stored entries: 32-bit row offsets, less 255 so that kernels stepping
+/// through edges a few at a time in `u32` (`e += 4`) never wrap past `u32::MAX`.
 pub const MAX_NNZ: u64 = u32::MAX as u64 - 255;
 /// The largest number of rows or columns (32-bit indices; `u32::MAX` itself is kept free as a
 /// marker for padding slots in the blocked formats).
