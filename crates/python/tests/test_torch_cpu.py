@@ -323,6 +323,45 @@ def test_edge_features_train_after_inference_mode_on_the_same_edge_index(gen):
     assert layer.lin_edge.weight.grad is not None and layer.att_edge.grad is not None
 
 
+@pytest.mark.skipif(pyg_nn is None, reason="torch_geometric is not installed")
+@pytest.mark.parametrize("name", ["GATConv", "GATv2Conv", "TransformerConv"])
+def test_edge_rows_kept_for_attributes_without_gradient(gen, name, monkeypatch):
+    # Attributes that take no gradient: their filled, ordered rows are kept on the graph, so
+    # a second layer (or call) on the same tensors builds nothing; changed attributes are seen.
+    import spattn.nn as snn
+
+    ei = random_edge_index(gen)
+    ei = torch.cat([ei, torch.tensor([[3, 7], [3, 7]])], dim=1)  # loops a GAT layer replaces
+    ei = torch.unique(ei, dim=1)
+    ei = ei[:, torch.randperm(ei.shape[1], generator=gen)]
+    x = torch.randn(24, 5, dtype=torch.float64, generator=gen)
+    attr = torch.randn(ei.shape[1], 3, dtype=torch.float64, generator=gen)
+    kw = {"heads": 2, "edge_dim": 3}
+    theirs = getattr(pyg_nn, name)(5, 4, **kw).double()
+    ours = getattr(snn, name)(5, 4, **kw).double()
+    ours.load_state_dict(theirs.state_dict())
+    built = []
+    order = snn._edges_in_csr_order
+    monkeypatch.setattr(snn, "_edges_in_csr_order", lambda *a: built.append(1) or order(*a))
+    for _ in range(2):
+        out = ours(x, ei, attr)
+        out.sum().backward()
+        torch.testing.assert_close(out, theirs(x, ei, attr), rtol=1e-10, atol=1e-12)
+    assert len(built) == 1  # ordered once for both calls
+    attr.mul_(-2.0)  # in place: a new version, rows built again
+    torch.testing.assert_close(ours(x, ei, attr), theirs(x, ei, attr), rtol=1e-10, atol=1e-12)
+    assert len(built) == 2
+    grad = attr.clone().requires_grad_()  # takes a gradient: never kept
+    ours(x, ei, grad).sum().backward()
+    ours(x, ei, grad).sum().backward()
+    assert len(built) == 4 and grad.grad is not None
+    graph = snn.graph_for(ei, 24, name != "TransformerConv")
+    ours(x, ei, attr)
+    assert snn._ROWS in graph._derived
+    del attr
+    assert snn._ROWS not in graph._derived  # forgotten with the attributes
+
+
 def test_gat_edge_scores_stay_float32_under_autocast(gen):
     from spattn.nn import _folded_edge_scores
 

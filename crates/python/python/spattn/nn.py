@@ -313,6 +313,44 @@ def _edges_in_csr_order(ref: Any, edge_index: Any, data: Tensor, self_loops: boo
     return torch.ops.spattn.edge_scatter(ref, data, positions)
 
 
+def _edge_rows(graph: Any, edge_index: Any, edge_attr: Tensor, self_loops: bool, fill_value: Any,
+               build: Any) -> Tensor:
+    """``edge_attr``'s rows in the graph's CSR order: ``build()`` gives them in
+    ``edge_index``'s order (with ``self_loops``, followed by the loops' rows), moved by
+    :func:`_edges_in_csr_order`. The layers order the attributes, then project them (a row-wise
+    map, which commutes with the order): ``edge_dim``-wide rows move, not the projections.
+    Attributes that take no gradient give constant rows, kept on the graph for the pair of
+    tensors (as long as ``edge_attr`` lives): a model's layers, and full-graph training's
+    epochs, fill the loops and order the rows once."""
+    keep = (isinstance(graph, Graph) and isinstance(edge_index, Tensor)
+            and not edge_attr.requires_grad and not torch.is_inference_mode_enabled()
+            and not isinstance(fill_value, Tensor))
+    if keep:
+        tag = (_tensor_key(edge_attr), _tensor_key(edge_index), bool(self_loops),
+               fill_value if self_loops else None)
+        keep = tag[0] is not None and tag[1] is not None  # inference tensors track no version
+    if keep:
+        hit = graph._derived.get(_ROWS)
+        if hit is not None and hit[0] == tag and hit[1]() is edge_attr and hit[2]() is edge_index:
+            return hit[3]
+    rows = _edges_in_csr_order(graph, edge_index, build(), self_loops)
+    if keep:
+        graph._derived[_ROWS] = entry = [tag, None, weakref.ref(edge_index), rows]
+        graph_ref = weakref.ref(graph)
+
+        def forget(_: Any) -> None:  # edge_attr is gone: so are the rows kept for it
+            g = graph_ref()
+            if g is not None and g._derived.get(_ROWS) is entry:
+                del g._derived[_ROWS]
+
+        entry[1] = weakref.ref(edge_attr, forget)
+    return rows
+
+
+# The key of the kept edge rows (_edge_rows) in a graph's derived data.
+_ROWS = "nn.edge_rows"
+
+
 def edge_positions_impl(graph: Graph, edge_index: Tensor, data: Tensor, self_loops: bool) -> Tensor:
     """Where each row of per-edge ``data`` goes in the graph's CSR order, on ``data``'s device:
     the input's edges (-1 for an input self loop that an added one replaces) and, with
@@ -607,7 +645,8 @@ class TransformerConv(torch.nn.Module):
         features = None
         if self.lin_edge is not None:
             _check_edge_rows(name, edge_index, edge_attr)
-            features = _edges_in_csr_order(graph, edge_index, self.lin_edge(edge_attr).view(-1, H, C))
+            ea = _edge_rows(graph, edge_index, edge_attr, False, None, lambda: edge_attr)
+            features = self.lin_edge(ea).view(-1, H, C)
         res = _sparse_attention(
             graph, query, key, value, 1.0 / math.sqrt(C), None, features, rate, None, want,
             self.algorithm,
@@ -818,10 +857,10 @@ class GATConv(torch.nn.Module):
         """⟨lin_edge(e_ij), att_edge⟩ per edge and head in the graph's CSR order; with self
         loops, PyG's: the input's self loops dropped, one per node added with ``fill_value``
         (computed for every input edge and loop, then placed: no host synchronisation)."""
-        ea = _edge_attr_with_loops(name, edge_index, edge_attr, n, self.add_self_loops,
-                                   self.fill_value)
-        scores = _folded_edge_scores(ea, self.lin_edge.weight, self.att_edge, self.heads)
-        return _edges_in_csr_order(graph, edge_index, scores, self.add_self_loops)
+        ea = _edge_rows(graph, edge_index, edge_attr, self.add_self_loops, self.fill_value,
+                        lambda: _edge_attr_with_loops(name, edge_index, edge_attr, n,
+                                                      self.add_self_loops, self.fill_value))
+        return _folded_edge_scores(ea, self.lin_edge.weight, self.att_edge, self.heads)
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
@@ -1085,10 +1124,10 @@ class GATv2Conv(torch.nn.Module):
         graph = _graph_ref(edge_index, n, self.add_self_loops)
         features = None
         if edge_attr is not None:
-            ea = _edge_attr_with_loops(name, edge_index, edge_attr, n, self.add_self_loops,
-                                       self.fill_value)
-            features = _edges_in_csr_order(graph, edge_index, self.lin_edge(ea).view(-1, H, C),
-                                           self.add_self_loops)
+            ea = _edge_rows(graph, edge_index, edge_attr, self.add_self_loops, self.fill_value,
+                            lambda: _edge_attr_with_loops(name, edge_index, edge_attr, n,
+                                                          self.add_self_loops, self.fill_value))
+            features = self.lin_edge(ea).view(-1, H, C)
         rate = self.dropout if self.training else 0.0
         out = _gatv2_attention(graph, x_l, x_r, self.att, self.negative_slope, features, rate,
                                None)
