@@ -314,9 +314,9 @@ def _edges_in_csr_order(ref: Any, edge_index: Any, data: Tensor, self_loops: boo
 
 
 def _edge_rows(graph: Any, edge_index: Any, edge_attr: Tensor, self_loops: bool, fill_value: Any,
-               build: Any) -> Tensor:
-    """``edge_attr``'s rows in the graph's CSR order: ``build()`` gives them in
-    ``edge_index``'s order (with ``self_loops``, followed by the loops' rows), moved by
+               build: Any, dtype: Optional[torch.dtype] = None) -> Tensor:
+    """``edge_attr``'s rows in the graph's CSR order (as ``dtype`` if given): ``build()`` gives
+    them in ``edge_index``'s order (with ``self_loops``, followed by the loops' rows), moved by
     :func:`_edges_in_csr_order`. The layers order the attributes, then project them (a row-wise
     map, which commutes with the order): ``edge_dim``-wide rows move, not the projections.
     Attributes that take no gradient give constant rows, kept on the graph for the pair of
@@ -327,13 +327,15 @@ def _edge_rows(graph: Any, edge_index: Any, edge_attr: Tensor, self_loops: bool,
             and not isinstance(fill_value, Tensor))
     if keep:
         tag = (_tensor_key(edge_attr), _tensor_key(edge_index), bool(self_loops),
-               fill_value if self_loops else None)
+               fill_value if self_loops else None, dtype)
         keep = tag[0] is not None and tag[1] is not None  # inference tensors track no version
     if keep:
         hit = graph._derived.get(_ROWS)
         if hit is not None and hit[0] == tag and hit[1]() is edge_attr and hit[2]() is edge_index:
             return hit[3]
     rows = _edges_in_csr_order(graph, edge_index, build(), self_loops)
+    if dtype is not None:
+        rows = rows.to(dtype)
     if keep:
         graph._derived[_ROWS] = entry = [tag, None, weakref.ref(edge_index), rows]
         graph_ref = weakref.ref(graph)
@@ -857,9 +859,11 @@ class GATConv(torch.nn.Module):
         """⟨lin_edge(e_ij), att_edge⟩ per edge and head in the graph's CSR order; with self
         loops, PyG's: the input's self loops dropped, one per node added with ``fill_value``
         (computed for every input edge and loop, then placed: no host synchronisation)."""
+        # Kept in float32, the precision of the folded product.
+        acc = torch.promote_types(edge_attr.dtype, torch.float32)
         ea = _edge_rows(graph, edge_index, edge_attr, self.add_self_loops, self.fill_value,
                         lambda: _edge_attr_with_loops(name, edge_index, edge_attr, n,
-                                                      self.add_self_loops, self.fill_value))
+                                                      self.add_self_loops, self.fill_value), acc)
         return _folded_edge_scores(ea, self.lin_edge.weight, self.att_edge, self.heads)
 
     def __repr__(self) -> str:
