@@ -39,7 +39,9 @@ use spattn_ops::backward::{
 };
 use spattn_ops::cpu::{self, AttentionInputs};
 use spattn_ops::graph::DeviceGraph;
-use spattn_ops::{csr_ops, DType, DeviceCsr, DeviceMatrix, DeviceVec, ExternalVec, Gpu, Shape};
+use spattn_ops::{
+    csr_ops, DType, DeviceCsr, DeviceMatrix, DeviceVec, Dropout, ExternalVec, Gpu, Shape,
+};
 
 use crate::error::{Error, Result};
 use crate::extras::Extras;
@@ -645,13 +647,13 @@ impl AttentionPlan {
         read_d_scale(read_scale, ws.d_scale())
     }
 
-    /// The backward with edge features alone (no bias, no dropout) on the fused backward's two
-    /// passes (the caller checked [`FusedBackward::supports`] for the head): writes dQ, dK, dV
-    /// and ∂L/∂E, and returns ∂L/∂scale where `read_scale`.
+    /// The backward with edge features (and the forward's dropout, if any; no bias) on the fused
+    /// backward's two passes (the caller checked [`FusedBackward::supports`] for the head):
+    /// writes dQ, dK, dV and ∂L/∂E, and returns ∂L/∂scale where `read_scale`.
     pub(crate) fn fused_edge_features_backward<T: DType>(
         &self,
         operands: [&DeviceMatrix<T>; 4],
-        edge_features: &DeviceMatrix<T>,
+        (edge_features, dropout): (&DeviceMatrix<T>, Option<&Dropout>),
         [dq, dk, dv, d_ef]: [&mut DeviceMatrix<T>; 4],
         read_scale: bool,
     ) -> Result<Option<f32>> {
@@ -670,6 +672,7 @@ impl AttentionPlan {
             [dq, dk, dv],
             edge_features,
             d_ef,
+            dropout,
         )?;
         read_d_scale(read_scale, ws.d_scale())
     }

@@ -28,7 +28,8 @@
 //! edge features will come: f16 and bf16 plans then take fused-tc, faster with a bias and
 //! dropout. The backward ([`AttentionPlan::backward_with_extras`]) runs the tensor-core passes
 //! for a per-head bias and dropout on f16 / bf16 heads of a multiple of 8 up to 64, the fused
-//! CUDA-core passes for edge features alone, the composition otherwise
+//! CUDA-core passes for edge features without a bias (with or without dropout), the
+//! composition otherwise
 //! ([`AttentionPlan::backward_kernels_with_extras`] says which).
 //!
 //! ```
@@ -265,9 +266,9 @@ impl AttentionPlan {
     /// shared) and dropout take the tensor-core backward's three passes where they hold the
     /// head (f16 / bf16, a multiple of 8 up to 64 features; deterministic, no per-edge f32
     /// buffers: a shared bias's per-head dS goes through an `nnz × heads` scratch of `T`);
-    /// edge features alone take the fused CUDA-core backward's two passes (deterministic, no
-    /// per-edge buffers); the rest (f32, wider heads, edge features with a bias or dropout) the
-    /// per-edge composition.
+    /// edge features without a bias (dropout or not) take the fused CUDA-core backward's two
+    /// passes (deterministic, no per-edge feature-sized buffers); the rest (f32 or wider heads
+    /// with a bias or dropout alone, edge features with a bias) the per-edge composition.
     ///
     /// Errors: as [`forward_with`](Self::forward_with); [`Error::InvalidConfig`] where
     /// `grads` lacks the bias's or the edge features' gradient the forward's extras need.
@@ -305,8 +306,8 @@ impl AttentionPlan {
     /// `T` on this plan: [`BackwardKernels::TensorCore`] for a bias (per head or shared) and /
     /// or dropout (or neither) without edge features where the tensor-core backward holds the
     /// head (f16 / bf16, a multiple of 8 up to 64 features, sm_80 and later),
-    /// [`BackwardKernels::Fused`] for edge
-    /// features alone where the fused CUDA-core backward holds the head, else
+    /// [`BackwardKernels::Fused`] for edge features without a bias (dropout or not) where the
+    /// fused CUDA-core backward holds the head, else
     /// [`BackwardKernels::Unfused`] (the per-edge composition). The first two are bitwise
     /// deterministic and keep no per-edge feature-sized buffers (the fused one keeps a score
     /// pair per edge and head with edge features). A CPU plan answers `Unfused`.
@@ -314,11 +315,10 @@ impl AttentionPlan {
         &self,
         extras: &Extras<'_, T>,
     ) -> BackwardKernels {
-        let any = extras.bias.is_some() || extras.dropout.is_some();
         if extras.edge_features.is_none() && self.tensor_core_backward_runs::<T>() {
             return BackwardKernels::TensorCore;
         }
-        if !any
+        if extras.bias.is_none()
             && extras.edge_features.is_some()
             && self.is_gpu()
             && FusedBackward::supports::<T>(self.shape_q().head_dim)
@@ -380,7 +380,7 @@ impl AttentionPlan {
                         .ok_or_else(|| need("d_edge_features"))?;
                     return self.fused_edge_features_backward(
                         [q, k, v, d_out],
-                        f,
+                        (f, extras.dropout.as_ref()),
                         [grads.dq, grads.dk, grads.dv, df],
                         read_scale,
                     );

@@ -418,13 +418,13 @@ fn gpu_unfused_csr_with_every_extra_matches_the_f64_reference() {
     }
 }
 
-/// Edge features alone (no bias, no dropout) take the fused backward's two passes with the
-/// features (`FusedBackward::run_with_edge_features`): every gradient against the f64 reference
-/// on hub rows and columns split across units, every dtype, heads of 1 to 520 features (520:
-/// the per-edge composition), and two runs bitwise equal.
+/// Edge features without a bias, with or without dropout, take the fused backward's two passes
+/// with the features (`FusedBackward::run_with_edge_features`): every gradient against the f64
+/// reference on hub rows and columns split across units, every dtype, heads of 1 to 520
+/// features (520: the per-edge composition), and two runs bitwise equal.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
-fn gpu_edge_features_alone_take_the_fused_backward() {
+fn gpu_edge_features_take_the_fused_backward() {
     let gpu = gpu();
     let mut rng = fresh_rng("gpu edge features fused backward");
     let graphs = [
@@ -434,10 +434,18 @@ fn gpu_edge_features_alone_take_the_fused_backward() {
     ];
     let auto = (Algorithm::Auto, Reorder::Auto, None);
     for a in &graphs {
-        for (heads, d) in [(1, 1), (3, 24), (8, 64), (2, 128)] {
-            check_gpu_extras_with::<f32>(&gpu, a, auto, heads, d, None, 0.0);
-            check_gpu_extras_with::<f16>(&gpu, a, auto, heads, d, None, 0.0);
-            check_gpu_extras_with::<bf16>(&gpu, a, auto, heads, d, None, 0.0);
+        for (heads, d, rate) in [
+            (1, 1, 0.0),
+            (3, 24, 0.0),
+            (8, 64, 0.0),
+            (2, 128, 0.0),
+            (1, 8, 0.3),
+            (3, 24, 0.5),
+            (8, 64, 0.1),
+        ] {
+            check_gpu_extras_with::<f32>(&gpu, a, auto, heads, d, None, rate);
+            check_gpu_extras_with::<f16>(&gpu, a, auto, heads, d, None, rate);
+            check_gpu_extras_with::<bf16>(&gpu, a, auto, heads, d, None, rate);
         }
     }
     // 520 features: past fused-csr's heads (Auto plans unfused-csr) and the fused backward's.
@@ -450,9 +458,9 @@ fn gpu_edge_features_alone_take_the_fused_backward() {
 }
 
 /// Two backward passes with extras give bitwise-equal gradients and ∂L/∂scale, on the kernels
-/// `backward_kernels_with_extras` names: edge features alone (`features`; the fused CUDA-core
-/// passes) or a bias with dropout, per head and shared (the tensor-core passes on f16 / bf16
-/// heads they hold, for both layouts).
+/// `backward_kernels_with_extras` names: edge features alone and with dropout (`features`; the
+/// fused CUDA-core passes) or a bias with dropout, per head and shared (the tensor-core passes
+/// on f16 / bf16 heads they hold, for both layouts).
 fn check_extras_deterministic<T: DType>(
     gpu: &Gpu,
     a: &Csr,
@@ -477,27 +485,29 @@ fn check_extras_deterministic<T: DType>(
     let one_bias = DeviceVec::from_host(gpu, &random_vec::<T>(&mut rng, a.nnz(), 1.0)).unwrap();
     let config = AttentionConfig::new(heads, d, T::KIND).with_edge_extras(true);
     let plan = AttentionPlan::new_gpu(gpu, a, config).unwrap();
-    let with = |shared: bool| Extras {
+    let with = |shared: bool, drop: bool| Extras {
         bias: (!features).then_some(if shared {
             DeviceBias::Shared(&one_bias)
         } else {
             DeviceBias::PerHead(&bias)
         }),
         edge_features: features.then_some(&f),
-        dropout: (!features).then(|| Dropout::new(0.3, 11, 5).unwrap()),
+        dropout: drop.then(|| Dropout::new(0.3, 11, 5).unwrap()),
     };
-    for shared in if features {
-        &[false][..]
+    // (shared bias, dropout): features without and with dropout; a bias with dropout.
+    let cases: &[(bool, bool)] = if features {
+        &[(false, false), (false, true)]
     } else {
-        &[false, true]
-    } {
-        let extras = with(*shared);
+        &[(false, true), (true, true)]
+    };
+    for &(shared, drop) in cases {
+        let extras = with(shared, drop);
         let what = format!(
-            "{} H{heads} D{d} features {features} shared {shared}",
+            "{} H{heads} D{d} features {features} shared {shared} dropout {drop}",
             T::NAME
         );
         assert_eq!(plan.backward_kernels_with_extras(&extras), expect, "{what}");
-        let bias_len = if *shared { a.nnz() } else { bias.len() };
+        let bias_len = if shared { a.nnz() } else { bias.len() };
         check_runs_equal(
             gpu,
             &plan,

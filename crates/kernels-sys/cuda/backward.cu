@@ -530,7 +530,9 @@ struct Units {
 
 // EF: edge features, row e of ef (nnz x heads x head_dim) added to the key and the value of A's
 // edge e (CSR position e): k' = k_j + e_ij, v' = v_j + e_ij in every formula above; each
-// edge's raw score and dP go to edge_sd[e * heads + h] for the column pass.
+// edge's raw score and dP go to edge_sd[e * heads + h] for the column pass. With dropout (EF
+// only; `keep` A's kept bits, null without): dP = f <dOut_i, v'> with f = kept_factor, the
+// forward having aggregated P f v'.
 template <class T, int VEC, int NV, int TILE, bool EF>
 __device__ __forceinline__ void backward_row_pass(
     Units un, const u32* __restrict__ col_indices, const T* __restrict__ q,
@@ -538,7 +540,7 @@ __device__ __forceinline__ void backward_row_pass(
     u32 head_dim, float scale, u32 g, T* __restrict__ dq, float2* __restrict__ stats,
     float* part_stats, float* part_acc, u32* counters, u32 n_split, float* split_dscale,
     float* block_dscale, u32* block_counter, double* d_scale, const T* __restrict__ ef,
-    float2* __restrict__ edge_sd) {
+    float2* __restrict__ edge_sd, const u32* __restrict__ keep, float keep_scale) {
     __shared__ float scratch[32];
     __shared__ double scratch64[32];
     const u32 mask = group_mask(g), lane = lane_id() & (g - 1u);
@@ -581,9 +583,12 @@ __device__ __forceinline__ void backward_row_pass(
             for (int t = 0; t < TILE; ++t) {
                 r[t] = group_sum(dot_lanes<VEC, NV>(qv, kk[t]), mask, g);
                 dp[t] = group_sum(dot_lanes<VEC, NV>(dov, vv[t]), mask, g);
-                if constexpr (EF)
+                if constexpr (EF) {
+                    dp[t] *= kept_factor(keep, (u64)(e + t < end ? e + t : e) * heads + h,
+                                         keep_scale);
                     if (lane == 0u && e + t < end)
                         edge_sd[(u64)(e + t) * heads + h] = make_float2(r[t], dp[t]);
+                }
             }
             float mt = m;
 #pragma unroll
@@ -669,15 +674,17 @@ __device__ __forceinline__ void backward_row_pass(
 
 // EF: A^T's entry e is A's edge t_to_a[e]; its raw score and dP come from the row pass
 // (edge_sd: no feature row read, no dot product here), and its gradient
-// dE = scale dS q_i + P dOut_i is written to row t_to_a[e] of d_ef (each edge by the one unit
-// holding it: no sums across units).
+// dE = scale dS q_i + P f dOut_i is written to row t_to_a[e] of d_ef (each edge by the one unit
+// holding it: no sums across units); f the edge's dropout factor (keep, A's order; 1 without),
+// which weighs dV's terms too.
 template <class T, int VEC, int NV, int TILE, bool EF>
 __device__ __forceinline__ void backward_col_pass(
     Units un, const u32* __restrict__ row_indices, const T* __restrict__ q,
     const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ d_out, u32 heads,
     u32 head_dim, float scale, u32 g, const float2* __restrict__ stats, T* __restrict__ dk,
     T* __restrict__ dv, float* part_acc, u32* counters, const u32* __restrict__ t_to_a,
-    T* __restrict__ d_ef, const float2* __restrict__ edge_sd) {
+    T* __restrict__ d_ef, const float2* __restrict__ edge_sd, const u32* __restrict__ keep,
+    float keep_scale) {
     const u32 mask = group_mask(g), lane = lane_id() & (g - 1u);
     const u64 hd = (u64)heads * head_dim;
     const u64 group = grid_group(g), groups = grid_groups(g);
@@ -725,7 +732,9 @@ __device__ __forceinline__ void backward_col_pass(
                 }
                 const float p = e + t < end ? __expf(scale * r - st[t].x) : 0.0f;
                 const float ds = p * (dp - st[t].y);
-                axpby<VEC, NV>(adv, 1.0f, oo[t], p);
+                float pf = p;
+                if constexpr (EF) pf *= kept_factor(keep, (u64)id[t] * heads + h, keep_scale);
+                axpby<VEC, NV>(adv, 1.0f, oo[t], pf);
                 axpby<VEC, NV>(adk, 1.0f, qq[t], ds);
                 if constexpr (EF) {
                     if (e + t < end) {
@@ -734,7 +743,7 @@ __device__ __forceinline__ void backward_col_pass(
                         for (int j = 0; j < NV; ++j)
 #pragma unroll
                             for (int x = 0; x < VEC; ++x)
-                                de[j][x] = fmaf(qq[t][j][x], scale * ds, oo[t][j][x] * p);
+                                de[j][x] = fmaf(qq[t][j][x], scale * ds, oo[t][j][x] * pf);
                         store_head<T, VEC, NV>(d_ef + (u64)id[t] * hd + head_off, on, feat, de,
                                                1.0f);
                     }
@@ -944,32 +953,33 @@ __device__ __forceinline__ void gat_backward_col_pass(
         const u32 *part_first, u32 n_units
 #define SPATTN_BWD_UNITS {unit_rows, unit_starts, unit_slots, unit_parts, part_first, n_units}
 
-// Every pass takes the edge-feature arguments (ef, edge_sd; t_to_a, d_ef, edge_sd), used by
-// the EF kernels (`_ef` in the name) only (the row pass writes edge_sd, the column pass reads
-// it), null for the others.
+// Every pass takes the edge-feature arguments (ef, edge_sd; t_to_a, d_ef, edge_sd) and the
+// dropout's kept bits and scale, used by the EF kernels (`_ef` in the name) only (the row pass
+// writes edge_sd, the column pass reads it), null for the others.
 #define SPATTN_BACKWARD_FUSED_K(NAME_R, NAME_C, T, VEC, NV, TILE, MINB, EF)                    \
     extern "C" __global__ void __launch_bounds__(256, MINB) NAME_R(                            \
         SPATTN_BWD_UNITS_ARGS, const u32* col_indices, const T* q, const T* k, const T* v,     \
         const T* d_out, u32 heads, u32 head_dim, float scale, u32 g, T* dq, float2* stats,     \
         float* part_stats, float* part_acc, u32* counters, u32 n_split, float* split_dscale,   \
         float* block_dscale, u32* block_counter, double* d_scale, const T* ef,                 \
-        float2* edge_sd) {                                                                     \
+        float2* edge_sd, const u32* keep, float keep_scale) {                                  \
         const Units un = SPATTN_BWD_UNITS;                                                     \
         backward_row_pass<T, VEC, NV, TILE, EF>(un, col_indices, q, k, v, d_out, heads,        \
                                                 head_dim, scale, g, dq, stats, part_stats,     \
                                                 part_acc, counters, n_split, split_dscale,     \
                                                 block_dscale, block_counter, d_scale, ef,      \
-                                                edge_sd);                                      \
+                                                edge_sd, keep, keep_scale);                    \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(256, MINB) NAME_C(                            \
         SPATTN_BWD_UNITS_ARGS, const u32* row_indices, const T* q, const T* k, const T* v,     \
         const T* d_out, u32 heads, u32 head_dim, float scale, u32 g, const float2* stats,      \
         T* dk, T* dv, float* part_acc, u32* counters, const u32* t_to_a, T* d_ef,              \
-        const float2* edge_sd) {                                                               \
+        const float2* edge_sd, const u32* keep, float keep_scale) {                            \
         const Units un = SPATTN_BWD_UNITS;                                                     \
         backward_col_pass<T, VEC, NV, TILE, EF>(un, row_indices, q, k, v, d_out, heads,        \
                                                 head_dim, scale, g, stats, dk, dv, part_acc,   \
-                                                counters, t_to_a, d_ef, edge_sd);              \
+                                                counters, t_to_a, d_ef, edge_sd, keep,         \
+                                                keep_scale);                                   \
     }
 // Edges per step and the blocks per SM asked of the register allocator, by features a lane
 // (docs/kernels/backward.md, "Tried"): 4 or fewer take one edge a step at 6 blocks (42

@@ -25,7 +25,10 @@
 //! **Edge features** ([`FusedBackward::run_with_edge_features`]): the row pass adds each edge's
 //! feature row to its key and value and leaves the edge's raw score and dP (two f32 per edge and
 //! head, `nnz × heads` pairs: a sixteenth of the features' bytes at 64 f16 features); the column
-//! pass reads those instead of the feature row and writes ∂L/∂E per edge.
+//! pass reads those instead of the feature row and writes ∂L/∂E per edge. With attention
+//! dropout as well, the kept elements are drawn once per call into a bit mask in A's order (the
+//! forward's draws), which the row pass reads in sequence (`dP = f ⟨dOut_i, v'⟩`) and the column
+//! pass per entry through Aᵀ's edge map (`f P` in dV and ∂L/∂E).
 //!
 //! Shapes ([`FusedBackward::supports`]): a group of up to 32 lanes holds a head, one vector of
 //! up to 16 bytes a lane, or up to 16 features a lane in 16-byte vectors: head_dim up to 512 in
@@ -60,6 +63,7 @@ use spattn_kernels_sys::BACKWARD;
 
 use crate::buffer::{grown, DeviceMatrix, DeviceVec};
 use crate::device_csr::DeviceCsr;
+use crate::dropout::{Dropout, DropoutWords};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
@@ -70,6 +74,7 @@ use crate::launch::{
 use crate::schedule::{group_for, vector_width};
 use crate::shape::Shape;
 
+use super::gat_rows::{draw_keep_bits, dropout_mask_words};
 use super::DeviceTranspose;
 
 /// Threads per block of both passes.
@@ -141,6 +146,9 @@ pub struct FusedBackward {
     /// With edge features: each edge's raw score and dP per head (at least `nnz × heads × 2`),
     /// left by the row pass for the column pass; grown by the runs with features.
     edge_sd: Option<DeviceVec<f32>>,
+    /// With edge features and dropout: the kept bits of A's elements (`edge · heads + head`),
+    /// drawn by each such run; grown by them.
+    keep: Option<DeviceVec<u32>>,
 }
 
 impl FusedBackward {
@@ -184,6 +192,7 @@ impl FusedBackward {
             block_counter: DeviceVec::zeros(gpu, 1)?,
             d_scale: DeviceVec::zeros(gpu, 1)?,
             edge_sd: None,
+            keep: None,
         })
     }
 
@@ -215,6 +224,7 @@ impl FusedBackward {
             + self.block_counter.allocated_bytes()
             + self.d_scale.allocated_bytes()
             + self.edge_sd.as_ref().map_or(0, DeviceVec::allocated_bytes)
+            + self.keep.as_ref().map_or(0, DeviceVec::allocated_bytes)
     }
 
     /// The gradients of `out = softmax_row(scale · Q Kᵀ masked by A) · V`: from `[Q, K, V,
@@ -247,10 +257,12 @@ impl FusedBackward {
     /// dV and ∂L/∂scale. The row pass reads each edge's feature row and leaves its score and dP
     /// for the column pass (the workspace grows by `nnz × heads × 2` f32 on the first call with
     /// features); still deterministic (each edge's ∂L/∂E is written by the one unit of Aᵀ that
-    /// holds it).
+    /// holds it). With `dropout` (the forward's: the same seed and offset), the gradients of the
+    /// forward that aggregated `P · f · v'`, `f` each element's dropout factor: the kept bits are
+    /// drawn into the workspace (`nnz × heads` bits, grown on the first such call).
     ///
     /// Errors: as [`run`](Self::run), [`Error::ShapeMismatch`] for the edge features or their
-    /// gradient, and [`Error::OutOfMemory`] for the pairs.
+    /// gradient, and [`Error::OutOfMemory`] for the pairs and the bits.
     #[allow(clippy::too_many_arguments)]
     pub fn run_with_edge_features<T: DType>(
         &mut self,
@@ -262,6 +274,7 @@ impl FusedBackward {
         grads: [&mut DeviceMatrix<T>; 3],
         edge_features: &DeviceMatrix<T>,
         d_edge_features: &mut DeviceMatrix<T>,
+        dropout: Option<&Dropout>,
     ) -> Result<()> {
         self.run_inner(
             gpu,
@@ -270,7 +283,7 @@ impl FusedBackward {
             scale,
             operands,
             grads,
-            Some((edge_features, d_edge_features)),
+            Some((edge_features, d_edge_features, dropout)),
         )
     }
 
@@ -283,7 +296,7 @@ impl FusedBackward {
         scale: f32,
         operands: [&DeviceMatrix<T>; 4],
         [dq, dk, dv]: [&mut DeviceMatrix<T>; 3],
-        edge: Option<(&DeviceMatrix<T>, &mut DeviceMatrix<T>)>,
+        edge: Option<(&DeviceMatrix<T>, &mut DeviceMatrix<T>, Option<&Dropout>)>,
     ) -> Result<()> {
         let [q, k, v, d_out] = operands;
         check_transpose(a, t)?;
@@ -321,16 +334,33 @@ impl FusedBackward {
         }
         check_same_gpu(gpu, "workspace", &self.stats)?;
         let has_ef = edge.is_some();
-        let (ef, d_ef) = match edge {
-            Some((ef, d_ef)) => {
+        let (ef, d_ef, dropout) = match edge {
+            Some((ef, d_ef, dropout)) => {
                 let se = Shape::new(a.nnz(), self.heads, self.head_dim)?;
                 se.expect_eq("edge_features", ef.shape())?;
                 se.expect_eq("d_edge_features", d_ef.shape())?;
                 check_same_gpu(gpu, "edge_features", ef)?;
                 check_same_gpu(gpu, "d_edge_features", &*d_ef)?;
-                (Some(ef), Some(d_ef))
+                (Some(ef), Some(d_ef), dropout)
             }
-            None => (None, None),
+            None => (None, None, None),
+        };
+        // The kept bits in A's order (none without dropout, or without an element to keep).
+        let drop = DropoutWords::of(dropout);
+        let words = dropout_mask_words(a.nnz(), self.heads)?;
+        let keep = if drop.threshold != 0 && words > 0 {
+            let bits = grown(gpu, &mut self.keep, "dropout mask", words)?;
+            draw_keep_bits(
+                gpu,
+                a,
+                self.heads,
+                None,
+                &drop,
+                &mut bits.slice_mut().slice_mut(..words),
+            )?;
+            self.keep.as_ref()
+        } else {
+            None
         };
         // Aᵀ's entries' edges of A (made once per transpose), for the edge features' rows, and
         // the edges' (score, dP) pairs from the row pass to the column pass.
@@ -385,7 +415,9 @@ impl FusedBackward {
             .arg(self.block_counter.slice_mut())
             .arg(self.d_scale.slice_mut())
             .arg_or_null(ef.map(DeviceMatrix::as_vec))
-            .arg_or_null_mut(edge_sd);
+            .arg_or_null_mut(edge_sd)
+            .arg_or_null(keep)
+            .arg(&drop.scale);
         // SAFETY: the kernel reads A's schedule (n_units units, starts n_units + 1, slots and
         // partials per unit, first partials per split row + 1; built with the CSR) and
         // col_indices[starts[u]..starts[u+1]) ⊂ [0, nnz); Q and dOut rows < n_rows, K and V rows
@@ -398,7 +430,8 @@ impl FusedBackward {
         // `new` for a graph of these sizes (`sized_for`, checked above). With edge features
         // (the `_ef` kernel only) it reads their row e < nnz for each edge e it walks
         // (nnz × heads × head_dim, checked) and writes edge_sd at (e, head) < nnz*heads (x2
-        // floats; grown to at least that above).
+        // floats; grown to at least that above); with dropout, bit e*heads + head of keep (at
+        // least dropout_mask_words(nnz, heads) words, grown and drawn above).
         unsafe { launch(name, &mut args, cfg) }?;
 
         // Column pass over Aᵀ.
@@ -420,14 +453,17 @@ impl FusedBackward {
             .arg(self.col_counters.slice_mut())
             .arg_or_null(t_to_a)
             .arg_or_null_mut(d_ef.map(DeviceMatrix::as_vec_mut))
-            .arg_or_null(self.edge_sd.as_ref().filter(|_| has_ef));
+            .arg_or_null(self.edge_sd.as_ref().filter(|_| has_ef))
+            .arg_or_null(keep)
+            .arg(&drop.scale);
         // SAFETY: as the row pass, on Aᵀ's schedule and columns: Aᵀ's entries are rows of A
         // (< n_rows: Q, dOut and stats rows), its units' rows are columns of A (< n_cols: K, V,
         // dK, dV rows); partials and counters sized by `new` from Aᵀ's schedule. With edge
         // features (the `_ef` kernel only) entry e's edge t_to_a[e] < nnz (the inverse of the
         // edge map, a permutation of 0..nnz, nnz entries) selects the pair read from edge_sd
         // (at least nnz × heads pairs, grown above and written by the row pass) and the row
-        // written in the features' gradient (nnz × heads × head_dim, checked).
+        // written in the features' gradient (nnz × heads × head_dim, checked), and with dropout
+        // the bit t_to_a[e]*heads + head of keep (as the row pass).
         unsafe { launch(name, &mut args, cfg) }
     }
 }

@@ -122,7 +122,7 @@ fn mask_workspace<'m>(
 /// Draws `a`'s dropout mask into `bits` (one mask's words): bit `k` of word `w`, element
 /// `i = 32w + k = p·heads + h` of the order a pass walks, is whether A's element
 /// `order[p]·heads + h` is kept (`order` `None`: `p` itself, A's order).
-fn draw_keep_bits(
+pub(super) fn draw_keep_bits(
     gpu: &Gpu,
     a: &DeviceCsr,
     heads: usize,
