@@ -78,9 +78,11 @@ def test_graph_types_match_edge_index(kind, device):
 def test_edge_attr_with_an_adjacency_is_refused():
     ei = edges(20, 60, 2, "cpu")
     adj_t = torch.sparse_coo_tensor(ei.flip(0), torch.ones(ei.shape[1]), (20, 20))
-    layer = snn.TransformerConv(8, 4, edge_dim=3)
-    with pytest.raises(NotImplementedError, match="edge_attr with a sparse adjacency"):
-        layer(torch.randn(20, 8), adj_t, torch.randn(ei.shape[1], 3))
+    for layer in (snn.TransformerConv(8, 4, edge_dim=3), snn.GATConv(8, 4, edge_dim=3),
+                  snn.GATv2Conv(8, 4, edge_dim=3)):
+        for attr in (torch.randn(ei.shape[1], 3), torch.randn(ei.shape[1], 3, requires_grad=True)):
+            with pytest.raises(NotImplementedError, match="edge_attr with a sparse adjacency"):
+                layer(torch.randn(20, 8), adj_t, attr)
 
 
 def molecule_dataset(count, seed):

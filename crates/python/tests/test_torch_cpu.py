@@ -344,9 +344,11 @@ def test_edge_rows_kept_for_attributes_without_gradient(gen, name, monkeypatch):
     order = snn._edges_in_csr_order
     monkeypatch.setattr(snn, "_edges_in_csr_order", lambda *a: built.append(1) or order(*a))
     for _ in range(2):
-        out = ours(x, ei, attr)
-        out.sum().backward()
-        torch.testing.assert_close(out, theirs(x, ei, attr), rtol=1e-10, atol=1e-12)
+        outs = [layer(x, ei, attr) for layer in (ours, theirs)]
+        grads = [torch.autograd.grad(o.sum(), layer.lin_edge.weight)[0]
+                 for o, layer in zip(outs, (ours, theirs))]
+        torch.testing.assert_close(outs[0], outs[1], rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(grads[0], grads[1], rtol=1e-10, atol=1e-12)
     assert len(built) == 1  # ordered once for both calls
     attr.mul_(-2.0)  # in place: a new version, rows built again
     torch.testing.assert_close(ours(x, ei, attr), theirs(x, ei, attr), rtol=1e-10, atol=1e-12)
@@ -355,11 +357,18 @@ def test_edge_rows_kept_for_attributes_without_gradient(gen, name, monkeypatch):
     ours(x, ei, grad).sum().backward()
     ours(x, ei, grad).sum().backward()
     assert len(built) == 4 and grad.grad is not None
+    # Another kind of layer on the same graph keeps its own rows (no eviction either way).
+    other = snn.TransformerConv(5, 4, **kw) if name != "TransformerConv" else None
     graph = snn.graph_for(ei, 24, name != "TransformerConv")
-    ours(x, ei, attr)
-    assert snn._ROWS in graph._derived
+    ours(x, ei, attr)  # still kept from before the gradient calls
+    assert len(built) == 4
+    if other is not None:
+        other.double()(x, ei, attr)
+        ours(x, ei, attr)
+        assert len(built) == 5  # the transformer's rows built once; ours not again
+    assert (snn._ROWS, name) in graph._derived
     del attr
-    assert snn._ROWS not in graph._derived  # forgotten with the attributes
+    assert (snn._ROWS, name) not in graph._derived  # forgotten with the attributes
 
 
 def test_gat_edge_scores_stay_float32_under_autocast(gen):

@@ -313,39 +313,42 @@ def _edges_in_csr_order(ref: Any, edge_index: Any, data: Tensor, self_loops: boo
     return torch.ops.spattn.edge_scatter(ref, data, positions)
 
 
-def _edge_rows(graph: Any, edge_index: Any, edge_attr: Tensor, self_loops: bool, fill_value: Any,
-               build: Any, dtype: Optional[torch.dtype] = None) -> Tensor:
+def _edge_rows(layer: str, graph: Any, edge_index: Any, edge_attr: Tensor, self_loops: bool,
+               fill_value: Any, build: Any, dtype: Optional[torch.dtype] = None) -> Tensor:
     """``edge_attr``'s rows in the graph's CSR order (as ``dtype`` if given): ``build()`` gives
     them in ``edge_index``'s order (with ``self_loops``, followed by the loops' rows), moved by
     :func:`_edges_in_csr_order`. The layers order the attributes, then project them (a row-wise
     map, which commutes with the order): ``edge_dim``-wide rows move, not the projections.
-    Attributes that take no gradient give constant rows, kept on the graph for the pair of
-    tensors (as long as ``edge_attr`` lives): a model's layers, and full-graph training's
-    epochs, fill the loops and order the rows once."""
+    Attributes that take no gradient give constant rows, kept on the graph per ``layer`` kind
+    for the pair of tensors (as long as ``edge_attr`` lives): a model's layers, and full-graph
+    training's epochs, fill the loops and order the rows once."""
     keep = (isinstance(graph, Graph) and isinstance(edge_index, Tensor)
-            and not edge_attr.requires_grad and not torch.is_inference_mode_enabled()
-            and not isinstance(fill_value, Tensor))
+            and not _is_adjacency(edge_index) and not edge_attr.requires_grad
+            and not torch.is_inference_mode_enabled() and not isinstance(fill_value, Tensor))
     if keep:
         tag = (_tensor_key(edge_attr), _tensor_key(edge_index), bool(self_loops),
                fill_value if self_loops else None, dtype)
         keep = tag[0] is not None and tag[1] is not None  # inference tensors track no version
+    slot = (_ROWS, layer)
     if keep:
-        hit = graph._derived.get(_ROWS)
+        hit = graph._derived.get(slot)
         if hit is not None and hit[0] == tag and hit[1]() is edge_attr and hit[2]() is edge_index:
             return hit[3]
     rows = _edges_in_csr_order(graph, edge_index, build(), self_loops)
     if dtype is not None:
         rows = rows.to(dtype)
     if keep:
-        graph._derived[_ROWS] = entry = [tag, None, weakref.ref(edge_index), rows]
         graph_ref = weakref.ref(graph)
 
-        def forget(_: Any) -> None:  # edge_attr is gone: so are the rows kept for it
+        # edge_attr is gone: so are the rows kept for it (the callback holds no entry, so no
+        # reference cycle keeps a replaced entry's rows alive).
+        def forget(ref: Any) -> None:
             g = graph_ref()
-            if g is not None and g._derived.get(_ROWS) is entry:
-                del g._derived[_ROWS]
+            hit = None if g is None else g._derived.get(slot)
+            if hit is not None and hit[1] is ref:
+                del g._derived[slot]
 
-        entry[1] = weakref.ref(edge_attr, forget)
+        graph._derived[slot] = (tag, weakref.ref(edge_attr, forget), weakref.ref(edge_index), rows)
     return rows
 
 
@@ -647,7 +650,7 @@ class TransformerConv(torch.nn.Module):
         features = None
         if self.lin_edge is not None:
             _check_edge_rows(name, edge_index, edge_attr)
-            ea = _edge_rows(graph, edge_index, edge_attr, False, None, lambda: edge_attr)
+            ea = _edge_rows(name, graph, edge_index, edge_attr, False, None, lambda: edge_attr)
             features = self.lin_edge(ea).view(-1, H, C)
         res = _sparse_attention(
             graph, query, key, value, 1.0 / math.sqrt(C), None, features, rate, None, want,
@@ -858,10 +861,11 @@ class GATConv(torch.nn.Module):
     def _edge_scores(self, name: str, graph: Any, edge_index: Any, edge_attr: Tensor, n: int) -> Tensor:
         """⟨lin_edge(e_ij), att_edge⟩ per edge and head in the graph's CSR order; with self
         loops, PyG's: the input's self loops dropped, one per node added with ``fill_value``
-        (computed for every input edge and loop, then placed: no host synchronisation)."""
+        (the attributes filled and placed first, :func:`_edge_rows`, then the folded product:
+        no host synchronisation)."""
         # Kept in float32, the precision of the folded product.
         acc = torch.promote_types(edge_attr.dtype, torch.float32)
-        ea = _edge_rows(graph, edge_index, edge_attr, self.add_self_loops, self.fill_value,
+        ea = _edge_rows(name, graph, edge_index, edge_attr, self.add_self_loops, self.fill_value,
                         lambda: _edge_attr_with_loops(name, edge_index, edge_attr, n,
                                                       self.add_self_loops, self.fill_value), acc)
         return _folded_edge_scores(ea, self.lin_edge.weight, self.att_edge, self.heads)
@@ -1128,7 +1132,8 @@ class GATv2Conv(torch.nn.Module):
         graph = _graph_ref(edge_index, n, self.add_self_loops)
         features = None
         if edge_attr is not None:
-            ea = _edge_rows(graph, edge_index, edge_attr, self.add_self_loops, self.fill_value,
+            ea = _edge_rows(name, graph, edge_index, edge_attr, self.add_self_loops,
+                            self.fill_value,
                             lambda: _edge_attr_with_loops(name, edge_index, edge_attr, n,
                                                           self.add_self_loops, self.fill_value))
             features = self.lin_edge(ea).view(-1, H, C)
