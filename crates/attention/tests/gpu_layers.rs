@@ -23,8 +23,9 @@ use spattn::layers::{
 };
 use spattn::Algorithm;
 use spattn_formats::{read_matrix_market, Csr};
+use spattn_ops::backward::GatKernels;
 use spattn_ops::dense::GemmElement;
-use spattn_ops::{cpu, elementwise, DType, DeviceMatrix, DeviceVec, Gpu, Shape};
+use spattn_ops::{cpu, edge_extras, elementwise, DType, DeviceMatrix, DeviceVec, Gpu, Shape};
 
 fn cora() -> Csr {
     read_matrix_market(spattn_test_support::cora_path())
@@ -188,11 +189,22 @@ fn compare<T: DType>(
     );
 }
 
-fn gat_case<T: GemmElement>(c: &Ctx, a: &Csr, heads: usize, concat: bool, rng: &mut Pcg64) {
+/// GAT against the f64 layer: output, dx and the parameters; without dropout also every
+/// gradient against the f64 recomputation from the GPU's stored values (`check_gat_attention`).
+/// With `rate`, both layers draw the same masks (the device layer copies the host's dropout
+/// state).
+fn gat_case<T: GemmElement>(
+    c: &Ctx,
+    a: &Csr,
+    (heads, concat, rate): (usize, bool, f32),
+    rng: &mut Pcg64,
+) {
     let host = HostGraph::new(a).unwrap();
     let dev = GpuGraph::upload(&c.ctx, &host).unwrap();
     let (n, in_dim, out_dim) = (a.n_rows(), 24, 8);
-    let cfg = GatConfig::new(in_dim, out_dim, heads).with_concat(concat);
+    let cfg = GatConfig::new(in_dim, out_dim, heads)
+        .with_concat(concat)
+        .with_dropout(rate);
     let mut cpu_layer = GatConv::<Host<f64>>::new(cfg, &host, rng.random()).unwrap();
     round_params::<T>(cpu_layer.params_mut(), rng);
     let mut gpu_layer = cpu_layer.to_device::<T>(&dev).unwrap();
@@ -203,7 +215,7 @@ fn gat_case<T: GemmElement>(c: &Ctx, a: &Csr, heads: usize, concat: bool, rng: &
         device_grads(gpu_layer.params_mut()),
         host_grads(cpu_layer.params_mut()),
     );
-    let what = format!("GAT n={n} heads={heads} concat={concat}");
+    let what = format!("GAT n={n} heads={heads} concat={concat} dropout={rate}");
     compare(
         &what,
         &y,
@@ -214,6 +226,9 @@ fn gat_case<T: GemmElement>(c: &Ctx, a: &Csr, heads: usize, concat: bool, rng: &
         &grads_ref,
         &["weight", "att_src", "att_dst"],
     );
+    if rate > 0.0 {
+        return; // the recomputation below has no dropout
+    }
     let got = |name: &str| -> Vec<f64> {
         let (_, g) = grads
             .iter()
@@ -408,8 +423,11 @@ fn all_gat<T: GemmElement>(c: &Ctx, rng: &mut Pcg64) {
     for a in graphs(rng) {
         for heads in [1, 4, 8] {
             for concat in [true, false] {
-                gat_case::<T>(c, &a, heads, concat, rng);
+                gat_case::<T>(c, &a, (heads, concat, 0.0), rng);
             }
+            // Dropout: the composed steps or the fused backward at 1 head, the rows kernels'
+            // masks at 4 and 8.
+            gat_case::<T>(c, &a, (heads, true, 0.3), rng);
         }
     }
 }
@@ -740,7 +758,12 @@ impl GatAttention {
     /// δda    = Σ_i (δde_i + γ_{n+9}·|de_i|)·|Wh_i|               (the weighted column sum: a
     ///                                                            product, then at most n + 8 adds)
     /// ```
-    fn f32_error_bound(&self, a: &Csr) -> [Vec<f64>; 2] {
+    ///
+    /// The row-statistics kernels take `R_i = ⟨dAgg_i, out_i⟩` from the forward's output, an
+    /// f32 sum rounded to T (`out_unit` = T's unit roundoff where they ran, else 0): with
+    /// `g_ik = Σ_d |dAgg_id|·|Wh_kd|`, δR_i grows by `Σ_k ((out_unit + γ_{deg+dim})·P_ik +
+    /// δP_ik)·g_ik` (the output's rounding, its sums and its probabilities' errors).
+    fn f32_error_bound(&self, a: &Csr, out_unit: f64) -> [Vec<f64>; 2] {
         let (heads, dim, u) = (self.heads, self.dim, U32);
         let n = a.n_rows();
         let cols = a.col_indices();
@@ -765,6 +788,7 @@ impl GatAttention {
                 d_dp.clear();
                 let mut d_r = 0.0;
                 let mut abs_pdp = 0.0;
+                let (mut p_g, mut dp_g) = (0.0, 0.0);
                 for e in edges.clone() {
                     let (k, j) = (e * heads + h, cols[e] as usize);
                     let whj = &self.wh[(j * heads + h) * dim..][..dim];
@@ -773,10 +797,15 @@ impl GatAttention {
                     let ddpk = gamma32(dim) * g;
                     d_r += dpk * self.dp[k].abs() + self.p[k] * ddpk;
                     abs_pdp += self.p[k] * self.dp[k].abs();
+                    p_g += self.p[k] * g;
+                    dp_g += dpk * g;
                     d_p.push(dpk);
                     d_dp.push(ddpk);
                 }
                 d_r += gamma32(deg + 1) * abs_pdp;
+                if out_unit > 0.0 {
+                    d_r += (out_unit + gamma32(deg + dim)) * p_g + dp_g;
+                }
                 let ri = self.r[ih];
                 for (t, e) in edges.clone().enumerate() {
                     let (k, j) = (e * heads + h, cols[e] as usize);
@@ -895,10 +924,13 @@ fn check_gat_attention<T: GemmElement>(
     let gpu = c.ctx.gpu();
     let mut wh_dev = gpu_layer.lin.forward(&c.ctx, gx).unwrap();
     wh_dev.reshape(Shape::new(n, heads, dim).unwrap()).unwrap();
+    // The layer's logits: f32 dot products with the vectors widened to f32 (not rounded to T).
     let logits = |att: &DeviceVec<T>| -> Vec<f64> {
-        let mut e = DeviceMatrix::<T>::zeros(gpu, Shape::new(n, heads, 1).unwrap()).unwrap();
-        elementwise::head_dot(gpu, &wh_dev, att, &mut e).unwrap();
-        e.to_host().unwrap().iter().map(|v| v.to_f64()).collect()
+        let mut a32 = DeviceVec::<f32>::zeros(gpu, att.len()).unwrap();
+        edge_extras::widen(gpu, att, &mut a32).unwrap();
+        let mut e = DeviceMatrix::<f32>::zeros(gpu, Shape::new(n, heads, 1).unwrap()).unwrap();
+        elementwise::head_dot_f32(gpu, &wh_dev, &a32, &mut e).unwrap();
+        e.to_host().unwrap().iter().map(|&v| f64::from(v)).collect()
     };
     let e_dst_t = logits(&gpu_layer.att_dst.value);
     let e_src_t = logits(&gpu_layer.att_src.value);
@@ -908,7 +940,8 @@ fn check_gat_attention<T: GemmElement>(
         .iter()
         .map(|v| v.to_f64())
         .collect();
-    // Each stored value is an f32 dot product rounded to T: |stored − exact| ≤ u_T·|exact| +
+    // Each stored value is an f32 dot product rounded to T (the logits stay f32: the u_T term
+    // is then margin): |stored − exact| ≤ u_T·|exact| +
     // (1 + u_T)·γ·Σ|terms| + the underflow error, γ = γ_m for m terms (Wh: m = in_dim terms of
     // x·W; the logits: m = dim terms of stored Wh · a). Parameters and x are exact in T already.
     // For the GEMM γ is doubled: tensor cores may truncate rather than round their f32 sums (Fasi,
@@ -963,7 +996,9 @@ fn check_gat_attention<T: GemmElement>(
         dim,
         slope,
     );
-    let bounds = stored.f32_error_bound(a);
+    // The layer's backward on the row-statistics kernels reads the forward's output in T.
+    let rows = GatKernels::auto::<T>(heads, dim, a.nnz(), false, true) == GatKernels::Rows;
+    let bounds = stored.f32_error_bound(a, if rows { ut } else { 0.0 });
 
     // dW = Xᵀ·dWh inherits dWh's sensitivity to the stored logits (the de terms): measured
     // against the gradient of the stored values, what is left is dWh's rounding to T before the

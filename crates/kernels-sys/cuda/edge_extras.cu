@@ -30,6 +30,12 @@ __device__ void edge_cast(const float* __restrict__ x, u64 n, T* out) {
     SPATTN_GRID_STRIDE(i, n) { out[i] = from_f32<T>(x[i]); }
 }
 
+// out[i] = x[i] in f32 (exact).
+template <class T>
+__device__ void edge_widen(const T* __restrict__ x, u64 n, float* out) {
+    SPATTN_GRID_STRIDE(i, n) { out[i] = to_f32(x[i]); }
+}
+
 // The edge features' gradient: per edge e = (i, j) of row i, head h and feature d,
 // out[e, h, d] = a[e, h] * x[i, h, d] + b[e, h] * y[i, h, d]. One warp per chunk of
 // SPATTN_COMBINE_EDGES consecutive edges, so that a hub row spreads over many warps: the
@@ -95,6 +101,9 @@ extern "C" __global__ void edge_add(const float* x, u64 n, float* y) {
     }                                                                                           \
     extern "C" __global__ void edge_cast_##S(const float* x, u64 n, T* out) {                   \
         edge_cast<T>(x, n, out);                                                                \
+    }                                                                                           \
+    extern "C" __global__ void edge_widen_##S(const T* x, u64 n, float* out) {                  \
+        edge_widen<T>(x, n, out);                                                               \
     }                                                                                           \
     extern "C" __global__ void edge_row_combine_##S(const u32* row_offsets, u32 n_rows,         \
                                                     u32 nnz, u32 heads, u32 dim, const float* a, \

@@ -77,6 +77,11 @@ pub(crate) fn cast_kernel(dtype: &str) -> String {
     format!("edge_cast_{dtype}")
 }
 
+/// The kernel widening `dtype` values to f32.
+pub(crate) fn widen_kernel(dtype: &str) -> String {
+    format!("edge_widen_{dtype}")
+}
+
 /// The edge-features-gradient kernel for features of `dtype`.
 pub(crate) fn row_combine_kernel(dtype: &str) -> String {
     format!("edge_row_combine_{dtype}")
@@ -239,24 +244,56 @@ pub(crate) fn sum_heads<T: DType>(
     unsafe { launch(name, &mut args, stride_grid(nnz)?) }
 }
 
+/// `out[i] = x[i]` in f32 (exact): a layer's per-head vectors of `T` for the kernels that read
+/// f32 ones.
+///
+/// # Errors
+/// Lengths that differ; buffers of another GPU.
+pub fn widen<T: DType>(gpu: &Gpu, x: &DeviceVec<T>, out: &mut DeviceVec<f32>) -> Result<()> {
+    convert(
+        gpu,
+        widen_kernel(T::NAME),
+        ("widen input", "widened output"),
+        x,
+        out,
+    )
+}
+
 /// `out[i] = x[i]` rounded to `T`.
 ///
 /// # Errors
 /// Lengths that differ; buffers of another GPU.
 pub fn cast<T: DType>(gpu: &Gpu, x: &DeviceVec<f32>, out: &mut DeviceVec<T>) -> Result<()> {
+    convert(
+        gpu,
+        cast_kernel(T::NAME),
+        ("cast input", "cast output"),
+        x,
+        out,
+    )
+}
+
+/// An elementwise conversion kernel `kernel(x, n, out)` over equal lengths.
+fn convert<A: DType, B: DType>(
+    gpu: &Gpu,
+    kernel: String,
+    (what_x, what_out): (&'static str, &'static str),
+    x: &DeviceVec<A>,
+    out: &mut DeviceVec<B>,
+) -> Result<()> {
     if x.len() != out.len() {
         return Err(Error::LengthMismatch {
-            what: "cast output",
+            what: what_out,
             expected: x.len(),
             actual: out.len(),
         });
     }
-    check_same_gpu(gpu, "cast input", x)?;
-    check_same_gpu(gpu, "cast output", &*out)?;
+    check_same_gpu(gpu, what_x, x)?;
+    check_same_gpu(gpu, what_out, &*out)?;
     if x.is_empty() {
         return Ok(());
     }
-    let (name, f) = function(gpu, cast_kernel(T::NAME))?;
+    let (name, f) = function(gpu, kernel)?;
     let n = x.len() as u64;
     let mut args = gpu.launch_builder(&f);
     args.arg(x.slice()).arg(&n).arg(out.slice_mut());

@@ -140,7 +140,7 @@ fn csr_ops_holds_exactly_the_launched_kernels() {
 fn edge_extras_holds_exactly_the_launched_kernels() {
     use crate::edge_extras::{
         bias_add_kernel, cast_kernel, head_sum_kernel, head_sum_of_kernel, row_combine_kernel,
-        ADD_KERNEL, DROPOUT_KERNEL,
+        widen_kernel, ADD_KERNEL, DROPOUT_KERNEL,
     };
     let mut l = Launched::new(sys::EDGE_EXTRAS);
     l.add(DROPOUT_KERNEL);
@@ -150,6 +150,7 @@ fn edge_extras_holds_exactly_the_launched_kernels() {
         l.add(bias_add_kernel(dt));
         l.add(head_sum_kernel(dt));
         l.add(cast_kernel(dt));
+        l.add(widen_kernel(dt));
         l.add(row_combine_kernel(dt));
         if kind != DTypeKind::F32 {
             l.add(head_sum_of_kernel(dt)); // the tensor-core backward's dtypes

@@ -2,14 +2,12 @@
 //! tensors (the contract is in the `graph` module's documentation), run on spattn's stream
 //! ordered with the caller's, and the graph built on a GPU from an edge list there.
 
+use spattn::ops::backward::{self as gpu_backward, GatBackward, GatForward, GatKernels};
 use spattn::ops::csr_ops::Gatv2Operands;
 use spattn::ops::device_plan::{BuildReport, DeviceEdges, DeviceIds, DeviceIndex, GraphSpec};
-use spattn::ops::{backward as gpu_backward, csr_ops, edge_extras};
-use spattn::ops::{DeviceCsr, ExternalMatrix, ExternalVec};
-use spattn::{
-    AttentionPlan, BackwardKernels, DType, DeviceGraph, DeviceMatrix, DeviceVec, Dropout, Gpu,
-    Shape,
-};
+use spattn::ops::{csr_ops, edge_extras};
+use spattn::ops::{ExternalMatrix, ExternalVec};
+use spattn::{AttentionPlan, BackwardKernels, DType, DeviceGraph, Dropout, Gpu, Shape};
 
 use crate::device;
 use crate::extras;
@@ -163,49 +161,13 @@ unsafe fn gat_views<T: DType>(
     }
 }
 
-/// The steps GAT and GATv2 share after their scores: `p` (the scores) becomes the softmax per
-/// row (of their LeakyReLU where `slope`), dropped where `dropout`, and `out = P · x`.
-#[allow(clippy::too_many_arguments)]
-fn softmax_aggregate<T: DType>(
-    gpu: &Gpu,
-    a: &DeviceCsr,
-    heads: usize,
-    slope: Option<f32>,
-    dropout: Option<&Dropout>,
-    p: &mut DeviceVec<f32>,
-    x: &DeviceMatrix<T>,
-    out: &mut DeviceMatrix<T>,
-) -> spattn::Result<()> {
-    csr_ops::edge_softmax_in_place(gpu, a, p, heads, slope)?;
-    if let Some(dr) = dropout {
-        edge_extras::apply_dropout(gpu, p, dr)?;
-    }
-    csr_ops::spmm(gpu, a, p, x, out)?;
-    Ok(())
-}
-
-/// Which kernels run GAT's attention on CUDA (the package chooses; `"rows"` where
-/// [`gpu_backward::gat_rows_supports`] the head).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum GatKernels {
-    /// The CSR ops: scores, softmax and probabilities in `nnz × heads` f32 workspaces.
-    Composed,
-    /// The fused backward's two passes (backward only; small graphs).
-    Fused,
-    /// Row statistics and SpMM-shaped passes ([`gpu_backward::gat_forward_rows`],
-    /// [`gpu_backward::gat_backward_rows`]): no per-edge probabilities.
-    Rows,
-}
-
-impl GatKernels {
-    /// The package's name for them, checked.
-    pub(crate) fn parse(name: &str, forward: bool) -> Option<Self> {
-        match name {
-            "composed" => Some(Self::Composed),
-            "fused" if !forward => Some(Self::Fused),
-            "rows" => Some(Self::Rows),
-            _ => None,
-        }
+/// The package's name for a GAT kernel set (`"fused"` names a backward only), checked.
+pub(crate) fn parse_gat_kernels(name: &str, forward: bool) -> Option<GatKernels> {
+    match name {
+        "composed" => Some(GatKernels::Composed),
+        "fused" if !forward => Some(GatKernels::Fused),
+        "rows" => Some(GatKernels::Rows),
+        _ => None,
     }
 }
 
@@ -261,40 +223,25 @@ pub(crate) fn gat_forward_gpu<T: DType>(
             ExternalVec::<f32>::new_trusted(gpu, "bias", bias, if bias == 0 { 0 } else { edges })?;
         d.device.bridge.run(stream, || -> spattn::Result<()> {
             let a = d.graph.csr()?;
-            let bias = (!bias.is_empty()).then_some(&*bias);
-            if kernels == GatKernels::Rows {
-                let terms = gpu_backward::GatScoreTerms {
-                    a_dst: &a_dst,
-                    a_src: &a_src,
-                    bias,
-                    slope,
-                    dropout: dropout.as_ref(),
-                };
-                let ws = (&mut *p, mask.as_deref_mut());
-                gpu_backward::gat_forward_rows(gpu, a, terms, &x, ws, &mut out)?;
-                return Ok(());
-            }
-            csr_ops::gat_scores(gpu, a, (&*a_dst, &*a_src), bias, &mut p)?;
-            softmax_aggregate(
-                gpu,
-                a,
-                h,
-                Some(slope),
-                dropout.as_ref(),
-                &mut p,
-                &x,
-                &mut out,
-            )
+            let terms = gpu_backward::GatScoreTerms {
+                a_dst: &a_dst,
+                a_src: &a_src,
+                bias: (!bias.is_empty()).then_some(&*bias),
+                slope,
+                dropout: dropout.as_ref(),
+            };
+            let ws = match kernels {
+                GatKernels::Rows => GatForward::Rows {
+                    lse: &mut p,
+                    mask: mask.as_deref_mut(),
+                },
+                _ => GatForward::Composed(&mut p),
+            };
+            gpu_backward::gat_forward(gpu, a, terms, &x, ws, &mut out)?;
+            Ok(())
         })
     }
 }
-
-/// Edges up to which the package's `kernels="auto"` takes GAT's fused backward (exported to
-/// Python, which makes the choice): its two launches and no per-edge buffers save launches and
-/// host time on small graphs (a batch of molecules: 1.7–2.4× the composed steps' GPU time);
-/// from about 10⁵ edges the composed steps' edge-parallel passes run as fast or faster
-/// (docs/kernels/csr-ops.md, "GAT's backward").
-pub(crate) const GAT_FUSED_MAX_EDGES: usize = 1 << 15;
 
 /// The GAT backward on CUDA tensors at `[x, a_dst, a_src, d_out, dx, da_dst, da_src, bias,
 /// d_bias, out]` (the bias's 0 for none; `out`, the forward's output, read by the rows
@@ -365,52 +312,33 @@ pub(crate) fn gat_backward_gpu<T: DType>(
         };
         d.device.bridge.run(stream, || -> spattn::Result<()> {
             let (a, t) = (d.graph.csr()?, d.graph.transpose()?);
-            let drop = dropout.as_ref();
-            let b = (blen > 0).then_some(&*bias);
             let terms = gpu_backward::GatScoreTerms {
                 a_dst: &a_dst,
                 a_src: &a_src,
-                bias: b,
+                bias: (blen > 0).then_some(&*bias),
                 slope,
-                dropout: drop,
+                dropout: dropout.as_ref(),
             };
-            let Some([s, p, dp]) = &mut ws else {
-                let grads = gpu_backward::GatGrads {
-                    dx: &mut dx,
-                    d_dst: &mut da_dst,
-                    d_src: &mut da_src,
-                    d_bias: (blen > 0).then_some(&mut *d_bias),
-                };
-                if let (Some([ds, lse]), Some(out)) = (&mut rows_ws, &out) {
-                    let io = (&*x, &**out, &*d_out);
-                    let lse = match lse_kept {
+            let grads = gpu_backward::GatGrads {
+                dx: &mut dx,
+                d_dst: &mut da_dst,
+                d_src: &mut da_src,
+                d_bias: (blen > 0).then_some(&mut *d_bias),
+            };
+            let ws = match (&mut ws, &mut rows_ws, &out) {
+                (Some([s, p, dp]), _, _) => GatBackward::Composed([&mut **s, &mut **p, &mut **dp]),
+                (_, Some([ds, lse]), Some(out)) => GatBackward::Rows {
+                    out,
+                    lse: match lse_kept {
                         true => gpu_backward::RowStats::Kept(lse),
                         false => gpu_backward::RowStats::Recompute(lse),
-                    };
-                    let wsp = (lse, &mut **ds, mask.as_deref_mut());
-                    gpu_backward::gat_backward_rows(gpu, (a, t), terms, io, wsp, grads)?;
-                    return Ok(());
-                }
-                // The fused kernels: no workspaces.
-                gpu_backward::gat_fused_backward(gpu, (a, t), terms, (&x, &d_out), grads)?;
-                return Ok(());
+                    },
+                    ds,
+                    mask: mask.as_deref_mut(),
+                },
+                _ => GatBackward::Fused,
             };
-            // The composed steps, in the caller's workspaces.
-            let (s, p, dp) = (&mut **s, &mut **p, &mut **dp);
-            csr_ops::gat_scores(gpu, a, (&*a_dst, &*a_src), b, s)?;
-            csr_ops::edge_softmax(gpu, a, s, h, Some(slope), p)?;
-            let leaky = Some((slope, &*s));
-            gpu_backward::gat_score_grad(gpu, a, h, drop, leaky, p, (&*d_out, &*x), dp)?;
-            if blen > 0 {
-                d_bias.copy_from(dp)?;
-            }
-            // s is free again: dS in Aᵀ's order; then dp: W in Aᵀ's order.
-            let vectors = (&mut *da_dst, &mut *da_src);
-            gpu_backward::gat_vector_grads(gpu, (a, t), h, dp, s, vectors)?;
-            if let Some(dr) = drop {
-                edge_extras::apply_dropout(gpu, p, dr)?;
-            }
-            gpu_backward::gat_aggregation_grad(gpu, t, h, p, dp, &d_out, &mut dx)?;
+            gpu_backward::gat_backward(gpu, (a, t), terms, (&x, &d_out), ws, grads)?;
             Ok(())
         })
     }
@@ -489,7 +417,17 @@ pub(crate) fn gatv2_forward_gpu<T: DType>(
                 slope,
             };
             csr_ops::sddmm_gatv2(gpu, a, &ops, &mut p)?;
-            softmax_aggregate(gpu, a, h, None, dropout.as_ref(), &mut p, &xl, &mut out)
+            gpu_backward::softmax_aggregate(
+                gpu,
+                a,
+                h,
+                None,
+                dropout.as_ref(),
+                &mut p,
+                &xl,
+                &mut out,
+            )?;
+            Ok(())
         })
     }
 }

@@ -38,12 +38,13 @@ use spattn::{Csr, DeviceGraph, PlanPolicy};
 use crate::cpu::scale_of;
 use crate::cuda::{
     build_on_device, gat_backward_gpu, gat_forward_gpu, gatv2_backward_gpu, gatv2_forward_gpu,
-    gpu_backward_call, gpu_forward, GatKernels,
+    gpu_backward_call, gpu_forward, parse_gat_kernels,
 };
 use crate::device;
 use crate::errors::{formats_to_py, to_py, value_error};
 use crate::extras::{self, ExtrasArgs};
 use crate::host::{DTypeName, HostDType};
+use spattn::ops::backward::GatKernels;
 
 use args::{
     check_addresses, check_offsets, check_slope, edge_error, first, indices, int64_bytes,
@@ -630,7 +631,7 @@ impl GraphCore {
         let dt = DTypeName::parse(dtype)?;
         let slope = check_slope(negative_slope)?;
         let drop = ExtrasArgs::parse("none", dropout)?.dropout;
-        let kernels = GatKernels::parse(kernels, true).ok_or_else(|| {
+        let kernels = parse_gat_kernels(kernels, true).ok_or_else(|| {
             value_error(
                 "kernels",
                 format!("{kernels:?} is not \"composed\" or \"rows\""),
@@ -702,7 +703,7 @@ impl GraphCore {
         let dt = DTypeName::parse(dtype)?;
         let slope = check_slope(negative_slope)?;
         let drop = ExtrasArgs::parse("none", dropout)?.dropout;
-        let kernels = GatKernels::parse(kernels, false).ok_or_else(|| {
+        let kernels = parse_gat_kernels(kernels, false).ok_or_else(|| {
             value_error(
                 "kernels",
                 format!("{kernels:?} is not \"rows\", \"fused\" or \"composed\""),

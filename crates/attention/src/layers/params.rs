@@ -76,6 +76,9 @@ pub trait Placement {
     type Plan;
     /// The row statistics an attention forward keeps for its backward (none on the host).
     type Stats;
+    /// Per-node terms of a layer's scores (GAT's `a_dst`, `a_src`): `F` on the host, f32 on the
+    /// device.
+    type Terms;
 }
 
 /// The CPU placement in `F` (`f64`: the reference of the tests; `f32`: the fallback).
@@ -93,6 +96,7 @@ impl<F: Real> Placement for Host<F> {
     type Graph = Arc<HostGraph>;
     type Plan = ();
     type Stats = ();
+    type Terms = Vec<F>;
 }
 
 impl<T: DType> Placement for Device<T> {
@@ -102,6 +106,7 @@ impl<T: DType> Placement for Device<T> {
     type Graph = GpuGraph;
     type Plan = AttentionPlan;
     type Stats = RowStats;
+    type Terms = DeviceMatrix<f32>;
 }
 
 /// A parameter (`dims.rows × dims.cols`, row-major) and the gradient its layer's `backward`

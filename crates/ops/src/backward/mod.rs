@@ -61,12 +61,17 @@ use crate::shape::Shape;
 
 pub(crate) mod fused;
 pub(crate) mod gat;
+mod gat_kernels;
 pub(crate) mod gat_rows;
 mod tc;
 pub use fused::FusedBackward;
 pub use gat::{
     gat_aggregation_grad, gat_fused_backward, gat_score_grad, gat_vector_grads, GatGrads,
     GatScoreTerms,
+};
+pub use gat_kernels::{
+    gat_backward, gat_forward, softmax_aggregate, GatBackward, GatForward, GatKernels,
+    GAT_FUSED_MAX_EDGES, GAT_ROWS_MIN_HEADS,
 };
 pub use gat_rows::{
     dropout_mask_words, gat_backward_rows, gat_forward_rows, gat_row_stats, gat_rows_supports,

@@ -1,0 +1,204 @@
+//! GAT's attention on the GPU by kernel set, written once for every caller (`spattn::layers`'
+//! `GatConv`, the Python package's GAT): [`gat_forward`] and [`gat_backward`] run the set their
+//! workspace names, [`GatKernels::auto`] says which set suits a head and a graph.
+//!
+//! | set | forward | backward | per-edge buffers |
+//! |---|---|---|---|
+//! | [`GatKernels::Rows`] | row statistics, then an SpMM-shaped pass ([`super::gat_forward_rows`]) | a pass over A, one over Aᵀ ([`super::gat_backward_rows`]) | dS (`nnz × heads` f32) in the backward |
+//! | [`GatKernels::Fused`] | — | two passes ([`super::gat_fused_backward`]) | none |
+//! | [`GatKernels::Composed`] | scores, softmax, SpMM | the CSR ops ([`super::gat_score_grad`] …) | one (forward), three (backward) `nnz × heads` f32 |
+
+use crate::buffer::{DeviceMatrix, DeviceVec};
+use crate::csr_ops;
+use crate::device_csr::DeviceCsr;
+use crate::dropout::Dropout;
+use crate::dtype::DType;
+use crate::edge_extras;
+use crate::error::Result;
+use crate::gpu::Gpu;
+
+use super::gat::{
+    gat_aggregation_grad, gat_fused_backward, gat_score_grad, gat_vector_grads, GatGrads,
+    GatScoreTerms,
+};
+use super::gat_rows::{gat_backward_rows, gat_forward_rows, gat_rows_supports, RowStats};
+use super::{DeviceTranspose, FusedBackward};
+
+/// Which kernels run GAT's attention ([`gat_forward`], [`gat_backward`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GatKernels {
+    /// The CSR ops: scores, softmax and probabilities in `nnz × heads` f32 workspaces.
+    Composed,
+    /// The fused backward's two passes (backward only; no per-edge buffer).
+    Fused,
+    /// Row statistics and SpMM-shaped passes: no per-edge probabilities.
+    Rows,
+}
+
+/// Heads from which [`GatKernels::auto`] takes the rows kernels: with one head their per-edge
+/// score gathers are a third of the traffic and the composed steps run faster (0.65–0.83× on
+/// ogbn-arxiv at 1 × 40; docs/kernels/csr-ops.md, "GAT from row statistics").
+pub const GAT_ROWS_MIN_HEADS: usize = 4;
+
+/// Edges up to which [`GatKernels::auto`] takes the fused backward: its two launches and no
+/// per-edge buffers save launches and host time on small graphs (a batch of molecules: 1.7–2.4×
+/// the composed steps' GPU time); from about 10⁵ edges the composed steps' edge-parallel
+/// passes run as fast or faster (docs/kernels/csr-ops.md, "GAT's backward").
+pub const GAT_FUSED_MAX_EDGES: usize = 1 << 15;
+
+impl GatKernels {
+    /// The set for `heads × head_dim` of `T` on a graph of `nnz` edges: the rows kernels for
+    /// several heads (for a backward, only where `rows`: the rows forward's output and
+    /// statistics are at hand), else for a backward the fused passes on small graphs, else
+    /// the composed steps.
+    pub fn auto<T: DType>(
+        heads: usize,
+        head_dim: usize,
+        nnz: usize,
+        backward: bool,
+        rows: bool,
+    ) -> Self {
+        if rows && heads >= GAT_ROWS_MIN_HEADS && gat_rows_supports::<T>(head_dim) {
+            return Self::Rows;
+        }
+        if backward && nnz <= GAT_FUSED_MAX_EDGES && FusedBackward::supports::<T>(head_dim) {
+            return Self::Fused;
+        }
+        Self::Composed
+    }
+
+    /// Whether this set runs `head_dim` features of `T` (the composed steps run any).
+    pub fn supports<T: DType>(self, head_dim: usize) -> bool {
+        match self {
+            Self::Composed => true,
+            Self::Fused => FusedBackward::supports::<T>(head_dim),
+            Self::Rows => gat_rows_supports::<T>(head_dim),
+        }
+    }
+}
+
+/// [`gat_forward`]'s workspace, which names its kernels.
+#[derive(Debug)]
+pub enum GatForward<'w> {
+    /// The composed steps: `nnz × heads` f32 (the probabilities, overwritten).
+    Composed(&'w mut DeviceVec<f32>),
+    /// The rows kernels: the row statistics (`n_rows × heads` f32, left for
+    /// [`GatBackward::Rows`]'s [`RowStats::Kept`]) and, with dropout, the kept bits
+    /// ([`super::dropout_mask_words`] u32).
+    Rows {
+        /// The row statistics, written.
+        lse: &'w mut DeviceVec<f32>,
+        /// The dropout mask's workspace (with dropout).
+        mask: Option<&'w mut DeviceVec<u32>>,
+    },
+}
+
+/// [`gat_backward`]'s workspace, which names its kernels.
+#[derive(Debug)]
+pub enum GatBackward<'w, T: DType> {
+    /// The composed steps, which recompute the scores and probabilities: three `nnz × heads` f32
+    /// buffers, overwritten.
+    Composed([&'w mut DeviceVec<f32>; 3]),
+    /// The fused backward's two passes: no workspace.
+    Fused,
+    /// The rows kernels: the forward's output, its row statistics (kept or recomputed), dS's
+    /// `nnz × heads` f32 and, with dropout, two masks' words.
+    Rows {
+        /// The forward's output (`n_rows × heads × head_dim`).
+        out: &'w DeviceMatrix<T>,
+        /// The row statistics.
+        lse: RowStats<'w>,
+        /// dS in Aᵀ's order, overwritten.
+        ds: &'w mut DeviceVec<f32>,
+        /// Two masks of [`super::dropout_mask_words`] u32 (with dropout).
+        mask: Option<&'w mut DeviceVec<u32>>,
+    },
+}
+
+/// GAT's attention `out = W · x`, `W = dropout(softmax_row(LeakyReLU(a_dst[i] + a_src[j] +
+/// bias_e)))`, on the kernels `ws` names; `x` is `n_cols × heads × head_dim`, `out`
+/// `n_rows × heads × head_dim`. Enqueued on `gpu`'s stream.
+///
+/// Errors: those of the kernels' functions (shapes and lengths named, [`Error::ForeignGpu`],
+/// a head the rows kernels do not take).
+///
+/// [`Error::ForeignGpu`]: crate::Error::ForeignGpu
+pub fn gat_forward<T: DType>(
+    gpu: &Gpu,
+    a: &DeviceCsr,
+    terms: GatScoreTerms<'_>,
+    x: &DeviceMatrix<T>,
+    ws: GatForward<'_>,
+    out: &mut DeviceMatrix<T>,
+) -> Result<()> {
+    match ws {
+        GatForward::Rows { lse, mask } => gat_forward_rows(gpu, a, terms, x, (lse, mask), out),
+        GatForward::Composed(p) => {
+            csr_ops::gat_scores(gpu, a, (terms.a_dst, terms.a_src), terms.bias, p)?;
+            let heads = x.shape().heads;
+            softmax_aggregate(gpu, a, heads, Some(terms.slope), terms.dropout, p, x, out)
+        }
+    }
+}
+
+/// The steps GAT and GATv2 share after their scores: `p` (the scores, `nnz × heads` f32)
+/// becomes the softmax per row (of their LeakyReLU where `slope`), dropped where `dropout`, and
+/// `out = P · x`.
+///
+/// Errors: those of [`csr_ops::edge_softmax_in_place`], [`edge_extras::apply_dropout`] and
+/// [`csr_ops::spmm`].
+#[allow(clippy::too_many_arguments)]
+pub fn softmax_aggregate<T: DType>(
+    gpu: &Gpu,
+    a: &DeviceCsr,
+    heads: usize,
+    slope: Option<f32>,
+    dropout: Option<&Dropout>,
+    p: &mut DeviceVec<f32>,
+    x: &DeviceMatrix<T>,
+    out: &mut DeviceMatrix<T>,
+) -> Result<()> {
+    csr_ops::edge_softmax_in_place(gpu, a, p, heads, slope)?;
+    if let Some(dr) = dropout {
+        edge_extras::apply_dropout(gpu, p, dr)?;
+    }
+    csr_ops::spmm(gpu, a, p, x, out)
+}
+
+/// The gradients of [`gat_forward`] given `d_out` (`n_rows × heads × head_dim`), on the kernels
+/// `ws` names: the aggregation's share of ∂L/∂x, ∂L/∂a_dst, ∂L/∂a_src and, with a bias, its
+/// gradient (`grads`). Enqueued on `gpu`'s stream; the same bits every run.
+///
+/// Errors: those of the kernels' functions (shapes and lengths named, `t` not Aᵀ, a bias
+/// without its gradient's buffer, a head the chosen kernels do not take).
+pub fn gat_backward<T: DType>(
+    gpu: &Gpu,
+    (a, t): (&DeviceCsr, &DeviceTranspose),
+    terms: GatScoreTerms<'_>,
+    (x, d_out): (&DeviceMatrix<T>, &DeviceMatrix<T>),
+    ws: GatBackward<'_, T>,
+    grads: GatGrads<'_, T>,
+) -> Result<()> {
+    let [s, p, dp] = match ws {
+        GatBackward::Rows { out, lse, ds, mask } => {
+            return gat_backward_rows(gpu, (a, t), terms, (x, out, d_out), (lse, ds, mask), grads);
+        }
+        GatBackward::Fused => return gat_fused_backward(gpu, (a, t), terms, (x, d_out), grads),
+        GatBackward::Composed(ws) => ws,
+    };
+    let heads = d_out.shape().heads;
+    let drop = terms.dropout;
+    csr_ops::gat_scores(gpu, a, (terms.a_dst, terms.a_src), terms.bias, s)?;
+    csr_ops::edge_softmax(gpu, a, s, heads, Some(terms.slope), p)?;
+    let leaky = Some((terms.slope, &*s));
+    gat_score_grad(gpu, a, heads, drop, leaky, p, (d_out, x), dp)?;
+    if let Some(db) = grads.d_bias {
+        db.copy_from(dp)?;
+    }
+    // s is free again: dS in Aᵀ's order; then dp: W in Aᵀ's order.
+    gat_vector_grads(gpu, (a, t), heads, dp, s, (grads.d_dst, grads.d_src))?;
+    if let Some(dr) = drop {
+        edge_extras::apply_dropout(gpu, p, dr)?;
+    }
+    gat_aggregation_grad(gpu, t, heads, p, dp, d_out, grads.dx)
+}
