@@ -60,5 +60,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "GAT_FUSED_MAX_EDGES",
         spattn::ops::backward::GAT_FUSED_MAX_EDGES,
     )?;
+    m.add(
+        "GAT_ROWS_MIN_HEADS",
+        spattn::ops::backward::GAT_ROWS_MIN_HEADS,
+    )?;
     Ok(())
 }

@@ -26,10 +26,14 @@ __all__ = [
     "head_dot_backward",
     "gat_supports",
     "GAT_FUSED_MAX_EDGES",
+    "GAT_ROWS_MIN_HEADS",
 ]
 
 GAT_FUSED_MAX_EDGES: int
 """Edges up to which the package's GAT backward takes the fused kernels (``kernels="auto"``)."""
+
+GAT_ROWS_MIN_HEADS: int
+"""Heads from which the package's GAT takes the row-statistics kernels (``kernels="auto"``)."""
 
 class SpattnError(RuntimeError):
     """A CUDA driver or runtime failure inside spattn (no driver, no device, a failed launch)."""

@@ -576,11 +576,11 @@ def _check_gat_rows(graph: Graph, x, a_dst, a_src, bias) -> None:
         )
 
 
-# Heads from which "auto" takes the row-statistics kernels: their per-edge score gathers (4
-# bytes a head) are small beside the feature rows only with several heads (8 × 32 f16 on
-# ogbn-arxiv: forward 1.45×, backward 1.28× the composed ops; 1 × 40: 0.71×, 0.76×;
-# docs/kernels/csr-ops.md, "GAT from row statistics").
-_GAT_ROWS_MIN_HEADS = 4
+# Heads from which "auto" takes the row-statistics kernels (the native GatKernels::auto's rule):
+# their per-edge score gathers (4 bytes a head) are small beside the feature rows only with
+# several heads (8 × 32 f16 on ogbn-arxiv: forward 1.45×, backward 1.28× the composed ops;
+# 1 × 40: 0.71×, 0.76×; docs/kernels/csr-ops.md, "GAT from row statistics").
+_GAT_ROWS_MIN_HEADS = _native.GAT_ROWS_MIN_HEADS
 
 
 def _gat_kernels(graph: Graph, x, kernels: str, backward: bool, drop, rows: bool = True) -> str:
