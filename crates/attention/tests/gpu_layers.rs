@@ -23,7 +23,7 @@ use spattn::layers::{
 };
 use spattn::Algorithm;
 use spattn_formats::{read_matrix_market, Csr};
-use spattn_ops::backward::GatKernels;
+use spattn_ops::backward::{GatKernels, GAT_FUSED_MAX_EDGES};
 use spattn_ops::dense::GemmElement;
 use spattn_ops::{cpu, edge_extras, elementwise, DType, DeviceMatrix, DeviceVec, Gpu, Shape};
 
@@ -46,6 +46,23 @@ fn random_graph(rng: &mut Pcg64) -> Csr {
     edges.sort_unstable();
     edges.dedup();
     Csr::from_edges(n as usize, n as usize, &edges).unwrap()
+}
+
+/// 3,000 nodes attending to ~12 random nodes and themselves: past `GAT_FUSED_MAX_EDGES`, so
+/// a one-head GAT layer's backward takes the composed steps.
+fn larger_graph(rng: &mut Pcg64) -> Csr {
+    let n = 3000u32;
+    let mut edges: Vec<(u32, u32)> = (0..n).map(|i| (i, i)).collect();
+    for i in 0..n {
+        for _ in 0..12 {
+            edges.push((i, rng.random_range(0..n)));
+        }
+    }
+    edges.sort_unstable();
+    edges.dedup();
+    let a = Csr::from_edges(n as usize, n as usize, &edges).unwrap();
+    assert!(a.nnz() > GAT_FUSED_MAX_EDGES);
+    a
 }
 
 fn rel<T: DType>(got: &[T], want: &[f64]) -> f64 {
@@ -425,11 +442,15 @@ fn all_gat<T: GemmElement>(c: &Ctx, rng: &mut Pcg64) {
             for concat in [true, false] {
                 gat_case::<T>(c, &a, (heads, concat, 0.0), rng);
             }
-            // Dropout: the composed steps or the fused backward at 1 head, the rows kernels'
-            // masks at 4 and 8.
+            // Dropout: the fused backward at 1 head (these graphs are small), the rows
+            // kernels' masks at 4 and 8.
             gat_case::<T>(c, &a, (heads, true, 0.3), rng);
         }
     }
+    // One head past the fused backward's edges: the composed steps, with and without dropout.
+    let a = larger_graph(rng);
+    gat_case::<T>(c, &a, (1, true, 0.0), rng);
+    gat_case::<T>(c, &a, (1, false, 0.3), rng);
 }
 
 #[test]
@@ -453,6 +474,8 @@ fn gat_with_edge_features_matches_the_f64_cpu_layer() {
             gat_edges_case(&c, &a, heads, &mut rng);
         }
     }
+    // The composed backward's bias gradient (one head past the fused backward's edges).
+    gat_edges_case(&c, &larger_graph(&mut rng), 1, &mut rng);
 }
 
 fn all_transformer<T: GemmElement>(c: &Ctx, rng: &mut Pcg64, algs: &[Algorithm]) {

@@ -170,17 +170,13 @@ fn head_dot_backward_gpu<T: DType>(
 /// take every head).
 #[pyfunction]
 pub(crate) fn gat_supports(kernels: &str, dtype: &str, dim: usize) -> PyResult<bool> {
-    use spattn::ops::backward::{gat_rows_supports, FusedBackward};
+    use spattn::ops::backward::GatKernels;
     let kind = DTypeName::parse(dtype)?.device()?;
-    Ok(match kernels {
-        "fused" => by_dtype!(kind, FusedBackward::supports(dim)),
-        "rows" => by_dtype!(kind, gat_rows_supports(dim)),
-        "composed" => true,
-        other => {
-            return Err(crate::errors::value_error(
-                "kernels",
-                format!("{other:?} is not \"fused\", \"rows\" or \"composed\""),
-            ))
-        }
-    })
+    let Some(set) = crate::cuda::parse_gat_kernels(kernels, false) else {
+        return Err(crate::errors::value_error(
+            "kernels",
+            format!("{kernels:?} is not \"fused\", \"rows\" or \"composed\""),
+        ));
+    };
+    Ok(by_dtype!(kind, GatKernels::supports(set, dim)))
 }

@@ -178,7 +178,8 @@ enum GatKept<B: Placement> {
         a_src: B::Terms,
         /// The edge features' term (`nnz × heads` f32), with edge features.
         bias: Option<B::Edges>,
-        /// The rows kernels' `lse` (`n × heads` f32) and output (`n × heads × out_dim`).
+        /// The rows kernels' `lse` (`n × heads` f32, held as an f32 vector) and output
+        /// (`n × heads × out_dim`).
         rows: Option<(B::Edges, B::Dense)>,
     },
 }
@@ -514,8 +515,8 @@ impl<T: GemmElement> GatConv<Device<T>> {
         let shape = Shape::new(n, h, c)?;
         wh.reshape(shape)?;
         let per_node = Shape::new(n, h, 1)?;
-        let mut e_src = DeviceMatrix::<f32>::zeros(gpu, per_node)?;
-        let mut e_dst = DeviceMatrix::<f32>::zeros(gpu, per_node)?;
+        let mut e_src = DeviceMatrix::<f32>::unset(gpu, per_node)?;
+        let mut e_dst = DeviceMatrix::<f32>::unset(gpu, per_node)?;
         // The score terms in f32, as every GAT kernel reads them (the vectors widened first).
         elementwise::head_dot_f32(gpu, &wh, &widened(&self.att_src.value)?, &mut e_src)?;
         elementwise::head_dot_f32(gpu, &wh, &widened(&self.att_dst.value)?, &mut e_dst)?;
@@ -558,19 +559,23 @@ impl<T: GemmElement> GatConv<Device<T>> {
             gpu_backward::gat_forward(gpu, a, terms, &wh, GatForward::Composed(&mut p), &mut agg)?;
             None
         };
-        // The rows kernels' backward reads the output: keep a copy of it.
-        let rows = match lse {
-            Some(lse) => Some((lse, agg.try_clone()?)),
-            None => None,
-        };
         let out_dims = Dims::new(n, self.config.output_dim());
-        let mut y = if self.config.concat {
+        let (mut y, agg) = if self.config.concat {
+            // y is the output itself; the rows kernels' backward reads it too: a copy for it.
+            let kept = match lse {
+                Some(_) => Some(agg.try_clone()?),
+                None => None,
+            };
             agg.reshape(flat(n, h * c)?)?;
-            agg
+            (agg, kept)
         } else {
             let mut y = DeviceMatrix::zeros(gpu, flat(n, c)?)?;
             elementwise::head_mean(gpu, &agg, &mut y)?;
-            y
+            (y, Some(agg))
+        };
+        let rows = match (lse, agg) {
+            (Some(lse), Some(agg)) => Some((lse, agg)),
+            _ => None,
         };
         if let Some(b) = &self.bias {
             elementwise::bias_add(gpu, &mut y, out_dims, &b.value)?;

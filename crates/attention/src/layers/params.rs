@@ -76,8 +76,8 @@ pub trait Placement {
     type Plan;
     /// The row statistics an attention forward keeps for its backward (none on the host).
     type Stats;
-    /// Per-node terms of a layer's scores (GAT's `a_dst`, `a_src`): `F` on the host, f32 on the
-    /// device.
+    /// Per-node terms of a layer's scores (GAT's `a_dst`, `a_src`, which the device layer keeps
+    /// for its backward): `Vec<F>` on the host (unused there), an f32 matrix on the device.
     type Terms;
 }
 

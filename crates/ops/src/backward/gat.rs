@@ -1,17 +1,18 @@
-//! GAT's and GATv2's attention backward on the GPU, written once for every caller
-//! (`spattn::layers`' `GatConv`, the Python package's GAT and GATv2): three steps composed of the
-//! CSR ops. With the forward's [`crate::csr_ops::gat_scores`], the device twin of
-//! [`crate::cpu::gat_attention`] and [`crate::cpu::gat_attention_backward`].
+//! GAT's and GATv2's attention backward on the GPU: the fused passes and the steps composed of
+//! the CSR ops, which [`super::gat_backward`] (every GAT caller's entry: `spattn::layers`'
+//! `GatConv`, the Python package) runs by kernel set, and GATv2's composition uses. With the
+//! forward's [`crate::csr_ops::gat_scores`], the device twin of [`crate::cpu::gat_attention`]
+//! and [`crate::cpu::gat_attention_backward`].
 //!
-//! Forward (the caller's): [`crate::csr_ops::gat_scores`] (`s = a_dst[i] + a_src[j] + bias`, or GATv2's
-//! [`crate::csr_ops::sddmm_gatv2`]), [`crate::csr_ops::edge_softmax`] with the LeakyReLU (`P`),
-//! [`crate::edge_extras::apply_dropout`] on a copy of `P` where dropout (`W`), then
-//! [`crate::csr_ops::spmm`] (`out = W · x`).
+//! Forward ([`super::gat_forward`]'s composed set): [`crate::csr_ops::gat_scores`] (`s =
+//! a_dst[i] + a_src[j] + bias`, or GATv2's [`crate::csr_ops::sddmm_gatv2`]), the softmax with
+//! the LeakyReLU (`P`), dropout in place where asked (`W`), then [`crate::csr_ops::spmm`]
+//! (`out = W · x`): [`super::softmax_aggregate`].
 //!
 //! Backward, fused ([`gat_fused_backward`], for the heads [`FusedBackward::supports`]): the
 //! fused backward's two passes with GAT's additive scores, one gather per edge and pass, no
 //! per-edge buffer but the bias's gradient, deterministic. Composed (every other head, and
-//! where the caller keeps the forward's per-edge values): [`gat_score_grad`] (`dS`, the
+//! larger graphs): [`gat_score_grad`] (`dS`, the
 //! gradient of each pre-activation score: a bias's gradient), [`gat_vector_grads`] (`Σ_row dS`,
 //! `Σ_column dS`: the attention vectors' terms), [`gat_aggregation_grad`] (`dx = Wᵀ · dOut`).
 //! Each composed step names what it reads and what it overwrites. From row statistics (no

@@ -14,7 +14,7 @@ use crate::device_csr::DeviceCsr;
 use crate::dropout::Dropout;
 use crate::dtype::DType;
 use crate::edge_extras;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 
 use super::gat::{
@@ -48,9 +48,10 @@ pub const GAT_FUSED_MAX_EDGES: usize = 1 << 15;
 
 impl GatKernels {
     /// The set for `heads × head_dim` of `T` on a graph of `nnz` edges: the rows kernels for
-    /// several heads (for a backward, only where `rows`: the rows forward's output and
-    /// statistics are at hand), else for a backward the fused passes on small graphs, else
-    /// the composed steps.
+    /// several heads where they take the head (`gat_rows_supports`; for a backward, only where
+    /// `rows`: the rows forward's output and statistics are at hand), else for a backward the
+    /// fused passes on small graphs where they take the head ([`FusedBackward::supports`]),
+    /// else the composed steps.
     pub fn auto<T: DType>(
         heads: usize,
         head_dim: usize,
@@ -186,6 +187,12 @@ pub fn gat_backward<T: DType>(
         GatBackward::Fused => return gat_fused_backward(gpu, (a, t), terms, (x, d_out), grads),
         GatBackward::Composed(ws) => ws,
     };
+    if terms.bias.is_some() && grads.d_bias.is_none() {
+        return Err(Error::InvalidArgument {
+            what: "d_bias",
+            why: "a bias needs its gradient's buffer".into(),
+        });
+    }
     let heads = d_out.shape().heads;
     let drop = terms.dropout;
     csr_ops::gat_scores(gpu, a, (terms.a_dst, terms.a_src), terms.bias, s)?;
