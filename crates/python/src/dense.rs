@@ -165,6 +165,30 @@ fn head_dot_backward_gpu<T: DType>(
     }
 }
 
+/// The GAT kernels `"auto"` stands for on CUDA (`GatKernels::auto`, the Rust layer's rule too):
+/// `"rows"`, `"fused"` (a backward only) or `"composed"`, for `heads × dim` of `dtype` on a graph
+/// of `nnz` edges; a backward takes the rows kernels only where `rows` (the rows forward's
+/// output is at hand).
+#[pyfunction]
+pub(crate) fn gat_auto_kernels(
+    dtype: &str,
+    heads: usize,
+    dim: usize,
+    nnz: usize,
+    backward: bool,
+    rows: bool,
+) -> PyResult<&'static str> {
+    use spattn::ops::backward::GatKernels;
+    let kind = DTypeName::parse(dtype)?.device()?;
+    Ok(
+        match by_dtype!(kind, GatKernels::auto(heads, dim, nnz, backward, rows)) {
+            GatKernels::Rows => "rows",
+            GatKernels::Fused => "fused",
+            GatKernels::Composed => "composed",
+        },
+    )
+}
+
 /// Whether GAT's `kernels` (`"fused"`: the fused backward; `"rows"`: the row-statistics
 /// forward and backward) take heads of `dim` features of `dtype` on CUDA (the composed steps
 /// take every head).

@@ -371,6 +371,25 @@ def test_edge_rows_kept_for_attributes_without_gradient(gen, name, monkeypatch):
     assert (snn._ROWS, name) not in graph._derived  # forgotten with the attributes
 
 
+def test_gat_auto_kernels_follow_the_native_rule(gen):
+    # The package's "auto" is the native GatKernels::auto (which the Rust layer follows too).
+    from spattn import _native
+    from spattn import functional as Fn
+
+    g = spattn.Graph.from_edge_index(random_edge_index(gen), num_nodes=24)
+    many, one = (torch.zeros(24, h, 32, dtype=torch.float16) for h in (_native.GAT_ROWS_MIN_HEADS, 1))
+    assert Fn._gat_kernels(g, many, "auto", False, None) == "rows"
+    assert Fn._gat_kernels(g, many, "auto", True, None) == "rows"
+    assert Fn._gat_kernels(g, many, "auto", True, None, rows=False) == "fused"
+    assert Fn._gat_kernels(g, one, "auto", True, None) == "fused"
+    assert Fn._gat_kernels(g, one, "auto", False, None) == "composed"
+    assert Fn._gat_kernels(g, one, "composed", True, None) == "composed"  # asked for by name
+    past = _native.GAT_FUSED_MAX_EDGES + 1
+    assert _native.gat_auto_kernels("f16", 1, 32, past, True, True) == "composed"
+    with pytest.raises(TypeError, match="dtype"):
+        _native.gat_auto_kernels("int8", 1, 32, 10, True, True)
+
+
 def test_gat_edge_scores_stay_float32_under_autocast(gen):
     from spattn.nn import _folded_edge_scores
 

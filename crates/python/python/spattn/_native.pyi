@@ -25,6 +25,7 @@ __all__ = [
     "head_dot",
     "head_dot_backward",
     "gat_supports",
+    "gat_auto_kernels",
     "GAT_FUSED_MAX_EDGES",
     "GAT_ROWS_MIN_HEADS",
 ]
@@ -59,6 +60,11 @@ def head_dot_backward(device: int, dtype: str, rows: int, heads: int, dim: int, 
                       n_att: int = 1) -> None:
     """Adds ``Σ_t d_out[t] ⊗ att[t]`` into ``dx`` and ``Σ_i d_out[t, i, h] x[i, h, :]`` into
     ``d_att[t]``."""
+
+def gat_auto_kernels(dtype: str, heads: int, dim: int, nnz: int, backward: bool, rows: bool) -> str:
+    """The GAT kernels ``kernels="auto"`` stands for on CUDA: ``"rows"``, ``"fused"`` (a backward
+    only) or ``"composed"``, for ``heads × dim`` features of ``dtype`` on a graph of ``nnz``
+    edges (a backward takes ``"rows"`` only where ``rows``)."""
 
 def gat_supports(kernels: str, dtype: str, dim: int) -> bool:
     """Whether GAT's ``kernels`` (``"fused"``, ``"rows"``, ``"composed"``) take heads of ``dim``

@@ -10,7 +10,6 @@ On CPU tensors (and numpy arrays) the CPU reference ops run in float32 or float6
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Optional, Tuple
 
 from . import _native
@@ -576,31 +575,17 @@ def _check_gat_rows(graph: Graph, x, a_dst, a_src, bias) -> None:
         )
 
 
-# Heads from which "auto" takes the row-statistics kernels (the native GatKernels::auto's rule):
-# their per-edge score gathers (4 bytes a head) are small beside the feature rows only with
-# several heads (8 × 32 f16 on ogbn-arxiv: forward 1.45×, backward 1.28× the composed ops;
-# 1 × 40: 0.71×, 0.76×; docs/kernels/csr-ops.md, "GAT from row statistics").
-_GAT_ROWS_MIN_HEADS = _native.GAT_ROWS_MIN_HEADS
-
-
 def _gat_kernels(graph: Graph, x, kernels: str, backward: bool, drop, rows: bool = True) -> str:
-    """The GAT kernels ``"auto"`` stands for on CUDA: the row-statistics kernels (no per-edge
-    buffer) for several heads (and, for a backward, ``rows``: the forward's output is at
-    hand); otherwise, for the backward, the fused passes on small graphs and the composed CSR
-    ops beyond (and the composed ops for the forward)."""
+    """The GAT kernels ``"auto"`` stands for on CUDA (the native rule, which the Rust layer
+    follows too): the row-statistics kernels (no per-edge buffer) from
+    ``_native.GAT_ROWS_MIN_HEADS`` heads (and, for a backward, ``rows``: the forward's output is
+    at hand); otherwise, for the backward, the fused passes up to
+    ``_native.GAT_FUSED_MAX_EDGES`` edges and the composed CSR ops beyond (and the composed ops
+    for the forward)."""
     if kernels != "auto":
         return kernels
-    dt, h, c = dtype_name(x.dtype), x.shape[1], x.shape[2]
-    if rows and h >= _GAT_ROWS_MIN_HEADS and _gat_supports("rows", dt, c):
-        return "rows"
-    if backward and graph.num_edges <= _native.GAT_FUSED_MAX_EDGES and _gat_supports("fused", dt, c):
-        return "fused"
-    return "composed"
-
-
-@functools.lru_cache(maxsize=None)
-def _gat_supports(kernels: str, dtype: str, dim: int) -> bool:
-    return _native.gat_supports(kernels, dtype, dim)
+    return _native.gat_auto_kernels(dtype_name(x.dtype), x.shape[1], x.shape[2],
+                                    graph.num_edges, backward, rows)
 
 
 def gat_forward(graph: Graph, x, a_dst, a_src, bias, slope, drop, kernels="auto"):
