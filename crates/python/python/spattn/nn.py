@@ -390,15 +390,25 @@ def edge_scatter_impl(num_edges: int, data: Tensor, positions: Tensor) -> Tensor
     """``data``'s rows at their ``positions`` of ``num_edges`` rows (0 elsewhere); rows at -1
     are dropped (written to a spare row past the end)."""
     spare = data.new_zeros((num_edges + 1,) + tuple(data.shape[1:]))
-    index = torch.where(positions < 0, torch.full_like(positions, num_edges), positions)
-    return spare.index_copy_(0, index, data)[:num_edges]
+    return spare.index_copy_(0, _slots(positions, num_edges), data)[:num_edges]
 
 
 def edge_order_grad(d_out: Tensor, positions: Tensor) -> Tensor:
     """The gradient of :func:`edge_scatter_impl` for its input rows: ``d_out`` at each row's
-    position, 0 for a replaced row (position -1: the zero row appended)."""
+    position, 0 for a replaced row (position -1)."""
+    return _gather_slots(d_out, _slots(positions, d_out.shape[0]))
+
+
+def _slots(positions: Tensor, num_edges: int) -> Tensor:
+    """Each row's CSR edge from its position, the spare slot ``num_edges`` (past the end) for a
+    replaced row (position -1)."""
+    return torch.where(positions < 0, torch.full_like(positions, num_edges), positions)
+
+
+def _gather_slots(d_out: Tensor, slots: Tensor) -> Tensor:
+    """``d_out``'s rows at ``slots``, 0 at the spare slot: the adjoint of placing rows there."""
     padded = torch.cat([d_out, d_out.new_zeros((1,) + tuple(d_out.shape[1:]))])
-    return _gather_rows(padded, torch.where(positions < 0, d_out.shape[0], positions))
+    return _gather_rows(padded, slots)
 
 
 def _gather_rows(data: Tensor, index: Tensor) -> Tensor:
@@ -428,7 +438,7 @@ def _edge_order_cached(graph: Graph, edge_index: Tensor, data: Tensor, self_loop
         return hit[2]
     positions = edge_positions_impl(graph, edge_index, data, self_loops)
     nnz = graph.num_edges
-    slots = torch.where(positions < 0, torch.full_like(positions, nnz), positions)
+    slots = _slots(positions, nnz)
     rows = torch.arange(positions.numel(), device=positions.device)
     # Replaced rows land on the spare entry past the end, which is cut off.
     sources = positions.new_zeros(nnz + 1).index_copy_(0, slots, rows)[:nnz]
@@ -454,8 +464,7 @@ class _EdgeOrder(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_out):
         (slots,) = ctx.saved_tensors
-        padded = torch.cat([d_out, d_out.new_zeros((1,) + tuple(d_out.shape[1:]))])
-        return _gather_rows(padded, slots), None, None
+        return _gather_slots(d_out, slots), None, None
 
 
 def _check_edge_rows(layer: str, edge_index: Any, edge_attr: Tensor) -> None:
