@@ -74,7 +74,7 @@ use crate::launch::{
 use crate::schedule::{group_for, vector_width};
 use crate::shape::Shape;
 
-use super::gat_rows::{draw_keep_bits, dropout_mask_words};
+use super::keep_bits::{draw_keep_bits, dropout_mask_words};
 use super::DeviceTranspose;
 
 /// Threads per block of both passes.

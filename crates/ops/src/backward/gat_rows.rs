@@ -22,7 +22,7 @@
 //! atomics, the same bits every run. Device memory beyond the outputs: the caller's `lse` and
 //! `nnz × heads` f32 `dS`, and the graph's split-unit scratch (grown once, kept).
 
-use cudarc::driver::{CudaViewMut, LaunchArgs};
+use cudarc::driver::LaunchArgs;
 use spattn_kernels_sys::CSR_OPS;
 
 use crate::buffer::{grown, DeviceMatrix, DeviceVec};
@@ -40,6 +40,7 @@ use crate::schedule::vector_width;
 use crate::shape::Shape;
 
 use super::fused::check_transpose;
+use super::keep_bits::{draw_keep_bits, dropout_mask_words};
 use super::{DeviceTranspose, GatGrads, GatScoreTerms};
 
 /// The lane layout of the feature passes: `(vec, hl, g, tiles)`: vectors of `vec` features,
@@ -75,15 +76,6 @@ pub(crate) fn grad_rows_kernel(dtype: &str, vec: u32, drop: bool) -> String {
     format!("gat_grad_rows{d}_csr_{dtype}_v{vec}")
 }
 
-/// The u32 words of one dropout mask of the rows kernels: a bit per edge and head,
-/// `⌈nnz·heads / 32⌉`. [`gat_forward_rows`] takes one mask's workspace, [`gat_backward_rows`]
-/// two (A's order, then Aᵀ's).
-///
-/// Errors: [`Error::InvalidArgument`] where `nnz·heads` overflows `usize`.
-pub fn dropout_mask_words(nnz: usize, heads: usize) -> Result<usize> {
-    Ok(product("edges x heads", &[nnz, heads])?.div_ceil(32))
-}
-
 /// The dropout mask workspace and one mask's words, checked (present with dropout, `copies`
 /// masks long, on `gpu`), or `None` without dropout.
 fn mask_workspace<'m>(
@@ -117,35 +109,6 @@ fn mask_workspace<'m>(
     }
     check_same_gpu(gpu, "dropout mask", &*mask)?;
     Ok(Some((mask, words)))
-}
-
-/// Draws `a`'s dropout mask into `bits` (one mask's words): bit `k` of word `w`, element
-/// `i = 32w + k = p·heads + h` of the order a pass walks, is whether A's element
-/// `order[p]·heads + h` is kept (`order` `None`: `p` itself, A's order).
-pub(super) fn draw_keep_bits(
-    gpu: &Gpu,
-    a: &DeviceCsr,
-    heads: usize,
-    order: Option<&DeviceVec<u32>>,
-    drop: &DropoutWords,
-    bits: &mut CudaViewMut<'_, u32>,
-) -> Result<()> {
-    let words = bits.len();
-    if words == 0 {
-        return Ok(());
-    }
-    let n = product("edges x heads", &[a.nnz(), heads])? as u64;
-    let heads_u = to_u32("heads", heads)?;
-    let name = spattn_kernels_sys::kernel!(CSR_OPS, "dropout_keep_bits");
-    let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
-    let mut args = gpu.launch_builder(&f);
-    args.arg(&n).arg(&heads_u).arg_or_null(order);
-    drop.push(&mut args);
-    args.arg(bits);
-    // SAFETY: writes bits[w] for w < ⌈n / 32⌉ = words (the view's length: one mask of
-    // dropout_mask_words, checked by the caller); reads order[p] for p = i / heads < nnz,
-    // order being None or Aᵀ's edge map (nnz long).
-    unsafe { launch(name, &mut args, group_grid(words, 1, 1)?) }
 }
 
 /// Errors unless `lse` holds `n_rows × heads` f32 on `gpu`.

@@ -63,6 +63,7 @@ pub(crate) mod fused;
 pub(crate) mod gat;
 mod gat_kernels;
 pub(crate) mod gat_rows;
+mod keep_bits;
 mod tc;
 pub use fused::FusedBackward;
 pub use gat::{
@@ -74,9 +75,9 @@ pub use gat_kernels::{
     GAT_FUSED_MAX_EDGES, GAT_ROWS_MIN_HEADS,
 };
 pub use gat_rows::{
-    dropout_mask_words, gat_backward_rows, gat_forward_rows, gat_row_stats, gat_rows_supports,
-    RowStats,
+    gat_backward_rows, gat_forward_rows, gat_row_stats, gat_rows_supports, RowStats,
 };
+pub use keep_bits::dropout_mask_words;
 pub use tc::TensorCoreBackward;
 
 /// Threads per block of the elementwise and reduction kernels.
