@@ -378,12 +378,12 @@ def test_gat_auto_kernels_follow_the_native_rule(gen):
 
     g = spattn.Graph.from_edge_index(random_edge_index(gen), num_nodes=24)
     many, one = (torch.zeros(24, h, 32, dtype=torch.float16) for h in (_native.GAT_ROWS_MIN_HEADS, 1))
-    assert Fn._gat_kernels(g, many, "auto", False, None) == "rows"
-    assert Fn._gat_kernels(g, many, "auto", True, None) == "rows"
-    assert Fn._gat_kernels(g, many, "auto", True, None, rows=False) == "fused"
-    assert Fn._gat_kernels(g, one, "auto", True, None) == "fused"
-    assert Fn._gat_kernels(g, one, "auto", False, None) == "composed"
-    assert Fn._gat_kernels(g, one, "composed", True, None) == "composed"  # asked for by name
+    assert Fn._gat_kernels(g, many, "auto", False) == "rows"
+    assert Fn._gat_kernels(g, many, "auto", True) == "rows"
+    assert Fn._gat_kernels(g, many, "auto", True, rows=False) == "fused"
+    assert Fn._gat_kernels(g, one, "auto", True) == "fused"
+    assert Fn._gat_kernels(g, one, "auto", False) == "composed"
+    assert Fn._gat_kernels(g, one, "composed", True) == "composed"  # asked for by name
     past = _native.GAT_FUSED_MAX_EDGES + 1
     assert _native.gat_auto_kernels("f16", 1, 32, past, True, True) == "composed"
     with pytest.raises(TypeError, match="dtype"):

@@ -575,7 +575,7 @@ def _check_gat_rows(graph: Graph, x, a_dst, a_src, bias) -> None:
         )
 
 
-def _gat_kernels(graph: Graph, x, kernels: str, backward: bool, drop, rows: bool = True) -> str:
+def _gat_kernels(graph: Graph, x, kernels: str, backward: bool, rows: bool = True) -> str:
     """The GAT kernels ``"auto"`` stands for on CUDA (the native rule, which the Rust layer
     follows too): the row-statistics kernels (no per-edge buffer) from
     ``_native.GAT_ROWS_MIN_HEADS`` heads (and, for a backward, ``rows``: the forward's output is
@@ -606,7 +606,7 @@ def gat_forward_keeping(graph: Graph, x, a_dst, a_src, bias, slope, drop, kernel
     if graph.num_edges == 0 or out.numel() == 0:
         return out.zero_(), None
     cuda = x.device.type == "cuda"
-    kernels = _gat_kernels(graph, x, kernels, False, drop) if cuda else "composed"
+    kernels = _gat_kernels(graph, x, kernels, False) if cuda else "composed"
     ws = None
     if cuda:
         # Rows: the statistics, then (with dropout) the mask's words; composed: the probabilities.
@@ -646,7 +646,7 @@ def gat_backward(graph: Graph, x, a_dst, a_src, d_out, bias, slope, drop, outs=N
     if not cuda:
         kernels = "composed"  # the CPU has one path
     else:
-        kernels = _gat_kernels(graph, x, kernels, True, drop, rows=out is not None)
+        kernels = _gat_kernels(graph, x, kernels, True, rows=out is not None)
         if kernels == "rows" and out is None:
             raise ValueError('kernels="rows" needs out, the forward\'s output')
     if out is not None:
