@@ -1686,31 +1686,6 @@ __device__ __forceinline__ void csr_edges_sum(const u32* __restrict__ col_indice
     }
 }
 
-// One lane's V vector of one edge as csr_edges_online holds it until the accumulate: the stored
-// bits for f16/bf16 (half the registers of floats for VEC >= 2; the loop's occupancy is
-// register-bound) and floats for f32 (same registers either way; the float form schedules
-// better on small graphs).
-template <class T, int VEC> struct HeldV {
-    typedef typename RawOf<sizeof(T) * VEC>::type Raw;
-    Raw raw;
-    __device__ __forceinline__ void load(const T* __restrict__ p) {
-        raw = __ldg(reinterpret_cast<const Raw*>(p));
-    }
-    __device__ __forceinline__ void zero() { raw = Raw(); }
-    __device__ __forceinline__ float at(int i) const {
-        return to_f32(reinterpret_cast<const T*>(&raw)[i]);
-    }
-};
-template <int VEC> struct HeldV<float, VEC> {
-    float x[VEC];
-    __device__ __forceinline__ void load(const float* __restrict__ p) { load_vec<float, VEC>(p, x); }
-    __device__ __forceinline__ void zero() {
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) x[i] = 0.0f;
-    }
-    __device__ __forceinline__ float at(int i) const { return x[i]; }
-};
-
 // Folds a tile's TILE (a power of two) values pairwise, neighbours first: op(op(x0, x1),
 // op(x2, x3)) for 4 (the tile's sum and max in csr_edges_online).
 template <int TILE, class Op>

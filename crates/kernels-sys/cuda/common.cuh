@@ -70,6 +70,31 @@ __device__ __forceinline__ void store_vec(T* p, const float (&in)[VEC]) {
     *reinterpret_cast<Raw*>(p) = raw;
 }
 
+// A lane's vector of VEC features held from its load to its use (csr_edges_online's V and edge
+// vectors, gat_grad_rows' gathered rows): the stored bits for f16/bf16 (half the registers of
+// floats for VEC >= 2, where occupancy is register-bound) and floats for f32 (same registers
+// either way; the float form schedules better on small graphs).
+template <class T, int VEC> struct HeldV {
+    typedef typename RawOf<sizeof(T) * VEC>::type Raw;
+    Raw raw;
+    __device__ __forceinline__ void load(const T* __restrict__ p) {
+        raw = __ldg(reinterpret_cast<const Raw*>(p));
+    }
+    __device__ __forceinline__ void zero() { raw = Raw(); }
+    __device__ __forceinline__ float at(int i) const {
+        return to_f32(reinterpret_cast<const T*>(&raw)[i]);
+    }
+};
+template <int VEC> struct HeldV<float, VEC> {
+    float x[VEC];
+    __device__ __forceinline__ void load(const float* __restrict__ p) { load_vec<float, VEC>(p, x); }
+    __device__ __forceinline__ void zero() {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) x[i] = 0.0f;
+    }
+    __device__ __forceinline__ float at(int i) const { return x[i]; }
+};
+
 // One lane's share of <x[0..n), y[0..n)> in f32: lane `lane` of a group of `g` takes the
 // VEC-element chunks lane, lane + g, ... (n a multiple of VEC); the caller sums the group's.
 template <class T, int VEC>

@@ -571,10 +571,11 @@ __device__ __forceinline__ void gat_grad_rows(
         const float d_row = group_sum(dd, mask, hl);
         float dsum = 0.0f;
         for (u32 e = start; e < end; e += 4) {
-            float x4[4][VEC], as[4], f[4];
+            HeldV<T, VEC> x4[4];
+            float as[4], f[4];
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                load_vec<T, VEC>(x + (u64)c[j] * hd + feat, x4[j]);
+                x4[j].load(x + (u64)c[j] * hd + feat);
                 as[j] = __ldg(sc.a_src + (u64)c[j] * heads + ln.h);
                 const u32 pos = e + j < end ? e + j : last;
                 f[j] = DROP ? kept_factor(keep, (u64)pos * heads + ln.h, sc.drop.scale) : 1.0f;
@@ -586,7 +587,7 @@ __device__ __forceinline__ void gat_grad_rows(
             for (int j = 0; j < 4; ++j) {
                 float dw = 0.0f;
 #pragma unroll
-                for (int i = 0; i < VEC; ++i) dw = fmaf(dov[i], x4[j][i], dw);
+                for (int i = 0; i < VEC; ++i) dw = fmaf(dov[i], x4[j].at(i), dw);
                 dw = group_sum(dw, mask, hl);
                 if (e + j >= end) continue;
                 const u64 edge = (u64)(e + j) * heads + ln.h;
