@@ -13,31 +13,70 @@ __device__ void bias_add(T* y, const T* __restrict__ bias, u64 rows, u32 cols) {
     }
 }
 
-// part[b, h, d] = the b-th row block's share of sum_i w[i, h] * x[i, h, d] (w = 1 where null):
-// the gradient of a bias (heads = 1) or of a GAT attention vector, which sum_parts adds up in a
-// fixed order (no float atomics: the same bits every run). Block (32, 8): x walks 32
-// consecutive columns (coalesced), y and the grid's y walk rows; a shared-memory sum over y.
+// Attention vectors a head kernel takes at once (GAT's source and target: 2), and weight
+// vectors weighted_col_sum sums at once.
+#define SPATTN_HEAD_MAX_ATT 4
+
+// part[b, t, c] = the b-th row block's share of sum_i w[t, i, h] * x[i, c] (c = h * dim + d) for
+// each of the n_w <= SPATTN_HEAD_MAX_ATT weight vectors (w = 1 where null, n_w = 1): the gradient
+// of a bias (heads = 1) or of GAT's attention vectors (every one from one read of x), which
+// sum_parts adds up in a fixed order (no float atomics: the same bits every run). Block (32, 8):
+// a thread owns vw consecutive columns (vw = 16 / sizeof(T), one vector, where the host found
+// dim a multiple of it; else 1), the 8 rows of threads and the grid's y walk rows; a
+// shared-memory sum over the 8.
 template <class T>
 __device__ void weighted_col_sum(const T* __restrict__ x, const float* __restrict__ w, u32 rows,
-                                 u32 heads, u32 dim, float* __restrict__ part_out) {
-    __shared__ float part[8][33];
+                                 u32 heads, u32 dim, u32 n_w, u32 vw, float* __restrict__ part_out) {
+    constexpr u32 V = 16u / sizeof(T);
+    __shared__ float part[8][32 * V + 1];
     const u32 cols = heads * dim;
-    const u32 c = blockIdx.x * 32u + threadIdx.x;
-    float acc = 0.0f;
-    if (c < cols) {
-        const u32 h = c / dim;
+    const u32 c0 = (blockIdx.x * 32u + threadIdx.x) * vw;
+    const u64 per_w = (u64)rows * heads;
+    float acc[SPATTN_HEAD_MAX_ATT][V];
+#pragma unroll
+    for (u32 t = 0; t < SPATTN_HEAD_MAX_ATT; ++t)
+#pragma unroll
+        for (u32 j = 0; j < V; ++j) acc[t][j] = 0.0f;
+    if (c0 < cols) {
+        // vw = V only where dim is a multiple of V: the thread's columns share one head.
+        const u32 h = c0 / dim;
+        const bool vec = vw == V && ((unsigned long long)x & 15ull) == 0ull;
+#pragma unroll 2
         for (u32 i = blockIdx.y * blockDim.y + threadIdx.y; i < rows; i += gridDim.y * blockDim.y) {
-            float v = to_f32(x[(u64)i * cols + c]);
-            if (w != nullptr) v *= w[(u64)i * heads + h];
-            acc += v;
+            const T* xr = x + (u64)i * cols + c0;
+            float v[V];
+            if (vec) {
+                load_vec<T, V>(xr, v);
+            } else {
+#pragma unroll
+                for (u32 j = 0; j < V; ++j) v[j] = j < vw && c0 + j < cols ? to_f32(xr[j]) : 0.0f;
+            }
+#pragma unroll
+            for (u32 t = 0; t < SPATTN_HEAD_MAX_ATT; ++t) {
+                if (t >= n_w) break;
+                const float wt = w != nullptr ? __ldg(w + t * per_w + (u64)i * heads + h) : 1.0f;
+#pragma unroll
+                for (u32 j = 0; j < V; ++j) acc[t][j] = fmaf(wt, v[j], acc[t][j]);
+            }
         }
     }
-    part[threadIdx.y][threadIdx.x] = acc;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < cols) {
-        float s = 0.0f;
-        for (u32 r = 0; r < blockDim.y; ++r) s += part[r][threadIdx.x];
-        part_out[(u64)blockIdx.y * cols + c] = s;
+    // The block's 32 * vw columns: thread (y, x) holds columns x * vw .. of row y's share; the
+    // first 32 * vw threads each add one column's 8 shares.
+    const u32 tid = threadIdx.y * 32u + threadIdx.x;
+    const u32 col = blockIdx.x * 32u * vw + tid;
+#pragma unroll
+    for (u32 t = 0; t < SPATTN_HEAD_MAX_ATT; ++t) {
+        if (t >= n_w) break;
+#pragma unroll
+        for (u32 j = 0; j < V; ++j)
+            if (j < vw) part[threadIdx.y][threadIdx.x * vw + j] = acc[t][j];
+        __syncthreads();
+        if (tid < 32u * vw && col < cols) {
+            float s = 0.0f;
+            for (u32 r = 0; r < 8u; ++r) s += part[r][tid];
+            part_out[((u64)blockIdx.y * n_w + t) * cols + col] = s;
+        }
+        __syncthreads();
     }
 }
 
@@ -88,9 +127,6 @@ struct HeadWalk {
         while (g < per && g < 32u) g <<= 1;
     }
 };
-
-// Attention vectors a head kernel takes at once (GAT's source and target: 2).
-#define SPATTN_HEAD_MAX_ATT 4
 
 // out[k, i, h] = <x[i, h, :], att[k, h, :]> in f32 with f32 attention vectors (the Python
 // layers' score terms), n_att <= SPATTN_HEAD_MAX_ATT of them from one read of x: a group of
@@ -333,9 +369,10 @@ __device__ void sgd(T* p, const float* __restrict__ g, u64 n, float lr, float wd
     extern "C" __global__ void bias_add_dense_##S(T* y, const T* bias, u64 rows, u32 cols) {    \
         bias_add<T>(y, bias, rows, cols);                                                       \
     }                                                                                           \
-    extern "C" __global__ void weighted_col_sum_dense_##S(const T* x, const float* w, u32 rows,     \
-                                                          u32 heads, u32 dim, float* part) {    \
-        weighted_col_sum<T>(x, w, rows, heads, dim, part);                                      \
+    extern "C" __global__ void __launch_bounds__(256)                                           \
+        weighted_col_sum_dense_##S(const T* x, const float* w, u32 rows, u32 heads, u32 dim,    \
+                                   u32 n_w, u32 vw, float* part) {                              \
+        weighted_col_sum<T>(x, w, rows, heads, dim, n_w, vw, part);                             \
     }                                                                                           \
     extern "C" __global__ void head_dot_dense_##S(const T* x, const T* att, u32 rows, u32 heads, \
                                                   u32 dim, u32 n_att, T* out) {                 \

@@ -145,12 +145,15 @@ pub fn bias_grad<T: DType>(
 ) -> Result<()> {
     expect_len("dy", dims.len()?, dy.len())?;
     expect_len("bias gradient", dims.cols, db.len())?;
-    col_sum(gpu, dy, None, dims.rows, 1, dims.cols, db)
+    col_sum(gpu, dy, (None, 1), dims.rows, 1, dims.cols, db)
 }
 
 /// `out[h, d] += Σ_i w[i, h] · x[i, h, d]` for `x` of `rows × heads × dim` and `w` of
 /// `rows × heads × 1` (f32): the gradient of a GAT attention vector (`w` the scores' gradient,
-/// kept in f32 because the sum over every node cancels heavily).
+/// kept in f32 because the sum over every node cancels heavily). With `k` ≤ [`HEAD_MAX_ATT`]
+/// weight vectors (`w` of `(k · rows) × heads × 1`, `out` of `k · heads · dim`: vector `t`'s
+/// weights in rows `t · rows ..`, its sum at `t · heads · dim ..`), every sum from one read of
+/// `x`.
 pub fn head_weighted_sum<T: DType>(
     gpu: &Gpu,
     x: &DeviceMatrix<T>,
@@ -158,19 +161,45 @@ pub fn head_weighted_sum<T: DType>(
     out: &mut DeviceVec<f32>,
 ) -> Result<()> {
     let s = x.shape();
-    Shape::new(s.rows, s.heads, 1)?.expect_eq("weights", w.shape())?;
-    expect_len("attention gradient", s.row_len(), out.len())?;
-    col_sum(gpu, x, Some(w.as_vec()), s.rows, s.heads, s.head_dim, out)
+    let k = match (s.rows, s.row_len()) {
+        (0, 0) => 1,
+        (0, len) => out.len() / len,
+        (rows, _) => w.shape().rows / rows,
+    };
+    if !(1..=HEAD_MAX_ATT).contains(&k) {
+        return Err(Error::InvalidArgument {
+            what: "weights",
+            why: format!(
+                "{} rows of weights for {} rows of x: expected 1 to {HEAD_MAX_ATT} vectors",
+                w.shape().rows,
+                s.rows
+            ),
+        });
+    }
+    Shape::new(k * s.rows, s.heads, 1)?.expect_eq("weights", w.shape())?;
+    expect_len("attention gradient", k * s.row_len(), out.len())?;
+    col_sum(
+        gpu,
+        x,
+        (Some(w.as_vec()), k),
+        s.rows,
+        s.heads,
+        s.head_dim,
+        out,
+    )
 }
 
-/// The most row blocks of a column sum: its parts (this many × the columns, f32) are scratch of
-/// each call, so bounded (1 MiB at 256 columns) while the grid still fills a GPU many times.
+/// The most row blocks of a column sum: its parts (this many × the columns × the weight
+/// vectors, f32) are scratch of each call, so bounded (4 MiB at 256 columns and 4 vectors)
+/// while the grid still fills a GPU many times.
 const COL_SUM_ROW_BLOCKS: u32 = 1024;
 
+/// `out[t · cols + c] += Σ_i w[t, i, h(c)] · x[i, c]` for the `n_w` weight vectors of `w` (1
+/// where `None`, `n_w` = 1) over `x`'s `rows × heads·dim`.
 fn col_sum<T: DType>(
     gpu: &Gpu,
     x: &impl DenseBuffer<T>,
-    w: Option<&DeviceVec<f32>>,
+    (w, n_w): (Option<&DeviceVec<f32>>, usize),
     rows: usize,
     heads: usize,
     dim: usize,
@@ -183,31 +212,39 @@ fn col_sum<T: DType>(
     let cols = heads * dim;
     let rows_u = to_u32("rows", rows)?;
     let (heads_u, dim_u) = (to_u32("heads", heads)?, to_u32("dim", dim)?);
+    let n_w_u = to_u32("weight vectors", n_w)?; // at most HEAD_MAX_ATT (callers)
     if rows == 0 || cols == 0 {
         return Ok(());
     }
+    // A thread's columns: one 16-byte vector where a head holds whole vectors.
+    let v = 16 / std::mem::size_of::<T>();
+    let vw = if dim % v == 0 { v } else { 1 };
     let row_blocks = blocks_for(rows, 8 * 16)?.clamp(1, COL_SUM_ROW_BLOCKS);
     let mut part = DeviceVec::<f32>::unset(
         gpu,
-        product("column sum parts", &[row_blocks as usize, cols])?,
+        product("column sum parts", &[row_blocks as usize, n_w, cols])?,
     )?;
     let cfg = LaunchConfig {
-        grid_dim: (blocks_for(cols, 32)?, row_blocks, 1),
+        grid_dim: (blocks_for(cols, 32 * vw as u32)?, row_blocks, 1),
         block_dim: (32, 8, 1),
         shared_mem_bytes: 0,
     };
+    let vw_u = vw as u32; // 1, 4 or 8
     let mut args = gpu.launch_builder(&f);
     args.arg(x.slice())
         .arg(&w_ptr)
         .arg(&rows_u)
         .arg(&heads_u)
         .arg(&dim_u)
+        .arg(&n_w_u)
+        .arg(&vw_u)
         .arg(part.slice_mut());
-    // SAFETY: reads x[0..rows·heads·dim) (callers checked x's length or shape), w[0..rows·heads)
-    // where given (shape checked), and writes part[y·cols + c] for row block y < row_blocks and
-    // column c < cols (part holds row_blocks·cols).
+    // SAFETY: reads x[0..rows·heads·dim) (callers checked x's length or shape; a thread's vw
+    // columns lie in one row and head, vw dividing dim), w[0..n_w·rows·heads) where given (shape
+    // checked), and writes part[(y·n_w + t)·cols + c] for row block y < row_blocks, t < n_w and
+    // column c < cols (part holds row_blocks·n_w·cols).
     unsafe { launch(name, &mut args, cfg) }?;
-    sum_parts(gpu, &part, row_blocks, cols, out)
+    sum_parts(gpu, &part, row_blocks, n_w * cols, out)
 }
 
 /// `out[c] += Σ_p part[p · cols + c]` for `p < n_parts`, in a fixed order (the partial sums of
@@ -271,11 +308,7 @@ pub fn head_dot_f32<T: DType>(
 ) -> Result<()> {
     let shapes = (x.shape(), out.shape());
     let op = ("head_dot_f32", "out");
-    // A group of up to 32 lanes a (row, head): a thread per feature covers every group (and
-    // one per (row, head) at least, which writes its zero scores where dim is 0).
-    head_kernel::<T, _, _, _>(gpu, op, shapes, ("x", x), att, ("out", out), |s| {
-        stride_grid(s.len().max(s.rows * s.heads))
-    })
+    head_kernel::<T, _, _, _>(gpu, op, shapes, ("x", x), att, ("out", out), head_grid::<T>)
 }
 
 /// `dx[i, h, d] += de[i, h] · att[h, d]`: the gradient of [`head_dot`] with respect to `x` (`de`
@@ -289,9 +322,7 @@ pub fn head_outer_add<T: DType>(
     let shapes = (dx.shape(), de.shape());
     let de = ("score gradient", de);
     let op = ("head_outer_add", "score gradient");
-    head_kernel::<T, _, _, _>(gpu, op, shapes, de, att, ("dx", dx), |s| {
-        stride_grid(s.len())
-    })
+    head_kernel::<T, _, _, _>(gpu, op, shapes, de, att, ("dx", dx), head_grid::<T>)
 }
 
 /// `dx[i, h, d] += de[i, h] · att[h, d]` with an f32 attention vector: the gradient of
@@ -305,9 +336,23 @@ pub fn head_outer_add_f32<T: DType>(
     let shapes = (dx.shape(), de.shape());
     let de = ("score gradient", de);
     let op = ("head_outer_add_f32", "score gradient");
-    head_kernel::<T, _, _, _>(gpu, op, shapes, de, att, ("dx", dx), |s| {
-        stride_grid(s.len())
-    })
+    head_kernel::<T, _, _, _>(gpu, op, shapes, de, att, ("dx", dx), head_grid::<T>)
+}
+
+/// The grid of the head kernels that walk a (row, head) with a group of lanes (layers.cu's
+/// HeadWalk): a group of up to 32 lanes, one 16-byte vector each where `dim` holds whole
+/// vectors, for every (row, head) at once (one at least, which writes zero scores where `dim`
+/// is 0). A view the kernel finds unaligned takes wider groups, which its grid-stride loop
+/// covers.
+fn head_grid<T: DType>(s: Shape) -> Result<LaunchConfig> {
+    let v = 16 / std::mem::size_of::<T>();
+    let per = if s.head_dim % v == 0 {
+        s.head_dim / v
+    } else {
+        s.head_dim
+    };
+    let lanes = per.next_power_of_two().min(32);
+    stride_grid(product("head lanes", &[s.rows, s.heads, lanes])?)
 }
 
 /// Attention vectors the head kernels take at once (`SPATTN_HEAD_MAX_ATT` in layers.cu).

@@ -233,6 +233,22 @@ fn check_kernels<T: DType>(gpu: &Gpu, rng: &mut Pcg64) {
                 })
                 .collect();
             assert!(rel_l2_error(&grad.to_host().unwrap(), &want) <= tol::<T>());
+            // The attention vectors' gradients: every vector's weighted column sums from one
+            // read of x, added to what the output held.
+            let mut da = DeviceVec::from_host(gpu, &vec![0.25f32; k * heads * dim]).unwrap();
+            elementwise::head_weighted_sum(gpu, &dx, &dde, &mut da).unwrap();
+            let want: Vec<f64> = (0..k * heads * dim)
+                .map(|q| {
+                    let (t, c) = (q / (heads * dim), q % (heads * dim));
+                    let sum: f64 = (0..rows)
+                        .map(|i| {
+                            x64[i * heads * dim + c] * de64[t * rows * heads + i * heads + c / dim]
+                        })
+                        .sum();
+                    0.25 + sum
+                })
+                .collect();
+            assert!(rel_l2_error(&da.to_host().unwrap(), &want) <= tol::<f32>());
             // Not a whole number of vectors, or more than the kernels take: refused, named.
             let one = heads * dim;
             let bad = if one > 1 {
@@ -240,6 +256,20 @@ fn check_kernels<T: DType>(gpu: &Gpu, rng: &mut Pcg64) {
             } else {
                 vec![5]
             };
+            // Five weight vectors: more than the column sums take.
+            let five =
+                DeviceMatrix::<f32>::zeros(gpu, Shape::new(5 * rows, heads, 1).unwrap()).unwrap();
+            let err = elementwise::head_weighted_sum(gpu, &dx, &five, &mut da).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    spattn_ops::Error::InvalidArgument {
+                        what: "weights",
+                        ..
+                    }
+                ),
+                "{err}"
+            );
             for len in bad {
                 let bad = DeviceVec::<f32>::zeros(gpu, len).unwrap();
                 let err = elementwise::head_dot_f32(gpu, &dx, &bad, &mut e32).unwrap_err();
@@ -306,7 +336,7 @@ fn layer_kernels_match_the_cpu() {
 fn layer_sums_are_accurate_and_deterministic() {
     let (gpu, _) = setup();
     let mut rng = Pcg64::seed_from_u64(7);
-    for &(rows, heads, dim) in &[(1, 1, 1), (129, 2, 35), (200_000, 4, 16)] {
+    for &(rows, heads, dim) in &[(1, 1, 1), (129, 2, 35), (200_000, 4, 16), (3_001, 8, 32)] {
         let s = Shape::new(rows, heads, dim).unwrap();
         let (x, x64) = random::<f32>(s.len(), &mut rng);
         let (w, w64) = random::<f32>(rows * heads, &mut rng);

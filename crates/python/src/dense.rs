@@ -134,32 +134,20 @@ fn head_dot_backward_gpu<T: DType>(
     stream: u64,
 ) -> spattn::Result<()> {
     let gpu = &d.gpu;
-    let (len, per) = (sx.row_len(), Shape::new(sx.rows, sx.heads, 1)?);
+    let len = sx.row_len();
     // SAFETY: as in `head_dot_gpu` (checked by head_dot_backward), for x and dx (sx of T; dx
     // fresh), att and d_att (k·heads·dim f32; d_att fresh) and d_out (se f32: k·rows·heads).
     // The kernels read x, att and d_out and read-modify-write dx and d_att within those
-    // lengths (checked against the views); vector t's views start t·rows·heads (d_out) and
-    // t·heads·dim (d_att) f32 in, inside the same tensors.
+    // lengths (checked against the views).
     unsafe {
         let x = ExternalMatrix::<T>::new_trusted(gpu, "x", x, sx)?;
         let att = ExternalVec::<f32>::new_trusted(gpu, "att", att, k * len)?;
         let all = ExternalMatrix::<f32>::new_trusted(gpu, "d_out", d_out, se)?;
         let mut dx = ExternalMatrix::<T>::new_trusted(gpu, "dx", dx, sx)?;
-        let mut parts = Vec::with_capacity(k);
-        for t in 0..k as u64 {
-            let de_at = d_out + t * per.len() as u64 * 4;
-            let da_at = d_att + t * len as u64 * 4;
-            // Read and summed element by element: f32 alignment suffices at these offsets.
-            parts.push((
-                ExternalMatrix::<f32>::new_trusted_element_aligned(gpu, "d_out", de_at, per)?,
-                ExternalVec::<f32>::new_trusted_element_aligned(gpu, "d_att", da_at, len)?,
-            ));
-        }
+        let mut d_att = ExternalVec::<f32>::new_trusted(gpu, "d_att", d_att, k * len)?;
         d.bridge.run(stream, || {
             elementwise::head_outer_add_f32(gpu, &all, &att, &mut dx)?;
-            for (de, da) in &mut parts {
-                elementwise::head_weighted_sum(gpu, &x, de, da)?;
-            }
+            elementwise::head_weighted_sum(gpu, &x, &all, &mut d_att)?;
             Ok(())
         })
     }
