@@ -28,8 +28,8 @@ fn nan_vec(gpu: &Gpu, len: usize) -> DeviceVec<f32> {
 
 /// A workspace of `copies` dropout masks for `nnz × heads` elements, every bit set (the
 /// kernels must draw them).
-fn mask_vec(gpu: &Gpu, nnz: usize, heads: usize, copies: usize) -> DeviceVec<u32> {
-    let words = copies * backward::dropout_mask_words(nnz, heads).unwrap();
+fn mask_vec(gpu: &Gpu, nnz: usize, heads: usize) -> DeviceVec<u32> {
+    let words = backward::dropout_mask_words(nnz, heads).unwrap();
     let mut v = DeviceVec::<u32>::zeros(gpu, words).unwrap();
     v.fill(u32::MAX).unwrap();
     v
@@ -562,8 +562,9 @@ enum GatPath {
 /// GAT's row-statistics forward and backward (`gat_forward_rows`, `gat_backward_rows`) on the
 /// same graphs and heads as the fused backward's test (empty rows, hub rows and columns split
 /// across units, heads 1–8 with 1–64 features, f32/f16/bf16, with a bias), plus the
-/// widest heads they take (256 f16, 128 f32, 31 odd) and one they refuse, dropout (from a drawn
-/// mask; refused without one), and a graph without edges: the forward within
+/// widest heads they take (256 f16, 128 f32, 31 odd) and one they refuse, dropout (the
+/// backward's mask drawn again, or kept from the forward on the second run; refused without
+/// one), and a graph without edges: the forward within
 /// T's tolerance of the f64 layer, the gradients of the f64 reference, two runs bitwise equal.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
@@ -596,10 +597,10 @@ fn gat_rows_forward_and_backward_match_the_f64_reference_and_rerun_bitwise() {
     }
 }
 
-/// GAT's backward by `path` (the rows kernels with fresh NaN-filled workspaces; `out` read by
-/// them only).
+/// GAT's backward by `path` (the rows kernels with fresh NaN-filled workspaces, the dropout
+/// mask drawn again or `kept` from the forward; `out` read by them only).
 fn gat_backward_by<T: DType>(
-    path: GatPath,
+    (path, kept): (GatPath, Option<&DeviceVec<u32>>),
     gpu: &Gpu,
     graph: (&DeviceCsr, &DeviceTranspose),
     terms: backward::GatScoreTerms<'_>,
@@ -612,14 +613,12 @@ fn gat_backward_by<T: DType>(
             let heads = x.shape().heads;
             let mut lse = nan_vec(gpu, graph.0.n_rows() * heads);
             let mut ds = nan_vec(gpu, graph.0.nnz() * heads);
-            let mut mask = terms
-                .dropout
-                .map(|_| mask_vec(gpu, graph.0.nnz(), heads, 2));
-            let ws = (
-                backward::RowStats::Recompute(&mut lse),
-                &mut ds,
-                mask.as_mut(),
-            );
+            let mut mask = terms.dropout.map(|_| mask_vec(gpu, graph.0.nnz(), heads));
+            let bits = match kept {
+                Some(m) => Some(backward::KeepBits::Kept(m)),
+                None => mask.as_mut().map(backward::KeepBits::Draw),
+            };
+            let ws = (backward::RowStats::Recompute(&mut lse), &mut ds, bits);
             backward::gat_backward_rows(gpu, graph, terms, (x, out, d_out), ws, grads)
         }
     }
@@ -720,6 +719,7 @@ fn gat_case<T: DType>(
     // of the terms D_i = <dOut_i, out_i> sums (out's rounding to T enters the gradients there).
     let mut out_d = DeviceMatrix::<T>::zeros(gpu, so).unwrap();
     let mut d_terms = vec![0.0f64; n * heads];
+    let mut fwd_mask = dropout.as_ref().map(|_| mask_vec(gpu, nnz, heads));
     if path == GatPath::Rows && supported {
         let mut out64 = vec![0.0; so.len()];
         cpu::gat_attention(
@@ -735,14 +735,17 @@ fn gat_case<T: DType>(
         .unwrap();
         out_d.fill_nan().unwrap();
         let mut lse = nan_vec(gpu, n * heads);
-        let mut mask = dropout.as_ref().map(|_| mask_vec(gpu, nnz, heads, 1));
-        let ws = (&mut lse, mask.as_mut());
+        let ws = (&mut lse, fwd_mask.as_mut());
         backward::gat_forward_rows(gpu, &a_dev, terms, &xd, ws, &mut out_d).unwrap();
         if dropout.is_some() {
-            // Without its mask workspace, dropout is refused, naming it.
+            // Without its mask workspace, dropout is refused, naming it (a graph without edges
+            // has no mask to draw: it takes none).
             let ws = (&mut lse, None);
             let e = backward::gat_forward_rows(gpu, &a_dev, terms, &xd, ws, &mut out_d);
-            assert!(format!("{}", e.unwrap_err()).contains("dropout mask"));
+            match nnz {
+                0 => e.unwrap(),
+                _ => assert!(format!("{}", e.unwrap_err()).contains("dropout mask")),
+            }
         }
         let out: Vec<f32> = out_d
             .to_host()
@@ -758,7 +761,7 @@ fn gat_case<T: DType>(
                 .sum();
         }
     }
-    let run = || {
+    let run = |kept: Option<&DeviceVec<u32>>| {
         let mut dx = DeviceMatrix::<T>::zeros(gpu, sx).unwrap();
         dx.fill_nan().unwrap();
         let mut d_dst = DeviceMatrix::<f32>::zeros(gpu, per(n)).unwrap();
@@ -772,7 +775,8 @@ fn gat_case<T: DType>(
             d_src: &mut d_src,
             d_bias: d_bias.as_mut(),
         };
-        let done = gat_backward_by(path, gpu, (&a_dev, &t), terms, (&xd, &out_d, &dd), grads);
+        let io = (&xd, &out_d, &dd);
+        let done = gat_backward_by((path, kept), gpu, (&a_dev, &t), terms, io, grads);
         done.map(|()| {
             (
                 dx.to_host().unwrap(),
@@ -783,11 +787,11 @@ fn gat_case<T: DType>(
         })
     };
     if !supported {
-        let e = run().unwrap_err();
+        let e = run(None).unwrap_err();
         assert!(format!("{e}").contains("head_dim"), "{e}");
         return;
     }
-    let first = run().unwrap();
+    let first = run(None).unwrap();
     let what = format!("{} {heads}x{head_dim} n={n} nnz={nnz}", T::NAME);
     let (dx, d_dst, d_src, d_bias) = &first;
     let dx: Vec<f32> = dx.iter().map(|v| v.to_f32()).collect();
@@ -852,7 +856,11 @@ fn gat_case<T: DType>(
         };
         check(&format!("d_bias {what}"), db, &db64, tol);
     }
-    let second = run().unwrap();
+    // The rows kernels' second run reads the forward's kept mask: the same bits as drawn again.
+    let kept = (path == GatPath::Rows)
+        .then_some(fwd_mask.as_ref())
+        .flatten();
+    let second = run(kept).unwrap();
     assert!(
         first
             .0
@@ -892,8 +900,8 @@ fn gat_case<T: DType>(
             d_src: &mut d_src,
             d_bias: None,
         };
-        let e =
-            gat_backward_by(path, gpu, (&a_dev, &t), terms, (&xd, &out_d, &dd), grads).unwrap_err();
+        let io = (&xd, &out_d, &dd);
+        let e = gat_backward_by((path, None), gpu, (&a_dev, &t), terms, io, grads).unwrap_err();
         assert!(format!("{e}").contains("d_bias"), "{e}");
     }
 }

@@ -248,8 +248,9 @@ pub(crate) fn gat_forward_gpu<T: DType>(
 /// kernels only), ordered with `stream`: the fused backward
 /// ([`gpu_backward::gat_fused_backward`]: two passes, no per-edge buffer), the rows kernels
 /// ([`gpu_backward::gat_backward_rows`]; `workspaces` = dS's `nnz × heads` f32, the row
-/// statistics' `n_rows × heads` f32, kept from the rows forward where `lse_kept`, and with
-/// dropout two masks of [`gpu_backward::dropout_mask_words`] u32), or the
+/// statistics' `n_rows × heads` f32, and with dropout a mask of
+/// [`gpu_backward::dropout_mask_words`] u32 to draw, or where `lse_kept` the rows forward's
+/// workspace: its statistics and, with dropout, its mask right after them), or the
 /// composed steps, which recompute the scores and
 /// probabilities in the three `nnz × heads` f32 `workspaces`.
 #[allow(clippy::too_many_arguments)]
@@ -268,9 +269,11 @@ pub(crate) fn gat_backward_gpu<T: DType>(
     // SAFETY: as in `gat_forward_gpu`; d_out (and out, for the rows kernels) is n_rows × heads
     // × dim of T; dx (n_cols rows of T), da_dst (n_rows × heads f32), da_src (n_cols × heads
     // f32), the workspaces (their lengths above, by kernels; the rows kernels' third, with
-    // dropout, two masks' words of u32) and d_bias (nnz × heads f32, where the forward had a
-    // bias) are fresh, but for a kept lse (read only). The transposed ops index Aᵀ's rows
-    // (< n_cols) and its edge map (a permutation of the nnz edges), within the same views.
+    // dropout, a mask's words of u32) and d_bias (nnz × heads f32, where the forward had a
+    // bias) are fresh, but for a kept lse (read only), which with dropout holds the mask's
+    // words after its n_rows × heads f32 (checked by spattn.functional's gat_backward). The
+    // transposed ops index Aᵀ's rows (< n_cols) and its edge map (a permutation of the nnz
+    // edges), within the same views.
     unsafe {
         let (x, a_dst, a_src, edges) = gat_views::<T>(d, sq, skv, [x, a_dst, a_src])?;
         let d_out = ExternalMatrix::<T>::new_trusted(gpu, "d_out", d_out, sq)?;
@@ -299,13 +302,15 @@ pub(crate) fn gat_backward_gpu<T: DType>(
         };
         let mut mask = match (kernels, &dropout) {
             (GatKernels::Rows, Some(_)) => {
-                // Two masks: in A's order and in Aᵀ's.
-                let words = 2 * gpu_backward::dropout_mask_words(d.graph.nnz(), h)?;
-                Some(ExternalVec::<u32>::new_trusted(
-                    gpu,
-                    "dropout mask",
-                    w2,
-                    words,
+                let words = gpu_backward::dropout_mask_words(d.graph.nnz(), h)?;
+                // Kept: right after the forward's n_rows × heads statistics, only 4-byte
+                // aligned (the kernels read it a u32 at a time).
+                let (at, view) = match lse_kept {
+                    true => (w1 + 4 * (sq.rows * h) as u64, "kept dropout mask"),
+                    false => (w2, "dropout mask"),
+                };
+                Some(ExternalVec::<u32>::new_trusted_element_aligned(
+                    gpu, view, at, words,
                 )?)
             }
             _ => None,
@@ -334,7 +339,10 @@ pub(crate) fn gat_backward_gpu<T: DType>(
                         false => gpu_backward::RowStats::Recompute(lse),
                     },
                     ds,
-                    mask: mask.as_deref_mut(),
+                    mask: mask.as_deref_mut().map(|m| match lse_kept {
+                        true => gpu_backward::KeepBits::Kept(m),
+                        false => gpu_backward::KeepBits::Draw(m),
+                    }),
                 },
                 _ => GatBackward::Fused,
             };

@@ -441,6 +441,21 @@ def test_cuda_gat_dropout_matches_the_cpu(dtype, case):
         err = rel(got, want.numpy())
         print(f"  gat dropout {case} {str(dtype)[6:]} {name}: {err:.2e}")
         assert err < (1e-4 if dtype == torch.float32 else 4 * TOL[dtype]), name
+    # The rows backward reads the forward's kept mask (autograd, above) or draws it again
+    # (no lse): the same bits. A workspace of another length is refused by name.
+    import spattn.functional as Fn
+    drop = Fn._check_dropout(0.6, 77)
+    xd, dd, sd = (t.detach() for t in (xc, dc, sc))
+    out2, lse = Fn.gat_forward_keeping(g, xd, dd, sd, None, 0.2, drop)
+    assert torch.equal(out2, out.detach()) and lse is not None
+    dyc = dy.cuda()
+    kept = Fn.gat_backward(g, xd, dd, sd, dyc, None, 0.2, drop, out=out2, lse=lse)
+    drawn = Fn.gat_backward(g, xd, dd, sd, dyc, None, 0.2, drop, out=out2)
+    for a, b in zip(kept[:3], drawn[:3]):
+        assert torch.equal(a, b)
+    assert torch.equal(kept[0], xc.grad)
+    with pytest.raises(ValueError, match="lse: expected"):
+        Fn.gat_backward(g, xd, dd, sd, dyc, None, 0.2, drop, out=out2, lse=lse[:-1])
 
 
 @needs_cuda

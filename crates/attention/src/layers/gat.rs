@@ -24,7 +24,7 @@
 
 use spattn_ops::backward::{
     self as gpu_backward, dropout_mask_words, GatBackward, GatForward, GatGrads, GatKernels,
-    GatScoreTerms, RowStats,
+    GatScoreTerms, KeepBits, RowStats,
 };
 use spattn_ops::cpu::{self, Real};
 use spattn_ops::dense::{Dims, GemmElement};
@@ -672,14 +672,14 @@ impl<T: GemmElement> GatConv<Device<T>> {
             (GatKernels::Rows, Some((lse, out))) => {
                 let mut ds_t = DeviceVec::zeros(gpu, edges)?;
                 let mut mask = match &cache.dropout {
-                    Some(_) => Some(DeviceVec::zeros(gpu, 2 * dropout_mask_words(nnz, h)?)?),
+                    Some(_) => Some(DeviceVec::zeros(gpu, dropout_mask_words(nnz, h)?)?),
                     None => None,
                 };
                 let ws = GatBackward::Rows {
                     out,
                     lse: RowStats::Kept(lse),
                     ds: &mut ds_t,
-                    mask: mask.as_mut(),
+                    mask: mask.as_mut().map(KeepBits::Draw),
                 };
                 gpu_backward::gat_backward(gpu, (a, t), terms, io, ws, grads)?;
             }

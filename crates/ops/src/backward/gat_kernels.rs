@@ -21,7 +21,7 @@ use super::gat::{
     gat_aggregation_grad, gat_fused_backward, gat_score_grad, gat_vector_grads, GatGrads,
     GatScoreTerms,
 };
-use super::gat_rows::{gat_backward_rows, gat_forward_rows, gat_rows_supports, RowStats};
+use super::gat_rows::{gat_backward_rows, gat_forward_rows, gat_rows_supports, KeepBits, RowStats};
 use super::{DeviceTranspose, FusedBackward};
 
 /// Which kernels run GAT's attention ([`gat_forward`], [`gat_backward`]).
@@ -103,7 +103,7 @@ pub enum GatBackward<'w, T: DType> {
     /// The fused backward's two passes: no workspace.
     Fused,
     /// The rows kernels: the forward's output, its row statistics (kept or recomputed), dS's
-    /// `nnz × heads` f32 and, with dropout, two masks' words.
+    /// `nnz × heads` f32 and, with dropout, the forward's mask (kept or drawn again).
     Rows {
         /// The forward's output (`n_rows × heads × head_dim`).
         out: &'w DeviceMatrix<T>,
@@ -111,8 +111,8 @@ pub enum GatBackward<'w, T: DType> {
         lse: RowStats<'w>,
         /// dS in Aᵀ's order, overwritten.
         ds: &'w mut DeviceVec<f32>,
-        /// Two masks of [`super::dropout_mask_words`] u32 (with dropout).
-        mask: Option<&'w mut DeviceVec<u32>>,
+        /// The dropout mask (with dropout).
+        mask: Option<KeepBits<'w>>,
     },
 }
 

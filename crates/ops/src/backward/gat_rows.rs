@@ -11,11 +11,11 @@
 //!   Aᵀ's order, then a pass over Aᵀ's units: `dx = Pᵀ · dOut` and `∂a_src` = the column sums
 //!   of `dS`.
 //!
-//! Dropout: the kept elements are drawn once per call into bit masks (`dropout_keep_bits`, the
-//! same draws as every other kernel's; [`dropout_mask_words`] u32 each, in the caller's
-//! workspace), one in the order of each pass (A's; the backward's pass over Aᵀ reads one in
-//! Aᵀ's order, in sequence), which the `_drop` variants of the feature passes read (a Philox
-//! generator inside them cost more registers than the composed steps save).
+//! Dropout: the kept elements are drawn into a bit mask in A's order (`dropout_keep_bits`, the
+//! same draws as every other kernel's; [`dropout_mask_words`] u32, in the caller's workspace)
+//! by the forward, which the backward takes back ([`KeepBits::Kept`]) or draws again; the
+//! `_drop` variants of the feature passes read it (the pass over Aᵀ through Aᵀ's edge map; a
+//! Philox generator inside them cost more registers than the composed steps save).
 //!
 //! Every pass is shaped like the SpMM (four edges in flight per lane, units of at most 64
 //! edges); split rows' partials are added in order by a finalize kernel: no floating-point
@@ -76,24 +76,37 @@ pub(crate) fn grad_rows_kernel(dtype: &str, vec: u32, drop: bool) -> String {
     format!("gat_grad_rows{d}_csr_{dtype}_v{vec}")
 }
 
-/// The dropout mask workspace and one mask's words, checked (present with dropout, `copies`
-/// masks long, on `gpu`), or `None` without dropout.
-fn mask_workspace<'m>(
-    gpu: &Gpu,
-    a: &DeviceCsr,
-    heads: usize,
-    terms: &GatScoreTerms<'_>,
-    mask: Option<&'m mut DeviceVec<u32>>,
-    copies: usize,
-) -> Result<Option<(&'m mut DeviceVec<u32>, usize)>> {
+/// The dropout mask [`gat_backward_rows`] reads: A's order, [`dropout_mask_words`] u32.
+#[derive(Debug)]
+pub enum KeepBits<'a> {
+    /// Drawn by the backward into this workspace (one more launch).
+    Draw(&'a mut DeviceVec<u32>),
+    /// Kept from the [`gat_forward_rows`] with the same graph, heads and dropout.
+    Kept(&'a DeviceVec<u32>),
+}
+
+/// The words a dropout mask holds, or `None` where there is none to draw or read (no
+/// dropout, no edge or no head).
+fn mask_words(a: &DeviceCsr, heads: usize, terms: &GatScoreTerms<'_>) -> Result<Option<usize>> {
     if DropoutWords::of(terms.dropout).threshold == 0 {
         return Ok(None);
     }
     let words = dropout_mask_words(a.nnz(), heads)?;
-    let expected = product("dropout mask", &[words, copies])?;
-    if expected == 0 {
-        return Ok(None); // no edge or no head: nothing to draw or read
-    }
+    Ok((words > 0).then_some(words))
+}
+
+/// `mask` checked (present with dropout, [`dropout_mask_words`] long, on `gpu`), or `None`
+/// where no mask is needed.
+fn checked_mask<M: std::ops::Deref<Target = DeviceVec<u32>>>(
+    gpu: &Gpu,
+    a: &DeviceCsr,
+    heads: usize,
+    terms: &GatScoreTerms<'_>,
+    mask: Option<M>,
+) -> Result<Option<M>> {
+    let Some(expected) = mask_words(a, heads, terms)? else {
+        return Ok(None);
+    };
     let Some(mask) = mask else {
         return Err(Error::InvalidArgument {
             what: "dropout mask",
@@ -108,7 +121,7 @@ fn mask_workspace<'m>(
         });
     }
     check_same_gpu(gpu, "dropout mask", &*mask)?;
-    Ok(Some((mask, words)))
+    Ok(Some(mask))
 }
 
 /// Errors unless `lse` holds `n_rows × heads` f32 on `gpu`.
@@ -314,7 +327,7 @@ pub fn gat_forward_rows<T: DType>(
     }
     // A head the kernels do not take, or dropout without its mask, is refused whatever the graph.
     let (vec, hl, g, tiles) = feature_lanes::<T>(heads, head_dim)?;
-    let mut mask = mask_workspace(gpu, a, heads, &terms, mask, 1)?;
+    let mut mask = checked_mask(gpu, a, heads, &terms, mask)?;
     if a.n_rows() == 0 {
         return Ok(());
     }
@@ -324,10 +337,10 @@ pub fn gat_forward_rows<T: DType>(
         return out.fill(T::from_f32(0.0));
     }
     let drop = DropoutWords::of(terms.dropout);
-    if let Some((m, _)) = &mut mask {
+    if let Some(m) = &mut mask {
         draw_keep_bits(gpu, a, heads, None, &drop, &mut m.slice_mut().slice_mut(..))?;
     }
-    let mask = mask.map(|(m, _)| m.slice().slice(..));
+    let mask = mask.map(|m| m.slice().slice(..));
     let hd = heads * head_dim;
     let s = a.schedule();
     let ([rows, starts, parts, _, _], n_parts) = s.units();
@@ -376,10 +389,9 @@ pub enum RowStats<'a> {
 /// aggregated features (`n_cols × heads × head_dim`), the forward's output and its gradient
 /// (`n_rows × heads × head_dim`); `grads` as [`super::gat_fused_backward`]'s. Workspaces: the
 /// row statistics `lse` (kept from the forward, or recomputed) and `ds` (`nnz × heads` f32:
-/// each edge's ∂L/∂s in Aᵀ's order) and, with dropout, two masks (`2 ×`
-/// [`dropout_mask_words`] u32: [`gat_forward_rows`]'s bits drawn again, in A's order and in
-/// Aᵀ's). Two or three launches (up to six with split rows or columns, two more with
-/// dropout), deterministic.
+/// each edge's ∂L/∂s in Aᵀ's order) and, with dropout, [`gat_forward_rows`]'s mask (kept, or
+/// drawn again: [`KeepBits`]). Two or three launches (up to six with split rows or columns,
+/// one more to draw the mask), deterministic.
 ///
 /// Errors: as [`gat_forward_rows`]; [`Error::InvalidArgument`] when `t` is not Aᵀ or a bias
 /// comes without its gradient's buffer; [`Error::LengthMismatch`] for `ds` or `d_bias`.
@@ -389,11 +401,7 @@ pub fn gat_backward_rows<T: DType>(
     (a, t): (&DeviceCsr, &DeviceTranspose),
     terms: GatScoreTerms<'_>,
     (x, out, d_out): (&DeviceMatrix<T>, &DeviceMatrix<T>, &DeviceMatrix<T>),
-    (lse, ds, mask): (
-        RowStats<'_>,
-        &mut DeviceVec<f32>,
-        Option<&mut DeviceVec<u32>>,
-    ),
+    (lse, ds, mask): (RowStats<'_>, &mut DeviceVec<f32>, Option<KeepBits<'_>>),
     grads: GatGrads<'_, T>,
 ) -> Result<()> {
     check_transpose(a, t)?;
@@ -432,7 +440,14 @@ pub fn gat_backward_rows<T: DType>(
         0 => (1, 1, 1, 1),
         _ => feature_lanes::<T>(heads, head_dim)?,
     };
-    let mut mask = mask_workspace(gpu, a, heads, &terms, mask, 2)?;
+    let (mut draw, kept) = match mask {
+        Some(KeepBits::Kept(m)) => (None, checked_mask(gpu, a, heads, &terms, Some(m))?),
+        Some(KeepBits::Draw(m)) => (checked_mask(gpu, a, heads, &terms, Some(m))?, None),
+        None => (
+            checked_mask(gpu, a, heads, &terms, None::<&mut DeviceVec<u32>>)?,
+            None,
+        ),
+    };
     if heads == 0 || head_dim == 0 || a.nnz() == 0 {
         // No edge: nothing aggregated, every gradient zero.
         grads.dx.fill(T::from_f32(0.0))?;
@@ -454,19 +469,15 @@ pub fn gat_backward_rows<T: DType>(
     let lanes = [heads_u, dim_u, g, hl];
     let drop = DropoutWords::of(terms.dropout);
     let cfg = |units: usize| -> Result<LaunchConfig> { group_grid(units, g, tiles) };
-    // The mask in A's order for the pass over A, in Aᵀ's for the pass over Aᵀ (read there
-    // in sequence, not gathered through the edge map).
-    if let Some((m, words)) = &mut mask {
-        let (mut in_a, mut in_t) = m.slice_mut().split_at_mut(*words);
-        draw_keep_bits(gpu, a, heads, None, &drop, &mut in_a)?;
-        draw_keep_bits(gpu, a, heads, Some(t.inverse_map(gpu)?), &drop, &mut in_t)?;
+    // One mask in A's order: the pass over Aᵀ reads it through Aᵀ's edge map (the bits of
+    // nnz × heads edges, a few MB, stay in L2), which costs less than drawing it in Aᵀ's order.
+    if let Some(m) = &mut draw {
+        draw_keep_bits(gpu, a, heads, None, &drop, &mut m.slice_mut().slice_mut(..))?;
     }
-    let (mask_a, mask_t) = match &mask {
-        Some((m, words)) => {
-            let (in_a, in_t) = m.slice().split_at(*words);
-            (Some(in_a), Some(in_t))
-        }
-        None => (None, None),
+    let mask_a = match (&draw, kept) {
+        (Some(m), _) => Some(m.slice().slice(..)),
+        (None, Some(m)) => Some(m.slice().slice(..)),
+        (None, None) => None,
     };
 
     // Over A: dS in Aᵀ's order, ∂a_dst.
@@ -510,7 +521,7 @@ pub fn gat_backward_rows<T: DType>(
     }
 
     // Over Aᵀ: dx and ∂a_src.
-    let t_to_a = if terms.bias.is_some() {
+    let t_to_a = if terms.bias.is_some() || mask_a.is_some() {
         Some(t.inverse_map(gpu)?)
     } else {
         None
@@ -529,7 +540,7 @@ pub fn gat_backward_rows<T: DType>(
     )?;
     let name = kernel_named(
         &CSR_OPS,
-        aggregate_kernel(T::NAME, vec, true, mask_t.is_some()),
+        aggregate_kernel(T::NAME, vec, true, mask_a.is_some()),
     )?;
     let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
     let n_units = to_u32("units", rows.len())?;
@@ -539,7 +550,7 @@ pub fn gat_backward_rows<T: DType>(
         push_walk(&mut args, [rows, starts, parts], &n_units, tc.col_indices());
         args.arg_or_null(t_to_a).arg(d_out.slice());
         push_lanes(&mut args, &lanes, &terms, &drop);
-        args.view_or_null(mask_t.as_ref())
+        args.view_or_null(mask_a.as_ref())
             .arg(lse.slice())
             .arg(ds.slice())
             .arg(grads.dx.slice_mut())
@@ -548,8 +559,8 @@ pub fn gat_backward_rows<T: DType>(
             .arg(&mut part_s);
         // SAFETY: Aᵀ's units (rows < n_cols) and entries (rows of A < n_rows: d_out, a_dst and
         // lse rows); an entry's edge t_to_a[e] < nnz (a permutation; null, and unread, without
-        // a bias) indexes the bias at (edge, head) < nnz·heads; the mask in Aᵀ's order
-        // (`_drop` only) at word (entry·heads + head) / 32 < its view's length; ds at (entry,
+        // a bias or a mask) indexes the bias at (edge, head) < nnz·heads and the mask in A's
+        // order (`_drop` only) at word (edge·heads + head) / 32 < its view's length; ds at (entry,
         // head) < nnz·heads; dx rows < n_cols at features < hd, d_src at (column, head) <
         // n_cols·heads; partials at part·hd + feature < need_x and (part, head) < need_s in
         // their views.

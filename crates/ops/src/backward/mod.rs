@@ -75,7 +75,7 @@ pub use gat_kernels::{
     GAT_FUSED_MAX_EDGES, GAT_ROWS_MIN_HEADS,
 };
 pub use gat_rows::{
-    gat_backward_rows, gat_forward_rows, gat_row_stats, gat_rows_supports, RowStats,
+    gat_backward_rows, gat_forward_rows, gat_row_stats, gat_rows_supports, KeepBits, RowStats,
 };
 pub use keep_bits::dropout_mask_words;
 pub use tc::TensorCoreBackward;

@@ -597,9 +597,9 @@ def gat_forward(graph: Graph, x, a_dst, a_src, bias, slope, drop, kernels="auto"
 
 
 def gat_forward_keeping(graph: Graph, x, a_dst, a_src, bias, slope, drop, kernels="auto"):
-    """:func:`gat_forward`'s ``(out, lse)``: ``lse`` the row statistics (``n × heads``
-    float32) where the rows kernels ran (the backward then skips recomputing them), else
-    None."""
+    """:func:`gat_forward`'s ``(out, lse)``: ``lse`` the rows kernels' workspace where they
+    ran (float32: the row statistics, ``n × heads``, then with dropout the kept bits, which the
+    backward then neither recomputes nor draws again), else None."""
     _check_gat_rows(graph, x, a_dst, a_src, bias)
     n, h, c = graph.num_nodes, x.shape[1], x.shape[2]
     out = torch.empty((n, h, c), dtype=x.dtype, device=x.device)
@@ -617,7 +617,7 @@ def gat_forward_keeping(graph: Graph, x, a_dst, a_src, bias, slope, drop, kernel
         address(x), address(a_dst), address(a_src), address(out),
         _address_or_0(ws), stream_of(x), drop, _address_or_0(bias), kernels,
     )
-    return out, (ws[: n * h] if kernels == "rows" else None)
+    return out, (ws if kernels == "rows" else None)
 
 
 def _mask_words(graph: Graph, heads: int, drop) -> int:
@@ -632,8 +632,9 @@ def gat_backward(graph: Graph, x, a_dst, a_src, d_out, bias, slope, drop, outs=N
     probabilities are recomputed, not kept from the forward. ``kernels`` (CUDA): ``"rows"``
     (row statistics and two SpMM-shaped passes; needs ``out``, the forward's output),
     ``"fused"`` (two passes), ``"composed"`` (the CSR ops) or ``"auto"`` (rows where ``out``
-    is given and they take the head, else fused on small graphs, else composed); ``lse``: the
-    row statistics :func:`gat_forward_keeping` left (the rows kernels then reuse them)."""
+    is given and they take the head, else fused on small graphs, else composed); ``lse``: what
+    :func:`gat_forward_keeping` left for the same graph, inputs and dropout (the rows kernels
+    then reuse its statistics and dropout mask)."""
     h, c = x.shape[1], x.shape[2]
     d_out = d_out.to(dtype=x.dtype).contiguous()
     dx, da_dst, da_src, d_bias = _outputs(outs, x, a_dst, a_src, bias)
@@ -655,19 +656,22 @@ def gat_backward(graph: Graph, x, a_dst, a_src, d_out, bias, slope, drop, outs=N
             raise ValueError(f"out: expected shape {(graph.num_nodes, h, c)} on {x.device}, got "
                              f"{tuple(out.shape)} on {out.device}")
     n = graph.num_nodes
-    # Workspaces: rows, dS (nnz × heads), the row statistics (n × heads) and with dropout two
-    # masks' words; composed, three nnz × heads buffers; fused, none.
+    # Workspaces: rows, dS (nnz × heads), the row statistics (n × heads) and with dropout a
+    # mask's words (or the forward's statistics and mask, kept); composed, three nnz × heads
+    # buffers; fused, none.
     ws = []
     kept = cuda and kernels == "rows" and lse is not None
-    if kept and (tuple(lse.shape) != (n * h,) or lse.dtype != torch.float32
+    kept_len = n * h + _mask_words(graph, h, drop)
+    if kept and (tuple(lse.shape) != (kept_len,) or lse.dtype != torch.float32
                  or lse.device != x.device or not lse.is_contiguous()):
-        raise ValueError(f"lse: expected {n * h} contiguous float32 values on {x.device}")
+        raise ValueError(f"lse: expected {kept_len} contiguous float32 values on {x.device} (what "
+                         f"gat_forward_keeping returned with this dropout), got "
+                         f"{tuple(lse.shape)} {lse.dtype} on {lse.device}")
     if cuda and kernels == "rows":
         ws = [torch.empty(graph.num_edges * h, dtype=torch.float32, device=x.device),
               lse if kept else torch.empty(n * h, dtype=torch.float32, device=x.device)]
-        if drop is not None:
-            # Two masks: in the order of A's pass and of Aᵀ's.
-            ws.append(torch.empty(2 * _mask_words(graph, h, drop), dtype=torch.int32,
+        if drop is not None and not kept:
+            ws.append(torch.empty(_mask_words(graph, h, drop), dtype=torch.int32,
                                   device=x.device))
     elif cuda and kernels == "composed":
         ws = [torch.empty(graph.num_edges * h, dtype=torch.float32, device=x.device)
