@@ -20,17 +20,20 @@ __device__ void bias_add(T* y, const T* __restrict__ bias, u64 rows, u32 cols) {
 // part[b, t, c] = the b-th row block's share of sum_i w[t, i, h] * x[i, c] (c = h * dim + d) for
 // each of the n_w <= SPATTN_HEAD_MAX_ATT weight vectors (w = 1 where null, n_w = 1): the gradient
 // of a bias (heads = 1) or of GAT's attention vectors (every one from one read of x), which
-// sum_parts adds up in a fixed order (no float atomics: the same bits every run). Block (32, 8):
-// a thread owns vw consecutive columns (vw = 16 / sizeof(T), one vector, where the host found
-// dim a multiple of it; else 1), the 8 rows of threads and the grid's y walk rows; a
-// shared-memory sum over the 8.
+// sum_parts adds up in a fixed order (no float atomics: the same bits every run). Blocks of 256
+// threads: a row takes tpr threads (a power of two, at most 32) of vw consecutive columns each
+// (vw = 16 / sizeof(T), one vector, where the host found dim a multiple of it; else 1), so a
+// block walks 256 / tpr rows at once (narrow matrices keep every lane busy) over grid y's share
+// of the rows, then adds its threads' sums per column in a fixed order in shared memory.
 template <class T>
 __device__ void weighted_col_sum(const T* __restrict__ x, const float* __restrict__ w, u32 rows,
-                                 u32 heads, u32 dim, u32 n_w, u32 vw, float* __restrict__ part_out) {
+                                 u32 heads, u32 dim, u32 n_w, u32 vw, u32 tpr,
+                                 float* __restrict__ part_out) {
     constexpr u32 V = 16u / sizeof(T);
-    __shared__ float part[8][32 * V + 1];
+    __shared__ float part[256][V + 1];
     const u32 cols = heads * dim;
-    const u32 c0 = (blockIdx.x * 32u + threadIdx.x) * vw;
+    const u32 tid = threadIdx.x, cb = tid & (tpr - 1u), rstep = 256u / tpr;
+    const u32 c0 = (blockIdx.x * tpr + cb) * vw;
     const u64 per_w = (u64)rows * heads;
     float acc[SPATTN_HEAD_MAX_ATT][V];
 #pragma unroll
@@ -42,7 +45,7 @@ __device__ void weighted_col_sum(const T* __restrict__ x, const float* __restric
         const u32 h = c0 / dim;
         const bool vec = vw == V && ((unsigned long long)x & 15ull) == 0ull;
 #pragma unroll 2
-        for (u32 i = blockIdx.y * blockDim.y + threadIdx.y; i < rows; i += gridDim.y * blockDim.y) {
+        for (u32 i = blockIdx.y * rstep + tid / tpr; i < rows; i += gridDim.y * rstep) {
             const T* xr = x + (u64)i * cols + c0;
             float v[V];
             if (vec) {
@@ -60,20 +63,19 @@ __device__ void weighted_col_sum(const T* __restrict__ x, const float* __restric
             }
         }
     }
-    // The block's 32 * vw columns: thread (y, x) holds columns x * vw .. of row y's share; the
-    // first 32 * vw threads each add one column's 8 shares.
-    const u32 tid = threadIdx.y * 32u + threadIdx.x;
-    const u32 col = blockIdx.x * 32u * vw + tid;
+    // The block's tpr * vw columns: thread `tid` holds column (tid % tpr) * vw + j of its rows;
+    // the first tpr * vw threads each add one column's 256 / tpr shares, in thread order.
 #pragma unroll
     for (u32 t = 0; t < SPATTN_HEAD_MAX_ATT; ++t) {
         if (t >= n_w) break;
 #pragma unroll
-        for (u32 j = 0; j < V; ++j)
-            if (j < vw) part[threadIdx.y][threadIdx.x * vw + j] = acc[t][j];
+        for (u32 j = 0; j < V; ++j) part[tid][j] = acc[t][j];
         __syncthreads();
-        if (tid < 32u * vw && col < cols) {
+        const u32 col = blockIdx.x * tpr * vw + tid;
+        if (tid < tpr * vw && col < cols) {
+            const u32 owner = tid / vw, j = tid - owner * vw;
             float s = 0.0f;
-            for (u32 r = 0; r < 8u; ++r) s += part[r][tid];
+            for (u32 r = owner; r < 256u; r += tpr) s += part[r][j];
             part_out[((u64)blockIdx.y * n_w + t) * cols + col] = s;
         }
         __syncthreads();
@@ -112,21 +114,37 @@ __device__ void head_dot(const T* __restrict__ x, const T* __restrict__ att, u32
 }
 
 // The lanes of one (row, head) of the head kernels below: a head of `dim` features is walked in
-// 16-byte vectors of V where dim allows (V dividing dim, the buffer 16-byte aligned), else one
-// feature at a time, by the smallest power-of-two group of lanes covering it (at most 32): a
-// warp reads whole consecutive rows, every load coalesced.
+// 16-byte vectors of V where dim allows (V dividing dim, the features and the attention vectors
+// 16-byte aligned), else one feature at a time, by the smallest power-of-two group of lanes
+// covering it (at most 32): a warp reads whole consecutive rows, every load coalesced.
 template <class T>
 struct HeadWalk {
     bool vec;
     u32 per, g;  // loads a head, lanes a (row, head)
-    __device__ HeadWalk(const void* base, u32 dim) {
+    __device__ HeadWalk(const void* base, const void* att, u32 dim) {
         const u32 v = 16u / sizeof(T);  // no static member: it would be a module global
-        vec = dim % v == 0u && ((unsigned long long)base & 15ull) == 0ull;
+        vec = dim % v == 0u && (((unsigned long long)base | (unsigned long long)att) & 15ull) == 0ull;
         per = vec ? dim / v : dim;
         g = 1u;
         while (g < per && g < 32u) g <<= 1;
     }
 };
+
+// V consecutive values of an attention vector as floats, in 16-byte loads (p 16-byte aligned:
+// the vectorized head walks start a head's chunks at multiples of V of a 16-byte aligned
+// buffer whose heads hold whole chunks). Scalar loads of the same values were the head
+// kernels' bound: 16 a lane, each warp's spread over 8 heads' vectors.
+template <class A, int V>
+__device__ __forceinline__ void load_att(const A* __restrict__ p, float (&out)[V]) {
+    constexpr int C = (int)(16 / sizeof(A)) < V ? (int)(16 / sizeof(A)) : V;
+#pragma unroll
+    for (int c = 0; c < V; c += C) {
+        float t[C];
+        load_vec<A, C>(p + c, t);
+#pragma unroll
+        for (int i = 0; i < C; ++i) out[c + i] = t[i];
+    }
+}
 
 // out[k, i, h] = <x[i, h, :], att[k, h, :]> in f32 with f32 attention vectors (the Python
 // layers' score terms), n_att <= SPATTN_HEAD_MAX_ATT of them from one read of x: a group of
@@ -134,7 +152,7 @@ struct HeadWalk {
 template <class T>
 __device__ void head_dot_f32(const T* __restrict__ x, const float* __restrict__ att, u32 rows,
                              u32 heads, u32 dim, u32 n_att, float* __restrict__ out) {
-    const HeadWalk<T> w(x, dim);
+    const HeadWalk<T> w(x, att, dim);
     constexpr u32 V = 16u / sizeof(T);
     const u32 lane = lane_id() & (w.g - 1u), mask = group_mask(w.g);
     const u64 total = (u64)rows * heads, stride = (u64)heads * dim;
@@ -150,10 +168,12 @@ __device__ void head_dot_f32(const T* __restrict__ x, const float* __restrict__ 
                 load_vec<T, V>(xr + (u64)k * V, xv);
 #pragma unroll
                 for (u32 t = 0; t < SPATTN_HEAD_MAX_ATT; ++t)
-                    if (t < n_att)
+                    if (t < n_att) {
+                        float av[V];
+                        load_att<float, V>(a + t * stride + k * V, av);
 #pragma unroll
-                        for (u32 i = 0; i < V; ++i)
-                            acc[t] = fmaf(xv[i], __ldg(a + t * stride + k * V + i), acc[t]);
+                        for (u32 i = 0; i < V; ++i) acc[t] = fmaf(xv[i], av[i], acc[t]);
+                    }
             }
         } else {
             for (u32 d = lane; d < dim; d += w.g) {
@@ -178,7 +198,7 @@ __device__ void head_dot_f32(const T* __restrict__ x, const float* __restrict__ 
 template <class T, class A>
 __device__ void head_outer_add(const float* __restrict__ de, const A* __restrict__ att, u32 rows,
                                u32 heads, u32 dim, u32 n_att, T* dx) {
-    const HeadWalk<T> w(dx, dim);
+    const HeadWalk<T> w(dx, att, dim);
     constexpr u32 V = 16u / sizeof(T);
     const u32 lane = lane_id() & (w.g - 1u);
     const u64 total = (u64)rows * heads, stride = (u64)heads * dim;
@@ -196,10 +216,12 @@ __device__ void head_outer_add(const float* __restrict__ de, const A* __restrict
                 load_vec_coherent<T, V>(xr + (u64)k * V, xv);  // written below: no nc cache
 #pragma unroll
                 for (u32 t = 0; t < SPATTN_HEAD_MAX_ATT; ++t)
-                    if (t < n_att)
+                    if (t < n_att) {
+                        float av[V];
+                        load_att<A, V>(a + t * stride + k * V, av);
 #pragma unroll
-                        for (u32 i = 0; i < V; ++i)
-                            xv[i] = fmaf(e[t], to_f32(a[t * stride + k * V + i]), xv[i]);
+                        for (u32 i = 0; i < V; ++i) xv[i] = fmaf(e[t], av[i], xv[i]);
+                    }
                 store_vec<T, V>(xr + (u64)k * V, xv);
             }
         } else {
@@ -371,8 +393,8 @@ __device__ void sgd(T* p, const float* __restrict__ g, u64 n, float lr, float wd
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(256)                                           \
         weighted_col_sum_dense_##S(const T* x, const float* w, u32 rows, u32 heads, u32 dim,    \
-                                   u32 n_w, u32 vw, float* part) {                              \
-        weighted_col_sum<T>(x, w, rows, heads, dim, n_w, vw, part);                             \
+                                   u32 n_w, u32 vw, u32 tpr, float* part) {                     \
+        weighted_col_sum<T>(x, w, rows, heads, dim, n_w, vw, tpr, part);                        \
     }                                                                                           \
     extern "C" __global__ void head_dot_dense_##S(const T* x, const T* att, u32 rows, u32 heads, \
                                                   u32 dim, u32 n_att, T* out) {                 \

@@ -189,10 +189,10 @@ pub fn head_weighted_sum<T: DType>(
     )
 }
 
-/// The most row blocks of a column sum: its parts (this many × the columns × the weight
-/// vectors, f32) are scratch of each call, so bounded (4 MiB at 256 columns and 4 vectors)
-/// while the grid still fills a GPU many times.
-const COL_SUM_ROW_BLOCKS: u32 = 1024;
+/// The most blocks of a column sum (its grid's x times y): its parts (row blocks × the columns
+/// × the weight vectors, f32) are scratch of each call, so bounded (4 MiB at 256 columns and
+/// two vectors) while the grid still fills a GPU many times.
+const COL_SUM_BLOCKS: u32 = 2048;
 
 /// `out[t · cols + c] += Σ_i w[t, i, h(c)] · x[i, c]` for the `n_w` weight vectors of `w` (1
 /// where `None`, `n_w` = 1) over `x`'s `rows × heads·dim`.
@@ -216,20 +216,25 @@ fn col_sum<T: DType>(
     if rows == 0 || cols == 0 {
         return Ok(());
     }
-    // A thread's columns: one 16-byte vector where a head holds whole vectors.
+    // A thread's columns: one 16-byte vector where a head holds whole vectors; a row's
+    // threads: enough for its columns, up to a warp (the block walks 256 / tpr rows at once).
     let v = 16 / std::mem::size_of::<T>();
     let vw = if dim % v == 0 { v } else { 1 };
-    let row_blocks = blocks_for(rows, 8 * 16)?.clamp(1, COL_SUM_ROW_BLOCKS);
+    let tpr = cols.div_ceil(vw).next_power_of_two().min(32);
+    let col_blocks = blocks_for(cols, (tpr * vw) as u32)?;
+    // About four rows a thread, within the block budget.
+    let row_blocks =
+        blocks_for(rows, (256 / tpr * 4) as u32)?.min((COL_SUM_BLOCKS / col_blocks).max(1));
     let mut part = DeviceVec::<f32>::unset(
         gpu,
         product("column sum parts", &[row_blocks as usize, n_w, cols])?,
     )?;
     let cfg = LaunchConfig {
-        grid_dim: (blocks_for(cols, 32 * vw as u32)?, row_blocks, 1),
-        block_dim: (32, 8, 1),
+        grid_dim: (col_blocks, row_blocks, 1),
+        block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
-    let vw_u = vw as u32; // 1, 4 or 8
+    let (vw_u, tpr_u) = (vw as u32, tpr as u32); // vw 1, 4 or 8; tpr at most 32
     let mut args = gpu.launch_builder(&f);
     args.arg(x.slice())
         .arg(&w_ptr)
@@ -238,11 +243,13 @@ fn col_sum<T: DType>(
         .arg(&dim_u)
         .arg(&n_w_u)
         .arg(&vw_u)
+        .arg(&tpr_u)
         .arg(part.slice_mut());
     // SAFETY: reads x[0..rows·heads·dim) (callers checked x's length or shape; a thread's vw
     // columns lie in one row and head, vw dividing dim), w[0..n_w·rows·heads) where given (shape
     // checked), and writes part[(y·n_w + t)·cols + c] for row block y < row_blocks, t < n_w and
-    // column c < cols (part holds row_blocks·n_w·cols).
+    // column c < cols (part holds row_blocks·n_w·cols); tpr is a power of two ≤ 32 dividing
+    // the block's 256 threads.
     unsafe { launch(name, &mut args, cfg) }?;
     sum_parts(gpu, &part, row_blocks, n_w * cols, out)
 }

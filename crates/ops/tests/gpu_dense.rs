@@ -336,7 +336,13 @@ fn layer_kernels_match_the_cpu() {
 fn layer_sums_are_accurate_and_deterministic() {
     let (gpu, _) = setup();
     let mut rng = Pcg64::seed_from_u64(7);
-    for &(rows, heads, dim) in &[(1, 1, 1), (129, 2, 35), (200_000, 4, 16), (3_001, 8, 32)] {
+    for &(rows, heads, dim) in &[
+        (1, 1, 1),
+        (129, 2, 35),
+        (200_000, 4, 16),
+        (3_001, 8, 32),
+        (50_000, 1, 40),
+    ] {
         let s = Shape::new(rows, heads, dim).unwrap();
         let (x, x64) = random::<f32>(s.len(), &mut rng);
         let (w, w64) = random::<f32>(rows * heads, &mut rng);
