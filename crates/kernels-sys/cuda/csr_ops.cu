@@ -433,8 +433,8 @@ extern "C" __global__ void dropout_keep_bits(u64 n, u32 heads, const u32* __rest
 
 // out[r] = sum over the unit's entries of W * rows[entry]: TRANSPOSED false walks A (r a row
 // i, entries columns j, rows = x: the forward); true walks A^T (r a column j, entries rows i,
-// rows = dOut: the backward's dx; t_to_a gives A's edge of an entry where the bias or the
-// mask, in A's order, reads it, and d_src[j] = sum of ds_t over the entries). Split
+// rows = dOut: the backward's dx; t_to_a gives A's edge of an entry where the bias reads it,
+// the mask is drawn in A^T's order, and d_src[j] = sum of ds_t over the entries). Split
 // units leave f32 partials
 // (scratch: features; scratch_src: d_src) for spmm_csr_finalize.
 template <class T, int VEC, bool TRANSPOSED, bool DROP>
@@ -467,7 +467,7 @@ __device__ __forceinline__ void gat_aggregate(
         float dsv[4];
         // Past the unit's end (or in an empty unit, which may end the arrays) a lane reads the
         // last entry before the end, weighed 0; the host takes no graph without entries. The
-        // mask is in A's order: read at the entry's edge (A^T's walk takes t_to_a with it).
+        // mask is in the walk's order (A's or A^T's): read at the entry, not at its edge.
         const u32 last = end > 0u ? end - 1u : 0u;
         const auto indices = [&](u32 e0, u32 (&ci)[4], u32 (&ei)[4], float (&di)[4]) {
 #pragma unroll
@@ -488,7 +488,7 @@ __device__ __forceinline__ void gat_aggregate(
                 lz[j] = TRANSPOSED ? __ldg(lse + (u64)c[j] * heads + ln.h) : lse_own;
                 b[j] = sc.bias != nullptr ? __ldg(sc.bias + (u64)edge[j] * heads + ln.h) : 0.0f;
                 const u32 pos = e + j < end ? e + j : last;
-                f[j] = DROP ? kept_factor(keep, (u64)edge[j] * heads + ln.h, sc.drop.scale) : 1.0f;
+                f[j] = DROP ? kept_factor(keep, (u64)pos * heads + ln.h, sc.drop.scale) : 1.0f;
             }
             u32 cn[4], en[4];
             float dn[4];

@@ -28,8 +28,8 @@ fn nan_vec(gpu: &Gpu, len: usize) -> DeviceVec<f32> {
 
 /// A workspace of `copies` dropout masks for `nnz × heads` elements, every bit set (the
 /// kernels must draw them).
-fn mask_vec(gpu: &Gpu, nnz: usize, heads: usize) -> DeviceVec<u32> {
-    let words = backward::dropout_mask_words(nnz, heads).unwrap();
+fn mask_vec(gpu: &Gpu, nnz: usize, heads: usize, copies: usize) -> DeviceVec<u32> {
+    let words = copies * backward::dropout_mask_words(nnz, heads).unwrap();
     let mut v = DeviceVec::<u32>::zeros(gpu, words).unwrap();
     v.fill(u32::MAX).unwrap();
     v
@@ -613,10 +613,15 @@ fn gat_backward_by<T: DType>(
             let heads = x.shape().heads;
             let mut lse = nan_vec(gpu, graph.0.n_rows() * heads);
             let mut ds = nan_vec(gpu, graph.0.nnz() * heads);
-            let mut mask = terms.dropout.map(|_| mask_vec(gpu, graph.0.nnz(), heads));
-            let bits = match kept {
-                Some(m) => Some(backward::KeepBits::Kept(m)),
-                None => mask.as_mut().map(backward::KeepBits::Draw),
+            // Both masks drawn, or Aᵀ's alone beside the forward's kept one.
+            let copies = if kept.is_some() { 1 } else { 2 };
+            let mut mask = terms
+                .dropout
+                .map(|_| mask_vec(gpu, graph.0.nnz(), heads, copies));
+            let bits = match (kept, mask.as_mut()) {
+                (Some(a), Some(t)) => Some(backward::KeepBits::Kept { a, t }),
+                (None, m) => m.map(backward::KeepBits::Draw),
+                (Some(_), None) => None,
             };
             let ws = (backward::RowStats::Recompute(&mut lse), &mut ds, bits);
             backward::gat_backward_rows(gpu, graph, terms, (x, out, d_out), ws, grads)
@@ -719,7 +724,7 @@ fn gat_case<T: DType>(
     // of the terms D_i = <dOut_i, out_i> sums (out's rounding to T enters the gradients there).
     let mut out_d = DeviceMatrix::<T>::zeros(gpu, so).unwrap();
     let mut d_terms = vec![0.0f64; n * heads];
-    let mut fwd_mask = dropout.as_ref().map(|_| mask_vec(gpu, nnz, heads));
+    let mut fwd_mask = dropout.as_ref().map(|_| mask_vec(gpu, nnz, heads, 1));
     if path == GatPath::Rows && supported {
         let mut out64 = vec![0.0; so.len()];
         cpu::gat_attention(

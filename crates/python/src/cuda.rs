@@ -248,9 +248,10 @@ pub(crate) fn gat_forward_gpu<T: DType>(
 /// kernels only), ordered with `stream`: the fused backward
 /// ([`gpu_backward::gat_fused_backward`]: two passes, no per-edge buffer), the rows kernels
 /// ([`gpu_backward::gat_backward_rows`]; `workspaces` = dS's `nnz × heads` f32, the row
-/// statistics' `n_rows × heads` f32, and with dropout a mask of
-/// [`gpu_backward::dropout_mask_words`] u32 to draw, or where `lse_kept` the rows forward's
-/// workspace: its statistics and, with dropout, its mask right after them), or the
+/// statistics' `n_rows × heads` f32 (where `lse_kept`, the rows forward's workspace: its
+/// statistics and, with dropout, its mask right after them) and with dropout the masks to draw,
+/// of [`gpu_backward::dropout_mask_words`] u32 each: A's and Aᵀ's, or Aᵀ's alone where kept),
+/// or the
 /// composed steps, which recompute the scores and
 /// probabilities in the three `nnz × heads` f32 `workspaces`.
 #[allow(clippy::too_many_arguments)]
@@ -269,7 +270,7 @@ pub(crate) fn gat_backward_gpu<T: DType>(
     // SAFETY: as in `gat_forward_gpu`; d_out (and out, for the rows kernels) is n_rows × heads
     // × dim of T; dx (n_cols rows of T), da_dst (n_rows × heads f32), da_src (n_cols × heads
     // f32), the workspaces (their lengths above, by kernels; the rows kernels' third, with
-    // dropout, a mask's words of u32) and d_bias (nnz × heads f32, where the forward had a
+    // dropout, one or two masks' words of u32) and d_bias (nnz × heads f32, where the forward had a
     // bias) are fresh, but for a kept lse (read only), which with dropout holds the mask's
     // words after its n_rows × heads f32 (checked by spattn.functional's gat_backward). The
     // transposed ops index Aᵀ's rows (< n_cols) and its edge map (a permutation of the nnz
@@ -300,20 +301,27 @@ pub(crate) fn gat_backward_gpu<T: DType>(
                 Some(ExternalMatrix::<T>::new_trusted(gpu, "out", out, sq)?),
             ),
         };
-        let mut mask = match (kernels, &dropout) {
+        // With dropout: (the forward's kept mask, the masks to draw).
+        let (kept_mask, mut draw_mask) = match (kernels, &dropout) {
             (GatKernels::Rows, Some(_)) => {
                 let words = gpu_backward::dropout_mask_words(d.graph.nnz(), h)?;
-                // Kept: right after the forward's n_rows × heads statistics, only 4-byte
-                // aligned (the kernels read it a u32 at a time).
-                let (at, view) = match lse_kept {
-                    true => (w1 + 4 * (sq.rows * h) as u64, "kept dropout mask"),
-                    false => (w2, "dropout mask"),
-                };
-                Some(ExternalVec::<u32>::new_trusted_element_aligned(
-                    gpu, view, at, words,
-                )?)
+                let draw = |n| ExternalVec::<u32>::new_trusted(gpu, "dropout mask", w2, n);
+                match lse_kept {
+                    // Right after the forward's n_rows × heads statistics, only 4-byte aligned
+                    // (the kernels read it a u32 at a time).
+                    true => (
+                        Some(ExternalVec::<u32>::new_trusted_element_aligned(
+                            gpu,
+                            "kept dropout mask",
+                            w1 + 4 * (sq.rows * h) as u64,
+                            words,
+                        )?),
+                        Some(draw(words)?),
+                    ),
+                    false => (None, Some(draw(2 * words)?)),
+                }
             }
-            _ => None,
+            _ => (None, None),
         };
         d.device.bridge.run(stream, || -> spattn::Result<()> {
             let (a, t) = (d.graph.csr()?, d.graph.transpose()?);
@@ -339,10 +347,11 @@ pub(crate) fn gat_backward_gpu<T: DType>(
                         false => gpu_backward::RowStats::Recompute(lse),
                     },
                     ds,
-                    mask: mask.as_deref_mut().map(|m| match lse_kept {
-                        true => gpu_backward::KeepBits::Kept(m),
-                        false => gpu_backward::KeepBits::Draw(m),
-                    }),
+                    mask: match (kept_mask.as_deref(), draw_mask.as_deref_mut()) {
+                        (Some(a), Some(t)) => Some(gpu_backward::KeepBits::Kept { a, t }),
+                        (None, Some(m)) => Some(gpu_backward::KeepBits::Draw(m)),
+                        _ => None,
+                    },
                 },
                 _ => GatBackward::Fused,
             };

@@ -672,7 +672,7 @@ impl<T: GemmElement> GatConv<Device<T>> {
             (GatKernels::Rows, Some((lse, out))) => {
                 let mut ds_t = DeviceVec::zeros(gpu, edges)?;
                 let mut mask = match &cache.dropout {
-                    Some(_) => Some(DeviceVec::zeros(gpu, dropout_mask_words(nnz, h)?)?),
+                    Some(_) => Some(DeviceVec::zeros(gpu, 2 * dropout_mask_words(nnz, h)?)?),
                     None => None,
                 };
                 let ws = GatBackward::Rows {

@@ -103,7 +103,8 @@ pub enum GatBackward<'w, T: DType> {
     /// The fused backward's two passes: no workspace.
     Fused,
     /// The rows kernels: the forward's output, its row statistics (kept or recomputed), dS's
-    /// `nnz × heads` f32 and, with dropout, the forward's mask (kept or drawn again).
+    /// `nnz × heads` f32 and, with dropout, the masks (A's kept from the forward or drawn
+    /// again, Aᵀ's drawn).
     Rows {
         /// The forward's output (`n_rows × heads × head_dim`).
         out: &'w DeviceMatrix<T>,
@@ -111,7 +112,7 @@ pub enum GatBackward<'w, T: DType> {
         lse: RowStats<'w>,
         /// dS in Aᵀ's order, overwritten.
         ds: &'w mut DeviceVec<f32>,
-        /// The dropout mask (with dropout).
+        /// The dropout masks (with dropout).
         mask: Option<KeepBits<'w>>,
     },
 }

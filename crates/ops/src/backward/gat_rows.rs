@@ -11,11 +11,13 @@
 //!   Aᵀ's order, then a pass over Aᵀ's units: `dx = Pᵀ · dOut` and `∂a_src` = the column sums
 //!   of `dS`.
 //!
-//! Dropout: the kept elements are drawn into a bit mask in A's order (`dropout_keep_bits`, the
-//! same draws as every other kernel's; [`dropout_mask_words`] u32, in the caller's workspace)
-//! by the forward, which the backward takes back ([`KeepBits::Kept`]) or draws again; the
-//! `_drop` variants of the feature passes read it (the pass over Aᵀ through Aᵀ's edge map; a
-//! Philox generator inside them cost more registers than the composed steps save).
+//! Dropout: the kept elements are drawn into bit masks (`dropout_keep_bits`, the same draws as
+//! every other kernel's; [`dropout_mask_words`] u32 each, in the caller's workspace), one in
+//! the order of each pass: A's by the forward, which the backward takes back
+//! ([`KeepBits::Kept`]) or draws again, and Aᵀ's by the backward for its pass over Aᵀ (read
+//! there in sequence; gathering A's bits through the edge map cost that pass more than the
+//! draw). The `_drop` variants of the feature passes read them (a Philox generator inside them
+//! cost more registers than the composed steps save).
 //!
 //! Every pass is shaped like the SpMM (four edges in flight per lane, units of at most 64
 //! edges); split rows' partials are added in order by a finalize kernel: no floating-point
@@ -76,13 +78,20 @@ pub(crate) fn grad_rows_kernel(dtype: &str, vec: u32, drop: bool) -> String {
     format!("gat_grad_rows{d}_csr_{dtype}_v{vec}")
 }
 
-/// The dropout mask [`gat_backward_rows`] reads: A's order, [`dropout_mask_words`] u32.
+/// The dropout masks [`gat_backward_rows`] reads, [`dropout_mask_words`] u32 each: A's order
+/// (the pass over A) and Aᵀ's (the pass over Aᵀ, always drawn by the backward).
 #[derive(Debug)]
 pub enum KeepBits<'a> {
-    /// Drawn by the backward into this workspace (one more launch).
+    /// Both drawn by the backward into this workspace (twice the words: A's mask, then Aᵀ's).
     Draw(&'a mut DeviceVec<u32>),
-    /// Kept from the [`gat_forward_rows`] with the same graph, heads and dropout.
-    Kept(&'a DeviceVec<u32>),
+    /// A's mask kept from the [`gat_forward_rows`] with the same graph, heads and dropout;
+    /// Aᵀ's drawn into the workspace.
+    Kept {
+        /// The forward's mask, read.
+        a: &'a DeviceVec<u32>,
+        /// Aᵀ's mask, written.
+        t: &'a mut DeviceVec<u32>,
+    },
 }
 
 /// The words a dropout mask holds, or `None` where there is none to draw or read (no
@@ -95,18 +104,18 @@ fn mask_words(a: &DeviceCsr, heads: usize, terms: &GatScoreTerms<'_>) -> Result<
     Ok((words > 0).then_some(words))
 }
 
-/// `mask` checked (present with dropout, [`dropout_mask_words`] long, on `gpu`), or `None`
-/// where no mask is needed.
+/// `mask` checked (present with dropout, `copies` × [`dropout_mask_words`] long, on `gpu`),
+/// or `None` where no mask is needed.
 fn checked_mask<M: std::ops::Deref<Target = DeviceVec<u32>>>(
     gpu: &Gpu,
-    a: &DeviceCsr,
-    heads: usize,
-    terms: &GatScoreTerms<'_>,
+    (a, heads, terms): (&DeviceCsr, usize, &GatScoreTerms<'_>),
     mask: Option<M>,
+    copies: usize,
 ) -> Result<Option<M>> {
-    let Some(expected) = mask_words(a, heads, terms)? else {
+    let Some(words) = mask_words(a, heads, terms)? else {
         return Ok(None);
     };
+    let expected = product("dropout mask", &[words, copies])?;
     let Some(mask) = mask else {
         return Err(Error::InvalidArgument {
             what: "dropout mask",
@@ -327,7 +336,7 @@ pub fn gat_forward_rows<T: DType>(
     }
     // A head the kernels do not take, or dropout without its mask, is refused whatever the graph.
     let (vec, hl, g, tiles) = feature_lanes::<T>(heads, head_dim)?;
-    let mut mask = checked_mask(gpu, a, heads, &terms, mask)?;
+    let mut mask = checked_mask(gpu, (a, heads, &terms), mask, 1)?;
     if a.n_rows() == 0 {
         return Ok(());
     }
@@ -389,9 +398,9 @@ pub enum RowStats<'a> {
 /// aggregated features (`n_cols × heads × head_dim`), the forward's output and its gradient
 /// (`n_rows × heads × head_dim`); `grads` as [`super::gat_fused_backward`]'s. Workspaces: the
 /// row statistics `lse` (kept from the forward, or recomputed) and `ds` (`nnz × heads` f32:
-/// each edge's ∂L/∂s in Aᵀ's order) and, with dropout, [`gat_forward_rows`]'s mask (kept, or
-/// drawn again: [`KeepBits`]). Two or three launches (up to six with split rows or columns,
-/// one more to draw the mask), deterministic.
+/// each edge's ∂L/∂s in Aᵀ's order) and, with dropout, the masks ([`KeepBits`]: A's kept
+/// from [`gat_forward_rows`] or drawn again, Aᵀ's drawn). Two or three launches (up to six
+/// with split rows or columns, one or two more to draw the masks), deterministic.
 ///
 /// Errors: as [`gat_forward_rows`]; [`Error::InvalidArgument`] when `t` is not Aᵀ or a bias
 /// comes without its gradient's buffer; [`Error::LengthMismatch`] for `ds` or `d_bias`.
@@ -440,13 +449,26 @@ pub fn gat_backward_rows<T: DType>(
         0 => (1, 1, 1, 1),
         _ => feature_lanes::<T>(heads, head_dim)?,
     };
-    let (mut draw, kept) = match mask {
-        Some(KeepBits::Kept(m)) => (None, checked_mask(gpu, a, heads, &terms, Some(m))?),
-        Some(KeepBits::Draw(m)) => (checked_mask(gpu, a, heads, &terms, Some(m))?, None),
-        None => (
-            checked_mask(gpu, a, heads, &terms, None::<&mut DeviceVec<u32>>)?,
+    // (A's mask to draw into, or None where kept; A's kept mask; Aᵀ's to draw into).
+    let on = (a, heads, &terms);
+    let (draw_a, kept_a, draw_t) = match mask {
+        Some(KeepBits::Kept { a: ka, t: kt }) => (
             None,
+            checked_mask(gpu, on, Some(ka), 1)?,
+            checked_mask(gpu, on, Some(kt), 1)?.map(|m| m.slice_mut().slice_mut(..)),
         ),
+        Some(KeepBits::Draw(m)) => match checked_mask(gpu, on, Some(m), 2)? {
+            Some(m) => {
+                let words = m.len() / 2;
+                let (in_a, in_t) = m.slice_mut().split_at_mut(words);
+                (Some(in_a), None, Some(in_t))
+            }
+            None => (None, None, None),
+        },
+        None => {
+            checked_mask(gpu, on, None::<&mut DeviceVec<u32>>, 1)?;
+            (None, None, None)
+        }
     };
     if heads == 0 || head_dim == 0 || a.nnz() == 0 {
         // No edge: nothing aggregated, every gradient zero.
@@ -469,16 +491,22 @@ pub fn gat_backward_rows<T: DType>(
     let lanes = [heads_u, dim_u, g, hl];
     let drop = DropoutWords::of(terms.dropout);
     let cfg = |units: usize| -> Result<LaunchConfig> { group_grid(units, g, tiles) };
-    // One mask in A's order: the pass over Aᵀ reads it through Aᵀ's edge map (the bits of
-    // nnz × heads edges, a few MB, stay in L2), which costs less than drawing it in Aᵀ's order.
-    if let Some(m) = &mut draw {
-        draw_keep_bits(gpu, a, heads, None, &drop, &mut m.slice_mut().slice_mut(..))?;
+    // The mask in A's order for the pass over A, in Aᵀ's for the pass over Aᵀ (read there in
+    // sequence, not gathered through the edge map).
+    let mut draw_a = draw_a;
+    if let Some(m) = &mut draw_a {
+        draw_keep_bits(gpu, a, heads, None, &drop, m)?;
     }
-    let mask_a = match (&draw, kept) {
-        (Some(m), _) => Some(m.slice().slice(..)),
+    let mut draw_t = draw_t;
+    if let Some(m) = &mut draw_t {
+        draw_keep_bits(gpu, a, heads, Some(t.inverse_map(gpu)?), &drop, m)?;
+    }
+    let mask_a = match (&draw_a, kept_a) {
+        (Some(m), _) => Some(m.slice(..)),
         (None, Some(m)) => Some(m.slice().slice(..)),
         (None, None) => None,
     };
+    let mask_t = draw_t.as_ref().map(|m| m.slice(..));
 
     // Over A: dS in Aᵀ's order, ∂a_dst.
     {
@@ -521,7 +549,7 @@ pub fn gat_backward_rows<T: DType>(
     }
 
     // Over Aᵀ: dx and ∂a_src.
-    let t_to_a = if terms.bias.is_some() || mask_a.is_some() {
+    let t_to_a = if terms.bias.is_some() {
         Some(t.inverse_map(gpu)?)
     } else {
         None
@@ -540,7 +568,7 @@ pub fn gat_backward_rows<T: DType>(
     )?;
     let name = kernel_named(
         &CSR_OPS,
-        aggregate_kernel(T::NAME, vec, true, mask_a.is_some()),
+        aggregate_kernel(T::NAME, vec, true, mask_t.is_some()),
     )?;
     let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
     let n_units = to_u32("units", rows.len())?;
@@ -550,7 +578,7 @@ pub fn gat_backward_rows<T: DType>(
         push_walk(&mut args, [rows, starts, parts], &n_units, tc.col_indices());
         args.arg_or_null(t_to_a).arg(d_out.slice());
         push_lanes(&mut args, &lanes, &terms, &drop);
-        args.view_or_null(mask_a.as_ref())
+        args.view_or_null(mask_t.as_ref())
             .arg(lse.slice())
             .arg(ds.slice())
             .arg(grads.dx.slice_mut())
@@ -559,8 +587,8 @@ pub fn gat_backward_rows<T: DType>(
             .arg(&mut part_s);
         // SAFETY: Aᵀ's units (rows < n_cols) and entries (rows of A < n_rows: d_out, a_dst and
         // lse rows); an entry's edge t_to_a[e] < nnz (a permutation; null, and unread, without
-        // a bias or a mask) indexes the bias at (edge, head) < nnz·heads and the mask in A's
-        // order (`_drop` only) at word (edge·heads + head) / 32 < its view's length; ds at (entry,
+        // a bias) indexes the bias at (edge, head) < nnz·heads; the mask in Aᵀ's order
+        // (`_drop` only) at word (entry·heads + head) / 32 < its view's length; ds at (entry,
         // head) < nnz·heads; dx rows < n_cols at features < hd, d_src at (column, head) <
         // n_cols·heads; partials at part·hd + feature < need_x and (part, head) < need_s in
         // their views.

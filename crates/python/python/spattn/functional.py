@@ -656,9 +656,9 @@ def gat_backward(graph: Graph, x, a_dst, a_src, d_out, bias, slope, drop, outs=N
             raise ValueError(f"out: expected shape {(graph.num_nodes, h, c)} on {x.device}, got "
                              f"{tuple(out.shape)} on {out.device}")
     n = graph.num_nodes
-    # Workspaces: rows, dS (nnz × heads), the row statistics (n × heads) and with dropout a
-    # mask's words (or the forward's statistics and mask, kept); composed, three nnz × heads
-    # buffers; fused, none.
+    # Workspaces: rows, dS (nnz × heads), the row statistics (n × heads; or the forward's
+    # statistics and A's dropout mask, kept) and with dropout the masks to draw (A's and Aᵀ's,
+    # or Aᵀ's alone); composed, three nnz × heads buffers; fused, none.
     ws = []
     kept = cuda and kernels == "rows" and lse is not None
     kept_len = n * h + _mask_words(graph, h, drop)
@@ -670,9 +670,9 @@ def gat_backward(graph: Graph, x, a_dst, a_src, d_out, bias, slope, drop, outs=N
     if cuda and kernels == "rows":
         ws = [torch.empty(graph.num_edges * h, dtype=torch.float32, device=x.device),
               lse if kept else torch.empty(n * h, dtype=torch.float32, device=x.device)]
-        if drop is not None and not kept:
-            ws.append(torch.empty(_mask_words(graph, h, drop), dtype=torch.int32,
-                                  device=x.device))
+        if drop is not None:
+            ws.append(torch.empty((1 if kept else 2) * _mask_words(graph, h, drop),
+                                  dtype=torch.int32, device=x.device))
     elif cuda and kernels == "composed":
         ws = [torch.empty(graph.num_edges * h, dtype=torch.float32, device=x.device)
               for _ in range(3)]
