@@ -19,6 +19,11 @@ parameters, optimizer state, features and edge_index resident before it), plus, 
 the peak of its own device memory pool over the same epoch (graph uploads and plan
 workspaces, which PyTorch's allocator does not see: ``spattn.memory_stats()``). The total is
 an upper bound of what spattn held at once.
+
+Where an epoch's time goes: ``--profile N`` profiles N more epochs of each case with
+torch.profiler and prints (and keeps in the JSON) the top kernels and host operators per epoch:
+
+    python crates/python/bench/epoch.py --models gat_dropout --dtypes f16 --impls spattn --profile 5
 """
 
 from __future__ import annotations
@@ -132,6 +137,47 @@ def time_epochs(step, warmup, repeat, cuda):
     return times
 
 
+def profile_epochs(step, epochs, cuda, top=14):
+    """Where `epochs` epochs' time goes, per epoch: the top device kernels (time, launches) and
+    the top host operators (self time), from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(epochs):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+    kernels, ops = {}, {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            k = kernels.setdefault(e.name, [0.0, 0])
+            k[0] += e.device_time_total / epochs
+            k[1] += 1 / epochs
+        else:
+            o = ops.setdefault(e.name, [0.0, 0])
+            o[0] += e.self_cpu_time_total / epochs
+            o[1] += 1 / epochs
+    rank = lambda d: sorted(d.items(), key=lambda kv: -kv[1][0])  # noqa: E731
+    return {
+        "epochs": epochs,
+        "kernel_us": sum(v[0] for v in kernels.values()),
+        "kernels": [{"name": n, "us": v[0], "calls": v[1]} for n, v in rank(kernels)[:top]],
+        "host_us": sum(v[0] for v in ops.values()),
+        "host_ops": [{"name": n, "us": v[0], "calls": v[1]} for n, v in rank(ops)[:top]],
+    }
+
+
+def print_profile(r):
+    p = r["profile"]
+    print(f"\n## {r['model']} {r['dtype']} {r['impl']}: per epoch, {p['kernel_us'] / 1e3:.3f} ms of "
+          f"kernels, {p['host_us'] / 1e3:.3f} ms of host operators' self time (profiled)")
+    for title, rows in (("kernels", p["kernels"]), ("host operators", p["host_ops"])):
+        print(f"  {title}:")
+        for k in rows:
+            print(f"    {k['us']:9.1f} us  x{k['calls']:5.1f}  {k['name'][:100]}")
+
+
 def run_case(impl, model, dtype, edge_index, x, y, state, args, spattn, edge_attr=None):
     # "pyg" / "spattn", or either with "-compile": the model under torch.compile (spattn's
     # traced whole, fullgraph=True; PyG's with the graph breaks it needs).
@@ -193,6 +239,8 @@ def run_case(impl, model, dtype, edge_index, x, y, state, args, spattn, edge_att
         "peak_spattn_pool_bytes": pool,
         "peak_bytes": peak_torch + pool,
     }
+    if args.profile:
+        result["profile"] = profile_epochs(step, args.profile, cuda)
     return result, first
 
 
@@ -212,6 +260,10 @@ def main():
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (a smoke test of the script)")
+    ap.add_argument("--profile", type=int, default=0, metavar="EPOCHS",
+                    help="also profile this many epochs of each case (torch.profiler, after the "
+                         "timed ones): the top kernels and host operators per epoch, printed and "
+                         "in the JSON")
     args = ap.parse_args()
 
     import spattn
@@ -290,6 +342,9 @@ def main():
                 for r in results[-2:]:
                     r["first_forward_rel_diff"] = diff
     print_table(results)
+    for r in results:
+        if "profile" in r:
+            print_profile(r)
     if args.json:
         Path(args.json).write_text(json.dumps({"header": header, "results": results}, indent=2))
         print(f"\nwrote {args.json}")
