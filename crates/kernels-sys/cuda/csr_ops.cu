@@ -649,9 +649,10 @@ __device__ __forceinline__ void gat_grad_rows(
 // The GAT row-statistics passes for one dtype and vector width, without dropout and with it
 // ("_drop": the factors read from a keep mask; the others hold no registers for it; a
 // generator in the kernels instead cost 90-106 registers). gat_grad_rows of 16-bit types
-// is held to 3 blocks a SM (80 registers, its gathered rows held as stored bits to fit; 2 blocks
-// unbounded: backward 1.61 against 1.47 ms on ogbn-arxiv at 8 x 32 f16); of f32 it is left unbounded (70 registers:
-// 2.42 against 2.65 ms held to 3 blocks). GB: those bounds, empty for f32.
+// is held to 3 blocks a SM (80 registers, its gathered rows held as stored bits to fit;
+// unbounded at 2 blocks: backward 1.61 against 1.47 ms on ogbn-arxiv at 8 x 32 f16); of f32 it
+// is left unbounded (70 registers: 2.42 against 2.65 ms held to 3 blocks). GB: those bounds,
+// empty for f32.
 #define SPATTN_GAT_BOUNDS_16 __launch_bounds__(256, 3)
 #define SPATTN_GAT_ROWS_K(SUFFIX, T, VEC, DROP, D, GB)                                             \
     extern "C" __global__ void gat_aggregate##D##_csr_##SUFFIX##_v##VEC(                           \

@@ -218,8 +218,7 @@ fn col_sum<T: DType>(
     }
     // A thread's columns: one 16-byte vector where a head holds whole vectors; a row's
     // threads: enough for its columns, up to a warp (the block walks 256 / tpr rows at once).
-    let v = 16 / std::mem::size_of::<T>();
-    let vw = if dim % v == 0 { v } else { 1 };
+    let vw = whole_vectors::<T>(dim);
     let tpr = cols.div_ceil(vw).next_power_of_two().min(32);
     let col_blocks = blocks_for(cols, (tpr * vw) as u32)?;
     // About four rows a thread, within the block budget.
@@ -352,14 +351,22 @@ pub fn head_outer_add_f32<T: DType>(
 /// is 0). A view the kernel finds unaligned takes wider groups, which its grid-stride loop
 /// covers.
 fn head_grid<T: DType>(s: Shape) -> Result<LaunchConfig> {
-    let v = 16 / std::mem::size_of::<T>();
-    let per = if s.head_dim % v == 0 {
-        s.head_dim / v
-    } else {
-        s.head_dim
-    };
-    let lanes = per.next_power_of_two().min(32);
+    let lanes = (s.head_dim / whole_vectors::<T>(s.head_dim))
+        .next_power_of_two()
+        .min(32);
     stride_grid(product("head lanes", &[s.rows, s.heads, lanes])?)
+}
+
+/// The elements a lane of layers.cu's vectorized kernels loads at once for heads of `dim`
+/// features of `T`: one 16-byte vector where `dim` holds whole ones, else one element (the
+/// kernels' rule, for their views aligned as the external checks ask).
+fn whole_vectors<T: DType>(dim: usize) -> usize {
+    let v = 16 / std::mem::size_of::<T>();
+    if dim % v == 0 {
+        v
+    } else {
+        1
+    }
 }
 
 /// Attention vectors the head kernels take at once (`SPATTN_HEAD_MAX_ATT` in layers.cu).
@@ -708,4 +715,28 @@ pub fn sgd_step<T: DType>(
         .arg(&weight_decay);
     // SAFETY: reads and writes param[0..n), reads grad[0..n); both n long.
     unsafe { launch(name, &mut args, cfg) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::f16;
+
+    #[test]
+    fn a_lane_loads_one_vector_where_the_head_holds_whole_ones() {
+        assert_eq!(whole_vectors::<f16>(32), 8);
+        assert_eq!(whole_vectors::<f16>(40), 8);
+        assert_eq!(whole_vectors::<f16>(12), 1);
+        assert_eq!(whole_vectors::<f32>(12), 4);
+        // The head kernels' grid: rows × heads groups of the lanes a head takes.
+        let s = Shape::new(1000, 8, 32).unwrap(); // 4 lanes of 8 f16 a head
+        assert_eq!(head_grid::<f16>(s).unwrap().grid_dim.0, 1000 * 8 * 4 / 256);
+        let s = Shape::new(1000, 1, 70).unwrap(); // 70 single elements: 32 lanes (the most)
+        assert_eq!(head_grid::<f16>(s).unwrap().grid_dim.0, 1000 * 32 / 256);
+        let s = Shape::new(300, 3, 1).unwrap(); // one element: a lane a (row, head)
+        assert_eq!(
+            head_grid::<f32>(s).unwrap().grid_dim.0,
+            900_u32.div_ceil(256)
+        );
+    }
 }

@@ -270,11 +270,11 @@ pub(crate) fn gat_backward_gpu<T: DType>(
     // SAFETY: as in `gat_forward_gpu`; d_out (and out, for the rows kernels) is n_rows × heads
     // × dim of T; dx (n_cols rows of T), da_dst (n_rows × heads f32), da_src (n_cols × heads
     // f32), the workspaces (their lengths above, by kernels; the rows kernels' third, with
-    // dropout, one or two masks' words of u32) and d_bias (nnz × heads f32, where the forward had a
-    // bias) are fresh, but for a kept lse (read only), which with dropout holds the mask's
-    // words after its n_rows × heads f32 (checked by spattn.functional's gat_backward). The
-    // transposed ops index Aᵀ's rows (< n_cols) and its edge map (a permutation of the nnz
-    // edges), within the same views.
+    // dropout, one or two masks' words of u32) and d_bias (nnz × heads f32, where the forward
+    // had a bias) are fresh, but for a kept lse (read only), which with dropout holds the
+    // mask's words after its n_rows × heads f32 (checked by spattn.functional's
+    // gat_backward). The transposed ops index Aᵀ's rows (< n_cols) and its edge map (a
+    // permutation of the nnz edges), within the same views.
     unsafe {
         let (x, a_dst, a_src, edges) = gat_views::<T>(d, sq, skv, [x, a_dst, a_src])?;
         let d_out = ExternalMatrix::<T>::new_trusted(gpu, "d_out", d_out, sq)?;

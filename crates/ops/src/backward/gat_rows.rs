@@ -451,7 +451,7 @@ pub fn gat_backward_rows<T: DType>(
     };
     // (A's mask to draw into, or None where kept; A's kept mask; Aᵀ's to draw into).
     let on = (a, heads, &terms);
-    let (draw_a, kept_a, draw_t) = match mask {
+    let (mut draw_a, kept_a, mut draw_t) = match mask {
         Some(KeepBits::Kept { a: ka, t: kt }) => (
             None,
             checked_mask(gpu, on, Some(ka), 1)?,
@@ -493,11 +493,9 @@ pub fn gat_backward_rows<T: DType>(
     let cfg = |units: usize| -> Result<LaunchConfig> { group_grid(units, g, tiles) };
     // The mask in A's order for the pass over A, in Aᵀ's for the pass over Aᵀ (read there in
     // sequence, not gathered through the edge map).
-    let mut draw_a = draw_a;
     if let Some(m) = &mut draw_a {
         draw_keep_bits(gpu, a, heads, None, &drop, m)?;
     }
-    let mut draw_t = draw_t;
     if let Some(m) = &mut draw_t {
         draw_keep_bits(gpu, a, heads, Some(t.inverse_map(gpu)?), &drop, m)?;
     }

@@ -15,8 +15,8 @@ use crate::gpu::Gpu;
 use crate::launch::{launch, product, to_u32, PushKernelArg, PushOptionalArg};
 
 /// The u32 words of one dropout mask: a bit per edge and head, `⌈nnz·heads / 32⌉`.
-/// [`super::gat_forward_rows`] takes one mask's workspace, [`super::gat_backward_rows`] two
-/// (A's order, then Aᵀ's).
+/// [`super::gat_forward_rows`] takes one mask's workspace, [`super::gat_backward_rows`] one or
+/// two ([`super::KeepBits`]: Aᵀ's, and A's unless kept from the forward).
 ///
 /// Errors: [`crate::Error::InvalidArgument`] where `nnz·heads` overflows `usize`.
 pub fn dropout_mask_words(nnz: usize, heads: usize) -> Result<usize> {
