@@ -178,10 +178,20 @@ enum GatKept<B: Placement> {
         a_src: B::Terms,
         /// The edge features' term (`nnz × heads` f32), with edge features.
         bias: Option<B::Edges>,
-        /// The rows kernels' `lse` (`n × heads` f32, held as an f32 vector) and output
-        /// (`n × heads × out_dim`).
-        rows: Option<(B::Edges, B::Dense)>,
+        /// What the rows kernels' backward takes from their forward.
+        rows: Option<RowsKept<B>>,
     },
+}
+
+/// What GAT's rows kernels keep from the forward for the backward.
+#[derive(Debug)]
+struct RowsKept<B: Placement> {
+    /// The row statistics (`n × heads` f32, held as an f32 vector).
+    lse: B::Edges,
+    /// The forward's output (`n × heads × out_dim`).
+    out: B::Dense,
+    /// With dropout, A's mask as the forward drew it (the backward then draws only Aᵀ's).
+    mask: Option<B::Mask>,
 }
 
 /// The error of a cache made by the other placement's forward (the types rule it out; no
@@ -553,7 +563,7 @@ impl<T: GemmElement> GatConv<Device<T>> {
                 mask: mask.as_mut(),
             };
             gpu_backward::gat_forward(gpu, a, terms, &wh, ws, &mut agg)?;
-            Some(lse)
+            Some((lse, mask))
         } else {
             let mut p = DeviceVec::zeros(gpu, nnz * h)?;
             gpu_backward::gat_forward(gpu, a, terms, &wh, GatForward::Composed(&mut p), &mut agg)?;
@@ -574,7 +584,7 @@ impl<T: GemmElement> GatConv<Device<T>> {
             (y, Some(agg))
         };
         let rows = match (lse, agg) {
-            (Some(lse), Some(agg)) => Some((lse, agg)),
+            (Some((lse, mask)), Some(out)) => Some(RowsKept { lse, out, mask }),
             _ => None,
         };
         if let Some(b) = &self.bias {
@@ -669,17 +679,31 @@ impl<T: GemmElement> GatConv<Device<T>> {
         };
         let io = (&cache.wh, &d_agg);
         match (GatKernels::auto::<T>(h, c, nnz, true, rows.is_some()), rows) {
-            (GatKernels::Rows, Some((lse, out))) => {
+            (
+                GatKernels::Rows,
+                Some(RowsKept {
+                    lse,
+                    out,
+                    mask: kept,
+                }),
+            ) => {
                 let mut ds_t = DeviceVec::zeros(gpu, edges)?;
+                // Aᵀ's mask to draw, after A's where the forward kept none.
+                let copies = if kept.is_some() { 1 } else { 2 };
                 let mut mask = match &cache.dropout {
-                    Some(_) => Some(DeviceVec::zeros(gpu, 2 * dropout_mask_words(nnz, h)?)?),
+                    Some(_) => Some(DeviceVec::zeros(gpu, copies * dropout_mask_words(nnz, h)?)?),
                     None => None,
+                };
+                let bits = match (mask.as_mut(), kept) {
+                    (Some(t), Some(a)) => Some(KeepBits::Kept { a, t }),
+                    (Some(both), None) => Some(KeepBits::Draw(both)),
+                    (None, _) => None,
                 };
                 let ws = GatBackward::Rows {
                     out,
                     lse: RowStats::Kept(lse),
                     ds: &mut ds_t,
-                    mask: mask.as_mut().map(KeepBits::Draw),
+                    mask: bits,
                 };
                 gpu_backward::gat_backward(gpu, (a, t), terms, io, ws, grads)?;
             }

@@ -79,6 +79,9 @@ pub trait Placement {
     /// Per-node terms of a layer's scores (GAT's `a_dst`, `a_src`, which the device layer keeps
     /// for its backward): `Vec<F>` on the host (unused there), an f32 matrix on the device.
     type Terms;
+    /// The dropout mask's bits a forward keeps for its backward (GAT's rows kernels, in A's
+    /// order): none on the host, u32 words on the device.
+    type Mask;
 }
 
 /// The CPU placement in `F` (`f64`: the reference of the tests; `f32`: the fallback).
@@ -97,6 +100,7 @@ impl<F: Real> Placement for Host<F> {
     type Plan = ();
     type Stats = ();
     type Terms = Vec<F>;
+    type Mask = ();
 }
 
 impl<T: DType> Placement for Device<T> {
@@ -107,6 +111,7 @@ impl<T: DType> Placement for Device<T> {
     type Plan = AttentionPlan;
     type Stats = RowStats;
     type Terms = DeviceMatrix<f32>;
+    type Mask = DeviceVec<u32>;
 }
 
 /// A parameter (`dims.rows × dims.cols`, row-major) and the gradient its layer's `backward`
