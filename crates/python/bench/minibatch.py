@@ -236,7 +236,8 @@ def main():
                          "call alone, without positions, without the transpose)")
     ap.add_argument("--call-probe", metavar="WORKLOAD",
                     help="instead of the tables: the host time of one call on a planned graph "
-                         "(attention forward and backward, GAT forward and backward), enqueue only")
+                         "(attention forward and backward; GAT forward and backward, natively and under "
+                         "autograd), enqueue only")
     ap.add_argument("--profile", metavar="WORKLOAD:MODEL:DTYPE",
                     help="instead of the tables: cProfile of spattn's new-graph steps of one case "
                          "(where the host time of a step goes)")
@@ -380,6 +381,21 @@ def call_probe(args, spattn, source, device):
     out, dq, dk, dv = (torch.empty_like(q) for _ in range(4))
     a_dst, a_src, da_dst, da_src = (torch.randn(n, h, device=device) for _ in range(4))
     ws = [torch.empty(g.num_edges * h, device=device) for _ in range(3)]
+    lse = torch.empty(n * h, device=device)
+    x, dy = q.clone().requires_grad_(), torch.randn_like(q)
+    ad, as_ = a_dst.clone().requires_grad_(), a_src.clone().requires_grad_()
+    held = {}
+
+    def layer_forward():
+        held["out"] = spattn.gat_attention(g, x, ad, as_, 0.2)
+
+    def layer_backward():
+        # Each call's own graph: the forward is enqueued untimed in `setup`.
+        held["out"].backward(dy)
+
+    def layer_setup():
+        x.grad = ad.grad = as_.grad = None
+        layer_forward()
     stream = torch.cuda.current_stream(device).cuda_stream
     idx = device.index if device.index is not None else torch.cuda.current_device()
     calls = {
@@ -389,24 +405,42 @@ def call_probe(args, spattn, source, device):
         "GAT forward": lambda: g._core.gat_forward(
             idx, "f16", h, d, 0.2, q.data_ptr(), a_dst.data_ptr(), a_src.data_ptr(),
             out.data_ptr(), ws[0].data_ptr(), stream),
-        "GAT backward": lambda: g._core.gat_backward(
+        "GAT backward (no forward output: fused or composed)": lambda: g._core.gat_backward(
             idx, "f16", h, d, 0.2, q.data_ptr(), a_dst.data_ptr(), a_src.data_ptr(),
             q.data_ptr(), dq.data_ptr(), da_dst.data_ptr(), da_src.data_ptr(),
             (ws[0].data_ptr(), ws[1].data_ptr(), ws[2].data_ptr()), stream),
+        # The layers' path: the rows kernels, the forward's statistics kept for the backward.
+        "GAT forward (rows, keeping)": lambda: g._core.gat_forward(
+            idx, "f16", h, d, 0.2, q.data_ptr(), a_dst.data_ptr(), a_src.data_ptr(),
+            out.data_ptr(), lse.data_ptr(), stream, None, 0, "rows"),
+        "GAT backward (rows, kept)": lambda: g._core.gat_backward(
+            idx, "f16", h, d, 0.2, q.data_ptr(), a_dst.data_ptr(), a_src.data_ptr(),
+            q.data_ptr(), dq.data_ptr(), da_dst.data_ptr(), da_src.data_ptr(),
+            (ws[0].data_ptr(), lse.data_ptr(), 0), stream, None, 0, 0, "rows", out.data_ptr(),
+            True),
+        "gat_attention forward (autograd)": layer_forward,
+        "gat_attention backward (autograd)": (layer_setup, layer_backward),
     }
     print(f"{args.call_probe}: {n} nodes, {g.num_edges} edges, f16 {h} x {d}")
     for name, call in calls.items():
+        setup, call = call if isinstance(call, tuple) else (None, call)
         for _ in range(20):
+            if setup:
+                setup()
             call()
         # A few calls at a time from an idle GPU: enough to time, too few to fill the launch
-        # queue (a full queue would make the host wait for the GPU).
+        # queue (a full queue would make the host wait for the GPU). A call with a setup (the
+        # autograd backward, which needs its forward) is timed one at a time.
         times = []
-        for _ in range(40):
+        per = 1 if setup else 4
+        for _ in range(40 * (4 // per)):
+            if setup:
+                setup()
             torch.cuda.synchronize()
             t = time.perf_counter()
-            for _ in range(4):
+            for _ in range(per):
                 call()
-            times.append((time.perf_counter() - t) / 4 * 1e6)
+            times.append((time.perf_counter() - t) / per * 1e6)
         torch.cuda.synchronize()
         print(f"{name}: {statistics.median(times):.1f} us of host time per call (median)")
 
