@@ -477,7 +477,10 @@ fn agnn_beta_terms(a: &Csr, x: &[f64], dy: &[f64], dim: usize, beta: f64) -> f64
         let e: Vec<f64> = cos.iter().map(|&c| (beta * c - m).exp()).collect();
         let l: f64 = e.iter().sum();
         let dyi = row(dy, i);
-        let dp: Vec<f64> = cols.iter().map(|&j| dot(&dyi, &row(x, j as usize))).collect();
+        let dp: Vec<f64> = cols
+            .iter()
+            .map(|&j| dot(&dyi, &row(x, j as usize)))
+            .collect();
         let d: f64 = e.iter().zip(&dp).map(|(p, q)| p / l * q).sum();
         total += e
             .iter()

@@ -578,9 +578,18 @@ fn gat_rows_forward_and_backward_match_the_f64_reference_and_rerun_bitwise() {
     // No edge at all: zeros out of both directions, no index read.
     graphs.push(Csr::from_edges(3, 4, &[]).unwrap());
     for (gi, a) in graphs.iter().enumerate() {
-        for (ci, (heads, head_dim)) in [(1, 1), (3, 20), (8, 32), (2, 64), (1, 40), (5, 31), (8, 8), (4, 8)]
-            .into_iter()
-            .enumerate()
+        for (ci, (heads, head_dim)) in [
+            (1, 1),
+            (3, 20),
+            (8, 32),
+            (2, 64),
+            (1, 40),
+            (5, 31),
+            (8, 8),
+            (4, 8),
+        ]
+        .into_iter()
+        .enumerate()
         {
             let extras = ((gi + ci) % 2 == 0, (gi + ci) % 3 == 0);
             let shape = (heads, head_dim);
