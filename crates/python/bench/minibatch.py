@@ -387,14 +387,18 @@ def call_probe(args, spattn, source, device):
     held = {}
 
     def layer_forward():
-        held["out"] = spattn.gat_attention(g, x, ad, as_, 0.2)
+        held.setdefault("outs", []).append(spattn.gat_attention(g, x, ad, as_, 0.2))
+
+    def layer_forward_setup():
+        held["outs"] = []  # the previous calls' graphs are freed here, untimed
 
     def layer_backward():
         # Each call's own graph: the forward is enqueued untimed in `setup`.
-        held["out"].backward(dy)
+        held["outs"][-1].backward(dy)
 
     def layer_setup():
         x.grad = ad.grad = as_.grad = None
+        layer_forward_setup()
         layer_forward()
     stream = torch.cuda.current_stream(device).cuda_stream
     idx = device.index if device.index is not None else torch.cuda.current_device()
@@ -405,7 +409,8 @@ def call_probe(args, spattn, source, device):
         "GAT forward": lambda: g._core.gat_forward(
             idx, "f16", h, d, 0.2, q.data_ptr(), a_dst.data_ptr(), a_src.data_ptr(),
             out.data_ptr(), ws[0].data_ptr(), stream),
-        "GAT backward (no forward output: fused or composed)": lambda: g._core.gat_backward(
+        # No `kernels` argument: the native default, the composed CSR ops.
+        "GAT backward (composed)": lambda: g._core.gat_backward(
             idx, "f16", h, d, 0.2, q.data_ptr(), a_dst.data_ptr(), a_src.data_ptr(),
             q.data_ptr(), dq.data_ptr(), da_dst.data_ptr(), da_src.data_ptr(),
             (ws[0].data_ptr(), ws[1].data_ptr(), ws[2].data_ptr()), stream),
@@ -418,7 +423,7 @@ def call_probe(args, spattn, source, device):
             q.data_ptr(), dq.data_ptr(), da_dst.data_ptr(), da_src.data_ptr(),
             (ws[0].data_ptr(), lse.data_ptr(), 0), stream, None, 0, 0, "rows", out.data_ptr(),
             True),
-        "gat_attention forward (autograd)": layer_forward,
+        "gat_attention forward (autograd)": (layer_forward_setup, layer_forward),
         "gat_attention backward (autograd)": (layer_setup, layer_backward),
     }
     print(f"{args.call_probe}: {n} nodes, {g.num_edges} edges, f16 {h} x {d}")
@@ -430,7 +435,7 @@ def call_probe(args, spattn, source, device):
             call()
         # A few calls at a time from an idle GPU: enough to time, too few to fill the launch
         # queue (a full queue would make the host wait for the GPU). A call with a setup (the
-        # autograd backward, which needs its forward) is timed one at a time.
+        # autograd calls: the backward needs its forward) is timed one at a time.
         times = []
         per = 1 if setup else 4
         for _ in range(40 * (4 // per)):
