@@ -627,11 +627,7 @@ fn gat_backward_by<T: DType>(
             let mut mask = terms
                 .dropout
                 .map(|_| mask_vec(gpu, graph.0.nnz(), heads, copies));
-            let bits = match (kept, mask.as_mut()) {
-                (Some(a), Some(t)) => Some(backward::KeepBits::Kept { a, t }),
-                (None, m) => m.map(backward::KeepBits::Draw),
-                (Some(_), None) => None,
-            };
+            let bits = backward::KeepBits::of(kept, mask.as_mut());
             let ws = (backward::RowStats::Recompute(&mut lse), &mut ds, bits);
             backward::gat_backward_rows(gpu, graph, terms, (x, out, d_out), ws, grads)
         }

@@ -304,22 +304,26 @@ pub(crate) fn gat_backward_gpu<T: DType>(
         // With dropout: (the forward's kept mask, the masks to draw).
         let (kept_mask, mut draw_mask) = match (kernels, &dropout) {
             (GatKernels::Rows, Some(_)) => {
-                let words = gpu_backward::dropout_mask_words(d.graph.nnz(), h)?;
-                let draw = |n| ExternalVec::<u32>::new_trusted(gpu, "dropout mask", w2, n);
-                match lse_kept {
+                let nnz = d.graph.nnz();
+                let draw = gpu_backward::KeepBits::draw_words(nnz, h, lse_kept)?;
+                let draw = Some(ExternalVec::<u32>::new_trusted(
+                    gpu,
+                    "dropout mask",
+                    w2,
+                    draw,
+                )?);
+                let kept = match lse_kept {
                     // Right after the forward's n_rows × heads statistics, only 4-byte aligned
                     // (the kernels read it a u32 at a time).
-                    true => (
-                        Some(ExternalVec::<u32>::new_trusted_element_aligned(
-                            gpu,
-                            "kept dropout mask",
-                            w1 + 4 * (sq.rows * h) as u64,
-                            words,
-                        )?),
-                        Some(draw(words)?),
-                    ),
-                    false => (None, Some(draw(2 * words)?)),
-                }
+                    true => Some(ExternalVec::<u32>::new_trusted_element_aligned(
+                        gpu,
+                        "kept dropout mask",
+                        w1 + 4 * (sq.rows * h) as u64,
+                        gpu_backward::dropout_mask_words(nnz, h)?,
+                    )?),
+                    false => None,
+                };
+                (kept, draw)
             }
             _ => (None, None),
         };
@@ -347,11 +351,10 @@ pub(crate) fn gat_backward_gpu<T: DType>(
                         false => gpu_backward::RowStats::Recompute(lse),
                     },
                     ds,
-                    mask: match (kept_mask.as_deref(), draw_mask.as_deref_mut()) {
-                        (Some(a), Some(t)) => Some(gpu_backward::KeepBits::Kept { a, t }),
-                        (None, Some(m)) => Some(gpu_backward::KeepBits::Draw(m)),
-                        _ => None,
-                    },
+                    mask: gpu_backward::KeepBits::of(
+                        kept_mask.as_deref(),
+                        draw_mask.as_deref_mut(),
+                    ),
                 },
                 _ => GatBackward::Fused,
             };

@@ -689,22 +689,18 @@ impl<T: GemmElement> GatConv<Device<T>> {
                 }),
             ) => {
                 let mut ds_t = DeviceVec::zeros(gpu, edges)?;
-                // Aᵀ's mask to draw, after A's where the forward kept none.
-                let copies = if kept.is_some() { 1 } else { 2 };
                 let mut mask = match &cache.dropout {
-                    Some(_) => Some(DeviceVec::zeros(gpu, copies * dropout_mask_words(nnz, h)?)?),
+                    Some(_) => Some(DeviceVec::zeros(
+                        gpu,
+                        KeepBits::draw_words(nnz, h, kept.is_some())?,
+                    )?),
                     None => None,
-                };
-                let bits = match (mask.as_mut(), kept) {
-                    (Some(t), Some(a)) => Some(KeepBits::Kept { a, t }),
-                    (Some(both), None) => Some(KeepBits::Draw(both)),
-                    (None, _) => None,
                 };
                 let ws = GatBackward::Rows {
                     out,
                     lse: RowStats::Kept(lse),
                     ds: &mut ds_t,
-                    mask: bits,
+                    mask: KeepBits::of(kept.as_ref(), mask.as_mut()),
                 };
                 gpu_backward::gat_backward(gpu, (a, t), terms, io, ws, grads)?;
             }

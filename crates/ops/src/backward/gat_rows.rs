@@ -94,6 +94,33 @@ pub enum KeepBits<'a> {
     },
 }
 
+impl<'a> KeepBits<'a> {
+    /// The masks of a backward with dropout from its workspace `draw` (`None`: no dropout):
+    /// A's kept from the forward where `kept` is given (Aᵀ's drawn into `draw`), else both
+    /// drawn into `draw`.
+    pub fn of(
+        kept: Option<&'a DeviceVec<u32>>,
+        draw: Option<&'a mut DeviceVec<u32>>,
+    ) -> Option<Self> {
+        let draw = draw?;
+        Some(match kept {
+            Some(a) => Self::Kept { a, t: draw },
+            None => Self::Draw(draw),
+        })
+    }
+
+    /// The u32 words [`of`](Self::of)'s `draw` takes on a graph of `nnz` edges and `heads`:
+    /// Aᵀ's mask where A's is `kept`, else both.
+    ///
+    /// Errors: [`Error::InvalidArgument`] where the count overflows `usize`.
+    pub fn draw_words(nnz: usize, heads: usize, kept: bool) -> Result<usize> {
+        product(
+            "dropout masks",
+            &[dropout_mask_words(nnz, heads)?, if kept { 1 } else { 2 }],
+        )
+    }
+}
+
 /// The words a dropout mask holds, or `None` where there is none to draw or read (no
 /// dropout, no edge or no head).
 fn mask_words(a: &DeviceCsr, heads: usize, terms: &GatScoreTerms<'_>) -> Result<Option<usize>> {
