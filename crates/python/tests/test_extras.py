@@ -504,3 +504,47 @@ def test_cuda_gat_bias_matches_the_cpu():
         err = rel(got.grad, want.grad.numpy())
         print(f"  gat bias {name}: {err:.2e}")
         assert err < 1e-4, name
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("heads,rate,with_bias,graph", [(4, 0.0, False, "cora"), (4, 0.3, True, "cora"),
+                                                        (1, 0.3, False, "cora"), (8, 0.0, True, "cora"),
+                                                        (1, 0.0, True, "random"), (3, 0.3, False, "random")])
+def test_cuda_gat_layer_node_matches_the_two_steps(dtype, heads, rate, with_bias, graph):
+    """GATConv's one autograd node (score terms and attention together) against the two steps
+    it replaces (head_dot of both vectors, then gat_attention), with the same dropout seed: the
+    output and the vectors' and bias's gradients bitwise; dx within a rounding (the node adds
+    the terms' share into the attention's dx in float32, the two steps add two rounded
+    gradients). The random graph's 1,001 nodes put the second score term off a 16-byte
+    boundary."""
+    from spattn.functional import _gat_layer_attention, head_dot
+
+    gen = torch.Generator().manual_seed(heads)
+    g = cora() if graph == "cora" else random_graph(gen, n=1001, e=9000).with_self_loops()
+    c = 8
+    x = torch.randn(g.num_nodes, heads, c, generator=gen).to(dtype).cuda()
+    atts = [torch.randn(1, heads, c, generator=gen).to(dtype).cuda() for _ in range(2)]
+    bias = torch.randn(g.num_edges, heads, generator=gen).cuda() if with_bias else None
+    dy = torch.randn(g.num_nodes, heads, c, generator=gen).to(dtype).cuda()
+
+    def leaves():
+        return [t.clone().requires_grad_() if t is not None else None for t in (x, *atts, bias)]
+
+    one = leaves()
+    torch.manual_seed(5)
+    out1 = _gat_layer_attention(g, one[0], one[1], one[2], 0.2, one[3], rate)
+    assert type(out1.grad_fn).__name__ == "_GatLayerBackward"
+    out1.backward(dy)
+    two = leaves()
+    torch.manual_seed(5)
+    a_src, a_dst = head_dot(two[0], torch.stack((two[1], two[2]))).unbind(0)
+    out2 = spattn.gat_attention(g, two[0], a_dst, a_src, 0.2, bias=two[3], dropout=rate)
+    out2.backward(dy)
+    assert torch.equal(out1, out2)
+    for name, a, b in zip(("att_src", "att_dst", "bias"), one[1:], two[1:]):
+        if a is not None:
+            assert a.grad.dtype == b.grad.dtype and torch.equal(a.grad, b.grad), name
+    err = rel(one[0].grad, two[0].grad.double().cpu().numpy())
+    print(f"  gat layer node {str(dtype)[6:]} {heads} heads rate {rate}: dx {err:.2e}")
+    assert err < 4 * TOL[dtype]

@@ -982,6 +982,44 @@ if torch is not None:
                                  out=out, lse=lse)
             return (None,) + grads + (None, None)
 
+    class _GatLayer(torch.autograd.Function):
+        """Autograd of :func:`_gat_layer_attention` on CUDA: GATConv's two score terms (one
+        :func:`head_dot_forward` of both vectors) and its attention, one node; the backward
+        writes the attention's ``dx`` and adds the terms' share into it."""
+
+        @staticmethod
+        def forward(ctx, graph, x, att_src, att_dst, bias, slope, drop):
+            att = torch.cat((att_src.reshape(-1), att_dst.reshape(-1))).to(torch.float32)
+            terms = head_dot_forward(x, att)  # (2, n, heads): a_src, then a_dst
+            out, lse = gat_forward_keeping(graph, x, terms[1], terms[0], bias, slope, drop)
+            ctx.graph, ctx.slope, ctx.drop = graph, slope, drop
+            ctx.att_like = ((att_src.shape, att_src.dtype), (att_dst.shape, att_dst.dtype))
+            ctx.save_for_backward(x, att, terms, bias, out if lse is not None else None, lse)
+            return out
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, d_out):
+            x, att, terms, bias, out, lse = ctx.saved_tensors
+            d_terms = torch.empty_like(terms)
+            # The kernels write whole 16-byte vectors: the second half starts on one only where
+            # n · heads is a multiple of four; otherwise it is written apart, then copied in.
+            aligned = terms[0].numel() % 4 == 0
+            d_dst = d_terms[1] if aligned else torch.empty_like(terms[1])
+            outs = (torch.empty_like(x), d_dst, d_terms[0],
+                    None if bias is None else torch.empty_like(bias))
+            dx, _, _, d_bias = gat_backward(ctx.graph, x, terms[1], terms[0], d_out, bias,
+                                            ctx.slope, ctx.drop, outs=outs, out=out, lse=lse)
+            if not aligned:
+                d_terms[1].copy_(d_dst)
+            d_att = torch.zeros_like(att)
+            head_dot_backward(x, att, d_terms, outs=(dx, d_att))
+            (s_shape, s_dtype), (d_shape, d_dtype) = ctx.att_like
+            half = att.numel() // 2
+            d_src = d_att[:half].view(s_shape).to(s_dtype)
+            d_dst = d_att[half:].view(d_shape).to(d_dtype)
+            return None, dx, d_src, d_dst, d_bias, None, None
+
     class _HeadDot(torch.autograd.Function):
         """Autograd of :func:`head_dot` on CUDA: both directions by spattn's kernels."""
 
@@ -1053,6 +1091,43 @@ def gat_attention(
                           dropout_seed)
 
 
+def _check_gat_bias(bias, x) -> None:
+    """GAT's score bias, where given: a floating-point ``num_edges × heads`` tensor on ``x``'s
+    device (its rows are checked against the graph later)."""
+    if bias is None:
+        return
+    h = x.shape[1]
+    _check_per_edge("bias", bias, None, "(num_edges, heads)", x, "x")
+    if bias.dim() != 2 or bias.shape[1] != h:
+        raise ValueError(
+            f"bias: has shape {tuple(bias.shape)}, expected (num_edges, {h}) "
+            "(num_edges, heads), in Graph.edge_index order"
+        )
+
+
+def _gat_layer_attention(ref, x, att_src, att_dst, negative_slope, bias, dropout):
+    """GATConv's score terms ``⟨x, att_src⟩``, ``⟨x, att_dst⟩`` and its attention over them,
+    for features ``x`` (``num_nodes × heads × channels``) that are both the sources' and the
+    targets'. On CUDA in eager mode one autograd node: the terms from one read of ``x``, one
+    backward whose terms' gradient adds into ``x``'s in place (no stack of the vectors, no sum
+    of ``x``'s two gradients; a few torch ops and an autograd node fewer a layer). Elsewhere
+    (the CPU, ``torch.compile``, autocast recasting ``x``) :func:`head_dot`, then
+    :func:`_gat_attention`: the same values."""
+    if (not isinstance(ref, Graph) or not is_tensor(x) or x.device.type != "cuda" or x.dim() != 3
+            or dtype_name(x.dtype) not in _CUDA_DTYPES or not x.is_contiguous()
+            or _autocast(x)[0] is not x):
+        alpha_src, alpha_dst = head_dot(x, torch.stack((att_src, att_dst))).unbind(0)
+        return _gat_attention(ref, x, alpha_dst, alpha_src, negative_slope, bias, dropout, None)
+    drop = _check_dropout(dropout, None)
+    _check_gat_bias(bias, x)
+    b = None if bias is None else check_torch("bias", bias.to(torch.float32).contiguous())
+    for name, a in (("att_src", att_src), ("att_dst", att_dst)):
+        if a.device != x.device or a.numel() != x.shape[1] * x.shape[2]:
+            raise ValueError(f"{name}: expected heads × channels = {x.shape[1] * x.shape[2]} values "
+                             f"on {x.device}, got {a.numel()} on {a.device}")
+    return _GatLayer.apply(ref, x, att_src, att_dst, b, float(negative_slope), drop)
+
+
 def _gat_attention(ref, x, alpha_dst, alpha_src, negative_slope, bias, dropout, seed):
     """:func:`gat_attention` with ``ref`` from :func:`_ref` (also GATConv's entry)."""
     require_torch("gat_attention")
@@ -1065,13 +1140,7 @@ def _gat_attention(ref, x, alpha_dst, alpha_src, negative_slope, bias, dropout, 
     check_torch("x", x)
     slope = float(negative_slope)
     drop = _check_dropout(dropout, seed)
-    if bias is not None:
-        _check_per_edge("bias", bias, None, "(num_edges, heads)", x, "x")
-        if bias.dim() != 2 or bias.shape[1] != h:
-            raise ValueError(
-                f"bias: has shape {tuple(bias.shape)}, expected (num_edges, {h}) "
-                "(num_edges, heads), in Graph.edge_index order"
-            )
+    _check_gat_bias(bias, x)
     for name, a in (("alpha_dst", alpha_dst), ("alpha_src", alpha_src)):
         if not is_tensor(a):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(a).__name__}")

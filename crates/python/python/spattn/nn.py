@@ -71,7 +71,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import Parameter
 
-from .functional import _compiling, _gat_attention, _gatv2_attention, _sparse_attention
+from .functional import (_compiling, _gat_attention, _gat_layer_attention, _gatv2_attention,
+                         _sparse_attention)
 from .functional import head_dot as _head_dot_terms
 from .graph import Graph, SpattnWarning
 from ._tensors import check_algorithm
@@ -853,18 +854,19 @@ class GATConv(torch.nn.Module):
             h_dst = self.lin_dst(x_dst).view(-1, H, C)
         res = self.res(x_dst) if self.res is not None else None
         graph = _graph_ref(edge_index, n, self.add_self_loops)
-        if h_dst is h_src:
-            # Both score terms from one read of the features (and one outer product back).
-            alpha_src, alpha_dst = _head_dot(h_src, torch.stack((self.att_src, self.att_dst))).unbind(0)
-        else:
-            alpha_src = _head_dot(h_src, self.att_src)
-            alpha_dst = _head_dot(h_dst, self.att_dst)
         rate = self.dropout if self.training else 0.0
         bias = None
         if edge_attr is not None:
             bias = self._edge_scores(name, graph, edge_index, edge_attr, n)
-        out = _gat_attention(graph, h_src, alpha_dst, alpha_src, self.negative_slope, bias, rate,
-                             None)
+        if h_dst is h_src:
+            # Both score terms from one read of the features, with the attention in one step.
+            out = _gat_layer_attention(graph, h_src, self.att_src, self.att_dst,
+                                       self.negative_slope, bias, rate)
+        else:
+            alpha_src = _head_dot(h_src, self.att_src)
+            alpha_dst = _head_dot(h_dst, self.att_dst)
+            out = _gat_attention(graph, h_src, alpha_dst, alpha_src, self.negative_slope, bias,
+                                 rate, None)
         return _combine_heads(out, self.concat, res, self.bias)
 
     def _edge_scores(self, name: str, graph: Any, edge_index: Any, edge_attr: Tensor, n: int) -> Tensor:
