@@ -222,7 +222,7 @@ def main():
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--dtypes", default="f32,f16,bf16")
-    ap.add_argument("--impls", default="pyg,spattn,spattn-reused")
+    ap.add_argument("--impls", help="pyg,spattn,spattn-reused (default); with --phases: pyg,spattn,floor (default)")
     ap.add_argument("--features", type=int, default=128)
     ap.add_argument("--hidden", type=int, default=32)
     ap.add_argument("--heads", type=int, default=8)
@@ -241,7 +241,13 @@ def main():
     ap.add_argument("--profile", metavar="WORKLOAD:MODEL:DTYPE",
                     help="instead of the tables: cProfile of spattn's new-graph steps of one case "
                          "(where the host time of a step goes)")
+    ap.add_argument("--phases", action="store_true",
+                    help="instead of the tables: each new-graph step's host time by phase (forward, "
+                         "backward, Adam), the wait for the GPU after it, and its GPU time and "
+                         "kernel count, PyG and spattn (needs PyG)")
     args = ap.parse_args()
+    if args.impls is None:
+        args.impls = "pyg,spattn,floor" if args.phases else "pyg,spattn,spattn-reused"
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
     import spattn
@@ -273,6 +279,11 @@ def main():
           f"Adam; median of {args.repeat} steps after {args.warmup}, wall clock\n")
     if args.profile:
         profile(args, spattn, source, device)
+        return
+    if args.phases:
+        rows = phases(args, spattn, source, device)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"header": header, "phases": rows}, indent=1))
         return
     if args.plan_probe:
         plan_probe(args, spattn, source, device)
@@ -335,6 +346,130 @@ def profile(args, spattn, source, device):
     r, _ = run_case("spattn", model, DTYPES[dname], batches, state, args, spattn, False, prof)
     print(f"{args.profile}: median step {r['median_ms']:.2f} ms (wall, profiled)")
     pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+
+
+class _FloorLayer(torch.nn.Module):
+    """A layer's dense work without attention, for the floor of a step's host time: GAT's
+    projection (heads concatenated or averaged, bias), or TransformerConv's four (the query,
+    key and value projections summed, plus the skip), no graph. Any implementation of the layer
+    runs at least these ops in eager mode."""
+
+    def __init__(self, model, fin, c, heads, concat=True):
+        super().__init__()
+        self.transformer = model.startswith("transformer")
+        self.heads, self.c, self.concat = heads, c, concat
+        if self.transformer:
+            self.q, self.k, self.v = (torch.nn.Linear(fin, heads * c) for _ in range(3))
+            self.skip = torch.nn.Linear(fin, heads * c)
+        else:
+            self.lin = torch.nn.Linear(fin, heads * c, bias=False)
+            self.bias = torch.nn.Parameter(torch.zeros(heads * c if concat else c))
+
+    def forward(self, x, edge_index, edge_attr=None):
+        if self.transformer:
+            return self.q(x) + self.k(x) + self.v(x) + self.skip(x)
+        h = self.lin(x).view(-1, self.heads, self.c)
+        out = h.reshape(h.shape[0], -1) if self.concat else h.mean(dim=1)
+        return out + self.bias
+
+
+def floor_model(model, args):
+    """The 2-layer model of `model` with its attention left out (see _FloorLayer)."""
+    from epoch import TwoLayer
+
+    act = F.relu if model.startswith("transformer") else F.elu
+    return TwoLayer(_FloorLayer(model, args.features, args.hidden, args.heads),
+                    _FloorLayer(model, args.heads * args.hidden, args.classes, 1), act)
+
+
+def phases(args, spattn, source, device):
+    """Where a new-graph step's wall time goes, PyG and spattn alike (and "floor": the same
+    model's dense layers without attention, the least any implementation runs): per step the host time to
+    enqueue the forward (for spattn, the graph's build and its one read-back included), the
+    backward and Adam, then the wait for the GPU after the last (no synchronisation between
+    them: what a training loop does); then, in steps of their own under torch.profiler, the GPU
+    time of the step's kernels and memory operations and how many there are. Medians over
+    --repeat new-graph steps after --warmup."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    out = []
+    for w in args.workloads.split(","):
+        batches = make_batches(w, args.warmup + args.repeat, args, device, source)
+        for model in args.models.split(","):
+            for dname in args.dtypes.split(","):
+                dtype = DTYPES[dname]
+                torch.manual_seed(0)
+                lib0 = __import__("torch_geometric.nn").nn
+                state = build(lib0, model, args).state_dict()
+                for impl in args.impls.split(","):
+                    if impl == "floor":
+                        torch.manual_seed(0)
+                        net = floor_model(model, args).to(device)
+                    else:
+                        lib = lib0 if impl == "pyg" else spattn.nn
+                        spattn.nn.clear_graph_cache()
+                        net = build(lib, model, args).to(device)
+                        net.load_state_dict(state)
+                    net = net.to(dtype)
+                    opt = torch.optim.Adam(net.parameters(), lr=0.01)
+                    edge = model.endswith("_edge")
+
+                    def step(b, stamps):
+                        ei, _, x, y, ea = b
+                        opt.zero_grad(set_to_none=True)
+                        out_ = net(x.to(dtype), ei, ea.to(dtype) if edge else None)
+                        loss = F.cross_entropy(out_.float(), y)
+                        stamps.append(time.perf_counter())
+                        loss.backward()
+                        stamps.append(time.perf_counter())
+                        opt.step()
+                        stamps.append(time.perf_counter())
+
+                    rows = []
+                    for i, b in enumerate(batches):
+                        torch.cuda.synchronize()
+                        stamps = [time.perf_counter()]
+                        step(b, stamps)
+                        torch.cuda.synchronize()
+                        stamps.append(time.perf_counter())
+                        if i >= args.warmup:
+                            d = [(b_ - a_) * 1e3 for a_, b_ in zip(stamps, stamps[1:])]
+                            rows.append({"forward": d[0], "backward": d[1], "adam": d[2],
+                                         "gpu_tail": d[3], "wall": stamps[-1] - stamps[0]})
+                    for r in rows:
+                        r["wall"] *= 1e3
+                    gpu, kernels, memops, aten, launches = [], [], [], [], []
+                    cuda_dev = torch.autograd.DeviceType.CUDA
+                    for b in batches[args.warmup:]:
+                        torch.cuda.synchronize()
+                        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                            step(b, [])
+                            torch.cuda.synchronize()
+                        events = prof.events()
+                        ev = [e for e in events if e.device_type == cuda_dev]
+                        gpu.append(sum(e.device_time_total for e in ev) / 1e3)
+                        kernels.append(sum(1 for e in ev if not e.name.startswith("Memcpy")
+                                           and not e.name.startswith("Memset")))
+                        memops.append(len(ev) - kernels[-1])
+                        host = [e for e in events if e.device_type != cuda_dev]
+                        aten.append(sum(1 for e in host if e.name.startswith("aten::")))
+                        launches.append(sum(1 for e in host if "LaunchKernel" in e.name))
+                    med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+                    rec = {"workload": w, "model": model, "dtype": dname, "impl": impl,
+                           "median_ms": med, "gpu_ms": statistics.median(gpu),
+                           "kernels": statistics.median(kernels), "memops": statistics.median(memops),
+                           "aten_ops": statistics.median(aten), "launch_calls": statistics.median(launches),
+                           "steps": rows}
+                    out.append(rec)
+                    print(f"{w} {model} {dname} {impl}: wall {med['wall']:.2f} ms = forward "
+                          f"{med['forward']:.2f} + backward {med['backward']:.2f} + adam "
+                          f"{med['adam']:.2f} (host) + GPU tail {med['gpu_tail']:.2f}; GPU "
+                          f"{rec['gpu_ms']:.2f} ms in {rec['kernels']:.0f} kernels and "
+                          f"{rec['memops']:.0f} copies/sets; host: {rec['aten_ops']:.0f} aten ops, "
+                          f"{rec['launch_calls']:.0f} launch calls", flush=True)
+                    del net, opt
+                    gc.collect()
+    return out
 
 
 def plan_probe(args, spattn, source, device):
