@@ -156,6 +156,23 @@ def test_graph_cache_and_graph_input(gen):
     torch.testing.assert_close(layer(x, g), layer(x, ei))
 
 
+def test_graph_cache_drops_a_graph_with_its_tensor(gen):
+    import gc
+    import weakref
+
+    spattn.nn.clear_graph_cache()
+    ei = random_edge_index(gen)
+    kept = random_edge_index(gen)
+    graph = weakref.ref(spattn.nn.graph_for(ei, 24, self_loops=True))
+    spattn.nn.graph_for(kept, 24)
+    assert graph() is not None and len(spattn.nn._cache) == 2
+    del ei
+    gc.collect()
+    # The freed tensor's entry is gone (and its graph with it); the live one's stays.
+    assert graph() is None and len(spattn.nn._cache) == 1
+    assert spattn.nn.graph_for(kept, 24) is spattn.nn.graph_for(kept, 24)
+
+
 def test_state_dict_names_match_pyg():
     gat = spattn.nn.GATConv(5, 4, heads=2, residual=True)
     assert set(gat.state_dict()) == {"lin.weight", "att_src", "att_dst", "res.weight", "bias"}

@@ -98,8 +98,9 @@ def _tensor_key(t: Tensor) -> Optional[tuple]:
 
 def graph_for(edge_index: Any, num_nodes: int, self_loops: bool = False) -> Graph:
     """The :class:`spattn.Graph` of a PyG ``edge_index`` over ``num_nodes`` nodes (with self
-    loops added if asked), built once per tensor and cached (up to 16 graphs; a tensor
-    modified in place, or another tensor, gets a new graph). A ``Graph`` is returned as is
+    loops added if asked), built once per tensor and cached (up to 16 graphs, each dropped as
+    soon as its tensor is freed; a tensor modified in place, or another tensor, gets a new
+    graph). A ``Graph`` is returned as is
     (or its :meth:`~spattn.Graph.with_self_loops`).
 
     A CUDA ``edge_index`` is built on its GPU (:meth:`spattn.Graph.from_edge_index`) with the
@@ -142,10 +143,29 @@ def graph_for(edge_index: Any, num_nodes: int, self_loops: bool = False) -> Grap
             graph.policy = "reuse"
         return graph
     graph = Graph.from_edge_index(edge_index, num_nodes=num_nodes, self_loops=self_loops)
-    _cache[key] = (weakref.ref(edge_index), graph)
+    _cache_put(key, weakref.ref(edge_index, _forget(key)), graph)
+    return graph
+
+
+def _forget(key: tuple) -> Any:
+    """The weak reference callback that drops ``key``'s entry once its tensor is gone (no call
+    can hit it again): a mini-batch's graph, and what it keeps, go with its ``edge_index``
+    instead of staying among the last 16."""
+
+    def forget(ref: weakref.ref) -> None:
+        hit = _cache.get(key)
+        if hit is not None and hit[0] is ref:
+            del _cache[key]
+
+    return forget
+
+
+def _cache_put(key: tuple, ref: weakref.ref, graph: Graph) -> None:
+    """Caches ``graph`` under ``key`` (its tensor weakly held by ``ref``), the oldest entries
+    dropped past ``_CACHE_SIZE``."""
+    _cache[key] = (ref, graph)
     while len(_cache) > _CACHE_SIZE:
         _cache.popitem(last=False)
-    return graph
 
 
 def plain_edge_index(edge_index: Any) -> Any:
@@ -197,12 +217,10 @@ def _adjacency_graph(adj: Any, num_nodes: int, self_loops: bool) -> Graph:
     if self_loops:
         graph = graph.with_self_loops()
     try:
-        ref = weakref.ref(adj)
+        ref = weakref.ref(adj, _forget(key))
     except TypeError:  # an object without weak references: build every call, do not cache
         return graph
-    _cache[key] = (ref, graph)
-    while len(_cache) > _CACHE_SIZE:
-        _cache.popitem(last=False)
+    _cache_put(key, ref, graph)
     return graph
 
 
