@@ -2,7 +2,8 @@
 // bias added per edge (per head, or one value shared by the heads), dropout on per-edge values
 // (the Philox mask of common.cuh), the shared bias's gradient (from f32 values, or from the
 // tensor-core backward's per-head values), casts, and the edge features'
-// gradient. Per-edge values are nnz x heads, edge-major, f32. Kernel names: edge_{op}[_dtype].
+// gradient; and the layers' edge attributes placed in CSR order with the self loops' rows filled.
+// Per-edge values are nnz x heads, edge-major, f32. Kernel names: edge_{op}[_dtype].
 #include "common.cuh"
 
 // s[e * heads + h] += b[e] (shared) or b[e * heads + h].
@@ -73,6 +74,65 @@ __device__ void edge_row_combine(const u32* __restrict__ row_offsets, u32 n_rows
         }
     }
 }
+
+// Edge attributes moved to a graph's CSR order (the layers' `edge_attr` rows): row e of the
+// input goes to slot pos[e] (a position outside [0, nnz) is skipped), converted to O.
+template <class T, class O>
+__device__ void edge_rows_place(const T* __restrict__ x, u64 rows, u32 f,
+                                const long long* __restrict__ pos, u64 nnz, O* out) {
+    SPATTN_GRID_STRIDE(i, rows * f) {
+        const u64 e = i / f;
+        const long long p = pos[e];
+        if (p >= 0 && (u64)p < nnz) out[(u64)p * f + (i - e * f)] = from_f32<O>(to_f32(x[i]));
+    }
+}
+
+// The added self loops' rows (PyG's add_self_loops(fill_value=...)): row i's loop, at slot
+// pos_loop[i] of row i, gets the mean (mode 0) or sum (1) of the row's other slots, feature
+// by feature in slot order (f32 sums: the same bits every run), or `value` (2), rounded to the
+// attributes' type T (the loops' attributes are attributes) before O. One warp a row, its lanes
+// over the features.
+template <class T, class O>
+__device__ void edge_rows_fill(const u32* __restrict__ row_offsets, u32 n_rows,
+                               const long long* __restrict__ pos_loop, u64 nnz, u32 f, u32 mode,
+                               float value, O* out) {
+    const u32 lane = lane_id();
+    const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
+    for (u64 i = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; i < n_rows; i += warps) {
+        const long long p = pos_loop[i];
+        const u32 start = row_offsets[i], end = row_offsets[i + 1u];
+        if (p < (long long)start || p >= (long long)end || (u64)p >= nnz) continue;
+        for (u32 k = lane; k < f; k += 32u) {
+            float s = value;
+            if (mode != 2u) {
+                s = 0.0f;
+                for (u32 q = start; q < end; ++q)
+                    if ((long long)q != p) s += to_f32(out[(u64)q * f + k]);
+                if (mode == 0u) s /= (float)max(end - start - 1u, 1u);
+            }
+            out[(u64)p * f + k] = from_f32<O>(to_f32(from_f32<T>(s)));
+        }
+    }
+}
+
+#define SPATTN_EDGE_ROWS(S, T, SO, O)                                                           \
+    extern "C" __global__ void edge_rows_place_##S##_##SO(const T* x, u64 rows, u32 f,          \
+                                                          const long long* pos, u64 nnz,        \
+                                                          O* out) {                             \
+        edge_rows_place<T, O>(x, rows, f, pos, nnz, out);                                       \
+    }                                                                                           \
+    extern "C" __global__ void edge_rows_fill_##S##_##SO(const u32* row_offsets, u32 n_rows,    \
+                                                         const long long* pos_loop, u64 nnz,    \
+                                                         u32 f, u32 mode, float value,          \
+                                                         O* out) {                              \
+        edge_rows_fill<T, O>(row_offsets, n_rows, pos_loop, nnz, f, mode, value, out);          \
+    }
+
+SPATTN_EDGE_ROWS(f32, float, f32, float)
+SPATTN_EDGE_ROWS(f16, __half, f32, float)
+SPATTN_EDGE_ROWS(bf16, __nv_bfloat16, f32, float)
+SPATTN_EDGE_ROWS(f16, __half, f16, __half)
+SPATTN_EDGE_ROWS(bf16, __nv_bfloat16, bf16, __nv_bfloat16)
 
 // x[i] *= the dropout factor of element i (0 or 1 / (1 - rate)); one Philox draw per four
 // consecutive elements (the draw they share).

@@ -314,11 +314,21 @@ pub const CSR_OPS: PtxModule = PtxModule {
     ],
 };
 
-/// The PTX module compiled from `cuda/edge_extras.cu` (19 kernels).
+/// The PTX module compiled from `cuda/edge_extras.cu` (29 kernels).
 pub const EDGE_EXTRAS: PtxModule = PtxModule {
     name: "edge_extras",
     ptx: include_str!("../ptx/edge_extras.ptx"),
     kernels: &[
+        "edge_rows_place_f32_f32",
+        "edge_rows_fill_f32_f32",
+        "edge_rows_place_f16_f32",
+        "edge_rows_fill_f16_f32",
+        "edge_rows_place_bf16_f32",
+        "edge_rows_fill_bf16_f32",
+        "edge_rows_place_f16_f16",
+        "edge_rows_fill_f16_f16",
+        "edge_rows_place_bf16_bf16",
+        "edge_rows_fill_bf16_bf16",
         "edge_dropout",
         "edge_add",
         "edge_bias_add_f32",

@@ -87,6 +87,16 @@ pub(crate) fn row_combine_kernel(dtype: &str) -> String {
     format!("edge_row_combine_{dtype}")
 }
 
+/// The kernel placing attribute rows of `dtype` in CSR order as `out` (`f32`, or `dtype`).
+pub(crate) fn rows_place_kernel(dtype: &str, out: &str) -> String {
+    format!("edge_rows_place_{dtype}_{out}")
+}
+
+/// The kernel filling the self loops' attribute rows of `dtype` written as `out`.
+pub(crate) fn rows_fill_kernel(dtype: &str, out: &str) -> String {
+    format!("edge_rows_fill_{dtype}_{out}")
+}
+
 fn function(gpu: &Gpu, name: String) -> Result<(&'static str, cudarc::driver::CudaFunction)> {
     let name = kernel_named(&EDGE_EXTRAS, name)?;
     Ok((
@@ -361,4 +371,108 @@ pub fn edge_features_grad<T: DType>(
             warp_grid(csr.nnz().div_ceil(COMBINE_EDGES))?,
         )
     }
+}
+
+/// How [`edge_rows`] fills the added self loops' rows (PyG's `add_self_loops(fill_value=…)`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LoopFill {
+    /// The mean of the other edges' rows into the same node (0 where there are none).
+    Mean,
+    /// Their sum.
+    Sum,
+    /// This value in every feature.
+    Value(f32),
+}
+
+/// Per-edge attribute rows (`x`: `rows × width` of `T`, in an input's edge order) moved to
+/// `a`'s CSR order as `O` (f32, or `T` itself) in `out` (`nnz × width`): input row `e` goes to
+/// edge `positions[e]` (a position outside `0..nnz` is skipped: a row whose edge another
+/// replaces). With `loops` (each row's self-loop edge, `n_rows` positions, and a fill), every
+/// loop's row is then filled from the other edges of its row, in edge order (f32 sums: the same
+/// bits every run; rounded to `T`, the attributes' type, before `O`), overwriting what an input
+/// loop placed there. `out` is written only where a
+/// row lands: every edge of `a` gets one when `a` was built from the input's edges, which
+/// repeat none, and (with `loops`) their self loops.
+///
+/// # Errors
+/// `O` neither f32 nor `T`; lengths that do not fit `rows`, `width`, `nnz` and `n_rows`
+/// (named); a width of 0; buffers of another GPU.
+pub fn edge_rows<T: DType, O: DType>(
+    gpu: &Gpu,
+    a: &DeviceCsr,
+    (x, width): (&DeviceVec<T>, usize),
+    positions: &DeviceVec<i64>,
+    loops: Option<(&DeviceVec<i64>, LoopFill)>,
+    out: &mut DeviceVec<O>,
+) -> Result<()> {
+    if O::KIND != DTypeKind::F32 && O::KIND != T::KIND {
+        return Err(Error::Unsupported {
+            kernel: "edge_rows_place",
+            why: format!(
+                "rows of {} written as {}: f32 or {} only",
+                T::NAME,
+                O::NAME,
+                T::NAME
+            ),
+        });
+    }
+    if width == 0 {
+        return Err(Error::InvalidArgument {
+            what: "edge attribute width",
+            why: "must be at least 1".into(),
+        });
+    }
+    let rows = positions.len();
+    check_per_edge("edge attributes (rows × width)", rows, width, x.len())?;
+    check_per_edge("edge rows (nnz × width)", a.nnz(), width, out.len())?;
+    if let Some((at, _)) = loops {
+        check_per_edge("self-loop positions (n_rows)", a.n_rows(), 1, at.len())?;
+        check_same_gpu(gpu, "self-loop positions", at)?;
+    }
+    check_same_gpu(gpu, "edge attributes", x)?;
+    check_same_gpu(gpu, "positions", positions)?;
+    check_same_gpu(gpu, "edge rows", &*out)?;
+    let (nnz, f) = (a.nnz() as u64, to_u32("edge attribute width", width)?);
+    if rows > 0 && nnz > 0 {
+        let (name, k) = function(gpu, rows_place_kernel(T::NAME, O::NAME))?;
+        let rows_u = rows as u64;
+        let mut args = gpu.launch_builder(&k);
+        args.arg(x.slice())
+            .arg(&rows_u)
+            .arg(&f)
+            .arg(positions.slice())
+            .arg(&nnz)
+            .arg(out.slice_mut());
+        // SAFETY: reads x[0..rows·width) and positions[0..rows) (lengths checked) and writes
+        // out[p·width + k] only for 0 ≤ p < nnz and k < width (the kernel skips the rest):
+        // within out's nnz·width (checked).
+        unsafe { launch(name, &mut args, stride_grid(x.len())?) }?;
+    }
+    let Some((at, fill)) = loops else {
+        return Ok(());
+    };
+    if a.n_rows() == 0 || nnz == 0 {
+        return Ok(());
+    }
+    let (mode, value) = match fill {
+        LoopFill::Mean => (0u32, 0.0f32),
+        LoopFill::Sum => (1, 0.0),
+        LoopFill::Value(v) => (2, v),
+    };
+    let (name, k) = function(gpu, rows_fill_kernel(T::NAME, O::NAME))?;
+    let n_rows = to_u32("rows", a.n_rows())?;
+    let mut args = gpu.launch_builder(&k);
+    args.arg(a.row_offsets().slice())
+        .arg(&n_rows)
+        .arg(at.slice())
+        .arg(&nnz)
+        .arg(&f)
+        .arg(&mode)
+        .arg(&value)
+        .arg(out.slice_mut());
+    // SAFETY: warp i < n_rows reads row_offsets[i..=i+1] (n_rows + 1 long, a valid CSR whose
+    // offsets are at most nnz) and at[i] (n_rows long, checked); it reads and writes out[q·width
+    // + k] for q in the row (< nnz) and k < width, only where its loop position lies in the row
+    // (the kernel skips the rest): within out's nnz·width (checked).
+    unsafe { launch(name, &mut args, warp_grid(a.n_rows())?) }
 }

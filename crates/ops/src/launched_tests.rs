@@ -140,7 +140,7 @@ fn csr_ops_holds_exactly_the_launched_kernels() {
 fn edge_extras_holds_exactly_the_launched_kernels() {
     use crate::edge_extras::{
         bias_add_kernel, cast_kernel, head_sum_kernel, head_sum_of_kernel, row_combine_kernel,
-        widen_kernel, ADD_KERNEL, DROPOUT_KERNEL,
+        rows_fill_kernel, rows_place_kernel, widen_kernel, ADD_KERNEL, DROPOUT_KERNEL,
     };
     let mut l = Launched::new(sys::EDGE_EXTRAS);
     l.add(DROPOUT_KERNEL);
@@ -152,6 +152,11 @@ fn edge_extras_holds_exactly_the_launched_kernels() {
         l.add(cast_kernel(dt));
         l.add(widen_kernel(dt));
         l.add(row_combine_kernel(dt));
+        // Attribute rows placed (and the loops' filled) as f32, or in their own type.
+        for out in ["f32", dt] {
+            l.add(rows_place_kernel(dt, out));
+            l.add(rows_fill_kernel(dt, out));
+        }
         if kind != DTypeKind::F32 {
             l.add(head_sum_of_kernel(dt)); // the tensor-core backward's dtypes
         }

@@ -211,3 +211,110 @@ fn shape_errors_are_typed() {
         "{e}"
     );
 }
+
+/// The layers' edge attribute rows (`edge_extras::edge_rows`): rows placed at their positions
+/// and, with loops, each loop's row reduced from the rest of its row, against the same sums on
+/// the host in the same order (bitwise). Input self loops (replaced), rows with no edge but
+/// their loop, and a hub row of every node.
+fn check_edge_rows<T: DType, O: DType>(gpu: &Gpu, rng: &mut Pcg64) {
+    use rand::Rng;
+    use spattn_ops::edge_extras::{edge_rows, LoopFill};
+    let n = 300u32;
+    let mut input: Vec<(u32, u32)> = (0..2000)
+        .map(|_| (rng.random_range(0..n - 40), rng.random_range(0..n)))
+        .collect();
+    input.extend((0..n).map(|j| (0, j))); // row 0: every node (its own loop among them)
+    input.sort_unstable();
+    input.dedup();
+    let width = 5;
+    let x: Vec<T> = random_vec(rng, input.len() * width, 1.0);
+    for loops in [
+        None,
+        Some(LoopFill::Mean),
+        Some(LoopFill::Sum),
+        Some(LoopFill::Value(0.5)),
+    ] {
+        let mut edges = input.clone();
+        if loops.is_some() {
+            edges.extend((0..n).map(|i| (i, i)));
+            edges.sort_unstable();
+            edges.dedup();
+        }
+        let a = Csr::from_edges(n as usize, n as usize, &edges).unwrap();
+        let at = |(r, c): (u32, u32)| {
+            let range = a.row_range(r as usize);
+            (range.start + a.row(r as usize).binary_search(&c).unwrap()) as i64
+        };
+        let pos: Vec<i64> = input.iter().map(|&e| at(e)).collect();
+        let pos_loop: Vec<i64> = match loops {
+            Some(_) => (0..n).map(|i| at((i, i))).collect(),
+            None => vec![0; n as usize],
+        };
+        let mut want = vec![O::from_f64(f64::NAN); a.nnz() * width];
+        for (e, &p) in pos.iter().enumerate() {
+            for k in 0..width {
+                want[p as usize * width + k] = O::from_f64(x[e * width + k].to_f64());
+            }
+        }
+        if let Some(fill) = loops {
+            for (i, &p) in pos_loop.iter().enumerate() {
+                let p = p as usize;
+                for k in 0..width {
+                    let mut s = 0.0f32;
+                    for q in a.row_range(i) {
+                        if q != p {
+                            s += want[q * width + k].to_f64() as f32;
+                        }
+                    }
+                    let v = match fill {
+                        LoopFill::Mean => s / (a.degree(i) - 1).max(1) as f32,
+                        LoopFill::Sum => s,
+                        LoopFill::Value(v) => v,
+                    };
+                    want[p * width + k] = O::from_f64(T::from_f64(f64::from(v)).to_f64());
+                }
+            }
+        }
+        let dev_a = DeviceCsr::upload(gpu, &a).unwrap();
+        let dx = DeviceVec::from_host(gpu, &x).unwrap();
+        let dpos = DeviceVec::from_host(gpu, &pos).unwrap();
+        let dloop = DeviceVec::from_host(gpu, &pos_loop).unwrap();
+        let mut out = DeviceVec::<O>::zeros(gpu, a.nnz() * width).unwrap();
+        out.fill_nan().unwrap();
+        let l = loops.map(|f| (&dloop, f));
+        edge_rows(gpu, &dev_a, (&dx, width), &dpos, l, &mut out).unwrap();
+        let got = out.to_host().unwrap();
+        let bits = |v: &[O]| v.iter().map(|x| x.to_f64().to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&got),
+            bits(&want),
+            "edge_rows {} -> {} loops {loops:?}",
+            T::NAME,
+            O::NAME
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn edge_rows_place_and_fill_bitwise() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("edge_rows_place_and_fill_bitwise");
+    check_edge_rows::<f32, f32>(&gpu, &mut rng);
+    check_edge_rows::<f16, f32>(&gpu, &mut rng);
+    check_edge_rows::<bf16, f32>(&gpu, &mut rng);
+    check_edge_rows::<f16, f16>(&gpu, &mut rng);
+    check_edge_rows::<bf16, bf16>(&gpu, &mut rng);
+    // Refused: another output type, a zero width, lengths that do not fit.
+    use spattn_ops::edge_extras::edge_rows;
+    let a = Csr::from_edges(3, 3, &[(0, 1), (1, 2), (2, 0)]).unwrap();
+    let dev_a = DeviceCsr::upload(&gpu, &a).unwrap();
+    let x = DeviceVec::<f16>::zeros(&gpu, 6).unwrap();
+    let pos = DeviceVec::<i64>::zeros(&gpu, 3).unwrap();
+    let mut bad = DeviceVec::<bf16>::zeros(&gpu, 6).unwrap();
+    assert!(edge_rows(&gpu, &dev_a, (&x, 2), &pos, None, &mut bad).is_err());
+    let mut out = DeviceVec::<f32>::zeros(&gpu, 6).unwrap();
+    assert!(edge_rows(&gpu, &dev_a, (&x, 0), &pos, None, &mut out).is_err());
+    let err = edge_rows(&gpu, &dev_a, (&x, 3), &pos, None, &mut out).unwrap_err();
+    assert!(err.to_string().contains("edge attributes"), "{err}");
+}

@@ -23,6 +23,7 @@
 //! tensors' memory in its own stream order.
 
 mod args;
+pub(crate) mod edges;
 mod state;
 
 use std::collections::HashMap;

@@ -57,6 +57,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dense::head_dot_backward, m)?)?;
     m.add_function(wrap_pyfunction!(dense::gat_supports, m)?)?;
     m.add_function(wrap_pyfunction!(dense::gat_auto_kernels, m)?)?;
+    m.add_function(wrap_pyfunction!(graph::edges::edge_rows, m)?)?;
     m.add(
         "GAT_FUSED_MAX_EDGES",
         spattn::ops::backward::GAT_FUSED_MAX_EDGES,

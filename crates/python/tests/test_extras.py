@@ -548,3 +548,74 @@ def test_cuda_gat_layer_node_matches_the_two_steps(dtype, heads, rate, with_bias
     err = rel(one[0].grad, two[0].grad.double().cpu().numpy())
     print(f"  gat layer node {str(dtype)[6:]} {heads} heads rate {rate}: dx {err:.2e}")
     assert err < 4 * TOL[dtype]
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype,out", [(torch.float32, torch.float32), (torch.float16, torch.float32),
+                                       (torch.bfloat16, torch.float32), (torch.float16, torch.float16),
+                                       (torch.bfloat16, torch.bfloat16)])
+@pytest.mark.parametrize("fill", ["mean", "add", 0.5, None])
+def test_cuda_edge_rows_kernels_match_the_torch_composition(dtype, out, fill):
+    """The layers' edge attribute rows in CSR order by spattn's kernels (placed by the build's
+    positions, the added loops' rows reduced in edge order) against the torch composition they
+    replace: the input's rows bitwise; the loops' within what two f32 sums of the same terms in
+    different orders may differ by (the composition sums with atomics, in any order), then a
+    rounding to the attributes' type. Input self loops (replaced), nodes with no incoming edge,
+    and a hub row of every node; without loops (fill None) every row placed. (The kernels'
+    sums are checked bitwise against the same sums on the host in gpu_csr_ops.)"""
+    from spattn import nn as snn
+
+    gen = torch.Generator().manual_seed(3)
+    n = 500
+    src = torch.randint(0, n, (6000,), generator=gen)
+    dst = torch.randint(0, n - 50, (6000,), generator=gen)  # the last 50 receive nothing
+    hub = torch.stack([torch.arange(n), torch.zeros(n, dtype=torch.long)])
+    ei = torch.unique(torch.cat([torch.stack([src, dst]), hub], 1), dim=1)
+    ei = ei[:, torch.randperm(ei.shape[1], generator=gen)].cuda()
+    loops = fill is not None
+    snn.clear_graph_cache()
+    g = snn.graph_for(ei, n, self_loops=loops)
+    attr = torch.randn(ei.shape[1], 5, generator=gen).to(dtype).cuda()
+    got = snn._native_edge_rows("GATConv", g, ei, attr, loops, fill, out)
+    assert got is not None and got.dtype == out and got.shape == (g.num_edges, 5)
+    rows = snn._edge_attr_with_loops("GATConv", ei, attr, n, loops, fill)
+    want = snn._edges_in_csr_order(g, ei, rows, loops).to(out)
+    is_loop = torch.zeros(g.num_edges, dtype=torch.bool, device="cuda")
+    if loops:
+        is_loop[g._built_positions(ei)[1]] = True
+    assert torch.equal(got[~is_loop], want[~is_loop])
+    if loops:
+        # Per loop row: its row's other edges (deg of them) and the sum of their |values|.
+        row = g.edge_index(device="cuda")[1]
+        terms = got.double().abs() * (~is_loop).double()[:, None]
+        abs_sum = torch.zeros(n, 5, dtype=torch.float64, device="cuda").index_add_(0, row, terms)
+        deg = torch.zeros(n, dtype=torch.float64, device="cuda").index_add_(
+            0, row, (~is_loop).double())[:, None]
+        if fill == "mean":
+            abs_sum = abs_sum / deg.clamp(min=1)
+        u = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}[dtype]
+        loop_rows = g._built_positions(ei)[1]
+        a, b = got[loop_rows].double(), want[loop_rows].double()
+        tol = 2 * (deg + 1) * 2.0**-24 * abs_sum + 2 * u * b.abs()
+        assert bool(((a - b).abs() <= tol).all()), float(((a - b).abs() - tol).max())
+    # The same bits again (no atomics).
+    again = snn._native_edge_rows("GATConv", g, ei, attr, loops, fill, out)
+    assert torch.equal(got, again)
+
+
+@needs_cuda
+def test_cuda_edge_rows_kernels_step_aside_where_they_do_not_apply():
+    from spattn import nn as snn
+
+    ei = torch.tensor([[0, 1, 2, 2], [1, 2, 0, 1]], device="cuda")
+    attr = torch.randn(4, 3, device="cuda")
+    g = snn.graph_for(ei, 3, self_loops=True)
+    # Attributes with a gradient, a fill the kernels do not take, float64, another graph.
+    assert snn._native_edge_rows("GATConv", g, ei, attr.requires_grad_(), True, "mean", None) is None
+    attr = attr.detach()
+    assert snn._native_edge_rows("GATConv", g, ei, attr, True, "max", None) is None
+    assert snn._native_edge_rows("GATConv", g, ei, attr.double(), True, "mean", None) is None
+    assert snn._native_edge_rows("GATConv", g, ei.clone(), attr, True, "mean", None) is None
+    assert snn._native_edge_rows("GATConv", g, ei, attr, False, None, None) is None
+    with pytest.raises(ValueError, match="edge_attr has 3 rows"):
+        snn._native_edge_rows("GATConv", g, ei, attr[:3], True, "mean", None)

@@ -26,6 +26,7 @@ __all__ = [
     "head_dot_backward",
     "gat_supports",
     "gat_auto_kernels",
+    "edge_rows",
     "GAT_FUSED_MAX_EDGES",
     "GAT_ROWS_MIN_HEADS",
 ]
@@ -65,6 +66,14 @@ def gat_auto_kernels(dtype: str, heads: int, dim: int, nnz: int, backward: bool,
     """The GAT kernels ``kernels="auto"`` stands for on CUDA: ``"rows"``, ``"fused"`` (a backward
     only) or ``"composed"``, for ``heads × dim`` features of ``dtype`` on a graph of ``nnz``
     edges (a backward takes ``"rows"`` only where ``rows``)."""
+
+def edge_rows(graph: GraphCore, device: int, dtype: str, out_dtype: str, width: int, x: int,
+              rows: int, positions: int, loops: int, fill: str, value: float, out: int,
+              stream: int) -> None:
+    """Writes ``rows × width`` edge attributes into ``out`` (``nnz × width``, f32 or ``dtype``) in
+    the graph's CSR order (row ``e`` at edge ``positions[e]``), then with ``loops`` (non-zero:
+    each row's self-loop position) the loops' rows: ``"mean"`` or ``"sum"`` of the row's other
+    edges, or ``"value"``."""
 
 def gat_supports(kernels: str, dtype: str, dim: int) -> bool:
     """Whether GAT's ``kernels`` (``"fused"``, ``"rows"``, ``"composed"``) take heads of ``dim``

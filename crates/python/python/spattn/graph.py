@@ -186,7 +186,8 @@ class Graph:
             )
         g = cls._from_core(core)
         g._derived[_INPUT_POSITIONS] = (
-            weakref.ref(edge_index), _version(edge_index), positions[:e], positions[e:]
+            weakref.ref(edge_index), _version(edge_index), positions[:e], positions[e:],
+            bool(symmetrize), bool(self_loops),
         )
         return g
 
@@ -323,6 +324,15 @@ class Graph:
         if built is not None and built[0]() is edge_index and built[1] == _version(edge_index):
             return built[2], built[3]
         return None
+
+    def _built_cover(self, edge_index: Any, self_loops: bool):
+        """:meth:`_built_positions` where they place a row on every edge of this graph: built
+        from exactly ``edge_index`` without symmetrizing, with self loops exactly when
+        ``self_loops`` (each loop's position then given), and no edge repeated. Else None."""
+        built = self._derived.get(_INPUT_POSITIONS)
+        if built is None or built[4] or built[5] != bool(self_loops) or self.num_duplicates:
+            return None
+        return self._built_positions(edge_index)
 
     # -- planning -------------------------------------------------------------------------
 
