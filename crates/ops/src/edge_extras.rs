@@ -429,6 +429,7 @@ pub fn edge_rows<T: DType, O: DType>(
         check_per_edge("self-loop positions (n_rows)", a.n_rows(), 1, at.len())?;
         check_same_gpu(gpu, "self-loop positions", at)?;
     }
+    check_same_gpu(gpu, "csr", a)?;
     check_same_gpu(gpu, "edge attributes", x)?;
     check_same_gpu(gpu, "positions", positions)?;
     check_same_gpu(gpu, "edge rows", &*out)?;

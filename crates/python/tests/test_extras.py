@@ -610,12 +610,16 @@ def test_cuda_edge_rows_kernels_step_aside_where_they_do_not_apply():
     ei = torch.tensor([[0, 1, 2, 2], [1, 2, 0, 1]], device="cuda")
     attr = torch.randn(4, 3, device="cuda")
     g = snn.graph_for(ei, 3, self_loops=True)
-    # Attributes with a gradient, a fill the kernels do not take, float64, another graph.
+    # Attributes with a gradient, a fill the kernels do not take, float64, another tensor, the
+    # graph's loops not asked for.
     assert snn._native_edge_rows("GATConv", g, ei, attr.requires_grad_(), True, "mean", None) is None
     attr = attr.detach()
     assert snn._native_edge_rows("GATConv", g, ei, attr, True, "max", None) is None
     assert snn._native_edge_rows("GATConv", g, ei, attr.double(), True, "mean", None) is None
     assert snn._native_edge_rows("GATConv", g, ei.clone(), attr, True, "mean", None) is None
     assert snn._native_edge_rows("GATConv", g, ei, attr, False, None, None) is None
+    # 1-D attributes (each layer's composition shapes them), a fill the type cannot hold.
+    assert snn._native_edge_rows("GATConv", g, ei, attr[:, 0].contiguous(), True, "mean", None) is None
+    assert snn._native_edge_rows("GATConv", g, ei, attr.half(), True, 1e10, None) is None
     with pytest.raises(ValueError, match="edge_attr has 3 rows"):
         snn._native_edge_rows("GATConv", g, ei, attr[:3], True, "mean", None)

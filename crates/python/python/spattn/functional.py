@@ -1005,13 +1005,13 @@ if torch is not None:
             # The kernels write whole 16-byte vectors: the second half starts on one only where
             # n · heads is a multiple of four; otherwise it is written apart, then copied in.
             aligned = terms[0].numel() % 4 == 0
-            d_dst = d_terms[1] if aligned else torch.empty_like(terms[1])
-            outs = (torch.empty_like(x), d_dst, d_terms[0],
+            d_alpha_dst = d_terms[1] if aligned else torch.empty_like(terms[1])
+            outs = (torch.empty_like(x), d_alpha_dst, d_terms[0],
                     None if bias is None else torch.empty_like(bias))
             dx, _, _, d_bias = gat_backward(ctx.graph, x, terms[1], terms[0], d_out, bias,
                                             ctx.slope, ctx.drop, outs=outs, out=out, lse=lse)
             if not aligned:
-                d_terms[1].copy_(d_dst)
+                d_terms[1].copy_(d_alpha_dst)
             d_att = torch.zeros_like(att)
             head_dot_backward(x, att, d_terms, outs=(dx, d_att))
             (s_shape, s_dtype), (d_shape, d_dtype) = ctx.att_like
@@ -1118,13 +1118,14 @@ def _gat_layer_attention(ref, x, att_src, att_dst, negative_slope, bias, dropout
             or _autocast(x)[0] is not x):
         alpha_src, alpha_dst = head_dot(x, torch.stack((att_src, att_dst))).unbind(0)
         return _gat_attention(ref, x, alpha_dst, alpha_src, negative_slope, bias, dropout, None)
-    drop = _check_dropout(dropout, None)
     _check_gat_bias(bias, x)
     b = None if bias is None else check_torch("bias", bias.to(torch.float32).contiguous())
     for name, a in (("att_src", att_src), ("att_dst", att_dst)):
         if a.device != x.device or a.numel() != x.shape[1] * x.shape[2]:
             raise ValueError(f"{name}: expected heads × channels = {x.shape[1] * x.shape[2]} values "
                              f"on {x.device}, got {a.numel()} on {a.device}")
+    # The seed last: a call refused above draws none.
+    drop = _check_dropout(dropout, None)
     return _GatLayer.apply(ref, x, att_src, att_dst, b, float(negative_slope), drop)
 
 

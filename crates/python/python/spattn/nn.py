@@ -153,10 +153,11 @@ def _forget(key: tuple) -> Any:
     can hit it again): a mini-batch's graph, and what it keeps, go with its ``edge_index``
     instead of staying among the last 16."""
 
-    def forget(ref: weakref.ref) -> None:
-        hit = _cache.get(key)
+    # The cache bound here: at interpreter exit the module's globals may be gone first.
+    def forget(ref: weakref.ref, cache: "OrderedDict[Any, Tuple[weakref.ref, Graph]]" = _cache) -> None:
+        hit = cache.get(key)
         if hit is not None and hit[0] is ref:
-            del _cache[key]
+            del cache[key]
 
     return forget
 
@@ -394,21 +395,26 @@ def _native_edge_rows(layer: str, graph: Any, edge_index: Any, edge_attr: Tensor
             or _is_adjacency(edge_index) or not edge_attr.is_cuda or edge_attr.requires_grad
             or _compiling()):
         return None
+    # 2-D rows only: a 1-D edge_attr keeps the shape each layer's composition gives it.
+    ea = edge_attr
+    out_dtype = ea.dtype if dtype is None else dtype
+    name, out_name = dtype_name(ea.dtype), dtype_name(out_dtype)
+    if ea.dim() != 2 or name not in ("f32", "f16", "bf16") or out_name not in ("f32", name):
+        return None
     fill, value = "mean", 0.0
     if self_loops:
         if isinstance(fill_value, str):
             fill = _NATIVE_FILL.get(fill_value)
         elif isinstance(fill_value, (int, float)) and not isinstance(fill_value, bool):
-            fill, value = "value", float(fill_value)
+            # Rounded once to the attributes' type, as the composition's new_full; a value it
+            # would refuse (out of the type's range) goes there to be refused.
+            fill, value = "value", float(torch.tensor(float(fill_value), dtype=ea.dtype))
+            if math.isinf(value) and not math.isinf(float(fill_value)):
+                return None
         else:
             fill = None
         if fill is None:
             return None
-    ea = edge_attr.view(-1, 1) if edge_attr.dim() == 1 else edge_attr
-    out_dtype = ea.dtype if dtype is None else dtype
-    name, out_name = dtype_name(ea.dtype), dtype_name(out_dtype)
-    if ea.dim() != 2 or name not in ("f32", "f16", "bf16") or out_name not in ("f32", name):
-        return None
     cover = graph._built_cover(edge_index, self_loops)
     if cover is None or cover[0].device != ea.device:
         return None

@@ -17,7 +17,7 @@ use crate::host::DTypeName;
 /// `stream`: input row `e` at edge `positions[e]` (`rows` int64; a position outside the graph's
 /// edges is skipped), then with `loops` (non-zero: `n_rows` int64 positions of each row's self
 /// loop) every loop's row filled by `fill`: `"mean"` or `"sum"` of the row's other edges' rows,
-/// or `"value"` (`value` in every feature). The package passes the graph build's own positions
+/// or `"value"` (`value`, already rounded to `dtype`, in every feature). The package passes the graph build's own positions
 /// of the same `edge_index`, so every edge gets a row.
 #[pyfunction]
 #[pyo3(signature = (graph, device, dtype, out_dtype, width, x, rows, positions, loops, fill,
@@ -47,18 +47,19 @@ pub(crate) fn edge_rows(
             format!("{out_dtype:?}: expected \"f32\" or {dtype:?}"),
         ));
     }
-    let fill = match (loops, fill) {
-        (0, _) => None,
-        (_, "mean") => Some(LoopFill::Mean),
-        (_, "sum") => Some(LoopFill::Sum),
-        (_, "value") => Some(LoopFill::Value(value as f32)),
-        (_, other) => {
+    // `value` comes rounded to the attributes' type (exact in f32).
+    let fill = match fill {
+        "mean" => LoopFill::Mean,
+        "sum" => LoopFill::Sum,
+        "value" => LoopFill::Value(value as f32),
+        other => {
             return Err(value_error(
                 "fill",
                 format!("{other:?} is not \"mean\", \"sum\" or \"value\""),
             ))
         }
     };
+    let fill = (loops != 0).then_some(fill);
     let ordinal = device::ordinal(device)?;
     let g: &GraphCore = &graph;
     py.detach(|| -> spattn::Result<()> {
@@ -132,8 +133,9 @@ unsafe fn place<T: DType, O: DType>(
     (out, nnz): (u64, usize),
 ) -> spattn::Result<()> {
     let (len, out_len) = (rows.saturating_mul(width), nnz.saturating_mul(width));
-    // SAFETY: the caller's contract (these lengths are the tensors'; `edge_rows` checks them
-    // against the graph before any launch).
+    // SAFETY: the caller's contract: these lengths are the tensors' (the package checks
+    // edge_attr's rows against the edge_index; `edge_rows` checks rows · width against the
+    // positions and nnz · width against the graph before any launch).
     let (x, mut o) = unsafe {
         (
             ExternalVec::<T>::new_trusted_element_aligned(gpu, "edge_attr", x, len)?,
