@@ -279,10 +279,21 @@ pub(crate) fn gat_backward_gpu<T: DType>(
         let (x, a_dst, a_src, edges) = gat_views::<T>(d, sq, skv, [x, a_dst, a_src])?;
         let d_out = ExternalMatrix::<T>::new_trusted(gpu, "d_out", d_out, sq)?;
         let mut dx = ExternalMatrix::<T>::new_trusted(gpu, "dx", dx, skv)?;
-        let mut da_dst =
-            ExternalMatrix::<f32>::new_trusted(gpu, "d_alpha_dst", da_dst, a_dst.shape())?;
-        let mut da_src =
-            ExternalMatrix::<f32>::new_trusted(gpu, "d_alpha_src", da_src, a_src.shape())?;
+        // Written element by element by every GAT backward (a lead lane's store per (row,
+        // head), the split rows' merge, a 4-byte memset): 4-byte aligned suffices (the halves
+        // of the layer's two-vector gradient tensor).
+        let mut da_dst = ExternalMatrix::<f32>::new_trusted_element_aligned(
+            gpu,
+            "d_alpha_dst",
+            da_dst,
+            a_dst.shape(),
+        )?;
+        let mut da_src = ExternalMatrix::<f32>::new_trusted_element_aligned(
+            gpu,
+            "d_alpha_src",
+            da_src,
+            a_src.shape(),
+        )?;
         let blen = if bias == 0 { 0 } else { edges };
         let bias = ExternalVec::<f32>::new_trusted(gpu, "bias", bias, blen)?;
         let mut d_bias = ExternalVec::<f32>::new_trusted(gpu, "d_bias", d_bias, blen)?;

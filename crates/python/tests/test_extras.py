@@ -516,8 +516,8 @@ def test_cuda_gat_layer_node_matches_the_two_steps(dtype, heads, rate, with_bias
     it replaces (head_dot of both vectors, then gat_attention), with the same dropout seed: the
     output and the vectors' and bias's gradients bitwise; dx within a rounding (the node adds
     the terms' share into the attention's dx in float32, the two steps add two rounded
-    gradients). The random graph's 1,001 nodes put the second score term off a 16-byte
-    boundary."""
+    gradients). The random graph's 1,001 nodes put the second score term, and its gradient,
+    off a 16-byte boundary."""
     from spattn.functional import _gat_layer_attention, head_dot
 
     gen = torch.Generator().manual_seed(heads)

@@ -1002,16 +1002,10 @@ if torch is not None:
         def backward(ctx, d_out):
             x, att, terms, bias, out, lse = ctx.saved_tensors
             d_terms = torch.empty_like(terms)
-            # The kernels write whole 16-byte vectors: the second half starts on one only where
-            # n · heads is a multiple of four; otherwise it is written apart, then copied in.
-            aligned = terms[0].numel() % 4 == 0
-            d_alpha_dst = d_terms[1] if aligned else torch.empty_like(terms[1])
-            outs = (torch.empty_like(x), d_alpha_dst, d_terms[0],
+            outs = (torch.empty_like(x), d_terms[1], d_terms[0],
                     None if bias is None else torch.empty_like(bias))
             dx, _, _, d_bias = gat_backward(ctx.graph, x, terms[1], terms[0], d_out, bias,
                                             ctx.slope, ctx.drop, outs=outs, out=out, lse=lse)
-            if not aligned:
-                d_terms[1].copy_(d_alpha_dst)
             d_att = torch.zeros_like(att)
             head_dot_backward(x, att, d_terms, outs=(dx, d_att))
             (s_shape, s_dtype), (d_shape, d_dtype) = ctx.att_like
