@@ -390,9 +390,8 @@ pub enum LoopFill {
 /// replaces). With `loops` (each row's self-loop edge, `n_rows` positions, and a fill), every
 /// loop's row is then filled from the other edges of its row, in edge order (f32 sums: the same
 /// bits every run; rounded to `T`, the attributes' type, before `O`), overwriting what an input
-/// loop placed there. `out` is written only where a
-/// row lands: every edge of `a` gets one when `a` was built from the input's edges, which
-/// repeat none, and (with `loops`) their self loops.
+/// loop placed there. `out` is written only where a row lands: every edge of `a` gets one when
+/// `a` was built from the input's edges, which repeat none, and (with `loops`) their self loops.
 ///
 /// # Errors
 /// `O` neither f32 nor `T`; lengths that do not fit `rows`, `width`, `nnz` and `n_rows`

@@ -150,6 +150,29 @@ def fresh(batch):
     return (batch[0].clone(),) + tuple(batch[1:])
 
 
+def trainer(net, dtype, edge):
+    """The training step of `net` in `dtype` (with Adam): forward, cross-entropy, backward and
+    Adam on a batch; where `stamps` is given, the host's clock is appended to it after the
+    forward (and loss), the backward and Adam."""
+    opt = torch.optim.Adam(net.parameters(), lr=0.01)
+
+    def step(b, stamps=None):
+        ei, _, x, y, ea = b
+        opt.zero_grad(set_to_none=True)
+        out = net(x.to(dtype), ei, ea.to(dtype) if edge else None)
+        loss = F.cross_entropy(out.float(), y)
+        if stamps is not None:
+            stamps.append(time.perf_counter())
+        loss.backward()
+        if stamps is not None:
+            stamps.append(time.perf_counter())
+        opt.step()
+        if stamps is not None:
+            stamps.append(time.perf_counter())
+
+    return step
+
+
 def run_case(impl, model, dtype, batches, state, args, spattn, reuse, profiler=None):
     if impl == "pyg":
         import torch_geometric.nn as lib
@@ -160,17 +183,8 @@ def run_case(impl, model, dtype, batches, state, args, spattn, reuse, profiler=N
     net = build(lib, model, args).to(device)
     net.load_state_dict(state)
     net = net.to(dtype)
-    opt = torch.optim.Adam(net.parameters(), lr=0.01)
     edge = model.endswith("_edge")
-
-    def step(b):
-        ei, _, x, y, ea = b
-        opt.zero_grad(set_to_none=True)
-        out = net(x.to(dtype), ei, ea.to(dtype) if edge else None)
-        loss = F.cross_entropy(out.float(), y)
-        loss.backward()
-        opt.step()
-
+    step = trainer(net, dtype, edge)
     net.eval()
     with torch.no_grad():
         b = batches[0]
@@ -417,21 +431,7 @@ def phases(args, spattn, source, device):
                         spattn.nn.clear_graph_cache()
                         net = build(lib, model, args).to(device)
                         net.load_state_dict(state)
-                    net = net.to(dtype)
-                    opt = torch.optim.Adam(net.parameters(), lr=0.01)
-                    edge = model.endswith("_edge")
-
-                    def step(b, stamps):
-                        ei, _, x, y, ea = b
-                        opt.zero_grad(set_to_none=True)
-                        out_ = net(x.to(dtype), ei, ea.to(dtype) if edge else None)
-                        loss = F.cross_entropy(out_.float(), y)
-                        stamps.append(time.perf_counter())
-                        loss.backward()
-                        stamps.append(time.perf_counter())
-                        opt.step()
-                        stamps.append(time.perf_counter())
-
+                    step = trainer(net.to(dtype), dtype, model.endswith("_edge"))
                     rows = []
                     for i, b in enumerate(batches):
                         b = fresh(b)
@@ -443,16 +443,14 @@ def phases(args, spattn, source, device):
                         if i >= args.warmup:
                             d = [(b_ - a_) * 1e3 for a_, b_ in zip(stamps, stamps[1:])]
                             rows.append({"forward": d[0], "backward": d[1], "adam": d[2],
-                                         "gpu_tail": d[3], "wall": stamps[-1] - stamps[0]})
-                    for r in rows:
-                        r["wall"] *= 1e3
+                                         "gpu_tail": d[3], "wall": sum(d)})
                     gpu, kernels, memops, aten, launches = [], [], [], [], []
                     cuda_dev = torch.autograd.DeviceType.CUDA
                     for b in batches[args.warmup:]:
                         b = fresh(b)
                         torch.cuda.synchronize()
                         with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                            step(b, [])
+                            step(b)
                             torch.cuda.synchronize()
                         events = prof.events()
                         ev = [e for e in events if e.device_type == cuda_dev]
@@ -476,7 +474,7 @@ def phases(args, spattn, source, device):
                           f"{rec['gpu_ms']:.2f} ms in {rec['kernels']:.0f} kernels and "
                           f"{rec['memops']:.0f} copies/sets; host: {rec['aten_ops']:.0f} aten ops, "
                           f"{rec['launch_calls']:.0f} launch calls", flush=True)
-                    del net, opt
+                    del net, step
                     gc.collect()
     return out
 

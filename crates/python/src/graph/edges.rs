@@ -17,8 +17,8 @@ use crate::host::DTypeName;
 /// `stream`: input row `e` at edge `positions[e]` (`rows` int64; a position outside the graph's
 /// edges is skipped), then with `loops` (non-zero: `n_rows` int64 positions of each row's self
 /// loop) every loop's row filled by `fill`: `"mean"` or `"sum"` of the row's other edges' rows,
-/// or `"value"` (`value`, already rounded to `dtype`, in every feature). The package passes the graph build's own positions
-/// of the same `edge_index`, so every edge gets a row.
+/// or `"value"` (`value`, already rounded to `dtype`, in every feature). The package passes the
+/// graph build's own positions of the same `edge_index`, so every edge gets a row.
 #[pyfunction]
 #[pyo3(signature = (graph, device, dtype, out_dtype, width, x, rows, positions, loops, fill,
                     value, out, stream))]
