@@ -6,9 +6,9 @@ events around 20 back-to-back calls, median of 5 such runs), the host time of on
 (enqueue only: 200 calls back to back, then the drain) and each result's largest difference
 from the composed one. What ``kernels="auto"`` rests on.
 
-Graphs: a batch of 128 random molecules of 15–40 atoms and the subgraph induced by 20% of
-ogbn-arxiv's nodes (minibatch.py's workloads, with GATConv's self loops), pubmed and
-ogbn-arxiv (symmetrized, self loops).
+Graphs: a batch of 128 random molecules of 15–40 atoms and the subgraphs induced by a share of
+ogbn-arxiv's nodes (``--fractions``, default 20%; minibatch.py's workloads, with GATConv's self
+loops), pubmed and ogbn-arxiv (symmetrized, self loops).
 
     python crates/python/bench/gat_backward.py --graph data/ogbn-arxiv.mtx.gz \\
         --pubmed data/pubmed.mtx.gz [--json out.json]
@@ -40,11 +40,11 @@ def graphs(args, device):
     ei, n = arxiv.edge_index().to(device), arxiv.num_nodes
     gen = torch.Generator(device=device).manual_seed(1)
     mol, mol_n = minibatch.molecules(128, 15, 40, torch.Generator().manual_seed(1), device)
-    sub, sub_n = minibatch.induced_subgraph(ei, n, 0.2, gen)
-    out = [
-        ("molecules", spattn.Graph.from_edge_index(mol, num_nodes=mol_n, self_loops=True)),
-        ("arxiv-sub20", spattn.Graph.from_edge_index(sub, num_nodes=sub_n, self_loops=True)),
-    ]
+    out = [("molecules", spattn.Graph.from_edge_index(mol, num_nodes=mol_n, self_loops=True))]
+    for frac in args.fractions:
+        sub, sub_n = minibatch.induced_subgraph(ei, n, frac, gen)
+        out.append((f"arxiv-sub{round(100 * frac)}",
+                    spattn.Graph.from_edge_index(sub, num_nodes=sub_n, self_loops=True)))
     if args.pubmed:
         pub = spattn.Graph.read_matrix_market(args.pubmed, symmetrize=True)
         out.append(("pubmed", pub.with_self_loops()))
@@ -78,8 +78,11 @@ def main():
     ap.add_argument("--pubmed", help="pubmed.mtx.gz (optional)")
     ap.add_argument("--shapes", default="8x32,1x40", help="heads x channels, comma-separated")
     ap.add_argument("--dtypes", default="f16,f32")
+    ap.add_argument("--fractions", default="0.2",
+                    help="the induced subgraphs' shares of ogbn-arxiv's nodes, comma-separated")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args()
+    args.fractions = [float(f) for f in args.fractions.split(",") if f]
     device = torch.device("cuda")
     print(f"# GAT backward, fused vs composed; {torch.cuda.get_device_name()}; spattn "
           f"{spattn.__version__}; torch {torch.__version__}")

@@ -66,5 +66,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "GAT_ROWS_MIN_HEADS",
         spattn::ops::backward::GAT_ROWS_MIN_HEADS,
     )?;
+    m.add(
+        "GAT_ROWS_SMALL_MAX_EDGES",
+        spattn::ops::backward::GAT_ROWS_SMALL_MAX_EDGES,
+    )?;
     Ok(())
 }

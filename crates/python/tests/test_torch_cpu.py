@@ -398,11 +398,19 @@ def test_gat_auto_kernels_follow_the_native_rule(gen):
     assert Fn._gat_kernels(g, many, "auto", False) == "rows"
     assert Fn._gat_kernels(g, many, "auto", True) == "rows"
     assert Fn._gat_kernels(g, many, "auto", True, rows=False) == "fused"
-    assert Fn._gat_kernels(g, one, "auto", True) == "fused"
-    assert Fn._gat_kernels(g, one, "auto", False) == "composed"
+    # One head on a small graph: rows too; the fused backward where the forward's output is not
+    # at hand.
+    assert Fn._gat_kernels(g, one, "auto", False) == "rows"
+    assert Fn._gat_kernels(g, one, "auto", True) == "rows"
+    assert Fn._gat_kernels(g, one, "auto", True, rows=False) == "fused"
     assert Fn._gat_kernels(g, one, "composed", True) == "composed"  # asked for by name
-    past = _native.GAT_FUSED_MAX_EDGES + 1
+    small, past = _native.GAT_ROWS_SMALL_MAX_EDGES, _native.GAT_ROWS_SMALL_MAX_EDGES + 1
+    assert _native.GAT_FUSED_MAX_EDGES < small
+    assert _native.gat_auto_kernels("f16", 1, 32, small, False, True) == "rows"
+    assert _native.gat_auto_kernels("f16", 1, 32, past, False, True) == "composed"
     assert _native.gat_auto_kernels("f16", 1, 32, past, True, True) == "composed"
+    assert _native.gat_auto_kernels("f16", 1, 32, _native.GAT_FUSED_MAX_EDGES, True, False) == "fused"
+    assert _native.gat_auto_kernels("f16", _native.GAT_ROWS_MIN_HEADS, 32, past, True, True) == "rows"
     with pytest.raises(TypeError, match="dtype"):
         _native.gat_auto_kernels("int8", 1, 32, 10, True, True)
 

@@ -18,9 +18,9 @@
 //! The host layer keeps the scores and probabilities for its backward. The device layer keeps
 //! only the score terms and runs the attention through `spattn_ops::backward::{gat_forward,
 //! gat_backward}` (the Python package's GAT goes through the same two functions) on the kernels
-//! `GatKernels::auto` picks: for four heads or more the row-statistics kernels (no per-edge
-//! buffer of probabilities; the forward's `lse`, output and dropout mask kept for the
-//! backward), else the composed CSR ops in the forward and, up to 2¹⁵ edges, the fused backward.
+//! `GatKernels::auto` picks: for four heads or more, or up to 2¹⁷ edges, the row-statistics
+//! kernels (no per-edge buffer of probabilities; the forward's `lse`, output and dropout mask
+//! kept for the backward), else the composed CSR ops.
 
 use spattn_ops::backward::{
     self as gpu_backward, dropout_mask_words, GatBackward, GatForward, GatGrads, GatKernels,

@@ -35,10 +35,19 @@ pub enum GatKernels {
     Rows,
 }
 
-/// Heads from which [`GatKernels::auto`] takes the rows kernels: with one head their per-edge
-/// score gathers are a third of the traffic and the composed steps run faster (0.65–0.83× on
-/// ogbn-arxiv at 1 × 40; docs/kernels/csr-ops.md, "GAT from row statistics").
+/// Heads from which [`GatKernels::auto`] takes the rows kernels on any graph: below, their
+/// per-edge score gathers are a large share of the traffic and on large graphs the composed
+/// steps run faster (rows at 0.85–0.93× on ogbn-arxiv at 1 × 40; docs/kernels/csr-ops.md,
+/// "GAT from row statistics").
 pub const GAT_ROWS_MIN_HEADS: usize = 4;
+
+/// Edges up to which [`GatKernels::auto`] takes the rows kernels at any head count. A
+/// mini-batch's graph (10⁴–1.2·10⁵ edges) makes a step that waits on the host: there the rows
+/// kernels' fewer launches take 30–45 µs less host time a layer, at 0.84–1.22× the composed
+/// steps' GPU time (with the fused backward up to 2¹⁵ edges) at 1–3 heads of 8–128; from
+/// ~2.5·10⁵ edges the composed steps win at one head of 40 or more (docs/kernels/csr-ops.md,
+/// "GAT from row statistics").
+pub const GAT_ROWS_SMALL_MAX_EDGES: usize = 1 << 17;
 
 /// Edges up to which [`GatKernels::auto`] takes the fused backward: its two launches and no
 /// per-edge buffers save launches and host time on small graphs (a batch of molecules: 1.7–2.4×
@@ -48,10 +57,11 @@ pub const GAT_FUSED_MAX_EDGES: usize = 1 << 15;
 
 impl GatKernels {
     /// The set for `heads × head_dim` of `T` on a graph of `nnz` edges: the rows kernels for
-    /// several heads where they take the head (`gat_rows_supports`; for a backward, only where
-    /// `rows`: the rows forward's output and statistics are at hand), else for a backward the
-    /// fused passes on small graphs where they take the head ([`FusedBackward::supports`]),
-    /// else the composed steps.
+    /// [`GAT_ROWS_MIN_HEADS`] heads or more, or up to [`GAT_ROWS_SMALL_MAX_EDGES`] edges, where
+    /// they take the head (`gat_rows_supports`; for a backward, only where `rows`: the rows
+    /// forward's output and statistics are at hand), else for a backward the fused passes on
+    /// small graphs where they take the head ([`FusedBackward::supports`]), else the composed
+    /// steps.
     pub fn auto<T: DType>(
         heads: usize,
         head_dim: usize,
@@ -59,7 +69,8 @@ impl GatKernels {
         backward: bool,
         rows: bool,
     ) -> Self {
-        if rows && heads >= GAT_ROWS_MIN_HEADS && gat_rows_supports::<T>(head_dim) {
+        let rows_fit = heads >= GAT_ROWS_MIN_HEADS || nnz <= GAT_ROWS_SMALL_MAX_EDGES;
+        if rows && rows_fit && gat_rows_supports::<T>(head_dim) {
             return Self::Rows;
         }
         if backward && nnz <= GAT_FUSED_MAX_EDGES && FusedBackward::supports::<T>(head_dim) {

@@ -72,7 +72,7 @@ pub use gat::{
 };
 pub use gat_kernels::{
     gat_backward, gat_forward, softmax_aggregate, GatBackward, GatForward, GatKernels,
-    GAT_FUSED_MAX_EDGES, GAT_ROWS_MIN_HEADS,
+    GAT_FUSED_MAX_EDGES, GAT_ROWS_MIN_HEADS, GAT_ROWS_SMALL_MAX_EDGES,
 };
 pub use gat_rows::{
     gat_backward_rows, gat_forward_rows, gat_row_stats, gat_rows_supports, KeepBits, RowStats,

@@ -29,6 +29,7 @@ __all__ = [
     "edge_rows",
     "GAT_FUSED_MAX_EDGES",
     "GAT_ROWS_MIN_HEADS",
+    "GAT_ROWS_SMALL_MAX_EDGES",
 ]
 
 GAT_FUSED_MAX_EDGES: int
@@ -36,6 +37,10 @@ GAT_FUSED_MAX_EDGES: int
 
 GAT_ROWS_MIN_HEADS: int
 """Heads from which the package's GAT takes the row-statistics kernels (``kernels="auto"``)."""
+
+GAT_ROWS_SMALL_MAX_EDGES: int
+"""Edges up to which the package's GAT takes the row-statistics kernels at any head count
+(``kernels="auto"``)."""
 
 class SpattnError(RuntimeError):
     """A CUDA driver or runtime failure inside spattn (no driver, no device, a failed launch)."""

@@ -578,8 +578,9 @@ def _check_gat_rows(graph: Graph, x, a_dst, a_src, bias) -> None:
 def _gat_kernels(graph: Graph, x, kernels: str, backward: bool, rows: bool = True) -> str:
     """The GAT kernels ``"auto"`` stands for on CUDA (the native rule, which the Rust layer
     follows too): the row-statistics kernels (no per-edge buffer) from
-    ``_native.GAT_ROWS_MIN_HEADS`` heads (and, for a backward, ``rows``: the forward's output is
-    at hand); otherwise, for the backward, the fused passes up to
+    ``_native.GAT_ROWS_MIN_HEADS`` heads, or up to ``_native.GAT_ROWS_SMALL_MAX_EDGES`` edges
+    at any head count (and, for a backward, ``rows``: the forward's output is at hand);
+    otherwise, for the backward, the fused passes up to
     ``_native.GAT_FUSED_MAX_EDGES`` edges and the composed CSR ops beyond (and the composed ops
     for the forward)."""
     if kernels != "auto":
