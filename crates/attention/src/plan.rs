@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 
 use spattn_formats::{Csr, DegreeStats};
 use spattn_ops::cpu::{self, AttentionInputs};
-use spattn_ops::graph::DeviceGraph;
+use spattn_ops::graph::{DeviceGraph, PlanPolicy};
 use spattn_ops::{
     csr_ops, tc_ops, DType, DTypeKind, DeviceMatrix, DeviceMeBcrs, DeviceVec, Gpu, Shape,
 };
@@ -125,7 +125,8 @@ impl AttentionPlan {
         config.validate()?;
         let gpu = graph.gpu();
         let stats = graph.degree_stats()?;
-        let (algorithm, mut choice) = choose(&stats, &config, gpu.compute_capability())?;
+        let cc = gpu.compute_capability();
+        let (algorithm, mut choice) = choose(&stats, &config, cc, graph.policy())?;
         let state = GpuState::new(graph, &config, algorithm)?;
         if let GpuState::Hybrid(h) = &state {
             choice = format!("{choice}; {}", h.info());
@@ -662,19 +663,30 @@ fn uses_tensor_cores(alg: Algorithm) -> bool {
     )
 }
 
+/// Edges up to which `Auto` plans f16 and bf16 on fused-csr for a graph seen once. One new
+/// graph's attention forward + backward with its plan (8 × 32, 1 × 40, 8 × 64 f16, H200) took
+/// 0.80–1.14× fused-tc's wall time on fused-csr up to ~6·10⁵ edges, and 1.24× on ogbn-arxiv's
+/// 2.5·10⁶ at 8 × 64: fused-tc's plan is repaid from about 10⁶ edges (docs/kernels/README.md).
+const ONCE_FUSED_CSR_MAX_EDGES: usize = 1 << 20;
+
 /// Resolves the algorithm for `graph` and `config` on a device of compute capability `cc`,
 /// with the reason.
 ///
 /// `Auto` takes the fastest measured algorithm for the dtype: fused-tc for f16 and bf16,
 /// fused-csr for f32, the fastest of those that keep f32 exact (the tensor-core ones round
-/// operands to tf32 — ask for them by name); docs/kernels/README.md, "Which kernel runs". A
-/// plan made for extras that may include edge features gets fused-csr, which runs every extra
-/// in its kernel (unfused-csr where fused-csr cannot hold the head); without edge features the
-/// plain choice stands (every algorithm's kernel takes a bias and dropout).
+/// operands to tf32 — ask for them by name); docs/kernels/README.md, "Which kernel runs". On a
+/// graph seen once ([`PlanPolicy::Once`]: a mini-batch's) of at most
+/// [`ONCE_FUSED_CSR_MAX_EDGES`] edges f16 and bf16 take fused-csr too: fused-tc's plan (the
+/// BSB of A and of Aᵀ, their schedules read back to the host) costs such a step more than its
+/// faster kernel saves. A plan made for extras that may include
+/// edge features gets fused-csr, which runs every extra in its kernel (unfused-csr where
+/// fused-csr cannot hold the head); without edge features the plain choice stands (every
+/// algorithm's kernel takes a bias and dropout).
 fn choose(
     stats: &DegreeStats,
     config: &AttentionConfig,
     cc: (i32, i32),
+    policy: PlanPolicy,
 ) -> Result<(Algorithm, String)> {
     let fused_csr_ok = FusedCsr::supports(config.head_dim, config.dtype.size_bytes());
     let tensor_cores = cc >= (8, 0);
@@ -721,6 +733,20 @@ fn choose(
             let mut why = format!("mean degree {:.1}, max {}", stats.mean, stats.max);
             if config.edge_extras {
                 why += "; planned for a score bias and dropout without edge features";
+            }
+            let once = policy == PlanPolicy::Once
+                && stats.nnz <= ONCE_FUSED_CSR_MAX_EDGES
+                && fused_csr_ok.is_ok();
+            if once && config.dtype != DTypeKind::F32 {
+                return Ok((
+                    Algorithm::FusedCsr,
+                    format!(
+                        "auto: fused-csr — a graph seen once (policy once) of at most {} \
+                         edges, which fused-tc's plan would not repay; exact {} on CUDA cores \
+                         ({why})",
+                        ONCE_FUSED_CSR_MAX_EDGES, config.dtype
+                    ),
+                ));
             }
             if config.dtype != DTypeKind::F32 && tensor_cores && fused_tc_ok.is_ok() {
                 return Ok((
@@ -785,9 +811,41 @@ mod tests {
 
     fn auto(graph: &Csr, heads: usize, head_dim: usize, dtype: DTypeKind) -> Algorithm {
         let config = AttentionConfig::new(heads, head_dim, dtype);
-        choose(&graph.degree_stats(), &config, (9, 0))
+        choose(&graph.degree_stats(), &config, (9, 0), PlanPolicy::Reuse)
             .expect("auto always chooses")
             .0
+    }
+
+    #[test]
+    fn auto_takes_fused_csr_for_a_graph_seen_once() {
+        let small = ring(1000);
+        for dtype in [DTypeKind::F16, DTypeKind::Bf16, DTypeKind::F32] {
+            let config = AttentionConfig::new(8, 64, dtype);
+            let (alg, why) =
+                choose(&small.degree_stats(), &config, (9, 0), PlanPolicy::Once).unwrap();
+            assert_eq!(alg, Algorithm::FusedCsr, "{dtype:?}: {why}");
+            if dtype != DTypeKind::F32 {
+                assert!(why.contains("policy once"), "{why}");
+            }
+        }
+        // Past the size fused-tc's plan repays, a graph seen once keeps the tensor cores.
+        let mut large = small.degree_stats();
+        large.nnz = ONCE_FUSED_CSR_MAX_EDGES + 1;
+        let config = AttentionConfig::new(8, 64, DTypeKind::F16);
+        let alg = choose(&large, &config, (9, 0), PlanPolicy::Once).unwrap().0;
+        assert_eq!(alg, Algorithm::FusedTensorCore);
+        // A head fused-csr cannot hold gets what a reused graph's plan gets.
+        let d = (8..=8192)
+            .step_by(8)
+            .find(|&d| FusedCsr::supports(d, 2).is_err())
+            .expect("a head too wide for fused-csr");
+        let wide = AttentionConfig::new(1, d, DTypeKind::F16);
+        let pick = |p| choose(&small.degree_stats(), &wide, (9, 0), p).unwrap().0;
+        assert_eq!(
+            pick(PlanPolicy::Once),
+            pick(PlanPolicy::Reuse),
+            "head_dim {d}"
+        );
     }
 
     #[test]
@@ -806,7 +864,9 @@ mod tests {
         // Without tensor cores, half precision goes to the exact CUDA-core kernel.
         let config = AttentionConfig::new(1, 64, DTypeKind::F16);
         assert_eq!(
-            choose(&small.degree_stats(), &config, (7, 5)).unwrap().0,
+            choose(&small.degree_stats(), &config, (7, 5), PlanPolicy::Reuse)
+                .unwrap()
+                .0,
             Algorithm::FusedCsr
         );
     }
@@ -828,10 +888,12 @@ mod tests {
             Algorithm::FusedTensorCore
         );
         let config = AttentionConfig::new(8, 64, DTypeKind::F32);
-        assert!(choose(&large.degree_stats(), &config, (9, 0))
-            .unwrap()
-            .1
-            .starts_with("auto: fused-csr"));
+        assert!(
+            choose(&large.degree_stats(), &config, (9, 0), PlanPolicy::Reuse)
+                .unwrap()
+                .1
+                .starts_with("auto: fused-csr")
+        );
     }
 
     #[test]
@@ -840,7 +902,7 @@ mod tests {
         for dtype in [DTypeKind::F32, DTypeKind::F16, DTypeKind::Bf16] {
             for cc in [(9, 0), (7, 5)] {
                 let config = AttentionConfig::new(8, 64, dtype).with_edge_extras(true);
-                let (alg, why) = choose(&g.degree_stats(), &config, cc).unwrap();
+                let (alg, why) = choose(&g.degree_stats(), &config, cc, PlanPolicy::Reuse).unwrap();
                 assert_eq!(alg, Algorithm::FusedCsr, "{dtype} on {cc:?}: {why}");
                 assert!(alg.takes_edge_features());
             }
@@ -849,7 +911,7 @@ mod tests {
         let wide = 8192;
         assert!(FusedCsr::supports(wide, 4).is_err());
         let config = AttentionConfig::new(1, wide, DTypeKind::F32).with_edge_extras(true);
-        let (alg, why) = choose(&g.degree_stats(), &config, (9, 0)).unwrap();
+        let (alg, why) = choose(&g.degree_stats(), &config, (9, 0), PlanPolicy::Reuse).unwrap();
         assert_eq!(alg, Algorithm::UnfusedCsr);
         assert!(why.contains("fused-csr unavailable"), "{why}");
         // Without edge features, f16 and bf16 extras go to fused-tc's kernel where tensor
@@ -863,14 +925,16 @@ mod tests {
             let config = AttentionConfig::new(8, 64, dtype)
                 .with_edge_extras(true)
                 .with_edge_features(false);
-            let (alg, why) = choose(&g.degree_stats(), &config, cc).unwrap();
+            let (alg, why) = choose(&g.degree_stats(), &config, cc, PlanPolicy::Reuse).unwrap();
             assert_eq!(alg, want, "{dtype} on {cc:?}: {why}");
             assert!(why.contains("planned for"), "{why}");
         }
         // Named algorithms are kept (refusals of edge features happen at the call).
         let config = config.with_algorithm(Algorithm::UnfusedTensorCore);
         assert_eq!(
-            choose(&g.degree_stats(), &config, (9, 0)).unwrap().0,
+            choose(&g.degree_stats(), &config, (9, 0), PlanPolicy::Reuse)
+                .unwrap()
+                .0,
             Algorithm::UnfusedTensorCore
         );
     }

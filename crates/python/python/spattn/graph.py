@@ -238,10 +238,12 @@ class Graph:
 
     @property
     def policy(self) -> str:
-        """How the graph's ``auto`` plans treat row orders: ``"once"`` (keep the rows in their
-        order: a graph seen once, the default of a graph built on a GPU) or ``"reuse"`` (choose
-        a row order on the host when a plan is built, which the kernels repay over many calls:
-        the default of a graph built on the host). Setting it drops the plans built so far."""
+        """How the graph's ``auto`` plans treat row orders and plans: ``"once"`` (keep the rows
+        in their order, and take ``fused-csr`` in float16 / bfloat16 up to 2²⁰ edges, whose
+        plan is free: a graph seen once, the default of a graph built on a GPU) or ``"reuse"``
+        (choose a row order on the host when a plan is built, and ``fused-tc`` in float16 /
+        bfloat16, which the kernels repay over many calls: the default of a graph built on the
+        host). Setting it drops the plans built so far."""
         return self._core.policy
 
     @policy.setter

@@ -107,7 +107,8 @@ def graph_for(edge_index: Any, num_nodes: int, self_loops: bool = False) -> Grap
     A CUDA ``edge_index`` is built on its GPU (:meth:`spattn.Graph.from_edge_index`) with the
     policy ``"once"``: a mini-batch's graph, new every step, keeps its row order. The same
     tensor seen again after a backward (full-graph training) switches its graph to
-    ``"reuse"``: its ``auto`` plans then choose a row order once.
+    ``"reuse"``: its ``auto`` plans then choose a row order once (and in float16 / bfloat16
+    ``fused-tc``, whose plan a graph seen once would not repay).
 
     Besides a ``(2, E)`` tensor (and a ``Batch``'s or a loader's ``edge_index``, which are
     such tensors), ``edge_index`` may be PyG's ``EdgeIndex`` (its tensor is used, cached by
