@@ -45,7 +45,7 @@ use spattn_ops::{
 
 use crate::error::{Error, Result};
 use crate::extras::Extras;
-use crate::plan::AttentionPlan;
+use crate::plan::{seen_once, AttentionPlan};
 
 /// Which kernels compute the backward (all give the same gradients, to f32 rounding; see the
 /// `backward` module's table).
@@ -53,8 +53,9 @@ use crate::plan::AttentionPlan;
 pub enum BackwardKernels {
     /// The default: [`TensorCore`](Self::TensorCore) where it runs (f16 / bf16 heads of a
     /// multiple of 8 up to 64 features, sm_80 and later; its training steps measured 0.99–2.1×
-    /// the fused set's there), [`Fused`](Self::Fused) otherwise. Bitwise deterministic either
-    /// way.
+    /// the fused set's there), [`Fused`](Self::Fused) otherwise, and on a graph seen once
+    /// whose plan is not fused-tc (`Auto`'s fused-csr there: the BSBs of A and Aᵀ the
+    /// tensor-core passes read would be built for one step). Bitwise deterministic either way.
     #[default]
     Auto,
     /// A row pass and a column pass on CUDA cores, no per-edge buffers (with edge features, one
@@ -535,8 +536,10 @@ impl AttentionPlan {
         // CSR transpose after the tensor-core passes, which do not read it.
         let a = graph.csr()?;
         let tc_runs = self.tensor_core_backward_runs::<T>();
+        // A graph seen once gets the tensor-core passes only with the fused-tc plan's BSB.
+        let tc_auto = tc_runs && (self.runs_fused_tensor_core() || !seen_once(graph));
         let kernels = match kernels {
-            BackwardKernels::Auto if tc_runs => BackwardKernels::TensorCore,
+            BackwardKernels::Auto if tc_auto => BackwardKernels::TensorCore,
             BackwardKernels::Auto => BackwardKernels::Fused,
             BackwardKernels::TensorCore if !tc_runs => BackwardKernels::Fused,
             other => other,

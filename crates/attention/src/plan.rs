@@ -669,6 +669,18 @@ fn uses_tensor_cores(alg: Algorithm) -> bool {
 /// 2.5·10⁶ at 8 × 64: fused-tc's plan is repaid from about 10⁶ edges (docs/kernels/README.md).
 const ONCE_FUSED_CSR_MAX_EDGES: usize = 1 << 20;
 
+/// Whether a graph of `nnz` edges under `policy` is one whose tensor-core plan would not be
+/// repaid: seen once, at most [`ONCE_FUSED_CSR_MAX_EDGES`] edges.
+fn small_once(policy: PlanPolicy, nnz: usize) -> bool {
+    policy == PlanPolicy::Once && nnz <= ONCE_FUSED_CSR_MAX_EDGES
+}
+
+/// [`small_once`] of a device graph: `Auto` plans it on fused-csr in f16 / bf16, and its
+/// backward's `Auto` keeps off the tensor-core passes (their BSBs) unless the plan is fused-tc.
+pub(crate) fn seen_once(graph: &DeviceGraph) -> bool {
+    small_once(graph.policy(), graph.nnz())
+}
+
 /// Resolves the algorithm for `graph` and `config` on a device of compute capability `cc`,
 /// with the reason.
 ///
@@ -734,9 +746,7 @@ fn choose(
             if config.edge_extras {
                 why += "; planned for a score bias and dropout without edge features";
             }
-            let once = policy == PlanPolicy::Once
-                && stats.nnz <= ONCE_FUSED_CSR_MAX_EDGES
-                && fused_csr_ok.is_ok();
+            let once = small_once(policy, stats.nnz) && fused_csr_ok.is_ok();
             if once && config.dtype != DTypeKind::F32 {
                 return Ok((
                     Algorithm::FusedCsr,

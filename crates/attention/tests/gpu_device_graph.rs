@@ -89,7 +89,9 @@ fn check<T: DType>(
     let want_out = attention_f64_from(a, &inputs, f64::from(scale)).unwrap();
     let up = |s, x: &[T]| DeviceMatrix::from_host(gpu, s, x).unwrap();
     let (dq_in, dk_in, dv_in, dout) = (up(sq, &q), up(skv, &k), up(skv, &v), up(sq, &d_out));
+    // The device graph's policy, so that `Auto` resolves the same on both.
     let host_graph = Arc::new(DeviceGraph::new(gpu, a.clone()));
+    host_graph.set_policy(dg.policy());
     for alg in ALGORITHMS {
         let config = AttentionConfig::new(heads, d, T::KIND)
             .with_algorithm(alg)
@@ -105,6 +107,7 @@ fn check<T: DType>(
         );
         let on_device = AttentionPlan::on_graph(dg, config.clone()).unwrap();
         let on_host = AttentionPlan::on_graph(&host_graph, config).unwrap();
+        assert_eq!(on_device.algorithm(), on_host.algorithm(), "{what}");
         let mut outs = Vec::new();
         for plan in [&on_device, &on_host] {
             let mut out = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();

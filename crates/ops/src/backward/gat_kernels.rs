@@ -43,8 +43,8 @@ pub const GAT_ROWS_MIN_HEADS: usize = 4;
 
 /// Edges up to which [`GatKernels::auto`] takes the rows kernels at any head count. A
 /// mini-batch's graph (10⁴–1.2·10⁵ edges) makes a step that waits on the host: there the rows
-/// kernels' fewer launches take 30–45 µs less host time a layer, at 0.84–1.22× the composed
-/// steps' GPU time (with the fused backward up to 2¹⁵ edges) at 1–3 heads of 8–128; from
+/// kernels' fewer launches take 35–60 µs less host time a layer, at 0.84–1.22× the speed of
+/// the composed steps (with the fused backward up to 2¹⁵ edges) at 1–3 heads of 8–128; from
 /// ~2.5·10⁵ edges the composed steps win at one head of 40 or more (docs/kernels/csr-ops.md,
 /// "GAT from row statistics").
 pub const GAT_ROWS_SMALL_MAX_EDGES: usize = 1 << 17;
