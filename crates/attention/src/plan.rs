@@ -690,10 +690,10 @@ pub(crate) fn seen_once(graph: &DeviceGraph) -> bool {
 /// graph seen once ([`PlanPolicy::Once`]: a mini-batch's) of at most
 /// [`ONCE_FUSED_CSR_MAX_EDGES`] edges f16 and bf16 take fused-csr too: fused-tc's plan (the
 /// BSB of A and of Aᵀ, their schedules read back to the host) costs such a step more than its
-/// faster kernel saves. A plan made for extras that may include
-/// edge features gets fused-csr, which runs every extra in its kernel (unfused-csr where
-/// fused-csr cannot hold the head); without edge features the plain choice stands (every
-/// algorithm's kernel takes a bias and dropout).
+/// faster kernel saves. A plan made for extras that may include edge features gets fused-csr,
+/// which runs every extra in its kernel (unfused-csr where fused-csr cannot hold the head);
+/// without edge features the plain choice stands (every algorithm's kernel takes a bias and
+/// dropout).
 fn choose(
     stats: &DegreeStats,
     config: &AttentionConfig,
