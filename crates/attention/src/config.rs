@@ -126,10 +126,10 @@ pub struct AttentionConfig {
     /// attention weights out: [`AttentionPlan::forward_with`](crate::AttentionPlan::forward_with)):
     /// [`Algorithm::Auto`] then chooses fused-csr, which takes every extra in its kernel
     /// (unfused-csr where fused-csr cannot hold the head), or, where
-    /// [`edge_features`](Self::edge_features) is off, fused-tc for f16 and bf16. Every algorithm
-    /// takes a bias, dropout and the weights out; one asked for by name that takes no edge
-    /// features (fused-tc, hybrid) refuses them, with an error naming those that do, when
-    /// called with them. Off by default.
+    /// [`edge_features`](Self::edge_features) is off, fused-tc for f16 and bf16 (fused-csr on a
+    /// graph seen once, as without extras). Every algorithm takes a bias, dropout and the
+    /// weights out; one asked for by name that takes no edge features (fused-tc, hybrid)
+    /// refuses them, with an error naming those that do, when called with them. Off by default.
     pub edge_extras: bool,
     /// Whether the extras may include edge features (on by default). Turned off, `Auto` plans
     /// f16 and bf16 extras on fused-tc, whose kernel takes a bias and dropout and is faster with

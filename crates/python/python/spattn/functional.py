@@ -100,7 +100,8 @@ def sparse_attention(
             CPU), as PyG's ``return_attention_weights=True``. Not differentiable.
         algorithm: ``"auto"`` or one of ``"unfused-csr"``, ``"unfused-tc"``, ``"fused-csr"``,
             ``"fused-tc"``, ``"hybrid"`` (CUDA; the CPU runs its reference whatever is asked).
-            With a bias or dropout, ``auto`` picks ``fused-tc`` in float16 and bfloat16 and
+            With a bias or dropout, ``auto`` picks ``fused-tc`` in float16 and bfloat16 (on a
+            graph seen once, :attr:`Graph.policy` ``"once"``, ``fused-csr`` as without them) and
             ``fused-csr`` in float32, with edge features or where fused-tc cannot run; every
             algorithm takes a bias and dropout, and edge features all but ``hybrid`` (which
             refuses them, saying which take them; ``fused-tc`` runs them in its kernel on
