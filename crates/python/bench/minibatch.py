@@ -25,6 +25,14 @@ Models: 2-layer ``GATConv`` / ``TransformerConv`` node classifiers (--features â
 ``transformer_edge``: the latter with attention dropout 0.1, as epoch.py's). spattn.nn layers
 load PyG's state dict; the first step's outputs (eval mode) are compared.
 
+cuBLAS's kernel choices (--gemm-cache): a half-precision GEMM of a row count cuBLAS has not
+seen in the process costs ~0.1 ms of host time to choose its kernel (up to ~1 ms under load),
+so a step's time depends on which batch sizes came before. `cold` (the default) empties that
+cache before each case, as at the start of a training run: each new row count pays once, in
+every implementation alike. `warm` runs each case's steps once untimed first, as late in a long
+run where every batch size has come before. (spattn.nn pads its half-precision maps' rows to a
+bucketed count, so its steps reach the warm state within a few steps.)
+
 Plan time (apart, per workload): the graph built on the GPU from the CUDA ``edge_index``
 (``spattn.Graph.from_edge_index``, with self loops and the backward's transpose: what a GAT
 step plans), wall clock and the GPU span by CUDA events on the current stream; fused-tc's
@@ -35,6 +43,7 @@ plan on it (BSB built on the GPU, f16, --heads Ã— --hidden); and for reference t
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import json
 import statistics
@@ -173,6 +182,41 @@ def trainer(net, dtype, edge):
     return step
 
 
+_CUBLAS_LT = []
+
+
+def reset_gemm_choices():
+    """Empties cuBLASLt's heuristic cache, which cuBLAS's GEMMs share: the next GEMM of each
+    shape chooses its kernel again (~0.1 ms of host time in half precision), as in a new
+    process."""
+    if not _CUBLAS_LT:
+        torch.ones(8, 8, device="cuda") @ torch.ones(8, 8, device="cuda")  # loads cuBLAS
+        with open("/proc/self/maps") as maps:
+            path = next((ln.split()[-1] for ln in maps if "libcublasLt.so" in ln), None)
+        if path is None:
+            raise RuntimeError("--gemm-cache cold: libcublasLt is not loaded in this process")
+        _CUBLAS_LT.append(ctypes.CDLL(path))
+    lt, cap = _CUBLAS_LT[0], ctypes.c_size_t()
+    for status in (lt.cublasLtHeuristicsCacheGetCapacity(ctypes.byref(cap)),
+                   lt.cublasLtHeuristicsCacheSetCapacity(ctypes.c_size_t(0)),
+                   lt.cublasLtHeuristicsCacheSetCapacity(cap)):
+        if status != 0:
+            raise RuntimeError(f"cublasLt heuristics cache call failed (status {status})")
+
+
+def prepare_gemms(step, batches, args):
+    """What the case's GEMMs find in cuBLAS's heuristic cache (--gemm-cache): `cold` empties it,
+    as at the start of a training run (each new row count then chooses its kernels once);
+    `warm` runs every step once untimed, as late in a long run where every batch size has come
+    before; `shared` leaves what the previous cases left."""
+    if args.gemm_cache == "cold":
+        reset_gemm_choices()
+    elif args.gemm_cache == "warm":
+        for b in batches:
+            step(fresh(b))
+        torch.cuda.synchronize()
+
+
 def run_case(impl, model, dtype, batches, state, args, spattn, reuse, profiler=None):
     if impl == "pyg":
         import torch_geometric.nn as lib
@@ -190,6 +234,7 @@ def run_case(impl, model, dtype, batches, state, args, spattn, reuse, profiler=N
         b = batches[0]
         first = net(b[2].to(dtype), b[0], b[4].to(dtype) if edge else None).float()
     net.train()
+    prepare_gemms(step, [batches[0]] if reuse else batches, args)
     times = []
     for i in range(len(batches)):
         b = batches[0] if reuse else fresh(batches[i])
@@ -251,6 +296,10 @@ def main():
     ap.add_argument("--edge-dim", type=int, default=16)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=12)
+    ap.add_argument("--gemm-cache", choices=("cold", "warm", "shared"), default="cold",
+                    help="cuBLAS's kernel choices at each case's start: cold (emptied: a new "
+                         "training run), warm (every step run once first: a long run where each "
+                         "batch size has come before), shared (left from the previous cases)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--plan-probe", metavar="WORKLOAD",
                     help="instead of the tables: where a graph build's wall time goes (the native "
@@ -432,6 +481,7 @@ def phases(args, spattn, source, device):
                         net = build(lib, model, args).to(device)
                         net.load_state_dict(state)
                     step = trainer(net.to(dtype), dtype, model.endswith("_edge"))
+                    prepare_gemms(step, batches, args)
                     rows = []
                     for i, b in enumerate(batches):
                         b = fresh(b)

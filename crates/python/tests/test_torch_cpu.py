@@ -113,6 +113,41 @@ def test_transformerconv_matches_pyg_formula(gen, concat, beta, root_weight):
     )
 
 
+def test_bucket_rows_pads_at_most_a_sixteenth():
+    prev = 0
+    for n in list(range(0, 5000)) + [2**20 + 1, 10**7 + 3]:
+        b = spattn.nn._bucket_rows(n)
+        assert b >= n and b >= prev, n
+        assert b == n if n <= 64 else (b - n) * 16 <= n, n
+        prev = b
+    assert len({spattn.nn._bucket_rows(n) for n in range(2049, 4097)}) == 16  # an octave
+
+
+@pytest.fixture
+def batched_maps(monkeypatch):
+    """The half-precision dense maps' path (rows padded to a bucket, TransformerConv's batched
+    GEMM) taken on the CPU in float64, where it is otherwise CUDA-only."""
+    monkeypatch.setattr(spattn.nn, "_half_gemm", lambda x: True)
+
+
+@pytest.mark.parametrize("concat,beta,root_weight", [
+    (True, False, True), (False, True, True), (True, False, False), (False, False, True)])
+def test_transformerconv_batched_maps_match_pyg_formula(gen, batched_maps, concat, beta, root_weight):
+    # 101 nodes: padded to 104 rows; concat=False makes the skip narrower than the query.
+    ei = random_edge_index(gen, n=101, e=500)
+    x = torch.randn(101, 5, dtype=torch.float64, generator=gen)
+    compare_layer(
+        lambda: spattn.nn.TransformerConv(5, 4, heads=2, concat=concat, beta=beta, root_weight=root_weight),
+        ref.transformer, x, ei, 1e-10,
+    )
+
+
+def test_gatconv_batched_maps_match_pyg_formula(gen, batched_maps):
+    ei = random_edge_index(gen, n=101, e=500)
+    x = torch.randn(101, 5, dtype=torch.float64, generator=gen)
+    compare_layer(lambda: spattn.nn.GATConv(5, 4, heads=3, residual=True), ref.gat, x, ei, 1e-10)
+
+
 def test_agnnconv_matches_pyg_formula(gen):
     ei = random_edge_index(gen)
     x = torch.randn(24, 6, dtype=torch.float64, generator=gen)
@@ -224,8 +259,10 @@ def test_gat_conv_edge_dim_matches_torch_geometric(gen, fill_value):
 
 
 @pytest.mark.skipif(pyg_nn is None, reason="torch_geometric is not installed")
-@pytest.mark.parametrize("concat", [True, False])
-def test_transformer_conv_edge_dim_matches_torch_geometric(gen, concat):
+@pytest.mark.parametrize("concat,batched", [(True, False), (False, False), (True, True)])
+def test_transformer_conv_edge_dim_matches_torch_geometric(gen, request, concat, batched):
+    if batched:  # the half-precision maps' path, edge rows padded too (90 edges → 92 rows)
+        request.getfixturevalue("batched_maps")
     ei = random_edge_index(gen)
     ei = ei[:, torch.randperm(ei.shape[1], generator=gen)]  # edge_attr in no particular order
     x = torch.randn(24, 5, dtype=torch.float64, generator=gen, requires_grad=True)

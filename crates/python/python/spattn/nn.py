@@ -56,6 +56,13 @@ Differences from PyG (each is also in the class's documentation):
   copy through the host; a new ``edge_index`` every step, as mini-batch training brings, costs
   one short plan on the device), a CPU one on the host.
 - ``algorithm=`` (keyword only) picks spattn's algorithm (``"auto"`` by default).
+- Half-precision dense maps on CUDA (float16 / bfloat16 inputs, or a half-precision autocast;
+  not under ``torch.compile``) run over rows padded to a bucketed count (at most 1/16 more) and
+  are cut back: a new graph's row count would otherwise cost cuBLAS a fresh kernel choice per
+  GEMM (~0.1 ms of host time each, up to ~1 ms under load), where a bucket seen before costs
+  none. TransformerConv's maps of one input are also one batched GEMM there. Results differ
+  from separate GEMMs by rounding only; the ``lin*`` modules see the padded rows (their forward
+  hooks: TransformerConv's batched maps call none).
 """
 
 from __future__ import annotations
@@ -619,6 +626,11 @@ class TransformerConv(torch.nn.Module):
     ``edge_dim`` adds ``lin_edge(edge_attr)`` to each edge's key and value, as PyG does
     (``edge_attr`` in ``edge_index``'s order; ``edge_index`` must not repeat an edge).
 
+    In float16 / bfloat16 on CUDA (or a half-precision autocast) the maps of one input run as
+    one batched GEMM (query, key, value and the skip when its width matches) over rows padded
+    to a bucketed count, so that batches of different sizes reuse cuBLAS's kernel choices; the
+    ``lin_*`` modules' forward hooks are then not called.
+
     Not supported (``NotImplementedError``): two node sets of different sizes, lazy
     ``in_channels=-1``. Extra keyword: ``algorithm`` (spattn's algorithm, ``"auto"``).
 
@@ -725,16 +737,15 @@ class TransformerConv(torch.nn.Module):
             _check_x(name, x_dst, cin[1], "x_dst")
         H, C = self.heads, self.out_channels
         graph = _graph_ref(edge_index, x_dst.size(0), False)
-        query = self.lin_query(x_dst).view(-1, H, C)
-        key = self.lin_key(x_src).view(-1, H, C)
-        value = self.lin_value(x_src).view(-1, H, C)
+        query, key, value, x_r = self._projections(x_src, x_dst)
+        query, key, value = (t.view(-1, H, C) for t in (query, key, value))
         rate = self.dropout if self.training else 0.0
         want = bool(return_attention_weights)
         features = None
         if self.lin_edge is not None:
             _check_edge_rows(name, edge_index, edge_attr)
             ea = _edge_rows(name, graph, edge_index, edge_attr, False, None, lambda: edge_attr)
-            features = self.lin_edge(ea).view(-1, H, C)
+            features = _linear(self.lin_edge, ea).view(-1, H, C)
         res = _sparse_attention(
             graph, query, key, value, 1.0 / math.sqrt(C), None, features, rate, None, want,
             self.algorithm,
@@ -742,7 +753,6 @@ class TransformerConv(torch.nn.Module):
         out, alpha = res if want else (res, None)
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if self.root_weight:
-            x_r = self.lin_skip(x_dst)
             if self.lin_beta is not None:
                 b = self.lin_beta(torch.cat([out, x_r, out - x_r], dim=-1)).sigmoid()
                 out = b * x_r + (1 - b) * out
@@ -752,8 +762,88 @@ class TransformerConv(torch.nn.Module):
             return out, (_edge_index_of(graph, out), alpha)
         return out
 
+    def _projections(self, x_src: Tensor, x_dst: Tensor):
+        """query, key, value and (with ``root_weight``, else None) the skip, the maps of one
+        input together (:func:`_stacked_linear`)."""
+        skip = self.lin_skip if self.root_weight else None
+        if x_src is x_dst:
+            lins = [self.lin_query, self.lin_key, self.lin_value]
+            if skip is not None and skip.out_features == self.lin_query.out_features:
+                lins.append(skip)
+                skip = None
+            outs = _stacked_linear(x_src, lins)
+            q, k, v = outs[:3]
+            r = outs[3] if len(outs) == 4 else None
+        else:
+            k, v = _stacked_linear(x_src, [self.lin_key, self.lin_value])
+            q = _linear(self.lin_query, x_dst)
+            r = None
+        if skip is not None:
+            r = _linear(skip, x_dst)
+        return q, k, v, r
+
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
+
+
+# Half-precision dense maps over a new graph's rows: bucketed row counts, and the
+# transformer's four maps of one input in one GEMM (docs/kernels/layers.md, "Dense maps").
+_BUCKETED = True
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _bucket_rows(n: int) -> int:
+    """`n` rounded up to one of 16 steps an octave (at most 1/16 more; `n` itself up to 64)."""
+    if n <= 64:
+        return n
+    step = 1 << (n.bit_length() - 5)
+    return -(-n // step) * step
+
+
+def _half_gemm(x: Tensor) -> bool:
+    """Whether a map of `x` runs as a half-precision cuBLAS GEMM outside ``torch.compile``
+    (which picks its own kernels): `x` on CUDA in float16 / bfloat16, or float32 in a
+    half-precision autocast."""
+    if not (_BUCKETED and x.is_cuda) or torch.compiler.is_compiling():
+        return False
+    if x.dtype in _HALF:
+        return True
+    return (x.dtype == torch.float32 and torch.is_autocast_enabled("cuda")
+            and torch.get_autocast_dtype("cuda") in _HALF)
+
+
+def _row_padded(x: Tensor) -> Tensor:
+    """`x` with zero rows appended up to :func:`_bucket_rows` where :func:`_half_gemm`: a map
+    of a new graph's rows then repeats a GEMM shape cuBLAS has chosen a kernel for (its
+    heuristic cache), where each new row count costs ~0.1 ms of host time per half-precision
+    GEMM (up to ~1 ms under load) to choose one."""
+    n = x.size(0)
+    m = _bucket_rows(n) if _half_gemm(x) else n
+    return x if m == n else F.pad(x, (0, 0, 0, m - n))
+
+
+def _linear(lin: Any, x: Tensor) -> Tensor:
+    """``lin(x)`` over :func:`_row_padded` rows, cut back to `x`'s (a contiguous view)."""
+    xp = _row_padded(x)
+    return lin(x) if xp is x else lin(xp)[: x.size(0)]
+
+
+def _stacked_linear(x: Tensor, lins) -> Tuple[Tensor, ...]:
+    """``lin(x)`` for each of `lins` (same widths, all with or all without bias), each output
+    contiguous: in half precision one batched GEMM over :func:`_row_padded` rows (one kernel
+    choice, launch and autograd node for all; in float32 cuBLAS's batched kernel for this
+    shape is slower than separate maps)."""
+    if not _half_gemm(x):
+        return tuple(lin(x) for lin in lins)
+    xp = _row_padded(x)
+    w = torch.stack([lin.weight for lin in lins]).transpose(1, 2)
+    xs = xp.unsqueeze(0).expand(len(lins), -1, -1)
+    if lins[0].bias is None:
+        y = torch.bmm(xs, w)
+    else:
+        b = torch.stack([lin.bias for lin in lins]).unsqueeze(1)
+        y = torch.baddbmm(b, xs, w)
+    return (y if xp is x else y[:, : x.size(0)]).unbind(0)
 
 
 # ---- GATConv ---------------------------------------------------------------------------------
@@ -785,7 +875,8 @@ class GATConv(torch.nn.Module):
     ``edge_index``'s order; ``edge_index`` must not repeat an edge). It is computed as
     ``e_ij · (lin_edgeᵀ att_edge)``, in float32: ``lin_edge.weight`` folded with ``att_edge``
     into a ``heads × edge_dim`` matrix, so the ``E × heads·out_channels`` projection PyG
-    stores is never made (``lin_edge``'s forward hooks are not called).
+    stores is never made (``lin_edge``'s forward hooks are not called). In half precision on
+    CUDA, ``lin`` maps rows padded to a bucketed count (see the module notes).
 
     Not supported (``NotImplementedError``): ``return_attention_weights``, ``size`` other than ``None`` or ``(N, N)``, two node sets of
     different sizes, lazy ``in_channels=-1``. Extra keyword: ``algorithm`` (only ``"auto"``:
@@ -918,14 +1009,14 @@ class GATConv(torch.nn.Module):
         H, C = self.heads, self.out_channels
         if self.lin is not None:
             _check_x(name, x_src, self.in_channels, "x")
-            h_src = self.lin(x_src).view(-1, H, C)
-            h_dst = h_src if x_dst is x_src else self.lin(x_dst).view(-1, H, C)
+            h_src = _linear(self.lin, x_src).view(-1, H, C)
+            h_dst = h_src if x_dst is x_src else _linear(self.lin, x_dst).view(-1, H, C)
         else:
             _check_x(name, x_src, self.in_channels[0], "x_src" if x_dst is not x_src else "x")
             _check_x(name, x_dst, self.in_channels[1], "x_dst" if x_dst is not x_src else "x")
-            h_src = self.lin_src(x_src).view(-1, H, C)
-            h_dst = self.lin_dst(x_dst).view(-1, H, C)
-        res = self.res(x_dst) if self.res is not None else None
+            h_src = _linear(self.lin_src, x_src).view(-1, H, C)
+            h_dst = _linear(self.lin_dst, x_dst).view(-1, H, C)
+        res = _linear(self.res, x_dst) if self.res is not None else None
         graph = _graph_ref(edge_index, n, self.add_self_loops)
         rate = self.dropout if self.training else 0.0
         bias = None
@@ -1210,9 +1301,10 @@ class GATv2Conv(torch.nn.Module):
             _check_x(name, x_dst, cin[1], "x_dst")
         n = x_dst.size(0)
         H, C = self.heads, self.out_channels
-        x_l = self.lin_l(x_src).view(-1, H, C)
-        x_r = x_l if self.share_weights and x_dst is x_src else self.lin_r(x_dst).view(-1, H, C)
-        res = self.res(x_dst) if self.res is not None else None
+        x_l = _linear(self.lin_l, x_src).view(-1, H, C)
+        x_r = (x_l if self.share_weights and x_dst is x_src
+               else _linear(self.lin_r, x_dst).view(-1, H, C))
+        res = _linear(self.res, x_dst) if self.res is not None else None
         graph = _graph_ref(edge_index, n, self.add_self_loops)
         features = None
         if edge_attr is not None:
@@ -1220,7 +1312,7 @@ class GATv2Conv(torch.nn.Module):
                             self.fill_value,
                             lambda: _edge_attr_with_loops(name, edge_index, edge_attr, n,
                                                           self.add_self_loops, self.fill_value))
-            features = self.lin_edge(ea).view(-1, H, C)
+            features = _linear(self.lin_edge, ea).view(-1, H, C)
         rate = self.dropout if self.training else 0.0
         out = _gatv2_attention(graph, x_l, x_r, self.att, self.negative_slope, features, rate,
                                None)
