@@ -123,11 +123,19 @@ def test_bucket_rows_pads_at_most_a_sixteenth():
     assert len({spattn.nn._bucket_rows(n) for n in range(2049, 4097)}) == 16  # an octave
 
 
+def test_row_counts_run_padded_then_exact(monkeypatch):
+    monkeypatch.setattr(spattn.nn, "_ROW_COUNTS", {})
+    k = spattn.nn._EXACT_AFTER
+    assert [spattn.nn._rows_for(101) for _ in range(k + 2)] == [104] * k + [101, 101]
+    assert spattn.nn._rows_for(103) == 104  # another count keeps its own tally
+
+
 @pytest.fixture
 def batched_maps(monkeypatch):
     """The half-precision dense maps' path (rows padded to a bucket, TransformerConv's batched
     GEMM) taken on the CPU in float64, where it is otherwise CUDA-only."""
     monkeypatch.setattr(spattn.nn, "_half_gemm", lambda x: True)
+    monkeypatch.setattr(spattn.nn, "_ROW_COUNTS", {})
 
 
 @pytest.mark.parametrize("concat,beta,root_weight", [

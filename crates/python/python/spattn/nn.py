@@ -59,8 +59,8 @@ Differences from PyG (each is also in the class's documentation):
 - Half-precision dense maps on CUDA (float16 / bfloat16 inputs, or a half-precision autocast;
   not under ``torch.compile``) run over rows padded to a bucketed count (at most 1/16 more) and
   are cut back: a new graph's row count would otherwise cost cuBLAS a fresh kernel choice per
-  GEMM (~0.1 ms of host time each, up to ~1 ms under load), where a bucket seen before costs
-  none. TransformerConv's maps of one input are also one batched GEMM there. Results differ
+  GEMM (~0.1–0.25 ms of host time each, up to ~1 ms under load), where a bucket seen before
+  costs none. A row count that has come 16 times runs unpadded from then on. TransformerConv's maps of one input are also one batched GEMM there. Results differ
   from separate GEMMs by rounding only; the ``lin*`` modules see the padded rows (their forward
   hooks: TransformerConv's batched maps call none).
 """
@@ -790,6 +790,10 @@ class TransformerConv(torch.nn.Module):
 # transformer's four maps of one input in one GEMM (docs/kernels/layers.md, "Dense maps").
 _BUCKETED = True
 _HALF = (torch.float16, torch.bfloat16)
+# A row count comes padded this many times, then exact: by then cuBLAS's one-off choice for its
+# own shapes (~0.2 ms a GEMM) costs less than the pads' ops (~0.07 ms a map) every time.
+_EXACT_AFTER = 16
+_ROW_COUNTS: dict = {}
 
 
 def _bucket_rows(n: int) -> int:
@@ -798,6 +802,18 @@ def _bucket_rows(n: int) -> int:
         return n
     step = 1 << (n.bit_length() - 5)
     return -(-n // step) * step
+
+
+def _rows_for(n: int) -> int:
+    """The rows a half-precision map of `n` rows runs over: :func:`_bucket_rows` until `n` has
+    come :data:`_EXACT_AFTER` times in this process, then `n`."""
+    seen = _ROW_COUNTS.get(n, 0)
+    if seen >= _EXACT_AFTER:
+        return n
+    if len(_ROW_COUNTS) >= 1 << 16:  # bounded: forget and start counting again
+        _ROW_COUNTS.clear()
+    _ROW_COUNTS[n] = seen + 1
+    return _bucket_rows(n)
 
 
 def _half_gemm(x: Tensor) -> bool:
@@ -813,12 +829,12 @@ def _half_gemm(x: Tensor) -> bool:
 
 
 def _row_padded(x: Tensor) -> Tensor:
-    """`x` with zero rows appended up to :func:`_bucket_rows` where :func:`_half_gemm`: a map
-    of a new graph's rows then repeats a GEMM shape cuBLAS has chosen a kernel for (its
-    heuristic cache), where each new row count costs ~0.1 ms of host time per half-precision
-    GEMM (up to ~1 ms under load) to choose one."""
+    """`x` with zero rows appended up to :func:`_rows_for` where :func:`_half_gemm`: a map of a
+    new graph's rows then repeats a GEMM shape cuBLAS has chosen a kernel for (its heuristic
+    cache), where each new row count costs ~0.1–0.25 ms of host time per half-precision GEMM
+    (up to ~1 ms under load) to choose one."""
     n = x.size(0)
-    m = _bucket_rows(n) if _half_gemm(x) else n
+    m = _rows_for(n) if _half_gemm(x) and n > 64 else n
     return x if m == n else F.pad(x, (0, 0, 0, m - n))
 
 
