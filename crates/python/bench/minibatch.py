@@ -217,6 +217,15 @@ def prepare_gemms(step, batches, args):
         torch.cuda.synchronize()
 
 
+def with_algorithm(net, spattn, algorithm):
+    """`net` with its attention layers on spattn's `algorithm` (--algorithm; GAT's layers have
+    one, auto)."""
+    for m in net.modules():
+        if isinstance(m, spattn.nn.TransformerConv):
+            m.algorithm = algorithm
+    return net
+
+
 def run_case(impl, model, dtype, batches, state, args, spattn, reuse, profiler=None):
     if impl == "pyg":
         import torch_geometric.nn as lib
@@ -227,6 +236,8 @@ def run_case(impl, model, dtype, batches, state, args, spattn, reuse, profiler=N
     net = build(lib, model, args).to(device)
     net.load_state_dict(state)
     net = net.to(dtype)
+    if impl != "pyg":
+        with_algorithm(net, spattn, args.algorithm)
     edge = model.endswith("_edge")
     step = trainer(net, dtype, edge)
     net.eval()
@@ -296,6 +307,8 @@ def main():
     ap.add_argument("--edge-dim", type=int, default=16)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=12)
+    ap.add_argument("--algorithm", default="auto",
+                    help="spattn's algorithm for the transformer layers (auto, fused-csr, fused-tc, ...)")
     ap.add_argument("--gemm-cache", choices=("cold", "warm", "shared"), default="cold",
                     help="cuBLAS's kernel choices at each case's start: cold (emptied: a new "
                          "training run), warm (every step run once first: a long run where each "
@@ -480,6 +493,8 @@ def phases(args, spattn, source, device):
                         spattn.nn.clear_graph_cache()
                         net = build(lib, model, args).to(device)
                         net.load_state_dict(state)
+                        if impl != "pyg":
+                            with_algorithm(net, spattn, args.algorithm)
                     step = trainer(net.to(dtype), dtype, model.endswith("_edge"))
                     prepare_gemms(step, batches, args)
                     rows = []
