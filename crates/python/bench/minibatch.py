@@ -29,9 +29,10 @@ cuBLAS's kernel choices (--gemm-cache): a half-precision GEMM of a row count cuB
 seen in the process costs ~0.1 ms of host time to choose its kernel (up to ~1 ms under load),
 so a step's time depends on which batch sizes came before. `cold` (the default) empties that
 cache before each case, as at the start of a training run: each new row count pays once, in
-every implementation alike. `warm` runs each case's steps once untimed first, as late in a long
-run where every batch size has come before. (spattn.nn pads its half-precision maps' rows to a
-bucketed count, so its steps reach the warm state within a few steps.)
+every implementation alike. `warm` runs each case's steps once untimed first: every batch size
+has come once before, as later in a run where sizes recur. (spattn.nn pads its half-precision maps' rows to a
+bucketed count for a row count's first 16 maps, so a new batch size mostly finds its kernels
+chosen.)
 
 Plan time (apart, per workload): the graph built on the GPU from the CUDA ``edge_index``
 (``spattn.Graph.from_edge_index``, with self loops and the backward's transpose: what a GAT
@@ -192,14 +193,18 @@ def reset_gemm_choices():
     if not _CUBLAS_LT:
         torch.ones(8, 8, device="cuda") @ torch.ones(8, 8, device="cuda")  # loads cuBLAS
         with open("/proc/self/maps") as maps:
-            path = next((ln.split()[-1] for ln in maps if "libcublasLt.so" in ln), None)
-        if path is None:
+            # Fields: address, perms, offset, device, inode, then the mapped file's path.
+            paths = [f[5].strip() for f in (ln.split(None, 5) for ln in maps)
+                     if len(f) == 6 and "libcublasLt.so" in f[5] and not f[5].strip().endswith("(deleted)")]
+        if not paths:
             raise RuntimeError("--gemm-cache cold: libcublasLt is not loaded in this process")
-        _CUBLAS_LT.append(ctypes.CDLL(path))
+        _CUBLAS_LT.append(ctypes.CDLL(paths[0]))
     lt, cap = _CUBLAS_LT[0], ctypes.c_size_t()
-    for status in (lt.cublasLtHeuristicsCacheGetCapacity(ctypes.byref(cap)),
-                   lt.cublasLtHeuristicsCacheSetCapacity(ctypes.c_size_t(0)),
-                   lt.cublasLtHeuristicsCacheSetCapacity(cap)):
+    calls = (lambda: lt.cublasLtHeuristicsCacheGetCapacity(ctypes.byref(cap)),
+             lambda: lt.cublasLtHeuristicsCacheSetCapacity(ctypes.c_size_t(0)),
+             lambda: lt.cublasLtHeuristicsCacheSetCapacity(cap))
+    for call in calls:  # each checked before the next: a failed read must not set 0
+        status = call()
         if status != 0:
             raise RuntimeError(f"cublasLt heuristics cache call failed (status {status})")
 
@@ -207,8 +212,13 @@ def reset_gemm_choices():
 def prepare_gemms(step, batches, args):
     """What the case's GEMMs find in cuBLAS's heuristic cache (--gemm-cache): `cold` empties it,
     as at the start of a training run (each new row count then chooses its kernels once);
-    `warm` runs every step once untimed, as late in a long run where every batch size has come
-    before; `shared` leaves what the previous cases left."""
+    `warm` runs every step once untimed, each batch size then seen once before; `shared` leaves
+    what the previous cases left. `cold` and `warm` also start spattn.nn's count of row counts
+    (which switches a count seen 16 times from padded to exact maps) afresh, as a new process."""
+    if args.gemm_cache != "shared":
+        import spattn.nn
+
+        spattn.nn._ROW_COUNTS.clear()
     if args.gemm_cache == "cold":
         reset_gemm_choices()
     elif args.gemm_cache == "warm":
@@ -311,8 +321,8 @@ def main():
                     help="spattn's algorithm for the transformer layers (auto, fused-csr, fused-tc, ...)")
     ap.add_argument("--gemm-cache", choices=("cold", "warm", "shared"), default="cold",
                     help="cuBLAS's kernel choices at each case's start: cold (emptied: a new "
-                         "training run), warm (every step run once first: a long run where each "
-                         "batch size has come before), shared (left from the previous cases)")
+                         "training run), warm (every step run once first: each batch size seen "
+                         "once before), shared (left from the previous cases)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--plan-probe", metavar="WORKLOAD",
                     help="instead of the tables: where a graph build's wall time goes (the native "
@@ -333,6 +343,8 @@ def main():
         args.impls = "pyg,spattn,floor" if args.phases else "pyg,spattn,spattn-reused"
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
+    if args.gemm_cache == "cold":
+        reset_gemm_choices()  # fails here, not in every case, where it cannot
     import spattn
 
     device = torch.device("cuda")

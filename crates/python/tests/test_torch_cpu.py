@@ -134,7 +134,7 @@ def test_row_counts_run_padded_then_exact(monkeypatch):
 def batched_maps(monkeypatch):
     """The half-precision dense maps' path (rows padded to a bucket, TransformerConv's batched
     GEMM) taken on the CPU in float64, where it is otherwise CUDA-only."""
-    monkeypatch.setattr(spattn.nn, "_half_gemm", lambda x: True)
+    monkeypatch.setattr(spattn.nn, "_gemm_dtype", lambda x: x.dtype)
     monkeypatch.setattr(spattn.nn, "_ROW_COUNTS", {})
 
 
@@ -154,6 +154,70 @@ def test_gatconv_batched_maps_match_pyg_formula(gen, batched_maps):
     ei = random_edge_index(gen, n=101, e=500)
     x = torch.randn(101, 5, dtype=torch.float64, generator=gen)
     compare_layer(lambda: spattn.nn.GATConv(5, 4, heads=3, residual=True), ref.gat, x, ei, 1e-10)
+
+
+def test_stacked_maps_are_aligned_and_match_separate_maps(gen, batched_maps):
+    # Outputs past the first start `rows × width` elements in: 16-byte aligned for spattn's
+    # kernels at any row count and width, padded or exact (past _EXACT_AFTER maps).
+    for n, width in ((33, 7), (101, 12), (2708, 7)):
+        lins = [torch.nn.Linear(5, width).to(torch.bfloat16) for _ in range(4)]
+        x = torch.randn(n, 5, generator=gen).to(torch.bfloat16)
+        for _ in range(spattn.nn._EXACT_AFTER + 2):
+            outs = spattn.nn._stacked_linear(x, lins)
+            for lin, out in zip(lins, outs):
+                assert out.is_contiguous() and out.data_ptr() % 16 == 0, (n, width)
+                torch.testing.assert_close(out, lin(x), rtol=2e-2, atol=2e-2)
+
+
+def test_stacked_maps_fall_back_for_hooked_or_pruned_linears(gen, batched_maps):
+    x = torch.randn(101, 5, dtype=torch.float64, generator=gen)
+    lins = [torch.nn.Linear(5, 6).double() for _ in range(3)]
+    assert spattn.nn._plain_linears(lins)
+    from torch.nn.utils import prune
+
+    prune.random_unstructured(lins[1], "weight", amount=0.5)  # a forward pre-hook
+    assert not spattn.nn._plain_linears(lins)
+    for lin, out in zip(lins, spattn.nn._stacked_linear(x, lins)):
+        torch.testing.assert_close(out, lin(x), rtol=1e-12, atol=1e-12)
+    assert not spattn.nn._plain_linears([torch.nn.Linear(5, 6), torch.nn.Linear(4, 6)])
+
+
+def _layer_outputs_and_grads(layer, x, ei, edge_attr=None):
+    xs = tuple(t.clone().requires_grad_() for t in x) if isinstance(x, tuple) else x.clone().requires_grad_()
+    out = layer(xs, ei) if edge_attr is None else layer(xs, ei, edge_attr)
+    w = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(3))
+    params = [p for p in layer.parameters() if p.requires_grad]
+    inputs = list(xs) if isinstance(xs, tuple) else [xs]
+    grads = torch.autograd.grad((out * w).sum(), inputs + params, allow_unused=True)
+    return [out.detach()] + [g for g in grads if g is not None]
+
+
+@pytest.mark.parametrize("case", ["transformer-pair", "transformer-edge", "gat-pair", "gatv2", "gatv2-edge"])
+def test_padded_maps_match_plain_maps(gen, monkeypatch, case):
+    # The half-precision maps' path (padded rows, stacked maps) against the plain one, float64,
+    # on layer forms the PyG-formula tests above do not take through it.
+    n = 101
+    ei = random_edge_index(gen, n=n, e=500)
+    x = torch.randn(n, 5, dtype=torch.float64, generator=gen)
+    x2 = torch.randn(n, 5, dtype=torch.float64, generator=gen)
+    ea = torch.randn(ei.shape[1], 3, dtype=torch.float64, generator=gen)
+    assert spattn.nn._bucket_rows(ei.shape[1]) != ei.shape[1]  # the edge rows are padded too
+    make, inputs = {
+        "transformer-pair": (lambda: spattn.nn.TransformerConv(5, 4, heads=2), ((x, x2),)),
+        "transformer-edge": (lambda: spattn.nn.TransformerConv(5, 4, heads=2, edge_dim=3), (x, ea)),
+        "gat-pair": (lambda: spattn.nn.GATConv((5, 5), 4, heads=2, residual=True), ((x, x2),)),
+        "gatv2": (lambda: spattn.nn.GATv2Conv(5, 4, heads=2, residual=True), (x,)),
+        "gatv2-edge": (lambda: spattn.nn.GATv2Conv(5, 4, heads=2, edge_dim=3), (x, ea)),
+    }[case]
+    torch.manual_seed(0)
+    layer = make().double()
+    plain = _layer_outputs_and_grads(layer, inputs[0], ei, *inputs[1:])
+    monkeypatch.setattr(spattn.nn, "_gemm_dtype", lambda t: t.dtype)
+    monkeypatch.setattr(spattn.nn, "_ROW_COUNTS", {})
+    padded = _layer_outputs_and_grads(layer, inputs[0], ei, *inputs[1:])
+    assert len(plain) == len(padded)
+    for a, b in zip(plain, padded):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
 def test_agnnconv_matches_pyg_formula(gen):
@@ -269,7 +333,7 @@ def test_gat_conv_edge_dim_matches_torch_geometric(gen, fill_value):
 @pytest.mark.skipif(pyg_nn is None, reason="torch_geometric is not installed")
 @pytest.mark.parametrize("concat,batched", [(True, False), (False, False), (True, True)])
 def test_transformer_conv_edge_dim_matches_torch_geometric(gen, request, concat, batched):
-    if batched:  # the half-precision maps' path, edge rows padded too (90 edges → 92 rows)
+    if batched:  # the half-precision maps' path (24 nodes and 80 edges: stacked, not padded)
         request.getfixturevalue("batched_maps")
     ei = random_edge_index(gen)
     ei = ei[:, torch.randperm(ei.shape[1], generator=gen)]  # edge_attr in no particular order

@@ -60,9 +60,10 @@ Differences from PyG (each is also in the class's documentation):
   not under ``torch.compile``) run over rows padded to a bucketed count (at most 1/16 more) and
   are cut back: a new graph's row count would otherwise cost cuBLAS a fresh kernel choice per
   GEMM (~0.1–0.25 ms of host time each, up to ~1 ms under load), where a bucket seen before
-  costs none. A row count that has come 16 times runs unpadded from then on. TransformerConv's maps of one input are also one batched GEMM there. Results differ
-  from separate GEMMs by rounding only; the ``lin*`` modules see the padded rows (their forward
-  hooks: TransformerConv's batched maps call none).
+  costs none. A row count's first 16 maps run padded, later ones unpadded. TransformerConv's
+  plain, hook-free ``torch.nn.Linear`` maps of one input run as one batched GEMM there.
+  Results differ from separate GEMMs by rounding only; hooks on the ``lin*`` modules see the
+  padded rows.
 """
 
 from __future__ import annotations
@@ -626,10 +627,11 @@ class TransformerConv(torch.nn.Module):
     ``edge_dim`` adds ``lin_edge(edge_attr)`` to each edge's key and value, as PyG does
     (``edge_attr`` in ``edge_index``'s order; ``edge_index`` must not repeat an edge).
 
-    In float16 / bfloat16 on CUDA (or a half-precision autocast) the maps of one input run as
-    one batched GEMM (query, key, value and the skip when its width matches) over rows padded
-    to a bucketed count, so that batches of different sizes reuse cuBLAS's kernel choices; the
-    ``lin_*`` modules' forward hooks are then not called.
+    In float16 / bfloat16 on CUDA (or a half-precision autocast) the maps run over rows padded
+    to a bucketed count, so that batches of different sizes reuse cuBLAS's kernel choices, and
+    the maps of one input (query, key, value, and the skip when its width is theirs) as one
+    batched GEMM when they are plain ``torch.nn.Linear`` modules without hooks (see the module
+    notes).
 
     Not supported (``NotImplementedError``): two node sets of different sizes, lazy
     ``in_channels=-1``. Extra keyword: ``algorithm`` (spattn's algorithm, ``"auto"``).
@@ -790,8 +792,8 @@ class TransformerConv(torch.nn.Module):
 # transformer's four maps of one input in one GEMM (docs/kernels/layers.md, "Dense maps").
 _BUCKETED = True
 _HALF = (torch.float16, torch.bfloat16)
-# A row count comes padded this many times, then exact: by then cuBLAS's one-off choice for its
-# own shapes (~0.2 ms a GEMM) costs less than the pads' ops (~0.07 ms a map) every time.
+# A row count's first maps run padded, later ones exact: over a run cuBLAS's one-off choice for
+# the exact shapes (~0.2 ms a GEMM) then costs less than the pad (~0.07 ms a map) every time.
 _EXACT_AFTER = 16
 _ROW_COUNTS: dict = {}
 
@@ -805,8 +807,8 @@ def _bucket_rows(n: int) -> int:
 
 
 def _rows_for(n: int) -> int:
-    """The rows a half-precision map of `n` rows runs over: :func:`_bucket_rows` until `n` has
-    come :data:`_EXACT_AFTER` times in this process, then `n`."""
+    """The rows a half-precision map of `n` rows runs over: :func:`_bucket_rows` for the first
+    :data:`_EXACT_AFTER` maps of `n` rows in this process, `n` from then on."""
     seen = _ROW_COUNTS.get(n, 0)
     if seen >= _EXACT_AFTER:
         return n
@@ -816,50 +818,79 @@ def _rows_for(n: int) -> int:
     return _bucket_rows(n)
 
 
-def _half_gemm(x: Tensor) -> bool:
-    """Whether a map of `x` runs as a half-precision cuBLAS GEMM outside ``torch.compile``
-    (which picks its own kernels): `x` on CUDA in float16 / bfloat16, or float32 in a
-    half-precision autocast."""
+def _gemm_dtype(x: Tensor) -> Optional[torch.dtype]:
+    """The half-precision dtype a map of `x` runs its cuBLAS GEMM in (`x`'s own float16 /
+    bfloat16 on CUDA, or a half-precision autocast's for float32), or None: other dtypes and
+    devices, and under ``torch.compile`` (whose graphs would guard on the padded count)."""
     if not (_BUCKETED and x.is_cuda) or torch.compiler.is_compiling():
-        return False
+        return None
     if x.dtype in _HALF:
-        return True
-    return (x.dtype == torch.float32 and torch.is_autocast_enabled("cuda")
-            and torch.get_autocast_dtype("cuda") in _HALF)
+        return x.dtype
+    if x.dtype == torch.float32 and torch.is_autocast_enabled("cuda"):
+        dt = torch.get_autocast_dtype("cuda")
+        return dt if dt in _HALF else None
+    return None
 
 
-def _row_padded(x: Tensor) -> Tensor:
-    """`x` with zero rows appended up to :func:`_rows_for` where :func:`_half_gemm`: a map of a
-    new graph's rows then repeats a GEMM shape cuBLAS has chosen a kernel for (its heuristic
-    cache), where each new row count costs ~0.1–0.25 ms of host time per half-precision GEMM
-    (up to ~1 ms under load) to choose one."""
+def _padded(x: Tensor, dtype: torch.dtype, multiple: int = 1) -> Tensor:
+    """`x` in `dtype` (autocast's cast made once, before the pad) with zero rows appended up to
+    :func:`_rows_for`'s count rounded up to `multiple`: a map of a new graph's rows then
+    repeats a GEMM shape cuBLAS has chosen a kernel for (its heuristic cache), where each new
+    row count costs ~0.1–0.25 ms of host time per half-precision GEMM (up to ~1 ms under load)
+    to choose one."""
     n = x.size(0)
-    m = _rows_for(n) if _half_gemm(x) and n > 64 else n
+    m = _rows_for(n) if n > 64 else n
+    m = -(-m // multiple) * multiple
+    x = x.to(dtype)
     return x if m == n else F.pad(x, (0, 0, 0, m - n))
 
 
 def _linear(lin: Any, x: Tensor) -> Tensor:
-    """``lin(x)`` over :func:`_row_padded` rows, cut back to `x`'s (a contiguous view)."""
-    xp = _row_padded(x)
-    return lin(x) if xp is x else lin(xp)[: x.size(0)]
+    """``lin(x)``; in half precision over :func:`_padded` rows, cut back to `x`'s (a contiguous
+    view)."""
+    dt = _gemm_dtype(x)
+    if dt is None:
+        return lin(x)
+    xp = _padded(x, dt)
+    return lin(xp) if xp.size(0) == x.size(0) else lin(xp)[: x.size(0)]
+
+
+def _plain_linears(lins) -> bool:
+    """Whether `lins` are hook-free ``torch.nn.Linear`` maps of one shape and dtype, whose
+    weights can be stacked (a subclass, a parametrization, pruning or weight norm computes the
+    weight in its forward or a hook)."""
+    mod = torch.nn.modules.module
+    if getattr(mod, "_global_forward_hooks", None) or getattr(mod, "_global_forward_pre_hooks", None):
+        return False
+    w0, b0 = lins[0].weight, lins[0].bias
+    return all(
+        type(lin) is torch.nn.Linear and not lin._forward_hooks and not lin._forward_pre_hooks
+        and lin.weight.shape == w0.shape and lin.weight.dtype == w0.dtype
+        and (lin.bias is None) == (b0 is None)
+        for lin in lins
+    )
 
 
 def _stacked_linear(x: Tensor, lins) -> Tuple[Tensor, ...]:
-    """``lin(x)`` for each of `lins` (same widths, all with or all without bias), each output
-    contiguous: in half precision one batched GEMM over :func:`_row_padded` rows (one kernel
-    choice, launch and autograd node for all; in float32 cuBLAS's batched kernel for this
-    shape is slower than separate maps)."""
-    if not _half_gemm(x):
-        return tuple(lin(x) for lin in lins)
-    xp = _row_padded(x)
-    w = torch.stack([lin.weight for lin in lins]).transpose(1, 2)
+    """``lin(x)`` for each of `lins`, each output contiguous: in half precision, for plain maps
+    (:func:`_plain_linears`), one batched GEMM over :func:`_padded` rows (one kernel choice,
+    launch and autograd node for all; in float32 cuBLAS's batched kernel for these shapes is
+    slower than separate maps); else :func:`_linear` each."""
+    dt = _gemm_dtype(x)
+    if dt is None or not _plain_linears(lins):
+        return tuple(_linear(lin, x) for lin in lins)
+    n = x.size(0)
+    # Output i starts i·rows·width elements into `y`: rows a multiple of 8 keep every output
+    # 16-byte aligned, as spattn's kernels take them.
+    xp = _padded(x, dt, 8)
+    w = torch.stack([lin.weight for lin in lins]).to(dt).transpose(1, 2)
     xs = xp.unsqueeze(0).expand(len(lins), -1, -1)
     if lins[0].bias is None:
         y = torch.bmm(xs, w)
     else:
-        b = torch.stack([lin.bias for lin in lins]).unsqueeze(1)
+        b = torch.stack([lin.bias for lin in lins]).to(dt).unsqueeze(1)
         y = torch.baddbmm(b, xs, w)
-    return (y if xp is x else y[:, : x.size(0)]).unbind(0)
+    return (y if xp.size(0) == n else y[:, :n]).unbind(0)
 
 
 # ---- GATConv ---------------------------------------------------------------------------------
@@ -892,7 +923,8 @@ class GATConv(torch.nn.Module):
     ``e_ij · (lin_edgeᵀ att_edge)``, in float32: ``lin_edge.weight`` folded with ``att_edge``
     into a ``heads × edge_dim`` matrix, so the ``E × heads·out_channels`` projection PyG
     stores is never made (``lin_edge``'s forward hooks are not called). In half precision on
-    CUDA, ``lin`` maps rows padded to a bucketed count (see the module notes).
+    CUDA, ``lin`` (or ``lin_src``, ``lin_dst``) and ``res`` map rows padded to a bucketed count
+    (see the module notes).
 
     Not supported (``NotImplementedError``): ``return_attention_weights``, ``size`` other than ``None`` or ``(N, N)``, two node sets of
     different sizes, lazy ``in_channels=-1``. Extra keyword: ``algorithm`` (only ``"auto"``:
@@ -1197,7 +1229,9 @@ class GATv2Conv(torch.nn.Module):
     edge_index, edge_attr=None)``. The score is computed inside the attention kernel on CUDA
     (:func:`spattn.gatv2_attention`): the per-edge sums ``W_s x_j + W_t x_i``, which PyG
     materialises (``E × heads × out_channels``), are never stored, and the exact backward
-    recomputes them. On the CPU torch ops compute it.
+    recomputes them. On the CPU torch ops compute it. In half precision on CUDA the maps
+    (``lin_l``, ``lin_r``, ``lin_edge``, ``res``) run over rows padded to a bucketed count (see
+    the module notes).
 
     Not supported (``NotImplementedError``): ``return_attention_weights``, two node sets of
     different sizes, lazy ``in_channels=-1``.
