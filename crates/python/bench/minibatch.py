@@ -30,9 +30,9 @@ seen in the process costs ~0.1 ms of host time to choose its kernel (up to ~1 ms
 so a step's time depends on which batch sizes came before. `cold` (the default) empties that
 cache before each case, as at the start of a training run: each new row count pays once, in
 every implementation alike. `warm` runs each case's steps once untimed first: every batch size
-has come once before, as later in a run where sizes recur. (spattn.nn pads its half-precision maps' rows to a
-bucketed count for a row count's first 16 maps, so a new batch size mostly finds its kernels
-chosen.)
+has come once before, as later in a run where sizes recur. (spattn.nn pads its half-precision
+maps' rows to a bucketed count for a row count's first 16 maps, so a new batch size mostly
+finds its kernels chosen.)
 
 Plan time (apart, per workload): the graph built on the GPU from the CUDA ``edge_index``
 (``spattn.Graph.from_edge_index``, with self loops and the backward's transpose: what a GAT

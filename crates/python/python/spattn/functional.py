@@ -194,6 +194,14 @@ def _sparse_attention(ref, q, k, v, scale, bias, features, dropout, seed, want_w
     return (out, w.view(-1, q.shape[1])) if want_weights else out
 
 
+def _autocast_dtype(device_type: str) -> Optional[Any]:
+    """The dtype of ``torch.autocast`` on `device_type` where it is on (CUDA or the CPU), else
+    None."""
+    if device_type not in ("cuda", "cpu") or not torch.is_autocast_enabled(device_type):
+        return None
+    return torch.get_autocast_dtype(device_type)
+
+
 def _autocast(*ts):
     """Inside ``torch.autocast`` on the tensors' device: the floating-point operands in the
     autocast dtype (attention then accumulates in float32 and returns that dtype), as
@@ -201,10 +209,9 @@ def _autocast(*ts):
     t0 = ts[0]
     if not is_tensor(t0) or not t0.is_floating_point():
         return ts
-    dev = t0.device.type
-    if dev not in ("cuda", "cpu") or not torch.is_autocast_enabled(dev):
+    dt = _autocast_dtype(t0.device.type)
+    if dt is None:
         return ts
-    dt = torch.get_autocast_dtype(dev)
     return tuple(t.to(dt) if is_tensor(t) and t.is_floating_point() else t for t in ts)
 
 

@@ -79,8 +79,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import Parameter
 
-from .functional import (_compiling, _gat_attention, _gat_layer_attention, _gatv2_attention,
-                         _sparse_attention)
+from .functional import (_autocast_dtype, _compiling, _gat_attention, _gat_layer_attention,
+                         _gatv2_attention, _sparse_attention)
 from .functional import head_dot as _head_dot_terms
 from . import _native
 from .graph import Graph, SpattnWarning
@@ -822,14 +822,10 @@ def _gemm_dtype(x: Tensor) -> Optional[torch.dtype]:
     """The half-precision dtype a map of `x` runs its cuBLAS GEMM in (`x`'s own float16 /
     bfloat16 on CUDA, or a half-precision autocast's for float32), or None: other dtypes and
     devices, and under ``torch.compile`` (whose graphs would guard on the padded count)."""
-    if not (_BUCKETED and x.is_cuda) or torch.compiler.is_compiling():
+    if not (_BUCKETED and x.is_cuda) or _compiling():
         return None
-    if x.dtype in _HALF:
-        return x.dtype
-    if x.dtype == torch.float32 and torch.is_autocast_enabled("cuda"):
-        dt = torch.get_autocast_dtype("cuda")
-        return dt if dt in _HALF else None
-    return None
+    dt = x.dtype if x.dtype != torch.float32 else _autocast_dtype("cuda")
+    return dt if dt in _HALF else None
 
 
 def _padded(x: Tensor, dtype: torch.dtype, multiple: int = 1) -> Tensor:
