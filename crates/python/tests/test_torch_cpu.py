@@ -126,8 +126,29 @@ def test_bucket_rows_pads_at_most_a_sixteenth():
 def test_row_counts_run_padded_then_exact(monkeypatch):
     monkeypatch.setattr(spattn.nn, "_ROW_COUNTS", {})
     k = spattn.nn._EXACT_AFTER
-    assert [spattn.nn._rows_for(101) for _ in range(k + 2)] == [104] * k + [101, 101]
+    assert [spattn.nn._rows_for(101) for _ in range(k + 2)] == [104] * k + [None, None]
     assert spattn.nn._rows_for(103) == 104  # another count keeps its own tally
+    big = spattn.nn._PAD_MAX_ROWS + 1  # GPU-bound maps are never padded nor tallied
+    assert spattn.nn._rows_for(big) is None and big not in spattn.nn._ROW_COUNTS
+    assert spattn.nn._rows_for(big - 1) == spattn.nn._bucket_rows(big - 1)
+
+
+def test_maps_past_the_tally_are_the_plain_maps(gen, batched_maps, monkeypatch):
+    # Past _EXACT_AFTER maps of a row count (or past _PAD_MAX_ROWS rows) every map is `lin(x)`
+    # itself: no stacked GEMM, whose expanded input's backward costs more on a count seen often.
+    lins = [torch.nn.Linear(5, 6).double() for _ in range(3)]
+    x = torch.randn(101, 5, dtype=torch.float64, generator=gen)
+    calls = []
+    monkeypatch.setattr(torch, "baddbmm", lambda *a, **k: calls.append(1) or torch.Tensor.baddbmm(*a, **k))
+    for i in range(spattn.nn._EXACT_AFTER + 2):
+        outs = spattn.nn._stacked_linear(x, lins)
+        assert len(calls) == min(i + 1, spattn.nn._EXACT_AFTER)
+        for lin, out in zip(lins, outs):
+            torch.testing.assert_close(out, lin(x), rtol=1e-12, atol=1e-12)
+    monkeypatch.setattr(spattn.nn, "_PAD_MAX_ROWS", 100)
+    monkeypatch.setattr(spattn.nn, "_ROW_COUNTS", {})
+    spattn.nn._stacked_linear(x, lins)
+    assert len(calls) == spattn.nn._EXACT_AFTER and spattn.nn._padding(x) is None
 
 
 @pytest.fixture

@@ -788,13 +788,17 @@ class TransformerConv(torch.nn.Module):
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
 
 
-# Half-precision dense maps over a new graph's rows: bucketed row counts, and the
-# transformer's four maps of one input in one GEMM (docs/kernels/layers.md, "Dense maps").
+# Half-precision dense maps over a new graph's rows: bucketed row counts, and the transformer's
+# four maps of one input in one GEMM, for a row count's first maps (docs/kernels/layers.md,
+# "Dense maps").
 _BUCKETED = True
 _HALF = (torch.float16, torch.bfloat16)
 # A row count's first maps run padded, later ones exact: over a run cuBLAS's one-off choice for
 # the exact shapes (~0.2 ms a GEMM) then costs less than the pad (~0.07 ms a map) every time.
 _EXACT_AFTER = 16
+# Past this many rows a map is GPU-bound: the pad's and the stacking's copies cost more than the
+# host time they save (full-graph TransformerConv epochs on ogbn-arxiv ran 0.78x).
+_PAD_MAX_ROWS = 1 << 16
 _ROW_COUNTS: dict = {}
 
 
@@ -806,12 +810,15 @@ def _bucket_rows(n: int) -> int:
     return -(-n // step) * step
 
 
-def _rows_for(n: int) -> int:
+def _rows_for(n: int) -> Optional[int]:
     """The rows a half-precision map of `n` rows runs over: :func:`_bucket_rows` for the first
-    :data:`_EXACT_AFTER` maps of `n` rows in this process, `n` from then on."""
+    :data:`_EXACT_AFTER` maps of `n` rows in this process, None (a plain map) from then on and
+    past :data:`_PAD_MAX_ROWS` rows."""
+    if n > _PAD_MAX_ROWS:
+        return None
     seen = _ROW_COUNTS.get(n, 0)
     if seen >= _EXACT_AFTER:
-        return n
+        return None
     if len(_ROW_COUNTS) >= 1 << 16:  # bounded: forget and start counting again
         _ROW_COUNTS.clear()
     _ROW_COUNTS[n] = seen + 1
@@ -828,26 +835,34 @@ def _gemm_dtype(x: Tensor) -> Optional[torch.dtype]:
     return dt if dt in _HALF else None
 
 
-def _padded(x: Tensor, dtype: torch.dtype, multiple: int = 1) -> Tensor:
+def _padding(x: Tensor) -> Optional[Tuple[torch.dtype, int]]:
+    """The dtype and row count a map of `x` runs over padded (:func:`_gemm_dtype`,
+    :func:`_rows_for`), or None for a plain ``lin(x)``."""
+    dt = _gemm_dtype(x)
+    if dt is None:
+        return None
+    m = _rows_for(x.size(0))
+    return None if m is None else (dt, m)
+
+
+def _padded(x: Tensor, dtype: torch.dtype, rows: int, multiple: int = 1) -> Tensor:
     """`x` in `dtype` (autocast's cast made once, before the pad) with zero rows appended up to
-    :func:`_rows_for`'s count rounded up to `multiple`: a map of a new graph's rows then
-    repeats a GEMM shape cuBLAS has chosen a kernel for (its heuristic cache), where each new
-    row count costs ~0.1–0.25 ms of host time per half-precision GEMM (up to ~1 ms under load)
-    to choose one."""
+    `rows` rounded up to `multiple`: a map of a new graph's rows then repeats a GEMM shape
+    cuBLAS has chosen a kernel for (its heuristic cache), where each new row count costs
+    ~0.1–0.25 ms of host time per half-precision GEMM (up to ~1 ms under load) to choose one."""
     n = x.size(0)
-    m = _rows_for(n) if n > 64 else n
-    m = -(-m // multiple) * multiple
+    m = -(-rows // multiple) * multiple
     x = x.to(dtype)
     return x if m == n else F.pad(x, (0, 0, 0, m - n))
 
 
 def _linear(lin: Any, x: Tensor) -> Tensor:
-    """``lin(x)``; in half precision over :func:`_padded` rows, cut back to `x`'s (a contiguous
-    view)."""
-    dt = _gemm_dtype(x)
-    if dt is None:
+    """``lin(x)``; for a new row count in half precision over :func:`_padded` rows, cut back to
+    `x`'s (a contiguous view)."""
+    pad = _padding(x)
+    if pad is None:
         return lin(x)
-    xp = _padded(x, dt)
+    xp = _padded(x, *pad)
     return lin(xp) if xp.size(0) == x.size(0) else lin(xp)[: x.size(0)]
 
 
@@ -868,17 +883,22 @@ def _plain_linears(lins) -> bool:
 
 
 def _stacked_linear(x: Tensor, lins) -> Tuple[Tensor, ...]:
-    """``lin(x)`` for each of `lins`, each output contiguous: in half precision, for plain maps
-    (:func:`_plain_linears`), one batched GEMM over :func:`_padded` rows (one kernel choice,
-    launch and autograd node for all; in float32 cuBLAS's batched kernel for these shapes is
-    slower than separate maps); else :func:`_linear` each."""
-    dt = _gemm_dtype(x)
-    if dt is None or not _plain_linears(lins):
+    """``lin(x)`` for each of `lins`, each output contiguous: for a new row count in half
+    precision (:func:`_padding`) and plain maps (:func:`_plain_linears`), one batched GEMM over
+    :func:`_padded` rows (one kernel choice, launch and autograd node for all; in float32
+    cuBLAS's batched kernel for these shapes is slower than separate maps, and on a row count
+    seen often the expanded input's backward costs more than the launches saved); else each
+    map alone."""
+    if not _plain_linears(lins):
         return tuple(_linear(lin, x) for lin in lins)
+    pad = _padding(x)
+    if pad is None:
+        return tuple(lin(x) for lin in lins)
+    dt, rows = pad
     n = x.size(0)
     # Output i starts i·rows·width elements into `y`: rows a multiple of 8 keep every output
     # 16-byte aligned, as spattn's kernels take them.
-    xp = _padded(x, dt, 8)
+    xp = _padded(x, dt, rows, 8)
     w = torch.stack([lin.weight for lin in lins]).to(dt).transpose(1, 2)
     xs = xp.unsqueeze(0).expand(len(lins), -1, -1)
     if lins[0].bias is None:
