@@ -235,37 +235,55 @@ PLAN_SCAN(u32, u32)
 PLAN_SCAN(u32x4, uint4)
 
 // ---- radix sort -------------------------------------------------------------------------------
-// LSD passes of 8 bits over u64 keys with u32 values, stable: per tile a digit histogram
-// (digit-major, counts[d * n_tiles + tile]), their exclusive scan, then a stable scatter. With
+// Onesweep LSD passes of 8 bits over u64 keys with u32 values, stable (Adinets and Merrill): one
+// launch counts every pass's digits over all keys; each pass is then one launch whose blocks take
+// tile ids in the order they start, rank their tile's keys by digit, and find each digit's place
+// among the earlier tiles by decoupled look-back, so no pass waits for a separate scan. With
 // `unsorted` non-null and its word 0, the keys are already in order: the passes do nothing but
 // the last of an odd count, which copies (the host expects the result in the other buffer).
 
+#define RADIX_MAX_PASSES 8
+// A look-back word: tag << 34 | flag << 32 | count. Flag LB_AGGREGATE: the tile's own count of
+// the digit; LB_INCLUSIVE: the count over every tile up to it. The tag is the pass's, unique per
+// launch of a workspace, so a word left by an earlier pass reads as not yet written (no zeroing).
+#define LB_AGGREGATE 1ull
+#define LB_INCLUSIVE 2ull
+
+// counts[p * RADIX_BINS + d] += the keys whose digit p (bits shift + 8p ..) is d; `counts` is
+// zeroed by the host first.
 extern "C" __global__ void __launch_bounds__(PLAN_THREADS)
-    plan_radix_count(const u64* __restrict__ keys, u64 n, u32 shift, u32* __restrict__ counts,
-                     u32 n_tiles, const u64* unsorted) {
+    plan_radix_histogram(const u64* __restrict__ keys, u64 n, u32 shift, u32 n_passes,
+                         u32* __restrict__ counts, const u64* unsorted) {
     if (unsorted != nullptr && *unsorted == 0) return;
-    __shared__ u32 hist[RADIX_BINS];
-    hist[threadIdx.x] = 0;
+    __shared__ u32 hist[RADIX_MAX_PASSES * RADIX_BINS];
+    for (u32 j = threadIdx.x; j < n_passes * RADIX_BINS; j += PLAN_THREADS) hist[j] = 0;
     __syncthreads();
     const u64 base = (u64)blockIdx.x * PLAN_TILE;
 #pragma unroll
     for (int k = 0; k < PLAN_ITEMS; ++k) {
         const u64 i = base + (u64)k * PLAN_THREADS + threadIdx.x;
-        if (i < n) atomicAdd(&hist[(u32)(keys[i] >> shift) & (RADIX_BINS - 1)], 1u);
+        if (i < n) {
+            const u64 key = keys[i];
+            for (u32 p = 0; p < n_passes; ++p)
+                atomicAdd(&hist[p * RADIX_BINS + ((u32)(key >> (shift + 8 * p)) & (RADIX_BINS - 1))], 1u);
+        }
     }
     __syncthreads();
-    counts[(u64)threadIdx.x * n_tiles + blockIdx.x] = hist[threadIdx.x];
+    for (u32 j = threadIdx.x; j < n_passes * RADIX_BINS; j += PLAN_THREADS)
+        if (hist[j] != 0) atomicAdd(&counts[j], hist[j]);
 }
 
-// Each warp takes 256 consecutive keys of its tile, 32 at a time: the rank of a key among the
-// equal digits before it is its warp's count so far plus the lanes of its match below it.
+// One pass by digit `shift`: `totals` the pass's 256 digit counts (plan_radix_histogram's),
+// `next_tile` a counter zeroed by the host, `lookback` a word per (tile, digit). Each warp takes
+// 256 consecutive keys of its tile, 32 at a time: the rank of a key among the equal digits
+// before it is its warp's count so far plus the lanes of its match below it.
 extern "C" __global__ void __launch_bounds__(PLAN_THREADS)
-    plan_radix_scatter(const u64* __restrict__ keys_in, const u32* __restrict__ vals_in,
-                       u64* __restrict__ keys_out, u32* __restrict__ vals_out, u64 n, u32 shift,
-                       const u32* __restrict__ offsets, u32 n_tiles, u32 copy_if_sorted,
-                       const u64* unsorted) {
-    const u64 base = (u64)blockIdx.x * PLAN_TILE;
+    plan_radix_onesweep(const u64* __restrict__ keys_in, const u32* __restrict__ vals_in,
+                        u64* __restrict__ keys_out, u32* __restrict__ vals_out, u64 n, u32 shift,
+                        const u32* __restrict__ totals, u32* next_tile, u64* lookback, u32 tag,
+                        u32 copy_if_sorted, const u64* unsorted) {
     if (unsorted != nullptr && *unsorted == 0) {
+        const u64 base = (u64)blockIdx.x * PLAN_TILE;
         if (copy_if_sorted) {
             for (u32 k = threadIdx.x; k < PLAN_TILE; k += PLAN_THREADS) {
                 const u64 i = base + k;
@@ -278,11 +296,17 @@ extern "C" __global__ void __launch_bounds__(PLAN_THREADS)
         return;
     }
     __shared__ u32 warp_next[PLAN_WARPS][RADIX_BINS];
+    __shared__ u32 warp_sums[PLAN_WARPS];
+    __shared__ u32 tile_id;
     const u32 lane = lane_id(), warp = threadIdx.x >> 5;
+    // Ids in start order: a tile waits only on tiles whose blocks have started, so it never
+    // waits on a block that cannot be scheduled.
+    if (threadIdx.x == 0) tile_id = atomicAdd(next_tile, 1u);
     for (u32 j = threadIdx.x; j < PLAN_WARPS * RADIX_BINS; j += PLAN_THREADS)
         (&warp_next[0][0])[j] = 0;
     __syncthreads();
-    const u64 wbase = base + (u64)warp * (32 * PLAN_ITEMS);
+    const u64 tile = tile_id;
+    const u64 wbase = tile * PLAN_TILE + (u64)warp * (32 * PLAN_ITEMS);
     u64 key[PLAN_ITEMS];
     u32 val[PLAN_ITEMS], digit[PLAN_ITEMS];
 #pragma unroll
@@ -301,16 +325,45 @@ extern "C" __global__ void __launch_bounds__(PLAN_THREADS)
         __syncwarp();
     }
     __syncthreads();
-    {
-        // Digit d's first slot for each warp: the tile's offset plus the warps before.
-        const u32 d = threadIdx.x;
-        u32 run = offsets[(u64)d * n_tiles + blockIdx.x];
+    // Thread d: the tile's count of digit d, published before anything is awaited.
+    const u32 d = threadIdx.x;
+    u32 count = 0;
 #pragma unroll
-        for (int w = 0; w < PLAN_WARPS; ++w) {
-            const u32 c = warp_next[w][d];
-            warp_next[w][d] = run;
-            run += c;
+    for (int w = 0; w < PLAN_WARPS; ++w) count += warp_next[w][d];
+    volatile u64* status = lookback;
+    const u64 tagged = (u64)tag << 34;
+    status[tile * RADIX_BINS + d] = tagged | ((tile == 0 ? LB_INCLUSIVE : LB_AGGREGATE) << 32) | count;
+    // Digit d's first slot over all tiles: the keys of the digits below it.
+    const u32 total = totals[d];
+    u32 incl = total;
+#pragma unroll
+    for (u32 o = 1; o < 32; o <<= 1) {
+        const u32 t = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += t;
+    }
+    if (lane == 31) warp_sums[warp] = incl;
+    __syncthreads();
+    u32 run = incl - total;
+    for (u32 w = 0; w < warp; ++w) run += warp_sums[w];
+    // Then the keys of digit d in the tiles before this one.
+    if (tile > 0) {
+        u32 before = 0;
+        u64 j = tile - 1;
+        for (;;) {
+            const u64 word = status[j * RADIX_BINS + d];
+            if ((word >> 34) != tag) continue;  // not yet written by tile j in this pass
+            before += (u32)word;
+            if (((word >> 32) & 3ull) == LB_INCLUSIVE) break;
+            --j;  // tile 0 writes an inclusive word: j stays >= 0
         }
+        status[tile * RADIX_BINS + d] = tagged | (LB_INCLUSIVE << 32) | (before + count);
+        run += before;
+    }
+#pragma unroll
+    for (int w = 0; w < PLAN_WARPS; ++w) {
+        const u32 c = warp_next[w][d];
+        warp_next[w][d] = run;
+        run += c;
     }
     __syncthreads();
     const u32 below = (1u << lane) - 1u;

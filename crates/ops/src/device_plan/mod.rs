@@ -50,7 +50,7 @@ use crate::gpu::Gpu;
 use crate::launch::{check_same_gpu, launch, stride_grid, PushOptionalArg};
 use crate::schedule::SoftmaxSchedule;
 use csr::{csr_from_sorted, status_block, PendingCsr, Status};
-use sort::{radix_sort, scan, sort_buffers, Lanes};
+use sort::{radix_sort, scan, sort_buffers, Lanes, SortScratch};
 
 /// Words of one status block (u64; `ST_*` in plan.cu).
 const STATUS_WORDS: usize = 48;
@@ -241,7 +241,7 @@ fn kernel(gpu: &Gpu, name: &'static str) -> Result<cudarc::driver::CudaFunction>
 }
 
 /// The temporaries of builds on the GPU — the sort's keys and values (two of each, for the
-/// passes' ping-pong), its digit counts, entry numbers, scan tile sums, per-row counts, the
+/// passes' ping-pong), its digit counts and look-back words, entry numbers, scan tile sums, per-row counts, the
 /// BSB's window keys — kept between builds so that a training loop that builds a graph every
 /// step allocates them once (grown when a larger graph comes). Pass one to
 /// [`crate::DeviceGraph::from_device_edges_in`]; buffers of another GPU handle than the build's
@@ -251,6 +251,8 @@ pub struct PlanWorkspace {
     keys: [Option<DeviceVec<u64>>; 2],
     vals: [Option<DeviceVec<u32>>; 2],
     counts: Option<DeviceVec<u32>>,
+    lookback: Option<DeviceVec<u64>>,
+    tag: u32,
     flags: Option<DeviceVec<u32>>,
     sums: Option<DeviceVec<u32>>,
     rows: Option<DeviceVec<u32>>,
@@ -273,7 +275,8 @@ impl PlanWorkspace {
         fn held<T: DeviceElement>(b: &DeviceVec<T>) -> (&Gpu, usize) {
             (b.gpu(), b.num_bytes())
         }
-        let b64 = self.keys.iter().chain([&self.wkeys]).flatten().map(held);
+        let b64 = self.keys.iter().chain([&self.wkeys, &self.lookback]);
+        let b64 = b64.flatten().map(held);
         let b32 = self.vals.iter();
         let b32 = b32.chain([&self.counts, &self.flags, &self.sums, &self.rows]);
         b64.chain(b32.flatten().map(held))
@@ -369,6 +372,8 @@ pub(crate) fn build_from_edges<I: DeviceIndex>(
         keys,
         vals,
         counts,
+        lookback,
+        tag,
         flags,
         sums,
         rows,
@@ -409,10 +414,15 @@ pub(crate) fn build_from_edges<I: DeviceIndex>(
         unsafe { launch(name, &mut args, stride_grid(m)?) }?;
     }
     let unsorted = st_a.slice(ST_UNSORTED..ST_UNSORTED + 1);
+    let sort = SortScratch {
+        counts: &mut *counts,
+        lookback: &mut *lookback,
+        tag: &mut *tag,
+    };
     let r = radix_sort(
         gpu,
         bufs,
-        (&mut *counts, &mut *sums),
+        sort,
         m,
         (0, row_bits + col_bits),
         Some(&unsorted),
@@ -451,6 +461,8 @@ pub(crate) fn build_from_edges<I: DeviceIndex>(
             keys,
             vals,
             counts,
+            lookback,
+            tag,
             sums,
             rows,
         };
@@ -503,6 +515,8 @@ struct Scratch<'w> {
     keys: &'w mut [Option<DeviceVec<u64>>; 2],
     vals: &'w mut [Option<DeviceVec<u32>>; 2],
     counts: &'w mut Option<DeviceVec<u32>>,
+    lookback: &'w mut Option<DeviceVec<u64>>,
+    tag: &'w mut u32,
     sums: &'w mut Option<DeviceVec<u32>>,
     rows: &'w mut Option<DeviceVec<u32>>,
 }
@@ -537,14 +551,12 @@ fn transpose_of(
     }
     // Entries past the count have the largest keys and come last in input order: stable passes
     // over the column bits leave them after every real entry.
-    let r = radix_sort(
-        gpu,
-        bufs,
-        (&mut *s.counts, &mut *s.sums),
-        n,
-        (row_bits, row_bits + col_bits),
-        None,
-    )?;
+    let sort = SortScratch {
+        counts: s.counts,
+        lookback: s.lookback,
+        tag: s.tag,
+    };
+    let r = radix_sort(gpu, bufs, sort, n, (row_bits, row_bits + col_bits), None)?;
     let map = DeviceVec::<u32>::alloc(gpu, "transpose edge map", n, false)?;
     let t = csr_from_sorted(
         gpu,
@@ -585,6 +597,8 @@ pub(crate) fn build_transpose(
         keys,
         vals,
         counts,
+        lookback,
+        tag,
         sums,
         rows,
         ..
@@ -593,6 +607,8 @@ pub(crate) fn build_transpose(
         keys,
         vals,
         counts,
+        lookback,
+        tag,
         sums,
         rows,
     };

@@ -128,14 +128,29 @@ pub(super) fn sort_buffers<'w>(
     Ok(([&*k0, &*k1], [&*v0, &*v1]))
 }
 
+/// The most passes of a sort: 64-bit keys (`RADIX_MAX_PASSES` in plan.cu).
+const MAX_PASSES: usize = 64 / RADIX_BITS as usize;
+/// Look-back tags are 30 bits (plan.cu's look-back word); tag 0 is never used, so words of a
+/// freshly zeroed buffer read as not yet written.
+const TAG_LIMIT: u32 = 1 << 30;
+
+/// A workspace's scratch for [`radix_sort`]: each pass's digit counts and tile counter (zeroed
+/// per sort), a look-back word per (tile, digit), and the tag of the last pass run on them.
+pub(super) struct SortScratch<'w> {
+    pub(super) counts: &'w mut Option<DeviceVec<u32>>,
+    pub(super) lookback: &'w mut Option<DeviceVec<u64>>,
+    pub(super) tag: &'w mut u32,
+}
+
 /// Sorts the first `n` keys of buffer 0 (with their values) by bits `lo..hi`, stably, in
-/// passes of [`RADIX_BITS`]; returns the buffer that holds the result. With `unsorted` (a
-/// status word the key kernel wrote), the passes do nothing on the device when it is 0, but
-/// leave the keys in the same buffer as a sort would. `counts` and `sums` are scratch.
+/// passes of [`RADIX_BITS`]: one launch counts every pass's digits, then one launch a pass
+/// (onesweep: tiles find their offsets by decoupled look-back); returns the buffer that holds
+/// the result. With `unsorted` (a status word the key kernel wrote), the passes do nothing on
+/// the device when it is 0, but leave the keys in the same buffer as a sort would.
 pub(super) fn radix_sort(
     gpu: &Gpu,
     (keys, vals): ([&DeviceVec<u64>; 2], [&DeviceVec<u32>; 2]),
-    (counts, sums): (&mut Option<DeviceVec<u32>>, &mut Option<DeviceVec<u32>>),
+    scratch: SortScratch<'_>,
     n: usize,
     (lo, hi): (u32, u32),
     unsorted: Option<&CudaView<'_, u64>>,
@@ -144,30 +159,46 @@ pub(super) fn radix_sort(
     if n <= 1 || passes.is_empty() {
         return Ok(0);
     }
+    let np = passes.len();
+    if np > MAX_PASSES {
+        return Err(Error::InvalidArgument {
+            what: "radix sort bits",
+            why: format!("{lo}..{hi} takes {np} passes of {RADIX_BITS} bits, over {MAX_PASSES}"),
+        });
+    }
+    let bins = 1usize << RADIX_BITS;
     let tiles = n.div_ceil(TILE);
-    let tiles32 = crate::launch::to_u32("radix tiles", tiles)?;
-    let bins = tiles * (1 << RADIX_BITS);
-    let counts = crate::buffer::grown(gpu, counts, "radix counts", bins + 1)?;
-    let n64 = n as u64;
+    // Each pass's digit counts, then each pass's tile counter.
+    let counts = crate::buffer::grown(gpu, scratch.counts, "radix counts", np * bins + np)?;
+    counts.fill(0)?;
+    let lookback = crate::buffer::grown(gpu, scratch.lookback, "radix look-back", tiles * bins)?;
+    if *scratch.tag >= TAG_LIMIT - np as u32 {
+        lookback.fill(0)?;
+        *scratch.tag = 0;
+    }
+    let (n64, np32) = (n as u64, np as u32);
     let grid = tile_grid(n)?;
+    let name = spattn_kernels_sys::kernel!(PLAN, "plan_radix_histogram");
+    let f = kernel(gpu, name)?;
+    let mut args = gpu.launch_builder(&f);
+    args.arg(keys[0].slice())
+        .arg(&n64)
+        .arg(&lo)
+        .arg(&np32)
+        .arg(counts.slice())
+        .view_or_null(unsorted);
+    // SAFETY: block t reads keys [t·TILE, (t+1)·TILE) ∩ [0, n) of buffer 0 (n keys at least)
+    // and adds to counts[0, np·256) (np·256 + np at least); the status word is read only. The
+    // top pass's shift, lo + 8(np − 1), is below hi ≤ 64.
+    unsafe { launch(name, &mut args, grid) }?;
     let mut cur = 0usize;
     for (p, &shift) in passes.iter().enumerate() {
-        let name = spattn_kernels_sys::kernel!(PLAN, "plan_radix_count");
-        let f = kernel(gpu, name)?;
-        let mut args = gpu.launch_builder(&f);
-        args.arg(keys[cur].slice())
-            .arg(&n64)
-            .arg(&shift)
-            .arg(counts.slice())
-            .arg(&tiles32)
-            .view_or_null(unsorted);
-        // SAFETY: block t reads keys [t·TILE, (t+1)·TILE) ∩ [0, n) of the current buffer (n
-        // keys at least) and writes counts[d·tiles + t] for d < 256 (bins + 1 at least); the
-        // status word is read only.
-        unsafe { launch(name, &mut args, grid) }?;
-        scan(gpu, counts, bins, Lanes::One, sums)?;
-        let last_odd = u32::from(p + 1 == passes.len() && passes.len() % 2 == 1);
-        let name = spattn_kernels_sys::kernel!(PLAN, "plan_radix_scatter");
+        *scratch.tag += 1;
+        let tag = *scratch.tag;
+        let totals = counts.slice().slice(p * bins..(p + 1) * bins);
+        let next_tile = counts.slice().slice(np * bins + p..np * bins + p + 1);
+        let last_odd = u32::from(p + 1 == np && np % 2 == 1);
+        let name = spattn_kernels_sys::kernel!(PLAN, "plan_radix_onesweep");
         let f = kernel(gpu, name)?;
         let mut args = gpu.launch_builder(&f);
         args.arg(keys[cur].slice())
@@ -176,14 +207,17 @@ pub(super) fn radix_sort(
             .arg(vals[1 - cur].slice())
             .arg(&n64)
             .arg(&shift)
-            .arg(counts.slice())
-            .arg(&tiles32)
+            .arg(&totals)
+            .arg(&next_tile)
+            .arg(lookback.slice())
+            .arg(&tag)
             .arg(&last_odd)
             .view_or_null(unsorted);
-        // SAFETY: block t reads keys and values [t·TILE, (t+1)·TILE) ∩ [0, n) of the current
-        // buffers and writes each to its scanned position, a permutation of [0, n) (the counts
-        // of all tiles sum to n), in the other buffers (n elements each at least); it reads
-        // counts [d·tiles + t].
+        // SAFETY: `tiles` blocks take the tile ids 0..tiles from `next_tile` (one zeroed u32);
+        // tile t reads keys and values [t·TILE, (t+1)·TILE) ∩ [0, n) of the current buffers
+        // and writes each to its place, a permutation of [0, n) (the 256 `totals` sum to n),
+        // in the other buffers (n elements each at least); it writes look-back words
+        // [t·256, (t+1)·256) and reads those of tiles below t (tiles·256 allocated).
         unsafe { launch(name, &mut args, grid) }?;
         cur = 1 - cur;
     }
