@@ -107,7 +107,7 @@ extern "C" __global__ void plan_transpose_keys(const u32* __restrict__ row_indic
 
 // ---- scans ------------------------------------------------------------------------------------
 // Exclusive prefix sums over u32 or uint4 (four independent sums), in tiles of PLAN_TILE: one
-// launch where the input fits a tile, else tiles -> a scan of the tile sums -> an add.
+// block looping over the tiles where they are few, else one pass with decoupled look-back.
 
 __device__ __forceinline__ u32 plan_add(u32 a, u32 b) { return a + b; }
 __device__ __forceinline__ uint4 plan_add(uint4 a, uint4 b) {
@@ -124,6 +124,11 @@ __device__ __forceinline__ u32 plan_shfl_up(u32 v, u32 o) { return __shfl_up_syn
 __device__ __forceinline__ uint4 plan_shfl_up(uint4 v, u32 o) {
     return make_uint4(__shfl_up_sync(0xffffffffu, v.x, o), __shfl_up_sync(0xffffffffu, v.y, o),
                       __shfl_up_sync(0xffffffffu, v.z, o), __shfl_up_sync(0xffffffffu, v.w, o));
+}
+__device__ __forceinline__ u32 plan_shfl_xor(u32 v, u32 m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+__device__ __forceinline__ uint4 plan_shfl_xor(uint4 v, u32 m) {
+    return make_uint4(__shfl_xor_sync(0xffffffffu, v.x, m), __shfl_xor_sync(0xffffffffu, v.y, m),
+                      __shfl_xor_sync(0xffffffffu, v.z, m), __shfl_xor_sync(0xffffffffu, v.w, m));
 }
 
 // Scans in[base .. base + PLAN_TILE) (elements past n read as 0) into out (written below n),
@@ -178,22 +183,6 @@ __device__ T scan_tile(const T* in, T* out, u64 base, u64 n, T carry, T* buf, T*
     return total;
 }
 
-// Tile b of in[0, n) scanned into out; its sum into tile_sums[b], or, with tile_sums null (one
-// tile), the total into out[n]. In place (out == in) is allowed.
-template <class T>
-__device__ void scan_tiles(const T* in, T* out, u64 n, T* tile_sums) {
-    __shared__ T buf[PLAN_TILE];
-    __shared__ T warp_sums[PLAN_WARPS];
-    const T total =
-        scan_tile(in, out, (u64)blockIdx.x * PLAN_TILE, n, plan_zero<T>(), buf, warp_sums);
-    if (threadIdx.x == 0) {
-        if (tile_sums != nullptr)
-            tile_sums[blockIdx.x] = total;
-        else
-            out[n] = total;
-    }
-}
-
 // One block: the tile sums scanned in place, their total into *total_out.
 template <class T>
 __device__ void scan_sums(T* sums, u64 n_tiles, T* total_out) {
@@ -205,30 +194,93 @@ __device__ void scan_sums(T* sums, u64 n_tiles, T* total_out) {
     if (threadIdx.x == 0) *total_out = carry;
 }
 
-// Adds each tile's offset to its scanned elements.
+// One pass over many tiles, in place (decoupled look-back): tiles take tickets from a counter
+// that only grows (every block of every launch takes one; the host passes the launch's first),
+// tile = ticket - first, in the order blocks start, so a tile waits only on started blocks.
+// A tile's status word is ticket << 2 | state: status words of earlier launches never read as
+// ready (the host keeps the status words apart from the sums, whatever each launch's size).
+// Its aggregate (state 1) or inclusive prefix (state 2) is written before the word, behind a
+// fence. The first warp looks back, 32 tiles at a time. The last tile writes the total to data[n].
+#define SCAN_AGGREGATE 1ull
+#define SCAN_INCLUSIVE 2ull
+
 template <class T>
-__device__ void scan_add(T* out, u64 n, const T* tile_sums) {
-    if (blockIdx.x == 0) return;  // tile 0's offset is 0
-    const T s = tile_sums[blockIdx.x];
-    const u64 base = (u64)blockIdx.x * PLAN_TILE;
+__device__ void scan_pass(T* data, u64 n, unsigned long long* tickets, u64 first, T* aggregates,
+                          T* inclusives, u64* status) {
+    __shared__ T buf[PLAN_TILE];
+    __shared__ T warp_sums[PLAN_WARPS];
+    __shared__ u64 tile_s;
+    __shared__ T carry_s;
+    const u32 lane = lane_id(), warp = threadIdx.x >> 5;
+    if (threadIdx.x == 0) tile_s = atomicAdd(tickets, 1ull) - first;
+    __syncthreads();
+    const u64 tile = tile_s, base = tile * PLAN_TILE;
+    T sum = plan_zero<T>();
     for (u32 k = threadIdx.x; k < PLAN_TILE; k += PLAN_THREADS) {
         const u64 i = base + k;
-        if (i < n) out[i] = plan_add(out[i], s);
+        if (i < n) sum = plan_add(sum, data[i]);
     }
+#pragma unroll
+    for (u32 o = 1; o < 32; o <<= 1) {
+        const T y = plan_shfl_up(sum, o);
+        if (lane >= o) sum = plan_add(sum, y);
+    }
+    if (lane == 31) warp_sums[warp] = sum;
+    __syncthreads();
+    if (warp == 0) {
+        T total = plan_zero<T>();
+        for (int w = 0; w < PLAN_WARPS; ++w) total = plan_add(total, warp_sums[w]);
+        volatile u64* st = status;
+        T carry = plan_zero<T>();
+        if (tile > 0) {
+            if (lane == 0) {
+                __stcg(aggregates + tile, total);
+                __threadfence();
+                st[tile] = (first + tile) << 2 | SCAN_AGGREGATE;
+            }
+            // The warp looks back 32 tiles at a time, lane l at tile hi - l, until a window holds
+            // an inclusive prefix (tile 0's is): the sum of its tiles up to the newest such.
+            for (long long hi = (long long)tile - 1;; hi -= 32) {
+                const long long j = hi - (long long)lane;
+                u64 word = 0;
+                if (j >= 0) {
+                    do word = st[j];
+                    while ((word >> 2) != first + (u64)j || (word & 3ull) == 0);
+                }
+                __syncwarp();
+                __threadfence();
+                const bool inclusive = j >= 0 && (word & 3ull) == SCAN_INCLUSIVE;
+                const u32 found = __ballot_sync(0xffffffffu, inclusive);
+                const u32 last = found != 0 ? (u32)__ffs(found) - 1 : 31u;
+                T v = plan_zero<T>();
+                if (j >= 0 && lane <= last) v = __ldcg((inclusive ? inclusives : aggregates) + j);
+#pragma unroll
+                for (u32 o = 16; o > 0; o >>= 1) v = plan_add(v, plan_shfl_xor(v, o));
+                carry = plan_add(carry, v);
+                if (found != 0) break;
+            }
+        }
+        if (lane == 0) {
+            __stcg(inclusives + tile, plan_add(carry, total));
+            __threadfence();
+            st[tile] = (first + tile) << 2 | SCAN_INCLUSIVE;
+            if (base + PLAN_TILE >= n) data[n] = plan_add(carry, total);
+            carry_s = carry;
+        }
+    }
+    __syncthreads();
+    scan_tile(data, data, base, n, carry_s, buf, warp_sums);
 }
 
 #define PLAN_SCAN(S, T)                                                                         \
-    extern "C" __global__ void __launch_bounds__(PLAN_THREADS)                                  \
-        plan_scan_tiles_##S(const T* in, T* out, u64 n, T* tile_sums) {                         \
-        scan_tiles<T>(in, out, n, tile_sums);                                                   \
-    }                                                                                           \
     extern "C" __global__ void __launch_bounds__(PLAN_THREADS)                                  \
         plan_scan_sums_##S(T* sums, u64 n_tiles, T* total_out) {                                \
         scan_sums<T>(sums, n_tiles, total_out);                                                 \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(PLAN_THREADS)                                  \
-        plan_scan_add_##S(T* out, u64 n, const T* tile_sums) {                                  \
-        scan_add<T>(out, n, tile_sums);                                                         \
+        plan_scan_pass_##S(T* data, u64 n, unsigned long long* tickets, u64 first,              \
+                           T* aggregates, T* inclusives, u64* status) {                         \
+        scan_pass<T>(data, n, tickets, first, aggregates, inclusives, status);                  \
     }
 
 PLAN_SCAN(u32, u32)

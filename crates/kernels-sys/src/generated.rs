@@ -683,7 +683,7 @@ pub const MEBCRS_OPS: PtxModule = PtxModule {
     ],
 };
 
-/// The PTX module compiled from `cuda/plan.cu` (23 kernels).
+/// The PTX module compiled from `cuda/plan.cu` (21 kernels).
 pub const PLAN: PtxModule = PtxModule {
     name: "plan",
     ptx: include_str!("../ptx/plan.ptx"),
@@ -692,12 +692,10 @@ pub const PLAN: PtxModule = PtxModule {
         "plan_edge_keys_i64",
         "plan_edge_keys_u32",
         "plan_transpose_keys",
-        "plan_scan_tiles_u32",
         "plan_scan_sums_u32",
-        "plan_scan_add_u32",
-        "plan_scan_tiles_u32x4",
+        "plan_scan_pass_u32",
         "plan_scan_sums_u32x4",
-        "plan_scan_add_u32x4",
+        "plan_scan_pass_u32x4",
         "plan_radix_histogram",
         "plan_radix_onesweep",
         "plan_unique_flags",

@@ -294,12 +294,10 @@ fn plan_holds_exactly_the_launched_kernels() {
     // Launched by fixed names (`kernel!`) (device_plan/{mod,sort,csr}.rs, fused/tc.rs).
     for name in [
         sys::kernel!(PLAN, "plan_transpose_keys"),
-        sys::kernel!(PLAN, "plan_scan_tiles_u32"),
+        sys::kernel!(PLAN, "plan_scan_pass_u32"),
         sys::kernel!(PLAN, "plan_scan_sums_u32"),
-        sys::kernel!(PLAN, "plan_scan_add_u32"),
-        sys::kernel!(PLAN, "plan_scan_tiles_u32x4"),
+        sys::kernel!(PLAN, "plan_scan_pass_u32x4"),
         sys::kernel!(PLAN, "plan_scan_sums_u32x4"),
-        sys::kernel!(PLAN, "plan_scan_add_u32x4"),
         sys::kernel!(PLAN, "plan_radix_histogram"),
         sys::kernel!(PLAN, "plan_radix_onesweep"),
         sys::kernel!(PLAN, "plan_unique_flags"),

@@ -5,7 +5,7 @@
 use cudarc::driver::{CudaView, PushKernelArg};
 use spattn_formats::DegreeStats;
 
-use super::sort::{scan, Lanes};
+use super::sort::{scan, Lanes, ScanScratch};
 use super::{kernel, BUCKETS, STATUS_WORDS, ST_HISTOGRAM, ST_MAX_DEGREE, ST_MIN_DEGREE_INV};
 use super::{ST_BAD, ST_NNZ, ST_TOTALS};
 use crate::buffer::DeviceVec;
@@ -52,7 +52,7 @@ pub(super) fn csr_from_sorted(
     (n_input, loop_base): (usize, u64),
     (positions, map): (Option<&DeviceVec<i64>>, Option<&DeviceVec<u32>>),
     status: &CudaView<'_, u64>,
-    (rows, sums): (&mut Option<DeviceVec<u32>>, &mut Option<DeviceVec<u32>>),
+    (rows, sums): (&mut Option<DeviceVec<u32>>, &mut ScanScratch),
 ) -> Result<PendingCsr> {
     let mut row_offsets = DeviceVec::<u32>::alloc(gpu, "CSR row offsets", n_rows + 1, n == 0)?;
     let col_indices = DeviceVec::<u32>::alloc(gpu, "CSR column indices", n, false)?;
@@ -107,7 +107,7 @@ fn row_schedules(
     row_offsets: &DeviceVec<u32>,
     (n_rows, max_nnz): (usize, usize),
     status: &CudaView<'_, u64>,
-    (rows, sums): (&mut Option<DeviceVec<u32>>, &mut Option<DeviceVec<u32>>),
+    (rows, sums): (&mut Option<DeviceVec<u32>>, &mut ScanScratch),
 ) -> Result<PendingSchedule> {
     let chunk = UNIT_CHUNK as usize;
     // Every row has ⌈degree / 64⌉ units, at least one.

@@ -50,7 +50,7 @@ use crate::gpu::Gpu;
 use crate::launch::{check_same_gpu, launch, stride_grid, PushOptionalArg};
 use crate::schedule::SoftmaxSchedule;
 use csr::{csr_from_sorted, status_block, PendingCsr, Status};
-use sort::{radix_sort, scan, sort_buffers, Lanes, SortScratch};
+use sort::{radix_sort, scan, sort_buffers, Lanes, ScanScratch, SortScratch};
 
 /// Words of one status block (u64; `ST_*` in plan.cu).
 const STATUS_WORDS: usize = 48;
@@ -254,7 +254,7 @@ pub struct PlanWorkspace {
     lookback: Option<DeviceVec<u64>>,
     tag: u32,
     flags: Option<DeviceVec<u32>>,
-    sums: Option<DeviceVec<u32>>,
+    sums: ScanScratch,
     rows: Option<DeviceVec<u32>>,
     wkeys: Option<DeviceVec<u64>>,
 }
@@ -275,11 +275,12 @@ impl PlanWorkspace {
         fn held<T: DeviceElement>(b: &DeviceVec<T>) -> (&Gpu, usize) {
             (b.gpu(), b.num_bytes())
         }
+        let (scan32, scan64) = self.sums.buffers();
         let b64 = self.keys.iter().chain([&self.wkeys, &self.lookback]);
-        let b64 = b64.flatten().map(held);
+        let b64 = b64.flatten().chain(scan64).map(held);
         let b32 = self.vals.iter();
-        let b32 = b32.chain([&self.counts, &self.flags, &self.sums, &self.rows]);
-        b64.chain(b32.flatten().map(held))
+        let b32 = b32.chain([&self.counts, &self.flags, &self.rows]);
+        b64.chain(b32.flatten().chain(scan32).map(held))
     }
 
     /// Drops the buffers of another handle than `gpu` (their stream does not order with its).
@@ -517,7 +518,7 @@ struct Scratch<'w> {
     counts: &'w mut Option<DeviceVec<u32>>,
     lookback: &'w mut Option<DeviceVec<u64>>,
     tag: &'w mut u32,
-    sums: &'w mut Option<DeviceVec<u32>>,
+    sums: &'w mut ScanScratch,
     rows: &'w mut Option<DeviceVec<u32>>,
 }
 

@@ -41,19 +41,37 @@ pub(super) enum Lanes {
     Four,
 }
 
-/// Tiles a single block scans in one launch (looping over them): above this, the tiles are
-/// scanned in parallel, then their sums, then added (three launches).
+/// Tiles a single block scans in one launch (looping over them): above this, one block a tile
+/// with decoupled look-back.
 const ONE_BLOCK_TILES: usize = 4;
 
+/// The scratch of [`scan`]'s one-pass launches: per tile an aggregate and an inclusive prefix
+/// (4 u32 each, whatever the lanes, so that both stay 16-byte aligned) and a status word (2
+/// u32), each in its own region of one buffer, and the ticket counter its blocks draw tile ids
+/// from, with the tickets issued so far.
+#[derive(Debug, Default)]
+pub(super) struct ScanScratch {
+    tiles: Option<DeviceVec<u32>>,
+    tickets: Option<DeviceVec<u64>>,
+    issued: u64,
+}
+
+impl ScanScratch {
+    /// Its buffers, for the workspace's accounting.
+    pub(super) fn buffers(&self) -> (Option<&DeviceVec<u32>>, Option<&DeviceVec<u64>>) {
+        (self.tiles.as_ref(), self.tickets.as_ref())
+    }
+}
+
 /// Exclusive prefix sums, in place, of the first `n` elements of `buf` (u32, or `uint4` as 4
-/// u32 each), their total into element `n`: `buf` holds at least `n + 1` elements. `sums` is
-/// the tile sums' scratch (grown when needed).
+/// u32 each), their total into element `n`: `buf` holds at least `n + 1` elements. `scratch`
+/// is grown when needed.
 pub(super) fn scan(
     gpu: &Gpu,
     buf: &mut DeviceVec<u32>,
     n: usize,
     lanes: Lanes,
-    sums: &mut Option<DeviceVec<u32>>,
+    scratch: &mut ScanScratch,
 ) -> Result<()> {
     let width = match lanes {
         Lanes::One => 1,
@@ -65,23 +83,21 @@ pub(super) fn scan(
             why: format!("{} u32 for {n} elements of {width}", buf.len()),
         });
     }
-    let (tiles_k, sums_k, add_k) = match lanes {
+    let (sums_k, pass_k) = match lanes {
         Lanes::One => (
-            spattn_kernels_sys::kernel!(PLAN, "plan_scan_tiles_u32"),
             spattn_kernels_sys::kernel!(PLAN, "plan_scan_sums_u32"),
-            spattn_kernels_sys::kernel!(PLAN, "plan_scan_add_u32"),
+            spattn_kernels_sys::kernel!(PLAN, "plan_scan_pass_u32"),
         ),
         Lanes::Four => (
-            spattn_kernels_sys::kernel!(PLAN, "plan_scan_tiles_u32x4"),
             spattn_kernels_sys::kernel!(PLAN, "plan_scan_sums_u32x4"),
-            spattn_kernels_sys::kernel!(PLAN, "plan_scan_add_u32x4"),
+            spattn_kernels_sys::kernel!(PLAN, "plan_scan_pass_u32x4"),
         ),
     };
     let n64 = n as u64;
     let tiles = n.div_ceil(TILE);
     let data = buf.slice();
-    let tail = data.slice(n * width..);
     if tiles <= ONE_BLOCK_TILES {
+        let tail = data.slice(n * width..);
         let f = kernel(gpu, sums_k)?;
         let mut args = gpu.launch_builder(&f);
         args.arg(data).arg(&n64).arg(&tail);
@@ -90,25 +106,39 @@ pub(super) fn scan(
         // checked above.
         return unsafe { launch(sums_k, &mut args, one_block()) };
     }
-    let sums = crate::buffer::grown(gpu, sums, "scan tile sums", tiles * width)?;
-    let tiles64 = tiles as u64;
-    let f = kernel(gpu, tiles_k)?;
+    let words = crate::buffer::grown(gpu, &mut scratch.tiles, "scan look-back", 10 * tiles)?;
+    if scratch.tickets.is_none() {
+        scratch.issued = 0; // a new counter starts at 0
+    }
+    let tickets = match &mut scratch.tickets {
+        Some(t) => &*t,
+        slot => &*slot.insert(DeviceVec::alloc(gpu, "scan tickets", 1, true)?),
+    };
+    let first = scratch.issued;
+    // Regions placed by the buffer's capacity, not this scan's tiles: a status word then only
+    // ever lies over status words (never over an earlier scan's sums, which could read as one).
+    let cap = words.len() / 10;
+    let w = words.slice();
+    let (aggregates, inclusives) = (w.slice(..4 * cap), w.slice(4 * cap..8 * cap));
+    let status = w.slice(8 * cap..10 * cap);
+    let f = kernel(gpu, pass_k)?;
     let mut args = gpu.launch_builder(&f);
-    args.arg(data).arg(data).arg(&n64).arg(sums.slice());
-    // SAFETY: block b reads and writes elements [b·TILE, (b+1)·TILE) ∩ [0, n) of `buf` and
-    // writes sums[b] (at least `tiles` elements).
-    unsafe { launch(tiles_k, &mut args, tile_grid(n)?) }?;
-    let f = kernel(gpu, sums_k)?;
-    let mut args = gpu.launch_builder(&f);
-    args.arg(sums.slice()).arg(&tiles64).arg(&tail);
-    // SAFETY: one block scans sums[0, tiles) in place and writes the total to element n of
-    // `buf` (the first of `tail`).
-    unsafe { launch(sums_k, &mut args, one_block()) }?;
-    let f = kernel(gpu, add_k)?;
-    let mut args = gpu.launch_builder(&f);
-    args.arg(data).arg(&n64).arg(sums.slice());
-    // SAFETY: block b reads sums[b] (b < tiles) and updates its tile's elements below n.
-    unsafe { launch(add_k, &mut args, tile_grid(n)?) }
+    args.arg(data)
+        .arg(&n64)
+        .arg(tickets.slice())
+        .arg(&first)
+        .arg(&aggregates)
+        .arg(&inclusives)
+        .arg(&status);
+    // SAFETY: each of the `tiles` blocks takes one ticket from the counter (one u64), tile
+    // t = ticket − first < tiles; it reads and writes elements [t·TILE, (t+1)·TILE) ∩ [0, n)
+    // of `buf` in place, the last tile element n (n + 1 elements of `width` u32, checked
+    // above), and look-back entries t and below: aggregates and inclusives of 4 u32 and status
+    // words of 2 u32 per tile, each region `cap` ≥ tiles entries.
+    unsafe { launch(pass_k, &mut args, tile_grid(n)?) }?;
+    // Only once launched: the device's counter has then taken `tiles` tickets.
+    scratch.issued = first + tiles as u64;
+    Ok(())
 }
 
 /// The sort's buffers of a workspace, grown to `n` keys: (keys, values) twice.
