@@ -300,6 +300,7 @@ PLAN_SCAN(u32x4, uint4)
 // launch of a workspace, so a word left by an earlier pass reads as not yet written (no zeroing).
 #define LB_AGGREGATE 1ull
 #define LB_INCLUSIVE 2ull
+#define LB_BATCH 4
 
 // counts[p * RADIX_BINS + d] += the keys whose digit p (bits shift + 8p ..) is d; `counts` is
 // zeroed by the host first.
@@ -399,14 +400,23 @@ extern "C" __global__ void __launch_bounds__(PLAN_THREADS)
     for (u32 w = 0; w < warp; ++w) run += warp_sums[w];
     // Then the keys of digit d in the tiles before this one.
     if (tile > 0) {
+        // Four words read at once (their latencies overlap), taken in order down to the first
+        // inclusive one; a word not yet written for this pass is read again from there.
         u32 before = 0;
-        u64 j = tile - 1;
-        for (;;) {
-            const u64 word = status[j * RADIX_BINS + d];
-            if ((word >> 34) != tag) continue;  // not yet written by tile j in this pass
-            before += (u32)word;
-            if (((word >> 32) & 3ull) == LB_INCLUSIVE) break;
-            --j;  // tile 0 writes an inclusive word: j stays >= 0
+        long long j = (long long)tile - 1;
+        for (bool done = false; !done;) {
+            u64 words[LB_BATCH];
+#pragma unroll
+            for (int q = 0; q < LB_BATCH; ++q)
+                words[q] = j - q >= 0 ? status[(u64)(j - q) * RADIX_BINS + d] : 0;
+#pragma unroll
+            for (int q = 0; q < LB_BATCH && !done; ++q) {
+                // Tile 0 writes an inclusive word, so j - q >= 0 wherever this is reached.
+                if ((words[q] >> 34) != tag) break;  // not yet written by tile j - q
+                before += (u32)words[q];
+                done = ((words[q] >> 32) & 3ull) == LB_INCLUSIVE;
+                --j;
+            }
         }
         status[tile * RADIX_BINS + d] = tagged | (LB_INCLUSIVE << 32) | (before + count);
         run += before;
