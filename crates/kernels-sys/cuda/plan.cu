@@ -460,9 +460,9 @@ extern "C" __global__ void plan_unique_flags(const u64* __restrict__ keys,
 }
 
 // The CSR of n sorted keys: distinct key i goes to entry u = ex[i] (ex: the exclusive scan of
-// the flags; null: every key is distinct, u = i). Row offsets are written by the first key of
-// each row for the rows up to it, and by the last key for the rows after it (and the edge count
-// into the status). Input edge v (vals below n_input) maps to its entry in positions (i64, for
+// the flags, n + 1 long; null: every key is distinct, u = i). Row offset r is the entry of the
+// first key of a row ≥ r, found by thread r's binary search (a row after a long run of empty
+// ones costs no thread more than a search); the last key writes the edge count into the status. Input edge v (vals below n_input) maps to its entry in positions (i64, for
 // torch) and/or map (u32); with positions, the self loop keyed v ≥ loop_base (u64 max: none
 // asked for) to positions[n_input + v − loop_base]. With `count`, only the first *count keys
 // are the CSR's.
@@ -477,7 +477,19 @@ extern "C" __global__ void plan_csr_build(const u64* __restrict__ keys,
                                           u32* __restrict__ map, u64* status) {
     const u64 col_mask = (1ull << col_bits) - 1;
     const u64 n = count != nullptr ? min(*count, n_keys) : n_keys;
-    SPATTN_GRID_STRIDE(i, n) {
+    SPATTN_GRID_STRIDE(t, max(n, (u64)n_rows + 1)) {
+        if (t <= n_rows) {
+            const u64 lowest = (u64)t << col_bits;  // row t's smallest key
+            u64 lo = 0, hi = n;
+            while (lo < hi) {
+                const u64 mid = (lo + hi) / 2;
+                if (keys[mid] < lowest) lo = mid + 1;
+                else hi = mid;
+            }
+            row_offsets[t] = ex != nullptr ? ex[lo] : (u32)lo;  // ex[n]: the distinct keys
+        }
+        if (t >= n) continue;
+        const u64 i = t;
         const u64 key = keys[i];
         const u32 row = (u32)(key >> col_bits);
         const bool first = i == 0 || keys[i - 1] != key;
@@ -485,13 +497,8 @@ extern "C" __global__ void plan_csr_build(const u64* __restrict__ keys,
         if (first) {
             col_indices[u] = (u32)(key & col_mask);
             if (row_indices != nullptr) row_indices[u] = row;
-            const long long prev = i == 0 ? -1 : (long long)(keys[i - 1] >> col_bits);
-            for (long long r = prev + 1; r <= (long long)row; ++r) row_offsets[r] = u;
         }
-        if (i == n - 1) {
-            for (u64 r = (u64)row + 1; r <= n_rows; ++r) row_offsets[r] = u + 1;
-            status[ST_NNZ] = u + 1;
-        }
+        if (i == n - 1) status[ST_NNZ] = u + 1;
         const u32 v = vals[i];
         if (v < n_input) {
             if (positions != nullptr) positions[v] = (long long)u;

@@ -78,15 +78,14 @@ pub(super) fn csr_from_sorted(
             .arg_or_null(positions)
             .arg_or_null(map)
             .arg(status);
-        // SAFETY: thread i < n (or < *count ≤ n) reads keys[i], keys[i-1], vals[i] (n each)
-        // and ex[i] (n + 1); entry
-        // numbers are < the distinct keys ≤ n, rows of valid keys < n_rows (the keys were made
-        // from checked ids), so it writes col/row indices below n, row offsets at most
-        // [0, n_rows] (n_rows + 1 allocated), positions[v] / map[v] for v < n_input (both
-        // hold n_input, checked by the callers), positions[n_input + v - loop_base] for the
-        // loops' keys v ≥ loop_base (given only where positions also hold one per loop) and
-        // one status word.
-        unsafe { launch(name, &mut args, stride_grid(n)?) }?;
+        // SAFETY: thread t ≤ n_rows binary-searches keys [0, n) and reads ex at the result
+        // (≤ n; ex holds n + 1) to write row_offsets[t] (n_rows + 1 allocated); thread i < n
+        // (or < *count ≤ n) reads keys[i], keys[i-1], vals[i] (n each) and ex[i]; entry
+        // numbers are < the distinct keys ≤ n, so it writes col/row indices below n,
+        // positions[v] / map[v] for v < n_input (both hold n_input, checked by the callers),
+        // positions[n_input + v - loop_base] for the loops' keys v ≥ loop_base (given only
+        // where positions also hold one per loop) and one status word.
+        unsafe { launch(name, &mut args, stride_grid(n.max(n_rows + 1))?) }?;
     }
     let schedule = row_schedules(gpu, &row_offsets, (n_rows, n), status, (rows, sums))?;
     // Columns fit in key bits below the rows: n_cols only sizes the matrix.

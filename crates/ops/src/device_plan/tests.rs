@@ -283,8 +283,8 @@ fn check_build<I: DeviceIndex + TryFrom<u32>>(
 }
 
 /// Random graphs (with empty rows and repeated edges), a 10^5-edge hub row, n of 1, 7, 17,
-/// 33, no edges, a rectangular graph, each with every transform and id type, shuffled and
-/// sorted.
+/// 33, no edges, edges only past a long run of empty rows, a rectangular graph, each with every
+/// transform and id type, shuffled and sorted.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn gpu_device_plan_equals_the_host_plan() {
@@ -299,6 +299,16 @@ fn gpu_device_plan_equals_the_host_plan() {
     for n in [1, 7, 17, 33] {
         graphs.push(random_graph(&mut rng, n, 3, 4));
     }
+    // Edges only among the last 500 of 3·10⁶ nodes (a sample keyed by global ids): the row
+    // offsets of the long run of empty rows before them.
+    let n_tail = 3_000_000u32;
+    let tail: Vec<(u32, u32)> = (0..2000)
+        .map(|_| {
+            let id = |rng: &mut Pcg64| n_tail - 1 - rng.random_range(0..500u32);
+            (id(&mut rng), id(&mut rng))
+        })
+        .collect();
+    graphs.push(Csr::from_edges(n_tail as usize, n_tail as usize, &tail).unwrap());
     for a in &graphs {
         let n = a.n_rows();
         for (sym, loops) in [(false, false), (true, false), (false, true), (true, true)] {
