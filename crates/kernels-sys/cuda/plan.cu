@@ -462,10 +462,10 @@ extern "C" __global__ void plan_unique_flags(const u64* __restrict__ keys,
 // The CSR of n sorted keys: distinct key i goes to entry u = ex[i] (ex: the exclusive scan of
 // the flags, n + 1 long; null: every key is distinct, u = i). Row offset r is the entry of the
 // first key of a row ≥ r, found by thread r's binary search (a row after a long run of empty
-// ones costs no thread more than a search); the last key writes the edge count into the status. Input edge v (vals below n_input) maps to its entry in positions (i64, for
-// torch) and/or map (u32); with positions, the self loop keyed v ≥ loop_base (u64 max: none
-// asked for) to positions[n_input + v − loop_base]. With `count`, only the first *count keys
-// are the CSR's.
+// ones costs no thread more than a search); the last key writes the edge count into the status.
+// Input edge v (vals below n_input) maps to its entry in positions (i64, for torch) and/or map
+// (u32); with positions, the self loop keyed v ≥ loop_base (u64 max: none asked for) to
+// positions[n_input + v − loop_base]. With `count`, only the first *count keys are the CSR's.
 extern "C" __global__ void plan_csr_build(const u64* __restrict__ keys,
                                           const u32* __restrict__ vals, u64 n_keys,
                                           const u64* count, const u32* __restrict__ ex,

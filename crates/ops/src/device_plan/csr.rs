@@ -11,7 +11,7 @@ use super::{ST_BAD, ST_NNZ, ST_TOTALS};
 use crate::buffer::DeviceVec;
 use crate::csr_ops::{CsrSchedule, UNIT_CHUNK};
 use crate::device_csr::DeviceCsr;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::launch::{launch, stride_grid, PushOptionalArg};
 use crate::schedule::{group_for, SoftmaxSchedule};
@@ -54,6 +54,13 @@ pub(super) fn csr_from_sorted(
     status: &CudaView<'_, u64>,
     (rows, sums): (&mut Option<DeviceVec<u32>>, &mut ScanScratch),
 ) -> Result<PendingCsr> {
+    // The kernel reads ex[n] (the distinct keys) for the rows past the last key.
+    if let Some(ex) = ex.filter(|ex| ex.len() <= n) {
+        return Err(Error::InvalidArgument {
+            what: "entry numbers",
+            why: format!("{} u32 for {n} keys and their total", ex.len()),
+        });
+    }
     let mut row_offsets = DeviceVec::<u32>::alloc(gpu, "CSR row offsets", n_rows + 1, n == 0)?;
     let col_indices = DeviceVec::<u32>::alloc(gpu, "CSR column indices", n, false)?;
     let row_indices = DeviceVec::<u32>::alloc(gpu, "CSR row indices", n, false)?;
@@ -78,8 +85,9 @@ pub(super) fn csr_from_sorted(
             .arg_or_null(positions)
             .arg_or_null(map)
             .arg(status);
-        // SAFETY: thread t ≤ n_rows binary-searches keys [0, n) and reads ex at the result
-        // (≤ n; ex holds n + 1) to write row_offsets[t] (n_rows + 1 allocated); thread i < n
+        // SAFETY: the count word (given) is read once; thread t ≤ n_rows binary-searches keys
+        // [0, n) and reads ex at the result (≤ n; ex holds n + 1, checked above) to write
+        // row_offsets[t] (n_rows + 1 allocated); thread i < n
         // (or < *count ≤ n) reads keys[i], keys[i-1], vals[i] (n each) and ex[i]; entry
         // numbers are < the distinct keys ≤ n, so it writes col/row indices below n,
         // positions[v] / map[v] for v < n_input (both hold n_input, checked by the callers),
