@@ -887,18 +887,19 @@ def _stacked_linear(x: Tensor, lins) -> Tuple[Tensor, ...]:
     precision (:func:`_padding`) and plain maps (:func:`_plain_linears`), one batched GEMM over
     :func:`_padded` rows (one kernel choice, launch and autograd node for all; in float32
     cuBLAS's batched kernel for these shapes is slower than separate maps, and on a row count
-    seen often the expanded input's backward costs more than the launches saved); else each
-    map alone."""
-    if not _plain_linears(lins):
-        return tuple(_linear(lin, x) for lin in lins)
+    seen often the expanded input's backward costs more than the launches saved); maps that are
+    not plain each over the same padded rows; else each map alone."""
     pad = _padding(x)
     if pad is None:
         return tuple(lin(x) for lin in lins)
     dt, rows = pad
     n = x.size(0)
+    plain = _plain_linears(lins)
     # Output i starts i·rows·width elements into `y`: rows a multiple of 8 keep every output
     # 16-byte aligned, as spattn's kernels take them.
-    xp = _padded(x, dt, rows, 8)
+    xp = _padded(x, dt, rows, 8 if plain else 1)
+    if not plain:  # one pad for every map
+        return tuple(lin(xp) if xp.size(0) == n else lin(xp)[:n] for lin in lins)
     w = torch.stack([lin.weight for lin in lins]).to(dt).transpose(1, 2)
     xs = xp.unsqueeze(0).expand(len(lins), -1, -1)
     if lins[0].bias is None:
