@@ -131,6 +131,17 @@ __device__ __forceinline__ uint4 plan_shfl_xor(uint4 v, u32 m) {
                       __shfl_xor_sync(0xffffffffu, v.z, m), __shfl_xor_sync(0xffffffffu, v.w, m));
 }
 
+// Inclusive prefix sum of v over the warp's first `width` lanes (every lane calls it).
+template <class T>
+__device__ __forceinline__ T warp_inclusive(T v, u32 lane, u32 width = 32) {
+#pragma unroll
+    for (u32 o = 1; o < width; o <<= 1) {
+        const T y = plan_shfl_up(v, o);
+        if (lane >= o) v = plan_add(v, y);
+    }
+    return v;
+}
+
 // Scans in[base .. base + PLAN_TILE) (elements past n read as 0) into out (written below n),
 // each output plus `carry`; returns the tile's sum. Every thread of the block calls it.
 template <class T>
@@ -148,21 +159,12 @@ __device__ T scan_tile(const T* in, T* out, u64 base, u64 n, T carry, T* buf, T*
         local[j] = buf[threadIdx.x * PLAN_ITEMS + j];
         sum = plan_add(sum, local[j]);
     }
-    T incl = sum;
-#pragma unroll
-    for (u32 o = 1; o < 32; o <<= 1) {
-        const T y = plan_shfl_up(incl, o);
-        if (lane >= o) incl = plan_add(incl, y);
-    }
+    const T incl = warp_inclusive(sum, lane);
     if (lane == 31) warp_sums[warp] = incl;
     __syncthreads();
     if (warp == 0) {
-        T w = lane < PLAN_WARPS ? warp_sums[lane] : plan_zero<T>();
-#pragma unroll
-        for (u32 o = 1; o < PLAN_WARPS; o <<= 1) {
-            const T y = plan_shfl_up(w, o);
-            if (lane >= o) w = plan_add(w, y);
-        }
+        const T w = warp_inclusive(lane < PLAN_WARPS ? warp_sums[lane] : plan_zero<T>(), lane,
+                                   PLAN_WARPS);
         if (lane < PLAN_WARPS) warp_sums[lane] = w;
     }
     __syncthreads();
@@ -220,11 +222,7 @@ __device__ void scan_pass(T* data, u64 n, unsigned long long* tickets, u64 first
         const u64 i = base + k;
         if (i < n) sum = plan_add(sum, data[i]);
     }
-#pragma unroll
-    for (u32 o = 1; o < 32; o <<= 1) {
-        const T y = plan_shfl_up(sum, o);
-        if (lane >= o) sum = plan_add(sum, y);
-    }
+    sum = warp_inclusive(sum, lane);
     if (lane == 31) warp_sums[warp] = sum;
     __syncthreads();
     if (warp == 0) {
@@ -388,12 +386,7 @@ extern "C" __global__ void __launch_bounds__(PLAN_THREADS)
     status[tile * RADIX_BINS + d] = tagged | ((tile == 0 ? LB_INCLUSIVE : LB_AGGREGATE) << 32) | count;
     // Digit d's first slot over all tiles: the keys of the digits below it.
     const u32 total = totals[d];
-    u32 incl = total;
-#pragma unroll
-    for (u32 o = 1; o < 32; o <<= 1) {
-        const u32 t = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += t;
-    }
+    const u32 incl = warp_inclusive(total, lane);
     if (lane == 31) warp_sums[warp] = incl;
     __syncthreads();
     u32 run = incl - total;
