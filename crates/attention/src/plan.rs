@@ -444,9 +444,7 @@ impl AttentionPlan {
             GpuState::FusedTensorCore(f)
                 if extras.edge_features.is_none() || f.takes_edge_features() =>
             {
-                g.graph
-                    .host()
-                    .and_then(|a| f.forward_with_extras(&g.gpu, a, (q, k, v), scale, extras, out))
+                f.forward_with_extras(&g.gpu, &g.graph, (q, k, v), scale, extras, out)
             }
             GpuState::Hybrid(h) if extras.edge_features.is_none() => g
                 .graph

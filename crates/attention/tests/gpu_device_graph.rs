@@ -1,7 +1,8 @@
 //! GPU tests of plans over graphs built on the GPU (`DeviceGraph::from_device_edges`): every
 //! algorithm's forward equals the same plan's over the host-built graph in the same row order
 //! (bit for bit where both run one kernel over the same format), both match the f64 reference,
-//! and the backward (which reads the device-built transpose) matches it too.
+//! and the backward (which reads the device-built transpose) matches it too; fused-tc's extras,
+//! whose edge maps are made on the device for such graphs, match the f64 reference.
 //!
 //! `#[ignore]`d where there is no NVIDIA GPU. Inputs are drawn fresh (seed printed; replay with
 //! SPATTN_SEED), outputs poisoned with NaN before each forward.
@@ -11,10 +12,14 @@ use std::sync::Arc;
 use rand::seq::SliceRandom;
 use rand_pcg::Pcg64;
 use spattn::ops::device_plan::{DeviceEdges, DeviceIds, GraphSpec};
-use spattn::{Algorithm, AttentionConfig, AttentionPlan, DeviceGraph, Reorder};
+use spattn::{
+    Algorithm, AttentionConfig, AttentionPlan, BackwardKernels, DeviceBias, DeviceGraph, Dropout,
+    Extras, ExtrasGrads, Reorder,
+};
 use spattn_formats::Csr;
 use spattn_ops::cpu::{
-    attention_backward_f64_from, attention_f64_from, rel_l2_error, AttentionInputs,
+    attention_backward_f64_from, attention_extras_backward_f64_from, attention_extras_f64_from,
+    attention_f64_from, rel_l2_error, AttentionInputs, EdgeBias, Extras as CpuExtras,
 };
 use spattn_ops::{bf16, f16, DType, DeviceMatrix, DeviceVec, Gpu, Shape};
 use spattn_test_support::*;
@@ -28,8 +33,10 @@ const ALGORITHMS: [Algorithm; 6] = [
     Algorithm::Auto,
 ];
 
-/// `a` rebuilt on the device from its edges, shuffled, as PyG's int64 `edge_index` rows.
-fn device_graph(gpu: &Gpu, rng: &mut Pcg64, a: &Csr) -> Arc<DeviceGraph> {
+/// `a` rebuilt on the device from its edges, shuffled, as PyG's int64 `edge_index` rows; with
+/// the reverse edges asked for where `symmetrize` (then `a` must be symmetric: the graph is
+/// `a`, known symmetric).
+fn device_graph(gpu: &Gpu, rng: &mut Pcg64, a: &Csr, symmetrize: bool) -> Arc<DeviceGraph> {
     let mut e: Vec<(i64, i64)> = a
         .row_indices()
         .into_iter()
@@ -50,11 +57,13 @@ fn device_graph(gpu: &Gpu, rng: &mut Pcg64, a: &Csr) -> Arc<DeviceGraph> {
         n_rows: a.n_rows(),
         n_cols: a.n_cols(),
         transpose: true,
+        symmetrize,
         ..GraphSpec::square(a.n_rows())
     };
     let (g, report) = DeviceGraph::from_device_edges(gpu, &edges, &spec, None).unwrap();
     assert_eq!(report.duplicates, 0);
     assert!(g.built_on_device());
+    assert_eq!(g.csr().unwrap().to_host().unwrap(), *a);
     Arc::new(g)
 }
 
@@ -163,8 +172,7 @@ fn check<T: DType>(
 }
 
 fn check_all(gpu: &Gpu, rng: &mut Pcg64, a: &Csr, shapes: &[(usize, usize)]) {
-    let dg = device_graph(gpu, rng, a);
-    assert_eq!(dg.csr().unwrap().to_host().unwrap(), *a);
+    let dg = device_graph(gpu, rng, a, false);
     for &(heads, d) in shapes {
         check::<f32>(gpu, rng, a, &dg, heads, d);
         check::<f16>(gpu, rng, a, &dg, heads, d);
@@ -188,5 +196,107 @@ fn gpu_plans_on_device_built_graphs_match_the_host_built_ones() {
     check_all(&gpu, &mut rng, &a, &[(2, 64)]);
     for name in test_graphs(&["cora", "pubmed"]) {
         check_all(&gpu, &mut rng, &shared_graph(name), &[(8, 64), (1, 128)]);
+    }
+}
+
+/// fused-tc with a per-head bias and dropout on `dg` (`a` built on the device): the forward's
+/// `_x` kernel and the tensor-core backward read the extras through edge maps made on the
+/// device (A's BSB, and Aᵀ's or A's standing for it); both match the f64 reference.
+fn check_tc_extras<T: DType>(
+    gpu: &Gpu,
+    rng: &mut Pcg64,
+    a: &Csr,
+    dg: &Arc<DeviceGraph>,
+    (heads, d): (usize, usize),
+) {
+    let s = Shape::new(a.n_rows(), heads, d).unwrap();
+    let config = AttentionConfig::new(heads, d, T::KIND)
+        .with_algorithm(Algorithm::FusedTensorCore)
+        .with_edge_features(false);
+    let plan = AttentionPlan::on_graph(dg, config).unwrap();
+    let host: [Vec<T>; 4] = [0; 4].map(|_| random_vec(rng, s.len(), 1.0));
+    let [q, k, v, g] = host
+        .each_ref()
+        .map(|x| DeviceMatrix::from_host(gpu, s, x).unwrap());
+    let bias: Vec<T> = random_vec(rng, a.nnz() * heads, 1.0);
+    let db = DeviceVec::from_host(gpu, &bias).unwrap();
+    let dropout = Dropout::new(0.25, 11, 2).unwrap();
+    let extras = Extras {
+        bias: Some(DeviceBias::PerHead(&db)),
+        edge_features: None,
+        dropout: Some(dropout),
+    };
+    assert_eq!(
+        plan.backward_kernels_with_extras(&extras),
+        BackwardKernels::TensorCore
+    );
+    let mut out = DeviceMatrix::<T>::zeros(gpu, s).unwrap();
+    out.fill_nan().unwrap();
+    plan.forward_with(&q, &k, &v, &extras, &mut out, None)
+        .unwrap();
+    let mut grads = [s, s, s].map(|sh| DeviceMatrix::<T>::zeros(gpu, sh).unwrap());
+    let mut gb = DeviceVec::<T>::zeros(gpu, bias.len()).unwrap();
+    let [gq, gk, gv] = &mut grads;
+    let grads_out = ExtrasGrads {
+        dq: gq,
+        dk: gk,
+        dv: gv,
+        d_bias: Some(&mut gb),
+        d_edge_features: None,
+    };
+    plan.backward_with_extras(&q, &k, &v, &extras, &g, grads_out)
+        .unwrap();
+    let [q64, k64, v64, g64] = host.each_ref().map(|x| to_f64(x));
+    let bias64 = to_f64(&bias);
+    let inputs = AttentionInputs::new(&q64, s, &k64, s, &v64, s);
+    let cpu_extras = CpuExtras {
+        bias: Some(EdgeBias::PerHead(&bias64[..])),
+        edge_features: None,
+        dropout: Some(dropout),
+    };
+    let scale = f64::from(plan.config().scale());
+    let (want_out, _) = attention_extras_f64_from(a, &inputs, scale, &cpu_extras).unwrap();
+    let want = attention_extras_backward_f64_from(a, &inputs, scale, &cpu_extras, &g64).unwrap();
+    let got = |m: &DeviceMatrix<T>| to_f64(&m.to_host().unwrap());
+    for (name, got, want) in [
+        ("out", got(&out), &want_out),
+        ("dQ", got(&grads[0]), &want.dq),
+        ("dK", got(&grads[1]), &want.dk),
+        ("dV", got(&grads[2]), &want.dv),
+        (
+            "dBias",
+            to_f64(&gb.to_host().unwrap()),
+            want.d_bias.as_ref().unwrap(),
+        ),
+    ] {
+        let what = format!("{} n={} {heads}x{d}: {name}", T::NAME, a.n_rows());
+        let err = rel_l2_error(&got, want);
+        assert!(err <= tolerance::<T>(), "{what}: rel error {err:e}");
+    }
+}
+
+/// Graphs built on the device with a bias and dropout on fused-tc: directed ones (Aᵀ's own
+/// BSB in the backward) and symmetrized ones (A's BSB stands for Aᵀ's).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gpu_fused_tc_extras_on_device_built_graphs_match_the_f64_reference() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("gpu_fused_tc_extras_on_device_built_graphs");
+    let graphs = [
+        random_graph(&mut rng, 300, 6, 7),
+        hub_graph(&mut rng, 5000, 3),
+        shared_graph("cora"),
+    ];
+    for a in &graphs {
+        for symmetrize in [false, true] {
+            let a = if symmetrize {
+                a.symmetrize().unwrap()
+            } else {
+                a.clone()
+            };
+            let dg = device_graph(&gpu, &mut rng, &a, symmetrize);
+            check_tc_extras::<f16>(&gpu, &mut rng, &a, &dg, (2, 32));
+            check_tc_extras::<bf16>(&gpu, &mut rng, &a, &dg, (8, 64));
+        }
     }
 }

@@ -576,20 +576,23 @@ extern "C" __global__ void plan_row_units(const u32* __restrict__ row_offsets, u
     }
 }
 
-// ---- BSB ---------------------------------------------------------------------------------------
-// A window's edges (rows 16w .. 16w + 16, contiguous in the CSR) ordered by (column, row in
-// window): edge e of row r goes to place sum over the window's other rows q of (their columns
-// below c) + (rows q < r holding c itself) + (its own index in row r). The window-ordered key
-// w << 36 | c << 4 | (r mod 16) then gives the distinct columns (runs of w, c), their blocks and
-// the bits.
+// ---- BSB and ME-BCRS ---------------------------------------------------------------------------
+// A window's edges (rows 2^b w .. 2^b (w + 1), b = win_bits: 4 for BSB, 3 for ME-BCRS; contiguous
+// in the CSR) ordered by (column, row in window): edge e of row r goes to place sum over the
+// window's other rows q of (their columns below c) + (rows q < r holding c itself) + (its own
+// index in row r). The window-ordered key w << 36 | c << 4 | (r mod 2^b) then gives the distinct
+// columns (runs of w, c): BSB's blocks and bits, ME-BCRS's vectors and masks. edge_of_place
+// (nullable) receives each place's edge.
 
 extern "C" __global__ void plan_bsb_rank(const u32* __restrict__ row_offsets,
                                          const u32* __restrict__ col_indices,
                                          const u32* __restrict__ row_indices, u32 n_rows,
-                                         u64 nnz, u64* __restrict__ wkeys) {
+                                         u64 nnz, u32 win_bits, u64* __restrict__ wkeys,
+                                         u32* __restrict__ edge_of_place) {
+    const u32 win_rows = 1u << win_bits;
     SPATTN_GRID_STRIDE(e, nnz) {
         const u32 r = row_indices[e], c = col_indices[e];
-        const u32 r0 = r & ~15u, r1 = min(r0 + 16u, n_rows);
+        const u32 r0 = r & ~(win_rows - 1u), r1 = min(r0 + win_rows, n_rows);
         u32 pos = (u32)e - row_offsets[r];
         for (u32 q = r0; q < r1; ++q) {
             if (q == r) continue;
@@ -606,7 +609,8 @@ extern "C" __global__ void plan_bsb_rank(const u32* __restrict__ row_offsets,
             if (q < r && lo < end && col_indices[lo] == c) ++pos;
         }
         const u64 p = (u64)row_offsets[r0] + pos;
-        wkeys[p] = ((u64)(r >> 4) << 36) | ((u64)c << 4) | (r & 15u);
+        wkeys[p] = ((u64)(r >> win_bits) << 36) | ((u64)c << 4) | (r & (win_rows - 1u));
+        if (edge_of_place) edge_of_place[p] = (u32)e;
     }
 }
 
@@ -649,6 +653,87 @@ extern "C" __global__ void plan_bsb_fill(const u64* __restrict__ wkeys, u64 nnz,
         if (first) block_columns[(u64)block * 8 + slot] = c;
         const u32 bit = r * 8 + slot;
         atomicOr(bitmap_words + (u64)block * 4 + (bit >> 5), 1u << (bit & 31u));
+    }
+}
+
+// ME-BCRS (8-row windows): row_pointers[w] = the vectors before window w (w ≤ n_windows), from
+// the exclusive scan dex of the window-ordered first-of-(window, column) flags (nnz + 1 entries).
+extern "C" __global__ void plan_mebcrs_pointers(const u32* __restrict__ row_offsets, u32 n_rows,
+                                                u32 n_windows, const u32* __restrict__ dex,
+                                                u32* __restrict__ row_pointers) {
+    SPATTN_GRID_STRIDE(w, (u64)n_windows + 1) {
+        row_pointers[w] = dex[row_offsets[min(w * 8, (u64)n_rows)]];
+    }
+}
+
+// Each window-ordered edge p: its vector d (window order: dex[p], less one past the run's
+// first), its slot d · 8 + r into edge_to_slot at its edge; a run's first edge writes the
+// vector's column and its mask, the OR of the run's (at most 8) rows. No atomics: each vector
+// is written by one thread.
+extern "C" __global__ void plan_mebcrs_fill(const u64* __restrict__ wkeys, u64 nnz,
+                                            const u32* __restrict__ dex,
+                                            const u32* __restrict__ edge_of_place,
+                                            u32* __restrict__ column_indices,
+                                            unsigned char* __restrict__ row_masks,
+                                            u32* __restrict__ edge_to_slot) {
+    SPATTN_GRID_STRIDE(p, nnz) {
+        const u64 k = wkeys[p];
+        const bool first = p == 0 || (wkeys[p - 1] >> 4) != (k >> 4);
+        const u32 d = dex[p] + (first ? 1u : 0u) - 1u;
+        edge_to_slot[edge_of_place[p]] = d * 8u + ((u32)k & 7u);
+        if (!first) continue;
+        column_indices[d] = (u32)(k >> 4);
+        u32 mask = 0;
+        for (u64 q = p; q < nnz && (wkeys[q] >> 4) == (k >> 4); ++q)
+            mask |= 1u << ((u32)wkeys[q] & 7u);
+        row_masks[d] = (unsigned char)mask;
+    }
+}
+
+// ---- fused-tc's extras edge map ---------------------------------------------------------------
+// Per block its first edge in block-and-bit order (bits row-major), then per edge in that order
+// its caller edge: the popcounts of the blocks scanned into starts, then each entry's rank among
+// its block's bits. For a BSB in the graph's own row order (no caller-row lookup).
+
+// counts[b] = the edges of block b (its bitmap's popcount); scanned next into the starts.
+extern "C" __global__ void plan_bsb_block_edges(const u64* __restrict__ bitmap_words, u32 n_blocks,
+                                                u32* __restrict__ counts) {
+    SPATTN_GRID_STRIDE(b, (u64)n_blocks) {
+        counts[b] = __popcll(bitmap_words[2 * b]) + __popcll(bitmap_words[2 * b + 1]);
+    }
+}
+
+// Entry e (row r, column c) of the CSR the BSB was built from: c's slot among its window's block
+// columns (ascending, padding last) by binary search, its bit r mod 16 · 8 + slot, and its rank
+// among the block's set bits below it; ids[starts[block] + rank] = ids_of[e] (e where null). An
+// entry whose column or bit the BSB lacks (a CSR of another graph) writes nothing.
+extern "C" __global__ void plan_bsb_edge_ids(const u32* __restrict__ row_indices,
+                                             const u32* __restrict__ col_indices, u64 nnz,
+                                             const u32* __restrict__ ids_of,
+                                             const u32* __restrict__ window_offsets,
+                                             const u32* __restrict__ block_columns,
+                                             const u64* __restrict__ bitmap_words,
+                                             const u32* __restrict__ starts, u32* __restrict__ ids) {
+    SPATTN_GRID_STRIDE(e, nnz) {
+        const u32 r = row_indices[e], c = col_indices[e], w = r >> 4;
+        const u32 end = window_offsets[w + 1] * 8u;
+        u32 lo = window_offsets[w] * 8u, hi = end;
+        while (lo < hi) {
+            const u32 mid = lo + ((hi - lo) >> 1);
+            if (block_columns[mid] < c)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (lo == end || block_columns[lo] != c) continue;
+        const u32 block = lo >> 3, bit = (r & 15u) * 8u + (lo & 7u);
+        const u64 w0 = bitmap_words[2 * (u64)block], w1 = bitmap_words[2 * (u64)block + 1];
+        const u64 mine = bit < 64 ? w0 >> bit : w1 >> (bit - 64);
+        if (!(mine & 1ull)) continue;
+        const u32 rank = bit < 64 ? __popcll(w0 & ((1ull << bit) - 1ull))
+                                  : __popcll(w0) + __popcll(w1 & ((1ull << (bit - 64)) - 1ull));
+        const u64 p = (u64)starts[block] + rank;
+        if (p < nnz) ids[p] = ids_of ? ids_of[e] : (u32)e;
     }
 }
 

@@ -683,7 +683,7 @@ pub const MEBCRS_OPS: PtxModule = PtxModule {
     ],
 };
 
-/// The PTX module compiled from `cuda/plan.cu` (21 kernels).
+/// The PTX module compiled from `cuda/plan.cu` (25 kernels).
 pub const PLAN: PtxModule = PtxModule {
     name: "plan",
     ptx: include_str!("../ptx/plan.ptx"),
@@ -706,6 +706,10 @@ pub const PLAN: PtxModule = PtxModule {
         "plan_bsb_flags",
         "plan_bsb_window_blocks",
         "plan_bsb_fill",
+        "plan_mebcrs_pointers",
+        "plan_mebcrs_fill",
+        "plan_bsb_block_edges",
+        "plan_bsb_edge_ids",
         "plan_tc_prologue",
         "plan_iota_u32",
         "plan_widen_u32_i64",

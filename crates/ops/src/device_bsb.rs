@@ -237,21 +237,34 @@ impl OrderedBsb {
         bsb_edge_map(a, self.host()?, self.order.row_ids())
     }
 
-    /// [`edge_map`](Self::edge_map) of `a` on the device, built and uploaded by the first call
-    /// (which checks `a`; the callers check later graphs' sizes against the BSB's).
-    pub(crate) fn device_edge_map(
+    /// Whether the BSB is in its graph's own row order (no caller-row lookup).
+    pub(crate) fn in_graph_order(&self) -> bool {
+        self.row_ids.is_none()
+    }
+
+    /// [`edge_map`](Self::edge_map) of `a` built on the host and uploaded.
+    pub(crate) fn uploaded_edge_map(
         &self,
         gpu: &Gpu,
         a: &Csr,
+    ) -> Result<(DeviceVec<u32>, DeviceVec<u32>)> {
+        let (starts, ids) = self.edge_map(a)?;
+        Ok((
+            DeviceVec::from_host_named(gpu, "BSB block edge starts", &starts)?,
+            DeviceVec::from_host_named(gpu, "BSB edge ids", &ids)?,
+        ))
+    }
+
+    /// The edge map on the device, made by `make` on the first call and kept
+    /// (`DeviceGraph::edge_map_of` makes it from the graph this was built from).
+    pub(crate) fn device_edge_map(
+        &self,
+        make: impl FnOnce(&Self) -> Result<(DeviceVec<u32>, DeviceVec<u32>)>,
     ) -> Result<&(DeviceVec<u32>, DeviceVec<u32>)> {
         if let Some(m) = self.device_edge_map.get() {
             return Ok(m);
         }
-        let (starts, ids) = self.edge_map(a)?;
-        let m = (
-            DeviceVec::from_host_named(gpu, "BSB block edge starts", &starts)?,
-            DeviceVec::from_host_named(gpu, "BSB edge ids", &ids)?,
-        );
+        let m = make(self)?;
         // Another thread may have set it meanwhile: both are the same map.
         let _ = self.device_edge_map.set(m);
         self.device_edge_map
@@ -512,38 +525,45 @@ impl<'a> GatheredBsbExtras<'a> {
     }
 }
 
-/// Checks that `graph` is the graph a structure of `(rows, edges)` was built from (the extras'
-/// edge maps index per-edge data by its rows and edges); `what` names the operand and the
-/// structure in the error.
+/// Checks that a graph of `(graph_rows, graph_edges)` is the graph a structure of
+/// `(rows, edges)` was built from (the extras' edge maps index per-edge data by its rows and
+/// edges); `what` names the operand and the structure in the error.
 ///
 /// Errors: [`Error::InvalidArgument`] naming both sizes.
 pub(crate) fn check_structure_graph(
     (what, structure): (&'static str, &str),
     (rows, edges): (usize, usize),
-    graph: &Csr,
+    (graph_rows, graph_edges): (usize, usize),
 ) -> Result<()> {
-    if graph.n_rows() == rows && graph.nnz() == edges {
+    if graph_rows == rows && graph_edges == edges {
         return Ok(());
     }
     Err(Error::InvalidArgument {
         what,
         why: format!(
-            "the {structure} has {rows} rows and {edges} edges, the graph {} and {}",
-            graph.n_rows(),
-            graph.nnz()
+            "the {structure} has {rows} rows and {edges} edges, the graph {graph_rows} and \
+             {graph_edges}"
         ),
     })
 }
 
 /// [`OrderedBsb::edge_map`] of `bsb`, the BSB of `a` with its rows renumbered by `row_ids`
 /// (per new row its row of `a`; `None`: `a`'s order).
-fn bsb_edge_map(a: &Csr, bsb: &Bsb, row_ids: Option<&[u32]>) -> Result<(Vec<u32>, Vec<u32>)> {
+pub(crate) fn bsb_edge_map(
+    a: &Csr,
+    bsb: &Bsb,
+    row_ids: Option<&[u32]>,
+) -> Result<(Vec<u32>, Vec<u32>)> {
     use rayon::prelude::*;
     let mismatch = |why: String| crate::Error::InvalidArgument {
         what: "graph of the BSB",
         why,
     };
-    check_structure_graph(("graph of the BSB", "BSB"), (bsb.n_rows(), bsb.nnz()), a)?;
+    check_structure_graph(
+        ("graph of the BSB", "BSB"),
+        (bsb.n_rows(), bsb.nnz()),
+        (a.n_rows(), a.nnz()),
+    )?;
     if row_ids.is_some_and(|r| r.len() != a.n_rows()) {
         return Err(mismatch(format!(
             "the row order has {} rows, the graph {}",
@@ -724,6 +744,11 @@ impl DeviceBsb {
     #[cfg(test)]
     pub(crate) fn fill_stats(&self) -> &FillStats {
         &self.fill
+    }
+
+    /// The window offsets (`n_windows + 1`): window `w` holds blocks `[w]..[w + 1]`.
+    pub(crate) fn window_offsets(&self) -> &DeviceVec<u32> {
+        &self.window_offsets
     }
 
     /// The column of every slot, 8 per block; padding slots hold [`Bsb::PADDING`].

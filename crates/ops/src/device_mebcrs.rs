@@ -335,6 +335,56 @@ impl DeviceMeBcrs {
         })
     }
 
+    /// An ME-BCRS built on the device (`crate::device_plan`) in the graph's own row order: its
+    /// `(n_rows, n_cols, nnz)`, the window pointers read back and on the device, and the
+    /// column indices, row masks and edge → slot map; the schedule is cut from the pointers
+    /// and uploaded.
+    pub(crate) fn built_on_device(
+        gpu: &Gpu,
+        (n_rows, n_cols, nnz): (usize, usize, usize),
+        pointers: &[u32],
+        row_pointers: DeviceVec<u32>,
+        (column_indices, row_masks, edge_to_slot): (DeviceVec<u32>, DeviceVec<u8>, DeviceVec<u32>),
+    ) -> Result<Self> {
+        let schedule = MeBcrsSchedule::upload(gpu, pointers)?;
+        crate::launch::to_u32("ME-BCRS work items", schedule.sddmm_items.len())?;
+        crate::launch::to_u32("ME-BCRS work items", schedule.spmm_items.len())?;
+        let n_windows = pointers.len().saturating_sub(1);
+        let n_vectors = column_indices.len();
+        let width = MeBcrs::BLOCK_WIDTH_F16;
+        let (mut blocks, mut max_blocks) = (0, 0);
+        for p in pointers.windows(2) {
+            let b = ((p[1] - p[0]) as usize).div_ceil(width);
+            blocks += b;
+            max_blocks = usize::max(max_blocks, b);
+        }
+        Ok(DeviceMeBcrs {
+            n_rows,
+            n_cols,
+            nnz,
+            n_windows,
+            n_vectors,
+            row_pointers,
+            column_indices,
+            row_masks,
+            edge_to_slot,
+            row_ids: None,
+            order: RowOrderReport {
+                used: Reorder::None,
+                vectors_natural: n_vectors,
+                vectors: n_vectors,
+            },
+            fill_stats: FillStats {
+                windows: n_windows,
+                blocks,
+                edges: nnz,
+                slots: blocks * MeBcrs::WINDOW_ROWS * width,
+                max_blocks_per_window: max_blocks,
+            },
+            schedule,
+        })
+    }
+
     /// Converts `csr` to ME-BCRS on the host (block width 8, the f16 one; the fill statistics
     /// use it) and uploads it, in the graph's own row order.
     pub fn from_csr(gpu: &Gpu, csr: &Csr) -> Result<Self> {
@@ -440,11 +490,11 @@ impl DeviceMeBcrs {
     }
     /// Device memory the matrix occupies, in bytes (schedule and scratch included).
     pub fn device_bytes(&self) -> usize {
-        self.row_pointers.num_bytes()
-            + self.column_indices.num_bytes()
-            + self.row_masks.num_bytes()
-            + self.edge_to_slot.num_bytes()
-            + self.row_ids.as_ref().map_or(0, DeviceVec::num_bytes)
+        self.row_pointers.allocated_bytes()
+            + self.column_indices.allocated_bytes()
+            + self.row_masks.allocated_bytes()
+            + self.edge_to_slot.allocated_bytes()
+            + self.row_ids.as_ref().map_or(0, DeviceVec::allocated_bytes)
             + self.schedule.device_bytes()
     }
 }

@@ -40,7 +40,7 @@ use spattn_formats::{Csr, DegreeStats, Reorder};
 
 use crate::backward::DeviceTranspose;
 use crate::buffer::{DeviceMatrix, DeviceVec};
-use crate::device_bsb::OrderedBsb;
+use crate::device_bsb::{DeviceBsb, OrderedBsb};
 use crate::device_csr::DeviceCsr;
 use crate::device_mebcrs::DeviceMeBcrs;
 use crate::device_plan::{self, BuildReport, DeviceEdges, DeviceIndex, GraphSpec, PlanWorkspace};
@@ -488,6 +488,45 @@ impl DeviceGraph {
         .cloned()
     }
 
+    /// fused-tc's extras edge map of `bsb`, one of this graph's BSBs in its own row order, made
+    /// on the device: over A, or (`transposed`) over Aᵀ with each entry named by its edge of A
+    /// (the backward's Aᵀ BSB, or A's BSB standing for it on a symmetric pattern). No download.
+    pub(crate) fn bsb_edge_map(
+        &self,
+        bsb: &DeviceBsb,
+        transposed: bool,
+    ) -> Result<(DeviceVec<u32>, DeviceVec<u32>)> {
+        // The CSR and transpose first: building them takes the workspace's lock.
+        let (csr, ids_of) = if transposed {
+            let t = self.transpose()?;
+            (t.csr(), Some(t.inverse_map(&self.gpu)?))
+        } else {
+            (self.csr()?, None)
+        };
+        match &self.workspace {
+            Some(ws) => device_plan::bsb_edge_map(&self.gpu, bsb, csr, ids_of, &mut lock(ws)),
+            None => {
+                device_plan::bsb_edge_map(&self.gpu, bsb, csr, ids_of, &mut PlanWorkspace::new())
+            }
+        }
+    }
+
+    /// The extras edge map of `bsb`, one of this graph's BSBs ([`bsb_in`](Self::bsb_in)), made
+    /// on its first use and kept with it: on the device where the BSB is in the graph's own row
+    /// order ([`bsb_edge_map`](Self::bsb_edge_map)), else on the host from the graph's CSR.
+    pub(crate) fn edge_map_of<'b>(
+        &self,
+        bsb: &'b OrderedBsb,
+    ) -> Result<&'b (DeviceVec<u32>, DeviceVec<u32>)> {
+        bsb.device_edge_map(|b| {
+            if b.in_graph_order() {
+                self.bsb_edge_map(&b.device, false)
+            } else {
+                b.uploaded_edge_map(&self.gpu, self.host()?)
+            }
+        })
+    }
+
     /// This graph's number, unique in the process (state made for a graph checks it).
     pub(crate) fn graph_id(&self) -> u64 {
         self.id
@@ -515,11 +554,18 @@ impl DeviceGraph {
     }
 
     /// The ME-BCRS with its rows renumbered as `reorder` says
-    /// ([`DeviceMeBcrs::from_csr_reordered`]); needs compute capability 8.0.
+    /// ([`DeviceMeBcrs::from_csr_reordered`]); needs compute capability 8.0. A graph built on
+    /// the device gets its ME-BCRS in its own order from the device too.
     pub fn mebcrs_in(&self, reorder: Reorder) -> Result<Arc<DeviceMeBcrs>> {
         self.gpu
             .require_compute_capability("tensor-core ops (mma.sync)", 8, 0)?;
         let reorder = self.effective_reorder(reorder);
+        if let (Some(ws), Reorder::None) = (&self.workspace, reorder) {
+            let a = self.csr()?;
+            return self.cached(&self.mebcrs, reorder, || {
+                device_plan::build_mebcrs(&self.gpu, a, &mut lock(ws))
+            });
+        }
         self.cached(&self.mebcrs, reorder, || {
             DeviceMeBcrs::from_csr_reordered(&self.gpu, self.host()?, reorder)
         })

@@ -476,7 +476,7 @@ impl DeviceHybrid {
         // The structure's graph: the cached map indexes the bias by its rows and edges.
         let nnz = self.stats.tc_edges + self.stats.cd_edges;
         let what = ("graph of the hybrid structure", "structure");
-        check_structure_graph(what, (self.n_rows, nnz), graph)?;
+        check_structure_graph(what, (self.n_rows, nnz), (graph.n_rows(), graph.nnz()))?;
         extras.check(gpu, "hybrid", nnz, shape, false)?;
         let scale_log2 = self.check_attention(gpu, (q, k, v), scale, out)?;
         let mut map = self

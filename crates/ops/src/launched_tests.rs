@@ -291,7 +291,7 @@ fn plan_holds_exactly_the_launched_kernels() {
     ] {
         l.add(edge_keys_kernel(index));
     }
-    // Launched by fixed names (`kernel!`) (device_plan/{mod,sort,csr}.rs, fused/tc.rs).
+    // Launched by fixed names (`kernel!`) (device_plan/{mod,sort,csr,blocked}.rs, fused/tc.rs).
     for name in [
         sys::kernel!(PLAN, "plan_transpose_keys"),
         sys::kernel!(PLAN, "plan_scan_pass_u32"),
@@ -308,6 +308,10 @@ fn plan_holds_exactly_the_launched_kernels() {
         sys::kernel!(PLAN, "plan_bsb_flags"),
         sys::kernel!(PLAN, "plan_bsb_window_blocks"),
         sys::kernel!(PLAN, "plan_bsb_fill"),
+        sys::kernel!(PLAN, "plan_bsb_block_edges"),
+        sys::kernel!(PLAN, "plan_bsb_edge_ids"),
+        sys::kernel!(PLAN, "plan_mebcrs_pointers"),
+        sys::kernel!(PLAN, "plan_mebcrs_fill"),
         sys::kernel!(PLAN, "plan_tc_prologue"),
         sys::kernel!(PLAN, "plan_iota_u32"),
         sys::kernel!(PLAN, "plan_widen_u32_i64"),

@@ -167,12 +167,12 @@ struct TransposeExtras {
 }
 
 impl TransposeExtras {
-    fn new(gpu: &Gpu, (starts, ids): (Vec<u32>, Vec<u32>)) -> Result<Self> {
-        Ok(Self {
-            starts: DeviceVec::from_host_named(gpu, "backward BSB edge starts", &starts)?,
-            ids: DeviceVec::from_host_named(gpu, "backward BSB edge ids", &ids)?,
+    fn new((starts, ids): (DeviceVec<u32>, DeviceVec<u32>)) -> Self {
+        Self {
+            starts,
+            ids,
             stage: BsbExtrasStage::default(),
-        })
+        }
     }
 
     fn device_bytes(&self) -> usize {
@@ -339,8 +339,9 @@ impl TensorCoreBackward {
     /// [`run`](Self::run) for the forward `out = softmax_row(scale · Q Kᵀ + bias, masked by A)
     /// ⊙ dropout · V` (fused-tc's with `extras`; `graph` the state's): also writes ∂L/∂bias into
     /// `d_bias` (shaped like the bias: nnz × heads, the caller's edge order) where the extras
-    /// have a bias. The first call with extras builds both BSBs' edge maps on the host (A's CSR
-    /// and its transpose) and uploads them. Extras that change nothing (no bias, dropout at rate
+    /// have a bias. The first call with extras builds both BSBs' edge maps: on the device for
+    /// BSBs in the graph's own row order, else on the host (A's CSR and its transpose) and
+    /// uploaded. Extras that change nothing (no bias, dropout at rate
     /// 0) run [`run`](Self::run).
     ///
     /// A bias shared by the heads takes a `d_bias` of nnz: the heads' dS are written per head
@@ -423,25 +424,18 @@ impl TensorCoreBackward {
         if extras.bias.is_none() && extras.dropout.is_none_or(|d| d.threshold() == 0) {
             return self.run_inner(gpu, scale, operands, None, grads, None);
         }
-        let a = graph.host()?;
         let mut sides = match self.extras.take() {
             Some(x) => x,
-            None => {
-                let (at, from_a) = a.transpose_with_map();
-                let (t_starts, t_ids) = self.t.edge_map(&at)?;
-                // Aᵀ's entries name A's edges: the extras are indexed by A's.
-                let t_ids = t_ids.iter().map(|&e| from_a[e as usize]).collect();
-                Box::new((
-                    BsbExtrasStage::default(),
-                    TransposeExtras::new(gpu, (t_starts, t_ids))?,
-                ))
-            }
+            None => Box::new((
+                BsbExtrasStage::default(),
+                TransposeExtras::new(self.transpose_edge_map(gpu, graph)?),
+            )),
         };
         // The BSBs borrowed apart from the state, which the launches write.
         let (a_bsb, t_bsb) = (Arc::clone(&self.a), Arc::clone(&self.t));
         let result = (|| {
             let (a_stage, tx) = &mut *sides;
-            let (a_starts, a_ids) = a_bsb.device_edge_map(gpu, a)?;
+            let (a_starts, a_ids) = graph.edge_map_of(&a_bsb)?;
             let a_blocks = BsbBlocks {
                 bitmaps: a_bsb.device.bitmap_words(),
                 block_edge_start: a_starts,
@@ -476,6 +470,27 @@ impl TensorCoreBackward {
         })();
         self.extras = Some(sides);
         result
+    }
+
+    /// The edge map of Aᵀ's BSB with its entries named by their edges of A (the extras are
+    /// indexed by A's): made on the device where that BSB is in its own row order (always for
+    /// Aᵀ's own; A's standing for it on a symmetric pattern unless A's rows were reordered),
+    /// else on the host from A's CSR transposed, and uploaded.
+    fn transpose_edge_map(
+        &self,
+        gpu: &Gpu,
+        graph: &DeviceGraph,
+    ) -> Result<(DeviceVec<u32>, DeviceVec<u32>)> {
+        if self.t.in_graph_order() {
+            return graph.bsb_edge_map(&self.t.device, true);
+        }
+        let (at, from_a) = graph.host()?.transpose_with_map();
+        let (starts, ids) = self.t.edge_map(&at)?;
+        let ids: Vec<u32> = ids.iter().map(|&e| from_a[e as usize]).collect();
+        Ok((
+            DeviceVec::from_host_named(gpu, "backward BSB edge starts", &starts)?,
+            DeviceVec::from_host_named(gpu, "backward BSB edge ids", &ids)?,
+        ))
     }
 
     /// Whether the dq and dK/dV passes run at once on two streams: where their grids together

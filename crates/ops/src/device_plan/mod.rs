@@ -19,36 +19,43 @@
 //! 5. **transpose** (the backward's Aᵀ): the CSR's entries re-keyed by column, stably sorted by
 //!    the column bits alone (the CSR is already ordered by row), and the edge map;
 //! 6. **BSB** (fused-tc): each edge's place among its 16-row window's edges ordered by column,
-//!    the distinct columns of each window, their blocks and bitmaps.
+//!    the distinct columns of each window, their blocks and bitmaps; and where a bias or
+//!    dropout comes, its extras edge map (each block's first edge, each edge's caller edge);
+//! 7. **ME-BCRS** (the tensor-core ops): the same ranking in 8-row windows, the distinct columns
+//!    as vectors with their row masks, and each edge's slot.
 //!
 //! Buffers are sized from upper bounds (entries ≤ keys, units ≤ rows + entries / 64, blocks ≤
 //! entries / 8 + windows), so the host reads back once per build: the status block (entry count,
 //! schedule totals, statistics, the first bad edge) for the CSR and its transpose together, the
-//! window offsets for the BSB. Nothing else synchronizes.
+//! window offsets for the BSB, the window pointers for the ME-BCRS. Nothing else synchronizes.
 //!
 //! The entry points are [`crate::graph::DeviceGraph::from_device_edges`] and the graph's BSB
 //! (`DeviceGraph::bsb_in`: a graph built here gets its BSB from here). The passes
-//! live in `sort` (scans, the radix sort) and `csr` (the CSR of sorted keys, its schedules
-//! and the status block); this module holds the API, the workspace and the builds.
+//! live in `sort` (scans, the radix sort), `csr` (the CSR of sorted keys, its schedules
+//! and the status block) and `blocked` (BSB, its edge maps, ME-BCRS); this module holds the
+//! API, the workspace and the builds of the CSR and its transpose.
 
+mod blocked;
 mod csr;
 mod sort;
 #[cfg(test)]
 mod tests;
 
 use cudarc::driver::{CudaView, PushKernelArg};
-use spattn_formats::{Bsb, FillStats, MAX_DIM, MAX_NNZ};
+use spattn_formats::{MAX_DIM, MAX_NNZ};
 use spattn_kernels_sys::PLAN;
 
 use crate::backward::DeviceTranspose;
 use crate::buffer::{DeviceElement, DeviceVec};
 use crate::csr_ops::UNIT_CHUNK;
-use crate::device_bsb::{BsbLayout, DeviceBsb};
 use crate::device_csr::DeviceCsr;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::launch::{check_same_gpu, launch, stride_grid, PushOptionalArg};
 use crate::schedule::SoftmaxSchedule;
+#[cfg(test)]
+use blocked::build_bsb;
+pub(crate) use blocked::{bsb_edge_map, build_mebcrs, ordered_bsb};
 use csr::{csr_from_sorted, status_block, PendingCsr, Status};
 use sort::{radix_sort, scan, sort_buffers, Lanes, ScanScratch, SortScratch};
 
@@ -241,8 +248,8 @@ fn kernel(gpu: &Gpu, name: &'static str) -> Result<cudarc::driver::CudaFunction>
 }
 
 /// The temporaries of builds on the GPU — the sort's keys and values (two of each, for the
-/// passes' ping-pong), its digit counts and look-back words, entry numbers, scan tile sums, per-row counts, the
-/// BSB's window keys — kept between builds so that a training loop that builds a graph every
+/// passes' ping-pong), its digit counts and look-back words, entry numbers, scan tile sums,
+/// per-row counts, the blocked formats' window keys and (ME-BCRS) their edges — kept between builds so that a training loop that builds a graph every
 /// step allocates them once (grown when a larger graph comes). Pass one to
 /// [`crate::DeviceGraph::from_device_edges_in`]; buffers of another GPU handle than the build's
 /// are dropped first.
@@ -257,6 +264,7 @@ pub struct PlanWorkspace {
     sums: ScanScratch,
     rows: Option<DeviceVec<u32>>,
     wkeys: Option<DeviceVec<u64>>,
+    places: Option<DeviceVec<u32>>,
 }
 
 impl PlanWorkspace {
@@ -279,7 +287,7 @@ impl PlanWorkspace {
         let b64 = self.keys.iter().chain([&self.wkeys, &self.lookback]);
         let b64 = b64.flatten().chain(scan64).map(held);
         let b32 = self.vals.iter();
-        let b32 = b32.chain([&self.counts, &self.flags, &self.rows]);
+        let b32 = b32.chain([&self.counts, &self.flags, &self.rows, &self.places]);
         b64.chain(b32.flatten().chain(scan32).map(held))
     }
 
@@ -626,114 +634,6 @@ pub(crate) fn build_transpose(
     finish_transpose(t, map, &status_block(&words), nnz)
 }
 
-/// The BSB of `a` (a CSR on the device, rows in its order) built on the device, and what the
-/// host keeps of it for scheduling: one read back (the window offsets).
-pub(crate) fn build_bsb(
-    gpu: &Gpu,
-    a: &DeviceCsr,
-    ws: &mut PlanWorkspace,
-) -> Result<(DeviceBsb, BsbLayout)> {
-    let (n_rows, nnz) = (a.n_rows(), a.nnz());
-    let rows = Bsb::WINDOW_ROWS;
-    let n_windows = n_rows.div_ceil(rows);
-    // Each window's blocks: ⌈distinct / 8⌉ ≤ distinct / 8 + 1.
-    let max_blocks = nnz / Bsb::BLOCK_COLS + n_windows;
-    let slots = max_blocks * Bsb::BLOCK_COLS;
-    crate::launch::to_u32("BSB block slots", slots)?;
-    let mut block_columns = DeviceVec::<u32>::alloc(gpu, "BSB block columns", slots, false)?;
-    block_columns.fill(Bsb::PADDING)?;
-    let mut bitmap_words = DeviceVec::<u64>::alloc(gpu, "BSB bitmaps", 2 * max_blocks, true)?;
-    let mut window_offsets =
-        DeviceVec::<u32>::alloc(gpu, "BSB window offsets", n_windows + 1, false)?;
-    ws.bind(gpu);
-    let PlanWorkspace {
-        flags, sums, wkeys, ..
-    } = ws;
-    let wkeys = crate::buffer::grown(gpu, wkeys, "BSB window keys", nnz)?;
-    let dex = crate::buffer::grown(gpu, flags, "BSB distinct columns", nnz + 1)?;
-    let (n_rows32, n_windows32, nnz64) = (
-        crate::launch::to_u32("rows", n_rows)?,
-        crate::launch::to_u32("BSB windows", n_windows)?,
-        nnz as u64,
-    );
-    if nnz > 0 {
-        let name = spattn_kernels_sys::kernel!(PLAN, "plan_bsb_rank");
-        let f = kernel(gpu, name)?;
-        let mut args = gpu.launch_builder(&f);
-        args.arg(a.row_offsets().slice())
-            .arg(a.col_indices().slice())
-            .arg(a.row_indices().slice())
-            .arg(&n_rows32)
-            .arg(&nnz64)
-            .arg(wkeys.slice());
-        // SAFETY: edge e < nnz reads its row and column, the row offsets of its window's rows
-        // (< n_rows + 1) and column indices inside those rows (< nnz), and writes wkeys at its
-        // window's first entry plus its place among the window's entries: a permutation of
-        // [0, nnz).
-        unsafe { launch(name, &mut args, stride_grid(nnz)?) }?;
-        let name = spattn_kernels_sys::kernel!(PLAN, "plan_bsb_flags");
-        let f = kernel(gpu, name)?;
-        let mut args = gpu.launch_builder(&f);
-        args.arg(wkeys.slice()).arg(&nnz64).arg(dex.slice());
-        // SAFETY: reads wkeys [0, nnz), writes dex [0, nnz) (nnz + 1 allocated).
-        unsafe { launch(name, &mut args, stride_grid(nnz)?) }?;
-    }
-    scan(gpu, dex, nnz, Lanes::One, sums)?;
-    if n_windows > 0 {
-        let name = spattn_kernels_sys::kernel!(PLAN, "plan_bsb_window_blocks");
-        let f = kernel(gpu, name)?;
-        let mut args = gpu.launch_builder(&f);
-        args.arg(a.row_offsets().slice())
-            .arg(&n_rows32)
-            .arg(&n_windows32)
-            .arg(dex.slice())
-            .arg(window_offsets.slice());
-        // SAFETY: window w < n_windows reads two row offsets (≤ n_rows), dex at two of them
-        // (≤ nnz: nnz + 1 entries) and writes window_offsets[w] (n_windows + 1 allocated).
-        unsafe { launch(name, &mut args, stride_grid(n_windows)?) }?;
-    }
-    scan(gpu, &mut window_offsets, n_windows, Lanes::One, sums)?;
-    if nnz > 0 {
-        let name = spattn_kernels_sys::kernel!(PLAN, "plan_bsb_fill");
-        let f = kernel(gpu, name)?;
-        let mut args = gpu.launch_builder(&f);
-        args.arg(wkeys.slice())
-            .arg(&nnz64)
-            .arg(dex.slice())
-            .arg(a.row_offsets().slice())
-            .arg(window_offsets.slice())
-            .arg(block_columns.slice())
-            .arg(bitmap_words.slice_mut());
-        // SAFETY: entry p < nnz reads wkeys[p], [p - 1], dex[p] and dex at its window's first
-        // entry (≤ nnz), its window's offset (< n_windows + 1) and writes one slot of its block
-        // (block < the window's end ≤ max_blocks: 8 · max_blocks slots) and ORs one bit into
-        // its block's 4 bitmap words (2 · max_blocks u64 = 4 · max_blocks u32).
-        unsafe { launch(name, &mut args, stride_grid(nnz)?) }?;
-    }
-    let offsets = window_offsets.to_host()?;
-    let n_blocks = offsets[n_windows] as usize;
-    block_columns.truncate(n_blocks * Bsb::BLOCK_COLS)?;
-    bitmap_words.truncate(2 * n_blocks)?;
-    let layout = BsbLayout::new(a.n_rows(), nnz, offsets);
-    let fill = FillStats {
-        windows: n_windows,
-        blocks: n_blocks,
-        edges: nnz,
-        slots: n_blocks * Bsb::SLOTS_PER_BLOCK,
-        max_blocks_per_window: layout.max_blocks_per_window(),
-    };
-    let order = DeviceVec::from_host_named(gpu, "BSB window order", layout.window_order())?;
-    let bsb = DeviceBsb::from_parts(
-        (a.n_rows(), a.n_cols()),
-        fill,
-        window_offsets,
-        block_columns,
-        bitmap_words,
-        order,
-    );
-    Ok((bsb, layout))
-}
-
 /// The edge CSR of `a` (its rows, edge `e` at column `e`: per-edge operands of the CSR ops)
 /// made on the device: the row offsets, rows and schedules copied, the columns counted. No
 /// read back.
@@ -770,18 +670,4 @@ pub fn widen_to_i64(gpu: &Gpu, from: &DeviceVec<u32>, to: &mut DeviceVec<i64>) -
     args.arg(from.slice()).arg(&n64).arg(to.slice_mut());
     // SAFETY: reads from[0, n) and writes to[0, n); both hold n (checked).
     unsafe { launch(name, &mut args, stride_grid(n)?) }
-}
-
-/// A shared graph's BSB as fused-tc plans read it, built on the device.
-pub(crate) fn ordered_bsb(
-    gpu: &Gpu,
-    a: &DeviceCsr,
-    ws: &mut PlanWorkspace,
-) -> Result<crate::device_bsb::OrderedBsb> {
-    let t = std::time::Instant::now();
-    let (device, layout) = build_bsb(gpu, a, ws)?;
-    let ms = t.elapsed().as_secs_f64() * 1e3;
-    Ok(crate::device_bsb::OrderedBsb::built_on_device(
-        device, layout, ms,
-    ))
 }

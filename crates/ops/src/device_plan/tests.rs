@@ -56,10 +56,11 @@ fn status_blocks_decode_the_statistics() {
 }
 
 use crate::backward::DeviceTranspose;
+use crate::device_bsb::{BsbLayout, DeviceBsb, OrderedBsb};
 use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_pcg::Pcg64;
-use spattn_formats::Csr;
+use spattn_formats::{Bsb, Csr, MeBcrs};
 use spattn_test_support::{fresh_rng, hub_graph, random_graph, shared_graph};
 
 /// This crate's handle (test-support's `gpu()` is the other build of the crate's).
@@ -116,19 +117,48 @@ fn same<T: PartialEq + std::fmt::Debug>(got: &[T], want: &[T], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");
 }
 
+/// `src` and `dst` uploaded.
+fn upload_edges<I: DeviceIndex>(gpu: &Gpu, src: &[I], dst: &[I]) -> (DeviceVec<I>, DeviceVec<I>) {
+    (
+        DeviceVec::from_host(gpu, src).unwrap(),
+        DeviceVec::from_host(gpu, dst).unwrap(),
+    )
+}
+
+/// The edges of contiguous source and target buffers of one length.
+fn contiguous_edges<'a, I: DeviceIndex>(
+    sources: &'a DeviceVec<I>,
+    targets: &'a DeviceVec<I>,
+) -> DeviceEdges<'a, I> {
+    DeviceEdges {
+        sources: DeviceIds::contiguous(sources),
+        targets: DeviceIds::contiguous(targets),
+        len: sources.len(),
+    }
+}
+
+/// [`same`] for a device buffer's contents.
+fn same_on_device<T: DeviceElement + PartialEq + std::fmt::Debug>(
+    got: &DeviceVec<T>,
+    want: &[T],
+    what: &str,
+) {
+    same(&got.to_host().unwrap(), want, what);
+}
+
 fn assert_same_csr(gpu: &Gpu, got: &DeviceCsr, want: &Csr, what: &str) {
-    same(
-        &got.row_offsets().to_host().unwrap(),
+    same_on_device(
+        got.row_offsets(),
         want.row_offsets(),
         &format!("{what}: row offsets"),
     );
-    same(
-        &got.col_indices().to_host().unwrap(),
+    same_on_device(
+        got.col_indices(),
         want.col_indices(),
         &format!("{what}: columns"),
     );
-    same(
-        &got.row_indices().to_host().unwrap(),
+    same_on_device(
+        got.row_indices(),
         &want.row_indices(),
         &format!("{what}: rows"),
     );
@@ -149,7 +179,7 @@ fn assert_same_csr(gpu: &Gpu, got: &DeviceCsr, want: &Csr, what: &str) {
 
 /// Builds `a`'s edges on the device with ids of type I at `stride` and checks every format
 /// against the host's: CSR, schedules, statistics, positions, duplicates, transpose and
-/// edge map, BSB (bit for bit, window order included).
+/// edge map, BSB (bit for bit, window order included) and its extras edge maps, ME-BCRS.
 fn check_build<I: DeviceIndex + TryFrom<u32>>(
     gpu: &Gpu,
     rng: &mut Pcg64,
@@ -238,8 +268,8 @@ fn check_build<I: DeviceIndex + TryFrom<u32>>(
         &host_t.csr().to_host().unwrap(),
         &format!("{what} transposed"),
     );
-    same(
-        &t.map().to_host().unwrap(),
+    same_on_device(
+        t.map(),
         &host_t.map().to_host().unwrap(),
         &format!("{what}: edge map"),
     );
@@ -280,6 +310,99 @@ fn check_build<I: DeviceIndex + TryFrom<u32>>(
         host_bsb.window_order(),
         &format!("{what}: window order"),
     );
+    let graphs = (&built.csr, &t);
+    check_edge_maps(
+        gpu,
+        (bsb, layout),
+        graphs,
+        &want,
+        spec.symmetrize,
+        &mut ws,
+        &what,
+    );
+    let me = build_mebcrs(gpu, &built.csr, &mut ws).unwrap();
+    let host_me = MeBcrs::from_csr(&want, MeBcrs::BLOCK_WIDTH_F16).unwrap();
+    same_on_device(
+        me.row_pointers(),
+        host_me.row_pointers(),
+        &format!("{what}: ME-BCRS row pointers"),
+    );
+    same_on_device(
+        me.column_indices(),
+        host_me.column_indices(),
+        &format!("{what}: ME-BCRS column indices"),
+    );
+    same_on_device(
+        me.row_masks(),
+        host_me.row_masks(),
+        &format!("{what}: ME-BCRS row masks"),
+    );
+    same_on_device(
+        me.edge_to_slot(),
+        &host_me.edge_to_slot().unwrap(),
+        &format!("{what}: ME-BCRS edge to slot"),
+    );
+    assert_eq!(
+        *me.fill_stats(),
+        host_me.fill_stats(),
+        "{what}: ME-BCRS fill"
+    );
+    assert_eq!(
+        (me.n_windows(), me.n_vectors(), me.nnz()),
+        (host_me.n_windows(), host_me.n_vectors(), host_me.nnz()),
+        "{what}: ME-BCRS sizes"
+    );
+}
+
+/// fused-tc's extras edge maps made on the device against the host's: A's BSB over A, Aᵀ's
+/// BSB over Aᵀ with A's edge ids, and (a symmetric pattern) A's BSB standing for Aᵀ's.
+fn check_edge_maps(
+    gpu: &Gpu,
+    (bsb, layout): (DeviceBsb, BsbLayout),
+    (a, t): (&DeviceCsr, &DeviceTranspose),
+    want: &Csr,
+    symmetric: bool,
+    ws: &mut PlanWorkspace,
+    what: &str,
+) {
+    let host = |b: &OrderedBsb, a: &Csr, from_a: Option<&[u32]>| {
+        let (starts, ids) = b.edge_map(a).unwrap();
+        let ids: Vec<u32> = match from_a {
+            Some(m) => ids.iter().map(|&e| m[e as usize]).collect(),
+            None => ids,
+        };
+        (starts, ids)
+    };
+    let check = |got: (DeviceVec<u32>, DeviceVec<u32>), want: (Vec<u32>, Vec<u32>), side: &str| {
+        same_on_device(
+            &got.0,
+            &want.0,
+            &format!("{what}: {side} block edge starts"),
+        );
+        same_on_device(&got.1, &want.1, &format!("{what}: {side} edge ids"));
+    };
+    let a_bsb = OrderedBsb::built_on_device(bsb, layout, 0.0);
+    check(
+        bsb_edge_map(gpu, &a_bsb.device, a, None, ws).unwrap(),
+        host(&a_bsb, want, None),
+        "A's BSB",
+    );
+    let (at, from_a) = want.transpose_with_map();
+    let inverse = t.inverse_map(gpu).unwrap();
+    let (t_dev, t_layout) = build_bsb(gpu, t.csr(), ws).unwrap();
+    let t_bsb = OrderedBsb::built_on_device(t_dev, t_layout, 0.0);
+    check(
+        bsb_edge_map(gpu, &t_bsb.device, t.csr(), Some(inverse), ws).unwrap(),
+        host(&t_bsb, &at, Some(&from_a)),
+        "Aᵀ's BSB",
+    );
+    if symmetric {
+        check(
+            bsb_edge_map(gpu, &a_bsb.device, t.csr(), Some(inverse), ws).unwrap(),
+            host(&a_bsb, &at, Some(&from_a)),
+            "A's BSB as Aᵀ's",
+        );
+    }
 }
 
 /// Random graphs (with empty rows and repeated edges), a 10^5-edge hub row, n of 1, 7, 17,
@@ -377,15 +500,8 @@ fn gpu_device_plan_reports_the_first_bad_edge() {
         (vec![0, 1, 2], vec![1, 4, 0], 1),
         (vec![5, 0], vec![0, 0], 0),
     ] {
-        let (ds, dt) = (
-            DeviceVec::from_host(&gpu, &src).unwrap(),
-            DeviceVec::from_host(&gpu, &dst).unwrap(),
-        );
-        let edges = DeviceEdges {
-            sources: DeviceIds::contiguous(&ds),
-            targets: DeviceIds::contiguous(&dt),
-            len: src.len(),
-        };
+        let (ds, dt) = upload_edges(&gpu, &src, &dst);
+        let edges = contiguous_edges(&ds, &dt);
         for spec in [
             GraphSpec::square(4),
             GraphSpec {
@@ -475,15 +591,8 @@ fn gpu_device_plan_costs() {
     for (n, avg) in [(3500usize, 2usize), (34_000, 3), (34_000, 30)] {
         let a = random_graph(&mut rng, n, avg, 0);
         let (src, dst) = edge_list(&mut rng, &a, false, 0);
-        let (ds, dt) = (
-            DeviceVec::from_host(&gpu, &src).unwrap(),
-            DeviceVec::from_host(&gpu, &dst).unwrap(),
-        );
-        let edges = DeviceEdges {
-            sources: DeviceIds::contiguous(&ds),
-            targets: DeviceIds::contiguous(&dt),
-            len: src.len(),
-        };
+        let (ds, dt) = upload_edges(&gpu, &src, &dst);
+        let edges = contiguous_edges(&ds, &dt);
         for transpose in [false, true] {
             let spec = GraphSpec {
                 self_loops: true,
@@ -505,5 +614,83 @@ fn gpu_device_plan_costs() {
                 times[times.len() / 2]
             );
         }
+    }
+}
+
+/// Wall time of the blocked formats' device builds against the host path each replaces
+/// (download the CSR and the BSB, build on the host, upload): fused-tc's extras edge maps (A's
+/// and Aᵀ's) and the ME-BCRS, on mini-batch and larger sizes (printed, not asserted).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gpu_blocked_format_costs() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("gpu_blocked_format_costs");
+    let mut ws = PlanWorkspace::new();
+    let median = |f: &mut dyn FnMut()| {
+        let mut times: Vec<f64> = (0..15)
+            .map(|_| {
+                gpu.synchronize().unwrap();
+                let t = std::time::Instant::now();
+                f();
+                gpu.synchronize().unwrap();
+                t.elapsed().as_secs_f64() * 1e3
+            })
+            .collect();
+        times.sort_by(f64::total_cmp);
+        times[times.len() / 2]
+    };
+    let mut graphs = vec![
+        random_graph(&mut rng, 34_000, 3, 0),
+        random_graph(&mut rng, 169_000, 7, 0),
+    ];
+    graphs.extend(
+        spattn_test_support::test_graphs(&["ogbn-arxiv"])
+            .into_iter()
+            .map(shared_graph),
+    );
+    for a in &graphs {
+        let (src, dst) = edge_list(&mut rng, a, false, 0);
+        let (ds, dt) = upload_edges(&gpu, &src, &dst);
+        let edges = contiguous_edges(&ds, &dt);
+        let spec = GraphSpec {
+            symmetrize: true,
+            self_loops: true,
+            transpose: true,
+            ..GraphSpec::square(a.n_rows())
+        };
+        let built = build_from_edges(&gpu, &edges, &spec, None, &mut ws).unwrap();
+        let t = built.transpose.unwrap();
+        let (bsb, layout) = build_bsb(&gpu, &built.csr, &mut ws).unwrap();
+        let ordered = OrderedBsb::built_on_device(bsb, layout, 0.0);
+        let what = format!("{} edges ({} nodes)", built.csr.nnz(), a.n_rows());
+        let device_maps = median(&mut || {
+            let inverse = t.inverse_map(&gpu).unwrap();
+            bsb_edge_map(&gpu, &ordered.device, &built.csr, None, &mut ws).unwrap();
+            bsb_edge_map(&gpu, &ordered.device, t.csr(), Some(inverse), &mut ws).unwrap();
+        });
+        let host_maps = median(&mut || {
+            let a = built.csr.to_host().unwrap();
+            let b = ordered.device.to_host().unwrap();
+            let (s, ids) = crate::device_bsb::bsb_edge_map(&a, &b, None).unwrap();
+            DeviceVec::from_host(&gpu, &s).unwrap();
+            DeviceVec::from_host(&gpu, &ids).unwrap();
+            let (at, from_a) = a.transpose_with_map();
+            let (s, ids) = crate::device_bsb::bsb_edge_map(&at, &b, None).unwrap();
+            let ids: Vec<u32> = ids.iter().map(|&e| from_a[e as usize]).collect();
+            DeviceVec::from_host(&gpu, &s).unwrap();
+            DeviceVec::from_host(&gpu, &ids).unwrap();
+        });
+        eprintln!(
+            "{what}: extras edge maps (A's and Aᵀ's) on the device {device_maps:.3} ms, \
+             by the host {host_maps:.3} ms"
+        );
+        let device_me = median(&mut || {
+            build_mebcrs(&gpu, &built.csr, &mut ws).unwrap();
+        });
+        let host_me = median(&mut || {
+            let a = built.csr.to_host().unwrap();
+            crate::DeviceMeBcrs::from_csr(&gpu, &a).unwrap();
+        });
+        eprintln!("{what}: ME-BCRS on the device {device_me:.3} ms, by the host {host_me:.3} ms");
     }
 }

@@ -51,7 +51,6 @@ use crate::launch::{
 };
 use crate::rows::{padded_heads, resize_rows, vec_padded};
 use crate::{DType, DTypeKind, DeviceGraph, DeviceMatrix, DeviceVec, Gpu, Shape};
-use spattn_formats::Csr;
 use spattn_kernels_sys::FUSED_BSB;
 use std::sync::Arc;
 
@@ -199,6 +198,9 @@ impl Default for Options {
 pub struct FusedTensorCore {
     /// The mask in the plan's row order, shared through the graph's cache.
     ordered: Arc<OrderedBsb>,
+    /// The graph the plan was made for ([`DeviceGraph::graph_id`]), where [`new`](Self::new)
+    /// made it: its extras' edge map is the graph's.
+    graph_id: Option<u64>,
     /// The 128-feature pipelined kernel's prologue records ([`Schedule::prologue`]); `None`
     /// for the other kernels.
     unit_pre: Option<DeviceVec<u32>>,
@@ -250,7 +252,10 @@ impl FusedTensorCore {
         layout_with(head_dim, T::KIND, None, true)?;
         require_tensor_cores(graph.gpu())?;
         let ordered = graph.bsb_in(reorder)?;
-        Self::with_options::<T>(graph.gpu(), ordered, heads, head_dim, Options::default())
+        let mut plan =
+            Self::with_options::<T>(graph.gpu(), ordered, heads, head_dim, Options::default())?;
+        plan.graph_id = Some(graph.graph_id());
+        Ok(plan)
     }
 
     /// The row order and the kernel the plan uses, for its report.
@@ -339,6 +344,7 @@ impl FusedTensorCore {
             None
         };
         Ok(Self {
+            graph_id: None,
             order_info: match vec_padded(head_dim, T::KIND.size_bytes()) {
                 padded if padded == head_dim => format!("{}; kernel {kernel}", ordered.info()),
                 padded => format!(
@@ -453,8 +459,9 @@ impl FusedTensorCore {
 
     /// [`forward`](Self::forward) with a score bias and dropout (see `spattn::extras`) in the
     /// same kernel, given in the CSR order of `graph`, the graph this plan was built from. The
-    /// first call maps the BSB's edges to `graph`'s (host work linear in the edges, and 4 bytes
-    /// per edge and per block on the device, kept); each call gathers the extras into the
+    /// first call maps the BSB's edges to `graph`'s (4 bytes per edge and per block on the
+    /// device, kept with the BSB: made on the device for a BSB in the graph's own row order,
+    /// on the host from its CSR for a reordered one); each call gathers the extras into the
     /// kernel's edge order (4 bytes per edge and bias row, 1 bit per edge and head, kept).
     ///
     /// Edge features (`nnz × heads × head_dim`, added to K and V; f16 / bf16 heads of 64 or 128
@@ -470,7 +477,7 @@ impl FusedTensorCore {
     pub fn forward_with_extras<T: DType>(
         &mut self,
         gpu: &Gpu,
-        graph: &Csr,
+        graph: &DeviceGraph,
         (q, k, v): (&DeviceMatrix<T>, &DeviceMatrix<T>, &DeviceMatrix<T>),
         scale: f32,
         extras: &CsrExtras<'_, T>,
@@ -482,15 +489,21 @@ impl FusedTensorCore {
         check_structure_graph(
             ("graph of the BSB", "BSB"),
             (bsb.n_rows(), bsb.nnz()),
-            graph,
+            (graph.n_rows(), graph.nnz()),
         )?;
+        if self.graph_id.is_some_and(|id| id != graph.graph_id()) {
+            return Err(Error::InvalidArgument {
+                what: "graph",
+                why: "the plan was made for another graph of the same size".into(),
+            });
+        }
         if extras.edge_features.is_some() {
             check_feature_layout(self.layout, self.dtype, self.head_dim)?;
         }
         extras.check(gpu, KERNEL, graph.nnz(), q.shape(), true)?;
         // Per block its first edge, and per edge in block-and-bit order its caller CSR edge:
         // built once per BSB (the backward's passes over A share it).
-        self.ordered.device_edge_map(gpu, graph)?;
+        graph.edge_map_of(&self.ordered)?;
         self.run(
             gpu,
             (q, k, v),
