@@ -259,6 +259,13 @@ impl EdgeBuffers {
     }
 }
 
+/// The fused backward's edge terms: the edge features with their gradient's buffer, and the
+/// forward's dropout.
+pub(crate) type FusedTerms<'a, T> = (
+    Option<(&'a DeviceMatrix<T>, &'a mut DeviceMatrix<T>)>,
+    Option<&'a Dropout>,
+);
+
 impl AttentionPlan {
     /// The gradients of the plan's attention on device operands: given the forward's inputs Q,
     /// K, V, its output `out` and the loss gradient `d_out` (shaped like `out`), writes ∂L/∂Q,
@@ -650,14 +657,15 @@ impl AttentionPlan {
         read_d_scale(read_scale, ws.d_scale())
     }
 
-    /// The backward with edge features (and the forward's dropout, if any; no bias) on the fused
-    /// backward's two passes (the caller checked [`FusedBackward::supports`] for the head):
-    /// writes dQ, dK, dV and ∂L/∂E, and returns ∂L/∂scale where `read_scale`.
-    pub(crate) fn fused_edge_features_backward<T: DType>(
+    /// The backward with edge features (with their gradient's buffer) and the forward's dropout,
+    /// either or both (no bias), on the fused backward's two passes (the caller checked
+    /// [`FusedBackward::supports`] for the head): writes dQ, dK, dV and ∂L/∂E where the
+    /// features come, and returns ∂L/∂scale where `read_scale`.
+    pub(crate) fn fused_extras_backward<T: DType>(
         &self,
         operands: [&DeviceMatrix<T>; 4],
-        (edge_features, dropout): (&DeviceMatrix<T>, Option<&Dropout>),
-        [dq, dk, dv, d_ef]: [&mut DeviceMatrix<T>; 4],
+        (features, dropout): FusedTerms<'_, T>,
+        [dq, dk, dv]: [&mut DeviceMatrix<T>; 3],
         read_scale: bool,
     ) -> Result<Option<f32>> {
         let (gpu, graph, state) = self.gpu_backward_parts()?;
@@ -666,17 +674,22 @@ impl AttentionPlan {
         let mut st = state.lock().unwrap_or_else(PoisonError::into_inner);
         let (a, t) = (graph.csr()?, graph.transpose()?);
         let ws = st.fused_workspace(gpu, (a, t), sq)?;
-        ws.run_with_edge_features(
-            gpu,
-            a,
-            t,
-            self.config().scale(),
-            operands,
-            [dq, dk, dv],
-            edge_features,
-            d_ef,
-            dropout,
-        )?;
+        let scale = self.config().scale();
+        match (features, dropout) {
+            (Some((f, d_f)), dropout) => ws.run_with_edge_features(
+                gpu,
+                a,
+                t,
+                scale,
+                operands,
+                [dq, dk, dv],
+                f,
+                d_f,
+                dropout,
+            )?,
+            (None, Some(d)) => ws.run_with_dropout(gpu, a, t, scale, operands, [dq, dk, dv], d)?,
+            (None, None) => ws.run(gpu, a, t, scale, operands, [dq, dk, dv])?,
+        }
         read_d_scale(read_scale, ws.d_scale())
     }
 

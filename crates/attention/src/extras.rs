@@ -266,9 +266,10 @@ impl AttentionPlan {
     /// shared) and dropout take the tensor-core backward's three passes where they hold the
     /// head (f16 / bf16, a multiple of 8 up to 64 features; deterministic, no per-edge f32
     /// buffers: a shared bias's per-head dS goes through an `nnz × heads` scratch of `T`);
-    /// edge features without a bias (dropout or not) take the fused CUDA-core backward's two
-    /// passes (deterministic, no per-edge feature-sized buffers); the rest (f32 or wider heads
-    /// with a bias or dropout alone, edge features with a bias) the per-edge composition.
+    /// edge features or dropout without a bias take the fused CUDA-core backward's two passes
+    /// (deterministic, no per-edge feature-sized buffers); the rest (a bias on f32 or wider
+    /// heads, edge features with a bias, heads the fused passes do not hold) the per-edge
+    /// composition.
     ///
     /// Errors: as [`forward_with`](Self::forward_with); [`Error::InvalidConfig`] where
     /// `grads` lacks the bias's or the edge features' gradient the forward's extras need.
@@ -306,11 +307,11 @@ impl AttentionPlan {
     /// `T` on this plan: [`BackwardKernels::TensorCore`] for a bias (per head or shared) and /
     /// or dropout (or neither) without edge features where the tensor-core backward holds the
     /// head (f16 / bf16, a multiple of 8 up to 64 features, sm_80 and later),
-    /// [`BackwardKernels::Fused`] for edge features without a bias (dropout or not) where the
-    /// fused CUDA-core backward holds the head, else
+    /// [`BackwardKernels::Fused`] for edge features or dropout (or both) without a bias where
+    /// the fused CUDA-core backward holds the head, else
     /// [`BackwardKernels::Unfused`] (the per-edge composition). The first two are bitwise
     /// deterministic and keep no per-edge feature-sized buffers (the fused one keeps a score
-    /// pair per edge and head with edge features). A CPU plan answers `Unfused`.
+    /// pair per edge and head with edge features or dropout). A CPU plan answers `Unfused`.
     pub fn backward_kernels_with_extras<T: DType>(
         &self,
         extras: &Extras<'_, T>,
@@ -318,8 +319,10 @@ impl AttentionPlan {
         if extras.edge_features.is_none() && self.tensor_core_backward_runs::<T>() {
             return BackwardKernels::TensorCore;
         }
+        // Edge features or dropout without a bias: the fused passes' edge terms.
+        let dropped = extras.dropout.is_some_and(|d| d.rate() > 0.0);
         if extras.bias.is_none()
-            && extras.edge_features.is_some()
+            && (extras.edge_features.is_some() || dropped)
             && self.is_gpu()
             && FusedBackward::supports::<T>(self.shape_q().head_dim)
         {
@@ -374,17 +377,21 @@ impl AttentionPlan {
                 );
             }
             BackwardKernels::Fused => {
-                if let Some(f) = extras.edge_features {
-                    let df = grads
-                        .d_edge_features
-                        .ok_or_else(|| need("d_edge_features"))?;
-                    return self.fused_edge_features_backward(
-                        [q, k, v, d_out],
-                        (f, extras.dropout.as_ref()),
-                        [grads.dq, grads.dk, grads.dv, df],
-                        read_scale,
-                    );
-                }
+                let features = match extras.edge_features {
+                    Some(f) => Some((
+                        f,
+                        grads
+                            .d_edge_features
+                            .ok_or_else(|| need("d_edge_features"))?,
+                    )),
+                    None => None,
+                };
+                return self.fused_extras_backward(
+                    [q, k, v, d_out],
+                    (features, extras.dropout.as_ref()),
+                    [grads.dq, grads.dk, grads.dv],
+                    read_scale,
+                );
             }
             _ => {}
         }

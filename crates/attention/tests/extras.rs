@@ -457,6 +457,49 @@ fn gpu_edge_features_take_the_fused_backward() {
     }
 }
 
+/// Dropout alone (no bias, no edge features) takes the fused backward's two passes with the
+/// kept bits and no feature row (`FusedBackward::run_with_dropout`) where they hold the head:
+/// every gradient against the f64 reference on hub rows and columns split across units, every
+/// dtype, and two runs bitwise equal.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gpu_dropout_alone_takes_the_fused_backward() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("gpu dropout fused backward");
+    let graphs = [
+        shared_graph("cora"),
+        random_graph(&mut rng, 300, 6, 7),
+        hub_graph(&mut rng, 20_000, 3),
+    ];
+    let auto = (Algorithm::Auto, Reorder::Auto, None);
+    for a in &graphs {
+        for (heads, d, rate) in [(1, 8, 0.3), (3, 24, 0.5), (8, 64, 0.1), (2, 128, 0.2)] {
+            check_gpu_extras_feats::<f32>(&gpu, a, auto, (heads, d), None, rate, false);
+            check_gpu_extras_feats::<f16>(&gpu, a, auto, (heads, d), None, rate, false);
+            check_gpu_extras_feats::<bf16>(&gpu, a, auto, (heads, d), None, rate, false);
+        }
+    }
+    let a = &graphs[2];
+    for (heads, d) in [(8, 64), (1, 24)] {
+        let s = Shape::new(a.n_rows(), heads, d).unwrap();
+        let sf = Shape::new(a.nnz(), heads, d).unwrap();
+        let [q, k, v, g] = [0; 4].map(|_| {
+            DeviceMatrix::from_host(&gpu, s, &random_vec::<f32>(&mut rng, s.len(), 1.0)).unwrap()
+        });
+        let config = AttentionConfig::new(heads, d, DTypeKind::F32).with_edge_extras(true);
+        let plan = AttentionPlan::new_gpu(&gpu, a, config).unwrap();
+        let extras = Extras {
+            bias: None,
+            edge_features: None,
+            dropout: Some(Dropout::new(0.3, 11, 5).unwrap()),
+        };
+        let what = format!("f32 H{heads} D{d} dropout alone");
+        let kernels = plan.backward_kernels_with_extras(&extras);
+        assert_eq!(kernels, BackwardKernels::Fused, "{what}");
+        check_runs_equal(&gpu, &plan, [&q, &k, &v, &g], &extras, (s, sf, 0), &what);
+    }
+}
+
 /// Two backward passes with extras give bitwise-equal gradients and ∂L/∂scale, on the kernels
 /// `backward_kernels_with_extras` names: edge features alone and with dropout (`features`; the
 /// fused CUDA-core passes) or a bias with dropout, per head and shared (the tensor-core passes
@@ -544,7 +587,7 @@ fn check_runs_equal<T: DType>(
                     dq: gq,
                     dk: gk,
                     dv: gv,
-                    d_bias: (!features).then_some(&mut gb),
+                    d_bias: extras.bias.is_some().then_some(&mut gb),
                     d_edge_features: features.then_some(gf),
                 },
             )

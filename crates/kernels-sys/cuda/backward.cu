@@ -528,11 +528,12 @@ struct Units {
     u32 n;
 };
 
-// EF: edge features, row e of ef (nnz x heads x head_dim) added to the key and the value of A's
-// edge e (CSR position e): k' = k_j + e_ij, v' = v_j + e_ij in every formula above; each
-// edge's raw score and dP go to edge_sd[e * heads + h] for the column pass. With dropout (EF
-// only; `keep` A's kept bits, null without): dP = f <dOut_i, v'> with f = kept_factor, the
-// forward having aggregated P f v'.
+// EF (edge terms): edge features, row e of ef (nnz x heads x head_dim; null: none) added to the
+// key and the value of A's edge e (CSR position e): k' = k_j + e_ij, v' = v_j + e_ij in every
+// formula above; each edge's raw score and dP go to edge_sd[e * heads + h] for the column
+// pass. With dropout (EF only; `keep` A's kept bits, null without): dP = f <dOut_i, v'> with
+// f = kept_factor, the forward having aggregated P f v'. Dropout alone runs these kernels with
+// ef and d_ef null.
 template <class T, int VEC, int NV, int TILE, bool EF>
 __device__ __forceinline__ void backward_row_pass(
     Units un, const u32* __restrict__ col_indices, const T* __restrict__ q,
@@ -573,10 +574,12 @@ __device__ __forceinline__ void backward_row_pass(
                 load_head<T, VEC, NV>(k + c * hd + head_off, on, feat, kk[t]);
                 load_head<T, VEC, NV>(v + c * hd + head_off, on, feat, vv[t]);
                 if constexpr (EF) {
-                    float ee[NV][VEC];
-                    load_head<T, VEC, NV>(ef + (u64)pos * hd + head_off, on, feat, ee);
-                    axpby<VEC, NV>(kk[t], 1.0f, ee, 1.0f);
-                    axpby<VEC, NV>(vv[t], 1.0f, ee, 1.0f);
+                    if (ef != nullptr) {
+                        float ee[NV][VEC];
+                        load_head<T, VEC, NV>(ef + (u64)pos * hd + head_off, on, feat, ee);
+                        axpby<VEC, NV>(kk[t], 1.0f, ee, 1.0f);
+                        axpby<VEC, NV>(vv[t], 1.0f, ee, 1.0f);
+                    }
                 }
             }
 #pragma unroll
@@ -674,10 +677,10 @@ __device__ __forceinline__ void backward_row_pass(
 
 // EF: A^T's entry e is A's edge t_to_a[e]; its raw score and dP come from the row pass
 // (edge_sd: no feature row read, no dot product here), and its gradient
-// dE = scale dS q_i + P f dOut_i is written to row t_to_a[e] of d_ef (each edge by the one unit
-// holding it: no sums across units); f the edge's dropout factor (keep, A's order; 1 without),
-// which weighs dV's terms too.
-template <class T, int VEC, int NV, int TILE, bool EF>
+// dE = scale dS q_i + P f dOut_i is written to row t_to_a[e] of d_ef (DE: the features' pass;
+// dropout alone runs without it), each edge by the one unit holding it: no sums across units; f
+// the edge's dropout factor (keep, A's order; 1 without), which weighs dV's terms too.
+template <class T, int VEC, int NV, int TILE, bool EF, bool DE>
 __device__ __forceinline__ void backward_col_pass(
     Units un, const u32* __restrict__ row_indices, const T* __restrict__ q,
     const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ d_out, u32 heads,
@@ -736,7 +739,7 @@ __device__ __forceinline__ void backward_col_pass(
                 if constexpr (EF) pf *= kept_factor(keep, (u64)id[t] * heads + h, keep_scale);
                 axpby<VEC, NV>(adv, 1.0f, oo[t], pf);
                 axpby<VEC, NV>(adk, 1.0f, qq[t], ds);
-                if constexpr (EF) {
+                if constexpr (EF && DE) {
                     if (e + t < end) {
                         float de[NV][VEC];
 #pragma unroll
@@ -953,11 +956,13 @@ __device__ __forceinline__ void gat_backward_col_pass(
         const u32 *part_first, u32 n_units
 #define SPATTN_BWD_UNITS {unit_rows, unit_starts, unit_slots, unit_parts, part_first, n_units}
 
-// Every pass takes the edge-feature arguments (ef, edge_sd; t_to_a, d_ef, edge_sd) and the
-// dropout's kept bits and scale, used by the EF kernels (`_ef` in the name) only (the row pass
-// writes edge_sd, the column pass reads it), null for the others.
-#define SPATTN_BACKWARD_FUSED_K(NAME_R, NAME_C, T, VEC, NV, TILE, MINB, EF)                    \
-    extern "C" __global__ void __launch_bounds__(256, MINB) NAME_R(                            \
+// Every pass takes the edge terms' arguments (ef, edge_sd; t_to_a, d_ef, edge_sd) and the
+// dropout's kept bits and scale, used by the EF kernels only (`_ef` in the name: edge features,
+// with dropout or not; the row pass also serves dropout alone, with ef null, beside the column
+// pass `_drop`, which writes no dE), null for the others. The row pass writes edge_sd, the
+// column pass reads it.
+#define SPATTN_BACKWARD_ROWS_K(NAME, T, VEC, NV, TILE, MINB, EF)                                \
+    extern "C" __global__ void __launch_bounds__(256, MINB) NAME(                              \
         SPATTN_BWD_UNITS_ARGS, const u32* col_indices, const T* q, const T* k, const T* v,     \
         const T* d_out, u32 heads, u32 head_dim, float scale, u32 g, T* dq, float2* stats,     \
         float* part_stats, float* part_acc, u32* counters, u32 n_split, float* split_dscale,   \
@@ -969,17 +974,18 @@ __device__ __forceinline__ void gat_backward_col_pass(
                                                 part_acc, counters, n_split, split_dscale,     \
                                                 block_dscale, block_counter, d_scale, ef,      \
                                                 edge_sd, keep, keep_scale);                    \
-    }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(256, MINB) NAME_C(                            \
+    }
+#define SPATTN_BACKWARD_COLS_K(NAME, T, VEC, NV, TILE, MINB, EF, DE)                            \
+    extern "C" __global__ void __launch_bounds__(256, MINB) NAME(                              \
         SPATTN_BWD_UNITS_ARGS, const u32* row_indices, const T* q, const T* k, const T* v,     \
         const T* d_out, u32 heads, u32 head_dim, float scale, u32 g, const float2* stats,      \
         T* dk, T* dv, float* part_acc, u32* counters, const u32* t_to_a, T* d_ef,              \
         const float2* edge_sd, const u32* keep, float keep_scale) {                            \
         const Units un = SPATTN_BWD_UNITS;                                                     \
-        backward_col_pass<T, VEC, NV, TILE, EF>(un, row_indices, q, k, v, d_out, heads,        \
-                                                head_dim, scale, g, stats, dk, dv, part_acc,   \
-                                                counters, t_to_a, d_ef, edge_sd, keep,         \
-                                                keep_scale);                                   \
+        backward_col_pass<T, VEC, NV, TILE, EF, DE>(un, row_indices, q, k, v, d_out, heads,    \
+                                                    head_dim, scale, g, stats, dk, dv,         \
+                                                    part_acc, counters, t_to_a, d_ef, edge_sd, \
+                                                    keep, keep_scale);                         \
     }
 // Edges per step and the blocks per SM asked of the register allocator, by features a lane
 // (docs/kernels/backward.md, "Tried"): 4 or fewer take one edge a step at 6 blocks (42
@@ -1014,12 +1020,19 @@ __device__ __forceinline__ void gat_backward_col_pass(
                                                 part_acc, counters);                            \
     }
 #define SPATTN_BACKWARD_FUSED(SUFFIX, T, VEC, NV)                                              \
-    SPATTN_BACKWARD_FUSED_K(attention_backward_rows_##SUFFIX##_v##VEC##_n##NV,                 \
-                            attention_backward_cols_##SUFFIX##_v##VEC##_n##NV, T, VEC, NV,     \
-                            SPATTN_BWD_TILE_OF(VEC * NV), SPATTN_BWD_MINB_OF(VEC * NV), false) \
-    SPATTN_BACKWARD_FUSED_K(attention_backward_rows_ef_##SUFFIX##_v##VEC##_n##NV,              \
-                            attention_backward_cols_ef_##SUFFIX##_v##VEC##_n##NV, T, VEC, NV,  \
-                            SPATTN_BWD_TILE_OF(VEC * NV), SPATTN_BWD_MINB_EF_OF(VEC * NV), true) \
+    SPATTN_BACKWARD_ROWS_K(attention_backward_rows_##SUFFIX##_v##VEC##_n##NV, T, VEC, NV,      \
+                           SPATTN_BWD_TILE_OF(VEC * NV), SPATTN_BWD_MINB_OF(VEC * NV), false)  \
+    SPATTN_BACKWARD_COLS_K(attention_backward_cols_##SUFFIX##_v##VEC##_n##NV, T, VEC, NV,      \
+                           SPATTN_BWD_TILE_OF(VEC * NV), SPATTN_BWD_MINB_OF(VEC * NV), false,  \
+                           false)                                                              \
+    SPATTN_BACKWARD_ROWS_K(attention_backward_rows_ef_##SUFFIX##_v##VEC##_n##NV, T, VEC, NV,   \
+                           SPATTN_BWD_TILE_OF(VEC * NV), SPATTN_BWD_MINB_EF_OF(VEC * NV), true) \
+    SPATTN_BACKWARD_COLS_K(attention_backward_cols_ef_##SUFFIX##_v##VEC##_n##NV, T, VEC, NV,   \
+                           SPATTN_BWD_TILE_OF(VEC * NV), SPATTN_BWD_MINB_EF_OF(VEC * NV), true, \
+                           true)                                                               \
+    SPATTN_BACKWARD_COLS_K(attention_backward_cols_drop_##SUFFIX##_v##VEC##_n##NV, T, VEC, NV, \
+                           SPATTN_BWD_TILE_OF(VEC * NV), SPATTN_BWD_MINB_EF_OF(VEC * NV), true, \
+                           false)                                                              \
     SPATTN_GAT_BACKWARD_K(gat_backward_rows_##SUFFIX##_v##VEC##_n##NV,                          \
                           gat_backward_cols_##SUFFIX##_v##VEC##_n##NV, T, VEC, NV,              \
                           SPATTN_BWD_TILE_OF(VEC * NV), SPATTN_GAT_BWD_MINB_OF(VEC * NV))

@@ -28,7 +28,9 @@
 //! pass reads those instead of the feature row and writes ∂L/∂E per edge. With attention
 //! dropout as well, the kept elements are drawn once per call into a bit mask in A's order (the
 //! forward's draws), which the row pass reads in sequence (`dP = f ⟨dOut_i, v'⟩`) and the column
-//! pass per entry through Aᵀ's edge map (`f P` in dV and ∂L/∂E).
+//! pass per entry through Aᵀ's edge map (`f P` in dV and ∂L/∂E). Dropout alone
+//! ([`FusedBackward::run_with_dropout`]) takes the same row pass without a feature row and a
+//! column pass that writes no ∂L/∂E (`attention_backward_cols_drop_*`).
 //!
 //! Shapes ([`FusedBackward::supports`]): a group of up to 32 lanes holds a head, one vector of
 //! up to 16 bytes a lane, or up to 16 features a lane in 16-byte vectors: head_dim up to 512 in
@@ -106,16 +108,36 @@ pub(crate) fn layout(head_dim: usize, elem_bytes: usize) -> Option<(u32, u32, u3
 }
 
 /// The row pass's kernel for `dtype` (a [`DType::NAME`]) and the [`layout`]'s `vec` and `nv`,
-/// with edge features where `ef`; the launch-name test forms it too.
+/// with edge terms (features, dropout) where `ef`; the launch-name test forms it too.
 pub(crate) fn rows_pass_kernel(dtype: &str, vec: u32, nv: u32, ef: bool) -> String {
     let ef = if ef { "ef_" } else { "" };
     format!("attention_backward_rows_{ef}{dtype}_v{vec}_n{nv}")
 }
 
-/// The column pass's kernel for `dtype`, `vec` and `nv`, with edge features where `ef`.
-pub(crate) fn cols_pass_kernel(dtype: &str, vec: u32, nv: u32, ef: bool) -> String {
-    let ef = if ef { "ef_" } else { "" };
-    format!("attention_backward_cols_{ef}{dtype}_v{vec}_n{nv}")
+/// The column pass's kernel for `dtype`, `vec` and `nv`, with edge terms where `ef`: writing
+/// ∂L/∂E where `de` (edge features), else for dropout alone (`_drop`).
+pub(crate) fn cols_pass_kernel(dtype: &str, vec: u32, nv: u32, ef: bool, de: bool) -> String {
+    let terms = match (ef, de) {
+        (false, _) => "",
+        (true, true) => "ef_",
+        (true, false) => "drop_",
+    };
+    format!("attention_backward_cols_{terms}{dtype}_v{vec}_n{nv}")
+}
+
+/// The edge terms of a call: edge features with their gradient's buffer, and dropout.
+struct EdgeTerms<'a, T: DType> {
+    features: Option<(&'a DeviceMatrix<T>, &'a mut DeviceMatrix<T>)>,
+    dropout: Option<&'a Dropout>,
+}
+
+impl<T: DType> EdgeTerms<'_, T> {
+    fn none() -> Self {
+        Self {
+            features: None,
+            dropout: None,
+        }
+    }
 }
 
 /// The fused backward's device workspace for one graph and one `heads × head_dim`, and its
@@ -248,7 +270,7 @@ impl FusedBackward {
         operands: [&DeviceMatrix<T>; 4],
         grads: [&mut DeviceMatrix<T>; 3],
     ) -> Result<()> {
-        self.run_inner(gpu, a, t, scale, operands, grads, None)
+        self.run_inner(gpu, a, t, scale, operands, grads, EdgeTerms::none())
     }
 
     /// [`run`](Self::run) with edge features: `edge_features` (`nnz × heads × head_dim`, row `e`
@@ -276,15 +298,36 @@ impl FusedBackward {
         d_edge_features: &mut DeviceMatrix<T>,
         dropout: Option<&Dropout>,
     ) -> Result<()> {
-        self.run_inner(
-            gpu,
-            a,
-            t,
-            scale,
-            operands,
-            grads,
-            Some((edge_features, d_edge_features, dropout)),
-        )
+        let terms = EdgeTerms {
+            features: Some((edge_features, d_edge_features)),
+            dropout,
+        };
+        self.run_inner(gpu, a, t, scale, operands, grads, terms)
+    }
+
+    /// [`run`](Self::run) for a forward with attention dropout (the same seed and offset):
+    /// the gradients of the forward that aggregated `P · f · v`, `f` each element's dropout
+    /// factor. The kept bits are drawn into the workspace (`nnz × heads` bits) and the row pass
+    /// leaves each edge's score and dP for the column pass (`nnz × heads × 2` f32), as with
+    /// edge features; a rate of 0 runs [`run`](Self::run).
+    ///
+    /// Errors: as [`run`](Self::run), and [`Error::OutOfMemory`] for the pairs and the bits.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_with_dropout<T: DType>(
+        &mut self,
+        gpu: &Gpu,
+        a: &DeviceCsr,
+        t: &DeviceTranspose,
+        scale: f32,
+        operands: [&DeviceMatrix<T>; 4],
+        grads: [&mut DeviceMatrix<T>; 3],
+        dropout: &Dropout,
+    ) -> Result<()> {
+        let terms = EdgeTerms {
+            features: None,
+            dropout: Some(dropout),
+        };
+        self.run_inner(gpu, a, t, scale, operands, grads, terms)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -296,7 +339,7 @@ impl FusedBackward {
         scale: f32,
         operands: [&DeviceMatrix<T>; 4],
         [dq, dk, dv]: [&mut DeviceMatrix<T>; 3],
-        edge: Option<(&DeviceMatrix<T>, &mut DeviceMatrix<T>, Option<&Dropout>)>,
+        terms: EdgeTerms<'_, T>,
     ) -> Result<()> {
         let [q, k, v, d_out] = operands;
         check_transpose(a, t)?;
@@ -333,18 +376,18 @@ impl FusedBackward {
             check_same_gpu(gpu, what, m)?;
         }
         check_same_gpu(gpu, "workspace", &self.stats)?;
-        let has_ef = edge.is_some();
-        let (ef, d_ef, dropout) = match edge {
-            Some((ef, d_ef, dropout)) => {
+        let (ef, d_ef) = match terms.features {
+            Some((ef, d_ef)) => {
                 let se = Shape::new(a.nnz(), self.heads, self.head_dim)?;
                 se.expect_eq("edge_features", ef.shape())?;
                 se.expect_eq("d_edge_features", d_ef.shape())?;
                 check_same_gpu(gpu, "edge_features", ef)?;
                 check_same_gpu(gpu, "d_edge_features", &*d_ef)?;
-                (Some(ef), Some(d_ef), dropout)
+                (Some(ef), Some(d_ef))
             }
-            None => (None, None, None),
+            None => (None, None),
         };
+        let dropout = terms.dropout;
         // The kept bits in A's order (none without dropout, or without an element to keep).
         let drop = DropoutWords::of(dropout);
         let words = dropout_mask_words(a.nnz(), self.heads)?;
@@ -362,6 +405,8 @@ impl FusedBackward {
         } else {
             None
         };
+        // The `_ef` passes where an edge term acts: features, or elements dropped.
+        let has_ef = ef.is_some() || keep.is_some();
         // Aᵀ's entries' edges of A (made once per transpose), for the edge features' rows, and
         // the edges' (score, dP) pairs from the row pass to the column pass.
         let (t_to_a, edge_sd) = if has_ef {
@@ -427,17 +472,19 @@ impl FusedBackward {
         // accumulators 2*head_dim floats per (part, head)), counters and split_dscale at
         // (split row, head) < n_split*heads, block_dscale[blockIdx] (sized for the grid of
         // 32-lane groups, the largest) and the two words block_counter, d_scale — all sized by
-        // `new` for a graph of these sizes (`sized_for`, checked above). With edge features
-        // (the `_ef` kernel only) it reads their row e < nnz for each edge e it walks
-        // (nnz × heads × head_dim, checked) and writes edge_sd at (e, head) < nnz*heads (x2
-        // floats; grown to at least that above); with dropout, bit e*heads + head of keep (at
-        // least dropout_mask_words(nnz, heads) words, grown and drawn above).
+        // `new` for a graph of these sizes (`sized_for`, checked above). The `_ef` kernel
+        // (features, dropout or both) writes edge_sd at (e, head) < nnz*heads for each edge e
+        // it walks (x2 floats; grown to at least that above); with edge features (non-null)
+        // it reads their row e < nnz (nnz × heads × head_dim, checked); with dropout, bit
+        // e*heads + head of keep (at least dropout_mask_words(nnz, heads) words, grown and
+        // drawn above).
         unsafe { launch(name, &mut args, cfg) }?;
 
         // Column pass over Aᵀ.
         let ([rows, starts, slots, parts, first], _, _) = t.csr.schedule().merge_units();
         let n_units = to_u32("units", rows.len())?;
-        let name = kernel_named(&BACKWARD, cols_pass_kernel(T::NAME, vec, nv, has_ef))?;
+        let cols = cols_pass_kernel(T::NAME, vec, nv, has_ef, d_ef.is_some());
+        let name = kernel_named(&BACKWARD, cols)?;
         let f = gpu.load_function(BACKWARD.name, BACKWARD.ptx, name)?;
         let cfg = row_grid(rows.len(), self.heads, g)?;
         let mut args = gpu.launch_builder(&f);
@@ -458,12 +505,12 @@ impl FusedBackward {
             .arg(&drop.scale);
         // SAFETY: as the row pass, on Aᵀ's schedule and columns: Aᵀ's entries are rows of A
         // (< n_rows: Q, dOut and stats rows), its units' rows are columns of A (< n_cols: K, V,
-        // dK, dV rows); partials and counters sized by `new` from Aᵀ's schedule. With edge
-        // features (the `_ef` kernel only) entry e's edge t_to_a[e] < nnz (the inverse of the
-        // edge map, a permutation of 0..nnz, nnz entries) selects the pair read from edge_sd
-        // (at least nnz × heads pairs, grown above and written by the row pass) and the row
-        // written in the features' gradient (nnz × heads × head_dim, checked), and with dropout
-        // the bit t_to_a[e]*heads + head of keep (as the row pass).
+        // dK, dV rows); partials and counters sized by `new` from Aᵀ's schedule. In the `_ef`
+        // kernel entry e's edge t_to_a[e] < nnz (the inverse of the edge map, a permutation of
+        // 0..nnz, nnz entries) selects the pair read from edge_sd (at least nnz × heads pairs,
+        // grown above and written by the row pass), the row written in the features' gradient
+        // where given (nnz × heads × head_dim, checked), and with dropout the bit
+        // t_to_a[e]*heads + head of keep (as the row pass).
         unsafe { launch(name, &mut args, cfg) }
     }
 }
