@@ -418,6 +418,33 @@ fn gpu_unfused_csr_with_every_extra_matches_the_f64_reference() {
     }
 }
 
+/// The fused backward's graphs (a shared graph, a random one, hub rows and columns split
+/// across units), each checked against the f64 reference in every dtype at `cases` (heads,
+/// head_dim, dropout rate) on `Auto`'s plan without a bias, with edge features where `feats`;
+/// returned with the generator for the caller's further checks.
+fn check_fused_backward_cases(
+    gpu: &Gpu,
+    seed: &str,
+    cases: &[(usize, usize, f32)],
+    feats: bool,
+) -> (Vec<Csr>, Pcg64) {
+    let mut rng = fresh_rng(seed);
+    let graphs = vec![
+        shared_graph("cora"),
+        random_graph(&mut rng, 300, 6, 7),
+        hub_graph(&mut rng, 20_000, 3),
+    ];
+    let auto = (Algorithm::Auto, Reorder::Auto, None);
+    for a in &graphs {
+        for &(heads, d, rate) in cases {
+            check_gpu_extras_feats::<f32>(gpu, a, auto, (heads, d), None, rate, feats);
+            check_gpu_extras_feats::<f16>(gpu, a, auto, (heads, d), None, rate, feats);
+            check_gpu_extras_feats::<bf16>(gpu, a, auto, (heads, d), None, rate, feats);
+        }
+    }
+    (graphs, rng)
+}
+
 /// Edge features without a bias, with or without dropout, take the fused backward's two passes
 /// with the features (`FusedBackward::run_with_edge_features`): every gradient against the f64
 /// reference on hub rows and columns split across units, every dtype, heads of 1 to 520
@@ -426,28 +453,17 @@ fn gpu_unfused_csr_with_every_extra_matches_the_f64_reference() {
 #[ignore = "needs an NVIDIA GPU"]
 fn gpu_edge_features_take_the_fused_backward() {
     let gpu = gpu();
-    let mut rng = fresh_rng("gpu edge features fused backward");
-    let graphs = [
-        shared_graph("cora"),
-        random_graph(&mut rng, 300, 6, 7),
-        hub_graph(&mut rng, 20_000, 3),
+    let cases = [
+        (1, 1, 0.0),
+        (3, 24, 0.0),
+        (8, 64, 0.0),
+        (2, 128, 0.0),
+        (1, 8, 0.3),
+        (3, 24, 0.5),
+        (8, 64, 0.1),
     ];
-    let auto = (Algorithm::Auto, Reorder::Auto, None);
-    for a in &graphs {
-        for (heads, d, rate) in [
-            (1, 1, 0.0),
-            (3, 24, 0.0),
-            (8, 64, 0.0),
-            (2, 128, 0.0),
-            (1, 8, 0.3),
-            (3, 24, 0.5),
-            (8, 64, 0.1),
-        ] {
-            check_gpu_extras_with::<f32>(&gpu, a, auto, heads, d, None, rate);
-            check_gpu_extras_with::<f16>(&gpu, a, auto, heads, d, None, rate);
-            check_gpu_extras_with::<bf16>(&gpu, a, auto, heads, d, None, rate);
-        }
-    }
+    let (graphs, _) =
+        check_fused_backward_cases(&gpu, "gpu edge features fused backward", &cases, true);
     // 520 features: past fused-csr's heads (Auto plans unfused-csr) and the fused backward's.
     let unfused = (Algorithm::UnfusedCsr, Reorder::Auto, None);
     check_gpu_extras_with::<f32>(&gpu, &graphs[1], unfused, 1, 520, None, 0.0);
@@ -465,20 +481,9 @@ fn gpu_edge_features_take_the_fused_backward() {
 #[ignore = "needs an NVIDIA GPU"]
 fn gpu_dropout_alone_takes_the_fused_backward() {
     let gpu = gpu();
-    let mut rng = fresh_rng("gpu dropout fused backward");
-    let graphs = [
-        shared_graph("cora"),
-        random_graph(&mut rng, 300, 6, 7),
-        hub_graph(&mut rng, 20_000, 3),
-    ];
-    let auto = (Algorithm::Auto, Reorder::Auto, None);
-    for a in &graphs {
-        for (heads, d, rate) in [(1, 8, 0.3), (3, 24, 0.5), (8, 64, 0.1), (2, 128, 0.2)] {
-            check_gpu_extras_feats::<f32>(&gpu, a, auto, (heads, d), None, rate, false);
-            check_gpu_extras_feats::<f16>(&gpu, a, auto, (heads, d), None, rate, false);
-            check_gpu_extras_feats::<bf16>(&gpu, a, auto, (heads, d), None, rate, false);
-        }
-    }
+    let cases = [(1, 8, 0.3), (3, 24, 0.5), (8, 64, 0.1), (2, 128, 0.2)];
+    let (graphs, mut rng) =
+        check_fused_backward_cases(&gpu, "gpu dropout fused backward", &cases, false);
     let a = &graphs[2];
     for (heads, d) in [(8, 64), (1, 24)] {
         let s = Shape::new(a.n_rows(), heads, d).unwrap();
