@@ -580,9 +580,9 @@ extern "C" __global__ void plan_row_units(const u32* __restrict__ row_offsets, u
 // A window's edges (rows 2^b w .. 2^b (w + 1), b = win_bits: 4 for BSB, 3 for ME-BCRS; contiguous
 // in the CSR) ordered by (column, row in window): edge e of row r goes to place sum over the
 // window's other rows q of (their columns below c) + (rows q < r holding c itself) + (its own
-// index in row r). The window-ordered key w << 36 | c << 4 | (r mod 2^b) then gives the distinct
-// columns (runs of w, c): BSB's blocks and bits, ME-BCRS's vectors and masks. edge_of_place
-// (nullable) receives each place's edge.
+// index in row r). The window-ordered key w << (32 + b) | c << b | (r mod 2^b) (w < 2^(32 - b):
+// 64 bits) then gives the distinct columns (runs of w, c: equal keys >> b): BSB's blocks and
+// bits, ME-BCRS's vectors and masks. edge_of_place (nullable) receives each place's edge.
 
 extern "C" __global__ void plan_bsb_rank(const u32* __restrict__ row_offsets,
                                          const u32* __restrict__ col_indices,
@@ -592,7 +592,8 @@ extern "C" __global__ void plan_bsb_rank(const u32* __restrict__ row_offsets,
     const u32 win_rows = 1u << win_bits;
     SPATTN_GRID_STRIDE(e, nnz) {
         const u32 r = row_indices[e], c = col_indices[e];
-        const u32 r0 = r & ~(win_rows - 1u), r1 = min(r0 + win_rows, n_rows);
+        const u32 r0 = r & ~(win_rows - 1u);
+        const u32 r1 = (u32)min((u64)r0 + win_rows, (u64)n_rows);
         u32 pos = (u32)e - row_offsets[r];
         for (u32 q = r0; q < r1; ++q) {
             if (q == r) continue;
@@ -609,16 +610,17 @@ extern "C" __global__ void plan_bsb_rank(const u32* __restrict__ row_offsets,
             if (q < r && lo < end && col_indices[lo] == c) ++pos;
         }
         const u64 p = (u64)row_offsets[r0] + pos;
-        wkeys[p] = ((u64)(r >> win_bits) << 36) | ((u64)c << 4) | (r & (win_rows - 1u));
+        wkeys[p] = ((u64)(r >> win_bits) << (32 + win_bits)) | ((u64)c << win_bits) |
+                   (r & (win_rows - 1u));
         if (edge_of_place) edge_of_place[p] = (u32)e;
     }
 }
 
 // flags[p] = 1 where window-ordered edge p is the first of its (window, column).
-extern "C" __global__ void plan_bsb_flags(const u64* __restrict__ wkeys, u64 nnz,
+extern "C" __global__ void plan_bsb_flags(const u64* __restrict__ wkeys, u64 nnz, u32 win_bits,
                                           u32* __restrict__ flags) {
     SPATTN_GRID_STRIDE(p, nnz) {
-        flags[p] = (p == 0 || (wkeys[p] >> 4) != (wkeys[p - 1] >> 4)) ? 1u : 0u;
+        flags[p] = (p == 0 || (wkeys[p] >> win_bits) != (wkeys[p - 1] >> win_bits)) ? 1u : 0u;
     }
 }
 
@@ -666,8 +668,8 @@ extern "C" __global__ void plan_mebcrs_pointers(const u32* __restrict__ row_offs
     }
 }
 
-// Each window-ordered edge p: its vector d (window order: dex[p], less one past the run's
-// first), its slot d · 8 + r into edge_to_slot at its edge; a run's first edge writes the
+// Each window-ordered edge p (keys of 8-row windows: w << 35 | c << 3 | r): its vector d (window
+// order: dex[p], less one past the run's first), its slot d · 8 + r into edge_to_slot at its edge; a run's first edge writes the
 // vector's column and its mask, the OR of the run's (at most 8) rows. No atomics: each vector
 // is written by one thread.
 extern "C" __global__ void plan_mebcrs_fill(const u64* __restrict__ wkeys, u64 nnz,
@@ -678,13 +680,13 @@ extern "C" __global__ void plan_mebcrs_fill(const u64* __restrict__ wkeys, u64 n
                                             u32* __restrict__ edge_to_slot) {
     SPATTN_GRID_STRIDE(p, nnz) {
         const u64 k = wkeys[p];
-        const bool first = p == 0 || (wkeys[p - 1] >> 4) != (k >> 4);
+        const bool first = p == 0 || (wkeys[p - 1] >> 3) != (k >> 3);
         const u32 d = dex[p] + (first ? 1u : 0u) - 1u;
         edge_to_slot[edge_of_place[p]] = d * 8u + ((u32)k & 7u);
         if (!first) continue;
-        column_indices[d] = (u32)(k >> 4);
+        column_indices[d] = (u32)(k >> 3);
         u32 mask = 0;
-        for (u64 q = p; q < nnz && (wkeys[q] >> 4) == (k >> 4); ++q)
+        for (u64 q = p; q < nnz && (wkeys[q] >> 3) == (k >> 3); ++q)
             mask |= 1u << ((u32)wkeys[q] & 7u);
         row_masks[d] = (unsigned char)mask;
     }

@@ -556,6 +556,9 @@ impl DeviceGraph {
     /// The ME-BCRS with its rows renumbered as `reorder` says
     /// ([`DeviceMeBcrs::from_csr_reordered`]); needs compute capability 8.0. A graph built on
     /// the device gets its ME-BCRS in its own order from the device too.
+    ///
+    /// Errors: an older device; slots (8 per vector) past u32 (`Error::Format` from the host
+    /// build, `Error::TooLarge` from the device's); driver and memory failures.
     pub fn mebcrs_in(&self, reorder: Reorder) -> Result<Arc<DeviceMeBcrs>> {
         self.gpu
             .require_compute_capability("tensor-core ops (mma.sync)", 8, 0)?;

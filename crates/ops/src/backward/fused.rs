@@ -132,6 +132,7 @@ struct EdgeTerms<'a, T: DType> {
 }
 
 impl<T: DType> EdgeTerms<'_, T> {
+    /// No edge term: the plain passes.
     fn none() -> Self {
         Self {
             features: None,

@@ -32,8 +32,8 @@ type KeyBuffers<'w> = (
     Option<&'w mut Option<DeviceVec<u32>>>,
 );
 
-/// Ranks `a`'s entries in windows of `2^win_bits` rows by (column, row): `wkeys[p]` = `w << 36 |
-/// c << 4 | r mod 2^win_bits` in window order, `dex` (`nnz + 1` entries) each place's distinct
+/// Ranks `a`'s entries in windows of `2^win_bits` rows by (column, row): `wkeys[p]` =
+/// `w << (32 + win_bits) | c << win_bits | r mod 2^win_bits` in window order, `dex` (`nnz + 1` entries) each place's distinct
 /// (window, column) number with the total last, and where a buffer is given each place's entry.
 fn window_keys<'w>(
     gpu: &Gpu,
@@ -70,7 +70,10 @@ fn window_keys<'w>(
         let name = spattn_kernels_sys::kernel!(PLAN, "plan_bsb_flags");
         let f = kernel(gpu, name)?;
         let mut args = gpu.launch_builder(&f);
-        args.arg(wkeys.slice()).arg(&nnz64).arg(dex.slice());
+        args.arg(wkeys.slice())
+            .arg(&nnz64)
+            .arg(&win_bits)
+            .arg(dex.slice());
         // SAFETY: reads wkeys [0, nnz), writes dex [0, nnz) (nnz + 1 allocated).
         unsafe { launch(name, &mut args, stride_grid(nnz)?) }?;
     }
@@ -214,7 +217,8 @@ pub(crate) fn bsb_edge_map(
     }
     ws.bind(gpu);
     scan(gpu, &mut starts, n_blocks, Lanes::One, &mut ws.sums)?;
-    let mut ids = DeviceVec::<u32>::alloc(gpu, "BSB edge ids", nnz, false)?;
+    // Zeroed: an entry the BSB lacks (a CSR of another graph) leaves a valid edge id.
+    let mut ids = DeviceVec::<u32>::alloc(gpu, "BSB edge ids", nnz, true)?;
     if nnz > 0 {
         let nnz64 = nnz as u64;
         let name = spattn_kernels_sys::kernel!(PLAN, "plan_bsb_edge_ids");

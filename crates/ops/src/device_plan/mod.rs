@@ -249,8 +249,9 @@ fn kernel(gpu: &Gpu, name: &'static str) -> Result<cudarc::driver::CudaFunction>
 
 /// The temporaries of builds on the GPU — the sort's keys and values (two of each, for the
 /// passes' ping-pong), its digit counts and look-back words, entry numbers, scan tile sums,
-/// per-row counts, the blocked formats' window keys and (ME-BCRS) their edges — kept between builds so that a training loop that builds a graph every
-/// step allocates them once (grown when a larger graph comes). Pass one to
+/// per-row counts, the blocked formats' window keys and (ME-BCRS) their edges — kept between
+/// builds so that a training loop that builds a graph every step allocates them once (grown
+/// when a larger graph comes). Pass one to
 /// [`crate::DeviceGraph::from_device_edges_in`]; buffers of another GPU handle than the build's
 /// are dropped first.
 #[derive(Debug, Default)]
