@@ -675,21 +675,7 @@ impl AttentionPlan {
         let (a, t) = (graph.csr()?, graph.transpose()?);
         let ws = st.fused_workspace(gpu, (a, t), sq)?;
         let scale = self.config().scale();
-        match (features, dropout) {
-            (Some((f, d_f)), dropout) => ws.run_with_edge_features(
-                gpu,
-                a,
-                t,
-                scale,
-                operands,
-                [dq, dk, dv],
-                f,
-                d_f,
-                dropout,
-            )?,
-            (None, Some(d)) => ws.run_with_dropout(gpu, a, t, scale, operands, [dq, dk, dv], d)?,
-            (None, None) => ws.run(gpu, a, t, scale, operands, [dq, dk, dv])?,
-        }
+        ws.run_with_edge_terms(gpu, a, t, scale, operands, [dq, dk, dv], features, dropout)?;
         read_d_scale(read_scale, ws.d_scale())
     }
 

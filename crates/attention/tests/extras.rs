@@ -446,7 +446,7 @@ fn check_fused_backward_cases(
 }
 
 /// Edge features without a bias, with or without dropout, take the fused backward's two passes
-/// with the features (`FusedBackward::run_with_edge_features`): every gradient against the f64
+/// with the features (`FusedBackward::run_with_edge_terms`): every gradient against the f64
 /// reference on hub rows and columns split across units, every dtype, heads of 1 to 520
 /// features (520: the per-edge composition), and two runs bitwise equal.
 #[test]
@@ -474,7 +474,7 @@ fn gpu_edge_features_take_the_fused_backward() {
 }
 
 /// Dropout alone (no bias, no edge features) takes the fused backward's two passes with the
-/// kept bits and no feature row (`FusedBackward::run_with_dropout`) where they hold the head:
+/// kept bits and no feature row (`FusedBackward::run_with_edge_terms` without features) where they hold the head:
 /// every gradient against the f64 reference on hub rows and columns split across units, every
 /// dtype, and two runs bitwise equal.
 #[test]

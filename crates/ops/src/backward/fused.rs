@@ -22,14 +22,14 @@
 //!
 //! **No host synchronization**: ∂scale stays on the device ([`FusedBackward::d_scale`]).
 //!
-//! **Edge features** ([`FusedBackward::run_with_edge_features`]): the row pass adds each edge's
+//! **Edge features** ([`FusedBackward::run_with_edge_terms`]): the row pass adds each edge's
 //! feature row to its key and value and leaves the edge's raw score and dP (two f32 per edge and
 //! head, `nnz × heads` pairs: a sixteenth of the features' bytes at 64 f16 features); the column
 //! pass reads those instead of the feature row and writes ∂L/∂E per edge. With attention
 //! dropout as well, the kept elements are drawn once per call into a bit mask in A's order (the
 //! forward's draws), which the row pass reads in sequence (`dP = f ⟨dOut_i, v'⟩`) and the column
 //! pass per entry through Aᵀ's edge map (`f P` in dV and ∂L/∂E). Dropout alone
-//! ([`FusedBackward::run_with_dropout`]) takes the same row pass without a feature row and a
+//! (`run_with_edge_terms` without features) takes the same row pass without a feature row and a
 //! column pass that writes no ∂L/∂E (`attention_backward_cols_drop_*`).
 //!
 //! Shapes ([`FusedBackward::supports`]): a group of up to 32 lanes holds a head, one vector of
@@ -126,20 +126,10 @@ pub(crate) fn cols_pass_kernel(dtype: &str, vec: u32, nv: u32, ef: bool, de: boo
 }
 
 /// The edge terms of a call: edge features with their gradient's buffer, and dropout.
-struct EdgeTerms<'a, T: DType> {
-    features: Option<(&'a DeviceMatrix<T>, &'a mut DeviceMatrix<T>)>,
-    dropout: Option<&'a Dropout>,
-}
-
-impl<T: DType> EdgeTerms<'_, T> {
-    /// No edge term: the plain passes.
-    fn none() -> Self {
-        Self {
-            features: None,
-            dropout: None,
-        }
-    }
-}
+type EdgeTerms<'a, T> = (
+    Option<(&'a DeviceMatrix<T>, &'a mut DeviceMatrix<T>)>,
+    Option<&'a Dropout>,
+);
 
 /// The fused backward's device workspace for one graph and one `heads × head_dim`, and its
 /// launches (see the module documentation).
@@ -271,23 +261,29 @@ impl FusedBackward {
         operands: [&DeviceMatrix<T>; 4],
         grads: [&mut DeviceMatrix<T>; 3],
     ) -> Result<()> {
-        self.run_inner(gpu, a, t, scale, operands, grads, EdgeTerms::none())
+        self.run_inner(gpu, a, t, scale, operands, grads, (None, None))
     }
 
-    /// [`run`](Self::run) with edge features: `edge_features` (`nnz × heads × head_dim`, row `e`
-    /// for A's edge `e` in CSR order) added to each edge's key and value, `k_j + e_ij` and
-    /// `v_j + e_ij`; writes ∂L/∂E into every row of `d_edge_features` (same shape) beside dQ, dK,
-    /// dV and ∂L/∂scale. The row pass reads each edge's feature row and leaves its score and dP
-    /// for the column pass (the workspace grows by `nnz × heads × 2` f32 on the first call with
-    /// features); still deterministic (each edge's ∂L/∂E is written by the one unit of Aᵀ that
-    /// holds it). With `dropout` (the forward's: the same seed and offset), the gradients of the
-    /// forward that aggregated `P · f · v'`, `f` each element's dropout factor: the kept bits are
-    /// drawn into the workspace (`nnz × heads` bits, grown on the first such call).
+    /// [`run`](Self::run) with edge terms, either or both (`None` for both is [`run`](Self::run)):
+    ///
+    /// - `features`: edge features (`nnz × heads × head_dim`, row `e` for A's edge `e` in CSR
+    ///   order) added to each edge's key and value, `k_j + e_ij` and `v_j + e_ij`, with the
+    ///   buffer (same shape) that receives ∂L/∂E in every row. The row pass reads each edge's
+    ///   feature row; each edge's ∂L/∂E is written by the one unit of Aᵀ that holds it, so the
+    ///   result is still deterministic.
+    /// - `dropout` (the forward's: the same seed and offset): the gradients of the forward that
+    ///   aggregated `P · f · v'`, `f` each element's dropout factor. The kept bits are drawn into
+    ///   the workspace (`nnz × heads` bits, grown on the first such call); a rate of 0 adds
+    ///   nothing.
+    ///
+    /// Either leaves each edge's score and dP from the row pass for the column pass (the
+    /// workspace grows by `nnz × heads × 2` f32 on the first such call). Dropout alone runs the
+    /// row pass without a feature row and a column pass that writes no ∂L/∂E.
     ///
     /// Errors: as [`run`](Self::run), [`Error::ShapeMismatch`] for the edge features or their
     /// gradient, and [`Error::OutOfMemory`] for the pairs and the bits.
     #[allow(clippy::too_many_arguments)]
-    pub fn run_with_edge_features<T: DType>(
+    pub fn run_with_edge_terms<T: DType>(
         &mut self,
         gpu: &Gpu,
         a: &DeviceCsr,
@@ -295,40 +291,10 @@ impl FusedBackward {
         scale: f32,
         operands: [&DeviceMatrix<T>; 4],
         grads: [&mut DeviceMatrix<T>; 3],
-        edge_features: &DeviceMatrix<T>,
-        d_edge_features: &mut DeviceMatrix<T>,
+        features: Option<(&DeviceMatrix<T>, &mut DeviceMatrix<T>)>,
         dropout: Option<&Dropout>,
     ) -> Result<()> {
-        let terms = EdgeTerms {
-            features: Some((edge_features, d_edge_features)),
-            dropout,
-        };
-        self.run_inner(gpu, a, t, scale, operands, grads, terms)
-    }
-
-    /// [`run`](Self::run) for a forward with attention dropout (the same seed and offset):
-    /// the gradients of the forward that aggregated `P · f · v`, `f` each element's dropout
-    /// factor. The kept bits are drawn into the workspace (`nnz × heads` bits) and the row pass
-    /// leaves each edge's score and dP for the column pass (`nnz × heads × 2` f32), as with
-    /// edge features; a rate of 0 runs [`run`](Self::run).
-    ///
-    /// Errors: as [`run`](Self::run), and [`Error::OutOfMemory`] for the pairs and the bits.
-    #[allow(clippy::too_many_arguments)]
-    pub fn run_with_dropout<T: DType>(
-        &mut self,
-        gpu: &Gpu,
-        a: &DeviceCsr,
-        t: &DeviceTranspose,
-        scale: f32,
-        operands: [&DeviceMatrix<T>; 4],
-        grads: [&mut DeviceMatrix<T>; 3],
-        dropout: &Dropout,
-    ) -> Result<()> {
-        let terms = EdgeTerms {
-            features: None,
-            dropout: Some(dropout),
-        };
-        self.run_inner(gpu, a, t, scale, operands, grads, terms)
+        self.run_inner(gpu, a, t, scale, operands, grads, (features, dropout))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -340,7 +306,7 @@ impl FusedBackward {
         scale: f32,
         operands: [&DeviceMatrix<T>; 4],
         [dq, dk, dv]: [&mut DeviceMatrix<T>; 3],
-        terms: EdgeTerms<'_, T>,
+        (features, dropout): EdgeTerms<'_, T>,
     ) -> Result<()> {
         let [q, k, v, d_out] = operands;
         check_transpose(a, t)?;
@@ -377,7 +343,7 @@ impl FusedBackward {
             check_same_gpu(gpu, what, m)?;
         }
         check_same_gpu(gpu, "workspace", &self.stats)?;
-        let (ef, d_ef) = match terms.features {
+        let (ef, d_ef) = match features {
             Some((ef, d_ef)) => {
                 let se = Shape::new(a.nnz(), self.heads, self.head_dim)?;
                 se.expect_eq("edge_features", ef.shape())?;
@@ -388,7 +354,6 @@ impl FusedBackward {
             }
             None => (None, None),
         };
-        let dropout = terms.dropout;
         // The kept bits in A's order (none without dropout, or without an element to keep).
         let drop = DropoutWords::of(dropout);
         let words = dropout_mask_words(a.nnz(), self.heads)?;
