@@ -253,12 +253,7 @@ impl MeBcrs {
             for_each_bit(row_masks[v] as u32, |r| counts[r] += 1);
         })?;
 
-        let (mut n_blocks, mut max_blocks) = (0usize, 0usize);
-        for p in row_pointers.windows(2) {
-            let blocks = ((p[1] - p[0]) as usize).div_ceil(block_width);
-            n_blocks += blocks;
-            max_blocks = max_blocks.max(blocks);
-        }
+        let (n_blocks, max_blocks) = Self::block_counts(&row_pointers, block_width);
         Ok(Self {
             n_rows,
             n_cols,
@@ -280,15 +275,24 @@ impl MeBcrs {
     pub fn with_block_width(mut self, block_width: usize) -> Result<Self> {
         check_block_width(block_width)?;
         self.block_width = block_width;
-        let (mut n_blocks, mut max_blocks) = (0usize, 0usize);
-        for p in self.row_pointers.windows(2) {
-            let blocks = ((p[1] - p[0]) as usize).div_ceil(block_width);
-            n_blocks += blocks;
-            max_blocks = max_blocks.max(blocks);
-        }
-        self.n_blocks = n_blocks;
-        self.max_blocks_per_window = max_blocks;
+        (self.n_blocks, self.max_blocks_per_window) =
+            Self::block_counts(&self.row_pointers, block_width);
         Ok(self)
+    }
+
+    /// The tensor-core blocks of the windows `row_pointers` delimit at `block_width` vectors a
+    /// block (partial blocks counted whole), and the most in one window: `(blocks, largest)`.
+    /// A decreasing pair of pointers counts as an empty window.
+    ///
+    /// ```
+    /// use spattn_formats::MeBcrs;
+    /// assert_eq!(MeBcrs::block_counts(&[0, 9, 9, 12], 8), (3, 2));
+    /// ```
+    pub fn block_counts(row_pointers: &[u32], block_width: usize) -> (usize, usize) {
+        row_pointers.windows(2).fold((0, 0), |(n, most), p| {
+            let blocks = (p[1].saturating_sub(p[0]) as usize).div_ceil(block_width.max(1));
+            (n + blocks, most.max(blocks))
+        })
     }
 
     /// Number of rows of the matrix.

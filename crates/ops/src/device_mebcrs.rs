@@ -352,12 +352,7 @@ impl DeviceMeBcrs {
         let n_windows = pointers.len().saturating_sub(1);
         let n_vectors = column_indices.len();
         let width = MeBcrs::BLOCK_WIDTH_F16;
-        let (mut blocks, mut max_blocks) = (0, 0);
-        for p in pointers.windows(2) {
-            let b = ((p[1] - p[0]) as usize).div_ceil(width);
-            blocks += b;
-            max_blocks = usize::max(max_blocks, b);
-        }
+        let (blocks, max_blocks) = MeBcrs::block_counts(pointers, width);
         Ok(DeviceMeBcrs {
             n_rows,
             n_cols,
