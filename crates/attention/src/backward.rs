@@ -35,13 +35,11 @@ use std::sync::{Mutex, PoisonError};
 
 use spattn_formats::{Csr, Reorder};
 use spattn_ops::backward::{
-    self as ops_backward, DeviceSum, DeviceTranspose, FusedBackward, TensorCoreBackward,
+    self as ops_backward, DeviceSum, DeviceTranspose, EdgeTerms, FusedBackward, TensorCoreBackward,
 };
 use spattn_ops::cpu::{self, AttentionInputs};
 use spattn_ops::graph::DeviceGraph;
-use spattn_ops::{
-    csr_ops, DType, DeviceCsr, DeviceMatrix, DeviceVec, Dropout, ExternalVec, Gpu, Shape,
-};
+use spattn_ops::{csr_ops, DType, DeviceCsr, DeviceMatrix, DeviceVec, ExternalVec, Gpu, Shape};
 
 use crate::error::{Error, Result};
 use crate::extras::Extras;
@@ -258,13 +256,6 @@ impl EdgeBuffers {
         })
     }
 }
-
-/// The fused backward's edge terms: the edge features with their gradient's buffer, and the
-/// forward's dropout.
-pub(crate) type FusedTerms<'a, T> = (
-    Option<(&'a DeviceMatrix<T>, &'a mut DeviceMatrix<T>)>,
-    Option<&'a Dropout>,
-);
 
 impl AttentionPlan {
     /// The gradients of the plan's attention on device operands: given the forward's inputs Q,
@@ -657,14 +648,14 @@ impl AttentionPlan {
         read_d_scale(read_scale, ws.d_scale())
     }
 
-    /// The backward with edge features (with their gradient's buffer) and the forward's dropout,
-    /// either or both (no bias), on the fused backward's two passes (the caller checked
-    /// [`FusedBackward::supports`] for the head): writes dQ, dK, dV and ∂L/∂E where the
-    /// features come, and returns ∂L/∂scale where `read_scale`.
+    /// The backward with edge terms (edge features, a bias, the forward's dropout, each with
+    /// its gradient's buffer where it has one) on the fused backward's two passes (the caller
+    /// checked [`FusedBackward::supports`] for the head): writes dQ, dK, dV and the terms'
+    /// gradients, and returns ∂L/∂scale where `read_scale`.
     pub(crate) fn fused_extras_backward<T: DType>(
         &self,
         operands: [&DeviceMatrix<T>; 4],
-        (features, dropout): FusedTerms<'_, T>,
+        terms: EdgeTerms<'_, T>,
         [dq, dk, dv]: [&mut DeviceMatrix<T>; 3],
         read_scale: bool,
     ) -> Result<Option<f32>> {
@@ -675,7 +666,7 @@ impl AttentionPlan {
         let (a, t) = (graph.csr()?, graph.transpose()?);
         let ws = st.fused_workspace(gpu, (a, t), sq)?;
         let scale = self.config().scale();
-        ws.run_with_edge_terms(gpu, a, t, scale, operands, [dq, dk, dv], features, dropout)?;
+        ws.run_with_edge_terms(gpu, a, t, scale, operands, [dq, dk, dv], terms)?;
         read_d_scale(read_scale, ws.d_scale())
     }
 

@@ -27,9 +27,9 @@
 //! [`with_edge_features(false)`](crate::AttentionConfig::with_edge_features) as well where no
 //! edge features will come: f16 and bf16 plans then take fused-tc, faster with a bias and
 //! dropout. The backward ([`AttentionPlan::backward_with_extras`]) runs the tensor-core passes
-//! for a per-head bias and dropout on f16 / bf16 heads of a multiple of 8 up to 64, the fused
-//! CUDA-core passes for edge features without a bias (with or without dropout), the
-//! composition otherwise
+//! for a bias and dropout without edge features on f16 / bf16 heads of a multiple of 8 up to
+//! 64, the fused CUDA-core passes for any extras elsewhere (edge features, f32, other heads)
+//! where they hold the head, the composition otherwise
 //! ([`AttentionPlan::backward_kernels_with_extras`] says which).
 //!
 //! ```
@@ -48,7 +48,7 @@
 
 use std::sync::{Mutex, PoisonError};
 
-use spattn_ops::backward::{self as ops_backward, DeviceSum, FusedBackward};
+use spattn_ops::backward::{self as ops_backward, DeviceSum, EdgeTerms, FusedBackward};
 use spattn_ops::cpu::{self, AttentionInputs, EdgeBias, Extras as CpuExtras};
 use spattn_ops::edge_extras::{self, DeviceBias};
 use spattn_ops::graph::DeviceGraph;
@@ -266,9 +266,10 @@ impl AttentionPlan {
     /// shared) and dropout take the tensor-core backward's three passes where they hold the
     /// head (f16 / bf16, a multiple of 8 up to 64 features; deterministic, no per-edge f32
     /// buffers: a shared bias's per-head dS goes through an `nnz × heads` scratch of `T`);
-    /// edge features or dropout without a bias take the fused CUDA-core backward's two passes
-    /// (deterministic, no per-edge feature-sized buffers); the rest (a bias on f32 or wider
-    /// heads, edge features with a bias, heads the fused passes do not hold) the per-edge
+    /// the other extras (edge features, with a bias and dropout or not; a bias or dropout on
+    /// f32 or on heads the tensor-core backward does not hold) take the fused CUDA-core
+    /// backward's two passes (deterministic, an `nnz × heads` pair of f32 per edge and head,
+    /// no per-edge feature-sized buffers); heads the fused passes do not hold, the per-edge
     /// composition.
     ///
     /// Errors: as [`forward_with`](Self::forward_with); [`Error::InvalidConfig`] where
@@ -307,11 +308,11 @@ impl AttentionPlan {
     /// `T` on this plan: [`BackwardKernels::TensorCore`] for a bias (per head or shared) and /
     /// or dropout (or neither) without edge features where the tensor-core backward holds the
     /// head (f16 / bf16, a multiple of 8 up to 64 features, sm_80 and later),
-    /// [`BackwardKernels::Fused`] for edge features or dropout (or both) without a bias where
+    /// [`BackwardKernels::Fused`] for any other extras (edge features, a bias, dropout) where
     /// the fused CUDA-core backward holds the head, else
     /// [`BackwardKernels::Unfused`] (the per-edge composition). The first two are bitwise
     /// deterministic and keep no per-edge feature-sized buffers (the fused one keeps a score
-    /// pair per edge and head with edge features or dropout). A CPU plan answers `Unfused`.
+    /// pair per edge and head). A CPU plan answers `Unfused`.
     pub fn backward_kernels_with_extras<T: DType>(
         &self,
         extras: &Extras<'_, T>,
@@ -319,10 +320,9 @@ impl AttentionPlan {
         if extras.edge_features.is_none() && self.tensor_core_backward_runs::<T>() {
             return BackwardKernels::TensorCore;
         }
-        // Edge features or dropout without a bias: the fused passes' edge terms.
+        // Edge features, a bias or dropout: the fused passes' edge terms.
         let dropped = extras.dropout.is_some_and(|d| d.rate() > 0.0);
-        if extras.bias.is_none()
-            && (extras.edge_features.is_some() || dropped)
+        if (extras.edge_features.is_some() || extras.bias.is_some() || dropped)
             && self.is_gpu()
             && FusedBackward::supports::<T>(self.shape_q().head_dim)
         {
@@ -386,9 +386,18 @@ impl AttentionPlan {
                     )),
                     None => None,
                 };
+                let bias = match extras.bias {
+                    Some(b) => Some((b, grads.d_bias.ok_or_else(|| need("d_bias"))?)),
+                    None => None,
+                };
+                let terms = EdgeTerms {
+                    features,
+                    bias,
+                    dropout: extras.dropout.as_ref(),
+                };
                 return self.fused_extras_backward(
                     [q, k, v, d_out],
-                    (features, extras.dropout.as_ref()),
+                    terms,
                     [grads.dq, grads.dk, grads.dv],
                     read_scale,
                 );

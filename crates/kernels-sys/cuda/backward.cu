@@ -530,10 +530,11 @@ struct Units {
 
 // EF (edge terms): edge features, row e of ef (nnz x heads x head_dim; null: none) added to the
 // key and the value of A's edge e (CSR position e): k' = k_j + e_ij, v' = v_j + e_ij in every
-// formula above; each edge's raw score and dP go to edge_sd[e * heads + h] for the column
-// pass. With dropout (EF only; `keep` A's kept bits, null without): dP = f <dOut_i, v'> with
-// f = kept_factor, the forward having aggregated P f v'. Dropout alone runs these kernels with
-// ef and d_ef null.
+// formula above; a score bias b_e (bias: null, or nnz x bias_heads, 1 when shared by the heads)
+// added to the scaled score, s = scale r + b_e (-inf masks the edge); each edge's score s and dP
+// go to edge_sd[e * heads + h] for the column pass. With dropout (`keep` A's kept bits, null
+// without): dP = f <dOut_i, v'> with f = kept_factor, the forward having aggregated P f v'. A
+// bias or dropout alone runs these kernels with ef and d_ef null.
 template <class T, int VEC, int NV, int TILE, bool EF>
 __device__ __forceinline__ void backward_row_pass(
     Units un, const u32* __restrict__ col_indices, const T* __restrict__ q,
@@ -541,7 +542,8 @@ __device__ __forceinline__ void backward_row_pass(
     u32 head_dim, float scale, u32 g, T* __restrict__ dq, float2* __restrict__ stats,
     float* part_stats, float* part_acc, u32* counters, u32 n_split, float* split_dscale,
     float* block_dscale, u32* block_counter, double* d_scale, const T* __restrict__ ef,
-    float2* __restrict__ edge_sd, const u32* __restrict__ keep, float keep_scale) {
+    float2* __restrict__ edge_sd, const u32* __restrict__ keep, float keep_scale,
+    const T* __restrict__ bias, u32 bias_heads) {
     __shared__ float scratch[32];
     __shared__ double scratch64[32];
     const u32 mask = group_mask(g), lane = lane_id() & (g - 1u);
@@ -565,7 +567,7 @@ __device__ __forceinline__ void backward_row_pass(
         float m = SPATTN_NEG_INF, l = 0.0f, w = 0.0f, a1 = 0.0f, a2 = 0.0f;
         for (u32 e = start; e < end; e += TILE) {
             float kk[TILE][NV][VEC], vv[TILE][NV][VEC];
-            float r[TILE], dp[TILE];
+            float r[TILE], dp[TILE], sb[TILE];
 #pragma unroll
             for (int t = 0; t < TILE; ++t) {
                 // Past the unit's end, a lane reloads the tile's first edge and weighs it 0.
@@ -574,6 +576,9 @@ __device__ __forceinline__ void backward_row_pass(
                 load_head<T, VEC, NV>(k + c * hd + head_off, on, feat, kk[t]);
                 load_head<T, VEC, NV>(v + c * hd + head_off, on, feat, vv[t]);
                 if constexpr (EF) {
+                    sb[t] = bias == nullptr ? 0.0f
+                                            : to_f32(__ldg(bias + (u64)pos * bias_heads +
+                                                           (bias_heads == 1u ? 0u : h)));
                     if (ef != nullptr) {
                         float ee[NV][VEC];
                         load_head<T, VEC, NV>(ef + (u64)pos * hd + head_off, on, feat, ee);
@@ -586,17 +591,20 @@ __device__ __forceinline__ void backward_row_pass(
             for (int t = 0; t < TILE; ++t) {
                 r[t] = group_sum(dot_lanes<VEC, NV>(qv, kk[t]), mask, g);
                 dp[t] = group_sum(dot_lanes<VEC, NV>(dov, vv[t]), mask, g);
+                // The score s (sb: it holds the bias until now).
+                if constexpr (EF) sb[t] += scale * r[t];
+                else sb[t] = scale * r[t];
                 if constexpr (EF) {
                     dp[t] *= kept_factor(keep, (u64)(e + t < end ? e + t : e) * heads + h,
                                          keep_scale);
                     if (lane == 0u && e + t < end)
-                        edge_sd[(u64)(e + t) * heads + h] = make_float2(r[t], dp[t]);
+                        edge_sd[(u64)(e + t) * heads + h] = make_float2(sb[t], dp[t]);
                 }
             }
             float mt = m;
 #pragma unroll
             for (int t = 0; t < TILE; ++t)
-                if (e + t < end) mt = fmaxf(mt, scale * r[t]);
+                if (e + t < end) mt = fmaxf(mt, sb[t]);
             const float c = online_rescale(m, mt);
             m = mt;
             l *= c;
@@ -605,7 +613,9 @@ __device__ __forceinline__ void backward_row_pass(
             a2 *= c;
 #pragma unroll
             for (int t = 0; t < TILE; ++t) {
-                const float x = e + t < end ? __expf(scale * r[t] - m) : 0.0f;
+                // A row masked so far (every bias -inf) keeps m = -inf: its edges weigh 0.
+                const bool live = e + t < end && (!EF || m != SPATTN_NEG_INF);
+                const float x = live ? __expf(sb[t] - m) : 0.0f;
                 const float xd = x * dp[t];
                 l += x;
                 w += xd;
@@ -675,19 +685,21 @@ __device__ __forceinline__ void backward_row_pass(
     }
 }
 
-// EF: A^T's entry e is A's edge t_to_a[e]; its raw score and dP come from the row pass
+// EF: A^T's entry e is A's edge t_to_a[e]; its score s and dP come from the row pass
 // (edge_sd: no feature row read, no dot product here), and its gradient
 // dE = scale dS q_i + P f dOut_i is written to row t_to_a[e] of d_ef (DE: the features' pass;
-// dropout alone runs without it), each edge by the one unit holding it: no sums across units; f
-// the edge's dropout factor (keep, A's order; 1 without), which weighs dV's terms too.
+// a bias or dropout alone runs without it), each edge by the one unit holding it: no sums
+// across units; f the edge's dropout factor (keep, A's order; 1 without), which weighs dV's
+// terms too. With keep_ds (a bias), each edge's dS replaces its score in edge_sd: the bias's
+// gradient, which a last kernel reads from there.
 template <class T, int VEC, int NV, int TILE, bool EF, bool DE>
 __device__ __forceinline__ void backward_col_pass(
     Units un, const u32* __restrict__ row_indices, const T* __restrict__ q,
     const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ d_out, u32 heads,
     u32 head_dim, float scale, u32 g, const float2* __restrict__ stats, T* __restrict__ dk,
     T* __restrict__ dv, float* part_acc, u32* counters, const u32* __restrict__ t_to_a,
-    T* __restrict__ d_ef, const float2* __restrict__ edge_sd, const u32* __restrict__ keep,
-    float keep_scale) {
+    T* __restrict__ d_ef, float2* __restrict__ edge_sd, const u32* __restrict__ keep,
+    float keep_scale, u32 keep_ds) {
     const u32 mask = group_mask(g), lane = lane_id() & (g - 1u);
     const u64 hd = (u64)heads * head_dim;
     const u64 group = grid_group(g), groups = grid_groups(g);
@@ -720,23 +732,28 @@ __device__ __forceinline__ void backward_col_pass(
                 st[t] = __ldg(stats + (u64)i * heads + h);
                 if constexpr (EF) {
                     id[t] = __ldg(t_to_a + pos);
-                    sd[t] = __ldg(edge_sd + (u64)id[t] * heads + h);
+                    sd[t] = edge_sd[(u64)id[t] * heads + h];
                 }
             }
 #pragma unroll
             for (int t = 0; t < TILE; ++t) {
-                float r, dp;
+                float s, dp;
                 if constexpr (EF) {
-                    r = sd[t].x;
+                    s = sd[t].x;
                     dp = sd[t].y;
                 } else {
-                    r = group_sum(dot_lanes<VEC, NV>(qq[t], kv), mask, g);
+                    s = scale * group_sum(dot_lanes<VEC, NV>(qq[t], kv), mask, g);
                     dp = group_sum(dot_lanes<VEC, NV>(oo[t], vv), mask, g);
                 }
-                const float p = e + t < end ? __expf(scale * r - st[t].x) : 0.0f;
+                const float p = e + t < end ? __expf(s - st[t].x) : 0.0f;
                 const float ds = p * (dp - st[t].y);
                 float pf = p;
-                if constexpr (EF) pf *= kept_factor(keep, (u64)id[t] * heads + h, keep_scale);
+                if constexpr (EF) {
+                    pf *= kept_factor(keep, (u64)id[t] * heads + h, keep_scale);
+                    // The pair's only reader is this unit: dS takes the score's place.
+                    if (keep_ds != 0u && lane == 0u && e + t < end)
+                        edge_sd[(u64)id[t] * heads + h].x = ds;
+                }
                 axpby<VEC, NV>(adv, 1.0f, oo[t], pf);
                 axpby<VEC, NV>(adk, 1.0f, qq[t], ds);
                 if constexpr (EF && DE) {
@@ -956,36 +973,37 @@ __device__ __forceinline__ void gat_backward_col_pass(
         const u32 *part_first, u32 n_units
 #define SPATTN_BWD_UNITS {unit_rows, unit_starts, unit_slots, unit_parts, part_first, n_units}
 
-// Every pass takes the edge terms' arguments (ef, edge_sd; t_to_a, d_ef, edge_sd) and the
-// dropout's kept bits and scale, used by the EF kernels only (`_ef` in the name: edge features,
-// with dropout or not; the row pass also serves dropout alone, with ef null, beside the column
-// pass `_drop`, which writes no dE), null for the others. The row pass writes edge_sd, the
-// column pass reads it.
+// Every pass takes the edge terms' arguments (ef, edge_sd, bias; t_to_a, d_ef, edge_sd)
+// and the dropout's kept bits and scale, used by the EF kernels only (`_ef` in the name: edge
+// features, with a bias or dropout or not; the row pass also serves a bias or dropout without
+// features, with ef null, beside the column pass `_drop`, which writes no dE), null for the
+// others. The row pass writes edge_sd, the column pass reads it (and leaves dS in it where
+// keep_ds).
 #define SPATTN_BACKWARD_ROWS_K(NAME, T, VEC, NV, TILE, MINB, EF)                                \
     extern "C" __global__ void __launch_bounds__(256, MINB) NAME(                              \
         SPATTN_BWD_UNITS_ARGS, const u32* col_indices, const T* q, const T* k, const T* v,     \
         const T* d_out, u32 heads, u32 head_dim, float scale, u32 g, T* dq, float2* stats,     \
         float* part_stats, float* part_acc, u32* counters, u32 n_split, float* split_dscale,   \
         float* block_dscale, u32* block_counter, double* d_scale, const T* ef,                 \
-        float2* edge_sd, const u32* keep, float keep_scale) {                                  \
+        float2* edge_sd, const u32* keep, float keep_scale, const T* bias, u32 bias_heads) {   \
         const Units un = SPATTN_BWD_UNITS;                                                     \
         backward_row_pass<T, VEC, NV, TILE, EF>(un, col_indices, q, k, v, d_out, heads,        \
                                                 head_dim, scale, g, dq, stats, part_stats,     \
                                                 part_acc, counters, n_split, split_dscale,     \
                                                 block_dscale, block_counter, d_scale, ef,      \
-                                                edge_sd, keep, keep_scale);                    \
+                                                edge_sd, keep, keep_scale, bias, bias_heads);  \
     }
 #define SPATTN_BACKWARD_COLS_K(NAME, T, VEC, NV, TILE, MINB, EF, DE)                            \
     extern "C" __global__ void __launch_bounds__(256, MINB) NAME(                              \
         SPATTN_BWD_UNITS_ARGS, const u32* row_indices, const T* q, const T* k, const T* v,     \
         const T* d_out, u32 heads, u32 head_dim, float scale, u32 g, const float2* stats,      \
         T* dk, T* dv, float* part_acc, u32* counters, const u32* t_to_a, T* d_ef,              \
-        const float2* edge_sd, const u32* keep, float keep_scale) {                            \
+        float2* edge_sd, const u32* keep, float keep_scale, u32 keep_ds) {                     \
         const Units un = SPATTN_BWD_UNITS;                                                     \
         backward_col_pass<T, VEC, NV, TILE, EF, DE>(un, row_indices, q, k, v, d_out, heads,    \
                                                     head_dim, scale, g, stats, dk, dv,         \
                                                     part_acc, counters, t_to_a, d_ef, edge_sd, \
-                                                    keep, keep_scale);                         \
+                                                    keep, keep_scale, keep_ds);                \
     }
 // Edges per step and the blocks per SM asked of the register allocator, by features a lane
 // (docs/kernels/backward.md, "Tried"): 4 or fewer take one edge a step at 6 blocks (42

@@ -25,6 +25,23 @@ __device__ void edge_head_sum(const X* __restrict__ x, u64 nnz, u32 heads, T* ou
     }
 }
 
+// A bias's gradient from the fused backward's per-edge pairs (dS first, nnz x heads, edge-major):
+// out[e] = sum over the heads of dS in head order (shared), else out[i] = dS of pair i; rounded
+// to T.
+template <class T>
+__device__ void edge_pair_bias_grad(const float2* __restrict__ sd, u64 nnz, u32 heads, u32 shared,
+                                    T* out) {
+    if (shared) {
+        SPATTN_GRID_STRIDE(e, nnz) {
+            float s = 0.0f;
+            for (u32 h = 0; h < heads; ++h) s += sd[e * heads + h].x;
+            out[e] = from_f32<T>(s);
+        }
+    } else {
+        SPATTN_GRID_STRIDE(i, nnz * heads) { out[i] = from_f32<T>(sd[i].x); }
+    }
+}
+
 // out[i] = x[i] rounded to T.
 template <class T>
 __device__ void edge_cast(const float* __restrict__ x, u64 n, T* out) {
@@ -158,6 +175,10 @@ extern "C" __global__ void edge_add(const float* x, u64 n, float* y) {
     }                                                                                           \
     extern "C" __global__ void edge_head_sum_##S(const float* x, u64 nnz, u32 heads, T* out) {  \
         edge_head_sum<float, T>(x, nnz, heads, out);                                            \
+    }                                                                                           \
+    extern "C" __global__ void edge_pair_bias_grad_##S(const float2* sd, u64 nnz, u32 heads,    \
+                                                       u32 shared, T* out) {                    \
+        edge_pair_bias_grad<T>(sd, nnz, heads, shared, out);                                    \
     }                                                                                           \
     extern "C" __global__ void edge_cast_##S(const float* x, u64 n, T* out) {                   \
         edge_cast<T>(x, n, out);                                                                \

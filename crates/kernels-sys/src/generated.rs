@@ -329,7 +329,7 @@ pub const CSR_OPS: PtxModule = PtxModule {
     ],
 };
 
-/// The PTX module compiled from `cuda/edge_extras.cu` (29 kernels).
+/// The PTX module compiled from `cuda/edge_extras.cu` (32 kernels).
 pub const EDGE_EXTRAS: PtxModule = PtxModule {
     name: "edge_extras",
     ptx: include_str!("../ptx/edge_extras.ptx"),
@@ -348,16 +348,19 @@ pub const EDGE_EXTRAS: PtxModule = PtxModule {
         "edge_add",
         "edge_bias_add_f32",
         "edge_head_sum_f32",
+        "edge_pair_bias_grad_f32",
         "edge_cast_f32",
         "edge_widen_f32",
         "edge_row_combine_f32",
         "edge_bias_add_f16",
         "edge_head_sum_f16",
+        "edge_pair_bias_grad_f16",
         "edge_cast_f16",
         "edge_widen_f16",
         "edge_row_combine_f16",
         "edge_bias_add_bf16",
         "edge_head_sum_bf16",
+        "edge_pair_bias_grad_bf16",
         "edge_cast_bf16",
         "edge_widen_bf16",
         "edge_row_combine_bf16",

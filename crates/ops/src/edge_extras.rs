@@ -29,9 +29,9 @@ pub enum DeviceBias<'a, T: DType> {
     Shared(&'a DeviceVec<T>),
 }
 
-impl<T: DType> DeviceBias<'_, T> {
+impl<'a, T: DType> DeviceBias<'a, T> {
     /// The values.
-    pub fn values(&self) -> &DeviceVec<T> {
+    pub fn values(&self) -> &'a DeviceVec<T> {
         match self {
             DeviceBias::PerHead(b) | DeviceBias::Shared(b) => b,
         }
@@ -70,6 +70,11 @@ pub(crate) fn head_sum_kernel(dtype: &str) -> String {
 /// backward's dBias for a shared bias).
 pub(crate) fn head_sum_of_kernel(dtype: &str) -> String {
     format!("edge_head_sum_of_{dtype}")
+}
+
+/// The kernel writing a bias's gradient of `dtype` from the fused backward's pairs.
+pub(crate) fn pair_bias_grad_kernel(dtype: &str) -> String {
+    format!("edge_pair_bias_grad_{dtype}")
 }
 
 /// The kernel casting f32 per-edge values to `dtype`.
@@ -219,6 +224,50 @@ pub fn bias_grad<T: DType>(
     } else {
         cast(gpu, ds, out)
     }
+}
+
+/// The gradient of `bias` from the fused backward's per-edge pairs (`pairs`: at least
+/// `nnz × heads` pairs of f32, dS first, edge-major): the pairs' dS (per head) or its sum over
+/// the heads (shared), rounded to `T`, into `out`.
+///
+/// # Errors
+/// Lengths that do not fit `nnz` and `heads`; buffers of another GPU.
+pub(crate) fn bias_grad_from_pairs<T: DType>(
+    gpu: &Gpu,
+    pairs: &DeviceVec<f32>,
+    nnz: usize,
+    heads: usize,
+    shared: bool,
+    out: &mut DeviceVec<T>,
+) -> Result<()> {
+    let per_edge = if shared { 1 } else { heads };
+    let what = if shared {
+        "d_bias (nnz)"
+    } else {
+        "d_bias (nnz × heads)"
+    };
+    check_per_edge(what, nnz, per_edge, out.len())?;
+    let need = nnz.checked_mul(heads).and_then(|n| n.checked_mul(2));
+    if need.is_none_or(|n| pairs.len() < n) {
+        return Err(Error::LengthMismatch {
+            what: "edge score pairs",
+            expected: need.unwrap_or(usize::MAX),
+            actual: pairs.len(),
+        });
+    }
+    check_same_gpu(gpu, "edge score pairs", pairs)?;
+    check_same_gpu(gpu, "d_bias", &*out)?;
+    let (name, f) = function(gpu, pair_bias_grad_kernel(T::NAME))?;
+    let (n, h, s) = (nnz as u64, to_u32("heads", heads)?, u32::from(shared));
+    let mut args = gpu.launch_builder(&f);
+    args.arg(pairs.slice())
+        .arg(&n)
+        .arg(&h)
+        .arg(&s)
+        .arg(out.slice_mut());
+    // SAFETY: reads pairs[0..2·nnz·heads) (checked above); writes out[0..nnz) shared, else
+    // out[0..nnz·heads) (its length, checked).
+    unsafe { launch(name, &mut args, stride_grid(nnz * per_edge)?) }
 }
 
 /// `out[e]` = the sum over the heads of `x[e × heads + h]` (`nnz × heads` values of `T`), in f32

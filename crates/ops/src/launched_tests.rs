@@ -140,8 +140,9 @@ fn csr_ops_holds_exactly_the_launched_kernels() {
 #[test]
 fn edge_extras_holds_exactly_the_launched_kernels() {
     use crate::edge_extras::{
-        bias_add_kernel, cast_kernel, head_sum_kernel, head_sum_of_kernel, row_combine_kernel,
-        rows_fill_kernel, rows_place_kernel, widen_kernel, ADD_KERNEL, DROPOUT_KERNEL,
+        bias_add_kernel, cast_kernel, head_sum_kernel, head_sum_of_kernel, pair_bias_grad_kernel,
+        row_combine_kernel, rows_fill_kernel, rows_place_kernel, widen_kernel, ADD_KERNEL,
+        DROPOUT_KERNEL,
     };
     let mut l = Launched::new(sys::EDGE_EXTRAS);
     l.add(DROPOUT_KERNEL);
@@ -150,6 +151,7 @@ fn edge_extras_holds_exactly_the_launched_kernels() {
         let dt = kind.name();
         l.add(bias_add_kernel(dt));
         l.add(head_sum_kernel(dt));
+        l.add(pair_bias_grad_kernel(dt));
         l.add(cast_kernel(dt));
         l.add(widen_kernel(dt));
         l.add(row_combine_kernel(dt));

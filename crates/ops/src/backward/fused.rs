@@ -23,14 +23,17 @@
 //! **No host synchronization**: ∂scale stays on the device ([`FusedBackward::d_scale`]).
 //!
 //! **Edge features** ([`FusedBackward::run_with_edge_terms`]): the row pass adds each edge's
-//! feature row to its key and value and leaves the edge's raw score and dP (two f32 per edge and
+//! feature row to its key and value and leaves the edge's score and dP (two f32 per edge and
 //! head, `nnz × heads` pairs: a sixteenth of the features' bytes at 64 f16 features); the column
 //! pass reads those instead of the feature row and writes ∂L/∂E per edge. With attention
 //! dropout as well, the kept elements are drawn once per call into a bit mask in A's order (the
 //! forward's draws), which the row pass reads in sequence (`dP = f ⟨dOut_i, v'⟩`) and the column
-//! pass per entry through Aᵀ's edge map (`f P` in dV and ∂L/∂E). Dropout alone
-//! (`run_with_edge_terms` without features) takes the same row pass without a feature row and a
-//! column pass that writes no ∂L/∂E (`attention_backward_cols_drop_*`).
+//! pass per entry through Aᵀ's edge map (`f P` in dV and ∂L/∂E). A score bias is added to each
+//! edge's scaled score in the row pass (the pair holds the biased score), and the column pass
+//! leaves each edge's dS in its pair, from which one more kernel writes ∂L/∂bias (per head, or
+//! summed over the heads in order for a shared bias). A bias or dropout without features takes
+//! the same row pass without a feature row and a column pass that writes no ∂L/∂E
+//! (`attention_backward_cols_drop_*`).
 //!
 //! Shapes ([`FusedBackward::supports`]): a group of up to 32 lanes holds a head, one vector of
 //! up to 16 bytes a lane, or up to 16 features a lane in 16-byte vectors: head_dim up to 512 in
@@ -67,6 +70,7 @@ use crate::buffer::{grown, DeviceMatrix, DeviceVec};
 use crate::device_csr::DeviceCsr;
 use crate::dropout::{Dropout, DropoutWords};
 use crate::dtype::DType;
+use crate::edge_extras::{self, DeviceBias};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::launch::{
@@ -125,11 +129,29 @@ pub(crate) fn cols_pass_kernel(dtype: &str, vec: u32, nv: u32, ef: bool, de: boo
     format!("attention_backward_cols_{terms}{dtype}_v{vec}_n{nv}")
 }
 
-/// The edge terms of a call: edge features with their gradient's buffer, and dropout.
-type EdgeTerms<'a, T> = (
-    Option<(&'a DeviceMatrix<T>, &'a mut DeviceMatrix<T>)>,
-    Option<&'a Dropout>,
-);
+/// The edge terms of a [`FusedBackward::run_with_edge_terms`] call, each optional (none: the
+/// plain [`run`](FusedBackward::run)).
+#[derive(Debug)]
+pub struct EdgeTerms<'a, T: DType> {
+    /// Edge features (`nnz × heads × head_dim`, row `e` for A's edge `e` in CSR order) added to
+    /// each edge's key and value, with the buffer (same shape) that receives ∂L/∂E.
+    pub features: Option<(&'a DeviceMatrix<T>, &'a mut DeviceMatrix<T>)>,
+    /// A score bias in A's CSR order (−∞ masks an edge), with the buffer that receives
+    /// ∂L/∂bias (shaped like the bias).
+    pub bias: Option<(DeviceBias<'a, T>, &'a mut DeviceVec<T>)>,
+    /// The forward's dropout (the same seed and offset).
+    pub dropout: Option<&'a Dropout>,
+}
+
+impl<T: DType> Default for EdgeTerms<'_, T> {
+    fn default() -> Self {
+        Self {
+            features: None,
+            bias: None,
+            dropout: None,
+        }
+    }
+}
 
 /// The fused backward's device workspace for one graph and one `heads × head_dim`, and its
 /// launches (see the module documentation).
@@ -156,8 +178,9 @@ pub struct FusedBackward {
     block_dscale: DeviceVec<f32>,
     block_counter: DeviceVec<u32>,
     d_scale: DeviceVec<f64>,
-    /// With edge features: each edge's raw score and dP per head (at least `nnz × heads × 2`),
-    /// left by the row pass for the column pass; grown by the runs with features.
+    /// With edge terms: each edge's score and dP per head (at least `nnz × heads × 2`), left by
+    /// the row pass for the column pass (which leaves dS in the score's place); grown by the
+    /// runs with edge terms.
     edge_sd: Option<DeviceVec<f32>>,
     /// With edge features and dropout: the kept bits of A's elements (`edge · heads + head`),
     /// drawn by each such run; grown by them.
@@ -261,27 +284,30 @@ impl FusedBackward {
         operands: [&DeviceMatrix<T>; 4],
         grads: [&mut DeviceMatrix<T>; 3],
     ) -> Result<()> {
-        self.run_inner(gpu, a, t, scale, operands, grads, (None, None))
+        self.run_inner(gpu, a, t, scale, operands, grads, EdgeTerms::default())
     }
 
-    /// [`run`](Self::run) with edge terms, either or both (`None` for both is [`run`](Self::run)):
+    /// [`run`](Self::run) with edge terms, any of them ([`EdgeTerms::default`] is
+    /// [`run`](Self::run)):
     ///
-    /// - `features`: edge features (`nnz × heads × head_dim`, row `e` for A's edge `e` in CSR
-    ///   order) added to each edge's key and value, `k_j + e_ij` and `v_j + e_ij`, with the
-    ///   buffer (same shape) that receives ∂L/∂E in every row. The row pass reads each edge's
-    ///   feature row; each edge's ∂L/∂E is written by the one unit of Aᵀ that holds it, so the
-    ///   result is still deterministic.
+    /// - `features`: edge features added to each edge's key and value, `k_j + e_ij` and
+    ///   `v_j + e_ij`; the row pass reads each edge's feature row, and each edge's ∂L/∂E is
+    ///   written by the one unit of Aᵀ that holds it, so the result is still deterministic.
+    /// - `bias`: added to each edge's scaled score, `s = scale · ⟨q_i, k'⟩ + b_e`; the column pass
+    ///   leaves each edge's dS in the place of its score, which a last kernel rounds (per head)
+    ///   or sums over the heads (shared) into the gradient's buffer.
     /// - `dropout` (the forward's: the same seed and offset): the gradients of the forward that
     ///   aggregated `P · f · v'`, `f` each element's dropout factor. The kept bits are drawn into
     ///   the workspace (`nnz × heads` bits, grown on the first such call); a rate of 0 adds
     ///   nothing.
     ///
-    /// Either leaves each edge's score and dP from the row pass for the column pass (the
-    /// workspace grows by `nnz × heads × 2` f32 on the first such call). Dropout alone runs the
-    /// row pass without a feature row and a column pass that writes no ∂L/∂E.
+    /// Any of them leaves each edge's score and dP from the row pass for the column pass (the
+    /// workspace grows by `nnz × heads × 2` f32 on the first such call). Without features the
+    /// row pass reads no feature row and the column pass writes no ∂L/∂E.
     ///
     /// Errors: as [`run`](Self::run), [`Error::ShapeMismatch`] for the edge features or their
-    /// gradient, and [`Error::OutOfMemory`] for the pairs and the bits.
+    /// gradient, [`Error::LengthMismatch`] for the bias or its gradient, and
+    /// [`Error::OutOfMemory`] for the pairs and the bits.
     #[allow(clippy::too_many_arguments)]
     pub fn run_with_edge_terms<T: DType>(
         &mut self,
@@ -291,10 +317,9 @@ impl FusedBackward {
         scale: f32,
         operands: [&DeviceMatrix<T>; 4],
         grads: [&mut DeviceMatrix<T>; 3],
-        features: Option<(&DeviceMatrix<T>, &mut DeviceMatrix<T>)>,
-        dropout: Option<&Dropout>,
+        terms: EdgeTerms<'_, T>,
     ) -> Result<()> {
-        self.run_inner(gpu, a, t, scale, operands, grads, (features, dropout))
+        self.run_inner(gpu, a, t, scale, operands, grads, terms)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -306,7 +331,11 @@ impl FusedBackward {
         scale: f32,
         operands: [&DeviceMatrix<T>; 4],
         [dq, dk, dv]: [&mut DeviceMatrix<T>; 3],
-        (features, dropout): EdgeTerms<'_, T>,
+        EdgeTerms {
+            features,
+            bias,
+            dropout,
+        }: EdgeTerms<'_, T>,
     ) -> Result<()> {
         let [q, k, v, d_out] = operands;
         check_transpose(a, t)?;
@@ -354,6 +383,24 @@ impl FusedBackward {
             }
             None => (None, None),
         };
+        let (bias, d_bias) = match bias {
+            Some((b, db)) => {
+                b.check_len(a.nnz(), self.heads)?;
+                let per_edge = if b.is_shared() { 1 } else { self.heads };
+                let expected = product("d_bias", &[a.nnz(), per_edge])?;
+                if db.len() != expected {
+                    return Err(Error::LengthMismatch {
+                        what: "d_bias",
+                        expected,
+                        actual: db.len(),
+                    });
+                }
+                check_same_gpu(gpu, "bias", b.values())?;
+                check_same_gpu(gpu, "d_bias", &*db)?;
+                (Some(b), Some(db))
+            }
+            None => (None, None),
+        };
         // The kept bits in A's order (none without dropout, or without an element to keep).
         let drop = DropoutWords::of(dropout);
         let words = dropout_mask_words(a.nnz(), self.heads)?;
@@ -371,8 +418,16 @@ impl FusedBackward {
         } else {
             None
         };
-        // The `_ef` passes where an edge term acts: features, or elements dropped.
-        let has_ef = ef.is_some() || keep.is_some();
+        // The `_ef` passes where an edge term acts: features, a bias, or elements dropped.
+        let has_ef = ef.is_some() || bias.is_some() || keep.is_some();
+        let bias_heads = to_u32(
+            "bias heads",
+            if bias.is_some_and(|b| b.is_shared()) {
+                1
+            } else {
+                self.heads
+            },
+        )?;
         // Aᵀ's entries' edges of A (made once per transpose), for the edge features' rows, and
         // the edges' (score, dP) pairs from the row pass to the column pass.
         let (t_to_a, edge_sd) = if has_ef {
@@ -428,7 +483,9 @@ impl FusedBackward {
             .arg_or_null(ef.map(DeviceMatrix::as_vec))
             .arg_or_null_mut(edge_sd)
             .arg_or_null(keep)
-            .arg(&drop.scale);
+            .arg(&drop.scale)
+            .arg_or_null(bias.map(|b| b.values()))
+            .arg(&bias_heads);
         // SAFETY: the kernel reads A's schedule (n_units units, starts n_units + 1, slots and
         // partials per unit, first partials per split row + 1; built with the CSR) and
         // col_indices[starts[u]..starts[u+1]) ⊂ [0, nnz); Q and dOut rows < n_rows, K and V rows
@@ -443,7 +500,8 @@ impl FusedBackward {
         // it walks (x2 floats; grown to at least that above); with edge features (non-null)
         // it reads their row e < nnz (nnz × heads × head_dim, checked); with dropout, bit
         // e*heads + head of keep (at least dropout_mask_words(nnz, heads) words, grown and
-        // drawn above).
+        // drawn above); with a bias, element e*bias_heads + (head, or 0 when shared) of it
+        // (nnz × bias_heads, checked).
         unsafe { launch(name, &mut args, cfg) }?;
 
         // Column pass over Aᵀ.
@@ -456,6 +514,8 @@ impl FusedBackward {
         let mut args = gpu.launch_builder(&f);
         let units = [rows, starts, slots, parts, first];
         let ends = t.csr.col_indices();
+        // The column pass leaves each edge's dS in its pair for the bias's gradient.
+        let keep_ds = u32::from(bias.is_some());
         push_pass_args(
             &mut args, &units, &n_units, ends, operands, &dims, &scale, &g,
         );
@@ -466,9 +526,10 @@ impl FusedBackward {
             .arg(self.col_counters.slice_mut())
             .arg_or_null(t_to_a)
             .arg_or_null_mut(d_ef.map(DeviceMatrix::as_vec_mut))
-            .arg_or_null(self.edge_sd.as_ref().filter(|_| has_ef))
+            .arg_or_null_mut(self.edge_sd.as_mut().filter(|_| has_ef))
             .arg_or_null(keep)
-            .arg(&drop.scale);
+            .arg(&drop.scale)
+            .arg(&keep_ds);
         // SAFETY: as the row pass, on Aᵀ's schedule and columns: Aᵀ's entries are rows of A
         // (< n_rows: Q, dOut and stats rows), its units' rows are columns of A (< n_cols: K, V,
         // dK, dV rows); partials and counters sized by `new` from Aᵀ's schedule. In the `_ef`
@@ -476,8 +537,20 @@ impl FusedBackward {
         // 0..nnz, nnz entries) selects the pair read from edge_sd (at least nnz × heads pairs,
         // grown above and written by the row pass), the row written in the features' gradient
         // where given (nnz × heads × head_dim, checked), and with dropout the bit
-        // t_to_a[e]*heads + head of keep (as the row pass).
-        unsafe { launch(name, &mut args, cfg) }
+        // t_to_a[e]*heads + head of keep (as the row pass); with keep_ds it overwrites the first
+        // float of the pair it reads with the edge's dS.
+        unsafe { launch(name, &mut args, cfg) }?;
+        match (bias, d_bias, &self.edge_sd) {
+            (Some(b), Some(db), Some(pairs)) => edge_extras::bias_grad_from_pairs(
+                gpu,
+                pairs,
+                a.nnz(),
+                self.heads,
+                b.is_shared(),
+                db,
+            ),
+            _ => Ok(()),
+        }
     }
 }
 

@@ -65,7 +65,7 @@ mod gat_kernels;
 pub(crate) mod gat_rows;
 mod keep_bits;
 mod tc;
-pub use fused::FusedBackward;
+pub use fused::{EdgeTerms, FusedBackward};
 pub use gat::{
     gat_aggregation_grad, gat_fused_backward, gat_score_grad, gat_vector_grads, GatGrads,
     GatScoreTerms,
