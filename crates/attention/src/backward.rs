@@ -534,10 +534,10 @@ impl AttentionPlan {
         // CSR transpose after the tensor-core passes, which do not read it.
         let a = graph.csr()?;
         let tc_runs = self.tensor_core_backward_runs::<T>();
-        // A graph seen once gets the tensor-core passes only with the fused-tc plan's BSB.
-        let tc_auto = tc_runs && (self.runs_fused_tensor_core() || !seen_once(graph));
         let kernels = match kernels {
-            BackwardKernels::Auto if tc_auto => BackwardKernels::TensorCore,
+            BackwardKernels::Auto if self.tensor_core_backward_auto::<T>() => {
+                BackwardKernels::TensorCore
+            }
             BackwardKernels::Auto => BackwardKernels::Fused,
             BackwardKernels::TensorCore if !tc_runs => BackwardKernels::Fused,
             other => other,
@@ -618,6 +618,17 @@ impl AttentionPlan {
         };
         TensorCoreBackward::supports(T::KIND, self.shape_q().head_dim)
             && gpu.compute_capability() >= (8, 0)
+    }
+
+    /// Whether `Auto` takes the tensor-core passes: where they run, and on a graph seen once
+    /// only with the fused-tc plan's BSB (else the BSBs of A and Aᵀ would be built for one
+    /// step).
+    pub(crate) fn tensor_core_backward_auto<T: DType>(&self) -> bool {
+        let BackwardParts::Gpu { graph, .. } = self.backward_parts() else {
+            return false;
+        };
+        self.tensor_core_backward_runs::<T>()
+            && (self.runs_fused_tensor_core() || !seen_once(graph))
     }
 
     /// The backward with a bias (per head or shared) and / or dropout (no edge features) on the

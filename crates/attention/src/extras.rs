@@ -28,8 +28,8 @@
 //! edge features will come: f16 and bf16 plans then take fused-tc, faster with a bias and
 //! dropout. The backward ([`AttentionPlan::backward_with_extras`]) runs the tensor-core passes
 //! for a bias and dropout without edge features on f16 / bf16 heads of a multiple of 8 up to
-//! 64, the fused CUDA-core passes for any extras elsewhere (edge features, f32, other heads)
-//! where they hold the head, the composition otherwise
+//! 64 (on a graph seen once only with fused-tc's plan), the fused CUDA-core passes for any
+//! extras elsewhere where they hold the head, the composition otherwise
 //! ([`AttentionPlan::backward_kernels_with_extras`] says which).
 //!
 //! ```
@@ -263,8 +263,9 @@ impl AttentionPlan {
     /// features' gradients into `grads`; returns ∂L/∂scale. The scores, probabilities and the
     /// dropout mask are recomputed (nothing is stored by the forward); `extras` must be the
     /// forward's (the same dropout seed and offset). Without edge features, a bias (per head or
-    /// shared) and dropout take the tensor-core backward's three passes where they hold the
-    /// head (f16 / bf16, a multiple of 8 up to 64 features; deterministic, no per-edge f32
+    /// shared) and dropout take the tensor-core backward's three passes where the plain
+    /// backward's `Auto` takes them (f16 / bf16, a multiple of 8 up to 64 features; on a graph
+    /// seen once only with fused-tc's plan; deterministic, no per-edge f32
     /// buffers: a shared bias's per-head dS goes through an `nnz × heads` scratch of `T`);
     /// the other extras (edge features, with a bias and dropout or not; a bias or dropout on
     /// f32 or on heads the tensor-core backward does not hold) take the fused CUDA-core
@@ -306,26 +307,21 @@ impl AttentionPlan {
 
     /// Which kernels [`backward_with_extras`](Self::backward_with_extras) runs for `extras` of
     /// `T` on this plan: [`BackwardKernels::TensorCore`] for a bias (per head or shared) and /
-    /// or dropout (or neither) without edge features where the tensor-core backward holds the
-    /// head (f16 / bf16, a multiple of 8 up to 64 features, sm_80 and later),
-    /// [`BackwardKernels::Fused`] for any other extras (edge features, a bias, dropout) where
-    /// the fused CUDA-core backward holds the head, else
-    /// [`BackwardKernels::Unfused`] (the per-edge composition). The first two are bitwise
-    /// deterministic and keep no per-edge feature-sized buffers (the fused one keeps a score
-    /// pair per edge and head). A CPU plan answers `Unfused`.
+    /// or dropout (or neither) without edge features where the plain backward's `Auto` takes
+    /// the tensor-core passes (f16 / bf16, a multiple of 8 up to 64 features, sm_80 and later;
+    /// on a graph seen once only with fused-tc's plan),
+    /// [`BackwardKernels::Fused`] for the rest where the fused CUDA-core backward holds the
+    /// head, else [`BackwardKernels::Unfused`] (the per-edge composition). The first two are
+    /// bitwise deterministic and keep no per-edge feature-sized buffers (the fused one keeps a
+    /// score pair per edge and head with extras). A CPU plan answers `Unfused`.
     pub fn backward_kernels_with_extras<T: DType>(
         &self,
         extras: &Extras<'_, T>,
     ) -> BackwardKernels {
-        if extras.edge_features.is_none() && self.tensor_core_backward_runs::<T>() {
+        if extras.edge_features.is_none() && self.tensor_core_backward_auto::<T>() {
             return BackwardKernels::TensorCore;
         }
-        // Edge features, a bias or dropout: the fused passes' edge terms.
-        let dropped = extras.dropout.is_some_and(|d| d.rate() > 0.0);
-        if (extras.edge_features.is_some() || extras.bias.is_some() || dropped)
-            && self.is_gpu()
-            && FusedBackward::supports::<T>(self.shape_q().head_dim)
-        {
+        if self.is_gpu() && FusedBackward::supports::<T>(self.shape_q().head_dim) {
             return BackwardKernels::Fused;
         }
         BackwardKernels::Unfused

@@ -532,7 +532,8 @@ fn gpu_bias_takes_the_fused_backward() {
     }
     for a in &graphs[..3] {
         for shared in [false, true] {
-            check_masked_backward::<f32>(&gpu, a, shared, fused);
+            check_masked_backward::<f32>(&gpu, a, shared, (2, 32), fused);
+            check_masked_backward::<f16>(&gpu, a, shared, (2, 128), fused);
         }
     }
 }
@@ -677,24 +678,37 @@ fn gpu_tensor_core_extras_backward_is_deterministic_and_masks() {
     }
     for a in &graphs {
         for shared in [false, true] {
-            check_masked_backward::<f16>(&gpu, a, shared, tc);
-            check_masked_backward::<bf16>(&gpu, a, shared, tc);
+            check_masked_backward::<f16>(&gpu, a, shared, (2, 32), tc);
+            check_masked_backward::<bf16>(&gpu, a, shared, (2, 32), tc);
         }
     }
 }
 
-/// A −∞ bias (per head, or `shared` by the heads) masks every edge of rows 0–4 and every third
-/// edge elsewhere (with dropout): the gradients of the backward `expect` names are finite and
-/// match the f64 reference (masked rows have no probabilities: zero gradients, and dBias 0 on
-/// masked edges).
-fn check_masked_backward<T: DType>(gpu: &Gpu, a: &Csr, shared: bool, expect: BackwardKernels) {
-    let (heads, d) = (2, 32);
+/// A −∞ bias (per head, or `shared` by the heads) masks every edge of rows 0–4, every third
+/// edge elsewhere, and 200 edges in a row past the first 70 of the longest row when it has more
+/// than 300 (whole units of a split row among live ones), with dropout, at `heads × d`: the
+/// gradients of the backward `expect` names are finite and match the f64 reference (masked
+/// rows have no probabilities: zero gradients, and dBias 0 on masked edges).
+fn check_masked_backward<T: DType>(
+    gpu: &Gpu,
+    a: &Csr,
+    shared: bool,
+    (heads, d): (usize, usize),
+    expect: BackwardKernels,
+) {
     let mut rng = fresh_rng("tensor-core masked backward");
     let per_edge = if shared { 1 } else { heads };
     let mut bias = random_vec::<T>(&mut rng, a.nnz() * per_edge, 1.0);
-    let first_unmasked = a.row_offsets()[5.min(a.n_rows())] as usize;
+    let offsets = a.row_offsets();
+    let first_unmasked = offsets[5.min(a.n_rows())] as usize;
+    let longest = (0..a.n_rows())
+        .max_by_key(|&r| offsets[r + 1] - offsets[r])
+        .filter(|&r| offsets[r + 1] - offsets[r] > 300)
+        .map_or(0..0, |r| {
+            offsets[r] as usize + 70..offsets[r] as usize + 270
+        });
     for (e, b) in bias.chunks_mut(per_edge).enumerate() {
-        if e < first_unmasked || e % 3 == 0 {
+        if e < first_unmasked || e % 3 == 0 || longest.contains(&e) {
             b.fill(T::from_f32(f32::NEG_INFINITY));
         }
     }

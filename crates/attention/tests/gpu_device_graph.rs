@@ -199,19 +199,21 @@ fn gpu_plans_on_device_built_graphs_match_the_host_built_ones() {
     }
 }
 
-/// fused-tc with a per-head bias and dropout on `dg` (`a` built on the device): the forward's
+/// `alg` with a per-head bias and dropout on `dg` (`a` built on the device, seen once) runs the
+/// backward `expect` names, and both passes match the f64 reference. fused-tc: the forward's
 /// `_x` kernel and the tensor-core backward read the extras through edge maps made on the
-/// device (A's BSB, and Aᵀ's or A's standing for it); both match the f64 reference.
-fn check_tc_extras<T: DType>(
+/// device (A's BSB, and Aᵀ's or A's standing for it). `Auto` (fused-csr on a graph seen once):
+/// the fused CUDA-core backward, as the plain backward's `Auto` (no BSB built for one step).
+fn check_extras_on<T: DType>(
     gpu: &Gpu,
     rng: &mut Pcg64,
-    a: &Csr,
-    dg: &Arc<DeviceGraph>,
+    (a, dg): (&Csr, &Arc<DeviceGraph>),
     (heads, d): (usize, usize),
+    (alg, expect): (Algorithm, BackwardKernels),
 ) {
     let s = Shape::new(a.n_rows(), heads, d).unwrap();
     let config = AttentionConfig::new(heads, d, T::KIND)
-        .with_algorithm(Algorithm::FusedTensorCore)
+        .with_algorithm(alg)
         .with_edge_features(false);
     let plan = AttentionPlan::on_graph(dg, config).unwrap();
     let host: [Vec<T>; 4] = [0; 4].map(|_| random_vec(rng, s.len(), 1.0));
@@ -228,7 +230,9 @@ fn check_tc_extras<T: DType>(
     };
     assert_eq!(
         plan.backward_kernels_with_extras(&extras),
-        BackwardKernels::TensorCore
+        expect,
+        "{} {alg}",
+        T::NAME
     );
     let mut out = DeviceMatrix::<T>::zeros(gpu, s).unwrap();
     out.fill_nan().unwrap();
@@ -276,7 +280,8 @@ fn check_tc_extras<T: DType>(
 }
 
 /// Graphs built on the device with a bias and dropout on fused-tc: directed ones (Aᵀ's own
-/// BSB in the backward) and symmetrized ones (A's BSB stands for Aᵀ's).
+/// BSB in the backward) and symmetrized ones (A's BSB stands for Aᵀ's); and on `Auto`'s
+/// fused-csr, whose backward keeps off the tensor-core passes on these graphs seen once.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn gpu_fused_tc_extras_on_device_built_graphs_match_the_f64_reference() {
@@ -295,8 +300,12 @@ fn gpu_fused_tc_extras_on_device_built_graphs_match_the_f64_reference() {
                 a.clone()
             };
             let dg = device_graph(&gpu, &mut rng, &a, symmetrize);
-            check_tc_extras::<f16>(&gpu, &mut rng, &a, &dg, (2, 32));
-            check_tc_extras::<bf16>(&gpu, &mut rng, &a, &dg, (8, 64));
+            let tc = (Algorithm::FusedTensorCore, BackwardKernels::TensorCore);
+            check_extras_on::<f16>(&gpu, &mut rng, (&a, &dg), (2, 32), tc);
+            check_extras_on::<bf16>(&gpu, &mut rng, (&a, &dg), (8, 64), tc);
+            let auto = (Algorithm::Auto, BackwardKernels::Fused);
+            check_extras_on::<f16>(&gpu, &mut rng, (&a, &dg), (2, 32), auto);
+            check_extras_on::<bf16>(&gpu, &mut rng, (&a, &dg), (8, 64), auto);
         }
     }
 }

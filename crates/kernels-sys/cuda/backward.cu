@@ -389,7 +389,7 @@ __device__ __forceinline__ void gatv2_edge_grad(
 //   column pass (a group per (unit of A^T, head), i.e. the edges into column j):
 //     P = exp(s - lse_i), dS = P (dP - D_i), dV_j = sum P dOut_i, dK_j = scale sum dS q_i.
 // Both passes gather two feature rows per edge (k, v; then q, dOut); the column pass recomputes
-// the scores, or with edge features reads the row pass's (r, dP) pairs.
+// the scores, or with edge terms (features, a bias, dropout) reads the row pass's (s, dP) pairs.
 // Determinism: no floating-point atomics. A unit of a split row leaves its partial in its slot;
 // the last unit of the row to finish (an integer counter per (split row, head)) merges all of the
 // row's partials in slot order, so the result does not depend on which unit merges, and resets
@@ -690,16 +690,15 @@ __device__ __forceinline__ void backward_row_pass(
 // dE = scale dS q_i + P f dOut_i is written to row t_to_a[e] of d_ef (DE: the features' pass;
 // a bias or dropout alone runs without it), each edge by the one unit holding it: no sums
 // across units; f the edge's dropout factor (keep, A's order; 1 without), which weighs dV's
-// terms too. With keep_ds (a bias), each edge's dS replaces its score in edge_sd: the bias's
-// gradient, which a last kernel reads from there.
+// terms too. (A bias's gradient dS is left to edge_pair_bias_grad, from the pairs and stats.)
 template <class T, int VEC, int NV, int TILE, bool EF, bool DE>
 __device__ __forceinline__ void backward_col_pass(
     Units un, const u32* __restrict__ row_indices, const T* __restrict__ q,
     const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ d_out, u32 heads,
     u32 head_dim, float scale, u32 g, const float2* __restrict__ stats, T* __restrict__ dk,
     T* __restrict__ dv, float* part_acc, u32* counters, const u32* __restrict__ t_to_a,
-    T* __restrict__ d_ef, float2* __restrict__ edge_sd, const u32* __restrict__ keep,
-    float keep_scale, u32 keep_ds) {
+    T* __restrict__ d_ef, const float2* __restrict__ edge_sd, const u32* __restrict__ keep,
+    float keep_scale) {
     const u32 mask = group_mask(g), lane = lane_id() & (g - 1u);
     const u64 hd = (u64)heads * head_dim;
     const u64 group = grid_group(g), groups = grid_groups(g);
@@ -732,7 +731,7 @@ __device__ __forceinline__ void backward_col_pass(
                 st[t] = __ldg(stats + (u64)i * heads + h);
                 if constexpr (EF) {
                     id[t] = __ldg(t_to_a + pos);
-                    sd[t] = edge_sd[(u64)id[t] * heads + h];
+                    sd[t] = __ldg(edge_sd + (u64)id[t] * heads + h);
                 }
             }
 #pragma unroll
@@ -748,12 +747,7 @@ __device__ __forceinline__ void backward_col_pass(
                 const float p = e + t < end ? __expf(s - st[t].x) : 0.0f;
                 const float ds = p * (dp - st[t].y);
                 float pf = p;
-                if constexpr (EF) {
-                    pf *= kept_factor(keep, (u64)id[t] * heads + h, keep_scale);
-                    // The pair's only reader is this unit: dS takes the score's place.
-                    if (keep_ds != 0u && lane == 0u && e + t < end)
-                        edge_sd[(u64)id[t] * heads + h].x = ds;
-                }
+                if constexpr (EF) pf *= kept_factor(keep, (u64)id[t] * heads + h, keep_scale);
                 axpby<VEC, NV>(adv, 1.0f, oo[t], pf);
                 axpby<VEC, NV>(adk, 1.0f, qq[t], ds);
                 if constexpr (EF && DE) {
@@ -977,8 +971,7 @@ __device__ __forceinline__ void gat_backward_col_pass(
 // and the dropout's kept bits and scale, used by the EF kernels only (`_ef` in the name: edge
 // features, with a bias or dropout or not; the row pass also serves a bias or dropout without
 // features, with ef null, beside the column pass `_drop`, which writes no dE), null for the
-// others. The row pass writes edge_sd, the column pass reads it (and leaves dS in it where
-// keep_ds).
+// others. The row pass writes edge_sd, the column pass reads it.
 #define SPATTN_BACKWARD_ROWS_K(NAME, T, VEC, NV, TILE, MINB, EF)                                \
     extern "C" __global__ void __launch_bounds__(256, MINB) NAME(                              \
         SPATTN_BWD_UNITS_ARGS, const u32* col_indices, const T* q, const T* k, const T* v,     \
@@ -998,12 +991,12 @@ __device__ __forceinline__ void gat_backward_col_pass(
         SPATTN_BWD_UNITS_ARGS, const u32* row_indices, const T* q, const T* k, const T* v,     \
         const T* d_out, u32 heads, u32 head_dim, float scale, u32 g, const float2* stats,      \
         T* dk, T* dv, float* part_acc, u32* counters, const u32* t_to_a, T* d_ef,              \
-        float2* edge_sd, const u32* keep, float keep_scale, u32 keep_ds) {                     \
+        const float2* edge_sd, const u32* keep, float keep_scale) {                            \
         const Units un = SPATTN_BWD_UNITS;                                                     \
         backward_col_pass<T, VEC, NV, TILE, EF, DE>(un, row_indices, q, k, v, d_out, heads,    \
                                                     head_dim, scale, g, stats, dk, dv,         \
                                                     part_acc, counters, t_to_a, d_ef, edge_sd, \
-                                                    keep, keep_scale, keep_ds);                \
+                                                    keep, keep_scale);                         \
     }
 // Edges per step and the blocks per SM asked of the register allocator, by features a lane
 // (docs/kernels/backward.md, "Tried"): 4 or fewer take one edge a step at 6 blocks (42

@@ -25,20 +25,26 @@ __device__ void edge_head_sum(const X* __restrict__ x, u64 nnz, u32 heads, T* ou
     }
 }
 
-// A bias's gradient from the fused backward's per-edge pairs (dS first, nnz x heads, edge-major):
-// out[e] = sum over the heads of dS in head order (shared), else out[i] = dS of pair i; rounded
-// to T.
+// A bias's gradient from the fused backward's row pass: per entry x of A^T (a thread each), A's
+// edge e = t_to_a[x] of row i = rows[x] has dS = P (dP - D_i) per head, with (s, dP) its pair
+// sd[e * heads + h] and (lse_i, D_i) = stats[i * heads + h], P = exp(s - lse_i), as the column
+// pass computes it; out[e] = the sum over the heads in head order (shared), else
+// out[e * heads + h] = dS; rounded to T.
 template <class T>
-__device__ void edge_pair_bias_grad(const float2* __restrict__ sd, u64 nnz, u32 heads, u32 shared,
-                                    T* out) {
-    if (shared) {
-        SPATTN_GRID_STRIDE(e, nnz) {
-            float s = 0.0f;
-            for (u32 h = 0; h < heads; ++h) s += sd[e * heads + h].x;
-            out[e] = from_f32<T>(s);
+__device__ void edge_pair_bias_grad(const u32* __restrict__ rows, const u32* __restrict__ t_to_a,
+                                    const float2* __restrict__ sd,
+                                    const float2* __restrict__ stats, u64 nnz, u32 heads,
+                                    u32 shared, T* out) {
+    SPATTN_GRID_STRIDE(x, nnz) {
+        const u64 e = t_to_a[x], i = rows[x];
+        float sum = 0.0f;
+        for (u32 h = 0; h < heads; ++h) {
+            const float2 p = sd[e * heads + h], st = stats[i * heads + h];
+            const float ds = __expf(p.x - st.x) * (p.y - st.y);
+            if (shared) sum += ds;
+            else out[e * heads + h] = from_f32<T>(ds);
         }
-    } else {
-        SPATTN_GRID_STRIDE(i, nnz * heads) { out[i] = from_f32<T>(sd[i].x); }
+        if (shared) out[e] = from_f32<T>(sum);
     }
 }
 
@@ -176,9 +182,10 @@ extern "C" __global__ void edge_add(const float* x, u64 n, float* y) {
     extern "C" __global__ void edge_head_sum_##S(const float* x, u64 nnz, u32 heads, T* out) {  \
         edge_head_sum<float, T>(x, nnz, heads, out);                                            \
     }                                                                                           \
-    extern "C" __global__ void edge_pair_bias_grad_##S(const float2* sd, u64 nnz, u32 heads,    \
-                                                       u32 shared, T* out) {                    \
-        edge_pair_bias_grad<T>(sd, nnz, heads, shared, out);                                    \
+    extern "C" __global__ void edge_pair_bias_grad_##S(const u32* rows, const u32* t_to_a,      \
+                                                       const float2* sd, const float2* stats,   \
+                                                       u64 nnz, u32 heads, u32 shared, T* out) { \
+        edge_pair_bias_grad<T>(rows, t_to_a, sd, stats, nnz, heads, shared, out);               \
     }                                                                                           \
     extern "C" __global__ void edge_cast_##S(const float* x, u64 n, T* out) {                   \
         edge_cast<T>(x, n, out);                                                                \

@@ -8,7 +8,7 @@
 
 use spattn_kernels_sys::EDGE_EXTRAS;
 
-use crate::buffer::{DeviceMatrix, DeviceVec};
+use crate::buffer::{expect_len, DeviceMatrix, DeviceVec};
 use crate::device_csr::DeviceCsr;
 use crate::dropout::{Dropout, DropoutWords};
 use crate::dtype::{DType, DTypeKind};
@@ -226,20 +226,24 @@ pub fn bias_grad<T: DType>(
     }
 }
 
-/// The gradient of `bias` from the fused backward's per-edge pairs (`pairs`: at least
-/// `nnz × heads` pairs of f32, dS first, edge-major): the pairs' dS (per head) or its sum over
-/// the heads (shared), rounded to `T`, into `out`.
+/// The gradient of `bias` from the fused backward's row pass: for each entry `x` of Aᵀ, A's
+/// edge `t_to_a[x]` of row `rows[x]` (`rows`: Aᵀ's column indices) gets `dS = P (dP − D)` per
+/// head from its `(s, dP)` pair (`pairs`: at least `nnz × heads` pairs of f32, A's order) and
+/// its row's `(lse, D)` (`stats`: `n_rows × heads` pairs), rounded to `T` into `out` per head,
+/// or summed over the heads in head order (`shared`).
 ///
 /// # Errors
 /// Lengths that do not fit `nnz` and `heads`; buffers of another GPU.
 pub(crate) fn bias_grad_from_pairs<T: DType>(
     gpu: &Gpu,
-    pairs: &DeviceVec<f32>,
-    nnz: usize,
+    (rows, t_to_a): (&DeviceVec<u32>, &DeviceVec<u32>),
+    (pairs, stats): (&DeviceVec<f32>, &DeviceVec<f32>),
     heads: usize,
     shared: bool,
     out: &mut DeviceVec<T>,
 ) -> Result<()> {
+    let nnz = rows.len();
+    expect_len("A's edge of each Aᵀ entry", nnz, t_to_a.len())?;
     let per_edge = if shared { 1 } else { heads };
     let what = if shared {
         "d_bias (nnz)"
@@ -255,19 +259,28 @@ pub(crate) fn bias_grad_from_pairs<T: DType>(
             actual: pairs.len(),
         });
     }
+    check_same_gpu(gpu, "Aᵀ's rows", rows)?;
+    check_same_gpu(gpu, "A's edge of each Aᵀ entry", t_to_a)?;
     check_same_gpu(gpu, "edge score pairs", pairs)?;
+    check_same_gpu(gpu, "row statistics", stats)?;
     check_same_gpu(gpu, "d_bias", &*out)?;
     let (name, f) = function(gpu, pair_bias_grad_kernel(T::NAME))?;
     let (n, h, s) = (nnz as u64, to_u32("heads", heads)?, u32::from(shared));
     let mut args = gpu.launch_builder(&f);
-    args.arg(pairs.slice())
+    args.arg(rows.slice())
+        .arg(t_to_a.slice())
+        .arg(pairs.slice())
+        .arg(stats.slice())
         .arg(&n)
         .arg(&h)
         .arg(&s)
         .arg(out.slice_mut());
-    // SAFETY: reads pairs[0..2·nnz·heads) (checked above); writes out[0..nnz) shared, else
-    // out[0..nnz·heads) (its length, checked).
-    unsafe { launch(name, &mut args, stride_grid(nnz * per_edge)?) }
+    // SAFETY: reads rows[0..nnz) and t_to_a[0..nnz) (lengths checked), pairs at t_to_a[x]·heads
+    // + h < nnz·heads (t_to_a a permutation of 0..nnz, the fused backward's inverse edge map;
+    // pairs hold at least nnz·heads, checked), stats at rows[x]·heads + h (rows[x] a row of A,
+    // the fused backward's stats hold n_rows·heads pairs); writes out at t_to_a[x] (shared) or
+    // t_to_a[x]·heads + h, within its length (checked).
+    unsafe { launch(name, &mut args, stride_grid(nnz)?) }
 }
 
 /// `out[e]` = the sum over the heads of `x[e × heads + h]` (`nnz × heads` values of `T`), in f32

@@ -1,5 +1,5 @@
 //! The fused backward of sparse attention: every gradient in two kernels, without per-edge
-//! buffers (but the edge features' score pairs, below) and without floating-point atomics (kernels: `attention_backward_rows_*` and
+//! buffers (but the edge terms' score pairs, below) and without floating-point atomics (kernels: `attention_backward_rows_*` and
 //! `attention_backward_cols_*` in `crates/kernels-sys/cuda/backward.cu`).
 //!
 //! With `s = scale · ⟨q_i, k_j⟩`, `P` the row softmax of `s`, `dP = ⟨dOut_i, v_j⟩`,
@@ -13,7 +13,7 @@
 //! The row pass needs nothing from the forward (it recomputes the row statistics it hands to the
 //! column pass), so every forward algorithm feeds it. Device memory beyond the graph:
 //! `n × heads` row statistics and the partials of split rows and columns, O(n · heads ·
-//! head_dim) at most; with edge features also `nnz × heads` (score, dP) pairs.
+//! head_dim) at most; with edge terms also `nnz × heads` (score, dP) pairs.
 //!
 //! **Deterministic**: a hub row (or column) split into units leaves one partial per unit; the
 //! last unit to finish merges them in the schedule's order (an integer counter decides who is
@@ -29,9 +29,9 @@
 //! dropout as well, the kept elements are drawn once per call into a bit mask in A's order (the
 //! forward's draws), which the row pass reads in sequence (`dP = f ⟨dOut_i, v'⟩`) and the column
 //! pass per entry through Aᵀ's edge map (`f P` in dV and ∂L/∂E). A score bias is added to each
-//! edge's scaled score in the row pass (the pair holds the biased score), and the column pass
-//! leaves each edge's dS in its pair, from which one more kernel writes ∂L/∂bias (per head, or
-//! summed over the heads in order for a shared bias). A bias or dropout without features takes
+//! edge's scaled score in the row pass (the pair holds the biased score), and one more kernel
+//! writes ∂L/∂bias from each edge's pair and its row's statistics (dS per head, or summed over
+//! the heads in order for a shared bias). A bias or dropout without features takes
 //! the same row pass without a feature row and a column pass that writes no ∂L/∂E
 //! (`attention_backward_cols_drop_*`).
 //!
@@ -112,14 +112,14 @@ pub(crate) fn layout(head_dim: usize, elem_bytes: usize) -> Option<(u32, u32, u3
 }
 
 /// The row pass's kernel for `dtype` (a [`DType::NAME`]) and the [`layout`]'s `vec` and `nv`,
-/// with edge terms (features, dropout) where `ef`; the launch-name test forms it too.
+/// with edge terms (features, a bias, dropout) where `ef`; the launch-name test forms it too.
 pub(crate) fn rows_pass_kernel(dtype: &str, vec: u32, nv: u32, ef: bool) -> String {
     let ef = if ef { "ef_" } else { "" };
     format!("attention_backward_rows_{ef}{dtype}_v{vec}_n{nv}")
 }
 
 /// The column pass's kernel for `dtype`, `vec` and `nv`, with edge terms where `ef`: writing
-/// ∂L/∂E where `de` (edge features), else for dropout alone (`_drop`).
+/// ∂L/∂E where `de` (edge features), else for a bias or dropout without them (`_drop`).
 pub(crate) fn cols_pass_kernel(dtype: &str, vec: u32, nv: u32, ef: bool, de: bool) -> String {
     let terms = match (ef, de) {
         (false, _) => "",
@@ -179,11 +179,10 @@ pub struct FusedBackward {
     block_counter: DeviceVec<u32>,
     d_scale: DeviceVec<f64>,
     /// With edge terms: each edge's score and dP per head (at least `nnz × heads × 2`), left by
-    /// the row pass for the column pass (which leaves dS in the score's place); grown by the
-    /// runs with edge terms.
+    /// the row pass for the column pass; grown by the runs with edge terms.
     edge_sd: Option<DeviceVec<f32>>,
-    /// With edge features and dropout: the kept bits of A's elements (`edge · heads + head`),
-    /// drawn by each such run; grown by them.
+    /// With dropout: the kept bits of A's elements (`edge · heads + head`), drawn by each
+    /// run with dropout; grown by them.
     keep: Option<DeviceVec<u32>>,
 }
 
@@ -293,9 +292,9 @@ impl FusedBackward {
     /// - `features`: edge features added to each edge's key and value, `k_j + e_ij` and
     ///   `v_j + e_ij`; the row pass reads each edge's feature row, and each edge's ∂L/∂E is
     ///   written by the one unit of Aᵀ that holds it, so the result is still deterministic.
-    /// - `bias`: added to each edge's scaled score, `s = scale · ⟨q_i, k'⟩ + b_e`; the column pass
-    ///   leaves each edge's dS in the place of its score, which a last kernel rounds (per head)
-    ///   or sums over the heads (shared) into the gradient's buffer.
+    /// - `bias`: added to each edge's scaled score, `s = scale · ⟨q_i, k'⟩ + b_e`; after the
+    ///   passes one more kernel writes each edge's dS from its pair and its row's statistics,
+    ///   per head or summed over the heads in head order (shared), into the gradient's buffer.
     /// - `dropout` (the forward's: the same seed and offset): the gradients of the forward that
     ///   aggregated `P · f · v'`, `f` each element's dropout factor. The kept bits are drawn into
     ///   the workspace (`nnz × heads` bits, grown on the first such call); a rate of 0 adds
@@ -496,7 +495,7 @@ impl FusedBackward {
         // (split row, head) < n_split*heads, block_dscale[blockIdx] (sized for the grid of
         // 32-lane groups, the largest) and the two words block_counter, d_scale — all sized by
         // `new` for a graph of these sizes (`sized_for`, checked above). The `_ef` kernel
-        // (features, dropout or both) writes edge_sd at (e, head) < nnz*heads for each edge e
+        // (features, a bias, dropout, or a mix) writes edge_sd at (e, head) < nnz*heads for each edge e
         // it walks (x2 floats; grown to at least that above); with edge features (non-null)
         // it reads their row e < nnz (nnz × heads × head_dim, checked); with dropout, bit
         // e*heads + head of keep (at least dropout_mask_words(nnz, heads) words, grown and
@@ -514,8 +513,6 @@ impl FusedBackward {
         let mut args = gpu.launch_builder(&f);
         let units = [rows, starts, slots, parts, first];
         let ends = t.csr.col_indices();
-        // The column pass leaves each edge's dS in its pair for the bias's gradient.
-        let keep_ds = u32::from(bias.is_some());
         push_pass_args(
             &mut args, &units, &n_units, ends, operands, &dims, &scale, &g,
         );
@@ -526,10 +523,9 @@ impl FusedBackward {
             .arg(self.col_counters.slice_mut())
             .arg_or_null(t_to_a)
             .arg_or_null_mut(d_ef.map(DeviceMatrix::as_vec_mut))
-            .arg_or_null_mut(self.edge_sd.as_mut().filter(|_| has_ef))
+            .arg_or_null(self.edge_sd.as_ref().filter(|_| has_ef))
             .arg_or_null(keep)
-            .arg(&drop.scale)
-            .arg(&keep_ds);
+            .arg(&drop.scale);
         // SAFETY: as the row pass, on Aᵀ's schedule and columns: Aᵀ's entries are rows of A
         // (< n_rows: Q, dOut and stats rows), its units' rows are columns of A (< n_cols: K, V,
         // dK, dV rows); partials and counters sized by `new` from Aᵀ's schedule. In the `_ef`
@@ -537,14 +533,13 @@ impl FusedBackward {
         // 0..nnz, nnz entries) selects the pair read from edge_sd (at least nnz × heads pairs,
         // grown above and written by the row pass), the row written in the features' gradient
         // where given (nnz × heads × head_dim, checked), and with dropout the bit
-        // t_to_a[e]*heads + head of keep (as the row pass); with keep_ds it overwrites the first
-        // float of the pair it reads with the edge's dS.
+        // t_to_a[e]*heads + head of keep (as the row pass).
         unsafe { launch(name, &mut args, cfg) }?;
-        match (bias, d_bias, &self.edge_sd) {
-            (Some(b), Some(db), Some(pairs)) => edge_extras::bias_grad_from_pairs(
+        match (bias, d_bias, t_to_a, &self.edge_sd) {
+            (Some(b), Some(db), Some(t_to_a), Some(pairs)) => edge_extras::bias_grad_from_pairs(
                 gpu,
-                pairs,
-                a.nnz(),
+                (ends, t_to_a),
+                (pairs, &self.stats),
                 self.heads,
                 b.is_shared(),
                 db,
