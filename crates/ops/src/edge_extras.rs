@@ -229,15 +229,16 @@ pub fn bias_grad<T: DType>(
 /// The gradient of `bias` from the fused backward's row pass: for each entry `x` of Aᵀ, A's
 /// edge `t_to_a[x]` of row `rows[x]` (`rows`: Aᵀ's column indices) gets `dS = P (dP − D)` per
 /// head from its `(s, dP)` pair (`pairs`: at least `nnz × heads` pairs of f32, A's order) and
-/// its row's `(lse, D)` (`stats`: `n_rows × heads` pairs), rounded to `T` into `out` per head,
-/// or summed over the heads in head order (`shared`).
+/// its row's `(lse, D)` (`stats`: `n_rows × heads` pairs, every `rows[x] < n_rows`: Aᵀ's
+/// entries are rows of A), rounded to `T` into `out` per head, or summed over the heads in head
+/// order (`shared`).
 ///
 /// # Errors
 /// Lengths that do not fit `nnz` and `heads`; buffers of another GPU.
 pub(crate) fn bias_grad_from_pairs<T: DType>(
     gpu: &Gpu,
     (rows, t_to_a): (&DeviceVec<u32>, &DeviceVec<u32>),
-    (pairs, stats): (&DeviceVec<f32>, &DeviceVec<f32>),
+    (pairs, stats, n_rows): (&DeviceVec<f32>, &DeviceVec<f32>, usize),
     heads: usize,
     shared: bool,
     out: &mut DeviceVec<T>,
@@ -259,6 +260,12 @@ pub(crate) fn bias_grad_from_pairs<T: DType>(
             actual: pairs.len(),
         });
     }
+    check_per_edge(
+        "row statistics (n_rows × heads pairs)",
+        n_rows,
+        heads * 2,
+        stats.len(),
+    )?;
     check_same_gpu(gpu, "Aᵀ's rows", rows)?;
     check_same_gpu(gpu, "A's edge of each Aᵀ entry", t_to_a)?;
     check_same_gpu(gpu, "edge score pairs", pairs)?;
@@ -277,8 +284,8 @@ pub(crate) fn bias_grad_from_pairs<T: DType>(
         .arg(out.slice_mut());
     // SAFETY: reads rows[0..nnz) and t_to_a[0..nnz) (lengths checked), pairs at t_to_a[x]·heads
     // + h < nnz·heads (t_to_a a permutation of 0..nnz, the fused backward's inverse edge map;
-    // pairs hold at least nnz·heads, checked), stats at rows[x]·heads + h (rows[x] a row of A,
-    // the fused backward's stats hold n_rows·heads pairs); writes out at t_to_a[x] (shared) or
+    // pairs hold at least nnz·heads, checked), stats at rows[x]·heads + h (rows[x] < n_rows, a
+    // row of A; n_rows·heads pairs, checked); writes out at t_to_a[x] (shared) or
     // t_to_a[x]·heads + h, within its length (checked).
     unsafe { launch(name, &mut args, stride_grid(nnz)?) }
 }

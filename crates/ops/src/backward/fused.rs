@@ -539,7 +539,7 @@ impl FusedBackward {
             (Some(b), Some(db), Some(t_to_a), Some(pairs)) => edge_extras::bias_grad_from_pairs(
                 gpu,
                 (ends, t_to_a),
-                (pairs, &self.stats),
+                (pairs, &self.stats, a.n_rows()),
                 self.heads,
                 b.is_shared(),
                 db,
