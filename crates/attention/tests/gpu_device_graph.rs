@@ -284,7 +284,7 @@ fn check_extras_on<T: DType>(
 /// fused-csr, whose backward keeps off the tensor-core passes on these graphs seen once.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
-fn gpu_fused_tc_extras_on_device_built_graphs_match_the_f64_reference() {
+fn gpu_extras_on_device_built_graphs_match_the_f64_reference() {
     let gpu = gpu();
     let mut rng = fresh_rng("gpu_fused_tc_extras_on_device_built_graphs");
     let graphs = [

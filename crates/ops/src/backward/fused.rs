@@ -535,17 +535,24 @@ impl FusedBackward {
         // where given (nnz × heads × head_dim, checked), and with dropout the bit
         // t_to_a[e]*heads + head of keep (as the row pass).
         unsafe { launch(name, &mut args, cfg) }?;
-        match (bias, d_bias, t_to_a, &self.edge_sd) {
-            (Some(b), Some(db), Some(t_to_a), Some(pairs)) => edge_extras::bias_grad_from_pairs(
-                gpu,
-                (ends, t_to_a),
-                (pairs, &self.stats, a.n_rows()),
-                self.heads,
-                b.is_shared(),
-                db,
-            ),
-            _ => Ok(()),
-        }
+        let (Some(b), Some(db)) = (bias, d_bias) else {
+            return Ok(());
+        };
+        // A bias makes the run an edge-term one (`has_ef`), which made both.
+        let (Some(t_to_a), Some(pairs)) = (t_to_a, &self.edge_sd) else {
+            return Err(Error::InvalidArgument {
+                what: "d_bias",
+                why: "the bias's gradient needs the edge-term passes' score pairs, not made".into(),
+            });
+        };
+        edge_extras::bias_grad_from_pairs(
+            gpu,
+            (ends, t_to_a),
+            (pairs, &self.stats, a.n_rows()),
+            self.heads,
+            b.is_shared(),
+            db,
+        )
     }
 }
 
