@@ -202,16 +202,7 @@ pub fn bias_grad<T: DType>(
     out: &mut DeviceVec<T>,
 ) -> Result<()> {
     check_per_edge("dS", nnz, heads, ds.len())?;
-    check_per_edge(
-        if shared {
-            "d_bias (nnz)"
-        } else {
-            "d_bias (nnz × heads)"
-        },
-        nnz,
-        if shared { 1 } else { heads },
-        out.len(),
-    )?;
+    check_bias_grad_len(nnz, heads, shared, out.len())?;
     check_same_gpu(gpu, "dS", ds)?;
     check_same_gpu(gpu, "d_bias", &*out)?;
     if shared {
@@ -223,6 +214,21 @@ pub fn bias_grad<T: DType>(
         unsafe { launch(name, &mut args, stride_grid(nnz)?) }
     } else {
         cast(gpu, ds, out)
+    }
+}
+
+/// Checks the length of a bias's gradient: `nnz` where `shared` by the heads, else
+/// `nnz × heads`, naming the layout expected.
+pub(crate) fn check_bias_grad_len(
+    nnz: usize,
+    heads: usize,
+    shared: bool,
+    len: usize,
+) -> Result<()> {
+    if shared {
+        check_per_edge("d_bias (nnz)", nnz, 1, len)
+    } else {
+        check_per_edge("d_bias (nnz × heads)", nnz, heads, len)
     }
 }
 
@@ -245,13 +251,7 @@ pub(crate) fn bias_grad_from_pairs<T: DType>(
 ) -> Result<()> {
     let nnz = rows.len();
     expect_len("A's edge of each Aᵀ entry", nnz, t_to_a.len())?;
-    let per_edge = if shared { 1 } else { heads };
-    let what = if shared {
-        "d_bias (nnz)"
-    } else {
-        "d_bias (nnz × heads)"
-    };
-    check_per_edge(what, nnz, per_edge, out.len())?;
+    check_bias_grad_len(nnz, heads, shared, out.len())?;
     let need = nnz.checked_mul(heads).and_then(|n| n.checked_mul(2));
     if need.is_none_or(|n| pairs.len() < n) {
         return Err(Error::LengthMismatch {

@@ -385,15 +385,7 @@ impl FusedBackward {
         let (bias, d_bias) = match bias {
             Some((b, db)) => {
                 b.check_len(a.nnz(), self.heads)?;
-                let per_edge = if b.is_shared() { 1 } else { self.heads };
-                let expected = product("d_bias", &[a.nnz(), per_edge])?;
-                if db.len() != expected {
-                    return Err(Error::LengthMismatch {
-                        what: "d_bias",
-                        expected,
-                        actual: db.len(),
-                    });
-                }
+                edge_extras::check_bias_grad_len(a.nnz(), self.heads, b.is_shared(), db.len())?;
                 check_same_gpu(gpu, "bias", b.values())?;
                 check_same_gpu(gpu, "d_bias", &*db)?;
                 (Some(b), Some(db))

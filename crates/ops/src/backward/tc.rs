@@ -79,7 +79,7 @@ use crate::device_bsb::{
     BSB_PIPE_STAGES,
 };
 use crate::dtype::{DType, DTypeKind};
-use crate::edge_extras::sum_heads;
+use crate::edge_extras::{check_bias_grad_len, sum_heads};
 use crate::error::{Error, Result};
 use crate::fused::tc::{default_chunk, extras_kernel, Schedule};
 use crate::fused::CsrExtras;
@@ -392,19 +392,7 @@ impl TensorCoreBackward {
                 })
             }
             (Some(_), Some(db)) => {
-                let (what, expected) = if shared {
-                    ("d_bias (edges)", graph.nnz())
-                } else {
-                    let n = product("edges × heads", &[graph.nnz(), self.heads])?;
-                    ("d_bias (edges × heads)", n)
-                };
-                if db.len() != expected {
-                    return Err(Error::LengthMismatch {
-                        what,
-                        expected,
-                        actual: db.len(),
-                    });
-                }
+                check_bias_grad_len(graph.nnz(), self.heads, shared, db.len())?;
                 check_same_gpu(gpu, "d_bias", &*db)?;
                 Some(db)
             }
