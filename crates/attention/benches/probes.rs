@@ -3,19 +3,21 @@
 //! `Reorder::Auto` renumbers them, beside fused-csr; `hybrid`, hybrid beside fused-tc and
 //! fused-csr with the plan's calibrated threshold and split; `extras`, each algorithm that takes
 //! extras with a bias, dropout and both against itself without (the extras' target ratios:
-//! heads 8, head_dim 64, f16; a markdown table and one `extras-json` line per case). They print
+//! heads 8, head_dim 64, f16; a markdown table and one `extras-json` line per case);
+//! `backward_sets`, forward + backward on the tensor-core passes against the fused CUDA-core
+//! ones, plain and with extras, on fused-tc's plan in the graph's order and reordered. They print
 //! and assert nothing: the published speed claims come from spattn-bench's runs
 //! (BENCHMARKS.md), and correctness from the GPU tests.
 //!
-//! `cargo bench -p spattn --bench probes [-- fused_tc|hybrid|extras]`; SPATTN_TIMING_GRAPHS (a comma
-//! list of shared graph names and rmatNN) picks the graphs, SPATTN_TIMING_QUICK=1 only f16, one
+//! `cargo bench -p spattn --bench probes [-- fused_tc|hybrid|extras|backward_sets]`;
+//! SPATTN_TIMING_GRAPHS (a comma list of shared graph names, rmatNN and uniformNN) picks the graphs, SPATTN_TIMING_QUICK=1 only f16, one
 //! head of 128 for `fused_tc`. Without a GPU it says so and times nothing.
 
 use half::f16;
 use rand_pcg::Pcg64;
 use spattn::{
-    Algorithm, AttentionConfig, AttentionPlan, DeviceBias, DeviceVec, Dropout, Extras, ExtrasGrads,
-    Reorder,
+    Algorithm, AttentionConfig, AttentionPlan, BackwardKernels, DeviceBias, DeviceVec, Dropout,
+    Extras, ExtrasGrads, Reorder,
 };
 use spattn_formats::Csr;
 use spattn_ops::{DType, DTypeKind, DeviceMatrix, Gpu};
@@ -26,6 +28,7 @@ fn main() {
         ("fused_tc", fused_tc),
         ("hybrid", hybrid),
         ("extras", extras),
+        ("backward_sets", backward_sets),
     ]);
 }
 
@@ -358,6 +361,136 @@ fn extras_at(gpu: &Gpu, (heads, d): (usize, usize)) {
                  \"shared_bias_fwd_bwd_ms\":{shared_fb},\"dropout_fwd_bwd_ms\":{drop_fb}}}",
                 a.nnz()
             );
+        }
+    }
+}
+
+/// Forward + backward (GPU time, medians of 20) on the tensor-core passes and on the fused
+/// CUDA-core passes, without extras and with a per-head bias, dropout 0.1, both, and a shared
+/// bias, on fused-tc's plan with the rows in the graph's order (a graph seen once) and as
+/// `Reorder::Auto` renumbers them; beside each graph its 16 × 8 blocks' mean edge count in the
+/// graph's order. Graphs: SPATTN_TIMING_GRAPHS (default pubmed, ogbn-arxiv, R-MAT 16 and 18,
+/// uniform17); heads × head_dim: SPATTN_EXTRAS_SHAPES (default `1x64,8x32,8x64`); f16;
+/// SPATTN_SETS_RUNS runs a median (default 20; 1 under a profiler), SPATTN_SETS_CASES a comma
+/// list of the cases to run (default all), SPATTN_SETS_REORDER `none` or `auto` alone. One `sets-json` line per case.
+fn backward_sets(gpu: &Gpu) {
+    let runs =
+        std::env::var("SPATTN_SETS_RUNS").map_or(20, |r| r.parse().expect("SPATTN_SETS_RUNS"));
+    let only = std::env::var("SPATTN_SETS_CASES").ok();
+    let wanted = |what: &str| {
+        only.as_ref()
+            .is_none_or(|o| o.split(',').any(|c| c == what))
+    };
+    // SPATTN_SETS_REORDER: none or auto alone (default both).
+    let reorders = match std::env::var("SPATTN_SETS_REORDER").as_deref() {
+        Ok("none") => vec![Reorder::None],
+        Ok("auto") => vec![Reorder::Auto],
+        _ => vec![Reorder::None, Reorder::Auto],
+    };
+    let gpu = gpu.clone();
+    let mut rng = fresh_rng("backward sets");
+    let shapes = std::env::var("SPATTN_EXTRAS_SHAPES").unwrap_or_else(|_| "1x64,8x32,8x64".into());
+    let shapes: Vec<(usize, usize)> = shapes
+        .split(',')
+        .map(|s| {
+            s.split_once('x')
+                .and_then(|(h, d)| Some((h.trim().parse().ok()?, d.trim().parse().ok()?)))
+                .unwrap_or_else(|| panic!("SPATTN_EXTRAS_SHAPES: {s:?} is not HEADSxHEAD_DIM"))
+        })
+        .collect();
+    println!("device: {}", gpu.name());
+    let graphs = "pubmed,ogbn-arxiv,rmat16,rmat18,uniform17";
+    for (name, a) in timing_graphs("SPATTN_TIMING_GRAPHS", graphs) {
+        let bsb = spattn_formats::Bsb::from_csr(&a).unwrap();
+        let per_block = a.nnz() as f64 / bsb.n_blocks().max(1) as f64;
+        println!(
+            "{name}: {} rows, {} edges, {per_block:.2} edges a block",
+            a.n_rows(),
+            a.nnz()
+        );
+        for &(heads, d) in &shapes {
+            for reorder in reorders.iter().copied() {
+                let config = AttentionConfig::new(heads, d, DTypeKind::F16)
+                    .with_algorithm(Algorithm::FusedTensorCore)
+                    .with_edge_extras(true)
+                    .with_edge_features(false)
+                    .with_reorder(reorder);
+                let plan = match AttentionPlan::new_gpu(&gpu, &a, config) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        println!("| {name} | {heads}x{d} | {reorder} | {e} |");
+                        continue;
+                    }
+                };
+                let (sq, skv) = (plan.shape_q(), plan.shape_kv());
+                let mut up = |s: spattn_ops::Shape| {
+                    DeviceMatrix::from_host(&gpu, s, &random_vec::<f16>(&mut rng, s.len(), 1.0))
+                        .unwrap()
+                };
+                let (q, k, v, g) = (up(sq), up(skv), up(skv), up(sq));
+                let bias =
+                    DeviceVec::from_host(&gpu, &random_vec::<f16>(&mut rng, a.nnz() * heads, 1.0))
+                        .unwrap();
+                let shared =
+                    DeviceVec::from_host(&gpu, &random_vec::<f16>(&mut rng, a.nnz(), 1.0)).unwrap();
+                let mut out = DeviceMatrix::<f16>::zeros(&gpu, sq).unwrap();
+                let [mut dq, mut dk, mut dv] =
+                    [sq, skv, skv].map(|s| DeviceMatrix::<f16>::zeros(&gpu, s).unwrap());
+                let mut db = DeviceVec::<f16>::zeros(&gpu, bias.len()).unwrap();
+                let mut ds = DeviceVec::<f16>::zeros(&gpu, shared.len()).unwrap();
+                let drop = Dropout::new(0.1, 7, 0).unwrap();
+                let cases: [(&str, Option<DeviceBias<'_, f16>>, bool); 5] = [
+                    ("plain", None, false),
+                    ("bias", Some(DeviceBias::PerHead(&bias)), false),
+                    ("dropout", None, true),
+                    ("bias+dropout", Some(DeviceBias::PerHead(&bias)), true),
+                    ("shared", Some(DeviceBias::Shared(&shared)), false),
+                ];
+                for (what, b, dr) in cases {
+                    if !wanted(what) {
+                        continue;
+                    }
+                    let ex = Extras {
+                        bias: b,
+                        edge_features: None,
+                        dropout: dr.then_some(drop),
+                    };
+                    let auto = plan.backward_kernels_with_extras(&ex);
+                    let mut time = |kernels: BackwardKernels| {
+                        median_ms(&gpu, runs, || {
+                            plan.forward_with(&q, &k, &v, &ex, &mut out, None)?;
+                            let d_bias = match b {
+                                Some(DeviceBias::Shared(_)) => Some(&mut ds),
+                                Some(_) => Some(&mut db),
+                                None => None,
+                            };
+                            let grads = ExtrasGrads {
+                                dq: &mut dq,
+                                dk: &mut dk,
+                                dv: &mut dv,
+                                d_bias,
+                                d_edge_features: None,
+                            };
+                            plan.backward_with_extras_using(kernels, &q, &k, &v, &ex, &g, grads)
+                                .map(|_| ())
+                        })
+                    };
+                    let tc = time(BackwardKernels::TensorCore);
+                    let fused = time(BackwardKernels::Fused);
+                    println!(
+                        "| {name} | {heads}x{d} | {reorder} | {what} | tc {tc:.4} | fused {fused:.4} | \
+                         fused/tc {:.3} | auto {auto:?} |",
+                        fused / tc
+                    );
+                    println!(
+                        "sets-json {{\"graph\":\"{name}\",\"nnz\":{},\"per_block\":{per_block},\
+                         \"heads\":{heads},\"head_dim\":{d},\"reorder\":\"{reorder}\",\
+                         \"extras\":\"{what}\",\"tc_ms\":{tc},\"fused_ms\":{fused},\
+                         \"auto\":\"{auto:?}\"}}",
+                        a.nnz()
+                    );
+                }
+            }
         }
     }
 }

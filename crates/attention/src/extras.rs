@@ -284,7 +284,14 @@ impl AttentionPlan {
         d_out: &DeviceMatrix<T>,
         grads: ExtrasGrads<'_, T>,
     ) -> Result<f32> {
-        let d = self.backward_extras_impl((q, k, v), extras, d_out, grads, true)?;
+        let d = self.backward_extras_impl(
+            BackwardKernels::Auto,
+            (q, k, v),
+            extras,
+            d_out,
+            grads,
+            true,
+        )?;
         Ok(d.unwrap_or(0.0))
     }
 
@@ -301,8 +308,39 @@ impl AttentionPlan {
         d_out: &DeviceMatrix<T>,
         grads: ExtrasGrads<'_, T>,
     ) -> Result<()> {
-        self.backward_extras_impl((q, k, v), extras, d_out, grads, false)
-            .map(|_| ())
+        self.backward_extras_impl(
+            BackwardKernels::Auto,
+            (q, k, v),
+            extras,
+            d_out,
+            grads,
+            false,
+        )
+        .map(|_| ())
+    }
+
+    /// [`backward_with_extras`](Self::backward_with_extras) with the kernels chosen explicitly
+    /// (to compare them): `Auto` is
+    /// [`backward_kernels_with_extras`](Self::backward_kernels_with_extras)'s choice;
+    /// `TensorCore` runs the tensor-core passes wherever they hold the dtype and head and no
+    /// edge features are given (also on a graph seen once), else as `Fused`; `Fused` the fused
+    /// CUDA-core passes where they hold the head, else the composition; `PerEdge` and
+    /// `Unfused` the per-edge composition. Every choice computes the same gradients.
+    ///
+    /// Errors: as [`backward_with_extras`](Self::backward_with_extras).
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_with_extras_using<T: DType>(
+        &self,
+        kernels: BackwardKernels,
+        q: &DeviceMatrix<T>,
+        k: &DeviceMatrix<T>,
+        v: &DeviceMatrix<T>,
+        extras: &Extras<'_, T>,
+        d_out: &DeviceMatrix<T>,
+        grads: ExtrasGrads<'_, T>,
+    ) -> Result<f32> {
+        let d = self.backward_extras_impl(kernels, (q, k, v), extras, d_out, grads, true)?;
+        Ok(d.unwrap_or(0.0))
     }
 
     /// Which kernels [`backward_with_extras`](Self::backward_with_extras) runs for `extras` of
@@ -327,9 +365,30 @@ impl AttentionPlan {
         BackwardKernels::Unfused
     }
 
-    /// The backward with extras; ∂L/∂scale downloaded where `read_scale`.
+    /// The kernels that `kernels` asked of
+    /// [`backward_with_extras_using`](Self::backward_with_extras_using) run for `extras`.
+    fn extras_kernels<T: DType>(
+        &self,
+        kernels: BackwardKernels,
+        extras: &Extras<'_, T>,
+    ) -> BackwardKernels {
+        let fused = self.is_gpu() && FusedBackward::supports::<T>(self.shape_q().head_dim);
+        match kernels {
+            BackwardKernels::Auto => self.backward_kernels_with_extras(extras),
+            BackwardKernels::TensorCore
+                if extras.edge_features.is_none() && self.tensor_core_backward_runs::<T>() =>
+            {
+                BackwardKernels::TensorCore
+            }
+            BackwardKernels::TensorCore | BackwardKernels::Fused if fused => BackwardKernels::Fused,
+            _ => BackwardKernels::Unfused,
+        }
+    }
+
+    /// The backward with extras on `kernels`; ∂L/∂scale downloaded where `read_scale`.
     fn backward_extras_impl<T: DType>(
         &self,
+        kernels: BackwardKernels,
         (q, k, v): (&DeviceMatrix<T>, &DeviceMatrix<T>, &DeviceMatrix<T>),
         extras: &Extras<'_, T>,
         d_out: &DeviceMatrix<T>,
@@ -362,7 +421,7 @@ impl AttentionPlan {
         if extras.edge_features.is_some() && grads.d_edge_features.is_none() {
             return Err(need("d_edge_features"));
         }
-        match self.backward_kernels_with_extras(extras) {
+        match self.extras_kernels(kernels, extras) {
             BackwardKernels::TensorCore => {
                 return self.tensor_core_extras_backward(
                     [q, k, v, d_out],

@@ -189,17 +189,30 @@ fn check_gpu_extras_with<T: DType>(
 fn check_gpu_extras_feats<T: DType>(
     gpu: &Gpu,
     a: &Csr,
-    (alg, reorder, hybrid): Case,
-    (heads, d): (usize, usize),
+    case: Case,
+    hd: (usize, usize),
     bias_shared: Option<bool>,
     rate: f32,
     with_feats: bool,
+) {
+    let auto = BackwardKernels::Auto;
+    check_gpu_extras_on::<T>(gpu, a, case, hd, (bias_shared, rate, with_feats), auto);
+}
+
+/// [`check_gpu_extras_feats`] with the backward's kernels named (`backward_with_extras_using`).
+fn check_gpu_extras_on<T: DType>(
+    gpu: &Gpu,
+    a: &Csr,
+    (alg, reorder, hybrid): Case,
+    (heads, d): (usize, usize),
+    (bias_shared, rate, with_feats): (Option<bool>, f32, bool),
+    kernels: BackwardKernels,
 ) {
     let shared = bias_shared.unwrap_or(false);
     let with_bias = bias_shared.is_some();
     let what = format!(
         "{alg}/{reorder} {hybrid:?} {} H{heads} D{d} bias {bias_shared:?} rate {rate} feats \
-         {with_feats} n {}",
+         {with_feats} backward {kernels:?} n {}",
         T::NAME,
         a.n_rows()
     );
@@ -313,7 +326,8 @@ fn check_gpu_extras_feats<T: DType>(
         m.fill_nan().unwrap();
     }
     let d_scale = plan
-        .backward_with_extras(
+        .backward_with_extras_using(
+            kernels,
             &dq,
             &dk,
             &dv,
@@ -535,6 +549,40 @@ fn gpu_bias_takes_the_fused_backward() {
             check_masked_backward::<f32>(&gpu, a, shared, (2, 32), fused);
             check_masked_backward::<f16>(&gpu, a, shared, (2, 128), fused);
         }
+    }
+}
+
+/// Every kernel set named to `backward_with_extras_using` computes the gradients of a bias (per
+/// head and shared) with dropout or not: the tensor-core passes, the fused CUDA-core passes and
+/// the composition, on fused-tc's and fused-csr's plans (the tensor-core passes build their
+/// BSBs for the latter), half precision against the f64 reference, hub rows and columns split
+/// across units; edge features asked of the tensor-core passes take the fused ones.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gpu_each_extras_backward_set_matches_the_f64_reference() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("gpu extras backward sets");
+    let graphs = [
+        random_graph(&mut rng, 300, 6, 7),
+        hub_graph(&mut rng, 20_000, 3),
+    ];
+    for a in &graphs {
+        for kernels in [
+            BackwardKernels::TensorCore,
+            BackwardKernels::Fused,
+            BackwardKernels::Unfused,
+        ] {
+            for alg in [Algorithm::FusedTensorCore, Algorithm::FusedCsr] {
+                let case = (alg, Reorder::Auto, None);
+                let per_head = (Some(false), 0.1, false);
+                check_gpu_extras_on::<f16>(&gpu, a, case, (8, 32), per_head, kernels);
+                let shared = (Some(true), 0.0, false);
+                check_gpu_extras_on::<bf16>(&gpu, a, case, (2, 64), shared, kernels);
+            }
+        }
+        let feats = (Some(false), 0.2, true);
+        let case = (Algorithm::FusedCsr, Reorder::Auto, None);
+        check_gpu_extras_on::<f16>(&gpu, a, case, (4, 16), feats, BackwardKernels::TensorCore);
     }
 }
 

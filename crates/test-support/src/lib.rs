@@ -122,8 +122,8 @@ pub fn shared_graph(name: &str) -> Csr {
 }
 
 /// The graphs of a timing probe: the comma list in the environment variable `var` (or
-/// `default` where it is unset) of shared graph names ([`shared_graph`]) and `rmatN` (R-MAT
-/// scale N, [`rmat_graph`]), each with its name, read one at a time. In the quick mode the
+/// `default` where it is unset) of shared graph names ([`shared_graph`]), `rmatN` (R-MAT
+/// scale N, [`rmat_graph`]) and `uniformN` (2^N nodes, [`uniform_graph`]), each with its name, read one at a time. In the quick mode the
 /// default is cora alone (the R-MAT plans dominate a bundle run otherwise).
 pub fn timing_graphs(var: &str, default: &str) -> impl Iterator<Item = (String, Csr)> {
     let list = std::env::var(var).unwrap_or_else(|_| {
@@ -140,9 +140,12 @@ pub fn timing_graphs(var: &str, default: &str) -> impl Iterator<Item = (String, 
         .map(String::from)
         .collect();
     names.into_iter().map(|n| {
-        let a = match n.strip_prefix("rmat") {
-            Some(scale) => rmat_graph(scale.parse().expect("rmatN")),
-            None => shared_graph(&n),
+        let a = if let Some(scale) = n.strip_prefix("rmat") {
+            rmat_graph(scale.parse().expect("rmatN"))
+        } else if let Some(scale) = n.strip_prefix("uniform") {
+            uniform_graph(scale.parse().expect("uniformN"))
+        } else {
+            shared_graph(&n)
         };
         (n, a)
     })
@@ -157,6 +160,12 @@ pub fn rmat_graph(scale: u32) -> Csr {
             .with_seed(42),
     )
     .expect("R-MAT")
+}
+
+/// `2^scale` nodes, each with 1–16 targets drawn uniformly (about 8.5 a row, no locality: a
+/// 16 × 8 block of it holds about one edge), from a fixed seed.
+pub fn uniform_graph(scale: u32) -> Csr {
+    random_graph(&mut Pcg64::seed_from_u64(42), 1 << scale, 8, 0)
 }
 
 /// A fresh seed per call (printed, so a failure can be replayed with SPATTN_SEED).
