@@ -28,8 +28,9 @@
 //! edge features will come: f16 and bf16 plans then take fused-tc, faster with a bias and
 //! dropout. The backward ([`AttentionPlan::backward_with_extras`]) runs the tensor-core passes
 //! for a bias and dropout without edge features on f16 / bf16 heads of a multiple of 8 up to
-//! 64 (on a graph seen once only with fused-tc's plan), the fused CUDA-core passes for any
-//! extras elsewhere where they hold the head, the composition otherwise
+//! 64 (on a graph seen once only with fused-tc's plan, and there not for a bias on heads of up
+//! to 32 features), the fused CUDA-core passes for any extras
+//! elsewhere where they hold the head, the composition otherwise
 //! ([`AttentionPlan::backward_kernels_with_extras`] says which).
 //!
 //! ```
@@ -51,14 +52,21 @@ use std::sync::{Mutex, PoisonError};
 use spattn_ops::backward::{self as ops_backward, DeviceSum, EdgeTerms, FusedBackward};
 use spattn_ops::cpu::{self, AttentionInputs, EdgeBias, Extras as CpuExtras};
 use spattn_ops::edge_extras::{self, DeviceBias};
-use spattn_ops::graph::DeviceGraph;
+use spattn_ops::graph::{DeviceGraph, PlanPolicy};
 use spattn_ops::Dropout;
 use spattn_ops::{csr_ops, elementwise, DType, DeviceMatrix, DeviceVec, Gpu, Shape};
 
-use crate::backward::BackwardKernels;
-use crate::config::Algorithm;
+use crate::backward::{BackwardKernels, BackwardParts};
+use crate::config::{Algorithm, Reorder};
 use crate::error::{Error, Result};
 use crate::plan::AttentionPlan;
+
+/// The widest head (the tensor-core backward's 32-feature slice) whose bias takes the fused
+/// CUDA-core passes on a graph seen once ([`AttentionPlan::backward_kernels_with_extras`]).
+const BIAS_FUSED_MAX_HEAD_DIM: usize = 32;
+/// The edges past which it does: `Auto`'s fused-tc plans of a graph seen once (smaller ones
+/// plan fused-csr, whose backward is the fused one already).
+const BIAS_FUSED_MIN_EDGES: usize = 1 << 20;
 
 /// What a GPU plan's attention takes beyond Q, K, V (all optional): the fused kernels' own
 /// extras type, which every algorithm takes.
@@ -347,7 +355,9 @@ impl AttentionPlan {
     /// `T` on this plan: [`BackwardKernels::TensorCore`] for a bias (per head or shared) and /
     /// or dropout (or neither) without edge features where the plain backward's `Auto` takes
     /// the tensor-core passes (f16 / bf16, a multiple of 8 up to 64 features, sm_80 and later;
-    /// on a graph seen once only with fused-tc's plan),
+    /// on a graph seen once only with fused-tc's plan) — except a bias on heads of at most 32
+    /// features on a graph seen once of more than 2²⁰ edges, which is faster on the fused
+    /// CUDA-core passes —,
     /// [`BackwardKernels::Fused`] for the rest where the fused CUDA-core backward holds the
     /// head, else [`BackwardKernels::Unfused`] (the per-edge composition). The first two are
     /// bitwise deterministic and keep no per-edge feature-sized buffers (the fused one keeps a
@@ -356,13 +366,34 @@ impl AttentionPlan {
         &self,
         extras: &Extras<'_, T>,
     ) -> BackwardKernels {
-        if extras.edge_features.is_none() && self.tensor_core_backward_auto::<T>() {
+        if extras.edge_features.is_none()
+            && self.tensor_core_backward_auto::<T>()
+            && !self.bias_takes_fused_passes(extras)
+        {
             return BackwardKernels::TensorCore;
         }
         if self.is_gpu() && FusedBackward::supports::<T>(self.shape_q().head_dim) {
             return BackwardKernels::Fused;
         }
         BackwardKernels::Unfused
+    }
+
+    /// Whether a bias on heads of at most [`BIAS_FUSED_MAX_HEAD_DIM`] features, on a graph seen
+    /// once ([`PlanPolicy::Once`], its rows in its own order) of more than
+    /// [`BIAS_FUSED_MIN_EDGES`] edges, takes the fused CUDA-core passes where `Auto` would
+    /// otherwise take the tensor-core ones (fused-tc's plan): there the tensor-core passes'
+    /// bias staging and Aᵀ's BSB, built for one step, cost more than the CUDA-core passes'
+    /// whole difference (docs/kernels/backward.md, "A bias").
+    fn bias_takes_fused_passes<T: DType>(&self, extras: &Extras<'_, T>) -> bool {
+        let BackwardParts::Gpu { graph, .. } = self.backward_parts() else {
+            return false;
+        };
+        extras.bias.is_some()
+            && self.shape_q().head_dim <= BIAS_FUSED_MAX_HEAD_DIM
+            && self.nnz() > BIAS_FUSED_MIN_EDGES
+            && graph.policy() == PlanPolicy::Once
+            && graph.effective_reorder(self.config().reorder) == Reorder::None
+            && FusedBackward::supports::<T>(self.shape_q().head_dim)
     }
 
     /// The kernels that `kernels` asked of

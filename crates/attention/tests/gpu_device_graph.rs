@@ -309,3 +309,21 @@ fn gpu_extras_on_device_built_graphs_match_the_f64_reference() {
         }
     }
 }
+
+/// A bias on heads of up to 32 features on a graph of more than 2²⁰ edges seen once (`Auto`
+/// plans fused-tc, its rows in the graph's order) takes the fused CUDA-core backward, faster
+/// there than the tensor-core passes; 64 features keep the tensor-core backward. Both match
+/// the f64 reference.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gpu_bias_on_large_graphs_seen_once_takes_the_fused_backward() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("gpu_bias_on_large_graphs_seen_once_takes_the_fused_backward");
+    let a = random_graph(&mut rng, 1 << 17, 8, 0);
+    assert!(a.nnz() > 1 << 20, "{} edges", a.nnz());
+    let dg = device_graph(&gpu, &mut rng, &a, false);
+    let fused = (Algorithm::Auto, BackwardKernels::Fused);
+    check_extras_on::<f16>(&gpu, &mut rng, (&a, &dg), (2, 32), fused);
+    let tc = (Algorithm::Auto, BackwardKernels::TensorCore);
+    check_extras_on::<bf16>(&gpu, &mut rng, (&a, &dg), (1, 64), tc);
+}
