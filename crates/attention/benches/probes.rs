@@ -10,8 +10,9 @@
 //! (BENCHMARKS.md), and correctness from the GPU tests.
 //!
 //! `cargo bench -p spattn --bench probes [-- fused_tc|hybrid|extras|backward_sets]`;
-//! SPATTN_TIMING_GRAPHS (a comma list of shared graph names, rmatNN and uniformNN) picks the graphs, SPATTN_TIMING_QUICK=1 only f16, one
-//! head of 128 for `fused_tc`. Without a GPU it says so and times nothing.
+//! SPATTN_TIMING_GRAPHS (a comma list of shared graph names, rmatNN and uniformNN) picks the
+//! graphs, SPATTN_TIMING_QUICK=1 only f16, one head of 128 for `fused_tc`. Without a GPU it
+//! says so and times nothing.
 
 use half::f16;
 use rand_pcg::Pcg64;
@@ -367,7 +368,7 @@ fn extras_at(gpu: &Gpu, (heads, d): (usize, usize)) {
 
 /// Forward + backward (GPU time, medians of 20) on the tensor-core passes and on the fused
 /// CUDA-core passes, without extras and with a per-head bias, dropout 0.1, both, and a shared
-/// bias, on fused-tc's plan with the rows in the graph's order (a graph seen once) and as
+/// bias, on fused-tc's plan with the rows in the graph's order (as a graph seen once has them) and as
 /// `Reorder::Auto` renumbers them; beside each graph its 16 × 8 blocks' mean edge count in the
 /// graph's order. Graphs: SPATTN_TIMING_GRAPHS (default pubmed, ogbn-arxiv, R-MAT 16 and 18,
 /// uniform17); heads × head_dim: SPATTN_EXTRAS_SHAPES (default `1x64,8x32,8x64`); f16;

@@ -29,7 +29,7 @@
 //! dropout. The backward ([`AttentionPlan::backward_with_extras`]) runs the tensor-core passes
 //! for a bias and dropout without edge features on f16 / bf16 heads of a multiple of 8 up to
 //! 64 (on a graph seen once only with fused-tc's plan, and there not for a bias on heads of up
-//! to 32 features), the fused CUDA-core passes for any extras
+//! to 32 features past 2²⁰ edges), the fused CUDA-core passes for any extras
 //! elsewhere where they hold the head, the composition otherwise
 //! ([`AttentionPlan::backward_kernels_with_extras`] says which).
 //!
@@ -59,14 +59,11 @@ use spattn_ops::{csr_ops, elementwise, DType, DeviceMatrix, DeviceVec, Gpu, Shap
 use crate::backward::{BackwardKernels, BackwardParts};
 use crate::config::{Algorithm, Reorder};
 use crate::error::{Error, Result};
-use crate::plan::AttentionPlan;
+use crate::plan::{AttentionPlan, ONCE_FUSED_CSR_MAX_EDGES};
 
 /// The widest head (the tensor-core backward's 32-feature slice) whose bias takes the fused
 /// CUDA-core passes on a graph seen once ([`AttentionPlan::backward_kernels_with_extras`]).
 const BIAS_FUSED_MAX_HEAD_DIM: usize = 32;
-/// The edges past which it does: `Auto`'s fused-tc plans of a graph seen once (smaller ones
-/// plan fused-csr, whose backward is the fused one already).
-const BIAS_FUSED_MIN_EDGES: usize = 1 << 20;
 
 /// What a GPU plan's attention takes beyond Q, K, V (all optional): the fused kernels' own
 /// extras type, which every algorithm takes.
@@ -273,10 +270,12 @@ impl AttentionPlan {
     /// forward's (the same dropout seed and offset). Without edge features, a bias (per head or
     /// shared) and dropout take the tensor-core backward's three passes where the plain
     /// backward's `Auto` takes them (f16 / bf16, a multiple of 8 up to 64 features; on a graph
-    /// seen once only with fused-tc's plan; deterministic, no per-edge f32
-    /// buffers: a shared bias's per-head dS goes through an `nnz × heads` scratch of `T`);
-    /// the other extras (edge features, with a bias and dropout or not; a bias or dropout on
-    /// f32 or on heads the tensor-core backward does not hold) take the fused CUDA-core
+    /// seen once only with fused-tc's plan, and there not a bias on heads of up to 32 features
+    /// past 2²⁰ edges: [`backward_kernels_with_extras`](Self::backward_kernels_with_extras);
+    /// deterministic, no per-edge f32 buffers: a shared bias's per-head dS goes through an
+    /// `nnz × heads` scratch of `T`); the other extras (edge features, with a bias and dropout
+    /// or not; a bias or dropout on f32 or on heads the tensor-core backward does not hold)
+    /// take the fused CUDA-core
     /// backward's two passes (deterministic, an `nnz × heads` pair of f32 per edge and head,
     /// no per-edge feature-sized buffers); heads the fused passes do not hold, the per-edge
     /// composition.
@@ -292,15 +291,7 @@ impl AttentionPlan {
         d_out: &DeviceMatrix<T>,
         grads: ExtrasGrads<'_, T>,
     ) -> Result<f32> {
-        let d = self.backward_extras_impl(
-            BackwardKernels::Auto,
-            (q, k, v),
-            extras,
-            d_out,
-            grads,
-            true,
-        )?;
-        Ok(d.unwrap_or(0.0))
+        self.backward_with_extras_using(BackwardKernels::Auto, q, k, v, extras, d_out, grads)
     }
 
     /// [`backward_with_extras`](Self::backward_with_extras) without ∂L/∂scale: the call
@@ -356,8 +347,8 @@ impl AttentionPlan {
     /// or dropout (or neither) without edge features where the plain backward's `Auto` takes
     /// the tensor-core passes (f16 / bf16, a multiple of 8 up to 64 features, sm_80 and later;
     /// on a graph seen once only with fused-tc's plan) — except a bias on heads of at most 32
-    /// features on a graph seen once of more than 2²⁰ edges, which is faster on the fused
-    /// CUDA-core passes —,
+    /// features on a graph seen once of more than 2²⁰ edges in its own row order (`Auto`'s
+    /// under [`PlanPolicy::Once`]), which is faster on the fused CUDA-core passes —,
     /// [`BackwardKernels::Fused`] for the rest where the fused CUDA-core backward holds the
     /// head, else [`BackwardKernels::Unfused`] (the per-edge composition). The first two are
     /// bitwise deterministic and keep no per-edge feature-sized buffers (the fused one keeps a
@@ -380,25 +371,28 @@ impl AttentionPlan {
 
     /// Whether a bias on heads of at most [`BIAS_FUSED_MAX_HEAD_DIM`] features, on a graph seen
     /// once ([`PlanPolicy::Once`], its rows in its own order) of more than
-    /// [`BIAS_FUSED_MIN_EDGES`] edges, takes the fused CUDA-core passes where `Auto` would
-    /// otherwise take the tensor-core ones (fused-tc's plan): there the tensor-core passes'
+    /// [`ONCE_FUSED_CSR_MAX_EDGES`] edges (where `Auto` plans fused-tc; smaller ones plan
+    /// fused-csr, whose backward is the fused one already), takes the fused CUDA-core passes
+    /// where `Auto` would otherwise take the tensor-core ones: there the tensor-core passes'
     /// bias staging and Aᵀ's BSB, built for one step, cost more than the CUDA-core passes'
-    /// whole difference (docs/kernels/backward.md, "A bias").
+    /// whole difference (docs/kernels/backward.md, "Host-side choices").
     fn bias_takes_fused_passes<T: DType>(&self, extras: &Extras<'_, T>) -> bool {
         let BackwardParts::Gpu { graph, .. } = self.backward_parts() else {
             return false;
         };
         extras.bias.is_some()
             && self.shape_q().head_dim <= BIAS_FUSED_MAX_HEAD_DIM
-            && self.nnz() > BIAS_FUSED_MIN_EDGES
+            && self.nnz() > ONCE_FUSED_CSR_MAX_EDGES
             && graph.policy() == PlanPolicy::Once
             && graph.effective_reorder(self.config().reorder) == Reorder::None
             && FusedBackward::supports::<T>(self.shape_q().head_dim)
     }
 
-    /// The kernels that `kernels` asked of
-    /// [`backward_with_extras_using`](Self::backward_with_extras_using) run for `extras`.
-    fn extras_kernels<T: DType>(
+    /// Which kernels [`backward_with_extras_using`](Self::backward_with_extras_using) runs for
+    /// `kernels` and `extras` of `T` on this plan (`Auto`: as
+    /// [`backward_kernels_with_extras`](Self::backward_kernels_with_extras); a set that cannot
+    /// run here answers the one that runs in its place). A CPU plan answers `Unfused`.
+    pub fn backward_kernels_with_extras_using<T: DType>(
         &self,
         kernels: BackwardKernels,
         extras: &Extras<'_, T>,
@@ -452,7 +446,7 @@ impl AttentionPlan {
         if extras.edge_features.is_some() && grads.d_edge_features.is_none() {
             return Err(need("d_edge_features"));
         }
-        match self.extras_kernels(kernels, extras) {
+        match self.backward_kernels_with_extras_using(kernels, extras) {
             BackwardKernels::TensorCore => {
                 return self.tensor_core_extras_backward(
                     [q, k, v, d_out],

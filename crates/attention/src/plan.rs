@@ -665,7 +665,7 @@ fn uses_tensor_cores(alg: Algorithm) -> bool {
 /// graph's attention forward + backward with its plan (8 × 32, 1 × 40, 8 × 64 f16, H200) took
 /// 0.80–1.14× fused-tc's wall time on fused-csr up to ~6·10⁵ edges, and 1.24× on ogbn-arxiv's
 /// 2.5·10⁶ at 8 × 64: fused-tc's plan is repaid from about 10⁶ edges (docs/kernels/README.md).
-const ONCE_FUSED_CSR_MAX_EDGES: usize = 1 << 20;
+pub(crate) const ONCE_FUSED_CSR_MAX_EDGES: usize = 1 << 20;
 
 /// Whether a graph of `nnz` edges under `policy` is one whose tensor-core plan would not be
 /// repaid: seen once, at most [`ONCE_FUSED_CSR_MAX_EDGES`] edges.

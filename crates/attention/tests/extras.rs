@@ -195,18 +195,19 @@ fn check_gpu_extras_feats<T: DType>(
     rate: f32,
     with_feats: bool,
 ) {
-    let auto = BackwardKernels::Auto;
+    let auto = (BackwardKernels::Auto, None);
     check_gpu_extras_on::<T>(gpu, a, case, hd, (bias_shared, rate, with_feats), auto);
 }
 
-/// [`check_gpu_extras_feats`] with the backward's kernels named (`backward_with_extras_using`).
+/// [`check_gpu_extras_feats`] with the backward's kernels named (`backward_with_extras_using`)
+/// and, where `expect` is given, the set that must run for them.
 fn check_gpu_extras_on<T: DType>(
     gpu: &Gpu,
     a: &Csr,
     (alg, reorder, hybrid): Case,
     (heads, d): (usize, usize),
     (bias_shared, rate, with_feats): (Option<bool>, f32, bool),
-    kernels: BackwardKernels,
+    (kernels, expect): (BackwardKernels, Option<BackwardKernels>),
 ) {
     let shared = bias_shared.unwrap_or(false);
     let with_bias = bias_shared.is_some();
@@ -264,6 +265,10 @@ fn check_gpu_extras_on<T: DType>(
         edge_features: with_feats.then_some(&df),
         dropout,
     };
+    if let Some(expect) = expect {
+        let runs = plan.backward_kernels_with_extras_using(kernels, &extras);
+        assert_eq!(runs, expect, "{what}: the set that runs");
+    }
     let mut out = DeviceMatrix::<T>::zeros(&gpu, s).unwrap();
     out.fill_nan().unwrap();
     let mut w = DeviceVec::<f32>::zeros(&gpu, a.nnz() * heads).unwrap();
@@ -556,7 +561,8 @@ fn gpu_bias_takes_the_fused_backward() {
 /// head and shared) with dropout or not: the tensor-core passes, the fused CUDA-core passes and
 /// the composition, on fused-tc's and fused-csr's plans (the tensor-core passes build their
 /// BSBs for the latter), half precision against the f64 reference, hub rows and columns split
-/// across units; edge features asked of the tensor-core passes take the fused ones.
+/// across units; edge features (and f32) asked of the tensor-core passes take the fused ones,
+/// and each answer of `backward_kernels_with_extras_using` is checked.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn gpu_each_extras_backward_set_matches_the_f64_reference() {
@@ -566,23 +572,30 @@ fn gpu_each_extras_backward_set_matches_the_f64_reference() {
         random_graph(&mut rng, 300, 6, 7),
         hub_graph(&mut rng, 20_000, 3),
     ];
+    use BackwardKernels::{Fused, PerEdge, TensorCore, Unfused};
     for a in &graphs {
-        for kernels in [
-            BackwardKernels::TensorCore,
-            BackwardKernels::Fused,
-            BackwardKernels::Unfused,
+        // Asked, and the set that runs: PerEdge's extras run the composition.
+        for (kernels, runs) in [
+            (TensorCore, TensorCore),
+            (Fused, Fused),
+            (Unfused, Unfused),
+            (PerEdge, Unfused),
         ] {
+            let sets = (kernels, Some(runs));
             for alg in [Algorithm::FusedTensorCore, Algorithm::FusedCsr] {
                 let case = (alg, Reorder::Auto, None);
                 let per_head = (Some(false), 0.1, false);
-                check_gpu_extras_on::<f16>(&gpu, a, case, (8, 32), per_head, kernels);
+                check_gpu_extras_on::<f16>(&gpu, a, case, (8, 32), per_head, sets);
                 let shared = (Some(true), 0.0, false);
-                check_gpu_extras_on::<bf16>(&gpu, a, case, (2, 64), shared, kernels);
+                check_gpu_extras_on::<bf16>(&gpu, a, case, (2, 64), shared, sets);
             }
         }
-        let feats = (Some(false), 0.2, true);
         let case = (Algorithm::FusedCsr, Reorder::Auto, None);
-        check_gpu_extras_on::<f16>(&gpu, a, case, (4, 16), feats, BackwardKernels::TensorCore);
+        // Edge features asked of the tensor-core passes take the fused ones; f32 too.
+        let feats = (Some(false), 0.2, true);
+        check_gpu_extras_on::<f16>(&gpu, a, case, (4, 16), feats, (TensorCore, Some(Fused)));
+        let bias = (Some(false), 0.0, false);
+        check_gpu_extras_on::<f32>(&gpu, a, case, (2, 32), bias, (TensorCore, Some(Fused)));
     }
 }
 

@@ -13,8 +13,8 @@ use rand::seq::SliceRandom;
 use rand_pcg::Pcg64;
 use spattn::ops::device_plan::{DeviceEdges, DeviceIds, GraphSpec};
 use spattn::{
-    Algorithm, AttentionConfig, AttentionPlan, BackwardKernels, DeviceBias, DeviceGraph, Dropout,
-    Extras, ExtrasGrads, Reorder,
+    Algorithm, AttentionConfig, AttentionPlan, BackwardKernels, DTypeKind, DeviceBias, DeviceGraph,
+    Dropout, Extras, ExtrasGrads, PlanPolicy, Reorder,
 };
 use spattn_formats::Csr;
 use spattn_ops::cpu::{
@@ -326,4 +326,32 @@ fn gpu_bias_on_large_graphs_seen_once_takes_the_fused_backward() {
     check_extras_on::<f16>(&gpu, &mut rng, (&a, &dg), (2, 32), fused);
     let tc = (Algorithm::Auto, BackwardKernels::TensorCore);
     check_extras_on::<bf16>(&gpu, &mut rng, (&a, &dg), (1, 64), tc);
+    // What the rule needs: a bias (dropout alone keeps the tensor-core passes), the graph's
+    // own row order, and a graph seen once.
+    let bias: Vec<f16> = random_vec(&mut rng, a.nnz() * 2, 1.0);
+    let db = DeviceVec::from_host(&gpu, &bias).unwrap();
+    let with = |b: bool| Extras {
+        bias: b.then_some(DeviceBias::PerHead(&db)),
+        edge_features: None,
+        dropout: Some(Dropout::new(0.1, 1, 0).unwrap()),
+    };
+    let plan_with = |reorder: Reorder| {
+        let config = AttentionConfig::new(2, 32, DTypeKind::F16)
+            .with_edge_features(false)
+            .with_reorder(reorder);
+        AttentionPlan::on_graph(&dg, config).unwrap()
+    };
+    let plan = plan_with(Reorder::Auto);
+    assert_eq!(plan.algorithm(), Algorithm::FusedTensorCore);
+    assert_eq!(
+        plan.backward_kernels_with_extras(&with(true)),
+        BackwardKernels::Fused
+    );
+    let tc = BackwardKernels::TensorCore;
+    assert_eq!(plan.backward_kernels_with_extras(&with(false)), tc);
+    let degree = plan_with(Reorder::Degree);
+    assert_eq!(degree.backward_kernels_with_extras(&with(true)), tc);
+    dg.set_policy(PlanPolicy::Reuse);
+    let reused = plan_with(Reorder::Auto);
+    assert_eq!(reused.backward_kernels_with_extras(&with(true)), tc);
 }

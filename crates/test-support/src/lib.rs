@@ -123,8 +123,9 @@ pub fn shared_graph(name: &str) -> Csr {
 
 /// The graphs of a timing probe: the comma list in the environment variable `var` (or
 /// `default` where it is unset) of shared graph names ([`shared_graph`]), `rmatN` (R-MAT
-/// scale N, [`rmat_graph`]) and `uniformN` (2^N nodes, [`uniform_graph`]), each with its name, read one at a time. In the quick mode the
-/// default is cora alone (the R-MAT plans dominate a bundle run otherwise).
+/// scale N, [`rmat_graph`]) and `uniformN` (2^N nodes, [`uniform_graph`]), each with its
+/// name, read one at a time. In the quick mode the default is cora alone (the R-MAT plans
+/// dominate a bundle run otherwise).
 pub fn timing_graphs(var: &str, default: &str) -> impl Iterator<Item = (String, Csr)> {
     let list = std::env::var(var).unwrap_or_else(|_| {
         if quick() {
@@ -162,8 +163,8 @@ pub fn rmat_graph(scale: u32) -> Csr {
     .expect("R-MAT")
 }
 
-/// `2^scale` nodes, each with 1–16 targets drawn uniformly (about 8.5 a row, no locality: a
-/// 16 × 8 block of it holds about one edge), from a fixed seed.
+/// `2^scale` nodes, each with 1–16 targets drawn uniformly (about 8.5 a row, no locality: the
+/// columns of a 16-row window are nearly all distinct), from a fixed seed.
 pub fn uniform_graph(scale: u32) -> Csr {
     random_graph(&mut Pcg64::seed_from_u64(42), 1 << scale, 8, 0)
 }
