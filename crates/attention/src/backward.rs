@@ -38,12 +38,22 @@ use spattn_ops::backward::{
     self as ops_backward, DeviceSum, DeviceTranspose, EdgeTerms, FusedBackward, TensorCoreBackward,
 };
 use spattn_ops::cpu::{self, AttentionInputs};
-use spattn_ops::graph::DeviceGraph;
+use spattn_ops::graph::{DeviceGraph, PlanPolicy};
 use spattn_ops::{csr_ops, DType, DeviceCsr, DeviceMatrix, DeviceVec, ExternalVec, Gpu, Shape};
 
 use crate::error::{Error, Result};
 use crate::extras::Extras;
-use crate::plan::{seen_once, AttentionPlan};
+use crate::plan::{seen_once, AttentionPlan, ONCE_FUSED_CSR_MAX_EDGES};
+
+/// The widest head (the tensor-core backward's 32-feature slice) whose backward takes the fused
+/// CUDA-core passes on a large graph seen once
+/// ([`AttentionPlan::backward_kernels_with_extras`]).
+const ONCE_FUSED_BACKWARD_MAX_HEAD_DIM: usize = 32;
+
+/// The most features of all heads (heads × head_dim) whose backward without a bias takes the
+/// fused CUDA-core passes on a large graph seen once: at 8 × 32 they lost to the tensor-core
+/// passes on a graph with locality.
+const ONCE_FUSED_BACKWARD_MAX_WIDTH: usize = 128;
 
 /// Which kernels compute the backward (all give the same gradients, to f32 rounding; see the
 /// `backward` module's table).
@@ -353,11 +363,11 @@ impl AttentionPlan {
     }
 
     /// Whether [`forward_keeping_stats`](Self::forward_keeping_stats) of `T` operands keeps
-    /// the row statistics on this plan (a fused-tc plan of heads the tensor-core backward
-    /// holds): a property of the built plan, the same for every call.
+    /// the row statistics on this plan (a fused-tc plan whose `Auto` backward takes the
+    /// tensor-core passes): a property of the plan and its graph's policy.
     pub fn keeps_row_stats<T: DType>(&self) -> bool {
         T::KIND == self.config().dtype
-            && self.tensor_core_backward_runs::<T>()
+            && self.tensor_core_backward_auto::<T>(false)
             && self.runs_fused_tensor_core()
     }
 
@@ -535,7 +545,7 @@ impl AttentionPlan {
         let a = graph.csr()?;
         let tc_runs = self.tensor_core_backward_runs::<T>();
         let kernels = match kernels {
-            BackwardKernels::Auto if self.tensor_core_backward_auto::<T>() => {
+            BackwardKernels::Auto if self.tensor_core_backward_auto::<T>(false) => {
                 BackwardKernels::TensorCore
             }
             BackwardKernels::Auto => BackwardKernels::Fused,
@@ -620,15 +630,35 @@ impl AttentionPlan {
             && gpu.compute_capability() >= (8, 0)
     }
 
-    /// Whether `Auto` takes the tensor-core passes: where they run, and on a graph seen once
-    /// only with the fused-tc plan's BSB (else the BSBs of A and Aᵀ would be built for one
-    /// step).
-    pub(crate) fn tensor_core_backward_auto<T: DType>(&self) -> bool {
+    /// Whether `Auto` takes the tensor-core passes (for a backward with a bias where `bias`):
+    /// where they run; on a graph seen once only with the fused-tc plan's BSB (else the BSBs
+    /// of A and Aᵀ would be built for one step), and not where
+    /// [`once_takes_fused_passes`](Self::once_takes_fused_passes).
+    pub(crate) fn tensor_core_backward_auto<T: DType>(&self, bias: bool) -> bool {
         let BackwardParts::Gpu { graph, .. } = self.backward_parts() else {
             return false;
         };
         self.tensor_core_backward_runs::<T>()
             && (self.runs_fused_tensor_core() || !seen_once(graph))
+            && !self.once_takes_fused_passes::<T>(graph, bias)
+    }
+
+    /// Whether the backward (with a bias where `bias`) takes the fused CUDA-core passes on a
+    /// graph seen once ([`PlanPolicy::Once`], its rows in its own order) of more than
+    /// [`ONCE_FUSED_CSR_MAX_EDGES`] edges (where `Auto` plans fused-tc; smaller ones plan
+    /// fused-csr, whose backward is the fused one already): heads of at most
+    /// [`ONCE_FUSED_BACKWARD_MAX_HEAD_DIM`] features, and without a bias at most
+    /// [`ONCE_FUSED_BACKWARD_MAX_WIDTH`] features in all. There Aᵀ's BSB, built for one step,
+    /// and a bias's staging cost the tensor-core passes more than the CUDA-core passes' whole
+    /// difference (docs/kernels/backward.md, "Host-side choices").
+    fn once_takes_fused_passes<T: DType>(&self, graph: &DeviceGraph, bias: bool) -> bool {
+        let sq = self.shape_q();
+        sq.head_dim <= ONCE_FUSED_BACKWARD_MAX_HEAD_DIM
+            && (bias || sq.heads * sq.head_dim <= ONCE_FUSED_BACKWARD_MAX_WIDTH)
+            && self.nnz() > ONCE_FUSED_CSR_MAX_EDGES
+            && graph.policy() == PlanPolicy::Once
+            && graph.effective_reorder(self.config().reorder) == Reorder::None
+            && FusedBackward::supports::<T>(sq.head_dim)
     }
 
     /// The backward with a bias (per head or shared) and / or dropout (no edge features) on the

@@ -52,18 +52,14 @@ use std::sync::{Mutex, PoisonError};
 use spattn_ops::backward::{self as ops_backward, DeviceSum, EdgeTerms, FusedBackward};
 use spattn_ops::cpu::{self, AttentionInputs, EdgeBias, Extras as CpuExtras};
 use spattn_ops::edge_extras::{self, DeviceBias};
-use spattn_ops::graph::{DeviceGraph, PlanPolicy};
+use spattn_ops::graph::DeviceGraph;
 use spattn_ops::Dropout;
 use spattn_ops::{csr_ops, elementwise, DType, DeviceMatrix, DeviceVec, Gpu, Shape};
 
-use crate::backward::{BackwardKernels, BackwardParts};
-use crate::config::{Algorithm, Reorder};
+use crate::backward::BackwardKernels;
+use crate::config::Algorithm;
 use crate::error::{Error, Result};
-use crate::plan::{AttentionPlan, ONCE_FUSED_CSR_MAX_EDGES};
-
-/// The widest head (the tensor-core backward's 32-feature slice) whose bias takes the fused
-/// CUDA-core passes on a graph seen once ([`AttentionPlan::backward_kernels_with_extras`]).
-const BIAS_FUSED_MAX_HEAD_DIM: usize = 32;
+use crate::plan::AttentionPlan;
 
 /// What a GPU plan's attention takes beyond Q, K, V (all optional): the fused kernels' own
 /// extras type, which every algorithm takes.
@@ -346,9 +342,9 @@ impl AttentionPlan {
     /// `T` on this plan: [`BackwardKernels::TensorCore`] for a bias (per head or shared) and /
     /// or dropout (or neither) without edge features where the plain backward's `Auto` takes
     /// the tensor-core passes (f16 / bf16, a multiple of 8 up to 64 features, sm_80 and later;
-    /// on a graph seen once only with fused-tc's plan) — except a bias on heads of at most 32
-    /// features on a graph seen once of more than 2²⁰ edges in its own row order (`Auto`'s
-    /// under [`PlanPolicy::Once`]), which is faster on the fused CUDA-core passes —,
+    /// on a graph seen once only with fused-tc's plan, and not on a graph seen once of more
+    /// than 2²⁰ edges in its own row order for heads of at most 32 features, with a bias or
+    /// at most 128 features in all, which are faster on the fused CUDA-core passes),
     /// [`BackwardKernels::Fused`] for the rest where the fused CUDA-core backward holds the
     /// head, else [`BackwardKernels::Unfused`] (the per-edge composition). The first two are
     /// bitwise deterministic and keep no per-edge feature-sized buffers (the fused one keeps a
@@ -358,8 +354,7 @@ impl AttentionPlan {
         extras: &Extras<'_, T>,
     ) -> BackwardKernels {
         if extras.edge_features.is_none()
-            && self.tensor_core_backward_auto::<T>()
-            && !self.bias_takes_fused_passes(extras)
+            && self.tensor_core_backward_auto::<T>(extras.bias.is_some())
         {
             return BackwardKernels::TensorCore;
         }
@@ -367,25 +362,6 @@ impl AttentionPlan {
             return BackwardKernels::Fused;
         }
         BackwardKernels::Unfused
-    }
-
-    /// Whether a bias on heads of at most [`BIAS_FUSED_MAX_HEAD_DIM`] features, on a graph seen
-    /// once ([`PlanPolicy::Once`], its rows in its own order) of more than
-    /// [`ONCE_FUSED_CSR_MAX_EDGES`] edges (where `Auto` plans fused-tc; smaller ones plan
-    /// fused-csr, whose backward is the fused one already), takes the fused CUDA-core passes
-    /// where `Auto` would otherwise take the tensor-core ones: there the tensor-core passes'
-    /// bias staging and Aᵀ's BSB, built for one step, cost more than the CUDA-core passes'
-    /// whole difference (docs/kernels/backward.md, "Host-side choices").
-    fn bias_takes_fused_passes<T: DType>(&self, extras: &Extras<'_, T>) -> bool {
-        let BackwardParts::Gpu { graph, .. } = self.backward_parts() else {
-            return false;
-        };
-        extras.bias.is_some()
-            && self.shape_q().head_dim <= BIAS_FUSED_MAX_HEAD_DIM
-            && self.nnz() > ONCE_FUSED_CSR_MAX_EDGES
-            && graph.policy() == PlanPolicy::Once
-            && graph.effective_reorder(self.config().reorder) == Reorder::None
-            && FusedBackward::supports::<T>(self.shape_q().head_dim)
     }
 
     /// Which kernels [`backward_with_extras_using`](Self::backward_with_extras_using) runs for
