@@ -439,6 +439,25 @@ impl StreamBridge {
         &self.gpu
     }
 
+    /// Whether the stream `external` is capturing a CUDA graph (a capture that was
+    /// invalidated counts as capturing: the caller must still not change what it replays).
+    ///
+    /// # Safety
+    /// `external` is a `CUstream` valid in `gpu`'s context, as for [`run`](Self::run).
+    pub unsafe fn is_capturing(&self, external: u64) -> Result<bool> {
+        self.gpu
+            .context()
+            .bind_to_thread()
+            .map_err(|e| map_driver_error("binding the CUDA context", e))?;
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: `external` is a valid stream of this context (the caller's contract);
+        // the query writes one status through a pointer to a live local.
+        unsafe { sys::cuStreamIsCapturing(external as sys::CUstream, &mut status) }
+            .result()
+            .map_err(|e| map_driver_error("asking whether a stream captures", e))?;
+        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
     /// Runs `f` — which enqueues work on the handle's stream — ordered after everything
     /// enqueued so far on the stream `external`, and makes `external` wait for what `f`
     /// enqueued (also when `f` fails half-way, so that work enqueued before the failure is

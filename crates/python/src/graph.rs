@@ -78,8 +78,11 @@ pub struct GraphCore {
     devices: Mutex<HashMap<usize, Arc<OnDevice>>>,
     /// The plans' policy on every device ([`PlanPolicy::Reuse`] when set).
     reuse: AtomicBool,
-    /// Backward calls on CUDA so far (nn's graph cache reads it: a graph seen again after a
-    /// backward is one trained on over several steps).
+    /// Whether the policy is fixed: set by the caller, or pinned by a CUDA-graph capture (a
+    /// graph seen again then keeps `Once`).
+    fixed: AtomicBool,
+    /// Backward calls on CUDA so far (a graph seen again after a backward is one trained on
+    /// over several steps: [`GraphCore::reuse_if_seen_again`]).
     backwards: AtomicUsize,
 }
 
@@ -241,6 +244,7 @@ impl GraphCore {
             transpose: OnceLock::new(),
             devices: Mutex::new(HashMap::new()),
             reuse: AtomicBool::new(false),
+            fixed: AtomicBool::new(false),
             backwards: AtomicUsize::new(0),
         };
         core.devices
@@ -273,8 +277,8 @@ impl GraphCore {
         }
     }
 
-    /// Sets the plans' policy (`"once"` or `"reuse"`); plans built before are dropped, so the
-    /// next call of each configuration plans again under the new policy.
+    /// Sets the plans' policy (`"once"` or `"reuse"`) for good; plans built before are dropped,
+    /// so the next call of each configuration plans again under the new policy.
     fn set_policy(&self, policy: &str) -> PyResult<()> {
         let p = match policy {
             "once" => PlanPolicy::Once,
@@ -286,16 +290,8 @@ impl GraphCore {
                 ))
             }
         };
-        self.reuse.store(p == PlanPolicy::Reuse, Ordering::Relaxed);
-        let _restore = device::ContextGuard::save();
-        let map = self.devices.lock().unwrap_or_else(PoisonError::into_inner);
-        for d in map.values() {
-            d.graph.set_policy(p);
-            d.plans
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clear();
-        }
+        self.fixed.store(true, Ordering::Relaxed);
+        self.apply_policy(p);
         Ok(())
     }
 
@@ -503,6 +499,8 @@ impl GraphCore {
         let key = PlanKey::new(heads, head_dim, dt, algorithm, scale, false)?;
         if backward {
             self.backwards.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.reuse_if_seen_again(device, stream)?;
         }
         self.with_plan(py, device, key, |d, plan| {
             if backward {
@@ -580,6 +578,8 @@ impl GraphCore {
         };
         if backward {
             self.backwards.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.reuse_if_seen_again(device, stream)?;
         }
         self.with_plan(py, device, key, |d, plan| {
             if backward {

@@ -220,6 +220,7 @@ def test_compiled_training_takes_the_forward_row_statistics(dtype, lse_seen):
     from spattn import functional as F
 
     g = spattn.Graph.from_edge_index(edges(300, 3000, 9, "cuda"), num_nodes=300)
+    g.policy = "once"  # kept when seen again: eager and compiled calls plan alike
     gen = torch.Generator(device="cuda").manual_seed(4)
     q, k, v = (torch.randn(300, 4, 32, device="cuda", generator=gen).to(dtype) for _ in range(3))
     out, lse, kept = torch.ops.spattn.attention_keeping(g._token, q, k, v, None, "fused-tc")

@@ -118,6 +118,7 @@ def test_attention_on_device_graphs_equals_host_graphs(dtype):
     g_host = spattn.Graph.read_matrix_market(path, symmetrize=True, self_loops=True)
     g_host.policy = "once"  # the same row order as the device graph's
     g_dev = spattn.Graph.from_edge_index(g_host.edge_index(device="cuda"), num_nodes=g_host.num_nodes)
+    g_dev.policy = "once"  # kept when seen again
     same_graph(g_dev, g_host)
     torch.manual_seed(0)
     n = g_host.num_nodes
@@ -147,13 +148,52 @@ def test_policy_and_the_layers_graph_cache():
     g.policy = "reuse"
     assert g.policy == "reuse"
     # A layer's graph of a CUDA edge_index: built on the device, "once"; the same tensor seen
-    # after a backward becomes "reuse" (full-graph training).
+    # after a backward (full-graph training) becomes "reuse" at its next attention forward.
     ei = random_edges(300, 3000, seed=11).cuda()
-    conv = spattn.nn.GATConv(16, 8, heads=2).cuda()
+    conv = spattn.nn.TransformerConv(16, 8, heads=2).cuda()
     x = torch.randn(300, 16, device="cuda")
-    conv(x, ei).sum().backward()
-    graph = spattn.nn.graph_for(ei, 300, self_loops=True)
-    assert graph.built_on_device
+    first = conv(x, ei)
+    first.sum().backward()
+    graph = spattn.nn.graph_for(ei, 300)
+    assert graph.built_on_device and graph.policy == "once"
+    second = conv(x, ei)
     assert graph.policy == "reuse"
+    torch.testing.assert_close(second, first, rtol=1e-4, atol=1e-5)
     other = random_edges(300, 3000, seed=12).cuda()
-    assert spattn.nn.graph_for(other, 300, self_loops=True).policy == "once"
+    conv(x, other).sum().backward()
+    assert spattn.nn.graph_for(other, 300).policy == "once"
+
+
+def test_a_graph_seen_again_switches_to_reuse_unless_its_policy_is_fixed():
+    ei = random_edges(500, 6000, seed=13).cuda()
+    q = torch.randn(500, 2, 16, device="cuda", dtype=torch.float16, requires_grad=True)
+    kept = spattn.Graph.from_edge_index(ei, num_nodes=500)
+    kept.policy = "once"  # set by the caller: kept
+    seen = spattn.Graph.from_edge_index(ei, num_nodes=500)
+    outs = {}
+    for name, g in (("kept", kept), ("seen", seen)):
+        out = spattn.sparse_attention(g, q, q, q)
+        out.float().sum().backward()
+        assert g.policy == "once"  # no forward since its backward yet
+        with torch.no_grad():
+            again = spattn.sparse_attention(g, q, q, q)
+        outs[name] = (out.detach(), again)
+    assert kept.policy == "once"
+    assert seen.policy == "reuse"
+    for out, again in outs.values():
+        torch.testing.assert_close(again, out, rtol=5e-3, atol=5e-3)
+    # A forward under CUDA-graph capture fixes the policy: the captured work keeps its plans.
+    captured = spattn.Graph.from_edge_index(ei, num_nodes=500)
+    with torch.no_grad():
+        spattn.sparse_attention(captured, q, q, q)  # plans built outside the capture
+        torch.cuda.synchronize()
+        cuda_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(cuda_graph):
+            replayed = spattn.sparse_attention(captured, q, q, q)
+    spattn.sparse_attention(captured, q, q, q).float().sum().backward()
+    with torch.no_grad():
+        eager = spattn.sparse_attention(captured, q, q, q)
+    assert captured.policy == "once"
+    cuda_graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(replayed, eager, rtol=0, atol=0)

@@ -243,7 +243,14 @@ class Graph:
         plan is free: a graph seen once, the default of a graph built on a GPU) or ``"reuse"``
         (choose a row order on the host when a plan is built, and ``fused-tc`` in float16 /
         bfloat16, which the kernels repay over many calls: the default of a graph built on the
-        host). Setting it drops the plans built so far."""
+        host). Setting it drops the plans built so far.
+
+        A graph under ``"once"`` that has had a backward is seen again: its next attention
+        forward on CUDA (:func:`spattn.sparse_attention`, the layers) switches it to
+        ``"reuse"``, as full-graph training wants (a mini-batch's graph is new every step and
+        keeps ``"once"``). Setting the policy fixes it, and so does a forward under CUDA-graph
+        capture (the captured work reads the plans that a switch would drop). The switch
+        replans, so the second step's results may differ from the first's in the last bits."""
         return self._core.policy
 
     @policy.setter

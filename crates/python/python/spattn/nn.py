@@ -114,9 +114,8 @@ def graph_for(edge_index: Any, num_nodes: int, self_loops: bool = False) -> Grap
 
     A CUDA ``edge_index`` is built on its GPU (:meth:`spattn.Graph.from_edge_index`) with the
     policy ``"once"``: a mini-batch's graph, new every step, keeps its row order. The same
-    tensor seen again after a backward (full-graph training) switches its graph to
-    ``"reuse"``: its ``auto`` plans then choose a row order once (and in float16 / bfloat16
-    ``fused-tc``, whose plan a graph seen once would not repay).
+    tensor seen again after a backward (full-graph training) finds the same graph, which its
+    next attention forward switches to ``"reuse"`` (:attr:`spattn.Graph.policy`).
 
     Besides a ``(2, E)`` tensor (and a ``Batch``'s or a loader's ``edge_index``, which are
     such tensors), ``edge_index`` may be PyG's ``EdgeIndex`` (its tensor is used, cached by
@@ -146,12 +145,7 @@ def graph_for(edge_index: Any, num_nodes: int, self_loops: bool = False) -> Grap
     hit = _cache.get(key)
     if hit is not None and hit[0]() is edge_index:
         _cache.move_to_end(key)
-        graph = hit[1]
-        # Seen again after a backward: a graph trained on over several steps (full-graph
-        # training), whose plans repay a row order; a mini-batch's graph is new every step.
-        if graph.policy == "once" and graph._core.backward_calls:
-            graph.policy = "reuse"
-        return graph
+        return hit[1]
     graph = Graph.from_edge_index(edge_index, num_nodes=num_nodes, self_loops=self_loops)
     _cache_put(key, weakref.ref(edge_index, _forget(key)), graph)
     return graph

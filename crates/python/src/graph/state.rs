@@ -73,6 +73,7 @@ impl GraphCore {
             transpose: OnceLock::new(),
             devices: Mutex::new(HashMap::new()),
             reuse: AtomicBool::new(true),
+            fixed: AtomicBool::new(false),
             backwards: AtomicUsize::new(0),
         }
     }
@@ -84,6 +85,41 @@ impl GraphCore {
         } else {
             PlanPolicy::Once
         }
+    }
+
+    /// Sets the plans' policy on every device, dropping the plans built so far.
+    pub(super) fn apply_policy(&self, p: PlanPolicy) {
+        self.reuse.store(p == PlanPolicy::Reuse, Ordering::Relaxed);
+        let _restore = device::ContextGuard::save();
+        let map = self.devices.lock().unwrap_or_else(PoisonError::into_inner);
+        for d in map.values() {
+            d.graph.set_policy(p);
+            d.plans
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clear();
+        }
+    }
+
+    /// At a forward on CUDA device `device`, enqueued on `stream`: a graph under `Once` whose
+    /// policy is not fixed switches to `Reuse` once it has had a backward (seen again: trained
+    /// on over several steps, whose plans repay a row order and fused-tc; a mini-batch's graph
+    /// is new every step). A forward under CUDA-graph capture fixes the policy instead: the
+    /// captured work reads the plans' memory, which a switch would free.
+    pub(super) fn reuse_if_seen_again(&self, device: i64, stream: u64) -> PyResult<()> {
+        if self.reuse.load(Ordering::Relaxed) || self.fixed.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let d = device::device(device::ordinal(device)?).map_err(ops_to_py)?;
+        let _restore = device::ContextGuard::save();
+        // SAFETY: `stream` is the caller's current stream of this device's primary context,
+        // as for every call's bridge (the module documentation's contract).
+        if unsafe { d.bridge.is_capturing(stream) }.map_err(ops_to_py)? {
+            self.fixed.store(true, Ordering::Relaxed);
+        } else if self.backwards.load(Ordering::Relaxed) > 0 {
+            self.apply_policy(PlanPolicy::Reuse);
+        }
+        Ok(())
     }
 
     /// The host CSR (downloaded once from the device a graph was built on).
