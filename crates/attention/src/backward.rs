@@ -10,7 +10,7 @@
 //!
 //! | [`BackwardKernels`] | kernels | per-edge buffers | deterministic |
 //! |---|---|---|---|
-//! | `Auto` (default) | `TensorCore` where it runs, else `Fused` | none | yes |
+//! | `Auto` (default) | `TensorCore` where it runs (on a graph seen once past 2²⁰ edges in its own order not for heads ≤ 32 of ≤ 128 features in all, or with a bias), else `Fused` | none | yes |
 //! | `Fused` | a row pass over A (dQ, the row statistics, ∂scale) and a column pass over Aᵀ (dK, dV): [`spattn_ops::backward::FusedBackward`] | none | yes |
 //! | `PerEdge` | 2 SDDMMs (`⟨q, k⟩`, `⟨dOut, v⟩`), one fused row kernel (P, dS, Pᵀ, dSᵀ, ∂scale), 3 SpMMs | four `nnz × heads` f32 | yes |
 //! | `Unfused` | the spattn-ops building blocks: SDDMM, edge softmax, softmax backward, transposes, dot, scale, SpMM | as `PerEdge` | as `PerEdge` |
@@ -212,7 +212,7 @@ impl StatsMemory {
 
 impl RowStats {
     /// Whether the last [`AttentionPlan::forward_keeping_stats`] kept the statistics (a
-    /// fused-tc plan whose heads the tensor-core backward holds).
+    /// fused-tc plan whose `Auto` backward takes the tensor-core passes).
     pub fn is_kept(&self) -> bool {
         self.kept
     }
@@ -372,8 +372,9 @@ impl AttentionPlan {
     }
 
     /// [`forward`](Self::forward) that also keeps each row's softmax statistic in `stats`
-    /// where the tensor-core backward can take it (a fused-tc plan of f16 / bf16 heads the
-    /// tensor-core backward holds); otherwise the plain forward, and `stats` marked empty.
+    /// where the tensor-core backward can take it (a fused-tc plan whose `Auto` backward takes
+    /// the tensor-core passes: [`keeps_row_stats`](Self::keeps_row_stats)); otherwise the
+    /// plain forward, and `stats` marked empty.
     /// [`backward_with_stats`](Self::backward_with_stats) of the same inputs then skips the
     /// backward's statistics pass.
     ///

@@ -319,7 +319,7 @@ fn gpu_extras_on_device_built_graphs_match_the_f64_reference() {
 #[ignore = "needs an NVIDIA GPU"]
 fn gpu_large_graphs_seen_once_take_the_fused_backward_on_narrow_heads() {
     let gpu = gpu();
-    let mut rng = fresh_rng("gpu_large_graphs_seen_once_take_the_fused_backward");
+    let mut rng = fresh_rng("gpu_large_graphs_seen_once_take_the_fused_backward_on_narrow_heads");
     let a = random_graph(&mut rng, 1 << 17, 8, 0);
     assert!(a.nnz() > 1 << 20, "{} edges", a.nnz());
     let dg = device_graph(&gpu, &mut rng, &a, false);
@@ -327,7 +327,7 @@ fn gpu_large_graphs_seen_once_take_the_fused_backward_on_narrow_heads() {
     check_extras_on::<f16>(&gpu, &mut rng, (&a, &dg), (2, 32), fused);
     let tc = (Algorithm::Auto, BackwardKernels::TensorCore);
     check_extras_on::<bf16>(&gpu, &mut rng, (&a, &dg), (1, 64), tc);
-    // The plain backward of every algorithm (a fused-tc forward then keeps no statistics).
+    // The plain backward of every algorithm, on the fused passes (asserted below).
     check::<f16>(&gpu, &mut rng, &a, &dg, 2, 32);
     let bias: Vec<f16> = random_vec(&mut rng, a.nnz() * 2, 1.0);
     let db = DeviceVec::from_host(&gpu, &bias).unwrap();

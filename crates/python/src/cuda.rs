@@ -92,7 +92,9 @@ pub(crate) fn gpu_backward_call<T: DType>(
         let mut dq = ExternalMatrix::<T>::new_trusted(gpu, "dq", dq, sq)?;
         let mut dk = ExternalMatrix::<T>::new_trusted(gpu, "dk", dk, skv)?;
         let mut dv = ExternalMatrix::<T>::new_trusted(gpu, "dv", dv, skv)?;
-        // The statistics where the plan kept them (a property of the plan: the forward's).
+        // The statistics where this plan keeps them: the forward's plan, or one rebuilt since
+        // (whose statistics, by the caller's row, are the same; the package passes `lse` only
+        // where the forward kept them).
         let stats = match lse {
             at if at != 0 && plan.keeps_row_stats::<T>() => {
                 Some(plan.row_stats_in(lse_view(gpu, plan, at)?, true)?)

@@ -12,7 +12,8 @@
 //! passing its address, keeps every tensor referenced for the whole call, and allocates every
 //! output and workspace fresh, so outputs never alias inputs. Per call, the addresses are
 //! checked here for what needs no driver (non-null, aligned): the per-call path makes no
-//! driver query beyond its launches and the two stream-ordering events. An edge list's ids,
+//! driver query beyond its launches and the two stream-ordering events (and, for a graph under
+//! `Once` whose policy is not fixed, whether the stream captures). An edge list's ids,
 //! read once per graph, are also checked against the driver's tables (device memory of the
 //! right device, inside one allocation).
 //!
@@ -461,9 +462,11 @@ impl GraphCore {
     /// 0 for none): the address of `n_rows × heads` f32 for the row statistics: the forward
     /// keeps them there where its plan can and returns 1.0 (0.0 where it cannot, leaving the
     /// memory unread and unwritten); the backward takes them where the plan keeps them (the
-    /// forward returned 1.0) and ignores them otherwise.
+    /// forward returned 1.0) and ignores them otherwise. `step`: whether a forward may begin a
+    /// training step (not a recomputation inside a backward pass: `reuse_if_seen_again`).
     /// See the module documentation for the arguments' contract.
-    #[pyo3(signature = (problem, scale, algorithm, backward, ptrs, stream, d_scale = true, lse = 0))]
+    #[pyo3(signature = (problem, scale, algorithm, backward, ptrs, stream, d_scale = true, lse = 0,
+                        step = true))]
     #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
@@ -476,6 +479,7 @@ impl GraphCore {
         stream: u64,
         d_scale: bool,
         lse: u64,
+        step: bool,
     ) -> PyResult<f64> {
         let (device, dtype, heads, head_dim) = problem;
         let dt = DTypeName::parse(&dtype)?;
@@ -499,9 +503,8 @@ impl GraphCore {
         let key = PlanKey::new(heads, head_dim, dt, algorithm, scale, false)?;
         if backward {
             self.backwards.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.reuse_if_seen_again(device, stream)?;
         }
+        self.reuse_if_seen_again(py, device, stream, !backward && step)?;
         self.with_plan(py, device, key, |d, plan| {
             if backward {
                 by_dtype!(
@@ -527,9 +530,9 @@ impl GraphCore {
     /// `ptrs`: `[q, k, v, out, bias, weights, features]` (0 for what is not given or wanted);
     /// backward: `[q, k, v, d_out, bias, dq, dk, dv, d_bias, features, d_features]`, returning
     /// ∂L/∂scale (0.0 for the forward; NaN on CUDA with `d_scale` false, which waits for
-    /// nothing).
+    /// nothing). `step` as for `attention`.
     #[pyo3(signature = (problem, scale, algorithm, backward, bias, dropout, edge_features, ptrs,
-                        stream, d_scale = true))]
+                        stream, d_scale = true, step = true))]
     #[allow(clippy::too_many_arguments)]
     fn attention_extras(
         &self,
@@ -544,6 +547,7 @@ impl GraphCore {
         ptrs: Vec<u64>,
         stream: u64,
         d_scale: bool,
+        step: bool,
     ) -> PyResult<f64> {
         let (device, dtype, heads, head_dim) = problem;
         let dt = DTypeName::parse(&dtype)?;
@@ -578,9 +582,8 @@ impl GraphCore {
         };
         if backward {
             self.backwards.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.reuse_if_seen_again(device, stream)?;
         }
+        self.reuse_if_seen_again(py, device, stream, !backward && step)?;
         self.with_plan(py, device, key, |d, plan| {
             if backward {
                 by_dtype!(

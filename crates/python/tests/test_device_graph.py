@@ -197,3 +197,37 @@ def test_a_graph_seen_again_switches_to_reuse_unless_its_policy_is_fixed():
     cuda_graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(replayed, eager, rtol=0, atol=0)
+    # A backward captured alone fixes it too: its replays read the plans.
+    from spattn import functional as F
+    bw = spattn.Graph.from_edge_index(ei, num_nodes=500)
+    x = q.detach()
+    out = F.attention_forward(bw, x, x, x, None, "auto")
+    d_out = torch.randn_like(out)
+    want = F.attention_backward(bw, x, x, x, out, d_out, None, "auto")  # plans built outside
+    grads = tuple(torch.empty_like(x) for _ in range(3))
+    cuda_graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(cuda_graph):
+        F.attention_backward(bw, x, x, x, out, d_out, None, "auto", outs=grads)
+    F.attention_forward(bw, x, x, x, None, "auto")  # after a backward: would switch
+    assert bw.policy == "once"
+    cuda_graph.replay()
+    torch.cuda.synchronize()
+    for got, expected in zip(grads, want):
+        assert torch.equal(got, expected)
+
+
+def test_a_forward_recomputed_in_a_backward_pass_is_not_a_new_step():
+    from torch.utils.checkpoint import checkpoint
+
+    g = spattn.Graph.from_edge_index(random_edges(500, 6000, seed=14).cuda(), num_nodes=500)
+    q = torch.randn(500, 2, 16, device="cuda", dtype=torch.float16, requires_grad=True)
+
+    def layer(x):
+        return spattn.sparse_attention(g, x, x, x)
+
+    # The first layer's forward runs again after the second's backward (checkpointing).
+    layer(checkpoint(layer, q, use_reentrant=False)).float().sum().backward()
+    assert g._core.backward_calls == 2
+    assert g.policy == "once"
+    layer(q)
+    assert g.policy == "reuse"

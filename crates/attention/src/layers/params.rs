@@ -20,8 +20,8 @@ use crate::{AttentionPlan, RowStats};
 use spattn_ops::Dropout;
 
 /// A layer's attention forward on `plan` into `out`, and the row statistics the backward
-/// takes from it where the plan keeps them (a fused-tc plan of f16 / bf16 heads; elsewhere
-/// None, and the backward computes its own).
+/// takes from it where the plan keeps them (a fused-tc plan whose backward takes the tensor-core
+/// passes; elsewhere None, and the backward computes its own).
 pub(crate) fn attention_forward<T: DType>(
     plan: &AttentionPlan,
     [q, k, v]: [&DeviceMatrix<T>; 3],

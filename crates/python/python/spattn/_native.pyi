@@ -188,9 +188,11 @@ class GraphCore:
         stream: int,
         d_scale: bool = True,
         lse: int = 0,
+        step: bool = True,
     ) -> float:
         """``problem``: (device, dtype, heads, head_dim); ``ptrs``: 4 (forward) or 8 addresses;
-        ``lse``: the address of the row statistics kept (forward: returns 1.0 where kept)."""
+        ``lse``: the address of the row statistics kept (forward: returns 1.0 where kept);
+        ``step``: whether a forward may begin a training step (not inside a backward pass)."""
 
     def attention_extras(
         self,
@@ -204,8 +206,10 @@ class GraphCore:
         ptrs: Sequence[int],
         stream: int,
         d_scale: bool = True,
+        step: bool = True,
     ) -> float:
-        """``bias``: ``"none"``, ``"shared"`` or ``"per_head"``; ``ptrs``: 7 (forward) or 11."""
+        """``bias``: ``"none"``, ``"shared"`` or ``"per_head"``; ``ptrs``: 7 (forward) or 11;
+        ``step`` as for :meth:`attention`."""
 
     def gat_forward(
         self,

@@ -31,6 +31,14 @@ from ._tensors import (
 )
 
 _CUDA_DTYPES = ("f32", "f16", "bf16")
+_graph_task_id = getattr(getattr(torch, "_C", None), "_current_graph_task_id", None)
+
+
+def _outside_backward() -> bool:
+    """Whether no autograd backward pass is running: a forward inside one (activation
+    checkpointing's recomputation) begins no training step, so it leaves :attr:`Graph.policy`
+    as it is."""
+    return _graph_task_id is None or _graph_task_id() == -1
 
 
 def _check_graph(graph: Any) -> Graph:
@@ -415,7 +423,7 @@ def _native_extras(graph, q, scale, algorithm, backward, kind, drop, features, p
     n, h, d = q.shape
     return graph._core.attention_extras(
         (device_index(q), dtype_name(q.dtype), h, d), scale, algorithm, backward, kind, drop,
-        features, ptrs, stream_of(q), d_scale=False,
+        features, ptrs, stream_of(q), d_scale=False, step=not backward and _outside_backward(),
     )
 
 
@@ -431,6 +439,7 @@ def _native_forward(graph, q, k, v, out, scale, algorithm, lse=None) -> bool:
         (device_index(q) if is_tensor(q) else -1, dtype_name(q.dtype), h, d), scale, algorithm,
         False, [address(q), address(k), address(v), address(out)],
         stream_of(q) if is_tensor(q) else 0, lse=0 if lse is None else address(lse),
+        step=_outside_backward(),
     )
     return kept == 1.0
 

@@ -246,11 +246,14 @@ class Graph:
         host). Setting it drops the plans built so far.
 
         A graph under ``"once"`` that has had a backward is seen again: its next attention
-        forward on CUDA (:func:`spattn.sparse_attention`, the layers) switches it to
-        ``"reuse"``, as full-graph training wants (a mini-batch's graph is new every step and
-        keeps ``"once"``). Setting the policy fixes it, and so does a forward under CUDA-graph
-        capture (the captured work reads the plans that a switch would drop). The switch
-        replans, so the second step's results may differ from the first's in the last bits."""
+        forward on CUDA (:func:`spattn.sparse_attention`, the attention layers) outside a
+        backward pass switches it to ``"reuse"``, as full-graph training wants (a mini-batch's
+        graph is new every step and keeps ``"once"``; a forward recomputed by activation
+        checkpointing does not count, but evaluating a mini-batch's graph after its backward
+        does: set the policy to keep ``"once"``). Setting the policy fixes it, and so does
+        any call under CUDA-graph capture; changing the policy of a captured graph would drop
+        the plans its replays read. The switch replans, so the second step's results may
+        differ from the first's in the last bits."""
         return self._core.policy
 
     @policy.setter

@@ -87,8 +87,12 @@ impl GraphCore {
         }
     }
 
-    /// Sets the plans' policy on every device, dropping the plans built so far.
+    /// Sets the plans' policy on every device, dropping the plans built so far where it
+    /// changes.
     pub(super) fn apply_policy(&self, p: PlanPolicy) {
+        if self.policy_value() == p {
+            return;
+        }
         self.reuse.store(p == PlanPolicy::Reuse, Ordering::Relaxed);
         let _restore = device::ContextGuard::save();
         let map = self.devices.lock().unwrap_or_else(PoisonError::into_inner);
@@ -101,25 +105,37 @@ impl GraphCore {
         }
     }
 
-    /// At a forward on CUDA device `device`, enqueued on `stream`: a graph under `Once` whose
-    /// policy is not fixed switches to `Reuse` once it has had a backward (seen again: trained
-    /// on over several steps, whose plans repay a row order and fused-tc; a mini-batch's graph
-    /// is new every step). A forward under CUDA-graph capture fixes the policy instead: the
-    /// captured work reads the plans' memory, which a switch would free.
-    pub(super) fn reuse_if_seen_again(&self, device: i64, stream: u64) -> PyResult<()> {
+    /// At a call on CUDA device `device`, enqueued on `stream`, of a graph under `Once` whose
+    /// policy is not fixed: under CUDA-graph capture the policy becomes fixed (the captured
+    /// work reads the plans' memory, which a switch would free); otherwise, where `new_step`
+    /// (a forward outside any backward pass: not activation checkpointing's recomputation)
+    /// and the graph has had a backward, it switches to `Reuse` (seen again: trained on over
+    /// several steps, whose plans repay a row order and fused-tc; a mini-batch's graph is new
+    /// every step).
+    pub(super) fn reuse_if_seen_again(
+        &self,
+        py: Python<'_>,
+        device: i64,
+        stream: u64,
+        new_step: bool,
+    ) -> PyResult<()> {
         if self.reuse.load(Ordering::Relaxed) || self.fixed.load(Ordering::Relaxed) {
             return Ok(());
         }
-        let d = device::device(device::ordinal(device)?).map_err(ops_to_py)?;
-        let _restore = device::ContextGuard::save();
-        // SAFETY: `stream` is the caller's current stream of this device's primary context,
-        // as for every call's bridge (the module documentation's contract).
-        if unsafe { d.bridge.is_capturing(stream) }.map_err(ops_to_py)? {
-            self.fixed.store(true, Ordering::Relaxed);
-        } else if self.backwards.load(Ordering::Relaxed) > 0 {
-            self.apply_policy(PlanPolicy::Reuse);
-        }
-        Ok(())
+        let ordinal = device::ordinal(device)?;
+        py.detach(|| -> spattn::Result<()> {
+            let _restore = device::ContextGuard::save();
+            let d = device::device(ordinal)?;
+            // SAFETY: `stream` is the caller's current stream of this device's primary
+            // context, as for every call's bridge (the module documentation's contract).
+            if unsafe { d.bridge.is_capturing(stream) }? {
+                self.fixed.store(true, Ordering::Relaxed);
+            } else if new_step && self.backwards.load(Ordering::Relaxed) > 0 {
+                self.apply_policy(PlanPolicy::Reuse);
+            }
+            Ok(())
+        })
+        .map_err(to_py)
     }
 
     /// The host CSR (downloaded once from the device a graph was built on).
