@@ -278,8 +278,8 @@ impl GraphCore {
         }
     }
 
-    /// Sets the plans' policy (`"once"` or `"reuse"`) for good; plans built before are dropped,
-    /// so the next call of each configuration plans again under the new policy.
+    /// Sets the plans' policy (`"once"` or `"reuse"`) for good; where it changes, the plans
+    /// built before are dropped, so the next call of each configuration plans again.
     fn set_policy(&self, policy: &str) -> PyResult<()> {
         let p = match policy {
             "once" => PlanPolicy::Once,

@@ -243,7 +243,7 @@ class Graph:
         plan is free: a graph seen once, the default of a graph built on a GPU) or ``"reuse"``
         (choose a row order on the host when a plan is built, and ``fused-tc`` in float16 /
         bfloat16, which the kernels repay over many calls: the default of a graph built on the
-        host). Setting it drops the plans built so far.
+        host). Changing it drops the plans built so far.
 
         A graph under ``"once"`` that has had a backward is seen again: its next attention
         forward on CUDA (:func:`spattn.sparse_attention`, the attention layers) outside a
