@@ -121,8 +121,8 @@ def sparse_attention(
     spattn's exact backward (once: no double backward). Where a gradient is wanted and the
     plan is ``fused-tc`` (float16 / bfloat16 on CUDA, without extras) and its backward runs
     on tensor cores, the forward also saves each row's softmax statistic (``num_nodes × heads``
-    float32) so that the backward skips recomputing it. ``bias``, ``edge_features``, ``dropout`` and the weights need torch
-    tensors.
+    float32) so that the backward skips recomputing it. ``bias``, ``edge_features``,
+    ``dropout`` and the weights need torch tensors.
 
     Example (CPU)::
 
