@@ -212,16 +212,23 @@ fn median_ms(gpu: &Gpu, runs: usize, mut f: impl FnMut() -> spattn::Result<()>) 
 /// SPATTN_TIMING_GRAPHS (default ogbn-arxiv and R-MAT 18); heads × head_dim
 /// SPATTN_EXTRAS_SHAPES (default `8x64`; a comma list), f16.
 fn extras(gpu: &Gpu) {
-    let shapes = std::env::var("SPATTN_EXTRAS_SHAPES").unwrap_or_else(|_| "8x64".into());
-    for shape in shapes.split(',') {
-        let parsed = shape
-            .split_once('x')
-            .and_then(|(h, d)| Some((h.trim().parse().ok()?, d.trim().parse().ok()?)));
-        match parsed {
-            Some(hd) => extras_at(gpu, hd),
-            None => panic!("SPATTN_EXTRAS_SHAPES: {shape:?} is not HEADSxHEAD_DIM"),
-        }
+    for hd in extras_shapes("8x64") {
+        extras_at(gpu, hd);
     }
+}
+
+/// The heads × head_dim pairs of SPATTN_EXTRAS_SHAPES (a comma list of `HEADSxHEAD_DIM`), or
+/// of `default` where it is unset.
+fn extras_shapes(default: &str) -> Vec<(usize, usize)> {
+    let shapes = std::env::var("SPATTN_EXTRAS_SHAPES").unwrap_or_else(|_| default.into());
+    shapes
+        .split(',')
+        .map(|s| {
+            s.split_once('x')
+                .and_then(|(h, d)| Some((h.trim().parse().ok()?, d.trim().parse().ok()?)))
+                .unwrap_or_else(|| panic!("SPATTN_EXTRAS_SHAPES: {s:?} is not HEADSxHEAD_DIM"))
+        })
+        .collect()
 }
 
 /// [`extras`] at `heads × d`.
@@ -390,15 +397,7 @@ fn backward_sets(gpu: &Gpu) {
     };
     let gpu = gpu.clone();
     let mut rng = fresh_rng("backward sets");
-    let shapes = std::env::var("SPATTN_EXTRAS_SHAPES").unwrap_or_else(|_| "1x64,8x32,8x64".into());
-    let shapes: Vec<(usize, usize)> = shapes
-        .split(',')
-        .map(|s| {
-            s.split_once('x')
-                .and_then(|(h, d)| Some((h.trim().parse().ok()?, d.trim().parse().ok()?)))
-                .unwrap_or_else(|| panic!("SPATTN_EXTRAS_SHAPES: {s:?} is not HEADSxHEAD_DIM"))
-        })
-        .collect();
+    let shapes = extras_shapes("1x64,8x32,8x64");
     println!("device: {}", gpu.name());
     let graphs = "pubmed,ogbn-arxiv,rmat16,rmat18,uniform17";
     for (name, a) in timing_graphs("SPATTN_TIMING_GRAPHS", graphs) {
