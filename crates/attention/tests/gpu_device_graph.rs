@@ -286,7 +286,7 @@ fn check_extras_on<T: DType>(
 #[ignore = "needs an NVIDIA GPU"]
 fn gpu_extras_on_device_built_graphs_match_the_f64_reference() {
     let gpu = gpu();
-    let mut rng = fresh_rng("gpu_fused_tc_extras_on_device_built_graphs");
+    let mut rng = fresh_rng("gpu_extras_on_device_built_graphs_match_the_f64_reference");
     let graphs = [
         random_graph(&mut rng, 300, 6, 7),
         hub_graph(&mut rng, 5000, 3),
