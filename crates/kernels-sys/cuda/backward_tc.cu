@@ -39,8 +39,9 @@
 // pipelined forward (BsbStagedExtras), each step's gathered bias (log2 domain, block-and-bit
 // order) and keep words travel into its stage with its tiles. With s' = x + bias and the keep
 // factor f (0 or 1 / (1 - rate)): stats w = sum 2^(s' - m) f dP; dS = P (f dP - D); dV = (P f)^T
-// dOut. The dq pass writes each edge's dS to d_bias at its caller edge (x_ids: A's BSB's
-// block-and-bit order to the caller's CSR order), once per edge and head. Over A^T the stage
+// dOut. The dq pass writes each edge's dS to d_bias in A's BSB's block-and-bit order, head by
+// head (consecutive stores, no edge-map read in the tile loop), once per edge and head;
+// backward_tc_bias_grad then moves it to the caller's edge order. Over A^T the stage
 // holds A^T's gathers (the same keep draws: an edge's bits come from its caller edge).
 //
 // Units are fused-tc's (host schedule, largest first; a window without blocks has one unit,
@@ -93,7 +94,8 @@ __host__ __device__ constexpr u32 bwd_tc_warp_bytes(int mode, int xmode) {
 // too, the row kernel's stats are read instead.
 // Outputs: stats (lse2, D) per (row of A, head); g1 (dQ or dK), g2 (dV); ds_rows the dscale
 // share per (row of A, head). `smem`: the warp's bwd_tc_warp_bytes(MODE, XMODE). Extras
-// (XMODE != 0): xa, and in the dq pass with a bias x_ids and d_bias.
+// (XMODE != 0): xa, and in the dq pass with a bias d_bias (xa.n_edges per head, A's BSB's
+// edge order).
 template <class T, int DS, int MODE, int XMODE>
 __device__ __forceinline__ void bwd_tc(
     unsigned char* smem, const uint4* __restrict__ units, const u32* __restrict__ unit_split,
@@ -104,7 +106,7 @@ __device__ __forceinline__ void bwd_tc(
     const float* __restrict__ lse, float scale_log2, float scale, float2* __restrict__ stats,
     T* __restrict__ g1, T* __restrict__ g2,
     float* __restrict__ ds_rows, float* __restrict__ part, u32* __restrict__ counters,
-    const BsbExtrasArgs& xa, const u32* __restrict__ x_ids, T* __restrict__ d_bias) {
+    const BsbExtrasArgs& xa, T* __restrict__ d_bias) {
     constexpr int STAGES = BSB_PIPE_STAGES;
     constexpr int NKS = DS / 16;  // k-steps of the scores
     constexpr int NT = DS / 8;    // n-tiles of an accumulator
@@ -229,6 +231,9 @@ __device__ __forceinline__ void bwd_tc(
         }
         const u32 st = i % STAGES;
         const u32 sk = base_s + st * STAGE;
+        // The step's first edge (dBias), loaded before the step's products that hide it.
+        u32 step_first = 0u;
+        if constexpr (BIAS_GRAD) step_first = __ldg(xa.block_edge_start + b_begin + 2u * i);
         const u32* bw = reinterpret_cast<const u32*>(smem + st * STAGE + BOFF);
         const u32 bits[2][2] = {{bw[upper], bw[2u + upper]}, {bw[4u + upper], bw[6u + upper]}};
         // The step's extras, landed in the stage with its tiles.
@@ -292,22 +297,20 @@ __device__ __forceinline__ void bwd_tc(
                     }
                 }
             if constexpr (BIAS_GRAD) {
-                // dBias = dS at each set bit's caller edge (a block's edges from its start, bits
-                // row-major; zero words past the unit set none).
+                // dBias = dS at each set bit's edge in block-and-bit order: block 0's from the
+                // step's first edge, block 1's after block 0's bits (zero words past the unit
+                // set none).
+                T* db = d_bias + (u64)h * xa.n_edges + step_first;
 #pragma unroll
                 for (int bb = 0; bb < 2; ++bb) {
-                    const u32 blk = b_begin + 2u * i + bb;
-                    if (blk >= b_end) continue;
                     const u32 wb[4] = {bw[4 * bb], bw[4 * bb + 1], bw[4 * bb + 2], bw[4 * bb + 3]};
                     u32 rank[4];
                     bool on[4];
                     bsb_lane_ranks(wb, upper, shift, rank, on);
-                    const u32 first = __ldg(xa.block_edge_start + blk);
 #pragma unroll
                     for (int e = 0; e < 4; ++e)
-                        if (on[e])
-                            d_bias[(u64)__ldg(x_ids + first + rank[e]) * heads + h] =
-                                from_f32<T>(ds[bb][e]);
+                        if (on[e]) db[rank[e]] = from_f32<T>(ds[bb][e]);
+                    db += bsb_block_edges(wb);
                 }
             }
             bsb_tile_pv<T, NT, ROW>(o[0], ds, sk);
@@ -502,11 +505,54 @@ __device__ __forceinline__ void bwd_tc_row_stats(u32 rows, u32 heads, u32 head_d
 SPATTN_BWD_TC_ROW_STATS(f16, __half)
 SPATTN_BWD_TC_ROW_STATS(bf16, __nv_bfloat16)
 
+// dBias from the dq pass's d_bsb (n entries of A's BSB per head, block-and-bit order) into the
+// caller's edge order through ids (A's BSB edge to caller edge): out[ids[k] * heads + h] with a
+// thread per (edge, head), heads adjacent, so that an edge's heads are one contiguous store
+// and a head's edges one coalesced load across the warps of a block; or, for a bias shared by
+// the heads, a thread an edge writing out[ids[k]] = its heads' values summed in head order in
+// f32.
+template <class T>
+__device__ __forceinline__ void bwd_tc_bias_grad(const u32* __restrict__ ids, u32 n, u32 heads,
+                                                 bool shared, const T* __restrict__ d_bsb,
+                                                 T* __restrict__ out) {
+    if (shared) {
+        SPATTN_GRID_STRIDE(k, n) {
+            float s = 0.0f;
+            for (u32 h = 0; h < heads; ++h) s += to_f32(d_bsb[(u64)h * n + k]);
+            out[__ldg(ids + k)] = from_f32<T>(s);
+        }
+        return;
+    }
+    const u64 items = (u64)n * heads;
+    auto move = [&](u64 k, u64 h) { out[(u64)__ldg(ids + k) * heads + h] = d_bsb[h * n + k]; };
+    if (items <= 0xffffffffu) {  // 32-bit division, the common case
+        SPATTN_GRID_STRIDE(i, items) {
+            const u32 k = (u32)i / heads;
+            move(k, (u32)i - k * heads);
+        }
+    } else {
+        SPATTN_GRID_STRIDE(i, items) {
+            const u64 k = i / heads;
+            move(k, i - k * heads);
+        }
+    }
+}
+
+// Entry points backward_tc_bias_grad_{f16,bf16} (any 1-D grid): bwd_tc_bias_grad, shared != 0
+// for a bias shared by the heads.
+#define SPATTN_BWD_TC_BIAS_GRAD(SUFFIX, T)                                                     \
+    extern "C" __global__ void backward_tc_bias_grad_##SUFFIX(                                 \
+        const u32* ids, u32 n, u32 heads, u32 shared, const T* d_bsb, T* out) {                \
+        bwd_tc_bias_grad<T>(ids, n, heads, shared != 0u, d_bsb, out);                          \
+    }
+SPATTN_BWD_TC_BIAS_GRAD(f16, __half)
+SPATTN_BWD_TC_BIAS_GRAD(bf16, __nv_bfloat16)
+
 // Entry points backward_tc_{stats,dq,dkv}_{f16,bf16}_s{32,64}{,_xb,_xd,_x}: one warp per
 // (unit, head), n_items = units x heads, CTAs of the host's warps, each warp
 // bwd_tc_warp_bytes(MODE, XMODE) of the dynamic shared memory. The extras' parameters
-// (SPATTN_BSB_X_PARAMS, x_ids, d_bias) are read by the `_x*` kernels only (x_ids and d_bias by
-// the dq pass with a bias), null for the others. head_dim a multiple
+// (SPATTN_BSB_X_PARAMS, d_bias) are read by the `_x*` kernels only (d_bias by the dq pass with
+// a bias: x_edges x heads), null for the others. head_dim a multiple
 // of 8 and at most DS (the host picks the narrowest DS that holds it). The stats and dq passes
 // run on A's BSB (x1 = Q, x2 = dOut, y1 = K, y2 = V), dkv on A^T's (x1 = K, x2 = V, y1 = Q,
 // y2 = dOut); out and lse (the forward's output and lse2) are read by the dq pass where lse is
@@ -517,8 +563,7 @@ SPATTN_BWD_TC_ROW_STATS(bf16, __nv_bfloat16)
         u32 heads, u32 head_dim, u32 n_rows, const u32 *row_ids, const u32 *block_columns,     \
         const u32 *bitmaps, const T *x1, const T *x2, const T *y1, const T *y2, const T *out,  \
         const float *lse, float scale_log2, float scale, float2 *stats, T *g1, T *g2,          \
-        float *ds_rows, float *part, u32 *counters, SPATTN_BSB_X_PARAMS, const u32 *x_ids,     \
-        T *d_bias
+        float *ds_rows, float *part, u32 *counters, SPATTN_BSB_X_PARAMS, T *d_bias
 #define SPATTN_BWD_TC(NAME, MODE, SUFFIX, T, DS, XMODE, XS)                                    \
     extern "C" __global__ void __launch_bounds__(128)                                          \
         backward_tc_##NAME##_##SUFFIX##_s##DS##XS(SPATTN_BWD_TC_PARAMS(T)) {                   \
@@ -529,7 +574,7 @@ SPATTN_BWD_TC_ROW_STATS(bf16, __nv_bfloat16)
         bwd_tc<T, DS, MODE, XMODE>(smem, units, unit_split, split_part_first, n_items, heads,  \
                                    head_dim, n_rows, row_ids, block_columns, bitmaps, x1, x2,  \
                                    y1, y2, out, lse, scale_log2, scale, stats, g1, g2,         \
-                                   ds_rows, part, counters, xa, x_ids, d_bias);                \
+                                   ds_rows, part, counters, xa, d_bias);                       \
     }
 #define SPATTN_BWD_TC_X(SUFFIX, T, DS, XMODE, XS)                                              \
     SPATTN_BWD_TC(stats, BWD_TC_STATS, SUFFIX, T, DS, XMODE, XS)                               \

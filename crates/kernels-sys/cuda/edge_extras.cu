@@ -15,7 +15,7 @@ __device__ void edge_bias_add(float* s, const T* __restrict__ b, u64 nnz, u32 he
 }
 
 // out[e] = sum over h of x[e * heads + h] in f32, in head order, rounded to T (the gradient of
-// a shared bias; x f32 per-edge values, or the tensor-core backward's per-head dBias in T).
+// a shared bias from f32 per-edge values).
 template <class X, class T>
 __device__ void edge_head_sum(const X* __restrict__ x, u64 nnz, u32 heads, T* out) {
     SPATTN_GRID_STRIDE(e, nnz) {
@@ -203,12 +203,3 @@ extern "C" __global__ void edge_add(const float* x, u64 n, float* y) {
 SPATTN_EDGE_EXTRAS(f32, float)
 SPATTN_EDGE_EXTRAS(f16, __half)
 SPATTN_EDGE_EXTRAS(bf16, __nv_bfloat16)
-
-// The tensor-core backward's per-head dBias summed for a shared bias (f16 / bf16 only).
-#define SPATTN_HEAD_SUM_OF(S, T)                                                                \
-    extern "C" __global__ void edge_head_sum_of_##S(const T* x, u64 nnz, u32 heads, T* out) {   \
-        edge_head_sum<T, T>(x, nnz, heads, out);                                                \
-    }
-
-SPATTN_HEAD_SUM_OF(f16, __half)
-SPATTN_HEAD_SUM_OF(bf16, __nv_bfloat16)

@@ -153,13 +153,15 @@ pub const BACKWARD: PtxModule = PtxModule {
     ],
 };
 
-/// The PTX module compiled from `cuda/backward_tc.cu` (50 kernels).
+/// The PTX module compiled from `cuda/backward_tc.cu` (52 kernels).
 pub const BACKWARD_TC: PtxModule = PtxModule {
     name: "backward_tc",
     ptx: include_str!("../ptx/backward_tc.ptx"),
     kernels: &[
         "backward_tc_row_stats_f16",
         "backward_tc_row_stats_bf16",
+        "backward_tc_bias_grad_f16",
+        "backward_tc_bias_grad_bf16",
         "backward_tc_stats_f16_s32",
         "backward_tc_dq_f16_s32",
         "backward_tc_dkv_f16_s32",
@@ -329,7 +331,7 @@ pub const CSR_OPS: PtxModule = PtxModule {
     ],
 };
 
-/// The PTX module compiled from `cuda/edge_extras.cu` (32 kernels).
+/// The PTX module compiled from `cuda/edge_extras.cu` (30 kernels).
 pub const EDGE_EXTRAS: PtxModule = PtxModule {
     name: "edge_extras",
     ptx: include_str!("../ptx/edge_extras.ptx"),
@@ -364,8 +366,6 @@ pub const EDGE_EXTRAS: PtxModule = PtxModule {
         "edge_cast_bf16",
         "edge_widen_bf16",
         "edge_row_combine_bf16",
-        "edge_head_sum_of_f16",
-        "edge_head_sum_of_bf16",
     ],
 };
 

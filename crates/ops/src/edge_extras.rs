@@ -66,12 +66,6 @@ pub(crate) fn head_sum_kernel(dtype: &str) -> String {
     format!("edge_head_sum_{dtype}")
 }
 
-/// The kernel summing per-head values of `dtype` over the heads (f16 / bf16: the tensor-core
-/// backward's dBias for a shared bias).
-pub(crate) fn head_sum_of_kernel(dtype: &str) -> String {
-    format!("edge_head_sum_of_{dtype}")
-}
-
 /// The kernel writing a bias's gradient of `dtype` from the fused backward's pairs.
 pub(crate) fn pair_bias_grad_kernel(dtype: &str) -> String {
     format!("edge_pair_bias_grad_{dtype}")
@@ -287,39 +281,6 @@ pub(crate) fn bias_grad_from_pairs<T: DType>(
     // pairs hold at least nnz·heads, checked), stats at rows[x]·heads + h (rows[x] < n_rows, a
     // row of A; n_rows·heads pairs, checked); writes out at t_to_a[x] (shared) or
     // t_to_a[x]·heads + h, within its length (checked).
-    unsafe { launch(name, &mut args, stride_grid(nnz)?) }
-}
-
-/// `out[e]` = the sum over the heads of `x[e × heads + h]` (`nnz × heads` values of `T`), in f32
-/// in head order, rounded to `T`: a shared bias's gradient from per-head ones. f16 / bf16 (the
-/// tensor-core backward's dtypes).
-///
-/// # Errors
-/// Another dtype; lengths that do not fit `nnz` and `heads`; buffers of another GPU.
-pub(crate) fn sum_heads<T: DType>(
-    gpu: &Gpu,
-    x: &DeviceVec<T>,
-    (nnz, heads): (usize, usize),
-    out: &mut DeviceVec<T>,
-) -> Result<()> {
-    check_per_edge("per-head values (nnz × heads)", nnz, heads, x.len())?;
-    check_per_edge("head sums (nnz)", nnz, 1, out.len())?;
-    check_same_gpu(gpu, "per-head values", x)?;
-    check_same_gpu(gpu, "head sums", &*out)?;
-    if T::KIND == DTypeKind::F32 {
-        return Err(Error::Unsupported {
-            kernel: "edge_head_sum_of",
-            why: "per-head f32 values: use bias_grad".into(),
-        });
-    }
-    if nnz == 0 {
-        return Ok(());
-    }
-    let (name, f) = function(gpu, head_sum_of_kernel(T::NAME))?;
-    let (n, h) = (nnz as u64, to_u32("heads", heads)?);
-    let mut args = gpu.launch_builder(&f);
-    args.arg(x.slice()).arg(&n).arg(&h).arg(out.slice_mut());
-    // SAFETY: reads x[0..nnz·heads), writes out[0..nnz); lengths checked above.
     unsafe { launch(name, &mut args, stride_grid(nnz)?) }
 }
 

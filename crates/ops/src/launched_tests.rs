@@ -140,9 +140,8 @@ fn csr_ops_holds_exactly_the_launched_kernels() {
 #[test]
 fn edge_extras_holds_exactly_the_launched_kernels() {
     use crate::edge_extras::{
-        bias_add_kernel, cast_kernel, head_sum_kernel, head_sum_of_kernel, pair_bias_grad_kernel,
-        row_combine_kernel, rows_fill_kernel, rows_place_kernel, widen_kernel, ADD_KERNEL,
-        DROPOUT_KERNEL,
+        bias_add_kernel, cast_kernel, head_sum_kernel, pair_bias_grad_kernel, row_combine_kernel,
+        rows_fill_kernel, rows_place_kernel, widen_kernel, ADD_KERNEL, DROPOUT_KERNEL,
     };
     let mut l = Launched::new(sys::EDGE_EXTRAS);
     l.add(DROPOUT_KERNEL);
@@ -159,9 +158,6 @@ fn edge_extras_holds_exactly_the_launched_kernels() {
         for out in ["f32", dt] {
             l.add(rows_place_kernel(dt, out));
             l.add(rows_fill_kernel(dt, out));
-        }
-        if kind != DTypeKind::F32 {
-            l.add(head_sum_of_kernel(dt)); // the tensor-core backward's dtypes
         }
     }
     l.check(&[]);

@@ -32,8 +32,9 @@
 //! **No host synchronization**: ∂scale stays on the device ([`TensorCoreBackward::d_scale`]).
 //!
 //! **Extras** ([`TensorCoreBackward::run_with_extras`]): a score bias per head or shared by
-//! the heads (with its gradient, dBias = dS, written once per edge and head by the dq pass; a
-//! shared bias's per-head dS summed in head order afterwards) and dropout (the
+//! the heads (with its gradient, dBias = dS, written once per edge and head by the dq pass in
+//! A's BSB's edge order, then moved to the caller's order, a shared bias's per-head dS summed
+//! in head order on the way) and dropout (the
 //! forward's keep bits, drawn again), as fused-tc's forward takes them: gathered into each BSB's
 //! block-and-bit order before the passes and carried into each step's stage with its tiles.
 //! The dkv pass reads them in Aᵀ's order (its own edge map, through Aᵀ's edges of A).
@@ -79,7 +80,7 @@ use crate::device_bsb::{
     BSB_PIPE_STAGES,
 };
 use crate::dtype::{DType, DTypeKind};
-use crate::edge_extras::{check_bias_grad_len, sum_heads};
+use crate::edge_extras::check_bias_grad_len;
 use crate::error::{Error, Result};
 use crate::fused::tc::{default_chunk, extras_kernel, Schedule};
 use crate::fused::CsrExtras;
@@ -344,8 +345,9 @@ impl TensorCoreBackward {
     /// uploaded. Extras that change nothing (no bias, dropout at rate
     /// 0) run [`run`](Self::run).
     ///
-    /// A bias shared by the heads takes a `d_bias` of nnz: the heads' dS are written per head
-    /// into a scratch buffer (nnz × heads of `T`, allocated by the call) and summed in head
+    /// The dq pass writes dS per head into a scratch buffer in A's BSB's edge order (nnz ×
+    /// heads of `T`, allocated by the call), which a last kernel moves to the caller's order. A
+    /// bias shared by the heads takes a `d_bias` of nnz: that kernel sums the heads' dS in head
     /// order, in f32; each head's dS is rounded to `T` before that sum (the composition rounds
     /// the sum once).
     ///
@@ -383,7 +385,7 @@ impl TensorCoreBackward {
             });
         }
         let shared = extras.bias.as_ref().is_some_and(|b| b.is_shared());
-        let mut d_bias = match (&extras.bias, d_bias) {
+        let d_bias = match (&extras.bias, d_bias) {
             (None, _) => None,
             (Some(_), None) => {
                 return Err(Error::InvalidArgument {
@@ -397,16 +399,17 @@ impl TensorCoreBackward {
                 Some(db)
             }
         };
-        // A shared bias's gradient sums the heads' dS: the dq pass writes them per head into
-        // a scratch buffer, summed in head order afterwards (no atomics: deterministic).
-        let mut per_head = match (&d_bias, shared) {
-            (Some(_), true) => Some(DeviceVec::<T>::alloc(
+        // The dq pass writes dS per head in A's BSB's edge order (consecutive stores), moved
+        // to the caller's order (a shared bias's heads summed in head order) afterwards. Left
+        // unset: the pass writes every edge of every block for every head.
+        let mut per_head = match &d_bias {
+            Some(_) => Some(DeviceVec::<T>::alloc(
                 gpu,
-                "per-head dBias of a shared bias (edges × heads)",
+                "dBias in the blocks' edge order (edges × heads)",
                 product("edges × heads", &[graph.nnz(), self.heads])?,
                 false,
             )?),
-            _ => None,
+            None => None,
         };
         // Extras that change nothing (no bias, dropout at rate 0) need no edge maps.
         if extras.bias.is_none() && extras.dropout.is_none_or(|d| d.threshold() == 0) {
@@ -444,15 +447,11 @@ impl TensorCoreBackward {
             let x = LaunchExtras {
                 a: &ga,
                 t: &gt,
-                a_ids,
-                d_bias: match per_head.as_mut() {
-                    Some(ph) => Some(ph),
-                    None => d_bias.as_deref_mut(),
-                },
+                d_bias: per_head.as_mut(),
             };
             self.run_inner(gpu, scale, operands, None, grads, Some(x))?;
             if let (Some(ph), Some(db)) = (&per_head, d_bias) {
-                sum_heads(gpu, ph, (graph.nnz(), self.heads), db)?;
+                bias_grad_to_caller(gpu, a_ids, self.heads, shared, ph, db)?;
             }
             Ok(())
         })();
@@ -678,13 +677,13 @@ impl TensorCoreBackward {
                         gathered.push(&mut args);
                         // dBias: the dq pass, where there is a bias.
                         match (pass == PASSES[1], x.d_bias.as_deref_mut()) {
-                            (true, Some(db)) => args.arg(x.a_ids.slice()).arg(db.slice_mut()),
-                            _ => args.arg_or_null(null).arg_or_null(null),
+                            (true, Some(db)) => args.arg(db.slice_mut()),
+                            _ => args.arg_or_null(null),
                         };
                     }
                     None => {
                         GatheredBsbExtras::push_absent(&mut args);
-                        args.arg_or_null(null).arg_or_null(null);
+                        args.arg_or_null(null);
                     }
                 }
                 // SAFETY: items < n_units × heads of the pass's BSB; each reads its unit's 4
@@ -706,9 +705,10 @@ impl TensorCoreBackward {
                 // bias (one row of the BSB's edges per head) at a step's span of edges,
                 // block_edge_start[blk] and [min(blk + 2, n_blocks)] (n_blocks + 1 entries),
                 // the keep words at 4 per (head, block) (BsbExtrasStage::gather sized them for
-                // this BSB and heads); the dq pass with a bias reads x_ids at A's BSB's edges
-                // (nnz entries) and writes d_bias at x_ids[e] × heads + h < nnz × heads (its
-                // length, checked by run_with_extras). On the side stream (the dK/dV pass),
+                // this BSB and heads); the dq pass with a bias writes d_bias at h × nnz + its
+                // block's first edge + the bit's rank among the block's (A's BSB's edge order,
+                // < nnz: its block_edge_start) < nnz × heads (allocated so by run_with_extras).
+                // On the side stream (the dK/dV pass),
                 // everything it touches is written before the fork on the GPU's stream (the
                 // statistics) or by it alone (dK, dV, Aᵀ's partials and counters); the dq pass
                 // beside it only reads what both read, and the join orders everything after.
@@ -727,13 +727,61 @@ impl TensorCoreBackward {
     }
 }
 
-/// What a run with extras hands each launch: both BSBs' gathers, A's edge map (dBias's caller
-/// edges) and dBias.
+/// What a run with extras hands each launch: both BSBs' gathers and dBias in A's BSB's edge
+/// order (nnz × heads).
 struct LaunchExtras<'a, T: DType> {
     a: &'a GatheredBsbExtras<'a>,
     t: &'a GatheredBsbExtras<'a>,
-    a_ids: &'a DeviceVec<u32>,
     d_bias: Option<&'a mut DeviceVec<T>>,
+}
+
+/// dBias from the dq pass's `per_head` (nnz × heads in A's BSB's edge order, head by head) into
+/// `out` in the caller's edge order through `ids` (A's BSB edge to caller edge, nnz entries):
+/// nnz × heads values, or for a `shared` bias nnz sums over the heads in head order.
+fn bias_grad_to_caller<T: DType>(
+    gpu: &Gpu,
+    ids: &DeviceVec<u32>,
+    heads: usize,
+    shared: bool,
+    per_head: &DeviceVec<T>,
+    out: &mut DeviceVec<T>,
+) -> Result<()> {
+    let nnz = ids.len();
+    check_per_edge(
+        "dBias in the blocks' order (nnz × heads)",
+        nnz,
+        heads,
+        per_head.len(),
+    )?;
+    check_per_edge("dBias", nnz, if shared { 1 } else { heads }, out.len())?;
+    if nnz == 0 {
+        return Ok(());
+    }
+    let name = kernel_named(&BACKWARD_TC, bias_grad_name(T::NAME))?;
+    let f = gpu.load_function(BACKWARD_TC.name, BACKWARD_TC.ptx, name)?;
+    let (n, h, flag) = (
+        to_u32("edges", nnz)?,
+        to_u32("heads", heads)?,
+        u32::from(shared),
+    );
+    // A thread an edge for a shared bias (it sums the heads), else one per edge and head.
+    let items = if shared {
+        nnz
+    } else {
+        product("edges × heads", &[nnz, heads])?
+    };
+    let mut args = gpu.launch_builder(&f);
+    args.arg(ids.slice())
+        .arg(&n)
+        .arg(&h)
+        .arg(&flag)
+        .arg(per_head.slice())
+        .arg(out.slice_mut());
+    // SAFETY: thread k < nnz (shared) or (k, h) < nnz × heads reads ids[k] (nnz entries),
+    // per_head at h × nnz + k < nnz × heads (checked above), and writes out at ids[k] (shared)
+    // or ids[k] × heads + h, within out's nnz or nnz × heads (checked) since ids names caller
+    // edges < nnz (the edge map's builders).
+    unsafe { launch(name, &mut args, stride_grid(items)?) }
 }
 
 /// CTAs of the dK/dV pass one SM holds (168 registers a lane at 64 features, 4 warps a CTA).
@@ -754,6 +802,11 @@ fn pass_name(pass: &str, dtype: &str, slice: usize, takes: (bool, bool)) -> Stri
         (false, false) => base,
         _ => extras_kernel(&base, true, takes),
     }
+}
+
+/// The kernel moving dBias to the caller's edge order for dtype `dtype` (a kernel-name suffix).
+fn bias_grad_name(dtype: &str) -> String {
+    format!("backward_tc_bias_grad_{dtype}")
 }
 
 /// The row-statistics kernel for dtype `dtype` (a kernel-name suffix).

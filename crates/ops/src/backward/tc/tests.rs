@@ -21,9 +21,10 @@ fn every_compiled_kernel_is_launched() {
     const TAKES: [(bool, bool); 4] = [(false, false), (true, false), (false, true), (true, true)];
     let mut launched = std::collections::HashSet::new();
     for dtype in ["f16", "bf16"] {
-        let name = row_stats_name(dtype);
-        assert!(kernel_named(&BACKWARD_TC, name.clone()).is_ok(), "{name}");
-        launched.insert(name);
+        for name in [row_stats_name(dtype), bias_grad_name(dtype)] {
+            assert!(kernel_named(&BACKWARD_TC, name.clone()).is_ok(), "{name}");
+            launched.insert(name);
+        }
         for slice in SLICES {
             for pass in PASSES {
                 for takes in TAKES {
