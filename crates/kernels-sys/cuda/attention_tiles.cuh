@@ -345,25 +345,26 @@ struct BsbStagedExtras : BsbExtrasHead {
     enum : bool { STAGED = true };
     enum : u32 { X_BYTES = bsb_pipe_x_bytes(BIAS, DROP), KEEP_OFF = bsb_pipe_x_bytes(BIAS, false) };
 
-    // Lane 0: the first edge of the step of blocks blk0, blk0 + 1 (< b_end); lane 1: the first
-    // edge past it. Other lanes, a step past the unit, and without a bias: 0.
+    // Lane 16: the first edge of the step of blocks blk0, blk0 + 1 (< b_end); lane 17: the
+    // first edge past it (lanes 0-15 carry the step's columns in the same register:
+    // bsb_pipe_step_ids). Other lanes, a step past the unit, and without a bias: 0.
     __device__ __forceinline__ u32 prefetch(u32 blk0, u32 b_end) const {
         if constexpr (!BIAS) {
             return 0u;
         } else {
             const u32 lane = lane_id();
-            if (lane >= 2u || blk0 >= b_end) return 0u;
-            return __ldg(block_edge_start + (lane == 0u ? blk0 : min(blk0 + 2u, b_end)));
+            if (lane - 16u >= 2u || blk0 >= b_end) return 0u;
+            return __ldg(block_edge_start + (lane == 16u ? blk0 : min(blk0 + 2u, b_end)));
         }
     }
     // The step's copies into its stage's extras (shared address x) from its bias span `be`
-    // (prefetch's lanes 0 and 1) and of its blocks blk0, blk0 + 1 (< b_end), in the stage's
+    // (prefetch's lanes 16 and 17) and of its blocks blk0, blk0 + 1 (< b_end), in the stage's
     // cp.async group. Every lane calls it.
     __device__ __forceinline__ void issue(u32 x, u32 be, u32 blk0, u32 b_end) const {
         const u32 lane = lane_id();
         if constexpr (BIAS) {
-            const u32 first = __shfl_sync(0xffffffffu, be, 0);
-            const u32 end = __shfl_sync(0xffffffffu, be, 1);
+            const u32 first = __shfl_sync(0xffffffffu, be, 16);
+            const u32 end = __shfl_sync(0xffffffffu, be, 17);
             const u32 n = end - first;  // at most 256: two blocks of 128 bits
 #pragma unroll 1
             for (u32 c = 0; c < n; c += 32u)  // warp-uniform
@@ -1175,8 +1176,9 @@ __device__ __forceinline__ u32 bsb_pipe_step_col(const u32* __restrict__ block_c
                                       : SPATTN_NONE;
 }
 
-// The staged extras' span bounds of step s (BsbStagedExtras::prefetch), loaded a step before
-// the step's copies; 0 past the unit's last step and for extras that are not staged.
+// The staged extras' span bounds of step s in lanes 16 and 17 (BsbStagedExtras::prefetch),
+// loaded a step before the step's copies; 0 past the unit's last step and for extras that are
+// not staged.
 template <class X>
 __device__ __forceinline__ u32 bsb_pipe_step_span(const X& xt, u32 b_begin, u32 b_end, u32 steps,
                                                   u32 s) {
@@ -1185,6 +1187,21 @@ __device__ __forceinline__ u32 bsb_pipe_step_span(const X& xt, u32 b_begin, u32 
     } else {
         return 0u;
     }
+}
+
+// What a pipelined warp loads for step s, one load a lane: lanes 0-15 the columns of its slots
+// (bsb_pipe_step_col); with staged extras lanes 16 and 17 its span bounds (bsb_pipe_step_span),
+// else lanes 16-31 the columns again (the copies read lanes 0-15). One register and one load
+// instruction a step: a second load a step for the span put a long-scoreboard stall on the
+// copies' column shuffle (docs/kernels/backward.md).
+template <class X>
+__device__ __forceinline__ u32 bsb_pipe_step_ids(const u32* __restrict__ block_columns, const X& xt,
+                                                 u32 b_begin, u32 b_end, u32 steps, u32 s,
+                                                 u32 lane) {
+    if constexpr (X::STAGED) {
+        if (lane >= 16u) return bsb_pipe_step_span(xt, b_begin, b_end, steps, s);
+    }
+    return bsb_pipe_step_col(block_columns, b_begin, b_end, steps, s, lane);
 }
 
 // The two bitmaps of step s (16 bytes a block; zeros past b_end) copied to shared address
@@ -1392,8 +1409,9 @@ __device__ __forceinline__ void bsb_pipe_tiles(
     const u32 steps = (b_end - b_begin + 1u) / 2u;
     const u32 g = lane >> 2, t = lane & 3u;
 
-    auto cols_of = [&](u32 s) {
-        return bsb_pipe_step_col(block_columns, b_begin, b_end, steps, s, lane);
+    // Step s's columns (lanes 0-15) and staged extras' span (lanes 16, 17): bsb_pipe_step_ids.
+    auto ids_of = [&](u32 s) {
+        return bsb_pipe_step_ids(block_columns, xt, b_begin, b_end, steps, s, lane);
     };
     auto span_of = [&](u32 s) { return bsb_pipe_step_span(xt, b_begin, b_end, steps, s); };
     // Features: step s's span and the ids of its first 16 edges, then its rows with its copies.
@@ -1446,24 +1464,22 @@ __device__ __forceinline__ void bsb_pipe_tiles(
         fids = fids_of(sp[2]);
     }
 
-    // Prologue: steps 0 .. STAGES - 2 in flight, the columns of step STAGES - 1 loaded.
-    u32 col_next, span_next;
+    // Prologue: steps 0 .. STAGES - 2 in flight, the columns (and span) of step STAGES - 1
+    // loaded.
+    u32 col_next;
     if constexpr (PRE) {
         static_assert(STAGES == 3, "the prologue record holds the first STAGES - 1 = 2 steps");
-        col_next = cols_of(2u);
+        col_next = ids_of(2u);
         const u32 span0 = span_of(0u), span1 = span_of(1u);
-        span_next = span_of(2u);
         issue(0u, col01, 0u, span0, fid01[0]);
         issue(1u, col01, 16u, span1, fid01[1]);
     } else {
-        col_next = cols_of(0u);
-        span_next = span_of(0u);
+        col_next = ids_of(0u);
 #pragma unroll
         for (u32 s = 0; s + 1u < (u32)STAGES; ++s) {
-            const u32 c = col_next, e = span_next;
-            col_next = cols_of(s + 1u);
-            span_next = span_of(s + 1u);
-            issue(s, c, 0u, e, fid01[s]);
+            const u32 c = col_next;
+            col_next = ids_of(s + 1u);
+            issue(s, c, 0u, c, fid01[s]);
         }
     }
 
@@ -1485,10 +1501,9 @@ __device__ __forceinline__ void bsb_pipe_tiles(
         cp_async_wait<STAGES - 2>();
         __syncwarp();  // step i's copies by every lane are visible; step i - 1 is read
         {
-            const u32 c = col_next, e = span_next;
-            col_next = cols_of(i + STAGES);
-            span_next = span_of(i + STAGES);
-            issue(i + STAGES - 1u, c, 0u, e, fids);
+            const u32 c = col_next;
+            col_next = ids_of(i + STAGES);
+            issue(i + STAGES - 1u, c, 0u, c, fids);
             if constexpr (FEATS) {
                 fids = fids_of(fspan);
                 fspan = fspan_of(i + STAGES + 1u);

@@ -139,13 +139,13 @@ __device__ __forceinline__ void bwd_tc(
     bsb_pipe_qrows(row_ids, window, n_rows, wrow);
     auto xt = bsb_staged_extras_or_none<XMODE>(&xa, h);
 
-    auto cols_of = [&](u32 s) {
-        return bsb_pipe_step_col(block_columns, b_begin, b_end, steps, s, lane);
+    // Step s's columns (lanes 0-15) and staged extras' span (lanes 16, 17): bsb_pipe_step_ids.
+    auto ids_of = [&](u32 s) {
+        return bsb_pipe_step_ids(block_columns, xt, b_begin, b_end, steps, s, lane);
     };
-    auto span_of = [&](u32 s) { return bsb_pipe_step_span(xt, b_begin, b_end, steps, s); };
-    // The copies of step s (its columns in col; extras: its span bounds) into stage s % STAGES,
+    // The copies of step s (its columns and extras' span bounds in col) into stage s % STAGES,
     // then a commit (an empty group past the last step keeps the count uniform).
-    auto issue = [&](u32 s, u32 col, u32 span) {
+    auto issue = [&](u32 s, u32 col) {
         if (s < steps) {
             const u32 sk = base_s + (s % STAGES) * STAGE;
             bsb_pipe_copy_rows<T, DS / 8, ROW, true>(sk, 0u, Y2OFF, y1, y2, col, 0u, hd,
@@ -158,19 +158,18 @@ __device__ __forceinline__ void bwd_tc(
                 if (lane < 16u)
                     cp_async_8(sk + SOFF + 8u * lane, stats + (ok ? (u64)c * heads + h : 0u), ok);
             }
-            if constexpr (XON) xt.issue(sk + XOFF, span, b_begin + 2u * s, b_end);
+            if constexpr (XON) xt.issue(sk + XOFF, col, b_begin + 2u * s, b_end);
         }
         cp_async_commit();
     };
 
     // Prologue: steps 0 .. STAGES - 2 in flight, the columns of step STAGES - 1 loaded.
-    u32 col_next = cols_of(0u), span_next = span_of(0u);
+    u32 col_next = ids_of(0u);
 #pragma unroll
     for (u32 s = 0; s + 1u < (u32)STAGES; ++s) {
-        const u32 c = col_next, e = span_next;
-        col_next = cols_of(s + 1u);
-        span_next = span_of(s + 1u);
-        issue(s, c, e);
+        const u32 c = col_next;
+        col_next = ids_of(s + 1u);
+        issue(s, c);
     }
 
     u32 f1[NKS][4], f2[NKS][4];
@@ -224,10 +223,9 @@ __device__ __forceinline__ void bwd_tc(
         cp_async_wait<STAGES - 2>();
         __syncwarp();  // step i's copies by every lane are visible; step i - 1 is read
         {
-            const u32 c = col_next, e = span_next;
-            col_next = cols_of(i + STAGES);
-            span_next = span_of(i + STAGES);
-            issue(i + STAGES - 1u, c, e);
+            const u32 c = col_next;
+            col_next = ids_of(i + STAGES);
+            issue(i + STAGES - 1u, c);
         }
         const u32 st = i % STAGES;
         const u32 sk = base_s + st * STAGE;
