@@ -216,6 +216,36 @@ def test_a_graph_seen_again_switches_to_reuse_unless_its_policy_is_fixed():
         assert torch.equal(got, expected)
 
 
+def test_a_backward_from_kept_statistics_reads_them_through_the_rebuilt_plans():
+    # A forward under "once" keeps its row statistics (fused-tc past 2²⁰ edges, 64 features:
+    # the tensor-core backward reads them); the graph is then seen again and its plans rebuilt
+    # under "reuse" (rows reordered: clusters of 64 nodes scattered over the ids); the first
+    # forward's backward still reads its statistics, which are kept per caller row.
+    from spattn import functional as F
+
+    gen = torch.Generator().manual_seed(15)
+    n, size = 20480, 64
+    dst = torch.arange(n).repeat_interleave(size)
+    src = (dst // size) * size + torch.arange(size).repeat(n)
+    perm = torch.randperm(n, generator=gen)
+    ei = torch.stack([perm[src], perm[dst]]).cuda()
+    g = spattn.Graph.from_edge_index(ei, num_nodes=n)
+    assert g.num_edges == n * size > 2**20 and g.policy == "once"
+    q, k, v, d_out = (torch.randn(n, 2, 64, generator=gen).half().cuda() for _ in range(4))
+    out, lse = F.attention_forward_keeping(g, q, k, v, None, "auto")
+    assert lse is not None  # the statistics were kept
+    F.attention_backward(g, q, k, v, out, d_out, None, "auto", lse=lse)
+    F.attention_forward(g, q, k, v, None, "auto")  # seen again: the plans are rebuilt
+    assert g.policy == "reuse"
+    got = F.attention_backward(g, q, k, v, out, d_out, None, "auto", lse=lse)
+    ref = spattn.Graph.from_edge_index(ei, num_nodes=n)
+    ref.policy = "reuse"
+    want = F.attention_backward(ref, q, k, v, out, d_out, None, "auto")  # its statistics pass
+    for name, a, b in zip(("dq", "dk", "dv"), got, want):
+        err = ((a.float() - b.float()).norm() / b.float().norm()).item()
+        assert err < 1e-2, (name, err)
+
+
 def test_a_forward_recomputed_in_a_backward_pass_is_not_a_new_step():
     from torch.utils.checkpoint import checkpoint
 
