@@ -342,7 +342,7 @@ __host__ __device__ constexpr u32 bsb_pipe_x_bytes(bool bias, bool drop) {
 // copies are issued (prefetch), as the column ids are; the keep words of its two blocks.
 template <bool BIAS, bool DROP>
 struct BsbStagedExtras : BsbExtrasHead {
-    enum : bool { STAGED = true };
+    enum : bool { STAGED = true, SPAN = BIAS };  // SPAN: a step's copies read its bias span
     enum : u32 { X_BYTES = bsb_pipe_x_bytes(BIAS, DROP), KEEP_OFF = bsb_pipe_x_bytes(BIAS, false) };
 
     // Lane 16: the first edge of the step of blocks blk0, blk0 + 1 (< b_end); lane 17: the
@@ -1190,7 +1190,7 @@ __device__ __forceinline__ u32 bsb_pipe_step_span(const X& xt, u32 b_begin, u32 
 }
 
 // What a pipelined warp loads for step s, one load a lane: lanes 0-15 the columns of its slots
-// (bsb_pipe_step_col); with staged extras lanes 16 and 17 its span bounds (bsb_pipe_step_span),
+// (bsb_pipe_step_col); with a staged bias lanes 16 and 17 its span bounds (bsb_pipe_step_span),
 // else lanes 16-31 the columns again (the copies read lanes 0-15). One register and one load
 // instruction a step: a second load a step for the span put a long-scoreboard stall on the
 // copies' column shuffle (docs/kernels/backward.md).
@@ -1199,7 +1199,9 @@ __device__ __forceinline__ u32 bsb_pipe_step_ids(const u32* __restrict__ block_c
                                                  u32 b_begin, u32 b_end, u32 steps, u32 s,
                                                  u32 lane) {
     if constexpr (X::STAGED) {
-        if (lane >= 16u) return bsb_pipe_step_span(xt, b_begin, b_end, steps, s);
+        if constexpr (X::SPAN) {
+            if (lane >= 16u) return bsb_pipe_step_span(xt, b_begin, b_end, steps, s);
+        }
     }
     return bsb_pipe_step_col(block_columns, b_begin, b_end, steps, s, lane);
 }
