@@ -1,6 +1,6 @@
 // Backward of sparse attention on tensor cores over BSB (f16 / bf16), in the FlashAttention-2
-// pattern: three passes over 16-row windows of 16x8 bitmap blocks, no nnz x heads buffer, no
-// floating-point atomics. With s = <q_i, k_j>, x = scale * log2(e) * s (the forward's log2
+// pattern: three passes over 16-row windows of 16x8 bitmap blocks, no nnz x heads buffer (but
+// dBias's, with a bias), no floating-point atomics. With s = <q_i, k_j>, x = scale * log2(e) * s (the forward's log2
 // domain), dP = <dOut_i, v_j>:
 //   stats (A's BSB):   S = Q K^T and dP = dOut V^T by mma for each step of two blocks, an online
 //                      max m, sum l = sum 2^(x - m) and w = sum 2^(x - m) dP; writes each row's
@@ -505,10 +505,10 @@ SPATTN_BWD_TC_ROW_STATS(bf16, __nv_bfloat16)
 
 // dBias from the dq pass's d_bsb (n entries of A's BSB per head, block-and-bit order) into the
 // caller's edge order through ids (A's BSB edge to caller edge): out[ids[k] * heads + h] with a
-// thread per (edge, head), heads adjacent, so that an edge's heads are one contiguous store
-// and a head's edges one coalesced load across the warps of a block; or, for a bias shared by
-// the heads, a thread an edge writing out[ids[k]] = its heads' values summed in head order in
-// f32.
+// thread per (edge, head), heads adjacent, so that an edge's heads are one contiguous store and
+// a head's edges are read in runs of consecutive addresses (32 / heads a warp, the next warps
+// continuing them); or, for a bias shared by the heads, a thread an edge writing out[ids[k]] =
+// its heads' values summed in head order in f32.
 template <class T>
 __device__ __forceinline__ void bwd_tc_bias_grad(const u32* __restrict__ ids, u32 n, u32 heads,
                                                  bool shared, const T* __restrict__ d_bsb,

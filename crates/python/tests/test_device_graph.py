@@ -219,8 +219,9 @@ def test_a_graph_seen_again_switches_to_reuse_unless_its_policy_is_fixed():
 def test_a_backward_from_kept_statistics_reads_them_through_the_rebuilt_plans():
     # A forward under "once" keeps its row statistics (fused-tc past 2²⁰ edges, 64 features:
     # the tensor-core backward reads them); the graph is then seen again and its plans rebuilt
-    # under "reuse" (rows reordered: clusters of 64 nodes scattered over the ids); the first
-    # forward's backward still reads its statistics, which are kept per caller row.
+    # under "reuse" (which may reorder the rows: clusters of 64 nodes scattered over the ids);
+    # the first forward's backward still reads its statistics, kept per caller row, through the
+    # new plans (which keep statistics too, so the backward takes them).
     from spattn import functional as F
 
     gen = torch.Generator().manual_seed(15)
@@ -237,6 +238,7 @@ def test_a_backward_from_kept_statistics_reads_them_through_the_rebuilt_plans():
     F.attention_backward(g, q, k, v, out, d_out, None, "auto", lse=lse)
     F.attention_forward(g, q, k, v, None, "auto")  # seen again: the plans are rebuilt
     assert g.policy == "reuse"
+    assert F.attention_forward_keeping(g, q, k, v, None, "auto")[1] is not None
     got = F.attention_backward(g, q, k, v, out, d_out, None, "auto", lse=lse)
     ref = spattn.Graph.from_edge_index(ei, num_nodes=n)
     ref.policy = "reuse"

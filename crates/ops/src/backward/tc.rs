@@ -399,18 +399,6 @@ impl TensorCoreBackward {
                 Some(db)
             }
         };
-        // The dq pass writes dS per head in A's BSB's edge order (consecutive stores), moved
-        // to the caller's order (a shared bias's heads summed in head order) afterwards. Left
-        // unset: the pass writes every edge of every block for every head.
-        let mut per_head = match &d_bias {
-            Some(_) => Some(DeviceVec::<T>::alloc(
-                gpu,
-                "dBias in the blocks' edge order (edges × heads)",
-                product("edges × heads", &[graph.nnz(), self.heads])?,
-                false,
-            )?),
-            None => None,
-        };
         // Extras that change nothing (no bias, dropout at rate 0) need no edge maps.
         if extras.bias.is_none() && extras.dropout.is_none_or(|d| d.threshold() == 0) {
             return self.run_inner(gpu, scale, operands, None, grads, None);
@@ -436,6 +424,19 @@ impl TensorCoreBackward {
                 bitmaps: t_bsb.device.bitmap_words(),
                 block_edge_start: &tx.starts,
                 n_blocks: t_bsb.device.n_blocks(),
+            };
+            // The dq pass writes dS per head in A's BSB's edge order (consecutive stores), one
+            // row of the edge map's length per head, moved to the caller's order (a shared
+            // bias's heads summed in head order) afterwards. Left unset: the pass writes every
+            // edge of every block for every head. Allocated per call from the stream's pool.
+            let mut per_head = match &d_bias {
+                Some(_) => Some(DeviceVec::<T>::alloc(
+                    gpu,
+                    "dBias in the blocks' edge order (edges × heads)",
+                    product("edges × heads", &[a_ids.len(), self.heads])?,
+                    false,
+                )?),
+                None => None,
             };
             let ga = a_stage.gather(gpu, a_ids, a_blocks, self.heads, extras)?;
             let gt = tx
@@ -705,9 +706,10 @@ impl TensorCoreBackward {
                 // bias (one row of the BSB's edges per head) at a step's span of edges,
                 // block_edge_start[blk] and [min(blk + 2, n_blocks)] (n_blocks + 1 entries),
                 // the keep words at 4 per (head, block) (BsbExtrasStage::gather sized them for
-                // this BSB and heads); the dq pass with a bias writes d_bias at h × nnz + its
-                // block's first edge + the bit's rank among the block's (A's BSB's edge order,
-                // < nnz: its block_edge_start) < nnz × heads (allocated so by run_with_extras).
+                // this BSB and heads); the dq pass with a bias writes d_bias at h × n_edges +
+                // its block's first edge + the bit's rank among the block's (A's BSB's edge
+                // order: below n_edges, the edge map's length) < n_edges × heads (allocated so
+                // by run_with_extras).
                 // On the side stream (the dK/dV pass),
                 // everything it touches is written before the fork on the GPU's stream (the
                 // statistics) or by it alone (dK, dV, Aᵀ's partials and counters); the dq pass
