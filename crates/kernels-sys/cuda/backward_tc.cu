@@ -1,7 +1,7 @@
 // Backward of sparse attention on tensor cores over BSB (f16 / bf16), in the FlashAttention-2
 // pattern: three passes over 16-row windows of 16x8 bitmap blocks, no nnz x heads buffer (but
-// dBias's, with a bias), no floating-point atomics. With s = <q_i, k_j>, x = scale * log2(e) * s (the forward's log2
-// domain), dP = <dOut_i, v_j>:
+// dBias's, with a bias), no floating-point atomics. With s = <q_i, k_j>, x = scale * log2(e) *
+// s (the forward's log2 domain), dP = <dOut_i, v_j>:
 //   stats (A's BSB):   S = Q K^T and dP = dOut V^T by mma for each step of two blocks, an online
 //                      max m, sum l = sum 2^(x - m) and w = sum 2^(x - m) dP; writes each row's
 //                      lse2 = m + log2 l and D = w / l (= sum_j P dP). D from the recomputed P,
