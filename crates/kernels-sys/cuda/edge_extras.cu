@@ -16,11 +16,11 @@ __device__ void edge_bias_add(float* s, const T* __restrict__ b, u64 nnz, u32 he
 
 // out[e] = sum over h of x[e * heads + h] in f32, in head order, rounded to T (the gradient of
 // a shared bias from f32 per-edge values).
-template <class X, class T>
-__device__ void edge_head_sum(const X* __restrict__ x, u64 nnz, u32 heads, T* out) {
+template <class T>
+__device__ void edge_head_sum(const float* __restrict__ x, u64 nnz, u32 heads, T* out) {
     SPATTN_GRID_STRIDE(e, nnz) {
         float s = 0.0f;
-        for (u32 h = 0; h < heads; ++h) s += to_f32(x[e * heads + h]);
+        for (u32 h = 0; h < heads; ++h) s += x[e * heads + h];
         out[e] = from_f32<T>(s);
     }
 }
@@ -180,7 +180,7 @@ extern "C" __global__ void edge_add(const float* x, u64 n, float* y) {
         edge_bias_add<T>(s, b, nnz, heads, shared);                                             \
     }                                                                                           \
     extern "C" __global__ void edge_head_sum_##S(const float* x, u64 nnz, u32 heads, T* out) {  \
-        edge_head_sum<float, T>(x, nnz, heads, out);                                            \
+        edge_head_sum<T>(x, nnz, heads, out);                                                   \
     }                                                                                           \
     extern "C" __global__ void edge_pair_bias_grad_##S(const u32* rows, const u32* t_to_a,      \
                                                        const float2* sd, const float2* stats,   \
