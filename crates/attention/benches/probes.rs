@@ -210,10 +210,17 @@ fn median_ms(gpu: &Gpu, runs: usize, mut f: impl FnMut() -> spattn::Result<()>) 
 /// algorithms that take edge features, forward and backward with edge features alone and with
 /// all three; forward and backward with a bias shared by the heads. Graphs:
 /// SPATTN_TIMING_GRAPHS (default ogbn-arxiv and R-MAT 18); heads × head_dim
-/// SPATTN_EXTRAS_SHAPES (default `8x64`; a comma list), f16.
+/// SPATTN_EXTRAS_SHAPES (default `8x64`; a comma list); SPATTN_EXTRAS_DTYPE `f16` (default),
+/// `bf16` or `f32`; SPATTN_EXTRAS_ALGS a comma list of the algorithms to run (default all).
 fn extras(gpu: &Gpu) {
+    let dtype = std::env::var("SPATTN_EXTRAS_DTYPE").unwrap_or_else(|_| "f16".into());
     for hd in extras_shapes("8x64") {
-        extras_at(gpu, hd);
+        match dtype.as_str() {
+            "f16" => extras_at::<f16>(gpu, hd),
+            "bf16" => extras_at::<half::bf16>(gpu, hd),
+            "f32" => extras_at::<f32>(gpu, hd),
+            other => panic!("SPATTN_EXTRAS_DTYPE: {other:?} is not f16, bf16 or f32"),
+        }
     }
 }
 
@@ -231,11 +238,11 @@ fn extras_shapes(default: &str) -> Vec<(usize, usize)> {
         .collect()
 }
 
-/// [`extras`] at `heads × d`.
-fn extras_at(gpu: &Gpu, (heads, d): (usize, usize)) {
+/// [`extras`] at `heads × d` in `T`.
+fn extras_at<T: DType>(gpu: &Gpu, (heads, d): (usize, usize)) {
     let gpu = gpu.clone();
     let mut rng = fresh_rng("extras timings");
-    println!("device: {}; {heads} × {d}", gpu.name());
+    println!("device: {}; {heads} × {d} {}", gpu.name(), T::KIND.name());
     println!(
         "| graph | algorithm | fwd ms | +bias | +dropout | +both | fwd+bwd ms | +both | \
          bias × | dropout × | both × | fwd+bwd both × | fwd ef ms | fwd+bwd ef ms | +bias+dropout | \
@@ -244,17 +251,23 @@ fn extras_at(gpu: &Gpu, (heads, d): (usize, usize)) {
     println!(
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
+    let algs = std::env::var("SPATTN_EXTRAS_ALGS").ok();
     for (name, a) in timing_graphs("SPATTN_TIMING_GRAPHS", "ogbn-arxiv,rmat18") {
         let bias =
-            DeviceVec::from_host(&gpu, &random_vec::<f16>(&mut rng, a.nnz() * heads, 1.0)).unwrap();
-        let shared =
-            DeviceVec::from_host(&gpu, &random_vec::<f16>(&mut rng, a.nnz(), 1.0)).unwrap();
+            DeviceVec::from_host(&gpu, &random_vec::<T>(&mut rng, a.nnz() * heads, 1.0)).unwrap();
+        let shared = DeviceVec::from_host(&gpu, &random_vec::<T>(&mut rng, a.nnz(), 1.0)).unwrap();
         for alg in [
             Algorithm::FusedTensorCore,
             Algorithm::FusedCsr,
             Algorithm::UnfusedCsr,
         ] {
-            let config = AttentionConfig::new(heads, d, DTypeKind::F16)
+            if !algs
+                .as_ref()
+                .is_none_or(|o| o.split(',').any(|x| x == alg.to_string()))
+            {
+                continue;
+            }
+            let config = AttentionConfig::new(heads, d, T::KIND)
                 .with_algorithm(alg)
                 .with_edge_extras(true);
             let plan = match AttentionPlan::new_gpu(&gpu, &a, config) {
@@ -266,7 +279,7 @@ fn extras_at(gpu: &Gpu, (heads, d): (usize, usize)) {
             };
             let (sq, skv) = (plan.shape_q(), plan.shape_kv());
             let up = |s: spattn_ops::Shape, rng: &mut Pcg64| {
-                DeviceMatrix::from_host(&gpu, s, &random_vec::<f16>(rng, s.len(), 1.0)).unwrap()
+                DeviceMatrix::from_host(&gpu, s, &random_vec::<T>(rng, s.len(), 1.0)).unwrap()
             };
             let (q, k, v, g) = (
                 up(sq, &mut rng),
@@ -274,23 +287,22 @@ fn extras_at(gpu: &Gpu, (heads, d): (usize, usize)) {
                 up(skv, &mut rng),
                 up(sq, &mut rng),
             );
-            let mut out = DeviceMatrix::<f16>::zeros(&gpu, sq).unwrap();
+            let mut out = DeviceMatrix::<T>::zeros(&gpu, sq).unwrap();
             let (mut dq, mut dk, mut dv) = (
-                DeviceMatrix::<f16>::zeros(&gpu, sq).unwrap(),
-                DeviceMatrix::<f16>::zeros(&gpu, skv).unwrap(),
-                DeviceMatrix::<f16>::zeros(&gpu, skv).unwrap(),
+                DeviceMatrix::<T>::zeros(&gpu, sq).unwrap(),
+                DeviceMatrix::<T>::zeros(&gpu, skv).unwrap(),
+                DeviceMatrix::<T>::zeros(&gpu, skv).unwrap(),
             );
-            let mut db = DeviceVec::<f16>::zeros(&gpu, bias.len()).unwrap();
-            let mut d_shared = DeviceVec::<f16>::zeros(&gpu, shared.len()).unwrap();
+            let mut db = DeviceVec::<T>::zeros(&gpu, bias.len()).unwrap();
+            let mut d_shared = DeviceVec::<T>::zeros(&gpu, shared.len()).unwrap();
             let drop = Dropout::new(0.1, 7, 0).unwrap();
             let feats = alg.takes_edge_features().then(|| {
                 let s = spattn_ops::Shape::new(a.nnz(), heads, d).unwrap();
-                DeviceMatrix::from_host(&gpu, s, &random_vec::<f16>(&mut rng, s.len(), 1.0))
-                    .unwrap()
+                DeviceMatrix::from_host(&gpu, s, &random_vec::<T>(&mut rng, s.len(), 1.0)).unwrap()
             });
             let mut d_feats = feats
                 .as_ref()
-                .map(|f| DeviceMatrix::<f16>::zeros(&gpu, f.shape()).unwrap());
+                .map(|f| DeviceMatrix::<T>::zeros(&gpu, f.shape()).unwrap());
             let with_ef = |b: bool, dr: bool, ef: bool| Extras {
                 bias: b.then_some(DeviceBias::PerHead(&bias)),
                 edge_features: if ef { feats.as_ref() } else { None },
@@ -314,7 +326,7 @@ fn extras_at(gpu: &Gpu, (heads, d): (usize, usize)) {
             } else {
                 f64::NAN
             };
-            let mut y = DeviceMatrix::<f16>::zeros(&gpu, sq).unwrap();
+            let mut y = DeviceMatrix::<T>::zeros(&gpu, sq).unwrap();
             plan.forward(&q, &k, &v, &mut y).unwrap();
             let plain_fb = median_ms(&gpu, runs, || {
                 plan.forward(&q, &k, &v, &mut out)?;
@@ -322,9 +334,9 @@ fn extras_at(gpu: &Gpu, (heads, d): (usize, usize)) {
                     .map(|_| ())
             });
             // Forward + backward with `ex`, into the gradients its extras need.
-            let mut fb = |ex: &Extras<'_, f16>,
-                          mut d_bias: Option<&mut DeviceVec<f16>>,
-                          mut d_feats: Option<&mut DeviceMatrix<f16>>| {
+            let mut fb = |ex: &Extras<'_, T>,
+                          mut d_bias: Option<&mut DeviceVec<T>>,
+                          mut d_feats: Option<&mut DeviceMatrix<T>>| {
                 median_ms(&gpu, runs, || {
                     plan.forward_with(&q, &k, &v, ex, &mut out, None)?;
                     let grads = ExtrasGrads {
@@ -363,11 +375,12 @@ fn extras_at(gpu: &Gpu, (heads, d): (usize, usize)) {
             );
             println!(
                 "extras-json {{\"graph\":\"{name}\",\"nnz\":{},\"algorithm\":\"{alg}\",\"heads\":{heads},\
-                 \"head_dim\":{d},\"dtype\":\"f16\",\"fwd_ms\":{plain},\"bias_ms\":{tb},\
+                 \"head_dim\":{d},\"dtype\":\"{}\",\"fwd_ms\":{plain},\"bias_ms\":{tb},\
                  \"dropout_ms\":{td},\"both_ms\":{tbd},\"fwd_bwd_ms\":{plain_fb},\
                  \"both_fwd_bwd_ms\":{both_fb},\"ef_fwd_ms\":{ef_fwd},\"ef_fwd_bwd_ms\":{ef},\"ef_both_fwd_bwd_ms\":{ef_both},\
                  \"shared_bias_fwd_bwd_ms\":{shared_fb},\"dropout_fwd_bwd_ms\":{drop_fb}}}",
-                a.nnz()
+                a.nnz(),
+                T::KIND.name()
             );
         }
     }
