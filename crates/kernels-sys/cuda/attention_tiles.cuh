@@ -324,6 +324,69 @@ struct BsbExtras : BsbExtrasHead {
 #pragma unroll
         for (int j = 0; j < 4; ++j) bv[bb][j] = got[j];
     }
+
+    // The register tile loop's path (bsb_tiles), which keeps the bias's loads off the step's
+    // critical path: the span of the next step's edges is loaded a step ahead (span), the
+    // step's first 32 bias values and its blocks' bitmap and keep words at its top (begin),
+    // while its K and V rows are in flight, and the entries take their values after S (finish).
+    u32 sp[2];     // the next step's edges: its first, and the first past it
+    u32 first;     // this step's first edge
+    float mine;    // the bias of edge first + lane (0 past the step's edges)
+    u32 wd[2][4];  // this step's blocks' bitmap words (0 past the unit; unread without a bias)
+    u32 kw[2][2];  // their keep words of rows g and g + 8
+    // The step of blocks blk0, blk0 + 1 (at or past end: past the unit).
+    __device__ __forceinline__ void span(u32 blk0, u32 end) {
+        const bool ok = bias != nullptr && blk0 < end;
+        sp[0] = ok ? __ldg(block_edge_start + blk0) : 0u;
+        sp[1] = ok ? __ldg(block_edge_start + min(blk0 + 2u, end)) : 0u;
+    }
+    template <class W>
+    __device__ __forceinline__ void begin(u32 blk0, u32 end, u32 upper, W words) {
+#pragma unroll
+        for (int bb = 0; bb < 2; ++bb) {
+            const u32 blk = blk0 + bb;
+            if (bias != nullptr && blk < end) {
+                words(bb, blk, wd[bb]);
+            } else {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) wd[bb][i] = 0u;
+            }
+            if (keep != nullptr && blk < end) {
+                const u32* kb = keep + (u64)blk * 4u;
+                kw[bb][0] = __ldg(kb + upper);
+                kw[bb][1] = __ldg(kb + 2u + upper);
+            }
+        }
+        first = sp[0];
+        const u32 lane = lane_id();
+        mine = bias != nullptr && lane < sp[1] - sp[0] ? __ldg(bias + first + lane) : 0.0f;
+    }
+    // An entry's bias is the value of its rank in the step (block 0's bits first): from the
+    // lane that loaded it, or past the first 32 loaded by itself.
+    __device__ __forceinline__ void finish(u32 blk0, u32 end, u32 upper, u32 shift) {
+        u32 start = 0u;  // block bb's first edge in the step
+#pragma unroll
+        for (int bb = 0; bb < 2; ++bb) {
+            if (bias != nullptr) {  // warp-uniform
+                u32 rank[4];
+                bool on[4];
+                bsb_lane_ranks(wd[bb], upper, shift, rank, on);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const u32 r = start + rank[j];
+                    const float v = __shfl_sync(0xffffffffu, mine, r & 31u);
+                    bv[bb][j] = !on[j] ? 0.0f : r < 32u ? v : __ldg(bias + first + r);
+                }
+                start = bsb_block_edges(wd[0]);
+            } else {
+                bias_none(bb);
+            }
+            if (keep != nullptr && blk0 + bb < end)
+                keep_from_words(bb, kw[bb][0], kw[bb][1], shift);
+            else
+                keep_all(bb);
+        }
+    }
 };
 
 // Bytes of a pipelined stage's staged extras (BsbStagedExtras): the step's bias span (two blocks
@@ -791,7 +854,11 @@ __device__ __forceinline__ void bsb_feat_chunk_p(const X& xt, float (&pp)[2][4],
 // SpMM (SPMM true): P is the blocks' bitmap, times the slot weights when `weights` is given
 // (128 floats per block, block b's at (b + wbase) * 128, slot r * 8 + c; wbase wraps), and
 // O += P V; m and l are left at -inf and 0, and Q and K are not read.
-template <class T, int DS, bool PIPE, bool SPMM, class X = NoBsbExtras>
+//
+// EARLY_X: the extras' loads at the step's top (BsbExtras::begin) where registers allow, in
+// slices of at most 128 bytes a row without the next step's K rows in flight (fused_bsb's
+// register kernels; hybrid's tensor-core warps keep them after S, not measured with EARLY_X).
+template <class T, int DS, bool PIPE, bool SPMM, bool EARLY_X = false, class X = NoBsbExtras>
 __device__ __forceinline__ void bsb_tiles(
     u32 qr0, u32 qr1, const T* __restrict__ q, const u32* __restrict__ block_columns,
     const u32* __restrict__ bitmaps, const float* __restrict__ weights, u32 wbase, u32 b_begin,
@@ -806,6 +873,7 @@ __device__ __forceinline__ void bsb_tiles(
     constexpr int D8 = DS / 8;                // n-tiles of P V = features per lane per V row
     constexpr int VW = D8 * (int)sizeof(T) / 4;
     static_assert(DS % KCH == 0 && D8 >= 4, "slice too narrow");
+    constexpr bool EARLY = EARLY_X && X::ON && !PIPE && DS * sizeof(T) <= 128;
 
     const u32 lane = lane_id();
     const u32 g = lane >> 2, t = lane & 3u;
@@ -894,6 +962,18 @@ __device__ __forceinline__ void bsb_tiles(
             load_k(kw_use, mc);
         }
         bsb_load_step(mc, block_columns, bitmaps, b + 2u * stride, b_end, g, t, upper);
+        // The step's blocks are b and b + 1 (bsb_load_step's), whatever the stride.
+        auto words = [&](int, u32 blk, u32(&w)[4]) {
+            const uint4 w4 = __ldg(reinterpret_cast<const uint4*>(bitmaps) + blk);
+            w[0] = w4.x;
+            w[1] = w4.y;
+            w[2] = w4.z;
+            w[3] = w4.w;
+        };
+        if constexpr (EARLY) {
+            xt.begin(b, b_end, upper, words);
+            xt.span(b + stride, b_end);
+        }
 
         float p[2][4];
         if constexpr (SPMM) {
@@ -940,14 +1020,10 @@ __device__ __forceinline__ void bsb_tiles(
             }
 
             if constexpr (X::ON) {
-                // The step's blocks are b and b + 1 (bsb_load_step's), whatever the stride.
-                xt.find_step(b, b_end, upper, shift, [&](int, u32 blk, u32(&w)[4]) {
-                    const uint4 w4 = __ldg(reinterpret_cast<const uint4*>(bitmaps) + blk);
-                    w[0] = w4.x;
-                    w[1] = w4.y;
-                    w[2] = w4.z;
-                    w[3] = w4.w;
-                });
+                if constexpr (EARLY)
+                    xt.finish(b, b_end, upper, shift);
+                else
+                    xt.find_step(b, b_end, upper, shift, words);
                 bsb_online_step<D8>(s, bits, shift, scale_log2, m, l, p, o, xt);
             } else {
                 bsb_online_step<D8>(s, bits, shift, scale_log2, m, l, p, o);
@@ -979,6 +1055,7 @@ __device__ __forceinline__ void bsb_tiles(
     bsb_load_step(ma, block_columns, bitmaps, b_begin, b_end, g, t, upper);
     bsb_load_step(mb, block_columns, bitmaps, b_begin + stride, b_end, g, t, upper);
     if constexpr (PIPE) load_k(kwa, ma);
+    if constexpr (EARLY) xt.span(b_begin, b_end);
     for (u32 b = b_begin;;) {
         if (b >= b_end) break;
         step(b, kwa, kwb, ma, mb);
