@@ -329,7 +329,7 @@ struct BsbExtras : BsbExtrasHead {
     // critical path: the span of the next step's edges is loaded a step ahead (span), the
     // step's first 32 bias values and its blocks' bitmap and keep words at its top (begin),
     // while its K and V rows are in flight, and the entries take their values after S (finish).
-    u32 sp[2];     // the next step's edges: its first, and the first past it
+    u32 sp[2];     // the edges of the step begin takes next: its first, and the first past it
     u32 first;     // this step's first edge
     float mine;    // the bias of edge first + lane (0 past the step's edges)
     u32 wd[2][4];  // this step's blocks' bitmap words (0 past the unit; unread without a bias)
@@ -856,8 +856,9 @@ __device__ __forceinline__ void bsb_feat_chunk_p(const X& xt, float (&pp)[2][4],
 // O += P V; m and l are left at -inf and 0, and Q and K are not read.
 //
 // EARLY_X: the extras' loads at the step's top (BsbExtras::begin) where registers allow, in
-// slices of at most 128 bytes a row without the next step's K rows in flight (fused_bsb's
-// register kernels; hybrid's tensor-core warps keep them after S, not measured with EARLY_X).
+// slices of at most 128 bytes a row without the next step's K rows in flight. Its span reads
+// block_edge_start[min(blk0 + 2, end)], so it needs n_blocks + 1 entries: fused_bsb's edge map
+// has them, hybrid's (n_blocks) does not.
 template <class T, int DS, bool PIPE, bool SPMM, bool EARLY_X = false, class X = NoBsbExtras>
 __device__ __forceinline__ void bsb_tiles(
     u32 qr0, u32 qr1, const T* __restrict__ q, const u32* __restrict__ block_columns,
@@ -874,6 +875,7 @@ __device__ __forceinline__ void bsb_tiles(
     constexpr int VW = D8 * (int)sizeof(T) / 4;
     static_assert(DS % KCH == 0 && D8 >= 4, "slice too narrow");
     constexpr bool EARLY = EARLY_X && X::ON && !PIPE && DS * sizeof(T) <= 128;
+    static_assert(!EARLY_X || (!SPMM && !X::FEATS), "EARLY_X: attention without features");
 
     const u32 lane = lane_id();
     const u32 g = lane >> 2, t = lane & 3u;

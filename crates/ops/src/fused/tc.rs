@@ -756,9 +756,10 @@ impl FusedTensorCore {
         // read whole 16-byte chunks of K and V rows of head_dim = 64 or 128 2-byte features,
         // inside the row). Extras: block_edge_start holds n_blocks + 1 entries, a block's bits
         // numbered from its start below nnz and the last entry nnz (OrderedBsb::edge_map of
-        // this plan's graph, checked against its sizes); the pipelined kernels with a bias
-        // read entries blk and min(blk + 2, unit end) ≤ n_blocks and copy the edges' bias
-        // between them (at most two blocks' 256 floats), those with dropout the 4 keep words
+        // this plan's graph, checked against its sizes); the `_x` kernels with a bias read
+        // entries blk and min(blk + 2, unit end) ≤ n_blocks and the edges' bias between them
+        // (at most two blocks' 256 floats; the register kernels also the 16-byte bitmap words
+        // of blocks blk, blk + 1 < unit end), the pipelined ones with dropout the 4 keep words
         // of blocks blk, blk + 1 < unit end, into the stage's extras (sized for the kernel's
         // pair by bsb_pipe_x_bytes); the gathered bias holds bias_rows × nnz floats and the keep
         // words 4 × n_blocks × heads (BsbExtrasStage::gather); the `_xb` kernel is launched
