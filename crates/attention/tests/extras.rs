@@ -912,9 +912,11 @@ fn gpu_fused_tc_with_every_extra_matches_the_f64_reference() {
             // register kernel (f32 too), f32 d 64 the 64-feature one, f16/bf16 d 64 and 128
             // the pipelined one, d 96 the 128-feature register kernel with prefetch, d 256 two
             // warps of 128 features per (unit, head) (f32 d 128: two of 64), d 20 the
-            // 32-feature kernel on heads padded to 24 (f32: 20, whole vectors already).
+            // 32-feature kernel on heads padded to 24 (f32: 20, whole vectors already), d 48
+            // the 64-feature register kernel (f32 too).
             for (heads, d, shared, rate) in [
                 (1, 32, false, 0.0),
+                (2, 48, false, 0.3),
                 (3, 24, true, 0.1),
                 (8, 64, false, 0.5),
                 (2, 128, true, 0.3),
