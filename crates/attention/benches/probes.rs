@@ -258,6 +258,7 @@ fn extras_at<T: DType>(gpu: &Gpu, (heads, d): (usize, usize)) {
         let shared = DeviceVec::from_host(&gpu, &random_vec::<T>(&mut rng, a.nnz(), 1.0)).unwrap();
         for alg in [
             Algorithm::FusedTensorCore,
+            Algorithm::Hybrid,
             Algorithm::FusedCsr,
             Algorithm::UnfusedCsr,
         ] {

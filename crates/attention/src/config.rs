@@ -128,7 +128,7 @@ pub struct AttentionConfig {
     /// (unfused-csr where fused-csr cannot hold the head), or, where
     /// [`edge_features`](Self::edge_features) is off, fused-tc for f16 and bf16 (fused-csr on a
     /// graph seen once, as without extras). Every algorithm takes a bias, dropout and the
-    /// weights out; one asked for by name that takes no edge features (fused-tc, hybrid)
+    /// weights out; one asked for by name that takes no edge features (hybrid)
     /// refuses them, with an error naming those that do, when called with them. Off by default.
     pub edge_extras: bool,
     /// Whether the extras may include edge features (on by default). Turned off, `Auto` plans

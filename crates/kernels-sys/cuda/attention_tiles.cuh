@@ -331,6 +331,7 @@ struct BsbExtras : BsbExtrasHead {
     // while its K and V rows are in flight, and the entries take their values after S (finish).
     u32 sp[2];     // the edges of the step begin takes next: its first, and the first past it
     u32 first;     // this step's first edge
+    bool far;      // whether the step has more than 32 edges (some ranks past the first load)
     float mine;    // the bias of edge first + lane (0 past the step's edges)
     u32 wd[2][4];  // this step's blocks' bitmap words (0 past the unit; unread without a bias)
     u32 kw[2][2];  // their keep words of rows g and g + 8
@@ -358,29 +359,43 @@ struct BsbExtras : BsbExtrasHead {
             }
         }
         first = sp[0];
+        far = sp[1] - sp[0] > 32u;
         const u32 lane = lane_id();
         mine = bias != nullptr && lane < sp[1] - sp[0] ? __ldg(bias + first + lane) : 0.0f;
     }
     // An entry's bias is the value of its rank in the step (block 0's bits first): from the
-    // lane that loaded it, or past the first 32 loaded by itself.
+    // lane that loaded it, or past the first 32 loaded by itself. Every lane shuffles all 8
+    // entries, then selects: no lane-dependent branch around a shuffle, and the loads past 32
+    // only in a step that has such ranks (warp-uniform).
     __device__ __forceinline__ void finish(u32 blk0, u32 end, u32 upper, u32 shift) {
-        u32 start = 0u;  // block bb's first edge in the step
+        if (bias != nullptr) {  // warp-uniform
+            u32 rank[2][4];
+            bool on[2][4];
+            bsb_lane_ranks(wd[0], upper, shift, rank[0], on[0]);
+            bsb_lane_ranks(wd[1], upper, shift, rank[1], on[1]);
+            const u32 start1 = bsb_block_edges(wd[0]);  // block 1's first edge in the step
 #pragma unroll
-        for (int bb = 0; bb < 2; ++bb) {
-            if (bias != nullptr) {  // warp-uniform
-                u32 rank[4];
-                bool on[4];
-                bsb_lane_ranks(wd[bb], upper, shift, rank, on);
+            for (int bb = 0; bb < 2; ++bb)
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
-                    const u32 r = start + rank[j];
-                    const float v = __shfl_sync(0xffffffffu, mine, r & 31u);
-                    bv[bb][j] = !on[j] ? 0.0f : r < 32u ? v : __ldg(bias + first + r);
+                    rank[bb][j] += bb == 1 ? start1 : 0u;
+                    const float v = __shfl_sync(0xffffffffu, mine, rank[bb][j] & 31u);
+                    bv[bb][j] = on[bb][j] ? v : 0.0f;
                 }
-                start = bsb_block_edges(wd[0]);
-            } else {
-                bias_none(bb);
+            if (far) {
+#pragma unroll
+                for (int bb = 0; bb < 2; ++bb)
+#pragma unroll
+                    for (int j = 0; j < 4; ++j)
+                        if (on[bb][j] && rank[bb][j] >= 32u)
+                            bv[bb][j] = __ldg(bias + first + rank[bb][j]);
             }
+        } else {
+            bias_none(0);
+            bias_none(1);
+        }
+#pragma unroll
+        for (int bb = 0; bb < 2; ++bb) {
             if (keep != nullptr && blk0 + bb < end)
                 keep_from_words(bb, kw[bb][0], kw[bb][1], shift);
             else
@@ -857,8 +872,8 @@ __device__ __forceinline__ void bsb_feat_chunk_p(const X& xt, float (&pp)[2][4],
 //
 // EARLY_X: the extras' loads at the step's top (BsbExtras::begin) where registers allow, in
 // slices of at most 128 bytes a row without the next step's K rows in flight. Its span reads
-// block_edge_start[min(blk0 + 2, end)], so it needs n_blocks + 1 entries: fused_bsb's edge map
-// has them, hybrid's (n_blocks) does not.
+// block_edge_start[min(blk0 + 2, end)], so it needs n_blocks + 1 entries (fused_bsb's and
+// hybrid's edge maps end with the edge count).
 template <class T, int DS, bool PIPE, bool SPMM, bool EARLY_X = false, class X = NoBsbExtras>
 __device__ __forceinline__ void bsb_tiles(
     u32 qr0, u32 qr1, const T* __restrict__ q, const u32* __restrict__ block_columns,

@@ -719,7 +719,8 @@ impl DeviceHybrid {
             let blocks = BsbBlocks {
                 bitmaps: &self.bitmap_words,
                 block_edge_start,
-                n_blocks: block_edge_start.len(),
+                // The map's last entry is the edge count past the last block.
+                n_blocks: block_edge_start.len() - 1,
             };
             tc_extras = Some(stage.gather(gpu, edge_ids, blocks, shape.heads, e)?);
         }
@@ -751,10 +752,12 @@ impl DeviceHybrid {
         // them (static_assert in hybrid.cu); cd = 0 only when there are no CUDA-core edges
         // (check_warps). Extras (`_x` kernels): cd_edge_ids holds one caller edge < nnz per
         // CUDA-core edge (hybrid_edge_map of this structure's graph, which checks every lookup)
-        // and the bias nnz × bias_heads; block_edge_start holds n_blocks entries, a block's
-        // bits numbered from its start below the tensor-core edges, whose gathered bias holds
-        // bias_rows × tc_edges floats and keep words 4 × n_blocks × heads, 4 per block read
-        // at 4 × block (BsbExtrasStage::gather).
+        // and the bias nnz × bias_heads; block_edge_start holds n_blocks + 1 entries (the
+        // edge count last: a step of blocks b, b + 1 reads entries b and min(b + 2, unit end)
+        // ≤ n_blocks), a block's bits numbered from its start below the tensor-core edges,
+        // whose gathered bias holds bias_rows × tc_edges floats (a step's first 32 read from
+        // its start, each within its span) and keep words 4 × n_blocks × heads, 4 per block
+        // read at 4 × block (BsbExtrasStage::gather).
         unsafe { launch(name, &mut args, cfg) }?;
         if let Some((_, _, op)) = &padded {
             resize_rows(gpu, (dp, d), &mut [(op.as_vec(), out.as_vec_mut())])?;

@@ -11,7 +11,8 @@ use crate::device_bsb::BsbExtrasStage;
 use crate::error::{Error, Result};
 
 /// Where the caller's per-edge extras are for the `_x` kernels: per block its first edge in
-/// block-and-bit order (every block, bits row-major), per such edge its caller CSR edge, per
+/// block-and-bit order (every block, bits row-major), then the edge count (n_blocks + 1
+/// entries, so that a step's span of edges is two loads), per such edge its caller CSR edge, per
 /// CUDA-core edge its caller CSR edge, and the tensor-core edges' extras gathered in their
 /// order by the last call.
 #[derive(Debug)]
@@ -89,7 +90,7 @@ pub(super) fn hybrid_edge_map(
             Ok((starts, ids))
         })
         .collect();
-    let mut starts = Vec::with_capacity(block_columns.len() / 8);
+    let mut starts = Vec::with_capacity(block_columns.len() / 8 + 1);
     let mut ids = Vec::with_capacity(graph.nnz());
     for w in per_window {
         let (s, i) = w?;
@@ -97,6 +98,9 @@ pub(super) fn hybrid_edge_map(
         starts.extend(s.into_iter().map(|x| x + base));
         ids.extend(i);
     }
+    // The edge count past the last block: the tile loop reads a step's span as
+    // starts[blk0]..starts[min(blk0 + 2, end)] (BsbExtras::span).
+    starts.push(ids.len() as u32);
     if ids.len() != graph.nnz() {
         return Err(mismatch(format!(
             "the structure's blocks hold {} edges, the graph {}",

@@ -43,6 +43,9 @@ fn hybrid_edge_map_names_each_edge_s_caller_edge() {
             let row = a.row_offsets().partition_point(|&o| o as usize <= e) - 1;
             (row as u32, a.col_indices()[e])
         };
+        // One start a block, then the edge count (the tile loop's last span ends there).
+        assert_eq!(starts.len(), blocks.block_columns().len() / 8 + 1);
+        assert_eq!(*starts.last().unwrap() as usize, a.nnz());
         let mut seen = vec![false; a.nnz()];
         for w in 0..blocks.n_windows() {
             for b in blocks.window_blocks(w) {
