@@ -331,8 +331,9 @@ struct BsbExtras : BsbExtrasHead {
     // while its K and V rows are in flight, and the entries take their values after S (finish).
     u32 sp[2];     // the edges of the step begin takes next: its first, and the first past it
     u32 first;     // this step's first edge
-    bool far;      // whether the step has more than 32 edges (some ranks past the first load)
+    u32 n;         // this step's edges (ranks past 32 and 64 take the slower paths)
     float mine;    // the bias of edge first + lane (0 past the step's edges)
+    float mine2;   // with more than 32 edges, of edge first + 32 + lane
     u32 wd[2][4];  // this step's blocks' bitmap words (0 past the unit; unread without a bias)
     u32 kw[2][2];  // their keep words of rows g and g + 8
     // The step of blocks blk0, blk0 + 1 (at or past end: past the unit).
@@ -359,14 +360,15 @@ struct BsbExtras : BsbExtrasHead {
             }
         }
         first = sp[0];
-        far = sp[1] - sp[0] > 32u;
+        n = sp[1] - sp[0];
         const u32 lane = lane_id();
-        mine = bias != nullptr && lane < sp[1] - sp[0] ? __ldg(bias + first + lane) : 0.0f;
+        mine = bias != nullptr && lane < n ? __ldg(bias + first + lane) : 0.0f;
+        mine2 = bias != nullptr && lane + 32u < n ? __ldg(bias + first + 32u + lane) : 0.0f;
     }
     // An entry's bias is the value of its rank in the step (block 0's bits first): from the
-    // lane that loaded it, or past the first 32 loaded by itself. Every lane shuffles all 8
-    // entries, then selects: no lane-dependent branch around a shuffle, and the loads past 32
-    // only in a step that has such ranks (warp-uniform).
+    // lane that loaded it, or past the first 64 loaded by itself. Every lane shuffles all 8
+    // entries, then selects: no lane-dependent branch around a shuffle; the second shuffles
+    // and the loads past 64 only in a step that has such ranks (warp-uniform).
     __device__ __forceinline__ void finish(u32 blk0, u32 end, u32 upper, u32 shift) {
         if (bias != nullptr) {  // warp-uniform
             u32 rank[2][4];
@@ -382,12 +384,21 @@ struct BsbExtras : BsbExtrasHead {
                     const float v = __shfl_sync(0xffffffffu, mine, rank[bb][j] & 31u);
                     bv[bb][j] = on[bb][j] ? v : 0.0f;
                 }
-            if (far) {
+            if (n > 32u) {
+#pragma unroll
+                for (int bb = 0; bb < 2; ++bb)
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        const float v = __shfl_sync(0xffffffffu, mine2, rank[bb][j] & 31u);
+                        if (on[bb][j] && rank[bb][j] >= 32u) bv[bb][j] = v;
+                    }
+            }
+            if (n > 64u) {
 #pragma unroll
                 for (int bb = 0; bb < 2; ++bb)
 #pragma unroll
                     for (int j = 0; j < 4; ++j)
-                        if (on[bb][j] && rank[bb][j] >= 32u)
+                        if (on[bb][j] && rank[bb][j] >= 64u)
                             bv[bb][j] = __ldg(bias + first + rank[bb][j]);
             }
         } else {
