@@ -327,8 +327,9 @@ struct BsbExtras : BsbExtrasHead {
 
     // The register tile loop's path (bsb_tiles), which keeps the bias's loads off the step's
     // critical path: the span of the next step's edges is loaded a step ahead (span), the
-    // step's first 32 bias values and its blocks' bitmap and keep words at its top (begin),
-    // while its K and V rows are in flight, and the entries take their values after S (finish).
+    // step's first 64 bias values (two loads a lane) and its blocks' bitmap and keep words at
+    // its top (begin), while its K and V rows are in flight, and the entries take their values
+    // after S (finish).
     u32 sp[2];     // the edges of the step begin takes next: its first, and the first past it
     u32 first;     // this step's first edge
     u32 n;         // this step's edges (ranks past 32 and 64 take the slower paths)

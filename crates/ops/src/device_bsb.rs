@@ -344,7 +344,8 @@ pub(crate) fn bias_gather_kernel(dtype: &str) -> String {
 
 /// The tensor-core blocks a gather numbers the edges of: per block 16 bytes of bitmap
 /// (`bitmaps`, as the kernels read it: 4 words, row-major bits) and its first edge
-/// (`block_edge_start`, at least `n_blocks` entries).
+/// (`block_edge_start`, at least `n_blocks + 1` entries: the last is the edge count, where the
+/// tile loop's last step span ends).
 pub(crate) struct BsbBlocks<'a, W: DeviceElement> {
     pub(crate) bitmaps: &'a DeviceVec<W>,
     pub(crate) block_edge_start: &'a DeviceVec<u32>,
@@ -361,8 +362,8 @@ impl BsbExtrasStage {
     /// every id is below the graph's edges, the bias holds edges × (1 or `heads`) values, each
     /// block's edges lie in `ids` from its start, and everything lives on `gpu`.
     ///
-    /// Errors: [`Error::InvalidArgument`] when `blocks` holds fewer bitmaps or starts than
-    /// its `n_blocks`; sizes past the kernels' u32 indices; allocation failures.
+    /// Errors: [`Error::InvalidArgument`] when `blocks` holds fewer bitmaps than its
+    /// `n_blocks` or fewer starts than `n_blocks + 1`; sizes past the kernels' u32 indices; allocation failures.
     pub(crate) fn gather<'a, T: DType, W: DeviceElement>(
         &'a mut self,
         gpu: &Gpu,
@@ -378,12 +379,15 @@ impl BsbExtrasStage {
             .bitmaps
             .len()
             .saturating_mul(std::mem::size_of::<W>());
-        if bitmap_bytes / 16 < blocks.n_blocks || blocks.block_edge_start.len() < blocks.n_blocks {
+        // n_blocks < 2³² (checked above): the sum cannot overflow.
+        if bitmap_bytes / 16 < blocks.n_blocks
+            || blocks.block_edge_start.len() < blocks.n_blocks + 1
+        {
             return Err(Error::InvalidArgument {
                 what: "tensor-core blocks",
                 why: format!(
-                    "{} blocks need 16 bytes of bitmap and a first edge each; given {bitmap_bytes} \
-                     bytes and {} starts",
+                    "{} blocks need 16 bytes of bitmap and a first edge each, and the edge \
+                     count after them; given {bitmap_bytes} bytes and {} starts",
                     blocks.n_blocks,
                     blocks.block_edge_start.len()
                 ),

@@ -719,8 +719,8 @@ impl DeviceHybrid {
             let blocks = BsbBlocks {
                 bitmaps: &self.bitmap_words,
                 block_edge_start,
-                // The map's last entry is the edge count past the last block.
-                n_blocks: block_edge_start.len() - 1,
+                // 8 columns a block; gather checks the map's n_blocks + 1 starts.
+                n_blocks: self.block_columns.len() / 8,
             };
             tc_extras = Some(stage.gather(gpu, edge_ids, blocks, shape.heads, e)?);
         }
@@ -755,9 +755,10 @@ impl DeviceHybrid {
         // and the bias nnz × bias_heads; block_edge_start holds n_blocks + 1 entries (the
         // edge count last: a step of blocks b, b + 1 reads entries b and min(b + 2, unit end)
         // ≤ n_blocks), a block's bits numbered from its start below the tensor-core edges,
-        // whose gathered bias holds bias_rows × tc_edges floats (a step's first 32 read from
-        // its start, each within its span) and keep words 4 × n_blocks × heads, 4 per block
-        // read at 4 × block (BsbExtrasStage::gather).
+        // whose gathered bias holds bias_rows × tc_edges floats (a step's edges first + lane
+        // and first + 32 + lane read at its top, ranks past 64 after S, each only below the
+        // step's end first + n) and keep words 4 × n_blocks × heads, 4 per block read at
+        // 4 × block (BsbExtrasStage::gather).
         unsafe { launch(name, &mut args, cfg) }?;
         if let Some((_, _, op)) = &padded {
             resize_rows(gpu, (dp, d), &mut [(op.as_vec(), out.as_vec_mut())])?;
