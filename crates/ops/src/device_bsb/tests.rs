@@ -90,7 +90,7 @@ fn gpu_gather_matches_the_caller_order_bias_and_the_cpu_mask() {
             });
         }
     }
-    let mut starts = Vec::with_capacity(n_blocks);
+    let mut starts = Vec::with_capacity(n_blocks + 1);
     let mut nnz = 0usize;
     for b in 0..n_blocks {
         starts.push(nnz as u32);
@@ -99,6 +99,8 @@ fn gpu_gather_matches_the_caller_order_bias_and_the_cpu_mask() {
             .map(|w| w.count_ones() as usize)
             .sum::<usize>();
     }
+    // The edge count after the last block, where the tile loop's last span ends.
+    starts.push(nnz as u32);
     // A permutation of the edges (7919 is prime to nnz unless nnz is its multiple), as a
     // kernel's edge order is.
     assert_ne!(nnz % 7919, 0);
@@ -178,6 +180,17 @@ fn gpu_gather_matches_the_caller_order_bias_and_the_cpu_mask() {
         n_blocks: n_blocks + 1,
     };
     assert!(stage.gather(&gpu, &d_ids, blocks, 2, &extras).is_err());
+    // And starts without the edge count after the last block.
+    let short = DeviceVec::from_host(&gpu, &starts[..n_blocks]).unwrap();
+    let blocks = BsbBlocks {
+        bitmaps: &d_words,
+        block_edge_start: &short,
+        n_blocks,
+    };
+    match stage.gather(&gpu, &d_ids, blocks, 2, &extras) {
+        Err(e) => assert!(e.to_string().contains("edge count"), "{e}"),
+        Ok(_) => panic!("{n_blocks} starts for {n_blocks} blocks were taken"),
+    }
 }
 
 /// An upload reads back as the BSB it was made from.
