@@ -882,11 +882,11 @@ __device__ __forceinline__ void bsb_feat_chunk_p(const X& xt, float (&pp)[2][4],
 // (128 floats per block, block b's at (b + wbase) * 128, slot r * 8 + c; wbase wraps), and
 // O += P V; m and l are left at -inf and 0, and Q and K are not read.
 //
-// EARLY_X: the extras' loads at the step's top (BsbExtras::begin) where registers allow, in
-// slices of at most 128 bytes a row without the next step's K rows in flight. Its span reads
-// block_edge_start[min(blk0 + 2, end)], so it needs n_blocks + 1 entries (fused_bsb's and
-// hybrid's edge maps end with the edge count).
-template <class T, int DS, bool PIPE, bool SPMM, bool EARLY_X = false, class X = NoBsbExtras>
+// Extras (X::ON) load at the step's top (BsbExtras::begin, EARLY below) where registers allow,
+// in slices of at most 128 bytes a row without the next step's K rows in flight; elsewhere
+// after S (find_step). The span reads block_edge_start[min(blk0 + 2, end)], so the edge map
+// needs n_blocks + 1 entries (fused_bsb's and hybrid's end with the edge count).
+template <class T, int DS, bool PIPE, bool SPMM, class X = NoBsbExtras>
 __device__ __forceinline__ void bsb_tiles(
     u32 qr0, u32 qr1, const T* __restrict__ q, const u32* __restrict__ block_columns,
     const u32* __restrict__ bitmaps, const float* __restrict__ weights, u32 wbase, u32 b_begin,
@@ -901,8 +901,8 @@ __device__ __forceinline__ void bsb_tiles(
     constexpr int D8 = DS / 8;                // n-tiles of P V = features per lane per V row
     constexpr int VW = D8 * (int)sizeof(T) / 4;
     static_assert(DS % KCH == 0 && D8 >= 4, "slice too narrow");
-    constexpr bool EARLY = EARLY_X && X::ON && !PIPE && DS * sizeof(T) <= 128;
-    static_assert(!EARLY_X || (!SPMM && !X::FEATS), "EARLY_X: attention without features");
+    constexpr bool EARLY = X::ON && !PIPE && DS * sizeof(T) <= 128;
+    static_assert(!X::ON || (!SPMM && !X::FEATS), "extras: attention without edge features");
 
     const u32 lane = lane_id();
     const u32 g = lane >> 2, t = lane & 3u;

@@ -79,10 +79,10 @@ __device__ __forceinline__ void fused_bsb(
     const u32 qrow[2] = {q_row(row0), q_row(row1)};
 
     float m[2], l[2], o[D8][4];
-    bsb_tiles<T, DS, PIPE, false, true>(qrow[0], qrow[1], q, block_columns, bitmaps, nullptr,
-                                        0u, b_begin, b_end, 2u, k, v, hd, head_off, d, base,
-                                        scale_log2, fs, wig, bar, gsize, xs, m, l, o,
-                                        bsb_extras_or_none<EXTRAS>(xa, h));
+    bsb_tiles<T, DS, PIPE, false>(qrow[0], qrow[1], q, block_columns, bitmaps, nullptr, 0u,
+                                  b_begin, b_end, 2u, k, v, hd, head_off, d, base, scale_log2,
+                                  fs, wig, bar, gsize, xs, m, l, o,
+                                  bsb_extras_or_none<EXTRAS>(xa, h));
 
     if (part == SPATTN_NONE) {
         // The whole window: normalise and write (a row without edges has l = 0: zeros).

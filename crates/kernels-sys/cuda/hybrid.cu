@@ -127,8 +127,7 @@ __device__ __forceinline__ void hybrid(
                 if (wr0 + g < n_rows) qr0 = __ldg(row_ids + wr0 + g);
                 if (wr0 + g + 8u < n_rows) qr1 = __ldg(row_ids + wr0 + g + 8u);
             }
-            // EXTRAS: the extras' early loads (EARLY_X; the edge map ends with the edge count).
-            bsb_tiles<T, DS, PIPE, SPMM, EXTRAS>(
+            bsb_tiles<T, DS, PIPE, SPMM>(
                 qr0, qr1, q, block_columns, bitmaps, tc_weights, wbase, tc0 + 2u * warp, tc1,
                 2u * tc_warps, k, v, hd, head_off, head_dim, 0u, scale_log2, 1u, 0u, 0u, 32u,
                 nullptr, m, l, o, hyb_tc_extras<EXTRAS>(xa, h));

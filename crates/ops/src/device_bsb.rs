@@ -363,7 +363,8 @@ impl BsbExtrasStage {
     /// block's edges lie in `ids` from its start, and everything lives on `gpu`.
     ///
     /// Errors: [`Error::InvalidArgument`] when `blocks` holds fewer bitmaps than its
-    /// `n_blocks` or fewer starts than `n_blocks + 1`; sizes past the kernels' u32 indices; allocation failures.
+    /// `n_blocks` or fewer starts than `n_blocks + 1`; sizes past the kernels' u32 indices;
+    /// allocation failures.
     pub(crate) fn gather<'a, T: DType, W: DeviceElement>(
         &'a mut self,
         gpu: &Gpu,

@@ -709,11 +709,10 @@ impl TensorCoreBackward {
                 // this BSB and heads); the dq pass with a bias writes d_bias at h × n_edges +
                 // its block's first edge + the bit's rank among the block's (A's BSB's edge
                 // order: below n_edges, the edge map's length) < n_edges × heads (allocated so
-                // by run_with_extras).
-                // On the side stream (the dK/dV pass),
-                // everything it touches is written before the fork on the GPU's stream (the
-                // statistics) or by it alone (dK, dV, Aᵀ's partials and counters); the dq pass
-                // beside it only reads what both read, and the join orders everything after.
+                // by run_with_extras). On the side stream (the dK/dV pass), everything it
+                // touches is written before the fork on the GPU's stream (the statistics) or by
+                // it alone (dK, dV, Aᵀ's partials and counters); the dq pass beside it only
+                // reads what both read, and the join orders everything after.
                 unsafe { launch(kernel, &mut args, cfg) }?;
             }
             joined.map_or(Ok(()), JoinOnDrop::join)
