@@ -83,11 +83,15 @@ use crate::shape::Shape;
 use super::keep_bits::{draw_keep_bits, dropout_mask_words};
 use super::DeviceTranspose;
 
-/// Threads per block of both passes.
-const THREADS: u32 = 256;
-/// At most this many blocks (grid-stride loops beyond): enough to fill any current GPU many
-/// times over, and the length of the per-block ∂scale sums.
-const MAX_BLOCKS: u32 = 8192;
+/// Threads per block of both attention passes. A block's registers are freed when its last
+/// group is done, so smaller blocks idle less behind their slowest group; 128 was the fastest
+/// of 64, 128 and 256 (docs/kernels/backward.md).
+const THREADS: u32 = 128;
+/// Threads per block of GAT's passes (not timed in smaller blocks).
+pub(super) const GAT_THREADS: u32 = 256;
+/// At most this many threads in a grid (grid-stride loops beyond): enough to fill any current
+/// GPU many times over; in blocks of [`THREADS`], the length of the per-block ∂scale sums.
+const MAX_GRID_THREADS: u32 = 1 << 21;
 /// Features one lane holds at most (registers: q, dOut and two accumulators of this many, plus
 /// two edges' k and v in flight).
 const MAX_LANE_FEATURES: u32 = 16;
@@ -208,7 +212,7 @@ impl FusedBackward {
         check_transpose(a, t)?;
         let [_, a_parts, a_split, t_parts, t_split] = graph_sizes(a, t);
         let a_units = a.schedule().merge_units().0[0].len();
-        let blocks = row_grid(a_units, heads, 32)?.grid_dim.0 as usize;
+        let blocks = row_grid(a_units, heads, 32, THREADS)?.grid_dim.0 as usize;
         let zeros = |what, factors: &[usize]| -> Result<DeviceVec<f32>> {
             DeviceVec::zeros(gpu, product(what, factors)?)
         };
@@ -447,7 +451,7 @@ impl FusedBackward {
         let n_split = to_u32("split rows", a_split)?;
         let name = kernel_named(&BACKWARD, rows_pass_kernel(T::NAME, vec, nv, has_ef))?;
         let f = gpu.load_function(BACKWARD.name, BACKWARD.ptx, name)?;
-        let cfg = row_grid(rows.len(), self.heads, g)?;
+        let cfg = row_grid(rows.len(), self.heads, g, THREADS)?;
         let mut args = gpu.launch_builder(&f);
         let units = [rows, starts, slots, parts, first];
         let dims = [heads, head_dim];
@@ -501,7 +505,7 @@ impl FusedBackward {
         let cols = cols_pass_kernel(T::NAME, vec, nv, has_ef, d_ef.is_some());
         let name = kernel_named(&BACKWARD, cols)?;
         let f = gpu.load_function(BACKWARD.name, BACKWARD.ptx, name)?;
-        let cfg = row_grid(rows.len(), self.heads, g)?;
+        let cfg = row_grid(rows.len(), self.heads, g, THREADS)?;
         let mut args = gpu.launch_builder(&f);
         let units = [rows, starts, slots, parts, first];
         let ends = t.csr.col_indices();
@@ -583,14 +587,15 @@ pub(super) fn push_units<'a>(
     args.arg(n_units).arg(ends.slice());
 }
 
-/// The grid of a pass: a group of `g` lanes per (unit, head), at most [`MAX_BLOCKS`] blocks.
-/// `g = 32` gives the largest grid any layout uses (the workspace's per-block sums).
-pub(super) fn row_grid(units: usize, heads: usize, g: u32) -> Result<LaunchConfig> {
+/// The grid of a pass in blocks of `threads` (a multiple of `g`): a group of `g` lanes per
+/// (unit, head), at most [`MAX_GRID_THREADS`] threads. `g = 32` gives the largest grid any
+/// layout uses (the workspace's per-block sums).
+pub(super) fn row_grid(units: usize, heads: usize, g: u32, threads: u32) -> Result<LaunchConfig> {
     let groups = product("units x heads", &[units, heads])?;
-    let blocks = blocks_for(groups, THREADS / g)?.min(MAX_BLOCKS);
+    let blocks = blocks_for(groups, threads / g)?.min(MAX_GRID_THREADS / threads);
     Ok(LaunchConfig {
         grid_dim: (blocks, 1, 1),
-        block_dim: (THREADS, 1, 1),
+        block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     })
 }
@@ -624,7 +629,7 @@ pub(super) fn check_transpose(a: &DeviceCsr, t: &DeviceTranspose) -> Result<()> 
 
 #[cfg(test)]
 mod tests {
-    use super::layout;
+    use super::{layout, row_grid, GAT_THREADS, MAX_GRID_THREADS, THREADS};
 
     #[test]
     fn layouts_cover_heads_up_to_sixteen_features_a_lane() {
@@ -646,5 +651,19 @@ mod tests {
         assert_eq!(layout(96 * 2, 4), Some((4, 32, 2)));
         assert_eq!(layout(1024, 2), None);
         assert_eq!(layout(0, 4), None);
+    }
+
+    #[test]
+    fn grids_hold_a_group_per_unit_and_head_up_to_the_thread_cap() {
+        // 10 units × 3 heads in groups of 8 lanes: 16 groups a block of 128, 2 blocks.
+        let cfg = row_grid(10, 3, 8, THREADS).unwrap();
+        assert_eq!((cfg.grid_dim, cfg.block_dim), ((2, 1, 1), (THREADS, 1, 1)));
+        let cfg = row_grid(10, 3, 8, GAT_THREADS).unwrap();
+        assert_eq!(cfg.grid_dim.0, 1);
+        // Past the cap the kernels' grid-stride loops cover the rest.
+        let cfg = row_grid(1 << 24, 8, 32, THREADS).unwrap();
+        assert_eq!(cfg.grid_dim.0, MAX_GRID_THREADS / THREADS);
+        // No units, no blocks (the launch is skipped).
+        assert_eq!(row_grid(0, 8, 8, THREADS).unwrap().grid_dim.0, 0);
     }
 }

@@ -34,7 +34,7 @@ use crate::launch::{
 };
 use crate::shape::Shape;
 
-use super::fused::{check_transpose, layout, push_units, row_grid, ROW_PARTIAL};
+use super::fused::{check_transpose, layout, push_units, row_grid, GAT_THREADS, ROW_PARTIAL};
 #[cfg(doc)]
 use super::FusedBackward;
 use super::{
@@ -208,6 +208,7 @@ pub fn gat_fused_backward<T: DType>(
         .arg(grads.d_dst.slice_mut())
         .arg(row_parts.slice_mut())
         .arg(row_counters.slice_mut());
+    let cfg = row_grid(a_rows.len(), heads, g, GAT_THREADS)?;
     // SAFETY: the kernel reads A's schedule (n_units units, starts n_units + 1, slots and
     // partials per unit, first partials per split row + 1; built with the CSR) and
     // col_indices[starts[u]..starts[u+1]) ⊂ [0, nnz); x rows col_indices[e] < n_cols and dOut
@@ -216,7 +217,7 @@ pub fn gat_fused_backward<T: DType>(
     // (e, head) < nnz·heads (checked). It writes stats and d_dst at (row, head) <
     // n_rows·heads (stats 2 floats each), partials at (part, head) < a_n_parts·heads (5 floats)
     // and counters at (split row, head) < a_split·heads, all sized above.
-    unsafe { launch(name, &mut args, row_grid(a_rows.len(), heads, g)?) }?;
+    unsafe { launch(name, &mut args, cfg) }?;
 
     // Column pass over Aᵀ.
     let n_units = to_u32("units", t_rows.len())?;
@@ -238,6 +239,7 @@ pub fn gat_fused_backward<T: DType>(
         .arg_or_null_mut(grads.d_bias)
         .arg(col_parts.slice_mut())
         .arg(col_counters.slice_mut());
+    let cfg = row_grid(t_rows.len(), heads, g, GAT_THREADS)?;
     // SAFETY: as the row pass, on Aᵀ's schedule: its entries are rows of A (< n_rows: dOut,
     // a_dst and stats rows), its units' rows columns of A (< n_cols: x, dx, a_src and d_src
     // rows); an entry's edge t_to_a[e] < nnz (the inverse of the edge map, a permutation of
@@ -245,7 +247,7 @@ pub fn gat_fused_backward<T: DType>(
     // bias's indices, which are absent) indexes the bias and d_bias at (edge, head) <
     // nnz·heads (checked); partials at (part, head) < t_n_parts·heads of head_dim + 1 floats
     // and counters at (split column, head) < t_split·heads, sized above.
-    unsafe { launch(name, &mut args, row_grid(t_rows.len(), heads, g)?) }
+    unsafe { launch(name, &mut args, cfg) }
 }
 
 /// Pushes the score terms' arguments of both GAT passes: a_dst, a_src, the bias (or null),
