@@ -998,9 +998,10 @@ __device__ __forceinline__ void gat_backward_col_pass(
                                                     part_acc, counters, t_to_a, d_ef, edge_sd, \
                                                     keep, keep_scale);                         \
     }
-// Edges per step and the blocks per SM asked of the register allocator, by features a lane
-// (docs/kernels/backward.md, "Tried"): 4 or fewer take one edge a step at 6 blocks (42
-// registers), 8 two edges at 4 blocks (64), 16 two edges at 3 blocks (85).
+// Edges per step and the blocks of 256 threads per SM asked of the register allocator, by
+// features a lane (docs/kernels/backward.md, "Tried"): 4 or fewer take one edge a step at 6
+// blocks (42 registers), 8 two edges at 4 blocks (64), 16 two edges at 3 blocks (85). The host
+// launches the attention passes in blocks of 128 (twice as many a SM), GAT's in blocks of 256.
 #define SPATTN_BWD_TILE_OF(F) ((F) <= 4 ? 1 : 2)
 #define SPATTN_BWD_MINB_OF(F) ((F) <= 4 ? 6 : (F) <= 8 ? 4 : 3)
 // With edge features a lane of the row pass holds each edge's feature vector too: one block a
