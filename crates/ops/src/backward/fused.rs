@@ -85,7 +85,7 @@ use super::DeviceTranspose;
 
 /// Threads per block of both attention passes. A block's registers are freed when its last
 /// group is done, so smaller blocks idle less behind their slowest group; 128 was the fastest
-/// of 64, 128 and 256 (docs/kernels/backward.md).
+/// overall of 64, 128 and 256, by up to 8% with edge features (docs/kernels/backward.md).
 const THREADS: u32 = 128;
 /// Threads per block of GAT's passes (not timed in smaller blocks).
 pub(super) const GAT_THREADS: u32 = 256;
@@ -591,6 +591,10 @@ pub(super) fn push_units<'a>(
 /// (unit, head), at most [`MAX_GRID_THREADS`] threads. `g = 32` gives the largest grid any
 /// layout uses (the workspace's per-block sums).
 pub(super) fn row_grid(units: usize, heads: usize, g: u32, threads: u32) -> Result<LaunchConfig> {
+    debug_assert!(
+        g > 0 && threads % g == 0,
+        "{threads} threads in groups of {g}"
+    );
     let groups = product("units x heads", &[units, heads])?;
     let blocks = blocks_for(groups, threads / g)?.min(MAX_GRID_THREADS / threads);
     Ok(LaunchConfig {
@@ -629,7 +633,7 @@ pub(super) fn check_transpose(a: &DeviceCsr, t: &DeviceTranspose) -> Result<()> 
 
 #[cfg(test)]
 mod tests {
-    use super::{layout, row_grid, GAT_THREADS, MAX_GRID_THREADS, THREADS};
+    use super::{layout, row_grid, GAT_THREADS, THREADS};
 
     #[test]
     fn layouts_cover_heads_up_to_sixteen_features_a_lane() {
@@ -660,9 +664,22 @@ mod tests {
         assert_eq!((cfg.grid_dim, cfg.block_dim), ((2, 1, 1), (THREADS, 1, 1)));
         let cfg = row_grid(10, 3, 8, GAT_THREADS).unwrap();
         assert_eq!(cfg.grid_dim.0, 1);
-        // Past the cap the kernels' grid-stride loops cover the rest.
+        // Past the cap the kernels' grid-stride loops cover the rest: 16384 blocks of 128, 8192
+        // of GAT's 256.
         let cfg = row_grid(1 << 24, 8, 32, THREADS).unwrap();
-        assert_eq!(cfg.grid_dim.0, MAX_GRID_THREADS / THREADS);
+        assert_eq!(cfg.grid_dim.0, 16384);
+        assert_eq!(
+            row_grid(1 << 24, 8, 32, GAT_THREADS).unwrap().grid_dim.0,
+            8192
+        );
+        // The workspace sizes its per-block sums by groups of 32 lanes: no narrower group
+        // launches more blocks, below the cap or at it.
+        for units in [1, 10, 1000, 1 << 24] {
+            let widest = row_grid(units, 3, 32, THREADS).unwrap().grid_dim.0;
+            for g in [1, 2, 4, 8, 16] {
+                assert!(row_grid(units, 3, g, THREADS).unwrap().grid_dim.0 <= widest);
+            }
+        }
         // No units, no blocks (the launch is skipped).
         assert_eq!(row_grid(0, 8, 8, THREADS).unwrap().grid_dim.0, 0);
     }
