@@ -393,8 +393,9 @@ __device__ __forceinline__ void gatv2_edge_grad(
 // Determinism: no floating-point atomics. A unit of a split row leaves its partial in its slot;
 // the last unit of the row to finish (an integer counter per (split row, head)) merges all of the
 // row's partials in slot order, so the result does not depend on which unit merges, and resets
-// the counter. dscale: per thread in a fixed grid-stride order, per block by a fixed tree, and
-// across blocks by the last block to finish, in block order, in f64.
+// the counter. dscale: each row's share per head into dscale_rows (written by the row's one
+// unit, or the unit that merges it), summed afterwards in a fixed order (sum_in_order_f32): no
+// block-wide barrier or fence, so a block's groups finish on their own.
 
 #define SPATTN_ROW_PARTIAL 5  // m, l, w, a1, a2
 
@@ -540,17 +541,13 @@ __device__ __forceinline__ void backward_row_pass(
     Units un, const u32* __restrict__ col_indices, const T* __restrict__ q,
     const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ d_out, u32 heads,
     u32 head_dim, float scale, u32 g, T* __restrict__ dq, float2* __restrict__ stats,
-    float* part_stats, float* part_acc, u32* counters, u32 n_split, float* split_dscale,
-    float* block_dscale, u32* block_counter, double* d_scale, const T* __restrict__ ef,
-    float2* __restrict__ edge_sd, const u32* __restrict__ keep, float keep_scale,
-    const T* __restrict__ bias, u32 bias_heads) {
-    __shared__ float scratch[32];
-    __shared__ double scratch64[32];
+    float* part_stats, float* part_acc, u32* counters, float* __restrict__ dscale_rows,
+    const T* __restrict__ ef, float2* __restrict__ edge_sd, const u32* __restrict__ keep,
+    float keep_scale, const T* __restrict__ bias, u32 bias_heads) {
     const u32 mask = group_mask(g), lane = lane_id() & (g - 1u);
     const u64 hd = (u64)heads * head_dim;
     const u64 group = grid_group(g), groups = grid_groups(g);
     const u64 total = (u64)un.n * heads;
-    float dscale = 0.0f;
     for (u64 uh = group; uh < total; uh += groups) {
         u32 h;
         const u64 u = split_index(uh, heads, total, h);
@@ -627,7 +624,6 @@ __device__ __forceinline__ void backward_row_pass(
             }
         }
         const u32 part = un.parts[u];
-        u32 split = SPATTN_NONE;
         if (part != SPATTN_NONE) {
             const u64 slot = (u64)part * heads + h;
             if (lane == 0u) store_row_partial(part_stats + slot * SPATTN_ROW_PARTIAL, m, l, w, a1, a2);
@@ -649,39 +645,17 @@ __device__ __forceinline__ void backward_row_pass(
                 axpby<VEC, NV>(adk, c1, pdk, c2);
             }
             if (lane == 0u) *counter = 0u;
-            split = s;
         }
         // The row's end: a row without edges has l = 0 and gets zeros.
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
         const float d = w * inv;
         if (lane == 0u) {
-            const float share = (a1 - d * a2) * inv;
-            if (split == SPATTN_NONE) {
-                dscale += share;
-            } else {
-                // Any unit of the row may merge: its share goes to the row's slot, not to the
-                // merging thread's sum, so the block sums do not depend on who merged.
-                split_dscale[(u64)split * heads + h] = share;
-                __threadfence();
-            }
-            stats[(u64)row * heads + h] = make_float2(l > 0.0f ? m + logf(l) : 0.0f, d);
+            const u64 rh = (u64)row * heads + h;
+            dscale_rows[rh] = (a1 - d * a2) * inv;
+            stats[rh] = make_float2(l > 0.0f ? m + logf(l) : 0.0f, d);
         }
         axpby<VEC, NV>(adk, 1.0f, ak, -d);
         store_head<T, VEC, NV>(dq + row * hd + head_off, on, feat, adk, scale * inv);
-    }
-    const float b = block_reduce(dscale, scratch, false);
-    if (threadIdx.x == 0) block_dscale[blockIdx.x] = b;
-    if (last_block_to_finish(block_counter)) {
-        double s = 0.0;
-        for (u32 i = threadIdx.x; i < gridDim.x; i += blockDim.x) s += (double)__ldcg(block_dscale + i);
-        const u64 n_split_shares = (u64)n_split * heads;
-        for (u64 i = threadIdx.x; i < n_split_shares; i += blockDim.x)
-            s += (double)__ldcg(split_dscale + i);
-        s = block_sum_f64(s, scratch64);
-        if (threadIdx.x == 0) {
-            *d_scale = s;
-            *block_counter = 0u;
-        }
     }
 }
 
@@ -976,15 +950,13 @@ __device__ __forceinline__ void gat_backward_col_pass(
     extern "C" __global__ void __launch_bounds__(256, MINB) NAME(                              \
         SPATTN_BWD_UNITS_ARGS, const u32* col_indices, const T* q, const T* k, const T* v,     \
         const T* d_out, u32 heads, u32 head_dim, float scale, u32 g, T* dq, float2* stats,     \
-        float* part_stats, float* part_acc, u32* counters, u32 n_split, float* split_dscale,   \
-        float* block_dscale, u32* block_counter, double* d_scale, const T* ef,                 \
+        float* part_stats, float* part_acc, u32* counters, float* dscale_rows, const T* ef,     \
         float2* edge_sd, const u32* keep, float keep_scale, const T* bias, u32 bias_heads) {   \
         const Units un = SPATTN_BWD_UNITS;                                                     \
         backward_row_pass<T, VEC, NV, TILE, EF>(un, col_indices, q, k, v, d_out, heads,        \
                                                 head_dim, scale, g, dq, stats, part_stats,     \
-                                                part_acc, counters, n_split, split_dscale,     \
-                                                block_dscale, block_counter, d_scale, ef,      \
-                                                edge_sd, keep, keep_scale, bias, bias_heads);  \
+                                                part_acc, counters, dscale_rows, ef, edge_sd,  \
+                                                keep, keep_scale, bias, bias_heads);           \
     }
 #define SPATTN_BACKWARD_COLS_K(NAME, T, VEC, NV, TILE, MINB, EF, DE)                            \
     extern "C" __global__ void __launch_bounds__(256, MINB) NAME(                              \
@@ -1001,7 +973,7 @@ __device__ __forceinline__ void gat_backward_col_pass(
 // Edges per step and the blocks of 256 threads per SM asked of the register allocator, by
 // features a lane (docs/kernels/backward.md, "Tried"): 4 or fewer take one edge a step at 6
 // blocks (42 registers), 8 two edges at 4 blocks (64), 16 two edges at 3 blocks (85). The host
-// launches the attention passes in blocks of 128 (twice as many a SM), GAT's in blocks of 256.
+// launches the attention passes in blocks of 64 (four times as many a SM), GAT's in blocks of 256.
 #define SPATTN_BWD_TILE_OF(F) ((F) <= 4 ? 1 : 2)
 #define SPATTN_BWD_MINB_OF(F) ((F) <= 4 ? 6 : (F) <= 8 ? 4 : 3)
 // With edge features a lane of the row pass holds each edge's feature vector too: one block a

@@ -17,8 +17,9 @@
 //!
 //! **Deterministic**: a hub row (or column) split into units leaves one partial per unit; the
 //! last unit to finish merges them in the schedule's order (an integer counter decides who is
-//! last, never the order of the sum), and ∂scale is summed in a fixed order per thread, per
-//! block and across blocks. Two calls on the same inputs give bitwise-equal gradients.
+//! last, never the order of the sum), and ∂scale is the rows' shares (one per row and head,
+//! written by the row pass) summed in a fixed order by one more kernel. Two calls on the same
+//! inputs give bitwise-equal gradients.
 //!
 //! **No host synchronization**: ∂scale stays on the device ([`FusedBackward::d_scale`]).
 //!
@@ -81,16 +82,18 @@ use crate::schedule::{group_for, vector_width};
 use crate::shape::Shape;
 
 use super::keep_bits::{draw_keep_bits, dropout_mask_words};
-use super::DeviceTranspose;
+use super::{DeviceSum, DeviceTranspose};
 
 /// Threads per block of both attention passes. A block's registers are freed when its last
-/// group is done, so smaller blocks idle less behind their slowest group; 128 was the fastest
-/// overall of 64, 128 and 256, by up to 8% with edge features (docs/kernels/backward.md).
-const THREADS: u32 = 128;
+/// group is done, so smaller blocks idle less behind their slowest group (at 8 heads of 64 f16
+/// features a block of 64 holds one unit's heads); with no block-wide step left in either
+/// pass, 64 was 1–5% faster than 128 with edge features in f16 and within 1% in f32
+/// (docs/kernels/backward.md).
+const THREADS: u32 = 64;
 /// Threads per block of GAT's passes (not timed in smaller blocks).
 pub(super) const GAT_THREADS: u32 = 256;
 /// At most this many threads in a grid (grid-stride loops beyond): enough to fill any current
-/// GPU many times over; in blocks of [`THREADS`], the length of the per-block ∂scale sums.
+/// GPU many times over.
 const MAX_GRID_THREADS: u32 = 1 << 21;
 /// Features one lane holds at most (registers: q, dOut and two accumulators of this many, plus
 /// two edges' k and v in flight).
@@ -173,15 +176,13 @@ pub struct FusedBackward {
     row_part_acc: DeviceVec<f32>,
     /// Per (split row, head): units finished (reset to 0 by the merging unit).
     row_counters: DeviceVec<u32>,
-    /// Per (split row, head): the row's share of ∂scale.
-    split_dscale: DeviceVec<f32>,
+    /// Per (row of A, head): the row's share of ∂scale, written by the row pass.
+    dscale_rows: DeviceVec<f32>,
     /// Split rows of Aᵀ (columns of A): dK and dV partials, and their counters.
     col_part_acc: DeviceVec<f32>,
     col_counters: DeviceVec<u32>,
-    /// Per block of the row pass: its sum of ∂scale; and the blocks finished.
-    block_dscale: DeviceVec<f32>,
-    block_counter: DeviceVec<u32>,
-    d_scale: DeviceVec<f64>,
+    /// ∂scale: the rows' shares summed in a fixed order after the row pass.
+    d_scale: DeviceSum,
     /// With edge terms: each edge's score and dP per head (at least `nnz × heads × 2`), left by
     /// the row pass for the column pass; grown by the runs with edge terms.
     edge_sd: Option<DeviceVec<f32>>,
@@ -211,8 +212,6 @@ impl FusedBackward {
     ) -> Result<Self> {
         check_transpose(a, t)?;
         let [_, a_parts, a_split, t_parts, t_split] = graph_sizes(a, t);
-        let a_units = a.schedule().merge_units().0[0].len();
-        let blocks = row_grid(a_units, heads, 32, THREADS)?.grid_dim.0 as usize;
         let zeros = |what, factors: &[usize]| -> Result<DeviceVec<f32>> {
             DeviceVec::zeros(gpu, product(what, factors)?)
         };
@@ -224,12 +223,10 @@ impl FusedBackward {
             row_part_stats: zeros("row partials", &[a_parts, heads, ROW_PARTIAL])?,
             row_part_acc: zeros("row partials", &[a_parts, heads, 2, head_dim])?,
             row_counters: DeviceVec::zeros(gpu, product("row counters", &[a_split, heads])?)?,
-            split_dscale: zeros("split-row dscale", &[a_split, heads])?,
+            dscale_rows: zeros("row dscale", &[a.n_rows(), heads])?,
             col_part_acc: zeros("column partials", &[t_parts, heads, 2, head_dim])?,
             col_counters: DeviceVec::zeros(gpu, product("column counters", &[t_split, heads])?)?,
-            block_dscale: zeros("block dscale", &[blocks])?,
-            block_counter: DeviceVec::zeros(gpu, 1)?,
-            d_scale: DeviceVec::zeros(gpu, 1)?,
+            d_scale: DeviceSum::new(gpu)?,
             edge_sd: None,
             keep: None,
         })
@@ -242,7 +239,7 @@ impl FusedBackward {
 
     /// ∂L/∂scale of the last [`run`](Self::run), on the device (one f64).
     pub fn d_scale(&self) -> &DeviceVec<f64> {
-        &self.d_scale
+        self.d_scale.total()
     }
 
     /// Device memory the workspace holds, in bytes.
@@ -251,16 +248,14 @@ impl FusedBackward {
             &self.stats,
             &self.row_part_stats,
             &self.row_part_acc,
-            &self.split_dscale,
+            &self.dscale_rows,
             &self.col_part_acc,
-            &self.block_dscale,
         ]
         .iter()
         .map(|v| v.allocated_bytes())
         .sum::<usize>()
             + self.row_counters.allocated_bytes()
             + self.col_counters.allocated_bytes()
-            + self.block_counter.allocated_bytes()
             + self.d_scale.allocated_bytes()
             + self.edge_sd.as_ref().map_or(0, DeviceVec::allocated_bytes)
             + self.keep.as_ref().map_or(0, DeviceVec::allocated_bytes)
@@ -446,9 +441,8 @@ impl FusedBackward {
         let head_dim = to_u32("head_dim", self.head_dim)?;
 
         // Row pass over A.
-        let ([rows, starts, slots, parts, first], _, a_split) = a.schedule().merge_units();
+        let ([rows, starts, slots, parts, first], _, _) = a.schedule().merge_units();
         let n_units = to_u32("units", rows.len())?;
-        let n_split = to_u32("split rows", a_split)?;
         let name = kernel_named(&BACKWARD, rows_pass_kernel(T::NAME, vec, nv, has_ef))?;
         let f = gpu.load_function(BACKWARD.name, BACKWARD.ptx, name)?;
         let cfg = row_grid(rows.len(), self.heads, g, THREADS)?;
@@ -470,11 +464,7 @@ impl FusedBackward {
             .arg(self.row_part_stats.slice_mut())
             .arg(self.row_part_acc.slice_mut())
             .arg(self.row_counters.slice_mut())
-            .arg(&n_split)
-            .arg(self.split_dscale.slice_mut())
-            .arg(self.block_dscale.slice_mut())
-            .arg(self.block_counter.slice_mut())
-            .arg(self.d_scale.slice_mut())
+            .arg(self.dscale_rows.slice_mut())
             .arg_or_null(ef.map(DeviceMatrix::as_vec))
             .arg_or_null_mut(edge_sd)
             .arg_or_null(keep)
@@ -487,10 +477,9 @@ impl FusedBackward {
         // col_indices[e] < n_cols, each heads*head_dim (shapes checked), in vectors of `vec`
         // inside a head (vec divides head_dim). It writes dQ's rows (< n_rows), stats at
         // (row, head) < n_rows*heads (x2 floats), partials at part < n_parts (stats 5 and
-        // accumulators 2*head_dim floats per (part, head)), counters and split_dscale at
-        // (split row, head) < n_split*heads, block_dscale[blockIdx] (sized for the grid of
-        // 32-lane groups, the largest) and the two words block_counter, d_scale — all sized by
-        // `new` for a graph of these sizes (`sized_for`, checked above). The `_ef` kernel
+        // accumulators 2*head_dim floats per (part, head)), counters at (split row, head) <
+        // n_split*heads and dscale_rows at (row, head) < n_rows*heads — all sized by `new` for
+        // a graph of these sizes (`sized_for`, checked above). The `_ef` kernel
         // (features, a bias, dropout, or a mix) writes edge_sd at (e, head) < nnz*heads for each edge e
         // it walks (x2 floats; grown to at least that above); with edge features (non-null)
         // it reads their row e < nnz (nnz × heads × head_dim, checked); with dropout, bit
@@ -498,6 +487,7 @@ impl FusedBackward {
         // drawn above); with a bias, element e*bias_heads + (head, or 0 when shared) of it
         // (nnz × bias_heads, checked).
         unsafe { launch(name, &mut args, cfg) }?;
+        self.d_scale.take(gpu, &self.dscale_rows, None)?;
 
         // Column pass over Aᵀ.
         let ([rows, starts, slots, parts, first], _, _) = t.csr.schedule().merge_units();
@@ -588,8 +578,7 @@ pub(super) fn push_units<'a>(
 }
 
 /// The grid of a pass in blocks of `threads` (a multiple of `g`): a group of `g` lanes per
-/// (unit, head), at most [`MAX_GRID_THREADS`] threads. `g = 32` gives the largest grid any
-/// layout uses (the workspace's per-block sums).
+/// (unit, head), at most [`MAX_GRID_THREADS`] threads.
 pub(super) fn row_grid(units: usize, heads: usize, g: u32, threads: u32) -> Result<LaunchConfig> {
     debug_assert!(
         g > 0 && threads % g == 0,
@@ -659,27 +648,21 @@ mod tests {
 
     #[test]
     fn grids_hold_a_group_per_unit_and_head_up_to_the_thread_cap() {
-        // 10 units × 3 heads in groups of 8 lanes: 16 groups a block of 128, 2 blocks.
-        let cfg = row_grid(10, 3, 8, THREADS).unwrap();
-        assert_eq!((cfg.grid_dim, cfg.block_dim), ((2, 1, 1), (THREADS, 1, 1)));
-        let cfg = row_grid(10, 3, 8, GAT_THREADS).unwrap();
-        assert_eq!(cfg.grid_dim.0, 1);
-        // Past the cap the kernels' grid-stride loops cover the rest: 16384 blocks of 128, 8192
-        // of GAT's 256.
-        let cfg = row_grid(1 << 24, 8, 32, THREADS).unwrap();
-        assert_eq!(cfg.grid_dim.0, 16384);
-        assert_eq!(
-            row_grid(1 << 24, 8, 32, GAT_THREADS).unwrap().grid_dim.0,
-            8192
-        );
-        // The workspace sizes its per-block sums by groups of 32 lanes: no narrower group
-        // launches more blocks, below the cap or at it.
-        for units in [1, 10, 1000, 1 << 24] {
-            let widest = row_grid(units, 3, 32, THREADS).unwrap().grid_dim.0;
-            for g in [1, 2, 4, 8, 16] {
-                assert!(row_grid(units, 3, g, THREADS).unwrap().grid_dim.0 <= widest);
-            }
+        // 10 units × 3 heads in groups of 8 lanes: 8 groups a block of 64, 4 blocks; 16 a
+        // block of 128, 2 blocks; one block of 256.
+        let cfg = row_grid(10, 3, 8, 64).unwrap();
+        assert_eq!((cfg.grid_dim, cfg.block_dim), ((4, 1, 1), (64, 1, 1)));
+        assert_eq!(row_grid(10, 3, 8, 128).unwrap().grid_dim.0, 2);
+        assert_eq!(row_grid(10, 3, 8, GAT_THREADS).unwrap().grid_dim.0, 1);
+        // Past the cap the kernels' grid-stride loops cover the rest: 2²¹ threads, in blocks
+        // of the attention passes' and of GAT's.
+        for threads in [THREADS, GAT_THREADS] {
+            let cfg = row_grid(1 << 24, 8, 32, threads).unwrap();
+            assert_eq!(cfg.grid_dim.0 * threads, 1 << 21);
         }
+        // Narrower groups, fewer blocks: 1000 units × 3 heads in groups of 2 lanes fill 47
+        // blocks of 128.
+        assert_eq!(row_grid(1000, 3, 2, 128).unwrap().grid_dim.0, 47);
         // No units, no blocks (the launch is skipped).
         assert_eq!(row_grid(0, 8, 8, THREADS).unwrap().grid_dim.0, 0);
     }
