@@ -12,8 +12,8 @@
 //!
 //! The row pass needs nothing from the forward (it recomputes the row statistics it hands to the
 //! column pass), so every forward algorithm feeds it. Device memory beyond the graph:
-//! `n × heads` row statistics and the partials of split rows and columns, O(n · heads ·
-//! head_dim) at most; with edge terms also `nnz × heads` (score, dP) pairs.
+//! `n × heads` row statistics and ∂scale shares, the partials of split rows and columns,
+//! O(n · heads · head_dim) at most; with edge terms also `nnz × heads` (score, dP) pairs.
 //!
 //! **Deterministic**: a hub row (or column) split into units leaves one partial per unit; the
 //! last unit to finish merges them in the schedule's order (an integer counter decides who is
@@ -478,7 +478,7 @@ impl FusedBackward {
         // inside a head (vec divides head_dim). It writes dQ's rows (< n_rows), stats at
         // (row, head) < n_rows*heads (x2 floats), partials at part < n_parts (stats 5 and
         // accumulators 2*head_dim floats per (part, head)), counters at (split row, head) <
-        // n_split*heads and dscale_rows at (row, head) < n_rows*heads — all sized by `new` for
+        // (A's split rows)*heads and dscale_rows at (row, head) < n_rows*heads — all sized by `new` for
         // a graph of these sizes (`sized_for`, checked above). The `_ef` kernel
         // (features, a bias, dropout, or a mix) writes edge_sd at (e, head) < nnz*heads for each edge e
         // it walks (x2 floats; grown to at least that above); with edge features (non-null)
