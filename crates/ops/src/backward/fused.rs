@@ -478,8 +478,8 @@ impl FusedBackward {
         // inside a head (vec divides head_dim). It writes dQ's rows (< n_rows), stats at
         // (row, head) < n_rows*heads (x2 floats), partials at part < n_parts (stats 5 and
         // accumulators 2*head_dim floats per (part, head)), counters at (split row, head) <
-        // (A's split rows)*heads and dscale_rows at (row, head) < n_rows*heads — all sized by `new` for
-        // a graph of these sizes (`sized_for`, checked above). The `_ef` kernel
+        // (A's split rows)*heads and dscale_rows at (row, head) < n_rows*heads — all sized by
+        // `new` for a graph of these sizes (`sized_for`, checked above). The `_ef` kernel
         // (features, a bias, dropout, or a mix) writes edge_sd at (e, head) < nnz*heads for each edge e
         // it walks (x2 floats; grown to at least that above); with edge features (non-null)
         // it reads their row e < nnz (nnz × heads × head_dim, checked); with dropout, bit
