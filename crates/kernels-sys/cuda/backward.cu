@@ -534,9 +534,11 @@ struct Units {
 // formula above; a score bias b_e (bias: null, or nnz x bias_heads, 1 when shared by the heads)
 // added to the scaled score, s = scale r + b_e (-inf masks the edge); each edge's score s and dP
 // go to edge_sd[e * heads + h] for the column pass. With dropout (`keep` A's kept bits, null
-// without): dP = f <dOut_i, v'> with f = kept_factor, the forward having aggregated P f v'. A
-// bias or dropout alone runs these kernels with ef and d_ef null.
-template <class T, int VEC, int NV, int TILE, bool EF>
+// without): dP = f <dOut_i, v'> with f = kept_factor, the forward having aggregated P f v'.
+// FEAT (EF kernels): whether a feature row is read; a bias or dropout without features runs the
+// twin without (`_drop`), so that the `_ef` kernel issues a tile's feature loads with its K and
+// V loads instead of behind a runtime branch each.
+template <class T, int VEC, int NV, int TILE, bool EF, bool FEAT>
 __device__ __forceinline__ void backward_row_pass(
     Units un, const u32* __restrict__ col_indices, const T* __restrict__ q,
     const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ d_out, u32 heads,
@@ -576,7 +578,7 @@ __device__ __forceinline__ void backward_row_pass(
                     sb[t] = bias == nullptr ? 0.0f
                                             : to_f32(__ldg(bias + (u64)pos * bias_heads +
                                                            (bias_heads == 1u ? 0u : h)));
-                    if (ef != nullptr) {
+                    if constexpr (FEAT) {
                         float ee[NV][VEC];
                         load_head<T, VEC, NV>(ef + (u64)pos * hd + head_off, on, feat, ee);
                         axpby<VEC, NV>(kk[t], 1.0f, ee, 1.0f);
@@ -943,20 +945,21 @@ __device__ __forceinline__ void gat_backward_col_pass(
 
 // Every pass takes the edge terms' arguments (ef, edge_sd, bias; t_to_a, d_ef, edge_sd)
 // and the dropout's kept bits and scale, used by the EF kernels only (`_ef` in the name: edge
-// features, with a bias or dropout or not; the row pass also serves a bias or dropout without
-// features, with ef null, beside the column pass `_drop`, which writes no dE), null for the
-// others. The row pass writes edge_sd, the column pass reads it.
-#define SPATTN_BACKWARD_ROWS_K(NAME, T, VEC, NV, TILE, MINB, EF)                                \
+// features, with a bias or dropout or not; `_drop`: a bias or dropout without features, ef null,
+// the row pass reading no feature row and the column pass writing no dE), null for the others.
+// The row pass writes edge_sd, the column pass reads it.
+#define SPATTN_BACKWARD_ROWS_K(NAME, T, VEC, NV, TILE, MINB, EF, FEAT)                          \
     extern "C" __global__ void __launch_bounds__(256, MINB) NAME(                              \
         SPATTN_BWD_UNITS_ARGS, const u32* col_indices, const T* q, const T* k, const T* v,     \
         const T* d_out, u32 heads, u32 head_dim, float scale, u32 g, T* dq, float2* stats,     \
         float* part_stats, float* part_acc, u32* counters, float* dscale_rows, const T* ef,     \
         float2* edge_sd, const u32* keep, float keep_scale, const T* bias, u32 bias_heads) {   \
         const Units un = SPATTN_BWD_UNITS;                                                     \
-        backward_row_pass<T, VEC, NV, TILE, EF>(un, col_indices, q, k, v, d_out, heads,        \
-                                                head_dim, scale, g, dq, stats, part_stats,     \
-                                                part_acc, counters, dscale_rows, ef, edge_sd,  \
-                                                keep, keep_scale, bias, bias_heads);           \
+        backward_row_pass<T, VEC, NV, TILE, EF, FEAT>(un, col_indices, q, k, v, d_out, heads,  \
+                                                      head_dim, scale, g, dq, stats,           \
+                                                      part_stats, part_acc, counters,          \
+                                                      dscale_rows, ef, edge_sd, keep,          \
+                                                      keep_scale, bias, bias_heads);           \
     }
 #define SPATTN_BACKWARD_COLS_K(NAME, T, VEC, NV, TILE, MINB, EF, DE)                            \
     extern "C" __global__ void __launch_bounds__(256, MINB) NAME(                              \
@@ -1005,12 +1008,17 @@ __device__ __forceinline__ void gat_backward_col_pass(
     }
 #define SPATTN_BACKWARD_FUSED(SUFFIX, T, VEC, NV)                                              \
     SPATTN_BACKWARD_ROWS_K(attention_backward_rows_##SUFFIX##_v##VEC##_n##NV, T, VEC, NV,      \
-                           SPATTN_BWD_TILE_OF(VEC * NV), SPATTN_BWD_MINB_OF(VEC * NV), false)  \
+                           SPATTN_BWD_TILE_OF(VEC * NV), SPATTN_BWD_MINB_OF(VEC * NV), false,  \
+                           false)                                                              \
     SPATTN_BACKWARD_COLS_K(attention_backward_cols_##SUFFIX##_v##VEC##_n##NV, T, VEC, NV,      \
                            SPATTN_BWD_TILE_OF(VEC * NV), SPATTN_BWD_MINB_OF(VEC * NV), false,  \
                            false)                                                              \
     SPATTN_BACKWARD_ROWS_K(attention_backward_rows_ef_##SUFFIX##_v##VEC##_n##NV, T, VEC, NV,   \
-                           SPATTN_BWD_TILE_OF(VEC * NV), SPATTN_BWD_MINB_EF_OF(VEC * NV), true) \
+                           SPATTN_BWD_TILE_OF(VEC * NV), SPATTN_BWD_MINB_EF_OF(VEC * NV), true, \
+                           true)                                                               \
+    SPATTN_BACKWARD_ROWS_K(attention_backward_rows_drop_##SUFFIX##_v##VEC##_n##NV, T, VEC, NV, \
+                           SPATTN_BWD_TILE_OF(VEC * NV), SPATTN_BWD_MINB_EF_OF(VEC * NV), true, \
+                           false)                                                              \
     SPATTN_BACKWARD_COLS_K(attention_backward_cols_ef_##SUFFIX##_v##VEC##_n##NV, T, VEC, NV,   \
                            SPATTN_BWD_TILE_OF(VEC * NV), SPATTN_BWD_MINB_EF_OF(VEC * NV), true, \
                            true)                                                               \

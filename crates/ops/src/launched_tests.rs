@@ -90,9 +90,10 @@ fn backward_holds_exactly_the_launched_kernels() {
             l.add(row_dot_kernel(dt, vec));
             if let Some((vec, _, nv)) = layout(hd, bytes) {
                 for ef in [false, true] {
-                    l.add(rows_pass_kernel(dt, vec, nv, ef));
-                    l.add(cols_pass_kernel(dt, vec, nv, ef, true));
-                    l.add(cols_pass_kernel(dt, vec, nv, ef, false));
+                    for feat in [false, true] {
+                        l.add(rows_pass_kernel(dt, vec, nv, ef, feat));
+                        l.add(cols_pass_kernel(dt, vec, nv, ef, feat));
+                    }
                 }
                 l.add(gat_rows_kernel(dt, vec, nv));
                 l.add(gat_cols_kernel(dt, vec, nv));

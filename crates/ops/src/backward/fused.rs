@@ -32,9 +32,11 @@
 //! pass per entry through Aᵀ's edge map (`f P` in dV and ∂L/∂E). A score bias is added to each
 //! edge's scaled score in the row pass (the pair holds the biased score), and one more kernel
 //! writes ∂L/∂bias from each edge's pair and its row's statistics (dS per head, or summed over
-//! the heads in order for a shared bias). A bias or dropout without features takes
-//! the same row pass without a feature row and a column pass that writes no ∂L/∂E
-//! (`attention_backward_cols_drop_*`).
+//! the heads in order for a shared bias). A bias or dropout without features takes twins of
+//! both passes (`attention_backward_{rows,cols}_drop_*`) that read no feature row and write no
+//! ∂L/∂E: a runtime-null feature pointer in the `_ef` row pass put each feature load behind a
+//! branch of its own, after the previous edge's use, where the twin lets the `_ef` kernel issue
+//! a tile's feature loads with its K and V loads.
 //!
 //! Shapes ([`FusedBackward::supports`]): a group of up to 32 lanes holds a head, one vector of
 //! up to 16 bytes a lane, or up to 16 features a lane in 16-byte vectors: head_dim up to 512 in
@@ -119,10 +121,15 @@ pub(crate) fn layout(head_dim: usize, elem_bytes: usize) -> Option<(u32, u32, u3
 }
 
 /// The row pass's kernel for `dtype` (a [`DType::NAME`]) and the [`layout`]'s `vec` and `nv`,
-/// with edge terms (features, a bias, dropout) where `ef`; the launch-name test forms it too.
-pub(crate) fn rows_pass_kernel(dtype: &str, vec: u32, nv: u32, ef: bool) -> String {
-    let ef = if ef { "ef_" } else { "" };
-    format!("attention_backward_rows_{ef}{dtype}_v{vec}_n{nv}")
+/// with edge terms (features, a bias, dropout) where `ef`: reading each edge's feature row where
+/// `feat` (else for a bias or dropout without them, `_drop`); the launch-name test forms it too.
+pub(crate) fn rows_pass_kernel(dtype: &str, vec: u32, nv: u32, ef: bool, feat: bool) -> String {
+    let terms = match (ef, feat) {
+        (false, _) => "",
+        (true, true) => "ef_",
+        (true, false) => "drop_",
+    };
+    format!("attention_backward_rows_{terms}{dtype}_v{vec}_n{nv}")
 }
 
 /// The column pass's kernel for `dtype`, `vec` and `nv`, with edge terms where `ef`: writing
@@ -443,7 +450,10 @@ impl FusedBackward {
         // Row pass over A.
         let ([rows, starts, slots, parts, first], _, _) = a.schedule().merge_units();
         let n_units = to_u32("units", rows.len())?;
-        let name = kernel_named(&BACKWARD, rows_pass_kernel(T::NAME, vec, nv, has_ef))?;
+        let name = kernel_named(
+            &BACKWARD,
+            rows_pass_kernel(T::NAME, vec, nv, has_ef, ef.is_some()),
+        )?;
         let f = gpu.load_function(BACKWARD.name, BACKWARD.ptx, name)?;
         let cfg = row_grid(rows.len(), self.heads, g, THREADS)?;
         let mut args = gpu.launch_builder(&f);
