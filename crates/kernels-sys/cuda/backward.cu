@@ -529,12 +529,13 @@ struct Units {
     u32 n;
 };
 
-// EF (edge terms): edge features, row e of ef (nnz x heads x head_dim; null: none) added to the
-// key and the value of A's edge e (CSR position e): k' = k_j + e_ij, v' = v_j + e_ij in every
-// formula above; a score bias b_e (bias: null, or nnz x bias_heads, 1 when shared by the heads)
-// added to the scaled score, s = scale r + b_e (-inf masks the edge); each edge's score s and dP
-// go to edge_sd[e * heads + h] for the column pass. With dropout (`keep` A's kept bits, null
-// without): dP = f <dOut_i, v'> with f = kept_factor, the forward having aggregated P f v'.
+// EF (edge terms): edge features (FEAT kernels only), row e of ef (nnz x heads x head_dim)
+// added to the key and the value of A's edge e (CSR position e): k' = k_j + e_ij, v' = v_j + e_ij
+// in every formula above; a score bias b_e (bias: null, or nnz x bias_heads, 1 when shared by
+// the heads) added to the scaled score, s = scale r + b_e (-inf masks the edge); each edge's
+// score s and dP go to edge_sd[e * heads + h] for the column pass. With dropout (`keep` A's
+// kept bits, null without): dP = f <dOut_i, v'> with f = kept_factor, the forward having
+// aggregated P f v'.
 // FEAT (EF kernels): whether a feature row is read; a bias or dropout without features runs the
 // twin without (`_drop`), so that the `_ef` kernel issues a tile's feature loads with its K and
 // V loads instead of behind a runtime branch each.
@@ -546,6 +547,7 @@ __device__ __forceinline__ void backward_row_pass(
     float* part_stats, float* part_acc, u32* counters, float* __restrict__ dscale_rows,
     const T* __restrict__ ef, float2* __restrict__ edge_sd, const u32* __restrict__ keep,
     float keep_scale, const T* __restrict__ bias, u32 bias_heads) {
+    static_assert(EF || !FEAT, "features come with the edge terms' pairs");
     const u32 mask = group_mask(g), lane = lane_id() & (g - 1u);
     const u64 hd = (u64)heads * head_dim;
     const u64 group = grid_group(g), groups = grid_groups(g);
@@ -945,8 +947,9 @@ __device__ __forceinline__ void gat_backward_col_pass(
 
 // Every pass takes the edge terms' arguments (ef, edge_sd, bias; t_to_a, d_ef, edge_sd)
 // and the dropout's kept bits and scale, used by the EF kernels only (`_ef` in the name: edge
-// features, with a bias or dropout or not; `_drop`: a bias or dropout without features, ef null,
-// the row pass reading no feature row and the column pass writing no dE), null for the others.
+// features, with a bias or dropout or not; `_drop`: a bias or dropout without features, the row
+// pass reading no feature row (ef null) and the column pass writing none (d_ef null)), null for
+// the others.
 // The row pass writes edge_sd, the column pass reads it.
 #define SPATTN_BACKWARD_ROWS_K(NAME, T, VEC, NV, TILE, MINB, EF, FEAT)                          \
     extern "C" __global__ void __launch_bounds__(256, MINB) NAME(                              \
