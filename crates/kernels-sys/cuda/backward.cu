@@ -552,10 +552,12 @@ __device__ __forceinline__ void backward_row_pass(
     const u64 hd = (u64)heads * head_dim;
     const u64 group = grid_group(g), groups = grid_groups(g);
     const u64 total = (u64)un.n * heads;
-    for (u64 uh = group; uh < total; uh += groups) {
+    for (u64 uh = group; warp_more(uh, total); uh += groups) {
+        // A group past its last unit-head takes the last one's row with no edges, stores nothing.
+        const bool act = uh < total;
         u32 h;
-        const u64 u = split_index(uh, heads, total, h);
-        const u32 row = un.rows[u], start = un.starts[u], end = un.starts[u + 1];
+        const u64 u = split_index(act ? uh : total - 1u, heads, total, h);
+        const u32 row = un.rows[u], start = un.starts[u], end = act ? un.starts[u + 1] : start;
         const u64 head_off = (u64)h * head_dim;
         bool on[NV];
         u32 feat[NV];
@@ -566,13 +568,15 @@ __device__ __forceinline__ void backward_row_pass(
         zero_lanes<VEC, NV>(ak);
         zero_lanes<VEC, NV>(adk);
         float m = SPATTN_NEG_INF, l = 0.0f, w = 0.0f, a1 = 0.0f, a2 = 0.0f;
-        for (u32 e = start; e < end; e += TILE) {
+        // The warp's groups walk in step: its longest unit's tiles (warp_groups_sum).
+        const u32 tiles = warp_tiles(end - start, TILE), spare = end > 0u ? end - 1u : 0u;
+        for (u32 it = 0, e = start; it < tiles; ++it, e += TILE) {
             float kk[TILE][NV][VEC], vv[TILE][NV][VEC];
             float r[TILE], dp[TILE], sb[TILE];
 #pragma unroll
             for (int t = 0; t < TILE; ++t) {
-                // Past the unit's end, a lane reloads the tile's first edge and weighs it 0.
-                const u32 pos = e + t < end ? e + t : e;
+                // Past the unit's end a lane reloads a valid edge and weighs it 0.
+                const u32 pos = e + t < end ? e + t : spare;
                 const u32 c = __ldg(col_indices + pos);
                 load_head<T, VEC, NV>(k + c * hd + head_off, on, feat, kk[t]);
                 load_head<T, VEC, NV>(v + c * hd + head_off, on, feat, vv[t]);
@@ -590,13 +594,13 @@ __device__ __forceinline__ void backward_row_pass(
             }
 #pragma unroll
             for (int t = 0; t < TILE; ++t) {
-                r[t] = group_sum(dot_lanes<VEC, NV>(qv, kk[t]), mask, g);
-                dp[t] = group_sum(dot_lanes<VEC, NV>(dov, vv[t]), mask, g);
+                r[t] = warp_groups_sum(dot_lanes<VEC, NV>(qv, kk[t]), g);
+                dp[t] = warp_groups_sum(dot_lanes<VEC, NV>(dov, vv[t]), g);
                 // The score s (sb: it holds the bias until now).
                 if constexpr (EF) sb[t] += scale * r[t];
                 else sb[t] = scale * r[t];
                 if constexpr (EF) {
-                    dp[t] *= kept_factor(keep, (u64)(e + t < end ? e + t : e) * heads + h,
+                    dp[t] *= kept_factor(keep, (u64)(e + t < end ? e + t : spare) * heads + h,
                                          keep_scale);
                     if (lane == 0u && e + t < end)
                         edge_sd[(u64)(e + t) * heads + h] = make_float2(sb[t], dp[t]);
@@ -627,6 +631,7 @@ __device__ __forceinline__ void backward_row_pass(
                 axpby<VEC, NV>(adk, t == 0 ? c : 1.0f, kk[t], xd);
             }
         }
+        if (!act) continue;
         const u32 part = un.parts[u];
         if (part != SPATTN_NONE) {
             const u64 slot = (u64)part * heads + h;
@@ -681,10 +686,12 @@ __device__ __forceinline__ void backward_col_pass(
     const u64 hd = (u64)heads * head_dim;
     const u64 group = grid_group(g), groups = grid_groups(g);
     const u64 total = (u64)un.n * heads;
-    for (u64 uh = group; uh < total; uh += groups) {
+    for (u64 uh = group; warp_more<!EF>(uh, total); uh += groups) {
+        // A group past its last unit-head takes the last one's col with no edges, stores nothing.
+        const bool act = uh < total;
         u32 h;
-        const u64 u = split_index(uh, heads, total, h);
-        const u32 col = un.rows[u], start = un.starts[u], end = un.starts[u + 1];
+        const u64 u = split_index(act ? uh : total - 1u, heads, total, h);
+        const u32 col = un.rows[u], start = un.starts[u], end = act ? un.starts[u + 1] : start;
         const u64 head_off = (u64)h * head_dim;
         bool on[NV];
         u32 feat[NV];
@@ -696,13 +703,16 @@ __device__ __forceinline__ void backward_col_pass(
         }
         zero_lanes<VEC, NV>(adk);
         zero_lanes<VEC, NV>(adv);
-        for (u32 e = start; e < end; e += TILE) {
+        // The warp's groups walk in step for the sums (warp_groups_sum; EF reads its pairs and
+        // takes none, so each group walks its own unit).
+        const u32 tiles = warp_tiles<!EF>(end - start, TILE), spare = end > 0u ? end - 1u : 0u;
+        for (u32 it = 0, e = start; EF ? e < end : it < tiles; ++it, e += TILE) {
             float qq[TILE][NV][VEC], oo[TILE][NV][VEC];
             float2 st[TILE], sd[EF ? TILE : 1];
             u32 id[TILE];
 #pragma unroll
             for (int t = 0; t < TILE; ++t) {
-                const u32 pos = e + t < end ? e + t : e;
+                const u32 pos = e + t < end ? e + t : spare;
                 const u32 i = __ldg(row_indices + pos);
                 load_head<T, VEC, NV>(q + i * hd + head_off, on, feat, qq[t]);
                 load_head<T, VEC, NV>(d_out + i * hd + head_off, on, feat, oo[t]);
@@ -719,8 +729,8 @@ __device__ __forceinline__ void backward_col_pass(
                     s = sd[t].x;
                     dp = sd[t].y;
                 } else {
-                    s = scale * group_sum(dot_lanes<VEC, NV>(qq[t], kv), mask, g);
-                    dp = group_sum(dot_lanes<VEC, NV>(oo[t], vv), mask, g);
+                    s = scale * warp_groups_sum(dot_lanes<VEC, NV>(qq[t], kv), g);
+                    dp = warp_groups_sum(dot_lanes<VEC, NV>(oo[t], vv), g);
                 }
                 const float p = e + t < end ? __expf(s - st[t].x) : 0.0f;
                 const float ds = p * (dp - st[t].y);
@@ -742,6 +752,7 @@ __device__ __forceinline__ void backward_col_pass(
                 }
             }
         }
+        if (!act) continue;
         const u32 part = un.parts[u];
         if (part != SPATTN_NONE) {
             const u64 slot = (u64)part * heads + h;

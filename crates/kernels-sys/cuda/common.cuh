@@ -152,6 +152,35 @@ __device__ __forceinline__ u32 group_mask(u32 g) {
     return ((1u << g) - 1u) << (lane_id() & ~(g - 1u));
 }
 
+// ---- groups of a warp in step --------------------------------------------------------------
+// A group's shuffles with its own mask cost ptxas a convergence check each (MATCH, REDUX, VOTEU
+// and a branch); where a warp's groups walk their units in step (a loop while warp_more, tiles
+// counted by warp_tiles) every lane reaches each shuffle, so full-mask ones, unrolled, serve.
+
+// STEP false: each group on its own (i < n; its own unit's tiles), for loops without sums.
+
+// Whether any lane of the warp still has work (i < n); every lane of the warp calls it.
+template <bool STEP = true>
+__device__ __forceinline__ bool warp_more(u64 i, u64 n) {
+    return STEP ? __any_sync(0xffffffffu, i < n) : i < n;
+}
+
+// The tiles of `tile` edges the warp walks for a unit of `len`: its longest unit's.
+template <bool STEP = true>
+__device__ __forceinline__ u32 warp_tiles(u32 len, u32 tile) {
+    const u32 t = (len + tile - 1u) / tile;
+    return STEP ? __reduce_max_sync(0xffffffffu, t) : t;
+}
+
+// The sum over each group of g lanes (a power of two) when the warp's 32 lanes call it at once,
+// in group_sum's order (bitwise the same).
+__device__ __forceinline__ float warp_groups_sum(float v, u32 g) {
+#pragma unroll
+    for (u32 o = 16; o > 0; o >>= 1)
+        if (o < g) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
 __device__ __forceinline__ float group_sum(float v, u32 mask, u32 g) {
     for (u32 o = g >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(mask, v, o);
     return v;
