@@ -1866,8 +1866,11 @@ template <class T, bool HAS_FEATS = true> struct EdgeExtras {
 // running partial, updated. Every lane in `mask` passes the same start and end (other groups
 // of the warp may pass other ranges: their masks are disjoint). `xt`: the extras (above); with
 // them a score may be -inf (a masked edge), so exponentials are taken against 0 while the
-// running max is still -inf.
-template <class T, int VEC, int NV, bool LOG2, int TILE = 4, class X = NoEdgeExtras>
+// running max is still -inf. STEP: the warp's groups walk in step (common.cuh, warp_tiles): all
+// edges in tiles, the warp's longest range's count of them, a slot past `end` reloading a
+// valid edge with score -inf, and full-mask sums (`mask` unused).
+template <class T, int VEC, int NV, bool LOG2, int TILE = 4, class X = NoEdgeExtras,
+          bool STEP = false>
 __device__ __forceinline__ void csr_edges_online(const u32* __restrict__ col_indices, u32 start,
                                                  u32 end, const T* __restrict__ k,
                                                  const T* __restrict__ v, u64 hd, u64 head_off,
@@ -1883,10 +1886,17 @@ __device__ __forceinline__ void csr_edges_online(const u32* __restrict__ col_ind
                     : online_rescale(m_old, m_new);
     };
     u32 e = start;
-    for (; e + TILE <= end; e += TILE) {
-        u32 c[TILE];
+    // In step: the warp's longest range's count of tiles, slots past `end` weighing 0.
+    const u32 tiles = STEP ? warp_tiles(end - start, TILE) : 0u;
+    const u32 spare = end > 0u ? end - 1u : 0u;
+    for (u32 it = 0; STEP ? it < tiles : e + TILE <= end; ++it, e += TILE) {
+        // The kernel edge of each slot (past `end`, a valid one whose score is then -inf).
+        u32 pos[TILE], c[TILE];
 #pragma unroll
-        for (int t = 0; t < TILE; ++t) c[t] = __ldg(col_indices + e + t);
+        for (int t = 0; t < TILE; ++t) {
+            pos[t] = STEP && e + t >= end ? spare : e + t;
+            c[t] = __ldg(STEP ? col_indices + pos[t] : col_indices + e + t);
+        }
         float s[TILE];
         HeldV<T, VEC> x[TILE][NV];
         HeldV<T, VEC> f[FT][FNV];
@@ -1903,7 +1913,7 @@ __device__ __forceinline__ void csr_edges_online(const u32* __restrict__ col_ind
                     x[t][j].load(v + off);
                     if constexpr (X::FEATS) {
                         if (xt.feats != nullptr) {
-                            f[t][j].load(xt.feats + xt.edge(e + t) * hd + head_off + feat[j]);
+                            f[t][j].load(xt.feats + xt.edge(STEP ? pos[t] : e + t) * hd + head_off + feat[j]);
 #pragma unroll
                             for (int i = 0; i < VEC; ++i) kv[i] += f[t][j].at(i);
                         } else {
@@ -1918,27 +1928,35 @@ __device__ __forceinline__ void csr_edges_online(const u32* __restrict__ col_ind
                 }
             }
         }
-        for (u32 o = g >> 1; o > 0; o >>= 1) {
+        if constexpr (STEP) {
+            warp_groups_sums(s, g);
+        } else {
+            for (u32 o = g >> 1; o > 0; o >>= 1) {
 #pragma unroll
-            for (int t = 0; t < TILE; ++t) s[t] += __shfl_xor_sync(mask, s[t], o);
+                for (int t = 0; t < TILE; ++t) s[t] += __shfl_xor_sync(mask, s[t], o);
+            }
         }
         if constexpr (X::ON) {
 #pragma unroll
-            for (int t = 0; t < TILE; ++t) s[t] += xt.bias_of(e + t);
+            for (int t = 0; t < TILE; ++t) s[t] += xt.bias_of(STEP ? pos[t] : e + t);
+        }
+        if constexpr (STEP) {
+#pragma unroll
+            for (int t = 0; t < TILE; ++t) s[t] = e + t < end ? s[t] : SPATTN_NEG_INF;
         }
         const float mt = tile_fold(s, [](float a, float b) { return fmaxf(a, b); });
         const float mn = fmaxf(m, mt);
         const float corr = rescale(m, mn);
         m = mn;
         float mr = mn;
-        if constexpr (X::ON) mr = mn == SPATTN_NEG_INF ? 0.0f : mn;
+        if constexpr (X::ON || STEP) mr = mn == SPATTN_NEG_INF ? 0.0f : mn;
         float p[TILE];
 #pragma unroll
         for (int t = 0; t < TILE; ++t) p[t] = ex(s[t] - mr);
         l = l * corr + tile_fold(p, [](float a, float b) { return a + b; });
         if constexpr (X::ON) {
 #pragma unroll
-            for (int t = 0; t < TILE; ++t) p[t] *= xt.keep(e + t);
+            for (int t = 0; t < TILE; ++t) p[t] *= xt.keep(STEP ? pos[t] : e + t);
         }
 #pragma unroll
         for (int j = 0; j < NV; ++j)
@@ -1956,7 +1974,7 @@ __device__ __forceinline__ void csr_edges_online(const u32* __restrict__ col_ind
                 acc[j][i] = a;
             }
     }
-    for (; e < end; ++e) {
+    for (; !STEP && e < end; ++e) {
         const u32 c = __ldg(col_indices + e);
         float s = 0.0f, x[NV][VEC];
 #pragma unroll

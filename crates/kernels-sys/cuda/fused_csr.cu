@@ -4,9 +4,12 @@
 //
 // Work comes as units (see csr_ops.cu): unit u covers edges unit_starts[u] .. unit_starts[u+1]
 // of row unit_rows[u]; rows longer than the host's chunk are split into several units. A group of
-// g lanes takes one (unit, head). Plain kernels: each lane owns NV vectors of VEC features of the
-// head (feature (lane + j*g) * VEC for j < NV), with q in registers; per tile of 4 edges: 4 K and
-// 4 V vectors in flight per lane, 4 group reductions interleaved, one rescale.
+// g lanes takes one (unit, head); in f32 a warp's groups walk their units in step
+// (csr_edges_online's STEP), so the dot products' sums are full-mask shuffles. Plain kernels:
+// each lane owns NV vectors of VEC features of the head (feature (lane + j*g) * VEC for j < NV),
+// with q in registers; per tile of 4 edges: 4 K and 4 V vectors in flight per lane, 4 group
+// reductions interleaved, one rescale (in step, a unit's last tile may be partial: its empty
+// slots weigh 0; else single edges finish the unit).
 //
 // Short-tile kernels (`_t2`): each lane owns one vector (feature lane_in_subgroup * VEC, VEC as
 // wide as the host's layout allows) and edges come in tiles of 2. The g lanes form es >= 1
@@ -62,11 +65,15 @@ __device__ __forceinline__ void fused_csr(const u32* __restrict__ unit_rows,
     const u64 hd = (u64)heads * head_dim;
     const u64 group = grid_group(g), groups = grid_groups(g);
     const u64 total = (u64)n_units * heads;
-    for (u64 uh = group; uh < total; uh += groups) {
+    // f32 walks in step; f16 / bf16 ran 0.97-1.0x so (docs/kernels/fused-csr.md) and do not.
+    constexpr bool STEP = sizeof(T) == 4;
+    for (u64 uh = group; warp_more<STEP>(uh, total); uh += groups) {
+        // A group past its last unit-head takes the last one's row with no edges, stores nothing.
+        const bool act = !STEP || uh < total;
         u32 h;
-        const u64 u = split_index(uh, heads, total, h);
+        const u64 u = split_index(act ? uh : total - 1u, heads, total, h);
         const u32 row = unit_rows[u];
-        const u32 start = unit_starts[u], end = unit_starts[u + 1];
+        const u32 start = unit_starts[u], end = act ? unit_starts[u + 1] : start;
         const u32 len = end - start;
         const u32 s0 = start + (u32)(((u64)len * sub) >> es_log2);
         const u32 s1 = start + (u32)(((u64)len * (sub + 1u)) >> es_log2);
@@ -101,11 +108,11 @@ __device__ __forceinline__ void fused_csr(const u32* __restrict__ unit_rows,
                                       xa->unit_shift != nullptr ? xa->unit_shift[u] : 0u,
                                       1.0f,
                                       xa->drop};
-            csr_edges_online<T, VEC, NV, false, TILE>(col_indices, s0, s1, k, v, hd, head_off, on,
-                                                      feat, qv, sub_mask, gs, m, l, acc, xt);
+            csr_edges_online<T, VEC, NV, false, TILE, EdgeExtras<T, FEATS>, STEP>(
+                col_indices, s0, s1, k, v, hd, head_off, on, feat, qv, sub_mask, gs, m, l, acc, xt);
         } else {
-            csr_edges_online<T, VEC, NV, false, TILE>(col_indices, s0, s1, k, v, hd, head_off, on,
-                                                      feat, qv, sub_mask, gs, m, l, acc);
+            csr_edges_online<T, VEC, NV, false, TILE, NoEdgeExtras, STEP>(
+                col_indices, s0, s1, k, v, hd, head_off, on, feat, qv, sub_mask, gs, m, l, acc);
         }
         for (u32 o = gs; SPLIT && o < g; o <<= 1) {
             const float m2 = __shfl_xor_sync(mask, m, o), l2 = __shfl_xor_sync(mask, l, o);
@@ -117,7 +124,7 @@ __device__ __forceinline__ void fused_csr(const u32* __restrict__ unit_rows,
                 for (int i = 0; i < VEC; ++i)
                     acc[j][i] = acc[j][i] * c1 + __shfl_xor_sync(mask, acc[j][i], o) * c2;
         }
-        if (SPLIT && sub != 0u) continue;
+        if (!act || (SPLIT && sub != 0u)) continue;
 
         const u32 part = unit_parts[u];
         if (part == SPATTN_NONE) {
