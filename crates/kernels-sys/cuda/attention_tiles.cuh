@@ -1886,9 +1886,12 @@ __device__ __forceinline__ void csr_edges_online(const u32* __restrict__ col_ind
                     : online_rescale(m_old, m_new);
     };
     u32 e = start;
-    // In step: the warp's longest range's count of tiles, slots past `end` weighing 0.
+    // In step: the warp's longest range's count of tiles, slots past `end` weighing 0 (a
+    // nonempty range's reload its last edge; an empty one loads nothing, so no other row's values
+    // or extras reach it).
     const u32 tiles = STEP ? warp_tiles(end - start, TILE) : 0u;
     const u32 spare = end > 0u ? end - 1u : 0u;
+    const bool any = !STEP || end > start;
     for (u32 it = 0; STEP ? it < tiles : e + TILE <= end; ++it, e += TILE) {
         // The kernel edge of each slot (past `end`, a valid one whose score is then -inf).
         u32 pos[TILE], c[TILE];
@@ -1906,14 +1909,15 @@ __device__ __forceinline__ void csr_edges_online(const u32* __restrict__ col_ind
             s[t] = 0.0f;
 #pragma unroll
             for (int j = 0; j < NV; ++j) {
-                if (on[j]) {
+                if (on[j] && any) {
                     const u64 off = (u64)c[t] * hd + head_off + feat[j];
                     float kv[VEC];
                     load_vec<T, VEC>(k + off, kv);
                     x[t][j].load(v + off);
                     if constexpr (X::FEATS) {
                         if (xt.feats != nullptr) {
-                            f[t][j].load(xt.feats + xt.edge(STEP ? pos[t] : e + t) * hd + head_off + feat[j]);
+                            const u64 fe = xt.edge(STEP ? pos[t] : e + t);
+                            f[t][j].load(xt.feats + fe * hd + head_off + feat[j]);
 #pragma unroll
                             for (int i = 0; i < VEC; ++i) kv[i] += f[t][j].at(i);
                         } else {
@@ -1938,7 +1942,7 @@ __device__ __forceinline__ void csr_edges_online(const u32* __restrict__ col_ind
         }
         if constexpr (X::ON) {
 #pragma unroll
-            for (int t = 0; t < TILE; ++t) s[t] += xt.bias_of(STEP ? pos[t] : e + t);
+            for (int t = 0; t < TILE; ++t) s[t] += any ? xt.bias_of(STEP ? pos[t] : e + t) : 0.0f;
         }
         if constexpr (STEP) {
 #pragma unroll

@@ -437,6 +437,14 @@ __device__ __forceinline__ void zero_lanes(float (&x)[NV][VEC]) {
         for (int i = 0; i < VEC; ++i) x[j][i] = 0.0f;
 }
 
+// The lanes' vectors a walk in step loads: none for a group without edges (an empty unit, or
+// past its last unit-head), whose tiles then read zeros, so no other row's values reach it.
+template <int NV>
+__device__ __forceinline__ void loading_lanes(const bool (&on)[NV], bool any, bool (&ld)[NV]) {
+#pragma unroll
+    for (int j = 0; j < NV; ++j) ld[j] = on[j] && any;
+}
+
 // The lanes' features of one head of a row of x (zeros where a lane holds none).
 template <class T, int VEC, int NV>
 __device__ __forceinline__ void load_head(const T* __restrict__ row, const bool (&on)[NV],
@@ -570,6 +578,8 @@ __device__ __forceinline__ void backward_row_pass(
         float m = SPATTN_NEG_INF, l = 0.0f, w = 0.0f, a1 = 0.0f, a2 = 0.0f;
         // The warp's groups walk in step: its longest unit's tiles (warp_groups_sum).
         const u32 tiles = warp_tiles(end - start, TILE), spare = end > 0u ? end - 1u : 0u;
+        bool ld[NV];
+        loading_lanes<NV>(on, start < end, ld);
         for (u32 it = 0, e = start; it < tiles; ++it, e += TILE) {
             float kk[TILE][NV][VEC], vv[TILE][NV][VEC];
             float r[TILE], dp[TILE], sb[TILE];
@@ -578,15 +588,15 @@ __device__ __forceinline__ void backward_row_pass(
                 // Past the unit's end a lane reloads a valid edge and weighs it 0.
                 const u32 pos = e + t < end ? e + t : spare;
                 const u32 c = __ldg(col_indices + pos);
-                load_head<T, VEC, NV>(k + c * hd + head_off, on, feat, kk[t]);
-                load_head<T, VEC, NV>(v + c * hd + head_off, on, feat, vv[t]);
+                load_head<T, VEC, NV>(k + c * hd + head_off, ld, feat, kk[t]);
+                load_head<T, VEC, NV>(v + c * hd + head_off, ld, feat, vv[t]);
                 if constexpr (EF) {
                     sb[t] = bias == nullptr ? 0.0f
                                             : to_f32(__ldg(bias + (u64)pos * bias_heads +
                                                            (bias_heads == 1u ? 0u : h)));
                     if constexpr (FEAT) {
                         float ee[NV][VEC];
-                        load_head<T, VEC, NV>(ef + (u64)pos * hd + head_off, on, feat, ee);
+                        load_head<T, VEC, NV>(ef + (u64)pos * hd + head_off, ld, feat, ee);
                         axpby<VEC, NV>(kk[t], 1.0f, ee, 1.0f);
                         axpby<VEC, NV>(vv[t], 1.0f, ee, 1.0f);
                     }
@@ -706,6 +716,8 @@ __device__ __forceinline__ void backward_col_pass(
         // The warp's groups walk in step for the sums (warp_groups_sum; EF reads its pairs and
         // takes none, so each group walks its own unit).
         const u32 tiles = warp_tiles<!EF>(end - start, TILE), spare = end > 0u ? end - 1u : 0u;
+        bool ld[NV];
+        loading_lanes<NV>(on, EF || start < end, ld);
         for (u32 it = 0, e = start; EF ? e < end : it < tiles; ++it, e += TILE) {
             float qq[TILE][NV][VEC], oo[TILE][NV][VEC];
             float2 st[TILE], sd[EF ? TILE : 1];
@@ -714,9 +726,11 @@ __device__ __forceinline__ void backward_col_pass(
             for (int t = 0; t < TILE; ++t) {
                 const u32 pos = e + t < end ? e + t : spare;
                 const u32 i = __ldg(row_indices + pos);
-                load_head<T, VEC, NV>(q + i * hd + head_off, on, feat, qq[t]);
-                load_head<T, VEC, NV>(d_out + i * hd + head_off, on, feat, oo[t]);
+                load_head<T, VEC, NV>(q + i * hd + head_off, ld, feat, qq[t]);
+                load_head<T, VEC, NV>(d_out + i * hd + head_off, ld, feat, oo[t]);
                 st[t] = __ldg(stats + (u64)i * heads + h);
+                // An empty column's D of another row (0 p and dp: dS 0 where that D is finite).
+                if (!EF && end == start) st[t].y = 0.0f;
                 if constexpr (EF) {
                     id[t] = __ldg(t_to_a + pos);
                     sd[t] = __ldg(edge_sd + (u64)id[t] * heads + h);

@@ -165,7 +165,8 @@ __device__ __forceinline__ bool warp_more(u64 i, u64 n) {
     return STEP ? __any_sync(0xffffffffu, i < n) : i < n;
 }
 
-// The tiles of `tile` edges the warp walks for a unit of `len`: its longest unit's.
+// The tiles of `tile` edges the warp walks for a unit of `len`: its longest unit's. Units hold
+// at most 64 edges, so a walk passes its own end by less than the 255 that MAX_NNZ leaves free.
 template <bool STEP = true>
 __device__ __forceinline__ u32 warp_tiles(u32 len, u32 tile) {
     const u32 t = (len + tile - 1u) / tile;
