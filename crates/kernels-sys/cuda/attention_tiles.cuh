@@ -1886,8 +1886,8 @@ __device__ __forceinline__ void csr_edges_online(const u32* __restrict__ col_ind
                     : online_rescale(m_old, m_new);
     };
     u32 e = start;
-    // In step: the warp's longest range's count of tiles, slots past `end` weighing 0 (a
-    // nonempty range's reload its last edge; an empty one loads nothing, so no other row's values
+    // In step: the warp's longest range's count of tiles, slots past `end` weighing 0 (those of a
+    // nonempty range reload its last edge; an empty range loads nothing, so no other row's values
     // or extras reach it).
     const u32 tiles = STEP ? warp_tiles(end - start, TILE) : 0u;
     const u32 spare = end > 0u ? end - 1u : 0u;

@@ -729,7 +729,7 @@ __device__ __forceinline__ void backward_col_pass(
                 load_head<T, VEC, NV>(q + i * hd + head_off, ld, feat, qq[t]);
                 load_head<T, VEC, NV>(d_out + i * hd + head_off, ld, feat, oo[t]);
                 st[t] = __ldg(stats + (u64)i * heads + h);
-                // An empty column's D of another row (0 p and dp: dS 0 where that D is finite).
+                // A column without edges reads another row's D: 0 instead keeps its dS 0.
                 if (!EF && end == start) st[t].y = 0.0f;
                 if constexpr (EF) {
                     id[t] = __ldg(t_to_a + pos);
