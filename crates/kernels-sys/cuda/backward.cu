@@ -537,6 +537,23 @@ struct Units {
     u32 n;
 };
 
+// A walk in step's unit-head uh (< total), or, for a group past its last one (act false), the
+// last unit-head with no edges, which the pass walks in step and stores nothing for.
+struct StepUnit {
+    u64 u;
+    u32 h, row, start, end;
+    bool act;
+};
+__device__ __forceinline__ StepUnit step_unit(const Units& un, u64 uh, u32 heads, u64 total) {
+    StepUnit s;
+    s.act = uh < total;
+    s.u = split_index(s.act ? uh : total - 1u, heads, total, s.h);
+    s.row = un.rows[s.u];
+    s.start = un.starts[s.u];
+    s.end = s.act ? un.starts[s.u + 1] : s.start;
+    return s;
+}
+
 // EF (edge terms): edge features (FEAT kernels only), row e of ef (nnz x heads x head_dim)
 // added to the key and the value of A's edge e (CSR position e): k' = k_j + e_ij, v' = v_j + e_ij
 // in every formula above; a score bias b_e (bias: null, or nnz x bias_heads, 1 when shared by
@@ -561,11 +578,7 @@ __device__ __forceinline__ void backward_row_pass(
     const u64 group = grid_group(g), groups = grid_groups(g);
     const u64 total = (u64)un.n * heads;
     for (u64 uh = group; warp_more(uh, total); uh += groups) {
-        // A group past its last unit-head takes the last one's row with no edges, stores nothing.
-        const bool act = uh < total;
-        u32 h;
-        const u64 u = split_index(act ? uh : total - 1u, heads, total, h);
-        const u32 row = un.rows[u], start = un.starts[u], end = act ? un.starts[u + 1] : start;
+        const auto [u, h, row, start, end, act] = step_unit(un, uh, heads, total);
         const u64 head_off = (u64)h * head_dim;
         bool on[NV];
         u32 feat[NV];
@@ -697,11 +710,7 @@ __device__ __forceinline__ void backward_col_pass(
     const u64 group = grid_group(g), groups = grid_groups(g);
     const u64 total = (u64)un.n * heads;
     for (u64 uh = group; warp_more<!EF>(uh, total); uh += groups) {
-        // A group past its last unit-head takes the last one's col with no edges, stores nothing.
-        const bool act = uh < total;
-        u32 h;
-        const u64 u = split_index(act ? uh : total - 1u, heads, total, h);
-        const u32 col = un.rows[u], start = un.starts[u], end = act ? un.starts[u + 1] : start;
+        const auto [u, h, col, start, end, act] = step_unit(un, uh, heads, total);
         const u64 head_off = (u64)h * head_dim;
         bool on[NV];
         u32 feat[NV];

@@ -173,17 +173,10 @@ __device__ __forceinline__ u32 warp_tiles(u32 len, u32 tile) {
     return STEP ? __reduce_max_sync(0xffffffffu, t) : t;
 }
 
-// The sum over each group of g lanes (a power of two) when the warp's 32 lanes call it at once,
-// in group_sum's order (bitwise the same).
-__device__ __forceinline__ float warp_groups_sum(float v, u32 g) {
-#pragma unroll
-    for (u32 o = 16; o > 0; o >>= 1)
-        if (o < g) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-// The same for N values at once, a level's N shuffles together (csr_edges_online's tile; the
-// backward's passes ran 0.92-0.98x at 8 heads with their sums grouped so: more spills).
+// The sums over each group of g lanes (a power of two) of N values, when the warp's 32 lanes
+// call it together: each in group_sum's order (bitwise the same), a level's N shuffles
+// together (csr_edges_online's tile; the backward's passes ran 0.92-0.98x at 8 heads with their
+// sums grouped so, more spills, and sum one value at a time).
 template <int N>
 __device__ __forceinline__ void warp_groups_sums(float (&v)[N], u32 g) {
 #pragma unroll
@@ -191,6 +184,13 @@ __device__ __forceinline__ void warp_groups_sums(float (&v)[N], u32 g) {
         if (o < g)
 #pragma unroll
             for (int i = 0; i < N; ++i) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
+}
+
+// One value's.
+__device__ __forceinline__ float warp_groups_sum(float v, u32 g) {
+    float x[1] = {v};
+    warp_groups_sums(x, g);
+    return x[0];
 }
 
 __device__ __forceinline__ float group_sum(float v, u32 mask, u32 g) {
