@@ -124,23 +124,25 @@ pub(crate) fn layout(head_dim: usize, elem_bytes: usize) -> Option<(u32, u32, u3
 /// with edge terms (features, a bias, dropout) where `ef`: reading each edge's feature row where
 /// `feat` (else for a bias or dropout without them, `_drop`); the launch-name test forms it too.
 pub(crate) fn rows_pass_kernel(dtype: &str, vec: u32, nv: u32, ef: bool, feat: bool) -> String {
-    let terms = match (ef, feat) {
-        (false, _) => "",
-        (true, true) => "ef_",
-        (true, false) => "drop_",
-    };
+    let terms = terms_infix(ef, feat);
     format!("attention_backward_rows_{terms}{dtype}_v{vec}_n{nv}")
 }
 
 /// The column pass's kernel for `dtype`, `vec` and `nv`, with edge terms where `ef`: writing
 /// ∂L/∂E where `de` (edge features), else for a bias or dropout without them (`_drop`).
 pub(crate) fn cols_pass_kernel(dtype: &str, vec: u32, nv: u32, ef: bool, de: bool) -> String {
-    let terms = match (ef, de) {
+    let terms = terms_infix(ef, de);
+    format!("attention_backward_cols_{terms}{dtype}_v{vec}_n{nv}")
+}
+
+/// The passes' name infix: none without edge terms, `ef_` with features, `drop_` for a bias or
+/// dropout without them.
+fn terms_infix(ef: bool, features: bool) -> &'static str {
+    match (ef, features) {
         (false, _) => "",
         (true, true) => "ef_",
         (true, false) => "drop_",
-    };
-    format!("attention_backward_cols_{terms}{dtype}_v{vec}_n{nv}")
+    }
 }
 
 /// The edge terms of a [`FusedBackward::run_with_edge_terms`] call, each optional (none: the
