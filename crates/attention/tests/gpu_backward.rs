@@ -626,6 +626,98 @@ fn kept_stats_case<T: DType>(
     );
 }
 
+/// Rows and columns without edges beside non-finite values: odd rows attend to nothing and
+/// odd columns are attended by nobody, while node 2's key and value are +inf and node 4's
+/// query and output gradient are NaN. Every algorithm's forward and every backward must give
+/// exact zeros in the empty rows (out, dQ) and columns (dK, dV): a lane or group without edges
+/// must not read a neighbour's values (0 · inf is NaN).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn empty_rows_and_columns_beside_non_finite_values() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("empty_rows_and_columns_beside_non_finite_values");
+    let n = 64u32;
+    let mut edges = Vec::new();
+    for r in (0..n).step_by(2) {
+        for s in [0, 2, 4, 10] {
+            edges.push((r, (r + s) % n));
+        }
+    }
+    let a = Csr::from_edges(n as usize, n as usize, &edges).unwrap();
+    for (heads, head_dim) in [(8, 64), (1, 64), (2, 16)] {
+        empty_rows_case::<f32>(&gpu, &a, heads, head_dim, &mut rng);
+        empty_rows_case::<f16>(&gpu, &a, heads, head_dim, &mut rng);
+    }
+}
+
+fn empty_rows_case<T: DType>(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64) {
+    let sq = Shape::new(a.n_rows(), heads, head_dim).unwrap();
+    let skv = Shape::new(a.n_cols(), heads, head_dim).unwrap();
+    let row = sq.row_len();
+    let fill = |x: &mut [T], node: usize, v: f64| {
+        x[node * row..(node + 1) * row].fill(T::from_f64(v));
+    };
+    let mut q: Vec<T> = random_vec(rng, sq.len(), 1.0);
+    let mut k: Vec<T> = random_vec(rng, skv.len(), 1.0);
+    let mut v: Vec<T> = random_vec(rng, skv.len(), 1.0);
+    let mut d: Vec<T> = random_vec(rng, sq.len(), 1.0);
+    fill(&mut k, 2, f64::INFINITY);
+    fill(&mut v, 2, f64::INFINITY);
+    fill(&mut q, 4, f64::NAN);
+    fill(&mut d, 4, f64::NAN);
+    let up = |s, x: &[T]| DeviceMatrix::from_host(gpu, s, x).unwrap();
+    let (qd, kd, vd, dd) = (up(sq, &q), up(skv, &k), up(skv, &v), up(sq, &d));
+    // The odd nodes whose rows of `m` are not all exact zeros.
+    let nonzero = |m: &DeviceMatrix<T>| -> Vec<usize> {
+        let h = m.to_host().unwrap();
+        (1..h.len() / row)
+            .step_by(2)
+            .filter(|&node| {
+                h[node * row..(node + 1) * row]
+                    .iter()
+                    .any(|x| x.to_f64() != 0.0)
+            })
+            .collect()
+    };
+    let config = AttentionConfig::new(heads, head_dim, T::KIND);
+    for alg in GPU_ALGORITHMS {
+        let config = config.clone().with_algorithm(alg);
+        if !AttentionPlan::supports(gpu, alg, &config) {
+            continue;
+        }
+        let plan = AttentionPlan::new_gpu(gpu, a, config).unwrap();
+        let mut out = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();
+        out.fill_nan().unwrap();
+        plan.forward(&qd, &kd, &vd, &mut out).unwrap();
+        for kernels in [
+            BackwardKernels::Fused,
+            BackwardKernels::TensorCore,
+            BackwardKernels::PerEdge,
+            BackwardKernels::Unfused,
+        ] {
+            let mut dq = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();
+            let mut dk = DeviceMatrix::<T>::zeros(gpu, skv).unwrap();
+            let mut dv = DeviceMatrix::<T>::zeros(gpu, skv).unwrap();
+            for m in [&mut dq, &mut dk, &mut dv] {
+                m.fill_nan().unwrap();
+            }
+            plan.backward_with(kernels, &qd, &kd, &vd, &out, &dd, &mut dq, &mut dk, &mut dv)
+                .unwrap();
+            let ctx = format!(
+                "{alg} {kernels:?} {} heads={heads} head_dim={head_dim}",
+                T::NAME
+            );
+            for (m, what) in [(&out, "out"), (&dq, "dQ"), (&dk, "dK"), (&dv, "dV")] {
+                let bad = nonzero(m);
+                assert!(
+                    bad.is_empty(),
+                    "{ctx}: {what} not zero at empty nodes {bad:?}"
+                );
+            }
+        }
+    }
+}
+
 /// ∂L/∂scale within 1e-4 of the f64 reference's (relative, or absolute below 1).
 fn assert_d_scale(ctx: &str, d_scale: f32, want: f64) {
     let err = (f64::from(d_scale) - want).abs();
