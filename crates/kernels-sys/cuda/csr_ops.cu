@@ -525,7 +525,9 @@ __device__ __forceinline__ void gat_aggregate(
 // dS of every edge of A's units (see above): written at a_to_t[e] in ds_t (A^T's order) and at
 // e in d_bias where given; d_dst[i] = sum of the row's dS (split units: partials in
 // scratch_dst for spmm_csr_finalize). Every lane of a group takes part in the heads' shuffles:
-// lanes past a head's width read its first vector and weigh it 0.
+// lanes past a head's width read its first vector and weigh it 0. A warp's groups walk their
+// units in step (its longest unit's steps; a group past the last unit takes an empty one and
+// stores nothing), so the sums are full-mask shuffles (warp_groups_sum).
 template <class T, int VEC, bool DROP>
 __device__ __forceinline__ void gat_grad_rows(
     const u32* __restrict__ unit_rows, const u32* __restrict__ unit_starts,
@@ -535,13 +537,14 @@ __device__ __forceinline__ void gat_grad_rows(
     const u32* __restrict__ keep, const float* __restrict__ lse, float* __restrict__ ds_t,
     float* __restrict__ d_bias,
     float* __restrict__ d_dst, float* __restrict__ scratch_dst) {
-    const u32 mask = group_mask(g);
     const GatLanes ln = gat_lanes<VEC>(g, hl, heads, head_dim);
     const u64 hd = (u64)heads * head_dim;
     const u64 feat = (u64)ln.h * head_dim + (ln.on ? ln.d : 0u);
     const u64 group = grid_group(g), groups = grid_groups(g);
-    for (u64 u = group; u < n_units; u += groups) {
-        const u32 r = unit_rows[u], start = unit_starts[u], end = unit_starts[u + 1];
+    for (u64 ug = group; warp_more(ug, n_units); ug += groups) {
+        const u64 u = ug < n_units ? ug : n_units - 1u;
+        const u32 r = unit_rows[u], start = unit_starts[u];
+        const u32 end = ug < n_units ? unit_starts[u + 1] : start;
         // A step's indices are loaded during the step before (the first step's before the
         // row's reduction), so each step waits for one round of gathers.
         u32 c[4], tpos[4];
@@ -568,9 +571,10 @@ __device__ __forceinline__ void gat_grad_rows(
             dov[i] = ln.on ? dov[i] : 0.0f;  // an idle lane adds nothing to the heads' dots
             dd = fmaf(dov[i], ov[i], dd);
         }
-        const float d_row = group_sum(dd, mask, hl);
+        const float d_row = warp_groups_sum(dd, hl);
         float dsum = 0.0f;
-        for (u32 e = start; e < end; e += 4) {
+        const u32 steps = warp_tiles(end - start, 4u);
+        for (u32 it = 0, e = start; it < steps; ++it, e += 4) {
             HeldV<T, VEC> x4[4];
             float as[4], f[4];
 #pragma unroll
@@ -588,7 +592,7 @@ __device__ __forceinline__ void gat_grad_rows(
                 float dw = 0.0f;
 #pragma unroll
                 for (int i = 0; i < VEC; ++i) dw = fmaf(dov[i], x4[j].at(i), dw);
-                dw = group_sum(dw, mask, hl);
+                dw = warp_groups_sum(dw, hl);
                 if (e + j >= end) continue;
                 const u64 edge = (u64)(e + j) * heads + ln.h;
                 const float s = ad + as[j] + b[j];
@@ -608,7 +612,7 @@ __device__ __forceinline__ void gat_grad_rows(
                 b[j] = bn[j];
             }
         }
-        if (!ln.lead) continue;
+        if (!ln.lead || ug >= n_units) continue;
         const u32 part = unit_parts[u];
         if (part == SPATTN_NONE) {
             d_dst[(u64)r * heads + ln.h] = dsum;
