@@ -525,9 +525,10 @@ __device__ __forceinline__ void gat_aggregate(
 // dS of every edge of A's units (see above): written at a_to_t[e] in ds_t (A^T's order) and at
 // e in d_bias where given; d_dst[i] = sum of the row's dS (split units: partials in
 // scratch_dst for spmm_csr_finalize). Every lane of a group takes part in the heads' shuffles:
-// lanes past a head's width read its first vector and weigh it 0. A warp's groups walk their
-// units in step (its longest unit's steps; a group past the last unit takes an empty one and
-// stores nothing), so the sums are full-mask shuffles (warp_groups_sum).
+// lanes past a head's width read its first vector and weigh it 0. For 16-bit types a warp's
+// groups walk their units in step (its longest unit's steps; a group past the last unit takes an
+// empty one and stores nothing), so the sums are full-mask shuffles (warp_groups_sum); f32 ran
+// 0.94x so at 8 x 32 and keeps each group's own walk (docs/kernels/csr-ops.md).
 template <class T, int VEC, bool DROP>
 __device__ __forceinline__ void gat_grad_rows(
     const u32* __restrict__ unit_rows, const u32* __restrict__ unit_starts,
@@ -537,11 +538,14 @@ __device__ __forceinline__ void gat_grad_rows(
     const u32* __restrict__ keep, const float* __restrict__ lse, float* __restrict__ ds_t,
     float* __restrict__ d_bias,
     float* __restrict__ d_dst, float* __restrict__ scratch_dst) {
+    constexpr bool STEP = sizeof(T) == 2;
+    const u32 mask = group_mask(g);
     const GatLanes ln = gat_lanes<VEC>(g, hl, heads, head_dim);
     const u64 hd = (u64)heads * head_dim;
     const u64 feat = (u64)ln.h * head_dim + (ln.on ? ln.d : 0u);
     const u64 group = grid_group(g), groups = grid_groups(g);
-    for (u64 ug = group; warp_more(ug, n_units); ug += groups) {
+    const auto sum = [&](float v) { return STEP ? warp_groups_sum(v, hl) : group_sum(v, mask, hl); };
+    for (u64 ug = group; warp_more<STEP>(ug, n_units); ug += groups) {
         const u64 u = ug < n_units ? ug : n_units - 1u;
         const u32 r = unit_rows[u], start = unit_starts[u];
         const u32 end = ug < n_units ? unit_starts[u + 1] : start;
@@ -571,10 +575,10 @@ __device__ __forceinline__ void gat_grad_rows(
             dov[i] = ln.on ? dov[i] : 0.0f;  // an idle lane adds nothing to the heads' dots
             dd = fmaf(dov[i], ov[i], dd);
         }
-        const float d_row = warp_groups_sum(dd, hl);
+        const float d_row = sum(dd);
         float dsum = 0.0f;
-        const u32 steps = warp_tiles(end - start, 4u);
-        for (u32 it = 0, e = start; it < steps; ++it, e += 4) {
+        const u32 steps = warp_tiles<STEP>(end - start, 4u);
+        for (u32 it = 0, e = start; STEP ? it < steps : e < end; ++it, e += 4) {
             HeldV<T, VEC> x4[4];
             float as[4], f[4];
 #pragma unroll
@@ -592,7 +596,7 @@ __device__ __forceinline__ void gat_grad_rows(
                 float dw = 0.0f;
 #pragma unroll
                 for (int i = 0; i < VEC; ++i) dw = fmaf(dov[i], x4[j].at(i), dw);
-                dw = warp_groups_sum(dw, hl);
+                dw = sum(dw);
                 if (e + j >= end) continue;
                 const u64 edge = (u64)(e + j) * heads + ln.h;
                 const float s = ad + as[j] + b[j];
