@@ -628,10 +628,12 @@ fn kept_stats_case<T: DType>(
 
 /// Rows and columns without edges: odd rows attend to nothing and odd columns are attended by
 /// nobody. Every algorithm's forward and every backward gives exact zeros there (out, dQ; dK,
-/// dV). The CUDA-core kernels must also keep non-finite values of other nodes out (node 2's key
-/// and value +inf, node 4's query and output gradient NaN: a lane or group without edges must
-/// not read a neighbour's values, as 0 · inf is NaN); a tensor-core product multiplies a tile's
-/// zeros by them, so there they reach the other nodes of their tile (docs/kernels/README.md).
+/// dV). The CUDA-core kernels must also keep non-finite values of other nodes out (keys and
+/// values +inf at nodes 2 and 10, queries and output gradients NaN at nodes 4 and 14; 10 is row
+/// 0's last column and 14 column 14's last row, where an empty row 1 or column 15 next to them
+/// would clamp its loads: a lane or group without edges must not weigh a neighbour's values, as
+/// 0 · inf is NaN); a tensor-core product multiplies a tile's zeros by them, so there they reach
+/// the other nodes of their tile (docs/kernels/README.md).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn empty_rows_and_columns_beside_non_finite_values() {
@@ -645,19 +647,22 @@ fn empty_rows_and_columns_beside_non_finite_values() {
         }
     }
     let a = Csr::from_edges(n as usize, n as usize, &edges).unwrap();
-    let mut failures = Vec::new();
+    let (mut failures, mut runs) = (Vec::new(), 0);
     for (heads, head_dim) in [(8, 64), (1, 64), (2, 16)] {
         for poisoned in [false, true] {
             let shape = (heads, head_dim);
-            empty_rows_case::<f32>(&gpu, &a, shape, poisoned, &mut rng, &mut failures);
-            empty_rows_case::<f16>(&gpu, &a, shape, poisoned, &mut rng, &mut failures);
+            runs += empty_rows_case::<f32>(&gpu, &a, shape, poisoned, &mut rng, &mut failures);
+            runs += empty_rows_case::<f16>(&gpu, &a, shape, poisoned, &mut rng, &mut failures);
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // 6 shapes and dtypes x 2 CUDA-core forwards x 3 backwards at least.
+    assert!(runs >= 36, "only {runs} forward + backward runs");
 }
 
 /// One dtype and shape of [`empty_rows_and_columns_beside_non_finite_values`]: with `poisoned`
-/// inputs only the CUDA-core forwards and backwards; failures are added to `failures`.
+/// inputs only the CUDA-core forwards and backwards; failures are added to `failures`. Returns
+/// the forward + backward runs made.
 fn empty_rows_case<T: DType>(
     gpu: &Gpu,
     a: &Csr,
@@ -665,7 +670,7 @@ fn empty_rows_case<T: DType>(
     poisoned: bool,
     rng: &mut Pcg64,
     failures: &mut Vec<String>,
-) {
+) -> usize {
     let sq = Shape::new(a.n_rows(), heads, head_dim).unwrap();
     let skv = Shape::new(a.n_cols(), heads, head_dim).unwrap();
     let row = sq.row_len();
@@ -677,14 +682,19 @@ fn empty_rows_case<T: DType>(
     let mut v: Vec<T> = random_vec(rng, skv.len(), 1.0);
     let mut d: Vec<T> = random_vec(rng, sq.len(), 1.0);
     if poisoned {
-        fill(&mut k, 2, f64::INFINITY);
-        fill(&mut v, 2, f64::INFINITY);
-        fill(&mut q, 4, f64::NAN);
-        fill(&mut d, 4, f64::NAN);
+        for node in [2, 10] {
+            fill(&mut k, node, f64::INFINITY);
+            fill(&mut v, node, f64::INFINITY);
+        }
+        for node in [4, 14] {
+            fill(&mut q, node, f64::NAN);
+            fill(&mut d, node, f64::NAN);
+        }
     }
     let up = |s, x: &[T]| DeviceMatrix::from_host(gpu, s, x).unwrap();
     let (qd, kd, vd, dd) = (up(sq, &q), up(skv, &k), up(skv, &v), up(sq, &d));
-    // The odd nodes whose rows of `m` are not all exact zeros.
+    // The odd nodes (those without edges) whose rows of `m` are not all zeros: a write missed
+    // (the outputs start as NaN) or a value leaked.
     let nonzero = |m: &DeviceMatrix<T>| -> Vec<usize> {
         let h = m.to_host().unwrap();
         (1..h.len() / row)
@@ -717,6 +727,7 @@ fn empty_rows_case<T: DType>(
         )
     };
     let config = AttentionConfig::new(heads, head_dim, T::KIND);
+    let mut runs = 0;
     for &alg in algs {
         let config = config.clone().with_algorithm(alg);
         if !AttentionPlan::supports(gpu, alg, &config) {
@@ -735,6 +746,7 @@ fn empty_rows_case<T: DType>(
             }
             plan.backward_with(kernels, &qd, &kd, &vd, &out, &dd, &mut dq, &mut dk, &mut dv)
                 .unwrap();
+            runs += 1;
             let ctx = format!(
                 "{alg} {kernels:?} {} heads={heads} head_dim={head_dim} poisoned={poisoned}",
                 T::NAME
@@ -747,6 +759,7 @@ fn empty_rows_case<T: DType>(
             }
         }
     }
+    runs
 }
 
 /// ∂L/∂scale within 1e-4 of the f64 reference's (relative, or absolute below 1).

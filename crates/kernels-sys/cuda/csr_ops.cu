@@ -528,7 +528,7 @@ __device__ __forceinline__ void gat_aggregate(
 // lanes past a head's width read its first vector and weigh it 0. For 16-bit types a warp's
 // groups walk their units in step (its longest unit's steps; a group past the last unit takes an
 // empty one and stores nothing), so the sums are full-mask shuffles (warp_groups_sum); f32 ran
-// 0.94x so at 8 x 32 and keeps each group's own walk (docs/kernels/csr-ops.md).
+// 0.94x in step at 8 x 32 and keeps each group's own walk (docs/kernels/csr-ops.md).
 template <class T, int VEC, bool DROP>
 __device__ __forceinline__ void gat_grad_rows(
     const u32* __restrict__ unit_rows, const u32* __restrict__ unit_starts,
@@ -544,7 +544,9 @@ __device__ __forceinline__ void gat_grad_rows(
     const u64 hd = (u64)heads * head_dim;
     const u64 feat = (u64)ln.h * head_dim + (ln.on ? ln.d : 0u);
     const u64 group = grid_group(g), groups = grid_groups(g);
-    const auto sum = [&](float v) { return STEP ? warp_groups_sum(v, hl) : group_sum(v, mask, hl); };
+    const auto sum = [&](float v) {
+        return STEP ? warp_groups_sum(v, hl) : group_sum(v, mask, hl);
+    };
     for (u64 ug = group; warp_more<STEP>(ug, n_units); ug += groups) {
         const u64 u = ug < n_units ? ug : n_units - 1u;
         const u32 r = unit_rows[u], start = unit_starts[u];
