@@ -1898,6 +1898,7 @@ __device__ __forceinline__ void csr_edges_online(const u32* __restrict__ col_ind
 #pragma unroll
         for (int t = 0; t < TILE; ++t) {
             pos[t] = STEP && e + t >= end ? spare : e + t;
+            // Not pos[t] on its own walk: `col_indices + e + t` folds into one base address.
             c[t] = __ldg(STEP ? col_indices + pos[t] : col_indices + e + t);
         }
         float s[TILE];
