@@ -81,6 +81,20 @@ def test_closed_form_backward_matches_autograd():
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_a_graph_without_edges_gives_zeros(device):
+    # The CPU path lists the edges through Graph.edge_index, which once refused an empty graph.
+    g = spattn.Graph.from_edge_index(torch.zeros(2, 0, dtype=torch.long, device=device),
+                                     num_nodes=5)
+    assert g.edge_index().shape == (2, 0) and g.edge_index(device).device == torch.device(device)
+    xl = torch.randn(5, 2, 3, device=device, requires_grad=True)
+    ef = torch.randn(0, 2, 3, device=device, requires_grad=True)
+    out = spattn.gatv2_attention(g, xl, xl, torch.randn(2, 3, device=device), edge_features=ef)
+    assert torch.equal(out, torch.zeros_like(out))
+    out.backward(torch.ones_like(out))
+    assert torch.equal(xl.grad, torch.zeros_like(xl))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_functional_dropout_and_errors(device):
     g = spattn.Graph.from_edge_index(edges(20, 80, 3, device), num_nodes=20, self_loops=True)
     xl, xr = torch.randn(20, 2, 8, device=device), torch.randn(20, 2, 8, device=device)

@@ -291,6 +291,8 @@ class Graph:
                     device_index(out), out[0].data_ptr(), out[1].data_ptr(), stream_of(out)
                 )
             return out
+        if not self.num_edges:  # torch.frombuffer refuses an empty buffer
+            return torch.empty((2, 0), dtype=torch.int64, device=dev)
         src = torch.frombuffer(bytearray(self._core.col()), dtype=torch.int64)
         dst = torch.frombuffer(bytearray(self._core.row()), dtype=torch.int64)
         return torch.stack([src, dst]).to(device) if device is not None else torch.stack([src, dst])
