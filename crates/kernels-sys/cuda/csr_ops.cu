@@ -197,7 +197,8 @@ __device__ __forceinline__ void spmm_csr_finalize(const u32* __restrict__ split_
 
 // ---- edge softmax -------------------------------------------------------------------------
 // P[e,h] = exp(x_e - max) / sum over the row's edges, x = S[e,h] or LeakyReLU(S[e,h]).
-// The running max starts at -inf; a row without edges has nothing to write. `out` may alias
+// The running max starts at -inf; a row without edges has nothing to write, and a row whose
+// scores are all -inf (masked) gets zeros, as on the CPU (no -inf - -inf). `out` may alias
 // `scores` (in place): each element is read before it is written by the same thread.
 
 // A group of g lanes per (row, head): rows of fewer than `long_threshold` edges.
@@ -221,6 +222,7 @@ extern "C" __global__ void edge_softmax_csr_rows(const u32* __restrict__ row_off
             m = fmaxf(m, x);
         }
         m = group_max(m, mask, g);
+        if (m == SPATTN_NEG_INF) m = 0.0f;  // all masked: exp(-inf) = 0 and inv = 0 below
         float sum = 0.0f;
         for (u32 e = start + lane; e < end; e += g) {
             float x = scores[(u64)e * heads + h];
@@ -228,7 +230,7 @@ extern "C" __global__ void edge_softmax_csr_rows(const u32* __restrict__ row_off
             sum += __expf(x - m);
         }
         sum = group_sum(sum, mask, g);
-        const float inv = 1.0f / sum;
+        const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
         for (u32 e = start + lane; e < end; e += g) {
             const u64 i = (u64)e * heads + h;
             float x = scores[i];
@@ -254,6 +256,7 @@ extern "C" __global__ void edge_softmax_csr_long_rows(const u32* __restrict__ ro
         m = fmaxf(m, x);
     }
     m = block_reduce(m, scratch, true);
+    if (m == SPATTN_NEG_INF) m = 0.0f;  // all masked: exp(-inf) = 0 and inv = 0 below
     float sum = 0.0f;
     for (u32 e = start + threadIdx.x; e < end; e += blockDim.x) {
         float x = scores[(u64)e * heads + h];
@@ -261,7 +264,7 @@ extern "C" __global__ void edge_softmax_csr_long_rows(const u32* __restrict__ ro
         sum += __expf(x - m);
     }
     sum = block_reduce(sum, scratch, false);
-    const float inv = 1.0f / sum;
+    const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
     for (u32 e = start + threadIdx.x; e < end; e += blockDim.x) {
         const u64 i = (u64)e * heads + h;
         float x = scores[i];

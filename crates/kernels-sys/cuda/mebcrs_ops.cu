@@ -572,12 +572,12 @@ __device__ __forceinline__ float softmax_input(float x, int leaky, float slope) 
     return leaky ? leaky_relu(x, slope) : x;
 }
 
-// Adds score x to the running (m, s).
+// Adds score x to the running (m, s); a -inf score (masked) adds nothing, a NaN makes s NaN.
 __device__ __forceinline__ void online_add(float& m, float& s, float x) {
     if (x > m) {
         s = s * online_rescale(m, x) + 1.0f;
         m = x;
-    } else {
+    } else if (x != SPATTN_NEG_INF) {
         s += __expf(x - m);
     }
 }
@@ -610,7 +610,7 @@ __device__ __forceinline__ void softmax_accumulate(const unsigned char* __restri
 }
 
 // Writes the probabilities of vectors v0, v0 + stride, ... < ve, given each row's max and
-// 1 / sum.
+// 1 / sum (a row whose scores are all -inf: max 0 and 1 / sum 0, so its slots get zeros).
 __device__ __forceinline__ void softmax_write(const unsigned char* __restrict__ row_masks,
                                               const float* sh, float* oh, u32 v0, u32 ve,
                                               u32 stride, int leaky, float slope,
@@ -661,7 +661,10 @@ extern "C" __global__ void edge_softmax_mebcrs_windows(const u32* __restrict__ r
     softmax_accumulate(row_masks, sh, vb + lane, ve, 32u, leaky, slope, m, s);
     softmax_warp_merge(m, s);
 #pragma unroll
-    for (int r = 0; r < 8; ++r) inv[r] = s[r] > 0.0f ? 1.0f / s[r] : 0.0f;
+    for (int r = 0; r < 8; ++r) {
+        inv[r] = s[r] == 0.0f ? 0.0f : 1.0f / s[r];  // a NaN score makes its row NaN
+        if (m[r] == SPATTN_NEG_INF) m[r] = 0.0f;  // all masked (or no slot): exp(-inf) = 0
+    }
     softmax_write(row_masks, sh, oh, vb + lane, ve, 32u, leaky, slope, m, inv);
 }
 
@@ -692,8 +695,8 @@ extern "C" __global__ void edge_softmax_mebcrs_long_windows(
         const u32 r = threadIdx.x;
         float mm = SPATTN_NEG_INF, ss = 0.0f, c1, c2;
         for (u32 x = 0; x < warps; ++x) online_merge(mm, ss, part_m[x][r], part_s[x][r], c1, c2);
-        row_m[r] = mm;
-        row_inv[r] = ss > 0.0f ? 1.0f / ss : 0.0f;
+        row_m[r] = mm == SPATTN_NEG_INF ? 0.0f : mm;  // all masked (or no slot): exp(-inf) = 0
+        row_inv[r] = ss == 0.0f ? 0.0f : 1.0f / ss;  // a NaN score makes its row NaN
     }
     __syncthreads();
     float inv[8];

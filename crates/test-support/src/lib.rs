@@ -651,6 +651,48 @@ pub fn softmax_extreme_scores(rng: &mut Pcg64, edges: usize) -> Vec<(&'static st
     ]
 }
 
+/// Scores (`nnz × heads`, CSR order) with masked edges (−∞): every edge of every third row
+/// (a hub row's too where it falls there) and, elsewhere, one edge in four, head 1 of the
+/// longest row entirely.
+pub fn masked_scores(rng: &mut Pcg64, a: &Csr, heads: usize) -> Vec<f32> {
+    let longest = (0..a.n_rows()).max_by_key(|&r| a.row_range(r).len());
+    let mut s: Vec<f32> = (0..a.nnz() * heads)
+        .map(|_| rng.random_range(-4.0..4.0))
+        .collect();
+    for r in 0..a.n_rows() {
+        for e in a.row_range(r) {
+            for h in 0..heads {
+                let whole = r % 3 == 0 || (h == 1 && Some(r) == longest);
+                if whole || (e + h) % 4 == 0 {
+                    s[e * heads + h] = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+    s
+}
+
+/// Asserts that a softmax `p` of the scores `s` (both `nnz × heads`, CSR order) gives a row
+/// whose scores are all −∞ exact zeros, a masked edge 0 and each other row a sum of one.
+pub fn assert_masked_softmax(a: &Csr, s: &[f32], p: &[f32], heads: usize, what: &str) {
+    for r in 0..a.n_rows() {
+        for h in 0..heads {
+            let at = |e: usize| e * heads + h;
+            let range = a.row_range(r);
+            let live = range.clone().any(|e| s[at(e)] != f32::NEG_INFINITY);
+            for e in range.clone().filter(|&e| s[at(e)] == f32::NEG_INFINITY) {
+                assert_eq!(p[at(e)], 0.0, "{what}: row {r} head {h} masked edge {e}");
+            }
+            let sum: f64 = range.map(|e| f64::from(p[at(e)])).sum();
+            let want = if live { 1.0 } else { 0.0 };
+            assert!(
+                (sum - want).abs() < 1e-4,
+                "{what}: row {r} head {h} sums to {sum}, not {want}"
+            );
+        }
+    }
+}
+
 /// Asserts that the probabilities `p` (CSR order, `nnz × heads`) of every non-empty row of `a`
 /// sum to one per head, within 1e-4.
 pub fn assert_rows_sum_to_one(a: &Csr, p: &[f32], heads: usize, what: &str) {
