@@ -858,7 +858,8 @@ __device__ __forceinline__ void gat_backward_row_pass(
             a2 *= c;
 #pragma unroll
             for (int t = 0; t < TILE; ++t) {
-                const float ex = e + t < end ? __expf(z[t] - m) : 0.0f;
+                // m = -inf: every score so far masked by a -inf bias (exp(-inf - -inf) is NaN).
+                const float ex = e + t < end && m != SPATTN_NEG_INF ? __expf(z[t] - m) : 0.0f;
                 const float lp = s[t] >= 0.0f ? 1.0f : sc.slope;
                 const float xd = ex * dp[t];
                 l += ex;
