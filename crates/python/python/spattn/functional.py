@@ -91,7 +91,8 @@ def sparse_attention(
             graph transformer's edge bias): a tensor of ``num_edges`` values (shared by the
             heads) or ``num_edges × heads``, in the order of :meth:`Graph.edge_index` (the
             graph's CSR order), on ``q``'s device (cast to ``q``'s dtype). ``-inf`` masks an
-            edge; a NaN is an error on the CPU and makes its row NaN on CUDA. Differentiable.
+            edge (a row whose edges are all masked gets zeros); a NaN is an error on the CPU
+            and makes its row NaN on CUDA. Differentiable.
         edge_features: ``num_edges × heads × head_dim`` added to each edge's key and value
             (``k_j + e_ij``, ``v_j + e_ij``: PyG's ``TransformerConv(edge_dim=...)`` with the
             features already projected), in :meth:`Graph.edge_index` order, on ``q``'s device
@@ -1091,7 +1092,8 @@ def gat_attention(
 
         bias: ``num_edges × heads`` added to the scores before the LeakyReLU (GAT's edge
             term ``⟨W_e e_ij, a_edge⟩``), in :meth:`Graph.edge_index` order; used in float32 on
-            CUDA like the per-node terms. Differentiable.
+            CUDA like the per-node terms; ``-inf`` masks an edge (a row whose edges are all
+            masked gets zeros). Differentiable.
         dropout, dropout_seed: dropout on the attention coefficients, as
             :func:`sparse_attention`'s (the GAT paper uses 0.6 in training).
 
