@@ -10,9 +10,10 @@ spattn's and compares the output, ∂L/∂x and every parameter's gradient of ``
 - on the CPU in float64 (spattn's CPU paths): the two compute one function, so any
   difference beyond rounding is a semantic one (relative error ≤ 1e-9 against the problem's
   scale);
-- on a GPU in float32 against PyG in float64 on the same inputs: within 1e-4 of the problem's
-  scale (the gradients of GAT's attention vectors, GATv2's and AGNN's β sum terms that cancel;
-  test_gpu.py bounds those by their condition number on real graphs).
+- on a GPU in float32 against PyG in float64 on the same inputs: within 1e-4 (relative, or of
+  1/100 of the problem's scale for a gradient smaller than that), or 4 times PyG's own error
+  in float32 where that is larger (gradients whose terms cancel: GAT's attention vectors,
+  GATv2's, AGNN's β).
 
 ``SPATTN_SOAK_LAYER_CASES`` (default 24) cases; ``SPATTN_SOAK_SEED`` seeds them::
 
@@ -36,6 +37,10 @@ from test_soak import DEV, SEED, _edges  # noqa: E402
 CASES = int(os.environ.get("SPATTN_SOAK_LAYER_CASES", "24"))
 DTYPE = torch.float64 if DEV == "cpu" else torch.float32
 TOL = 1e-9 if DEV == "cpu" else 1e-4
+# Errors are relative to the quantity or to FLOOR times the problem's scale (|out| + |dx|),
+# whichever is larger: a gradient that is zero by construction (a key bias's; the query's
+# where every row has one edge) is only ever its rounding noise, a few units of f32 there.
+FLOOR = 1e-3 if DEV == "cpu" else 1e-2
 
 
 def _layer_args(r: random.Random):
@@ -100,18 +105,31 @@ def test_soak_layer(index):
     ref = _run(theirs, x.double(), ei, None if attr is None else attr.double(), w)
     got = _run(ours, x.to(DEV), ei.to(DEV), None if attr is None else attr.to(DEV),
                w.to(DEV, DTYPE))
+    same = [None] * (2 + len(ref[2]))
+    if DTYPE != torch.float64:  # PyG in the same dtype: how far the dtype itself takes it
+        pyg_same = _make(pyg_nn, layer, fin, fout, args).to(DEV).to(DTYPE)
+        pyg_same.load_state_dict(state)
+        p = _run(pyg_same, x.to(DEV), ei.to(DEV), None if attr is None else attr.to(DEV),
+                 w.to(DEV, DTYPE))
+        same = [p[0], p[1]] + [p[2].get(k) for k in sorted(ref[2])]
     scale = ref[0].norm().item() + ref[1].norm().item()
     names = ["out", "dx"] + sorted(ref[2])
     mine = [got[0], got[1]] + [got[2].get(k) for k in sorted(ref[2])]
     want = [ref[0], ref[1]] + [ref[2][k] for k in sorted(ref[2])]
     errors = []
-    for name, a, b in zip(names, mine, want):
+    def rel(a, b):
+        return (a.double().cpu() - b).norm().item() / (b.norm().item() + FLOOR * scale + 1e-300)
+
+    for name, a, b, c in zip(names, mine, want, same):
         assert a is not None, f"{label}: {name}: no gradient"
         assert a.shape == b.shape, f"{label}: {name}: shape {tuple(a.shape)} != {tuple(b.shape)}"
-        err = (a.double().cpu() - b).norm().item() / (b.norm().item() + 1e-3 * scale + 1e-300)
+        err = rel(a, b)
+        # A gradient whose terms cancel (a key bias's is exactly 0: the softmax ignores a
+        # row's shift) is as far off in PyG's float32: allow 4 times PyG's error.
+        allowed = TOL if c is None else max(TOL, 4 * rel(c, b))
         errors.append(f"{name} {err:.1e}")
-        if not err <= TOL:
-            print(f"FAILED {label}: {name} {err:.3e} > {TOL:.0e}")
-            raise AssertionError(f"{label}: {name} relative error {err:.3e} > {TOL:.0e} "
+        if not err <= allowed:
+            print(f"FAILED {label}: {name} {err:.3e} > {allowed:.1e}")
+            raise AssertionError(f"{label}: {name} relative error {err:.3e} > {allowed:.1e} "
                                  f"({', '.join(errors)})")
     print(f"{label} | {' '.join(errors)}")
