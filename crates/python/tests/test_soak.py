@@ -143,6 +143,21 @@ def _from_csr(gen, ei, n, on_device):
     return spattn.Graph(crow.to(DEV), col.to(DEV), n) if on_device else spattn.Graph(crow, col, n)
 
 
+def _mask(bias, g, gen):
+    """-inf on random edges (one in 20), on every edge of the longest row, on one head of
+    another row (a per-head bias) and on the first three edges of a third row."""
+    e = g.num_edges
+    bias[torch.randint(0, e, (max(1, e // 20),), generator=gen)] = -math.inf
+    crow = torch.as_tensor(g.crow())
+    deg = crow.diff()
+    rows = torch.randint(0, g.num_nodes, (2,), generator=gen).tolist()
+    longest = int(deg.argmax())
+    bias[crow[longest]:crow[longest + 1]] = -math.inf
+    if bias.dim() == 2:
+        bias[crow[rows[0]]:crow[rows[0] + 1], -1] = -math.inf
+    bias[crow[rows[1]]:min(crow[rows[1]] + 3, crow[rows[1] + 1])] = -math.inf
+
+
 def _csr(g):
     crow = torch.as_tensor(g.crow(), dtype=torch.long).to(DEV)
     col = torch.as_tensor(g.col(), dtype=torch.long).to(DEV)
@@ -232,8 +247,8 @@ def _run_attention(r, gen, g, dtype, heads, dim):
     if r.random() < 0.35:
         shape = (e,) if r.random() < 0.5 else (e, heads)
         b = torch.randn(*shape, generator=gen)
-        if e and r.random() < 0.3:  # masked edges, a whole row of them where one has edges
-            b[torch.randint(0, e, (max(1, e // 20),), generator=gen)] = -math.inf
+        if e and r.random() < 0.3:
+            _mask(b, g, gen)
         extras["bias"] = b
     if r.random() < 0.3:
         extras["edge_features"] = torch.randn(e, heads, dim, generator=gen)
@@ -294,8 +309,8 @@ def _run_gat(r, gen, g, dtype, heads, dim):
     n, e = g.num_nodes, g.num_edges
     slope = r.choice([0.2, 0.01, 0.5])
     bias = torch.randn(e, heads, generator=gen) if r.random() < 0.3 else None
-    if bias is not None and e and r.random() < 0.3:  # masked edges
-        bias[torch.randint(0, e, (max(1, e // 20),), generator=gen)] = -math.inf
+    if bias is not None and e and r.random() < 0.3 and slope > 0:  # -inf masks for slope > 0
+        _mask(bias, g, gen)
     rate = r.choice([0.0, 0.0, 0.6])
     seed = r.randrange(1 << 40)
     (x, dy) = _inputs(gen, [((n, heads, dim), 1.0)] * 2, dtype)

@@ -12,8 +12,9 @@ spattn's and compares the output, ∂L/∂x and every parameter's gradient of ``
   scale);
 - on a GPU in float32 against PyG in float64 on the same inputs: within 1e-4 (relative, or of
   1/100 of the problem's scale for a gradient smaller than that), or 4 times PyG's own error
-  in float32 where that is larger (gradients whose terms cancel: GAT's attention vectors,
-  GATv2's, AGNN's β).
+  in float32 where that is larger, up to 1e-2 (gradients whose terms cancel: GAT's attention
+  vectors, GATv2's, AGNN's β; test_gpu.py bounds those by their condition numbers on real
+  graphs).
 
 ``SPATTN_SOAK_LAYER_CASES`` (default 24) cases; ``SPATTN_SOAK_SEED`` seeds them::
 
@@ -37,8 +38,8 @@ from test_soak import DEV, KINDS, SEED, _edges  # noqa: E402
 CASES = int(os.environ.get("SPATTN_SOAK_LAYER_CASES", "24"))
 DTYPE = torch.float64 if DEV == "cpu" else torch.float32
 TOL = 1e-9 if DEV == "cpu" else 1e-4
-# Errors are relative to the quantity or to FLOOR times the problem's scale (|out| + |dx|),
-# whichever is larger: a gradient that is zero by construction (a key bias's; the query's
+# Errors are relative to the quantity plus FLOOR times the problem's scale (|out| + |dx|): a
+# gradient that is zero by construction (a key bias's; the query's
 # where every row has one edge) is only ever its rounding noise, a few units of f32 there.
 FLOOR = 1e-3 if DEV == "cpu" else 1e-2
 
@@ -99,8 +100,9 @@ def _soak_layer(index):
     fin = r.choice([1, 3, 8, 16, 33])
     fout = fin if layer == "agnn" else r.choice([1, 2, 5, 8, 16, 32, 64])
     label = f"case {SEED}-{index}: {kind} n={n} E={ei.shape[1]} | {layer} {fin}->{fout} {args}"
-    torch.manual_seed(index)
-    theirs = _make(pyg_nn, layer, fin, fout, args).double()
+    with torch.random.fork_rng(devices=[]):  # PyG's initialisation, without the global state
+        torch.manual_seed(index)
+        theirs = _make(pyg_nn, layer, fin, fout, args).double()
     state = {k: v.to(DTYPE) for k, v in theirs.state_dict().items()}
     x = torch.randn(n, fin, generator=gen, dtype=torch.float64).to(DTYPE)
     e = args.get("edge_dim")
@@ -134,7 +136,7 @@ def _soak_layer(index):
         err = rel(a, b)
         # A gradient whose terms cancel (a key bias's is exactly 0: the softmax ignores a
         # row's shift) is as far off in PyG's float32: allow 4 times PyG's error.
-        allowed = TOL if c is None else max(TOL, 4 * rel(c, b))
+        allowed = TOL if c is None else max(TOL, min(4 * rel(c, b), 1e-2))
         errors.append(f"{name} {err:.1e}")
         if not err <= allowed:
             raise AssertionError(f"{label}: {name} relative error {err:.3e} > {allowed:.1e} "

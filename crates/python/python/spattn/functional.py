@@ -1092,8 +1092,8 @@ def gat_attention(
 
         bias: ``num_edges × heads`` added to the scores before the LeakyReLU (GAT's edge
             term ``⟨W_e e_ij, a_edge⟩``), in :meth:`Graph.edge_index` order; used in float32 on
-            CUDA like the per-node terms; ``-inf`` masks an edge (a row whose edges are all
-            masked gets zeros). Differentiable.
+            CUDA like the per-node terms; with a positive ``negative_slope``, ``-inf`` masks an
+            edge (a row whose edges are all masked gets zeros). Differentiable.
         dropout, dropout_seed: dropout on the attention coefficients, as
             :func:`sparse_attention`'s (the GAT paper uses 0.6 in training).
 
