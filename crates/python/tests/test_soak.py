@@ -389,13 +389,18 @@ def _run_gatv2(r, gen, g, dtype, heads, dim):
 RUNNERS = {"attention": _run_attention, "gat": _run_gat, "gatv2": _run_gatv2}
 
 
-@pytest.mark.parametrize("index", range(CASES), ids=lambda i: f"case{SEED}-{i}")
-def test_soak(index):
+def run_saying_failures(check, index: int) -> None:
+    """``check(index)``, a failure printed at once (a run cut short by a time limit keeps it)."""
     try:
-        _soak(index)
-    except Exception as e:  # noqa: BLE001 - said at once, for a run cut short
+        check(index)
+    except Exception as e:  # noqa: BLE001 - printed, then raised as it was
         print(f"FAILED case {SEED}-{index}: {type(e).__name__}: {e}"[:2000])
         raise
+
+
+@pytest.mark.parametrize("index", range(CASES), ids=lambda i: f"case{SEED}-{i}")
+def test_soak(index):
+    run_saying_failures(_soak, index)
 
 
 def _soak(index):

@@ -33,7 +33,7 @@ pyg_nn = pytest.importorskip("torch_geometric.nn")
 
 import spattn  # noqa: E402
 import spattn.nn  # noqa: E402
-from test_soak import DEV, KINDS, SEED, _edges  # noqa: E402
+from test_soak import DEV, KINDS, SEED, _edges, run_saying_failures  # noqa: E402
 
 CASES = int(os.environ.get("SPATTN_SOAK_LAYER_CASES", "24"))
 DTYPE = torch.float64 if DEV == "cpu" else torch.float32
@@ -83,11 +83,7 @@ def _run(layer, x, edge_index, attr, w):
 
 @pytest.mark.parametrize("index", range(CASES), ids=lambda i: f"layer{SEED}-{i}")
 def test_soak_layer(index):
-    try:
-        _soak_layer(index)
-    except Exception as e:  # noqa: BLE001 - said at once, for a run cut short
-        print(f"FAILED case {SEED}-{index}: {type(e).__name__}: {e}"[:2000])
-        raise
+    run_saying_failures(_soak_layer, index)
 
 
 def _soak_layer(index):
