@@ -717,7 +717,7 @@ __device__ __forceinline__ float bsb_row_max(const float (&x)[2][4], int r, floa
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float mnew = fmaxf(m, mx);
-    const float mu = mnew == SPATTN_NEG_INF ? 0.0f : mnew;
+    const float mu = softmax_base(mnew);
     alpha = bsb_exp2(m - mu);
     m = mnew;
     return mu;
@@ -1127,11 +1127,11 @@ __device__ __forceinline__ void bsb_merge_parts(const float* part_ml, const floa
             const u64 i = (((u64)pp * heads + h) * BSB_WINDOW_ROWS + gt) * 2u;
             const float m2 = __ldcg(part_ml + i), l2 = __ldcg(part_ml + i + 1u);
             const float mnew = fmaxf(mm, m2);
-            const float mu = mnew == SPATTN_NEG_INF ? 0.0f : mnew;
+            const float mu = softmax_base(mnew);
             ll = ll * bsb_exp2(mm - mu) + l2 * bsb_exp2(m2 - mu);
             mm = mnew;
         }
-        mrg[gt] = mm == SPATTN_NEG_INF ? 0.0f : mm;
+        mrg[gt] = softmax_base(mm);
         mrg[BSB_WINDOW_ROWS + gt] = ll > 0.0f ? 1.0f / ll : 0.0f;
         if (lse != nullptr && gt < rows_here)
             lse[(u64)caller_row(row_ids, row0 + gt) * heads + h] =
@@ -1954,7 +1954,7 @@ __device__ __forceinline__ void csr_edges_online(const u32* __restrict__ col_ind
         const float corr = rescale(m, mn);
         m = mn;
         float mr = mn;
-        if constexpr (X::ON || STEP) mr = mn == SPATTN_NEG_INF ? 0.0f : mn;
+        if constexpr (X::ON || STEP) mr = softmax_base(mn);
         float p[TILE];
 #pragma unroll
         for (int t = 0; t < TILE; ++t) p[t] = ex(s[t] - mr);
@@ -2011,7 +2011,7 @@ __device__ __forceinline__ void csr_edges_online(const u32* __restrict__ col_ind
         const float mn = fmaxf(m, s);
         const float corr = rescale(m, mn);
         float mr = mn;
-        if constexpr (X::ON) mr = mn == SPATTN_NEG_INF ? 0.0f : mn;
+        if constexpr (X::ON) mr = softmax_base(mn);
         float p = ex(s - mr);
         m = mn;
         l = l * corr + p;

@@ -415,7 +415,7 @@ __device__ __forceinline__ void bwd_tc(
             };
             float mm = SPATTN_NEG_INF;
             for (u32 p = p0; p < p1; ++p) mm = fmaxf(mm, at(p, 0u));
-            const float mu = mm == SPATTN_NEG_INF ? 0.0f : mm;
+            const float mu = softmax_base(mm);
             float ll = 0.0f, ww = 0.0f;
             for (u32 p = p0; p < p1; ++p) {
                 const float c = bsb_exp2(at(p, 0u) - mu);

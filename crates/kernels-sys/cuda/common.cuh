@@ -277,6 +277,10 @@ __device__ __forceinline__ float leaky_relu(float x, float slope) { return x >= 
 // the sum l of exp(s - m), and acc = sum of exp(s - m) * v. Two partials of the same row merge
 // exactly by rescaling both to the larger max.
 
+// The value a row's exponentials subtract: its max m, or 0 where every score seen is -inf
+// (masked, or none), so that exp(-inf - base) = 0 rather than exp(-inf - -inf) = NaN.
+__device__ __forceinline__ float softmax_base(float m) { return m == SPATTN_NEG_INF ? 0.0f : m; }
+
 // exp(m_old - m_new) for m_new >= m_old, with exp(-inf - x) = 0 and no NaN when both are -inf.
 __device__ __forceinline__ float online_rescale(float m_old, float m_new) {
     return m_old == SPATTN_NEG_INF ? 0.0f : __expf(m_old - m_new);

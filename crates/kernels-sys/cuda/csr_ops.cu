@@ -222,7 +222,7 @@ extern "C" __global__ void edge_softmax_csr_rows(const u32* __restrict__ row_off
             m = fmaxf(m, x);
         }
         m = group_max(m, mask, g);
-        if (m == SPATTN_NEG_INF) m = 0.0f;  // all masked: exp(-inf) = 0 and inv = 0 below
+        m = softmax_base(m);  // all masked: exp(-inf) = 0, and inv = 0 below
         float sum = 0.0f;
         for (u32 e = start + lane; e < end; e += g) {
             float x = scores[(u64)e * heads + h];
@@ -256,7 +256,7 @@ extern "C" __global__ void edge_softmax_csr_long_rows(const u32* __restrict__ ro
         m = fmaxf(m, x);
     }
     m = block_reduce(m, scratch, true);
-    if (m == SPATTN_NEG_INF) m = 0.0f;  // all masked: exp(-inf) = 0 and inv = 0 below
+    m = softmax_base(m);  // all masked: exp(-inf) = 0, and inv = 0 below
     float sum = 0.0f;
     for (u32 e = start + threadIdx.x; e < end; e += blockDim.x) {
         float x = scores[(u64)e * heads + h];
