@@ -33,6 +33,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import spattn  # noqa: E402
+from pyg_reference import aggregate, edge_softmax  # noqa: E402
 from test_extras import dropout_factor  # noqa: E402
 
 # On the GPU where there is one; else the CPU paths, on smaller cases.
@@ -165,25 +166,6 @@ def _csr(g):
     return rows, col
 
 
-def _softmax_rows(s, rows, n):
-    """Each row's softmax over its edges (E × heads, float64); a row whose scores are all
-    -inf, or without edges, gets zeros."""
-    heads = s.shape[1]
-    m = torch.full((n, heads), -math.inf, dtype=s.dtype, device=s.device)
-    m = m.scatter_reduce(0, rows[:, None].expand_as(s), s, "amax", include_self=True)
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m)).detach()
-    e = torch.exp(s - m[rows])
-    z = torch.zeros((n, heads), dtype=s.dtype, device=s.device).index_add(0, rows, e)
-    zr = z[rows]
-    safe = torch.where(zr > 0, zr, torch.ones_like(zr))
-    return torch.where(zr > 0, e / safe, torch.zeros_like(e))
-
-
-def _aggregate(p, vals, rows, n):
-    out = torch.zeros((n,) + vals.shape[1:], dtype=vals.dtype, device=vals.device)
-    return out.index_add(0, rows, p[..., None] * vals)
-
-
 def _score_terms(p, factor, msg, dy, rows, n):
     """``P · (|dP| + |D|)`` per edge and head: the size of the two terms whose difference is
     the score gradient ``P · (dP − D)`` (``dP`` the message's dot with the row's output
@@ -286,9 +268,9 @@ def _run_attention(r, gen, g, dtype, heads, dim):
         if "bias" in ext:
             b = ext["bias"]
             s = s + (b[:, None] if b.dim() == 1 else b)
-        p = _softmax_rows(s, rows, n)
+        p = edge_softmax(s, rows, n)
         f = torch.as_tensor(dropout_factor(e, heads, rate, seed)).to(DEV) if rate else 1.0
-        out = _aggregate(p * f, ve, rows, n)
+        out = aggregate(p * f, ve, torch.arange(e, device=DEV), rows, n)
         dyd = dy.to(DEV).double()
         out.backward(dyd)
         grads = [t.grad for t in ins] + [ext[name].grad for name in sorted(ext)]
@@ -334,9 +316,9 @@ def _run_gat(r, gen, g, dtype, heads, dim):
         rows, col = _csr(g)
         (xx, ad, asrc), b = args(lambda t: _leaf(t, torch.float64))
         s = ad[rows] + asrc[col] + (b if b is not None else 0.0)
-        p = _softmax_rows(_leaky(s, slope), rows, n)
+        p = edge_softmax(_leaky(s, slope), rows, n)
         f = torch.as_tensor(dropout_factor(e, heads, rate, seed)).to(DEV) if rate else 1.0
-        out = _aggregate(p * f, xx[col], rows, n)
+        out = aggregate(p * f, xx, col, rows, n)
         dyd = dy.to(DEV).double()
         out.backward(dyd)
         grads = [xx.grad, ad.grad, asrc.grad] + ([b.grad] if b is not None else [])
@@ -372,8 +354,8 @@ def _run_gatv2(r, gen, g, dtype, heads, dim):
         f = _leaf(feats, torch.float64) if feats is not None else None
         z = a[col] + b[rows] + (f if f is not None else 0.0)
         s = (_leaky(z, slope) * c).sum(-1)
-        p = _softmax_rows(s, rows, n)
-        out = _aggregate(p, a[col], rows, n)
+        p = edge_softmax(s, rows, n)
+        out = aggregate(p, a, col, rows, n)
         dyd = dy.to(DEV).double()
         out.backward(dyd)
         grads = [a.grad, b.grad, c.grad] + ([f.grad] if f is not None else [])

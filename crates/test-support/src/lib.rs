@@ -680,10 +680,10 @@ pub fn assert_masked_softmax(a: &Csr, s: &[f32], p: &[f32], heads: usize, what: 
             let at = |e: usize| e * heads + h;
             let range = a.row_range(r);
             let live = range.clone().any(|e| s[at(e)] != f32::NEG_INFINITY);
-            for e in range.clone().filter(|&e| s[at(e)] == f32::NEG_INFINITY) {
+            for e in range.filter(|&e| s[at(e)] == f32::NEG_INFINITY) {
                 assert_eq!(p[at(e)], 0.0, "{what}: row {r} head {h} masked edge {e}");
             }
-            let sum: f64 = range.map(|e| f64::from(p[at(e)])).sum();
+            let sum = row_sum(a, p, heads, r, h);
             let want = if live { 1.0 } else { 0.0 };
             assert!(
                 (sum - want).abs() < 1e-4,
@@ -691,6 +691,11 @@ pub fn assert_masked_softmax(a: &Csr, s: &[f32], p: &[f32], heads: usize, what: 
             );
         }
     }
+}
+
+/// Row `r`'s probabilities of head `h` summed (`p`: `nnz × heads`, CSR order).
+fn row_sum(a: &Csr, p: &[f32], heads: usize, r: usize, h: usize) -> f64 {
+    a.row_range(r).map(|e| f64::from(p[e * heads + h])).sum()
 }
 
 /// Asserts that the probabilities `p` (CSR order, `nnz × heads`) of every non-empty row of `a`
@@ -702,7 +707,7 @@ pub fn assert_rows_sum_to_one(a: &Csr, p: &[f32], heads: usize, what: &str) {
             continue;
         }
         for h in 0..heads {
-            let sum: f64 = range.clone().map(|e| f64::from(p[e * heads + h])).sum();
+            let sum = row_sum(a, p, heads, r, h);
             assert!(
                 (sum - 1.0).abs() < 1e-4,
                 "{what}: row {r} head {h} sums to {sum}"
