@@ -635,15 +635,16 @@ __device__ __forceinline__ void backward_row_pass(
                 if (e + t < end) mt = fmaxf(mt, sb[t]);
             const float c = online_rescale(m, mt);
             m = mt;
+            // A row masked so far (every bias -inf) keeps m = -inf: base 0 weighs its edges
+            // exp(-inf) = 0 and keeps a NaN score NaN.
+            const float base = EF ? softmax_base(m) : m;
             l *= c;
             w *= c;
             a1 *= c;
             a2 *= c;
 #pragma unroll
             for (int t = 0; t < TILE; ++t) {
-                // A row masked so far (every bias -inf) keeps m = -inf: its edges weigh 0.
-                const bool live = e + t < end && (!EF || m != SPATTN_NEG_INF);
-                const float x = live ? __expf(sb[t] - m) : 0.0f;
+                const float x = e + t < end ? __expf(sb[t] - base) : 0.0f;
                 const float xd = x * dp[t];
                 l += x;
                 w += xd;
@@ -852,14 +853,15 @@ __device__ __forceinline__ void gat_backward_row_pass(
             }
             const float c = online_rescale(m, mt);
             m = mt;
+            // Every score so far masked by a -inf bias: base 0, as in the attention row pass.
+            const float base = softmax_base(m);
             l *= c;
             w *= c;
             a1 *= c;
             a2 *= c;
 #pragma unroll
             for (int t = 0; t < TILE; ++t) {
-                // m = -inf: every score so far masked by a -inf bias (exp(-inf - -inf) is NaN).
-                const float ex = e + t < end && m != SPATTN_NEG_INF ? __expf(z[t] - m) : 0.0f;
+                const float ex = e + t < end ? __expf(z[t] - base) : 0.0f;
                 const float lp = s[t] >= 0.0f ? 1.0f : sc.slope;
                 const float xd = ex * dp[t];
                 l += ex;

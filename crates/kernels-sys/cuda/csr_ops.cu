@@ -347,10 +347,12 @@ extern "C" __global__ void gat_row_stats_csr(const u32* __restrict__ unit_rows,
             }
             l *= online_rescale(m, mt);
             m = mt;
+            // All scores -inf so far (a bias masking edges out): base 0 adds exp(-inf) = 0 for
+            // each and keeps a NaN score NaN.
+            const float base = softmax_base(m);
 #pragma unroll
             for (int j = 0; j < 4; ++j)
-                // All scores -inf so far (a bias masking edges out): nothing to add, no NaN.
-                if (e + j * hl < end && m != SPATTN_NEG_INF) l += __expf(s[j] - m);
+                if (e + j * hl < end) l += __expf(s[j] - base);
         }
         const float mh = group_max(m, mask, hl);
         l = group_sum(l * online_rescale(m, mh), mask, hl);

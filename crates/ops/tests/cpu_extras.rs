@@ -248,6 +248,15 @@ fn an_infinite_negative_bias_masks_the_edge() {
         got[..2 * 4].iter().all(|&x| x == 0.0),
         "a fully masked row outputs zeros"
     );
+    // A NaN score in a fully masked row makes that row's head NaN, as on the GPU (it is not
+    // masked into zeros), and reaches nothing else.
+    let mut q = c.q.clone();
+    q[0] = f64::NAN; // row 0, head 0
+    let inputs = AttentionInputs::new(&q, sq, &c.k, sk, &c.v, sk);
+    attention_extras(&c.a, &inputs, 1.0, &ex, &mut got, None).unwrap();
+    assert!(got[..4].iter().all(|x| x.is_nan()), "{:?}", &got[..8]);
+    assert!(got[4..8].iter().all(|&x| x == 0.0), "{:?}", &got[..8]);
+    assert_close("other rows", &got[8..], &want[8..]);
 }
 
 #[test]

@@ -586,16 +586,41 @@ fn leaky_relu_by_hand() {
 
 #[test]
 fn softmax_masked_and_nan_scores() {
-    // Row 0: {0, 1, 2}; row 1: {1}; row 2: none; row 3: {0, 2}.
-    let a = Csr::from_edges(4, 3, &[(0, 0), (0, 1), (0, 2), (1, 1), (3, 0), (3, 2)]).unwrap();
+    // Row 0: {0, 1, 2}; row 1: {1}; row 2: none; row 3: {0, 2}; row 4: {0, 1}.
+    let edges = [
+        (0, 0),
+        (0, 1),
+        (0, 2),
+        (1, 1),
+        (3, 0),
+        (3, 2),
+        (4, 0),
+        (4, 1),
+    ];
+    let a = Csr::from_edges(5, 3, &edges).unwrap();
     let inf = f64::INFINITY;
     // One head. −∞ is a masked edge: probability 0, the rest renormalized; a row whose
-    // scores are all −∞ gets zeros; NaN propagates.
-    let mut s = vec![0.0, -inf, 0.0, -inf, f64::NAN, 1.0];
+    // scores are all −∞ gets zeros; a NaN score makes its row NaN, beside a finite score or
+    // beside only masked ones (as the GPU kernels do).
+    let mut s = vec![0.0, -inf, 0.0, -inf, f64::NAN, 1.0, -inf, f64::NAN];
     cpu::edge_softmax_in_place(&a, &mut s, 1, None).unwrap();
     assert_eq!(&s[..4], &[0.5, 0.0, 0.5, 0.0]);
-    assert!(s[4].is_nan() && s[5].is_nan());
-    assert_eq!(cpu::rel_l2_error(&s, &[0.5, 0.0, 0.5, 0.0, 0.5, 0.5]), inf);
+    assert!(s[4..].iter().all(|x| x.is_nan()), "{s:?}");
+    assert_eq!(
+        cpu::rel_l2_error(&s[..6], &[0.5, 0.0, 0.5, 0.0, 0.5, 0.5]),
+        inf
+    );
+    // The GPU tests' masked scores and their NaN twin on a hub graph, row by row.
+    let mut rng = Pcg64::seed_from_u64(9);
+    let hub = spattn_test_support::hub_graph(&mut rng, 500, 3);
+    let masked = spattn_test_support::masked_scores(&mut rng, &hub, 2);
+    let nan = spattn_test_support::with_nan_scores(&hub, &masked, 2);
+    assert_eq!(nan.iter().filter(|x| x.is_nan()).count(), 3);
+    for s in [masked, nan] {
+        let mut p = vec![0.0f32; s.len()];
+        cpu::edge_softmax(&hub, &s, 2, None, &mut p).unwrap();
+        spattn_test_support::assert_masked_softmax(&hub, &s, &p, 2, "cpu");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -154,18 +154,22 @@ fn softmax_extremes() {
         assert_rows_sum_to_one(&a, &got, heads, &format!("softmax {what}"));
     }
     // Masked edges (-inf), whole rows of them (the hub's long row among them): zeros there,
-    // as on the CPU, in the short-row and the long-row kernels alike.
-    let s = masked_scores(&mut rng, &a, heads);
-    let ds = DeviceVec::from_host(&gpu, &s).unwrap();
-    let mut p = DeviceVec::<f32>::zeros(&gpu, edges).unwrap();
-    p.fill_nan().unwrap();
-    csr_ops::edge_softmax(&gpu, &dev_a, &ds, heads, None, &mut p).unwrap();
-    let got = p.to_host().unwrap();
-    assert_masked_softmax(&a, &s, &got, heads, "softmax masked");
-    let mut want = vec![0.0; edges];
-    let s64: Vec<f64> = s.iter().map(|&x| x as f64).collect();
-    cpu::edge_softmax(&a, &s64, heads, None, &mut want).unwrap();
-    assert!(rel_l2_error(&got, &want) <= F32_TOL, "softmax masked");
+    // as on the CPU, in the short-row and the long-row kernels alike; then a NaN score in
+    // three of those rows makes each of them NaN, as on the CPU.
+    let masked = masked_scores(&mut rng, &a, heads);
+    let nan = with_nan_scores(&a, &masked, heads);
+    for (what, s) in [("masked", masked), ("masked with NaN", nan)] {
+        let ds = DeviceVec::from_host(&gpu, &s).unwrap();
+        let mut p = DeviceVec::<f32>::zeros(&gpu, edges).unwrap();
+        p.fill_nan().unwrap();
+        csr_ops::edge_softmax(&gpu, &dev_a, &ds, heads, None, &mut p).unwrap();
+        let got = p.to_host().unwrap();
+        assert_masked_softmax(&a, &s, &got, heads, &format!("softmax {what}"));
+        let mut want = vec![0.0; edges];
+        let s64: Vec<f64> = s.iter().map(|&x| x as f64).collect();
+        cpu::edge_softmax(&a, &s64, heads, None, &mut want).unwrap();
+        assert_same_where_finite(&got, &want, F32_TOL, &format!("softmax {what}"));
+    }
 }
 
 #[test]

@@ -333,19 +333,23 @@ fn tc_softmax_extremes() {
         assert_rows_sum_to_one(&a, &got, heads, &format!("tc softmax {what}"));
     }
     // Masked edges (-inf), whole rows of them (the hub's long window among them): zeros there,
-    // as on the CPU.
-    let s = masked_scores(&mut rng, &a, heads);
-    let ds = DeviceVec::from_host(&gpu, &me.scatter(&s, heads, f32::NAN)).unwrap();
-    let mut p = DeviceVec::<f32>::zeros(&gpu, ds.len()).unwrap();
-    p.fill_nan().unwrap();
-    tc_ops::edge_softmax(&gpu, &dev, &ds, heads, None, &mut p).unwrap();
-    let p_slots = p.to_host().unwrap();
-    me.check_padding(&p_slots, heads, 0.0, "masked");
-    let got = me.gather(&p_slots, heads);
-    assert_masked_softmax(&a, &s, &got, heads, "tc softmax masked");
-    let mut want = vec![0.0; edges];
-    cpu::edge_softmax(&a, &f64s(&s), heads, None, &mut want).unwrap();
-    assert!(rel_l2_error(&got, &want) <= F32_TOL, "tc softmax masked");
+    // as on the CPU; then a NaN score in three of those rows makes each of them NaN, as on
+    // the CPU.
+    let masked = masked_scores(&mut rng, &a, heads);
+    let nan = with_nan_scores(&a, &masked, heads);
+    for (what, s) in [("masked", masked), ("masked with NaN", nan)] {
+        let ds = DeviceVec::from_host(&gpu, &me.scatter(&s, heads, f32::NAN)).unwrap();
+        let mut p = DeviceVec::<f32>::zeros(&gpu, ds.len()).unwrap();
+        p.fill_nan().unwrap();
+        tc_ops::edge_softmax(&gpu, &dev, &ds, heads, None, &mut p).unwrap();
+        let p_slots = p.to_host().unwrap();
+        me.check_padding(&p_slots, heads, 0.0, what);
+        let got = me.gather(&p_slots, heads);
+        assert_masked_softmax(&a, &s, &got, heads, &format!("tc softmax {what}"));
+        let mut want = vec![0.0; edges];
+        cpu::edge_softmax(&a, &f64s(&s), heads, None, &mut want).unwrap();
+        assert_same_where_finite(&got, &want, F32_TOL, &format!("tc softmax {what}"));
+    }
 }
 
 /// CSR → slots → CSR through the kernels of `dev` (the device's own edge → slot map; the

@@ -411,9 +411,82 @@ def test_cuda_rows_of_masked_edges_give_zeros(algorithm, features):
     want, want_w = reference(g, q, k, v, d**-0.5, bias, features=f)
     assert rel(out, want) < TOL[torch.float16] and rel(w, want_w) < TOL[torch.float16]
     out.backward(dy.cuda())
-    for t in (qc, kc, vc, bc):
-        assert torch.isfinite(t.grad).all()
+    # The gradients against the CPU's float64 autograd of the same (f16-rounded) inputs.
+    cpu = [t.double().requires_grad_() for t in (q, k, v, bias)]
+    o64 = spattn.sparse_attention(g, *cpu[:3], bias=cpu[3],
+                                  edge_features=None if f is None else f.double())
+    o64.backward(dy.double())
+    for name, t, t64 in zip(("dq", "dk", "dv", "dbias"), (qc, kc, vc, bc), cpu):
+        assert torch.isfinite(t.grad).all(), name
+        assert rel(t.grad, t64.grad.numpy()) < 4 * TOL[torch.float16], name
     assert (bc.grad[edges] == 0).all()
+
+
+def _nan_in_a_masked_row(seed):
+    """Cora, rows % 3 == 0 masked by a -inf bias (both heads), and the first such row of at
+    least three edges; its (masked, other masked rows, rows, bias, rows of each edge)."""
+    g = cora()
+    gen = torch.Generator().manual_seed(seed)
+    crow = torch.as_tensor(g.crow())
+    rows = torch.repeat_interleave(torch.arange(g.num_nodes), crow.diff())
+    bias = torch.randn(g.num_edges, 2, generator=gen)
+    bias[rows % 3 == 0] = float("-inf")
+    masked = torch.arange(g.num_nodes) % 3 == 0
+    r = int(torch.nonzero(masked & (crow.diff() >= 3))[0])
+    others = masked.clone()
+    others[r] = False
+    return g, gen, r, masked, others, bias
+
+
+@pytest.mark.parametrize("algorithm", ["cpu", *spattn.ALGORITHMS])
+def test_a_nan_score_in_a_masked_row_makes_that_row_nan(algorithm):
+    # A row whose every edge a -inf bias masks gets zeros, but a NaN score there (a NaN in
+    # the row's query) makes that row's head NaN, forward and backward, on every path (the
+    # CPU and the fused CUDA-core backward once masked it into zeros) and reaches no other
+    # row's output or dQ.
+    if algorithm != "cpu" and not CUDA:
+        pytest.skip("needs an NVIDIA GPU")
+    g, gen, r, masked, others, bias = _nan_in_a_masked_row(16)
+    q, k, v, dy = (torch.randn(g.num_nodes, 2, 16, generator=gen) for _ in range(4))
+    q[r, 0, 0] = float("nan")
+    dev, dtype = ("cpu", torch.float64) if algorithm == "cpu" else ("cuda", torch.float16)
+    kw = {} if algorithm == "cpu" else {"algorithm": algorithm}
+    qc, kc, vc, bc = (t.to(dev, dtype).requires_grad_() for t in (q, k, v, bias))
+    out = spattn.sparse_attention(g, qc, kc, vc, bias=bc, **kw)
+    assert torch.isnan(out[r, 0]).all() and (out[r, 1] == 0).all()
+    assert (out[others.to(dev)] == 0).all() and torch.isfinite(out[(~masked).to(dev)]).all()
+    out.backward(dy.to(dev, dtype))
+    assert torch.isnan(qc.grad[r, 0]).all()
+    assert torch.isfinite(qc.grad[(torch.arange(g.num_nodes) != r).to(dev)]).all()
+
+
+@pytest.mark.parametrize("kernels", ["cpu", "rows", "fused", "composed"])
+def test_a_nan_score_in_a_masked_gat_row_makes_that_row_nan(kernels):
+    # GAT's kernel sets, as above: a NaN a_dst in a fully masked row makes its head's output
+    # and d_dst NaN (the fused row pass once weighed it 0) and no other row's.
+    import spattn.functional as Fn
+    if kernels != "cpu" and not CUDA:
+        pytest.skip("needs an NVIDIA GPU")
+    g, gen, r, masked, others, bias = _nan_in_a_masked_row(17)
+    x, dy = (torch.randn(g.num_nodes, 2, 8, generator=gen) for _ in range(2))
+    a_dst, a_src = (torch.randn(g.num_nodes, 2, generator=gen) for _ in range(2))
+    a_dst[r, 0] = float("nan")
+    if kernels == "cpu":
+        t64 = [t.double().requires_grad_() for t in (x, a_dst, a_src, bias)]
+        out = spattn.gat_attention(g, *t64[:3], 0.2, bias=t64[3])
+        out.backward(dy.double())
+        d_dst = t64[1].grad
+    else:
+        xc, dc, sc, bc, dyc = (t.cuda() for t in (x, a_dst, a_src, bias, dy))
+        out, _ = Fn.gat_forward_keeping(g, xc, dc, sc, bc, 0.2, None, "rows")
+        if kernels == "composed":
+            out = Fn.gat_forward(g, xc, dc, sc, bc, 0.2, None, "composed")
+        d_dst = Fn.gat_backward(g, xc, dc, sc, dyc, bc, 0.2, None, kernels=kernels, out=out)[1]
+    dev = out.device
+    assert torch.isnan(out[r, 0]).all() and (out[r, 1] == 0).all()
+    assert (out[others.to(dev)] == 0).all() and torch.isfinite(out[(~masked).to(dev)]).all()
+    assert torch.isnan(d_dst[r, 0]) and torch.isfinite(d_dst[r, 1])
+    assert torch.isfinite(d_dst[(torch.arange(g.num_nodes) != r).to(dev)]).all()
 
 
 @needs_cuda

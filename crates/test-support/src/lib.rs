@@ -672,13 +672,51 @@ pub fn masked_scores(rng: &mut Pcg64, a: &Csr, heads: usize) -> Vec<f32> {
     s
 }
 
+/// `s` (as [`masked_scores`] makes them) with one NaN score in each of three (row, head)s: a
+/// short row whose edges are all masked, the longest row's masked head (the long-row kernels)
+/// and a short row with live edges. A softmax makes each of these rows NaN.
+pub fn with_nan_scores(a: &Csr, s: &[f32], heads: usize) -> Vec<f32> {
+    let mut s = s.to_vec();
+    let longest = (0..a.n_rows()).max_by_key(|&r| a.row_range(r).len());
+    let masked = |s: &[f32], r: usize, h: usize| {
+        a.row_range(r)
+            .all(|e| s[e * heads + h] == f32::NEG_INFINITY)
+    };
+    let short = |r: usize| Some(r) != longest && a.row_range(r).len() >= 2;
+    let picks = [
+        (0..a.n_rows())
+            .find(|&r| short(r) && masked(&s, r, 0))
+            .map(|r| (r, 0)),
+        longest.filter(|_| heads > 1).map(|r| (r, 1)),
+        (0..a.n_rows())
+            .find(|&r| short(r) && !masked(&s, r, 0))
+            .map(|r| (r, 0)),
+    ];
+    for (r, h) in picks.into_iter().flatten() {
+        // The row's last edge: behind its other edges in every walk.
+        let e = a.row_range(r).end - 1;
+        s[e * heads + h] = f32::NAN;
+    }
+    s
+}
+
 /// Asserts that a softmax `p` of the scores `s` (both `nnz × heads`, CSR order) gives a row
-/// whose scores are all −∞ exact zeros, a masked edge 0 and each other row a sum of one.
+/// whose scores are all −∞ exact zeros, a masked edge 0, a row holding a NaN score NaN
+/// throughout and each other row a sum of one.
 pub fn assert_masked_softmax(a: &Csr, s: &[f32], p: &[f32], heads: usize, what: &str) {
     for r in 0..a.n_rows() {
         for h in 0..heads {
             let at = |e: usize| e * heads + h;
             let range = a.row_range(r);
+            if range.clone().any(|e| s[at(e)].is_nan()) {
+                for e in range {
+                    assert!(
+                        p[at(e)].is_nan(),
+                        "{what}: row {r} head {h} (a NaN score) edge {e}"
+                    );
+                }
+                continue;
+            }
             let live = range.clone().any(|e| s[at(e)] != f32::NEG_INFINITY);
             for e in range.filter(|&e| s[at(e)] == f32::NEG_INFINITY) {
                 assert_eq!(p[at(e)], 0.0, "{what}: row {r} head {h} masked edge {e}");
@@ -691,6 +729,26 @@ pub fn assert_masked_softmax(a: &Csr, s: &[f32], p: &[f32], heads: usize, what: 
             );
         }
     }
+}
+
+/// Asserts that `got` is NaN exactly where `want` is and within `tol` of it (relative L2) over
+/// the other elements.
+pub fn assert_same_where_finite(got: &[f32], want: &[f64], tol: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let mut kept = (Vec::new(), Vec::new());
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(
+            g.is_nan(),
+            w.is_nan(),
+            "{what}: element {i} is {g}, want {w}"
+        );
+        if !w.is_nan() {
+            kept.0.push(g);
+            kept.1.push(w);
+        }
+    }
+    let err = rel_l2_error(&kept.0, &kept.1);
+    assert!(err <= tol, "{what}: rel error {err:e}");
 }
 
 /// Row `r`'s probabilities of head `h` summed (`p`: `nnz × heads`, CSR order).

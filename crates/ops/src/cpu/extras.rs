@@ -202,21 +202,21 @@ fn row_state<F: Real>(
                 max = s;
             }
         }
-        // Every score −∞ (or no edge): the row's probabilities stay 0.
-        if max == F::NEG_INFINITY {
-            for t in 0..deg {
-                p[t * heads + h] = F::ZERO;
-            }
-            continue;
-        }
+        // Every score −∞ (or no edge): subtracting 0 leaves the probabilities 0, and a NaN
+        // score makes the row NaN, as on the GPU.
+        let base = if max == F::NEG_INFINITY { F::ZERO } else { max };
         let mut sum = F::ZERO;
         for t in 0..deg {
-            let x = (p[t * heads + h] - max).exp();
+            let x = (p[t * heads + h] - base).exp();
             p[t * heads + h] = x;
             sum = sum + x;
         }
         for (t, e) in range.clone().enumerate() {
-            let prob = p[t * heads + h] / sum;
+            let prob = if sum == F::ZERO {
+                F::ZERO
+            } else {
+                p[t * heads + h] / sum
+            };
             p[t * heads + h] = prob;
             let factor = extras
                 .dropout

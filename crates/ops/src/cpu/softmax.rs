@@ -124,25 +124,29 @@ fn softmax_row<F: Real>(
         }
     }
     // Pass 2: exponentials, summed. A head whose max is −∞ has only masked (−∞) or NaN
-    // scores: its probabilities are 0 (NaN stays NaN).
-    for edge in row.chunks_exact_mut(heads) {
-        for (h, s) in edge.iter_mut().enumerate() {
-            if max[h] == F::NEG_INFINITY {
-                if *s == F::NEG_INFINITY {
-                    *s = F::ZERO;
-                }
-                continue;
-            }
-            let p = (*s - max[h]).exp();
-            *s = p;
-            kahan_add(&mut sum[h], &mut comp[h], p);
+    // scores: its exponentials subtract 0, so masked ones are 0 and a NaN stays NaN.
+    for m in max.iter_mut() {
+        if *m == F::NEG_INFINITY {
+            *m = F::ZERO;
         }
     }
-    // Pass 3: normalize. Every head with a finite max has sum ≥ 1 (its max term is exp(0)).
     for edge in row.chunks_exact_mut(heads) {
-        for (h, s) in edge.iter_mut().enumerate() {
-            if max[h] != F::NEG_INFINITY {
-                *s = *s / sum[h];
+        for ((s, m), (sum, comp)) in edge
+            .iter_mut()
+            .zip(max.iter())
+            .zip(sum.iter_mut().zip(comp.iter_mut()))
+        {
+            let p = (*s - *m).exp();
+            *s = p;
+            kahan_add(sum, comp, p);
+        }
+    }
+    // Pass 3: normalize. A sum of 0 is a head whose every score is masked: its probabilities
+    // stay 0; a NaN sum makes the head's row NaN, as on the GPU.
+    for edge in row.chunks_exact_mut(heads) {
+        for (s, sum) in edge.iter_mut().zip(sum.iter()) {
+            if *sum != F::ZERO {
+                *s = *s / *sum;
             }
         }
     }
