@@ -98,19 +98,27 @@ pub struct HybridInfo {
 
 impl std::fmt::Display for HybridInfo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // A time not measured (or not predicted) reads "-", not "NaN".
+        let ms = |x: f64| {
+            if x.is_nan() {
+                "-".to_string()
+            } else {
+                format!("{x:.4} ms")
+            }
+        };
         write!(
             f,
             "hybrid threshold {:.4} ({} TC : {} CD warps), edges {:.1}% TC / {:.1}% CD; \
-             all-TC {:.4} ms, all-CD {:.4} ms, chosen {:.4} ms (predicted {:.4}; {} timed)",
+             all-TC {}, all-CD {}, chosen {} (predicted {}; {} timed)",
             self.threshold,
             self.tc_warps,
             self.cd_warps,
             100.0 * self.tc_edge_fraction,
             100.0 * self.cd_edge_fraction,
-            self.all_tc_ms,
-            self.all_cd_ms,
-            self.chosen_ms,
-            self.predicted_ms,
+            ms(self.all_tc_ms),
+            ms(self.all_cd_ms),
+            ms(self.chosen_ms),
+            ms(self.predicted_ms),
             self.candidates
         )
     }
@@ -415,5 +423,28 @@ mod tests {
         ));
         assert!(Hybrid::supports(65, DTypeKind::F32).is_err());
         assert!(Hybrid::supports(0, DTypeKind::F32).is_err());
+    }
+
+    #[test]
+    fn info_says_what_was_not_measured() {
+        let mut info = HybridInfo {
+            threshold: 0.0625,
+            tc_warps: 2,
+            cd_warps: 1,
+            tc_edge_fraction: 0.953,
+            cd_edge_fraction: 0.047,
+            all_tc_ms: 0.0188,
+            all_cd_ms: 0.0267,
+            chosen_ms: 0.0173,
+            predicted_ms: f64::NAN,
+            candidates: 11,
+        };
+        let s = info.to_string();
+        assert!(
+            s.contains("chosen 0.0173 ms (predicted -; 11 timed)"),
+            "{s}"
+        );
+        info.all_tc_ms = f64::NAN;
+        assert!(info.to_string().contains("all-TC -, all-CD 0.0267 ms"));
     }
 }
