@@ -214,7 +214,9 @@ __device__ __forceinline__ void hybrid(
                 const float m2 = slot_ml[(s * BSB_WINDOW_ROWS + tid) * 2u];
                 const float l2 = slot_ml[(s * BSB_WINDOW_ROWS + tid) * 2u + 1u];
                 float c1, c2;
-                if (m2 != SPATTN_NEG_INF) online_merge_log2(mm, ll, m2, l2, c1, c2);
+                // A slot that saw no edge of the row (m2 -inf, l2 0) holds no accumulator; one
+                // whose scores were all -inf but a NaN (l2 NaN) merges, keeping the row NaN.
+                if (m2 != SPATTN_NEG_INF || l2 != 0.0f) online_merge_log2(mm, ll, m2, l2, c1, c2);
             }
             stat[tid * 2u] = mm;
             stat[tid * 2u + 1u] = ll;
@@ -234,14 +236,16 @@ __device__ __forceinline__ void hybrid(
             float a = 0.0f;
             for (u32 s = 0; s < nwarps; ++s) {
                 const float m2 = slot_ml[(s * BSB_WINDOW_ROWS + r) * 2u];
-                if (m2 != SPATTN_NEG_INF)
+                const float l2 = slot_ml[(s * BSB_WINDOW_ROWS + r) * 2u + 1u];
+                if (m2 != SPATTN_NEG_INF || l2 != 0.0f)
                     a += slot_acc[(s * BSB_WINDOW_ROWS + r) * DS + f] * (SPMM ? 1.0f : bsb_exp2(m2 - mm));
             }
             if (part == SPATTN_NONE) {
                 const u32 row = wr0 + r;
                 if (row < n_rows) {
                     const float ll = stat[r * 2u + 1u];
-                    const float y = SPMM ? a : (ll > 0.0f ? a / ll : 0.0f);
+                    // ll is 0 for a row without edges (or all masked), NaN for a NaN score.
+                    const float y = SPMM ? a : (ll != 0.0f ? a / ll : 0.0f);
                     out[(u64)__ldg(row_ids + row) * hd + head_off + f] = from_f32<T>(y);
                 }
             } else {
@@ -546,7 +550,8 @@ __device__ __forceinline__ void hybrid_pipe(
             for (int r = 0; r < 2; ++r) {
                 const u32 wr = g + 8u * r;
                 const float m2 = cp[2u * wr], l2 = cp[2u * wr + 1u];
-                if (fmaxf(m[r], m2) == SPATTN_NEG_INF) continue;  // no edge on either side
+                // No edge in the partial (a NaN score's l2 is NaN: it merges).
+                if (fmaxf(m[r], m2) == SPATTN_NEG_INF && l2 == 0.0f) continue;
                 float c1, c2;
                 online_merge_log2(m[r], l[r], m2, l2, c1, c2);
                 const float2* acc = reinterpret_cast<const float2*>(cp + 32u + wr * RF);
