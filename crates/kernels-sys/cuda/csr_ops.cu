@@ -348,7 +348,7 @@ extern "C" __global__ void gat_row_stats_csr(const u32* __restrict__ unit_rows,
             l *= online_rescale(m, mt);
             m = mt;
             // All scores -inf so far (a bias masking edges out): base 0 adds exp(-inf) = 0 for
-            // each and keeps a NaN score NaN.
+            // each, and a NaN score makes l (so the row's lse and weights) NaN.
             const float base = softmax_base(m);
 #pragma unroll
             for (int j = 0; j < 4; ++j)
@@ -359,7 +359,7 @@ extern "C" __global__ void gat_row_stats_csr(const u32* __restrict__ unit_rows,
         if (!ln.lead) continue;
         const u32 part = unit_parts[u];
         if (part == SPATTN_NONE) {
-            lse[(u64)row * heads + ln.h] = l > 0.0f ? mh + logf(l) : 0.0f;
+            lse[(u64)row * heads + ln.h] = l != 0.0f ? mh + logf(l) : 0.0f;  // NaN l: NaN
         } else {
             part_ml[(u64)part * heads + ln.h] = make_float2(mh, l);
         }
@@ -381,7 +381,7 @@ extern "C" __global__ void gat_row_stats_finalize(const u32* __restrict__ split_
             float c1, c2;
             online_merge(m, l, ml.x, ml.y, c1, c2);
         }
-        lse[(u64)split_rows[s] * heads + h] = l > 0.0f ? m + logf(l) : 0.0f;
+        lse[(u64)split_rows[s] * heads + h] = l != 0.0f ? m + logf(l) : 0.0f;
     }
 }
 

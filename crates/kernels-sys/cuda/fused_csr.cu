@@ -179,7 +179,8 @@ __device__ __forceinline__ void fused_csr_merge(const u32* __restrict__ split_ro
             online_merge(m, l, part_ml[2 * slot], part_ml[2 * slot + 1], c1, c2);
             a = a * c1 + part_acc[slot * head_dim + d] * c2;
         }
-        out[(u64)split_rows[s] * hd + rem] = from_f32<T>(l > 0.0f ? a / l : 0.0f);
+        // l is 0 for a row masked whole, NaN for a NaN score (the row's output NaN).
+        out[(u64)split_rows[s] * hd + rem] = from_f32<T>(l != 0.0f ? a / l : 0.0f);
     }
 }
 

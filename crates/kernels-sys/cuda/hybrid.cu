@@ -214,8 +214,8 @@ __device__ __forceinline__ void hybrid(
                 const float m2 = slot_ml[(s * BSB_WINDOW_ROWS + tid) * 2u];
                 const float l2 = slot_ml[(s * BSB_WINDOW_ROWS + tid) * 2u + 1u];
                 float c1, c2;
-                // A slot that saw no edge of the row (m2 -inf, l2 0) holds no accumulator; one
-                // whose scores were all -inf but a NaN (l2 NaN) merges, keeping the row NaN.
+                // A slot with no live edge of the row (m2 -inf, l2 0) adds nothing, and may
+                // hold no accumulator; one whose max is -inf but saw a NaN (l2 NaN) merges.
                 if (m2 != SPATTN_NEG_INF || l2 != 0.0f) online_merge_log2(mm, ll, m2, l2, c1, c2);
             }
             stat[tid * 2u] = mm;
@@ -550,7 +550,7 @@ __device__ __forceinline__ void hybrid_pipe(
             for (int r = 0; r < 2; ++r) {
                 const u32 wr = g + 8u * r;
                 const float m2 = cp[2u * wr], l2 = cp[2u * wr + 1u];
-                // No edge in the partial (a NaN score's l2 is NaN: it merges).
+                // Neither side has a live edge and the partial no NaN (its l2 would be NaN).
                 if (fmaxf(m[r], m2) == SPATTN_NEG_INF && l2 == 0.0f) continue;
                 float c1, c2;
                 online_merge_log2(m[r], l[r], m2, l2, c1, c2);

@@ -673,8 +673,11 @@ pub fn masked_scores(rng: &mut Pcg64, a: &Csr, heads: usize) -> Vec<f32> {
 }
 
 /// `s` (as [`masked_scores`] makes them) with one NaN score in each of three (row, head)s: a
-/// short row whose edges are all masked, the longest row's masked head (the long-row kernels)
-/// and a short row with live edges. A softmax makes each of these rows NaN.
+/// short row whose edges are all masked, the longest row's masked head (the long-row kernels;
+/// `heads` ≥ 2) and a short row with live edges. A softmax makes each of these rows NaN.
+///
+/// # Panics
+/// Where `a` lacks one of the three (a short masked row, a short live row, `heads` < 2).
 pub fn with_nan_scores(a: &Csr, s: &[f32], heads: usize) -> Vec<f32> {
     let mut s = s.to_vec();
     let longest = (0..a.n_rows()).max_by_key(|&r| a.row_range(r).len());
@@ -692,8 +695,9 @@ pub fn with_nan_scores(a: &Csr, s: &[f32], heads: usize) -> Vec<f32> {
             .find(|&r| short(r) && !masked(&s, r, 0))
             .map(|r| (r, 0)),
     ];
-    for (r, h) in picks.into_iter().flatten() {
-        // The row's last edge: behind its other edges in every walk.
+    for pick in picks {
+        let (r, h) = pick.expect("a short masked row, a short live row and two heads");
+        // The row's last edge: a NaN met after the row's other scores.
         let e = a.row_range(r).end - 1;
         s[e * heads + h] = f32::NAN;
     }
@@ -733,7 +737,7 @@ pub fn assert_masked_softmax(a: &Csr, s: &[f32], p: &[f32], heads: usize, what: 
 
 /// Asserts that `got` is NaN exactly where `want` is and within `tol` of it (relative L2) over
 /// the other elements.
-pub fn assert_same_where_finite(got: &[f32], want: &[f64], tol: f64, what: &str) {
+pub fn assert_close_with_same_nans(got: &[f32], want: &[f64], tol: f64, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");
     let mut kept = (Vec::new(), Vec::new());
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
