@@ -452,8 +452,9 @@ def _assert_nan_rows(out, reach, masked):
     assert (out[masked, 1] == 0).all() and torch.isfinite(out[:, 1]).all()
 
 
+@pytest.mark.parametrize("dim", [16, 64])  # 64: hybrid's pipelined kernel and its merge
 @pytest.mark.parametrize("algorithm", ["cpu", *spattn.ALGORITHMS])
-def test_a_nan_score_makes_its_row_nan_masked_rows_included(algorithm):
+def test_a_nan_score_makes_its_row_nan_masked_rows_included(algorithm, dim):
     # One NaN score in a row makes that row's head NaN, forward and backward (dQ), on every
     # path, also where every other score of the row is -inf (a masked row is no way to hide a
     # NaN: the CPU, the fused CUDA-core backward, hybrid's merges and fused-csr's split rows
@@ -461,7 +462,7 @@ def test_a_nan_score_makes_its_row_nan_masked_rows_included(algorithm):
     if algorithm != "cpu" and not CUDA:
         pytest.skip("needs an NVIDIA GPU")
     g, gen, j, reach, masked, bias = _nan_column(16)
-    q, k, v, dy = (torch.randn(g.num_nodes, 2, 16, generator=gen) for _ in range(4))
+    q, k, v, dy = (torch.randn(g.num_nodes, 2, dim, generator=gen) for _ in range(4))
     k[j, 0, 0] = float("nan")
     dev, dtype = ("cpu", torch.float64) if algorithm == "cpu" else ("cuda", torch.float16)
     kw = {} if algorithm == "cpu" else {"algorithm": algorithm}
