@@ -686,7 +686,7 @@ __device__ __forceinline__ void backward_row_pass(
             const u64 rh = (u64)row * heads + h;
             dscale_rows[rh] = (a1 - d * a2) * inv;
             // A NaN sum (a NaN score) gives a NaN lse: the column pass's P is NaN on the row.
-            stats[rh] = make_float2(l != 0.0f ? m + logf(l) : 0.0f, d);
+            stats[rh] = make_float2(softmax_lse(m, l), d);
         }
         axpby<VEC, NV>(adk, 1.0f, ak, -d);
         store_head<T, VEC, NV>(dq + row * hd + head_off, on, feat, adk, scale * inv);
@@ -892,7 +892,7 @@ __device__ __forceinline__ void gat_backward_row_pass(
             const float inv = l > 0.0f ? 1.0f / l : 0.0f;
             const float d = w * inv;
             d_dst[(u64)row * heads + h] = (a1 - d * a2) * inv;
-            stats[(u64)row * heads + h] = make_float2(l != 0.0f ? m + logf(l) : 0.0f, d);
+            stats[(u64)row * heads + h] = make_float2(softmax_lse(m, l), d);
         }
     }
 }

@@ -281,6 +281,15 @@ __device__ __forceinline__ float leaky_relu(float x, float slope) { return x >= 
 // (masked, or none), so that exp(-inf - base) = 0 rather than exp(-inf - -inf) = NaN.
 __device__ __forceinline__ float softmax_base(float m) { return m == SPATTN_NEG_INF ? 0.0f : m; }
 
+// A row's 1 / sum, or 0 where the sum is 0 (every score -inf, or no edge); a NaN sum (a NaN
+// score) gives NaN, so the row is NaN.
+__device__ __forceinline__ float softmax_inv(float l) { return l == 0.0f ? 0.0f : 1.0f / l; }
+
+// A row's log-sum-exp m + log l (natural log), or 0 where l = 0; NaN for a NaN sum.
+__device__ __forceinline__ float softmax_lse(float m, float l) {
+    return l == 0.0f ? 0.0f : m + logf(l);
+}
+
 // exp(m_old - m_new) for m_new >= m_old, with exp(-inf - x) = 0 and no NaN when both are -inf.
 __device__ __forceinline__ float online_rescale(float m_old, float m_new) {
     return m_old == SPATTN_NEG_INF ? 0.0f : __expf(m_old - m_new);

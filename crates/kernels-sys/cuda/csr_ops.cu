@@ -230,7 +230,7 @@ extern "C" __global__ void edge_softmax_csr_rows(const u32* __restrict__ row_off
             sum += __expf(x - m);
         }
         sum = group_sum(sum, mask, g);
-        const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
+        const float inv = softmax_inv(sum);
         for (u32 e = start + lane; e < end; e += g) {
             const u64 i = (u64)e * heads + h;
             float x = scores[i];
@@ -264,7 +264,7 @@ extern "C" __global__ void edge_softmax_csr_long_rows(const u32* __restrict__ ro
         sum += __expf(x - m);
     }
     sum = block_reduce(sum, scratch, false);
-    const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
+    const float inv = softmax_inv(sum);
     for (u32 e = start + threadIdx.x; e < end; e += blockDim.x) {
         const u64 i = (u64)e * heads + h;
         float x = scores[i];
@@ -359,7 +359,7 @@ extern "C" __global__ void gat_row_stats_csr(const u32* __restrict__ unit_rows,
         if (!ln.lead) continue;
         const u32 part = unit_parts[u];
         if (part == SPATTN_NONE) {
-            lse[(u64)row * heads + ln.h] = l != 0.0f ? mh + logf(l) : 0.0f;  // NaN l: NaN
+            lse[(u64)row * heads + ln.h] = softmax_lse(mh, l);
         } else {
             part_ml[(u64)part * heads + ln.h] = make_float2(mh, l);
         }
@@ -381,7 +381,7 @@ extern "C" __global__ void gat_row_stats_finalize(const u32* __restrict__ split_
             float c1, c2;
             online_merge(m, l, ml.x, ml.y, c1, c2);
         }
-        lse[(u64)split_rows[s] * heads + h] = l != 0.0f ? m + logf(l) : 0.0f;
+        lse[(u64)split_rows[s] * heads + h] = softmax_lse(m, l);
     }
 }
 

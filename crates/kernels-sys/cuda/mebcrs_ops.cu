@@ -662,7 +662,7 @@ extern "C" __global__ void edge_softmax_mebcrs_windows(const u32* __restrict__ r
     softmax_warp_merge(m, s);
 #pragma unroll
     for (int r = 0; r < 8; ++r) {
-        inv[r] = s[r] == 0.0f ? 0.0f : 1.0f / s[r];  // a NaN score makes its row NaN
+        inv[r] = softmax_inv(s[r]);
         m[r] = softmax_base(m[r]);  // all masked, or no slot
     }
     softmax_write(row_masks, sh, oh, vb + lane, ve, 32u, leaky, slope, m, inv);
@@ -696,7 +696,7 @@ extern "C" __global__ void edge_softmax_mebcrs_long_windows(
         float mm = SPATTN_NEG_INF, ss = 0.0f, c1, c2;
         for (u32 x = 0; x < warps; ++x) online_merge(mm, ss, part_m[x][r], part_s[x][r], c1, c2);
         row_m[r] = softmax_base(mm);  // all masked, or no slot
-        row_inv[r] = ss == 0.0f ? 0.0f : 1.0f / ss;  // a NaN score makes its row NaN
+        row_inv[r] = softmax_inv(ss);
     }
     __syncthreads();
     float inv[8];
