@@ -19,14 +19,14 @@ def remove_then_add_self_loops(edge_index, n):
 
 def edge_softmax(scores, dst, n):
     """Softmax of per-edge scores (E × H) over each target's incoming edges; a target whose
-    scores are all -inf (masked) gets zeros."""
+    scores are all -inf (masked) gets zeros, one with a NaN score NaN (the kernels' rule)."""
     h = scores.shape[1]
     m = torch.full((n, h), float("-inf"), dtype=scores.dtype, device=scores.device)
     m = m.scatter_reduce(0, dst[:, None].expand(-1, h), scores, reduce="amax", include_self=True)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     e = (scores - m[dst]).exp()
     z = torch.zeros((n, h), dtype=scores.dtype, device=scores.device).index_add(0, dst, e)[dst]
-    return torch.where(z > 0, e / torch.where(z > 0, z, torch.ones_like(z)), torch.zeros_like(e))
+    return torch.where(z != 0, e / torch.where(z != 0, z, torch.ones_like(z)), torch.zeros_like(e))
 
 
 def aggregate(alpha, x_src, src, dst, n):

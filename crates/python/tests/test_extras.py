@@ -80,7 +80,7 @@ def reference(graph, q, k, v, scale, bias=None, factor=None, features=None):
             m = np.where(np.isfinite(m), m, 0.0)
             e = np.exp(s[lo:hi] - m)
             z = e.sum(axis=0)
-            p[lo:hi] = np.divide(e, z, out=np.zeros_like(e), where=z > 0)
+            p[lo:hi] = np.divide(e, z, out=np.zeros_like(e), where=z != 0)  # NaN z: NaN
     w = p if factor is None else p * factor
     out = np.zeros_like(q)
     np.add.at(out, rows, w[:, :, None] * ve)
