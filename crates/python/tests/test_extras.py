@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 import spattn  # noqa: E402
 import spattn.nn  # noqa: E402
-from conftest import BUNDLED_CORA, dense_mask  # noqa: E402
+from conftest import BUNDLED_CORA  # noqa: E402
 
 CUDA = torch.cuda.is_available() and spattn.cuda_device_count() > 0
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs an NVIDIA GPU")
