@@ -315,17 +315,20 @@ fn tc_softmax_extremes() {
     let me = Slots::of(&dev);
     let heads = 2;
     let edges = a.nnz() * heads;
-    let cases = softmax_extreme_scores(&mut rng, edges);
-    for (what, s) in cases {
-        // Padding slots hold NaN: the softmax must not read them.
-        let slots = me.scatter(&s, heads, f32::NAN);
-        let ds = DeviceVec::from_host(&gpu, &slots).unwrap();
-        let mut p = DeviceVec::<f32>::zeros(&gpu, slots.len()).unwrap();
+    // The softmax of per-edge scores s through the slots, whose padding holds NaN (the
+    // softmax must not read it) and comes back 0.
+    let softmax = |s: &[f32], what: &str| {
+        let ds = DeviceVec::from_host(&gpu, &me.scatter(s, heads, f32::NAN)).unwrap();
+        let mut p = DeviceVec::<f32>::zeros(&gpu, ds.len()).unwrap();
         p.fill_nan().unwrap();
         tc_ops::edge_softmax(&gpu, &dev, &ds, heads, None, &mut p).unwrap();
         let p_slots = p.to_host().unwrap();
         me.check_padding(&p_slots, heads, 0.0, what);
-        let got = me.gather(&p_slots, heads);
+        me.gather(&p_slots, heads)
+    };
+    let cases = softmax_extreme_scores(&mut rng, edges);
+    for (what, s) in cases {
+        let got = softmax(&s, what);
         let mut want = vec![0.0; edges];
         cpu::edge_softmax(&a, &f64s(&s), heads, None, &mut want).unwrap();
         let err = rel_l2_error(&got, &want);
@@ -338,13 +341,7 @@ fn tc_softmax_extremes() {
     let masked = masked_scores(&mut rng, &a, heads);
     let nan = with_nan_scores(&a, &masked, heads);
     for (what, s) in [("masked", masked), ("masked with NaN", nan)] {
-        let ds = DeviceVec::from_host(&gpu, &me.scatter(&s, heads, f32::NAN)).unwrap();
-        let mut p = DeviceVec::<f32>::zeros(&gpu, ds.len()).unwrap();
-        p.fill_nan().unwrap();
-        tc_ops::edge_softmax(&gpu, &dev, &ds, heads, None, &mut p).unwrap();
-        let p_slots = p.to_host().unwrap();
-        me.check_padding(&p_slots, heads, 0.0, what);
-        let got = me.gather(&p_slots, heads);
+        let got = softmax(&s, what);
         assert_masked_softmax(&a, &s, &got, heads, &format!("tc softmax {what}"));
         let mut want = vec![0.0; edges];
         cpu::edge_softmax(&a, &f64s(&s), heads, None, &mut want).unwrap();
