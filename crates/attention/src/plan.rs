@@ -718,8 +718,9 @@ fn choose(
     // bias and dropout.
     if config.edge_extras && config.edge_features && config.algorithm == Algorithm::Auto {
         // fused-csr runs every extra in its one kernel; with edge features it beat unfused-csr
-        // everywhere measured and tied or beat fused-tc's `_xf` kernels forward + backward
-        // (docs/kernels/edge-extras.md).
+        // everywhere measured, and fused-tc's `_xf` kernels forward + backward on power-law
+        // graphs (1.18x on R-MAT 18; they lead by 1.03-1.15x elsewhere; see
+        // docs/kernels/edge-extras.md).
         return Ok(match fused_csr_ok {
             Ok(_) => (
                 Algorithm::FusedCsr,

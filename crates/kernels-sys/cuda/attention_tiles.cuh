@@ -811,17 +811,21 @@ __device__ __forceinline__ void bsb_feat_rows(const X& xt, u32 first) {
 
 // f(hh, j, c, own) for entry (hh, j) of a chunk product in the S layout, which pairs row
 // g + 8 (j / 2) with edge c = c0 + 8 hh + 2t + j % 2 of the step; own: c is an edge of the step
-// and the row its own.
+// and the row its own. A lane's edges come in even pairs: one 16-bit load of `tab` a pair, read
+// whatever n is (tab holds 256 entries, c < c0 + 16 <= 256), so no entry needs a branch.
 template <class X, class F>
 __device__ __forceinline__ void bsb_feat_entries(const X& xt, u32 c0, u32 n, F f) {
     const u32 lane = lane_id(), g = lane >> 2, t = lane & 3u;
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh)
+    for (int hh = 0; hh < 2; ++hh) {
+        const u32 c = c0 + 8u * hh + 2u * t;
+        const u32 rows = *reinterpret_cast<const unsigned short*>(xt.tab + c);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            const u32 c = c0 + 8u * hh + 2u * t + (j & 1);
-            f(hh, j, c, c < n && xt.tab[c] == g + 8u * (j >> 1));
+            const u32 row = (j & 1) ? rows >> 8 : rows & 0xffu;
+            f(hh, j, c + (j & 1), c + (j & 1) < n && row == g + 8u * (j >> 1));
         }
+    }
 }
 
 // x = Q F^T of chunk c0 (16 edges, S layout): the lane holding an edge's own row leaves it in
@@ -858,11 +862,16 @@ __device__ __forceinline__ void bsb_feat_put(const X& xt, const float (&p)[2][4]
 }
 
 // P' of chunk c0 (A of O += P' F, S layout): the probability of edge c where the row is its
-// own, else 0.
+// own, else 0. A lane's pairs of val are loaded whole (in bounds as tab's), then selected.
 template <class X>
 __device__ __forceinline__ void bsb_feat_chunk_p(const X& xt, float (&pp)[2][4], u32 c0, u32 n) {
-    bsb_feat_entries(xt, c0, n, [&](int hh, int j, u32 c, bool own) {
-        pp[hh][j] = own ? xt.val[c] : 0.0f;
+    const u32 t = lane_id() & 3u;
+    float2 pv[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+        pv[hh] = *reinterpret_cast<const float2*>(xt.val + c0 + 8u * hh + 2u * t);
+    bsb_feat_entries(xt, c0, n, [&](int hh, int j, u32, bool own) {
+        pp[hh][j] = own ? ((j & 1) ? pv[hh].y : pv[hh].x) : 0.0f;
     });
 }
 
