@@ -812,7 +812,8 @@ __device__ __forceinline__ void bsb_feat_rows(const X& xt, u32 first) {
 // f(hh, j, c, own) for entry (hh, j) of a chunk product in the S layout, which pairs row
 // g + 8 (j / 2) with edge c = c0 + 8 hh + 2t + j % 2 of the step; own: c is an edge of the step
 // and the row its own. A lane's edges come in even pairs: one 16-bit load of `tab` a pair, read
-// whatever n is (tab holds 256 entries, c < c0 + 16 <= 256), so no entry needs a branch.
+// whatever n is (tab holds 256 entries; n <= 256, two blocks' bits, so c < c0 + 16 <= 256), so
+// no entry needs a branch. Bytes at or past n are stale: `own` holds only where c < n.
 template <class X, class F>
 __device__ __forceinline__ void bsb_feat_entries(const X& xt, u32 c0, u32 n, F f) {
     const u32 lane = lane_id(), g = lane >> 2, t = lane & 3u;
@@ -862,7 +863,8 @@ __device__ __forceinline__ void bsb_feat_put(const X& xt, const float (&p)[2][4]
 }
 
 // P' of chunk c0 (A of O += P' F, S layout): the probability of edge c where the row is its
-// own, else 0. A lane's pairs of val are loaded whole (in bounds as tab's), then selected.
+// own, else 0. A lane's pairs of val (bsb_feat_entries' c, c + 1) are loaded whole, in bounds as
+// tab's and 8-byte aligned (c even), then selected, never multiplied: a stale value may be NaN.
 template <class X>
 __device__ __forceinline__ void bsb_feat_chunk_p(const X& xt, float (&pp)[2][4], u32 c0, u32 n) {
     const u32 t = lane_id() & 3u;
