@@ -211,7 +211,9 @@ fn median_ms(gpu: &Gpu, runs: usize, mut f: impl FnMut() -> spattn::Result<()>) 
 /// all three; forward and backward with a bias shared by the heads. Graphs:
 /// SPATTN_TIMING_GRAPHS (default ogbn-arxiv and R-MAT 18); heads × head_dim
 /// SPATTN_EXTRAS_SHAPES (default `8x64`; a comma list); SPATTN_EXTRAS_DTYPE `f16` (default),
-/// `bf16` or `f32`; SPATTN_EXTRAS_ALGS a comma list of the algorithms to run (default all).
+/// `bf16` or `f32`; SPATTN_EXTRAS_ALGS a comma list of the algorithms to run (default all);
+/// SPATTN_EXTRAS_ONLY=features times only the plain forward and the edge features' forward and
+/// forward + backward (the other columns NaN), a third of the device time.
 fn extras(gpu: &Gpu) {
     let dtype = std::env::var("SPATTN_EXTRAS_DTYPE").unwrap_or_else(|_| "f16".into());
     for hd in extras_shapes("8x64") {
@@ -252,6 +254,13 @@ fn extras_at<T: DType>(gpu: &Gpu, (heads, d): (usize, usize)) {
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     let algs = std::env::var("SPATTN_EXTRAS_ALGS").ok();
+    let features_only = match std::env::var("SPATTN_EXTRAS_ONLY").as_deref() {
+        Ok("features") => true,
+        Ok(other) => panic!("SPATTN_EXTRAS_ONLY: {other:?} is not `features`"),
+        Err(_) => false,
+    };
+    // A column the run times, or NaN where SPATTN_EXTRAS_ONLY leaves it out.
+    let timed = |keep: bool, time: &mut dyn FnMut() -> f64| if keep { time() } else { f64::NAN };
     for (name, a) in timing_graphs("SPATTN_TIMING_GRAPHS", "ogbn-arxiv,rmat18") {
         let bias =
             DeviceVec::from_host(&gpu, &random_vec::<T>(&mut rng, a.nnz() * heads, 1.0)).unwrap();
@@ -318,7 +327,10 @@ fn extras_at<T: DType>(gpu: &Gpu, (heads, d): (usize, usize)) {
                     plan.forward_with(&q, &k, &v, &ex, &mut out, None)
                 })
             };
-            let (tb, td, tbd) = (fwd(true, false), fwd(false, true), fwd(true, true));
+            let all = !features_only;
+            let tb = timed(all, &mut || fwd(true, false));
+            let td = timed(all, &mut || fwd(false, true));
+            let tbd = timed(all, &mut || fwd(true, true));
             let ef_fwd = if feats.is_some() {
                 let ex = with_ef(false, false, true);
                 median_ms(&gpu, runs, || {
@@ -329,10 +341,12 @@ fn extras_at<T: DType>(gpu: &Gpu, (heads, d): (usize, usize)) {
             };
             let mut y = DeviceMatrix::<T>::zeros(&gpu, sq).unwrap();
             plan.forward(&q, &k, &v, &mut y).unwrap();
-            let plain_fb = median_ms(&gpu, runs, || {
-                plan.forward(&q, &k, &v, &mut out)?;
-                plan.backward(&q, &k, &v, &y, &g, &mut dq, &mut dk, &mut dv)
-                    .map(|_| ())
+            let plain_fb = timed(all, &mut || {
+                median_ms(&gpu, runs, || {
+                    plan.forward(&q, &k, &v, &mut out)?;
+                    plan.backward(&q, &k, &v, &y, &g, &mut dq, &mut dk, &mut dv)
+                        .map(|_| ())
+                })
             });
             // Forward + backward with `ex`, into the gradients its extras need.
             let mut fb = |ex: &Extras<'_, T>,
@@ -351,12 +365,14 @@ fn extras_at<T: DType>(gpu: &Gpu, (heads, d): (usize, usize)) {
                         .map(|_| ())
                 })
             };
-            let both_fb = fb(&with(true, true), Some(&mut db), None);
-            let drop_fb = fb(&with(false, true), None, None);
+            let both_fb = timed(all, &mut || fb(&with(true, true), Some(&mut db), None));
+            let drop_fb = timed(all, &mut || fb(&with(false, true), None, None));
             let (ef, ef_both) = match d_feats.as_mut() {
                 Some(df) => (
                     fb(&with_ef(false, false, true), None, Some(&mut *df)),
-                    fb(&with_ef(true, true, true), Some(&mut db), Some(&mut *df)),
+                    timed(all, &mut || {
+                        fb(&with_ef(true, true, true), Some(&mut db), Some(&mut *df))
+                    }),
                 ),
                 None => (f64::NAN, f64::NAN),
             };
@@ -365,7 +381,7 @@ fn extras_at<T: DType>(gpu: &Gpu, (heads, d): (usize, usize)) {
                 edge_features: None,
                 dropout: None,
             };
-            let shared_fb = fb(&sb, Some(&mut d_shared), None);
+            let shared_fb = timed(all, &mut || fb(&sb, Some(&mut d_shared), None));
             println!(
                 "| {name} | {alg} | {plain:.4} | {tb:.4} | {td:.4} | {tbd:.4} | {plain_fb:.4} | \
                  {both_fb:.4} | {:.3} | {:.3} | {:.3} | {:.3} | {ef_fwd:.4} | {ef:.4} | {ef_both:.4} | {shared_fb:.4} | {drop_fb:.4} |",
