@@ -680,7 +680,7 @@ __device__ __forceinline__ void backward_row_pass(
             if (lane == 0u) *counter = 0u;
         }
         // The row's end: a row without edges has l = 0 and gets zeros.
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const float inv = softmax_inv(l);
         const float d = w * inv;
         if (lane == 0u) {
             const u64 rh = (u64)row * heads + h;
@@ -889,7 +889,7 @@ __device__ __forceinline__ void gat_backward_row_pass(
         }
         // The row's end: a row without edges has l = 0 and gets zeros.
         if (lane == 0u) {
-            const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+            const float inv = softmax_inv(l);
             const float d = w * inv;
             d_dst[(u64)row * heads + h] = (a1 - d * a2) * inv;
             stats[(u64)row * heads + h] = make_float2(softmax_lse(m, l), d);

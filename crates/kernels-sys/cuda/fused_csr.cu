@@ -129,7 +129,7 @@ __device__ __forceinline__ void fused_csr(const u32* __restrict__ unit_rows,
         const u32 part = unit_parts[u];
         if (part == SPATTN_NONE) {
             // A row without edges has l = 0: write zeros.
-            const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+            const float inv = softmax_inv(l);
 #pragma unroll
             for (int j = 0; j < NV; ++j) {
                 if (on[j]) {
