@@ -35,11 +35,11 @@ use std::sync::{Mutex, PoisonError};
 
 use spattn_formats::{Csr, Reorder};
 use spattn_ops::backward::{
-    self as ops_backward, DeviceSum, DeviceTranspose, EdgeTerms, FusedBackward, TensorCoreBackward,
+    self as ops_backward, DeviceSum, EdgeTerms, FusedBackward, TensorCoreBackward,
 };
 use spattn_ops::cpu::{self, AttentionInputs};
 use spattn_ops::graph::{DeviceGraph, PlanPolicy};
-use spattn_ops::{csr_ops, DType, DeviceCsr, DeviceMatrix, DeviceVec, ExternalVec, Gpu, Shape};
+use spattn_ops::{csr_ops, DType, DeviceMatrix, DeviceVec, ExternalVec, Gpu, Shape};
 
 use crate::error::{Error, Result};
 use crate::extras::Extras;
@@ -116,16 +116,22 @@ pub(crate) struct BackwardState {
 }
 
 impl BackwardState {
-    /// The fused backward's workspace for `shape`'s heads (made by the first call).
-    fn fused_workspace(
+    /// The fused backward's workspace for `shape`'s heads over `graph`, its passes walking
+    /// the row order fused-csr's units run in for `reorder` (made by the first call).
+    pub(crate) fn fused_workspace(
         &mut self,
-        gpu: &Gpu,
-        (a, t): (&DeviceCsr, &DeviceTranspose),
+        graph: &DeviceGraph,
+        reorder: Reorder,
         shape: Shape,
     ) -> Result<&mut FusedBackward> {
         match &mut self.fused {
             Some(ws) => Ok(ws),
-            slot => Ok(slot.insert(FusedBackward::new(gpu, a, t, shape.heads, shape.head_dim)?)),
+            slot => Ok(slot.insert(FusedBackward::on_graph(
+                graph,
+                shape.heads,
+                shape.head_dim,
+                reorder,
+            )?)),
         }
     }
 
@@ -568,7 +574,7 @@ impl AttentionPlan {
         }
         let t = graph.transpose()?;
         if kernels == BackwardKernels::Fused {
-            let ws = st.fused_workspace(gpu, (a, t), sq)?;
+            let ws = st.fused_workspace(graph, self.config().reorder, sq)?;
             ws.run(gpu, a, t, scale, [q, k, v, d_out], [dq, dk, dv])?;
             return read_d_scale(read_scale, ws.d_scale());
         }
@@ -706,7 +712,7 @@ impl AttentionPlan {
         // As in `backward_impl`: every buffer is overwritten before it is read.
         let mut st = state.lock().unwrap_or_else(PoisonError::into_inner);
         let (a, t) = (graph.csr()?, graph.transpose()?);
-        let ws = st.fused_workspace(gpu, (a, t), sq)?;
+        let ws = st.fused_workspace(graph, self.config().reorder, sq)?;
         let scale = self.config().scale();
         ws.run_with_edge_terms(gpu, a, t, scale, operands, [dq, dk, dv], terms)?;
         read_d_scale(read_scale, ws.d_scale())

@@ -527,7 +527,8 @@ __device__ __forceinline__ void load_part(const float* part, u64 slot, u32 head_
 // The unit schedule of a CSR (csr_ops.cu's SpMM units plus their partial slots): unit u covers
 // edges starts[u] .. starts[u+1] of row rows[u]; a unit of a split row has slots[u] (its split
 // row) and parts[u] (its partial), the split row s owning partials part_first[s] ..
-// part_first[s+1].
+// part_first[s+1]. `order` (null: 0, 1, ...) lists the units in the order the grid walks them:
+// a locality order of the rows keeps the K/V (or Q/dOut) rows gathered at one time in L2.
 struct Units {
     const u32* rows;
     const u32* starts;
@@ -535,7 +536,13 @@ struct Units {
     const u32* parts;
     const u32* part_first;
     u32 n;
+    const u32* order;
 };
+
+// The unit walked i-th (i < n).
+__device__ __forceinline__ u64 unit_at(const Units& un, u64 i) {
+    return un.order == nullptr ? i : __ldg(un.order + i);
+}
 
 // A walk in step's unit-head uh (< total), or, for a group past its last one (act false), the
 // last unit-head with no edges, which the pass walks in step and stores nothing for.
@@ -547,7 +554,7 @@ struct StepUnit {
 __device__ __forceinline__ StepUnit step_unit(const Units& un, u64 uh, u32 heads, u64 total) {
     StepUnit s;
     s.act = uh < total;
-    s.u = split_index(s.act ? uh : total - 1u, heads, total, s.h);
+    s.u = unit_at(un, split_index(s.act ? uh : total - 1u, heads, total, s.h));
     s.row = un.rows[s.u];
     s.start = un.starts[s.u];
     s.end = s.act ? un.starts[s.u + 1] : s.start;
@@ -824,7 +831,7 @@ __device__ __forceinline__ void gat_backward_row_pass(
     const u64 total = (u64)un.n * heads;
     for (u64 uh = group; uh < total; uh += groups) {
         u32 h;
-        const u64 u = split_index(uh, heads, total, h);
+        const u64 u = unit_at(un, split_index(uh, heads, total, h));
         const u32 row = un.rows[u], start = un.starts[u], end = un.starts[u + 1];
         const u64 head_off = (u64)h * head_dim;
         bool on[NV];
@@ -912,7 +919,7 @@ __device__ __forceinline__ void gat_backward_col_pass(
     const u64 total = (u64)un.n * heads;
     for (u64 uh = group; uh < total; uh += groups) {
         u32 h;
-        const u64 u = split_index(uh, heads, total, h);
+        const u64 u = unit_at(un, split_index(uh, heads, total, h));
         const u32 col = un.rows[u], start = un.starts[u], end = un.starts[u + 1];
         const u64 head_off = (u64)h * head_dim;
         bool on[NV];
@@ -980,8 +987,9 @@ __device__ __forceinline__ void gat_backward_col_pass(
 
 #define SPATTN_BWD_UNITS_ARGS                                                                   \
     const u32 *unit_rows, const u32 *unit_starts, const u32 *unit_slots, const u32 *unit_parts, \
-        const u32 *part_first, u32 n_units
-#define SPATTN_BWD_UNITS {unit_rows, unit_starts, unit_slots, unit_parts, part_first, n_units}
+        const u32 *part_first, u32 n_units, const u32 *unit_order
+#define SPATTN_BWD_UNITS                                                                        \
+    {unit_rows, unit_starts, unit_slots, unit_parts, part_first, n_units, unit_order}
 
 // Every pass takes the edge terms' arguments (ef, edge_sd, bias; t_to_a, d_ef, edge_sd)
 // and the dropout's kept bits and scale, used by the EF kernels only (`_ef` in the name: edge

@@ -36,7 +36,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use spattn_formats::{Csr, DegreeStats, Reorder};
+use spattn_formats::{Csr, DegreeStats, Reorder, RowOrder};
 
 use crate::backward::DeviceTranspose;
 use crate::buffer::{DeviceMatrix, DeviceVec};
@@ -151,6 +151,8 @@ pub struct DeviceGraph {
     id: u64,
     mebcrs: Mutex<Vec<(Reorder, Arc<DeviceMeBcrs>)>>,
     bsb: Mutex<Vec<(Reorder, Arc<OrderedBsb>)>>,
+    /// The row orders fused-csr's units and the fused backward's passes walk, per order asked.
+    csr_orders: Mutex<Vec<(Reorder, Arc<RowOrder>)>>,
     /// Held while a lazily built upload is made (so two threads never make the same one).
     building: Mutex<()>,
     /// The temporaries of the builds on the device (shared with the graphs built beside it);
@@ -205,6 +207,7 @@ impl DeviceGraph {
             id: next_graph_id(),
             mebcrs: Mutex::new(Vec::new()),
             bsb: Mutex::new(Vec::new()),
+            csr_orders: Mutex::new(Vec::new()),
             building: Mutex::new(()),
         }
     }
@@ -292,6 +295,7 @@ impl DeviceGraph {
             id: next_graph_id(),
             mebcrs: Mutex::new(Vec::new()),
             bsb: Mutex::new(Vec::new()),
+            csr_orders: Mutex::new(Vec::new()),
             building: Mutex::new(()),
             workspace: Some(workspace.clone()),
         };
@@ -593,6 +597,16 @@ impl DeviceGraph {
         }
         self.cached(&self.bsb, reorder, || {
             OrderedBsb::upload(&self.gpu, self.host()?, reorder)
+        })
+    }
+
+    /// The row order fused-csr's units run in for `reorder` (the effective one: the caller
+    /// applied [`effective_reorder`](Self::effective_reorder)), chosen on the host CSR on first
+    /// use and kept, so that the fused backward's passes walk their units in it without
+    /// choosing it again.
+    pub(crate) fn csr_order(&self, reorder: Reorder) -> Result<Arc<RowOrder>> {
+        self.cached(&self.csr_orders, reorder, || {
+            crate::fused::csr::csr_order(self.host()?, reorder)
         })
     }
 

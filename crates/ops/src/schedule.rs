@@ -15,7 +15,7 @@
 //! The fused tensor-core kernel's window schedule (`fused::tc`) cuts windows the same way and
 //! shares [`MAX_WINDOW_PARTS`].
 
-use spattn_formats::{Csr, HybridBlocks, HybridSplit};
+use spattn_formats::{alloc, Csr, HybridBlocks, HybridSplit, Permutation};
 
 use crate::error::{Error, Result};
 
@@ -209,6 +209,47 @@ impl RowUnits {
     }
 }
 
+/// The indices of the units [`RowUnits::new`] cuts rows of lengths `lens` into (chunks of
+/// `chunk` edges, one unit for a row of at most `chunk`, an empty one included), listed row by
+/// row in `order`'s new order (position `p` holds row `order.old_of_new()[p]`), a row's units
+/// consecutive: the order a kernel walking `RowUnits` may take them in so that rows near in
+/// `order` run at one time. A permutation of the units.
+///
+/// Errors: [`Error::LengthMismatch`] when `order` is not over `lens.len()` rows,
+/// [`Error::InvalidArgument`] when the units overflow `u32`, out of host memory.
+pub(crate) fn units_in_row_order(
+    lens: &[u32],
+    chunk: u32,
+    order: &Permutation,
+) -> Result<Vec<u32>> {
+    if order.len() != lens.len() {
+        return Err(Error::LengthMismatch {
+            what: "row order",
+            expected: lens.len(),
+            actual: order.len(),
+        });
+    }
+    let chunk = chunk.max(1);
+    let units_of = |len: u32| len.div_ceil(chunk).max(1);
+    // first[r]: the first unit of row r, in RowUnits::new's numbering (rows in order).
+    let mut first = alloc::try_with_capacity::<u32>(lens.len(), "unit order")?;
+    let mut n = 0u32;
+    for &len in lens {
+        first.push(n);
+        n = n.checked_add(units_of(len)).ok_or(Error::InvalidArgument {
+            what: "units",
+            why: format!("more than {} units", u32::MAX),
+        })?;
+    }
+    let mut units = alloc::try_with_capacity::<u32>(n as usize, "unit order")?;
+    for &r in order.old_of_new() {
+        // A permutation of 0..lens.len(): r indexes lens and first.
+        let f = first[r as usize];
+        units.extend(f..f + units_of(lens[r as usize]));
+    }
+    Ok(units)
+}
+
 /// The number of partials assigned so far (the last prefix-sum entry).
 fn parts_so_far(part_first: &[u32]) -> u32 {
     part_first.last().copied().unwrap_or(0)
@@ -344,6 +385,37 @@ mod tests {
         assert_eq!(u.parts, vec![0, 1, 2, NO_SLOT, NO_SLOT]);
         assert_eq!(u.part_first, vec![0, 3]);
         Ok(())
+    }
+
+    #[test]
+    fn units_in_row_order_walk_rows_in_the_order_given() {
+        use crate::schedule::{units_in_row_order, RowUnits};
+        use spattn_formats::Permutation;
+        let edges: Vec<(u32, u32)> = (0..700u32).map(|i| (i % 9 * (i % 4), i % 50)).collect();
+        let a = Csr::from_edges(30, 50, &edges).unwrap();
+        let lens: Vec<u32> = (0..a.n_rows()).map(|r| a.degree(r) as u32).collect();
+        let old_of_new: Vec<u32> = (0..30u32).map(|i| (i * 7) % 30).collect();
+        let p = Permutation::from_old_of_new(old_of_new.clone()).unwrap();
+        for chunk in [1, 3, 64] {
+            let u = RowUnits::new(&a, chunk);
+            let order = units_in_row_order(&lens, chunk, &p).unwrap();
+            // Every unit once, rows in the permutation's order, a row's units in order.
+            let mut sorted = order.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, (0..u.rows.len() as u32).collect::<Vec<_>>());
+            let rows: Vec<u32> = order.iter().map(|&i| u.rows[i as usize]).collect();
+            let mut expected = Vec::new();
+            for &r in &old_of_new {
+                let n = u.rows.iter().filter(|&&x| x == r).count();
+                expected.extend(std::iter::repeat_n(r, n));
+            }
+            assert_eq!(rows, expected);
+            assert!(order
+                .windows(2)
+                .all(|w| u.rows[w[0] as usize] != u.rows[w[1] as usize] || w[1] == w[0] + 1));
+        }
+        let short = Permutation::identity(3).unwrap();
+        assert!(units_in_row_order(&lens, 4, &short).is_err());
     }
 
     #[test]

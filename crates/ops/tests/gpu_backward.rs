@@ -461,6 +461,112 @@ fn fused_backward_small_graphs_and_errors() {
     assert!(!backward::FusedBackward::supports::<f32>(1024));
 }
 
+/// `FusedBackward` walking its units in a row order (`set_row_order`, a shuffle of the rows)
+/// gives the bits of the graph's own order: plain, and with edge features, a per-head bias and
+/// dropout (the `_ef` passes), on the small graphs (hub rows and columns split into units,
+/// empty rows), f32 and f16; an order over other rows is refused.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn fused_backward_in_a_row_order_gives_the_same_bits() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("fused_backward_in_a_row_order_gives_the_same_bits");
+    for a in small_graphs(&mut rng) {
+        fused_order_case::<f32>(&gpu, &mut rng, &a, 3, 20);
+        fused_order_case::<f16>(&gpu, &mut rng, &a, 2, 64);
+    }
+}
+
+fn fused_order_case<T: DType>(gpu: &Gpu, rng: &mut Pcg64, a: &Csr, heads: usize, head_dim: usize) {
+    use spattn_formats::Permutation;
+    use spattn_ops::edge_extras::DeviceBias;
+    use spattn_ops::Dropout;
+    let n = a.n_rows();
+    let s = Shape::new(n, heads, head_dim).unwrap();
+    let se = Shape::new(a.nnz(), heads, head_dim).unwrap();
+    let m = |s: Shape, rng: &mut Pcg64| {
+        let x: Vec<T> = f32s(rng, s.len(), -1.0, 1.0)
+            .into_iter()
+            .map(T::from_f32)
+            .collect();
+        DeviceMatrix::from_host(gpu, s, &x).unwrap()
+    };
+    let (q, k, v, d, ef) = (m(s, rng), m(s, rng), m(s, rng), m(s, rng), m(se, rng));
+    let bias_host: Vec<T> = f32s(rng, a.nnz() * heads, -2.0, 2.0)
+        .into_iter()
+        .map(T::from_f32)
+        .collect();
+    let bias = DeviceVec::from_host(gpu, &bias_host).unwrap();
+    let drop = Dropout::new(0.3, rng.random(), 5).unwrap();
+    let mut old_of_new: Vec<u32> = (0..n as u32).collect();
+    for i in (1..n).rev() {
+        old_of_new.swap(i, rng.random_range(0..=i));
+    }
+    let order = Permutation::from_old_of_new(old_of_new).unwrap();
+    let (a_dev, t) = (
+        DeviceCsr::upload(gpu, a).unwrap(),
+        DeviceTranspose::upload(gpu, a).unwrap(),
+    );
+    let mut bwd = backward::FusedBackward::new(gpu, &a_dev, &t, heads, head_dim).unwrap();
+    // dQ, dK, dV, ∂scale, and with the terms ∂E and ∂bias, as host bits.
+    let run = |bwd: &mut backward::FusedBackward, terms: bool| {
+        let mut g = [s, s, s].map(|s| {
+            let mut x = DeviceMatrix::<T>::zeros(gpu, s).unwrap();
+            x.fill_nan().unwrap();
+            x
+        });
+        let mut d_ef = DeviceMatrix::<T>::zeros(gpu, se).unwrap();
+        let mut d_bias = DeviceVec::<T>::zeros(gpu, a.nnz() * heads).unwrap();
+        let [dq, dk, dv] = &mut g;
+        let ops = [&q, &k, &v, &d];
+        if terms {
+            let terms = backward::EdgeTerms {
+                features: Some((&ef, &mut d_ef)),
+                bias: Some((DeviceBias::PerHead(&bias), &mut d_bias)),
+                dropout: Some(&drop),
+            };
+            bwd.run_with_edge_terms(gpu, &a_dev, &t, 0.3, ops, [dq, dk, dv], terms)
+                .unwrap();
+        } else {
+            bwd.run(gpu, &a_dev, &t, 0.3, ops, [dq, dk, dv]).unwrap();
+        }
+        let mut bits: Vec<Vec<u32>> = g
+            .iter()
+            .chain([&d_ef])
+            .map(|x| {
+                x.to_host()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_f32().to_bits())
+                    .collect()
+            })
+            .collect();
+        bits.push(
+            d_bias
+                .to_host()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_f32().to_bits())
+                .collect(),
+        );
+        let ds = bwd.d_scale().to_host().unwrap()[0].to_bits();
+        bits.push(vec![ds as u32, (ds >> 32) as u32]);
+        bits
+    };
+    for terms in [false, true] {
+        bwd.set_row_order(gpu, a, None).unwrap();
+        let own = run(&mut bwd, terms);
+        bwd.set_row_order(gpu, a, Some(&order)).unwrap();
+        let walked = run(&mut bwd, terms);
+        assert!(
+            own == walked,
+            "n {n}, {} {heads} x {head_dim}, terms {terms}",
+            T::NAME
+        );
+    }
+    let other = Permutation::identity(n + 1).unwrap();
+    assert!(bwd.set_row_order(gpu, a, Some(&other)).is_err());
+}
+
 /// The tensor-core backward's state belongs to the graph it was made for: a run with extras on
 /// another graph of the same sizes is refused, also where both are symmetric (their dK/dV pass
 /// reads A's own BSB, so the BSBs alone cannot tell the graphs apart).

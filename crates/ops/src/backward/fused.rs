@@ -67,20 +67,23 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+use spattn_formats::{alloc, Csr, Permutation, Reorder};
 use spattn_kernels_sys::BACKWARD;
 
 use crate::buffer::{grown, DeviceMatrix, DeviceVec};
+use crate::csr_ops::UNIT_CHUNK;
 use crate::device_csr::DeviceCsr;
 use crate::dropout::{Dropout, DropoutWords};
 use crate::dtype::DType;
 use crate::edge_extras::{self, DeviceBias};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
+use crate::graph::DeviceGraph;
 use crate::launch::{
     blocks_for, check_same_gpu, kernel_named, launch, product, to_u32, LaunchArgs, LaunchConfig,
     PushKernelArg, PushOptionalArg,
 };
-use crate::schedule::{group_for, vector_width};
+use crate::schedule::{group_for, units_in_row_order, vector_width};
 use crate::shape::Shape;
 
 use super::keep_bits::{draw_keep_bits, dropout_mask_words};
@@ -198,6 +201,9 @@ pub struct FusedBackward {
     /// With dropout: the kept bits of A's elements (`edge · heads + head`), drawn by each
     /// run with dropout; grown by them.
     keep: Option<DeviceVec<u32>>,
+    /// The order each pass walks its units in, A's and Aᵀ's ([`set_row_order`](Self::set_row_order));
+    /// `None`: the schedule's own (the graph's row order).
+    unit_order: [Option<DeviceVec<u32>>; 2],
 }
 
 impl FusedBackward {
@@ -238,7 +244,79 @@ impl FusedBackward {
             d_scale: DeviceSum::new(gpu)?,
             edge_sd: None,
             keep: None,
+            unit_order: [None, None],
         })
+    }
+
+    /// Walks the row pass's units in `order`'s row order (position `p` of the walk holds row
+    /// `order.old_of_new()[p]`) and, on a square graph, the column pass's units in the same
+    /// order of A's columns; `None` restores the graph's order. With a locality order (the
+    /// one fused-csr's forward runs in) the rows in flight at one time are graph neighbours,
+    /// whose K/V rows (Q/dOut rows in the column pass) the gathers then find in L2. The
+    /// results are the same in any order, bit for bit (every sum's order is the unit's and the
+    /// schedule's, not the walk's).
+    ///
+    /// `a` is the host CSR of the graph the workspace was made for.
+    ///
+    /// Errors: [`Error::InvalidArgument`] when `a` is not that graph's size,
+    /// [`Error::LengthMismatch`] when `order` is not over its rows, out of memory.
+    pub fn set_row_order(&mut self, gpu: &Gpu, a: &Csr, order: Option<&Permutation>) -> Result<()> {
+        let Some(order) = order else {
+            self.unit_order = [None, None];
+            return Ok(());
+        };
+        if a.n_rows() != self.sized_for[0] {
+            return Err(Error::InvalidArgument {
+                what: "row order's graph",
+                why: format!(
+                    "has {} rows; the workspace was made for {}",
+                    a.n_rows(),
+                    self.sized_for[0]
+                ),
+            });
+        }
+        let mut lens = alloc::try_with_capacity::<u32>(a.n_rows(), "row lengths")?;
+        lens.extend(a.row_offsets().windows(2).map(|w| w[1] - w[0]));
+        let rows = units_in_row_order(&lens, UNIT_CHUNK, order)?;
+        let cols = if a.n_cols() == a.n_rows() {
+            let mut lens = alloc::try_filled::<u32>(a.n_cols(), 0, "column lengths")?;
+            for &c in a.col_indices() {
+                // A valid CSR's columns are < n_cols.
+                lens[c as usize] += 1;
+            }
+            Some(units_in_row_order(&lens, UNIT_CHUNK, order)?)
+        } else {
+            None
+        };
+        let upload = |v: &[u32]| DeviceVec::from_host_named(gpu, "unit order", v);
+        self.unit_order = [
+            Some(upload(&rows)?),
+            cols.as_deref().map(upload).transpose()?,
+        ];
+        Ok(())
+    }
+
+    /// [`new`](Self::new) for `graph` (its CSR and transpose), walking the passes' units in
+    /// the row order fused-csr's units run in for `reorder` ([`set_row_order`](Self::set_row_order);
+    /// [`DeviceGraph::effective_reorder`] applied: a graph seen once keeps its order, with no
+    /// host work), chosen once per graph and order.
+    ///
+    /// Errors: as [`new`](Self::new) and [`set_row_order`](Self::set_row_order), and those of
+    /// the graph's uploads.
+    pub fn on_graph(
+        graph: &DeviceGraph,
+        heads: usize,
+        head_dim: usize,
+        reorder: Reorder,
+    ) -> Result<Self> {
+        let gpu = graph.gpu();
+        let mut ws = Self::new(gpu, graph.csr()?, graph.transpose()?, heads, head_dim)?;
+        let reorder = graph.effective_reorder(reorder);
+        if reorder != Reorder::None {
+            let order = graph.csr_order(reorder)?;
+            ws.set_row_order(gpu, graph.host()?, order.permutation.as_ref())?;
+        }
+        Ok(ws)
     }
 
     /// `(heads, head_dim)` the workspace was made for.
@@ -268,6 +346,12 @@ impl FusedBackward {
             + self.d_scale.allocated_bytes()
             + self.edge_sd.as_ref().map_or(0, DeviceVec::allocated_bytes)
             + self.keep.as_ref().map_or(0, DeviceVec::allocated_bytes)
+            + self
+                .unit_order
+                .iter()
+                .flatten()
+                .map(DeviceVec::allocated_bytes)
+                .sum::<usize>()
     }
 
     /// The gradients of `out = softmax_row(scale · Q Kᵀ masked by A) · V`: from `[Q, K, V,
@@ -452,6 +536,7 @@ impl FusedBackward {
         // Row pass over A.
         let ([rows, starts, slots, parts, first], _, _) = a.schedule().merge_units();
         let n_units = to_u32("units", rows.len())?;
+        let order = walk_order(&self.unit_order[0], rows.len())?;
         let name = kernel_named(
             &BACKWARD,
             rows_pass_kernel(T::NAME, vec, nv, has_ef, ef.is_some()),
@@ -463,8 +548,7 @@ impl FusedBackward {
         let dims = [heads, head_dim];
         push_pass_args(
             &mut args,
-            &units,
-            &n_units,
+            (&units, &n_units, order),
             a.col_indices(),
             operands,
             &dims,
@@ -504,6 +588,7 @@ impl FusedBackward {
         // Column pass over Aᵀ.
         let ([rows, starts, slots, parts, first], _, _) = t.csr.schedule().merge_units();
         let n_units = to_u32("units", rows.len())?;
+        let order = walk_order(&self.unit_order[1], rows.len())?;
         let cols = cols_pass_kernel(T::NAME, vec, nv, has_ef, d_ef.is_some());
         let name = kernel_named(&BACKWARD, cols)?;
         let f = gpu.load_function(BACKWARD.name, BACKWARD.ptx, name)?;
@@ -512,7 +597,13 @@ impl FusedBackward {
         let units = [rows, starts, slots, parts, first];
         let ends = t.csr.col_indices();
         push_pass_args(
-            &mut args, &units, &n_units, ends, operands, &dims, &scale, &g,
+            &mut args,
+            (&units, &n_units, order),
+            ends,
+            operands,
+            &dims,
+            &scale,
+            &g,
         );
         args.arg(self.stats.slice())
             .arg(dk.slice_mut())
@@ -560,33 +651,51 @@ impl FusedBackward {
 #[allow(clippy::too_many_arguments)]
 fn push_pass_args<'a, T: DType>(
     args: &mut LaunchArgs<'a>,
-    units: &[&'a DeviceVec<u32>; 5],
-    n_units: &'a u32,
+    units: PassUnits<'a>,
     ends: &'a DeviceVec<u32>,
     operands: [&'a DeviceMatrix<T>; 4],
     dims: &'a [u32; 2],
     scale: &'a f32,
     g: &'a u32,
 ) {
-    push_units(args, units, n_units, ends);
+    push_units(args, units, ends);
     for m in operands {
         args.arg(m.slice());
     }
     args.arg(&dims[0]).arg(&dims[1]).arg(scale).arg(g);
 }
 
-/// The arguments every fused pass (attention's and GAT's) begins with: the units `[rows,
-/// starts, slots, partials, first partials]`, their count and each edge's other end.
+/// A pass's units `[rows, starts, slots, partials, first partials]`, their count and the
+/// order the pass walks them in (`None`: as numbered).
+pub(super) type PassUnits<'a> = (
+    &'a [&'a DeviceVec<u32>; 5],
+    &'a u32,
+    Option<&'a DeviceVec<u32>>,
+);
+
+/// The arguments every fused pass (attention's and GAT's) begins with: the units, their count,
+/// their walk order (null: as numbered) and each edge's other end.
 pub(super) fn push_units<'a>(
     args: &mut LaunchArgs<'a>,
-    units: &[&'a DeviceVec<u32>; 5],
-    n_units: &'a u32,
+    (units, n_units, order): PassUnits<'a>,
     ends: &'a DeviceVec<u32>,
 ) {
     for u in units {
         args.arg(u.slice());
     }
-    args.arg(n_units).arg(ends.slice());
+    args.arg(n_units).arg_or_null(order).arg(ends.slice());
+}
+
+/// The walk order of a pass over `n_units` units: `order` where set, checked to list that many.
+fn walk_order(order: &Option<DeviceVec<u32>>, n_units: usize) -> Result<Option<&DeviceVec<u32>>> {
+    match order {
+        Some(o) if o.len() != n_units => Err(Error::LengthMismatch {
+            what: "unit order",
+            expected: n_units,
+            actual: o.len(),
+        }),
+        o => Ok(o.as_ref()),
+    }
 }
 
 /// The grid of a pass in blocks of `threads` (a multiple of `g`): a group of `g` lanes per

@@ -197,7 +197,7 @@ pub fn gat_fused_backward<T: DType>(
     let f = gpu.load_function(BACKWARD.name, BACKWARD.ptx, name)?;
     let mut args = gpu.launch_builder(&f);
     let units = [a_rows, a_starts, a_slots, a_parts, a_first];
-    push_units(&mut args, &units, &n_units, a.col_indices());
+    push_units(&mut args, (&units, &n_units, None), a.col_indices());
     args.arg(x.slice())
         .arg(d_out.slice())
         .arg(&heads_u)
@@ -225,7 +225,7 @@ pub fn gat_fused_backward<T: DType>(
     let f = gpu.load_function(BACKWARD.name, BACKWARD.ptx, name)?;
     let mut args = gpu.launch_builder(&f);
     let units = [t_rows, t_starts, t_slots, t_parts, t_first];
-    push_units(&mut args, &units, &n_units, t.csr.col_indices());
+    push_units(&mut args, (&units, &n_units, None), t.csr.col_indices());
     args.arg_or_null(t_to_a)
         .arg(x.slice())
         .arg(d_out.slice())

@@ -410,27 +410,25 @@ impl FusedCsr {
         layout(head_dim, elem_bytes).map(|_| ())
     }
 
-    /// Uploads `graph`'s units in the row order `reorder` asks for ([`csr_order`]) and sizes
-    /// the workspace for `heads × head_dim` of `T`.
-    pub(crate) fn new<T: DType>(
+    /// Uploads `graph`'s units in `order` (its rows renumbered, [`csr_order`]) and sizes the
+    /// workspace for `heads × head_dim` of `T`.
+    fn in_order<T: DType>(
         gpu: &Gpu,
         graph: &Csr,
+        order: &RowOrder,
         heads: usize,
         head_dim: usize,
-        reorder: Reorder,
     ) -> Result<Self> {
-        // The plain layout before any upload: the error for a head too wide for registers.
         let bytes = std::mem::size_of::<T>();
         let plain = layout(head_dim, bytes)?;
-        let order = csr_order(graph, reorder)?;
-        let units = Units::upload(gpu, graph, &order)?;
+        let units = Units::upload(gpu, graph, order)?;
         let parts = units.n_parts * heads;
         let groups = units.rows.len() * heads;
         let layout = choose_layout(plain, head_dim, bytes, groups, gpu.sm_count());
         Ok(Self {
             layout,
             units: UnitSource::Own(Box::new(units)),
-            order_info: format!("{}; {}", order_info(&order), layout_info(&layout)),
+            order_info: format!("{}; {}", order_info(order), layout_info(&layout)),
             part_ml: DeviceVec::zeros(gpu, parts * 2)?,
             part_acc: DeviceVec::zeros(gpu, parts * head_dim)?,
         })
@@ -438,8 +436,9 @@ impl FusedCsr {
 
     /// Plans over a shared graph: in the row order `reorder` asks for
     /// ([`DeviceGraph::effective_reorder`]). A graph built on the device kept in its order
-    /// runs the units of its CSR schedule (no upload, no host work); any other plan is
-    /// [`new`](Self::new)'s over the graph's host CSR.
+    /// runs the units of its CSR schedule (no upload, no host work); any other plan uploads
+    /// units over the graph's host CSR in the order [`csr_order`] chooses, kept with the graph
+    /// (the fused backward walks its units in it too).
     pub fn on_graph<T: DType>(
         graph: &Arc<DeviceGraph>,
         heads: usize,
@@ -448,7 +447,10 @@ impl FusedCsr {
     ) -> Result<Self> {
         let reorder = graph.effective_reorder(reorder);
         if !(graph.built_on_device() && reorder == Reorder::None) {
-            return Self::new::<T>(graph.gpu(), graph.host()?, heads, head_dim, reorder);
+            // The head's error before any host work.
+            layout(head_dim, std::mem::size_of::<T>())?;
+            let order = graph.csr_order(reorder)?;
+            return Self::in_order::<T>(graph.gpu(), graph.host()?, &order, heads, head_dim);
         }
         let bytes = std::mem::size_of::<T>();
         let plain = layout(head_dim, bytes)?;
