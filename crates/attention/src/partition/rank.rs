@@ -345,13 +345,18 @@ impl RankPlan {
         let g = cpu::attention_backward(&self.local, &inputs, scale, out, d_out)?;
         let dk = self.scatter_add(ex, &g.dk, row_len)?;
         let dv = self.scatter_add(ex, &g.dv, row_len)?;
-        let all = ex.all_to_all(vec![vec![g.d_scale]; ex.world()])?;
-        let d_scale = all.iter().flatten().fold(F::ZERO, |s, &x| s + x);
+        let all = ex.all_to_all(vec![vec![g.d_scale, g.d_scale_terms]; ex.world()])?;
+        let sum = |i: usize| {
+            all.iter()
+                .filter_map(|r| r.get(i))
+                .fold(F::ZERO, |s, &x| s + x)
+        };
         Ok(cpu::AttentionGrads {
             dq: g.dq,
             dk,
             dv,
-            d_scale,
+            d_scale: sum(0),
+            d_scale_terms: sum(1),
         })
     }
 

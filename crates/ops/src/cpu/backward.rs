@@ -46,6 +46,10 @@ pub struct AttentionGrads<F> {
     pub dv: Vec<F>,
     /// ∂L/∂scale: `Σ_e dS_e · ⟨Q_row(e), K_col(e)⟩` over every edge and head.
     pub d_scale: F,
+    /// `Σ_e |dS_e · ⟨Q_row(e), K_col(e)⟩|`: the size of the terms `d_scale` sums, which can
+    /// cancel to far less; a sum of them in a precision of unit roundoff `u` is off by up to
+    /// about `u` times this (a tolerance for other implementations' `d_scale`).
+    pub d_scale_terms: F,
 }
 
 /// Softmax backward over each row's edges: `ds[e, h] = p[e, h] · (dp[e, h] − Σ_{e' ∈ row}
@@ -249,23 +253,25 @@ pub fn attention_backward<F: Real>(
         },
     );
 
-    let d_scale = ds
+    // (Σ dS·raw, Σ |dS·raw|), each compensated.
+    let [d_scale, _, d_scale_terms, _] = ds
         .par_chunks(1 << 12)
         .zip(raw.par_chunks(1 << 12))
         .map(|(d, r)| {
-            let (mut s, mut c) = (F::ZERO, F::ZERO);
+            let (mut s, mut c, mut t, mut ct) = (F::ZERO, F::ZERO, F::ZERO, F::ZERO);
             for (&d, &r) in d.iter().zip(r) {
                 kahan_add(&mut s, &mut c, d * r);
+                kahan_add(&mut t, &mut ct, (d * r).abs());
             }
-            s
+            (s, t)
         })
-        .collect::<Vec<F>>()
+        .collect::<Vec<(F, F)>>()
         .into_iter()
-        .fold((F::ZERO, F::ZERO), |(mut s, mut c), x| {
+        .fold([F::ZERO; 4], |[mut s, mut c, mut t, mut ct], (x, y)| {
             kahan_add(&mut s, &mut c, x);
-            (s, c)
-        })
-        .0;
+            kahan_add(&mut t, &mut ct, y);
+            [s, c, t, ct]
+        });
 
     // dQ = scale · dS · K on A; dK = scale · dSᵀ · Q and dV = Pᵀ · dOut on Aᵀ.
     let mut dq = vec![F::ZERO; inputs.shape_q.len()];
@@ -302,6 +308,7 @@ pub fn attention_backward<F: Real>(
         dk,
         dv,
         d_scale,
+        d_scale_terms,
     })
 }
 
