@@ -266,6 +266,28 @@ fn symmetric_graphs_in_every_row_order() {
     }
 }
 
+/// fused-csr plans in every row order: the fused backward walks its units in the plan's order
+/// (a hub row and column split across units, empty rows, a symmetric pattern and a directed
+/// one). Small enough for compute-sanitizer.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn fused_backward_in_every_row_order() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("fused_backward_in_every_row_order");
+    let hub = hub_graph(&mut rng, 3000, 5);
+    let graphs = [random_graph(&mut rng, 200, 5, 9), hub.symmetrize().unwrap(), hub];
+    let fc = [Algorithm::FusedCsr];
+    for a in &graphs {
+        for reorder in Reorder::ALL {
+            for shape in [(1, 24), (8, 64)] {
+                let (r, g) = (&mut rng, Grads::All);
+                check_backward_in::<f32>(&gpu, a, &fc, reorder, shape, r, 1.0, g);
+                check_backward_in::<f16>(&gpu, a, &fc, reorder, shape, r, 1.0, g);
+            }
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn hub_row_and_extreme_scores() {
