@@ -275,7 +275,11 @@ fn fused_backward_in_every_row_order() {
     let gpu = gpu();
     let mut rng = fresh_rng("fused_backward_in_every_row_order");
     let hub = hub_graph(&mut rng, 3000, 5);
-    let graphs = [random_graph(&mut rng, 200, 5, 9), hub.symmetrize().unwrap(), hub];
+    let graphs = [
+        random_graph(&mut rng, 200, 5, 9),
+        hub.symmetrize().unwrap(),
+        hub,
+    ];
     let fc = [Algorithm::FusedCsr];
     for a in &graphs {
         for reorder in Reorder::ALL {

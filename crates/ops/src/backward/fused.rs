@@ -201,8 +201,9 @@ pub struct FusedBackward {
     /// With dropout: the kept bits of A's elements (`edge · heads + head`), drawn by each
     /// run with dropout; grown by them.
     keep: Option<DeviceVec<u32>>,
-    /// The order each pass walks its units in, A's and Aᵀ's ([`set_row_order`](Self::set_row_order));
-    /// `None`: the schedule's own (the graph's row order).
+    /// The order each pass walks its units in, A's and Aᵀ's
+    /// ([`set_row_order`](Self::set_row_order)); `None`: the schedule's own (the graph's row
+    /// order).
     unit_order: [Option<DeviceVec<u32>>; 2],
 }
 
@@ -297,9 +298,9 @@ impl FusedBackward {
     }
 
     /// [`new`](Self::new) for `graph` (its CSR and transpose), walking the passes' units in
-    /// the row order fused-csr's units run in for `reorder` ([`set_row_order`](Self::set_row_order);
-    /// [`DeviceGraph::effective_reorder`] applied: a graph seen once keeps its order, with no
-    /// host work), chosen once per graph and order.
+    /// the row order fused-csr's units run in for `reorder`
+    /// ([`set_row_order`](Self::set_row_order); [`DeviceGraph::effective_reorder`] applied: a
+    /// graph seen once keeps its order, with no host work), chosen once per graph and order.
     ///
     /// Errors: as [`new`](Self::new) and [`set_row_order`](Self::set_row_order), and those of
     /// the graph's uploads.
@@ -568,7 +569,9 @@ impl FusedBackward {
             .arg_or_null(bias.map(|b| b.values()))
             .arg(&bias_heads);
         // SAFETY: the kernel reads A's schedule (n_units units, starts n_units + 1, slots and
-        // partials per unit, first partials per split row + 1; built with the CSR) and
+        // partials per unit, first partials per split row + 1; built with the CSR), the walk
+        // order where set (n_units entries, checked by walk_order; a permutation of 0..n_units
+        // from units_in_row_order, so each names a unit) and
         // col_indices[starts[u]..starts[u+1]) ⊂ [0, nnz); Q and dOut rows < n_rows, K and V rows
         // col_indices[e] < n_cols, each heads*head_dim (shapes checked), in vectors of `vec`
         // inside a head (vec divides head_dim). It writes dQ's rows (< n_rows), stats at
@@ -615,10 +618,10 @@ impl FusedBackward {
             .arg_or_null(self.edge_sd.as_ref().filter(|_| has_ef))
             .arg_or_null(keep)
             .arg(&drop.scale);
-        // SAFETY: as the row pass, on Aᵀ's schedule and columns: Aᵀ's entries are rows of A
-        // (< n_rows: Q, dOut and stats rows), its units' rows are columns of A (< n_cols: K, V,
-        // dK, dV rows); partials and counters sized by `new` from Aᵀ's schedule. In the `_ef`
-        // kernel entry e's edge t_to_a[e] < nnz (the inverse of the edge map, a permutation of
+        // SAFETY: as the row pass, on Aᵀ's schedule, walk order and columns: Aᵀ's entries are
+        // rows of A (< n_rows: Q, dOut and stats rows), its units' rows are columns of A
+        // (< n_cols: K, V, dK, dV rows); partials and counters sized by `new` from Aᵀ's
+        // schedule. In the `_ef` kernel entry e's edge t_to_a[e] < nnz (the inverse of the edge map, a permutation of
         // 0..nnz, nnz entries) selects the pair read from edge_sd (at least nnz × heads pairs,
         // grown above and written by the row pass), the row written in the features' gradient
         // where given (nnz × heads × head_dim, checked), and with dropout the bit
