@@ -118,7 +118,7 @@ pub(crate) struct BackwardState {
 impl BackwardState {
     /// The fused backward's workspace for `shape`'s heads over `graph`, its passes walking
     /// the row order fused-csr's units run in for `reorder` (made by the first call).
-    pub(crate) fn fused_workspace(
+    fn fused_workspace(
         &mut self,
         graph: &DeviceGraph,
         reorder: Reorder,

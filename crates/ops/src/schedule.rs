@@ -250,6 +250,17 @@ pub(crate) fn units_in_row_order(
     Ok(units)
 }
 
+/// `[partials, split rows]` of the units [`RowUnits::new`] cuts rows of lengths `lens` into:
+/// the rows of more than `chunk` edges, and their units.
+pub(crate) fn split_units(lens: &[u32], chunk: u32) -> [usize; 2] {
+    let chunk = chunk.max(1);
+    lens.iter()
+        .filter(|&&len| len > chunk)
+        .fold([0, 0], |[parts, split], &len| {
+            [parts + len.div_ceil(chunk) as usize, split + 1]
+        })
+}
+
 /// The number of partials assigned so far (the last prefix-sum entry).
 fn parts_so_far(part_first: &[u32]) -> u32 {
     part_first.last().copied().unwrap_or(0)
@@ -389,7 +400,7 @@ mod tests {
 
     #[test]
     fn units_in_row_order_walk_rows_in_the_order_given() {
-        use crate::schedule::{units_in_row_order, RowUnits};
+        use crate::schedule::{split_units, units_in_row_order, RowUnits};
         use spattn_formats::Permutation;
         let edges: Vec<(u32, u32)> = (0..700u32).map(|i| (i % 9 * (i % 4), i % 50)).collect();
         let a = Csr::from_edges(30, 50, &edges).unwrap();
@@ -413,6 +424,8 @@ mod tests {
             assert!(order
                 .windows(2)
                 .all(|w| u.rows[w[0] as usize] != u.rows[w[1] as usize] || w[1] == w[0] + 1));
+            let parts = *u.part_first.last().unwrap() as usize;
+            assert_eq!(split_units(&lens, chunk), [parts, u.split_rows.len()]);
         }
         let short = Permutation::identity(3).unwrap();
         assert!(units_in_row_order(&lens, 4, &short).is_err());

@@ -470,7 +470,15 @@ fn fused_backward_small_graphs_and_errors() {
 fn fused_backward_in_a_row_order_gives_the_same_bits() {
     let gpu = gpu();
     let mut rng = fresh_rng("fused_backward_in_a_row_order_gives_the_same_bits");
-    for a in small_graphs(&mut rng) {
+    // A rectangular graph too (its columns keep their order), with a hub row and a hub column.
+    let mut edges: Vec<(u32, u32)> = (0..2000u32).map(|i| (i % 150, (i * 7919) % 400)).collect();
+    edges.extend(
+        (0..400u32)
+            .map(|c| (3, c))
+            .chain((0..150u32).map(|r| (r, 11))),
+    );
+    let rect = Csr::from_edges(150, 400, &edges).unwrap();
+    for a in small_graphs(&mut rng).into_iter().chain([rect]) {
         fused_order_case::<f32>(&gpu, &mut rng, &a, 3, 20);
         fused_order_case::<f16>(&gpu, &mut rng, &a, 2, 64);
     }
@@ -482,6 +490,7 @@ fn fused_order_case<T: DType>(gpu: &Gpu, rng: &mut Pcg64, a: &Csr, heads: usize,
     use spattn_ops::Dropout;
     let n = a.n_rows();
     let s = Shape::new(n, heads, head_dim).unwrap();
+    let skv = Shape::new(a.n_cols(), heads, head_dim).unwrap();
     let se = Shape::new(a.nnz(), heads, head_dim).unwrap();
     let m = |s: Shape, rng: &mut Pcg64| {
         let x: Vec<T> = f32s(rng, s.len(), -1.0, 1.0)
@@ -490,7 +499,7 @@ fn fused_order_case<T: DType>(gpu: &Gpu, rng: &mut Pcg64, a: &Csr, heads: usize,
             .collect();
         DeviceMatrix::from_host(gpu, s, &x).unwrap()
     };
-    let (q, k, v, d, ef) = (m(s, rng), m(s, rng), m(s, rng), m(s, rng), m(se, rng));
+    let (q, k, v, d, ef) = (m(s, rng), m(skv, rng), m(skv, rng), m(s, rng), m(se, rng));
     let bias_host: Vec<T> = f32s(rng, a.nnz() * heads, -2.0, 2.0)
         .into_iter()
         .map(T::from_f32)
@@ -509,7 +518,7 @@ fn fused_order_case<T: DType>(gpu: &Gpu, rng: &mut Pcg64, a: &Csr, heads: usize,
     let mut bwd = backward::FusedBackward::new(gpu, &a_dev, &t, heads, head_dim).unwrap();
     // dQ, dK, dV, ∂scale, and with the terms ∂E and ∂bias, as host bits.
     let run = |bwd: &mut backward::FusedBackward, terms: bool| {
-        let mut g = [s, s, s].map(|s| {
+        let mut g = [s, skv, skv].map(|s| {
             let mut x = DeviceMatrix::<T>::zeros(gpu, s).unwrap();
             x.fill_nan().unwrap();
             x
@@ -563,8 +572,14 @@ fn fused_order_case<T: DType>(gpu: &Gpu, rng: &mut Pcg64, a: &Csr, heads: usize,
             T::NAME
         );
     }
+    // An order over other rows, or the rows of another graph, is refused.
     let other = Permutation::identity(n + 1).unwrap();
     assert!(bwd.set_row_order(gpu, a, Some(&other)).is_err());
+    if (0..n).any(|r| a.degree(r) > 64) {
+        // Its split rows differ (the workspace was sized for a hub row cut into units).
+        let one_edge = Csr::from_edges(n, a.n_cols(), &[(0, 0)]).unwrap();
+        assert!(bwd.set_row_order(gpu, &one_edge, Some(&order)).is_err());
+    }
 }
 
 /// The tensor-core backward's state belongs to the graph it was made for: a run with extras on

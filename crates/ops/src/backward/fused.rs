@@ -83,7 +83,7 @@ use crate::launch::{
     blocks_for, check_same_gpu, kernel_named, launch, product, to_u32, LaunchArgs, LaunchConfig,
     PushKernelArg, PushOptionalArg,
 };
-use crate::schedule::{group_for, units_in_row_order, vector_width};
+use crate::schedule::{group_for, split_units, units_in_row_order, vector_width};
 use crate::shape::Shape;
 
 use super::keep_bits::{draw_keep_bits, dropout_mask_words};
@@ -259,33 +259,38 @@ impl FusedBackward {
     ///
     /// `a` is the host CSR of the graph the workspace was made for.
     ///
-    /// Errors: [`Error::InvalidArgument`] when `a` is not that graph's size,
-    /// [`Error::LengthMismatch`] when `order` is not over its rows, out of memory.
+    /// Errors: [`Error::InvalidArgument`] when `a`'s rows, split rows or split columns are not
+    /// that graph's, [`Error::LengthMismatch`] when `order` is not over its rows, out of memory.
     pub fn set_row_order(&mut self, gpu: &Gpu, a: &Csr, order: Option<&Permutation>) -> Result<()> {
         let Some(order) = order else {
             self.unit_order = [None, None];
             return Ok(());
         };
-        if a.n_rows() != self.sized_for[0] {
+        let mut lens = alloc::try_with_capacity::<u32>(a.n_rows(), "row lengths")?;
+        lens.extend(a.row_offsets().windows(2).map(|w| w[1] - w[0]));
+        let mut col_lens = alloc::try_filled::<u32>(a.n_cols(), 0, "column lengths")?;
+        for &c in a.col_indices() {
+            // A valid CSR's columns are < n_cols.
+            col_lens[c as usize] += 1;
+        }
+        let ([a_parts, a_split], [t_parts, t_split]) = (
+            split_units(&lens, UNIT_CHUNK),
+            split_units(&col_lens, UNIT_CHUNK),
+        );
+        let sizes = [a.n_rows(), a_parts, a_split, t_parts, t_split];
+        if sizes != self.sized_for {
             return Err(Error::InvalidArgument {
                 what: "row order's graph",
                 why: format!(
-                    "has {} rows; the workspace was made for {}",
-                    a.n_rows(),
-                    self.sized_for[0]
+                    "has [rows, partials, split rows, transpose's partials, split rows] {sizes:?}; \
+                     the workspace was made for {:?}",
+                    self.sized_for
                 ),
             });
         }
-        let mut lens = alloc::try_with_capacity::<u32>(a.n_rows(), "row lengths")?;
-        lens.extend(a.row_offsets().windows(2).map(|w| w[1] - w[0]));
         let rows = units_in_row_order(&lens, UNIT_CHUNK, order)?;
         let cols = if a.n_cols() == a.n_rows() {
-            let mut lens = alloc::try_filled::<u32>(a.n_cols(), 0, "column lengths")?;
-            for &c in a.col_indices() {
-                // A valid CSR's columns are < n_cols.
-                lens[c as usize] += 1;
-            }
-            Some(units_in_row_order(&lens, UNIT_CHUNK, order)?)
+            Some(units_in_row_order(&col_lens, UNIT_CHUNK, order)?)
         } else {
             None
         };
@@ -300,7 +305,8 @@ impl FusedBackward {
     /// [`new`](Self::new) for `graph` (its CSR and transpose), walking the passes' units in
     /// the row order fused-csr's units run in for `reorder`
     /// ([`set_row_order`](Self::set_row_order); [`DeviceGraph::effective_reorder`] applied: a
-    /// graph seen once keeps its order, with no host work), chosen once per graph and order.
+    /// graph seen once keeps its order under [`Reorder::Auto`], with no host work), chosen once
+    /// per graph and order.
     ///
     /// Errors: as [`new`](Self::new) and [`set_row_order`](Self::set_row_order), and those of
     /// the graph's uploads.
