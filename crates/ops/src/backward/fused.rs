@@ -627,11 +627,11 @@ impl FusedBackward {
         // SAFETY: as the row pass, on Aᵀ's schedule, walk order and columns: Aᵀ's entries are
         // rows of A (< n_rows: Q, dOut and stats rows), its units' rows are columns of A
         // (< n_cols: K, V, dK, dV rows); partials and counters sized by `new` from Aᵀ's
-        // schedule. In the `_ef` kernel entry e's edge t_to_a[e] < nnz (the inverse of the edge map, a permutation of
-        // 0..nnz, nnz entries) selects the pair read from edge_sd (at least nnz × heads pairs,
-        // grown above and written by the row pass), the row written in the features' gradient
-        // where given (nnz × heads × head_dim, checked), and with dropout the bit
-        // t_to_a[e]*heads + head of keep (as the row pass).
+        // schedule. In the `_ef` kernel entry e's edge t_to_a[e] < nnz (the inverse of the edge
+        // map, a permutation of 0..nnz, nnz entries) selects the pair read from edge_sd (at
+        // least nnz × heads pairs, grown above and written by the row pass), the row written in
+        // the features' gradient where given (nnz × heads × head_dim, checked), and with
+        // dropout the bit t_to_a[e]*heads + head of keep (as the row pass).
         unsafe { launch(name, &mut args, cfg) }?;
         let (Some(b), Some(db)) = (bias, d_bias) else {
             return Ok(());

@@ -211,12 +211,13 @@ pub fn gat_fused_backward<T: DType>(
     let cfg = row_grid(a_rows.len(), heads, g, GAT_THREADS)?;
     // SAFETY: the kernel reads A's schedule (n_units units, starts n_units + 1, slots and
     // partials per unit, first partials per split row + 1; built with the CSR; no walk order:
-    // units as numbered) and col_indices[starts[u]..starts[u+1]) ⊂ [0, nnz); x rows col_indices[e] < n_cols and dOut
-    // rows < n_rows, each heads·head_dim (shapes checked), in vectors of `vec` inside a head;
-    // a_dst at (row, head) < n_rows·heads, a_src at (col, head) < n_cols·heads and the bias at
-    // (e, head) < nnz·heads (checked). It writes stats and d_dst at (row, head) <
-    // n_rows·heads (stats 2 floats each), partials at (part, head) < a_n_parts·heads (5 floats)
-    // and counters at (split row, head) < a_split·heads, all sized above.
+    // units as numbered) and col_indices[starts[u]..starts[u+1]) ⊂ [0, nnz); x rows
+    // col_indices[e] < n_cols and dOut rows < n_rows, each heads·head_dim (shapes checked), in
+    // vectors of `vec` inside a head; a_dst at (row, head) < n_rows·heads, a_src at (col, head)
+    // < n_cols·heads and the bias at (e, head) < nnz·heads (checked). It writes stats and d_dst
+    // at (row, head) < n_rows·heads (stats 2 floats each), partials at (part, head) <
+    // a_n_parts·heads (5 floats) and counters at (split row, head) < a_split·heads, all sized
+    // above.
     unsafe { launch(name, &mut args, cfg) }?;
 
     // Column pass over Aᵀ.
