@@ -254,8 +254,9 @@ impl FusedBackward {
     /// order of A's columns; `None` restores the graph's order. With a locality order (the
     /// one fused-csr's forward runs in) the rows in flight at one time are graph neighbours,
     /// whose K/V rows (Q/dOut rows in the column pass) the gathers then find in L2. The
-    /// results are the same in any order, bit for bit (every sum's order is the unit's and the
-    /// schedule's, not the walk's).
+    /// results are the same in any order, bit for bit, for finite inputs (every sum's order is
+    /// the unit's and the schedule's, not the walk's; only the padding steps a warp's shorter
+    /// units run depend on which units share the warp, and they add 0 · a finite value).
     ///
     /// `a` is the host CSR of the graph the workspace was made for.
     ///
