@@ -358,7 +358,10 @@ def _run_gatv2(r, gen, g, dtype, heads, dim):
         a, b, c = (_leaf(t, torch.float64) for t in (xl, xr, att))
         f = _leaf(feats, torch.float64) if feats is not None else None
         z = a[col] + b[rows] + (f if f is not None else 0.0)
-        s = (_leaky(z, slope) * c).sum(-1)
+        # The LeakyReLU's side is the kernels' f32 sum's, as for GAT above.
+        z32 = a.detach().float()[col] + b.detach().float()[rows]
+        pos = (z32 + f.detach().float() if f is not None else z32) >= 0
+        s = (torch.where(pos, z, slope * z) * c).sum(-1)
         p = edge_softmax(s, rows, n)
         out = aggregate(p, a, col, rows, n)
         dyd = dy.to(DEV).double()
@@ -366,8 +369,9 @@ def _run_gatv2(r, gen, g, dtype, heads, dim):
         grads = [a.grad, b.grad, c.grad] + ([f.grad] if f is not None else [])
         t = _score_terms(p.detach(), 1.0, a.detach()[col], dyd, rows, n)
         z = z.detach()
-        dz = _terms(t, c.detach() * torch.where(z >= 0, 1.0, slope))  # the terms of dx_r
-        floors = {"dxl": dz, "dxr": dz, "dfeatures": dz, "datt": _terms(t, _leaky(z, slope))}
+        dz = _terms(t, c.detach() * torch.where(pos, 1.0, slope))  # the terms of dx_r
+        zl = torch.where(pos, z, slope * z)
+        floors = {"dxl": dz, "dxr": dz, "dfeatures": dz, "datt": _terms(t, zl)}
         return out.detach(), grads, floors
 
     names = ["dxl", "dxr", "datt"] + (["dfeatures"] if feats is not None else [])
