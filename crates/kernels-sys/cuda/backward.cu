@@ -540,9 +540,7 @@ struct Units {
 };
 
 // The unit walked i-th (i < n).
-__device__ __forceinline__ u64 unit_at(const Units& un, u64 i) {
-    return un.order == nullptr ? i : __ldg(un.order + i);
-}
+__device__ __forceinline__ u64 unit_at(const Units& un, u64 i) { return walk_unit(un.order, i); }
 
 // A walk in step's unit-head uh (< total), or, for a group past its last one (act false), the
 // last unit-head with no edges, which the pass walks in step and stores nothing for.

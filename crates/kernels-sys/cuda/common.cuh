@@ -124,6 +124,12 @@ __device__ __forceinline__ u64 grid_groups(u32 g) {
     return ((u64)gridDim.x * blockDim.x) >> (__ffs(g) - 1);
 }
 
+// The unit a grid walks i-th: order[i], or i where order is null (units as numbered). A
+// locality order of the rows keeps the rows gathered at one time in L2.
+__device__ __forceinline__ u64 walk_unit(const u32* order, u64 i) {
+    return order == nullptr ? i : __ldg(order + i);
+}
+
 // i / n, with i - (i / n) * n in `rem`, for an index i < total: no division when n == 1, a 32-bit
 // one when total fits 32 bits (a branch uniform across the grid), the 64-bit one otherwise.
 __device__ __forceinline__ u64 split_index(u64 i, u32 n, u64 total, u32& rem) {

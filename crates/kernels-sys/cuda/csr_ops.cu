@@ -282,7 +282,9 @@ extern "C" __global__ void edge_softmax_csr_long_rows(const u32* __restrict__ ro
 // with dW = <dOut_i, x_j> and D_i = <dOut_i, out_i> (the forward's output), sums d_dst per row
 // and writes dS in A^T's order (and A's, the bias's gradient, where asked). Every pass is shaped
 // like spmm_csr: units of at most UNIT_CHUNK edges, four edges in flight, split rows' partials
-// added in order by spmm_csr_finalize (or gat_row_stats_finalize): no float atomics.
+// added in order by spmm_csr_finalize (or gat_row_stats_finalize): no float atomics. The passes
+// walk their units in `order` where given (walk_unit: a locality order of the rows, whose
+// gathered rows then meet in L2); every sum keeps its unit's order, so the bits do not change.
 //
 // Head lanes: a head's head_dim / VEC vectors sit on hl consecutive lanes (hl a power of two,
 // at most 32; lanes past head_dim idle), a group of g lanes holds g / hl heads and blockIdx.y
@@ -312,6 +314,7 @@ __device__ __forceinline__ GatLanes gat_lanes(u32 g, u32 hl, u32 heads, u32 head
 extern "C" __global__ void gat_row_stats_csr(const u32* __restrict__ unit_rows,
                                              const u32* __restrict__ unit_starts,
                                              const u32* __restrict__ unit_parts, u32 n_units,
+                                             const u32* __restrict__ order,
                                              const u32* __restrict__ col_indices, u32 heads,
                                              u32 g, u32 hl, SPATTN_GAT_SCORES_ARGS,
                                              float* __restrict__ lse,
@@ -320,7 +323,8 @@ extern "C" __global__ void gat_row_stats_csr(const u32* __restrict__ unit_rows,
     const u32 mask = group_mask(g), k = lane_id() & (hl - 1u);
     const GatLanes ln = gat_lanes<1>(g, hl, heads, hl);
     const u64 group = grid_group(g), groups = grid_groups(g);
-    for (u64 u = group; u < n_units; u += groups) {
+    for (u64 i = group; i < n_units; i += groups) {
+        const u64 u = walk_unit(order, i);
         const u32 row = unit_rows[u], start = unit_starts[u], end = unit_starts[u + 1];
         const float ad = __ldg(sc.a_dst + (u64)row * heads + ln.h);
         float m = SPATTN_NEG_INF, l = 0.0f;
@@ -445,11 +449,11 @@ extern "C" __global__ void dropout_keep_bits(u64 n, u32 heads, const u32* __rest
 template <class T, int VEC, bool TRANSPOSED, bool DROP>
 __device__ __forceinline__ void gat_aggregate(
     const u32* __restrict__ unit_rows, const u32* __restrict__ unit_starts,
-    const u32* __restrict__ unit_parts, u32 n_units, const u32* __restrict__ entries,
-    const u32* __restrict__ t_to_a, const T* __restrict__ rows, u32 heads, u32 head_dim, u32 g,
-    u32 hl, const GatScores& sc, const u32* __restrict__ keep, const float* __restrict__ lse,
-    const float* __restrict__ ds_t, T* __restrict__ out, float* __restrict__ d_src,
-    float* __restrict__ scratch, float* __restrict__ scratch_src) {
+    const u32* __restrict__ unit_parts, u32 n_units, const u32* __restrict__ order,
+    const u32* __restrict__ entries, const u32* __restrict__ t_to_a, const T* __restrict__ rows,
+    u32 heads, u32 head_dim, u32 g, u32 hl, const GatScores& sc, const u32* __restrict__ keep,
+    const float* __restrict__ lse, const float* __restrict__ ds_t, T* __restrict__ out,
+    float* __restrict__ d_src, float* __restrict__ scratch, float* __restrict__ scratch_src) {
     const GatLanes ln = gat_lanes<VEC>(g, hl, heads, head_dim);
     if (!ln.on) return;  // no shuffles here: idle lanes can leave
     const u64 hd = (u64)heads * head_dim;
@@ -458,7 +462,8 @@ __device__ __forceinline__ void gat_aggregate(
     const float* other = TRANSPOSED ? sc.a_dst : sc.a_src;
     const bool by_edge = TRANSPOSED && t_to_a != nullptr;
     const u64 group = grid_group(g), groups = grid_groups(g);
-    for (u64 u = group; u < n_units; u += groups) {
+    for (u64 i = group; i < n_units; i += groups) {
+        const u64 u = walk_unit(order, i);
         const u32 r = unit_rows[u], start = unit_starts[u], end = unit_starts[u + 1];
         const float a_own = __ldg(own + (u64)r * heads + ln.h);
         const float lse_own = TRANSPOSED ? 0.0f : __ldg(lse + (u64)r * heads + ln.h);
@@ -537,12 +542,12 @@ __device__ __forceinline__ void gat_aggregate(
 template <class T, int VEC, bool DROP>
 __device__ __forceinline__ void gat_grad_rows(
     const u32* __restrict__ unit_rows, const u32* __restrict__ unit_starts,
-    const u32* __restrict__ unit_parts, u32 n_units, const u32* __restrict__ col_indices,
-    const u32* __restrict__ a_to_t, const T* __restrict__ x, const T* __restrict__ out,
-    const T* __restrict__ d_out, u32 heads, u32 head_dim, u32 g, u32 hl, const GatScores& sc,
-    const u32* __restrict__ keep, const float* __restrict__ lse, float* __restrict__ ds_t,
-    float* __restrict__ d_bias,
-    float* __restrict__ d_dst, float* __restrict__ scratch_dst) {
+    const u32* __restrict__ unit_parts, u32 n_units, const u32* __restrict__ order,
+    const u32* __restrict__ col_indices, const u32* __restrict__ a_to_t, const T* __restrict__ x,
+    const T* __restrict__ out, const T* __restrict__ d_out, u32 heads, u32 head_dim, u32 g, u32 hl,
+    const GatScores& sc, const u32* __restrict__ keep, const float* __restrict__ lse,
+    float* __restrict__ ds_t, float* __restrict__ d_bias, float* __restrict__ d_dst,
+    float* __restrict__ scratch_dst) {
     constexpr bool STEP = sizeof(T) == 2;
     const u32 mask = group_mask(g);
     const GatLanes ln = gat_lanes<VEC>(g, hl, heads, head_dim);
@@ -553,7 +558,7 @@ __device__ __forceinline__ void gat_grad_rows(
         return STEP ? warp_groups_sum(v, hl) : group_sum(v, mask, hl);
     };
     for (u64 ug = group; warp_more<STEP>(ug, n_units); ug += groups) {
-        const u64 u = ug < n_units ? ug : n_units - 1u;
+        const u64 u = walk_unit(order, ug < n_units ? ug : n_units - 1u);
         const u32 r = unit_rows[u], start = unit_starts[u];
         const u32 end = ug < n_units ? unit_starts[u + 1] : start;
         // A step's indices are loaded during the step before (the first step's before the
@@ -672,33 +677,35 @@ __device__ __forceinline__ void gat_grad_rows(
 #define SPATTN_GAT_ROWS_K(SUFFIX, T, VEC, DROP, D, GB)                                             \
     extern "C" __global__ void gat_aggregate##D##_csr_##SUFFIX##_v##VEC(                           \
         const u32* unit_rows, const u32* unit_starts, const u32* unit_parts, u32 n_units,          \
-        const u32* col_indices, const T* x, u32 heads, u32 head_dim, u32 g, u32 hl,                \
-        SPATTN_GAT_SCORES_ARGS, const u32* keep, const float* lse, T* out, float* scratch) {       \
+        const u32* order, const u32* col_indices, const T* x, u32 heads, u32 head_dim, u32 g,      \
+        u32 hl, SPATTN_GAT_SCORES_ARGS, const u32* keep, const float* lse, T* out,                 \
+        float* scratch) {                                                                          \
         const GatScores sc = SPATTN_GAT_SCORES;                                                    \
-        gat_aggregate<T, VEC, false, DROP>(unit_rows, unit_starts, unit_parts, n_units,            \
+        gat_aggregate<T, VEC, false, DROP>(unit_rows, unit_starts, unit_parts, n_units, order,     \
                                            col_indices, nullptr, x, heads, head_dim, g, hl, sc,    \
                                            keep, lse, nullptr, out, nullptr, scratch, nullptr);    \
     }                                                                                              \
     extern "C" __global__ void gat_aggregate_t##D##_csr_##SUFFIX##_v##VEC(                         \
         const u32* unit_rows, const u32* unit_starts, const u32* unit_parts, u32 n_units,          \
-        const u32* row_indices, const u32* t_to_a, const T* d_out, u32 heads, u32 head_dim,        \
-        u32 g, u32 hl, SPATTN_GAT_SCORES_ARGS, const u32* keep, const float* lse,                  \
+        const u32* order, const u32* row_indices, const u32* t_to_a, const T* d_out, u32 heads,    \
+        u32 head_dim, u32 g, u32 hl, SPATTN_GAT_SCORES_ARGS, const u32* keep, const float* lse,    \
         const float* ds_t, T* dx, float* d_src, float* scratch, float* scratch_src) {              \
         const GatScores sc = SPATTN_GAT_SCORES;                                                    \
-        gat_aggregate<T, VEC, true, DROP>(unit_rows, unit_starts, unit_parts, n_units,             \
+        gat_aggregate<T, VEC, true, DROP>(unit_rows, unit_starts, unit_parts, n_units, order,      \
                                           row_indices, t_to_a, d_out, heads, head_dim, g, hl,      \
                                           sc, keep, lse, ds_t, dx, d_src, scratch,                 \
                                           scratch_src);                                            \
     }                                                                                              \
     extern "C" __global__ void GB gat_grad_rows##D##_csr_##SUFFIX##_v##VEC(                        \
         const u32* unit_rows, const u32* unit_starts, const u32* unit_parts, u32 n_units,          \
-        const u32* col_indices, const u32* a_to_t, const T* x, const T* out, const T* d_out,       \
-        u32 heads, u32 head_dim, u32 g, u32 hl, SPATTN_GAT_SCORES_ARGS, const u32* keep,           \
-        const float* lse, float* ds_t, float* d_bias, float* d_dst, float* scratch_dst) {          \
+        const u32* order, const u32* col_indices, const u32* a_to_t, const T* x, const T* out,     \
+        const T* d_out, u32 heads, u32 head_dim, u32 g, u32 hl, SPATTN_GAT_SCORES_ARGS,            \
+        const u32* keep, const float* lse, float* ds_t, float* d_bias, float* d_dst,               \
+        float* scratch_dst) {                                                                      \
         const GatScores sc = SPATTN_GAT_SCORES;                                                    \
-        gat_grad_rows<T, VEC, DROP>(unit_rows, unit_starts, unit_parts, n_units, col_indices,      \
-                                    a_to_t, x, out, d_out, heads, head_dim, g, hl, sc, keep,       \
-                                    lse, ds_t, d_bias, d_dst, scratch_dst);                        \
+        gat_grad_rows<T, VEC, DROP>(unit_rows, unit_starts, unit_parts, n_units, order,            \
+                                    col_indices, a_to_t, x, out, d_out, heads, head_dim, g, hl,    \
+                                    sc, keep, lse, ds_t, d_bias, d_dst, scratch_dst);              \
     }
 #define SPATTN_GAT_ROWS(SUFFIX, T, VEC, GB)                                                        \
     SPATTN_GAT_ROWS_K(SUFFIX, T, VEC, false, , GB)                                                 \

@@ -28,7 +28,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use spattn_formats::Csr;
+use spattn_formats::{alloc, Csr, Permutation};
 use spattn_kernels_sys::CSR_OPS;
 
 use crate::buffer::{grown, DeviceMatrix, DeviceVec, Scratch};
@@ -43,7 +43,7 @@ use crate::launch::{
 use crate::launch::{
     check_operands, edge_softmax_fns, LaunchConfig, Op, PushKernelArg, SoftmaxArgs, SparseOperand,
 };
-use crate::schedule::{group_for, vector_width, RowUnits, SoftmaxSchedule};
+use crate::schedule::{group_for, units_in_row_order, vector_width, RowUnits, SoftmaxSchedule};
 use crate::shape::Shape;
 
 /// Threads per block of the CSR kernels.
@@ -233,6 +233,95 @@ impl CsrSchedule {
             + self.long_rows.allocated_bytes()
             + self.scratch.num_bytes()
     }
+}
+
+/// The order the passes over a graph's CSR units walk them in: A's units (rows) and Aᵀ's
+/// (columns), as [`crate::schedule::RowUnits`] numbers them with [`UNIT_CHUNK`]-edge units. A
+/// locality order of the rows (fused-csr's, [`DeviceGraph::unit_walk`]) keeps the rows in flight
+/// at one time graph neighbours, so the rows they gather meet in L2; every sum keeps its unit's
+/// order, so results are the same bits in any walk. [`Default`]: units as numbered (the graph's
+/// own row order), with no device memory.
+///
+/// [`DeviceGraph::unit_walk`]: crate::graph::DeviceGraph::unit_walk
+#[derive(Debug, Default)]
+pub struct UnitWalk {
+    /// A's units in the walk's order (a permutation of them), or `None`: as numbered.
+    rows: Option<DeviceVec<u32>>,
+    /// Aᵀ's units with A's columns in the same order (square graphs), or `None`: as numbered.
+    cols: Option<DeviceVec<u32>>,
+}
+
+impl UnitWalk {
+    /// The walk of the units of a graph whose rows have `lens` edges and whose columns
+    /// `col_lens`, rows (and, on a square graph, columns) taken in `order`.
+    ///
+    /// Errors: [`Error::LengthMismatch`] when `order` is not over the rows, out of memory.
+    pub(crate) fn in_row_order(
+        gpu: &Gpu,
+        lens: &[u32],
+        col_lens: &[u32],
+        order: &Permutation,
+    ) -> Result<Self> {
+        let rows = units_in_row_order(lens, UNIT_CHUNK, order)?;
+        let cols = if col_lens.len() == lens.len() {
+            Some(units_in_row_order(col_lens, UNIT_CHUNK, order)?)
+        } else {
+            None
+        };
+        let upload = |v: &[u32]| DeviceVec::from_host_named(gpu, "unit walk", v);
+        Ok(Self {
+            rows: Some(upload(&rows)?),
+            cols: cols.as_deref().map(upload).transpose()?,
+        })
+    }
+
+    /// The walk of A's `n_units` units (`None`: as numbered).
+    ///
+    /// Errors: [`Error::LengthMismatch`] when the walk lists another number of units (made
+    /// for another graph).
+    pub(crate) fn rows(&self, n_units: usize) -> Result<Option<&DeviceVec<u32>>> {
+        checked_walk(self.rows.as_ref(), n_units)
+    }
+
+    /// The walk of Aᵀ's `n_units` units, as [`rows`](Self::rows).
+    pub(crate) fn cols(&self, n_units: usize) -> Result<Option<&DeviceVec<u32>>> {
+        checked_walk(self.cols.as_ref(), n_units)
+    }
+
+    /// Bytes of device memory the walk holds.
+    pub fn device_bytes(&self) -> usize {
+        [&self.rows, &self.cols]
+            .into_iter()
+            .flatten()
+            .map(DeviceVec::allocated_bytes)
+            .sum()
+    }
+}
+
+/// `walk` where it lists `n_units` units (each a unit index below that: a permutation).
+fn checked_walk(walk: Option<&DeviceVec<u32>>, n_units: usize) -> Result<Option<&DeviceVec<u32>>> {
+    match walk {
+        Some(w) if w.len() != n_units => Err(Error::LengthMismatch {
+            what: "unit walk",
+            expected: n_units,
+            actual: w.len(),
+        }),
+        w => Ok(w),
+    }
+}
+
+/// Each row's and each column's edge count: the lengths [`crate::schedule::RowUnits`] cuts.
+///
+/// Errors: out of host memory.
+pub(crate) fn row_and_column_lens(a: &Csr) -> Result<(Vec<u32>, Vec<u32>)> {
+    let mut lens = alloc::try_with_capacity::<u32>(a.n_rows(), "row lengths")?;
+    lens.extend(a.row_offsets().windows(2).map(|w| w[1] - w[0]));
+    let mut col_lens = alloc::try_filled::<u32>(a.n_cols(), 0, "column lengths")?;
+    for &c in a.col_indices() {
+        // A valid CSR's columns are < n_cols.
+        col_lens[c as usize] += 1;
+    }
+    Ok((lens, col_lens))
 }
 
 impl SparseOperand for DeviceCsr {

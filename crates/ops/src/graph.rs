@@ -40,6 +40,7 @@ use spattn_formats::{Csr, DegreeStats, Reorder, RowOrder};
 
 use crate::backward::DeviceTranspose;
 use crate::buffer::{DeviceMatrix, DeviceVec};
+use crate::csr_ops::UnitWalk;
 use crate::device_bsb::{DeviceBsb, OrderedBsb};
 use crate::device_csr::DeviceCsr;
 use crate::device_mebcrs::DeviceMeBcrs;
@@ -153,6 +154,9 @@ pub struct DeviceGraph {
     bsb: Mutex<Vec<(Reorder, Arc<OrderedBsb>)>>,
     /// The row orders fused-csr's units and the fused backward's passes walk, per order asked.
     csr_orders: Mutex<Vec<(Reorder, Arc<RowOrder>)>>,
+    /// The walks of A's and Aᵀ's units in those orders (the fused backward's passes, GAT's rows
+    /// kernels), per order asked.
+    unit_walks: Mutex<Vec<(Reorder, Arc<UnitWalk>)>>,
     /// Held while a lazily built upload is made (so two threads never make the same one).
     building: Mutex<()>,
     /// The temporaries of the builds on the device (shared with the graphs built beside it);
@@ -208,6 +212,7 @@ impl DeviceGraph {
             mebcrs: Mutex::new(Vec::new()),
             bsb: Mutex::new(Vec::new()),
             csr_orders: Mutex::new(Vec::new()),
+            unit_walks: Mutex::new(Vec::new()),
             building: Mutex::new(()),
         }
     }
@@ -296,6 +301,7 @@ impl DeviceGraph {
             mebcrs: Mutex::new(Vec::new()),
             bsb: Mutex::new(Vec::new()),
             csr_orders: Mutex::new(Vec::new()),
+            unit_walks: Mutex::new(Vec::new()),
             building: Mutex::new(()),
             workspace: Some(workspace.clone()),
         };
@@ -610,6 +616,31 @@ impl DeviceGraph {
         })
     }
 
+    /// The order the passes over A's and Aᵀ's CSR units (the fused backward's, GAT's rows
+    /// kernels') walk them in for a plan asking for `reorder`: fused-csr's row order
+    /// ([`effective_reorder`](Self::effective_reorder) applied: a graph seen once keeps its
+    /// order under [`Reorder::Auto`], with no host work), made on first use and kept, so that
+    /// the forward's and the backward's passes choose it once. The walk changes where the
+    /// passes' gathers hit, not their results.
+    ///
+    /// Errors: those of choosing the order (the host CSR's download for a graph built on the
+    /// device) and of the upload.
+    pub fn unit_walk(&self, reorder: Reorder) -> Result<Arc<UnitWalk>> {
+        let reorder = self.effective_reorder(reorder);
+        if reorder == Reorder::None {
+            return Ok(Arc::default());
+        }
+        // Chosen before the walk's cache entry (both caches hold `building` while they make).
+        let order = self.csr_order(reorder)?;
+        self.cached(&self.unit_walks, reorder, || match &order.permutation {
+            Some(p) => {
+                let (lens, col_lens) = csr_ops::row_and_column_lens(self.host()?)?;
+                UnitWalk::in_row_order(&self.gpu, &lens, &col_lens, p)
+            }
+            None => Ok(UnitWalk::default()),
+        })
+    }
+
     /// Whether `engine` can run on this graph's GPU.
     pub fn supports(&self, engine: Engine) -> bool {
         match engine {
@@ -634,6 +665,10 @@ impl DeviceGraph {
                 .map(|(_, b)| b.device_bytes())
                 .sum::<usize>()
             + self.transpose_bsb.get().map_or(0, |b| b.device_bytes())
+            + lock(&self.unit_walks)
+                .iter()
+                .map(|(_, w)| w.device_bytes())
+                .sum::<usize>()
     }
 
     /// Elements of `heads` values per edge in `layout`.

@@ -6,9 +6,11 @@
 use half::{bf16, f16};
 use rand::Rng;
 use rand_pcg::Pcg64;
-use spattn_formats::Csr;
+use spattn_formats::{Csr, Reorder};
 use spattn_ops::backward::{self, DeviceSum, DeviceTranspose};
 use spattn_ops::cpu::{self, rel_l2_error};
+use spattn_ops::csr_ops::UnitWalk;
+use spattn_ops::graph::DeviceGraph;
 use spattn_ops::{DType, DeviceCsr, DeviceMatrix, DeviceVec, Gpu, Shape};
 use spattn_test_support::*;
 
@@ -686,7 +688,9 @@ enum GatPath {
 /// widest heads they take (256 f16, 128 f32, 31 odd) and one they refuse, dropout (the
 /// backward's mask drawn again, or kept from the forward on the second run; refused without
 /// one), and a graph without edges: the forward within
-/// T's tolerance of the f64 layer, the gradients of the f64 reference, two runs bitwise equal.
+/// T's tolerance of the f64 layer, the gradients of the f64 reference, two runs bitwise equal
+/// (the second walking the units in a degree order of the rows, and of the columns where
+/// square: the same bits in any walk).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn gat_rows_forward_and_backward_match_the_f64_reference_and_rerun_bitwise() {
@@ -728,9 +732,10 @@ fn gat_rows_forward_and_backward_match_the_f64_reference_and_rerun_bitwise() {
 }
 
 /// GAT's backward by `path` (the rows kernels with fresh NaN-filled workspaces, the dropout
-/// mask drawn again or `kept` from the forward; `out` read by them only).
+/// mask drawn again or `kept` from the forward, their units walked in `walk`'s order; `out`
+/// read by them only).
 fn gat_backward_by<T: DType>(
-    (path, kept): (GatPath, Option<&DeviceVec<u32>>),
+    (path, kept, walk): (GatPath, Option<&DeviceVec<u32>>, &UnitWalk),
     gpu: &Gpu,
     graph: (&DeviceCsr, &DeviceTranspose),
     terms: backward::GatScoreTerms<'_>,
@@ -750,7 +755,7 @@ fn gat_backward_by<T: DType>(
                 .map(|_| mask_vec(gpu, graph.0.nnz(), heads, copies));
             let bits = backward::KeepBits::of(kept, mask.as_mut());
             let ws = (backward::RowStats::Recompute(&mut lse), &mut ds, bits);
-            backward::gat_backward_rows(gpu, graph, terms, (x, out, d_out), ws, grads)
+            backward::gat_backward_rows(gpu, graph, walk, terms, (x, out, d_out), ws, grads)
         }
     }
 }
@@ -828,6 +833,11 @@ fn gat_case<T: DType>(
         DeviceCsr::upload(gpu, a).unwrap(),
         DeviceTranspose::upload(gpu, a).unwrap(),
     );
+    // A walk of the units in another row order (the graph's own numbering is the default).
+    let walk = DeviceGraph::new(gpu, a.clone())
+        .unit_walk(Reorder::Degree)
+        .unwrap();
+    let numbered = UnitWalk::default();
     let per = |rows| Shape::new(rows, heads, 1).unwrap();
     let xd = DeviceMatrix::from_host(gpu, sx, &x).unwrap();
     let dd = DeviceMatrix::from_host(gpu, so, &d).unwrap();
@@ -867,12 +877,33 @@ fn gat_case<T: DType>(
         out_d.fill_nan().unwrap();
         let mut lse = nan_vec(gpu, n * heads);
         let ws = (&mut lse, fwd_mask.as_mut());
-        backward::gat_forward_rows(gpu, &a_dev, terms, &xd, ws, &mut out_d).unwrap();
+        backward::gat_forward_rows(gpu, (&a_dev, &walk), terms, &xd, ws, &mut out_d).unwrap();
+        let walked = out_d.to_host().unwrap();
+        let ws = (&mut lse, fwd_mask.as_mut());
+        backward::gat_forward_rows(gpu, (&a_dev, &numbered), terms, &xd, ws, &mut out_d).unwrap();
+        let bits = |v: &[T]| v.iter().map(|x| x.to_f64().to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&walked),
+            bits(&out_d.to_host().unwrap()),
+            "forward's walk"
+        );
+        // A walk of another graph's units (two rows: two units) is refused, naming it.
+        let two = Csr::from_edges(2, 2, &[(1, 0), (1, 1)]).unwrap();
+        let foreign = DeviceGraph::new(gpu, two)
+            .unit_walk(Reorder::Degree)
+            .unwrap();
+        if n > 2 {
+            let ws = (&mut lse, fwd_mask.as_mut());
+            let on = (&a_dev, &*foreign);
+            let e = backward::gat_forward_rows(gpu, on, terms, &xd, ws, &mut out_d);
+            assert!(format!("{}", e.unwrap_err()).contains("unit walk"));
+        }
         if dropout.is_some() {
             // Without its mask workspace, dropout is refused, naming it (a graph without edges
             // has no mask to draw: it takes none).
             let ws = (&mut lse, None);
-            let e = backward::gat_forward_rows(gpu, &a_dev, terms, &xd, ws, &mut out_d);
+            let on = (&a_dev, &numbered);
+            let e = backward::gat_forward_rows(gpu, on, terms, &xd, ws, &mut out_d);
             match nnz {
                 0 => e.unwrap(),
                 _ => assert!(format!("{}", e.unwrap_err()).contains("dropout mask")),
@@ -892,7 +923,7 @@ fn gat_case<T: DType>(
                 .sum();
         }
     }
-    let run = |kept: Option<&DeviceVec<u32>>| {
+    let run = |kept: Option<&DeviceVec<u32>>, walk: &UnitWalk| {
         let mut dx = DeviceMatrix::<T>::zeros(gpu, sx).unwrap();
         dx.fill_nan().unwrap();
         let mut d_dst = DeviceMatrix::<f32>::zeros(gpu, per(n)).unwrap();
@@ -907,7 +938,7 @@ fn gat_case<T: DType>(
             d_bias: d_bias.as_mut(),
         };
         let io = (&xd, &out_d, &dd);
-        let done = gat_backward_by((path, kept), gpu, (&a_dev, &t), terms, io, grads);
+        let done = gat_backward_by((path, kept, walk), gpu, (&a_dev, &t), terms, io, grads);
         done.map(|()| {
             (
                 dx.to_host().unwrap(),
@@ -918,11 +949,11 @@ fn gat_case<T: DType>(
         })
     };
     if !supported {
-        let e = run(None).unwrap_err();
+        let e = run(None, &numbered).unwrap_err();
         assert!(format!("{e}").contains("head_dim"), "{e}");
         return;
     }
-    let first = run(None).unwrap();
+    let first = run(None, &numbered).unwrap();
     let what = format!("{} {heads}x{head_dim} n={n} nnz={nnz}", T::NAME);
     let (dx, d_dst, d_src, d_bias) = &first;
     let dx: Vec<f32> = dx.iter().map(|v| v.to_f32()).collect();
@@ -987,11 +1018,12 @@ fn gat_case<T: DType>(
         };
         check(&format!("d_bias {what}"), db, &db64, tol);
     }
-    // The rows kernels' second run reads the forward's kept mask: the same bits as drawn again.
+    // The rows kernels' second run reads the forward's kept mask and walks the units in
+    // another order: the same bits as drawn again, in the numbered walk.
     let kept = (path == GatPath::Rows)
         .then_some(fwd_mask.as_ref())
         .flatten();
-    let second = run(kept).unwrap();
+    let second = run(kept, &walk).unwrap();
     assert!(
         first
             .0
@@ -1032,7 +1064,8 @@ fn gat_case<T: DType>(
             d_bias: None,
         };
         let io = (&xd, &out_d, &dd);
-        let e = gat_backward_by((path, None), gpu, (&a_dev, &t), terms, io, grads).unwrap_err();
+        let by = (path, None, &numbered);
+        let e = gat_backward_by(by, gpu, (&a_dev, &t), terms, io, grads).unwrap_err();
         assert!(format!("{e}").contains("d_bias"), "{e}");
     }
 }

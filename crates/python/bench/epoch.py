@@ -20,6 +20,10 @@ the peak of its own device memory pool over the same epoch (graph uploads and pl
 workspaces, which PyTorch's allocator does not see: ``spattn.memory_stats()``). The total is
 an upper bound of what spattn held at once.
 
+``--policy once`` fixes the graphs' plan policy (``spattn.Graph.policy``) so that a graph seen
+again keeps its row order: against the default (``auto``: switched to ``reuse`` at the second
+epoch) it measures what the row order buys.
+
 Where an epoch's time goes: ``--profile N`` profiles N more epochs of each case with
 torch.profiler and prints (and keeps in the JSON) the top kernels and host operators per epoch:
 
@@ -193,6 +197,10 @@ def run_case(impl, model, dtype, edge_index, x, y, state, args, spattn, edge_att
     net = net.to(dtype)
     xs = x.to(dtype)
     ei = edge_index
+    if base == "spattn" and args.policy != "auto":
+        # The layers' graphs (with and without self loops), their plan policy fixed.
+        for loops in (False, True):
+            spattn.nn.graph_for(ei, x.shape[0], self_loops=loops).policy = args.policy
     ea = edge_attr.to(dtype) if (edge_attr is not None and model.endswith("_edge")) else None
     opt = torch.optim.Adam(net.parameters(), lr=0.01)
     call = torch.compile(net, fullgraph=base == "spattn") if mode == "compile" else net
@@ -258,6 +266,9 @@ def main():
     ap.add_argument("--classes", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--policy", choices=("auto", "once", "reuse"), default="auto",
+                    help="spattn's graphs' plan policy: auto (as the layers find it: a graph seen "
+                         "again after a backward switches to reuse) or fixed once / reuse")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (a smoke test of the script)")
     ap.add_argument("--profile", type=int, default=0, metavar="EPOCHS",

@@ -2,12 +2,14 @@
 //! tensors (the contract is in the `graph` module's documentation), run on spattn's stream
 //! ordered with the caller's, and the graph built on a GPU from an edge list there.
 
+use std::sync::Arc;
+
 use spattn::ops::backward::{self as gpu_backward, GatBackward, GatForward, GatKernels};
 use spattn::ops::csr_ops::Gatv2Operands;
 use spattn::ops::device_plan::{BuildReport, DeviceEdges, DeviceIds, DeviceIndex, GraphSpec};
 use spattn::ops::{csr_ops, edge_extras};
 use spattn::ops::{ExternalMatrix, ExternalVec};
-use spattn::{AttentionPlan, BackwardKernels, DType, DeviceGraph, Dropout, Gpu, Shape};
+use spattn::{AttentionPlan, BackwardKernels, DType, DeviceGraph, Dropout, Gpu, Reorder, Shape};
 
 use crate::device;
 use crate::extras;
@@ -225,6 +227,11 @@ pub(crate) fn gat_forward_gpu<T: DType>(
             ExternalVec::<f32>::new_trusted(gpu, "bias", bias, if bias == 0 { 0 } else { edges })?;
         d.device.bridge.run(stream, || -> spattn::Result<()> {
             let a = d.graph.csr()?;
+            // A graph seen once walks its units as numbered (no host work).
+            let walk = match kernels {
+                GatKernels::Rows => d.graph.unit_walk(Reorder::Auto)?,
+                _ => Arc::default(),
+            };
             let terms = gpu_backward::GatScoreTerms {
                 a_dst: &a_dst,
                 a_src: &a_src,
@@ -236,6 +243,7 @@ pub(crate) fn gat_forward_gpu<T: DType>(
                 GatKernels::Rows => GatForward::Rows {
                     lse: &mut p,
                     mask: mask.as_deref_mut(),
+                    walk: &walk,
                 },
                 _ => GatForward::Composed(&mut p),
             };
@@ -355,6 +363,10 @@ pub(crate) fn gat_backward_gpu<T: DType>(
                 d_src: &mut da_src,
                 d_bias: (blen > 0).then_some(&mut *d_bias),
             };
+            let walk = match rows_ws {
+                Some(_) => d.graph.unit_walk(Reorder::Auto)?,
+                None => Arc::default(),
+            };
             let ws = match (&mut ws, &mut rows_ws, &out) {
                 (Some([s, p, dp]), _, _) => GatBackward::Composed([&mut **s, &mut **p, &mut **dp]),
                 (_, Some([ds, lse]), Some(out)) => GatBackward::Rows {
@@ -368,6 +380,7 @@ pub(crate) fn gat_backward_gpu<T: DType>(
                         kept_mask.as_deref(),
                         draw_mask.as_deref_mut(),
                     ),
+                    walk: &walk,
                 },
                 _ => GatBackward::Fused,
             };

@@ -608,11 +608,15 @@ impl GraphCore {
     /// `bias`: the address of `nnz × heads` values (f32 on CUDA, of `dtype` on the CPU) added to
     /// the scores before the LeakyReLU (GAT's edge features), 0 for none. `kernels` (CUDA):
     /// `"composed"` (the CSR ops) or `"rows"` (row statistics, no per-edge buffer: the
-    /// workspace then holds `n × heads` f32; [`gat_rows_supports`] heads).
+    /// workspace then holds `n × heads` f32; [`gat_rows_supports`] heads, their units walked
+    /// in fused-csr's row order once the graph is reused). `step`: whether the call may begin a
+    /// training step (as [`attention`](Self::attention)'s: a graph seen again after a backward
+    /// switches to the `reuse` policy).
     ///
     /// [`gat_rows_supports`]: spattn::ops::backward::gat_rows_supports
     #[pyo3(signature = (device, dtype, heads, dim, negative_slope, x, a_dst, a_src, out,
-                        workspace, stream, dropout = None, bias = 0, kernels = "composed"))]
+                        workspace, stream, dropout = None, bias = 0, kernels = "composed",
+                        step = true))]
     #[allow(clippy::too_many_arguments)]
     fn gat_forward(
         &self,
@@ -631,6 +635,7 @@ impl GraphCore {
         dropout: Option<(f64, u64, u64)>,
         bias: u64,
         kernels: &str,
+        step: bool,
     ) -> PyResult<()> {
         let dt = DTypeName::parse(dtype)?;
         let slope = check_slope(negative_slope)?;
@@ -652,6 +657,7 @@ impl GraphCore {
         }
         let kind = dt.device()?;
         let ordinal = device::ordinal(device)?;
+        self.reuse_if_seen_again(py, device, stream, step)?;
         let ptrs = [x, a_dst, a_src, out, workspace, bias];
         py.detach(|| -> spattn::Result<()> {
             let _restore = device::ContextGuard::save();

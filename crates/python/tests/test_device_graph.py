@@ -164,6 +164,31 @@ def test_policy_and_the_layers_graph_cache():
     assert spattn.nn.graph_for(other, 300).policy == "once"
 
 
+def test_gat_switches_a_graph_seen_again_and_walks_its_row_order_in_the_same_bits():
+    # A grid with scrambled ids: its locality order (RCM) brings neighbours together again, so
+    # the "reuse" plan walks GAT's units in an order other than the ids'.
+    side = 60
+    node = torch.randperm(side * side, generator=torch.Generator().manual_seed(5))
+    pairs = [(r * side + c, r * side + c + 1) for r in range(side) for c in range(side - 1)]
+    pairs += [(r * side + c, (r + 1) * side + c) for r in range(side - 1) for c in range(side)]
+    ei = node[torch.tensor(pairs).t()]
+    ei = torch.cat([ei, ei.flip(0)], dim=1).cuda()
+    torch.manual_seed(3)
+    conv = spattn.nn.GATConv(16, 8, heads=8).cuda()  # the row-statistics kernels
+    x = torch.randn(side * side, 16, device="cuda", requires_grad=True)
+    outs, grads = [], []
+    for _ in range(2):
+        out = conv(x, ei)
+        (gx,) = torch.autograd.grad(out.square().sum(), (x,))
+        outs.append(out.detach())
+        grads.append(gx)
+        if len(outs) == 1:
+            assert spattn.nn.graph_for(ei, side * side, self_loops=True).policy == "once"
+    assert spattn.nn.graph_for(ei, side * side, self_loops=True).policy == "reuse"
+    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(grads[0], grads[1])
+
+
 def test_a_graph_seen_again_switches_to_reuse_unless_its_policy_is_fixed():
     ei = random_edges(500, 6000, seed=13).cuda()
     q = torch.randn(500, 2, 16, device="cuda", dtype=torch.float16, requires_grad=True)

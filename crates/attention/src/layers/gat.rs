@@ -20,7 +20,8 @@
 //! gat_backward}` (the Python package's GAT goes through the same two functions) on the kernels
 //! `GatKernels::auto` picks: for four heads or more, or up to 2¹⁷ edges, the row-statistics
 //! kernels (no per-edge buffer of probabilities; the forward's `lse`, output and dropout mask
-//! kept for the backward), else the composed CSR ops.
+//! kept for the backward; their units walked in the graph's `DeviceGraph::unit_walk` for
+//! `Reorder::Auto`), else the composed CSR ops.
 
 use spattn_ops::backward::{
     self as gpu_backward, dropout_mask_words, GatBackward, GatForward, GatGrads, GatKernels,
@@ -37,6 +38,7 @@ use super::params::{
     Placement,
 };
 use crate::error::{Error, Result};
+use crate::Reorder;
 
 /// The shape of a [`GatConv`].
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -554,6 +556,7 @@ impl<T: GemmElement> GatConv<Device<T>> {
         };
         let mut agg = DeviceMatrix::zeros(gpu, shape)?;
         let lse = if GatKernels::auto::<T>(h, c, nnz, false, true) == GatKernels::Rows {
+            let walk = g.device().unit_walk(Reorder::Auto)?;
             let mut lse = DeviceVec::zeros(gpu, per_node.len())?;
             let mut mask = match &dropout {
                 Some(_) => Some(DeviceVec::zeros(gpu, dropout_mask_words(nnz, h)?)?),
@@ -562,6 +565,7 @@ impl<T: GemmElement> GatConv<Device<T>> {
             let ws = GatForward::Rows {
                 lse: &mut lse,
                 mask: mask.as_mut(),
+                walk: &walk,
             };
             gpu_backward::gat_forward(gpu, a, terms, &wh, ws, &mut agg)?;
             Some((lse, mask))
@@ -696,11 +700,13 @@ impl<T: GemmElement> GatConv<Device<T>> {
                     )?),
                     None => None,
                 };
+                let walk = g.device().unit_walk(Reorder::Auto)?;
                 let ws = GatBackward::Rows {
                     out,
                     lse: RowStats::Kept(lse),
                     ds: &mut ds_t,
                     mask: KeepBits::of(kept.as_ref(), mask.as_mut()),
+                    walk: &walk,
                 };
                 gpu_backward::gat_backward(gpu, (a, t), terms, io, ws, grads)?;
             }

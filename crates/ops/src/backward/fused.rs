@@ -67,11 +67,13 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use spattn_formats::{alloc, Csr, Permutation, Reorder};
+use std::sync::Arc;
+
+use spattn_formats::{Csr, Permutation, Reorder};
 use spattn_kernels_sys::BACKWARD;
 
 use crate::buffer::{grown, DeviceMatrix, DeviceVec};
-use crate::csr_ops::UNIT_CHUNK;
+use crate::csr_ops::{row_and_column_lens, UnitWalk, UNIT_CHUNK};
 use crate::device_csr::DeviceCsr;
 use crate::dropout::{Dropout, DropoutWords};
 use crate::dtype::DType;
@@ -83,7 +85,7 @@ use crate::launch::{
     blocks_for, check_same_gpu, kernel_named, launch, product, to_u32, LaunchArgs, LaunchConfig,
     PushKernelArg, PushOptionalArg,
 };
-use crate::schedule::{group_for, split_units, units_in_row_order, vector_width};
+use crate::schedule::{group_for, split_units, vector_width};
 use crate::shape::Shape;
 
 use super::keep_bits::{draw_keep_bits, dropout_mask_words};
@@ -201,10 +203,9 @@ pub struct FusedBackward {
     /// With dropout: the kept bits of A's elements (`edge · heads + head`), drawn by each
     /// run with dropout; grown by them.
     keep: Option<DeviceVec<u32>>,
-    /// The order each pass walks its units in, A's and Aᵀ's
-    /// ([`set_row_order`](Self::set_row_order)); `None`: the schedule's own (the graph's row
-    /// order).
-    unit_order: [Option<DeviceVec<u32>>; 2],
+    /// The order the passes walk their units in ([`set_row_order`](Self::set_row_order));
+    /// by default the schedule's own (the graph's row order).
+    walk: Arc<UnitWalk>,
 }
 
 impl FusedBackward {
@@ -245,7 +246,7 @@ impl FusedBackward {
             d_scale: DeviceSum::new(gpu)?,
             edge_sd: None,
             keep: None,
-            unit_order: [None, None],
+            walk: Arc::default(),
         })
     }
 
@@ -264,16 +265,10 @@ impl FusedBackward {
     /// that graph's, [`Error::LengthMismatch`] when `order` is not over its rows, out of memory.
     pub fn set_row_order(&mut self, gpu: &Gpu, a: &Csr, order: Option<&Permutation>) -> Result<()> {
         let Some(order) = order else {
-            self.unit_order = [None, None];
+            self.walk = Arc::default();
             return Ok(());
         };
-        let mut lens = alloc::try_with_capacity::<u32>(a.n_rows(), "row lengths")?;
-        lens.extend(a.row_offsets().windows(2).map(|w| w[1] - w[0]));
-        let mut col_lens = alloc::try_filled::<u32>(a.n_cols(), 0, "column lengths")?;
-        for &c in a.col_indices() {
-            // A valid CSR's columns are < n_cols.
-            col_lens[c as usize] += 1;
-        }
+        let (lens, col_lens) = row_and_column_lens(a)?;
         let ([a_parts, a_split], [t_parts, t_split]) = (
             split_units(&lens, UNIT_CHUNK),
             split_units(&col_lens, UNIT_CHUNK),
@@ -289,17 +284,7 @@ impl FusedBackward {
                 ),
             });
         }
-        let rows = units_in_row_order(&lens, UNIT_CHUNK, order)?;
-        let cols = if a.n_cols() == a.n_rows() {
-            Some(units_in_row_order(&col_lens, UNIT_CHUNK, order)?)
-        } else {
-            None
-        };
-        let upload = |v: &[u32]| DeviceVec::from_host_named(gpu, "unit order", v);
-        self.unit_order = [
-            Some(upload(&rows)?),
-            cols.as_deref().map(upload).transpose()?,
-        ];
+        self.walk = Arc::new(UnitWalk::in_row_order(gpu, &lens, &col_lens, order)?);
         Ok(())
     }
 
@@ -319,11 +304,8 @@ impl FusedBackward {
     ) -> Result<Self> {
         let gpu = graph.gpu();
         let mut ws = Self::new(gpu, graph.csr()?, graph.transpose()?, heads, head_dim)?;
-        let reorder = graph.effective_reorder(reorder);
-        if reorder != Reorder::None {
-            let order = graph.csr_order(reorder)?;
-            ws.set_row_order(gpu, graph.host()?, order.permutation.as_ref())?;
-        }
+        // The graph's own walk: made for these units, shared with its other workspaces.
+        ws.walk = graph.unit_walk(reorder)?;
         Ok(ws)
     }
 
@@ -354,12 +336,7 @@ impl FusedBackward {
             + self.d_scale.allocated_bytes()
             + self.edge_sd.as_ref().map_or(0, DeviceVec::allocated_bytes)
             + self.keep.as_ref().map_or(0, DeviceVec::allocated_bytes)
-            + self
-                .unit_order
-                .iter()
-                .flatten()
-                .map(DeviceVec::allocated_bytes)
-                .sum::<usize>()
+            + self.walk.device_bytes()
     }
 
     /// The gradients of `out = softmax_row(scale · Q Kᵀ masked by A) · V`: from `[Q, K, V,
@@ -544,7 +521,7 @@ impl FusedBackward {
         // Row pass over A.
         let ([rows, starts, slots, parts, first], _, _) = a.schedule().merge_units();
         let n_units = to_u32("units", rows.len())?;
-        let order = walk_order(&self.unit_order[0], rows.len())?;
+        let order = self.walk.rows(rows.len())?;
         let name = kernel_named(
             &BACKWARD,
             rows_pass_kernel(T::NAME, vec, nv, has_ef, ef.is_some()),
@@ -577,10 +554,10 @@ impl FusedBackward {
             .arg(&bias_heads);
         // SAFETY: the kernel reads A's schedule (n_units units, starts n_units + 1, slots and
         // partials per unit, first partials per split row + 1; built with the CSR), the walk
-        // order where set (n_units entries, checked by walk_order; a permutation of 0..n_units
-        // from units_in_row_order, so each names a unit) and
-        // col_indices[starts[u]..starts[u+1]) ⊂ [0, nnz); Q and dOut rows < n_rows, K and V rows
-        // col_indices[e] < n_cols, each heads*head_dim (shapes checked), in vectors of `vec`
+        // order where set (n_units entries, checked by UnitWalk::rows; a permutation of
+        // 0..n_units from units_in_row_order, so each names a unit) and
+        // col_indices[starts[u]..starts[u+1]) ⊂ [0, nnz); Q and dOut rows < n_rows, K and V
+        // rows col_indices[e] < n_cols, each heads*head_dim (shapes checked), in vectors of `vec`
         // inside a head (vec divides head_dim). It writes dQ's rows (< n_rows), stats at
         // (row, head) < n_rows*heads (x2 floats), partials at part < n_parts (stats 5 and
         // accumulators 2*head_dim floats per (part, head)), counters at (split row, head) <
@@ -598,7 +575,7 @@ impl FusedBackward {
         // Column pass over Aᵀ.
         let ([rows, starts, slots, parts, first], _, _) = t.csr.schedule().merge_units();
         let n_units = to_u32("units", rows.len())?;
-        let order = walk_order(&self.unit_order[1], rows.len())?;
+        let order = self.walk.cols(rows.len())?;
         let cols = cols_pass_kernel(T::NAME, vec, nv, has_ef, d_ef.is_some());
         let name = kernel_named(&BACKWARD, cols)?;
         let f = gpu.load_function(BACKWARD.name, BACKWARD.ptx, name)?;
@@ -694,18 +671,6 @@ pub(super) fn push_units<'a>(
         args.arg(u.slice());
     }
     args.arg(n_units).arg_or_null(order).arg(ends.slice());
-}
-
-/// The walk order of a pass over `n_units` units: `order` where set, checked to list that many.
-fn walk_order(order: &Option<DeviceVec<u32>>, n_units: usize) -> Result<Option<&DeviceVec<u32>>> {
-    match order {
-        Some(o) if o.len() != n_units => Err(Error::LengthMismatch {
-            what: "unit order",
-            expected: n_units,
-            actual: o.len(),
-        }),
-        o => Ok(o.as_ref()),
-    }
 }
 
 /// The grid of a pass in blocks of `threads` (a multiple of `g`): a group of `g` lanes per

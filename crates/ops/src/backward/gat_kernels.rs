@@ -9,7 +9,7 @@
 //! | [`GatKernels::Composed`] | scores, softmax, SpMM | the CSR ops ([`super::gat_score_grad`] …) | one (forward), three (backward) `nnz × heads` f32 |
 
 use crate::buffer::{DeviceMatrix, DeviceVec};
-use crate::csr_ops;
+use crate::csr_ops::{self, UnitWalk};
 use crate::device_csr::DeviceCsr;
 use crate::dropout::Dropout;
 use crate::dtype::DType;
@@ -96,12 +96,17 @@ pub enum GatForward<'w> {
     Composed(&'w mut DeviceVec<f32>),
     /// The rows kernels: the row statistics (`n_rows × heads` f32, left for
     /// [`GatBackward::Rows`]'s [`RowStats::Kept`]) and, with dropout, the kept bits
-    /// ([`super::dropout_mask_words`] u32).
+    /// ([`super::dropout_mask_words`] u32), walking A's units in `walk`'s order.
     Rows {
         /// The row statistics, written.
         lse: &'w mut DeviceVec<f32>,
         /// The dropout mask's workspace (with dropout).
         mask: Option<&'w mut DeviceVec<u32>>,
+        /// The order the passes walk the units in ([`DeviceGraph::unit_walk`], or
+        /// [`UnitWalk::default`]: as numbered); the same bits in any.
+        ///
+        /// [`DeviceGraph::unit_walk`]: crate::graph::DeviceGraph::unit_walk
+        walk: &'w UnitWalk,
     },
 }
 
@@ -115,7 +120,7 @@ pub enum GatBackward<'w, T: DType> {
     Fused,
     /// The rows kernels: the forward's output, its row statistics (kept or recomputed), dS's
     /// `nnz × heads` f32 and, with dropout, the masks (A's kept from the forward or drawn
-    /// again, Aᵀ's drawn).
+    /// again, Aᵀ's drawn), walking A's and Aᵀ's units in `walk`'s order.
     Rows {
         /// The forward's output (`n_rows × heads × head_dim`).
         out: &'w DeviceMatrix<T>,
@@ -125,6 +130,8 @@ pub enum GatBackward<'w, T: DType> {
         ds: &'w mut DeviceVec<f32>,
         /// The dropout masks (with dropout).
         mask: Option<KeepBits<'w>>,
+        /// The order the passes walk the units in (as [`GatForward::Rows`]'s).
+        walk: &'w UnitWalk,
     },
 }
 
@@ -145,7 +152,9 @@ pub fn gat_forward<T: DType>(
     out: &mut DeviceMatrix<T>,
 ) -> Result<()> {
     match ws {
-        GatForward::Rows { lse, mask } => gat_forward_rows(gpu, a, terms, x, (lse, mask), out),
+        GatForward::Rows { lse, mask, walk } => {
+            gat_forward_rows(gpu, (a, walk), terms, x, (lse, mask), out)
+        }
         GatForward::Composed(p) => {
             csr_ops::gat_scores(gpu, a, (terms.a_dst, terms.a_src), terms.bias, p)?;
             let heads = x.shape().heads;
@@ -193,8 +202,15 @@ pub fn gat_backward<T: DType>(
     grads: GatGrads<'_, T>,
 ) -> Result<()> {
     let [s, p, dp] = match ws {
-        GatBackward::Rows { out, lse, ds, mask } => {
-            return gat_backward_rows(gpu, (a, t), terms, (x, out, d_out), (lse, ds, mask), grads);
+        GatBackward::Rows {
+            out,
+            lse,
+            ds,
+            mask,
+            walk,
+        } => {
+            let ws = (lse, ds, mask);
+            return gat_backward_rows(gpu, (a, t), walk, terms, (x, out, d_out), ws, grads);
         }
         GatBackward::Fused => return gat_fused_backward(gpu, (a, t), terms, (x, d_out), grads),
         GatBackward::Composed(ws) => ws,

@@ -28,7 +28,7 @@ use cudarc::driver::LaunchArgs;
 use spattn_kernels_sys::CSR_OPS;
 
 use crate::buffer::{grown, DeviceMatrix, DeviceVec};
-use crate::csr_ops::{finalize_split_rows, group_grid};
+use crate::csr_ops::{finalize_split_rows, group_grid, UnitWalk};
 use crate::device_csr::DeviceCsr;
 use crate::dropout::DropoutWords;
 use crate::dtype::DType;
@@ -196,17 +196,18 @@ fn stats_lanes(heads: usize) -> (u32, u32, u32) {
 }
 
 /// Pushes the walk of a CSR's units every pass starts with: unit rows, starts, partials, the
-/// count and the entries' indices.
+/// count, the order they are walked in (null: as numbered) and the entries' indices.
 fn push_walk<'a>(
     args: &mut LaunchArgs<'a>,
     [rows, starts, parts]: [&'a DeviceVec<u32>; 3],
-    n_units: &'a u32,
+    (n_units, order): (&'a u32, Option<&'a DeviceVec<u32>>),
     entries: &'a DeviceVec<u32>,
 ) {
     args.arg(rows.slice())
         .arg(starts.slice())
         .arg(parts.slice())
         .arg(n_units)
+        .arg_or_null(order)
         .arg(entries.slice());
 }
 
@@ -259,13 +260,14 @@ fn edge_len(a: &DeviceCsr, heads: usize, what: &'static str, len: usize) -> Resu
 
 /// `lse[i, h] = log Σ_j exp(LeakyReLU(s_ij))` over each row of `a` (0 for a row without
 /// edges), `lse` being `n_rows × heads` f32: the row statistics the other passes recompute the
-/// probabilities from. Reads only A's column indices and the score terms.
+/// probabilities from. Reads only A's column indices and the score terms. The units are walked
+/// in `walk`'s order (the same bits in any).
 ///
-/// Errors: [`Error::ShapeMismatch`] / [`Error::LengthMismatch`] naming the operand,
-/// [`Error::ForeignGpu`], [`Error::OutOfMemory`] (the split rows' scratch).
+/// Errors: [`Error::ShapeMismatch`] / [`Error::LengthMismatch`] naming the operand (the walk
+/// included), [`Error::ForeignGpu`], [`Error::OutOfMemory`] (the split rows' scratch).
 pub fn gat_row_stats(
     gpu: &Gpu,
-    a: &DeviceCsr,
+    (a, walk): (&DeviceCsr, &UnitWalk),
     terms: GatScoreTerms<'_>,
     lse: &mut DeviceVec<f32>,
 ) -> Result<()> {
@@ -283,16 +285,23 @@ pub fn gat_row_stats(
     let (hl, g, tiles) = stats_lanes(heads);
     let heads_u = to_u32("heads", heads)?;
     let n_units = to_u32("units", rows.len())?;
+    let order = walk.rows(rows.len())?;
     let drop = DropoutWords::of(terms.dropout);
     let name = spattn_kernels_sys::kernel!(CSR_OPS, "gat_row_stats_csr");
     let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
     let mut args = gpu.launch_builder(&f);
-    push_walk(&mut args, [rows, starts, parts], &n_units, a.col_indices());
+    push_walk(
+        &mut args,
+        [rows, starts, parts],
+        (&n_units, order),
+        a.col_indices(),
+    );
     args.arg(&heads_u).arg(&g).arg(&hl);
     push_terms(&mut args, &terms, &drop);
     args.arg(lse.slice_mut()).arg(scratch.slice_mut());
-    // SAFETY: the unit arrays have n_units entries (starts n_units + 1), their edge ranges lie
-    // in [0, nnz) (col_indices, bias at (e, head) < nnz·heads, checked); a_dst rows are unit
+    // SAFETY: the unit arrays have n_units entries (starts n_units + 1), the walk where given
+    // n_units (checked; a permutation of 0..n_units, so each names a unit), their edge ranges
+    // lie in [0, nnz) (col_indices, bias at (e, head) < nnz·heads, checked); a_dst rows are unit
     // rows < n_rows, a_src rows column indices < n_cols (shapes checked); heads < `heads`
     // (lanes past them read the last head and write nothing). Writes lse at (row, head) <
     // n_rows·heads and float2 partials at (part, head) < n_parts·heads (the scratch holds
@@ -337,14 +346,14 @@ fn feature_lanes<T: DType>(heads: usize, head_dim: usize) -> Result<(u32, u32, u
 /// (four with split rows), no per-edge buffer. With dropout (`terms.dropout`), `P` times the
 /// dropout factor of each edge and head (the draws every kernel makes), from a mask drawn into
 /// `mask` ([`dropout_mask_words`] u32; unused, and may be `None`, without dropout): one more
-/// launch.
+/// launch. The passes walk A's units in `walk`'s order (the same bits in any).
 ///
 /// Errors: as [`gat_row_stats`]; [`Error::InvalidArgument`] for a head wider than
 /// [`gat_rows_supports`] takes or dropout without `mask`; [`Error::ShapeMismatch`] naming `x`
 /// or `out`, [`Error::LengthMismatch`] naming the dropout mask.
 pub fn gat_forward_rows<T: DType>(
     gpu: &Gpu,
-    a: &DeviceCsr,
+    (a, walk): (&DeviceCsr, &UnitWalk),
     terms: GatScoreTerms<'_>,
     x: &DeviceMatrix<T>,
     (lse, mask): (&mut DeviceVec<f32>, Option<&mut DeviceVec<u32>>),
@@ -367,7 +376,7 @@ pub fn gat_forward_rows<T: DType>(
     if a.n_rows() == 0 {
         return Ok(());
     }
-    gat_row_stats(gpu, a, terms, lse)?;
+    gat_row_stats(gpu, (a, walk), terms, lse)?;
     if a.nnz() == 0 {
         // Nothing to aggregate (and no entry for the kernel's indices to stand on).
         return out.fill(T::from_f32(0.0));
@@ -393,8 +402,14 @@ pub fn gat_forward_rows<T: DType>(
         to_u32("heads", heads)?,
         to_u32("head_dim", head_dim)?,
     );
+    let order = walk.rows(rows.len())?;
     let mut args = gpu.launch_builder(&f);
-    push_walk(&mut args, [rows, starts, parts], &n_units, a.col_indices());
+    push_walk(
+        &mut args,
+        [rows, starts, parts],
+        (&n_units, order),
+        a.col_indices(),
+    );
     args.arg(x.slice());
     let lanes = [heads_u, dim_u, g, hl];
     push_lanes(&mut args, &lanes, &terms, &drop);
@@ -402,7 +417,7 @@ pub fn gat_forward_rows<T: DType>(
         .arg(lse.slice())
         .arg(out.slice_mut())
         .arg(scratch.slice_mut());
-    // SAFETY: units and their edges as in `gat_row_stats`; x rows are column indices < n_cols
+    // SAFETY: units, walk and edges as in `gat_row_stats`; x rows are column indices < n_cols
     // and out rows unit rows < n_rows, read and written at features head·head_dim + d, d <
     // head_dim in vectors of `vec` (lanes past the heads or the head's width hold none); lse at
     // (row, head) < n_rows·heads (written above); the mask (the `_drop` kernel only) at word
@@ -427,7 +442,8 @@ pub enum RowStats<'a> {
 /// row statistics `lse` (kept from the forward, or recomputed) and `ds` (`nnz × heads` f32:
 /// each edge's ∂L/∂s in Aᵀ's order) and, with dropout, the masks ([`KeepBits`]: A's kept
 /// from [`gat_forward_rows`] or drawn again, Aᵀ's drawn). Two or three launches (up to six
-/// with split rows or columns, one or two more to draw the masks), deterministic.
+/// with split rows or columns, one or two more to draw the masks), deterministic; the passes
+/// walk A's and Aᵀ's units in `walk`'s order (the same bits in any).
 ///
 /// Errors: as [`gat_forward_rows`]; [`Error::InvalidArgument`] when `t` is not Aᵀ or a bias
 /// comes without its gradient's buffer; [`Error::LengthMismatch`] for `ds` or `d_bias`.
@@ -435,6 +451,7 @@ pub enum RowStats<'a> {
 pub fn gat_backward_rows<T: DType>(
     gpu: &Gpu,
     (a, t): (&DeviceCsr, &DeviceTranspose),
+    walk: &UnitWalk,
     terms: GatScoreTerms<'_>,
     (x, out, d_out): (&DeviceMatrix<T>, &DeviceMatrix<T>, &DeviceMatrix<T>),
     (lse, ds, mask): (RowStats<'_>, &mut DeviceVec<f32>, Option<KeepBits<'_>>),
@@ -505,7 +522,7 @@ pub fn gat_backward_rows<T: DType>(
     }
     let lse: &DeviceVec<f32> = match lse {
         RowStats::Recompute(lse) => {
-            gat_row_stats(gpu, a, terms, lse)?;
+            gat_row_stats(gpu, (a, walk), terms, lse)?;
             lse
         }
         RowStats::Kept(lse) => {
@@ -543,8 +560,14 @@ pub fn gat_backward_rows<T: DType>(
         let name = kernel_named(&CSR_OPS, grad_rows_kernel(T::NAME, vec, mask_a.is_some()))?;
         let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
         let n_units = to_u32("units", rows.len())?;
+        let order = walk.rows(rows.len())?;
         let mut args = gpu.launch_builder(&f);
-        push_walk(&mut args, [rows, starts, parts], &n_units, a.col_indices());
+        push_walk(
+            &mut args,
+            [rows, starts, parts],
+            (&n_units, order),
+            a.col_indices(),
+        );
         args.arg(t.map().slice())
             .arg(x.slice())
             .arg(out.slice())
@@ -556,7 +579,8 @@ pub fn gat_backward_rows<T: DType>(
             .arg_or_null_mut(grads.d_bias)
             .arg(grads.d_dst.slice_mut())
             .arg(scratch.slice_mut());
-        // SAFETY: units and edges as in `gat_row_stats`; x rows column indices < n_cols, out
+        // SAFETY: units, walk and edges as in `gat_row_stats`; x rows column indices < n_cols,
+        // out
         // and d_out rows unit rows < n_rows, at features < heads·head_dim (shapes checked);
         // lse at (row, head) < n_rows·heads; the mask in A's order (`_drop` only) at word
         // (e·heads + head) / 32 < its view's length; writes ds at (map[e], head) with map a
@@ -597,10 +621,16 @@ pub fn gat_backward_rows<T: DType>(
     )?;
     let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
     let n_units = to_u32("units", rows.len())?;
+    let order = walk.cols(rows.len())?;
     let (mut part_x, mut part_s) = scratch.slice_mut().split_at_mut(need_x);
     {
         let mut args = gpu.launch_builder(&f);
-        push_walk(&mut args, [rows, starts, parts], &n_units, tc.col_indices());
+        push_walk(
+            &mut args,
+            [rows, starts, parts],
+            (&n_units, order),
+            tc.col_indices(),
+        );
         args.arg_or_null(t_to_a).arg(d_out.slice());
         push_lanes(&mut args, &lanes, &terms, &drop);
         args.view_or_null(mask_t.as_ref())
@@ -610,7 +640,8 @@ pub fn gat_backward_rows<T: DType>(
             .arg(grads.d_src.slice_mut())
             .arg(&mut part_x)
             .arg(&mut part_s);
-        // SAFETY: Aᵀ's units (rows < n_cols) and entries (rows of A < n_rows: d_out, a_dst and
+        // SAFETY: Aᵀ's units (rows < n_cols), their walk where given (as in `gat_row_stats`)
+        // and entries (rows of A < n_rows: d_out, a_dst and
         // lse rows); an entry's edge t_to_a[e] < nnz (a permutation; null, and unread, without
         // a bias) indexes the bias at (edge, head) < nnz·heads; the mask in Aᵀ's order
         // (`_drop` only) at word (entry·heads + head) / 32 < its view's length; ds at (entry,

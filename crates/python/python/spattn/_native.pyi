@@ -227,7 +227,9 @@ class GraphCore:
         dropout: tuple[float, int, int] | None = None,
         bias: int = 0,
         kernels: str = "composed",
-    ) -> None: ...
+        step: bool = True,
+    ) -> None:
+        """``step`` as for :meth:`attention`."""
     def gat_backward(
         self,
         device: int,

@@ -635,6 +635,7 @@ def gat_forward_keeping(graph: Graph, x, a_dst, a_src, bias, slope, drop, kernel
         device_index(x), dtype_name(x.dtype), h, c, slope,
         address(x), address(a_dst), address(a_src), address(out),
         _address_or_0(ws), stream_of(x), drop, _address_or_0(bias), kernels,
+        step=_outside_backward(),
     )
     return out, (ws if kernels == "rows" else None)
 

@@ -241,12 +241,14 @@ class Graph:
         """How the graph's ``auto`` plans treat row orders and plans: ``"once"`` (keep the rows
         in their order, and take ``fused-csr`` in float16 / bfloat16 up to 2²⁰ edges, whose
         plan is free: a graph seen once, the default of a graph built on a GPU) or ``"reuse"``
-        (choose a row order on the host when a plan is built, and ``fused-tc`` in float16 /
-        bfloat16, which the kernels repay over many calls: the default of a graph built on the
-        host). Changing it drops the plans built so far.
+        (choose a row order on the host when a plan is built, which GAT's row-statistics
+        kernels walk too, and ``fused-tc`` in float16 / bfloat16, which the kernels repay over
+        many calls: the default of a graph built on the host). Changing it drops the plans
+        built so far.
 
         A graph under ``"once"`` that has had a backward is seen again: its next attention
-        forward on CUDA (:func:`spattn.sparse_attention`, the attention layers) outside a
+        forward on CUDA (:func:`spattn.sparse_attention`, :func:`spattn.gat_attention`, the
+        attention layers) outside a
         backward pass switches it to ``"reuse"``, as full-graph training wants (a mini-batch's
         graph is new every step and keeps ``"once"``; a forward recomputed by activation
         checkpointing does not count, but evaluating a mini-batch's graph after its backward
