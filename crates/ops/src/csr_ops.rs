@@ -239,8 +239,9 @@ impl CsrSchedule {
 /// (columns), as [`crate::schedule::RowUnits`] numbers them with [`UNIT_CHUNK`]-edge units. A
 /// locality order of the rows (fused-csr's, [`DeviceGraph::unit_walk`]) keeps the rows in flight
 /// at one time graph neighbours, so the rows they gather meet in L2; every sum keeps its unit's
-/// order, so results are the same bits in any walk. [`Default`]: units as numbered (the graph's
-/// own row order), with no device memory.
+/// order, so results are the same bits in any walk (the fused backward's for finite inputs: a
+/// warp's padding steps depend on which units share it). [`Default`]: units as numbered (the
+/// graph's own row order), with no device memory.
 ///
 /// [`DeviceGraph::unit_walk`]: crate::graph::DeviceGraph::unit_walk
 #[derive(Debug, Default)]

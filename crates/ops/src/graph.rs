@@ -621,7 +621,7 @@ impl DeviceGraph {
     /// ([`effective_reorder`](Self::effective_reorder) applied: a graph seen once keeps its
     /// order under [`Reorder::Auto`], with no host work), made on first use and kept, so that
     /// the forward's and the backward's passes choose it once. The walk changes where the
-    /// passes' gathers hit, not their results.
+    /// passes' gathers hit, not their results ([`csr_ops::UnitWalk`]).
     ///
     /// Errors: those of choosing the order (the host CSR's download for a graph built on the
     /// device) and of the upload.

@@ -837,6 +837,10 @@ fn gat_case<T: DType>(
     let walk = DeviceGraph::new(gpu, a.clone())
         .unit_walk(Reorder::Degree)
         .unwrap();
+    assert!(
+        walk.device_bytes() > 0,
+        "a degree order's walk lists the units"
+    );
     let numbered = UnitWalk::default();
     let per = |rows| Shape::new(rows, heads, 1).unwrap();
     let xd = DeviceMatrix::from_host(gpu, sx, &x).unwrap();

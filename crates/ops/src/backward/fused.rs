@@ -336,7 +336,11 @@ impl FusedBackward {
             + self.d_scale.allocated_bytes()
             + self.edge_sd.as_ref().map_or(0, DeviceVec::allocated_bytes)
             + self.keep.as_ref().map_or(0, DeviceVec::allocated_bytes)
-            + self.walk.device_bytes()
+            // The walk where only this workspace holds it (a graph's shared one is the graph's).
+            + match Arc::strong_count(&self.walk) {
+                1 => self.walk.device_bytes(),
+                _ => 0,
+            }
     }
 
     /// The gradients of `out = softmax_row(scale · Q Kᵀ masked by A) · V`: from `[Q, K, V,
@@ -518,10 +522,16 @@ impl FusedBackward {
         let heads = to_u32("heads", self.heads)?;
         let head_dim = to_u32("head_dim", self.head_dim)?;
 
+        // The walk checked against both passes' units before anything is written.
+        let walk = Arc::clone(&self.walk);
+        let a_units = a.schedule().merge_units().0[0].len();
+        let t_units = t.csr.schedule().merge_units().0[0].len();
+        let (row_order, col_order) = (walk.rows(a_units)?, walk.cols(t_units)?);
+
         // Row pass over A.
         let ([rows, starts, slots, parts, first], _, _) = a.schedule().merge_units();
         let n_units = to_u32("units", rows.len())?;
-        let order = self.walk.rows(rows.len())?;
+        let order = row_order;
         let name = kernel_named(
             &BACKWARD,
             rows_pass_kernel(T::NAME, vec, nv, has_ef, ef.is_some()),
@@ -575,7 +585,7 @@ impl FusedBackward {
         // Column pass over Aᵀ.
         let ([rows, starts, slots, parts, first], _, _) = t.csr.schedule().merge_units();
         let n_units = to_u32("units", rows.len())?;
-        let order = self.walk.cols(rows.len())?;
+        let order = col_order;
         let cols = cols_pass_kernel(T::NAME, vec, nv, has_ef, d_ef.is_some());
         let name = kernel_named(&BACKWARD, cols)?;
         let f = gpu.load_function(BACKWARD.name, BACKWARD.ptx, name)?;

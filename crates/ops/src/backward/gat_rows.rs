@@ -514,6 +514,10 @@ pub fn gat_backward_rows<T: DType>(
             (None, None, None)
         }
     };
+    // The walk checked against both passes' units before anything is written.
+    let a_units = a.schedule().units().0[0].len();
+    let t_units = t.csr().schedule().units().0[0].len();
+    let (a_order, t_order) = (walk.rows(a_units)?, walk.cols(t_units)?);
     if heads == 0 || head_dim == 0 || a.nnz() == 0 {
         // No edge: nothing aggregated, every gradient zero.
         grads.dx.fill(T::from_f32(0.0))?;
@@ -560,12 +564,11 @@ pub fn gat_backward_rows<T: DType>(
         let name = kernel_named(&CSR_OPS, grad_rows_kernel(T::NAME, vec, mask_a.is_some()))?;
         let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
         let n_units = to_u32("units", rows.len())?;
-        let order = walk.rows(rows.len())?;
         let mut args = gpu.launch_builder(&f);
         push_walk(
             &mut args,
             [rows, starts, parts],
-            (&n_units, order),
+            (&n_units, a_order),
             a.col_indices(),
         );
         args.arg(t.map().slice())
@@ -580,8 +583,7 @@ pub fn gat_backward_rows<T: DType>(
             .arg(grads.d_dst.slice_mut())
             .arg(scratch.slice_mut());
         // SAFETY: units, walk and edges as in `gat_row_stats`; x rows column indices < n_cols,
-        // out
-        // and d_out rows unit rows < n_rows, at features < heads·head_dim (shapes checked);
+        // out and d_out rows unit rows < n_rows, at features < heads·head_dim (shapes checked);
         // lse at (row, head) < n_rows·heads; the mask in A's order (`_drop` only) at word
         // (e·heads + head) / 32 < its view's length; writes ds at (map[e], head) with map a
         // permutation of 0..nnz (ds holds nnz·heads, checked), d_bias at (e, head) <
@@ -621,14 +623,13 @@ pub fn gat_backward_rows<T: DType>(
     )?;
     let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
     let n_units = to_u32("units", rows.len())?;
-    let order = walk.cols(rows.len())?;
     let (mut part_x, mut part_s) = scratch.slice_mut().split_at_mut(need_x);
     {
         let mut args = gpu.launch_builder(&f);
         push_walk(
             &mut args,
             [rows, starts, parts],
-            (&n_units, order),
+            (&n_units, t_order),
             tc.col_indices(),
         );
         args.arg_or_null(t_to_a).arg(d_out.slice());
@@ -641,8 +642,7 @@ pub fn gat_backward_rows<T: DType>(
             .arg(&mut part_x)
             .arg(&mut part_s);
         // SAFETY: Aᵀ's units (rows < n_cols), their walk where given (as in `gat_row_stats`)
-        // and entries (rows of A < n_rows: d_out, a_dst and
-        // lse rows); an entry's edge t_to_a[e] < nnz (a permutation; null, and unread, without
+        // and entries (rows of A < n_rows: d_out, a_dst and lse rows); an entry's edge t_to_a[e] < nnz (a permutation; null, and unread, without
         // a bias) indexes the bias at (edge, head) < nnz·heads; the mask in Aᵀ's order
         // (`_drop` only) at word (entry·heads + head) / 32 < its view's length; ds at (entry,
         // head) < nnz·heads; dx rows < n_cols at features < hd, d_src at (column, head) <

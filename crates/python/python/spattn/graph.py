@@ -248,14 +248,13 @@ class Graph:
 
         A graph under ``"once"`` that has had a backward is seen again: its next attention
         forward on CUDA (:func:`spattn.sparse_attention`, :func:`spattn.gat_attention`, the
-        attention layers) outside a
-        backward pass switches it to ``"reuse"``, as full-graph training wants (a mini-batch's
-        graph is new every step and keeps ``"once"``; a forward recomputed by activation
-        checkpointing does not count, but evaluating a mini-batch's graph after its backward
-        does: set the policy to keep ``"once"``). Setting the policy fixes it, and so does
-        any call under CUDA-graph capture; changing the policy of a captured graph would drop
-        the plans its replays read. The switch replans, so the second step's results may
-        differ from the first's in the last bits."""
+        attention layers) outside a backward pass switches it to ``"reuse"``, as full-graph
+        training wants (a mini-batch's graph is new every step and keeps ``"once"``; a forward
+        recomputed by activation checkpointing does not count, but evaluating a mini-batch's
+        graph after its backward does: set the policy to keep ``"once"``). Setting the policy
+        fixes it, and so does any call under CUDA-graph capture; changing the policy of a
+        captured graph would drop the plans its replays read. The switch replans, so the
+        second step's results may differ from the first's in the last bits."""
         return self._core.policy
 
     @policy.setter
