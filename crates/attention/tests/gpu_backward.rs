@@ -800,3 +800,162 @@ fn assert_d_scale(ctx: &str, d_scale: f32, want: &AttentionGrads<f64>) {
         want.d_scale_terms
     );
 }
+
+/// A NaN query makes its row of the output and of dQ NaN on every algorithm and backward,
+/// tensor cores included, and leaves the other rows of both finite. The NaN rows: the hub
+/// (split across windows' parts, merged) and a short row.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn a_nan_query_makes_its_row_nan_on_every_algorithm() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("a_nan_query_makes_its_row_nan_on_every_algorithm");
+    let (n, hub, short) = (3000, 1, 777);
+    let a = hub_graph(&mut rng, n, hub);
+    let mut failures = Vec::new();
+    let mut runs = 0;
+    for (heads, head_dim) in [(2, 32), (1, 64)] {
+        let shape = (heads, head_dim);
+        let nan = Poison::Queries([hub, short]);
+        runs += nan_case::<f16>(&gpu, &a, shape, nan, &mut rng, &mut failures);
+        runs += nan_case::<f32>(&gpu, &a, shape, nan, &mut rng, &mut failures);
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // 4 shapes and dtypes x 3 forwards at least (CUDA cores) x 4 backwards.
+    assert!(runs >= 48, "only {runs} forward + backward runs");
+}
+
+/// A NaN key makes every row with an edge to it NaN (a NaN score), and with it the softmax of
+/// those rows: their out and dQ are NaN, every other row's out finite, and on every backward
+/// the dV of each of their neighbours is NaN (the tensor-core backward once took such a row's
+/// statistics as those of an empty row and gave its neighbours finite dV).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn a_nan_key_makes_the_rows_reaching_it_nan_on_every_algorithm() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("a_nan_key_makes_the_rows_reaching_it_nan_on_every_algorithm");
+    let a = random_graph(&mut rng, 3000, 6, 0);
+    let mut failures = Vec::new();
+    let mut runs = 0;
+    for (heads, head_dim) in [(2, 32), (1, 64)] {
+        let shape = (heads, head_dim);
+        let nan = Poison::Key(a.col_indices()[a.nnz() / 2] as usize);
+        runs += nan_case::<f16>(&gpu, &a, shape, nan, &mut rng, &mut failures);
+        runs += nan_case::<f32>(&gpu, &a, shape, nan, &mut rng, &mut failures);
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(runs >= 48, "only {runs} forward + backward runs");
+}
+
+/// The NaN input of [`nan_case`]: whole rows of Q, or one node's row of K.
+#[derive(Clone, Copy)]
+enum Poison {
+    Queries([usize; 2]),
+    Key(usize),
+}
+
+/// One dtype and shape of the NaN tests above; failures are added to `failures`. Returns the
+/// forward + backward runs made.
+fn nan_case<T: DType>(
+    gpu: &Gpu,
+    a: &Csr,
+    (heads, head_dim): (usize, usize),
+    poison: Poison,
+    rng: &mut Pcg64,
+    failures: &mut Vec<String>,
+) -> usize {
+    let sq = Shape::new(a.n_rows(), heads, head_dim).unwrap();
+    let row = sq.row_len();
+    let mut q: Vec<T> = random_vec(rng, sq.len(), 1.0);
+    let mut k: Vec<T> = random_vec(rng, sq.len(), 1.0);
+    let v: Vec<T> = random_vec(rng, sq.len(), 1.0);
+    let d: Vec<T> = random_vec(rng, sq.len(), 1.0);
+    let nan = T::from_f64(f64::NAN);
+    // The NaN rows (of out and dQ) and, for a NaN key, their neighbours (whose dV is NaN).
+    let (nan_rows, nan_dv): (Vec<usize>, Vec<usize>) = match poison {
+        Poison::Queries(rows) => {
+            for r in rows {
+                q[r * row..(r + 1) * row].fill(nan);
+            }
+            (rows.to_vec(), Vec::new())
+        }
+        Poison::Key(j) => {
+            k[j * row..(j + 1) * row].fill(nan);
+            let reach: Vec<usize> = (0..a.n_rows())
+                .filter(|&r| a.row(r).contains(&(j as u32)))
+                .collect();
+            let mut cols: Vec<usize> = reach
+                .iter()
+                .flat_map(|&r| a.row(r).iter().map(|&c| c as usize))
+                .collect();
+            cols.sort_unstable();
+            cols.dedup();
+            (reach, cols)
+        }
+    };
+    assert!(!nan_rows.is_empty());
+    let up = |x: &[T]| DeviceMatrix::from_host(gpu, sq, x).unwrap();
+    let (qd, kd, vd, dd) = (up(&q), up(&k), up(&v), up(&d));
+    let all = |m: &DeviceMatrix<T>, rows: &[usize], nan: bool| -> Vec<usize> {
+        let h = m.to_host().unwrap();
+        let ok = |x: &T| {
+            if nan {
+                x.to_f64().is_nan()
+            } else {
+                x.to_f64().is_finite()
+            }
+        };
+        rows.iter()
+            .copied()
+            .filter(|&r| !h[r * row..(r + 1) * row].iter().all(ok))
+            .collect()
+    };
+    let others: Vec<usize> = (0..a.n_rows()).filter(|r| !nan_rows.contains(r)).collect();
+    let config = AttentionConfig::new(heads, head_dim, T::KIND);
+    let mut runs = 0;
+    for alg in GPU_ALGORITHMS.into_iter().chain([Algorithm::Hybrid]) {
+        let config = config.clone().with_algorithm(alg);
+        if !AttentionPlan::supports(gpu, alg, &config) {
+            continue;
+        }
+        let plan = AttentionPlan::new_gpu(gpu, a, config).unwrap();
+        let mut out = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();
+        plan.forward(&qd, &kd, &vd, &mut out).unwrap();
+        let ctx = format!("{alg} {} heads={heads} head_dim={head_dim}", T::NAME);
+        for (bad, what) in [
+            (all(&out, &nan_rows, true), "out not NaN"),
+            (all(&out, &others, false), "out not finite"),
+        ] {
+            if !bad.is_empty() {
+                failures.push(format!("{ctx}: {what} at rows {bad:?}"));
+            }
+        }
+        for kernels in [
+            BackwardKernels::Fused,
+            BackwardKernels::TensorCore,
+            BackwardKernels::PerEdge,
+            BackwardKernels::Unfused,
+        ] {
+            let mut dq = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();
+            let mut dk = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();
+            let mut dv = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();
+            plan.backward_with(kernels, &qd, &kd, &vd, &out, &dd, &mut dq, &mut dk, &mut dv)
+                .unwrap();
+            runs += 1;
+            // dQ of the other rows is finite where only queries are NaN (a NaN key reaches
+            // them through a tensor-core product's masked zeros).
+            let mut checks = vec![
+                (all(&dq, &nan_rows, true), "dQ not NaN"),
+                (all(&dv, &nan_dv, true), "dV not NaN"),
+            ];
+            if matches!(poison, Poison::Queries(_)) {
+                checks.push((all(&dq, &others, false), "dQ not finite"));
+            }
+            for (bad, what) in checks {
+                if !bad.is_empty() {
+                    failures.push(format!("{ctx} {kernels:?}: {what} at rows {bad:?}"));
+                }
+            }
+        }
+    }
+    runs
+}

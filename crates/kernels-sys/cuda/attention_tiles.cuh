@@ -1143,10 +1143,9 @@ __device__ __forceinline__ void bsb_merge_parts(const float* part_ml, const floa
             mm = mnew;
         }
         mrg[gt] = softmax_base(mm);
-        mrg[BSB_WINDOW_ROWS + gt] = ll > 0.0f ? 1.0f / ll : 0.0f;
+        mrg[BSB_WINDOW_ROWS + gt] = softmax_inv(ll);
         if (lse != nullptr && gt < rows_here)
-            lse[(u64)caller_row(row_ids, row0 + gt) * heads + h] =
-                ll > 0.0f ? mm + log2f(ll) : 0.0f;
+            lse[(u64)caller_row(row_ids, row0 + gt) * heads + h] = softmax_lse2(mm, ll);
     }
     bsb_group_sync(bar, gsize);
     // Then every (row, 4 features): NQ quads per thread, all of a part's loads in flight at once.
@@ -1744,9 +1743,9 @@ __device__ __forceinline__ void bsb_pipe_finish(
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             if (qrow[r] == SPATTN_NONE) continue;
-            const float inv = SPMM ? 1.0f : (l[r] > 0.0f ? 1.0f / l[r] : 0.0f);
+            const float inv = SPMM ? 1.0f : softmax_inv(l[r]);
             if (!SPMM && lse != nullptr && t == 0u)
-                lse[(u64)qrow[r] * heads + h] = l[r] > 0.0f ? m[r] + log2f(l[r]) : 0.0f;
+                lse[(u64)qrow[r] * heads + h] = softmax_lse2(m[r], l[r]);
             u32* orow = reinterpret_cast<u32*>(out + (u64)qrow[r] * hd + head_off);
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt)

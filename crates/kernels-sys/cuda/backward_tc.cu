@@ -345,9 +345,9 @@ __device__ __forceinline__ void bwd_tc(
     }
     // Output factor of each accumulator (dK and dQ carry the scale).
     const float fac[2] = {scale, 1.0f};
-    // The statistics of a row from its max, sum (log2 domain) and w.
+    // The statistics of a row from its max, sum (log2 domain) and w (a NaN sum's are NaN).
     auto row_stats = [](float mm, float ll, float ww) {
-        return ll > 0.0f ? make_float2(mm + log2f(ll), ww / ll) : make_float2(0.0f, 0.0f);
+        return ll == 0.0f ? make_float2(0.0f, 0.0f) : make_float2(mm + log2f(ll), ww / ll);
     };
 
     if (part_id == SPATTN_NONE) {

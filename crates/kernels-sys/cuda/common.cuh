@@ -296,6 +296,11 @@ __device__ __forceinline__ float softmax_lse(float m, float l) {
     return l == 0.0f ? 0.0f : m + logf(l);
 }
 
+// The same in the log2 domain (m a max of scores times log2 e: the tensor-core kernels').
+__device__ __forceinline__ float softmax_lse2(float m, float l) {
+    return l == 0.0f ? 0.0f : m + log2f(l);
+}
+
 // exp(m_old - m_new) for m_new >= m_old, with exp(-inf - x) = 0 and no NaN when both are -inf.
 __device__ __forceinline__ float online_rescale(float m_old, float m_new) {
     return m_old == SPATTN_NEG_INF ? 0.0f : __expf(m_old - m_new);

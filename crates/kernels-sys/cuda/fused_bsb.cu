@@ -85,13 +85,14 @@ __device__ __forceinline__ void fused_bsb(
                                   bsb_extras_or_none<EXTRAS>(xa, h));
 
     if (part == SPATTN_NONE) {
-        // The whole window: normalise and write (a row without edges has l = 0: zeros).
+        // The whole window: normalise and write (a row without edges has l = 0: zeros; a NaN
+        // score's row stays NaN).
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             if (qrow[r] != SPATTN_NONE) {
-                const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+                const float inv = softmax_inv(l[r]);
                 if (lse != nullptr && wig == 0u && t == 0u)
-                    lse[(u64)qrow[r] * heads + h] = l[r] > 0.0f ? m[r] + log2f(l[r]) : 0.0f;
+                    lse[(u64)qrow[r] * heads + h] = softmax_lse2(m[r], l[r]);
                 T* orow = out + (u64)qrow[r] * hd + head_off;
                 float y[D8];
 #pragma unroll
