@@ -28,7 +28,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use spattn_formats::{alloc, Csr, Permutation};
+use spattn_formats::{Csr, Permutation};
 use spattn_kernels_sys::CSR_OPS;
 
 use crate::buffer::{grown, DeviceMatrix, DeviceVec, Scratch};
@@ -309,20 +309,6 @@ fn checked_walk(walk: Option<&DeviceVec<u32>>, n_units: usize) -> Result<Option<
         }),
         w => Ok(w),
     }
-}
-
-/// Each row's and each column's edge count: the lengths [`crate::schedule::RowUnits`] cuts.
-///
-/// Errors: out of host memory.
-pub(crate) fn row_and_column_lens(a: &Csr) -> Result<(Vec<u32>, Vec<u32>)> {
-    let mut lens = alloc::try_with_capacity::<u32>(a.n_rows(), "row lengths")?;
-    lens.extend(a.row_offsets().windows(2).map(|w| w[1] - w[0]));
-    let mut col_lens = alloc::try_filled::<u32>(a.n_cols(), 0, "column lengths")?;
-    for &c in a.col_indices() {
-        // A valid CSR's columns are < n_cols.
-        col_lens[c as usize] += 1;
-    }
-    Ok((lens, col_lens))
 }
 
 impl SparseOperand for DeviceCsr {

@@ -634,7 +634,7 @@ impl DeviceGraph {
         let order = self.csr_order(reorder)?;
         self.cached(&self.unit_walks, reorder, || match &order.permutation {
             Some(p) => {
-                let (lens, col_lens) = csr_ops::row_and_column_lens(self.host()?)?;
+                let (lens, col_lens) = crate::schedule::row_and_column_lens(self.host()?)?;
                 UnitWalk::in_row_order(&self.gpu, &lens, &col_lens, p)
             }
             None => Ok(UnitWalk::default()),

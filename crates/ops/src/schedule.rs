@@ -250,6 +250,21 @@ pub(crate) fn units_in_row_order(
     Ok(units)
 }
 
+/// Each row's and each column's edge count: the lengths [`RowUnits::new`] cuts A's rows and
+/// Aᵀ's (A's columns) by.
+///
+/// Errors: out of host memory.
+pub(crate) fn row_and_column_lens(a: &Csr) -> Result<(Vec<u32>, Vec<u32>)> {
+    let mut lens = alloc::try_with_capacity::<u32>(a.n_rows(), "row lengths")?;
+    lens.extend(a.row_offsets().windows(2).map(|w| w[1] - w[0]));
+    let mut col_lens = alloc::try_filled::<u32>(a.n_cols(), 0, "column lengths")?;
+    for &c in a.col_indices() {
+        // A valid CSR's columns are < n_cols.
+        col_lens[c as usize] += 1;
+    }
+    Ok((lens, col_lens))
+}
+
 /// `[partials, split rows]` of the units [`RowUnits::new`] cuts rows of lengths `lens` into:
 /// the rows of more than `chunk` edges, and their units.
 pub(crate) fn split_units(lens: &[u32], chunk: u32) -> [usize; 2] {
@@ -400,11 +415,17 @@ mod tests {
 
     #[test]
     fn units_in_row_order_walk_rows_in_the_order_given() {
-        use crate::schedule::{split_units, units_in_row_order, RowUnits};
+        use crate::schedule::{row_and_column_lens, split_units, units_in_row_order, RowUnits};
         use spattn_formats::Permutation;
         let edges: Vec<(u32, u32)> = (0..700u32).map(|i| (i % 9 * (i % 4), i % 50)).collect();
         let a = Csr::from_edges(30, 50, &edges).unwrap();
-        let lens: Vec<u32> = (0..a.n_rows()).map(|r| a.degree(r) as u32).collect();
+        let (lens, col_lens) = row_and_column_lens(&a).unwrap();
+        let degrees: Vec<u32> = (0..a.n_rows()).map(|r| a.degree(r) as u32).collect();
+        assert_eq!(lens, degrees);
+        // Aᵀ's rows are A's columns: the transpose's degrees.
+        let t = a.transpose_with_map().0;
+        let t_degrees: Vec<u32> = (0..t.n_rows()).map(|r| t.degree(r) as u32).collect();
+        assert_eq!(col_lens, t_degrees);
         let old_of_new: Vec<u32> = (0..30u32).map(|i| (i * 7) % 30).collect();
         let p = Permutation::from_old_of_new(old_of_new.clone()).unwrap();
         for chunk in [1, 3, 64] {

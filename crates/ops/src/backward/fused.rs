@@ -73,7 +73,7 @@ use spattn_formats::{Csr, Permutation, Reorder};
 use spattn_kernels_sys::BACKWARD;
 
 use crate::buffer::{grown, DeviceMatrix, DeviceVec};
-use crate::csr_ops::{row_and_column_lens, UnitWalk, UNIT_CHUNK};
+use crate::csr_ops::{UnitWalk, UNIT_CHUNK};
 use crate::device_csr::DeviceCsr;
 use crate::dropout::{Dropout, DropoutWords};
 use crate::dtype::DType;
@@ -85,7 +85,7 @@ use crate::launch::{
     blocks_for, check_same_gpu, kernel_named, launch, product, to_u32, LaunchArgs, LaunchConfig,
     PushKernelArg, PushOptionalArg,
 };
-use crate::schedule::{group_for, split_units, vector_width};
+use crate::schedule::{group_for, row_and_column_lens, split_units, vector_width};
 use crate::shape::Shape;
 
 use super::keep_bits::{draw_keep_bits, dropout_mask_words};
