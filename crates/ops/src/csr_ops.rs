@@ -199,6 +199,11 @@ impl CsrSchedule {
         )
     }
 
+    /// The number of SpMM units.
+    pub(crate) fn n_units(&self) -> usize {
+        self.unit_rows.len()
+    }
+
     /// The split units' f32 partials, grown on demand (shared by the launches on this graph,
     /// which the stream orders).
     pub(crate) fn scratch(&self) -> &Scratch {
@@ -276,17 +281,17 @@ impl UnitWalk {
         })
     }
 
-    /// The walk of A's `n_units` units (`None`: as numbered).
+    /// The walk of `a`'s units (`None`: as numbered).
     ///
     /// Errors: [`Error::LengthMismatch`] when the walk lists another number of units (made
     /// for another graph).
-    pub(crate) fn rows(&self, n_units: usize) -> Result<Option<&DeviceVec<u32>>> {
-        checked_walk(self.rows.as_ref(), n_units)
+    pub(crate) fn rows(&self, a: &DeviceCsr) -> Result<Option<&DeviceVec<u32>>> {
+        checked_walk(self.rows.as_ref(), a.schedule().n_units())
     }
 
-    /// The walk of Aᵀ's `n_units` units, as [`rows`](Self::rows).
-    pub(crate) fn cols(&self, n_units: usize) -> Result<Option<&DeviceVec<u32>>> {
-        checked_walk(self.cols.as_ref(), n_units)
+    /// The walk of `t`'s units (Aᵀ's CSR), as [`rows`](Self::rows).
+    pub(crate) fn cols(&self, t: &DeviceCsr) -> Result<Option<&DeviceVec<u32>>> {
+        checked_walk(self.cols.as_ref(), t.schedule().n_units())
     }
 
     /// Bytes of device memory the walk holds.

@@ -524,14 +524,11 @@ impl FusedBackward {
 
         // The walk checked against both passes' units before anything is written.
         let walk = Arc::clone(&self.walk);
-        let a_units = a.schedule().merge_units().0[0].len();
-        let t_units = t.csr.schedule().merge_units().0[0].len();
-        let (row_order, col_order) = (walk.rows(a_units)?, walk.cols(t_units)?);
+        let (row_order, col_order) = (walk.rows(a)?, walk.cols(&t.csr)?);
 
         // Row pass over A.
         let ([rows, starts, slots, parts, first], _, _) = a.schedule().merge_units();
         let n_units = to_u32("units", rows.len())?;
-        let order = row_order;
         let name = kernel_named(
             &BACKWARD,
             rows_pass_kernel(T::NAME, vec, nv, has_ef, ef.is_some()),
@@ -543,7 +540,7 @@ impl FusedBackward {
         let dims = [heads, head_dim];
         push_pass_args(
             &mut args,
-            (&units, &n_units, order),
+            (&units, &n_units, row_order),
             a.col_indices(),
             operands,
             &dims,
@@ -585,7 +582,6 @@ impl FusedBackward {
         // Column pass over Aᵀ.
         let ([rows, starts, slots, parts, first], _, _) = t.csr.schedule().merge_units();
         let n_units = to_u32("units", rows.len())?;
-        let order = col_order;
         let cols = cols_pass_kernel(T::NAME, vec, nv, has_ef, d_ef.is_some());
         let name = kernel_named(&BACKWARD, cols)?;
         let f = gpu.load_function(BACKWARD.name, BACKWARD.ptx, name)?;
@@ -595,7 +591,7 @@ impl FusedBackward {
         let ends = t.csr.col_indices();
         push_pass_args(
             &mut args,
-            (&units, &n_units, order),
+            (&units, &n_units, col_order),
             ends,
             operands,
             &dims,

@@ -285,7 +285,7 @@ pub fn gat_row_stats(
     let (hl, g, tiles) = stats_lanes(heads);
     let heads_u = to_u32("heads", heads)?;
     let n_units = to_u32("units", rows.len())?;
-    let order = walk.rows(rows.len())?;
+    let order = walk.rows(a)?;
     let drop = DropoutWords::of(terms.dropout);
     let name = spattn_kernels_sys::kernel!(CSR_OPS, "gat_row_stats_csr");
     let f = gpu.load_function(CSR_OPS.name, CSR_OPS.ptx, name)?;
@@ -402,7 +402,7 @@ pub fn gat_forward_rows<T: DType>(
         to_u32("heads", heads)?,
         to_u32("head_dim", head_dim)?,
     );
-    let order = walk.rows(rows.len())?;
+    let order = walk.rows(a)?;
     let mut args = gpu.launch_builder(&f);
     push_walk(
         &mut args,
@@ -515,9 +515,7 @@ pub fn gat_backward_rows<T: DType>(
         }
     };
     // The walk checked against both passes' units before anything is written.
-    let a_units = a.schedule().units().0[0].len();
-    let t_units = t.csr().schedule().units().0[0].len();
-    let (a_order, t_order) = (walk.rows(a_units)?, walk.cols(t_units)?);
+    let (a_order, t_order) = (walk.rows(a)?, walk.cols(t.csr())?);
     if heads == 0 || head_dim == 0 || a.nnz() == 0 {
         // No edge: nothing aggregated, every gradient zero.
         grads.dx.fill(T::from_f32(0.0))?;
