@@ -50,7 +50,7 @@ use spattn::ops::backward::GatKernels;
 
 use args::{
     check_addresses, check_offsets, check_slope, edge_error, first, indices, int64_bytes,
-    parse_algorithm,
+    parse_algorithm, transform,
 };
 // The CUDA bodies of the calls (`crate::cuda`, `crate::extras`) take a graph's device state.
 pub(crate) use state::OnDevice;
@@ -159,7 +159,7 @@ impl GraphCore {
             let csr = Csr::from_unsorted(num_nodes, num_nodes, &rows, &cols, None)
                 .map_err(|e| formats_to_py("edge_index", e))?;
             let duplicates = rows.len() - csr.nnz();
-            Self::transform(csr, symmetrize, self_loops).map(|c| Self::new(c, duplicates))
+            transform(csr, symmetrize, self_loops).map(|c| Self::new(c, duplicates))
         })
     }
 
@@ -351,7 +351,7 @@ impl GraphCore {
             let csr = spattn::read_matrix_market(&path)
                 .map_err(|e| formats_to_py("path", e))?
                 .into_pattern();
-            Self::transform(csr, symmetrize, self_loops).map(|c| Self::new(c, 0))
+            transform(csr, symmetrize, self_loops).map(|c| Self::new(c, 0))
         })
     }
 
@@ -360,7 +360,7 @@ impl GraphCore {
     #[pyo3(signature = (symmetrize=false, self_loops=false))]
     fn transformed(&self, py: Python<'_>, symmetrize: bool, self_loops: bool) -> PyResult<Self> {
         py.detach(|| {
-            Self::transform((**self.csr_py()?).clone(), symmetrize, self_loops)
+            transform((**self.csr_py()?).clone(), symmetrize, self_loops)
                 .map(|c| Self::new(c, self.duplicates))
         })
     }
@@ -882,23 +882,5 @@ impl GraphCore {
             "GraphCore(n_rows={}, n_cols={}, nnz={})",
             self.n_rows, self.n_cols, self.nnz
         )
-    }
-}
-
-impl GraphCore {
-    /// `csr` with every reverse edge added and/or the missing self loops.
-    fn transform(csr: Csr, symmetrize: bool, self_loops: bool) -> PyResult<Csr> {
-        let csr = if symmetrize {
-            csr.symmetrize()
-                .map_err(|e| formats_to_py("symmetrize", e))?
-        } else {
-            csr
-        };
-        if self_loops {
-            csr.with_self_loops()
-                .map_err(|e| formats_to_py("self_loops", e))
-        } else {
-            Ok(csr)
-        }
     }
 }

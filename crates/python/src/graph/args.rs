@@ -1,12 +1,12 @@
 //! The argument parsing and validation of [`GraphCore`](super::GraphCore)'s calls: int64 index
-//! bytes (both ways), CSR offsets, the scale, algorithm and LeakyReLU slope, address lists, and
-//! an edge list's build errors as `ValueError`s.
+//! bytes (both ways), CSR offsets, the scale, algorithm and LeakyReLU slope, address lists, an
+//! edge list's build errors as `ValueError`s, and the CSR transforms a constructor asks for.
 
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use spattn::Algorithm;
+use spattn::{Algorithm, Csr};
 
-use crate::errors::{to_py, value_error};
+use crate::errors::{formats_to_py, to_py, value_error};
 
 /// Parses `bytes` of native-endian int64 (numpy / torch `int64`) into u32 indices below
 /// `limit` (inclusive when `inclusive`), naming `what` and the entry in errors.
@@ -132,4 +132,20 @@ pub(super) fn check_addresses(ptrs: &[u64], expected: usize) -> PyResult<()> {
 /// The first `N` addresses of `p` (checked by [`check_addresses`] to hold at least `N`).
 pub(super) fn first<const N: usize>(p: &[u64]) -> [u64; N] {
     std::array::from_fn(|i| p[i])
+}
+
+/// `csr` with every reverse edge added and/or the missing self loops.
+pub(super) fn transform(csr: Csr, symmetrize: bool, self_loops: bool) -> PyResult<Csr> {
+    let csr = if symmetrize {
+        csr.symmetrize()
+            .map_err(|e| formats_to_py("symmetrize", e))?
+    } else {
+        csr
+    };
+    if self_loops {
+        csr.with_self_loops()
+            .map_err(|e| formats_to_py("self_loops", e))
+    } else {
+        Ok(csr)
+    }
 }
