@@ -397,15 +397,7 @@ fn deterministic_runs<T: DType>(
     plan.forward(&qd, &kd, &vd, &mut out).unwrap();
     let mut runs = Vec::new();
     for _ in 0..2 {
-        let mut dq = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();
-        let mut dk = DeviceMatrix::<T>::zeros(gpu, skv).unwrap();
-        let mut dv = DeviceMatrix::<T>::zeros(gpu, skv).unwrap();
-        for m in [&mut dq, &mut dk, &mut dv] {
-            m.fill_nan().unwrap();
-        }
-        let d_scale = plan
-            .backward_with(kernels, &qd, &kd, &vd, &out, &dd, &mut dq, &mut dk, &mut dv)
-            .unwrap();
+        let ([dq, dk, dv], d_scale) = fresh_grads(gpu, plan, kernels, [&qd, &kd, &vd, &out, &dd]);
         let bits = |m: &DeviceMatrix<T>| {
             to_f64(&m.to_host().unwrap())
                 .iter()
@@ -764,14 +756,7 @@ fn empty_rows_case<T: DType>(
         out.fill_nan().unwrap();
         plan.forward(&qd, &kd, &vd, &mut out).unwrap();
         for &kernels in sets {
-            let mut dq = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();
-            let mut dk = DeviceMatrix::<T>::zeros(gpu, skv).unwrap();
-            let mut dv = DeviceMatrix::<T>::zeros(gpu, skv).unwrap();
-            for m in [&mut dq, &mut dk, &mut dv] {
-                m.fill_nan().unwrap();
-            }
-            plan.backward_with(kernels, &qd, &kd, &vd, &out, &dd, &mut dq, &mut dk, &mut dv)
-                .unwrap();
+            let ([dq, dk, dv], _) = fresh_grads(gpu, &plan, kernels, [&qd, &kd, &vd, &out, &dd]);
             runs += 1;
             let ctx = format!(
                 "{alg} {kernels:?} {} heads={heads} head_dim={head_dim} poisoned={poisoned}",
@@ -786,6 +771,27 @@ fn empty_rows_case<T: DType>(
         }
     }
     runs
+}
+
+/// `plan`'s gradients by `kernels` from `[Q, K, V, out, dOut]`, written into fresh buffers
+/// poisoned with NaN (so every element must be written): `([dQ, dK, dV], ∂L/∂scale)`.
+fn fresh_grads<T: DType>(
+    gpu: &Gpu,
+    plan: &AttentionPlan,
+    kernels: BackwardKernels,
+    [q, k, v, out, d]: [&DeviceMatrix<T>; 5],
+) -> ([DeviceMatrix<T>; 3], f32) {
+    let fresh = |s| {
+        let mut m = DeviceMatrix::<T>::zeros(gpu, s).unwrap();
+        m.fill_nan().unwrap();
+        m
+    };
+    let (sq, skv) = (plan.shape_q(), plan.shape_kv());
+    let [mut dq, mut dk, mut dv] = [fresh(sq), fresh(skv), fresh(skv)];
+    let d_scale = plan
+        .backward_with(kernels, q, k, v, out, d, &mut dq, &mut dk, &mut dv)
+        .unwrap();
+    ([dq, dk, dv], d_scale)
 }
 
 /// ∂L/∂scale within 1e-4 of the f64 reference's (relative, or absolute below 1), or within f32
@@ -935,11 +941,7 @@ fn nan_case<T: DType>(
             BackwardKernels::PerEdge,
             BackwardKernels::Unfused,
         ] {
-            let mut dq = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();
-            let mut dk = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();
-            let mut dv = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();
-            plan.backward_with(kernels, &qd, &kd, &vd, &out, &dd, &mut dq, &mut dk, &mut dv)
-                .unwrap();
+            let ([dq, _, dv], _) = fresh_grads(gpu, &plan, kernels, [&qd, &kd, &vd, &out, &dd]);
             runs += 1;
             // dQ of the other rows is finite where only queries are NaN (a NaN key reaches
             // them through a tensor-core product's masked zeros).
