@@ -429,7 +429,8 @@ def main():
 
 
 def profile(args, spattn, source, device):
-    """cProfile of --repeat new-graph steps of spattn (after --warmup), sorted by own time."""
+    """cProfile of --repeat new-graph steps of spattn (after --warmup), sorted by own time, then
+    by cumulative time."""
     import cProfile
     import pstats
 
@@ -441,6 +442,7 @@ def profile(args, spattn, source, device):
     r, _ = run_case("spattn", model, DTYPES[dname], batches, state, args, spattn, False, prof)
     print(f"{args.profile}: median step {r['median_ms']:.2f} ms (wall, profiled)")
     pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    pstats.Stats(prof).sort_stats("cumulative").print_stats(40)
 
 
 class _FloorLayer(torch.nn.Module):
