@@ -131,6 +131,8 @@ def test_row_counts_run_padded_then_exact(monkeypatch):
     big = spattn.nn._PAD_MAX_ROWS + 1  # GPU-bound maps are never padded nor tallied
     assert spattn.nn._rows_for(big) is None and big not in spattn.nn._ROW_COUNTS
     assert spattn.nn._rows_for(big - 1) == spattn.nn._bucket_rows(big - 1)
+    # A mini-batch's edge maps of ~10^5 rows (20% subgraphs of ogbn-arxiv) are host-bound: padded.
+    assert spattn.nn._rows_for(125_001) == spattn.nn._bucket_rows(125_001) > 125_001
 
 
 def test_maps_past_the_tally_are_the_plain_maps(gen, batched_maps, monkeypatch):

@@ -790,9 +790,9 @@ _HALF = (torch.float16, torch.bfloat16)
 # A row count's first maps run padded, later ones exact: over a run cuBLAS's one-off choice for
 # the exact shapes (~0.2 ms a GEMM) then costs less than the pad (~0.07 ms a map) every time.
 _EXACT_AFTER = 16
-# Past this many rows a map is GPU-bound: the pad's and the stacking's copies cost more than the
-# host time they save (full-graph TransformerConv epochs on ogbn-arxiv ran 0.78x).
-_PAD_MAX_ROWS = 1 << 16
+# Past this many rows a map is GPU-bound and the pad's and the stacking's copies grow with it;
+# below, a new row count's GEMM choices cost more (0.3-1 ms of host time a map, with its backward).
+_PAD_MAX_ROWS = 1 << 18
 _ROW_COUNTS: dict = {}
 
 
