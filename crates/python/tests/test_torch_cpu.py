@@ -133,6 +133,10 @@ def test_row_counts_run_padded_then_exact(monkeypatch):
     assert spattn.nn._rows_for(big - 1) == spattn.nn._bucket_rows(big - 1)
     # A mini-batch's edge maps of ~10^5 rows (20% subgraphs of ogbn-arxiv) are host-bound: padded.
     assert spattn.nn._rows_for(125_001) == spattn.nn._bucket_rows(125_001) > 125_001
+    # An input of more than _PAD_MAX_BYTES is not copied: the copy would outlive the map.
+    limit = spattn.nn._PAD_MAX_BYTES
+    assert spattn.nn._rows_for(2001, limit) == spattn.nn._bucket_rows(2001)
+    assert spattn.nn._rows_for(2003, limit + 1) is None and 2003 not in spattn.nn._ROW_COUNTS
 
 
 def test_maps_past_the_tally_are_the_plain_maps(gen, batched_maps, monkeypatch):
@@ -149,6 +153,13 @@ def test_maps_past_the_tally_are_the_plain_maps(gen, batched_maps, monkeypatch):
             torch.testing.assert_close(out, lin(x), rtol=1e-12, atol=1e-12)
     monkeypatch.setattr(spattn.nn, "_PAD_MAX_ROWS", 100)
     monkeypatch.setattr(spattn.nn, "_ROW_COUNTS", {})
+    spattn.nn._stacked_linear(x, lins)
+    assert len(calls) == spattn.nn._EXACT_AFTER and spattn.nn._padding(x) is None
+    # Within the rows but past _PAD_MAX_BYTES (x's bytes in its GEMM dtype): a plain map too.
+    monkeypatch.setattr(spattn.nn, "_PAD_MAX_ROWS", 1 << 18)
+    monkeypatch.setattr(spattn.nn, "_PAD_MAX_BYTES", x.numel() * x.element_size())
+    assert spattn.nn._padding(x) == (x.dtype, 104)
+    monkeypatch.setattr(spattn.nn, "_PAD_MAX_BYTES", x.numel() * x.element_size() - 1)
     spattn.nn._stacked_linear(x, lins)
     assert len(calls) == spattn.nn._EXACT_AFTER and spattn.nn._padding(x) is None
 

@@ -793,6 +793,8 @@ _EXACT_AFTER = 16
 # Past this many rows a map is GPU-bound and the pad's and the stacking's copies grow with it;
 # below, a new row count's GEMM choices cost more (0.3-1 ms of host time a map, with its backward).
 _PAD_MAX_ROWS = 1 << 18
+# Nor is an input of more bytes: the padded copy lives until the backward (the weight's gradient).
+_PAD_MAX_BYTES = 1 << 27
 _ROW_COUNTS: dict = {}
 
 
@@ -804,11 +806,12 @@ def _bucket_rows(n: int) -> int:
     return -(-n // step) * step
 
 
-def _rows_for(n: int) -> Optional[int]:
-    """The rows a half-precision map of `n` rows runs over: :func:`_bucket_rows` for the first
-    :data:`_EXACT_AFTER` maps of `n` rows in this process, None (a plain map) from then on and
-    past :data:`_PAD_MAX_ROWS` rows."""
-    if n > _PAD_MAX_ROWS:
+def _rows_for(n: int, nbytes: int = 0) -> Optional[int]:
+    """The rows a half-precision map of `n` rows (an input of `nbytes`) runs over:
+    :func:`_bucket_rows` for the first :data:`_EXACT_AFTER` maps of `n` rows in this process,
+    None (a plain map) from then on and past :data:`_PAD_MAX_ROWS` rows or
+    :data:`_PAD_MAX_BYTES`."""
+    if n > _PAD_MAX_ROWS or nbytes > _PAD_MAX_BYTES:
         return None
     seen = _ROW_COUNTS.get(n, 0)
     if seen >= _EXACT_AFTER:
@@ -835,7 +838,7 @@ def _padding(x: Tensor) -> Optional[Tuple[torch.dtype, int]]:
     dt = _gemm_dtype(x)
     if dt is None:
         return None
-    m = _rows_for(x.size(0))
+    m = _rows_for(x.size(0), x.numel() * dt.itemsize)
     return None if m is None else (dt, m)
 
 
