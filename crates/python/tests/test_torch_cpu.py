@@ -162,6 +162,13 @@ def test_maps_past_the_tally_are_the_plain_maps(gen, batched_maps, monkeypatch):
     monkeypatch.setattr(spattn.nn, "_PAD_MAX_BYTES", x.numel() * x.element_size() - 1)
     spattn.nn._stacked_linear(x, lins)
     assert len(calls) == spattn.nn._EXACT_AFTER and spattn.nn._padding(x) is None
+    # The bytes are those of the padded copy, in the GEMM's dtype (a wider input under autocast
+    # counts at half precision's 2 bytes an element).
+    monkeypatch.setattr(spattn.nn, "_gemm_dtype", lambda x: torch.float16)
+    monkeypatch.setattr(spattn.nn, "_PAD_MAX_BYTES", x.numel() * 2)
+    assert spattn.nn._padding(x) == (torch.float16, 104)
+    monkeypatch.setattr(spattn.nn, "_PAD_MAX_BYTES", x.numel() * 2 - 1)
+    assert spattn.nn._padding(x) is None
 
 
 @pytest.fixture

@@ -60,7 +60,8 @@ Differences from PyG (each is also in the class's documentation):
   not under ``torch.compile``) run over rows padded to a bucketed count (at most 1/16 more) and
   are cut back: a new graph's row count would otherwise cost cuBLAS a fresh kernel choice per
   GEMM (~0.1–0.25 ms of host time each, up to ~1 ms under load), where a bucket seen before
-  costs none. A row count's first 16 maps run padded, later ones unpadded. TransformerConv's
+  costs none. A row count's first 16 maps run padded, later ones unpadded; maps of more than
+  2^18 rows or 128 MiB of input never (the padded copy lives until the backward). TransformerConv's
   plain, hook-free ``torch.nn.Linear`` maps of one input run as one batched GEMM there.
   Results differ from separate GEMMs by rounding only; hooks on the ``lin*`` modules see the
   padded rows.
