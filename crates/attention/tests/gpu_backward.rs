@@ -817,17 +817,7 @@ fn a_nan_query_makes_its_row_nan_on_every_algorithm() {
     let mut rng = fresh_rng("a_nan_query_makes_its_row_nan_on_every_algorithm");
     let (n, hub, short) = (3000, 1, 777);
     let a = hub_graph(&mut rng, n, hub);
-    let mut failures = Vec::new();
-    let mut runs = 0;
-    for (heads, head_dim) in [(2, 32), (1, 64)] {
-        let shape = (heads, head_dim);
-        let nan = Poison::Queries([hub, short]);
-        runs += nan_case::<f16>(&gpu, &a, shape, nan, &mut rng, &mut failures);
-        runs += nan_case::<f32>(&gpu, &a, shape, nan, &mut rng, &mut failures);
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
-    // 4 shapes and dtypes x 3 forwards at least (CUDA cores) x 4 backwards.
-    assert!(runs >= 48, "only {runs} forward + backward runs");
+    nan_cases(&gpu, &a, Poison::Queries([hub, short]), &mut rng);
 }
 
 /// A NaN key makes every row with an edge to it NaN (a NaN score), and with it the softmax of
@@ -840,16 +830,8 @@ fn a_nan_key_makes_the_rows_reaching_it_nan_on_every_algorithm() {
     let gpu = gpu();
     let mut rng = fresh_rng("a_nan_key_makes_the_rows_reaching_it_nan_on_every_algorithm");
     let a = random_graph(&mut rng, 3000, 6, 0);
-    let mut failures = Vec::new();
-    let mut runs = 0;
-    for (heads, head_dim) in [(2, 32), (1, 64)] {
-        let shape = (heads, head_dim);
-        let nan = Poison::Key(a.col_indices()[a.nnz() / 2] as usize);
-        runs += nan_case::<f16>(&gpu, &a, shape, nan, &mut rng, &mut failures);
-        runs += nan_case::<f32>(&gpu, &a, shape, nan, &mut rng, &mut failures);
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
-    assert!(runs >= 48, "only {runs} forward + backward runs");
+    let key = a.col_indices()[a.nnz() / 2] as usize;
+    nan_cases(&gpu, &a, Poison::Key(key), &mut rng);
 }
 
 /// The NaN input of [`nan_case`]: whole rows of Q, or one node's row of K.
@@ -859,7 +841,21 @@ enum Poison {
     Key(usize),
 }
 
-/// One dtype and shape of the NaN tests above; failures are added to `failures`. Returns the
+/// The NaN tests above on `a` with `poison`: f16 and f32 at 2 × 32 and 1 × 64, every
+/// algorithm and backward; asserts that every check held and that the runs were made.
+fn nan_cases(gpu: &Gpu, a: &Csr, poison: Poison, rng: &mut Pcg64) {
+    let mut failures = Vec::new();
+    let mut runs = 0;
+    for shape in [(2, 32), (1, 64)] {
+        runs += nan_case::<f16>(gpu, a, shape, poison, rng, &mut failures);
+        runs += nan_case::<f32>(gpu, a, shape, poison, rng, &mut failures);
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // 4 shapes and dtypes x 3 forwards at least (CUDA cores) x 4 backwards.
+    assert!(runs >= 48, "only {runs} forward + backward runs");
+}
+
+/// One dtype and shape of [`nan_cases`]; failures are added to `failures`. Returns the
 /// forward + backward runs made.
 fn nan_case<T: DType>(
     gpu: &Gpu,

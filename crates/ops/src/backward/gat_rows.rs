@@ -640,12 +640,12 @@ pub fn gat_backward_rows<T: DType>(
             .arg(&mut part_x)
             .arg(&mut part_s);
         // SAFETY: Aᵀ's units (rows < n_cols), their walk where given (as in `gat_row_stats`)
-        // and entries (rows of A < n_rows: d_out, a_dst and lse rows); an entry's edge t_to_a[e] < nnz (a permutation; null, and unread, without
-        // a bias) indexes the bias at (edge, head) < nnz·heads; the mask in Aᵀ's order
-        // (`_drop` only) at word (entry·heads + head) / 32 < its view's length; ds at (entry,
-        // head) < nnz·heads; dx rows < n_cols at features < hd, d_src at (column, head) <
-        // n_cols·heads; partials at part·hd + feature < need_x and (part, head) < need_s in
-        // their views.
+        // and entries (rows of A < n_rows: d_out, a_dst and lse rows); an entry's edge
+        // t_to_a[e] < nnz (a permutation; null, and unread, without a bias) indexes the bias at
+        // (edge, head) < nnz·heads; the mask in Aᵀ's order (`_drop` only) at word
+        // (entry·heads + head) / 32 < its view's length; ds at (entry, head) < nnz·heads; dx
+        // rows < n_cols at features < hd, d_src at (column, head) < n_cols·heads; partials at
+        // part·hd + feature < need_x and (part, head) < need_s in their views.
         unsafe { launch(name, &mut args, cfg(rows.len())?) }?;
     }
     finalize_split_rows(gpu, tc, hd, &part_x.slice(..), grads.dx.slice_mut())?;
