@@ -25,6 +25,13 @@ Models: 2-layer ``GATConv`` / ``TransformerConv`` node classifiers (--features �
 ``transformer_edge``: the latter with attention dropout 0.1, as epoch.py's). spattn.nn layers
 load PyG's state dict; the first step's outputs (eval mode) are compared.
 
+Each implementation runs in a process of its own (the parent merges their JSON and compares
+their first forwards): run in one process after PyG's case, spattn's TransformerConv step with
+edge features took 6.3–6.8 ms where alone it took 8.7–10.2 (NVIDIA H200, the 2¹⁶-row pad bound),
+so an earlier library's cases leave state that later ones gain from and that emptying
+cuBLASLt's heuristic cache does not clear (the cache itself does empty: a GEMM's shape seen
+before chooses its kernel again after it, ~0.17 ms). `--one-process` runs them in one process.
+
 cuBLAS's kernel choices (--gemm-cache): a half-precision GEMM of a row count cuBLAS has not
 seen in the process costs ~0.1 ms of host time to choose its kernel (up to ~1 ms under load),
 so a step's time depends on which batch sizes came before. `cold` (the default) empties that
@@ -48,7 +55,9 @@ import ctypes
 import gc
 import json
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -324,6 +333,10 @@ def main():
                          "training run), warm (every step run once first: each batch size seen "
                          "once before), shared (left from the previous cases)")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--one-process", action="store_true",
+                    help="run every implementation in this process (by default each runs in a "
+                         "process of its own: an earlier library's cases leave state to later ones)")
+    ap.add_argument("--firsts", help=argparse.SUPPRESS)  # where a child saves its first forwards
     ap.add_argument("--plan-probe", metavar="WORKLOAD",
                     help="instead of the tables: where a graph build's wall time goes (the native "
                          "call alone, without positions, without the transpose)")
@@ -343,8 +356,6 @@ def main():
         args.impls = "pyg,spattn,floor" if args.phases else "pyg,spattn,spattn-reused"
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
-    if args.gemm_cache == "cold":
-        reset_gemm_choices()  # fails here, not in every case, where it cannot
     import spattn
 
     device = torch.device("cuda")
@@ -355,8 +366,31 @@ def main():
     except ImportError:
         pyg_version = None
         args.impls = ",".join(i for i in args.impls.split(",") if i != "pyg")
-    source = {}
     workloads = args.workloads.split(",")
+    gpu = torch.cuda.get_device_properties(device).name
+    header = {"gpu": gpu, "torch": torch.__version__, "torch_geometric": pyg_version,
+              "spattn": spattn.__version__, "config": vars(args)}
+    print(f"# Mini-batch steps, a new graph every step; GPU {gpu}; torch {torch.__version__}; "
+          f"torch_geometric {pyg_version}; spattn {spattn.__version__}")
+    print(f"2 layers: {args.features} -> {args.heads} heads x {args.hidden} -> {args.classes}; "
+          f"Adam; median of {args.repeat} steps after {args.warmup}, wall clock\n")
+    impls = args.impls.split(",")
+    probe = args.profile or args.phases or args.plan_probe or args.call_probe
+    if not probe and not args.one_process and len(impls) > 1:
+        results, plans = isolated(impls, args)
+        if "arxiv-full" in plans:
+            print_plan("arxiv-full", plans["arxiv-full"])
+        for w in workloads:
+            rows = [r for r in results if r["workload"] == w]
+            print_tables(w, rows, plans[w], rows[0]["mean_nodes"], rows[0]["mean_edges"])
+        if args.json:
+            header["config"]["isolated"] = impls
+            Path(args.json).write_text(json.dumps({"header": header, "results": results, "plans": plans}, indent=1))
+            print(f"\nwrote {args.json}")
+        return
+    if args.gemm_cache == "cold":
+        reset_gemm_choices()  # fails here, not in every case, where it cannot
+    source = {}
     if any(w.startswith("arxiv") for w in workloads):
         arxiv = spattn.Graph.read_matrix_market(find_graph(args.graph), symmetrize=True)
         source = {
@@ -365,13 +399,6 @@ def main():
             "crow": torch.from_numpy(arxiv.crow()).to(device),
             "col": torch.from_numpy(arxiv.col()).to(device),
         }
-    gpu = torch.cuda.get_device_properties(device).name
-    header = {"gpu": gpu, "torch": torch.__version__, "torch_geometric": pyg_version,
-              "spattn": spattn.__version__, "config": vars(args)}
-    print(f"# Mini-batch steps, a new graph every step; GPU {gpu}; torch {torch.__version__}; "
-          f"torch_geometric {pyg_version}; spattn {spattn.__version__}")
-    print(f"2 layers: {args.features} -> {args.heads} heads x {args.hidden} -> {args.classes}; "
-          f"Adam; median of {args.repeat} steps after {args.warmup}, wall clock\n")
     if args.profile:
         profile(args, spattn, source, device)
         return
@@ -386,7 +413,7 @@ def main():
     if args.call_probe:
         call_probe(args, spattn, source, device)
         return
-    results, plans = [], {}
+    results, plans, saved = [], {}, {}
     if source:
         # The whole of ogbn-arxiv built on the GPU (symmetrized, with self loops and the
         # transpose), for the per-edge cost past mini-batch sizes.
@@ -418,14 +445,85 @@ def main():
                     results.append(r)
                     gc.collect()
                 if "pyg" in firsts and "spattn" in firsts:
-                    a, b = firsts["spattn"], firsts["pyg"]
-                    diff = ((a - b).norm() / b.norm()).item()
+                    diff = first_diff(firsts["spattn"], firsts["pyg"])
                     for r in results[-len(args.impls.split(",")):]:
                         r["first_forward_rel_diff_vs_pyg"] = diff
+                for impl in ("pyg", "spattn"):
+                    if impl in firsts:
+                        saved[case_key(w, model, dname)] = firsts[impl].cpu()
         print_tables(w, [r for r in results if r["workload"] == w], plans[w], mean_n, mean_e)
+    if args.firsts:
+        torch.save(saved, args.firsts)
     if args.json:
         Path(args.json).write_text(json.dumps({"header": header, "results": results, "plans": plans}, indent=1))
         print(f"\nwrote {args.json}")
+
+
+def first_diff(a, b):
+    """Relative difference of a first forward `a` from PyG's `b`."""
+    return ((a - b).norm() / b.norm()).item()
+
+
+def case_key(workload, model, dname):
+    """A case's key in a child's saved first forwards."""
+    return f"{workload}:{model}:{dname}"
+
+
+def child_argv(argv, impl, json_path, firsts_path):
+    """This run's arguments for a child that runs `impl` alone in its own process: --impls,
+    --json and --one-process replaced (in both `--opt value` and `--opt=value` forms)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        name = a.split("=", 1)[0]
+        if name in ("--impls", "--json", "--firsts"):
+            skip = "=" not in a
+            continue
+        if name != "--one-process":
+            out.append(a)
+    return out + ["--impls", impl, "--json", str(json_path), "--firsts", str(firsts_path),
+                  "--one-process"]
+
+
+def merge_children(children, dtypes):
+    """One run's results and plans from its children's `(impl, json, firsts)`, in order: their
+    rows with the first forward's difference from PyG's where both saved theirs (the plans are
+    the first child's: each child times the same builds). `dtypes` maps the runs' dtype names to
+    the `--dtypes` names the children keyed their first forwards by."""
+    results, plans = [], {}
+    firsts = {impl: saved for impl, _, saved in children}
+    for _, data, _ in children:
+        results.extend(data["results"])
+        for w, rows in data["plans"].items():
+            plans.setdefault(w, rows)
+    pyg, ours = firsts.get("pyg", {}), firsts.get("spattn", {})
+    for r in results:
+        key = case_key(r["workload"], r["model"], dtypes.get(r["dtype"], r["dtype"]))
+        if key in pyg and key in ours:
+            r["first_forward_rel_diff_vs_pyg"] = first_diff(ours[key].float(), pyg[key].float())
+    return results, plans
+
+
+def isolated(impls, args):
+    """Runs each implementation of `impls` alone in a child process of this script, in order
+    (each with the same batches: they are seeded), and merges their results."""
+    children = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, impl in enumerate(impls):
+            out, saved = Path(tmp) / f"{i}.json", Path(tmp) / f"{i}.pt"
+            cmd = [sys.executable, str(Path(__file__).resolve()),
+                   *child_argv(sys.argv[1:], impl, out, saved)]
+            print(f"{impl}: in a process of its own", file=sys.stderr, flush=True)
+            run = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+            if run.returncode != 0:
+                sys.stdout.write(run.stdout)
+                sys.exit(f"{impl}'s process failed (exit status {run.returncode})")
+            children.append((impl, json.loads(out.read_text()),
+                             torch.load(saved) if saved.exists() else {}))
+    dtypes = {str(v).replace("torch.", ""): k for k, v in DTYPES.items()}
+    return merge_children(children, dtypes)
 
 
 def profile(args, spattn, source, device):

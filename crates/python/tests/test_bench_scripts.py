@@ -29,3 +29,45 @@ def test_epoch_benchmark_profiles_on_the_cpu(tmp_path):
     names = [o["name"] for o in p["host_ops"]]
     assert any(n.startswith("_GatAttention") for n in names), names
     assert "gat_dropout float32 spattn: per epoch" in run.stdout
+
+
+def _minibatch():
+    sys.path.insert(0, str(REPO / "crates" / "python" / "bench"))
+    import minibatch
+
+    return minibatch
+
+
+def test_minibatch_children_get_one_implementation_each():
+    mb = _minibatch()
+    argv = ["--graph", "g.mtx.gz", "--impls", "pyg,spattn", "--json=out.json", "--one-process",
+            "--dtypes", "f16", "--impls=pyg"]
+    assert mb.child_argv(argv, "spattn", "c.json", "c.pt") == [
+        "--graph", "g.mtx.gz", "--dtypes", "f16",
+        "--impls", "spattn", "--json", "c.json", "--firsts", "c.pt", "--one-process"]
+
+
+def test_minibatch_merges_children_and_compares_first_forwards():
+    import torch
+
+    mb = _minibatch()
+
+    def child(impl, ms, first):
+        rows = [{"impl": impl, "workload": "molecules", "model": "gat", "dtype": "float16",
+                 "status": "ok", "median_ms": ms, "mean_nodes": 10, "mean_edges": 20},
+                {"impl": impl, "workload": "molecules", "model": "gat", "dtype": "f32",
+                 "status": "error", "reason": "no"}]
+        saved = {} if first is None else {mb.case_key("molecules", "gat", "f16"): first}
+        return impl, {"results": rows, "plans": {"molecules": [{"edges": 20 + ms}]}}, saved
+
+    pyg = torch.tensor([3.0, 4.0])
+    results, plans = mb.merge_children(
+        [child("pyg", 2.0, pyg), child("spattn", 1.0, pyg + torch.tensor([0.0, 0.5])),
+         child("spattn-reused", 0.5, None)],
+        {"float16": "f16", "float32": "f32"})
+    assert [r["impl"] for r in results] == ["pyg", "pyg", "spattn", "spattn", "spattn-reused",
+                                            "spattn-reused"]
+    assert plans == {"molecules": [{"edges": 22.0}]}  # the first child's
+    diffs = [r.get("first_forward_rel_diff_vs_pyg") for r in results]
+    # 0.5 / |(3, 4)| = 0.1 on every row of the case both saved; none on the failed one.
+    assert diffs == pytest.approx([0.1, None, 0.1, None, 0.1, None])
