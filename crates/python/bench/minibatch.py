@@ -25,8 +25,8 @@ Models: 2-layer ``GATConv`` / ``TransformerConv`` node classifiers (--features �
 ``transformer_edge``: the latter with attention dropout 0.1, as epoch.py's). spattn.nn layers
 load PyG's state dict; the first step's outputs (eval mode) are compared.
 
-Each implementation runs in a process of its own (the parent merges their JSON and compares
-their first forwards): run in one process after PyG's case, spattn's TransformerConv step with
+Each implementation runs in a process of its own, for the tables and --phases (the parent
+merges their JSON and compares their first forwards): run in one process after PyG's case, spattn's TransformerConv step with
 edge features took 6.3–6.8 ms where alone it took 8.7–10.2 (NVIDIA H200, the 2¹⁶-row pad bound),
 so an earlier library's cases leave state that later ones gain from and that emptying
 cuBLASLt's heuristic cache does not clear (the cache itself does empty: a GEMM's shape seen
@@ -68,6 +68,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from epoch import DTYPES, build, find_graph  # noqa: E402
 
 WORKLOADS = ("arxiv-sub20", "arxiv-ns", "molecules")
+# The results' dtype names, back to --dtypes's.
+DTYPE_NAMES = {str(v).replace("torch.", ""): k for k, v in DTYPES.items()}
 MODELS = ("gat", "transformer", "gat_edge", "transformer_edge")
 
 
@@ -375,9 +377,17 @@ def main():
     print(f"2 layers: {args.features} -> {args.heads} heads x {args.hidden} -> {args.classes}; "
           f"Adam; median of {args.repeat} steps after {args.warmup}, wall clock\n")
     impls = args.impls.split(",")
-    probe = args.profile or args.phases or args.plan_probe or args.call_probe
-    if not probe and not args.one_process and len(impls) > 1:
-        results, plans = isolated(impls, args)
+    probe = args.profile or args.plan_probe or args.call_probe
+    if args.phases and not args.one_process and len(impls) > 1:
+        rows = merge_phases(isolated(impls, args), args)
+        for rec in rows:
+            print_phase(rec)
+        if args.json:
+            header["config"]["isolated"] = impls
+            Path(args.json).write_text(json.dumps({"header": header, "phases": rows}, indent=1))
+        return
+    if not probe and not args.phases and not args.one_process and len(impls) > 1:
+        results, plans = merge_children(isolated(impls, args), DTYPE_NAMES)
         if "arxiv-full" in plans:
             print_plan("arxiv-full", plans["arxiv-full"])
         for w in workloads:
@@ -508,7 +518,8 @@ def merge_children(children, dtypes):
 
 def isolated(impls, args):
     """Runs each implementation of `impls` alone in a child process of this script, in order
-    (each with the same batches: they are seeded), and merges their results."""
+    (each with the same batches: they are seeded); returns each child's `(impl, json, saved first
+    forwards)`."""
     children = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, impl in enumerate(impls):
@@ -522,8 +533,28 @@ def isolated(impls, args):
                 sys.exit(f"{impl}'s process failed (exit status {run.returncode})")
             children.append((impl, json.loads(out.read_text()),
                              torch.load(saved) if saved.exists() else {}))
-    dtypes = {str(v).replace("torch.", ""): k for k, v in DTYPES.items()}
-    return merge_children(children, dtypes)
+    return children
+
+
+def merge_phases(children, args):
+    """The children's --phases records of one run, in the order one process would print them
+    (workload, model, dtype, then --impls)."""
+    order = [args.workloads.split(","), args.models.split(","), args.dtypes.split(","),
+             args.impls.split(",")]
+    rows = [rec for _, data, _ in children for rec in data["phases"]]
+    return sorted(rows, key=lambda r: tuple(o.index(r[k]) for o, k in
+                                            zip(order, ("workload", "model", "dtype", "impl"))))
+
+
+def print_phase(rec):
+    """One --phases record as a line."""
+    med = rec["median_ms"]
+    print(f"{rec['workload']} {rec['model']} {rec['dtype']} {rec['impl']}: wall {med['wall']:.2f} "
+          f"ms = forward {med['forward']:.2f} + backward {med['backward']:.2f} + adam "
+          f"{med['adam']:.2f} (host) + GPU tail {med['gpu_tail']:.2f}; GPU "
+          f"{rec['gpu_ms']:.2f} ms in {rec['kernels']:.0f} kernels and "
+          f"{rec['memops']:.0f} copies/sets; host: {rec['aten_ops']:.0f} aten ops, "
+          f"{rec['launch_calls']:.0f} launch calls", flush=True)
 
 
 def profile(args, spattn, source, device):
@@ -645,12 +676,7 @@ def phases(args, spattn, source, device):
                            "aten_ops": statistics.median(aten), "launch_calls": statistics.median(launches),
                            "steps": rows}
                     out.append(rec)
-                    print(f"{w} {model} {dname} {impl}: wall {med['wall']:.2f} ms = forward "
-                          f"{med['forward']:.2f} + backward {med['backward']:.2f} + adam "
-                          f"{med['adam']:.2f} (host) + GPU tail {med['gpu_tail']:.2f}; GPU "
-                          f"{rec['gpu_ms']:.2f} ms in {rec['kernels']:.0f} kernels and "
-                          f"{rec['memops']:.0f} copies/sets; host: {rec['aten_ops']:.0f} aten ops, "
-                          f"{rec['launch_calls']:.0f} launch calls", flush=True)
+                    print_phase(rec)
                     del net, step
                     gc.collect()
     return out

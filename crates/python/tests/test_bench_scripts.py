@@ -71,3 +71,19 @@ def test_minibatch_merges_children_and_compares_first_forwards():
     diffs = [r.get("first_forward_rel_diff_vs_pyg") for r in results]
     # 0.5 / |(3, 4)| = 0.1 on every row of the case both saved; none on the failed one.
     assert diffs == pytest.approx([0.1, None, 0.1, None, 0.1, None])
+
+
+def test_minibatch_phases_from_children_in_one_process_order():
+    mb = _minibatch()
+
+    class Args:
+        workloads, models, dtypes, impls = "molecules,arxiv-ns", "gat", "f16,f32", "pyg,spattn"
+
+    def rec(w, d, impl):
+        return {"workload": w, "model": "gat", "dtype": d, "impl": impl}
+
+    children = [(impl, {"phases": [rec(w, d, impl) for w in ("molecules", "arxiv-ns")
+                                   for d in ("f16", "f32")]}, {}) for impl in ("pyg", "spattn")]
+    rows = mb.merge_phases(children, Args)
+    assert [(r["workload"], r["dtype"], r["impl"]) for r in rows] == [
+        (w, d, i) for w in ("molecules", "arxiv-ns") for d in ("f16", "f32") for i in ("pyg", "spattn")]
