@@ -26,11 +26,13 @@ Models: 2-layer ``GATConv`` / ``TransformerConv`` node classifiers (--features �
 load PyG's state dict; the first step's outputs (eval mode) are compared.
 
 Each implementation runs in a process of its own, for the tables and --phases (the parent
-merges their JSON and compares their first forwards): run in one process after PyG's case, spattn's TransformerConv step with
-edge features took 6.3–6.8 ms where alone it took 8.7–10.2 (NVIDIA H200, the 2¹⁶-row pad bound),
-so an earlier library's cases leave state that later ones gain from and that emptying
-cuBLASLt's heuristic cache does not clear (the cache itself does empty: a GEMM's shape seen
-before chooses its kernel again after it, ~0.17 ms). `--one-process` runs them in one process.
+merges their JSON and compares their first forwards): run in one process after PyG's case,
+spattn's TransformerConv step with edge features took 6.3–6.8 ms where alone it took 8.7–10.2
+(NVIDIA H200, the 2¹⁶-row pad bound), so an earlier library's cases leave state that later ones
+gain from and that emptying cuBLASLt's heuristic cache does not clear (the cache itself does
+empty: a GEMM's shape seen before chooses its kernel again after it, ~0.17 ms). `--one-process`
+runs them in one process; so must a wrapper that changes settings in its own process before
+running this script (the children start this script afresh, without it).
 
 cuBLAS's kernel choices (--gemm-cache): a half-precision GEMM of a row count cuBLAS has not
 seen in the process costs ~0.1 ms of host time to choose its kernel (up to ~1 ms under load),
@@ -333,7 +335,8 @@ def main():
     ap.add_argument("--gemm-cache", choices=("cold", "warm", "shared"), default="cold",
                     help="cuBLAS's kernel choices at each case's start: cold (emptied: a new "
                          "training run), warm (every step run once first: each batch size seen "
-                         "once before), shared (left from the previous cases)")
+                         "once before), shared (left from the same implementation's previous "
+                         "cases)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--one-process", action="store_true",
                     help="run every implementation in this process (by default each runs in a "
@@ -369,35 +372,41 @@ def main():
         pyg_version = None
         args.impls = ",".join(i for i in args.impls.split(",") if i != "pyg")
     workloads = args.workloads.split(",")
-    gpu = torch.cuda.get_device_properties(device).name
-    header = {"gpu": gpu, "torch": torch.__version__, "torch_geometric": pyg_version,
-              "spattn": spattn.__version__, "config": vars(args)}
-    print(f"# Mini-batch steps, a new graph every step; GPU {gpu}; torch {torch.__version__}; "
-          f"torch_geometric {pyg_version}; spattn {spattn.__version__}")
-    print(f"2 layers: {args.features} -> {args.heads} heads x {args.hidden} -> {args.classes}; "
-          f"Adam; median of {args.repeat} steps after {args.warmup}, wall clock\n")
+    header = {"torch": torch.__version__, "torch_geometric": pyg_version,
+              "spattn": spattn.__version__, "config": dict(vars(args))}
+
+    def title(gpu):
+        header["gpu"] = gpu
+        print(f"# Mini-batch steps, a new graph every step; GPU {gpu}; torch {torch.__version__}; "
+              f"torch_geometric {pyg_version}; spattn {spattn.__version__}")
+        print(f"2 layers: {args.features} -> {args.heads} heads x {args.hidden} -> {args.classes}; "
+              f"Adam; median of {args.repeat} steps after {args.warmup}, wall clock\n")
+
     impls = args.impls.split(",")
     probe = args.profile or args.plan_probe or args.call_probe
-    if args.phases and not args.one_process and len(impls) > 1:
-        rows = merge_phases(isolated(impls, args), args)
-        for rec in rows:
-            print_phase(rec)
+    if not probe and not args.one_process and len(impls) > 1:
+        # The parent leaves the GPU to its children: the GPU's name comes from their headers.
+        children = isolated(impls, args)
+        title(children[0][1]["header"]["gpu"])
+        header["config"]["isolated"] = impls
+        if args.phases:
+            rows = merge_phases(children, args)
+            for rec in rows:
+                print_phase(rec)
+            out = {"header": header, "phases": rows}
+        else:
+            results, plans = merge_children(children, DTYPE_NAMES)
+            if "arxiv-full" in plans:
+                print_plan("arxiv-full", plans["arxiv-full"])
+            for w in workloads:
+                rows = [r for r in results if r["workload"] == w]
+                print_tables(w, rows, plans[w], rows[0]["mean_nodes"], rows[0]["mean_edges"])
+            out = {"header": header, "results": results, "plans": plans}
         if args.json:
-            header["config"]["isolated"] = impls
-            Path(args.json).write_text(json.dumps({"header": header, "phases": rows}, indent=1))
-        return
-    if not probe and not args.phases and not args.one_process and len(impls) > 1:
-        results, plans = merge_children(isolated(impls, args), DTYPE_NAMES)
-        if "arxiv-full" in plans:
-            print_plan("arxiv-full", plans["arxiv-full"])
-        for w in workloads:
-            rows = [r for r in results if r["workload"] == w]
-            print_tables(w, rows, plans[w], rows[0]["mean_nodes"], rows[0]["mean_edges"])
-        if args.json:
-            header["config"]["isolated"] = impls
-            Path(args.json).write_text(json.dumps({"header": header, "results": results, "plans": plans}, indent=1))
+            Path(args.json).write_text(json.dumps(out, indent=1))
             print(f"\nwrote {args.json}")
         return
+    title(torch.cuda.get_device_properties(device).name)
     if args.gemm_cache == "cold":
         reset_gemm_choices()  # fails here, not in every case, where it cannot
     source = {}
@@ -577,8 +586,10 @@ def profile(args, spattn, source, device):
 class _FloorLayer(torch.nn.Module):
     """A layer's dense work without attention, for the floor of a step's host time: GAT's
     projection (heads concatenated or averaged, bias), or TransformerConv's four (the query,
-    key and value projections summed, plus the skip), no graph. Any implementation of the layer
-    runs at least these ops in eager mode."""
+    key and value projections summed, plus the skip), no graph: plain maps over the exact rows,
+    which an eager layer with such maps (PyG's) runs at least. spattn's half-precision maps are
+    padded and TransformerConv's batched into one GEMM, which can cost less from an emptied
+    cuBLAS cache."""
 
     def __init__(self, model, fin, c, heads, concat=True):
         super().__init__()
@@ -610,12 +621,12 @@ def floor_model(model, args):
 
 def phases(args, spattn, source, device):
     """Where a new-graph step's wall time goes, PyG and spattn alike (and "floor": the same
-    model's dense layers without attention, the least any implementation runs): per step the host time to
-    enqueue the forward (for spattn, the graph's build and its one read-back included), the
-    backward and Adam, then the wait for the GPU after the last (no synchronisation between
-    them: what a training loop does); then, in steps of their own under torch.profiler, the GPU
-    time of the step's kernels and memory operations and how many there are. Medians over
-    --repeat new-graph steps after --warmup."""
+    model's dense layers without attention, what layers with plain maps run at least): per step
+    the host time to enqueue the forward (for spattn, the graph's build and its one read-back
+    included), the backward and Adam, then the wait for the GPU after the last (no
+    synchronisation between them: what a training loop does); then, in steps of their own under
+    torch.profiler, the GPU time of the step's kernels and memory operations and how many there
+    are. Medians over --repeat new-graph steps after --warmup."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
     out = []

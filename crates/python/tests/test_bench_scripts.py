@@ -1,5 +1,6 @@
-"""The Python benchmarks run end to end on the CPU (``--device cpu``, the bundled cora): the
-epoch benchmark's table, JSON and ``--profile`` breakdown."""
+"""The Python benchmarks on the CPU: the epoch benchmark end to end (``--device cpu``, the
+bundled cora: its table, JSON and ``--profile`` breakdown), and how the mini-batch benchmark,
+which needs a GPU, hands each implementation to a process of its own and merges the results."""
 
 from __future__ import annotations
 
