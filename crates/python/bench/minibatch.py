@@ -467,9 +467,10 @@ def main():
                     diff = first_diff(firsts["spattn"], firsts["pyg"])
                     for r in results[-len(args.impls.split(",")):]:
                         r["first_forward_rel_diff_vs_pyg"] = diff
-                for impl in ("pyg", "spattn"):
-                    if impl in firsts:
-                        saved[case_key(w, model, dname)] = firsts[impl].cpu()
+                if args.firsts:  # a child's one implementation, for the parent to compare
+                    for impl in ("pyg", "spattn"):
+                        if impl in firsts:
+                            saved[case_key(w, model, dname)] = firsts[impl].cpu()
         print_tables(w, [r for r in results if r["workload"] == w], plans[w], mean_n, mean_e)
     if args.firsts:
         torch.save(saved, args.firsts)
