@@ -569,12 +569,14 @@ impl AttentionPlan {
             let reorder = graph.effective_reorder(self.config().reorder);
             let ws = st.tc_workspace::<T>(graph, sq, reorder)?;
             let saved = stats.map(|s| (out, s.lse.vec()));
+            ws.set_d_scale(read_scale);
             ws.run(gpu, scale, [q, k, v, d_out], saved, [dq, dk, dv])?;
             return read_d_scale(read_scale, ws.d_scale());
         }
         let t = graph.transpose()?;
         if kernels == BackwardKernels::Fused {
             let ws = st.fused_workspace(graph, self.config().reorder, sq)?;
+            ws.set_d_scale(read_scale);
             ws.run(gpu, a, t, scale, [q, k, v, d_out], [dq, dk, dv])?;
             return read_d_scale(read_scale, ws.d_scale());
         }
@@ -684,6 +686,7 @@ impl AttentionPlan {
         let mut st = state.lock().unwrap_or_else(PoisonError::into_inner);
         let reorder = graph.effective_reorder(self.config().reorder);
         let ws = st.tc_workspace::<T>(graph, self.shape_q(), reorder)?;
+        ws.set_d_scale(read_scale);
         ws.run_with_extras(
             gpu,
             graph,
@@ -714,6 +717,7 @@ impl AttentionPlan {
         let (a, t) = (graph.csr()?, graph.transpose()?);
         let ws = st.fused_workspace(graph, self.config().reorder, sq)?;
         let scale = self.config().scale();
+        ws.set_d_scale(read_scale);
         ws.run_with_edge_terms(gpu, a, t, scale, operands, [dq, dk, dv], terms)?;
         read_d_scale(read_scale, ws.d_scale())
     }

@@ -773,6 +773,81 @@ fn empty_rows_case<T: DType>(
     runs
 }
 
+/// `backward_grads` (the layers' and the Python package's call, which never reads ∂L/∂scale and
+/// so skips its sum) gives the bits of `backward`, before and after a `backward` that takes
+/// ∂L/∂scale, and that one is still right: f16 and bf16 (the tensor-core passes) and f32 (the
+/// fused passes), on a random graph and a hub graph.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn backward_grads_skip_d_scale_with_the_same_gradients() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("backward_grads_skip_d_scale_with_the_same_gradients");
+    for a in [
+        random_graph(&mut rng, 500, 3, 9),
+        hub_graph(&mut rng, 3000, 17),
+    ] {
+        skip_d_scale_case::<f16>(&gpu, &a, 4, 32, &mut rng);
+        skip_d_scale_case::<bf16>(&gpu, &a, 2, 64, &mut rng);
+        skip_d_scale_case::<f32>(&gpu, &a, 3, 20, &mut rng);
+    }
+}
+
+fn skip_d_scale_case<T: DType>(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64) {
+    let plan =
+        AttentionPlan::new_gpu(gpu, a, AttentionConfig::new(heads, head_dim, T::KIND)).unwrap();
+    let (sq, skv) = (plan.shape_q(), plan.shape_kv());
+    let (q, k, v, d): (Vec<T>, Vec<T>, Vec<T>, Vec<T>) = (
+        random_vec(rng, sq.len(), 1.0),
+        random_vec(rng, skv.len(), 1.0),
+        random_vec(rng, skv.len(), 1.0),
+        random_vec(rng, sq.len(), 1.0),
+    );
+    let up = |s, x: &[T]| DeviceMatrix::from_host(gpu, s, x).unwrap();
+    let (qd, kd, vd, dd) = (up(sq, &q), up(skv, &k), up(skv, &v), up(sq, &d));
+    let mut out = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();
+    plan.forward(&qd, &kd, &vd, &mut out).unwrap();
+    let bits = |g: &[DeviceMatrix<T>; 3]| -> Vec<Vec<u64>> {
+        g.iter()
+            .map(|m| {
+                to_f64(&m.to_host().unwrap())
+                    .iter()
+                    .map(|x| x.to_bits())
+                    .collect()
+            })
+            .collect()
+    };
+    let grads_only = || {
+        let mut g = [sq, skv, skv].map(|s| {
+            let mut m = DeviceMatrix::<T>::zeros(gpu, s).unwrap();
+            m.fill_nan().unwrap();
+            m
+        });
+        let [dq, dk, dv] = &mut g;
+        plan.backward_grads(&qd, &kd, &vd, &out, &dd, dq, dk, dv)
+            .unwrap();
+        bits(&g)
+    };
+    let ops = [&qd, &kd, &vd, &out, &dd];
+    let first = grads_only();
+    let (g, d_scale) = fresh_grads(gpu, &plan, BackwardKernels::default(), ops);
+    let ctx = format!("{} {heads} x {head_dim}, n {}", T::NAME, a.n_rows());
+    assert!(
+        bits(&g) == first,
+        "{ctx}: backward_grads differs from backward"
+    );
+    assert!(
+        grads_only() == first,
+        "{ctx}: backward_grads differs after backward"
+    );
+    let (_, again) = fresh_grads(gpu, &plan, BackwardKernels::default(), ops);
+    assert_eq!(again.to_bits(), d_scale.to_bits(), "{ctx}: ∂scale changed");
+    let (q64, k64, v64, d64) = (to_f64(&q), to_f64(&k), to_f64(&v), to_f64(&d));
+    let inputs = AttentionInputs::new(&q64, sq, &k64, skv, &v64, skv);
+    let scale = f64::from(plan.config().scale());
+    let want = attention_backward_f64_from(a, &inputs, scale, &d64).unwrap();
+    assert_d_scale(&ctx, d_scale, &want);
+}
+
 /// `plan`'s gradients by `kernels` from `[Q, K, V, out, dOut]`, written into fresh buffers
 /// poisoned with NaN (so every element must be written): `([dQ, dK, dV], ∂L/∂scale)`.
 fn fresh_grads<T: DType>(

@@ -637,6 +637,105 @@ fn tensor_core_backward_refuses_another_graph_of_the_same_sizes() {
     assert!(format!("{e}").contains("another graph"), "{e}");
 }
 
+/// Both deterministic backward states with ∂L/∂scale turned off (`set_d_scale(false)`, what
+/// the callers that never read it do): the gradients are the bits of a run that takes it, and
+/// `d_scale()` keeps the last value taken, though the scale changed in between. FusedBackward
+/// in f32 and f16, TensorCoreBackward in f16 (sm_80+), on the small graphs.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn backward_states_skip_d_scale_with_the_same_gradients() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("backward_states_skip_d_scale_with_the_same_gradients");
+    for a in small_graphs(&mut rng) {
+        skip_d_scale_case::<f32>(&gpu, &mut rng, &a, 3, 20, false);
+        skip_d_scale_case::<f16>(&gpu, &mut rng, &a, 2, 64, false);
+        if gpu.compute_capability() >= (8, 0) {
+            skip_d_scale_case::<f16>(&gpu, &mut rng, &a, 2, 32, true);
+        }
+    }
+}
+
+fn skip_d_scale_case<T: DType>(
+    gpu: &Gpu,
+    rng: &mut Pcg64,
+    a: &Csr,
+    heads: usize,
+    head_dim: usize,
+    tensor_cores: bool,
+) {
+    let s = Shape::new(a.n_rows(), heads, head_dim).unwrap();
+    let skv = Shape::new(a.n_cols(), heads, head_dim).unwrap();
+    let m = |s: Shape, rng: &mut Pcg64| {
+        let x: Vec<T> = f32s(rng, s.len(), -1.0, 1.0)
+            .into_iter()
+            .map(T::from_f32)
+            .collect();
+        DeviceMatrix::from_host(gpu, s, &x).unwrap()
+    };
+    let (q, k, v, d) = (m(s, rng), m(skv, rng), m(skv, rng), m(s, rng));
+    let (a_dev, t) = (
+        DeviceCsr::upload(gpu, a).unwrap(),
+        DeviceTranspose::upload(gpu, a).unwrap(),
+    );
+    let graph = DeviceGraph::new(gpu, a.clone());
+    let mut fused = backward::FusedBackward::new(gpu, &a_dev, &t, heads, head_dim).unwrap();
+    let mut tc = tensor_cores.then(|| {
+        backward::TensorCoreBackward::new::<T>(&graph, heads, head_dim, Reorder::None).unwrap()
+    });
+    // dQ, dK, dV and the state's ∂scale, as host bits, from a run at `scale` taking ∂scale or not.
+    let mut run = |scale: f32, take: bool| {
+        let mut g = [s, skv, skv].map(|s| {
+            let mut x = DeviceMatrix::<T>::zeros(gpu, s).unwrap();
+            x.fill_nan().unwrap();
+            x
+        });
+        let [dq, dk, dv] = &mut g;
+        let ops = [&q, &k, &v, &d];
+        let ds = match &mut tc {
+            Some(tc) => {
+                tc.set_d_scale(take);
+                tc.run(gpu, scale, ops, None, [dq, dk, dv]).unwrap();
+                tc.d_scale().to_host().unwrap()[0]
+            }
+            None => {
+                fused.set_d_scale(take);
+                fused
+                    .run(gpu, &a_dev, &t, scale, ops, [dq, dk, dv])
+                    .unwrap();
+                fused.d_scale().to_host().unwrap()[0]
+            }
+        };
+        let bits: Vec<Vec<u32>> = g
+            .iter()
+            .map(|x| {
+                x.to_host()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_f32().to_bits())
+                    .collect()
+            })
+            .collect();
+        (bits, ds.to_bits())
+    };
+    let what = format!(
+        "n {}, {} {heads} x {head_dim}, tc {tensor_cores}",
+        a.n_rows(),
+        T::NAME
+    );
+    let (_, ds_first) = run(0.3, true);
+    let (skipped, ds_kept) = run(0.5, false);
+    assert_eq!(ds_kept, ds_first, "{what}: a run without ∂scale changed it");
+    let (taken, ds_taken) = run(0.5, true);
+    assert!(skipped == taken, "{what}: gradients differ without ∂scale");
+    // A row of one edge has P = 1 and no ∂scale at any scale.
+    if (0..a.n_rows()).any(|r| a.degree(r) > 1) {
+        assert_ne!(
+            ds_taken, ds_first,
+            "{what}: ∂scale did not follow the scale"
+        );
+    }
+}
+
 /// GAT's fused backward against the f64 CPU reference (on the inputs rounded to `T`): dx
 /// within `T`'s rounding, the score terms' and the bias's gradients (f32) within f32's of the
 /// terms they sum; over graphs with empty rows, a hub row (split rows) and a hub column (split

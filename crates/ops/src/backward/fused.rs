@@ -197,6 +197,8 @@ pub struct FusedBackward {
     col_counters: DeviceVec<u32>,
     /// ∂scale: the rows' shares summed in a fixed order after the row pass.
     d_scale: DeviceSum,
+    /// Whether a run sums the rows' shares into `d_scale` ([`set_d_scale`](Self::set_d_scale)).
+    take_d_scale: bool,
     /// With edge terms: each edge's score and dP per head (at least `nnz × heads × 2`), left by
     /// the row pass for the column pass; grown by the runs with edge terms.
     edge_sd: Option<DeviceVec<f32>>,
@@ -244,6 +246,7 @@ impl FusedBackward {
             col_part_acc: zeros("column partials", &[t_parts, heads, 2, head_dim])?,
             col_counters: DeviceVec::zeros(gpu, product("column counters", &[t_split, heads])?)?,
             d_scale: DeviceSum::new(gpu)?,
+            take_d_scale: true,
             edge_sd: None,
             keep: None,
             walk: Arc::default(),
@@ -314,9 +317,17 @@ impl FusedBackward {
         (self.heads, self.head_dim)
     }
 
-    /// ∂L/∂scale of the last [`run`](Self::run), on the device (one f64).
+    /// ∂L/∂scale of the last [`run`](Self::run) that took it, on the device (one f64).
     pub fn d_scale(&self) -> &DeviceVec<f64> {
         self.d_scale.total()
+    }
+
+    /// Whether the runs take ∂L/∂scale (true for a new workspace). False skips its sum, one
+    /// launch a run, for callers that never read it (a scale that is a constant);
+    /// [`d_scale`](Self::d_scale) then keeps the last run's that took it. The gradients are the
+    /// same bits either way.
+    pub fn set_d_scale(&mut self, take: bool) {
+        self.take_d_scale = take;
     }
 
     /// Device memory the workspace holds, in bytes.
@@ -345,7 +356,8 @@ impl FusedBackward {
 
     /// The gradients of `out = softmax_row(scale · Q Kᵀ masked by A) · V`: from `[Q, K, V,
     /// dOut]` writes every element of `[dQ, dK, dV]`, and ∂L/∂scale into
-    /// [`d_scale`](Self::d_scale). Enqueued on `gpu`'s stream; nothing waits for the GPU.
+    /// [`d_scale`](Self::d_scale) (unless [`set_d_scale`](Self::set_d_scale) turned it off).
+    /// Enqueued on `gpu`'s stream; nothing waits for the GPU.
     ///
     /// Shapes: Q, dOut, dQ are `a.n_rows() × heads × head_dim`; K, V, dK, dV are
     /// `a.n_cols() × heads × head_dim`, with the workspace's heads and head_dim.
@@ -577,7 +589,9 @@ impl FusedBackward {
         // drawn above); with a bias, element e*bias_heads + (head, or 0 when shared) of it
         // (nnz × bias_heads, checked).
         unsafe { launch(name, &mut args, cfg) }?;
-        self.d_scale.take(gpu, &self.dscale_rows, None)?;
+        if self.take_d_scale {
+            self.d_scale.take(gpu, &self.dscale_rows, None)?;
+        }
 
         // Column pass over Aᵀ.
         let ([rows, starts, slots, parts, first], _, _) = t.csr.schedule().merge_units();

@@ -203,6 +203,8 @@ pub struct TensorCoreBackward {
     /// ∂scale's share per (row of A, head).
     ds_rows: DeviceVec<f32>,
     d_scale: DeviceSum,
+    /// Whether a run sums the rows' shares into `d_scale` ([`set_d_scale`](Self::set_d_scale)).
+    take_d_scale: bool,
     /// The extras' gathers over A's BSB (whose edge map the BSB caches for the forward and
     /// this backward alike) and Aᵀ's edge map and gathers, made by the first run with extras.
     extras: Option<Box<(BsbExtrasStage, TransposeExtras)>>,
@@ -282,6 +284,7 @@ impl TensorCoreBackward {
             stats: DeviceVec::zeros(gpu, product("row statistics", &[rows, 2])?)?,
             ds_rows: DeviceVec::zeros(gpu, rows)?,
             d_scale: DeviceSum::new(gpu)?,
+            take_d_scale: true,
             extras: None,
             overlap: None,
         })
@@ -292,9 +295,17 @@ impl TensorCoreBackward {
         (self.heads, self.head_dim)
     }
 
-    /// ∂L/∂scale of the last [`run`](Self::run), on the device (one f64).
+    /// ∂L/∂scale of the last [`run`](Self::run) that took it, on the device (one f64).
     pub fn d_scale(&self) -> &DeviceVec<f64> {
         self.d_scale.total()
+    }
+
+    /// Whether the runs take ∂L/∂scale (true for a new state). False skips its sum, one launch
+    /// a run, for callers that never read it (a scale that is a constant);
+    /// [`d_scale`](Self::d_scale) then keeps the last run's that took it. The gradients are the
+    /// same bits either way.
+    pub fn set_d_scale(&mut self, take: bool) {
+        self.take_d_scale = take;
     }
 
     /// Device memory the state holds beyond A's and Aᵀ's BSB (which the graph caches), in
@@ -310,7 +321,8 @@ impl TensorCoreBackward {
 
     /// The gradients of `out = softmax_row(scale · Q Kᵀ masked by A) · V`: from `[Q, K, V,
     /// dOut]` writes every element of `[dQ, dK, dV]`, and ∂L/∂scale into
-    /// [`d_scale`](Self::d_scale). Enqueued on `gpu`'s stream; nothing waits for the GPU.
+    /// [`d_scale`](Self::d_scale) (unless [`set_d_scale`](Self::set_d_scale) turned it off).
+    /// Enqueued on `gpu`'s stream; nothing waits for the GPU.
     ///
     /// Shapes: Q, dOut, dQ are `n_rows × heads × head_dim`; K, V, dK, dV are
     /// `n_cols × heads × head_dim` (the graph's sizes and the state's heads).
@@ -724,7 +736,10 @@ impl TensorCoreBackward {
         }
 
         // ∂scale: the rows' shares in a fixed order.
-        self.d_scale.take(gpu, &self.ds_rows, None)
+        if self.take_d_scale {
+            self.d_scale.take(gpu, &self.ds_rows, None)?;
+        }
+        Ok(())
     }
 }
 
