@@ -28,6 +28,27 @@ fn nan_vec(gpu: &Gpu, len: usize) -> DeviceVec<f32> {
     v
 }
 
+/// A matrix of `s` on the device, its elements drawn in [-1, 1) and rounded to `T`.
+fn random_matrix<T: DType>(gpu: &Gpu, rng: &mut Pcg64, s: Shape) -> DeviceMatrix<T> {
+    let x: Vec<T> = f32s(rng, s.len(), -1.0, 1.0)
+        .into_iter()
+        .map(T::from_f32)
+        .collect();
+    DeviceMatrix::from_host(gpu, s, &x).unwrap()
+}
+
+/// The bits of `x`'s values widened to f32 (exact for f16 and bf16).
+fn f32_bits<T: DType>(x: &[T]) -> Vec<u32> {
+    x.iter().map(|v| v.to_f32().to_bits()).collect()
+}
+
+/// A matrix of `s` on the device filled with NaN (a kernel must write every element).
+fn nan_matrix<T: DType>(gpu: &Gpu, s: Shape) -> DeviceMatrix<T> {
+    let mut x = DeviceMatrix::<T>::zeros(gpu, s).unwrap();
+    x.fill_nan().unwrap();
+    x
+}
+
 /// A workspace of `copies` dropout masks for `nnz × heads` elements, every bit set (the
 /// kernels must draw them).
 fn mask_vec(gpu: &Gpu, nnz: usize, heads: usize, copies: usize) -> DeviceVec<u32> {
@@ -494,13 +515,7 @@ fn fused_order_case<T: DType>(gpu: &Gpu, rng: &mut Pcg64, a: &Csr, heads: usize,
     let s = Shape::new(n, heads, head_dim).unwrap();
     let skv = Shape::new(a.n_cols(), heads, head_dim).unwrap();
     let se = Shape::new(a.nnz(), heads, head_dim).unwrap();
-    let m = |s: Shape, rng: &mut Pcg64| {
-        let x: Vec<T> = f32s(rng, s.len(), -1.0, 1.0)
-            .into_iter()
-            .map(T::from_f32)
-            .collect();
-        DeviceMatrix::from_host(gpu, s, &x).unwrap()
-    };
+    let m = |s: Shape, rng: &mut Pcg64| random_matrix::<T>(gpu, rng, s);
     let (q, k, v, d, ef) = (m(s, rng), m(skv, rng), m(skv, rng), m(s, rng), m(se, rng));
     let bias_host: Vec<T> = f32s(rng, a.nnz() * heads, -2.0, 2.0)
         .into_iter()
@@ -520,11 +535,7 @@ fn fused_order_case<T: DType>(gpu: &Gpu, rng: &mut Pcg64, a: &Csr, heads: usize,
     let mut bwd = backward::FusedBackward::new(gpu, &a_dev, &t, heads, head_dim).unwrap();
     // dQ, dK, dV, ∂scale, and with the terms ∂E and ∂bias, as host bits.
     let run = |bwd: &mut backward::FusedBackward, terms: bool| {
-        let mut g = [s, skv, skv].map(|s| {
-            let mut x = DeviceMatrix::<T>::zeros(gpu, s).unwrap();
-            x.fill_nan().unwrap();
-            x
-        });
+        let mut g = [s, skv, skv].map(|s| nan_matrix::<T>(gpu, s));
         let mut d_ef = DeviceMatrix::<T>::zeros(gpu, se).unwrap();
         let mut d_bias = DeviceVec::<T>::zeros(gpu, a.nnz() * heads).unwrap();
         let [dq, dk, dv] = &mut g;
@@ -543,22 +554,9 @@ fn fused_order_case<T: DType>(gpu: &Gpu, rng: &mut Pcg64, a: &Csr, heads: usize,
         let mut bits: Vec<Vec<u32>> = g
             .iter()
             .chain([&d_ef])
-            .map(|x| {
-                x.to_host()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.to_f32().to_bits())
-                    .collect()
-            })
+            .map(|x| f32_bits(&x.to_host().unwrap()))
             .collect();
-        bits.push(
-            d_bias
-                .to_host()
-                .unwrap()
-                .iter()
-                .map(|v| v.to_f32().to_bits())
-                .collect(),
-        );
+        bits.push(f32_bits(&d_bias.to_host().unwrap()));
         let ds = bwd.d_scale().to_host().unwrap()[0].to_bits();
         bits.push(vec![ds as u32, (ds >> 32) as u32]);
         bits
@@ -665,13 +663,7 @@ fn skip_d_scale_case<T: DType>(
 ) {
     let s = Shape::new(a.n_rows(), heads, head_dim).unwrap();
     let skv = Shape::new(a.n_cols(), heads, head_dim).unwrap();
-    let m = |s: Shape, rng: &mut Pcg64| {
-        let x: Vec<T> = f32s(rng, s.len(), -1.0, 1.0)
-            .into_iter()
-            .map(T::from_f32)
-            .collect();
-        DeviceMatrix::from_host(gpu, s, &x).unwrap()
-    };
+    let m = |s: Shape, rng: &mut Pcg64| random_matrix::<T>(gpu, rng, s);
     let (q, k, v, d) = (m(s, rng), m(skv, rng), m(skv, rng), m(s, rng));
     let (a_dev, t) = (
         DeviceCsr::upload(gpu, a).unwrap(),
@@ -684,11 +676,7 @@ fn skip_d_scale_case<T: DType>(
     });
     // dQ, dK, dV and the state's ∂scale, as host bits, from a run at `scale` taking ∂scale or not.
     let mut run = |scale: f32, take: bool| {
-        let mut g = [s, skv, skv].map(|s| {
-            let mut x = DeviceMatrix::<T>::zeros(gpu, s).unwrap();
-            x.fill_nan().unwrap();
-            x
-        });
+        let mut g = [s, skv, skv].map(|s| nan_matrix::<T>(gpu, s));
         let [dq, dk, dv] = &mut g;
         let ops = [&q, &k, &v, &d];
         let ds = match &mut tc {
@@ -705,16 +693,7 @@ fn skip_d_scale_case<T: DType>(
                 fused.d_scale().to_host().unwrap()[0]
             }
         };
-        let bits: Vec<Vec<u32>> = g
-            .iter()
-            .map(|x| {
-                x.to_host()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.to_f32().to_bits())
-                    .collect()
-            })
-            .collect();
+        let bits: Vec<Vec<u32>> = g.iter().map(|x| f32_bits(&x.to_host().unwrap())).collect();
         (bits, ds.to_bits())
     };
     let what = format!(
