@@ -181,6 +181,35 @@ fn fused_csr_row_orders() {
     }
 }
 
+/// fused-csr's lane layout on a launch of about 100 (unit, head) groups per SM: narrow groups
+/// where no row is longer than a unit (short rows, as molecule batches), split groups once one
+/// row is split across units (a hub); both against the f64 reference, f32 and f16.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn fused_csr_layouts_on_short_rows_and_with_a_hub() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("fused_csr_layouts_on_short_rows_and_with_a_hub");
+    let n = 100 * gpu.sm_count() as usize;
+    let short = random_graph(&mut rng, n, 2, 7);
+    let mut edges: Vec<(u32, u32)> = (0..n)
+        .flat_map(|r| short.row(r).iter().map(move |&c| (r as u32, c)))
+        .collect();
+    edges.extend((0..200u32).map(|c| (5, c)));
+    let hub = Csr::from_edges(n, n, &edges).unwrap();
+    for (a, want) in [(short, "narrow"), (hub, "subgroups")] {
+        for (dtype, head_dim) in [(DTypeKind::F32, 32), (DTypeKind::F16, 64)] {
+            let c = AttentionConfig::new(1, head_dim, dtype).with_algorithm(Algorithm::FusedCsr);
+            let plan = AttentionPlan::new_gpu(&gpu, &a, c.clone()).unwrap();
+            assert!(plan.choice().contains(want), "{want}: {}", plan.choice());
+            let fc = [Algorithm::FusedCsr];
+            match dtype {
+                DTypeKind::F32 => check_config::<f32>(&gpu, &a, &fc, c, &mut rng, 1.0),
+                _ => check_config::<f16>(&gpu, &a, &fc, c, &mut rng, 1.0),
+            }
+        }
+    }
+}
+
 /// `Auto` with autotuning: the plan keeps (and runs) the candidate it reports as fastest, in
 /// every dtype, on the shared graphs' smallest and a mid-size one.
 #[test]

@@ -212,7 +212,7 @@ fn fused_csr_holds_exactly_the_launched_kernels() {
             };
             // A launch of few groups (split subgroups) and one of many (narrow groups), on one SM.
             for groups in [1, usize::MAX] {
-                let chosen = choose_layout(plain, hd, bytes, groups, 1);
+                let chosen = choose_layout(plain, hd, bytes, groups, 1, true);
                 for extras in [None, Some(false), Some(true)] {
                     l.add(kernel_name(dt, &chosen, extras));
                 }

@@ -163,20 +163,30 @@ pub(crate) fn short_layout(
 /// whose longest units set its time.
 const SPLIT_MAX_GROUPS_PER_SM: usize = 256;
 
+/// Groups per SM up to which a plan splits its groups even without a split row: about one wave
+/// of split groups (a warp each), so the subgroups cost no extra wave.
+const SPLIT_ONE_WAVE_GROUPS_PER_SM: usize = 32;
+
 /// The lane layout a plan of `groups` (unit, head) pairs runs, `head_dim` features of
 /// `elem_bytes` whose plain [`layout`] is `plain`: split groups for launches of at most
 /// [`SPLIT_MAX_GROUPS_PER_SM`] groups per SM, narrow groups above, the plain layout where
 /// neither exists: in a launch of a few waves the longest units' chains set the time, which
 /// split groups shorten; in a larger one, resident groups hide the chains and narrow groups'
-/// fewer instructions per edge win (docs/kernels/fused-csr.md, "Tried and kept").
+/// fewer instructions per edge win (docs/kernels/fused-csr.md, "Tried and kept"). Without
+/// `split_rows` (no row longer than a unit) every chain is short, so groups split only where
+/// they fit in about one wave ([`SPLIT_ONE_WAVE_GROUPS_PER_SM`]): beyond it a short row's
+/// subgroups get an edge or none each and the extra warps cost waves.
 pub(crate) fn choose_layout(
     plain: Layout,
     head_dim: usize,
     elem_bytes: usize,
     groups: usize,
     sm_count: u32,
+    split_rows: bool,
 ) -> Layout {
-    let split = groups <= SPLIT_MAX_GROUPS_PER_SM * sm_count as usize;
+    let per_sm = |n: usize| n.saturating_mul(sm_count as usize);
+    let split = groups <= per_sm(SPLIT_MAX_GROUPS_PER_SM)
+        && (split_rows || groups <= per_sm(SPLIT_ONE_WAVE_GROUPS_PER_SM));
     short_layout(&plain, head_dim, elem_bytes, split).unwrap_or(plain)
 }
 
@@ -424,7 +434,8 @@ impl FusedCsr {
         let units = Units::upload(gpu, graph, order)?;
         let parts = units.n_parts * heads;
         let groups = units.rows.len() * heads;
-        let layout = choose_layout(plain, head_dim, bytes, groups, gpu.sm_count());
+        let split_rows = units.n_parts > 0;
+        let layout = choose_layout(plain, head_dim, bytes, groups, gpu.sm_count(), split_rows);
         Ok(Self {
             layout,
             units: UnitSource::Own(Box::new(units)),
@@ -459,7 +470,8 @@ impl FusedCsr {
             let (units, n_parts) = graph.csr()?.schedule().units();
             (units[0].len(), n_parts)
         };
-        let layout = choose_layout(plain, head_dim, bytes, n_units * heads, gpu.sm_count());
+        let groups = n_units * heads;
+        let layout = choose_layout(plain, head_dim, bytes, groups, gpu.sm_count(), n_parts > 0);
         let parts = n_parts * heads;
         Ok(Self {
             layout,
@@ -732,10 +744,11 @@ mod tests {
 
     #[test]
     fn layout_choice() {
-        // Split groups up to 256 (unit, head) groups per SM, narrow groups above, the plain
-        // layout where neither exists (f32 at head_dim 128).
-        let choose =
-            |d, bytes, groups| choose_layout(layout(d, bytes).unwrap(), d, bytes, groups, 132);
+        // Split groups up to 256 (unit, head) groups per SM with a split row, narrow groups
+        // above, the plain layout where neither exists (f32 at head_dim 128).
+        let choose = |d, bytes, groups| {
+            choose_layout(layout(d, bytes).unwrap(), d, bytes, groups, 132, true)
+        };
         let split = choose(64, 2, 256 * 132);
         assert_eq!((split.group, split.split), (32, 4));
         let narrow = choose(64, 2, 256 * 132 + 1);
@@ -744,6 +757,12 @@ mod tests {
             (8, 1, true)
         );
         assert_eq!(choose(128, 4, 10), layout(128, 4).unwrap());
+        // Without a split row, split groups only up to about one wave of them.
+        let short_rows =
+            |groups| choose_layout(layout(64, 2).unwrap(), 64, 2, groups, 132, false).split;
+        assert_eq!(short_rows(32 * 132), 4);
+        assert_eq!(short_rows(32 * 132 + 1), 1);
+        assert_eq!(short_rows(256 * 132), 1);
         assert!(matches!(layout(129, 2), Err(Error::Unsupported { .. })));
         assert!(layout_info(&split).contains("4 subgroups of 8 lanes"));
         assert_eq!(
