@@ -6,7 +6,7 @@
 //!
 //! Load balance: SDDMM is edge-parallel (a group of lanes per edge), so its cost does not
 //! depend on the degree distribution. SpMM and edge softmax walk rows; their schedules
-//! ([`crate::schedule`]) are built once when the graph is uploaded ([`DeviceCsr::upload`]) and
+//! are built once when the graph is uploaded ([`DeviceCsr::upload`]) and
 //! split hub rows across many groups or give them a whole block.
 //!
 //! ```no_run
@@ -241,7 +241,7 @@ impl CsrSchedule {
 }
 
 /// The order the passes over a graph's CSR units walk them in: A's units (rows) and Aᵀ's
-/// (columns), as [`crate::schedule::RowUnits`] numbers them with [`UNIT_CHUNK`]-edge units. A
+/// (columns), as `RowUnits` numbers them with 64-edge units. A
 /// locality order of the rows (fused-csr's, [`DeviceGraph::unit_walk`]) keeps the rows in flight
 /// at one time graph neighbours, so the rows they gather meet in L2; every sum keeps its unit's
 /// order, so results are the same bits in any walk (the fused backward's for finite inputs: a

@@ -404,7 +404,7 @@ impl DeviceMeBcrs {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     ///
-    /// Errors: as [`Self::upload`].
+    /// Errors: as `Self::upload`.
     pub fn from_csr_reordered(gpu: &Gpu, csr: &Csr, reorder: Reorder) -> Result<Self> {
         let order = RowOrder::choose(csr, reorder, MeBcrs::WINDOW_ROWS)?;
         let Some(p) = &order.permutation else {

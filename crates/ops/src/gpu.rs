@@ -452,7 +452,7 @@ impl Gpu {
     }
 
     /// The function `kernel` of `module`, loading the module on first use (see
-    /// [`load_function`](Self::load_function)).
+    /// `load_function`).
     ///
     /// A kernel the module does not list is [`Error::KernelNotFound`] without touching the
     /// driver.

@@ -211,7 +211,7 @@ fn formats_error(e: spattn_formats::Error) -> Error {
 /// shape: rows renumbered as a [`Reorder`] asks (zero-copy: V and out stay in the caller's
 /// order), and, by timing on scratch buffers of `heads × head_dim` features of `T`, the
 /// feature width the kernel runs each row in (each of [`spmm_widths`]) and for it the
-/// threshold and the warp split ([`choose_split`]). Run it with [`HybridSpmm::run`].
+/// threshold and the warp split (`choose_split`). Run it with [`HybridSpmm::run`].
 #[derive(Debug)]
 pub struct HybridSpmm {
     choice: SplitChoice,

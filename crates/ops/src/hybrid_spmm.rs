@@ -4,7 +4,7 @@
 //! structure ([`spattn_formats::HybridBlocks`] split at a threshold by
 //! [`spattn_formats::HybridSplit`]), the launch shared by the two kernels, and the hybrid SpMM
 //! ([`spmm`]); the fused attention on the same structure is `spattn`'s `Algorithm::Hybrid`,
-//! which calls [`DeviceHybrid::attention`]. The attention extras' map from the structure's edges
+//! which calls `DeviceHybrid::attention`. The attention extras' map from the structure's edges
 //! to the caller's is built in `edge_map`.
 //!
 //! Rows are renumbered by degree inside the structure only: every operand stays in the caller's
@@ -156,7 +156,7 @@ pub fn spmm_widths(dtype: DTypeKind, heads: usize, head_dim: usize) -> Vec<usize
 /// `tc` tensor-core warps and `cd` CUDA-core warps share one window at a time. In the
 /// pipelined kernel (f16/bf16 attention and SpMM at exactly 64 or 128 features, see
 /// [`DeviceHybrid::pipelined`]) each of the `tc` tensor-core warps (at most
-/// [`MAX_PIPE_TC_WARPS`]) owns a window and the one CUDA-core warp (`cd` is 0 or 1) serves
+/// 4) owns a window and the one CUDA-core warp (`cd` is 0 or 1) serves
 /// them in turn. `cd = 0` is only valid for a split that put every edge on tensor cores.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WarpSplit {
@@ -167,7 +167,7 @@ pub struct WarpSplit {
 }
 
 impl WarpSplit {
-    /// Checks `1 ≤ tc` and `tc + cd ≤` [`MAX_WARPS`].
+    /// Checks `1 ≤ tc` and `tc + cd ≤ 8`.
     ///
     /// ```
     /// use spattn_ops::hybrid_spmm::WarpSplit;
@@ -246,8 +246,8 @@ pub struct DeviceHybrid {
 
 impl DeviceHybrid {
     /// Uploads `blocks` split at `split`'s threshold, with units of at most a `1 / (8 · SMs)`
-    /// share of the work each (block cost [`DEFAULT_BLOCK_COST`] edges), but no fewer than
-    /// [`BSB_MIN_UNIT_BLOCKS`] blocks' or 64 edges' worth.
+    /// share of the work each (block cost 8 edges), but no fewer than
+    /// 16 blocks' or 64 edges' worth.
     pub fn upload(
         gpu: &Gpu,
         blocks: &HybridBlocks,
@@ -324,7 +324,7 @@ impl DeviceHybrid {
         self.stats
     }
 
-    /// Whether [`DeviceHybrid::attention`] and [`spmm_with`] run the pipelined kernel for heads
+    /// Whether `DeviceHybrid::attention` and [`spmm_with`] run the pipelined kernel for heads
     /// of `head_dim` features of `dtype`: f16 or bf16 at exactly 64 or 128 features (each
     /// tensor-core warp owns a window and streams its K/V tiles, SpMM its V tiles, through
     /// shared memory, as fused-tc's pipelined kernel; at most one CUDA-core warp per CTA).
@@ -846,11 +846,11 @@ pub fn spmm<T: DType>(
 /// [`spmm`] with an explicit split of warps per CTA and feature width: the kernel runs each
 /// row's `heads × head_dim` features as pieces of `width` features (see [`spmm_widths`]; the
 /// pipelined kernel for f16/bf16 pieces of 64 or 128, which takes the warp splits of
-/// [`DeviceHybrid::check_warps`]).
+/// `DeviceHybrid::check_warps`).
 ///
 /// Errors: [`Error::ShapeMismatch`] naming the operand; [`Error::InvalidArgument`] for a
 /// `width` that does not divide `heads × head_dim` or is wider than one warp's slice (see
-/// [`slice_for`]), or a warp split the kernel does not take; [`Error::ForeignGpu`],
+/// `slice_for`), or a warp split the kernel does not take; [`Error::ForeignGpu`],
 /// [`Error::UnsupportedComputeCapability`] below 8.0, launch failures.
 pub fn spmm_with<T: DType>(
     gpu: &Gpu,

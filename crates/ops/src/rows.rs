@@ -3,7 +3,7 @@
 //! ([`gather_rows`]) and its own halo rows straight into its halo ([`gather_rows_into`]), and
 //! sums the gradient rows sent back to it into its own rows ([`scatter_add_rows`], in f32,
 //! segment after segment: deterministic). The indices live in a [`RowIndex`], checked once
-//! against the rows they address when it is built. Rows are also resized ([`resize_rows`]):
+//! against the rows they address when it is built. Rows are also resized (`resize_rows`):
 //! the tensor-core kernels read heads of whole 16-byte vectors, and heads of other lengths are
 //! padded with zeros for them, and their output cut back.
 //!

@@ -5,7 +5,7 @@
 //! numpy), wraps the calls in `torch.autograd.Function`s and builds the PyG-style layers. This
 //! module does the rest, over raw data pointers the package has validated:
 //!
-//! - [`graph::GraphCore`]: one graph (a [`spattn::Csr`], square or not) with its plan-once state:
+//! - `graph::GraphCore`: one graph (a [`spattn::Csr`], square or not) with its plan-once state:
 //!   per CUDA device a shared [`spattn::DeviceGraph`] and the attention plans built over it,
 //!   cached per (heads, head_dim, dtype, algorithm, scale); on the CPU the transpose the GAT
 //!   backward needs.
@@ -14,11 +14,11 @@
 //!   (the CSR ops of `spattn::ops`), on CUDA tensors in place (zero-copy views,
 //!   [`spattn::ops::ExternalMatrix`]) ordered with the caller's CUDA stream by events
 //!   ([`spattn::ops::StreamBridge`]), or on CPU memory with the f32 / f64 reference
-//!   ops. The CUDA bodies of the calls are in [`cuda`].
+//!   ops. The CUDA bodies of the calls are in `cuda`.
 //! - GAT's score terms `⟨x[i, h, :], att[h, :]⟩` in f32 and their gradients on CUDA tensors
-//!   ([`dense`]).
+//!   (`dense`).
 //!
-//! Errors become Python exceptions naming the operand ([`errors`]).
+//! Errors become Python exceptions naming the operand (`errors`).
 
 /// Calls the generic `f::<T>(args)` for the device dtype `dtype` (f32, f16 or bf16).
 macro_rules! by_dtype {

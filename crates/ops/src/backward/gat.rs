@@ -75,15 +75,16 @@ pub struct GatGrads<'a, T: DType> {
     pub d_bias: Option<&'a mut DeviceVec<f32>>,
 }
 
-/// The gradients of GAT attention, `out = W · x` with `W = dropout(softmax_row(LeakyReLU(a_dst[i]
-/// + a_src[j] + bias_e)))`, given `d_out` (`n_rows × heads × head_dim`), in two kernels over A and
-/// Aᵀ (`gat_backward_rows_*`, `gat_backward_cols_*` in backward.cu): the row pass gathers
-/// `x_j` and leaves each row's statistics and ∂L/∂a_dst, the column pass gathers `dOut_i` and
-/// writes ∂L/∂x, ∂L/∂a_src and ∂L/∂bias. Nothing from the forward is read but its inputs; no
-/// floating-point atomics (the same bits every run); device memory beyond the outputs: the row
-/// statistics (`n_rows × heads` pairs) and the split rows' and columns' partials, and with a
-/// bias, dropout or the bias's gradient the inverse edge map, made once and kept with `t`
-/// (`nnz` u32). Enqueued on `gpu`'s stream.
+/// The gradients of GAT attention, `out = W · x` with
+/// `W = dropout(softmax_row(LeakyReLU(a_dst[i] + a_src[j] + bias_e)))`, given `d_out`
+/// (`n_rows × heads × head_dim`), in two kernels over A and Aᵀ (`gat_backward_rows_*`,
+/// `gat_backward_cols_*` in backward.cu): the row pass gathers `x_j` and leaves each row's
+/// statistics and ∂L/∂a_dst, the column pass gathers `dOut_i` and writes ∂L/∂x, ∂L/∂a_src and
+/// ∂L/∂bias. Nothing from the forward is read but its inputs; no floating-point atomics (the
+/// same bits every run); device memory beyond the outputs: the row statistics
+/// (`n_rows × heads` pairs) and the split rows' and columns' partials, and with a bias, dropout
+/// or the bias's gradient the inverse edge map, made once and kept with `t` (`nnz` u32).
+/// Enqueued on `gpu`'s stream.
 ///
 /// Errors: [`Error::InvalidArgument`] when `t`'s sizes are not Aᵀ's, the head is too wide
 /// ([`FusedBackward::supports`]; the composed steps above take any), or a bias comes without

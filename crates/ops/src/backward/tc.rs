@@ -226,7 +226,7 @@ impl TensorCoreBackward {
     /// The state for `graph` at `heads × head_dim` of `T`, over A's BSB in the row order
     /// `reorder` gives (the forward's, when it ran fused-tc: the graph caches one per order)
     /// and Aᵀ's BSB: A's own where the pattern is symmetric, else
-    /// [`DeviceGraph::transpose_bsb`] (built on the device once per graph, one read of its
+    /// `DeviceGraph::transpose_bsb` (built on the device once per graph, one read of its
     /// window offsets).
     ///
     /// Errors: [`Error::Unsupported`] for a dtype or head the kernels do not hold or a device

@@ -448,7 +448,7 @@ impl FusedCsr {
     /// Plans over a shared graph: in the row order `reorder` asks for
     /// ([`DeviceGraph::effective_reorder`]). A graph built on the device kept in its order
     /// runs the units of its CSR schedule (no upload, no host work); any other plan uploads
-    /// units over the graph's host CSR in the order [`csr_order`] chooses, kept with the graph
+    /// units over the graph's host CSR in the order `csr_order` chooses, kept with the graph
     /// (the fused backward walks its units in it too).
     pub fn on_graph<T: DType>(
         graph: &Arc<DeviceGraph>,
