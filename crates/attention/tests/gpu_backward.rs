@@ -398,13 +398,12 @@ fn deterministic_runs<T: DType>(
     let mut runs = Vec::new();
     for _ in 0..2 {
         let ([dq, dk, dv], d_scale) = fresh_grads(gpu, plan, kernels, [&qd, &kd, &vd, &out, &dd]);
-        let bits = |m: &DeviceMatrix<T>| {
-            to_f64(&m.to_host().unwrap())
-                .iter()
-                .map(|x| x.to_bits())
-                .collect::<Vec<u64>>()
-        };
-        runs.push((bits(&dq), bits(&dk), bits(&dv), d_scale.to_bits()));
+        runs.push((
+            f64_bits(&dq),
+            f64_bits(&dk),
+            f64_bits(&dv),
+            d_scale.to_bits(),
+        ));
     }
     let ctx = format!("{kernels:?} {} heads={heads} head_dim={head_dim}", T::NAME);
     assert!(runs[0] == runs[1], "{ctx}: two backward runs differ");
@@ -543,11 +542,7 @@ fn kept_stats_case<T: DType>(
         let mut out = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();
         plan.forward_keeping_stats(&qd, &kd, &vd, &mut out, &mut stats)
             .unwrap();
-        let mut g = [sq, skv, skv].map(|s| {
-            let mut m = DeviceMatrix::<T>::zeros(gpu, s).unwrap();
-            m.fill_nan().unwrap();
-            m
-        });
+        let mut g = nan_grads(gpu, plan);
         let [dq, dk, dv] = &mut g;
         let d_scale = plan
             .backward_with_stats(tc, &qd, &kd, &vd, &out, &dd, &stats, (dq, dk, dv))
@@ -806,22 +801,9 @@ fn skip_d_scale_case<T: DType>(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize
     let (qd, kd, vd, dd) = (up(sq, &q), up(skv, &k), up(skv, &v), up(sq, &d));
     let mut out = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();
     plan.forward(&qd, &kd, &vd, &mut out).unwrap();
-    let bits = |g: &[DeviceMatrix<T>; 3]| -> Vec<Vec<u64>> {
-        g.iter()
-            .map(|m| {
-                to_f64(&m.to_host().unwrap())
-                    .iter()
-                    .map(|x| x.to_bits())
-                    .collect()
-            })
-            .collect()
-    };
+    let bits = |g: &[DeviceMatrix<T>; 3]| -> Vec<Vec<u64>> { g.iter().map(f64_bits).collect() };
     let grads_only = || {
-        let mut g = [sq, skv, skv].map(|s| {
-            let mut m = DeviceMatrix::<T>::zeros(gpu, s).unwrap();
-            m.fill_nan().unwrap();
-            m
-        });
+        let mut g = nan_grads(gpu, &plan);
         let [dq, dk, dv] = &mut g;
         plan.backward_grads(&qd, &kd, &vd, &out, &dd, dq, dk, dv)
             .unwrap();
@@ -856,17 +838,28 @@ fn fresh_grads<T: DType>(
     kernels: BackwardKernels,
     [q, k, v, out, d]: [&DeviceMatrix<T>; 5],
 ) -> ([DeviceMatrix<T>; 3], f32) {
-    let fresh = |s| {
-        let mut m = DeviceMatrix::<T>::zeros(gpu, s).unwrap();
-        m.fill_nan().unwrap();
-        m
-    };
-    let (sq, skv) = (plan.shape_q(), plan.shape_kv());
-    let [mut dq, mut dk, mut dv] = [fresh(sq), fresh(skv), fresh(skv)];
+    let [mut dq, mut dk, mut dv] = nan_grads(gpu, plan);
     let d_scale = plan
         .backward_with(kernels, q, k, v, out, d, &mut dq, &mut dk, &mut dv)
         .unwrap();
     ([dq, dk, dv], d_scale)
+}
+
+/// Buffers for `plan`'s `[dQ, dK, dV]`, poisoned with NaN (so every element must be written).
+fn nan_grads<T: DType>(gpu: &Gpu, plan: &AttentionPlan) -> [DeviceMatrix<T>; 3] {
+    [plan.shape_q(), plan.shape_kv(), plan.shape_kv()].map(|s| {
+        let mut m = DeviceMatrix::<T>::zeros(gpu, s).unwrap();
+        m.fill_nan().unwrap();
+        m
+    })
+}
+
+/// The bits of `m`'s values widened to f64 (exact for every dtype).
+fn f64_bits<T: DType>(m: &DeviceMatrix<T>) -> Vec<u64> {
+    to_f64(&m.to_host().unwrap())
+        .iter()
+        .map(|x| x.to_bits())
+        .collect()
 }
 
 /// ∂L/∂scale within 1e-4 of the f64 reference's (relative, or absolute below 1), or within f32
