@@ -5,9 +5,8 @@
 use std::sync::Arc;
 
 use spattn::ops::backward::{self as gpu_backward, GatBackward, GatForward, GatKernels};
-use spattn::ops::csr_ops::Gatv2Operands;
+use spattn::ops::backward::{Gatv2Grads, Gatv2Operands};
 use spattn::ops::device_plan::{BuildReport, DeviceEdges, DeviceIds, DeviceIndex, GraphSpec};
-use spattn::ops::{csr_ops, edge_extras};
 use spattn::ops::{ExternalMatrix, ExternalVec};
 use spattn::{AttentionPlan, BackwardKernels, DType, DeviceGraph, Dropout, Gpu, Reorder, Shape};
 
@@ -454,7 +453,6 @@ pub(crate) fn gatv2_forward_gpu<T: DType>(
         let mut out = ExternalMatrix::<T>::new_trusted(gpu, "out", out, sq)?;
         let mut p = ExternalVec::<f32>::new_trusted(gpu, "workspace", ws, d.graph.nnz() * h)?;
         d.device.bridge.run(stream, || -> spattn::Result<()> {
-            let a = d.graph.csr()?;
             let ops = Gatv2Operands {
                 xl: &xl,
                 xr: &xr,
@@ -462,17 +460,8 @@ pub(crate) fn gatv2_forward_gpu<T: DType>(
                 att: &att,
                 slope,
             };
-            csr_ops::sddmm_gatv2(gpu, a, &ops, &mut p)?;
-            gpu_backward::softmax_aggregate(
-                gpu,
-                a,
-                h,
-                None,
-                dropout.as_ref(),
-                &mut p,
-                &xl,
-                &mut out,
-            )?;
+            let a = d.graph.csr()?;
+            gpu_backward::gatv2_forward(gpu, a, &ops, dropout.as_ref(), &mut p, &mut out)?;
             Ok(())
         })
     }
@@ -528,18 +517,15 @@ pub(crate) fn gatv2_backward_gpu<T: DType>(
                 att: &att,
                 slope,
             };
+            let grads = Gatv2Grads {
+                d_xl: &mut d_xl,
+                d_xr: &mut d_xr,
+                d_att_rows: &mut d_att,
+                d_ef: d_ef.as_deref_mut(),
+            };
+            let ws = [&mut *s, &mut *p, &mut *dp];
             let drop = dropout.as_ref();
-            csr_ops::sddmm_gatv2(gpu, a, &ops, &mut s)?;
-            csr_ops::edge_softmax(gpu, a, &s, h, None, &mut p)?;
-            gpu_backward::gat_score_grad(gpu, a, h, drop, None, &p, (&*d_out, &*xl), &mut dp)?;
-            let d_ef = d_ef.as_deref_mut();
-            gpu_backward::gatv2_edge_grad(gpu, a, &ops, &dp, &mut d_xr, d_ef, &mut d_att)?;
-            // s is free again: W in Aᵀ's order, for the aggregation's share of ∂xl.
-            if let Some(dr) = drop {
-                edge_extras::apply_dropout(gpu, &mut p, dr)?;
-            }
-            gpu_backward::gat_aggregation_grad(gpu, t, h, &p, &mut s, &d_out, &mut d_xl)?;
-            gpu_backward::gatv2_edge_grad_transposed(gpu, a, t, &ops, &dp, &mut d_xl)?;
+            gpu_backward::gatv2_backward(gpu, (a, t), &ops, drop, &d_out, ws, grads)?;
             Ok(())
         })
     }

@@ -286,7 +286,7 @@ pub(crate) fn gat_cols_kernel(dtype: &str, vec: u32, nv: u32) -> String {
 /// Errors: as the ops it composes ([`csr_ops::sddmm`], [`edge_softmax_backward_in_place`],
 /// [`edge_leaky_relu_backward`]).
 #[allow(clippy::too_many_arguments)]
-pub fn gat_score_grad<T: DType>(
+pub(crate) fn gat_score_grad<T: DType>(
     gpu: &Gpu,
     a: &DeviceCsr,
     heads: usize,
@@ -312,7 +312,7 @@ pub fn gat_score_grad<T: DType>(
 /// Reads `ds`, overwrites `scratch` (`nnz × heads`: dS in Aᵀ's order).
 ///
 /// Errors: as [`edge_row_sum`] and [`transpose_edge_values`].
-pub fn gat_vector_grads(
+pub(crate) fn gat_vector_grads(
     gpu: &Gpu,
     (a, t): (&DeviceCsr, &DeviceTranspose),
     heads: usize,
@@ -330,7 +330,7 @@ pub fn gat_vector_grads(
 /// `W` in Aᵀ's order) and `dx`.
 ///
 /// Errors: as [`transpose_edge_values`] and [`csr_ops::spmm`].
-pub fn gat_aggregation_grad<T: DType>(
+pub(crate) fn gat_aggregation_grad<T: DType>(
     gpu: &Gpu,
     t: &DeviceTranspose,
     heads: usize,

@@ -7,9 +7,12 @@
 //! | [`GatKernels::Rows`] | row statistics, then an SpMM-shaped pass ([`super::gat_forward_rows`]) | a pass over A, one over Aᵀ ([`super::gat_backward_rows`]) | dS (`nnz × heads` f32) in the backward |
 //! | [`GatKernels::Fused`] | — | two passes ([`super::gat_fused_backward`]) | none |
 //! | [`GatKernels::Composed`] | scores, softmax, SpMM | the CSR ops ([`super::gat_score_grad`] …) | one (forward), three (backward) `nnz × heads` f32 |
+//!
+//! GATv2's ([`gatv2_forward`], [`gatv2_backward`]) has one set: the CSR ops, its scores'
+//! LeakyReLU inside the SDDMM, the backward's edge gradients in a pass over A and one over Aᵀ.
 
 use crate::buffer::{DeviceMatrix, DeviceVec};
-use crate::csr_ops::{self, UnitWalk};
+use crate::csr_ops::{self, Gatv2Operands, UnitWalk};
 use crate::device_csr::DeviceCsr;
 use crate::dropout::Dropout;
 use crate::dtype::DType;
@@ -22,7 +25,7 @@ use super::gat::{
     GatScoreTerms,
 };
 use super::gat_rows::{gat_backward_rows, gat_forward_rows, gat_rows_supports, KeepBits, RowStats};
-use super::{DeviceTranspose, FusedBackward};
+use super::{gatv2_edge_grad, gatv2_edge_grad_transposed, DeviceTranspose, FusedBackward};
 
 /// Which kernels run GAT's attention ([`gat_forward`], [`gat_backward`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -170,7 +173,7 @@ pub fn gat_forward<T: DType>(
 /// Errors: those of [`csr_ops::edge_softmax_in_place`], [`edge_extras::apply_dropout`] and
 /// [`csr_ops::spmm`].
 #[allow(clippy::too_many_arguments)]
-pub fn softmax_aggregate<T: DType>(
+pub(crate) fn softmax_aggregate<T: DType>(
     gpu: &Gpu,
     a: &DeviceCsr,
     heads: usize,
@@ -236,4 +239,79 @@ pub fn gat_backward<T: DType>(
         edge_extras::apply_dropout(gpu, p, dr)?;
     }
     gat_aggregation_grad(gpu, t, heads, p, dp, d_out, grads.dx)
+}
+
+/// What [`gatv2_backward`] writes: ∂L/∂xl and ∂L/∂xr (shaped as [`Gatv2Operands`]' `xl` and
+/// `xr`), each target row's share of ∂L/∂att (`n_rows × heads × dim` f32, summed over rows by
+/// the caller: no atomics) and ∂L/∂ef where the operands have edge features.
+#[derive(Debug)]
+pub struct Gatv2Grads<'a, T: DType> {
+    /// ∂L/∂xl: the aggregation's share and the scores'.
+    pub d_xl: &'a mut DeviceMatrix<T>,
+    /// ∂L/∂xr.
+    pub d_xr: &'a mut DeviceMatrix<T>,
+    /// Each row's share of ∂L/∂att.
+    pub d_att_rows: &'a mut DeviceVec<f32>,
+    /// ∂L/∂ef, written where given (only with edge features).
+    pub d_ef: Option<&'a mut DeviceMatrix<T>>,
+}
+
+/// GATv2's attention (PyG's `GATv2Conv`): scores `att · LeakyReLU(xl[j] + xr[i] (+ ef[e]))`
+/// per edge and head (the per-edge feature sum never stored), their softmax per row, dropout
+/// where given, and `out[i] = Σ_j W[e] · xl[j]` (`n_rows × heads × dim`). `p` (`nnz × heads`
+/// f32) is the workspace, overwritten. Enqueued on `gpu`'s stream.
+///
+/// Errors: shapes and lengths named ([`Gatv2Operands`] against A, `p`, `out`),
+/// [`Error::ForeignGpu`].
+///
+/// [`Error::ForeignGpu`]: crate::Error::ForeignGpu
+pub fn gatv2_forward<T: DType>(
+    gpu: &Gpu,
+    a: &DeviceCsr,
+    ops: &Gatv2Operands<'_, T>,
+    dropout: Option<&Dropout>,
+    p: &mut DeviceVec<f32>,
+    out: &mut DeviceMatrix<T>,
+) -> Result<()> {
+    csr_ops::sddmm_gatv2(gpu, a, ops, p)?;
+    let heads = ops.xr.shape().heads;
+    softmax_aggregate(gpu, a, heads, None, dropout, p, ops.xl, out)
+}
+
+/// The exact gradients of [`gatv2_forward`] given `d_out` (`n_rows × heads × dim`), with three
+/// `nnz × heads` f32 workspaces (overwritten): the scores and probabilities recomputed,
+/// ∂L/∂score by the softmax backward, one pass over A (∂xr, ∂ef, the rows' shares of ∂att)
+/// and, after the aggregation's `Wᵀ · dOut`, one over Aᵀ (the scores' share of ∂xl). No
+/// atomics, no per-edge feature tensor: the same bits every run. Enqueued on `gpu`'s stream.
+///
+/// Errors: shapes and lengths named, `t` not Aᵀ, `d_ef` without edge features,
+/// [`Error::ForeignGpu`].
+///
+/// [`Error::ForeignGpu`]: crate::Error::ForeignGpu
+pub fn gatv2_backward<T: DType>(
+    gpu: &Gpu,
+    (a, t): (&DeviceCsr, &DeviceTranspose),
+    ops: &Gatv2Operands<'_, T>,
+    dropout: Option<&Dropout>,
+    d_out: &DeviceMatrix<T>,
+    [s, p, dp]: [&mut DeviceVec<f32>; 3],
+    grads: Gatv2Grads<'_, T>,
+) -> Result<()> {
+    let heads = ops.xr.shape().heads;
+    csr_ops::sddmm_gatv2(gpu, a, ops, s)?;
+    csr_ops::edge_softmax(gpu, a, s, heads, None, p)?;
+    gat_score_grad(gpu, a, heads, dropout, None, p, (d_out, ops.xl), dp)?;
+    let Gatv2Grads {
+        d_xl,
+        d_xr,
+        d_att_rows,
+        d_ef,
+    } = grads;
+    gatv2_edge_grad(gpu, a, ops, dp, d_xr, d_ef, d_att_rows)?;
+    // s is free again: W in Aᵀ's order, for the aggregation's share of ∂xl.
+    if let Some(dr) = dropout {
+        edge_extras::apply_dropout(gpu, p, dr)?;
+    }
+    gat_aggregation_grad(gpu, t, heads, p, s, d_out, d_xl)?;
+    gatv2_edge_grad_transposed(gpu, a, t, ops, dp, d_xl)
 }

@@ -47,7 +47,6 @@ use spattn_kernels_sys::BACKWARD;
 
 use crate::buffer::{expect_len, DeviceMatrix, DeviceVec};
 use crate::csr_ops::group_grid;
-use crate::csr_ops::Gatv2Operands;
 use crate::device_csr::DeviceCsr;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -65,14 +64,12 @@ mod gat_kernels;
 pub(crate) mod gat_rows;
 mod keep_bits;
 mod tc;
+pub use crate::csr_ops::Gatv2Operands;
 pub use fused::{EdgeTerms, FusedBackward};
-pub use gat::{
-    gat_aggregation_grad, gat_fused_backward, gat_score_grad, gat_vector_grads, GatGrads,
-    GatScoreTerms,
-};
+pub use gat::{gat_fused_backward, GatGrads, GatScoreTerms};
 pub use gat_kernels::{
-    gat_backward, gat_forward, softmax_aggregate, GatBackward, GatForward, GatKernels,
-    GAT_FUSED_MAX_EDGES, GAT_ROWS_MIN_HEADS, GAT_ROWS_SMALL_MAX_EDGES,
+    gat_backward, gat_forward, gatv2_backward, gatv2_forward, GatBackward, GatForward, GatKernels,
+    Gatv2Grads, GAT_FUSED_MAX_EDGES, GAT_ROWS_MIN_HEADS, GAT_ROWS_SMALL_MAX_EDGES,
 };
 pub use gat_rows::{
     gat_backward_rows, gat_forward_rows, gat_row_stats, gat_rows_supports, KeepBits, RowStats,
@@ -613,7 +610,7 @@ pub fn edge_row_sum<T: DType>(
 /// each edge's term into `d_ef` where given, and each row's `Σ_e ds[e, h] · LeakyReLU(z)` into
 /// `d_att_rows` (`n_rows × heads × dim` f32: ∂L/∂att summed over rows by the caller, with no
 /// atomics). Nothing per edge and feature is stored but `d_ef`.
-pub fn gatv2_edge_grad<T: DType>(
+pub(crate) fn gatv2_edge_grad<T: DType>(
     gpu: &Gpu,
     a: &DeviceCsr,
     ops: &Gatv2Operands<'_, T>,
@@ -652,7 +649,7 @@ pub fn gatv2_edge_grad<T: DType>(
 /// `d_xl[j, h, :] += Σ_{e ∈ column j of A} ds[e, h] · att[h, :] ⊙ LeakyReLU'(z)`, to `d_xl`
 /// (which holds the aggregation's share, `Pᵀ · dOut`), walking Aᵀ's rows (no atomics). The
 /// entries' edges of A come from the transpose's inverse edge map (made once per transpose).
-pub fn gatv2_edge_grad_transposed<T: DType>(
+pub(crate) fn gatv2_edge_grad_transposed<T: DType>(
     gpu: &Gpu,
     a: &DeviceCsr,
     t: &DeviceTranspose,
