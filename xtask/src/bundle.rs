@@ -748,8 +748,8 @@ mod tests {
             "spattn-ops-lib"
         );
         assert_eq!(
-            test_name("spattn-ops", "test", "gpu_csr_ops"),
-            "spattn-ops-gpu_csr_ops"
+            test_name("spattn-ops", "test", "gpu_dense"),
+            "spattn-ops-gpu_dense"
         );
         assert_eq!(
             test_name("spattn-bench", "bin", "spattn-bench"),

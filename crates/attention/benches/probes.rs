@@ -200,7 +200,7 @@ fn median_ms(gpu: &Gpu, runs: usize, mut f: impl FnMut() -> spattn::Result<()>) 
     for _ in 0..3 {
         gpu.time_ms(&mut call).unwrap();
     }
-    spattn_ops::tune::median_of_runs(gpu, runs, call).unwrap()
+    spattn_ops::median_of_runs(gpu, runs, call).unwrap()
 }
 
 /// The extras' target ratios: for each algorithm that takes extras, its forward with a

@@ -38,8 +38,8 @@ use spattn_ops::backward::{
     self as ops_backward, DeviceSum, EdgeTerms, FusedBackward, TensorCoreBackward,
 };
 use spattn_ops::cpu::{self, AttentionInputs};
-use spattn_ops::graph::{DeviceGraph, PlanPolicy};
 use spattn_ops::{csr_ops, DType, DeviceMatrix, DeviceVec, ExternalVec, Gpu, Shape};
+use spattn_ops::{DeviceGraph, PlanPolicy};
 
 use crate::error::{Error, Result};
 use crate::extras::Extras;

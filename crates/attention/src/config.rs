@@ -147,7 +147,7 @@ pub struct AttentionConfig {
 pub use spattn_formats::Reorder;
 
 /// Fixed parameters of the hybrid algorithm (see [`AttentionConfig::with_hybrid`]).
-pub use spattn_ops::fused::HybridParams;
+pub use spattn_ops::HybridParams;
 
 impl AttentionConfig {
     /// `heads × head_dim` of `dtype`, automatic algorithm, scale 1/√head_dim.

@@ -53,7 +53,7 @@ use std::sync::{Mutex, PoisonError};
 use spattn_ops::backward::{self as ops_backward, DeviceSum, EdgeTerms, FusedBackward};
 use spattn_ops::cpu::{self, AttentionInputs, EdgeBias, Extras as CpuExtras};
 use spattn_ops::edge_extras::{self, DeviceBias};
-use spattn_ops::graph::DeviceGraph;
+use spattn_ops::DeviceGraph;
 use spattn_ops::Dropout;
 use spattn_ops::{csr_ops, elementwise, DType, DeviceMatrix, DeviceVec, Gpu, Shape};
 
@@ -64,7 +64,7 @@ use crate::plan::AttentionPlan;
 
 /// What a GPU plan's attention takes beyond Q, K, V (all optional): the fused kernels' own
 /// extras type, which every algorithm takes.
-pub use spattn_ops::fused::CsrExtras as Extras;
+pub use spattn_ops::CsrExtras as Extras;
 
 /// The host twin of [`Extras`] (for CPU plans and [`AttentionPlan::forward_with_host`]): the
 /// bias with whether it is shared by the heads, edge features, dropout.

@@ -46,7 +46,7 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use spattn::ops::device_plan::{DeviceEdges, DeviceIds, GraphSpec};
+//! use spattn::ops::{DeviceEdges, DeviceIds, GraphSpec};
 //! use spattn::{AttentionConfig, AttentionPlan, DTypeKind, DeviceGraph, DeviceMatrix, DeviceVec, Gpu, PlanPolicy};
 //!
 //! let gpu = Gpu::new(0)?;
@@ -80,7 +80,7 @@ pub use error::{Error, Result};
 pub use extras::{Extras, ExtrasGrads, HostExtras};
 pub use plan::AttentionPlan;
 pub use spattn_ops::edge_extras::DeviceBias;
-pub use spattn_ops::fused::HybridInfo;
+pub use spattn_ops::HybridInfo;
 
 // What a user of the plans needs from the crates beneath.
 /// The 16-bit element types of f16 and bf16 plans (the `half` crate's).
@@ -88,24 +88,27 @@ pub use half::{bf16, f16};
 pub use spattn_formats::{
     read_edge_list, read_matrix_market, rmat, Coo, Csr, EdgeListOptions, RmatConfig,
 };
-pub use spattn_ops::graph::{DeviceGraph, PlanPolicy};
 pub use spattn_ops::{DType, DTypeKind, DeviceMatrix, DeviceVec, Dropout, Gpu, Shape};
+pub use spattn_ops::{DeviceGraph, PlanPolicy};
 
 /// The formats crate (`spattn-formats`), for what the re-exports above leave out.
 pub use spattn_formats as formats;
 
-/// What the plans and layers are built from (`spattn-ops`), for work they do not cover: the
-/// f64 CPU reference ([`cpu`](ops::cpu)), the CUDA-core ops on a CSR and their backward
+/// What the plans and layers are built from (`spattn-ops`), for work they do not cover: the f64 CPU
+/// reference ([`cpu`](ops::cpu)), the CUDA-core ops on a CSR and their backward
 /// ([`csr_ops`](ops::csr_ops), [`backward`](ops::backward), [`edge_extras`](ops::edge_extras)),
-/// graphs built from edge lists on the device ([`device_plan`](ops::device_plan)), views of
-/// foreign device memory ([`ExternalVec`](ops::ExternalVec),
+/// graphs built from edge lists on the device ([`GraphSpec`](ops::GraphSpec) and its companions),
+/// views of foreign device memory ([`ExternalVec`](ops::ExternalVec),
 /// [`ExternalMatrix`](ops::ExternalMatrix), [`StreamBridge`](ops::StreamBridge)), NCCL
-/// ([`nccl`](ops::nccl)), the layers' small kernels ([`elementwise`](ops::elementwise): GAT's
-/// score terms for layers built elsewhere, as the Python package's) and the ops' own
-/// [`Error`](ops::Error) (what [`Error::Ops`] holds). The rest of `spattn-ops` (the
-/// tensor-core ops, the fused kernels, cuBLAS, the tuner) is reached through the plans and
-/// layers.
+/// ([`NcclComm`](ops::NcclComm)), the layers' small kernels ([`elementwise`](ops::elementwise):
+/// GAT's score terms for layers built elsewhere, as the Python package's) and the ops' own
+/// [`Error`](ops::Error) (what [`Error::Ops`] holds). The rest of `spattn-ops` (the tensor-core
+/// ops, the fused kernels, cuBLAS, the tuner) is reached through the plans and layers.
 pub mod ops {
-    pub use spattn_ops::{backward, cpu, csr_ops, device_plan, edge_extras, elementwise, nccl};
+    pub use spattn_ops::NcclComm;
+    pub use spattn_ops::{backward, cpu, csr_ops, edge_extras, elementwise};
+    pub use spattn_ops::{
+        widen_to_i64, BuildReport, DeviceEdges, DeviceIds, DeviceIndex, GraphSpec, PlanWorkspace,
+    };
     pub use spattn_ops::{DeviceCsr, Error, ExternalMatrix, ExternalVec, Result, StreamBridge};
 }

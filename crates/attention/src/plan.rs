@@ -4,15 +4,15 @@ use std::sync::{Arc, Mutex};
 
 use spattn_formats::{Csr, DegreeStats};
 use spattn_ops::cpu::{self, AttentionInputs};
-use spattn_ops::graph::{DeviceGraph, PlanPolicy};
 use spattn_ops::{
     csr_ops, tc_ops, DType, DTypeKind, DeviceMatrix, DeviceMeBcrs, DeviceVec, Gpu, Shape,
 };
+use spattn_ops::{DeviceGraph, PlanPolicy};
 
 use crate::config::{Algorithm, AttentionConfig};
 use crate::error::{Error, Result};
-use spattn_ops::fused::{self, FusedCsr, FusedTensorCore, Hybrid, HybridInfo};
-use spattn_ops::tune::{median_ms, Fastest};
+use spattn_ops::{median_ms, Fastest};
+use spattn_ops::{FusedCsr, FusedTensorCore, Hybrid, HybridInfo};
 
 /// Sparse attention over one graph, planned once and run many times:
 /// `out = softmax_row(scale · Q Kᵀ masked by A) · V` with Q of `n_rows × heads × head_dim`, K
@@ -429,7 +429,7 @@ impl AttentionPlan {
     pub(crate) fn fused_with_extras<T: DType>(
         &self,
         (q, k, v): (&DeviceMatrix<T>, &DeviceMatrix<T>, &DeviceMatrix<T>),
-        extras: &fused::CsrExtras<'_, T>,
+        extras: &spattn_ops::CsrExtras<'_, T>,
         out: &mut DeviceMatrix<T>,
     ) -> Option<Result<()>> {
         let Runner::Gpu(g) = &self.runner else {
@@ -530,7 +530,7 @@ impl AttentionPlan {
         Ok(())
     }
 
-    /// Times every candidate ([`spattn_ops::tune::median_ms`]: the median of three after a
+    /// Times every candidate ([`spattn_ops::median_ms`]: the median of three after a
     /// warm-up) and keeps the fastest. Candidates keep the dtype's precision: for f32 the
     /// tensor-core algorithms (tf32) are left out.
     fn autotune(&mut self) -> Result<()> {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use rand::seq::SliceRandom;
 use rand_pcg::Pcg64;
-use spattn::ops::device_plan::{DeviceEdges, DeviceIds, GraphSpec};
+use spattn::ops::{DeviceEdges, DeviceIds, GraphSpec};
 use spattn::{
     Algorithm, AttentionConfig, AttentionPlan, BackwardKernels, DTypeKind, DeviceBias, DeviceGraph,
     Dropout, Extras, ExtrasGrads, PlanPolicy, Reorder,

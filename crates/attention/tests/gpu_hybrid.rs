@@ -15,7 +15,6 @@ use half::{bf16, f16};
 use rand_pcg::Pcg64;
 use spattn::{Algorithm, AttentionConfig, AttentionPlan, HybridParams};
 use spattn_formats::Csr;
-use spattn_ops::hybrid_spmm::DeviceHybrid;
 use spattn_ops::{DType, DTypeKind, DeviceMatrix, Gpu, Shape};
 use spattn_test_support::*;
 
@@ -101,7 +100,7 @@ fn check_case(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64
         }))
     };
     let half_set: &'static [(f64, usize, usize)] =
-        if DeviceHybrid::pipelined(DTypeKind::F16, head_dim) {
+        if spattn_ops::Hybrid::pipelined(DTypeKind::F16, head_dim) {
             &FIXED_PIPE
         } else {
             &FIXED

@@ -23,8 +23,8 @@ use spattn::layers::{
 };
 use spattn::Algorithm;
 use spattn_formats::{read_matrix_market, Csr};
-use spattn_ops::backward::{GatKernels, GAT_FUSED_MAX_EDGES, GAT_ROWS_SMALL_MAX_EDGES};
-use spattn_ops::dense::GemmElement;
+use spattn_ops::backward::GatKernels;
+use spattn_ops::GemmElement;
 use spattn_ops::{cpu, edge_extras, elementwise, DType, DeviceMatrix, DeviceVec, Gpu, Shape};
 
 fn cora() -> Csr {
@@ -48,11 +48,12 @@ fn random_graph(rng: &mut Pcg64) -> Csr {
     Csr::from_edges(n as usize, n as usize, &edges).unwrap()
 }
 
-/// 3,000 nodes attending to ~90 random nodes and themselves: past `GAT_ROWS_SMALL_MAX_EDGES`
-/// (and `GAT_FUSED_MAX_EDGES`), so a one-head GAT layer takes the composed steps.
+/// 3,000 nodes attending to ~90 random nodes and themselves: past
+/// `GatKernels::ROWS_SMALL_MAX_EDGES` (and `GatKernels::FUSED_MAX_EDGES`), so a one-head GAT layer
+/// takes the composed steps.
 fn larger_graph(rng: &mut Pcg64) -> Csr {
     let n = 3000u32;
-    let per = GAT_ROWS_SMALL_MAX_EDGES / n as usize + 4;
+    let per = GatKernels::ROWS_SMALL_MAX_EDGES / n as usize + 4;
     let mut edges: Vec<(u32, u32)> = (0..n).map(|i| (i, i)).collect();
     for i in 0..n {
         for _ in 0..per {
@@ -62,7 +63,7 @@ fn larger_graph(rng: &mut Pcg64) -> Csr {
     edges.sort_unstable();
     edges.dedup();
     let a = Csr::from_edges(n as usize, n as usize, &edges).unwrap();
-    assert!(a.nnz() > GAT_ROWS_SMALL_MAX_EDGES && a.nnz() > GAT_FUSED_MAX_EDGES);
+    assert!(a.nnz() > GatKernels::ROWS_SMALL_MAX_EDGES && a.nnz() > GatKernels::FUSED_MAX_EDGES);
     a
 }
 

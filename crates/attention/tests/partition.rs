@@ -918,7 +918,7 @@ fn check_halos(
 fn gpu_partitioned_plans_over_nccl_equal_the_reference() {
     use half::bf16;
     use spattn::{Algorithm, Gpu};
-    spattn::ops::nccl::NcclComm::available().unwrap();
+    spattn::ops::NcclComm::available().unwrap();
     let count = Gpu::device_count().unwrap();
     assert!(count > 0, "no GPU");
     let gpus: Vec<Gpu> = (0..count).map(|i| Gpu::new(i).unwrap()).collect();

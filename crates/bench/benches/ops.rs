@@ -14,7 +14,7 @@ use spattn_bench::cases::{self, Problem, Target};
 use spattn_bench::gpu_bench::{self, GpuConfig};
 use spattn_bench::graphs::{self, DataDirs, Graph, GraphSpec, LoadOptions};
 use spattn_bench::inputs::HostInputs;
-use spattn_ops::graph::DeviceGraph;
+use spattn_ops::DeviceGraph;
 use spattn_ops::{cpu, DType, DTypeKind, Gpu};
 
 const HEADS: usize = 1;

@@ -14,8 +14,8 @@ use spattn_formats::Csr;
 use spattn_ops::cpu;
 use std::sync::Arc;
 
-use spattn_ops::graph::{DeviceGraph, EdgeLayout, EdgeValues};
 use spattn_ops::{csr_ops, DType, DeviceCsr, DeviceMatrix, DeviceVec, Gpu, GpuTimer};
+use spattn_ops::{DeviceGraph, EdgeLayout, EdgeValues};
 
 use crate::cases::Case;
 use crate::error::{Error, Result};

@@ -5,7 +5,7 @@ use std::path::Path;
 use half::{bf16, f16};
 use std::sync::Arc;
 
-use spattn_ops::graph::DeviceGraph;
+use spattn_ops::DeviceGraph;
 use spattn_ops::{DType, DTypeKind, Gpu};
 
 use crate::cases::{self, Case, CaseKind, Problem, Target, BASELINE};

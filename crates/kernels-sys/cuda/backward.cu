@@ -195,25 +195,6 @@ __device__ __forceinline__ void edge_row_sum_long_rows(const u32* __restrict__ r
                     if (threadIdx.x == 0) out[(u64)row * heads + h] = from_f32<T>(s);)
 }
 
-// ---- per-(row, head) dot products of two dense matrices ------------------------------------
-// out[i * heads + h] = <x[i, h, :], y[i, h, :]> in f32; a group of g lanes per (row, head).
-
-template <class T, int VEC>
-__device__ __forceinline__ void row_dot(u32 rows, u32 heads, u32 head_dim,
-                                        const T* __restrict__ x, const T* __restrict__ y, u32 g,
-                                        float* __restrict__ out) {
-    const u32 mask = group_mask(g);
-    const u32 lane = lane_id() & (g - 1u);
-    const u64 group = grid_group(g), groups = grid_groups(g);
-    const u64 total = (u64)rows * heads;
-    for (u64 rh = group; rh < total; rh += groups) {
-        const u64 base = rh * head_dim;
-        const float acc = lane_dot<T, VEC>(x + base, y + base, head_dim, lane, g);
-        const float sum = group_sum(acc, mask, g);
-        if (lane == 0) out[rh] = sum;
-    }
-}
-
 // ---- elementwise and scatter kernels on per-edge values --------------------------------------
 
 // dst[a_to_t[e] * heads + h] = src[e * heads + h]: A's edge order to A^T's.
@@ -1093,12 +1074,6 @@ SPATTN_BACKWARD_FUSED(bf16, __nv_bfloat16, 8, 1)
 
 // ---- extern "C" instantiations ----------------------------------------------------------------
 
-#define SPATTN_ROW_DOT(NAME, T, VEC)                                                            \
-    extern "C" __global__ void NAME(u32 rows, u32 heads, u32 head_dim, const T* x, const T* y, \
-                                    u32 g, float* out) {                                       \
-        row_dot<T, VEC>(rows, heads, head_dim, x, y, g, out);                                  \
-    }
-
 #define SPATTN_GATV2_GRAD(NAME, T, VEC)                                                         \
     extern "C" __global__ void NAME(const u32* row_offsets, u32 n_rows, const u32* col_indices, \
                                     const u32* edge_ids, u32 heads, u32 head_dim,              \
@@ -1120,9 +1095,6 @@ SPATTN_BACKWARD_FUSED(bf16, __nv_bfloat16, 8, 1)
         const u32* row_offsets, const u32* long_rows, u32 heads, const float* values, T* out) { \
         edge_row_sum_long_rows<T>(row_offsets, long_rows, heads, values, out);                 \
     }                                                                                          \
-    SPATTN_ROW_DOT(row_dot_dense_##SUFFIX##_v1, T, 1)                                           \
-    SPATTN_ROW_DOT(row_dot_dense_##SUFFIX##_v2, T, 2)                                           \
-    SPATTN_ROW_DOT(row_dot_dense_##SUFFIX##_v4, T, 4)                                           \
     SPATTN_GATV2_GRAD(gatv2_edge_grad_csr_##SUFFIX##_v1, T, 1)                                  \
     SPATTN_GATV2_GRAD(gatv2_edge_grad_csr_##SUFFIX##_v2, T, 2)                                  \
     SPATTN_GATV2_GRAD(gatv2_edge_grad_csr_##SUFFIX##_v4, T, 4)
@@ -1130,7 +1102,5 @@ SPATTN_BACKWARD_FUSED(bf16, __nv_bfloat16, 8, 1)
 SPATTN_BACKWARD_PER_DTYPE(f32, float)
 SPATTN_BACKWARD_PER_DTYPE(f16, __half)
 SPATTN_BACKWARD_PER_DTYPE(bf16, __nv_bfloat16)
-SPATTN_ROW_DOT(row_dot_dense_f16_v8, __half, 8)
-SPATTN_ROW_DOT(row_dot_dense_bf16_v8, __nv_bfloat16, 8)
 SPATTN_GATV2_GRAD(gatv2_edge_grad_csr_f16_v8, __half, 8)
 SPATTN_GATV2_GRAD(gatv2_edge_grad_csr_bf16_v8, __nv_bfloat16, 8)

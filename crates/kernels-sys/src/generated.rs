@@ -3,7 +3,7 @@
 
 use crate::PtxModule;
 
-/// The PTX module compiled from `cuda/backward.cu` (157 kernels).
+/// The PTX module compiled from `cuda/backward.cu` (146 kernels).
 pub const BACKWARD: PtxModule = PtxModule {
     name: "backward",
     ptx: include_str!("../ptx/backward.ptx"),
@@ -139,30 +139,19 @@ pub const BACKWARD: PtxModule = PtxModule {
         "gat_backward_cols_bf16_v8_n1",
         "edge_row_sum_csr_rows_f32",
         "edge_row_sum_csr_long_rows_f32",
-        "row_dot_dense_f32_v1",
-        "row_dot_dense_f32_v2",
-        "row_dot_dense_f32_v4",
         "gatv2_edge_grad_csr_f32_v1",
         "gatv2_edge_grad_csr_f32_v2",
         "gatv2_edge_grad_csr_f32_v4",
         "edge_row_sum_csr_rows_f16",
         "edge_row_sum_csr_long_rows_f16",
-        "row_dot_dense_f16_v1",
-        "row_dot_dense_f16_v2",
-        "row_dot_dense_f16_v4",
         "gatv2_edge_grad_csr_f16_v1",
         "gatv2_edge_grad_csr_f16_v2",
         "gatv2_edge_grad_csr_f16_v4",
         "edge_row_sum_csr_rows_bf16",
         "edge_row_sum_csr_long_rows_bf16",
-        "row_dot_dense_bf16_v1",
-        "row_dot_dense_bf16_v2",
-        "row_dot_dense_bf16_v4",
         "gatv2_edge_grad_csr_bf16_v1",
         "gatv2_edge_grad_csr_bf16_v2",
         "gatv2_edge_grad_csr_bf16_v4",
-        "row_dot_dense_f16_v8",
-        "row_dot_dense_bf16_v8",
         "gatv2_edge_grad_csr_f16_v8",
         "gatv2_edge_grad_csr_bf16_v8",
     ],

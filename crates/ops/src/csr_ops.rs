@@ -31,6 +31,7 @@
 use spattn_formats::{Csr, Permutation};
 use spattn_kernels_sys::CSR_OPS;
 
+use crate::backward::Gatv2Operands;
 use crate::buffer::{grown, DeviceMatrix, DeviceVec, Scratch};
 use crate::device_csr::DeviceCsr;
 use crate::dtype::DType;
@@ -405,55 +406,9 @@ pub fn sddmm<T: DType>(
     unsafe { launch(name, &mut args, cfg) }
 }
 
-/// GATv2's per-edge score operands (PyG's `GATv2Conv`): the projected sources `xl`
-/// (`n_cols × heads × dim`), targets `xr` (`n_rows × heads × dim`), the optional projected edge
-/// features `ef` (`nnz × heads × dim`, CSR order), the attention vector `att` (`heads · dim`
-/// f32) and LeakyReLU's negative slope.
-#[derive(Debug, Clone, Copy)]
-pub struct Gatv2Operands<'a, T: DType> {
-    /// Sources' features `W_s x_j`.
-    pub xl: &'a DeviceMatrix<T>,
-    /// Targets' features `W_t x_i`.
-    pub xr: &'a DeviceMatrix<T>,
-    /// Edge features `W_e e_ij`, per edge in CSR order.
-    pub ef: Option<&'a DeviceMatrix<T>>,
-    /// The attention vector, `heads × dim` f32.
-    pub att: &'a DeviceVec<f32>,
-    /// LeakyReLU's slope for negative inputs.
-    pub slope: f32,
-}
-
-impl<T: DType> Gatv2Operands<'_, T> {
-    /// Checks the shapes against `a` and the GPU; returns `(heads, dim)`.
-    pub(crate) fn check(&self, gpu: &Gpu, a: &DeviceCsr) -> Result<(usize, usize)> {
-        let s = self.xr.shape();
-        Shape::new(a.n_rows(), s.heads, s.head_dim)?.expect_eq("xr", s)?;
-        s.expect_rows_like("xl", self.xl.shape(), a.n_cols())?;
-        if let Some(ef) = self.ef {
-            s.expect_rows_like("edge features", ef.shape(), a.nnz())?;
-        }
-        let hd = s.heads * s.head_dim;
-        if self.att.len() != hd {
-            return Err(Error::LengthMismatch {
-                what: "att",
-                expected: hd,
-                actual: self.att.len(),
-            });
-        }
-        check_same_gpu(gpu, "A", a)?;
-        check_same_gpu(gpu, "xl", self.xl)?;
-        check_same_gpu(gpu, "xr", self.xr)?;
-        check_same_gpu(gpu, "att", self.att)?;
-        if let Some(ef) = self.ef {
-            check_same_gpu(gpu, "edge features", ef)?;
-        }
-        Ok((s.heads, s.head_dim))
-    }
-}
-
 /// SDDMM, GATv2 form: `scores[e, h] = Σ_d att[h, d] · LeakyReLU(xl[col(e), h, d] +
 /// xr[row(e), h, d] (+ ef[e, h, d]))`, the per-edge sum `x_i + x_j` never stored (f32 sums).
-pub fn sddmm_gatv2<T: DType>(
+pub(crate) fn sddmm_gatv2<T: DType>(
     gpu: &Gpu,
     a: &DeviceCsr,
     ops: &Gatv2Operands<'_, T>,
@@ -493,7 +448,7 @@ pub fn sddmm_gatv2<T: DType>(
 /// SDDMM, GAT form (`u_add_v`): `scores[e, h] = a_dst[row(e), h] + a_src[col(e), h]`.
 ///
 /// Shapes: `a_dst` is `a.n_rows() × heads × 1`, `a_src` is `a.n_cols() × heads × 1`.
-pub fn sddmm_gat<T: DType>(
+pub(crate) fn sddmm_gat<T: DType>(
     gpu: &Gpu,
     a: &DeviceCsr,
     a_dst: &DeviceMatrix<T>,
@@ -536,7 +491,7 @@ pub fn sddmm_gat<T: DType>(
 /// layers' edge-feature term, a user's bias).
 ///
 /// Errors: as [`sddmm_gat`] and [`edge_extras::bias_add`] (shapes and lengths, named).
-pub fn gat_scores<A: DType, B: DType>(
+pub(crate) fn gat_scores<A: DType, B: DType>(
     gpu: &Gpu,
     a: &DeviceCsr,
     (a_dst, a_src): (&DeviceMatrix<A>, &DeviceMatrix<A>),
@@ -553,12 +508,13 @@ pub fn gat_scores<A: DType, B: DType>(
 
 edge_softmax_fns! {
     DeviceCsr, |a| a.nnz();
-    /// Edge softmax: for every row and head, `out[e, h] = exp(x_e − max) / Σ exp(x − max)` over the
-    /// row's edges, where `x = scores` or `LeakyReLU(scores, slope)` when `leaky_relu` is given.
-    ///
-    /// Rows without edges have nothing to write. `scores` and `out` have `nnz × heads` elements.
+    /// [`edge_softmax_in_place`] into `out`, leaving `scores` as they are.
     out_of_place;
-    /// [`edge_softmax`] in place: `scores` becomes the probabilities.
+    /// Edge softmax in place: for every row and head, `scores[e, h]` becomes
+    /// `exp(x_e − max) / Σ exp(x − max)` over the row's edges, where `x = scores` or
+    /// `LeakyReLU(scores, slope)` when `leaky_relu` is given.
+    ///
+    /// Rows without edges have nothing to write. `scores` has `nnz × heads` elements.
     in_place;
 }
 
@@ -708,3 +664,6 @@ pub(crate) fn finalize_split_rows<O: DType>(
     // (the callers' view holds that many); writes those rows of `out`.
     unsafe { launch(name, &mut args, group_grid(n_split * width, 1, 1)?) }
 }
+
+#[cfg(test)]
+mod gpu_tests;

@@ -20,15 +20,15 @@
 //! type may differ from the operands' (weight gradients of f16 layers are f32).
 //!
 //! ```no_run
-//! use spattn_ops::dense::{self, Blas, Dims};
+//! use spattn_ops::{gemm, Blas, Dims};
 //! use spattn_ops::{DeviceVec, Gpu};
 //! let gpu = Gpu::new(0)?;
 //! let blas = Blas::new(&gpu)?;
 //! let x = DeviceVec::from_host(&gpu, &[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0])?; // 2 x 3
 //! let w = DeviceVec::from_host(&gpu, &[1.0f32, 0.0, 0.0, 1.0, 1.0, 1.0])?; // 3 x 2
 //! let mut y = DeviceVec::<f32>::zeros(&gpu, 4)?; // 2 x 2
-//! dense::gemm(&blas, 1.0, (&x, Dims::new(2, 3), false), (&w, Dims::new(3, 2), false), 0.0,
-//!             (&mut y, Dims::new(2, 2)))?;
+//! gemm(&blas, 1.0, (&x, Dims::new(2, 3), false), (&w, Dims::new(3, 2), false), 0.0,
+//!      (&mut y, Dims::new(2, 2)))?;
 //! assert_eq!(y.to_host()?, vec![4.0, 5.0, 10.0, 11.0]);
 //! # Ok::<(), spattn_ops::Error>(())
 //! ```

@@ -9,6 +9,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::buffer::DeviceElement;
+use crate::error::Error;
 
 /// The run-time name of an element type: what the command line parses and results print.
 ///
@@ -18,7 +19,7 @@ use crate::buffer::DeviceElement;
 /// assert_eq!(kind, DTypeKind::Bf16);
 /// assert_eq!(kind.to_string(), "bf16");
 /// assert_eq!(kind.size_bytes(), 2);
-/// # Ok::<(), spattn_ops::ParseDTypeKindError>(())
+/// # Ok::<(), spattn_ops::Error>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DTypeKind {
@@ -58,37 +59,20 @@ impl fmt::Display for DTypeKind {
     }
 }
 
-/// The error of parsing a [`DTypeKind`]: the text was none of the accepted names.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ParseDTypeKindError {
-    /// The text that did not parse.
-    pub input: String,
-}
-
-impl fmt::Display for ParseDTypeKindError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "unknown element type {:?}: expected f32, f16 or bf16",
-            self.input
-        )
-    }
-}
-
-impl std::error::Error for ParseDTypeKindError {}
-
 impl FromStr for DTypeKind {
-    type Err = ParseDTypeKindError;
+    type Err = Error;
 
     /// Accepts the kernel names `f32` / `f16` / `bf16` and the common aliases (`fp32`,
-    /// `float32`, `float`, `fp16`, `float16`, `half`, `bfloat16`), in any case.
+    /// `float32`, `float`, `fp16`, `float16`, `half`, `bfloat16`), in any case; else
+    /// [`Error::InvalidArgument`] naming the text.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.trim().to_ascii_lowercase().as_str() {
             "f32" | "fp32" | "float32" | "float" => Ok(DTypeKind::F32),
             "f16" | "fp16" | "float16" | "half" => Ok(DTypeKind::F16),
             "bf16" | "bfloat16" => Ok(DTypeKind::Bf16),
-            _ => Err(ParseDTypeKindError {
-                input: s.to_owned(),
+            _ => Err(Error::InvalidArgument {
+                what: "element type",
+                why: format!("unknown {s:?}: expected f32, f16 or bf16"),
             }),
         }
     }
@@ -209,7 +193,7 @@ mod tests {
         assert_eq!(<f16 as DType>::KIND.name(), <f16 as DType>::NAME);
         assert_eq!(<bf16 as DType>::KIND.name(), <bf16 as DType>::NAME);
         for kind in DTypeKind::ALL {
-            assert_eq!(kind.to_string().parse::<DTypeKind>(), Ok(kind));
+            assert_eq!(kind.to_string().parse::<DTypeKind>().unwrap(), kind);
         }
         assert_eq!(
             <f16 as DType>::KIND.size_bytes(),
@@ -223,9 +207,9 @@ mod tests {
 
     #[test]
     fn parse_aliases_and_errors() {
-        assert_eq!("FP16".parse::<DTypeKind>(), Ok(DTypeKind::F16));
-        assert_eq!(" bfloat16 ".parse::<DTypeKind>(), Ok(DTypeKind::Bf16));
-        assert_eq!("float".parse::<DTypeKind>(), Ok(DTypeKind::F32));
+        assert_eq!("FP16".parse::<DTypeKind>().unwrap(), DTypeKind::F16);
+        assert_eq!(" bfloat16 ".parse::<DTypeKind>().unwrap(), DTypeKind::Bf16);
+        assert_eq!("float".parse::<DTypeKind>().unwrap(), DTypeKind::F32);
         let err = "f64".parse::<DTypeKind>().unwrap_err();
         assert!(err.to_string().contains("f64"));
     }

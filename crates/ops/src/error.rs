@@ -115,12 +115,6 @@ pub enum Error {
         /// The limit.
         limit: u64,
     },
-    /// An op needs the sparse matrix's per-edge values, and the matrix is a pattern only.
-    #[error("{op} needs a sparse matrix with values; this one is a pattern only")]
-    MissingValues {
-        /// The op that needs them.
-        op: &'static str,
-    },
     /// The driver rejected a PTX module (e.g. its ISA is newer than the driver supports).
     #[error("loading PTX module {module} failed: {source}")]
     ModuleLoad {
@@ -148,7 +142,7 @@ pub enum Error {
         /// `(rows, cols)` it has.
         actual: (usize, usize),
     },
-    /// libcublas could not be loaded (the dense GEMMs of [`crate::dense`] need it).
+    /// libcublas could not be loaded (the dense GEMMs of [`Blas`](crate::Blas) need it).
     #[error("no cuBLAS: libcublas could not be loaded (install the CUDA toolkit's libcublas and put its folder on LD_LIBRARY_PATH)")]
     NoCublas,
     /// A cuBLAS call failed.

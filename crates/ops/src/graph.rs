@@ -12,7 +12,7 @@
 //!
 //! ```no_run
 //! use spattn_formats::Csr;
-//! use spattn_ops::graph::{self, DeviceGraph, EdgeValues, Engine};
+//! use spattn_ops::{edge_softmax_in_place, sddmm, spmm, DeviceGraph, EdgeValues, Engine};
 //! use spattn_ops::{DeviceMatrix, Gpu, Shape};
 //! use half::f16;
 //!
@@ -25,9 +25,9 @@
 //! let mut out = DeviceMatrix::<f16>::zeros(&gpu, shape)?;
 //! for engine in [Engine::CudaCore, Engine::TensorCore] {
 //!     let mut s = EdgeValues::zeros(&gpu, &g, engine.layout(), 2)?; // uploads what it reads
-//!     graph::sddmm(&gpu, &g, engine, &q, &q, 0.125, &mut s)?;
-//!     graph::edge_softmax_in_place(&gpu, &g, engine, &mut s, None)?;
-//!     graph::spmm(&gpu, &g, engine, &s, &q, &mut out)?;
+//!     sddmm(&gpu, &g, engine, &q, &q, 0.125, &mut s)?;
+//!     edge_softmax_in_place(&gpu, &g, engine, &mut s, None)?;
+//!     spmm(&gpu, &g, engine, &s, &q, &mut out)?;
 //! }
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -229,8 +229,8 @@ impl DeviceGraph {
     /// (GAT's per-edge data of the loops, PyG's `fill_value`).
     ///
     /// ```no_run
-    /// use spattn_ops::device_plan::{DeviceEdges, DeviceIds, GraphSpec};
-    /// use spattn_ops::graph::DeviceGraph;
+    /// use spattn_ops::{DeviceEdges, DeviceIds, GraphSpec};
+    /// use spattn_ops::DeviceGraph;
     /// use spattn_ops::{DeviceVec, Gpu};
     /// let gpu = Gpu::new(0)?;
     /// // PyG's edge_index of 0 -> 1, 2 -> 1, 1 -> 0: its sources and its targets, on the device.

@@ -13,8 +13,7 @@
 //!
 //! ```no_run
 //! use spattn_formats::{Csr, Reorder};
-//! use spattn_ops::hybrid_spmm::HybridSpmm;
-//! use spattn_ops::{DeviceMatrix, Gpu, Shape};
+//! use spattn_ops::{DeviceMatrix, Gpu, HybridSpmm, Shape};
 //! let gpu = Gpu::new(0)?;
 //! let a = Csr::from_edges(3, 3, &[(0, 1), (0, 2), (1, 0), (2, 2)])?;
 //! let plan = HybridSpmm::plan::<half::f16>(&gpu, &a, 1, 64, Reorder::Auto)?;
@@ -124,7 +123,7 @@ pub(crate) fn candidate_thresholds(blocks: &HybridBlocks, nnz: usize) -> Vec<f64
 
 /// What [`choose_split`] kept, with the times it measured (ms).
 #[derive(Debug)]
-pub struct SplitChoice {
+pub(crate) struct SplitChoice {
     /// The chosen split, uploaded.
     pub device: DeviceHybrid,
     /// The chosen warps per CTA.
@@ -210,7 +209,7 @@ fn formats_error(e: spattn_formats::Error) -> Error {
 /// A hybrid SpMM `out[i, h, :] = Σ_j A[i, j] · V[j, h, :]` planned once for one matrix and
 /// shape: rows renumbered as a [`Reorder`] asks (zero-copy: V and out stay in the caller's
 /// order), and, by timing on scratch buffers of `heads × head_dim` features of `T`, the
-/// feature width the kernel runs each row in (each of [`spmm_widths`]) and for it the
+/// feature width the kernel runs each row in (each of the candidate widths) and for it the
 /// threshold and the warp split (`choose_split`). Run it with [`HybridSpmm::run`].
 #[derive(Debug)]
 pub struct HybridSpmm {
@@ -227,7 +226,8 @@ impl HybridSpmm {
     /// `a.n_cols() × heads × head_dim` and out of `a.n_rows() × heads × head_dim` of `T`.
     ///
     /// Every shape is taken: a row's `heads × head_dim` features run as pieces of a width one
-    /// warp holds (see [`spmm_widths`]).
+    /// warp holds (the largest divisor of `heads × head_dim` that a warp's slice holds, when
+    /// no wider width divides it).
     ///
     /// Errors: [`Error::InvalidArgument`] for zero heads or head_dim,
     /// [`Error::UnsupportedComputeCapability`] below 8.0, allocation and launch failures.
@@ -309,13 +309,14 @@ impl HybridSpmm {
     }
 
     /// The feature width the kernel runs each row's `heads × head_dim` features in (one of
-    /// [`spmm_widths`], the fastest measured).
+    /// the candidate widths, the fastest measured).
     pub fn width(&self) -> usize {
         self.width
     }
 
-    /// What the plan measured and chose.
-    pub fn choice(&self) -> &SplitChoice {
+    /// What the plan measured and chose (the probes' table).
+    #[cfg(test)]
+    pub(crate) fn choice(&self) -> &SplitChoice {
         &self.choice
     }
 

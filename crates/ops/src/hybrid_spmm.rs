@@ -15,28 +15,16 @@
 //! (1 for a binary matrix), every sum in f32; f32 operands go through tf32 on the tensor-core
 //! side (relative error ~1e-3).
 //!
-//! ```no_run
-//! use spattn_formats::{Csr, HybridBlocks};
-//! use spattn_ops::hybrid_spmm::{self, DeviceHybrid};
-//! use spattn_ops::{DeviceMatrix, Gpu, Shape};
-//! let gpu = Gpu::new(0)?;
-//! let a = Csr::from_edges(3, 3, &[(0, 1), (0, 2), (1, 0), (2, 2)])?;
-//! let blocks = HybridBlocks::from_csr(&a)?;
-//! let d = DeviceHybrid::upload(&gpu, &blocks, &blocks.classify(0.1)?, 2)?;
-//! let shape = Shape::new(3, 1, 64)?;
-//! let v = DeviceMatrix::<f32>::zeros(&gpu, shape)?;
-//! let mut out = DeviceMatrix::<f32>::zeros(&gpu, shape)?;
-//! hybrid_spmm::spmm(&gpu, &d, &v, &mut out)?;
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
+//! [`HybridSpmm`](crate::HybridSpmm) plans and runs the SpMM; fused attention is
+//! [`Hybrid`](crate::Hybrid)'s.
 
 mod edge_map;
 #[cfg(test)]
 mod edge_map_tests;
 #[cfg(test)]
+mod gpu_tests;
+#[cfg(test)]
 mod tests;
-
-pub use crate::hybrid_plan::HybridSpmm;
 
 use std::sync::Mutex;
 
@@ -119,17 +107,7 @@ pub(crate) fn slice_for(head_dim: usize, dtype: DTypeKind) -> std::result::Resul
 /// fewer index and bitmap reads per feature); the largest divisor of `F` that one warp's slice
 /// holds (1 divides every `F`, so no shape is refused: 200 f16 features run as 2 × 100); and
 /// `head_dim` itself when a slice holds it. Empty only for `F = 0`.
-///
-/// ```
-/// use spattn_ops::{hybrid_spmm::spmm_widths, DTypeKind};
-/// assert_eq!(spmm_widths(DTypeKind::F16, 8, 64), vec![128, 64]);
-/// assert_eq!(spmm_widths(DTypeKind::F16, 1, 256), vec![128, 64]);
-/// assert_eq!(spmm_widths(DTypeKind::F16, 2, 24), vec![48, 24]);
-/// assert_eq!(spmm_widths(DTypeKind::F32, 1, 128), vec![64, 32]);
-/// assert_eq!(spmm_widths(DTypeKind::F16, 1, 200), vec![100]);
-/// assert_eq!(spmm_widths(DTypeKind::F16, 3, 64), vec![64, 96]);
-/// ```
-pub fn spmm_widths(dtype: DTypeKind, heads: usize, head_dim: usize) -> Vec<usize> {
+pub(crate) fn spmm_widths(dtype: DTypeKind, heads: usize, head_dim: usize) -> Vec<usize> {
     let f = heads.saturating_mul(head_dim);
     if f == 0 {
         return Vec::new();
@@ -159,7 +137,7 @@ pub fn spmm_widths(dtype: DTypeKind, heads: usize, head_dim: usize) -> Vec<usize
 /// 4) owns a window and the one CUDA-core warp (`cd` is 0 or 1) serves
 /// them in turn. `cd = 0` is only valid for a split that put every edge on tensor cores.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WarpSplit {
+pub(crate) struct WarpSplit {
     /// Tensor-core warps (≥ 1).
     pub tc: usize,
     /// CUDA-core warps (0 only when no edge is on CUDA cores).
@@ -168,14 +146,7 @@ pub struct WarpSplit {
 
 impl WarpSplit {
     /// Checks `1 ≤ tc` and `tc + cd ≤ 8`.
-    ///
-    /// ```
-    /// use spattn_ops::hybrid_spmm::WarpSplit;
-    /// assert!(WarpSplit::new(2, 2).is_ok());
-    /// assert!(WarpSplit::new(3, 0).is_ok());
-    /// assert!(WarpSplit::new(0, 2).is_err());
-    /// ```
-    pub fn new(tc: usize, cd: usize) -> Result<Self> {
+    pub(crate) fn new(tc: usize, cd: usize) -> Result<Self> {
         if tc == 0 || tc + cd > MAX_WARPS {
             return Err(Error::InvalidArgument {
                 what: "hybrid warp split",
@@ -195,7 +166,7 @@ impl WarpSplit {
 
 /// Counts of one split, for reporting.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct HybridStats {
+pub(crate) struct HybridStats {
     /// The fill threshold.
     pub threshold: f64,
     /// Tensor-core blocks.
@@ -219,7 +190,7 @@ struct Workspace {
 /// A [`HybridBlocks`] structure split at one threshold, in device memory, with its unit
 /// schedule, for the hybrid kernels.
 #[derive(Debug)]
-pub struct DeviceHybrid {
+pub(crate) struct DeviceHybrid {
     n_rows: usize,
     n_cols: usize,
     stats: HybridStats,
@@ -248,7 +219,7 @@ impl DeviceHybrid {
     /// Uploads `blocks` split at `split`'s threshold, with units of at most a `1 / (8 · SMs)`
     /// share of the work each (block cost 8 edges), but no fewer than
     /// 16 blocks' or 64 edges' worth.
-    pub fn upload(
+    pub(crate) fn upload(
         gpu: &Gpu,
         blocks: &HybridBlocks,
         split: &HybridSplit,
@@ -312,31 +283,21 @@ impl DeviceHybrid {
     }
 
     /// Number of rows.
-    pub fn n_rows(&self) -> usize {
+    pub(crate) fn n_rows(&self) -> usize {
         self.n_rows
     }
     /// Number of columns.
-    pub fn n_cols(&self) -> usize {
+    pub(crate) fn n_cols(&self) -> usize {
         self.n_cols
     }
     /// The split's counts.
-    pub fn stats(&self) -> HybridStats {
+    pub(crate) fn stats(&self) -> HybridStats {
         self.stats
     }
 
     /// Whether `DeviceHybrid::attention` and [`spmm_with`] run the pipelined kernel for heads
-    /// of `head_dim` features of `dtype`: f16 or bf16 at exactly 64 or 128 features (each
-    /// tensor-core warp owns a window and streams its K/V tiles, SpMM its V tiles, through
-    /// shared memory, as fused-tc's pipelined kernel; at most one CUDA-core warp per CTA).
-    ///
-    /// ```
-    /// use spattn_ops::hybrid_spmm::DeviceHybrid;
-    /// use spattn_ops::DTypeKind;
-    /// assert!(DeviceHybrid::pipelined(DTypeKind::F16, 128));
-    /// assert!(!DeviceHybrid::pipelined(DTypeKind::F32, 64));
-    /// assert!(!DeviceHybrid::pipelined(DTypeKind::Bf16, 96));
-    /// ```
-    pub fn pipelined(dtype: DTypeKind, head_dim: usize) -> bool {
+    /// of `head_dim` features of `dtype` ([`Hybrid::pipelined`](crate::Hybrid::pipelined)).
+    pub(crate) fn pipelined(dtype: DTypeKind, head_dim: usize) -> bool {
         bsb_pipe_supports(dtype, head_dim)
     }
 
@@ -366,29 +327,6 @@ impl DeviceHybrid {
             ));
         }
         Ok(())
-    }
-
-    /// A split of warps valid for this structure: 2 tensor-core warps, and a CUDA-core warp
-    /// when edges are on CUDA cores (two in the general kernel, `pipelined` false).
-    ///
-    /// ```no_run
-    /// # use spattn_formats::{Csr, HybridBlocks};
-    /// # use spattn_ops::hybrid_spmm::{DeviceHybrid, WarpSplit};
-    /// # use spattn_ops::Gpu;
-    /// # let gpu = Gpu::new(0)?;
-    /// let a = Csr::from_edges(2, 2, &[(0, 0), (1, 1)])?;
-    /// let blocks = HybridBlocks::from_csr(&a)?;
-    /// let d = DeviceHybrid::upload(&gpu, &blocks, &blocks.classify(0.0)?, 1)?;
-    /// assert_eq!(d.default_warps(true), WarpSplit { tc: 2, cd: 0 });
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn default_warps(&self, pipelined: bool) -> WarpSplit {
-        let cd = match (self.stats.cd_edges, pipelined) {
-            (0, true) => 0,
-            (_, true) => 1,
-            (_, false) => 2,
-        };
-        WarpSplit { tc: 2, cd }
     }
 
     /// Fused attention `out = softmax_row(scale · Q Kᵀ masked by A) · V` with `warps` of each
@@ -795,55 +733,10 @@ impl OnGpu for DeviceHybrid {
     }
 }
 
-/// Items (work units × pieces) below which [`default_width`] prefers 64-feature pieces to
-/// 128-feature ones, per SM: where the widths `HybridSpmm` timed fastest changed over
-/// (docs/kernels/hybrid.md).
-pub(crate) const WIDE_ITEMS_PER_SM: usize = 40;
-
-/// The width [`spmm`] runs without a plan: the first of `widths` (see [`spmm_widths`]), except
-/// that 64 replaces 128 when both are there and `units × F / 128` items would be fewer than
-/// [`WIDE_ITEMS_PER_SM`] per SM (`f` = heads × head_dim; more, narrower items fill a small
-/// graph's GPU). `None` for no widths.
-pub(crate) fn default_width(
-    widths: &[usize],
-    f: usize,
-    units: usize,
-    sm_count: usize,
-) -> Option<usize> {
-    let first = *widths.first()?;
-    let items = units.saturating_mul(f / first.max(1));
-    if first == 128 && widths.contains(&64) && items < WIDE_ITEMS_PER_SM * sm_count.max(1) {
-        return Some(64);
-    }
-    Some(first)
-}
-
 /// Hybrid SpMM: `out[i, h, :] = Σ_j A[i, j] · V[j, h, :]` over the uploaded matrix (values, or
 /// 1 for a binary matrix), dense blocks on tensor cores and the remaining edges on CUDA cores
-/// in one kernel, with a default width (the first of [`spmm_widths`], or 64-feature pieces
-/// where 128-feature ones would leave SMs idle) and a default split of warps for it
-/// ([`DeviceHybrid::default_warps`]; see [`spmm_with`]; [`HybridSpmm`] times the widths
-/// instead). `v` is `n_cols × heads × head_dim`, `out` `n_rows × heads × head_dim`; every
-/// element of `out` is written.
-///
-/// Errors: as [`spmm_with`].
-pub fn spmm<T: DType>(
-    gpu: &Gpu,
-    a: &DeviceHybrid,
-    v: &DeviceMatrix<T>,
-    out: &mut DeviceMatrix<T>,
-) -> Result<()> {
-    let shape = v.shape();
-    let widths = spmm_widths(T::KIND, shape.heads, shape.head_dim);
-    let f = shape.row_len();
-    let sms = gpu.sm_count() as usize;
-    // Only a row of no features has no width, and spmm_with returns before using it then.
-    let width = default_width(&widths, f, a.n_units, sms).unwrap_or(shape.head_dim);
-    let warps = a.default_warps(DeviceHybrid::pipelined(T::KIND, width));
-    spmm_with(gpu, a, v, warps, width, out)
-}
-
-/// [`spmm`] with an explicit split of warps per CTA and feature width: the kernel runs each
+/// in one kernel, with `warps` per CTA, each row's features run in pieces of `width`
+/// ([`HybridSpmm`](crate::HybridSpmm) times the widths and splits). The kernel runs each
 /// row's `heads × head_dim` features as pieces of `width` features (see [`spmm_widths`]; the
 /// pipelined kernel for f16/bf16 pieces of 64 or 128, which takes the warp splits of
 /// `DeviceHybrid::check_warps`).
@@ -852,7 +745,7 @@ pub fn spmm<T: DType>(
 /// `width` that does not divide `heads × head_dim` or is wider than one warp's slice (see
 /// `slice_for`), or a warp split the kernel does not take; [`Error::ForeignGpu`],
 /// [`Error::UnsupportedComputeCapability`] below 8.0, launch failures.
-pub fn spmm_with<T: DType>(
+pub(crate) fn spmm_with<T: DType>(
     gpu: &Gpu,
     a: &DeviceHybrid,
     v: &DeviceMatrix<T>,

@@ -433,10 +433,10 @@ pub(crate) fn softmax_in_place(
     launch(SoftmaxArgs::new(ptr, ptr, heads, leaky_relu))
 }
 
-/// The public `edge_softmax` and `edge_softmax_in_place` of an op family over device format
-/// `$format` whose score arrays hold `$n` values a head (`$a` names the format in `$n`), both
-/// through the module's `softmax_launch(gpu, a, SoftmaxArgs)`; each takes the doc comment
-/// written before its name.
+/// The `edge_softmax` (crate-internal) and the public `edge_softmax_in_place` of an op family over
+/// device format `$format` whose score arrays hold `$n` values a head (`$a` names the format in
+/// `$n`), both through the module's `softmax_launch(gpu, a, SoftmaxArgs)`; each takes the doc
+/// comment written before its name.
 macro_rules! edge_softmax_fns {
     (
         $format:ty, |$a:ident| $n:expr;
@@ -444,7 +444,9 @@ macro_rules! edge_softmax_fns {
         $(#[$in_doc:meta])* in_place;
     ) => {
         $(#[$out_doc])*
-        pub fn edge_softmax(
+        // The ops' own compositions use csr_ops' (GAT's backward); tc_ops' only its tests.
+        #[allow(dead_code)]
+        pub(crate) fn edge_softmax(
             gpu: &Gpu,
             a: &$format,
             scores: &DeviceVec<f32>,

@@ -63,7 +63,7 @@ impl Launched {
 fn backward_holds_exactly_the_launched_kernels() {
     use crate::backward::fused::{cols_pass_kernel, layout, rows_pass_kernel};
     use crate::backward::gat::{gat_cols_kernel, gat_rows_kernel};
-    use crate::backward::{gatv2_grad_kernel, long_row_sum_kernel, row_dot_kernel, row_sum_kernel};
+    use crate::backward::{gatv2_grad_kernel, long_row_sum_kernel, row_sum_kernel};
     use crate::schedule::vector_width;
     let mut l = Launched::new(sys::BACKWARD);
     // Launched by fixed names (`kernel!`) (backward/mod.rs).
@@ -87,7 +87,6 @@ fn backward_holds_exactly_the_launched_kernels() {
         for hd in HEAD_DIMS {
             let vec = vector_width(hd, bytes);
             l.add(gatv2_grad_kernel(dt, vec));
-            l.add(row_dot_kernel(dt, vec));
             if let Some((vec, _, nv)) = layout(hd, bytes) {
                 for ef in [false, true] {
                     for feat in [false, true] {

@@ -7,13 +7,19 @@
 //!   references, and the CPU path of `spattn`'s plans).
 //! - [`Gpu`], [`DeviceVec`], [`DeviceMatrix`]: the runtime (cudarc, libcuda loaded at run time,
 //!   so everything builds without CUDA); the kernels' PTX comes from `spattn-kernels-sys`.
-//! - [`csr_ops`]: CUDA-core SDDMM, edge softmax and SpMM on CSR; [`tc_ops`]: tensor-core ones on
-//!   ME-BCRS ([`DeviceMeBcrs`]); [`graph::DeviceGraph`] picks a backend per call.
-//! - [`hybrid_spmm`]: the RT-GNN-style hybrid (dense 16×8 blocks on tensor cores, the other
-//!   edges on CUDA cores of the same kernel), and [`HybridSpmm`](hybrid_spmm::HybridSpmm), a
-//!   hybrid SpMM planned once by timing its candidates.
-//! - [`fused`]: the fused attention kernels; [`backward`]: their gradients and the unfused
-//!   backward ops; [`cpu`]: the f64 / f32 reference of everything.
+//! - [`csr_ops`]: CUDA-core SDDMM, edge softmax and SpMM on a [`DeviceCsr`]; [`tc_ops`]:
+//!   tensor-core ones on ME-BCRS ([`DeviceMeBcrs`]); [`sddmm`], [`edge_softmax_in_place`] and
+//!   [`spmm`] on a [`DeviceGraph`] take the [`Engine`] per call.
+//! - The fused attention kernels: [`FusedCsr`], [`FusedTensorCore`] and [`Hybrid`] (RT-GNN's
+//!   split: dense 16×8 blocks on tensor cores, the other edges on CUDA cores of the same
+//!   kernel); [`HybridSpmm`], that split for SpMM, planned once by timing its candidates.
+//! - [`backward`]: the gradients (fused, and the unfused ops), with GAT's and GATv2's attention;
+//!   [`edge_extras`] and [`elementwise`]: score biases, edge features, dropout and the layers'
+//!   small kernels; [`cpu`]: the f64 / f32 reference of everything.
+//! - Graphs built on the device from edge lists ([`GraphSpec`],
+//!   [`DeviceGraph::from_device_edges`]), rows gathered and scattered ([`gather_rows`]), cuBLAS
+//!   GEMMs ([`Blas`]), NCCL ([`NcclComm`]), and the timing helpers of plans built by measuring
+//!   ([`Fastest`], [`median_ms`]).
 //!
 //! Shapes are `rows × heads × head_dim`, row-major ([`Shape`]); per-edge values are
 //! `nnz × heads` in the CSR's edge order. Errors are one [`Error`] enum naming the operand.
@@ -59,49 +65,67 @@ pub mod backward;
 mod buffer;
 pub mod cpu;
 pub mod csr_ops;
-pub mod dense;
+mod dense;
 mod device_bsb;
 mod device_csr;
 mod device_mebcrs;
-pub mod device_plan;
+mod device_plan;
 mod dropout;
 mod dtype;
 pub mod edge_extras;
 pub mod elementwise;
 mod error;
 mod external;
-pub mod fused;
+mod fused;
 mod gpu;
-pub mod graph;
+mod graph;
 mod hybrid_plan;
-pub mod hybrid_spmm;
+mod hybrid_spmm;
 mod launch;
-pub mod nccl;
+mod nccl;
 mod ptx_split;
-pub mod rows;
+mod rows;
 mod schedule;
 mod shape;
 mod side_stream;
 pub mod tc_ops;
-pub mod tune;
+mod tune;
 
 #[cfg(test)]
 mod launched_tests;
 #[cfg(test)]
+mod probes;
+#[cfg(test)]
 mod runtime_tests;
+#[cfg(test)]
+mod test_util;
+// The unit tests that moved from tests/ name this crate as its users do.
+#[cfg(test)]
+extern crate self as spattn_ops;
 
 pub use buffer::{DeviceElement, DeviceMatrix, DeviceVec};
+pub use dense::{gemm, host_gemm, Blas, Dims, GemmElement};
 pub use device_csr::DeviceCsr;
 pub use device_mebcrs::DeviceMeBcrs;
+pub use device_plan::{
+    widen_to_i64, BuildReport, DeviceEdges, DeviceIds, DeviceIndex, GraphSpec, PlanWorkspace,
+};
 pub use dropout::Dropout;
-pub use dtype::{DType, DTypeKind, ParseDTypeKindError};
+pub use dtype::{DType, DTypeKind};
 pub use error::{Error, Result};
 pub use external::{ExternalMatrix, ExternalVec, StreamBridge};
+pub use fused::{CsrExtras, FusedCsr, FusedTensorCore, Hybrid, HybridInfo, HybridParams};
 pub use gpu::{Gpu, GpuTimer};
+pub use graph::{
+    edge_softmax_in_place, sddmm, spmm, DeviceGraph, EdgeLayout, EdgeValues, Engine, PlanPolicy,
+};
 /// The half-precision element types ([`DType`]), so that a caller needs no `half` of its own.
 pub use half::{bf16, f16};
+pub use hybrid_plan::HybridSpmm;
+pub use nccl::{check_blocks, check_own_block, share_pools, AroundOwn, NcclComm, NcclId};
+pub use rows::{gather_rows, gather_rows_into, scatter_add_rows, RowIndex};
 pub use shape::Shape;
+pub use tune::{median_ms, median_of_runs, Fastest};
 
 // Shorter paths inside the crate.
-pub(crate) use graph::DeviceGraph;
 pub(crate) use hybrid_spmm::{DeviceHybrid, WarpSplit};

@@ -9,7 +9,7 @@
 //! on `LD_LIBRARY_PATH` makes it found.
 //!
 //! ```no_run
-//! use spattn_ops::nccl::{NcclComm, NcclId};
+//! use spattn_ops::{NcclComm, NcclId};
 //! use spattn_ops::{DeviceVec, Gpu};
 //!
 //! NcclComm::available()?;

@@ -8,7 +8,7 @@
 //! padded with zeros for them, and their output cut back.
 //!
 //! ```no_run
-//! use spattn_ops::rows::{gather_rows, RowIndex};
+//! use spattn_ops::{gather_rows, RowIndex};
 //! use spattn_ops::{DeviceVec, Gpu};
 //!
 //! let gpu = Gpu::new(0)?;

@@ -10,8 +10,8 @@
 //! `vector · 8 + row_in_window` is element `h · n_slots + slot`. Head-major keeps the 16 × 8
 //! tile of one head that a warp computes in 512 contiguous bytes, so SDDMM's stores and SpMM's
 //! loads are fully coalesced. SDDMM writes this layout and SpMM reads it: no re-layout between
-//! them. [`csr_to_slots`] and [`slots_to_csr`] convert to and from the CSR edge order of
-//! [`crate::csr_ops`] (`nnz × heads`, element `e · heads + h`).
+//! them. [`EdgeValues::to_layout`](crate::EdgeValues::to_layout) converts to and from the CSR
+//! edge order of [`crate::csr_ops`] (`nnz × heads`, element `e · heads + h`).
 //!
 //! **Padding slots** (a slot whose mask bit is clear: the row has no edge to that vector's
 //! column) carry no data. SDDMM writes −∞ there (so a softmax gives them probability exactly 0,
@@ -191,15 +191,15 @@ pub fn sddmm<T: DType>(
 
 edge_softmax_fns! {
     DeviceMeBcrs, |a| a.n_slots();
-    /// Edge softmax over the slot layout: for every row and head,
-    /// `out[h, slot] = exp(x − max) / Σ exp(x − max)` over the row's edge slots, where
-    /// `x = scores` or `LeakyReLU(scores, slope)` when `leaky_relu` is given; 0 at padding
-    /// slots.
-    ///
-    /// `scores` and `out` have `heads × a.n_slots()` elements. Rows without edges have only
-    /// padding slots (all written 0).
+    /// [`edge_softmax_in_place`] into `out`, leaving `scores` as they are.
     out_of_place;
-    /// [`edge_softmax`] in place: `scores` becomes the probabilities (what [`spmm`] reads).
+    /// Edge softmax over the slot layout, in place: for every row and head, `scores[h, slot]`
+    /// becomes `exp(x − max) / Σ exp(x − max)` over the row's edge slots (what [`spmm`] reads),
+    /// where `x = scores` or `LeakyReLU(scores, slope)` when `leaky_relu` is given; 0 at
+    /// padding slots.
+    ///
+    /// `scores` has `heads × a.n_slots()` elements. Rows without edges have only padding slots
+    /// (all written 0).
     in_place;
 }
 
@@ -293,7 +293,7 @@ const fn spmm_pipe_stage_bytes(tiles: usize) -> usize {
 /// there is nothing to overlap (docs/kernels/tc-ops.md, "Tried and kept"). Otherwise the
 /// register kernel runs. Both give the same sums in the same order up to the mma's internal
 /// accumulation order.
-pub fn spmm_pipelined<T: DType>(a: &DeviceMeBcrs, head_dim: usize) -> bool {
+pub(crate) fn spmm_pipelined<T: DType>(a: &DeviceMeBcrs, head_dim: usize) -> bool {
     spmm_pipe_shape(T::KIND, head_dim) && a.n_vectors() > 16 * a.n_windows()
 }
 
@@ -438,7 +438,7 @@ pub fn spmm<T: DType>(
 /// Moves per-edge values from CSR edge order (`values`: `nnz × heads`, element `e · heads + h`,
 /// as [`crate::csr_ops`] uses) into the slot layout (`out`: `heads × n_slots`); padding slots
 /// get `fill`.
-pub fn csr_to_slots(
+pub(crate) fn csr_to_slots(
     gpu: &Gpu,
     a: &DeviceMeBcrs,
     values: &DeviceVec<f32>,
@@ -460,7 +460,7 @@ pub fn csr_to_slots(
 
 /// Moves per-slot values (`slots`: `heads × n_slots`) into CSR edge order (`out`:
 /// `nnz × heads`, element `e · heads + h`). Padding slots are dropped.
-pub fn slots_to_csr(
+pub(crate) fn slots_to_csr(
     gpu: &Gpu,
     a: &DeviceMeBcrs,
     slots: &DeviceVec<f32>,
@@ -509,6 +509,9 @@ fn move_through_slot_map(
     // checked).
     unsafe { launch(name, &mut args, cfg) }
 }
+
+#[cfg(test)]
+mod gpu_tests;
 
 #[cfg(test)]
 mod tests {

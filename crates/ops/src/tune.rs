@@ -9,7 +9,7 @@
 //! whose single-launch times move ±5% between calls on small graphs).
 //!
 //! ```
-//! use spattn_ops::tune::Fastest;
+//! use spattn_ops::Fastest;
 //! let mut f = Fastest::new();
 //! assert!(f.offer("a", 'a', 2.0, 0.0));
 //! assert!(!f.offer("b", 'b', 1.95, 0.05)); // faster, but not by 5%

@@ -6,8 +6,8 @@ use half::{bf16, f16};
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64;
 use spattn_ops::cpu;
-use spattn_ops::dense::{self, Blas, Dims, GemmElement};
 use spattn_ops::elementwise::{self, Activation};
+use spattn_ops::{Blas, Dims, GemmElement};
 use spattn_ops::{DType, DeviceMatrix, DeviceVec, Gpu, Shape};
 
 fn setup() -> (Gpu, Blas) {
@@ -71,7 +71,7 @@ fn check_gemm<T: GemmElement, C: GemmElement>(gpu: &Gpu, blas: &Blas, rng: &mut 
                 let (c0, mut want) = random::<C>(m * n, rng);
                 let abs = |v: &[f64]| v.iter().map(|x| x.abs()).collect::<Vec<f64>>();
                 let mut mag = abs(&want);
-                dense::host_gemm(
+                spattn_ops::host_gemm(
                     1.5,
                     (&a64, a_dims, ta),
                     (&b64, b_dims, tb),
@@ -79,7 +79,7 @@ fn check_gemm<T: GemmElement, C: GemmElement>(gpu: &Gpu, blas: &Blas, rng: &mut 
                     (&mut want, Dims::new(m, n)),
                 )
                 .unwrap();
-                dense::host_gemm(
+                spattn_ops::host_gemm(
                     1.5,
                     (&abs(&a64), a_dims, ta),
                     (&abs(&b64), b_dims, tb),
@@ -93,7 +93,7 @@ fn check_gemm<T: GemmElement, C: GemmElement>(gpu: &Gpu, blas: &Blas, rng: &mut 
                 if beta == 0.0 {
                     dc.fill_nan().unwrap();
                 }
-                dense::gemm(
+                spattn_ops::gemm(
                     blas,
                     1.5,
                     (&da, a_dims, ta),
@@ -140,7 +140,7 @@ fn gemm_rejects_bad_shapes() {
     let (gpu, blas) = setup();
     let a = DeviceVec::<f32>::zeros(&gpu, 6).unwrap();
     let mut c = DeviceVec::<f32>::zeros(&gpu, 4).unwrap();
-    let err = dense::gemm(
+    let err = spattn_ops::gemm(
         &blas,
         1.0,
         (&a, Dims::new(2, 3), false),

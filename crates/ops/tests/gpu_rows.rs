@@ -7,7 +7,7 @@
 use half::{bf16, f16};
 use rand::Rng;
 use rand_pcg::Pcg64;
-use spattn_ops::rows::{gather_rows, gather_rows_into, scatter_add_rows, RowIndex};
+use spattn_ops::{gather_rows, gather_rows_into, scatter_add_rows, RowIndex};
 use spattn_ops::{DType, DeviceVec, Gpu};
 use spattn_test_support::*;
 

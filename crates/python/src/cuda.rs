@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use spattn::ops::backward::{self as gpu_backward, GatBackward, GatForward, GatKernels};
 use spattn::ops::backward::{Gatv2Grads, Gatv2Operands};
-use spattn::ops::device_plan::{BuildReport, DeviceEdges, DeviceIds, DeviceIndex, GraphSpec};
+use spattn::ops::{BuildReport, DeviceEdges, DeviceIds, DeviceIndex, GraphSpec};
 use spattn::ops::{ExternalMatrix, ExternalVec};
 use spattn::{AttentionPlan, BackwardKernels, DType, DeviceGraph, Dropout, Gpu, Reorder, Shape};
 
@@ -255,8 +255,8 @@ pub(crate) fn gat_forward_gpu<T: DType>(
 /// The GAT backward on CUDA tensors at `[x, a_dst, a_src, d_out, dx, da_dst, da_src, bias,
 /// d_bias, out]` (the bias's 0 for none; `out`, the forward's output, read by the rows
 /// kernels only), ordered with `stream`: the fused backward
-/// ([`gpu_backward::gat_fused_backward`]: two passes, no per-edge buffer), the rows kernels
-/// ([`gpu_backward::gat_backward_rows`]; `workspaces` = dS's `nnz × heads` f32, the row
+/// ([`GatBackward::Fused`]: two passes, no per-edge buffer), the rows kernels
+/// ([`GatBackward::Rows`]; `workspaces` = dS's `nnz × heads` f32, the row
 /// statistics' `n_rows × heads` f32 (where `lse_kept`, the rows forward's workspace: its
 /// statistics and, with dropout, its mask right after them) and with dropout the masks to draw,
 /// of [`gpu_backward::dropout_mask_words`] u32 each: A's and Aᵀ's, or Aᵀ's alone where kept),

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use cudarc::driver::sys;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use spattn::ops::device_plan::PlanWorkspace;
+use spattn::ops::PlanWorkspace;
 use spattn::ops::StreamBridge;
 use spattn::Gpu;
 

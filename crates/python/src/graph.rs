@@ -33,8 +33,8 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use spattn::ops::device_plan::{self, GraphSpec};
 use spattn::ops::ExternalVec;
+use spattn::ops::GraphSpec;
 use spattn::{Csr, DeviceGraph, PlanPolicy};
 
 use crate::cpu::scale_of;
@@ -328,8 +328,8 @@ impl GraphCore {
                 let mut t = ExternalVec::<i64>::new_element_aligned(gpu, "dst", dst, nnz)?;
                 d.device.bridge.run(stream, || -> spattn::Result<()> {
                     let a = d.graph.csr()?;
-                    device_plan::widen_to_i64(gpu, a.col_indices(), &mut s)?;
-                    device_plan::widen_to_i64(gpu, a.row_indices(), &mut t)?;
+                    spattn::ops::widen_to_i64(gpu, a.col_indices(), &mut s)?;
+                    spattn::ops::widen_to_i64(gpu, a.row_indices(), &mut t)?;
                     Ok(())
                 })
             }
@@ -608,12 +608,11 @@ impl GraphCore {
     /// `bias`: the address of `nnz × heads` values (f32 on CUDA, of `dtype` on the CPU) added to
     /// the scores before the LeakyReLU (GAT's edge features), 0 for none. `kernels` (CUDA):
     /// `"composed"` (the CSR ops) or `"rows"` (row statistics, no per-edge buffer: the
-    /// workspace then holds `n × heads` f32; [`gat_rows_supports`] heads, their units walked
+    /// workspace then holds `n × heads` f32; [`GatKernels::supports`] heads, their units walked
     /// in fused-csr's row order once the graph is reused). `step`: whether the call may begin a
     /// training step (as [`attention`](Self::attention)'s: a graph seen again after a backward
     /// switches to the `reuse` policy).
     ///
-    /// [`gat_rows_supports`]: spattn::ops::backward::gat_rows_supports
     #[pyo3(signature = (device, dtype, heads, dim, negative_slope, x, a_dst, a_src, out,
                         workspace, stream, dropout = None, bias = 0, kernels = "composed",
                         step = true))]

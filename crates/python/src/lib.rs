@@ -60,15 +60,15 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(graph::edges::edge_rows, m)?)?;
     m.add(
         "GAT_FUSED_MAX_EDGES",
-        spattn::ops::backward::GAT_FUSED_MAX_EDGES,
+        spattn::ops::backward::GatKernels::FUSED_MAX_EDGES,
     )?;
     m.add(
         "GAT_ROWS_MIN_HEADS",
-        spattn::ops::backward::GAT_ROWS_MIN_HEADS,
+        spattn::ops::backward::GatKernels::ROWS_MIN_HEADS,
     )?;
     m.add(
         "GAT_ROWS_SMALL_MAX_EDGES",
-        spattn::ops::backward::GAT_ROWS_SMALL_MAX_EDGES,
+        spattn::ops::backward::GatKernels::ROWS_SMALL_MAX_EDGES,
     )?;
     Ok(())
 }

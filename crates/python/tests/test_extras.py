@@ -717,7 +717,7 @@ def test_cuda_edge_rows_kernels_match_the_torch_composition(dtype, out, fill):
     different orders may differ by (the composition sums with atomics, in any order), then a
     rounding to the attributes' type. Input self loops (replaced), nodes with no incoming edge,
     and a hub row of every node; without loops (fill None) every row placed. (The kernels'
-    sums are checked bitwise against the same sums on the host in gpu_csr_ops.)"""
+    sums are checked bitwise against the same sums on the host in spattn-ops' csr_ops GPU tests.)"""
     from spattn import nn as snn
 
     gen = torch.Generator().manual_seed(3)

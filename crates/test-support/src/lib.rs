@@ -249,7 +249,13 @@ pub fn clique_graph(cliques: usize, size: usize) -> Csr {
 /// The tolerance for an output of type `T` against the f64 reference (f32 1e-5, f16 5e-3,
 /// bf16 2e-2).
 pub fn tolerance<T: DType>() -> f64 {
-    match T::NAME {
+    tolerance_of(T::NAME)
+}
+
+/// [`tolerance`] by the type's name (`DType::NAME`), for tests with another `DType` trait in
+/// scope (spattn-ops' unit tests).
+pub fn tolerance_of(name: &str) -> f64 {
+    match name {
         "f32" => 1e-5,
         "f16" => 5e-3,
         _ => 2e-2,
@@ -507,9 +513,12 @@ pub fn grid(head_dims: &[usize], heads: &[usize]) -> Vec<(usize, usize)> {
 /// random source: the GPU tests of every algorithm and op family run their own check through
 /// these sweeps (mostly by [`gpu_sweep_tests!`]), so their test bodies are written once, with
 /// each family's graphs and shapes as data.
-pub struct Sweep<F> {
+///
+/// `G` is the GPU handle the check takes: [`Gpu`], or spattn-ops' own in its unit tests (whose
+/// crate is another copy of the one this crate links).
+pub struct Sweep<F, G = Gpu> {
     /// The GPU the check runs on ([`gpu`]).
-    pub gpu: Gpu,
+    pub gpu: G,
     /// The test's random source ([`fresh_rng`]), for graphs and inputs drawn between sweeps.
     pub rng: Pcg64,
     check: F,
@@ -517,9 +526,15 @@ pub struct Sweep<F> {
 
 impl<F: FnMut(&Gpu, &Csr, usize, usize, &mut Pcg64)> Sweep<F> {
     /// A sweep of test `test` (it names the printed seed) running `check(gpu, a, heads,
-    /// head_dim, rng)`.
+    /// head_dim, rng)` on [`gpu`].
     pub fn new(test: &str, check: F) -> Self {
-        let gpu = gpu();
+        Self::with_gpu(test, gpu(), check)
+    }
+}
+
+impl<G, F: FnMut(&G, &Csr, usize, usize, &mut Pcg64)> Sweep<F, G> {
+    /// A sweep of test `test` running `check` on `gpu`.
+    pub fn with_gpu(test: &str, gpu: G, check: F) -> Self {
         Self {
             gpu,
             rng: fresh_rng(test),
@@ -604,30 +619,36 @@ impl<F: FnMut(&Gpu, &Csr, usize, usize, &mut Pcg64)> Sweep<F> {
 ///     }
 /// }
 /// ```
+///
+/// `gpu = EXPR;` before `check` runs the sweeps on `EXPR` ([`Sweep::with_gpu`]; spattn-ops'
+/// unit tests pass their crate's own `Gpu`).
 #[macro_export]
 macro_rules! gpu_sweep_tests {
-    (check = $check:expr; $($tests:tt)*) => {
-        $crate::gpu_sweep_tests!(@tests $check; $($tests)*);
+    (gpu = $gpu:expr; check = $check:expr; $($tests:tt)*) => {
+        $crate::gpu_sweep_tests!(@tests [$gpu] $check; $($tests)*);
     };
-    (@tests $check:expr;) => {};
-    (@tests $check:expr;
+    (check = $check:expr; $($tests:tt)*) => {
+        $crate::gpu_sweep_tests!(@tests [$crate::gpu()] $check; $($tests)*);
+    };
+    (@tests [$gpu:expr] $check:expr;) => {};
+    (@tests [$gpu:expr] $check:expr;
         $(#[$meta:meta])* fn $name:ident = $sweep:ident($($arg:expr),* $(,)?); $($rest:tt)*
     ) => {
-        $crate::gpu_sweep_tests!(@tests $check; $(#[$meta])* fn $name(sweep) {
+        $crate::gpu_sweep_tests!(@tests [$gpu] $check; $(#[$meta])* fn $name(sweep) {
             sweep.$sweep($($arg),*);
         } $($rest)*);
     };
-    (@tests $check:expr;
+    (@tests [$gpu:expr] $check:expr;
         $(#[$meta:meta])* fn $name:ident($sweep:ident) $body:block $($rest:tt)*
     ) => {
         $(#[$meta])*
         #[test]
         #[ignore = "needs an NVIDIA GPU"]
         fn $name() {
-            let $sweep = &mut $crate::Sweep::new(stringify!($name), $check);
+            let $sweep = &mut $crate::Sweep::with_gpu(stringify!($name), $gpu, $check);
             $body
         }
-        $crate::gpu_sweep_tests!(@tests $check; $($rest)*);
+        $crate::gpu_sweep_tests!(@tests [$gpu] $check; $($rest)*);
     };
 }
 

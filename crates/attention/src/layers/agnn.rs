@@ -10,9 +10,9 @@
 //! `dβ = Σ dq ⊙ x̂`, and `dx = dv + (g − x̂⟨x̂, g⟩)/‖x‖` with `g = β·dq + dk`.
 
 use spattn_ops::cpu::{self, AttentionInputs, Real};
-use spattn_ops::dense::{Dims, GemmElement};
 use spattn_ops::elementwise;
 use spattn_ops::{DeviceMatrix, DeviceVec, Shape};
+use spattn_ops::{Dims, GemmElement};
 
 use super::gat::check_input;
 use super::params::{

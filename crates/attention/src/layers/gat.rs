@@ -28,10 +28,10 @@ use spattn_ops::backward::{
     GatScoreTerms, KeepBits, RowStats,
 };
 use spattn_ops::cpu::{self, Real};
-use spattn_ops::dense::{Dims, GemmElement};
 use spattn_ops::elementwise;
 use spattn_ops::Dropout;
 use spattn_ops::{edge_extras, DType, DeviceMatrix, DeviceVec, Shape};
+use spattn_ops::{Dims, GemmElement};
 
 use super::params::{
     flat, host, init_rng, Device, DropoutState, GpuGraph, Host, HostGraph, HostParam, Linear,

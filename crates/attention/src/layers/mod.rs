@@ -25,7 +25,7 @@
 //! The GPU twin of a host layer comes from `to_device::<T>(&gpu_graph)` ([`GpuGraph`]) (parameters rounded
 //! to `T` = f32, f16 or bf16; gradients of parameters kept in f32); it runs the same API on
 //! [`DeviceMatrix`](spattn_ops::DeviceMatrix) activations. Dense projections go through cuBLAS
-//! ([`spattn_ops::dense`]), the sparse parts through [`AttentionPlan`](crate::AttentionPlan)
+//! ([`spattn_ops::Blas`]), the sparse parts through [`AttentionPlan`](crate::AttentionPlan)
 //! and the CSR ops.
 
 mod agnn;

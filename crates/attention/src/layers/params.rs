@@ -10,9 +10,9 @@ use rand_pcg::Pcg64;
 use spattn_formats::Csr;
 use spattn_ops::backward::DeviceTranspose;
 use spattn_ops::cpu::Real;
-use spattn_ops::dense::{self, Blas, Dims, GemmElement};
 use spattn_ops::elementwise::{self, AdamHyper};
-use spattn_ops::graph::DeviceGraph;
+use spattn_ops::DeviceGraph;
+use spattn_ops::{Blas, Dims, GemmElement};
 use spattn_ops::{DType, DeviceCsr, DeviceMatrix, DeviceVec, Gpu, Shape};
 
 use crate::error::Result;
@@ -465,7 +465,7 @@ impl<F: Real> Linear<Host<F>> {
     /// `y = x·W + b` for `x` of `rows × in_dim`.
     pub fn forward(&self, x: &[F], rows: usize) -> Result<Vec<F>> {
         let mut y = vec![F::ZERO; rows * self.out_dim];
-        dense::host_gemm(
+        spattn_ops::host_gemm(
             F::ONE,
             (x, Dims::new(rows, self.in_dim), false),
             (&self.weight.value, self.weight.dims, false),
@@ -492,7 +492,7 @@ impl<F: Real> Linear<Host<F>> {
         dx: Option<(&mut [F], bool)>,
     ) -> Result<()> {
         let (din, dout) = (Dims::new(rows, self.in_dim), Dims::new(rows, self.out_dim));
-        dense::host_gemm(
+        spattn_ops::host_gemm(
             F::ONE,
             (x, din, true),
             (dy, dout, false),
@@ -508,7 +508,7 @@ impl<F: Real> Linear<Host<F>> {
         }
         if let Some((dx, accumulate)) = dx {
             let beta = if accumulate { F::ONE } else { F::ZERO };
-            dense::host_gemm(
+            spattn_ops::host_gemm(
                 F::ONE,
                 (dy, dout, false),
                 (&self.weight.value, self.weight.dims, true),
@@ -550,7 +550,7 @@ impl<T: GemmElement> Linear<Device<T>> {
     ) -> Result<()> {
         let rows = x.shape().rows;
         let dy = Dims::new(rows, self.out_dim);
-        dense::gemm(
+        spattn_ops::gemm(
             ctx.blas(),
             1.0,
             (x, Dims::new(rows, self.in_dim), false),
@@ -575,7 +575,7 @@ impl<T: GemmElement> Linear<Device<T>> {
     ) -> Result<()> {
         let rows = x.shape().rows;
         let (din, dout) = (Dims::new(rows, self.in_dim), Dims::new(rows, self.out_dim));
-        dense::gemm(
+        spattn_ops::gemm(
             ctx.blas(),
             1.0,
             (x, din, true),
@@ -587,7 +587,7 @@ impl<T: GemmElement> Linear<Device<T>> {
             elementwise::bias_grad(ctx.gpu(), dy, dout, &mut b.grad)?;
         }
         if let Some((dx, accumulate)) = dx {
-            dense::gemm(
+            spattn_ops::gemm(
                 ctx.blas(),
                 1.0,
                 (dy, dout, false),

@@ -9,10 +9,10 @@
 //! the residual).
 
 use spattn_ops::cpu::{self, AttentionInputs, EdgeBias, Extras as CpuExtras, Real};
-use spattn_ops::dense::GemmElement;
 use spattn_ops::edge_extras::DeviceBias;
 use spattn_ops::elementwise;
 use spattn_ops::Dropout;
+use spattn_ops::GemmElement;
 use spattn_ops::{DeviceMatrix, Shape};
 
 use super::gat::check_input;

@@ -2,8 +2,8 @@
 //! blocks), with default device all-to-alls that go through host memory.
 
 use bytemuck::Pod;
-use spattn_ops::nccl::AroundOwn;
-use spattn_ops::rows::{self, RowIndex};
+use spattn_ops::AroundOwn;
+use spattn_ops::RowIndex;
 use spattn_ops::{DType, DeviceElement, DeviceVec, Gpu};
 
 use crate::error::{Error, Result};
@@ -37,7 +37,7 @@ pub trait Exchange {
         recv: &mut DeviceVec<T>,
         recv_counts: &[usize],
     ) -> Result<()> {
-        spattn_ops::nccl::check_blocks(
+        spattn_ops::check_blocks(
             self.world(),
             (send_counts, send.len()),
             (recv_counts, recv.len()),
@@ -67,7 +67,7 @@ pub trait Exchange {
         recv_counts: &[usize],
     ) -> Result<()> {
         let me = self.rank();
-        spattn_ops::nccl::check_blocks(
+        spattn_ops::check_blocks(
             self.world(),
             (send_counts, send.len()),
             (recv_counts, recv.len()),
@@ -97,7 +97,7 @@ pub trait Exchange {
     /// [`all_to_all_device_around_own`](Self::all_to_all_device_around_own) of several buffers
     /// with the same counts (a halo's K and V), each own block filled on `gpu` with rows `own`
     /// (rows of `row_len`) of its `own_rows` from row `own_at` of its `recv`, which must be
-    /// where block `rank` lies ([`rows::gather_rows_into`]).
+    /// where block `rank` lies ([`spattn_ops::gather_rows_into`]).
     /// [`NcclExchange`](super::NcclExchange) moves every buffer in one NCCL group on a stream of
     /// its own while `gpu`'s stream gathers the own blocks; this default gathers, then moves the
     /// buffers one after the other.
@@ -115,9 +115,9 @@ pub trait Exchange {
     ) -> Result<()> {
         let (send_counts, recv_counts) = counts;
         let me = self.rank();
-        spattn_ops::nccl::check_own_block(me, recv_counts, own.len(), row_len, own_at)?;
+        spattn_ops::check_own_block(me, recv_counts, own.len(), row_len, own_at)?;
         for b in blocks.iter_mut() {
-            rows::gather_rows_into(gpu, b.own_rows, row_len, own, b.recv, own_at)?;
+            spattn_ops::gather_rows_into(gpu, b.own_rows, row_len, own, b.recv, own_at)?;
             self.all_to_all_device_around_own(gpu, b.send, send_counts, b.recv, recv_counts)?;
         }
         Ok(())

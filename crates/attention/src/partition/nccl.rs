@@ -5,8 +5,8 @@
 //! exchange); one process over the GPUs of its host runs [`run_nccl`].
 
 use bytemuck::Pod;
-use spattn_ops::nccl::{AroundOwn, NcclComm, NcclId};
-use spattn_ops::rows::RowIndex;
+use spattn_ops::RowIndex;
+use spattn_ops::{AroundOwn, NcclComm, NcclId};
 use spattn_ops::{DType, DeviceElement, DeviceVec, Gpu};
 
 use super::{check_parts, join_ranks, Exchange, TcpExchange};
@@ -26,7 +26,7 @@ pub struct NcclExchange {
 impl NcclExchange {
     /// Rank `rank` of `world` on `gpu`, joining the ranks that hold `id` (blocks until every
     /// rank has joined). Several ranks of one process (threads of the caller's own, not
-    /// [`run_nccl`]'s) first call [`spattn_ops::nccl::share_pools`] on their GPUs: NCCL moves
+    /// [`run_nccl`]'s) first call [`spattn_ops::share_pools`] on their GPUs: NCCL moves
     /// their blocks by direct pointers into each other's pool memory.
     ///
     /// Errors: a rank outside the world ([`Error::RankOutOfRange`]); NCCL unavailable or
@@ -232,7 +232,7 @@ pub fn run_nccl<R: Send>(
     }
     let id = NcclId::new()?;
     // Ranks of one process send by direct pointers into each other's pool memory.
-    spattn_ops::nccl::share_pools(gpus)?;
+    spattn_ops::share_pools(gpus)?;
     let world = gpus.len();
     let results: Vec<Result<R>> = std::thread::scope(|s| {
         let joins: Vec<_> = gpus

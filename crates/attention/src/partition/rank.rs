@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use bytemuck::Pod;
 use spattn_ops::cpu::{self, AttentionInputs, Real};
-use spattn_ops::nccl::AroundOwn;
-use spattn_ops::rows::{self, RowIndex};
+use spattn_ops::AroundOwn;
+use spattn_ops::RowIndex;
 use spattn_ops::{edge_extras, DType, DeviceMatrix, DeviceVec, Gpu, Shape};
 
 use super::{Exchange, Partition};
@@ -400,7 +400,7 @@ impl RankPlan {
         send_counts[self.rank] = 0;
         let pack = |own: &DeviceMatrix<T>| -> Result<DeviceVec<T>> {
             let mut packed = DeviceVec::<T>::unset(gpu, index.remote.len() * row_len)?;
-            rows::gather_rows(gpu, own.as_vec(), row_len, &index.remote, &mut packed)?;
+            spattn_ops::gather_rows(gpu, own.as_vec(), row_len, &index.remote, &mut packed)?;
             Ok(packed)
         };
         let (pk, pv) = (pack(k)?, pack(v)?);
@@ -549,7 +549,7 @@ impl RankPlan {
                 &back_recv,
             )?;
             acc.fill(0.0)?;
-            rows::scatter_add_rows(gpu, &partials, row_len, &index, &mut acc)?;
+            spattn_ops::scatter_add_rows(gpu, &partials, row_len, &index, &mut acc)?;
             edge_extras::cast(gpu, &acc, own.as_vec_mut())?;
         }
         let all = ex.all_to_all(vec![vec![d_scale]; ex.world()])?;

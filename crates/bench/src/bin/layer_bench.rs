@@ -25,7 +25,7 @@ use spattn::layers::{
 };
 use spattn::Algorithm;
 use spattn_formats::{read_matrix_market, rmat, Csr, RmatConfig};
-use spattn_ops::dense::GemmElement;
+use spattn_ops::GemmElement;
 use spattn_ops::{DType, DTypeKind, DeviceMatrix, Gpu, Shape};
 
 /// Command line.

@@ -5,8 +5,8 @@ use spattn::{AttentionConfig, AttentionPlan};
 use spattn_ops::cpu;
 use std::sync::Arc;
 
-use spattn_ops::graph::{self, DeviceGraph, EdgeLayout, EdgeValues, Engine};
 use spattn_ops::{csr_ops, DType, DeviceCsr, DeviceMatrix, DeviceVec, Gpu};
+use spattn_ops::{DeviceGraph, EdgeLayout, EdgeValues, Engine};
 
 use super::{GpuConfig, Launch, Prepared};
 use crate::cases::{Case, Runner};
@@ -253,7 +253,7 @@ impl<T: DType> Launch for TcOpCase<'_, T> {
     fn launch(&mut self) -> Result<()> {
         let tc = Engine::TensorCore;
         match self.runner {
-            Runner::SddmmTc => graph::sddmm(
+            Runner::SddmmTc => spattn_ops::sddmm(
                 self.gpu,
                 self.graph,
                 tc,
@@ -263,13 +263,13 @@ impl<T: DType> Launch for TcOpCase<'_, T> {
                 &mut self.work,
             )?,
             Runner::SoftmaxTc => {
-                graph::edge_softmax_in_place(self.gpu, self.graph, tc, &mut self.work, None)?
+                spattn_ops::edge_softmax_in_place(self.gpu, self.graph, tc, &mut self.work, None)?
             }
             _ => {
                 let p = self
                     .input
                     .ok_or_else(|| Error::new("spmm-tc has no probabilities"))?;
-                graph::spmm(self.gpu, self.graph, tc, p, self.v, &mut self.out)?
+                spattn_ops::spmm(self.gpu, self.graph, tc, p, self.v, &mut self.out)?
             }
         }
         Ok(())

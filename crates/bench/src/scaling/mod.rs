@@ -342,7 +342,7 @@ fn open_gpus(n: usize) -> Result<Vec<Gpu>> {
             "--gpus {n}: this machine has {count} GPU(s); give 1 to {count}"
         )));
     }
-    spattn::ops::nccl::NcclComm::available()?;
+    spattn::ops::NcclComm::available()?;
     (0..n)
         .map(|i| Gpu::new(i).map_err(|e| Error::new(format!("opening GPU {i}: {e}"))))
         .collect()

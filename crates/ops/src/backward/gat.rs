@@ -60,8 +60,8 @@ pub struct GatScoreTerms<'a> {
     pub dropout: Option<&'a Dropout>,
 }
 
-/// What [`gat_fused_backward`] writes: the aggregation's share of ∂L/∂x (`n_cols × heads ×
-/// head_dim`, like x), ∂L/∂a_dst and ∂L/∂a_src (f32, like the score terms), and ∂L/∂bias
+/// What [`gat_backward`](super::gat_backward) writes: the aggregation's share of ∂L/∂x (`n_cols ×
+/// heads × head_dim`, like x), ∂L/∂a_dst and ∂L/∂a_src (f32, like the score terms), and ∂L/∂bias
 /// (`nnz × heads` f32, A's order) where the forward had a bias.
 #[derive(Debug)]
 pub struct GatGrads<'a, T: DType> {
@@ -90,7 +90,7 @@ pub struct GatGrads<'a, T: DType> {
 /// ([`FusedBackward::supports`]; the composed steps above take any), or a bias comes without
 /// its gradient's buffer; [`Error::ShapeMismatch`] naming the operand; [`Error::ForeignGpu`];
 /// [`Error::OutOfMemory`].
-pub fn gat_fused_backward<T: DType>(
+pub(crate) fn gat_fused_backward<T: DType>(
     gpu: &Gpu,
     (a, t): (&DeviceCsr, &DeviceTranspose),
     terms: GatScoreTerms<'_>,

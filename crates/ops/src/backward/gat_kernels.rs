@@ -12,13 +12,15 @@
 //! LeakyReLU inside the SDDMM, the backward's edge gradients in a pass over A and one over Aᵀ.
 
 use crate::buffer::{DeviceMatrix, DeviceVec};
-use crate::csr_ops::{self, Gatv2Operands, UnitWalk};
+use crate::csr_ops::{self, UnitWalk};
 use crate::device_csr::DeviceCsr;
 use crate::dropout::Dropout;
 use crate::dtype::DType;
 use crate::edge_extras;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
+use crate::launch::check_same_gpu;
+use crate::shape::Shape;
 
 use super::gat::{
     gat_aggregation_grad, gat_fused_backward, gat_score_grad, gat_vector_grads, GatGrads,
@@ -38,29 +40,29 @@ pub enum GatKernels {
     Rows,
 }
 
-/// Heads from which [`GatKernels::auto`] takes the rows kernels on any graph: below, their
-/// per-edge score gathers are a large share of the traffic and on large graphs the composed
-/// steps run faster (rows at 0.85–0.93× on ogbn-arxiv at 1 × 40; docs/kernels/csr-ops.md,
-/// "GAT from row statistics").
-pub const GAT_ROWS_MIN_HEADS: usize = 4;
-
-/// Edges up to which [`GatKernels::auto`] takes the rows kernels at any head count. A
-/// mini-batch's graph (10⁴–1.2·10⁵ edges) makes a step that waits on the host: there the rows
-/// kernels' fewer launches take 35–60 µs less host time a layer, at 0.84–1.22× the speed of
-/// the composed steps (with the fused backward up to 2¹⁵ edges) at 1–3 heads of 8–128; from
-/// ~2.5·10⁵ edges the composed steps win at one head of 40 or more (docs/kernels/csr-ops.md,
-/// "GAT from row statistics").
-pub const GAT_ROWS_SMALL_MAX_EDGES: usize = 1 << 17;
-
-/// Edges up to which [`GatKernels::auto`] takes the fused backward: its two launches and no
-/// per-edge buffers save launches and host time on small graphs (a batch of molecules: 1.7–2.4×
-/// the composed steps' GPU time); from about 10⁵ edges the composed steps' edge-parallel
-/// passes run as fast or faster (docs/kernels/csr-ops.md, "GAT's backward").
-pub const GAT_FUSED_MAX_EDGES: usize = 1 << 15;
-
 impl GatKernels {
+    /// Heads from which [`GatKernels::auto`] takes the rows kernels on any graph: below, their
+    /// per-edge score gathers are a large share of the traffic and on large graphs the composed
+    /// steps run faster (rows at 0.85–0.93× on ogbn-arxiv at 1 × 40; docs/kernels/csr-ops.md,
+    /// "GAT from row statistics").
+    pub const ROWS_MIN_HEADS: usize = 4;
+
+    /// Edges up to which [`GatKernels::auto`] takes the rows kernels at any head count. A
+    /// mini-batch's graph (10⁴–1.2·10⁵ edges) makes a step that waits on the host: there the rows
+    /// kernels' fewer launches take 35–60 µs less host time a layer, at 0.84–1.22× the speed of
+    /// the composed steps (with the fused backward up to 2¹⁵ edges) at 1–3 heads of 8–128; from
+    /// ~2.5·10⁵ edges the composed steps win at one head of 40 or more (docs/kernels/csr-ops.md,
+    /// "GAT from row statistics").
+    pub const ROWS_SMALL_MAX_EDGES: usize = 1 << 17;
+
+    /// Edges up to which [`GatKernels::auto`] takes the fused backward: its two launches and no
+    /// per-edge buffers save launches and host time on small graphs (a batch of molecules: 1.7–2.4×
+    /// the composed steps' GPU time); from about 10⁵ edges the composed steps' edge-parallel
+    /// passes run as fast or faster (docs/kernels/csr-ops.md, "GAT's backward").
+    pub const FUSED_MAX_EDGES: usize = 1 << 15;
+
     /// The set for `heads × head_dim` of `T` on a graph of `nnz` edges: the rows kernels for
-    /// [`GAT_ROWS_MIN_HEADS`] heads or more, or up to [`GAT_ROWS_SMALL_MAX_EDGES`] edges, where
+    /// [`Self::ROWS_MIN_HEADS`] heads or more, or up to [`Self::ROWS_SMALL_MAX_EDGES`] edges, where
     /// they take the head (`gat_rows_supports`; for a backward, only where `rows`: the rows
     /// forward's output and statistics are at hand), else for a backward the fused passes on
     /// small graphs where they take the head ([`FusedBackward::supports`]), else the composed
@@ -72,11 +74,11 @@ impl GatKernels {
         backward: bool,
         rows: bool,
     ) -> Self {
-        let rows_fit = heads >= GAT_ROWS_MIN_HEADS || nnz <= GAT_ROWS_SMALL_MAX_EDGES;
+        let rows_fit = heads >= Self::ROWS_MIN_HEADS || nnz <= Self::ROWS_SMALL_MAX_EDGES;
         if rows && rows_fit && gat_rows_supports::<T>(head_dim) {
             return Self::Rows;
         }
-        if backward && nnz <= GAT_FUSED_MAX_EDGES && FusedBackward::supports::<T>(head_dim) {
+        if backward && nnz <= Self::FUSED_MAX_EDGES && FusedBackward::supports::<T>(head_dim) {
             return Self::Fused;
         }
         Self::Composed
@@ -239,6 +241,52 @@ pub fn gat_backward<T: DType>(
         edge_extras::apply_dropout(gpu, p, dr)?;
     }
     gat_aggregation_grad(gpu, t, heads, p, dp, d_out, grads.dx)
+}
+
+/// GATv2's per-edge score operands (PyG's `GATv2Conv`): the projected sources `xl`
+/// (`n_cols × heads × dim`), targets `xr` (`n_rows × heads × dim`), the optional projected edge
+/// features `ef` (`nnz × heads × dim`, CSR order), the attention vector `att` (`heads · dim`
+/// f32) and LeakyReLU's negative slope.
+#[derive(Debug, Clone, Copy)]
+pub struct Gatv2Operands<'a, T: DType> {
+    /// Sources' features `W_s x_j`.
+    pub xl: &'a DeviceMatrix<T>,
+    /// Targets' features `W_t x_i`.
+    pub xr: &'a DeviceMatrix<T>,
+    /// Edge features `W_e e_ij`, per edge in CSR order.
+    pub ef: Option<&'a DeviceMatrix<T>>,
+    /// The attention vector, `heads × dim` f32.
+    pub att: &'a DeviceVec<f32>,
+    /// LeakyReLU's slope for negative inputs.
+    pub slope: f32,
+}
+
+impl<T: DType> Gatv2Operands<'_, T> {
+    /// Checks the shapes against `a` and the GPU; returns `(heads, dim)`.
+    pub(crate) fn check(&self, gpu: &Gpu, a: &DeviceCsr) -> Result<(usize, usize)> {
+        let s = self.xr.shape();
+        Shape::new(a.n_rows(), s.heads, s.head_dim)?.expect_eq("xr", s)?;
+        s.expect_rows_like("xl", self.xl.shape(), a.n_cols())?;
+        if let Some(ef) = self.ef {
+            s.expect_rows_like("edge features", ef.shape(), a.nnz())?;
+        }
+        let hd = s.heads * s.head_dim;
+        if self.att.len() != hd {
+            return Err(Error::LengthMismatch {
+                what: "att",
+                expected: hd,
+                actual: self.att.len(),
+            });
+        }
+        check_same_gpu(gpu, "A", a)?;
+        check_same_gpu(gpu, "xl", self.xl)?;
+        check_same_gpu(gpu, "xr", self.xr)?;
+        check_same_gpu(gpu, "att", self.att)?;
+        if let Some(ef) = self.ef {
+            check_same_gpu(gpu, "edge features", ef)?;
+        }
+        Ok((s.heads, s.head_dim))
+    }
 }
 
 /// What [`gatv2_backward`] writes: ∂L/∂xl and ∂L/∂xr (shaped as [`Gatv2Operands`]' `xl` and

@@ -78,13 +78,15 @@ pub(crate) fn grad_rows_kernel(dtype: &str, vec: u32, drop: bool) -> String {
     format!("gat_grad_rows{d}_csr_{dtype}_v{vec}")
 }
 
-/// The dropout masks [`gat_backward_rows`] reads, [`dropout_mask_words`] u32 each: A's order
-/// (the pass over A) and Aᵀ's (the pass over Aᵀ, always drawn by the backward).
+/// The dropout masks the rows kernels' backward
+/// ([`GatBackward::Rows`](super::GatBackward::Rows)) reads, [`dropout_mask_words`] u32 each:
+/// A's order (the pass over A) and Aᵀ's (the pass over Aᵀ, always drawn by the backward).
 #[derive(Debug)]
 pub enum KeepBits<'a> {
     /// Both drawn by the backward into this workspace (twice the words: A's mask, then Aᵀ's).
     Draw(&'a mut DeviceVec<u32>),
-    /// A's mask kept from the [`gat_forward_rows`] with the same graph, heads and dropout;
+    /// A's mask kept from the rows forward ([`GatForward::Rows`](super::GatForward::Rows)) with
+    /// the same graph, heads and dropout;
     /// Aᵀ's drawn into the workspace.
     Kept {
         /// The forward's mask, read.
@@ -183,7 +185,7 @@ pub(crate) fn feature_vector(head_dim: usize, elem_bytes: usize) -> Option<u32> 
 /// Whether [`gat_forward_rows`] and [`gat_backward_rows`] take heads of `head_dim` features of
 /// `T`: a head's vectors fit one warp (up to 256 features of 16-bit types, 128 of f32, and
 /// every odd width up to 32).
-pub fn gat_rows_supports<T: DType>(head_dim: usize) -> bool {
+pub(crate) fn gat_rows_supports<T: DType>(head_dim: usize) -> bool {
     lanes(1, head_dim, std::mem::size_of::<T>()).is_some()
 }
 
@@ -265,7 +267,7 @@ fn edge_len(a: &DeviceCsr, heads: usize, what: &'static str, len: usize) -> Resu
 ///
 /// Errors: [`Error::ShapeMismatch`] / [`Error::LengthMismatch`] naming the operand (the walk
 /// included), [`Error::ForeignGpu`], [`Error::OutOfMemory`] (the split rows' scratch).
-pub fn gat_row_stats(
+pub(crate) fn gat_row_stats(
     gpu: &Gpu,
     (a, walk): (&DeviceCsr, &UnitWalk),
     terms: GatScoreTerms<'_>,
@@ -351,7 +353,7 @@ fn feature_lanes<T: DType>(heads: usize, head_dim: usize) -> Result<(u32, u32, u
 /// Errors: as [`gat_row_stats`]; [`Error::InvalidArgument`] for a head wider than
 /// [`gat_rows_supports`] takes or dropout without `mask`; [`Error::ShapeMismatch`] naming `x`
 /// or `out`, [`Error::LengthMismatch`] naming the dropout mask.
-pub fn gat_forward_rows<T: DType>(
+pub(crate) fn gat_forward_rows<T: DType>(
     gpu: &Gpu,
     (a, walk): (&DeviceCsr, &UnitWalk),
     terms: GatScoreTerms<'_>,
@@ -427,12 +429,13 @@ pub fn gat_forward_rows<T: DType>(
     finalize_split_rows(gpu, a, hd, &scratch.slice().slice(..need), out.slice_mut())
 }
 
-/// The row statistics [`gat_backward_rows`] reads (`n_rows × heads` f32).
+/// The row statistics the rows kernels' backward reads (`n_rows × heads` f32).
 #[derive(Debug)]
 pub enum RowStats<'a> {
-    /// Recomputed by the backward into this workspace ([`gat_row_stats`]: one more launch).
+    /// Recomputed by the backward into this workspace (one more launch).
     Recompute(&'a mut DeviceVec<f32>),
-    /// Kept from the [`gat_forward_rows`] with the same graph and score terms.
+    /// Kept from the rows forward ([`GatForward::Rows`](super::GatForward::Rows)) with the same
+    /// graph and score terms.
     Kept(&'a DeviceVec<f32>),
 }
 
@@ -448,7 +451,7 @@ pub enum RowStats<'a> {
 /// Errors: as [`gat_forward_rows`]; [`Error::InvalidArgument`] when `t` is not Aᵀ or a bias
 /// comes without its gradient's buffer; [`Error::LengthMismatch`] for `ds` or `d_bias`.
 #[allow(clippy::too_many_arguments)]
-pub fn gat_backward_rows<T: DType>(
+pub(crate) fn gat_backward_rows<T: DType>(
     gpu: &Gpu,
     (a, t): (&DeviceCsr, &DeviceTranspose),
     walk: &UnitWalk,

@@ -15,8 +15,9 @@ use crate::gpu::Gpu;
 use crate::launch::{launch, product, to_u32, PushKernelArg, PushOptionalArg};
 
 /// The u32 words of one dropout mask: a bit per edge and head, `⌈nnz·heads / 32⌉`.
-/// [`super::gat_forward_rows`] takes one mask's workspace, [`super::gat_backward_rows`] one or
-/// two ([`super::KeepBits`]: Aᵀ's, and A's unless kept from the forward).
+/// The rows forward ([`GatForward::Rows`](super::GatForward::Rows)) takes one mask's
+/// workspace, the rows backward one or two ([`super::KeepBits`]: Aᵀ's, and A's unless kept from
+/// the forward).
 ///
 /// Errors: [`crate::Error::InvalidArgument`] where `nnz·heads` overflows `usize`.
 pub fn dropout_mask_words(nnz: usize, heads: usize) -> Result<usize> {

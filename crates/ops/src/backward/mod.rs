@@ -8,16 +8,16 @@
 //! | gradient | computed as | ops |
 //! |---|---|---|
 //! | `dP_e = ⟨dOut_row, V_col⟩` | SDDMM of dOut and V | [`csr_ops::sddmm`](crate::csr_ops::sddmm) (scale 1) |
-//! | `dS = P ⊙ (dP − rowsum(P ⊙ dP))` | softmax backward | [`edge_softmax_backward`] |
+//! | `dS = P ⊙ (dP − rowsum(P ⊙ dP))` | softmax backward | [`edge_softmax_backward_in_place`] |
 //! | `dQ = scale · dS · K` | SpMM on A | [`edge_scale`], [`csr_ops::spmm`](crate::csr_ops::spmm) |
 //! | `dK = scale · dSᵀ · Q`, `dV = Pᵀ · dOut` | SpMM on Aᵀ | [`transpose_edge_values`], `spmm` on [`DeviceTranspose::csr`] |
 //! | `dscale = Σ dS ⊙ ⟨q, k⟩` | a dot product of edge values, in a fixed order | [`edge_dot`] into a [`DeviceSum`] |
 //! | all of dS, Pᵀ, dSᵀ, dscale at once | one fused row kernel | [`attention_edge_backward`] |
 //! | every gradient, no per-edge buffer (with edge features: a score pair per edge and head), deterministic | a row pass and a column pass | [`FusedBackward`] |
 //!
-//! and, for layers with other score functions: [`edge_leaky_relu_backward`] (GAT),
-//! [`edge_row_sum`] (GAT's ∂a_dst, and ∂a_src as a row sum on Aᵀ), [`row_dot`]
-//! (`⟨dOut_i, Out_i⟩`, or AGNN's normalisation terms).
+//! and, for GAT's and GATv2's additive scores, their attention forward and backward in one
+//! call each by kernel set ([`gat_forward`], [`gat_backward`], [`GatKernels`]; [`gatv2_forward`],
+//! [`gatv2_backward`]).
 //!
 //! Layouts are those of [`crate::csr_ops`]: per-edge values `nnz × heads` f32 (edge `e`, head
 //! `h` at `e · heads + h`) in the CSR order of A, or of Aᵀ after [`transpose_edge_values`].
@@ -41,7 +41,7 @@
 
 use std::sync::OnceLock;
 
-use cudarc::driver::{DevicePtr, DevicePtrMut};
+use cudarc::driver::DevicePtrMut;
 use spattn_formats::Csr;
 use spattn_kernels_sys::BACKWARD;
 
@@ -62,18 +62,17 @@ pub(crate) mod fused;
 pub(crate) mod gat;
 mod gat_kernels;
 pub(crate) mod gat_rows;
+#[cfg(test)]
+mod gpu_tests;
 mod keep_bits;
 mod tc;
-pub use crate::csr_ops::Gatv2Operands;
 pub use fused::{EdgeTerms, FusedBackward};
-pub use gat::{gat_fused_backward, GatGrads, GatScoreTerms};
+pub use gat::{GatGrads, GatScoreTerms};
 pub use gat_kernels::{
     gat_backward, gat_forward, gatv2_backward, gatv2_forward, GatBackward, GatForward, GatKernels,
-    Gatv2Grads, GAT_FUSED_MAX_EDGES, GAT_ROWS_MIN_HEADS, GAT_ROWS_SMALL_MAX_EDGES,
+    Gatv2Grads, Gatv2Operands,
 };
-pub use gat_rows::{
-    gat_backward_rows, gat_forward_rows, gat_row_stats, gat_rows_supports, KeepBits, RowStats,
-};
+pub use gat_rows::{KeepBits, RowStats};
 pub use keep_bits::dropout_mask_words;
 pub use tc::TensorCoreBackward;
 
@@ -260,11 +259,6 @@ pub(crate) fn gatv2_grad_kernel(dtype: &str, vec: u32) -> String {
     format!("gatv2_edge_grad_csr_{dtype}_v{vec}")
 }
 
-/// The per-(row, head) dot kernel for operands of `dtype` in vectors of `vec`.
-pub(crate) fn row_dot_kernel(dtype: &str, vec: u32) -> String {
-    format!("row_dot_dense_{dtype}_v{vec}")
-}
-
 fn function(gpu: &Gpu, name: &'static str) -> Result<cudarc::driver::CudaFunction> {
     gpu.load_function(BACKWARD.name, BACKWARD.ptx, name)
 }
@@ -302,31 +296,12 @@ pub fn transpose_edge_values(
     unsafe { launch(name, &mut args, cfg) }
 }
 
-/// Softmax backward over each row's edges: `ds = p ⊙ (dp − rowsum(p ⊙ dp))` per head, the
-/// gradient of the scores given the probabilities `p` (from
-/// [`edge_softmax`](crate::csr_ops::edge_softmax)) and their gradient `dp`.
+/// Softmax backward over each row's edges, in place: `ds = p ⊙ (dp − rowsum(p ⊙ dp))` per
+/// head, the gradient of the scores given the probabilities `p` (from
+/// [`csr_ops::edge_softmax_in_place`](crate::csr_ops::edge_softmax_in_place)) and their
+/// gradient `dp`; `dp_ds` holds dP on entry and dS on return.
 ///
-/// All three are `nnz × heads` f32 in A's edge order. Rows without edges write nothing. For a
-/// softmax after a LeakyReLU (GAT), follow with [`edge_leaky_relu_backward`].
-pub fn edge_softmax_backward(
-    gpu: &Gpu,
-    a: &DeviceCsr,
-    p: &DeviceVec<f32>,
-    dp: &DeviceVec<f32>,
-    heads: usize,
-    ds: &mut DeviceVec<f32>,
-) -> Result<()> {
-    check_per_edge("ds", a.nnz(), heads, ds.len())?;
-    check_per_edge("dp", a.nnz(), heads, dp.len())?;
-    check_same_gpu(gpu, "dp", dp)?;
-    check_same_gpu(gpu, "ds", ds)?;
-    let stream = gpu.stream().clone();
-    let (dp_ptr, _g1) = dp.slice().device_ptr(&stream);
-    let (ds_ptr, _g2) = ds.slice_mut().device_ptr_mut(&stream);
-    softmax_backward_launch(gpu, a, p, dp_ptr, ds_ptr, heads)
-}
-
-/// [`edge_softmax_backward`] in place: `dp_ds` holds dP on entry and dS on return.
+/// All are `nnz × heads` f32 in A's edge order. Rows without edges write nothing.
 pub fn edge_softmax_backward_in_place(
     gpu: &Gpu,
     a: &DeviceCsr,
@@ -505,7 +480,7 @@ pub fn attention_edge_backward(
 /// The derivative of the LeakyReLU applied before a softmax (GAT):
 /// `grad[i] *= pre[i] ≥ 0 ? 1 : slope`, in place, where `pre` holds the scores *before* the
 /// activation (the branch taken at 0 is the forward's, which keeps `x ≥ 0`).
-pub fn edge_leaky_relu_backward(
+pub(crate) fn edge_leaky_relu_backward(
     gpu: &Gpu,
     pre: &DeviceVec<f32>,
     slope: f32,
@@ -557,7 +532,7 @@ pub fn edge_dot(
 ///
 /// On Aᵀ ([`DeviceTranspose::csr`], after [`transpose_edge_values`]) this gives the column
 /// sums of A's values: GAT's ∂a_src, where the row sums on A give ∂a_dst.
-pub fn edge_row_sum<T: DType>(
+pub(crate) fn edge_row_sum<T: DType>(
     gpu: &Gpu,
     a: &DeviceCsr,
     values: &DeviceVec<f32>,
@@ -750,42 +725,5 @@ fn gatv2_grad_launch<T: DType>(
     // ds (nnz·heads, checked), ef and d_ef (nnz rows, shapes checked); writes out's rows
     // < n_rows (shape of x_self, checked) and d_att_rows[0..n_rows·heads·dim) (length
     // checked). Vectors of `vec` elements stay inside a head (vec divides dim).
-    unsafe { launch(name, &mut args, cfg) }
-}
-
-/// Per row and head, the dot product of two dense matrices of one shape:
-/// `out[i · heads + h] = ⟨x[i, h, :], y[i, h, :]⟩`, summed in f32 (`D_i = ⟨dOut_i, Out_i⟩` of
-/// the softmax backward). `out` holds `rows × heads` f32.
-pub fn row_dot<T: DType>(
-    gpu: &Gpu,
-    x: &DeviceMatrix<T>,
-    y: &DeviceMatrix<T>,
-    out: &mut DeviceVec<f32>,
-) -> Result<()> {
-    let shape = x.shape();
-    shape.expect_eq("y", y.shape())?;
-    check_per_edge("out", shape.rows, shape.heads, out.len())?;
-    check_same_gpu(gpu, "x", x)?;
-    check_same_gpu(gpu, "y", y)?;
-    check_same_gpu(gpu, "out", out)?;
-    let vec = vector_width(shape.head_dim, std::mem::size_of::<T>());
-    let g = group_for((shape.head_dim / vec as usize) as u64, 1);
-    let name = kernel_named(&BACKWARD, row_dot_kernel(T::NAME, vec))?;
-    let f = function(gpu, name)?;
-    let rows = to_u32("rows", shape.rows)?;
-    let heads = to_u32("heads", shape.heads)?;
-    let head_dim = to_u32("head_dim", shape.head_dim)?;
-    let cfg = group_grid(shape.rows * shape.heads, g, 1)?;
-    let mut args = gpu.launch_builder(&f);
-    args.arg(&rows)
-        .arg(&heads)
-        .arg(&head_dim)
-        .arg(x.slice())
-        .arg(y.slice())
-        .arg(&g)
-        .arg(out.slice_mut());
-    // SAFETY: reads x and y at (row*heads + h)*head_dim + d for d < head_dim (both
-    // rows*heads*head_dim, shapes checked; vectors of `vec` stay inside a head since vec
-    // divides head_dim) and writes out[0..rows*heads) (length checked).
     unsafe { launch(name, &mut args, cfg) }
 }

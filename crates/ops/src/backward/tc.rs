@@ -47,7 +47,7 @@
 //! use half::f16;
 //! use spattn_formats::{Csr, Reorder};
 //! use spattn_ops::backward::TensorCoreBackward;
-//! use spattn_ops::graph::DeviceGraph;
+//! use spattn_ops::DeviceGraph;
 //! use spattn_ops::{DeviceMatrix, Gpu, Shape};
 //!
 //! let gpu = Gpu::new(0)?;

@@ -62,7 +62,7 @@ pub struct AttentionGrads<F> {
 /// # Errors
 /// [`Error::InvalidArgument`] (`heads` 0, a size overflowing); [`Error::LengthMismatch`]
 /// (`"p"`, `"dp"`, `"ds"`) when a buffer is not `a.nnz() × heads`. Nothing is written on error.
-pub fn edge_softmax_backward<F: Real>(
+pub(crate) fn edge_softmax_backward<F: Real>(
     a: &Csr,
     p: &[F],
     dp: &[F],
@@ -113,7 +113,7 @@ fn softmax_backward_unchecked<F: Real>(a: &Csr, p: &[F], dp: &[F], heads: usize,
 /// Moves per-edge values from A's edge order to Aᵀ's: `dst[t · heads + h] = src[from_a[t] ·
 /// heads + h]`, where `from_a` is the map of [`Csr::transpose_with_map`] (for each entry of Aᵀ,
 /// the index of the same entry in A). Column sums of A's values are then row sums on Aᵀ
-/// ([`edge_row_sum`]), and `Pᵀ · X` an SpMM on Aᵀ.
+/// (a sum over each row's edges), and `Pᵀ · X` an SpMM on Aᵀ.
 ///
 /// (The GPU twin, `backward::transpose_edge_values`, scatters through the inverse map.)
 ///
@@ -160,7 +160,12 @@ pub fn transpose_edge_values<F: Real>(
 /// # Errors
 /// [`Error::InvalidArgument`] (`heads` 0); [`Error::LengthMismatch`] (`"values"`:
 /// not `a.nnz() × heads`; `"out"`: not `a.n_rows() × heads`).
-pub fn edge_row_sum<F: Real>(a: &Csr, values: &[F], heads: usize, out: &mut [F]) -> Result<()> {
+pub(crate) fn edge_row_sum<F: Real>(
+    a: &Csr,
+    values: &[F],
+    heads: usize,
+    out: &mut [F],
+) -> Result<()> {
     check::heads(heads)?;
     check::per_head("values", a.nnz(), heads, values.len())?;
     check::per_head("out", a.n_rows(), heads, out.len())?;

@@ -3,7 +3,7 @@
 use rayon::prelude::*;
 
 /// Converts host data (f32, f64, `half::f16`, `half::bf16`, …) to f64, in parallel.
-pub fn upcast_f64<T>(x: &[T]) -> Vec<f64>
+pub(crate) fn upcast_f64<T>(x: &[T]) -> Vec<f64>
 where
     T: Copy + Into<f64> + Sync,
 {

@@ -34,7 +34,7 @@ fn dropped<F: Real>(values: &[F], dropout: Option<&Dropout>, heads: usize) -> Ve
 /// each): what [`gat_attention`] aggregates with and [`gat_attention_backward`] takes.
 ///
 /// # Errors
-/// As [`sddmm_gat`] (`a_dst`, `a_src`) and [`edge_softmax`] (`slope` not finite);
+/// Lengths of `a_dst` and `a_src` against the mask, as [`edge_softmax`] (`slope` not finite);
 /// [`crate::Error::LengthMismatch`] for a `bias` that is not `a.nnz() × heads`.
 pub fn gat_scores<F: Real>(
     a: &Csr,
@@ -90,8 +90,8 @@ pub type Transposed<'a> = (&'a Csr, &'a [u32]);
 /// the gradient of each pre-activation score, the bias's gradient).
 ///
 /// # Errors
-/// As the ops it composes ([`sddmm`], [`edge_softmax_backward`], [`transpose_edge_values`],
-/// [`edge_row_sum`], [`spmm`]), naming the operand whose length is wrong.
+/// As the ops it composes ([`sddmm`], the softmax backward, [`transpose_edge_values`], row
+/// sums, [`spmm`]), naming the operand whose length is wrong.
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
 pub fn gat_attention_backward<F: Real>(
     a: &Csr,

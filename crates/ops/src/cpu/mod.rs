@@ -12,14 +12,12 @@
 //! | op | computes | per edge `e = (i, j)`, head `h` |
 //! |---|---|---|
 //! | [`sddmm`] | scores | `S[e,h] = scale · ⟨Q[i,h,:], K[j,h,:]⟩` |
-//! | [`sddmm_gat`] | GAT scores | `S[e,h] = a_dst[i,h] + a_src[j,h]` |
 //! | [`edge_softmax`], [`edge_softmax_in_place`] | probabilities | `P[e,h] = exp(S[e,h] − m) / Σ_row exp(S − m)`, optional LeakyReLU first |
 //! | [`spmm`] | aggregation | `O[i,h,:] = Σ_row P[e,h] · V[j,h,:]` |
-//! | [`spmm_weighted`] | aggregation by the mask's values | `O[i,h,:] = Σ_row A[e] · V[j,h,:]` |
 //! | [`attention`] | all three, unfused | `O = softmax_row(scale · Q Kᵀ ∘ A) · V` |
 //! | [`attention_f64_from`] | the f64 reference from f32 / f16 / bf16 data | |
 //! | [`attention_backward`], [`attention_backward_f64_from`] | dQ, dK, dV, dscale (module `backward`) | |
-//! | [`edge_softmax_backward`], [`transpose_edge_values`], [`edge_row_sum`] | backward building blocks | |
+//! | [`transpose_edge_values`] | per-edge values from A's order to Aᵀ's (a backward building block) | |
 //! | [`attention_extras`], [`attention_extras_backward`] | with a score bias, edge features, dropout, the weights out (module `extras`) | |
 //! | [`gat_attention`], [`gat_attention_backward`] | GAT's attention: scores, LeakyReLU, softmax, dropout, aggregation, and its gradients (module `gat`) | |
 //!
@@ -38,8 +36,8 @@
 //! - Every op is generic over [`Real`] (`f32` or `f64`) and computes in that type.
 //! - Every length is checked against the mask and the shapes before anything is read or
 //!   written, with typed errors naming the operand ([`Error::LengthMismatch`],
-//!   [`Error::ShapeMismatch`], [`Error::InvalidArgument`], [`Error::MissingValues`]); no
-//!   input makes an op panic, and nothing is written on error.
+//!   [`Error::ShapeMismatch`], [`Error::InvalidArgument`]); no input makes an op panic, and
+//!   nothing is written on error.
 //! - Rows run in parallel (rayon), in blocks balanced by edges, so hub rows and long runs of
 //!   empty rows both split well.
 //! - Numerics follow docs/kernels/README.md: softmax is max-subtracted with the running max
@@ -95,7 +93,6 @@
 //! [`Error::LengthMismatch`]: crate::Error::LengthMismatch
 //! [`Error::ShapeMismatch`]: crate::Error::ShapeMismatch
 //! [`Error::InvalidArgument`]: crate::Error::InvalidArgument
-//! [`Error::MissingValues`]: crate::Error::MissingValues
 
 mod attention;
 mod backward;
@@ -108,19 +105,22 @@ mod rows;
 mod sddmm;
 mod softmax;
 mod spmm;
+#[cfg(test)]
+mod tests;
 
 pub use attention::{attention, attention_f64_from, AttentionInputs};
 pub use backward::{
-    attention_backward, attention_backward_f64_from, edge_row_sum, edge_softmax_backward,
-    transpose_edge_values, AttentionGrads,
+    attention_backward, attention_backward_f64_from, transpose_edge_values, AttentionGrads,
 };
-pub use error_metric::{rel_l2_error, upcast_f64};
+pub(crate) use backward::{edge_row_sum, edge_softmax_backward};
+pub use error_metric::rel_l2_error;
 pub use extras::{
     apply_dropout, attention_extras, attention_extras_backward, attention_extras_backward_f64_from,
     attention_extras_f64_from, EdgeBias, Extras, ExtrasGrads,
 };
 pub use gat::{gat_attention, gat_attention_backward, gat_scores, Transposed};
 pub use real::Real;
-pub use sddmm::{sddmm, sddmm_gat};
+pub use sddmm::sddmm;
+pub(crate) use sddmm::sddmm_gat;
 pub use softmax::{edge_softmax, edge_softmax_in_place};
-pub use spmm::{spmm, spmm_weighted};
+pub use spmm::spmm;

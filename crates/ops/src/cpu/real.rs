@@ -14,7 +14,7 @@ mod sealed {
 ///
 /// Each op computes in the type it is given: `f64` is the reference of every GPU test, `f32` the
 /// fallback where there is no GPU. Half-precision host data is compared by upcasting it to `f64`
-/// first ([`attention_f64_from`](super::attention_f64_from), [`upcast_f64`](super::upcast_f64)).
+/// first ([`attention_f64_from`](super::attention_f64_from)).
 pub trait Real:
     sealed::Sealed
     + Copy

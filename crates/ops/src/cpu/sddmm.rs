@@ -113,7 +113,7 @@ fn for_each_edge_scores<F: Real>(
 /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `heads` is 0 (or a size
 /// overflows); [`Error::LengthMismatch`](crate::Error::LengthMismatch) (`"a_dst"`, `"a_src"`,
 /// `"out"`) when a buffer has the wrong length. Nothing is written on error.
-pub fn sddmm_gat<F: Real>(
+pub(crate) fn sddmm_gat<F: Real>(
     a: &Csr,
     a_dst: &[F],
     a_src: &[F],

@@ -6,7 +6,7 @@ use spattn_formats::Csr;
 use super::check;
 use super::real::{kahan_add, Real};
 use super::rows::for_each_row_block;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::shape::Shape;
 
 /// Sparse × dense product with one weight per edge and head: for every row `i` and head `h`,
@@ -21,32 +21,18 @@ use crate::shape::Shape;
 /// not grow with the degree.
 ///
 /// # Errors
-/// - [`Error::InvalidArgument`]: `heads` or `head_dim` is 0, or a size overflows;
-/// - [`Error::ShapeMismatch`] (`"v"`): `shape_v.rows != a.n_cols()`;
-/// - [`Error::LengthMismatch`] (`"p"`, `"v"`, `"out"`): a buffer has the wrong length.
+/// - [`Error::InvalidArgument`](crate::Error::InvalidArgument): `heads` or `head_dim` is 0, or
+///   a size overflows;
+/// - [`Error::ShapeMismatch`](crate::Error::ShapeMismatch) (`"v"`): `shape_v.rows !=
+///   a.n_cols()`;
+/// - [`Error::LengthMismatch`](crate::Error::LengthMismatch) (`"p"`, `"v"`, `"out"`): a buffer
+///   has the wrong length.
 ///
 /// Nothing is written on error.
 pub fn spmm<F: Real>(a: &Csr, p: &[F], v: &[F], shape_v: Shape, out: &mut [F]) -> Result<()> {
     check::spmm(a, Some(p.len()), v.len(), shape_v, Some(out.len()))?;
     let heads = shape_v.heads;
     spmm_unchecked(a, |e, h| p[e * heads + h], v, shape_v, out);
-    Ok(())
-}
-
-/// Sparse × dense product weighted by the mask's own f32 values (one per edge, shared by all
-/// heads): `O[i, h, :] = Σ_{e in row i} a.values()[e] · V[col(e), h, :]`.
-///
-/// Shapes as in [`spmm`], without `p`. The values are converted to `F` exactly.
-///
-/// # Errors
-/// [`Error::MissingValues`] when `a` is a pattern without values; otherwise as [`spmm`].
-/// Nothing is written on error.
-pub fn spmm_weighted<F: Real>(a: &Csr, v: &[F], shape_v: Shape, out: &mut [F]) -> Result<()> {
-    let values = a.values().ok_or(Error::MissingValues {
-        op: "spmm_weighted",
-    })?;
-    check::spmm(a, None, v.len(), shape_v, Some(out.len()))?;
-    spmm_unchecked(a, |e, _| F::from_f32(values[e]), v, shape_v, out);
     Ok(())
 }
 

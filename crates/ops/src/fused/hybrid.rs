@@ -175,6 +175,21 @@ impl Hybrid {
             })
     }
 
+    /// Whether heads of `head_dim` features of `dtype` run the pipelined kernel: f16 or bf16 at
+    /// exactly 64 or 128 features (each tensor-core warp owns a window and streams its K/V
+    /// tiles through shared memory, as fused-tc's pipelined kernel), which takes 1–3
+    /// tensor-core warps and at most one CUDA-core warp per CTA ([`HybridParams`]).
+    ///
+    /// ```
+    /// use spattn_ops::{DTypeKind, Hybrid};
+    /// assert!(Hybrid::pipelined(DTypeKind::F16, 128));
+    /// assert!(!Hybrid::pipelined(DTypeKind::F32, 64));
+    /// assert!(!Hybrid::pipelined(DTypeKind::Bf16, 96));
+    /// ```
+    pub fn pipelined(dtype: DTypeKind, head_dim: usize) -> bool {
+        DeviceHybrid::pipelined(dtype, head_dim)
+    }
+
     /// Builds the tile structure of `graph`, calibrates the cost model on `gpu` (unless
     /// `params` fixes the threshold and the split) and uploads the chosen split.
     pub fn new<T: DType>(

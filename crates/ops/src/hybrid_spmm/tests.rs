@@ -61,11 +61,22 @@ fn the_module_holds_exactly_the_kernels_the_host_launches() {
     }
 }
 
-/// 64-feature pieces replace 128-feature ones only where the wide ones would leave SMs idle.
+/// The widths of [`spmm_widths`]' doc, in its order.
 #[test]
-fn default_width_narrows_small_graphs_only() {
-    assert_eq!(default_width(&[128, 64], 128, 170, 132), Some(64));
-    assert_eq!(default_width(&[128, 64], 128, 10_600, 132), Some(128));
-    assert_eq!(default_width(&[100], 200, 10, 132), Some(100));
-    assert_eq!(default_width(&[], 200, 10, 132), None);
+fn spmm_widths_in_order() {
+    assert_eq!(spmm_widths(DTypeKind::F16, 8, 64), vec![128, 64]);
+    assert_eq!(spmm_widths(DTypeKind::F16, 1, 256), vec![128, 64]);
+    assert_eq!(spmm_widths(DTypeKind::F16, 2, 24), vec![48, 24]);
+    assert_eq!(spmm_widths(DTypeKind::F32, 1, 128), vec![64, 32]);
+    assert_eq!(spmm_widths(DTypeKind::F16, 1, 200), vec![100]);
+    assert_eq!(spmm_widths(DTypeKind::F16, 3, 64), vec![64, 96]);
+}
+
+/// At least one tensor-core warp, at most 8 in all.
+#[test]
+fn warp_splits() {
+    assert!(WarpSplit::new(2, 2).is_ok());
+    assert!(WarpSplit::new(3, 0).is_ok());
+    assert!(WarpSplit::new(0, 2).is_err());
+    assert!(WarpSplit::new(4, 5).is_err());
 }

@@ -14,6 +14,8 @@ use spattn_ops::graph::DeviceGraph;
 use spattn_ops::{DType, DeviceCsr, DeviceMatrix, DeviceVec, Gpu, Shape};
 use spattn_test_support::*;
 
+use crate::test_util::{gpu, to_f64, tolerance};
+
 fn f32s(rng: &mut Pcg64, len: usize, lo: f32, hi: f32) -> Vec<f32> {
     (0..len).map(|_| rng.random_range(lo..hi)).collect()
 }
@@ -162,14 +164,15 @@ fn edge_backward_ops(gpu: &Gpu, rng: &mut Pcg64, a: &Csr) {
         let mut ds64 = vec![0.0; n];
         cpu::edge_softmax_backward(a, &p64, &up(&dp), heads, &mut ds64).unwrap();
 
-        // edge_softmax_backward, out of place and in place, on f32 probabilities.
+        // edge_softmax_backward_in_place on f32 probabilities.
         let p32: Vec<f32> = p64.iter().map(|&x| x as f32).collect();
         let mut want = vec![0.0; n];
         cpu::edge_softmax_backward(a, &up(&p32), &up(&dp), heads, &mut want).unwrap();
         let p_dev = DeviceVec::from_host(gpu, &p32).unwrap();
         let dp_dev = DeviceVec::from_host(gpu, &dp).unwrap();
         let mut ds_dev = nan_vec(gpu, n);
-        backward::edge_softmax_backward(gpu, &a_dev, &p_dev, &dp_dev, heads, &mut ds_dev).unwrap();
+        ds_dev.copy_from(&dp_dev).unwrap();
+        backward::edge_softmax_backward_in_place(gpu, &a_dev, &p_dev, &mut ds_dev, heads).unwrap();
         check(
             &format!("softmax backward {ctx}"),
             &ds_dev.to_host().unwrap(),
@@ -284,7 +287,7 @@ fn edge_backward_ops(gpu: &Gpu, rng: &mut Pcg64, a: &Csr) {
     }
 }
 
-fn row_sums_and_dots<T: DType>(gpu: &Gpu, rng: &mut Pcg64, a: &Csr) {
+fn row_sums<T: DType>(gpu: &Gpu, rng: &mut Pcg64, a: &Csr) {
     let a_dev = DeviceCsr::upload(gpu, a).unwrap();
     let t = DeviceTranspose::upload(gpu, a).unwrap();
     for heads in [1, 2, 8] {
@@ -323,39 +326,17 @@ fn row_sums_and_dots<T: DType>(gpu: &Gpu, rng: &mut Pcg64, a: &Csr) {
             T::NAME
         );
     }
-    for (heads, head_dim) in [(1, 1), (2, 3), (8, 24), (1, 64), (4, 128)] {
-        let s = Shape::new(a.n_rows(), heads, head_dim).unwrap();
-        let x: Vec<T> = random_vec(rng, s.len(), 1.0);
-        let y: Vec<T> = random_vec(rng, s.len(), 1.0);
-        let xd = DeviceMatrix::from_host(gpu, s, &x).unwrap();
-        let yd = DeviceMatrix::from_host(gpu, s, &y).unwrap();
-        let mut out = nan_vec(gpu, s.rows * heads);
-        backward::row_dot(gpu, &xd, &yd, &mut out).unwrap();
-        let want: Vec<f64> = (0..s.rows * heads)
-            .map(|rh| {
-                (0..head_dim)
-                    .map(|d| x[rh * head_dim + d].to_f64() * y[rh * head_dim + d].to_f64())
-                    .sum()
-            })
-            .collect();
-        check(
-            &format!("row_dot {} h={heads} d={head_dim}", T::NAME),
-            &out.to_host().unwrap(),
-            &want,
-            1e-5,
-        );
-    }
 }
 
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
-fn row_sums_and_row_dots() {
+fn row_sums_on_a_and_its_transpose() {
     let gpu = gpu();
-    let mut rng = fresh_rng("row_sums_and_row_dots");
+    let mut rng = fresh_rng("row_sums_on_a_and_its_transpose");
     for a in graphs(&mut rng) {
-        row_sums_and_dots::<f32>(&gpu, &mut rng, &a);
-        row_sums_and_dots::<f16>(&gpu, &mut rng, &a);
-        row_sums_and_dots::<bf16>(&gpu, &mut rng, &a);
+        row_sums::<f32>(&gpu, &mut rng, &a);
+        row_sums::<f16>(&gpu, &mut rng, &a);
+        row_sums::<bf16>(&gpu, &mut rng, &a);
     }
 }
 
@@ -821,7 +802,7 @@ fn gat_backward_by<T: DType>(
     grads: backward::GatGrads<'_, T>,
 ) -> spattn_ops::Result<()> {
     match path {
-        GatPath::Fused => backward::gat_fused_backward(gpu, graph, terms, (x, d_out), grads),
+        GatPath::Fused => backward::gat::gat_fused_backward(gpu, graph, terms, (x, d_out), grads),
         GatPath::Rows => {
             let heads = x.shape().heads;
             let mut lse = nan_vec(gpu, graph.0.n_rows() * heads);
@@ -833,7 +814,15 @@ fn gat_backward_by<T: DType>(
                 .map(|_| mask_vec(gpu, graph.0.nnz(), heads, copies));
             let bits = backward::KeepBits::of(kept, mask.as_mut());
             let ws = (backward::RowStats::Recompute(&mut lse), &mut ds, bits);
-            backward::gat_backward_rows(gpu, graph, walk, terms, (x, out, d_out), ws, grads)
+            backward::gat_rows::gat_backward_rows(
+                gpu,
+                graph,
+                walk,
+                terms,
+                (x, out, d_out),
+                ws,
+                grads,
+            )
         }
     }
 }
@@ -935,7 +924,7 @@ fn gat_case<T: DType>(
     };
     let head_taken = match path {
         GatPath::Fused => backward::FusedBackward::supports::<T>(head_dim),
-        GatPath::Rows => backward::gat_rows_supports::<T>(head_dim),
+        GatPath::Rows => backward::gat_rows::gat_rows_supports::<T>(head_dim),
     };
     let supported = head_taken;
     // The rows path's forward: out (checked against the f64 layer) and, beside it, the sizes
@@ -959,10 +948,12 @@ fn gat_case<T: DType>(
         out_d.fill_nan().unwrap();
         let mut lse = nan_vec(gpu, n * heads);
         let ws = (&mut lse, fwd_mask.as_mut());
-        backward::gat_forward_rows(gpu, (&a_dev, &walk), terms, &xd, ws, &mut out_d).unwrap();
+        backward::gat_rows::gat_forward_rows(gpu, (&a_dev, &walk), terms, &xd, ws, &mut out_d)
+            .unwrap();
         let walked = out_d.to_host().unwrap();
         let ws = (&mut lse, fwd_mask.as_mut());
-        backward::gat_forward_rows(gpu, (&a_dev, &numbered), terms, &xd, ws, &mut out_d).unwrap();
+        backward::gat_rows::gat_forward_rows(gpu, (&a_dev, &numbered), terms, &xd, ws, &mut out_d)
+            .unwrap();
         let bits = |v: &[T]| v.iter().map(|x| x.to_f64().to_bits()).collect::<Vec<_>>();
         assert_eq!(
             bits(&walked),
@@ -977,7 +968,7 @@ fn gat_case<T: DType>(
         if n > 2 {
             let ws = (&mut lse, fwd_mask.as_mut());
             let on = (&a_dev, &*foreign);
-            let e = backward::gat_forward_rows(gpu, on, terms, &xd, ws, &mut out_d);
+            let e = backward::gat_rows::gat_forward_rows(gpu, on, terms, &xd, ws, &mut out_d);
             assert!(format!("{}", e.unwrap_err()).contains("unit walk"));
         }
         if dropout.is_some() {
@@ -985,7 +976,7 @@ fn gat_case<T: DType>(
             // has no mask to draw: it takes none).
             let ws = (&mut lse, None);
             let on = (&a_dev, &numbered);
-            let e = backward::gat_forward_rows(gpu, on, terms, &xd, ws, &mut out_d);
+            let e = backward::gat_rows::gat_forward_rows(gpu, on, terms, &xd, ws, &mut out_d);
             match nnz {
                 0 => e.unwrap(),
                 _ => assert!(format!("{}", e.unwrap_err()).contains("dropout mask")),

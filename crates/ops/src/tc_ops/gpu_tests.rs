@@ -16,6 +16,8 @@ use spattn_ops::graph::{self, DeviceGraph, EdgeLayout, EdgeValues, Engine};
 use spattn_ops::{tc_ops, DType, DTypeKind, DeviceMatrix, DeviceMeBcrs, DeviceVec, Gpu, Shape};
 use spattn_test_support::*;
 
+use crate::test_util::{gpu, random_vec, to_f64, tolerance};
+
 /// Scores and probabilities from exact inputs are f32 arithmetic: f32-level accuracy.
 const F32_TOL: f64 = 1e-5;
 
@@ -267,6 +269,7 @@ fn f16_spmm_pipelined(gpu: &Gpu, a: &Csr, head_dim: usize) -> bool {
 }
 
 gpu_sweep_tests! {
+    gpu = gpu();
     check = check_case;
     fn tc_ops_on_cora_pubmed_arxiv = shared_graphs(&[(1, 128), (8, 64), (2, 24)]);
     fn tc_ops_on_rmat_16 = rmat_16(&[(1, 128), (8, 16), (1, 3)]);
@@ -469,7 +472,7 @@ fn check_backends_agree<T: DType>(
             T::NAME
         );
     }
-    let tol = tc_tolerance::<T>().max(spattn_test_support::tolerance::<T>());
+    let tol = tc_tolerance::<T>().max(tolerance::<T>());
     for (what, out) in [
         ("cuda-core", &cc_out),
         ("tensor-core", &tc_out),

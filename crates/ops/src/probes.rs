@@ -1,40 +1,62 @@
 //! Timing probes of the sparse ops on a GPU, printed for the per-kernel notes (docs/kernels):
-//! `hybrid_spmm`, the hybrid SpMM beside the CSR and ME-BCRS SpMMs; `tc_ops_arxiv`, CUDA-core
-//! against tensor-core SDDMM, softmax and SpMM on ogbn-arxiv; `tc_spmm_orders`, the
-//! tensor-core SpMM in the graph's row order and in `Reorder::Auto`'s. They print and assert
-//! nothing: the published speed claims come from spattn-bench's runs (BENCHMARKS.md), and
-//! correctness from the GPU tests.
+//! `probe_hybrid_spmm`, the hybrid SpMM beside the CSR and ME-BCRS SpMMs; `probe_tc_ops_arxiv`,
+//! CUDA-core against tensor-core SDDMM, softmax and SpMM on ogbn-arxiv; `probe_tc_spmm_orders`,
+//! the tensor-core SpMM in the graph's row order and in `Reorder::Auto`'s. They print and
+//! assert nothing: the published speed claims come from spattn-bench's runs (BENCHMARKS.md),
+//! and correctness from the GPU tests. They time the crate's own engines, which it does not
+//! export, so they are unit tests: ignored, and idle unless `SPATTN_PROBES` is set.
 //!
-//! `cargo bench -p spattn-ops --bench probes [-- NAME]`; SPATTN_SPMM_GRAPHS and
-//! SPATTN_TC_GRAPHS (comma lists of shared graph names and rmatNN) pick the graphs. Without a
-//! GPU it says so and times nothing.
+//! `SPATTN_PROBES=1 cargo test --release -p spattn-ops --lib probe_ -- --ignored --nocapture`;
+//! SPATTN_SPMM_GRAPHS and SPATTN_TC_GRAPHS (comma lists of shared graph names and rmatNN) pick
+//! the graphs.
 
 use half::{bf16, f16};
 use rand_pcg::Pcg64;
 use spattn_formats::{Csr, Reorder};
-use spattn_ops::hybrid_spmm::HybridSpmm;
-use spattn_ops::{
-    csr_ops, tc_ops, DType, DeviceCsr, DeviceMatrix, DeviceMeBcrs, DeviceVec, Gpu, Shape,
-};
 use spattn_test_support::*;
 
-fn main() {
-    run_probes(&[
-        ("hybrid_spmm", hybrid_spmm),
-        ("tc_ops_arxiv", tc_ops_arxiv),
-        ("tc_spmm_orders", tc_spmm_orders),
-    ]);
+use crate::test_util::{gpu, random_vec};
+use crate::{
+    csr_ops, tc_ops, DType, DeviceCsr, DeviceMatrix, DeviceMeBcrs, DeviceVec, Gpu, HybridSpmm,
+    Shape,
+};
+
+/// Runs `probe` on GPU 0 where `SPATTN_PROBES` is set; says how to run it otherwise.
+fn run(probe: fn(&Gpu)) {
+    if std::env::var_os("SPATTN_PROBES").is_none() {
+        eprintln!("a timing probe: set SPATTN_PROBES=1 to run it");
+        return;
+    }
+    probe(&gpu());
+}
+
+#[test]
+#[ignore = "a timing probe: needs an NVIDIA GPU"]
+fn probe_hybrid_spmm() {
+    run(hybrid_spmm);
+}
+
+#[test]
+#[ignore = "a timing probe: needs an NVIDIA GPU"]
+fn probe_tc_ops_arxiv() {
+    run(tc_ops_arxiv);
+}
+
+#[test]
+#[ignore = "a timing probe: needs an NVIDIA GPU"]
+fn probe_tc_spmm_orders() {
+    run(tc_spmm_orders);
 }
 
 /// Median GPU time of `f` over `runs` runs after 3 warm-up runs, in ms.
-fn median_ms(gpu: &Gpu, runs: usize, mut f: impl FnMut() -> spattn_ops::Result<()>) -> f32 {
+fn median_ms(gpu: &Gpu, runs: usize, mut f: impl FnMut() -> crate::Result<()>) -> f32 {
     for _ in 0..3 {
         f().unwrap();
     }
     // The first timed run starts on an idle GPU, as the later ones do (each waits for its end).
     gpu.synchronize().unwrap();
     // The times are f32 events widened to f64: narrowing the median back is exact.
-    spattn_ops::tune::median_of_runs(gpu, runs, f).unwrap() as f32
+    crate::tune::median_of_runs(gpu, runs, f).unwrap() as f32
 }
 
 fn time_case<T: DType>(gpu: &Gpu, name: &str, a: &Csr, heads: usize, head_dim: usize) {

@@ -12,6 +12,8 @@ use spattn_ops::cpu::{self, rel_l2_error};
 use spattn_ops::{csr_ops, DType, DeviceCsr, DeviceMatrix, DeviceVec, Gpu, Shape};
 use spattn_test_support::*;
 
+use crate::test_util::{gpu, random_vec, to_f64, tolerance};
+
 /// Scores and probabilities are f32 whatever the feature type: f32-level accuracy.
 const F32_TOL: f64 = 1e-5;
 
@@ -117,6 +119,7 @@ fn check_case(gpu: &Gpu, a: &Csr, heads: usize, head_dim: usize, rng: &mut Pcg64
 }
 
 gpu_sweep_tests! {
+    gpu = gpu();
     check = check_case;
     fn ops_on_cora_pubmed_arxiv = shared_graphs(&[(1, 128), (8, 64), (2, 24)]);
     fn ops_on_rmat_16 = rmat_16(&[(1, 128), (8, 16), (1, 3)]);
