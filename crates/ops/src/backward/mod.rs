@@ -60,6 +60,8 @@ use crate::shape::Shape;
 
 pub(crate) mod fused;
 pub(crate) mod gat;
+#[cfg(test)]
+mod gat_gpu_tests;
 mod gat_kernels;
 pub(crate) mod gat_rows;
 #[cfg(test)]
