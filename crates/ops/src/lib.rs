@@ -55,8 +55,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-// The public API is what this file names: the op families are public modules, each item
-// reached through its module only; the runtime types live in private modules, re-exported
+// The public API is what this file names: public modules only for the op families whose names
+// would collide at the root (three `sddmm`s), everything else re-exported from private modules
 // below. `unreachable_pub` keeps it so: a `pub` item that no public path reaches is a warning
 // (an error under CI's clippy -D warnings), so the rest of the crate says `pub(crate)`.
 #![warn(unreachable_pub)]
