@@ -21,13 +21,21 @@ use crate::{
     Shape,
 };
 
-/// Runs `probe` on GPU 0 where `SPATTN_PROBES` is set; says how to run it otherwise.
-fn run(probe: fn(&Gpu)) {
-    if std::env::var_os("SPATTN_PROBES").is_none() {
+/// Whether the timing probes run (`SPATTN_PROBES` set); says how to run them otherwise, so
+/// that a run of every ignored test (`--include-ignored`) spends no time on them.
+pub(crate) fn enabled() -> bool {
+    let on = std::env::var_os("SPATTN_PROBES").is_some();
+    if !on {
         eprintln!("a timing probe: set SPATTN_PROBES=1 to run it");
-        return;
     }
-    probe(&gpu());
+    on
+}
+
+/// Runs `probe` on GPU 0 where the probes are [`enabled`].
+fn run(probe: fn(&Gpu)) {
+    if enabled() {
+        probe(&gpu());
+    }
 }
 
 #[test]

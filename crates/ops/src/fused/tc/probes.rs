@@ -1,6 +1,6 @@
-//! The fused tensor-core kernel's tuning probe: `tune` (ignored; needs a GPU) times the
-//! kernels, row orders, chunk sizes and CTA sizes over the graphs and shapes named by
-//! environment variables, and prints the timings.
+//! The fused tensor-core kernel's tuning probe: `tune` (ignored; needs a GPU; idle unless
+//! `SPATTN_PROBES` is set) times the kernels, row orders, chunk sizes and CTA sizes over the
+//! graphs and shapes named by environment variables, and prints the timings.
 
 use super::tests::draw_f16;
 use super::*;
@@ -17,6 +17,9 @@ use super::*;
 #[ignore = "needs an NVIDIA GPU"]
 fn tune() {
     use crate::Shape;
+    if !crate::probes::enabled() {
+        return;
+    }
     let gpu = Gpu::new(0).expect("an NVIDIA GPU");
     let graphs = std::env::var("SPATTN_TUNE_GRAPHS").unwrap_or_else(|_| "pubmed,ogbn-arxiv".into());
     let shapes: Vec<(usize, usize)> = std::env::var("SPATTN_TUNE_SHAPES")
