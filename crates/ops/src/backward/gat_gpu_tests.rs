@@ -461,3 +461,271 @@ fn gat_case<T: DType>(
         assert!(format!("{e}").contains("d_bias"), "{e}");
     }
 }
+
+/// GATv2's inputs on the host (rounded to `T`, widened to f64 for the reference): `xl`
+/// (`n_cols` rows), `xr` (`n_rows`), `ef` (`nnz`), `att` (`heads × dim`) and `dOut` (`n_rows`).
+struct Gatv2Case {
+    xl: Vec<f64>,
+    xr: Vec<f64>,
+    ef: Option<Vec<f64>>,
+    att: Vec<f32>,
+    d_out: Vec<f64>,
+}
+
+/// What GATv2's reference computes: `out`, ∂xl, ∂xr, each row's share of ∂att, ∂ef.
+struct Gatv2Want {
+    out: Vec<f64>,
+    d_xl: Vec<f64>,
+    d_xr: Vec<f64>,
+    d_att_rows: Vec<f64>,
+    d_ef: Vec<f64>,
+}
+
+/// GATv2's forward and exact backward in f64 (no dropout), written from the definition:
+/// `s_e = Σ_c att[h,c] · LeakyReLU(z_e)`, `z_e = xl[j] + xr[i] (+ ef[e])`, `P` the row softmax,
+/// `out[i] = Σ_e P_e · xl[j]`.
+fn gatv2_reference(a: &Csr, c: &Gatv2Case, heads: usize, dim: usize, slope: f64) -> Gatv2Want {
+    let hd = heads * dim;
+    // LeakyReLU' is 1 at z ≥ 0, as every kernel and the CPU reference take it (a tie z = 0 is
+    // common in bf16).
+    let lrelu = |x: f64| if x >= 0.0 { x } else { slope * x };
+    let dlrelu = |x: f64| if x >= 0.0 { 1.0 } else { slope };
+    let mut w = Gatv2Want {
+        out: vec![0.0; a.n_rows() * hd],
+        d_xl: vec![0.0; a.n_cols() * hd],
+        d_xr: vec![0.0; a.n_rows() * hd],
+        d_att_rows: vec![0.0; a.n_rows() * hd],
+        d_ef: vec![0.0; a.nnz() * hd],
+    };
+    for i in 0..a.n_rows() {
+        let edges: Vec<usize> = a.row_range(i).collect();
+        for h in 0..heads {
+            let z = |e: usize, k: usize| {
+                let j = a.col_indices()[e] as usize;
+                let ef = c.ef.as_ref().map_or(0.0, |ef| ef[e * hd + h * dim + k]);
+                c.xl[j * hd + h * dim + k] + c.xr[i * hd + h * dim + k] + ef
+            };
+            let att = |k: usize| f64::from(c.att[h * dim + k]);
+            let s: Vec<f64> = edges
+                .iter()
+                .map(|&e| (0..dim).map(|k| att(k) * lrelu(z(e, k))).sum())
+                .collect();
+            let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let total: f64 = s.iter().map(|x| (x - m).exp()).sum();
+            let p: Vec<f64> = s.iter().map(|x| (x - m).exp() / total).collect();
+            let dp: Vec<f64> = edges
+                .iter()
+                .map(|&e| {
+                    let j = a.col_indices()[e] as usize;
+                    (0..dim)
+                        .map(|k| c.d_out[i * hd + h * dim + k] * c.xl[j * hd + h * dim + k])
+                        .sum()
+                })
+                .collect();
+            let pdp: f64 = p.iter().zip(&dp).map(|(p, d)| p * d).sum();
+            for (n, &e) in edges.iter().enumerate() {
+                let j = a.col_indices()[e] as usize;
+                let ds = p[n] * (dp[n] - pdp);
+                for k in 0..dim {
+                    let (o, x) = (i * hd + h * dim + k, j * hd + h * dim + k);
+                    let g = ds * att(k) * dlrelu(z(e, k));
+                    w.out[o] += p[n] * c.xl[x];
+                    w.d_xr[o] += g;
+                    w.d_xl[x] += g + p[n] * c.d_out[o];
+                    w.d_att_rows[o] += ds * lrelu(z(e, k));
+                    w.d_ef[e * hd + h * dim + k] = g;
+                }
+            }
+        }
+    }
+    w
+}
+
+/// The Euclidean norm of `x`.
+fn norm(x: &[f64]) -> f64 {
+    x.iter().map(|v| v * v).sum::<f64>().sqrt()
+}
+
+/// `len` values drawn in [-1, 1), rounded to `T`: the device's copy and the reference's.
+fn gatv2_draw<T: DType>(rng: &mut Pcg64, len: usize) -> (Vec<T>, Vec<f64>) {
+    let x: Vec<T> = f32s(rng, len, -1.0, 1.0)
+        .into_iter()
+        .map(T::from_f32)
+        .collect();
+    let wide = x.iter().map(|v| v.to_f64()).collect();
+    (x, wide)
+}
+
+/// GATv2's composition (`gatv2_forward`, `gatv2_backward`) against [`gatv2_reference`] on
+/// inputs rounded to `T`: the output and ∂xl, ∂xr, ∂ef within `T`'s tolerance, the rows' shares
+/// of ∂att (f32) within 1e-4 (the last three measured against ∂xl's size where their own
+/// vanishes); a rerun gives the same bits.
+fn gatv2_case<T: DType>(
+    gpu: &Gpu,
+    rng: &mut Pcg64,
+    a: &Csr,
+    (heads, dim): (usize, usize),
+    ef: bool,
+) {
+    let (sq, skv) = (
+        Shape::new(a.n_rows(), heads, dim).unwrap(),
+        Shape::new(a.n_cols(), heads, dim).unwrap(),
+    );
+    let se = Shape::new(a.nnz(), heads, dim).unwrap();
+    let (xl, xl64) = gatv2_draw::<T>(rng, skv.len());
+    let (xr, xr64) = gatv2_draw::<T>(rng, sq.len());
+    let (efh, ef64) = gatv2_draw::<T>(rng, se.len());
+    let (d_out, d_out64) = gatv2_draw::<T>(rng, sq.len());
+    let att = f32s(rng, heads * dim, -1.0, 1.0);
+    let case = Gatv2Case {
+        xl: xl64,
+        xr: xr64,
+        ef: ef.then_some(ef64),
+        att: att.clone(),
+        d_out: d_out64,
+    };
+    let slope = 0.2;
+    let want = gatv2_reference(a, &case, heads, dim, f64::from(slope));
+
+    let (a_dev, t) = (
+        DeviceCsr::upload(gpu, a).unwrap(),
+        DeviceTranspose::upload(gpu, a).unwrap(),
+    );
+    let up_m = |s: Shape, x: &[T]| DeviceMatrix::from_host(gpu, s, x).unwrap();
+    let (xl_d, xr_d, ef_d) = (up_m(skv, &xl), up_m(sq, &xr), up_m(se, &efh));
+    let (att_d, d_out_d) = (DeviceVec::from_host(gpu, &att).unwrap(), up_m(sq, &d_out));
+    let ops = backward::Gatv2Operands {
+        xl: &xl_d,
+        xr: &xr_d,
+        ef: ef.then_some(&ef_d),
+        att: &att_d,
+        slope,
+    };
+    let n = a.nnz() * heads;
+    let what = format!(
+        "{} n={} nnz={} {heads}x{dim} ef={ef}",
+        T::NAME,
+        a.n_rows(),
+        a.nnz()
+    );
+    let tol = tolerance::<T>().max(1e-4);
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        let mut out = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();
+        out.fill_nan().unwrap();
+        let mut p = nan_vec(gpu, n);
+        backward::gatv2_forward(gpu, &a_dev, &ops, None, &mut p, &mut out).unwrap();
+        let mut d_xl = DeviceMatrix::<T>::zeros(gpu, skv).unwrap();
+        let mut d_xr = DeviceMatrix::<T>::zeros(gpu, sq).unwrap();
+        let mut d_ef = DeviceMatrix::<T>::zeros(gpu, se).unwrap();
+        let mut d_att = nan_vec(gpu, sq.len());
+        d_xr.fill_nan().unwrap();
+        d_ef.fill_nan().unwrap();
+        let (mut w0, mut w1, mut w2) = (nan_vec(gpu, n), nan_vec(gpu, n), nan_vec(gpu, n));
+        let grads = backward::Gatv2Grads {
+            d_xl: &mut d_xl,
+            d_xr: &mut d_xr,
+            d_att_rows: &mut d_att,
+            d_ef: ef.then_some(&mut d_ef),
+        };
+        let ws = [&mut w0, &mut w1, &mut w2];
+        backward::gatv2_backward(gpu, (&a_dev, &t), &ops, None, &d_out_d, ws, grads).unwrap();
+        let f = |m: &DeviceMatrix<T>| -> Vec<f32> {
+            m.to_host().unwrap().iter().map(|v| v.to_f32()).collect()
+        };
+        let got = [
+            f(&out),
+            f(&d_xl),
+            f(&d_xr),
+            d_att.to_host().unwrap(),
+            f(&d_ef),
+        ];
+        check(&format!("gatv2 out {what}"), &got[0], &want.out, tol);
+        check(&format!("gatv2 d_xl {what}"), &got[1], &want.d_xl, tol);
+        // ∂xr, ∂att and ∂ef are sums of dS, which cancel to zero on a row of one edge or of one
+        // LeakyReLU side: their error is measured against ∂xl's size where theirs vanishes.
+        let floor = norm(&want.d_xl);
+        let scaled = |name: &str, got: &[f32], want: &[f64], tol: f64| {
+            let diff: Vec<f64> = got
+                .iter()
+                .zip(want)
+                .map(|(g, w)| f64::from(*g) - w)
+                .collect();
+            let err = norm(&diff) / norm(want).max(floor);
+            assert!(err <= tol, "gatv2 {name} {what}: error {err:e} > {tol:e}");
+        };
+        scaled("d_xr", &got[2], &want.d_xr, tol);
+        scaled("d_att_rows", &got[3], &want.d_att_rows, 1e-4);
+        if ef {
+            scaled("d_ef", &got[4], &want.d_ef, tol);
+        }
+        runs.push(got.map(|x| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>()));
+    }
+    assert!(runs[0] == runs[1], "gatv2 {what}: a rerun changed bits");
+}
+
+/// GATv2's forward and backward (`backward::gatv2_forward`, `gatv2_backward`) against the f64
+/// reference over graphs with empty rows and a hub row, 1–4 heads of 1–64 features, with and
+/// without edge features, f32 / f16 / bf16, bitwise on a rerun; `d_ef` without edge features
+/// and a short `att` are refused, naming the operand.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gatv2_composition_matches_the_f64_reference_and_reruns_bitwise() {
+    let gpu = gpu();
+    let mut rng = fresh_rng("gatv2_composition_matches_the_f64_reference_and_reruns_bitwise");
+    let graphs = [
+        random_graph(&mut rng, 60, 5, 7),
+        hub_graph(&mut rng, 2000, 3),
+        random_graph(&mut rng, 5, 2, 3),
+    ];
+    for a in &graphs {
+        for (heads, dim) in [(1, 1), (2, 8), (4, 20), (1, 64)] {
+            for ef in [false, true] {
+                gatv2_case::<f32>(&gpu, &mut rng, a, (heads, dim), ef);
+                gatv2_case::<f16>(&gpu, &mut rng, a, (heads, dim), ef);
+                gatv2_case::<bf16>(&gpu, &mut rng, a, (heads, dim), ef);
+            }
+        }
+    }
+    // Errors name the operand.
+    let a = &graphs[0];
+    let s = Shape::new(a.n_rows(), 2, 8).unwrap();
+    let (a_dev, t) = (
+        DeviceCsr::upload(&gpu, a).unwrap(),
+        DeviceTranspose::upload(&gpu, a).unwrap(),
+    );
+    let x = DeviceMatrix::<f32>::zeros(&gpu, s).unwrap();
+    let short = DeviceVec::<f32>::zeros(&gpu, 15).unwrap();
+    let att = DeviceVec::<f32>::zeros(&gpu, 16).unwrap();
+    let n = a.nnz() * 2;
+    let mut p = nan_vec(&gpu, n);
+    let mut out = DeviceMatrix::<f32>::zeros(&gpu, s).unwrap();
+    let bad = backward::Gatv2Operands {
+        xl: &x,
+        xr: &x,
+        ef: None,
+        att: &short,
+        slope: 0.2,
+    };
+    match backward::gatv2_forward(&gpu, &a_dev, &bad, None, &mut p, &mut out) {
+        Err(crate::Error::LengthMismatch { what: "att", .. }) => {}
+        other => panic!("expected LengthMismatch {{ what: \"att\" }}, got {other:?}"),
+    }
+    let ops = backward::Gatv2Operands { att: &att, ..bad };
+    let zeros = || DeviceMatrix::<f32>::zeros(&gpu, s).unwrap();
+    let (mut d_xl, mut d_xr) = (zeros(), zeros());
+    let mut d_ef = DeviceMatrix::<f32>::zeros(&gpu, Shape::new(a.nnz(), 2, 8).unwrap()).unwrap();
+    let mut d_att = nan_vec(&gpu, s.len());
+    let (mut w0, mut w1, mut w2) = (nan_vec(&gpu, n), nan_vec(&gpu, n), nan_vec(&gpu, n));
+    let grads = backward::Gatv2Grads {
+        d_xl: &mut d_xl,
+        d_xr: &mut d_xr,
+        d_att_rows: &mut d_att,
+        d_ef: Some(&mut d_ef),
+    };
+    let ws = [&mut w0, &mut w1, &mut w2];
+    match backward::gatv2_backward(&gpu, (&a_dev, &t), &ops, None, &x, ws, grads) {
+        Err(crate::Error::InvalidArgument { what: "d_ef", .. }) => {}
+        other => panic!("expected InvalidArgument {{ what: \"d_ef\" }}, got {other:?}"),
+    }
+}
