@@ -3,8 +3,9 @@
 //! CUDA-core against tensor-core SDDMM, softmax and SpMM on ogbn-arxiv; `probe_tc_spmm_orders`,
 //! the tensor-core SpMM in the graph's row order and in `Reorder::Auto`'s. They print and
 //! assert nothing: the published speed claims come from spattn-bench's runs (BENCHMARKS.md),
-//! and correctness from the GPU tests. They time the crate's own engines, which it does not
-//! export, so they are unit tests: ignored, and idle unless `SPATTN_PROBES` is set.
+//! and correctness from the GPU tests. They read what the crate does not export (the slot
+//! layout's conversion, the hybrid plan's choice), so they are unit tests: ignored, and idle
+//! unless `SPATTN_PROBES` is set.
 //!
 //! `SPATTN_PROBES=1 cargo test --release -p spattn-ops --lib probe_ -- --ignored --nocapture`;
 //! SPATTN_SPMM_GRAPHS and SPATTN_TC_GRAPHS (comma lists of shared graph names and rmatNN) pick

@@ -13,7 +13,7 @@
 //!   ([`check_forward`], [`check_forward_twice`]), the extreme and equal scores every dtype
 //!   runs ([`check_extreme_and_equal_scores`]), the softmax extremes the op families share
 //!   ([`softmax_extreme_scores`], [`assert_rows_sum_to_one`]), and the graphs of the timing
-//!   probes (`benches/probes.rs` of spattn and spattn-ops: [`timing_graphs`]).
+//!   probes (spattn's `benches/probes.rs`, spattn-ops' `src/probes.rs`: [`timing_graphs`]).
 //!
 //! ```
 //! let cora = spattn_test_support::shared_graph("cora"); // symmetrized with self loops

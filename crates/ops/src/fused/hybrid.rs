@@ -177,8 +177,8 @@ impl Hybrid {
 
     /// Whether heads of `head_dim` features of `dtype` run the pipelined kernel: f16 or bf16 at
     /// exactly 64 or 128 features (each tensor-core warp owns a window and streams its K/V
-    /// tiles through shared memory, as fused-tc's pipelined kernel), which takes 1–3
-    /// tensor-core warps and at most one CUDA-core warp per CTA ([`HybridParams`]).
+    /// tiles through shared memory, as fused-tc's pipelined kernel), which takes at most 4
+    /// tensor-core warps and one CUDA-core warp per CTA ([`HybridParams`]).
     ///
     /// ```
     /// use spattn_ops::{DTypeKind, Hybrid};
