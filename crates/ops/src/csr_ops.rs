@@ -506,10 +506,23 @@ pub(crate) fn gat_scores<A: DType, B: DType>(
     Ok(())
 }
 
+/// [`edge_softmax_in_place`] into `out`, leaving `scores` as they are (GAT's and GATv2's
+/// backward keep the scores and the probabilities both).
+pub(crate) fn edge_softmax(
+    gpu: &Gpu,
+    a: &DeviceCsr,
+    scores: &DeviceVec<f32>,
+    heads: usize,
+    leaky_relu: Option<f32>,
+    out: &mut DeviceVec<f32>,
+) -> Result<()> {
+    crate::launch::softmax_out_of_place(gpu, a.nnz(), heads, leaky_relu, scores, out, |x| {
+        softmax_launch(gpu, a, x)
+    })
+}
+
 edge_softmax_fns! {
     DeviceCsr, |a| a.nnz();
-    /// [`edge_softmax_in_place`] into `out`, leaving `scores` as they are.
-    out_of_place;
     /// Edge softmax in place: for every row and head, `scores[e, h]` becomes
     /// `exp(x_e − max) / Σ exp(x − max)` over the row's edges, where `x = scores` or
     /// `LeakyReLU(scores, slope)` when `leaky_relu` is given.

@@ -433,33 +433,14 @@ pub(crate) fn softmax_in_place(
     launch(SoftmaxArgs::new(ptr, ptr, heads, leaky_relu))
 }
 
-/// The `edge_softmax` (crate-internal) and the public `edge_softmax_in_place` of an op family over
-/// device format `$format` whose score arrays hold `$n` values a head (`$a` names the format in
-/// `$n`), both through the module's `softmax_launch(gpu, a, SoftmaxArgs)`; each takes the doc
-/// comment written before its name.
+/// The public `edge_softmax_in_place` of an op family over device format `$format` whose score
+/// arrays hold `$n` values a head (`$a` names the format in `$n`), through the module's
+/// `softmax_launch(gpu, a, SoftmaxArgs)`, with the doc comment written before `in_place`.
 macro_rules! edge_softmax_fns {
     (
         $format:ty, |$a:ident| $n:expr;
-        $(#[$out_doc:meta])* out_of_place;
         $(#[$in_doc:meta])* in_place;
     ) => {
-        $(#[$out_doc])*
-        // The ops' own compositions use csr_ops' (GAT's backward); tc_ops' only its tests.
-        #[allow(dead_code)]
-        pub(crate) fn edge_softmax(
-            gpu: &Gpu,
-            a: &$format,
-            scores: &DeviceVec<f32>,
-            heads: usize,
-            leaky_relu: Option<f32>,
-            out: &mut DeviceVec<f32>,
-        ) -> Result<()> {
-            let $a = a;
-            $crate::launch::softmax_out_of_place(gpu, $n, heads, leaky_relu, scores, out, |x| {
-                softmax_launch(gpu, a, x)
-            })
-        }
-
         $(#[$in_doc])*
         pub fn edge_softmax_in_place(
             gpu: &Gpu,

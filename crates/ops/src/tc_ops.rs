@@ -191,8 +191,6 @@ pub fn sddmm<T: DType>(
 
 edge_softmax_fns! {
     DeviceMeBcrs, |a| a.n_slots();
-    /// [`edge_softmax_in_place`] into `out`, leaving `scores` as they are.
-    out_of_place;
     /// Edge softmax over the slot layout, in place: for every row and head, `scores[h, slot]`
     /// becomes `exp(x − max) / Σ exp(x − max)` over the row's edge slots (what [`spmm`] reads),
     /// where `x = scores` or `LeakyReLU(scores, slope)` when `leaky_relu` is given; 0 at

@@ -175,10 +175,10 @@ fn check_ops<T: DType>(
     };
     assert!(err <= sddmm_tol, "tc sddmm {ctx}: rel error {err:e}");
 
-    // Edge softmax with LeakyReLU(0.2), out of place, on the slot scores (padding = -inf).
+    // Edge softmax with LeakyReLU(0.2) on a copy of the slot scores (padding = -inf).
     let mut p = DeviceVec::<f32>::zeros(gpu, n_slot_values).unwrap();
-    p.fill_nan().unwrap();
-    tc_ops::edge_softmax(gpu, &dev, &scores, heads, Some(0.2), &mut p).unwrap();
+    p.copy_from(&scores).unwrap();
+    tc_ops::edge_softmax_in_place(gpu, &dev, &mut p, heads, Some(0.2)).unwrap();
     let p_slots = p.to_host().unwrap();
     me.check_padding(&p_slots, heads, 0.0, "edge_softmax(leaky)");
     let mut want_p = vec![0.0f64; edges];
@@ -321,10 +321,8 @@ fn tc_softmax_extremes() {
     // The softmax of per-edge scores s through the slots, whose padding holds NaN (the
     // softmax must not read it) and comes back 0.
     let softmax = |s: &[f32], what: &str| {
-        let ds = DeviceVec::from_host(&gpu, &me.scatter(s, heads, f32::NAN)).unwrap();
-        let mut p = DeviceVec::<f32>::zeros(&gpu, ds.len()).unwrap();
-        p.fill_nan().unwrap();
-        tc_ops::edge_softmax(&gpu, &dev, &ds, heads, None, &mut p).unwrap();
+        let mut p = DeviceVec::from_host(&gpu, &me.scatter(s, heads, f32::NAN)).unwrap();
+        tc_ops::edge_softmax_in_place(&gpu, &dev, &mut p, heads, None).unwrap();
         let p_slots = p.to_host().unwrap();
         me.check_padding(&p_slots, heads, 0.0, what);
         me.gather(&p_slots, heads)
