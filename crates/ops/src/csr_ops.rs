@@ -31,12 +31,12 @@
 use spattn_formats::{Csr, Permutation};
 use spattn_kernels_sys::CSR_OPS;
 
-use crate::backward::Gatv2Operands;
 use crate::buffer::{grown, DeviceMatrix, DeviceVec, Scratch};
 use crate::device_csr::DeviceCsr;
 use crate::dtype::DType;
 use crate::edge_extras::{self, DeviceBias};
 use crate::error::{Error, Result};
+use crate::gatv2::Gatv2Operands;
 use crate::gpu::Gpu;
 use crate::launch::{
     blocks_for, check_per_edge, check_same_gpu, kernel_named, launch, opt_ptr, to_u32,

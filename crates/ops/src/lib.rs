@@ -77,6 +77,7 @@ pub mod elementwise;
 mod error;
 mod external;
 mod fused;
+mod gatv2;
 mod gpu;
 mod graph;
 mod hybrid_plan;

@@ -68,11 +68,12 @@ pub(crate) mod gat_rows;
 mod gpu_tests;
 mod keep_bits;
 mod tc;
+pub use crate::gatv2::Gatv2Operands;
 pub use fused::{EdgeTerms, FusedBackward};
 pub use gat::{GatGrads, GatScoreTerms};
 pub use gat_kernels::{
     gat_backward, gat_forward, gatv2_backward, gatv2_forward, GatBackward, GatForward, GatKernels,
-    Gatv2Grads, Gatv2Operands,
+    Gatv2Grads,
 };
 pub use gat_rows::{KeepBits, RowStats};
 pub use keep_bits::dropout_mask_words;
